@@ -1,0 +1,122 @@
+"""Name -> spec lookups over the shipped data files, plus custom files given by path."""
+
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from trainsim.catalog.files import DATA_DIR, catalog_entries, read_mapping
+from trainsim.errors import UnknownNameError
+from trainsim.hardware.cluster import ClusterSpec, LinkSpec
+from trainsim.hardware.device import DeviceSpec
+from trainsim.ir.model_spec import ModelSpec
+from trainsim.specbase import config_error_from
+
+_MODEL_ADAPTER: TypeAdapter[ModelSpec] = TypeAdapter(ModelSpec)
+
+
+def parse_model(data: dict[str, Any], where: str = "model") -> ModelSpec:
+    try:
+        return _MODEL_ADAPTER.validate_python({"kind": "transformer", **data})
+    except ValidationError as exc:
+        raise config_error_from(exc, where) from None
+
+
+@cache
+def _models() -> dict[str, ModelSpec]:
+    return {entry["name"]: parse_model(entry, f"model {entry.get('name')}")
+            for entry in catalog_entries("models", "models")}
+
+
+@cache
+def _devices() -> dict[str, DeviceSpec]:
+    table: dict[str, DeviceSpec] = {}
+    for entry in catalog_entries("devices", "devices"):
+        device = DeviceSpec.parse(entry, f"device {entry.get('name')}")
+        table[device.name] = device
+        for alias in device.aliases:
+            table[alias] = device
+    return table
+
+
+@cache
+def _links() -> dict[str, LinkSpec]:
+    return {entry["name"]: LinkSpec.parse(entry, f"link {entry.get('name')}")
+            for entry in catalog_entries("links", "links")}
+
+
+@cache
+def _cluster_entries() -> dict[str, dict[str, Any]]:
+    return {entry["name"]: entry for entry in catalog_entries("clusters", "clusters")}
+
+
+def list_models() -> list[ModelSpec]:
+    return list(_models().values())
+
+
+def list_devices() -> list[DeviceSpec]:
+    return list({device.name: device for device in _devices().values()}.values())
+
+
+def list_links() -> list[LinkSpec]:
+    return list(_links().values())
+
+
+def list_clusters() -> list[ClusterSpec]:
+    return [load_cluster(name) for name in _cluster_entries()]
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """A catalog name (case-insensitive), a YAML/JSON model file, or a Hugging Face config.json."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml", ".json") or path.exists():
+        from trainsim.frontends.hf_config import model_from_file
+
+        return model_from_file(path)
+    models = _models()
+    lowered = {name.lower(): spec for name, spec in models.items()}
+    spec = lowered.get(name_or_path.lower())
+    if spec is None:
+        raise UnknownNameError("model", name_or_path, list(models))
+    return spec
+
+
+def load_device(name: str) -> DeviceSpec:
+    devices = _devices()
+    if name not in devices:
+        raise UnknownNameError("device", name, [d.name for d in list_devices()])
+    return devices[name]
+
+
+def load_link(name: str) -> LinkSpec:
+    links = _links()
+    if name not in links:
+        raise UnknownNameError("link", name, list(links))
+    return links[name]
+
+
+def cluster_from_mapping(entry: dict[str, Any], where: str = "cluster") -> ClusterSpec:
+    """Resolve the device and link names of a cluster entry (inline mappings are accepted too)."""
+    resolved = dict(entry)
+    device = entry.get("device")
+    resolved["device"] = load_device(device) if isinstance(device, str) else device
+    for key in ("intra_node", "inter_node"):
+        link = entry.get(key)
+        resolved[key] = load_link(link) if isinstance(link, str) else link
+    return ClusterSpec.parse(resolved, where)
+
+
+def load_cluster(name_or_path: str) -> ClusterSpec:
+    """A preset name or a YAML/JSON cluster file."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml", ".json"):
+        return cluster_from_mapping(read_mapping(path), str(path))
+    entries = _cluster_entries()
+    if name_or_path not in entries:
+        raise UnknownNameError("cluster", name_or_path, list(entries))
+    return cluster_from_mapping(entries[name_or_path], f"cluster {name_or_path}")
+
+
+def data_dir() -> Path:
+    return DATA_DIR

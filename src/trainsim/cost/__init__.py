@@ -1,0 +1,1 @@
+"""Costs of ops (compute) in seconds."""

@@ -1,0 +1,69 @@
+"""FLOP and byte formulas of single ops: small pure functions of shapes, 2 FLOPs per multiply-add."""
+
+from trainsim.hardware.device import DType
+from trainsim.ir.graph import Op, OpKind
+from trainsim.strategy.precision import BYTES_PER_DTYPE
+
+
+def matmul_flops(batch: int, m: int, n: int, k: int) -> float:
+    return 2.0 * batch * m * n * k
+
+
+def matmul_op(name: str, path: str, dtype: DType, m: int, n: int, k: int, batch: int = 1,
+              out_dtype_bytes: int = 2) -> Op:
+    """C[m,n] = A[m,k] @ B[k,n]. NB: fp8 GEMMs read 1-byte inputs and write a 16-bit output."""
+    in_bytes = BYTES_PER_DTYPE[dtype]
+    out_bytes = in_bytes if dtype in ("fp32", "tf32") else out_dtype_bytes
+    moved = batch * ((m * k + k * n) * in_bytes + m * n * out_bytes)
+    return Op(name, "matmul", path, "fwd", dtype, matmul_flops(batch, m, n, k), moved, (batch, m, n, k))
+
+
+def matmul_backward(op: Op) -> tuple[Op, Op]:
+    """dA = dC @ B^T (m,k over n) and dB = A^T @ dC (k,n over m): each as many FLOPs as the forward."""
+    batch, m, n, k = op.shape
+    dgrad = matmul_op(op.name + ".dgrad", op.module_path, op.dtype, m, k, n, batch)
+    wgrad = matmul_op(op.name + ".wgrad", op.module_path, op.dtype, k, n, m, batch)
+    return _as_bwd(dgrad), _as_bwd(wgrad)
+
+
+def attention_op(path: str, dtype: DType, batch_heads: int, q_tokens: int, kv_tokens: int, head_dim: int,
+                 causal: bool, fused: bool) -> Op:
+    """Scores Q K^T and the weighted sum P V: 4 * q * kv * d FLOPs per head.
+
+    NB: a fused (flash) kernel skips the masked half of a causal score matrix; an unfused one computes it all
+    and also writes the score matrix to memory twice (softmax, dropout).
+    """
+    flops = 4.0 * batch_heads * q_tokens * kv_tokens * head_dim
+    if causal and fused:
+        flops *= 0.5
+    elem = BYTES_PER_DTYPE[dtype]
+    qkvo = batch_heads * (2 * q_tokens + 2 * kv_tokens) * head_dim * elem
+    scores = 0.0 if fused else 3.0 * batch_heads * q_tokens * kv_tokens * elem
+    return Op("attention", "attention", path, "fwd", dtype, flops, qkvo + scores,
+              (batch_heads, q_tokens, kv_tokens, head_dim), recompute_selective=True)
+
+
+def attention_backward(op: Op, fused: bool) -> Op:
+    """NB: flash backward recomputes the scores: 5 matmuls against 2 forward -> 2.5x; unfused: 2x."""
+    factor = 2.5 if fused else 2.0
+    return Op("attention.bwd", "attention", op.module_path, "bwd", op.dtype, op.flops * factor,
+              op.bytes_moved * 2.0, op.shape)
+
+
+def pointwise_op(name: str, kind: OpKind, path: str, dtype: DType, elements: float, reads: float = 1.0,
+                 writes: float = 1.0, flops_per_element: float = 1.0, selective: bool = False) -> Op:
+    """A memory-bound kernel touching `elements` values `reads` + `writes` times."""
+    moved = elements * (reads + writes) * BYTES_PER_DTYPE[dtype]
+    return Op(name, kind, path, "fwd", dtype, elements * flops_per_element, moved, (int(elements),),
+              recompute_selective=selective)
+
+
+def pointwise_backward(op: Op) -> Op:
+    """NB: the gradient of a pointwise op reads the incoming gradient and the saved input: about 1.5x bytes."""
+    return _as_bwd(Op(op.name + ".bwd", op.kind, op.module_path, "bwd", op.dtype, op.flops * 2.0,
+                      op.bytes_moved * 1.5, op.shape))
+
+
+def _as_bwd(op: Op) -> Op:
+    return Op(op.name, op.kind, op.module_path, "bwd", op.dtype, op.flops, op.bytes_moved, op.shape,
+              op.recompute_selective)

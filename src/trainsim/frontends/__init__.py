@@ -1,0 +1,1 @@
+"""Front-ends turn a model description into the OpGraph IR."""

@@ -1,0 +1,199 @@
+"""Analytic builder: TransformerSpec + DeviceSlice -> OpGraph (per device, forward and backward)."""
+
+from trainsim.cost.flops import (
+    attention_backward,
+    attention_op,
+    matmul_backward,
+    matmul_op,
+    pointwise_backward,
+    pointwise_op,
+)
+from trainsim.frontends.shape import DeviceSlice
+from trainsim.ir.graph import Comm, Layer, Op, OpGraph
+from trainsim.ir.model_spec import TransformerSpec
+from trainsim.strategy.precision import BYTES_PER_DTYPE
+
+
+def build_transformer(spec: TransformerSpec, dev: DeviceSlice) -> OpGraph:
+    layers: list[Layer] = [_embedding(spec, dev)]
+    dense_count = spec.num_layers - spec.num_moe_layers
+    if dense_count:
+        layers.append(_block(spec, dev, dense_count, moe=False))
+    if spec.num_moe_layers:
+        layers.append(_block(spec, dev, spec.num_moe_layers, moe=True))
+    layers.append(_head(spec, dev))
+    return OpGraph(spec.name, tuple(layers), dev.local_tokens, dev.micro_batch)
+
+
+def _act_bytes(dev: DeviceSlice) -> int:
+    return BYTES_PER_DTYPE[dev.precision.activation_dtype]
+
+
+def _replicated_tokens(dev: DeviceSlice) -> int:
+    """Tokens a device holds in the parts TP does not split (norms, dropout, residual): split by sp."""
+    return dev.local_tokens // dev.tp if dev.sp else dev.local_tokens
+
+
+def _with_backward(fwd: list[Op], fused: bool) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
+    bwd: list[Op] = []
+    for op in reversed(fwd):
+        if op.kind == "matmul":
+            bwd.extend(matmul_backward(op))
+        elif op.kind == "attention":
+            bwd.append(attention_backward(op, fused))
+        else:
+            bwd.append(pointwise_backward(op))
+    return tuple(fwd), tuple(bwd)
+
+
+def _block_params(spec: TransformerSpec, moe: bool) -> tuple[float, float]:
+    """(attention + norms, mlp) parameter counts of one block before sharding."""
+    h, d = spec.hidden, spec.head_dim
+    qkv_out = (spec.num_heads + 2 * spec.kv_heads) * d
+    attn = h * qkv_out + spec.num_heads * d * h + ((qkv_out + h) if spec.bias else 0)
+    norms = 2 * h * (2 if spec.norm == "layernorm" else 1)
+    mats = 3 if spec.mlp == "swiglu" else 2
+    mlp = mats * h * spec.ffn_hidden + ((spec.ffn_hidden + h) if spec.bias else 0)
+    if moe:
+        mlp = spec.num_experts * mlp + h * spec.num_experts
+    return attn + norms, mlp
+
+
+def _attention_ops(spec: TransformerSpec, dev: DeviceSlice, path: str) -> list[Op]:
+    t, tokens, rep = dev.tp, dev.local_tokens, _replicated_tokens(dev)
+    act, lin, h, d = dev.precision.activation_dtype, dev.precision.linear_dtype, spec.hidden, spec.head_dim
+    heads, kv_heads = spec.num_heads // t, max(1, spec.kv_heads // t)
+    ops = [pointwise_op("norm1", "norm", f"{path}.norm1", act, rep * h, flops_per_element=5.0),
+           matmul_op("qkv", f"{path}.attn.qkv", lin, tokens, (heads + 2 * kv_heads) * d, h)]
+    if spec.position == "rope":
+        ops.append(pointwise_op("rope", "elementwise", f"{path}.attn.rope", act, tokens * (heads + kv_heads) * d))
+    ops.append(attention_op(f"{path}.attn.core", dev.precision.matmul_dtype, dev.micro_batch * heads,
+                            tokens // dev.micro_batch, dev.seq_len, d, spec.causal, dev.fused_attention))
+    if not dev.fused_attention:
+        ops.append(pointwise_op("softmax", "softmax", f"{path}.attn.softmax", act,
+                                dev.micro_batch * heads * (tokens // dev.micro_batch) * dev.seq_len,
+                                flops_per_element=5.0, selective=True))
+    ops.append(matmul_op("out_proj", f"{path}.attn.out", lin, tokens, h, heads * d))
+    ops.append(pointwise_op("residual1", "elementwise", f"{path}.residual1", act, rep * h, reads=2.0))
+    return ops
+
+
+def _mlp_ops(spec: TransformerSpec, dev: DeviceSlice, path: str, tokens: int, experts_local: int) -> list[Op]:
+    lin, act, h = dev.precision.linear_dtype, dev.precision.activation_dtype, spec.hidden
+    f = spec.ffn_hidden // dev.tp
+    routed = tokens * experts_local  # tokens processed by this device's experts (balanced routing)
+    if spec.mlp == "swiglu":
+        return [matmul_op("gate_up", f"{path}.mlp.gate_up", lin, routed, 2 * f, h),
+                pointwise_op("swiglu", "elementwise", f"{path}.mlp.act", act, routed * f, reads=2.0,
+                             flops_per_element=4.0),
+                matmul_op("down", f"{path}.mlp.down", lin, routed, h, f)]
+    return [matmul_op("fc1", f"{path}.mlp.fc1", lin, routed, f, h),
+            pointwise_op("gelu", "elementwise", f"{path}.mlp.act", act, routed * f, flops_per_element=8.0),
+            matmul_op("fc2", f"{path}.mlp.fc2", lin, routed, h, f)]
+
+
+def _block(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool) -> Layer:
+    name = "moe_block" if moe else "block"
+    path = f"blocks.{name}"
+    act, h = dev.precision.activation_dtype, spec.hidden
+    tokens, rep = dev.local_tokens, _replicated_tokens(dev)
+    fwd = _attention_ops(spec, dev, path)
+    fwd.append(pointwise_op("norm2", "norm", f"{path}.norm2", act, rep * h, flops_per_element=5.0))
+    comms: list[Comm] = []
+    if moe:
+        fwd.append(matmul_op("router", f"{path}.moe.router", act, tokens, spec.num_experts, h))
+        fwd.extend(_mlp_ops(spec, dev, f"{path}.moe", tokens, spec.top_k))
+        a2a_bytes = tokens * spec.top_k * h * _act_bytes(dev)
+        comms += [Comm("dispatch", "all-to-all", "ep", "fwd", a2a_bytes),
+                  Comm("combine", "all-to-all", "ep", "fwd", a2a_bytes)]
+    else:
+        fwd.extend(_mlp_ops(spec, dev, path, tokens, 1))
+    fwd.append(pointwise_op("residual2", "elementwise", f"{path}.residual2", act, rep * h, reads=2.0))
+    comms += _tp_comms(spec, dev) + _cp_comms(spec, dev)
+    fwd_ops, bwd_ops = _with_backward(fwd, dev.fused_attention)
+    attn_params, mlp_params = _block_params(spec, moe)
+    local_mlp = mlp_params / dev.tp / (dev.ep if moe else 1)
+    return Layer(name, "moe_block" if moe else "block", count, fwd_ops, bwd_ops, tuple(comms),
+                 attn_params / dev.tp + local_mlp, attn_params + mlp_params,
+                 _block_saved_bytes(spec, dev, moe), rep * h * _act_bytes(dev))
+
+
+def _tp_comms(spec: TransformerSpec, dev: DeviceSlice) -> list[Comm]:
+    """Two per block each way (after attention and after the MLP): all-reduce, or RS + AG with sp."""
+    if dev.tp == 1:
+        return []
+    buffer = dev.local_tokens * spec.hidden * _act_bytes(dev)
+    comms: list[Comm] = []
+    for phase in ("fwd", "bwd"):
+        for site in ("attn", "mlp"):
+            if dev.sp:
+                comms += [Comm(f"{site}.ag", "all-gather", "tp", phase, buffer),
+                          Comm(f"{site}.rs", "reduce-scatter", "tp", phase, buffer)]
+            else:
+                comms.append(Comm(f"{site}.ar", "all-reduce", "tp", phase, buffer))
+    return comms
+
+
+def _cp_comms(spec: TransformerSpec, dev: DeviceSlice) -> list[Comm]:
+    """Context parallelism gathers K and V of the whole sequence forward and reduce-scatters their gradients."""
+    if dev.cp == 1:
+        return []
+    kv_full = 2 * dev.micro_batch * dev.seq_len * spec.kv_heads * spec.head_dim // dev.tp * _act_bytes(dev)
+    return [Comm("kv.ag", "all-gather", "cp", "fwd", kv_full),
+            Comm("kv.rs", "reduce-scatter", "cp", "bwd", kv_full)]
+
+
+def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool) -> dict[str, float]:
+    """Activations one block keeps for its backward pass, per micro-batch.
+
+    Korthikanti et al. 2022 (eq. 1-5) generalized to any ffn size, grouped-query heads, SwiGLU and flash
+    attention: for GPT with unfused attention it reduces to sbh(34 + 5as/h) (t=1),
+    sbh(10 + 24/t + 5as/(ht)) (TP), and sbh/t(34 + 5as/h) (TP + SP).
+    """
+    a2, t, h = _act_bytes(dev), dev.tp, spec.hidden
+    tokens, rep = dev.local_tokens, _replicated_tokens(dev)
+    heads, kv = spec.num_heads // t, max(1, spec.kv_heads // t)
+    mask = 1.0 if spec.arch in ("gpt", "bert", "bloom") else 0.0  # dropout masks, one byte per element
+    f_local = spec.ffn_hidden // t * (spec.top_k if moe else 1)
+    replicated = rep * h * (4 * a2 + 2 * mask)  # two norm inputs, qkv input, mlp input, two dropout masks
+    qkv = tokens * (heads + 2 * kv) * spec.head_dim * a2
+    out_in = tokens * heads * spec.head_dim * a2
+    if spec.mlp == "swiglu":
+        mlp = tokens * (3 * f_local) * a2  # gate and up outputs, the product
+    else:
+        mlp = tokens * (2 * f_local) * a2  # fc1 output, gelu output
+    scores = dev.micro_batch * heads * (tokens // dev.micro_batch) * dev.seq_len * (2 * a2 + 1)
+    lse = dev.micro_batch * heads * (tokens // dev.micro_batch) * 4.0
+    core = lse if dev.fused_attention else scores
+    base = replicated + qkv + out_in + mlp
+    return {"none": base + core, "selective": base, "full": rep * h * a2}
+
+
+def _embedding(spec: TransformerSpec, dev: DeviceSlice) -> Layer:
+    act, h, tokens = dev.precision.activation_dtype, spec.hidden, dev.local_tokens
+    fwd = [pointwise_op("lookup", "embedding", "embed.tokens", act, tokens * h, reads=1.0)]
+    params = spec.vocab * h
+    if spec.position == "learned":
+        fwd.append(pointwise_op("pos_add", "elementwise", "embed.positions", act, tokens * h, reads=2.0))
+        params += spec.max_seq_len * h
+    fwd_ops, bwd_ops = _with_backward(fwd, dev.fused_attention)
+    out = _replicated_tokens(dev) * h * _act_bytes(dev)
+    return Layer("embedding", "embedding", 1, fwd_ops, bwd_ops, (), params / dev.tp, params,
+                 {"none": out, "selective": out, "full": out}, out)
+
+
+def _head(spec: TransformerSpec, dev: DeviceSlice) -> Layer:
+    """Final norm, vocabulary projection (vocab-parallel under TP) and fp32 cross-entropy."""
+    act, h, tokens, v = dev.precision.activation_dtype, spec.hidden, dev.local_tokens, spec.vocab // dev.tp
+    fwd = [pointwise_op("final_norm", "norm", "head.norm", act, _replicated_tokens(dev) * h,
+                        flops_per_element=5.0),
+           matmul_op("logits", "head.proj", dev.precision.linear_dtype, tokens, v, h),
+           pointwise_op("cross_entropy", "loss", "head.loss", "fp32", tokens * v, reads=1.0, writes=1.0,
+                        flops_per_element=4.0)]
+    fwd_ops, bwd_ops = _with_backward(fwd, dev.fused_attention)
+    norm_params = h * (2 if spec.norm == "layernorm" else 1)
+    proj_params = 0 if spec.tied_embeddings else spec.vocab * h
+    saved = _replicated_tokens(dev) * h * _act_bytes(dev) + tokens * v * 4.0  # norm input, fp32 softmax
+    comms = [Comm("logits.ag", "all-gather", "tp", "fwd", tokens * h * _act_bytes(dev))] if dev.sp else []
+    return Layer("head", "head", 1, fwd_ops, bwd_ops, tuple(comms), norm_params + proj_params / dev.tp,
+                 norm_params + proj_params, {"none": saved, "selective": saved, "full": saved}, 0.0)

@@ -1,0 +1,65 @@
+"""One accelerator's spec-sheet numbers (dense peaks per dtype, HBM), loaded from catalog/data/devices."""
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from trainsim.specbase import Spec
+from trainsim.units import parse_bandwidth, parse_bytes, parse_flops
+
+DType = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
+DTYPES: tuple[DType, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8")
+
+
+class DeviceSpec(Spec):
+    """Dense (no sparsity) peak FLOP/s per dtype; a dtype the device lacks falls back to the next wider one."""
+
+    name: str
+    description: str = ""
+    vendor: str = "nvidia"
+    peak_flops_per_s: dict[DType, float]
+    hbm_bytes: float = Field(gt=0)
+    hbm_bw_bytes_per_s: float = Field(gt=0)
+    # Memory the runtime keeps for itself (CUDA context, allocator fragmentation, NCCL buffers).
+    runtime_reserved_bytes: float = Field(default=2.0 * 2**30, ge=0)
+    aliases: tuple[str, ...] = ()
+
+    @field_validator("peak_flops_per_s", mode="before")
+    @classmethod
+    def _parse_peaks(cls, value: object) -> object:
+        if isinstance(value, dict):
+            return {key: parse_flops(v, f"peak_flops_per_s.{key}") for key, v in value.items()}
+        return value
+
+    @field_validator("hbm_bytes", "runtime_reserved_bytes", mode="before")
+    @classmethod
+    def _parse_bytes(cls, value: object) -> object:
+        return parse_bytes(value) if isinstance(value, str) else value
+
+    @field_validator("hbm_bw_bytes_per_s", mode="before")
+    @classmethod
+    def _parse_bw(cls, value: object) -> object:
+        return parse_bandwidth(value) if isinstance(value, str) else value
+
+    def peak_for(self, dtype: DType) -> float:
+        """Dense peak for a dtype; fp8 falls back to fp16/bf16 and tf32 to fp32 on devices without them."""
+        fallbacks: dict[DType, tuple[DType, ...]] = {
+            "fp8": ("fp8", "bf16", "fp16", "fp32"),
+            "bf16": ("bf16", "fp16", "fp32"),
+            "fp16": ("fp16", "bf16", "fp32"),
+            "tf32": ("tf32", "fp32"),
+            "fp32": ("fp32",),
+        }
+        for candidate in fallbacks[dtype]:
+            if candidate in self.peak_flops_per_s:
+                return self.peak_flops_per_s[candidate]
+        raise AssertionError(f"device {self.name} has no fp32 peak")
+
+    @field_validator("peak_flops_per_s")
+    @classmethod
+    def _needs_fp32(cls, value: dict[DType, float]) -> dict[DType, float]:
+        if "fp32" not in value:
+            raise ValueError("must give at least the fp32 peak")
+        if any(v <= 0 for v in value.values()):
+            raise ValueError("peaks must be positive")
+        return value

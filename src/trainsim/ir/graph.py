@@ -1,0 +1,95 @@
+"""OpGraph: a model as a chain of layers, each a list of forward and backward ops with costs in SI units.
+
+Identical layers (the repeated transformer blocks) are stored once with a repeat count, so an 80-layer model is
+as cheap to build and cost as a one-layer model. Shapes are per device: the builder has applied the tensor,
+sequence and context split already.
+"""
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from trainsim.hardware.device import DType
+
+OpKind = Literal["matmul", "attention", "elementwise", "norm", "softmax", "embedding", "conv", "pool", "loss"]
+Phase = Literal["fwd", "bwd"]
+LayerKind = Literal["embedding", "block", "moe_block", "head", "conv_block", "mlp", "interaction", "sparse"]
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One kernel. shape is (batch, m, n, k) for matmul and attention (m query tokens, n key tokens, k head
+    dim), the output shape otherwise."""
+
+    name: str
+    kind: OpKind
+    module_path: str
+    phase: Phase
+    dtype: DType
+    flops: float
+    bytes_moved: float
+    shape: tuple[int, ...]
+    recompute_selective: bool = False  # recomputed under selective recompute (the attention core)
+
+    def describe(self) -> str:
+        dims = "x".join(str(d) for d in self.shape)
+        return (f"{self.phase} {self.kind:<11} {self.module_path:<28} {self.dtype:<4} [{dims}] "
+                f"{self.flops / 1e9:10.3f} GFLOP {self.bytes_moved / 1e6:10.3f} MB")
+
+
+@dataclass(frozen=True, slots=True)
+class Comm:
+    """A collective a layer issues on the critical path (feature communication), per micro-batch.
+
+    axis: which parallel group carries it; bytes_per_rank: the buffer each rank contributes (all-reduce),
+    or the full gathered buffer size for all-gather / reduce-scatter.
+    """
+
+    name: str
+    collective: Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv"]
+    axis: Literal["tp", "cp", "ep", "pp"]
+    phase: Phase
+    buffer_bytes: float
+
+
+@dataclass(frozen=True, slots=True)
+class Layer:
+    name: str
+    kind: LayerKind
+    count: int
+    fwd: tuple[Op, ...]
+    bwd: tuple[Op, ...]
+    comms: tuple[Comm, ...]
+    param_count: float  # parameters held by one device (after tensor/expert sharding)
+    full_param_count: float  # parameters of the layer before sharding
+    saved_bytes: dict[str, float] = field(default_factory=dict)  # recompute mode -> activation bytes kept
+    output_bytes: float = 0.0  # activation passed to the next layer (pipeline send size)
+
+    def flops(self, phase: Phase) -> float:
+        return sum(op.flops for op in (self.fwd if phase == "fwd" else self.bwd))
+
+
+@dataclass(frozen=True, slots=True)
+class OpGraph:
+    model_name: str
+    layers: tuple[Layer, ...]
+    tokens_per_micro_batch: int  # per device, after the context split
+    samples_per_micro_batch: int
+
+    @property
+    def num_ops(self) -> int:
+        return sum(layer.count * (len(layer.fwd) + len(layer.bwd)) for layer in self.layers)
+
+    def total_flops(self, phase: Phase) -> float:
+        return sum(layer.count * layer.flops(phase) for layer in self.layers)
+
+    def param_count(self) -> float:
+        return sum(layer.count * layer.full_param_count for layer in self.layers)
+
+    def pretty(self) -> str:
+        lines = [f"OpGraph {self.model_name}: {len(self.layers)} distinct layers, {self.num_ops} ops"]
+        for layer in self.layers:
+            lines.append(f"  {layer.name} x{layer.count} ({layer.kind}, {layer.param_count:.4g} params/device)")
+            lines += [f"    {op.describe()}" for op in layer.fwd + layer.bwd]
+            lines += [f"    comm {c.phase} {c.collective} over {c.axis}: {c.buffer_bytes / 1e6:.3f} MB"
+                      for c in layer.comms]
+        return "\n".join(lines)

@@ -1,0 +1,111 @@
+"""Model specifications: what is computed, independent of where and how it runs."""
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from trainsim.specbase import Spec
+
+Arch = Literal["gpt", "llama", "bert", "mpt", "bloom", "moe", "mixtral", "other"]
+
+
+class TransformerSpec(Spec):
+    """A decoder or encoder stack. ffn_hidden is the SwiGLU inner size for mlp=swiglu."""
+
+    kind: Literal["transformer"] = "transformer"
+    name: str
+    description: str = ""
+    arch: Arch = "gpt"
+    num_layers: int = Field(gt=0)
+    hidden: int = Field(gt=0)
+    ffn_hidden: int = Field(gt=0)
+    num_heads: int = Field(gt=0)
+    num_kv_heads: int = Field(default=0, ge=0, description="0 means num_heads (multi-head attention)")
+    vocab: int = Field(gt=0)
+    max_seq_len: int = Field(default=2048, gt=0)
+    mlp: Literal["gelu", "swiglu"] = "gelu"
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    position: Literal["learned", "rope", "alibi"] = "learned"
+    bias: bool = True
+    tied_embeddings: bool = True
+    causal: bool = True
+    num_experts: int = Field(default=1, gt=0)
+    top_k: int = Field(default=1, gt=0)
+    moe_every: int = Field(default=1, gt=0, description="every n-th block is a mixture of experts")
+    published_params: float | None = Field(default=None, description="parameter count as published")
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _check(self) -> "TransformerSpec":
+        if self.hidden % self.num_heads:
+            raise ValueError(f"hidden={self.hidden} must be divisible by num_heads={self.num_heads}")
+        if self.num_heads % self.kv_heads:
+            raise ValueError(f"num_heads={self.num_heads} must be divisible by num_kv_heads={self.kv_heads}")
+        if self.top_k > self.num_experts:
+            raise ValueError(f"top_k={self.top_k} must be at most num_experts={self.num_experts}")
+        return self
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.num_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 1
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers // self.moe_every if self.is_moe else 0
+
+
+class ConvLayer(Spec):
+    """One layer of a CNN, with its output spatial size for a 224x224 (or the model's) input."""
+
+    type: Literal["conv", "fc", "pool", "norm", "relu", "concat"]
+    name: str
+    in_channels: int = Field(default=0, ge=0)
+    out_channels: int = Field(default=0, ge=0)
+    kernel: tuple[int, int] = (1, 1)
+    stride: int = Field(default=1, gt=0)
+    out_hw: tuple[int, int] = (1, 1)
+    block: str = Field(default="", description="the block this layer belongs to (module path prefix)")
+
+
+class CnnSpec(Spec):
+    kind: Literal["cnn"] = "cnn"
+    name: str
+    description: str = ""
+    input_hw: tuple[int, int] = (224, 224)
+    layers: tuple[ConvLayer, ...]
+    published_params: float | None = None
+    source: str = ""
+
+
+class EmbeddingTable(Spec):
+    rows: int = Field(gt=0)
+    dim: int = Field(gt=0)
+    pooling_factor: float = Field(default=1.0, gt=0, description="lookups per sample")
+    count: int = Field(default=1, gt=0, description="identical tables")
+
+
+class DlrmSpec(Spec):
+    kind: Literal["dlrm"] = "dlrm"
+    name: str
+    description: str = ""
+    dense_features: int = Field(gt=0)
+    bottom_mlp: tuple[int, ...]
+    top_mlp: tuple[int, ...]
+    tables: tuple[EmbeddingTable, ...]
+    published_params: float | None = None
+    source: str = ""
+
+    @property
+    def num_tables(self) -> int:
+        return sum(table.count for table in self.tables)
+
+
+ModelSpec = Annotated[TransformerSpec | CnnSpec | DlrmSpec, Field(discriminator="kind")]

@@ -1,0 +1,68 @@
+"""ParallelSpec: the plain strategy (degrees of each axis, ZeRO, recompute, micro-batching, schedule)."""
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from trainsim.specbase import Spec
+from trainsim.strategy.precision import Precision
+
+Recompute = Literal["none", "selective", "full"]
+Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
+RECOMPUTES: tuple[Recompute, ...] = ("none", "selective", "full")
+SCHEDULES: tuple[Schedule, ...] = ("gpipe", "1f1b", "interleaved-1f1b")
+
+
+class ParallelSpec(Spec):
+    """Degrees of the parallel axes and the training-loop settings that go with them.
+
+    dp=0 means "infer from the number of GPUs". Ranks are ordered tp (fastest), cp, dp, pp (slowest), as
+    Megatron-LM orders them; ep shares ranks with dp.
+    """
+
+    tp: int = Field(default=1, gt=0)
+    pp: int = Field(default=1, gt=0)
+    dp: int = Field(default=0, ge=0)
+    cp: int = Field(default=1, gt=0)
+    ep: int = Field(default=1, gt=0)
+    vpp: int = Field(default=1, gt=0)
+    sp: bool = False
+    zero: int = Field(default=0, ge=0, le=3)
+    recompute: Recompute = "none"
+    micro_batch: int = Field(default=1, gt=0)
+    global_batch: int = Field(default=0, ge=0, description="0 means dp x micro_batch (one micro-batch)")
+    seq_len: int = Field(default=2048, gt=0)
+    precision: Precision = "bf16"
+    schedule: Schedule = "1f1b"
+
+    @model_validator(mode="after")
+    def _check(self) -> "ParallelSpec":
+        if self.sp and self.tp == 1:
+            raise ValueError("sp=True needs tp > 1 (sequence parallelism splits along the tensor-parallel group)")
+        if self.vpp > 1 and self.schedule != "interleaved-1f1b":
+            raise ValueError(f"vpp={self.vpp} needs schedule='interleaved-1f1b' (got {self.schedule!r})")
+        if self.schedule == "interleaved-1f1b" and self.pp == 1:
+            raise ValueError("schedule='interleaved-1f1b' needs pp > 1")
+        return self
+
+    @property
+    def model_parallel_size(self) -> int:
+        return self.tp * self.pp * self.cp
+
+    @property
+    def num_gpus(self) -> int:
+        return self.model_parallel_size * self.dp
+
+    @property
+    def num_micro_batches(self) -> int:
+        return self.global_batch // (self.dp * self.micro_batch)
+
+    def describe(self) -> str:
+        parts = [f"tp={self.tp}", f"pp={self.pp}", f"dp={self.dp}"]
+        parts += [f"{name}={value}" for name, value in (("cp", self.cp), ("ep", self.ep), ("vpp", self.vpp))
+                  if value > 1]
+        if self.sp:
+            parts.append("sp")
+        parts += [f"zero={self.zero}", f"recompute={self.recompute}", f"mb={self.micro_batch}",
+                  f"gb={self.global_batch}", self.schedule, self.precision]
+        return " ".join(parts)

@@ -1,0 +1,1 @@
+"""Communication costs: alpha-beta collectives over the two-level topology."""

@@ -1,0 +1,75 @@
+"""Calibration parameters of the cost models, read from catalog/data/calibration/fitted.yaml.
+
+That file is written by `trainsim calibrate` (trainsim.validate.fit) from the measurements in
+shared/data/calibration; nobody edits it by hand. Without it, the priors below apply: round, physically
+motivated starting points of the fit, not fitted values.
+"""
+
+from functools import cache
+from pathlib import Path
+
+from pydantic import Field
+
+from trainsim.catalog.files import DATA_DIR, read_mapping
+from trainsim.hardware.device import DType
+from trainsim.specbase import Spec
+
+FITTED_PATH = DATA_DIR / "calibration" / "fitted.yaml"
+Collective = str  # "all-reduce" | "all-gather" | "reduce-scatter" | "all-to-all" | "send-recv"
+
+
+class ComputeParams(Spec):
+    """Roofline efficiency of one device. NB: matmul efficiency follows a saturating curve of the GEMM's work:
+    eff(W) = max_eff / (1 + (half_work / W) ** exponent), where half_work scales with the device's peak."""
+
+    matmul_half_work_flop_per_tflops: float = Field(default=2.0e7, gt=0)
+    matmul_exponent: float = Field(default=1.0, gt=0)
+    matmul_training_factor: float = Field(default=1.0, gt=0)  # microbenchmark -> in-training efficiency
+    attention_efficiency: float = Field(default=0.5, gt=0)  # of the matmul efficiency
+    memory_efficiency: float = Field(default=0.8, gt=0, le=1.0)
+    kernel_overhead_s: float = Field(default=4.0e-6, ge=0)
+
+
+class CommParams(Spec):
+    """Alpha-beta correction of one collective: latency per algorithm step and achieved / link bandwidth."""
+
+    latency_s: float = Field(default=5.0e-6, ge=0)
+    bw_efficiency: float = Field(default=0.8, gt=0, le=1.5)
+
+
+class RuntimeParams(Spec):
+    """Framework behaviour: how much gradient communication hides under the backward pass, fixed costs."""
+
+    dp_overlap: float = Field(default=0.9, ge=0, le=1.0)
+    fsdp_overlap: float = Field(default=0.9, ge=0, le=1.0)
+    iteration_overhead_s: float = Field(default=0.0, ge=0)
+    pipeline_overhead_per_micro_batch_s: float = Field(default=0.0, ge=0)
+
+
+class Calibration(Spec):
+    source: str = "priors"
+    compute: ComputeParams = ComputeParams()
+    # device name -> dtype -> best achievable matmul efficiency (MAMF / peak), from gemm.csv
+    matmul_max_efficiency: dict[str, dict[str, float]] = {}
+    default_matmul_max_efficiency: float = Field(default=0.8, gt=0, le=1.0)
+    comm: dict[Collective, CommParams] = {}
+    runtime: RuntimeParams = RuntimeParams()
+    fit_report: dict[str, float] = {}
+
+    def max_efficiency(self, device_name: str, dtype: DType) -> float:
+        per_dtype = self.matmul_max_efficiency.get(device_name, {})
+        if dtype in per_dtype:
+            return per_dtype[dtype]
+        if dtype in ("fp16", "tf32") and "bf16" in per_dtype:
+            return per_dtype["bf16"]
+        return self.default_matmul_max_efficiency
+
+    def comm_params(self, collective: Collective) -> CommParams:
+        return self.comm.get(collective, CommParams())
+
+
+@cache
+def load_calibration(path: Path = FITTED_PATH) -> Calibration:
+    if not path.exists():
+        return Calibration()
+    return Calibration.parse(read_mapping(path), str(path))

@@ -1,0 +1,1 @@
+"""Estimators of the fidelity ladder; each returns a Result."""

@@ -1,0 +1,90 @@
+"""A job: model + cluster + strategy, resolved (dp and global batch filled in) and checked for consistency."""
+
+from dataclasses import dataclass
+
+from trainsim.errors import ConfigError
+from trainsim.hardware.cluster import ClusterSpec
+from trainsim.ir.model_spec import ModelSpec, TransformerSpec
+from trainsim.strategy.parallel import ParallelSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    model: ModelSpec
+    cluster: ClusterSpec
+    parallel: ParallelSpec
+
+    @property
+    def num_gpus(self) -> int:
+        return self.cluster.num_gpus
+
+    @property
+    def tokens_per_iteration(self) -> int:
+        return self.parallel.global_batch * self.parallel.seq_len
+
+    def describe(self) -> str:
+        return f"{self.model.name} on {self.cluster.name} ({self.num_gpus} GPUs): {self.parallel.describe()}"
+
+
+def make_job(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelSpec) -> Job:
+    """Infer dp and the global batch where left out, then refuse every inconsistent combination."""
+    par = _resolve_dp(parallel, cluster.num_gpus)
+    if par.global_batch == 0:
+        par = par.model_copy(update={"global_batch": par.dp * par.micro_batch})
+    _check_batch(par)
+    if isinstance(model, TransformerSpec):
+        _check_transformer(model, par)
+    else:
+        _check_non_transformer(model.kind, par)
+    return Job(model, cluster, par)
+
+
+def _resolve_dp(par: ParallelSpec, num_gpus: int) -> ParallelSpec:
+    model_parallel = par.model_parallel_size
+    if par.dp == 0:
+        if num_gpus % model_parallel:
+            raise ConfigError("tp*pp*cp", model_parallel,
+                              f"must divide the number of GPUs ({num_gpus}); tp={par.tp} pp={par.pp} cp={par.cp}")
+        return par.model_copy(update={"dp": num_gpus // model_parallel})
+    if model_parallel * par.dp != num_gpus:
+        raise ConfigError("tp*pp*dp*cp", model_parallel * par.dp,
+                          f"must equal the number of GPUs ({num_gpus}); tp={par.tp} pp={par.pp} dp={par.dp} "
+                          f"cp={par.cp}")
+    return par
+
+
+def _check_batch(par: ParallelSpec) -> None:
+    per_step = par.dp * par.micro_batch
+    if par.global_batch % per_step:
+        raise ConfigError("global_batch", par.global_batch,
+                          f"must be divisible by dp x micro_batch = {par.dp} x {par.micro_batch} = {per_step}")
+    if par.schedule == "interleaved-1f1b" and par.num_micro_batches % par.pp:
+        raise ConfigError("global_batch", par.global_batch,
+                          f"interleaved-1f1b needs the number of micro-batches ({par.num_micro_batches}) "
+                          f"to be a multiple of pp={par.pp}")
+
+
+def _check_transformer(model: TransformerSpec, par: ParallelSpec) -> None:
+    if model.num_heads % par.tp:
+        raise ConfigError("tp", par.tp, f"must divide num_heads={model.num_heads} of {model.name}")
+    if model.kv_heads % par.tp and par.tp % model.kv_heads:
+        raise ConfigError("tp", par.tp, f"must divide or be a multiple of num_kv_heads={model.kv_heads}")
+    if par.pp > model.num_layers:
+        raise ConfigError("pp", par.pp, f"must be at most num_layers={model.num_layers} of {model.name}")
+    chunks = par.pp * par.vpp
+    if model.num_layers % chunks:
+        raise ConfigError("pp", par.pp, f"pp x vpp = {chunks} must divide num_layers={model.num_layers}")
+    if par.seq_len % par.cp:
+        raise ConfigError("cp", par.cp, f"must divide seq_len={par.seq_len}")
+    if par.ep > 1 and not model.is_moe:
+        raise ConfigError("ep", par.ep, f"must be 1 for the dense model {model.name}")
+    if model.is_moe and model.num_experts % par.ep:
+        raise ConfigError("ep", par.ep, f"must divide num_experts={model.num_experts}")
+    if par.ep > 1 and (par.dp * par.cp) % par.ep:
+        raise ConfigError("ep", par.ep, f"must divide dp x cp = {par.dp * par.cp} (experts share data ranks)")
+
+
+def _check_non_transformer(kind: str, par: ParallelSpec) -> None:
+    for axis, value in (("tp", par.tp), ("cp", par.cp), ("ep", par.ep)):
+        if value != 1:
+            raise ConfigError(axis, value, f"must be 1 for a {kind} model (only dp and pp apply)")

@@ -1,0 +1,1 @@
+"""The trainsim command line: one module per command, each parse -> compute -> render."""

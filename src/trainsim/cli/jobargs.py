@@ -1,0 +1,55 @@
+"""Build a Job from a job file and command-line flags (flags override the file)."""
+
+from pathlib import Path
+from typing import Any
+
+from trainsim.catalog import load_cluster, load_model
+from trainsim.catalog.files import read_mapping
+from trainsim.errors import ConfigError
+from trainsim.job import Job, make_job
+from trainsim.strategy.parallel import RECOMPUTES, SCHEDULES, ParallelSpec
+from trainsim.strategy.precision import PRECISIONS
+
+DEFAULT_MODEL = "gpt3-1.3b"
+DEFAULT_CLUSTER = "dgx-a100-80gb"
+JOB_KEYS = ("model", "cluster", "num_gpus")
+STRATEGY_KEYS = tuple(ParallelSpec.model_fields)
+
+
+def read_job_file(path: Path | None) -> dict[str, Any]:
+    """A job file holds model, cluster, num_gpus and strategy keys, at the top level or under `strategy`."""
+    if path is None:
+        return {}
+    data = read_mapping(path)
+    flat = {**data.pop("strategy", {}), **data}
+    for key in flat:
+        if key not in JOB_KEYS + STRATEGY_KEYS:
+            raise ConfigError(f"{path}: {key}", flat[key], "unknown key; allowed: " + ", ".join(JOB_KEYS + STRATEGY_KEYS))
+    return flat
+
+
+def _check_choice(field: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value is not None and value not in choices:
+        raise ConfigError(field, value, "choose one of: " + ", ".join(choices))
+
+
+def job_from_settings(settings: dict[str, Any]) -> Job:
+    """settings: job-file keys merged with the flags that were given (None = not given)."""
+    given = {key: value for key, value in settings.items() if value is not None}
+    _check_choice("precision", given.get("precision"), PRECISIONS)
+    _check_choice("recompute", given.get("recompute"), RECOMPUTES)
+    _check_choice("schedule", given.get("schedule"), SCHEDULES)
+    for key in ("num_gpus", "tp", "pp", "cp", "ep", "vpp", "micro_batch", "seq_len"):
+        if key in given and (not isinstance(given[key], int) or given[key] <= 0):
+            raise ConfigError(key, given[key], "must be a positive integer")
+    for key in ("dp", "global_batch"):
+        if key in given and (not isinstance(given[key], int) or given[key] <= 0):
+            raise ConfigError(key, given[key], "must be a positive integer (leave it out to infer it)")
+    model = load_model(str(given.pop("model", DEFAULT_MODEL)))
+    cluster = load_cluster(str(given.pop("cluster", DEFAULT_CLUSTER)))
+    if "num_gpus" in given:
+        cluster = cluster.with_num_gpus(given.pop("num_gpus"))
+    if given.get("vpp", 1) > 1 and "schedule" not in given:
+        given["schedule"] = "interleaved-1f1b"
+    parallel = ParallelSpec.parse(given)
+    return make_job(model, cluster, parallel)

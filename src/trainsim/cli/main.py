@@ -1,0 +1,38 @@
+"""Entry point of the `trainsim` command."""
+
+import typer
+
+from trainsim.cli import predict as predict_cmd
+
+app = typer.Typer(
+    help="trainsim: predict training iteration time, memory and the best parallel plan before using GPUs.",
+    no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
+)
+app.command("predict")(predict_cmd.predict)
+
+
+@app.callback()
+def _root() -> None:
+    """trainsim: predict training iteration time, memory and the best parallel plan before using GPUs."""
+
+
+
+def _register_optional() -> None:
+    """Commands that live in their own modules; each module exposes `register(app)`."""
+    import importlib
+
+    for module in ("catalog_cmds", "search", "validate", "calibrate"):
+        try:
+            mod = importlib.import_module(f"trainsim.cli.{module}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"trainsim.cli.{module}":
+                raise
+            continue
+        mod.register(app)
+
+
+_register_optional()
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,49 @@
+"""`trainsim predict`: one job, one Result, as a readable summary or one JSON object."""
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from trainsim.cli.errors import handles_errors
+from trainsim.cli.jobargs import job_from_settings, read_job_file
+from trainsim.estimate.engines import ENGINES
+from trainsim.report.text import render_result
+
+
+@handles_errors
+def predict(
+    job_file: Annotated[Path | None, typer.Argument(help="YAML/JSON job file; flags override it")] = None,
+    model: Annotated[str | None, typer.Option(help="catalog name, model YAML, or HF config.json")] = None,
+    cluster: Annotated[str | None, typer.Option(help="cluster preset or YAML file")] = None,
+    num_gpus: Annotated[int | None, typer.Option(help="scale the cluster to this many GPUs")] = None,
+    tp: Annotated[int | None, typer.Option(help="tensor-parallel degree")] = None,
+    pp: Annotated[int | None, typer.Option(help="pipeline-parallel degree")] = None,
+    dp: Annotated[int | None, typer.Option(help="data-parallel degree (default: inferred)")] = None,
+    vpp: Annotated[int | None, typer.Option(help="virtual stages per pipeline rank")] = None,
+    sp: Annotated[bool | None, typer.Option("--sp/--no-sp", help="sequence parallelism")] = None,
+    cp: Annotated[int | None, typer.Option(help="context-parallel degree")] = None,
+    ep: Annotated[int | None, typer.Option(help="expert-parallel degree")] = None,
+    zero: Annotated[int | None, typer.Option(help="ZeRO stage 0-3 (1 = distributed optimizer)")] = None,
+    recompute: Annotated[str | None, typer.Option(help="none | selective | full")] = None,
+    micro_batch: Annotated[int | None, typer.Option(help="sequences per micro-batch")] = None,
+    global_batch: Annotated[int | None, typer.Option(help="sequences per optimizer step")] = None,
+    seq_len: Annotated[int | None, typer.Option(help="tokens per sequence")] = None,
+    precision: Annotated[str | None, typer.Option(help="fp32 tf32 fp16 bf16 amp-fp16 amp-bf16 fp8")] = None,
+    schedule: Annotated[str | None, typer.Option(help="gpipe | 1f1b | interleaved-1f1b")] = None,
+    engine: Annotated[str, typer.Option(help="estimator: " + ", ".join(ENGINES.names()))] = "analytical",
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+) -> None:
+    """Predict iteration time, throughput, MFU and peak memory of one training job."""
+    flags = dict(model=model, cluster=cluster, num_gpus=num_gpus, tp=tp, pp=pp, dp=dp, vpp=vpp, sp=sp, cp=cp,
+                 ep=ep, zero=zero, recompute=recompute, micro_batch=micro_batch, global_batch=global_batch,
+                 seq_len=seq_len, precision=precision, schedule=schedule)
+    settings = read_job_file(job_file)
+    settings.update({key: value for key, value in flags.items() if value is not None})
+    job = job_from_settings(settings)
+    result = ENGINES.get(engine)().estimate(job)
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        typer.echo(render_result(result))

@@ -1,0 +1,26 @@
+"""The registry of estimators (the fidelity ladder). Each entry builds an object with estimate(job) -> Result."""
+
+from collections.abc import Callable
+from typing import Protocol
+
+from trainsim.estimate.result import Result
+from trainsim.job import Job
+from trainsim.registry import Registry
+
+
+class Estimator(Protocol):
+    name: str
+
+    def estimate(self, job: Job) -> Result: ...
+
+
+ENGINES: Registry[Callable[[], Estimator]] = Registry("engine")
+
+
+def _analytical() -> Estimator:
+    from trainsim.estimate.analytical import AnalyticalEstimator
+
+    return AnalyticalEstimator()
+
+
+ENGINES.add("analytical", _analytical)

@@ -66,9 +66,11 @@ class AnalyticalEstimator:
 
     name = "analytical"
 
-    def __init__(self, calibration: Calibration | None = None) -> None:
+    def __init__(self, calibration: Calibration | None = None,
+                 graphs: dict[tuple[object, ...], OpGraph] | None = None) -> None:
+        """graphs: a graph cache to share between estimators that differ only in calibration."""
         self.cal = calibration or load_calibration()
-        self._graphs: dict[tuple[object, ...], OpGraph] = {}
+        self._graphs: dict[tuple[object, ...], OpGraph] = {} if graphs is None else graphs
         self._layer_costs: dict[tuple[int, str, str], LayerCost] = {}
 
     def graph(self, job: Job) -> OpGraph:

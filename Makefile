@@ -1,0 +1,30 @@
+.DEFAULT_GOAL := help
+PY ?= python3
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+install:  ## install trainsim with the development tools
+	$(PY) -m pip install -e '.[dev]'
+
+test:  ## run the test suite
+	$(PY) -m pytest -q
+
+lint:  ## ruff and pyright
+	ruff check src tests benchmarks scripts
+	pyright
+
+calibrate:  ## refit the cost models on ../shared/data/calibration (writes fitted.yaml)
+	trainsim calibrate
+
+crossval:  ## k-fold and leave-one-source-out iteration-time MAPE
+	trainsim calibrate --cross-validate
+
+validate:  ## predict every calibration run and print the MAPE per source and metric
+	trainsim validate ../shared/data/calibration/runs.csv --no-rows
+
+bench:  ## speed figures (plans per second of the search)
+	$(PY) benchmarks/bench_search.py
+
+ci:  ## what CI runs
+	bash .ci/run

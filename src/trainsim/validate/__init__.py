@@ -1,0 +1,1 @@
+"""Validation against measured runs, metrics, and the calibration fit."""

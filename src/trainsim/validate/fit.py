@@ -1,0 +1,107 @@
+"""`trainsim calibrate`: fit every cost-model parameter on shared/data/calibration and write fitted.yaml."""
+
+import datetime
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainsim.cost.calibration import FITTED_PATH, Calibration, ComputeParams
+from trainsim.errors import InputFileError
+from trainsim.ir.graph import OpGraph
+from trainsim.validate.fit_micro import fit_collectives, fit_matmul_curve, fit_matmul_max_efficiency
+from trainsim.validate.fit_runs import FitSample, fit_runtime, fit_samples, log_errors
+from trainsim.validate.runs import read_runs
+
+CALIBRATION_FILES = ("runs.csv", "gemm.csv", "collectives.csv")
+
+
+def find_calibration_dir(start: Path | None = None) -> Path:
+    """shared/data/calibration beside or above the working directory (where the project keeps it)."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        for candidate in (folder / "shared" / "data" / "calibration", folder / "data" / "calibration"):
+            if all((candidate / name).exists() for name in CALIBRATION_FILES):
+                return candidate
+    raise InputFileError("cannot find shared/data/calibration above the working directory; pass --data DIR")
+
+
+def fit_micro(data_dir: Path) -> Calibration:
+    max_eff = fit_matmul_max_efficiency(data_dir / "gemm.csv")
+    half_work, exponent = fit_matmul_curve(data_dir / "gemm.csv", max_eff)
+    return Calibration(
+        source=f"trainsim calibrate on {data_dir.name}",
+        compute=ComputeParams(matmul_half_work_flop_per_tflops=half_work, matmul_exponent=exponent),
+        matmul_max_efficiency=max_eff,
+        comm=fit_collectives(data_dir / "collectives.csv"),
+    )
+
+
+def calibrate(data_dir: Path) -> Calibration:
+    base = fit_micro(data_dir)
+    samples = fit_samples(read_runs(data_dir / "runs.csv"))
+    fitted = fit_runtime(base, samples)
+    errors = log_errors(fitted, samples, {})
+    mape = float(sum(abs(pow(2.718281828459045, e) - 1.0) for e in errors) / len(errors) * 100.0)
+    return fitted.model_copy(update={"fit_report": {"runs": float(len(samples)), "train_mape_pct": mape}})
+
+
+def write_calibration(cal: Calibration, path: Path = FITTED_PATH) -> None:
+    """Atomic: write a temporary file beside the target, then rename it over the target."""
+    header = (f"# Written by `trainsim calibrate` on {datetime.date.today().isoformat()} from "
+              "shared/data/calibration (runs.csv, gemm.csv, collectives.csv).\n# Do not edit by hand: rerun "
+              "`trainsim calibrate` (or `make calibrate`).\n")
+    body = yaml.safe_dump(_rounded(cal.model_dump()), sort_keys=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=".fitted-", suffix=".yaml")
+    with os.fdopen(handle, "w") as out:
+        out.write(header + body)
+    os.replace(tmp, path)
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, float):
+        return float(f"{value:.6g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    return value
+
+
+def _mape_of(cal: Calibration, samples: list[FitSample]) -> float:
+    errors = log_errors(cal, samples, {})
+    return float(sum(abs(pow(2.718281828459045, e) - 1.0) for e in errors) / len(errors) * 100.0)
+
+
+def cross_validate(data_dir: Path, folds: int = 5, seed: int = 0) -> dict[str, dict[str, float]]:
+    """Fit the run-level parameters on part of the runs and score iteration-time MAPE on the rest:
+    k-fold over runs, and leave-one-source-out. The microbenchmark fits use no runs and are kept."""
+    base = fit_micro(data_dir)
+    samples = fit_samples(read_runs(data_dir / "runs.csv"))
+    order = list(range(len(samples)))
+    random.Random(seed).shuffle(order)
+    report: dict[str, dict[str, float]] = {}
+    held_out: list[tuple[FitSample, float]] = []
+    for fold in range(folds):
+        test = [samples[i] for i in order[fold::folds]]
+        train = [samples[i] for i in order if i not in set(order[fold::folds])]
+        fitted = fit_runtime(base, train)
+        errors = log_errors(fitted, test, {})
+        held_out += [(s, abs(pow(2.718281828459045, e) - 1.0) * 100.0) for s, e in zip(test, errors, strict=True)]
+    report["k-fold"] = _by_source(held_out)
+    for source in sorted({s.source for s in samples}):
+        train = [s for s in samples if s.source != source]
+        test = [s for s in samples if s.source == source]
+        fitted = fit_runtime(base, train)
+        report.setdefault("leave-one-source-out", {})[source] = _mape_of(fitted, test)
+    return report
+
+
+def _by_source(pairs: list[tuple[FitSample, float]]) -> dict[str, float]:
+    out: dict[str, list[float]] = {"ALL": []}
+    for sample, error in pairs:
+        out["ALL"].append(error)
+        out.setdefault(sample.source, []).append(error)
+    return {key: sum(values) / len(values) for key, values in out.items()}

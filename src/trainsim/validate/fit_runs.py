@@ -1,0 +1,100 @@
+"""Fit the framework-level parameters (in-training efficiency, overlap, fixed costs) on measured runs.
+
+Every parameter is shared by all runs: nothing is fitted per run or per source, so a fitted model predicts
+runs it has not seen. Rows are weighted so that each source counts as much as sqrt(its rows), keeping the
+1,440 vTrain rows from drowning the others.
+"""
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from trainsim.cost.calibration import Calibration, ComputeParams, RuntimeParams
+from trainsim.estimate.analytical import AnalyticalEstimator
+from trainsim.ir.graph import OpGraph
+from trainsim.job import Job
+from trainsim.validate.predict_runs import source_group
+from trainsim.validate.runs import RunRow, job_from_row
+
+
+@dataclass(frozen=True, slots=True)
+class FitSample:
+    run_id: str
+    source: str
+    job: Job
+    measured_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Parameter:
+    """One fitted parameter: where it lives, its prior, its bounds, and whether it is fitted in log space."""
+
+    section: str  # "compute" or "runtime"
+    name: str
+    prior: float
+    low: float
+    high: float
+    log: bool = False
+
+
+PARAMETERS: tuple[Parameter, ...] = (
+    Parameter("compute", "matmul_training_factor", 1.0, 0.3, 1.3),
+    Parameter("compute", "attention_efficiency", 0.5, 0.1, 1.5),
+    Parameter("compute", "memory_efficiency", 0.8, 0.2, 1.0),
+    Parameter("compute", "kernel_overhead_s", 4e-6, 1e-7, 1e-4, log=True),
+    Parameter("runtime", "dp_overlap", 0.9, 0.0, 1.0),
+    Parameter("runtime", "fsdp_overlap", 0.9, 0.0, 1.0),
+    Parameter("runtime", "iteration_overhead_s", 1e-2, 1e-5, 1.0, log=True),
+    Parameter("runtime", "pipeline_overhead_per_micro_batch_s", 1e-4, 1e-7, 1e-1, log=True),
+)
+
+
+def fit_samples(rows: Sequence[RunRow]) -> list[FitSample]:
+    """One sample per run with a measured iteration time whose job can be built."""
+    samples: list[FitSample] = []
+    for row in rows:
+        if row.metric != "iteration_time_s":
+            continue
+        built = job_from_row(row.fields)
+        if built.job is not None:
+            samples.append(FitSample(row.run_id, source_group(row.source), built.job, row.measured))
+    return samples
+
+
+def calibration_with(base: Calibration, theta: Sequence[float]) -> Calibration:
+    values: dict[str, dict[str, float]] = {"compute": {}, "runtime": {}}
+    for param, raw in zip(PARAMETERS, theta, strict=True):
+        values[param.section][param.name] = math.exp(raw) if param.log else float(raw)
+    return base.model_copy(update={
+        "compute": ComputeParams.model_validate({**base.compute.model_dump(), **values["compute"]}),
+        "runtime": RuntimeParams.model_validate({**base.runtime.model_dump(), **values["runtime"]}),
+    })
+
+
+def log_errors(cal: Calibration, samples: Sequence[FitSample],
+               graphs: dict[tuple[object, ...], OpGraph]) -> np.ndarray:
+    estimator = AnalyticalEstimator(cal, graphs)
+    predicted = np.array([estimator.estimate(s.job).iteration_time_s for s in samples])
+    return np.log(predicted) - np.log(np.array([s.measured_s for s in samples]))
+
+
+def fit_runtime(base: Calibration, samples: Sequence[FitSample]) -> Calibration:
+    from scipy.optimize import least_squares
+
+    counts: dict[str, int] = {}
+    for s in samples:
+        counts[s.source] = counts.get(s.source, 0) + 1
+    weights = np.array([1.0 / math.sqrt(math.sqrt(counts[s.source])) for s in samples])
+    graphs: dict[tuple[object, ...], OpGraph] = {}
+
+    def to_raw(value: float, param: Parameter) -> float:
+        return math.log(value) if param.log else value
+
+    x0 = np.array([to_raw(p.prior, p) for p in PARAMETERS])
+    low = np.array([to_raw(p.low, p) for p in PARAMETERS])
+    high = np.array([to_raw(p.high, p) for p in PARAMETERS])
+    fit = least_squares(lambda theta: weights * log_errors(calibration_with(base, theta), samples, graphs),
+                        x0=x0, bounds=(low, high), loss="soft_l1", f_scale=0.1, diff_step=1e-3, max_nfev=60)
+    return calibration_with(base, fit.x)

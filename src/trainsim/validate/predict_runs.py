@@ -1,0 +1,104 @@
+"""Predict every row of a runs file with one engine; collect predicted vs measured per metric."""
+
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from trainsim.estimate.engines import Estimator
+from trainsim.estimate.result import Result
+from trainsim.ir.model_spec import TransformerSpec
+from trainsim.job import Job
+from trainsim.strategy.precision import policy_for
+from trainsim.validate.metrics import mape
+from trainsim.validate.runs import METRICS, RunJob, RunRow, job_from_row
+
+
+@dataclass(frozen=True, slots=True)
+class RowPrediction:
+    run_id: str
+    source: str
+    metric: str
+    measured: float
+    predicted: float | None
+    engine: str
+    skipped: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def model_flops_per_token(model: TransformerSpec, seq_len: int, params: float) -> float:
+    """The common "model FLOPs" convention (PaLM, Chowdhery et al. 2022, app. B; llm-foundry; Megatron-Bridge):
+    6 N per token for the weights plus 12 L h s per token for attention, without recomputation."""
+    return 6.0 * params + 12.0 * model.num_layers * model.hidden * seq_len
+
+
+def metric_value(metric: str, job: Job, result: Result, params: float) -> float:
+    if metric == "iteration_time_s":
+        return result.iteration_time_s
+    if metric == "tokens_per_s_per_gpu":
+        return result.tokens_per_s / job.num_gpus
+    if metric == "peak_memory_gib":
+        return result.peak_memory_gib
+    assert isinstance(job.model, TransformerSpec)
+    flops_rate = model_flops_per_token(job.model, job.parallel.seq_len, params) * result.tokens_per_s / job.num_gpus
+    if metric == "tflops_per_gpu":
+        return flops_rate / 1e12
+    peak = job.cluster.device.peak_for(policy_for(job.parallel.precision).linear_dtype)
+    return flops_rate / peak
+
+
+def predict_rows(rows: Iterable[RunRow], estimator: Estimator,
+                 progress: Callable[[], None] | None = None) -> list[RowPrediction]:
+    jobs: dict[str, RunJob] = {}
+    results: dict[str, Result | str] = {}
+    out: list[RowPrediction] = []
+    for row in rows:
+        if row.run_id not in jobs:
+            jobs[row.run_id] = job_from_row(row.fields)
+        run = jobs[row.run_id]
+        skipped = run.skipped
+        predicted = None
+        if skipped is None and row.metric not in METRICS:
+            skipped = f"metric {row.metric!r} is not predicted"
+        if skipped is None and run.job is not None:
+            if row.run_id not in results:
+                results[row.run_id] = estimator.estimate(run.job)
+            result = results[row.run_id]
+            assert isinstance(result, Result)
+            params = estimator_params(run.job)
+            predicted = metric_value(row.metric, run.job, result, params)
+        out.append(RowPrediction(row.run_id, row.source, row.metric, row.measured, predicted, estimator.name,
+                                 skipped))
+        if progress:
+            progress()
+    return out
+
+
+def estimator_params(job: Job) -> float:
+    from trainsim.frontends.catalog import build_graph
+    from trainsim.frontends.shape import DeviceSlice
+
+    graph = build_graph(job.model, DeviceSlice(1, min(job.parallel.seq_len, 8), policy_for("bf16")))
+    return graph.param_count()
+
+
+def summarize(predictions: list[RowPrediction]) -> list[dict[str, Any]]:
+    """MAPE per (source, metric), plus per metric over all sources."""
+    groups: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    skipped: dict[tuple[str, str], int] = {}
+    for p in predictions:
+        for key in ((source_group(p.source), p.metric), ("ALL", p.metric)):
+            if p.predicted is None:
+                skipped[key] = skipped.get(key, 0) + 1
+            else:
+                groups.setdefault(key, []).append((p.predicted, p.measured))
+    keys = sorted(set(groups) | set(skipped), key=lambda k: (k[0] == "ALL", k[0], k[1]))
+    return [{"source": source, "metric": metric, "n": len(groups.get((source, metric), [])),
+             "skipped": skipped.get((source, metric), 0), "mape_pct": mape(groups.get((source, metric), []))}
+            for source, metric in keys]
+
+
+def source_group(source: str) -> str:
+    """The publication or repository of a row (its source without table, section or row details)."""
+    return source.split()[0] if source.strip() else "unknown"

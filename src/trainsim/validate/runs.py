@@ -1,0 +1,127 @@
+"""Read runs in the schema of shared/data/calibration/runs.csv and turn each into a Job."""
+
+import csv
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from trainsim.catalog.files import DATA_DIR, read_mapping
+from trainsim.catalog.loader import load_cluster, load_device, parse_model
+from trainsim.errors import InputFileError, TrainsimError
+from trainsim.job import Job, make_job
+from trainsim.strategy.parallel import ParallelSpec
+
+REQUIRED_COLUMNS = ("run_id", "source", "arch", "num_layers", "hidden", "num_heads", "seq_len", "gpu",
+                    "num_gpus", "tp", "pp", "dp", "metric", "value")
+METRICS = ("iteration_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "peak_memory_gib")
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    run_id: str
+    source: str
+    metric: str
+    measured: float
+    fields: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class RunJob:
+    """A row's job, or the reason it cannot be predicted."""
+
+    job: Job | None
+    skipped: str | None
+
+
+@cache
+def row_defaults() -> dict[str, Any]:
+    return read_mapping(DATA_DIR / "calibration" / "row_defaults.yaml")
+
+
+def read_runs(path: Path) -> list[RunRow]:
+    try:
+        with path.open(newline="") as handle:
+            reader = csv.DictReader(handle)
+            missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise InputFileError(f"{path} lacks the columns {', '.join(missing)} of the runs.csv schema")
+            rows = list(reader)
+    except OSError as exc:
+        raise InputFileError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return [_row(r, path, i) for i, r in enumerate(rows, start=2)]
+
+
+def _row(raw: dict[str, str], path: Path, line: int) -> RunRow:
+    try:
+        measured = float(raw["value"])
+    except ValueError:
+        raise InputFileError(f"{path}:{line}: value={raw['value']!r} is not a number") from None
+    return RunRow(raw["run_id"], raw["source"], raw["metric"], measured, raw)
+
+
+def _int(fields: dict[str, str], key: str, default: int | None = None) -> int:
+    text = (fields.get(key) or "").strip()
+    if not text:
+        if default is None:
+            raise TrainsimError(f"{key} is empty")
+        return default
+    return int(float(text))
+
+
+def model_from_row(fields: dict[str, str]) -> dict[str, Any]:
+    defaults = row_defaults()
+    arch = fields["arch"]
+    if arch not in defaults["arch"]:
+        raise TrainsimError(f"arch {arch!r} has no layout in row_defaults.yaml")
+    layout = dict(defaults["arch"][arch])
+    hidden, heads = _int(fields, "hidden"), _int(fields, "num_heads")
+    kv_heads = _int(fields, "num_kv_heads", heads)
+    if arch == "llama" and kv_heads < heads:
+        layout["vocab"] = defaults["llama_gqa_vocab"]
+    if arch == "llama":
+        rounding = defaults["llama_ffn_round"]
+        ffn_default = -(-(8 * hidden // 3) // rounding) * rounding
+    else:
+        ffn_default = defaults["ffn_multiple"] * hidden
+    seq = _int(fields, "seq_len")
+    return {**layout, "name": f"{arch}-l{fields['num_layers']}-h{hidden}", "arch": arch,
+            "num_layers": _int(fields, "num_layers"), "hidden": hidden, "num_heads": heads,
+            "num_kv_heads": kv_heads, "ffn_hidden": _int(fields, "ffn_hidden", ffn_default),
+            "vocab": _int(fields, "vocab", layout["vocab"]), "max_seq_len": seq}
+
+
+def parallel_from_row(fields: dict[str, str]) -> dict[str, Any]:
+    base = row_defaults()["strategy"]
+    dp = _int(fields, "dp")
+    micro = _int(fields, "micro_batch", base["micro_batch"])
+    vpp = _int(fields, "vpp", base["vpp"])
+    sp_text = (fields.get("sp") or "").strip()
+    return {
+        "tp": _int(fields, "tp"), "pp": _int(fields, "pp"), "dp": dp, "cp": _int(fields, "cp", 1),
+        "ep": _int(fields, "ep", 1), "vpp": vpp, "sp": bool(int(sp_text)) if sp_text else base["sp"],
+        "zero": _int(fields, "zero", base["zero"]), "micro_batch": micro,
+        "global_batch": _int(fields, "global_batch", 0),
+        "seq_len": _int(fields, "seq_len"),
+        "recompute": fields.get("recompute") or base["recompute"],
+        "precision": fields.get("precision") or base["precision"],
+        "schedule": "interleaved-1f1b" if vpp > 1 else "1f1b",
+    }
+
+
+def job_from_row(fields: dict[str, str]) -> RunJob:
+    gpu = fields["gpu"]
+    clusters = row_defaults()["cluster_for_gpu"]
+    if gpu not in clusters:
+        return RunJob(None, f"gpu {gpu!r} is not in the catalog")
+    try:
+        device = load_device(gpu)
+        cluster = load_cluster(clusters[gpu])
+        update: dict[str, Any] = {"device": device}
+        gpus_per_node = _int(fields, "gpus_per_node", cluster.gpus_per_node)
+        update["gpus_per_node"] = gpus_per_node
+        cluster = cluster.model_copy(update=update).with_num_gpus(_int(fields, "num_gpus"))
+        model = parse_model(model_from_row(fields), "row model")
+        return RunJob(make_job(model, cluster, ParallelSpec.parse(parallel_from_row(fields))), None)
+    except (TrainsimError, ValueError) as exc:
+        return RunJob(None, str(exc))

@@ -21,14 +21,21 @@ def read_job_file(path: Path | None) -> dict[str, Any]:
     if path is None:
         return {}
     data = read_mapping(path)
-    flat = {**data.pop("strategy", {}), **data}
+    strategy = data.pop("strategy", {})
+    if not isinstance(strategy, dict):
+        raise ConfigError(f"{path}: strategy", strategy, "must be a mapping of strategy keys")
+    flat = {**strategy, **data}
     for key in flat:
         if key not in JOB_KEYS + STRATEGY_KEYS:
             raise ConfigError(f"{path}: {key}", flat[key], "unknown key; allowed: " + ", ".join(JOB_KEYS + STRATEGY_KEYS))
     return flat
 
 
-def _check_choice(field: str, value: Any, choices: tuple[str, ...]) -> None:
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def check_choice(field: str, value: Any, choices: tuple[str, ...]) -> None:
     if value is not None and value not in choices:
         raise ConfigError(field, value, "choose one of: " + ", ".join(choices))
 
@@ -36,14 +43,14 @@ def _check_choice(field: str, value: Any, choices: tuple[str, ...]) -> None:
 def job_from_settings(settings: dict[str, Any]) -> Job:
     """settings: job-file keys merged with the flags that were given (None = not given)."""
     given = {key: value for key, value in settings.items() if value is not None}
-    _check_choice("precision", given.get("precision"), PRECISIONS)
-    _check_choice("recompute", given.get("recompute"), RECOMPUTES)
-    _check_choice("schedule", given.get("schedule"), SCHEDULES)
+    check_choice("precision", given.get("precision"), PRECISIONS)
+    check_choice("recompute", given.get("recompute"), RECOMPUTES)
+    check_choice("schedule", given.get("schedule"), SCHEDULES)
     for key in ("num_gpus", "tp", "pp", "cp", "ep", "vpp", "micro_batch", "seq_len"):
-        if key in given and (not isinstance(given[key], int) or given[key] <= 0):
+        if key in given and not _positive_int(given[key]):
             raise ConfigError(key, given[key], "must be a positive integer")
     for key in ("dp", "global_batch"):
-        if key in given and (not isinstance(given[key], int) or given[key] <= 0):
+        if key in given and not _positive_int(given[key]):
             raise ConfigError(key, given[key], "must be a positive integer (leave it out to infer it)")
     model = load_model(str(given.pop("model", DEFAULT_MODEL)))
     cluster = load_cluster(str(given.pop("cluster", DEFAULT_CLUSTER)))

@@ -44,5 +44,7 @@ def collective_time_s(collective: str, buffer_bytes: float, layout: GroupLayout,
         cross = (layout.size - local) / layout.size * buffer_bytes / inter_bw
         return max(cross, _ring_s(collective, buffer_bytes * local / layout.size, local, intra_bw, intra_lat)) \
             + (layout.size - 1) * inter_lat
-    inside = _ring_s(collective, buffer_bytes / nodes, local, intra_bw, intra_lat)
-    return inside + _ring_s(collective, buffer_bytes, nodes, inter_bw, inter_lat)
+    # Hierarchical all-gather (reduce-scatter mirrors it): GPUs of the same local rank gather across nodes the
+    # S/l slice their node will hold, then each node gathers the full buffer over its fabric.
+    cross = _ring_s(collective, buffer_bytes / local, nodes, inter_bw, inter_lat)
+    return cross + _ring_s(collective, buffer_bytes, local, intra_bw, intra_lat)

@@ -54,7 +54,15 @@ class Calibration(Spec):
     default_matmul_max_efficiency: float = Field(default=0.8, gt=0, le=1.0)
     comm: dict[Collective, CommParams] = {}
     runtime: RuntimeParams = RuntimeParams()
+    # device name -> generation, and generation -> in-training matmul factor fitted on runs (multiplies
+    # compute.matmul_training_factor); a device without runs of its generation uses 1.
+    device_generation: dict[str, str] = {}
+    generation_factor: dict[str, float] = {}
     fit_report: dict[str, float] = {}
+
+    def training_factor(self, device_name: str) -> float:
+        generation = self.device_generation.get(device_name, "")
+        return self.compute.matmul_training_factor * self.generation_factor.get(generation, 1.0)
 
     def max_efficiency(self, device_name: str, dtype: DType) -> float:
         per_dtype = self.matmul_max_efficiency.get(device_name, {})

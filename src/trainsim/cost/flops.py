@@ -67,3 +67,37 @@ def pointwise_backward(op: Op) -> Op:
 def _as_bwd(op: Op) -> Op:
     return Op(op.name, op.kind, op.module_path, "bwd", op.dtype, op.flops, op.bytes_moved, op.shape,
               op.recompute_selective)
+
+
+def conv_flops(batch: int, in_channels: int, out_channels: int, kernel: tuple[int, int],
+               out_hw: tuple[int, int]) -> float:
+    """Direct 2-D convolution (groups=1): 2 * B * out_h * out_w * out_c * in_c * kh * kw."""
+    return 2.0 * batch * out_hw[0] * out_hw[1] * out_channels * in_channels * kernel[0] * kernel[1]
+
+
+def conv_op(name: str, path: str, dtype: DType, batch: int, in_channels: int, out_channels: int,
+            kernel: tuple[int, int], stride: int, out_hw: tuple[int, int],
+            in_hw: tuple[int, int] | None = None) -> Op:
+    """Forward 2-D convolution; shape is the output (batch, out_c, out_h, out_w).
+
+    NB: without in_hw the input is taken as out_hw * stride (a 'same'-padded conv); valid-padded convs read a
+    few border rows more. Bytes: input and weights read once, output written once (an ideal implicit GEMM).
+    """
+    in_h, in_w = in_hw if in_hw is not None else (out_hw[0] * stride, out_hw[1] * stride)
+    elem = BYTES_PER_DTYPE[dtype]
+    moved = (batch * in_channels * in_h * in_w + out_channels * in_channels * kernel[0] * kernel[1]
+             + batch * out_channels * out_hw[0] * out_hw[1]) * elem
+    flops = conv_flops(batch, in_channels, out_channels, kernel, out_hw)
+    return Op(name, "conv", path, "fwd", dtype, flops, moved, (batch, out_channels, out_hw[0], out_hw[1]))
+
+
+def conv_backward(op: Op) -> tuple[Op, Op]:
+    """dgrad (a transposed convolution of dY with W) and wgrad (dY correlated with X): each as many FLOPs as
+    the forward. NB: each is taken to move as many bytes as the forward (it reads two of X, W, dY and writes
+    the third).
+    """
+    dgrad = Op(op.name + ".dgrad", op.kind, op.module_path, "bwd", op.dtype, op.flops, op.bytes_moved,
+               op.shape)
+    wgrad = Op(op.name + ".wgrad", op.kind, op.module_path, "bwd", op.dtype, op.flops, op.bytes_moved,
+               op.shape)
+    return dgrad, wgrad

@@ -12,7 +12,12 @@ import yaml
 from trainsim.cost.calibration import FITTED_PATH, Calibration, ComputeParams
 from trainsim.errors import InputFileError
 from trainsim.ir.graph import OpGraph
-from trainsim.validate.fit_micro import fit_collectives, fit_matmul_curve, fit_matmul_max_efficiency
+from trainsim.validate.fit_micro import (
+    fit_collectives,
+    fit_matmul_curve,
+    fit_matmul_max_efficiency,
+    name_map,
+)
 from trainsim.validate.fit_runs import FitSample, fit_runtime, fit_samples, log_errors
 from trainsim.validate.runs import read_runs
 
@@ -37,6 +42,7 @@ def fit_micro(data_dir: Path) -> Calibration:
         compute=ComputeParams(matmul_half_work_flop_per_tflops=half_work, matmul_exponent=exponent),
         matmul_max_efficiency=max_eff,
         comm=fit_collectives(data_dir / "collectives.csv"),
+        device_generation=dict(name_map()["device_generation"]),
     )
 
 

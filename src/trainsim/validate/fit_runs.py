@@ -33,13 +33,15 @@ class Parameter:
 
     section: str  # "compute" or "runtime"
     name: str
-    prior: float
+    prior: float | None  # None: start from the microbenchmark fit's value (the base calibration)
     low: float
     high: float
     log: bool = False
 
 
 PARAMETERS: tuple[Parameter, ...] = (
+    Parameter("compute", "matmul_half_work_flop_per_tflops", None, 1e5, 1e9, log=True),
+    Parameter("compute", "matmul_exponent", None, 0.3, 3.0),
     Parameter("compute", "matmul_training_factor", 1.0, 0.3, 1.3),
     Parameter("compute", "attention_efficiency", 0.5, 0.1, 1.5),
     Parameter("compute", "memory_efficiency", 0.8, 0.2, 1.0),
@@ -63,11 +65,21 @@ def fit_samples(rows: Sequence[RunRow]) -> list[FitSample]:
     return samples
 
 
-def calibration_with(base: Calibration, theta: Sequence[float]) -> Calibration:
+GENERATION_PRIOR_WEIGHT = 0.3  # pulls each generation's factor towards the shared one (log space)
+
+
+def generations_of(samples: Sequence[FitSample], base: Calibration) -> list[str]:
+    names = {base.device_generation.get(s.job.cluster.device.name, "") for s in samples}
+    return sorted(name for name in names if name)
+
+
+def calibration_with(base: Calibration, theta: Sequence[float], generations: Sequence[str] = ()) -> Calibration:
     values: dict[str, dict[str, float]] = {"compute": {}, "runtime": {}}
-    for param, raw in zip(PARAMETERS, theta, strict=True):
+    for param, raw in zip(PARAMETERS, theta[: len(PARAMETERS)], strict=True):
         values[param.section][param.name] = math.exp(raw) if param.log else float(raw)
+    factors = {name: math.exp(raw) for name, raw in zip(generations, theta[len(PARAMETERS):], strict=True)}
     return base.model_copy(update={
+        "generation_factor": factors,
         "compute": ComputeParams.model_validate({**base.compute.model_dump(), **values["compute"]}),
         "runtime": RuntimeParams.model_validate({**base.runtime.model_dump(), **values["runtime"]}),
     })
@@ -78,6 +90,12 @@ def log_errors(cal: Calibration, samples: Sequence[FitSample],
     estimator = AnalyticalEstimator(cal, graphs)
     predicted = np.array([estimator.estimate(s.job).iteration_time_s for s in samples])
     return np.log(predicted) - np.log(np.array([s.measured_s for s in samples]))
+
+
+def _start(param: Parameter, base: Calibration) -> float:
+    if param.prior is not None:
+        return param.prior
+    return float(getattr(getattr(base, param.section), param.name))
 
 
 def fit_runtime(base: Calibration, samples: Sequence[FitSample]) -> Calibration:
@@ -92,9 +110,17 @@ def fit_runtime(base: Calibration, samples: Sequence[FitSample]) -> Calibration:
     def to_raw(value: float, param: Parameter) -> float:
         return math.log(value) if param.log else value
 
-    x0 = np.array([to_raw(p.prior, p) for p in PARAMETERS])
-    low = np.array([to_raw(p.low, p) for p in PARAMETERS])
-    high = np.array([to_raw(p.high, p) for p in PARAMETERS])
-    fit = least_squares(lambda theta: weights * log_errors(calibration_with(base, theta), samples, graphs),
-                        x0=x0, bounds=(low, high), loss="soft_l1", f_scale=0.1, diff_step=1e-3, max_nfev=60)
-    return calibration_with(base, fit.x)
+    generations = generations_of(samples, base)
+    extra = len(generations)
+    x0 = np.array([to_raw(_start(p, base), p) for p in PARAMETERS] + [0.0] * extra)
+    low = np.array([to_raw(p.low, p) for p in PARAMETERS] + [math.log(0.5)] * extra)
+    high = np.array([to_raw(p.high, p) for p in PARAMETERS] + [math.log(2.0)] * extra)
+
+    def residuals(theta: np.ndarray) -> np.ndarray:
+        cal = calibration_with(base, theta, generations)
+        prior = GENERATION_PRIOR_WEIGHT * theta[len(PARAMETERS):]
+        return np.concatenate([weights * log_errors(cal, samples, graphs), prior])
+
+    fit = least_squares(residuals, x0=x0, bounds=(low, high), loss="soft_l1", f_scale=0.1, diff_step=1e-3,
+                        max_nfev=60)
+    return calibration_with(base, fit.x, generations)

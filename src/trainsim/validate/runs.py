@@ -116,6 +116,8 @@ def job_from_row(fields: dict[str, str]) -> RunJob:
         return RunJob(None, f"gpu {gpu!r} is not in the catalog")
     try:
         device = load_device(gpu)
+        if not fields.get("precision") and "fp8" in device.peak_flops_per_s:
+            return RunJob(None, f"precision not stated, and {gpu} runs fp8 and 16-bit at different peaks")
         cluster = load_cluster(clusters[gpu])
         update: dict[str, Any] = {"device": device}
         gpus_per_node = _int(fields, "gpus_per_node", cluster.gpus_per_node)

@@ -1,7 +1,7 @@
 """Fit the framework-level parameters (in-training efficiency, overlap, fixed costs) on measured runs.
 
 Every parameter is shared by all runs: nothing is fitted per run or per source, so a fitted model predicts
-runs it has not seen. Rows are weighted so that each source counts as much as sqrt(its rows), keeping the
+runs it has not seen. Each row weighs 1/sqrt(rows of its source), so a source counts as much as sqrt(its rows), keeping the
 1,440 vTrain rows from drowning the others.
 """
 
@@ -66,6 +66,7 @@ def fit_samples(rows: Sequence[RunRow]) -> list[FitSample]:
 
 
 GENERATION_PRIOR_WEIGHT = 0.3  # pulls each generation's factor towards the shared one (log space)
+SOURCE_WEIGHT_POWER = 1.0  # a row weighs 1 / sqrt(rows of its source) ** this power
 
 
 def generations_of(samples: Sequence[FitSample], base: Calibration) -> list[str]:
@@ -104,7 +105,7 @@ def fit_runtime(base: Calibration, samples: Sequence[FitSample]) -> Calibration:
     counts: dict[str, int] = {}
     for s in samples:
         counts[s.source] = counts.get(s.source, 0) + 1
-    weights = np.array([1.0 / math.sqrt(math.sqrt(counts[s.source])) for s in samples])
+    weights = np.array([1.0 / math.sqrt(counts[s.source]) ** SOURCE_WEIGHT_POWER for s in samples])
     graphs: dict[tuple[object, ...], OpGraph] = {}
 
     def to_raw(value: float, param: Parameter) -> float:

@@ -1,0 +1,163 @@
+"""`trainsim search`: try every plain strategy for a model, a cluster size and a global batch; show the best.
+
+parse (flags -> model, cluster, SearchSpace) -> compute (Planner.search) -> render (rich table or one JSON
+object).
+"""
+
+import json
+import sys
+from typing import Annotated, Any, cast
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from trainsim.catalog import load_cluster, load_model
+from trainsim.cli.errors import handles_errors
+from trainsim.cli.jobargs import DEFAULT_CLUSTER, DEFAULT_MODEL
+from trainsim.errors import ConfigError
+from trainsim.hardware.cluster import ClusterSpec
+from trainsim.ir.model_spec import ModelSpec
+from trainsim.search.planner import Planner, RankedPlan, SearchReport
+from trainsim.search.space import SearchSpace
+from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.precision import PRECISIONS, Precision
+from trainsim.units import format_duration
+
+HELP = """Search every plain strategy and rank the feasible ones by throughput (tokens/s).
+
+Tried: tp (divisors of the GPUs per node that divide num_heads), pp (divisors of num_layers), dp
+inferred (GPUs / (tp x pp)), vpp (1 with 1f1b; for pp > 1 the v <= 8 with num_layers % (pp x v) == 0, with
+interleaved-1f1b), micro-batch (divisors of global_batch / dp up to --max-micro-batch), recompute (none,
+selective, full), ZeRO 0-3, sequence parallelism (off; on when tp > 1). Context and expert parallelism stay
+at cp=1, ep=1.
+Plans that cannot run are counted by reason; plans that do not fit in memory count as "out of memory"."""
+
+
+def _check_positive(name: str, value: int | None) -> None:
+    if value is not None and value <= 0:
+        raise ConfigError(name, value, "must be a positive integer")
+
+
+def _parse(model: str, cluster: str, num_gpus: int | None, global_batch: int | None, seq_len: int | None,
+           precision: str | None, max_micro_batch: int,
+           top_k: int) -> tuple[ModelSpec, ClusterSpec, SearchSpace]:
+    if global_batch is None:
+        raise ConfigError("global_batch", None, "pass --global-batch N (sequences per optimizer step)")
+    for name, value in (("num_gpus", num_gpus), ("global_batch", global_batch), ("seq_len", seq_len),
+                        ("max_micro_batch", max_micro_batch), ("top_k", top_k)):
+        _check_positive(name, value)
+    if precision is not None and precision not in PRECISIONS:
+        raise ConfigError("precision", precision, "choose one of: " + ", ".join(PRECISIONS))
+    model_spec = load_model(model)
+    cluster_spec = load_cluster(cluster)
+    if num_gpus is not None:
+        cluster_spec = cluster_spec.with_num_gpus(num_gpus)
+    defaults = ParallelSpec()
+    prec = cast(Precision, precision) if precision is not None else defaults.precision
+    space = SearchSpace(global_batch=global_batch, seq_len=seq_len or defaults.seq_len, precision=prec,
+                        max_micro_batch=max_micro_batch)
+    return model_spec, cluster_spec, space
+
+
+def _run(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, top_k: int,
+         show_progress: bool) -> SearchReport:
+    planner = Planner()
+    if not show_progress:
+        return planner.search(model, cluster, space, top_k=top_k)
+    columns = (TextColumn("searching plans"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("search", total=None)
+
+        def advance(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        return planner.search(model, cluster, space, top_k=top_k, progress=advance)
+
+
+def plan_to_dict(plan: RankedPlan) -> dict[str, Any]:
+    result = plan.result
+    return {
+        "rank": plan.rank,
+        "strategy": plan.parallel.model_dump(),
+        "description": plan.parallel.describe(),
+        "iteration_time_s": result.iteration_time_s,
+        "tokens_per_s": result.tokens_per_s,
+        "samples_per_s": result.samples_per_s,
+        "tflops_per_gpu": result.tflops_per_gpu,
+        "mfu": result.mfu,
+        "hfu": result.hfu,
+        "peak_memory_gib": result.peak_memory_gib,
+        "memory_capacity_gib": result.memory_capacity_bytes / 2**30,
+        "breakdown": result.breakdown,
+    }
+
+
+def report_to_dict(report: SearchReport) -> dict[str, Any]:
+    return {"plans": [plan_to_dict(plan) for plan in report.plans], "tried": report.tried,
+            "feasible": report.feasible, "infeasible": report.infeasible}
+
+
+def render_table(report: SearchReport) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("#", "tp", "pp", "dp", "vpp", "sp", "zero", "recompute", "mb"):
+        table.add_column(name, justify="left" if name == "recompute" else "right", no_wrap=True)
+    for name in ("iteration", "tokens/s", "MFU", "peak GiB"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for plan in report.plans:
+        par, result = plan.parallel, plan.result
+        table.add_row(
+            str(plan.rank), str(par.tp), str(par.pp), str(par.dp), str(par.vpp), "on" if par.sp else "off",
+            str(par.zero), par.recompute, str(par.micro_batch), format_duration(result.iteration_time_s),
+            f"{result.tokens_per_s:,.0f}", f"{result.mfu * 100:.1f}%", f"{result.peak_memory_gib:.1f}",
+        )
+    return table
+
+
+def render_summary(report: SearchReport) -> list[str]:
+    lines = [f"tried {report.tried} plans: {report.feasible} feasible, "
+             f"{report.tried - report.feasible} infeasible"]
+    lines += [f"  {reason:<16}{count:>8}" for reason, count in report.infeasible.items()]
+    if not report.plans:
+        lines.append("no feasible plan: change the global batch, the number of GPUs or the sequence length")
+    return lines
+
+
+@handles_errors
+def search(
+    model: Annotated[str, typer.Option(help="catalog name, model YAML, or HF config.json")] = DEFAULT_MODEL,
+    cluster: Annotated[str, typer.Option(help="cluster preset or YAML file")] = DEFAULT_CLUSTER,
+    num_gpus: Annotated[int | None, typer.Option(help="scale the cluster to this many GPUs")] = None,
+    global_batch: Annotated[int | None, typer.Option(help="sequences per optimizer step (required)")] = None,
+    seq_len: Annotated[int | None, typer.Option(help="tokens per sequence (default 2048)")] = None,
+    precision: Annotated[str | None, typer.Option(help="fp32 tf32 fp16 bf16 amp-fp16 amp-bf16 fp8 "
+                                                        "(default bf16)")] = None,
+    top_k: Annotated[int, typer.Option(help="how many of the best plans to show")] = 10,
+    max_micro_batch: Annotated[int, typer.Option(help="largest micro-batch tried")] = 16,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object, no progress bar")] = False,
+) -> None:
+    model_spec, cluster_spec, space = _parse(model, cluster, num_gpus, global_batch, seq_len, precision,
+                                             max_micro_batch, top_k)
+    show_progress = not as_json and sys.stderr.isatty()
+    report = _run(model_spec, cluster_spec, space, top_k, show_progress)
+    if as_json:
+        typer.echo(json.dumps(report_to_dict(report), indent=2))
+        return
+    title = (f"{model_spec.name} on {cluster_spec.name} ({cluster_spec.num_gpus} GPUs), global batch "
+             f"{space.global_batch} x {space.seq_len} tokens, {space.precision}: "
+             f"best {len(report.plans)} by tokens/s")
+    # NB: rich falls back to 80 columns when stdout is a pipe or a file; the table is wider than that.
+    console = Console() if sys.stdout.isatty() else Console(width=160)
+    console.print(title, highlight=False, markup=False)
+    if report.plans:
+        console.print(render_table(report))
+    for line in render_summary(report):
+        console.print(line, highlight=False, markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    # One line per paragraph: the help formatter wraps paragraphs itself but keeps single newlines.
+    paragraphs = "\n\n".join(" ".join(paragraph.split()) for paragraph in HELP.split("\n\n"))
+    app.command("search", help=paragraphs)(search)

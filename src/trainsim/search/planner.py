@@ -1,0 +1,106 @@
+"""The planner: try every plan of a SearchSpace, count why the refused ones fail, rank the rest by throughput.
+
+A plan is refused when make_job (or the estimator) raises a TrainsimError, counted under the error's field
+(ConfigError) or reason (InfeasiblePlanError); a plan whose predicted peak memory exceeds the device is
+counted as "out of memory". The feasible plans are ranked by tokens/s, ties broken by lower peak memory,
+then by the enumeration order, so the ranking is deterministic.
+"""
+
+import heapq
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from trainsim.errors import ConfigError, InfeasiblePlanError, TrainsimError
+from trainsim.estimate.engines import Estimator
+from trainsim.estimate.result import Result
+from trainsim.hardware.cluster import ClusterSpec
+from trainsim.ir.model_spec import ModelSpec
+from trainsim.job import Job, make_job
+from trainsim.search.space import SearchSpace, enumerate_plans
+from trainsim.strategy.parallel import ParallelSpec
+
+OUT_OF_MEMORY = "out of memory"
+PROGRESS_EVERY = 256  # plans between progress callbacks: cheap enough not to show in the search time
+
+Progress = Callable[[int, int], None]  # (plans done, plans in total)
+
+
+@dataclass(frozen=True, slots=True)
+class RankedPlan:
+    rank: int  # 1 = best
+    job: Job
+    result: Result
+
+    @property
+    def parallel(self) -> ParallelSpec:
+        """The plan as make_job resolved it (dp filled in)."""
+        return self.job.parallel
+
+
+@dataclass(frozen=True, slots=True)
+class SearchReport:
+    plans: list[RankedPlan]  # the best top_k, best first
+    tried: int
+    feasible: int
+    infeasible: dict[str, int]  # reason -> plans, most frequent first
+
+    def __post_init__(self) -> None:
+        assert self.tried == self.feasible + sum(self.infeasible.values()), "every plan is counted once"
+
+
+def refusal_reason(exc: TrainsimError) -> str:
+    """The key a refused plan is counted under: a ConfigError's field, an InfeasiblePlanError's reason."""
+    if isinstance(exc, ConfigError):
+        return exc.field
+    if isinstance(exc, InfeasiblePlanError):
+        return exc.reason
+    return type(exc).__name__
+
+
+class Planner:
+    """Runs searches with one estimator, so its caches (graphs, layer costs) serve every plan."""
+
+    def __init__(self, estimator: Estimator | None = None) -> None:
+        if estimator is None:
+            from trainsim.estimate.analytical import AnalyticalEstimator
+
+            estimator = AnalyticalEstimator()
+        self.estimator = estimator
+
+    def search(self, model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, *, top_k: int = 10,
+               progress: Progress | None = None) -> SearchReport:
+        if top_k <= 0:
+            raise ConfigError("top_k", top_k, "must be a positive integer")
+        plans = list(enumerate_plans(model, cluster, space))
+        total = len(plans)
+        refused: Counter[str] = Counter()
+        # Min-heap of the best top_k: the root is the worst kept plan. Key: higher tokens/s, then lower peak
+        # memory, then earlier in the enumeration.
+        best: list[tuple[float, float, int, Job, Result]] = []
+        feasible = 0
+        for index, parallel in enumerate(plans):
+            if progress is not None and index % PROGRESS_EVERY == 0:
+                progress(index, total)
+            try:
+                job = make_job(model, cluster, parallel)
+                result = self.estimator.estimate(job)
+            except TrainsimError as exc:
+                refused[refusal_reason(exc)] += 1
+                continue
+            if result.oom:
+                refused[OUT_OF_MEMORY] += 1
+                continue
+            feasible += 1
+            entry = (result.tokens_per_s, -result.peak_memory_bytes, -index, job, result)
+            if len(best) < top_k:
+                heapq.heappush(best, entry)
+            elif entry[:3] > best[0][:3]:
+                heapq.heapreplace(best, entry)
+        if progress is not None:
+            progress(total, total)
+        ranked = sorted(best, key=lambda entry: entry[:3], reverse=True)
+        return SearchReport(
+            plans=[RankedPlan(rank, job, result) for rank, (*_, job, result) in enumerate(ranked, start=1)],
+            tried=total, feasible=feasible, infeasible=dict(refused.most_common()),
+        )

@@ -1,0 +1,103 @@
+"""The space of plain strategies the planner walks: every combination of the axes below, nothing pruned yet.
+
+tp: divisors of gpus_per_node that divide num_heads (tensor parallelism stays inside a node).
+pp: divisors of num_layers; dp is inferred as num_gpus / (tp x pp) and left to make_job to refuse when it is
+    not a whole number.
+vpp: 1 (schedule 1f1b), and for pp > 1 every v in 2..max_vpp with num_layers % (pp x v) == 0
+    (schedule interleaved-1f1b).
+micro_batch: divisors of global_batch / dp up to max_micro_batch; when dp is not a whole number or does not
+    divide the global batch there is no valid micro-batch and the plan is tried once with micro_batch=1, so
+    that make_job refuses it and the reason is counted.
+recompute: none, selective, full.  zero: 0..3.  sp: off, and on when tp > 1.
+cp and ep stay 1. Non-transformer models (CNN, DLRM) search dp, ZeRO, recompute and micro-batch only.
+"""
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from trainsim.errors import ConfigError
+from trainsim.hardware.cluster import ClusterSpec
+from trainsim.ir.model_spec import ModelSpec, TransformerSpec
+from trainsim.strategy.parallel import RECOMPUTES, ParallelSpec, Recompute
+from trainsim.strategy.precision import Precision
+
+ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchSpace:
+    """The fixed job settings and the bounds of the enumerated axes."""
+
+    global_batch: int
+    seq_len: int = 2048
+    precision: Precision = "bf16"
+    max_micro_batch: int = 16
+    max_vpp: int = 8
+    recomputes: tuple[Recompute, ...] = RECOMPUTES
+    zero_stages: tuple[int, ...] = ZERO_STAGES
+
+    def __post_init__(self) -> None:
+        for name in ("global_batch", "seq_len", "max_micro_batch", "max_vpp"):
+            value = getattr(self, name)
+            if value <= 0:
+                raise ConfigError(name, value, "must be a positive integer")
+        if not self.recomputes:
+            raise ConfigError("recomputes", self.recomputes, "must name at least one recompute mode")
+        for stage in self.zero_stages:
+            if stage not in ZERO_STAGES:
+                raise ConfigError("zero", stage, "choose ZeRO stages from 0, 1, 2, 3")
+        if not self.zero_stages:
+            raise ConfigError("zero_stages", self.zero_stages, "must name at least one ZeRO stage")
+
+
+def divisors(n: int) -> list[int]:
+    """Positive divisors of n, ascending."""
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
+def tp_candidates(model: ModelSpec, gpus_per_node: int) -> list[int]:
+    if not isinstance(model, TransformerSpec):
+        return [1]
+    return [tp for tp in divisors(gpus_per_node) if model.num_heads % tp == 0]
+
+
+def pp_candidates(model: ModelSpec) -> list[int]:
+    if not isinstance(model, TransformerSpec):
+        return [1]
+    return divisors(model.num_layers)
+
+
+def vpp_candidates(model: ModelSpec, pp: int, max_vpp: int) -> list[int]:
+    if pp == 1 or not isinstance(model, TransformerSpec):
+        return [1]
+    return [1] + [v for v in range(2, max_vpp + 1) if model.num_layers % (pp * v) == 0]
+
+
+def micro_batch_candidates(global_batch: int, num_gpus: int, model_parallel: int, cap: int) -> list[int]:
+    """Divisors of global_batch / dp up to cap, or [1] when no dp splits the global batch evenly."""
+    if num_gpus % model_parallel:
+        return [1]
+    dp = num_gpus // model_parallel
+    if global_batch % dp:
+        return [1]
+    return [mb for mb in divisors(global_batch // dp) if mb <= cap]
+
+
+def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace) -> Iterator[ParallelSpec]:
+    """Every plan of the space, in a fixed order (tp, pp, vpp, micro-batch, sp, recompute, zero)."""
+    for tp in tp_candidates(model, cluster.gpus_per_node):
+        for pp in pp_candidates(model):
+            micro_batches = micro_batch_candidates(space.global_batch, cluster.num_gpus, tp * pp,
+                                                   space.max_micro_batch)
+            for vpp in vpp_candidates(model, pp, space.max_vpp):
+                schedule = "interleaved-1f1b" if vpp > 1 else "1f1b"
+                for mb in micro_batches:
+                    for sp in (False, True) if tp > 1 else (False,):
+                        for recompute in space.recomputes:
+                            for zero in space.zero_stages:
+                                yield ParallelSpec(
+                                    tp=tp, pp=pp, vpp=vpp, sp=sp, zero=zero, recompute=recompute,
+                                    micro_batch=mb, global_batch=space.global_batch, seq_len=space.seq_len,
+                                    precision=space.precision, schedule=schedule,
+                                )

@@ -1,0 +1,133 @@
+"""Memory formulas against their papers, exactly.
+
+Activations: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", eq. 1-5
+and Table 2, per layer for s tokens, b sequences, hidden h, a heads, tensor-parallel size t, 16-bit
+activations, GPT with dropout and unfused attention, ffn = 4h:
+    no parallelism                 sbh (34 + 5as/h)
+    tensor parallel                sbh (10 + 24/t + 5as/(ht))
+    tensor + sequence parallel     sbh/t (34 + 5as/h)
+    selective recompute            the same without the 5as/h term (the s x s scores are recomputed)
+    full recompute                 2sbh (the layer input only)
+Model states: Rajbhandari et al. 2020, "ZeRO", sec. 3 and Figure 1: 2 + 2 + K bytes/param with K = 12 for
+mixed-precision Adam (fp32 master weights, momentum, variance); stage 1 shards K, stage 2 also the gradients,
+stage 3 also the weights over N data-parallel ranks.
+"""
+
+from collections.abc import Callable
+
+import pytest
+
+from trainsim.catalog import load_model
+from trainsim.estimate.memory import model_state_bytes
+from trainsim.estimate.stages import in_flight_micro_batches
+from trainsim.frontends.shape import DeviceSlice
+from trainsim.frontends.transformer import build_transformer
+from trainsim.ir.model_spec import TransformerSpec
+from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.precision import policy_for
+
+B, S = 2, 2048  # micro-batch sequences, sequence length
+
+
+def _gpt3_175b() -> TransformerSpec:
+    spec = load_model("gpt3-175b")
+    assert isinstance(spec, TransformerSpec)
+    assert (spec.arch, spec.mlp, spec.ffn_hidden, spec.num_kv_heads) == ("gpt", "gelu", 4 * spec.hidden, 0)
+    return spec
+
+
+def _saved(tp: int = 1, sp: bool = False) -> dict[str, float]:
+    spec = _gpt3_175b()
+    dev = DeviceSlice(B, S, policy_for("bf16"), tp=tp, sp=sp, fused_attention=False)
+    block = next(layer for layer in build_transformer(spec, dev).layers if layer.kind == "block")
+    return block.saved_bytes
+
+
+def _sbh_a() -> tuple[int, int]:
+    spec = _gpt3_175b()
+    return S * B * spec.hidden, spec.num_heads
+
+
+def test_no_parallelism_sbh_34_plus_5as_over_h() -> None:
+    sbh, a = _sbh_a()
+    # Korthikanti eq. 2: sbh(34 + 5as/h) = 34 sbh + 5 a s^2 b.
+    expected = 34 * sbh + 5 * a * S * S * B
+    saved = _saved()
+    assert saved["none"] == expected
+    assert saved["selective"] == 34 * sbh
+    assert saved["full"] == 2 * sbh
+
+
+@pytest.mark.parametrize("t", [2, 4, 8])
+def test_tensor_parallel_sbh_10_plus_24_over_t(t: int) -> None:
+    sbh, a = _sbh_a()
+    # Korthikanti eq. 3: sbh(10 + 24/t + 5as/(ht)); the 10 sbh (norms, dropout) are replicated.
+    expected = 10 * sbh + 24 * sbh // t + 5 * a * S * S * B // t
+    saved = _saved(tp=t)
+    assert saved["none"] == expected
+    assert saved["selective"] == 10 * sbh + 24 * sbh // t  # Table 2, selective recompute with TP
+    assert saved["full"] == 2 * sbh  # full recompute without SP keeps the whole layer input
+
+
+@pytest.mark.parametrize("t", [2, 4, 8])
+def test_tensor_and_sequence_parallel_sbh_over_t(t: int) -> None:
+    sbh, a = _sbh_a()
+    # Korthikanti eq. 4: sbh/t (34 + 5as/h); Table 2: selective 34 sbh/t.
+    saved = _saved(tp=t, sp=True)
+    assert saved["none"] == (34 * sbh + 5 * a * S * S * B) // t
+    assert saved["selective"] == 34 * sbh // t
+    # NB: with SP the checkpointed layer input is the sequence-sharded hidden state, 2sbh/t.
+    assert saved["full"] == 2 * sbh // t
+
+
+PARAMS = 1.0e9
+
+
+def _state_per_param(zero: int, dp: int, cp: int = 1, precision: str = "bf16") -> float:
+    par = ParallelSpec.parse({"dp": dp, "cp": cp, "zero": zero, "precision": precision})
+    return sum(model_state_bytes(PARAMS, par).values()) / PARAMS
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_model_states_16_bytes_per_param(precision: str) -> None:
+    # Rajbhandari et al. 2020: 2 (weights) + 2 (gradients) + 12 (fp32 master, momentum, variance) = 16.
+    assert _state_per_param(zero=0, dp=8, precision=precision) == 16.0
+
+
+@pytest.mark.parametrize(("zero", "bytes_of_n"), [
+    (0, lambda n: 2 + 2 + 12),
+    (1, lambda n: 2 + 2 + 12 / n),  # P_os
+    (2, lambda n: 2 + (2 + 12) / n),  # P_os+g
+    (3, lambda n: (2 + 2 + 12) / n),  # P_os+g+p
+])
+@pytest.mark.parametrize("n", [2, 8, 64])
+def test_zero_stages(zero: int, bytes_of_n: Callable[[int], float], n: int) -> None:
+    assert _state_per_param(zero=zero, dp=n) == pytest.approx(bytes_of_n(n), rel=1e-12)
+
+
+def test_zero_shards_over_dp_times_cp() -> None:
+    # Megatron-LM's distributed optimizer shards over the dp x cp group: dp=4, cp=2 is N=8.
+    assert _state_per_param(zero=3, dp=4, cp=2) == pytest.approx(16 / 8, rel=1e-12)
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_1f1b_stage_i_holds_p_minus_i_micro_batches(p: int) -> None:
+    # Narayanan et al. 2021 sec. 2.2: 1F1B keeps at most p micro-batches in flight on the first stage.
+    m = 4 * p
+    assert in_flight_micro_batches("1f1b", 0, p, 1, m) == p
+    assert [in_flight_micro_batches("1f1b", i, p, 1, m) for i in range(p)] == [p - i for i in range(p)]
+    # With fewer micro-batches than stages, only m exist.
+    assert in_flight_micro_batches("1f1b", 0, p, 1, 1) == 1
+
+
+def test_gpipe_holds_all_micro_batches() -> None:
+    assert in_flight_micro_batches("gpipe", 0, 4, 1, 32) == 32
+    assert in_flight_micro_batches("gpipe", 3, 4, 1, 32) == 32
+
+
+@pytest.mark.parametrize(("p", "v"), [(2, 2), (4, 2), (4, 3), (8, 4), (8, 8)])
+def test_interleaved_first_stage_holds_p_plus_p_minus_1_over_v(p: int, v: int) -> None:
+    # Korthikanti et al. 2022 sec. 4.2.3: the first stage of the interleaved schedule holds
+    # p + (p - 1)/v stages' worth of activations.
+    assert in_flight_micro_batches("interleaved-1f1b", 0, p, v, 16 * p) == pytest.approx(p + (p - 1) / v,
+                                                                                           rel=1e-12)

@@ -1,0 +1,177 @@
+"""Search: the enumerated space by hand, the counts per reason, the ranking, and the CLI's JSON and errors."""
+
+import json
+from collections import Counter
+
+import pytest
+from typer.testing import CliRunner
+
+from trainsim.catalog.loader import load_cluster, parse_model
+from trainsim.cli.main import app
+from trainsim.errors import ConfigError, TrainsimError
+from trainsim.estimate.analytical import AnalyticalEstimator
+from trainsim.hardware.cluster import ClusterSpec
+from trainsim.ir.model_spec import ModelSpec
+from trainsim.job import make_job
+from trainsim.search import OUT_OF_MEMORY, Planner, SearchSpace, enumerate_plans
+from trainsim.search.planner import refusal_reason
+from trainsim.search.space import divisors, micro_batch_candidates, vpp_candidates
+from trainsim.strategy.parallel import ParallelSpec
+
+
+def tiny_model(num_layers: int = 4, num_heads: int = 4) -> ModelSpec:
+    return parse_model({"name": f"tiny-{num_layers}x{num_heads}", "num_layers": num_layers,
+                        "hidden": 16 * num_heads, "ffn_hidden": 64 * num_heads, "num_heads": num_heads,
+                        "vocab": 1000})
+
+
+@pytest.fixture(scope="module")
+def cluster8() -> ClusterSpec:
+    return load_cluster("dgx-a100-80gb").with_num_gpus(8)
+
+
+def test_divisors() -> None:
+    assert divisors(1) == [1]
+    assert divisors(16) == [1, 2, 4, 8, 16]
+    assert divisors(80) == [1, 2, 4, 5, 8, 10, 16, 20, 40, 80]
+
+
+def test_vpp_and_micro_batch_candidates() -> None:
+    model = parse_model({"name": "m80", "num_layers": 80, "hidden": 64, "ffn_hidden": 256, "num_heads": 4,
+                         "vocab": 100})
+    assert vpp_candidates(model, 1, 8) == [1]
+    assert vpp_candidates(model, 2, 8) == [1, 2, 4, 5, 8]
+    assert vpp_candidates(model, 16, 8) == [1, 5]
+    assert micro_batch_candidates(1024, 1024, 8, 16) == [1, 2, 4, 8]  # dp=128: 1024/128 = 8
+    assert micro_batch_candidates(64, 8, 1, 4) == [1, 2, 4]  # capped
+    assert micro_batch_candidates(4, 8, 1, 16) == [1]  # dp=8 does not divide 4: tried once, refused
+    assert micro_batch_candidates(16, 8, 3, 16) == [1]  # no whole dp
+
+
+def test_enumeration_count_by_hand(cluster8: ClusterSpec) -> None:
+    """4 layers, 4 heads, 8 GPUs, global batch 16: tp in 1 2 4, pp in 1 2 4, vpp=2 only for pp=2, 12 plans per
+    (tp, pp, vpp, mb, sp) from 3 recompute modes x 4 ZeRO stages."""
+    # (tp, pp): micro-batches (divisors of 16/dp) x vpp choices x sp choices
+    by_hand = {
+        (1, 1): 2 * 1 * 1, (1, 2): 3 * 2 * 1, (1, 4): 4 * 1 * 1,
+        (2, 1): 3 * 1 * 2, (2, 2): 4 * 2 * 2, (2, 4): 5 * 1 * 2,
+        (4, 1): 4 * 1 * 2, (4, 2): 5 * 2 * 2, (4, 4): 1 * 1 * 2,  # tp*pp=16 > 8 GPUs: mb=1 only, refused
+    }
+    plans = list(enumerate_plans(tiny_model(), cluster8, SearchSpace(global_batch=16, seq_len=128)))
+    assert len(plans) == 12 * sum(by_hand.values()) == 888
+    assert Counter((p.tp, p.pp) for p in plans) == {key: 12 * n for key, n in by_hand.items()}
+    assert len(set(plans)) == len(plans)
+    assert all(p.cp == 1 and p.ep == 1 and p.dp == 0 for p in plans)
+    assert all((p.schedule == "interleaved-1f1b") == (p.vpp > 1) for p in plans)
+    assert not any(p.sp and p.tp == 1 for p in plans)
+
+
+def test_search_counts_and_ranking(cluster8: ClusterSpec) -> None:
+    report = Planner().search(tiny_model(), cluster8, SearchSpace(global_batch=16, seq_len=128), top_k=1000)
+    # Refused by hand: tp=4 pp=4 needs 16 GPUs (24 plans); interleaved-1f1b with one micro-batch per stage
+    # pass fails "micro-batches % pp": (tp=1, pp=2, mb=4), (tp=2, pp=2, mb=8) x sp, (tp=4, pp=2, mb=16) x sp.
+    assert report.infeasible == {"global_batch": 12 * 5, "tp*pp*cp": 24}
+    assert report.tried == 888
+    assert report.feasible == 888 - 84 == len(report.plans)
+    assert [plan.rank for plan in report.plans] == list(range(1, report.feasible + 1))
+    keys = [(plan.result.tokens_per_s, -plan.result.peak_memory_bytes) for plan in report.plans]
+    assert keys == sorted(keys, reverse=True)
+    for plan in report.plans:
+        assert not plan.result.oom
+        assert plan.parallel.dp * plan.parallel.tp * plan.parallel.pp == 8
+        assert plan.parallel.global_batch == 16
+
+
+def test_planner_matches_brute_force_with_oom(cluster8: ClusterSpec) -> None:
+    """Differential: a device small enough that some plans do not fit; every plan classified directly."""
+    device = cluster8.device.model_copy(update={"hbm_bytes": 2.0 * 2**30 + 28e6})
+    cluster = cluster8.model_copy(update={"device": device})
+    model, space = tiny_model(8, 8), SearchSpace(global_batch=32, seq_len=512, max_micro_batch=8)
+    estimator = AnalyticalEstimator()
+    expected: Counter[str] = Counter()
+    feasible = []
+    for par in enumerate_plans(model, cluster, space):
+        try:
+            result = estimator.estimate(make_job(model, cluster, par))
+        except TrainsimError as exc:
+            expected[refusal_reason(exc)] += 1
+            continue
+        if result.oom:
+            expected[OUT_OF_MEMORY] += 1
+        else:
+            feasible.append(result)
+    assert expected[OUT_OF_MEMORY] > 0 and feasible
+    report = Planner().search(model, cluster, space, top_k=3)
+    assert report.infeasible == dict(expected)
+    assert report.feasible == len(feasible)
+    assert len(report.plans) == 3
+    best = max(r.tokens_per_s for r in feasible)
+    assert report.plans[0].result.tokens_per_s == best
+
+
+def test_impossible_global_batch_reports_reasons(cluster8: ClusterSpec) -> None:
+    """3 layers, 3 heads: tp=1 only; pp=1 gives dp=8 > global batch 4, pp=3 does not divide 8 GPUs."""
+    report = Planner().search(tiny_model(3, 3), cluster8, SearchSpace(global_batch=4))
+    assert report.plans == []
+    assert report.feasible == 0
+    assert report.tried == 24
+    assert report.infeasible == {"global_batch": 12, "tp*pp*cp": 12}
+
+
+def test_progress_callback(cluster8: ClusterSpec) -> None:
+    calls: list[tuple[int, int]] = []
+    report = Planner().search(tiny_model(), cluster8, SearchSpace(global_batch=16, seq_len=128),
+                              progress=lambda done, total: calls.append((done, total)))
+    assert calls[0] == (0, report.tried)
+    assert calls[-1] == (report.tried, report.tried)
+    assert [done for done, _ in calls] == sorted(done for done, _ in calls)
+
+
+def test_bad_space_and_top_k(cluster8: ClusterSpec) -> None:
+    with pytest.raises(ConfigError, match="global_batch"):
+        SearchSpace(global_batch=0)
+    with pytest.raises(ConfigError, match="zero"):
+        SearchSpace(global_batch=8, zero_stages=(4,))
+    with pytest.raises(ConfigError, match="top_k"):
+        Planner().search(tiny_model(), cluster8, SearchSpace(global_batch=8), top_k=0)
+
+
+CLI_ARGS = ["search", "--model", "gpt3-125m", "--cluster", "dgx-a100-80gb", "--num-gpus", "8",
+            "--global-batch", "16", "--seq-len", "512"]
+
+
+def test_cli_json_shape() -> None:
+    result = CliRunner().invoke(app, [*CLI_ARGS, "--top-k", "3", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert set(data) == {"plans", "tried", "feasible", "infeasible"}
+    assert data["tried"] == data["feasible"] + sum(data["infeasible"].values())
+    assert [plan["rank"] for plan in data["plans"]] == [1, 2, 3]
+    for plan in data["plans"]:
+        assert set(plan["strategy"]) == set(ParallelSpec.model_fields)
+        assert {"iteration_time_s", "tokens_per_s", "mfu", "peak_memory_gib"} <= set(plan)
+        assert plan["strategy"]["cp"] == 1 and plan["strategy"]["ep"] == 1
+    rates = [plan["tokens_per_s"] for plan in data["plans"]]
+    assert rates == sorted(rates, reverse=True)
+
+
+def test_cli_table() -> None:
+    result = CliRunner().invoke(app, [*CLI_ARGS, "--top-k", "2"])
+    assert result.exit_code == 0, result.output
+    assert "recompute" in result.stdout and "peak GiB" in result.stdout
+    assert "feasible" in result.stdout
+
+
+@pytest.mark.parametrize("extra", [["--top-k", "0"], ["--precision", "fp7"], ["--max-micro-batch", "-1"],
+                                   ["--model", "no-such-model"], ["--num-gpus", "12"]])
+def test_cli_bad_input_exits_2_with_one_line(extra: list[str]) -> None:
+    result = CliRunner().invoke(app, [*CLI_ARGS, *extra])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: ")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_cli_global_batch_is_required() -> None:
+    result = CliRunner().invoke(app, ["search", "--model", "gpt3-125m"])
+    assert result.exit_code == 2
+    assert "global_batch" in result.stderr and len(result.stderr.strip().splitlines()) == 1

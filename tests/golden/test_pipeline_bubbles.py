@@ -15,17 +15,17 @@ from trainsim.cost.calibration import Calibration, ComputeParams
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.estimate.stages import partition_stages
 from trainsim.job import Job, make_job
-from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.parallel import ParallelSpec, Schedule
 
 P = 4
 M = 8
 # A 16-layer GPT with a 128-token vocabulary: the embedding and the head are ~0.5% of a stage.
 MODEL = parse_model({"name": "tiny-gpt", "num_layers": 16, "hidden": 2048, "ffn_hidden": 8192,
                      "num_heads": 16, "vocab": 128, "max_seq_len": 2048})
-SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 4)]
+SCHEDULES: list[tuple[Schedule, int]] = [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 4)]
 
 
-def _job(schedule: str, v: int, m: int = M) -> Job:
+def _job(schedule: Schedule, v: int, m: int = M) -> Job:
     cluster = load_cluster("dgx-a100-80gb").with_num_gpus(P)
     par = ParallelSpec(pp=P, vpp=v, schedule=schedule, micro_batch=1, global_batch=m, seq_len=2048)
     return make_job(MODEL, cluster, par)
@@ -42,7 +42,7 @@ def _stage_times(est: AnalyticalEstimator, job: Job) -> list[float]:
 
 
 @pytest.mark.parametrize(("schedule", "v"), SCHEDULES)
-def test_bubble_is_p_minus_1_over_v_stage_times(schedule: str, v: int) -> None:
+def test_bubble_is_p_minus_1_over_v_stage_times(schedule: Schedule, v: int) -> None:
     est = _estimator()
     job = _job(schedule, v)
     bubble = est.estimate(job).breakdown["bubble"]
@@ -59,7 +59,7 @@ def test_bubble_is_p_minus_1_over_v_stage_times(schedule: str, v: int) -> None:
 
 @pytest.mark.parametrize(("schedule", "v"), SCHEDULES)
 @pytest.mark.parametrize("m", [4, 8, 32])
-def test_bubble_fraction_p_minus_1_over_v_m(schedule: str, v: int, m: int) -> None:
+def test_bubble_fraction_p_minus_1_over_v_m(schedule: Schedule, v: int, m: int) -> None:
     est = _estimator()
     job = _job(schedule, v, m)
     bubble = est.estimate(job).breakdown["bubble"]

@@ -9,8 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import Result
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from trainsim.cli.main import app
 

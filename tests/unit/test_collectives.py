@@ -85,40 +85,6 @@ def test_all_reduce_one_rank_per_node_is_a_flat_ring_over_the_nics() -> None:
 
 
 @pytest.mark.parametrize("collective", ["all-gather", "reduce-scatter"])
-@pytest.mark.parametrize("n", [2, 4, 8])
-def test_ring_all_gather_reduce_scatter_single_node(collective: str, n: int) -> None:
-    # (n-1)/n * S/B + (n-1) alpha
-    expected = (n - 1) / n * S / INTRA_BW + (n - 1) * INTRA_LAT
-    assert _time(collective, n, 1) == pytest.approx(expected, rel=1e-12)
-
-
-def test_calibration_scales_bandwidth_and_adds_latency_per_step() -> None:
-    n, eff, extra = 8, 0.5, 3e-6
-    cal = Calibration(comm={"all-reduce": CommParams(latency_s=extra, bw_efficiency=eff)})
-    # B -> eff * B; alpha -> link latency + calibrated latency per step.
-    expected = 2 * (n - 1) / n * S / (eff * INTRA_BW) + 2 * (n - 1) * (INTRA_LAT + extra)
-    assert _time("all-reduce", n, 1, cal=cal) == pytest.approx(expected, rel=1e-12)
-
-
-@pytest.mark.parametrize(("size", "stride", "local", "nodes"), [(16, 1, 8, 2), (32, 1, 8, 4), (8, 4, 2, 4)])
-def test_hierarchical_all_reduce_across_nodes(size: int, stride: int, local: int, nodes: int) -> None:
-    layout = _cluster().group_layout(size, stride)
-    assert (layout.ranks_per_node, layout.num_nodes) == (local, nodes)
-    # reduce-scatter + all-gather inside the node, each (l-1)/l * S/B_intra + (l-1) alpha_intra,
-    # then all-reduce of S/l across N nodes: 2(N-1)/N * (S/l)/B_nic_per_gpu + 2(N-1) alpha_inter.
-    inside = 2 * ((local - 1) / local * S / INTRA_BW + (local - 1) * INTRA_LAT)
-    across = 2 * (nodes - 1) / nodes * (S / local) / NIC_BW_PER_GPU + 2 * (nodes - 1) * INTER_LAT
-    assert _time("all-reduce", size, stride) == pytest.approx(inside + across, rel=1e-12)
-
-
-def test_all_reduce_one_rank_per_node_is_a_flat_ring_over_the_nics() -> None:
-    # dp across 4 nodes with tp=8 inside each: l=1, so only the inter-node ring remains.
-    n = 4
-    expected = 2 * (n - 1) / n * S / NIC_BW_PER_GPU + 2 * (n - 1) * INTER_LAT
-    assert _time("all-reduce", n, GPUS_PER_NODE) == pytest.approx(expected, rel=1e-12)
-
-
-@pytest.mark.parametrize("collective", ["all-gather", "reduce-scatter"])
 def test_hierarchical_all_gather_is_half_an_all_reduce(collective: str) -> None:
     local, nodes = 8, 2
     # Ring decomposition: all-reduce = reduce-scatter + all-gather, so an all-gather of S across nodes is the

@@ -27,7 +27,8 @@ def read_job_file(path: Path | None) -> dict[str, Any]:
     flat = {**strategy, **data}
     for key in flat:
         if key not in JOB_KEYS + STRATEGY_KEYS:
-            raise ConfigError(f"{path}: {key}", flat[key], "unknown key; allowed: " + ", ".join(JOB_KEYS + STRATEGY_KEYS))
+            allowed = ", ".join(JOB_KEYS + STRATEGY_KEYS)
+            raise ConfigError(f"{path}: {key}", flat[key], f"unknown key; allowed: {allowed}")
     return flat
 
 

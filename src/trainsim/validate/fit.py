@@ -11,7 +11,6 @@ import yaml
 
 from trainsim.cost.calibration import FITTED_PATH, Calibration, ComputeParams
 from trainsim.errors import InputFileError
-from trainsim.ir.graph import OpGraph
 from trainsim.validate.fit_micro import (
     fit_collectives,
     fit_matmul_curve,

@@ -1,8 +1,8 @@
 """Fit the framework-level parameters (in-training efficiency, overlap, fixed costs) on measured runs.
 
 Every parameter is shared by all runs: nothing is fitted per run or per source, so a fitted model predicts
-runs it has not seen. Each row weighs 1/sqrt(rows of its source), so a source counts as much as sqrt(its rows), keeping the
-1,440 vTrain rows from drowning the others.
+runs it has not seen. Each row weighs 1/sqrt(rows of its source), so a source counts as much as
+sqrt(its rows), keeping the 1,440 vTrain rows from drowning the others.
 """
 
 import math
@@ -74,7 +74,8 @@ def generations_of(samples: Sequence[FitSample], base: Calibration) -> list[str]
     return sorted(name for name in names if name)
 
 
-def calibration_with(base: Calibration, theta: Sequence[float], generations: Sequence[str] = ()) -> Calibration:
+def calibration_with(base: Calibration, theta: Sequence[float] | np.ndarray,
+                     generations: Sequence[str] = ()) -> Calibration:
     values: dict[str, dict[str, float]] = {"compute": {}, "runtime": {}}
     for param, raw in zip(PARAMETERS, theta[: len(PARAMETERS)], strict=True):
         values[param.section][param.name] = math.exp(raw) if param.log else float(raw)

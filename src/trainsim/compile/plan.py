@@ -1,0 +1,52 @@
+"""ExecutionPlan: the per-layer placement a strategy lowers to, and the compiler consumes.
+
+The plain ParallelSpec lowers to an even plan (default_plan); a StrategyTree lowers to any plan (uneven
+stages, per-layer recompute). Layers are numbered in model order after expanding repeats: for a
+transformer, 0 = embedding, 1..L = blocks, L + 1 = head.
+"""
+
+from dataclasses import dataclass
+
+from trainsim.ir.graph import Layer, OpGraph
+from trainsim.strategy.parallel import ParallelSpec, Recompute, Schedule
+
+
+@dataclass(frozen=True, slots=True)
+class LayerAssignment:
+    index: int
+    layer: Layer  # the OpGraph layer this instance repeats
+    stage: int  # pipeline rank (device mesh) that runs it
+    chunk: int  # model chunk (virtual stage) on that rank, 0 .. vpp-1
+    recompute: Recompute
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionPlan:
+    layers: tuple[LayerAssignment, ...]
+    num_stages: int
+    num_chunks: int  # virtual stages per rank (vpp)
+    num_micro_batches: int
+    schedule: Schedule | str  # gpipe | 1f1b | interleaved-1f1b | zb-h1
+    max_in_flight: int = 0  # 0 = what the schedule implies
+
+
+def expand_layers(graph: OpGraph) -> list[Layer]:
+    return [layer for layer in graph.layers for _ in range(layer.count)]
+
+
+def default_plan(graph: OpGraph, par: ParallelSpec) -> ExecutionPlan:
+    """Megatron-LM's placement: blocks split evenly over pp x vpp chunks, chunk c of rank r holds model chunk
+    c * pp + r; the embedding goes with the first block, the head with the last."""
+    layers = expand_layers(graph)
+    blocks = [i for i, layer in enumerate(layers) if layer.kind in ("block", "moe_block")]
+    chunks = par.pp * par.vpp
+    assignments: list[LayerAssignment] = []
+    for index, layer in enumerate(layers):
+        if blocks:
+            position = min(max(index - blocks[0], 0), len(blocks) - 1)
+            global_chunk = position * chunks // len(blocks)
+        else:
+            global_chunk = index * chunks // len(layers)
+        assignments.append(LayerAssignment(index, layer, global_chunk % par.pp, global_chunk // par.pp,
+                                           par.recompute))
+    return ExecutionPlan(tuple(assignments), par.pp, par.vpp, par.num_micro_batches, par.schedule)

@@ -14,6 +14,14 @@ class ConfigError(TrainsimError, ValueError):
         self.allowed = allowed
         super().__init__(f"{field}={value!r} is invalid: {allowed}")
 
+    @classmethod
+    def across_fields(cls, where: str, message: str) -> "ConfigError":
+        """A combination of fields that is not allowed; the message names the fields and their values."""
+        error = cls.__new__(cls)
+        error.field, error.value, error.allowed = where, None, message
+        Exception.__init__(error, f"{where}: {message}")
+        return error
+
 
 class UnknownNameError(ConfigError):
     """A name (model, cluster, device, engine ...) that is not in its catalog or registry."""

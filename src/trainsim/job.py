@@ -74,6 +74,9 @@ def _check_transformer(model: TransformerSpec, par: ParallelSpec) -> None:
     chunks = par.pp * par.vpp
     if model.num_layers % chunks:
         raise ConfigError("pp", par.pp, f"pp x vpp = {chunks} must divide num_layers={model.num_layers}")
+    if model.position == "learned" and par.seq_len > model.max_seq_len:
+        raise ConfigError("seq_len", par.seq_len, f"must be at most max_seq_len={model.max_seq_len} of {model.name} "
+                          "(learned position embeddings)")
     if par.seq_len % par.cp:
         raise ConfigError("cp", par.cp, f"must divide seq_len={par.seq_len}")
     if par.ep > 1 and not model.is_moe:

@@ -21,7 +21,10 @@ class Spec(BaseModel):
 
 def config_error_from(exc: ValidationError, where: str = "") -> ConfigError:
     first = exc.errors()[0]
-    field = ".".join(str(part) for part in first["loc"]) or "value"
+    field = ".".join(str(part) for part in first["loc"])
+    if not field:  # a check across fields: the message names them; show the fields it mentions
+        message = str(first["msg"]).removeprefix("Value error, ")
+        return ConfigError.across_fields(where or exc.title, message)
     if where:
         field = f"{where}.{field}"
     message = str(first["msg"])

@@ -59,5 +59,5 @@ def job_from_settings(settings: dict[str, Any]) -> Job:
         cluster = cluster.with_num_gpus(given.pop("num_gpus"))
     if given.get("vpp", 1) > 1 and "schedule" not in given:
         given["schedule"] = "interleaved-1f1b"
-    parallel = ParallelSpec.parse(given)
+    parallel = ParallelSpec.parse(given, "strategy")
     return make_job(model, cluster, parallel)

@@ -35,4 +35,20 @@ _register_optional()
 
 
 def main() -> None:
-    app()
+    """Run the app; a usage mistake (bad flag, wrong type) is one line on stderr and exit code 2."""
+    import sys
+
+    from typer._click import exceptions as click_errors  # typer vendors click; its errors live here
+
+    try:
+        code = app(standalone_mode=False)
+    except click_errors.NoArgsIsHelpError as exc:
+        print(exc.ctx.get_help() if exc.ctx else "trainsim --help")
+        sys.exit(0)
+    except click_errors.ClickException as exc:
+        print(f"error: {exc.format_message()}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        print("error: aborted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)

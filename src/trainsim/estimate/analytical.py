@@ -71,7 +71,7 @@ class AnalyticalEstimator:
         """graphs: a graph cache to share between estimators that differ only in calibration."""
         self.cal = calibration or load_calibration()
         self._graphs: dict[tuple[object, ...], OpGraph] = {} if graphs is None else graphs
-        self._layer_costs: dict[tuple[int, str, str], LayerCost] = {}
+        self._layer_costs: dict[tuple[object, ...], LayerCost] = {}
 
     def graph(self, job: Job) -> OpGraph:
         par = job.parallel
@@ -83,7 +83,9 @@ class AnalyticalEstimator:
         return self._graphs[key]
 
     def layer_cost(self, layer: Layer, job: Job) -> LayerCost:
-        key = (id(layer), job.cluster.name, _layout_key(job))
+        cluster = job.cluster
+        key = (id(layer), id(cluster.device), cluster.intra_node, cluster.inter_node, cluster.nics_per_node,
+               _layout_key(job))
         cost = self._layer_costs.get(key)
         if cost is None:
             cost = self._compute_layer_cost(layer, job)

@@ -38,6 +38,6 @@ def policy_for(precision: Precision) -> PrecisionPolicy:
         half: DType = "fp16" if precision == "amp-fp16" else "bf16"
         return PrecisionPolicy(precision, half, half, half, 4, 4, 0, 8)
     if precision == "fp8":
-        return PrecisionPolicy(precision, "fp8", "bf16", "bf16", 2, 4, 4, 8)
+        return PrecisionPolicy(precision, "fp8", "bf16", "bf16", 2, 2, 4, 8)
     half16: DType = "fp16" if precision == "fp16" else "bf16"
     return PrecisionPolicy(precision, half16, half16, half16, 2, 2, 4, 8)

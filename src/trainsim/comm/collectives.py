@@ -25,7 +25,7 @@ def collective_time_s(collective: str, buffer_bytes: float, layout: GroupLayout,
     """Time of one collective on a group laid out as `layout` (all groups of that axis run at once)."""
     if layout.size <= 1 or buffer_bytes <= 0:
         return 0.0
-    params = cal.comm_params(collective)
+    params = cal.comm_params(collective, cluster.device.name)
     intra_bw = cluster.intra_node.bw_bytes_per_s * params.bw_efficiency
     inter_bw = cluster.nic_bw_per_gpu_bytes_per_s * params.bw_efficiency
     intra_lat = cluster.intra_node.latency_s + params.latency_s

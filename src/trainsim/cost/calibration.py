@@ -24,6 +24,10 @@ class ComputeParams(Spec):
 
     matmul_half_work_flop_per_tflops: float = Field(default=2.0e7, gt=0)
     matmul_exponent: float = Field(default=1.0, gt=0)
+    # NB: a skinny GEMM fills the tiles poorly whatever its work: a second factor 1 / (1 + (half_dim / d)^e)
+    # of its smallest dimension d.
+    matmul_half_dim: float = Field(default=16.0, gt=0)
+    matmul_dim_exponent: float = Field(default=1.0, gt=0)
     matmul_training_factor: float = Field(default=1.0, gt=0)  # microbenchmark -> in-training efficiency
     attention_efficiency: float = Field(default=0.5, gt=0)  # of the matmul efficiency
     memory_efficiency: float = Field(default=0.8, gt=0, le=1.0)
@@ -43,6 +47,7 @@ class RuntimeParams(Spec):
     dp_overlap: float = Field(default=0.9, ge=0, le=1.0)
     fsdp_overlap: float = Field(default=0.9, ge=0, le=1.0)
     iteration_overhead_s: float = Field(default=0.0, ge=0)
+    micro_batch_overhead_s: float = Field(default=0.0, ge=0)  # host-side cost of each micro-batch
     pipeline_overhead_per_micro_batch_s: float = Field(default=0.0, ge=0)
 
 
@@ -52,7 +57,9 @@ class Calibration(Spec):
     # device name -> dtype -> best achievable matmul efficiency (MAMF / peak), from gemm.csv
     matmul_max_efficiency: dict[str, dict[str, float]] = {}
     default_matmul_max_efficiency: float = Field(default=0.8, gt=0, le=1.0)
-    comm: dict[Collective, CommParams] = {}
+    comm: dict[Collective, CommParams] = {}  # fitted over every system: the fallback
+    # generation -> collective -> params, fitted on that generation's systems alone
+    comm_by_generation: dict[str, dict[Collective, CommParams]] = {}
     runtime: RuntimeParams = RuntimeParams()
     # device name -> generation, and generation -> in-training matmul factor fitted on runs (multiplies
     # compute.matmul_training_factor); a device without runs of its generation uses 1.
@@ -72,8 +79,9 @@ class Calibration(Spec):
             return per_dtype["bf16"]
         return self.default_matmul_max_efficiency
 
-    def comm_params(self, collective: Collective) -> CommParams:
-        return self.comm.get(collective, CommParams())
+    def comm_params(self, collective: Collective, device_name: str = "") -> CommParams:
+        own = self.comm_by_generation.get(self.device_generation.get(device_name, ""), {})
+        return own.get(collective) or self.comm.get(collective, CommParams())
 
 
 @cache

@@ -43,10 +43,11 @@ class StageCost:
     recompute_s: float
     comm_s: dict[str, float]
     fsdp_exposed_s: float
+    overhead_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return self.compute_s + self.recompute_s + sum(self.comm_s.values()) + self.fsdp_exposed_s
+        return self.compute_s + self.recompute_s + sum(self.comm_s.values()) + self.fsdp_exposed_s + self.overhead_s
 
 
 def axis_layout(axis: str, par: ParallelSpec, cluster: ClusterSpec) -> GroupLayout:
@@ -125,7 +126,7 @@ class AnalyticalEstimator:
                 fsdp += part.count * self._fsdp_exposed_s(part.layer, cost, job)
         if par.pp > 1:
             comm["pp"] = self._pipeline_send_s(stage, job)
-        return StageCost(compute, recompute, comm, fsdp)
+        return StageCost(compute, recompute, comm, fsdp, self.cal.runtime.micro_batch_overhead_s)
 
     def _pipeline_send_s(self, stage: list[StagePart], job: Job) -> float:
         """Each micro-batch sends its activation forward and its gradient backward once per model chunk."""
@@ -165,7 +166,7 @@ class AnalyticalEstimator:
             "dp_comm": grad_exposed + m * slow.fsdp_exposed_s,
             "bubble": bubble,
             "optimizer": optimizer,
-            "overhead": self.cal.runtime.iteration_overhead_s,
+            "overhead": self.cal.runtime.iteration_overhead_s + m * slow.overhead_s,
         }
         memory = estimate_memory(stages, par, job.cluster.device)
         return make_result(self.name, job, graph, breakdown, memory)

@@ -17,8 +17,8 @@ NUM_STREAMS = len(STREAMS)
 class GraphArrays:
     """Per-task lists (tid-indexed) and per-flow data of one ExecGraph, checked."""
 
-    __slots__ = ("categories", "category_of", "device_of", "free_bytes", "alloc_bytes", "flow_resources",
-                 "is_compute", "leader_of", "members", "names", "num_deps", "num_devices", "num_tasks", "priority",
+    __slots__ = ("alloc_bytes", "categories", "category_of", "device_of", "flow_resources", "free_bytes", "is_compute",
+                 "leader_of", "members", "names", "num_deps", "num_devices", "num_tasks", "priority",
                  "resource_capacity", "resource_names", "stream_of", "successors", "work")
 
     def __init__(self, graph: ExecGraph, launch_overhead_s: float) -> None:
@@ -91,7 +91,7 @@ class GraphArrays:
         for tid, task in enumerate(graph.tasks):
             if task.sync_key:
                 groups.setdefault(task.sync_key, []).append(tid)
-            if task.resources and not task.sync_key:
+            if task.resources and task.kind == "comm" and not task.sync_key:
                 self.flow_resources[tid] = tuple(res_index.setdefault(r, len(res_index)) for r in task.resources)
         for key, members in groups.items():
             leader = members[0]
@@ -103,7 +103,7 @@ class GraphArrays:
                                       "two ranks of one collective cannot share a device's stream")
                 seen_streams.add(self.stream_of[tid])
                 self.leader_of[tid] = leader
-                for r in graph.tasks[tid].resources:
+                for r in graph.tasks[tid].resources if graph.tasks[tid].kind == "comm" else ():
                     resources[res_index.setdefault(r, len(res_index))] = None
             self.members[leader] = members
             # NB: the collective progresses as one unit, so it does the largest member's work.

@@ -35,12 +35,14 @@ def find_calibration_dir(start: Path | None = None) -> Path:
 
 def fit_micro(data_dir: Path) -> Calibration:
     max_eff = fit_matmul_max_efficiency(data_dir / "gemm.csv")
-    half_work, exponent = fit_matmul_curve(data_dir / "gemm.csv", max_eff)
+    curve = fit_matmul_curve(data_dir / "gemm.csv", max_eff)
+    comm, comm_by_generation = fit_collectives(data_dir / "collectives.csv")
     return Calibration(
         source=f"trainsim calibrate on {data_dir.name}",
-        compute=ComputeParams(matmul_half_work_flop_per_tflops=half_work, matmul_exponent=exponent),
+        compute=ComputeParams.model_validate(curve),
         matmul_max_efficiency=max_eff,
-        comm=fit_collectives(data_dir / "collectives.csv"),
+        comm=comm,
+        comm_by_generation=comm_by_generation,
         device_generation=dict(name_map()["device_generation"]),
     )
 

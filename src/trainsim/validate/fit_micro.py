@@ -43,13 +43,13 @@ def fit_matmul_max_efficiency(gemm_csv: Path) -> dict[str, dict[str, float]]:
     return best
 
 
-def fit_matmul_curve(gemm_csv: Path, max_eff: dict[str, dict[str, float]]) -> tuple[float, float]:
-    """Fit half_work (per TFLOP/s of peak) and exponent of eff(W) = max / (1 + (half / W)^exponent) on the
-    per-shape XLA rows, in log space."""
+def fit_matmul_curve(gemm_csv: Path, max_eff: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Fit the GEMM efficiency curve (compute.matmul_efficiency: half work per TFLOP/s of peak and its
+    exponent, half smallest-dimension and its exponent) on the per-shape XLA rows, in log space."""
     from scipy.optimize import least_squares
 
     names = name_map()
-    samples: list[tuple[float, float, float, float]] = []  # work, peak, max efficiency, measured efficiency
+    samples: list[tuple[float, float, float, float, float]] = []  # work, peak, max eff, min dim, measured eff
     for row in _read_csv(gemm_csv):
         if "matmul_interpolator" not in row["source"]:
             continue
@@ -58,18 +58,22 @@ def fit_matmul_curve(gemm_csv: Path, max_eff: dict[str, dict[str, float]]) -> tu
         if dtype is None or not devices:
             continue
         device = load_device(devices[0])
-        work = 2.0 * float(row["batch"]) * float(row["M"]) * float(row["N"]) * float(row["K"])
+        dims = [float(row["M"]), float(row["N"]), float(row["K"])]
+        work = 2.0 * float(row["batch"]) * dims[0] * dims[1] * dims[2]
         peak = device.peak_for(dtype)
-        samples.append((work, peak, max_eff[device.name][dtype], float(row["tflops"]) * 1e12 / peak))
+        samples.append((work, peak, max_eff[device.name][dtype], min(dims), float(row["tflops"]) * 1e12 / peak))
     data = np.array(samples)
 
     def residuals(theta: np.ndarray) -> np.ndarray:
         half = math.exp(theta[0]) * data[:, 1] / 1e12
-        model = data[:, 2] / (1.0 + (half / data[:, 0]) ** theta[1])
-        return np.log(model) - np.log(data[:, 3])
+        skinny = 1.0 + (math.exp(theta[2]) / data[:, 3]) ** theta[3]
+        model = data[:, 2] / (1.0 + (half / data[:, 0]) ** theta[1]) / skinny
+        return np.log(model) - np.log(data[:, 4])
 
-    fit = least_squares(residuals, x0=np.array([math.log(2e7), 1.0]), bounds=([0.0, 0.2], [40.0, 4.0]))
-    return float(math.exp(fit.x[0])), float(fit.x[1])
+    fit = least_squares(residuals, x0=np.array([math.log(2e7), 1.0, math.log(16.0), 1.0]),
+                        bounds=([0.0, 0.2, 0.0, 0.2], [40.0, 4.0, 10.0, 4.0]))
+    return {"matmul_half_work_flop_per_tflops": float(math.exp(fit.x[0])), "matmul_exponent": float(fit.x[1]),
+            "matmul_half_dim": float(math.exp(fit.x[2])), "matmul_dim_exponent": float(fit.x[3])}
 
 
 def _collective_samples(collectives_csv: Path) -> dict[str, list[tuple[Any, int, float, float]]]:
@@ -92,23 +96,33 @@ def _collective_samples(collectives_csv: Path) -> dict[str, list[tuple[Any, int,
     return samples
 
 
-def fit_collectives(collectives_csv: Path) -> dict[str, CommParams]:
-    """Per collective: extra latency per algorithm step and achieved / link bandwidth, fitted in log space
-    over every single-node measurement of every system."""
+def _fit_one(collective: str, samples: list[tuple[Any, int, float, float]]) -> CommParams:
+    """Least squares in log space of the alpha-beta model over one collective's measurements."""
     from scipy.optimize import least_squares
 
-    fitted: dict[str, CommParams] = {}
+    def residuals(theta: np.ndarray) -> np.ndarray:
+        cal = Calibration(comm={collective: CommParams(latency_s=math.exp(theta[0]), bw_efficiency=float(theta[1]))})
+        predicted = [collective_time_s(collective, size, cluster.group_layout(ranks, 1), cluster, cal)
+                     for cluster, ranks, size, _ in samples]
+        return np.log(np.array(predicted)) - np.log(np.array([s[3] for s in samples]))
+
+    fit = least_squares(residuals, x0=np.array([math.log(5e-6), 0.8]),
+                        bounds=([math.log(1e-8), 0.05], [math.log(1e-3), 1.5]))
+    return CommParams(latency_s=float(math.exp(fit.x[0])), bw_efficiency=float(fit.x[1]))
+
+
+def fit_collectives(collectives_csv: Path) -> tuple[dict[str, CommParams], dict[str, dict[str, CommParams]]]:
+    """Per collective: extra latency per algorithm step and achieved / link bandwidth, fitted in log space
+    over the single-node measurements, once over every system (the fallback) and once per GPU generation."""
+    generation_of = name_map()["device_generation"]
+    overall: dict[str, CommParams] = {}
+    by_generation: dict[str, dict[str, CommParams]] = {}
     for collective, samples in sorted(_collective_samples(collectives_csv).items()):
-
-        def residuals(theta: np.ndarray, samples: list[tuple[Any, int, float, float]] = samples,
-                      collective: str = collective) -> np.ndarray:
-            cal = Calibration(comm={collective: CommParams(latency_s=math.exp(theta[0]),
-                                                           bw_efficiency=float(theta[1]))})
-            predicted = [collective_time_s(collective, size, cluster.group_layout(ranks, 1), cluster, cal)
-                         for cluster, ranks, size, _ in samples]
-            return np.log(np.array(predicted)) - np.log(np.array([s[3] for s in samples]))
-
-        fit = least_squares(residuals, x0=np.array([math.log(5e-6), 0.8]),
-                            bounds=([math.log(1e-8), 0.05], [math.log(1e-3), 1.5]))
-        fitted[collective] = CommParams(latency_s=float(math.exp(fit.x[0])), bw_efficiency=float(fit.x[1]))
-    return fitted
+        overall[collective] = _fit_one(collective, samples)
+        groups: dict[str, list[tuple[Any, int, float, float]]] = {}
+        for sample in samples:
+            groups.setdefault(generation_of.get(sample[0].device.name, ""), []).append(sample)
+        for generation, group in sorted(groups.items()):
+            if generation:
+                by_generation.setdefault(generation, {})[collective] = _fit_one(collective, group)
+    return overall, by_generation

@@ -42,6 +42,8 @@ class Parameter:
 PARAMETERS: tuple[Parameter, ...] = (
     Parameter("compute", "matmul_half_work_flop_per_tflops", None, 1e5, 1e9, log=True),
     Parameter("compute", "matmul_exponent", None, 0.3, 3.0),
+    Parameter("compute", "matmul_half_dim", None, 1.0, 4096.0, log=True),
+    Parameter("compute", "matmul_dim_exponent", None, 0.2, 4.0),
     Parameter("compute", "matmul_training_factor", 1.0, 0.3, 1.3),
     Parameter("compute", "attention_efficiency", 0.5, 0.1, 1.5),
     Parameter("compute", "memory_efficiency", 0.8, 0.2, 1.0),
@@ -49,6 +51,7 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter("runtime", "dp_overlap", 0.9, 0.0, 1.0),
     Parameter("runtime", "fsdp_overlap", 0.9, 0.0, 1.0),
     Parameter("runtime", "iteration_overhead_s", 1e-2, 1e-5, 1.0, log=True),
+    Parameter("runtime", "micro_batch_overhead_s", 1e-3, 1e-6, 1e-1, log=True),
     Parameter("runtime", "pipeline_overhead_per_micro_batch_s", 1e-4, 1e-7, 1e-1, log=True),
 )
 
@@ -67,6 +70,7 @@ def fit_samples(rows: Sequence[RunRow]) -> list[FitSample]:
 
 GENERATION_PRIOR_WEIGHT = 0.3  # pulls each generation's factor towards the shared one (log space)
 SOURCE_WEIGHT_POWER = 1.0  # a row weighs 1 / sqrt(rows of its source) ** this power
+MAX_EVALUATIONS = 200  # least-squares function evaluations (each predicts every run once)
 
 
 def generations_of(samples: Sequence[FitSample], base: Calibration) -> list[str]:
@@ -124,5 +128,5 @@ def fit_runtime(base: Calibration, samples: Sequence[FitSample]) -> Calibration:
         return np.concatenate([weights * log_errors(cal, samples, graphs), prior])
 
     fit = least_squares(residuals, x0=x0, bounds=(low, high), loss="soft_l1", f_scale=0.1, diff_step=1e-3,
-                        max_nfev=60)
+                        max_nfev=MAX_EVALUATIONS)
     return calibration_with(base, fit.x, generations)

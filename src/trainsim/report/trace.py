@@ -1,0 +1,82 @@
+"""Chrome / Perfetto trace-event JSON of one simulated iteration (open it in ui.perfetto.dev or chrome://tracing).
+
+A process per simulated device, a thread per stream, a complete ("X") event per task, a "sync wait" event
+while a collective rank holds its stream waiting for its partners, and a memory counter ("C") per device.
+Times are microseconds, as the format requires; they are rounded to whole nanoseconds so that consecutive
+tasks on one stream touch but never overlap.
+"""
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from trainsim.compile.exec_graph import ExecGraph
+from trainsim.errors import ConfigError
+from trainsim.sim.arrays import STREAMS
+from trainsim.sim.outcome import SimOutcome
+
+_THREAD_NAMES = {"compute": "compute", "feature": "feature comm", "gradient": "gradient comm"}
+_THREAD_ID = {name: index + 1 for index, name in enumerate(STREAMS)}
+_MEMORY_THREAD = 0
+
+
+def _us(seconds: float) -> float:
+    return round(seconds * 1e9) / 1e3
+
+
+def trace_events(graph: ExecGraph, outcome: SimOutcome, device_names: list[str] | None = None) -> list[dict[str, Any]]:
+    """The trace events, metadata first, then tasks in tid order, then memory counters."""
+    if device_names is not None and len(device_names) != len(graph.devices):
+        raise ConfigError("device_names", len(device_names), f"must name all {len(graph.devices)} simulated devices")
+    events: list[dict[str, Any]] = []
+    for device in graph.devices:
+        name = (device_names[device.index] if device_names else
+                f"device {device.index} (stage {device.stage}, {device.ranks} ranks)")
+        events.append({"ph": "M", "name": "process_name", "pid": device.index, "tid": 0, "args": {"name": name}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": device.index, "tid": 0,
+                       "args": {"sort_index": device.index}})
+        for stream, thread in _THREAD_ID.items():
+            events.append({"ph": "M", "name": "thread_name", "pid": device.index, "tid": thread,
+                           "args": {"name": _THREAD_NAMES[stream]}})
+            events.append({"ph": "M", "name": "thread_sort_index", "pid": device.index, "tid": thread,
+                           "args": {"sort_index": thread}})
+    critical = set(outcome.critical_path)
+    for task in graph.tasks:
+        thread = _THREAD_ID[task.stream]
+        start_ns = round(outcome.start_s[task.tid] * 1e9)
+        end_ns = round(outcome.end_s[task.tid] * 1e9)
+        dispatch_ns = round(outcome.dispatch_s[task.tid] * 1e9)
+        if dispatch_ns < start_ns:
+            events.append({"ph": "X", "name": f"sync wait: {task.name}", "cat": "sync_wait", "pid": task.device,
+                           "tid": thread, "ts": dispatch_ns / 1e3, "dur": (start_ns - dispatch_ns) / 1e3,
+                           "args": {"sync_key": task.sync_key}})
+        events.append({"ph": "X", "name": task.name, "cat": task.category or task.kind, "pid": task.device,
+                       "tid": thread, "ts": start_ns / 1e3, "dur": (end_ns - start_ns) / 1e3,
+                       "args": {"layer": task.layer, "micro_batch": task.micro_batch, "stage": task.stage,
+                                "phase": task.phase, "category": task.category, "kind": task.kind,
+                                "sync_key": task.sync_key, "critical": task.tid in critical}})
+    for memory in outcome.memory:
+        for time_s, value in zip(memory.timeline_s, memory.timeline_bytes, strict=True):
+            events.append({"ph": "C", "name": "memory", "pid": memory.device, "tid": _MEMORY_THREAD,
+                           "ts": _us(time_s), "args": {"allocated_bytes": value}})
+    return events
+
+
+def write_chrome_trace(graph: ExecGraph, outcome: SimOutcome, path: str | Path,
+                       device_names: list[str] | None = None) -> Path:
+    """Write {"traceEvents": [...]} to `path` atomically (a temporary file in the same folder, then os.replace)."""
+    target = Path(path)
+    document = {"traceEvents": trace_events(graph, outcome, device_names), "displayTimeUnit": "ms",
+                "otherData": {"makespan_s": outcome.makespan_s, "oom": outcome.oom}}
+    fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(document, handle, separators=(",", ":"))
+        os.chmod(temporary, 0o644)  # mkstemp creates it private; a trace is an ordinary output file
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return target

@@ -1,0 +1,597 @@
+"""StrategyTree: the model's module hierarchy with a parallel configuration on its nodes (Proteus, Sec. IV).
+
+Root = the model. Below it the layers of the expanded layer list (embedding, blocks.0 .. blocks.L-1, head for a
+transformer; the CNN and DLRM blocks otherwise), grouped by their dotted names ("blocks" holds every block);
+below each layer its modules ("blocks.3.attn") and, as leaves, the forward and backward ops grouped by module
+path ("blocks.3.attn.qkv"). Four primitives program it, each returning a new tree (trees are immutable):
+split (partition), map (device mesh: pipeline stage, model chunk, axis sizes), schedule and recompute.
+
+Propagation (Proteus Sec. VII): a node takes its parent's settings unless it sets its own; then, along the
+layer chain's data dependencies, a layer with no mesh takes the previous layer's (layers before the first
+mapped one take the first mapped one's). Setting one node twice to different values is a ConfigError.
+"""
+
+import fnmatch
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal, cast
+
+from pydantic import Field
+
+from trainsim.compile.plan import ExecutionPlan, LayerAssignment, default_plan, expand_layers
+from trainsim.errors import ConfigError
+from trainsim.ir.graph import Layer, Op, OpGraph
+from trainsim.specbase import Spec
+from trainsim.strategy.parallel import RECOMPUTES, ParallelSpec, Recompute
+
+SplitItem = Literal["weight", "activation", "gradient", "optimizer"]
+SplitDim = Literal["batch", "seq", "hidden", "heads", "ffn", "vocab", "experts", "flat"]
+ScheduleKind = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"]
+NodeKind = Literal["model", "group", "layer", "module"]
+How = Literal["set", "inherited", "data-dep", "default"]
+Value = int | str
+Settings = Mapping[str, Mapping[str, Value]]  # node path -> setting key -> value
+
+MESH_KEYS = ("stage", "chunk", "tp", "dp", "cp", "ep")
+SCHEDULE_KEYS = ("micro_batches", "max_in_flight", "kind")
+_AXES = ("tp", "dp", "cp", "ep")
+_BLOCK_KINDS = ("block", "moe_block")
+_RANGE = re.compile(r"(\d+)-(\d+)")
+_MARK: dict[How, str] = {"set": "", "inherited": "^", "data-dep": "<", "default": ""}
+
+
+class Split(Spec):
+    """Partition `item` of a node's ops along tensor dimension `dim` into `parts` (flat: ZeRO's flat buffer)."""
+
+    item: SplitItem
+    dim: SplitDim
+    parts: int = Field(gt=0, strict=True)
+
+    @property
+    def key(self) -> str:
+        return f"split.{self.item}.{self.dim}"
+
+
+class Mesh(Spec):
+    """Where a subtree runs: pipeline stage, model chunk of an interleaved schedule, and the device group's
+    shape there. Unset fields are inherited."""
+
+    stage: int | None = Field(default=None, ge=0, strict=True)
+    chunk: int | None = Field(default=None, ge=0, strict=True)
+    tp: int | None = Field(default=None, gt=0, strict=True)
+    dp: int | None = Field(default=None, gt=0, strict=True)
+    cp: int | None = Field(default=None, gt=0, strict=True)
+    ep: int | None = Field(default=None, gt=0, strict=True)
+
+
+class ScheduleConfig(Spec):
+    """Proteus' schedule config: micro-batches, the most forward micro-batches ahead of their backward, kind."""
+
+    micro_batches: int | None = Field(default=None, gt=0, strict=True)
+    max_in_flight: int | None = Field(default=None, gt=0, strict=True)
+    kind: ScheduleKind | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TreeNode:
+    """One node. layer_index: the expanded-layer index of the layer this node is or lies in (-1 above layers).
+    fwd/bwd: the ops whose module path is this node (leaves)."""
+
+    path: str  # "" for the root
+    kind: NodeKind
+    children: tuple[str, ...] = ()
+    layer_index: int = -1
+    fwd: tuple[Op, ...] = ()
+    bwd: tuple[Op, ...] = ()
+
+    @property
+    def parent(self) -> str | None:
+        return None if not self.path else self.path.rpartition(".")[0]
+
+    @property
+    def label(self) -> str:
+        return self.path or "<model>"
+
+
+@dataclass(frozen=True, slots=True)
+class Sourced:
+    """An effective setting and where it came from: the node that set it, and how it reached this node."""
+
+    value: Value
+    origin: str
+    how: How
+
+    def passed_down(self) -> "Sourced":
+        return Sourced(self.value, self.origin, "inherited") if self.how == "set" else self
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class StrategyTree:
+    """The module tree of one OpGraph plus the settings its nodes set explicitly. Build with from_graph or
+    from_parallel; program with split/map/schedule/recompute; lower() gives the compiler's ExecutionPlan."""
+
+    graph: OpGraph
+    nodes: Mapping[str, TreeNode]
+    layer_paths: tuple[str, ...]  # expanded layer index -> node path
+    explicit: Settings = field(default_factory=dict)
+    _resolved: Mapping[str, Mapping[str, Sourced]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        frozen = {path: MappingProxyType(dict(row)) for path, row in self.explicit.items() if row}
+        object.__setattr__(self, "explicit", MappingProxyType(frozen))
+        object.__setattr__(self, "_resolved", _resolve(self.nodes, self.layer_paths, frozen))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StrategyTree):
+            return NotImplemented
+        mine = {path: dict(row) for path, row in self.explicit.items()}
+        theirs = {path: dict(row) for path, row in other.explicit.items()}
+        return (self.graph is other.graph or self.graph == other.graph) and mine == theirs
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (f"StrategyTree({self.graph.model_name!r}: {len(self.layer_paths)} layers, {len(self.nodes)} nodes, "
+                f"{len(self.explicit)} nodes set)")
+
+    # --- construction ---
+
+    @classmethod
+    def from_graph(cls, graph: OpGraph) -> "StrategyTree":
+        """The bare tree of a graph: no settings (lowering then follows the ParallelSpec given to lower)."""
+        nodes, layer_paths = _build_nodes(graph)
+        return cls(graph, nodes, layer_paths)
+
+    @classmethod
+    def from_parallel(cls, graph: OpGraph, par: ParallelSpec) -> "StrategyTree":
+        """The plain strategy as a tree: the root holds the mesh shape, schedule, recompute and the dp/cp/sp/ZeRO
+        splits; the first layer of each model chunk holds its stage (the rest follow along data dependencies,
+        placed as default_plan places them); attention, MLP, expert and vocabulary nodes hold the tp/ep splits."""
+        _require_dp(par, "building a strategy tree from it")
+        bare = cls.from_graph(graph)
+        explicit: dict[str, dict[str, Value]] = {"": _root_settings(par)}
+        previous: tuple[int, int] | None = None
+        for assignment, path in zip(default_plan(graph, par).layers, bare.layer_paths, strict=True):
+            if (assignment.stage, assignment.chunk) != previous:
+                previous = (assignment.stage, assignment.chunk)
+                explicit[path] = {"stage": assignment.stage}
+                if par.vpp > 1:
+                    explicit[path]["chunk"] = assignment.chunk
+        transformer = any(layer.kind in _BLOCK_KINDS for layer in graph.layers)
+        for layer, path in zip(expand_layers(graph), bare.layer_paths, strict=True):
+            for node_path, split in _model_parallel_splits(bare.nodes, path, layer, par, transformer):
+                explicit.setdefault(node_path, {})[split.key] = split.parts
+        return cls(graph, bare.nodes, bare.layer_paths, explicit)
+
+    # --- addressing ---
+
+    def node(self, path: str) -> TreeNode:
+        if path not in self.nodes:
+            raise ConfigError("path", path, f"no such node ({self._children_hint(path.rpartition('.')[0])})")
+        return self.nodes[path]
+
+    def match(self, pattern: str, *, where: str = "path") -> tuple[str, ...]:
+        """Node paths a pattern names, in tree order. Segments are names, fnmatch globs ("*", "Mixed_6?") or
+        inclusive integer ranges ("0-15", every index must exist); "" is the root."""
+        if pattern == "":
+            return ("",)
+        current = [""]
+        for segment in pattern.split("."):
+            found = [path for parent in current for path in self._match_segment(parent, segment, pattern, where)]
+            if not found:
+                raise ConfigError(where, pattern, f"matches no node ({self._children_hint(current[0])})")
+            current = found
+        return tuple(current)
+
+    def preorder(self, path: str = "") -> Iterator[str]:
+        """Node paths in tree order (a node before its children, children in model order)."""
+        stack = [path]
+        while stack:
+            top = stack.pop()
+            yield top
+            stack.extend(reversed(self.nodes[top].children))
+
+    def effective(self, path: str) -> Mapping[str, Sourced]:
+        """The node's settings after propagation. Keys: stage chunk tp dp cp ep, micro_batches max_in_flight
+        kind, recompute, split.<item>.<dim>; a key that is absent is unspecified."""
+        return MappingProxyType(dict(self._resolved[self.node(path).path]))
+
+    def splits(self, path: str) -> tuple[Split, ...]:
+        """The effective partitions of a node (its own and its ancestors'), for the execution-graph compiler."""
+        out = []
+        for key, value in sorted(self.effective(path).items()):
+            if key.startswith("split."):
+                _, item, dim = key.split(".")
+                out.append(Split.model_validate({"item": item, "dim": dim, "parts": value.value}))
+        return tuple(out)
+
+    # --- primitives ---
+
+    def split(self, path: str, item: str, dim: str, parts: int, *, override: bool = False,
+              where: str = "split") -> "StrategyTree":
+        """Partition item (weight | activation | gradient | optimizer) of every op under path along dim."""
+        spec = Split.parse({"item": item, "dim": dim, "parts": parts}, where)
+        return self._assign(self.match(path, where=f"{where}.path"), {spec.key: spec.parts}, where, override)
+
+    def map(self, path: str, mesh: Mesh | Mapping[str, object], *, override: bool = False,
+            where: str = "map") -> "StrategyTree":
+        """Place a subtree on a device mesh, e.g. {"stage": 1} or {"stage": 1, "tp": 2, "dp": 4}."""
+        spec = mesh if isinstance(mesh, Mesh) else Mesh.parse(dict(mesh), where)
+        values: dict[str, Value] = {key: value for key in MESH_KEYS if (value := getattr(spec, key)) is not None}
+        if not values:
+            raise ConfigError(where, dict(mesh), "give at least one of: " + ", ".join(MESH_KEYS))
+        paths = self.match(path, where=f"{where}.path")
+        if "stage" in values or "chunk" in values:
+            self._reject_inside_layers(paths, where, "stage and chunk place whole layers")
+        return self._assign(paths, values, where, override)
+
+    def schedule(self, path: str, micro_batches: int | None = None, max_in_flight: int | None = None,
+                 kind: str | None = None, *, override: bool = False, where: str = "schedule") -> "StrategyTree":
+        """Set the pipeline schedule of a subtree: micro-batches, max in-flight micro-batches, kind
+        (gpipe | 1f1b | interleaved-1f1b | zb-h1)."""
+        given = {"micro_batches": micro_batches, "max_in_flight": max_in_flight, "kind": kind}
+        spec = ScheduleConfig.parse({key: value for key, value in given.items() if value is not None}, where)
+        values: dict[str, Value] = {key: value for key in SCHEDULE_KEYS if (value := getattr(spec, key)) is not None}
+        if not values:
+            raise ConfigError(where, path, "give at least one of: " + ", ".join(SCHEDULE_KEYS))
+        paths = self.match(path, where=f"{where}.path")
+        self._reject_inside_layers(paths, where, "a schedule applies to the model, a group or a layer")
+        return self._assign(paths, values, where, override)
+
+    def recompute(self, path: str, mode: str, *, override: bool = False,
+                  where: str = "recompute") -> "StrategyTree":
+        """Activation recomputation of a subtree: none | selective | full."""
+        if mode not in RECOMPUTES:
+            raise ConfigError(f"{where}.mode", mode, "choose one of: " + ", ".join(RECOMPUTES))
+        return self._assign(self.match(path, where=f"{where}.path"), {"recompute": mode}, where, override)
+
+    # --- lowering ---
+
+    def lower(self, par: ParallelSpec) -> ExecutionPlan:
+        """The ExecutionPlan the compiler consumes. What the tree leaves unspecified comes from par (schedule
+        kind, micro-batches, recompute); stage and chunk default to 0. Splits are not part of the plan: the
+        graph's ops are already per device (see the module doc)."""
+        self._check_mesh_shape(par)
+        self._check_recompute_inside_layers()
+        kind, micro_batches, max_in_flight = self._one_schedule(par)
+        if par.vpp > 1 and kind != "interleaved-1f1b":
+            raise ConfigError("schedule.kind", kind, f"vpp={par.vpp} needs interleaved-1f1b")
+        if kind == "interleaved-1f1b" and par.pp == 1:
+            raise ConfigError("schedule.kind", kind, "interleaved-1f1b needs pp > 1")
+        assignments: list[LayerAssignment] = []
+        last = (0, "")
+        for index, (layer, path) in enumerate(zip(expand_layers(self.graph), self.layer_paths, strict=True)):
+            row = self._resolved[path]
+            stage, chunk = _int(row, "stage"), _int(row, "chunk")
+            if stage >= par.pp:
+                raise ConfigError("map.stage", stage, f"{path} is past the last stage: pp={par.pp} allows "
+                                  f"0-{par.pp - 1}")
+            if chunk >= par.vpp:
+                raise ConfigError("map.chunk", chunk, f"{path} is past the last chunk: vpp={par.vpp} allows "
+                                  f"0-{par.vpp - 1}")
+            position = chunk * par.pp + stage  # the virtual stage activations flow through, in model order
+            if position < last[0]:
+                raise ConfigError("map.stage", stage, f"{path} (chunk {chunk}) comes after {last[1]} in the model "
+                                  "but before it in the pipeline; stages must follow model order")
+            last = (position, path)
+            recompute = cast(Recompute, row["recompute"].value) if "recompute" in row else par.recompute
+            assignments.append(LayerAssignment(index, layer, stage, chunk, recompute))
+        return ExecutionPlan(tuple(assignments), par.pp, par.vpp, micro_batches, kind, max_in_flight)
+
+    # --- printing ---
+
+    def pretty(self, max_depth: int | None = None, verbose: bool = False) -> str:
+        """The tree with effective settings: the root and the layers show all of theirs, groups and the nodes
+        inside a layer only what they set (verbose: all). Marks: ^ inherited from an ancestor, < along data deps."""
+        lines = [f"StrategyTree {self.graph.model_name}: {len(self.layer_paths)} layers, {len(self.nodes)} nodes "
+                 "(^ inherited from an ancestor, < propagated along data dependencies)"]
+        kinds = [layer.kind for layer in expand_layers(self.graph)]
+        for path in self.preorder():
+            depth = 0 if not path else path.count(".") + 1
+            if max_depth is None or depth <= max_depth:
+                lines.append("  " * depth + self._describe(self.nodes[path], kinds, verbose))
+        return "\n".join(lines)
+
+    # --- internals ---
+
+    def _describe(self, node: TreeNode, kinds: list[str], verbose: bool) -> str:
+        text = node.label
+        if node.kind == "layer":
+            text += f" [layer {node.layer_index}: {kinds[node.layer_index]}]"
+        if node.fwd or node.bwd:
+            text += f" ({len(node.fwd)} fwd + {len(node.bwd)} bwd ops)"
+        show_all = verbose or node.kind in ("model", "layer")
+        shown = [f"{key}={value.value}{_MARK[value.how]}" for key, value in sorted(
+            self._resolved[node.path].items(), key=lambda item: _key_order(item[0]))
+            if (show_all or value.how == "set") and not (key == "chunk" and value.value == 0 and value.how != "set")]
+        return text + ("  " + " ".join(shown) if shown else "")
+
+    def _assign(self, paths: tuple[str, ...], values: Mapping[str, Value], where: str,
+                override: bool) -> "StrategyTree":
+        explicit = {path: dict(row) for path, row in self.explicit.items()}
+        for path in paths:
+            row = explicit.setdefault(path, {})
+            for key, value in values.items():
+                old = row.get(key)
+                if old is not None and old != value and not override:
+                    name = "parts" if key.startswith("split.") else "mode" if key == "recompute" else key
+                    raise ConfigError(f"{where}.{name}", value, f"{self.nodes[path].label} already has {key}={old!r}; "
+                                      "set the default on an ancestor and the exception on the node, or override")
+                row[key] = value
+        return StrategyTree(self.graph, self.nodes, self.layer_paths, explicit)
+
+    def _match_segment(self, parent: str, segment: str, pattern: str, where: str) -> list[str]:
+        if bounds := _RANGE.fullmatch(segment):
+            low, high = int(bounds[1]), int(bounds[2])
+            if low > high:
+                raise ConfigError(where, pattern, f"range {segment} runs backwards; write {high}-{low}")
+            paths = [_join(parent, str(number)) for number in range(low, high + 1)]
+            for path in paths:
+                if path not in self.nodes:
+                    raise ConfigError(where, pattern, f"{path} does not exist ({self._children_hint(parent)})")
+            return paths
+        if any(char in segment for char in "*?["):
+            return [child for child in self.nodes[parent].children
+                    if fnmatch.fnmatchcase(child.rpartition(".")[2], segment)]
+        path = _join(parent, segment)
+        return [path] if path in self.nodes else []
+
+    def _children_hint(self, parent: str) -> str:
+        node = self.nodes.get(parent)
+        if node is None:
+            return "top level: " + _summarize(self.nodes[""].children)
+        return f"{node.label} holds: {_summarize(node.children) or 'nothing'}"
+
+    def _reject_inside_layers(self, paths: tuple[str, ...], where: str, why: str) -> None:
+        for path in paths:
+            if self.nodes[path].kind == "module":
+                layer = self.layer_paths[self.nodes[path].layer_index]
+                raise ConfigError(f"{where}.path", path, f"{why}: set it on {layer} or an ancestor, not inside a layer")
+
+    def _check_mesh_shape(self, par: ParallelSpec) -> None:
+        for path, row in self.explicit.items():
+            for axis in _AXES:
+                job = getattr(par, axis)
+                if axis in row and row[axis] != job and not (axis == "dp" and job == 0):
+                    raise ConfigError(f"map.{axis}", row[axis], f"{self.nodes[path].label} asks {axis}={row[axis]} "
+                                      f"but the job runs {axis}={job}; an ExecutionPlan has one mesh shape")
+
+    def _check_recompute_inside_layers(self) -> None:
+        for path, row in self.explicit.items():
+            node = self.nodes[path]
+            if node.kind == "module" and "recompute" in row:
+                layer = self.layer_paths[node.layer_index]
+                mode = self._resolved[layer].get("recompute")
+                if mode is None or mode.value != row["recompute"]:
+                    shown = "unset" if mode is None else mode.value
+                    raise ConfigError("recompute.mode", row["recompute"], f"{path} differs from its layer {layer} "
+                                      f"({shown}); an ExecutionPlan recomputes per layer")
+
+    def _one_schedule(self, par: ParallelSpec) -> tuple[str, int, int]:
+        """The schedule every layer runs (an ExecutionPlan has one), with par filling what the tree leaves open."""
+        seen: dict[tuple[Value | None, ...], str] = {}
+        for path in self.layer_paths:
+            row = self._resolved[path]
+            seen.setdefault(tuple(row[key].value if key in row else None for key in SCHEDULE_KEYS), path)
+        if len(seen) > 1:
+            (first, first_path), (other, other_path) = list(seen.items())[:2]
+            raise ConfigError("schedule", other_path, f"{other_path} runs {_schedule_text(other)} but {first_path} "
+                              f"runs {_schedule_text(first)}; an ExecutionPlan runs one schedule: set it on the root")
+        micro_batches, max_in_flight, kind = next(iter(seen))
+        if micro_batches is None:
+            _require_dp(par, "lowering (the micro-batch count depends on it)")
+            micro_batches = par.num_micro_batches
+        return str(kind or par.schedule), int(micro_batches), int(max_in_flight or 0)
+
+
+# --- building the node tree ---
+
+
+@dataclass(slots=True)
+class _Draft:
+    kind: NodeKind
+    layer_index: int = -1
+    children: list[str] = field(default_factory=list)
+    fwd: list[Op] = field(default_factory=list)
+    bwd: list[Op] = field(default_factory=list)
+
+
+def _build_nodes(graph: OpGraph) -> tuple[dict[str, TreeNode], tuple[str, ...]]:
+    drafts: dict[str, _Draft] = {"": _Draft("model")}
+    layer_paths: list[str] = []
+    for layer, names in zip(graph.layers, _instance_names(graph), strict=True):
+        prefixes = _op_prefixes(layer, names[0])
+        for name in names:
+            index = len(layer_paths)
+            _ensure(drafts, name, "layer", index)
+            for op in layer.fwd + layer.bwd:
+                relative = _relative(op.module_path, prefixes)
+                draft = _ensure(drafts, _join(name, relative) if relative else name, "module", index)
+                (draft.fwd if op.phase == "fwd" else draft.bwd).append(op)
+            layer_paths.append(name)
+    nodes = {path: TreeNode(path, d.kind, tuple(d.children), d.layer_index, tuple(d.fwd), tuple(d.bwd))
+             for path, d in drafts.items()}
+    return nodes, tuple(layer_paths)
+
+
+def _ensure(drafts: dict[str, _Draft], path: str, kind: NodeKind, layer_index: int) -> _Draft:
+    """The draft of a node, creating it and its missing ancestors (groups above layers, modules inside)."""
+    if path in drafts:
+        draft = drafts[path]
+        if kind == "layer" and draft.kind == "group":  # a layer named like an earlier group: it is the layer
+            draft.kind, draft.layer_index = "layer", layer_index
+        return draft
+    parent = path.rpartition(".")[0]
+    _ensure(drafts, parent, "module" if kind == "module" else "group", layer_index if kind == "module" else -1)
+    drafts[parent].children.append(path)
+    drafts[path] = _Draft(kind, layer_index)
+    return drafts[path]
+
+
+def _instance_names(graph: OpGraph) -> list[list[str]]:
+    """Node paths of each layer's repeats: blocks.<i> for transformer blocks (numbered across dense and MoE
+    blocks), the CNN's "layer1.1..layer1.2" expanded to layer1.1 and layer1.2, the layer name otherwise."""
+    used: set[str] = set()
+    out: list[list[str]] = []
+    blocks = 0
+    for layer in graph.layers:
+        if layer.kind in _BLOCK_KINDS:
+            names = [f"blocks.{blocks + k}" for k in range(layer.count)]
+            blocks += layer.count
+        else:
+            names = _expand_name(layer.name, layer.count)
+        unique = []
+        for name in names:
+            candidate, suffix = name, 1
+            while candidate in used:
+                suffix += 1
+                candidate = f"{name}_{suffix}"
+            used.add(candidate)
+            unique.append(candidate)
+        out.append(unique)
+    return out
+
+
+def _expand_name(name: str, count: int) -> list[str]:
+    if count == 1 and ".." not in name:
+        return [name]
+    first, _, last = name.partition("..")
+    start, end = re.fullmatch(r"(.*?)(\d+)", first), re.fullmatch(r"(.*?)(\d+)", last)
+    if start and end and start[1] == end[1] and int(end[2]) - int(start[2]) + 1 == count:
+        return [f"{start[1]}{int(start[2]) + k}" for k in range(count)]
+    return [f"{name.replace('..', '-')}.{k}" for k in range(count)]
+
+
+def _op_prefixes(layer: Layer, first_name: str) -> tuple[str, ...]:
+    """Prefixes stripped from op module paths to place them under a layer node: the layer's own name (head.proj
+    under head, layer1.1.conv1 under layer1.1) or the longest dotted prefix all its ops share (blocks.block.*,
+    embed.*)."""
+    split_paths = [op.module_path.split(".") for op in layer.fwd + layer.bwd]
+    common: list[str] = []
+    if split_paths:
+        for parts in zip(*split_paths, strict=False):
+            if len(set(parts)) != 1:
+                break
+            common.append(parts[0])
+        common = common[:min(len(parts) for parts in split_paths) - 1]
+    return tuple(prefix for prefix in (first_name, ".".join(common)) if prefix)
+
+
+def _relative(module_path: str, prefixes: tuple[str, ...]) -> str:
+    for prefix in prefixes:
+        if module_path == prefix:
+            return ""
+        if module_path.startswith(prefix + "."):
+            return module_path[len(prefix) + 1:]
+    return module_path
+
+
+def _join(parent: str, name: str) -> str:
+    return f"{parent}.{name}" if parent else name
+
+
+def _summarize(paths: tuple[str, ...]) -> str:
+    """Child names with numeric runs collapsed: "embedding, blocks, head" or "0-23"."""
+    names = [path.rpartition(".")[2] for path in paths]
+    numbers = sorted(int(name) for name in names if name.isdigit())
+    words = [name for name in names if not name.isdigit()]
+    if numbers:
+        words.append(f"{numbers[0]}-{numbers[-1]}" if len(numbers) > 1 else str(numbers[0]))
+    return ", ".join(words[:12]) + (", ..." if len(words) > 12 else "")
+
+
+# --- propagation ---
+
+
+def _resolve(nodes: Mapping[str, TreeNode], layer_paths: tuple[str, ...],
+             explicit: Settings) -> dict[str, dict[str, Sourced]]:
+    """Top-down over the tree, then along the layer chain for the mesh, then the mesh down into the layers."""
+    resolved: dict[str, dict[str, Sourced]] = {}
+    for path, node in nodes.items():  # parents are inserted before their children
+        row = {} if node.parent is None else {k: v.passed_down() for k, v in resolved[node.parent].items()}
+        row.update({key: Sourced(value, path, "set") for key, value in explicit.get(path, {}).items()})
+        resolved[path] = row
+    _along_data_deps([resolved[path] for path in layer_paths])
+    for path, node in nodes.items():
+        if node.kind == "module" and node.parent is not None:
+            row, parent = resolved[path], resolved[node.parent]
+            for key in MESH_KEYS:
+                if key not in row and key in parent:
+                    row[key] = parent[key].passed_down()
+    return resolved
+
+
+def _along_data_deps(rows: list[dict[str, Sourced]]) -> None:
+    """A layer's unspecified mesh fields come from the layer before it (forward propagation); layers before the
+    first specified one take it from the layer after them (backward propagation). Stage and chunk travel as a
+    pair: a layer with a stage and no chunk is chunk 0."""
+    for row in rows:
+        if "stage" in row and "chunk" not in row:
+            row["chunk"] = Sourced(0, row["stage"].origin, "default")
+    for key in MESH_KEYS:
+        first = next((i for i, row in enumerate(rows) if key in row), None)
+        if first is None:
+            continue
+        for i in list(range(first + 1, len(rows))) + list(range(first - 1, -1, -1)):
+            source = rows[i - 1] if i > first else rows[i + 1]
+            if key not in rows[i]:
+                rows[i][key] = Sourced(source[key].value, source[key].origin, "data-dep")
+
+
+# --- the plain strategy as a tree ---
+
+
+def _root_settings(par: ParallelSpec) -> dict[str, Value]:
+    root: dict[str, Value] = {"tp": par.tp, "dp": par.dp, "cp": par.cp, "ep": par.ep, "kind": par.schedule,
+                              "recompute": par.recompute}
+    if par.num_micro_batches > 0:
+        root["micro_batches"] = par.num_micro_batches
+    seq_parts = par.cp * (par.tp if par.sp else 1)
+    splits = [("activation", "batch", par.dp), ("activation", "seq", seq_parts)]
+    # ZeRO (Rajbhandari et al. 2020): stage 1 shards optimizer states, 2 also gradients, 3 also weights
+    splits += [(item, "flat", par.dp) for stage, item in ((1, "optimizer"), (2, "gradient"), (3, "weight"))
+               if par.zero >= stage]
+    root.update({f"split.{item}.{dim}": parts for item, dim, parts in splits if parts > 1})
+    return root
+
+
+def _model_parallel_splits(nodes: Mapping[str, TreeNode], path: str, layer: Layer, par: ParallelSpec,
+                           transformer: bool) -> list[tuple[str, Split]]:
+    """Megatron's tensor split (heads of attention, ffn of the MLP, vocabulary of embedding and head) and the
+    expert split of MoE layers, on the nodes they apply to."""
+    children = {child.rpartition(".")[2]: child for child in nodes[path].children}
+    out: list[tuple[str, Split]] = []
+    if par.tp > 1:
+        targets: list[tuple[str, SplitDim]] = [("attn", "heads"), ("mlp", "ffn"), ("moe", "ffn")]
+        out = [(children[name], Split(item="weight", dim=dim, parts=par.tp)) for name, dim in targets
+               if name in children]
+        if not out:
+            dim: SplitDim = "vocab" if transformer and layer.kind in ("embedding", "head") else "hidden"
+            out.append((path, Split(item="weight", dim=dim, parts=par.tp)))
+    if par.ep > 1 and "moe" in children:
+        out.append((children["moe"], Split(item="weight", dim="experts", parts=par.ep)))
+    return out
+
+
+# --- small helpers ---
+
+
+def _require_dp(par: ParallelSpec, doing: str) -> None:
+    if par.dp == 0:
+        raise ConfigError("dp", 0, f"resolve dp=0 (infer from the GPU count) before {doing}")
+
+
+def _int(row: Mapping[str, Sourced], key: str) -> int:
+    return int(row[key].value) if key in row else 0
+
+
+def _key_order(key: str) -> tuple[int, str]:
+    order = (*MESH_KEYS, *SCHEDULE_KEYS, "recompute")
+    return (order.index(key), key) if key in order else (len(order), key)
+
+
+def _schedule_text(values: tuple[Value | None, ...]) -> str:
+    return " ".join(f"{key}={value}" for key, value in zip(SCHEDULE_KEYS, values, strict=True) if value is not None) \
+        or "the job's schedule"

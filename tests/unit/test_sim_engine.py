@@ -1,0 +1,220 @@
+"""The event engine: determinism, invariants, memory, deadlock detection, critical path, input checks."""
+
+from itertools import pairwise
+
+import pytest
+
+from trainsim.compile.exec_graph import ExecGraph, SimDevice
+from trainsim.errors import ConfigError, TrainsimError
+from trainsim.sim import DeadlockError, SimOptions, SimOutcome, simulate
+from trainsim.sim.synthetic import one_f_one_b_order, synthetic_pipeline
+
+ALL_ON = SimOptions(overlap_slowdown=0.3, bandwidth_sharing=True, launch_overhead_s=1e-5)
+
+
+def _graph(num_devices: int = 1, static_bytes: float = 0.0, capacity_bytes: float = 1e12) -> ExecGraph:
+    devices = [SimDevice(index=i, stage=i, ranks=1, capacity_bytes=capacity_bytes, static_bytes=static_bytes,
+                         static_breakdown={"weights": static_bytes}) for i in range(num_devices)]
+    return ExecGraph(devices=devices, tasks=[])
+
+
+def _compute(graph: ExecGraph, name: str, duration_s: float, *deps: int, device: int = 0, **fields: object) -> int:
+    return graph.add(name=name, device=device, stream="compute", kind="compute", duration_s=duration_s,
+                     deps=deps, **fields).tid
+
+
+# ---- determinism and invariants -------------------------------------------------------------------------------
+def test_same_input_gives_identical_outcome() -> None:
+    first = simulate(synthetic_pipeline(stages=4, micro_batches=8, layers_per_stage=3, seed=7), ALL_ON)
+    again = simulate(synthetic_pipeline(stages=4, micro_batches=8, layers_per_stage=3, seed=7), ALL_ON)
+    assert first == again
+    assert first.start_s == again.start_s and first.critical_path == again.critical_path
+
+
+@pytest.mark.parametrize("options", [SimOptions(), ALL_ON], ids=["plain", "all-on"])
+def test_schedule_invariants_on_a_synthetic_pipeline(options: SimOptions) -> None:
+    graph = synthetic_pipeline(stages=4, micro_batches=8, layers_per_stage=3, seed=3)
+    out = simulate(graph, options)
+    by_stream: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    for task in graph.tasks:
+        start, end = out.start_s[task.tid], out.end_s[task.tid]
+        assert 0.0 <= out.ready_s[task.tid] <= out.dispatch_s[task.tid] <= start <= end
+        assert all(out.end_s[dep] <= start for dep in task.deps)
+        assert end - start >= task.duration_s * (1 - 1e-12)  # runtime behaviours only slow tasks down
+        by_stream.setdefault((task.device, task.stream), []).append((out.dispatch_s[task.tid], end))
+    for spans in by_stream.values():
+        spans.sort()
+        assert all(a_end <= b_start for (_, a_end), (b_start, _) in pairwise(spans))
+    ranks = [t.tid for t in graph.tasks if t.sync_key]
+    assert len({out.start_s[t] for t in ranks}) == 1 and len({out.end_s[t] for t in ranks}) == 1
+    assert out.makespan_s == max(out.end_s)
+    for memory in out.memory:  # every activation is freed by its backward
+        assert memory.timeline_bytes[-1] == pytest.approx(memory.static_bytes)
+
+
+def test_dynamic_path_with_idle_links_matches_the_plain_schedule() -> None:
+    # Differential: bandwidth sharing on links too wide to ever slow anything runs the re-timing machinery
+    # and must reproduce the plain schedule exactly.
+    graph = synthetic_pipeline(stages=4, micro_batches=8, layers_per_stage=3, seed=5)
+    plain = simulate(graph, SimOptions())
+    names = {r for task in graph.tasks for r in task.resources}
+    graph.resource_capacity = dict.fromkeys(names, 1e9)
+    wide = simulate(graph, SimOptions(bandwidth_sharing=True))
+    assert wide.start_s == plain.start_s and wide.end_s == plain.end_s
+
+
+def test_one_f_one_b_order() -> None:
+    assert one_f_one_b_order(2, 0, 4) == [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("F", 3), ("B", 2),
+                                          ("B", 3)]
+    assert one_f_one_b_order(4, 0, 2) == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
+
+
+# ---- stream choice -------------------------------------------------------------------------------------------
+def test_ready_tasks_run_by_ready_time_then_priority_then_tid() -> None:
+    graph = _graph()
+    gate = _compute(graph, "gate", 1.0)
+    late = graph.add(name="late", device=0, stream="feature", kind="comm", duration_s=1.0, deps=(gate,), priority=-5)
+    low = graph.add(name="low", device=0, stream="feature", kind="comm", duration_s=1.0, priority=2)
+    high_b = graph.add(name="high_b", device=0, stream="feature", kind="comm", duration_s=1.0, priority=1)
+    high_a = graph.add(name="high_a", device=0, stream="feature", kind="comm", duration_s=1.0, priority=1)
+    out = simulate(graph, SimOptions())
+    # ready at 0: high_b, high_a (priority 1, by tid), then low (priority 2); `late` is ready at 1 only.
+    assert [out.start_s[t.tid] for t in (high_b, high_a, low, late)] == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_zero_duration_tasks_chain_within_one_instant() -> None:
+    graph = _graph()
+    a = _compute(graph, "a", 0.0)
+    b = _compute(graph, "b", 0.0, a)
+    c = _compute(graph, "c", 1.0, b)
+    out = simulate(graph, SimOptions())
+    assert (out.start_s, out.end_s) == ([0.0, 0.0, 0.0], [0.0, 0.0, 1.0])
+    assert out.critical_path == [a, b, c]
+
+
+def test_empty_graph() -> None:
+    out = simulate(_graph(), SimOptions())
+    assert out.makespan_s == 0.0 and out.critical_path == [] and not out.oom
+
+
+# ---- memory ---------------------------------------------------------------------------------------------------
+def _memory_graph(capacity_bytes: float) -> ExecGraph:
+    graph = _graph(static_bytes=100.0, capacity_bytes=capacity_bytes)
+    fwd = _compute(graph, "fwd", 1.0, alloc_bytes=50.0)
+    bwd = _compute(graph, "bwd", 1.0, fwd, alloc_bytes=30.0, free_bytes=80.0)
+    _compute(graph, "opt", 1.0, bwd, alloc_bytes=10.0, free_bytes=10.0)
+    return graph
+
+
+def test_memory_peak_timeline_and_breakdown() -> None:
+    memory = simulate(_memory_graph(1000.0), SimOptions()).memory[0]
+    # One point per instant: at 0 fwd allocates 50; at 1 bwd adds 30; at 2 bwd frees 80 and opt takes 10
+    # (ends are processed before starts at an instant); at 3 opt frees its 10.
+    assert memory.timeline() == [(0.0, 150.0), (1.0, 180.0), (2.0, 110.0), (3.0, 100.0)]
+    assert (memory.peak_bytes, memory.peak_time_s) == (180.0, 1.0)
+    assert memory.breakdown_at_peak == {"weights": 100.0, "activations": 80.0}
+    assert not memory.oom
+
+
+def test_oom_is_a_verdict_not_a_crash() -> None:
+    out = simulate(_memory_graph(150.0), SimOptions())
+    assert out.oom and out.memory[0].oom and out.peak_memory_bytes == 180.0
+    assert out.makespan_s == 3.0  # the iteration still runs to the end
+
+
+def test_memory_timeline_can_be_skipped() -> None:
+    memory = simulate(_memory_graph(1000.0), SimOptions(memory_timeline=False)).memory[0]
+    assert memory.timeline() == [] and memory.peak_bytes == 180.0
+
+
+# ---- exposed time ---------------------------------------------------------------------------------------------
+def test_exposed_time_per_category_and_device() -> None:
+    graph = _graph(num_devices=2)
+    c0 = _compute(graph, "c0", 2.0, device=0, category="compute")
+    graph.add(name="ar0", device=0, stream="gradient", kind="comm", duration_s=3.0, category="dp_comm")  # 2 hidden
+    graph.add(name="p2p", device=1, stream="feature", kind="comm", duration_s=1.0, deps=(c0,), category="pp_comm")
+    graph.add(name="ar1", device=1, stream="gradient", kind="comm", duration_s=1.5, category="dp_comm")
+    out = simulate(graph, SimOptions())
+    assert out.exposed_by_device_s == [{"compute": 0.0, "dp_comm": 1.0, "pp_comm": 0.0},
+                                       {"compute": 0.0, "dp_comm": 1.5, "pp_comm": 1.0}]
+    assert out.exposed_s == {"compute": 0.0, "dp_comm": 1.5, "pp_comm": 1.0}
+
+
+# ---- critical path --------------------------------------------------------------------------------------------
+def test_critical_path_follows_dependencies() -> None:
+    graph = _graph(num_devices=2)
+    a = _compute(graph, "a", 1.0)
+    b = graph.add(name="b", device=0, stream="feature", kind="comm", duration_s=2.0, deps=(a,)).tid
+    _compute(graph, "side", 0.5, device=1)
+    c = _compute(graph, "c", 1.0, b, a, device=1)
+    assert simulate(graph, SimOptions()).critical_path == [a, b, c]
+
+
+def test_critical_path_follows_the_stream_predecessor() -> None:
+    graph = _graph()
+    x = _compute(graph, "x", 1.0, priority=0)
+    y = _compute(graph, "y", 1.0, priority=1)
+    assert simulate(graph, SimOptions()).critical_path == [x, y]
+
+
+# ---- failures -------------------------------------------------------------------------------------------------
+def test_dependency_cycle_raises_with_the_stuck_tasks() -> None:
+    graph = _graph()
+    _compute(graph, "start", 1.0)
+    graph.add(name="ping", device=0, stream="compute", kind="compute", duration_s=1.0, deps=(2,))
+    graph.add(name="pong", device=0, stream="compute", kind="compute", duration_s=1.0, deps=(1,))
+    with pytest.raises(TrainsimError, match=r"2 of 3 tasks cannot run.*ping \(waits for pong\)"):
+        simulate(graph, SimOptions())
+
+
+def test_collectives_in_different_orders_deadlock() -> None:
+    graph = _graph(num_devices=2)
+    for device, order in ((0, ("x", "y")), (1, ("y", "x"))):
+        for priority, key in enumerate(order):
+            graph.add(name=f"{key}{device}", device=device, stream="gradient", kind="comm", duration_s=1.0,
+                      sync_key=key, priority=priority)
+    with pytest.raises(DeadlockError) as caught:
+        simulate(graph, SimOptions())
+    assert "x0 (collective 'x': 1 of 2 ranks arrived)" in caught.value.stuck
+    assert "x1 (ready; its stream is held by y1)" in caught.value.stuck
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("deps", (9,), "must name another task"),
+    ("stream", "tensor", "choose one of"),
+    ("duration_s", -1.0, "finite and >= 0"),
+    ("device", 3, "must be a simulated device"),
+])
+def test_bad_tasks_are_rejected(field: str, value: object, message: str) -> None:
+    graph = _graph()
+    fields: dict[str, object] = {"name": "t", "device": 0, "stream": "compute", "kind": "compute", "duration_s": 1.0}
+    graph.add(**{**fields, field: value})
+    with pytest.raises(ConfigError, match=message):
+        simulate(graph, SimOptions())
+
+
+def test_bad_resource_capacity_and_collective_on_one_stream_are_rejected() -> None:
+    graph = _graph()
+    graph.add(name="t", device=0, stream="feature", kind="comm", duration_s=1.0, resources=("nic",))
+    graph.resource_capacity = {"nic": 0.0}
+    with pytest.raises(ConfigError, match="resource_capacity"):
+        simulate(graph, SimOptions())
+    graph = _graph()
+    for rank in range(2):
+        graph.add(name=f"ar{rank}", device=0, stream="gradient", kind="comm", duration_s=1.0, sync_key="ar")
+    with pytest.raises(ConfigError, match="cannot share a device's stream"):
+        simulate(graph, SimOptions())
+
+
+def test_options_are_checked() -> None:
+    with pytest.raises(ConfigError, match="overlap_slowdown"):
+        SimOptions(overlap_slowdown=-0.1)
+    with pytest.raises(ConfigError, match="launch_overhead_s"):
+        SimOptions(launch_overhead_s=float("nan"))
+
+
+def test_outcome_prints_briefly() -> None:
+    out = simulate(_memory_graph(1000.0), SimOptions())
+    assert isinstance(out, SimOutcome)
+    assert repr(out) == ("SimOutcome(tasks=3, makespan_s=3, events=7, peak_memory_bytes=180, oom=False, "
+                         "critical_path=3 tasks)")

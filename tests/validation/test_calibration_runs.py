@@ -15,6 +15,7 @@ from trainsim.validate.fit import find_calibration_dir, fit_micro
 from trainsim.validate.predict_runs import predict_rows, summarize
 from trainsim.validate.runs import read_runs
 
+
 def _calibration_dir() -> Path:
     try:
         return find_calibration_dir(Path(__file__).parent)

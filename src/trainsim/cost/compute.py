@@ -1,5 +1,7 @@
 """Roofline op costs: time = max(FLOPs / achieved FLOP/s, bytes / achieved HBM bandwidth) + launch overhead."""
 
+from typing import Protocol
+
 from trainsim.cost.calibration import Calibration
 from trainsim.hardware.device import DeviceSpec
 from trainsim.ir.graph import Op
@@ -35,3 +37,24 @@ def op_time_s(op: Op, device: DeviceSpec, cal: Calibration) -> float:
 
 def ops_time_s(ops: tuple[Op, ...], device: DeviceSpec, cal: Calibration) -> float:
     return sum(op_time_s(op, device, cal) for op in ops)
+
+
+class OpCostModel(Protocol):
+    """Seconds of one op on one device. The roofline below is the default; a profile database, a learned
+    model or a chain of them can stand in (cost/profiled.py)."""
+
+    name: str
+
+    def op_time_s(self, op: Op, device: DeviceSpec) -> float: ...
+
+
+class RooflineCosts:
+    """The calibrated roofline as an OpCostModel."""
+
+    name = "roofline"
+
+    def __init__(self, cal: Calibration) -> None:
+        self.cal = cal
+
+    def op_time_s(self, op: Op, device: DeviceSpec) -> float:
+        return op_time_s(op, device, self.cal)

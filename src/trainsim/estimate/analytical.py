@@ -11,14 +11,14 @@ from dataclasses import dataclass
 
 from trainsim.comm.collectives import collective_time_s
 from trainsim.cost.calibration import Calibration, load_calibration
-from trainsim.cost.compute import ops_time_s
+from trainsim.cost.compute import OpCostModel, RooflineCosts
 from trainsim.estimate.memory import MemoryEstimate, estimate_memory
 from trainsim.estimate.result import Result
 from trainsim.estimate.stages import StagePart, partition_stages
 from trainsim.frontends.catalog import build_graph
 from trainsim.frontends.shape import DeviceSlice
 from trainsim.hardware.cluster import ClusterSpec, GroupLayout
-from trainsim.ir.graph import Layer, OpGraph
+from trainsim.ir.graph import Layer, Op, OpGraph
 from trainsim.job import Job
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import policy_for
@@ -68,9 +68,11 @@ class AnalyticalEstimator:
     name = "analytical"
 
     def __init__(self, calibration: Calibration | None = None,
-                 graphs: dict[tuple[object, ...], OpGraph] | None = None) -> None:
-        """graphs: a graph cache to share between estimators that differ only in calibration."""
+                 graphs: dict[tuple[object, ...], OpGraph] | None = None, op_costs: OpCostModel | None = None) -> None:
+        """graphs: a graph cache to share between estimators that differ only in calibration.
+        op_costs: where op times come from (default: the calibrated roofline)."""
         self.cal = calibration or load_calibration()
+        self.op_costs: OpCostModel = op_costs or RooflineCosts(self.cal)
         self._graphs: dict[tuple[object, ...], OpGraph] = {} if graphs is None else graphs
         self._layer_costs: dict[tuple[object, ...], LayerCost] = {}
 
@@ -105,9 +107,11 @@ class AnalyticalEstimator:
             comm[c.axis] = comm.get(c.axis, 0.0) + seconds
             if c.phase == "fwd":
                 comm_fwd += seconds
-        selective = ops_time_s(tuple(op for op in layer.fwd if op.recompute_selective), device, self.cal)
-        return LayerCost(ops_time_s(layer.fwd, device, self.cal), ops_time_s(layer.bwd, device, self.cal),
-                         selective, comm, comm_fwd)
+        def seconds(ops: tuple[Op, ...]) -> float:
+            return sum(self.op_costs.op_time_s(op, device) for op in ops)
+
+        selective = seconds(tuple(op for op in layer.fwd if op.recompute_selective))
+        return LayerCost(seconds(layer.fwd), seconds(layer.bwd), selective, comm, comm_fwd)
 
     def stage_cost(self, stage: list[StagePart], job: Job) -> StageCost:
         par = job.parallel

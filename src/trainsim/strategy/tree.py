@@ -9,6 +9,10 @@ split (partition), map (device mesh: pipeline stage, model chunk, axis sizes), s
 Propagation (Proteus Sec. VII): a node takes its parent's settings unless it sets its own; then, along the
 layer chain's data dependencies, a layer with no mesh takes the previous layer's (layers before the first
 mapped one take the first mapped one's). Setting one node twice to different values is a ConfigError.
+
+lower() turns the tree into the ExecutionPlan of compile.plan (stage, chunk and recompute per layer, one
+schedule). Splits are carried for the execution-graph compiler, not applied here: an OpGraph's ops are already
+per device, split by the DeviceSlice the graph was built with.
 """
 
 import fnmatch
@@ -221,7 +225,8 @@ class StrategyTree:
         spec = mesh if isinstance(mesh, Mesh) else Mesh.parse(dict(mesh), where)
         values: dict[str, Value] = {key: value for key in MESH_KEYS if (value := getattr(spec, key)) is not None}
         if not values:
-            raise ConfigError(where, dict(mesh), "give at least one of: " + ", ".join(MESH_KEYS))
+            given = spec.model_dump(exclude_none=True)
+            raise ConfigError(where, given, "give at least one of: " + ", ".join(MESH_KEYS))
         paths = self.match(path, where=f"{where}.path")
         if "stage" in values or "chunk" in values:
             self._reject_inside_layers(paths, where, "stage and chunk place whole layers")
@@ -251,8 +256,9 @@ class StrategyTree:
 
     def lower(self, par: ParallelSpec) -> ExecutionPlan:
         """The ExecutionPlan the compiler consumes. What the tree leaves unspecified comes from par (schedule
-        kind, micro-batches, recompute); stage and chunk default to 0. Splits are not part of the plan: the
-        graph's ops are already per device (see the module doc)."""
+        kind, micro-batches, recompute); stage and chunk default to 0. Splits are not part of the plan (see the
+        module doc). Raises ConfigError where the plan cannot hold the tree: two schedules, recompute that differs
+        inside a layer, a mesh shape other than the job's, stages past pp or against model order."""
         self._check_mesh_shape(par)
         self._check_recompute_inside_layers()
         kind, micro_batches, max_in_flight = self._one_schedule(par)
@@ -266,11 +272,11 @@ class StrategyTree:
             row = self._resolved[path]
             stage, chunk = _int(row, "stage"), _int(row, "chunk")
             if stage >= par.pp:
-                raise ConfigError("map.stage", stage, f"{path} is past the last stage: pp={par.pp} allows "
-                                  f"0-{par.pp - 1}")
+                raise ConfigError("map.stage", stage, f"{_whose(path, row, 'stage')} is past the last stage: "
+                                  f"pp={par.pp} allows 0-{par.pp - 1}")
             if chunk >= par.vpp:
-                raise ConfigError("map.chunk", chunk, f"{path} is past the last chunk: vpp={par.vpp} allows "
-                                  f"0-{par.vpp - 1}")
+                raise ConfigError("map.chunk", chunk, f"{_whose(path, row, 'chunk')} is past the last chunk: "
+                                  f"vpp={par.vpp} allows 0-{par.vpp - 1}")
             position = chunk * par.pp + stage  # the virtual stage activations flow through, in model order
             if position < last[0]:
                 raise ConfigError("map.stage", stage, f"{path} (chunk {chunk}) comes after {last[1]} in the model "
@@ -303,9 +309,12 @@ class StrategyTree:
         if node.fwd or node.bwd:
             text += f" ({len(node.fwd)} fwd + {len(node.bwd)} bwd ops)"
         show_all = verbose or node.kind in ("model", "layer")
-        shown = [f"{key}={value.value}{_MARK[value.how]}" for key, value in sorted(
-            self._resolved[node.path].items(), key=lambda item: _key_order(item[0]))
-            if (show_all or value.how == "set") and not (key == "chunk" and value.value == 0 and value.how != "set")]
+        shown = []
+        for key in sorted(self._resolved[node.path], key=_key_order):
+            value = self._resolved[node.path][key]
+            quiet_chunk = key == "chunk" and value.value == 0 and value.how != "set"
+            if (show_all or value.how == "set") and not quiet_chunk:
+                shown.append(f"{key}={value.value}{_MARK[value.how]}")
         return text + ("  " + " ".join(shown) if shown else "")
 
     def _assign(self, paths: tuple[str, ...], values: Mapping[str, Value], where: str,
@@ -581,6 +590,11 @@ def _model_parallel_splits(nodes: Mapping[str, TreeNode], path: str, layer: Laye
 def _require_dp(par: ParallelSpec, doing: str) -> None:
     if par.dp == 0:
         raise ConfigError("dp", 0, f"resolve dp=0 (infer from the GPU count) before {doing}")
+
+
+def _whose(path: str, row: Mapping[str, Sourced], key: str) -> str:
+    origin = row[key].origin
+    return path if origin == path else f"{path} (its {key} comes from {origin or '<model>'})"
 
 
 def _int(row: Mapping[str, Sourced], key: str) -> int:

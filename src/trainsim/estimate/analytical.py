@@ -35,6 +35,7 @@ class LayerCost:
     selective_s: float  # the part of forward that selective recompute repeats
     comm_s: dict[str, float]  # axis -> feature-communication seconds (forward + backward)
     comm_fwd_s: float  # forward feature communication (repeated by full recompute)
+    wgrad_s: float = 0.0  # the weight-gradient GEMMs of backward (what zero-bubble schedules defer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,7 @@ class StageCost:
     comm_s: dict[str, float]
     fsdp_exposed_s: float
     overhead_s: float = 0.0
+    wgrad_s: float = 0.0
 
     @property
     def total_s(self) -> float:
@@ -111,15 +113,17 @@ class AnalyticalEstimator:
             return sum(self.op_costs.op_time_s(op, device) for op in ops)
 
         selective = seconds(tuple(op for op in layer.fwd if op.recompute_selective))
-        return LayerCost(seconds(layer.fwd), seconds(layer.bwd), selective, comm, comm_fwd)
+        wgrad = seconds(tuple(op for op in layer.bwd if op.name.endswith(".wgrad")))
+        return LayerCost(seconds(layer.fwd), seconds(layer.bwd), selective, comm, comm_fwd, wgrad)
 
     def stage_cost(self, stage: list[StagePart], job: Job) -> StageCost:
         par = job.parallel
-        compute = recompute = fsdp = 0.0
+        compute = recompute = fsdp = wgrad = 0.0
         comm: dict[str, float] = {}
         for part in stage:
             cost = self.layer_cost(part.layer, job)
             compute += part.count * (cost.fwd_s + cost.bwd_s)
+            wgrad += part.count * cost.wgrad_s
             if par.recompute == "full" and part.layer.kind not in ("embedding", "head"):
                 recompute += part.count * (cost.fwd_s + cost.comm_fwd_s)
             elif par.recompute == "selective":
@@ -130,7 +134,7 @@ class AnalyticalEstimator:
                 fsdp += part.count * self._fsdp_exposed_s(part.layer, cost, job)
         if par.pp > 1:
             comm["pp"] = self._pipeline_send_s(stage, job)
-        return StageCost(compute, recompute, comm, fsdp, self.cal.runtime.micro_batch_overhead_s)
+        return StageCost(compute, recompute, comm, fsdp, self.cal.runtime.micro_batch_overhead_s, wgrad)
 
     def _pipeline_send_s(self, stage: list[StagePart], job: Job) -> float:
         """Each micro-batch sends its activation forward and its gradient backward once per model chunk."""
@@ -161,6 +165,10 @@ class AnalyticalEstimator:
         slow = costs[bottleneck]
         m = par.num_micro_batches
         bubble = (sum(c.total_s for c in costs) - slow.total_s) / par.vpp
+        if par.schedule == "zb-h1":
+            # Qi et al. 2023 (zero bubble), ZB-H1: deferring the weight-gradient GEMMs W into the bubble turns
+            # 1F1B's (p-1)(F+B+W) into (p-1)(F+B-W) at 1F1B's memory.
+            bubble *= max(0.0, 1.0 - 2.0 * slow.wgrad_s / slow.total_s)
         grad_exposed = self._gradient_sync_exposed_s(stages[bottleneck], slow, job)
         optimizer = self._optimizer_step_s(stages, job)
         breakdown = {

@@ -8,9 +8,9 @@ from trainsim.specbase import Spec
 from trainsim.strategy.precision import Precision
 
 Recompute = Literal["none", "selective", "full"]
-Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
+Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"]
 RECOMPUTES: tuple[Recompute, ...] = ("none", "selective", "full")
-SCHEDULES: tuple[Schedule, ...] = ("gpipe", "1f1b", "interleaved-1f1b")
+SCHEDULES: tuple[Schedule, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
 
 
 class ParallelSpec(Spec):

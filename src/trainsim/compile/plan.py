@@ -31,7 +31,20 @@ class ExecutionPlan:
 
 
 def expand_layers(graph: OpGraph) -> list[Layer]:
-    return [layer for layer in graph.layers for _ in range(layer.count)]
+    """Repeats in model order. Dense and mixture-of-experts blocks (stored as two layers) are interleaved
+    evenly, as `moe_every` places them: block i is an MoE block when floor((i+1)k/n) > floor(ik/n)."""
+    out: list[Layer] = []
+    dense = [layer for layer in graph.layers if layer.kind == "block"]
+    moe = [layer for layer in graph.layers if layer.kind == "moe_block"]
+    for layer in graph.layers:
+        if layer.kind == "moe_block" and dense:
+            continue
+        if layer.kind == "block" and moe:
+            total, experts = layer.count + moe[0].count, moe[0].count
+            out += [moe[0] if (i + 1) * experts // total > i * experts // total else layer for i in range(total)]
+            continue
+        out += [layer] * layer.count
+    return out
 
 
 def default_plan(graph: OpGraph, par: ParallelSpec) -> ExecutionPlan:

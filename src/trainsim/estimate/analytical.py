@@ -104,11 +104,12 @@ class AnalyticalEstimator:
         for c in layer.comms:
             if c.axis == "pp":
                 continue
-            seconds = collective_time_s(c.collective, c.buffer_bytes, axis_layout(c.axis, job.parallel, job.cluster),
-                                        job.cluster, self.cal)
-            comm[c.axis] = comm.get(c.axis, 0.0) + seconds
+            comm_s = collective_time_s(c.collective, c.buffer_bytes, axis_layout(c.axis, job.parallel, job.cluster),
+                                       job.cluster, self.cal)
+            comm[c.axis] = comm.get(c.axis, 0.0) + comm_s
             if c.phase == "fwd":
-                comm_fwd += seconds
+                comm_fwd += comm_s
+
         def seconds(ops: tuple[Op, ...]) -> float:
             return sum(self.op_costs.op_time_s(op, device) for op in ops)
 

@@ -23,4 +23,18 @@ def _analytical() -> Estimator:
     return AnalyticalEstimator()
 
 
+def _sim() -> Estimator:
+    from trainsim.estimate.simulation import SimEstimator
+
+    return SimEstimator()
+
+
+def _precision_aware() -> Estimator:
+    from trainsim.estimate.precision_aware import PrecisionAwareEstimator
+
+    return PrecisionAwareEstimator()
+
+
 ENGINES.add("analytical", _analytical)
+ENGINES.add("precision-aware", _precision_aware)
+ENGINES.add("sim", _sim)

@@ -1,0 +1,190 @@
+"""compile_job: Job + ExecutionPlan -> ExecGraph, the input of the event simulator (Proteus sec. V).
+
+One simulated device per pipeline stage stands for its dp x tp x cp ranks; collectives are priced over the
+real group layouts (analytical.axis_layout), so the graph's size does not grow with dp or tp. Per stage, in
+the schedule's order (schedules.py), each step (F, B or W of one micro-batch on one model chunk) becomes its
+layers' layer-phases: compute on the compute stream and the feature collectives that block it on the feature
+stream, in one dependency chain per stage (the critical path the analytical engine adds up). The passes:
+
+- schedule_pipeline: step order per stage, send/recv between virtual stages (pp_comm);
+- lower_layers: layer-phases (one task per layer, or per op at task_level="op") with their memory;
+- apply_recompute: recompute before the backward (full or selective);
+- insert_collectives: TP/CP/EP feature collectives per layer-phase; DP gradient buckets (dp_comm);
+- apply_zero: resident model states per stage; ZeRO-3 gathers and reduce-scatters with prefetch windows;
+- here: per micro-batch host and pipeline overheads, the data-parallel overlap window, and the step's end:
+  a barrier over all stages (the gradient-norm all-reduce), the optimizer step (analytical
+  _optimizer_step_s of the stage's parameters) and the iteration overhead.
+
+Overlap windows reproduce the analytical engine's fractions: gradient buckets may not start before the last
+dp_overlap fraction of the final micro-batch's backward (its max(total - dp_overlap x window, last bucket)),
+and ZeRO-3 prefetch overlaps the last fsdp_overlap fraction of each layer-phase (apply_zero).
+"""
+
+from dataclasses import dataclass
+
+from trainsim.compile.apply_zero import FsdpChain, FsdpNeed, fsdp_enabled, stage_model_state
+from trainsim.compile.context import TASK_LEVELS, BuildContext, StageWriter, TaskLevel
+from trainsim.compile.exec_graph import ExecGraph, SimDevice
+from trainsim.compile.insert_collectives import insert_gradient_sync
+from trainsim.compile.lower_layers import Cut, Unit, UnitMemory, emit_unit, main_work, step_units
+from trainsim.compile.plan import ExecutionPlan, LayerAssignment
+from trainsim.compile.schedule_pipeline import StepRecord, chunk_layers, insert_transfers, stage_programs
+from trainsim.compile.schedules import Step, splits_backward
+from trainsim.errors import ConfigError
+from trainsim.estimate.analytical import AnalyticalEstimator
+from trainsim.estimate.stages import StagePart
+from trainsim.job import Job
+
+_EPS = 1e-9  # overlap fractions this close to 0 or 1 are taken as 0 or 1 (no split compute task)
+_NEVER = float("inf")  # a cut after the whole layer-phase
+
+
+@dataclass(slots=True)
+class _StageTail:
+    last_tid: int
+    grad_tids: list[int]
+
+
+def compile_job(job: Job, plan: ExecutionPlan, estimator: AnalyticalEstimator,
+                task_level: TaskLevel = "layer") -> ExecGraph:
+    """The iteration of `job` placed by `plan` as per-device tasks, priced by `estimator`'s cost models."""
+    if task_level not in TASK_LEVELS:
+        raise ConfigError("task_level", task_level, f"choose one of: {', '.join(TASK_LEVELS)}")
+    if plan.num_stages != job.parallel.pp:
+        raise ConfigError("plan.num_stages", plan.num_stages, f"must equal pp={job.parallel.pp} of the job")
+    graph = ExecGraph(devices=[], tasks=[])
+    ctx = BuildContext(job, plan, estimator, task_level, graph)
+    ranks = job.parallel.dp * job.parallel.tp * job.parallel.cp
+    for stage in range(plan.num_stages):
+        states = stage_model_state(ctx, stage)
+        graph.devices.append(SimDevice(index=stage, stage=stage, ranks=ranks,
+                                       capacity_bytes=job.cluster.device.hbm_bytes,
+                                       static_bytes=sum(states.values()), static_breakdown=states))
+    programs = stage_programs(plan)
+    layers = chunk_layers(plan)
+    records: dict[tuple[int, Step], StepRecord] = {}
+    tails = [_emit_stage(ctx, stage, programs[stage], layers, records) for stage in range(plan.num_stages)]
+    insert_transfers(ctx, programs, records)
+    _emit_step_end(ctx, tails)
+    return graph
+
+
+def _emit_stage(ctx: BuildContext, stage: int, program: list[Step],
+                layers: dict[tuple[int, int], list[LayerAssignment]],
+                records: dict[tuple[int, Step], StepRecord]) -> _StageTail:
+    w = StageWriter(ctx, stage)
+    split = splits_backward(str(ctx.plan.schedule))
+    steps = [(step, step_units(step, layers[(stage, step.chunk)])) for step in program]
+    flat = [unit for _, units in steps for unit in units]
+    fsdp = FsdpChain(ctx, w, [_fsdp_need(u, split) for u in flat]) if fsdp_enabled(ctx) else None
+    if fsdp is not None:
+        fsdp.start()
+    dp_window = _dp_window(ctx, flat, split, sum(len(v) for (s, _), v in layers.items() if s == stage))
+    window_tid: list[int] = []
+    grads: dict[int, tuple[int, float, str]] = {}  # layer index -> (tid that finishes its gradient, ...)
+    k = 0
+    for step, units in steps:
+        w.step_first = -1
+        if step.phase == "F":
+            _per_micro_batch_overheads(w, step)
+        if not units:  # a model chunk without layers passes its input through
+            w.chain(name=f"{step} pass-through", stream="compute", kind="compute", duration_s=0.0,
+                    phase="fwd" if step.phase == "F" else "bwd", category="compute", micro_batch=step.micro_batch)
+        for unit in units:
+            extra = UnitMemory()
+            if fsdp is not None:
+                fsdp.before(k)
+                extra = UnitMemory(fsdp.gathered_bytes(k) if unit.phase != "W" else 0.0, fsdp.grad_bytes(k),
+                                   [_fsdp_cut(w, unit, split, fsdp, k)])
+            if dp_window is not None and dp_window[0] == k:
+                extra.cuts.append((dp_window[1], lambda: window_tid.append(w.prev)))
+            last = emit_unit(w, unit, split, extra)
+            if fsdp is not None:
+                fsdp.main_end[k] = last
+            if unit.makes_gradient(split):
+                a = unit.assignment
+                grads.pop(a.index, None)  # re-insert: the dict keeps the order in which gradients become final
+                grads[a.index] = (last, a.layer.param_count, unit.label)
+            k += 1
+        records[(stage, step)] = StepRecord(w.step_first, w.prev)
+    grad_tids = insert_gradient_sync(ctx, stage, list(grads.values()), window_tid[0] if window_tid else -1)
+    if fsdp is not None:
+        grad_tids += fsdp.finish()
+    return _StageTail(w.prev, grad_tids)
+
+
+def _per_micro_batch_overheads(w: StageWriter, step: Step) -> None:
+    """NB: after the receive (the step's first task waits for it): a blocking p2p receive keeps the host from
+    launching ahead, so the per-micro-batch host cost is paid on every stage; spread over the model chunks,
+    as the analytical engine spreads it over the stage time."""
+    ctx = w.ctx
+    runtime = ctx.cal.runtime
+    items = [(runtime.micro_batch_overhead_s, "overhead", "micro-batch overhead")]
+    if ctx.plan.num_stages > 1:
+        items.append((runtime.pipeline_overhead_per_micro_batch_s, "pp_comm", "pipeline overhead"))
+    for seconds, category, what in items:
+        if seconds > 0.0:
+            w.chain(name=f"{what} mb{step.micro_batch}", stream="compute", kind="compute",
+                    duration_s=seconds / ctx.plan.num_chunks, phase="fwd", category=category,
+                    micro_batch=step.micro_batch)
+
+
+def _fsdp_need(unit: Unit, split: bool) -> FsdpNeed:
+    params = unit.assignment.layer.param_count
+    gather = params if unit.phase in ("F", "B") else 0.0
+    scatter = params if unit.makes_gradient(split) else 0.0
+    return FsdpNeed(unit.label, unit.micro_batch, gather, scatter)
+
+
+def _fsdp_cut(w: StageWriter, unit: Unit, split: bool, fsdp: FsdpChain, k: int) -> Cut:
+    """The prefetch window of layer-phase k opens with fsdp_overlap of its main compute left."""
+    overlap = w.ctx.cal.runtime.fsdp_overlap
+    if overlap >= 1.0 - _EPS:
+        head = 0.0
+    elif overlap <= _EPS:
+        head = _NEVER
+    else:
+        total = sum(work.seconds for work in main_work(unit, w.ctx.timing(unit.assignment.layer), split))
+        head = (1.0 - overlap) * total
+    return head, lambda: fsdp.issue(k)
+
+
+def _dp_window(ctx: BuildContext, flat: list[Unit], split: bool, num_layers: int) -> tuple[int, float] | None:
+    """Where the data-parallel overlap window opens: (layer-phase, seconds into its main compute) such that
+    dp_overlap of the final backward pass (the last num_layers gradient-producing layer-phases) remains."""
+    par = ctx.par
+    if par.zero >= 3 or ctx.layout("grad").size <= 1:
+        return None
+    stretch = [k for k, unit in enumerate(flat) if unit.makes_gradient(split)][-num_layers:]
+    if not stretch:
+        return None
+    seconds = {k: sum(work.seconds for work in main_work(flat[k], ctx.timing(flat[k].assignment.layer), split))
+               for k in stretch}
+    overlap = ctx.cal.runtime.dp_overlap
+    if overlap <= _EPS:
+        return stretch[-1], _NEVER
+    remaining = overlap * sum(seconds.values())
+    for k in reversed(stretch):
+        if seconds[k] >= remaining:
+            return k, seconds[k] - remaining
+        remaining -= seconds[k]
+    return stretch[0], 0.0
+
+
+def _emit_step_end(ctx: BuildContext, tails: list[_StageTail]) -> None:
+    """Barrier over the stages (gradient-norm all-reduce), then each stage's optimizer step and the iteration's
+    fixed overhead."""
+    job, plan = ctx.job, ctx.plan
+    multi = len(tails) > 1
+    for stage, tail in enumerate(tails):
+        deps = (tail.last_tid, *tail.grad_tids) if tail.last_tid >= 0 else tuple(tail.grad_tids)
+        barrier = ctx.add(name="optimizer barrier", device=stage, stream="gradient", kind="comm", duration_s=0.0,
+                          deps=deps, sync_key="optimizer-barrier" if multi else "", phase="comm")
+        parts = [StagePart(a.layer, 1.0) for a in plan.layers if a.stage == stage]
+        seconds = ctx.est._optimizer_step_s([parts], job) if parts else 0.0  # the shared formula
+        optimizer = ctx.add(name="optimizer step", device=stage, stream="compute", kind="compute", duration_s=seconds,
+                            deps=(barrier.tid,), phase="optimizer", category="optimizer")
+        overhead = ctx.cal.runtime.iteration_overhead_s
+        if overhead > 0.0:
+            ctx.add(name="iteration overhead", device=stage, stream="compute", kind="compute", duration_s=overhead,
+                    deps=(optimizer.tid,), phase="optimizer", category="overhead")

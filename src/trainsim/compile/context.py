@@ -1,0 +1,217 @@
+"""What the compile passes share: the job, its plan and costs, the graph being built, and per-stage writers.
+
+Costs come from the analytical engine (layer_cost, collective_time_s over axis_layout), so the two fidelity
+levels price the same work identically and differ only in how they compose it.
+"""
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from trainsim.comm.collectives import collective_time_s
+from trainsim.compile.exec_graph import ExecGraph, Phase, Stream, Task, TaskKind
+from trainsim.compile.plan import ExecutionPlan
+from trainsim.cost.calibration import Calibration
+from trainsim.estimate.analytical import AnalyticalEstimator, axis_layout
+from trainsim.hardware.cluster import GroupLayout
+from trainsim.ir.graph import Layer, Op
+from trainsim.job import Job
+from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.precision import PrecisionPolicy, policy_for
+
+TaskLevel = Literal["layer", "op"]
+TASK_LEVELS: tuple[TaskLevel, ...] = ("layer", "op")
+WGRAD_SUFFIX = ".wgrad"  # weight-gradient GEMMs in the OpGraph (cost.flops.matmul_backward, conv_backward)
+# NB: op times come from the estimator's op cost model (est.op_costs), the one its layer costs use.
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """A piece of compute: one op, or a whole layer-phase at task_level="layer". site: the module the op
+    belongs to ("attn", "mlp", ...), where a feature collective of that site is placed at op level."""
+
+    name: str
+    seconds: float
+    site: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CommWork:
+    """A feature collective of one layer-phase (merged per axis at task_level="layer")."""
+
+    name: str
+    axis: str
+    seconds: float
+    site: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LayerTiming:
+    """One micro-batch through one layer instance on one device: compute split the way the passes need it."""
+
+    fwd: tuple[Work, ...]
+    bwd: tuple[Work, ...]  # whole backward
+    dgrad: tuple[Work, ...]  # input-gradient part (zero-bubble B)
+    wgrad: tuple[Work, ...]  # weight-gradient part (zero-bubble W)
+    selective: tuple[Work, ...]  # what selective recompute repeats
+    comms: dict[str, tuple[CommWork, ...]]  # "fwd" | "bwd" -> feature collectives
+
+
+def _site(op: Op) -> str:
+    parts = op.module_path.split(".")
+    for site in ("attn", "mlp", "moe"):
+        if site in parts:
+            return site
+    return ""
+
+
+def _comm_site(name: str) -> str:
+    head = name.split(".")[0]
+    return head if head in ("attn", "mlp") else ""
+
+
+def _links(layout: GroupLayout) -> tuple[str, ...]:
+    if layout.size <= 1:
+        return ()
+    if layout.num_nodes == 1:
+        return ("fabric",)
+    return ("nic", "fabric") if layout.ranks_per_node > 1 else ("nic",)
+
+
+def _link_names(layout: GroupLayout, senders: tuple[int, ...], receivers: tuple[int, ...]) -> tuple[str, ...]:
+    """Per simulated device and link, a transmit and a receive resource: links are full duplex, so a send and
+    a receive in the other direction do not share bandwidth."""
+    links = _links(layout)
+    return tuple(dict.fromkeys([f"stage{d}.{link}.tx" for d in senders for link in links]
+                               + [f"stage{d}.{link}.rx" for d in receivers for link in links]))
+
+
+@dataclass(slots=True)
+class BuildContext:
+    job: Job
+    plan: ExecutionPlan
+    est: AnalyticalEstimator
+    level: TaskLevel
+    graph: ExecGraph
+    _timings: dict[int, LayerTiming] = field(default_factory=dict)
+    _layouts: dict[str, GroupLayout] = field(default_factory=dict)
+    _resources: dict[tuple[object, ...], tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def par(self) -> ParallelSpec:
+        return self.job.parallel
+
+    @property
+    def policy(self) -> PrecisionPolicy:
+        return policy_for(self.job.parallel.precision)
+
+    @property
+    def cal(self) -> Calibration:
+        return self.est.cal
+
+    def add(self, *, name: str, device: int, stream: Stream, kind: TaskKind, duration_s: float,
+            deps: tuple[int, ...] = (), phase: Phase = "fwd", category: str = "", layer: str = "",
+            micro_batch: int = -1, stage: int = -1, sync_key: str = "", resources: tuple[str, ...] = (),
+            alloc_bytes: float = 0.0, free_bytes: float = 0.0, priority: int = 0) -> Task:
+        tasks = self.graph.tasks
+        task = Task(tid=len(tasks), name=name, device=device, stream=stream, kind=kind, duration_s=duration_s,
+                    deps=deps, sync_key=sync_key, resources=resources, alloc_bytes=alloc_bytes, free_bytes=free_bytes,
+                    phase=phase, layer=layer, micro_batch=micro_batch, stage=device if stage < 0 else stage,
+                    category=category, priority=priority)
+        tasks.append(task)
+        return task
+
+    def layout(self, axis: str) -> GroupLayout:
+        """Group layout of an axis; "grad" is the data-parallel gradient group (dp x cp ranks, stride tp)."""
+        layout = self._layouts.get(axis)
+        if layout is None:
+            par, cluster = self.job.parallel, self.job.cluster
+            layout = cluster.group_layout(par.dp * par.cp, par.tp) if axis == "grad" else \
+                axis_layout(axis, par, cluster)
+            self._layouts[axis] = layout
+        return layout
+
+    def collective_s(self, collective: str, buffer_bytes: float, axis: str) -> float:
+        return collective_time_s(collective, buffer_bytes, self.layout(axis), self.job.cluster, self.cal)
+
+    def link_resources(self, layout: GroupLayout, senders: tuple[int, ...],
+                       receivers: tuple[int, ...] | None = None) -> tuple[str, ...]:
+        """Links the ranks of these simulated devices use for a transfer of `layout`: their fabric ports inside
+        a node, their NIC share across nodes, each direction a resource of its own (one name per simulated
+        device: a simulated device's ranks are distinct GPUs). A collective sends and receives on every rank
+        (receivers default to the senders); a send-recv transmits on the sender and receives on the receiver."""
+        receivers = senders if receivers is None else receivers
+        key = (layout.size, layout.ranks_per_node, layout.num_nodes, senders, receivers)
+        names = self._resources.get(key)
+        if names is None:
+            names = _link_names(layout, senders, receivers)
+            self._resources[key] = names
+        return names
+
+    def timing(self, layer: Layer) -> LayerTiming:
+        timing = self._timings.get(id(layer))
+        if timing is None:
+            timing = self._layer_timing(layer)
+            self._timings[id(layer)] = timing
+        return timing
+
+    def _layer_timing(self, layer: Layer) -> LayerTiming:
+        cost = self.est.layer_cost(layer, self.job)
+        comms: dict[str, list[CommWork]] = {"fwd": [], "bwd": []}
+        for c in layer.comms:
+            if c.axis == "pp":
+                continue  # pipeline transfers are the schedule pass's
+            seconds = self.collective_s(c.collective, c.buffer_bytes, c.axis)
+            if seconds > 0.0:
+                comms[c.phase].append(CommWork(f"{c.name} {c.collective}", c.axis, seconds, _comm_site(c.name)))
+        if self.level == "op":
+            device, op_costs = self.job.cluster.device, self.est.op_costs
+
+            def works(ops: tuple[Op, ...]) -> tuple[Work, ...]:
+                return tuple(Work(op.name, op_costs.op_time_s(op, device), _site(op)) for op in ops)
+
+            bwd = works(layer.bwd)
+            return LayerTiming(works(layer.fwd), bwd, tuple(w for w in bwd if not w.name.endswith(WGRAD_SUFFIX)),
+                               tuple(w for w in bwd if w.name.endswith(WGRAD_SUFFIX)),
+                               works(tuple(op for op in layer.fwd if op.recompute_selective)),
+                               {phase: tuple(items) for phase, items in comms.items()})
+        wgrad_s = cost.wgrad_s
+        merged: dict[str, tuple[CommWork, ...]] = {}
+        for phase, items in comms.items():
+            per_axis: dict[str, float] = {}
+            for item in items:
+                per_axis[item.axis] = per_axis.get(item.axis, 0.0) + item.seconds
+            merged[phase] = tuple(CommWork(f"{axis} comm", axis, seconds) for axis, seconds in per_axis.items())
+        return LayerTiming((Work("fwd", cost.fwd_s),), (Work("bwd", cost.bwd_s),),
+                           (Work("dgrad", max(0.0, cost.bwd_s - wgrad_s)),), (Work("wgrad", wgrad_s),),
+                           (Work("selective", cost.selective_s),) if cost.selective_s > 0.0 else (), merged)
+
+
+class StageWriter:
+    """Appends one stage's serialized work: compute tasks and the feature collectives that block them form
+    one chain (each waits for the previous), which is how the analytical engine adds them up."""
+
+    __slots__ = ("ctx", "pending", "prev", "stage", "step_first")
+
+    def __init__(self, ctx: BuildContext, stage: int) -> None:
+        self.ctx = ctx
+        self.stage = stage
+        self.prev = -1  # last task of the chain
+        self.pending: list[int] = []  # extra dependencies of the next chain task
+        self.step_first = -1  # first chain task since the driver reset it (-1: none yet)
+
+    def chain(self, *, name: str, stream: Stream, kind: TaskKind, duration_s: float, phase: Phase,
+              category: str, layer: str = "", micro_batch: int = -1, alloc_bytes: float = 0.0,
+              free_bytes: float = 0.0, resources: tuple[str, ...] = ()) -> Task:
+        deps = (self.prev, *self.pending) if self.prev >= 0 else tuple(self.pending)
+        self.pending = []
+        task = self.ctx.add(name=name, device=self.stage, stream=stream, kind=kind, duration_s=duration_s, deps=deps,
+                            phase=phase, category=category, layer=layer, micro_batch=micro_batch,
+                            alloc_bytes=alloc_bytes, free_bytes=free_bytes, resources=resources)
+        self.prev = task.tid
+        if self.step_first < 0:
+            self.step_first = task.tid
+        return task
+
+    def wait_for(self, *tids: int) -> None:
+        """Make the next chain task also wait for these tasks."""
+        self.pending.extend(tids)

@@ -1,0 +1,231 @@
+"""The execution-graph compiler and the simulation engine ("sim"): exact tiny jobs, graph structure, memory,
+ZeRO, data-parallel buckets, scale, and the Result they produce."""
+
+import dataclasses
+from collections import Counter
+
+import pytest
+
+from trainsim.catalog import load_cluster, load_model
+from trainsim.catalog.loader import parse_model
+from trainsim.comm.collectives import collective_time_s
+from trainsim.compile.build import compile_job
+from trainsim.compile.exec_graph import ExecGraph
+from trainsim.compile.plan import default_plan
+from trainsim.cost.calibration import Calibration, RuntimeParams
+from trainsim.errors import ConfigError
+from trainsim.estimate.analytical import BUCKET_BYTES, AnalyticalEstimator, axis_layout
+from trainsim.estimate.engines import ENGINES
+from trainsim.estimate.simulation import SimEstimator
+from trainsim.estimate.stages import partition_stages
+from trainsim.job import Job, make_job
+from trainsim.strategy.parallel import ParallelSpec
+
+TINY = parse_model({"name": "tiny-gpt", "num_layers": 4, "hidden": 1024, "ffn_hidden": 4096, "num_heads": 16,
+                    "vocab": 32000, "max_seq_len": 1024})
+
+
+def _job(num_gpus: int, **strategy: object) -> Job:
+    par = ParallelSpec.parse({"micro_batch": 1, "seq_len": 1024, **strategy})
+    return make_job(TINY, load_cluster("dgx-a100-80gb").with_num_gpus(num_gpus), par)
+
+
+def _sim(cal: Calibration | None = None, **flags: object) -> SimEstimator:
+    cal = cal or Calibration()
+    return SimEstimator(cal, overlap=False, sharing=False, analytical=AnalyticalEstimator(cal), **flags)  # type: ignore[arg-type]
+
+
+def _stage_times(est: AnalyticalEstimator, job: Job) -> tuple[list[float], list[float]]:
+    f, b = [0.0] * job.parallel.pp, [0.0] * job.parallel.pp
+    for a in default_plan(est.graph(job), job.parallel).layers:
+        cost = est.layer_cost(a.layer, job)
+        f[a.stage] += cost.fwd_s
+        b[a.stage] += cost.bwd_s
+    return f, b
+
+
+# ---- exact tiny jobs ---------------------------------------------------------------------------------------------
+def test_two_stage_1f1b_makespan_is_hand_computed_from_layer_costs() -> None:
+    """2 stages, 4 micro-batches, 1F1B, no TP/DP; stage 1 (4 blocks' half + the 32k-vocabulary head) is the slower.
+
+    Stage 1 never idles after its first forward: its steps F_j B_j each follow a batched exchange (activation j
+    in, gradient j - 1 out) that costs one send s. Stage 0's first forward and its last backward frame it:
+    T = (f0 + b0) + 4 (f1 + b1) + 5 s + optimizer (the larger stage's Adam step, after the barrier).
+    """
+    sim = _sim()
+    job = _job(2, pp=2, global_batch=4)
+    est = sim.analytical
+    f, b = _stage_times(est, job)
+    assert f[1] + b[1] > f[0] + b[0]
+    block = next(layer for layer in est.graph(job).layers if layer.kind == "block")
+    s = collective_time_s("send-recv", block.output_bytes, axis_layout("pp", job.parallel, job.cluster),
+                          job.cluster, sim.cal)
+    optimizer = est._optimizer_step_s(partition_stages(est.graph(job), 2), job)
+    expected = (f[0] + b[0]) + 4 * (f[1] + b[1]) + 5 * s + optimizer
+    result = sim.estimate(job)
+    assert result.iteration_time_s == pytest.approx(expected, rel=1e-12)
+    assert sum(result.breakdown.values()) == pytest.approx(result.iteration_time_s, rel=1e-12)
+    graph = sim.last_graph
+    assert graph is not None
+    names = Counter(t.name.split(" ")[0] for t in graph.tasks if t.category == "pp_comm")
+    # mb0's activation and mb3's gradient travel alone; the rest go as 3 batched exchanges (a copy per stage).
+    assert names == {"send": 2, "exchange": 6}
+
+
+def test_fsdp_without_overlap_serializes_gathers_and_scatters() -> None:
+    """ZeRO-3 with fsdp_overlap = 0 on one stage: every gather and reduce-scatter is exposed, so the iteration
+    is compute + m x sum over layers of (2 gathers + 1 reduce-scatter) + the optimizer step."""
+    cal = Calibration(runtime=RuntimeParams(fsdp_overlap=0.0))
+    sim = _sim(cal)
+    job = _job(2, zero=3, global_batch=4)  # dp=2, m=2
+    est = sim.analytical
+    f, b = _stage_times(est, job)
+    layout = job.cluster.group_layout(2, 1)
+    comm = 0.0
+    for layer in est.graph(job).layers:
+        weights, grads = layer.param_count * 2, layer.param_count * 2  # bf16
+        gather = collective_time_s("all-gather", weights, layout, job.cluster, cal)
+        scatter = collective_time_s("reduce-scatter", grads, layout, job.cluster, cal)
+        comm += layer.count * (2 * gather + scatter)
+    m = job.parallel.num_micro_batches
+    optimizer = est._optimizer_step_s(partition_stages(est.graph(job), 1), job)
+    result = sim.estimate(job)
+    assert result.iteration_time_s == pytest.approx(m * (f[0] + b[0]) + m * comm + optimizer, rel=1e-12)
+    # ... and the analytical engine's formula is the same sum.
+    assert est.estimate(job).iteration_time_s == pytest.approx(result.iteration_time_s, rel=1e-12)
+
+
+def test_fsdp_prefetch_hides_gathers_under_compute() -> None:
+    job = _job(2, zero=3, global_batch=4)
+    exposed = _sim(Calibration(runtime=RuntimeParams(fsdp_overlap=0.0))).estimate(job).iteration_time_s
+    hidden = _sim(Calibration(runtime=RuntimeParams(fsdp_overlap=1.0))).estimate(job).iteration_time_s
+    assert hidden < exposed
+
+
+def test_gradient_buckets_without_overlap_follow_the_backward_pass() -> None:
+    """ZeRO 0, dp_overlap = 0: the buckets all-reduce after the last backward, back to back."""
+    cal = Calibration(runtime=RuntimeParams(dp_overlap=0.0))
+    sim = _sim(cal)
+    job = _job(4, global_batch=8)  # dp=4, m=2
+    result = sim.estimate(job)
+    graph, outcome = sim.last_graph, sim.last_outcome
+    assert graph is not None and outcome is not None
+    buckets = [t for t in graph.tasks if t.category == "dp_comm"]
+    assert len(buckets) >= 2
+    last_backward = max(outcome.end_s[t.tid] for t in graph.tasks if t.phase == "bwd")
+    assert min(outcome.start_s[t.tid] for t in buckets) == last_backward
+    comm = sum(t.duration_s for t in buckets)
+    f, b = _stage_times(sim.analytical, job)
+    optimizer = sim.analytical._optimizer_step_s(partition_stages(sim.analytical.graph(job), 1), job)
+    assert result.iteration_time_s == pytest.approx(2 * (f[0] + b[0]) + comm + optimizer, rel=1e-12)
+    # Buckets hold whole layers, in the order their gradients become final, each at least BUCKET_BYTES but the
+    # last: their all-reduces together move every gradient once, plus one ring's latency per extra bucket.
+    layout = job.cluster.group_layout(4, 1)
+    params = sim.analytical.graph(job).param_count()
+    whole = collective_time_s("all-reduce", params * 2, layout, job.cluster, cal)
+    ring_latency = 2 * 3 * (job.cluster.intra_node.latency_s + cal.comm_params("all-reduce").latency_s)
+    assert comm == pytest.approx(whole + (len(buckets) - 1) * ring_latency, rel=1e-9)
+    assert 2 <= len(buckets) <= params * 2 / BUCKET_BYTES + 1
+
+
+# ---- structure -----------------------------------------------------------------------------------------------------
+def _check_graph(graph: ExecGraph) -> None:
+    for task in graph.tasks:
+        assert all(0 <= d < len(graph.tasks) and d != task.tid for d in task.deps)
+    keys = Counter(t.sync_key for t in graph.tasks if t.sync_key)
+    assert all(count >= 2 for count in keys.values())
+    for device in graph.devices:
+        allocated = sum(t.alloc_bytes for t in graph.tasks if t.device == device.index)
+        freed = sum(t.free_bytes for t in graph.tasks if t.device == device.index)
+        assert allocated == pytest.approx(freed, rel=1e-9), "everything a task allocates is released"
+
+
+@pytest.mark.parametrize("strategy", [
+    {"pp": 2, "tp": 2, "global_batch": 8},
+    {"pp": 2, "vpp": 2, "schedule": "interleaved-1f1b", "global_batch": 8, "recompute": "selective"},
+    {"pp": 4, "schedule": "gpipe", "global_batch": 8, "recompute": "full"},
+    {"pp": 2, "zero": 3, "global_batch": 8, "recompute": "full"},
+    {"pp": 2, "zero": 1, "global_batch": 8, "schedule": "zb-h1"},
+    {"pp": 1, "tp": 2, "sp": True, "global_batch": 8},
+], ids=["tp", "interleaved", "gpipe-full", "zero3", "zb-h1", "sp"])
+@pytest.mark.parametrize("level", ["layer", "op"])
+def test_graphs_are_well_formed_and_op_level_agrees(strategy: dict[str, object], level: str) -> None:
+    job = _job(8, **strategy)
+    sim = _sim(task_level=level)
+    result = sim.estimate(job)
+    assert sim.last_graph is not None
+    _check_graph(sim.last_graph)
+    layer_time = _sim().estimate(job).iteration_time_s
+    assert result.iteration_time_s == pytest.approx(layer_time, rel=1e-9)
+    assert sum(result.breakdown.values()) == pytest.approx(result.iteration_time_s, rel=1e-9)
+
+
+def test_one_simulated_device_per_stage_and_tasks_per_layer_phase() -> None:
+    job = _job(8, pp=2, tp=2, global_batch=8)  # dp=2, m=4
+    graph = compile_job(job, default_plan(AnalyticalEstimator(Calibration()).graph(job), job.parallel),
+                        AnalyticalEstimator(Calibration()))
+    assert [(d.stage, d.ranks) for d in graph.devices] == [(0, 4), (1, 4)]
+    units = Counter((t.device, t.phase) for t in {(t.device, t.phase, t.layer, t.micro_batch): t
+                                                  for t in graph.tasks if t.category == "compute"}.values())
+    # stage 0: embedding + 2 blocks; stage 1: 2 blocks + head; 4 micro-batches each way.
+    assert units == {(0, "fwd"): 12, (0, "bwd"): 12, (1, "fwd"): 12, (1, "bwd"): 12}
+    # One task per layer-phase, but for the backward task where the data-parallel overlap window opens (dp_overlap
+    # of the last backward pass left), which is split in two.
+    parts = [t for t in graph.tasks if t.category == "compute" and " part" in t.name]
+    assert [(t.device, t.name.split(" part")[1]) for t in parts] == [(0, "1"), (0, "2"), (1, "1"), (1, "2")]
+    tp = [t for t in graph.tasks if t.category == "tp_comm"]
+    assert {t.stream for t in tp} == {"feature"} and len(tp) == 2 * 4 * 4  # blocks x micro-batches x (fwd, bwd)
+    assert graph.devices[0].static_breakdown.keys() == {"weights", "gradients", "optimizer", "runtime_reserved"}
+
+
+def test_graph_size_does_not_grow_with_the_data_parallel_degree() -> None:
+    model = load_model("gpt3-1.3b")
+    sizes = []
+    for dp in (2, 32):
+        par = ParallelSpec(tp=2, pp=2, dp=dp, micro_batch=1, global_batch=8 * dp, seq_len=2048)
+        job = make_job(model, load_cluster("dgx-a100-80gb").with_num_gpus(4 * dp), par)
+        est = AnalyticalEstimator(Calibration())
+        sizes.append(len(compile_job(job, default_plan(est.graph(job), par), est).tasks))
+    assert sizes[0] == sizes[1]
+
+
+def test_zero_bubble_h1_splits_the_backward_and_shrinks_the_bubble() -> None:
+    job = _job(8, pp=4, global_batch=16)
+    sim = _sim()
+    plan = default_plan(sim.analytical.graph(job), job.parallel)
+    one_f_one_b = sim.estimate(job).iteration_time_s
+    zb = sim.estimate(job, dataclasses.replace(plan, schedule="zb-h1")).iteration_time_s
+    assert zb < one_f_one_b
+    graph = sim.last_graph
+    assert graph is not None
+    wgrad = [t for t in graph.tasks if t.name.startswith("W")]
+    assert wgrad and all(t.phase == "bwd" for t in wgrad)
+
+
+# ---- the engine entry --------------------------------------------------------------------------------------------
+def test_out_of_memory_is_a_result_not_an_error() -> None:
+    job = make_job(load_model("gpt3-175b"), load_cluster("dgx-a100-80gb").with_num_gpus(8),
+                   ParallelSpec(tp=8, micro_batch=1, global_batch=1, seq_len=2048))
+    result = SimEstimator().estimate(job)
+    assert result.oom and result.peak_memory_bytes > result.memory_capacity_bytes
+    assert sum(result.memory_breakdown.values()) == pytest.approx(result.peak_memory_bytes)
+    assert result.notes and "out of memory" in result.notes[0]
+
+
+def test_registered_as_sim_and_keeps_the_last_run() -> None:
+    estimator = ENGINES.get("sim")()
+    assert estimator.name == "sim"
+    assert isinstance(estimator, SimEstimator) and estimator.last is None
+    estimator.estimate(_job(2, pp=2, global_batch=4))
+    assert estimator.last_graph is not None and estimator.last_outcome is not None
+    assert estimator.options.bandwidth_sharing
+
+
+def test_bad_task_level_and_mismatched_plan_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match="task_level"):
+        SimEstimator(Calibration(), task_level="kernel")  # type: ignore[arg-type]
+    job = _job(2, pp=2, global_batch=4)
+    est = AnalyticalEstimator(Calibration())
+    plan = default_plan(est.graph(_job(2, global_batch=4)), _job(2, global_batch=4).parallel)
+    with pytest.raises(ConfigError, match="num_stages"):
+        compile_job(job, plan, est)

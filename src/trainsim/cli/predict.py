@@ -8,6 +8,7 @@ import typer
 
 from trainsim.cli.errors import handles_errors
 from trainsim.cli.jobargs import job_from_settings, read_job_file
+from trainsim.errors import ConfigError
 from trainsim.estimate.engines import ENGINES
 from trainsim.report.text import render_result
 
@@ -34,6 +35,9 @@ def predict(
     schedule: Annotated[str | None, typer.Option(help="gpipe | 1f1b | interleaved-1f1b")] = None,
     engine: Annotated[str, typer.Option(help="estimator: " + ", ".join(ENGINES.names()))] = "analytical",
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    trace: Annotated[Path | None, typer.Option(help="write a Chrome/Perfetto trace (needs --engine sim)")] = None,
+    explain: Annotated[bool, typer.Option("--explain", help="critical path and exposed communication "
+                                          "(needs --engine sim)")] = False,
 ) -> None:
     """Predict iteration time, throughput, MFU and peak memory of one training job."""
     flags = dict(model=model, cluster=cluster, num_gpus=num_gpus, tp=tp, pp=pp, dp=dp, vpp=vpp, sp=sp, cp=cp,
@@ -41,9 +45,30 @@ def predict(
                  seq_len=seq_len, precision=precision, schedule=schedule)
     settings = read_job_file(job_file)
     settings.update({key: value for key, value in flags.items() if value is not None})
+    estimator = ENGINES.get(engine)()
+    if (trace or explain) and engine != "sim":
+        raise ConfigError("engine", engine, "--trace and --explain need --engine sim (a simulated timeline)")
     job = job_from_settings(settings)
-    result = ENGINES.get(engine)().estimate(job)
+    result = estimator.estimate(job)
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))
     else:
         typer.echo(render_result(result))
+    if trace or explain:
+        _simulated_extras(estimator, trace, explain and not as_json)
+
+
+def _simulated_extras(estimator: object, trace: Path | None, explain: bool) -> None:
+    from trainsim.estimate.simulation import SimEstimator
+    from trainsim.report.explain import render_explain
+    from trainsim.report.trace import write_chrome_trace
+
+    assert isinstance(estimator, SimEstimator) and estimator.last is not None
+    run = estimator.last
+    if trace:
+        names = [f"stage {d.stage} ({d.ranks} ranks)" for d in run.graph.devices]
+        written = write_chrome_trace(run.graph, run.outcome, trace, names)
+        typer.echo(f"trace: {written} ({len(run.graph.tasks)} tasks; open in ui.perfetto.dev or chrome://tracing)",
+                   err=True)
+    if explain:
+        typer.echo(render_explain(run.graph, run.outcome))

@@ -48,6 +48,9 @@ class RuntimeParams(Spec):
     fsdp_overlap: float = Field(default=0.9, ge=0, le=1.0)
     iteration_overhead_s: float = Field(default=0.0, ge=0)
     micro_batch_overhead_s: float = Field(default=0.0, ge=0)  # host-side cost of each micro-batch
+    # Proteus's overlap factor gamma: compute and communication running together on one GPU both slow by
+    # 1 + gamma (simulation engine only; fitted by `trainsim calibrate --sim`).
+    overlap_slowdown: float = Field(default=0.0, ge=0)
     pipeline_overhead_per_micro_batch_s: float = Field(default=0.0, ge=0)
 
 

@@ -32,7 +32,7 @@ BREAKDOWN_ORDER = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_
 def sim_options(cal: Calibration, *, overlap: bool = True, sharing: bool = True) -> SimOptions:
     """Runtime behaviours from the calibration: the overlap slow-down (gamma) where the calibration has one
     (RuntimeParams.overlap_slowdown; 0 until it is fitted), bandwidth sharing on."""
-    gamma = float(getattr(cal.runtime, "overlap_slowdown", 0.0)) if overlap else 0.0
+    gamma = cal.runtime.overlap_slowdown if overlap else 0.0
     return SimOptions(overlap_slowdown=gamma, bandwidth_sharing=sharing, launch_overhead_s=0.0)
 
 

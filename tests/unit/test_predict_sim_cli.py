@@ -1,0 +1,45 @@
+"""`trainsim predict --engine sim` with --trace and --explain, end to end through the CLI."""
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from trainsim.cli.main import app
+
+RUNNER = CliRunner()
+ARGS = ["predict", "--engine", "sim", "--pp", "2", "--tp", "2", "--global-batch", "16", "--model", "gpt3-125m"]
+
+
+def test_trace_and_explain(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.json"
+    result = RUNNER.invoke(app, [*ARGS, "--trace", str(trace), "--explain"])
+    assert result.exit_code == 0, result.output
+    assert "critical path:" in result.stdout and "exposed communication per type" in result.stdout
+    events = json.loads(trace.read_text())["traceEvents"]
+    tasks = [e for e in events if e["ph"] == "X"]
+    assert tasks and all({"ph", "ts", "dur", "pid", "tid"} <= e.keys() for e in tasks)
+    assert {e["pid"] for e in tasks} == {0, 1}  # a process per simulated pipeline stage
+    assert any(e["ph"] == "C" for e in events)  # memory counter track
+
+
+def test_sim_json_matches_result_keys() -> None:
+    result = RUNNER.invoke(app, [*ARGS, "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["engine"] == "sim"
+    assert abs(sum(data["breakdown"].values()) - data["iteration_time_s"]) < 1e-9 * data["iteration_time_s"]
+
+
+def test_oom_plan_is_reported_not_raised() -> None:
+    result = RUNNER.invoke(app, ["predict", "--engine", "sim", "--model", "gpt3-175b", "--num-gpus", "8",
+                                 "--global-batch", "8", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["oom"] is True and data["memory_breakdown"]["weights"] > 0
+
+
+def test_trace_needs_the_simulator(tmp_path: Path) -> None:
+    result = RUNNER.invoke(app, ["predict", "--trace", str(tmp_path / "t.json")])
+    assert result.exit_code == 2
+    assert "--engine sim" in result.stderr and not (tmp_path / "t.json").exists()

@@ -176,6 +176,10 @@ def _embedding(spec: TransformerSpec, dev: DeviceSlice) -> Layer:
     if spec.position == "learned":
         fwd.append(pointwise_op("pos_add", "elementwise", "embed.positions", act, tokens * h, reads=2.0))
         params += spec.max_seq_len * h
+    if spec.arch == "bert":  # token-type embeddings (2 types) and the embedding LayerNorm
+        fwd += [pointwise_op("type_add", "elementwise", "embed.token_types", act, tokens * h, reads=2.0),
+                pointwise_op("norm", "norm", "embed.norm", act, tokens * h, flops_per_element=5.0)]
+        params += 2 * h + 2 * h
     fwd_ops, bwd_ops = _with_backward(fwd, dev.fused_attention)
     out = _replicated_tokens(dev) * h * _act_bytes(dev)
     return Layer("embedding", "embedding", 1, fwd_ops, bwd_ops, (), params / dev.tp, params,
@@ -185,13 +189,20 @@ def _embedding(spec: TransformerSpec, dev: DeviceSlice) -> Layer:
 def _head(spec: TransformerSpec, dev: DeviceSlice) -> Layer:
     """Final norm, vocabulary projection (vocab-parallel under TP) and fp32 cross-entropy."""
     act, h, tokens, v = dev.precision.activation_dtype, spec.hidden, dev.local_tokens, spec.vocab // dev.tp
-    fwd = [pointwise_op("final_norm", "norm", "head.norm", act, _replicated_tokens(dev) * h,
-                        flops_per_element=5.0),
-           matmul_op("logits", "head.proj", dev.precision.linear_dtype, tokens, v, h),
+    fwd: list[Op] = []
+    extra_params = 0
+    if spec.arch == "bert":  # the masked-LM transform (dense + GELU + LayerNorm) and the decoder bias
+        fwd += [matmul_op("transform", "head.transform", dev.precision.linear_dtype, tokens, h, h),
+                pointwise_op("transform_act", "elementwise", "head.transform.act", act, tokens * h,
+                             flops_per_element=8.0)]
+        extra_params = h * h + h + spec.vocab
+    fwd += [pointwise_op("final_norm", "norm", "head.norm", act, _replicated_tokens(dev) * h,
+                         flops_per_element=5.0),
+            matmul_op("logits", "head.proj", dev.precision.linear_dtype, tokens, v, h),
            pointwise_op("cross_entropy", "loss", "head.loss", "fp32", tokens * v, reads=1.0, writes=1.0,
                         flops_per_element=4.0)]
     fwd_ops, bwd_ops = _with_backward(fwd, dev.fused_attention)
-    norm_params = h * (2 if spec.norm == "layernorm" else 1)
+    norm_params = h * (2 if spec.norm == "layernorm" else 1) + extra_params
     proj_params = 0 if spec.tied_embeddings else spec.vocab * h
     saved = _replicated_tokens(dev) * h * _act_bytes(dev) + tokens * v * 4.0  # norm input, fp32 softmax
     comms = [Comm("logits.ag", "all-gather", "tp", "fwd", tokens * h * _act_bytes(dev))] if dev.sp else []

@@ -17,6 +17,8 @@ def calibrate(
     cross_validate: Annotated[bool, typer.Option("--cross-validate", help="k-fold and leave-one-source-out "
                                                   "iteration-time MAPE instead of writing a fit")] = False,
     folds: Annotated[int, typer.Option(help="folds for --cross-validate")] = 5,
+    sim: Annotated[bool, typer.Option("--sim/--no-sim", help="also fit the simulator's runtime behaviours "
+                                      "(overlap slow-down; about 6 more minutes)")] = True,
 ) -> None:
     """Fit GEMM efficiency, collective alpha-beta and framework parameters on measured data."""
     from trainsim.validate import fit
@@ -26,7 +28,7 @@ def calibrate(
         typer.echo(json.dumps(fit.cross_validate(data_dir, folds=folds), indent=2))
         return
     typer.echo(f"fitting on {data_dir} ...", err=True)
-    fitted = fit.calibrate(data_dir)
+    fitted = fit.calibrate(data_dir, sim=sim)
     fit.write_calibration(fitted, output)
     typer.echo(f"wrote {output}: training-set iteration-time MAPE {fitted.fit_report['train_mape_pct']:.2f}% "
                f"over {fitted.fit_report['runs']:.0f} runs")

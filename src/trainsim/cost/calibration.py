@@ -64,6 +64,8 @@ class Calibration(Spec):
     # generation -> collective -> params, fitted on that generation's systems alone
     comm_by_generation: dict[str, dict[Collective, CommParams]] = {}
     runtime: RuntimeParams = RuntimeParams()
+    # The simulator's runtime behaviours, fitted through the simulator (None: use `runtime`).
+    sim_runtime: RuntimeParams | None = None
     # device name -> generation, and generation -> in-training matmul factor fitted on runs (multiplies
     # compute.matmul_training_factor); a device without runs of its generation uses 1.
     device_generation: dict[str, str] = {}

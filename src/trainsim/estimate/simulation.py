@@ -57,7 +57,11 @@ class SimEstimator:
                  task_level: TaskLevel = "layer", analytical: AnalyticalEstimator | None = None) -> None:
         if task_level not in TASK_LEVELS:
             raise ConfigError("task_level", task_level, f"choose one of: {', '.join(TASK_LEVELS)}")
-        self.cal = calibration or (analytical.cal if analytical is not None else load_calibration())
+        cal = calibration or (analytical.cal if analytical is not None else load_calibration())
+        if cal.sim_runtime is not None:  # the simulator's own fit of the runtime behaviours
+            cal = cal.model_copy(update={"runtime": cal.sim_runtime, "sim_runtime": None})
+            analytical = None
+        self.cal = cal
         self.analytical = analytical or AnalyticalEstimator(self.cal)
         self.options = sim_options(self.cal, overlap=overlap, sharing=sharing)
         self.task_level: TaskLevel = task_level

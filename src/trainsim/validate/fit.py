@@ -17,7 +17,7 @@ from trainsim.validate.fit_micro import (
     fit_matmul_max_efficiency,
     name_map,
 )
-from trainsim.validate.fit_runs import FitSample, fit_runtime, fit_samples, log_errors
+from trainsim.validate.fit_runs import FitSample, fit_runtime, fit_samples, fit_sim_runtime, log_errors
 from trainsim.validate.runs import read_runs
 
 CALIBRATION_FILES = ("runs.csv", "gemm.csv", "collectives.csv")
@@ -47,10 +47,14 @@ def fit_micro(data_dir: Path) -> Calibration:
     )
 
 
-def calibrate(data_dir: Path) -> Calibration:
+def calibrate(data_dir: Path, sim: bool = True) -> Calibration:
+    """Microbenchmark fits, then the run-level fit through the analytical engine, then (sim=True) the
+    simulator's runtime behaviours through the simulator."""
     base = fit_micro(data_dir)
     samples = fit_samples(read_runs(data_dir / "runs.csv"))
     fitted = fit_runtime(base, samples)
+    if sim:
+        fitted = fitted.model_copy(update={"sim_runtime": fit_sim_runtime(fitted, samples)})
     errors = log_errors(fitted, samples, {})
     mape = float(sum(abs(pow(2.718281828459045, e) - 1.0) for e in errors) / len(errors) * 100.0)
     return fitted.model_copy(update={"fit_report": {"runs": float(len(samples)), "train_mape_pct": mape}})

@@ -92,8 +92,14 @@ def calibration_with(base: Calibration, theta: Sequence[float] | np.ndarray,
 
 
 def log_errors(cal: Calibration, samples: Sequence[FitSample],
-               graphs: dict[tuple[object, ...], OpGraph]) -> np.ndarray:
-    estimator = AnalyticalEstimator(cal, graphs)
+               graphs: dict[tuple[object, ...], OpGraph], engine: str = "analytical") -> np.ndarray:
+    analytical = AnalyticalEstimator(cal, graphs)
+    if engine == "sim":
+        from trainsim.estimate.simulation import SimEstimator
+
+        estimator: AnalyticalEstimator | SimEstimator = SimEstimator(cal, analytical=analytical)
+    else:
+        estimator = analytical
     predicted = np.array([estimator.estimate(s.job).iteration_time_s for s in samples])
     return np.log(predicted) - np.log(np.array([s.measured_s for s in samples]))
 
@@ -130,3 +136,42 @@ def fit_runtime(base: Calibration, samples: Sequence[FitSample]) -> Calibration:
     fit = least_squares(residuals, x0=x0, bounds=(low, high), loss="soft_l1", f_scale=0.1, diff_step=1e-3,
                         max_nfev=MAX_EVALUATIONS)
     return calibration_with(base, fit.x, generations)
+
+
+SIM_PARAMETERS: tuple[Parameter, ...] = (
+    Parameter("runtime", "overlap_slowdown", 0.0, 0.0, 1.0),
+    *(p for p in PARAMETERS if p.section == "runtime"),
+)
+SIM_MAX_EVALUATIONS = 40
+
+
+def fit_sim_runtime(base: Calibration, samples: Sequence[FitSample]) -> RuntimeParams:
+    """The simulator's own runtime behaviours (Proteus's overlap slow-down gamma, DP/FSDP overlap, fixed
+    costs), refitted through the simulator from the analytical fit; compute costs stay as fitted."""
+    from scipy.optimize import least_squares
+
+    counts: dict[str, int] = {}
+    for s in samples:
+        counts[s.source] = counts.get(s.source, 0) + 1
+    weights = np.array([1.0 / math.sqrt(counts[s.source]) ** SOURCE_WEIGHT_POWER for s in samples])
+    graphs: dict[tuple[object, ...], OpGraph] = {}
+    start = base.runtime.model_dump()
+
+    def to_raw(value: float, param: Parameter) -> float:
+        return math.log(max(value, param.low)) if param.log else min(max(value, param.low), param.high)
+
+    def runtime_of(theta: np.ndarray) -> RuntimeParams:
+        values = {p.name: (math.exp(raw) if p.log else float(raw)) for p, raw in zip(SIM_PARAMETERS, theta,
+                                                                                          strict=True)}
+        return RuntimeParams.model_validate({**start, **values})
+
+    def residuals(theta: np.ndarray) -> np.ndarray:
+        cal = base.model_copy(update={"runtime": runtime_of(theta)})
+        return weights * log_errors(cal, samples, graphs, engine="sim")
+
+    x0 = np.array([to_raw(float(start[p.name]), p) for p in SIM_PARAMETERS])
+    low = np.array([to_raw(p.low, p) for p in SIM_PARAMETERS])
+    high = np.array([to_raw(p.high, p) for p in SIM_PARAMETERS])
+    fit = least_squares(residuals, x0=x0, bounds=(low, high), loss="soft_l1", f_scale=0.1, diff_step=1e-2,
+                        max_nfev=SIM_MAX_EVALUATIONS)
+    return runtime_of(fit.x)

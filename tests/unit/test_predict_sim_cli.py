@@ -43,3 +43,14 @@ def test_trace_needs_the_simulator(tmp_path: Path) -> None:
     result = RUNNER.invoke(app, ["predict", "--trace", str(tmp_path / "t.json")])
     assert result.exit_code == 2
     assert "--engine sim" in result.stderr and not (tmp_path / "t.json").exists()
+
+
+def test_strategy_tree_file_changes_the_plan(tmp_path: Path) -> None:
+    tree = tmp_path / "tree.yaml"
+    tree.write_text("strategy_tree:\n  map:\n    - {path: embedding, stage: 0}\n    - {path: blocks.0-1, stage: 0}\n"
+                    "    - {path: blocks.2-11, stage: 1}\n")
+    plain = RUNNER.invoke(app, [*ARGS, "--json"])
+    uneven = RUNNER.invoke(app, [*ARGS, "--json", "--tree", str(tree)])
+    assert plain.exit_code == 0 and uneven.exit_code == 0, uneven.output
+    # 2 blocks against 10 on the two stages: the second stage is the bottleneck and the iteration is longer
+    assert json.loads(uneven.stdout)["iteration_time_s"] > 1.2 * json.loads(plain.stdout)["iteration_time_s"]

@@ -9,6 +9,8 @@ import typer
 from trainsim.cli.errors import handles_errors
 from trainsim.cli.jobargs import job_from_settings, read_job_file
 from trainsim.errors import ConfigError
+from trainsim.estimate.result import Result
+from trainsim.job import Job
 from trainsim.estimate.engines import ENGINES
 from trainsim.report.text import render_result
 
@@ -38,6 +40,9 @@ def predict(
     trace: Annotated[Path | None, typer.Option(help="write a Chrome/Perfetto trace (needs --engine sim)")] = None,
     explain: Annotated[bool, typer.Option("--explain", help="critical path and exposed communication "
                                           "(needs --engine sim)")] = False,
+    tree: Annotated[Path | None, typer.Option(help="strategy-tree YAML with per-layer placement and recompute "
+                                              "(needs --engine sim; docs/strategy-tree.md)")] = None,
+    task_level: Annotated[str, typer.Option(help="simulated task granularity: layer | op")] = "layer",
 ) -> None:
     """Predict iteration time, throughput, MFU and peak memory of one training job."""
     flags = dict(model=model, cluster=cluster, num_gpus=num_gpus, tp=tp, pp=pp, dp=dp, vpp=vpp, sp=sp, cp=cp,
@@ -45,17 +50,31 @@ def predict(
                  seq_len=seq_len, precision=precision, schedule=schedule)
     settings = read_job_file(job_file)
     settings.update({key: value for key, value in flags.items() if value is not None})
-    estimator = ENGINES.get(engine)()
-    if (trace or explain) and engine != "sim":
-        raise ConfigError("engine", engine, "--trace and --explain need --engine sim (a simulated timeline)")
+    if (trace or explain or tree) and engine != "sim":
+        raise ConfigError("engine", engine, "--trace, --explain and --tree need --engine sim")
     job = job_from_settings(settings)
-    result = estimator.estimate(job)
+    if engine == "sim":
+        estimator, result = _simulate(job, tree, task_level)
+    else:
+        estimator = ENGINES.get(engine)()
+        result = estimator.estimate(job)
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))
     else:
         typer.echo(render_result(result))
     if trace or explain:
         _simulated_extras(estimator, trace, explain and not as_json)
+
+
+def _simulate(job: Job, tree: Path | None, task_level: str) -> tuple[object, Result]:
+    from trainsim.estimate.simulation import SimEstimator
+    from trainsim.strategy.tree_yaml import load_tree_yaml
+
+    estimator = SimEstimator(task_level=task_level)  # type: ignore[arg-type]  # validated by SimEstimator
+    plan = None
+    if tree is not None:
+        plan = load_tree_yaml(tree, estimator.analytical.graph(job)).lower(job.parallel)
+    return estimator, estimator.estimate(job, plan)
 
 
 def _simulated_extras(estimator: object, trace: Path | None, explain: bool) -> None:

@@ -9,9 +9,9 @@ import typer
 from trainsim.cli.errors import handles_errors
 from trainsim.cli.jobargs import job_from_settings, read_job_file
 from trainsim.errors import ConfigError
+from trainsim.estimate.engines import ENGINES
 from trainsim.estimate.result import Result
 from trainsim.job import Job
-from trainsim.estimate.engines import ENGINES
 from trainsim.report.text import render_result
 
 

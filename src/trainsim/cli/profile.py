@@ -1,0 +1,230 @@
+"""`trainsim profile`: measure a job's ops (and local collectives) into the profile database.
+
+Parse (flags -> model, job shape, device), compute (trainsim.profile: op and collective microbenchmarks, each
+committed as it is taken), render (a progress bar while measuring, then a summary or one JSON object).
+Rerunning the same command measures only what the database does not hold yet.
+"""
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, cast
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from trainsim.catalog import load_cluster, load_model
+from trainsim.cli.errors import handles_errors
+from trainsim.cli.jobargs import check_choice
+from trainsim.errors import ConfigError, TrainsimError
+from trainsim.ir.model_spec import ModelSpec
+from trainsim.job import make_job
+from trainsim.profile import JobShape, profile_job
+from trainsim.profile.collectives import COLLECTIVES, DEFAULT_SIZES, CollectiveSummary, profile_collectives
+from trainsim.profile.database import STOP_AFTER_ENV, Environment, OpSignature, ProfileDB, default_db_path
+from trainsim.profile.ops import OpProfileSummary
+from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.precision import PRECISIONS, Precision
+from trainsim.units import format_duration, parse_bytes
+
+LOCAL_CPU_DEVICE = "cpu-local"
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileRequest:
+    model: ModelSpec
+    shape: JobShape
+    device: str  # "cpu" | "cuda"
+    device_name: str
+    db_path: Path
+    threads: int | None
+    warmup: int
+    repeats: int
+    ops: bool
+    optimizer: bool
+    collectives: tuple[str, ...]
+    sizes: tuple[int, ...]
+    world_size: int
+    timeout_s: float
+    stop_after: int | None
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise TrainsimError("trainsim profile needs PyTorch: pip install torch") from None
+    return torch
+
+
+def _device(requested: str, torch: Any) -> str:
+    check_choice("device", requested, ("auto", "cpu", "cuda"))
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device", requested, "torch sees no CUDA device here; use --device cpu")
+    return requested
+
+
+def _default_device_name(device: str, torch: Any) -> str:
+    """cpu-local on CPUs; on GPUs a slug of the name torch reports (pass --device-name to use a catalog GPU)."""
+    if device == "cpu":
+        return LOCAL_CPU_DEVICE
+    return "-".join(torch.cuda.get_device_name().lower().replace("nvidia", "").split())
+
+
+def _stop_after() -> int | None:
+    value = os.environ.get(STOP_AFTER_ENV)
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(STOP_AFTER_ENV, value, "must be a positive integer")
+    return int(value)
+
+
+def _parse_sizes(text: str | None) -> tuple[int, ...]:
+    if not text:
+        return DEFAULT_SIZES
+    sizes = tuple(int(parse_bytes(part.strip(), "sizes")) for part in text.split(",") if part.strip())
+    if not sizes or min(sizes) <= 0:
+        raise ConfigError("sizes", text, "a comma-separated list of positive sizes such as 1KiB,1MiB")
+    return sizes
+
+
+def _check_shape(model: ModelSpec, shape: JobShape) -> None:
+    """The same checks `trainsim predict` makes (tp divides the heads, seq_len fits learned positions ...)."""
+    cluster = load_cluster("local-cpu").with_num_gpus(shape.tp)
+    make_job(model, cluster, ParallelSpec(tp=shape.tp, sp=shape.sp, dp=1, micro_batch=shape.micro_batch,
+                                          seq_len=shape.seq_len, precision=shape.precision))
+
+
+def _progress_bar(console: Console) -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("{task.fields[last]}"), console=console)
+
+
+def run_profile(request: ProfileRequest, console: Console) -> dict[str, Any]:
+    """Measure what the request asks for and the database lacks; return the summary as plain data."""
+    torch = _torch()
+    if request.threads is not None:
+        torch.set_num_threads(request.threads)
+    from trainsim.profile.ops import local_environment
+
+    env = local_environment(request.device_name, request.device)
+    ops: OpProfileSummary | None = None
+    comms: CollectiveSummary | None = None
+    with ProfileDB.open(request.db_path, stop_after=request.stop_after) as db, _progress_bar(console) as bar:
+        if request.ops:
+            task = bar.add_task("ops", total=None, last="")
+
+            def op_done(sig: OpSignature, how: str) -> None:
+                bar.update(task, advance=1, last=f"{how}: {sig.describe()}")
+
+            ops = profile_job(db, env, request.model, request.shape, request.device, warmup=request.warmup,
+                              repeats=request.repeats, optimizer=request.optimizer, progress=op_done,
+                              plan=lambda n: bar.update(task, total=n))
+        if request.collectives:
+            ctask = bar.add_task(f"collectives ({request.world_size} x gloo)", total=None, last="")
+
+            def comm_done(collective: str, size: int, how: str) -> None:
+                bar.update(ctask, advance=1, last=f"{how}: {collective} {size} B")
+
+            comms = profile_collectives(db, env, collectives=request.collectives, sizes=request.sizes,
+                                        world_size=request.world_size, warmup=max(1, request.warmup // 2),
+                                        repeats=request.repeats, timeout_s=request.timeout_s, progress=comm_done,
+                                        plan=lambda n: bar.update(ctask, total=n))
+        rows = db.count("op_times")
+        collective_rows = db.count("collective_times")
+    return _summary(request, env, ops, comms, rows, collective_rows)
+
+
+def _summary(request: ProfileRequest, env: Environment, ops: OpProfileSummary | None,
+             comms: CollectiveSummary | None, rows: int, collective_rows: int) -> dict[str, Any]:
+    return {
+        "db": str(request.db_path), "device": env.device, "hardware": env.hardware, "versions": env.versions,
+        "threads": env.threads, "model": request.model.name, "precision": request.shape.precision,
+        "micro_batch": request.shape.micro_batch, "seq_len": request.shape.seq_len, "tp": request.shape.tp,
+        "signatures": ops.signatures if ops else 0,
+        "measured": (ops.measured if ops else 0) + (comms.measured if comms else 0),
+        "ops_measured": ops.measured if ops else 0, "ops_already_stored": ops.already_stored if ops else 0,
+        "unsupported_ops": list(ops.unsupported) if ops else [],
+        "collectives_measured": comms.measured if comms else 0,
+        "collectives_already_stored": comms.already_stored if comms else 0,
+        "collectives_failure": comms.failure if comms else "",
+        "op_rows": rows, "collective_rows": collective_rows,
+    }
+
+
+def render_summary(summary: dict[str, Any], seconds: float) -> str:
+    lines = [f"profile database {summary['db']}",
+             f"  device {summary['device']} ({summary['hardware']}), {summary['versions']}, "
+             f"{summary['threads']} threads",
+             f"  {summary['model']} {summary['precision']} mb={summary['micro_batch']} seq={summary['seq_len']} "
+             f"tp={summary['tp']}: {summary['signatures']} op signatures, {summary['ops_measured']} measured, "
+             f"{summary['ops_already_stored']} already stored",
+             f"  collectives: {summary['collectives_measured']} measured, "
+             f"{summary['collectives_already_stored']} already stored",
+             f"  database holds {summary['op_rows']} op and {summary['collective_rows']} collective measurements; "
+             f"took {format_duration(seconds)}"]
+    if summary["unsupported_ops"]:
+        lines.append("  no microbenchmark (the roofline answers): " + ", ".join(summary["unsupported_ops"]))
+    if summary["collectives_failure"]:
+        lines.append(f"  collectives stopped early: {summary['collectives_failure']} (rerun to resume)")
+    if summary["device"] != LOCAL_CPU_DEVICE:
+        lines.append(f"  predictions use these times for clusters whose device is named {summary['device']!r}")
+    return "\n".join(lines)
+
+
+@handles_errors
+def profile(
+    model: Annotated[str, typer.Option(help="catalog name, model YAML, or HF config.json")] = "gpt3-125m",
+    precision: Annotated[str, typer.Option(help=" ".join(PRECISIONS))] = "bf16",
+    micro_batch: Annotated[int, typer.Option(help="sequences per micro-batch")] = 1,
+    seq_len: Annotated[int, typer.Option(help="tokens per sequence")] = 2048,
+    tp: Annotated[int, typer.Option(help="tensor-parallel degree: profile the sharded shapes")] = 1,
+    sp: Annotated[bool, typer.Option("--sp/--no-sp", help="sequence parallelism (with tp > 1)")] = False,
+    db: Annotated[Path | None, typer.Option(help="profile database (default: the user's cache)")] = None,
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda")] = "auto",
+    device_name: Annotated[str | None, typer.Option(help="trainsim device name to file the times under")] = None,
+    threads: Annotated[int | None, typer.Option(help="torch intra-op threads (default: torch's)")] = None,
+    warmup: Annotated[int, typer.Option(help="untimed calls before measuring")] = 3,
+    repeats: Annotated[int, typer.Option(help="timed samples per op (median, p10, p90)")] = 10,
+    ops: Annotated[bool, typer.Option("--ops/--no-ops", help="op microbenchmarks")] = True,
+    optimizer: Annotated[bool, typer.Option("--optimizer/--no-optimizer", help="time the Adam step")] = True,
+    collectives: Annotated[bool, typer.Option("--collectives/--no-collectives",
+                                              help="gloo collective microbenchmarks")] = True,
+    sizes: Annotated[str | None, typer.Option(help="collective message sizes, e.g. 1KiB,1MiB")] = None,
+    world_size: Annotated[int, typer.Option(help="local processes for the collectives")] = 2,
+    timeout_s: Annotated[float, typer.Option(help="deadline of the collective run, seconds")] = 300.0,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+) -> None:
+    """Measure the forward and backward time of every op of a job on this machine, and local collectives."""
+    import time
+
+    check_choice("precision", precision, PRECISIONS)
+    for name, value in (("micro_batch", micro_batch), ("seq_len", seq_len), ("tp", tp), ("repeats", repeats)):
+        if value < 1:
+            raise ConfigError(name, value, "must be a positive integer")
+    if world_size < 2:
+        raise ConfigError("world_size", world_size, "must be at least 2")
+    spec = load_model(model)
+    shape = JobShape(micro_batch, seq_len, cast(Precision, precision), tp, sp)
+    _check_shape(spec, shape)
+    torch = _torch()
+    dev = _device(device, torch)
+    request = ProfileRequest(spec, shape, dev, device_name or _default_device_name(dev, torch),
+                             db or default_db_path(), threads, max(0, warmup), repeats, ops, optimizer,
+                             COLLECTIVES if collectives else (), _parse_sizes(sizes), world_size, timeout_s,
+                             _stop_after())
+    started = time.perf_counter()
+    summary = run_profile(request, Console(stderr=True))
+    if as_json:
+        typer.echo(json.dumps(summary, indent=1))
+    else:
+        typer.echo(render_summary(summary, time.perf_counter() - started))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("profile")(profile)

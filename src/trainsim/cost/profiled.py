@@ -1,0 +1,219 @@
+"""Op costs from the profile database: exact signature, else interpolation over size, else the fallback.
+
+For an op, ProfiledCosts looks up the measurement of its signature (trainsim.profile.ops.signature_of: kernel,
+phase, dtype, shape) on the device the estimator asks about. Without an exact match it interpolates log-log in
+the signature's size (elements for pointwise ops, the shape product - proportional to FLOPs - for matmul and
+attention) between the two nearest measured sizes of the same kernel, phase and dtype; outside the measured range
+it does not extrapolate and asks the fallback model (the calibrated roofline). Which source answered each op is
+counted, so a report can say how much of a prediction rests on measurements.
+
+No torch here: the database is plain SQLite, read once at construction.
+"""
+
+import bisect
+import math
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from trainsim.cost.compute import OpCostModel, RooflineCosts
+from trainsim.errors import ConfigError
+from trainsim.hardware.device import DeviceSpec
+from trainsim.ir.graph import Op
+from trainsim.profile.database import OpRow, ProfileDB, default_db_path
+from trainsim.profile.ops import OPTIMIZER_SIGNATURE_KIND, overhead_signature, signature_of
+
+if TYPE_CHECKING:
+    from trainsim.estimate.analytical import AnalyticalEstimator
+
+Source = Literal["exact", "interpolated", "fallback"]
+COST_MODELS = ("roofline", "profiled")
+_Group = tuple[str, str, str, str, str]  # device, kind, impl, phase, dtype
+
+
+@dataclass(frozen=True, slots=True)
+class _Curve:
+    """Measured (size, seconds) points of one kernel, sorted by size; equal sizes averaged in log space."""
+
+    sizes: tuple[float, ...]
+    seconds: tuple[float, ...]
+
+    @classmethod
+    def of(cls, points: list[tuple[float, float]]) -> "_Curve":
+        by_size: dict[float, list[float]] = {}
+        for size, seconds in points:
+            by_size.setdefault(size, []).append(seconds)
+        sizes = sorted(by_size)
+        means = [math.exp(sum(math.log(max(s, 1e-12)) for s in by_size[x]) / len(by_size[x])) for x in sizes]
+        return cls(tuple(sizes), tuple(means))
+
+    def interpolate(self, size: float) -> float | None:
+        """log-log interpolation inside [min size, max size]; None outside (no extrapolation)."""
+        if not self.sizes or size < self.sizes[0] or size > self.sizes[-1]:
+            return None
+        hi = bisect.bisect_left(self.sizes, size)
+        if self.sizes[hi] == size:
+            return self.seconds[hi]
+        lo = hi - 1
+        x0, x1 = math.log(self.sizes[lo]), math.log(self.sizes[hi])
+        y0, y1 = math.log(self.seconds[lo]), math.log(self.seconds[hi])
+        return math.exp(y0 + (math.log(size) - x0) / (x1 - x0) * (y1 - y0))
+
+
+class ProfiledCosts:
+    """An OpCostModel answering from a profile database.
+
+    device_name: the trainsim device whose measurements to use; None (the default) uses the device each call
+    names, so one instance serves any cluster. versions / threads pick one measurement environment when the
+    database holds several for a device; by default the one with the most measurements wins.
+    """
+
+    name = "profiled"
+
+    def __init__(self, db: Path | ProfileDB, device_name: str | None = None, fallback: OpCostModel | None = None,
+                 *, versions: str | None = None, threads: int | None = None) -> None:
+        if fallback is None:
+            from trainsim.cost.calibration import load_calibration
+
+            fallback = RooflineCosts(load_calibration())
+        self.fallback: OpCostModel = fallback
+        self.device_name = device_name
+        self.sources: Counter[Source] = Counter()
+        self.answers: dict[tuple[str, str, str], Source] = {}  # (module path, op name, phase) -> last source
+        handle = db if isinstance(db, ProfileDB) else ProfileDB.open_read_only(db)
+        try:
+            rows = list(handle.op_rows(device_name))
+        finally:
+            if handle is not db:
+                handle.close()
+        self.environments = _pick_environments(rows, versions, threads)
+        self._exact: dict[tuple[str, str, str, str, str, tuple[int, ...]], float] = {}
+        points: dict[_Group, list[tuple[float, float]]] = {}
+        for row in rows:
+            env = self.environments.get(row.env.device)
+            if env is None or (row.env.versions, row.env.threads) != env:
+                continue
+            sig = row.signature
+            self._exact[(row.env.device, sig.kind, sig.impl, sig.phase, sig.dtype, sig.shape)] = row.stats.median_s
+            points.setdefault((row.env.device, sig.kind, sig.impl, sig.phase, sig.dtype), []).append(
+                (sig.size, row.stats.median_s))
+        self._curves = {group: _Curve.of(pts) for group, pts in points.items()}
+
+    @property
+    def measurements(self) -> int:
+        return len(self._exact)
+
+    def lookup(self, op: Op, device_name: str) -> tuple[float, Source] | None:
+        """The measured (or interpolated) seconds of `op` on `device_name`, or None."""
+        sig = signature_of(op)
+        if sig is None:
+            return None
+        exact = self._exact.get((device_name, sig.kind, sig.impl, sig.phase, sig.dtype, sig.shape))
+        if exact is not None:
+            return exact, "exact"
+        curve = self._curves.get((device_name, sig.kind, sig.impl, sig.phase, sig.dtype))
+        seconds = curve.interpolate(sig.size) if curve is not None else None
+        return (seconds, "interpolated") if seconds is not None else None
+
+    def op_time_s(self, op: Op, device: DeviceSpec) -> float:
+        found = self.lookup(op, self.device_name or device.name)
+        if found is None:
+            seconds, source = self.fallback.op_time_s(op, device), "fallback"
+        else:
+            seconds, source = found
+        self.sources[source] += 1
+        self.answers[(op.module_path, op.name, op.phase)] = source
+        return seconds
+
+    def optimizer_step_s(self, params: float, device_name: str) -> float | None:
+        """Measured Adam step over `params` parameters: exact, or interpolated inside the measured range."""
+        curve = self._curves.get((self.device_name or device_name, OPTIMIZER_SIGNATURE_KIND, "adam", "step", "fp32"))
+        return curve.interpolate(float(round(params))) if curve is not None else None
+
+    def overhead_per_op_s(self, device_name: str) -> float | None:
+        """Measured framework cost per graph op (autograd recording and engine) beyond the op kernels."""
+        sig = overhead_signature()
+        return self._exact.get((self.device_name or device_name, sig.kind, sig.impl, sig.phase, sig.dtype,
+                                sig.shape))
+
+    def source_counts(self) -> dict[str, int]:
+        """How many op lookups each source answered: exact, interpolated, fallback."""
+        return {source: self.sources.get(source, 0) for source in ("exact", "interpolated", "fallback")}
+
+    def describe(self) -> str:
+        envs = ", ".join(f"{dev}: {ver}, {thr} threads" for dev, (ver, thr) in sorted(self.environments.items()))
+        counts = ", ".join(f"{k} {v}" for k, v in self.source_counts().items())
+        return f"profiled costs ({self.measurements} measurements; {envs or 'none'}); ops answered: {counts}"
+
+
+def _pick_environments(rows: list[OpRow], versions: str | None, threads: int | None) -> dict[str, tuple[str, int]]:
+    """device -> (versions, threads) with the most measurements (optionally restricted)."""
+    counts: Counter[tuple[str, str, int]] = Counter()
+    for row in rows:
+        if (versions is None or row.env.versions == versions) and (threads is None or row.env.threads == threads):
+            counts[(row.env.device, row.env.versions, row.env.threads)] += 1
+    chosen: dict[str, tuple[str, int]] = {}
+    for (device, ver, thr), _ in counts.most_common():
+        chosen.setdefault(device, (ver, thr))
+    return chosen
+
+
+def make_estimator(costs: str, db: Path | None = None) -> "AnalyticalEstimator":
+    """The analytical (L0) engine with op times from `costs`: "roofline" (the calibrated default) or
+    "profiled" (the profile database at `db`, default: the user's cache; the roofline for ops it lacks).
+
+    With profiled costs, and for a device the database has measured, the Adam step and the framework overhead
+    are measured too: the step from the database (when its parameter count is in the measured range), the
+    overhead as the measured per-op cost x the ops of each micro-batch, in place of the calibration's fitted
+    per-iteration and per-micro-batch constants (fitted on GPU clusters' runs, not on this profile's device).
+    """
+    from trainsim.estimate.analytical import AnalyticalEstimator
+
+    if costs not in COST_MODELS:
+        raise ConfigError("costs", costs, "choose one of: " + ", ".join(COST_MODELS))
+    if costs == "roofline":
+        return AnalyticalEstimator()
+    return _profiled_estimator(db or default_db_path())
+
+
+def _profiled_estimator(db: Path) -> "AnalyticalEstimator":
+    from dataclasses import replace
+
+    from trainsim.cost.calibration import load_calibration
+    from trainsim.estimate.analytical import AnalyticalEstimator, StageCost
+    from trainsim.estimate.result import Result
+    from trainsim.estimate.stages import StagePart
+    from trainsim.job import Job
+
+    fitted = load_calibration()
+    measured_runtime = fitted.model_copy(update={"runtime": fitted.runtime.model_copy(
+        update={"iteration_overhead_s": 0.0, "micro_batch_overhead_s": 0.0})})
+    profiled = ProfiledCosts(db, fallback=RooflineCosts(fitted))
+
+    class ProfiledAnalyticalEstimator(AnalyticalEstimator):
+        """NB: overrides the engine's optimizer formula and fixed overheads with measured ones; the analytical
+        engine offers no public hook for them yet."""
+
+        def estimate(self, job: Job) -> Result:
+            has_overhead = profiled.overhead_per_op_s(job.cluster.device.name) is not None
+            self.cal = measured_runtime if has_overhead else fitted
+            return super().estimate(job)
+
+        def stage_cost(self, stage: list[StagePart], job: Job) -> StageCost:
+            cost = super().stage_cost(stage, job)
+            per_op = profiled.overhead_per_op_s(job.cluster.device.name)
+            if per_op is None:
+                return cost
+            ops = sum(part.count * (len(part.layer.fwd) + len(part.layer.bwd)) for part in stage)
+            return replace(cost, overhead_s=per_op * ops)
+
+        def _optimizer_step_s(self, stages: list[list[StagePart]], job: Job) -> float:
+            par = job.parallel
+            params = max(sum(part.count * part.layer.param_count for part in stage) for stage in stages)
+            if par.zero >= 1:
+                params /= par.dp * par.cp
+            measured = profiled.optimizer_step_s(params, job.cluster.device.name)
+            return measured if measured is not None else super()._optimizer_step_s(stages, job)
+
+    return ProfiledAnalyticalEstimator(calibration=fitted, op_costs=profiled)

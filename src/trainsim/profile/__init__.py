@@ -1,0 +1,60 @@
+"""Microbenchmarks on the local device and the profile database that keeps them.
+
+profile_job() measures every unique op of one job's OpGraph (ops.py) and, on request, collectives between local
+processes (collectives.py), writing each measurement to the SQLite database (database.py) as it is taken.
+`trainsim profile` (cli/profile.py) is its command line; cost/profiled.py reads the database back.
+
+Importing this package does not import torch; the measuring functions do.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from trainsim.frontends.shape import DeviceSlice
+from trainsim.ir.graph import OpGraph
+from trainsim.ir.model_spec import ModelSpec, TransformerSpec
+from trainsim.profile.database import Environment, OpSignature, ProfileDB, default_db_path
+from trainsim.profile.ops import KernelHints, OpProfileSummary, profile_graph
+from trainsim.strategy.precision import Precision, policy_for
+
+__all__ = ["Environment", "JobShape", "OpSignature", "ProfileDB", "default_db_path", "hints_for", "job_graph",
+           "profile_job"]
+
+
+@dataclass(frozen=True, slots=True)
+class JobShape:
+    """The settings that decide the op shapes and dtypes of a job on one device."""
+
+    micro_batch: int
+    seq_len: int
+    precision: Precision
+    tp: int = 1
+    sp: bool = False
+
+    def device_slice(self) -> DeviceSlice:
+        return DeviceSlice(self.micro_batch, self.seq_len, policy_for(self.precision), self.tp, self.sp)
+
+
+def job_graph(model: ModelSpec, shape: JobShape) -> OpGraph:
+    """The per-device OpGraph of the job, from the catalog front-end (tp-sharded shapes when tp > 1)."""
+    from trainsim.frontends.catalog import build_graph  # NB: here, so the cost lookup does not load front-ends
+
+    return build_graph(model, shape.device_slice())
+
+
+def hints_for(model: ModelSpec, shape: JobShape) -> KernelHints:
+    amp = policy_for(shape.precision).linear_dtype if shape.precision.startswith("amp-") else ""
+    if isinstance(model, TransformerSpec):
+        return KernelHints(hidden=model.hidden, vocab=max(1, model.vocab // shape.tp), seq_len=shape.seq_len,
+                           bias=model.bias, norm=model.norm, amp=amp)
+    return KernelHints(seq_len=shape.seq_len, amp=amp)
+
+
+def profile_job(db: ProfileDB, env: Environment, model: ModelSpec, shape: JobShape, device: str, *,
+                warmup: int = 3, repeats: int = 10, optimizer: bool = True,
+                progress: Callable[[OpSignature, str], None] | None = None,
+                plan: Callable[[int], None] | None = None) -> OpProfileSummary:
+    """Measure the ops of `model` under `shape` on `device` ("cpu" or "cuda") that `db` lacks for `env`."""
+    graph = job_graph(model, shape)
+    return profile_graph(db, env, graph, hints_for(model, shape), device, warmup=warmup, repeats=repeats,
+                         optimizer=optimizer, progress=progress, plan=plan)

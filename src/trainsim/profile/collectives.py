@@ -1,0 +1,183 @@
+"""Collective microbenchmarks: torch.distributed (gloo) between processes on this machine.
+
+profile_collectives() spawns `world_size` processes that join one gloo group over loopback TCP, time each
+(collective, message size) the database lacks, and send the results to the parent, which commits each one as it
+arrives. A deadline bounds the whole run: on expiry (or if a worker dies) the workers are terminated, what was
+stored stays stored and the summary says what failed; it never hangs.
+
+Message sizes follow trainsim's Comm.buffer_bytes convention: all-reduce and all-to-all the buffer each rank
+contributes, all-gather and reduce-scatter the full (gathered) buffer, send-recv the message.
+"""
+
+import contextlib
+import multiprocessing
+import os
+import queue
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from trainsim.profile.database import Environment, ProfileDB, TimingStats
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv")
+DEFAULT_SIZES = tuple(1024 * 4**i for i in range(8))  # 1 KiB ... 16 MiB
+BACKEND = "gloo"
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveSummary:
+    planned: int  # (collective, size) pairs asked for
+    measured: int
+    already_stored: int
+    failure: str = ""  # why the run stopped early ("" when it finished)
+
+
+CollectiveProgress = Callable[[str, int, str], None]  # (collective, message bytes, "measured" | "stored")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _collective_fn(collective: str, message_bytes: int, rank: int, world_size: int) -> Callable[[], object]:
+    import torch
+    import torch.distributed as dist
+
+    elements = max(world_size, message_bytes // 4 // world_size * world_size)  # fp32, divisible by the ranks
+    if collective == "all-reduce":
+        buf = torch.randn(elements)
+        return lambda: dist.all_reduce(buf)
+    if collective == "all-gather":
+        shard, full = torch.randn(elements // world_size), torch.empty(elements)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        return lambda: gather(full, shard)
+    if collective == "reduce-scatter":
+        full, shard = torch.randn(elements), torch.empty(elements // world_size)
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        return lambda: scatter(shard, full)
+    if collective == "all-to-all":
+        send, recv = torch.randn(elements), torch.empty(elements)
+        return lambda: dist.all_to_all_single(recv, send)
+    if collective == "send-recv":
+        buf = torch.randn(elements)
+        peer = rank + 1 if rank % 2 == 0 else rank - 1
+        if peer >= world_size:  # an odd world: the last rank idles
+            return lambda: None
+        return (lambda: dist.send(buf, peer)) if rank % 2 == 0 else (lambda: dist.recv(buf, peer))
+    raise AssertionError(f"unknown collective {collective}")
+
+
+def _worker(rank: int, world_size: int, port: int, todo: list[tuple[str, int]], warmup: int, repeats: int,
+            threads: int, timeout_s: float, parent_pid: int, results: Any) -> None:
+    """One rank: time each pending (collective, size); rank 0 reports the per-repeat maximum over ranks."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    try:
+        dist.init_process_group(BACKEND, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=timeout_s))
+    except Exception as exc:  # reported to the parent, which decides
+        results.put(("error", rank, f"{type(exc).__name__}: {exc}"))
+        return
+    try:
+        for collective, size in todo:
+            if os.getppid() != parent_pid:  # the parent is gone (killed): stop, do not linger
+                return
+            fn = _collective_fn(collective, size, rank, world_size)
+            samples = []
+            for index in range(warmup + repeats):
+                dist.barrier()
+                start = time.perf_counter()
+                fn()
+                elapsed = time.perf_counter() - start
+                if index >= warmup:
+                    samples.append(elapsed)
+            slowest = torch.tensor(samples, dtype=torch.float64)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # NB: a collective ends when its last rank does
+            if rank == 0:
+                results.put(("result", collective, size, slowest.tolist()))
+        if rank == 0:
+            results.put(("done",))
+    except Exception as exc:
+        results.put(("error", rank, f"{type(exc).__name__}: {exc}"))
+    finally:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+def profile_collectives(db: ProfileDB, env: Environment, *, collectives: tuple[str, ...] = COLLECTIVES,
+                        sizes: tuple[int, ...] = DEFAULT_SIZES, world_size: int = 2, warmup: int = 2,
+                        repeats: int = 10, timeout_s: float = 300.0, progress: CollectiveProgress | None = None,
+                        plan: Callable[[int], None] | None = None) -> CollectiveSummary:
+    """Time the (collective, size) pairs `db` lacks for `env` with `world_size` local gloo processes."""
+    pairs = [(c, int(s)) for c in collectives for s in sizes]
+    if plan is not None:
+        plan(len(pairs))
+    todo: list[tuple[str, int]] = []
+    for collective, size in pairs:
+        if db.has_collective(env, BACKEND, collective, world_size, size):
+            if progress is not None:
+                progress(collective, size, "stored")
+        else:
+            todo.append((collective, size))
+    stored = len(pairs) - len(todo)
+    if not todo:
+        return CollectiveSummary(len(pairs), 0, stored)
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, daemon=True,
+                         args=(rank, world_size, port, todo, warmup, repeats, env.threads, timeout_s, os.getpid(),
+                               results))
+             for rank in range(world_size)]
+    for proc in procs:
+        proc.start()
+    measured, failure = 0, ""
+    deadline = time.monotonic() + timeout_s
+    try:
+        while measured < len(todo):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                failure = f"timed out after {timeout_s:.0f} s"
+                break
+            try:
+                message = results.get(timeout=min(remaining, 1.0))
+            except queue.Empty:
+                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    failure = f"worker exited with code {dead[0].exitcode}"
+                    break
+                continue
+            if message[0] == "result":
+                _, collective, size, samples = message
+                db.put_collective(env, BACKEND, collective, world_size, size, TimingStats.of(samples))
+                measured += 1
+                if progress is not None:
+                    progress(collective, size, "measured")
+            elif message[0] == "error":
+                failure = f"rank {message[1]}: {message[2]}"
+                break
+            else:
+                break
+    finally:
+        _stop(procs)
+    return CollectiveSummary(len(pairs), measured, stored, failure)
+
+
+def _stop(procs: list[Any]) -> None:
+    """Join the workers; terminate (then kill) the ones still running. Only processes this run started."""
+    for proc in procs:
+        proc.join(timeout=5.0)
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=5.0)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5.0)

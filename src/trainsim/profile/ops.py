@@ -1,0 +1,630 @@
+"""Op microbenchmarks: time the torch kernel that stands in for each unique op of an OpGraph.
+
+Following the precision-aware predictor (../shared/seeds/001, sec. III: "we profile each operator's execution
+time across both forward and backward computation graphs using the specific settings from the job config"), every
+op is run with the job's own shapes and dtype on the local device:
+
+- matmul (batch, m, n, k): forward as F.linear (x[m,k] @ w[n,k]^T + bias, the layout of nn.Linear), dgrad as
+  dy[m,k'] @ w, wgrad as dy^T @ x (+ the bias-gradient sum), as autograd runs them; under amp-* the forward runs
+  inside torch.autocast with fp32 weights (so the weight cast is included) and wgrad casts its result to fp32.
+- attention (batch*heads, q, kv, head_dim): F.scaled_dot_product_attention (causal when the op is), its
+  backward through autograd; an unfused op (the catalog's fused_attention=False) as the two batched matmuls.
+- pointwise ops by name: layer norm, GELU, SiLU-gate, add, RoPE-like multiply-add, softmax, cross-entropy,
+  embedding lookup; backward through autograd.grad (retain_graph, so one forward serves every repeat).
+
+torch is imported inside the functions that time things; signature_of() and friends are plain Python so the cost
+lookup (cost/profiled.py) can share them without torch.
+"""
+
+import contextlib
+import math
+import os
+import platform
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from trainsim.ir.graph import Op, OpGraph
+from trainsim.profile.database import Environment, OpSignature, ProfileDB
+from trainsim.strategy.precision import BYTES_PER_DTYPE
+
+NO_BIAS_MATMULS = ("router",)  # the MoE router has no bias
+LOGITS_MATMUL = "logits"  # the vocabulary projection: no bias, and its output feeds the fp32 loss
+OPTIMIZER_SIGNATURE_KIND = "optimizer"
+OVERHEAD_SIGNATURE_KIND = "overhead"
+UNSUPPORTED_DTYPES = ("fp8",)  # NB: torch has no portable fp8 GEMM; these ops fall back to the roofline
+
+
+@dataclass(frozen=True, slots=True)
+class KernelHints:
+    """What the op shapes do not say but the kernels need: row widths of pointwise ops and model habits.
+
+    hidden: width of norm rows and embedding rows; vocab: logits row width on this device (vocab / tp);
+    seq_len: softmax row width; bias: linear layers carry a bias; norm: layernorm | rmsnorm;
+    amp: the autocast dtype of the amp-* precisions ("bf16" | "fp16"), "" otherwise: weights stay fp32 and
+    matmuls and the loss run under torch.autocast, casts included.
+    """
+
+    hidden: int = 1024
+    vocab: int = 32000
+    seq_len: int = 1024
+    bias: bool = True
+    norm: str = "layernorm"
+    amp: str = ""
+
+    def describe(self) -> str:
+        return (f"hidden={self.hidden} vocab={self.vocab} seq={self.seq_len} bias={self.bias} norm={self.norm} "
+                f"amp={self.amp or 'no'}")
+
+
+# --- signatures (no torch) ---
+
+
+def _prod(shape: Iterable[int]) -> float:
+    return math.prod(float(d) for d in shape)
+
+
+def _attention_impl(op: Op) -> str:
+    """NB: an attention Op does not carry fused/causal; they follow from cost/flops.py's formulas: a fused
+    kernel moves only Q, K, V and O (x2 backward), and a fused causal one does half the FLOPs (2 x b*q*kv*d
+    forward, 5 x backward) of a full one (4 and 10)."""
+    bh, q, kv, d = op.shape
+    qkvo_bytes = bh * (2 * q + 2 * kv) * d * BYTES_PER_DTYPE[op.dtype] * (2.0 if op.phase == "bwd" else 1.0)
+    fused = math.isclose(op.bytes_moved, qkvo_bytes, rel_tol=1e-9)
+    if not fused:
+        return "attn.unfused"
+    ratio = op.flops / max(_prod(op.shape), 1.0)
+    causal = ratio < (3.0 if op.phase == "fwd" else 7.5)
+    return "sdpa.causal" if causal else "sdpa"
+
+
+def _pointwise_impl(op: Op) -> str:
+    name = op.name.removesuffix(".bwd")
+    if op.kind == "norm":
+        return "norm"
+    if op.kind == "softmax":
+        return "softmax"
+    if op.kind == "loss":
+        return "cross_entropy"
+    if op.kind == "embedding":
+        return "embedding"
+    if name in ("gelu", "swiglu", "rope"):
+        return name
+    return "add"  # residual adds, position-embedding add and other two-input elementwise ops
+
+
+def signature_of(op: Op) -> OpSignature | None:
+    """The measurement an op is answered by; None for ops no microbenchmark stands in for (conv, pool, fp8)."""
+    if op.dtype in UNSUPPORTED_DTYPES or op.kind in ("conv", "pool"):
+        return None
+    if op.kind == "matmul":
+        if len(op.shape) != 4:
+            return None
+        base, _, suffix = op.name.partition(".")
+        impl = f"mm.{suffix}" if suffix in ("dgrad", "wgrad") else "mm"
+        if base == LOGITS_MATMUL:
+            impl += ".logits"
+        elif base in NO_BIAS_MATMULS:
+            impl += ".nobias"
+        return OpSignature("matmul", impl, op.phase, op.dtype, tuple(op.shape))
+    if op.kind == "attention":
+        if len(op.shape) != 4:
+            return None
+        return OpSignature("attention", _attention_impl(op), op.phase, op.dtype, tuple(op.shape))
+    return OpSignature(op.kind, _pointwise_impl(op), op.phase, op.dtype, tuple(op.shape))
+
+
+def unique_signatures(graph: OpGraph) -> tuple[list[OpSignature], list[Op]]:
+    """Unique signatures in graph order (forward before backward within a layer), and the ops without one."""
+    seen: dict[OpSignature, None] = {}
+    unsupported: list[Op] = []
+    for layer in graph.layers:
+        for op in layer.fwd + layer.bwd:
+            sig = signature_of(op)
+            if sig is None:
+                unsupported.append(op)
+            else:
+                seen.setdefault(sig, None)
+    return list(seen), unsupported
+
+
+def optimizer_signature(params: int) -> OpSignature:
+    """Adam over `params` fp32 parameters (master weights and moments are fp32 under every precision)."""
+    return OpSignature(OPTIMIZER_SIGNATURE_KIND, "adam", "step", "fp32", (int(params),))
+
+
+def overhead_signature() -> OpSignature:
+    """The framework's cost per graph op beyond the kernel calls the op microbenchmarks time."""
+    return OpSignature(OVERHEAD_SIGNATURE_KIND, "autograd", "step", "fp32", (1,))
+
+
+def parameter_tensors(graph: OpGraph, hints: KernelHints) -> list[int]:
+    """Sizes of the parameter tensors the optimizer walks, one list entry per tensor. NB: the graph keeps
+    parameter counts per layer, not per tensor; the tensors are rebuilt from the ops: a weight per forward
+    matmul (n x k) and a bias with it, a weight (and a bias for layernorm) per norm, the rest of the layer's
+    parameters as embedding tables. The count matters: torch's CPU Adam costs ~0.1 ms per tensor."""
+    sizes: list[int] = []
+    for layer in graph.layers:
+        tensors: list[int] = []
+        for op in layer.fwd:
+            if op.kind == "matmul" and len(op.shape) == 4:
+                _, _, n, k = op.shape
+                tensors.append(n * k)
+                if hints.bias and op.name not in (*NO_BIAS_MATMULS, LOGITS_MATMUL):
+                    tensors.append(n)
+            elif op.kind == "norm":
+                tensors += [hints.hidden] * (2 if hints.norm == "layernorm" else 1)
+        if sum(tensors) > layer.param_count:  # a tied vocabulary projection: its weight is the embedding's
+            tensors = _fit(tensors, layer.param_count)
+        rest = round(layer.param_count) - sum(tensors)
+        tables = [op for op in layer.fwd if op.kind == "embedding" or op.name == "pos_add"]
+        if rest > 0:
+            parts = max(1, len(tables))
+            tensors += [rest // parts + rest % parts] + [rest // parts] * (parts - 1)
+        sizes += [t for t in tensors if t > 0] * layer.count
+    return sizes
+
+
+def _fit(tensors: list[int], budget: float) -> list[int]:
+    """Drop the largest tensors until the rest fit the layer's parameter count."""
+    kept = sorted(tensors)
+    while kept and sum(kept) > budget:
+        kept.pop()
+    return kept
+
+
+# --- the local device ---
+
+
+def torch_versions() -> str:
+    import torch
+
+    cuda = f" cuda {torch.version.cuda}" if torch.cuda.is_available() and torch.version.cuda else ""
+    return f"torch {torch.__version__}{cuda}"
+
+
+def hardware_name(device: str) -> str:
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name()
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return f"{line.split(':', 1)[1].strip()} x{os.cpu_count()}"
+    except OSError:
+        pass
+    return f"{platform.processor() or platform.machine()} x{os.cpu_count()}"
+
+
+def local_environment(device_name: str, device: str) -> Environment:
+    import torch
+
+    return Environment(device_name, torch_versions(), torch.get_num_threads(), hardware_name(device))
+
+
+# --- timing ---
+
+
+Clock = Callable[[], float]
+
+
+def clock_for(device: str) -> tuple[Clock, str]:
+    """The clock op times are read on. NB: on a CPU with one intra-op thread the calling thread's CPU time
+    (time.thread_time) is the op's run time without the slices other processes take from the core; a shared
+    machine otherwise adds their load to every measurement. With more threads (or on a GPU) wall time."""
+    if device == "cpu":
+        import torch
+
+        if torch.get_num_threads() == 1:
+            return time.thread_time, "thread CPU time"
+    return time.perf_counter, "wall time"
+
+
+def time_callable(fn: Callable[[], object], sync: Callable[[], None], warmup: int, repeats: int,
+                  min_sample_s: float = 2e-4, max_inner: int = 64, clock: Clock = time.perf_counter,
+                  flush: Callable[[], None] | None = None) -> list[float]:
+    """`repeats` samples of seconds per call after `warmup` calls. A sample averages enough back-to-back calls
+    to last min_sample_s, so microsecond ops are not all timer resolution and Python overhead. flush runs
+    (untimed) before each sample: it evicts the caches, so the op starts cold as inside a training step."""
+    for _ in range(max(warmup, 1)):
+        fn()
+    sync()
+    start = clock()
+    fn()
+    sync()
+    one = max(clock() - start, 1e-9)
+    inner = min(max_inner, max(1, math.ceil(min_sample_s / one)))
+    samples: list[float] = []
+    for _ in range(max(repeats, 1)):
+        if flush is not None:
+            flush()
+            sync()
+        start = clock()
+        for _ in range(inner):
+            fn()
+        sync()
+        samples.append((clock() - start) / inner)
+    return samples
+
+
+# --- kernels (torch imported inside) ---
+
+
+def _torch_dtype(dtype: str) -> Any:
+    import torch
+
+    return {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+
+
+def _row_width(elements: int, preferred: int) -> int:
+    """The row width to lay `elements` out as rows: the preferred width when it divides, else the largest
+    divisor up to 4096."""
+    if preferred > 0 and elements % preferred == 0:
+        return preferred
+    for width in range(min(4096, elements), 0, -1):
+        if elements % width == 0:
+            return width
+    return 1
+
+
+def _backward_of(out: Any, inputs: list[Any]) -> Callable[[], object]:
+    """A callable that runs the backward of `out` with respect to `inputs` again and again."""
+    import torch
+
+    grad = torch.randn_like(out)
+    return lambda: torch.autograd.grad(out, inputs, grad, retain_graph=True)
+
+
+def _matmul_kernel(sig: OpSignature, hints: KernelHints, device: str) -> tuple[Callable[[], object], str]:
+    import torch
+    import torch.nn.functional as F
+
+    b, m, n, k = sig.shape
+    dt = _torch_dtype(sig.dtype)
+    batch = (b,) if b > 1 else ()
+    bias = hints.bias and not sig.impl.endswith((".nobias", ".logits"))
+    # NB: the loss runs in fp32 under every precision policy (frontends/transformer.py), so 16-bit logits are
+    # cast up on the way in and their gradient cast down on the way back: those casts belong to this op.
+    logits_cast = sig.impl.endswith(".logits") and dt != torch.float32
+    if sig.impl.startswith("mm.dgrad"):
+        if logits_cast:
+            dy32, w = torch.randn(*batch, m, k, device=device), torch.randn(*batch, k, n, dtype=dt, device=device)
+            return (lambda: torch.matmul(dy32.to(dt), w)), "fp32 grad cast, dy @ w"
+        dy, w = torch.randn(*batch, m, k, dtype=dt, device=device), torch.randn(*batch, k, n, dtype=dt, device=device)
+        return (lambda: torch.matmul(dy, w)), "dy @ w"
+    if sig.impl.startswith("mm.wgrad"):
+        # out[m, n] = dy^T @ x with dy [k, n] (tokens x out-features) and x [k, m]: dW of nn.Linear is
+        # [out, in] = [n, m] in memory; its transpose has the same cost.
+        dy, x = torch.randn(*batch, k, n, dtype=dt, device=device), torch.randn(*batch, k, m, dtype=dt, device=device)
+        cast = bool(hints.amp) and dt != torch.float32
+
+        def wgrad() -> object:
+            dw = torch.matmul(dy.transpose(-1, -2), x)
+            db = dy.sum(dim=-2) if bias else None
+            if cast:  # NB: autocast's ToCopyBackward casts the 16-bit weight gradient to the fp32 weight
+                dw = dw.float()
+                db = db.float() if db is not None else None
+            return dw, db
+
+        return wgrad, f"dy^T @ x{' + bias grad' if bias else ''}{' + fp32 cast' if cast else ''}"
+    amp = bool(hints.amp) and dt != torch.float32
+    weight_dtype = torch.float32 if amp else dt
+    x = torch.randn(*batch, m, k, dtype=dt, device=device)
+    w = torch.randn(*batch, n, k, dtype=weight_dtype, device=device)
+    bvec = torch.randn(n, dtype=weight_dtype, device=device) if bias else None
+    if batch:
+        return (lambda: torch.matmul(x, w.transpose(-1, -2))), "batched x @ w^T"
+    if amp:
+        def autocast_linear() -> object:
+            with torch.autocast(device_type=device, dtype=dt):
+                out = F.linear(x, w, bvec)
+            return out.float() if logits_cast else out
+
+        return autocast_linear, f"autocast linear{' + bias' if bias else ''}, fp32 weights" + (
+            ", fp32 output" if logits_cast else "")
+    if logits_cast:
+        return (lambda: F.linear(x, w, bvec).float()), "linear, fp32 output"
+    return (lambda: F.linear(x, w, bvec)), f"linear{' + bias' if bias else ''}"
+
+
+def _attention_kernel(sig: OpSignature, device: str) -> tuple[Callable[[], object], str]:
+    import torch
+    import torch.nn.functional as F
+
+    bh, q_len, kv_len, d = sig.shape
+    dt = _torch_dtype(sig.dtype)
+    need_grad = sig.phase == "bwd"
+    # (1, tokens, heads, d) transposed to (1, heads, tokens, d): the strided views a fused-QKV model hands in
+    qb = torch.randn(1, q_len, bh, d, dtype=dt, device=device, requires_grad=need_grad)
+    kb = torch.randn(1, kv_len, bh, d, dtype=dt, device=device, requires_grad=need_grad)
+    vb = torch.randn(1, kv_len, bh, d, dtype=dt, device=device, requires_grad=need_grad)
+    q, k, v = qb.transpose(1, 2), kb.transpose(1, 2), vb.transpose(1, 2)
+    if sig.impl == "attn.unfused":
+        def unfused() -> Any:
+            scores = torch.matmul(q, k.transpose(-1, -2))
+            return torch.matmul(scores, v)
+
+        fwd, detail = unfused, "q @ k^T, p @ v (softmax separate)"
+    else:
+        causal = sig.impl == "sdpa.causal"
+
+        def fused() -> Any:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+        fwd, detail = fused, f"scaled_dot_product_attention causal={causal}"
+    if need_grad:
+        return _backward_of(fwd(), [qb, kb, vb]), detail + " backward"
+    return fwd, detail
+
+
+def _pointwise_kernel(sig: OpSignature, hints: KernelHints, device: str) -> tuple[Callable[[], object], str]:
+    import torch
+    import torch.nn.functional as F
+
+    elements = int(sig.shape[0])
+    dt = _torch_dtype(sig.dtype)
+    grad = sig.phase == "bwd"
+
+    def tensor(*shape: int) -> Any:
+        return torch.randn(*shape, dtype=dt, device=device, requires_grad=grad)
+
+    impl = sig.impl
+    if impl == "add":
+        a, b = torch.randn(elements, dtype=dt, device=device), torch.randn(elements, dtype=dt, device=device)
+        # NB: the backward of a residual add is the gradient sum where the stream forked: one add as well
+        return (lambda: a + b), "a + b"
+    if impl == "norm":
+        width = _row_width(elements, hints.hidden)
+        x, weight = tensor(elements // width, width), tensor(width)
+        if hints.norm == "rmsnorm":
+            def norm() -> Any:
+                return F.rms_norm(x, (width,), weight)
+            inputs, detail = [x, weight], f"rms_norm rows of {width}"
+        else:
+            bias = tensor(width)
+
+            def norm() -> Any:
+                return F.layer_norm(x, (width,), weight, bias)
+            inputs, detail = [x, weight, bias], f"layer_norm rows of {width}"
+        return (_backward_of(norm(), inputs), detail + " backward") if grad else (norm, detail)
+    if impl == "gelu":
+        x = tensor(elements)
+        return (_backward_of(F.gelu(x), [x]), "gelu backward") if grad else ((lambda: F.gelu(x)), "gelu")
+    if impl == "swiglu":
+        gate, up = tensor(elements), tensor(elements)
+
+        def swiglu() -> Any:
+            return F.silu(gate) * up
+        return (_backward_of(swiglu(), [gate, up]), "silu(g)*u backward") if grad else (swiglu, "silu(g)*u")
+    if impl == "rope":
+        x = tensor(elements)
+        cos, sin = torch.randn(elements, dtype=dt, device=device), torch.randn(elements, dtype=dt, device=device)
+
+        def rope() -> Any:
+            return x * cos + x.flip(-1) * sin
+        return (_backward_of(rope(), [x]), "x*cos + rot(x)*sin backward") if grad else (rope, "x*cos + rot(x)*sin")
+    if impl == "softmax":
+        width = _row_width(elements, hints.seq_len)
+        x = tensor(elements // width, width)
+        if grad:
+            return _backward_of(F.softmax(x, dim=-1), [x]), f"softmax rows of {width} backward"
+        return (lambda: F.softmax(x, dim=-1)), f"softmax rows of {width}"
+    if impl == "cross_entropy":
+        width = _row_width(elements, hints.vocab)
+        logits = tensor(elements // width, width)
+        target = torch.randint(0, width, (elements // width,), device=device)
+        if grad:
+            return _backward_of(F.cross_entropy(logits, target), [logits]), f"cross_entropy over {width} backward"
+        return (lambda: F.cross_entropy(logits, target)), f"cross_entropy over {width}"
+    if impl == "embedding":
+        width = _row_width(elements, hints.hidden)
+        table = tensor(hints.vocab, width)
+        ids = torch.randint(0, hints.vocab, (elements // width,), device=device)
+        if grad:
+            return _backward_of(F.embedding(ids, table), [table]), f"embedding {hints.vocab}x{width} backward"
+        return (lambda: F.embedding(ids, table)), f"embedding {hints.vocab}x{width}"
+    raise AssertionError(f"no kernel for {impl}")
+
+
+def build_kernel(sig: OpSignature, hints: KernelHints, device: str) -> tuple[Callable[[], object], str]:
+    """A zero-argument callable that runs the op once on `device`, and a note on what it runs."""
+    if sig.kind == "matmul":
+        return _matmul_kernel(sig, hints, device)
+    if sig.kind == "attention":
+        return _attention_kernel(sig, device)
+    return _pointwise_kernel(sig, hints, device)
+
+
+def _last_level_cache_bytes() -> int:
+    """The CPU's last-level cache (Linux sysfs), 32 MiB when it cannot be read."""
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    best = 0
+    with contextlib.suppress(OSError):
+        for index in sorted(os.listdir(base)):
+            with contextlib.suppress(OSError, ValueError), open(f"{base}/{index}/size") as f:
+                text = f.read().strip().upper()
+                scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+                best = max(best, int(text.rstrip("KMG")) * scale)
+    return best or 32 * 2**20
+
+
+def cache_flusher(device: str) -> Callable[[], None]:
+    """Writes a buffer twice the last-level cache (CPU) or 256 MiB (a GPU's L2 is at most ~100 MiB).
+    NB: inside a training step an op's weights come back cold and its inputs half warm; a hot-cache loop
+    reads matmul operands from cache and came out 5-12% fast on a 2-core EPYC (bf16), so ops start cold."""
+    import torch
+
+    size = 256 * 2**20 if device == "cuda" else 2 * _last_level_cache_bytes()
+    buffer = torch.empty(size // 4, dtype=torch.float32, device=device)
+
+    def flush() -> None:
+        buffer.fill_(1.0)
+
+    return flush
+
+
+def _sync_for(device: str) -> Callable[[], None]:
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.synchronize
+    return lambda: None
+
+
+Measurement = tuple[list[float], str]  # samples (seconds per call), what was run
+
+
+def measure_op(sig: OpSignature, hints: KernelHints, device: str, warmup: int, repeats: int) -> Measurement:
+    import torch
+
+    fn, detail = build_kernel(sig, hints, device)
+    tf32 = sig.dtype == "tf32"
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32  # NB: only CUDA GEMMs read this; CPU fp32 stays fp32
+    try:
+        clock, clock_name = clock_for(device)
+        samples = time_callable(fn, _sync_for(device), warmup, repeats, clock=clock, flush=cache_flusher(device))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+    return samples, f"{detail}; {hints.describe()}; {clock_name}, cold cache"
+
+
+def _adam_samples(tensor_sizes: list[int], device: str, warmup: int, repeats: int, threads: int) -> Measurement:
+    import torch
+
+    torch.set_num_threads(threads)
+    params = [torch.nn.Parameter(torch.randn(size, device=device)) for size in tensor_sizes]
+    for param in params:
+        param.grad = torch.randn_like(param)
+    optimizer = torch.optim.Adam(params, lr=1e-4)
+    clock, clock_name = clock_for(device)
+    samples = time_callable(optimizer.step, _sync_for(device), warmup, repeats, min_sample_s=0.0, max_inner=1,
+                            clock=clock)
+    return samples, f"torch.optim.Adam over {len(tensor_sizes)} tensors; {clock_name}"
+
+
+def _free_memory_bytes(device: str) -> float:
+    if device == "cuda":
+        import torch
+
+        return float(torch.cuda.mem_get_info()[0])
+    try:
+        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 8.0 * 2**30
+
+
+ADAM_BYTES_PER_PARAM = 24  # fp32 weight, gradient, two moments and two parameter-sized temporaries
+
+
+def measure_optimizer(tensor_sizes: list[int], device: str, warmup: int, repeats: int) -> Measurement:
+    """One torch.optim.Adam step (its default implementation for the device) over fp32 parameters.
+
+    NB: a model whose optimizer state would not fit in a quarter of the free memory is measured on tensors
+    scaled down by a common factor (the same count) and the times scaled back up: the step is memory-bound,
+    linear in the parameters. On a CPU it runs in a fresh process: the step allocates parameter-sized
+    temporaries, and whether glibc serves them from reused heap or from fresh pages (faulted in on first
+    touch) depends on the process' history; after the op microbenchmarks it came out 23 ms where a fresh
+    process and the real training step take 33-36 ms (small GPT, 2-core EPYC)."""
+    import torch
+
+    total = float(sum(tensor_sizes))
+    budget = 0.25 * _free_memory_bytes(device) / ADAM_BYTES_PER_PARAM
+    sizes = tensor_sizes if total <= budget else [max(1, int(size * budget / total)) for size in tensor_sizes]
+    scale = total / max(sum(sizes), 1)
+    args = (sizes, device, warmup, repeats, torch.get_num_threads())
+    if device == "cpu":
+        import multiprocessing
+
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            samples, detail = pool.apply(_adam_samples, args)
+    else:
+        samples, detail = _adam_samples(*args)
+    if scale > 1.0:
+        samples = [sample * scale for sample in samples]
+        detail += f"; measured on 1/{scale:.3g} of the parameters, scaled back"
+    return samples, detail
+
+
+def measure_overhead(device: str, warmup: int, repeats: int, chain: int = 200) -> Measurement:
+    """Per graph op, what autograd adds to the calls the microbenchmarks time: a chain of `chain` tiny
+    multiplies run forward with autograd recording and backward through the engine, minus the same kernels
+    called directly (forward, and the backward's multiplies), over 2 x chain graph ops (forward + backward)."""
+    import torch
+
+    x0 = torch.randn(8, device=device, requires_grad=True)
+    w = torch.randn(8, device=device)
+
+    def recorded() -> None:
+        x = x0
+        for _ in range(chain):
+            x = x * w
+        x.sum().backward()
+
+    def direct() -> None:
+        x, g = x0.detach(), torch.ones(8, device=device)
+        for _ in range(chain):
+            x = x * w
+        for _ in range(chain):
+            g = g * w
+
+    clock, clock_name = clock_for(device)
+    sync = _sync_for(device)
+    with_autograd = time_callable(recorded, sync, warmup, repeats, min_sample_s=0.0, max_inner=1, clock=clock)
+    plain = time_callable(direct, sync, warmup, repeats, min_sample_s=0.0, max_inner=1, clock=clock)
+    samples = [max(0.0, a - b) / (2.0 * chain) for a, b in zip(with_autograd, plain, strict=True)]
+    return samples, f"autograd record + engine per op, chain of {chain} multiplies; {clock_name}"
+
+
+# --- a whole graph ---
+
+
+@dataclass(frozen=True, slots=True)
+class OpProfileSummary:
+    signatures: int  # unique op signatures of the graph, +1 for the optimizer step, +1 for the overhead
+    measured: int  # measured now
+    already_stored: int  # skipped: the database had them
+    unsupported: tuple[str, ...]  # ops no kernel stands in for (answered by the roofline)
+
+
+ProgressFn = Callable[[OpSignature, str], None]  # (signature, "measured" | "stored") after each one
+
+
+def profile_graph(db: ProfileDB, env: Environment, graph: OpGraph, hints: KernelHints, device: str, *,
+                  warmup: int, repeats: int, optimizer: bool = True, progress: ProgressFn | None = None,
+                  plan: Callable[[int], None] | None = None) -> OpProfileSummary:
+    """Bring every unique op signature of `graph` (plus the Adam step over its parameters and the framework
+    overhead) to `repeats` stored samples for `env`: signatures that have them are skipped, the others get the
+    missing samples, each signature committed as soon as it is measured. plan(n) is told the total first.
+
+    Calling it again with a higher `repeats` adds samples spread over time (the acceptance benchmark
+    interleaves such passes with the real steps it compares against, so both see the same machine load)."""
+    signatures, unsupported = unique_signatures(graph)
+    if optimizer:
+        signatures.append(optimizer_signature(sum(parameter_tensors(graph, hints))))
+    signatures.append(overhead_signature())
+    if plan is not None:
+        plan(len(signatures))
+    measured = stored = 0
+    for sig in signatures:
+        missing = repeats - db.op_repeats(env, sig)
+        if missing <= 0:
+            stored += 1
+            if progress is not None:
+                progress(sig, "stored")
+            continue
+        if sig.kind == OPTIMIZER_SIGNATURE_KIND:
+            samples, detail = measure_optimizer(parameter_tensors(graph, hints), device, warmup, missing)
+        elif sig.kind == OVERHEAD_SIGNATURE_KIND:
+            samples, detail = measure_overhead(device, warmup, missing)
+        else:
+            samples, detail = measure_op(sig, hints, device, warmup, missing)
+        db.add_op_samples(env, sig, samples, detail)
+        measured += 1
+        if progress is not None:
+            progress(sig, "measured")
+    names = tuple(sorted({f"{op.kind}:{op.name}:{op.dtype}" for op in unsupported}))
+    return OpProfileSummary(len(signatures), measured, stored, names)

@@ -1,0 +1,141 @@
+"""ProfiledCosts: exact answers, log-log interpolation inside the measured range, roofline outside, counted by
+source; make_estimator wires it into the analytical engine. No torch: the database is filled by hand."""
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainsim.catalog import load_cluster
+from trainsim.catalog.loader import parse_model
+from trainsim.cost.profiled import ProfiledCosts, make_estimator
+from trainsim.errors import ConfigError
+from trainsim.estimate.analytical import AnalyticalEstimator
+from trainsim.hardware.device import DeviceSpec
+from trainsim.ir.graph import Op
+from trainsim.job import make_job
+from trainsim.profile import JobShape, job_graph
+from trainsim.profile.database import Environment, OpSignature, ProfileDB
+from trainsim.profile.ops import optimizer_signature, overhead_signature, signature_of, unique_signatures
+from trainsim.strategy.parallel import ParallelSpec
+
+TINY = {"name": "tiny-gpt", "num_layers": 2, "hidden": 32, "num_heads": 2, "ffn_hidden": 64, "vocab": 128,
+        "max_seq_len": 16}
+ENV = Environment("cpu-local", "torch test", 1, "test cpu")
+DEVICE = load_cluster("local-cpu").device
+
+
+class ConstantCosts:
+    name = "constant"
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def op_time_s(self, op: Op, device: DeviceSpec) -> float:
+        return self.seconds
+
+
+def _mm(m: int) -> Op:
+    return Op("fc1", "matmul", "blocks.block.mlp.fc1", "fwd", "fp32", 2.0 * m * 64 * 32, 0.0, (1, m, 64, 32))
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    path = tmp_path / "p.sqlite"
+    with ProfileDB.open(path) as db:
+        for m, seconds in ((16, 1e-3), (256, 4e-3)):
+            sig = signature_of(_mm(m))
+            assert sig is not None
+            db.add_op_samples(ENV, sig, [seconds])
+    return path
+
+
+def test_exact_interpolated_and_fallback_answers_are_counted(db_path: Path) -> None:
+    costs = ProfiledCosts(db_path, "cpu-local", ConstantCosts(99.0))
+    assert costs.op_time_s(_mm(16), DEVICE) == 1e-3
+    # log-log between (size 16*64*32, 1 ms) and (256*64*32, 4 ms): size x4 of 16x -> time x2
+    assert costs.op_time_s(_mm(64), DEVICE) == pytest.approx(2e-3)
+    assert costs.op_time_s(_mm(1024), DEVICE) == 99.0  # outside the measured range: no extrapolation
+    other_dtype = Op("fc1", "matmul", "x", "fwd", "bf16", 1.0, 0.0, (1, 16, 64, 32))
+    assert costs.op_time_s(other_dtype, DEVICE) == 99.0
+    assert costs.source_counts() == {"exact": 1, "interpolated": 1, "fallback": 2}
+    assert costs.answers[("blocks.block.mlp.fc1", "fc1", "fwd")] == "fallback"  # the last lookup of that op
+
+
+def test_device_name_none_uses_the_device_of_each_call(db_path: Path) -> None:
+    costs = ProfiledCosts(db_path, None, ConstantCosts(99.0))
+    assert costs.op_time_s(_mm(16), DEVICE) == 1e-3
+    assert costs.op_time_s(_mm(16), load_cluster("dgx-a100-80gb").device) == 99.0
+
+
+def test_the_environment_with_most_measurements_wins(db_path: Path) -> None:
+    with ProfileDB.open(db_path) as db:
+        sig = signature_of(_mm(16))
+        assert sig is not None
+        db.add_op_samples(Environment("cpu-local", "torch other", 4, "x"), sig, [7.0])
+    assert ProfiledCosts(db_path, "cpu-local", ConstantCosts(0.0)).op_time_s(_mm(16), DEVICE) == 1e-3
+    chosen = ProfiledCosts(db_path, "cpu-local", ConstantCosts(0.0), versions="torch other")
+    assert chosen.op_time_s(_mm(16), DEVICE) == 7.0
+
+
+def _fill(path: Path, precision: str, seconds: float, optimizer_s: float) -> tuple[int, int]:
+    """Every op of the tiny GPT at `seconds`; returns (graph ops per micro-batch, parameters)."""
+    graph = job_graph(parse_model(TINY), JobShape(2, 16, precision))  # type: ignore[arg-type]
+    signatures, _ = unique_signatures(graph)
+    with ProfileDB.open(path) as db:
+        for sig in signatures:
+            db.add_op_samples(ENV, sig, [seconds])
+        db.add_op_samples(ENV, optimizer_signature(round(graph.param_count())), [optimizer_s])
+        db.add_op_samples(ENV, overhead_signature(), [1e-6])
+    ops = sum(layer.count * (len(layer.fwd) + len(layer.bwd)) for layer in graph.layers)
+    return ops, round(graph.param_count())
+
+
+def test_make_estimator_predicts_from_the_database_alone(tmp_path: Path) -> None:
+    path = tmp_path / "p.sqlite"
+    ops, _ = _fill(path, "fp32", 1e-3, 0.25)
+    job = make_job(parse_model(TINY), load_cluster("local-cpu"),
+                   ParallelSpec(micro_batch=2, seq_len=16, precision="fp32", dp=1))
+    estimator = make_estimator("profiled", path)
+    result = estimator.estimate(job)
+    assert isinstance(estimator, AnalyticalEstimator)
+    assert result.breakdown["compute"] == pytest.approx(ops * 1e-3)
+    assert result.breakdown["optimizer"] == pytest.approx(0.25)
+    assert result.breakdown["overhead"] == pytest.approx(ops * 1e-6)  # measured, not the GPU-fitted constants
+    assert result.iteration_time_s == pytest.approx(ops * (1e-3 + 1e-6) + 0.25)
+    costs = estimator.op_costs
+    assert isinstance(costs, ProfiledCosts) and costs.source_counts()["fallback"] == 0
+
+
+def test_an_empty_database_falls_back_to_the_roofline(tmp_path: Path) -> None:
+    path = tmp_path / "empty.sqlite"
+    ProfileDB.open(path).close()
+    job = make_job(parse_model(TINY), load_cluster("dgx-a100-80gb"),
+                   ParallelSpec(micro_batch=2, seq_len=16, precision="bf16"))
+    profiled = make_estimator("profiled", path).estimate(job)
+    roofline = make_estimator("roofline").estimate(job)
+    assert math.isclose(profiled.iteration_time_s, roofline.iteration_time_s, rel_tol=1e-12)
+
+
+def test_unknown_cost_model_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="roofline, profiled"):
+        make_estimator("learned")
+
+
+def test_profiled_prediction_does_not_import_torch(tmp_path: Path) -> None:
+    path = tmp_path / "p.sqlite"
+    _fill(path, "fp32", 1e-3, 0.25)
+    code = ("import sys; from pathlib import Path; from trainsim.cost.profiled import make_estimator; "
+            "from trainsim.cli.jobargs import job_from_settings; "
+            f"job = job_from_settings(dict(model='gpt2-124m', cluster='local-cpu', seq_len=16)); "
+            f"make_estimator('profiled', Path({str(path)!r})).estimate(job); "
+            "import trainsim.cli.main; assert 'torch' not in sys.modules, 'torch imported'")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stderr
+
+
+def test_signature_shape_text_round_trips() -> None:
+    sig = OpSignature("attention", "sdpa.causal", "bwd", "bf16", (8, 16, 16, 8))
+    assert sig.shape_text == "8x16x16x8" and sig.size == 8 * 16 * 16 * 8

@@ -71,6 +71,25 @@ def torch_frontend(request: GraphRequest) -> OpGraph:
         raise ConfigError("frontend", "torch", f"needs {exc.name} (pip install transformers)") from None
 
 
+@FRONTENDS.register("jax")
+def jax_frontend(request: GraphRequest) -> OpGraph:
+    """--model FILE.py:factory or module:factory; the factory returns (train_step_fn, example_args)."""
+    try:
+        from trainsim.frontends.jax_capture import graph_from_jax_target
+    except ModuleNotFoundError as exc:
+        raise ConfigError("frontend", "jax", f"needs {exc.name} (pip install 'trainsim[jax]')") from None
+    return graph_from_jax_target(request.model, micro_batch=request.micro_batch, seq_len=request.seq_len,
+                                 precision=request.precision)
+
+
+@FRONTENDS.register("trace")
+def trace_frontend(request: GraphRequest) -> OpGraph:
+    """--model: one PyTorch execution-trace file, or a directory of them (one per rank)."""
+    from trainsim.frontends.exec_trace import graph_from_trace_files
+
+    return graph_from_trace_files(request.model)
+
+
 def summarize(graph: OpGraph, precision: Precision, frontend: str) -> dict[str, Any]:
     """Everything the command prints, as plain data (the --json object)."""
     policy = policy_for(precision)

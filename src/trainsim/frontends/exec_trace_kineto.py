@@ -1,0 +1,91 @@
+"""Measured times for an execution trace from the matching Kineto trace (torch.profiler's chrome trace JSON).
+
+An execution-trace node and a Kineto event are the same op when the node's rf_id equals the event's
+"Record function id" and the names agree. Ops left unmatched are paired by name and order (the k-th node of a
+name with the k-th event of that name) when both sides count the same number. GPU kernels (and memcpy/memset)
+carry the "External id" of the CPU op that launched them; their durations are summed into the op's
+device_duration_s.
+"""
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from trainsim.frontends.exec_trace_model import RankTrace, TraceOp
+
+_DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+_US = 1e-6  # Kineto times are microseconds
+
+
+@dataclass(frozen=True, slots=True)
+class KinetoMatch:
+    by_rf_id: int
+    by_order: int
+    unmatched: int  # ops and comm records without an event (containers of the trace root never have one)
+
+
+def attach_kineto(trace: RankTrace, data: dict[str, Any]) -> KinetoMatch:
+    """Set start_s, duration_s, external_id and device_duration_s of the trace's ops from a Kineto trace."""
+    events = [e for e in data.get("traceEvents", []) if isinstance(e, dict) and e.get("ph") == "X"]
+    host = [e for e in events if e.get("cat") not in _DEVICE_CATEGORIES and "ts" in e]
+    by_rf: dict[int, dict[str, Any]] = {}
+    for event in host:
+        args = event.get("args")
+        if isinstance(args, dict) and isinstance(args.get("Record function id"), int):
+            by_rf.setdefault(args["Record function id"], event)
+    used: set[int] = set()
+    rf_matches = 0
+    for op in trace.ops.values():
+        event = by_rf.get(op.rf_id)
+        if event is not None and event.get("name") == op.name and id(event) not in used:
+            _set_times(op, event)
+            used.add(id(event))
+            rf_matches += 1
+    order_matches = _match_by_order(trace, [e for e in host if id(e) not in used])
+    _device_times(trace, events)
+    wanted = [op for op in trace.ops.values() if op.role != "container" or op.name.startswith("ProfilerStep#")]
+    return KinetoMatch(rf_matches, order_matches, sum(1 for op in wanted if not op.measured))
+
+
+def _set_times(op: TraceOp, event: dict[str, Any]) -> None:
+    op.start_s = float(event["ts"]) * _US
+    op.duration_s = float(event.get("dur", 0.0)) * _US
+    external = event.get("args", {}).get("External id")
+    if isinstance(external, int):
+        op.external_id = external
+
+
+def _match_by_order(trace: RankTrace, events: list[dict[str, Any]]) -> int:
+    ops_by_name: dict[str, list[TraceOp]] = defaultdict(list)
+    for op in trace.ops.values():
+        if not op.measured:
+            ops_by_name[op.name].append(op)
+    events_by_name: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for event in sorted(events, key=lambda e: float(e["ts"])):
+        events_by_name[str(event.get("name"))].append(event)
+    matched = 0
+    for name, ops in ops_by_name.items():
+        candidates = events_by_name.get(name, [])
+        if candidates and len(candidates) == len(ops):
+            for op, event in zip(ops, candidates, strict=True):
+                _set_times(op, event)
+            matched += len(ops)
+    return matched
+
+
+def _device_times(trace: RankTrace, events: list[dict[str, Any]]) -> None:
+    device: dict[int, float] = defaultdict(float)
+    for event in events:
+        external = event.get("args", {}).get("External id") if isinstance(event.get("args"), dict) else None
+        if event.get("cat") in _DEVICE_CATEGORIES and isinstance(external, int):
+            device[external] += float(event.get("dur", 0.0)) * _US
+    if not device:
+        return
+    for op in trace.ops.values():
+        if op.external_id >= 0:
+            op.device_duration_s = device.get(op.external_id, 0.0)
+
+
+def distributed_info(data: dict[str, Any]) -> dict[str, Any]:
+    info = data.get("distributedInfo")
+    return info if isinstance(info, dict) else {}

@@ -1,0 +1,306 @@
+"""Parse a PyTorch execution trace (torch.profiler.ExecutionTraceObserver JSON, Chakra schema 1.x) into a
+RankTrace: ops with tensors and roles, repaired parent/child structure, phases and c10d collectives. No torch.
+
+Node ids follow program order within a thread (an id is taken when the op starts). Tensors are recorded as
+[tensor_id, storage_id, offset, numel, itemsize, device]. Two quirks of the traces are handled here:
+
+- An asynchronous collective's record function (gloo:all_reduce, nccl:all_reduce) opens on the calling thread
+  and closes on the communication thread, so the trace nests the ops that follow under it (and can leave the
+  caller's stack one level deep). Such records are transparent: their children move to their parent; with
+  Kineto times, a child that does not lie inside its parent's time span moves up to the nearest ancestor that
+  contains it.
+- c10d ops do not name their process group in the trace (the group is an opaque object); a record_param_comms
+  child (NCCL) carries it when present, else the trace's only process group is assumed.
+"""
+
+import gzip
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from trainsim.errors import InputFileError
+from trainsim.frontends.exec_trace_model import (
+    Collective,
+    OpRole,
+    ProcessGroup,
+    RankTrace,
+    TensorRef,
+    TraceOp,
+    TracePhase,
+)
+
+_COLLECTIVES: dict[str, str] = {
+    "allreduce_": "all-reduce", "allreduce_coalesced_": "all-reduce", "all_reduce": "all-reduce",
+    "all_reduce_coalesced": "all-reduce", "allgather_": "all-gather", "_allgather_base_": "all-gather",
+    "allgather_coalesced_": "all-gather", "allgather_into_tensor_coalesced_": "all-gather",
+    "all_gather_into_tensor": "all-gather", "all_gather_into_tensor_coalesced": "all-gather",
+    "reduce_scatter_": "reduce-scatter", "_reduce_scatter_base_": "reduce-scatter",
+    "reduce_scatter_tensor_coalesced_": "reduce-scatter", "reduce_scatter_tensor": "reduce-scatter",
+    "alltoall_": "all-to-all", "alltoall_base_": "all-to-all", "all_to_all_single": "all-to-all",
+    "broadcast_": "broadcast", "broadcast": "broadcast", "reduce_": "reduce", "gather_": "gather",
+    "scatter_": "scatter", "send": "send", "recv_": "recv", "recv_any_source_": "recv", "barrier": "barrier",
+    "monitored_barrier_": "barrier",
+}
+_COMM_EXEC = re.compile(r"^(gloo|nccl|mpi|ucc|xccl):")
+_CONTAINER_PREFIXES = ("[pytorch|profiler|execution_trace", "ProfilerStep#", "## ",
+                       "autograd::engine::evaluate_function")
+_USER_SCOPE = 7  # at::RecordScope::USER_SCOPE: record_function annotations
+_BACKWARD_SCOPE = 1  # at::RecordScope::BACKWARD_FUNCTION
+_DTYPE = re.compile(r"Tensor\(([^)]*)\)")
+_DTYPES = {"float": "float32", "double": "float64", "c10::Half": "float16", "c10::BFloat16": "bfloat16",
+           "long int": "int64", "int": "int32", "short int": "int16", "signed char": "int8",
+           "unsigned char": "uint8", "bool": "bool", "c10::Float8_e4m3fn": "float8_e4m3fn",
+           "c10::Float8_e5m2": "float8_e5m2", "c10::complex<float>": "complex64"}
+
+
+def read_json(path: str | Path) -> dict[str, Any]:
+    """A JSON object from a .json or .json.gz file."""
+    path = Path(path)
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rt", encoding="utf-8") as handle:
+                data = json.load(handle)
+        else:
+            data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InputFileError(f"cannot read trace {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise InputFileError(f"trace {path} is not a JSON object")
+    return data
+
+
+def parse_execution_trace(data: dict[str, Any], *, rank: int, path: str = "") -> RankTrace:
+    """A RankTrace from an execution-trace JSON object (no times yet: see exec_trace_kineto)."""
+    nodes = data.get("nodes")
+    if not isinstance(nodes, list):
+        raise InputFileError(f"{path or 'trace'} has no 'nodes' list: not a PyTorch execution trace")
+    ops: dict[int, TraceOp] = {}
+    groups: dict[str, ProcessGroup] = {}
+    for node in sorted(nodes, key=lambda n: int(n["id"])):
+        op = _op(node)
+        ops[op.node_id] = op
+        if op.name == "## process_group:init ##":
+            groups.update(_process_groups(node))
+    for op in ops.values():
+        if op.parent == op.node_id or op.parent not in ops:
+            op.parent = -1
+    trace = RankTrace(rank, path, ops, groups)
+    step = [op.node_id for op in ops.values() if op.name.startswith("ProfilerStep#")]
+    trace.step = step[-1] if step else -1
+    return trace
+
+
+def _op(node: dict[str, Any]) -> TraceOp:
+    attrs = {a["name"]: a["value"] for a in node.get("attrs", [])}
+    name = str(node["name"])
+    scope = int(attrs.get("scope", 0))
+    inputs, in_scalars = _arguments(node.get("inputs", {}))
+    outputs, _ = _arguments(node.get("outputs", {}))
+    return TraceOp(node_id=int(node["id"]), name=name, role=_role(name, scope), parent=int(node.get("ctrl_deps", -1)),
+                   thread=int(attrs.get("tid", 0)), rf_id=int(attrs.get("rf_id", -1)),
+                   seq_id=int(attrs.get("seq_id", -1)), scope=scope, inputs=tuple(inputs), outputs=tuple(outputs),
+                   scalars=tuple(in_scalars))
+
+
+def _role(name: str, scope: int) -> OpRole:
+    if _COMM_EXEC.match(name):
+        return "comm_exec"
+    if collective_kind(name) is not None:
+        return "collective"
+    if name.startswith(_CONTAINER_PREFIXES) or scope == _USER_SCOPE:
+        return "container"
+    return "op"
+
+
+def collective_kind(name: str) -> str | None:
+    """The collective of a c10d op name (c10d::allreduce_, _c10d_functional::all_reduce), else None."""
+    namespace, _, op = name.partition("::")
+    if namespace not in ("c10d", "_c10d_functional", "c10d_functional"):
+        return None
+    return _COLLECTIVES.get(op)
+
+
+def _arguments(block: dict[str, Any]) -> tuple[list[TensorRef], list[object]]:
+    """Tensors (with dtype and shape) and the other values of an inputs/outputs block, in order."""
+    tensors: list[TensorRef] = []
+    scalars: list[object] = []
+    values, shapes, types = block.get("values", []), block.get("shapes", []), block.get("types", [])
+    for index, value in enumerate(values):
+        kind = str(types[index]) if index < len(types) else ""
+        shape = shapes[index] if index < len(shapes) else []
+        if "Tensor" not in kind:
+            scalars.append(value)
+            continue
+        dtypes: list[str] = [_DTYPES.get(d) or d for d in _DTYPE.findall(kind)]
+        refs = list(_tensor_values(value, shape))
+        for position, (raw, dims) in enumerate(refs):
+            dtype = dtypes[min(position, len(dtypes) - 1)] if dtypes else ""
+            tensors.append(_tensor(raw, dims, dtype))
+    return tensors, scalars
+
+
+def _tensor_values(value: Any, shape: Any) -> Iterator[tuple[list[Any], list[int]]]:
+    """(tensor record, shape) pairs of a Tensor value or a (nested) list of them."""
+    if _is_tensor_record(value):
+        yield value, shape if isinstance(shape, list) else []
+    elif isinstance(value, list):
+        shapes = shape if isinstance(shape, list) and len(shape) == len(value) else [[]] * len(value)
+        for item, dims in zip(value, shapes, strict=True):
+            yield from _tensor_values(item, dims)
+
+
+def _is_tensor_record(value: Any) -> bool:
+    return (isinstance(value, list) and len(value) in (5, 6)
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value[:5]))
+
+
+def _tensor(raw: list[Any], dims: list[Any], dtype: str) -> TensorRef:
+    shape = tuple(int(d) for d in dims if isinstance(d, int))
+    device = str(raw[5]) if len(raw) > 5 else ""
+    return TensorRef(int(raw[0]), int(raw[1]), int(raw[2]), int(raw[3]), int(raw[4]), device, dtype, shape)
+
+
+def _process_groups(node: dict[str, Any]) -> dict[str, ProcessGroup]:
+    out: dict[str, ProcessGroup] = {}
+    for value in node.get("inputs", {}).get("values", []):
+        try:
+            entries = json.loads(value) if isinstance(value, str) else value
+        except ValueError:
+            continue
+        for entry in entries if isinstance(entries, list) else []:
+            if isinstance(entry, dict) and "pg_name" in entry:
+                ranks = tuple(int(r) for r in entry.get("ranks", []))
+                name = str(entry["pg_name"])
+                out[name] = ProcessGroup(name, str(entry.get("pg_desc", "")), ranks,
+                                         int(entry.get("group_size", len(ranks))))
+    return out
+
+
+# ---- structure --------------------------------------------------------------------------------------------
+def link(trace: RankTrace) -> None:
+    """Repair the parent links (transparent comm records, time containment), fill children and phases."""
+    ops = trace.ops
+    for op in ops.values():
+        while op.parent >= 0 and ops[op.parent].role == "comm_exec" and op.role != "comm_exec":
+            op.parent = ops[op.parent].parent
+    if trace.measured:
+        for op in ops.values():
+            if not op.measured or op.role == "comm_exec":
+                continue
+            while op.parent >= 0 and ops[op.parent].measured and not _inside(op, ops[op.parent]):
+                op.parent = ops[op.parent].parent
+    for op in ops.values():
+        op.children.clear()
+    for op in ops.values():
+        if op.parent >= 0:
+            ops[op.parent].children.append(op.node_id)
+    _assign_phases(trace)
+
+
+def _inside(child: TraceOp, parent: TraceOp, slack_s: float = 1e-6) -> bool:
+    return parent.start_s - slack_s <= child.start_s and child.end_s <= parent.end_s + slack_s
+
+
+def _assign_phases(trace: RankTrace) -> None:
+    """Phase of every op. A top-level op inside a backward function or an autograd evaluate_function is "bwd",
+    inside Optimizer.* "optimizer"; one with an autograd sequence number and no such ancestor is a forward op;
+    any other takes the phase of the op before it (NB: the trace nests some DDP and collective ops wrongly, so
+    their ancestors say nothing). Ops inside a top-level op share its phase."""
+    previous: TracePhase = "fwd"
+    for op in trace.top_level():
+        phase = _evidence(trace, op) or ("fwd" if op.seq_id >= 0 else previous)
+        op.phase = previous = phase
+        for node in trace.descendants(op):
+            node.phase = phase
+    for op in trace.ops.values():
+        if op.role in ("container", "comm_exec"):
+            op.phase = _evidence(trace, op) or "fwd"
+
+
+def _evidence(trace: RankTrace, op: TraceOp) -> TracePhase | None:
+    node: TraceOp | None = op
+    while node is not None:
+        if (node.scope == _BACKWARD_SCOPE or node.name.startswith("autograd::engine::evaluate_function")
+                or "ddp.reducer" in node.name or "distributed::reducer" in node.name):
+            return "bwd"
+        if node.name.startswith("Optimizer."):
+            return "optimizer"
+        node = trace.ops.get(node.parent) if node.parent >= 0 else None
+    return None
+
+
+def attach_collectives(trace: RankTrace) -> None:
+    """Give every c10d op its Collective: kind, process group, per-group sequence number, bytes, peer, and the
+    asynchronous execution record it launched (matched by tensor ids, else the next record by rf_id)."""
+    ops = trace.ops
+    default_pg = next(iter(trace.process_groups)) if len(trace.process_groups) == 1 else "default"
+    execs = [op for op in ops.values() if op.role == "comm_exec"]
+    used: set[int] = set()
+    counters: dict[str, int] = {}
+    for op in ops.values():
+        if op.role != "collective" or _inside_collective(trace, op):
+            continue
+        kind = collective_kind(op.name) or "unknown"
+        pg = _pg_from_children(trace, op) or default_pg
+        nbytes = float(max(sum(t.nbytes for t in op.inputs), sum(t.nbytes for t in op.outputs)))
+        peer = _peer(op) if kind in ("send", "recv") else None
+        if peer is not None:  # point-to-point: messages are counted per direction, so both sides agree
+            src, dst = (trace.rank, peer) if kind == "send" else (peer, trace.rank)
+            pg = f"{pg}:{src}->{dst}"
+        seq = counters.get(pg, 0)
+        counters[pg] = seq + 1
+        op.collective = Collective(kind, pg, seq, nbytes, peer)
+        record = _exec_record(op, execs, used)
+        if record is not None:
+            used.add(record.node_id)
+            op.collective.exec_node = record.node_id
+            op.collective.exec_start_s = record.start_s
+            op.collective.exec_duration_s = record.duration_s
+
+
+def _inside_collective(trace: RankTrace, op: TraceOp) -> bool:
+    parent = op.parent
+    while parent >= 0:
+        if trace.ops[parent].role == "collective":
+            return True
+        parent = trace.ops[parent].parent
+    return False
+
+
+def _pg_from_children(trace: RankTrace, op: TraceOp) -> str | None:
+    """record_param_comms logs (seq, (pg_name, pg_desc), rank, collective, ...) as its first inputs."""
+    for child in trace.descendants(op):
+        if child.name == "record_param_comms" and len(child.scalars) > 1:
+            pg = child.scalars[1]
+            if isinstance(pg, list) and pg:
+                return str(pg[0])
+            if isinstance(pg, str):
+                return pg
+    return None
+
+
+def _peer(op: TraceOp) -> int | None:
+    ints = [v for v in op.scalars if isinstance(v, int) and not isinstance(v, bool)]
+    return ints[0] if ints else None
+
+
+def _exec_record(op: TraceOp, execs: list[TraceOp], used: set[int]) -> TraceOp | None:
+    ids = {t.tensor_id for t in op.inputs} | {t.tensor_id for t in op.outputs}
+    for record in execs:
+        if record.node_id not in used and ids & {t.tensor_id for t in record.inputs}:
+            return record
+    # records that name no tensors: the first one opened after the call
+    later = [r for r in execs if r.node_id not in used and r.rf_id > op.rf_id and not r.inputs]
+    return min(later, key=lambda r: r.rf_id) if later else None
+
+
+def infer_rank(path: str, kineto: dict[str, Any] | None, index: int) -> int:
+    """The rank of a trace: Kineto's distributedInfo, else "rank<N>" in the file name, else its position."""
+    info = (kineto or {}).get("distributedInfo") or {}
+    if isinstance(info, dict) and isinstance(info.get("rank"), int):
+        return int(info["rank"])
+    match = re.search(r"rank[_-]?(\d+)", Path(path).name)
+    return int(match.group(1)) if match else index
+

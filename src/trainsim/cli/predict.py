@@ -9,7 +9,7 @@ import typer
 from trainsim.cli.errors import handles_errors
 from trainsim.cli.jobargs import job_from_settings, read_job_file
 from trainsim.errors import ConfigError
-from trainsim.estimate.engines import ENGINES
+from trainsim.estimate.engines import ENGINES, Estimator
 from trainsim.estimate.result import Result
 from trainsim.job import Job
 from trainsim.report.text import render_result
@@ -43,6 +43,8 @@ def predict(
     tree: Annotated[Path | None, typer.Option(help="strategy-tree YAML with per-layer placement and recompute "
                                               "(needs --engine sim; docs/strategy-tree.md)")] = None,
     task_level: Annotated[str, typer.Option(help="simulated task granularity: layer | op")] = "layer",
+    costs: Annotated[str, typer.Option(help="op costs: roofline | profiled (trainsim profile)")] = "roofline",
+    db: Annotated[Path | None, typer.Option(help="profile database for --costs profiled")] = None,
 ) -> None:
     """Predict iteration time, throughput, MFU and peak memory of one training job."""
     flags = dict(model=model, cluster=cluster, num_gpus=num_gpus, tp=tp, pp=pp, dp=dp, vpp=vpp, sp=sp, cp=cp,
@@ -54,9 +56,9 @@ def predict(
         raise ConfigError("engine", engine, "--trace, --explain and --tree need --engine sim")
     job = job_from_settings(settings)
     if engine == "sim":
-        estimator, result = _simulate(job, tree, task_level)
+        estimator, result = _simulate(job, tree, task_level, costs, db)
     else:
-        estimator = ENGINES.get(engine)()
+        estimator = _estimator(engine, costs, db)
         result = estimator.estimate(job)
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))
@@ -66,11 +68,36 @@ def predict(
         _simulated_extras(estimator, trace, explain and not as_json)
 
 
-def _simulate(job: Job, tree: Path | None, task_level: str) -> tuple[object, Result]:
+def _estimator(engine: str, costs: str, db: Path | None) -> Estimator:
+    """The engine, with op times from the roofline or from a profile database."""
+    factory = ENGINES.get(engine)
+    if costs == "roofline" and db is None:
+        return factory()
+    from trainsim.cost.profiled import make_estimator
+
+    if engine == "precision-aware":
+        from trainsim.estimate.precision_aware import PrecisionAwareEstimator
+
+        from trainsim.profile.database import default_db_path
+
+        make_estimator(costs, db)  # validates costs
+        return PrecisionAwareEstimator(db=db or default_db_path()) if costs == "profiled" else factory()
+    if engine != "analytical":
+        raise ConfigError("costs", costs, f"engine {engine!r} takes no --costs; use analytical, sim or "
+                          "precision-aware")
+    return make_estimator(costs, db)
+
+
+def _simulate(job: Job, tree: Path | None, task_level: str, costs: str, db: Path | None) -> tuple[object, Result]:
     from trainsim.estimate.simulation import SimEstimator
     from trainsim.strategy.tree_yaml import load_tree_yaml
 
-    estimator = SimEstimator(task_level=task_level)  # type: ignore[arg-type]  # validated by SimEstimator
+    analytical = None
+    if costs != "roofline" or db is not None:
+        from trainsim.cost.profiled import make_estimator
+
+        analytical = make_estimator(costs, db)
+    estimator = SimEstimator(task_level=task_level, analytical=analytical)  # type: ignore[arg-type]
     plan = None
     if tree is not None:
         plan = load_tree_yaml(tree, estimator.analytical.graph(job)).lower(job.parallel)

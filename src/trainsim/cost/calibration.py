@@ -24,10 +24,10 @@ class ComputeParams(Spec):
 
     matmul_half_work_flop_per_tflops: float = Field(default=2.0e7, gt=0)
     matmul_exponent: float = Field(default=1.0, gt=0)
-    # NB: a skinny GEMM fills the tiles poorly whatever its work: a second factor 1 / (1 + (half_dim / d)^e)
-    # of its smallest dimension d.
+    # NB: a skinny GEMM fills the tiles poorly whatever its work: extra time W (half_dim / d)^e for its
+    # smallest dimension d (compute.matmul_efficiency); e <= 1 keeps smaller GEMMs no slower.
     matmul_half_dim: float = Field(default=16.0, gt=0)
-    matmul_dim_exponent: float = Field(default=1.0, gt=0)
+    matmul_dim_exponent: float = Field(default=1.0, gt=0, le=1.0)
     matmul_training_factor: float = Field(default=1.0, gt=0)  # microbenchmark -> in-training efficiency
     attention_efficiency: float = Field(default=0.5, gt=0)  # of the matmul efficiency
     memory_efficiency: float = Field(default=0.8, gt=0, le=1.0)

@@ -7,17 +7,30 @@ from trainsim.hardware.device import DeviceSpec
 from trainsim.ir.graph import Op
 
 
+def _floor(size: float, half: float, exponent: float) -> float:
+    """The size below which 1 / (1 + (half / size)^exponent) would make a smaller GEMM slower: for exponent > 1,
+    size * (1 + (half / size)^exponent) is smallest at half * (exponent - 1)^(1 / exponent). Below it a GEMM
+    takes that minimum time (a launch floor), so time never grows as work shrinks."""
+    return half * (exponent - 1.0) ** (1.0 / exponent) if exponent > 1.0 else 0.0
+
+
 def matmul_efficiency(work_flop: float, peak_flops_per_s: float, max_efficiency: float,
                       cal: Calibration, training_factor: float = 1.0, min_dim: float = 0.0) -> float:
-    """Achieved / peak for one GEMM. NB: bigger devices need bigger GEMMs to fill, so the half-work point
-    scales with the peak (Williams et al. roofline argument: fixed launch and tail cost per wave); a skinny
-    GEMM (small smallest dimension) loses more (tile quantization). min_dim=0: unknown shape."""
+    """Achieved / peak for one GEMM, so that time = work / (peak * efficiency).
+
+    time x peak x max_efficiency = W (1 + (half / W)^a) + W (half_dim / d)^b, with W floored (see _floor):
+    NB: bigger devices need bigger GEMMs to fill, so the half-work point scales with the peak (Williams et al.
+    roofline argument: fixed launch and tail cost per wave); a skinny GEMM (small smallest dimension d) loses
+    more (tile quantization). Additive terms with b <= 1 keep a GEMM that is smaller in every dimension no
+    slower than a larger one. min_dim=0: unknown shape (no skinny term)."""
     params = cal.compute
     half_work = params.matmul_half_work_flop_per_tflops * peak_flops_per_s / 1e12
-    saturation = 1.0 / (1.0 + (half_work / max(work_flop, 1.0)) ** params.matmul_exponent)
+    work = max(work_flop, 1.0)
+    floored = max(work, _floor(half_work, half_work, params.matmul_exponent))
+    scaled_time = floored * (1.0 + (half_work / floored) ** params.matmul_exponent)
     if min_dim > 0:
-        saturation /= 1.0 + (params.matmul_half_dim / min_dim) ** params.matmul_dim_exponent
-    return max_efficiency * saturation * training_factor
+        scaled_time += work * (params.matmul_half_dim / min_dim) ** params.matmul_dim_exponent
+    return max_efficiency * work / scaled_time * training_factor
 
 
 def op_time_s(op: Op, device: DeviceSpec, cal: Calibration) -> float:

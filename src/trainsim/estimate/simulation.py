@@ -58,12 +58,14 @@ class SimEstimator:
         if task_level not in TASK_LEVELS:
             raise ConfigError("task_level", task_level, f"choose one of: {', '.join(TASK_LEVELS)}")
         cal = calibration or (analytical.cal if analytical is not None else load_calibration())
-        if cal.sim_runtime is not None:  # the simulator's own fit of the runtime behaviours
-            cal = cal.model_copy(update={"runtime": cal.sim_runtime, "sim_runtime": None})
-            analytical = None
+        sim_runtime = cal.sim_runtime
+        if sim_runtime is not None and analytical is None:  # the simulator's own fit of the runtime behaviours
+            cal = cal.model_copy(update={"runtime": sim_runtime, "sim_runtime": None})
         self.cal = cal
+        # A given analytical estimator keeps its own costs and runtime (e.g. profiled op costs).
         self.analytical = analytical or AnalyticalEstimator(self.cal)
-        self.options = sim_options(self.cal, overlap=overlap, sharing=sharing)
+        gamma_from = cal.model_copy(update={"runtime": sim_runtime}) if sim_runtime is not None else cal
+        self.options = sim_options(gamma_from, overlap=overlap, sharing=sharing)
         self.task_level: TaskLevel = task_level
         self.last: SimRun | None = None
 

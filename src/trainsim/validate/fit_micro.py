@@ -11,7 +11,8 @@ import numpy as np
 from trainsim.catalog.files import DATA_DIR, read_mapping
 from trainsim.catalog.loader import load_cluster, load_device
 from trainsim.comm.collectives import collective_time_s
-from trainsim.cost.calibration import Calibration, CommParams
+from trainsim.cost.calibration import Calibration, CommParams, ComputeParams
+from trainsim.cost.compute import matmul_efficiency
 from trainsim.errors import TrainsimError
 from trainsim.hardware.device import DType
 
@@ -65,13 +66,15 @@ def fit_matmul_curve(gemm_csv: Path, max_eff: dict[str, dict[str, float]]) -> di
     data = np.array(samples)
 
     def residuals(theta: np.ndarray) -> np.ndarray:
-        half = math.exp(theta[0]) * data[:, 1] / 1e12
-        skinny = 1.0 + (math.exp(theta[2]) / data[:, 3]) ** theta[3]
-        model = data[:, 2] / (1.0 + (half / data[:, 0]) ** theta[1]) / skinny
+        cal = Calibration(compute=ComputeParams(
+            matmul_half_work_flop_per_tflops=math.exp(theta[0]), matmul_exponent=float(theta[1]),
+            matmul_half_dim=math.exp(theta[2]), matmul_dim_exponent=float(theta[3])))
+        model = np.array([matmul_efficiency(work, peak, max_eff, cal, 1.0, dim)
+                          for work, peak, max_eff, dim, _ in samples])
         return np.log(model) - np.log(data[:, 4])
 
-    fit = least_squares(residuals, x0=np.array([math.log(2e7), 1.0, math.log(16.0), 1.0]),
-                        bounds=([0.0, 0.2, 0.0, 0.2], [40.0, 4.0, 10.0, 4.0]))
+    fit = least_squares(residuals, x0=np.array([math.log(2e7), 0.9, math.log(16.0), 0.9]),
+                        bounds=([0.0, 0.2, 0.0, 0.2], [40.0, 4.0, 10.0, 1.0]))
     return {"matmul_half_work_flop_per_tflops": float(math.exp(fit.x[0])), "matmul_exponent": float(fit.x[1]),
             "matmul_half_dim": float(math.exp(fit.x[2])), "matmul_dim_exponent": float(fit.x[3])}
 

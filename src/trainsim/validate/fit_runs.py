@@ -43,7 +43,7 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter("compute", "matmul_half_work_flop_per_tflops", None, 1e5, 1e9, log=True),
     Parameter("compute", "matmul_exponent", None, 0.3, 3.0),
     Parameter("compute", "matmul_half_dim", None, 1.0, 4096.0, log=True),
-    Parameter("compute", "matmul_dim_exponent", None, 0.2, 4.0),
+    Parameter("compute", "matmul_dim_exponent", None, 0.2, 1.0),
     Parameter("compute", "matmul_training_factor", 1.0, 0.3, 1.3),
     Parameter("compute", "attention_efficiency", 0.5, 0.1, 1.5),
     Parameter("compute", "memory_efficiency", 0.8, 0.2, 1.0),

@@ -21,7 +21,7 @@ def _register_optional() -> None:
     """Commands that live in their own modules; each module exposes `register(app)`."""
     import importlib
 
-    for module in ("catalog_cmds", "search", "validate", "calibrate", "profile", "graph"):
+    for module in ("catalog_cmds", "search", "validate", "calibrate", "profile", "graph", "measure"):
         try:
             mod = importlib.import_module(f"trainsim.cli.{module}")
         except ModuleNotFoundError as exc:

@@ -13,19 +13,21 @@ from rich.table import Table
 
 from trainsim.cli.errors import handles_errors
 from trainsim.estimate.engines import ENGINES
+from trainsim.validate.measured import read_measured
 from trainsim.validate.predict_runs import RowPrediction, predict_rows, summarize
 from trainsim.validate.runs import read_runs
 
 
 @handles_errors
 def validate(
-    runs_file: Annotated[Path, typer.Argument(help="CSV in the schema of shared/data/calibration/runs.csv")],
+    runs_file: Annotated[Path, typer.Argument(help="CSV in the schema of shared/data/calibration/runs.csv, or a "
+                                              "folder of runs measured by `trainsim measure`")],
     engine: Annotated[str, typer.Option(help="estimator: " + ", ".join(ENGINES.names()))] = "analytical",
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     rows: Annotated[bool, typer.Option("--rows/--no-rows", help="print every row, not only the summary")] = True,
 ) -> None:
     """Predict every run of a runs file; print predicted vs measured and the MAPE per source and metric."""
-    runs = read_runs(runs_file)
+    runs = read_measured(runs_file) if runs_file.is_dir() else read_runs(runs_file)
     estimator = ENGINES.get(engine)()
     with Progress(console=Console(stderr=True), transient=True, disable=as_json or not sys.stderr.isatty()) as bar:
         task = bar.add_task("predicting runs", total=len(runs))

@@ -105,7 +105,7 @@ def parallel_from_row(fields: dict[str, str]) -> dict[str, Any]:
         "seq_len": _int(fields, "seq_len"),
         "recompute": fields.get("recompute") or base["recompute"],
         "precision": fields.get("precision") or base["precision"],
-        "schedule": "interleaved-1f1b" if vpp > 1 else "1f1b",
+        "schedule": fields.get("schedule") or ("interleaved-1f1b" if vpp > 1 else "1f1b"),
     }
 
 

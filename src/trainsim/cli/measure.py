@@ -1,0 +1,187 @@
+"""`trainsim measure`: run a job for real with torch.distributed on this machine and record what happened.
+
+Parse (a job file and the flags of `predict` -> Job; the loop settings), compute (trainsim.measure: one process
+per rank, warm-up, timed iterations, a result file per run), render (a summary table or one JSON object).
+`--suite local` measures the local ground-truth suite instead of one job (resumable).
+"""
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from trainsim.cli.errors import handles_errors
+from trainsim.cli.jobargs import job_from_settings, read_job_file
+from trainsim.errors import ConfigError
+from trainsim.job import Job
+from trainsim.units import format_bytes_gib
+
+LOCAL_CLUSTER = "local-cpu"
+DEFAULT_PRECISION = "amp-bf16"  # bf16 mixed precision as torch runs it (autocast over fp32 weights)
+JOB_FLAGS = ("model", "cluster", "num_gpus", "tp", "pp", "dp", "vpp", "sp", "cp", "ep", "zero", "recompute",
+             "micro_batch", "global_batch", "seq_len", "precision", "schedule")
+
+
+@handles_errors
+def measure(
+    job_file: Annotated[Path | None, typer.Argument(help="YAML/JSON job file; flags override it")] = None,
+    model: Annotated[str | None, typer.Option(help="catalog name, model YAML, or HF config.json")] = None,
+    cluster: Annotated[str | None, typer.Option(help="cluster preset or YAML (default: local-cpu without GPUs)")]
+    = None,
+    num_gpus: Annotated[int | None, typer.Option(help="ranks (default: tp x pp x dp)")] = None,
+    tp: Annotated[int | None, typer.Option(help="tensor-parallel degree")] = None,
+    pp: Annotated[int | None, typer.Option(help="pipeline-parallel degree")] = None,
+    dp: Annotated[int | None, typer.Option(help="data-parallel degree")] = None,
+    vpp: Annotated[int | None, typer.Option(help="virtual stages per pipeline rank")] = None,
+    sp: Annotated[bool | None, typer.Option("--sp/--no-sp", help="sequence parallelism")] = None,
+    cp: Annotated[int | None, typer.Option(help="context-parallel degree (not measured)")] = None,
+    ep: Annotated[int | None, typer.Option(help="expert-parallel degree (not measured)")] = None,
+    zero: Annotated[int | None, typer.Option(help="0 DDP | 1 ZeroRedundancyOptimizer | 2, 3 FSDP2")] = None,
+    recompute: Annotated[str | None, typer.Option(help="none | selective | full")] = None,
+    micro_batch: Annotated[int | None, typer.Option(help="sequences per micro-batch")] = None,
+    global_batch: Annotated[int | None, typer.Option(help="sequences per optimizer step")] = None,
+    seq_len: Annotated[int | None, typer.Option(help="tokens per sequence")] = None,
+    precision: Annotated[str | None, typer.Option(help="fp32 | amp-bf16 (tf32 on GPUs); default amp-bf16")]
+    = None,
+    schedule: Annotated[str | None, typer.Option(help="gpipe | 1f1b | interleaved-1f1b")] = None,
+    iterations: Annotated[int, typer.Option(help="timed iterations")] = 20,
+    warmup: Annotated[int, typer.Option(help="untimed iterations first")] = 5,
+    timeout_s: Annotated[float, typer.Option("--timeout-s", help="fail if a run takes longer (seconds)")] = 600.0,
+    out: Annotated[Path, typer.Option(help="folder for the result files (RUN_ID.json)")] = Path("measured"),
+    run_id: Annotated[str | None, typer.Option("--run-id", help="result file name (default: from the job)")]
+    = None,
+    threads: Annotated[int | None, typer.Option(help="intra-op threads per rank (default 1 on a CPU)")] = None,
+    profile: Annotated[bool, typer.Option("--profile", help="torch.profiler Chrome trace per rank")] = False,
+    execution_trace: Annotated[bool, typer.Option("--execution-trace", help="PyTorch execution trace per rank")]
+    = False,
+    suite: Annotated[str | None, typer.Option(help="measure a suite of jobs instead: local")] = None,
+    repeats: Annotated[int, typer.Option(help="with --suite: measure every job this many times")] = 1,
+    list_suite: Annotated[bool, typer.Option("--list", help="with --suite: list its jobs, measure nothing")]
+    = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+) -> None:
+    """Run a training job for real (torch.distributed: gloo on CPUs, NCCL on GPUs) and record its iteration
+    time (median, p10, p90), peak memory per rank and throughput in OUT/RUN_ID.json."""
+    flags = dict(model=model, cluster=cluster, num_gpus=num_gpus, tp=tp, pp=pp, dp=dp, vpp=vpp, sp=sp, cp=cp,
+                 ep=ep, zero=zero, recompute=recompute, micro_batch=micro_batch, global_batch=global_batch,
+                 seq_len=seq_len, precision=precision, schedule=schedule)
+    if suite is not None:
+        given = [f"--{k.replace('_', '-')}" for k, v in flags.items() if v is not None]
+        if job_file is not None or given or run_id is not None:
+            raise ConfigError("suite", suite, f"measures its own jobs; drop the job file and {' '.join(given)}"
+                              .rstrip())
+        _measure_suite(suite, out, repeats, iterations, warmup, timeout_s, list_suite, as_json)
+        return
+    if repeats != 1 or list_suite:
+        raise ConfigError("repeats" if repeats != 1 else "list", repeats if repeats != 1 else True,
+                          "applies to --suite only")
+    job = job_from_flags(job_file, flags)
+    _measure_one(job, out, run_id, iterations, warmup, timeout_s, threads, profile, execution_trace, as_json)
+
+
+def job_from_flags(job_file: Path | None, flags: dict[str, Any]) -> Job:
+    """Like predict's, with defaults for a local run: the local-cpu cluster when there is no GPU, as many
+    ranks as tp x pp x dp x cp, and amp-bf16 (torch.autocast) as the bf16 precision."""
+    settings = read_job_file(job_file)
+    settings.update({key: value for key, value in flags.items() if value is not None})
+    if "cluster" not in settings and not _has_cuda():
+        settings["cluster"] = LOCAL_CLUSTER
+    if "num_gpus" not in settings:
+        degree = 1
+        for axis in ("tp", "pp", "cp", "dp"):
+            value = settings.get(axis)
+            degree *= value if isinstance(value, int) and value > 0 else 1
+        settings["num_gpus"] = degree
+    settings.setdefault("precision", DEFAULT_PRECISION)
+    return job_from_settings(settings)
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def _progress(as_json: bool, total: int | None) -> Progress:
+    columns: list[Any] = [SpinnerColumn(), TextColumn("{task.description}")]
+    if total is not None:
+        columns += [BarColumn(), MofNCompleteColumn()]
+    columns.append(TimeElapsedColumn())
+    return Progress(*columns, console=Console(stderr=True), transient=total is None,
+                    disable=as_json or not sys.stderr.isatty())
+
+
+def _measure_one(job: Job, out: Path, run_id: str | None, iterations: int, warmup: int, timeout_s: float,
+                 threads: int | None, profile: bool, execution_trace: bool, as_json: bool) -> None:
+    from trainsim.measure.launch import MeasureFailedError, launch, make_spec
+    from trainsim.measure.results import load_run
+
+    spec = make_spec(job, out, run_id=run_id, iterations=iterations, warmup=warmup, timeout_s=timeout_s,
+                     threads=threads, profile=profile, execution_trace=execution_trace)
+    with _progress(as_json, None) as bar:
+        task = bar.add_task(f"measuring {spec.run_id} on {job.num_gpus} rank(s) ({spec.device})", total=None)
+        try:
+            path = launch(spec, job.num_gpus, on_tick=lambda: bar.advance(task, 0))
+        except MeasureFailedError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            raise typer.Exit(1) from None
+    run = load_run(path)
+    if as_json:
+        typer.echo(json.dumps(run.to_dict(), indent=1))
+        return
+    table = Table("run", "ranks", "median s", "p10 s", "p90 s", "tokens/s", "peak memory (max rank)",
+                  title=f"measured ({run.peak_memory_kind}; {len(run.iteration_times_s)} iterations)")
+    stats = run.stats
+    table.add_row(run.run_id, str(run.world_size), f"{stats.median_s:.4f}", f"{stats.p10_s:.4f}",
+                  f"{stats.p90_s:.4f}", f"{run.tokens_per_s:,.0f}", format_bytes_gib(run.max_peak_memory_bytes))
+    Console().print(table)
+    typer.echo(f"result: {path}", err=True)
+
+
+def _measure_suite(name: str, out: Path, repeats: int, iterations: int, warmup: int, timeout_s: float,
+                   list_only: bool, as_json: bool) -> None:
+    from trainsim.measure.launch import MeasureFailedError
+    from trainsim.measure.suite import describe_suite, run_suite, suite_jobs, summarize_suite
+
+    if repeats < 1:
+        raise ConfigError("repeats", repeats, "must be at least 1")
+    if list_only:
+        for job_name, what in describe_suite(name):
+            typer.echo(f"{job_name:28s} {what}")
+        return
+    total = len(suite_jobs(name)) * repeats
+    with _progress(as_json, total) as bar:
+        task = bar.add_task(f"suite {name}", total=total)
+
+        def advanced(rid: str, skipped: bool) -> None:
+            bar.update(task, advance=1, description=f"suite {name}: {rid}{' (kept)' if skipped else ''}")
+
+        try:
+            runs = run_suite(name, out, repeats=repeats, iterations=iterations, warmup=warmup,
+                             timeout_s=timeout_s, progress=advanced, tick=lambda: bar.advance(task, 0))
+        except MeasureFailedError as exc:
+            print(f"error: {exc} (rerun the same command to resume)", file=sys.stderr)
+            raise typer.Exit(1) from None
+    summary = summarize_suite(runs)
+    if as_json:
+        typer.echo(json.dumps({"suite": name, "out": str(out), "jobs": [s.to_dict() for s in summary]}, indent=1))
+        return
+    table = Table("job", "ranks", "runs", "median s", "p10 s", "p90 s", "run medians s", "spread %", "tokens/s",
+                  "peak memory", title=f"suite {name}: iteration time (spread = (max - min) / mean of run medians)")
+    for s in summary:
+        table.add_row(s.name, str(s.ranks), str(s.runs), f"{s.median_s:.4f}", f"{s.p10_s:.4f}", f"{s.p90_s:.4f}",
+                      " ".join(f"{m:.4f}" for m in s.run_medians_s), f"{s.spread_pct:.1f}",
+                      f"{s.tokens_per_s:,.0f}", format_bytes_gib(s.peak_memory_bytes))
+    Console().print(table)
+    typer.echo(f"results in {out}; score the engines with: trainsim validate {out}", err=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("measure")(measure)

@@ -1,0 +1,294 @@
+"""Launch a measured run on this machine: one worker process per rank, as torchrun would start them.
+
+Each rank is `python -m trainsim.measure.worker --spec FILE` with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
+MASTER_PORT in its environment, in a session (process group) of its own. The launcher watches them: the first
+rank that fails, or the timeout, kills every rank's process group and raises MeasureFailedError with one line
+naming the rank and its error. Workers also exit when the launcher dies and give up on a collective after the
+timeout, so nothing is left hanging.
+
+No torch import at module level: `trainsim measure` checks a job before it starts any process.
+"""
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from trainsim.errors import ConfigError, TrainsimError
+from trainsim.ir.model_spec import TransformerSpec
+from trainsim.job import Job
+from trainsim.measure.results import job_to_dict, result_path
+
+Device = Literal["cpu", "cuda"]
+FAULT_ENV = "TRAINSIM_MEASURE_FAULT"  # test only: "crash:RANK" or "hang:RANK" (see worker.inject_fault)
+PARENT_ENV = "TRAINSIM_MEASURE_PARENT"
+MEASURED_PRECISIONS: dict[Device, tuple[str, ...]] = {"cpu": ("fp32", "amp-bf16"),
+                                                       "cuda": ("fp32", "tf32", "amp-bf16")}
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+POLL_S = 0.02
+
+
+class MeasureFailedError(TrainsimError):
+    """A rank crashed or hung: the run produced no result."""
+
+
+class UnsupportedJobError(ConfigError):
+    """A valid job that the measurement harness cannot run (yet)."""
+
+
+def unsupported(message: str) -> UnsupportedJobError:
+    error = UnsupportedJobError.across_fields("measure", message)
+    assert isinstance(error, UnsupportedJobError)
+    return error
+
+
+@dataclass(frozen=True, slots=True)
+class MeasureSpec:
+    """Everything a worker needs, as JSON: the job, the loop settings and where the result goes."""
+
+    run_id: str
+    job: dict[str, Any]
+    out_dir: str
+    iterations: int = 20
+    warmup: int = 5
+    timeout_s: float = 600.0
+    threads: int = 0  # intra-op threads per rank; 0 leaves torch's default
+    device: Device = "cpu"
+    profile: bool = False
+    execution_trace: bool = False
+    seed: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "MeasureSpec":
+        return cls(**json.loads(text))
+
+
+def default_run_id(job: Job) -> str:
+    """A readable file name from the model and the strategy: gpt-small_tp2-pp1-dp1-sp_mb4-gb4_1f1b_fp32."""
+    p = job.parallel
+    axes = f"tp{p.tp}-pp{p.pp}-dp{p.dp}" + (f"-vpp{p.vpp}" if p.vpp > 1 else "") + ("-sp" if p.sp else "")
+    extras = [f"zero{p.zero}"] if p.zero else []
+    extras += [f"rc-{p.recompute}"] if p.recompute != "none" else []
+    parts = [job.model.name, axes, *extras, f"mb{p.micro_batch}-gb{p.global_batch}-s{p.seq_len}"]
+    if p.pp > 1:
+        parts.append(p.schedule)
+    parts.append(p.precision)
+    return re.sub(r"[^A-Za-z0-9._-]", "-", "_".join(parts))
+
+
+def pick_device(job: Job) -> Device:
+    """The CPU for a CPU cluster (local-cpu); CUDA for a GPU cluster, which needs that many GPUs here (a GPU
+    job is never quietly run on the CPU: its result would be compared with GPU predictions)."""
+    if job.cluster.device.name.startswith("cpu"):
+        return "cpu"
+    try:
+        import torch
+
+        found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        found = 0
+    if found < job.num_gpus:
+        raise unsupported(f"the job runs on {job.num_gpus} {job.cluster.device.name} GPU(s) but this machine has "
+                          f"{found}; use --cluster local-cpu to measure it on the CPU, or torchrun across nodes "
+                          "(docs/measure.md)")
+    return "cuda"
+
+
+def check_supported(job: Job, device: Device) -> None:
+    """Refuse, with one line, every job the harness cannot run as stated (no silent substitutes)."""
+    model = job.model
+    p = job.parallel
+    if not isinstance(model, TransformerSpec):
+        raise unsupported(f"measure builds transformer models only, not a {model.kind} model")
+    if model.is_moe:
+        raise unsupported(f"{model.name} is a mixture of experts (num_experts={model.num_experts}); "
+                                  "measure builds dense transformers only")
+    for axis, value in (("cp", p.cp), ("ep", p.ep)):
+        if value > 1:
+            raise unsupported(f"{axis}={value} is not measured (supported axes: dp, tp with sp, pp)")
+    if p.precision not in MEASURED_PRECISIONS[device]:
+        hint = " (bf16 mixed precision is measured as amp-bf16: torch.autocast over fp32 weights)" \
+            if p.precision in ("bf16", "fp16") else ""
+        raise unsupported(f"precision={p.precision} is not measured on {device}; choose one of "
+                                  f"{', '.join(MEASURED_PRECISIONS[device])}{hint}")
+    if p.pp > 1 and p.schedule not in SCHEDULES:
+        raise unsupported(f"schedule={p.schedule} is not measured; choose one of {', '.join(SCHEDULES)}")
+    if p.tp > 1:
+        _check_tp(model, job)
+    if p.tp > 1 and p.dp > 1 and p.zero < 2:
+        raise unsupported(f"tp={p.tp} with dp={p.dp} is measured with FSDP2 only (zero=2 or 3); "
+                                  f"zero={p.zero} would need DDP over tensor-parallel DTensors")
+    if p.pp > 1 and p.num_micro_batches < p.pp:
+        raise unsupported(f"pp={p.pp} needs at least pp micro-batches; global_batch={p.global_batch} "
+                                  f"/ (dp={p.dp} x micro_batch={p.micro_batch}) = {p.num_micro_batches}")
+
+
+def _check_tp(model: TransformerSpec, job: Job) -> None:
+    tp = job.parallel.tp
+    for name, value in (("num_kv_heads", model.kv_heads), ("vocab", model.vocab), ("ffn_hidden", model.ffn_hidden)):
+        if value % tp:
+            raise unsupported(f"tp={tp} must divide {name}={value} of {model.name} to be measured")
+    if job.parallel.sp and job.parallel.seq_len % tp:
+        raise unsupported(f"sp needs tp={tp} to divide seq_len={job.parallel.seq_len}")
+
+
+def make_spec(job: Job, out_dir: Path, *, run_id: str | None = None, iterations: int = 20, warmup: int = 5,
+              timeout_s: float = 600.0, threads: int | None = None, device: Device | None = None,
+              profile: bool = False, execution_trace: bool = False,
+              labels: dict[str, str] | None = None) -> MeasureSpec:
+    """Check the job and the loop settings; pick the device and the threads per rank (cores / ranks)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise TrainsimError("trainsim measure needs PyTorch: pip install -e '.[torch]' (torch==2.13.0)")
+    if iterations < 1:
+        raise ConfigError("iterations", iterations, "must be at least 1")
+    if warmup < 0:
+        raise ConfigError("warmup", warmup, "must be at least 0")
+    if timeout_s <= 0:
+        raise ConfigError("timeout_s", timeout_s, "must be positive")
+    chosen: Device = device or pick_device(job)
+    check_supported(job, chosen)
+    if threads is None:
+        threads = 1 if chosen == "cpu" else 0
+    return MeasureSpec(run_id or default_run_id(job), job_to_dict(job), str(out_dir), iterations, warmup,
+                       timeout_s, threads, chosen, profile, execution_trace, labels=labels or {})
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def log_path(out_dir: Path, run_id: str, rank: int) -> Path:
+    return out_dir / "logs" / f"{run_id}.rank{rank}.log"
+
+
+def error_path(out_dir: Path, run_id: str, rank: int) -> Path:
+    """A worker's first exception, with the time it happened (the launcher blames the earliest)."""
+    return out_dir / "logs" / f"{run_id}.rank{rank}.error.json"
+
+
+@dataclass
+class _Ranks:
+    procs: list[subprocess.Popen[bytes]]
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # the rank's own session: it and its children
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+
+
+def launch(spec: MeasureSpec, world_size: int, on_tick: Callable[[], None] | None = None) -> Path:
+    """Run the spec on world_size local ranks; return the result file. Raise MeasureFailedError on a crash or
+    a timeout (the message names the rank, its error and its log)."""
+    out_dir = Path(spec.out_dir)
+    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+    spec_file = out_dir / "logs" / f"{spec.run_id}.spec.json"
+    spec_file.write_text(spec.to_json())
+    result_path(out_dir, spec.run_id).unlink(missing_ok=True)  # a failed rerun leaves no stale result behind
+    for rank in range(world_size):
+        error_path(out_dir, spec.run_id, rank).unlink(missing_ok=True)
+    port = _free_port()
+    ranks = _Ranks([])
+    try:
+        for rank in range(world_size):
+            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+                   "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                   PARENT_ENV: str(os.getpid())}
+            if spec.threads:
+                env["OMP_NUM_THREADS"] = str(spec.threads)
+            with log_path(out_dir, spec.run_id, rank).open("wb") as log:
+                ranks.procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "trainsim.measure.worker", "--spec", str(spec_file)],
+                    env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    start_new_session=True))
+        _watch(ranks, spec, on_tick)
+    finally:
+        ranks.kill()
+    path = result_path(out_dir, spec.run_id)
+    if not path.exists():
+        raise MeasureFailedError(f"{spec.run_id}: every rank exited cleanly but rank 0 wrote no result {path}")
+    return path
+
+
+def _watch(ranks: _Ranks, spec: MeasureSpec, on_tick: Callable[[], None] | None) -> None:
+    out_dir = Path(spec.out_dir)
+    deadline = time.monotonic() + spec.timeout_s
+    while True:
+        codes = [proc.poll() for proc in ranks.procs]
+        failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
+        if failed:
+            time.sleep(0.2)  # let the other ranks' error files land, then blame the earliest
+            codes = [proc.poll() for proc in ranks.procs]
+            failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
+            ranks.kill()
+            raise MeasureFailedError(_failure_message(spec, out_dir, failed, codes))
+        if all(code == 0 for code in codes):
+            return
+        if time.monotonic() > deadline:
+            running = [rank for rank, code in enumerate(codes) if code is None]
+            ranks.kill()
+            raise MeasureFailedError(_timeout_message(spec, out_dir, running))
+        if on_tick:
+            on_tick()
+        time.sleep(POLL_S)
+
+
+# errors a rank reports because another rank died first (gloo/NCCL peers going away)
+SECONDARY_ERRORS = ("connection reset by peer", "connection closed by peer", "broken pipe", "connection refused",
+                    "socket timeout", "nccl communicator was aborted")
+
+
+def _failure_message(spec: MeasureSpec, out_dir: Path, failed: list[int], codes: list[int | None]) -> str:
+    """Blame the rank whose own error came first: an error file (written when the exception was caught) or
+    the last log line of a rank that died without one (an abort in C++), peers' lost-connection errors last."""
+    candidates: list[tuple[bool, float, int, str]] = []
+    for rank in range(len(codes)):
+        path = error_path(out_dir, spec.run_id, rank)
+        try:
+            record = json.loads(path.read_text())
+            error, when = str(record["error"]), float(record["time"])
+        except (OSError, ValueError, KeyError):
+            if rank not in failed:
+                continue
+            error = _last_line(log_path(out_dir, spec.run_id, rank)) or f"exit code {codes[rank]}"
+            when = float("inf")
+        error = " ".join(error.split())[:400]
+        candidates.append((any(s in error.lower() for s in SECONDARY_ERRORS), when, rank, error))
+    _, _, rank, error = min(candidates)
+    return (f"{spec.run_id}: rank {rank} failed: {error} (exit code {codes[rank]}; every rank killed; "
+            f"log {log_path(out_dir, spec.run_id, rank)})")
+
+
+def _timeout_message(spec: MeasureSpec, out_dir: Path, running: list[int]) -> str:
+    shown = ", ".join(str(r) for r in running)
+    last = "; ".join(f"rank {r}: {_last_line(log_path(out_dir, spec.run_id, r)) or '(nothing)'}" for r in running)
+    return (f"{spec.run_id}: rank(s) {shown} did not finish within the timeout of {spec.timeout_s:g} s "
+            f"(hung or too slow; every rank killed; last logged: {last}; logs in {out_dir / 'logs'})")
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""

@@ -1,0 +1,200 @@
+"""A measured run: what ran (the job, settings, versions, machine) and what happened (per-iteration times, peak
+memory per rank). One JSON file per run, written atomically; `trainsim validate DIR` reads a folder of them.
+
+No torch import here: reading results needs only the standard library, numpy and the specs.
+"""
+
+import hashlib
+import json
+import os
+import platform
+import socket
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from trainsim.catalog.loader import parse_model
+from trainsim.errors import InputFileError, TrainsimError
+from trainsim.hardware.cluster import ClusterSpec
+from trainsim.job import Job, make_job
+from trainsim.specbase import config_error_from
+from trainsim.strategy.parallel import ParallelSpec
+
+SCHEMA = "trainsim.measured-run/1"
+RESULT_SUFFIX = ".json"
+_OPTIONAL = ("final_loss", "labels", "traces")
+
+
+def job_to_dict(job: Job) -> dict[str, Any]:
+    """The job as data: the full model, cluster and strategy specs (a run is reproducible from its file)."""
+    return {"model": job.model.model_dump(mode="json"), "cluster": job.cluster.model_dump(mode="json"),
+            "parallel": job.parallel.model_dump(mode="json")}
+
+
+def job_from_dict(data: dict[str, Any], where: str = "job") -> Job:
+    try:
+        model = parse_model(data["model"], f"{where}.model")
+        try:
+            cluster = ClusterSpec.model_validate(data["cluster"])
+        except ValidationError as exc:
+            raise config_error_from(exc, f"{where}.cluster") from None
+        parallel = ParallelSpec.parse(data["parallel"], f"{where}.parallel")
+    except KeyError as exc:
+        raise InputFileError(f"{where} lacks the key {exc.args[0]!r} (model, cluster, parallel)") from None
+    return make_job(model, cluster, parallel)
+
+
+@dataclass(frozen=True, slots=True)
+class IterationStats:
+    median_s: float
+    p10_s: float
+    p90_s: float
+    mean_s: float
+    min_s: float
+    max_s: float
+
+    @classmethod
+    def of(cls, times_s: list[float]) -> "IterationStats":
+        if not times_s:
+            raise TrainsimError("a measured run needs at least one timed iteration")
+        a = np.asarray(times_s, dtype=float)
+        p10, median, p90 = (float(v) for v in np.percentile(a, [10, 50, 90]))
+        return cls(median, p10, p90, float(a.mean()), float(a.min()), float(a.max()))
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredRun:
+    """One measured run. Times in seconds (rank 0's wall clock between barriers, optimizer step included);
+    peak memory in bytes per rank (CUDA max allocated, or the process's RSS high-water mark on a CPU)."""
+
+    run_id: str
+    job: dict[str, Any]
+    iteration_times_s: list[float]
+    peak_memory_bytes: list[int]
+    peak_memory_kind: str
+    tokens_per_iteration: int
+    settings: dict[str, Any]
+    versions: dict[str, str]
+    machine: dict[str, Any]
+    started_at: str
+    final_loss: float | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    traces: list[str] = field(default_factory=list)  # relative to the result's folder
+
+    @property
+    def stats(self) -> IterationStats:
+        return IterationStats.of(self.iteration_times_s)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_per_iteration / self.stats.median_s
+
+    @property
+    def world_size(self) -> int:
+        return len(self.peak_memory_bytes)
+
+    @property
+    def max_peak_memory_bytes(self) -> int:
+        return max(self.peak_memory_bytes)
+
+    def make_job(self) -> Job:
+        return job_from_dict(self.job, f"run {self.run_id}")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        stats = self.stats
+        data = {"schema": SCHEMA, **data, "iteration_time_s": asdict(stats), "tokens_per_s": self.tokens_per_s}
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "run") -> "MeasuredRun":
+        if data.get("schema") != SCHEMA:
+            raise InputFileError(f"{where} is not a measured run (schema {data.get('schema')!r}, "
+                                 f"expected {SCHEMA!r})")
+        names = list(cls.__dataclass_fields__)
+        missing = [n for n in names if n not in data and n not in _OPTIONAL]
+        if missing:
+            raise InputFileError(f"{where} lacks {', '.join(missing)}")
+        return cls(**{n: data[n] for n in names if n in data})
+
+
+def result_path(out_dir: Path, run_id: str) -> Path:
+    return out_dir / f"{run_id}{RESULT_SUFFIX}"
+
+
+def save_run(run: MeasuredRun, out_dir: Path) -> Path:
+    """Write run_id.json atomically (a temporary file in the same folder, then rename): a reader or a resumed
+    suite never sees half a file."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = result_path(out_dir, run.run_id)
+    handle, tmp = tempfile.mkstemp(prefix=f".{run.run_id}.", suffix=".tmp", dir=out_dir)
+    try:
+        with os.fdopen(handle, "w") as f:
+            json.dump(run.to_dict(), f, indent=1)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_run(path: Path) -> MeasuredRun:
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise InputFileError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise InputFileError(f"{path} is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InputFileError(f"{path} is not a measured run (not a JSON object)")
+    return MeasuredRun.from_dict(data, str(path))
+
+
+def load_runs(out_dir: Path) -> list[MeasuredRun]:
+    """Every run_id.json of a folder (not its subfolders: traces and logs live there), sorted by name."""
+    if not out_dir.is_dir():
+        raise InputFileError(f"{out_dir} is not a folder of measured runs")
+    return [load_run(p) for p in sorted(out_dir.glob(f"*{RESULT_SUFFIX}"))]
+
+
+# --- what ran where ---
+
+
+def versions() -> dict[str, str]:
+    import sys
+
+    from trainsim import __version__ as trainsim_version
+
+    found = {"python": sys.version.split()[0], "trainsim": trainsim_version}
+    try:
+        import torch
+
+        found["torch"] = str(torch.__version__)
+        if torch.version.cuda:
+            found["cuda"] = str(torch.version.cuda)
+    except ImportError:
+        pass
+    return found
+
+
+def machine() -> dict[str, Any]:
+    """A machine description without identifying it: the hostname only as a short hash."""
+    return {"cpu_model": _cpu_model(), "cpu_count": os.cpu_count() or 0,
+            "cpus_allowed": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            "system": f"{platform.system()} {platform.release()}", "machine": platform.machine(),
+            "host_sha256": hashlib.sha256(socket.gethostname().encode()).hexdigest()[:12]}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"

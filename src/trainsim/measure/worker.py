@@ -1,0 +1,269 @@
+"""The per-rank training loop of a measured run: `python -m trainsim.measure.worker`.
+
+Started by `trainsim measure` (one process per rank) or by torchrun on any number of nodes: it reads RANK,
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT from the environment (env:// rendezvous), joins one process
+group (NCCL on GPUs, gloo on CPUs), builds the job's model with its strategy, runs `warmup` untimed and
+`iterations` timed steps, and rank 0 writes the result file. Two ways to say what to run:
+
+    python -m trainsim.measure.worker --spec FILE                 (written by `trainsim measure`)
+    python -m trainsim.measure.worker --job JOB.yaml --out DIR [--iterations N --warmup W --profile ...]
+
+Timing: each iteration is bracketed by barriers and timed on rank 0's wall clock, so it is the slowest rank's
+step (forward, backward, gradient reductions, optimizer step). Peak memory: CUDA max allocated, or on a CPU
+the process's RSS high-water mark (getrusage ru_maxrss: interpreter, torch and the job's tensors).
+Profiling and execution traces run after the timed iterations, on extra iterations, so they do not perturb
+the timings.
+"""
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from trainsim.measure.launch import FAULT_ENV, PARENT_ENV, MeasureSpec, error_path, make_spec
+from trainsim.measure.results import MeasuredRun, job_from_dict, machine, save_run, versions
+
+PROFILED_ITERATIONS = 3
+
+
+def log(message: str) -> None:
+    rank = os.environ.get("RANK", "?")
+    print(f"[rank {rank} {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def _watch_parent() -> None:
+    """Exit when the launcher that started this rank is gone (its session would otherwise outlive it)."""
+    parent = int(os.environ.get(PARENT_ENV, "0") or 0)
+    if not parent:
+        return
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                os._exit(3)
+            time.sleep(1.0)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+
+
+def inject_fault(rank: int) -> None:
+    """Test only: TRAINSIM_MEASURE_FAULT=crash:R makes rank R raise, hang:R makes it sleep for ever."""
+    fault = os.environ.get(FAULT_ENV, "")
+    if not fault:
+        return
+    kind, _, target = fault.partition(":")
+    if target and int(target) != rank:
+        return
+    if kind == "crash":
+        raise RuntimeError(f"injected crash on rank {rank} ({FAULT_ENV}={fault})")
+    if kind == "hang":
+        log(f"injected hang ({FAULT_ENV}={fault})")
+        while True:
+            time.sleep(3600)
+
+
+def run_worker(spec: MeasureSpec) -> None:
+    import torch
+    import torch.distributed as dist
+
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    if spec.device == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    job = job_from_dict(spec.job)
+    if job.num_gpus != world_size:
+        raise RuntimeError(f"the job needs {job.num_gpus} ranks (tp x pp x dp); WORLD_SIZE={world_size}")
+    backend = "nccl" if spec.device == "cuda" else "gloo"
+    log(f"joining {backend} group of {world_size} ({os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')})")
+    dist.init_process_group(backend, timeout=timedelta(seconds=spec.timeout_s),
+                            device_id=device if spec.device == "cuda" else None)
+    try:
+        _measure(spec, job, device, rank, world_size)
+    finally:
+        dist.destroy_process_group()
+
+
+def _measure(spec: MeasureSpec, job: Any, device: Any, rank: int, world_size: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from trainsim.measure.parallelize import Trainer, make_topology
+
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    topo = make_topology(job, device.type)
+    torch.manual_seed(spec.seed)
+    trainer = Trainer(job, topo, device, spec.seed)
+    log(f"built {job.describe()}; stages {trainer.stage_indices}")
+    inject_fault(rank)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for i in range(spec.warmup):
+        trainer.step()
+        log(f"warm-up {i + 1}/{spec.warmup}")
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times: list[float] = []
+    loss = float("nan")
+    load_before, cpu_before = os.getloadavg()[0], time.process_time()
+    for _ in range(spec.iterations):
+        dist.barrier()
+        start = time.perf_counter()
+        loss = trainer.step()
+        sync()
+        dist.barrier()
+        times.append(time.perf_counter() - start)
+    cpu_s = time.process_time() - cpu_before
+    log(f"timed {spec.iterations} iterations: median {sorted(times)[len(times) // 2]:.4f} s")
+    peak = _peak_memory_bytes(device)
+    traces = _traces(spec, trainer, rank)
+    info = {"rank": rank, "peak": peak, "loss": loss if trainer.computes_loss else None,
+            "threads": torch.get_num_threads(), "traces": traces, "host": machine()["host_sha256"],
+            "cpu_s": cpu_s, "load": [load_before, os.getloadavg()[0]]}
+    gathered: list[Any] = [None] * world_size
+    dist.all_gather_object(gathered, info)
+    if rank == 0:
+        _write_result(spec, job, times, gathered, started, device)
+    dist.barrier()  # no rank tears down its connections while another still uses them
+
+
+def _peak_memory_bytes(device: Any) -> int:
+    import torch
+
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
+
+
+def _traces(spec: MeasureSpec, trainer: Any, rank: int) -> list[str]:
+    """torch.profiler Chrome traces and PyTorch execution traces of extra iterations, one file per rank."""
+    import torch.distributed as dist
+
+    out = Path(spec.out_dir) / "traces"
+    written: list[str] = []
+    if spec.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if spec.device == "cuda" else [])
+        out.mkdir(parents=True, exist_ok=True)
+        with profile(activities=activities, record_shapes=True) as prof:
+            for _ in range(PROFILED_ITERATIONS):
+                trainer.step()
+                dist.barrier()
+        path = out / f"{spec.run_id}.rank{rank}.trace.json"
+        prof.export_chrome_trace(str(path))
+        written.append(str(path.relative_to(spec.out_dir)))
+    if spec.execution_trace:
+        from torch.profiler import ExecutionTraceObserver
+
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"{spec.run_id}.rank{rank}.et.json"
+        observer = ExecutionTraceObserver().register_callback(str(path))
+        observer.start()
+        trainer.step()
+        observer.stop()
+        observer.unregister_callback()
+        dist.barrier()
+        written.append(str(path.relative_to(spec.out_dir)))
+    return written
+
+
+def _write_result(spec: MeasureSpec, job: Any, times: list[float], ranks: list[Any], started: str,
+                  device: Any) -> None:
+    import torch
+
+    hosts = {r["host"] for r in ranks}
+    settings = {"iterations": spec.iterations, "warmup": spec.warmup, "device": spec.device,
+                "backend": "nccl" if spec.device == "cuda" else "gloo", "world_size": len(ranks),
+                "nodes": len(hosts), "threads_per_rank": [r["threads"] for r in ranks],
+                "timing": "rank 0 wall clock between barriers; optimizer step included",
+                "seed": spec.seed,
+                # a busy machine shows here: rank 0's 1-minute load average before and after the timed loop,
+                # and each rank's CPU time over it (well below the timed wall time: starved or waiting)
+                "load_average_1m": ranks[0]["load"], "cpu_s_per_rank": [round(r["cpu_s"], 4) for r in ranks],
+                "timed_wall_s": round(sum(times), 4)}
+    if spec.device == "cuda":
+        settings["gpu_name"] = torch.cuda.get_device_name(device)
+    losses = [r["loss"] for r in ranks if r["loss"] is not None]  # one per data-parallel rank
+    run = MeasuredRun(
+        run_id=spec.run_id, job=spec.job, iteration_times_s=times,
+        peak_memory_bytes=[int(r["peak"]) for r in ranks],
+        peak_memory_kind="cuda-max-allocated" if spec.device == "cuda" else "rss-high-water-mark",
+        tokens_per_iteration=job.tokens_per_iteration, settings=settings, versions=versions(),
+        machine=machine(), started_at=started, final_loss=sum(losses) / len(losses) if losses else None,
+        labels=spec.labels, traces=[t for r in ranks for t in r["traces"]])
+    path = save_run(run, Path(spec.out_dir))
+    log(f"wrote {path}")
+
+
+def _record_error(spec: MeasureSpec, exc: BaseException) -> None:
+    rank = int(os.environ.get("RANK", "0"))
+    path = error_path(Path(spec.out_dir), spec.run_id, rank)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"time": time.time(), "error": f"{type(exc).__name__}: {exc}"[:500]}))
+    except OSError:
+        pass
+
+
+def _spec_from_args(args: argparse.Namespace) -> MeasureSpec:
+    if args.spec:
+        return MeasureSpec.from_json(Path(args.spec).read_text())
+    if not (args.job and args.out):
+        raise SystemExit("worker: give --spec FILE, or --job JOB.yaml and --out DIR")
+    from trainsim.cli.jobargs import job_from_settings, read_job_file
+
+    job = job_from_settings(read_job_file(Path(args.job)))
+    device = args.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return make_spec(job, Path(args.out), run_id=args.run_id, iterations=args.iterations, warmup=args.warmup,
+                     timeout_s=args.timeout_s, threads=args.threads, device=device, profile=args.profile,
+                     execution_trace=args.execution_trace)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m trainsim.measure.worker",
+                                     description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--spec", help="spec file written by `trainsim measure`")
+    parser.add_argument("--job", help="job file (model, cluster, num_gpus, strategy keys), for torchrun")
+    parser.add_argument("--out", help="folder for the result (rank 0 writes RUN_ID.json)")
+    parser.add_argument("--run-id", default=None)
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--timeout-s", type=float, default=1800.0, help="collective timeout")
+    parser.add_argument("--threads", type=int, default=0, help="intra-op threads per rank (0: torch's default)")
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--execution-trace", action="store_true")
+    args = parser.parse_args(argv)
+    spec = _spec_from_args(args)
+    _watch_parent()
+    try:
+        run_worker(spec)
+    except BaseException as exc:
+        if not isinstance(exc, SystemExit | KeyboardInterrupt):
+            _record_error(spec, exc)
+        raise
+    # NB: skip the interpreter's teardown. With gloo, torch's static destructors sometimes abort a finished
+    # rank ("terminate called without an active exception") after its work is done and its files are written.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,269 @@
+"""trainsim measure: the PyTorch model matches the IR, the harness runs real strategies on tiny models (every
+strategy of one job reaches the same loss), a crashing or hanging rank fails fast with one line, results round
+trip, and measured runs read back as runs.csv rows that rebuild their job."""
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from trainsim.catalog import load_cluster
+from trainsim.catalog.loader import parse_model
+from trainsim.ir.model_spec import TransformerSpec
+from trainsim.job import Job, make_job
+from trainsim.measure.launch import (
+    FAULT_ENV,
+    MeasureFailedError,
+    UnsupportedJobError,
+    check_supported,
+    launch,
+    make_spec,
+)
+from trainsim.measure.results import IterationStats, MeasuredRun, job_to_dict, load_run, load_runs, save_run
+from trainsim.strategy.parallel import ParallelSpec
+
+TINY_GPT: dict[str, Any] = {"name": "tiny-gpt", "arch": "gpt", "num_layers": 2, "hidden": 64, "num_heads": 4,
+                            "ffn_hidden": 256, "vocab": 512, "max_seq_len": 32}
+TINY_LLAMA: dict[str, Any] = {"name": "tiny-llama", "arch": "llama", "num_layers": 2, "hidden": 64, "num_heads": 4,
+                              "num_kv_heads": 2, "ffn_hidden": 192, "vocab": 512, "max_seq_len": 32,
+                              "mlp": "swiglu", "norm": "rmsnorm", "position": "rope", "bias": False,
+                              "tied_embeddings": False}
+RUNNER = CliRunner()
+
+
+def tiny_job(ranks: int, model: dict[str, Any] | None = None, **strategy: Any) -> Job:
+    settings = {"seq_len": 32, "micro_batch": 2, "precision": "fp32", **strategy}
+    return make_job(parse_model(model or TINY_GPT), load_cluster("local-cpu").with_num_gpus(ranks),
+                    ParallelSpec.parse(settings))
+
+
+def tspec(data: dict[str, Any]) -> TransformerSpec:
+    spec = parse_model(data)
+    assert isinstance(spec, TransformerSpec)
+    return spec
+
+
+def fake_run(run_id: str = "r1", job: Job | None = None, times: list[float] | None = None) -> MeasuredRun:
+    job = job or tiny_job(2, dp=2)
+    return MeasuredRun(run_id=run_id, job=job_to_dict(job), iteration_times_s=times or [0.10, 0.12, 0.11, 0.30],
+                       peak_memory_bytes=[3 * 2**30, 2 * 2**30], peak_memory_kind="rss-high-water-mark",
+                       tokens_per_iteration=job.tokens_per_iteration,
+                       settings={"iterations": 4, "warmup": 1, "device": "cpu", "nodes": 1},
+                       versions={"python": "3.11"}, machine={"host_sha256": "abc", "cpu_model": "test cpu"},
+                       started_at="2026-01-01T00:00:00+00:00", final_loss=6.2)
+
+
+# --- no torch needed ---
+
+
+def test_iteration_stats_are_percentiles() -> None:
+    stats = IterationStats.of([float(i) for i in range(1, 12)])
+    assert (stats.median_s, stats.p10_s, stats.p90_s, stats.min_s, stats.max_s) == (6.0, 2.0, 10.0, 1.0, 11.0)
+
+
+def test_results_round_trip(tmp_path: Path) -> None:
+    run = fake_run()
+    path = save_run(run, tmp_path)
+    assert path.name == "r1.json" and not list(tmp_path.glob(".*tmp"))  # atomic: no temporary left behind
+    data = json.loads(path.read_text())
+    assert data["iteration_time_s"]["median_s"] == pytest.approx(0.115)
+    assert data["tokens_per_s"] == pytest.approx(run.tokens_per_iteration / 0.115)
+    back = load_run(path)
+    assert back == run
+    assert back.make_job() == tiny_job(2, dp=2)
+    assert load_runs(tmp_path) == [run]
+
+
+def test_a_file_that_is_not_a_run_is_refused(tmp_path: Path) -> None:
+    from trainsim.errors import InputFileError
+
+    (tmp_path / "other.json").write_text('{"hello": 1}')
+    with pytest.raises(InputFileError, match="not a measured run"):
+        load_runs(tmp_path)
+
+
+@pytest.mark.parametrize(("job", "message"), [
+    (lambda: tiny_job(2, cp=2), "cp=2 is not measured"),
+    (lambda: tiny_job(1, precision="bf16"), "amp-bf16"),
+    (lambda: tiny_job(4, tp=2, dp=2), "FSDP2 only"),
+    (lambda: tiny_job(2, model={**TINY_GPT, "vocab": 511}, tp=2), "vocab=511"),
+    (lambda: tiny_job(2, pp=2, schedule="zb-h1", global_batch=4), "schedule=zb-h1"),
+    (lambda: tiny_job(2, pp=2, global_batch=2), "at least pp micro-batches"),
+])
+def test_unsupported_jobs_are_refused(job: Any, message: str) -> None:
+    with pytest.raises(UnsupportedJobError, match=message):
+        check_supported(job(), "cpu")
+
+
+def test_cli_refuses_an_unsupported_job_with_one_line(tmp_path: Path) -> None:
+    from trainsim.cli.main import app
+
+    result = RUNNER.invoke(app, ["measure", "--model", "gpt3-125m", "--cp", "2", "--out", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cp=2 is not measured" in lines[0]
+    assert not list(tmp_path.iterdir())  # nothing started
+
+
+def test_suite_lists_its_jobs_and_keeps_to_four_ranks() -> None:
+    from trainsim.cli.main import app
+    from trainsim.measure.suite import LOCAL_SUITE
+
+    for job in LOCAL_SUITE:
+        built = job.job()
+        check_supported(built, "cpu")
+        assert built.num_gpus <= 4
+    result = RUNNER.invoke(app, ["measure", "--suite", "local", "--list"])
+    assert result.exit_code == 0, result.output
+    assert "gpt-dp2-pp2-fp32" in result.stdout and "llama-tp2-sp-bf16" in result.stdout
+
+
+def test_measured_runs_read_back_as_rows_that_rebuild_the_job(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import trainsim.validate.runs as runs
+    from trainsim.measure.suite import LOCAL_SUITE
+    from trainsim.validate.measured import read_measured
+
+    defaults = runs.row_defaults()
+    patched = {**defaults, "cluster_for_gpu": {**defaults["cluster_for_gpu"], "cpu-local": "local-cpu"}}
+    monkeypatch.setattr(runs, "row_defaults", lambda: patched)
+    jobs = {j.name: j.job() for j in LOCAL_SUITE if j.name in ("gpt-tp2-sp-fp32", "llama-pp2-1f1b-bf16")}
+    for name, job in jobs.items():
+        save_run(fake_run(name, job), tmp_path)
+    rows = read_measured(tmp_path)
+    assert [(r.run_id, r.metric) for r in rows] == [
+        ("gpt-tp2-sp-fp32", "iteration_time_s"), ("gpt-tp2-sp-fp32", "peak_memory_gib"),
+        ("llama-pp2-1f1b-bf16", "iteration_time_s"), ("llama-pp2-1f1b-bf16", "peak_memory_gib")]
+    assert rows[0].measured == pytest.approx(0.115) and rows[1].measured == pytest.approx(3.0)
+    fields = rows[0].fields
+    assert (fields["gpu"], fields["cluster"], fields["num_gpus"], fields["gpus_per_node"]) == \
+        ("cpu-local", "local-cpu", "2", "2")
+    assert (fields["tp"], fields["sp"], fields["precision"], fields["notes"]) == ("2", "1", "fp32", "")
+    for row in rows[::2]:
+        rebuilt = runs.job_from_row(row.fields)
+        assert rebuilt.skipped is None and rebuilt.job is not None
+        measured = jobs[row.run_id]
+        assert rebuilt.job.parallel == measured.parallel
+        same = {"name", "num_kv_heads"}
+        assert rebuilt.job.model.model_dump(exclude=same) == measured.model.model_dump(exclude=same)
+        assert rebuilt.job.model.kv_heads == measured.model.kv_heads  # type: ignore[union-attr]
+        assert rebuilt.job.num_gpus == measured.num_gpus and rebuilt.job.cluster.num_nodes == 1
+
+
+# --- PyTorch ---
+
+
+def test_torch_model_has_the_parameters_of_the_op_graph() -> None:
+    pytest.importorskip("torch")
+    from trainsim.frontends.catalog import build_graph
+    from trainsim.frontends.shape import DeviceSlice
+    from trainsim.measure.model import build_model, param_count
+    from trainsim.strategy.precision import policy_for
+
+    for data in (TINY_GPT, TINY_LLAMA, {**TINY_GPT, "name": "tiny-bloom", "position": "alibi"}):
+        spec = tspec(data)
+        graph = build_graph(spec, DeviceSlice(1, 8, policy_for("bf16")))
+        assert param_count(build_model(spec)) == graph.param_count()
+
+
+def test_pipeline_chunks_compute_the_whole_model() -> None:
+    torch = pytest.importorskip("torch")
+    from trainsim.measure.model import build_chunk, build_model, split_layers
+
+    for data in (TINY_GPT, TINY_LLAMA):
+        spec = tspec({**data, "num_layers": 4})
+        tokens = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(0))
+        whole = build_model(spec, seed=3)(tokens)
+        x = tokens
+        for plan in split_layers(4, 4):
+            x = build_chunk(spec, plan, seed=3)(x)
+        torch.testing.assert_close(x, whole)
+
+
+def _measure(job: Job, out: Path, timeout_s: float = 90.0, **kwargs: Any) -> MeasuredRun:
+    spec = make_spec(job, out, iterations=2, warmup=1, timeout_s=timeout_s, **kwargs)
+    return load_run(launch(spec, job.num_gpus))
+
+
+def test_dp_and_pp_runs_measure_and_agree(tmp_path: Path) -> None:
+    """dp=2, pp=2 (1F1B, two micro-batches) and dp=2 x pp=2 (four ranks, micro-batches of one) train the same
+    model (GPT: the tied embedding crosses the pipeline) on the same global batch: the same loss."""
+    pytest.importorskip("torch")
+    dp = _measure(tiny_job(2, dp=2), tmp_path)
+    pp = _measure(tiny_job(2, pp=2, global_batch=4), tmp_path)
+    both = _measure(tiny_job(4, dp=2, pp=2, micro_batch=1, global_batch=4, schedule="gpipe"), tmp_path)
+    for run in (dp, pp, both):
+        assert len(run.iteration_times_s) == 2 and all(t > 0 for t in run.iteration_times_s)
+        assert all(m > 2**20 for m in run.peak_memory_bytes)
+        assert run.settings["backend"] == "gloo" and run.versions["torch"]
+        assert dp.final_loss is not None and run.final_loss == pytest.approx(dp.final_loss, rel=1e-5)
+    assert (dp.world_size, pp.world_size, both.world_size) == (2, 2, 4)
+    assert {p.name for p in tmp_path.glob("*.json")} == {f"{r.run_id}.json" for r in (dp, pp, both)}
+
+
+def test_tensor_parallel_and_fsdp_agree(tmp_path: Path) -> None:
+    """LLaMA (GQA, RoPE, SwiGLU) in bf16 autocast: tp=2 with sequence parallelism and FSDP2 (zero=3) on dp=2."""
+    pytest.importorskip("torch")
+    tp = _measure(tiny_job(2, TINY_LLAMA, tp=2, sp=True, global_batch=4, precision="amp-bf16"), tmp_path)
+    fsdp = _measure(tiny_job(2, TINY_LLAMA, dp=2, zero=3, precision="amp-bf16"), tmp_path)
+    assert tp.final_loss is not None and fsdp.final_loss == pytest.approx(tp.final_loss, rel=1e-2)
+
+
+def _workers_alive(marker: str) -> list[int]:
+    alive = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if marker in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                    alive.append(int(proc.name))
+            except OSError:
+                continue
+    return alive
+
+
+@pytest.mark.parametrize("fault", ["crash", "hang"])
+def test_a_failing_rank_fails_the_run_within_the_timeout(fault: str, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    import time
+
+    monkeypatch.setenv(FAULT_ENV, f"{fault}:1")
+    timeout_s = 8.0
+    start = time.monotonic()
+    with pytest.raises(MeasureFailedError) as caught:
+        _measure(tiny_job(2, dp=2), tmp_path, timeout_s=timeout_s)
+    message = str(caught.value)
+    assert "\n" not in message
+    if fault == "crash":
+        assert "rank 1 failed: RuntimeError: injected crash on rank 1" in message
+    else:
+        assert f"did not finish within the timeout of {timeout_s:g} s" in message
+        assert time.monotonic() - start < timeout_s + 15
+    assert not list(tmp_path.glob("*.json"))
+    assert not _workers_alive(str(tmp_path))  # every rank's process group is gone
+
+
+def test_worker_runs_under_torchrun_environment(tmp_path: Path) -> None:
+    """What torchrun does: set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and start the worker module."""
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+
+    from trainsim.measure.launch import _free_port
+
+    (tmp_path / "model.yaml").write_text(json.dumps(TINY_GPT))
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(json.dumps({"model": str(tmp_path / "model.yaml"), "cluster": "local-cpu",
+                                    "num_gpus": 1, "seq_len": 32, "micro_batch": 2, "precision": "amp-bf16"}))
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(_free_port())}
+    env.pop(FAULT_ENV, None)
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, "-m", "trainsim.measure.worker", "--job", str(job_file), "--out", str(out),
+                    "--iterations", "2", "--warmup", "0", "--device", "cpu", "--run-id", "torchrun"],
+                   env=env, check=True, timeout=120, capture_output=True)
+    run = load_run(out / "torchrun.json")
+    assert run.world_size == 1 and run.make_job().parallel.precision == "amp-bf16"

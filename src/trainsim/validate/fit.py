@@ -70,6 +70,7 @@ def write_calibration(cal: Calibration, path: Path = FITTED_PATH) -> None:
     handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=".fitted-", suffix=".yaml")
     with os.fdopen(handle, "w") as out:
         out.write(header + body)
+    os.chmod(tmp, 0o644)  # mkstemp makes the file private; the fit is package data anyone may read
     os.replace(tmp, path)
 
 

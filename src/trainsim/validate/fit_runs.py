@@ -68,8 +68,8 @@ def fit_samples(rows: Sequence[RunRow]) -> list[FitSample]:
     return samples
 
 
-GENERATION_PRIOR_WEIGHT = 0.3  # pulls each generation's factor towards the shared one (log space)
-SOURCE_WEIGHT_POWER = 1.0  # a row weighs 1 / sqrt(rows of its source) ** this power
+GENERATION_PRIOR_WEIGHT = 0.1  # pulls each generation's factor towards the shared one (log space)
+SOURCE_WEIGHT_POWER = 0.9  # a row weighs 1 / sqrt(rows of its source) ** this power
 MAX_EVALUATIONS = 200  # least-squares function evaluations (each predicts every run once)
 
 

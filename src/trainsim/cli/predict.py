@@ -77,7 +77,6 @@ def _estimator(engine: str, costs: str, db: Path | None) -> Estimator:
 
     if engine == "precision-aware":
         from trainsim.estimate.precision_aware import PrecisionAwareEstimator
-
         from trainsim.profile.database import default_db_path
 
         make_estimator(costs, db)  # validates costs

@@ -54,3 +54,9 @@ def test_strategy_tree_file_changes_the_plan(tmp_path: Path) -> None:
     assert plain.exit_code == 0 and uneven.exit_code == 0, uneven.output
     # 2 blocks against 10 on the two stages: the second stage is the bottleneck and the iteration is longer
     assert json.loads(uneven.stdout)["iteration_time_s"] > 1.2 * json.loads(plain.stdout)["iteration_time_s"]
+
+
+def test_unknown_cost_model_is_refused() -> None:
+    result = RUNNER.invoke(app, ["predict", "--costs", "guess"])
+    assert result.exit_code == 2
+    assert "costs='guess'" in result.stderr and "roofline" in result.stderr

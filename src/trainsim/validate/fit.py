@@ -1,12 +1,14 @@
 """`trainsim calibrate`: fit every cost-model parameter on shared/data/calibration and write fitted.yaml."""
 
 import datetime
+import math
 import os
 import random
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from trainsim.cost.calibration import FITTED_PATH, Calibration, ComputeParams
@@ -55,8 +57,7 @@ def calibrate(data_dir: Path, sim: bool = True) -> Calibration:
     fitted = fit_runtime(base, samples)
     if sim:
         fitted = fitted.model_copy(update={"sim_runtime": fit_sim_runtime(fitted, samples)})
-    errors = log_errors(fitted, samples, {})
-    mape = float(sum(abs(pow(2.718281828459045, e) - 1.0) for e in errors) / len(errors) * 100.0)
+    mape = _mape_of(fitted, samples)
     return fitted.model_copy(update={"fit_report": {"runs": float(len(samples)), "train_mape_pct": mape}})
 
 
@@ -82,9 +83,14 @@ def _rounded(value: Any) -> Any:
     return value
 
 
+def _percent_errors(log_error: np.ndarray) -> list[float]:
+    """|predicted / measured - 1| in percent, from log(predicted) - log(measured)."""
+    return [abs(math.exp(e) - 1.0) * 100.0 for e in log_error]
+
+
 def _mape_of(cal: Calibration, samples: list[FitSample]) -> float:
-    errors = log_errors(cal, samples, {})
-    return float(sum(abs(pow(2.718281828459045, e) - 1.0) for e in errors) / len(errors) * 100.0)
+    errors = _percent_errors(log_errors(cal, samples, {}))
+    return sum(errors) / len(errors)
 
 
 def cross_validate(data_dir: Path, folds: int = 5, seed: int = 0) -> dict[str, dict[str, float]]:
@@ -101,7 +107,7 @@ def cross_validate(data_dir: Path, folds: int = 5, seed: int = 0) -> dict[str, d
         train = [samples[i] for i in order if i not in set(order[fold::folds])]
         fitted = fit_runtime(base, train)
         errors = log_errors(fitted, test, {})
-        held_out += [(s, abs(pow(2.718281828459045, e) - 1.0) * 100.0) for s, e in zip(test, errors, strict=True)]
+        held_out += list(zip(test, _percent_errors(errors), strict=True))
     report["k-fold"] = _by_source(held_out)
     for source in sorted({s.source for s in samples}):
         train = [s for s in samples if s.source != source]

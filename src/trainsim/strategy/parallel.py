@@ -55,6 +55,9 @@ class ParallelSpec(Spec):
 
     @property
     def num_micro_batches(self) -> int:
+        """Micro-batches per data-parallel rank per step; 0 until make_job has resolved dp and global_batch."""
+        if self.dp == 0 or self.global_batch == 0:
+            return 0
         return self.global_batch // (self.dp * self.micro_batch)
 
     def describe(self) -> str:

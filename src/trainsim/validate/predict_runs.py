@@ -6,7 +6,7 @@ from typing import Any
 
 from trainsim.estimate.engines import Estimator
 from trainsim.estimate.result import Result
-from trainsim.ir.model_spec import TransformerSpec
+from trainsim.ir.model_spec import ModelSpec, TransformerSpec
 from trainsim.job import Job
 from trainsim.strategy.precision import policy_for
 from trainsim.validate.metrics import mape
@@ -52,6 +52,7 @@ def predict_rows(rows: Iterable[RunRow], estimator: Estimator,
                  progress: Callable[[], None] | None = None) -> list[RowPrediction]:
     jobs: dict[str, RunJob] = {}
     results: dict[str, Result | str] = {}
+    params_by_run: dict[str, float] = {}
     out: list[RowPrediction] = []
     for row in rows:
         if row.run_id not in jobs:
@@ -66,7 +67,9 @@ def predict_rows(rows: Iterable[RunRow], estimator: Estimator,
                 results[row.run_id] = estimator.estimate(run.job)
             result = results[row.run_id]
             assert isinstance(result, Result)
-            params = estimator_params(run.job)
+            if row.run_id not in params_by_run:  # every metric row of a run needs it: build the graph once
+                params_by_run[row.run_id] = estimator_params(run.job.model)
+            params = params_by_run[row.run_id]
             predicted = metric_value(row.metric, run.job, result, params)
         out.append(RowPrediction(row.run_id, row.source, row.metric, row.measured, predicted, estimator.name,
                                  skipped))
@@ -75,12 +78,12 @@ def predict_rows(rows: Iterable[RunRow], estimator: Estimator,
     return out
 
 
-def estimator_params(job: Job) -> float:
+def estimator_params(model: ModelSpec) -> float:
+    """Parameter count of a model, from its op graph."""
     from trainsim.frontends.catalog import build_graph
     from trainsim.frontends.shape import DeviceSlice
 
-    graph = build_graph(job.model, DeviceSlice(1, min(job.parallel.seq_len, 8), policy_for("bf16")))
-    return graph.param_count()
+    return build_graph(model, DeviceSlice(1, 8, policy_for("bf16"))).param_count()
 
 
 def summarize(predictions: list[RowPrediction]) -> list[dict[str, Any]]:

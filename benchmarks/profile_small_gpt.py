@@ -26,7 +26,8 @@ from typing import Any
 
 from trainsim.catalog import load_cluster
 from trainsim.catalog.loader import parse_model
-from trainsim.cost.profiled import ProfiledCosts, make_estimator
+from trainsim.cost.profiled import ProfiledCosts
+from trainsim.estimate.costs import make_estimator
 from trainsim.estimate.precision_aware import PrecisionAwareEstimator
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import make_job

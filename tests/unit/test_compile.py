@@ -60,7 +60,7 @@ def test_two_stage_1f1b_makespan_is_hand_computed_from_layer_costs() -> None:
     block = next(layer for layer in est.graph(job).layers if layer.kind == "block")
     s = collective_time_s("send-recv", block.output_bytes, axis_layout("pp", job.parallel, job.cluster),
                           job.cluster, sim.cal)
-    optimizer = est._optimizer_step_s(partition_stages(est.graph(job), 2), job)
+    optimizer = est.optimizer_step_s(partition_stages(est.graph(job), 2), job)
     expected = (f[0] + b[0]) + 4 * (f[1] + b[1]) + 5 * s + optimizer
     result = sim.estimate(job)
     assert result.iteration_time_s == pytest.approx(expected, rel=1e-12)
@@ -88,7 +88,7 @@ def test_fsdp_without_overlap_serializes_gathers_and_scatters() -> None:
         scatter = collective_time_s("reduce-scatter", grads, layout, job.cluster, cal)
         comm += layer.count * (2 * gather + scatter)
     m = job.parallel.num_micro_batches
-    optimizer = est._optimizer_step_s(partition_stages(est.graph(job), 1), job)
+    optimizer = est.optimizer_step_s(partition_stages(est.graph(job), 1), job)
     result = sim.estimate(job)
     assert result.iteration_time_s == pytest.approx(m * (f[0] + b[0]) + m * comm + optimizer, rel=1e-12)
     # ... and the analytical engine's formula is the same sum.
@@ -116,7 +116,7 @@ def test_gradient_buckets_without_overlap_follow_the_backward_pass() -> None:
     assert min(outcome.start_s[t.tid] for t in buckets) == last_backward
     comm = sum(t.duration_s for t in buckets)
     f, b = _stage_times(sim.analytical, job)
-    optimizer = sim.analytical._optimizer_step_s(partition_stages(sim.analytical.graph(job), 1), job)
+    optimizer = sim.analytical.optimizer_step_s(partition_stages(sim.analytical.graph(job), 1), job)
     assert result.iteration_time_s == pytest.approx(2 * (f[0] + b[0]) + comm + optimizer, rel=1e-12)
     # Buckets hold whole layers, in the order their gradients become final, each at least BUCKET_BYTES but the
     # last: their all-reduces together move every gradient once, plus one ring's latency per extra bucket.

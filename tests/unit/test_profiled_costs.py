@@ -10,9 +10,10 @@ import pytest
 
 from trainsim.catalog import load_cluster
 from trainsim.catalog.loader import parse_model
-from trainsim.cost.profiled import ProfiledCosts, make_estimator
+from trainsim.cost.profiled import ProfiledCosts
 from trainsim.errors import ConfigError
 from trainsim.estimate.analytical import AnalyticalEstimator
+from trainsim.estimate.costs import make_estimator
 from trainsim.hardware.device import DeviceSpec
 from trainsim.ir.graph import Op
 from trainsim.job import make_job
@@ -127,7 +128,7 @@ def test_unknown_cost_model_is_a_config_error() -> None:
 def test_profiled_prediction_does_not_import_torch(tmp_path: Path) -> None:
     path = tmp_path / "p.sqlite"
     _fill(path, "fp32", 1e-3, 0.25)
-    code = ("import sys; from pathlib import Path; from trainsim.cost.profiled import make_estimator; "
+    code = ("import sys; from pathlib import Path; from trainsim.estimate.costs import make_estimator; "
             "from trainsim.cli.jobargs import job_from_settings; "
             f"job = job_from_settings(dict(model='gpt2-124m', cluster='local-cpu', seq_len=16)); "
             f"make_estimator('profiled', Path({str(path)!r})).estimate(job); "

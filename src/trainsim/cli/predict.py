@@ -8,6 +8,7 @@ import typer
 
 from trainsim.cli.errors import handles_errors
 from trainsim.cli.jobargs import job_from_settings, read_job_file
+from trainsim.compile.context import TASK_LEVELS
 from trainsim.errors import ConfigError
 from trainsim.estimate.engines import ENGINES, Estimator
 from trainsim.estimate.result import Result
@@ -70,33 +71,20 @@ def predict(
 
 def _estimator(engine: str, costs: str, db: Path | None) -> Estimator:
     """The engine, with op times from the roofline or from a profile database."""
-    factory = ENGINES.get(engine)
-    if costs == "roofline" and db is None:
-        return factory()
-    from trainsim.cost.profiled import make_estimator
+    from trainsim.estimate.costs import make_engine
 
-    if engine == "precision-aware":
-        from trainsim.estimate.precision_aware import PrecisionAwareEstimator
-        from trainsim.profile.database import default_db_path
-
-        make_estimator(costs, db)  # validates costs
-        return PrecisionAwareEstimator(db=db or default_db_path()) if costs == "profiled" else factory()
-    if engine != "analytical":
-        raise ConfigError("costs", costs, f"engine {engine!r} takes no --costs; use analytical, sim or "
-                          "precision-aware")
-    return make_estimator(costs, db)
+    return make_engine(engine, costs, db)
 
 
 def _simulate(job: Job, tree: Path | None, task_level: str, costs: str, db: Path | None) -> tuple[object, Result]:
+    from trainsim.estimate.costs import make_engine
     from trainsim.estimate.simulation import SimEstimator
     from trainsim.strategy.tree_yaml import load_tree_yaml
 
-    analytical = None
-    if costs != "roofline" or db is not None:
-        from trainsim.cost.profiled import make_estimator
-
-        analytical = make_estimator(costs, db)
-    estimator = SimEstimator(task_level=task_level, analytical=analytical)  # type: ignore[arg-type]
+    if task_level not in TASK_LEVELS:
+        raise ConfigError("task_level", task_level, f"choose one of: {', '.join(TASK_LEVELS)}")
+    estimator = make_engine("sim", costs, db, task_level)  # type: ignore[arg-type]
+    assert isinstance(estimator, SimEstimator)
     plan = None
     if tree is not None:
         plan = load_tree_yaml(tree, estimator.analytical.graph(job)).lower(job.parallel)

@@ -13,7 +13,7 @@ stream, in one dependency chain per stage (the critical path the analytical engi
 - apply_zero: resident model states per stage; ZeRO-3 gathers and reduce-scatters with prefetch windows;
 - here: per micro-batch host and pipeline overheads, the data-parallel overlap window, and the step's end:
   a barrier over all stages (the gradient-norm all-reduce), the optimizer step (analytical
-  _optimizer_step_s of the stage's parameters) and the iteration overhead.
+  optimizer_step_s of the stage's parameters) and the iteration overhead.
 
 Overlap windows reproduce the analytical engine's fractions: gradient buckets may not start before the last
 dp_overlap fraction of the final micro-batch's backward (its max(total - dp_overlap x window, last bucket)),
@@ -118,10 +118,9 @@ def _per_micro_batch_overheads(w: StageWriter, step: Step) -> None:
     launching ahead, so the per-micro-batch host cost is paid on every stage; spread over the model chunks,
     as the analytical engine spreads it over the stage time."""
     ctx = w.ctx
-    runtime = ctx.cal.runtime
-    items = [(runtime.micro_batch_overhead_s, "overhead", "micro-batch overhead")]
+    items = [(ctx.micro_batch_overhead_s(w.stage), "overhead", "micro-batch overhead")]
     if ctx.plan.num_stages > 1:
-        items.append((runtime.pipeline_overhead_per_micro_batch_s, "pp_comm", "pipeline overhead"))
+        items.append((ctx.cal.runtime.pipeline_overhead_per_micro_batch_s, "pp_comm", "pipeline overhead"))
     for seconds, category, what in items:
         if seconds > 0.0:
             w.chain(name=f"{what} mb{step.micro_batch}", stream="compute", kind="compute",
@@ -181,10 +180,10 @@ def _emit_step_end(ctx: BuildContext, tails: list[_StageTail]) -> None:
         barrier = ctx.add(name="optimizer barrier", device=stage, stream="gradient", kind="comm", duration_s=0.0,
                           deps=deps, sync_key="optimizer-barrier" if multi else "", phase="comm")
         parts = [StagePart(a.layer, 1.0) for a in plan.layers if a.stage == stage]
-        seconds = ctx.est._optimizer_step_s([parts], job) if parts else 0.0  # the shared formula
+        seconds = ctx.est.optimizer_step_s([parts], job) if parts else 0.0  # the shared formula
         optimizer = ctx.add(name="optimizer step", device=stage, stream="compute", kind="compute", duration_s=seconds,
                             deps=(barrier.tid,), phase="optimizer", category="optimizer")
-        overhead = ctx.cal.runtime.iteration_overhead_s
+        overhead = ctx.est.iteration_overhead_s(job)
         if overhead > 0.0:
             ctx.add(name="iteration overhead", device=stage, stream="compute", kind="compute", duration_s=overhead,
                     deps=(optimizer.tid,), phase="optimizer", category="overhead")

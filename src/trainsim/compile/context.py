@@ -12,6 +12,7 @@ from trainsim.compile.exec_graph import ExecGraph, Phase, Stream, Task, TaskKind
 from trainsim.compile.plan import ExecutionPlan
 from trainsim.cost.calibration import Calibration
 from trainsim.estimate.analytical import AnalyticalEstimator, axis_layout
+from trainsim.estimate.stages import StagePart
 from trainsim.hardware.cluster import GroupLayout
 from trainsim.ir.graph import Layer, Op
 from trainsim.job import Job
@@ -95,6 +96,7 @@ class BuildContext:
     _timings: dict[int, LayerTiming] = field(default_factory=dict)
     _layouts: dict[str, GroupLayout] = field(default_factory=dict)
     _resources: dict[tuple[object, ...], tuple[str, ...]] = field(default_factory=dict)
+    _micro_batch_overheads: dict[int, float] = field(default_factory=dict)
 
     @property
     def par(self) -> ParallelSpec:
@@ -119,6 +121,14 @@ class BuildContext:
                     category=category, priority=priority)
         tasks.append(task)
         return task
+
+    def micro_batch_overhead_s(self, stage: int) -> float:
+        """The host-side cost of one micro-batch on `stage` (the analytical engine's, over the stage's layers)."""
+        seconds = self._micro_batch_overheads.get(stage)
+        if seconds is None:
+            parts = [StagePart(a.layer, 1.0) for a in self.plan.layers if a.stage == stage]
+            seconds = self._micro_batch_overheads[stage] = self.est.micro_batch_overhead_s(parts, self.job)
+        return seconds
 
     def layout(self, axis: str) -> GroupLayout:
         """Group layout of an axis; "grad" is the data-parallel gradient group (dp x cp ranks, stride tp)."""

@@ -15,20 +15,18 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
+from trainsim.cost.calibration import load_calibration
 from trainsim.cost.compute import OpCostModel, RooflineCosts
-from trainsim.errors import ConfigError
+from trainsim.cost.step import StepCosts
 from trainsim.hardware.device import DeviceSpec
 from trainsim.ir.graph import Op
-from trainsim.profile.database import OpRow, ProfileDB, default_db_path
+from trainsim.profile.database import OpRow, ProfileDB
 from trainsim.profile.ops import OPTIMIZER_SIGNATURE_KIND, overhead_signature, signature_of
-
-if TYPE_CHECKING:
-    from trainsim.estimate.analytical import AnalyticalEstimator
+from trainsim.strategy.precision import Precision
 
 Source = Literal["exact", "interpolated", "fallback"]
-COST_MODELS = ("roofline", "profiled")
 _Group = tuple[str, str, str, str, str]  # device, kind, impl, phase, dtype
 
 
@@ -74,8 +72,6 @@ class ProfiledCosts:
     def __init__(self, db: Path | ProfileDB, device_name: str | None = None, fallback: OpCostModel | None = None,
                  *, versions: str | None = None, threads: int | None = None) -> None:
         if fallback is None:
-            from trainsim.cost.calibration import load_calibration
-
             fallback = RooflineCosts(load_calibration())
         self.fallback: OpCostModel = fallback
         self.device_name = device_name
@@ -159,61 +155,25 @@ def _pick_environments(rows: list[OpRow], versions: str | None, threads: int | N
     return chosen
 
 
-def make_estimator(costs: str, db: Path | None = None) -> "AnalyticalEstimator":
-    """The analytical (L0) engine with op times from `costs`: "roofline" (the calibrated default) or
-    "profiled" (the profile database at `db`, default: the user's cache; the roofline for ops it lacks).
+class ProfiledStepCosts:
+    """The Adam step measured by `trainsim profile` (inside its measured range of parameter counts), and the
+    measured framework cost per graph op x the ops of a micro-batch in place of the fitted overheads, on the
+    devices the database holds; the fallback elsewhere."""
 
-    With profiled costs, and for a device the database has measured, the Adam step and the framework overhead
-    are measured too: the step from the database (when its parameter count is in the measured range), the
-    overhead as the measured per-op cost x the ops of each micro-batch, in place of the calibration's fitted
-    per-iteration and per-micro-batch constants (fitted on GPU clusters' runs, not on this profile's device).
-    """
-    from trainsim.estimate.analytical import AnalyticalEstimator
+    name = "profiled"
 
-    if costs not in COST_MODELS:
-        raise ConfigError("costs", costs, "choose one of: " + ", ".join(COST_MODELS))
-    if costs == "roofline":
-        return AnalyticalEstimator()
-    return _profiled_estimator(db or default_db_path())
+    def __init__(self, profiled: ProfiledCosts, fallback: StepCosts) -> None:
+        self.profiled = profiled
+        self.fallback = fallback
 
+    def optimizer_step_s(self, params: float, precision: Precision, device: DeviceSpec) -> float:
+        measured = self.profiled.optimizer_step_s(params, device.name)
+        return measured if measured is not None else self.fallback.optimizer_step_s(params, precision, device)
 
-def _profiled_estimator(db: Path) -> "AnalyticalEstimator":
-    from dataclasses import replace
+    def iteration_overhead_s(self, device: DeviceSpec) -> float:
+        measured = self.profiled.overhead_per_op_s(device.name) is not None
+        return 0.0 if measured else self.fallback.iteration_overhead_s(device)
 
-    from trainsim.cost.calibration import load_calibration
-    from trainsim.estimate.analytical import AnalyticalEstimator, StageCost
-    from trainsim.estimate.result import Result
-    from trainsim.estimate.stages import StagePart
-    from trainsim.job import Job
-
-    fitted = load_calibration()
-    measured_runtime = fitted.model_copy(update={"runtime": fitted.runtime.model_copy(
-        update={"iteration_overhead_s": 0.0, "micro_batch_overhead_s": 0.0})})
-    profiled = ProfiledCosts(db, fallback=RooflineCosts(fitted))
-
-    class ProfiledAnalyticalEstimator(AnalyticalEstimator):
-        """NB: overrides the engine's optimizer formula and fixed overheads with measured ones; the analytical
-        engine offers no public hook for them yet."""
-
-        def estimate(self, job: Job) -> Result:
-            has_overhead = profiled.overhead_per_op_s(job.cluster.device.name) is not None
-            self.cal = measured_runtime if has_overhead else fitted
-            return super().estimate(job)
-
-        def stage_cost(self, stage: list[StagePart], job: Job) -> StageCost:
-            cost = super().stage_cost(stage, job)
-            per_op = profiled.overhead_per_op_s(job.cluster.device.name)
-            if per_op is None:
-                return cost
-            ops = sum(part.count * (len(part.layer.fwd) + len(part.layer.bwd)) for part in stage)
-            return replace(cost, overhead_s=per_op * ops)
-
-        def _optimizer_step_s(self, stages: list[list[StagePart]], job: Job) -> float:
-            par = job.parallel
-            params = max(sum(part.count * part.layer.param_count for part in stage) for stage in stages)
-            if par.zero >= 1:
-                params /= par.dp * par.cp
-            measured = profiled.optimizer_step_s(params, job.cluster.device.name)
-            return measured if measured is not None else super()._optimizer_step_s(stages, job)
-
-    return ProfiledAnalyticalEstimator(calibration=fitted, op_costs=profiled)
+    def micro_batch_overhead_s(self, num_ops: int, device: DeviceSpec) -> float:
+        per_op = self.profiled.overhead_per_op_s(device.name)
+        return per_op * num_ops if per_op is not None else self.fallback.micro_batch_overhead_s(num_ops, device)

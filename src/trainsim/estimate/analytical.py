@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from trainsim.comm.collectives import collective_time_s
 from trainsim.cost.calibration import Calibration, load_calibration
 from trainsim.cost.compute import OpCostModel, RooflineCosts
+from trainsim.cost.step import FittedStepCosts, StepCosts
 from trainsim.estimate.memory import MemoryEstimate, estimate_memory
 from trainsim.estimate.result import Result
 from trainsim.estimate.stages import StagePart, partition_stages
@@ -70,11 +71,14 @@ class AnalyticalEstimator:
     name = "analytical"
 
     def __init__(self, calibration: Calibration | None = None,
-                 graphs: dict[tuple[object, ...], OpGraph] | None = None, op_costs: OpCostModel | None = None) -> None:
+                 graphs: dict[tuple[object, ...], OpGraph] | None = None, op_costs: OpCostModel | None = None,
+                 step_costs: StepCosts | None = None) -> None:
         """graphs: a graph cache to share between estimators that differ only in calibration.
-        op_costs: where op times come from (default: the calibrated roofline)."""
+        op_costs: where op times come from (default: the calibrated roofline).
+        step_costs: the optimizer step and fixed overheads (default: the roofline and the fitted overheads)."""
         self.cal = calibration or load_calibration()
         self.op_costs: OpCostModel = op_costs or RooflineCosts(self.cal)
+        self.step_costs: StepCosts = step_costs or FittedStepCosts(self.cal)
         self._graphs: dict[tuple[object, ...], OpGraph] = {} if graphs is None else graphs
         self._layer_costs: dict[tuple[object, ...], LayerCost] = {}
 
@@ -135,7 +139,14 @@ class AnalyticalEstimator:
                 fsdp += part.count * self._fsdp_exposed_s(part.layer, cost, job)
         if par.pp > 1:
             comm["pp"] = self._pipeline_send_s(stage, job)
-        return StageCost(compute, recompute, comm, fsdp, self.cal.runtime.micro_batch_overhead_s, wgrad)
+        return StageCost(compute, recompute, comm, fsdp, self.micro_batch_overhead_s(stage, job), wgrad)
+
+    def micro_batch_overhead_s(self, stage: list[StagePart], job: Job) -> float:
+        ops = sum(part.count * (len(part.layer.fwd) + len(part.layer.bwd)) for part in stage)
+        return self.step_costs.micro_batch_overhead_s(round(ops), job.cluster.device)
+
+    def iteration_overhead_s(self, job: Job) -> float:
+        return self.step_costs.iteration_overhead_s(job.cluster.device)
 
     def _pipeline_send_s(self, stage: list[StagePart], job: Job) -> float:
         """Each micro-batch sends its activation forward and its gradient backward once per model chunk."""
@@ -171,7 +182,7 @@ class AnalyticalEstimator:
             # 1F1B's (p-1)(F+B+W) into (p-1)(F+B-W) at 1F1B's memory.
             bubble *= max(0.0, 1.0 - 2.0 * slow.wgrad_s / slow.total_s)
         grad_exposed = self._gradient_sync_exposed_s(stages[bottleneck], slow, job)
-        optimizer = self._optimizer_step_s(stages, job)
+        optimizer = self.optimizer_step_s(stages, job)
         breakdown = {
             "compute": m * slow.compute_s,
             "recompute": m * slow.recompute_s,
@@ -179,7 +190,7 @@ class AnalyticalEstimator:
             "dp_comm": grad_exposed + m * slow.fsdp_exposed_s,
             "bubble": bubble,
             "optimizer": optimizer,
-            "overhead": self.cal.runtime.iteration_overhead_s + m * slow.overhead_s,
+            "overhead": self.iteration_overhead_s(job) + m * slow.overhead_s,
         }
         memory = estimate_memory(stages, par, job.cluster.device)
         return make_result(self.name, job, graph, breakdown, memory)
@@ -203,17 +214,13 @@ class AnalyticalEstimator:
         window = self.cal.runtime.dp_overlap * cost.compute_s / 3.0 * 2.0  # backward ~ 2/3 of fwd + bwd
         return max(total - window, total / buckets)
 
-    def _optimizer_step_s(self, stages: list[list[StagePart]], job: Job) -> float:
-        """Adam reads and writes fp32 master weights and two moments, reads gradients, writes weights:
-        memory-bound, over the parameters this GPU owns."""
+    def optimizer_step_s(self, stages: list[list[StagePart]], job: Job) -> float:
+        """The optimizer step of the stage with the most parameters, over the parameters one GPU owns."""
         par = job.parallel
-        policy = policy_for(par.precision)
         params = max(sum(part.count * part.layer.param_count for part in stage) for stage in stages)
         if par.zero >= 1:
             params /= par.dp * par.cp
-        per_param = 2 * (4 + policy.optimizer_state_bytes) + policy.grad_bytes + policy.weight_bytes
-        device = job.cluster.device
-        return params * per_param / (device.hbm_bw_bytes_per_s * self.cal.compute.memory_efficiency)
+        return self.step_costs.optimizer_step_s(params, par.precision, job.cluster.device)
 
 
 def _layout_key(job: Job) -> str:

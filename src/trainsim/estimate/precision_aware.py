@@ -22,6 +22,8 @@ from pathlib import Path
 
 from trainsim.cost.calibration import Calibration, load_calibration
 from trainsim.cost.compute import OpCostModel, RooflineCosts
+from trainsim.cost.profiled import ProfiledCosts, ProfiledStepCosts
+from trainsim.cost.step import FittedStepCosts, StepCosts
 from trainsim.estimate.analytical import axis_layout, make_result
 from trainsim.estimate.memory import estimate_memory
 from trainsim.estimate.result import Result
@@ -98,10 +100,11 @@ class PrecisionAwareEstimator:
                  db: Path | None = None, optimizer: bool = True) -> None:
         self.cal = calibration or load_calibration()
         if op_costs is None and db is not None:
-            from trainsim.cost.profiled import ProfiledCosts
-
             op_costs = ProfiledCosts(db, fallback=RooflineCosts(self.cal))
         self.op_costs: OpCostModel = op_costs or RooflineCosts(self.cal)
+        fitted = FittedStepCosts(self.cal)
+        self.step_costs: StepCosts = ProfiledStepCosts(op_costs, fitted) if isinstance(op_costs, ProfiledCosts) \
+            else fitted
         self.optimizer = optimizer
         self._graphs: dict[tuple[object, ...], OpGraph] = {}
 
@@ -157,21 +160,12 @@ class PrecisionAwareEstimator:
 
     def _optimizer_step_s(self, parts: tuple[StagePart, ...], job: Job) -> float:
         """The Adam step over the subgraph's parameters: measured when the profile holds it, else the roofline
-        of estimate/analytical.py (fp32 master weights and moments read and written, gradients read)."""
+        step (cost/step.py)."""
         par = job.parallel
         params = sum(part.count * part.layer.param_count for part in parts)
         if par.zero >= 1:
             params /= par.dp * par.cp
-        from trainsim.cost.profiled import ProfiledCosts
-
-        if isinstance(self.op_costs, ProfiledCosts):
-            measured = self.op_costs.optimizer_step_s(params, job.cluster.device.name)
-            if measured is not None:
-                return measured
-        policy = policy_for(par.precision)
-        per_param = 2 * (4 + policy.optimizer_state_bytes) + policy.grad_bytes + policy.weight_bytes
-        device = job.cluster.device
-        return params * per_param / (device.hbm_bw_bytes_per_s * self.cal.compute.memory_efficiency)
+        return self.step_costs.optimizer_step_s(params, par.precision, job.cluster.device)
 
     def _notes(self, job: Job) -> list[str]:
         par = job.parallel

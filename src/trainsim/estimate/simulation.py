@@ -18,6 +18,8 @@ from trainsim.compile.context import TASK_LEVELS, TaskLevel
 from trainsim.compile.exec_graph import ExecGraph
 from trainsim.compile.plan import ExecutionPlan, default_plan
 from trainsim.cost.calibration import Calibration, load_calibration
+from trainsim.cost.compute import OpCostModel
+from trainsim.cost.step import StepCosts
 from trainsim.errors import ConfigError
 from trainsim.estimate.analytical import AnalyticalEstimator, make_result
 from trainsim.estimate.memory import MemoryEstimate
@@ -36,6 +38,14 @@ def sim_options(cal: Calibration, *, overlap: bool = True, sharing: bool = True)
     return SimOptions(overlap_slowdown=gamma, bandwidth_sharing=sharing, launch_overhead_s=0.0)
 
 
+def sim_calibration(cal: Calibration | None = None) -> Calibration:
+    """The calibration with the simulator's own fit of the runtime behaviours (RuntimeParams) in place."""
+    cal = cal or load_calibration()
+    if cal.sim_runtime is None:
+        return cal
+    return cal.model_copy(update={"runtime": cal.sim_runtime, "sim_runtime": None})
+
+
 @dataclass(frozen=True, slots=True)
 class SimRun:
     """What one estimate built and simulated, kept for --trace and --explain."""
@@ -49,21 +59,24 @@ class SimRun:
 
 class SimEstimator:
     """Estimator "sim". overlap: apply the overlap slow-down; sharing: share links between concurrent
-    transfers; task_level: "layer" (one task per layer-phase) or "op" (one per op)."""
+    transfers; task_level: "layer" (one task per layer-phase) or "op" (one per op); op_costs / step_costs:
+    where op times and the optimizer step and overheads come from (default: the calibrated roofline and fits);
+    analytical: an analytical engine whose costs and runtime to use as they are, instead of all of these."""
 
     name = "sim"
 
     def __init__(self, calibration: Calibration | None = None, *, overlap: bool = True, sharing: bool = True,
-                 task_level: TaskLevel = "layer", analytical: AnalyticalEstimator | None = None) -> None:
+                 task_level: TaskLevel = "layer", analytical: AnalyticalEstimator | None = None,
+                 op_costs: OpCostModel | None = None, step_costs: StepCosts | None = None) -> None:
         if task_level not in TASK_LEVELS:
             raise ConfigError("task_level", task_level, f"choose one of: {', '.join(TASK_LEVELS)}")
         cal = calibration or (analytical.cal if analytical is not None else load_calibration())
         sim_runtime = cal.sim_runtime
-        if sim_runtime is not None and analytical is None:  # the simulator's own fit of the runtime behaviours
-            cal = cal.model_copy(update={"runtime": sim_runtime, "sim_runtime": None})
+        if analytical is None:
+            cal = sim_calibration(cal)
         self.cal = cal
         # A given analytical estimator keeps its own costs and runtime (e.g. profiled op costs).
-        self.analytical = analytical or AnalyticalEstimator(self.cal)
+        self.analytical = analytical or AnalyticalEstimator(self.cal, op_costs=op_costs, step_costs=step_costs)
         gamma_from = cal.model_copy(update={"runtime": sim_runtime}) if sim_runtime is not None else cal
         self.options = sim_options(gamma_from, overlap=overlap, sharing=sharing)
         self.task_level: TaskLevel = task_level

@@ -1,0 +1,49 @@
+"""Per-step costs that are not ops of the graph: the optimizer step and the framework's fixed overheads.
+
+The engines ask a StepCosts for them, as they ask an OpCostModel for op times. FittedStepCosts is the default:
+the Adam roofline and the calibration's fitted overheads (fitted on GPU clusters' runs). A profile database
+stands in with measured ones (cost/profiled.py: ProfiledStepCosts).
+"""
+
+from typing import Protocol
+
+from trainsim.cost.calibration import Calibration
+from trainsim.hardware.device import DeviceSpec
+from trainsim.strategy.precision import Precision, policy_for
+
+
+class StepCosts(Protocol):
+    name: str
+
+    def optimizer_step_s(self, params: float, precision: Precision, device: DeviceSpec) -> float:
+        """The optimizer step over `params` parameters held by one device."""
+        ...
+
+    def iteration_overhead_s(self, device: DeviceSpec) -> float:
+        """Host-side cost paid once per iteration."""
+        ...
+
+    def micro_batch_overhead_s(self, num_ops: int, device: DeviceSpec) -> float:
+        """Host-side cost of one micro-batch of a stage that runs `num_ops` graph ops (forward and backward)."""
+        ...
+
+
+class FittedStepCosts:
+    """Adam as a memory-bound roofline and the calibration's fitted per-iteration and per-micro-batch overheads."""
+
+    name = "fitted"
+
+    def __init__(self, cal: Calibration) -> None:
+        self.cal = cal
+
+    def optimizer_step_s(self, params: float, precision: Precision, device: DeviceSpec) -> float:
+        """Adam reads and writes fp32 master weights and two moments, reads gradients, writes weights."""
+        policy = policy_for(precision)
+        per_param = 2 * (4 + policy.optimizer_state_bytes) + policy.grad_bytes + policy.weight_bytes
+        return params * per_param / (device.hbm_bw_bytes_per_s * self.cal.compute.memory_efficiency)
+
+    def iteration_overhead_s(self, device: DeviceSpec) -> float:
+        return self.cal.runtime.iteration_overhead_s
+
+    def micro_batch_overhead_s(self, num_ops: int, device: DeviceSpec) -> float:
+        return self.cal.runtime.micro_batch_overhead_s

@@ -36,7 +36,7 @@ RUNNER = CliRunner()
 
 def tiny_job(ranks: int, model: dict[str, Any] | None = None, **strategy: Any) -> Job:
     settings = {"seq_len": 32, "micro_batch": 2, "precision": "fp32", **strategy}
-    return make_job(parse_model(model or TINY_GPT), load_cluster("local-cpu").with_num_gpus(ranks),
+    return make_job(parse_model(model or TINY_GPT), load_cluster("local-cpu").with_num_gpus(ranks).on_one_node(),
                     ParallelSpec.parse(settings))
 
 

@@ -140,3 +140,44 @@ def test_profiled_prediction_does_not_import_torch(tmp_path: Path) -> None:
 def test_signature_shape_text_round_trips() -> None:
     sig = OpSignature("attention", "sdpa.causal", "bwd", "bf16", (8, 16, 16, 8))
     assert sig.shape_text == "8x16x16x8" and sig.size == 8 * 16 * 16 * 8
+
+
+class ConstantComm:
+    name = "constant"
+
+    def collective_time_s(self, collective: str, buffer_bytes: float, layout: object, cluster: object) -> float:
+        return 99.0
+
+
+def test_measured_collectives_answer_their_group_size_only(db_path: Path) -> None:
+    from trainsim.cost.profiled import ProfiledComm
+    from trainsim.profile.database import TimingStats
+
+    with ProfileDB.open(db_path) as db:
+        for size, seconds in ((1024, 1e-4), (4096, 4e-4)):
+            db.put_collective(ENV, "gloo", "all-reduce", 2, size, TimingStats(seconds, seconds, seconds, 1))
+    comm = ProfiledComm(ProfiledCosts(db_path, fallback=ConstantCosts(1.0)), ConstantComm())
+    cluster = load_cluster("local-cpu").with_num_gpus(4).on_one_node()
+    pair, four = cluster.group_layout(2, 1), cluster.group_layout(4, 1)
+    assert comm.collective_time_s("all-reduce", 4096, pair, cluster) == pytest.approx(4e-4)  # exact
+    assert comm.collective_time_s("all-reduce", 2048, pair, cluster) == pytest.approx(2e-4)  # log-log
+    assert comm.collective_time_s("all-reduce", 512, pair, cluster) == pytest.approx(1e-4)  # latency floor
+    assert comm.collective_time_s("all-reduce", 16384, pair, cluster) == pytest.approx(16e-4)  # bytes-bound
+    assert comm.collective_time_s("all-reduce", 4096, four, cluster) == 99.0  # 4 ranks: not measured
+    assert comm.collective_time_s("all-gather", 4096, pair, cluster) == 99.0  # another collective
+
+
+def test_profiled_engines_take_the_measured_collectives(db_path: Path) -> None:
+    """dp=2 on local-cpu: the gradient all-reduce comes from the database, in the analytical and the simulation
+    engines alike."""
+    from trainsim.estimate.costs import make_engine
+    from trainsim.profile.database import TimingStats
+
+    with ProfileDB.open(db_path) as db:
+        for size in (1024, 2**30):
+            db.put_collective(ENV, "gloo", "all-reduce", 2, size, TimingStats(5.0, 5.0, 5.0, 1))
+    job = make_job(parse_model(TINY), load_cluster("local-cpu").with_num_gpus(2).on_one_node(),
+                   ParallelSpec(dp=2, micro_batch=1, seq_len=16, precision="fp32"))
+    for engine in ("analytical", "sim"):
+        result = make_engine(engine, "profiled", db_path).estimate(job)
+        assert result.breakdown["dp_comm"] == pytest.approx(5.0, rel=0.05), engine

@@ -7,6 +7,7 @@ per rank, warm-up, timed iterations, a result file per run), render (a summary t
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -63,6 +64,10 @@ def measure(
     repeats: Annotated[int, typer.Option(help="with --suite: measure every job this many times")] = 1,
     list_suite: Annotated[bool, typer.Option("--list", help="with --suite: list its jobs, measure nothing")]
     = False,
+    profile_ops: Annotated[bool, typer.Option("--profile-ops/--no-profile-ops",
+                                              help="with --suite: after measuring, profile the jobs' ops and gloo "
+                                              "collectives into OUT/profile.db (profiled costs for validate)")]
+    = True,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     """Run a training job for real (torch.distributed: gloo on CPUs, NCCL on GPUs) and record its iteration
@@ -75,7 +80,7 @@ def measure(
         if job_file is not None or given or run_id is not None:
             raise ConfigError("suite", suite, f"measures its own jobs; drop the job file and {' '.join(given)}"
                               .rstrip())
-        _measure_suite(suite, out, repeats, iterations, warmup, timeout_s, list_suite, as_json)
+        _measure_suite(suite, out, repeats, iterations, warmup, timeout_s, list_suite, as_json, profile_ops)
         return
     if repeats != 1 or list_suite:
         raise ConfigError("repeats" if repeats != 1 else "list", repeats if repeats != 1 else True,
@@ -98,7 +103,10 @@ def job_from_flags(job_file: Path | None, flags: dict[str, Any]) -> Job:
             degree *= value if isinstance(value, int) and value > 0 else 1
         settings["num_gpus"] = degree
     settings.setdefault("precision", DEFAULT_PRECISION)
-    return job_from_settings(settings)
+    job = job_from_settings(settings)
+    if job.cluster.device.vendor == "generic":  # CPU processes of this host: one node
+        return replace(job, cluster=job.cluster.on_one_node())
+    return job
 
 
 def _has_cuda() -> bool:
@@ -146,9 +154,16 @@ def _measure_one(job: Job, out: Path, run_id: str | None, iterations: int, warmu
 
 
 def _measure_suite(name: str, out: Path, repeats: int, iterations: int, warmup: int, timeout_s: float,
-                   list_only: bool, as_json: bool) -> None:
+                   list_only: bool, as_json: bool, profile_ops: bool) -> None:
     from trainsim.measure.launch import MeasureFailedError
-    from trainsim.measure.suite import describe_suite, run_suite, suite_jobs, summarize_suite
+    from trainsim.measure.suite import (
+        SUITE_PROFILE_DB,
+        describe_suite,
+        profile_suite,
+        run_suite,
+        suite_jobs,
+        summarize_suite,
+    )
 
     if repeats < 1:
         raise ConfigError("repeats", repeats, "must be at least 1")
@@ -169,6 +184,10 @@ def _measure_suite(name: str, out: Path, repeats: int, iterations: int, warmup: 
         except MeasureFailedError as exc:
             print(f"error: {exc} (rerun the same command to resume)", file=sys.stderr)
             raise typer.Exit(1) from None
+        if profile_ops:
+            ptask = bar.add_task("profiling ops and collectives", total=None)
+            profile_suite(name, out / SUITE_PROFILE_DB,
+                          progress=lambda what: bar.update(ptask, description=f"profiling {what}"))
     summary = summarize_suite(runs)
     if as_json:
         typer.echo(json.dumps({"suite": name, "out": str(out), "jobs": [s.to_dict() for s in summary]}, indent=1))

@@ -185,6 +185,7 @@ def profile(
     seq_len: Annotated[int, typer.Option(help="tokens per sequence")] = 2048,
     tp: Annotated[int, typer.Option(help="tensor-parallel degree: profile the sharded shapes")] = 1,
     sp: Annotated[bool, typer.Option("--sp/--no-sp", help="sequence parallelism (with tp > 1)")] = False,
+    zero: Annotated[int, typer.Option(help="2 or 3: also FSDP2's per-layer overhead (ZeRO-2/3)")] = 0,
     db: Annotated[Path | None, typer.Option(help="profile database (default: the user's cache)")] = None,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda")] = "auto",
     device_name: Annotated[str | None, typer.Option(help="trainsim device name to file the times under")] = None,
@@ -210,7 +211,9 @@ def profile(
     if world_size < 2:
         raise ConfigError("world_size", world_size, "must be at least 2")
     spec = load_model(model)
-    shape = JobShape(micro_batch, seq_len, cast(Precision, precision), tp, sp)
+    if zero not in (0, 1, 2, 3):
+        raise ConfigError("zero", zero, "0, 1, 2 or 3")
+    shape = JobShape(micro_batch, seq_len, cast(Precision, precision), tp, sp, zero)
     _check_shape(spec, shape)
     torch = _torch()
     dev = _device(device, torch)

@@ -6,6 +6,8 @@ all-to-all (n-1)/n * S, send-recv S. Across nodes the all-reduce is hierarchical
 node, all-reduce of the 1/l shard across nodes over the NICs, all-gather inside the node.
 """
 
+from typing import Protocol
+
 from trainsim.cost.calibration import Calibration
 from trainsim.hardware.cluster import ClusterSpec, GroupLayout
 
@@ -48,3 +50,26 @@ def collective_time_s(collective: str, buffer_bytes: float, layout: GroupLayout,
     # S/l slice their node will hold, then each node gathers the full buffer over its fabric.
     cross = _ring_s(collective, buffer_bytes / local, nodes, inter_bw, inter_lat)
     return cross + _ring_s(collective, buffer_bytes, local, intra_bw, intra_lat)
+
+
+class CommCostModel(Protocol):
+    """Seconds of one collective on a group laid out as `layout`. The alpha-beta model below is the default; a
+    profile database of measured collectives stands in where it has them (cost/profiled.py)."""
+
+    name: str
+
+    def collective_time_s(self, collective: str, buffer_bytes: float, layout: GroupLayout,
+                          cluster: ClusterSpec) -> float: ...
+
+
+class AlphaBetaComm:
+    """collective_time_s with the calibration's fitted latency and bandwidth efficiency, as a CommCostModel."""
+
+    name = "alpha-beta"
+
+    def __init__(self, cal: Calibration) -> None:
+        self.cal = cal
+
+    def collective_time_s(self, collective: str, buffer_bytes: float, layout: GroupLayout,
+                          cluster: ClusterSpec) -> float:
+        return collective_time_s(collective, buffer_bytes, layout, cluster, self.cal)

@@ -53,7 +53,7 @@ class FsdpChain:
         self.ctx = ctx
         self.w = w
         self.needs = needs
-        self.overlap = ctx.cal.runtime.fsdp_overlap
+        self.overlap = ctx.est.overlap("fsdp", ctx.job)
         self.resources = ctx.link_resources(ctx.layout("grad"), (w.stage,))
         self.gathers: dict[int, int] = {}  # layer-phase -> its gather tid
         self.scatters: dict[int, int] = {}  # layer-phase -> its reduce-scatter tid

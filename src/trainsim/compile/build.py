@@ -137,7 +137,7 @@ def _fsdp_need(unit: Unit, split: bool) -> FsdpNeed:
 
 def _fsdp_cut(w: StageWriter, unit: Unit, split: bool, fsdp: FsdpChain, k: int) -> Cut:
     """The prefetch window of layer-phase k opens with fsdp_overlap of its main compute left."""
-    overlap = w.ctx.cal.runtime.fsdp_overlap
+    overlap = w.ctx.est.overlap("fsdp", w.ctx.job)
     if overlap >= 1.0 - _EPS:
         head = 0.0
     elif overlap <= _EPS:
@@ -159,7 +159,7 @@ def _dp_window(ctx: BuildContext, flat: list[Unit], split: bool, num_layers: int
         return None
     seconds = {k: sum(work.seconds for work in main_work(flat[k], ctx.timing(flat[k].assignment.layer), split))
                for k in stretch}
-    overlap = ctx.cal.runtime.dp_overlap
+    overlap = ctx.est.overlap("dp", ctx.job)
     if overlap <= _EPS:
         return stretch[-1], _NEVER
     remaining = overlap * sum(seconds.values())

@@ -7,7 +7,6 @@ levels price the same work identically and differ only in how they compose it.
 from dataclasses import dataclass, field
 from typing import Literal
 
-from trainsim.comm.collectives import collective_time_s
 from trainsim.compile.exec_graph import ExecGraph, Phase, Stream, Task, TaskKind
 from trainsim.compile.plan import ExecutionPlan
 from trainsim.cost.calibration import Calibration
@@ -141,7 +140,7 @@ class BuildContext:
         return layout
 
     def collective_s(self, collective: str, buffer_bytes: float, axis: str) -> float:
-        return collective_time_s(collective, buffer_bytes, self.layout(axis), self.job.cluster, self.cal)
+        return self.est.comm_costs.collective_time_s(collective, buffer_bytes, self.layout(axis), self.job.cluster)
 
     def link_resources(self, layout: GroupLayout, senders: tuple[int, ...],
                        receivers: tuple[int, ...] | None = None) -> tuple[str, ...]:

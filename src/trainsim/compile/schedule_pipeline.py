@@ -8,7 +8,6 @@ stream. The sender's next step waits for it (Megatron-LM's blocking p2p), and so
 
 from dataclasses import dataclass
 
-from trainsim.comm.collectives import collective_time_s
 from trainsim.compile.context import BuildContext
 from trainsim.compile.plan import ExecutionPlan, LayerAssignment
 from trainsim.compile.schedules import Step, StepPhase, schedule_order
@@ -65,7 +64,7 @@ def _transfers(ctx: BuildContext, programs: list[list[Step]]) -> list[_Transfer]
     p, v = plan.num_stages, plan.num_chunks
     index = {(stage, step): i for stage, program in enumerate(programs) for i, step in enumerate(program)}
     layout = ctx.layout("pp")
-    one_way = {vs: collective_time_s("send-recv", size, layout, ctx.job.cluster, ctx.cal)
+    one_way = {vs: ctx.est.comm_costs.collective_time_s("send-recv", size, layout, ctx.job.cluster)
                for vs, size in boundary_bytes(plan).items()}
     out: list[_Transfer] = []
     for mb in range(plan.num_micro_batches):

@@ -17,13 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from trainsim.comm.collectives import CommCostModel
 from trainsim.cost.calibration import load_calibration
 from trainsim.cost.compute import OpCostModel, RooflineCosts
 from trainsim.cost.step import StepCosts
+from trainsim.hardware.cluster import ClusterSpec, GroupLayout
 from trainsim.hardware.device import DeviceSpec
 from trainsim.ir.graph import Op
-from trainsim.profile.database import OpRow, ProfileDB
+from trainsim.profile.database import CollectiveRow, OpRow, ProfileDB
+from trainsim.profile.framework import framework_signature, fsdp_framework, tp_framework
 from trainsim.profile.ops import OPTIMIZER_SIGNATURE_KIND, overhead_signature, signature_of
+from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import Precision
 
 Source = Literal["exact", "interpolated", "fallback"]
@@ -80,6 +84,7 @@ class ProfiledCosts:
         handle = db if isinstance(db, ProfileDB) else ProfileDB.open_read_only(db)
         try:
             rows = list(handle.op_rows(device_name))
+            collective_rows = list(handle.collective_rows(device_name))
         finally:
             if handle is not db:
                 handle.close()
@@ -95,6 +100,11 @@ class ProfiledCosts:
             points.setdefault((row.env.device, sig.kind, sig.impl, sig.phase, sig.dtype), []).append(
                 (sig.size, row.stats.median_s))
         self._curves = {group: _Curve.of(pts) for group, pts in points.items()}
+        self._collectives = _collective_curves(collective_rows, self.environments)
+
+    def collective_curve(self, device_name: str, collective: str, world_size: int) -> "_Curve | None":
+        """Measured (message bytes, seconds) of a collective among `world_size` local processes, or None."""
+        return self._collectives.get((self.device_name or device_name, collective, world_size))
 
     @property
     def measurements(self) -> int:
@@ -127,6 +137,12 @@ class ProfiledCosts:
         curve = self._curves.get((self.device_name or device_name, OPTIMIZER_SIGNATURE_KIND, "adam", "step", "fp32"))
         return curve.interpolate(float(round(params))) if curve is not None else None
 
+    def framework_overhead_per_layer_s(self, device_name: str, framework: str, precision: Precision) -> float | None:
+        """Measured cost of a framework (profile/framework.py) per transformer layer and micro-batch, or None."""
+        sig = framework_signature(framework, precision)
+        return self._exact.get((self.device_name or device_name, sig.kind, sig.impl, sig.phase, sig.dtype,
+                                sig.shape))
+
     def overhead_per_op_s(self, device_name: str) -> float | None:
         """Measured framework cost per graph op (autograd recording and engine) beyond the op kernels."""
         sig = overhead_signature()
@@ -141,6 +157,46 @@ class ProfiledCosts:
         envs = ", ".join(f"{dev}: {ver}, {thr} threads" for dev, (ver, thr) in sorted(self.environments.items()))
         counts = ", ".join(f"{k} {v}" for k, v in self.source_counts().items())
         return f"profiled costs ({self.measurements} measurements; {envs or 'none'}); ops answered: {counts}"
+
+
+def _collective_curves(rows: list[CollectiveRow], environments: dict[str, tuple[str, int]]
+                       ) -> dict[tuple[str, str, int], _Curve]:
+    """(device, collective, world size) -> curve, in each device's op environment where it has one."""
+    points: dict[tuple[str, str, int], list[tuple[float, float]]] = {}
+    for row in rows:
+        env = environments.get(row.env.device)
+        if env is not None and (row.env.versions, row.env.threads) != env:
+            continue
+        points.setdefault((row.env.device, row.collective, row.world_size), []).append(
+            (float(row.message_bytes), row.stats.median_s))
+    return {key: _Curve.of(pts) for key, pts in points.items()}
+
+
+class ProfiledComm:
+    """A CommCostModel answering from the collectives of a profile database: a group of one node whose size was
+    measured takes the measured curve (log-log inside the measured sizes; below them the smallest message's
+    time, the latency floor; above them the largest message's time scaled with the bytes, the bandwidth
+    regime); anything else, the fallback."""
+
+    name = "profiled"
+
+    def __init__(self, profiled: ProfiledCosts, fallback: CommCostModel) -> None:
+        self.profiled = profiled
+        self.fallback = fallback
+
+    def collective_time_s(self, collective: str, buffer_bytes: float, layout: GroupLayout,
+                          cluster: ClusterSpec) -> float:
+        curve = None
+        if layout.num_nodes == 1 and layout.size > 1 and buffer_bytes > 0:
+            curve = self.profiled.collective_curve(cluster.device.name, collective, layout.size)
+        if curve is None:
+            return self.fallback.collective_time_s(collective, buffer_bytes, layout, cluster)
+        inside = curve.interpolate(buffer_bytes)
+        if inside is not None:
+            return inside
+        if buffer_bytes < curve.sizes[0]:
+            return curve.seconds[0]
+        return curve.seconds[-1] * buffer_bytes / curve.sizes[-1]
 
 
 def _pick_environments(rows: list[OpRow], versions: str | None, threads: int | None) -> dict[str, tuple[str, int]]:
@@ -174,6 +230,15 @@ class ProfiledStepCosts:
         measured = self.profiled.overhead_per_op_s(device.name) is not None
         return 0.0 if measured else self.fallback.iteration_overhead_s(device)
 
-    def micro_batch_overhead_s(self, num_ops: int, device: DeviceSpec) -> float:
+    def micro_batch_overhead_s(self, num_ops: int, num_layers: int, par: ParallelSpec,
+                               device: DeviceSpec) -> float:
+        """The measured per-op cost x the ops, plus the measured per-layer cost of DTensor (tensor parallelism)
+        and FSDP2 (ZeRO-2/3) x the layers (profile/framework.py; none where the database lacks it)."""
         per_op = self.profiled.overhead_per_op_s(device.name)
-        return per_op * num_ops if per_op is not None else self.fallback.micro_batch_overhead_s(num_ops, device)
+        if per_op is None:
+            return self.fallback.micro_batch_overhead_s(num_ops, num_layers, par, device)
+        frameworks = ([tp_framework(par.sp)] if par.tp > 1 else []) + \
+            ([fsdp_framework(par.zero)] if par.zero >= 2 and par.dp * par.cp > 1 else [])
+        per_layer = sum(self.profiled.framework_overhead_per_layer_s(device.name, framework, par.precision) or 0.0
+                        for framework in frameworks)
+        return per_op * num_ops + per_layer * num_layers

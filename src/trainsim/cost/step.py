@@ -9,6 +9,7 @@ from typing import Protocol
 
 from trainsim.cost.calibration import Calibration
 from trainsim.hardware.device import DeviceSpec
+from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import Precision, policy_for
 
 
@@ -23,8 +24,10 @@ class StepCosts(Protocol):
         """Host-side cost paid once per iteration."""
         ...
 
-    def micro_batch_overhead_s(self, num_ops: int, device: DeviceSpec) -> float:
-        """Host-side cost of one micro-batch of a stage that runs `num_ops` graph ops (forward and backward)."""
+    def micro_batch_overhead_s(self, num_ops: int, num_layers: int, par: ParallelSpec,
+                               device: DeviceSpec) -> float:
+        """Host-side cost of one micro-batch of a stage that runs `num_ops` graph ops (forward and backward) in
+        `num_layers` transformer layers under the strategy `par`."""
         ...
 
 
@@ -45,5 +48,6 @@ class FittedStepCosts:
     def iteration_overhead_s(self, device: DeviceSpec) -> float:
         return self.cal.runtime.iteration_overhead_s
 
-    def micro_batch_overhead_s(self, num_ops: int, device: DeviceSpec) -> float:
+    def micro_batch_overhead_s(self, num_ops: int, num_layers: int, par: ParallelSpec,
+                               device: DeviceSpec) -> float:
         return self.cal.runtime.micro_batch_overhead_s

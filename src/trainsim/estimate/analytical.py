@@ -8,8 +8,9 @@ formula T = sum(t_i) + (m - 1) max(t_j) for v = 1.
 """
 
 from dataclasses import dataclass
+from typing import Literal
 
-from trainsim.comm.collectives import collective_time_s
+from trainsim.comm.collectives import AlphaBetaComm, CommCostModel
 from trainsim.cost.calibration import Calibration, load_calibration
 from trainsim.cost.compute import OpCostModel, RooflineCosts
 from trainsim.cost.step import FittedStepCosts, StepCosts
@@ -72,13 +73,15 @@ class AnalyticalEstimator:
 
     def __init__(self, calibration: Calibration | None = None,
                  graphs: dict[tuple[object, ...], OpGraph] | None = None, op_costs: OpCostModel | None = None,
-                 step_costs: StepCosts | None = None) -> None:
+                 step_costs: StepCosts | None = None, comm_costs: CommCostModel | None = None) -> None:
         """graphs: a graph cache to share between estimators that differ only in calibration.
         op_costs: where op times come from (default: the calibrated roofline).
-        step_costs: the optimizer step and fixed overheads (default: the roofline and the fitted overheads)."""
+        step_costs: the optimizer step and fixed overheads (default: the roofline and the fitted overheads).
+        comm_costs: collective times (default: the calibrated alpha-beta model over the topology)."""
         self.cal = calibration or load_calibration()
         self.op_costs: OpCostModel = op_costs or RooflineCosts(self.cal)
         self.step_costs: StepCosts = step_costs or FittedStepCosts(self.cal)
+        self.comm_costs: CommCostModel = comm_costs or AlphaBetaComm(self.cal)
         self._graphs: dict[tuple[object, ...], OpGraph] = {} if graphs is None else graphs
         self._layer_costs: dict[tuple[object, ...], LayerCost] = {}
 
@@ -108,8 +111,8 @@ class AnalyticalEstimator:
         for c in layer.comms:
             if c.axis == "pp":
                 continue
-            comm_s = collective_time_s(c.collective, c.buffer_bytes, axis_layout(c.axis, job.parallel, job.cluster),
-                                       job.cluster, self.cal)
+            comm_s = self.comm_costs.collective_time_s(c.collective, c.buffer_bytes,
+                                                       axis_layout(c.axis, job.parallel, job.cluster), job.cluster)
             comm[c.axis] = comm.get(c.axis, 0.0) + comm_s
             if c.phase == "fwd":
                 comm_fwd += comm_s
@@ -143,7 +146,15 @@ class AnalyticalEstimator:
 
     def micro_batch_overhead_s(self, stage: list[StagePart], job: Job) -> float:
         ops = sum(part.count * (len(part.layer.fwd) + len(part.layer.bwd)) for part in stage)
-        return self.step_costs.micro_batch_overhead_s(round(ops), job.cluster.device)
+        layers = sum(part.count for part in stage if part.layer.kind not in ("embedding", "head"))
+        return self.step_costs.micro_batch_overhead_s(round(ops), round(layers), job.parallel, job.cluster.device)
+
+    def overlap(self, kind: Literal["dp", "fsdp"], job: Job) -> float:
+        """The fraction of compute that hides gradient reductions (dp) or ZeRO-3 gathers (fsdp): the fitted
+        one, or none on a device whose collectives take the cores that compute (a CPU with gloo)."""
+        if not job.cluster.device.comm_overlaps_compute:
+            return 0.0
+        return self.cal.runtime.dp_overlap if kind == "dp" else self.cal.runtime.fsdp_overlap
 
     def iteration_overhead_s(self, job: Job) -> float:
         return self.step_costs.iteration_overhead_s(job.cluster.device)
@@ -152,7 +163,8 @@ class AnalyticalEstimator:
         """Each micro-batch sends its activation forward and its gradient backward once per model chunk."""
         par = job.parallel
         out_bytes = max(part.layer.output_bytes for part in stage)
-        one = collective_time_s("send-recv", out_bytes, axis_layout("pp", par, job.cluster), job.cluster, self.cal)
+        one = self.comm_costs.collective_time_s("send-recv", out_bytes, axis_layout("pp", par, job.cluster),
+                                                job.cluster)
         return 2.0 * par.vpp * one + self.cal.runtime.pipeline_overhead_per_micro_batch_s
 
     def _fsdp_exposed_s(self, layer: Layer, cost: LayerCost, job: Job) -> float:
@@ -161,11 +173,11 @@ class AnalyticalEstimator:
         par = job.parallel
         policy = policy_for(par.precision)
         layout = job.cluster.group_layout(par.dp * par.cp, par.tp)
-        gather = collective_time_s("all-gather", layer.param_count * policy.weight_bytes, layout, job.cluster,
-                                   self.cal)
-        scatter = collective_time_s("reduce-scatter", layer.param_count * policy.grad_bytes, layout,
-                                    job.cluster, self.cal)
-        overlap = self.cal.runtime.fsdp_overlap
+        comm = self.comm_costs
+        gather = comm.collective_time_s("all-gather", layer.param_count * policy.weight_bytes, layout, job.cluster)
+        scatter = comm.collective_time_s("reduce-scatter", layer.param_count * policy.grad_bytes, layout,
+                                         job.cluster)
+        overlap = self.overlap("fsdp", job)
         return max(0.0, gather - overlap * cost.fwd_s) + max(0.0, gather + scatter - overlap * cost.bwd_s)
 
     def estimate(self, job: Job) -> Result:
@@ -206,12 +218,12 @@ class AnalyticalEstimator:
         layout = job.cluster.group_layout(par.dp * par.cp, par.tp)
         grad_bytes = params * policy.grad_bytes
         if par.zero == 0:
-            total = collective_time_s("all-reduce", grad_bytes, layout, job.cluster, self.cal)
+            total = self.comm_costs.collective_time_s("all-reduce", grad_bytes, layout, job.cluster)
         else:
-            total = collective_time_s("reduce-scatter", grad_bytes, layout, job.cluster, self.cal) + \
-                collective_time_s("all-gather", params * policy.weight_bytes, layout, job.cluster, self.cal)
+            total = self.comm_costs.collective_time_s("reduce-scatter", grad_bytes, layout, job.cluster) + \
+                self.comm_costs.collective_time_s("all-gather", params * policy.weight_bytes, layout, job.cluster)
         buckets = max(1.0, grad_bytes / BUCKET_BYTES)
-        window = self.cal.runtime.dp_overlap * cost.compute_s / 3.0 * 2.0  # backward ~ 2/3 of fwd + bwd
+        window = self.overlap("dp", job) * cost.compute_s / 3.0 * 2.0  # backward ~ 2/3 of fwd + bwd
         return max(total - window, total / buckets)
 
     def optimizer_step_s(self, stages: list[list[StagePart]], job: Job) -> float:

@@ -2,11 +2,13 @@
 profile database written by `trainsim profile` ("profiled"; the roofline answers what the database lacks)."""
 
 from pathlib import Path
+from typing import Any
 
+from trainsim.comm.collectives import AlphaBetaComm
 from trainsim.compile.context import TaskLevel
 from trainsim.cost.calibration import Calibration, load_calibration
 from trainsim.cost.compute import RooflineCosts
-from trainsim.cost.profiled import ProfiledCosts, ProfiledStepCosts
+from trainsim.cost.profiled import ProfiledComm, ProfiledCosts, ProfiledStepCosts
 from trainsim.cost.step import FittedStepCosts
 from trainsim.errors import ConfigError
 from trainsim.estimate.analytical import AnalyticalEstimator
@@ -27,17 +29,18 @@ def make_estimator(costs: str, db: Path | None = None) -> AnalyticalEstimator:
     if costs == "roofline":
         return AnalyticalEstimator()
     fitted = load_calibration()
-    op_costs, step_costs = profiled_costs(fitted, db)
-    return AnalyticalEstimator(calibration=fitted, op_costs=op_costs, step_costs=step_costs)
+    return AnalyticalEstimator(fitted, **profiled_costs(fitted, db))
 
 
-def profiled_costs(cal: Calibration, db: Path | None = None) -> tuple[ProfiledCosts, ProfiledStepCosts]:
-    """Op times and step costs from the database at `db` (default: the user's cache), `cal`'s roofline and
-    fitted overheads for what it lacks."""
+def profiled_costs(cal: Calibration, db: Path | None = None) -> dict[str, Any]:
+    """Op times, step costs and collective times from the database at `db` (default: the user's cache), with
+    `cal`'s roofline, fitted overheads and alpha-beta model for what it lacks: the keyword arguments
+    op_costs, step_costs and comm_costs of the analytical and simulation engines."""
     from trainsim.profile.database import default_db_path
 
     op_costs = ProfiledCosts(db or default_db_path(), fallback=RooflineCosts(cal))
-    return op_costs, ProfiledStepCosts(op_costs, FittedStepCosts(cal))
+    return {"op_costs": op_costs, "step_costs": ProfiledStepCosts(op_costs, FittedStepCosts(cal)),
+            "comm_costs": ProfiledComm(op_costs, AlphaBetaComm(cal))}
 
 
 def make_engine(engine: str, costs: str = "roofline", db: Path | None = None,
@@ -51,8 +54,7 @@ def make_engine(engine: str, costs: str = "roofline", db: Path | None = None,
         if costs == "roofline":
             return SimEstimator(task_level=task_level)
         cal = sim_calibration()
-        op_costs, step_costs = profiled_costs(cal, db)
-        return SimEstimator(cal, task_level=task_level, op_costs=op_costs, step_costs=step_costs)
+        return SimEstimator(cal, task_level=task_level, **profiled_costs(cal, db))
     if costs == "roofline":
         return factory()
     if engine == "analytical":

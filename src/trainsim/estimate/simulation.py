@@ -13,6 +13,7 @@ makespan, so the values add up to the iteration time.
 import gc
 from dataclasses import dataclass
 
+from trainsim.comm.collectives import CommCostModel
 from trainsim.compile.build import compile_job
 from trainsim.compile.context import TASK_LEVELS, TaskLevel
 from trainsim.compile.exec_graph import ExecGraph
@@ -59,15 +60,17 @@ class SimRun:
 
 class SimEstimator:
     """Estimator "sim". overlap: apply the overlap slow-down; sharing: share links between concurrent
-    transfers; task_level: "layer" (one task per layer-phase) or "op" (one per op); op_costs / step_costs:
-    where op times and the optimizer step and overheads come from (default: the calibrated roofline and fits);
+    transfers; task_level: "layer" (one task per layer-phase) or "op" (one per op); op_costs / step_costs /
+    comm_costs: where op times, the optimizer step and overheads, and collective times come from (default: the
+    calibrated roofline, fits and alpha-beta model);
     analytical: an analytical engine whose costs and runtime to use as they are, instead of all of these."""
 
     name = "sim"
 
     def __init__(self, calibration: Calibration | None = None, *, overlap: bool = True, sharing: bool = True,
                  task_level: TaskLevel = "layer", analytical: AnalyticalEstimator | None = None,
-                 op_costs: OpCostModel | None = None, step_costs: StepCosts | None = None) -> None:
+                 op_costs: OpCostModel | None = None, step_costs: StepCosts | None = None,
+                 comm_costs: CommCostModel | None = None) -> None:
         if task_level not in TASK_LEVELS:
             raise ConfigError("task_level", task_level, f"choose one of: {', '.join(TASK_LEVELS)}")
         cal = calibration or (analytical.cal if analytical is not None else load_calibration())
@@ -76,7 +79,8 @@ class SimEstimator:
             cal = sim_calibration(cal)
         self.cal = cal
         # A given analytical estimator keeps its own costs and runtime (e.g. profiled op costs).
-        self.analytical = analytical or AnalyticalEstimator(self.cal, op_costs=op_costs, step_costs=step_costs)
+        self.analytical = analytical or AnalyticalEstimator(self.cal, op_costs=op_costs, step_costs=step_costs,
+                                                            comm_costs=comm_costs)
         gamma_from = cal.model_copy(update={"runtime": sim_runtime}) if sim_runtime is not None else cal
         self.options = sim_options(gamma_from, overlap=overlap, sharing=sharing)
         self.task_level: TaskLevel = task_level

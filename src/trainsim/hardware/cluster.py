@@ -74,6 +74,11 @@ class ClusterSpec(Spec):
             )
         return self.model_copy(update={"num_nodes": num_gpus // self.gpus_per_node})
 
+    def on_one_node(self) -> "ClusterSpec":
+        """All of the cluster's devices on one node (processes of one host, as `trainsim measure` runs them
+        locally): the intra-node link joins every pair."""
+        return self.model_copy(update={"gpus_per_node": self.num_gpus, "num_nodes": 1})
+
     def group_layout(self, size: int, stride: int) -> GroupLayout:
         """Layout of a group of `size` ranks spaced `stride` apart (ranks are numbered node-major)."""
         if size <= 1:

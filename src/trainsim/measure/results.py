@@ -26,7 +26,7 @@ from trainsim.strategy.parallel import ParallelSpec
 
 SCHEMA = "trainsim.measured-run/1"
 RESULT_SUFFIX = ".json"
-_OPTIONAL = ("final_loss", "labels", "traces")
+_OPTIONAL = ("final_loss", "labels", "traces", "baseline_memory_bytes")
 
 
 def job_to_dict(job: Job) -> dict[str, Any]:
@@ -69,7 +69,10 @@ class IterationStats:
 @dataclass(frozen=True, slots=True)
 class MeasuredRun:
     """One measured run. Times in seconds (rank 0's wall clock between barriers, optimizer step included);
-    peak memory in bytes per rank (CUDA max allocated, or the process's RSS high-water mark on a CPU)."""
+    peak memory in bytes per rank (CUDA max allocated, or the process's RSS high-water mark on a CPU);
+    baseline memory per rank: on a CPU the RSS before the job's model is built (interpreter, torch, the process
+    group), which the job's own memory (job_peak_memory_bytes) leaves out, as CUDA's allocator counts leave out
+    the CUDA context."""
 
     run_id: str
     job: dict[str, Any]
@@ -84,6 +87,7 @@ class MeasuredRun:
     final_loss: float | None = None
     labels: dict[str, str] = field(default_factory=dict)
     traces: list[str] = field(default_factory=list)  # relative to the result's folder
+    baseline_memory_bytes: list[int] = field(default_factory=list)
 
     @property
     def stats(self) -> IterationStats:
@@ -100,6 +104,12 @@ class MeasuredRun:
     @property
     def max_peak_memory_bytes(self) -> int:
         return max(self.peak_memory_bytes)
+
+    @property
+    def job_peak_memory_bytes(self) -> int:
+        """The largest rank's peak above its baseline (the peak itself where no baseline was recorded)."""
+        base = self.baseline_memory_bytes or [0] * len(self.peak_memory_bytes)
+        return max(peak - b for peak, b in zip(self.peak_memory_bytes, base, strict=True))
 
     def make_job(self) -> Job:
         return job_from_dict(self.job, f"run {self.run_id}")

@@ -103,6 +103,7 @@ def _measure(spec: MeasureSpec, job: Any, device: Any, rank: int, world_size: in
     started = datetime.now(UTC).isoformat(timespec="seconds")
     topo = make_topology(job, device.type)
     torch.manual_seed(spec.seed)
+    baseline = _resident_bytes() if device.type == "cpu" else 0
     trainer = Trainer(job, topo, device, spec.seed)
     log(f"built {job.describe()}; stages {trainer.stage_indices}")
     inject_fault(rank)
@@ -126,7 +127,7 @@ def _measure(spec: MeasureSpec, job: Any, device: Any, rank: int, world_size: in
     log(f"timed {spec.iterations} iterations: median {sorted(times)[len(times) // 2]:.4f} s")
     peak = _peak_memory_bytes(device)
     traces = _traces(spec, trainer, rank)
-    info = {"rank": rank, "peak": peak, "loss": loss if trainer.computes_loss else None,
+    info = {"rank": rank, "peak": peak, "baseline": baseline, "loss": loss if trainer.computes_loss else None,
             "threads": torch.get_num_threads(), "traces": traces, "host": machine()["host_sha256"],
             "cpu_s": cpu_s, "load": [load_before, os.getloadavg()[0]]}
     gathered: list[Any] = [None] * world_size
@@ -134,6 +135,15 @@ def _measure(spec: MeasureSpec, job: Any, device: Any, rank: int, world_size: in
     if rank == 0:
         _write_result(spec, job, times, gathered, started, device)
     dist.barrier()  # no rank tears down its connections while another still uses them
+
+
+def _resident_bytes() -> int:
+    """The process's resident memory now (Linux /proc; 0 where it cannot be read)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
 
 
 def _peak_memory_bytes(device: Any) -> int:
@@ -198,7 +208,7 @@ def _write_result(spec: MeasureSpec, job: Any, times: list[float], ranks: list[A
     losses = [r["loss"] for r in ranks if r["loss"] is not None]  # one per data-parallel rank
     run = MeasuredRun(
         run_id=spec.run_id, job=spec.job, iteration_times_s=times,
-        peak_memory_bytes=[int(r["peak"]) for r in ranks],
+        peak_memory_bytes=[int(r["peak"]) for r in ranks], baseline_memory_bytes=[int(r["baseline"]) for r in ranks],
         peak_memory_kind="cuda-max-allocated" if spec.device == "cuda" else "rss-high-water-mark",
         tokens_per_iteration=job.tokens_per_iteration, settings=settings, versions=versions(),
         machine=machine(), started_at=started, final_loss=sum(losses) / len(losses) if losses else None,

@@ -8,7 +8,7 @@ Importing this package does not import torch; the measuring functions do.
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trainsim.frontends.shape import DeviceSlice
 from trainsim.ir.graph import OpGraph
@@ -30,6 +30,7 @@ class JobShape:
     precision: Precision
     tp: int = 1
     sp: bool = False
+    zero: int = 0  # ZeRO-2/3 (FSDP2) adds its framework overhead to the profile
 
     def device_slice(self) -> DeviceSlice:
         return DeviceSlice(self.micro_batch, self.seq_len, policy_for(self.precision), self.tp, self.sp)
@@ -54,7 +55,27 @@ def profile_job(db: ProfileDB, env: Environment, model: ModelSpec, shape: JobSha
                 warmup: int = 3, repeats: int = 10, optimizer: bool = True,
                 progress: Callable[[OpSignature, str], None] | None = None,
                 plan: Callable[[int], None] | None = None) -> OpProfileSummary:
-    """Measure the ops of `model` under `shape` on `device` ("cpu" or "cuda") that `db` lacks for `env`."""
+    """Measure the ops of `model` under `shape` on `device` ("cpu" or "cuda") that `db` lacks for `env`; with
+    tp > 1 or zero >= 2 also the per-layer overhead of DTensor or FSDP2 (framework.py)."""
     graph = job_graph(model, shape)
-    return profile_graph(db, env, graph, hints_for(model, shape), device, warmup=warmup, repeats=repeats,
-                         optimizer=optimizer, progress=progress, plan=plan)
+    summary = profile_graph(db, env, graph, hints_for(model, shape), device, warmup=warmup, repeats=repeats,
+                            optimizer=optimizer, progress=progress, plan=plan)
+    if not isinstance(model, TransformerSpec):
+        return summary
+    from trainsim.profile.framework import framework_signature, fsdp_framework, measure_framework_overhead, tp_framework
+
+    frameworks = ([tp_framework(shape.sp)] if shape.tp > 1 else []) + \
+        ([fsdp_framework(shape.zero)] if shape.zero >= 2 else [])
+    measured = stored = 0
+    for framework in frameworks:
+        sig = framework_signature(framework, shape.precision)
+        missing = repeats - db.op_repeats(env, sig)
+        if missing > 0:
+            samples, detail = measure_framework_overhead(model, shape.micro_batch, shape.seq_len, shape.precision,
+                                                         framework, device, warmup, missing)
+            db.add_op_samples(env, sig, samples, detail)
+        measured, stored = measured + (missing > 0), stored + (missing <= 0)
+        if progress is not None:
+            progress(sig, "measured" if missing > 0 else "stored")
+    return replace(summary, signatures=summary.signatures + len(frameworks), measured=summary.measured + measured,
+                   already_stored=summary.already_stored + stored)

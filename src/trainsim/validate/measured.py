@@ -1,18 +1,25 @@
 """Read a folder of measured runs (`trainsim measure --out DIR`) as rows of the runs.csv schema, so
-`trainsim validate DIR` predicts them exactly as it predicts the calibration CSV.
+`trainsim validate DIR` scores them as it scores the calibration CSV.
 
-Each run gives two rows: iteration_time_s (the median of its timed iterations) and peak_memory_gib (the
-largest rank's peak: CUDA max allocated, or the RSS high-water mark on a CPU, interpreter and torch included).
-The job's fields map onto the CSV columns; the row's model is rebuilt from the arch's layout in
-catalog/data/calibration/row_defaults.yaml, so a run whose model departs from that layout (or whose learned
-position table is longer than seq_len) says so in its notes column.
+Each run gives two rows: iteration_time_s (the median of its timed iterations) and the largest rank's peak
+memory: peak_allocated_gib (predicted without the runtime's reserve) for CUDA's max allocated and for a CPU's
+RSS high-water mark above the rank's baseline before its model was built; peak_memory_gib (the whole process)
+for a CPU run that recorded no baseline.
+Each row carries the run's exact job (model, cluster and strategy as measured), which the engines predict.
+The job's fields also fill the CSV columns; where a row read back from those columns alone would rebuild
+another model (the arch's layout in catalog/data/calibration/row_defaults.yaml differs, a learned position
+table is longer than seq_len, a schedule the CSV cannot carry), its notes column says so.
 """
 
+import contextlib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from trainsim.errors import InputFileError
-from trainsim.measure.results import MeasuredRun, load_runs
+from trainsim.catalog.loader import load_device
+from trainsim.errors import InputFileError, UnknownNameError
+from trainsim.job import Job
+from trainsim.measure.results import MeasuredRun, job_from_dict, load_runs
 from trainsim.validate.runs import RunRow, row_defaults
 
 LAYOUT_KEYS = ("mlp", "norm", "position", "bias", "tied_embeddings")
@@ -28,9 +35,26 @@ def read_measured(folder: Path) -> list[RunRow]:
 def rows_of(run: MeasuredRun) -> list[RunRow]:
     fields = run_fields(run)
     source = fields["source"]
-    peak_gib = run.max_peak_memory_bytes / 2**30
-    return [RunRow(run.run_id, source, metric, value, {**fields, "metric": metric, "value": repr(value)})
-            for metric, value in (("iteration_time_s", run.stats.median_s), ("peak_memory_gib", peak_gib))]
+    peak_gib = run.job_peak_memory_bytes / 2**30
+    allocated = run.peak_memory_kind == "cuda-max-allocated" or bool(run.baseline_memory_bytes)
+    memory_metric = "peak_allocated_gib" if allocated else "peak_memory_gib"
+    job = measured_job(run)
+    return [RunRow(run.run_id, source, metric, value, {**fields, "metric": metric, "value": repr(value)}, job)
+            for metric, value in (("iteration_time_s", run.stats.median_s), (memory_metric, peak_gib))]
+
+
+def measured_job(run: MeasuredRun) -> Job:
+    """The run's job, its cluster laid out on the hosts it ran on (world size / nodes ranks per node: local
+    processes of one host share the intra-node link, as the gloo microbenchmarks of `trainsim profile`), with
+    the catalog's current model of its device where the catalog has it (the file keeps the one of its day)."""
+    job = job_from_dict(run.job, f"{run.run_id}.job")
+    cluster = job.cluster
+    with contextlib.suppress(UnknownNameError):
+        cluster = cluster.model_copy(update={"device": load_device(cluster.device.name)})
+    nodes = max(1, int(run.settings.get("nodes", 1)))
+    if job.num_gpus % nodes == 0:
+        cluster = cluster.model_copy(update={"gpus_per_node": job.num_gpus // nodes, "num_nodes": nodes})
+    return replace(job, cluster=cluster)
 
 
 def run_fields(run: MeasuredRun) -> dict[str, str]:

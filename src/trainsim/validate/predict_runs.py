@@ -40,6 +40,8 @@ def metric_value(metric: str, job: Job, result: Result, params: float) -> float:
         return result.tokens_per_s / job.num_gpus
     if metric == "peak_memory_gib":
         return result.peak_memory_gib
+    if metric == "peak_allocated_gib":
+        return (result.peak_memory_bytes - result.memory_breakdown.get("runtime_reserved", 0.0)) / 2**30
     assert isinstance(job.model, TransformerSpec)
     flops_rate = model_flops_per_token(job.model, job.parallel.seq_len, params) * result.tokens_per_s / job.num_gpus
     if metric == "tflops_per_gpu":
@@ -56,7 +58,7 @@ def predict_rows(rows: Iterable[RunRow], estimator: Estimator,
     out: list[RowPrediction] = []
     for row in rows:
         if row.run_id not in jobs:
-            jobs[row.run_id] = job_from_row(row.fields)
+            jobs[row.run_id] = RunJob(row.job, None) if row.job is not None else job_from_row(row.fields)
         run = jobs[row.run_id]
         skipped = run.skipped
         predicted = None

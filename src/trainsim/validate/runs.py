@@ -14,16 +14,23 @@ from trainsim.strategy.parallel import ParallelSpec
 
 REQUIRED_COLUMNS = ("run_id", "source", "arch", "num_layers", "hidden", "num_heads", "seq_len", "gpu",
                     "num_gpus", "tp", "pp", "dp", "metric", "value")
-METRICS = ("iteration_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "peak_memory_gib")
+# peak_allocated_gib: the peak without the runtime's reserve (CUDA context, or on a CPU the interpreter and torch),
+# what CUDA's max-allocated counter and the RSS above a rank's baseline measure
+METRICS = ("iteration_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "peak_memory_gib",
+           "peak_allocated_gib")
 
 
 @dataclass(frozen=True, slots=True)
 class RunRow:
+    """One measured value of a run. job: the run's exact job where the source has it (a run measured by
+    `trainsim measure`); otherwise the job is rebuilt from the row's columns (job_from_row)."""
+
     run_id: str
     source: str
     metric: str
     measured: float
     fields: dict[str, str]
+    job: Job | None = None
 
 
 @dataclass(frozen=True, slots=True)

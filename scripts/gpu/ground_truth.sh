@@ -18,6 +18,7 @@ ts() { timeout "$T" python3 -m trainsim "$@"; }
 } > "$W/machine.txt" 2>&1
 cat "$W/machine.txt"
 CL="--cluster dgx-h200 --num-gpus 1"
+# Jobs: "model seq_len micro_batch precision recompute", one per line of the file named by $1, else these.
 JOBS=(
   "gpt3-125m 1024 8 amp-bf16 none"
   "gpt3-350m 1024 8 amp-bf16 none"
@@ -28,6 +29,7 @@ JOBS=(
   "gpt3-2.7b 2048 2 amp-bf16 none"
   "llama3.2-1b 2048 4 amp-bf16 none"
 )
+if [ $# -ge 1 ]; then mapfile -t JOBS < <(grep -v '^#' "$1" | grep .); fi
 for job in "${JOBS[@]}"; do
   read -r model seq mb prec rc <<<"$job"
   id="$model-s$seq-mb$mb-$prec-rc$rc"

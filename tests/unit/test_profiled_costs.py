@@ -181,3 +181,39 @@ def test_profiled_engines_take_the_measured_collectives(db_path: Path) -> None:
     for engine in ("analytical", "sim"):
         result = make_engine(engine, "profiled", db_path).estimate(job)
         assert result.breakdown["dp_comm"] == pytest.approx(5.0, rel=0.05), engine
+
+
+def test_framework_overheads_are_added_per_layer_where_they_apply(db_path: Path) -> None:
+    """A micro-batch's overhead: per-op cost x ops, plus DTensor's per-layer cost under tp and FSDP2's under
+    zero 3 with data parallelism - exact sums over hand-filled measurements."""
+    from trainsim.cost.profiled import ProfiledStepCosts
+    from trainsim.cost.step import FittedStepCosts
+    from trainsim.profile.framework import framework_signature
+
+    with ProfileDB.open(db_path) as db:
+        db.add_op_samples(ENV, overhead_signature(), [1e-5])
+        db.add_op_samples(ENV, framework_signature("dtensor-tp", "fp32"), [2e-3])
+        db.add_op_samples(ENV, framework_signature("fsdp2-zero3", "fp32"), [5e-3])
+    steps = ProfiledStepCosts(ProfiledCosts(db_path, fallback=ConstantCosts(1.0)),
+                              FittedStepCosts(AnalyticalEstimator().cal))
+    plain = ParallelSpec(micro_batch=1, seq_len=16, precision="fp32")
+    tp = ParallelSpec(tp=2, micro_batch=1, seq_len=16, precision="fp32")
+    both = ParallelSpec(tp=2, dp=2, zero=3, micro_batch=1, seq_len=16, precision="fp32")
+    sp = ParallelSpec(tp=2, sp=True, micro_batch=1, seq_len=16, precision="fp32")
+    assert steps.micro_batch_overhead_s(100, 4, plain, DEVICE) == pytest.approx(1e-3)
+    assert steps.micro_batch_overhead_s(100, 4, tp, DEVICE) == pytest.approx(1e-3 + 4 * 2e-3)
+    assert steps.micro_batch_overhead_s(100, 4, both, DEVICE) == pytest.approx(1e-3 + 4 * 7e-3)
+    assert steps.micro_batch_overhead_s(100, 4, sp, DEVICE) == pytest.approx(1e-3)  # tp + sp not measured
+
+
+def test_framework_overhead_is_measured_on_a_one_rank_mesh() -> None:
+    """In a fresh process (it joins a one-rank process group): positive per-layer samples for every framework."""
+    pytest.importorskip("torch")
+    code = ("import torch; torch.set_num_threads(1); from trainsim.catalog.loader import parse_model; "
+            "from trainsim.profile.framework import FRAMEWORKS, measure_framework_overhead; "
+            f"spec = parse_model({TINY!r}); "
+            "out = [measure_framework_overhead(spec, 2, 16, 'fp32', f, 'cpu', 1, 3) for f in FRAMEWORKS]; "
+            "assert all(len(s) == 3 and min(s) >= 0 and max(s) > 0 for s, _ in out), out; "
+            "assert 'per layer' in out[0][1]; print('ok')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -1,0 +1,54 @@
+"""The engines against real runs measured with `trainsim measure` (data/ground-truth, README "Real runs"):
+the local suite on the 2-core development machine (3 repeats, quiet machine, with its own op profile) and
+single-GPU training steps on an H200 (with theirs). Bounds are the measured figures rounded up, so a change
+that makes any engine worse fails here; issue 5's target (15% with profiled costs on the local suite) is not
+met yet: see the README for where it falls short and why."""
+
+from pathlib import Path
+
+import pytest
+
+from trainsim.validate.compare import by_job, compare, engine_choices, summaries
+from trainsim.validate.measured import read_measured
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "ground-truth"
+# (folder, engine label, metric) -> bound on the MAPE in percent
+BOUNDS = {
+    ("local-2core", "analytical+profiled", "iteration_time_s"): 17.0,
+    ("local-2core", "sim+profiled", "iteration_time_s"): 17.0,
+    ("local-2core", "analytical", "iteration_time_s"): 36.0,
+    ("h200", "analytical", "iteration_time_s"): 10.5,
+    ("h200", "sim", "iteration_time_s"): 10.5,
+    ("h200", "analytical+profiled", "iteration_time_s"): 5.0,
+    ("h200", "sim+profiled", "iteration_time_s"): 5.0,
+    ("h200", "analytical", "peak_allocated_gib"): 7.5,
+}
+
+
+def _mape(folder: str) -> dict[tuple[str, str], float]:
+    rows = read_measured(DATA / folder)
+    predictions = compare(rows, engine_choices("analytical,sim", "both"), DATA / folder / "profile.db")
+    return {(str(s["engine"]), str(s["metric"])): float(s["mape_pct"]) for s in summaries(predictions)
+            if s["source"] == "ALL"}
+
+
+@pytest.mark.parametrize("folder", ["local-2core", "h200"])
+def test_engines_keep_their_measured_accuracy(folder: str) -> None:
+    mape = _mape(folder)
+    for (where, engine, metric), bound in BOUNDS.items():
+        if where == folder:
+            assert mape[(engine, metric)] <= bound, (engine, metric, mape[(engine, metric)])
+
+
+def test_profiled_costs_beat_the_roofline_on_this_cpu() -> None:
+    """The roofline of the placeholder cpu-local device is no model of this CPU; the profile is."""
+    mape = _mape("local-2core")
+    assert mape[("analytical+profiled", "iteration_time_s")] < mape[("analytical", "iteration_time_s")] / 2
+
+
+def test_the_local_suite_was_measured_quietly() -> None:
+    """Every job measured 3 times; the spread of the repeats' medians stays within the machine's noise."""
+    rows = read_measured(DATA / "local-2core")
+    jobs = by_job(compare(rows, engine_choices("analytical", "roofline"), None))
+    assert len(jobs) == 18 and all(job["repeats"] == 3 for job in jobs)
+    assert max(job["spread_pct"] for job in jobs) < 15.0

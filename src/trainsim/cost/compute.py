@@ -37,7 +37,7 @@ def op_time_s(op: Op, device: DeviceSpec, cal: Calibration) -> float:
     params = cal.compute
     memory_s = op.bytes_moved / (device.hbm_bw_bytes_per_s * params.memory_efficiency)
     if op.kind in ("matmul", "attention", "conv"):
-        peak = device.peak_for(op.dtype) * device.compute_clock_fraction
+        peak = device.peak_for(op.dtype)
         min_dim = float(min(op.shape[1:])) if op.kind != "conv" and len(op.shape) == 4 else 0.0
         eff = matmul_efficiency(op.flops, peak, cal.max_efficiency(device.name, op.dtype), cal,
                                 cal.training_factor(device.name), min_dim)

@@ -2,7 +2,7 @@
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from trainsim.specbase import Spec
 from trainsim.units import parse_bandwidth, parse_bytes, parse_flops
@@ -22,13 +22,7 @@ class DeviceSpec(Spec):
     hbm_bw_bytes_per_s: float = Field(gt=0)
     # Memory the runtime keeps for itself (CUDA context, allocator fragmentation, NCCL buffers).
     runtime_reserved_bytes: float = Field(default=2.0 * 2**30, ge=0)
-    # Whether collectives progress while the device computes (GPUs: DMA engines and NCCL's own SMs). False for
-    # a CPU running gloo: its reductions and copies take the cores the ranks compute on.
-    comm_overlaps_compute: bool = True
     aliases: tuple[str, ...] = ()
-    # Board power at which the peaks above hold, and the cap a power-limited part runs under (both or neither).
-    rated_power_w: float | None = Field(default=None, gt=0)
-    power_limit_w: float | None = Field(default=None, gt=0)
 
     @field_validator("peak_flops_per_s", mode="before")
     @classmethod
@@ -47,19 +41,6 @@ class DeviceSpec(Spec):
     def _parse_bw(cls, value: object) -> object:
         return parse_bandwidth(value) if isinstance(value, str) else value
 
-    @property
-    def compute_clock_fraction(self) -> float:
-        """Share of the peak FLOP rate a power-capped part sustains (1 without a cap below the rated power).
-
-        NB: dynamic CMOS power is P ~ C V^2 f, and DVFS lowers the supply voltage about in proportion to the
-        clock, so P ~ f^3 and a cap P_cap < P_rated holds the tensor-core clock at (P_cap / P_rated)^(1/3)
-        of its rated value (Hennessy & Patterson, Computer Architecture, 6th ed., sec. 1.5). HBM bandwidth
-        does not follow the core clock and is left alone.
-        """
-        if self.rated_power_w is None or self.power_limit_w is None:
-            return 1.0
-        return min(1.0, self.power_limit_w / self.rated_power_w) ** (1.0 / 3.0)
-
     def peak_for(self, dtype: DType) -> float:
         """Dense peak for a dtype; fp8 falls back to fp16/bf16 and tf32 to fp32 on devices without them."""
         fallbacks: dict[DType, tuple[DType, ...]] = {
@@ -73,13 +54,6 @@ class DeviceSpec(Spec):
             if candidate in self.peak_flops_per_s:
                 return self.peak_flops_per_s[candidate]
         raise AssertionError(f"device {self.name} has no fp32 peak")
-
-    @model_validator(mode="after")
-    def _power_pair(self) -> "DeviceSpec":
-        if (self.rated_power_w is None) != (self.power_limit_w is None):
-            raise ValueError(f"give both rated_power_w and power_limit_w or neither (rated_power_w="
-                             f"{self.rated_power_w}, power_limit_w={self.power_limit_w})")
-        return self
 
     @field_validator("peak_flops_per_s")
     @classmethod

@@ -26,27 +26,6 @@ def matmul_backward(op: Op) -> tuple[Op, Op]:
     return _as_bwd(dgrad), _as_bwd(wgrad)
 
 
-FP8_CAST_BYTES_PER_ELEMENT = 2 + 1 + 1  # read bf16; write the fp8 copy and its fp8 transpose
-
-
-def fp8_casts(op: Op) -> tuple[Op, Op]:
-    """The quantization kernels an fp8 GEMM C[m,n] = A[m,k] @ W[k,n] needs: its 16-bit input A cast to fp8
-    in the forward, the incoming gradient dC in the backward.
-
-    Transformer Engine's cast-transpose (and torchao's float8 cast) reads the bf16 tensor and writes the fp8
-    copy and its transpose (Hopper's fp8 GEMMs take both operands K-major, and the backward GEMMs need the
-    transposes): 2 + 1 + 1 bytes per element, memory-bound. NB: a framework that fuses the cast into the
-    preceding norm or activation saves most of it; weights are cast once per optimizer step (their size
-    does not grow with the tokens) and left out.
-    """
-    batch, m, n, k = op.shape
-    fwd = Op(op.name + ".cast", "elementwise", op.module_path, "fwd", "bf16", float(batch * m * k),
-             batch * m * k * FP8_CAST_BYTES_PER_ELEMENT, (batch * m * k,))
-    bwd = Op(op.name + ".grad_cast", "elementwise", op.module_path, "bwd", "bf16", float(batch * m * n),
-             batch * m * n * FP8_CAST_BYTES_PER_ELEMENT, (batch * m * n,))
-    return fwd, bwd
-
-
 def attention_op(path: str, dtype: DType, batch_heads: int, q_tokens: int, kv_tokens: int, head_dim: int,
                  causal: bool, fused: bool) -> Op:
     """Scores Q K^T and the weighted sum P V: 4 * q * kv * d FLOPs per head.

@@ -3,7 +3,6 @@
 from trainsim.cost.flops import (
     attention_backward,
     attention_op,
-    fp8_casts,
     matmul_backward,
     matmul_op,
     pointwise_backward,
@@ -36,24 +35,15 @@ def _replicated_tokens(dev: DeviceSlice) -> int:
 
 
 def _with_backward(fwd: list[Op], fused: bool) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
-    """The forward ops with each fp8 GEMM's input cast before it, and the backward ops in reverse order, each
-    fp8 GEMM's gradients preceded by the cast of its incoming gradient (cost.flops.fp8_casts)."""
-    fwd_out: list[Op] = []
     bwd: list[Op] = []
-    for op in fwd:
-        if op.kind == "matmul" and op.dtype == "fp8":
-            fwd_out.append(fp8_casts(op)[0])
-        fwd_out.append(op)
     for op in reversed(fwd):
         if op.kind == "matmul":
-            if op.dtype == "fp8":
-                bwd.append(fp8_casts(op)[1])
             bwd.extend(matmul_backward(op))
         elif op.kind == "attention":
             bwd.append(attention_backward(op, fused))
         else:
             bwd.append(pointwise_backward(op))
-    return tuple(fwd_out), tuple(bwd)
+    return tuple(fwd), tuple(bwd)
 
 
 def _block_params(spec: TransformerSpec, moe: bool) -> tuple[float, float]:
@@ -208,7 +198,7 @@ def _head(spec: TransformerSpec, dev: DeviceSlice) -> Layer:
         extra_params = h * h + h + spec.vocab
     fwd += [pointwise_op("final_norm", "norm", "head.norm", act, _replicated_tokens(dev) * h,
                          flops_per_element=5.0),
-            matmul_op("logits", "head.proj", dev.precision.head_dtype, tokens, v, h),
+            matmul_op("logits", "head.proj", dev.precision.linear_dtype, tokens, v, h),
            pointwise_op("cross_entropy", "loss", "head.loss", "fp32", tokens * v, reads=1.0, writes=1.0,
                         flops_per_element=4.0)]
     fwd_ops, bwd_ops = _with_backward(fwd, dev.fused_attention)

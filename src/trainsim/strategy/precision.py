@@ -29,13 +29,6 @@ class PrecisionPolicy:
     master_bytes: int  # fp32 master copy kept by the optimizer (0 when the weights already are fp32)
     optimizer_state_bytes: int  # Adam m and v
 
-    @property
-    def head_dtype(self) -> DType:
-        """The vocabulary projection's dtype. NB: fp8 recipes keep it 16-bit: Megatron/NeMo's output layer is
-        not a Transformer Engine module, torchtitan's float8 conversion skips "output", and llm-foundry's tied
-        head is a plain F.linear."""
-        return self.matmul_dtype if self.linear_dtype == "fp8" else self.linear_dtype
-
 
 def policy_for(precision: Precision) -> PrecisionPolicy:
     if precision in ("fp32", "tf32"):

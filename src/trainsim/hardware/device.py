@@ -22,6 +22,9 @@ class DeviceSpec(Spec):
     hbm_bw_bytes_per_s: float = Field(gt=0)
     # Memory the runtime keeps for itself (CUDA context, allocator fragmentation, NCCL buffers).
     runtime_reserved_bytes: float = Field(default=2.0 * 2**30, ge=0)
+    # Whether collectives progress while the device computes (GPUs: DMA engines and NCCL's own SMs). False for
+    # a CPU running gloo: its reductions and copies take the cores the ranks compute on.
+    comm_overlaps_compute: bool = True
     aliases: tuple[str, ...] = ()
 
     @field_validator("peak_flops_per_s", mode="before")

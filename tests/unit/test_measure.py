@@ -267,3 +267,14 @@ def test_worker_runs_under_torchrun_environment(tmp_path: Path) -> None:
                    env=env, check=True, timeout=120, capture_output=True)
     run = load_run(out / "torchrun.json")
     assert run.world_size == 1 and run.make_job().parallel.precision == "amp-bf16"
+
+
+def test_the_suite_profiles_every_distinct_shape_once() -> None:
+    from trainsim.measure.suite import suite_shapes
+
+    shapes = suite_shapes("local")
+    keys = [(model.name, shape.precision, shape.tp, shape.sp, shape.zero) for model, shape in shapes]
+    assert len(keys) == len(set(keys))
+    assert ("gpt-small", "fp32", 2, True, 0) in keys and ("llama-small", "amp-bf16", 1, False, 3) in keys
+    assert ("gpt-small", "fp32", 1, False, 0) in keys  # dp, pp and recompute jobs share the 1-rank shapes
+    assert all(shape.micro_batch == 4 and shape.seq_len == 128 for _, shape in shapes)

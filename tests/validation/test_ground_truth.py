@@ -19,8 +19,8 @@ BOUNDS = {
     ("local-2core", "analytical", "iteration_time_s"): 36.0,
     ("h200", "analytical", "iteration_time_s"): 10.5,
     ("h200", "sim", "iteration_time_s"): 10.5,
-    ("h200", "analytical+profiled", "iteration_time_s"): 5.0,
-    ("h200", "sim+profiled", "iteration_time_s"): 5.0,
+    ("h200", "analytical+profiled", "iteration_time_s"): 4.5,
+    ("h200", "sim+profiled", "iteration_time_s"): 4.5,
     ("h200", "analytical", "peak_allocated_gib"): 7.5,
 }
 

@@ -62,12 +62,16 @@ def test_gpt3_175b_exact_no_recompute_count() -> None:
     assert _dense_flops(_graph(fused=False)) == pytest.approx(exact, rel=1e-12)
 
 
+def _block_flops(fused: bool, kind: str) -> tuple[float, float]:
+    """Forward and backward FLOPs of one block's ops of `kind` (GPT-3 175B, BATCH x SEQ)."""
+    block = next(layer for layer in _graph(fused=fused).layers if layer.kind == "block")
+    return (sum(op.flops for op in block.fwd if op.kind == kind), sum(op.flops for op in block.bwd if op.kind == kind))
+
+
 def test_unfused_attention_computes_the_full_causal_score_matrix() -> None:
     spec = _gpt3_175b()
     b, s, h = BATCH, SEQ, spec.hidden
-    block = next(layer for layer in _graph(fused=False).layers if layer.kind == "block")
-    attn_fwd = sum(op.flops for op in block.fwd if op.kind == "attention")
-    attn_bwd = sum(op.flops for op in block.bwd if op.kind == "attention")
+    attn_fwd, attn_bwd = _block_flops(fused=False, kind="attention")
     # Q K^T and P V over all s x s scores: 2 * (2 b s^2 h) forward, twice that backward.
     assert attn_fwd == 4 * b * s * s * h
     assert attn_bwd == 2 * attn_fwd
@@ -76,9 +80,7 @@ def test_unfused_attention_computes_the_full_causal_score_matrix() -> None:
 def test_fused_causal_attention_skips_the_masked_half() -> None:
     spec = _gpt3_175b()
     b, s, h = BATCH, SEQ, spec.hidden
-    block = next(layer for layer in _graph(fused=True).layers if layer.kind == "block")
-    attn_fwd = sum(op.flops for op in block.fwd if op.kind == "attention")
-    attn_bwd = sum(op.flops for op in block.bwd if op.kind == "attention")
+    attn_fwd, attn_bwd = _block_flops(fused=True, kind="attention")
     # Flash attention (Dao et al. 2022): only the lower triangle, 2 b s^2 h forward; the backward recomputes
     # the scores: 5 matmuls against 2 -> 2.5x the forward.
     assert attn_fwd == 2 * b * s * s * h
@@ -88,9 +90,7 @@ def test_fused_causal_attention_skips_the_masked_half() -> None:
 def test_block_gemm_flops_per_layer() -> None:
     spec = _gpt3_175b()
     b, s, h = BATCH, SEQ, spec.hidden
-    block = next(layer for layer in _graph(fused=False).layers if layer.kind == "block")
-    gemm_fwd = sum(op.flops for op in block.fwd if op.kind == "matmul")
-    gemm_bwd = sum(op.flops for op in block.bwd if op.kind == "matmul")
+    gemm_fwd, gemm_bwd = _block_flops(fused=False, kind="matmul")
     # QKV 6bsh^2 + out 2bsh^2 + fc1 8bsh^2 + fc2 8bsh^2 = 24 b s h^2 forward; dgrad + wgrad = 2x backward.
     assert gemm_fwd == 24 * b * s * h**2
     assert gemm_bwd == 2 * gemm_fwd

@@ -91,7 +91,7 @@ def measure(
 
 def job_from_flags(job_file: Path | None, flags: dict[str, Any]) -> Job:
     """Like predict's, with defaults for a local run: the local-cpu cluster when there is no GPU, as many
-    ranks as tp x pp x dp x cp, and amp-bf16 (torch.autocast) as the bf16 precision."""
+    ranks as tp x pp x dp x cp, and amp-bf16 (torch.autocast) as the bf16 precision; every rank on one node."""
     settings = read_job_file(job_file)
     settings.update({key: value for key, value in flags.items() if value is not None})
     if "cluster" not in settings and not _has_cuda():
@@ -104,9 +104,7 @@ def job_from_flags(job_file: Path | None, flags: dict[str, Any]) -> Job:
         settings["num_gpus"] = degree
     settings.setdefault("precision", DEFAULT_PRECISION)
     job = job_from_settings(settings)
-    if job.cluster.device.vendor == "generic":  # CPU processes of this host: one node
-        return replace(job, cluster=job.cluster.on_one_node())
-    return job
+    return replace(job, cluster=job.cluster.on_one_node())  # the launcher starts every rank on this host
 
 
 def _has_cuda() -> bool:

@@ -47,9 +47,10 @@ def compare(rows: Sequence[RunRow], choices: Sequence[EngineChoice], db: Path | 
     from trainsim.estimate.costs import make_engine
 
     out: dict[str, list[RowPrediction]] = {}
+    params_by_run: dict[str, float] = {}  # the same for every engine
     for choice in choices:
         estimator = make_engine(choice.engine, choice.costs, db)
-        predictions = predict_rows(rows, estimator, progress)
+        predictions = predict_rows(rows, estimator, progress, params_by_run)
         out[choice.label] = [_relabel(p, choice.label) for p in predictions]
     return out
 

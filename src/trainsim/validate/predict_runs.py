@@ -50,11 +50,13 @@ def metric_value(metric: str, job: Job, result: Result, params: float) -> float:
     return flops_rate / peak
 
 
-def predict_rows(rows: Iterable[RunRow], estimator: Estimator,
-                 progress: Callable[[], None] | None = None) -> list[RowPrediction]:
+def predict_rows(rows: Iterable[RunRow], estimator: Estimator, progress: Callable[[], None] | None = None,
+                 params_by_run: dict[str, float] | None = None) -> list[RowPrediction]:
+    """params_by_run: a run's parameter count by run id, to share between the engines that predict the same
+    rows (filled here as needed)."""
     jobs: dict[str, RunJob] = {}
     results: dict[str, Result | str] = {}
-    params_by_run: dict[str, float] = {}
+    params_by_run = {} if params_by_run is None else params_by_run
     out: list[RowPrediction] = []
     for row in rows:
         if row.run_id not in jobs:

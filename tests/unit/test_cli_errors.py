@@ -64,6 +64,7 @@ NAME_CASES = {
                   ["fp32", "tf32", "fp16", "bf16", "amp-fp16", "amp-bf16", "fp8"]),
     "recompute": (["--recompute", "some"], "recompute='some'", ["none", "selective", "full"]),
     "schedule": (["--schedule", "zb-v"], "schedule='zb-v'", ["gpipe", "1f1b", "interleaved-1f1b"]),
+    "attention": (["--attention", "flash4"], "attention='flash4'", ["flash2", "flash3", "math"]),
     "engine": (["--engine", "no-such-engine"], "engine='no-such-engine'", ["analytical"]),
 }
 

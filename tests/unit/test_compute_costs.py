@@ -26,3 +26,40 @@ def test_large_gemms_approach_the_maximum_efficiency() -> None:
     cal = Calibration(compute=ComputeParams(matmul_half_work_flop_per_tflops=3e7, matmul_exponent=1.5,
                                             matmul_half_dim=32.0, matmul_dim_exponent=1.0))
     assert matmul_efficiency(2.0 * 16384**3, PEAK, 0.87, cal, 1.0, 16384) == pytest.approx(0.87, rel=0.01)
+
+
+def _attention_seconds(device_name: str, kernel: str, cal: Calibration) -> float:
+    from trainsim.catalog import load_device
+    from trainsim.cost.compute import op_time_s
+    from trainsim.cost.flops import attention_op
+
+    op = attention_op("block.attn.core", "bf16", 32, 4096, 4096, 128, causal=True, kernel=kernel)
+    return op_time_s(op, load_device(device_name), cal)
+
+
+FLASH_CAL = Calibration(compute=ComputeParams(attention_efficiency=0.4, flash3_attention_efficiency=0.8,
+                                              kernel_overhead_s=0.0, memory_efficiency=1.0),
+                        default_matmul_max_efficiency=0.8)
+
+
+def test_flash3_is_costed_with_its_own_efficiency_on_hopper() -> None:
+    flash2 = _attention_seconds("h100-sxm5-80gb", "flash2", FLASH_CAL)
+    flash3 = _attention_seconds("h100-sxm5-80gb", "flash3", FLASH_CAL)
+    assert flash2 / flash3 == pytest.approx(0.8 / 0.4, rel=1e-9)
+
+
+def test_flash3_on_a_device_without_it_runs_as_flash2() -> None:
+    flash2 = _attention_seconds("a100-sxm4-80gb", "flash2", FLASH_CAL)
+    assert _attention_seconds("a100-sxm4-80gb", "flash3", FLASH_CAL) == pytest.approx(flash2, rel=1e-12)
+
+
+def test_no_attention_kernel_beats_the_devices_best_gemm() -> None:
+    """eff = min(matmul eff x attention factor, MAMF): a factor of 10 gives exactly FLOPs / (peak x 0.8)."""
+    from trainsim.catalog import load_device
+    from trainsim.cost.flops import attention_op
+
+    cal = FLASH_CAL.model_copy(update={"compute": FLASH_CAL.compute.model_copy(
+        update={"flash3_attention_efficiency": 10.0})})
+    op = attention_op("block.attn.core", "bf16", 32, 4096, 4096, 128, causal=True, kernel="flash3")
+    peak = load_device("h100-sxm5-80gb").peak_for("bf16")
+    assert _attention_seconds("h100-sxm5-80gb", "flash3", cal) == pytest.approx(op.flops / (peak * 0.8), rel=1e-9)

@@ -40,7 +40,7 @@ def _dense_flops(graph: OpGraph) -> float:
 
 
 def _graph(fused: bool) -> OpGraph:
-    dev = DeviceSlice(BATCH, SEQ, policy_for("bf16"), fused_attention=fused)
+    dev = DeviceSlice(BATCH, SEQ, policy_for("bf16"), attention="flash2" if fused else "math")
     return build_transformer(_gpt3_175b(), dev)
 
 

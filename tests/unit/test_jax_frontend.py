@@ -102,7 +102,7 @@ def test_dot_general_flops_match_the_analytic_block_formula() -> None:
 def test_matches_the_catalog_builder_block() -> None:
     spec = TransformerSpec(name="tiny-gpt", num_layers=1, hidden=HIDDEN, ffn_hidden=4 * HIDDEN, num_heads=HEADS,
                            vocab=128, max_seq_len=SEQ)
-    analytic = build_transformer(spec, DeviceSlice(BATCH, SEQ, policy_for("fp32"), fused_attention=False))
+    analytic = build_transformer(spec, DeviceSlice(BATCH, SEQ, policy_for("fp32"), attention="math"))
     block = next(layer for layer in analytic.layers if layer.name == "block")
     graph = graph_from_jax(train_step, *_example(), name="block")
     for phase in ("fwd", "bwd"):

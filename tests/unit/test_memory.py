@@ -38,7 +38,7 @@ def _gpt3_175b() -> TransformerSpec:
 
 def _saved(tp: int = 1, sp: bool = False) -> dict[str, float]:
     spec = _gpt3_175b()
-    dev = DeviceSlice(B, S, policy_for("bf16"), tp=tp, sp=sp, fused_attention=False)
+    dev = DeviceSlice(B, S, policy_for("bf16"), tp=tp, sp=sp, attention="math")
     block = next(layer for layer in build_transformer(spec, dev).layers if layer.kind == "block")
     return block.saved_bytes
 

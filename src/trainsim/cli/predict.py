@@ -35,6 +35,10 @@ def predict(
     seq_len: Annotated[int | None, typer.Option(help="tokens per sequence")] = None,
     precision: Annotated[str | None, typer.Option(help="fp32 tf32 fp16 bf16 amp-fp16 amp-bf16 fp8")] = None,
     schedule: Annotated[str | None, typer.Option(help="gpipe | 1f1b | interleaved-1f1b")] = None,
+    attention: Annotated[str | None, typer.Option(help="attention kernel: flash2 (FlashAttention-2, torch SDPA; "
+                                                  "default) | flash3 (Hopper+: FlashAttention-3, cuDNN as "
+                                                  "TransformerEngine / Megatron-Core pick it) | math (unfused)")
+                         ] = None,
     engine: Annotated[str, typer.Option(help="estimator: " + ", ".join(ENGINES.names()))] = "analytical",
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     trace: Annotated[Path | None, typer.Option(help="write a Chrome/Perfetto trace (needs --engine sim)")] = None,
@@ -49,7 +53,7 @@ def predict(
     """Predict iteration time, throughput, MFU and peak memory of one training job."""
     flags = dict(model=model, cluster=cluster, num_gpus=num_gpus, tp=tp, pp=pp, dp=dp, vpp=vpp, sp=sp, cp=cp,
                  ep=ep, zero=zero, recompute=recompute, micro_batch=micro_batch, global_batch=global_batch,
-                 seq_len=seq_len, precision=precision, schedule=schedule)
+                 seq_len=seq_len, precision=precision, schedule=schedule, attention=attention)
     settings = read_job_file(job_file)
     settings.update({key: value for key, value in flags.items() if value is not None})
     if (trace or explain or tree) and engine != "sim":

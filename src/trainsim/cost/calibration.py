@@ -29,7 +29,10 @@ class ComputeParams(Spec):
     matmul_half_dim: float = Field(default=16.0, gt=0)
     matmul_dim_exponent: float = Field(default=1.0, gt=0, le=1.0)
     matmul_training_factor: float = Field(default=1.0, gt=0)  # microbenchmark -> in-training efficiency
-    attention_efficiency: float = Field(default=0.5, gt=0)  # of the matmul efficiency
+    attention_efficiency: float = Field(default=0.5, gt=0)  # flash2 kernels, of the matmul efficiency
+    # Hopper-native fused attention (FlashAttention-3, cuDNN), of the matmul efficiency. The prior: FlashAttention-3
+    # (Shah et al. 2024) reports about 1.5-2x FlashAttention-2's throughput on H100.
+    flash3_attention_efficiency: float = Field(default=0.9, gt=0)
     memory_efficiency: float = Field(default=0.8, gt=0, le=1.0)
     kernel_overhead_s: float = Field(default=4.0e-6, ge=0)
 

@@ -33,16 +33,26 @@ def matmul_efficiency(work_flop: float, peak_flops_per_s: float, max_efficiency:
     return max_efficiency * work / scaled_time * training_factor
 
 
+def attention_efficiency(kernel: str, device: DeviceSpec, cal: Calibration) -> float:
+    """Achieved / matmul efficiency of an attention kernel. math runs its two batched GEMMs as GEMMs (its score
+    traffic is in the op's bytes); flash3 on a device without it runs as flash2."""
+    if kernel == "math":
+        return 1.0
+    if kernel == "flash3" and "flash3" in device.attention_kernels:
+        return cal.compute.flash3_attention_efficiency
+    return cal.compute.attention_efficiency
+
+
 def op_time_s(op: Op, device: DeviceSpec, cal: Calibration) -> float:
     params = cal.compute
     memory_s = op.bytes_moved / (device.hbm_bw_bytes_per_s * params.memory_efficiency)
     if op.kind in ("matmul", "attention", "conv"):
         peak = device.peak_for(op.dtype)
         min_dim = float(min(op.shape[1:])) if op.kind != "conv" and len(op.shape) == 4 else 0.0
-        eff = matmul_efficiency(op.flops, peak, cal.max_efficiency(device.name, op.dtype), cal,
-                                cal.training_factor(device.name), min_dim)
-        if op.kind == "attention":
-            eff *= params.attention_efficiency
+        max_eff = cal.max_efficiency(device.name, op.dtype)
+        eff = matmul_efficiency(op.flops, peak, max_eff, cal, cal.training_factor(device.name), min_dim)
+        if op.kind == "attention":  # no kernel beats the device's best GEMM (its MAMF)
+            eff = min(eff * attention_efficiency(op.kernel, device, cal), max_eff)
         compute_s = op.flops / (peak * eff)
         return max(compute_s, memory_s) + params.kernel_overhead_s
     return memory_s + params.kernel_overhead_s

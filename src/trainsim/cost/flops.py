@@ -27,12 +27,13 @@ def matmul_backward(op: Op) -> tuple[Op, Op]:
 
 
 def attention_op(path: str, dtype: DType, batch_heads: int, q_tokens: int, kv_tokens: int, head_dim: int,
-                 causal: bool, fused: bool) -> Op:
+                 causal: bool, kernel: str = "flash2") -> Op:
     """Scores Q K^T and the weighted sum P V: 4 * q * kv * d FLOPs per head.
 
-    NB: a fused (flash) kernel skips the masked half of a causal score matrix; an unfused one computes it all
-    and also writes the score matrix to memory twice (softmax, dropout).
+    NB: a fused (flash) kernel skips the masked half of a causal score matrix; an unfused one (kernel "math")
+    computes it all and also writes the score matrix to memory twice (softmax, dropout).
     """
+    fused = kernel != "math"
     flops = 4.0 * batch_heads * q_tokens * kv_tokens * head_dim
     if causal and fused:
         flops *= 0.5
@@ -40,14 +41,14 @@ def attention_op(path: str, dtype: DType, batch_heads: int, q_tokens: int, kv_to
     qkvo = batch_heads * (2 * q_tokens + 2 * kv_tokens) * head_dim * elem
     scores = 0.0 if fused else 3.0 * batch_heads * q_tokens * kv_tokens * elem
     return Op("attention", "attention", path, "fwd", dtype, flops, qkvo + scores,
-              (batch_heads, q_tokens, kv_tokens, head_dim), recompute_selective=True)
+              (batch_heads, q_tokens, kv_tokens, head_dim), recompute_selective=True, kernel=kernel)
 
 
-def attention_backward(op: Op, fused: bool) -> Op:
+def attention_backward(op: Op) -> Op:
     """NB: flash backward recomputes the scores: 5 matmuls against 2 forward -> 2.5x; unfused: 2x."""
-    factor = 2.5 if fused else 2.0
+    factor = 2.0 if op.kernel == "math" else 2.5
     return Op("attention.bwd", "attention", op.module_path, "bwd", op.dtype, op.flops * factor,
-              op.bytes_moved * 2.0, op.shape)
+              op.bytes_moved * 2.0, op.shape, kernel=op.kernel)
 
 
 def pointwise_op(name: str, kind: OpKind, path: str, dtype: DType, elements: float, reads: float = 1.0,

@@ -87,8 +87,7 @@ class AnalyticalEstimator:
 
     def graph(self, job: Job) -> OpGraph:
         par = job.parallel
-        dev = DeviceSlice(par.micro_batch, par.seq_len, policy_for(par.precision), par.tp, par.sp, par.cp,
-                          par.ep)
+        dev = DeviceSlice.of(par)
         key = (job.model.name, id(job.model), dev)
         if key not in self._graphs:
             self._graphs[key] = build_graph(job.model, dev)

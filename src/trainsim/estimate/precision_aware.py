@@ -32,7 +32,7 @@ from trainsim.frontends.shape import DeviceSlice
 from trainsim.ir.graph import Layer, OpGraph
 from trainsim.job import Job
 from trainsim.strategy.parallel import ParallelSpec
-from trainsim.strategy.precision import BYTES_PER_DTYPE, policy_for
+from trainsim.strategy.precision import BYTES_PER_DTYPE
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +111,7 @@ class PrecisionAwareEstimator:
     def graph(self, job: Job) -> OpGraph:
         """The job's per-device graph with per-op precision from the job's precision policy."""
         par = job.parallel
-        dev = DeviceSlice(par.micro_batch, par.seq_len, policy_for(par.precision), par.tp, par.sp, par.cp, par.ep)
+        dev = DeviceSlice.of(par)
         key = (job.model.name, id(job.model), dev)
         if key not in self._graphs:
             from trainsim.frontends.catalog import build_graph

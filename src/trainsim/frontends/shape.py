@@ -2,7 +2,8 @@
 
 from dataclasses import dataclass
 
-from trainsim.strategy.precision import PrecisionPolicy
+from trainsim.strategy.parallel import AttentionKernel, ParallelSpec
+from trainsim.strategy.precision import PrecisionPolicy, policy_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,7 +15,17 @@ class DeviceSlice:
     sp: bool = False
     cp: int = 1
     ep: int = 1
-    fused_attention: bool = True
+    attention: AttentionKernel = "flash2"
+
+    @classmethod
+    def of(cls, par: ParallelSpec) -> "DeviceSlice":
+        """The slice one device of a job with this strategy computes."""
+        return cls(par.micro_batch, par.seq_len, policy_for(par.precision), par.tp, par.sp, par.cp, par.ep,
+                   par.attention)
+
+    @property
+    def fused_attention(self) -> bool:
+        return self.attention != "math"
 
     @property
     def local_tokens(self) -> int:

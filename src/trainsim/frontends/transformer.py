@@ -34,13 +34,13 @@ def _replicated_tokens(dev: DeviceSlice) -> int:
     return dev.local_tokens // dev.tp if dev.sp else dev.local_tokens
 
 
-def _with_backward(fwd: list[Op], fused: bool) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
+def _with_backward(fwd: list[Op]) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
     bwd: list[Op] = []
     for op in reversed(fwd):
         if op.kind == "matmul":
             bwd.extend(matmul_backward(op))
         elif op.kind == "attention":
-            bwd.append(attention_backward(op, fused))
+            bwd.append(attention_backward(op))
         else:
             bwd.append(pointwise_backward(op))
     return tuple(fwd), tuple(bwd)
@@ -68,7 +68,7 @@ def _attention_ops(spec: TransformerSpec, dev: DeviceSlice, path: str) -> list[O
     if spec.position == "rope":
         ops.append(pointwise_op("rope", "elementwise", f"{path}.attn.rope", act, tokens * (heads + kv_heads) * d))
     ops.append(attention_op(f"{path}.attn.core", dev.precision.matmul_dtype, dev.micro_batch * heads,
-                            tokens // dev.micro_batch, dev.seq_len, d, spec.causal, dev.fused_attention))
+                            tokens // dev.micro_batch, dev.seq_len, d, spec.causal, dev.attention))
     if not dev.fused_attention:
         ops.append(pointwise_op("softmax", "softmax", f"{path}.attn.softmax", act,
                                 dev.micro_batch * heads * (tokens // dev.micro_batch) * dev.seq_len,
@@ -110,7 +110,7 @@ def _block(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool) -> La
         fwd.extend(_mlp_ops(spec, dev, path, tokens, 1))
     fwd.append(pointwise_op("residual2", "elementwise", f"{path}.residual2", act, rep * h, reads=2.0))
     comms += _tp_comms(spec, dev) + _cp_comms(spec, dev)
-    fwd_ops, bwd_ops = _with_backward(fwd, dev.fused_attention)
+    fwd_ops, bwd_ops = _with_backward(fwd)
     attn_params, mlp_params = _block_params(spec, moe)
     local_mlp = mlp_params / dev.tp / (dev.ep if moe else 1)
     return Layer(name, "moe_block" if moe else "block", count, fwd_ops, bwd_ops, tuple(comms),
@@ -180,7 +180,7 @@ def _embedding(spec: TransformerSpec, dev: DeviceSlice) -> Layer:
         fwd += [pointwise_op("type_add", "elementwise", "embed.token_types", act, tokens * h, reads=2.0),
                 pointwise_op("norm", "norm", "embed.norm", act, tokens * h, flops_per_element=5.0)]
         params += 2 * h + 2 * h
-    fwd_ops, bwd_ops = _with_backward(fwd, dev.fused_attention)
+    fwd_ops, bwd_ops = _with_backward(fwd)
     out = _replicated_tokens(dev) * h * _act_bytes(dev)
     return Layer("embedding", "embedding", 1, fwd_ops, bwd_ops, (), params / dev.tp, params,
                  {"none": out, "selective": out, "full": out}, out)
@@ -201,7 +201,7 @@ def _head(spec: TransformerSpec, dev: DeviceSlice) -> Layer:
             matmul_op("logits", "head.proj", dev.precision.linear_dtype, tokens, v, h),
            pointwise_op("cross_entropy", "loss", "head.loss", "fp32", tokens * v, reads=1.0, writes=1.0,
                         flops_per_element=4.0)]
-    fwd_ops, bwd_ops = _with_backward(fwd, dev.fused_attention)
+    fwd_ops, bwd_ops = _with_backward(fwd)
     norm_params = h * (2 if spec.norm == "layernorm" else 1) + extra_params
     proj_params = 0 if spec.tied_embeddings else spec.vocab * h
     saved = _replicated_tokens(dev) * h * _act_bytes(dev) + tokens * v * 4.0  # norm input, fp32 softmax

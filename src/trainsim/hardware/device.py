@@ -25,6 +25,10 @@ class DeviceSpec(Spec):
     # Whether collectives progress while the device computes (GPUs: DMA engines and NCCL's own SMs). False for
     # a CPU running gloo: its reductions and copies take the cores the ranks compute on.
     comm_overlaps_compute: bool = True
+    # Attention kernels built for this device beyond flash2 and math (strategy.parallel.AttentionKernel):
+    # "flash3" on Hopper and later (FlashAttention-3 and cuDNN fused attention need their TMA and warpgroup MMA).
+    # A job asking for a kernel the device lacks is costed as flash2.
+    attention_kernels: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
 
     @field_validator("peak_flops_per_s", mode="before")

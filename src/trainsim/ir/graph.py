@@ -29,6 +29,7 @@ class Op:
     bytes_moved: float
     shape: tuple[int, ...]
     recompute_selective: bool = False  # recomputed under selective recompute (the attention core)
+    kernel: str = ""  # attention: the kernel family (strategy.parallel.AttentionKernel); "" elsewhere
 
     def describe(self) -> str:
         dims = "x".join(str(d) for d in self.shape)

@@ -66,12 +66,13 @@ def _prod(shape: Iterable[int]) -> float:
 
 
 def _attention_impl(op: Op) -> str:
-    """NB: an attention Op does not carry fused/causal; they follow from cost/flops.py's formulas: a fused
-    kernel moves only Q, K, V and O (x2 backward), and a fused causal one does half the FLOPs (2 x b*q*kv*d
-    forward, 5 x backward) of a full one (4 and 10)."""
+    """NB: an attention Op does not carry causal, and a captured one not its kernel; they follow from
+    cost/flops.py's formulas: a fused kernel moves only Q, K, V and O (x2 backward), and a fused causal one does
+    half the FLOPs (2 x b*q*kv*d forward, 5 x backward) of a full one (4 and 10). A profile times the fused
+    kernel torch picks on the profiled device (its SDPA), whichever fused kernel the job names."""
     bh, q, kv, d = op.shape
     qkvo_bytes = bh * (2 * q + 2 * kv) * d * BYTES_PER_DTYPE[op.dtype] * (2.0 if op.phase == "bwd" else 1.0)
-    fused = math.isclose(op.bytes_moved, qkvo_bytes, rel_tol=1e-9)
+    fused = op.kernel != "math" if op.kernel else math.isclose(op.bytes_moved, qkvo_bytes, rel_tol=1e-9)
     if not fused:
         return "attn.unfused"
     ratio = op.flops / max(_prod(op.shape), 1.0)

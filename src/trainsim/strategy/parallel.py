@@ -9,6 +9,13 @@ from trainsim.strategy.precision import Precision
 
 Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"]
+# The attention kernel the training stack runs. flash2: FlashAttention-2 class (FlashAttention 1/2, torch SDPA's
+# flash and memory-efficient backends, triton flash). flash3: a Hopper-native fused kernel (FlashAttention-3, or
+# cuDNN fused attention, which TransformerEngine - and so Megatron-Core, NeMo, Megatron-Bridge - selects on
+# Hopper and later); on a device without such kernels it runs as flash2. math: unfused (two batched GEMMs and a
+# softmax over the whole score matrix).
+AttentionKernel = Literal["flash2", "flash3", "math"]
+ATTENTION_KERNELS: tuple[AttentionKernel, ...] = ("flash2", "flash3", "math")
 RECOMPUTES: tuple[Recompute, ...] = ("none", "selective", "full")
 SCHEDULES: tuple[Schedule, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
 
@@ -34,6 +41,7 @@ class ParallelSpec(Spec):
     seq_len: int = Field(default=2048, gt=0)
     precision: Precision = "bf16"
     schedule: Schedule = "1f1b"
+    attention: AttentionKernel = "flash2"
 
     @model_validator(mode="after")
     def _check(self) -> "ParallelSpec":
@@ -68,4 +76,6 @@ class ParallelSpec(Spec):
             parts.append("sp")
         parts += [f"zero={self.zero}", f"recompute={self.recompute}", f"mb={self.micro_batch}",
                   f"gb={self.global_batch}", self.schedule, self.precision]
+        if self.attention != "flash2":
+            parts.append(f"attention={self.attention}")
         return " ".join(parts)

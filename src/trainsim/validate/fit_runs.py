@@ -15,8 +15,7 @@ from trainsim.cost.calibration import Calibration, ComputeParams, RuntimeParams
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.ir.graph import OpGraph
 from trainsim.job import Job
-from trainsim.validate.predict_runs import source_group
-from trainsim.validate.runs import RunRow, job_from_row
+from trainsim.validate.runs import RunRow, job_from_row, source_group
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +45,7 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter("compute", "matmul_dim_exponent", None, 0.2, 1.0),
     Parameter("compute", "matmul_training_factor", 1.0, 0.3, 1.3),
     Parameter("compute", "attention_efficiency", 0.5, 0.1, 1.5),
+    Parameter("compute", "flash3_attention_efficiency", 0.9, 0.1, 1.5),
     Parameter("compute", "memory_efficiency", 0.8, 0.2, 1.0),
     Parameter("compute", "kernel_overhead_s", 4e-6, 1e-7, 1e-4, log=True),
     Parameter("runtime", "dp_overlap", 0.9, 0.0, 1.0),

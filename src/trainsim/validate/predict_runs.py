@@ -10,7 +10,7 @@ from trainsim.ir.model_spec import ModelSpec, TransformerSpec
 from trainsim.job import Job
 from trainsim.strategy.precision import policy_for
 from trainsim.validate.metrics import mape
-from trainsim.validate.runs import METRICS, RunJob, RunRow, job_from_row
+from trainsim.validate.runs import METRICS, RunJob, RunRow, job_from_row, source_group
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +106,3 @@ def summarize(predictions: list[RowPrediction]) -> list[dict[str, Any]]:
             for source, metric in keys]
 
 
-def source_group(source: str) -> str:
-    """The publication or repository of a row (its source without table, section or row details)."""
-    return source.split()[0] if source.strip() else "unknown"

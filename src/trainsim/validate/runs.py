@@ -98,8 +98,14 @@ def model_from_row(fields: dict[str, str]) -> dict[str, Any]:
             "vocab": _int(fields, "vocab", layout["vocab"]), "max_seq_len": seq}
 
 
+def source_group(source: str) -> str:
+    """The publication or repository of a row (its source without table, section or row details)."""
+    return source.split()[0] if source.strip() else "unknown"
+
+
 def parallel_from_row(fields: dict[str, str]) -> dict[str, Any]:
     base = row_defaults()["strategy"]
+    stacks = row_defaults()["attention_by_source"]
     dp = _int(fields, "dp")
     micro = _int(fields, "micro_batch", base["micro_batch"])
     vpp = _int(fields, "vpp", base["vpp"])
@@ -113,6 +119,8 @@ def parallel_from_row(fields: dict[str, str]) -> dict[str, Any]:
         "recompute": fields.get("recompute") or base["recompute"],
         "precision": fields.get("precision") or base["precision"],
         "schedule": fields.get("schedule") or ("interleaved-1f1b" if vpp > 1 else "1f1b"),
+        "attention": fields.get("attention") or stacks.get(source_group(fields.get("source", "")),
+                                                           base["attention"]),
     }
 
 

@@ -65,6 +65,7 @@ NAME_CASES = {
     "recompute": (["--recompute", "some"], "recompute='some'", ["none", "selective", "full"]),
     "schedule": (["--schedule", "zb-v"], "schedule='zb-v'", ["gpipe", "1f1b", "interleaved-1f1b"]),
     "attention": (["--attention", "flash4"], "attention='flash4'", ["flash2", "flash3", "math"]),
+    "optimizer_impl": (["--optimizer-impl", "sgd"], "optimizer_impl='sgd'", ["fused", "foreach", "loop"]),
     "engine": (["--engine", "no-such-engine"], "engine='no-such-engine'", ["analytical"]),
 }
 

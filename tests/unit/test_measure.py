@@ -278,3 +278,13 @@ def test_the_suite_profiles_every_distinct_shape_once() -> None:
     assert ("gpt-small", "fp32", 2, True, 0) in keys and ("llama-small", "amp-bf16", 1, False, 3) in keys
     assert ("gpt-small", "fp32", 1, False, 0) in keys  # dp, pp and recompute jobs share the 1-rank shapes
     assert all(shape.micro_batch == 4 and shape.seq_len == 128 for _, shape in shapes)
+
+
+@pytest.mark.parametrize("impl", ["fused", "foreach", "loop"])
+def test_measure_runs_the_adam_step_the_job_names(impl: str) -> None:
+    torch = pytest.importorskip("torch")
+    from trainsim.measure.parallelize import make_optimizer
+
+    job = tiny_job(1, optimizer_impl=impl)
+    optimizer = make_optimizer([torch.nn.Parameter(torch.zeros(4))], job, None)  # type: ignore[arg-type]
+    assert (optimizer.defaults["fused"], optimizer.defaults["foreach"]) == (impl == "fused", impl == "foreach")

@@ -131,3 +131,44 @@ def test_interleaved_first_stage_holds_p_plus_p_minus_1_over_v(p: int, v: int) -
     # p + (p - 1)/v stages' worth of activations.
     assert in_flight_micro_batches("interleaved-1f1b", 0, p, v, 16 * p) == pytest.approx(p + (p - 1) / v,
                                                                                            rel=1e-12)
+
+
+def _peak_parts(impl: str, recompute: str = "full", zero: int = 0,
+                model: str = "gpt3-6.7b") -> tuple[dict[str, float], float]:
+    """The analytical engine's breakdown on one H200 (8 with ZeRO), and the model's parameters."""
+    from trainsim.catalog import load_cluster
+    from trainsim.estimate.analytical import AnalyticalEstimator
+    from trainsim.job import make_job
+
+    gpus = 8 if zero else 1
+    par = ParallelSpec.parse({"micro_batch": 2, "seq_len": 2048, "precision": "amp-bf16", "recompute": recompute,
+                              "zero": zero, "optimizer_impl": impl})
+    job = make_job(load_model(model), load_cluster("dgx-h200").with_num_gpus(gpus), par)
+    estimator = AnalyticalEstimator()
+    result = estimator.estimate(job)
+    params = sum(layer.count * layer.param_count for layer in estimator.graph(job).layers)
+    assert sum(result.memory_breakdown.values()) == pytest.approx(result.peak_memory_bytes, rel=1e-12)
+    return result.memory_breakdown, params
+
+
+def test_fused_adam_needs_no_step_memory() -> None:
+    parts, _ = _peak_parts("fused")
+    assert parts["optimizer_step"] == 0.0 and parts["activations"] > 0.0
+
+
+def test_foreach_adam_peaks_at_the_step_with_one_fp32_temporary_per_parameter() -> None:
+    """torch.optim.AdamW(foreach=True): _foreach_sqrt of the second moments is one fp32 copy of every
+    parameter. With full recompute it outgrows the activations, which are freed by then."""
+    parts, params = _peak_parts("foreach")
+    assert parts["optimizer_step"] == pytest.approx(4.0 * params, rel=1e-12)
+    assert parts["activations"] == 0.0 and parts["temporary"] == 0.0
+
+
+def test_foreach_adam_under_zero_needs_only_its_shard() -> None:
+    parts, params = _peak_parts("foreach", zero=1, model="gpt3-13b")
+    assert parts["optimizer_step"] == pytest.approx(4.0 * params / 8, rel=1e-12)
+
+
+def test_the_forward_peak_wins_when_activations_outgrow_the_step() -> None:
+    parts, params = _peak_parts("foreach", recompute="none", model="gpt3-125m")
+    assert parts["optimizer_step"] == 0.0 and parts["activations"] > 4.0 * params

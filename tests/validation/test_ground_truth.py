@@ -22,7 +22,9 @@ BOUNDS = {
     ("h200", "sim", "iteration_time_s"): 9.5,
     ("h200", "analytical+profiled", "iteration_time_s"): 4.5,
     ("h200", "sim+profiled", "iteration_time_s"): 4.5,
-    ("h200", "analytical", "peak_allocated_gib"): 7.5,
+    # torch's foreach AdamW temporary in the memory model: 7.3% -> 5.4% (analytical), 8.4% -> 5.9% (sim)
+    ("h200", "analytical", "peak_allocated_gib"): 6.0,
+    ("h200", "sim", "peak_allocated_gib"): 6.5,
 }
 
 
@@ -53,3 +55,11 @@ def test_the_local_suite_was_measured_quietly() -> None:
     jobs = by_job(compare(rows, engine_choices("analytical", "roofline"), None))
     assert len(jobs) == 18 and all(job["repeats"] == 3 for job in jobs)
     assert max(job["spread_pct"] for job in jobs) < 15.0
+
+
+def test_measured_jobs_name_the_adam_step_they_ran() -> None:
+    """The committed runs predate measure's --optimizer-impl and ran torch.optim.AdamW's defaults: foreach on
+    the GPU, one tensor at a time on the CPU."""
+    for folder, impl in (("h200", "foreach"), ("local-2core", "loop")):
+        jobs = [row.job for row in read_measured(DATA / folder)]
+        assert jobs and all(job is not None and job.parallel.optimizer_impl == impl for job in jobs)

@@ -7,7 +7,7 @@ from trainsim.catalog import load_cluster, load_model
 from trainsim.catalog.files import read_mapping
 from trainsim.errors import ConfigError
 from trainsim.job import Job, make_job
-from trainsim.strategy.parallel import ATTENTION_KERNELS, RECOMPUTES, SCHEDULES, ParallelSpec
+from trainsim.strategy.parallel import ATTENTION_KERNELS, OPTIMIZER_IMPLS, RECOMPUTES, SCHEDULES, ParallelSpec
 from trainsim.strategy.precision import PRECISIONS
 
 DEFAULT_MODEL = "gpt3-1.3b"
@@ -48,6 +48,7 @@ def job_from_settings(settings: dict[str, Any]) -> Job:
     check_choice("recompute", given.get("recompute"), RECOMPUTES)
     check_choice("schedule", given.get("schedule"), SCHEDULES)
     check_choice("attention", given.get("attention"), ATTENTION_KERNELS)
+    check_choice("optimizer_impl", given.get("optimizer_impl"), OPTIMIZER_IMPLS)
     for key in ("num_gpus", "tp", "pp", "cp", "ep", "vpp", "micro_batch", "seq_len"):
         if key in given and not _positive_int(given[key]):
             raise ConfigError(key, given[key], "must be a positive integer")

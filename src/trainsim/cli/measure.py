@@ -50,6 +50,9 @@ def measure(
     precision: Annotated[str | None, typer.Option(help="fp32 | amp-bf16 (tf32 on GPUs); default amp-bf16")]
     = None,
     schedule: Annotated[str | None, typer.Option(help="gpipe | 1f1b | interleaved-1f1b")] = None,
+    optimizer_impl: Annotated[str | None, typer.Option(help="Adam step: fused (default; Megatron, apex, TE, torch "
+                                                       "fused=True) | foreach (torch's default on GPUs) | loop "
+                                                       "(torch's default on CPUs)")] = None,
     iterations: Annotated[int, typer.Option(help="timed iterations")] = 20,
     warmup: Annotated[int, typer.Option(help="untimed iterations first")] = 5,
     timeout_s: Annotated[float, typer.Option("--timeout-s", help="fail if a run takes longer (seconds)")] = 600.0,
@@ -74,7 +77,7 @@ def measure(
     time (median, p10, p90), peak memory per rank and throughput in OUT/RUN_ID.json."""
     flags = dict(model=model, cluster=cluster, num_gpus=num_gpus, tp=tp, pp=pp, dp=dp, vpp=vpp, sp=sp, cp=cp,
                  ep=ep, zero=zero, recompute=recompute, micro_batch=micro_batch, global_batch=global_batch,
-                 seq_len=seq_len, precision=precision, schedule=schedule)
+                 seq_len=seq_len, precision=precision, schedule=schedule, optimizer_impl=optimizer_impl)
     if suite is not None:
         given = [f"--{k.replace('_', '-')}" for k, v in flags.items() if v is not None]
         if job_file is not None or given or run_id is not None:

@@ -39,6 +39,9 @@ def predict(
                                                   "default) | flash3 (Hopper+: FlashAttention-3, cuDNN as "
                                                   "TransformerEngine / Megatron-Core pick it) | math (unfused)")
                          ] = None,
+    optimizer_impl: Annotated[str | None, typer.Option(help="Adam step: fused (default; Megatron, apex, TE, torch "
+                                                       "fused=True) | foreach (torch's default on GPUs) | loop "
+                                                       "(torch's default on CPUs)")] = None,
     engine: Annotated[str, typer.Option(help="estimator: " + ", ".join(ENGINES.names()))] = "analytical",
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     trace: Annotated[Path | None, typer.Option(help="write a Chrome/Perfetto trace (needs --engine sim)")] = None,
@@ -53,7 +56,8 @@ def predict(
     """Predict iteration time, throughput, MFU and peak memory of one training job."""
     flags = dict(model=model, cluster=cluster, num_gpus=num_gpus, tp=tp, pp=pp, dp=dp, vpp=vpp, sp=sp, cp=cp,
                  ep=ep, zero=zero, recompute=recompute, micro_batch=micro_batch, global_batch=global_batch,
-                 seq_len=seq_len, precision=precision, schedule=schedule, attention=attention)
+                 seq_len=seq_len, precision=precision, schedule=schedule, attention=attention,
+                 optimizer_impl=optimizer_impl)
     settings = read_job_file(job_file)
     settings.update({key: value for key, value in flags.items() if value is not None})
     if (trace or explain or tree) and engine != "sim":

@@ -22,7 +22,13 @@ from trainsim.hardware.cluster import ClusterSpec
 from trainsim.ir.model_spec import ModelSpec
 from trainsim.search.planner import Planner, RankedPlan, SearchReport
 from trainsim.search.space import SearchSpace
-from trainsim.strategy.parallel import ATTENTION_KERNELS, AttentionKernel, ParallelSpec
+from trainsim.strategy.parallel import (
+    ATTENTION_KERNELS,
+    OPTIMIZER_IMPLS,
+    AttentionKernel,
+    OptimizerImpl,
+    ParallelSpec,
+)
 from trainsim.strategy.precision import PRECISIONS, Precision
 from trainsim.units import format_duration
 
@@ -42,7 +48,7 @@ def _check_positive(name: str, value: int | None) -> None:
 
 
 def _parse(model: str, cluster: str, num_gpus: int | None, global_batch: int | None, seq_len: int | None,
-           precision: str | None, attention: str | None, max_micro_batch: int,
+           precision: str | None, attention: str | None, optimizer_impl: str | None, max_micro_batch: int,
            top_k: int) -> tuple[ModelSpec, ClusterSpec, SearchSpace]:
     if global_batch is None:
         raise ConfigError("global_batch", None, "pass --global-batch N (sequences per optimizer step)")
@@ -51,8 +57,10 @@ def _parse(model: str, cluster: str, num_gpus: int | None, global_batch: int | N
         _check_positive(name, value)
     if precision is not None and precision not in PRECISIONS:
         raise ConfigError("precision", precision, "choose one of: " + ", ".join(PRECISIONS))
-    if attention is not None and attention not in ATTENTION_KERNELS:
-        raise ConfigError("attention", attention, "choose one of: " + ", ".join(ATTENTION_KERNELS))
+    for name, value, choices in (("attention", attention, ATTENTION_KERNELS),
+                                 ("optimizer_impl", optimizer_impl, OPTIMIZER_IMPLS)):
+        if value is not None and value not in choices:
+            raise ConfigError(name, value, "choose one of: " + ", ".join(choices))
     model_spec = load_model(model)
     cluster_spec = load_cluster(cluster)
     if num_gpus is not None:
@@ -60,8 +68,9 @@ def _parse(model: str, cluster: str, num_gpus: int | None, global_batch: int | N
     defaults = ParallelSpec()
     prec = cast(Precision, precision) if precision is not None else defaults.precision
     kernel = cast(AttentionKernel, attention) if attention is not None else defaults.attention
+    impl = cast(OptimizerImpl, optimizer_impl) if optimizer_impl is not None else defaults.optimizer_impl
     space = SearchSpace(global_batch=global_batch, seq_len=seq_len or defaults.seq_len, precision=prec,
-                        attention=kernel, max_micro_batch=max_micro_batch)
+                        attention=kernel, optimizer_impl=impl, max_micro_batch=max_micro_batch)
     return model_spec, cluster_spec, space
 
 
@@ -139,12 +148,14 @@ def search(
                                                         "(default bf16)")] = None,
     attention: Annotated[str | None, typer.Option(help="attention kernel: flash2 (default) | flash3 | math "
                                                   "(see trainsim predict --help)")] = None,
+    optimizer_impl: Annotated[str | None, typer.Option(help="Adam step: fused (default) | foreach | loop (see "
+                                                       "trainsim predict --help)")] = None,
     top_k: Annotated[int, typer.Option(help="how many of the best plans to show")] = 10,
     max_micro_batch: Annotated[int, typer.Option(help="largest micro-batch tried")] = 16,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object, no progress bar")] = False,
 ) -> None:
     model_spec, cluster_spec, space = _parse(model, cluster, num_gpus, global_batch, seq_len, precision,
-                                             attention, max_micro_batch, top_k)
+                                             attention, optimizer_impl, max_micro_batch, top_k)
     show_progress = not as_json and sys.stderr.isatty()
     report = _run(model_spec, cluster_spec, space, top_k, show_progress)
     if as_json:

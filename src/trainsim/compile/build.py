@@ -32,6 +32,7 @@ from trainsim.compile.schedule_pipeline import StepRecord, chunk_layers, insert_
 from trainsim.compile.schedules import Step, splits_backward
 from trainsim.errors import ConfigError
 from trainsim.estimate.analytical import AnalyticalEstimator
+from trainsim.estimate.memory import optimizer_step_bytes
 from trainsim.estimate.stages import StagePart
 from trainsim.job import Job
 
@@ -181,8 +182,10 @@ def _emit_step_end(ctx: BuildContext, tails: list[_StageTail]) -> None:
                           deps=deps, sync_key="optimizer-barrier" if multi else "", phase="comm")
         parts = [StagePart(a.layer, 1.0) for a in plan.layers if a.stage == stage]
         seconds = ctx.est.optimizer_step_s([parts], job) if parts else 0.0  # the shared formula
+        temporary = optimizer_step_bytes(parts, job.parallel)
         optimizer = ctx.add(name="optimizer step", device=stage, stream="compute", kind="compute", duration_s=seconds,
-                            deps=(barrier.tid,), phase="optimizer", category="optimizer")
+                            deps=(barrier.tid,), phase="optimizer", category="optimizer", alloc_bytes=temporary,
+                            free_bytes=temporary)
         overhead = ctx.est.iteration_overhead_s(job)
         if overhead > 0.0:
             ctx.add(name="iteration overhead", device=stage, stream="compute", kind="compute", duration_s=overhead,

@@ -35,13 +35,31 @@ def model_state_bytes(params: float, par: ParallelSpec) -> dict[str, float]:
     }
 
 
+def optimizer_step_bytes(stage: list[StagePart], par: ParallelSpec) -> float:
+    """fp32 temporaries of the Adam step on one device (strategy.parallel.OptimizerImpl): none when fused; as
+    large as the local optimizer shard under foreach (torch's _foreach_sqrt of the second moments); one tensor
+    at a time under loop, bounded here by the largest layer."""
+    if par.optimizer_impl == "fused" or not stage:
+        return 0.0
+    shards = par.dp * par.cp if par.zero >= 1 else 1
+    if par.optimizer_impl == "foreach":
+        return 4.0 * sum(part.count * part.layer.param_count for part in stage) / shards
+    return 4.0 * max(part.layer.param_count for part in stage) / shards
+
+
 def stage_memory(stage: list[StagePart], index: int, par: ParallelSpec, device: DeviceSpec) -> dict[str, float]:
+    """What one stage's device holds at its peak: during forward and backward (activations and working
+    buffers), or during the optimizer step (its temporaries, after the activations are freed)."""
     params = sum(part.count * part.layer.param_count for part in stage)
     parts = model_state_bytes(params, par)
     per_micro_batch = sum(part.count * part.layer.saved_bytes[par.recompute] for part in stage)
     in_flight = in_flight_micro_batches(par.schedule, index, par.pp, par.vpp, par.num_micro_batches)
-    parts["activations"] = per_micro_batch * in_flight
-    parts["temporary"] = _working_bytes(stage, par)
+    activations, working = per_micro_batch * in_flight, _working_bytes(stage, par)
+    step = optimizer_step_bytes(stage, par)
+    if step > activations + working:
+        parts.update(activations=0.0, temporary=0.0, optimizer_step=step)
+    else:
+        parts.update(activations=activations, temporary=working, optimizer_step=0.0)
     parts["runtime_reserved"] = device.runtime_reserved_bytes
     return parts
 

@@ -150,12 +150,15 @@ def all_reduce_grads(params: list[nn.Parameter], group: dist.ProcessGroup, size:
 
 
 def make_optimizer(params: list[nn.Parameter], job: Job, topo: Topology) -> torch.optim.Optimizer:
+    """AdamW run the way the job's optimizer_impl says (fused, foreach or one tensor at a time)."""
+    impl = job.parallel.optimizer_impl
+    options = {"lr": LEARNING_RATE, "fused": impl == "fused", "foreach": impl == "foreach"}
     if job.parallel.zero == 1 and job.parallel.dp > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW,  # type: ignore[return-value]
-                                       process_group=topo.group("dp"), lr=LEARNING_RATE)
-    return torch.optim.AdamW(params, lr=LEARNING_RATE)
+                                       process_group=topo.group("dp"), **options)
+    return torch.optim.AdamW(params, **options)
 
 
 # --- the training step ---

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from trainsim.errors import ConfigError
 from trainsim.hardware.cluster import ClusterSpec
 from trainsim.ir.model_spec import ModelSpec, TransformerSpec
-from trainsim.strategy.parallel import RECOMPUTES, AttentionKernel, ParallelSpec, Recompute
+from trainsim.strategy.parallel import RECOMPUTES, AttentionKernel, OptimizerImpl, ParallelSpec, Recompute
 from trainsim.strategy.precision import Precision
 
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
@@ -32,6 +32,7 @@ class SearchSpace:
     seq_len: int = 2048
     precision: Precision = "bf16"
     attention: AttentionKernel = "flash2"
+    optimizer_impl: OptimizerImpl = "fused"
     max_micro_batch: int = 16
     max_vpp: int = 8
     recomputes: tuple[Recompute, ...] = RECOMPUTES
@@ -101,5 +102,5 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace) 
                                     tp=tp, pp=pp, vpp=vpp, sp=sp, zero=zero, recompute=recompute,
                                     micro_batch=mb, global_batch=space.global_batch, seq_len=space.seq_len,
                                     precision=space.precision, schedule=schedule,
-                                    attention=space.attention,
+                                    attention=space.attention, optimizer_impl=space.optimizer_impl,
                                 )

@@ -16,6 +16,13 @@ Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"]
 # softmax over the whole score matrix).
 AttentionKernel = Literal["flash2", "flash3", "math"]
 ATTENTION_KERNELS: tuple[AttentionKernel, ...] = ("flash2", "flash3", "math")
+# How the Adam(W) step runs, which decides the memory it needs on top of the model states. fused: one kernel
+# per group of tensors, no temporaries (Megatron-Core / apex / TransformerEngine FusedAdam, torch fused=True).
+# foreach: torch.optim's default on GPUs; its multi-tensor ops materialise an fp32 temporary as large as all the
+# (local shard of the) parameters. loop: torch.optim's default on CPUs, one tensor at a time; its temporary is
+# as large as one parameter tensor.
+OptimizerImpl = Literal["fused", "foreach", "loop"]
+OPTIMIZER_IMPLS: tuple[OptimizerImpl, ...] = ("fused", "foreach", "loop")
 RECOMPUTES: tuple[Recompute, ...] = ("none", "selective", "full")
 SCHEDULES: tuple[Schedule, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
 
@@ -42,6 +49,7 @@ class ParallelSpec(Spec):
     precision: Precision = "bf16"
     schedule: Schedule = "1f1b"
     attention: AttentionKernel = "flash2"
+    optimizer_impl: OptimizerImpl = "fused"
 
     @model_validator(mode="after")
     def _check(self) -> "ParallelSpec":
@@ -78,4 +86,6 @@ class ParallelSpec(Spec):
                   f"gb={self.global_batch}", self.schedule, self.precision]
         if self.attention != "flash2":
             parts.append(f"attention={self.attention}")
+        if self.optimizer_impl != "fused":
+            parts.append(f"optimizer={self.optimizer_impl}")
         return " ".join(parts)

@@ -48,6 +48,9 @@ def measured_job(run: MeasuredRun) -> Job:
     processes of one host share the intra-node link, as the gloo microbenchmarks of `trainsim profile`), with
     the catalog's current model of its device where the catalog has it (the file keeps the one of its day)."""
     job = job_from_dict(run.job, f"{run.run_id}.job")
+    if "optimizer_impl" not in run.job.get("parallel", {}):  # written before measure ran the job's own
+        impl = "foreach" if run.settings.get("device") == "cuda" else "loop"  # torch.optim's defaults
+        job = replace(job, parallel=job.parallel.model_copy(update={"optimizer_impl": impl}))
     cluster = job.cluster
     with contextlib.suppress(UnknownNameError):
         cluster = cluster.model_copy(update={"device": load_device(cluster.device.name)})

@@ -121,6 +121,7 @@ def parallel_from_row(fields: dict[str, str]) -> dict[str, Any]:
         "schedule": fields.get("schedule") or ("interleaved-1f1b" if vpp > 1 else "1f1b"),
         "attention": fields.get("attention") or stacks.get(source_group(fields.get("source", "")),
                                                            base["attention"]),
+        "optimizer_impl": fields.get("optimizer_impl") or base["optimizer_impl"],
     }
 
 

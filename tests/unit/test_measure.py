@@ -288,3 +288,12 @@ def test_measure_runs_the_adam_step_the_job_names(impl: str) -> None:
     job = tiny_job(1, optimizer_impl=impl)
     optimizer = make_optimizer([torch.nn.Parameter(torch.zeros(4))], job, None)  # type: ignore[arg-type]
     assert (optimizer.defaults["fused"], optimizer.defaults["foreach"]) == (impl == "fused", impl == "foreach")
+
+
+def test_measure_defaults_to_torchs_own_adam_step_and_records_it() -> None:
+    from trainsim.cli.measure import job_from_flags
+    from trainsim.measure.suite import LOCAL_SUITE
+
+    assert job_from_flags(None, {"dp": 2}).parallel.optimizer_impl == "loop"  # a CPU here
+    assert job_from_flags(None, {"dp": 2, "optimizer_impl": "fused"}).parallel.optimizer_impl == "fused"
+    assert {job.job().parallel.optimizer_impl for job in LOCAL_SUITE} == {"loop"}

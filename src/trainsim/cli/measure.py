@@ -94,7 +94,8 @@ def measure(
 
 def job_from_flags(job_file: Path | None, flags: dict[str, Any]) -> Job:
     """Like predict's, with defaults for a local run: the local-cpu cluster when there is no GPU, as many
-    ranks as tp x pp x dp x cp, and amp-bf16 (torch.autocast) as the bf16 precision; every rank on one node."""
+    ranks as tp x pp x dp x cp, amp-bf16 (torch.autocast) as the bf16 precision and torch.optim's default Adam
+    step for the device; every rank on one node."""
     settings = read_job_file(job_file)
     settings.update({key: value for key, value in flags.items() if value is not None})
     if "cluster" not in settings and not _has_cuda():
@@ -107,6 +108,10 @@ def job_from_flags(job_file: Path | None, flags: dict[str, Any]) -> Job:
         settings["num_gpus"] = degree
     settings.setdefault("precision", DEFAULT_PRECISION)
     job = job_from_settings(settings)
+    if "optimizer_impl" not in settings:  # torch's own default, recorded in the job
+        from trainsim.measure.launch import torch_default_optimizer
+
+        job = replace(job, parallel=job.parallel.model_copy(update={"optimizer_impl": torch_default_optimizer(job)}))
     return replace(job, cluster=job.cluster.on_one_node())  # the launcher starts every rank on this host
 
 

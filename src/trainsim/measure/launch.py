@@ -27,6 +27,7 @@ from trainsim.errors import ConfigError, TrainsimError
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job
 from trainsim.measure.results import job_to_dict, result_path
+from trainsim.strategy.parallel import OptimizerImpl
 
 Device = Literal["cpu", "cuda"]
 FAULT_ENV = "TRAINSIM_MEASURE_FAULT"  # test only: "crash:RANK" or "hang:RANK" (see worker.inject_fault)
@@ -87,6 +88,11 @@ def default_run_id(job: Job) -> str:
         parts.append(p.schedule)
     parts.append(p.precision)
     return re.sub(r"[^A-Za-z0-9._-]", "-", "_".join(parts))
+
+
+def torch_default_optimizer(job: Job) -> OptimizerImpl:
+    """How torch.optim.AdamW runs when not told: foreach on CUDA tensors, one tensor at a time on a CPU."""
+    return "loop" if job.cluster.device.name.startswith("cpu") else "foreach"
 
 
 def pick_device(job: Job) -> Device:

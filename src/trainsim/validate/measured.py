@@ -48,9 +48,7 @@ def measured_job(run: MeasuredRun) -> Job:
     processes of one host share the intra-node link, as the gloo microbenchmarks of `trainsim profile`), with
     the catalog's current model of its device where the catalog has it (the file keeps the one of its day)."""
     job = job_from_dict(run.job, f"{run.run_id}.job")
-    if "optimizer_impl" not in run.job.get("parallel", {}):  # written before measure ran the job's own
-        impl = "foreach" if run.settings.get("device") == "cuda" else "loop"  # torch.optim's defaults
-        job = replace(job, parallel=job.parallel.model_copy(update={"optimizer_impl": impl}))
+    job = replace(job, parallel=job.parallel.model_copy(update={"optimizer_impl": optimizer_impl_of(run)}))
     cluster = job.cluster
     with contextlib.suppress(UnknownNameError):
         cluster = cluster.model_copy(update={"device": load_device(cluster.device.name)})
@@ -58,6 +56,13 @@ def measured_job(run: MeasuredRun) -> Job:
     if job.num_gpus % nodes == 0:
         cluster = cluster.model_copy(update={"gpus_per_node": job.num_gpus // nodes, "num_nodes": nodes})
     return replace(job, cluster=cluster)
+
+
+def optimizer_impl_of(run: MeasuredRun) -> str:
+    """The Adam step the run took: its job's, or for files written before measure recorded it, torch.optim's
+    default on the run's device (foreach on CUDA, one tensor at a time on a CPU)."""
+    stated = run.job.get("parallel", {}).get("optimizer_impl")
+    return str(stated) if stated else ("foreach" if run.settings.get("device") == "cuda" else "loop")
 
 
 def run_fields(run: MeasuredRun) -> dict[str, str]:
@@ -77,7 +82,8 @@ def run_fields(run: MeasuredRun) -> dict[str, str]:
         "gpus_per_node": world // nodes,
         **{axis: par[axis] for axis in ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "global_batch",
                                         "zero", "recompute", "precision")},
-        "sp": int(bool(par["sp"])), "schedule": par["schedule"], "notes": "; ".join(layout_notes(model, par)),
+        "sp": int(bool(par["sp"])), "schedule": par["schedule"], "attention": par.get("attention", "flash2"),
+        "optimizer_impl": optimizer_impl_of(run), "notes": "; ".join(layout_notes(model, par)),
     }
     return {key: str(value) for key, value in fields.items()}
 

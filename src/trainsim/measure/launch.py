@@ -90,9 +90,9 @@ def default_run_id(job: Job) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "-", "_".join(parts))
 
 
-def torch_default_optimizer(job: Job) -> OptimizerImpl:
+def torch_default_optimizer(device: str) -> OptimizerImpl:
     """How torch.optim.AdamW runs when not told: foreach on CUDA tensors, one tensor at a time on a CPU."""
-    return "loop" if job.cluster.device.name.startswith("cpu") else "foreach"
+    return "foreach" if device == "cuda" else "loop"
 
 
 def pick_device(job: Job) -> Device:

@@ -19,6 +19,7 @@ from typing import Any
 from trainsim.catalog.loader import load_device
 from trainsim.errors import InputFileError, UnknownNameError
 from trainsim.job import Job
+from trainsim.measure.launch import torch_default_optimizer
 from trainsim.measure.results import MeasuredRun, job_from_dict, load_runs
 from trainsim.validate.runs import RunRow, row_defaults
 
@@ -62,7 +63,7 @@ def optimizer_impl_of(run: MeasuredRun) -> str:
     """The Adam step the run took: its job's, or for files written before measure recorded it, torch.optim's
     default on the run's device (foreach on CUDA, one tensor at a time on a CPU)."""
     stated = run.job.get("parallel", {}).get("optimizer_impl")
-    return str(stated) if stated else ("foreach" if run.settings.get("device") == "cuda" else "loop")
+    return str(stated) if stated else torch_default_optimizer(str(run.settings.get("device")))
 
 
 def run_fields(run: MeasuredRun) -> dict[str, str]:

@@ -163,12 +163,22 @@ def test_cli_table() -> None:
 
 
 @pytest.mark.parametrize("extra", [["--top-k", "0"], ["--precision", "fp7"], ["--max-micro-batch", "-1"],
-                                   ["--model", "no-such-model"], ["--num-gpus", "12"]])
+                                   ["--model", "no-such-model"], ["--num-gpus", "12"], ["--attention", "flash4"],
+                                   ["--optimizer-impl", "sgd"]])
 def test_cli_bad_input_exits_2_with_one_line(extra: list[str]) -> None:
     result = CliRunner().invoke(app, [*CLI_ARGS, *extra])
     assert result.exit_code == 2
     assert result.stderr.startswith("error: ")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_cli_plans_carry_the_stack_inputs() -> None:
+    args = [*CLI_ARGS, "--top-k", "2", "--json", "--attention", "math", "--optimizer-impl", "foreach"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    plans = json.loads(result.stdout)["plans"]
+    assert plans and all(p["strategy"]["attention"] == "math" for p in plans)
+    assert all(p["strategy"]["optimizer_impl"] == "foreach" for p in plans)
 
 
 def test_cli_global_batch_is_required() -> None:

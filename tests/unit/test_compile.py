@@ -174,7 +174,9 @@ def test_one_simulated_device_per_stage_and_tasks_per_layer_phase() -> None:
     parts = [t for t in graph.tasks if t.category == "compute" and " part" in t.name]
     assert [(t.device, t.name.split(" part")[1]) for t in parts] == [(0, "1"), (0, "2"), (1, "1"), (1, "2")]
     tp = [t for t in graph.tasks if t.category == "tp_comm"]
-    assert {t.stream for t in tp} == {"feature"} and len(tp) == 2 * 4 * 4  # blocks x micro-batches x (fwd, bwd)
+    # per micro-batch: 4 blocks x (fwd, bwd), the embedding's forward all-reduce, the head's cross-entropy
+    # all-reduces forward and its input-gradient all-reduce backward
+    assert {t.stream for t in tp} == {"feature"} and len(tp) == (4 * 2 + 1 + 2) * 4
     assert graph.devices[0].static_breakdown.keys() == {"weights", "gradients", "optimizer", "runtime_reserved"}
 
 
@@ -244,3 +246,30 @@ def test_bad_task_level_and_mismatched_plan_are_config_errors() -> None:
     plan = default_plan(est.graph(_job(2, global_batch=4)), _job(2, global_batch=4).parallel)
     with pytest.raises(ConfigError, match="num_stages"):
         compile_job(job, plan, est)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_vocab_parallel_embedding_and_cross_entropy_collectives(sp: bool) -> None:
+    """Megatron-LM under tensor parallelism: the embedding sums its vocabulary shards (all-reduce, or
+    reduce-scatter with sp and an all-gather of the gradient), the head gathers its input (with sp; without,
+    the input gradient is all-reduced) and the cross-entropy all-reduces max, target logit and sum of
+    exponentials: 4 fp32 bytes per token each."""
+    from trainsim.frontends.shape import DeviceSlice
+    from trainsim.frontends.transformer import build_transformer
+    from trainsim.ir.model_spec import TransformerSpec
+    from trainsim.strategy.precision import policy_for
+
+    spec = load_model("gpt3-1.3b")
+    assert isinstance(spec, TransformerSpec)
+    graph = build_transformer(spec, DeviceSlice(2, 2048, policy_for("bf16"), tp=2, sp=sp))
+    embedding, head = graph.layers[0], graph.layers[-1]
+    hidden = 2 * 2048 * spec.hidden * 2  # tokens x h x bf16
+    described = {layer.kind: [(c.collective, c.phase, c.buffer_bytes) for c in layer.comms]
+                 for layer in (embedding, head)}
+    loss = [("all-reduce", "fwd", 2 * 2048 * 4.0)] * 3
+    if sp:
+        assert described["embedding"] == [("reduce-scatter", "fwd", hidden), ("all-gather", "bwd", hidden)]
+        assert described["head"] == [("all-gather", "fwd", hidden), ("reduce-scatter", "bwd", hidden), *loss]
+    else:
+        assert described["embedding"] == [("all-reduce", "fwd", hidden)]
+        assert described["head"] == [("all-reduce", "bwd", hidden), *loss]

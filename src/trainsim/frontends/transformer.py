@@ -182,8 +182,39 @@ def _embedding(spec: TransformerSpec, dev: DeviceSlice) -> Layer:
         params += 2 * h + 2 * h
     fwd_ops, bwd_ops = _with_backward(fwd)
     out = _replicated_tokens(dev) * h * _act_bytes(dev)
-    return Layer("embedding", "embedding", 1, fwd_ops, bwd_ops, (), params / dev.tp, params,
-                 {"none": out, "selective": out, "full": out}, out)
+    return Layer("embedding", "embedding", 1, fwd_ops, bwd_ops, _embedding_comms(spec, dev), params / dev.tp,
+                 params, {"none": out, "selective": out, "full": out}, out)
+
+
+def _embedding_comms(spec: TransformerSpec, dev: DeviceSlice) -> tuple[Comm, ...]:
+    """A vocab-parallel lookup (Megatron's VocabParallelEmbedding) leaves each rank the rows of its part of the
+    vocabulary: the partial outputs are summed, all-reduce forward (its backward needs nothing), or with sp a
+    reduce-scatter forward and an all-gather of the gradient backward."""
+    if dev.tp == 1:
+        return ()
+    full = dev.local_tokens * spec.hidden * _act_bytes(dev)
+    if dev.sp:
+        return (Comm("embed.rs", "reduce-scatter", "tp", "fwd", full),
+                Comm("embed.ag", "all-gather", "tp", "bwd", full))
+    return (Comm("embed.ar", "all-reduce", "tp", "fwd", full),)
+
+
+def _head_comms(spec: TransformerSpec, dev: DeviceSlice) -> tuple[Comm, ...]:
+    """The vocab-parallel projection needs the whole hidden state on every rank: with sp an all-gather forward
+    and a reduce-scatter of its gradient backward, without it an all-reduce of the gradient backward
+    (Megatron's copy_to_tensor_model_parallel_region). The vocab-parallel cross-entropy then all-reduces three
+    fp32 values per token forward: the max logit, the target's logit and the sum of exponentials."""
+    if dev.tp == 1:
+        return ()
+    tokens = dev.local_tokens
+    hidden = tokens * spec.hidden * _act_bytes(dev)
+    if dev.sp:
+        comms = [Comm("logits.ag", "all-gather", "tp", "fwd", hidden),
+                 Comm("logits.rs", "reduce-scatter", "tp", "bwd", hidden)]
+    else:
+        comms = [Comm("logits.ar", "all-reduce", "tp", "bwd", hidden)]
+    return (*comms, *(Comm(f"loss.{name}", "all-reduce", "tp", "fwd", tokens * 4.0)
+                      for name in ("max", "target", "sum_exp")))
 
 
 def _head(spec: TransformerSpec, dev: DeviceSlice) -> Layer:
@@ -205,6 +236,5 @@ def _head(spec: TransformerSpec, dev: DeviceSlice) -> Layer:
     norm_params = h * (2 if spec.norm == "layernorm" else 1) + extra_params
     proj_params = 0 if spec.tied_embeddings else spec.vocab * h
     saved = _replicated_tokens(dev) * h * _act_bytes(dev) + tokens * v * 4.0  # norm input, fp32 softmax
-    comms = [Comm("logits.ag", "all-gather", "tp", "fwd", tokens * h * _act_bytes(dev))] if dev.sp else []
-    return Layer("head", "head", 1, fwd_ops, bwd_ops, tuple(comms), norm_params + proj_params / dev.tp,
+    return Layer("head", "head", 1, fwd_ops, bwd_ops, _head_comms(spec, dev), norm_params + proj_params / dev.tp,
                  norm_params + proj_params, {"none": saved, "selective": saved, "full": saved}, 0.0)

@@ -273,3 +273,16 @@ def test_vocab_parallel_embedding_and_cross_entropy_collectives(sp: bool) -> Non
     else:
         assert described["embedding"] == [("all-reduce", "fwd", hidden)]
         assert described["head"] == [("all-reduce", "bwd", hidden), *loss]
+
+
+def test_ranks_sharing_cores_wait_for_them_except_in_bubbles() -> None:
+    """4 ranks on 2 cores (share 1/2): a step of 5 s with a 1 s bubble keeps a core busy for 4 s, so it lasts at
+    least 4 / (1/2) = 8 s: 3 s of core sharing. A whole core per rank changes nothing."""
+    from trainsim.estimate.analytical import with_shared_cores
+
+    breakdown = {"compute": 3.0, "pp_comm": 1.0, "bubble": 1.0}
+    assert with_shared_cores(breakdown, 1.0) == breakdown
+    shared = with_shared_cores(breakdown, 0.5)
+    assert shared["core_sharing"] == pytest.approx(3.0, rel=1e-12)
+    assert sum(shared.values()) == pytest.approx(8.0, rel=1e-12)
+    assert with_shared_cores({"compute": 1.0, "bubble": 9.0}, 0.5)["core_sharing"] == 0.0

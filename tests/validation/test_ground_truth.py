@@ -1,8 +1,8 @@
 """The engines against real runs measured with `trainsim measure` (data/ground-truth, README "Real runs"):
 the local suite on the 2-core development machine (3 repeats, quiet machine, with its own op profile) and
 single-GPU training steps on an H200 (with theirs). Bounds are the measured figures rounded up, so a change
-that makes any engine worse fails here; issue 5's target (15% with profiled costs on the local suite) is not
-met yet: see the README for where it falls short and why."""
+that makes any engine worse fails here. Issue 5's target (15% with profiled costs on the local suite) is met
+since ranks sharing cores are modeled; the README says where single jobs still fall short and why."""
 
 from pathlib import Path
 
@@ -14,8 +14,9 @@ from trainsim.validate.measured import read_measured
 DATA = Path(__file__).resolve().parents[2] / "data" / "ground-truth"
 # (folder, engine label, metric) -> bound on the MAPE in percent
 BOUNDS = {
-    ("local-2core", "analytical+profiled", "iteration_time_s"): 17.0,
-    ("local-2core", "sim+profiled", "iteration_time_s"): 17.0,
+    # issue 5's target (15%), met since ranks sharing cores are modeled (14.3% / 14.4%; 16.2% / 16.3% before)
+    ("local-2core", "analytical+profiled", "iteration_time_s"): 15.0,
+    ("local-2core", "sim+profiled", "iteration_time_s"): 15.0,
     # the roofline fitted on GPU runs, applied to a CPU: 35.1% before the flash3 refit, 36.2% after
     ("local-2core", "analytical", "iteration_time_s"): 37.0,
     ("h200", "analytical", "iteration_time_s"): 9.5,
@@ -63,3 +64,12 @@ def test_measured_jobs_name_the_adam_step_they_ran() -> None:
     for folder, impl in (("h200", "foreach"), ("local-2core", "loop")):
         jobs = [row.job for row in read_measured(DATA / folder)]
         assert jobs and all(job is not None and job.parallel.optimizer_impl == impl for job in jobs)
+
+
+def test_only_the_oversubscribed_local_run_shares_cores() -> None:
+    """The local suite's dp2-pp2 job ran 4 single-threaded ranks on the 2 usable cores; every other job had a
+    core per rank, and the GPU steps a GPU each."""
+    shares = {row.run_id.split(".")[0]: row.job.cluster.device.compute_share
+              for row in read_measured(DATA / "local-2core") + read_measured(DATA / "h200") if row.job}
+    assert shares.pop("gpt-dp2-pp2-fp32") == 0.5
+    assert set(shares.values()) == {1.0}

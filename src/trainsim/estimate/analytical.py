@@ -242,6 +242,7 @@ def _layout_key(job: Job) -> str:
 def make_result(engine: str, job: Job, graph: OpGraph, breakdown: dict[str, float],
                 memory: MemoryEstimate) -> Result:
     par = job.parallel
+    breakdown = with_shared_cores(breakdown, job.cluster.device.compute_share)
     iteration = sum(breakdown.values())
     full_graph_flops = graph.total_flops("fwd") + graph.total_flops("bwd")
     # The graph is one device's share of one micro-batch: scale to the whole iteration.
@@ -262,3 +263,14 @@ def make_result(engine: str, job: Job, graph: OpGraph, breakdown: dict[str, floa
         peak_memory_bytes=memory.peak_bytes, memory_capacity_bytes=memory.capacity_bytes, oom=memory.oom,
         breakdown=breakdown, memory_breakdown=memory.breakdown,
     )
+
+
+def with_shared_cores(breakdown: dict[str, float], share: float) -> dict[str, float]:
+    """Ranks that outnumber a host's cores (compute_share < 1) take turns on them. A rank waiting in a pipeline
+    bubble leaves its core to the others; every other second of its step needs one. So the step lasts at least
+    (iteration - bubble) / share; the difference is the `core_sharing` entry of the breakdown."""
+    if share >= 1.0:
+        return breakdown
+    total = sum(breakdown.values())
+    waiting = (total - breakdown.get("bubble", 0.0)) / share - total
+    return {**breakdown, "core_sharing": max(0.0, waiting)}

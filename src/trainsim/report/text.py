@@ -4,7 +4,7 @@ from trainsim.estimate.result import MFU_FORMULA, Result
 from trainsim.units import format_bytes_gib, format_count, format_duration
 
 _ORDER = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble", "optimizer",
-          "overhead")
+          "overhead", "core_sharing")
 
 
 def render_result(result: Result) -> str:

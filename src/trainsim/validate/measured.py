@@ -53,10 +53,26 @@ def measured_job(run: MeasuredRun) -> Job:
     cluster = job.cluster
     with contextlib.suppress(UnknownNameError):
         cluster = cluster.model_copy(update={"device": load_device(cluster.device.name)})
+    share = compute_share_of(run)
+    if share < 1.0:
+        cluster = cluster.model_copy(update={"device": cluster.device.model_copy(update={"compute_share": share})})
     nodes = max(1, int(run.settings.get("nodes", 1)))
     if job.num_gpus % nodes == 0:
         cluster = cluster.model_copy(update={"gpus_per_node": job.num_gpus // nodes, "num_nodes": nodes})
     return replace(job, cluster=cluster)
+
+
+def compute_share_of(run: MeasuredRun) -> float:
+    """The share of a core each rank of a CPU run had: the host's usable cores / (its ranks x threads per rank),
+    at most 1. GPU runs: 1."""
+    if run.settings.get("device") != "cpu":
+        return 1.0
+    nodes = max(1, int(run.settings.get("nodes", 1)))
+    threads = max(run.settings.get("threads_per_rank") or [1])
+    cores = run.machine.get("cpus_allowed") or run.machine.get("cpu_count") or 0
+    if not cores:
+        return 1.0
+    return min(1.0, float(cores) / (run.world_size / nodes * threads))
 
 
 def optimizer_impl_of(run: MeasuredRun) -> str:

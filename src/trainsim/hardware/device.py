@@ -30,8 +30,8 @@ class DeviceSpec(Spec):
     # A job asking for a kernel the device lacks is costed as flash2.
     attention_kernels: tuple[str, ...] = ()
     # The share of this device one rank gets: 1 for a GPU; cores / (ranks x threads) when CPU ranks outnumber a
-    # host's cores (measured runs record both). Every op, the optimizer step and the host overheads take
-    # 1 / compute_share times as long; collectives are measured among the same processes and are not scaled.
+    # host's cores (measured runs record both). Every engine then holds a step to at least (iteration - bubble) /
+    # compute_share (estimate.analytical.with_shared_cores).
     compute_share: float = Field(default=1.0, gt=0, le=1.0)
     aliases: tuple[str, ...] = ()
 

@@ -63,3 +63,19 @@ def test_no_attention_kernel_beats_the_devices_best_gemm() -> None:
     op = attention_op("block.attn.core", "bf16", 32, 4096, 4096, 128, causal=True, kernel="flash3")
     peak = load_device("h100-sxm5-80gb").peak_for("bf16")
     assert _attention_seconds("h100-sxm5-80gb", "flash3", cal) == pytest.approx(op.flops / (peak * 0.8), rel=1e-9)
+
+
+def test_a_kernel_the_device_lacks_is_said_in_the_result() -> None:
+    from trainsim.catalog import load_cluster, load_model
+    from trainsim.estimate.analytical import AnalyticalEstimator
+    from trainsim.job import make_job
+    from trainsim.strategy.parallel import ParallelSpec
+
+    def notes(cluster: str) -> list[str]:
+        job = make_job(load_model("gpt3-125m"), load_cluster(cluster).with_num_gpus(8),
+                       ParallelSpec(attention="flash3", global_batch=8, seq_len=1024))
+        return AnalyticalEstimator().estimate(job).notes
+
+    assert notes("dgx-h100-80gb") == []
+    assert notes("dgx-a100-80gb") == [
+        "attention=flash3: a100-sxm4-80gb has no Hopper-native attention kernel; costed as flash2"]

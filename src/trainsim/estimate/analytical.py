@@ -261,8 +261,15 @@ def make_result(engine: str, job: Job, graph: OpGraph, breakdown: dict[str, floa
         tflops_per_gpu=achieved / 1e12, mfu=achieved / peak,
         hfu=hardware_flops / iteration / job.num_gpus / peak, peak_flops_per_gpu=peak,
         peak_memory_bytes=memory.peak_bytes, memory_capacity_bytes=memory.capacity_bytes, oom=memory.oom,
-        breakdown=breakdown, memory_breakdown=memory.breakdown,
+        breakdown=breakdown, memory_breakdown=memory.breakdown, notes=_kernel_notes(job),
     )
+
+
+def _kernel_notes(job: Job) -> list[str]:
+    device = job.cluster.device
+    if job.parallel.attention == "flash3" and "flash3" not in device.attention_kernels:
+        return [f"attention=flash3: {device.name} has no Hopper-native attention kernel; costed as flash2"]
+    return []
 
 
 def with_shared_cores(breakdown: dict[str, float], share: float) -> dict[str, float]:

@@ -109,10 +109,10 @@ def job_from_flags(job_file: Path | None, flags: dict[str, Any]) -> Job:
     settings.setdefault("precision", DEFAULT_PRECISION)
     job = job_from_settings(settings)
     if "optimizer_impl" not in settings:  # torch's own default, recorded in the job
-        from trainsim.measure.launch import torch_default_optimizer
+        from trainsim.measure.launch import device_kind, torch_default_optimizer
 
-        device = "cpu" if job.cluster.device.name.startswith("cpu") else "cuda"  # as measure.launch.pick_device
-        job = replace(job, parallel=job.parallel.model_copy(update={"optimizer_impl": torch_default_optimizer(device)}))
+        impl = torch_default_optimizer(device_kind(job))
+        job = replace(job, parallel=job.parallel.model_copy(update={"optimizer_impl": impl}))
     return replace(job, cluster=job.cluster.on_one_node())  # the launcher starts every rank on this host
 
 

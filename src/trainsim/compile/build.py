@@ -33,7 +33,6 @@ from trainsim.compile.schedules import Step, splits_backward
 from trainsim.errors import ConfigError
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.estimate.memory import optimizer_step_bytes
-from trainsim.estimate.stages import StagePart
 from trainsim.job import Job
 
 _EPS = 1e-9  # overlap fractions this close to 0 or 1 are taken as 0 or 1 (no split compute task)
@@ -174,13 +173,13 @@ def _dp_window(ctx: BuildContext, flat: list[Unit], split: bool, num_layers: int
 def _emit_step_end(ctx: BuildContext, tails: list[_StageTail]) -> None:
     """Barrier over the stages (gradient-norm all-reduce), then each stage's optimizer step and the iteration's
     fixed overhead."""
-    job, plan = ctx.job, ctx.plan
+    job = ctx.job
     multi = len(tails) > 1
     for stage, tail in enumerate(tails):
         deps = (tail.last_tid, *tail.grad_tids) if tail.last_tid >= 0 else tuple(tail.grad_tids)
         barrier = ctx.add(name="optimizer barrier", device=stage, stream="gradient", kind="comm", duration_s=0.0,
                           deps=deps, sync_key="optimizer-barrier" if multi else "", phase="comm")
-        parts = [StagePart(a.layer, 1.0) for a in plan.layers if a.stage == stage]
+        parts = ctx.stage_parts(stage)
         seconds = ctx.est.optimizer_step_s([parts], job) if parts else 0.0  # the shared formula
         temporary = optimizer_step_bytes(parts, job.parallel)
         optimizer = ctx.add(name="optimizer step", device=stage, stream="compute", kind="compute", duration_s=seconds,

@@ -125,9 +125,13 @@ class BuildContext:
         """The host-side cost of one micro-batch on `stage` (the analytical engine's, over the stage's layers)."""
         seconds = self._micro_batch_overheads.get(stage)
         if seconds is None:
-            parts = [StagePart(a.layer, 1.0) for a in self.plan.layers if a.stage == stage]
-            seconds = self._micro_batch_overheads[stage] = self.est.micro_batch_overhead_s(parts, self.job)
+            seconds = self._micro_batch_overheads[stage] = self.est.micro_batch_overhead_s(self.stage_parts(stage),
+                                                                                           self.job)
         return seconds
+
+    def stage_parts(self, stage: int) -> list[StagePart]:
+        """The layers the plan puts on `stage`, one part each, as the analytical engine's stage formulas take them."""
+        return [StagePart(a.layer, 1.0) for a in self.plan.layers if a.stage == stage]
 
     def layout(self, axis: str) -> GroupLayout:
         """Group layout of an axis; "grad" is the data-parallel gradient group (dp x cp ranks, stride tp)."""

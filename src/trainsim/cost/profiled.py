@@ -25,7 +25,7 @@ from trainsim.hardware.cluster import ClusterSpec, GroupLayout
 from trainsim.hardware.device import DeviceSpec
 from trainsim.ir.graph import Op
 from trainsim.profile.database import CollectiveRow, OpRow, ProfileDB
-from trainsim.profile.framework import framework_signature, fsdp_framework, tp_framework
+from trainsim.profile.framework import framework_signature, frameworks_for
 from trainsim.profile.ops import OPTIMIZER_SIGNATURE_KIND, overhead_signature, signature_of
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import Precision
@@ -237,8 +237,7 @@ class ProfiledStepCosts:
         per_op = self.profiled.overhead_per_op_s(device.name)
         if per_op is None:
             return self.fallback.micro_batch_overhead_s(num_ops, num_layers, par, device)
-        frameworks = ([tp_framework(par.sp)] if par.tp > 1 else []) + \
-            ([fsdp_framework(par.zero)] if par.zero >= 2 and par.dp * par.cp > 1 else [])
+        frameworks = frameworks_for(par.tp, par.sp, par.zero if par.dp * par.cp > 1 else 0)
         per_layer = sum(self.profiled.framework_overhead_per_layer_s(device.name, framework, par.precision) or 0.0
                         for framework in frameworks)
         return per_op * num_ops + per_layer * num_layers

@@ -14,7 +14,7 @@ from trainsim.comm.collectives import AlphaBetaComm, CommCostModel
 from trainsim.cost.calibration import Calibration, load_calibration
 from trainsim.cost.compute import OpCostModel, RooflineCosts
 from trainsim.cost.step import FittedStepCosts, StepCosts
-from trainsim.estimate.memory import MemoryEstimate, estimate_memory
+from trainsim.estimate.memory import MemoryEstimate, estimate_memory, optimizer_shards
 from trainsim.estimate.result import Result
 from trainsim.estimate.stages import StagePart, partition_stages
 from trainsim.frontends.catalog import build_graph
@@ -229,9 +229,7 @@ class AnalyticalEstimator:
         """The optimizer step of the stage with the most parameters, over the parameters one GPU owns."""
         par = job.parallel
         params = max(sum(part.count * part.layer.param_count for part in stage) for stage in stages)
-        if par.zero >= 1:
-            params /= par.dp * par.cp
-        return self.step_costs.optimizer_step_s(params, par.precision, job.cluster.device)
+        return self.step_costs.optimizer_step_s(params / optimizer_shards(par), par.precision, job.cluster.device)
 
 
 def _layout_key(job: Job) -> str:

@@ -20,6 +20,11 @@ class MemoryEstimate:
         return self.peak_bytes > self.capacity_bytes
 
 
+def optimizer_shards(par: ParallelSpec) -> int:
+    """How many ranks share one optimizer state: dp x cp from ZeRO-1 on (Megatron-LM's distributed optimizer)."""
+    return par.dp * par.cp if par.zero >= 1 else 1
+
+
 def model_state_bytes(params: float, par: ParallelSpec) -> dict[str, float]:
     """Weights, gradients and optimizer states (Adam: fp32 master + two moments) of `params` parameters.
 
@@ -31,7 +36,7 @@ def model_state_bytes(params: float, par: ParallelSpec) -> dict[str, float]:
     return {
         "weights": params * policy.weight_bytes / (shards if par.zero >= 3 else 1),
         "gradients": params * policy.grad_bytes / (shards if par.zero >= 2 else 1),
-        "optimizer": params * (policy.master_bytes + policy.optimizer_state_bytes) / (shards if par.zero >= 1 else 1),
+        "optimizer": params * (policy.master_bytes + policy.optimizer_state_bytes) / optimizer_shards(par),
     }
 
 
@@ -41,10 +46,9 @@ def optimizer_step_bytes(stage: list[StagePart], par: ParallelSpec) -> float:
     at a time under loop, bounded here by the largest layer."""
     if par.optimizer_impl == "fused" or not stage:
         return 0.0
-    shards = par.dp * par.cp if par.zero >= 1 else 1
     if par.optimizer_impl == "foreach":
-        return 4.0 * sum(part.count * part.layer.param_count for part in stage) / shards
-    return 4.0 * max(part.layer.param_count for part in stage) / shards
+        return 4.0 * sum(part.count * part.layer.param_count for part in stage) / optimizer_shards(par)
+    return 4.0 * max(part.layer.param_count for part in stage) / optimizer_shards(par)
 
 
 def stage_memory(stage: list[StagePart], index: int, par: ParallelSpec, device: DeviceSpec) -> dict[str, float]:

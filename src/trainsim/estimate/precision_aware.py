@@ -25,7 +25,7 @@ from trainsim.cost.compute import OpCostModel, RooflineCosts
 from trainsim.cost.profiled import ProfiledCosts, ProfiledStepCosts
 from trainsim.cost.step import FittedStepCosts, StepCosts
 from trainsim.estimate.analytical import axis_layout, make_result
-from trainsim.estimate.memory import estimate_memory
+from trainsim.estimate.memory import estimate_memory, optimizer_shards
 from trainsim.estimate.result import Result
 from trainsim.estimate.stages import StagePart, partition_stages
 from trainsim.frontends.shape import DeviceSlice
@@ -163,9 +163,7 @@ class PrecisionAwareEstimator:
         step (cost/step.py)."""
         par = job.parallel
         params = sum(part.count * part.layer.param_count for part in parts)
-        if par.zero >= 1:
-            params /= par.dp * par.cp
-        return self.step_costs.optimizer_step_s(params, par.precision, job.cluster.device)
+        return self.step_costs.optimizer_step_s(params / optimizer_shards(par), par.precision, job.cluster.device)
 
     def _notes(self, job: Job) -> list[str]:
         par = job.parallel

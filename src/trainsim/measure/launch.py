@@ -95,10 +95,15 @@ def torch_default_optimizer(device: str) -> OptimizerImpl:
     return "foreach" if device == "cuda" else "loop"
 
 
+def device_kind(job: Job) -> Device:
+    """Where a job runs: the CPU for a CPU cluster (local-cpu), CUDA otherwise."""
+    return "cpu" if job.cluster.device.name.startswith("cpu") else "cuda"
+
+
 def pick_device(job: Job) -> Device:
     """The CPU for a CPU cluster (local-cpu); CUDA for a GPU cluster, which needs that many GPUs here (a GPU
     job is never quietly run on the CPU: its result would be compared with GPU predictions)."""
-    if job.cluster.device.name.startswith("cpu"):
+    if device_kind(job) == "cpu":
         return "cpu"
     try:
         import torch

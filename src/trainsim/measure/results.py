@@ -102,6 +102,11 @@ class MeasuredRun:
         return len(self.peak_memory_bytes)
 
     @property
+    def nodes(self) -> int:
+        """Hosts the ranks ran on."""
+        return max(1, int(self.settings.get("nodes", 1)))
+
+    @property
     def max_peak_memory_bytes(self) -> int:
         return max(self.peak_memory_bytes)
 

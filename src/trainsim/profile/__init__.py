@@ -62,10 +62,9 @@ def profile_job(db: ProfileDB, env: Environment, model: ModelSpec, shape: JobSha
                             optimizer=optimizer, progress=progress, plan=plan)
     if not isinstance(model, TransformerSpec):
         return summary
-    from trainsim.profile.framework import framework_signature, fsdp_framework, measure_framework_overhead, tp_framework
+    from trainsim.profile.framework import framework_signature, frameworks_for, measure_framework_overhead
 
-    frameworks = ([tp_framework(shape.sp)] if shape.tp > 1 else []) + \
-        ([fsdp_framework(shape.zero)] if shape.zero >= 2 else [])
+    frameworks = frameworks_for(shape.tp, shape.sp, shape.zero)
     measured = stored = 0
     for framework in frameworks:
         sig = framework_signature(framework, shape.precision)

@@ -36,6 +36,12 @@ def fsdp_framework(zero: int) -> str:
     return f"fsdp2-zero{zero}"
 
 
+def frameworks_for(tp: int, sp: bool, zero: int) -> list[str]:
+    """The frameworks whose per-layer cost a job pays: DTensor with tp > 1, FSDP2 with ZeRO-2/3 (`zero`: the
+    stage that shards something, 0 when the data-parallel group is one rank)."""
+    return ([tp_framework(sp)] if tp > 1 else []) + ([fsdp_framework(zero)] if zero >= 2 else [])
+
+
 def measure_framework_overhead(spec: TransformerSpec, micro_batch: int, seq_len: int, precision: str,
                                framework: str, device: str, warmup: int, repeats: int) -> tuple[list[float], str]:
     import torch

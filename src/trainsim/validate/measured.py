@@ -56,7 +56,7 @@ def measured_job(run: MeasuredRun) -> Job:
     share = compute_share_of(run)
     if share < 1.0:
         cluster = cluster.model_copy(update={"device": cluster.device.model_copy(update={"compute_share": share})})
-    nodes = max(1, int(run.settings.get("nodes", 1)))
+    nodes = run.nodes
     if job.num_gpus % nodes == 0:
         cluster = cluster.model_copy(update={"gpus_per_node": job.num_gpus // nodes, "num_nodes": nodes})
     return replace(job, cluster=cluster)
@@ -67,7 +67,7 @@ def compute_share_of(run: MeasuredRun) -> float:
     at most 1. GPU runs: 1."""
     if run.settings.get("device") != "cpu":
         return 1.0
-    nodes = max(1, int(run.settings.get("nodes", 1)))
+    nodes = run.nodes
     threads = max(run.settings.get("threads_per_rank") or [1])
     cores = run.machine.get("cpus_allowed") or run.machine.get("cpu_count") or 0
     if not cores:
@@ -87,7 +87,7 @@ def run_fields(run: MeasuredRun) -> dict[str, str]:
     model: dict[str, Any] = run.job["model"]
     par: dict[str, Any] = run.job["parallel"]
     cluster: dict[str, Any] = run.job["cluster"]
-    nodes = max(1, int(run.settings.get("nodes", 1)))
+    nodes = run.nodes
     world = run.world_size
     fields: dict[str, Any] = {
         "run_id": run.run_id, "source": f"measured:{run.machine.get('host_sha256', 'unknown')} "

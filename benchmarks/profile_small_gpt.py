@@ -25,14 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from trainsim.catalog import load_cluster
-from trainsim.catalog.loader import parse_model
+from trainsim.catalog.model_files import parse_model
 from trainsim.cost.profiled import ProfiledCosts
 from trainsim.estimate.costs import make_estimator
 from trainsim.estimate.precision_aware import PrecisionAwareEstimator
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import make_job
-from trainsim.profile import JobShape, profile_job
 from trainsim.profile.database import ProfileDB
+from trainsim.profile.job import JobShape, profile_job
 from trainsim.profile.ops import clock_for, local_environment
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import Precision

@@ -10,12 +10,12 @@ stage cuts it to (p - 1) t / v (Narayanan et al. 2021, sec. 2.2.2). As a fractio
 import pytest
 
 from trainsim.catalog import load_cluster
-from trainsim.catalog.loader import parse_model
-from trainsim.cost.calibration import Calibration, ComputeParams
+from trainsim.catalog.calibration import Calibration, ComputeParams
+from trainsim.catalog.model_files import parse_model
 from trainsim.estimate.analytical import AnalyticalEstimator
-from trainsim.estimate.stages import partition_stages
 from trainsim.job import Job, make_job
 from trainsim.strategy.parallel import ParallelSpec, Schedule
+from trainsim.strategy.stages import partition_stages
 
 P = 4
 M = 8

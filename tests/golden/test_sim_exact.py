@@ -6,7 +6,7 @@ capacity), so the expected times are exact binary fractions and == is the right 
 
 import pytest
 
-from trainsim.compile.exec_graph import ExecGraph, SimDevice
+from trainsim.ir.exec_graph import ExecGraph, SimDevice
 from trainsim.sim import SimOptions, SimOutcome, simulate
 
 

@@ -147,7 +147,7 @@ def _probe_cases(torch: Any) -> dict[str, Callable[[Callable[..., Any]], Any]]:
 def test_fake_cuda_probe_agrees_with_the_table(precision: str, input_dtype: str) -> None:
     """Behaviour check: torch's AutocastCUDA kernels, run on fake CUDA tensors, give dtype_for's dtype."""
     torch = pytest.importorskip("torch")
-    from trainsim.frontends.torch_probe import cuda_autocast, fake_cuda, probe
+    from trainsim.frontends.torch.probe import cuda_autocast, fake_cuda, probe
 
     half = torch.bfloat16 if precision == "amp-bf16" else torch.float16
     half_name = "bf16" if precision == "amp-bf16" else "fp16"

@@ -19,10 +19,10 @@ from trainsim.catalog import (
     load_model,
 )
 from trainsim.errors import UnknownNameError
-from trainsim.frontends.shape import DeviceSlice
-from trainsim.frontends.transformer import build_transformer
+from trainsim.frontends.catalog.transformer import build_transformer
 from trainsim.hardware.device import DTYPES
 from trainsim.ir.model_spec import CnnSpec, DlrmSpec, TransformerSpec
+from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.precision import policy_for
 
 RUNS_CSV = Path("/work/shared/data/calibration/runs.csv")

@@ -8,12 +8,12 @@ Published: ResNet-50 25.6M parameters and 4.1 GMACs per 224x224 image; VGG-19 14
 import pytest
 
 from trainsim.catalog import load_model
-from trainsim.cost.flops import conv_backward, conv_flops, conv_op
 from trainsim.errors import ConfigError
-from trainsim.frontends.cnn import build_cnn
-from trainsim.frontends.dlrm import build_dlrm
-from trainsim.frontends.shape import DeviceSlice
+from trainsim.frontends.catalog.cnn import build_cnn
+from trainsim.frontends.catalog.dlrm import build_dlrm
+from trainsim.ir.flops import conv_backward, conv_flops, conv_op
 from trainsim.ir.model_spec import CnnSpec, ConvLayer, DlrmSpec, EmbeddingTable
+from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.precision import Precision, policy_for
 
 

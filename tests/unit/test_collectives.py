@@ -13,8 +13,8 @@ The calibration is set to bw_efficiency=1 and no extra latency, so B and alpha a
 import pytest
 
 from trainsim.catalog import load_device
+from trainsim.catalog.calibration import Calibration, CommParams
 from trainsim.comm.collectives import collective_time_s
-from trainsim.cost.calibration import Calibration, CommParams
 from trainsim.estimate.analytical import axis_layout
 from trainsim.hardware.cluster import ClusterSpec, GroupLayout, LinkSpec
 from trainsim.strategy.parallel import ParallelSpec

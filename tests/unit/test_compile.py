@@ -7,19 +7,19 @@ from collections import Counter
 import pytest
 
 from trainsim.catalog import load_cluster, load_model
-from trainsim.catalog.loader import parse_model
+from trainsim.catalog.calibration import Calibration, RuntimeParams
+from trainsim.catalog.model_files import parse_model
 from trainsim.comm.collectives import collective_time_s
 from trainsim.compile.build import compile_job
-from trainsim.compile.exec_graph import ExecGraph
-from trainsim.compile.plan import default_plan
-from trainsim.cost.calibration import Calibration, RuntimeParams
 from trainsim.errors import ConfigError
 from trainsim.estimate.analytical import BUCKET_BYTES, AnalyticalEstimator, axis_layout
 from trainsim.estimate.engines import ENGINES
 from trainsim.estimate.simulation import SimEstimator
-from trainsim.estimate.stages import partition_stages
+from trainsim.ir.exec_graph import ExecGraph
 from trainsim.job import Job, make_job
+from trainsim.strategy.lowered import default_plan
 from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.stages import partition_stages
 
 TINY = parse_model({"name": "tiny-gpt", "num_layers": 4, "hidden": 1024, "ffn_hidden": 4096, "num_heads": 16,
                     "vocab": 32000, "max_seq_len": 1024})
@@ -254,9 +254,9 @@ def test_vocab_parallel_embedding_and_cross_entropy_collectives(sp: bool) -> Non
     reduce-scatter with sp and an all-gather of the gradient), the head gathers its input (with sp; without,
     the input gradient is all-reduced) and the cross-entropy all-reduces max, target logit and sum of
     exponentials: 4 fp32 bytes per token each."""
-    from trainsim.frontends.shape import DeviceSlice
-    from trainsim.frontends.transformer import build_transformer
+    from trainsim.frontends.catalog.transformer import build_transformer
     from trainsim.ir.model_spec import TransformerSpec
+    from trainsim.strategy.device_slice import DeviceSlice
     from trainsim.strategy.precision import policy_for
 
     spec = load_model("gpt3-1.3b")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from trainsim.cost.calibration import Calibration, ComputeParams
+from trainsim.catalog.calibration import Calibration, ComputeParams
 from trainsim.cost.compute import matmul_efficiency
 
 PEAK = 312e12
@@ -31,7 +31,7 @@ def test_large_gemms_approach_the_maximum_efficiency() -> None:
 def _attention_seconds(device_name: str, kernel: str, cal: Calibration) -> float:
     from trainsim.catalog import load_device
     from trainsim.cost.compute import op_time_s
-    from trainsim.cost.flops import attention_op
+    from trainsim.ir.flops import attention_op
 
     op = attention_op("block.attn.core", "bf16", 32, 4096, 4096, 128, causal=True, kernel=kernel)
     return op_time_s(op, load_device(device_name), cal)
@@ -56,7 +56,7 @@ def test_flash3_on_a_device_without_it_runs_as_flash2() -> None:
 def test_no_attention_kernel_beats_the_devices_best_gemm() -> None:
     """eff = min(matmul eff x attention factor, MAMF): a factor of 10 gives exactly FLOPs / (peak x 0.8)."""
     from trainsim.catalog import load_device
-    from trainsim.cost.flops import attention_op
+    from trainsim.ir.flops import attention_op
 
     cal = FLASH_CAL.model_copy(update={"compute": FLASH_CAL.compute.model_copy(
         update={"flash3_attention_efficiency": 10.0})})

@@ -15,7 +15,7 @@ import pytest
 
 from trainsim.errors import ConfigError, InputFileError
 from trainsim.estimate.replay import replay_exec_graph, replay_traces
-from trainsim.frontends.exec_trace import (
+from trainsim.frontends.trace.load import (
     Collective,
     RankTrace,
     TraceOp,
@@ -27,7 +27,7 @@ from trainsim.frontends.exec_trace import (
     load_trace_directory,
     to_exec_graph,
 )
-from trainsim.frontends.exec_trace_graph import collective_duration
+from trainsim.frontends.trace.to_exec_graph import collective_duration
 from trainsim.sim import SimOptions, simulate
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "exec_trace"
@@ -133,7 +133,7 @@ def test_op_graph_of_one_rank() -> None:
 
 
 def test_parsing_needs_no_torch() -> None:
-    code = ("import sys; from trainsim.frontends.exec_trace import load_trace_directory; "
+    code = ("import sys; from trainsim.frontends.trace.load import load_trace_directory; "
             f"traces = load_trace_directory({str(FIXTURES)!r}); "
             "assert 'torch' not in sys.modules, 'torch was imported'; print(len(traces))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -17,10 +17,10 @@ mask, which is what eq. 3's s/(6h) term assumes: 2 B s^2 h for Q K^T and 2 B s^2
 import pytest
 
 from trainsim.catalog import load_model
-from trainsim.frontends.shape import DeviceSlice
-from trainsim.frontends.transformer import build_transformer
+from trainsim.frontends.catalog.transformer import build_transformer
 from trainsim.ir.graph import OpGraph
 from trainsim.ir.model_spec import TransformerSpec
+from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.precision import policy_for
 
 BATCH = 4

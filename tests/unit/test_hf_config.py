@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from trainsim.catalog import load_model
+from trainsim.catalog.hf_config import model_from_file
 from trainsim.errors import ConfigError, InputFileError
-from trainsim.frontends.hf_config import model_from_file
 from trainsim.ir.model_spec import TransformerSpec
 
 GPT2 = {  # openai-community/gpt2

@@ -11,7 +11,8 @@ import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
 from trainsim.errors import ConfigError  # noqa: E402
-from trainsim.frontends.jax_capture import (  # noqa: E402
+from trainsim.frontends.catalog.transformer import build_transformer  # noqa: E402
+from trainsim.frontends.jax.capture import (  # noqa: E402
     PRUNABLE,
     conv_flops,
     dag_from_jax,
@@ -20,9 +21,8 @@ from trainsim.frontends.jax_capture import (  # noqa: E402
     graph_from_jax_target,
     module_path,
 )
-from trainsim.frontends.shape import DeviceSlice  # noqa: E402
-from trainsim.frontends.transformer import build_transformer  # noqa: E402
 from trainsim.ir.model_spec import TransformerSpec  # noqa: E402
+from trainsim.strategy.device_slice import DeviceSlice  # noqa: E402
 from trainsim.strategy.precision import policy_for  # noqa: E402
 
 HIDDEN, HEADS, SEQ, BATCH = 64, 2, 16, 2

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from trainsim.catalog import load_cluster
-from trainsim.catalog.loader import parse_model
+from trainsim.catalog.model_files import parse_model
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job, make_job
 from trainsim.measure.launch import (
@@ -158,9 +158,9 @@ def test_measured_runs_read_back_as_rows_that_rebuild_the_job(tmp_path: Path,
 
 def test_torch_model_has_the_parameters_of_the_op_graph() -> None:
     pytest.importorskip("torch")
-    from trainsim.frontends.catalog import build_graph
-    from trainsim.frontends.shape import DeviceSlice
+    from trainsim.frontends.catalog.build import build_graph
     from trainsim.measure.model import build_model, param_count
+    from trainsim.strategy.device_slice import DeviceSlice
     from trainsim.strategy.precision import policy_for
 
     for data in (TINY_GPT, TINY_LLAMA, {**TINY_GPT, "name": "tiny-bloom", "position": "alibi"}):
@@ -270,7 +270,7 @@ def test_worker_runs_under_torchrun_environment(tmp_path: Path) -> None:
 
 
 def test_the_suite_profiles_every_distinct_shape_once() -> None:
-    from trainsim.measure.suite import suite_shapes
+    from trainsim.profile.suite import suite_shapes
 
     shapes = suite_shapes("local")
     keys = [(model.name, shape.precision, shape.tp, shape.sp, shape.zero) for model, shape in shapes]

@@ -18,13 +18,13 @@ from collections.abc import Callable
 import pytest
 
 from trainsim.catalog import load_model
-from trainsim.estimate.memory import model_state_bytes
-from trainsim.estimate.stages import in_flight_micro_batches
-from trainsim.frontends.shape import DeviceSlice
-from trainsim.frontends.transformer import build_transformer
+from trainsim.cost.memory import model_state_bytes
+from trainsim.frontends.catalog.transformer import build_transformer
 from trainsim.ir.model_spec import TransformerSpec
+from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import policy_for
+from trainsim.strategy.stages import in_flight_micro_batches
 
 B, S = 2, 2048  # micro-batch sequences, sequence length
 

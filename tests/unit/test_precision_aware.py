@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from trainsim.catalog import load_cluster, load_model
-from trainsim.catalog.loader import parse_model
+from trainsim.catalog.model_files import parse_model
 from trainsim.estimate.engines import ENGINES
 from trainsim.estimate.precision_aware import (
     PrecisionAwareEstimator,
@@ -17,8 +17,8 @@ from trainsim.estimate.precision_aware import (
 from trainsim.hardware.device import DeviceSpec
 from trainsim.ir.graph import Op
 from trainsim.job import Job, make_job
-from trainsim.profile import JobShape, job_graph
 from trainsim.profile.database import Environment, ProfileDB
+from trainsim.profile.job import JobShape, job_graph
 from trainsim.profile.ops import optimizer_signature, unique_signatures
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import Precision

@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainsim.catalog.loader import parse_model
+from trainsim.catalog.model_files import parse_model
 from trainsim.errors import InputFileError
-from trainsim.profile import JobShape, job_graph
 from trainsim.profile.database import (
     STOP_AFTER_ENV,
     STOP_EXIT_CODE,
@@ -21,6 +20,7 @@ from trainsim.profile.database import (
     ProfileDB,
     default_db_path,
 )
+from trainsim.profile.job import JobShape, job_graph
 from trainsim.profile.ops import signature_of, unique_signatures
 
 TINY = {"name": "tiny-gpt", "num_layers": 2, "hidden": 32, "num_heads": 2, "ffn_hidden": 64, "vocab": 128,

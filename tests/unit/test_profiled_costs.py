@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from trainsim.catalog import load_cluster
-from trainsim.catalog.loader import parse_model
+from trainsim.catalog.model_files import parse_model
 from trainsim.cost.profiled import ProfiledCosts
 from trainsim.errors import ConfigError
 from trainsim.estimate.analytical import AnalyticalEstimator
@@ -17,8 +17,8 @@ from trainsim.estimate.costs import make_estimator
 from trainsim.hardware.device import DeviceSpec
 from trainsim.ir.graph import Op
 from trainsim.job import make_job
-from trainsim.profile import JobShape, job_graph
 from trainsim.profile.database import Environment, OpSignature, ProfileDB
+from trainsim.profile.job import JobShape, job_graph
 from trainsim.profile.ops import optimizer_signature, overhead_signature, signature_of, unique_signatures
 from trainsim.strategy.parallel import ParallelSpec
 
@@ -129,7 +129,7 @@ def test_profiled_prediction_does_not_import_torch(tmp_path: Path) -> None:
     path = tmp_path / "p.sqlite"
     _fill(path, "fp32", 1e-3, 0.25)
     code = ("import sys; from pathlib import Path; from trainsim.estimate.costs import make_estimator; "
-            "from trainsim.cli.jobargs import job_from_settings; "
+            "from trainsim.jobfile import job_from_settings; "
             f"job = job_from_settings(dict(model='gpt2-124m', cluster='local-cpu', seq_len=16)); "
             f"make_estimator('profiled', Path({str(path)!r})).estimate(job); "
             "import trainsim.cli.main; assert 'torch' not in sys.modules, 'torch imported'")
@@ -209,7 +209,7 @@ def test_framework_overheads_are_added_per_layer_where_they_apply(db_path: Path)
 def test_framework_overhead_is_measured_on_a_one_rank_mesh() -> None:
     """In a fresh process (it joins a one-rank process group): positive per-layer samples for every framework."""
     pytest.importorskip("torch")
-    code = ("import torch; torch.set_num_threads(1); from trainsim.catalog.loader import parse_model; "
+    code = ("import torch; torch.set_num_threads(1); from trainsim.catalog.model_files import parse_model; "
             "from trainsim.profile.framework import FRAMEWORKS, measure_framework_overhead; "
             f"spec = parse_model({TINY!r}); "
             "out = [measure_framework_overhead(spec, 2, 16, 'fp32', f, 'cpu', 1, 3) for f in FRAMEWORKS]; "

@@ -6,9 +6,9 @@ dyadic durations, so the engine's times are exact and == is the right comparison
 
 import pytest
 
-from trainsim.compile.exec_graph import ExecGraph, SimDevice
 from trainsim.compile.schedules import SCHEDULES, Step, format_order, schedule_order, splits_backward
 from trainsim.errors import ConfigError, UnknownNameError
+from trainsim.ir.exec_graph import ExecGraph, SimDevice
 from trainsim.sim import SimOptions, simulate
 
 

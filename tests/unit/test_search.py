@@ -6,7 +6,8 @@ from collections import Counter
 import pytest
 from typer.testing import CliRunner
 
-from trainsim.catalog.loader import load_cluster, parse_model
+from trainsim.catalog.loader import load_cluster
+from trainsim.catalog.model_files import parse_model
 from trainsim.cli.main import app
 from trainsim.errors import ConfigError, TrainsimError
 from trainsim.estimate.analytical import AnalyticalEstimator

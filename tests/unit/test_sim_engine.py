@@ -4,8 +4,8 @@ from itertools import pairwise
 
 import pytest
 
-from trainsim.compile.exec_graph import ExecGraph, SimDevice
 from trainsim.errors import ConfigError, TrainsimError
+from trainsim.ir.exec_graph import ExecGraph, SimDevice
 from trainsim.sim import DeadlockError, SimOptions, SimOutcome, simulate
 from trainsim.sim.synthetic import one_f_one_b_order, synthetic_pipeline
 

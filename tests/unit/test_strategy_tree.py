@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from trainsim.catalog import load_model
-from trainsim.catalog.loader import parse_model
-from trainsim.compile.plan import default_plan
+from trainsim.catalog.model_files import parse_model
 from trainsim.errors import ConfigError, InputFileError
-from trainsim.frontends.catalog import build_graph
-from trainsim.frontends.shape import DeviceSlice
+from trainsim.frontends.catalog.build import build_graph
 from trainsim.ir.graph import OpGraph
+from trainsim.strategy.device_slice import DeviceSlice
+from trainsim.strategy.lowered import default_plan
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import policy_for
 from trainsim.strategy.tree import Sourced, StrategyTree
@@ -281,13 +281,13 @@ def test_lowering_conflicts(tree: StrategyTree) -> None:
     base = tree.map("blocks.2", {"stage": 1})
     cases = [
         (base.schedule("", kind="1f1b").schedule("blocks.1", kind="gpipe"),
-         "schedule='blocks.1' is invalid: blocks.1 runs kind=gpipe but embedding runs kind=1f1b; an ExecutionPlan "
+         "schedule='blocks.1' is invalid: blocks.1 runs kind=gpipe but embedding runs kind=1f1b; an LoweredPlan "
          "runs one schedule: set it on the root"),
         (base.recompute("blocks.1.attn", "full"),
-         "recompute.mode='full' is invalid: blocks.1.attn differs from its layer blocks.1 (unset); an ExecutionPlan "
+         "recompute.mode='full' is invalid: blocks.1.attn differs from its layer blocks.1 (unset); an LoweredPlan "
          "recomputes per layer"),
         (base.map("blocks", {"tp": 4}),
-         "map.tp=4 is invalid: blocks asks tp=4 but the job runs tp=2; an ExecutionPlan has one mesh shape"),
+         "map.tp=4 is invalid: blocks asks tp=4 but the job runs tp=2; an LoweredPlan has one mesh shape"),
         (tree.map("head", {"stage": 2}),
          "map.stage=2 is invalid: embedding (its stage comes from head) is past the last stage: pp=2 allows 0-1"),
         (tree.map("head", {"stage": 1, "chunk": 1}),

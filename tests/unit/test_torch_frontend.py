@@ -11,13 +11,13 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from trainsim.frontends.hf_config import model_from_hf_config  # noqa: E402
-from trainsim.frontends.shape import DeviceSlice  # noqa: E402
-from trainsim.frontends.torch_capture import TensorSpec, capture_step, graph_from_module  # noqa: E402
-from trainsim.frontends.torch_hf import graph_from_hf_config, hf_config_from_spec, model_for  # noqa: E402
-from trainsim.frontends.transformer import build_transformer  # noqa: E402
+from trainsim.catalog.hf_config import model_from_hf_config  # noqa: E402
+from trainsim.frontends.catalog.transformer import build_transformer  # noqa: E402
+from trainsim.frontends.torch.capture import TensorSpec, capture_step, graph_from_module  # noqa: E402
+from trainsim.frontends.torch.hf import graph_from_hf_config, hf_config_from_spec, model_for  # noqa: E402
 from trainsim.ir.graph import OpGraph  # noqa: E402
 from trainsim.ir.model_spec import TransformerSpec  # noqa: E402
+from trainsim.strategy.device_slice import DeviceSlice  # noqa: E402
 from trainsim.strategy.precision import policy_for  # noqa: E402
 
 MB, SEQ = 2, 128
@@ -129,7 +129,7 @@ def test_llama_block_dtypes_under_amp_bf16() -> None:
 def test_llama_block_dtypes_match_the_fake_cuda_probe() -> None:
     """Replay every forward op of the block on fake CUDA tensors of its inputs' dtypes under torch's CUDA
     autocast: the dtype torch produces is the one the front-end assigned."""
-    from trainsim.frontends.torch_probe import probe_call
+    from trainsim.frontends.torch.probe import probe_call
 
     capture = _llama_capture("amp-bf16", keep_calls=True)
     checked = set()

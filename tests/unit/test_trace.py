@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from trainsim.compile.exec_graph import ExecGraph, SimDevice
 from trainsim.errors import ConfigError
+from trainsim.ir.exec_graph import ExecGraph, SimDevice
 from trainsim.report.trace import write_chrome_trace
 from trainsim.sim import SimOptions, SimOutcome, simulate
 from trainsim.sim.synthetic import synthetic_pipeline

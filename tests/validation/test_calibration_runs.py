@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from trainsim.cost.calibration import FITTED_PATH, load_calibration
+from trainsim.calibrate.fit import find_calibration_dir, fit_micro
+from trainsim.catalog.calibration import FITTED_PATH, load_calibration
 from trainsim.errors import InputFileError
 from trainsim.estimate.analytical import AnalyticalEstimator
-from trainsim.validate.fit import find_calibration_dir, fit_micro
 from trainsim.validate.predict_runs import predict_rows, summarize
 from trainsim.validate.runs import read_runs
 

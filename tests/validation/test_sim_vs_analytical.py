@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from trainsim.cost.calibration import load_calibration
+from trainsim.calibrate.fit import find_calibration_dir
+from trainsim.catalog.calibration import load_calibration
 from trainsim.errors import InputFileError
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.estimate.simulation import SimEstimator
 from trainsim.job import Job
-from trainsim.validate.fit import find_calibration_dir
 from trainsim.validate.runs import job_from_row, read_runs
 
 TOLERANCE = 0.02

@@ -4,23 +4,13 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
-
 from trainsim.catalog.files import DATA_DIR, catalog_entries, read_mapping
+from trainsim.catalog.hf_config import model_from_file
+from trainsim.catalog.model_files import parse_model
 from trainsim.errors import UnknownNameError
 from trainsim.hardware.cluster import ClusterSpec, LinkSpec
 from trainsim.hardware.device import DeviceSpec
 from trainsim.ir.model_spec import ModelSpec
-from trainsim.specbase import config_error_from
-
-_MODEL_ADAPTER: TypeAdapter[ModelSpec] = TypeAdapter(ModelSpec)
-
-
-def parse_model(data: dict[str, Any], where: str = "model") -> ModelSpec:
-    try:
-        return _MODEL_ADAPTER.validate_python({"kind": "transformer", **data})
-    except ValidationError as exc:
-        raise config_error_from(exc, where) from None
 
 
 @cache
@@ -71,8 +61,6 @@ def load_model(name_or_path: str) -> ModelSpec:
     """A catalog name (case-insensitive), a YAML/JSON model file, or a Hugging Face config.json."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml", ".json") or path.exists():
-        from trainsim.frontends.hf_config import model_from_file
-
         return model_from_file(path)
     models = _models()
     lowered = {name.lower(): spec for name, spec in models.items()}

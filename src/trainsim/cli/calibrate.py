@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
+from trainsim.catalog.calibration import FITTED_PATH
 from trainsim.cli.errors import handles_errors
-from trainsim.cost.calibration import FITTED_PATH
 
 
 @handles_errors

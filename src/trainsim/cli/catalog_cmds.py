@@ -9,9 +9,9 @@ from rich.table import Table
 
 from trainsim.catalog import list_clusters, list_devices, list_links, list_models
 from trainsim.cli.errors import handles_errors
-from trainsim.frontends.catalog import build_graph
-from trainsim.frontends.shape import DeviceSlice
+from trainsim.frontends.catalog.build import build_graph
 from trainsim.ir.model_spec import TransformerSpec
+from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.precision import policy_for
 from trainsim.units import format_bytes_gib, format_count
 

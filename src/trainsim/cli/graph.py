@@ -21,13 +21,13 @@ from rich.table import Table
 from trainsim.catalog import load_model
 from trainsim.catalog.files import read_mapping
 from trainsim.cli.errors import handles_errors
-from trainsim.cli.jobargs import check_choice
 from trainsim.errors import ConfigError
-from trainsim.frontends.catalog import build_graph
-from trainsim.frontends.shape import DeviceSlice
+from trainsim.frontends.catalog.build import build_graph
 from trainsim.ir.graph import OpGraph
 from trainsim.ir.model_spec import TransformerSpec
+from trainsim.jobfile import check_choice
 from trainsim.registry import Registry
+from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.precision import PRECISIONS, Precision, policy_for
 from trainsim.units import format_count
 
@@ -52,7 +52,7 @@ def catalog_frontend(request: GraphRequest) -> OpGraph:
 @FRONTENDS.register("torch")
 def torch_frontend(request: GraphRequest) -> OpGraph:
     try:
-        from trainsim.frontends.torch_hf import graph_from_hf_config, hf_config_from_spec
+        from trainsim.frontends.torch.hf import graph_from_hf_config, hf_config_from_spec
     except ModuleNotFoundError as exc:
         raise ConfigError("frontend", "torch", f"needs {exc.name} (pip install torch==2.13.0 transformers)") from None
     path = Path(request.model)
@@ -75,7 +75,7 @@ def torch_frontend(request: GraphRequest) -> OpGraph:
 def jax_frontend(request: GraphRequest) -> OpGraph:
     """--model FILE.py:factory or module:factory; the factory returns (train_step_fn, example_args)."""
     try:
-        from trainsim.frontends.jax_capture import graph_from_jax_target
+        from trainsim.frontends.jax.capture import graph_from_jax_target
     except ModuleNotFoundError as exc:
         raise ConfigError("frontend", "jax", f"needs {exc.name} (pip install 'trainsim[jax]')") from None
     return graph_from_jax_target(request.model, micro_batch=request.micro_batch, seq_len=request.seq_len,
@@ -85,7 +85,7 @@ def jax_frontend(request: GraphRequest) -> OpGraph:
 @FRONTENDS.register("trace")
 def trace_frontend(request: GraphRequest) -> OpGraph:
     """--model: one PyTorch execution-trace file, or a directory of them (one per rank)."""
-    from trainsim.frontends.exec_trace import graph_from_trace_files
+    from trainsim.frontends.trace.load import graph_from_trace_files
 
     return graph_from_trace_files(request.model)
 

@@ -17,9 +17,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 
 from trainsim.cli.errors import handles_errors
-from trainsim.cli.jobargs import job_from_settings, read_job_file
 from trainsim.errors import ConfigError
 from trainsim.job import Job
+from trainsim.jobfile import job_from_settings, read_job_file
 from trainsim.units import format_bytes_gib
 
 LOCAL_CLUSTER = "local-cpu"
@@ -163,14 +163,8 @@ def _measure_one(job: Job, out: Path, run_id: str | None, iterations: int, warmu
 def _measure_suite(name: str, out: Path, repeats: int, iterations: int, warmup: int, timeout_s: float,
                    list_only: bool, as_json: bool, profile_ops: bool) -> None:
     from trainsim.measure.launch import MeasureFailedError
-    from trainsim.measure.suite import (
-        SUITE_PROFILE_DB,
-        describe_suite,
-        profile_suite,
-        run_suite,
-        suite_jobs,
-        summarize_suite,
-    )
+    from trainsim.measure.suite import SUITE_PROFILE_DB, describe_suite, run_suite, suite_jobs, summarize_suite
+    from trainsim.profile.suite import profile_suite
 
     if repeats < 1:
         raise ConfigError("repeats", repeats, "must be at least 1")

@@ -7,11 +7,11 @@ from typing import Annotated
 import typer
 
 from trainsim.cli.errors import handles_errors
-from trainsim.cli.jobargs import job_from_settings, read_job_file
 from trainsim.errors import ConfigError
 from trainsim.estimate.engines import ENGINES, Estimator
 from trainsim.estimate.result import Result
 from trainsim.job import Job
+from trainsim.jobfile import job_from_settings, read_job_file
 from trainsim.report.text import render_result
 
 

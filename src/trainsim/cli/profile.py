@@ -17,13 +17,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from trainsim.catalog import load_cluster, load_model
 from trainsim.cli.errors import handles_errors
-from trainsim.cli.jobargs import check_choice
 from trainsim.errors import ConfigError, TrainsimError
 from trainsim.ir.model_spec import ModelSpec
 from trainsim.job import make_job
-from trainsim.profile import JobShape, profile_job
+from trainsim.jobfile import check_choice
 from trainsim.profile.collectives import COLLECTIVES, DEFAULT_SIZES, CollectiveSummary, profile_collectives
 from trainsim.profile.database import STOP_AFTER_ENV, Environment, OpSignature, ProfileDB, default_db_path
+from trainsim.profile.job import JobShape, profile_job
 from trainsim.profile.ops import OpProfileSummary
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import PRECISIONS, Precision

@@ -16,11 +16,11 @@ from rich.table import Table
 
 from trainsim.catalog import load_cluster, load_model
 from trainsim.cli.errors import handles_errors
-from trainsim.cli.jobargs import DEFAULT_CLUSTER, DEFAULT_MODEL
 from trainsim.errors import ConfigError
 from trainsim.hardware.cluster import ClusterSpec
 from trainsim.ir.model_spec import ModelSpec
-from trainsim.search.planner import Planner, RankedPlan, SearchReport
+from trainsim.jobfile import DEFAULT_CLUSTER, DEFAULT_MODEL
+from trainsim.search.planner import Planner, RankedStrategy, SearchReport
 from trainsim.search.space import SearchSpace
 from trainsim.strategy.parallel import (
     ATTENTION_KERNELS,
@@ -89,7 +89,7 @@ def _run(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, top_k: int,
         return planner.search(model, cluster, space, top_k=top_k, progress=advance)
 
 
-def plan_to_dict(plan: RankedPlan) -> dict[str, Any]:
+def plan_to_dict(plan: RankedStrategy) -> dict[str, Any]:
     result = plan.result
     return {
         "rank": plan.rank,

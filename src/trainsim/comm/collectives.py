@@ -8,7 +8,7 @@ node, all-reduce of the 1/l shard across nodes over the NICs, all-gather inside 
 
 from typing import Protocol
 
-from trainsim.cost.calibration import Calibration
+from trainsim.catalog.calibration import Calibration
 from trainsim.hardware.cluster import ClusterSpec, GroupLayout
 
 _TRAFFIC_FACTOR = {"all-reduce": 2.0, "all-gather": 1.0, "reduce-scatter": 1.0, "all-to-all": 1.0}

@@ -9,7 +9,7 @@ saved_bytes["none"] when it starts, and the backward releases both.
 
 from trainsim.compile.context import LayerTiming, StageWriter, Work
 from trainsim.compile.insert_collectives import emit_feature_comm
-from trainsim.compile.plan import LayerAssignment
+from trainsim.strategy.lowered import LayerAssignment
 
 
 def recompute_work(assignment: LayerAssignment, timing: LayerTiming) -> tuple[Work, ...]:

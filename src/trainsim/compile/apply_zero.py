@@ -19,7 +19,7 @@ them; a backward allocates the unsharded gradients, freed when their reduce-scat
 from dataclasses import dataclass
 
 from trainsim.compile.context import BuildContext, StageWriter
-from trainsim.estimate.memory import model_state_bytes
+from trainsim.cost.memory import model_state_bytes
 
 
 def stage_model_state(ctx: BuildContext, stage: int) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""compile_job: Job + ExecutionPlan -> ExecGraph, the input of the event simulator (Proteus sec. V).
+"""compile_job: Job + LoweredPlan -> ExecGraph, the input of the event simulator (Proteus sec. V).
 
 One simulated device per pipeline stage stands for its dp x tp x cp ranks; collectives are priced over the
 real group layouts (analytical.axis_layout), so the graph's size does not grow with dp or tp. Per stage, in
@@ -24,16 +24,16 @@ from dataclasses import dataclass
 
 from trainsim.compile.apply_zero import FsdpChain, FsdpNeed, fsdp_enabled, stage_model_state
 from trainsim.compile.context import TASK_LEVELS, BuildContext, StageWriter, TaskLevel
-from trainsim.compile.exec_graph import ExecGraph, SimDevice
 from trainsim.compile.insert_collectives import insert_gradient_sync
 from trainsim.compile.lower_layers import Cut, Unit, UnitMemory, emit_unit, main_work, step_units
-from trainsim.compile.plan import ExecutionPlan, LayerAssignment
 from trainsim.compile.schedule_pipeline import StepRecord, chunk_layers, insert_transfers, stage_programs
 from trainsim.compile.schedules import Step, splits_backward
+from trainsim.cost.memory import optimizer_step_bytes
 from trainsim.errors import ConfigError
 from trainsim.estimate.analytical import AnalyticalEstimator
-from trainsim.estimate.memory import optimizer_step_bytes
+from trainsim.ir.exec_graph import ExecGraph, SimDevice
 from trainsim.job import Job
+from trainsim.strategy.lowered import LoweredPlan, LayerAssignment
 
 _EPS = 1e-9  # overlap fractions this close to 0 or 1 are taken as 0 or 1 (no split compute task)
 _NEVER = float("inf")  # a cut after the whole layer-phase
@@ -45,7 +45,7 @@ class _StageTail:
     grad_tids: list[int]
 
 
-def compile_job(job: Job, plan: ExecutionPlan, estimator: AnalyticalEstimator,
+def compile_job(job: Job, plan: LoweredPlan, estimator: AnalyticalEstimator,
                 task_level: TaskLevel = "layer") -> ExecGraph:
     """The iteration of `job` placed by `plan` as per-device tasks, priced by `estimator`'s cost models."""
     if task_level not in TASK_LEVELS:

@@ -7,16 +7,16 @@ levels price the same work identically and differ only in how they compose it.
 from dataclasses import dataclass, field
 from typing import Literal
 
-from trainsim.compile.exec_graph import ExecGraph, Phase, Stream, Task, TaskKind
-from trainsim.compile.plan import ExecutionPlan
-from trainsim.cost.calibration import Calibration
+from trainsim.catalog.calibration import Calibration
 from trainsim.estimate.analytical import AnalyticalEstimator, axis_layout
-from trainsim.estimate.stages import StagePart
 from trainsim.hardware.cluster import GroupLayout
+from trainsim.ir.exec_graph import ExecGraph, Phase, Stream, Task, TaskKind
 from trainsim.ir.graph import Layer, Op
 from trainsim.job import Job
+from trainsim.strategy.lowered import LoweredPlan
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import PrecisionPolicy, policy_for
+from trainsim.strategy.stages import StagePart
 
 TaskLevel = Literal["layer", "op"]
 TASK_LEVELS: tuple[TaskLevel, ...] = ("layer", "op")
@@ -88,7 +88,7 @@ def _link_names(layout: GroupLayout, senders: tuple[int, ...], receivers: tuple[
 @dataclass(slots=True)
 class BuildContext:
     job: Job
-    plan: ExecutionPlan
+    plan: LoweredPlan
     est: AnalyticalEstimator
     level: TaskLevel
     graph: ExecGraph

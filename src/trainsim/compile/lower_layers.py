@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 from trainsim.compile.apply_recompute import emit_recompute, recompute_work
 from trainsim.compile.context import CommWork, LayerTiming, StageWriter, Work
-from trainsim.compile.exec_graph import Phase
 from trainsim.compile.insert_collectives import emit_feature_comm, placements
-from trainsim.compile.plan import LayerAssignment
 from trainsim.compile.schedules import Step
+from trainsim.ir.exec_graph import Phase
+from trainsim.strategy.lowered import LayerAssignment
 
 Cut = tuple[float, Callable[[], None]]  # (seconds of the main compute before the point, callback)
 

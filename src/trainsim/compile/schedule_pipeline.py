@@ -9,8 +9,8 @@ stream. The sender's next step waits for it (Megatron-LM's blocking p2p), and so
 from dataclasses import dataclass
 
 from trainsim.compile.context import BuildContext
-from trainsim.compile.plan import ExecutionPlan, LayerAssignment
 from trainsim.compile.schedules import Step, StepPhase, schedule_order
+from trainsim.strategy.lowered import LoweredPlan, LayerAssignment
 
 
 @dataclass(slots=True)
@@ -22,11 +22,11 @@ class StepRecord:
     last_tid: int
 
 
-def stage_programs(plan: ExecutionPlan) -> list[list[Step]]:
+def stage_programs(plan: LoweredPlan) -> list[list[Step]]:
     return schedule_order(str(plan.schedule), plan.num_stages, plan.num_chunks, plan.num_micro_batches)
 
 
-def chunk_layers(plan: ExecutionPlan) -> dict[tuple[int, int], list[LayerAssignment]]:
+def chunk_layers(plan: LoweredPlan) -> dict[tuple[int, int], list[LayerAssignment]]:
     """(stage, chunk) -> its layer instances in model order."""
     out: dict[tuple[int, int], list[LayerAssignment]] = {
         (s, c): [] for s in range(plan.num_stages) for c in range(plan.num_chunks)}
@@ -35,7 +35,7 @@ def chunk_layers(plan: ExecutionPlan) -> dict[tuple[int, int], list[LayerAssignm
     return out
 
 
-def boundary_bytes(plan: ExecutionPlan) -> dict[int, float]:
+def boundary_bytes(plan: LoweredPlan) -> dict[int, float]:
     """Virtual stage -> bytes of the activation it hands to the next virtual stage (and of the gradient it
     gets back): the output of its last layer."""
     last: dict[int, float] = {}

@@ -2,7 +2,7 @@
 
 from typing import Protocol
 
-from trainsim.cost.calibration import Calibration
+from trainsim.catalog.calibration import Calibration
 from trainsim.hardware.device import DeviceSpec
 from trainsim.ir.graph import Op
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from trainsim.catalog.calibration import load_calibration
 from trainsim.comm.collectives import CommCostModel
-from trainsim.cost.calibration import load_calibration
 from trainsim.cost.compute import OpCostModel, RooflineCosts
 from trainsim.cost.step import StepCosts
 from trainsim.hardware.cluster import ClusterSpec, GroupLayout

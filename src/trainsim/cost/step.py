@@ -7,7 +7,7 @@ stands in with measured ones (cost/profiled.py: ProfiledStepCosts).
 
 from typing import Protocol
 
-from trainsim.cost.calibration import Calibration
+from trainsim.catalog.calibration import Calibration
 from trainsim.hardware.device import DeviceSpec
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import Precision, policy_for

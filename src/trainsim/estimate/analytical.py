@@ -10,20 +10,20 @@ formula T = sum(t_i) + (m - 1) max(t_j) for v = 1.
 from dataclasses import dataclass
 from typing import Literal
 
+from trainsim.catalog.calibration import Calibration, load_calibration
 from trainsim.comm.collectives import AlphaBetaComm, CommCostModel
-from trainsim.cost.calibration import Calibration, load_calibration
 from trainsim.cost.compute import OpCostModel, RooflineCosts
+from trainsim.cost.memory import MemoryEstimate, estimate_memory, optimizer_shards
 from trainsim.cost.step import FittedStepCosts, StepCosts
-from trainsim.estimate.memory import MemoryEstimate, estimate_memory, optimizer_shards
 from trainsim.estimate.result import Result
-from trainsim.estimate.stages import StagePart, partition_stages
-from trainsim.frontends.catalog import build_graph
-from trainsim.frontends.shape import DeviceSlice
+from trainsim.frontends.catalog.build import build_graph
 from trainsim.hardware.cluster import ClusterSpec, GroupLayout
 from trainsim.ir.graph import Layer, Op, OpGraph
 from trainsim.job import Job
+from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import policy_for
+from trainsim.strategy.stages import StagePart, partition_stages
 
 BUCKET_BYTES = 40e6 * 2  # NB: Megatron-LM's default gradient bucket: 40M elements
 

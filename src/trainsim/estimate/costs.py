@@ -4,9 +4,9 @@ profile database written by `trainsim profile` ("profiled"; the roofline answers
 from pathlib import Path
 from typing import Any
 
+from trainsim.catalog.calibration import Calibration, load_calibration
 from trainsim.comm.collectives import AlphaBetaComm
 from trainsim.compile.context import TaskLevel
-from trainsim.cost.calibration import Calibration, load_calibration
 from trainsim.cost.compute import RooflineCosts
 from trainsim.cost.profiled import ProfiledComm, ProfiledCosts, ProfiledStepCosts
 from trainsim.cost.step import FittedStepCosts

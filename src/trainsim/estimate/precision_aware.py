@@ -20,19 +20,19 @@ activation all-reduces of TP, 1F1B bubbles): this engine is the paper's model, f
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from trainsim.cost.calibration import Calibration, load_calibration
+from trainsim.catalog.calibration import Calibration, load_calibration
 from trainsim.cost.compute import OpCostModel, RooflineCosts
+from trainsim.cost.memory import estimate_memory, optimizer_shards
 from trainsim.cost.profiled import ProfiledCosts, ProfiledStepCosts
 from trainsim.cost.step import FittedStepCosts, StepCosts
 from trainsim.estimate.analytical import axis_layout, make_result
-from trainsim.estimate.memory import estimate_memory, optimizer_shards
 from trainsim.estimate.result import Result
-from trainsim.estimate.stages import StagePart, partition_stages
-from trainsim.frontends.shape import DeviceSlice
+from trainsim.hardware.device import BYTES_PER_DTYPE
 from trainsim.ir.graph import Layer, OpGraph
 from trainsim.job import Job
+from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.parallel import ParallelSpec
-from trainsim.strategy.precision import BYTES_PER_DTYPE
+from trainsim.strategy.stages import StagePart, partition_stages
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +114,7 @@ class PrecisionAwareEstimator:
         dev = DeviceSlice.of(par)
         key = (job.model.name, id(job.model), dev)
         if key not in self._graphs:
-            from trainsim.frontends.catalog import build_graph
+            from trainsim.frontends.catalog.build import build_graph
 
             self._graphs[key] = build_graph(job.model, dev)
         return self._graphs[key]

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from trainsim.compile.exec_graph import ExecGraph
 from trainsim.errors import ConfigError
+from trainsim.ir.exec_graph import ExecGraph
 from trainsim.sim import SimOptions, SimOutcome, simulate
 
 
@@ -98,7 +98,7 @@ def replay_traces(paths: Sequence[str | Path], kineto_paths: Sequence[str | Path
     the trace shows); "zero" starts all ranks together.
     """
     # NB: the one place an estimator reads a front-end: the trace files are this rung's input.
-    from trainsim.frontends.exec_trace import load_execution_traces, to_exec_graph
+    from trainsim.frontends.trace.load import load_execution_traces, to_exec_graph
 
     traces = load_execution_traces(paths, kineto_paths)
     windows = [trace.step_window_s() for trace in traces]

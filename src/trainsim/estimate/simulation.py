@@ -13,20 +13,20 @@ makespan, so the values add up to the iteration time.
 import gc
 from dataclasses import dataclass
 
+from trainsim.catalog.calibration import Calibration, load_calibration
 from trainsim.comm.collectives import CommCostModel
 from trainsim.compile.build import compile_job
 from trainsim.compile.context import TASK_LEVELS, TaskLevel
-from trainsim.compile.exec_graph import ExecGraph
-from trainsim.compile.plan import ExecutionPlan, default_plan
-from trainsim.cost.calibration import Calibration, load_calibration
 from trainsim.cost.compute import OpCostModel
+from trainsim.cost.memory import MemoryEstimate
 from trainsim.cost.step import StepCosts
 from trainsim.errors import ConfigError
 from trainsim.estimate.analytical import AnalyticalEstimator, make_result
-from trainsim.estimate.memory import MemoryEstimate
 from trainsim.estimate.result import Result
+from trainsim.ir.exec_graph import ExecGraph
 from trainsim.job import Job
 from trainsim.sim import SimOptions, SimOutcome, simulate
+from trainsim.strategy.lowered import LoweredPlan, default_plan
 
 BREAKDOWN_ORDER = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble",
                    "optimizer", "overhead")
@@ -52,7 +52,7 @@ class SimRun:
     """What one estimate built and simulated, kept for --trace and --explain."""
 
     job: Job
-    plan: ExecutionPlan
+    plan: LoweredPlan
     graph: ExecGraph
     outcome: SimOutcome
     bottleneck_device: int
@@ -94,7 +94,7 @@ class SimEstimator:
     def last_outcome(self) -> SimOutcome | None:
         return self.last.outcome if self.last is not None else None
 
-    def run(self, job: Job, plan: ExecutionPlan | None = None) -> SimRun:
+    def run(self, job: Job, plan: LoweredPlan | None = None) -> SimRun:
         """Compile and simulate; the plan defaults to the strategy's even placement."""
         graph_ir = self.analytical.graph(job)
         plan = plan or default_plan(graph_ir, job.parallel)
@@ -110,7 +110,7 @@ class SimEstimator:
         self.last = run
         return run
 
-    def estimate(self, job: Job, plan: ExecutionPlan | None = None) -> Result:
+    def estimate(self, job: Job, plan: LoweredPlan | None = None) -> Result:
         run = self.run(job, plan)
         breakdown = sim_breakdown(run.graph, run.outcome, run.bottleneck_device)
         result = make_result(self.name, job, self.analytical.graph(job), breakdown, sim_memory(run.outcome))

@@ -8,6 +8,7 @@ from trainsim.specbase import Spec
 from trainsim.units import parse_bandwidth, parse_bytes, parse_flops
 
 DType = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
+BYTES_PER_DTYPE: dict[DType, int] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 DTYPES: tuple[DType, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8")
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from trainsim.hardware.device import DType
+from trainsim.ir.exec_graph import ExecGraph
 
 OpKind = Literal["matmul", "attention", "elementwise", "norm", "softmax", "embedding", "conv", "pool", "loss"]
 Phase = Literal["fwd", "bwd"]
@@ -69,12 +70,28 @@ class Layer:
         return sum(op.flops for op in (self.fwd if phase == "fwd" else self.bwd))
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MeasuredTrace:
+    """What a run's per-rank execution traces measured, lowered to an ExecGraph (one simulated device per rank,
+    measured op durations): the input of trace replay. measured_step_s and start_offset_s are per rank, in
+    the ExecGraph's device order."""
+
+    exec_graph: ExecGraph
+    ranks: tuple[int, ...]
+    measured_step_s: tuple[float, ...]
+    start_offset_s: tuple[float, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class OpGraph:
+    """measured: set by the execution-trace front-end (what the traced run did), None for a model built from
+    shapes alone."""
+
     model_name: str
     layers: tuple[Layer, ...]
     tokens_per_micro_batch: int  # per device, after the context split
     samples_per_micro_batch: int
+    measured: MeasuredTrace | None = None
 
     @property
     def num_ops(self) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from trainsim.catalog.loader import parse_model
+from trainsim.catalog.model_files import parse_model
 from trainsim.errors import InputFileError, TrainsimError
 from trainsim.hardware.cluster import ClusterSpec
 from trainsim.job import Job, make_job

@@ -232,7 +232,7 @@ def _spec_from_args(args: argparse.Namespace) -> MeasureSpec:
         return MeasureSpec.from_json(Path(args.spec).read_text())
     if not (args.job and args.out):
         raise SystemExit("worker: give --spec FILE, or --job JOB.yaml and --out DIR")
-    from trainsim.cli.jobargs import job_from_settings, read_job_file
+    from trainsim.jobfile import job_from_settings, read_job_file
 
     job = job_from_settings(read_job_file(Path(args.job)))
     device = args.device

@@ -25,9 +25,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from trainsim.hardware.device import BYTES_PER_DTYPE
 from trainsim.ir.graph import Op, OpGraph
 from trainsim.profile.database import Environment, OpSignature, ProfileDB
-from trainsim.strategy.precision import BYTES_PER_DTYPE
 
 NO_BIAS_MATMULS = ("router",)  # the MoE router has no bias
 LOGITS_MATMUL = "logits"  # the vocabulary projection: no bias, and its output feeds the fp32 loss

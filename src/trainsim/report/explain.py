@@ -1,6 +1,6 @@
 """--explain: the critical path of a simulated iteration and the exposed time per communication type."""
 
-from trainsim.compile.exec_graph import ExecGraph
+from trainsim.ir.exec_graph import ExecGraph
 from trainsim.sim import SimOutcome
 from trainsim.units import format_duration
 

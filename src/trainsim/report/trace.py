@@ -12,8 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from trainsim.compile.exec_graph import ExecGraph
 from trainsim.errors import ConfigError
+from trainsim.ir.exec_graph import ExecGraph
 from trainsim.sim.arrays import STREAMS
 from trainsim.sim.outcome import SimOutcome
 

@@ -27,7 +27,7 @@ Progress = Callable[[int, int], None]  # (plans done, plans in total)
 
 
 @dataclass(frozen=True, slots=True)
-class RankedPlan:
+class RankedStrategy:
     rank: int  # 1 = best
     job: Job
     result: Result
@@ -40,7 +40,7 @@ class RankedPlan:
 
 @dataclass(frozen=True, slots=True)
 class SearchReport:
-    plans: list[RankedPlan]  # the best top_k, best first
+    plans: list[RankedStrategy]  # the best top_k, best first
     tried: int
     feasible: int
     infeasible: dict[str, int]  # reason -> plans, most frequent first
@@ -101,6 +101,6 @@ class Planner:
             progress(total, total)
         ranked = sorted(best, key=lambda entry: entry[:3], reverse=True)
         return SearchReport(
-            plans=[RankedPlan(rank, job, result) for rank, (*_, job, result) in enumerate(ranked, start=1)],
+            plans=[RankedStrategy(rank, job, result) for rank, (*_, job, result) in enumerate(ranked, start=1)],
             tried=total, feasible=feasible, infeasible=dict(refused.most_common()),
         )

@@ -6,8 +6,8 @@ represented by its leader, the member with the lowest tid. Per-flow fields live 
 
 import math
 
-from trainsim.compile.exec_graph import ExecGraph
 from trainsim.errors import ConfigError
+from trainsim.ir.exec_graph import ExecGraph
 
 STREAMS = ("compute", "feature", "gradient")
 STREAM_INDEX = {name: index for index, name in enumerate(STREAMS)}

@@ -20,8 +20,8 @@ progresses at its slowest rank's rate and counts once on each resource any of it
 
 from heapq import heappop, heappush
 
-from trainsim.compile.exec_graph import ExecGraph
 from trainsim.errors import TrainsimError
+from trainsim.ir.exec_graph import ExecGraph
 from trainsim.sim.arrays import NUM_STREAMS, GraphArrays
 from trainsim.sim.critical_path import critical_path
 from trainsim.sim.outcome import DeviceMemory, SimOptions, SimOutcome

@@ -9,8 +9,8 @@ embedding all-reduce that synchronizes the first and the last stage. Durations a
 
 import random
 
-from trainsim.compile.exec_graph import ExecGraph, SimDevice, Task
 from trainsim.errors import ConfigError
+from trainsim.ir.exec_graph import ExecGraph, SimDevice, Task
 
 _ACTIVATION_BYTES = 5e7  # NB: arbitrary sizes; only their bookkeeping is exercised
 _STATIC_BYTES = 1e10

@@ -8,7 +8,6 @@ from trainsim.hardware.device import DType
 Precision = Literal["fp32", "tf32", "fp16", "bf16", "amp-fp16", "amp-bf16", "fp8"]
 PRECISIONS: tuple[Precision, ...] = ("fp32", "tf32", "fp16", "bf16", "amp-fp16", "amp-bf16", "fp8")
 
-BYTES_PER_DTYPE: dict[DType, int] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ Propagation (Proteus Sec. VII): a node takes its parent's settings unless it set
 layer chain's data dependencies, a layer with no mesh takes the previous layer's (layers before the first
 mapped one take the first mapped one's). Setting one node twice to different values is a ConfigError.
 
-lower() turns the tree into the ExecutionPlan of compile.plan (stage, chunk and recompute per layer, one
+lower() turns the tree into the LoweredPlan of compile.plan (stage, chunk and recompute per layer, one
 schedule). Splits are carried for the execution-graph compiler, not applied here: an OpGraph's ops are already
 per device, split by the DeviceSlice the graph was built with.
 """
@@ -24,10 +24,10 @@ from typing import Literal, cast
 
 from pydantic import Field
 
-from trainsim.compile.plan import ExecutionPlan, LayerAssignment, default_plan, expand_layers
 from trainsim.errors import ConfigError
 from trainsim.ir.graph import Layer, Op, OpGraph
 from trainsim.specbase import Spec
+from trainsim.strategy.lowered import LoweredPlan, LayerAssignment, default_plan, expand_layers
 from trainsim.strategy.parallel import RECOMPUTES, ParallelSpec, Recompute
 
 SplitItem = Literal["weight", "activation", "gradient", "optimizer"]
@@ -114,7 +114,7 @@ class Sourced:
 @dataclass(frozen=True, eq=False, repr=False)
 class StrategyTree:
     """The module tree of one OpGraph plus the settings its nodes set explicitly. Build with from_graph or
-    from_parallel; program with split/map/schedule/recompute; lower() gives the compiler's ExecutionPlan."""
+    from_parallel; program with split/map/schedule/recompute; lower() gives the compiler's LoweredPlan."""
 
     graph: OpGraph
     nodes: Mapping[str, TreeNode]
@@ -254,8 +254,8 @@ class StrategyTree:
 
     # --- lowering ---
 
-    def lower(self, par: ParallelSpec) -> ExecutionPlan:
-        """The ExecutionPlan the compiler consumes. What the tree leaves unspecified comes from par (schedule
+    def lower(self, par: ParallelSpec) -> LoweredPlan:
+        """The LoweredPlan the compiler consumes. What the tree leaves unspecified comes from par (schedule
         kind, micro-batches, recompute); stage and chunk default to 0. Splits are not part of the plan (see the
         module doc). Raises ConfigError where the plan cannot hold the tree: two schedules, recompute that differs
         inside a layer, a mesh shape other than the job's, stages past pp or against model order."""
@@ -284,7 +284,7 @@ class StrategyTree:
             last = (position, path)
             recompute = cast(Recompute, row["recompute"].value) if "recompute" in row else par.recompute
             assignments.append(LayerAssignment(index, layer, stage, chunk, recompute))
-        return ExecutionPlan(tuple(assignments), par.pp, par.vpp, micro_batches, kind, max_in_flight)
+        return LoweredPlan(tuple(assignments), par.pp, par.vpp, micro_batches, kind, max_in_flight)
 
     # --- printing ---
 
@@ -365,7 +365,7 @@ class StrategyTree:
                 job = getattr(par, axis)
                 if axis in row and row[axis] != job and not (axis == "dp" and job == 0):
                     raise ConfigError(f"map.{axis}", row[axis], f"{self.nodes[path].label} asks {axis}={row[axis]} "
-                                      f"but the job runs {axis}={job}; an ExecutionPlan has one mesh shape")
+                                      f"but the job runs {axis}={job}; an LoweredPlan has one mesh shape")
 
     def _check_recompute_inside_layers(self) -> None:
         for path, row in self.explicit.items():
@@ -376,10 +376,10 @@ class StrategyTree:
                 if mode is None or mode.value != row["recompute"]:
                     shown = "unset" if mode is None else mode.value
                     raise ConfigError("recompute.mode", row["recompute"], f"{path} differs from its layer {layer} "
-                                      f"({shown}); an ExecutionPlan recomputes per layer")
+                                      f"({shown}); an LoweredPlan recomputes per layer")
 
     def _one_schedule(self, par: ParallelSpec) -> tuple[str, int, int]:
-        """The schedule every layer runs (an ExecutionPlan has one), with par filling what the tree leaves open."""
+        """The schedule every layer runs (an LoweredPlan has one), with par filling what the tree leaves open."""
         seen: dict[tuple[Value | None, ...], str] = {}
         for path in self.layer_paths:
             row = self._resolved[path]
@@ -387,7 +387,7 @@ class StrategyTree:
         if len(seen) > 1:
             (first, first_path), (other, other_path) = list(seen.items())[:2]
             raise ConfigError("schedule", other_path, f"{other_path} runs {_schedule_text(other)} but {first_path} "
-                              f"runs {_schedule_text(first)}; an ExecutionPlan runs one schedule: set it on the root")
+                              f"runs {_schedule_text(first)}; an LoweredPlan runs one schedule: set it on the root")
         micro_batches, max_in_flight, kind = next(iter(seen))
         if micro_batches is None:
             _require_dp(par, "lowering (the micro-batch count depends on it)")

@@ -84,8 +84,8 @@ def predict_rows(rows: Iterable[RunRow], estimator: Estimator, progress: Callabl
 
 def estimator_params(model: ModelSpec) -> float:
     """Parameter count of a model, from its op graph."""
-    from trainsim.frontends.catalog import build_graph
-    from trainsim.frontends.shape import DeviceSlice
+    from trainsim.frontends.catalog.build import build_graph
+    from trainsim.strategy.device_slice import DeviceSlice
 
     return build_graph(model, DeviceSlice(1, 8, policy_for("bf16"))).param_count()
 

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from trainsim.catalog.files import DATA_DIR, read_mapping
-from trainsim.catalog.loader import load_cluster, load_device, parse_model
+from trainsim.catalog.loader import load_cluster, load_device
+from trainsim.catalog.model_files import parse_model
 from trainsim.errors import InputFileError, TrainsimError
 from trainsim.job import Job, make_job
 from trainsim.strategy.parallel import ParallelSpec

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from trainsim.errors import ConfigError
-from trainsim.frontends.torch_capture import TensorSpec, graph_from_module
+from trainsim.frontends.torch.capture import TensorSpec, graph_from_module
 from trainsim.ir.graph import OpGraph
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.strategy.precision import Precision

@@ -7,12 +7,12 @@ dev.tp and dev.cp are ignored (the caller refuses them for DLRM). Embedding tabl
 this is the graph of one data-parallel replica holding every table.
 """
 
-from trainsim.cost.flops import matmul_backward, matmul_op, pointwise_backward, pointwise_op
 from trainsim.errors import ConfigError
-from trainsim.frontends.shape import DeviceSlice
+from trainsim.hardware.device import BYTES_PER_DTYPE
+from trainsim.ir.flops import matmul_backward, matmul_op, pointwise_backward, pointwise_op
 from trainsim.ir.graph import Layer, LayerKind, Op, OpGraph
 from trainsim.ir.model_spec import DlrmSpec, EmbeddingTable
-from trainsim.strategy.precision import BYTES_PER_DTYPE
+from trainsim.strategy.device_slice import DeviceSlice
 
 _EMBEDDING_BYTES = 4  # fp32 embedding rows
 _INDEX_BYTES = 8  # int64 lookup indices

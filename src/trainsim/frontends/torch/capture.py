@@ -26,8 +26,8 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from trainsim.errors import ConfigError
-from trainsim.frontends.torch_layers import Container, build_layers, find_container
-from trainsim.frontends.torch_oplog import OpLog, Segments, iter_tensors
+from trainsim.frontends.torch.layers import Container, build_layers, find_container
+from trainsim.frontends.torch.oplog import OpLog, Segments, iter_tensors
 from trainsim.ir.graph import OpGraph
 from trainsim.strategy.precision import PRECISIONS, Precision
 

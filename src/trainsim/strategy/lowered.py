@@ -1,4 +1,4 @@
-"""ExecutionPlan: the per-layer placement a strategy lowers to, and the compiler consumes.
+"""LoweredPlan: the per-layer placement a strategy lowers to, and the compiler consumes.
 
 The plain ParallelSpec lowers to an even plan (default_plan); a StrategyTree lowers to any plan (uneven
 stages, per-layer recompute). Layers are numbered in model order after expanding repeats: for a
@@ -21,7 +21,7 @@ class LayerAssignment:
 
 
 @dataclass(frozen=True, slots=True)
-class ExecutionPlan:
+class LoweredPlan:
     layers: tuple[LayerAssignment, ...]
     num_stages: int
     num_chunks: int  # virtual stages per rank (vpp)
@@ -47,7 +47,7 @@ def expand_layers(graph: OpGraph) -> list[Layer]:
     return out
 
 
-def default_plan(graph: OpGraph, par: ParallelSpec) -> ExecutionPlan:
+def default_plan(graph: OpGraph, par: ParallelSpec) -> LoweredPlan:
     """Megatron-LM's placement: blocks split evenly over pp x vpp chunks, chunk c of rank r holds model chunk
     c * pp + r; the embedding goes with the first block, the head with the last."""
     layers = expand_layers(graph)
@@ -62,4 +62,4 @@ def default_plan(graph: OpGraph, par: ParallelSpec) -> ExecutionPlan:
             global_chunk = index * chunks // len(layers)
         assignments.append(LayerAssignment(index, layer, global_chunk % par.pp, global_chunk // par.pp,
                                            par.recompute))
-    return ExecutionPlan(tuple(assignments), par.pp, par.vpp, par.num_micro_batches, par.schedule)
+    return LoweredPlan(tuple(assignments), par.pp, par.vpp, par.num_micro_batches, par.schedule)

@@ -1,8 +1,7 @@
 """FLOP and byte formulas of single ops: small pure functions of shapes, 2 FLOPs per multiply-add."""
 
-from trainsim.hardware.device import DType
+from trainsim.hardware.device import BYTES_PER_DTYPE, DType
 from trainsim.ir.graph import Op, OpKind
-from trainsim.strategy.precision import BYTES_PER_DTYPE
 
 
 def matmul_flops(batch: int, m: int, n: int, k: int) -> float:

@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trainsim.errors import ConfigError
-from trainsim.frontends.exec_trace_graph import check_collectives, collective_groups, to_exec_graph
-from trainsim.frontends.exec_trace_ir import trace_op_graph
-from trainsim.frontends.exec_trace_kineto import KinetoMatch, attach_kineto
-from trainsim.frontends.exec_trace_model import Collective, ProcessGroup, RankTrace, TensorRef, TraceOp
-from trainsim.frontends.exec_trace_parse import attach_collectives, infer_rank, link, parse_execution_trace, read_json
+from trainsim.frontends.trace.kineto import KinetoMatch, attach_kineto
+from trainsim.frontends.trace.parse import attach_collectives, infer_rank, link, parse_execution_trace, read_json
+from trainsim.frontends.trace.rank_trace import Collective, ProcessGroup, RankTrace, TensorRef, TraceOp
+from trainsim.frontends.trace.to_exec_graph import check_collectives, collective_groups, to_exec_graph
+from trainsim.frontends.trace.to_op_graph import trace_op_graph
 from trainsim.ir.graph import OpGraph
 
 __all__ = ["Collective", "KinetoMatch", "ProcessGroup", "RankTrace", "TensorRef", "TraceOp", "check_collectives",

@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
+from trainsim.catalog.calibration import Calibration, CommParams, ComputeParams
 from trainsim.catalog.files import DATA_DIR, read_mapping
 from trainsim.catalog.loader import load_cluster, load_device
 from trainsim.comm.collectives import collective_time_s
-from trainsim.cost.calibration import Calibration, CommParams, ComputeParams
 from trainsim.cost.compute import matmul_efficiency
 from trainsim.errors import TrainsimError
 from trainsim.hardware.device import DType

@@ -30,9 +30,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Literal
 
-from trainsim.compile.exec_graph import ExecGraph, Phase, SimDevice, Stream, Task
 from trainsim.errors import ConfigError
-from trainsim.frontends.exec_trace_model import RankTrace, TraceOp
+from trainsim.frontends.trace.rank_trace import RankTrace, TraceOp
+from trainsim.ir.exec_graph import ExecGraph, Phase, SimDevice, Stream, Task
 
 StartOffsets = Literal["measured", "zero"]
 CommTiming = Literal["auto", "overlap", "min"]

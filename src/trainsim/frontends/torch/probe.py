@@ -17,7 +17,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_leaves, tree_map
 
-from trainsim.frontends.torch_oplog import TORCH_DTYPES, CallRecord, TensorStub
+from trainsim.frontends.torch.oplog import TORCH_DTYPES, CallRecord, TensorStub
 from trainsim.hardware.device import DType
 from trainsim.strategy.autocast_rules import normalize_op_name
 

@@ -23,11 +23,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
-from trainsim.frontends.torch_costs import op_flops, op_kind, op_shape
-from trainsim.hardware.device import DType
+from trainsim.frontends.torch.costs import op_flops, op_kind, op_shape
+from trainsim.hardware.device import BYTES_PER_DTYPE, DType
 from trainsim.ir.graph import Op, OpKind, Phase
 from trainsim.strategy.autocast_rules import cuda_autocast_table, dtype_for, widest
-from trainsim.strategy.precision import BYTES_PER_DTYPE, Precision
+from trainsim.strategy.precision import Precision
 
 TORCH_DTYPES: dict[torch.dtype, DType] = {
     torch.float32: "fp32", torch.float64: "fp32",  # NB: float64 (rare bookkeeping) is costed as fp32

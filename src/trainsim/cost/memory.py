@@ -2,10 +2,10 @@
 
 from dataclasses import dataclass
 
-from trainsim.estimate.stages import StagePart, in_flight_micro_batches
 from trainsim.hardware.device import DeviceSpec
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import policy_for
+from trainsim.strategy.stages import StagePart, in_flight_micro_batches
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainsim.frontends.torch_oplog import LoggedOp, OpLog
+from trainsim.frontends.torch.oplog import LoggedOp, OpLog
 from trainsim.ir.graph import Layer, LayerKind, Op
 
 _CONTAINERS = (nn.ModuleList, nn.Sequential)

@@ -3,21 +3,21 @@
 from collections.abc import Callable
 from typing import Any
 
-from trainsim.frontends.shape import DeviceSlice
 from trainsim.ir.graph import OpGraph
 from trainsim.ir.model_spec import ModelSpec
 from trainsim.registry import Registry
+from trainsim.strategy.device_slice import DeviceSlice
 
 BUILDERS: Registry[Callable[[Any, DeviceSlice], OpGraph]] = Registry("model kind")
 
 
 def _register_builders() -> None:
-    from trainsim.frontends.transformer import build_transformer
+    from trainsim.frontends.catalog.transformer import build_transformer
 
     BUILDERS.add("transformer", build_transformer)
     try:
-        from trainsim.frontends.cnn import build_cnn
-        from trainsim.frontends.dlrm import build_dlrm
+        from trainsim.frontends.catalog.cnn import build_cnn
+        from trainsim.frontends.catalog.dlrm import build_dlrm
     except ImportError:  # pragma: no cover - the CNN/DLRM builders ship with the package
         return
     BUILDERS.add("cnn", build_cnn)

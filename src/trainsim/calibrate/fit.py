@@ -11,15 +11,15 @@ from typing import Any
 import numpy as np
 import yaml
 
-from trainsim.cost.calibration import FITTED_PATH, Calibration, ComputeParams
-from trainsim.errors import InputFileError
-from trainsim.validate.fit_micro import (
+from trainsim.calibrate.microbenchmarks import (
     fit_collectives,
     fit_matmul_curve,
     fit_matmul_max_efficiency,
     name_map,
 )
-from trainsim.validate.fit_runs import FitSample, fit_runtime, fit_samples, fit_sim_runtime, log_errors
+from trainsim.calibrate.runs import FitSample, fit_runtime, fit_samples, fit_sim_runtime, log_errors
+from trainsim.catalog.calibration import FITTED_PATH, Calibration, ComputeParams
+from trainsim.errors import InputFileError
 from trainsim.validate.runs import read_runs
 
 CALIBRATION_FILES = ("runs.csv", "gemm.csv", "collectives.csv")

@@ -7,7 +7,8 @@ caller refuses tensor and context parallelism for CNNs, so dev.tp and dev.cp are
 
 from dataclasses import dataclass
 
-from trainsim.cost.flops import (
+from trainsim.hardware.device import BYTES_PER_DTYPE, DType
+from trainsim.ir.flops import (
     conv_backward,
     conv_op,
     matmul_backward,
@@ -15,11 +16,9 @@ from trainsim.cost.flops import (
     pointwise_backward,
     pointwise_op,
 )
-from trainsim.frontends.shape import DeviceSlice
-from trainsim.hardware.device import DType
 from trainsim.ir.graph import Layer, LayerKind, Op, OpGraph
 from trainsim.ir.model_spec import CnnSpec, ConvLayer
-from trainsim.strategy.precision import BYTES_PER_DTYPE
+from trainsim.strategy.device_slice import DeviceSlice
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from trainsim.frontends.exec_trace_model import RankTrace, TraceOp
+from trainsim.frontends.trace.rank_trace import RankTrace, TraceOp
 
 _DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 _US = 1e-6  # Kineto times are microseconds

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trainsim.errors import InputFileError
-from trainsim.frontends.exec_trace_model import (
+from trainsim.frontends.trace.rank_trace import (
     Collective,
     OpRole,
     ProcessGroup,

@@ -1,6 +1,6 @@
 """Calibration parameters of the cost models, read from catalog/data/calibration/fitted.yaml.
 
-That file is written by `trainsim calibrate` (trainsim.validate.fit) from the measurements in
+That file is written by `trainsim calibrate` (trainsim.calibrate.fit) from the measurements in
 shared/data/calibration; nobody edits it by hand. Without it, the priors below apply: round, physically
 motivated starting points of the fit, not fitted values.
 """

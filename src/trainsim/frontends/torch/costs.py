@@ -2,7 +2,7 @@
 
 GEMMs, convolutions and attention take torch.utils.flop_counter's registered formulas (2 FLOPs per
 multiply-add); the CPU attention kernels, which that registry lacks, take its sdpa formulas. Other ops count
-FLOPs per element with the conventions of the analytic builder (trainsim.frontends.transformer), so that the two
+FLOPs per element with the conventions of the analytic builder (trainsim.frontends.catalog.transformer), so that the two
 front-ends agree: a norm is 5 FLOPs per element, a softmax 5, GELU 8, anything else 1.
 """
 
@@ -40,7 +40,7 @@ _REDUCTIONS = frozenset({"sum", "mean", "amax", "amin", "max", "min", "var", "va
                          "logsumexp", "norm", "linalg_vector_norm", "cumsum", "argmax", "any", "all"})
 
 # FLOPs per element where one aten op stands for several arithmetic steps. NB: the conventions of
-# trainsim.frontends.transformer (a norm 5, softmax 5, GELU 8, SwiGLU's activation 4); a backward op counts
+# trainsim.frontends.catalog.transformer (a norm 5, softmax 5, GELU 8, SwiGLU's activation 4); a backward op counts
 # twice its forward, as cost.flops.pointwise_backward does.
 _PER_ELEMENT: dict[str, float] = {
     "native_layer_norm": 5.0, "native_group_norm": 5.0, "native_batch_norm": 5.0, "_fused_rms_norm": 5.0,

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from trainsim.catalog.files import read_mapping
-from trainsim.catalog.loader import parse_model
+from trainsim.catalog.model_files import parse_model
 from trainsim.errors import ConfigError
 from trainsim.ir.model_spec import ModelSpec
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainsim.cost.calibration import Calibration, ComputeParams, RuntimeParams
+from trainsim.catalog.calibration import Calibration, ComputeParams, RuntimeParams
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.ir.graph import OpGraph
 from trainsim.job import Job

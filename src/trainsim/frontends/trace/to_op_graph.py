@@ -10,7 +10,7 @@ forward/backward compute). Parameters: the tensors the optimizer updates in plac
 import re
 from math import prod
 
-from trainsim.frontends.exec_trace_model import RankTrace, TensorRef, TraceOp
+from trainsim.frontends.trace.rank_trace import RankTrace, TensorRef, TraceOp
 from trainsim.hardware.device import DType
 from trainsim.ir.graph import Layer, Op, OpGraph, OpKind
 

@@ -1,6 +1,7 @@
 """Analytic builder: TransformerSpec + DeviceSlice -> OpGraph (per device, forward and backward)."""
 
-from trainsim.cost.flops import (
+from trainsim.hardware.device import BYTES_PER_DTYPE
+from trainsim.ir.flops import (
     attention_backward,
     attention_op,
     matmul_backward,
@@ -8,10 +9,9 @@ from trainsim.cost.flops import (
     pointwise_backward,
     pointwise_op,
 )
-from trainsim.frontends.shape import DeviceSlice
 from trainsim.ir.graph import Comm, Layer, Op, OpGraph
 from trainsim.ir.model_spec import TransformerSpec
-from trainsim.strategy.precision import BYTES_PER_DTYPE
+from trainsim.strategy.device_slice import DeviceSlice
 
 
 def build_transformer(spec: TransformerSpec, dev: DeviceSlice) -> OpGraph:

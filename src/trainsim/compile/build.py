@@ -33,7 +33,7 @@ from trainsim.errors import ConfigError
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.ir.exec_graph import ExecGraph, SimDevice
 from trainsim.job import Job
-from trainsim.strategy.lowered import LoweredPlan, LayerAssignment
+from trainsim.strategy.lowered import LayerAssignment, LoweredPlan
 
 _EPS = 1e-9  # overlap fractions this close to 0 or 1 are taken as 0 or 1 (no split compute task)
 _NEVER = float("inf")  # a cut after the whole layer-phase

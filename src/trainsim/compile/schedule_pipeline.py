@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from trainsim.compile.context import BuildContext
 from trainsim.compile.schedules import Step, StepPhase, schedule_order
-from trainsim.strategy.lowered import LoweredPlan, LayerAssignment
+from trainsim.strategy.lowered import LayerAssignment, LoweredPlan
 
 
 @dataclass(slots=True)

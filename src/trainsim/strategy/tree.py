@@ -27,7 +27,7 @@ from pydantic import Field
 from trainsim.errors import ConfigError
 from trainsim.ir.graph import Layer, Op, OpGraph
 from trainsim.specbase import Spec
-from trainsim.strategy.lowered import LoweredPlan, LayerAssignment, default_plan, expand_layers
+from trainsim.strategy.lowered import LayerAssignment, LoweredPlan, default_plan, expand_layers
 from trainsim.strategy.parallel import RECOMPUTES, ParallelSpec, Recompute
 
 SplitItem = Literal["weight", "activation", "gradient", "optimizer"]

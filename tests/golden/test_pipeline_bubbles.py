@@ -12,8 +12,10 @@ import pytest
 from trainsim.catalog import load_cluster
 from trainsim.catalog.calibration import Calibration, ComputeParams
 from trainsim.catalog.model_files import parse_model
+from trainsim.cost.pricing import Pricer
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.job import Job, make_job
+from trainsim.pipeline import graph_for
 from trainsim.strategy.parallel import ParallelSpec, Schedule
 from trainsim.strategy.stages import partition_stages
 
@@ -33,19 +35,19 @@ def _job(schedule: Schedule, v: int, m: int = M) -> Job:
 
 def _estimator() -> AnalyticalEstimator:
     # No per-kernel launch overhead, so the tiny embedding and head stay negligible.
-    return AnalyticalEstimator(Calibration(compute=ComputeParams(kernel_overhead_s=0.0)))
+    return AnalyticalEstimator(Pricer(Calibration(compute=ComputeParams(kernel_overhead_s=0.0))))
 
 
 def _stage_times(est: AnalyticalEstimator, job: Job) -> list[float]:
-    stages = partition_stages(est.graph(job), P)
-    return [est.stage_cost(stage, job).total_s for stage in stages]
+    stages = partition_stages(graph_for(job), P)
+    return [est.pricer.stage_cost(stage, job).total_s for stage in stages]
 
 
 @pytest.mark.parametrize(("schedule", "v"), SCHEDULES)
 def test_bubble_is_p_minus_1_over_v_stage_times(schedule: Schedule, v: int) -> None:
     est = _estimator()
     job = _job(schedule, v)
-    bubble = est.estimate(job).breakdown["bubble"]
+    bubble = est.estimate(job, graph_for(job)).breakdown["bubble"]
     times = _stage_times(est, job)
     t_mid = times[1]
     assert times[1] == times[2]  # the middle stages hold blocks only
@@ -62,7 +64,7 @@ def test_bubble_is_p_minus_1_over_v_stage_times(schedule: Schedule, v: int) -> N
 def test_bubble_fraction_p_minus_1_over_v_m(schedule: Schedule, v: int, m: int) -> None:
     est = _estimator()
     job = _job(schedule, v, m)
-    bubble = est.estimate(job).breakdown["bubble"]
+    bubble = est.estimate(job, graph_for(job)).breakdown["bubble"]
     t_mid = _stage_times(est, job)[1]
     # Textbook bubble fraction: bubble / (m t) = (p - 1) / (v m).
     assert bubble / (m * t_mid) == pytest.approx((P - 1) / (v * m), rel=5e-3)
@@ -71,21 +73,21 @@ def test_bubble_fraction_p_minus_1_over_v_m(schedule: Schedule, v: int, m: int) 
 def test_interleaving_divides_the_bubble_by_v() -> None:
     est = _estimator()
     plain_job = _job("1f1b", 1)
-    plain = est.estimate(plain_job).breakdown["bubble"]
+    plain = est.estimate(plain_job, graph_for(plain_job)).breakdown["bubble"]
     t_plain = _stage_times(est, plain_job)[1]
     for v in (2, 4):
         job = _job("interleaved-1f1b", v)
         t_v = _stage_times(est, job)[1]
         # v * bubble_v = (p - 1) t_v + the same min(first, last) extra as v = 1; t_v - t differs only by the
         # v-fold pipeline sends of the interleaved schedule.
-        assert v * est.estimate(job).breakdown["bubble"] - plain == pytest.approx((P - 1) * (t_v - t_plain),
-                                                                                  rel=1e-9)
+        bubble_v = est.estimate(job, graph_for(job)).breakdown["bubble"]
+        assert v * bubble_v - plain == pytest.approx((P - 1) * (t_v - t_plain), rel=1e-9)
 
 
 def test_gpipe_and_1f1b_have_the_same_bubble() -> None:
     est = _estimator()
-    gpipe = est.estimate(_job("gpipe", 1)).breakdown
-    one_f_one_b = est.estimate(_job("1f1b", 1)).breakdown
+    gpipe = est.estimate(_job("gpipe", 1), graph_for(_job("gpipe", 1))).breakdown
+    one_f_one_b = est.estimate(_job("1f1b", 1), graph_for(_job("1f1b", 1))).breakdown
     # Both fill and drain a p-stage pipeline once per iteration: (p - 1) t.
     assert gpipe["bubble"] == one_f_one_b["bubble"]
 
@@ -93,7 +95,7 @@ def test_gpipe_and_1f1b_have_the_same_bubble() -> None:
 def test_pipeline_time_is_sum_plus_m_minus_1_max() -> None:
     est = _estimator()
     job = _job("1f1b", 1)
-    breakdown = est.estimate(job).breakdown
+    breakdown = est.estimate(job, graph_for(job)).breakdown
     times = _stage_times(est, job)
     outside = ("dp_comm", "optimizer", "overhead")
     pipeline = sum(value for key, value in breakdown.items() if key not in outside)

@@ -15,7 +15,7 @@ import pytest
 from trainsim.catalog import load_device
 from trainsim.catalog.calibration import Calibration, CommParams
 from trainsim.comm.collectives import collective_time_s
-from trainsim.estimate.analytical import axis_layout
+from trainsim.cost.pricing import axis_layout
 from trainsim.hardware.cluster import ClusterSpec, GroupLayout, LinkSpec
 from trainsim.strategy.parallel import ParallelSpec
 

@@ -11,12 +11,15 @@ from trainsim.catalog.calibration import Calibration, RuntimeParams
 from trainsim.catalog.model_files import parse_model
 from trainsim.comm.collectives import collective_time_s
 from trainsim.compile.build import compile_job
+from trainsim.cost.pricing import BUCKET_BYTES, Pricer, axis_layout
 from trainsim.errors import ConfigError
-from trainsim.estimate.analytical import BUCKET_BYTES, AnalyticalEstimator, axis_layout
-from trainsim.estimate.engines import ENGINES
+from trainsim.estimate.analytical import AnalyticalEstimator
+from trainsim.estimate.engines import make_engine
+from trainsim.estimate.result import Result, Timeline
 from trainsim.estimate.simulation import SimEstimator
 from trainsim.ir.exec_graph import ExecGraph
 from trainsim.job import Job, make_job
+from trainsim.pipeline import graph_for
 from trainsim.strategy.lowered import default_plan
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.stages import partition_stages
@@ -31,14 +34,18 @@ def _job(num_gpus: int, **strategy: object) -> Job:
 
 
 def _sim(cal: Calibration | None = None, **flags: object) -> SimEstimator:
-    cal = cal or Calibration()
-    return SimEstimator(cal, overlap=False, sharing=False, analytical=AnalyticalEstimator(cal), **flags)  # type: ignore[arg-type]
+    return SimEstimator(Pricer(cal or Calibration()), overlap=False, sharing=False, **flags)  # type: ignore[arg-type]
 
 
-def _stage_times(est: AnalyticalEstimator, job: Job) -> tuple[list[float], list[float]]:
+def _timeline(result: Result) -> Timeline:
+    assert result.timeline is not None
+    return result.timeline
+
+
+def _stage_times(pricer: Pricer, job: Job) -> tuple[list[float], list[float]]:
     f, b = [0.0] * job.parallel.pp, [0.0] * job.parallel.pp
-    for a in default_plan(est.graph(job), job.parallel).layers:
-        cost = est.layer_cost(a.layer, job)
+    for a in default_plan(graph_for(job), job.parallel).layers:
+        cost = pricer.layer_cost(a.layer, job)
         f[a.stage] += cost.fwd_s
         b[a.stage] += cost.bwd_s
     return f, b
@@ -54,19 +61,18 @@ def test_two_stage_1f1b_makespan_is_hand_computed_from_layer_costs() -> None:
     """
     sim = _sim()
     job = _job(2, pp=2, global_batch=4)
-    est = sim.analytical
+    est = sim.pricer
     f, b = _stage_times(est, job)
     assert f[1] + b[1] > f[0] + b[0]
-    block = next(layer for layer in est.graph(job).layers if layer.kind == "block")
+    block = next(layer for layer in graph_for(job).layers if layer.kind == "block")
     s = collective_time_s("send-recv", block.output_bytes, axis_layout("pp", job.parallel, job.cluster),
-                          job.cluster, sim.cal)
-    optimizer = est.optimizer_step_s(partition_stages(est.graph(job), 2), job)
+                          job.cluster, sim.pricer.cal)
+    optimizer = est.optimizer_step_s(partition_stages(graph_for(job), 2), job)
     expected = (f[0] + b[0]) + 4 * (f[1] + b[1]) + 5 * s + optimizer
-    result = sim.estimate(job)
+    result = sim.estimate(job, graph_for(job))
     assert result.iteration_time_s == pytest.approx(expected, rel=1e-12)
     assert sum(result.breakdown.values()) == pytest.approx(result.iteration_time_s, rel=1e-12)
-    graph = sim.last_graph
-    assert graph is not None
+    graph = _timeline(result).exec_graph
     names = Counter(t.name.split(" ")[0] for t in graph.tasks if t.category == "pp_comm")
     # mb0's activation and mb3's gradient travel alone; the rest go as 3 batched exchanges (a copy per stage).
     assert names == {"send": 2, "exchange": 6}
@@ -78,27 +84,28 @@ def test_fsdp_without_overlap_serializes_gathers_and_scatters() -> None:
     cal = Calibration(runtime=RuntimeParams(fsdp_overlap=0.0))
     sim = _sim(cal)
     job = _job(2, zero=3, global_batch=4)  # dp=2, m=2
-    est = sim.analytical
+    est = sim.pricer
     f, b = _stage_times(est, job)
     layout = job.cluster.group_layout(2, 1)
     comm = 0.0
-    for layer in est.graph(job).layers:
+    for layer in graph_for(job).layers:
         weights, grads = layer.param_count * 2, layer.param_count * 2  # bf16
         gather = collective_time_s("all-gather", weights, layout, job.cluster, cal)
         scatter = collective_time_s("reduce-scatter", grads, layout, job.cluster, cal)
         comm += layer.count * (2 * gather + scatter)
     m = job.parallel.num_micro_batches
-    optimizer = est.optimizer_step_s(partition_stages(est.graph(job), 1), job)
-    result = sim.estimate(job)
+    optimizer = est.optimizer_step_s(partition_stages(graph_for(job), 1), job)
+    result = sim.estimate(job, graph_for(job))
     assert result.iteration_time_s == pytest.approx(m * (f[0] + b[0]) + m * comm + optimizer, rel=1e-12)
     # ... and the analytical engine's formula is the same sum.
-    assert est.estimate(job).iteration_time_s == pytest.approx(result.iteration_time_s, rel=1e-12)
+    analytical = AnalyticalEstimator(est).estimate(job, graph_for(job))
+    assert analytical.iteration_time_s == pytest.approx(result.iteration_time_s, rel=1e-12)
 
 
 def test_fsdp_prefetch_hides_gathers_under_compute() -> None:
     job = _job(2, zero=3, global_batch=4)
-    exposed = _sim(Calibration(runtime=RuntimeParams(fsdp_overlap=0.0))).estimate(job).iteration_time_s
-    hidden = _sim(Calibration(runtime=RuntimeParams(fsdp_overlap=1.0))).estimate(job).iteration_time_s
+    exposed = _sim(Calibration(runtime=RuntimeParams(fsdp_overlap=0.0))).estimate(job, graph_for(job)).iteration_time_s
+    hidden = _sim(Calibration(runtime=RuntimeParams(fsdp_overlap=1.0))).estimate(job, graph_for(job)).iteration_time_s
     assert hidden < exposed
 
 
@@ -107,21 +114,20 @@ def test_gradient_buckets_without_overlap_follow_the_backward_pass() -> None:
     cal = Calibration(runtime=RuntimeParams(dp_overlap=0.0))
     sim = _sim(cal)
     job = _job(4, global_batch=8)  # dp=4, m=2
-    result = sim.estimate(job)
-    graph, outcome = sim.last_graph, sim.last_outcome
-    assert graph is not None and outcome is not None
+    result = sim.estimate(job, graph_for(job))
+    graph, outcome = _timeline(result).exec_graph, _timeline(result).outcome
     buckets = [t for t in graph.tasks if t.category == "dp_comm"]
     assert len(buckets) >= 2
     last_backward = max(outcome.end_s[t.tid] for t in graph.tasks if t.phase == "bwd")
     assert min(outcome.start_s[t.tid] for t in buckets) == last_backward
     comm = sum(t.duration_s for t in buckets)
-    f, b = _stage_times(sim.analytical, job)
-    optimizer = sim.analytical.optimizer_step_s(partition_stages(sim.analytical.graph(job), 1), job)
+    f, b = _stage_times(sim.pricer, job)
+    optimizer = sim.pricer.optimizer_step_s(partition_stages(graph_for(job), 1), job)
     assert result.iteration_time_s == pytest.approx(2 * (f[0] + b[0]) + comm + optimizer, rel=1e-12)
     # Buckets hold whole layers, in the order their gradients become final, each at least BUCKET_BYTES but the
     # last: their all-reduces together move every gradient once, plus one ring's latency per extra bucket.
     layout = job.cluster.group_layout(4, 1)
-    params = sim.analytical.graph(job).param_count()
+    params = graph_for(job).param_count()
     whole = collective_time_s("all-reduce", params * 2, layout, job.cluster, cal)
     ring_latency = 2 * 3 * (job.cluster.intra_node.latency_s + cal.comm_params("all-reduce").latency_s)
     assert comm == pytest.approx(whole + (len(buckets) - 1) * ring_latency, rel=1e-9)
@@ -152,18 +158,16 @@ def _check_graph(graph: ExecGraph) -> None:
 def test_graphs_are_well_formed_and_op_level_agrees(strategy: dict[str, object], level: str) -> None:
     job = _job(8, **strategy)
     sim = _sim(task_level=level)
-    result = sim.estimate(job)
-    assert sim.last_graph is not None
-    _check_graph(sim.last_graph)
-    layer_time = _sim().estimate(job).iteration_time_s
+    result = sim.estimate(job, graph_for(job))
+    _check_graph(_timeline(result).exec_graph)
+    layer_time = _sim().estimate(job, graph_for(job)).iteration_time_s
     assert result.iteration_time_s == pytest.approx(layer_time, rel=1e-9)
     assert sum(result.breakdown.values()) == pytest.approx(result.iteration_time_s, rel=1e-9)
 
 
 def test_one_simulated_device_per_stage_and_tasks_per_layer_phase() -> None:
     job = _job(8, pp=2, tp=2, global_batch=8)  # dp=2, m=4
-    graph = compile_job(job, default_plan(AnalyticalEstimator(Calibration()).graph(job), job.parallel),
-                        AnalyticalEstimator(Calibration()))
+    graph = compile_job(job, default_plan(graph_for(job), job.parallel), Pricer(Calibration()))
     assert [(d.stage, d.ranks) for d in graph.devices] == [(0, 4), (1, 4)]
     units = Counter((t.device, t.phase) for t in {(t.device, t.phase, t.layer, t.micro_batch): t
                                                   for t in graph.tasks if t.category == "compute"}.values())
@@ -186,20 +190,18 @@ def test_graph_size_does_not_grow_with_the_data_parallel_degree() -> None:
     for dp in (2, 32):
         par = ParallelSpec(tp=2, pp=2, dp=dp, micro_batch=1, global_batch=8 * dp, seq_len=2048)
         job = make_job(model, load_cluster("dgx-a100-80gb").with_num_gpus(4 * dp), par)
-        est = AnalyticalEstimator(Calibration())
-        sizes.append(len(compile_job(job, default_plan(est.graph(job), par), est).tasks))
+        sizes.append(len(compile_job(job, default_plan(graph_for(job), par), Pricer(Calibration())).tasks))
     assert sizes[0] == sizes[1]
 
 
 def test_zero_bubble_h1_splits_the_backward_and_shrinks_the_bubble() -> None:
     job = _job(8, pp=4, global_batch=16)
     sim = _sim()
-    plan = default_plan(sim.analytical.graph(job), job.parallel)
-    one_f_one_b = sim.estimate(job).iteration_time_s
-    zb = sim.estimate(job, dataclasses.replace(plan, schedule="zb-h1")).iteration_time_s
-    assert zb < one_f_one_b
-    graph = sim.last_graph
-    assert graph is not None
+    plan = default_plan(graph_for(job), job.parallel)
+    one_f_one_b = sim.estimate(job, graph_for(job)).iteration_time_s
+    zb_result = sim.estimate(job, graph_for(job), dataclasses.replace(plan, schedule="zb-h1"))
+    assert zb_result.iteration_time_s < one_f_one_b
+    graph = _timeline(zb_result).exec_graph
     wgrad = [t for t in graph.tasks if t.name.startswith("W")]
     assert wgrad and all(t.phase == "bwd" for t in wgrad)
 
@@ -208,7 +210,7 @@ def test_zero_bubble_h1_splits_the_backward_and_shrinks_the_bubble() -> None:
 def test_out_of_memory_is_a_result_not_an_error() -> None:
     job = make_job(load_model("gpt3-175b"), load_cluster("dgx-a100-80gb").with_num_gpus(8),
                    ParallelSpec(tp=8, micro_batch=1, global_batch=1, seq_len=2048))
-    result = SimEstimator().estimate(job)
+    result = SimEstimator().estimate(job, graph_for(job))
     assert result.oom and result.peak_memory_bytes > result.memory_capacity_bytes
     assert sum(result.memory_breakdown.values()) == pytest.approx(result.peak_memory_bytes)
     assert result.notes and "out of memory" in result.notes[0]
@@ -220,32 +222,33 @@ def test_the_simulated_optimizer_step_allocates_the_foreach_temporary() -> None:
     job = make_job(load_model("gpt3-6.7b"), load_cluster("dgx-h200").with_num_gpus(1),
                    ParallelSpec(micro_batch=2, global_batch=2, seq_len=2048, precision="amp-bf16", recompute="full",
                                 optimizer_impl="foreach"))
-    analytical = AnalyticalEstimator().estimate(job)
-    simulated = SimEstimator().estimate(job)
+    analytical = AnalyticalEstimator().estimate(job, graph_for(job))
+    simulated = SimEstimator().estimate(job, graph_for(job))
     step = analytical.memory_breakdown["optimizer_step"]
     assert step > 0.0
     assert simulated.peak_memory_bytes == pytest.approx(analytical.peak_memory_bytes, rel=1e-9)
     fused = dataclasses.replace(job, parallel=job.parallel.model_copy(update={"optimizer_impl": "fused"}))
-    assert SimEstimator().estimate(fused).peak_memory_bytes < simulated.peak_memory_bytes
+    assert SimEstimator().estimate(fused, graph_for(fused)).peak_memory_bytes < simulated.peak_memory_bytes
 
 
-def test_registered_as_sim_and_keeps_the_last_run() -> None:
-    estimator = ENGINES.get("sim")()
-    assert estimator.name == "sim"
-    assert isinstance(estimator, SimEstimator) and estimator.last is None
-    estimator.estimate(_job(2, pp=2, global_batch=4))
-    assert estimator.last_graph is not None and estimator.last_outcome is not None
+def test_registered_as_sim_and_its_result_carries_the_timeline() -> None:
+    estimator = make_engine("sim")
+    assert estimator.name == "sim" and isinstance(estimator, SimEstimator)
+    job = _job(2, pp=2, global_batch=4)
+    result = estimator.estimate(job, graph_for(job))
+    assert result.timeline is not None and result.timeline.outcome.critical_path
+    assert result.timeline.device_names == ("stage 0 (1 ranks)", "stage 1 (1 ranks)")
+    assert "timeline" not in result.to_dict()
     assert estimator.options.bandwidth_sharing
 
 
 def test_bad_task_level_and_mismatched_plan_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="task_level"):
-        SimEstimator(Calibration(), task_level="kernel")  # type: ignore[arg-type]
+        SimEstimator(Pricer(Calibration()), task_level="kernel")  # type: ignore[arg-type]
     job = _job(2, pp=2, global_batch=4)
-    est = AnalyticalEstimator(Calibration())
-    plan = default_plan(est.graph(_job(2, global_batch=4)), _job(2, global_batch=4).parallel)
+    plan = default_plan(graph_for(_job(2, global_batch=4)), _job(2, global_batch=4).parallel)
     with pytest.raises(ConfigError, match="num_stages"):
-        compile_job(job, plan, est)
+        compile_job(job, plan, Pricer(Calibration()))
 
 
 @pytest.mark.parametrize("sp", [False, True])
@@ -278,7 +281,7 @@ def test_vocab_parallel_embedding_and_cross_entropy_collectives(sp: bool) -> Non
 def test_ranks_sharing_cores_wait_for_them_except_in_bubbles() -> None:
     """4 ranks on 2 cores (share 1/2): a step of 5 s with a 1 s bubble keeps a core busy for 4 s, so it lasts at
     least 4 / (1/2) = 8 s: 3 s of core sharing. A whole core per rank changes nothing."""
-    from trainsim.estimate.analytical import with_shared_cores
+    from trainsim.estimate.result import with_shared_cores
 
     breakdown = {"compute": 3.0, "pp_comm": 1.0, "bubble": 1.0}
     assert with_shared_cores(breakdown, 1.0) == breakdown

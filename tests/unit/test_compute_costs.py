@@ -4,6 +4,7 @@ import pytest
 
 from trainsim.catalog.calibration import Calibration, ComputeParams
 from trainsim.cost.compute import matmul_efficiency
+from trainsim.pipeline import graph_for
 
 PEAK = 312e12
 
@@ -74,7 +75,7 @@ def test_a_kernel_the_device_lacks_is_said_in_the_result() -> None:
     def notes(cluster: str) -> list[str]:
         job = make_job(load_model("gpt3-125m"), load_cluster(cluster).with_num_gpus(8),
                        ParallelSpec(attention="flash3", global_batch=8, seq_len=1024))
-        return AnalyticalEstimator().estimate(job).notes
+        return AnalyticalEstimator().estimate(job, graph_for(job)).notes
 
     assert notes("dgx-h100-80gb") == []
     assert notes("dgx-a100-80gb") == [

@@ -21,6 +21,7 @@ from trainsim.catalog import load_model
 from trainsim.cost.memory import model_state_bytes
 from trainsim.frontends.catalog.transformer import build_transformer
 from trainsim.ir.model_spec import TransformerSpec
+from trainsim.pipeline import graph_for
 from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import policy_for
@@ -145,8 +146,8 @@ def _peak_parts(impl: str, recompute: str = "full", zero: int = 0,
                               "zero": zero, "optimizer_impl": impl})
     job = make_job(load_model(model), load_cluster("dgx-h200").with_num_gpus(gpus), par)
     estimator = AnalyticalEstimator()
-    result = estimator.estimate(job)
-    params = sum(layer.count * layer.param_count for layer in estimator.graph(job).layers)
+    result = estimator.estimate(job, graph_for(job))
+    params = sum(layer.count * layer.param_count for layer in graph_for(job).layers)
     assert sum(result.memory_breakdown.values()) == pytest.approx(result.peak_memory_bytes, rel=1e-12)
     return result.memory_breakdown, params
 

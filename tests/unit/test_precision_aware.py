@@ -7,7 +7,7 @@ import pytest
 
 from trainsim.catalog import load_cluster, load_model
 from trainsim.catalog.model_files import parse_model
-from trainsim.estimate.engines import ENGINES
+from trainsim.estimate.engines import make_engine
 from trainsim.estimate.precision_aware import (
     PrecisionAwareEstimator,
     gradient_bytes,
@@ -17,6 +17,7 @@ from trainsim.estimate.precision_aware import (
 from trainsim.hardware.device import DeviceSpec
 from trainsim.ir.graph import Op
 from trainsim.job import Job, make_job
+from trainsim.pipeline import graph_for, predict
 from trainsim.profile.database import Environment, ProfileDB
 from trainsim.profile.job import JobShape, job_graph
 from trainsim.profile.ops import optimizer_signature, unique_signatures
@@ -43,8 +44,7 @@ def _job(precision: Precision = "bf16", tp: int = 2, pp: int = 2, dp: int = 2, g
 
 def test_algorithm1_makes_one_subgraph_per_gpu() -> None:
     job = _job()
-    estimator = PrecisionAwareEstimator(op_costs=ConstantCosts())
-    subgraphs = partition(estimator.graph(job), job.parallel)
+    subgraphs = partition(graph_for(job), job.parallel)
     assert len(subgraphs) == 8  # PP x DP x TP
     assert {(s.stage, s.dp_rank, s.tp_rank) for s in subgraphs} == {
         (s, d, t) for s in range(2) for d in range(2) for t in range(2)}
@@ -57,8 +57,8 @@ def test_algorithm1_makes_one_subgraph_per_gpu() -> None:
 def test_equations_1_to_4_by_hand() -> None:
     job = _job()
     estimator = PrecisionAwareEstimator(op_costs=ConstantCosts(), optimizer=False)
-    result = estimator.estimate(job)
-    graph = estimator.graph(job)
+    result = estimator.estimate(job, graph_for(job))
+    graph = graph_for(job)
     subgraphs = partition(graph, job.parallel)
 
     def ops(stage: int) -> float:
@@ -81,15 +81,15 @@ def test_equations_1_to_4_by_hand() -> None:
 
 def test_no_parallelism_means_compute_alone() -> None:
     job = _job(tp=1, pp=1, dp=1, global_batch=1)
-    result = PrecisionAwareEstimator(op_costs=ConstantCosts(), optimizer=False).estimate(job)
+    result = PrecisionAwareEstimator(op_costs=ConstantCosts(), optimizer=False).estimate(job, graph_for(job))
     assert result.breakdown["dp_comm"] == result.breakdown["tp_comm"] == result.breakdown["bubble"] == 0.0
     graph = job_graph(parse_model(TINY), JobShape(1, 16, "bf16"))
     assert result.iteration_time_s == pytest.approx(graph.num_ops * OP_S)
 
 
 def test_gradient_volume_follows_operator_precision() -> None:
-    fp32 = PrecisionAwareEstimator(op_costs=ConstantCosts(), optimizer=False).estimate(_job("fp32"))
-    amp = PrecisionAwareEstimator(op_costs=ConstantCosts(), optimizer=False).estimate(_job("amp-bf16"))
+    estimator = PrecisionAwareEstimator(op_costs=ConstantCosts(), optimizer=False)
+    fp32, amp = (predict(_job(precision), estimator) for precision in ("fp32", "amp-bf16"))
     assert fp32.breakdown["dp_comm"] == pytest.approx(2 * amp.breakdown["dp_comm"])
     assert fp32.breakdown["tp_comm"] == pytest.approx(2 * amp.breakdown["tp_comm"])
 
@@ -99,8 +99,8 @@ def test_roofline_op_times_make_fp32_slower_than_bf16() -> None:
         return make_job(load_model("gpt2-124m"), load_cluster("dgx-a100-80gb"),
                         ParallelSpec(tp=2, pp=2, dp=2, micro_batch=4, seq_len=1024, precision=precision))
 
-    fp32 = ENGINES.get("precision-aware")().estimate(job("fp32"))
-    bf16 = ENGINES.get("precision-aware")().estimate(job("bf16"))
+    fp32 = make_engine("precision-aware").estimate(job("fp32"), graph_for(job("fp32")))
+    bf16 = make_engine("precision-aware").estimate(job("bf16"), graph_for(job("bf16")))
     assert fp32.iteration_time_s > 2 * bf16.iteration_time_s  # A100: 19.5 vs 312 TFLOP/s peaks
     assert sum(fp32.breakdown.values()) == pytest.approx(fp32.iteration_time_s)
 
@@ -114,7 +114,7 @@ def test_profile_database_answers_ops_and_optimizer(tmp_path: Path) -> None:
         for sig in unique_signatures(graph)[0]:
             db.add_op_samples(env, sig, [2e-3])
         db.add_op_samples(env, optimizer_signature(round(graph.param_count())), [0.5])
-    result = PrecisionAwareEstimator(db=path).estimate(job)
+    result = PrecisionAwareEstimator(db=path).estimate(job, graph_for(job))
     assert result.breakdown["compute"] == pytest.approx(graph.num_ops * 2e-3)
     assert result.breakdown["optimizer"] == pytest.approx(0.5)
     assert any("exact" in note for note in result.notes)

@@ -1,5 +1,5 @@
 """ProfiledCosts: exact answers, log-log interpolation inside the measured range, roofline outside, counted by
-source; make_estimator wires it into the analytical engine. No torch: the database is filled by hand."""
+source; make_engine wires it into the analytical engine. No torch: the database is filled by hand."""
 
 import math
 import subprocess
@@ -9,14 +9,16 @@ from pathlib import Path
 import pytest
 
 from trainsim.catalog import load_cluster
+from trainsim.catalog.calibration import load_calibration
 from trainsim.catalog.model_files import parse_model
 from trainsim.cost.profiled import ProfiledCosts
 from trainsim.errors import ConfigError
 from trainsim.estimate.analytical import AnalyticalEstimator
-from trainsim.estimate.costs import make_estimator
+from trainsim.estimate.engines import make_engine
 from trainsim.hardware.device import DeviceSpec
 from trainsim.ir.graph import Op
 from trainsim.job import make_job
+from trainsim.pipeline import graph_for
 from trainsim.profile.database import Environment, OpSignature, ProfileDB
 from trainsim.profile.job import JobShape, job_graph
 from trainsim.profile.ops import optimizer_signature, overhead_signature, signature_of, unique_signatures
@@ -94,19 +96,20 @@ def _fill(path: Path, precision: str, seconds: float, optimizer_s: float) -> tup
     return ops, round(graph.param_count())
 
 
-def test_make_estimator_predicts_from_the_database_alone(tmp_path: Path) -> None:
+def test_make_engine_predicts_from_the_database_alone(tmp_path: Path) -> None:
     path = tmp_path / "p.sqlite"
     ops, _ = _fill(path, "fp32", 1e-3, 0.25)
     job = make_job(parse_model(TINY), load_cluster("local-cpu"),
                    ParallelSpec(micro_batch=2, seq_len=16, precision="fp32", dp=1))
-    estimator = make_estimator("profiled", path)
-    result = estimator.estimate(job)
+    estimator = make_engine("analytical", "profiled", path)
+    result = estimator.estimate(job, graph_for(job))
     assert isinstance(estimator, AnalyticalEstimator)
     assert result.breakdown["compute"] == pytest.approx(ops * 1e-3)
     assert result.breakdown["optimizer"] == pytest.approx(0.25)
     assert result.breakdown["overhead"] == pytest.approx(ops * 1e-6)  # measured, not the GPU-fitted constants
     assert result.iteration_time_s == pytest.approx(ops * (1e-3 + 1e-6) + 0.25)
-    costs = estimator.op_costs
+    assert isinstance(estimator, AnalyticalEstimator)
+    costs = estimator.pricer.op_costs
     assert isinstance(costs, ProfiledCosts) and costs.source_counts()["fallback"] == 0
 
 
@@ -115,23 +118,23 @@ def test_an_empty_database_falls_back_to_the_roofline(tmp_path: Path) -> None:
     ProfileDB.open(path).close()
     job = make_job(parse_model(TINY), load_cluster("dgx-a100-80gb"),
                    ParallelSpec(micro_batch=2, seq_len=16, precision="bf16"))
-    profiled = make_estimator("profiled", path).estimate(job)
-    roofline = make_estimator("roofline").estimate(job)
+    profiled = make_engine("analytical", "profiled", path).estimate(job, graph_for(job))
+    roofline = make_engine("analytical", "roofline").estimate(job, graph_for(job))
     assert math.isclose(profiled.iteration_time_s, roofline.iteration_time_s, rel_tol=1e-12)
 
 
 def test_unknown_cost_model_is_a_config_error() -> None:
-    with pytest.raises(ConfigError, match="roofline, profiled"):
-        make_estimator("learned")
+    with pytest.raises(ConfigError, match="choose one of: profiled, roofline"):
+        make_engine("analytical", "learned")
 
 
 def test_profiled_prediction_does_not_import_torch(tmp_path: Path) -> None:
     path = tmp_path / "p.sqlite"
     _fill(path, "fp32", 1e-3, 0.25)
-    code = ("import sys; from pathlib import Path; from trainsim.estimate.costs import make_estimator; "
-            "from trainsim.jobfile import job_from_settings; "
+    code = ("import sys; from pathlib import Path; from trainsim.estimate.engines import make_engine; "
+            "from trainsim.pipeline import graph_for; from trainsim.jobfile import job_from_settings; "
             f"job = job_from_settings(dict(model='gpt2-124m', cluster='local-cpu', seq_len=16)); "
-            f"make_estimator('profiled', Path({str(path)!r})).estimate(job); "
+            f"make_engine('analytical', 'profiled', Path({str(path)!r})).estimate(job, graph_for(job)); "
             "import trainsim.cli.main; assert 'torch' not in sys.modules, 'torch imported'")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert run.returncode == 0, run.stderr
@@ -170,7 +173,7 @@ def test_measured_collectives_answer_their_group_size_only(db_path: Path) -> Non
 def test_profiled_engines_take_the_measured_collectives(db_path: Path) -> None:
     """dp=2 on local-cpu: the gradient all-reduce comes from the database, in the analytical and the simulation
     engines alike."""
-    from trainsim.estimate.costs import make_engine
+
     from trainsim.profile.database import TimingStats
 
     with ProfileDB.open(db_path) as db:
@@ -179,7 +182,7 @@ def test_profiled_engines_take_the_measured_collectives(db_path: Path) -> None:
     job = make_job(parse_model(TINY), load_cluster("local-cpu").with_num_gpus(2).on_one_node(),
                    ParallelSpec(dp=2, micro_batch=1, seq_len=16, precision="fp32"))
     for engine in ("analytical", "sim"):
-        result = make_engine(engine, "profiled", db_path).estimate(job)
+        result = make_engine(engine, "profiled", db_path).estimate(job, graph_for(job))
         assert result.breakdown["dp_comm"] == pytest.approx(5.0, rel=0.05), engine
 
 
@@ -195,7 +198,7 @@ def test_framework_overheads_are_added_per_layer_where_they_apply(db_path: Path)
         db.add_op_samples(ENV, framework_signature("dtensor-tp", "fp32"), [2e-3])
         db.add_op_samples(ENV, framework_signature("fsdp2-zero3", "fp32"), [5e-3])
     steps = ProfiledStepCosts(ProfiledCosts(db_path, fallback=ConstantCosts(1.0)),
-                              FittedStepCosts(AnalyticalEstimator().cal))
+                              FittedStepCosts(load_calibration()))
     plain = ParallelSpec(micro_batch=1, seq_len=16, precision="fp32")
     tp = ParallelSpec(tp=2, micro_batch=1, seq_len=16, precision="fp32")
     both = ParallelSpec(tp=2, dp=2, zero=3, micro_batch=1, seq_len=16, precision="fp32")

@@ -14,6 +14,7 @@ from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.hardware.cluster import ClusterSpec
 from trainsim.ir.model_spec import ModelSpec
 from trainsim.job import make_job
+from trainsim.pipeline import graph_for
 from trainsim.search import OUT_OF_MEMORY, Planner, SearchSpace, enumerate_plans
 from trainsim.search.planner import refusal_reason
 from trainsim.search.space import divisors, micro_batch_candidates, vpp_candidates
@@ -93,7 +94,7 @@ def test_planner_matches_brute_force_with_oom(cluster8: ClusterSpec) -> None:
     feasible = []
     for par in enumerate_plans(model, cluster, space):
         try:
-            result = estimator.estimate(make_job(model, cluster, par))
+            result = estimator.estimate(make_job(model, cluster, par), graph_for(make_job(model, cluster, par)))
         except TrainsimError as exc:
             expected[refusal_reason(exc)] += 1
             continue

@@ -16,10 +16,12 @@ import pytest
 
 from trainsim.calibrate.fit import find_calibration_dir
 from trainsim.catalog.calibration import load_calibration
+from trainsim.cost.pricing import Pricer
 from trainsim.errors import InputFileError
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.estimate.simulation import SimEstimator
 from trainsim.job import Job
+from trainsim.pipeline import graph_for
 from trainsim.validate.runs import job_from_row, read_runs
 
 TOLERANCE = 0.02
@@ -42,12 +44,13 @@ def test_sim_agrees_with_analytical_on_every_calibration_run() -> None:
     jobs = _jobs()
     assert len(jobs) >= 1500
     # Same costs and the same runtime parameters (not the simulator's own fit): the engines must agree.
-    analytical = AnalyticalEstimator(load_calibration().model_copy(update={"sim_runtime": None}))
-    sim = SimEstimator(analytical.cal, overlap=False, sharing=False, analytical=analytical)
+    pricer = Pricer(load_calibration().model_copy(update={"sim_runtime": None}))
+    analytical = AnalyticalEstimator(pricer)
+    sim = SimEstimator(pricer, overlap=False, sharing=False)
     worst: list[tuple[float, str, float, float]] = []
     for job in jobs:
-        expected = analytical.estimate(job).iteration_time_s
-        got = sim.estimate(job).iteration_time_s
+        expected = analytical.estimate(job, graph_for(job)).iteration_time_s
+        got = sim.estimate(job, graph_for(job)).iteration_time_s
         worst.append((abs(got / expected - 1.0), job.describe(), got, expected))
     worst.sort(reverse=True)
     failures = [w for w in worst if w[0] > TOLERANCE]

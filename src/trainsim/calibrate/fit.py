@@ -20,6 +20,7 @@ from trainsim.calibrate.microbenchmarks import (
 from trainsim.calibrate.runs import FitSample, fit_runtime, fit_samples, fit_sim_runtime, log_errors
 from trainsim.catalog.calibration import FITTED_PATH, Calibration, ComputeParams
 from trainsim.errors import InputFileError
+from trainsim.pipeline import GraphCache
 from trainsim.validate.runs import read_runs
 
 CALIBRATION_FILES = ("runs.csv", "gemm.csv", "collectives.csv")
@@ -89,7 +90,7 @@ def _percent_errors(log_error: np.ndarray) -> list[float]:
 
 
 def _mape_of(cal: Calibration, samples: list[FitSample]) -> float:
-    errors = _percent_errors(log_errors(cal, samples, {}))
+    errors = _percent_errors(log_errors(cal, samples, GraphCache()))
     return sum(errors) / len(errors)
 
 
@@ -106,7 +107,7 @@ def cross_validate(data_dir: Path, folds: int = 5, seed: int = 0) -> dict[str, d
         test = [samples[i] for i in order[fold::folds]]
         train = [samples[i] for i in order if i not in set(order[fold::folds])]
         fitted = fit_runtime(base, train)
-        errors = log_errors(fitted, test, {})
+        errors = log_errors(fitted, test, GraphCache())
         held_out += list(zip(test, _percent_errors(errors), strict=True))
     report["k-fold"] = _by_source(held_out)
     for source in sorted({s.source for s in samples}):

@@ -12,9 +12,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainsim.catalog.calibration import Calibration, ComputeParams, RuntimeParams
+from trainsim.cost.pricing import Pricer
 from trainsim.estimate.analytical import AnalyticalEstimator
-from trainsim.ir.graph import OpGraph
+from trainsim.estimate.engines import Estimator
+from trainsim.estimate.simulation import SimEstimator
 from trainsim.job import Job
+from trainsim.pipeline import GraphCache
 from trainsim.validate.runs import RunRow, job_from_row, source_group
 
 
@@ -91,16 +94,13 @@ def calibration_with(base: Calibration, theta: Sequence[float] | np.ndarray,
     })
 
 
-def log_errors(cal: Calibration, samples: Sequence[FitSample],
-               graphs: dict[tuple[object, ...], OpGraph], engine: str = "analytical") -> np.ndarray:
-    analytical = AnalyticalEstimator(cal, graphs)
-    if engine == "sim":
-        from trainsim.estimate.simulation import SimEstimator
-
-        estimator: AnalyticalEstimator | SimEstimator = SimEstimator(cal, analytical=analytical)
-    else:
-        estimator = analytical
-    predicted = np.array([estimator.estimate(s.job).iteration_time_s for s in samples])
+def log_errors(cal: Calibration, samples: Sequence[FitSample], graphs: GraphCache,
+               engine: str = "analytical") -> np.ndarray:
+    """log(predicted / measured) per sample under `cal`, with the analytical engine or the simulator (which
+    takes its overlap slow-down from cal.sim_runtime where cal has one)."""
+    pricer = Pricer(cal)
+    estimator: Estimator = SimEstimator(pricer) if engine == "sim" else AnalyticalEstimator(pricer)
+    predicted = np.array([estimator.estimate(s.job, graphs.get(s.job)).iteration_time_s for s in samples])
     return np.log(predicted) - np.log(np.array([s.measured_s for s in samples]))
 
 
@@ -117,7 +117,7 @@ def fit_runtime(base: Calibration, samples: Sequence[FitSample]) -> Calibration:
     for s in samples:
         counts[s.source] = counts.get(s.source, 0) + 1
     weights = np.array([1.0 / math.sqrt(counts[s.source]) ** SOURCE_WEIGHT_POWER for s in samples])
-    graphs: dict[tuple[object, ...], OpGraph] = {}
+    graphs = GraphCache()
 
     def to_raw(value: float, param: Parameter) -> float:
         return math.log(value) if param.log else value
@@ -154,7 +154,7 @@ def fit_sim_runtime(base: Calibration, samples: Sequence[FitSample]) -> RuntimeP
     for s in samples:
         counts[s.source] = counts.get(s.source, 0) + 1
     weights = np.array([1.0 / math.sqrt(counts[s.source]) ** SOURCE_WEIGHT_POWER for s in samples])
-    graphs: dict[tuple[object, ...], OpGraph] = {}
+    graphs = GraphCache()
     start = base.runtime.model_dump()
 
     def to_raw(value: float, param: Parameter) -> float:

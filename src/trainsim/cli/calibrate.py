@@ -21,7 +21,7 @@ def calibrate(
                                       "(overlap slow-down; about 6 more minutes)")] = True,
 ) -> None:
     """Fit GEMM efficiency, collective alpha-beta and framework parameters on measured data."""
-    from trainsim.validate import fit
+    from trainsim.calibrate import fit
 
     data_dir = data or fit.find_calibration_dir()
     if cross_validate:

@@ -1,7 +1,7 @@
 """Pass: ZeRO model states and ZeRO-3 / FSDP parameter gathers.
 
 Model states (weights, gradients, Adam states) are resident for the whole iteration, sharded over the dp x cp
-ranks by ZeRO stage (estimate.memory.model_state_bytes).
+ranks by ZeRO stage (cost.memory.model_state_bytes).
 
 ZeRO-3 / FSDP: every layer-phase that uses a layer's weights (forward; recompute + backward) needs them
 all-gathered first, and every backward's gradients are reduce-scattered after it, on the gradient stream.
@@ -10,7 +10,7 @@ stream gathers the weights of layer-phase k + 1 and reduce-scatters the gradient
 next layer-phase waits for both. With fsdp_overlap = 1 the next gather is issued when the current layer's
 compute starts (full prefetch); with 0 nothing overlaps. Per layer-phase this costs
 max(0, gather + scatter - overlap x compute) beyond the compute, the analytical engine's formula
-(AnalyticalEstimator._fsdp_exposed_s), up to one layer-phase at the ends of the stage's work. NB: the window
+(cost.pricing.Pricer.fsdp_exposed_s), up to one layer-phase at the ends of the stage's work. NB: the window
 also hides behind the layer-phase's own feature collectives, which follow its compute in the chain.
 Memory: a gather allocates the layer's unsharded weights when it starts; the layer-phase that used them frees
 them; a backward allocates the unsharded gradients, freed when their reduce-scatter ends.
@@ -53,7 +53,7 @@ class FsdpChain:
         self.ctx = ctx
         self.w = w
         self.needs = needs
-        self.overlap = ctx.est.overlap("fsdp", ctx.job)
+        self.overlap = ctx.pricer.overlap("fsdp", ctx.job)
         self.resources = ctx.link_resources(ctx.layout("grad"), (w.stage,))
         self.gathers: dict[int, int] = {}  # layer-phase -> its gather tid
         self.scatters: dict[int, int] = {}  # layer-phase -> its reduce-scatter tid

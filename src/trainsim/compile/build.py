@@ -29,8 +29,8 @@ from trainsim.compile.lower_layers import Cut, Unit, UnitMemory, emit_unit, main
 from trainsim.compile.schedule_pipeline import StepRecord, chunk_layers, insert_transfers, stage_programs
 from trainsim.compile.schedules import Step, splits_backward
 from trainsim.cost.memory import optimizer_step_bytes
+from trainsim.cost.pricing import Pricer
 from trainsim.errors import ConfigError
-from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.ir.exec_graph import ExecGraph, SimDevice
 from trainsim.job import Job
 from trainsim.strategy.lowered import LayerAssignment, LoweredPlan
@@ -45,15 +45,15 @@ class _StageTail:
     grad_tids: list[int]
 
 
-def compile_job(job: Job, plan: LoweredPlan, estimator: AnalyticalEstimator,
+def compile_job(job: Job, plan: LoweredPlan, pricer: Pricer,
                 task_level: TaskLevel = "layer") -> ExecGraph:
-    """The iteration of `job` placed by `plan` as per-device tasks, priced by `estimator`'s cost models."""
+    """The iteration of `job` placed by `plan` as per-device tasks, priced by `pricer`."""
     if task_level not in TASK_LEVELS:
         raise ConfigError("task_level", task_level, f"choose one of: {', '.join(TASK_LEVELS)}")
     if plan.num_stages != job.parallel.pp:
         raise ConfigError("plan.num_stages", plan.num_stages, f"must equal pp={job.parallel.pp} of the job")
     graph = ExecGraph(devices=[], tasks=[])
-    ctx = BuildContext(job, plan, estimator, task_level, graph)
+    ctx = BuildContext(job, plan, pricer, task_level, graph)
     ranks = job.parallel.dp * job.parallel.tp * job.parallel.cp
     for stage in range(plan.num_stages):
         states = stage_model_state(ctx, stage)
@@ -137,7 +137,7 @@ def _fsdp_need(unit: Unit, split: bool) -> FsdpNeed:
 
 def _fsdp_cut(w: StageWriter, unit: Unit, split: bool, fsdp: FsdpChain, k: int) -> Cut:
     """The prefetch window of layer-phase k opens with fsdp_overlap of its main compute left."""
-    overlap = w.ctx.est.overlap("fsdp", w.ctx.job)
+    overlap = w.ctx.pricer.overlap("fsdp", w.ctx.job)
     if overlap >= 1.0 - _EPS:
         head = 0.0
     elif overlap <= _EPS:
@@ -159,7 +159,7 @@ def _dp_window(ctx: BuildContext, flat: list[Unit], split: bool, num_layers: int
         return None
     seconds = {k: sum(work.seconds for work in main_work(flat[k], ctx.timing(flat[k].assignment.layer), split))
                for k in stretch}
-    overlap = ctx.est.overlap("dp", ctx.job)
+    overlap = ctx.pricer.overlap("dp", ctx.job)
     if overlap <= _EPS:
         return stretch[-1], _NEVER
     remaining = overlap * sum(seconds.values())
@@ -180,12 +180,12 @@ def _emit_step_end(ctx: BuildContext, tails: list[_StageTail]) -> None:
         barrier = ctx.add(name="optimizer barrier", device=stage, stream="gradient", kind="comm", duration_s=0.0,
                           deps=deps, sync_key="optimizer-barrier" if multi else "", phase="comm")
         parts = ctx.stage_parts(stage)
-        seconds = ctx.est.optimizer_step_s([parts], job) if parts else 0.0  # the shared formula
+        seconds = ctx.pricer.optimizer_step_s([parts], job) if parts else 0.0  # the shared formula
         temporary = optimizer_step_bytes(parts, job.parallel)
         optimizer = ctx.add(name="optimizer step", device=stage, stream="compute", kind="compute", duration_s=seconds,
                             deps=(barrier.tid,), phase="optimizer", category="optimizer", alloc_bytes=temporary,
                             free_bytes=temporary)
-        overhead = ctx.est.iteration_overhead_s(job)
+        overhead = ctx.pricer.iteration_overhead_s(job)
         if overhead > 0.0:
             ctx.add(name="iteration overhead", device=stage, stream="compute", kind="compute", duration_s=overhead,
                     deps=(optimizer.tid,), phase="optimizer", category="overhead")

@@ -1,14 +1,14 @@
 """What the compile passes share: the job, its plan and costs, the graph being built, and per-stage writers.
 
-Costs come from the analytical engine (layer_cost, collective_time_s over axis_layout), so the two fidelity
-levels price the same work identically and differ only in how they compose it.
+Costs come from the pricing service (cost.pricing: layer prices, collectives over axis_layout), as the analytical
+engine's do, so the two fidelity levels price the same work identically and differ only in how they compose it.
 """
 
 from dataclasses import dataclass, field
 from typing import Literal
 
 from trainsim.catalog.calibration import Calibration
-from trainsim.estimate.analytical import AnalyticalEstimator, axis_layout
+from trainsim.cost.pricing import Pricer, axis_layout
 from trainsim.hardware.cluster import GroupLayout
 from trainsim.ir.exec_graph import ExecGraph, Phase, Stream, Task, TaskKind
 from trainsim.ir.graph import Layer, Op
@@ -21,7 +21,7 @@ from trainsim.strategy.stages import StagePart
 TaskLevel = Literal["layer", "op"]
 TASK_LEVELS: tuple[TaskLevel, ...] = ("layer", "op")
 WGRAD_SUFFIX = ".wgrad"  # weight-gradient GEMMs in the OpGraph (cost.flops.matmul_backward, conv_backward)
-# NB: op times come from the estimator's op cost model (est.op_costs), the one its layer costs use.
+# NB: op times come from the pricer's op cost model, the one its layer prices use.
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +89,7 @@ def _link_names(layout: GroupLayout, senders: tuple[int, ...], receivers: tuple[
 class BuildContext:
     job: Job
     plan: LoweredPlan
-    est: AnalyticalEstimator
+    pricer: Pricer
     level: TaskLevel
     graph: ExecGraph
     _timings: dict[int, LayerTiming] = field(default_factory=dict)
@@ -107,7 +107,7 @@ class BuildContext:
 
     @property
     def cal(self) -> Calibration:
-        return self.est.cal
+        return self.pricer.cal
 
     def add(self, *, name: str, device: int, stream: Stream, kind: TaskKind, duration_s: float,
             deps: tuple[int, ...] = (), phase: Phase = "fwd", category: str = "", layer: str = "",
@@ -125,26 +125,23 @@ class BuildContext:
         """The host-side cost of one micro-batch on `stage` (the analytical engine's, over the stage's layers)."""
         seconds = self._micro_batch_overheads.get(stage)
         if seconds is None:
-            seconds = self._micro_batch_overheads[stage] = self.est.micro_batch_overhead_s(self.stage_parts(stage),
-                                                                                           self.job)
+            seconds = self._micro_batch_overheads[stage] = self.pricer.micro_batch_overhead_s(
+                self.stage_parts(stage), self.job)
         return seconds
 
     def stage_parts(self, stage: int) -> list[StagePart]:
-        """The layers the plan puts on `stage`, one part each, as the analytical engine's stage formulas take them."""
+        """The layers the plan puts on `stage`, one part each, as the pricer's stage prices take them."""
         return [StagePart(a.layer, 1.0) for a in self.plan.layers if a.stage == stage]
 
     def layout(self, axis: str) -> GroupLayout:
         """Group layout of an axis; "grad" is the data-parallel gradient group (dp x cp ranks, stride tp)."""
         layout = self._layouts.get(axis)
         if layout is None:
-            par, cluster = self.job.parallel, self.job.cluster
-            layout = cluster.group_layout(par.dp * par.cp, par.tp) if axis == "grad" else \
-                axis_layout(axis, par, cluster)
-            self._layouts[axis] = layout
+            layout = self._layouts[axis] = axis_layout(axis, self.job.parallel, self.job.cluster)
         return layout
 
     def collective_s(self, collective: str, buffer_bytes: float, axis: str) -> float:
-        return self.est.comm_costs.collective_time_s(collective, buffer_bytes, self.layout(axis), self.job.cluster)
+        return self.pricer.collective_s(collective, buffer_bytes, self.layout(axis), self.job)
 
     def link_resources(self, layout: GroupLayout, senders: tuple[int, ...],
                        receivers: tuple[int, ...] | None = None) -> tuple[str, ...]:
@@ -168,7 +165,7 @@ class BuildContext:
         return timing
 
     def _layer_timing(self, layer: Layer) -> LayerTiming:
-        cost = self.est.layer_cost(layer, self.job)
+        cost = self.pricer.layer_cost(layer, self.job)
         comms: dict[str, list[CommWork]] = {"fwd": [], "bwd": []}
         for c in layer.comms:
             if c.axis == "pp":
@@ -177,10 +174,10 @@ class BuildContext:
             if seconds > 0.0:
                 comms[c.phase].append(CommWork(f"{c.name} {c.collective}", c.axis, seconds, _comm_site(c.name)))
         if self.level == "op":
-            device, op_costs = self.job.cluster.device, self.est.op_costs
+            pricer, job = self.pricer, self.job
 
             def works(ops: tuple[Op, ...]) -> tuple[Work, ...]:
-                return tuple(Work(op.name, op_costs.op_time_s(op, device), _site(op)) for op in ops)
+                return tuple(Work(op.name, pricer.op_time_s(op, job), _site(op)) for op in ops)
 
             bwd = works(layer.bwd)
             return LayerTiming(works(layer.fwd), bwd, tuple(w for w in bwd if not w.name.endswith(WGRAD_SUFFIX)),

@@ -15,7 +15,7 @@ reduce-scatter on the gradient stream, which costs the same stream time, as the 
 """
 
 from trainsim.compile.context import BuildContext, CommWork, StageWriter
-from trainsim.estimate.analytical import BUCKET_BYTES
+from trainsim.cost.pricing import BUCKET_BYTES
 
 
 def emit_feature_comm(w: StageWriter, comm: CommWork, *, layer: str, micro_batch: int, category: str = "") -> None:

@@ -64,7 +64,7 @@ def _transfers(ctx: BuildContext, programs: list[list[Step]]) -> list[_Transfer]
     p, v = plan.num_stages, plan.num_chunks
     index = {(stage, step): i for stage, program in enumerate(programs) for i, step in enumerate(program)}
     layout = ctx.layout("pp")
-    one_way = {vs: ctx.est.comm_costs.collective_time_s("send-recv", size, layout, ctx.job.cluster)
+    one_way = {vs: ctx.pricer.collective_s("send-recv", size, layout, ctx.job)
                for vs, size in boundary_bytes(plan).items()}
     out: list[_Transfer] = []
     for mb in range(plan.num_micro_batches):

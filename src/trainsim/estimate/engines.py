@@ -1,40 +1,101 @@
-"""The registry of estimators (the fidelity ladder). Each entry builds an object with estimate(job) -> Result."""
+"""The registry of estimators (the fidelity ladder). Every engine takes the same inputs - a job, its per-device
+OpGraph from a front-end, and optionally a lowered plan - and returns the same Result; it is built from the same
+choice of costs (cost.pricing.COSTS: roofline, or profiled from a profile database)."""
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
+from trainsim.compile.context import TASK_LEVELS, TaskLevel
+from trainsim.cost.pricing import COSTS, make_pricer
+from trainsim.errors import ConfigError
 from trainsim.estimate.result import Result
+from trainsim.ir.graph import OpGraph
 from trainsim.job import Job
 from trainsim.registry import Registry
+from trainsim.strategy.lowered import LoweredPlan
 
 
 class Estimator(Protocol):
     name: str
 
-    def estimate(self, job: Job) -> Result: ...
+    def estimate(self, job: Job, graph: OpGraph, plan: LoweredPlan | None = None) -> Result: ...
 
 
-ENGINES: Registry[Callable[[], Estimator]] = Registry("engine")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineOptions:
+    """costs: a name of cost.pricing.COSTS; db: the profile database of profiled costs (default: the user's
+    cache); task_level: the simulator's task granularity (layer | op; other engines have no tasks)."""
+
+    costs: str = "roofline"
+    db: Path | None = None
+    task_level: TaskLevel = "layer"
+
+    def __post_init__(self) -> None:
+        COSTS.get(self.costs)  # unknown names: one line listing the choices
+        if self.task_level not in TASK_LEVELS:
+            raise ConfigError("task_level", self.task_level, f"choose one of: {', '.join(TASK_LEVELS)}")
 
 
-def _analytical() -> Estimator:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineEntry:
+    """One rung of the ladder: how to build it and what it can do. timeline: its Results carry the simulated
+    iteration (a trace, the critical path); takes_plan: it places layers by a lowered plan (a strategy tree);
+    replays_traces: it predicts a traced run from the OpGraph's measured trace (the execution-trace front-end),
+    not from a model's shapes alone."""
+
+    build: Callable[[EngineOptions], Estimator]
+    timeline: bool = False
+    takes_plan: bool = False
+    replays_traces: bool = False
+
+
+def _analytical(options: EngineOptions) -> Estimator:
     from trainsim.estimate.analytical import AnalyticalEstimator
 
-    return AnalyticalEstimator()
+    return AnalyticalEstimator(make_pricer(options.costs, options.db))
 
 
-def _sim() -> Estimator:
-    from trainsim.estimate.simulation import SimEstimator
+def _sim(options: EngineOptions) -> Estimator:
+    from trainsim.estimate.simulation import SimEstimator, sim_calibration
 
-    return SimEstimator()
+    return SimEstimator(make_pricer(options.costs, options.db, sim_calibration()), task_level=options.task_level)
 
 
-def _precision_aware() -> Estimator:
+def _precision_aware(options: EngineOptions) -> Estimator:
+    """Seed 001's predictor profiles every operator itself: profiled costs give it the database."""
     from trainsim.estimate.precision_aware import PrecisionAwareEstimator
 
-    return PrecisionAwareEstimator()
+    if options.costs == "roofline":
+        return PrecisionAwareEstimator()
+    from trainsim.profile.database import default_db_path
+
+    return PrecisionAwareEstimator(db=options.db or default_db_path())
 
 
-ENGINES.add("analytical", _analytical)
-ENGINES.add("precision-aware", _precision_aware)
-ENGINES.add("sim", _sim)
+def _replay(options: EngineOptions) -> Estimator:
+    """Measured durations need no costs; the costs price the memory of the traced shapes."""
+    from trainsim.estimate.replay import ReplayEstimator
+
+    return ReplayEstimator(make_pricer(options.costs, options.db))
+
+
+# NB: each engine's module is imported when the engine is built, so a prediction loads its own engine only.
+ENGINES: Registry[EngineEntry] = Registry("engine")
+ENGINES.add("analytical", EngineEntry(build=_analytical))
+ENGINES.add("precision-aware", EngineEntry(build=_precision_aware))
+ENGINES.add("sim", EngineEntry(build=_sim, timeline=True, takes_plan=True))
+ENGINES.add("replay", EngineEntry(build=_replay, timeline=True, replays_traces=True))
+
+
+def shape_engines() -> list[str]:
+    """The engines that predict a job from its model's shapes (every one but trace replay)."""
+    return [name for name in ENGINES.names() if not ENGINES.get(name).replays_traces]
+
+
+def make_engine(engine: str, costs: str = "roofline", db: Path | None = None,
+                task_level: TaskLevel = "layer") -> Estimator:
+    """Any engine of the registry with the costs chosen."""
+    entry = ENGINES.get(engine)
+    return entry.build(EngineOptions(costs=costs, db=db, task_level=task_level))

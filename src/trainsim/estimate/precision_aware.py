@@ -17,20 +17,20 @@ Kept as the paper states it, including where trainsim's other engines model more
 activation all-reduces of TP, 1F1B bubbles): this engine is the paper's model, for comparison.
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from trainsim.catalog.calibration import Calibration, load_calibration
 from trainsim.cost.compute import OpCostModel, RooflineCosts
 from trainsim.cost.memory import estimate_memory, optimizer_shards
+from trainsim.cost.pricing import axis_layout
 from trainsim.cost.profiled import ProfiledCosts, ProfiledStepCosts
 from trainsim.cost.step import FittedStepCosts, StepCosts
-from trainsim.estimate.analytical import axis_layout, make_result
-from trainsim.estimate.result import Result
+from trainsim.estimate.result import Result, make_result
 from trainsim.hardware.device import BYTES_PER_DTYPE
 from trainsim.ir.graph import Layer, OpGraph
 from trainsim.job import Job
-from trainsim.strategy.device_slice import DeviceSlice
+from trainsim.strategy.lowered import LoweredPlan
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.stages import StagePart, partition_stages
 
@@ -106,18 +106,6 @@ class PrecisionAwareEstimator:
         self.step_costs: StepCosts = ProfiledStepCosts(op_costs, fitted) if isinstance(op_costs, ProfiledCosts) \
             else fitted
         self.optimizer = optimizer
-        self._graphs: dict[tuple[object, ...], OpGraph] = {}
-
-    def graph(self, job: Job) -> OpGraph:
-        """The job's per-device graph with per-op precision from the job's precision policy."""
-        par = job.parallel
-        dev = DeviceSlice.of(par)
-        key = (job.model.name, id(job.model), dev)
-        if key not in self._graphs:
-            from trainsim.frontends.catalog.build import build_graph
-
-            self._graphs[key] = build_graph(job.model, dev)
-        return self._graphs[key]
 
     def subgraph_time_s(self, subgraph: Subgraph, job: Job) -> float:
         """One micro-batch through the subgraph: the sum of its operators' forward and backward times."""
@@ -132,9 +120,10 @@ class PrecisionAwareEstimator:
         cluster = job.cluster
         return cluster.intra_node.bw_bytes_per_s if layout.num_nodes == 1 else cluster.nic_bw_per_gpu_bytes_per_s
 
-    def estimate(self, job: Job) -> Result:
+    def estimate(self, job: Job, graph: OpGraph, plan: LoweredPlan | None = None) -> Result:
+        """graph: the job's per-device graph with per-op precision from the job's precision policy; plan:
+        ignored (Algorithm 1 splits the layers evenly)."""
         par = job.parallel
-        graph = self.graph(job)
         subgraphs = partition(graph, par)
         per_stage: dict[int, float] = {}
         for sub in subgraphs:
@@ -155,8 +144,7 @@ class PrecisionAwareEstimator:
         if self.optimizer:
             breakdown["optimizer"] = self._optimizer_step_s(slowest.parts, job)
         memory = estimate_memory(stages, par, job.cluster.device)
-        result = make_result(self.name, job, graph, breakdown, memory)
-        return replace(result, notes=[*result.notes, *self._notes(job)])
+        return make_result(self.name, job, graph, breakdown, memory, notes=self._notes(job))
 
     def _optimizer_step_s(self, parts: tuple[StagePart, ...], job: Job) -> float:
         """The Adam step over the subgraph's parameters: measured when the profile holds it, else the roofline

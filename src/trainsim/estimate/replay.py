@@ -7,25 +7,33 @@ iteration time is the critical path through that graph. The event simulator (tra
 same options apply as for L2 (overlap slow-down, bandwidth sharing), though a faithful replay keeps them off:
 measured durations already contain whatever slow-down the run saw.
 
-replay_exec_graph takes the graph and the measured step times (no front-end import); replay_traces is the
-convenience that reads the trace files through the execution-trace front-end.
+The execution-trace front-end (frontends.trace) reads the traces into the OpGraph's `measured` field
+(MeasuredTrace: the per-rank ExecGraph with measured durations, step times and start offsets); the engine
+"replay" (ReplayEstimator) replays it and answers with a Result like every other engine. ReplayComparison is the
+per-rank comparison of the replayed iteration with the measured one, which the Result's notes summarise.
 """
 
 import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Literal
 
+from trainsim.cost.pricing import Pricer
 from trainsim.errors import ConfigError
+from trainsim.estimate.result import Result, Timeline, make_result
+from trainsim.estimate.simulation import sim_breakdown
 from trainsim.ir.exec_graph import ExecGraph
+from trainsim.ir.graph import MeasuredTrace, OpGraph
+from trainsim.job import Job
 from trainsim.sim import SimOptions, SimOutcome, simulate
+from trainsim.strategy.lowered import LoweredPlan
+from trainsim.strategy.stages import partition_stages
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ReplaySummary:
-    """The replayed iteration against the measured one.
+class ReplayComparison:
+    """The replayed iteration against the measured one (a validation record, not a prediction: the engine's
+    prediction is the Result).
 
     measured_step_s / replayed_step_s: per rank (device order), from the rank's own start; replayed = the end
     of the rank's last task minus its start offset. iteration: the slowest rank. error: (replayed - measured) /
@@ -58,7 +66,7 @@ class ReplaySummary:
 
 def replay_exec_graph(graph: ExecGraph, measured_step_s: Sequence[float], *, ranks: Sequence[int] | None = None,
                       start_offset_s: Sequence[float] | None = None,
-                      options: SimOptions | None = None) -> tuple[SimOutcome, ReplaySummary]:
+                      options: SimOptions | None = None) -> tuple[SimOutcome, ReplayComparison]:
     """Simulate a trace ExecGraph (device i = rank i of the lists) and compare with the measured steps."""
     devices = len(graph.devices)
     offsets = tuple(start_offset_s) if start_offset_s is not None else (0.0,) * devices
@@ -81,7 +89,7 @@ def replay_exec_graph(graph: ExecGraph, measured_step_s: Sequence[float], *, ran
             continue  # the ranks of a collective run at once: count it once
         seen.add(task.sync_key)
         path[task.category or "other"] += outcome.end_s[tid] - outcome.start_s[tid]
-    summary = ReplaySummary(
+    summary = ReplayComparison(
         ranks=tuple(ranks) if ranks is not None else tuple(range(devices)), start_offset_s=offsets,
         measured_step_s=measured, replayed_step_s=replayed, measured_iteration_s=measured_iteration,
         replayed_iteration_s=replayed_iteration, error=error, critical_path_s=dict(path), tasks=len(graph.tasks),
@@ -89,24 +97,49 @@ def replay_exec_graph(graph: ExecGraph, measured_step_s: Sequence[float], *, ran
     return outcome, summary
 
 
-def replay_traces(paths: Sequence[str | Path], kineto_paths: Sequence[str | Path | None] | None = None,
-                  options: SimOptions | None = None, *,
-                  start_offsets: Literal["measured", "zero"] = "measured") -> tuple[SimOutcome, ReplaySummary]:
-    """Replay execution traces (one per rank, with their Kineto traces for measured durations).
+def replay_measured(measured: MeasuredTrace,
+                    options: SimOptions | None = None) -> tuple[SimOutcome, ReplayComparison]:
+    """Replay what a front-end read from execution traces."""
+    return replay_exec_graph(measured.exec_graph, measured.measured_step_s, ranks=measured.ranks,
+                             start_offset_s=measured.start_offset_s, options=options)
 
-    start_offsets="measured" starts each rank where its step started relative to the earliest rank (the skew
-    the trace shows); "zero" starts all ranks together.
-    """
-    # NB: the one place an estimator reads a front-end: the trace files are this rung's input.
-    from trainsim.frontends.trace.load import load_execution_traces, to_exec_graph
 
-    traces = load_execution_traces(paths, kineto_paths)
-    windows = [trace.step_window_s() for trace in traces]
-    if any(math.isnan(start) for start, _ in windows):
-        raise ConfigError("kineto_paths", kineto_paths, "trace replay needs the Kineto trace of every rank "
-                          "(measured durations)")
-    origin = min(start for start, _ in windows)
-    offsets = [start - origin if start_offsets == "measured" else 0.0 for start, _ in windows]
-    graph = to_exec_graph(traces, start_offsets=start_offsets)
-    return replay_exec_graph(graph, [end - start for start, end in windows], ranks=[t.rank for t in traces],
-                             start_offset_s=offsets, options=options)
+class ReplayEstimator:
+    """Estimator "replay" (L3): the iteration time of the traced run, replayed from its measured per-rank op
+    durations (graph.measured, which the execution-trace front-end fills in). options: the simulator's options
+    (default: all runtime effects off, as a faithful replay keeps them); pricer: prices the peak memory of the
+    graph's shapes (the traces hold no allocator record)."""
+
+    name = "replay"
+
+    def __init__(self, pricer: Pricer | None = None, options: SimOptions | None = None) -> None:
+        self.pricer = pricer or Pricer()
+        self.options = options or SimOptions()
+
+    def estimate(self, job: Job, graph: OpGraph, plan: LoweredPlan | None = None) -> Result:
+        """plan: ignored (the trace fixes what ran where)."""
+        if graph.measured is None:
+            raise ConfigError("frontend", graph.model_name, "the replay engine replays measured execution "
+                              "traces: give --frontend trace and a trace file or directory as the model")
+        outcome, comparison = replay_measured(graph.measured, self.options)
+        breakdown = _replay_breakdown(graph.measured, outcome, comparison)
+        memory = self.pricer.memory(partition_stages(graph, job.parallel.pp), job)
+        note = (f"trace replay of {len(comparison.ranks)} ranks: measured {comparison.measured_iteration_s * 1e3:.3f}"
+                f" ms, replayed {comparison.replayed_iteration_s * 1e3:.3f} ms ({comparison.error * 100:+.1f}%)")
+        names = tuple(f"rank {rank}" for rank in comparison.ranks)
+        timeline = Timeline(exec_graph=graph.measured.exec_graph, outcome=outcome, device_names=names)
+        return make_result(self.name, job, graph, breakdown, memory, notes=[note], timeline=timeline)
+
+
+def _replay_breakdown(measured: MeasuredTrace, outcome: SimOutcome, comparison: ReplayComparison) -> dict[str, float]:
+    """Where the slowest rank's replayed step goes, as the simulator attributes a device's makespan; its start
+    offset (time before its step began) is not part of its step."""
+    exec_graph = measured.exec_graph
+    if not exec_graph.devices:
+        return {"compute": 0.0}
+    device = max(range(len(comparison.replayed_step_s)), key=lambda d: (comparison.replayed_step_s[d], -d))
+    parts = sim_breakdown(exec_graph, outcome, device)
+    parts["overhead"] = max(0.0, parts.get("overhead", 0.0) - comparison.start_offset_s[device])
+    used = sum(seconds for name, seconds in parts.items() if name != "bubble")
+    parts["bubble"] = max(0.0, comparison.replayed_step_s[device] - used)
+    return parts

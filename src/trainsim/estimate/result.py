@@ -1,15 +1,40 @@
-"""The one result type every estimator returns."""
+"""The one result type every estimator returns, and how an engine's time breakdown and memory become one."""
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
+
+from trainsim.cost.memory import MemoryEstimate
+from trainsim.ir.exec_graph import ExecGraph
+from trainsim.ir.graph import OpGraph
+from trainsim.job import Job
+from trainsim.sim.outcome import SimOutcome
+from trainsim.strategy.precision import policy_for
+
+# Where the iteration time goes: the breakdown keys every engine uses, in the order reports print them.
+# comm: exposed collectives whose parallel axis is unknown (a replayed execution trace's feature collectives).
+BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "comm", "bubble",
+                  "optimizer", "overhead", "core_sharing")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timeline:
+    """The simulated (or replayed) iteration behind a Result: every task's start and end on every simulated
+    device, the memory timeline and the critical path (outcome.critical_path). device_names label the
+    simulated devices in traces."""
+
+    exec_graph: ExecGraph
+    outcome: SimOutcome
+    device_names: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class Result:
     """Predicted performance of one job. Times in seconds, memory in bytes, rates per second.
 
-    breakdown: where the iteration time goes; its values add up to iteration_time_s.
+    breakdown: where the iteration time goes (keys from BREAKDOWN_KEYS); its values add up to iteration_time_s.
     memory_breakdown: what the peak GPU's memory holds at its peak; adds up to peak_memory_bytes.
+    timeline: the simulated iteration, for engines that simulate one (a trace, the critical path); None for
+    closed-form engines. Not part of to_dict().
     """
 
     engine: str
@@ -29,13 +54,14 @@ class Result:
     breakdown: dict[str, float]
     memory_breakdown: dict[str, float]
     notes: list[str] = field(default_factory=list)
+    timeline: Timeline | None = field(default=None, repr=False, compare=False)
 
     @property
     def peak_memory_gib(self) -> float:
         return self.peak_memory_bytes / 2**30
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = {f.name: _plain(getattr(self, f.name)) for f in fields(self) if f.name != "timeline"}
         data["peak_memory_gib"] = self.peak_memory_gib
         data["memory_capacity_gib"] = self.memory_capacity_bytes / 2**30
         data["memory_breakdown_gib"] = {k: v / 2**30 for k, v in self.memory_breakdown.items()}
@@ -48,3 +74,56 @@ MFU_FORMULA = (
     "with causal masking as the kernel executes it, and pointwise ops) / (iteration time x GPUs x dense peak "
     "FLOP/s of the compute dtype)"
 )
+
+
+def _plain(value: Any) -> Any:
+    return dict(value) if isinstance(value, dict) else list(value) if isinstance(value, list) else value
+
+
+def make_result(engine: str, job: Job, graph: OpGraph, breakdown: dict[str, float], memory: MemoryEstimate, *,
+                notes: list[str] | None = None, timeline: Timeline | None = None) -> Result:
+    """The Result of an engine's breakdown (seconds per BREAKDOWN_KEYS entry) and memory estimate for `job`,
+    whose per-device graph is `graph`: iteration time, throughput, FLOPs, MFU and HFU follow from them."""
+    unknown = set(breakdown) - set(BREAKDOWN_KEYS)
+    assert not unknown, f"breakdown keys outside BREAKDOWN_KEYS: {sorted(unknown)}"
+    par = job.parallel
+    breakdown = with_shared_cores(breakdown, job.cluster.device.compute_share)
+    iteration = sum(breakdown.values())
+    full_graph_flops = graph.total_flops("fwd") + graph.total_flops("bwd")
+    # The graph is one device's share of one micro-batch: scale to the whole iteration.
+    shards = par.tp * par.cp
+    model_flops = full_graph_flops * shards * par.global_batch / par.micro_batch
+    # NB: hardware FLOPs add the repeated forward of full recompute (selective recompute's share is small
+    # and left out).
+    fwd_share = graph.total_flops("fwd") / max(full_graph_flops, 1e-30)
+    hardware_flops = model_flops * (1.0 + (fwd_share if par.recompute == "full" else 0.0))
+    peak = job.cluster.device.peak_for(policy_for(par.precision).linear_dtype)
+    achieved = model_flops / iteration / job.num_gpus
+    return Result(
+        engine=engine, job=job.describe(), iteration_time_s=iteration,
+        tokens_per_s=job.tokens_per_iteration / iteration, samples_per_s=par.global_batch / iteration,
+        model_flops_per_iteration=model_flops, hardware_flops_per_iteration=hardware_flops,
+        tflops_per_gpu=achieved / 1e12, mfu=achieved / peak,
+        hfu=hardware_flops / iteration / job.num_gpus / peak, peak_flops_per_gpu=peak,
+        peak_memory_bytes=memory.peak_bytes, memory_capacity_bytes=memory.capacity_bytes, oom=memory.oom,
+        breakdown=breakdown, memory_breakdown=memory.breakdown, notes=[*_kernel_notes(job), *(notes or [])],
+        timeline=timeline,
+    )
+
+
+def _kernel_notes(job: Job) -> list[str]:
+    device = job.cluster.device
+    if job.parallel.attention == "flash3" and "flash3" not in device.attention_kernels:
+        return [f"attention=flash3: {device.name} has no Hopper-native attention kernel; costed as flash2"]
+    return []
+
+
+def with_shared_cores(breakdown: dict[str, float], share: float) -> dict[str, float]:
+    """Ranks that outnumber a host's cores (compute_share < 1) take turns on them. A rank waiting in a pipeline
+    bubble leaves its core to the others; every other second of its step needs one. So the step lasts at least
+    (iteration - bubble) / share; the difference is the `core_sharing` entry of the breakdown."""
+    if share >= 1.0:
+        return breakdown
+    total = sum(breakdown.values())
+    waiting = (total - breakdown.get("bubble", 0.0)) / share - total
+    return {**breakdown, "core_sharing": max(0.0, waiting)}

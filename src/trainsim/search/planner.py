@@ -12,11 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from trainsim.errors import ConfigError, InfeasiblePlanError, TrainsimError
+from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.estimate.engines import Estimator
 from trainsim.estimate.result import Result
 from trainsim.hardware.cluster import ClusterSpec
 from trainsim.ir.model_spec import ModelSpec
 from trainsim.job import Job, make_job
+from trainsim.pipeline import GraphCache
 from trainsim.search.space import SearchSpace, enumerate_plans
 from trainsim.strategy.parallel import ParallelSpec
 
@@ -59,14 +61,12 @@ def refusal_reason(exc: TrainsimError) -> str:
 
 
 class Planner:
-    """Runs searches with one estimator, so its caches (graphs, layer costs) serve every plan."""
+    """Runs searches with one estimator and one graph cache, so their caches (graphs, layer prices) serve every
+    plan."""
 
-    def __init__(self, estimator: Estimator | None = None) -> None:
-        if estimator is None:
-            from trainsim.estimate.analytical import AnalyticalEstimator
-
-            estimator = AnalyticalEstimator()
-        self.estimator = estimator
+    def __init__(self, estimator: Estimator | None = None, graphs: GraphCache | None = None) -> None:
+        self.estimator = estimator or AnalyticalEstimator()
+        self.graphs = graphs or GraphCache()
 
     def search(self, model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, *, top_k: int = 10,
                progress: Progress | None = None) -> SearchReport:
@@ -84,7 +84,7 @@ class Planner:
                 progress(index, total)
             try:
                 job = make_job(model, cluster, parallel)
-                result = self.estimator.estimate(job)
+                result = self.estimator.estimate(job, self.graphs.get(job))
             except TrainsimError as exc:
                 refused[refusal_reason(exc)] += 1
                 continue

@@ -9,12 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainsim.cost.pricing import COSTS
 from trainsim.errors import ConfigError
-from trainsim.estimate.engines import ENGINES
+from trainsim.estimate.engines import ENGINES, make_engine, shape_engines
+from trainsim.pipeline import GraphCache
 from trainsim.validate.predict_runs import RowPrediction, predict_rows, summarize
 from trainsim.validate.runs import RunRow
 
-COSTS = ("roofline", "profiled")
 _REPEAT = re.compile(r"\.r\d+$")
 
 
@@ -30,27 +31,26 @@ class EngineChoice:
 
 def engine_choices(engines: str, costs: str) -> list[EngineChoice]:
     """`engines`: a comma-separated list of registered engines, or "all"; `costs`: roofline, profiled or both."""
-    names = list(ENGINES.names()) if engines == "all" else [e.strip() for e in engines.split(",") if e.strip()]
+    names = shape_engines() if engines == "all" else [e.strip() for e in engines.split(",") if e.strip()]
     for name in names:
         ENGINES.get(name)  # unknown names: one line listing the choices
     if not names:
         raise ConfigError("engine", engines, "one or more of " + ", ".join(ENGINES.names()) + ", or all")
-    kinds = list(COSTS) if costs == "both" else [costs]
+    kinds = list(dict.fromkeys(["roofline", *COSTS.names()])) if costs == "both" else [costs]
     if any(kind not in COSTS for kind in kinds):
-        raise ConfigError("costs", costs, "choose one of: roofline, profiled, both")
+        raise ConfigError("costs", costs, "choose one of: " + ", ".join([*COSTS.names(), "both"]))
     return [EngineChoice(name, kind) for kind in kinds for name in names]
 
 
 def compare(rows: Sequence[RunRow], choices: Sequence[EngineChoice], db: Path | None,
             progress: Callable[[], None] | None = None) -> dict[str, list[RowPrediction]]:
     """Every row predicted by every engine choice, by label."""
-    from trainsim.estimate.costs import make_engine
-
     out: dict[str, list[RowPrediction]] = {}
     params_by_run: dict[str, float] = {}  # the same for every engine
+    graphs = GraphCache()
     for choice in choices:
         estimator = make_engine(choice.engine, choice.costs, db)
-        predictions = predict_rows(rows, estimator, progress, params_by_run)
+        predictions = predict_rows(rows, estimator, progress, params_by_run, graphs)
         out[choice.label] = [_relabel(p, choice.label) for p in predictions]
     return out
 

@@ -8,6 +8,7 @@ from trainsim.estimate.engines import Estimator
 from trainsim.estimate.result import Result
 from trainsim.ir.model_spec import ModelSpec, TransformerSpec
 from trainsim.job import Job
+from trainsim.pipeline import GraphCache
 from trainsim.strategy.precision import policy_for
 from trainsim.validate.metrics import mape
 from trainsim.validate.runs import METRICS, RunJob, RunRow, job_from_row, source_group
@@ -51,9 +52,11 @@ def metric_value(metric: str, job: Job, result: Result, params: float) -> float:
 
 
 def predict_rows(rows: Iterable[RunRow], estimator: Estimator, progress: Callable[[], None] | None = None,
-                 params_by_run: dict[str, float] | None = None) -> list[RowPrediction]:
+                 params_by_run: dict[str, float] | None = None,
+                 graphs: GraphCache | None = None) -> list[RowPrediction]:
     """params_by_run: a run's parameter count by run id, to share between the engines that predict the same
-    rows (filled here as needed)."""
+    rows (filled here as needed); graphs: the jobs' OpGraphs, to share between engines likewise."""
+    graphs = graphs or GraphCache()
     jobs: dict[str, RunJob] = {}
     results: dict[str, Result | str] = {}
     params_by_run = {} if params_by_run is None else params_by_run
@@ -68,7 +71,7 @@ def predict_rows(rows: Iterable[RunRow], estimator: Estimator, progress: Callabl
             skipped = f"metric {row.metric!r} is not predicted"
         if skipped is None and run.job is not None:
             if row.run_id not in results:
-                results[row.run_id] = estimator.estimate(run.job)
+                results[row.run_id] = estimator.estimate(run.job, graphs.get(run.job))
             result = results[row.run_id]
             assert isinstance(result, Result)
             if row.run_id not in params_by_run:  # every metric row of a run needs it: build the graph once

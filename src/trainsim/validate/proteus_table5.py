@@ -10,8 +10,9 @@ GPipe for the pipelined plans. Assumptions, not facts of the paper.
 from dataclasses import dataclass
 
 from trainsim.catalog import load_cluster, load_model
-from trainsim.estimate.engines import Estimator
+from trainsim.estimate.engines import Estimator, make_engine, shape_engines
 from trainsim.job import make_job
+from trainsim.pipeline import graph_for
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.validate.metrics import kendall_tau
 
@@ -70,7 +71,8 @@ def rank_platform(platform: Platform, estimator: Estimator) -> RankedPlatform:
         micro = platform.global_batch // plan.dp // plan.micro_batches
         par = ParallelSpec(tp=plan.mp, pp=plan.pp, dp=plan.dp, micro_batch=micro, global_batch=platform.global_batch,
                            seq_len=SEQ_LEN, precision="fp32", schedule="gpipe")
-        throughput.append(estimator.estimate(make_job(model, cluster, par)).samples_per_s)
+        job = make_job(model, cluster, par)
+        throughput.append(estimator.estimate(job, graph_for(job)).samples_per_s)
     order = sorted(range(len(throughput)), key=lambda i: -throughput[i])
     predicted = [0] * len(order)
     for rank, index in enumerate(order, start=1):
@@ -83,11 +85,9 @@ def rank_platform(platform: Platform, estimator: Estimator) -> RankedPlatform:
 
 def main() -> None:
     """python -m trainsim.validate.proteus_table5: the ranking under every registered engine."""
-    from trainsim.estimate.engines import ENGINES
-
-    for engine in ENGINES.names():
+    for engine in shape_engines():
         for platform in PLATFORMS:
-            ranked = rank_platform(platform, ENGINES.get(engine)())
+            ranked = rank_platform(platform, make_engine(engine))
             print(f"{engine:<11} {ranked.platform}  Kendall tau = {ranked.tau:+.3f}")
             print(f"  {'plan':<11}{'samples/s':>10}{'true':>6}{'pred':>6}")
             for label, rate, true, pred in zip(ranked.labels, ranked.throughput, ranked.true_rank,

@@ -27,10 +27,12 @@ from typing import Any
 from trainsim.catalog import load_cluster
 from trainsim.catalog.model_files import parse_model
 from trainsim.cost.profiled import ProfiledCosts
-from trainsim.estimate.costs import make_estimator
+from trainsim.estimate.analytical import AnalyticalEstimator
+from trainsim.estimate.engines import make_engine
 from trainsim.estimate.precision_aware import PrecisionAwareEstimator
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import make_job
+from trainsim.pipeline import graph_for
 from trainsim.profile.database import ProfileDB
 from trainsim.profile.job import JobShape, profile_job
 from trainsim.profile.ops import clock_for, local_environment
@@ -153,11 +155,13 @@ def run(precision: Precision, db_path: Path, args: argparse.Namespace) -> dict[s
             real.run(per_chunk)
     job = make_job(spec, load_cluster("local-cpu"),
                    ParallelSpec(micro_batch=MICRO_BATCH, seq_len=SEQ_LEN, precision=precision, dp=1))
-    analytical = make_estimator("profiled", db_path)
-    predicted = analytical.estimate(job)
-    costs = analytical.op_costs
+    graph = graph_for(job)
+    analytical = make_engine("analytical", "profiled", db_path)
+    predicted = analytical.estimate(job, graph)
+    assert isinstance(analytical, AnalyticalEstimator)
+    costs = analytical.pricer.op_costs
     assert isinstance(costs, ProfiledCosts)
-    seed = PrecisionAwareEstimator(db=db_path).estimate(job)
+    seed = PrecisionAwareEstimator(db=db_path).estimate(job, graph)
     measured = real.summary()
     error = predicted.iteration_time_s / measured["step_s"] - 1.0
     seed_error = seed.iteration_time_s / measured["step_s"] - 1.0

@@ -13,6 +13,7 @@ from trainsim.errors import ConfigError
 from trainsim.estimate.result import Result
 from trainsim.ir.graph import OpGraph
 from trainsim.job import Job
+from trainsim.profile.database import default_db_path
 from trainsim.registry import Registry
 from trainsim.strategy.lowered import LoweredPlan
 
@@ -69,8 +70,6 @@ def _precision_aware(options: EngineOptions) -> Estimator:
 
     if options.costs == "roofline":
         return PrecisionAwareEstimator()
-    from trainsim.profile.database import default_db_path
-
     return PrecisionAwareEstimator(db=options.db or default_db_path())
 
 

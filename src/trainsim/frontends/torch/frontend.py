@@ -90,7 +90,7 @@ def _trace(source: str, job: Job, dev: DeviceSlice) -> OpGraph:
         config = hf_config_from_spec(job.model)
     else:
         raise ConfigError("model", source, f"is a {job.model.kind}; the torch front-end takes transformers")
-    return graph_from_hf_config(config, name=job.model.name, **shape)
+    return graph_from_hf_config(config, name=job.model.name, fused=True, **shape)
 
 
 def _trace_factory(source: str, job: Job) -> OpGraph:
@@ -103,7 +103,7 @@ def _trace_factory(source: str, job: Job) -> OpGraph:
         inputs = {"input_ids": TensorSpec((par.micro_batch, par.seq_len), "int64"),
                   "labels": TensorSpec((par.micro_batch, par.seq_len), "int64")}
     return graph_from_module(module, inputs, precision=par.precision, micro_batch=par.micro_batch,
-                             seq_len=par.seq_len, name=job.model.name)
+                             seq_len=par.seq_len, name=job.model.name, fused=True)
 
 
 def _build_module(source: str, **shape: Any) -> Any:

@@ -125,7 +125,10 @@ def _module_config(made: Any) -> dict[str, Any] | None:
     module = made[0] if isinstance(made, tuple) else made
     config = getattr(module, "config", None)
     to_dict = getattr(config, "to_dict", None)
-    return dict(to_dict()) if callable(to_dict) else None
+    if not callable(to_dict):
+        return None
+    mapping = to_dict()
+    return {str(key): value for key, value in mapping.items()} if isinstance(mapping, dict) else None
 
 
 def _with_kernel(graph: OpGraph, dev: DeviceSlice) -> OpGraph:

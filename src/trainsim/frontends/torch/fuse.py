@@ -5,15 +5,15 @@ Two rewrites, each within one layer segment:
 
 1. Horizontal GEMM fusion: linears that read the same activation (LLaMA's q/k/v projections, gate and up) are
    one GEMM with the output widths summed, as Megatron-LM's fused QKV and gate-up projections are (Shoeybi et
-   al. 2019, sec. 3). Their backward GEMMs fuse the same way (one data-gradient GEMM writes the input gradient
+   al. 2019). Their backward GEMMs fuse the same way (one data-gradient GEMM writes the input gradient
    once, one weight-gradient GEMM reads the input once), and the additions that summed the separate input
    gradients disappear.
 2. Pointwise fusion: each maximal run of consecutive memory-bound ops (elementwise and norm; softmax and loss
-   apart from them) is one kernel moving its external tensors once: the tensors it reads that it did not write, and the tensors it
-   writes that another kernel reads. A backward kernel recomputes the forward kernel's intermediates from that
-   kernel's inputs instead of reading them (as fused norm and activation kernels do, and as torch.compile's
-   min-cut partitioner chooses for pointwise ops), so a forward kernel writes nothing only a backward pointwise
-   kernel reads.
+   apart from them) is one kernel moving its external tensors once: the tensors it reads that it did not write,
+   and the tensors it writes that another kernel reads. A backward kernel recomputes the forward kernel's
+   intermediates from that kernel's inputs instead of reading them (as fused norm and activation kernels do, and
+   as torch.compile's min-cut partitioner chooses for pointwise ops), so a forward kernel writes nothing that
+   only a backward pointwise kernel reads.
 
 Embedding lookups move the rows they touch: the forward gathers tokens x dim (read and write), the backward
 scatter-adds them (reads the gradient, reads and writes the rows), not the whole table.
@@ -214,8 +214,9 @@ def _kernel(run: list[LoggedOp], log: OpLog, fwd_inputs: dict[int, tuple[int, ..
         if any(id(other) not in members and id(other) not in recomputed for other in readers.get(v, ()))))
     moved = sum(log.value_bytes.get(v, 0.0) for v in reads + written)
     biggest = max(run, key=lambda lo: lo.op.bytes_moved).op
-    kind = next(k for k in _KIND_ORDER if any(lo.op.kind == k for lo in run))
-    dtype = max((lo.op.dtype for lo in run), key=lambda d: _WIDTH.get(d, 3))
+    kind: OpKind = next(k for k in _KIND_ORDER if any(lo.op.kind == k for lo in run))
+    dtypes: list[DType] = [lo.op.dtype for lo in run]
+    dtype: DType = max(dtypes, key=lambda d: _WIDTH[d])
     name = run[0].op.name if len(run) == 1 else f"{run[0].op.name}+{len(run) - 1}"
     op = Op(name, kind, _common_path([lo.op.module_path for lo in run]), run[0].op.phase, dtype,
             sum(lo.op.flops for lo in run), moved, biggest.shape,

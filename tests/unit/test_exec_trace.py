@@ -27,6 +27,7 @@ from trainsim.frontends.trace.load import (
     load_trace_directory,
     to_exec_graph,
 )
+from trainsim.frontends.trace.measured import measured_trace_files
 from trainsim.frontends.trace.to_exec_graph import collective_duration
 from trainsim.sim import SimOptions, simulate
 
@@ -113,6 +114,18 @@ def test_replay_is_close_to_the_measured_step() -> None:
     _, together = replay_traces(traces, kinetos, start_offsets="zero")
     assert abs(together.error) < 0.20 and together.start_offset_s == (0.0, 0.0)
     assert "error" in summary.pretty()
+
+
+def test_measured_trace_is_what_replay_traces_replays() -> None:
+    traces, kinetos = find_trace_files(FIXTURES)
+    for offsets in ("measured", "zero"):
+        measured = measured_trace_files(traces, kinetos, start_offsets=offsets)
+        _, from_measured = replay_exec_graph(measured.exec_graph, measured.measured_step_s, ranks=measured.ranks,
+                                             start_offset_s=measured.start_offset_s)
+        _, from_files = replay_traces(traces, kinetos, start_offsets=offsets)
+        assert from_measured == from_files
+    with pytest.raises(ConfigError, match="Kineto"):
+        measured_trace_files(traces)
 
 
 def test_op_graph_of_one_rank() -> None:

@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
-from trainsim.cli.graph import FRONTENDS, GraphRequest, catalog_frontend, summarize
+from trainsim.cli.graph import summarize
 from trainsim.cli.main import app
+from trainsim.frontends.registry import FRONTENDS
 
 RUNNER = CliRunner()
 GPT2 = {"model_type": "gpt2", "n_layer": 3, "n_embd": 128, "n_head": 4, "vocab_size": 1000, "n_positions": 256,
@@ -53,7 +54,7 @@ def test_catalog_text_lists_layers_kinds_and_totals() -> None:
 
 
 def test_summary_of_a_catalog_graph() -> None:
-    graph = catalog_frontend(GraphRequest("gpt3-125m", 1, 128, "bf16"))
+    graph = FRONTENDS.get("catalog").inspect("gpt3-125m", 1, 128, "bf16")
     summary = summarize(graph, "bf16", "catalog")
     assert summary["num_ops"] == graph.num_ops == sum(summary["ops_by_kind"].values())
     assert summary["forward_flops"] == graph.total_flops("fwd")

@@ -19,14 +19,10 @@ learned predictor consumes (op type, output shape, dtype, FLOPs, depth).
 jax and networkx are imported here, never at trainsim import time (pip install jax jaxlib networkx).
 """
 
-import importlib
-import importlib.util
 import re
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from math import prod
-from pathlib import Path
 from typing import Any, Literal
 
 import jax
@@ -36,6 +32,7 @@ import numpy as np
 from jax.extend import core as jcore
 
 from trainsim.errors import ConfigError
+from trainsim.frontends.factory import load_factory
 from trainsim.hardware.device import DType
 from trainsim.ir.graph import Layer, Op, OpGraph, OpKind, Phase
 
@@ -444,34 +441,10 @@ def graph_from_jax_target(target: str, *, micro_batch: int, seq_len: int, precis
                           name: str | None = None) -> OpGraph:
     """OpGraph from "path/to/file.py:factory" or "package.module:factory". The factory is called as
     factory(micro_batch=..., seq_len=..., precision=...) and returns (fn, example_args)."""
-    factory = _load_factory(target)
+    factory = load_factory(target, "jax")
     made = factory(micro_batch=micro_batch, seq_len=seq_len, precision=precision)
     if not (isinstance(made, tuple) and len(made) == 2 and callable(made[0])):
         raise ConfigError("model", target, "the factory must return (fn, example_args)")
     fn, args = made
     return graph_from_jax(fn, *args, name=name or target.rpartition(":")[2], micro_batch=micro_batch,
                           seq_len=seq_len)
-
-
-def _load_factory(target: str) -> Callable[..., Any]:
-    location, _, attr = target.rpartition(":")
-    if not location or not attr:
-        raise ConfigError("model", target, "the jax front-end takes path/to/file.py:factory or module:factory")
-    if location.endswith(".py"):
-        path = Path(location)
-        if not path.exists():
-            raise ConfigError("model", target, f"{path} does not exist")
-        spec = importlib.util.spec_from_file_location(f"_trainsim_jax_{path.stem}", path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(location)
-        except ModuleNotFoundError as exc:
-            raise ConfigError("model", target, f"cannot import {exc.name}") from None
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise ConfigError("model", target, f"{location} has no callable {attr!r}")
-    return factory

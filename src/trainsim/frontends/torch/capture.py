@@ -26,6 +26,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from trainsim.errors import ConfigError
+from trainsim.frontends.torch.fuse import fuse_log
 from trainsim.frontends.torch.layers import Container, build_layers, find_container
 from trainsim.frontends.torch.oplog import OpLog, Segments, iter_tensors
 from trainsim.ir.graph import OpGraph
@@ -73,7 +74,8 @@ class Capture:
 def graph_from_module(model: ModuleOrFactory, example_inputs: Mapping[str, InputSpec] | Sequence[InputSpec], *,
                       precision: Precision = "fp32", micro_batch: int | None = None, seq_len: int | None = None,
                       name: str | None = None, loss_fn: Callable[[Any], torch.Tensor] | None = None,
-                      causal_attention: bool | None = None, repeat_count: int | None = None) -> OpGraph:
+                      causal_attention: bool | None = None, repeat_count: int | None = None,
+                      fused: bool = False) -> OpGraph:
     """Trace one training step of `model` on fake tensors and return its OpGraph.
 
     model: a module (its weights are replaced by fake tensors for the trace) or a factory, called under
@@ -85,6 +87,8 @@ def graph_from_module(model: ModuleOrFactory, example_inputs: Mapping[str, Input
     causal_attention: count attention as causal (a fused kernel skips half) even when the model passes an
         explicit mask; None trusts each call's is_causal flag.
     repeat_count: the real length of the repeated container when the module was built shorter.
+    fused: lower the eager ops to the kernels a fused training stack runs (torch.fuse); False keeps one op per
+        aten call.
     """
     capture = capture_step(model, example_inputs, precision=precision, loss_fn=loss_fn,
                            causal_attention=causal_attention)
@@ -92,6 +96,8 @@ def graph_from_module(model: ModuleOrFactory, example_inputs: Mapping[str, Input
         capture = capture_step(model, example_inputs, precision=precision, loss_fn=loss_fn,
                                causal_attention=causal_attention, max_traced=None)
     mb, seq = _batch_dims(example_inputs, micro_batch, seq_len)
+    if fused:
+        fuse_log(capture.log)
     layers = build_layers(capture.log, capture.container, capture.model, capture.params, repeat_count)
     label = name or type(capture.model).__name__
     return OpGraph(label, layers, mb * seq, mb)

@@ -29,8 +29,8 @@ TRACED_LAYERS = 2
 
 
 def graph_from_hf_config(config: Any, *, micro_batch: int, seq_len: int, precision: Precision = "fp32",
-                         name: str | None = None) -> OpGraph:
-    """config: a config.json mapping or a transformers.PretrainedConfig."""
+                         name: str | None = None, fused: bool = False) -> OpGraph:
+    """config: a config.json mapping or a transformers.PretrainedConfig; fused: see capture.graph_from_module."""
     hf_config = to_pretrained_config(config)
     model_type = str(getattr(hf_config, "model_type", ""))
     layer_key = next((key for key in _LAYER_KEYS if isinstance(getattr(hf_config, key, None), int)), None)
@@ -51,7 +51,8 @@ def graph_from_hf_config(config: Any, *, micro_batch: int, seq_len: int, precisi
     with _quiet_transformers():
         return graph_from_module(lambda: model_for(traced_config), inputs, precision=precision,
                                  micro_batch=micro_batch, seq_len=seq_len, name=label,
-                                 causal_attention=model_type not in _ENCODERS, repeat_count=num_layers)
+                                 causal_attention=model_type not in _ENCODERS, repeat_count=num_layers,
+                                 fused=fused)
 
 
 def hf_config_from_spec(spec: TransformerSpec) -> dict[str, Any]:

@@ -88,8 +88,13 @@ class TensorStub:
 
 @dataclass(slots=True)
 class LoggedOp:
+    """An op and its dataflow: the value ids of the floating tensors it reads and writes (torch.fuse reads
+    them; empty for the casts autocast inserts, which have no tensor of their own)."""
+
     op: Op
     segment: str
+    reads: tuple[int, ...] = ()
+    writes: tuple[int, ...] = ()
 
 
 class Segments:
@@ -134,6 +139,8 @@ class OpLog(TorchDispatchMode):
         self._pending_saves: list[tuple[torch.Tensor, str]] = []
         self._last_outs: list[torch.Tensor] = []
         self.path_segments: dict[str, str] = {}
+        self.value_bytes: dict[int, float] = {}  # value id -> bytes (its numel in its virtual dtype)
+        self.param_values: set[int] = set()
         self._table = cuda_autocast_table()
         self._amp = precision in ("amp-fp16", "amp-bf16")
 
@@ -148,7 +155,17 @@ class OpLog(TorchDispatchMode):
         self._next_vid += 1
         found = Value(self._next_vid, dtype, int(tensor.numel()), param, aux)
         self._values[tensor] = found
+        self.value_bytes[found.vid] = float(found.numel * BYTES_PER_DTYPE[dtype])
+        if param:
+            self.param_values.add(found.vid)
         return found
+
+    def _flow(self, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(read, written) value ids of an op's floating tensors; call after its outputs have their values."""
+        reads = tuple(dict.fromkeys(self.value(t).vid for t in ins if t.is_floating_point()))
+        writes = tuple(dict.fromkeys(self.value(t).vid for t in outs if t.is_floating_point()
+                                     and not any(t is i for i in ins)))
+        return reads, writes
 
     def tensor_bytes(self, tensor: torch.Tensor) -> float:
         value = self.value(tensor)
@@ -276,7 +293,7 @@ class OpLog(TorchDispatchMode):
         op = Op(name, kind, path, "fwd", dtype, op_flops(name, func, args, kwargs, out, self.causal),
                 float(read + written), op_shape(name, kind, args, out),
                 recompute_selective=kind in ("attention", "softmax"))
-        self.ops.append(LoggedOp(op, segment))
+        self.ops.append(LoggedOp(op, segment, *self._flow(floats_in, outs)))
         if makes_node:
             self._nodes[node_nr] = record
         if self.keep_calls:
@@ -321,7 +338,7 @@ class OpLog(TorchDispatchMode):
                 self._new_value(storage_dtype(compute), tensor)
         op = Op(name, kind, path, "bwd", compute, op_flops(name, func, args, kwargs, out, self.causal), moved,
                 op_shape(name, kind, args, out), recompute_selective=kind in ("attention", "softmax"))
-        self.ops.append(LoggedOp(op, segment))
+        self.ops.append(LoggedOp(op, segment, *self._flow(ins, outs)))
 
     def _backward_home(self, ins: list[torch.Tensor]) -> tuple[str, str, DType]:
         """(module path, segment, dtype) of a backward op: those of the forward op behind the running node."""

@@ -1,0 +1,50 @@
+"""The front-ends, one registry: each turns what the user named with --model (its `source`) into the two things
+the pipeline needs, the ModelSpec a Job is made of and the per-device OpGraph of that job.
+
+    catalog  a catalog name, a model YAML/JSON, a Hugging Face config.json or a folder holding one
+    torch    the same transformers traced through PyTorch, or FILE.py:factory / module:factory returning an
+             nn.Module
+    jax      FILE.py:factory or module:factory returning (train_step_fn, example_args)
+    trace    a PyTorch execution-trace file or a directory of them (one per rank, with Kineto traces)
+
+Each front-end honours the job's strategy where it can and refuses, with a ConfigError naming the field and
+value, a strategy it cannot build. Heavy dependencies (torch, transformers, jax) are imported inside the
+front-end that needs them; a missing one is a one-line ConfigError with the pip command. Add a front-end with
+FRONTENDS.add(name, frontend).
+"""
+
+from typing import Protocol
+
+from trainsim.frontends.catalog.frontend import CatalogFrontend
+from trainsim.frontends.jax.frontend import JaxFrontend
+from trainsim.frontends.torch.frontend import TorchFrontend
+from trainsim.frontends.trace.frontend import TraceFrontend
+from trainsim.ir.graph import OpGraph
+from trainsim.ir.model_spec import ModelSpec
+from trainsim.job import Job
+from trainsim.registry import Registry
+from trainsim.strategy.precision import Precision
+
+
+class Frontend(Protocol):
+    name: str
+
+    def model_spec(self, source: str) -> ModelSpec:
+        """The model description a Job needs (see each front-end for what it derives)."""
+        ...
+
+    def graph(self, source: str, job: Job) -> OpGraph:
+        """The OpGraph one device of the job computes per micro-batch (strategy.device_slice.DeviceSlice)."""
+        ...
+
+    def inspect(self, source: str, micro_batch: int, seq_len: int, precision: Precision) -> OpGraph:
+        """What `trainsim graph` shows: the graph of one device without model parallelism (one_device_graph),
+        or for a trace the lowest rank as it ran."""
+        ...
+
+
+FRONTENDS: Registry[Frontend] = Registry("frontend")
+for _frontend in (CatalogFrontend(), TorchFrontend(), JaxFrontend(), TraceFrontend()):
+    FRONTENDS.add(_frontend.name, _frontend)
+
+

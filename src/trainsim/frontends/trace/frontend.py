@@ -1,0 +1,60 @@
+"""The execution-trace front-end as a pipeline peer: a PyTorch execution-trace file or a directory of them (one
+per rank, *.et.json[.gz], each with its <stem>.kineto.json[.gz] for measured durations).
+
+graph(): the lowest rank's OpGraph (to_op_graph) with `measured` set: every rank lowered to one ExecGraph with
+the measured durations, steps and start offsets (measured.py), what trace replay reads. A trace is the run it
+recorded: the job must ask for that run (as many ranks as were traced, the traced micro-batch, no model
+split); another strategy is refused, naming the field. The model description is opaque (frontends.opaque),
+with the parameter count the trace shows."""
+
+from pathlib import Path
+
+from trainsim.errors import ConfigError
+from trainsim.frontends.jax.frontend import refuse_model_parallelism
+from trainsim.frontends.opaque import opaque_spec
+from trainsim.frontends.trace.load import graph_from_trace_files, load_execution_traces, load_trace_directory
+from trainsim.frontends.trace.measured import measured_trace
+from trainsim.frontends.trace.rank_trace import RankTrace
+from trainsim.frontends.trace.to_op_graph import trace_op_graph
+from trainsim.ir.graph import OpGraph
+from trainsim.ir.model_spec import ModelSpec
+from trainsim.job import Job
+from trainsim.strategy.precision import Precision
+
+
+def load_source(source: str) -> list[RankTrace]:
+    path = Path(source)
+    if not path.exists():
+        raise ConfigError("model", source, "the trace front-end takes an execution-trace file or a directory of them")
+    return load_trace_directory(path) if path.is_dir() else load_execution_traces([path])
+
+
+class TraceFrontend:
+    name = "trace"
+
+    def model_spec(self, source: str) -> ModelSpec:
+        traces = load_source(source)
+        graph = trace_op_graph(traces[0], name=Path(source).name)
+        return opaque_spec(Path(source).name, "execution trace", graph.param_count())
+
+    def inspect(self, source: str, micro_batch: int, seq_len: int, precision: Precision) -> OpGraph:
+        """The lowest rank's graph as traced: the trace fixes micro-batch, sequence and precision."""
+        del micro_batch, seq_len, precision
+        return graph_from_trace_files(source)
+
+    def graph(self, source: str, job: Job) -> OpGraph:
+        traces = load_source(source)
+        par = job.parallel
+        refuse_model_parallelism(par, self.name)
+        first = traces[0]
+        graph = trace_op_graph(first, name=f"{Path(source).name} rank {first.rank}")
+        world = first.world_size or len(traces)
+        if job.num_gpus != world:
+            raise ConfigError("num_gpus", job.num_gpus, f"the trace recorded a {world}-rank run; ask for {world}")
+        if len(traces) != world:
+            raise ConfigError("model", source, f"holds {len(traces)} of the {world} ranks' traces; replay needs all")
+        if par.micro_batch != graph.samples_per_micro_batch:
+            raise ConfigError("micro_batch", par.micro_batch,
+                              f"the trace ran {graph.samples_per_micro_batch} samples per micro-batch")
+        return OpGraph(graph.model_name, graph.layers, graph.tokens_per_micro_batch, graph.samples_per_micro_batch,
+                       measured=measured_trace(traces, kineto_paths=[t.kineto_path for t in traces]))

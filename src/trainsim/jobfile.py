@@ -3,21 +3,23 @@
 from pathlib import Path
 from typing import Any
 
-from trainsim.catalog import load_cluster, load_model
+from trainsim.catalog import load_cluster
 from trainsim.catalog.files import read_mapping
 from trainsim.errors import ConfigError
+from trainsim.frontends.registry import ModelSource
 from trainsim.job import Job, make_job
 from trainsim.strategy.parallel import ATTENTION_KERNELS, OPTIMIZER_IMPLS, RECOMPUTES, SCHEDULES, ParallelSpec
 from trainsim.strategy.precision import PRECISIONS
 
 DEFAULT_MODEL = "gpt3-1.3b"
 DEFAULT_CLUSTER = "dgx-a100-80gb"
-JOB_KEYS = ("model", "cluster", "num_gpus")
+JOB_KEYS = ("model", "frontend", "cluster", "num_gpus")
 STRATEGY_KEYS = tuple(ParallelSpec.model_fields)
 
 
 def read_job_file(path: Path | None) -> dict[str, Any]:
-    """A job file holds model, cluster, num_gpus and strategy keys, at the top level or under `strategy`."""
+    """A job file holds model, frontend, cluster, num_gpus and strategy keys, at the top level or under
+    `strategy`."""
     if path is None:
         return {}
     data = read_mapping(path)
@@ -41,6 +43,11 @@ def check_choice(field: str, value: Any, choices: tuple[str, ...]) -> None:
         raise ConfigError(field, value, "choose one of: " + ", ".join(choices))
 
 
+def model_source(settings: dict[str, Any]) -> ModelSource:
+    """The model the settings name (default: the catalog's gpt3-1.3b) and the front-end that reads it."""
+    return ModelSource(str(settings.get("model") or DEFAULT_MODEL), str(settings.get("frontend") or "catalog"))
+
+
 def job_from_settings(settings: dict[str, Any]) -> Job:
     """settings: job-file keys merged with the flags that were given (None = not given)."""
     given = {key: value for key, value in settings.items() if value is not None}
@@ -55,7 +62,12 @@ def job_from_settings(settings: dict[str, Any]) -> Job:
     for key in ("dp", "global_batch"):
         if key in given and not _positive_int(given[key]):
             raise ConfigError(key, given[key], "must be a positive integer (leave it out to infer it)")
-    model = load_model(str(given.pop("model", DEFAULT_MODEL)))
+    source = model_source(given)
+    given.pop("model", None)
+    given.pop("frontend", None)
+    for key, value in source.job_defaults().items():
+        given.setdefault(key, value)
+    model = source.model_spec()
     cluster = load_cluster(str(given.pop("cluster", DEFAULT_CLUSTER)))
     if "num_gpus" in given:
         cluster = cluster.with_num_gpus(given.pop("num_gpus"))

@@ -1,12 +1,14 @@
 """The pipeline, end to end: front-end -> OpGraph -> plan (strategy) -> engine(job, graph, plan) -> Result.
 
-    graphs = GraphCache()                               # one per run: a graph per (model, device slice)
-    job = make_job(model, cluster, parallel)
-    result = predict(job, engine="sim", graphs=graphs)  # or make_engine(...).estimate(job, graphs.get(job))
+    source = ModelSource("path/to/config.json", frontend="torch")   # default: the catalog front-end
+    job = make_job(source.model_spec(), cluster, parallel)
+    result = predict(job, engine="sim", source=source)
+    graphs = GraphCache(source)                         # for many jobs: a graph per (model, device slice)
+    result = make_engine("analytical").estimate(job, graphs.get(job))
 
-Front-ends turn a model into the per-device OpGraph of a job's strategy (catalog builders by default); engines
-price it through the pricing service (cost.pricing) and compose the prices into a Result. Nothing below this
-module builds a graph for an engine.
+Front-ends (frontends.registry) turn a model into the per-device OpGraph of a job's strategy; engines price it
+through the pricing service (cost.pricing) and compose the prices into a Result. Nothing below this module
+builds a graph for an engine.
 """
 
 from dataclasses import dataclass, field
@@ -16,6 +18,7 @@ from trainsim.compile.context import TaskLevel
 from trainsim.estimate.engines import Estimator, make_engine
 from trainsim.estimate.result import Result
 from trainsim.frontends.catalog.build import build_graph
+from trainsim.frontends.registry import ModelSource
 from trainsim.ir.graph import OpGraph
 from trainsim.job import Job
 from trainsim.strategy.device_slice import DeviceSlice
@@ -25,8 +28,10 @@ from trainsim.strategy.lowered import LoweredPlan
 @dataclass(slots=True)
 class GraphCache:
     """The per-device OpGraphs of the jobs of one run, built once per (model, device slice): a search over
-    thousands of plans of one model builds one graph per distinct tp/sp/cp/ep/micro-batch slice."""
+    thousands of plans of one model builds one graph per distinct tp/sp/cp/ep/micro-batch slice. source: the
+    front-end and what it reads (default: the catalog front-end over each job's own model)."""
 
+    source: ModelSource | None = None
     _graphs: dict[tuple[object, ...], OpGraph] = field(default_factory=dict)
 
     def get(self, job: Job) -> OpGraph:
@@ -34,22 +39,26 @@ class GraphCache:
         key = (job.model.name, id(job.model), dev)
         graph = self._graphs.get(key)
         if graph is None:
-            graph = self._graphs[key] = build_graph(job.model, dev)
+            graph = self._graphs[key] = graph_for(job, self.source)
         return graph
 
 
-def graph_for(job: Job) -> OpGraph:
-    """The job's per-device OpGraph from the catalog front-end (uncached)."""
-    return build_graph(job.model, DeviceSlice.of(job.parallel))
+def graph_for(job: Job, source: ModelSource | None = None) -> OpGraph:
+    """The job's per-device OpGraph from `source`'s front-end (default: the catalog builders over job.model;
+    uncached)."""
+    if source is None:
+        return build_graph(job.model, DeviceSlice.of(job.parallel))
+    return source.graph(job)
 
 
 def predict(job: Job, engine: str | Estimator = "analytical", *, costs: str = "roofline", db: Path | None = None,
-            task_level: TaskLevel = "layer", graph: OpGraph | None = None, plan: LoweredPlan | None = None,
-            graphs: GraphCache | None = None) -> Result:
+            task_level: TaskLevel = "layer", source: ModelSource | None = None, graph: OpGraph | None = None,
+            plan: LoweredPlan | None = None, graphs: GraphCache | None = None) -> Result:
     """One job through the pipeline. engine: a registered name (built with costs, db, task_level) or an
-    estimator; graph: the job's OpGraph if a front-end made it already (default: the catalog front-end's,
-    from `graphs` when given); plan: a lowered plan (a strategy tree's) for the engines that place layers."""
+    estimator; source: the front-end and model it reads (default: the catalog front-end over job.model);
+    graph: the job's OpGraph if a front-end made it already (else from `graphs` when given, else built);
+    plan: a lowered plan (a strategy tree's) for the engines that place layers."""
     estimator = make_engine(engine, costs, db, task_level) if isinstance(engine, str) else engine
     if graph is None:
-        graph = graphs.get(job) if graphs is not None else graph_for(job)
+        graph = graphs.get(job) if graphs is not None else graph_for(job, source)
     return estimator.estimate(job, graph, plan)

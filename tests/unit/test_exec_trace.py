@@ -13,8 +13,11 @@ from typing import Any
 
 import pytest
 
+from trainsim.catalog import load_cluster
 from trainsim.errors import ConfigError, InputFileError
-from trainsim.estimate.replay import replay_exec_graph, replay_traces
+from trainsim.estimate.engines import make_engine
+from trainsim.estimate.replay import replay_exec_graph, replay_measured
+from trainsim.frontends.registry import FRONTENDS
 from trainsim.frontends.trace.load import (
     Collective,
     RankTrace,
@@ -29,7 +32,9 @@ from trainsim.frontends.trace.load import (
 )
 from trainsim.frontends.trace.measured import measured_trace_files
 from trainsim.frontends.trace.to_exec_graph import collective_duration
+from trainsim.job import make_job
 from trainsim.sim import SimOptions, simulate
+from trainsim.strategy.parallel import ParallelSpec
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "exec_trace"
 HIDDEN, LAYERS = 256, 3  # scripts/capture_ddp_trace.py
@@ -104,28 +109,49 @@ def test_exec_graph_builds_and_simulates_without_deadlock(ddp: list[RankTrace]) 
 
 def test_replay_is_close_to_the_measured_step() -> None:
     traces, kinetos = find_trace_files(FIXTURES)
-    outcome, summary = replay_traces(traces, kinetos)
+    outcome, summary = replay_measured(measured_trace_files(traces, kinetos))
     # measured on the 2-core development machine while other work ran: 8.541 ms (rank 0) and 6.926 ms (rank 1)
     assert summary.measured_step_s == pytest.approx((8.541e-3, 6.926e-3), abs=1e-6)
     assert abs(summary.error) < 0.10, summary.pretty()
     assert summary.replayed_iteration_s == pytest.approx(8.055e-3, rel=0.01)
     assert summary.collectives == 3 and outcome.makespan_s > 0
     assert set(summary.critical_path_s) <= {"compute", "overhead", "dp_comm", "optimizer"}
-    _, together = replay_traces(traces, kinetos, start_offsets="zero")
+    _, together = replay_measured(measured_trace_files(traces, kinetos, start_offsets="zero"))
     assert abs(together.error) < 0.20 and together.start_offset_s == (0.0, 0.0)
     assert "error" in summary.pretty()
 
 
-def test_measured_trace_is_what_replay_traces_replays() -> None:
+def test_measured_trace_is_what_replay_replays() -> None:
     traces, kinetos = find_trace_files(FIXTURES)
     for offsets in ("measured", "zero"):
         measured = measured_trace_files(traces, kinetos, start_offsets=offsets)
         _, from_measured = replay_exec_graph(measured.exec_graph, measured.measured_step_s, ranks=measured.ranks,
                                              start_offset_s=measured.start_offset_s)
-        _, from_files = replay_traces(traces, kinetos, start_offsets=offsets)
-        assert from_measured == from_files
+        _, replayed = replay_measured(measured)
+        assert from_measured == replayed
     with pytest.raises(ConfigError, match="Kineto"):
         measured_trace_files(traces)
+
+
+def test_the_replay_engine_answers_predict_with_a_result() -> None:
+    """Trace replay is a peer of the other engines: the trace front-end's graph in, a Result out, whose
+    iteration is the replayed one and whose breakdown adds up to it."""
+    frontend = FRONTENDS.get("trace")
+    source = str(FIXTURES)
+    spec = frontend.model_spec(source)
+    job = make_job(spec, load_cluster("local-cpu").with_num_gpus(2), ParallelSpec(micro_batch=64, seq_len=1))
+    probe = frontend.graph(source, job)
+    result = make_engine("replay").estimate(job, probe)
+    assert probe.measured is not None
+    _, comparison = replay_measured(probe.measured, SimOptions())
+    assert result.engine == "replay" and result.iteration_time_s == pytest.approx(comparison.replayed_iteration_s)
+    assert sum(result.breakdown.values()) == pytest.approx(result.iteration_time_s)
+    assert result.timeline is not None and result.timeline.device_names == ("rank 0", "rank 1")
+    assert any("trace replay of 2 ranks" in note for note in result.notes)
+    with pytest.raises(ConfigError, match="replays measured execution traces"):
+        make_engine("replay").estimate(job, probe.__class__(probe.model_name, probe.layers,
+                                                            probe.tokens_per_micro_batch,
+                                                            probe.samples_per_micro_batch))
 
 
 def test_op_graph_of_one_rank() -> None:
@@ -165,7 +191,7 @@ def test_without_kineto_there_are_no_times(ddp: list[RankTrace]) -> None:
     assert all(task.duration_s == 0.0 for task in graph.tasks)
     simulate(graph)
     with pytest.raises(ConfigError):
-        replay_traces(traces)
+        measured_trace_files(traces)
 
 
 # ---- hand-made traces: exact replay -------------------------------------------------------------------------
@@ -247,7 +273,7 @@ def test_tiny_allreduce_replays_exactly(tmp_path: Path) -> None:
     assert summary.replayed_step_s == pytest.approx((99e-6, 99e-6))
     assert summary.error == pytest.approx(-0.01)
     assert summary.critical_path_s["comm"] == pytest.approx(14e-6)  # outside a backward pass: feature stream
-    _, via_files = replay_traces(ets, kinetos)
+    _, via_files = replay_measured(measured_trace_files(ets, kinetos))
     assert via_files.replayed_step_s == pytest.approx((99e-6, 99e-6))
 
 

@@ -30,8 +30,7 @@ TINY_LLAMA = {**LLAMA_8B, "_name_or_path": "tiny-llama", "num_hidden_layers": 2,
 
 def predict_iteration_s(job: Job, graph: OpGraph) -> float:
     """The analytical engine's iteration time of `graph` for `job` (the one place the engine API is used)."""
-    key = (job.model.name, id(job.model), DeviceSlice.of(job.parallel))
-    return AnalyticalEstimator(graphs={key: graph}).estimate(job).iteration_time_s
+    return AnalyticalEstimator().estimate(job, graph).iteration_time_s
 
 
 def _config(tmp_path: Path, config: dict[str, object], name: str = "config.json") -> Path:

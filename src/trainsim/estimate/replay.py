@@ -16,8 +16,9 @@ per-rank comparison of the replayed iteration with the measured one, which the R
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from trainsim.cost.memory import MemoryEstimate
 from trainsim.cost.pricing import Pricer
 from trainsim.errors import ConfigError
 from trainsim.estimate.result import Result, Timeline, make_result
@@ -123,12 +124,24 @@ class ReplayEstimator:
                               "traces: give --frontend trace and a trace file or directory as the model")
         outcome, comparison = replay_measured(graph.measured, self.options)
         breakdown = _replay_breakdown(graph.measured, outcome, comparison)
-        memory = self.pricer.memory(partition_stages(graph, job.parallel.pp), job)
+        memory, memory_notes = _memory(self.pricer, graph, job)
         note = (f"trace replay of {len(comparison.ranks)} ranks: measured {comparison.measured_iteration_s * 1e3:.3f}"
                 f" ms, replayed {comparison.replayed_iteration_s * 1e3:.3f} ms ({comparison.error * 100:+.1f}%)")
         names = tuple(f"rank {rank}" for rank in comparison.ranks)
         timeline = Timeline(exec_graph=graph.measured.exec_graph, outcome=outcome, device_names=names)
-        return make_result(self.name, job, graph, breakdown, memory, notes=[note], timeline=timeline)
+        return make_result(self.name, job, graph, breakdown, memory, notes=[note, *memory_notes], timeline=timeline)
+
+
+def _memory(pricer: Pricer, graph: OpGraph, job: Job) -> tuple[MemoryEstimate, list[str]]:
+    """The memory model over the traced graph's shapes; where the trace recorded no activation sizes, the model
+    states alone (and a note saying so)."""
+    modes = ("none", "selective", "full")
+    if all(mode in layer.saved_bytes for layer in graph.layers for mode in modes):
+        return pricer.memory(partition_stages(graph, job.parallel.pp), job), []
+    states_only = replace(graph, layers=tuple(replace(layer, saved_bytes=dict.fromkeys(modes, 0.0))
+                                              for layer in graph.layers), measured=None)
+    return (pricer.memory(partition_stages(states_only, job.parallel.pp), job),
+            ["peak memory: model states only (the trace records no activation sizes)"])
 
 
 def _replay_breakdown(measured: MeasuredTrace, outcome: SimOutcome, comparison: ReplayComparison) -> dict[str, float]:

@@ -13,7 +13,8 @@ front-end that needs them; a missing one is a one-line ConfigError with the pip 
 FRONTENDS.add(name, frontend).
 """
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from trainsim.frontends.catalog.frontend import CatalogFrontend
 from trainsim.frontends.jax.frontend import JaxFrontend
@@ -37,6 +38,10 @@ class Frontend(Protocol):
         """The OpGraph one device of the job computes per micro-batch (strategy.device_slice.DeviceSlice)."""
         ...
 
+    def job_defaults(self, source: str) -> dict[str, Any]:
+        """Job settings the source fixes (a trace: its ranks and micro-batch), used where the user gave none."""
+        ...
+
     def inspect(self, source: str, micro_batch: int, seq_len: int, precision: Precision) -> OpGraph:
         """What `trainsim graph` shows: the graph of one device without model parallelism (one_device_graph),
         or for a trace the lowest rank as it ran."""
@@ -48,3 +53,21 @@ for _frontend in (CatalogFrontend(), TorchFrontend(), JaxFrontend(), TraceFronte
     FRONTENDS.add(_frontend.name, _frontend)
 
 
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    """What the user named as the model (`source`, the --model value) and the front-end that reads it."""
+
+    source: str
+    frontend: str = "catalog"
+
+    def __post_init__(self) -> None:
+        FRONTENDS.get(self.frontend)  # unknown names: one line listing the choices
+
+    def model_spec(self) -> ModelSpec:
+        return FRONTENDS.get(self.frontend).model_spec(self.source)
+
+    def graph(self, job: Job) -> OpGraph:
+        return FRONTENDS.get(self.frontend).graph(self.source, job)
+
+    def job_defaults(self) -> dict[str, Any]:
+        return FRONTENDS.get(self.frontend).job_defaults(self.source)

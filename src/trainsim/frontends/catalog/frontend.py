@@ -2,6 +2,7 @@
 -> ModelSpec -> the analytic builders (catalog.build). Every strategy the builders know is honoured."""
 
 from pathlib import Path
+from typing import Any
 
 from trainsim.catalog import load_model
 from trainsim.errors import ConfigError
@@ -27,6 +28,10 @@ def resolve_source(source: str) -> str:
 
 class CatalogFrontend:
     name = "catalog"
+
+    def job_defaults(self, source: str) -> dict[str, Any]:
+        del source
+        return {}
 
     def model_spec(self, source: str) -> ModelSpec:
         return load_model(resolve_source(source))

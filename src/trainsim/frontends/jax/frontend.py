@@ -4,6 +4,8 @@ factory(micro_batch=..., seq_len=..., precision=...) and returning (train_step_f
 The jaxpr is the whole step of one device: no split is applied to it, so the front-end refuses tp, sp, cp and ep
 other than their defaults. The model description is opaque (frontends.opaque): the jaxpr carries no spec."""
 
+from typing import Any
+
 from trainsim.errors import ConfigError
 from trainsim.frontends.one_device import one_device_graph
 from trainsim.frontends.opaque import opaque_spec
@@ -26,6 +28,10 @@ def refuse_model_parallelism(par: ParallelSpec, frontend: str) -> None:
 
 class JaxFrontend:
     name = "jax"
+
+    def job_defaults(self, source: str) -> dict[str, Any]:
+        del source
+        return {}
 
     def model_spec(self, source: str) -> ModelSpec:
         location, _, attr = source.rpartition(":")

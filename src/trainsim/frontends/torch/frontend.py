@@ -7,9 +7,10 @@
 
 model_spec: the TransformerSpec of the Hugging Face config (catalog.hf_config), for a factory that of its
 module's `config`; a module without one is opaque (frontends.opaque: dp and pp only).
-graph: the traced step, lowered to the kernels a fused training stack runs (torch.fuse) and split for tp/sp the
-way the catalog builder splits (torch.shard). Context and expert parallelism and the unfused "math" attention
-are refused (the trace runs one device's whole sequence through SDPA).
+graph: the traced step, lowered to the kernels a fused training stack runs (torch.fuse). The trace is one
+device's whole model: tensor, sequence, context and expert parallelism and the unfused "math" attention are
+refused, naming the field (the trace runs one device's whole sequence through SDPA); dp, pp, ZeRO and recompute
+are priced on the traced graph as the catalog's are.
 """
 
 from dataclasses import replace
@@ -39,6 +40,10 @@ def missing(exc: ModuleNotFoundError) -> ConfigError:
 
 class TorchFrontend:
     name = "torch"
+
+    def job_defaults(self, source: str) -> dict[str, Any]:
+        del source
+        return {}
 
     def model_spec(self, source: str) -> ModelSpec:
         if is_factory_target(source):

@@ -8,6 +8,7 @@ split); another strategy is refused, naming the field. The model description is 
 with the parameter count the trace shows."""
 
 from pathlib import Path
+from typing import Any
 
 from trainsim.errors import ConfigError
 from trainsim.frontends.jax.frontend import refuse_model_parallelism
@@ -36,6 +37,13 @@ class TraceFrontend:
         traces = load_source(source)
         graph = trace_op_graph(traces[0], name=Path(source).name)
         return opaque_spec(Path(source).name, "execution trace", graph.param_count())
+
+    def job_defaults(self, source: str) -> dict[str, Any]:
+        """The traced run: its ranks and its micro-batch."""
+        traces = load_source(source)
+        first = traces[0]
+        graph = trace_op_graph(first, name=Path(source).name)
+        return {"num_gpus": first.world_size or len(traces), "micro_batch": graph.samples_per_micro_batch}
 
     def inspect(self, source: str, micro_batch: int, seq_len: int, precision: Precision) -> OpGraph:
         """The lowest rank's graph as traced: the trace fixes micro-batch, sequence and precision."""

@@ -9,7 +9,7 @@ stage cuts it to (p - 1) t / v (Narayanan et al. 2021, sec. 2.2.2). As a fractio
 
 import pytest
 
-from trainsim.catalog import load_cluster
+from conftest import a100_cluster
 from trainsim.catalog.calibration import Calibration, ComputeParams
 from trainsim.catalog.model_files import parse_model
 from trainsim.cost.pricing import Pricer
@@ -28,7 +28,7 @@ SCHEDULES: list[tuple[Schedule, int]] = [("gpipe", 1), ("1f1b", 1), ("interleave
 
 
 def _job(schedule: Schedule, v: int, m: int = M) -> Job:
-    cluster = load_cluster("dgx-a100-80gb").with_num_gpus(P)
+    cluster = a100_cluster(P)
     par = ParallelSpec(pp=P, vpp=v, schedule=schedule, micro_batch=1, global_batch=m, seq_len=2048)
     return make_job(MODEL, cluster, par)
 

@@ -6,6 +6,7 @@ from collections import Counter
 
 import pytest
 
+from conftest import a100_cluster
 from trainsim.catalog import load_cluster, load_model
 from trainsim.catalog.calibration import Calibration, RuntimeParams
 from trainsim.catalog.model_files import parse_model
@@ -30,7 +31,7 @@ TINY = parse_model({"name": "tiny-gpt", "num_layers": 4, "hidden": 1024, "ffn_hi
 
 def _job(num_gpus: int, **strategy: object) -> Job:
     par = ParallelSpec.parse({"micro_batch": 1, "seq_len": 1024, **strategy})
-    return make_job(TINY, load_cluster("dgx-a100-80gb").with_num_gpus(num_gpus), par)
+    return make_job(TINY, a100_cluster(num_gpus), par)
 
 
 def _sim(cal: Calibration | None = None, **flags: object) -> SimEstimator:
@@ -189,7 +190,7 @@ def test_graph_size_does_not_grow_with_the_data_parallel_degree() -> None:
     sizes = []
     for dp in (2, 32):
         par = ParallelSpec(tp=2, pp=2, dp=dp, micro_batch=1, global_batch=8 * dp, seq_len=2048)
-        job = make_job(model, load_cluster("dgx-a100-80gb").with_num_gpus(4 * dp), par)
+        job = make_job(model, a100_cluster(4 * dp), par)
         sizes.append(len(compile_job(job, default_plan(graph_for(job), par), Pricer(Calibration())).tasks))
     assert sizes[0] == sizes[1]
 
@@ -208,7 +209,7 @@ def test_zero_bubble_h1_splits_the_backward_and_shrinks_the_bubble() -> None:
 
 # ---- the engine entry --------------------------------------------------------------------------------------------
 def test_out_of_memory_is_a_result_not_an_error() -> None:
-    job = make_job(load_model("gpt3-175b"), load_cluster("dgx-a100-80gb").with_num_gpus(8),
+    job = make_job(load_model("gpt3-175b"), a100_cluster(8),
                    ParallelSpec(tp=8, micro_batch=1, global_batch=1, seq_len=2048))
     result = SimEstimator().estimate(job, graph_for(job))
     assert result.oom and result.peak_memory_bytes > result.memory_capacity_bytes

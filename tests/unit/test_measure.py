@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from trainsim.catalog import load_cluster
+from conftest import MEASURED_GPT, MEASURED_LLAMA, fake_run, tiny_job
 from trainsim.catalog.model_files import parse_model
 from trainsim.ir.model_spec import TransformerSpec
-from trainsim.job import Job, make_job
+from trainsim.job import Job
 from trainsim.measure.launch import (
     FAULT_ENV,
     MeasureFailedError,
@@ -22,38 +22,15 @@ from trainsim.measure.launch import (
     launch,
     make_spec,
 )
-from trainsim.measure.results import IterationStats, MeasuredRun, job_to_dict, load_run, load_runs, save_run
-from trainsim.strategy.parallel import ParallelSpec
+from trainsim.measure.results import IterationStats, MeasuredRun, load_run, load_runs, save_run
 
-TINY_GPT: dict[str, Any] = {"name": "tiny-gpt", "arch": "gpt", "num_layers": 2, "hidden": 64, "num_heads": 4,
-                            "ffn_hidden": 256, "vocab": 512, "max_seq_len": 32}
-TINY_LLAMA: dict[str, Any] = {"name": "tiny-llama", "arch": "llama", "num_layers": 2, "hidden": 64, "num_heads": 4,
-                              "num_kv_heads": 2, "ffn_hidden": 192, "vocab": 512, "max_seq_len": 32,
-                              "mlp": "swiglu", "norm": "rmsnorm", "position": "rope", "bias": False,
-                              "tied_embeddings": False}
 RUNNER = CliRunner()
-
-
-def tiny_job(ranks: int, model: dict[str, Any] | None = None, **strategy: Any) -> Job:
-    settings = {"seq_len": 32, "micro_batch": 2, "precision": "fp32", **strategy}
-    return make_job(parse_model(model or TINY_GPT), load_cluster("local-cpu").with_num_gpus(ranks).on_one_node(),
-                    ParallelSpec.parse(settings))
 
 
 def tspec(data: dict[str, Any]) -> TransformerSpec:
     spec = parse_model(data)
     assert isinstance(spec, TransformerSpec)
     return spec
-
-
-def fake_run(run_id: str = "r1", job: Job | None = None, times: list[float] | None = None) -> MeasuredRun:
-    job = job or tiny_job(2, dp=2)
-    return MeasuredRun(run_id=run_id, job=job_to_dict(job), iteration_times_s=times or [0.10, 0.12, 0.11, 0.30],
-                       peak_memory_bytes=[3 * 2**30, 2 * 2**30], peak_memory_kind="rss-high-water-mark",
-                       tokens_per_iteration=job.tokens_per_iteration,
-                       settings={"iterations": 4, "warmup": 1, "device": "cpu", "nodes": 1},
-                       versions={"python": "3.11"}, machine={"host_sha256": "abc", "cpu_model": "test cpu"},
-                       started_at="2026-01-01T00:00:00+00:00", final_loss=6.2)
 
 
 # --- no torch needed ---
@@ -89,7 +66,7 @@ def test_a_file_that_is_not_a_run_is_refused(tmp_path: Path) -> None:
     (lambda: tiny_job(2, cp=2), "cp=2 is not measured"),
     (lambda: tiny_job(1, precision="bf16"), "amp-bf16"),
     (lambda: tiny_job(4, tp=2, dp=2), "FSDP2 only"),
-    (lambda: tiny_job(2, model={**TINY_GPT, "vocab": 511}, tp=2), "vocab=511"),
+    (lambda: tiny_job(2, model={**MEASURED_GPT, "vocab": 511}, tp=2), "vocab=511"),
     (lambda: tiny_job(2, pp=2, schedule="zb-h1", global_batch=4), "schedule=zb-h1"),
     (lambda: tiny_job(2, pp=2, global_batch=2), "at least pp micro-batches"),
 ])
@@ -163,7 +140,7 @@ def test_torch_model_has_the_parameters_of_the_op_graph() -> None:
     from trainsim.strategy.device_slice import DeviceSlice
     from trainsim.strategy.precision import policy_for
 
-    for data in (TINY_GPT, TINY_LLAMA, {**TINY_GPT, "name": "tiny-bloom", "position": "alibi"}):
+    for data in (MEASURED_GPT, MEASURED_LLAMA, {**MEASURED_GPT, "name": "tiny-bloom", "position": "alibi"}):
         spec = tspec(data)
         graph = build_graph(spec, DeviceSlice(1, 8, policy_for("bf16")))
         assert param_count(build_model(spec)) == graph.param_count()
@@ -173,7 +150,7 @@ def test_pipeline_chunks_compute_the_whole_model() -> None:
     torch = pytest.importorskip("torch")
     from trainsim.measure.model import build_chunk, build_model, split_layers
 
-    for data in (TINY_GPT, TINY_LLAMA):
+    for data in (MEASURED_GPT, MEASURED_LLAMA):
         spec = tspec({**data, "num_layers": 4})
         tokens = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(0))
         whole = build_model(spec, seed=3)(tokens)
@@ -207,8 +184,8 @@ def test_dp_and_pp_runs_measure_and_agree(tmp_path: Path) -> None:
 def test_tensor_parallel_and_fsdp_agree(tmp_path: Path) -> None:
     """LLaMA (GQA, RoPE, SwiGLU) in bf16 autocast: tp=2 with sequence parallelism and FSDP2 (zero=3) on dp=2."""
     pytest.importorskip("torch")
-    tp = _measure(tiny_job(2, TINY_LLAMA, tp=2, sp=True, global_batch=4, precision="amp-bf16"), tmp_path)
-    fsdp = _measure(tiny_job(2, TINY_LLAMA, dp=2, zero=3, precision="amp-bf16"), tmp_path)
+    tp = _measure(tiny_job(2, MEASURED_LLAMA, tp=2, sp=True, global_batch=4, precision="amp-bf16"), tmp_path)
+    fsdp = _measure(tiny_job(2, MEASURED_LLAMA, dp=2, zero=3, precision="amp-bf16"), tmp_path)
     assert tp.final_loss is not None and fsdp.final_loss == pytest.approx(tp.final_loss, rel=1e-2)
 
 
@@ -254,7 +231,7 @@ def test_worker_runs_under_torchrun_environment(tmp_path: Path) -> None:
 
     from trainsim.measure.launch import _free_port
 
-    (tmp_path / "model.yaml").write_text(json.dumps(TINY_GPT))
+    (tmp_path / "model.yaml").write_text(json.dumps(MEASURED_GPT))
     job_file = tmp_path / "job.yaml"
     job_file.write_text(json.dumps({"model": str(tmp_path / "model.yaml"), "cluster": "local-cpu",
                                     "num_gpus": 1, "seq_len": 32, "micro_batch": 2, "precision": "amp-bf16"}))

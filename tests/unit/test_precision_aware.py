@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import TINY_GPT, ConstantCosts, a100_cluster
 from trainsim.catalog import load_cluster, load_model
 from trainsim.catalog.model_files import parse_model
 from trainsim.estimate.engines import make_engine
@@ -14,8 +15,6 @@ from trainsim.estimate.precision_aware import (
     partition,
     sliced_gradient_bytes,
 )
-from trainsim.hardware.device import DeviceSpec
-from trainsim.ir.graph import Op
 from trainsim.job import Job, make_job
 from trainsim.pipeline import graph_for, predict
 from trainsim.profile.database import Environment, ProfileDB
@@ -24,20 +23,11 @@ from trainsim.profile.ops import optimizer_signature, unique_signatures
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import Precision
 
-TINY = {"name": "tiny-gpt", "num_layers": 2, "hidden": 32, "num_heads": 2, "ffn_hidden": 64, "vocab": 128,
-        "max_seq_len": 16}
 OP_S = 1e-3
 
 
-class ConstantCosts:
-    name = "constant"
-
-    def op_time_s(self, op: Op, device: DeviceSpec) -> float:
-        return OP_S
-
-
 def _job(precision: Precision = "bf16", tp: int = 2, pp: int = 2, dp: int = 2, global_batch: int = 4) -> Job:
-    return make_job(parse_model(TINY), load_cluster("dgx-a100-80gb").with_num_gpus(tp * pp * dp),
+    return make_job(parse_model(TINY_GPT), a100_cluster(tp * pp * dp),
                     ParallelSpec(tp=tp, pp=pp, dp=dp, micro_batch=1, seq_len=16, global_batch=global_batch,
                                  precision=precision))
 
@@ -56,7 +46,7 @@ def test_algorithm1_makes_one_subgraph_per_gpu() -> None:
 
 def test_equations_1_to_4_by_hand() -> None:
     job = _job()
-    estimator = PrecisionAwareEstimator(op_costs=ConstantCosts(), optimizer=False)
+    estimator = PrecisionAwareEstimator(op_costs=ConstantCosts(OP_S), optimizer=False)
     result = estimator.estimate(job, graph_for(job))
     graph = graph_for(job)
     subgraphs = partition(graph, job.parallel)
@@ -81,14 +71,14 @@ def test_equations_1_to_4_by_hand() -> None:
 
 def test_no_parallelism_means_compute_alone() -> None:
     job = _job(tp=1, pp=1, dp=1, global_batch=1)
-    result = PrecisionAwareEstimator(op_costs=ConstantCosts(), optimizer=False).estimate(job, graph_for(job))
+    result = PrecisionAwareEstimator(op_costs=ConstantCosts(OP_S), optimizer=False).estimate(job, graph_for(job))
     assert result.breakdown["dp_comm"] == result.breakdown["tp_comm"] == result.breakdown["bubble"] == 0.0
-    graph = job_graph(parse_model(TINY), JobShape(1, 16, "bf16"))
+    graph = job_graph(parse_model(TINY_GPT), JobShape(1, 16, "bf16"))
     assert result.iteration_time_s == pytest.approx(graph.num_ops * OP_S)
 
 
 def test_gradient_volume_follows_operator_precision() -> None:
-    estimator = PrecisionAwareEstimator(op_costs=ConstantCosts(), optimizer=False)
+    estimator = PrecisionAwareEstimator(op_costs=ConstantCosts(OP_S), optimizer=False)
     fp32, amp = (predict(_job(precision), estimator) for precision in ("fp32", "amp-bf16"))
     assert fp32.breakdown["dp_comm"] == pytest.approx(2 * amp.breakdown["dp_comm"])
     assert fp32.breakdown["tp_comm"] == pytest.approx(2 * amp.breakdown["tp_comm"])
@@ -107,7 +97,7 @@ def test_roofline_op_times_make_fp32_slower_than_bf16() -> None:
 
 def test_profile_database_answers_ops_and_optimizer(tmp_path: Path) -> None:
     job = _job("fp32", tp=1, pp=1, dp=1, global_batch=1)
-    graph = job_graph(parse_model(TINY), JobShape(1, 16, "fp32"))
+    graph = job_graph(parse_model(TINY_GPT), JobShape(1, 16, "fp32"))
     path = tmp_path / "p.sqlite"
     env = Environment("a100-sxm4-80gb", "torch test", 1, "test")
     with ProfileDB.open(path) as db:

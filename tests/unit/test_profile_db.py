@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import PROFILE_ENV, TINY_GPT
 from trainsim.catalog.model_files import parse_model
 from trainsim.errors import InputFileError
 from trainsim.profile.database import (
@@ -23,30 +24,27 @@ from trainsim.profile.database import (
 from trainsim.profile.job import JobShape, job_graph
 from trainsim.profile.ops import signature_of, unique_signatures
 
-TINY = {"name": "tiny-gpt", "num_layers": 2, "hidden": 32, "num_heads": 2, "ffn_hidden": 64, "vocab": 128,
-        "max_seq_len": 16}
-ENV = Environment("cpu-local", "torch test", 1, "test cpu")
 SIG = OpSignature("matmul", "mm", "fwd", "fp32", (1, 8, 16, 32))
 
 
 def test_samples_merge_and_survive_reopening(tmp_path: Path) -> None:
     path = tmp_path / "p.sqlite"
     with ProfileDB.open(path) as db:
-        assert db.op_repeats(ENV, SIG) == 0
-        db.add_op_samples(ENV, SIG, [3.0, 1.0], "first")
-        stats = db.add_op_samples(ENV, SIG, [2.0], "second")
-        assert db.op_repeats(ENV, SIG) == 3
+        assert db.op_repeats(PROFILE_ENV, SIG) == 0
+        db.add_op_samples(PROFILE_ENV, SIG, [3.0, 1.0], "first")
+        stats = db.add_op_samples(PROFILE_ENV, SIG, [2.0], "second")
+        assert db.op_repeats(PROFILE_ENV, SIG) == 3
         assert stats.median_s == 2.0 and stats.repeats == 3
         assert stats.p10_s < 2.0 < stats.p90_s
     with ProfileDB.open_read_only(path) as db:
         (row,) = list(db.op_rows("cpu-local"))
-    assert row.signature == SIG and row.env == ENV and row.detail == "second"
+    assert row.signature == SIG and row.env == PROFILE_ENV and row.detail == "second"
     assert list(ProfileDB.open_read_only(path).op_rows("other-device")) == []
 
 
 def test_environments_are_kept_apart(tmp_path: Path) -> None:
     with ProfileDB.open(tmp_path / "p.sqlite") as db:
-        db.add_op_samples(ENV, SIG, [1.0])
+        db.add_op_samples(PROFILE_ENV, SIG, [1.0])
         other_threads = Environment("cpu-local", "torch test", 2, "test cpu")
         assert db.op_repeats(other_threads, SIG) == 0
         db.add_op_samples(other_threads, SIG, [0.5])
@@ -64,7 +62,7 @@ def test_default_path_follows_xdg_cache_home(monkeypatch: pytest.MonkeyPatch, tm
 
 
 def test_every_op_of_a_transformer_has_a_signature() -> None:
-    model = parse_model(TINY)
+    model = parse_model(TINY_GPT)
     for precision in ("fp32", "amp-bf16", "bf16"):
         graph = job_graph(model, JobShape(2, 16, precision))
         signatures, unsupported = unique_signatures(graph)
@@ -77,7 +75,7 @@ def test_every_op_of_a_transformer_has_a_signature() -> None:
 
 
 def test_signatures_follow_shapes_and_dtypes() -> None:
-    model = parse_model(TINY)
+    model = parse_model(TINY_GPT)
     fp32 = job_graph(model, JobShape(2, 16, "fp32"))
     bf16 = job_graph(model, JobShape(2, 16, "amp-bf16"))
     qkv32, qkv16 = (next(op for op in g.layers[1].fwd if op.name == "qkv") for g in (fp32, bf16))
@@ -101,7 +99,7 @@ def _profile(db: Path, model_file: Path, env: dict[str, str] | None = None) -> s
 def test_killed_profile_resumes_without_measuring_again(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     model_file = tmp_path / "tiny.yaml"
-    model_file.write_text(yaml.safe_dump(TINY))
+    model_file.write_text(yaml.safe_dump(TINY_GPT))
     db = tmp_path / "profile.sqlite"
 
     killed = _profile(db, model_file, {STOP_AFTER_ENV: "5"})
@@ -126,11 +124,11 @@ def test_collectives_run_on_two_local_processes_and_resume(tmp_path: Path) -> No
     from trainsim.profile.collectives import profile_collectives
 
     with ProfileDB.open(tmp_path / "c.sqlite") as db:
-        first = profile_collectives(db, ENV, collectives=("all-reduce", "all-gather", "send-recv"), sizes=(4096,),
-                                    warmup=1, repeats=2, timeout_s=120)
+        first = profile_collectives(db, PROFILE_ENV, collectives=("all-reduce", "all-gather", "send-recv"),
+                                    sizes=(4096,), warmup=1, repeats=2, timeout_s=120)
         assert first.failure == "" and first.measured == 3
         rows = {row.collective: row for row in db.collective_rows("cpu-local")}
         assert set(rows) == {"all-reduce", "all-gather", "send-recv"}
         assert all(row.stats.median_s > 0 and row.world_size == 2 for row in rows.values())
-        second = profile_collectives(db, ENV, collectives=("all-reduce",), sizes=(4096,), timeout_s=120)
+        second = profile_collectives(db, PROFILE_ENV, collectives=("all-reduce",), sizes=(4096,), timeout_s=120)
         assert second.measured == 0 and second.already_stored == 1

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import PROFILE_ENV, TINY_GPT, ConstantCosts, local_cluster
 from trainsim.catalog import load_cluster
 from trainsim.catalog.calibration import load_calibration
 from trainsim.catalog.model_files import parse_model
@@ -15,7 +16,6 @@ from trainsim.cost.profiled import ProfiledCosts
 from trainsim.errors import ConfigError
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.estimate.engines import make_engine
-from trainsim.hardware.device import DeviceSpec
 from trainsim.ir.graph import Op
 from trainsim.job import make_job
 from trainsim.pipeline import graph_for
@@ -24,20 +24,7 @@ from trainsim.profile.job import JobShape, job_graph
 from trainsim.profile.ops import optimizer_signature, overhead_signature, signature_of, unique_signatures
 from trainsim.strategy.parallel import ParallelSpec
 
-TINY = {"name": "tiny-gpt", "num_layers": 2, "hidden": 32, "num_heads": 2, "ffn_hidden": 64, "vocab": 128,
-        "max_seq_len": 16}
-ENV = Environment("cpu-local", "torch test", 1, "test cpu")
 DEVICE = load_cluster("local-cpu").device
-
-
-class ConstantCosts:
-    name = "constant"
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-
-    def op_time_s(self, op: Op, device: DeviceSpec) -> float:
-        return self.seconds
 
 
 def _mm(m: int) -> Op:
@@ -51,7 +38,7 @@ def db_path(tmp_path: Path) -> Path:
         for m, seconds in ((16, 1e-3), (256, 4e-3)):
             sig = signature_of(_mm(m))
             assert sig is not None
-            db.add_op_samples(ENV, sig, [seconds])
+            db.add_op_samples(PROFILE_ENV, sig, [seconds])
     return path
 
 
@@ -85,13 +72,13 @@ def test_the_environment_with_most_measurements_wins(db_path: Path) -> None:
 
 def _fill(path: Path, precision: str, seconds: float, optimizer_s: float) -> tuple[int, int]:
     """Every op of the tiny GPT at `seconds`; returns (graph ops per micro-batch, parameters)."""
-    graph = job_graph(parse_model(TINY), JobShape(2, 16, precision))  # type: ignore[arg-type]
+    graph = job_graph(parse_model(TINY_GPT), JobShape(2, 16, precision))  # type: ignore[arg-type]
     signatures, _ = unique_signatures(graph)
     with ProfileDB.open(path) as db:
         for sig in signatures:
-            db.add_op_samples(ENV, sig, [seconds])
-        db.add_op_samples(ENV, optimizer_signature(round(graph.param_count())), [optimizer_s])
-        db.add_op_samples(ENV, overhead_signature(), [1e-6])
+            db.add_op_samples(PROFILE_ENV, sig, [seconds])
+        db.add_op_samples(PROFILE_ENV, optimizer_signature(round(graph.param_count())), [optimizer_s])
+        db.add_op_samples(PROFILE_ENV, overhead_signature(), [1e-6])
     ops = sum(layer.count * (len(layer.fwd) + len(layer.bwd)) for layer in graph.layers)
     return ops, round(graph.param_count())
 
@@ -99,7 +86,7 @@ def _fill(path: Path, precision: str, seconds: float, optimizer_s: float) -> tup
 def test_make_engine_predicts_from_the_database_alone(tmp_path: Path) -> None:
     path = tmp_path / "p.sqlite"
     ops, _ = _fill(path, "fp32", 1e-3, 0.25)
-    job = make_job(parse_model(TINY), load_cluster("local-cpu"),
+    job = make_job(parse_model(TINY_GPT), load_cluster("local-cpu"),
                    ParallelSpec(micro_batch=2, seq_len=16, precision="fp32", dp=1))
     estimator = make_engine("analytical", "profiled", path)
     result = estimator.estimate(job, graph_for(job))
@@ -116,7 +103,7 @@ def test_make_engine_predicts_from_the_database_alone(tmp_path: Path) -> None:
 def test_an_empty_database_falls_back_to_the_roofline(tmp_path: Path) -> None:
     path = tmp_path / "empty.sqlite"
     ProfileDB.open(path).close()
-    job = make_job(parse_model(TINY), load_cluster("dgx-a100-80gb"),
+    job = make_job(parse_model(TINY_GPT), load_cluster("dgx-a100-80gb"),
                    ParallelSpec(micro_batch=2, seq_len=16, precision="bf16"))
     profiled = make_engine("analytical", "profiled", path).estimate(job, graph_for(job))
     roofline = make_engine("analytical", "roofline").estimate(job, graph_for(job))
@@ -158,9 +145,9 @@ def test_measured_collectives_answer_their_group_size_only(db_path: Path) -> Non
 
     with ProfileDB.open(db_path) as db:
         for size, seconds in ((1024, 1e-4), (4096, 4e-4)):
-            db.put_collective(ENV, "gloo", "all-reduce", 2, size, TimingStats(seconds, seconds, seconds, 1))
+            db.put_collective(PROFILE_ENV, "gloo", "all-reduce", 2, size, TimingStats(seconds, seconds, seconds, 1))
     comm = ProfiledComm(ProfiledCosts(db_path, fallback=ConstantCosts(1.0)), ConstantComm())
-    cluster = load_cluster("local-cpu").with_num_gpus(4).on_one_node()
+    cluster = local_cluster(4)
     pair, four = cluster.group_layout(2, 1), cluster.group_layout(4, 1)
     assert comm.collective_time_s("all-reduce", 4096, pair, cluster) == pytest.approx(4e-4)  # exact
     assert comm.collective_time_s("all-reduce", 2048, pair, cluster) == pytest.approx(2e-4)  # log-log
@@ -178,8 +165,8 @@ def test_profiled_engines_take_the_measured_collectives(db_path: Path) -> None:
 
     with ProfileDB.open(db_path) as db:
         for size in (1024, 2**30):
-            db.put_collective(ENV, "gloo", "all-reduce", 2, size, TimingStats(5.0, 5.0, 5.0, 1))
-    job = make_job(parse_model(TINY), load_cluster("local-cpu").with_num_gpus(2).on_one_node(),
+            db.put_collective(PROFILE_ENV, "gloo", "all-reduce", 2, size, TimingStats(5.0, 5.0, 5.0, 1))
+    job = make_job(parse_model(TINY_GPT), local_cluster(2),
                    ParallelSpec(dp=2, micro_batch=1, seq_len=16, precision="fp32"))
     for engine in ("analytical", "sim"):
         result = make_engine(engine, "profiled", db_path).estimate(job, graph_for(job))
@@ -194,9 +181,9 @@ def test_framework_overheads_are_added_per_layer_where_they_apply(db_path: Path)
     from trainsim.profile.framework import framework_signature
 
     with ProfileDB.open(db_path) as db:
-        db.add_op_samples(ENV, overhead_signature(), [1e-5])
-        db.add_op_samples(ENV, framework_signature("dtensor-tp", "fp32"), [2e-3])
-        db.add_op_samples(ENV, framework_signature("fsdp2-zero3", "fp32"), [5e-3])
+        db.add_op_samples(PROFILE_ENV, overhead_signature(), [1e-5])
+        db.add_op_samples(PROFILE_ENV, framework_signature("dtensor-tp", "fp32"), [2e-3])
+        db.add_op_samples(PROFILE_ENV, framework_signature("fsdp2-zero3", "fp32"), [5e-3])
     steps = ProfiledStepCosts(ProfiledCosts(db_path, fallback=ConstantCosts(1.0)),
                               FittedStepCosts(load_calibration()))
     plain = ParallelSpec(micro_batch=1, seq_len=16, precision="fp32")
@@ -214,7 +201,7 @@ def test_framework_overhead_is_measured_on_a_one_rank_mesh() -> None:
     pytest.importorskip("torch")
     code = ("import torch; torch.set_num_threads(1); from trainsim.catalog.model_files import parse_model; "
             "from trainsim.profile.framework import FRAMEWORKS, measure_framework_overhead; "
-            f"spec = parse_model({TINY!r}); "
+            f"spec = parse_model({TINY_GPT!r}); "
             "out = [measure_framework_overhead(spec, 2, 16, 'fp32', f, 'cpu', 1, 3) for f in FRAMEWORKS]; "
             "assert all(len(s) == 3 and min(s) >= 0 and max(s) > 0 for s, _ in out), out; "
             "assert 'per layer' in out[0][1]; print('ok')")

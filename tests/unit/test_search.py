@@ -6,7 +6,6 @@ from collections import Counter
 import pytest
 from typer.testing import CliRunner
 
-from trainsim.catalog.loader import load_cluster
 from trainsim.catalog.model_files import parse_model
 from trainsim.cli.main import app
 from trainsim.errors import ConfigError, TrainsimError
@@ -25,11 +24,6 @@ def tiny_model(num_layers: int = 4, num_heads: int = 4) -> ModelSpec:
     return parse_model({"name": f"tiny-{num_layers}x{num_heads}", "num_layers": num_layers,
                         "hidden": 16 * num_heads, "ffn_hidden": 64 * num_heads, "num_heads": num_heads,
                         "vocab": 1000})
-
-
-@pytest.fixture(scope="module")
-def cluster8() -> ClusterSpec:
-    return load_cluster("dgx-a100-80gb").with_num_gpus(8)
 
 
 def test_divisors() -> None:

@@ -4,9 +4,9 @@ import json
 from pathlib import Path
 
 import pytest
-from test_measure import fake_run, tiny_job
 from typer.testing import CliRunner
 
+from conftest import fake_run, tiny_job
 from trainsim.cli.main import app
 from trainsim.measure.results import save_run
 from trainsim.validate.compare import by_job, engine_choices, job_name

@@ -14,13 +14,12 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from trainsim.cli.errors import handles_errors
 from trainsim.errors import ConfigError
 from trainsim.job import Job
 from trainsim.jobfile import job_from_settings, read_job_file
-from trainsim.units import format_bytes_gib
+from trainsim.report.measure import render_run, render_suite, render_suite_jobs, suite_to_dict
 
 LOCAL_CLUSTER = "local-cpu"
 DEFAULT_PRECISION = "amp-bf16"  # bf16 mixed precision as torch runs it (autocast over fp32 weights)
@@ -151,12 +150,7 @@ def _measure_one(job: Job, out: Path, run_id: str | None, iterations: int, warmu
     if as_json:
         typer.echo(json.dumps(run.to_dict(), indent=1))
         return
-    table = Table("run", "ranks", "median s", "p10 s", "p90 s", "tokens/s", "peak memory (max rank)",
-                  title=f"measured ({run.peak_memory_kind}; {len(run.iteration_times_s)} iterations)")
-    stats = run.stats
-    table.add_row(run.run_id, str(run.world_size), f"{stats.median_s:.4f}", f"{stats.p10_s:.4f}",
-                  f"{stats.p90_s:.4f}", f"{run.tokens_per_s:,.0f}", format_bytes_gib(run.max_peak_memory_bytes))
-    Console().print(table)
+    typer.echo(render_run(run, terminal=sys.stdout.isatty()), nl=False)
     typer.echo(f"result: {path}", err=True)
 
 
@@ -169,8 +163,7 @@ def _measure_suite(name: str, out: Path, repeats: int, iterations: int, warmup: 
     if repeats < 1:
         raise ConfigError("repeats", repeats, "must be at least 1")
     if list_only:
-        for job_name, what in describe_suite(name):
-            typer.echo(f"{job_name:28s} {what}")
+        typer.echo(render_suite_jobs(describe_suite(name)))
         return
     total = len(suite_jobs(name)) * repeats
     with _progress(as_json, total) as bar:
@@ -191,17 +184,10 @@ def _measure_suite(name: str, out: Path, repeats: int, iterations: int, warmup: 
                           progress=lambda what: bar.update(ptask, description=f"profiling {what}"))
     summary = summarize_suite(runs)
     if as_json:
-        typer.echo(json.dumps({"suite": name, "out": str(out), "jobs": [s.to_dict() for s in summary]}, indent=1))
+        typer.echo(json.dumps(suite_to_dict(name, out, summary), indent=1))
         return
-    table = Table("job", "ranks", "runs", "median s", "p10 s", "p90 s", "run medians s", "spread %", "tokens/s",
-                  "peak memory", title=f"suite {name}: iteration time (spread = (max - min) / mean of run medians)")
-    for s in summary:
-        table.add_row(s.name, str(s.ranks), str(s.runs), f"{s.median_s:.4f}", f"{s.p10_s:.4f}", f"{s.p90_s:.4f}",
-                      " ".join(f"{m:.4f}" for m in s.run_medians_s), f"{s.spread_pct:.1f}",
-                      f"{s.tokens_per_s:,.0f}", format_bytes_gib(s.peak_memory_bytes))
-    Console().print(table)
+    typer.echo(render_suite(name, summary, terminal=sys.stdout.isatty()), nl=False)
     typer.echo(f"results in {out}; score the engines with: trainsim validate {out}", err=True)
-
 
 def register(app: typer.Typer) -> None:
     app.command("measure")(measure)

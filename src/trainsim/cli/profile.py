@@ -22,14 +22,13 @@ from trainsim.ir.model_spec import ModelSpec
 from trainsim.job import make_job
 from trainsim.jobfile import check_choice
 from trainsim.profile.collectives import COLLECTIVES, DEFAULT_SIZES, CollectiveSummary, profile_collectives
-from trainsim.profile.database import STOP_AFTER_ENV, Environment, OpSignature, ProfileDB, default_db_path
+from trainsim.profile.database import STOP_AFTER_ENV, OpSignature, ProfileDB, default_db_path
 from trainsim.profile.job import JobShape, profile_job
 from trainsim.profile.ops import OpProfileSummary
+from trainsim.report.profile import LOCAL_CPU_DEVICE, profile_summary, render_profile_summary
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import PRECISIONS, Precision
-from trainsim.units import format_duration, parse_bytes
-
-LOCAL_CPU_DEVICE = "cpu-local"
+from trainsim.units import parse_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,44 +136,8 @@ def run_profile(request: ProfileRequest, console: Console) -> dict[str, Any]:
                                         plan=lambda n: bar.update(ctask, total=n))
         rows = db.count("op_times")
         collective_rows = db.count("collective_times")
-    return _summary(request, env, ops, comms, rows, collective_rows)
-
-
-def _summary(request: ProfileRequest, env: Environment, ops: OpProfileSummary | None,
-             comms: CollectiveSummary | None, rows: int, collective_rows: int) -> dict[str, Any]:
-    return {
-        "db": str(request.db_path), "device": env.device, "hardware": env.hardware, "versions": env.versions,
-        "threads": env.threads, "model": request.model.name, "precision": request.shape.precision,
-        "micro_batch": request.shape.micro_batch, "seq_len": request.shape.seq_len, "tp": request.shape.tp,
-        "signatures": ops.signatures if ops else 0,
-        "measured": (ops.measured if ops else 0) + (comms.measured if comms else 0),
-        "ops_measured": ops.measured if ops else 0, "ops_already_stored": ops.already_stored if ops else 0,
-        "unsupported_ops": list(ops.unsupported) if ops else [],
-        "collectives_measured": comms.measured if comms else 0,
-        "collectives_already_stored": comms.already_stored if comms else 0,
-        "collectives_failure": comms.failure if comms else "",
-        "op_rows": rows, "collective_rows": collective_rows,
-    }
-
-
-def render_summary(summary: dict[str, Any], seconds: float) -> str:
-    lines = [f"profile database {summary['db']}",
-             f"  device {summary['device']} ({summary['hardware']}), {summary['versions']}, "
-             f"{summary['threads']} threads",
-             f"  {summary['model']} {summary['precision']} mb={summary['micro_batch']} seq={summary['seq_len']} "
-             f"tp={summary['tp']}: {summary['signatures']} op signatures, {summary['ops_measured']} measured, "
-             f"{summary['ops_already_stored']} already stored",
-             f"  collectives: {summary['collectives_measured']} measured, "
-             f"{summary['collectives_already_stored']} already stored",
-             f"  database holds {summary['op_rows']} op and {summary['collective_rows']} collective measurements; "
-             f"took {format_duration(seconds)}"]
-    if summary["unsupported_ops"]:
-        lines.append("  no microbenchmark (the roofline answers): " + ", ".join(summary["unsupported_ops"]))
-    if summary["collectives_failure"]:
-        lines.append(f"  collectives stopped early: {summary['collectives_failure']} (rerun to resume)")
-    if summary["device"] != LOCAL_CPU_DEVICE:
-        lines.append(f"  predictions use these times for clusters whose device is named {summary['device']!r}")
-    return "\n".join(lines)
+    return profile_summary(request.db_path, env, request.model.name, request.shape, ops, comms, rows,
+                           collective_rows)
 
 
 @handles_errors
@@ -226,7 +189,7 @@ def profile(
     if as_json:
         typer.echo(json.dumps(summary, indent=1))
     else:
-        typer.echo(render_summary(summary, time.perf_counter() - started))
+        typer.echo(render_profile_summary(summary, time.perf_counter() - started))
 
 
 def register(app: typer.Typer) -> None:

@@ -6,13 +6,11 @@ object).
 
 import json
 import sys
-from typing import Annotated, Any, cast
+from typing import Annotated, cast
 
 import typer
-from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from trainsim.catalog import load_cluster, load_model
 from trainsim.cli.errors import handles_errors
@@ -20,7 +18,8 @@ from trainsim.errors import ConfigError
 from trainsim.hardware.cluster import ClusterSpec
 from trainsim.ir.model_spec import ModelSpec
 from trainsim.jobfile import DEFAULT_CLUSTER, DEFAULT_MODEL
-from trainsim.search.planner import Planner, RankedStrategy, SearchReport
+from trainsim.report.search import render_search, search_to_dict
+from trainsim.search.planner import Planner, SearchReport
 from trainsim.search.space import SearchSpace
 from trainsim.strategy.parallel import (
     ATTENTION_KERNELS,
@@ -30,7 +29,6 @@ from trainsim.strategy.parallel import (
     ParallelSpec,
 )
 from trainsim.strategy.precision import PRECISIONS, Precision
-from trainsim.units import format_duration
 
 HELP = """Search every plain strategy and rank the feasible ones by throughput (tokens/s).
 
@@ -89,54 +87,6 @@ def _run(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, top_k: int,
         return planner.search(model, cluster, space, top_k=top_k, progress=advance)
 
 
-def plan_to_dict(plan: RankedStrategy) -> dict[str, Any]:
-    result = plan.result
-    return {
-        "rank": plan.rank,
-        "strategy": plan.parallel.model_dump(),
-        "description": plan.parallel.describe(),
-        "iteration_time_s": result.iteration_time_s,
-        "tokens_per_s": result.tokens_per_s,
-        "samples_per_s": result.samples_per_s,
-        "tflops_per_gpu": result.tflops_per_gpu,
-        "mfu": result.mfu,
-        "hfu": result.hfu,
-        "peak_memory_gib": result.peak_memory_gib,
-        "memory_capacity_gib": result.memory_capacity_bytes / 2**30,
-        "breakdown": result.breakdown,
-    }
-
-
-def report_to_dict(report: SearchReport) -> dict[str, Any]:
-    return {"plans": [plan_to_dict(plan) for plan in report.plans], "tried": report.tried,
-            "feasible": report.feasible, "infeasible": report.infeasible}
-
-
-def render_table(report: SearchReport) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for name in ("#", "tp", "pp", "dp", "vpp", "sp", "zero", "recompute", "mb"):
-        table.add_column(name, justify="left" if name == "recompute" else "right", no_wrap=True)
-    for name in ("iteration", "tokens/s", "MFU", "peak GiB"):
-        table.add_column(name, justify="right", no_wrap=True)
-    for plan in report.plans:
-        par, result = plan.parallel, plan.result
-        table.add_row(
-            str(plan.rank), str(par.tp), str(par.pp), str(par.dp), str(par.vpp), "on" if par.sp else "off",
-            str(par.zero), par.recompute, str(par.micro_batch), format_duration(result.iteration_time_s),
-            f"{result.tokens_per_s:,.0f}", f"{result.mfu * 100:.1f}%", f"{result.peak_memory_gib:.1f}",
-        )
-    return table
-
-
-def render_summary(report: SearchReport) -> list[str]:
-    lines = [f"tried {report.tried} plans: {report.feasible} feasible, "
-             f"{report.tried - report.feasible} infeasible"]
-    lines += [f"  {reason:<16}{count:>8}" for reason, count in report.infeasible.items()]
-    if not report.plans:
-        lines.append("no feasible plan: change the global batch, the number of GPUs or the sequence length")
-    return lines
-
-
 @handles_errors
 def search(
     model: Annotated[str, typer.Option(help="catalog name, model YAML, or HF config.json")] = DEFAULT_MODEL,
@@ -159,18 +109,9 @@ def search(
     show_progress = not as_json and sys.stderr.isatty()
     report = _run(model_spec, cluster_spec, space, top_k, show_progress)
     if as_json:
-        typer.echo(json.dumps(report_to_dict(report), indent=2))
-        return
-    title = (f"{model_spec.name} on {cluster_spec.name} ({cluster_spec.num_gpus} GPUs), global batch "
-             f"{space.global_batch} x {space.seq_len} tokens, {space.precision}: "
-             f"best {len(report.plans)} by tokens/s")
-    # NB: rich falls back to 80 columns when stdout is a pipe or a file; the table is wider than that.
-    console = Console() if sys.stdout.isatty() else Console(width=160)
-    console.print(title, highlight=False, markup=False)
-    if report.plans:
-        console.print(render_table(report))
-    for line in render_summary(report):
-        console.print(line, highlight=False, markup=False)
+        typer.echo(json.dumps(search_to_dict(report), indent=2))
+    else:
+        typer.echo(render_search(report, model_spec, cluster_spec, space, terminal=sys.stdout.isatty()), nl=False)
 
 
 def register(app: typer.Typer) -> None:

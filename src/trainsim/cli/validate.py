@@ -2,21 +2,19 @@
 source and metric (a runs.csv file, or a folder of runs written by `trainsim measure`)."""
 
 import json
-import math
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
 from trainsim.cli.errors import handles_errors
 from trainsim.estimate.engines import ENGINES
+from trainsim.report.validate import jobs_markdown, render_validate, validate_to_dict
 from trainsim.validate.compare import by_job, compare, engine_choices, summaries
 from trainsim.validate.measured import read_measured
-from trainsim.validate.predict_runs import RowPrediction
 from trainsim.validate.runs import read_runs
 
 FOLDER_DB = "profile.db"  # a measured folder's own profile database (trainsim measure --suite ... --profile-ops)
@@ -51,80 +49,11 @@ def validate(
     summary = summaries(predictions)
     jobs = by_job(predictions) if folder else []
     if as_json:
-        typer.echo(json.dumps(_json_safe({"engines": list(predictions), "db": str(db) if db else None,
-                                          "runs": [p.to_dict() for ps in predictions.values() for p in ps],
-                                          "summary": summary, "jobs": jobs}), indent=1))
-        return
-    if markdown:
-        typer.echo(_jobs_markdown(jobs, list(predictions)))
-        return
-    console = Console()
-    if rows:
-        console.print(_rows_table(predictions))
-    if jobs:
-        console.print(_jobs_table(jobs, list(predictions)))
-    console.print(_summary_table(summary, list(predictions)))
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_safe(v) for v in value]
-    return value
-
-
-def _error_pct(predicted: float | None, measured: float) -> str:
-    return "" if predicted is None else f"{(predicted - measured) / measured * 100:+.1f}"
-
-
-def _rows_table(predictions: dict[str, list[RowPrediction]]) -> Table:
-    labels = list(predictions)
-    table = Table("run_id", "metric", "measured", *(f"{label}\n(error %)" for label in labels), "skipped",
-                  title="runs")
-    for row in zip(*predictions.values(), strict=True):
-        first = row[0]
-        cells = ["" if p.predicted is None else f"{p.predicted:.4g} ({_error_pct(p.predicted, p.measured)})"
-                 for p in row]
-        table.add_row(first.run_id, first.metric, f"{first.measured:.4g}", *cells, first.skipped or "")
-    return table
-
-
-def _jobs_table(jobs: list[dict[str, Any]], labels: list[str]) -> Table:
-    table = Table("job", "repeats", "measured s", "spread %", *(f"{label}\nerror %" for label in labels),
-                  title="iteration time per job (mean of the repeats' medians)")
-    for job in jobs:
-        errors = [f"{job['error_pct'][label]:+.1f}" if label in job["error_pct"] else "" for label in labels]
-        spread = "" if math.isnan(job["spread_pct"]) else f"{job['spread_pct']:.1f}"
-        table.add_row(job["job"], str(job["repeats"]), f"{job['measured']:.4g}", spread, *errors)
-    return table
-
-
-def _jobs_markdown(jobs: list[dict[str, Any]], labels: list[str]) -> str:
-    head = ["job", "measured s", "spread %", *(f"{label} s (error %)" for label in labels)]
-    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
-    for job in jobs:
-        spread = "" if math.isnan(job["spread_pct"]) else f"{job['spread_pct']:.1f}"
-        cells = [f"{job['predicted'][label]:.4g} ({job['error_pct'][label]:+.1f})" if label in job["predicted"]
-                 else "" for label in labels]
-        lines.append("| " + " | ".join([job["job"], f"{job['measured']:.4g}", spread, *cells]) + " |")
-    return "\n".join(lines)
-
-
-def _summary_table(summary: list[dict[str, Any]], labels: list[str]) -> Table:
-    table = Table("source", "metric", "runs", "skipped", *(f"{label}\nMAPE %" for label in labels),
-                  title="MAPE per source and metric")
-    cells: dict[tuple[str, str], dict[str, Any]] = {}
-    for s in summary:
-        key = (str(s["source"]), str(s["metric"]))
-        entry = cells.setdefault(key, {"n": s["n"], "skipped": s["skipped"]})
-        entry[str(s["engine"])] = s["mape_pct"]
-    for (source, metric), entry in cells.items():
-        shown = ["" if math.isnan(entry.get(label, math.nan)) else f"{entry[label]:.2f}" for label in labels]
-        table.add_row(source[:60], metric, str(entry["n"]), str(entry["skipped"]), *shown)
-    return table
+        typer.echo(json.dumps(validate_to_dict(predictions, str(db) if db else None, summary, jobs), indent=1))
+    elif markdown:
+        typer.echo(jobs_markdown(jobs, list(predictions)))
+    else:
+        typer.echo(render_validate(predictions, summary, jobs, rows, terminal=sys.stdout.isatty()), nl=False)
 
 
 def register(app: typer.Typer) -> None:

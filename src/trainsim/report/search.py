@@ -1,0 +1,76 @@
+"""`trainsim search`: the ranked plans as a table with the tally of refused plans, or one JSON object."""
+
+from typing import Any
+
+from rich import box
+from rich.table import Table
+
+from trainsim.hardware.cluster import ClusterSpec
+from trainsim.ir.model_spec import ModelSpec
+from trainsim.report.rich_text import to_text
+from trainsim.search.planner import RankedStrategy, SearchReport
+from trainsim.search.space import SearchSpace
+from trainsim.units import format_duration
+
+# NB: rich falls back to 80 columns when stdout is a pipe or a file; the table is wider than that.
+PIPE_WIDTH = 160
+
+
+def plan_to_dict(plan: RankedStrategy) -> dict[str, Any]:
+    result = plan.result
+    return {
+        "rank": plan.rank,
+        "strategy": plan.parallel.model_dump(),
+        "description": plan.parallel.describe(),
+        "iteration_time_s": result.iteration_time_s,
+        "tokens_per_s": result.tokens_per_s,
+        "samples_per_s": result.samples_per_s,
+        "tflops_per_gpu": result.tflops_per_gpu,
+        "mfu": result.mfu,
+        "hfu": result.hfu,
+        "peak_memory_gib": result.peak_memory_gib,
+        "memory_capacity_gib": result.memory_capacity_bytes / 2**30,
+        "breakdown": result.breakdown,
+    }
+
+
+def search_to_dict(report: SearchReport) -> dict[str, Any]:
+    """The --json object: the best plans, and how many plans were tried, feasible, and refused per reason."""
+    return {"plans": [plan_to_dict(plan) for plan in report.plans], "tried": report.tried,
+            "feasible": report.feasible, "infeasible": report.infeasible}
+
+
+def plans_table(report: SearchReport) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("#", "tp", "pp", "dp", "vpp", "sp", "zero", "recompute", "mb"):
+        table.add_column(name, justify="left" if name == "recompute" else "right", no_wrap=True)
+    for name in ("iteration", "tokens/s", "MFU", "peak GiB"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for plan in report.plans:
+        par, result = plan.parallel, plan.result
+        table.add_row(
+            str(plan.rank), str(par.tp), str(par.pp), str(par.dp), str(par.vpp), "on" if par.sp else "off",
+            str(par.zero), par.recompute, str(par.micro_batch), format_duration(result.iteration_time_s),
+            f"{result.tokens_per_s:,.0f}", f"{result.mfu * 100:.1f}%", f"{result.peak_memory_gib:.1f}",
+        )
+    return table
+
+
+def summary_lines(report: SearchReport) -> list[str]:
+    lines = [f"tried {report.tried} plans: {report.feasible} feasible, "
+             f"{report.tried - report.feasible} infeasible"]
+    lines += [f"  {reason:<16}{count:>8}" for reason, count in report.infeasible.items()]
+    if not report.plans:
+        lines.append("no feasible plan: change the global batch, the number of GPUs or the sequence length")
+    return lines
+
+
+def render_search(report: SearchReport, model: ModelSpec, cluster: ClusterSpec, space: SearchSpace,
+                  terminal: bool = False) -> str:
+    """A title naming the search, the table of the best plans (if any), then the tally."""
+    title = (f"{model.name} on {cluster.name} ({cluster.num_gpus} GPUs), global batch "
+             f"{space.global_batch} x {space.seq_len} tokens, {space.precision}: "
+             f"best {len(report.plans)} by tokens/s")
+    table = [plans_table(report)] if report.plans else []
+    return to_text(title, *table, *summary_lines(report), width=None if terminal else PIPE_WIDTH,
+                   terminal=terminal)

@@ -1,0 +1,79 @@
+"""What several test files share: tiny models, test clusters, a tiny job, a constant op cost and a measured run.
+
+Plain constants and factories, importable at collection time (`from conftest import TINY_GPT`) because
+parametrize lists, subprocess code and model files written to disk need them, plus fixtures for the common
+cases. The two tiny GPTs differ on purpose: each keeps the numbers its tests were written against.
+"""
+
+from typing import Any
+
+import pytest
+
+from trainsim.catalog import load_cluster
+from trainsim.catalog.model_files import parse_model
+from trainsim.hardware.cluster import ClusterSpec
+from trainsim.hardware.device import DeviceSpec
+from trainsim.ir.graph import Op
+from trainsim.job import Job, make_job
+from trainsim.measure.results import MeasuredRun, job_to_dict
+from trainsim.profile.database import Environment
+from trainsim.strategy.parallel import ParallelSpec
+
+# Two layers, hidden 32: small enough to price op by op (the profile database, profiled costs, precision-aware).
+TINY_GPT: dict[str, Any] = {"name": "tiny-gpt", "num_layers": 2, "hidden": 32, "num_heads": 2, "ffn_hidden": 64,
+                            "vocab": 128, "max_seq_len": 16}
+# The models `trainsim measure` runs for real on local CPU ranks (tp 2 divides their heads and vocab).
+MEASURED_GPT: dict[str, Any] = {"name": "tiny-gpt", "arch": "gpt", "num_layers": 2, "hidden": 64, "num_heads": 4,
+                                "ffn_hidden": 256, "vocab": 512, "max_seq_len": 32}
+MEASURED_LLAMA: dict[str, Any] = {"name": "tiny-llama", "arch": "llama", "num_layers": 2, "hidden": 64,
+                                  "num_heads": 4, "num_kv_heads": 2, "ffn_hidden": 192, "vocab": 512,
+                                  "max_seq_len": 32, "mlp": "swiglu", "norm": "rmsnorm", "position": "rope",
+                                  "bias": False, "tied_embeddings": False}
+
+# Where hand-filled profile measurements are filed: this machine's CPU, one thread.
+PROFILE_ENV = Environment("cpu-local", "torch test", 1, "test cpu")
+
+
+def a100_cluster(num_gpus: int) -> ClusterSpec:
+    """DGX A100-80GB nodes (NVSwitch inside a node), scaled to num_gpus."""
+    return load_cluster("dgx-a100-80gb").with_num_gpus(num_gpus)
+
+
+def local_cluster(ranks: int) -> ClusterSpec:
+    """`ranks` processes of this machine's CPU, all on one node."""
+    return load_cluster("local-cpu").with_num_gpus(ranks).on_one_node()
+
+
+def tiny_job(ranks: int, model: dict[str, Any] | None = None, **strategy: Any) -> Job:
+    """MEASURED_GPT (or `model`) on `ranks` local ranks: 32 tokens, micro-batch 2, fp32 unless `strategy` says."""
+    settings = {"seq_len": 32, "micro_batch": 2, "precision": "fp32", **strategy}
+    return make_job(parse_model(model or MEASURED_GPT), local_cluster(ranks), ParallelSpec.parse(settings))
+
+
+def fake_run(run_id: str = "r1", job: Job | None = None, times: list[float] | None = None) -> MeasuredRun:
+    """A measured run as `trainsim measure` writes it, with made-up times (default job: tiny_job(2, dp=2))."""
+    job = job or tiny_job(2, dp=2)
+    return MeasuredRun(run_id=run_id, job=job_to_dict(job), iteration_times_s=times or [0.10, 0.12, 0.11, 0.30],
+                       peak_memory_bytes=[3 * 2**30, 2 * 2**30], peak_memory_kind="rss-high-water-mark",
+                       tokens_per_iteration=job.tokens_per_iteration,
+                       settings={"iterations": 4, "warmup": 1, "device": "cpu", "nodes": 1},
+                       versions={"python": "3.11"}, machine={"host_sha256": "abc", "cpu_model": "test cpu"},
+                       started_at="2026-01-01T00:00:00+00:00", final_loss=6.2)
+
+
+class ConstantCosts:
+    """An op cost model in which every op takes `seconds`: sums of op times become counts."""
+
+    name = "constant"
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def op_time_s(self, op: Op, device: DeviceSpec) -> float:
+        return self.seconds
+
+
+@pytest.fixture(scope="session")
+def cluster8() -> ClusterSpec:
+    """One DGX A100-80GB node: 8 GPUs."""
+    return a100_cluster(8)

@@ -3,7 +3,7 @@
     source = ModelSource("path/to/config.json", frontend="torch")   # default: the catalog front-end
     job = make_job(source.model_spec(), cluster, parallel)
     result = predict(job, engine="sim", source=source)
-    graphs = GraphCache(source)                         # for many jobs: a graph per (model, device slice)
+    graphs = GraphCache("torch", "path/to/config.json")  # for many jobs: a graph per (model, device slice)
     result = make_engine("analytical").estimate(job, graphs.get(job))
 
 Front-ends (frontends.registry) turn a model into the per-device OpGraph of a job's strategy; engines price it
@@ -18,7 +18,7 @@ from trainsim.compile.context import TaskLevel
 from trainsim.estimate.engines import Estimator, make_engine
 from trainsim.estimate.result import Result
 from trainsim.frontends.catalog.build import build_graph
-from trainsim.frontends.registry import ModelSource
+from trainsim.frontends.registry import FRONTENDS, ModelSource
 from trainsim.ir.graph import OpGraph
 from trainsim.job import Job
 from trainsim.strategy.device_slice import DeviceSlice
@@ -28,18 +28,23 @@ from trainsim.strategy.lowered import LoweredPlan
 @dataclass(slots=True)
 class GraphCache:
     """The per-device OpGraphs of the jobs of one run, built once per (model, device slice): a search over
-    thousands of plans of one model builds one graph per distinct tp/sp/cp/ep/micro-batch slice. source: the
-    front-end and what it reads (default: the catalog front-end over each job's own model)."""
+    thousands of plans of one model builds one graph per distinct tp/sp/cp/ep/micro-batch slice.
+    frontend: the front-end that builds them; source: what it reads (default: each job's own model, by name)."""
 
-    source: ModelSource | None = None
+    frontend: str = "catalog"
+    source: str | None = None
     _graphs: dict[tuple[object, ...], OpGraph] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        FRONTENDS.get(self.frontend)  # unknown names: one line listing the choices
 
     def get(self, job: Job) -> OpGraph:
         dev = DeviceSlice.of(job.parallel)
         key = (job.model.name, id(job.model), dev)
         graph = self._graphs.get(key)
         if graph is None:
-            graph = self._graphs[key] = graph_for(job, self.source)
+            source = ModelSource(self.source or job.model.name, self.frontend)
+            graph = self._graphs[key] = source.graph(job)
         return graph
 
 

@@ -11,13 +11,10 @@ import typer
 
 from trainsim.cli.errors import handles_errors
 from trainsim.errors import ConfigError
-from trainsim.frontends.registry import FRONTENDS
+from trainsim.frontends.registry import FRONTENDS, MODEL_HELP
 from trainsim.jobfile import check_choice
 from trainsim.report.graph import render_graph, summarize
 from trainsim.strategy.precision import PRECISIONS, Precision
-
-MODEL_HELP = ("catalog name, model YAML, Hugging Face config.json or folder; FILE.py:factory (torch, jax); an "
-              "execution-trace file or directory (trace)")
 
 
 @handles_errors

@@ -11,7 +11,8 @@ from trainsim.cost.pricing import COSTS
 from trainsim.errors import ConfigError
 from trainsim.estimate.engines import ENGINES, make_engine
 from trainsim.estimate.result import Timeline
-from trainsim.jobfile import job_from_settings, read_job_file
+from trainsim.frontends.registry import FRONTENDS, MODEL_HELP
+from trainsim.jobfile import job_from_settings, model_source, read_job_file
 from trainsim.pipeline import graph_for
 from trainsim.report.explain import render_explain
 from trainsim.report.text import render_result
@@ -22,7 +23,9 @@ from trainsim.strategy.tree_yaml import load_tree_yaml
 @handles_errors
 def predict(
     job_file: Annotated[Path | None, typer.Argument(help="YAML/JSON job file; flags override it")] = None,
-    model: Annotated[str | None, typer.Option(help="catalog name, model YAML, or HF config.json")] = None,
+    model: Annotated[str | None, typer.Option(help=MODEL_HELP)] = None,
+    frontend: Annotated[str | None, typer.Option(help="front-end that reads --model: "
+                                                 + " | ".join(FRONTENDS.names()) + " (default catalog)")] = None,
     cluster: Annotated[str | None, typer.Option(help="cluster preset or YAML file")] = None,
     num_gpus: Annotated[int | None, typer.Option(help="scale the cluster to this many GPUs")] = None,
     tp: Annotated[int | None, typer.Option(help="tensor-parallel degree")] = None,
@@ -60,8 +63,8 @@ def predict(
     db: Annotated[Path | None, typer.Option(help="profile database for --costs profiled")] = None,
 ) -> None:
     """Predict iteration time, throughput, MFU and peak memory of one training job."""
-    flags = dict(model=model, cluster=cluster, num_gpus=num_gpus, tp=tp, pp=pp, dp=dp, vpp=vpp, sp=sp, cp=cp,
-                 ep=ep, zero=zero, recompute=recompute, micro_batch=micro_batch, global_batch=global_batch,
+    flags = dict(model=model, frontend=frontend, cluster=cluster, num_gpus=num_gpus, tp=tp, pp=pp, dp=dp, vpp=vpp,
+                 sp=sp, cp=cp, ep=ep, zero=zero, recompute=recompute, micro_batch=micro_batch, global_batch=global_batch,
                  seq_len=seq_len, precision=precision, schedule=schedule, attention=attention,
                  optimizer_impl=optimizer_impl)
     settings = read_job_file(job_file)
@@ -73,7 +76,7 @@ def predict(
         raise ConfigError("engine", engine, "--tree needs --engine sim")
     job = job_from_settings(settings)
     estimator = make_engine(engine, costs, db, task_level)  # type: ignore[arg-type]  # EngineOptions checks it
-    graph = graph_for(job)
+    graph = graph_for(job, model_source(settings))
     plan = load_tree_yaml(tree, graph).lower(job.parallel) if tree is not None else None
     result = estimator.estimate(job, graph, plan)
     if as_json:

@@ -12,12 +12,14 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from trainsim.catalog import load_cluster, load_model
+from trainsim.catalog import load_cluster
 from trainsim.cli.errors import handles_errors
 from trainsim.errors import ConfigError
+from trainsim.frontends.registry import FRONTENDS, MODEL_HELP, ModelSource
 from trainsim.hardware.cluster import ClusterSpec
 from trainsim.ir.model_spec import ModelSpec
 from trainsim.jobfile import DEFAULT_CLUSTER, DEFAULT_MODEL
+from trainsim.pipeline import GraphCache
 from trainsim.report.search import render_search, search_to_dict
 from trainsim.search.planner import Planner, SearchReport
 from trainsim.search.space import SearchSpace
@@ -45,9 +47,9 @@ def _check_positive(name: str, value: int | None) -> None:
         raise ConfigError(name, value, "must be a positive integer")
 
 
-def _parse(model: str, cluster: str, num_gpus: int | None, global_batch: int | None, seq_len: int | None,
-           precision: str | None, attention: str | None, optimizer_impl: str | None, max_micro_batch: int,
-           top_k: int) -> tuple[ModelSpec, ClusterSpec, SearchSpace]:
+def _parse(source: ModelSource, cluster: str, num_gpus: int | None, global_batch: int | None,
+           seq_len: int | None, precision: str | None, attention: str | None, optimizer_impl: str | None,
+           max_micro_batch: int, top_k: int) -> tuple[ModelSpec, ClusterSpec, SearchSpace]:
     if global_batch is None:
         raise ConfigError("global_batch", None, "pass --global-batch N (sequences per optimizer step)")
     for name, value in (("num_gpus", num_gpus), ("global_batch", global_batch), ("seq_len", seq_len),
@@ -59,7 +61,7 @@ def _parse(model: str, cluster: str, num_gpus: int | None, global_batch: int | N
                                  ("optimizer_impl", optimizer_impl, OPTIMIZER_IMPLS)):
         if value is not None and value not in choices:
             raise ConfigError(name, value, "choose one of: " + ", ".join(choices))
-    model_spec = load_model(model)
+    model_spec = source.model_spec()
     cluster_spec = load_cluster(cluster)
     if num_gpus is not None:
         cluster_spec = cluster_spec.with_num_gpus(num_gpus)
@@ -72,9 +74,9 @@ def _parse(model: str, cluster: str, num_gpus: int | None, global_batch: int | N
     return model_spec, cluster_spec, space
 
 
-def _run(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, top_k: int,
+def _run(source: ModelSource, model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, top_k: int,
          show_progress: bool) -> SearchReport:
-    planner = Planner()
+    planner = Planner(graphs=GraphCache(source.frontend, source.source))
     if not show_progress:
         return planner.search(model, cluster, space, top_k=top_k)
     columns = (TextColumn("searching plans"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -89,7 +91,9 @@ def _run(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, top_k: int,
 
 @handles_errors
 def search(
-    model: Annotated[str, typer.Option(help="catalog name, model YAML, or HF config.json")] = DEFAULT_MODEL,
+    model: Annotated[str, typer.Option(help=MODEL_HELP)] = DEFAULT_MODEL,
+    frontend: Annotated[str, typer.Option(help="front-end that reads --model: " + " | ".join(FRONTENDS.names()))
+                        ] = "catalog",
     cluster: Annotated[str, typer.Option(help="cluster preset or YAML file")] = DEFAULT_CLUSTER,
     num_gpus: Annotated[int | None, typer.Option(help="scale the cluster to this many GPUs")] = None,
     global_batch: Annotated[int | None, typer.Option(help="sequences per optimizer step (required)")] = None,
@@ -104,10 +108,11 @@ def search(
     max_micro_batch: Annotated[int, typer.Option(help="largest micro-batch tried")] = 16,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object, no progress bar")] = False,
 ) -> None:
-    model_spec, cluster_spec, space = _parse(model, cluster, num_gpus, global_batch, seq_len, precision,
+    source = ModelSource(model, frontend)
+    model_spec, cluster_spec, space = _parse(source, cluster, num_gpus, global_batch, seq_len, precision,
                                              attention, optimizer_impl, max_micro_batch, top_k)
     show_progress = not as_json and sys.stderr.isatty()
-    report = _run(model_spec, cluster_spec, space, top_k, show_progress)
+    report = _run(source, model_spec, cluster_spec, space, top_k, show_progress)
     if as_json:
         typer.echo(json.dumps(search_to_dict(report), indent=2))
     else:

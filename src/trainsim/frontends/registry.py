@@ -49,6 +49,8 @@ class Frontend(Protocol):
 
 
 FRONTENDS: Registry[Frontend] = Registry("frontend")
+MODEL_HELP = ("catalog name, model YAML, Hugging Face config.json or folder; FILE.py:factory (torch, jax); an "
+              "execution-trace file or directory (trace)")
 for _frontend in (CatalogFrontend(), TorchFrontend(), JaxFrontend(), TraceFrontend()):
     FRONTENDS.add(_frontend.name, _frontend)
 

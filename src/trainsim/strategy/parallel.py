@@ -1,6 +1,6 @@
 """ParallelSpec: the plain strategy (degrees of each axis, ZeRO, recompute, micro-batching, schedule)."""
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field, model_validator
 
@@ -8,7 +8,10 @@ from trainsim.specbase import Spec
 from trainsim.strategy.precision import Precision
 
 Recompute = Literal["none", "selective", "full"]
+# The pipeline schedules, by name: the one list every other module imports (the compiler registers one step-order
+# builder per name in compile/schedules.py; a test checks the two agree).
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"]
+SCHEDULES: tuple[Schedule, ...] = get_args(Schedule)
 # The attention kernel the training stack runs. flash2: FlashAttention-2 class (FlashAttention 1/2, torch SDPA's
 # flash and memory-efficient backends, triton flash). flash3: a Hopper-native fused kernel (FlashAttention-3, or
 # cuDNN fused attention, which TransformerEngine - and so Megatron-Core, NeMo, Megatron-Bridge - selects on
@@ -24,7 +27,6 @@ ATTENTION_KERNELS: tuple[AttentionKernel, ...] = ("flash2", "flash3", "math")
 OptimizerImpl = Literal["fused", "foreach", "loop"]
 OPTIMIZER_IMPLS: tuple[OptimizerImpl, ...] = ("fused", "foreach", "loop")
 RECOMPUTES: tuple[Recompute, ...] = ("none", "selective", "full")
-SCHEDULES: tuple[Schedule, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
 
 
 class ParallelSpec(Spec):

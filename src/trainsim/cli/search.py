@@ -16,6 +16,7 @@ from rich.table import Table
 
 from trainsim.catalog import load_cluster, load_model
 from trainsim.cli.errors import handles_errors
+from trainsim.cli.strategy_options import GIVEN, StrategyFlags, strategy_options
 from trainsim.errors import ConfigError
 from trainsim.hardware.cluster import ClusterSpec
 from trainsim.ir.model_spec import ModelSpec
@@ -137,25 +138,25 @@ def render_summary(report: SearchReport) -> list[str]:
     return lines
 
 
+# The strategy fields the search holds fixed (it tries every value of the others: HELP); their flags are predict's.
+SEARCH_FIELDS = ("global_batch", "seq_len", "precision", "attention", "optimizer_impl")
+
+
 @handles_errors
+@strategy_options(SEARCH_FIELDS, notes={"global_batch": "required here, > 0"}, defaults={"global_batch": "none"})
 def search(
     model: Annotated[str, typer.Option(help="catalog name, model YAML, or HF config.json")] = DEFAULT_MODEL,
     cluster: Annotated[str, typer.Option(help="cluster preset or YAML file")] = DEFAULT_CLUSTER,
     num_gpus: Annotated[int | None, typer.Option(help="scale the cluster to this many GPUs")] = None,
-    global_batch: Annotated[int | None, typer.Option(help="sequences per optimizer step (required)")] = None,
-    seq_len: Annotated[int | None, typer.Option(help="tokens per sequence (default 2048)")] = None,
-    precision: Annotated[str | None, typer.Option(help="fp32 tf32 fp16 bf16 amp-fp16 amp-bf16 fp8 "
-                                                        "(default bf16)")] = None,
-    attention: Annotated[str | None, typer.Option(help="attention kernel: flash2 (default) | flash3 | math "
-                                                  "(see trainsim predict --help)")] = None,
-    optimizer_impl: Annotated[str | None, typer.Option(help="Adam step: fused (default) | foreach | loop (see "
-                                                       "trainsim predict --help)")] = None,
+    strategy_flags: StrategyFlags = GIVEN,  # SEARCH_FIELDS: what the search holds fixed
     top_k: Annotated[int, typer.Option(help="how many of the best plans to show")] = 10,
     max_micro_batch: Annotated[int, typer.Option(help="largest micro-batch tried")] = 16,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object, no progress bar")] = False,
 ) -> None:
-    model_spec, cluster_spec, space = _parse(model, cluster, num_gpus, global_batch, seq_len, precision,
-                                             attention, optimizer_impl, max_micro_batch, top_k)
+    given = strategy_flags
+    model_spec, cluster_spec, space = _parse(model, cluster, num_gpus, given.get("global_batch"),
+                                             given.get("seq_len"), given.get("precision"), given.get("attention"),
+                                             given.get("optimizer_impl"), max_micro_batch, top_k)
     show_progress = not as_json and sys.stderr.isatty()
     report = _run(model_spec, cluster_spec, space, top_k, show_progress)
     if as_json:

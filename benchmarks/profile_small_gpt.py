@@ -34,10 +34,11 @@ from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import make_job
 from trainsim.pipeline import graph_for
 from trainsim.profile.database import ProfileDB
-from trainsim.profile.job import JobShape, profile_job
+from trainsim.profile.job import profile_job
 from trainsim.profile.ops import clock_for, local_environment
+from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.parallel import ParallelSpec
-from trainsim.strategy.precision import Precision
+from trainsim.strategy.precision import Precision, policy_for
 
 SMALL_GPT: dict[str, Any] = {
     "name": "small-gpt", "arch": "gpt", "num_layers": 4, "hidden": 512, "num_heads": 8, "ffn_hidden": 2048,
@@ -138,7 +139,7 @@ def run(precision: Precision, db_path: Path, args: argparse.Namespace) -> dict[s
     processes share the cores and the last-level cache), then predict and compare."""
     spec = parse_model(SMALL_GPT)
     assert isinstance(spec, TransformerSpec)
-    shape = JobShape(MICRO_BATCH, SEQ_LEN, precision)
+    shape = DeviceSlice(MICRO_BATCH, SEQ_LEN, policy_for(precision))
     real = RealStep(spec, precision)
     real.run(args.warmup, record=False)
     env = local_environment("cpu-local", "cpu")

@@ -250,7 +250,7 @@ def test_the_suite_profiles_every_distinct_shape_once() -> None:
     from trainsim.profile.suite import suite_shapes
 
     shapes = suite_shapes("local")
-    keys = [(model.name, shape.precision, shape.tp, shape.sp, shape.zero) for model, shape in shapes]
+    keys = [(model.name, shape.precision.name, shape.tp, shape.sp, shape.zero) for model, shape in shapes]
     assert len(keys) == len(set(keys))
     assert ("gpt-small", "fp32", 2, True, 0) in keys and ("llama-small", "amp-bf16", 1, False, 3) in keys
     assert ("gpt-small", "fp32", 1, False, 0) in keys  # dp, pp and recompute jobs share the 1-rank shapes

@@ -18,10 +18,11 @@ from trainsim.estimate.precision_aware import (
 from trainsim.job import Job, make_job
 from trainsim.pipeline import graph_for, predict
 from trainsim.profile.database import Environment, ProfileDB
-from trainsim.profile.job import JobShape, job_graph
+from trainsim.profile.job import job_graph
 from trainsim.profile.ops import optimizer_signature, unique_signatures
+from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.parallel import ParallelSpec
-from trainsim.strategy.precision import Precision
+from trainsim.strategy.precision import Precision, policy_for
 
 OP_S = 1e-3
 
@@ -73,7 +74,7 @@ def test_no_parallelism_means_compute_alone() -> None:
     job = _job(tp=1, pp=1, dp=1, global_batch=1)
     result = PrecisionAwareEstimator(op_costs=ConstantCosts(OP_S), optimizer=False).estimate(job, graph_for(job))
     assert result.breakdown["dp_comm"] == result.breakdown["tp_comm"] == result.breakdown["bubble"] == 0.0
-    graph = job_graph(parse_model(TINY_GPT), JobShape(1, 16, "bf16"))
+    graph = job_graph(parse_model(TINY_GPT), DeviceSlice(1, 16, policy_for("bf16")))
     assert result.iteration_time_s == pytest.approx(graph.num_ops * OP_S)
 
 
@@ -97,7 +98,7 @@ def test_roofline_op_times_make_fp32_slower_than_bf16() -> None:
 
 def test_profile_database_answers_ops_and_optimizer(tmp_path: Path) -> None:
     job = _job("fp32", tp=1, pp=1, dp=1, global_batch=1)
-    graph = job_graph(parse_model(TINY_GPT), JobShape(1, 16, "fp32"))
+    graph = job_graph(parse_model(TINY_GPT), DeviceSlice(1, 16, policy_for("fp32")))
     path = tmp_path / "p.sqlite"
     env = Environment("a100-sxm4-80gb", "torch test", 1, "test")
     with ProfileDB.open(path) as db:

@@ -21,8 +21,12 @@ from trainsim.profile.database import (
     ProfileDB,
     default_db_path,
 )
-from trainsim.profile.job import JobShape, job_graph
+from trainsim.profile.framework import frameworks_for
+from trainsim.profile.job import job_graph
 from trainsim.profile.ops import signature_of, unique_signatures
+from trainsim.strategy.device_slice import DeviceSlice
+from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.precision import policy_for
 
 SIG = OpSignature("matmul", "mm", "fwd", "fp32", (1, 8, 16, 32))
 
@@ -64,7 +68,7 @@ def test_default_path_follows_xdg_cache_home(monkeypatch: pytest.MonkeyPatch, tm
 def test_every_op_of_a_transformer_has_a_signature() -> None:
     model = parse_model(TINY_GPT)
     for precision in ("fp32", "amp-bf16", "bf16"):
-        graph = job_graph(model, JobShape(2, 16, precision))
+        graph = job_graph(model, DeviceSlice(2, 16, policy_for(precision)))
         signatures, unsupported = unique_signatures(graph)
         assert not unsupported
         # forward and backward of each distinct op, duplicates shared (e.g. residual adds of equal size)
@@ -76,14 +80,24 @@ def test_every_op_of_a_transformer_has_a_signature() -> None:
 
 def test_signatures_follow_shapes_and_dtypes() -> None:
     model = parse_model(TINY_GPT)
-    fp32 = job_graph(model, JobShape(2, 16, "fp32"))
-    bf16 = job_graph(model, JobShape(2, 16, "amp-bf16"))
+    fp32 = job_graph(model, DeviceSlice(2, 16, policy_for("fp32")))
+    bf16 = job_graph(model, DeviceSlice(2, 16, policy_for("amp-bf16")))
     qkv32, qkv16 = (next(op for op in g.layers[1].fwd if op.name == "qkv") for g in (fp32, bf16))
     assert signature_of(qkv32) == OpSignature("matmul", "mm", "fwd", "fp32", (1, 32, 96, 32))
     assert signature_of(qkv16) == OpSignature("matmul", "mm", "fwd", "bf16", (1, 32, 96, 32))
-    tp2 = job_graph(model, JobShape(2, 16, "fp32", tp=2))
+    tp2 = job_graph(model, DeviceSlice(2, 16, policy_for("fp32"), tp=2))
     qkv_tp = next(op for op in tp2.layers[1].fwd if op.name == "qkv")
     assert signature_of(qkv_tp) == OpSignature("matmul", "mm", "fwd", "fp32", (1, 32, 48, 32))
+
+
+def test_the_zero_stage_changes_no_op_signature_only_the_framework_overhead_profiled() -> None:
+    model = parse_model(TINY_GPT)
+    plain, sharded = DeviceSlice(2, 16, policy_for("fp32")), DeviceSlice(2, 16, policy_for("fp32"), zero=3)
+    assert unique_signatures(job_graph(model, plain)) == unique_signatures(job_graph(model, sharded))
+    assert DeviceSlice.of(ParallelSpec(zero=3, micro_batch=2, seq_len=16, precision="fp32")).zero == 3
+    assert plain == sharded  # one OpGraph (and graph-cache entry) for every ZeRO stage
+    assert frameworks_for(plain.tp, plain.sp, plain.zero) == []
+    assert frameworks_for(sharded.tp, sharded.sp, sharded.zero) == ["fsdp2-zero3"]
 
 
 def _profile(db: Path, model_file: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

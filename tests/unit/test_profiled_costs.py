@@ -20,9 +20,11 @@ from trainsim.ir.graph import Op
 from trainsim.job import make_job
 from trainsim.pipeline import graph_for
 from trainsim.profile.database import Environment, OpSignature, ProfileDB
-from trainsim.profile.job import JobShape, job_graph
+from trainsim.profile.job import job_graph
 from trainsim.profile.ops import optimizer_signature, overhead_signature, signature_of, unique_signatures
+from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.precision import policy_for
 
 DEVICE = load_cluster("local-cpu").device
 
@@ -72,7 +74,7 @@ def test_the_environment_with_most_measurements_wins(db_path: Path) -> None:
 
 def _fill(path: Path, precision: str, seconds: float, optimizer_s: float) -> tuple[int, int]:
     """Every op of the tiny GPT at `seconds`; returns (graph ops per micro-batch, parameters)."""
-    graph = job_graph(parse_model(TINY_GPT), JobShape(2, 16, precision))  # type: ignore[arg-type]
+    graph = job_graph(parse_model(TINY_GPT), DeviceSlice(2, 16, policy_for(precision)))  # type: ignore[arg-type]
     signatures, _ = unique_signatures(graph)
     with ProfileDB.open(path) as db:
         for sig in signatures:

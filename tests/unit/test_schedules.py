@@ -9,7 +9,9 @@ import pytest
 from trainsim.compile.schedules import SCHEDULES, Step, format_order, schedule_order, splits_backward
 from trainsim.errors import ConfigError, UnknownNameError
 from trainsim.ir.exec_graph import ExecGraph, SimDevice
+from trainsim.measure.launch import MEASURED_SCHEDULES
 from trainsim.sim import SimOptions, simulate
+from trainsim.strategy.parallel import SCHEDULES as SCHEDULE_NAMES
 
 
 def _orders(name: str, p: int, v: int, m: int) -> list[str]:
@@ -108,6 +110,11 @@ def test_errors_name_the_schedule_and_the_choices() -> None:
     with pytest.raises(ConfigError, match="multiple of pp=4"):
         schedule_order("interleaved-1f1b", 4, 2, 6)
     assert SCHEDULES.names() == ["1f1b", "gpipe", "interleaved-1f1b", "zb-h1"]
+
+
+def test_the_compiler_builds_every_schedule_of_the_vocabulary_and_no_other() -> None:
+    assert sorted(SCHEDULES.names()) == sorted(SCHEDULE_NAMES)
+    assert set(MEASURED_SCHEDULES) <= set(SCHEDULE_NAMES)
 
 
 # ---- exact makespans on the event engine ------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from trainsim.cli.errors import handles_errors
+from trainsim.cli.strategy_options import ALL_FIELDS, GIVEN, StrategyFlags, strategy_options
 from trainsim.errors import ConfigError
 from trainsim.job import Job
 from trainsim.jobfile import job_from_settings, read_job_file
@@ -23,35 +24,24 @@ from trainsim.report.measure import render_run, render_suite, render_suite_jobs,
 
 LOCAL_CLUSTER = "local-cpu"
 DEFAULT_PRECISION = "amp-bf16"  # bf16 mixed precision as torch runs it (autocast over fp32 weights)
-JOB_FLAGS = ("model", "cluster", "num_gpus", "tp", "pp", "dp", "vpp", "sp", "cp", "ep", "zero", "recompute",
-             "micro_batch", "global_batch", "seq_len", "precision", "schedule")
+# The strategy fields measure takes (predict's flags): all but the attention kernel, which is torch SDPA's choice.
+MEASURE_FIELDS = tuple(field for field in ALL_FIELDS if field != "attention")
+MEASURE_NOTES = {"cp": "not measured", "ep": "not measured",
+                 "zero": "measured as 0 DDP | 1 ZeroRedundancyOptimizer | 2, 3 FSDP2",
+                 "precision": "measured: fp32 | amp-bf16 (tf32 on GPUs)"}
+MEASURE_DEFAULTS = {"precision": DEFAULT_PRECISION,
+                    "optimizer_impl": "torch's default for the device"}
 
 
 @handles_errors
+@strategy_options(MEASURE_FIELDS, notes=MEASURE_NOTES, defaults=MEASURE_DEFAULTS)
 def measure(
     job_file: Annotated[Path | None, typer.Argument(help="YAML/JSON job file; flags override it")] = None,
     model: Annotated[str | None, typer.Option(help="catalog name, model YAML, or HF config.json")] = None,
     cluster: Annotated[str | None, typer.Option(help="cluster preset or YAML (default: local-cpu without GPUs)")]
     = None,
     num_gpus: Annotated[int | None, typer.Option(help="ranks (default: tp x pp x dp)")] = None,
-    tp: Annotated[int | None, typer.Option(help="tensor-parallel degree")] = None,
-    pp: Annotated[int | None, typer.Option(help="pipeline-parallel degree")] = None,
-    dp: Annotated[int | None, typer.Option(help="data-parallel degree")] = None,
-    vpp: Annotated[int | None, typer.Option(help="virtual stages per pipeline rank")] = None,
-    sp: Annotated[bool | None, typer.Option("--sp/--no-sp", help="sequence parallelism")] = None,
-    cp: Annotated[int | None, typer.Option(help="context-parallel degree (not measured)")] = None,
-    ep: Annotated[int | None, typer.Option(help="expert-parallel degree (not measured)")] = None,
-    zero: Annotated[int | None, typer.Option(help="0 DDP | 1 ZeroRedundancyOptimizer | 2, 3 FSDP2")] = None,
-    recompute: Annotated[str | None, typer.Option(help="none | selective | full")] = None,
-    micro_batch: Annotated[int | None, typer.Option(help="sequences per micro-batch")] = None,
-    global_batch: Annotated[int | None, typer.Option(help="sequences per optimizer step")] = None,
-    seq_len: Annotated[int | None, typer.Option(help="tokens per sequence")] = None,
-    precision: Annotated[str | None, typer.Option(help="fp32 | amp-bf16 (tf32 on GPUs); default amp-bf16")]
-    = None,
-    schedule: Annotated[str | None, typer.Option(help="gpipe | 1f1b | interleaved-1f1b")] = None,
-    optimizer_impl: Annotated[str | None, typer.Option(help="Adam step: fused (default; Megatron, apex, TE, torch "
-                                                       "fused=True) | foreach (torch's default on GPUs) | loop "
-                                                       "(torch's default on CPUs)")] = None,
+    strategy_flags: StrategyFlags = GIVEN,  # MEASURE_FIELDS
     iterations: Annotated[int, typer.Option(help="timed iterations")] = 20,
     warmup: Annotated[int, typer.Option(help="untimed iterations first")] = 5,
     timeout_s: Annotated[float, typer.Option("--timeout-s", help="fail if a run takes longer (seconds)")] = 600.0,
@@ -74,9 +64,7 @@ def measure(
 ) -> None:
     """Run a training job for real (torch.distributed: gloo on CPUs, NCCL on GPUs) and record its iteration
     time (median, p10, p90), peak memory per rank and throughput in OUT/RUN_ID.json."""
-    flags = dict(model=model, cluster=cluster, num_gpus=num_gpus, tp=tp, pp=pp, dp=dp, vpp=vpp, sp=sp, cp=cp,
-                 ep=ep, zero=zero, recompute=recompute, micro_batch=micro_batch, global_batch=global_batch,
-                 seq_len=seq_len, precision=precision, schedule=schedule, optimizer_impl=optimizer_impl)
+    flags = dict(model=model, cluster=cluster, num_gpus=num_gpus, **strategy_flags)
     if suite is not None:
         given = [f"--{k.replace('_', '-')}" for k, v in flags.items() if v is not None]
         if job_file is not None or given or run_id is not None:

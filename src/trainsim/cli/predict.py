@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from trainsim.cli.errors import handles_errors
+from trainsim.cli.strategy_options import GIVEN, StrategyFlags, strategy_options
 from trainsim.cost.pricing import COSTS
 from trainsim.errors import ConfigError
 from trainsim.estimate.engines import ENGINES, make_engine
@@ -21,6 +22,7 @@ from trainsim.strategy.tree_yaml import load_tree_yaml
 
 
 @handles_errors
+@strategy_options()
 def predict(
     job_file: Annotated[Path | None, typer.Argument(help="YAML/JSON job file; flags override it")] = None,
     model: Annotated[str | None, typer.Option(help=MODEL_HELP)] = None,
@@ -28,27 +30,7 @@ def predict(
                                                  + " | ".join(FRONTENDS.names()) + " (default catalog)")] = None,
     cluster: Annotated[str | None, typer.Option(help="cluster preset or YAML file")] = None,
     num_gpus: Annotated[int | None, typer.Option(help="scale the cluster to this many GPUs")] = None,
-    tp: Annotated[int | None, typer.Option(help="tensor-parallel degree")] = None,
-    pp: Annotated[int | None, typer.Option(help="pipeline-parallel degree")] = None,
-    dp: Annotated[int | None, typer.Option(help="data-parallel degree (default: inferred)")] = None,
-    vpp: Annotated[int | None, typer.Option(help="virtual stages per pipeline rank")] = None,
-    sp: Annotated[bool | None, typer.Option("--sp/--no-sp", help="sequence parallelism")] = None,
-    cp: Annotated[int | None, typer.Option(help="context-parallel degree")] = None,
-    ep: Annotated[int | None, typer.Option(help="expert-parallel degree")] = None,
-    zero: Annotated[int | None, typer.Option(help="ZeRO stage 0-3 (1 = distributed optimizer)")] = None,
-    recompute: Annotated[str | None, typer.Option(help="none | selective | full")] = None,
-    micro_batch: Annotated[int | None, typer.Option(help="sequences per micro-batch")] = None,
-    global_batch: Annotated[int | None, typer.Option(help="sequences per optimizer step")] = None,
-    seq_len: Annotated[int | None, typer.Option(help="tokens per sequence")] = None,
-    precision: Annotated[str | None, typer.Option(help="fp32 tf32 fp16 bf16 amp-fp16 amp-bf16 fp8")] = None,
-    schedule: Annotated[str | None, typer.Option(help="gpipe | 1f1b | interleaved-1f1b")] = None,
-    attention: Annotated[str | None, typer.Option(help="attention kernel: flash2 (FlashAttention-2, torch SDPA; "
-                                                  "default) | flash3 (Hopper+: FlashAttention-3, cuDNN as "
-                                                  "TransformerEngine / Megatron-Core pick it) | math (unfused)")
-                         ] = None,
-    optimizer_impl: Annotated[str | None, typer.Option(help="Adam step: fused (default; Megatron, apex, TE, torch "
-                                                       "fused=True) | foreach (torch's default on GPUs) | loop "
-                                                       "(torch's default on CPUs)")] = None,
+    strategy_flags: StrategyFlags = GIVEN,  # --tp, --pp, ... --optimizer-impl: every ParallelSpec field
     engine: Annotated[str, typer.Option(help="estimator: " + ", ".join(ENGINES.names()))] = "analytical",
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     trace: Annotated[Path | None, typer.Option(help="write a Chrome/Perfetto trace (needs an engine that "
@@ -63,10 +45,7 @@ def predict(
     db: Annotated[Path | None, typer.Option(help="profile database for --costs profiled")] = None,
 ) -> None:
     """Predict iteration time, throughput, MFU and peak memory of one training job."""
-    flags = dict(model=model, frontend=frontend, cluster=cluster, num_gpus=num_gpus, tp=tp, pp=pp, dp=dp, vpp=vpp,
-                 sp=sp, cp=cp, ep=ep, zero=zero, recompute=recompute, micro_batch=micro_batch, global_batch=global_batch,
-                 seq_len=seq_len, precision=precision, schedule=schedule, attention=attention,
-                 optimizer_impl=optimizer_impl)
+    flags = dict(model=model, frontend=frontend, cluster=cluster, num_gpus=num_gpus, **strategy_flags)
     settings = read_job_file(job_file)
     settings.update({key: value for key, value in flags.items() if value is not None})
     entry = ENGINES.get(engine)

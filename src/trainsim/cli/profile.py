@@ -1,6 +1,6 @@
 """`trainsim profile`: measure a job's ops (and local collectives) into the profile database.
 
-Parse (flags -> model, job shape, device), compute (trainsim.profile: op and collective microbenchmarks, each
+Parse (flags -> model, device slice, device), compute (trainsim.profile: op and collective microbenchmarks, each
 committed as it is taken), render (a progress bar while measuring, then a summary or one JSON object).
 Rerunning the same command measures only what the database does not hold yet.
 """
@@ -23,18 +23,19 @@ from trainsim.job import make_job
 from trainsim.jobfile import check_choice
 from trainsim.profile.collectives import COLLECTIVES, DEFAULT_SIZES, CollectiveSummary, profile_collectives
 from trainsim.profile.database import STOP_AFTER_ENV, OpSignature, ProfileDB, default_db_path
-from trainsim.profile.job import JobShape, profile_job
+from trainsim.profile.job import profile_job
 from trainsim.profile.ops import OpProfileSummary
 from trainsim.report.profile import LOCAL_CPU_DEVICE, profile_summary, render_profile_summary
+from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.parallel import ParallelSpec
-from trainsim.strategy.precision import PRECISIONS, Precision
+from trainsim.strategy.precision import PRECISIONS, Precision, policy_for
 from trainsim.units import parse_bytes
 
 
 @dataclass(frozen=True, slots=True)
 class ProfileRequest:
     model: ModelSpec
-    shape: JobShape
+    shape: DeviceSlice
     device: str  # "cpu" | "cuda"
     device_name: str
     db_path: Path
@@ -92,11 +93,11 @@ def _parse_sizes(text: str | None) -> tuple[int, ...]:
     return sizes
 
 
-def _check_shape(model: ModelSpec, shape: JobShape) -> None:
+def _check_shape(model: ModelSpec, shape: DeviceSlice) -> None:
     """The same checks `trainsim predict` makes (tp divides the heads, seq_len fits learned positions ...)."""
     cluster = load_cluster("local-cpu").with_num_gpus(shape.tp)
     make_job(model, cluster, ParallelSpec(tp=shape.tp, sp=shape.sp, dp=1, micro_batch=shape.micro_batch,
-                                          seq_len=shape.seq_len, precision=shape.precision))
+                                          seq_len=shape.seq_len, precision=shape.precision.name))
 
 
 def _progress_bar(console: Console) -> Progress:
@@ -176,7 +177,7 @@ def profile(
     spec = load_model(model)
     if zero not in (0, 1, 2, 3):
         raise ConfigError("zero", zero, "0, 1, 2 or 3")
-    shape = JobShape(micro_batch, seq_len, cast(Precision, precision), tp, sp, zero)
+    shape = DeviceSlice(micro_batch, seq_len, policy_for(cast(Precision, precision)), tp, sp, zero=zero)
     _check_shape(spec, shape)
     torch = _torch()
     dev = _device(device, torch)

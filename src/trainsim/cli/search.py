@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from trainsim.catalog import load_cluster
 from trainsim.cli.errors import handles_errors
+from trainsim.cli.strategy_options import GIVEN, StrategyFlags, strategy_options
 from trainsim.errors import ConfigError
 from trainsim.frontends.registry import FRONTENDS, MODEL_HELP, ModelSource
 from trainsim.hardware.cluster import ClusterSpec
@@ -89,28 +90,28 @@ def _run(source: ModelSource, model: ModelSpec, cluster: ClusterSpec, space: Sea
         return planner.search(model, cluster, space, top_k=top_k, progress=advance)
 
 
+# The strategy fields the search holds fixed (it tries every value of the others: HELP); their flags are predict's.
+SEARCH_FIELDS = ("global_batch", "seq_len", "precision", "attention", "optimizer_impl")
+
+
 @handles_errors
+@strategy_options(SEARCH_FIELDS, notes={"global_batch": "required here, > 0"}, defaults={"global_batch": "none"})
 def search(
     model: Annotated[str, typer.Option(help=MODEL_HELP)] = DEFAULT_MODEL,
     frontend: Annotated[str, typer.Option(help="front-end that reads --model: " + " | ".join(FRONTENDS.names()))
                         ] = "catalog",
     cluster: Annotated[str, typer.Option(help="cluster preset or YAML file")] = DEFAULT_CLUSTER,
     num_gpus: Annotated[int | None, typer.Option(help="scale the cluster to this many GPUs")] = None,
-    global_batch: Annotated[int | None, typer.Option(help="sequences per optimizer step (required)")] = None,
-    seq_len: Annotated[int | None, typer.Option(help="tokens per sequence (default 2048)")] = None,
-    precision: Annotated[str | None, typer.Option(help="fp32 tf32 fp16 bf16 amp-fp16 amp-bf16 fp8 "
-                                                        "(default bf16)")] = None,
-    attention: Annotated[str | None, typer.Option(help="attention kernel: flash2 (default) | flash3 | math "
-                                                  "(see trainsim predict --help)")] = None,
-    optimizer_impl: Annotated[str | None, typer.Option(help="Adam step: fused (default) | foreach | loop (see "
-                                                       "trainsim predict --help)")] = None,
+    strategy_flags: StrategyFlags = GIVEN,  # SEARCH_FIELDS: what the search holds fixed
     top_k: Annotated[int, typer.Option(help="how many of the best plans to show")] = 10,
     max_micro_batch: Annotated[int, typer.Option(help="largest micro-batch tried")] = 16,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object, no progress bar")] = False,
 ) -> None:
     source = ModelSource(model, frontend)
-    model_spec, cluster_spec, space = _parse(source, cluster, num_gpus, global_batch, seq_len, precision,
-                                             attention, optimizer_impl, max_micro_batch, top_k)
+    given = strategy_flags
+    model_spec, cluster_spec, space = _parse(source, cluster, num_gpus, given.get("global_batch"),
+                                             given.get("seq_len"), given.get("precision"), given.get("attention"),
+                                             given.get("optimizer_impl"), max_micro_batch, top_k)
     show_progress = not as_json and sys.stderr.isatty()
     report = _run(source, model_spec, cluster_spec, space, top_k, show_progress)
     if as_json:

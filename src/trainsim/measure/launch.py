@@ -27,14 +27,15 @@ from trainsim.errors import ConfigError, TrainsimError
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job
 from trainsim.measure.results import job_to_dict, result_path
-from trainsim.strategy.parallel import OptimizerImpl
+from trainsim.strategy.parallel import OptimizerImpl, Schedule
 
 Device = Literal["cpu", "cuda"]
 FAULT_ENV = "TRAINSIM_MEASURE_FAULT"  # test only: "crash:RANK" or "hang:RANK" (see worker.inject_fault)
 PARENT_ENV = "TRAINSIM_MEASURE_PARENT"
 MEASURED_PRECISIONS: dict[Device, tuple[str, ...]] = {"cpu": ("fp32", "amp-bf16"),
                                                        "cuda": ("fp32", "tf32", "amp-bf16")}
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+# the subset of strategy.parallel.SCHEDULES that torch.distributed.pipelining runs here (no zero-bubble split)
+MEASURED_SCHEDULES: tuple[Schedule, ...] = ("gpipe", "1f1b", "interleaved-1f1b")
 POLL_S = 0.02
 
 
@@ -135,8 +136,8 @@ def check_supported(job: Job, device: Device) -> None:
             if p.precision in ("bf16", "fp16") else ""
         raise unsupported(f"precision={p.precision} is not measured on {device}; choose one of "
                                   f"{', '.join(MEASURED_PRECISIONS[device])}{hint}")
-    if p.pp > 1 and p.schedule not in SCHEDULES:
-        raise unsupported(f"schedule={p.schedule} is not measured; choose one of {', '.join(SCHEDULES)}")
+    if p.pp > 1 and p.schedule not in MEASURED_SCHEDULES:
+        raise unsupported(f"schedule={p.schedule} is not measured; choose one of {', '.join(MEASURED_SCHEDULES)}")
     if p.tp > 1:
         _check_tp(model, job)
     if p.tp > 1 and p.dp > 1 and p.zero < 2:

@@ -3,66 +3,51 @@ FSDP2 where the job uses them, into the profile database."""
 
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from trainsim.ir.graph import OpGraph
 from trainsim.ir.model_spec import ModelSpec, TransformerSpec
 from trainsim.profile.database import Environment, OpSignature, ProfileDB
 from trainsim.profile.ops import KernelHints, OpProfileSummary, profile_graph
 from trainsim.strategy.device_slice import DeviceSlice
-from trainsim.strategy.precision import Precision, policy_for
 
 
-@dataclass(frozen=True, slots=True)
-class JobShape:
-    """The settings that decide the op shapes and dtypes of a job on one device."""
-
-    micro_batch: int
-    seq_len: int
-    precision: Precision
-    tp: int = 1
-    sp: bool = False
-    zero: int = 0  # ZeRO-2/3 (FSDP2) adds its framework overhead to the profile
-
-    def device_slice(self) -> DeviceSlice:
-        return DeviceSlice(self.micro_batch, self.seq_len, policy_for(self.precision), self.tp, self.sp)
-
-
-def job_graph(model: ModelSpec, shape: JobShape) -> OpGraph:
+def job_graph(model: ModelSpec, dev: DeviceSlice) -> OpGraph:
     """The per-device OpGraph of the job, from the catalog front-end (tp-sharded shapes when tp > 1)."""
     from trainsim.frontends.catalog.build import build_graph  # NB: here, so the cost lookup does not load front-ends
 
-    return build_graph(model, shape.device_slice())
+    return build_graph(model, dev)
 
 
-def hints_for(model: ModelSpec, shape: JobShape) -> KernelHints:
-    amp = policy_for(shape.precision).linear_dtype if shape.precision.startswith("amp-") else ""
+def hints_for(model: ModelSpec, dev: DeviceSlice) -> KernelHints:
+    amp = dev.precision.linear_dtype if dev.precision.name.startswith("amp-") else ""
     if isinstance(model, TransformerSpec):
-        return KernelHints(hidden=model.hidden, vocab=max(1, model.vocab // shape.tp), seq_len=shape.seq_len,
+        return KernelHints(hidden=model.hidden, vocab=max(1, model.vocab // dev.tp), seq_len=dev.seq_len,
                            bias=model.bias, norm=model.norm, amp=amp)
-    return KernelHints(seq_len=shape.seq_len, amp=amp)
+    return KernelHints(seq_len=dev.seq_len, amp=amp)
 
 
-def profile_job(db: ProfileDB, env: Environment, model: ModelSpec, shape: JobShape, device: str, *,
+def profile_job(db: ProfileDB, env: Environment, model: ModelSpec, dev: DeviceSlice, device: str, *,
                 warmup: int = 3, repeats: int = 10, optimizer: bool = True,
                 progress: Callable[[OpSignature, str], None] | None = None,
                 plan: Callable[[int], None] | None = None) -> OpProfileSummary:
-    """Measure the ops of `model` under `shape` on `device` ("cpu" or "cuda") that `db` lacks for `env`; with
+    """Measure the ops of `model` on the slice `dev` on `device` ("cpu" or "cuda") that `db` lacks for `env`; with
     tp > 1 or zero >= 2 also the per-layer overhead of DTensor or FSDP2 (framework.py)."""
-    graph = job_graph(model, shape)
-    summary = profile_graph(db, env, graph, hints_for(model, shape), device, warmup=warmup, repeats=repeats,
+    graph = job_graph(model, dev)
+    summary = profile_graph(db, env, graph, hints_for(model, dev), device, warmup=warmup, repeats=repeats,
                             optimizer=optimizer, progress=progress, plan=plan)
     if not isinstance(model, TransformerSpec):
         return summary
     from trainsim.profile.framework import framework_signature, frameworks_for, measure_framework_overhead
 
-    frameworks = frameworks_for(shape.tp, shape.sp, shape.zero)
+    precision = dev.precision.name
+    frameworks = frameworks_for(dev.tp, dev.sp, dev.zero)
     measured = stored = 0
     for framework in frameworks:
-        sig = framework_signature(framework, shape.precision)
+        sig = framework_signature(framework, precision)
         missing = repeats - db.op_repeats(env, sig)
         if missing > 0:
-            samples, detail = measure_framework_overhead(model, shape.micro_batch, shape.seq_len, shape.precision,
+            samples, detail = measure_framework_overhead(model, dev.micro_batch, dev.seq_len, precision,
                                                          framework, device, warmup, missing)
             db.add_op_samples(env, sig, samples, detail)
         measured, stored = measured + (missing > 0), stored + (missing <= 0)

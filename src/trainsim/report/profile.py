@@ -5,21 +5,21 @@ from typing import Any
 
 from trainsim.profile.collectives import CollectiveSummary
 from trainsim.profile.database import Environment
-from trainsim.profile.job import JobShape
 from trainsim.profile.ops import OpProfileSummary
+from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.units import format_duration
 
 LOCAL_CPU_DEVICE = "cpu-local"  # the device name this machine's CPU times are filed under
 
 
-def profile_summary(db_path: Path, env: Environment, model_name: str, shape: JobShape,
+def profile_summary(db_path: Path, env: Environment, model_name: str, shape: DeviceSlice,
                     ops: OpProfileSummary | None, comms: CollectiveSummary | None, op_rows: int,
                     collective_rows: int) -> dict[str, Any]:
     """The --json object: where and what was profiled, how much was measured or already stored, and how many
     measurements the database holds now."""
     return {
         "db": str(db_path), "device": env.device, "hardware": env.hardware, "versions": env.versions,
-        "threads": env.threads, "model": model_name, "precision": shape.precision,
+        "threads": env.threads, "model": model_name, "precision": shape.precision.name,
         "micro_batch": shape.micro_batch, "seq_len": shape.seq_len, "tp": shape.tp,
         "signatures": ops.signatures if ops else 0,
         "measured": (ops.measured if ops else 0) + (comms.measured if comms else 0),

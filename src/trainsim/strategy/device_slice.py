@@ -1,6 +1,7 @@
-"""The per-device slice of a job that a builder needs: batch, sequence, dtypes and the split degrees."""
+"""The per-device slice of a job: the settings that decide the op shapes and dtypes on one device (what a graph
+builder needs, and what a profile of a job measures)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trainsim.strategy.parallel import AttentionKernel, ParallelSpec
 from trainsim.strategy.precision import PrecisionPolicy, policy_for
@@ -8,6 +9,9 @@ from trainsim.strategy.precision import PrecisionPolicy, policy_for
 
 @dataclass(frozen=True, slots=True)
 class DeviceSlice:
+    """Equality and hash cover what decides op shapes and dtypes, so a graph cache keyed by a slice holds one
+    OpGraph for every ZeRO stage; `zero` rides along for the profiler (which frameworks' overhead a job pays)."""
+
     micro_batch: int
     seq_len: int
     precision: PrecisionPolicy
@@ -16,12 +20,13 @@ class DeviceSlice:
     cp: int = 1
     ep: int = 1
     attention: AttentionKernel = "flash2"
+    zero: int = field(default=0, compare=False)  # ZeRO-2/3 (FSDP2) adds a per-layer framework overhead
 
     @classmethod
     def of(cls, par: ParallelSpec) -> "DeviceSlice":
         """The slice one device of a job with this strategy computes."""
         return cls(par.micro_batch, par.seq_len, policy_for(par.precision), par.tp, par.sp, par.cp, par.ep,
-                   par.attention)
+                   par.attention, par.zero)
 
     @property
     def fused_attention(self) -> bool:

@@ -26,7 +26,7 @@ class LoweredPlan:
     num_stages: int
     num_chunks: int  # virtual stages per rank (vpp)
     num_micro_batches: int
-    schedule: Schedule | str  # gpipe | 1f1b | interleaved-1f1b | zb-h1
+    schedule: Schedule | str  # a name of strategy.parallel.SCHEDULES
     max_in_flight: int = 0  # 0 = what the schedule implies
 
 

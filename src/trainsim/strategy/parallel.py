@@ -1,6 +1,6 @@
 """ParallelSpec: the plain strategy (degrees of each axis, ZeRO, recompute, micro-batching, schedule)."""
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field, model_validator
 
@@ -8,23 +8,25 @@ from trainsim.specbase import Spec
 from trainsim.strategy.precision import Precision
 
 Recompute = Literal["none", "selective", "full"]
+# The pipeline schedules, by name: the one list every other module imports (the compiler registers one step-order
+# builder per name in compile/schedules.py; a test checks the two agree).
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"]
+SCHEDULES: tuple[Schedule, ...] = get_args(Schedule)
 # The attention kernel the training stack runs. flash2: FlashAttention-2 class (FlashAttention 1/2, torch SDPA's
 # flash and memory-efficient backends, triton flash). flash3: a Hopper-native fused kernel (FlashAttention-3, or
 # cuDNN fused attention, which TransformerEngine - and so Megatron-Core, NeMo, Megatron-Bridge - selects on
 # Hopper and later); on a device without such kernels it runs as flash2. math: unfused (two batched GEMMs and a
 # softmax over the whole score matrix).
 AttentionKernel = Literal["flash2", "flash3", "math"]
-ATTENTION_KERNELS: tuple[AttentionKernel, ...] = ("flash2", "flash3", "math")
+ATTENTION_KERNELS: tuple[AttentionKernel, ...] = get_args(AttentionKernel)
 # How the Adam(W) step runs, which decides the memory it needs on top of the model states. fused: one kernel
 # per group of tensors, no temporaries (Megatron-Core / apex / TransformerEngine FusedAdam, torch fused=True).
 # foreach: torch.optim's default on GPUs; its multi-tensor ops materialise an fp32 temporary as large as all the
 # (local shard of the) parameters. loop: torch.optim's default on CPUs, one tensor at a time; its temporary is
 # as large as one parameter tensor.
 OptimizerImpl = Literal["fused", "foreach", "loop"]
-OPTIMIZER_IMPLS: tuple[OptimizerImpl, ...] = ("fused", "foreach", "loop")
-RECOMPUTES: tuple[Recompute, ...] = ("none", "selective", "full")
-SCHEDULES: tuple[Schedule, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
+OPTIMIZER_IMPLS: tuple[OptimizerImpl, ...] = get_args(OptimizerImpl)
+RECOMPUTES: tuple[Recompute, ...] = get_args(Recompute)
 
 
 class ParallelSpec(Spec):
@@ -34,22 +36,30 @@ class ParallelSpec(Spec):
     Megatron-LM orders them; ep shares ranks with dp.
     """
 
-    tp: int = Field(default=1, gt=0)
-    pp: int = Field(default=1, gt=0)
-    dp: int = Field(default=0, ge=0)
-    cp: int = Field(default=1, gt=0)
-    ep: int = Field(default=1, gt=0)
-    vpp: int = Field(default=1, gt=0)
-    sp: bool = False
-    zero: int = Field(default=0, ge=0, le=3)
-    recompute: Recompute = "none"
-    micro_batch: int = Field(default=1, gt=0)
-    global_batch: int = Field(default=0, ge=0, description="0 means dp x micro_batch (one micro-batch)")
-    seq_len: int = Field(default=2048, gt=0)
-    precision: Precision = "bf16"
-    schedule: Schedule = "1f1b"
-    attention: AttentionKernel = "flash2"
-    optimizer_impl: OptimizerImpl = "fused"
+    # The descriptions are the help texts of the strategy flags of predict, search and measure
+    # (cli/strategy_options.py); "choice_help" describes each allowed value of a choice field.
+    tp: int = Field(default=1, gt=0, description="tensor-parallel degree")
+    pp: int = Field(default=1, gt=0, description="pipeline-parallel degree")
+    dp: int = Field(default=0, ge=0, description="data-parallel degree, 0 = inferred from the number of GPUs")
+    cp: int = Field(default=1, gt=0, description="context-parallel degree")
+    ep: int = Field(default=1, gt=0, description="expert-parallel degree")
+    vpp: int = Field(default=1, gt=0, description="virtual stages per pipeline rank")
+    sp: bool = Field(default=False, description="sequence parallelism")
+    zero: int = Field(default=0, ge=0, le=3, description="ZeRO stage 0-3 (1 = distributed optimizer)")
+    recompute: Recompute = Field(default="none", description="activation recomputation")
+    micro_batch: int = Field(default=1, gt=0, description="sequences per micro-batch")
+    global_batch: int = Field(default=0, ge=0, description="sequences per optimizer step, 0 = dp x micro_batch "
+                              "(one micro-batch)")
+    seq_len: int = Field(default=2048, gt=0, description="tokens per sequence")
+    precision: Precision = Field(default="bf16", description="numeric precision")
+    schedule: Schedule = Field(default="1f1b", description="pipeline schedule")
+    attention: AttentionKernel = Field(default="flash2", description="attention kernel", json_schema_extra={
+        "choice_help": {"flash2": "FlashAttention-2, torch SDPA",
+                        "flash3": "Hopper+: FlashAttention-3, cuDNN as TransformerEngine / Megatron-Core pick it",
+                        "math": "unfused"}})
+    optimizer_impl: OptimizerImpl = Field(default="fused", description="Adam step", json_schema_extra={
+        "choice_help": {"fused": "Megatron, apex, TE, torch fused=True", "foreach": "torch's default on GPUs",
+                        "loop": "torch's default on CPUs"}})
 
     @model_validator(mode="after")
     def _check(self) -> "ParallelSpec":

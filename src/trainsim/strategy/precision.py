@@ -1,12 +1,12 @@
 """Precision policies: which dtype matmuls, other ops, gradients, and master weights use."""
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from trainsim.hardware.device import DType
 
 Precision = Literal["fp32", "tf32", "fp16", "bf16", "amp-fp16", "amp-bf16", "fp8"]
-PRECISIONS: tuple[Precision, ...] = ("fp32", "tf32", "fp16", "bf16", "amp-fp16", "amp-bf16", "fp8")
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 
 
 

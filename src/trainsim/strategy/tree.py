@@ -28,11 +28,10 @@ from trainsim.errors import ConfigError
 from trainsim.ir.graph import Layer, Op, OpGraph
 from trainsim.specbase import Spec
 from trainsim.strategy.lowered import LayerAssignment, LoweredPlan, default_plan, expand_layers
-from trainsim.strategy.parallel import RECOMPUTES, ParallelSpec, Recompute
+from trainsim.strategy.parallel import RECOMPUTES, ParallelSpec, Recompute, Schedule
 
 SplitItem = Literal["weight", "activation", "gradient", "optimizer"]
 SplitDim = Literal["batch", "seq", "hidden", "heads", "ffn", "vocab", "experts", "flat"]
-ScheduleKind = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"]
 NodeKind = Literal["model", "group", "layer", "module"]
 How = Literal["set", "inherited", "data-dep", "default"]
 Value = int | str
@@ -75,7 +74,7 @@ class ScheduleConfig(Spec):
 
     micro_batches: int | None = Field(default=None, gt=0, strict=True)
     max_in_flight: int | None = Field(default=None, gt=0, strict=True)
-    kind: ScheduleKind | None = None
+    kind: Schedule | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +234,7 @@ class StrategyTree:
     def schedule(self, path: str, micro_batches: int | None = None, max_in_flight: int | None = None,
                  kind: str | None = None, *, override: bool = False, where: str = "schedule") -> "StrategyTree":
         """Set the pipeline schedule of a subtree: micro-batches, max in-flight micro-batches, kind
-        (gpipe | 1f1b | interleaved-1f1b | zb-h1)."""
+        (a name of strategy.parallel.SCHEDULES)."""
         given = {"micro_batches": micro_batches, "max_in_flight": max_in_flight, "kind": kind}
         spec = ScheduleConfig.parse({key: value for key, value in given.items() if value is not None}, where)
         values: dict[str, Value] = {key: value for key in SCHEDULE_KEYS if (value := getattr(spec, key)) is not None}

@@ -6,12 +6,13 @@ from typing import Any
 
 from trainsim.estimate.engines import Estimator
 from trainsim.estimate.result import Result
-from trainsim.ir.model_spec import ModelSpec, TransformerSpec
+from trainsim.ir.model_spec import ModelSpec
 from trainsim.job import Job
 from trainsim.pipeline import GraphCache
 from trainsim.strategy.precision import policy_for
+from trainsim.validate.flops_conventions import in_convention
 from trainsim.validate.metrics import mape
-from trainsim.validate.runs import METRICS, RunJob, RunRow, job_from_row, source_group
+from trainsim.validate.runs import METRICS, RunJob, RunRow, flops_convention_of, job_from_row, source_group
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,13 +29,11 @@ class RowPrediction:
         return asdict(self)
 
 
-def model_flops_per_token(model: TransformerSpec, seq_len: int, params: float) -> float:
-    """The common "model FLOPs" convention (PaLM, Chowdhery et al. 2022, app. B; llm-foundry; Megatron-Bridge):
-    6 N per token for the weights plus 12 L h s per token for attention, without recomputation."""
-    return 6.0 * params + 12.0 * model.num_layers * model.hidden * seq_len
+FLOP_METRICS = ("tflops_per_gpu", "mfu")  # counted under the source's FLOP convention
 
 
-def metric_value(metric: str, job: Job, result: Result, params: float) -> float:
+def metric_value(metric: str, job: Job, result: Result, params: float, convention: str | None = None) -> float:
+    """The predicted value of `metric`; for FLOP_METRICS, with the model FLOPs counted under `convention`."""
     if metric == "iteration_time_s":
         return result.iteration_time_s
     if metric == "tokens_per_s_per_gpu":
@@ -43,12 +42,9 @@ def metric_value(metric: str, job: Job, result: Result, params: float) -> float:
         return result.peak_memory_gib
     if metric == "peak_allocated_gib":
         return (result.peak_memory_bytes - result.memory_breakdown.get("runtime_reserved", 0.0)) / 2**30
-    assert isinstance(job.model, TransformerSpec)
-    flops_rate = model_flops_per_token(job.model, job.parallel.seq_len, params) * result.tokens_per_s / job.num_gpus
-    if metric == "tflops_per_gpu":
-        return flops_rate / 1e12
-    peak = job.cluster.device.peak_for(policy_for(job.parallel.precision).linear_dtype)
-    return flops_rate / peak
+    assert metric in FLOP_METRICS and convention is not None, (metric, convention)
+    published = in_convention(result, job, params, convention)
+    return published.tflops_per_gpu if metric == "tflops_per_gpu" else published.mfu
 
 
 def predict_rows(rows: Iterable[RunRow], estimator: Estimator, progress: Callable[[], None] | None = None,
@@ -69,6 +65,9 @@ def predict_rows(rows: Iterable[RunRow], estimator: Estimator, progress: Callabl
         predicted = None
         if skipped is None and row.metric not in METRICS:
             skipped = f"metric {row.metric!r} is not predicted"
+        convention = flops_convention_of(row.source) if row.metric in FLOP_METRICS else None
+        if skipped is None and row.metric in FLOP_METRICS and convention is None:
+            skipped = f"source {source_group(row.source)!r} has no FLOP convention in row_defaults.yaml"
         if skipped is None and run.job is not None:
             if row.run_id not in results:
                 results[row.run_id] = estimator.estimate(run.job, graphs.get(run.job))
@@ -77,7 +76,7 @@ def predict_rows(rows: Iterable[RunRow], estimator: Estimator, progress: Callabl
             if row.run_id not in params_by_run:  # every metric row of a run needs it: build the graph once
                 params_by_run[row.run_id] = estimator_params(run.job.model)
             params = params_by_run[row.run_id]
-            predicted = metric_value(row.metric, run.job, result, params)
+            predicted = metric_value(row.metric, run.job, result, params, convention)
         out.append(RowPrediction(row.run_id, row.source, row.metric, row.measured, predicted, estimator.name,
                                  skipped))
         if progress:

@@ -104,6 +104,12 @@ def source_group(source: str) -> str:
     return source.split()[0] if source.strip() else "unknown"
 
 
+def flops_convention_of(source: str) -> str | None:
+    """The named FLOP convention (validate.flops_conventions) a source counts its MFU and TFLOP/s in; None where
+    row_defaults.yaml states none."""
+    return row_defaults()["flops_convention_by_source"].get(source_group(source))
+
+
 def parallel_from_row(fields: dict[str, str]) -> dict[str, Any]:
     base = row_defaults()["strategy"]
     stacks = row_defaults()["attention_by_source"]

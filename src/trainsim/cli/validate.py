@@ -12,6 +12,7 @@ from rich.progress import Progress
 
 from trainsim.cli.errors import handles_errors
 from trainsim.estimate.engines import ENGINES
+from trainsim.frontends.registry import FRONTENDS
 from trainsim.report.validate import jobs_markdown, render_validate, validate_to_dict
 from trainsim.validate.compare import by_job, compare, engine_choices, summaries
 from trainsim.validate.measured import read_measured
@@ -31,11 +32,14 @@ def validate(
                                               f"profile database is at hand - --db or FOLDER/{FOLDER_DB} - else "
                                               "roofline)")] = None,
     db: Annotated[Path | None, typer.Option(help="profile database for profiled costs")] = None,
+    frontend: Annotated[str, typer.Option(help="front-end that builds each run's graph from its model: "
+                                          + " | ".join(FRONTENDS.names()))] = "catalog",
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     markdown: Annotated[bool, typer.Option("--markdown", help="print the per-job table as Markdown")] = False,
     rows: Annotated[bool, typer.Option("--rows/--no-rows", help="print every row, not only the summary")] = True,
 ) -> None:
     """Predict every run; print predicted vs measured and the MAPE per engine, source and metric."""
+    FRONTENDS.get(frontend)  # unknown names: one line listing the choices
     folder = runs_file.is_dir()
     runs = read_measured(runs_file) if folder else read_runs(runs_file)
     if db is None and folder and (runs_file / FOLDER_DB).is_file():
@@ -45,7 +49,7 @@ def validate(
     quiet = as_json or markdown or not sys.stderr.isatty()
     with Progress(console=Console(stderr=True), transient=True, disable=quiet) as bar:
         task = bar.add_task("predicting runs", total=len(runs) * len(choices))
-        predictions = compare(runs, choices, db, progress=lambda: bar.advance(task))
+        predictions = compare(runs, choices, db, progress=lambda: bar.advance(task), frontend=frontend)
     summary = summaries(predictions)
     jobs = by_job(predictions) if folder else []
     if as_json:

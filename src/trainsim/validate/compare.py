@@ -43,11 +43,12 @@ def engine_choices(engines: str, costs: str) -> list[EngineChoice]:
 
 
 def compare(rows: Sequence[RunRow], choices: Sequence[EngineChoice], db: Path | None,
-            progress: Callable[[], None] | None = None) -> dict[str, list[RowPrediction]]:
-    """Every row predicted by every engine choice, by label."""
+            progress: Callable[[], None] | None = None, frontend: str = "catalog") -> dict[str, list[RowPrediction]]:
+    """Every row predicted by every engine choice, by label; frontend: the front-end that builds each run's
+    graph from its model (catalog builders, or torch tracing the model's Hugging Face family)."""
     out: dict[str, list[RowPrediction]] = {}
     params_by_run: dict[str, float] = {}  # the same for every engine
-    graphs = GraphCache()
+    graphs = GraphCache(frontend)
     for choice in choices:
         estimator = make_engine(choice.engine, choice.costs, db)
         predictions = predict_rows(rows, estimator, progress, params_by_run, graphs)

@@ -42,7 +42,7 @@ class Task:
     layer: str = ""
     micro_batch: int = -1
     stage: int = -1
-    category: str = ""  # breakdown bucket: compute, recompute, tp_comm, cp_comm, ep_comm, pp_comm, dp_comm, optimizer
+    category: str = ""  # breakdown bucket: a key of estimate.result.BREAKDOWN_KEYS
     priority: int = 0  # lower runs first among tasks ready at the same time on one stream
 
 

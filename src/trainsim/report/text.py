@@ -1,10 +1,7 @@
 """Readable summaries of a Result."""
 
-from trainsim.estimate.result import MFU_FORMULA, Result
+from trainsim.estimate.result import BREAKDOWN_KEYS, MFU_FORMULA, Result
 from trainsim.units import format_bytes_gib, format_count, format_duration
-
-_ORDER = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble", "optimizer",
-          "overhead", "core_sharing")
 
 
 def render_result(result: Result) -> str:
@@ -24,7 +21,7 @@ def render_result(result: Result) -> str:
     lines += [f"  {name:<16}{format_bytes_gib(value):>12}" for name, value in result.memory_breakdown.items()]
     lines.append("time breakdown (per iteration)")
     total = result.iteration_time_s
-    for name in _ORDER:
+    for name in BREAKDOWN_KEYS:
         seconds = result.breakdown.get(name, 0.0)
         if seconds > 0 or name in ("compute", "bubble"):
             lines.append(f"  {name:<16}{format_duration(seconds):>12}  {seconds / total * 100:5.1f}%")

@@ -5,6 +5,7 @@ parametrize lists, subprocess code and model files written to disk need them, pl
 cases. The two tiny GPTs differ on purpose: each keeps the numbers its tests were written against.
 """
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +19,10 @@ from trainsim.job import Job, make_job
 from trainsim.measure.results import MeasuredRun, job_to_dict
 from trainsim.profile.database import Environment
 from trainsim.strategy.parallel import ParallelSpec
+
+TESTS_DIR = Path(__file__).resolve().parent  # tests/: unit/ mirrors src/trainsim, then golden/, validation/
+REPO_DIR = TESTS_DIR.parent
+EXEC_TRACES = TESTS_DIR / "fixtures" / "exec_trace"  # a 2-rank DDP run's execution and Kineto traces
 
 # Two layers, hidden 32: small enough to price op by op (the profile database, profiled costs, precision-aware).
 TINY_GPT: dict[str, Any] = {"name": "tiny-gpt", "num_layers": 2, "hidden": 32, "num_heads": 2, "ffn_hidden": 64,

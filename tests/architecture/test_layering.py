@@ -61,11 +61,11 @@ def import_edges() -> dict[tuple[str, str], list[str]]:
         module = "trainsim." + ".".join(path.relative_to(SRC).with_suffix("").parts)
         source = _package(module if path.name != "__init__.py" or path.parent != SRC else "trainsim")
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names: list[str] = []
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            names: list[str] = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names = [node.module] if node.module != "trainsim" else [_submodule(a.name) for a in node.names]
-            elif isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
             for name in names:
                 if name != "trainsim" and not name.startswith("trainsim."):
                     continue

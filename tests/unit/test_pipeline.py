@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from conftest import EXEC_TRACES
 from trainsim.catalog import load_cluster, load_model
 from trainsim.cli.main import app
 from trainsim.errors import ConfigError, UnknownNameError
@@ -18,7 +19,7 @@ from trainsim.pipeline import GraphCache, graph_for, predict
 from trainsim.strategy.parallel import ParallelSpec
 
 RUNNER = CliRunner()
-TRACES = Path(__file__).resolve().parents[1] / "fixtures" / "exec_trace"
+TRACES = EXEC_TRACES
 
 
 def _job(num_gpus: int = 8, **strategy: object) -> Job:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import EXEC_TRACES, TESTS_DIR
 from trainsim.catalog import load_cluster, load_model
 from trainsim.errors import ConfigError
 from trainsim.estimate.analytical import AnalyticalEstimator
@@ -18,8 +19,8 @@ from trainsim.job import Job, make_job
 from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.parallel import ParallelSpec
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "exec_trace"
-JAX_FACTORY = str(Path(__file__).resolve().parent / "test_jax_frontend.py") + ":gpt_step_factory"
+FIXTURES = EXEC_TRACES
+JAX_FACTORY = str(TESTS_DIR / "unit" / "frontends" / "jax" / "test_jax_capture.py") + ":gpt_step_factory"
 LLAMA_8B = {"model_type": "llama", "_name_or_path": "llama3.1-8b", "num_hidden_layers": 32, "hidden_size": 4096,
             "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
             "max_position_embeddings": 131072, "attention_bias": False, "tie_word_embeddings": False}

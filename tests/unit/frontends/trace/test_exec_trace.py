@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from conftest import EXEC_TRACES, REPO_DIR
 from trainsim.catalog import load_cluster
 from trainsim.errors import ConfigError, InputFileError
 from trainsim.estimate.engines import make_engine
@@ -36,7 +37,7 @@ from trainsim.job import make_job
 from trainsim.sim import SimOptions, simulate
 from trainsim.strategy.parallel import ParallelSpec
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "exec_trace"
+FIXTURES = EXEC_TRACES
 HIDDEN, LAYERS = 256, 3  # scripts/capture_ddp_trace.py
 
 
@@ -365,7 +366,7 @@ def test_replay_options_pass_through(tmp_path: Path) -> None:
 @pytest.mark.skipif(not os.environ.get("TRAINSIM_CAPTURE"), reason="runs 2-rank DDP; set TRAINSIM_CAPTURE=1")
 def test_capture_script_writes_both_ranks(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    script = Path(__file__).resolve().parents[2] / "scripts" / "capture_ddp_trace.py"
+    script = REPO_DIR / "scripts" / "capture_ddp_trace.py"
     subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--gzip"], check=True, timeout=300)
     traces = load_trace_directory(tmp_path)
     assert [t.rank for t in traces] == [0, 1] and check_collectives(traces) == []

@@ -12,8 +12,10 @@ with a fresh engine to time the engine alone. Prints medians over the repeats of
   building excluded; what the engine's caches and closed form cost per plan).
 
 Both in wall time and in CPU time (time.process_time: this process's CPU seconds, so waiting for a core on a
-loaded machine does not count). "plans/s on one idle core" is the CPU-time figure; the process runs on one
-core (pure Python, one thread; it is pinned to one CPU with os.sched_setaffinity where the OS allows).
+loaded machine does not count). The CPU-time figure is the nearest to "plans/s on one idle core": the process
+is one thread, pinned to one CPU (os.sched_setaffinity where the OS allows). It still runs slower per CPU
+second on a busy host (shared caches and memory bandwidth), so a reference loop's CPU time is printed too:
+compare figures taken at different loads by it.
 """
 
 import argparse
@@ -22,7 +24,8 @@ import os
 import pstats
 import statistics
 import time
-from collections.abc import Callable
+import timeit
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from trainsim.catalog import load_cluster, load_model
@@ -90,10 +93,10 @@ def main() -> None:
     engines = [timed(lambda: price_all(jobs)) for _ in range(args.repeats)]
     report = searches[0][0]
 
-    def median(runs: list[tuple[object, float, float]], column: int) -> float:
-        return statistics.median(run[column] for run in runs)  # type: ignore[misc]
+    def median(runs: Sequence[tuple[object, float, float]], column: int) -> float:
+        return statistics.median(float(run[column]) for run in runs)
 
-    def rate(count: int, runs: list[tuple[object, float, float]], column: int) -> str:
+    def rate(count: int, runs: Sequence[tuple[object, float, float]], column: int) -> str:
         return f"{count / median(runs, column):>9,.0f}"
 
     print(f"case            {model.name} on {cluster.name} ({cluster.num_gpus} GPUs), "
@@ -101,11 +104,13 @@ def main() -> None:
     print(f"plans evaluated {report.tried} ({report.feasible} feasible; "
           + ", ".join(f"{reason}: {count}" for reason, count in report.infeasible.items()) + ")")
     print(f"repeats         {args.repeats} (medians; CPU = time.process_time, wall = time.perf_counter)")
+    reference_us = min(timeit.repeat("sum(range(100))", number=20000, repeat=3)) / 20000 * 1e6
+    print(f"reference loop  sum(range(100)) takes {reference_us:.2f} us of CPU here")
     print(f"search seconds  {statistics.median(s[2] for s in searches):.3f} CPU, "
           f"{statistics.median(s[1] for s in searches):.3f} wall")
-    print(f"search plans/s  {rate(report.tried, searches, 2)} CPU (one idle core), "
+    print(f"search plans/s  {rate(report.tried, searches, 2)} CPU, "
           f"{rate(report.tried, searches, 1)} wall")
-    print(f"engine plans/s  {rate(len(jobs), engines, 2)} CPU (one idle core), "
+    print(f"engine plans/s  {rate(len(jobs), engines, 2)} CPU, "
           f"{rate(len(jobs), engines, 1)} wall ({len(jobs)} plans priced, make_job and graphs excluded)")
     if report.plans:
         best = report.plans[0]

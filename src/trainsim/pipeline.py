@@ -17,7 +17,6 @@ from trainsim.estimate.engines import Estimator, make_engine
 from trainsim.estimate.result import Result
 from trainsim.frontends.catalog.build import build_graph
 from trainsim.ir.graph import OpGraph
-from trainsim.ir.model_spec import ModelSpec
 from trainsim.job import Job
 from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.lowered import LoweredPlan
@@ -28,18 +27,15 @@ class GraphCache:
     """The per-device OpGraphs of the jobs of one run, built once per (model, device slice): a search over
     thousands of plans of one model builds one graph per distinct tp/sp/cp/ep/micro-batch slice."""
 
-    _graphs: dict[tuple[object, ...], tuple[ModelSpec, OpGraph]] = field(default_factory=dict)
+    _graphs: dict[tuple[object, ...], OpGraph] = field(default_factory=dict)
 
     def get(self, job: Job) -> OpGraph:
-        par, model = job.parallel, job.model
-        # Every field DeviceSlice.of reads, so equal keys have equal slices (built only on a miss); each entry
-        # keeps its model alive, so no other model can take its id.
-        key = (model.name, id(model), par.micro_batch, par.seq_len, par.precision, par.tp, par.sp, par.cp, par.ep,
-               par.attention)
-        entry = self._graphs.get(key)
-        if entry is None:
-            entry = self._graphs[key] = (model, build_graph(model, DeviceSlice.of(par)))
-        return entry[1]
+        dev = DeviceSlice.of(job.parallel)
+        key = (job.model.name, id(job.model), dev)
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = self._graphs[key] = build_graph(job.model, dev)
+        return graph
 
 
 def graph_for(job: Job) -> OpGraph:

@@ -1,18 +1,70 @@
 """Speed of `trainsim search` on the acceptance case: LLaMA-3.1-70B, 1,024 H100s, global batch 1,024 x 8,192.
 
-    python benchmarks/bench_search.py [--model NAME] [--cluster NAME_OR_YAML] [--num-gpus N] [--profile]
+    python benchmarks/bench_search.py [--model NAME] [--cluster NAME_OR_YAML] [--num-gpus N] [--repeats R]
+                                      [--profile]
 
-Prints the plans evaluated, the seconds the search took (enumeration + make_job + estimate, one fresh
-AnalyticalEstimator, imports and catalog loading excluded), plans per second and the best plan.
+Each repeat runs one whole search with a fresh Planner (enumeration + make_job + the analytical engine, its
+caches cold; imports and catalog loading excluded), then prices the same feasible-by-construction jobs again
+with a fresh engine to time the engine alone. Prints medians over the repeats of:
+
+- search plans/s: plans tried / seconds of the whole search (the figure `trainsim search` users see);
+- engine plans/s: plans the engine priced / seconds in AnalyticalEstimator.price (make_job and graph
+  building excluded; what the engine's caches and closed form cost per plan).
+
+Both in wall time and in CPU time (time.process_time: this process's CPU seconds, so waiting for a core on a
+loaded machine does not count). The CPU-time figure is the nearest to "plans/s on one idle core": the process
+is one thread, pinned to one CPU (os.sched_setaffinity where the OS allows). It still runs slower per CPU
+second on a busy host (shared caches and memory bandwidth), so a reference loop's CPU time is printed too:
+compare figures taken at different loads by it.
 """
 
 import argparse
 import cProfile
+import os
 import pstats
+import statistics
 import time
+import timeit
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from trainsim.catalog import load_cluster, load_model
-from trainsim.search import Planner, SearchSpace
+from trainsim.errors import TrainsimError
+from trainsim.estimate.analytical import AnalyticalEstimator
+from trainsim.hardware.cluster import ClusterSpec
+from trainsim.ir.graph import OpGraph
+from trainsim.ir.model_spec import ModelSpec
+from trainsim.job import Job, make_job
+from trainsim.pipeline import GraphCache
+from trainsim.search import Planner, SearchReport, SearchSpace, enumerate_plans
+
+T = TypeVar("T")
+
+
+def timed(run: Callable[[], T]) -> tuple[T, float, float]:
+    """run()'s value, wall seconds and CPU seconds of this process."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    value = run()
+    return value, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def priced_jobs(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace) -> list[tuple[Job, OpGraph]]:
+    """The plans of the space that make_job accepts, with their graphs: what the engine prices in a search."""
+    graphs, jobs = GraphCache(), []
+    for parallel in enumerate_plans(model, cluster, space):
+        try:
+            job = make_job(model, cluster, parallel)
+        except TrainsimError:
+            continue
+        jobs.append((job, graphs.get(job)))
+    return jobs
+
+
+def price_all(jobs: list[tuple[Job, OpGraph]]) -> int:
+    engine = AnalyticalEstimator()
+    for job, graph in jobs:
+        engine.price(job, graph)
+    return len(jobs)
 
 
 def main() -> None:
@@ -22,29 +74,44 @@ def main() -> None:
     parser.add_argument("--num-gpus", type=int, default=1024)
     parser.add_argument("--global-batch", type=int, default=1024)
     parser.add_argument("--seq-len", type=int, default=8192)
+    parser.add_argument("--repeats", type=int, default=5, help="searches to time; medians are printed")
     parser.add_argument("--profile", action="store_true",
-                        help="also print the top 15 functions by cumulative time")
+                        help="also print the top 15 functions by cumulative time (one more search)")
     args = parser.parse_args()
 
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     model = load_model(args.model)
     cluster = load_cluster(args.cluster).with_num_gpus(args.num_gpus)
     space = SearchSpace(global_batch=args.global_batch, seq_len=args.seq_len)
-    profiler = cProfile.Profile() if args.profile else None
+    jobs = priced_jobs(model, cluster, space)
 
-    start = time.perf_counter()
-    if profiler is not None:
-        profiler.enable()
-    report = Planner().search(model, cluster, space, top_k=1)
-    if profiler is not None:
-        profiler.disable()
-    seconds = time.perf_counter() - start
+    def search() -> SearchReport:
+        return Planner().search(model, cluster, space, top_k=1)
+
+    searches = [timed(search) for _ in range(args.repeats)]
+    engines = [timed(lambda: price_all(jobs)) for _ in range(args.repeats)]
+    report = searches[0][0]
+
+    def median(runs: Sequence[tuple[object, float, float]], column: int) -> float:
+        return statistics.median(float(run[column]) for run in runs)
+
+    def rate(count: int, runs: Sequence[tuple[object, float, float]], column: int) -> str:
+        return f"{count / median(runs, column):>9,.0f}"
 
     print(f"case            {model.name} on {cluster.name} ({cluster.num_gpus} GPUs), "
           f"global batch {space.global_batch} x {space.seq_len}")
     print(f"plans evaluated {report.tried} ({report.feasible} feasible; "
           + ", ".join(f"{reason}: {count}" for reason, count in report.infeasible.items()) + ")")
-    print(f"seconds         {seconds:.3f}")
-    print(f"plans/s         {report.tried / seconds:,.0f}")
+    print(f"repeats         {args.repeats} (medians; CPU = time.process_time, wall = time.perf_counter)")
+    reference_us = min(timeit.repeat("sum(range(100))", number=20000, repeat=3)) / 20000 * 1e6
+    print(f"reference loop  sum(range(100)) takes {reference_us:.2f} us of CPU here")
+    print(f"search seconds  {statistics.median(s[2] for s in searches):.3f} CPU, "
+          f"{statistics.median(s[1] for s in searches):.3f} wall")
+    print(f"search plans/s  {rate(report.tried, searches, 2)} CPU, "
+          f"{rate(report.tried, searches, 1)} wall")
+    print(f"engine plans/s  {rate(len(jobs), engines, 2)} CPU, "
+          f"{rate(len(jobs), engines, 1)} wall ({len(jobs)} plans priced, make_job and graphs excluded)")
     if report.plans:
         best = report.plans[0]
         print(f"best plan       {best.parallel.describe()}")
@@ -53,7 +120,9 @@ def main() -> None:
               f"iteration, MFU {result.mfu * 100:.1f}%, peak {result.peak_memory_gib:.1f} GiB")
     else:
         print("best plan       none feasible")
-    if profiler is not None:
+    if args.profile:
+        profiler = cProfile.Profile()
+        profiler.runcall(search)
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(15)
 
 

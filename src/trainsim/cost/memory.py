@@ -1,5 +1,6 @@
 """Peak memory per GPU: model states by precision and ZeRO stage, activations by recompute and schedule."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from trainsim.hardware.device import DeviceSpec
@@ -51,21 +52,56 @@ def optimizer_step_bytes(stage: list[StagePart], par: ParallelSpec) -> float:
     return 4.0 * max(part.layer.param_count for part in stage) / optimizer_shards(par)
 
 
-def stage_memory(stage: list[StagePart], index: int, par: ParallelSpec, device: DeviceSpec) -> dict[str, float]:
-    """What one stage's device holds at its peak: during forward and backward (activations and working
-    buffers), or during the optimizer step (its temporaries, after the activations are freed)."""
+# What a stage's device holds at its peak, in the order of stage_memory's dict (and of its sum).
+STAGE_MEMORY_KEYS = ("weights", "gradients", "optimizer", "activations", "temporary", "optimizer_step",
+                     "runtime_reserved")
+
+
+@dataclass(frozen=True, slots=True)
+class StageMemoryBase:
+    """A stage's memory before the schedule says how many micro-batches it holds: its model states (weights,
+    gradients, optimizer), one micro-batch's saved activations, its working buffers and optimizer-step
+    temporaries."""
+
+    states: tuple[float, float, float]
+    per_micro_batch: float
+    working: float
+    step: float
+
+
+def memory_key(par: ParallelSpec) -> tuple[object, ...]:
+    """Every field of the strategy stage_memory_base reads: stages of the same layers and equal keys need the
+    same memory (the pricing service caches by it)."""
+    return (par.precision, par.dp, par.cp, par.zero, par.recompute, par.optimizer_impl)
+
+
+def stage_memory_base(stage: list[StagePart], par: ParallelSpec) -> StageMemoryBase:
     params = sum(part.count * part.layer.param_count for part in stage)
-    parts = model_state_bytes(params, par)
-    per_micro_batch = sum(part.count * part.layer.saved_bytes[par.recompute] for part in stage)
-    in_flight = in_flight_micro_batches(par.schedule, index, par.pp, par.vpp, par.num_micro_batches)
-    activations, working = per_micro_batch * in_flight, _working_bytes(stage, par)
-    step = optimizer_step_bytes(stage, par)
-    if step > activations + working:
-        parts.update(activations=0.0, temporary=0.0, optimizer_step=step)
-    else:
-        parts.update(activations=activations, temporary=working, optimizer_step=0.0)
-    parts["runtime_reserved"] = device.runtime_reserved_bytes
-    return parts
+    states = model_state_bytes(params, par)
+    return StageMemoryBase((states["weights"], states["gradients"], states["optimizer"]),
+                           sum(part.count * part.layer.saved_bytes[par.recompute] for part in stage),
+                           _working_bytes(stage, par), optimizer_step_bytes(stage, par))
+
+
+def stage_memory_values(base: StageMemoryBase, in_flight: float, reserved_bytes: float) -> tuple[float, ...]:
+    """What one stage's device holds at its peak (STAGE_MEMORY_KEYS): during forward and backward (activations
+    of `in_flight` micro-batches and working buffers), or during the optimizer step (its temporaries, after the
+    activations are freed), plus the runtime's reserve."""
+    activations = base.per_micro_batch * in_flight
+    if base.step > activations + base.working:
+        return (*base.states, 0.0, 0.0, base.step, reserved_bytes)
+    return (*base.states, activations, base.working, 0.0, reserved_bytes)
+
+
+def stage_in_flight(par: ParallelSpec, index: int) -> float:
+    return in_flight_micro_batches(par.schedule, index, par.pp, par.vpp, par.num_micro_batches)
+
+
+def stage_memory(stage: list[StagePart], index: int, par: ParallelSpec, device: DeviceSpec) -> dict[str, float]:
+    """What stage `index`'s device holds at its peak (stage_memory_values, by name)."""
+    values = stage_memory_values(stage_memory_base(stage, par), stage_in_flight(par, index),
+                                 device.runtime_reserved_bytes)
+    return dict(zip(STAGE_MEMORY_KEYS, values, strict=True))
 
 
 def _working_bytes(stage: list[StagePart], par: ParallelSpec) -> float:
@@ -83,7 +119,17 @@ def _working_bytes(stage: list[StagePart], par: ParallelSpec) -> float:
 
 
 def estimate_memory(stages: list[list[StagePart]], par: ParallelSpec, device: DeviceSpec) -> MemoryEstimate:
-    per_stage = [stage_memory(stage, index, par, device) for index, stage in enumerate(stages)]
-    totals = [sum(parts.values()) for parts in per_stage]
+    return memory_estimate([stage_memory_base(stage, par) for stage in stages],
+                           [stage_in_flight(par, index) for index in range(len(stages))], device)
+
+
+def memory_estimate(bases: Sequence[StageMemoryBase], in_flight: Sequence[float],
+                    device: DeviceSpec) -> MemoryEstimate:
+    """The peak over the stages whose memory before the schedule is `bases` and that hold `in_flight`
+    micro-batches at their peaks (one each per stage, in order)."""
+    reserved = device.runtime_reserved_bytes
+    values = [stage_memory_values(base, held, reserved) for base, held in zip(bases, in_flight, strict=True)]
+    totals = [sum(stage) for stage in values]
     peak_stage = max(range(len(totals)), key=totals.__getitem__)
-    return MemoryEstimate(totals[peak_stage], device.hbm_bytes, per_stage[peak_stage], peak_stage)
+    return MemoryEstimate(totals[peak_stage], device.hbm_bytes, dict(zip(STAGE_MEMORY_KEYS, values[peak_stage],
+                                                                         strict=True)), peak_stage)

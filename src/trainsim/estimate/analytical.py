@@ -5,14 +5,48 @@ t_stage is one micro-batch's forward, backward and recompute on a stage plus its
 (TP, CP, EP collectives and pipeline sends), and the bubble follows the schedule:
 (sum_i t_i - t_max) / v, which is (p - 1) t / v for equal stages (Narayanan et al. 2021) and the PredTOP
 formula T = sum(t_i) + (m - 1) max(t_j) for v = 1. Every price comes from the pricing service (cost.pricing).
+
+A search prices thousands of plans with one estimator: `price` gives the numbers it ranks plans by (iteration
+time, throughput, peak memory) and assembles the full Result only when asked (PlanPrice.result), so a search
+builds Results only for the plans it reports. `estimate` is `price(...).result()`.
 """
 
+from dataclasses import dataclass
+
+from trainsim.cost.memory import MemoryEstimate
 from trainsim.cost.pricing import Pricer
-from trainsim.estimate.result import Result, make_result
+from trainsim.estimate.result import Result, iteration_time_s, make_result, tokens_per_s
 from trainsim.ir.graph import OpGraph
 from trainsim.job import Job
 from trainsim.strategy.lowered import LoweredPlan
-from trainsim.strategy.stages import partition_stages
+
+
+@dataclass(frozen=True, slots=True)
+class PlanPrice:
+    """One plan priced by the analytical engine: its breakdown and memory, and what follows from them for
+    ranking; result() makes the Result that `estimate` returns."""
+
+    engine: str
+    job: Job
+    graph: OpGraph
+    breakdown: dict[str, float]
+    memory: MemoryEstimate
+    iteration_time_s: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return tokens_per_s(self.job, self.iteration_time_s)
+
+    @property
+    def peak_memory_bytes(self) -> float:
+        return self.memory.peak_bytes
+
+    @property
+    def oom(self) -> bool:
+        return self.memory.oom
+
+    def result(self) -> Result:
+        return make_result(self.engine, self.job, self.graph, self.breakdown, self.memory)
 
 
 class AnalyticalEstimator:
@@ -26,14 +60,20 @@ class AnalyticalEstimator:
 
     def estimate(self, job: Job, graph: OpGraph, plan: LoweredPlan | None = None) -> Result:
         """plan: ignored (the closed form places layers evenly, as the strategy's default plan does)."""
+        return self.price(job, graph).result()
+
+    def price(self, job: Job, graph: OpGraph) -> PlanPrice:
+        """The closed form for one plan; the Result waits for PlanPrice.result()."""
         pricer = self.pricer
         par = job.parallel
-        stages = partition_stages(graph, par.pp)
-        costs = [pricer.stage_cost(stage, job) for stage in stages]
-        bottleneck = max(range(len(costs)), key=lambda i: costs[i].total_s)
+        partition = pricer.partition(graph, par.pp)
+        stages = partition.stages
+        costs = pricer.stage_costs(partition, job)
+        totals = [cost.total_s for cost in costs]
+        bottleneck = max(range(len(totals)), key=totals.__getitem__)
         slow = costs[bottleneck]
         m = par.num_micro_batches
-        bubble = (sum(c.total_s for c in costs) - slow.total_s) / par.vpp
+        bubble = (sum(totals) - slow.total_s) / par.vpp
         if par.schedule == "zb-h1":
             # Qi et al. 2023 (zero bubble), ZB-H1: deferring the weight-gradient GEMMs W into the bubble turns
             # 1F1B's (p-1)(F+B+W) into (p-1)(F+B-W) at 1F1B's memory.
@@ -48,4 +88,5 @@ class AnalyticalEstimator:
             "optimizer": pricer.optimizer_step_s(stages, job),
             "overhead": pricer.iteration_overhead_s(job) + m * slow.overhead_s,
         }
-        return make_result(self.name, job, graph, breakdown, pricer.memory(stages, job))
+        return PlanPrice(self.name, job, graph, breakdown, pricer.memory(stages, job),
+                         iteration_time_s(job, breakdown))

@@ -87,8 +87,8 @@ def make_result(engine: str, job: Job, graph: OpGraph, breakdown: dict[str, floa
     unknown = set(breakdown) - set(BREAKDOWN_KEYS)
     assert not unknown, f"breakdown keys outside BREAKDOWN_KEYS: {sorted(unknown)}"
     par = job.parallel
+    iteration = iteration_time_s(job, breakdown)
     breakdown = with_shared_cores(breakdown, job.cluster.device.compute_share)
-    iteration = sum(breakdown.values())
     full_graph_flops = graph.total_flops("fwd") + graph.total_flops("bwd")
     # The graph is one device's share of one micro-batch: scale to the whole iteration.
     shards = par.tp * par.cp
@@ -101,7 +101,7 @@ def make_result(engine: str, job: Job, graph: OpGraph, breakdown: dict[str, floa
     achieved = model_flops / iteration / job.num_gpus
     return Result(
         engine=engine, job=job.describe(), iteration_time_s=iteration,
-        tokens_per_s=job.tokens_per_iteration / iteration, samples_per_s=par.global_batch / iteration,
+        tokens_per_s=tokens_per_s(job, iteration), samples_per_s=par.global_batch / iteration,
         model_flops_per_iteration=model_flops, hardware_flops_per_iteration=hardware_flops,
         tflops_per_gpu=achieved / 1e12, mfu=achieved / peak,
         hfu=hardware_flops / iteration / job.num_gpus / peak, peak_flops_per_gpu=peak,
@@ -109,6 +109,15 @@ def make_result(engine: str, job: Job, graph: OpGraph, breakdown: dict[str, floa
         breakdown=breakdown, memory_breakdown=memory.breakdown, notes=[*_kernel_notes(job), *(notes or [])],
         timeline=timeline,
     )
+
+
+def iteration_time_s(job: Job, breakdown: dict[str, float]) -> float:
+    """The iteration time of an engine's breakdown: its sum, with the wait for shared cores added."""
+    return sum(with_shared_cores(breakdown, job.cluster.device.compute_share).values())
+
+
+def tokens_per_s(job: Job, iteration_s: float) -> float:
+    return job.tokens_per_iteration / iteration_s
 
 
 def _kernel_notes(job: Job) -> list[str]:

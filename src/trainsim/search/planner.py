@@ -10,12 +10,14 @@ import heapq
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from trainsim.errors import ConfigError, InfeasiblePlanError, TrainsimError
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.estimate.engines import Estimator
 from trainsim.estimate.result import Result
 from trainsim.hardware.cluster import ClusterSpec
+from trainsim.ir.graph import OpGraph
 from trainsim.ir.model_spec import ModelSpec
 from trainsim.job import Job, make_job
 from trainsim.pipeline import GraphCache
@@ -60,6 +62,21 @@ def refusal_reason(exc: TrainsimError) -> str:
     return type(exc).__name__
 
 
+class Priced(Protocol):
+    """What the planner ranks a plan by, and its Result."""
+
+    @property
+    def tokens_per_s(self) -> float: ...
+
+    @property
+    def peak_memory_bytes(self) -> float: ...
+
+    @property
+    def oom(self) -> bool: ...
+
+    def result(self) -> Result: ...
+
+
 class Planner:
     """Runs searches with one estimator and one graph cache, so their caches (graphs, layer prices) serve every
     plan."""
@@ -77,22 +94,23 @@ class Planner:
         refused: Counter[str] = Counter()
         # Min-heap of the best top_k: the root is the worst kept plan. Key: higher tokens/s, then lower peak
         # memory, then earlier in the enumeration.
-        best: list[tuple[float, float, int, Job, Result]] = []
+        best: list[tuple[float, float, int, Job, Priced]] = []
         feasible = 0
+        price = self._pricing()
         for index, parallel in enumerate(plans):
             if progress is not None and index % PROGRESS_EVERY == 0:
                 progress(index, total)
             try:
                 job = make_job(model, cluster, parallel)
-                result = self.estimator.estimate(job, self.graphs.get(job))
+                priced = price(job, self.graphs.get(job))
             except TrainsimError as exc:
                 refused[refusal_reason(exc)] += 1
                 continue
-            if result.oom:
+            if priced.oom:
                 refused[OUT_OF_MEMORY] += 1
                 continue
             feasible += 1
-            entry = (result.tokens_per_s, -result.peak_memory_bytes, -index, job, result)
+            entry = (priced.tokens_per_s, -priced.peak_memory_bytes, -index, job, priced)
             if len(best) < top_k:
                 heapq.heappush(best, entry)
             elif entry[:3] > best[0][:3]:
@@ -101,6 +119,37 @@ class Planner:
             progress(total, total)
         ranked = sorted(best, key=lambda entry: entry[:3], reverse=True)
         return SearchReport(
-            plans=[RankedStrategy(rank, job, result) for rank, (*_, job, result) in enumerate(ranked, start=1)],
+            plans=[RankedStrategy(rank, job, priced.result())
+                   for rank, (*_, job, priced) in enumerate(ranked, start=1)],
             tried=total, feasible=feasible, infeasible=dict(refused.most_common()),
         )
+
+    def _pricing(self) -> Callable[[Job, OpGraph], Priced]:
+        """The analytical engine's price (the Result made only for the plans reported), or any other
+        estimator's estimate."""
+        if isinstance(self.estimator, AnalyticalEstimator):
+            return self.estimator.price
+        estimate = self.estimator.estimate
+        return lambda job, graph: _Estimated(estimate(job, graph))
+
+
+@dataclass(frozen=True, slots=True)
+class _Estimated:
+    """A Result (of an estimator without a separate price step) as a priced plan."""
+
+    done: Result
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.done.tokens_per_s
+
+    @property
+    def peak_memory_bytes(self) -> float:
+        return self.done.peak_memory_bytes
+
+    @property
+    def oom(self) -> bool:
+        return self.done.oom
+
+    def result(self) -> Result:
+        return self.done

@@ -1,10 +1,10 @@
 """Profile one job: measure every unique op of its OpGraph, and the per-layer framework overhead of DTensor or
 FSDP2 where the job uses them, into the profile database."""
 
-
 from collections.abc import Callable
 from dataclasses import replace
 
+from trainsim.frontends.catalog.build import build_graph
 from trainsim.ir.graph import OpGraph
 from trainsim.ir.model_spec import ModelSpec, TransformerSpec
 from trainsim.profile.database import Environment, OpSignature, ProfileDB
@@ -14,8 +14,6 @@ from trainsim.strategy.device_slice import DeviceSlice
 
 def job_graph(model: ModelSpec, dev: DeviceSlice) -> OpGraph:
     """The per-device OpGraph of the job, from the catalog front-end (tp-sharded shapes when tp > 1)."""
-    from trainsim.frontends.catalog.build import build_graph  # NB: here, so the cost lookup does not load front-ends
-
     return build_graph(model, dev)
 
 

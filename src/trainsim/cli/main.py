@@ -1,37 +1,64 @@
-"""Entry point of the `trainsim` command."""
+"""Entry point of the `trainsim` command.
+
+Commands load lazily: the command line names every command up front, but a command's module (and what it
+imports: numpy, rich tables, the measurement harness) is imported only when that command runs or when help
+lists the commands, so `trainsim predict` pays for the prediction path alone.
+"""
+
+import importlib
+from typing import Any
 
 import typer
+from typer.core import TyperGroup
+from typer.main import get_command_from_info
 
-from trainsim.cli import predict as predict_cmd
+# command -> module under trainsim.cli, in the order help lists them. A module exposes `register(app)`, or
+# (predict) a function named after its command.
+COMMAND_MODULES: dict[str, str] = {
+    "predict": "predict", "models": "catalog_cmds", "hardware": "catalog_cmds", "search": "search",
+    "validate": "validate", "calibrate": "calibrate", "profile": "profile", "graph": "graph", "measure": "measure",
+}
+
+
+class LazyCommands(TyperGroup):
+    """The root group: builds a command from its module the first time it is asked for."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return [*COMMAND_MODULES, *(name for name in self.commands if name not in COMMAND_MODULES)]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name not in self.commands and cmd_name in COMMAND_MODULES:
+            self._load(COMMAND_MODULES[cmd_name], cmd_name)
+        return self.commands.get(cmd_name)
+
+    def _load(self, module_name: str, cmd_name: str) -> None:
+        try:
+            module = importlib.import_module(f"trainsim.cli.{module_name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"trainsim.cli.{module_name}":
+                raise
+            return  # an optional command that is not installed
+        commands = typer.Typer()
+        if hasattr(module, "register"):
+            module.register(commands)
+        else:
+            commands.command(cmd_name)(getattr(module, cmd_name))
+        for info in commands.registered_commands:
+            command = get_command_from_info(info, pretty_exceptions_short=app.pretty_exceptions_short,
+                                            rich_markup_mode=app.rich_markup_mode)
+            if command.name:
+                self.commands[command.name] = command
+
 
 app = typer.Typer(
     help="trainsim: predict training iteration time, memory and the best parallel plan before using GPUs.",
-    no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
+    no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False, cls=LazyCommands,
 )
-app.command("predict")(predict_cmd.predict)
 
 
 @app.callback()
 def _root() -> None:
     """trainsim: predict training iteration time, memory and the best parallel plan before using GPUs."""
-
-
-
-def _register_optional() -> None:
-    """Commands that live in their own modules; each module exposes `register(app)`."""
-    import importlib
-
-    for module in ("catalog_cmds", "search", "validate", "calibrate", "profile", "graph", "measure"):
-        try:
-            mod = importlib.import_module(f"trainsim.cli.{module}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"trainsim.cli.{module}":
-                raise
-            continue
-        mod.register(app)
-
-
-_register_optional()
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ stream. The sender's next step waits for it (Megatron-LM's blocking p2p), and so
 """
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from trainsim.compile.context import BuildContext
 from trainsim.compile.schedules import Step, StepPhase, schedule_order
@@ -44,8 +45,7 @@ def boundary_bytes(plan: LoweredPlan) -> dict[int, float]:
     return last
 
 
-@dataclass(frozen=True, slots=True)
-class _Transfer:
+class _Transfer(NamedTuple):  # NB: a NamedTuple, built tens of thousands of times per compile
     """One tensor crossing a virtual-stage boundary: produced by step src_index of stage src, consumed by step
     dst_index of stage dst."""
 
@@ -106,11 +106,13 @@ def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
     layout = ctx.layout("pp")
     tasks = ctx.graph.tasks
 
+    by_index = [[records[(stage, step)] for step in program] for stage, program in enumerate(programs)]
+
     def first(stage: int, i: int) -> int:
-        return records[(stage, programs[stage][i])].first_tid
+        return by_index[stage][i].first_tid
 
     def last(stage: int, i: int) -> int:
-        return records[(stage, programs[stage][i])].last_tid
+        return by_index[stage][i].last_tid
 
     def wait(tid: int, dep: int) -> None:
         tasks[tid].deps = (*tasks[tid].deps, dep)

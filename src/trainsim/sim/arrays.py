@@ -5,6 +5,7 @@ represented by its leader, the member with the lowest tid. Per-flow fields live 
 """
 
 import math
+from operator import contains
 
 from trainsim.errors import ConfigError
 from trainsim.ir.exec_graph import ExecGraph
@@ -17,9 +18,9 @@ NUM_STREAMS = len(STREAMS)
 class GraphArrays:
     """Per-task lists (tid-indexed) and per-flow data of one ExecGraph, checked."""
 
-    __slots__ = ("alloc_bytes", "categories", "category_of", "device_of", "flow_resources", "free_bytes", "is_compute",
-                 "leader_of", "members", "names", "num_deps", "num_devices", "num_tasks", "priority",
-                 "resource_capacity", "resource_names", "stream_of", "successors", "work")
+    __slots__ = ("alloc_bytes", "categories", "category_of", "device_of", "flow_resources", "free_bytes",
+                 "has_flow_resources", "is_compute", "leader_of", "members", "names", "num_deps", "num_devices",
+                 "num_tasks", "priority", "resource_capacity", "resource_names", "stream_of", "successors", "work")
 
     def __init__(self, graph: ExecGraph, launch_overhead_s: float) -> None:
         tasks = graph.tasks
@@ -32,24 +33,38 @@ class GraphArrays:
         self.names = [t.name for t in tasks]
         self.device_of = [t.device for t in tasks]
         self.is_compute = [t.kind == "compute" for t in tasks]
-        self.work = [t.duration_s + launch_overhead_s if t.kind == "compute" else t.duration_s for t in tasks]
+        durations = [t.duration_s for t in tasks]
+        self.work = [d + launch_overhead_s if c else d for d, c in zip(durations, self.is_compute, strict=True)]
         self.priority = [t.priority for t in tasks]
         self.alloc_bytes = [t.alloc_bytes for t in tasks]
         self.free_bytes = [t.free_bytes for t in tasks]
-        self.num_deps = [len(t.deps) for t in tasks]
-        self.stream_of = self._streams(graph)
-        self.successors = self._successors(graph)
+        deps = [t.deps for t in tasks]
+        self.num_deps = list(map(len, deps))
+        self.stream_of = self._streams(graph, durations)
+        self.successors = self._successors(graph, deps)
         self.categories: list[str] = []
         self.category_of = self._categories(graph)
         self.resource_names: list[str] = []
         self.resource_capacity: list[float] = []
         self.leader_of: list[int] = [-1] * n
         self.members: dict[int, list[int]] = {}
-        self.flow_resources: dict[int, tuple[int, ...]] = {}
+        self.flow_resources: list[tuple[int, ...] | None] = [None] * n
+        self.has_flow_resources = False
         self._flows(graph)
 
-    def _streams(self, graph: ExecGraph) -> list[int]:
-        out = [0] * self.num_tasks
+    def _streams(self, graph: ExecGraph, durations: list[float]) -> list[int]:
+        """Each task's stream index (device x NUM_STREAMS + stream), after checking tid, device, duration
+        and stream; a graph that fails a whole-list check is checked task by task for the error to report."""
+        tasks, num_devices = graph.tasks, self.num_devices
+        streams = [STREAM_INDEX.get(t.stream, -1) for t in tasks]
+        total_s = sum(durations)  # NB: finite only if no duration is NaN or infinite
+        if tasks and not ([t.tid for t in tasks] == list(range(self.num_tasks))
+                          and min(self.device_of) >= 0 and max(self.device_of) < num_devices
+                          and math.isfinite(total_s) and min(durations) >= 0.0 and min(streams) >= 0):
+            self._check_tasks(graph)
+        return [device * NUM_STREAMS + stream for device, stream in zip(self.device_of, streams, strict=True)]
+
+    def _check_tasks(self, graph: ExecGraph) -> None:
         num_devices = self.num_devices
         for tid, task in enumerate(graph.tasks):
             if task.tid != tid:
@@ -59,57 +74,64 @@ class GraphArrays:
                                   f"must be a simulated device 0..{num_devices - 1}")
             if not (task.duration_s >= 0.0 and math.isfinite(task.duration_s)):
                 raise ConfigError(f"task {task.name!r}.duration_s", task.duration_s, "must be finite and >= 0")
-            stream = STREAM_INDEX.get(task.stream)
-            if stream is None:
+            if task.stream not in STREAM_INDEX:
                 raise ConfigError(f"task {task.name!r}.stream", task.stream, f"choose one of: {', '.join(STREAMS)}")
-            out[tid] = task.device * NUM_STREAMS + stream
-        return out
 
-    def _successors(self, graph: ExecGraph) -> list[list[int]]:
+    def _successors(self, graph: ExecGraph, deps: list[tuple[int, ...]]) -> list[list[int]]:
         n = self.num_tasks
+        named = [dep for task_deps in deps for dep in task_deps]
+        if named and not (min(named) >= 0 and max(named) < n and not any(map(contains, deps, range(n)))):
+            for tid, task in enumerate(graph.tasks):
+                for dep in task.deps:
+                    if not 0 <= dep < n or dep == tid:
+                        raise ConfigError(f"task {task.name!r}.deps", dep, f"must name another task 0..{n - 1}")
         succ: list[list[int]] = [[] for _ in range(n)]
-        for tid, task in enumerate(graph.tasks):
-            for dep in task.deps:
-                if not 0 <= dep < n or dep == tid:
-                    raise ConfigError(f"task {task.name!r}.deps", dep, f"must name another task 0..{n - 1}")
+        for tid, task_deps in enumerate(deps):
+            for dep in task_deps:
                 succ[dep].append(tid)
         return succ
 
     def _categories(self, graph: ExecGraph) -> list[int]:
-        index: dict[str, int] = {}
-        out = [-1] * self.num_tasks
-        for tid, task in enumerate(graph.tasks):
-            if task.category:
-                out[tid] = index.setdefault(task.category, len(index))
-        self.categories = list(index)
-        return out
+        names = [t.category for t in graph.tasks]
+        self.categories = [name for name in dict.fromkeys(names) if name]  # first-appearance order
+        index = {name: i for i, name in enumerate(self.categories)}
+        index[""] = -1
+        return [index[name] for name in names]
 
     def _flows(self, graph: ExecGraph) -> None:
         """Group collectives by sync_key and give every comm flow its resources (union over its members)."""
+        tasks = graph.tasks
         res_index: dict[str, int] = {}
+        as_indices: dict[tuple[str, ...], tuple[int, ...]] = {}  # the compiler shares resource tuples
         groups: dict[str, list[int]] = {}
-        for tid, task in enumerate(graph.tasks):
+        flow_resources = self.flow_resources
+        for tid, task in enumerate(tasks):
             if task.sync_key:
                 groups.setdefault(task.sync_key, []).append(tid)
-            if task.resources and task.kind == "comm" and not task.sync_key:
-                self.flow_resources[tid] = tuple(res_index.setdefault(r, len(res_index)) for r in task.resources)
+            elif task.resources and task.kind == "comm":
+                names = task.resources
+                indices = as_indices.get(names)
+                if indices is None:
+                    indices = as_indices[names] = tuple(res_index.setdefault(r, len(res_index)) for r in names)
+                flow_resources[tid] = indices
         for key, members in groups.items():
             leader = members[0]
             seen_streams: set[int] = set()
             resources: dict[int, None] = {}
             for tid in members:
                 if self.stream_of[tid] in seen_streams:
-                    raise ConfigError(f"task {graph.tasks[tid].name!r}.sync_key", key,
+                    raise ConfigError(f"task {tasks[tid].name!r}.sync_key", key,
                                       "two ranks of one collective cannot share a device's stream")
                 seen_streams.add(self.stream_of[tid])
                 self.leader_of[tid] = leader
-                for r in graph.tasks[tid].resources if graph.tasks[tid].kind == "comm" else ():
+                for r in tasks[tid].resources if tasks[tid].kind == "comm" else ():
                     resources[res_index.setdefault(r, len(res_index))] = None
             self.members[leader] = members
             # NB: the collective progresses as one unit, so it does the largest member's work.
             self.work[leader] = max(self.work[tid] for tid in members)
             if resources:
-                self.flow_resources[leader] = tuple(resources)
+                flow_resources[leader] = tuple(resources)
+        self.has_flow_resources = bool(res_index)
         self.resource_names = list(res_index)
         self.resource_capacity = [graph.resource_capacity.get(name, 1.0) for name in self.resource_names]
         for name, capacity in zip(self.resource_names, self.resource_capacity, strict=True):

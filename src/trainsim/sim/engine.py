@@ -1,11 +1,12 @@
 """The discrete-event engine: three streams per simulated device, overlap slow-down, bandwidth sharing,
 collective synchronization and memory, as Proteus's hierarchical topo-aware executor (sec. VI) describes.
 
-Events live in one heap keyed by (time, priority, sequence); the sequence counter belongs to the engine
-instance, so the same graph and options always give the same outcome. Two event kinds:
+Events happen in (time, priority, sequence) order; the sequence counter belongs to the engine instance, so
+the same graph and options always give the same outcome. Two event kinds:
 
 - END (priority 0): a flow (a task, or every rank of a collective) finishes. Each flow carries a version;
-  re-timing a flow bumps it and pushes a new END, so the old one is skipped when popped.
+  re-timing a flow bumps it and pushes a new END, so the old one is skipped when popped. ENDs are the only
+  entries of the heap, keyed by (time, sequence).
 - DISPATCH (priority 1): once per instant, after every END of that instant, each free stream takes its best
   ready task by (ready time, priority, tid), and flows whose rate changed are re-timed. It is never pushed:
   the loop runs it when the heap holds no more events at the current instant, which is where a priority-1
@@ -26,8 +27,6 @@ from trainsim.sim.arrays import NUM_STREAMS, GraphArrays
 from trainsim.sim.critical_path import critical_path
 from trainsim.sim.outcome import DeviceMemory, SimOptions, SimOutcome
 
-_END = 0  # heap priority of an END; the dispatch pass (priority 1) is implicit, see the module docstring
-
 
 class DeadlockError(TrainsimError):
     """Tasks remain but none can run: a dependency cycle, or collectives entered in different orders."""
@@ -45,7 +44,7 @@ class Engine:
     """One simulation of one ExecGraph. Use `simulate`; an Engine runs once."""
 
     __slots__ = ("arrived", "cat_run", "cause", "comm_run", "comp_run", "dirty_dev", "dirty_res", "dirty_streams",
-                 "dispatch", "dispatch_pending", "done", "dynamic", "end", "events", "exposed", "g", "gamma", "graph",
+                 "dispatch", "done", "dynamic", "end", "events", "exposed", "g", "gamma", "graph",
                  "heap", "last", "last_x", "mark", "mem", "new_flows", "peak", "peak_t", "queue", "ready", "rem",
                  "remaining_deps", "res_active", "res_flows", "run_total", "seq", "sharing", "slow", "stamp", "start",
                  "stream_dirty", "stream_prev", "stream_task", "stretch", "tl_b", "tl_t", "ver")
@@ -57,13 +56,12 @@ class Engine:
         n, num_devices = g.num_tasks, g.num_devices
         self.gamma = options.overlap_slowdown
         self.slow = 1.0 + options.overlap_slowdown
-        self.sharing = options.bandwidth_sharing and bool(g.flow_resources)
+        self.sharing = options.bandwidth_sharing and g.has_flow_resources
         self.dynamic = self.gamma > 0.0 or self.sharing
-        self.heap: list[tuple[float, int, int, int, int]] = []
+        self.heap: list[tuple[float, int, int, int]] = []  # (time, sequence, flow, version) of ENDs
         self.seq = 0
         self.events = 0
         self.done = 0
-        self.dispatch_pending = False
         # per task
         self.start = [-1.0] * n
         self.end = [-1.0] * n
@@ -117,250 +115,244 @@ class Engine:
                 ready[tid] = 0.0
                 heappush(queue[stream_of[tid]], (0.0, priority[tid], tid))
                 self._mark_stream(stream_of[tid])
-        heap, ver = self.heap, self.ver
-        events = 0
-        t = 0.0
-        if g.num_tasks:
-            self._dispatch(t)
-            events += 1
-        while heap:
-            t, _, _, flow, version = heappop(heap)
-            if version == ver[flow]:
-                self._finish(flow, t)
-                events += 1
-            if self.dispatch_pending and (not heap or heap[0][0] > t):
-                self._dispatch(t)  # the instant's last END is done: the priority-1 dispatch pass runs
-                events += 1
-        self.events = events
+        t = self._loop()
         if self.done < g.num_tasks:
             raise DeadlockError(t, g.num_tasks - self.done, g.num_tasks, self._stuck())
         return self._outcome()
-
-    def _push_end(self, time: float, flow: int) -> None:
-        self.seq += 1
-        heappush(self.heap, (time, _END, self.seq, flow, self.ver[flow]))
 
     def _mark_stream(self, stream: int) -> None:
         if not self.stream_dirty[stream]:
             self.stream_dirty[stream] = True
             self.dirty_streams.append(stream)
 
-    # ---- dispatch: free streams take ready tasks ---------------------------------------------------------
-    def _dispatch(self, t: float) -> None:
-        self.dispatch_pending = False
-        dirty, self.dirty_streams = self.dirty_streams, []
-        stream_dirty, stream_task, queue = self.stream_dirty, self.stream_task, self.queue
-        for stream in dirty:
-            stream_dirty[stream] = False
-            if stream_task[stream] < 0 and queue[stream]:
-                self._take(stream, t)
-        if self.dynamic:
-            self._retime(t)
+    def _loop(self) -> float:
+        """Pop ENDs and run the dispatch passes until the heap is empty; returns the last event's time.
 
-    def _take(self, stream: int, t: float) -> None:
-        tid = heappop(self.queue[stream])[2]
-        self.stream_task[stream] = tid
-        self.dispatch[tid] = t
-        prev = self.stream_prev[stream]
-        cause = self.cause
-        if prev >= 0 and (self.end[prev] > self.ready[tid] or cause[tid] < 0):
-            cause[tid] = prev  # the stream, not a dependency, held this task back
-        leader = self.g.leader_of[tid]
-        if leader < 0:
-            self._start_flow(tid, t, None)
-            return
-        count = self.arrived.get(leader, 0) + 1
-        self.arrived[leader] = count
-        members = self.g.members[leader]
-        if count == len(members):  # the last rank arrives: everyone starts now, held back by this rank
-            for m in members:
-                if m != tid:
-                    cause[m] = tid
-            self._start_flow(leader, t, members)
-
-    def _start_flow(self, flow: int, t: float, members: list[int] | None) -> None:
-        if members is None:
-            self._start_task(flow, t)
-        else:
-            for m in members:
-                self._start_task(m, t)
-        if not self.dynamic:
-            self._push_end(t + self.g.work[flow], flow)
-            return
-        if self.sharing:
-            resources = self.g.flow_resources.get(flow)
-            if resources:
-                for r in resources:
-                    self.res_active[r] += 1
-                    self.res_flows[r][flow] = None
-                    self.dirty_res[r] = None
-        self.rem[flow] = self.g.work[flow]
-        self.last[flow] = t
-        self.stretch[flow] = 0.0  # not yet timed
-        self.new_flows.append(flow)
-
-    def _start_task(self, tid: int, t: float) -> None:
+        NB: the event loop is the simulator's hot path (hundreds of thousands of events for a 175B pipeline),
+        so the steps a task goes through (taken by its stream, started, re-timed, ended) are written out here
+        over local names: each call and attribute load saved is paid per task.
+        The order of every heap push is the order of the step-by-step version, so outcomes are identical.        """
         g = self.g
-        self.start[tid] = t
-        d = g.device_of[tid]
-        if t > self.last_x[d]:
-            self._account(d, t)
-        self.run_total[d] += 1
-        if g.is_compute[tid]:
-            self.comp_run[d] += 1
-            if self.comp_run[d] == 1 and self.gamma:
-                self.dirty_dev[d] = None
-        else:
-            self.comm_run[d] += 1
-            if self.comm_run[d] == 1 and self.gamma:
-                self.dirty_dev[d] = None
-        category = g.category_of[tid]
-        if category >= 0:
-            self.cat_run[d][category] += 1
-        alloc = g.alloc_bytes[tid]
-        if alloc:
-            value = self.mem[d] + alloc
-            self.mem[d] = value
-            if value > self.peak[d]:
-                self.peak[d] = value
-                self.peak_t[d] = t
-            self._record(d, t, value)
-
-    # ---- end of a flow -------------------------------------------------------------------------------------
-    def _finish(self, flow: int, t: float) -> None:
-        members = self.g.members.get(flow)
-        if members is None:
-            self._end_task(flow, t)
-            self.done += 1
-        else:
-            for m in members:
-                self._end_task(m, t)
-            self.done += len(members)
-        if self.sharing:
-            resources = self.g.flow_resources.get(flow)
-            if resources:
-                for r in resources:
-                    self.res_active[r] -= 1
-                    del self.res_flows[r][flow]
-                    self.dirty_res[r] = None
-        self.dispatch_pending = True
-
-    def _end_task(self, tid: int, t: float) -> None:
-        g = self.g
-        self.end[tid] = t
-        stream = g.stream_of[tid]
-        self.stream_task[stream] = -1
-        self.stream_prev[stream] = tid
-        if not self.stream_dirty[stream]:
-            self.stream_dirty[stream] = True
-            self.dirty_streams.append(stream)
-        d = g.device_of[tid]
-        if t > self.last_x[d]:
-            self._account(d, t)
-        self.run_total[d] -= 1
-        if g.is_compute[tid]:
-            self.comp_run[d] -= 1
-            if self.comp_run[d] == 0 and self.gamma:
-                self.dirty_dev[d] = None
-        else:
-            self.comm_run[d] -= 1
-            if self.comm_run[d] == 0 and self.gamma:
-                self.dirty_dev[d] = None
-        category = g.category_of[tid]
-        if category >= 0:
-            self.cat_run[d][category] -= 1
-        freed = g.free_bytes[tid]
-        if freed:
-            value = self.mem[d] - freed
-            self.mem[d] = value
-            self._record(d, t, value)
-        remaining_deps, ready, cause, queue, stream_of, stream_task = (
-            self.remaining_deps, self.ready, self.cause, self.queue, g.stream_of, self.stream_task)
-        for succ in g.successors[tid]:
-            remaining_deps[succ] -= 1
-            if remaining_deps[succ] == 0:
-                ready[succ] = t
-                cause[succ] = tid  # the last dependency to end
-                s = stream_of[succ]
-                heappush(queue[s], (t, g.priority[succ], succ))
-                if stream_task[s] < 0:
-                    self._mark_stream(s)
+        heap, ver, queue, cause, arrived = self.heap, self.ver, self.queue, self.cause, self.arrived
+        start, end, ready, dispatch_s = self.start, self.end, self.ready, self.dispatch
+        remaining_deps = self.remaining_deps
+        stream_task, stream_prev, stream_dirty = self.stream_task, self.stream_prev, self.stream_dirty
+        comp_run, comm_run, run_total, cat_run = self.comp_run, self.comm_run, self.run_total, self.cat_run
+        last_x, mem, peak, peak_t = self.last_x, self.mem, self.peak, self.peak_t
+        rem, last, stretch, mark = self.rem, self.last, self.stretch, self.mark
+        res_active, res_flows, dirty_dev, dirty_res = self.res_active, self.res_flows, self.dirty_dev, self.dirty_res
+        leader_of, members, device_of, is_compute = g.leader_of, g.members, g.device_of, g.is_compute
+        category_of, alloc_bytes, free_bytes, work = g.category_of, g.alloc_bytes, g.free_bytes, g.work
+        stream_of, priority, successors = g.stream_of, g.priority, g.successors
+        flow_resources, capacity = g.flow_resources, g.resource_capacity
+        gamma, slow, sharing, dynamic = self.gamma, self.slow, self.sharing, self.dynamic
+        record = self._record if self.tl_t is not None else None
+        dirty_streams, new_flows = self.dirty_streams, self.new_flows
+        seq, stamp, done, events = self.seq, self.stamp, self.done, 0
+        pending = bool(g.num_tasks)  # the first dispatch pass runs at t = 0
+        t = 0.0
+        while True:
+            if pending and (not heap or heap[0][0] > t):
+                # ---- dispatch (priority 1): free streams take their best ready task -------------------------
+                pending = False
+                events += 1
+                dirty, dirty_streams = dirty_streams, []
+                for stream in dirty:
+                    stream_dirty[stream] = False
+                    if stream_task[stream] >= 0 or not queue[stream]:
+                        continue
+                    tid = heappop(queue[stream])[2]
+                    stream_task[stream] = tid
+                    dispatch_s[tid] = t
+                    prev = stream_prev[stream]
+                    if prev >= 0 and (end[prev] > ready[tid] or cause[tid] < 0):
+                        cause[tid] = prev  # the stream, not a dependency, held this task back
+                    flow = leader_of[tid]
+                    if flow < 0:
+                        flow, ranks = tid, (tid,)
+                    else:
+                        count = arrived.get(flow, 0) + 1
+                        arrived[flow] = count
+                        ranks = members[flow]
+                        if count < len(ranks):
+                            continue
+                        for m in ranks:  # the last rank arrives: everyone starts now, held back by this rank
+                            if m != tid:
+                                cause[m] = tid
+                    for m in ranks:  # start each task of the flow
+                        start[m] = t
+                        d = device_of[m]
+                        if t > last_x[d]:
+                            if comp_run[d] == 0 and run_total[d] > 0:
+                                self._expose(d, t - last_x[d])
+                            last_x[d] = t
+                        run_total[d] += 1
+                        if is_compute[m]:
+                            comp_run[d] += 1
+                            if comp_run[d] == 1 and gamma:
+                                dirty_dev[d] = None
+                        else:
+                            comm_run[d] += 1
+                            if comm_run[d] == 1 and gamma:
+                                dirty_dev[d] = None
+                        category = category_of[m]
+                        if category >= 0:
+                            cat_run[d][category] += 1
+                        alloc = alloc_bytes[m]
+                        if alloc:
+                            value = mem[d] + alloc
+                            mem[d] = value
+                            if value > peak[d]:
+                                peak[d] = value
+                                peak_t[d] = t
+                            if record is not None:
+                                record(d, t, value)
+                    if not dynamic:
+                        seq += 1
+                        heappush(heap, (t + work[flow], seq, flow, ver[flow]))
+                        continue
+                    if sharing:
+                        resources = flow_resources[flow]
+                        if resources:
+                            for r in resources:
+                                res_active[r] += 1
+                                res_flows[r][flow] = None
+                                dirty_res[r] = None
+                    rem[flow] = work[flow]
+                    last[flow] = t
+                    stretch[flow] = 0.0  # not yet timed
+                    new_flows.append(flow)
+                if dynamic:
+                    # ---- re-time the flows whose rate may have changed ------------------------------------
+                    candidates, new_flows = new_flows, []
+                    if dirty_dev:
+                        for d in dirty_dev:
+                            for stream in range(d * NUM_STREAMS, (d + 1) * NUM_STREAMS):
+                                tid = stream_task[stream]
+                                if tid >= 0 and start[tid] >= 0.0:
+                                    leader = leader_of[tid]
+                                    candidates.append(tid if leader < 0 else leader)
+                        dirty_dev.clear()
+                    if dirty_res:
+                        for r in dirty_res:
+                            candidates.extend(res_flows[r])
+                        dirty_res.clear()
+                    stamp += 1
+                    for flow in candidates:
+                        if mark[flow] == stamp:
+                            continue
+                        mark[flow] = stamp
+                        # time per unit of work: 1 alone; (1 + gamma) when overlapped; x (users / capacity)
+                        # on a busy link
+                        new = 1.0
+                        if gamma:
+                            for m in (flow,) if leader_of[flow] < 0 else members[flow]:
+                                d = device_of[m]
+                                if (comm_run[d] if is_compute[m] else comp_run[d]) > 0:
+                                    new = slow
+                                    break
+                        if sharing:
+                            resources = flow_resources[flow]
+                            if resources:
+                                share = 1.0
+                                for r in resources:
+                                    users = res_active[r] / capacity[r]
+                                    if users > share:
+                                        share = users
+                                new *= share
+                        old = stretch[flow]
+                        if new == old:
+                            continue
+                        if old > 0.0:
+                            rem[flow] = max(0.0, rem[flow] - (t - last[flow]) / old)
+                            last[flow] = t
+                        stretch[flow] = new
+                        version = ver[flow] + 1
+                        ver[flow] = version
+                        seq += 1
+                        heappush(heap, (t + rem[flow] * new, seq, flow, version))
+            if not heap:
+                break
+            # ---- END (priority 0): a flow finishes --------------------------------------------------------
+            t, _, flow, version = heappop(heap)
+            if version != ver[flow]:
+                continue
+            events += 1
+            pending = True
+            if leader_of[flow] < 0:
+                ranks = (flow,)
+                done += 1
+            else:
+                ranks = members[flow]
+                done += len(ranks)
+            for tid in ranks:
+                end[tid] = t
+                stream = stream_of[tid]
+                stream_task[stream] = -1
+                stream_prev[stream] = tid
+                if not stream_dirty[stream]:
+                    stream_dirty[stream] = True
+                    dirty_streams.append(stream)
+                d = device_of[tid]
+                if t > last_x[d]:
+                    if comp_run[d] == 0 and run_total[d] > 0:
+                        self._expose(d, t - last_x[d])
+                    last_x[d] = t
+                run_total[d] -= 1
+                if is_compute[tid]:
+                    comp_run[d] -= 1
+                    if comp_run[d] == 0 and gamma:
+                        dirty_dev[d] = None
+                else:
+                    comm_run[d] -= 1
+                    if comm_run[d] == 0 and gamma:
+                        dirty_dev[d] = None
+                category = category_of[tid]
+                if category >= 0:
+                    cat_run[d][category] -= 1
+                freed = free_bytes[tid]
+                if freed:
+                    value = mem[d] - freed
+                    mem[d] = value
+                    if record is not None:
+                        record(d, t, value)
+                for succ in successors[tid]:
+                    remaining_deps[succ] -= 1
+                    if remaining_deps[succ] == 0:
+                        ready[succ] = t
+                        cause[succ] = tid  # the last dependency to end
+                        s = stream_of[succ]
+                        heappush(queue[s], (t, priority[succ], succ))
+                        if stream_task[s] < 0 and not stream_dirty[s]:
+                            stream_dirty[s] = True
+                            dirty_streams.append(s)
+            if sharing:
+                resources = flow_resources[flow]
+                if resources:
+                    for r in resources:
+                        res_active[r] -= 1
+                        del res_flows[r][flow]
+                        dirty_res[r] = None
+        self.dirty_streams, self.new_flows = dirty_streams, new_flows
+        self.seq, self.stamp, self.done, self.events = seq, stamp, done, events
+        return t
 
     # ---- bookkeeping -------------------------------------------------------------------------------------
-    def _account(self, d: int, t: float) -> None:
-        """Add the time since the device's last change to every category running there while no compute runs."""
-        if self.comp_run[d] == 0 and self.run_total[d] > 0:
-            elapsed = t - self.last_x[d]
-            row = self.exposed[d]
-            for c, count in enumerate(self.cat_run[d]):
-                if count:
-                    row[c] += elapsed
-        self.last_x[d] = t
+    def _expose(self, d: int, elapsed: float) -> None:
+        """Add `elapsed` to every category running on device d (called while no compute runs there)."""
+        row = self.exposed[d]
+        for c, count in enumerate(self.cat_run[d]):
+            if count:
+                row[c] += elapsed
 
     def _record(self, d: int, t: float, value: float) -> None:
-        if self.tl_t is None:
-            return
+        assert self.tl_t is not None
         times = self.tl_t[d]
         if times[-1] == t:
             self.tl_b[d][-1] = value
         else:
             times.append(t)
             self.tl_b[d].append(value)
-
-    # ---- re-timing under overlap and bandwidth sharing -----------------------------------------------------
-    def _retime(self, t: float) -> None:
-        candidates, self.new_flows = self.new_flows, []
-        if self.dirty_dev:
-            leader_of, stream_task, start = self.g.leader_of, self.stream_task, self.start
-            for d in self.dirty_dev:
-                for stream in range(d * NUM_STREAMS, (d + 1) * NUM_STREAMS):
-                    tid = stream_task[stream]
-                    if tid >= 0 and start[tid] >= 0.0:
-                        leader = leader_of[tid]
-                        candidates.append(tid if leader < 0 else leader)
-            self.dirty_dev.clear()
-        if self.dirty_res:
-            for r in self.dirty_res:
-                candidates.extend(self.res_flows[r])
-            self.dirty_res.clear()
-        self.stamp += 1
-        stamp, mark, stretch, rem, last, ver = self.stamp, self.mark, self.stretch, self.rem, self.last, self.ver
-        for flow in candidates:
-            if mark[flow] == stamp:
-                continue
-            mark[flow] = stamp
-            new = self._stretch_of(flow)
-            old = stretch[flow]
-            if new == old:
-                continue
-            if old > 0.0:
-                rem[flow] = max(0.0, rem[flow] - (t - last[flow]) / old)
-                last[flow] = t
-            stretch[flow] = new
-            ver[flow] += 1
-            self._push_end(t + rem[flow] * new, flow)
-
-    def _stretch_of(self, flow: int) -> float:
-        """Time per unit of work: 1 alone; (1 + gamma) when overlapped; x (users / capacity) on a busy link."""
-        g = self.g
-        stretch = 1.0
-        if self.gamma:
-            members = g.members.get(flow)
-            for m in (flow,) if members is None else members:
-                d = g.device_of[m]
-                if (self.comm_run[d] if g.is_compute[m] else self.comp_run[d]) > 0:
-                    stretch = self.slow
-                    break
-        if self.sharing:
-            resources = g.flow_resources.get(flow)
-            if resources:
-                share = 1.0
-                for r in resources:
-                    users = self.res_active[r] / g.resource_capacity[r]
-                    if users > share:
-                        share = users
-                stretch *= share
-        return stretch
 
     # ---- results -----------------------------------------------------------------------------------------
     def _outcome(self) -> SimOutcome:

@@ -94,7 +94,7 @@ def main() -> None:
     report = searches[0][0]
 
     def median(runs: Sequence[tuple[object, float, float]], column: int) -> float:
-        return statistics.median(float(run[column]) for run in runs)
+        return statistics.median(run[1] if column == 1 else run[2] for run in runs)
 
     def rate(count: int, runs: Sequence[tuple[object, float, float]], column: int) -> str:
         return f"{count / median(runs, column):>9,.0f}"

@@ -19,9 +19,10 @@ import time
 
 from trainsim.catalog import load_cluster, load_model
 from trainsim.compile.build import compile_job
-from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.estimate.simulation import SimEstimator, bottleneck_device, sim_breakdown, sim_memory
+from trainsim.ir.graph import OpGraph
 from trainsim.job import Job, make_job
+from trainsim.pipeline import graph_for
 from trainsim.sim import simulate
 from trainsim.strategy.lowered import default_plan
 from trainsim.strategy.parallel import ParallelSpec
@@ -36,15 +37,14 @@ def _job(dp: int, global_batch: int, recompute: str) -> Job:
     return make_job(load_model("gpt3-175b"), load_cluster("dgx-a100-80gb").with_num_gpus(8 * 16 * dp), par)
 
 
-def _phases(estimator: SimEstimator, job: Job) -> tuple[float, float, float, float, int, int, float]:
+def _phases(estimator: SimEstimator, job: Job, op_graph: OpGraph) -> tuple[float, float, float, float, int, int, float]:
     """One run as SimEstimator.estimate does it, timed per phase in CPU seconds: (compile, simulate, breakdown,
     wall seconds of the three, tasks, events, iteration s)."""
-    analytical = estimator.analytical
     gc.disable()  # as SimEstimator.run does
     try:
         wall, start = time.perf_counter(), time.process_time()
-        plan = default_plan(analytical.graph(job), job.parallel)
-        graph = compile_job(job, plan, analytical, estimator.task_level)
+        plan = default_plan(op_graph, job.parallel)
+        graph = compile_job(job, plan, estimator.pricer, estimator.task_level)
         compiled = time.process_time()
         outcome = simulate(graph, estimator.options)
         simulated = time.process_time()
@@ -68,10 +68,10 @@ def main() -> None:
     seconds: dict[int, float] = {}
     for dp, global_batch in CASES:
         job = _job(dp, global_batch, args.recompute)
-        analytical = AnalyticalEstimator()
-        analytical.estimate(job)  # build the op graph and layer costs once
-        estimator = SimEstimator(analytical.cal, analytical=analytical, task_level=args.task_level)
-        runs = [_phases(estimator, job) for _ in range(args.repeat)]
+        op_graph = graph_for(job)
+        estimator = SimEstimator(task_level=args.task_level)  # as `trainsim predict --engine sim` builds it
+        estimator.estimate(job, op_graph)  # price the layers once
+        runs = [_phases(estimator, job, op_graph) for _ in range(args.repeat)]
         compile_s, simulate_s, account_s, wall_s = (statistics.median(run[i] for run in runs) for i in range(4))
         total_s = statistics.median(run[0] + run[1] + run[2] for run in runs)
         tasks, events, makespan_s = runs[-1][4], runs[-1][5], runs[-1][6]

@@ -114,10 +114,9 @@ class BuildContext:
             micro_batch: int = -1, stage: int = -1, sync_key: str = "", resources: tuple[str, ...] = (),
             alloc_bytes: float = 0.0, free_bytes: float = 0.0, priority: int = 0) -> Task:
         tasks = self.graph.tasks
-        task = Task(tid=len(tasks), name=name, device=device, stream=stream, kind=kind, duration_s=duration_s,
-                    deps=deps, sync_key=sync_key, resources=resources, alloc_bytes=alloc_bytes, free_bytes=free_bytes,
-                    phase=phase, layer=layer, micro_batch=micro_batch, stage=device if stage < 0 else stage,
-                    category=category, priority=priority)
+        # NB: positional, in Task's field order: a third of the keyword call's cost, for ~150,000 tasks a job
+        task = Task(len(tasks), name, device, stream, kind, duration_s, deps, sync_key, resources, alloc_bytes,
+                    free_bytes, phase, layer, micro_batch, device if stage < 0 else stage, category, priority)
         tasks.append(task)
         return task
 

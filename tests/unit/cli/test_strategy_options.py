@@ -16,7 +16,7 @@ from trainsim.strategy.precision import PRECISIONS
 def _options(command: str) -> dict[str, Any]:
     """The command's options by parameter name (typer ships its own click: compare by attributes)."""
     group: Any = typer.main.get_command(app)
-    sub = group.commands[command]
+    sub = group.get_command(None, command)  # the root group loads a command when asked for it
     return {param.name: param for param in sub.params if getattr(param, "param_type_name", "") == "option"}
 
 

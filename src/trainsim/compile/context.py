@@ -213,9 +213,11 @@ class StageWriter:
               free_bytes: float = 0.0, resources: tuple[str, ...] = ()) -> Task:
         deps = (self.prev, *self.pending) if self.prev >= 0 else tuple(self.pending)
         self.pending = []
-        task = self.ctx.add(name=name, device=self.stage, stream=stream, kind=kind, duration_s=duration_s, deps=deps,
-                            phase=phase, category=category, layer=layer, micro_batch=micro_batch,
-                            alloc_bytes=alloc_bytes, free_bytes=free_bytes, resources=resources)
+        tasks = self.ctx.graph.tasks
+        # NB: BuildContext.add's task, built positionally in Task's field order (the hot path of compiling)
+        task = Task(len(tasks), name, self.stage, stream, kind, duration_s, deps, "", resources, alloc_bytes,
+                    free_bytes, phase, layer, micro_batch, self.stage, category, 0)
+        tasks.append(task)
         self.prev = task.tid
         if self.step_first < 0:
             self.step_first = task.tid

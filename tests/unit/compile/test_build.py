@@ -18,7 +18,7 @@ from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.estimate.engines import make_engine
 from trainsim.estimate.result import Result, Timeline
 from trainsim.estimate.simulation import SimEstimator
-from trainsim.ir.exec_graph import ExecGraph
+from trainsim.ir.exec_graph import ExecGraph, Task
 from trainsim.job import Job, make_job
 from trainsim.pipeline import graph_for
 from trainsim.strategy.lowered import default_plan
@@ -290,3 +290,16 @@ def test_ranks_sharing_cores_wait_for_them_except_in_bubbles() -> None:
     assert shared["core_sharing"] == pytest.approx(3.0, rel=1e-12)
     assert sum(shared.values()) == pytest.approx(8.0, rel=1e-12)
     assert with_shared_cores({"compute": 1.0, "bubble": 9.0}, 0.5)["core_sharing"] == 0.0
+
+
+def test_task_fields_keep_the_order_the_compiler_builds_them_in() -> None:
+    """BuildContext.add and StageWriter.chain build tasks positionally (the compiler's hot path): a reordered
+    Task would silently swap fields, so its field order is fixed here."""
+    assert [f.name for f in dataclasses.fields(Task)] == [
+        "tid", "name", "device", "stream", "kind", "duration_s", "deps", "sync_key", "resources", "alloc_bytes",
+        "free_bytes", "phase", "layer", "micro_batch", "stage", "category", "priority"]
+    job = _job(2, pp=2, global_batch=4)
+    graph = compile_job(job, default_plan(graph_for(job), job.parallel), Pricer(Calibration()))
+    chained = [t for t in graph.tasks if t.category == "compute"]
+    assert chained and all(t.stage == t.device and t.sync_key == "" and t.priority == 0 for t in chained)
+    assert all(t.tid == index for index, t in enumerate(graph.tasks))

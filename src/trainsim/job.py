@@ -90,4 +90,4 @@ def _check_transformer(model: TransformerSpec, par: ParallelSpec) -> None:
 def _check_non_transformer(kind: str, par: ParallelSpec) -> None:
     for axis, value in (("tp", par.tp), ("cp", par.cp), ("ep", par.ep)):
         if value != 1:
-            raise ConfigError(axis, value, f"must be 1 for a {kind} model (only dp and pp apply)")
+            raise ConfigError(axis, value, f"must be 1 for a model of kind {kind} (only dp and pp apply)")

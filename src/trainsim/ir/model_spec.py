@@ -108,4 +108,16 @@ class DlrmSpec(Spec):
         return sum(table.count for table in self.tables)
 
 
-ModelSpec = Annotated[TransformerSpec | CnnSpec | DlrmSpec, Field(discriminator="kind")]
+class OpaqueSpec(Spec):
+    """A model known only through a front-end that reads no layer structure (a jax train step, an nn.Module
+    without a config, an execution trace): the OpGraph the front-end builds is the model. Only data and pipeline
+    parallelism apply to it."""
+
+    kind: Literal["opaque"] = "opaque"
+    name: str
+    description: str = ""
+    published_params: float | None = None
+    source: str = ""  # what the front-end read it from
+
+
+ModelSpec = Annotated[TransformerSpec | CnnSpec | DlrmSpec | OpaqueSpec, Field(discriminator="kind")]

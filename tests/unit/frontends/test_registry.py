@@ -14,7 +14,7 @@ from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.frontends.catalog.build import build_graph
 from trainsim.frontends.registry import FRONTENDS
 from trainsim.ir.graph import OpGraph
-from trainsim.ir.model_spec import CnnSpec, TransformerSpec
+from trainsim.ir.model_spec import OpaqueSpec, TransformerSpec
 from trainsim.job import Job, make_job
 from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.parallel import ParallelSpec
@@ -79,7 +79,7 @@ def test_catalog_refuses_an_unknown_model() -> None:
 def test_trace_graph_carries_what_the_run_measured() -> None:
     frontend = FRONTENDS.get("trace")
     spec = frontend.model_spec(str(FIXTURES))
-    assert isinstance(spec, CnnSpec) and spec.layers == () and spec.published_params == 3 * (256 * 256 + 256) + 257
+    assert isinstance(spec, OpaqueSpec) and spec.published_params == 3 * (256 * 256 + 256) + 257
     graph = frontend.graph(str(FIXTURES), _job(spec, 2, micro_batch=64))
     measured = graph.measured
     assert measured is not None and measured.ranks == (0, 1) and len(measured.exec_graph.devices) == 2
@@ -106,7 +106,7 @@ def test_jax_graph_of_a_factory() -> None:
     pytest.importorskip("networkx")
     frontend = FRONTENDS.get("jax")
     spec = frontend.model_spec(JAX_FACTORY)
-    assert isinstance(spec, CnnSpec) and spec.name == "gpt_step_factory"
+    assert isinstance(spec, OpaqueSpec) and spec.name == "gpt_step_factory"
     graph = frontend.graph(JAX_FACTORY, _job(spec, micro_batch=2, seq_len=16))
     assert graph.samples_per_micro_batch == 2 and graph.tokens_per_micro_batch == 32 and graph.num_ops > 0
 
@@ -208,7 +208,7 @@ def test_torch_factory_modules(tmp_path: Path) -> None:
     source.write_text(FACTORY + f"\nCONFIG = {config!r}\n")
     frontend = FRONTENDS.get("torch")
     mlp = frontend.model_spec(f"{source}:make")
-    assert isinstance(mlp, CnnSpec) and mlp.name == "make"  # no config: opaque, dp and pp only
+    assert isinstance(mlp, OpaqueSpec) and mlp.name == "make"  # no config: opaque, dp and pp only
     graph = frontend.graph(f"{source}:make", _job(mlp, micro_batch=4, seq_len=8))
     assert graph.param_count() == 3 * (32 * 32 + 32) and graph.total_flops("fwd") >= 3 * 2.0 * 32 * 32 * 32
     llama = frontend.model_spec(f"{source}:make_llama")

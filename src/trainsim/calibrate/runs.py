@@ -6,7 +6,7 @@ sqrt(its rows), keeping the 1,440 vTrain rows from drowning the others.
 """
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,11 +95,11 @@ def calibration_with(base: Calibration, theta: Sequence[float] | np.ndarray,
 
 
 def log_errors(cal: Calibration, samples: Sequence[FitSample], graphs: GraphCache,
-               engine: str = "analytical") -> np.ndarray:
-    """log(predicted / measured) per sample under `cal`, with the analytical engine or the simulator (which
-    takes its overlap slow-down from cal.sim_runtime where cal has one)."""
-    pricer = Pricer(cal)
-    estimator: Estimator = SimEstimator(pricer) if engine == "sim" else AnalyticalEstimator(pricer)
+               engine: Callable[[Pricer], Estimator] = AnalyticalEstimator) -> np.ndarray:
+    """log(predicted / measured) per sample under `cal`, with the engine `engine` builds from a pricer over
+    `cal` (the analytical engine, or SimEstimator: the simulator takes its overlap slow-down from
+    cal.sim_runtime where cal has one)."""
+    estimator = engine(Pricer(cal))
     predicted = np.array([estimator.estimate(s.job, graphs.get(s.job)).iteration_time_s for s in samples])
     return np.log(predicted) - np.log(np.array([s.measured_s for s in samples]))
 
@@ -167,7 +167,7 @@ def fit_sim_runtime(base: Calibration, samples: Sequence[FitSample]) -> RuntimeP
 
     def residuals(theta: np.ndarray) -> np.ndarray:
         cal = base.model_copy(update={"runtime": runtime_of(theta)})
-        return weights * log_errors(cal, samples, graphs, engine="sim")
+        return weights * log_errors(cal, samples, graphs, engine=SimEstimator)
 
     x0 = np.array([to_raw(float(start[p.name]), p) for p in SIM_PARAMETERS])
     low = np.array([to_raw(p.low, p) for p in SIM_PARAMETERS])

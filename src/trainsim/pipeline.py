@@ -13,8 +13,8 @@ builds a graph for an engine.
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from trainsim.compile.context import TaskLevel
 from trainsim.estimate.engines import Estimator, make_engine
 from trainsim.estimate.result import Result
 from trainsim.frontends.catalog.build import build_graph
@@ -23,6 +23,9 @@ from trainsim.ir.graph import OpGraph
 from trainsim.job import Job
 from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.lowered import LoweredPlan
+
+if TYPE_CHECKING:
+    from trainsim.compile.context import TaskLevel
 
 
 @dataclass(slots=True)
@@ -57,7 +60,7 @@ def graph_for(job: Job, source: ModelSource | None = None) -> OpGraph:
 
 
 def predict(job: Job, engine: str | Estimator = "analytical", *, costs: str = "roofline", db: Path | None = None,
-            task_level: TaskLevel = "layer", source: ModelSource | None = None, graph: OpGraph | None = None,
+            task_level: "TaskLevel" = "layer", source: ModelSource | None = None, graph: OpGraph | None = None,
             plan: LoweredPlan | None = None, graphs: GraphCache | None = None) -> Result:
     """One job through the pipeline. engine: a registered name (built with costs, db, task_level) or an
     estimator; source: the front-end and model it reads (default: the catalog front-end over job.model);

@@ -15,10 +15,7 @@ from trainsim.estimate.result import Timeline
 from trainsim.frontends.registry import FRONTENDS, MODEL_HELP
 from trainsim.jobfile import job_from_settings, model_source, read_job_file
 from trainsim.pipeline import graph_for
-from trainsim.report.explain import render_explain
 from trainsim.report.text import render_result
-from trainsim.report.trace import write_chrome_trace
-from trainsim.strategy.tree_yaml import load_tree_yaml
 
 
 @handles_errors
@@ -56,17 +53,25 @@ def predict(
     job = job_from_settings(settings)
     estimator = make_engine(engine, costs, db, task_level)  # type: ignore[arg-type]  # EngineOptions checks it
     graph = graph_for(job, model_source(settings))
-    plan = load_tree_yaml(tree, graph).lower(job.parallel) if tree is not None else None
+    plan = None
+    if tree is not None:
+        from trainsim.strategy.tree_yaml import load_tree_yaml  # NB: loaded for --tree only (start-up)
+
+        plan = load_tree_yaml(tree, graph).lower(job.parallel)
     result = estimator.estimate(job, graph, plan)
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))
     else:
         typer.echo(render_result(result))
-    if result.timeline is not None:
+    if result.timeline is not None and (trace or explain):
         _timeline_extras(result.timeline, trace, explain and not as_json)
 
 
 def _timeline_extras(timeline: Timeline, trace: Path | None, explain: bool) -> None:
+    # NB: the renderers load when asked for (start-up of every other prediction)
+    from trainsim.report.explain import render_explain
+    from trainsim.report.trace import write_chrome_trace
+
     if trace:
         written = write_chrome_trace(timeline.exec_graph, timeline.outcome, trace, list(timeline.device_names))
         typer.echo(f"trace: {written} ({len(timeline.exec_graph.tasks)} tasks; open in ui.perfetto.dev or "

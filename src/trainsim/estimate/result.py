@@ -1,14 +1,16 @@
 """The one result type every estimator returns, and how an engine's time breakdown and memory become one."""
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainsim.cost.memory import MemoryEstimate
 from trainsim.ir.exec_graph import ExecGraph
 from trainsim.ir.graph import OpGraph
 from trainsim.job import Job
-from trainsim.sim.outcome import SimOutcome
 from trainsim.strategy.precision import policy_for
+
+if TYPE_CHECKING:  # NB: the event engine loads with the engines that simulate, not with every prediction
+    from trainsim.sim.outcome import SimOutcome
 
 # Where the iteration time goes: the breakdown keys every engine uses, in the order reports print them.
 # comm: exposed collectives whose parallel axis is unknown (a replayed execution trace's feature collectives).
@@ -23,7 +25,7 @@ class Timeline:
     simulated devices in traces."""
 
     exec_graph: ExecGraph
-    outcome: SimOutcome
+    outcome: "SimOutcome"
     device_names: tuple[str, ...]
 
 

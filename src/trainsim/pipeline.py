@@ -20,6 +20,7 @@ from trainsim.estimate.result import Result
 from trainsim.frontends.catalog.build import build_graph
 from trainsim.frontends.registry import FRONTENDS, ModelSource
 from trainsim.ir.graph import OpGraph
+from trainsim.ir.model_spec import ModelSpec
 from trainsim.job import Job
 from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.lowered import LoweredPlan
@@ -36,7 +37,8 @@ class GraphCache:
 
     frontend: str = "catalog"
     source: str | None = None
-    _graphs: dict[tuple[object, ...], OpGraph] = field(default_factory=dict)
+    # NB: keyed by the model's id; each entry keeps its model alive, so no other model can take that id.
+    _graphs: dict[tuple[object, ...], tuple[ModelSpec, OpGraph]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         FRONTENDS.get(self.frontend)  # unknown names: one line listing the choices
@@ -44,11 +46,11 @@ class GraphCache:
     def get(self, job: Job) -> OpGraph:
         dev = DeviceSlice.of(job.parallel)
         key = (job.model.name, id(job.model), dev)
-        graph = self._graphs.get(key)
-        if graph is None:
+        entry = self._graphs.get(key)
+        if entry is None:
             source = ModelSource(self.source or job.model.name, self.frontend)
-            graph = self._graphs[key] = source.graph(job)
-        return graph
+            entry = self._graphs[key] = (job.model, source.graph(job))
+        return entry[1]
 
 
 def graph_for(job: Job, source: ModelSource | None = None) -> OpGraph:

@@ -80,11 +80,11 @@ def _int(fields: dict[str, str], key: str, default: int | None = None) -> int:
 def model_from_row(fields: dict[str, str]) -> dict[str, Any]:
     defaults = row_defaults()
     arch = fields["arch"]
-    if arch not in defaults["arch"]:
-        raise TrainsimError(f"arch {arch!r} has no layout in row_defaults.yaml")
-    layout = dict(defaults["arch"][arch])
     hidden, heads = _int(fields, "hidden"), _int(fields, "num_heads")
     kv_heads = _int(fields, "num_kv_heads", heads)
+    if arch not in defaults["arch"]:
+        arch = _nearest_arch(fields, hidden, heads, kv_heads)
+    layout = dict(defaults["arch"][arch])
     if arch == "llama" and kv_heads < heads:
         layout["vocab"] = defaults["llama_gqa_vocab"]
     if arch == "llama":
@@ -97,6 +97,15 @@ def model_from_row(fields: dict[str, str]) -> dict[str, Any]:
             "num_layers": _int(fields, "num_layers"), "hidden": hidden, "num_heads": heads,
             "num_kv_heads": kv_heads, "ffn_hidden": _int(fields, "ffn_hidden", ffn_default),
             "vocab": _int(fields, "vocab", layout["vocab"]), "max_seq_len": seq}
+
+
+def _nearest_arch(fields: dict[str, str], hidden: int, heads: int, kv_heads: int) -> str:
+    """The documented family an `other` row is priced as (row_defaults.yaml `other_arch`): grouped-query attention
+    or an FFN that is not a multiple of the width marks a LLaMA-style block, anything else a GPT-style one."""
+    rule = row_defaults()["other_arch"]
+    ffn = _int(fields, "ffn_hidden", 0)
+    gated = kv_heads < heads or (ffn > 0 and ffn % hidden != 0)
+    return rule["gated"] if gated else rule["plain"]
 
 
 def source_group(source: str) -> str:
@@ -124,12 +133,23 @@ def parallel_from_row(fields: dict[str, str]) -> dict[str, Any]:
         "global_batch": _int(fields, "global_batch", 0),
         "seq_len": _int(fields, "seq_len"),
         "recompute": fields.get("recompute") or base["recompute"],
-        "precision": fields.get("precision") or base["precision"],
+        "precision": fields.get("precision") or row_defaults()["precision_by_source"].get(
+            source_group(fields.get("source", "")), base["precision"]),
         "schedule": fields.get("schedule") or ("interleaved-1f1b" if vpp > 1 else "1f1b"),
         "attention": fields.get("attention") or stacks.get(source_group(fields.get("source", "")),
                                                            base["attention"]),
         "optimizer_impl": fields.get("optimizer_impl") or base["optimizer_impl"],
     }
+
+
+def _whole_micro_batches(parallel: dict[str, Any]) -> dict[str, Any]:
+    """A stated global batch that is not a whole number of micro-batches per replica (a source that rounds its
+    batch, or states it in tokens) runs as the nearest whole number of micro-batches, at least one."""
+    replica_batch = parallel["dp"] * parallel["micro_batch"]
+    global_batch = parallel["global_batch"]
+    if global_batch <= 0 or replica_batch <= 0 or global_batch % replica_batch == 0:
+        return parallel
+    return {**parallel, "global_batch": max(1, round(global_batch / replica_batch)) * replica_batch}
 
 
 def job_from_row(fields: dict[str, str]) -> RunJob:
@@ -139,14 +159,13 @@ def job_from_row(fields: dict[str, str]) -> RunJob:
         return RunJob(None, f"gpu {gpu!r} is not in the catalog")
     try:
         device = load_device(gpu)
-        if not fields.get("precision") and "fp8" in device.peak_flops_per_s:
-            return RunJob(None, f"precision not stated, and {gpu} runs fp8 and 16-bit at different peaks")
         cluster = load_cluster(clusters[gpu])
         update: dict[str, Any] = {"device": device}
         gpus_per_node = _int(fields, "gpus_per_node", cluster.gpus_per_node)
         update["gpus_per_node"] = gpus_per_node
         cluster = cluster.model_copy(update=update).with_num_gpus(_int(fields, "num_gpus"))
         model = parse_model(model_from_row(fields), "row model")
-        return RunJob(make_job(model, cluster, ParallelSpec.parse(parallel_from_row(fields))), None)
+        parallel = _whole_micro_batches(parallel_from_row(fields))
+        return RunJob(make_job(model, cluster, ParallelSpec.parse(parallel)), None)
     except (TrainsimError, ValueError) as exc:
         return RunJob(None, str(exc))

@@ -1,6 +1,6 @@
 """How a calibration row becomes a job: the attention kernel of the row's training stack."""
 
-from trainsim.validate.runs import parallel_from_row
+from trainsim.validate.runs import job_from_row, model_from_row, parallel_from_row
 
 ROW = {"tp": "1", "pp": "1", "dp": "8", "cp": "1", "seq_len": "4096", "global_batch": "128", "micro_batch": "1"}
 
@@ -19,3 +19,33 @@ def test_other_stacks_default_to_flash2() -> None:
 def test_a_rows_own_attention_column_wins() -> None:
     fields = {**ROW, "source": "NVIDIA/NeMo x", "attention": "math"}
     assert parallel_from_row(fields)["attention"] == "math"
+
+
+def _row(**overrides: str) -> dict[str, str]:
+    row = {"source": "somewhere/unknown table 1", "arch": "gpt", "num_layers": "4", "hidden": "256",
+           "num_heads": "4", "seq_len": "128", "gpu": "h100-sxm5-80gb", "num_gpus": "16", "tp": "1", "pp": "1",
+           "dp": "16", "micro_batch": "2", "global_batch": "64"}
+    return {**row, **overrides}
+
+
+def test_a_row_without_precision_runs_16_bit_even_on_an_fp8_gpu() -> None:
+    run = job_from_row(_row())
+    assert run.skipped is None and run.job is not None
+    assert run.job.parallel.precision == "bf16"
+
+
+def test_a_source_that_states_its_precision_elsewhere_keeps_it() -> None:
+    assert parallel_from_row(_row(source="NVIDIA-NeMo/Megatron-Bridge docs x"))["precision"] == "fp8"
+
+
+def test_an_other_arch_row_is_priced_as_the_nearest_family() -> None:
+    assert model_from_row(_row(arch="other", num_kv_heads="2"))["arch"] == "llama"
+    assert model_from_row(_row(arch="other", ffn_hidden="700"))["arch"] == "llama"
+    assert model_from_row(_row(arch="other", ffn_hidden="1024"))["arch"] == "gpt"
+
+
+def test_a_global_batch_of_no_whole_micro_batch_count_rounds_to_the_nearest() -> None:
+    run = job_from_row(_row(global_batch="100"))  # 100 / (16 x 2) = 3.1 micro-batches
+    assert run.job is not None and run.job.parallel.global_batch == 96
+    run = job_from_row(_row(global_batch="8"))  # fewer than one: one micro-batch per replica
+    assert run.job is not None and run.job.parallel.global_batch == 32

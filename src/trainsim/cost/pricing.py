@@ -22,6 +22,7 @@ from trainsim.cost.compute import OpCostModel, RooflineCosts
 from trainsim.cost.memory import (
     MemoryEstimate,
     StageMemoryBase,
+    chunk_shares,
     estimate_memory,
     memory_estimate,
     memory_key,
@@ -38,7 +39,7 @@ from trainsim.profile.database import default_db_path
 from trainsim.registry import Registry
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import policy_for
-from trainsim.strategy.stages import StagePart, partition_stages
+from trainsim.strategy.stages import StagePart, is_even_split, num_blocks, partition_stages, virtual_stage_blocks
 
 BUCKET_BYTES = 40e6 * 2  # NB: Megatron-LM's default gradient bucket: 40M elements
 
@@ -83,6 +84,9 @@ class Partition:
     numbers: tuple[int, ...]  # per stage: the number of its content
     first: tuple[int, ...]  # per stage: the index of the first stage of the same content
     distinct: tuple[int, ...]  # the stages that are first of their content
+    # per stage: blocks per model chunk, where some stage's chunks hold unequal blocks (else empty: every
+    # stage's activations are spread evenly over its chunks)
+    chunk_blocks: tuple[tuple[int, ...], ...] = ()
 
 
 def axis_group(axis: str, par: ParallelSpec) -> tuple[int, int]:
@@ -140,7 +144,8 @@ class Pricer:
         self._stage_extra_s: dict[tuple[object, ...], float] = {}  # recompute and ZeRO-3 seconds of a stage
         self._stage_params: dict[object, float] = {}
         self._stage_ops: dict[object, tuple[int, int]] = {}
-        self._partitions: dict[tuple[int, int], Partition] = {}
+        self._partitions: dict[tuple[object, ...], Partition] = {}
+        self._splits: dict[tuple[object, ...], tuple[int, ...] | None] = {}
         self._partition_of: dict[int, Partition] = {}  # id of a Partition's stages -> it
         self._memory_bases: dict[tuple[object, ...], tuple[StageMemoryBase, ...]] = {}
         self._in_flight: dict[tuple[object, ...], tuple[float, ...]] = {}
@@ -175,12 +180,16 @@ class Pricer:
             return tuple((self._pin(part.layer), part.count) for part in stage)
         return key
 
-    def partition(self, graph: OpGraph, pp: int) -> Partition:
-        """partition_stages(graph, pp), made once per (graph, pp)."""
-        key = (self._pin(graph), pp)
+    def partition(self, graph: OpGraph, pp: int, virtual_blocks: tuple[int, ...] | None = None) -> Partition:
+        """partition_stages(graph, pp), made once per (graph, pp, virtual_blocks). virtual_blocks: blocks per
+        virtual stage (pp x vpp entries, chunk-major as strategy.stages.split_blocks gives them; None = even)."""
+        key = (self._pin(graph), pp, virtual_blocks)
         partition = self._partitions.get(key)
         if partition is None:
-            stages = partition_stages(graph, pp)
+            vpp = len(virtual_blocks) // pp if virtual_blocks else 1
+            per_chunk = tuple(tuple(virtual_blocks[chunk * pp + rank] for chunk in range(vpp))
+                              for rank in range(pp)) if virtual_blocks else ()
+            stages = partition_stages(graph, pp, tuple(sum(chunks) for chunks in per_chunk) if per_chunk else None)
             first: dict[StageKey, int] = {}
             numbers: list[int] = []
             firsts: list[int] = []
@@ -190,9 +199,24 @@ class Pricer:
                 numbers.append(self._stage_numbers.setdefault(content, len(self._stage_numbers)))
                 self._stage_keys[self._pin(stage)] = numbers[-1]
             distinct = tuple(index for index, head in enumerate(firsts) if head == index)
-            partition = self._partitions[key] = Partition(stages, tuple(numbers), tuple(firsts), distinct)
+            unequal = any(len(set(chunks)) > 1 for chunks in per_chunk)
+            partition = self._partitions[key] = Partition(stages, tuple(numbers), tuple(firsts), distinct,
+                                                          per_chunk if unequal else ())
             self._partition_of[self._pin(stages)] = partition
         return partition
+
+    def plan_partition(self, graph: OpGraph, par: ParallelSpec) -> Partition:
+        """The partition of the strategy's pipeline split (strategy.stages.split_blocks): even, or as its
+        first/last stage layers, embedding/loss accounting or stage list say; once per (graph, split)."""
+        split = (par.pp, par.vpp, par.first_stage_layers, par.last_stage_layers, par.embedding_in_split,
+                 par.loss_in_split, par.stage_layers)
+        key = (self._pin(graph), split)
+        virtual_blocks = self._splits.get(key, False)
+        if virtual_blocks is False:
+            blocks = num_blocks(graph)
+            even = not blocks or (is_even_split(par) and blocks % (par.pp * par.vpp) == 0)
+            virtual_blocks = self._splits[key] = None if even else virtual_stage_blocks(blocks, par)
+        return self.partition(graph, par.pp, virtual_blocks)
 
     # --- ops and collectives ---
 
@@ -423,6 +447,15 @@ class Pricer:
         if bases is None:
             distinct = {index: stage_memory_base(stages[index], par) for index in partition.distinct}
             bases = self._memory_bases[key] = tuple(distinct[head] for head in partition.first)
+        if partition.chunk_blocks and par.schedule == "interleaved-1f1b":
+            # unequal chunks: the micro-batches a stage holds depend on which chunks hold them
+            flight_key = (par.schedule, par.pp, par.vpp, par.num_micro_batches, id(partition), par.recompute)
+            in_flight = self._in_flight.get(flight_key)
+            if in_flight is None:
+                in_flight = self._in_flight[flight_key] = tuple(
+                    stage_in_flight(par, index, chunk_shares(stage, partition.chunk_blocks[index], par.recompute))
+                    for index, stage in enumerate(stages))
+            return memory_estimate(bases, in_flight, device)
         flight_key = (par.schedule, par.pp, par.vpp, par.num_micro_batches, len(stages))
         in_flight = self._in_flight.get(flight_key)
         if in_flight is None:

@@ -66,7 +66,7 @@ class AnalyticalEstimator:
         """The closed form for one plan; the Result waits for PlanPrice.result()."""
         pricer = self.pricer
         par = job.parallel
-        partition = pricer.partition(graph, par.pp)
+        partition = pricer.plan_partition(graph, par)
         stages = partition.stages
         costs = pricer.stage_costs(partition, job)
         totals = [cost.total_s for cost in costs]

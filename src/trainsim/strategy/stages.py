@@ -45,17 +45,20 @@ def _rank_to_chunks(per_rank: Sequence[int], pp: int, vpp: int) -> tuple[int, ..
 
 
 def split_blocks(num_blocks: int, pp: int, vpp: int = 1, *, first: int = 0, last: int = 0,
-                 embedding: bool = False, loss: bool = False, explicit: Sequence[int] = ()) -> tuple[int, ...]:
+                 embedding: bool = False, loss: bool = False, explicit: Sequence[int] = (),
+                 allow_empty: bool = False) -> tuple[int, ...]:
     """Transformer blocks per virtual stage (pp x vpp entries, virtual stage c * pp + r is chunk c of rank r).
 
     first / last: the first / last rank's blocks (0 = not fixed), dealt over its vpp chunks; the other blocks
     are dealt over the middle ranks' virtual stages in model order. embedding / loss: count the embedding /
     the loss as a layer of the first / last virtual stage. explicit: blocks per rank (pp entries, each dealt
     over the rank's chunks) or per virtual stage (pp x vpp entries); it excludes the other settings.
-    Raises ConfigError (naming the field) where the settings do not make a split of num_blocks."""
+    Raises ConfigError (naming the field) where the settings do not make a split of num_blocks, or leave a
+    middle virtual stage without a layer (unless allow_empty: a strategy tree's lowering of fewer blocks than
+    virtual stages)."""
     stages = pp * vpp
     if explicit:
-        return _explicit_split(num_blocks, pp, vpp, explicit)
+        return _explicit_split(num_blocks, pp, vpp, explicit, allow_empty)
     if first or last:
         if embedding or loss:
             raise ConfigError("first_stage_layers", first or last, "cannot be combined with embedding_in_split or "
@@ -72,7 +75,7 @@ def split_blocks(num_blocks: int, pp: int, vpp: int = 1, *, first: int = 0, last
             raise ConfigError("pp", pp, f"pp x vpp = {stages} virtual stages need at least {stages} layers; the "
                               f"model has {num_blocks} blocks + {int(embedding) + int(loss)} counted "
                               "embedding/loss layers")
-    return _checked(tuple(counts), pp, vpp, num_blocks)
+    return tuple(counts) if allow_empty else _checked(tuple(counts), pp, vpp, num_blocks)
 
 
 def _first_last_split(num_blocks: int, pp: int, vpp: int, first: int, last: int) -> list[int]:
@@ -94,7 +97,7 @@ def _first_last_split(num_blocks: int, pp: int, vpp: int, first: int, last: int)
     return [per_vs[vs] for vs in range(pp * vpp)]
 
 
-def _explicit_split(num_blocks: int, pp: int, vpp: int, explicit: Sequence[int]) -> tuple[int, ...]:
+def _explicit_split(num_blocks: int, pp: int, vpp: int, explicit: Sequence[int], allow_empty: bool) -> tuple[int, ...]:
     text = ",".join(str(n) for n in explicit)
     if len(explicit) not in (pp, pp * vpp):
         allowed = f"{pp} entries (one per pipeline rank)" + (f" or {pp * vpp} (one per virtual stage)"
@@ -104,7 +107,7 @@ def _explicit_split(num_blocks: int, pp: int, vpp: int, explicit: Sequence[int])
         raise ConfigError("stage_layers", text, f"sums to {sum(explicit)}; must equal the model's {num_blocks} "
                           "layers")
     counts = tuple(explicit) if len(explicit) == pp * vpp else _rank_to_chunks(explicit, pp, vpp)
-    return _checked(counts, pp, vpp, num_blocks, field="stage_layers", value=text)
+    return counts if allow_empty else _checked(counts, pp, vpp, num_blocks, field="stage_layers", value=text)
 
 
 def _checked(counts: tuple[int, ...], pp: int, vpp: int, num_blocks: int, *, field: str = "pp",
@@ -118,10 +121,11 @@ def _checked(counts: tuple[int, ...], pp: int, vpp: int, num_blocks: int, *, fie
     return counts
 
 
-def virtual_stage_blocks(num_blocks: int, par: ParallelSpec) -> tuple[int, ...]:
+def virtual_stage_blocks(num_blocks: int, par: ParallelSpec, *, allow_empty: bool = False) -> tuple[int, ...]:
     """split_blocks with the strategy's settings."""
     return split_blocks(num_blocks, par.pp, par.vpp, first=par.first_stage_layers, last=par.last_stage_layers,
-                        embedding=par.embedding_in_split, loss=par.loss_in_split, explicit=par.stage_layers)
+                        embedding=par.embedding_in_split, loss=par.loss_in_split, explicit=par.stage_layers,
+                        allow_empty=allow_empty)
 
 
 def rank_blocks(num_blocks: int, par: ParallelSpec) -> tuple[int, ...]:

@@ -39,7 +39,14 @@ from trainsim.profile.database import default_db_path
 from trainsim.registry import Registry
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import policy_for
-from trainsim.strategy.stages import StagePart, is_even_split, num_blocks, partition_stages, virtual_stage_blocks
+from trainsim.strategy.stages import (
+    BLOCK_KINDS,
+    StagePart,
+    is_even_split,
+    num_blocks,
+    partition_stages,
+    virtual_stage_blocks,
+)
 
 BUCKET_BYTES = 40e6 * 2  # NB: Megatron-LM's default gradient bucket: 40M elements
 
@@ -205,18 +212,23 @@ class Pricer:
             self._partition_of[self._pin(stages)] = partition
         return partition
 
-    def plan_partition(self, graph: OpGraph, par: ParallelSpec) -> Partition:
-        """The partition of the strategy's pipeline split (strategy.stages.split_blocks): even, or as its
-        first/last stage layers, embedding/loss accounting or stage list say; once per (graph, split)."""
+    def plan_split(self, graph: OpGraph, par: ParallelSpec) -> tuple[int, ...] | None:
+        """Blocks per virtual stage of the strategy's split (strategy.stages.virtual_stage_blocks), or None for
+        the even split of a layer count pp x vpp divides (and for a model without blocks); once per
+        (graph, split settings)."""
         split = (par.pp, par.vpp, par.first_stage_layers, par.last_stage_layers, par.embedding_in_split,
                  par.loss_in_split, par.stage_layers)
         key = (self._pin(graph), split)
-        virtual_blocks = self._splits.get(key, False)
-        if virtual_blocks is False:
+        if key not in self._splits:
             blocks = num_blocks(graph)
             even = not blocks or (is_even_split(par) and blocks % (par.pp * par.vpp) == 0)
-            virtual_blocks = self._splits[key] = None if even else virtual_stage_blocks(blocks, par)
-        return self.partition(graph, par.pp, virtual_blocks)
+            self._splits[key] = None if even else virtual_stage_blocks(blocks, par)
+        return self._splits[key]
+
+    def plan_partition(self, graph: OpGraph, par: ParallelSpec) -> Partition:
+        """The partition of the strategy's pipeline split: even, or as its first/last stage layers,
+        embedding/loss accounting, stage list or a layer count pp x vpp does not divide say."""
+        return self.partition(graph, par.pp, self.plan_split(graph, par))
 
     # --- ops and collectives ---
 
@@ -359,6 +371,42 @@ class Pricer:
                 seconds += part.count * self.fsdp_exposed_s(part.layer, self.layer_cost(part.layer, job), job)
             self._stage_extra_s[key] = seconds
         return seconds
+
+    def stage_forward_fraction(self, stage: list[StagePart], job: Job) -> float:
+        """The forward pass's share of one micro-batch's compute and feature communication on the stage (the
+        rest is backward and recompute): what an uneven pipeline's warm-up and cool-down stalls read."""
+        key = ("forward", self.stage_key(stage), self._cluster_key(job.cluster), _layout_key(job),
+               job.parallel.recompute)
+        fraction = self._stage_extra_s.get(key)
+        if fraction is None:
+            forward = 0.0
+            for part in stage:
+                cost = self.layer_cost(part.layer, job)
+                forward += part.count * (cost.fwd_s + cost.comm_fwd_s)
+            compute, _, comm = self._stage_work(stage, job)
+            whole = compute + self._stage_recompute_s(stage, job) + sum(comm.values())
+            fraction = self._stage_extra_s[key] = forward / whole if whole > 0.0 else 0.0
+        return fraction
+
+    def chunk_time_shares(self, partition: Partition, job: Job) -> tuple[tuple[float, ...], ...]:
+        """Per stage of a partition with unequal chunks, each model chunk's share of the stage's forward and
+        backward compute: its blocks' (the stage's blocks of each kind in one proportion), the embedding's on
+        the first chunk, the head's on the last. Empty for a partition of equal chunks."""
+        shares: list[tuple[float, ...]] = []
+        for stage, blocks_per_chunk in zip(partition.stages, partition.chunk_blocks, strict=False):
+            blocks = sum(blocks_per_chunk)
+            per_chunk = [0.0] * len(blocks_per_chunk)
+            for part in stage:
+                cost = self.layer_cost(part.layer, job)
+                seconds = part.count * (cost.fwd_s + cost.bwd_s)
+                if part.layer.kind in BLOCK_KINDS:
+                    for chunk, count in enumerate(blocks_per_chunk):
+                        per_chunk[chunk] += seconds * count / blocks
+                else:
+                    per_chunk[-1 if part.layer.kind == "head" else 0] += seconds
+            total = sum(per_chunk)
+            shares.append(tuple(value / total if total > 0.0 else 1.0 / len(per_chunk) for value in per_chunk))
+        return tuple(shares)
 
     def pipeline_send_s(self, stage: list[StagePart], job: Job) -> float:
         """Each micro-batch sends its activation forward and its gradient backward once per model chunk."""

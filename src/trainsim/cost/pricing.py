@@ -14,7 +14,7 @@ formula reads.
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from trainsim.catalog.calibration import Calibration, load_calibration
 from trainsim.comm.collectives import AlphaBetaComm, CommCostModel
@@ -91,8 +91,8 @@ class Partition:
     numbers: tuple[int, ...]  # per stage: the number of its content
     first: tuple[int, ...]  # per stage: the index of the first stage of the same content
     distinct: tuple[int, ...]  # the stages that are first of their content
-    # per stage: blocks per model chunk, where some stage's chunks hold unequal blocks (else empty: every
-    # stage's activations are spread evenly over its chunks)
+    # per stage: blocks per model chunk, for an uneven split of more than one chunk per stage (else empty: the
+    # even split, whose stages' activations are taken as spread evenly over their chunks)
     chunk_blocks: tuple[tuple[int, ...], ...] = ()
 
 
@@ -153,6 +153,7 @@ class Pricer:
         self._stage_ops: dict[object, tuple[int, int]] = {}
         self._partitions: dict[tuple[object, ...], Partition] = {}
         self._splits: dict[tuple[object, ...], tuple[int, ...] | None] = {}
+        self._chunk_shares: dict[tuple[object, ...], tuple[Any, ...]] = {}
         self._partition_of: dict[int, Partition] = {}  # id of a Partition's stages -> it
         self._memory_bases: dict[tuple[object, ...], tuple[StageMemoryBase, ...]] = {}
         self._in_flight: dict[tuple[object, ...], tuple[float, ...]] = {}
@@ -206,9 +207,8 @@ class Pricer:
                 numbers.append(self._stage_numbers.setdefault(content, len(self._stage_numbers)))
                 self._stage_keys[self._pin(stage)] = numbers[-1]
             distinct = tuple(index for index, head in enumerate(firsts) if head == index)
-            unequal = any(len(set(chunks)) > 1 for chunks in per_chunk)
             partition = self._partitions[key] = Partition(stages, tuple(numbers), tuple(firsts), distinct,
-                                                          per_chunk if unequal else ())
+                                                          per_chunk if vpp > 1 else ())
             self._partition_of[self._pin(stages)] = partition
         return partition
 
@@ -389,24 +389,41 @@ class Pricer:
         return fraction
 
     def chunk_time_shares(self, partition: Partition, job: Job) -> tuple[tuple[float, ...], ...]:
-        """Per stage of a partition with unequal chunks, each model chunk's share of the stage's forward and
+        """Per stage of a partition with chunk_blocks, each model chunk's share of the stage's forward and
         backward compute: its blocks' (the stage's blocks of each kind in one proportion), the embedding's on
-        the first chunk, the head's on the last. Empty for a partition of equal chunks."""
-        shares: list[tuple[float, ...]] = []
-        for stage, blocks_per_chunk in zip(partition.stages, partition.chunk_blocks, strict=False):
-            blocks = sum(blocks_per_chunk)
-            per_chunk = [0.0] * len(blocks_per_chunk)
-            for part in stage:
-                cost = self.layer_cost(part.layer, job)
-                seconds = part.count * (cost.fwd_s + cost.bwd_s)
-                if part.layer.kind in BLOCK_KINDS:
-                    for chunk, count in enumerate(blocks_per_chunk):
-                        per_chunk[chunk] += seconds * count / blocks
-                else:
-                    per_chunk[-1 if part.layer.kind == "head" else 0] += seconds
-            total = sum(per_chunk)
-            shares.append(tuple(value / total if total > 0.0 else 1.0 / len(per_chunk) for value in per_chunk))
-        return tuple(shares)
+        the first chunk, the head's on the last. Empty for a partition without chunk_blocks. Once per
+        (partition, cluster, layouts)."""
+        key = (id(partition), self._cluster_key(job.cluster), _layout_key(job))
+        shares = self._chunk_shares.get(key)
+        if shares is None:
+            shares = self._chunk_shares[key] = tuple(
+                self._chunk_time_shares(stage, blocks_per_chunk, job)
+                for stage, blocks_per_chunk in zip(partition.stages, partition.chunk_blocks, strict=False))
+        return shares
+
+    def _chunk_time_shares(self, stage: list[StagePart], blocks_per_chunk: tuple[int, ...],
+                           job: Job) -> tuple[float, ...]:
+        blocks = sum(blocks_per_chunk)
+        per_chunk = [0.0] * len(blocks_per_chunk)
+        for part in stage:
+            cost = self.layer_cost(part.layer, job)
+            seconds = part.count * (cost.fwd_s + cost.bwd_s)
+            if part.layer.kind in BLOCK_KINDS:
+                for chunk, count in enumerate(blocks_per_chunk):
+                    per_chunk[chunk] += seconds * count / blocks
+            else:
+                per_chunk[-1 if part.layer.kind == "head" else 0] += seconds
+        total = sum(per_chunk)
+        return tuple(value / total if total > 0.0 else 1.0 / len(per_chunk) for value in per_chunk)
+
+    def forward_fractions(self, partition: Partition, job: Job) -> tuple[float, ...]:
+        """stage_forward_fraction of every stage of the partition."""
+        key = ("forward", id(partition), self._cluster_key(job.cluster), _layout_key(job), job.parallel.recompute)
+        fractions = self._chunk_shares.get(key)
+        if fractions is None:
+            fractions = self._chunk_shares[key] = tuple(self.stage_forward_fraction(stage, job)
+                                                        for stage in partition.stages)
+        return fractions
 
     def pipeline_send_s(self, stage: list[StagePart], job: Job) -> float:
         """Each micro-batch sends its activation forward and its gradient backward once per model chunk."""

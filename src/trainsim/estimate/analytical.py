@@ -13,6 +13,7 @@ time, throughput, peak memory) and assembles the full Result only when asked (Pl
 builds Results only for the plans it reports. `estimate` is `price(...).result()`.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from trainsim.cost.memory import MemoryEstimate
@@ -51,7 +52,7 @@ class PlanPrice:
         return make_result(self.engine, self.job, self.graph, self.breakdown, self.memory)
 
 
-def uneven_bubble_s(schedule: str, totals: list[float], forward: list[float], m: int,
+def uneven_bubble_s(schedule: str, totals: list[float], forward: Sequence[float], m: int,
                     chunk_shares: tuple[tuple[float, ...], ...] = ()) -> float:
     """The pipeline's idle time on its bottleneck beyond m x the slowest stage, for stages of unequal times.
 
@@ -66,19 +67,22 @@ def uneven_bubble_s(schedule: str, totals: list[float], forward: list[float], m:
     p = len(totals)
     if schedule == "gpipe":
         return sum(totals) - max(totals)
-    v = len(chunk_shares[0]) if chunk_shares else 1
-    shares = chunk_shares or tuple((1.0,) * v for _ in totals)
-    first = [t * share[0] for t, share in zip(totals, shares, strict=True)]
-    last = [t * share[-1] for t, share in zip(totals, shares, strict=True)]
+    interleaved = bool(chunk_shares)
+    first = [t * share[0] for t, share in zip(totals, chunk_shares, strict=True)] if interleaved else totals
+    last = [t * share[-1] for t, share in zip(totals, chunk_shares, strict=True)] if interleaved else totals
     slowest = max(totals)
-    candidates = []
+    bubble = fill = 0.0
+    round_trips = [0.0] * (p + 1)  # round_trips[k] = sum of last[k:]
+    for k in range(p - 1, -1, -1):
+        round_trips[k] = round_trips[k + 1] + last[k]
     for k in range(p):
-        round_trip = sum(last[k + 1:])
-        warm = (p - k - 1) * (2 if v > 1 else 1)
-        fwd, bwd = forward[k] * last[k], (1.0 - forward[k]) * last[k]
-        stall = max(0.0, round_trip - warm * fwd) + max(0.0, round_trip - warm * bwd)
-        candidates.append(sum(first[:k]) + m * (totals[k] - slowest) + stall)
-    return max(0.0, *candidates)
+        round_trip = round_trips[k + 1]
+        warm = (p - k - 1) * (2 if interleaved else 1)
+        fwd = forward[k] * last[k]
+        stall = max(0.0, round_trip - warm * fwd) + max(0.0, round_trip - warm * (last[k] - fwd))
+        bubble = max(bubble, fill + m * (totals[k] - slowest) + stall)
+        fill += first[k]
+    return bubble
 
 
 class AnalyticalEstimator:
@@ -105,10 +109,10 @@ class AnalyticalEstimator:
         bottleneck = max(range(len(totals)), key=totals.__getitem__)
         slow = costs[bottleneck]
         m = par.num_micro_batches
-        if partition.chunk_blocks or (par.vpp == 1 and pricer.plan_split(graph, par) is not None):
+        if pricer.plan_split(graph, par) is not None:
             # an uneven split (strategy.stages): the stalls of the warm-up and cool-down, stage by stage
-            forward = [pricer.stage_forward_fraction(stage, job) for stage in stages]
-            bubble = uneven_bubble_s(par.schedule, totals, forward, m, pricer.chunk_time_shares(partition, job))
+            bubble = uneven_bubble_s(par.schedule, totals, pricer.forward_fractions(partition, job), m,
+                                     pricer.chunk_time_shares(partition, job))
         else:
             bubble = (sum(totals) - slow.total_s) / par.vpp
         if par.schedule == "zb-h1":

@@ -187,18 +187,39 @@ def in_flight_micro_batches(schedule: str, stage: int, pp: int, vpp: int, num_mi
     GPipe holds all m; 1F1B holds p - i on stage i (Narayanan et al. 2021); interleaved 1F1B holds
     (2(p - i - 1) + (v - 1) p + 1) model chunks of 1/v stage each (Megatron-LM's warm-up count), which for the
     first stage is p + (p - 1)/v stages' worth (Korthikanti et al. 2022, sec. 4.2.3).
-    chunk_shares: for interleaved 1F1B with unequal chunks, each chunk's share of the stage's activations
-    (summing to 1); forward step k runs chunk (k // p) mod v (groups of p micro-batches per chunk:
-    get_schedule_table in megatron/core/pipeline_parallel/schedules.py, megatron-core 0.16.1).
+    chunk_shares: for interleaved 1F1B, each chunk's share of the stage's activations (summing to 1) where
+    they differ: the peak of the running sum over the rank's order of steps (interleaved_peak_chunks).
     """
     if schedule == "gpipe":
         return float(num_micro_batches)
     if schedule == "interleaved-1f1b":
-        chunks = min(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, num_micro_batches * vpp)
-        if chunk_shares is None:
-            return chunks / vpp
-        held = [0] * vpp
-        for step in range(chunks):
-            held[(step // pp) % vpp] += 1
-        return sum(count * share for count, share in zip(held, chunk_shares, strict=True))
+        if chunk_shares is not None:
+            return interleaved_peak_chunks(stage, pp, vpp, num_micro_batches, chunk_shares)
+        chunks = 2 * (pp - stage - 1) + (vpp - 1) * pp + 1
+        return min(chunks, num_micro_batches * vpp) / vpp
     return float(min(num_micro_batches, pp - stage))
+
+
+def interleaved_peak_chunks(stage: int, pp: int, vpp: int, num_micro_batches: int,
+                            chunk_shares: Sequence[float]) -> float:
+    """The most activations (in whole-stage units) rank `stage` holds over interleaved 1F1B, chunks weighted by
+    their shares: W = 2(p - i - 1) + (v - 1) p warm-up forwards, then forward k + W and backward k alternate.
+    Forward k runs chunk (k mod pv) // p, backward k chunk v - 1 - (k mod pv) // p (micro-batches in groups of
+    p per chunk: get_model_chunk_id / get_schedule_table in megatron/core/pipeline_parallel/schedules.py,
+    megatron-core 0.16.1, whose warm-up count this is). With unequal chunks the peak can come after the
+    warm-up: a forward of a large chunk while a backward frees a small one."""
+    total = num_micro_batches * vpp
+    warmup = min(2 * (pp - stage - 1) + (vpp - 1) * pp, total)
+    group = pp * vpp
+
+    def chunk(k: int, forward: bool) -> int:
+        position = (k % group) // pp
+        return position if forward else vpp - 1 - position
+
+    held = sum(chunk_shares[chunk(k, True)] for k in range(warmup))
+    peak = held
+    for k in range(total - warmup):
+        held += chunk_shares[chunk(k + warmup, True)]
+        peak = max(peak, held)
+        held -= chunk_shares[chunk(k, False)]
+    return peak

@@ -6,7 +6,8 @@ A Pricer holds the costs (op times, step costs and collective times, with the ca
 caches of one run, so a search that prices thousands of plans of one model prices each distinct thing once:
 group layouts per (axis degrees, cluster), collective times per (collective, bytes, layout, cluster), layer
 prices per (layer, layouts, cluster), stage prices per (stage layers, layouts, recompute, ZeRO-3, precision, vpp,
-host overhead), stage memory per (stage layers, the plan's memory settings) and a graph's stages per pp.
+host overhead), stage memory per (stage layers, the plan's memory settings) and a graph's stages per pipeline
+split (pp and the blocks per virtual stage).
 Every cache returns what the uncached formula returns for the same inputs: the keys hold every input the
 formula reads.
 """
@@ -14,7 +15,7 @@ formula reads.
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from trainsim.catalog.calibration import Calibration, load_calibration
 from trainsim.comm.collectives import AlphaBetaComm, CommCostModel
@@ -153,7 +154,8 @@ class Pricer:
         self._stage_ops: dict[object, tuple[int, int]] = {}
         self._partitions: dict[tuple[object, ...], Partition] = {}
         self._splits: dict[tuple[object, ...], tuple[int, ...] | None] = {}
-        self._chunk_shares: dict[tuple[object, ...], tuple[Any, ...]] = {}
+        self._chunk_shares: dict[tuple[object, ...], tuple[tuple[float, ...], ...]] = {}
+        self._forward_fractions: dict[tuple[object, ...], tuple[float, ...]] = {}
         self._partition_of: dict[int, Partition] = {}  # id of a Partition's stages -> it
         self._memory_bases: dict[tuple[object, ...], tuple[StageMemoryBase, ...]] = {}
         self._in_flight: dict[tuple[object, ...], tuple[float, ...]] = {}
@@ -419,9 +421,9 @@ class Pricer:
     def forward_fractions(self, partition: Partition, job: Job) -> tuple[float, ...]:
         """stage_forward_fraction of every stage of the partition."""
         key = ("forward", id(partition), self._cluster_key(job.cluster), _layout_key(job), job.parallel.recompute)
-        fractions = self._chunk_shares.get(key)
+        fractions = self._forward_fractions.get(key)
         if fractions is None:
-            fractions = self._chunk_shares[key] = tuple(self.stage_forward_fraction(stage, job)
+            fractions = self._forward_fractions[key] = tuple(self.stage_forward_fraction(stage, job)
                                                         for stage in partition.stages)
         return fractions
 

@@ -55,9 +55,8 @@ def default_plan(graph: OpGraph, par: ParallelSpec) -> LoweredPlan:
     layers = expand_layers(graph)
     blocks = [i for i, layer in enumerate(layers) if layer.kind in BLOCK_KINDS]
     chunks = par.pp * par.vpp
-    if blocks:
-        per_vs = virtual_stage_blocks(len(blocks), par, allow_empty=True)  # make_job refused empty stages
-        block_vs = [vs for vs, count in enumerate(per_vs) for _ in range(count)]
+    per_vs = virtual_stage_blocks(len(blocks), par, allow_empty=True) if blocks else ()  # make_job checked
+    block_vs = [vs for vs, count in enumerate(per_vs) for _ in range(count)]
     assignments: list[LayerAssignment] = []
     for index, layer in enumerate(layers):
         if blocks:

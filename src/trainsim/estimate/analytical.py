@@ -71,16 +71,25 @@ def uneven_bubble_s(schedule: str, totals: list[float], forward: Sequence[float]
     first = [t * share[0] for t, share in zip(totals, chunk_shares, strict=True)] if interleaved else totals
     last = [t * share[-1] for t, share in zip(totals, chunk_shares, strict=True)] if interleaved else totals
     slowest = max(totals)
+    per_warm_up = 2 if interleaved else 1
+    later = [0.0] * p  # later[k] = sum of last[k + 1:]
+    for k in range(p - 2, -1, -1):
+        later[k] = later[k + 1] + last[k + 1]
     bubble = fill = 0.0
-    round_trips = [0.0] * (p + 1)  # round_trips[k] = sum of last[k:]
-    for k in range(p - 1, -1, -1):
-        round_trips[k] = round_trips[k + 1] + last[k]
+    # NB: comparisons, not max(): a search prices this for every uneven plan
     for k in range(p):
-        round_trip = round_trips[k + 1]
-        warm = (p - k - 1) * (2 if interleaved else 1)
+        round_trip = later[k]
+        warm = (p - k - 1) * per_warm_up
         fwd = forward[k] * last[k]
-        stall = max(0.0, round_trip - warm * fwd) + max(0.0, round_trip - warm * (last[k] - fwd))
-        bubble = max(bubble, fill + m * (totals[k] - slowest) + stall)
+        idle = fill + m * (totals[k] - slowest)
+        stall = round_trip - warm * fwd
+        if stall > 0.0:
+            idle += stall
+        stall = round_trip - warm * (last[k] - fwd)
+        if stall > 0.0:
+            idle += stall
+        if idle > bubble:
+            bubble = idle
         fill += first[k]
     return bubble
 

@@ -9,8 +9,8 @@ first and last rank's blocks and split the rest evenly over the middle ranks;
 loss (output layer + loss) as one layer each in the split, taking one block off the first (last) virtual stage.
 Megatron-Core refuses a split that does not divide; here the remainder goes one layer each to the first
 virtual stages in model order, as torchtitan (torchtitan/distributed/pipeline_parallel.py
-generate_llm_fqn_per_model_part, torchtitan 0.3.0) and DeepSpeed (deepspeed/runtime/utils.py partition_uniform)
-deal it; where the division is exact the result is Megatron-Core's.
+generate_llm_fqn_per_model_part, torchtitan 0.3.0) and DeepSpeed (deepspeed/runtime/utils.py partition_uniform,
+deepspeed 0.19.8) deal it; where the division is exact the result is Megatron-Core's.
 
 Virtual stage c * pp + r is model chunk c of pipeline rank r (Megatron-LM's interleaved placement).
 """
@@ -79,18 +79,18 @@ def split_blocks(num_blocks: int, pp: int, vpp: int = 1, *, first: int = 0, last
 
 
 def _first_last_split(num_blocks: int, pp: int, vpp: int, first: int, last: int) -> list[int]:
-    fixed = [(0, first, "first_stage_layers"), (pp - 1, last, "last_stage_layers")]
-    middle_ranks = [rank for rank in range(pp) if not any(rank == r and n for r, n, _ in fixed)]
+    """Megatron-Core's uneven first / last stages; the rest dealt over the middle ranks' virtual stages."""
+    fixed = [(rank, count) for rank, count in ((0, first), (pp - 1, last)) if count]
+    middle_ranks = [rank for rank in range(pp) if rank not in dict(fixed)]
     rest = num_blocks - first - last
     if rest < 0 or (rest > 0) != bool(middle_ranks):
         field, value = ("first_stage_layers", first) if first else ("last_stage_layers", last)
         raise ConfigError(field, value, f"first_stage_layers + last_stage_layers = {first + last} leaves "
                           f"{rest} of the {num_blocks} layers for {len(middle_ranks)} middle stages of pp={pp}")
     per_vs = dict.fromkeys(range(pp * vpp), 0)
-    for rank, count, _ in fixed:
-        if count:
-            for chunk, blocks in enumerate(deal(count, vpp)):
-                per_vs[chunk * pp + rank] = blocks
+    for rank, count in fixed:
+        for chunk, blocks in enumerate(deal(count, vpp)):
+            per_vs[chunk * pp + rank] = blocks
     middle = [vs for vs in range(pp * vpp) if vs % pp in middle_ranks]
     for vs, blocks in zip(middle, deal(rest, len(middle)) if middle else [], strict=True):
         per_vs[vs] = blocks

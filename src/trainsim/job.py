@@ -6,6 +6,7 @@ from trainsim.errors import ConfigError
 from trainsim.hardware.cluster import ClusterSpec
 from trainsim.ir.model_spec import ModelSpec, TransformerSpec
 from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.stages import is_even_split, virtual_stage_blocks
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,9 +72,7 @@ def _check_transformer(model: TransformerSpec, par: ParallelSpec) -> None:
         raise ConfigError("tp", par.tp, f"must divide or be a multiple of num_kv_heads={model.kv_heads}")
     if par.pp > model.num_layers:
         raise ConfigError("pp", par.pp, f"must be at most num_layers={model.num_layers} of {model.name}")
-    chunks = par.pp * par.vpp
-    if model.num_layers % chunks:
-        raise ConfigError("pp", par.pp, f"pp x vpp = {chunks} must divide num_layers={model.num_layers}")
+    virtual_stage_blocks(model.num_layers, par)  # refuses a split that leaves a stage empty or mis-sums
     if model.position == "learned" and par.seq_len > model.max_seq_len:
         raise ConfigError("seq_len", par.seq_len, f"must be at most max_seq_len={model.max_seq_len} of {model.name} "
                           "(learned position embeddings)")
@@ -88,6 +87,9 @@ def _check_transformer(model: TransformerSpec, par: ParallelSpec) -> None:
 
 
 def _check_non_transformer(kind: str, par: ParallelSpec) -> None:
+    if not is_even_split(par):
+        raise ConfigError("stage_layers", par.stage_layers or "", f"the pipeline split settings apply to "
+                          f"transformers; a model of kind {kind} has its layers dealt out in order")
     for axis, value in (("tp", par.tp), ("cp", par.cp), ("ep", par.ep)):
         if value != 1:
             raise ConfigError(axis, value, f"must be 1 for a model of kind {kind} (only dp and pp apply)")

@@ -55,7 +55,10 @@ def field_help(field: str, note: str = "") -> str:
 def _shown_default(field: str) -> str:
     default = ParallelSpec.model_fields[field].default
     if isinstance(default, bool):
-        return field if default else f"no-{field}"
+        kebab = field.replace("_", "-")
+        return kebab if default else f"no-{kebab}"
+    if isinstance(default, tuple):
+        return ",".join(str(item) for item in default) or "none"
     return str(default)
 
 

@@ -4,9 +4,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from trainsim.hardware.device import DeviceSpec
-from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.parallel import ParallelSpec, Recompute
 from trainsim.strategy.precision import policy_for
-from trainsim.strategy.stages import StagePart, in_flight_micro_batches
+from trainsim.strategy.stages import BLOCK_KINDS, StagePart, in_flight_micro_batches
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,8 +93,30 @@ def stage_memory_values(base: StageMemoryBase, in_flight: float, reserved_bytes:
     return (*base.states, activations, base.working, 0.0, reserved_bytes)
 
 
-def stage_in_flight(par: ParallelSpec, index: int) -> float:
-    return in_flight_micro_batches(par.schedule, index, par.pp, par.vpp, par.num_micro_batches)
+def stage_in_flight(par: ParallelSpec, index: int, shares: Sequence[float] | None = None) -> float:
+    """Micro-batches stage `index` holds at its peak (strategy.stages.in_flight_micro_batches); shares: its
+    chunks' shares of its activations where they differ (chunk_shares)."""
+    return in_flight_micro_batches(par.schedule, index, par.pp, par.vpp, par.num_micro_batches, shares)
+
+
+def chunk_shares(stage: list[StagePart], blocks_per_chunk: Sequence[int],
+                 recompute: Recompute) -> tuple[float, ...] | None:
+    """Each model chunk's share of the stage's saved activations per micro-batch: its blocks' (the stage's blocks
+    of each kind in one proportion), the embedding on the first chunk, the head on the last; None when the stage
+    saves nothing."""
+    blocks = sum(blocks_per_chunk)
+    per_chunk = [0.0] * len(blocks_per_chunk)
+    for part in stage:
+        saved = part.count * part.layer.saved_bytes[recompute]
+        if part.layer.kind in BLOCK_KINDS:
+            for chunk, count in enumerate(blocks_per_chunk):
+                per_chunk[chunk] += saved * count / blocks
+        elif part.layer.kind == "head":
+            per_chunk[-1] += saved
+        else:
+            per_chunk[0] += saved
+    total = sum(per_chunk)
+    return tuple(value / total for value in per_chunk) if total > 0.0 else None
 
 
 def stage_memory(stage: list[StagePart], index: int, par: ParallelSpec, device: DeviceSpec) -> dict[str, float]:

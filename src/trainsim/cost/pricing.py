@@ -6,7 +6,8 @@ A Pricer holds the costs (op times, step costs and collective times, with the ca
 caches of one run, so a search that prices thousands of plans of one model prices each distinct thing once:
 group layouts per (axis degrees, cluster), collective times per (collective, bytes, layout, cluster), layer
 prices per (layer, layouts, cluster), stage prices per (stage layers, layouts, recompute, ZeRO-3, precision, vpp,
-host overhead), stage memory per (stage layers, the plan's memory settings) and a graph's stages per pp.
+host overhead), stage memory per (stage layers, the plan's memory settings) and a graph's stages per pipeline
+split (pp and the blocks per virtual stage).
 Every cache returns what the uncached formula returns for the same inputs: the keys hold every input the
 formula reads.
 """
@@ -22,6 +23,7 @@ from trainsim.cost.compute import OpCostModel, RooflineCosts
 from trainsim.cost.memory import (
     MemoryEstimate,
     StageMemoryBase,
+    chunk_shares,
     estimate_memory,
     memory_estimate,
     memory_key,
@@ -38,7 +40,14 @@ from trainsim.profile.database import default_db_path
 from trainsim.registry import Registry
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import policy_for
-from trainsim.strategy.stages import StagePart, partition_stages
+from trainsim.strategy.stages import (
+    BLOCK_KINDS,
+    StagePart,
+    is_even_split,
+    num_blocks,
+    partition_stages,
+    virtual_stage_blocks,
+)
 
 BUCKET_BYTES = 40e6 * 2  # NB: Megatron-LM's default gradient bucket: 40M elements
 
@@ -83,6 +92,9 @@ class Partition:
     numbers: tuple[int, ...]  # per stage: the number of its content
     first: tuple[int, ...]  # per stage: the index of the first stage of the same content
     distinct: tuple[int, ...]  # the stages that are first of their content
+    # per stage: blocks per model chunk, for an uneven split of more than one chunk per stage (else empty: the
+    # even split, whose stages' activations are taken as spread evenly over their chunks)
+    chunk_blocks: tuple[tuple[int, ...], ...] = ()
 
 
 def axis_group(axis: str, par: ParallelSpec) -> tuple[int, int]:
@@ -140,7 +152,10 @@ class Pricer:
         self._stage_extra_s: dict[tuple[object, ...], float] = {}  # recompute and ZeRO-3 seconds of a stage
         self._stage_params: dict[object, float] = {}
         self._stage_ops: dict[object, tuple[int, int]] = {}
-        self._partitions: dict[tuple[int, int], Partition] = {}
+        self._partitions: dict[tuple[object, ...], Partition] = {}
+        self._splits: dict[tuple[object, ...], tuple[int, ...] | None] = {}
+        self._chunk_shares: dict[tuple[object, ...], tuple[tuple[float, ...], ...]] = {}
+        self._forward_fractions: dict[tuple[object, ...], tuple[float, ...]] = {}
         self._partition_of: dict[int, Partition] = {}  # id of a Partition's stages -> it
         self._memory_bases: dict[tuple[object, ...], tuple[StageMemoryBase, ...]] = {}
         self._in_flight: dict[tuple[object, ...], tuple[float, ...]] = {}
@@ -175,12 +190,16 @@ class Pricer:
             return tuple((self._pin(part.layer), part.count) for part in stage)
         return key
 
-    def partition(self, graph: OpGraph, pp: int) -> Partition:
-        """partition_stages(graph, pp), made once per (graph, pp)."""
-        key = (self._pin(graph), pp)
+    def partition(self, graph: OpGraph, pp: int, virtual_blocks: tuple[int, ...] | None = None) -> Partition:
+        """partition_stages(graph, pp), made once per (graph, pp, virtual_blocks). virtual_blocks: blocks per
+        virtual stage (pp x vpp entries, chunk-major as strategy.stages.split_blocks gives them; None = even)."""
+        key = (self._pin(graph), pp, virtual_blocks)
         partition = self._partitions.get(key)
         if partition is None:
-            stages = partition_stages(graph, pp)
+            vpp = len(virtual_blocks) // pp if virtual_blocks else 1
+            per_chunk = tuple(tuple(virtual_blocks[chunk * pp + rank] for chunk in range(vpp))
+                              for rank in range(pp)) if virtual_blocks else ()
+            stages = partition_stages(graph, pp, tuple(sum(chunks) for chunks in per_chunk) if per_chunk else None)
             first: dict[StageKey, int] = {}
             numbers: list[int] = []
             firsts: list[int] = []
@@ -190,9 +209,28 @@ class Pricer:
                 numbers.append(self._stage_numbers.setdefault(content, len(self._stage_numbers)))
                 self._stage_keys[self._pin(stage)] = numbers[-1]
             distinct = tuple(index for index, head in enumerate(firsts) if head == index)
-            partition = self._partitions[key] = Partition(stages, tuple(numbers), tuple(firsts), distinct)
+            partition = self._partitions[key] = Partition(stages, tuple(numbers), tuple(firsts), distinct,
+                                                          per_chunk if vpp > 1 else ())
             self._partition_of[self._pin(stages)] = partition
         return partition
+
+    def plan_split(self, graph: OpGraph, par: ParallelSpec) -> tuple[int, ...] | None:
+        """Blocks per virtual stage of the strategy's split (strategy.stages.virtual_stage_blocks), or None for
+        the even split of a layer count pp x vpp divides (and for a model without blocks); once per
+        (graph, split settings)."""
+        split = (par.pp, par.vpp, par.first_stage_layers, par.last_stage_layers, par.embedding_in_split,
+                 par.loss_in_split, par.stage_layers)
+        key = (self._pin(graph), split)
+        if key not in self._splits:
+            blocks = num_blocks(graph)
+            even = not blocks or (is_even_split(par) and blocks % (par.pp * par.vpp) == 0)
+            self._splits[key] = None if even else virtual_stage_blocks(blocks, par)
+        return self._splits[key]
+
+    def plan_partition(self, graph: OpGraph, par: ParallelSpec) -> Partition:
+        """The partition of the strategy's pipeline split: even, or as its first/last stage layers,
+        embedding/loss accounting, stage list or a layer count pp x vpp does not divide say."""
+        return self.partition(graph, par.pp, self.plan_split(graph, par))
 
     # --- ops and collectives ---
 
@@ -336,6 +374,59 @@ class Pricer:
             self._stage_extra_s[key] = seconds
         return seconds
 
+    def stage_forward_fraction(self, stage: list[StagePart], job: Job) -> float:
+        """The forward pass's share of one micro-batch's compute and feature communication on the stage (the
+        rest is backward and recompute): what an uneven pipeline's warm-up and cool-down stalls read."""
+        key = ("forward", self.stage_key(stage), self._cluster_key(job.cluster), _layout_key(job),
+               job.parallel.recompute)
+        fraction = self._stage_extra_s.get(key)
+        if fraction is None:
+            forward = 0.0
+            for part in stage:
+                cost = self.layer_cost(part.layer, job)
+                forward += part.count * (cost.fwd_s + cost.comm_fwd_s)
+            compute, _, comm = self._stage_work(stage, job)
+            whole = compute + self._stage_recompute_s(stage, job) + sum(comm.values())
+            fraction = self._stage_extra_s[key] = forward / whole if whole > 0.0 else 0.0
+        return fraction
+
+    def chunk_time_shares(self, partition: Partition, job: Job) -> tuple[tuple[float, ...], ...]:
+        """Per stage of a partition with chunk_blocks, each model chunk's share of the stage's forward and
+        backward compute: its blocks' (the stage's blocks of each kind in one proportion), the embedding's on
+        the first chunk, the head's on the last. Empty for a partition without chunk_blocks. Once per
+        (partition, cluster, layouts)."""
+        key = (id(partition), self._cluster_key(job.cluster), _layout_key(job))
+        shares = self._chunk_shares.get(key)
+        if shares is None:
+            shares = self._chunk_shares[key] = tuple(
+                self._chunk_time_shares(stage, blocks_per_chunk, job)
+                for stage, blocks_per_chunk in zip(partition.stages, partition.chunk_blocks, strict=False))
+        return shares
+
+    def _chunk_time_shares(self, stage: list[StagePart], blocks_per_chunk: tuple[int, ...],
+                           job: Job) -> tuple[float, ...]:
+        blocks = sum(blocks_per_chunk)
+        per_chunk = [0.0] * len(blocks_per_chunk)
+        for part in stage:
+            cost = self.layer_cost(part.layer, job)
+            seconds = part.count * (cost.fwd_s + cost.bwd_s)
+            if part.layer.kind in BLOCK_KINDS:
+                for chunk, count in enumerate(blocks_per_chunk):
+                    per_chunk[chunk] += seconds * count / blocks
+            else:
+                per_chunk[-1 if part.layer.kind == "head" else 0] += seconds
+        total = sum(per_chunk)
+        return tuple(value / total if total > 0.0 else 1.0 / len(per_chunk) for value in per_chunk)
+
+    def forward_fractions(self, partition: Partition, job: Job) -> tuple[float, ...]:
+        """stage_forward_fraction of every stage of the partition."""
+        key = ("forward", id(partition), self._cluster_key(job.cluster), _layout_key(job), job.parallel.recompute)
+        fractions = self._forward_fractions.get(key)
+        if fractions is None:
+            fractions = self._forward_fractions[key] = tuple(self.stage_forward_fraction(stage, job)
+                                                        for stage in partition.stages)
+        return fractions
+
     def pipeline_send_s(self, stage: list[StagePart], job: Job) -> float:
         """Each micro-batch sends its activation forward and its gradient backward once per model chunk."""
         out_bytes = max(part.layer.output_bytes for part in stage)
@@ -423,6 +514,15 @@ class Pricer:
         if bases is None:
             distinct = {index: stage_memory_base(stages[index], par) for index in partition.distinct}
             bases = self._memory_bases[key] = tuple(distinct[head] for head in partition.first)
+        if partition.chunk_blocks and par.schedule == "interleaved-1f1b":
+            # unequal chunks: the micro-batches a stage holds depend on which chunks hold them
+            flight_key = (par.schedule, par.pp, par.vpp, par.num_micro_batches, id(partition), par.recompute)
+            in_flight = self._in_flight.get(flight_key)
+            if in_flight is None:
+                in_flight = self._in_flight[flight_key] = tuple(
+                    stage_in_flight(par, index, chunk_shares(stage, partition.chunk_blocks[index], par.recompute))
+                    for index, stage in enumerate(stages))
+            return memory_estimate(bases, in_flight, device)
         flight_key = (par.schedule, par.pp, par.vpp, par.num_micro_batches, len(stages))
         in_flight = self._in_flight.get(flight_key)
         if in_flight is None:

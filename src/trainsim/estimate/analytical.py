@@ -4,13 +4,16 @@ iteration = m * t_stage(bottleneck) + bubble + exposed gradient communication + 
 t_stage is one micro-batch's forward, backward and recompute on a stage plus its feature communication
 (TP, CP, EP collectives and pipeline sends), and the bubble follows the schedule:
 (sum_i t_i - t_max) / v, which is (p - 1) t / v for equal stages (Narayanan et al. 2021) and the PredTOP
-formula T = sum(t_i) + (m - 1) max(t_j) for v = 1. Every price comes from the pricing service (cost.pricing).
+formula T = sum(t_i) + (m - 1) max(t_j) for v = 1; for an uneven split (strategy.stages: first/last stage
+layers, embedding/loss counted, a stage list, layers that do not divide pp x vpp) the stage-by-stage idle time
+of uneven_bubble_s. Every price comes from the pricing service (cost.pricing).
 
 A search prices thousands of plans with one estimator: `price` gives the numbers it ranks plans by (iteration
 time, throughput, peak memory) and assembles the full Result only when asked (PlanPrice.result), so a search
 builds Results only for the plans it reports. `estimate` is `price(...).result()`.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from trainsim.cost.memory import MemoryEstimate
@@ -49,6 +52,48 @@ class PlanPrice:
         return make_result(self.engine, self.job, self.graph, self.breakdown, self.memory)
 
 
+def uneven_bubble_s(schedule: str, totals: list[float], forward: Sequence[float], m: int,
+                    chunk_shares: tuple[tuple[float, ...], ...] = ()) -> float:
+    """The pipeline's idle time on its bottleneck beyond m x the slowest stage, for stages of unequal times.
+
+    GPipe: (sum_i t_i - max_j t_j) (a flow shop of identical jobs, forward then backward). 1F1B and its
+    interleaved form: the largest over the stages k of the time k is idle: the fill and drain of chunk 0 on the
+    stages before it, sum_{i<k} t_i0, m (t_k - t_max) (negative: k is faster than the slowest), and the two
+    stalls while k waits for its first (last) gradient: the round trip R_k = sum_{j>k} t_j,v-1 of its last
+    chunk through the later stages, less the w_k forwards (backwards) of chunk size it runs meanwhile,
+    w_k = p - k - 1 for 1F1B, 2 (p - k - 1) for interleaved 1F1B (Megatron-LM's warm-up count); t_ic = t_i x
+    chunk c's share (chunk_shares; 1 for 1F1B). For equal stages it is (p - 1) t / v (Narayanan et al. 2021).
+    forward: per stage, the forward pass's share of its time."""
+    p = len(totals)
+    if schedule == "gpipe":
+        return sum(totals) - max(totals)
+    interleaved = bool(chunk_shares)
+    first = [t * share[0] for t, share in zip(totals, chunk_shares, strict=True)] if interleaved else totals
+    last = [t * share[-1] for t, share in zip(totals, chunk_shares, strict=True)] if interleaved else totals
+    slowest = max(totals)
+    per_warm_up = 2 if interleaved else 1
+    later = [0.0] * p  # later[k] = sum of last[k + 1:]
+    for k in range(p - 2, -1, -1):
+        later[k] = later[k + 1] + last[k + 1]
+    bubble = fill = 0.0
+    # NB: comparisons, not max(): a search prices this for every uneven plan
+    for k in range(p):
+        round_trip = later[k]
+        warm = (p - k - 1) * per_warm_up
+        fwd = forward[k] * last[k]
+        idle = fill + m * (totals[k] - slowest)
+        stall = round_trip - warm * fwd
+        if stall > 0.0:
+            idle += stall
+        stall = round_trip - warm * (last[k] - fwd)
+        if stall > 0.0:
+            idle += stall
+        if idle > bubble:
+            bubble = idle
+        fill += first[k]
+    return bubble
+
+
 class AnalyticalEstimator:
     """Estimator "analytical". pricer: the costs (default: the calibrated roofline); its caches serve every
     job this estimator prices."""
@@ -66,14 +111,19 @@ class AnalyticalEstimator:
         """The closed form for one plan; the Result waits for PlanPrice.result()."""
         pricer = self.pricer
         par = job.parallel
-        partition = pricer.partition(graph, par.pp)
+        partition = pricer.plan_partition(graph, par)
         stages = partition.stages
         costs = pricer.stage_costs(partition, job)
         totals = [cost.total_s for cost in costs]
         bottleneck = max(range(len(totals)), key=totals.__getitem__)
         slow = costs[bottleneck]
         m = par.num_micro_batches
-        bubble = (sum(totals) - slow.total_s) / par.vpp
+        if pricer.plan_split(graph, par) is not None:
+            # an uneven split (strategy.stages): the stalls of the warm-up and cool-down, stage by stage
+            bubble = uneven_bubble_s(par.schedule, totals, pricer.forward_fractions(partition, job), m,
+                                     pricer.chunk_time_shares(partition, job))
+        else:
+            bubble = (sum(totals) - slow.total_s) / par.vpp
         if par.schedule == "zb-h1":
             # Qi et al. 2023 (zero bubble), ZB-H1: deferring the weight-gradient GEMMs W into the bubble turns
             # 1F1B's (p-1)(F+B+W) into (p-1)(F+B-W) at 1F1B's memory.

@@ -32,7 +32,7 @@ from trainsim.ir.graph import Layer, OpGraph
 from trainsim.job import Job
 from trainsim.strategy.lowered import LoweredPlan
 from trainsim.strategy.parallel import ParallelSpec
-from trainsim.strategy.stages import StagePart, partition_stages
+from trainsim.strategy.stages import StagePart, plan_stages
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +53,9 @@ def partition(graph: OpGraph, par: ParallelSpec) -> list[Subgraph]:
 
     NB: `graph` is the per-device graph the catalog front-end built with the job's tp (and sp/cp/ep): its
     weights are the slices slice_weight(w, t, TP) of line 15 already, identical for every t; the stage
-    assignment is estimate.stages.partition_stages (blocks split evenly, embedding first, head last).
+    assignment is strategy.stages.plan_stages (the strategy's split: even by default, embedding first, head last).
     """
-    stages = partition_stages(graph, par.pp)
+    stages = plan_stages(graph, par)
     subgraphs: list[Subgraph] = []
     for s in range(par.pp):
         for d in range(par.dp):
@@ -140,7 +140,7 @@ class PrecisionAwareEstimator:
         # Eq. 4: T_pp = T_comp x (PP - 1)
         t_pp = t_comp * (par.pp - 1)
         breakdown = {"compute": t_comp, "dp_comm": t_dp, "tp_comm": t_tp, "bubble": t_pp}
-        stages = partition_stages(graph, par.pp)
+        stages = plan_stages(graph, par)
         if self.optimizer:
             breakdown["optimizer"] = self._optimizer_step_s(slowest.parts, job)
         memory = estimate_memory(stages, par, job.cluster.device)

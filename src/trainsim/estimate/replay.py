@@ -28,7 +28,7 @@ from trainsim.ir.graph import MeasuredTrace, OpGraph
 from trainsim.job import Job
 from trainsim.sim import SimOptions, SimOutcome, simulate
 from trainsim.strategy.lowered import LoweredPlan
-from trainsim.strategy.stages import partition_stages
+from trainsim.strategy.stages import plan_stages
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,10 +137,10 @@ def _memory(pricer: Pricer, graph: OpGraph, job: Job) -> tuple[MemoryEstimate, l
     states alone (and a note saying so)."""
     modes = ("none", "selective", "full")
     if all(mode in layer.saved_bytes for layer in graph.layers for mode in modes):
-        return pricer.memory(partition_stages(graph, job.parallel.pp), job), []
+        return pricer.memory(plan_stages(graph, job.parallel), job), []
     states_only = replace(graph, layers=tuple(replace(layer, saved_bytes=dict.fromkeys(modes, 0.0))
                                               for layer in graph.layers), measured=None)
-    return (pricer.memory(partition_stages(states_only, job.parallel.pp), job),
+    return (pricer.memory(plan_stages(states_only, job.parallel), job),
             ["peak memory: model states only (the trace records no activation sizes)"])
 
 

@@ -12,6 +12,7 @@ Imported only where torch is available (measure workers).
 """
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,10 +38,12 @@ class ChunkPlan:
     has_head: bool
 
 
-def split_layers(num_layers: int, num_chunks: int) -> list[ChunkPlan]:
-    """Equal contiguous layer ranges (make_job checks that pp x vpp divides the layer count)."""
-    per = num_layers // num_chunks
-    return [ChunkPlan(i * per, (i + 1) * per, i == 0, i == num_chunks - 1) for i in range(num_chunks)]
+def split_layers(num_layers: int, num_chunks: int, blocks_per_chunk: Sequence[int] = ()) -> list[ChunkPlan]:
+    """Contiguous layer ranges, one per virtual stage: blocks_per_chunk (the strategy's split,
+    strategy.stages.virtual_stage_blocks) or equal ranges (num_chunks must divide num_layers)."""
+    counts = list(blocks_per_chunk) or [num_layers // num_chunks] * num_chunks
+    starts = [sum(counts[:i]) for i in range(num_chunks + 1)]
+    return [ChunkPlan(starts[i], starts[i + 1], i == 0, i == num_chunks - 1) for i in range(num_chunks)]
 
 
 def _norm(spec: TransformerSpec) -> nn.Module:

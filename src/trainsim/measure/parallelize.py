@@ -24,6 +24,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job
 from trainsim.measure.model import Block, TransformerChunk, build_chunk, lm_loss, split_layers
+from trainsim.strategy.stages import virtual_stage_blocks
 
 LEARNING_RATE = 1e-4
 DDP_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel's default bucket_cap_mb=25
@@ -224,7 +225,7 @@ class Trainer:
         spec = self.job.model
         assert isinstance(spec, TransformerSpec)
         p = self.job.parallel
-        plans = split_layers(spec.num_layers, p.pp * p.vpp)
+        plans = split_layers(spec.num_layers, p.pp * p.vpp, virtual_stage_blocks(spec.num_layers, p))
         chunks = []
         with torch.device(self.device):
             for index in self.stage_indices:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from trainsim.ir.graph import Layer, OpGraph
 from trainsim.strategy.parallel import ParallelSpec, Recompute, Schedule
+from trainsim.strategy.stages import BLOCK_KINDS, virtual_stage_blocks
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,16 +49,19 @@ def expand_layers(graph: OpGraph) -> list[Layer]:
 
 
 def default_plan(graph: OpGraph, par: ParallelSpec) -> LoweredPlan:
-    """Megatron-LM's placement: blocks split evenly over pp x vpp chunks, chunk c of rank r holds model chunk
-    c * pp + r; the embedding goes with the first block, the head with the last."""
+    """Megatron-LM's placement: blocks split over pp x vpp chunks as the strategy says (strategy.stages
+    virtual_stage_blocks: evenly by default), chunk c of rank r holds model chunk c * pp + r; the embedding goes
+    on the first virtual stage, the head on the last."""
     layers = expand_layers(graph)
-    blocks = [i for i, layer in enumerate(layers) if layer.kind in ("block", "moe_block")]
+    blocks = [i for i, layer in enumerate(layers) if layer.kind in BLOCK_KINDS]
     chunks = par.pp * par.vpp
+    per_vs = virtual_stage_blocks(len(blocks), par, allow_empty=True) if blocks else ()  # make_job checked
+    block_vs = [vs for vs, count in enumerate(per_vs) for _ in range(count)]
     assignments: list[LayerAssignment] = []
     for index, layer in enumerate(layers):
         if blocks:
-            position = min(max(index - blocks[0], 0), len(blocks) - 1)
-            global_chunk = position * chunks // len(blocks)
+            position = index - blocks[0]
+            global_chunk = 0 if position < 0 else chunks - 1 if position >= len(blocks) else block_vs[position]
         else:
             global_chunk = index * chunks // len(layers)
         assignments.append(LayerAssignment(index, layer, global_chunk % par.pp, global_chunk // par.pp,

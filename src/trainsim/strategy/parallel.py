@@ -2,7 +2,7 @@
 
 from typing import Literal, get_args
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from trainsim.specbase import Spec
 from trainsim.strategy.precision import Precision
@@ -60,6 +60,33 @@ class ParallelSpec(Spec):
     optimizer_impl: OptimizerImpl = Field(default="fused", description="Adam step", json_schema_extra={
         "choice_help": {"fused": "Megatron, apex, TE, torch fused=True", "foreach": "torch's default on GPUs",
                         "loop": "torch's default on CPUs"}})
+    # How the layers are split into pipeline stages (strategy/stages.py split_blocks; Megatron-Core's
+    # TransformerConfig fields of the same meaning, megatron/core/transformer/transformer_config.py 0.16.1).
+    first_stage_layers: int = Field(default=0, ge=0, description="transformer layers on the first pipeline stage, "
+                                    "0 = even split (Megatron-Core num_layers_in_first_pipeline_stage)")
+    last_stage_layers: int = Field(default=0, ge=0, description="transformer layers on the last pipeline stage, "
+                                   "0 = even split (Megatron-Core num_layers_in_last_pipeline_stage)")
+    embedding_in_split: bool = Field(default=False, description="count the embedding as a layer of the pipeline "
+                                     "split (Megatron-Core account_for_embedding_in_pipeline_split)")
+    loss_in_split: bool = Field(default=False, description="count the output layer and loss as a layer of the "
+                                "pipeline split (Megatron-Core account_for_loss_in_pipeline_split)")
+    stage_layers: tuple[int, ...] = Field(default=(), description="transformer layers per pipeline stage, "
+                                          "comma-separated: pp entries (each dealt over the stage's vpp chunks) "
+                                          "or pp x vpp (per virtual stage, chunk-major); empty = computed")
+
+    @field_validator("stage_layers", mode="before")
+    @classmethod
+    def _stage_layers_list(cls, value: object) -> object:
+        """A comma-separated string (a flag, a job file) or a list of integers."""
+        if isinstance(value, str):
+            items = [item.strip() for item in value.split(",")] if value.strip() else []
+            if not all(item.isdigit() for item in items):
+                raise ValueError("must be comma-separated non-negative integers, e.g. 15,16,16,15")
+            return tuple(int(item) for item in items)
+        if isinstance(value, list | tuple) and any(isinstance(item, bool) or not isinstance(item, int) or item < 0
+                                                 for item in value):
+            raise ValueError("must be non-negative integers, e.g. [15, 16, 16, 15]")
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> "ParallelSpec":
@@ -69,7 +96,25 @@ class ParallelSpec(Spec):
             raise ValueError(f"vpp={self.vpp} needs schedule='interleaved-1f1b' (got {self.schedule!r})")
         if self.schedule == "interleaved-1f1b" and self.pp == 1:
             raise ValueError("schedule='interleaved-1f1b' needs pp > 1")
+        self._check_split()
         return self
+
+    def _check_split(self) -> None:
+        """The split settings that need no model (strategy/stages.py checks the rest against the layers)."""
+        uneven = self.first_stage_layers or self.last_stage_layers
+        counted = self.embedding_in_split or self.loss_in_split
+        if (uneven or counted or self.stage_layers) and self.pp == 1:
+            raise ValueError("first_stage_layers, last_stage_layers, embedding_in_split, loss_in_split and "
+                             "stage_layers need pp > 1")
+        if uneven and counted:
+            raise ValueError("first_stage_layers / last_stage_layers cannot be combined with embedding_in_split / "
+                             "loss_in_split (Megatron-Core refuses it too)")
+        if self.stage_layers and (uneven or counted):
+            raise ValueError("stage_layers lists every stage; leave out first_stage_layers, last_stage_layers, "
+                             "embedding_in_split and loss_in_split")
+        if self.stage_layers and len(self.stage_layers) not in (self.pp, self.pp * self.vpp):
+            allowed = f"pp={self.pp}" + (f" or pp x vpp={self.pp * self.vpp}" if self.vpp > 1 else "")
+            raise ValueError(f"stage_layers has {len(self.stage_layers)} entries; allowed: {allowed}")
 
     @property
     def model_parallel_size(self) -> int:
@@ -98,4 +143,9 @@ class ParallelSpec(Spec):
             parts.append(f"attention={self.attention}")
         if self.optimizer_impl != "fused":
             parts.append(f"optimizer={self.optimizer_impl}")
+        parts += [f"{name}={value}" for name, value in (("first_stage_layers", self.first_stage_layers),
+                                                         ("last_stage_layers", self.last_stage_layers)) if value]
+        parts += [name for name in ("embedding_in_split", "loss_in_split") if getattr(self, name)]
+        if self.stage_layers:
+            parts.append("stage_layers=" + ",".join(str(n) for n in self.stage_layers))
         return " ".join(parts)

@@ -110,7 +110,9 @@ def _start(param: Parameter, base: Calibration) -> float:
     return float(getattr(getattr(base, param.section), param.name))
 
 
-def fit_runtime(base: Calibration, samples: Sequence[FitSample]) -> Calibration:
+def fit_runtime(base: Calibration, samples: Sequence[FitSample],
+                progress: Callable[[], None] | None = None) -> Calibration:
+    """progress: called once per evaluation of the residuals (each predicts every sample once)."""
     from scipy.optimize import least_squares
 
     counts: dict[str, int] = {}
@@ -129,6 +131,8 @@ def fit_runtime(base: Calibration, samples: Sequence[FitSample]) -> Calibration:
     high = np.array([to_raw(p.high, p) for p in PARAMETERS] + [math.log(2.0)] * extra)
 
     def residuals(theta: np.ndarray) -> np.ndarray:
+        if progress is not None:
+            progress()
         cal = calibration_with(base, theta, generations)
         prior = GENERATION_PRIOR_WEIGHT * theta[len(PARAMETERS):]
         return np.concatenate([weights * log_errors(cal, samples, graphs), prior])
@@ -145,9 +149,11 @@ SIM_PARAMETERS: tuple[Parameter, ...] = (
 SIM_MAX_EVALUATIONS = 40
 
 
-def fit_sim_runtime(base: Calibration, samples: Sequence[FitSample]) -> RuntimeParams:
+def fit_sim_runtime(base: Calibration, samples: Sequence[FitSample],
+                    progress: Callable[[], None] | None = None) -> RuntimeParams:
     """The simulator's own runtime behaviours (Proteus's overlap slow-down gamma, DP/FSDP overlap, fixed
-    costs), refitted through the simulator from the analytical fit; compute costs stay as fitted."""
+    costs), refitted through the simulator from the analytical fit; compute costs stay as fitted. progress:
+    called once per evaluation of the residuals."""
     from scipy.optimize import least_squares
 
     counts: dict[str, int] = {}
@@ -166,6 +172,8 @@ def fit_sim_runtime(base: Calibration, samples: Sequence[FitSample]) -> RuntimeP
         return RuntimeParams.model_validate({**start, **values})
 
     def residuals(theta: np.ndarray) -> np.ndarray:
+        if progress is not None:
+            progress()
         cal = base.model_copy(update={"runtime": runtime_of(theta)})
         return weights * log_errors(cal, samples, graphs, engine=SimEstimator)
 

@@ -13,6 +13,7 @@ builds Results only for the plans it reports. `estimate` is `price(...).result()
 
 from dataclasses import dataclass
 
+from trainsim.catalog.calibration import Calibration
 from trainsim.cost.memory import MemoryEstimate
 from trainsim.cost.pricing import Pricer
 from trainsim.estimate.result import Result, iteration_time_s, make_result, tokens_per_s
@@ -32,6 +33,7 @@ class PlanPrice:
     breakdown: dict[str, float]
     memory: MemoryEstimate
     iteration_time_s: float
+    calibration: Calibration | None = None  # the fit the plan was priced with: its held-out errors, the band
 
     @property
     def tokens_per_s(self) -> float:
@@ -46,7 +48,8 @@ class PlanPrice:
         return self.memory.oom
 
     def result(self) -> Result:
-        return make_result(self.engine, self.job, self.graph, self.breakdown, self.memory)
+        return make_result(self.engine, self.job, self.graph, self.breakdown, self.memory,
+                           calibration=self.calibration)
 
 
 class AnalyticalEstimator:
@@ -89,4 +92,4 @@ class AnalyticalEstimator:
             "overhead": pricer.iteration_overhead_s(job) + m * slow.overhead_s,
         }
         return PlanPrice(self.name, job, graph, breakdown, pricer.memory(stages, job),
-                         iteration_time_s(job, breakdown))
+                         iteration_time_s(job, breakdown), pricer.cal)

@@ -109,8 +109,8 @@ def calibrate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path] | No
     errors give the uncertainty bands. runs_files: default the package's runs (DEFAULT_RUNS_FILES)."""
     progress = progress or FitProgress()
     runs = list(runs_files) if runs_files is not None else default_runs_files()
+    samples = read_samples(runs)  # NB: before the microbenchmark fits, so a bad runs file fails at once
     base = fit_micro(data_dir)
-    samples = read_samples(runs)
     plan = splits(samples, folds) if bands else []
     count = 1 + int(sim) + len(plan)
     progress.stage(f"run-level fit on {len(samples)} runs", 0, count)
@@ -133,8 +133,8 @@ def cross_validate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path]
     """Held-out iteration-time MAPE per scheme and source (k-fold, leave-one-source-out, scale extrapolation),
     the bands they give and the bands' coverage (crossval.summary)."""
     progress = progress or FitProgress()
-    base = fit_micro(data_dir)
     samples = read_samples(list(runs_files) if runs_files is not None else default_runs_files())
+    base = fit_micro(data_dir)
     plan = splits(samples, folds)
     return summary(_held_out_all(base, plan, progress, 0, len(plan)), samples)
 

@@ -5,13 +5,12 @@ from typing import Any
 
 from rich.table import Table
 
-from trainsim.catalog.uncertainty import GROUP_TEXT
 from trainsim.report.rich_text import to_text
 
 SCHEME_TEXT = {
-    "k-fold": "k-fold over runs",
-    "leave-one-source-out": "leave-one-source-out",
-    "scale-extrapolation": "scale: fit <= 64 GPUs, predict 128-256",
+    "k-fold": "k-fold",
+    "leave-one-source-out": "source held out",
+    "scale-extrapolation": "scale (fit <= 64 GPUs, predict 128-256)",
 }
 
 
@@ -20,31 +19,32 @@ def _pct(value: float | None) -> str:
 
 
 def render_cross_validation(report: dict[str, Any], terminal: bool = False) -> str:
+    """The held-out MAPE (a row per source, a column per scheme), the bands, their coverage."""
     mape: dict[str, dict[str, float]] = report["mape_pct"]
     sources = sorted({s for per in mape.values() for s in per if s != "ALL"})
-    errors = Table(title="held-out iteration-time MAPE")
-    errors.add_column("held out")
-    errors.add_column("runs", justify="right")
+    errors = Table(title="held-out iteration-time MAPE (runs)")
+    errors.add_column("source")
+    for scheme in mape:
+        errors.add_column(SCHEME_TEXT.get(scheme, scheme), justify="right")
     for source in [*sources, "ALL"]:
-        errors.add_column(source, justify="right")
-    for scheme, per in mape.items():
-        errors.add_row(SCHEME_TEXT.get(scheme, scheme), str(report["runs"][scheme]),
-                       *(_pct(per.get(source)) for source in [*sources, "ALL"]))
+        errors.add_row(source, *(_pct(per.get(source)) for per in mape.values()))
+    errors.add_row("held-out runs", *(str(report["runs"][scheme]) for scheme in mape))
     items: list[Any] = [errors]
     if "bands" in report:
-        bands = Table(title="80% bands: measured / predicted, 10% and 90% quantiles of the held-out runs")
-        for name, justify in (("group", "left"), ("low", "right"), ("high", "right"), ("held-out runs", "right"),
+        bands = Table(title="80% bands: 10% and 90% quantiles of measured / predicted over the held-out runs")
+        for name, justify in (("group", "left"), ("low", "right"), ("high", "right"), ("runs", "right"),
                               ("basis", "left"), ("coverage", "right")):
             bands.add_column(name, justify=justify)  # type: ignore[arg-type]
         for group, ratios in report["bands"].items():
-            bands.add_row(GROUP_TEXT.get(group, group), f"{ratios['low_ratio']:.3f}", f"{ratios['high_ratio']:.3f}",
+            bands.add_row(group, f"{ratios['low_ratio']:.3f}", f"{ratios['high_ratio']:.3f}",
                           str(ratios["residuals"]), ratios["basis"], _pct(report["coverage_pct"].get(group)))
         cover = report["coverage_pct"]
+        new_source = report["coverage_new_source_pct"]
         lines = ["coverage of the 80% band (held-out runs inside their group's band): "
                  + ", ".join(f"{SCHEME_TEXT.get(k, k)} {_pct(v)}" for k, v in cover.items() if k in SCHEME_TEXT)
                  + f"; all {_pct(cover['ALL'])}",
                  "coverage on a source the bands did not see (bands from the other sources' held-out runs): "
-                 + ", ".join(f"{k} {_pct(v)}" for k, v in report["coverage_new_source_pct"].items())]
+                 + ", ".join(f"{k} {_pct(v)}" for k, v in new_source.items())]
         items += [bands, *lines]
     return to_text(*items, terminal=terminal)
 

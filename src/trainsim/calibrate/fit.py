@@ -103,10 +103,11 @@ class Fitted:
 
 
 def calibrate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path] | None = None, *, sim: bool = True,
-              bands: bool = True, folds: int = 5, progress: FitProgress | None = None) -> Fitted:
-    """Microbenchmark fits, then the run-level fit through the analytical engine, then (sim=True) the
-    simulator's runtime behaviours through the simulator, then (bands=True) the cross-validation whose held-out
-    errors give the uncertainty bands. runs_files: default the package's runs (DEFAULT_RUNS_FILES)."""
+              bands: bool = True, folds: int = 5, cold: bool = False, progress: FitProgress | None = None) -> Fitted:
+    """Microbenchmark fits, then the run-level fit through the analytical engine, then (bands=True) the
+    cross-validation whose held-out errors give the uncertainty bands (each split's fit from the run-level fit's
+    parameters; cold=True: from the priors), then (sim=True) the simulator's runtime behaviours through the
+    simulator. runs_files: default the package's runs (DEFAULT_RUNS_FILES)."""
     progress = progress or FitProgress()
     runs = list(runs_files) if runs_files is not None else default_runs_files()
     samples = read_samples(runs)  # NB: before the microbenchmark fits, so a bad runs file fails at once
@@ -115,7 +116,7 @@ def calibrate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path] | No
     count = 1 + int(sim) + len(plan)
     progress.stage(f"run-level fit on {len(samples)} runs", 0, count)
     fitted = fit_runtime(base, samples, progress=progress.evaluation)
-    records = _held_out_all(base, plan, progress, 1, count)
+    records = _held_out_all(base, plan, progress, 1, count, None if cold else fitted)
     if sim:
         progress.stage("simulator runtime fit", count - 1, count)
         fitted = fitted.model_copy(update={"sim_runtime": fit_sim_runtime(fitted, samples, progress.evaluation)})
@@ -129,22 +130,28 @@ def calibrate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path] | No
 
 
 def cross_validate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path] | None = None, folds: int = 5,
-                   progress: FitProgress | None = None) -> dict[str, object]:
+                   cold: bool = False, progress: FitProgress | None = None) -> dict[str, object]:
     """Held-out iteration-time MAPE per scheme and source (k-fold, leave-one-source-out, scale extrapolation),
-    the bands they give and the bands' coverage (crossval.summary)."""
+    the bands they give and the bands' coverage (crossval.summary). Each split's fit starts from the fit on all
+    runs (cold=True: from the priors, and no fit on all runs)."""
     progress = progress or FitProgress()
     samples = read_samples(list(runs_files) if runs_files is not None else default_runs_files())
     base = fit_micro(data_dir)
     plan = splits(samples, folds)
-    return summary(_held_out_all(base, plan, progress, 0, len(plan)), samples)
+    start = None
+    if not cold:
+        progress.stage(f"run-level fit on {len(samples)} runs (the splits' start)", 0, len(plan) + 1)
+        start = fit_runtime(base, samples, progress=progress.evaluation)
+    first = 0 if cold else 1
+    return summary(_held_out_all(base, plan, progress, first, len(plan) + first, start), samples)
 
 
-def _held_out_all(base: Calibration, plan: Sequence[Split], progress: FitProgress, first: int,
-                  count: int) -> list[HeldOut]:
+def _held_out_all(base: Calibration, plan: Sequence[Split], progress: FitProgress, first: int, count: int,
+                  start: Calibration | None) -> list[HeldOut]:
     records: list[HeldOut] = []
     for index, split in enumerate(plan, start=first):
         progress.stage(f"cross-validation: {split.scheme}, {split.name}", index, count)
-        records += held_out(base, split, progress.evaluation)
+        records += held_out(base, split, progress.evaluation, start)
     return records
 
 

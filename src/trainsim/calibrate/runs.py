@@ -110,9 +110,11 @@ def _start(param: Parameter, base: Calibration) -> float:
     return float(getattr(getattr(base, param.section), param.name))
 
 
-def fit_runtime(base: Calibration, samples: Sequence[FitSample],
-                progress: Callable[[], None] | None = None) -> Calibration:
-    """progress: called once per evaluation of the residuals (each predicts every sample once)."""
+def fit_runtime(base: Calibration, samples: Sequence[FitSample], progress: Callable[[], None] | None = None,
+                start: Calibration | None = None) -> Calibration:
+    """progress: called once per evaluation of the residuals (each predicts every sample once). start: a fit to
+    start from (its values of the fitted parameters, within their bounds) instead of the priors; the result is
+    the same least-squares optimum where the fit is unique, reached in fewer evaluations from a nearby start."""
     from scipy.optimize import least_squares
 
     counts: dict[str, int] = {}
@@ -129,6 +131,10 @@ def fit_runtime(base: Calibration, samples: Sequence[FitSample],
     x0 = np.array([to_raw(_start(p, base), p) for p in PARAMETERS] + [0.0] * extra)
     low = np.array([to_raw(p.low, p) for p in PARAMETERS] + [math.log(0.5)] * extra)
     high = np.array([to_raw(p.high, p) for p in PARAMETERS] + [math.log(2.0)] * extra)
+    if start is not None:
+        values = [float(getattr(getattr(start, p.section), p.name)) for p in PARAMETERS]
+        raw = [to_raw(max(v, p.low), p) for v, p in zip(values, PARAMETERS, strict=True)]
+        x0 = np.clip(np.array(raw + [math.log(start.generation_factor.get(g, 1.0)) for g in generations]), low, high)
 
     def residuals(theta: np.ndarray) -> np.ndarray:
         if progress is not None:

@@ -42,6 +42,9 @@ def calibrate(
                                       "(overlap slow-down) through the simulator")] = True,
     bands: Annotated[bool, typer.Option("--bands/--no-bands", help="cross-validate for the uncertainty bands of "
                                         "every prediction (a refit per fold, per source and for scale)")] = True,
+    cold: Annotated[bool, typer.Option("--cold", help="start each cross-validation fit from the priors, not from "
+                                       "the fit on all runs (slower; the same optimum where the fit is unique)")
+                    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the cross-validation as one JSON object")] = False,
     report: Annotated[Path | None, typer.Option(help="also write the cross-validation report (JSON) here")] = None,
 ) -> None:
@@ -54,12 +57,12 @@ def calibrate(
     fit.check_data_dir(data_dir)
     if cross_validate:
         with _progress() as hooks:
-            summary = fit.cross_validate(data_dir, runs, folds=folds, progress=hooks)
+            summary = fit.cross_validate(data_dir, runs, folds=folds, cold=cold, progress=hooks)
         _show(summary, report, as_json)
         return
     target = _target(output, update_package)
     with _progress() as hooks:
-        fitted = fit.calibrate(data_dir, runs, sim=sim, bands=bands, folds=folds, progress=hooks)
+        fitted = fit.calibrate(data_dir, runs, sim=sim, bands=bands, folds=folds, cold=cold, progress=hooks)
     fit.write_calibration(fitted.calibration, target)
     figures = fitted.calibration.fit_report
     held = f", held-out {figures['held_out_mape_pct']:.2f}%" if "held_out_mape_pct" in figures else ""

@@ -8,9 +8,11 @@ analytical engine) on the rest and predicting the held-out runs:
 - scale extrapolation: fitted on the runs of at most SCALE_TRAIN_MAX_GPUS GPUs, predicting those on
   SCALE_TEST_GPUS (a known stack at a scale outside the fit's).
 The microbenchmark fits (GEMM and collective curves) use no runs and are kept in every split. Each split's fit
-starts from the fit on all runs (warm; --cold: from the priors, as that fit does) and runs least squares to the
-same tolerances on the split's training runs alone: the start seeds the optimizer and adds no held-out run to
-the objective, and a nearby start converges in a fraction of the evaluations.
+starts from the fit on all runs and stops when an iteration improves its cost by less than WARM_TOLERANCE
+(relative): Gauss-Newton steps on the split's training runs alone, from a nearby start, in a tenth of the
+evaluations of a fit from the priors. The held-out runs are in no split's objective, but the start has seen
+them: cold=True (--cold) fits every split from the priors to the full fit's tolerance instead (the README
+compares the two).
 
 Every held-out prediction lands in its group of comparable jobs (catalog.uncertainty.band_group, from the split's
 training runs: their stacks, their range of GPU counts); the 10% and 90% quantiles of measured / predicted per
@@ -34,6 +36,7 @@ SCALE_TRAIN_MAX_GPUS = 64
 SCALE_TEST_GPUS = (128, 256)
 MIN_GROUP_RESIDUALS = 20  # fewer held-out runs than this: the group takes the pooled quantiles of all groups
 SCHEMES = ("k-fold", "leave-one-source-out", "scale-extrapolation")
+WARM_TOLERANCE = 1e-3  # a split's fit from the fit on all runs stops below 0.1% improvement per iteration
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +104,10 @@ def held_out(base: Calibration, split: Split, progress: Callable[[], None] | Non
              start: Calibration | None = None) -> list[HeldOut]:
     """Fit on the split's training runs (from `start`'s parameters, else from the priors), predict its test runs,
     and group each prediction."""
-    fitted = fit_runtime(base, split.train, progress=progress, start=start)
+    if start is None:
+        fitted = fit_runtime(base, split.train, progress=progress)
+    else:
+        fitted = fit_runtime(base, split.train, progress=progress, start=start, tolerance=WARM_TOLERANCE)
     errors = log_errors(fitted, split.test, GraphCache())
     stacks = {stack_key(s) for s in split.train}
     gpus = [s.job.num_gpus for s in split.train]

@@ -111,10 +111,11 @@ def _start(param: Parameter, base: Calibration) -> float:
 
 
 def fit_runtime(base: Calibration, samples: Sequence[FitSample], progress: Callable[[], None] | None = None,
-                start: Calibration | None = None) -> Calibration:
+                start: Calibration | None = None, tolerance: float = 1e-8) -> Calibration:
     """progress: called once per evaluation of the residuals (each predicts every sample once). start: a fit to
-    start from (its values of the fitted parameters, within their bounds) instead of the priors; the result is
-    the same least-squares optimum where the fit is unique, reached in fewer evaluations from a nearby start."""
+    start from (its values of the fitted parameters, within their bounds) instead of the priors. tolerance:
+    least squares stops when an iteration changes the cost, the parameters or the gradient by less than this
+    (relative; scipy's ftol, xtol, gtol)."""
     from scipy.optimize import least_squares
 
     counts: dict[str, int] = {}
@@ -144,7 +145,7 @@ def fit_runtime(base: Calibration, samples: Sequence[FitSample], progress: Calla
         return np.concatenate([weights * log_errors(cal, samples, graphs), prior])
 
     fit = least_squares(residuals, x0=x0, bounds=(low, high), loss="soft_l1", f_scale=0.1, diff_step=1e-3,
-                        max_nfev=MAX_EVALUATIONS)
+                        max_nfev=MAX_EVALUATIONS, ftol=tolerance, xtol=tolerance, gtol=tolerance)
     return calibration_with(base, fit.x, generations)
 
 

@@ -24,7 +24,7 @@ FOLDER_DB = "profile.db"  # a measured folder's own profile database (trainsim m
 
 @handles_errors
 def validate(
-    runs_file: Annotated[Path, typer.Argument(help="CSV in the schema of shared/data/calibration/runs.csv, or a "
+    runs_file: Annotated[Path, typer.Argument(help="CSV in the schema of runs.csv (the package's measurements), or a "
                                               "folder of runs measured by `trainsim measure`")],
     engine: Annotated[str | None, typer.Option(help="estimators, comma-separated, or all: "
                                                + ", ".join(ENGINES.names())

@@ -75,6 +75,7 @@ def tiny_fit(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                     str(output), "--no-sim"])
     assert result.exit_code == 0, (result.output, result.exception)
     assert f"wrote {output}" in result.output
+    assert "[1/" in result.stderr and "run-level fit on 4 runs" in result.stderr  # progress, one line per fit
     assert FITTED_PATH.read_bytes() == before  # the package's own fit is untouched
     return output
 

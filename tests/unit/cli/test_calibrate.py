@@ -142,6 +142,9 @@ def test_predict_json_carries_the_band(tmp_path: Path) -> None:
     large = ["predict", "--model", "gpt3-125m", "--num-gpus", "512", "--global-batch", "512", "--json"]
     outside = json.loads(RUNNER.invoke(_app(), [*large, "--calibration", str(cal)]).stdout)
     assert outside["band"]["group"] == "unknown-stack/outside-scale"
+    sim = json.loads(RUNNER.invoke(_app(), [*PREDICT, "--engine", "sim", "--calibration", str(cal)]).stdout)
+    assert sim["band"]["iteration_time_s"] == pytest.approx([0.8 * sim["iteration_time_s"],
+                                                             1.25 * sim["iteration_time_s"]], rel=1e-12)
     text = RUNNER.invoke(_app(), [*PREDICT[:-1], "--calibration", str(cal)]).stdout
     assert "80% band" in text and "unknown-stack" not in text  # the group in words
 

@@ -42,9 +42,9 @@ def calibrate(
                                       "(overlap slow-down) through the simulator")] = True,
     bands: Annotated[bool, typer.Option("--bands/--no-bands", help="cross-validate for the uncertainty bands of "
                                         "every prediction (a refit per fold, per source and for scale)")] = True,
-    cold: Annotated[bool, typer.Option("--cold", help="start each cross-validation fit from the priors, not from "
-                                       "the fit on all runs (slower; the same optimum where the fit is unique)")
-                    ] = False,
+    cold: Annotated[bool, typer.Option("--cold", help="fit each cross-validation split from the priors to the full "
+                                       "tolerance, not from the fit on all runs to 0.1% (about ten times slower; the "
+                                       "warm splits can be optimistic: README, Validation)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the cross-validation as one JSON object")] = False,
     report: Annotated[Path | None, typer.Option(help="also write the cross-validation report (JSON) here")] = None,
 ) -> None:

@@ -216,3 +216,10 @@ def test_bad_calibration_file(tmp_path: Path, content: str | None, fragment: str
         path.write_text(content)
     for command in (PREDICT, ["search", "--global-batch", "16", "--json"], ["validate", str(tmp_path / "x.csv")]):
         _one_error_line(RUNNER.invoke(_app(), [*command, "--calibration", str(path)]), fragment)
+
+
+def test_bad_calibration_in_a_job_file(tmp_path: Path) -> None:
+    (tmp_path / "job.yaml").write_text("model: gpt3-125m\nglobal_batch: 16\ncalibration: 3\n")
+    _one_error_line(RUNNER.invoke(_app(), ["predict", str(tmp_path / "job.yaml")]), "calibration", "path")
+    (tmp_path / "job.yaml").write_text("model: gpt3-125m\nglobal_batch: 16\ncalibration: missing.yaml\n")
+    _one_error_line(RUNNER.invoke(_app(), ["predict", str(tmp_path / "job.yaml")]), "missing.yaml", "does not exist")

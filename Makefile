@@ -14,14 +14,17 @@ lint:  ## ruff and pyright
 	ruff check src tests benchmarks scripts
 	pyright
 
-calibrate:  ## refit the cost models on ../shared/data/calibration (writes fitted.yaml)
-	trainsim calibrate
+calibrate:  ## refit the package's cost models on its measurements (rewrites catalog/data/calibration/fitted.yaml)
+	trainsim calibrate --update-package
 
-crossval:  ## k-fold and leave-one-source-out iteration-time MAPE
+crossval:  ## k-fold, leave-one-source-out and scale-extrapolation MAPE, and the bands' coverage
 	trainsim calibrate --cross-validate
 
+sync-data:  ## copy ../shared/data/calibration into the package (catalog/data/measurements)
+	$(PY) scripts/sync_calibration_data.py
+
 validate:  ## predict every calibration run and print the MAPE per source and metric
-	trainsim validate ../shared/data/calibration/runs.csv --no-rows
+	trainsim validate src/trainsim/catalog/data/measurements/runs.csv --no-rows
 
 bench:  ## speed figures (plans per second of the search)
 	$(PY) benchmarks/bench_search.py

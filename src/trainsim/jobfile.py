@@ -13,13 +13,13 @@ from trainsim.strategy.precision import PRECISIONS
 
 DEFAULT_MODEL = "gpt3-1.3b"
 DEFAULT_CLUSTER = "dgx-a100-80gb"
-JOB_KEYS = ("model", "frontend", "cluster", "num_gpus")
+JOB_KEYS = ("model", "frontend", "cluster", "num_gpus", "calibration")
 STRATEGY_KEYS = tuple(ParallelSpec.model_fields)
 
 
 def read_job_file(path: Path | None) -> dict[str, Any]:
-    """A job file holds model, frontend, cluster, num_gpus and strategy keys, at the top level or under
-    `strategy`."""
+    """A job file holds model, frontend, cluster, num_gpus, calibration (a file from `trainsim calibrate
+    --output`, relative to the job file) and strategy keys, at the top level or under `strategy`."""
     if path is None:
         return {}
     data = read_mapping(path)
@@ -31,6 +31,10 @@ def read_job_file(path: Path | None) -> dict[str, Any]:
         if key not in JOB_KEYS + STRATEGY_KEYS:
             allowed = ", ".join(JOB_KEYS + STRATEGY_KEYS)
             raise ConfigError(f"{path}: {key}", flat[key], f"unknown key; allowed: {allowed}")
+    if "calibration" in flat:
+        if not isinstance(flat["calibration"], str) or not flat["calibration"]:
+            raise ConfigError(f"{path}: calibration", flat["calibration"], "must be the path of a calibration file")
+        flat["calibration"] = path.parent / flat["calibration"]
     return flat
 
 
@@ -65,6 +69,7 @@ def job_from_settings(settings: dict[str, Any]) -> Job:
     source = model_source(given)
     given.pop("model", None)
     given.pop("frontend", None)
+    given.pop("calibration", None)  # NB: the prices' parameters, not the job's (read by the command)
     for key, value in source.job_defaults().items():
         given.setdefault(key, value)
     model = source.model_spec()

@@ -26,6 +26,7 @@ from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.lowered import LoweredPlan
 
 if TYPE_CHECKING:
+    from trainsim.catalog.calibration import Calibration
     from trainsim.compile.context import TaskLevel
 
 
@@ -63,12 +64,14 @@ def graph_for(job: Job, source: ModelSource | None = None) -> OpGraph:
 
 def predict(job: Job, engine: str | Estimator = "analytical", *, costs: str = "roofline", db: Path | None = None,
             task_level: "TaskLevel" = "layer", source: ModelSource | None = None, graph: OpGraph | None = None,
-            plan: LoweredPlan | None = None, graphs: GraphCache | None = None) -> Result:
-    """One job through the pipeline. engine: a registered name (built with costs, db, task_level) or an
+            plan: LoweredPlan | None = None, graphs: GraphCache | None = None,
+            calibration: "Calibration | None" = None) -> Result:
+    """One job through the pipeline. engine: a registered name (built with costs, db, task_level and
+    calibration: default the package's fit, or a user's read with catalog.calibration.read_calibration) or an
     estimator; source: the front-end and model it reads (default: the catalog front-end over job.model);
     graph: the job's OpGraph if a front-end made it already (else from `graphs` when given, else built);
     plan: a lowered plan (a strategy tree's) for the engines that place layers."""
-    estimator = make_engine(engine, costs, db, task_level) if isinstance(engine, str) else engine
+    estimator = make_engine(engine, costs, db, task_level, calibration) if isinstance(engine, str) else engine
     if graph is None:
         graph = graphs.get(job) if graphs is not None else graph_for(job, source)
     return estimator.estimate(job, graph, plan)

@@ -1,31 +1,23 @@
-"""Validation against the published runs in shared/data/calibration (README section 4 lists the sources).
+"""Validation against the published runs the package ships (catalog/data/measurements, a copy of
+shared/data/calibration; its README section 4 lists the sources).
 
 Tolerances are the issue's acceptance figures: iteration-time MAPE <= 10% over all runs and <= 15% per
 source (README "Accuracy" has the measured figures: 7.45% over 1,606 runs, the worst source 8.48%).
 """
 
-from pathlib import Path
 
 import pytest
 
-from trainsim.calibrate.fit import find_calibration_dir, fit_micro
-from trainsim.catalog.calibration import FITTED_PATH, load_calibration
-from trainsim.errors import InputFileError
+from trainsim.calibrate.fit import fit_micro
+from trainsim.catalog.calibration import FITTED_PATH, MEASUREMENTS_DIR, load_calibration
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.validate.predict_runs import predict_rows, summarize
 from trainsim.validate.runs import read_runs
 
 
-def _calibration_dir() -> Path:
-    try:
-        return find_calibration_dir(Path(__file__).parent)
-    except InputFileError:
-        pytest.skip("shared/data/calibration is not beside this checkout")
-
-
 @pytest.fixture(scope="module")
 def summary() -> dict[tuple[str, str], dict[str, object]]:
-    rows = read_runs(_calibration_dir() / "runs.csv")
+    rows = read_runs(MEASUREMENTS_DIR / "runs.csv")
     predictions = predict_rows(rows, AnalyticalEstimator())
     return {(str(s["source"]), str(s["metric"])): s for s in summarize(predictions)}
 
@@ -48,7 +40,7 @@ def test_committed_fit_matches_the_microbenchmark_fit() -> None:
     """fitted.yaml is what `trainsim calibrate` computes: rerunning the GEMM and collective fits reproduces
     the committed numbers (to the 6 significant digits the file keeps)."""
     committed = load_calibration(FITTED_PATH)
-    fresh = fit_micro(_calibration_dir())
+    fresh = fit_micro(MEASUREMENTS_DIR)
     assert fresh.matmul_max_efficiency == committed.matmul_max_efficiency
     assert fresh.comm_by_generation.keys() == committed.comm_by_generation.keys()
     for name, params in fresh.comm.items():
@@ -62,7 +54,7 @@ def test_simulator_is_as_accurate_as_the_analytical_engine(
     against the same runs. Measured: 7.46% vs 7.46% (README); allowed: within half a point, and <= 10%."""
     from trainsim.estimate.simulation import SimEstimator
 
-    rows = [row for row in read_runs(_calibration_dir() / "runs.csv") if row.metric == "iteration_time_s"]
+    rows = [row for row in read_runs(MEASUREMENTS_DIR / "runs.csv") if row.metric == "iteration_time_s"]
     sim = {str(s["source"]): float(s["mape_pct"]) for s in summarize(predict_rows(rows, SimEstimator()))}  # type: ignore[arg-type]
     analytical = float(summary[("ALL", "iteration_time_s")]["mape_pct"])  # type: ignore[arg-type]
     assert sim["ALL"] <= 10.0

@@ -10,14 +10,10 @@ schedule. What remains between them, by design (measured maximum 1.6%, on pp=1 d
 - ZeRO-3 and the data-parallel window: edge effects of one layer-phase at the ends of a stage's work.
 """
 
-from pathlib import Path
 
-import pytest
 
-from trainsim.calibrate.fit import find_calibration_dir
-from trainsim.catalog.calibration import load_calibration
+from trainsim.catalog.calibration import MEASUREMENTS_DIR, load_calibration
 from trainsim.cost.pricing import Pricer
-from trainsim.errors import InputFileError
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.estimate.simulation import SimEstimator
 from trainsim.job import Job
@@ -28,12 +24,8 @@ TOLERANCE = 0.02
 
 
 def _jobs() -> list[Job]:
-    try:
-        folder = find_calibration_dir(Path(__file__).parent)
-    except InputFileError:
-        pytest.skip("shared/data/calibration is not beside this checkout")
     jobs: dict[str, Job] = {}
-    for row in read_runs(folder / "runs.csv"):
+    for row in read_runs(MEASUREMENTS_DIR / "runs.csv"):
         job = job_from_row(row.fields).job
         if job is not None:  # rows of the same job differ only in the metric measured
             jobs.setdefault(f"{job.model!r} {job.cluster!r} {job.parallel!r}", job)

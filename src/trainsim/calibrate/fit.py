@@ -1,16 +1,25 @@
-"""`trainsim calibrate`: fit every cost-model parameter on shared/data/calibration and write fitted.yaml."""
+"""`trainsim calibrate`: fit every cost-model parameter on measured data and write a calibration file.
+
+The measurements are the package's own copy (catalog/data/measurements, MEASUREMENTS_DIR) unless the user names
+theirs: runs in the runs.csv schema (--runs, several allowed) and a folder with gemm.csv and collectives.csv
+(--data). The fit is the microbenchmark fits, the run-level fit through the analytical engine, optionally the
+simulator's runtime behaviours, and the cross-validation whose held-out errors become the bands every
+prediction carries (crossval.py).
+"""
 
 import datetime
 import math
 import os
-import random
 import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
 
+from trainsim.calibrate.crossval import HeldOut, Split, held_out, splits, summary, uncertainty_of
 from trainsim.calibrate.microbenchmarks import (
     fit_collectives,
     fit_matmul_curve,
@@ -18,25 +27,50 @@ from trainsim.calibrate.microbenchmarks import (
     name_map,
 )
 from trainsim.calibrate.runs import FitSample, fit_runtime, fit_samples, fit_sim_runtime, log_errors
-from trainsim.catalog.calibration import FITTED_PATH, Calibration, ComputeParams
+from trainsim.catalog.calibration import (
+    DEFAULT_RUNS_FILES,
+    FITTED_PATH,
+    MEASUREMENTS_DIR,
+    Calibration,
+    ComputeParams,
+    load_calibration,
+)
 from trainsim.errors import InputFileError
 from trainsim.pipeline import GraphCache
 from trainsim.validate.runs import read_runs
 
-CALIBRATION_FILES = ("runs.csv", "gemm.csv", "collectives.csv")
+MICROBENCHMARK_FILES = ("gemm.csv", "collectives.csv")
 
 
 def find_calibration_dir(start: Path | None = None) -> Path:
-    """shared/data/calibration beside or above the working directory (where the project keeps it)."""
-    here = (start or Path.cwd()).resolve()
-    for folder in (here, *here.parents):
-        for candidate in (folder / "shared" / "data" / "calibration", folder / "data" / "calibration"):
-            if all((candidate / name).exists() for name in CALIBRATION_FILES):
-                return candidate
-    raise InputFileError("cannot find shared/data/calibration above the working directory; pass --data DIR")
+    """The folder of calibration measurements: the package's shipped copy (MEASUREMENTS_DIR), which equals the
+    project's shared/data/calibration (scripts/sync_calibration_data.py). start: ignored (kept for callers of the
+    former search above the working directory)."""
+    return MEASUREMENTS_DIR
+
+
+def default_runs_files(data_dir: Path = MEASUREMENTS_DIR) -> list[Path]:
+    return [data_dir / name for name in DEFAULT_RUNS_FILES]
+
+
+def check_data_dir(data_dir: Path) -> None:
+    missing = [name for name in MICROBENCHMARK_FILES if not (data_dir / name).is_file()]
+    if missing:
+        raise InputFileError(f"data={data_dir} lacks {', '.join(missing)}: the folder must hold the GEMM and "
+                             "collective microbenchmarks (gemm.csv, collectives.csv)")
+
+
+@dataclass(slots=True)
+class FitProgress:
+    """Hooks for a progress display: stage(name, index, count) as each fit starts, evaluation() per evaluation
+    of a fit's residuals (each predicts every run once)."""
+
+    stage: Callable[[str, int, int], None] = field(default=lambda name, index, count: None)
+    evaluation: Callable[[], None] = field(default=lambda: None)
 
 
 def fit_micro(data_dir: Path) -> Calibration:
+    check_data_dir(data_dir)
     max_eff = fit_matmul_max_efficiency(data_dir / "gemm.csv")
     curve = fit_matmul_curve(data_dir / "gemm.csv", max_eff)
     comm, comm_by_generation = fit_collectives(data_dir / "collectives.csv")
@@ -50,30 +84,101 @@ def fit_micro(data_dir: Path) -> Calibration:
     )
 
 
-def calibrate(data_dir: Path, sim: bool = True) -> Calibration:
-    """Microbenchmark fits, then the run-level fit through the analytical engine, then (sim=True) the
-    simulator's runtime behaviours through the simulator."""
+def read_samples(runs_files: Sequence[Path]) -> list[FitSample]:
+    """Every run with a measured iteration time whose job can be built, from every file."""
+    samples = [sample for path in runs_files for sample in fit_samples(read_runs(path))]
+    if not samples:
+        names = ", ".join(str(p) for p in runs_files)
+        raise InputFileError(f"runs={names}: no run with a metric iteration_time_s whose job trainsim can build; "
+                             "the fit needs at least one")
+    return samples
+
+
+@dataclass(frozen=True, slots=True)
+class Fitted:
+    """A fit and its cross-validation report (crossval.summary; None without bands)."""
+
+    calibration: Calibration
+    cross_validation: dict[str, object] | None
+
+
+def calibrate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path] | None = None, *, sim: bool = True,
+              bands: bool = True, folds: int = 5, cold: bool = False, progress: FitProgress | None = None) -> Fitted:
+    """Microbenchmark fits, then the run-level fit through the analytical engine, then (bands=True) the
+    cross-validation whose held-out errors give the uncertainty bands (each split's fit from the run-level fit's
+    parameters; cold=True: from the priors), then (sim=True) the simulator's runtime behaviours through the
+    simulator. runs_files: default the package's runs (DEFAULT_RUNS_FILES)."""
+    progress = progress or FitProgress()
+    runs = list(runs_files) if runs_files is not None else default_runs_files()
+    samples = read_samples(runs)  # NB: before the microbenchmark fits, so a bad runs file fails at once
     base = fit_micro(data_dir)
-    samples = fit_samples(read_runs(data_dir / "runs.csv"))
-    fitted = fit_runtime(base, samples)
+    plan = splits(samples, folds) if bands else []
+    count = 1 + int(sim) + len(plan)
+    progress.stage(f"run-level fit on {len(samples)} runs", 0, count)
+    fitted = fit_runtime(base, samples, progress=progress.evaluation)
+    records = _held_out_all(base, plan, progress, 1, count, None if cold else fitted)
     if sim:
-        fitted = fitted.model_copy(update={"sim_runtime": fit_sim_runtime(fitted, samples)})
-    mape = _mape_of(fitted, samples)
-    return fitted.model_copy(update={"fit_report": {"runs": float(len(samples)), "train_mape_pct": mape}})
+        progress.stage("simulator runtime fit", count - 1, count)
+        fitted = fitted.model_copy(update={"sim_runtime": fit_sim_runtime(fitted, samples, progress.evaluation)})
+    uncertainty = uncertainty_of(records, samples, load_calibration().uncertainty) if bands else None
+    report = {"runs": float(len(samples)), "train_mape_pct": _mape_of(fitted, samples)}
+    if records:
+        report["held_out_mape_pct"] = sum(r.percent_error for r in records) / len(records)
+    cal = fitted.model_copy(update={"fit_report": report, "uncertainty": uncertainty,
+                                    "source": _source_text(data_dir, runs)})
+    return Fitted(cal, summary(records, samples) if records else None)
+
+
+def cross_validate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path] | None = None, folds: int = 5,
+                   cold: bool = False, progress: FitProgress | None = None) -> dict[str, object]:
+    """Held-out iteration-time MAPE per scheme and source (k-fold, leave-one-source-out, scale extrapolation),
+    the bands they give and the bands' coverage (crossval.summary). Each split's fit starts from the fit on all
+    runs (cold=True: from the priors, and no fit on all runs)."""
+    progress = progress or FitProgress()
+    samples = read_samples(list(runs_files) if runs_files is not None else default_runs_files())
+    base = fit_micro(data_dir)
+    plan = splits(samples, folds)
+    start = None
+    if not cold:
+        progress.stage(f"run-level fit on {len(samples)} runs (the splits' start)", 0, len(plan) + 1)
+        start = fit_runtime(base, samples, progress=progress.evaluation)
+    first = 0 if cold else 1
+    return summary(_held_out_all(base, plan, progress, first, len(plan) + first, start), samples)
+
+
+def _held_out_all(base: Calibration, plan: Sequence[Split], progress: FitProgress, first: int, count: int,
+                  start: Calibration | None) -> list[HeldOut]:
+    records: list[HeldOut] = []
+    for index, split in enumerate(plan, start=first):
+        progress.stage(f"cross-validation: {split.scheme}, {split.name}", index, count)
+        records += held_out(base, split, progress.evaluation, start)
+    return records
+
+
+def _source_text(data_dir: Path, runs: Sequence[Path]) -> str:
+    shown = [p.name if p.parent == MEASUREMENTS_DIR else str(p) for p in runs]
+    folder = "the package's measurements" if data_dir == MEASUREMENTS_DIR else str(data_dir)
+    return f"trainsim calibrate on {', '.join(shown)} ({folder} for the microbenchmarks)"
 
 
 def write_calibration(cal: Calibration, path: Path = FITTED_PATH) -> None:
+    header = (f"# Written by `trainsim calibrate` on {datetime.date.today().isoformat()}: {cal.source}.\n"
+              "# Do not edit by hand: rerun `trainsim calibrate`.\n")
+    write_text(path, header + yaml.safe_dump(_rounded(cal.model_dump(mode="json")), sort_keys=True))
+
+
+def write_text(path: Path, text: str) -> None:
     """Atomic: write a temporary file beside the target, then rename it over the target."""
-    header = (f"# Written by `trainsim calibrate` on {datetime.date.today().isoformat()} from "
-              "shared/data/calibration (runs.csv, gemm.csv, collectives.csv).\n# Do not edit by hand: rerun "
-              "`trainsim calibrate` (or `make calibrate`).\n")
-    body = yaml.safe_dump(_rounded(cal.model_dump()), sort_keys=True)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=".fitted-", suffix=".yaml")
-    with os.fdopen(handle, "w") as out:
-        out.write(header + body)
-    os.chmod(tmp, 0o644)  # mkstemp makes the file private; the fit is package data anyone may read
-    os.replace(tmp, path)
+    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".partial")
+    try:
+        with os.fdopen(handle, "w") as out:
+            out.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes the file private; a fit is data anyone may read
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _rounded(value: Any) -> Any:
@@ -81,6 +186,8 @@ def _rounded(value: Any) -> Any:
         return float(f"{value:.6g}")
     if isinstance(value, dict):
         return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
     return value
 
 
@@ -92,35 +199,3 @@ def _percent_errors(log_error: np.ndarray) -> list[float]:
 def _mape_of(cal: Calibration, samples: list[FitSample]) -> float:
     errors = _percent_errors(log_errors(cal, samples, GraphCache()))
     return sum(errors) / len(errors)
-
-
-def cross_validate(data_dir: Path, folds: int = 5, seed: int = 0) -> dict[str, dict[str, float]]:
-    """Fit the run-level parameters on part of the runs and score iteration-time MAPE on the rest:
-    k-fold over runs, and leave-one-source-out. The microbenchmark fits use no runs and are kept."""
-    base = fit_micro(data_dir)
-    samples = fit_samples(read_runs(data_dir / "runs.csv"))
-    order = list(range(len(samples)))
-    random.Random(seed).shuffle(order)
-    report: dict[str, dict[str, float]] = {}
-    held_out: list[tuple[FitSample, float]] = []
-    for fold in range(folds):
-        test = [samples[i] for i in order[fold::folds]]
-        train = [samples[i] for i in order if i not in set(order[fold::folds])]
-        fitted = fit_runtime(base, train)
-        errors = log_errors(fitted, test, GraphCache())
-        held_out += list(zip(test, _percent_errors(errors), strict=True))
-    report["k-fold"] = _by_source(held_out)
-    for source in sorted({s.source for s in samples}):
-        train = [s for s in samples if s.source != source]
-        test = [s for s in samples if s.source == source]
-        fitted = fit_runtime(base, train)
-        report.setdefault("leave-one-source-out", {})[source] = _mape_of(fitted, test)
-    return report
-
-
-def _by_source(pairs: list[tuple[FitSample, float]]) -> dict[str, float]:
-    out: dict[str, list[float]] = {"ALL": []}
-    for sample, error in pairs:
-        out["ALL"].append(error)
-        out.setdefault(sample.source, []).append(error)
-    return {key: sum(values) / len(values) for key, values in out.items()}

@@ -110,7 +110,12 @@ def _start(param: Parameter, base: Calibration) -> float:
     return float(getattr(getattr(base, param.section), param.name))
 
 
-def fit_runtime(base: Calibration, samples: Sequence[FitSample]) -> Calibration:
+def fit_runtime(base: Calibration, samples: Sequence[FitSample], progress: Callable[[], None] | None = None,
+                start: Calibration | None = None, tolerance: float = 1e-8) -> Calibration:
+    """progress: called once per evaluation of the residuals (each predicts every sample once). start: a fit to
+    start from (its values of the fitted parameters, within their bounds) instead of the priors. tolerance:
+    least squares stops when an iteration changes the cost, the parameters or the gradient by less than this
+    (relative; scipy's ftol, xtol, gtol)."""
     from scipy.optimize import least_squares
 
     counts: dict[str, int] = {}
@@ -127,14 +132,20 @@ def fit_runtime(base: Calibration, samples: Sequence[FitSample]) -> Calibration:
     x0 = np.array([to_raw(_start(p, base), p) for p in PARAMETERS] + [0.0] * extra)
     low = np.array([to_raw(p.low, p) for p in PARAMETERS] + [math.log(0.5)] * extra)
     high = np.array([to_raw(p.high, p) for p in PARAMETERS] + [math.log(2.0)] * extra)
+    if start is not None:
+        values = [float(getattr(getattr(start, p.section), p.name)) for p in PARAMETERS]
+        raw = [to_raw(max(v, p.low), p) for v, p in zip(values, PARAMETERS, strict=True)]
+        x0 = np.clip(np.array(raw + [math.log(start.generation_factor.get(g, 1.0)) for g in generations]), low, high)
 
     def residuals(theta: np.ndarray) -> np.ndarray:
+        if progress is not None:
+            progress()
         cal = calibration_with(base, theta, generations)
         prior = GENERATION_PRIOR_WEIGHT * theta[len(PARAMETERS):]
         return np.concatenate([weights * log_errors(cal, samples, graphs), prior])
 
     fit = least_squares(residuals, x0=x0, bounds=(low, high), loss="soft_l1", f_scale=0.1, diff_step=1e-3,
-                        max_nfev=MAX_EVALUATIONS)
+                        max_nfev=MAX_EVALUATIONS, ftol=tolerance, xtol=tolerance, gtol=tolerance)
     return calibration_with(base, fit.x, generations)
 
 
@@ -145,9 +156,11 @@ SIM_PARAMETERS: tuple[Parameter, ...] = (
 SIM_MAX_EVALUATIONS = 40
 
 
-def fit_sim_runtime(base: Calibration, samples: Sequence[FitSample]) -> RuntimeParams:
+def fit_sim_runtime(base: Calibration, samples: Sequence[FitSample],
+                    progress: Callable[[], None] | None = None) -> RuntimeParams:
     """The simulator's own runtime behaviours (Proteus's overlap slow-down gamma, DP/FSDP overlap, fixed
-    costs), refitted through the simulator from the analytical fit; compute costs stay as fitted."""
+    costs), refitted through the simulator from the analytical fit; compute costs stay as fitted. progress:
+    called once per evaluation of the residuals."""
     from scipy.optimize import least_squares
 
     counts: dict[str, int] = {}
@@ -166,6 +179,8 @@ def fit_sim_runtime(base: Calibration, samples: Sequence[FitSample]) -> RuntimeP
         return RuntimeParams.model_validate({**start, **values})
 
     def residuals(theta: np.ndarray) -> np.ndarray:
+        if progress is not None:
+            progress()
         cal = base.model_copy(update={"runtime": runtime_of(theta)})
         return weights * log_errors(cal, samples, graphs, engine=SimEstimator)
 

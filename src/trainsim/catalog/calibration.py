@@ -1,7 +1,9 @@
 """Calibration parameters of the cost models, read from catalog/data/calibration/fitted.yaml.
 
-That file is written by `trainsim calibrate` (trainsim.calibrate.fit) from the measurements in
-shared/data/calibration; nobody edits it by hand. Without it, the priors below apply: round, physically
+That file is written by `trainsim calibrate --update-package` (trainsim.calibrate.fit) from the measurements
+the package ships in catalog/data/measurements (copied from the project's shared/data/calibration by
+scripts/sync_calibration_data.py); nobody edits it by hand. A user's own fit (`trainsim calibrate --runs MY.csv
+--output MY.yaml`) is read by read_calibration. Without a file, the priors below apply: round, physically
 motivated starting points of the fit, not fitted values.
 """
 
@@ -11,10 +13,17 @@ from pathlib import Path
 from pydantic import Field
 
 from trainsim.catalog.files import DATA_DIR, read_mapping
+from trainsim.catalog.uncertainty import Uncertainty
+from trainsim.errors import InputFileError
 from trainsim.hardware.device import DType
 from trainsim.specbase import Spec
 
 FITTED_PATH = DATA_DIR / "calibration" / "fitted.yaml"
+# The measurements the package ships (runs in the runs.csv schema, GEMM and collective microbenchmarks).
+MEASUREMENTS_DIR = DATA_DIR / "measurements"
+DEFAULT_RUNS_FILES = ("runs.csv", "runs_multinode.csv")  # the runs the package's own fit is fitted on
+CALIBRATION_HELP = ("calibration file written by `trainsim calibrate --runs MY.csv --output MY.yaml` (default: the "
+                    "package's fit)")
 Collective = str  # "all-reduce" | "all-gather" | "reduce-scatter" | "all-to-all" | "send-recv"
 
 
@@ -74,6 +83,8 @@ class Calibration(Spec):
     device_generation: dict[str, str] = {}
     generation_factor: dict[str, float] = {}
     fit_report: dict[str, float] = {}
+    # The held-out error of the fit per group of comparable jobs (catalog.uncertainty); None: not measured.
+    uncertainty: Uncertainty | None = None
 
     def training_factor(self, device_name: str) -> float:
         generation = self.device_generation.get(device_name, "")
@@ -94,6 +105,23 @@ class Calibration(Spec):
 
 @cache
 def load_calibration(path: Path = FITTED_PATH) -> Calibration:
+    """The package's fit (the priors where the file is missing)."""
     if not path.exists():
         return Calibration()
+    return Calibration.parse(read_mapping(path), str(path))
+
+
+def read_calibration(path: Path | None) -> Calibration:
+    """A calibration file a user names (`--calibration`), which must exist; None: the package's fit."""
+    if path is None:
+        return load_calibration()
+    if not path.is_file():
+        raise InputFileError(f"calibration file {path} does not exist (write one with `trainsim calibrate "
+                             "--runs MY.csv --output MY.yaml`)")
+    return _read_calibration(path.resolve(), path.stat().st_mtime_ns)
+
+
+@cache
+def _read_calibration(path: Path, mtime_ns: int) -> Calibration:
+    """Cached per path and modification time, so the engines of one command share one parse."""
     return Calibration.parse(read_mapping(path), str(path))

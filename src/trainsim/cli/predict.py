@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from trainsim.catalog.calibration import CALIBRATION_HELP, read_calibration
 from trainsim.cli.errors import handles_errors
 from trainsim.cli.strategy_options import GIVEN, StrategyFlags, strategy_options
 from trainsim.cost.pricing import COSTS
@@ -40,6 +41,7 @@ def predict(
     costs: Annotated[str, typer.Option(help="op costs: " + " | ".join(COSTS.names()) + " (profiled: trainsim "
                                        "profile)")] = "roofline",
     db: Annotated[Path | None, typer.Option(help="profile database for --costs profiled")] = None,
+    calibration: Annotated[Path | None, typer.Option(help=CALIBRATION_HELP)] = None,
 ) -> None:
     """Predict iteration time, throughput, MFU and peak memory of one training job."""
     flags = dict(model=model, frontend=frontend, cluster=cluster, num_gpus=num_gpus, **strategy_flags)
@@ -51,7 +53,8 @@ def predict(
     if tree and not entry.takes_plan:
         raise ConfigError("engine", engine, "--tree needs --engine sim")
     job = job_from_settings(settings)
-    estimator = make_engine(engine, costs, db, task_level)  # type: ignore[arg-type]  # EngineOptions checks it
+    cal = read_calibration(calibration or settings.get("calibration"))
+    estimator = make_engine(engine, costs, db, task_level, cal)  # type: ignore[arg-type]  # EngineOptions checks it
     graph = graph_for(job, model_source(settings))
     plan = None
     if tree is not None:

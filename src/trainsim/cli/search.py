@@ -6,6 +6,7 @@ object).
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated, cast
 
 import typer
@@ -13,9 +14,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from trainsim.catalog import load_cluster
+from trainsim.catalog.calibration import CALIBRATION_HELP, Calibration, read_calibration
 from trainsim.cli.errors import handles_errors
 from trainsim.cli.strategy_options import GIVEN, StrategyFlags, strategy_options
 from trainsim.errors import ConfigError
+from trainsim.estimate.engines import make_engine
 from trainsim.frontends.registry import FRONTENDS, MODEL_HELP, ModelSource
 from trainsim.hardware.cluster import ClusterSpec
 from trainsim.ir.model_spec import ModelSpec
@@ -76,8 +79,9 @@ def _parse(source: ModelSource, cluster: str, num_gpus: int | None, global_batch
 
 
 def _run(source: ModelSource, model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, top_k: int,
-         show_progress: bool) -> SearchReport:
-    planner = Planner(graphs=GraphCache(source.frontend, source.source))
+         show_progress: bool, calibration: Calibration) -> SearchReport:
+    planner = Planner(make_engine("analytical", calibration=calibration),
+                      graphs=GraphCache(source.frontend, source.source))
     if not show_progress:
         return planner.search(model, cluster, space, top_k=top_k)
     columns = (TextColumn("searching plans"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -106,14 +110,16 @@ def search(
     top_k: Annotated[int, typer.Option(help="how many of the best plans to show")] = 10,
     max_micro_batch: Annotated[int, typer.Option(help="largest micro-batch tried")] = 16,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object, no progress bar")] = False,
+    calibration: Annotated[Path | None, typer.Option(help=CALIBRATION_HELP)] = None,
 ) -> None:
     source = ModelSource(model, frontend)
     given = strategy_flags
     model_spec, cluster_spec, space = _parse(source, cluster, num_gpus, given.get("global_batch"),
                                              given.get("seq_len"), given.get("precision"), given.get("attention"),
                                              given.get("optimizer_impl"), max_micro_batch, top_k)
+    cal = read_calibration(calibration)
     show_progress = not as_json and sys.stderr.isatty()
-    report = _run(source, model_spec, cluster_spec, space, top_k, show_progress)
+    report = _run(source, model_spec, cluster_spec, space, top_k, show_progress, cal)
     if as_json:
         typer.echo(json.dumps(search_to_dict(report), indent=2))
     else:

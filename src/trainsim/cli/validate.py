@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
+from trainsim.catalog.calibration import CALIBRATION_HELP, read_calibration
 from trainsim.cli.errors import handles_errors
 from trainsim.estimate.engines import ENGINES
 from trainsim.frontends.registry import FRONTENDS
@@ -23,7 +24,7 @@ FOLDER_DB = "profile.db"  # a measured folder's own profile database (trainsim m
 
 @handles_errors
 def validate(
-    runs_file: Annotated[Path, typer.Argument(help="CSV in the schema of shared/data/calibration/runs.csv, or a "
+    runs_file: Annotated[Path, typer.Argument(help="CSV in the schema of runs.csv (the package's measurements), or a "
                                               "folder of runs measured by `trainsim measure`")],
     engine: Annotated[str | None, typer.Option(help="estimators, comma-separated, or all: "
                                                + ", ".join(ENGINES.names())
@@ -37,9 +38,11 @@ def validate(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     markdown: Annotated[bool, typer.Option("--markdown", help="print the per-job table as Markdown")] = False,
     rows: Annotated[bool, typer.Option("--rows/--no-rows", help="print every row, not only the summary")] = True,
+    calibration: Annotated[Path | None, typer.Option(help=CALIBRATION_HELP)] = None,
 ) -> None:
     """Predict every run; print predicted vs measured and the MAPE per engine, source and metric."""
     FRONTENDS.get(frontend)  # unknown names: one line listing the choices
+    cal = read_calibration(calibration)
     folder = runs_file.is_dir()
     runs = read_measured(runs_file) if folder else read_runs(runs_file)
     if db is None and folder and (runs_file / FOLDER_DB).is_file():
@@ -49,7 +52,8 @@ def validate(
     quiet = as_json or markdown or not sys.stderr.isatty()
     with Progress(console=Console(stderr=True), transient=True, disable=quiet) as bar:
         task = bar.add_task("predicting runs", total=len(runs) * len(choices))
-        predictions = compare(runs, choices, db, progress=lambda: bar.advance(task), frontend=frontend)
+        predictions = compare(runs, choices, db, progress=lambda: bar.advance(task), frontend=frontend,
+                              calibration=cal)
     summary = summaries(predictions)
     jobs = by_job(predictions) if folder else []
     if as_json:

@@ -16,6 +16,7 @@ builds Results only for the plans it reports. `estimate` is `price(...).result()
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from trainsim.catalog.calibration import Calibration
 from trainsim.cost.memory import MemoryEstimate
 from trainsim.cost.pricing import Pricer
 from trainsim.estimate.result import Result, iteration_time_s, make_result, tokens_per_s
@@ -35,6 +36,7 @@ class PlanPrice:
     breakdown: dict[str, float]
     memory: MemoryEstimate
     iteration_time_s: float
+    calibration: Calibration | None = None  # the fit the plan was priced with: its held-out errors, the band
 
     @property
     def tokens_per_s(self) -> float:
@@ -49,7 +51,8 @@ class PlanPrice:
         return self.memory.oom
 
     def result(self) -> Result:
-        return make_result(self.engine, self.job, self.graph, self.breakdown, self.memory)
+        return make_result(self.engine, self.job, self.graph, self.breakdown, self.memory,
+                           calibration=self.calibration)
 
 
 def uneven_bubble_s(schedule: str, totals: list[float], forward: Sequence[float], m: int,
@@ -139,4 +142,4 @@ class AnalyticalEstimator:
             "overhead": pricer.iteration_overhead_s(job) + m * slow.overhead_s,
         }
         return PlanPrice(self.name, job, graph, breakdown, pricer.memory(stages, job),
-                         iteration_time_s(job, breakdown))
+                         iteration_time_s(job, breakdown), pricer.cal)

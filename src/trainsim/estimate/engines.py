@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from trainsim.catalog.calibration import Calibration
 from trainsim.cost.pricing import COSTS, make_pricer
 from trainsim.estimate.result import Result
 from trainsim.ir.graph import OpGraph
@@ -28,11 +29,13 @@ class Estimator(Protocol):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineOptions:
     """costs: a name of cost.pricing.COSTS; db: the profile database of profiled costs (default: the user's
-    cache); task_level: the simulator's task granularity (layer | op; other engines have no tasks)."""
+    cache); task_level: the simulator's task granularity (layer | op; other engines have no tasks); calibration:
+    the fitted parameters (default: the package's fit; a user's from `trainsim calibrate --output`)."""
 
     costs: str = "roofline"
     db: Path | None = None
     task_level: "TaskLevel" = "layer"  # the simulator checks it
+    calibration: Calibration | None = None
 
     def __post_init__(self) -> None:
         COSTS.get(self.costs)  # unknown names: one line listing the choices
@@ -54,13 +57,14 @@ class EngineEntry:
 def _analytical(options: EngineOptions) -> Estimator:
     from trainsim.estimate.analytical import AnalyticalEstimator
 
-    return AnalyticalEstimator(make_pricer(options.costs, options.db))
+    return AnalyticalEstimator(make_pricer(options.costs, options.db, options.calibration))
 
 
 def _sim(options: EngineOptions) -> Estimator:
     from trainsim.estimate.simulation import SimEstimator, sim_calibration
 
-    return SimEstimator(make_pricer(options.costs, options.db, sim_calibration()), task_level=options.task_level)
+    return SimEstimator(make_pricer(options.costs, options.db, sim_calibration(options.calibration)),
+                        task_level=options.task_level)
 
 
 def _precision_aware(options: EngineOptions) -> Estimator:
@@ -68,15 +72,15 @@ def _precision_aware(options: EngineOptions) -> Estimator:
     from trainsim.estimate.precision_aware import PrecisionAwareEstimator
 
     if options.costs == "roofline":
-        return PrecisionAwareEstimator()
-    return PrecisionAwareEstimator(db=options.db or default_db_path())
+        return PrecisionAwareEstimator(options.calibration)
+    return PrecisionAwareEstimator(options.calibration, db=options.db or default_db_path())
 
 
 def _replay(options: EngineOptions) -> Estimator:
     """Measured durations need no costs; the costs price the memory of the traced shapes."""
     from trainsim.estimate.replay import ReplayEstimator
 
-    return ReplayEstimator(make_pricer(options.costs, options.db))
+    return ReplayEstimator(make_pricer(options.costs, options.db, options.calibration))
 
 
 # NB: each engine's module is imported when the engine is built, so a prediction loads its own engine only.
@@ -93,7 +97,7 @@ def shape_engines() -> list[str]:
 
 
 def make_engine(engine: str, costs: str = "roofline", db: Path | None = None,
-                task_level: "TaskLevel" = "layer") -> Estimator:
-    """Any engine of the registry with the costs chosen."""
+                task_level: "TaskLevel" = "layer", calibration: Calibration | None = None) -> Estimator:
+    """Any engine of the registry with the costs chosen, over `calibration` (default: the package's fit)."""
     entry = ENGINES.get(engine)
-    return entry.build(EngineOptions(costs=costs, db=db, task_level=task_level))
+    return entry.build(EngineOptions(costs=costs, db=db, task_level=task_level, calibration=calibration))

@@ -3,6 +3,8 @@
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from trainsim.catalog.calibration import Calibration
+from trainsim.catalog.uncertainty import GROUP_TEXT
 from trainsim.cost.memory import MemoryEstimate
 from trainsim.ir.exec_graph import ExecGraph
 from trainsim.ir.graph import OpGraph
@@ -29,6 +31,38 @@ class Timeline:
     device_names: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Band:
+    """The range the iteration time is likely in: low_s <= the prediction <= high_s. The calibration's held-out
+    predictions of comparable jobs (`group`, catalog.uncertainty) fell inside the same ratios `coverage` of the
+    time; `residuals` of them measured it (basis: catalog.uncertainty.BandRatios). The throughput and FLOP
+    figures follow as the time's reciprocal."""
+
+    low_s: float
+    high_s: float
+    group: str
+    coverage: float
+    residuals: int
+    basis: str
+
+    def to_dict(self, result: "Result") -> dict[str, Any]:
+        rate_low, rate_high = result.iteration_time_s / self.high_s, result.iteration_time_s / self.low_s
+        data: dict[str, Any] = {"iteration_time_s": [self.low_s, self.high_s]}
+        for name in RATE_FIELDS:
+            value = getattr(result, name)
+            data[name] = [value * rate_low, value * rate_high]
+        return {**data, "coverage": self.coverage, "group": self.group, "meaning": self.meaning,
+                "held_out_runs": self.residuals, "basis": self.basis}
+
+    @property
+    def meaning(self) -> str:
+        return GROUP_TEXT.get(self.group, self.group)
+
+
+# Result fields inversely proportional to the iteration time: their band follows the time's.
+RATE_FIELDS = ("tokens_per_s", "samples_per_s", "tflops_per_gpu", "mfu", "hfu")
+
+
 @dataclass(frozen=True, slots=True)
 class Result:
     """Predicted performance of one job. Times in seconds, memory in bytes, rates per second.
@@ -37,6 +71,8 @@ class Result:
     memory_breakdown: what the peak GPU's memory holds at its peak; adds up to peak_memory_bytes.
     timeline: the simulated iteration, for engines that simulate one (a trace, the critical path); None for
     closed-form engines. Not part of to_dict().
+    band: the iteration time's likely range from the calibration's held-out errors (Band); None where the
+    calibration measured none, or for an engine whose errors it did not measure (precision-aware, replay).
     """
 
     engine: str
@@ -57,13 +93,15 @@ class Result:
     memory_breakdown: dict[str, float]
     notes: list[str] = field(default_factory=list)
     timeline: Timeline | None = field(default=None, repr=False, compare=False)
+    band: Band | None = None
 
     @property
     def peak_memory_gib(self) -> float:
         return self.peak_memory_bytes / 2**30
 
     def to_dict(self) -> dict[str, Any]:
-        data = {f.name: _plain(getattr(self, f.name)) for f in fields(self) if f.name != "timeline"}
+        data = {f.name: _plain(getattr(self, f.name)) for f in fields(self) if f.name not in ("timeline", "band")}
+        data["band"] = self.band.to_dict(self) if self.band is not None else None
         data["peak_memory_gib"] = self.peak_memory_gib
         data["memory_capacity_gib"] = self.memory_capacity_bytes / 2**30
         data["memory_breakdown_gib"] = {k: v / 2**30 for k, v in self.memory_breakdown.items()}
@@ -83,9 +121,11 @@ def _plain(value: Any) -> Any:
 
 
 def make_result(engine: str, job: Job, graph: OpGraph, breakdown: dict[str, float], memory: MemoryEstimate, *,
-                notes: list[str] | None = None, timeline: Timeline | None = None) -> Result:
+                notes: list[str] | None = None, timeline: Timeline | None = None,
+                calibration: Calibration | None = None) -> Result:
     """The Result of an engine's breakdown (seconds per BREAKDOWN_KEYS entry) and memory estimate for `job`,
-    whose per-device graph is `graph`: iteration time, throughput, FLOPs, MFU and HFU follow from them."""
+    whose per-device graph is `graph`: iteration time, throughput, FLOPs, MFU and HFU follow from them.
+    calibration: the fit the engine priced with, whose held-out errors give the band (None: no band)."""
     unknown = set(breakdown) - set(BREAKDOWN_KEYS)
     assert not unknown, f"breakdown keys outside BREAKDOWN_KEYS: {sorted(unknown)}"
     par = job.parallel
@@ -109,8 +149,28 @@ def make_result(engine: str, job: Job, graph: OpGraph, breakdown: dict[str, floa
         hfu=hardware_flops / iteration / job.num_gpus / peak, peak_flops_per_gpu=peak,
         peak_memory_bytes=memory.peak_bytes, memory_capacity_bytes=memory.capacity_bytes, oom=memory.oom,
         breakdown=breakdown, memory_breakdown=memory.breakdown, notes=[*_kernel_notes(job), *(notes or [])],
-        timeline=timeline,
+        timeline=timeline, band=iteration_band(job, iteration, calibration),
     )
+
+
+def stack_name_of(job: Job) -> str | None:
+    """The name of the training stack a job states; None where it states none."""
+    stack = getattr(job, "stack", None)  # NB: Job.stack (issue 11's training-stack presets) may be absent
+    name = getattr(stack, "name", None)
+    return name if isinstance(name, str) else None
+
+
+def iteration_band(job: Job, iteration_s: float, calibration: Calibration | None) -> Band | None:
+    """The band around `iteration_s` that the calibration's held-out errors of jobs like `job` give."""
+    if calibration is None or calibration.uncertainty is None:
+        return None
+    uncertainty = calibration.uncertainty
+    group = uncertainty.group_of(stack_name_of(job), job.num_gpus)
+    low, high = uncertainty.band_ratios(group)
+    ratios = uncertainty.bands[group]
+    coverage = uncertainty.quantiles[1] - uncertainty.quantiles[0]
+    return Band(low_s=iteration_s * low, high_s=iteration_s * high, group=group, coverage=coverage,
+                residuals=ratios.residuals, basis=ratios.basis)
 
 
 def iteration_time_s(job: Job, breakdown: dict[str, float]) -> float:

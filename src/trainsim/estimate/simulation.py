@@ -92,7 +92,8 @@ class SimEstimator:
         if memory.oom:
             notes.append(f"out of memory on stage {_peak_device(run.outcome)}: peak "
                          f"{memory.peak_bytes / 2**30:.2f} GiB > {memory.capacity_bytes / 2**30:.2f} GiB")
-        return make_result(self.name, job, graph, breakdown, memory, notes=notes, timeline=timeline)
+        return make_result(self.name, job, graph, breakdown, memory, notes=notes, timeline=timeline,
+                           calibration=self.pricer.cal)
 
 
 def _busy_by_device(graph: ExecGraph, outcome: SimOutcome) -> list[dict[str, float]]:

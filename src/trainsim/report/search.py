@@ -29,6 +29,7 @@ def plan_to_dict(plan: RankedStrategy) -> dict[str, Any]:
         "mfu": result.mfu,
         "hfu": result.hfu,
         "peak_memory_gib": result.peak_memory_gib,
+        "band": result.band.to_dict(result) if result.band is not None else None,
         "memory_capacity_gib": result.memory_capacity_bytes / 2**30,
         "breakdown": result.breakdown,
     }

@@ -1,18 +1,23 @@
 """Readable summaries of a Result."""
 
-from trainsim.estimate.result import BREAKDOWN_KEYS, MFU_FORMULA, Result
+from collections.abc import Callable
+
+from trainsim.estimate.result import BREAKDOWN_KEYS, MFU_FORMULA, Band, Result
 from trainsim.units import format_bytes_gib, format_count, format_duration
 
 
 def render_result(result: Result) -> str:
+    band = result.band
     lines = [
         f"job             {result.job}",
         f"engine          {result.engine}",
-        f"iteration time  {format_duration(result.iteration_time_s)}",
-        f"throughput      {format_count(result.tokens_per_s)} tokens/s, {result.samples_per_s:.2f} samples/s",
-        f"model TFLOP/s   {result.tflops_per_gpu:.1f} per GPU",
+        f"iteration time  {format_duration(result.iteration_time_s)}" + _time_band(band),
+        f"throughput      {format_count(result.tokens_per_s)} tokens/s, {result.samples_per_s:.2f} samples/s"
+        + _rate_band(result, "tokens_per_s", lambda value: f"{format_count(value)} tokens/s"),
+        f"model TFLOP/s   {result.tflops_per_gpu:.1f} per GPU"
+        + _rate_band(result, "tflops_per_gpu", lambda value: f"{value:.1f}"),
         f"MFU             {result.mfu * 100:.1f}%   (HFU {result.hfu * 100:.1f}%; peak "
-        f"{result.peak_flops_per_gpu / 1e12:.0f} TFLOP/s)",
+        f"{result.peak_flops_per_gpu / 1e12:.0f} TFLOP/s)" + _rate_band(result, "mfu", lambda v: f"{v * 100:.1f}%"),
         f"                MFU = {MFU_FORMULA}",
         f"peak memory     {format_bytes_gib(result.peak_memory_bytes)} of "
         f"{format_bytes_gib(result.memory_capacity_bytes)} per GPU: "
@@ -25,5 +30,25 @@ def render_result(result: Result) -> str:
         seconds = result.breakdown.get(name, 0.0)
         if seconds > 0 or name in ("compute", "bubble"):
             lines.append(f"  {name:<16}{format_duration(seconds):>12}  {seconds / total * 100:5.1f}%")
+    if band is not None:
+        lines.append(f"band: {band.coverage * 100:.0f}% of {band.residuals} held-out calibration runs of jobs like "
+                     f"this ({band.meaning}{'' if band.basis == 'own' else f'; {band.basis} quantiles'}) fell in "
+                     "such a range")
     lines += [f"note: {note}" for note in result.notes]
     return "\n".join(lines)
+
+
+def _time_band(band: Band | None) -> str:
+    if band is None:
+        return ""
+    return f"   ({band.coverage * 100:.0f}% band {format_duration(band.low_s)} - {format_duration(band.high_s)})"
+
+
+def _rate_band(result: Result, name: str, show: Callable[[float], str]) -> str:
+    """The band of a figure inversely proportional to the iteration time."""
+    if result.band is None:
+        return ""
+    value = getattr(result, name)
+    low = value * result.iteration_time_s / result.band.high_s
+    high = value * result.iteration_time_s / result.band.low_s
+    return f"   (band {show(low)} - {show(high)})"

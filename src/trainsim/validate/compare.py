@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainsim.catalog.calibration import Calibration
 from trainsim.cost.pricing import COSTS
 from trainsim.errors import ConfigError
 from trainsim.estimate.engines import ENGINES, make_engine, shape_engines
@@ -43,14 +44,16 @@ def engine_choices(engines: str, costs: str) -> list[EngineChoice]:
 
 
 def compare(rows: Sequence[RunRow], choices: Sequence[EngineChoice], db: Path | None,
-            progress: Callable[[], None] | None = None, frontend: str = "catalog") -> dict[str, list[RowPrediction]]:
+            progress: Callable[[], None] | None = None, frontend: str = "catalog",
+            calibration: Calibration | None = None) -> dict[str, list[RowPrediction]]:
     """Every row predicted by every engine choice, by label; frontend: the front-end that builds each run's
-    graph from its model (catalog builders, or torch tracing the model's Hugging Face family)."""
+    graph from its model (catalog builders, or torch tracing the model's Hugging Face family); calibration: the
+    fit the engines price with (default: the package's)."""
     out: dict[str, list[RowPrediction]] = {}
     params_by_run: dict[str, float] = {}  # the same for every engine
     graphs = GraphCache(frontend)
     for choice in choices:
-        estimator = make_engine(choice.engine, choice.costs, db)
+        estimator = make_engine(choice.engine, choice.costs, db, calibration=calibration)
         predictions = predict_rows(rows, estimator, progress, params_by_run, graphs)
         out[choice.label] = [_relabel(p, choice.label) for p in predictions]
     return out

@@ -5,7 +5,6 @@ Parameter counts are checked against the published sizes (the source of each is 
 """
 
 import csv
-from pathlib import Path
 
 import pytest
 
@@ -18,6 +17,7 @@ from trainsim.catalog import (
     load_device,
     load_model,
 )
+from trainsim.catalog.calibration import DEFAULT_RUNS_FILES, MEASUREMENTS_DIR
 from trainsim.errors import UnknownNameError
 from trainsim.frontends.catalog.transformer import build_transformer
 from trainsim.hardware.device import DTYPES
@@ -25,7 +25,6 @@ from trainsim.ir.model_spec import CnnSpec, DlrmSpec, TransformerSpec
 from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.precision import policy_for
 
-RUNS_CSV = Path("/work/shared/data/calibration/runs.csv")
 PARAM_TOLERANCE = 0.03
 
 # Published sizes the analytic count cannot reach within the tolerance, with the reason (kept visible, not
@@ -147,13 +146,13 @@ def test_cnn_and_dlrm_entries_have_their_kinds() -> None:
 
 
 def _runs_gpus() -> list[str]:
-    if not RUNS_CSV.exists():
-        return []
-    with RUNS_CSV.open(newline="") as handle:
-        return sorted({row["gpu"] for row in csv.DictReader(handle) if row["gpu"] and row["gpu"] != "other"})
+    gpus: set[str] = set()
+    for name in DEFAULT_RUNS_FILES:
+        with (MEASUREMENTS_DIR / name).open(newline="") as handle:
+            gpus |= {row["gpu"] for row in csv.DictReader(handle) if row["gpu"] and row["gpu"] != "other"}
+    return sorted(gpus)
 
 
-@pytest.mark.skipif(not RUNS_CSV.exists(), reason=f"{RUNS_CSV} not present")
 @pytest.mark.parametrize("gpu", _runs_gpus())
 def test_every_gpu_of_the_calibration_runs_loads(gpu: str) -> None:
     assert load_device(gpu).name == gpu

@@ -1,12 +1,11 @@
 """One MFU (Result.mfu); a published figure's FLOP convention is converted to, by name, per source."""
 
-from pathlib import Path
 
 import pytest
 
-from trainsim.calibrate.fit import find_calibration_dir
 from trainsim.catalog import load_cluster, load_model
-from trainsim.errors import InputFileError, UnknownNameError
+from trainsim.catalog.calibration import DEFAULT_RUNS_FILES, MEASUREMENTS_DIR
+from trainsim.errors import UnknownNameError
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job, make_job
@@ -48,12 +47,8 @@ def test_a_converted_mfu_is_results_mfu_with_the_conventions_flops() -> None:
 
 
 def test_every_source_with_flop_figures_states_its_convention() -> None:
-    try:
-        calibration = find_calibration_dir(Path(__file__).parent)
-    except InputFileError:
-        pytest.skip("shared/data/calibration is not beside this checkout")
-    sources = {source_group(row.source) for name in ("runs.csv", "runs_multinode.csv")
-               for row in read_runs(calibration / name) if row.metric in FLOP_METRICS}
+    sources = {source_group(row.source) for name in DEFAULT_RUNS_FILES
+               for row in read_runs(MEASUREMENTS_DIR / name) if row.metric in FLOP_METRICS}
     assert sources == {"mosaicml/llm-foundry", "NVIDIA/NeMo", "NVIDIA-NeMo/Megatron-Bridge"}
     assert {flops_convention_of(source) for source in sources} == {"6nd+attention"}
     assert flops_convention_of("VIA-Research/vTrain row 1") is None

@@ -1,0 +1,200 @@
+"""Cross-validation of the run-level fit, and the uncertainty bands it measures.
+
+Three ways of holding runs out (splits), each refitting the run-level parameters (runs.fit_runtime, the
+analytical engine) on the rest and predicting the held-out runs:
+- k-fold over runs: new runs of the stacks, GPUs and scales the fit has seen;
+- leave-one-source-out: a publication's or repository's runs, predicted from the others' (a stack it has not
+  seen, where no other source runs the same stack);
+- scale extrapolation: fitted on the runs of at most SCALE_TRAIN_MAX_GPUS GPUs, predicting those on
+  SCALE_TEST_GPUS (a known stack at a scale outside the fit's).
+The microbenchmark fits (GEMM and collective curves) use no runs and are kept in every split. Each split's fit
+starts from the fit on all runs and stops when an iteration improves its cost by less than WARM_TOLERANCE
+(relative): Gauss-Newton steps on the split's training runs alone, from a nearby start, in a tenth of the
+evaluations of a fit from the priors. The held-out runs are in no split's objective, but the start has seen
+them: cold=True (--cold) fits every split from the priors to the full fit's tolerance instead (the README
+compares the two).
+
+Every held-out prediction lands in its group of comparable jobs (catalog.uncertainty.band_group, from the split's
+training runs: their stacks, their range of GPU counts); the 10% and 90% quantiles of measured / predicted per
+group are the bands every prediction carries (uncertainty_of).
+"""
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from trainsim.calibrate.runs import FitSample, fit_runtime, log_errors
+from trainsim.catalog.calibration import Calibration
+from trainsim.catalog.uncertainty import GROUPS, QUANTILES, BandRatios, Uncertainty, band_group
+from trainsim.estimate.result import stack_name_of
+from trainsim.pipeline import GraphCache
+
+SCALE_TRAIN_MAX_GPUS = 64
+SCALE_TEST_GPUS = (128, 256)
+MIN_GROUP_RESIDUALS = 20  # fewer held-out runs than this: the group takes the pooled quantiles of all groups
+SCHEMES = ("k-fold", "leave-one-source-out", "scale-extrapolation")
+WARM_TOLERANCE = 1e-3  # a split's fit from the fit on all runs stops below 0.1% improvement per iteration
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    scheme: str  # one of SCHEMES
+    name: str
+    train: list[FitSample]
+    test: list[FitSample]
+
+
+@dataclass(frozen=True, slots=True)
+class HeldOut:
+    """One held-out prediction. log_error: log(predicted / measured); group: its band group in its split."""
+
+    scheme: str
+    split: str
+    run_id: str
+    source: str
+    num_gpus: int
+    log_error: float
+    group: str
+
+    @property
+    def ratio(self) -> float:
+        """measured / predicted."""
+        return math.exp(-self.log_error)
+
+    @property
+    def percent_error(self) -> float:
+        """|predicted / measured - 1| in percent."""
+        return abs(math.exp(self.log_error) - 1.0) * 100.0
+
+
+def stack_key(sample: FitSample) -> str:
+    """The stack a calibration run ran on: the job's stated stack, else its source (one source, one stack)."""
+    return stack_name_of(sample.job) or f"source {sample.source}"
+
+
+def splits(samples: Sequence[FitSample], folds: int = 5, seed: int = 0) -> list[Split]:
+    """Every split the runs allow: k-fold (folds at most the runs), leave-one-source-out where there are two
+    sources or more, scale extrapolation where runs lie on both sides."""
+    out: list[Split] = []
+    k = min(folds, len(samples))
+    if k >= 2:
+        order = list(range(len(samples)))
+        random.Random(seed).shuffle(order)
+        for fold in range(k):
+            held = set(order[fold::k])
+            out.append(Split("k-fold", f"fold {fold + 1} of {k}", [samples[i] for i in order if i not in held],
+                             [samples[i] for i in sorted(held)]))
+    sources = sorted({s.source for s in samples})
+    if len(sources) >= 2:
+        for source in sources:
+            out.append(Split("leave-one-source-out", f"without {source}", [s for s in samples if s.source != source],
+                             [s for s in samples if s.source == source]))
+    low, high = SCALE_TEST_GPUS
+    train = [s for s in samples if s.job.num_gpus <= SCALE_TRAIN_MAX_GPUS]
+    test = [s for s in samples if low <= s.job.num_gpus <= high]
+    if train and test:
+        out.append(Split("scale-extrapolation", f"<= {SCALE_TRAIN_MAX_GPUS} GPUs -> {low}-{high} GPUs", train, test))
+    return out
+
+
+def held_out(base: Calibration, split: Split, progress: Callable[[], None] | None = None,
+             start: Calibration | None = None) -> list[HeldOut]:
+    """Fit on the split's training runs (from `start`'s parameters, else from the priors), predict its test runs,
+    and group each prediction."""
+    if start is None:
+        fitted = fit_runtime(base, split.train, progress=progress)
+    else:
+        fitted = fit_runtime(base, split.train, progress=progress, start=start, tolerance=WARM_TOLERANCE)
+    errors = log_errors(fitted, split.test, GraphCache())
+    stacks = {stack_key(s) for s in split.train}
+    gpus = [s.job.num_gpus for s in split.train]
+    return [HeldOut(split.scheme, split.name, s.run_id, s.source, s.job.num_gpus, float(error),
+                    band_group(stack_key(s), s.job.num_gpus, stacks, min(gpus), max(gpus)))
+            for s, error in zip(split.test, errors, strict=True)]
+
+
+def _ratios(records: Sequence[HeldOut], basis: str) -> BandRatios:
+    log_ratios = np.array([-r.log_error for r in records])
+    low, high = np.quantile(log_ratios, QUANTILES)
+    return BandRatios(low_ratio=float(math.exp(low)), high_ratio=float(math.exp(high)), residuals=len(records),
+                      basis=basis)  # type: ignore[arg-type]  # BandRatios checks it
+
+
+def uncertainty_of(records: Sequence[HeldOut], samples: Sequence[FitSample],
+                   fallback: Uncertainty | None = None) -> Uncertainty | None:
+    """The bands of a fit on `samples`, from the held-out predictions `records`. A group with fewer than
+    MIN_GROUP_RESIDUALS records takes the quantiles of all records together; with fewer than that in all, the
+    group's band of `fallback` (the package's own fit), if any; else None."""
+    stacks = sorted({name for s in samples if (name := stack_name_of(s.job)) is not None})
+    gpus = [s.job.num_gpus for s in samples]
+    bands: dict[str, BandRatios] = {}
+    for group in GROUPS:
+        own = [r for r in records if r.group == group]
+        if len(own) >= MIN_GROUP_RESIDUALS:
+            bands[group] = _ratios(own, "own")
+        elif len(records) >= MIN_GROUP_RESIDUALS:
+            bands[group] = _ratios(records, "pooled")
+        elif fallback is not None:
+            bands[group] = fallback.bands[group].model_copy(update={"basis": "package"})
+        else:
+            return None
+    return Uncertainty(quantiles=QUANTILES, calibrated_stacks=stacks, min_gpus=min(gpus), max_gpus=max(gpus),
+                       bands=bands)
+
+
+def covered(record: HeldOut, uncertainty: Uncertainty) -> bool:
+    """Whether the held-out run's measured time lies in the band its group gives its prediction."""
+    low, high = uncertainty.band_ratios(record.group)
+    return low <= record.ratio <= high
+
+
+def coverage(records: Sequence[HeldOut], uncertainty: Uncertainty) -> float:
+    return sum(covered(r, uncertainty) for r in records) / len(records) if records else math.nan
+
+
+def _mape(records: Sequence[HeldOut]) -> float:
+    return sum(r.percent_error for r in records) / len(records) if records else math.nan
+
+
+def _per_source(records: Sequence[HeldOut], value: Callable[[Sequence[HeldOut]], float]) -> dict[str, float]:
+    sources = sorted({r.source for r in records})
+    return {**{s: value([r for r in records if r.source == s]) for s in sources}, "ALL": value(records)}
+
+
+def summary(records: Sequence[HeldOut], samples: Sequence[FitSample]) -> dict[str, object]:
+    """Iteration-time MAPE of the held-out runs per scheme and source; the bands; their coverage.
+
+    coverage_pct: the share of held-out runs inside their group's band, per scheme and group (the bands come
+    from these same runs, so over all runs it is the 80% the quantiles make). coverage_new_source_pct: the honest
+    figure for a source the bands have not seen: each source's held-out runs against bands from the other
+    sources' held-out runs only."""
+    uncertainty = uncertainty_of(records, samples)
+    out: dict[str, object] = {
+        "runs": {scheme: sum(r.scheme == scheme for r in records) for scheme in SCHEMES},
+        "mape_pct": {scheme: _per_source([r for r in records if r.scheme == scheme], _mape) for scheme in SCHEMES
+                     if any(r.scheme == scheme for r in records)},
+    }
+    if uncertainty is None:
+        return out
+    out["bands"] = {group: ratios.model_dump() for group, ratios in uncertainty.bands.items()}
+    cover: dict[str, float] = {"ALL": coverage(records, uncertainty)}
+    cover.update({scheme: coverage([r for r in records if r.scheme == scheme], uncertainty) for scheme in SCHEMES})
+    cover.update({group: coverage([r for r in records if r.group == group], uncertainty) for group in GROUPS})
+    out["coverage_pct"] = {key: value * 100.0 for key, value in cover.items()}
+    new_source: dict[str, float] = {}
+    hits = 0
+    for source in sorted({r.source for r in records}):
+        others = [r for r in records if r.source != source]
+        own = [r for r in records if r.source == source]
+        bands = uncertainty_of(others, samples)
+        if bands is None:
+            continue
+        inside = sum(covered(r, bands) for r in own)
+        hits += inside
+        new_source[source] = inside / len(own) * 100.0
+    new_source["ALL"] = hits / len(records) * 100.0
+    out["coverage_new_source_pct"] = new_source
+    return out

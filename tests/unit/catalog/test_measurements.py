@@ -1,0 +1,63 @@
+"""The measurements the package ships (catalog/data/measurements) are the project's shared/data/calibration, copied
+by scripts/sync_calibration_data.py, and the fit reads them with nothing beside the repository."""
+
+import importlib.util
+import tomllib
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from trainsim.calibrate.fit import default_runs_files, find_calibration_dir
+from trainsim.catalog.calibration import DEFAULT_RUNS_FILES, MEASUREMENTS_DIR
+
+REPO = Path(__file__).resolve().parents[3]
+SHARED = REPO.parent / "shared" / "data" / "calibration"
+
+
+def _sync_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("sync_calibration_data", REPO / "scripts" /
+                                                  "sync_calibration_data.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_shipped_copy_equals_the_shared_data() -> None:
+    if not SHARED.is_dir():
+        pytest.skip("../shared/data/calibration is not beside this checkout")
+    for name in _sync_script().FILES:
+        assert (MEASUREMENTS_DIR / name).read_bytes() == (SHARED / name).read_bytes(), (
+            f"{name} differs from {SHARED / name}: run python scripts/sync_calibration_data.py")
+
+
+def test_the_package_ships_every_file_the_fit_reads() -> None:
+    for name in (*DEFAULT_RUNS_FILES, "gemm.csv", "collectives.csv", "README.md"):
+        assert (MEASUREMENTS_DIR / name).is_file(), name
+    assert find_calibration_dir() == MEASUREMENTS_DIR
+    assert default_runs_files() == [MEASUREMENTS_DIR / "runs.csv", MEASUREMENTS_DIR / "runs_multinode.csv"]
+
+
+def test_the_wheel_includes_the_measurements() -> None:
+    patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["trainsim"]
+    package = MEASUREMENTS_DIR.parents[2]  # src/trainsim
+    shipped = {path for pattern in patterns for path in package.glob(pattern)}
+    assert set(MEASUREMENTS_DIR.iterdir()) <= shipped
+
+
+def test_sync_copies_and_then_has_nothing_to_do(tmp_path: Path) -> None:
+    script = _sync_script()
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in script.FILES:
+        (source / name).write_text(f"{name} v1\n")
+    target = tmp_path / "target"
+    assert script.sync(source, target) == list(script.FILES)
+    assert script.sync(source, target) == []
+    (source / "runs.csv").write_text("runs.csv v2\n")
+    assert script.sync(source, target) == ["runs.csv"]
+    assert (target / "runs.csv").read_text() == "runs.csv v2\n"
+    (source / "gemm.csv").unlink()
+    with pytest.raises(SystemExit, match=r"lacks gemm\.csv"):
+        script.sync(source, target)

@@ -74,3 +74,32 @@ def render_search(report: SearchReport, model: ModelSpec, cluster: ClusterSpec, 
     table = [plans_table(report)] if report.plans else []
     return to_text(title, *table, *summary_lines(report), width=None if terminal else PIPE_WIDTH,
                    terminal=terminal)
+
+
+def rows_table(plans: list[dict[str, Any]]) -> Table:
+    """The best plans of a search's JSON object (plan_to_dict's layout), as plans_table draws them."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("#", "tp", "pp", "dp", "vpp", "sp", "zero", "recompute", "mb"):
+        table.add_column(name, justify="left" if name == "recompute" else "right", no_wrap=True)
+    for name in ("iteration", "tokens/s", "MFU", "peak GiB"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for plan in plans:
+        par = plan["strategy"]
+        table.add_row(
+            str(plan["rank"]), str(par["tp"]), str(par["pp"]), str(par["dp"]), str(par["vpp"]),
+            "on" if par["sp"] else "off", str(par["zero"]), str(par["recompute"]), str(par["micro_batch"]),
+            format_duration(plan["iteration_time_s"]), f"{plan['tokens_per_s']:,.0f}", f"{plan['mfu'] * 100:.1f}%",
+            f"{plan['peak_memory_gib']:.1f}",
+        )
+    return table
+
+
+def render_search_data(data: dict[str, Any], terminal: bool = False) -> str:
+    """render_search of a search's JSON object (trainsim.api.SearchResult.to_dict())."""
+    tried, feasible, infeasible = data["tried"], data["feasible"], data["infeasible"]
+    lines = [f"tried {tried} plans: {feasible} feasible, {tried - feasible} infeasible"]
+    lines += [f"  {reason:<16}{count:>8}" for reason, count in infeasible.items()]
+    if not data["plans"]:
+        lines.append("no feasible plan: change the global batch, the number of GPUs or the sequence length")
+    table = [rows_table(data["plans"])] if data["plans"] else []
+    return to_text(data["title"], *table, *lines, width=None if terminal else PIPE_WIDTH, terminal=terminal)

@@ -26,6 +26,9 @@ GIB = 2**30
 COLORS = {"compute": "#636EFA", "fwd": "#636EFA", "bwd": "#19D3F3", "recompute": "#AB63FA", "optimizer": "#FFA15A",
           "tp_comm": "#EF553B", "cp_comm": "#FF6692", "ep_comm": "#B6E880", "pp_comm": "#00CC96", "dp_comm": "#FECB52",
           "comm": "#FF97FF", "bubble": "#BBBBBB", "overhead": "#888888", "core_sharing": "#555555"}
+# Memory components: optimizer states in the optimizer's color, the rest apart from the time colors.
+MEMORY_COLORS = {"weights": "#3366CC", "gradients": "#DC3912", "optimizer": "#FFA15A", "activations": "#109618",
+                 "runtime_reserved": "#BBBBBB"}
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
 
 
@@ -111,6 +114,7 @@ def memory_breakdown_figure(data: dict[str, Any]) -> "Figure":
     for key in keys:
         fig.add_trace(go.Bar(name=key, x=[name for name, _ in columns],
                              y=[breakdown.get(key, 0.0) / GIB for _, breakdown in columns],
+                             marker_color=MEMORY_COLORS.get(key),
                              hovertemplate=f"{key}: %{{y:.2f}} GiB<extra></extra>"))
     fig.update_layout(barmode="stack", height=380, yaxis_title="GiB", legend_traceorder="reversed")
     _capacity_line(fig, data["memory_capacity_bytes"] / GIB, data["peak_memory_bytes"] / GIB)
@@ -174,6 +178,8 @@ def timeline_figure(timeline: dict[str, Any]) -> "Figure":
     names = {device["index"]: device["name"] for device in timeline["devices"]}
     rows: dict[str, dict[str, list[Any]]] = {}
     for task in timeline["tasks"]:
+        if task["end_s"] <= task["start_s"]:
+            continue  # nothing to draw (a collective of one rank)
         label = task["phase"] if task["category"] == "compute" else task["category"]
         series = rows.setdefault(label, {"y": [], "base": [], "x": [], "text": []})
         series["y"].append(f"{names[task['device']]} · {task['stream']}")

@@ -34,9 +34,9 @@ if TYPE_CHECKING:
         write_schemas,
     )
 
-API_NAMES = ("PlanPoint", "PlanRow", "Prediction", "RunPrediction", "SchemaTag", "SearchResult", "Strategy",
-             "ValidationResult", "load", "predict", "search", "simulate", "validate", "write_schemas")
-__all__ = ["__version__", *API_NAMES]
+__all__ = ["PlanPoint", "PlanRow", "Prediction", "RunPrediction", "SchemaTag", "SearchResult", "Strategy",
+           "ValidationResult", "__version__", "load", "predict", "search", "simulate", "validate", "write_schemas"]
+API_NAMES = tuple(name for name in __all__ if name != "__version__")
 
 
 # Subpackages named like an API function: trainsim.search is the search package (trainsim.search.planner ...)

@@ -158,11 +158,11 @@ def search(model: ModelArg = DEFAULT_MODEL, cluster: ClusterArg = DEFAULT_CLUSTE
         if value is not None and value not in choices:
             raise ConfigError(name, value, "choose one of: " + ", ".join(choices))
     FRONTENDS.get(frontend)
-    if isinstance(model, MODEL_SPEC_TYPES):
-        model_spec, graphs = model, GraphCache("catalog")
-    else:
+    if isinstance(model, str | Path):
         source = ModelSource(str(model), frontend)
         model_spec, graphs = source.model_spec(), GraphCache(source.frontend, source.source)
+    else:  # a model object: the catalog builders read it
+        model_spec, graphs = model, GraphCache("catalog")
     cluster_spec = cluster if isinstance(cluster, ClusterSpec) else load_cluster(str(cluster))
     if num_gpus is not None:
         cluster_spec = cluster_spec.with_num_gpus(num_gpus)
@@ -231,7 +231,8 @@ def _strategy_settings(strategy: ParallelSpec | Mapping[str, Any] | None) -> dic
         return {key: value for key, value in data.items() if not (key in ("dp", "global_batch") and value == 0)}
     unknown = set(strategy) - set(ParallelSpec.model_fields)
     if unknown:
-        raise ConfigError("strategy", sorted(unknown)[0], "unknown key; allowed: " + ", ".join(ParallelSpec.model_fields))
+        allowed = ", ".join(ParallelSpec.model_fields)
+        raise ConfigError("strategy", sorted(unknown)[0], f"unknown key; allowed: {allowed}")
     return dict(strategy)
 
 

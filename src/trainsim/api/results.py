@@ -251,7 +251,8 @@ class ValidationResult(_Output):
             if (entry.get("engine"), entry.get("source"), entry.get("metric")) == (label, source, metric):
                 value = entry.get("mape_pct")
                 return float("nan") if value is None else float(value)
-        raise ConfigError("metric", f"{label}/{source}/{metric}", "no such engine, source and metric in this validation")
+        raise ConfigError("metric", f"{label}/{source}/{metric}",
+                          "no such engine, source and metric in this validation")
 
     def to_html(self) -> str:
         return html_report.validation_page(self.to_dict())

@@ -13,6 +13,7 @@ from trainsim.cost.pricing import COSTS
 from trainsim.errors import ConfigError
 from trainsim.estimate.engines import ENGINES
 from trainsim.frontends.registry import FRONTENDS, MODEL_HELP
+from trainsim.jobfile import DEFAULT_CLUSTER, DEFAULT_MODEL
 from trainsim.report.html import require_plotly
 from trainsim.report.output import check_output_file
 from trainsim.report.text import render_result
@@ -22,11 +23,13 @@ from trainsim.report.text import render_result
 @strategy_options()
 def predict(
     job_file: Annotated[Path | None, typer.Argument(help="YAML/JSON job file; flags override it")] = None,
-    model: Annotated[str | None, typer.Option(help=MODEL_HELP)] = None,
+    model: Annotated[str | None, typer.Option(help=MODEL_HELP + f" (default {DEFAULT_MODEL})")] = None,
     frontend: Annotated[str | None, typer.Option(help="front-end that reads --model: "
                                                  + " | ".join(FRONTENDS.names()) + " (default catalog)")] = None,
-    cluster: Annotated[str | None, typer.Option(help="cluster preset or YAML file")] = None,
-    num_gpus: Annotated[int | None, typer.Option(help="scale the cluster to this many GPUs")] = None,
+    cluster: Annotated[str | None, typer.Option(help=f"cluster preset or YAML file (default {DEFAULT_CLUSTER})")
+                       ] = None,
+    num_gpus: Annotated[int | None, typer.Option(help="scale the cluster to this many GPUs (default: the "
+                                                 "cluster's own)")] = None,
     strategy_flags: StrategyFlags = GIVEN,  # --tp, --pp, ... --optimizer-impl: every ParallelSpec field
     engine: Annotated[str, typer.Option(help="estimator: " + ", ".join(ENGINES.names()))] = "analytical",
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,

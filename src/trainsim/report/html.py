@@ -52,7 +52,8 @@ def prediction_page(data: dict[str, Any]) -> str:
     ]
     timeline = data.get("timeline")
     if timeline:
-        figures.append(("timeline", "The simulated iteration, per pipeline stage and stream", timeline_figure(timeline)))
+        figures.append(("timeline", "The simulated iteration, per pipeline stage and stream",
+                        timeline_figure(timeline)))
         figures.append(("memory-timeline", "Allocated memory over the iteration, per pipeline stage",
                         memory_timeline_figure(timeline)))
     else:

@@ -201,3 +201,9 @@ def test_json_output_follows_its_schema() -> None:
     jsonschema = pytest.importorskip("jsonschema")
     schema = json.loads((REPO_DIR / "docs" / "schema" / "prediction.schema.json").read_text())
     jsonschema.validate(_cli_json([*PREDICT_ARGS, "--engine", "sim"]), schema)
+
+
+def test_the_api_page_examples_run() -> None:
+    failures, tried = doctest.testfile(str(REPO_DIR / "docs" / "api.md"), module_relative=False,
+                                       optionflags=doctest.ELLIPSIS)
+    assert tried > 0 and failures == 0

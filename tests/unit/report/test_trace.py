@@ -127,7 +127,8 @@ def test_flow_arrows_join_pipeline_transfers_and_collectives(tmp_path: Path) -> 
     import trainsim
 
     prediction = trainsim.simulate(model="gpt3-125m", num_gpus=8, pp=2, tp=2, global_batch=8)
-    timeline = prediction.result.timeline  # type: ignore[union-attr]
+    assert prediction.result is not None and prediction.result.timeline is not None
+    timeline = prediction.result.timeline
     graph = timeline.exec_graph
     trace = read_trace(write_chrome_trace(graph, timeline.outcome, tmp_path / "t.json"))
     arrows = list(trace["arrows"].values())

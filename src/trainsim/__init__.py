@@ -18,6 +18,7 @@ from trainsim.version import __version__
 
 if TYPE_CHECKING:
     from trainsim.api import (
+        Comparison,
         PlanPoint,
         PlanRow,
         Prediction,
@@ -25,7 +26,9 @@ if TYPE_CHECKING:
         SchemaTag,
         SearchResult,
         Strategy,
+        TermChange,
         ValidationResult,
+        compare,
         load,
         predict,
         search,
@@ -34,8 +37,9 @@ if TYPE_CHECKING:
         write_schemas,
     )
 
-__all__ = ["PlanPoint", "PlanRow", "Prediction", "RunPrediction", "SchemaTag", "SearchResult", "Strategy",
-           "ValidationResult", "__version__", "load", "predict", "search", "simulate", "validate", "write_schemas"]
+__all__ = ["Comparison", "PlanPoint", "PlanRow", "Prediction", "RunPrediction", "SchemaTag", "SearchResult",
+           "Strategy", "TermChange", "ValidationResult", "__version__", "compare", "load", "predict", "search",
+           "simulate", "validate", "write_schemas"]
 API_NAMES = tuple(name for name in __all__ if name != "__version__")
 
 

@@ -9,6 +9,7 @@ predict / simulate -> Prediction, search -> SearchResult, validate -> Validation
 them back from their JSON. docs/api.md has the details.
 """
 
+from trainsim.api.compare import Comparison, TermChange, compare
 from trainsim.api.functions import Strategy, predict, search, simulate, validate
 from trainsim.api.results import (
     PlanPoint,
@@ -22,5 +23,6 @@ from trainsim.api.results import (
     write_schemas,
 )
 
-__all__ = ["PlanPoint", "PlanRow", "Prediction", "RunPrediction", "SchemaTag", "SearchResult", "Strategy",
-           "ValidationResult", "load", "predict", "search", "simulate", "validate", "write_schemas"]
+__all__ = ["Comparison", "PlanPoint", "PlanRow", "Prediction", "RunPrediction", "SchemaTag", "SearchResult",
+           "Strategy", "TermChange", "ValidationResult", "compare", "load", "predict", "search", "simulate",
+           "validate", "write_schemas"]

@@ -110,7 +110,7 @@ def predict(model: ModelArg | None = None, cluster: ClusterArg | None = None, nu
         from trainsim.strategy.tree_yaml import load_tree_yaml  # NB: loaded for a tree only (start-up)
 
         plan = load_tree_yaml(Path(tree), graph).lower(job.parallel)
-    return Prediction.of(estimator.estimate(job, graph, plan))
+    return Prediction.of(estimator.estimate(job, graph, plan), job)
 
 
 def simulate(model: ModelArg | None = None, cluster: ClusterArg | None = None, num_gpus: int | None = None, *,

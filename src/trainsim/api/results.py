@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from trainsim.errors import ConfigError, InputFileError
 from trainsim.estimate.result import Result
+from trainsim.job import Job
 from trainsim.report import html as html_report
 from trainsim.report.output import check_output_file, write_text_atomic
 from trainsim.units import format_duration
@@ -99,13 +100,21 @@ class Prediction(_Output):
     memory_capacity_gib: float
     memory_breakdown_gib: dict[str, float]
     mfu_formula: str
+    model: str | None = Field(default=None, description="the model's name")
+    cluster: str | None = Field(default=None, description="the cluster's name")
+    num_gpus: int | None = None
+    strategy: dict[str, Any] | None = Field(default=None, description="the plan, as make_job resolved it")
     timeline: dict[str, Any] | None = None
     _result: Result | None = PrivateAttr(default=None)
 
     @classmethod
-    def of(cls, result: Result) -> "Prediction":
-        """The Prediction of an engine's Result (its to_dict(), the schema tag, the timeline when simulated)."""
+    def of(cls, result: Result, job: Job | None = None) -> "Prediction":
+        """The Prediction of an engine's Result (its to_dict(), the schema tag, the timeline when simulated)
+        for `job` (its model, cluster and resolved plan, when given)."""
         data: dict[str, Any] = {"schema": cls._tag().model_dump(), **result.to_dict()}
+        if job is not None:
+            data.update(model=job.model.name, cluster=job.cluster.name, num_gpus=job.num_gpus,
+                        strategy=job.parallel.model_dump())
         if result.timeline is not None:
             from trainsim.report.timeline import timeline_to_dict
 
@@ -268,11 +277,19 @@ class ValidationResult(_Output):
 
 
 OUTPUTS: dict[str, type[_Output]] = {cls.SCHEMA_NAME: cls for cls in (Prediction, SearchResult, ValidationResult)}
+
+
+def _outputs() -> dict[str, type[_Output]]:
+    """Every result with a schema, the comparison included (it is built on Prediction, so it registers late)."""
+    from trainsim.api.compare import Comparison
+
+    return {**OUTPUTS, Comparison.SCHEMA_NAME: Comparison}
 Kind = Literal["trainsim.prediction", "trainsim.search", "trainsim.validation"]
 
 
-def load(path: str | Path) -> Prediction | SearchResult | ValidationResult:
-    """A result saved with --json (or to_json()), as its model: the `schema` tag says which."""
+def load(path: str | Path) -> Any:
+    """A result saved with --json (or to_json()), as its model (Prediction, SearchResult, ValidationResult or
+    Comparison): the `schema` tag says which."""
     file = Path(path)
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
@@ -282,16 +299,17 @@ def load(path: str | Path) -> Prediction | SearchResult | ValidationResult:
         raise InputFileError(f"{file}:{exc.lineno}:{exc.colno}: not JSON: {exc.msg}") from None
     tag = data.get("schema") if isinstance(data, dict) else None
     name = tag.get("name") if isinstance(tag, dict) else None
-    if name not in OUTPUTS:
-        raise ConfigError(f"{file}: schema", name, "expected the --json output of trainsim predict, search or "
-                          "validate (schema " + ", ".join(OUTPUTS) + ")")
-    return OUTPUTS[name].from_dict(data)
+    outputs = _outputs()
+    if name not in outputs:
+        raise ConfigError(f"{file}: schema", name, "expected the --json output of trainsim predict, search, "
+                          "validate or compare (schema " + ", ".join(outputs) + ")")
+    return outputs[name].from_dict(data)
 
 
 def write_schemas(folder: str | Path) -> list[Path]:
     """Write the JSON Schema of every result to FOLDER/NAME.schema.json (docs/schema/ holds the committed ones)."""
     written = []
-    for name, cls in OUTPUTS.items():
+    for name, cls in _outputs().items():
         target = Path(folder) / f"{name.removeprefix('trainsim.')}.schema.json"
         schema = cls.model_json_schema(by_alias=True)
         written.append(write_text_atomic(target, json.dumps(schema, indent=2, sort_keys=True) + "\n"))

@@ -16,8 +16,8 @@ from typer.main import get_command_from_info
 # (predict) a function named after its command.
 COMMAND_MODULES: dict[str, str] = {
     "predict": "predict", "models": "catalog_cmds", "hardware": "catalog_cmds", "search": "search",
-    "validate": "validate", "report": "report", "calibrate": "calibrate", "profile": "profile", "graph": "graph",
-    "measure": "measure",
+    "validate": "validate", "compare": "compare", "report": "report", "calibrate": "calibrate",
+    "profile": "profile", "graph": "graph", "measure": "measure",
 }
 
 

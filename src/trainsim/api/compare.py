@@ -87,7 +87,8 @@ def _prediction(plan: PlanArg, engine: str, costs: str, db: str | Path | None) -
     if isinstance(plan, Prediction):
         return plan
     if isinstance(plan, Mapping):
-        return predict(**{"engine": engine, "costs": costs, "db": db, **plan})
+        keywords: dict[str, Any] = {"engine": engine, "costs": costs, "db": db, **plan}
+        return predict(**keywords)
     path = Path(plan)
     if path.suffix == ".json" and path.is_file():
         try:

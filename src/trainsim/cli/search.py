@@ -19,7 +19,7 @@ from trainsim.cli.strategy_options import GIVEN, StrategyFlags, strategy_options
 from trainsim.frontends.registry import FRONTENDS, MODEL_HELP
 from trainsim.jobfile import DEFAULT_CLUSTER, DEFAULT_MODEL
 from trainsim.report.html import require_plotly
-from trainsim.report.output import check_output_file
+from trainsim.report.output import check_output_file, csv_text, write_text_atomic
 from trainsim.report.search import render_search_data
 
 HELP = """Search every plain strategy and rank the feasible ones by throughput (tokens/s).
@@ -66,10 +66,14 @@ def search(
     html: Annotated[Path | None, typer.Option(help="write a self-contained HTML report: throughput against "
                                               "memory of every plan, the Pareto front, why plans were refused")
                     ] = None,
+    csv: Annotated[Path | None, typer.Option(help="write the best plans as CSV (with --all: every plan priced)")
+                   ] = None,
 ) -> None:
     if html is not None:
         check_output_file(html, "html")  # before the search: its work is not thrown away
         require_plotly()
+    if csv is not None:
+        check_output_file(csv, "csv")
     show_progress = not as_json and sys.stderr.isatty()
     found = _run(show_progress, model=model, cluster=cluster, num_gpus=num_gpus, frontend=frontend, top_k=top_k,
                  max_micro_batch=max_micro_batch, all_plans=all_plans or html is not None, **strategy_flags)
@@ -83,6 +87,10 @@ def search(
     if html is not None:
         found.write_html(html)
         typer.echo(f"report: {html} (open it in a browser; it needs no network)", err=True)
+    if csv is not None:
+        data = found.to_dict()
+        write_text_atomic(csv, csv_text(data["all_plans"] if all_plans else data["plans"]))
+        typer.echo(f"table: {csv}", err=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -16,7 +16,7 @@ from trainsim.cli.errors import handles_errors
 from trainsim.estimate.engines import ENGINES
 from trainsim.frontends.registry import FRONTENDS
 from trainsim.report.html import require_plotly
-from trainsim.report.output import check_output_file
+from trainsim.report.output import check_output_file, csv_text, write_text_atomic
 from trainsim.report.validate import jobs_markdown, render_validate_data
 
 
@@ -39,11 +39,14 @@ def validate(
                     ] = False,
     html: Annotated[Path | None, typer.Option(help="write a self-contained HTML report: predicted against "
                                               "measured per metric, a color per source")] = None,
+    csv: Annotated[Path | None, typer.Option(help="write every run's prediction as CSV")] = None,
 ) -> None:
     """Predict every run; print the MAPE per engine, source and metric (--rows: every run too)."""
     if html is not None:
         check_output_file(html, "html")  # before the predictions: their work is not thrown away
         require_plotly()
+    if csv is not None:
+        check_output_file(csv, "csv")
     quiet = as_json or markdown or not sys.stderr.isatty()
     with Progress(console=Console(stderr=True), transient=True, disable=quiet) as bar:
         task = bar.add_task("predicting runs", total=None)
@@ -59,6 +62,9 @@ def validate(
     if html is not None:
         found.write_html(html)
         typer.echo(f"report: {html} (open it in a browser; it needs no network)", err=True)
+    if csv is not None:
+        write_text_atomic(csv, csv_text(data["runs"]))
+        typer.echo(f"table: {csv}", err=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,8 +1,12 @@
 """Files a command writes (--trace, --html): checked before any work, written atomically."""
 
+import csv
+import io
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from trainsim.errors import ConfigError
 
@@ -31,3 +35,25 @@ def write_text_atomic(path: Path, text: str) -> Path:
         Path(temporary).unlink(missing_ok=True)
         raise
     return path
+
+
+def csv_text(rows: Sequence[dict[str, Any]]) -> str:
+    """A table as CSV: a header of every key (in first-seen order), a line per row; nested values flattened
+    as KEY.SUBKEY."""
+    flat = [_flatten(row) for row in rows]
+    header = list(dict.fromkeys(key for row in flat for key in row))
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=header, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(flat)
+    return buffer.getvalue()
+
+
+def _flatten(row: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in row.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack, cast
 
+from trainsim.api.objectives import check_objective, plan_extras, rerank
 from trainsim.api.results import PlanPoint, PlanRow, Prediction, SearchResult, ValidationResult
 from trainsim.catalog import load_cluster
 from trainsim.errors import ConfigError
@@ -135,12 +136,16 @@ def search(model: ModelArg = DEFAULT_MODEL, cluster: ClusterArg = DEFAULT_CLUSTE
            global_batch: int | None = None, seq_len: int | None = None, precision: str | None = None,
            attention: str | None = None, optimizer_impl: str | None = None, frontend: str = "catalog",
            top_k: int = 10, max_micro_batch: int = 16, all_plans: bool = False,
-           progress: Callable[[int, int], None] | None = None) -> SearchResult:
+           objective: str = "throughput", tokens: float | None = None, price_per_gpu_hour: float | None = None,
+           min_headroom_gib: float | None = None, progress: Callable[[int, int], None] | None = None
+           ) -> SearchResult:
     """Try every plain strategy (tp, pp, dp, vpp, micro-batch, recompute, ZeRO, sp) for a model, a cluster size
     and a global batch; rank the feasible plans by tokens/s and count why the others were refused.
 
     all_plans: also return every plan priced (throughput, peak memory, on the Pareto front or not);
-    progress(done, total) is called as plans are tried.
+    objective: throughput | time-to-train | cost | memory-headroom (api.objectives: for a fixed cluster size
+    time and cost rank as throughput, and add their numbers: tokens to train, price per GPU-hour);
+    min_headroom_gib: refuse plans leaving less memory free; progress(done, total) is called as plans are tried.
 
     >>> import trainsim
     >>> s = trainsim.search(model="gpt3-125m", num_gpus=8, global_batch=32, seq_len=512, top_k=3)
@@ -149,6 +154,7 @@ def search(model: ModelArg = DEFAULT_MODEL, cluster: ClusterArg = DEFAULT_CLUSTE
     """
     if global_batch is None:
         raise ConfigError("global_batch", None, "pass --global-batch N (sequences per optimizer step)")
+    check_objective(objective, tokens, price_per_gpu_hour, min_headroom_gib)
     for name, value in (("num_gpus", num_gpus), ("global_batch", global_batch), ("seq_len", seq_len),
                         ("max_micro_batch", max_micro_batch), ("top_k", top_k)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
@@ -172,15 +178,22 @@ def search(model: ModelArg = DEFAULT_MODEL, cluster: ClusterArg = DEFAULT_CLUSTE
                         attention=cast(AttentionKernel, attention or defaults.attention),
                         optimizer_impl=cast(OptimizerImpl, optimizer_impl or defaults.optimizer_impl),
                         max_micro_batch=max_micro_batch)
-    report = Planner(graphs=graphs).search(model_spec, cluster_spec, space, top_k=top_k, progress=progress)
+    planner = Planner(graphs=graphs)
+    report = planner.search(model_spec, cluster_spec, space, top_k=top_k, progress=progress)
+    report = rerank(report, planner, model_spec, cluster_spec, objective, min_headroom_gib, top_k)
+    by = "tokens/s" if objective == "throughput" else objective
     title = (f"{model_spec.name} on {cluster_spec.name} ({cluster_spec.num_gpus} GPUs), global batch "
-             f"{space.global_batch} x {space.seq_len} tokens, {space.precision}: best {len(report.plans)} by tokens/s")
+             f"{space.global_batch} x {space.seq_len} tokens, {space.precision}: best {len(report.plans)} by {by}")
+    capacity_gib = (report.plans[0].result.memory_capacity_bytes if report.plans
+                    else cluster_spec.device.hbm_bytes) / 2**30
+    rows = [plan_to_dict(plan) for plan in report.plans]
+    rows = [{**row, **plan_extras(row, cluster_spec.num_gpus, capacity_gib, tokens, price_per_gpu_hour)}
+            for row in rows]
     return SearchResult.model_validate({
         "schema": SearchResult._tag().model_dump(), "title": title, "model": model_spec.name,
-        "cluster": cluster_spec.name, "num_gpus": cluster_spec.num_gpus,
-        "memory_capacity_gib": (report.plans[0].result.memory_capacity_bytes if report.plans
-                                else cluster_spec.device.hbm_bytes) / 2**30,
-        "plans": [PlanRow.model_validate(plan_to_dict(plan)) for plan in report.plans], "tried": report.tried,
+        "cluster": cluster_spec.name, "num_gpus": cluster_spec.num_gpus, "objective": objective,
+        "memory_capacity_gib": capacity_gib,
+        "plans": [PlanRow.model_validate(row) for row in rows], "tried": report.tried,
         "feasible": report.feasible, "infeasible": report.infeasible,
         "all_plans": _points(report) if all_plans else None,
     })

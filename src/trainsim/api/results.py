@@ -180,6 +180,9 @@ class PlanRow(BaseModel):
     peak_memory_gib: float
     memory_capacity_gib: float
     breakdown: dict[str, float]
+    headroom_gib: float = Field(description="memory left free on the fullest GPU")
+    time_to_train_s: float | None = Field(default=None, description="with tokens: tokens / tokens_per_s")
+    cost_to_train: float | None = Field(default=None, description="with tokens and a price per GPU-hour")
 
 
 class PlanPoint(BaseModel):
@@ -202,6 +205,7 @@ class SearchResult(_Output):
     model: str
     cluster: str
     num_gpus: int
+    objective: str = "throughput"
     memory_capacity_gib: float
     plans: list[PlanRow]
     tried: int

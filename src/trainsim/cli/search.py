@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from trainsim import api
+from trainsim.api.objectives import OBJECTIVES
 from trainsim.cli.errors import handles_errors
 from trainsim.cli.strategy_options import GIVEN, StrategyFlags, strategy_options
 from trainsim.frontends.registry import FRONTENDS, MODEL_HELP
@@ -68,6 +69,16 @@ def search(
                     ] = None,
     csv: Annotated[Path | None, typer.Option(help="write the best plans as CSV (with --all: every plan priced)")
                    ] = None,
+    objective: Annotated[str, typer.Option(help="rank by: " + " | ".join(OBJECTIVES) + " (for a fixed number of "
+                                           "GPUs, time-to-train and cost rank as throughput and add their "
+                                           "numbers)")] = "throughput",
+    tokens: Annotated[float | None, typer.Option(help="tokens to train: adds the time (and with a price the "
+                                                 "cost) to train them to every plan")] = None,
+    price_per_gpu_hour: Annotated[float | None, typer.Option(help="price of one GPU for one hour, in any "
+                                                             "currency (with --tokens: the cost to train)")
+                                  ] = None,
+    min_headroom: Annotated[float | None, typer.Option(help="refuse plans that leave less than this many GiB "
+                                                       "free on the fullest GPU")] = None,
 ) -> None:
     if html is not None:
         check_output_file(html, "html")  # before the search: its work is not thrown away
@@ -76,7 +87,9 @@ def search(
         check_output_file(csv, "csv")
     show_progress = not as_json and sys.stderr.isatty()
     found = _run(show_progress, model=model, cluster=cluster, num_gpus=num_gpus, frontend=frontend, top_k=top_k,
-                 max_micro_batch=max_micro_batch, all_plans=all_plans or html is not None, **strategy_flags)
+                 max_micro_batch=max_micro_batch, all_plans=all_plans or html is not None, objective=objective,
+                 tokens=tokens, price_per_gpu_hour=price_per_gpu_hour, min_headroom_gib=min_headroom,
+                 **strategy_flags)
     if as_json:
         data = found.to_dict()
         if not all_plans:

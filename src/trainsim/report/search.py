@@ -93,11 +93,17 @@ def rows_table(plans: list[dict[str, Any]]) -> tuple[Table, str]:
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for name, _ in shown:
         table.add_column(name, justify="left" if name == "recompute" else "right", no_wrap=True)
-    for name in ("iteration", "tokens/s", "MFU", "peak GiB"):
+    train = plans[0].get("time_to_train_s") is not None
+    cost = plans[0].get("cost_to_train") is not None
+    extra = [*(["train h"] if train else []), *(["cost"] if cost else [])]
+    for name in ("iteration", "tokens/s", "MFU", "peak GiB", *extra):
         table.add_column(name, justify="right", no_wrap=True)
     for plan in plans:
+        more = [*([f"{plan['time_to_train_s'] / 3600:,.1f}"] if train else []),
+                *([f"{plan['cost_to_train']:,.0f}"] if cost else [])]
         table.add_row(*(cell(plan, key) for _, key in shown), format_duration(plan["iteration_time_s"]),
-                      f"{plan['tokens_per_s']:,.0f}", f"{plan['mfu'] * 100:.1f}%", f"{plan['peak_memory_gib']:.1f}")
+                      f"{plan['tokens_per_s']:,.0f}", f"{plan['mfu'] * 100:.1f}%", f"{plan['peak_memory_gib']:.1f}",
+                      *more)
     note = ("every plan shown: " + ", ".join(f"{name} {cell(plans[0], key)}" for name, key in shared)) if shared else ""
     return table, note
 

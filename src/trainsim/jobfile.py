@@ -4,7 +4,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from trainsim.catalog import load_cluster
-from trainsim.catalog.files import read_mapping
+from trainsim.catalog.files import key_lines, read_mapping
 from trainsim.errors import ConfigError
 from trainsim.frontends.registry import ModelSource
 from trainsim.hardware.cluster import ClusterSpec
@@ -30,11 +30,24 @@ def read_job_file(path: Path | None) -> dict[str, Any]:
     if not isinstance(strategy, dict):
         raise ConfigError(f"{path}: strategy", strategy, "must be a mapping of strategy keys")
     flat = {**strategy, **data}
-    for key in flat:
-        if key not in JOB_KEYS + STRATEGY_KEYS:
-            allowed = ", ".join(JOB_KEYS + STRATEGY_KEYS)
-            raise ConfigError(f"{path}: {key}", flat[key], f"unknown key; allowed: {allowed}")
+    unknown = [key for key in flat if key not in JOB_KEYS + STRATEGY_KEYS]
+    if unknown:
+        raise ConfigError.across_fields(str(path), _unknown_keys(path, {key: flat[key] for key in unknown}))
     return flat
+
+
+def _unknown_keys(path: Path, unknown: dict[str, Any]) -> str:
+    """Every unknown key with its line and the closest allowed key, then the allowed keys (docs/inputs.md)."""
+    import difflib
+
+    lines = key_lines(path)
+    named = []
+    for key, value in unknown.items():
+        close = difflib.get_close_matches(str(key), JOB_KEYS + STRATEGY_KEYS, n=1)
+        where = f" (line {lines[key]})" if key in lines else ""
+        named.append(f"{key}={value!r}{where}" + (f", did you mean {close[0]}?" if close else ""))
+    allowed = ", ".join(JOB_KEYS + STRATEGY_KEYS)
+    return f"unknown key{'s' if len(unknown) > 1 else ''} " + "; ".join(named) + f"; allowed: {allowed}"
 
 
 def _positive_int(value: Any) -> bool:

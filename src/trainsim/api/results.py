@@ -101,6 +101,7 @@ class Prediction(_Output):
     memory_breakdown_gib: dict[str, float]
     mfu_formula: str
     model: str | None = Field(default=None, description="the model's name")
+    model_kind: str | None = Field(default=None, description="transformer | cnn | dlrm | opaque")
     cluster: str | None = Field(default=None, description="the cluster's name")
     num_gpus: int | None = None
     strategy: dict[str, Any] | None = Field(default=None, description="the plan, as make_job resolved it")
@@ -113,8 +114,8 @@ class Prediction(_Output):
         for `job` (its model, cluster and resolved plan, when given)."""
         data: dict[str, Any] = {"schema": cls._tag().model_dump(), **result.to_dict()}
         if job is not None:
-            data.update(model=job.model.name, cluster=job.cluster.name, num_gpus=job.num_gpus,
-                        strategy=job.parallel.model_dump())
+            data.update(model=job.model.name, model_kind=job.model.kind, cluster=job.cluster.name,
+                        num_gpus=job.num_gpus, strategy=job.parallel.model_dump())
         if result.timeline is not None:
             from trainsim.report.timeline import timeline_to_dict
 

@@ -35,8 +35,8 @@ def predict(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     trace: Annotated[Path | None, typer.Option(help="write a Chrome/Perfetto trace (needs an engine that "
                                                "simulates the iteration: sim, replay)")] = None,
-    explain: Annotated[bool, typer.Option("--explain", help="critical path and exposed communication "
-                                          "(needs sim or replay)")] = False,
+    explain: Annotated[bool, typer.Option("--explain", help="the MFU formula, and with sim or replay the critical "
+                                          "path and exposed communication")] = False,
     tree: Annotated[Path | None, typer.Option(help="strategy-tree YAML with per-layer placement and recompute "
                                               "(needs --engine sim; docs/strategy-tree.md)")] = None,
     task_level: Annotated[str, typer.Option(help="simulated task granularity: layer | op")] = "layer",
@@ -49,8 +49,8 @@ def predict(
 ) -> None:
     """Predict iteration time, throughput, MFU and peak memory of one training job."""
     entry = ENGINES.get(engine)
-    if (trace or explain) and not entry.timeline:
-        raise ConfigError("engine", engine, "--trace and --explain need --engine sim (or replay, for traces)")
+    if trace and not entry.timeline:
+        raise ConfigError("engine", engine, "--trace needs --engine sim (or replay, for traces)")
     if tree and not entry.takes_plan:
         raise ConfigError("engine", engine, "--tree needs --engine sim")
     for flag, path in (("trace", trace), ("html", html)):
@@ -65,12 +65,12 @@ def predict(
         typer.echo(prediction.to_json())
     else:
         assert prediction.result is not None
-        typer.echo(render_result(prediction.result))
+        typer.echo(render_result(prediction.result, prediction.model_kind, explain=explain))
     if trace is not None:
         prediction.write_trace(trace)
         tasks = len(prediction.timeline["tasks"]) if prediction.timeline else 0
         typer.echo(f"trace: {trace} ({tasks} tasks; open in ui.perfetto.dev or chrome://tracing)", err=True)
-    if explain and not as_json:
+    if explain and not as_json and prediction.timeline is not None:
         typer.echo(prediction.explain())
     if html is not None:
         prediction.write_html(html)

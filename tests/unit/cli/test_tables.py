@@ -83,3 +83,25 @@ def test_validate_prints_the_summary_by_default_and_rows_on_request(tmp_path: Pa
     assert "MAPE" in summary.stdout and "tiny-dp2.r1" not in summary.stdout and "tiny-dp2.r1" in rows.stdout
     out = RUNNER.invoke(app, ["validate", str(tmp_path), "--engine", "analytical", "--csv", str(tmp_path / "r.csv")])
     assert out.exit_code == 0 and len(list(csv.DictReader((tmp_path / "r.csv").open()))) == 2
+
+
+def test_a_model_without_tokens_prints_samples_per_second() -> None:
+    cnn = RUNNER.invoke(app, ["predict", "--model", "resnet50", "--global-batch", "256"])
+    gpt = RUNNER.invoke(app, ["predict", "--model", "gpt3-125m"])
+    assert cnn.exit_code == gpt.exit_code == 0
+    assert "tokens/s" not in cnn.stdout and "samples/s" in cnn.stdout
+    assert "tokens/s" in gpt.stdout and "samples/s" in gpt.stdout
+
+
+def test_a_cpu_prints_its_flop_rate_in_gflops() -> None:
+    out = RUNNER.invoke(app, ["predict", "--model", "gpt3-125m", "--cluster", "local-cpu", "--num-gpus", "2",
+                              "--precision", "fp32", "--seq-len", "128", "--global-batch", "2"])
+    assert out.exit_code == 0, out.output
+    assert "0.0 TFLOP/s" not in out.stdout and re.search(r"model FLOP/s +\d+\.\d\d GFLOP/s per GPU", out.stdout)
+
+
+def test_the_mfu_formula_is_printed_once_with_explain() -> None:
+    plain = RUNNER.invoke(app, ["predict", "--model", "gpt3-125m"])
+    explained = RUNNER.invoke(app, ["predict", "--model", "gpt3-125m", "--explain"])
+    assert plain.exit_code == explained.exit_code == 0
+    assert "MFU = " not in plain.stdout and explained.stdout.count("MFU = ") == 1

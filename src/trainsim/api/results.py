@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from trainsim.errors import ConfigError, InputFileError
-from trainsim.estimate.result import Result
+from trainsim.estimate.result import BREAKDOWN_KEYS, Result
 from trainsim.job import Job
 from trainsim.report import html as html_report
 from trainsim.report.output import check_output_file, write_text_atomic
@@ -113,6 +113,8 @@ class Prediction(_Output):
         """The Prediction of an engine's Result (its to_dict(), the schema tag, the timeline when simulated)
         for `job` (its model, cluster and resolved plan, when given)."""
         data: dict[str, Any] = {"schema": cls._tag().model_dump(), **result.to_dict()}
+        # the same keys from every engine, in BREAKDOWN_KEYS order (0 where the engine has no such time)
+        data["breakdown"] = {key: result.breakdown.get(key, 0.0) for key in BREAKDOWN_KEYS}
         if job is not None:
             data.update(model=job.model.name, model_kind=job.model.kind, cluster=job.cluster.name,
                         num_gpus=job.num_gpus, strategy=job.parallel.model_dump())

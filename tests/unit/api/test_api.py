@@ -207,3 +207,15 @@ def test_the_api_page_examples_run() -> None:
     failures, tried = doctest.testfile(str(REPO_DIR / "docs" / "api.md"), module_relative=False,
                                        optionflags=doctest.ELLIPSIS)
     assert tried > 0 and failures == 0
+
+
+@pytest.mark.parametrize("engine", ["analytical", "sim", "precision-aware"])
+def test_breakdown_keys_are_the_same_for_every_engine(engine: str) -> None:
+    from trainsim.estimate.result import BREAKDOWN_KEYS
+
+    prediction = trainsim.predict(model="gpt3-125m", engine=engine, pp=2, global_batch=16)
+    assert list(prediction.breakdown) == list(BREAKDOWN_KEYS)
+    assert sum(prediction.breakdown.values()) == pytest.approx(prediction.iteration_time_s, rel=1e-9)
+    assert prediction.result is not None
+    assert {k: v for k, v in prediction.breakdown.items() if v} == {
+        k: v for k, v in prediction.result.breakdown.items() if v}

@@ -105,3 +105,12 @@ def test_the_mfu_formula_is_printed_once_with_explain() -> None:
     explained = RUNNER.invoke(app, ["predict", "--model", "gpt3-125m", "--explain"])
     assert plain.exit_code == explained.exit_code == 0
     assert "MFU = " not in plain.stdout and explained.stdout.count("MFU = ") == 1
+
+
+def test_profiled_costs_without_a_database_say_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    default = RUNNER.invoke(app, ["predict", "--costs", "profiled"])
+    named = RUNNER.invoke(app, ["predict", "--costs", "profiled", "--db", str(tmp_path / "p.db")])
+    assert default.exit_code == named.exit_code == 2
+    assert "run `trainsim profile` first" in default.stderr and "leave out --db" not in default.stderr
+    assert f"trainsim profile --db {tmp_path / 'p.db'}" in named.stderr and "leave out --db" in named.stderr

@@ -42,9 +42,11 @@ def predict(
     task_level: Annotated[str, typer.Option(help="simulated task granularity: layer | op")] = "layer",
     costs: Annotated[str, typer.Option(help="op costs: " + " | ".join(COSTS.names()) + " (profiled: trainsim "
                                        "profile)")] = "roofline",
-    db: Annotated[Path | None, typer.Option(help="profile database for --costs profiled")] = None,
+    db: Annotated[Path | None, typer.Option(help="profile database for --costs profiled (default "
+                                            "$XDG_CACHE_HOME/trainsim/profile.sqlite, else ~/.cache/...)")] = None,
     html: Annotated[Path | None, typer.Option(help="write a self-contained HTML report (charts of the time and "
-                                              "memory; with --engine sim the timeline): needs the report extra")
+                                              "memory; with --engine sim the timeline): needs the report extra "
+                                              "(default: none)")
                     ] = None,
 ) -> None:
     """Predict iteration time, throughput, MFU and peak memory of one training job."""

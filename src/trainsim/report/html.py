@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from trainsim.errors import ConfigError
+from trainsim.units import format_duration
 
 if TYPE_CHECKING:
     from plotly.graph_objects import Figure
@@ -28,7 +29,7 @@ COLORS = {"compute": "#636EFA", "fwd": "#636EFA", "bwd": "#19D3F3", "recompute":
           "comm": "#FF97FF", "bubble": "#BBBBBB", "overhead": "#888888", "core_sharing": "#555555"}
 # Memory components: optimizer states in the optimizer's color, the rest apart from the time colors.
 MEMORY_COLORS = {"weights": "#3366CC", "gradients": "#DC3912", "optimizer": "#FFA15A", "activations": "#109618",
-                 "runtime_reserved": "#BBBBBB"}
+                 "temporary": "#990099", "optimizer_step": "#0099C6", "runtime_reserved": "#BBBBBB"}
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
 
 
@@ -160,7 +161,7 @@ def band_figure(data: dict[str, Any]) -> "Figure | str":
     band = band_of(data)
     if band is None:
         return ("This prediction carries no uncertainty band (the engine and calibration in use give a point "
-                f"estimate): {data['iteration_time_s'] * 1e3:.3f} ms per iteration.")
+                f"estimate): {format_duration(data['iteration_time_s'])} per iteration.")
     go = _go()
     low, high = band
     point = data["iteration_time_s"] * 1e3
@@ -329,13 +330,14 @@ def _table(rows: Sequence[tuple[str, str]]) -> str:
 
 def prediction_summary(data: dict[str, Any]) -> str:
     peak, capacity = data["peak_memory_bytes"] / GIB, data["memory_capacity_bytes"] / GIB
-    rows = [("engine", str(data["engine"])), ("iteration time", f"{data['iteration_time_s'] * 1e3:.3f} ms"),
-            ("tokens/s", f"{data['tokens_per_s']:,.0f}"), ("samples/s", f"{data['samples_per_s']:,.2f}"),
+    tokens = [("tokens/s", f"{data['tokens_per_s']:,.0f}")] if data.get("model_kind") in (None, "transformer") else []
+    rows = [("engine", str(data["engine"])), ("iteration time", format_duration(data["iteration_time_s"])),
+            *tokens, ("samples/s", f"{data['samples_per_s']:,.2f}"),
             ("TFLOP/s per GPU", f"{data['tflops_per_gpu']:.1f}"), ("MFU", f"{data['mfu']:.1%}"),
             ("peak memory", f"{peak:.2f} GiB of {capacity:.1f} GiB" + (" (out of memory)" if data["oom"] else ""))]
     band = band_of(data)
     if band is not None:
-        rows.insert(2, ("uncertainty band", f"{band[0] * 1e3:.3f} - {band[1] * 1e3:.3f} ms"))
+        rows.insert(2, ("uncertainty band", f"{format_duration(band[0])} - {format_duration(band[1])}"))
     notes = "".join(f"<li>{html.escape(note)}</li>" for note in data.get("notes", []))
     return _table(rows) + (f'<ul class="notes">{notes}</ul>' if notes else "")
 

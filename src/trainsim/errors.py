@@ -27,8 +27,12 @@ class UnknownNameError(ConfigError):
     """A name (model, cluster, device, engine ...) that is not in its catalog or registry."""
 
     def __init__(self, field: str, value: str, choices: list[str]) -> None:
+        import difflib
+
         shown = ", ".join(sorted(choices))
-        super().__init__(field, value, f"choose one of: {shown}")
+        close = difflib.get_close_matches(str(value), choices, n=3, cutoff=0.6)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        super().__init__(field, value, f"{hint}choose one of: {shown}")
         self.choices = choices
 
 

@@ -1,12 +1,14 @@
 """Build a Job from a job file and command-line flags (flags override the file)."""
 
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from trainsim.catalog import load_cluster
-from trainsim.catalog.files import read_mapping
+from trainsim.catalog.files import key_lines, read_mapping
 from trainsim.errors import ConfigError
 from trainsim.frontends.registry import ModelSource
+from trainsim.hardware.cluster import ClusterSpec
+from trainsim.ir.model_spec import ModelSpec
 from trainsim.job import Job, make_job
 from trainsim.strategy.parallel import ATTENTION_KERNELS, OPTIMIZER_IMPLS, RECOMPUTES, SCHEDULES, ParallelSpec
 from trainsim.strategy.precision import PRECISIONS
@@ -15,6 +17,7 @@ DEFAULT_MODEL = "gpt3-1.3b"
 DEFAULT_CLUSTER = "dgx-a100-80gb"
 JOB_KEYS = ("model", "frontend", "cluster", "num_gpus", "calibration")
 STRATEGY_KEYS = tuple(ParallelSpec.model_fields)
+MODEL_SPEC_TYPES: tuple[type, ...] = get_args(get_args(ModelSpec)[0])  # the kinds of model ModelSpec unites
 
 
 def read_job_file(path: Path | None) -> dict[str, Any]:
@@ -27,15 +30,28 @@ def read_job_file(path: Path | None) -> dict[str, Any]:
     if not isinstance(strategy, dict):
         raise ConfigError(f"{path}: strategy", strategy, "must be a mapping of strategy keys")
     flat = {**strategy, **data}
-    for key in flat:
-        if key not in JOB_KEYS + STRATEGY_KEYS:
-            allowed = ", ".join(JOB_KEYS + STRATEGY_KEYS)
-            raise ConfigError(f"{path}: {key}", flat[key], f"unknown key; allowed: {allowed}")
+    unknown = [key for key in flat if key not in JOB_KEYS + STRATEGY_KEYS]
+    if unknown:
+        raise ConfigError.across_fields(str(path), _unknown_keys(path, {key: flat[key] for key in unknown}))
     if "calibration" in flat:
         if not isinstance(flat["calibration"], str) or not flat["calibration"]:
             raise ConfigError(f"{path}: calibration", flat["calibration"], "must be the path of a calibration file")
         flat["calibration"] = path.parent / flat["calibration"]
     return flat
+
+
+def _unknown_keys(path: Path, unknown: dict[str, Any]) -> str:
+    """Every unknown key with its line and the closest allowed key, then the allowed keys (docs/inputs.md)."""
+    import difflib
+
+    lines = key_lines(path)
+    named = []
+    for key, value in unknown.items():
+        close = difflib.get_close_matches(str(key), JOB_KEYS + STRATEGY_KEYS, n=1)
+        where = f" (line {lines[key]})" if key in lines else ""
+        named.append(f"{key}={value!r}{where}" + (f", did you mean {close[0]}?" if close else ""))
+    allowed = ", ".join(JOB_KEYS + STRATEGY_KEYS)
+    return f"unknown key{'s' if len(unknown) > 1 else ''} " + "; ".join(named) + f"; allowed: {allowed}"
 
 
 def _positive_int(value: Any) -> bool:
@@ -53,7 +69,8 @@ def model_source(settings: dict[str, Any]) -> ModelSource:
 
 
 def job_from_settings(settings: dict[str, Any]) -> Job:
-    """settings: job-file keys merged with the flags that were given (None = not given)."""
+    """settings: job-file keys merged with the flags that were given (None = not given). `model` may be a
+    ModelSpec and `cluster` a ClusterSpec (the Python API passes objects through)."""
     given = {key: value for key, value in settings.items() if value is not None}
     check_choice("precision", given.get("precision"), PRECISIONS)
     check_choice("recompute", given.get("recompute"), RECOMPUTES)
@@ -66,14 +83,19 @@ def job_from_settings(settings: dict[str, Any]) -> Job:
     for key in ("dp", "global_batch"):
         if key in given and not _positive_int(given[key]):
             raise ConfigError(key, given[key], "must be a positive integer (leave it out to infer it)")
-    source = model_source(given)
-    given.pop("model", None)
-    given.pop("frontend", None)
     given.pop("calibration", None)  # NB: the prices' parameters, not the job's (read by the command)
-    for key, value in source.job_defaults().items():
-        given.setdefault(key, value)
-    model = source.model_spec()
-    cluster = load_cluster(str(given.pop("cluster", DEFAULT_CLUSTER)))
+    spec = given.pop("model", None)
+    if isinstance(spec, MODEL_SPEC_TYPES):
+        model = spec  # an object: no front-end reads it, so it brings no job defaults
+        given.pop("frontend", None)
+    else:
+        source = model_source({**given, "model": spec})
+        given.pop("frontend", None)
+        for key, value in source.job_defaults().items():
+            given.setdefault(key, value)
+        model = source.model_spec()
+    named = given.pop("cluster", DEFAULT_CLUSTER)
+    cluster = named if isinstance(named, ClusterSpec) else load_cluster(str(named))
     if "num_gpus" in given:
         cluster = cluster.with_num_gpus(given.pop("num_gpus"))
     if given.get("vpp", 1) > 1 and "schedule" not in given:

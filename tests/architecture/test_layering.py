@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "trainsim"
 
 # Bottom-up. Modules at the package root (errors.py, units.py, ...) count as packages of their own name.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("__init__",),  # the package root: its version string, nothing imported
+    ("version",),  # the version string
     ("errors",),
     ("units", "registry", "specbase"),
     ("hardware",),
@@ -38,8 +38,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("validate",),
     ("calibrate",),
     ("report",),
+    ("api",),  # the Python API: what the commands are thin layers over
     ("cli",),
     ("__main__",),
+    ("__init__",),  # the package root: the API's front door (its names load on first use)
 )
 RANK = {package: level for level, packages in enumerate(LAYERS) for package in packages}
 

@@ -29,13 +29,45 @@ def read_mapping(path: Path) -> dict[str, Any]:
         raise InputFileError(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
         data = json.loads(text) if path.suffix == ".json" else _load_yaml(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        kind = "JSON" if path.suffix == ".json" else "YAML"
-        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise InputFileError(f"{path} is not valid {kind}: {first_line}") from None
+    except json.JSONDecodeError as exc:
+        raise InputFileError(f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}") from None
+    except yaml.YAMLError as exc:
+        raise InputFileError(f"{path} is not valid YAML{_where(exc)}: {_problem(exc)}") from None
     if not isinstance(data, dict):
         raise InputFileError(f"{path} must hold a mapping at the top level, found {type(data).__name__}")
     return data
+
+
+def _where(exc: yaml.YAMLError) -> str:
+    """Where a YAML error is (1-based, as editors count), or nothing where PyYAML gives no place."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    return f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+
+
+def _problem(exc: yaml.YAMLError) -> str:
+    problem = getattr(exc, "problem", None)
+    context = getattr(exc, "context", None)
+    text = " ".join(part for part in (context, problem) if part) or (str(exc).splitlines() or [type(exc).__name__])[0]
+    return text
+
+
+def key_lines(path: Path) -> dict[str, int]:
+    """The 1-based line of each key of a YAML mapping file, top level and one level down (`strategy.tp` is
+    also listed as `tp`); {} for JSON or where the file does not parse."""
+    if path.suffix == ".json":
+        return {}
+    try:
+        root = yaml.compose(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    lines: dict[str, int] = {}
+    if isinstance(root, yaml.MappingNode):
+        for key, value in root.value:
+            lines.setdefault(str(key.value), key.start_mark.line + 1)
+            if isinstance(value, yaml.MappingNode):
+                for inner, _ in value.value:
+                    lines.setdefault(str(inner.value), inner.start_mark.line + 1)
+    return lines
 
 
 def catalog_entries(folder: str, key: str) -> list[dict[str, Any]]:

@@ -19,8 +19,18 @@ _HF_KEYS = ("model_type", "architectures")
 def model_from_file(path: Path) -> ModelSpec:
     data = read_mapping(path)
     if path.suffix == ".json" and any(key in data for key in _HF_KEYS):
-        return model_from_hf_config(data, name=str(data.get("_name_or_path") or path.stem), where=str(path))
+        return model_from_hf_config(data, name=hf_model_name(data, path), where=str(path))
     return parse_model(data, where=str(path))
+
+
+def hf_model_name(config: dict[str, Any], path: Path) -> str:
+    """The model's name: its `_name_or_path` where the config records one, else the file's stem, except that
+    a Hugging Face checkpoint's `config.json` is named after its folder (the model), not "config"."""
+    if config.get("_name_or_path"):
+        return str(config["_name_or_path"])
+    if path.stem == "config" and path.resolve().parent.name:
+        return path.resolve().parent.name
+    return path.stem
 
 
 def model_from_hf_config(config: dict[str, Any], name: str, where: str = "config.json") -> ModelSpec:

@@ -6,7 +6,7 @@ lists the commands, so `trainsim predict` pays for the prediction path alone.
 """
 
 import importlib
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
@@ -16,7 +16,8 @@ from typer.main import get_command_from_info
 # (predict) a function named after its command.
 COMMAND_MODULES: dict[str, str] = {
     "predict": "predict", "models": "catalog_cmds", "hardware": "catalog_cmds", "search": "search",
-    "validate": "validate", "calibrate": "calibrate", "profile": "profile", "graph": "graph", "measure": "measure",
+    "validate": "validate", "compare": "compare", "report": "report", "calibrate": "calibrate",
+    "profile": "profile", "graph": "graph", "measure": "measure",
 }
 
 
@@ -56,26 +57,41 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from trainsim.version import __version__
+
+        typer.echo(f"trainsim {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root() -> None:
+def _root(version: Annotated[bool, typer.Option("--version", help="print the version and exit", is_eager=True,
+                                                callback=_print_version)] = False) -> None:
     """trainsim: predict training iteration time, memory and the best parallel plan before using GPUs."""
 
 
 def main() -> None:
-    """Run the app; a usage mistake (bad flag, wrong type) is one line on stderr and exit code 2."""
-    import sys
+    """Run the app; a usage mistake (bad flag, wrong type) is one line on stderr and exit code 2.
 
-    from typer._click import exceptions as click_errors  # typer vendors click; its errors live here
+    typer's usage errors are click's exceptions, which typer vendors in a private module; they are recognized
+    by their interface (format_message, exit_code; the no-arguments case by its class name), so no private
+    module is imported."""
+    import sys
 
     try:
         code = app(standalone_mode=False)
-    except click_errors.NoArgsIsHelpError as exc:
-        print(exc.ctx.get_help() if exc.ctx else "trainsim --help")
-        sys.exit(0)
-    except click_errors.ClickException as exc:
-        print(f"error: {exc.format_message()}", file=sys.stderr)
-        sys.exit(exc.exit_code)
     except typer.Abort:
         print("error: aborted", file=sys.stderr)
         sys.exit(130)
+    except Exception as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            ctx = getattr(exc, "ctx", None)
+            print(ctx.get_help() if ctx is not None else "trainsim --help")
+            sys.exit(0)
+        message, exit_code = getattr(exc, "format_message", None), getattr(exc, "exit_code", None)
+        if not callable(message) or not isinstance(exit_code, int):
+            raise
+        print(f"error: {message()}", file=sys.stderr)
+        sys.exit(exit_code)
     sys.exit(code if isinstance(code, int) else 0)

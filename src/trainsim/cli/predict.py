@@ -1,21 +1,22 @@
-"""`trainsim predict`: one job, one Result, as a readable summary or one JSON object."""
+"""`trainsim predict`: one job, one Result, as a readable summary or one JSON object: a thin layer over
+trainsim.api.predict (the JSON is `api.predict(...).to_dict()`)."""
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from trainsim.catalog.calibration import CALIBRATION_HELP, read_calibration
+from trainsim import api
+from trainsim.catalog.calibration import CALIBRATION_HELP
 from trainsim.cli.errors import handles_errors
 from trainsim.cli.strategy_options import GIVEN, StrategyFlags, strategy_options
 from trainsim.cost.pricing import COSTS
 from trainsim.errors import ConfigError
-from trainsim.estimate.engines import ENGINES, make_engine
-from trainsim.estimate.result import Timeline
+from trainsim.estimate.engines import ENGINES
 from trainsim.frontends.registry import FRONTENDS, MODEL_HELP
-from trainsim.jobfile import job_from_settings, model_source, read_job_file
-from trainsim.pipeline import graph_for
+from trainsim.jobfile import DEFAULT_CLUSTER, DEFAULT_MODEL
+from trainsim.report.html import require_plotly
+from trainsim.report.output import check_output_file
 from trainsim.report.text import render_result
 
 
@@ -23,61 +24,58 @@ from trainsim.report.text import render_result
 @strategy_options()
 def predict(
     job_file: Annotated[Path | None, typer.Argument(help="YAML/JSON job file; flags override it")] = None,
-    model: Annotated[str | None, typer.Option(help=MODEL_HELP)] = None,
+    model: Annotated[str | None, typer.Option(help=MODEL_HELP + f" (default {DEFAULT_MODEL})")] = None,
     frontend: Annotated[str | None, typer.Option(help="front-end that reads --model: "
                                                  + " | ".join(FRONTENDS.names()) + " (default catalog)")] = None,
-    cluster: Annotated[str | None, typer.Option(help="cluster preset or YAML file")] = None,
-    num_gpus: Annotated[int | None, typer.Option(help="scale the cluster to this many GPUs")] = None,
+    cluster: Annotated[str | None, typer.Option(help=f"cluster preset or YAML file (default {DEFAULT_CLUSTER})")
+                       ] = None,
+    num_gpus: Annotated[int | None, typer.Option(help="scale the cluster to this many GPUs (default: the "
+                                                 "cluster's own)")] = None,
     strategy_flags: StrategyFlags = GIVEN,  # --tp, --pp, ... --optimizer-impl: every ParallelSpec field
     engine: Annotated[str, typer.Option(help="estimator: " + ", ".join(ENGINES.names()))] = "analytical",
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     trace: Annotated[Path | None, typer.Option(help="write a Chrome/Perfetto trace (needs an engine that "
                                                "simulates the iteration: sim, replay)")] = None,
-    explain: Annotated[bool, typer.Option("--explain", help="critical path and exposed communication "
-                                          "(needs sim or replay)")] = False,
+    explain: Annotated[bool, typer.Option("--explain", help="the MFU formula, and with sim or replay the critical "
+                                          "path and exposed communication")] = False,
     tree: Annotated[Path | None, typer.Option(help="strategy-tree YAML with per-layer placement and recompute "
                                               "(needs --engine sim; docs/strategy-tree.md)")] = None,
     task_level: Annotated[str, typer.Option(help="simulated task granularity: layer | op")] = "layer",
     costs: Annotated[str, typer.Option(help="op costs: " + " | ".join(COSTS.names()) + " (profiled: trainsim "
                                        "profile)")] = "roofline",
-    db: Annotated[Path | None, typer.Option(help="profile database for --costs profiled")] = None,
+    db: Annotated[Path | None, typer.Option(help="profile database for --costs profiled (default "
+                                            "$XDG_CACHE_HOME/trainsim/profile.sqlite, else ~/.cache/...)")] = None,
+    html: Annotated[Path | None, typer.Option(help="write a self-contained HTML report (charts of the time and "
+                                              "memory; with --engine sim the timeline): needs the report extra "
+                                              "(default: none)")
+                    ] = None,
     calibration: Annotated[Path | None, typer.Option(help=CALIBRATION_HELP)] = None,
 ) -> None:
     """Predict iteration time, throughput, MFU and peak memory of one training job."""
-    flags = dict(model=model, frontend=frontend, cluster=cluster, num_gpus=num_gpus, **strategy_flags)
-    settings = read_job_file(job_file)
-    settings.update({key: value for key, value in flags.items() if value is not None})
     entry = ENGINES.get(engine)
-    if (trace or explain) and not entry.timeline:
-        raise ConfigError("engine", engine, "--trace and --explain need --engine sim (or replay, for traces)")
+    if trace and not entry.timeline:
+        raise ConfigError("engine", engine, "--trace needs --engine sim (or replay, for traces)")
     if tree and not entry.takes_plan:
         raise ConfigError("engine", engine, "--tree needs --engine sim")
-    job = job_from_settings(settings)
-    cal = read_calibration(calibration or settings.get("calibration"))
-    estimator = make_engine(engine, costs, db, task_level, cal)  # type: ignore[arg-type]  # EngineOptions checks it
-    graph = graph_for(job, model_source(settings))
-    plan = None
-    if tree is not None:
-        from trainsim.strategy.tree_yaml import load_tree_yaml  # NB: loaded for --tree only (start-up)
-
-        plan = load_tree_yaml(tree, graph).lower(job.parallel)
-    result = estimator.estimate(job, graph, plan)
+    for flag, path in (("trace", trace), ("html", html)):
+        if path is not None:
+            check_output_file(path, flag)  # before any work: a simulation is not run to be thrown away
+    if html is not None:
+        require_plotly()
+    prediction = api.predict(model, cluster, num_gpus, job_file=job_file, frontend=frontend, engine=engine,
+                             costs=costs, db=db, task_level=task_level, tree=tree,  # type: ignore[arg-type]
+                             calibration=calibration, **strategy_flags)  # type: ignore[misc]
     if as_json:
-        typer.echo(json.dumps(result.to_dict(), indent=2))
+        typer.echo(prediction.to_json())
     else:
-        typer.echo(render_result(result))
-    if result.timeline is not None and (trace or explain):
-        _timeline_extras(result.timeline, trace, explain and not as_json)
-
-
-def _timeline_extras(timeline: Timeline, trace: Path | None, explain: bool) -> None:
-    # NB: the renderers load when asked for (start-up of every other prediction)
-    from trainsim.report.explain import render_explain
-    from trainsim.report.trace import write_chrome_trace
-
-    if trace:
-        written = write_chrome_trace(timeline.exec_graph, timeline.outcome, trace, list(timeline.device_names))
-        typer.echo(f"trace: {written} ({len(timeline.exec_graph.tasks)} tasks; open in ui.perfetto.dev or "
-                   "chrome://tracing)", err=True)
-    if explain:
-        typer.echo(render_explain(timeline.exec_graph, timeline.outcome))
+        assert prediction.result is not None
+        typer.echo(render_result(prediction.result, prediction.model_kind, explain=explain))
+    if trace is not None:
+        prediction.write_trace(trace)
+        tasks = len(prediction.timeline["tasks"]) if prediction.timeline else 0
+        typer.echo(f"trace: {trace} ({tasks} tasks; open in ui.perfetto.dev or chrome://tracing)", err=True)
+    if explain and not as_json and prediction.timeline is not None:
+        typer.echo(prediction.explain())
+    if html is not None:
+        prediction.write_html(html)
+        typer.echo(f"report: {html} (open it in a browser; it needs no network)", err=True)

@@ -1,40 +1,28 @@
 """`trainsim search`: try every plain strategy for a model, a cluster size and a global batch; show the best.
 
-parse (flags -> model, cluster, SearchSpace) -> compute (Planner.search) -> render (rich table or one JSON
-object).
+A thin layer over trainsim.api.search: flags -> api.search -> a rich table, one JSON object (its to_dict())
+or the HTML report.
 """
 
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, cast
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from trainsim.catalog import load_cluster
-from trainsim.catalog.calibration import CALIBRATION_HELP, Calibration, read_calibration
+from trainsim import api
+from trainsim.api.objectives import OBJECTIVES
+from trainsim.catalog.calibration import CALIBRATION_HELP
 from trainsim.cli.errors import handles_errors
 from trainsim.cli.strategy_options import GIVEN, StrategyFlags, strategy_options
-from trainsim.errors import ConfigError
-from trainsim.estimate.engines import make_engine
-from trainsim.frontends.registry import FRONTENDS, MODEL_HELP, ModelSource
-from trainsim.hardware.cluster import ClusterSpec
-from trainsim.ir.model_spec import ModelSpec
+from trainsim.frontends.registry import FRONTENDS, MODEL_HELP
 from trainsim.jobfile import DEFAULT_CLUSTER, DEFAULT_MODEL
-from trainsim.pipeline import GraphCache
-from trainsim.report.search import render_search, search_to_dict
-from trainsim.search.planner import Planner, SearchReport
-from trainsim.search.space import SearchSpace
-from trainsim.strategy.parallel import (
-    ATTENTION_KERNELS,
-    OPTIMIZER_IMPLS,
-    AttentionKernel,
-    OptimizerImpl,
-    ParallelSpec,
-)
-from trainsim.strategy.precision import PRECISIONS, Precision
+from trainsim.report.html import require_plotly
+from trainsim.report.output import check_output_file, csv_text, write_text_atomic
+from trainsim.report.search import render_search_data
 
 HELP = """Search every plain strategy and rank the feasible ones by throughput (tokens/s).
 
@@ -46,44 +34,9 @@ at cp=1, ep=1.
 Plans that cannot run are counted by reason; plans that do not fit in memory count as "out of memory"."""
 
 
-def _check_positive(name: str, value: int | None) -> None:
-    if value is not None and value <= 0:
-        raise ConfigError(name, value, "must be a positive integer")
-
-
-def _parse(source: ModelSource, cluster: str, num_gpus: int | None, global_batch: int | None,
-           seq_len: int | None, precision: str | None, attention: str | None, optimizer_impl: str | None,
-           max_micro_batch: int, top_k: int) -> tuple[ModelSpec, ClusterSpec, SearchSpace]:
-    if global_batch is None:
-        raise ConfigError("global_batch", None, "pass --global-batch N (sequences per optimizer step)")
-    for name, value in (("num_gpus", num_gpus), ("global_batch", global_batch), ("seq_len", seq_len),
-                        ("max_micro_batch", max_micro_batch), ("top_k", top_k)):
-        _check_positive(name, value)
-    if precision is not None and precision not in PRECISIONS:
-        raise ConfigError("precision", precision, "choose one of: " + ", ".join(PRECISIONS))
-    for name, value, choices in (("attention", attention, ATTENTION_KERNELS),
-                                 ("optimizer_impl", optimizer_impl, OPTIMIZER_IMPLS)):
-        if value is not None and value not in choices:
-            raise ConfigError(name, value, "choose one of: " + ", ".join(choices))
-    model_spec = source.model_spec()
-    cluster_spec = load_cluster(cluster)
-    if num_gpus is not None:
-        cluster_spec = cluster_spec.with_num_gpus(num_gpus)
-    defaults = ParallelSpec()
-    prec = cast(Precision, precision) if precision is not None else defaults.precision
-    kernel = cast(AttentionKernel, attention) if attention is not None else defaults.attention
-    impl = cast(OptimizerImpl, optimizer_impl) if optimizer_impl is not None else defaults.optimizer_impl
-    space = SearchSpace(global_batch=global_batch, seq_len=seq_len or defaults.seq_len, precision=prec,
-                        attention=kernel, optimizer_impl=impl, max_micro_batch=max_micro_batch)
-    return model_spec, cluster_spec, space
-
-
-def _run(source: ModelSource, model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, top_k: int,
-         show_progress: bool, calibration: Calibration) -> SearchReport:
-    planner = Planner(make_engine("analytical", calibration=calibration),
-                      graphs=GraphCache(source.frontend, source.source))
+def _run(show_progress: bool, **arguments: Any) -> api.SearchResult:
     if not show_progress:
-        return planner.search(model, cluster, space, top_k=top_k)
+        return api.search(**arguments)
     columns = (TextColumn("searching plans"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("search", total=None)
@@ -91,7 +44,7 @@ def _run(source: ModelSource, model: ModelSpec, cluster: ClusterSpec, space: Sea
         def advance(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
 
-        return planner.search(model, cluster, space, top_k=top_k, progress=advance)
+        return api.search(**arguments, progress=advance)
 
 
 # The strategy fields the search holds fixed (it tries every value of the others: HELP); their flags are predict's.
@@ -110,20 +63,49 @@ def search(
     top_k: Annotated[int, typer.Option(help="how many of the best plans to show")] = 10,
     max_micro_batch: Annotated[int, typer.Option(help="largest micro-batch tried")] = 16,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object, no progress bar")] = False,
+    all_plans: Annotated[bool, typer.Option("--all", help="with --json: list every plan priced (tokens/s, peak "
+                                            "memory, on the Pareto front)")] = False,
+    html: Annotated[Path | None, typer.Option(help="write a self-contained HTML report: throughput against "
+                                              "memory of every plan, the Pareto front, why plans were refused")
+                    ] = None,
+    csv: Annotated[Path | None, typer.Option(help="write the best plans as CSV (with --all: every plan priced)")
+                   ] = None,
+    objective: Annotated[str, typer.Option(help="rank by: " + " | ".join(OBJECTIVES) + " (for a fixed number of "
+                                           "GPUs, time-to-train and cost rank as throughput and add their "
+                                           "numbers)")] = "throughput",
+    tokens: Annotated[float | None, typer.Option(help="tokens to train: adds the time (and with a price the "
+                                                 "cost) to train them to every plan")] = None,
+    price_per_gpu_hour: Annotated[float | None, typer.Option(help="price of one GPU for one hour, in any "
+                                                             "currency (with --tokens: the cost to train)")
+                                  ] = None,
+    min_headroom: Annotated[float | None, typer.Option(help="refuse plans that leave less than this many GiB "
+                                                       "free on the fullest GPU")] = None,
     calibration: Annotated[Path | None, typer.Option(help=CALIBRATION_HELP)] = None,
 ) -> None:
-    source = ModelSource(model, frontend)
-    given = strategy_flags
-    model_spec, cluster_spec, space = _parse(source, cluster, num_gpus, given.get("global_batch"),
-                                             given.get("seq_len"), given.get("precision"), given.get("attention"),
-                                             given.get("optimizer_impl"), max_micro_batch, top_k)
-    cal = read_calibration(calibration)
+    if html is not None:
+        check_output_file(html, "html")  # before the search: its work is not thrown away
+        require_plotly()
+    if csv is not None:
+        check_output_file(csv, "csv")
     show_progress = not as_json and sys.stderr.isatty()
-    report = _run(source, model_spec, cluster_spec, space, top_k, show_progress, cal)
+    found = _run(show_progress, model=model, cluster=cluster, num_gpus=num_gpus, frontend=frontend, top_k=top_k,
+                 max_micro_batch=max_micro_batch, all_plans=all_plans or html is not None, objective=objective,
+                 tokens=tokens, price_per_gpu_hour=price_per_gpu_hour, min_headroom_gib=min_headroom,
+                 calibration=calibration, **strategy_flags)
     if as_json:
-        typer.echo(json.dumps(search_to_dict(report), indent=2))
+        data = found.to_dict()
+        if not all_plans:
+            data.pop("all_plans", None)
+        typer.echo(json.dumps(data, indent=2))
     else:
-        typer.echo(render_search(report, model_spec, cluster_spec, space, terminal=sys.stdout.isatty()), nl=False)
+        typer.echo(render_search_data(found.to_dict(), terminal=sys.stdout.isatty()), nl=False)
+    if html is not None:
+        found.write_html(html)
+        typer.echo(f"report: {html} (open it in a browser; it needs no network)", err=True)
+    if csv is not None:
+        data = found.to_dict()
+        write_text_atomic(csv, csv_text(data["all_plans"] if all_plans else data["plans"]))
+        typer.echo(f"table: {csv}", err=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,7 +1,7 @@
 """`trainsim validate RUNS`: predict measured runs with one or more engines and report the error per run,
-source and metric (a runs.csv file, or a folder of runs written by `trainsim measure`)."""
+source and metric (a runs.csv file, or a folder of runs written by `trainsim measure`). A thin layer over
+trainsim.api.validate: the JSON is `api.validate(...).to_dict()`."""
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -10,21 +10,20 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
-from trainsim.catalog.calibration import CALIBRATION_HELP, read_calibration
+from trainsim import api
+from trainsim.api.functions import FOLDER_DB
+from trainsim.catalog.calibration import CALIBRATION_HELP
 from trainsim.cli.errors import handles_errors
 from trainsim.estimate.engines import ENGINES
 from trainsim.frontends.registry import FRONTENDS
-from trainsim.report.validate import jobs_markdown, render_validate, validate_to_dict
-from trainsim.validate.compare import by_job, compare, engine_choices, summaries
-from trainsim.validate.measured import read_measured
-from trainsim.validate.runs import read_runs
-
-FOLDER_DB = "profile.db"  # a measured folder's own profile database (trainsim measure --suite ... --profile-ops)
+from trainsim.report.html import require_plotly
+from trainsim.report.output import check_output_file, csv_text, write_text_atomic
+from trainsim.report.validate import jobs_markdown, render_validate_data
 
 
 @handles_errors
 def validate(
-    runs_file: Annotated[Path, typer.Argument(help="CSV in the schema of runs.csv (the package's measurements), or a "
+    runs_file: Annotated[Path, typer.Argument(help="CSV in the schema of shared/data/calibration/runs.csv, or a "
                                               "folder of runs measured by `trainsim measure`")],
     engine: Annotated[str | None, typer.Option(help="estimators, comma-separated, or all: "
                                                + ", ".join(ENGINES.names())
@@ -37,31 +36,37 @@ def validate(
                                           + " | ".join(FRONTENDS.names()))] = "catalog",
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     markdown: Annotated[bool, typer.Option("--markdown", help="print the per-job table as Markdown")] = False,
-    rows: Annotated[bool, typer.Option("--rows/--no-rows", help="print every row, not only the summary")] = True,
+    rows: Annotated[bool, typer.Option("--rows/--no-rows", help="also print every run, not only the summary")
+                    ] = False,
+    html: Annotated[Path | None, typer.Option(help="write a self-contained HTML report: predicted against "
+                                              "measured per metric, a color per source")] = None,
+    csv: Annotated[Path | None, typer.Option(help="write every run's prediction as CSV")] = None,
     calibration: Annotated[Path | None, typer.Option(help=CALIBRATION_HELP)] = None,
 ) -> None:
-    """Predict every run; print predicted vs measured and the MAPE per engine, source and metric."""
-    FRONTENDS.get(frontend)  # unknown names: one line listing the choices
-    cal = read_calibration(calibration)
-    folder = runs_file.is_dir()
-    runs = read_measured(runs_file) if folder else read_runs(runs_file)
-    if db is None and folder and (runs_file / FOLDER_DB).is_file():
-        db = runs_file / FOLDER_DB
-    choices = engine_choices(engine or ("all" if folder else "analytical"),
-                             costs or ("both" if db is not None else "roofline"))
+    """Predict every run; print the MAPE per engine, source and metric (--rows: every run too)."""
+    if html is not None:
+        check_output_file(html, "html")  # before the predictions: their work is not thrown away
+        require_plotly()
+    if csv is not None:
+        check_output_file(csv, "csv")
     quiet = as_json or markdown or not sys.stderr.isatty()
     with Progress(console=Console(stderr=True), transient=True, disable=quiet) as bar:
-        task = bar.add_task("predicting runs", total=len(runs) * len(choices))
-        predictions = compare(runs, choices, db, progress=lambda: bar.advance(task), frontend=frontend,
-                              calibration=cal)
-    summary = summaries(predictions)
-    jobs = by_job(predictions) if folder else []
+        task = bar.add_task("predicting runs", total=None)
+        found = api.validate(runs_file, engine=engine, costs=costs, db=db, frontend=frontend, calibration=calibration,
+                             progress=lambda done, total: bar.update(task, completed=done, total=total))
+    data = found.to_dict()
     if as_json:
-        typer.echo(json.dumps(validate_to_dict(predictions, str(db) if db else None, summary, jobs), indent=1))
+        typer.echo(found.to_json(indent=1))
     elif markdown:
-        typer.echo(jobs_markdown(jobs, list(predictions)))
+        typer.echo(jobs_markdown(data["jobs"], data["engines"]))
     else:
-        typer.echo(render_validate(predictions, summary, jobs, rows, terminal=sys.stdout.isatty()), nl=False)
+        typer.echo(render_validate_data(data, rows, terminal=sys.stdout.isatty()), nl=False)
+    if html is not None:
+        found.write_html(html)
+        typer.echo(f"report: {html} (open it in a browser; it needs no network)", err=True)
+    if csv is not None:
+        write_text_atomic(csv, csv_text(data["runs"]))
+        typer.echo(f"table: {csv}", err=True)
 
 
 def register(app: typer.Typer) -> None:

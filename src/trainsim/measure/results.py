@@ -183,7 +183,7 @@ def load_runs(out_dir: Path) -> list[MeasuredRun]:
 def versions() -> dict[str, str]:
     import sys
 
-    from trainsim import __version__ as trainsim_version
+    from trainsim.version import __version__ as trainsim_version
 
     found = {"python": sys.version.split()[0], "trainsim": trainsim_version}
     try:

@@ -161,8 +161,12 @@ class ProfileDB:
     @classmethod
     def open_read_only(cls, path: Path) -> "ProfileDB":
         if not path.exists():
-            raise InputFileError(f"profile database {path} does not exist: run `trainsim profile --db {path}` "
-                                 "first, or leave out --db to use the default one")
+            if path == default_db_path():
+                hint = "run `trainsim profile` first (it writes there), or pass --db with a profile database"
+            else:
+                hint = (f"run `trainsim profile --db {path}` first, or leave out --db to use the default "
+                        f"({default_db_path()})")
+            raise InputFileError(f"profile database {path} does not exist: {hint}")
         try:
             conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0)
             conn.execute("SELECT count(*) FROM op_times").fetchone()

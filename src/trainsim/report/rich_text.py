@@ -3,6 +3,15 @@
 import io
 
 from rich.console import Console, RenderableType
+from rich.table import Table
+
+
+def fold(table: Table) -> Table:
+    """A cell too wide for its column wraps onto the next line, never ends in an ellipsis: what is printed is
+    complete at any width (columns that cannot wrap, no_wrap=True, are the table's choice to keep whole)."""
+    for column in table.columns:
+        column.overflow = "fold"
+    return table
 
 
 def to_text(*items: RenderableType, width: int | None = None, terminal: bool = False) -> str:
@@ -14,6 +23,8 @@ def to_text(*items: RenderableType, width: int | None = None, terminal: bool = F
     buffer = io.StringIO()
     console = Console(file=buffer, width=width, force_terminal=True if terminal else None)
     for item in items:
+        if isinstance(item, Table):
+            fold(item)
         if isinstance(item, str):
             console.print(item, markup=False, highlight=False)
         else:

@@ -75,3 +75,49 @@ def render_search(report: SearchReport, model: ModelSpec, cluster: ClusterSpec, 
     table = [plans_table(report)] if report.plans else []
     return to_text(title, *table, *summary_lines(report), width=None if terminal else PIPE_WIDTH,
                    terminal=terminal)
+
+
+PLAN_COLUMNS = (("#", "rank"), ("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("vpp", "vpp"), ("sp", "sp"),
+                ("zero", "zero"), ("recompute", "recompute"), ("mb", "micro_batch"))
+
+
+def rows_table(plans: list[dict[str, Any]]) -> tuple[Table, str]:
+    """The best plans of a search's JSON object (plan_to_dict's layout), and a line naming the settings every
+    plan shown shares: their columns are left out, so the table fits an 80-column terminal."""
+    def cell(plan: dict[str, Any], key: str) -> str:
+        value = plan["rank"] if key == "rank" else plan["strategy"][key]
+        return ("on" if value else "off") if key == "sp" else str(value)
+
+    shared = [(name, key) for name, key in PLAN_COLUMNS[1:]
+              if len(plans) > 1 and len({cell(plan, key) for plan in plans}) == 1]
+    shown = [(name, key) for name, key in PLAN_COLUMNS if (name, key) not in shared]
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for name, _ in shown:
+        table.add_column(name, justify="left" if name == "recompute" else "right", no_wrap=True)
+    train = plans[0].get("time_to_train_s") is not None
+    cost = plans[0].get("cost_to_train") is not None
+    extra = [*(["train h"] if train else []), *(["cost"] if cost else [])]
+    for name in ("iteration", "tokens/s", "MFU", "peak GiB", *extra):
+        table.add_column(name, justify="right", no_wrap=True)
+    for plan in plans:
+        more = [*([f"{plan['time_to_train_s'] / 3600:,.1f}"] if train else []),
+                *([f"{plan['cost_to_train']:,.0f}"] if cost else [])]
+        table.add_row(*(cell(plan, key) for _, key in shown), format_duration(plan["iteration_time_s"]),
+                      f"{plan['tokens_per_s']:,.0f}", f"{plan['mfu'] * 100:.1f}%", f"{plan['peak_memory_gib']:.1f}",
+                      *more)
+    note = ("every plan shown: " + ", ".join(f"{name} {cell(plans[0], key)}" for name, key in shared)) if shared else ""
+    return table, note
+
+
+def render_search_data(data: dict[str, Any], terminal: bool = False) -> str:
+    """render_search of a search's JSON object (trainsim.api.SearchResult.to_dict())."""
+    tried, feasible, infeasible = data["tried"], data["feasible"], data["infeasible"]
+    lines = [f"tried {tried} plans: {feasible} feasible, {tried - feasible} infeasible"]
+    lines += [f"  {reason:<16}{count:>8}" for reason, count in infeasible.items()]
+    if not data["plans"]:
+        lines.append("no feasible plan: change the global batch, the number of GPUs or the sequence length")
+    items: list[Any] = []
+    if data["plans"]:
+        table, note = rows_table(data["plans"])
+        items = [table, *([note] if note else [])]
+    return to_text(data["title"], *items, *lines, width=None if terminal else PIPE_WIDTH, terminal=terminal)

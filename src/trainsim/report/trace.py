@@ -1,7 +1,18 @@
 """Chrome / Perfetto trace-event JSON of one simulated iteration (open it in ui.perfetto.dev or chrome://tracing).
 
-A process per simulated device, a thread per stream, a complete ("X") event per task, a "sync wait" event
-while a collective rank holds its stream waiting for its partners, and a memory counter ("C") per device.
+Naming scheme (the trace-event format: Trace Event Format, Google, 2016 revision):
+- a process per simulated device, named by the engine ("stage S (N ranks)": a simulated device stands for the
+  N identical ranks of pipeline stage S); its threads are its streams: "compute", "feature comm" (tensor-,
+  context-, expert- and pipeline-parallel transfers), "gradient comm" (data-parallel collectives);
+- a complete event ("X") per task, named as the compiler names it (layer, phase and micro-batch: "L6.block bwd",
+  "send act mb0 vs0->"), its category the breakdown key it counts under (compute, tp_comm, pp_comm, ...), its
+  args the layer, micro-batch, stage, phase, category, kind, sync key and whether it is on the critical path;
+- a "sync wait: NAME" event (category sync_wait) while a collective rank holds its stream waiting for partners;
+- flow arrows ("s" then "f", binding to the enclosing slices): category "pipeline", named "pp transfer", from a
+  task to the task on another simulated device that depends on it (a pipeline send to the stage that waits
+  for it); category "collective", named "collective KEY", from the first participant of a collective seen
+  from several simulated devices to each other participant;
+- a counter ("C") named "memory" per device: allocated bytes.
 Times are microseconds, as the format requires; they are rounded to whole nanoseconds so that consecutive
 tasks on one stream touch but never overlap.
 """
@@ -57,10 +68,39 @@ def trace_events(graph: ExecGraph, outcome: SimOutcome, device_names: list[str] 
                        "args": {"layer": task.layer, "micro_batch": task.micro_batch, "stage": task.stage,
                                 "phase": task.phase, "category": task.category, "kind": task.kind,
                                 "sync_key": task.sync_key, "critical": task.tid in critical}})
+    events += flow_events(graph, outcome)
     for memory in outcome.memory:
         for time_s, value in zip(memory.timeline_s, memory.timeline_bytes, strict=True):
             events.append({"ph": "C", "name": "memory", "pid": memory.device, "tid": _MEMORY_THREAD,
                            "ts": _us(time_s), "args": {"allocated_bytes": value}})
+    return events
+
+
+def flow_events(graph: ExecGraph, outcome: SimOutcome) -> list[dict[str, Any]]:
+    """The flow arrows of the naming scheme: pipeline transfers across simulated devices, collective
+    participation. An arrow starts inside its source slice (a transfer: at its middle; a collective, whose
+    participants start together: at its start) and ends where its target starts."""
+    arrows: list[tuple[str, str, int, int]] = []  # (category, name, source tid, target tid)
+    for task in graph.tasks:
+        for dep in task.deps:
+            if graph.tasks[dep].device != task.device:
+                arrows.append(("pipeline", "pp transfer", dep, task.tid))
+    participants: dict[str, list[int]] = {}
+    for task in graph.tasks:
+        if task.sync_key:
+            participants.setdefault(task.sync_key, []).append(task.tid)
+    for key, tids in participants.items():
+        if len({graph.tasks[tid].device for tid in tids}) > 1:
+            arrows += [("collective", f"collective {key}", tids[0], other) for other in tids[1:]]
+    events: list[dict[str, Any]] = []
+    for flow_id, (category, name, source, target) in enumerate(arrows, start=1):
+        src, dst = graph.tasks[source], graph.tasks[target]
+        end_s = outcome.end_s[source] if category == "pipeline" else outcome.start_s[source]
+        from_ns = round((outcome.start_s[source] + end_s) / 2 * 1e9)
+        events.append({"ph": "s", "id": flow_id, "name": name, "cat": category, "pid": src.device,
+                       "tid": _THREAD_ID[src.stream], "ts": from_ns / 1e3})
+        events.append({"ph": "f", "bp": "e", "id": flow_id, "name": name, "cat": category, "pid": dst.device,
+                       "tid": _THREAD_ID[dst.stream], "ts": round(outcome.start_s[target] * 1e9) / 1e3})
     return events
 
 

@@ -88,3 +88,23 @@ def summary_table(summary: list[dict[str, Any]], labels: list[str]) -> Table:
         shown = ["" if math.isnan(entry.get(label, math.nan)) else f"{entry[label]:.2f}" for label in labels]
         table.add_row(source[:60], metric, str(entry["n"]), str(entry["skipped"]), *shown)
     return table
+
+
+def render_validate_data(data: dict[str, Any], rows: bool = False, terminal: bool = False) -> str:
+    """render_validate of a validation's JSON object (trainsim.api.ValidationResult.to_dict(); null = NaN)."""
+    predictions: Predictions = {label: [] for label in data["engines"]}
+    for run in data["runs"]:
+        predictions[run["engine"]].append(RowPrediction(run["run_id"], run["source"], run["metric"], run["measured"],
+                                                        run["predicted"], run["engine"], run["skipped"]))
+    return render_validate(predictions, _nan_for_null(data["summary"]), _nan_for_null(data["jobs"]), rows,
+                           terminal=terminal)
+
+
+def _nan_for_null(value: Any) -> Any:
+    if value is None:
+        return math.nan
+    if isinstance(value, dict):
+        return {k: _nan_for_null(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_nan_for_null(v) for v in value]
+    return value

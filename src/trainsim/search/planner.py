@@ -9,7 +9,7 @@ then by the enumeration order, so the ranking is deterministic.
 import heapq
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from trainsim.errors import ConfigError, InfeasiblePlanError, TrainsimError
@@ -43,11 +43,22 @@ class RankedStrategy:
 
 
 @dataclass(frozen=True, slots=True)
+class PricedPlan:
+    """A plan the estimator priced, feasible or out of memory: a point of the throughput-memory picture."""
+
+    parallel: ParallelSpec
+    tokens_per_s: float
+    peak_memory_bytes: float
+    oom: bool
+
+
+@dataclass(frozen=True, slots=True)
 class SearchReport:
     plans: list[RankedStrategy]  # the best top_k, best first
     tried: int
     feasible: int
     infeasible: dict[str, int]  # reason -> plans, most frequent first
+    priced: list[PricedPlan] = field(default_factory=list)  # every plan priced, in enumeration order
 
     def __post_init__(self) -> None:
         assert self.tried == self.feasible + sum(self.infeasible.values()), "every plan is counted once"
@@ -96,6 +107,7 @@ class Planner:
         # memory, then earlier in the enumeration.
         best: list[tuple[float, float, int, Job, Priced]] = []
         feasible = 0
+        priced_plans: list[PricedPlan] = []
         price = self._pricing()
         for index, parallel in enumerate(plans):
             if progress is not None and index % PROGRESS_EVERY == 0:
@@ -106,6 +118,7 @@ class Planner:
             except TrainsimError as exc:
                 refused[refusal_reason(exc)] += 1
                 continue
+            priced_plans.append(PricedPlan(job.parallel, priced.tokens_per_s, priced.peak_memory_bytes, priced.oom))
             if priced.oom:
                 refused[OUT_OF_MEMORY] += 1
                 continue
@@ -121,7 +134,7 @@ class Planner:
         return SearchReport(
             plans=[RankedStrategy(rank, job, priced.result())
                    for rank, (*_, job, priced) in enumerate(ranked, start=1)],
-            tried=total, feasible=feasible, infeasible=dict(refused.most_common()),
+            tried=total, feasible=feasible, infeasible=dict(refused.most_common()), priced=priced_plans,
         )
 
     def _pricing(self) -> Callable[[Job, OpGraph], Priced]:

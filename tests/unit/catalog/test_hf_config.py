@@ -180,3 +180,10 @@ def test_trainsim_mapping_with_an_unknown_key(tmp_path: Path) -> None:
                     "layerz: 3\n")
     with pytest.raises(ConfigError, match="layerz"):
         model_from_file(path)
+
+
+def test_a_checkpoint_config_is_named_after_its_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "tiny-gpt2-checkpoint"
+    folder.mkdir()
+    assert _spec(folder, GPT2).name == "tiny-gpt2-checkpoint"  # config.json: the folder, not "config"
+    assert model_from_file(folder / "config.json").name == "tiny-gpt2-checkpoint"

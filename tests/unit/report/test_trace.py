@@ -89,3 +89,71 @@ def test_write_is_atomic_and_checks_names(simulated: tuple[ExecGraph, SimOutcome
     assert target.read_text(encoding="utf-8") == "old"
     write_chrome_trace(graph, outcome, target)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["iter.json"]  # no temporary file left behind
+
+
+def read_trace(path: Path) -> dict[str, Any]:
+    """Parse a trace the way a trace viewer does (the Trace Event Format's rules, not only its JSON): slices per
+    (process, thread) that nest or follow each other, and flow arrows whose "s" and "f" each bind to the
+    slice enclosing them on their own thread. Returns the slices and the bound arrows
+    (id -> (category, name, source slice, target slice)); raises AssertionError on any broken rule."""
+    events = _load(path)
+    slices: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for event in events:
+        assert event["ph"] in {"M", "X", "C", "s", "f"}, event
+        if event["ph"] == "X":
+            slices.setdefault((event["pid"], event["tid"]), []).append(event)
+    for spans in slices.values():
+        spans.sort(key=lambda e: (e["ts"], -e["dur"]))
+
+    def enclosing(event: dict[str, Any]) -> dict[str, Any]:
+        found = [s for s in slices.get((event["pid"], event["tid"]), [])
+                 if s["ts"] - 1e-3 <= event["ts"] <= s["ts"] + s["dur"] + 1e-3 and s.get("cat") != "sync_wait"]
+        assert found, f"flow {event['ph']} {event['id']} at {event['ts']} binds to no slice"
+        return found[-1]
+
+    starts = {e["id"]: e for e in events if e["ph"] == "s"}
+    ends = {e["id"]: e for e in events if e["ph"] == "f"}
+    assert len(starts) == sum(e["ph"] == "s" for e in events) and set(starts) == set(ends), "one s and one f per id"
+    arrows = {}
+    for flow_id, start in starts.items():
+        end = ends[flow_id]
+        assert (start["cat"], start["name"]) == (end["cat"], end["name"]) and end.get("bp") == "e"
+        assert end["ts"] >= start["ts"] - 1e-3, "an arrow points forward in time"
+        arrows[flow_id] = (start["cat"], start["name"], enclosing(start), enclosing(end))
+    return {"slices": slices, "arrows": arrows}
+
+
+def test_flow_arrows_join_pipeline_transfers_and_collectives(tmp_path: Path) -> None:
+    import trainsim
+
+    prediction = trainsim.simulate(model="gpt3-125m", num_gpus=8, pp=2, tp=2, global_batch=8)
+    assert prediction.result is not None and prediction.result.timeline is not None
+    timeline = prediction.result.timeline
+    graph = timeline.exec_graph
+    trace = read_trace(write_chrome_trace(graph, timeline.outcome, tmp_path / "t.json"))
+    arrows = list(trace["arrows"].values())
+    crossing = [(dep, task.tid) for task in graph.tasks for dep in task.deps if graph.tasks[dep].device != task.device]
+    pipeline = [a for a in arrows if a[0] == "pipeline"]
+    assert crossing and len(pipeline) == len(crossing)
+    for _, name, source, target in pipeline:  # from a send on one stage to the task of the other that waits
+        assert name == "pp transfer" and source["pid"] != target["pid"] and source["cat"] == "pp_comm"
+        assert target["ts"] >= source["ts"] + source["dur"] - 1e-3
+    groups: dict[str, set[int]] = {}
+    for task in graph.tasks:
+        if task.sync_key:
+            groups.setdefault(task.sync_key, set()).add(task.device)
+    collective = [a for a in arrows if a[0] == "collective"]
+    assert len(collective) == sum(len(devices) - 1 for devices in groups.values() if len(devices) > 1) > 0
+    for _, name, source, target in collective:
+        assert name.startswith("collective ") and source["pid"] != target["pid"] and source["ts"] == target["ts"]
+
+
+def test_the_parser_catches_a_dangling_arrow(tmp_path: Path) -> None:
+    """Negative control for read_trace: an arrow that ends where no slice is."""
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "name": "a", "pid": 0, "tid": 1, "ts": 0.0, "dur": 1.0},
+        {"ph": "s", "id": 1, "name": "pp transfer", "cat": "pipeline", "pid": 0, "tid": 1, "ts": 0.5},
+        {"ph": "f", "bp": "e", "id": 1, "name": "pp transfer", "cat": "pipeline", "pid": 1, "tid": 1, "ts": 2.0}]}))
+    with pytest.raises(AssertionError, match="binds to no slice"):
+        read_trace(path)

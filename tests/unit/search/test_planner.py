@@ -140,7 +140,9 @@ def test_cli_json_shape() -> None:
     result = CliRunner().invoke(app, [*CLI_ARGS, "--top-k", "3", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert set(data) == {"plans", "tried", "feasible", "infeasible"}
+    assert set(data) == {"schema", "title", "model", "cluster", "num_gpus", "objective", "memory_capacity_gib",
+                         "plans", "tried", "feasible", "infeasible"}
+    assert data["schema"] == {"name": "trainsim.search", "version": 1}
     assert data["tried"] == data["feasible"] + sum(data["infeasible"].values())
     assert [plan["rank"] for plan in data["plans"]] == [1, 2, 3]
     for plan in data["plans"]:

@@ -1,0 +1,269 @@
+"""The Python API: predict, simulate, search and validate, with the command line's names.
+
+Every function takes what its command takes, by the flag's name with underscores (`--micro-batch 2` is
+`micro_batch=2`), and also objects (a ModelSpec, a ClusterSpec, a ParallelSpec). The commands are thin layers
+over these functions: `trainsim predict ... --json` prints `predict(...).to_dict()`.
+"""
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack, cast
+
+from trainsim.api.objectives import check_objective, plan_extras, rerank
+from trainsim.api.results import PlanPoint, PlanRow, Prediction, SearchResult, ValidationResult
+from trainsim.catalog import load_cluster
+from trainsim.catalog.calibration import read_calibration
+from trainsim.errors import ConfigError
+from trainsim.estimate.engines import ENGINES, make_engine
+from trainsim.frontends.registry import FRONTENDS, ModelSource
+from trainsim.hardware.cluster import ClusterSpec
+from trainsim.ir.model_spec import ModelSpec
+from trainsim.jobfile import (
+    DEFAULT_CLUSTER,
+    DEFAULT_MODEL,
+    MODEL_SPEC_TYPES,
+    job_from_settings,
+    model_source,
+    read_job_file,
+)
+from trainsim.pipeline import GraphCache, graph_for
+from trainsim.report.search import plan_to_dict
+from trainsim.report.validate import validate_to_dict
+from trainsim.search.pareto import pareto_front
+from trainsim.search.planner import Planner, SearchReport
+from trainsim.search.space import SearchSpace
+from trainsim.strategy.parallel import (
+    ATTENTION_KERNELS,
+    OPTIMIZER_IMPLS,
+    AttentionKernel,
+    OptimizerImpl,
+    ParallelSpec,
+    Recompute,
+    Schedule,
+)
+from trainsim.strategy.precision import PRECISIONS, Precision
+
+if TYPE_CHECKING:  # NB: the compiler loads with the engines that simulate, not with every prediction
+    from trainsim.compile.context import TaskLevel
+
+ModelArg = str | Path | ModelSpec
+ClusterArg = str | Path | ClusterSpec
+FOLDER_DB = "profile.db"  # a measured folder's own profile database (trainsim measure --suite ... --profile-ops)
+
+
+class Strategy(TypedDict, total=False):
+    """The strategy keywords: ParallelSpec's fields, the `--tp`, `--micro-batch` ... flags of the command line
+    (a test checks that they are the same names)."""
+
+    tp: int
+    pp: int
+    dp: int
+    cp: int
+    ep: int
+    vpp: int
+    sp: bool
+    zero: int
+    recompute: Recompute
+    micro_batch: int
+    global_batch: int
+    seq_len: int
+    precision: Precision
+    schedule: Schedule
+    attention: AttentionKernel
+    optimizer_impl: OptimizerImpl
+
+
+def predict(model: ModelArg | None = None, cluster: ClusterArg | None = None, num_gpus: int | None = None, *,
+            job_file: str | Path | None = None, strategy: ParallelSpec | Mapping[str, Any] | None = None,
+            frontend: str | None = None, engine: str = "analytical", costs: str = "roofline",
+            db: str | Path | None = None, task_level: "TaskLevel" = "layer", tree: str | Path | None = None,
+            calibration: str | Path | None = None, **flags: Unpack[Strategy]) -> Prediction:
+    """Predict one training job: iteration time, throughput, MFU, peak memory and where the time goes.
+
+    model: a catalog name, a model YAML, a Hugging Face config.json or folder (or FILE.py:factory and traces with
+    their front-end), or a ModelSpec; cluster: a preset name, a cluster YAML or a ClusterSpec; num_gpus scales
+    the cluster. job_file: a job YAML whose keys the other arguments override. strategy: a ParallelSpec or a
+    mapping of its fields; `flags` (tp=2, micro_batch=4, ...) override it. engine: analytical, sim,
+    precision-aware, replay; costs: roofline or profiled (with db, a `trainsim profile` database);
+    tree: a strategy-tree YAML (engine sim); calibration: a file written by `trainsim calibrate --output` (default:
+    the job file's `calibration:`, else the package's fit). Defaults are the command line's: gpt3-1.3b on
+    dgx-a100-80gb.
+
+    >>> import trainsim
+    >>> r = trainsim.predict(model="gpt3-125m", num_gpus=8, tp=2, global_batch=64, seq_len=1024)
+    >>> r.engine, r.oom, r.iteration_time_s > 0
+    ('analytical', False, True)
+    >>> round(sum(r.breakdown.values()) / r.iteration_time_s, 9)
+    1.0
+    """
+    entry = ENGINES.get(engine)
+    if tree is not None and not entry.takes_plan:
+        raise ConfigError("engine", engine, "a strategy tree needs engine sim")
+    settings = read_job_file(Path(job_file) if job_file is not None else None)
+    settings.update(_strategy_settings(strategy))
+    given: dict[str, Any] = {"model": model, "frontend": frontend, "cluster": cluster, "num_gpus": num_gpus,
+                             **flags}
+    settings.update({key: (str(value) if isinstance(value, Path) else value)
+                     for key, value in given.items() if value is not None})
+    job = job_from_settings(settings)
+    cal = read_calibration(Path(calibration) if calibration is not None else settings.get("calibration"))
+    estimator = make_engine(engine, costs, Path(db) if db is not None else None, task_level, cal)
+    source = None if isinstance(settings.get("model"), MODEL_SPEC_TYPES) else model_source(settings)
+    graph = graph_for(job, source)
+    plan = None
+    if tree is not None:
+        from trainsim.strategy.tree_yaml import load_tree_yaml  # NB: loaded for a tree only (start-up)
+
+        plan = load_tree_yaml(Path(tree), graph).lower(job.parallel)
+    return Prediction.of(estimator.estimate(job, graph, plan), job)
+
+
+def simulate(model: ModelArg | None = None, cluster: ClusterArg | None = None, num_gpus: int | None = None, *,
+             job_file: str | Path | None = None, strategy: ParallelSpec | Mapping[str, Any] | None = None,
+             frontend: str | None = None, costs: str = "roofline", db: str | Path | None = None,
+             task_level: "TaskLevel" = "layer", tree: str | Path | None = None,
+             calibration: str | Path | None = None, **flags: Unpack[Strategy]) -> Prediction:
+    """predict(..., engine="sim"): the event simulation of one iteration, whose Prediction carries the timeline
+    (per stage and stream), the memory over the iteration, a Chrome/Perfetto trace (write_trace) and the
+    critical path (explain).
+
+    >>> import trainsim
+    >>> r = trainsim.simulate(model="gpt3-125m", num_gpus=8, pp=2, global_batch=16)
+    >>> len(r.timeline["devices"]), r.breakdown["bubble"] > 0
+    (2, True)
+    """
+    return predict(model, cluster, num_gpus, job_file=job_file, strategy=strategy, frontend=frontend,
+                   engine="sim", costs=costs, db=db, task_level=task_level, tree=tree, calibration=calibration,
+                   **flags)
+
+
+def search(model: ModelArg = DEFAULT_MODEL, cluster: ClusterArg = DEFAULT_CLUSTER, num_gpus: int | None = None, *,
+           global_batch: int | None = None, seq_len: int | None = None, precision: str | None = None,
+           attention: str | None = None, optimizer_impl: str | None = None, frontend: str = "catalog",
+           top_k: int = 10, max_micro_batch: int = 16, all_plans: bool = False,
+           objective: str = "throughput", tokens: float | None = None, price_per_gpu_hour: float | None = None,
+           min_headroom_gib: float | None = None, progress: Callable[[int, int], None] | None = None,
+           calibration: str | Path | None = None) -> SearchResult:
+    """Try every plain strategy (tp, pp, dp, vpp, micro-batch, recompute, ZeRO, sp) for a model, a cluster size
+    and a global batch; rank the feasible plans by tokens/s and count why the others were refused.
+
+    all_plans: also return every plan priced (throughput, peak memory, on the Pareto front or not);
+    objective: throughput | time-to-train | cost | memory-headroom (api.objectives: for a fixed cluster size
+    time and cost rank as throughput, and add their numbers: tokens to train, price per GPU-hour);
+    min_headroom_gib: refuse plans leaving less memory free; progress(done, total) is called as plans are tried;
+    calibration: a file written by `trainsim calibrate --output` (default: the package's fit).
+
+    >>> import trainsim
+    >>> s = trainsim.search(model="gpt3-125m", num_gpus=8, global_batch=32, seq_len=512, top_k=3)
+    >>> len(s.plans), s.tried == s.feasible + sum(s.infeasible.values())
+    (3, True)
+    """
+    if global_batch is None:
+        raise ConfigError("global_batch", None, "pass --global-batch N (sequences per optimizer step)")
+    check_objective(objective, tokens, price_per_gpu_hour, min_headroom_gib)
+    for name, value in (("num_gpus", num_gpus), ("global_batch", global_batch), ("seq_len", seq_len),
+                        ("max_micro_batch", max_micro_batch), ("top_k", top_k)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+            raise ConfigError(name, value, "must be a positive integer")
+    for name, value, choices in (("precision", precision, PRECISIONS), ("attention", attention, ATTENTION_KERNELS),
+                                 ("optimizer_impl", optimizer_impl, OPTIMIZER_IMPLS)):
+        if value is not None and value not in choices:
+            raise ConfigError(name, value, "choose one of: " + ", ".join(choices))
+    FRONTENDS.get(frontend)
+    if isinstance(model, str | Path):
+        source = ModelSource(str(model), frontend)
+        model_spec, graphs = source.model_spec(), GraphCache(source.frontend, source.source)
+    else:  # a model object: the catalog builders read it
+        model_spec, graphs = model, GraphCache("catalog")
+    cluster_spec = cluster if isinstance(cluster, ClusterSpec) else load_cluster(str(cluster))
+    if num_gpus is not None:
+        cluster_spec = cluster_spec.with_num_gpus(num_gpus)
+    defaults = ParallelSpec()
+    space = SearchSpace(global_batch=global_batch, seq_len=seq_len or defaults.seq_len,
+                        precision=cast(Precision, precision or defaults.precision),
+                        attention=cast(AttentionKernel, attention or defaults.attention),
+                        optimizer_impl=cast(OptimizerImpl, optimizer_impl or defaults.optimizer_impl),
+                        max_micro_batch=max_micro_batch)
+    planner = Planner(make_engine("analytical", calibration=read_calibration(
+        Path(calibration) if calibration is not None else None)), graphs=graphs)
+    report = planner.search(model_spec, cluster_spec, space, top_k=top_k, progress=progress)
+    report = rerank(report, planner, model_spec, cluster_spec, objective, min_headroom_gib, top_k)
+    by = "tokens/s" if objective == "throughput" else objective
+    title = (f"{model_spec.name} on {cluster_spec.name} ({cluster_spec.num_gpus} GPUs), global batch "
+             f"{space.global_batch} x {space.seq_len} tokens, {space.precision}: best {len(report.plans)} by {by}")
+    capacity_gib = (report.plans[0].result.memory_capacity_bytes if report.plans
+                    else cluster_spec.device.hbm_bytes) / 2**30
+    rows = [plan_to_dict(plan) for plan in report.plans]
+    rows = [{**row, **plan_extras(row, cluster_spec.num_gpus, capacity_gib, tokens, price_per_gpu_hour)}
+            for row in rows]
+    return SearchResult.model_validate({
+        "schema": SearchResult._tag().model_dump(), "title": title, "model": model_spec.name,
+        "cluster": cluster_spec.name, "num_gpus": cluster_spec.num_gpus, "objective": objective,
+        "memory_capacity_gib": capacity_gib,
+        "plans": [PlanRow.model_validate(row) for row in rows], "tried": report.tried,
+        "feasible": report.feasible, "infeasible": report.infeasible,
+        "all_plans": _points(report) if all_plans else None,
+    })
+
+
+def validate(runs: str | Path, *, engine: str | None = None, costs: str | None = None, db: str | Path | None = None,
+             frontend: str = "catalog", progress: Callable[[int, int], None] | None = None,
+             calibration: str | Path | None = None) -> ValidationResult:
+    """Predict measured runs (a runs.csv in the schema of shared/data/calibration/runs.csv, or a folder written
+    by `trainsim measure`) with one or more engines; the error per run and the MAPE per engine, source and metric.
+
+    engine: comma-separated engines or "all" (default: all for a folder, analytical for a CSV); costs:
+    roofline | profiled | both (default: both with a profile database - db, or FOLDER/profile.db - else
+    roofline). progress(done, total) is called after every prediction. calibration: a file written by
+    `trainsim calibrate --output` (default: the package's fit).
+    """
+    from trainsim.validate.compare import by_job, compare, engine_choices, summaries
+    from trainsim.validate.measured import read_measured
+    from trainsim.validate.runs import read_runs
+
+    FRONTENDS.get(frontend)  # unknown names: one line listing the choices
+    cal = read_calibration(Path(calibration) if calibration is not None else None)
+    path = Path(runs)
+    folder = path.is_dir()
+    rows = read_measured(path) if folder else read_runs(path)
+    database = Path(db) if db is not None else None
+    if database is None and folder and (path / FOLDER_DB).is_file():
+        database = path / FOLDER_DB
+    choices = engine_choices(engine or ("all" if folder else "analytical"),
+                             costs or ("both" if database is not None else "roofline"))
+    total, done = len(rows) * len(choices), [0]
+
+    def advance() -> None:
+        done[0] += 1
+        if progress is not None:
+            progress(done[0], total)
+
+    predictions = compare(rows, choices, database, progress=advance, frontend=frontend, calibration=cal)
+    summary = summaries(predictions)
+    jobs = by_job(predictions) if folder else []
+    data = validate_to_dict(predictions, str(database) if database else None, summary, jobs)
+    return ValidationResult.model_validate({"schema": ValidationResult._tag().model_dump(), **data})
+
+
+def _strategy_settings(strategy: ParallelSpec | Mapping[str, Any] | None) -> dict[str, Any]:
+    if strategy is None:
+        return {}
+    if isinstance(strategy, ParallelSpec):
+        # the fields the object was given; dp and global_batch 0 mean "inferred", as when left out
+        data = strategy.model_dump(include=strategy.model_fields_set)
+        return {key: value for key, value in data.items() if not (key in ("dp", "global_batch") and value == 0)}
+    unknown = set(strategy) - set(ParallelSpec.model_fields)
+    if unknown:
+        allowed = ", ".join(ParallelSpec.model_fields)
+        raise ConfigError("strategy", sorted(unknown)[0], f"unknown key; allowed: {allowed}")
+    return dict(strategy)
+
+
+def _points(report: SearchReport) -> list[PlanPoint]:
+    feasible = [i for i, plan in enumerate(report.priced) if not plan.oom]
+    front = pareto_front([(report.priced[i].tokens_per_s, report.priced[i].peak_memory_bytes) for i in feasible])
+    on_front = {feasible[i] for i in front}
+    return [PlanPoint(description=plan.parallel.describe(), strategy=plan.parallel.model_dump(),
+                      tokens_per_s=plan.tokens_per_s, peak_memory_gib=plan.peak_memory_bytes / 2**30, oom=plan.oom,
+                      pareto=index in on_front)
+            for index, plan in enumerate(report.priced)]

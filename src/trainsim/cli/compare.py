@@ -1,0 +1,35 @@
+"""`trainsim compare A B`: which of two plans is faster and why, term by term. A thin layer over
+trainsim.api.compare (the JSON is `api.compare(...).to_dict()`)."""
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from trainsim import api
+from trainsim.cli.errors import handles_errors
+from trainsim.cost.pricing import COSTS
+from trainsim.errors import ConfigError
+from trainsim.estimate.engines import ENGINES
+
+
+@handles_errors
+def compare(
+    plan_a: Annotated[Path, typer.Argument(help="job file (YAML/JSON) or a saved `predict --json` result")],
+    plan_b: Annotated[Path, typer.Argument(help="job file (YAML/JSON) or a saved `predict --json` result")],
+    engine: Annotated[str, typer.Option(help="estimator for job files: " + ", ".join(ENGINES.names()))
+                      ] = "analytical",
+    costs: Annotated[str, typer.Option(help="op costs: " + " | ".join(COSTS.names()))] = "roofline",
+    db: Annotated[Path | None, typer.Option(help="profile database for --costs profiled")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+) -> None:
+    """Which of two plans is faster and why: each part of the iteration time and of the peak memory, A -> B."""
+    for path in (plan_a, plan_b):
+        if not path.is_file():
+            raise ConfigError("plan", str(path), "no such file: name a job file or a predict --json result")
+    found = api.compare(plan_a, plan_b, engine=engine, costs=costs, db=db)
+    typer.echo(found.to_json() if as_json else "\n".join(found.explanation))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("compare")(compare)

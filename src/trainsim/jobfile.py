@@ -10,16 +10,17 @@ from trainsim.frontends.registry import ModelSource
 from trainsim.job import Job, make_job
 from trainsim.strategy.parallel import ATTENTION_KERNELS, OPTIMIZER_IMPLS, RECOMPUTES, SCHEDULES, ParallelSpec
 from trainsim.strategy.precision import PRECISIONS
+from trainsim.strategy.stack import make_stack
 
 DEFAULT_MODEL = "gpt3-1.3b"
 DEFAULT_CLUSTER = "dgx-a100-80gb"
-JOB_KEYS = ("model", "frontend", "cluster", "num_gpus")
+JOB_KEYS = ("model", "frontend", "cluster", "num_gpus", "stack")
 STRATEGY_KEYS = tuple(ParallelSpec.model_fields)
 
 
 def read_job_file(path: Path | None) -> dict[str, Any]:
-    """A job file holds model, frontend, cluster, num_gpus and strategy keys, at the top level or under
-    `strategy`."""
+    """A job file holds model, frontend, cluster, num_gpus, stack and strategy keys, at the top level or under
+    `strategy`. stack: a preset name, or a mapping {preset: NAME, behaviour: value ...}."""
     if path is None:
         return {}
     data = read_mapping(path)
@@ -49,8 +50,10 @@ def model_source(settings: dict[str, Any]) -> ModelSource:
 
 
 def job_from_settings(settings: dict[str, Any]) -> Job:
-    """settings: job-file keys merged with the flags that were given (None = not given)."""
+    """settings: job-file keys merged with the flags that were given (None = not given); `stack_overrides`
+    (behaviour -> value, from the flags) apply on top of the stack the settings name."""
     given = {key: value for key, value in settings.items() if value is not None}
+    stack = make_stack(given.pop("stack", None), given.pop("stack_overrides", None))
     check_choice("precision", given.get("precision"), PRECISIONS)
     check_choice("recompute", given.get("recompute"), RECOMPUTES)
     check_choice("schedule", given.get("schedule"), SCHEDULES)
@@ -67,6 +70,7 @@ def job_from_settings(settings: dict[str, Any]) -> Job:
     given.pop("frontend", None)
     for key, value in source.job_defaults().items():
         given.setdefault(key, value)
+    given.setdefault("attention", stack.attention)  # the stack's kernel unless the job names one
     model = source.model_spec()
     cluster = load_cluster(str(given.pop("cluster", DEFAULT_CLUSTER)))
     if "num_gpus" in given:
@@ -74,4 +78,4 @@ def job_from_settings(settings: dict[str, Any]) -> Job:
     if given.get("vpp", 1) > 1 and "schedule" not in given:
         given["schedule"] = "interleaved-1f1b"
     parallel = ParallelSpec.parse(given, "strategy")
-    return make_job(model, cluster, parallel)
+    return make_job(model, cluster, parallel, stack)

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from trainsim.cli.errors import handles_errors
+from trainsim.cli.stack_options import GIVEN_STACK, StackFlags, stack_options
 from trainsim.cli.strategy_options import GIVEN, StrategyFlags, strategy_options
 from trainsim.cost.pricing import COSTS
 from trainsim.errors import ConfigError
@@ -20,6 +21,7 @@ from trainsim.report.text import render_result
 
 @handles_errors
 @strategy_options()
+@stack_options()
 def predict(
     job_file: Annotated[Path | None, typer.Argument(help="YAML/JSON job file; flags override it")] = None,
     model: Annotated[str | None, typer.Option(help=MODEL_HELP)] = None,
@@ -28,6 +30,7 @@ def predict(
     cluster: Annotated[str | None, typer.Option(help="cluster preset or YAML file")] = None,
     num_gpus: Annotated[int | None, typer.Option(help="scale the cluster to this many GPUs")] = None,
     strategy_flags: StrategyFlags = GIVEN,  # --tp, --pp, ... --optimizer-impl: every ParallelSpec field
+    stack_flags: StackFlags = GIVEN_STACK,  # --stack NAME and one flag per stack behaviour
     engine: Annotated[str, typer.Option(help="estimator: " + ", ".join(ENGINES.names()))] = "analytical",
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     trace: Annotated[Path | None, typer.Option(help="write a Chrome/Perfetto trace (needs an engine that "
@@ -45,6 +48,9 @@ def predict(
     flags = dict(model=model, frontend=frontend, cluster=cluster, num_gpus=num_gpus, **strategy_flags)
     settings = read_job_file(job_file)
     settings.update({key: value for key, value in flags.items() if value is not None})
+    if stack_flags["stack"] is not None:
+        settings["stack"] = stack_flags["stack"]
+    settings["stack_overrides"] = stack_flags["overrides"]
     entry = ENGINES.get(engine)
     if (trace or explain) and not entry.timeline:
         raise ConfigError("engine", engine, "--trace and --explain need --engine sim (or replay, for traces)")

@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from trainsim.catalog import load_cluster
 from trainsim.cli.errors import handles_errors
+from trainsim.cli.stack_options import GIVEN_STACK, StackFlags, stack_options
 from trainsim.cli.strategy_options import GIVEN, StrategyFlags, strategy_options
 from trainsim.errors import ConfigError
 from trainsim.frontends.registry import FRONTENDS, MODEL_HELP, ModelSource
@@ -32,6 +33,7 @@ from trainsim.strategy.parallel import (
     ParallelSpec,
 )
 from trainsim.strategy.precision import PRECISIONS, Precision
+from trainsim.strategy.stack import StackSpec, make_stack
 
 HELP = """Search every plain strategy and rank the feasible ones by throughput (tokens/s).
 
@@ -50,7 +52,7 @@ def _check_positive(name: str, value: int | None) -> None:
 
 def _parse(source: ModelSource, cluster: str, num_gpus: int | None, global_batch: int | None,
            seq_len: int | None, precision: str | None, attention: str | None, optimizer_impl: str | None,
-           max_micro_batch: int, top_k: int) -> tuple[ModelSpec, ClusterSpec, SearchSpace]:
+           max_micro_batch: int, top_k: int, stack: StackSpec) -> tuple[ModelSpec, ClusterSpec, SearchSpace]:
     if global_batch is None:
         raise ConfigError("global_batch", None, "pass --global-batch N (sequences per optimizer step)")
     for name, value in (("num_gpus", num_gpus), ("global_batch", global_batch), ("seq_len", seq_len),
@@ -68,10 +70,10 @@ def _parse(source: ModelSource, cluster: str, num_gpus: int | None, global_batch
         cluster_spec = cluster_spec.with_num_gpus(num_gpus)
     defaults = ParallelSpec()
     prec = cast(Precision, precision) if precision is not None else defaults.precision
-    kernel = cast(AttentionKernel, attention) if attention is not None else defaults.attention
+    kernel = cast(AttentionKernel, attention) if attention is not None else stack.attention
     impl = cast(OptimizerImpl, optimizer_impl) if optimizer_impl is not None else defaults.optimizer_impl
     space = SearchSpace(global_batch=global_batch, seq_len=seq_len or defaults.seq_len, precision=prec,
-                        attention=kernel, optimizer_impl=impl, max_micro_batch=max_micro_batch)
+                        attention=kernel, optimizer_impl=impl, stack=stack, max_micro_batch=max_micro_batch)
     return model_spec, cluster_spec, space
 
 
@@ -96,6 +98,7 @@ SEARCH_FIELDS = ("global_batch", "seq_len", "precision", "attention", "optimizer
 
 @handles_errors
 @strategy_options(SEARCH_FIELDS, notes={"global_batch": "required here, > 0"}, defaults={"global_batch": "none"})
+@stack_options()
 def search(
     model: Annotated[str, typer.Option(help=MODEL_HELP)] = DEFAULT_MODEL,
     frontend: Annotated[str, typer.Option(help="front-end that reads --model: " + " | ".join(FRONTENDS.names()))
@@ -103,6 +106,7 @@ def search(
     cluster: Annotated[str, typer.Option(help="cluster preset or YAML file")] = DEFAULT_CLUSTER,
     num_gpus: Annotated[int | None, typer.Option(help="scale the cluster to this many GPUs")] = None,
     strategy_flags: StrategyFlags = GIVEN,  # SEARCH_FIELDS: what the search holds fixed
+    stack_flags: StackFlags = GIVEN_STACK,  # --stack NAME and one flag per stack behaviour
     top_k: Annotated[int, typer.Option(help="how many of the best plans to show")] = 10,
     max_micro_batch: Annotated[int, typer.Option(help="largest micro-batch tried")] = 16,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object, no progress bar")] = False,
@@ -111,7 +115,8 @@ def search(
     given = strategy_flags
     model_spec, cluster_spec, space = _parse(source, cluster, num_gpus, given.get("global_batch"),
                                              given.get("seq_len"), given.get("precision"), given.get("attention"),
-                                             given.get("optimizer_impl"), max_micro_batch, top_k)
+                                             given.get("optimizer_impl"), max_micro_batch, top_k,
+                                             make_stack(stack_flags["stack"], dict(stack_flags["overrides"])))
     show_progress = not as_json and sys.stderr.isatty()
     report = _run(source, model_spec, cluster_spec, space, top_k, show_progress)
     if as_json:

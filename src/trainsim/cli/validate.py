@@ -11,17 +11,21 @@ from rich.console import Console
 from rich.progress import Progress
 
 from trainsim.cli.errors import handles_errors
+from trainsim.cli.stack_options import GIVEN_STACK, StackFlags, stack_options
 from trainsim.estimate.engines import ENGINES
 from trainsim.frontends.registry import FRONTENDS
 from trainsim.report.validate import jobs_markdown, render_validate, validate_to_dict
+from trainsim.strategy.stack import StackSpec, make_stack
 from trainsim.validate.compare import by_job, compare, engine_choices, summaries
 from trainsim.validate.measured import read_measured
+from trainsim.validate.predict_runs import Restack
 from trainsim.validate.runs import read_runs
 
 FOLDER_DB = "profile.db"  # a measured folder's own profile database (trainsim measure --suite ... --profile-ops)
 
 
 @handles_errors
+@stack_options("training stack of every run (default: the one each row's source states, row_defaults.yaml)")
 def validate(
     runs_file: Annotated[Path, typer.Argument(help="CSV in the schema of shared/data/calibration/runs.csv, or a "
                                               "folder of runs measured by `trainsim measure`")],
@@ -37,9 +41,11 @@ def validate(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     markdown: Annotated[bool, typer.Option("--markdown", help="print the per-job table as Markdown")] = False,
     rows: Annotated[bool, typer.Option("--rows/--no-rows", help="print every row, not only the summary")] = True,
+    stack_flags: StackFlags = GIVEN_STACK,  # --stack NAME and the behaviour flags, over each row's stated stack
 ) -> None:
     """Predict every run; print predicted vs measured and the MAPE per engine, source and metric."""
     FRONTENDS.get(frontend)  # unknown names: one line listing the choices
+    restack = _restack(stack_flags["stack"], dict(stack_flags["overrides"]))
     folder = runs_file.is_dir()
     runs = read_measured(runs_file) if folder else read_runs(runs_file)
     if db is None and folder and (runs_file / FOLDER_DB).is_file():
@@ -49,7 +55,8 @@ def validate(
     quiet = as_json or markdown or not sys.stderr.isatty()
     with Progress(console=Console(stderr=True), transient=True, disable=quiet) as bar:
         task = bar.add_task("predicting runs", total=len(runs) * len(choices))
-        predictions = compare(runs, choices, db, progress=lambda: bar.advance(task), frontend=frontend)
+        predictions = compare(runs, choices, db, progress=lambda: bar.advance(task), frontend=frontend,
+                              restack=restack)
     summary = summaries(predictions)
     jobs = by_job(predictions) if folder else []
     if as_json:
@@ -58,6 +65,19 @@ def validate(
         typer.echo(jobs_markdown(jobs, list(predictions)))
     else:
         typer.echo(render_validate(predictions, summary, jobs, rows, terminal=sys.stdout.isatty()), nl=False)
+
+
+def _restack(name: str | None, overrides: dict[str, object]) -> Restack | None:
+    """--stack replaces every row's stack; the behaviour flags apply on top (the rows' attention kernels stay)."""
+    if name is None and not overrides:
+        return None
+    chosen = make_stack(name, overrides) if name is not None else None
+
+    def restack(stated: StackSpec) -> StackSpec:
+        return chosen if chosen is not None else make_stack(stated, overrides)
+
+    make_stack(name or "generic", overrides)  # bad names and values fail here, before any prediction
+    return restack
 
 
 def register(app: typer.Typer) -> None:

@@ -5,13 +5,14 @@ ranks by ZeRO stage (cost.memory.model_state_bytes).
 
 ZeRO-3 / FSDP: every layer-phase that uses a layer's weights (forward; recompute + backward) needs them
 all-gathered first, and every backward's gradients are reduce-scattered after it, on the gradient stream.
-Prefetch is a window: while layer-phase k runs the last `fsdp_overlap` fraction of its compute, the gradient
-stream gathers the weights of layer-phase k + 1 and reduce-scatters the gradients of layer-phase k - 1; the
-next layer-phase waits for both. With fsdp_overlap = 1 the next gather is issued when the current layer's
-compute starts (full prefetch); with 0 nothing overlaps. Per layer-phase this costs
-max(0, gather + scatter - overlap x compute) beyond the compute, the analytical engine's formula
-(cost.pricing.Pricer.fsdp_exposed_s), up to one layer-phase at the ends of the stage's work. NB: the window
-also hides behind the layer-phase's own feature collectives, which follow its compute in the chain.
+Prefetch (the stack's fsdp_prefetch_depth d >= 1): when layer-phase k's compute starts, the gradient stream
+reduce-scatters the gradients of layer-phase k - 1 and gathers the weights of layer-phase k + d (the first d
+are gathered at the start); the next layer-phase waits for its gather and for the scatter issued a window
+before. Without prefetch (d = 0) the window opens when layer-phase k's compute ends: layer-phase k + 1's gather
+is exposed, the reduce-scatter still runs beside the next compute. Per layer-phase, what does not fit under
+the compute is exposed, as the analytical engine's Pricer.fsdp_exposed_s counts it, up to one layer-phase at
+the ends of the stage's work. NB: the window also hides behind the layer-phase's own feature collectives,
+which follow its compute in the chain.
 Memory: a gather allocates the layer's unsharded weights when it starts; the layer-phase that used them frees
 them; a backward allocates the unsharded gradients, freed when their reduce-scatter ends.
 """
@@ -47,13 +48,14 @@ class FsdpNeed:
 class FsdpChain:
     """The gather / reduce-scatter tasks of one stage, issued by the layer-phases' windows."""
 
-    __slots__ = ("ctx", "gathers", "main_end", "needs", "overlap", "resources", "scatters", "w")
+    __slots__ = ("ahead", "ctx", "gathers", "main_end", "needs", "overlaps", "resources", "scatters", "w")
 
     def __init__(self, ctx: BuildContext, w: StageWriter, needs: list[FsdpNeed]) -> None:
         self.ctx = ctx
         self.w = w
         self.needs = needs
-        self.overlap = ctx.pricer.overlap("fsdp", ctx.job)
+        self.overlaps = ctx.job.cluster.device.comm_overlaps_compute
+        self.ahead = max(1, ctx.job.stack.fsdp_prefetch_depth)  # layer-phases a window gathers ahead
         self.resources = ctx.link_resources(ctx.layout("grad"), (w.stage,))
         self.gathers: dict[int, int] = {}  # layer-phase -> its gather tid
         self.scatters: dict[int, int] = {}  # layer-phase -> its reduce-scatter tid
@@ -66,9 +68,10 @@ class FsdpChain:
         return self.needs[k].scatter_params * self.ctx.policy.grad_bytes
 
     def start(self) -> None:
-        """The first layer-phase's gather: nothing before it to hide behind."""
-        if self.needs:
-            self._gather(0, ())
+        """The first layer-phases' gathers (as many as the prefetch runs ahead): nothing before them to hide
+        behind."""
+        for k in range(min(self.ahead, len(self.needs))):
+            self._gather(k, ())
 
     def before(self, k: int) -> None:
         """Layer-phase k waits for its gather and for the scatter issued in the same window."""
@@ -76,12 +79,12 @@ class FsdpChain:
         self.w.wait_for(*waits)
 
     def issue(self, k: int) -> None:
-        """Layer-phase k's window opens (deps: the chain's current last task): scatter k - 1, gather k + 1."""
+        """Layer-phase k's window opens (deps: the chain's current last task): scatter k - 1, gather k + ahead."""
         deps = (self.w.prev,) if self.w.prev >= 0 else ()
         if k >= 1:
             self._scatter(k - 1, deps)
-        if k + 1 < len(self.needs):
-            self._gather(k + 1, deps)
+        if k + self.ahead < len(self.needs):
+            self._gather(k + self.ahead, deps)
 
     def finish(self) -> list[int]:
         """After the last layer-phase: its own scatter. Returns the scatters the optimizer must wait for."""

@@ -12,6 +12,7 @@ from trainsim.catalog.model_files import parse_model
 from trainsim.errors import InputFileError, TrainsimError
 from trainsim.job import Job, make_job
 from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.stack import StackSpec, load_stack
 
 REQUIRED_COLUMNS = ("run_id", "source", "arch", "num_layers", "hidden", "num_heads", "seq_len", "gpu",
                     "num_gpus", "tp", "pp", "dp", "metric", "value")
@@ -110,9 +111,14 @@ def flops_convention_of(source: str) -> str | None:
     return row_defaults()["flops_convention_by_source"].get(source_group(source))
 
 
+def stack_of_row(fields: dict[str, str]) -> StackSpec:
+    """The training stack the row's source ran (row_defaults.yaml stack_by_source; else its `stack`)."""
+    defaults = row_defaults()
+    return load_stack(defaults["stack_by_source"].get(source_group(fields.get("source", "")), defaults["stack"]))
+
+
 def parallel_from_row(fields: dict[str, str]) -> dict[str, Any]:
     base = row_defaults()["strategy"]
-    stacks = row_defaults()["attention_by_source"]
     dp = _int(fields, "dp")
     micro = _int(fields, "micro_batch", base["micro_batch"])
     vpp = _int(fields, "vpp", base["vpp"])
@@ -126,8 +132,7 @@ def parallel_from_row(fields: dict[str, str]) -> dict[str, Any]:
         "recompute": fields.get("recompute") or base["recompute"],
         "precision": fields.get("precision") or base["precision"],
         "schedule": fields.get("schedule") or ("interleaved-1f1b" if vpp > 1 else "1f1b"),
-        "attention": fields.get("attention") or stacks.get(source_group(fields.get("source", "")),
-                                                           base["attention"]),
+        "attention": fields.get("attention") or stack_of_row(fields).attention,
         "optimizer_impl": fields.get("optimizer_impl") or base["optimizer_impl"],
     }
 
@@ -147,6 +152,7 @@ def job_from_row(fields: dict[str, str]) -> RunJob:
         update["gpus_per_node"] = gpus_per_node
         cluster = cluster.model_copy(update=update).with_num_gpus(_int(fields, "num_gpus"))
         model = parse_model(model_from_row(fields), "row model")
-        return RunJob(make_job(model, cluster, ParallelSpec.parse(parallel_from_row(fields))), None)
+        return RunJob(make_job(model, cluster, ParallelSpec.parse(parallel_from_row(fields)), stack_of_row(fields)),
+                      None)
     except (TrainsimError, ValueError) as exc:
         return RunJob(None, str(exc))

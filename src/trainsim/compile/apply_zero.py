@@ -48,7 +48,8 @@ class FsdpNeed:
 class FsdpChain:
     """The gather / reduce-scatter tasks of one stage, issued by the layer-phases' windows."""
 
-    __slots__ = ("ahead", "ctx", "gathers", "main_end", "needs", "overlaps", "resources", "scatters", "w")
+    __slots__ = ("ahead", "bucket", "ctx", "gathers", "group", "main_end", "needs", "overlaps", "resources",
+                 "scatters", "w")
 
     def __init__(self, ctx: BuildContext, w: StageWriter, needs: list[FsdpNeed]) -> None:
         self.ctx = ctx
@@ -60,6 +61,10 @@ class FsdpChain:
         self.gathers: dict[int, int] = {}  # layer-phase -> its gather tid
         self.scatters: dict[int, int] = {}  # layer-phase -> its reduce-scatter tid
         self.main_end: dict[int, int] = {}  # layer-phase -> its last compute tid
+        # fsdp_bucket_params > 0 (prefetching): gradients wait in a bucket until it holds that many parameters
+        # or the micro-batch's backward ends (DeepSpeed ZeRO-3's reduce_bucket_size), then reduce-scatter at once
+        self.bucket = ctx.job.stack.fsdp_bucket_params if ctx.job.stack.fsdp_prefetch_depth > 0 else 0.0
+        self.group: list[int] = []  # layer-phases whose gradients wait in the bucket
 
     def gathered_bytes(self, k: int) -> float:
         return self.needs[k].gather_params * self.ctx.policy.weight_bytes
@@ -82,7 +87,7 @@ class FsdpChain:
         """Layer-phase k's window opens (deps: the chain's current last task): scatter k - 1, gather k + ahead."""
         deps = (self.w.prev,) if self.w.prev >= 0 else ()
         if k >= 1:
-            self._scatter(k - 1, deps)
+            self._bucket(k - 1, deps, flush=self.needs[k].micro_batch != self.needs[k - 1].micro_batch)
         if k + self.ahead < len(self.needs):
             self._gather(k + self.ahead, deps)
 
@@ -91,8 +96,20 @@ class FsdpChain:
         last = len(self.needs) - 1
         if last < 0:
             return []
-        self._scatter(last, (self.main_end[last],))
-        return [tid for k, tid in self.scatters.items() if k >= last - 1]
+        self._bucket(last, (self.main_end[last],), flush=True)
+        return list(dict.fromkeys(tid for k, tid in self.scatters.items() if k >= last - 1))
+
+    def _bucket(self, k: int, deps: tuple[int, ...], flush: bool) -> None:
+        """Layer-phase k's gradients: reduce-scattered now, or into the bucket (sent when full or flushed)."""
+        if self.bucket <= 0.0:
+            self._scatter(k, deps)
+            return
+        if self.needs[k].scatter_params > 0.0:
+            self.group.append(k)
+        params = sum(self.needs[i].scatter_params for i in self.group)
+        if self.group and (flush or params >= self.bucket):
+            self._scatter_group(self.group, deps)
+            self.group = []
 
     def _gather(self, k: int, deps: tuple[int, ...]) -> None:
         need = self.needs[k]
@@ -107,13 +124,17 @@ class FsdpChain:
         self.gathers[k] = task.tid
 
     def _scatter(self, k: int, deps: tuple[int, ...]) -> None:
-        need = self.needs[k]
-        if need.scatter_params <= 0.0:
-            return
-        size = self.grad_bytes(k)
-        task = self.ctx.add(name=f"fsdp reduce-scatter mb{need.micro_batch} {need.label}", device=self.w.stage,
+        if self.needs[k].scatter_params > 0.0:
+            self._scatter_group([k], deps)
+
+    def _scatter_group(self, group: list[int], deps: tuple[int, ...]) -> None:
+        need = self.needs[group[-1]]
+        size = sum(self.grad_bytes(k) for k in group)
+        label = need.label if len(group) == 1 else f"{self.needs[group[0]].label}..{need.label}"
+        task = self.ctx.add(name=f"fsdp reduce-scatter mb{need.micro_batch} {label}", device=self.w.stage,
                             stream="gradient", kind="comm",
                             duration_s=self.ctx.collective_s("reduce-scatter", size, "grad"), deps=deps,
                             phase="comm", category="dp_comm", layer=need.label, micro_batch=need.micro_batch,
                             resources=self.resources, free_bytes=size, priority=1)
-        self.scatters[k] = task.tid
+        for k in group:
+            self.scatters[k] = task.tid

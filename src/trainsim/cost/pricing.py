@@ -145,7 +145,7 @@ class Pricer:
         self._stage_keys: dict[int, int] = {}  # id of a stage of self.stages() -> the number of its content
         self._stage_numbers: dict[StageKey, int] = {}
         self._stage_costs: dict[tuple[object, ...], StageCost] = {}
-        self._stage_work_s: dict[tuple[object, ...], tuple[float, float, dict[str, float]]] = {}
+        self._stage_work_s: dict[tuple[object, ...], tuple[float, float, float, dict[str, float]]] = {}
         self._stage_extra_s: dict[tuple[object, ...], float] = {}  # recompute and ZeRO-3 seconds of a stage
         self._stage_params: dict[object, float] = {}
         self._stage_ops: dict[object, tuple[int, int]] = {}
@@ -339,6 +339,8 @@ class Pricer:
         forward, backward, wgrad, feature_comm = self._stage_work(stage, job)
         recompute = self._stage_recompute_s(stage, job)
         fsdp = self._stage_fsdp_s(stage, job) if par.zero >= 3 else 0.0
+        if par.zero >= 3 and self._fsdp_bucketed(job):
+            fsdp += self.fsdp_bucket_tail_s(stage, backward, job)
         comm = dict(feature_comm)
         if par.pp > 1:
             comm["pp"] = self.pipeline_send_s(stage, job)
@@ -443,7 +445,22 @@ class Pricer:
         if job.stack.fsdp_prefetch_depth == 0 or not job.cluster.device.comm_overlaps_compute:
             return 2.0 * gather + scatter
         gamma = self.overlap_slowdown(job)
+        if self._fsdp_bucketed(job):  # the gradients go in buckets (fsdp_bucket_tail_s)
+            scatter = 0.0
         return overlapped_s(gather, cost.fwd_s, gamma) + overlapped_s(gather + scatter, cost.bwd_s, gamma)
+
+    def _fsdp_bucketed(self, job: Job) -> bool:
+        stack = job.stack
+        return stack.fsdp_bucket_params > 0.0 and stack.fsdp_prefetch_depth > 0 and \
+            job.cluster.device.comm_overlaps_compute
+
+    def fsdp_bucket_tail_s(self, stage: list[StagePart], backward_s: float, job: Job) -> float:
+        """ZeRO-3 with gradient buckets (fsdp_bucket_params): per micro-batch, the stage's reduce-scatters in
+        buckets as the backward pass fills them (stack_effects.bucketed_s); the last one is exposed."""
+        params = self.stage_params(stage)
+        scatter = self.axis_collective_s("reduce-scatter", params * policy_for(job.parallel.precision).grad_bytes,
+                                         "grad", job)
+        return bucketed_s(scatter, backward_s, params / job.stack.fsdp_bucket_params, self.overlap_slowdown(job))
 
     def gradient_sync_exposed_s(self, stage: list[StagePart], cost: StageCost, job: Job) -> float:
         """DP gradient reduction (ZeRO 0: all-reduce; 1-2: reduce-scatter, then the parameter all-gather of the

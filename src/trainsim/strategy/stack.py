@@ -39,6 +39,9 @@ class StackSpec(Spec):
                                     "ranks and all-gathered over NVLink (Megatron-LM scatter-gather)")
     fsdp_prefetch_depth: int = Field(default=1, ge=0, le=64, description="ZeRO-3 / FSDP: layers whose parameter "
                                      "all-gather may run ahead of the layer computing (0 = no prefetch)")
+    fsdp_bucket_params: float = Field(default=0.0, ge=0, le=1e13, description="ZeRO-3 / FSDP: gradients "
+                                      "reduce-scattered in buckets of this many parameters (0 = each layer's "
+                                      "own, as FSDP wraps blocks)")
     fused_layernorm_linear: bool = Field(default=True, description="LayerNorm fused with the next GEMM's input "
                                          "cast (fp8: no separate cast kernel)")
     fused_bias_activation: bool = Field(default=True, description="activation fused with its bias add / gate")

@@ -128,3 +128,19 @@ def test_sim_agrees_with_analytical_per_gradient_behaviour(stack: StackSpec) -> 
         expected = AnalyticalEstimator(pricer).estimate(job, graph_for(job)).iteration_time_s
         got = SimEstimator(pricer, overlap=False, sharing=False).estimate(job, graph_for(job)).iteration_time_s
         assert got == pytest.approx(expected, rel=0.02)
+
+
+def test_zero3_gradient_buckets_leave_the_last_bucket_exposed() -> None:
+    pricer = Pricer(Calibration())
+    plain = _job(2, StackSpec(), zero=3, global_batch=2)
+    bucketed = _job(2, StackSpec(fsdp_bucket_params=1e12), zero=3, global_batch=2)  # one bucket: all at the end
+    stage = pricer.partition(graph_for(plain), 1).stages[0]
+    scatter = pricer.axis_collective_s("reduce-scatter", pricer.stage_params(stage) * 2, "grad", bucketed)
+    cost = pricer.stage_cost(stage, bucketed)
+    assert pricer.fsdp_bucket_tail_s(stage, cost.backward_s, bucketed) == scatter
+    no_scatter = sum(layer.count * pricer.fsdp_exposed_s(layer, pricer.layer_cost(layer, bucketed), bucketed)
+                     for layer in graph_for(bucketed).layers)
+    assert cost.fsdp_exposed_s == pytest.approx(no_scatter + scatter, rel=1e-12)
+    analytical = AnalyticalEstimator(pricer).estimate(bucketed, graph_for(bucketed)).iteration_time_s
+    sim = SimEstimator(pricer, overlap=False, sharing=False).estimate(bucketed, graph_for(bucketed)).iteration_time_s
+    assert sim == pytest.approx(analytical, rel=0.02)

@@ -1,5 +1,7 @@
 """Training stacks: presets, overrides, bad names, the job-file key and the CLI flags."""
 
+import json
+
 import pytest
 from typer.testing import CliRunner
 
@@ -61,9 +63,36 @@ def test_cli_stack_flags_and_unknown_name_exit_2() -> None:
     runner = CliRunner()
     bad = runner.invoke(app, ["predict", "--stack", "nope"])
     assert bad.exit_code == 2 and "choose one of:" in bad.output and "Traceback" not in bad.output
-    ok = runner.invoke(app, ["predict", "--num-gpus", "16", "--stack", "fsdp", "--zero", "3",
-                             "--fsdp-prefetch-depth", "0", "--json"])
-    assert ok.exit_code == 0, ok.output
-    none = runner.invoke(app, ["predict", "--num-gpus", "16", "--stack", "fsdp", "--zero", "3", "--json"])
-    assert '"iteration_time_s"' in none.output
-    assert BEHAVIOURS[0] == "grad_reduce_overlap"
+    times = []
+    for extra in (["--fsdp-prefetch-depth", "0"], []):
+        run = runner.invoke(app, ["predict", "--num-gpus", "16", "--stack", "fsdp", "--zero", "3", "--json", *extra])
+        assert run.exit_code == 0, run.output
+        times.append(json.loads(run.output)["iteration_time_s"])
+    assert times[0] > times[1]  # without prefetch every gather is exposed
+    assert "cuda_graphs" in BEHAVIOURS and "name" not in BEHAVIOURS
+
+
+def test_validate_restack_replaces_or_adjusts_each_rows_stack() -> None:
+    from trainsim.cli.validate import _restack
+
+    assert _restack(None, {}) is None
+    adjust = _restack(None, {"cuda_graphs": True})
+    assert adjust is not None
+    adjusted = adjust(load_stack("fsdp"))
+    assert adjusted.cuda_graphs and adjusted.name == "fsdp" and adjusted.fused_cross_entropy
+    replace = _restack("ddp", {})
+    assert replace is not None and replace(load_stack("fsdp")) == load_stack("ddp")
+    with pytest.raises(ConfigError, match="choose one of"):
+        _restack("nope", {})
+
+
+def test_calibration_rows_run_on_their_sources_stack() -> None:
+    from trainsim.validate.runs import stack_of_row
+
+    assert stack_of_row({"source": "VIA-Research/vTrain data/ground_truth_single.csv row 1"}).name == \
+        "megatron-deepspeed"
+    assert stack_of_row({"source": "mosaicml/llm-foundry README"}).name == "fsdp"
+    assert stack_of_row({"source": "pytorch/torchtitan docs"}).name == "fsdp2"
+    assert stack_of_row({"source": "NVIDIA/NeMo docs"}).name == "megatron-core"
+    assert stack_of_row({"source": "NVIDIA-NeMo/Megatron-Bridge docs"}).name == "megatron-core"
+    assert stack_of_row({"source": "someone else"}).name == "generic"

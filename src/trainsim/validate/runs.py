@@ -112,9 +112,11 @@ def flops_convention_of(source: str) -> str | None:
 
 
 def stack_of_row(fields: dict[str, str]) -> StackSpec:
-    """The training stack the row's source ran (row_defaults.yaml stack_by_source; else its `stack`)."""
+    """The training stack the row's run ran (row_defaults.yaml: stack_by_run, else stack_by_source, else
+    `stack`)."""
     defaults = row_defaults()
-    return load_stack(defaults["stack_by_source"].get(source_group(fields.get("source", "")), defaults["stack"]))
+    by_source = defaults["stack_by_source"].get(source_group(fields.get("source", "")), defaults["stack"])
+    return load_stack(defaults["stack_by_run"].get(fields.get("run_id", ""), by_source))
 
 
 def parallel_from_row(fields: dict[str, str]) -> dict[str, Any]:

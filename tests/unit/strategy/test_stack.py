@@ -96,3 +96,4 @@ def test_calibration_rows_run_on_their_sources_stack() -> None:
     assert stack_of_row({"source": "NVIDIA/NeMo docs"}).name == "megatron-core"
     assert stack_of_row({"source": "NVIDIA-NeMo/Megatron-Bridge docs"}).name == "megatron-core"
     assert stack_of_row({"source": "someone else"}).name == "generic"
+    assert stack_of_row({"source": "pytorch/torchtitan docs", "run_id": "tt2412_t2_cp1"}).name == "fsdp2-compile"

@@ -30,7 +30,7 @@ TINY = parse_model({"name": "tiny-gpt", "num_layers": 4, "hidden": 1024, "ffn_hi
                     "vocab": 32000, "max_seq_len": 1024})
 
 
-def _job(num_gpus: int, stack: StackSpec | None = None, **strategy: object) -> Job:
+def _job(num_gpus: int, *, stack: StackSpec | None = None, **strategy: object) -> Job:
     par = ParallelSpec.parse({"micro_batch": 1, "seq_len": 1024, **strategy})
     return make_job(TINY, a100_cluster(num_gpus), par, stack)
 
@@ -85,7 +85,7 @@ def test_fsdp_without_overlap_serializes_gathers_and_scatters() -> None:
     so the iteration is compute + m x sum over layers of (2 gathers + 1 reduce-scatter) + the optimizer step."""
     cal = Calibration()
     sim = _sim(cal)
-    job = _job(2, StackSpec(fsdp_prefetch_depth=0), zero=3, global_batch=4)  # dp=2, m=2
+    job = _job(2, stack=StackSpec(fsdp_prefetch_depth=0), zero=3, global_batch=4)  # dp=2, m=2
     est = sim.pricer
     f, b = _stage_times(est, job)
     layout = job.cluster.group_layout(2, 1)
@@ -105,8 +105,8 @@ def test_fsdp_without_overlap_serializes_gathers_and_scatters() -> None:
 
 
 def test_fsdp_prefetch_hides_gathers_under_compute() -> None:
-    exposed_job = _job(2, StackSpec(fsdp_prefetch_depth=0), zero=3, global_batch=4)
-    hidden_job = _job(2, StackSpec(fsdp_prefetch_depth=1), zero=3, global_batch=4)
+    exposed_job = _job(2, stack=StackSpec(fsdp_prefetch_depth=0), zero=3, global_batch=4)
+    hidden_job = _job(2, stack=StackSpec(fsdp_prefetch_depth=1), zero=3, global_batch=4)
     exposed = _sim().estimate(exposed_job, graph_for(exposed_job)).iteration_time_s
     hidden = _sim().estimate(hidden_job, graph_for(hidden_job)).iteration_time_s
     assert hidden < exposed
@@ -117,7 +117,7 @@ def test_gradient_buckets_without_overlap_follow_the_backward_pass() -> None:
     cal = Calibration()
     sim = _sim(cal)
     stack = StackSpec(grad_reduce_overlap=False)
-    job = _job(4, stack, global_batch=8)  # dp=4, m=2
+    job = _job(4, stack=stack, global_batch=8)  # dp=4, m=2
     result = sim.estimate(job, graph_for(job))
     graph, outcome = _timeline(result).exec_graph, _timeline(result).outcome
     buckets = [t for t in graph.tasks if t.category == "dp_comm"]
@@ -160,7 +160,7 @@ def _check_graph(graph: ExecGraph) -> None:
 ], ids=["tp", "interleaved", "gpipe-full", "zero3", "zb-h1", "sp"])
 @pytest.mark.parametrize("level", ["layer", "op"])
 def test_graphs_are_well_formed_and_op_level_agrees(strategy: dict[str, object], level: str) -> None:
-    job = _job(8, **strategy)
+    job = make_job(TINY, a100_cluster(8), ParallelSpec.parse({"micro_batch": 1, "seq_len": 1024, **strategy}))
     sim = _sim(task_level=level)
     result = sim.estimate(job, graph_for(job))
     _check_graph(_timeline(result).exec_graph)

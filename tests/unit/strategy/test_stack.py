@@ -38,7 +38,7 @@ def test_overrides_apply_one_by_one_on_a_preset() -> None:
 
 
 def test_bad_stack_names_and_behaviours_are_one_line_errors() -> None:
-    with pytest.raises(ConfigError, match="choose one of: ddp, deepspeed-zero, fsdp, fsdp2, fsdp2-compile, generic, megatron-core"):
+    with pytest.raises(ConfigError, match="choose one of: ddp, deepspeed-zero, fsdp, fsdp2, fsdp2-compile, generic"):
         load_stack("megatron")
     with pytest.raises(ConfigError, match="unknown behaviour"):
         make_stack({"preset": "fsdp", "overlap_everything": True})

@@ -1,11 +1,12 @@
 """A job: model + cluster + strategy, resolved (dp and global batch filled in) and checked for consistency."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trainsim.errors import ConfigError
 from trainsim.hardware.cluster import ClusterSpec
 from trainsim.ir.model_spec import ModelSpec, TransformerSpec
 from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.stack import StackSpec
 from trainsim.strategy.stages import is_even_split, virtual_stage_blocks
 
 
@@ -14,6 +15,7 @@ class Job:
     model: ModelSpec
     cluster: ClusterSpec
     parallel: ParallelSpec
+    stack: StackSpec = field(default_factory=StackSpec)  # the training software (default: generic)
 
     @property
     def num_gpus(self) -> int:
@@ -24,11 +26,13 @@ class Job:
         return self.parallel.global_batch * self.parallel.seq_len
 
     def describe(self) -> str:
-        return f"{self.model.name} on {self.cluster.name} ({self.num_gpus} GPUs): {self.parallel.describe()}"
+        stack = f" stack={self.stack.name}" if self.stack.name != "generic" else ""
+        return f"{self.model.name} on {self.cluster.name} ({self.num_gpus} GPUs): {self.parallel.describe()}{stack}"
 
 
-def make_job(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelSpec) -> Job:
-    """Infer dp and the global batch where left out, then refuse every inconsistent combination."""
+def make_job(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelSpec, stack: StackSpec | None = None) -> Job:
+    """Infer dp and the global batch where left out, then refuse every inconsistent combination. stack: the
+    training software (default: generic)."""
     par = _resolve_dp(parallel, cluster.num_gpus)
     if par.global_batch == 0:
         par = par.model_copy(update={"global_batch": par.dp * par.micro_batch})
@@ -37,7 +41,7 @@ def make_job(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelSpec) -> 
         _check_transformer(model, par)
     else:
         _check_non_transformer(model.kind, par)
-    return Job(model, cluster, par)
+    return Job(model, cluster, par, stack or StackSpec())
 
 
 def _resolve_dp(par: ParallelSpec, num_gpus: int) -> ParallelSpec:

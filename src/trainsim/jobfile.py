@@ -12,17 +12,19 @@ from trainsim.ir.model_spec import ModelSpec
 from trainsim.job import Job, make_job
 from trainsim.strategy.parallel import ATTENTION_KERNELS, OPTIMIZER_IMPLS, RECOMPUTES, SCHEDULES, ParallelSpec
 from trainsim.strategy.precision import PRECISIONS
+from trainsim.strategy.stack import make_stack
 
 DEFAULT_MODEL = "gpt3-1.3b"
 DEFAULT_CLUSTER = "dgx-a100-80gb"
-JOB_KEYS = ("model", "frontend", "cluster", "num_gpus", "calibration")
+JOB_KEYS = ("model", "frontend", "cluster", "num_gpus", "calibration", "stack")
 STRATEGY_KEYS = tuple(ParallelSpec.model_fields)
 MODEL_SPEC_TYPES: tuple[type, ...] = get_args(get_args(ModelSpec)[0])  # the kinds of model ModelSpec unites
 
 
 def read_job_file(path: Path | None) -> dict[str, Any]:
     """A job file holds model, frontend, cluster, num_gpus, calibration (a file from `trainsim calibrate
-    --output`, relative to the job file) and strategy keys, at the top level or under `strategy`."""
+    --output`, relative to the job file), stack (a preset name, or a mapping {preset: NAME, behaviour: value ...})
+    and strategy keys, at the top level or under `strategy`."""
     if path is None:
         return {}
     data = read_mapping(path)
@@ -70,8 +72,10 @@ def model_source(settings: dict[str, Any]) -> ModelSource:
 
 def job_from_settings(settings: dict[str, Any]) -> Job:
     """settings: job-file keys merged with the flags that were given (None = not given). `model` may be a
-    ModelSpec and `cluster` a ClusterSpec (the Python API passes objects through)."""
+    ModelSpec and `cluster` a ClusterSpec (the Python API passes objects through); `stack_overrides` (behaviour
+    -> value, from the flags) apply on top of the stack the settings name."""
     given = {key: value for key, value in settings.items() if value is not None}
+    stack = make_stack(given.pop("stack", None), given.pop("stack_overrides", None))
     check_choice("precision", given.get("precision"), PRECISIONS)
     check_choice("recompute", given.get("recompute"), RECOMPUTES)
     check_choice("schedule", given.get("schedule"), SCHEDULES)
@@ -94,6 +98,7 @@ def job_from_settings(settings: dict[str, Any]) -> Job:
         for key, value in source.job_defaults().items():
             given.setdefault(key, value)
         model = source.model_spec()
+    given.setdefault("attention", stack.attention)  # the stack's kernel unless the job names one
     named = given.pop("cluster", DEFAULT_CLUSTER)
     cluster = named if isinstance(named, ClusterSpec) else load_cluster(str(named))
     if "num_gpus" in given:
@@ -101,4 +106,4 @@ def job_from_settings(settings: dict[str, Any]) -> Job:
     if given.get("vpp", 1) > 1 and "schedule" not in given:
         given["schedule"] = "interleaved-1f1b"
     parallel = ParallelSpec.parse(given, "strategy")
-    return make_job(model, cluster, parallel)
+    return make_job(model, cluster, parallel, stack)

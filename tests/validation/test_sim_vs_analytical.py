@@ -4,7 +4,7 @@
 Both engines price the same work with the same cost models; the simulator composes it by running the
 schedule. What remains between them, by design (measured maximum 1.6%, on pp=1 dp=8 runs):
 - the last data-parallel bucket: the simulator's buckets hold whole layers (the embedding alone can exceed
-  BUCKET_BYTES), the analytical engine takes total / (gradient bytes / BUCKET_BYTES);
+  the stack's grad_bucket_params), the analytical engine takes total / (parameters / grad_bucket_params);
 - the end stages of a pipeline send in one direction only, where the analytical engine charges every stage
   2 v sends per micro-batch;
 - ZeRO-3 and the data-parallel window: edge effects of one layer-phase at the ends of a stage's work.

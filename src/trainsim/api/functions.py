@@ -42,9 +42,13 @@ from trainsim.strategy.parallel import (
     Schedule,
 )
 from trainsim.strategy.precision import PRECISIONS, Precision
+from trainsim.strategy.stack import StackSpec, make_stack
+
+StackArg = str | Mapping[str, Any] | StackSpec | None  # a preset name, {preset: NAME, behaviour: value}, a spec
 
 if TYPE_CHECKING:  # NB: the compiler loads with the engines that simulate, not with every prediction
     from trainsim.compile.context import TaskLevel
+    from trainsim.validate.predict_runs import Restack
 
 ModelArg = str | Path | ModelSpec
 ClusterArg = str | Path | ClusterSpec
@@ -77,7 +81,8 @@ def predict(model: ModelArg | None = None, cluster: ClusterArg | None = None, nu
             job_file: str | Path | None = None, strategy: ParallelSpec | Mapping[str, Any] | None = None,
             frontend: str | None = None, engine: str = "analytical", costs: str = "roofline",
             db: str | Path | None = None, task_level: "TaskLevel" = "layer", tree: str | Path | None = None,
-            calibration: str | Path | None = None, **flags: Unpack[Strategy]) -> Prediction:
+            calibration: str | Path | None = None, stack: "StackArg" = None,
+            stack_overrides: Mapping[str, Any] | None = None, **flags: Unpack[Strategy]) -> Prediction:
     """Predict one training job: iteration time, throughput, MFU, peak memory and where the time goes.
 
     model: a catalog name, a model YAML, a Hugging Face config.json or folder (or FILE.py:factory and traces with
@@ -86,8 +91,10 @@ def predict(model: ModelArg | None = None, cluster: ClusterArg | None = None, nu
     mapping of its fields; `flags` (tp=2, micro_batch=4, ...) override it. engine: analytical, sim,
     precision-aware, replay; costs: roofline or profiled (with db, a `trainsim profile` database);
     tree: a strategy-tree YAML (engine sim); calibration: a file written by `trainsim calibrate --output` (default:
-    the job file's `calibration:`, else the package's fit). Defaults are the command line's: gpt3-1.3b on
-    dgx-a100-80gb.
+    the job file's `calibration:`, else the package's fit); stack: the training stack (a preset name such as
+    megatron-core or fsdp2, a mapping {preset: NAME, behaviour: value ...}, or a StackSpec; default: the job
+    file's, else generic), stack_overrides: behaviour -> value on top of it. Defaults are the command line's:
+    gpt3-1.3b on dgx-a100-80gb.
 
     >>> import trainsim
     >>> r = trainsim.predict(model="gpt3-125m", num_gpus=8, tp=2, global_batch=64, seq_len=1024)
@@ -105,6 +112,9 @@ def predict(model: ModelArg | None = None, cluster: ClusterArg | None = None, nu
                              **flags}
     settings.update({key: (str(value) if isinstance(value, Path) else value)
                      for key, value in given.items() if value is not None})
+    if stack is not None:
+        settings["stack"] = stack
+    settings["stack_overrides"] = dict(stack_overrides or {})
     job = job_from_settings(settings)
     cal = read_calibration(Path(calibration) if calibration is not None else settings.get("calibration"))
     estimator = make_engine(engine, costs, Path(db) if db is not None else None, task_level, cal)
@@ -122,7 +132,8 @@ def simulate(model: ModelArg | None = None, cluster: ClusterArg | None = None, n
              job_file: str | Path | None = None, strategy: ParallelSpec | Mapping[str, Any] | None = None,
              frontend: str | None = None, costs: str = "roofline", db: str | Path | None = None,
              task_level: "TaskLevel" = "layer", tree: str | Path | None = None,
-             calibration: str | Path | None = None, **flags: Unpack[Strategy]) -> Prediction:
+             calibration: str | Path | None = None, stack: "StackArg" = None,
+             stack_overrides: Mapping[str, Any] | None = None, **flags: Unpack[Strategy]) -> Prediction:
     """predict(..., engine="sim"): the event simulation of one iteration, whose Prediction carries the timeline
     (per stage and stream), the memory over the iteration, a Chrome/Perfetto trace (write_trace) and the
     critical path (explain).
@@ -134,7 +145,7 @@ def simulate(model: ModelArg | None = None, cluster: ClusterArg | None = None, n
     """
     return predict(model, cluster, num_gpus, job_file=job_file, strategy=strategy, frontend=frontend,
                    engine="sim", costs=costs, db=db, task_level=task_level, tree=tree, calibration=calibration,
-                   **flags)
+                   stack=stack, stack_overrides=stack_overrides, **flags)
 
 
 def search(model: ModelArg = DEFAULT_MODEL, cluster: ClusterArg = DEFAULT_CLUSTER, num_gpus: int | None = None, *,
@@ -143,7 +154,8 @@ def search(model: ModelArg = DEFAULT_MODEL, cluster: ClusterArg = DEFAULT_CLUSTE
            top_k: int = 10, max_micro_batch: int = 16, all_plans: bool = False,
            objective: str = "throughput", tokens: float | None = None, price_per_gpu_hour: float | None = None,
            min_headroom_gib: float | None = None, progress: Callable[[int, int], None] | None = None,
-           calibration: str | Path | None = None) -> SearchResult:
+           calibration: str | Path | None = None, stack: "StackArg" = None,
+           stack_overrides: Mapping[str, Any] | None = None) -> SearchResult:
     """Try every plain strategy (tp, pp, dp, vpp, micro-batch, recompute, ZeRO, sp) for a model, a cluster size
     and a global batch; rank the feasible plans by tokens/s and count why the others were refused.
 
@@ -151,7 +163,9 @@ def search(model: ModelArg = DEFAULT_MODEL, cluster: ClusterArg = DEFAULT_CLUSTE
     objective: throughput | time-to-train | cost | memory-headroom (api.objectives: for a fixed cluster size
     time and cost rank as throughput, and add their numbers: tokens to train, price per GPU-hour);
     min_headroom_gib: refuse plans leaving less memory free; progress(done, total) is called as plans are tried;
-    calibration: a file written by `trainsim calibrate --output` (default: the package's fit).
+    calibration: a file written by `trainsim calibrate --output` (default: the package's fit); stack and
+    stack_overrides: the training stack every plan runs on, as predict takes them (its attention kernel is the
+    default one).
 
     >>> import trainsim
     >>> s = trainsim.search(model="gpt3-125m", num_gpus=8, global_batch=32, seq_len=512, top_k=3)
@@ -179,11 +193,12 @@ def search(model: ModelArg = DEFAULT_MODEL, cluster: ClusterArg = DEFAULT_CLUSTE
     if num_gpus is not None:
         cluster_spec = cluster_spec.with_num_gpus(num_gpus)
     defaults = ParallelSpec()
+    stack_spec = make_stack(stack, dict(stack_overrides or {}))
     space = SearchSpace(global_batch=global_batch, seq_len=seq_len or defaults.seq_len,
                         precision=cast(Precision, precision or defaults.precision),
-                        attention=cast(AttentionKernel, attention or defaults.attention),
+                        attention=cast(AttentionKernel, attention or stack_spec.attention),
                         optimizer_impl=cast(OptimizerImpl, optimizer_impl or defaults.optimizer_impl),
-                        max_micro_batch=max_micro_batch)
+                        stack=stack_spec, max_micro_batch=max_micro_batch)
     planner = Planner(make_engine("analytical", calibration=read_calibration(
         Path(calibration) if calibration is not None else None)), graphs=graphs)
     report = planner.search(model_spec, cluster_spec, space, top_k=top_k, progress=progress)
@@ -208,14 +223,16 @@ def search(model: ModelArg = DEFAULT_MODEL, cluster: ClusterArg = DEFAULT_CLUSTE
 
 def validate(runs: str | Path, *, engine: str | None = None, costs: str | None = None, db: str | Path | None = None,
              frontend: str = "catalog", progress: Callable[[int, int], None] | None = None,
-             calibration: str | Path | None = None) -> ValidationResult:
+             calibration: str | Path | None = None, stack: "StackArg" = None,
+             stack_overrides: Mapping[str, Any] | None = None) -> ValidationResult:
     """Predict measured runs (a runs.csv in the schema of shared/data/calibration/runs.csv, or a folder written
     by `trainsim measure`) with one or more engines; the error per run and the MAPE per engine, source and metric.
 
     engine: comma-separated engines or "all" (default: all for a folder, analytical for a CSV); costs:
     roofline | profiled | both (default: both with a profile database - db, or FOLDER/profile.db - else
     roofline). progress(done, total) is called after every prediction. calibration: a file written by
-    `trainsim calibrate --output` (default: the package's fit).
+    `trainsim calibrate --output` (default: the package's fit). stack: replaces every run's stated stack;
+    stack_overrides: behaviours set on top of each run's stack (the runs' attention kernels stay).
     """
     from trainsim.validate.compare import by_job, compare, engine_choices, summaries
     from trainsim.validate.measured import read_measured
@@ -223,6 +240,7 @@ def validate(runs: str | Path, *, engine: str | None = None, costs: str | None =
 
     FRONTENDS.get(frontend)  # unknown names: one line listing the choices
     cal = read_calibration(Path(calibration) if calibration is not None else None)
+    restack = _restack(stack, dict(stack_overrides or {}))
     path = Path(runs)
     folder = path.is_dir()
     rows = read_measured(path) if folder else read_runs(path)
@@ -238,11 +256,26 @@ def validate(runs: str | Path, *, engine: str | None = None, costs: str | None =
         if progress is not None:
             progress(done[0], total)
 
-    predictions = compare(rows, choices, database, progress=advance, frontend=frontend, calibration=cal)
+    predictions = compare(rows, choices, database, progress=advance, frontend=frontend, calibration=cal,
+                          restack=restack)
     summary = summaries(predictions)
     jobs = by_job(predictions) if folder else []
     data = validate_to_dict(predictions, str(database) if database else None, summary, jobs)
     return ValidationResult.model_validate({"schema": ValidationResult._tag().model_dump(), **data})
+
+
+def _restack(stack: "StackArg", overrides: dict[str, Any]) -> "Restack | None":
+    """A stack replaces every run's stack; the behaviour overrides apply on top (the runs' attention kernels
+    stay). Bad names and values fail here, before any prediction."""
+    if stack is None and not overrides:
+        return None
+    make_stack(stack, overrides)
+    chosen = make_stack(stack, overrides) if stack is not None else None
+
+    def restack(stated: StackSpec) -> StackSpec:
+        return chosen if chosen is not None else make_stack(stated, overrides)
+
+    return restack
 
 
 def _strategy_settings(strategy: ParallelSpec | Mapping[str, Any] | None) -> dict[str, Any]:

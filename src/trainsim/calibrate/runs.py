@@ -1,4 +1,4 @@
-"""Fit the framework-level parameters (in-training efficiency, overlap, fixed costs) on measured runs.
+"""Fit the framework-level parameters (in-training efficiency, overlap slow-down, fixed costs) on measured runs.
 
 Every parameter is shared by all runs: nothing is fitted per run or per source, so a fitted model predicts
 runs it has not seen. Each row weighs 1/sqrt(rows of its source), so a source counts as much as
@@ -51,8 +51,7 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter("compute", "flash3_attention_efficiency", 0.9, 0.1, 1.5),
     Parameter("compute", "memory_efficiency", 0.8, 0.2, 1.0),
     Parameter("compute", "kernel_overhead_s", 4e-6, 1e-7, 1e-4, log=True),
-    Parameter("runtime", "dp_overlap", 0.9, 0.0, 1.0),
-    Parameter("runtime", "fsdp_overlap", 0.9, 0.0, 1.0),
+    Parameter("runtime", "overlap_slowdown", 0.1, 0.0, 1.0),
     Parameter("runtime", "iteration_overhead_s", 1e-2, 1e-5, 1.0, log=True),
     Parameter("runtime", "micro_batch_overhead_s", 1e-3, 1e-6, 1e-1, log=True),
     Parameter("runtime", "pipeline_overhead_per_micro_batch_s", 1e-4, 1e-7, 1e-1, log=True),
@@ -149,18 +148,15 @@ def fit_runtime(base: Calibration, samples: Sequence[FitSample], progress: Calla
     return calibration_with(base, fit.x, generations)
 
 
-SIM_PARAMETERS: tuple[Parameter, ...] = (
-    Parameter("runtime", "overlap_slowdown", 0.0, 0.0, 1.0),
-    *(p for p in PARAMETERS if p.section == "runtime"),
-)
+SIM_PARAMETERS: tuple[Parameter, ...] = tuple(p for p in PARAMETERS if p.section == "runtime")
 SIM_MAX_EVALUATIONS = 40
 
 
 def fit_sim_runtime(base: Calibration, samples: Sequence[FitSample],
                     progress: Callable[[], None] | None = None) -> RuntimeParams:
-    """The simulator's own runtime behaviours (Proteus's overlap slow-down gamma, DP/FSDP overlap, fixed
-    costs), refitted through the simulator from the analytical fit; compute costs stay as fitted. progress:
-    called once per evaluation of the residuals."""
+    """The simulator's own runtime behaviours (Proteus's overlap slow-down gamma, fixed costs), refitted through
+    the simulator from the analytical fit; compute costs stay as fitted. progress: called once per evaluation of
+    the residuals."""
     from scipy.optimize import least_squares
 
     counts: dict[str, int] = {}

@@ -54,15 +54,15 @@ class CommParams(Spec):
 
 
 class RuntimeParams(Spec):
-    """Framework behaviour: how much gradient communication hides under the backward pass, fixed costs."""
+    """Framework behaviour shared by every stack: the slow-down of overlapped work and fixed costs. What a
+    stack overlaps is the stack's (strategy/stack.py); how much that costs follows from the mechanism
+    (cost/stack_effects.py) and this one factor."""
 
-    dp_overlap: float = Field(default=0.9, ge=0, le=1.0)
-    fsdp_overlap: float = Field(default=0.9, ge=0, le=1.0)
     iteration_overhead_s: float = Field(default=0.0, ge=0)
     micro_batch_overhead_s: float = Field(default=0.0, ge=0)  # host-side cost of each micro-batch
     # Proteus's overlap factor gamma: compute and communication running together on one GPU both slow by
-    # 1 + gamma (simulation engine only; fitted by `trainsim calibrate --sim`).
-    overlap_slowdown: float = Field(default=0.0, ge=0)
+    # 1 + gamma, in both engines (cost/stack_effects.py; the simulator applies it per task, sim/engine.py).
+    overlap_slowdown: float = Field(default=0.0, ge=0, le=4.0)
     pipeline_overhead_per_micro_batch_s: float = Field(default=0.0, ge=0)
 
 

@@ -9,6 +9,7 @@ import typer
 from trainsim import api
 from trainsim.catalog.calibration import CALIBRATION_HELP
 from trainsim.cli.errors import handles_errors
+from trainsim.cli.stack_options import GIVEN_STACK, StackFlags, stack_options
 from trainsim.cli.strategy_options import GIVEN, StrategyFlags, strategy_options
 from trainsim.cost.pricing import COSTS
 from trainsim.errors import ConfigError
@@ -22,6 +23,7 @@ from trainsim.report.text import render_result
 
 @handles_errors
 @strategy_options()
+@stack_options()
 def predict(
     job_file: Annotated[Path | None, typer.Argument(help="YAML/JSON job file; flags override it")] = None,
     model: Annotated[str | None, typer.Option(help=MODEL_HELP + f" (default {DEFAULT_MODEL})")] = None,
@@ -32,6 +34,7 @@ def predict(
     num_gpus: Annotated[int | None, typer.Option(help="scale the cluster to this many GPUs (default: the "
                                                  "cluster's own)")] = None,
     strategy_flags: StrategyFlags = GIVEN,  # --tp, --pp, ... --optimizer-impl: every ParallelSpec field
+    stack_flags: StackFlags = GIVEN_STACK,  # --stack NAME and one flag per stack behaviour
     engine: Annotated[str, typer.Option(help="estimator: " + ", ".join(ENGINES.names()))] = "analytical",
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     trace: Annotated[Path | None, typer.Option(help="write a Chrome/Perfetto trace (needs an engine that "
@@ -64,7 +67,8 @@ def predict(
         require_plotly()
     prediction = api.predict(model, cluster, num_gpus, job_file=job_file, frontend=frontend, engine=engine,
                              costs=costs, db=db, task_level=task_level, tree=tree,  # type: ignore[arg-type]
-                             calibration=calibration, **strategy_flags)  # type: ignore[misc]
+                             calibration=calibration, stack=stack_flags["stack"],
+                             stack_overrides=stack_flags["overrides"], **strategy_flags)  # type: ignore[misc]
     if as_json:
         typer.echo(prediction.to_json())
     else:

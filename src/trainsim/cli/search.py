@@ -17,6 +17,7 @@ from trainsim import api
 from trainsim.api.objectives import OBJECTIVES
 from trainsim.catalog.calibration import CALIBRATION_HELP
 from trainsim.cli.errors import handles_errors
+from trainsim.cli.stack_options import GIVEN_STACK, StackFlags, stack_options
 from trainsim.cli.strategy_options import GIVEN, StrategyFlags, strategy_options
 from trainsim.frontends.registry import FRONTENDS, MODEL_HELP
 from trainsim.jobfile import DEFAULT_CLUSTER, DEFAULT_MODEL
@@ -53,6 +54,7 @@ SEARCH_FIELDS = ("global_batch", "seq_len", "precision", "attention", "optimizer
 
 @handles_errors
 @strategy_options(SEARCH_FIELDS, notes={"global_batch": "required here, > 0"}, defaults={"global_batch": "none"})
+@stack_options()
 def search(
     model: Annotated[str, typer.Option(help=MODEL_HELP)] = DEFAULT_MODEL,
     frontend: Annotated[str, typer.Option(help="front-end that reads --model: " + " | ".join(FRONTENDS.names()))
@@ -60,6 +62,7 @@ def search(
     cluster: Annotated[str, typer.Option(help="cluster preset or YAML file")] = DEFAULT_CLUSTER,
     num_gpus: Annotated[int | None, typer.Option(help="scale the cluster to this many GPUs")] = None,
     strategy_flags: StrategyFlags = GIVEN,  # SEARCH_FIELDS: what the search holds fixed
+    stack_flags: StackFlags = GIVEN_STACK,  # --stack NAME and one flag per stack behaviour
     top_k: Annotated[int, typer.Option(help="how many of the best plans to show")] = 10,
     max_micro_batch: Annotated[int, typer.Option(help="largest micro-batch tried")] = 16,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object, no progress bar")] = False,
@@ -91,7 +94,8 @@ def search(
     found = _run(show_progress, model=model, cluster=cluster, num_gpus=num_gpus, frontend=frontend, top_k=top_k,
                  max_micro_batch=max_micro_batch, all_plans=all_plans or html is not None, objective=objective,
                  tokens=tokens, price_per_gpu_hour=price_per_gpu_hour, min_headroom_gib=min_headroom,
-                 calibration=calibration, **strategy_flags)
+                 calibration=calibration, stack=stack_flags["stack"],
+                 stack_overrides=stack_flags["overrides"], **strategy_flags)
     if as_json:
         data = found.to_dict()
         if not all_plans:

@@ -14,6 +14,7 @@ from trainsim import api
 from trainsim.api.functions import FOLDER_DB
 from trainsim.catalog.calibration import CALIBRATION_HELP
 from trainsim.cli.errors import handles_errors
+from trainsim.cli.stack_options import GIVEN_STACK, StackFlags, stack_options
 from trainsim.estimate.engines import ENGINES
 from trainsim.frontends.registry import FRONTENDS
 from trainsim.report.html import require_plotly
@@ -22,6 +23,7 @@ from trainsim.report.validate import jobs_markdown, render_validate_data
 
 
 @handles_errors
+@stack_options("training stack of every run (default: the one each row's source states, row_defaults.yaml)")
 def validate(
     runs_file: Annotated[Path, typer.Argument(help="CSV in the schema of shared/data/calibration/runs.csv, or a "
                                               "folder of runs measured by `trainsim measure`")],
@@ -42,6 +44,7 @@ def validate(
                                               "measured per metric, a color per source")] = None,
     csv: Annotated[Path | None, typer.Option(help="write every run's prediction as CSV")] = None,
     calibration: Annotated[Path | None, typer.Option(help=CALIBRATION_HELP)] = None,
+    stack_flags: StackFlags = GIVEN_STACK,  # --stack NAME and the behaviour flags, over each row's stated stack
 ) -> None:
     """Predict every run; print the MAPE per engine, source and metric (--rows: every run too)."""
     if html is not None:
@@ -53,6 +56,7 @@ def validate(
     with Progress(console=Console(stderr=True), transient=True, disable=quiet) as bar:
         task = bar.add_task("predicting runs", total=None)
         found = api.validate(runs_file, engine=engine, costs=costs, db=db, frontend=frontend, calibration=calibration,
+                             stack=stack_flags["stack"], stack_overrides=stack_flags["overrides"],
                              progress=lambda done, total: bar.update(task, completed=done, total=total))
     data = found.to_dict()
     if as_json:

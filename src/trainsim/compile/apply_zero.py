@@ -5,13 +5,14 @@ ranks by ZeRO stage (cost.memory.model_state_bytes).
 
 ZeRO-3 / FSDP: every layer-phase that uses a layer's weights (forward; recompute + backward) needs them
 all-gathered first, and every backward's gradients are reduce-scattered after it, on the gradient stream.
-Prefetch is a window: while layer-phase k runs the last `fsdp_overlap` fraction of its compute, the gradient
-stream gathers the weights of layer-phase k + 1 and reduce-scatters the gradients of layer-phase k - 1; the
-next layer-phase waits for both. With fsdp_overlap = 1 the next gather is issued when the current layer's
-compute starts (full prefetch); with 0 nothing overlaps. Per layer-phase this costs
-max(0, gather + scatter - overlap x compute) beyond the compute, the analytical engine's formula
-(cost.pricing.Pricer.fsdp_exposed_s), up to one layer-phase at the ends of the stage's work. NB: the window
-also hides behind the layer-phase's own feature collectives, which follow its compute in the chain.
+Prefetch (the stack's fsdp_prefetch_depth d >= 1): when layer-phase k's compute starts, the gradient stream
+reduce-scatters the gradients of layer-phase k - 1 and gathers the weights of layer-phase k + d (the first d
+are gathered at the start); the next layer-phase waits for its gather and for the scatter issued a window
+before. Without prefetch (d = 0) the window opens when layer-phase k's compute ends: layer-phase k + 1's gather
+is exposed, the reduce-scatter still runs beside the next compute. Per layer-phase, what does not fit under
+the compute is exposed, as the analytical engine's Pricer.fsdp_exposed_s counts it, up to one layer-phase at
+the ends of the stage's work. NB: the window also hides behind the layer-phase's own feature collectives,
+which follow its compute in the chain.
 Memory: a gather allocates the layer's unsharded weights when it starts; the layer-phase that used them frees
 them; a backward allocates the unsharded gradients, freed when their reduce-scatter ends.
 """
@@ -47,17 +48,23 @@ class FsdpNeed:
 class FsdpChain:
     """The gather / reduce-scatter tasks of one stage, issued by the layer-phases' windows."""
 
-    __slots__ = ("ctx", "gathers", "main_end", "needs", "overlap", "resources", "scatters", "w")
+    __slots__ = ("ahead", "bucket", "ctx", "gathers", "group", "main_end", "needs", "overlaps", "resources",
+                 "scatters", "w")
 
     def __init__(self, ctx: BuildContext, w: StageWriter, needs: list[FsdpNeed]) -> None:
         self.ctx = ctx
         self.w = w
         self.needs = needs
-        self.overlap = ctx.pricer.overlap("fsdp", ctx.job)
+        self.overlaps = ctx.job.cluster.device.comm_overlaps_compute
+        self.ahead = max(1, ctx.job.stack.fsdp_prefetch_depth)  # layer-phases a window gathers ahead
         self.resources = ctx.link_resources(ctx.layout("grad"), (w.stage,))
         self.gathers: dict[int, int] = {}  # layer-phase -> its gather tid
         self.scatters: dict[int, int] = {}  # layer-phase -> its reduce-scatter tid
         self.main_end: dict[int, int] = {}  # layer-phase -> its last compute tid
+        # fsdp_bucket_params > 0 (prefetching): gradients wait in a bucket until it holds that many parameters
+        # or the micro-batch's backward ends (DeepSpeed ZeRO-3's reduce_bucket_size), then reduce-scatter at once
+        self.bucket = ctx.job.stack.fsdp_bucket_params if ctx.job.stack.fsdp_prefetch_depth > 0 else 0.0
+        self.group: list[int] = []  # layer-phases whose gradients wait in the bucket
 
     def gathered_bytes(self, k: int) -> float:
         return self.needs[k].gather_params * self.ctx.policy.weight_bytes
@@ -66,9 +73,10 @@ class FsdpChain:
         return self.needs[k].scatter_params * self.ctx.policy.grad_bytes
 
     def start(self) -> None:
-        """The first layer-phase's gather: nothing before it to hide behind."""
-        if self.needs:
-            self._gather(0, ())
+        """The first layer-phases' gathers (as many as the prefetch runs ahead): nothing before them to hide
+        behind."""
+        for k in range(min(self.ahead, len(self.needs))):
+            self._gather(k, ())
 
     def before(self, k: int) -> None:
         """Layer-phase k waits for its gather and for the scatter issued in the same window."""
@@ -76,20 +84,32 @@ class FsdpChain:
         self.w.wait_for(*waits)
 
     def issue(self, k: int) -> None:
-        """Layer-phase k's window opens (deps: the chain's current last task): scatter k - 1, gather k + 1."""
+        """Layer-phase k's window opens (deps: the chain's current last task): scatter k - 1, gather k + ahead."""
         deps = (self.w.prev,) if self.w.prev >= 0 else ()
         if k >= 1:
-            self._scatter(k - 1, deps)
-        if k + 1 < len(self.needs):
-            self._gather(k + 1, deps)
+            self._bucket(k - 1, deps, flush=self.needs[k].micro_batch != self.needs[k - 1].micro_batch)
+        if k + self.ahead < len(self.needs):
+            self._gather(k + self.ahead, deps)
 
     def finish(self) -> list[int]:
         """After the last layer-phase: its own scatter. Returns the scatters the optimizer must wait for."""
         last = len(self.needs) - 1
         if last < 0:
             return []
-        self._scatter(last, (self.main_end[last],))
-        return [tid for k, tid in self.scatters.items() if k >= last - 1]
+        self._bucket(last, (self.main_end[last],), flush=True)
+        return list(dict.fromkeys(tid for k, tid in self.scatters.items() if k >= last - 1))
+
+    def _bucket(self, k: int, deps: tuple[int, ...], flush: bool) -> None:
+        """Layer-phase k's gradients: reduce-scattered now, or into the bucket (sent when full or flushed)."""
+        if self.bucket <= 0.0:
+            self._scatter(k, deps)
+            return
+        if self.needs[k].scatter_params > 0.0:
+            self.group.append(k)
+        params = sum(self.needs[i].scatter_params for i in self.group)
+        if self.group and (flush or params >= self.bucket):
+            self._scatter_group(self.group, deps)
+            self.group = []
 
     def _gather(self, k: int, deps: tuple[int, ...]) -> None:
         need = self.needs[k]
@@ -104,13 +124,17 @@ class FsdpChain:
         self.gathers[k] = task.tid
 
     def _scatter(self, k: int, deps: tuple[int, ...]) -> None:
-        need = self.needs[k]
-        if need.scatter_params <= 0.0:
-            return
-        size = self.grad_bytes(k)
-        task = self.ctx.add(name=f"fsdp reduce-scatter mb{need.micro_batch} {need.label}", device=self.w.stage,
+        if self.needs[k].scatter_params > 0.0:
+            self._scatter_group([k], deps)
+
+    def _scatter_group(self, group: list[int], deps: tuple[int, ...]) -> None:
+        need = self.needs[group[-1]]
+        size = sum(self.grad_bytes(k) for k in group)
+        label = need.label if len(group) == 1 else f"{self.needs[group[0]].label}..{need.label}"
+        task = self.ctx.add(name=f"fsdp reduce-scatter mb{need.micro_batch} {label}", device=self.w.stage,
                             stream="gradient", kind="comm",
                             duration_s=self.ctx.collective_s("reduce-scatter", size, "grad"), deps=deps,
                             phase="comm", category="dp_comm", layer=need.label, micro_batch=need.micro_batch,
                             resources=self.resources, free_bytes=size, priority=1)
-        self.scatters[k] = task.tid
+        for k in group:
+            self.scatters[k] = task.tid

@@ -11,21 +11,24 @@ stream, in one dependency chain per stage (the critical path the analytical engi
 - apply_recompute: recompute before the backward (full or selective);
 - insert_collectives: TP/CP/EP feature collectives per layer-phase; DP gradient buckets (dp_comm);
 - apply_zero: resident model states per stage; ZeRO-3 gathers and reduce-scatters with prefetch windows;
-- here: per micro-batch host and pipeline overheads, the data-parallel overlap window, and the step's end:
-  a barrier over all stages (the gradient-norm all-reduce), the optimizer step (analytical
+- here: per micro-batch host and pipeline overheads, the distributed optimizer's parameter gathers and the
+  step's end: a barrier over all stages (the gradient-norm all-reduce), the optimizer step (analytical
   optimizer_step_s of the stage's parameters) and the iteration overhead.
 
-Overlap windows reproduce the analytical engine's fractions: gradient buckets may not start before the last
-dp_overlap fraction of the final micro-batch's backward (its max(total - dp_overlap x window, last bucket)),
-and ZeRO-3 prefetch overlaps the last fsdp_overlap fraction of each layer-phase (apply_zero).
+What overlaps is the job's stack (strategy/stack.py), as the analytical engine reads it: gradient buckets start
+when their last gradient is ready (grad_reduce_overlap) or after the backward pass; ZeRO-3 gathers run
+fsdp_prefetch_depth layer-phases ahead (apply_zero); the distributed optimizer's parameter gathers run at the
+start of the iteration, each before the first forward of its bucket's layers (param_gather_overlap: the next
+iteration's forward in Megatron-Core, one iteration later here), or after the reduce-scatters. The simulator
+applies the overlap slow-down itself (sim/engine.py).
 """
 
 from dataclasses import dataclass
 
 from trainsim.compile.apply_zero import FsdpChain, FsdpNeed, fsdp_enabled, stage_model_state
 from trainsim.compile.context import TASK_LEVELS, BuildContext, StageWriter, TaskLevel
-from trainsim.compile.insert_collectives import insert_gradient_sync
-from trainsim.compile.lower_layers import Cut, Unit, UnitMemory, emit_unit, main_work, step_units
+from trainsim.compile.insert_collectives import insert_gradient_sync, insert_param_gathers
+from trainsim.compile.lower_layers import Cut, Unit, UnitMemory, emit_unit, step_units
 from trainsim.compile.schedule_pipeline import StepRecord, chunk_layers, insert_transfers, stage_programs
 from trainsim.compile.schedules import Step, splits_backward
 from trainsim.cost.memory import optimizer_step_bytes
@@ -35,7 +38,6 @@ from trainsim.ir.exec_graph import ExecGraph, SimDevice
 from trainsim.job import Job
 from trainsim.strategy.lowered import LayerAssignment, LoweredPlan
 
-_EPS = 1e-9  # overlap fractions this close to 0 or 1 are taken as 0 or 1 (no split compute task)
 _NEVER = float("inf")  # a cut after the whole layer-phase
 
 
@@ -79,8 +81,7 @@ def _emit_stage(ctx: BuildContext, stage: int, program: list[Step],
     fsdp = FsdpChain(ctx, w, [_fsdp_need(u, split) for u in flat]) if fsdp_enabled(ctx) else None
     if fsdp is not None:
         fsdp.start()
-    dp_window = _dp_window(ctx, flat, split, sum(len(v) for (s, _), v in layers.items() if s == stage))
-    window_tid: list[int] = []
+    param_gathers = insert_param_gathers(ctx, stage, [unit.assignment for unit in flat if unit.phase == "F"])
     grads: dict[int, tuple[int, float, str]] = {}  # layer index -> (tid that finishes its gradient, ...)
     k = 0
     for step, units in steps:
@@ -91,13 +92,14 @@ def _emit_stage(ctx: BuildContext, stage: int, program: list[Step],
             w.chain(name=f"{step} pass-through", stream="compute", kind="compute", duration_s=0.0,
                     phase="fwd" if step.phase == "F" else "bwd", category="compute", micro_batch=step.micro_batch)
         for unit in units:
+            gather = param_gathers.pop(unit.assignment.index, None) if unit.phase == "F" else None
+            if gather is not None:
+                w.wait_for(gather)
             extra = UnitMemory()
             if fsdp is not None:
                 fsdp.before(k)
                 extra = UnitMemory(fsdp.gathered_bytes(k) if unit.phase != "W" else 0.0, fsdp.grad_bytes(k),
                                    [_fsdp_cut(w, unit, split, fsdp, k)])
-            if dp_window is not None and dp_window[0] == k:
-                extra.cuts.append((dp_window[1], lambda: window_tid.append(w.prev)))
             last = emit_unit(w, unit, split, extra)
             if fsdp is not None:
                 fsdp.main_end[k] = last
@@ -107,7 +109,7 @@ def _emit_stage(ctx: BuildContext, stage: int, program: list[Step],
                 grads[a.index] = (last, a.layer.param_count, unit.label)
             k += 1
         records[(stage, step)] = StepRecord(w.step_first, w.prev)
-    grad_tids = insert_gradient_sync(ctx, stage, list(grads.values()), window_tid[0] if window_tid else -1)
+    grad_tids = insert_gradient_sync(ctx, stage, list(grads.values()), w.prev)
     if fsdp is not None:
         grad_tids += fsdp.finish()
     return _StageTail(w.prev, grad_tids)
@@ -136,38 +138,10 @@ def _fsdp_need(unit: Unit, split: bool) -> FsdpNeed:
 
 
 def _fsdp_cut(w: StageWriter, unit: Unit, split: bool, fsdp: FsdpChain, k: int) -> Cut:
-    """The prefetch window of layer-phase k opens with fsdp_overlap of its main compute left."""
-    overlap = w.ctx.pricer.overlap("fsdp", w.ctx.job)
-    if overlap >= 1.0 - _EPS:
-        head = 0.0
-    elif overlap <= _EPS:
-        head = _NEVER
-    else:
-        total = sum(work.seconds for work in main_work(unit, w.ctx.timing(unit.assignment.layer), split))
-        head = (1.0 - overlap) * total
+    """With prefetch, layer-phase k's window opens when its compute starts (the next gathers run beside it);
+    without, when it ends (the next gather waits for it and is exposed)."""
+    head = 0.0 if w.ctx.job.stack.fsdp_prefetch_depth > 0 and fsdp.overlaps else _NEVER
     return head, lambda: fsdp.issue(k)
-
-
-def _dp_window(ctx: BuildContext, flat: list[Unit], split: bool, num_layers: int) -> tuple[int, float] | None:
-    """Where the data-parallel overlap window opens: (layer-phase, seconds into its main compute) such that
-    dp_overlap of the final backward pass (the last num_layers gradient-producing layer-phases) remains."""
-    par = ctx.par
-    if par.zero >= 3 or ctx.layout("grad").size <= 1:
-        return None
-    stretch = [k for k, unit in enumerate(flat) if unit.makes_gradient(split)][-num_layers:]
-    if not stretch:
-        return None
-    seconds = {k: sum(work.seconds for work in main_work(flat[k], ctx.timing(flat[k].assignment.layer), split))
-               for k in stretch}
-    overlap = ctx.pricer.overlap("dp", ctx.job)
-    if overlap <= _EPS:
-        return stretch[-1], _NEVER
-    remaining = overlap * sum(seconds.values())
-    for k in reversed(stretch):
-        if seconds[k] >= remaining:
-            return k, seconds[k] - remaining
-        remaining -= seconds[k]
-    return stretch[0], 0.0
 
 
 def _emit_step_end(ctx: BuildContext, tails: list[_StageTail]) -> None:

@@ -170,6 +170,8 @@ class BuildContext:
             if c.axis == "pp":
                 continue  # pipeline transfers are the schedule pass's
             seconds = self.collective_s(c.collective, c.buffer_bytes, c.axis)
+            if c.axis == "tp":  # the part a stack that overlaps it with the GEMMs leaves exposed (pricing)
+                seconds *= cost.tp_exposed_fraction[0 if c.phase == "fwd" else 1]
             if seconds > 0.0:
                 comms[c.phase].append(CommWork(f"{c.name} {c.collective}", c.axis, seconds, _comm_site(c.name)))
         if self.level == "op":

@@ -5,17 +5,17 @@ waits for them, as the analytical engine puts them on the critical path. At op l
 op of its site (the attention or MLP block: Megatron's row-parallel all-reduce / reduce-scatter points), at
 layer level after the layer's compute, one task per axis.
 
-Gradient reduction (ZeRO 0-2) runs on the gradient stream in buckets of analytical.BUCKET_BYTES, filled in the
-order the last micro-batch's backward finishes the layers (Megatron-LM's DDP buckets): each bucket's
-all-reduce (ZeRO 0), or reduce-scatter then parameter all-gather (ZeRO 1-2, the distributed optimizer), is
-issued when the backward pass has produced its last gradient and the overlap window is open (build.py).
-NB: the distributed optimizer gathers the updated parameters after its step, overlapped with the next
-iteration's forward (Megatron-LM's overlap_param_gather); here each bucket's gather follows its
-reduce-scatter on the gradient stream, which costs the same stream time, as the analytical engine counts it.
+Gradient reduction (ZeRO 0-2) runs on the gradient stream in buckets of the stack's grad_bucket_params, filled
+in the order the last micro-batch's backward finishes the layers (Megatron's and DDP's buckets): each bucket's
+all-reduce (ZeRO 0) or reduce-scatter (ZeRO 1-2) is issued when its last gradient is ready (the stack's
+grad_reduce_overlap) or when the stage's work has ended. The distributed optimizer's parameter all-gather
+follows its reduce-scatter on the gradient stream, or, with param_gather_overlap, runs at the start of the
+iteration, bucket by bucket in forward order, each bucket's layers' first forward waiting for it
+(insert_param_gathers; Megatron-Core's overlap_param_gather gathers for the next iteration's forward).
 """
 
 from trainsim.compile.context import BuildContext, CommWork, StageWriter
-from trainsim.cost.pricing import BUCKET_BYTES
+from trainsim.strategy.lowered import LayerAssignment
 
 
 def emit_feature_comm(w: StageWriter, comm: CommWork, *, layer: str, micro_batch: int, category: str = "") -> None:
@@ -41,31 +41,42 @@ def placements(sites: list[str], comms: tuple[CommWork, ...]) -> list[list[CommW
     return after
 
 
+def _gathers_overlap(ctx: BuildContext) -> bool:
+    par = ctx.par
+    return par.zero in (1, 2) and ctx.pricer.overlaps("param_gather_overlap", ctx.job)
+
+
 def insert_gradient_sync(ctx: BuildContext, stage: int, grads: list[tuple[int, float, str]],
-                         window_tid: int = -1) -> list[int]:
+                         end_tid: int = -1) -> list[int]:
     """grads: (tid of the task that finishes the layer's gradient, parameters, layer label) in the order the
-    gradients become final; window_tid: no bucket starts before this task ends (the overlap window opens).
-    Returns the tids of the gradient tasks."""
+    gradients become final; end_tid: the stage's last task (no bucket starts before it unless the stack
+    overlaps the reduction). Returns the tids of the gradient tasks."""
     par = ctx.par
     if par.dp * par.cp == 1 or par.zero >= 3 or not grads:
         return []
     policy = ctx.policy
+    overlap = ctx.pricer.overlaps("grad_reduce_overlap", ctx.job)
+    bucket_size = ctx.job.stack.grad_bucket_params
     resources = ctx.link_resources(ctx.layout("grad"), (stage,))
     out: list[int] = []
     bucket_params = 0.0
     first_label = ""
+    buckets = 0
     for position, (tid, params, label) in enumerate(grads):
         first_label = first_label or label
         bucket_params += params
-        if bucket_params * policy.grad_bytes < BUCKET_BYTES and position < len(grads) - 1:
+        if bucket_params < bucket_size and position < len(grads) - 1:
             continue
-        name = f"bucket{len(out) if par.zero == 0 else len(out) // 2} {first_label}..{label}"
+        name = f"bucket{buckets} {first_label}..{label}"
+        buckets += 1
         grad_bytes = bucket_params * policy.grad_bytes
         if par.zero == 0:
             steps = [("all-reduce", grad_bytes)]
         else:
-            steps = [("reduce-scatter", grad_bytes), ("all-gather", bucket_params * policy.weight_bytes)]
-        deps = (tid, window_tid) if window_tid >= 0 and window_tid != tid else (tid,)
+            steps = [("reduce-scatter", grad_bytes)]
+            if not _gathers_overlap(ctx):
+                steps.append(("all-gather", bucket_params * policy.weight_bytes))
+        deps = (tid,) if overlap or end_tid < 0 or end_tid == tid else (tid, end_tid)
         for collective, size in steps:
             task = ctx.add(name=f"dp {collective} {name}", device=stage, stream="gradient", kind="comm",
                            duration_s=ctx.collective_s(collective, size, "grad"), deps=deps, phase="comm",
@@ -73,4 +84,34 @@ def insert_gradient_sync(ctx: BuildContext, stage: int, grads: list[tuple[int, f
             deps = (task.tid,)
             out.append(task.tid)
         bucket_params, first_label = 0.0, ""
+    return out
+
+
+def insert_param_gathers(ctx: BuildContext, stage: int, forward: list[LayerAssignment]) -> dict[int, int]:
+    """The distributed optimizer's parameter all-gathers overlapped with the forward pass (ZeRO 1-2 with
+    param_gather_overlap): buckets of grad_bucket_params in the order `forward` (the stage's forward layer
+    instances, in schedule order) first uses the layers. Returns layer index -> its bucket's gather tid."""
+    par = ctx.par
+    if par.dp * par.cp == 1 or not _gathers_overlap(ctx):
+        return {}
+    seen: dict[int, LayerAssignment] = {}
+    for assignment in forward:
+        seen.setdefault(assignment.index, assignment)
+    order = list(seen.values())
+    resources = ctx.link_resources(ctx.layout("grad"), (stage,))
+    bucket_size = ctx.job.stack.grad_bucket_params
+    out: dict[int, int] = {}
+    members: list[LayerAssignment] = []
+    params = 0.0
+    for position, assignment in enumerate(order):
+        members.append(assignment)
+        params += assignment.layer.param_count
+        if params < bucket_size and position < len(order) - 1:
+            continue
+        seconds = ctx.collective_s("all-gather", params * ctx.policy.weight_bytes, "grad")
+        task = ctx.add(name=f"dp all-gather params {members[0].layer.name}..{assignment.layer.name}",
+                       device=stage, stream="gradient", kind="comm", duration_s=seconds, phase="comm",
+                       category="dp_comm", resources=resources)
+        out.update({member.index: task.tid for member in members})
+        members, params = [], 0.0
     return out

@@ -2,7 +2,7 @@
 
 Model chunk c of pipeline rank r is virtual stage c * p + r (Megatron-LM's placement). A micro-batch's
 activation crosses every virtual-stage boundary forward and its gradient crosses it backward; each crossing is
-one send-recv over the pipeline group's layout (analytical _pipeline_send_s per direction) on the feature
+one transfer over the pipeline group's layout (Pricer.pipeline_hop_s per direction) on the feature
 stream. The sender's next step waits for it (Megatron-LM's blocking p2p), and so does the receiving step.
 """
 
@@ -63,9 +63,7 @@ def _transfers(ctx: BuildContext, programs: list[list[Step]]) -> list[_Transfer]
     plan = ctx.plan
     p, v = plan.num_stages, plan.num_chunks
     index = {(stage, step): i for stage, program in enumerate(programs) for i, step in enumerate(program)}
-    layout = ctx.layout("pp")
-    one_way = {vs: ctx.pricer.collective_s("send-recv", size, layout, ctx.job)
-               for vs, size in boundary_bytes(plan).items()}
+    one_way = {vs: ctx.pricer.pipeline_hop_s(size, ctx.job) for vs, size in boundary_bytes(plan).items()}
     out: list[_Transfer] = []
     for mb in range(plan.num_micro_batches):
         for vs in range(p * v - 1):
@@ -98,6 +96,10 @@ def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
     plan = ctx.plan
     if plan.num_stages * plan.num_chunks == 1:
         return
+    # A stack with pp_comm_overlap (interleaved schedules) sends without blocking and without batching the two
+    # directions (Megatron-Core overlap_p2p_comm with batch_p2p_comm off: megatron_comm_overlap.py,
+    # nemo-toolkit 2.0.0): the sender's next step does not wait for its send.
+    overlap = plan.num_chunks > 1 and ctx.pricer.overlaps("pp_comm_overlap", ctx.job)
     transfers = _transfers(ctx, programs)
     sent_after: dict[tuple[int, int], list[_Transfer]] = {}
     for t in transfers:
@@ -122,7 +124,7 @@ def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
             continue
         partner = next((o for o in sent_after.get((t.dst, t.dst_index - 1), ())
                         if o.dst == t.src and o.dst_index == t.src_index + 1 and id(o) not in merged
-                        and o.src != o.dst), None) if t.src != t.dst else None
+                        and o.src != o.dst), None) if t.src != t.dst and not overlap else None
         both = (t.src, t.dst) if t.src != t.dst else (t.src,)
         resources = ctx.link_resources(layout, both) if partner is not None else \
             ctx.link_resources(layout, (t.src,), (t.dst,))
@@ -144,5 +146,5 @@ def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
                        deps=(last(t.src, t.src_index),), phase="comm", micro_batch=t.micro_batch, category="pp_comm",
                        resources=resources)
         wait(first(t.dst, t.dst_index), send.tid)
-        if t.src_index + 1 < len(programs[t.src]):  # the sender's next step waits for its send (blocking p2p)
+        if t.src_index + 1 < len(programs[t.src]) and not overlap:  # blocking p2p: the sender's next step waits
             wait(first(t.src, t.src_index + 1), send.tid)

@@ -32,6 +32,7 @@ from trainsim.cost.memory import (
     stage_memory_base,
 )
 from trainsim.cost.profiled import ProfiledComm, ProfiledCosts, ProfiledStepCosts
+from trainsim.cost.stack_effects import bucketed_s, overlapped_s, unfused_extra_bytes
 from trainsim.cost.step import FittedStepCosts, StepCosts
 from trainsim.hardware.cluster import ClusterSpec, GroupLayout
 from trainsim.ir.graph import Layer, Op, OpGraph
@@ -40,6 +41,7 @@ from trainsim.profile.database import default_db_path
 from trainsim.registry import Registry
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import policy_for
+from trainsim.strategy.stack import BEHAVIOURS, StackSpec
 from trainsim.strategy.stages import (
     BLOCK_KINDS,
     StagePart,
@@ -49,9 +51,7 @@ from trainsim.strategy.stages import (
     virtual_stage_blocks,
 )
 
-BUCKET_BYTES = 40e6 * 2  # NB: Megatron-LM's default gradient bucket: 40M elements
-
-OverlapKind = Literal["dp", "fsdp"]
+Overlapped = Literal["grad_reduce_overlap", "param_gather_overlap", "tp_comm_overlap", "pp_comm_overlap"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +64,9 @@ class LayerCost:
     comm_s: dict[str, float]  # axis -> feature-communication seconds (forward + backward)
     comm_fwd_s: float  # forward feature communication (repeated by full recompute)
     wgrad_s: float = 0.0  # the weight-gradient GEMMs of backward (what zero-bubble schedules defer)
+    # the exposed fraction of the tensor-parallel collectives of forward and backward (a stack that overlaps
+    # them with the GEMMs: Pricer.tp_exposed_s); 1 where nothing overlaps
+    tp_exposed_fraction: tuple[float, float] = (1.0, 1.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +79,8 @@ class StageCost:
     fsdp_exposed_s: float
     overhead_s: float = 0.0
     wgrad_s: float = 0.0
+    forward_s: float = 0.0  # the forward part of compute_s (the window of parameter gathers)
+    backward_s: float = 0.0  # the backward part of compute_s (the window of gradient reduction)
     total_s: float = field(init=False)  # all of the above: one micro-batch's time on the stage
 
     def __post_init__(self) -> None:
@@ -120,6 +125,10 @@ def axis_layout(axis: str, par: ParallelSpec, cluster: ClusterSpec) -> GroupLayo
     return cluster.group_layout(*axis_group(axis, par))
 
 
+def _stack_content(stack: StackSpec) -> tuple[object, ...]:
+    return tuple(getattr(stack, name) for name in BEHAVIOURS)
+
+
 def _layout_key(job: Job) -> tuple[object, ...]:
     par, cluster = job.parallel, job.cluster
     return (par.tp, par.cp, par.dp, par.ep, par.pp, cluster.gpus_per_node, cluster.num_nodes)
@@ -148,7 +157,7 @@ class Pricer:
         self._stage_keys: dict[int, int] = {}  # id of a stage of self.stages() -> the number of its content
         self._stage_numbers: dict[StageKey, int] = {}
         self._stage_costs: dict[tuple[object, ...], StageCost] = {}
-        self._stage_work_s: dict[tuple[object, ...], tuple[float, float, dict[str, float]]] = {}
+        self._stage_work_s: dict[tuple[object, ...], tuple[float, float, float, dict[str, float]]] = {}
         self._stage_extra_s: dict[tuple[object, ...], float] = {}  # recompute and ZeRO-3 seconds of a stage
         self._stage_params: dict[object, float] = {}
         self._stage_ops: dict[object, tuple[int, int]] = {}
@@ -162,6 +171,8 @@ class Pricer:
         self._max_params: dict[int, float] = {}
         self._cluster_keys: dict[int, int] = {}  # id of a cluster -> the number of its content
         self._cluster_numbers: dict[tuple[object, ...], int] = {}
+        self._stack_keys: dict[int, int] = {}  # id of a stack -> the number of its content
+        self._stack_numbers: dict[tuple[object, ...], int] = {}
 
     # --- cache keys ---
 
@@ -180,6 +191,14 @@ class Pricer:
                        cluster.gpus_per_node, cluster.num_nodes)
             number = self._cluster_numbers.setdefault(content, len(self._cluster_numbers))
             self._cluster_keys[self._pin(cluster)] = number
+        return number
+
+    def _stack_key(self, stack: StackSpec) -> int:
+        """A number for a stack's behaviours (equal stacks of different ids share it)."""
+        number = self._stack_keys.get(id(stack))
+        if number is None:
+            number = self._stack_numbers.setdefault(_stack_content(stack), len(self._stack_numbers))
+            self._stack_keys[self._pin(stack)] = number
         return number
 
     def stage_key(self, stage: list[StagePart]) -> object:
@@ -235,11 +254,18 @@ class Pricer:
     # --- ops and collectives ---
 
     def op_time_s(self, op: Op, job: Job) -> float:
-        return self.op_costs.op_time_s(op, job.cluster.device)
+        """The op's time, plus the kernels a stack that does not fuse it adds (stack_effects.unfused_extra_bytes,
+        at the calibrated memory bandwidth, one more launch)."""
+        device = job.cluster.device
+        seconds = self.op_costs.op_time_s(op, device)
+        extra = unfused_extra_bytes(op, job.stack, policy_for(job.parallel.precision).linear_dtype == "fp8")
+        if extra > 0.0:
+            compute = self.cal.compute
+            seconds += extra / (device.hbm_bw_bytes_per_s * compute.memory_efficiency) + compute.kernel_overhead_s
+        return seconds
 
     def ops_time_s(self, ops: tuple[Op, ...], job: Job) -> float:
-        device = job.cluster.device
-        return sum(self.op_costs.op_time_s(op, device) for op in ops)
+        return sum(self.op_time_s(op, job) for op in ops)
 
     def collective_s(self, collective: str, buffer_bytes: float, layout: GroupLayout, job: Job) -> float:
         cluster = job.cluster
@@ -267,26 +293,54 @@ class Pricer:
     # --- layers and stages ---
 
     def layer_cost(self, layer: Layer, job: Job) -> LayerCost:
-        key = (self._pin(layer), self._cluster_key(job.cluster), _layout_key(job))
+        key = (self._pin(layer), self._cluster_key(job.cluster), _layout_key(job), self._stack_key(job.stack),
+               job.parallel.sp, job.parallel.precision)
         cost = self._layer_costs.get(key)
         if cost is None:
             cost = self._layer_costs[key] = self._price_layer(layer, job)
         return cost
 
     def _price_layer(self, layer: Layer, job: Job) -> LayerCost:
+        tp_total = {"fwd": 0.0, "bwd": 0.0}
+        for c in layer.comms:
+            if c.axis == "tp":
+                tp_total[c.phase] += self.axis_collective_s(c.collective, c.buffer_bytes, c.axis, job)
+        fraction = self.tp_exposed_fraction(layer, tp_total, job)
         comm: dict[str, float] = {}
         comm_fwd = 0.0
         for c in layer.comms:
             if c.axis == "pp":
                 continue
             comm_s = self.axis_collective_s(c.collective, c.buffer_bytes, c.axis, job)
+            if c.axis == "tp":
+                comm_s *= fraction[0 if c.phase == "fwd" else 1]
             comm[c.axis] = comm.get(c.axis, 0.0) + comm_s
             if c.phase == "fwd":
                 comm_fwd += comm_s
         selective = self.ops_time_s(tuple(op for op in layer.fwd if op.recompute_selective), job)
         wgrad = self.ops_time_s(tuple(op for op in layer.bwd if op.name.endswith(".wgrad")), job)
         return LayerCost(self.ops_time_s(layer.fwd, job), self.ops_time_s(layer.bwd, job), selective, comm,
-                         comm_fwd, wgrad)
+                         comm_fwd, wgrad, fraction)
+
+    def tp_exposed_fraction(self, layer: Layer, tp_s: dict[str, float], job: Job) -> tuple[float, float]:
+        """Of the tensor-parallel collectives of forward and backward (tp_s: phase -> seconds), the fraction
+        left exposed. A stack with tp_comm_overlap (Megatron-Core's userbuffers; NeMo turns it on with sequence
+        parallelism only, nemo/lightning/pytorch/callbacks/megatron_comm_overlap.py, nemo-toolkit 2.0.0) splits
+        each GEMM and its all-gather / reduce-scatter into tp chunks and pipelines them: bucketed overlap
+        (stack_effects.bucketed_s) with tp buckets over the phase's GEMMs."""
+        par = job.parallel
+        if not (par.sp and par.tp > 1 and self.overlaps("tp_comm_overlap", job)):
+            return (1.0, 1.0)
+        gamma = self.overlap_slowdown(job)
+        out: list[float] = []
+        for phase, ops in (("fwd", layer.fwd), ("bwd", layer.bwd)):
+            total = tp_s[phase]
+            if total <= 0.0:
+                out.append(1.0)
+                continue
+            gemm = self.ops_time_s(tuple(op for op in ops if op.kind == "matmul"), job)
+            out.append(bucketed_s(total, gemm, float(par.tp), gamma) / total)
+        return (out[0], out[1])
 
     def stage_cost(self, stage: list[StagePart], job: Job) -> StageCost:
         """One micro-batch through a stage: forward, backward, recompute, feature communication, ZeRO-3 gathers
@@ -307,7 +361,7 @@ class Pricer:
         group layouts, recompute, ZeRO-3, precision (ZeRO-3 gathers) and vpp (pipeline sends)."""
         par = job.parallel
         return (self._cluster_key(job.cluster), _layout_key(job), par.recompute, par.zero >= 3, par.precision,
-                par.vpp)
+                par.vpp, par.sp, self._stack_key(job.stack))
 
     def _stage_cost(self, stage: list[StagePart], job: Job, plan_key: tuple[object, ...]) -> StageCost:
         """Priced once per (stage content, plan_key, host overhead)."""
@@ -320,36 +374,41 @@ class Pricer:
 
     def _price_stage(self, stage: list[StagePart], job: Job, overhead_s: float) -> StageCost:
         par = job.parallel
-        compute, wgrad, feature_comm = self._stage_work(stage, job)
+        forward, backward, wgrad, feature_comm = self._stage_work(stage, job)
         recompute = self._stage_recompute_s(stage, job)
         fsdp = self._stage_fsdp_s(stage, job) if par.zero >= 3 else 0.0
+        if par.zero >= 3 and self._fsdp_bucketed(job):
+            fsdp += self.fsdp_bucket_tail_s(stage, backward, job)
         comm = dict(feature_comm)
         if par.pp > 1:
             comm["pp"] = self.pipeline_send_s(stage, job)
-        return StageCost(compute, recompute, comm, fsdp, overhead_s, wgrad)
+        return StageCost(forward + backward, recompute, comm, fsdp, overhead_s, wgrad, forward, backward)
 
-    def _stage_work(self, stage: list[StagePart], job: Job) -> tuple[float, float, dict[str, float]]:
-        """Forward + backward, the weight-gradient GEMMs and the feature communication per axis of one
-        micro-batch through the stage; once per (stage layers, cluster, layouts)."""
-        key = ("work", self.stage_key(stage), self._cluster_key(job.cluster), _layout_key(job))
+    def _stage_work(self, stage: list[StagePart], job: Job) -> tuple[float, float, float, dict[str, float]]:
+        """Forward, backward, the weight-gradient GEMMs and the feature communication per axis of one
+        micro-batch through the stage; once per (stage layers, cluster, layouts, stack)."""
+        key = ("work", self.stage_key(stage), self._cluster_key(job.cluster), _layout_key(job),
+               self._stack_key(job.stack), job.parallel.sp, job.parallel.precision)
         work = self._stage_work_s.get(key)
         if work is None:
-            compute = wgrad = 0.0
+            forward = backward = wgrad = 0.0
             comm: dict[str, float] = {}
             for part in stage:
                 cost = self.layer_cost(part.layer, job)
-                compute += part.count * (cost.fwd_s + cost.bwd_s)
+                forward += part.count * cost.fwd_s
+                backward += part.count * cost.bwd_s
                 wgrad += part.count * cost.wgrad_s
                 for axis, seconds in cost.comm_s.items():
                     comm[axis] = comm.get(axis, 0.0) + part.count * seconds
-            work = self._stage_work_s[key] = (compute, wgrad, comm)
+            work = self._stage_work_s[key] = (forward, backward, wgrad, comm)
         return work
 
     def _stage_recompute_s(self, stage: list[StagePart], job: Job) -> float:
         """What recompute repeats of one micro-batch's forward: every block's forward and its forward
         communication (full), the selective ops (selective), nothing (none)."""
         recompute_mode = job.parallel.recompute
-        key = ("recompute", self.stage_key(stage), self._cluster_key(job.cluster), _layout_key(job), recompute_mode)
+        key = ("recompute", self.stage_key(stage), self._cluster_key(job.cluster), _layout_key(job), recompute_mode,
+               self._stack_key(job.stack), job.parallel.sp, job.parallel.precision)
         seconds = self._stage_extra_s.get(key)
         if seconds is None:
             seconds = 0.0
@@ -365,7 +424,7 @@ class Pricer:
     def _stage_fsdp_s(self, stage: list[StagePart], job: Job) -> float:
         """ZeRO-3 gathers and scatters left exposed over the stage's layers (fsdp_exposed_s)."""
         key = ("fsdp", self.stage_key(stage), self._cluster_key(job.cluster), _layout_key(job),
-               job.parallel.precision)
+               job.parallel.precision, job.parallel.sp, self._stack_key(job.stack))
         seconds = self._stage_extra_s.get(key)
         if seconds is None:
             seconds = 0.0
@@ -378,15 +437,15 @@ class Pricer:
         """The forward pass's share of one micro-batch's compute and feature communication on the stage (the
         rest is backward and recompute): what an uneven pipeline's warm-up and cool-down stalls read."""
         key = ("forward", self.stage_key(stage), self._cluster_key(job.cluster), _layout_key(job),
-               job.parallel.recompute)
+               self._stack_key(job.stack), job.parallel.recompute)
         fraction = self._stage_extra_s.get(key)
         if fraction is None:
             forward = 0.0
             for part in stage:
                 cost = self.layer_cost(part.layer, job)
                 forward += part.count * (cost.fwd_s + cost.comm_fwd_s)
-            compute, _, comm = self._stage_work(stage, job)
-            whole = compute + self._stage_recompute_s(stage, job) + sum(comm.values())
+            forward_s, backward_s, _, comm = self._stage_work(stage, job)
+            whole = forward_s + backward_s + self._stage_recompute_s(stage, job) + sum(comm.values())
             fraction = self._stage_extra_s[key] = forward / whole if whole > 0.0 else 0.0
         return fraction
 
@@ -395,7 +454,7 @@ class Pricer:
         backward compute: its blocks' (the stage's blocks of each kind in one proportion), the embedding's on
         the first chunk, the head's on the last. Empty for a partition without chunk_blocks. Once per
         (partition, cluster, layouts)."""
-        key = (id(partition), self._cluster_key(job.cluster), _layout_key(job))
+        key = (id(partition), self._cluster_key(job.cluster), _layout_key(job), self._stack_key(job.stack))
         shares = self._chunk_shares.get(key)
         if shares is None:
             shares = self._chunk_shares[key] = tuple(
@@ -420,7 +479,8 @@ class Pricer:
 
     def forward_fractions(self, partition: Partition, job: Job) -> tuple[float, ...]:
         """stage_forward_fraction of every stage of the partition."""
-        key = ("forward", id(partition), self._cluster_key(job.cluster), _layout_key(job), job.parallel.recompute)
+        key = ("forward", id(partition), self._cluster_key(job.cluster), _layout_key(job),
+               self._stack_key(job.stack), job.parallel.recompute)
         fractions = self._forward_fractions.get(key)
         if fractions is None:
             fractions = self._forward_fractions[key] = tuple(self.stage_forward_fraction(stage, job)
@@ -428,46 +488,94 @@ class Pricer:
         return fractions
 
     def pipeline_send_s(self, stage: list[StagePart], job: Job) -> float:
-        """Each micro-batch sends its activation forward and its gradient backward once per model chunk."""
+        """Each micro-batch sends its activation forward and its gradient backward once per model chunk
+        (pipeline_hop_s each). A stack with pp_comm_overlap (interleaved schedules only, as Megatron-Core's
+        overlap_p2p_comm) hides each behind one chunk's forward or backward (stack_effects.overlapped_s)."""
+        par = job.parallel
         out_bytes = max(part.layer.output_bytes for part in stage)
-        one = self.axis_collective_s("send-recv", out_bytes, "pp", job)
-        return 2.0 * job.parallel.vpp * one + self.cal.runtime.pipeline_overhead_per_micro_batch_s
+        one = self.pipeline_hop_s(out_bytes, job)
+        if par.vpp > 1 and self.overlaps("pp_comm_overlap", job):
+            forward, backward, _, _ = self._stage_work(stage, job)
+            chunk = (forward + backward) / (2.0 * par.vpp)
+            one = overlapped_s(one, chunk, self.overlap_slowdown(job))
+        return 2.0 * par.vpp * one + self.cal.runtime.pipeline_overhead_per_micro_batch_s
+
+    def pipeline_hop_s(self, out_bytes: float, job: Job) -> float:
+        """One activation (or gradient) of out_bytes crossing a pipeline boundary. Megatron-LM's scatter-gather
+        (pp_scatter_gather; not with sequence parallelism, whose activations are already split) sends 1/tp of
+        it from each tensor-parallel rank and all-gathers it over the tensor-parallel group at the receiver
+        (megatron/p2p_communication.py, Megatron-LM v3.0)."""
+        par = job.parallel
+        if job.stack.pp_scatter_gather and par.tp > 1 and not par.sp:
+            return self.axis_collective_s("send-recv", out_bytes / par.tp, "pp", job) + \
+                self.axis_collective_s("all-gather", out_bytes, "tp", job)
+        return self.axis_collective_s("send-recv", out_bytes, "pp", job)
 
     # --- overlap and exposed gradient communication ---
 
-    def overlap(self, kind: OverlapKind, job: Job) -> float:
-        """The fraction of compute that hides gradient reductions (dp) or ZeRO-3 gathers (fsdp): the fitted
-        one, or none on a device whose collectives take the cores that compute (a CPU with gloo)."""
-        if not job.cluster.device.comm_overlaps_compute:
-            return 0.0
-        return self.cal.runtime.dp_overlap if kind == "dp" else self.cal.runtime.fsdp_overlap
+    def overlaps(self, behaviour: Overlapped, job: Job) -> bool:
+        """Whether the job's stack overlaps this communication with compute; never on a device whose
+        collectives take the cores that compute (a CPU with gloo)."""
+        return bool(getattr(job.stack, behaviour)) and job.cluster.device.comm_overlaps_compute
+
+    def overlap_slowdown(self, job: Job) -> float:
+        """gamma: compute and an overlapped collective both slow by 1 + gamma while they run together (the
+        fitted runtime.overlap_slowdown; stack_effects)."""
+        return self.cal.runtime.overlap_slowdown
 
     def fsdp_exposed_s(self, layer: Layer, cost: LayerCost, job: Job) -> float:
-        """ZeRO-3/FSDP: per micro-batch, all-gather weights for forward and backward, reduce-scatter
-        gradients; prefetching hides them under the layer's compute up to fsdp_overlap."""
+        """ZeRO-3/FSDP, per micro-batch: all-gather the layer's weights for forward and again for backward,
+        reduce-scatter its gradients after backward. With prefetch (fsdp_prefetch_depth >= 1) the gathers run
+        ahead on their own stream, one layer's gather (and, in backward, the reduce-scatter of the layer
+        before) per layer's compute: what does not fit under the compute stays exposed, whatever the depth
+        (a deeper prefetch only absorbs uneven layers). Without prefetch each gather waits until its layer is
+        reached, behind the reduce-scatter before it (collectives of one NCCL communicator run in order): all
+        exposed."""
         policy = policy_for(job.parallel.precision)
         gather = self.axis_collective_s("all-gather", layer.param_count * policy.weight_bytes, "grad", job)
         scatter = self.axis_collective_s("reduce-scatter", layer.param_count * policy.grad_bytes, "grad", job)
-        overlap = self.overlap("fsdp", job)
-        return max(0.0, gather - overlap * cost.fwd_s) + max(0.0, gather + scatter - overlap * cost.bwd_s)
+        if job.stack.fsdp_prefetch_depth == 0 or not job.cluster.device.comm_overlaps_compute:
+            return 2.0 * gather + scatter
+        gamma = self.overlap_slowdown(job)
+        if self._fsdp_bucketed(job):  # the gradients go in buckets (fsdp_bucket_tail_s)
+            scatter = 0.0
+        return overlapped_s(gather, cost.fwd_s, gamma) + overlapped_s(gather + scatter, cost.bwd_s, gamma)
+
+    def _fsdp_bucketed(self, job: Job) -> bool:
+        stack = job.stack
+        return stack.fsdp_bucket_params > 0.0 and stack.fsdp_prefetch_depth > 0 and \
+            job.cluster.device.comm_overlaps_compute
+
+    def fsdp_bucket_tail_s(self, stage: list[StagePart], backward_s: float, job: Job) -> float:
+        """ZeRO-3 with gradient buckets (fsdp_bucket_params): per micro-batch, the stage's reduce-scatters in
+        buckets as the backward pass fills them (stack_effects.bucketed_s); the last one is exposed."""
+        params = self.stage_params(stage)
+        scatter = self.axis_collective_s("reduce-scatter", params * policy_for(job.parallel.precision).grad_bytes,
+                                         "grad", job)
+        return bucketed_s(scatter, backward_s, params / job.stack.fsdp_bucket_params, self.overlap_slowdown(job))
 
     def gradient_sync_exposed_s(self, stage: list[StagePart], cost: StageCost, job: Job) -> float:
-        """DP gradient reduction (ZeRO 0: all-reduce; 1-2: reduce-scatter + parameter all-gather), bucketed
-        and overlapped with the last micro-batch's backward pass; the last bucket is always exposed."""
+        """DP gradient reduction (ZeRO 0: all-reduce; 1-2: reduce-scatter, then the parameter all-gather of the
+        distributed optimizer), in buckets of the stack's grad_bucket_params. Overlapped (grad_reduce_overlap),
+        the buckets go as the last micro-batch's backward (and its recompute) fills them, bucketed_s; else all
+        after it. The parameter all-gather overlaps the next forward pass bucket by bucket
+        (param_gather_overlap) or follows the step."""
         par = job.parallel
         if par.dp * par.cp == 1 or par.zero >= 3:
             return 0.0
         policy = policy_for(par.precision)
         params = self.stage_params(stage)
         grad_bytes = params * policy.grad_bytes
-        if par.zero == 0:
-            total = self.axis_collective_s("all-reduce", grad_bytes, "grad", job)
-        else:
-            total = self.axis_collective_s("reduce-scatter", grad_bytes, "grad", job) + \
-                self.axis_collective_s("all-gather", params * policy.weight_bytes, "grad", job)
-        buckets = max(1.0, grad_bytes / BUCKET_BYTES)
-        window = self.overlap("dp", job) * cost.compute_s / 3.0 * 2.0  # backward ~ 2/3 of fwd + bwd
-        return max(total - window, total / buckets)
+        buckets = params / job.stack.grad_bucket_params
+        gamma = self.overlap_slowdown(job)
+        reduce = self.axis_collective_s("all-reduce" if par.zero == 0 else "reduce-scatter", grad_bytes, "grad", job)
+        exposed = bucketed_s(reduce, cost.backward_s + cost.recompute_s, buckets, gamma) \
+            if self.overlaps("grad_reduce_overlap", job) else reduce
+        if par.zero > 0:
+            gather = self.axis_collective_s("all-gather", params * policy.weight_bytes, "grad", job)
+            exposed += bucketed_s(gather, cost.forward_s, buckets, gamma) \
+                if self.overlaps("param_gather_overlap", job) else gather
+        return exposed
 
     # --- step costs and memory ---
 
@@ -496,6 +604,8 @@ class Pricer:
             ops = sum(part.count * (len(part.layer.fwd) + len(part.layer.bwd)) for part in stage)
             layers = sum(part.count for part in stage if part.layer.kind not in ("embedding", "head"))
             counts = self._stage_ops[key] = (round(ops), round(layers))
+        if job.stack.cuda_graphs:  # one graph launch replaces the micro-batch's kernel launches
+            return 0.0
         return self.step_costs.micro_batch_overhead_s(counts[0], counts[1], job.parallel, job.cluster.device)
 
     def iteration_overhead_s(self, job: Job) -> float:

@@ -23,6 +23,7 @@ from trainsim.hardware.cluster import ClusterSpec
 from trainsim.job import Job, make_job
 from trainsim.specbase import config_error_from
 from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.stack import StackSpec, load_stack
 
 SCHEMA = "trainsim.measured-run/1"
 RESULT_SUFFIX = ".json"
@@ -35,6 +36,18 @@ def job_to_dict(job: Job) -> dict[str, Any]:
             "parallel": job.parallel.model_dump(mode="json")}
 
 
+def measured_stack(par: ParallelSpec) -> StackSpec:
+    """The stack `trainsim measure` runs a strategy with (measure/parallelize.py): FSDP2 fully_shard for ZeRO 2-3;
+    else DistributedDataParallel (ZeroRedundancyOptimizer for ZeRO 1, whose parameters are broadcast after the
+    step), except with pp > 1, where the gradients are all-reduced after the pipeline flush (all_reduce_grads)."""
+    if par.zero >= 2:
+        return load_stack("fsdp2")
+    ddp = load_stack("ddp")
+    if par.pp > 1 and par.dp > 1:
+        return ddp.model_copy(update={"grad_reduce_overlap": False})
+    return ddp
+
+
 def job_from_dict(data: dict[str, Any], where: str = "job") -> Job:
     try:
         model = parse_model(data["model"], f"{where}.model")
@@ -45,7 +58,8 @@ def job_from_dict(data: dict[str, Any], where: str = "job") -> Job:
         parallel = ParallelSpec.parse(data["parallel"], f"{where}.parallel")
     except KeyError as exc:
         raise InputFileError(f"{where} lacks the key {exc.args[0]!r} (model, cluster, parallel)") from None
-    return make_job(model, cluster, parallel)
+    job = make_job(model, cluster, parallel)
+    return make_job(model, cluster, parallel, measured_stack(job.parallel))
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from trainsim.errors import UnknownNameError
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job, make_job
 from trainsim.measure.launch import launch, make_spec
-from trainsim.measure.results import MeasuredRun, load_run, result_path
+from trainsim.measure.results import MeasuredRun, load_run, measured_stack, result_path
 from trainsim.strategy.parallel import ParallelSpec
 
 LOCAL_CLUSTER = "local-cpu"
@@ -47,7 +47,8 @@ class SuiteJob:
     def job(self) -> Job:
         model = parse_model(SUITE_MODELS[self.model], f"suite model {self.model}")
         cluster = load_cluster(LOCAL_CLUSTER).with_num_gpus(self.num_gpus).on_one_node()
-        return make_job(model, cluster, ParallelSpec.parse({**BASE, **self.strategy}, f"suite job {self.name}"))
+        parallel = ParallelSpec.parse({**BASE, **self.strategy}, f"suite job {self.name}")
+        return make_job(model, cluster, parallel, measured_stack(make_job(model, cluster, parallel).parallel))
 
 
 def _jobs(model: str, short: str, precision: str, *specs: tuple[str, int, dict[str, Any]]) -> list[SuiteJob]:

@@ -113,7 +113,7 @@ class Planner:
             if progress is not None and index % PROGRESS_EVERY == 0:
                 progress(index, total)
             try:
-                job = make_job(model, cluster, parallel)
+                job = make_job(model, cluster, parallel, space.stack)
                 priced = price(job, self.graphs.get(job))
             except TrainsimError as exc:
                 refused[refusal_reason(exc)] += 1

@@ -13,13 +13,14 @@ cp and ep stay 1. Non-transformer models (CNN, DLRM) search dp, ZeRO, recompute 
 """
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trainsim.errors import ConfigError
 from trainsim.hardware.cluster import ClusterSpec
 from trainsim.ir.model_spec import ModelSpec, TransformerSpec
 from trainsim.strategy.parallel import RECOMPUTES, AttentionKernel, OptimizerImpl, ParallelSpec, Recompute
 from trainsim.strategy.precision import Precision
+from trainsim.strategy.stack import StackSpec
 
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 
@@ -33,6 +34,7 @@ class SearchSpace:
     precision: Precision = "bf16"
     attention: AttentionKernel = "flash2"
     optimizer_impl: OptimizerImpl = "fused"
+    stack: StackSpec = field(default_factory=StackSpec)  # the training software every plan runs on
     max_micro_batch: int = 16
     max_vpp: int = 8
     recomputes: tuple[Recompute, ...] = RECOMPUTES

@@ -14,7 +14,7 @@ from trainsim.cost.pricing import COSTS
 from trainsim.errors import ConfigError
 from trainsim.estimate.engines import ENGINES, make_engine, shape_engines
 from trainsim.pipeline import GraphCache
-from trainsim.validate.predict_runs import RowPrediction, predict_rows, summarize
+from trainsim.validate.predict_runs import Restack, RowPrediction, predict_rows, summarize
 from trainsim.validate.runs import RunRow
 
 _REPEAT = re.compile(r"\.r\d+$")
@@ -45,16 +45,18 @@ def engine_choices(engines: str, costs: str) -> list[EngineChoice]:
 
 def compare(rows: Sequence[RunRow], choices: Sequence[EngineChoice], db: Path | None,
             progress: Callable[[], None] | None = None, frontend: str = "catalog",
-            calibration: Calibration | None = None) -> dict[str, list[RowPrediction]]:
+            calibration: Calibration | None = None, restack: Restack | None = None
+            ) -> dict[str, list[RowPrediction]]:
     """Every row predicted by every engine choice, by label; frontend: the front-end that builds each run's
     graph from its model (catalog builders, or torch tracing the model's Hugging Face family); calibration: the
-    fit the engines price with (default: the package's)."""
+    fit the engines price with (default: the package's); restack: the stack each row's job runs on, from the one
+    its row states (default: that one)."""
     out: dict[str, list[RowPrediction]] = {}
     params_by_run: dict[str, float] = {}  # the same for every engine
     graphs = GraphCache(frontend)
     for choice in choices:
         estimator = make_engine(choice.engine, choice.costs, db, calibration=calibration)
-        predictions = predict_rows(rows, estimator, progress, params_by_run, graphs)
+        predictions = predict_rows(rows, estimator, progress, params_by_run, graphs, restack)
         out[choice.label] = [_relabel(p, choice.label) for p in predictions]
     return out
 

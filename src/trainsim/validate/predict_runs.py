@@ -1,7 +1,7 @@
 """Predict every row of a runs file with one engine; collect predicted vs measured per metric."""
 
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from trainsim.estimate.engines import Estimator
@@ -10,9 +10,12 @@ from trainsim.ir.model_spec import ModelSpec
 from trainsim.job import Job
 from trainsim.pipeline import GraphCache
 from trainsim.strategy.precision import policy_for
+from trainsim.strategy.stack import StackSpec
 from trainsim.validate.flops_conventions import in_convention
 from trainsim.validate.metrics import mape
 from trainsim.validate.runs import METRICS, RunJob, RunRow, flops_convention_of, job_from_row, source_group
+
+Restack = Callable[[StackSpec], StackSpec]  # a row's stated stack -> the stack its job is predicted on
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,9 +52,10 @@ def metric_value(metric: str, job: Job, result: Result, params: float, conventio
 
 def predict_rows(rows: Iterable[RunRow], estimator: Estimator, progress: Callable[[], None] | None = None,
                  params_by_run: dict[str, float] | None = None,
-                 graphs: GraphCache | None = None) -> list[RowPrediction]:
+                 graphs: GraphCache | None = None, restack: Restack | None = None) -> list[RowPrediction]:
     """params_by_run: a run's parameter count by run id, to share between the engines that predict the same
-    rows (filled here as needed); graphs: the jobs' OpGraphs, to share between engines likewise."""
+    rows (filled here as needed); graphs: the jobs' OpGraphs, to share between engines likewise; restack: the
+    stack each run's job runs on, from the stack its row states (validate --stack and behaviour flags)."""
     graphs = graphs or GraphCache()
     jobs: dict[str, RunJob] = {}
     results: dict[str, Result | str] = {}
@@ -59,7 +63,10 @@ def predict_rows(rows: Iterable[RunRow], estimator: Estimator, progress: Callabl
     out: list[RowPrediction] = []
     for row in rows:
         if row.run_id not in jobs:
-            jobs[row.run_id] = RunJob(row.job, None) if row.job is not None else job_from_row(row.fields)
+            run = RunJob(row.job, None) if row.job is not None else job_from_row(row.fields)
+            if restack is not None and run.job is not None:
+                run = RunJob(replace(run.job, stack=restack(run.job.stack)), None)
+            jobs[row.run_id] = run
         run = jobs[row.run_id]
         skipped = run.skipped
         predicted = None

@@ -12,6 +12,7 @@ from trainsim.catalog.model_files import parse_model
 from trainsim.errors import InputFileError, TrainsimError
 from trainsim.job import Job, make_job
 from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.stack import StackSpec, load_stack
 
 REQUIRED_COLUMNS = ("run_id", "source", "arch", "num_layers", "hidden", "num_heads", "seq_len", "gpu",
                     "num_gpus", "tp", "pp", "dp", "metric", "value")
@@ -119,9 +120,16 @@ def flops_convention_of(source: str) -> str | None:
     return row_defaults()["flops_convention_by_source"].get(source_group(source))
 
 
+def stack_of_row(fields: dict[str, str]) -> StackSpec:
+    """The training stack the row's run ran (row_defaults.yaml: stack_by_run, else stack_by_source, else
+    `stack`)."""
+    defaults = row_defaults()
+    by_source = defaults["stack_by_source"].get(source_group(fields.get("source", "")), defaults["stack"])
+    return load_stack(defaults["stack_by_run"].get(fields.get("run_id", ""), by_source))
+
+
 def parallel_from_row(fields: dict[str, str]) -> dict[str, Any]:
     base = row_defaults()["strategy"]
-    stacks = row_defaults()["attention_by_source"]
     dp = _int(fields, "dp")
     micro = _int(fields, "micro_batch", base["micro_batch"])
     vpp = _int(fields, "vpp", base["vpp"])
@@ -136,8 +144,7 @@ def parallel_from_row(fields: dict[str, str]) -> dict[str, Any]:
         "precision": fields.get("precision") or row_defaults()["precision_by_source"].get(
             source_group(fields.get("source", "")), base["precision"]),
         "schedule": fields.get("schedule") or ("interleaved-1f1b" if vpp > 1 else "1f1b"),
-        "attention": fields.get("attention") or stacks.get(source_group(fields.get("source", "")),
-                                                           base["attention"]),
+        "attention": fields.get("attention") or stack_of_row(fields).attention,
         "optimizer_impl": fields.get("optimizer_impl") or base["optimizer_impl"],
     }
 
@@ -166,6 +173,6 @@ def job_from_row(fields: dict[str, str]) -> RunJob:
         cluster = cluster.model_copy(update=update).with_num_gpus(_int(fields, "num_gpus"))
         model = parse_model(model_from_row(fields), "row model")
         parallel = _whole_micro_batches(parallel_from_row(fields))
-        return RunJob(make_job(model, cluster, ParallelSpec.parse(parallel)), None)
+        return RunJob(make_job(model, cluster, ParallelSpec.parse(parallel), stack_of_row(fields)), None)
     except (TrainsimError, ValueError) as exc:
         return RunJob(None, str(exc))

@@ -8,11 +8,11 @@ import pytest
 
 from conftest import a100_cluster
 from trainsim.catalog import load_cluster, load_model
-from trainsim.catalog.calibration import Calibration, RuntimeParams
+from trainsim.catalog.calibration import Calibration
 from trainsim.catalog.model_files import parse_model
 from trainsim.comm.collectives import collective_time_s
 from trainsim.compile.build import compile_job
-from trainsim.cost.pricing import BUCKET_BYTES, Pricer, axis_layout
+from trainsim.cost.pricing import Pricer, axis_layout
 from trainsim.errors import ConfigError
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.estimate.engines import make_engine
@@ -23,15 +23,16 @@ from trainsim.job import Job, make_job
 from trainsim.pipeline import graph_for
 from trainsim.strategy.lowered import default_plan
 from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.stack import StackSpec
 from trainsim.strategy.stages import partition_stages
 
 TINY = parse_model({"name": "tiny-gpt", "num_layers": 4, "hidden": 1024, "ffn_hidden": 4096, "num_heads": 16,
                     "vocab": 32000, "max_seq_len": 1024})
 
 
-def _job(num_gpus: int, **strategy: object) -> Job:
+def _job(num_gpus: int, *, stack: StackSpec | None = None, **strategy: object) -> Job:
     par = ParallelSpec.parse({"micro_batch": 1, "seq_len": 1024, **strategy})
-    return make_job(TINY, a100_cluster(num_gpus), par)
+    return make_job(TINY, a100_cluster(num_gpus), par, stack)
 
 
 def _sim(cal: Calibration | None = None, **flags: object) -> SimEstimator:
@@ -80,11 +81,11 @@ def test_two_stage_1f1b_makespan_is_hand_computed_from_layer_costs() -> None:
 
 
 def test_fsdp_without_overlap_serializes_gathers_and_scatters() -> None:
-    """ZeRO-3 with fsdp_overlap = 0 on one stage: every gather and reduce-scatter is exposed, so the iteration
-    is compute + m x sum over layers of (2 gathers + 1 reduce-scatter) + the optimizer step."""
-    cal = Calibration(runtime=RuntimeParams(fsdp_overlap=0.0))
+    """ZeRO-3 without prefetch (fsdp_prefetch_depth 0) on one stage: every gather and reduce-scatter is exposed,
+    so the iteration is compute + m x sum over layers of (2 gathers + 1 reduce-scatter) + the optimizer step."""
+    cal = Calibration()
     sim = _sim(cal)
-    job = _job(2, zero=3, global_batch=4)  # dp=2, m=2
+    job = _job(2, stack=StackSpec(fsdp_prefetch_depth=0), zero=3, global_batch=4)  # dp=2, m=2
     est = sim.pricer
     f, b = _stage_times(est, job)
     layout = job.cluster.group_layout(2, 1)
@@ -104,17 +105,19 @@ def test_fsdp_without_overlap_serializes_gathers_and_scatters() -> None:
 
 
 def test_fsdp_prefetch_hides_gathers_under_compute() -> None:
-    job = _job(2, zero=3, global_batch=4)
-    exposed = _sim(Calibration(runtime=RuntimeParams(fsdp_overlap=0.0))).estimate(job, graph_for(job)).iteration_time_s
-    hidden = _sim(Calibration(runtime=RuntimeParams(fsdp_overlap=1.0))).estimate(job, graph_for(job)).iteration_time_s
+    exposed_job = _job(2, stack=StackSpec(fsdp_prefetch_depth=0), zero=3, global_batch=4)
+    hidden_job = _job(2, stack=StackSpec(fsdp_prefetch_depth=1), zero=3, global_batch=4)
+    exposed = _sim().estimate(exposed_job, graph_for(exposed_job)).iteration_time_s
+    hidden = _sim().estimate(hidden_job, graph_for(hidden_job)).iteration_time_s
     assert hidden < exposed
 
 
 def test_gradient_buckets_without_overlap_follow_the_backward_pass() -> None:
-    """ZeRO 0, dp_overlap = 0: the buckets all-reduce after the last backward, back to back."""
-    cal = Calibration(runtime=RuntimeParams(dp_overlap=0.0))
+    """ZeRO 0, a stack without grad_reduce_overlap: the buckets all-reduce after the last backward, back to back."""
+    cal = Calibration()
     sim = _sim(cal)
-    job = _job(4, global_batch=8)  # dp=4, m=2
+    stack = StackSpec(grad_reduce_overlap=False)
+    job = _job(4, stack=stack, global_batch=8)  # dp=4, m=2
     result = sim.estimate(job, graph_for(job))
     graph, outcome = _timeline(result).exec_graph, _timeline(result).outcome
     buckets = [t for t in graph.tasks if t.category == "dp_comm"]
@@ -125,14 +128,14 @@ def test_gradient_buckets_without_overlap_follow_the_backward_pass() -> None:
     f, b = _stage_times(sim.pricer, job)
     optimizer = sim.pricer.optimizer_step_s(partition_stages(graph_for(job), 1), job)
     assert result.iteration_time_s == pytest.approx(2 * (f[0] + b[0]) + comm + optimizer, rel=1e-12)
-    # Buckets hold whole layers, in the order their gradients become final, each at least BUCKET_BYTES but the
-    # last: their all-reduces together move every gradient once, plus one ring's latency per extra bucket.
+    # Buckets hold whole layers, in the order their gradients become final, each at least grad_bucket_params
+    # but the last: their all-reduces together move every gradient once, plus one ring's latency per extra bucket.
     layout = job.cluster.group_layout(4, 1)
     params = graph_for(job).param_count()
     whole = collective_time_s("all-reduce", params * 2, layout, job.cluster, cal)
     ring_latency = 2 * 3 * (job.cluster.intra_node.latency_s + cal.comm_params("all-reduce").latency_s)
     assert comm == pytest.approx(whole + (len(buckets) - 1) * ring_latency, rel=1e-9)
-    assert 2 <= len(buckets) <= params * 2 / BUCKET_BYTES + 1
+    assert 2 <= len(buckets) <= params / stack.grad_bucket_params + 1
 
 
 # ---- structure -----------------------------------------------------------------------------------------------------
@@ -157,7 +160,7 @@ def _check_graph(graph: ExecGraph) -> None:
 ], ids=["tp", "interleaved", "gpipe-full", "zero3", "zb-h1", "sp"])
 @pytest.mark.parametrize("level", ["layer", "op"])
 def test_graphs_are_well_formed_and_op_level_agrees(strategy: dict[str, object], level: str) -> None:
-    job = _job(8, **strategy)
+    job = make_job(TINY, a100_cluster(8), ParallelSpec.parse({"micro_batch": 1, "seq_len": 1024, **strategy}))
     sim = _sim(task_level=level)
     result = sim.estimate(job, graph_for(job))
     _check_graph(_timeline(result).exec_graph)
@@ -174,10 +177,8 @@ def test_one_simulated_device_per_stage_and_tasks_per_layer_phase() -> None:
                                                   for t in graph.tasks if t.category == "compute"}.values())
     # stage 0: embedding + 2 blocks; stage 1: 2 blocks + head; 4 micro-batches each way.
     assert units == {(0, "fwd"): 12, (0, "bwd"): 12, (1, "fwd"): 12, (1, "bwd"): 12}
-    # One task per layer-phase, but for the backward task where the data-parallel overlap window opens (dp_overlap
-    # of the last backward pass left), which is split in two.
-    parts = [t for t in graph.tasks if t.category == "compute" and " part" in t.name]
-    assert [(t.device, t.name.split(" part")[1]) for t in parts] == [(0, "1"), (0, "2"), (1, "1"), (1, "2")]
+    # One task per layer-phase: gradient buckets start when their last gradient is ready (no split window).
+    assert not [t for t in graph.tasks if t.category == "compute" and " part" in t.name]
     tp = [t for t in graph.tasks if t.category == "tp_comm"]
     # per micro-batch: 4 blocks x (fwd, bwd), the embedding's forward all-reduce, the head's cross-entropy
     # all-reduces forward and its input-gradient all-reduce backward

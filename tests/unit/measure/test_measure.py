@@ -2,6 +2,7 @@
 strategy of one job reaches the same loss), a crashing or hanging rank fails fast with one line, results round
 trip, and measured runs read back as runs.csv rows that rebuild their job."""
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -22,7 +23,7 @@ from trainsim.measure.launch import (
     launch,
     make_spec,
 )
-from trainsim.measure.results import IterationStats, MeasuredRun, load_run, load_runs, save_run
+from trainsim.measure.results import IterationStats, MeasuredRun, load_run, load_runs, measured_stack, save_run
 
 RUNNER = CliRunner()
 
@@ -50,7 +51,9 @@ def test_results_round_trip(tmp_path: Path) -> None:
     assert data["tokens_per_s"] == pytest.approx(run.tokens_per_iteration / 0.115)
     back = load_run(path)
     assert back == run
-    assert back.make_job() == tiny_job(2, dp=2)
+    expected = tiny_job(2, dp=2)  # on the stack measure runs it with: DDP, buckets overlapped
+    assert back.make_job() == dataclasses.replace(expected, stack=measured_stack(expected.parallel))
+    assert back.make_job().stack.name == "ddp" and back.make_job().stack.grad_reduce_overlap
     assert load_runs(tmp_path) == [run]
 
 

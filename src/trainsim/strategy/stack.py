@@ -1,0 +1,103 @@
+"""StackSpec: the training software that runs a job (Megatron-LM, Megatron-Core, DeepSpeed, FSDP, DDP ...), as
+the behaviours that change what a step costs, each settable one by one.
+
+Presets live in catalog/data/stacks/*.yaml, each value citing the framework file and version it comes from.
+`generic` is the stack of a job that names none. What each behaviour does to a step's time is the pricing
+service's (cost/stack_effects.py, cost/pricing.py) and the compiler's (compile/); this module only says what a
+stack does.
+"""
+
+from functools import cache
+from typing import Any
+
+from pydantic import Field
+
+from trainsim.catalog.files import catalog_entries
+from trainsim.errors import ConfigError, UnknownNameError
+from trainsim.specbase import Spec
+from trainsim.strategy.parallel import AttentionKernel
+
+GENERIC_STACK = "generic"
+
+
+class StackSpec(Spec):
+    """The behaviours of a training stack. The descriptions are the help texts of the --stack-* flags."""
+
+    name: str = Field(default=GENERIC_STACK, min_length=1, description="stack preset")
+    description: str = Field(default="", description="what the preset stands for")
+    grad_reduce_overlap: bool = Field(default=True, description="data-parallel gradient reduction overlapped "
+                                      "with the backward pass, bucket by bucket (else after the backward pass)")
+    grad_bucket_params: float = Field(default=40e6, gt=0, le=1e13, description="gradient bucket size in "
+                                      "parameters (frameworks state it in elements)")
+    param_gather_overlap: bool = Field(default=True, description="distributed-optimizer (ZeRO 1-2) parameter "
+                                       "all-gather overlapped with the next forward pass (else after the step)")
+    tp_comm_overlap: bool = Field(default=False, description="tensor-parallel collectives overlapped with the "
+                                  "GEMMs (Megatron-Core / TransformerEngine userbuffers)")
+    pp_comm_overlap: bool = Field(default=False, description="pipeline send/recv overlapped with compute in "
+                                  "interleaved schedules")
+    pp_scatter_gather: bool = Field(default=False, description="pipeline sends split over the tensor-parallel "
+                                    "ranks and all-gathered over NVLink (Megatron-LM scatter-gather)")
+    fsdp_prefetch_depth: int = Field(default=1, ge=0, le=64, description="ZeRO-3 / FSDP: layers whose parameter "
+                                     "all-gather may run ahead of the layer computing (0 = no prefetch)")
+    fsdp_bucket_params: float = Field(default=0.0, ge=0, le=1e13, description="ZeRO-3 / FSDP: gradients "
+                                      "reduce-scattered in buckets of this many parameters (0 = each layer's "
+                                      "own, as FSDP wraps blocks)")
+    fused_layernorm_linear: bool = Field(default=True, description="LayerNorm fused with the next GEMM's input "
+                                         "cast (fp8: no separate cast kernel)")
+    fused_bias_activation: bool = Field(default=True, description="activation fused with its bias add / gate")
+    fused_cross_entropy: bool = Field(default=True, description="cross-entropy in one pass over the logits")
+    fused_fp8_cast: bool = Field(default=True, description="fp8 casts of GEMM inputs fused into the producer")
+    attention: AttentionKernel = Field(default="flash2", description="the attention kernel the stack picks "
+                                       "(a job's own --attention wins)")
+    cuda_graphs: bool = Field(default=False, description="CUDA graphs: no per-micro-batch host launch cost")
+
+    def describe(self) -> str:
+        return self.name
+
+
+BEHAVIOURS: tuple[str, ...] = tuple(name for name in StackSpec.model_fields if name not in ("name", "description"))
+
+
+@cache
+def _presets() -> dict[str, StackSpec]:
+    table = {GENERIC_STACK: StackSpec()}
+    for entry in catalog_entries("stacks", "stacks"):
+        stack = StackSpec.parse(entry, f"stack {entry.get('name')}")
+        table[stack.name] = stack
+    return table
+
+
+def stack_names() -> list[str]:
+    return sorted(_presets())
+
+
+def load_stack(name: str) -> StackSpec:
+    """A preset by name; an unknown name is one line listing the presets."""
+    stack = _presets().get(name)
+    if stack is None:
+        raise UnknownNameError("stack", name, stack_names())
+    return stack
+
+
+def make_stack(value: Any, overrides: dict[str, Any] | None = None, where: str = "stack") -> StackSpec:
+    """A stack from a job file's or a flag's value: a preset name, or a mapping {preset: NAME, behaviour:
+    value ...}; `overrides` (behaviour -> value) apply on top."""
+    if value is None:
+        value = GENERIC_STACK
+    if isinstance(value, StackSpec):
+        base, changes = value, {}
+    elif isinstance(value, str):
+        base, changes = load_stack(value), {}
+    elif isinstance(value, dict):
+        changes = dict(value)
+        base = load_stack(str(changes.pop("preset", GENERIC_STACK)))
+    else:
+        raise ConfigError(where, value, "must be a stack name or a mapping with preset: and behaviours")
+    changes.update(overrides or {})
+    unknown = sorted(set(changes) - set(BEHAVIOURS))
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}", changes[unknown[0]],
+                          "unknown behaviour; allowed: preset, " + ", ".join(BEHAVIOURS))
+    if not changes:
+        return base
+    return StackSpec.parse({**base.model_dump(), **changes}, where)

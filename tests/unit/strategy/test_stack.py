@@ -1,0 +1,99 @@
+"""Training stacks: presets, overrides, bad names, the job-file key and the CLI flags."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from trainsim.cli.main import app
+from trainsim.errors import ConfigError
+from trainsim.jobfile import job_from_settings, read_job_file
+from trainsim.strategy.stack import BEHAVIOURS, StackSpec, load_stack, make_stack, stack_names
+
+PRESETS = ("megatron-lm", "megatron-core", "megatron-deepspeed", "deepspeed-zero", "fsdp", "fsdp2", "ddp")
+
+
+def test_every_required_preset_loads_and_states_every_behaviour() -> None:
+    assert set(PRESETS) | {"generic"} <= set(stack_names())
+    for name in PRESETS:
+        stack = load_stack(name)
+        assert stack.name == name and stack.description
+    assert load_stack("generic") == StackSpec()
+
+
+def test_presets_state_their_frameworks_defaults() -> None:
+    assert not load_stack("megatron-deepspeed").grad_reduce_overlap  # DeepSpeed all-reduces after backward
+    assert load_stack("megatron-deepspeed").grad_bucket_params == 5e8
+    core = load_stack("megatron-core")
+    assert core.grad_reduce_overlap and core.param_gather_overlap and core.tp_comm_overlap
+    assert core.attention == "flash3" and core.grad_bucket_params == 128 * 1024 * 1024
+    assert load_stack("megatron-lm").pp_scatter_gather
+
+
+def test_overrides_apply_one_by_one_on_a_preset() -> None:
+    stack = make_stack({"preset": "fsdp", "fsdp_prefetch_depth": 2}, {"cuda_graphs": True})
+    assert stack.fsdp_prefetch_depth == 2 and stack.cuda_graphs
+    assert stack.model_dump(exclude={"fsdp_prefetch_depth", "cuda_graphs"}) == \
+        load_stack("fsdp").model_dump(exclude={"fsdp_prefetch_depth", "cuda_graphs"})
+
+
+def test_bad_stack_names_and_behaviours_are_one_line_errors() -> None:
+    with pytest.raises(ConfigError, match="choose one of: ddp, deepspeed-zero, fsdp, fsdp2, fsdp2-compile, generic"):
+        load_stack("megatron")
+    with pytest.raises(ConfigError, match="unknown behaviour"):
+        make_stack({"preset": "fsdp", "overlap_everything": True})
+    with pytest.raises(ConfigError, match="fsdp_prefetch_depth"):
+        make_stack("fsdp", {"fsdp_prefetch_depth": -1})
+    with pytest.raises(ConfigError, match="stack"):
+        make_stack(3)
+
+
+def test_job_file_key_names_a_preset_or_a_mapping(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "job.yaml"
+    path.write_text("model: gpt3-1.3b\nnum_gpus: 8\nstack: {preset: megatron-core, tp_comm_overlap: false}\n")
+    job = job_from_settings(read_job_file(path))
+    assert job.stack.name == "megatron-core" and not job.stack.tp_comm_overlap
+    assert job.parallel.attention == "flash3"  # the stack's kernel, where the job names none
+    job = job_from_settings({"model": "gpt3-1.3b", "num_gpus": 8, "stack": "megatron-core", "attention": "math"})
+    assert job.parallel.attention == "math"  # the job's own kernel wins
+    assert job_from_settings({"model": "gpt3-1.3b", "num_gpus": 8}).stack == StackSpec()
+
+
+def test_cli_stack_flags_and_unknown_name_exit_2() -> None:
+    runner = CliRunner()
+    bad = runner.invoke(app, ["predict", "--stack", "nope"])
+    assert bad.exit_code == 2 and "choose one of:" in bad.output and "Traceback" not in bad.output
+    times = []
+    for extra in (["--fsdp-prefetch-depth", "0"], []):
+        run = runner.invoke(app, ["predict", "--num-gpus", "16", "--stack", "fsdp", "--zero", "3", "--json", *extra])
+        assert run.exit_code == 0, run.output
+        times.append(json.loads(run.output)["iteration_time_s"])
+    assert times[0] > times[1]  # without prefetch every gather is exposed
+    assert "cuda_graphs" in BEHAVIOURS and "name" not in BEHAVIOURS
+
+
+def test_validate_restack_replaces_or_adjusts_each_rows_stack() -> None:
+    from trainsim.api.functions import _restack
+
+    assert _restack(None, {}) is None
+    adjust = _restack(None, {"cuda_graphs": True})
+    assert adjust is not None
+    adjusted = adjust(load_stack("fsdp"))
+    assert adjusted.cuda_graphs and adjusted.name == "fsdp" and adjusted.fused_cross_entropy
+    replace = _restack("ddp", {})
+    assert replace is not None and replace(load_stack("fsdp")) == load_stack("ddp")
+    with pytest.raises(ConfigError, match="choose one of"):
+        _restack("nope", {})
+
+
+def test_calibration_rows_run_on_their_sources_stack() -> None:
+    from trainsim.validate.runs import stack_of_row
+
+    assert stack_of_row({"source": "VIA-Research/vTrain data/ground_truth_single.csv row 1"}).name == \
+        "megatron-deepspeed"
+    assert stack_of_row({"source": "mosaicml/llm-foundry README"}).name == "fsdp"
+    assert stack_of_row({"source": "pytorch/torchtitan docs"}).name == "fsdp2"
+    assert stack_of_row({"source": "NVIDIA/NeMo docs"}).name == "megatron-core"
+    assert stack_of_row({"source": "NVIDIA-NeMo/Megatron-Bridge docs"}).name == "megatron-core"
+    assert stack_of_row({"source": "someone else"}).name == "generic"
+    assert stack_of_row({"source": "pytorch/torchtitan docs", "run_id": "tt2412_t2_cp1"}).name == "fsdp2-compile"

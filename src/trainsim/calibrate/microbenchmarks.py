@@ -160,26 +160,28 @@ def predict_sample(sample: CollectiveSample, cal: Calibration) -> float:
 
 
 def _fit_one(collective: str, samples: list[CollectiveSample], network: CommParams) -> CommParams:
-    """Least squares in log space of the collective model over one collective's single-domain measurements:
-    latency per step and NVLink bandwidth efficiency, and the NVLS efficiency where the rows ran on a
-    multicast NVSwitch."""
+    """Least squares in log space (soft_l1: a few first-call outliers in the sweeps) of the collective model over
+    one collective's single-domain measurements: start-up and per-step latency, NVLink bandwidth efficiency, and
+    the NVLS efficiency where the rows ran on a multicast NVSwitch."""
     from scipy.optimize import least_squares
 
     nvls = collective == "all-reduce" and any(s.cluster.intra_node.multicast and s.layout.size > 2 for s in samples)
     measured = np.log(np.array([s.time_s for s in samples]))
 
     def params(theta: np.ndarray) -> CommParams:
-        return CommParams(latency_s=math.exp(theta[0]), bw_efficiency=float(theta[1]),
-                          nvls_bw_efficiency=float(theta[2]) if nvls else CommParams().nvls_bw_efficiency)
+        return CommParams(base_latency_s=math.exp(theta[0]), latency_s=math.exp(theta[1]),
+                          bw_efficiency=float(theta[2]),
+                          nvls_bw_efficiency=float(theta[3]) if nvls else CommParams().nvls_bw_efficiency)
 
     def residuals(theta: np.ndarray) -> np.ndarray:
         cal = Calibration(comm={collective: params(theta)}, comm_network=network)
         return np.log(np.array([predict_sample(s, cal) for s in samples])) - measured
 
-    x0, low, high = [math.log(5e-6), 0.8], [math.log(1e-8), 0.05], [math.log(1e-3), 1.5]
+    x0 = [math.log(8e-6), math.log(1e-6), 0.8]
+    low, high = [math.log(1e-8), math.log(1e-9), 0.05], [math.log(1e-3), math.log(1e-4), 1.5]
     if nvls:
         x0, low, high = [*x0, 0.6], [*low, 0.05], [*high, 1.5]
-    fit = least_squares(residuals, x0=np.array(x0), bounds=(low, high))
+    fit = least_squares(residuals, x0=np.array(x0), bounds=(low, high), loss="soft_l1", f_scale=0.3)
     return params(fit.x)
 
 

@@ -32,7 +32,9 @@ cluster's leaf oversubscription. Hierarchical all-reduce / all-gather / reduce-s
 across domains among the ranks of one local index, then inside again) is what hybrid-sharded stacks run
 (PyTorch FSDP HYBRID_SHARD, DeepSpeed hpZ / MiCS); NCCL itself does not: `hierarchical=True` asks for it.
 
-The per-collective bandwidth efficiency and step latency, the NVLS efficiency and the network's efficiency and
+Every algorithm but NVLS starts with the collective's start-up latency (NCCL's baseLat per algorithm and
+protocol; here one fitted figure per collective). The per-collective bandwidth efficiency, start-up and step
+latency, the NVLS efficiency and the network's efficiency and
 step latency are fitted on collectives.csv (calibrate/microbenchmarks.py).
 """
 
@@ -51,11 +53,12 @@ COLLNET_PER_RANK_LATENCY_S = 0.4e-6  # NCCL src/graph/tuning.cc CollNetDirect: 0
 class _Links:
     """The bandwidths and per-step latencies one collective sees on one cluster (calibration applied)."""
 
-    __slots__ = ("intra_bw", "intra_lat", "nic_bw", "net_lat", "nvls_bw", "multicast", "sharp")
+    __slots__ = ("base_lat", "intra_bw", "intra_lat", "nic_bw", "net_lat", "nvls_bw", "multicast", "sharp")
 
     def __init__(self, collective: str, layout: GroupLayout, cluster: ClusterSpec, cal: Calibration) -> None:
         params: CommParams = cal.comm_params(collective, cluster.device.name)
         network = cal.comm_network
+        self.base_lat = params.base_latency_s
         self.intra_bw = cluster.intra_node.bw_bytes_per_s * params.bw_efficiency
         self.intra_lat = cluster.intra_node.latency_s + params.latency_s
         oversubscription = cluster.leaf_oversubscription if layout.num_leaves > 1 else 1.0
@@ -78,13 +81,14 @@ def _ring_s(collective: str, size_bytes: float, layout: GroupLayout, links: _Lin
     factor = _TRAFFIC_FACTOR[collective]
     steps = factor * (n - 1)
     net_steps = factor * (domains - 1)
-    latency = (steps - net_steps) * links.intra_lat + net_steps * links.net_lat
+    latency = links.base_lat + (steps - net_steps) * links.intra_lat + net_steps * links.net_lat
     return latency + factor * (n - 1) / n * size_bytes / links.ring_bw(layout)
 
 
 def _tree_s(size_bytes: float, layout: GroupLayout, links: _Links) -> float:
     local = layout.ranks_per_domain
-    latency = 2.0 * ((local - 1) * links.intra_lat + math.ceil(math.log2(layout.num_domains)) * links.net_lat)
+    latency = links.base_lat + 2.0 * ((local - 1) * links.intra_lat
+                                      + math.ceil(math.log2(layout.num_domains)) * links.net_lat)
     return latency + 2.0 * size_bytes / (TREE_BW_FACTOR * links.ring_bw(layout))
 
 
@@ -94,30 +98,31 @@ def _nvls_s(size_bytes: float, links: _Links) -> float:
 
 def _collnet_s(size_bytes: float, layout: GroupLayout, links: _Links) -> float:
     local = layout.ranks_per_domain
-    latency = 2.0 * (min(1, local - 1) * links.intra_lat + (local - 1) * COLLNET_PER_RANK_LATENCY_S) + links.net_lat
+    latency = links.base_lat + 2.0 * (min(1, local - 1) * links.intra_lat
+                                      + (local - 1) * COLLNET_PER_RANK_LATENCY_S) + links.net_lat
     inside = 2.0 * (local - 1) / local * size_bytes / links.intra_bw
     return latency + max(inside, size_bytes / (local * links.nic_bw))
 
 
 def _pat_s(collective: str, size_bytes: float, layout: GroupLayout, links: _Links) -> float:
     n = layout.size
-    return math.ceil(math.log2(n)) * links.net_lat + (n - 1) / n * size_bytes / links.ring_bw(layout)
+    return links.base_lat + math.ceil(math.log2(n)) * links.net_lat + (n - 1) / n * size_bytes / links.ring_bw(layout)
 
 
 def _all_to_all_s(size_bytes: float, layout: GroupLayout, links: _Links) -> float:
     n, local = layout.size, layout.ranks_per_domain
     steps = math.ceil(math.log2(n))  # NB: the peers' sends of one grouped call overlap (see the module doc)
     if layout.num_domains == 1:
-        return steps * links.intra_lat + (n - 1) / n * size_bytes / links.intra_bw
+        return links.base_lat + steps * links.intra_lat + (n - 1) / n * size_bytes / links.intra_bw
     cross = (n - local) / n * size_bytes / links.nic_bw
     inside = (local - 1) / n * size_bytes / links.intra_bw
-    return steps * links.net_lat + max(cross, inside)
+    return links.base_lat + steps * links.net_lat + max(cross, inside)
 
 
 def _send_recv_s(size_bytes: float, layout: GroupLayout, links: _Links) -> float:
     if layout.num_domains == 1:
-        return links.intra_lat + size_bytes / links.intra_bw
-    return links.net_lat + size_bytes / links.nic_bw
+        return links.base_lat + links.intra_lat + size_bytes / links.intra_bw
+    return links.base_lat + links.net_lat + size_bytes / links.nic_bw
 
 
 def algorithm_times_s(collective: str, size_bytes: float, layout: GroupLayout, cluster: ClusterSpec,

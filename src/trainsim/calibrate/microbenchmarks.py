@@ -14,9 +14,9 @@ from trainsim.catalog.calibration import Calibration, CommParams, ComputeParams
 from trainsim.catalog.files import DATA_DIR, read_mapping
 from trainsim.catalog.loader import load_cluster, load_device
 from trainsim.comm.collectives import collective_time_s
-from trainsim.hardware.cluster import ClusterSpec, GroupLayout
 from trainsim.cost.compute import matmul_efficiency
 from trainsim.errors import TrainsimError
+from trainsim.hardware.cluster import ClusterSpec, GroupLayout
 from trainsim.hardware.device import DType
 
 

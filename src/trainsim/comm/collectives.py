@@ -53,7 +53,7 @@ COLLNET_PER_RANK_LATENCY_S = 0.4e-6  # NCCL src/graph/tuning.cc CollNetDirect: 0
 class _Links:
     """The bandwidths and per-step latencies one collective sees on one cluster (calibration applied)."""
 
-    __slots__ = ("base_lat", "intra_bw", "intra_lat", "nic_bw", "net_lat", "nvls_bw", "multicast", "sharp")
+    __slots__ = ("base_lat", "intra_bw", "intra_lat", "multicast", "net_lat", "nic_bw", "nvls_bw", "sharp")
 
     def __init__(self, collective: str, layout: GroupLayout, cluster: ClusterSpec, cal: Calibration) -> None:
         params: CommParams = cal.comm_params(collective, cluster.device.name)
@@ -199,7 +199,8 @@ class CommCostModel(Protocol):
 class NcclComm:
     """collective_time_s with the calibration's fitted efficiencies and latencies, as a CommCostModel.
     hierarchical: price all-reduce / all-gather / reduce-scatter across domains as hybrid-sharded stacks run
-    them (two levels) rather than as NCCL's flat algorithms."""
+    them (two levels) rather than as NCCL's flat algorithms; the default of every call, which a call may
+    override (a stack that shards hierarchically over its data-parallel group only)."""
 
     name = "nccl"
 
@@ -207,6 +208,7 @@ class NcclComm:
         self.cal = cal
         self.hierarchical = hierarchical
 
-    def collective_time_s(self, collective: str, buffer_bytes: float, layout: GroupLayout,
-                          cluster: ClusterSpec) -> float:
-        return collective_time_s(collective, buffer_bytes, layout, cluster, self.cal, hierarchical=self.hierarchical)
+    def collective_time_s(self, collective: str, buffer_bytes: float, layout: GroupLayout, cluster: ClusterSpec,
+                          *, hierarchical: bool | None = None) -> float:
+        flag = self.hierarchical if hierarchical is None else hierarchical
+        return collective_time_s(collective, buffer_bytes, layout, cluster, self.cal, hierarchical=flag)

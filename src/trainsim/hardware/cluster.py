@@ -10,6 +10,7 @@ network may be oversubscribed (`leaf_oversubscription` = leaf down-links / up-li
 """
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -45,10 +46,12 @@ class LinkSpec(Spec):
         return parse_duration(value, "latency_s") if isinstance(value, str) else value
 
 
-class GroupLayout(Spec):
+@dataclass(frozen=True, slots=True)
+class GroupLayout:
     """Where the ranks of one communication group sit: ranks_per_node on each of num_nodes servers,
     ranks_per_domain on each of num_domains NVLink domains (equal to the node figures where a server is its own
-    domain), and num_leaves: the leaf switches (scalable units) the group spans (1: it stays under one leaf)."""
+    domain), and num_leaves: the leaf switches (scalable units) the group spans (1: it stays under one leaf).
+    A plain dataclass, not a Spec: only ClusterSpec.group_layout makes them, on the engines' per-plan path."""
 
     size: int
     ranks_per_node: int
@@ -57,13 +60,11 @@ class GroupLayout(Spec):
     num_domains: int = 0  # 0: the same as num_nodes
     num_leaves: int = 1
 
-    @model_validator(mode="after")
-    def _domains_default_to_nodes(self) -> "GroupLayout":
+    def __post_init__(self) -> None:
         if self.ranks_per_domain == 0:
             object.__setattr__(self, "ranks_per_domain", self.ranks_per_node)
         if self.num_domains == 0:
             object.__setattr__(self, "num_domains", self.num_nodes)
-        return self
 
 
 def _per_block(block: int, size: int, stride: int) -> int:
@@ -148,18 +149,17 @@ class ClusterSpec(Spec):
         """Layout of a group of `size` ranks spaced `stride` apart (ranks are numbered server-major, servers
         domain-major: consecutive trays of a rack)."""
         if size <= 1:
-            return GroupLayout(size=max(size, 1), ranks_per_node=1, num_nodes=1, ranks_per_domain=1,
-                               num_domains=1, num_leaves=1)
-        per_node = _per_block(self.gpus_per_node, size, stride)
-        per_domain = _per_block(self.gpus_per_domain, size, stride)
+            return GroupLayout(max(size, 1), 1, 1, 1, 1, 1)
+        gpus_per_node = self.gpus_per_node
+        per_node = _per_block(gpus_per_node, size, stride)
+        per_domain = per_node if self.nvlink_domain_gpus is None else _per_block(self.gpus_per_domain, size, stride)
         num_nodes = math.ceil(size / per_node)
         num_domains = math.ceil(size / per_domain)
         leaves = 1
         if num_domains > 1 and self.nodes_per_leaf is not None:
-            span_nodes = math.ceil(((size - 1) * stride + 1) / self.gpus_per_node)
+            span_nodes = math.ceil(((size - 1) * stride + 1) / gpus_per_node)
             leaves = math.ceil(span_nodes / self.nodes_per_leaf)
-        return GroupLayout(size=size, ranks_per_node=per_node, num_nodes=num_nodes, ranks_per_domain=per_domain,
-                           num_domains=num_domains, num_leaves=leaves)
+        return GroupLayout(size, per_node, num_nodes, per_domain, num_domains, leaves)
 
     @property
     def nic_bw_per_gpu_bytes_per_s(self) -> float:

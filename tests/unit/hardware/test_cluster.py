@@ -49,7 +49,8 @@ def test_groups_beyond_a_scalable_unit_cross_leaves() -> None:
 
 @pytest.mark.parametrize("num_gpus", [6, 74, 258])
 def test_nvl72_refuses_partial_trays(num_gpus: int) -> None:
-    with pytest.raises(ConfigError, match=r"^num_gpus=\d+ is invalid: must be at most or a multiple of gpus_per_node=4"):
+    message = r"^num_gpus=\d+ is invalid: must be at most or a multiple of gpus_per_node=4"
+    with pytest.raises(ConfigError, match=message):
         load_cluster("gb200-nvl72").with_num_gpus(num_gpus)
 
 

@@ -1,6 +1,7 @@
 """Fit the compute and communication cost models on the microbenchmarks (gemm.csv, collectives.csv)."""
 
 import csv
+import itertools
 import math
 import re
 from dataclasses import dataclass
@@ -237,13 +238,11 @@ SIZE_BANDS = (("< 1 MB", 0.0, 1e6), ("1-64 MB", 1e6, 64e6), ("> 64 MB", 64e6, ma
 
 
 def collective_mape(samples: list[CollectiveSample], cal: Calibration) -> dict[tuple[str, str, str], tuple[int, float]]:
-    """MAPE (%) and row count per (collective, scope, size band), with "all" rolled up on each key part."""
+    """Row count and MAPE (%) per (collective, scope, size band), with "all" rolled up on each key part."""
     errors: dict[tuple[str, str, str], list[float]] = {}
     for sample in samples:
         error = abs(predict_sample(sample, cal) / sample.time_s - 1.0) * 100.0
         band = next(name for name, low, high in SIZE_BANDS if low <= sample.size_bytes < high)
-        for key in ((sample.collective, sample.scope, band), (sample.collective, sample.scope, "all"),
-                    (sample.collective, "all", band), (sample.collective, "all", "all"), ("all", "all", "all"),
-                    ("all", sample.scope, "all"), ("all", "all", band)):
+        for key in itertools.product((sample.collective, "all"), (sample.scope, "all"), (band, "all")):
             errors.setdefault(key, []).append(error)
     return {key: (len(values), sum(values) / len(values)) for key, values in errors.items()}

@@ -70,3 +70,21 @@ def test_bad_cluster_fields_are_one_line_errors(field: str, value: object, messa
         cluster_from_mapping({**BASE, field: value})
     text = str(error.value)
     assert "\n" not in text and message in text
+
+
+@pytest.mark.parametrize("zero", [0, 3])
+def test_a_256_gpu_job_on_nvl72_racks_is_predicted_by_both_engines(zero: int) -> None:
+    from trainsim.catalog import load_model
+    from trainsim.job import make_job
+    from trainsim.pipeline import predict
+    from trainsim.strategy.parallel import ParallelSpec
+
+    cluster = load_cluster("gb200-nvl72").with_num_gpus(256)
+    par = ParallelSpec(tp=4, pp=2, zero=zero, micro_batch=1, global_batch=256, seq_len=2048)
+    job = make_job(load_model("llama3.1-8b"), cluster, par)
+    assert job.parallel.dp == 32
+    analytical = predict(job, "analytical")
+    sim = predict(job, "sim")
+    assert analytical.iteration_time_s > 0
+    # The engines agree on this job (the overlap slow-down and bandwidth sharing are fitted near off).
+    assert sim.iteration_time_s == pytest.approx(analytical.iteration_time_s, rel=0.05)

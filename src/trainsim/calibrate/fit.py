@@ -73,13 +73,14 @@ def fit_micro(data_dir: Path) -> Calibration:
     check_data_dir(data_dir)
     max_eff = fit_matmul_max_efficiency(data_dir / "gemm.csv")
     curve = fit_matmul_curve(data_dir / "gemm.csv", max_eff)
-    comm, comm_by_generation = fit_collectives(data_dir / "collectives.csv")
+    comm = fit_collectives(data_dir / "collectives.csv")
     return Calibration(
         source=f"trainsim calibrate on {data_dir.name}",
         compute=ComputeParams.model_validate(curve),
         matmul_max_efficiency=max_eff,
-        comm=comm,
-        comm_by_generation=comm_by_generation,
+        comm=comm.comm,
+        comm_by_generation=comm.comm_by_generation,
+        comm_network=comm.comm_network,
         device_generation=dict(name_map()["device_generation"]),
     )
 

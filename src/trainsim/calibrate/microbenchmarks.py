@@ -1,7 +1,10 @@
 """Fit the compute and communication cost models on the microbenchmarks (gemm.csv, collectives.csv)."""
 
 import csv
+import itertools
 import math
+import re
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -14,6 +17,7 @@ from trainsim.catalog.loader import load_cluster, load_device
 from trainsim.comm.collectives import collective_time_s
 from trainsim.cost.compute import matmul_efficiency
 from trainsim.errors import TrainsimError
+from trainsim.hardware.cluster import ClusterSpec, GroupLayout
 from trainsim.hardware.device import DType
 
 
@@ -79,53 +83,166 @@ def fit_matmul_curve(gemm_csv: Path, max_eff: dict[str, dict[str, float]]) -> di
             "matmul_half_dim": float(math.exp(fit.x[2])), "matmul_dim_exponent": float(fit.x[3])}
 
 
-def _collective_samples(collectives_csv: Path) -> dict[str, list[tuple[Any, int, float, float]]]:
+@dataclass(frozen=True, slots=True)
+class CollectiveSample:
+    """One measured collective of collectives.csv as trainsim prices it."""
+
+    collective: str
+    system: str  # the row's `system`
+    cluster: ClusterSpec  # the measured machine, scaled to the GPUs the measurement used
+    layout: GroupLayout
+    size_bytes: float
+    time_s: float
+    generation: str
+
+    @property
+    def scope(self) -> str:
+        """multi-node (across NVLink domains) | NVL72 rack (inside an NVLink domain of several trays) | single
+        node."""
+        if self.layout.num_domains > 1:
+            return "multi-node"
+        return "NVL72 rack" if self.cluster.domain_capacity_gpus > self.cluster.gpus_per_node else "single node"
+
+
+_GROUPS = re.compile(r"(\d+) groups x (\d+) devices; total devices (\d+)")
+_BUS_FACTOR = {"all-reduce": lambda n: 2.0 * (n - 1) / n, "all-gather": lambda n: (n - 1) / n,
+               "reduce-scatter": lambda n: (n - 1) / n}
+
+
+def _measured_time_s(row: dict[str, str], collective: str, ranks: int, size: float) -> float | None:
+    """time_us, or the time the row's bandwidth implies (README section 9: algbw = bytes / time, busbw = algbw x
+    the nccl-tests bus factor)."""
+    if row["time_us"]:
+        return float(row["time_us"]) * 1e-6
+    if row["algbw_GBps"]:
+        return size / (float(row["algbw_GBps"]) * 1e9)
+    if row["busbw_GBps"] and collective in _BUS_FACTOR:
+        return _BUS_FACTOR[collective](ranks) * size / (float(row["busbw_GBps"]) * 1e9)
+    return None
+
+
+def _row_sample(row: dict[str, str], names: dict[str, Any]) -> CollectiveSample | None:
+    system = names["collective_system_by_system"].get(row["system"]) or names["collective_system"].get(row["gpu"])
+    collective = names["collective_name"].get(row["collective"])
+    if system is None or collective is None:
+        return None
+    size = float(row["message_size_bytes"])
+    ranks = int(row["num_gpus"] or 2)
+    seconds = _measured_time_s(row, collective, ranks, size)
+    if seconds is None or seconds <= 0 or size <= 0:
+        return None
+    base = load_cluster(system)
+    groups = _GROUPS.search(row["notes"]) or _GROUPS.search(row["algorithm_or_variant"])
+    total = int(groups.group(3)) if groups else ranks
+    nodes = int(row["num_nodes"] or 1)
+    if nodes > 1:
+        total = max(total, nodes * base.gpus_per_node)
+    cluster = base.with_num_gpus(total)
+    return CollectiveSample(collective, row["system"], cluster, cluster.group_layout(ranks, 1), size, seconds,
+                            names["device_generation"].get(cluster.device.name, ""))
+
+
+def collective_samples(collectives_csv: Path) -> list[CollectiveSample]:
+    """Every row of collectives.csv with a collective trainsim prices and a system in the catalog (name_map)."""
     names = name_map()
-    samples: dict[str, list[tuple[Any, int, float, float]]] = {}
+    samples = []
     for row in _read_csv(collectives_csv):
-        system = names["collective_system"].get(row["gpu"])
-        collective = names["collective_name"].get(row["collective"])
-        if system is None or collective is None or row["num_nodes"] not in ("", "1") or not row["time_us"]:
-            continue
         try:
-            cluster = load_cluster(system)
+            sample = _row_sample(row, names)
         except TrainsimError:
             continue
-        ranks = int(row["num_gpus"] or 2)
-        if ranks > cluster.gpus_per_node:
-            continue
-        samples.setdefault(collective, []).append(
-            (cluster.with_num_gpus(ranks), ranks, float(row["message_size_bytes"]), float(row["time_us"]) * 1e-6))
+        if sample is not None:
+            samples.append(sample)
     return samples
 
 
-def _fit_one(collective: str, samples: list[tuple[Any, int, float, float]]) -> CommParams:
-    """Least squares in log space of the alpha-beta model over one collective's measurements."""
+def predict_sample(sample: CollectiveSample, cal: Calibration) -> float:
+    return collective_time_s(sample.collective, sample.size_bytes, sample.layout, sample.cluster, cal)
+
+
+def _fit_one(collective: str, samples: list[CollectiveSample], network: CommParams) -> CommParams:
+    """Least squares in log space (soft_l1: a few first-call outliers in the sweeps) of the collective model over
+    one collective's single-domain measurements: start-up and per-step latency, NVLink bandwidth efficiency, and
+    the NVLS efficiency where the rows ran on a multicast NVSwitch."""
     from scipy.optimize import least_squares
 
-    def residuals(theta: np.ndarray) -> np.ndarray:
-        cal = Calibration(comm={collective: CommParams(latency_s=math.exp(theta[0]), bw_efficiency=float(theta[1]))})
-        predicted = [collective_time_s(collective, size, cluster.group_layout(ranks, 1), cluster, cal)
-                     for cluster, ranks, size, _ in samples]
-        return np.log(np.array(predicted)) - np.log(np.array([s[3] for s in samples]))
+    nvls = collective == "all-reduce" and any(s.cluster.intra_node.multicast and s.layout.size > 2 for s in samples)
+    measured = np.log(np.array([s.time_s for s in samples]))
 
-    fit = least_squares(residuals, x0=np.array([math.log(5e-6), 0.8]),
-                        bounds=([math.log(1e-8), 0.05], [math.log(1e-3), 1.5]))
+    def params(theta: np.ndarray) -> CommParams:
+        return CommParams(base_latency_s=math.exp(theta[0]), latency_s=math.exp(theta[1]),
+                          bw_efficiency=float(theta[2]),
+                          nvls_bw_efficiency=float(theta[3]) if nvls else CommParams().nvls_bw_efficiency)
+
+    def residuals(theta: np.ndarray) -> np.ndarray:
+        cal = Calibration(comm={collective: params(theta)}, comm_network=network)
+        return np.log(np.array([predict_sample(s, cal) for s in samples])) - measured
+
+    x0 = [math.log(8e-6), math.log(1e-6), 0.8]
+    low, high = [math.log(1e-8), math.log(1e-9), 0.05], [math.log(1e-3), math.log(1e-4), 1.5]
+    if nvls:
+        x0, low, high = [*x0, 0.6], [*low, 0.05], [*high, 1.5]
+    fit = least_squares(residuals, x0=np.array(x0), bounds=(low, high), loss="soft_l1", f_scale=0.3)
+    return params(fit.x)
+
+
+def _fit_network(samples: list[CollectiveSample], base: Calibration) -> CommParams:
+    """The scale-out network's extra latency per step and achieved / NIC bandwidth, on the measurements that
+    cross NVLink domains, with the per-collective parameters fixed."""
+    from scipy.optimize import least_squares
+
+    measured = np.log(np.array([s.time_s for s in samples]))
+
+    def residuals(theta: np.ndarray) -> np.ndarray:
+        cal = base.model_copy(update={"comm_network": CommParams(latency_s=math.exp(theta[0]),
+                                                                 bw_efficiency=float(theta[1]))})
+        return np.log(np.array([predict_sample(s, cal) for s in samples])) - measured
+
+    # NB: soft_l1 in log space: the two smallest 4-node rows (32 and 64 KiB, 6.3 and 3.2 ms against a 0.4 ms
+    # floor for every other size up to 4 MiB) are first-call outliers that would otherwise set the latency.
+    fit = least_squares(residuals, x0=np.array([math.log(5e-6), 0.8]), loss="soft_l1", f_scale=0.3,
+                        bounds=([math.log(1e-8), 0.05], [math.log(1e-2), 1.5]))
     return CommParams(latency_s=float(math.exp(fit.x[0])), bw_efficiency=float(fit.x[1]))
 
 
-def fit_collectives(collectives_csv: Path) -> tuple[dict[str, CommParams], dict[str, dict[str, CommParams]]]:
-    """Per collective: extra latency per algorithm step and achieved / link bandwidth, fitted in log space
-    over the single-node measurements, once over every system (the fallback) and once per GPU generation."""
-    generation_of = name_map()["device_generation"]
+@dataclass(frozen=True)
+class CommFit:
+    comm: dict[str, CommParams]  # over every system: the fallback
+    comm_by_generation: dict[str, dict[str, CommParams]]
+    comm_network: CommParams
+
+
+def fit_collectives(collectives_csv: Path) -> CommFit:
+    """Per collective: extra latency per algorithm step and achieved / link bandwidth (and NVLS efficiency),
+    fitted in log space over the measurements inside one NVLink domain, once over every system (the fallback)
+    and once per GPU generation; then the network's latency and efficiency over the rows across domains."""
+    samples = collective_samples(collectives_csv)
+    inside = [s for s in samples if s.layout.num_domains == 1]
+    across = [s for s in samples if s.layout.num_domains > 1]
+    prior = CommParams()
     overall: dict[str, CommParams] = {}
     by_generation: dict[str, dict[str, CommParams]] = {}
-    for collective, samples in sorted(_collective_samples(collectives_csv).items()):
-        overall[collective] = _fit_one(collective, samples)
-        groups: dict[str, list[tuple[Any, int, float, float]]] = {}
-        for sample in samples:
-            groups.setdefault(generation_of.get(sample[0].device.name, ""), []).append(sample)
-        for generation, group in sorted(groups.items()):
-            if generation:
-                by_generation.setdefault(generation, {})[collective] = _fit_one(collective, group)
-    return overall, by_generation
+    for collective in sorted({s.collective for s in inside}):
+        mine = [s for s in inside if s.collective == collective]
+        overall[collective] = _fit_one(collective, mine, prior)
+        for generation in sorted({s.generation for s in mine if s.generation}):
+            group = [s for s in mine if s.generation == generation]
+            by_generation.setdefault(generation, {})[collective] = _fit_one(collective, group, prior)
+    base = Calibration(comm=overall, comm_by_generation=by_generation,
+                       device_generation=dict(name_map()["device_generation"]))
+    network = _fit_network(across, base) if across else prior
+    return CommFit(overall, by_generation, network)
+
+
+SIZE_BANDS = (("< 1 MB", 0.0, 1e6), ("1-64 MB", 1e6, 64e6), ("> 64 MB", 64e6, math.inf))
+
+
+def collective_mape(samples: list[CollectiveSample], cal: Calibration) -> dict[tuple[str, str, str], tuple[int, float]]:
+    """Row count and MAPE (%) per (collective, scope, size band), with "all" rolled up on each key part."""
+    errors: dict[tuple[str, str, str], list[float]] = {}
+    for sample in samples:
+        error = abs(predict_sample(sample, cal) / sample.time_s - 1.0) * 100.0
+        band = next(name for name, low, high in SIZE_BANDS if low <= sample.size_bytes < high)
+        for key in itertools.product((sample.collective, "all"), (sample.scope, "all"), (band, "all")):
+            errors.setdefault(key, []).append(error)
+    return {key: (len(values), sum(values) / len(values)) for key, values in errors.items()}

@@ -47,10 +47,16 @@ class ComputeParams(Spec):
 
 
 class CommParams(Spec):
-    """Alpha-beta correction of one collective: latency per algorithm step and achieved / link bandwidth."""
+    """Correction of one collective's algorithm model (comm.collectives): start-up, extra latency per step and
+    achieved / link bandwidth of its ring (or tree) over the NVLink fabric; nvls_bw_efficiency: achieved / link
+    bandwidth of NVLink SHARP (all-reduce on a multicast NVSwitch). As `comm_network`: the extra latency per
+    step that crosses NVLink domains and the achieved / NIC bandwidth."""
 
     latency_s: float = Field(default=5.0e-6, ge=0)
     bw_efficiency: float = Field(default=0.8, gt=0, le=1.5)
+    nvls_bw_efficiency: float = Field(default=0.6, gt=0, le=1.5)
+    # Start-up of one call whatever its steps (NCCL's baseLat; the prior: tuning.cc's 8.4 us for Ring/Simple).
+    base_latency_s: float = Field(default=8.4e-6, ge=0)
 
 
 class RuntimeParams(Spec):
@@ -75,6 +81,7 @@ class Calibration(Spec):
     comm: dict[Collective, CommParams] = {}  # fitted over every system: the fallback
     # generation -> collective -> params, fitted on that generation's systems alone
     comm_by_generation: dict[str, dict[Collective, CommParams]] = {}
+    comm_network: CommParams = CommParams()  # the scale-out network, fitted on the multi-node measurements
     runtime: RuntimeParams = RuntimeParams()
     # The simulator's runtime behaviours, fitted through the simulator (None: use `runtime`).
     sim_runtime: RuntimeParams | None = None

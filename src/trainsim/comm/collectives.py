@@ -1,59 +1,193 @@
-"""Alpha-beta collective times over a cluster's topology (ring algorithms, hierarchical across nodes).
+"""Collective times as NCCL runs them: per collective, buffer and group, the algorithm NCCL's tuner would pick
+and its bandwidth and latency over the cluster's topology.
 
-Per Thakur et al. 2005 / NCCL's bus-bandwidth convention, for n ranks and a buffer of S bytes:
-all-reduce moves 2(n-1)/n * S per rank, all-gather and reduce-scatter (n-1)/n * S (S = the full buffer),
-all-to-all (n-1)/n * S, send-recv S. Across nodes the all-reduce is hierarchical: reduce-scatter inside the
-node, all-reduce of the 1/l shard across nodes over the NICs, all-gather inside the node.
+The shape follows NCCL's own cost model (src/graph/tuning.cc, ncclTopoTuneModel, NCCL 2.19-2.27): each
+algorithm's time is latency + bytes / bandwidth, and NCCL runs the fastest enabled one (ncclTopoGetAlgoTime).
+For n ranks in a group with l ranks on each of D NVLink domains and a buffer of S bytes (the full buffer):
+
+- ring (every collective): 2(n-1) steps for all-reduce, n-1 for all-gather / reduce-scatter, each step a
+  per-hop latency; the steps that cross domains pay the network's latency (NCCL: nInterSteps x interLat). The
+  ring moves 2(n-1)/n S (all-reduce) or (n-1)/n S per rank at the ring's bus bandwidth: the NVLink fabric inside
+  one domain; across domains the l NICs of the group's ranks in each domain (rail-optimized: every GPU drives
+  its own NIC; each NCCL channel crosses a domain through one NIC), never more than the NVLink.
+- tree (all-reduce across domains): NCCL's double binary tree, a chain inside each domain: latency
+  2((l-1) intra + log2(D) inter); bandwidth 0.92 of the ring's bus bandwidth for 2 S per rank (tuning.cc:
+  busBw * .92 for Tree, algorithm bandwidth busBw / 2).
+- nvls (all-reduce inside one domain on a multicast NVSwitch, Hopper and later): the switch reduces and
+  multicasts, so each GPU sends and receives S once: S / (link bw x fitted NVLS efficiency), after NCCL's
+  NVLS hardware latency (tuning.cc hwLat[NVLINK][NVLS][Simple] = 25 us).
+- collnet (all-reduce across domains where the switches reduce: InfiniBand SHARP): reduce-scatter and
+  all-gather inside the domain, S / l per GPU to and from the switch (tuning.cc CollNetDirect latency:
+  2 (min(1, l-1) intra + 0.4 us (l-1)) + inter).
+- pat (all-gather / reduce-scatter at one rank per domain, NCCL >= 2.23's Parallel Aggregated Trees):
+  log2(n) network steps at the ring's bandwidth.
+- all-to-all (NCCL's grouped send/recv): (n-1)/n S per rank; across domains the (n-l)/n S bound for other
+  domains over the rank's own NIC, the rest over NVLink at the same time. The sends to all peers are issued
+  in one group and overlap, so the latency grows as log2(n) steps, not n-1 (the form the XLA collective
+  tables of collectives.csv show: about 23 us at 4 ranks and 63 us at 72 on GB200 NVL72).
+- send-recv: S over NVLink inside a domain, over the sender's NIC across.
+
+Above the leaf switches (a group spanning several scalable units) the NIC bandwidth is divided by the
+cluster's leaf oversubscription. Hierarchical all-reduce / all-gather / reduce-scatter (inside the domain, then
+across domains among the ranks of one local index, then inside again) is what hybrid-sharded stacks run
+(PyTorch FSDP HYBRID_SHARD, DeepSpeed hpZ / MiCS); NCCL itself does not: `hierarchical=True` asks for it.
+
+Every algorithm but NVLS starts with the collective's start-up latency (NCCL's baseLat per algorithm and
+protocol; here one fitted figure per collective). The per-collective bandwidth efficiency, start-up and step
+latency, the NVLS efficiency and the network's efficiency and
+step latency are fitted on collectives.csv (calibrate/microbenchmarks.py).
 """
 
+import math
 from typing import Protocol
 
-from trainsim.catalog.calibration import Calibration
+from trainsim.catalog.calibration import Calibration, CommParams
 from trainsim.hardware.cluster import ClusterSpec, GroupLayout
 
 _TRAFFIC_FACTOR = {"all-reduce": 2.0, "all-gather": 1.0, "reduce-scatter": 1.0, "all-to-all": 1.0}
+TREE_BW_FACTOR = 0.92  # NCCL src/graph/tuning.cc: tree all-reduce bus bandwidth = 0.92 x the channels' bandwidth
+NVLS_LATENCY_S = 25e-6  # NCCL src/graph/tuning.cc hwLat[NCCL_HW_NVLINK][NCCL_ALGO_NVLS][NCCL_PROTO_SIMPLE], 25 us
+COLLNET_PER_RANK_LATENCY_S = 0.4e-6  # NCCL src/graph/tuning.cc CollNetDirect: 0.4 us per local rank
 
 
-def _ring_s(collective: str, buffer_bytes: float, ranks: int, bw_bytes_per_s: float, latency_s: float) -> float:
-    if ranks <= 1 or buffer_bytes <= 0:
-        return 0.0
+class _Links:
+    """The bandwidths and per-step latencies one collective sees on one cluster (calibration applied)."""
+
+    __slots__ = ("base_lat", "intra_bw", "intra_lat", "multicast", "net_lat", "nic_bw", "nvls_bw", "sharp")
+
+    def __init__(self, collective: str, layout: GroupLayout, cluster: ClusterSpec, cal: Calibration) -> None:
+        params: CommParams = cal.comm_params(collective, cluster.device.name)
+        network = cal.comm_network
+        self.base_lat = params.base_latency_s
+        self.intra_bw = cluster.intra_node.bw_bytes_per_s * params.bw_efficiency
+        self.intra_lat = cluster.intra_node.latency_s + params.latency_s
+        oversubscription = cluster.leaf_oversubscription if layout.num_leaves > 1 else 1.0
+        self.nic_bw = cluster.nic_bw_per_gpu_bytes_per_s * network.bw_efficiency / oversubscription
+        self.net_lat = cluster.inter_node.latency_s + network.latency_s
+        self.nvls_bw = cluster.intra_node.bw_bytes_per_s * params.nvls_bw_efficiency
+        self.multicast = cluster.intra_node.multicast
+        self.sharp = cluster.in_network_reduction
+
+    def ring_bw(self, layout: GroupLayout) -> float:
+        """Bus bandwidth of a ring: NVLink inside a domain; across domains the NICs of the group's ranks in a
+        domain, at most the NVLink."""
+        if layout.num_domains == 1:
+            return self.intra_bw
+        return min(self.intra_bw, layout.ranks_per_domain * self.nic_bw)
+
+
+def _ring_s(collective: str, size_bytes: float, layout: GroupLayout, links: _Links) -> float:
+    n, domains = layout.size, layout.num_domains
     factor = _TRAFFIC_FACTOR[collective]
-    steps = factor * (ranks - 1)
-    return steps * latency_s + factor * (ranks - 1) / ranks * buffer_bytes / bw_bytes_per_s
+    steps = factor * (n - 1)
+    net_steps = factor * (domains - 1)
+    latency = links.base_lat + (steps - net_steps) * links.intra_lat + net_steps * links.net_lat
+    return latency + factor * (n - 1) / n * size_bytes / links.ring_bw(layout)
+
+
+def _tree_s(size_bytes: float, layout: GroupLayout, links: _Links) -> float:
+    local = layout.ranks_per_domain
+    latency = links.base_lat + 2.0 * ((local - 1) * links.intra_lat
+                                      + math.ceil(math.log2(layout.num_domains)) * links.net_lat)
+    return latency + 2.0 * size_bytes / (TREE_BW_FACTOR * links.ring_bw(layout))
+
+
+def _nvls_s(size_bytes: float, links: _Links) -> float:
+    return NVLS_LATENCY_S + size_bytes / links.nvls_bw
+
+
+def _collnet_s(size_bytes: float, layout: GroupLayout, links: _Links) -> float:
+    local = layout.ranks_per_domain
+    latency = links.base_lat + 2.0 * (min(1, local - 1) * links.intra_lat
+                                      + (local - 1) * COLLNET_PER_RANK_LATENCY_S) + links.net_lat
+    inside = 2.0 * (local - 1) / local * size_bytes / links.intra_bw
+    return latency + max(inside, size_bytes / (local * links.nic_bw))
+
+
+def _pat_s(collective: str, size_bytes: float, layout: GroupLayout, links: _Links) -> float:
+    n = layout.size
+    return links.base_lat + math.ceil(math.log2(n)) * links.net_lat + (n - 1) / n * size_bytes / links.ring_bw(layout)
+
+
+def _all_to_all_s(size_bytes: float, layout: GroupLayout, links: _Links) -> float:
+    n, local = layout.size, layout.ranks_per_domain
+    steps = math.ceil(math.log2(n))  # NB: the peers' sends of one grouped call overlap (see the module doc)
+    if layout.num_domains == 1:
+        return links.base_lat + steps * links.intra_lat + (n - 1) / n * size_bytes / links.intra_bw
+    cross = (n - local) / n * size_bytes / links.nic_bw
+    inside = (local - 1) / n * size_bytes / links.intra_bw
+    return links.base_lat + steps * links.net_lat + max(cross, inside)
+
+
+def _send_recv_s(size_bytes: float, layout: GroupLayout, links: _Links) -> float:
+    if layout.num_domains == 1:
+        return links.base_lat + links.intra_lat + size_bytes / links.intra_bw
+    return links.base_lat + links.net_lat + size_bytes / links.nic_bw
+
+
+def algorithm_times_s(collective: str, size_bytes: float, layout: GroupLayout, cluster: ClusterSpec,
+                      cal: Calibration) -> dict[str, float]:
+    """Seconds of every algorithm NCCL could run for this collective on this group (the enabled ones only)."""
+    links = _Links(collective, layout, cluster, cal)
+    if collective == "send-recv":
+        return {"p2p": _send_recv_s(size_bytes, layout, links)}
+    if collective == "all-to-all":
+        return {"p2p": _all_to_all_s(size_bytes, layout, links)}
+    times = {"ring": _ring_s(collective, size_bytes, layout, links)}
+    crosses = layout.num_domains > 1
+    if collective == "all-reduce":
+        if crosses:
+            times["tree"] = _tree_s(size_bytes, layout, links)
+            if links.sharp:
+                times["collnet"] = _collnet_s(size_bytes, layout, links)
+        elif links.multicast and layout.size > 2:
+            times["nvls"] = _nvls_s(size_bytes, links)
+    elif crosses and layout.ranks_per_domain == 1:
+        times["pat"] = _pat_s(collective, size_bytes, layout, links)
+    return times
+
+
+def choose_algorithm(collective: str, size_bytes: float, layout: GroupLayout, cluster: ClusterSpec,
+                     cal: Calibration) -> tuple[str, float]:
+    """The algorithm NCCL's tuner would pick (the fastest by its model) and its seconds."""
+    times = algorithm_times_s(collective, size_bytes, layout, cluster, cal)
+    name = min(times, key=times.__getitem__)
+    return name, times[name]
+
+
+def _hierarchical_s(collective: str, size_bytes: float, layout: GroupLayout, cluster: ClusterSpec,
+                    cal: Calibration) -> float:
+    """Inside the domain, across domains among the ranks of one local index (one rank per domain, on its own
+    NIC), inside again: all-reduce = reduce-scatter + all-reduce of S/l + all-gather."""
+    local, domains = layout.ranks_per_domain, layout.num_domains
+    inside = GroupLayout(size=local, ranks_per_node=min(local, layout.ranks_per_node), num_nodes=1,
+                         ranks_per_domain=local, num_domains=1)
+    across = GroupLayout(size=domains, ranks_per_node=1, num_nodes=domains, ranks_per_domain=1,
+                         num_domains=domains, num_leaves=layout.num_leaves)
+
+    def part(name: str, size: float, group: GroupLayout) -> float:
+        return choose_algorithm(name, size, group, cluster, cal)[1] if group.size > 1 else 0.0
+
+    if collective == "all-reduce":
+        return (part("reduce-scatter", size_bytes, inside) + part("all-reduce", size_bytes / local, across)
+                + part("all-gather", size_bytes, inside))
+    return part(collective, size_bytes / local, across) + part(collective, size_bytes, inside)
 
 
 def collective_time_s(collective: str, buffer_bytes: float, layout: GroupLayout, cluster: ClusterSpec,
-                      cal: Calibration) -> float:
-    """Time of one collective on a group laid out as `layout` (all groups of that axis run at once)."""
+                      cal: Calibration, *, hierarchical: bool = False) -> float:
+    """Time of one collective on a group laid out as `layout` (all groups of that axis run at once), with the
+    algorithm NCCL would pick; hierarchical: the two-level decomposition hybrid-sharded stacks run."""
     if layout.size <= 1 or buffer_bytes <= 0:
         return 0.0
-    params = cal.comm_params(collective, cluster.device.name)
-    intra_bw = cluster.intra_node.bw_bytes_per_s * params.bw_efficiency
-    inter_bw = cluster.nic_bw_per_gpu_bytes_per_s * params.bw_efficiency
-    intra_lat = cluster.intra_node.latency_s + params.latency_s
-    inter_lat = cluster.inter_node.latency_s + params.latency_s
-    local, nodes = layout.ranks_per_node, layout.num_nodes
-    if collective == "send-recv":
-        bw, lat = (intra_bw, intra_lat) if nodes == 1 else (inter_bw, inter_lat)
-        return lat + buffer_bytes / bw
-    if nodes == 1:
-        return _ring_s(collective, buffer_bytes, local, intra_bw, intra_lat)
-    if collective == "all-reduce":
-        inside = 2.0 * _ring_s("reduce-scatter", buffer_bytes, local, intra_bw, intra_lat)
-        return inside + _ring_s("all-reduce", buffer_bytes / local, nodes, inter_bw, inter_lat)
-    if collective == "all-to-all":
-        # NB: (n - l)/n of the data crosses nodes; the node-local part overlaps with it.
-        cross = (layout.size - local) / layout.size * buffer_bytes / inter_bw
-        return max(cross, _ring_s(collective, buffer_bytes * local / layout.size, local, intra_bw, intra_lat)) \
-            + (layout.size - 1) * inter_lat
-    # Hierarchical all-gather (reduce-scatter mirrors it): GPUs of the same local rank gather across nodes the
-    # S/l slice their node will hold, then each node gathers the full buffer over its fabric.
-    cross = _ring_s(collective, buffer_bytes / local, nodes, inter_bw, inter_lat)
-    return cross + _ring_s(collective, buffer_bytes, local, intra_bw, intra_lat)
+    if (hierarchical and collective in ("all-reduce", "all-gather", "reduce-scatter")
+            and layout.num_domains > 1 and layout.ranks_per_domain > 1):
+        return _hierarchical_s(collective, buffer_bytes, layout, cluster, cal)
+    return choose_algorithm(collective, buffer_bytes, layout, cluster, cal)[1]
 
 
 class CommCostModel(Protocol):
-    """Seconds of one collective on a group laid out as `layout`. The alpha-beta model below is the default; a
+    """Seconds of one collective on a group laid out as `layout`. The NCCL model below is the default; a
     profile database of measured collectives stands in where it has them (cost/profiled.py)."""
 
     name: str
@@ -62,14 +196,19 @@ class CommCostModel(Protocol):
                           cluster: ClusterSpec) -> float: ...
 
 
-class AlphaBetaComm:
-    """collective_time_s with the calibration's fitted latency and bandwidth efficiency, as a CommCostModel."""
+class NcclComm:
+    """collective_time_s with the calibration's fitted efficiencies and latencies, as a CommCostModel.
+    hierarchical: price all-reduce / all-gather / reduce-scatter across domains as hybrid-sharded stacks run
+    them (two levels) rather than as NCCL's flat algorithms; the default of every call, which a call may
+    override (a stack that shards hierarchically over its data-parallel group only)."""
 
-    name = "alpha-beta"
+    name = "nccl"
 
-    def __init__(self, cal: Calibration) -> None:
+    def __init__(self, cal: Calibration, *, hierarchical: bool = False) -> None:
         self.cal = cal
+        self.hierarchical = hierarchical
 
-    def collective_time_s(self, collective: str, buffer_bytes: float, layout: GroupLayout,
-                          cluster: ClusterSpec) -> float:
-        return collective_time_s(collective, buffer_bytes, layout, cluster, self.cal)
+    def collective_time_s(self, collective: str, buffer_bytes: float, layout: GroupLayout, cluster: ClusterSpec,
+                          *, hierarchical: bool | None = None) -> float:
+        flag = self.hierarchical if hierarchical is None else hierarchical
+        return collective_time_s(collective, buffer_bytes, layout, cluster, self.cal, hierarchical=flag)

@@ -72,9 +72,9 @@ def _comm_site(name: str) -> str:
 def _links(layout: GroupLayout) -> tuple[str, ...]:
     if layout.size <= 1:
         return ()
-    if layout.num_nodes == 1:
+    if layout.num_domains == 1:
         return ("fabric",)
-    return ("nic", "fabric") if layout.ranks_per_node > 1 else ("nic",)
+    return ("nic", "fabric") if layout.ranks_per_domain > 1 else ("nic",)
 
 
 def _link_names(layout: GroupLayout, senders: tuple[int, ...], receivers: tuple[int, ...]) -> tuple[str, ...]:
@@ -149,7 +149,7 @@ class BuildContext:
         device: a simulated device's ranks are distinct GPUs). A collective sends and receives on every rank
         (receivers default to the senders); a send-recv transmits on the sender and receives on the receiver."""
         receivers = senders if receivers is None else receivers
-        key = (layout.size, layout.ranks_per_node, layout.num_nodes, senders, receivers)
+        key = (layout.size, layout.ranks_per_domain, layout.num_domains, senders, receivers)
         names = self._resources.get(key)
         if names is None:
             names = _link_names(layout, senders, receivers)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from trainsim.catalog.calibration import Calibration, load_calibration
-from trainsim.comm.collectives import AlphaBetaComm, CommCostModel
+from trainsim.comm.collectives import CommCostModel, NcclComm
 from trainsim.cost.compute import OpCostModel, RooflineCosts
 from trainsim.cost.memory import (
     MemoryEstimate,
@@ -140,14 +140,14 @@ StageKey = tuple[tuple[int, float], ...]  # (id of a pinned layer, count) per pa
 class Pricer:
     """Prices work with one set of costs. calibration: the fitted parameters (runtime overlap, pipeline
     overhead); op_costs / step_costs / comm_costs: where op times, the optimizer step and fixed overheads, and
-    collective times come from (default: the calibrated roofline, fitted overheads and alpha-beta model)."""
+    collective times come from (default: the calibrated roofline, fitted overheads and NCCL model)."""
 
     def __init__(self, calibration: Calibration | None = None, *, op_costs: OpCostModel | None = None,
                  step_costs: StepCosts | None = None, comm_costs: CommCostModel | None = None) -> None:
         self.cal = calibration or load_calibration()
         self.op_costs: OpCostModel = op_costs or RooflineCosts(self.cal)
         self.step_costs: StepCosts = step_costs or FittedStepCosts(self.cal)
-        self.comm_costs: CommCostModel = comm_costs or AlphaBetaComm(self.cal)
+        self.comm_costs: CommCostModel = comm_costs or NcclComm(self.cal)
         # NB: the caches key layers, stages, graphs and clusters by id; _pinned keeps every object whose id a key
         # holds alive, so no other object can take that id while the pricer lives.
         self._pinned: dict[int, object] = {}
@@ -188,7 +188,7 @@ class Pricer:
         number = self._cluster_keys.get(id(cluster))
         if number is None:
             content = (self._pin(cluster.device), cluster.intra_node, cluster.inter_node, cluster.nics_per_node,
-                       cluster.gpus_per_node, cluster.num_nodes)
+                       cluster.gpus_per_node, cluster.num_nodes, cluster.fabric_key)
             number = self._cluster_numbers.setdefault(content, len(self._cluster_numbers))
             self._cluster_keys[self._pin(cluster)] = number
         return number
@@ -270,7 +270,7 @@ class Pricer:
     def collective_s(self, collective: str, buffer_bytes: float, layout: GroupLayout, job: Job) -> float:
         cluster = job.cluster
         key = (collective, buffer_bytes, layout.size, layout.ranks_per_node, layout.num_nodes,
-               self._cluster_key(cluster))
+               layout.ranks_per_domain, layout.num_domains, layout.num_leaves, self._cluster_key(cluster))
         seconds = self._collectives.get(key)
         if seconds is None:
             seconds = self._collectives[key] = self.comm_costs.collective_time_s(collective, buffer_bytes, layout,
@@ -649,19 +649,19 @@ COSTS: Registry[CostFactory] = Registry("costs")
 
 @COSTS.register("roofline")
 def roofline_pricer(cal: Calibration, db: Path | None = None) -> Pricer:
-    """Op times from the calibrated roofline, step costs and overheads fitted, collectives alpha-beta."""
+    """Op times from the calibrated roofline, step costs and overheads fitted, collectives as NCCL runs them."""
     return Pricer(cal)
 
 
 @COSTS.register("profiled")
 def profiled_pricer(cal: Calibration, db: Path | None = None) -> Pricer:
     """Op times, step costs and collective times from the profile database at `db` (default: the user's
-    cache), measured by `trainsim profile`, with `cal`'s roofline, fitted overheads and alpha-beta model for
+    cache), measured by `trainsim profile`, with `cal`'s roofline, fitted overheads and NCCL model for
     what it lacks. For a device the database has measured, the Adam step and the framework overhead are
     measured too, in place of the fitted constants (fitted on GPU clusters' runs, not on this device)."""
     op_costs = ProfiledCosts(db or default_db_path(), fallback=RooflineCosts(cal))
     return Pricer(cal, op_costs=op_costs, step_costs=ProfiledStepCosts(op_costs, FittedStepCosts(cal)),
-                  comm_costs=ProfiledComm(op_costs, AlphaBetaComm(cal)))
+                  comm_costs=ProfiledComm(op_costs, NcclComm(cal)))
 
 
 def make_pricer(costs: str = "roofline", db: Path | None = None, calibration: Calibration | None = None) -> Pricer:

@@ -114,11 +114,11 @@ class PrecisionAwareEstimator:
                    for part in subgraph.parts)
 
     def _link_bw(self, axis: str, job: Job) -> float:
-        """B_link of Eq. 2-3: the link the axis' group crosses (inside a node: the GPU fabric; across nodes:
-        one GPU's share of the NICs)."""
+        """B_link of Eq. 2-3: the link the axis' group crosses (inside an NVLink domain: the GPU fabric;
+        across domains: one GPU's share of the NICs)."""
         layout = axis_layout(axis, job.parallel, job.cluster)
         cluster = job.cluster
-        return cluster.intra_node.bw_bytes_per_s if layout.num_nodes == 1 else cluster.nic_bw_per_gpu_bytes_per_s
+        return cluster.intra_node.bw_bytes_per_s if layout.num_domains == 1 else cluster.nic_bw_per_gpu_bytes_per_s
 
     def estimate(self, job: Job, graph: OpGraph, plan: LoweredPlan | None = None) -> Result:
         """graph: the job's per-device graph with per-op precision from the job's precision policy; plan:

@@ -1,6 +1,16 @@
-"""Clusters as a two-level topology: GPUs in a node on one fabric, nodes joined by NICs."""
+"""Clusters as built: servers (nodes) of GPUs, NVLink domains of whole servers, and a rail-optimized network of
+leaves (scalable units) joined above by spines.
+
+A DGX/HGX server is its own NVLink domain (8 GPUs on NVSwitch). A GB200/GB300 NVL72 rack is one NVLink domain
+of 72 GPUs on 18 compute trays of 4 (the "node": the GPUs one host drives); its NVLink switch trays join every
+GPU of the rack. Across domains every GPU has its own NIC share on a rail-optimized fat tree: the GPUs of one
+local rank sit on one rail, and the rail's leaf switch joins the same rail of `nodes_per_leaf` servers (a
+scalable unit: 32 DGX servers in the NVIDIA DGX SuperPOD reference architectures). Above the leaves the
+network may be oversubscribed (`leaf_oversubscription` = leaf down-links / up-links; 1 = non-blocking).
+"""
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -10,17 +20,20 @@ from trainsim.hardware.device import DeviceSpec
 from trainsim.specbase import Spec
 from trainsim.units import parse_bandwidth, parse_duration
 
-LinkKind = Literal["nvlink", "nvswitch", "pcie", "infiniband", "roce", "ethernet", "nvlink-bridge"]
+LinkKind = Literal["nvlink", "nvswitch", "pcie", "infiniband", "roce", "ethernet", "nvlink-bridge", "efa"]
 
 
 class LinkSpec(Spec):
-    """A link family. bw_bytes_per_s is per direction per endpoint (per GPU inside a node, per NIC across)."""
+    """A link family. bw_bytes_per_s is per direction per endpoint (per GPU inside a node, per NIC across).
+    multicast: the switch reduces and multicasts (NVLink SHARP, "NVLS": third-generation NVSwitch and later,
+    i.e. Hopper and Blackwell NVSwitch systems; NCCL 2.17+ runs all-reduce on it)."""
 
     name: str
     kind: LinkKind
     description: str = ""
-    bw_bytes_per_s: float = Field(gt=0)
-    latency_s: float = Field(ge=0)
+    bw_bytes_per_s: float = Field(gt=0, allow_inf_nan=False)
+    latency_s: float = Field(ge=0, allow_inf_nan=False)
+    multicast: bool = False
 
     @field_validator("bw_bytes_per_s", mode="before")
     @classmethod
@@ -33,12 +46,31 @@ class LinkSpec(Spec):
         return parse_duration(value, "latency_s") if isinstance(value, str) else value
 
 
-class GroupLayout(Spec):
-    """Where the ranks of one communication group sit: ranks_per_node on each of num_nodes nodes."""
+@dataclass(frozen=True, slots=True)
+class GroupLayout:
+    """Where the ranks of one communication group sit: ranks_per_node on each of num_nodes servers,
+    ranks_per_domain on each of num_domains NVLink domains (equal to the node figures where a server is its own
+    domain), and num_leaves: the leaf switches (scalable units) the group spans (1: it stays under one leaf).
+    A plain dataclass, not a Spec: only ClusterSpec.group_layout makes them, on the engines' per-plan path."""
 
     size: int
     ranks_per_node: int
     num_nodes: int
+    ranks_per_domain: int = 0  # 0: the same as ranks_per_node
+    num_domains: int = 0  # 0: the same as num_nodes
+    num_leaves: int = 1
+
+    def __post_init__(self) -> None:
+        if self.ranks_per_domain == 0:
+            object.__setattr__(self, "ranks_per_domain", self.ranks_per_node)
+        if self.num_domains == 0:
+            object.__setattr__(self, "num_domains", self.num_nodes)
+
+
+def _per_block(block: int, size: int, stride: int) -> int:
+    """Ranks of a group (size ranks, stride apart, numbered block-major) inside one block of `block` ranks."""
+    per_block = max(1, block // stride) if stride < block else 1
+    return min(per_block, size)
 
 
 class ClusterSpec(Spec):
@@ -47,26 +79,60 @@ class ClusterSpec(Spec):
     device: DeviceSpec
     gpus_per_node: int = Field(gt=0)
     num_nodes: int = Field(default=1, gt=0)
-    intra_node: LinkSpec
-    inter_node: LinkSpec
+    intra_node: LinkSpec  # the NVLink (or PCIe) fabric of one NVLink domain, per GPU
+    inter_node: LinkSpec  # one scale-out NIC
     nics_per_node: int = Field(default=1, gt=0)
+    # GPUs one NVLink domain can hold (72 on an NVL72 rack); None: each server is its own domain.
+    nvlink_domain_gpus: int | None = Field(default=None, gt=0)
+    # Servers whose same-rail NICs share one leaf switch (a scalable unit); None: one leaf joins them all.
+    nodes_per_leaf: int | None = Field(default=None, gt=0)
+    leaf_oversubscription: float = Field(default=1.0, ge=1.0, allow_inf_nan=False)
+    # The scale-out switches reduce in the network (InfiniBand SHARP; NCCL's CollNet algorithms).
+    in_network_reduction: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> "ClusterSpec":
-        if self.num_nodes > 1 and self.nics_per_node < 1:
-            raise ValueError("a multi-node cluster needs nics_per_node >= 1")
+        domain = self.nvlink_domain_gpus
+        if domain is not None and domain % self.gpus_per_node:
+            raise ValueError(f"nvlink_domain_gpus={domain} must be a multiple of gpus_per_node="
+                             f"{self.gpus_per_node} (a domain holds whole servers)")
         return self
 
     @property
     def num_gpus(self) -> int:
         return self.gpus_per_node * self.num_nodes
 
+    @property
+    def domain_capacity_gpus(self) -> int:
+        """GPUs one NVLink domain holds (at least a server's)."""
+        return max(self.nvlink_domain_gpus or self.gpus_per_node, self.gpus_per_node)
+
+    @property
+    def gpus_per_domain(self) -> int:
+        """GPUs of this job in each NVLink domain it uses. The job takes the fewest domains that hold it and
+        spreads its servers evenly over them when they divide (256 GPUs on NVL72 racks: 4 racks of 64, 16 of
+        the 18 trays each); otherwise it fills domains in order and the last is partial (76 GPUs: 72 + 4)."""
+        capacity = self.domain_capacity_gpus
+        domains = math.ceil(self.num_gpus / capacity)
+        even = self.num_gpus // domains
+        if self.num_gpus % domains == 0 and even % self.gpus_per_node == 0:
+            return even
+        return capacity
+
+    @property
+    def num_domains(self) -> int:
+        return math.ceil(self.num_gpus / self.gpus_per_domain)
+
     def with_num_gpus(self, num_gpus: int) -> "ClusterSpec":
-        """Scale to num_gpus: whole nodes of gpus_per_node, or one partial node when fewer GPUs are asked."""
+        """Scale to num_gpus: whole servers of gpus_per_node (trays of an NVL72 rack), or one partial server
+        when fewer GPUs are asked. The NVLink domains follow (gpus_per_domain)."""
         if num_gpus <= 0:
             raise ConfigError("num_gpus", num_gpus, "must be a positive integer")
         if num_gpus <= self.gpus_per_node:
-            return self.model_copy(update={"gpus_per_node": num_gpus, "num_nodes": 1})
+            update: dict[str, object] = {"gpus_per_node": num_gpus, "num_nodes": 1}
+            if self.nvlink_domain_gpus is not None and self.nvlink_domain_gpus % num_gpus:
+                update["nvlink_domain_gpus"] = num_gpus  # one partial server: a domain of its own
+            return self.model_copy(update=update)
         if num_gpus % self.gpus_per_node:
             raise ConfigError(
                 "num_gpus", num_gpus,
@@ -77,17 +143,31 @@ class ClusterSpec(Spec):
     def on_one_node(self) -> "ClusterSpec":
         """All of the cluster's devices on one node (processes of one host, as `trainsim measure` runs them
         locally): the intra-node link joins every pair."""
-        return self.model_copy(update={"gpus_per_node": self.num_gpus, "num_nodes": 1})
+        return self.model_copy(update={"gpus_per_node": self.num_gpus, "num_nodes": 1, "nvlink_domain_gpus": None})
 
     def group_layout(self, size: int, stride: int) -> GroupLayout:
-        """Layout of a group of `size` ranks spaced `stride` apart (ranks are numbered node-major)."""
+        """Layout of a group of `size` ranks spaced `stride` apart (ranks are numbered server-major, servers
+        domain-major: consecutive trays of a rack)."""
         if size <= 1:
-            return GroupLayout(size=max(size, 1), ranks_per_node=1, num_nodes=1)
-        per_node = max(1, self.gpus_per_node // stride) if stride < self.gpus_per_node else 1
-        per_node = min(per_node, size)
-        return GroupLayout(size=size, ranks_per_node=per_node, num_nodes=math.ceil(size / per_node))
+            return GroupLayout(max(size, 1), 1, 1, 1, 1, 1)
+        gpus_per_node = self.gpus_per_node
+        per_node = _per_block(gpus_per_node, size, stride)
+        per_domain = per_node if self.nvlink_domain_gpus is None else _per_block(self.gpus_per_domain, size, stride)
+        num_nodes = math.ceil(size / per_node)
+        num_domains = math.ceil(size / per_domain)
+        leaves = 1
+        if num_domains > 1 and self.nodes_per_leaf is not None:
+            span_nodes = math.ceil(((size - 1) * stride + 1) / gpus_per_node)
+            leaves = math.ceil(span_nodes / self.nodes_per_leaf)
+        return GroupLayout(size, per_node, num_nodes, per_domain, num_domains, leaves)
 
     @property
     def nic_bw_per_gpu_bytes_per_s(self) -> float:
-        """Inter-node bandwidth a GPU gets when all GPUs of its node send at once."""
+        """Scale-out bandwidth a GPU gets when all GPUs of its server send at once (rail-optimized: each GPU
+        drives its own NIC, or its share of one)."""
         return self.inter_node.bw_bytes_per_s * self.nics_per_node / self.gpus_per_node
+
+    @property
+    def fabric_key(self) -> tuple[object, ...]:
+        """Everything of the topology a price reads beyond the device, links and shape (for cache keys)."""
+        return (self.nvlink_domain_gpus, self.nodes_per_leaf, self.leaf_oversubscription, self.in_network_reduction)

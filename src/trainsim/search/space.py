@@ -1,6 +1,6 @@
 """The space of plain strategies the planner walks: every combination of the axes below, nothing pruned yet.
 
-tp: divisors of gpus_per_node that divide num_heads (tensor parallelism stays inside a node).
+tp: divisors of the GPUs per NVLink domain that divide num_heads (tensor parallelism stays on NVLink).
 pp: divisors of num_layers; dp is inferred as num_gpus / (tp x pp) and left to make_job to refuse when it is
     not a whole number.
 vpp: 1 (schedule 1f1b), and for pp > 1 every v in 2..max_vpp with num_layers % (pp x v) == 0
@@ -90,7 +90,7 @@ def micro_batch_candidates(global_batch: int, num_gpus: int, model_parallel: int
 
 def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace) -> Iterator[ParallelSpec]:
     """Every plan of the space, in a fixed order (tp, pp, vpp, micro-batch, sp, recompute, zero)."""
-    for tp in tp_candidates(model, cluster.gpus_per_node):
+    for tp in tp_candidates(model, cluster.gpus_per_domain):
         for pp in pp_candidates(model):
             micro_batches = micro_batch_candidates(space.global_batch, cluster.num_gpus, tp * pp,
                                                    space.max_micro_batch)

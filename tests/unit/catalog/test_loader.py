@@ -50,7 +50,8 @@ EXPECTED_DEVICES = (
 EXPECTED_CLUSTERS = (
     "dgx-a100-80gb", "dgx-a100-40gb", "dgx-h100-80gb", "dgx-h200", "dgx-b200", "gb200-nvl72", "gb300-nvl72",
     "dgx1-v100", "titanxp-pcie-8", "v100-100g", "a100-200g", "a40-nvlink-2", "a5500-10gbe", "rtx3090-8",
-    "gv100-nv4-4", "a100-nv12-4", "h100-8",
+    "gv100-nv4-4", "a100-nv12-4", "h100-8", "aws-p6-b200", "dgx-a100-superpod", "dgx-h100-superpod",
+    "dgx-h200-superpod", "dgx-b200-superpod", "gb200-nvl72-superpod", "gb300-nvl72-superpod",
 )
 
 
@@ -217,8 +218,11 @@ def test_dgx_h100_scales_to_1024_gpus() -> None:
     assert cluster.nic_bw_per_gpu_bytes_per_s == pytest.approx(50e9)
 
 
-def test_nvl72_is_one_nvlink_domain() -> None:
+def test_nvl72_is_one_nvlink_domain_of_18_trays() -> None:
     rack = load_cluster("gb200-nvl72")
-    assert rack.gpus_per_node == 72
-    assert rack.intra_node.kind == "nvswitch"
-    assert rack.with_num_gpus(144).num_nodes == 2
+    assert (rack.gpus_per_node, rack.num_nodes, rack.num_gpus) == (4, 18, 72)
+    assert (rack.gpus_per_domain, rack.num_domains) == (72, 1)
+    assert rack.intra_node.kind == "nvswitch" and rack.intra_node.multicast
+    assert rack.nic_bw_per_gpu_bytes_per_s == pytest.approx(50e9)  # one 400 Gb/s NIC per GPU
+    two = rack.with_num_gpus(144)
+    assert (two.num_nodes, two.num_domains, two.gpus_per_domain) == (36, 2, 72)

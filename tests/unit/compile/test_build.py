@@ -129,11 +129,13 @@ def test_gradient_buckets_without_overlap_follow_the_backward_pass() -> None:
     optimizer = sim.pricer.optimizer_step_s(partition_stages(graph_for(job), 1), job)
     assert result.iteration_time_s == pytest.approx(2 * (f[0] + b[0]) + comm + optimizer, rel=1e-12)
     # Buckets hold whole layers, in the order their gradients become final, each at least grad_bucket_params
-    # but the last: their all-reduces together move every gradient once, plus one ring's latency per extra bucket.
+    # but the last: their all-reduces together move every gradient once, plus one ring's latency (its start-up and
+    # its steps) per extra bucket.
     layout = job.cluster.group_layout(4, 1)
     params = graph_for(job).param_count()
     whole = collective_time_s("all-reduce", params * 2, layout, job.cluster, cal)
-    ring_latency = 2 * 3 * (job.cluster.intra_node.latency_s + cal.comm_params("all-reduce").latency_s)
+    params_ar = cal.comm_params("all-reduce")
+    ring_latency = params_ar.base_latency_s + 2 * 3 * (job.cluster.intra_node.latency_s + params_ar.latency_s)
     assert comm == pytest.approx(whole + (len(buckets) - 1) * ring_latency, rel=1e-9)
     assert 2 <= len(buckets) <= params / stack.grad_bucket_params + 1
 

@@ -4,8 +4,8 @@ from pathlib import Path
 from typing import Any
 
 from trainsim.catalog import load_cluster
-from trainsim.catalog.files import read_mapping
-from trainsim.errors import ConfigError
+from trainsim.catalog.files import read_mapping, shown_path
+from trainsim.errors import ConfigError, unknown_key
 from trainsim.frontends.registry import ModelSource
 from trainsim.job import Job, make_job
 from trainsim.strategy.parallel import ATTENTION_KERNELS, OPTIMIZER_IMPLS, RECOMPUTES, SCHEDULES, ParallelSpec
@@ -30,7 +30,7 @@ def read_job_file(path: Path | None) -> dict[str, Any]:
     for key in flat:
         if key not in JOB_KEYS + STRATEGY_KEYS:
             allowed = ", ".join(JOB_KEYS + STRATEGY_KEYS)
-            raise ConfigError(f"{path}: {key}", flat[key], f"unknown key; allowed: {allowed}")
+            raise unknown_key(f"{shown_path(path)}: {key}", f"allowed: {allowed}")
     return flat
 
 

@@ -7,7 +7,7 @@ from typing import ParamSpec, TypeVar
 
 import typer
 
-from trainsim.errors import TrainsimError
+from trainsim.errors import TrainsimError, one_line
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -19,7 +19,7 @@ def handles_errors(command: Callable[P, R]) -> Callable[P, R]:
         try:
             return command(*args, **kwargs)
         except TrainsimError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            print(one_line(f"error: {exc}"), file=sys.stderr)
             raise typer.Exit(2) from None
 
     return wrapper

@@ -67,13 +67,15 @@ def main() -> None:
 
     from typer._click import exceptions as click_errors  # typer vendors click; its errors live here
 
+    from trainsim.errors import one_line
+
     try:
         code = app(standalone_mode=False)
     except click_errors.NoArgsIsHelpError as exc:
         print(exc.ctx.get_help() if exc.ctx else "trainsim --help")
         sys.exit(0)
     except click_errors.ClickException as exc:
-        print(f"error: {exc.format_message()}", file=sys.stderr)
+        print(one_line(f"error: {exc.format_message()}"), file=sys.stderr)
         sys.exit(exc.exit_code)
     except typer.Abort:
         print("error: aborted", file=sys.stderr)

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, seed, settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.fuzz.cases import Case, any_case  # noqa: E402
-from tests.fuzz.harness import FAILURES, Outcome, run_case  # noqa: E402
+from tests.fuzz.cases import Case, any_case
+from tests.fuzz.harness import FAILURES, Outcome, run_case
 
 
 def run(examples: int, seed_value: int) -> list[tuple[Case, Outcome]]:

@@ -67,6 +67,19 @@ def unknown_key(field: str, allowed: str = "") -> ConfigError:
     return ConfigError.across_fields(field, "unknown key" + (f"; {allowed}" if allowed else ""))
 
 
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-+=@")
+MAX_NAME_CHARS = 128
+
+
+def check_name(field: str, name: str) -> ConfigError | None:
+    """The problem with a name that becomes a file name (a run id, a suite job), or None: letters, digits and
+    ._-+=@ only (no separator, no '..', no leading dot), at most MAX_NAME_CHARS characters."""
+    if not name or len(name) > MAX_NAME_CHARS or name.startswith(".") or not set(name) <= _NAME_CHARS:
+        return ConfigError(field, name, f"must be 1-{MAX_NAME_CHARS} letters, digits or ._-+=@, not starting with "
+                           "'.' (it names files under --out)")
+    return None
+
+
 class UnknownNameError(ConfigError):
     """A name (model, cluster, device, engine ...) that is not in its catalog or registry."""
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.fuzz.cases import Case
+
 from trainsim.errors import MAX_MESSAGE_CHARS
 
 # A case that runs longer than this is a hang (the bound is generous: the shared CI cores are slow; the cases

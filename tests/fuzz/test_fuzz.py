@@ -6,7 +6,6 @@ import tempfile
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, seed, settings
-
 from tests.fuzz.cases import Case, any_case
 from tests.fuzz.harness import FAILURES, run_case
 

@@ -75,7 +75,8 @@ def _check_yaml_shape(text: str) -> None:
             anchor, nodes = event.anchor, 1
         elif isinstance(event, yaml.AliasEvent):
             if str(event.anchor) not in anchored:  # a node holding itself: an endless structure
-                raise ValueError(f"the alias *{str(event.anchor)[:40]} refers to no finished anchor (undefined, or a node that contains it)")
+                raise ValueError(f"the alias *{str(event.anchor)[:40]} refers to no finished anchor (undefined, or "
+                                 "a node that contains it)")
             anchor, nodes = None, anchored[str(event.anchor)]
         else:
             continue

@@ -10,6 +10,10 @@ from trainsim.hardware.device import DeviceSpec
 from trainsim.specbase import Spec
 from trainsim.units import parse_bandwidth, parse_duration
 
+# The most GPUs a cluster holds: 2**24 (16.7 million) is 16 times the largest job trainsim is checked on (10^6
+# GPUs); a count beyond it is a typo, and every per-GPU figure stays a plain float far from overflow.
+MAX_GPUS = 2**24
+
 LinkKind = Literal["nvlink", "nvswitch", "pcie", "infiniband", "roce", "ethernet", "nvlink-bridge"]
 
 
@@ -53,6 +57,9 @@ class ClusterSpec(Spec):
 
     @model_validator(mode="after")
     def _check(self) -> "ClusterSpec":
+        if self.num_gpus > MAX_GPUS:
+            raise ValueError(f"gpus_per_node x num_nodes = {self.gpus_per_node} x {self.num_nodes} must be at most "
+                             f"{MAX_GPUS}")
         if self.num_nodes > 1 and self.nics_per_node < 1:
             raise ValueError("a multi-node cluster needs nics_per_node >= 1")
         return self
@@ -63,8 +70,8 @@ class ClusterSpec(Spec):
 
     def with_num_gpus(self, num_gpus: int) -> "ClusterSpec":
         """Scale to num_gpus: whole nodes of gpus_per_node, or one partial node when fewer GPUs are asked."""
-        if num_gpus <= 0:
-            raise ConfigError("num_gpus", num_gpus, "must be a positive integer")
+        if num_gpus <= 0 or num_gpus > MAX_GPUS:
+            raise ConfigError("num_gpus", num_gpus, f"must be a positive integer of at most {MAX_GPUS}")
         if num_gpus <= self.gpus_per_node:
             return self.model_copy(update={"gpus_per_node": num_gpus, "num_nodes": 1})
         if num_gpus % self.gpus_per_node:

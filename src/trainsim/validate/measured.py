@@ -18,6 +18,7 @@ from typing import Any
 
 from trainsim.catalog.loader import load_device
 from trainsim.errors import InputFileError, UnknownNameError
+from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job
 from trainsim.measure.launch import torch_default_optimizer
 from trainsim.measure.results import MeasuredRun, job_from_dict, load_runs
@@ -34,12 +35,16 @@ def read_measured(folder: Path) -> list[RunRow]:
 
 
 def rows_of(run: MeasuredRun) -> list[RunRow]:
+    job = measured_job(run)  # first: it validates the job the rows are made of
+    if not isinstance(job.model, TransformerSpec):
+        raise InputFileError(f"run {run.run_id}: a {job.model.kind} model; measured runs are of transformers")
+    if run.world_size != job.num_gpus:
+        raise InputFileError(f"run {run.run_id}: {run.world_size} ranks' peak memory for a job on {job.num_gpus}")
     fields = run_fields(run)
     source = fields["source"]
     peak_gib = run.job_peak_memory_bytes / 2**30
     allocated = run.peak_memory_kind == "cuda-max-allocated" or bool(run.baseline_memory_bytes)
     memory_metric = "peak_allocated_gib" if allocated else "peak_memory_gib"
-    job = measured_job(run)
     return [RunRow(run.run_id, source, metric, value, {**fields, "metric": metric, "value": repr(value)}, job)
             for metric, value in (("iteration_time_s", run.stats.median_s), (memory_metric, peak_gib))]
 

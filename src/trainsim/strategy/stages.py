@@ -31,7 +31,8 @@ def partition_stages(graph: OpGraph, pp: int) -> list[list[StagePart]]:
         return stages
     flat = [layer for layer in graph.layers for _ in range(layer.count)]
     if len(flat) < pp:
-        raise ConfigError("pp", pp, f"must be at most the {len(flat)} layers of {graph.model_name} (a stage with no layer)")
+        raise ConfigError("pp", pp, f"must be at most the {len(flat)} layers of {graph.model_name} (a stage with no "
+                          "layer)")
     for index, layer in enumerate(flat):
         stages[min(pp - 1, index * pp // max(len(flat), 1))].append(StagePart(layer, 1.0))
     return stages

@@ -7,7 +7,7 @@ from trainsim.catalog import load_cluster
 from trainsim.catalog.files import read_mapping, shown_path
 from trainsim.errors import ConfigError, unknown_key
 from trainsim.frontends.registry import ModelSource
-from trainsim.job import Job, make_job
+from trainsim.job import Job, default_seq_len, make_job
 from trainsim.strategy.parallel import ATTENTION_KERNELS, OPTIMIZER_IMPLS, RECOMPUTES, SCHEDULES, ParallelSpec
 from trainsim.strategy.precision import PRECISIONS
 
@@ -31,7 +31,28 @@ def read_job_file(path: Path | None) -> dict[str, Any]:
         if key not in JOB_KEYS + STRATEGY_KEYS:
             allowed = ", ".join(JOB_KEYS + STRATEGY_KEYS)
             raise unknown_key(f"{shown_path(path)}: {key}", f"allowed: {allowed}")
+    for key in ("model", "cluster"):
+        if isinstance(flat.get(key), str):
+            flat[key] = beside(path, flat[key])
     return flat
+
+
+_PATH_SUFFIXES = (".yaml", ".yml", ".json", ".py", ".gz")
+
+
+def beside(job_file: Path, name: str) -> str:
+    """A file a job file names, relative to the job file's folder (not the working directory); catalog names and
+    absolute paths stay as they are. FILE.py:factory resolves its file."""
+    file_part, colon, factory = name.partition(":") if ".py:" in name else (name, "", "")
+    if not file_part or Path(file_part).is_absolute():
+        return name
+    candidate = job_file.parent / file_part
+    looks_like_path = "/" in file_part or file_part.endswith(_PATH_SUFFIXES)
+    try:
+        exists = candidate.exists()
+    except OSError:  # too long or otherwise no path: a catalog name
+        exists = False
+    return f"{candidate}{colon}{factory}" if looks_like_path or exists else name
 
 
 def _positive_int(value: Any) -> bool:
@@ -68,6 +89,7 @@ def job_from_settings(settings: dict[str, Any]) -> Job:
     for key, value in source.job_defaults().items():
         given.setdefault(key, value)
     model = source.model_spec()
+    given.setdefault("seq_len", default_seq_len(model))
     cluster = load_cluster(str(given.pop("cluster", DEFAULT_CLUSTER)))
     if "num_gpus" in given:
         cluster = cluster.with_num_gpus(given.pop("num_gpus"))

@@ -69,6 +69,9 @@ def config_error_from(exc: ValidationError, where: str = "") -> ConfigError:
     if where:
         field = f"{where}.{field}"
     message = str(first["msg"])
+    if first["type"] == "missing" or isinstance(first.get("input"), dict):
+        # NB: pydantic's input here is the whole enclosing mapping, which may be any file's content: not shown
+        return ConfigError.across_fields(field, message.removeprefix("Value error, "))
     if first["type"] == "extra_forbidden":  # NB: not the value: a file that is no spec shows none of its content
         return unknown_key(field)
     elif message.startswith("Value error, "):

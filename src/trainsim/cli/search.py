@@ -19,6 +19,7 @@ from trainsim.errors import ConfigError
 from trainsim.frontends.registry import FRONTENDS, MODEL_HELP, ModelSource
 from trainsim.hardware.cluster import ClusterSpec
 from trainsim.ir.model_spec import ModelSpec
+from trainsim.job import default_seq_len
 from trainsim.jobfile import DEFAULT_CLUSTER, DEFAULT_MODEL
 from trainsim.pipeline import GraphCache
 from trainsim.report.search import render_search, search_to_dict
@@ -70,7 +71,7 @@ def _parse(source: ModelSource, cluster: str, num_gpus: int | None, global_batch
     prec = cast(Precision, precision) if precision is not None else defaults.precision
     kernel = cast(AttentionKernel, attention) if attention is not None else defaults.attention
     impl = cast(OptimizerImpl, optimizer_impl) if optimizer_impl is not None else defaults.optimizer_impl
-    space = SearchSpace(global_batch=global_batch, seq_len=seq_len or defaults.seq_len, precision=prec,
+    space = SearchSpace(global_batch=global_batch, seq_len=seq_len or default_seq_len(model_spec), precision=prec,
                         attention=kernel, optimizer_impl=impl, max_micro_batch=max_micro_batch)
     return model_spec, cluster_spec, space
 

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import stat
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +145,18 @@ def read_mapping(path: Path, max_bytes: int = MAX_MAPPING_FILE_BYTES) -> dict[st
     if not isinstance(data, dict):
         raise InputFileError(f"{name} must hold a mapping at the top level, found {type(data).__name__}")
     return data
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write a text file whole or not at all (a temporary file in the same folder, then a rename)."""
+    handle, tmp = tempfile.mkstemp(prefix=f".{path.name[:40]}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def catalog_entries(folder: str, key: str) -> list[dict[str, Any]]:

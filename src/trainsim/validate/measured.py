@@ -21,7 +21,7 @@ from trainsim.errors import InputFileError, UnknownNameError
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job
 from trainsim.measure.launch import torch_default_optimizer
-from trainsim.measure.results import MeasuredRun, job_from_dict, load_runs
+from trainsim.measure.results import MeasuredRun, job_from_dict, job_to_dict, load_runs
 from trainsim.validate.runs import RunRow, row_defaults
 
 LAYOUT_KEYS = ("mlp", "norm", "position", "bias", "tied_embeddings")
@@ -40,7 +40,8 @@ def rows_of(run: MeasuredRun) -> list[RunRow]:
         raise InputFileError(f"run {run.run_id}: a {job.model.kind} model; measured runs are of transformers")
     if run.world_size != job.num_gpus:
         raise InputFileError(f"run {run.run_id}: {run.world_size} ranks' peak memory for a job on {job.num_gpus}")
-    fields = run_fields(run)
+    # NB: the columns from the job as validated (every field present, dp and global_batch resolved)
+    fields = run_fields(replace(run, job=job_to_dict(job_from_dict(run.job, f"{run.run_id}.job"))))
     source = fields["source"]
     peak_gib = run.job_peak_memory_bytes / 2**30
     allocated = run.peak_memory_kind == "cuda-max-allocated" or bool(run.baseline_memory_bytes)

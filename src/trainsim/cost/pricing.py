@@ -85,6 +85,24 @@ class Partition:
     distinct: tuple[int, ...]  # the stages that are first of their content
 
 
+def gradient_buckets(stage: list[StagePart], grad_bytes_per_param: float) -> list[float]:
+    """Parameters per gradient bucket, in the order the buckets are reduced: layers' gradients in reverse
+    order (the backward pass runs last layer first) fill a bucket until it holds BUCKET_BYTES, as Megatron-LM's
+    and DDP's buckets do and the simulator's gradient tasks (compile.insert_collectives) are built."""
+    buckets: list[float] = []
+    pending = 0.0
+    for part in reversed(stage):
+        whole, fraction = divmod(part.count, 1.0)
+        for share in [1.0] * int(whole) + ([fraction] if fraction else []):
+            pending += part.layer.param_count * share
+            if pending * grad_bytes_per_param >= BUCKET_BYTES:
+                buckets.append(pending)
+                pending = 0.0
+    if pending or not buckets:
+        buckets.append(pending)
+    return buckets
+
+
 def axis_group(axis: str, par: ParallelSpec) -> tuple[int, int]:
     """(size, stride) of the group of `axis`. Ranks are ordered tp (fastest), cp, dp, pp; ep groups are made of
     data-parallel ranks; "grad" is the data-parallel gradient group (dp x cp ranks, stride tp)."""
@@ -367,16 +385,22 @@ class Pricer:
         if par.dp * par.cp == 1 or par.zero >= 3:
             return 0.0
         policy = policy_for(par.precision)
-        params = self.stage_params(stage)
-        grad_bytes = params * policy.grad_bytes
-        if par.zero == 0:
-            total = self.axis_collective_s("all-reduce", grad_bytes, "grad", job)
-        else:
-            total = self.axis_collective_s("reduce-scatter", grad_bytes, "grad", job) + \
-                self.axis_collective_s("all-gather", params * policy.weight_bytes, "grad", job)
-        buckets = max(1.0, grad_bytes / BUCKET_BYTES)
+        priced: dict[float, float] = {}
+
+        def bucket_s(params: float) -> float:  # NB: each bucket is its own collective call, with its latency
+            if params not in priced:
+                grad_bytes = params * policy.grad_bytes
+                if par.zero == 0:
+                    priced[params] = self.axis_collective_s("all-reduce", grad_bytes, "grad", job)
+                else:
+                    priced[params] = self.axis_collective_s("reduce-scatter", grad_bytes, "grad", job) + \
+                        self.axis_collective_s("all-gather", params * policy.weight_bytes, "grad", job)
+            return priced[params]
+
+        buckets = gradient_buckets(stage, policy.grad_bytes)
+        total = sum(bucket_s(params) for params in buckets)
         window = self.overlap("dp", job) * cost.compute_s / 3.0 * 2.0  # backward ~ 2/3 of fwd + bwd
-        return max(total - window, total / buckets)
+        return max(total - window, bucket_s(buckets[-1]))
 
     # --- step costs and memory ---
 

@@ -226,10 +226,14 @@ def test_a_failing_rank_fails_the_run_within_the_timeout(fault: str, tmp_path: P
 def test_worker_runs_under_torchrun_environment(tmp_path: Path) -> None:
     """What torchrun does: set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and start the worker module."""
     pytest.importorskip("torch")
+    import socket
     import subprocess
     import sys
 
-    from trainsim.measure.launch import _free_port
+    def _free_port() -> int:  # NB: as torchrun's caller would pick one (racy, which launch.py no longer is)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
 
     (tmp_path / "model.yaml").write_text(json.dumps(MEASURED_GPT))
     job_file = tmp_path / "job.yaml"

@@ -30,6 +30,9 @@ def run(examples: int, seed_value: int) -> list[tuple[Case, Outcome]]:
     def one(case: Case) -> None:
         with tempfile.TemporaryDirectory() as folder:
             seen.append((case, run_case(case, Path(folder))))
+        if len(seen) % 500 == 0:  # progress, for a run of an hour
+            failed = sum(outcome.kind in FAILURES for _, outcome in seen)
+            print(f"  ... {len(seen)} cases, {failed} failures", file=sys.stderr, flush=True)
 
     one()
     return seen

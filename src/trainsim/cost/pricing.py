@@ -85,21 +85,25 @@ class Partition:
     distinct: tuple[int, ...]  # the stages that are first of their content
 
 
-def gradient_buckets(stage: list[StagePart], grad_bytes_per_param: float) -> list[float]:
-    """Parameters per gradient bucket, in the order the buckets are reduced: layers' gradients in reverse
-    order (the backward pass runs last layer first) fill a bucket until it holds BUCKET_BYTES, as Megatron-LM's
-    and DDP's buckets do and the simulator's gradient tasks (compile.insert_collectives) are built."""
-    buckets: list[float] = []
-    pending = 0.0
+def gradient_buckets(stage: list[StagePart], grad_bytes_per_param: float,
+                     backward_s: Callable[[Layer], float]) -> list[tuple[float, float]]:
+    """(parameters, seconds into the last backward pass when its last gradient is ready) of each gradient bucket,
+    in the order the buckets are reduced: layers' gradients in reverse order (the backward pass runs last layer
+    first) fill a bucket until it holds BUCKET_BYTES, as Megatron-LM's and DDP's buckets do and the simulator's
+    gradient tasks (compile.insert_collectives) are built."""
+    buckets: list[tuple[float, float]] = []
+    pending = elapsed = 0.0
     for part in reversed(stage):
         whole, fraction = divmod(part.count, 1.0)
+        layer_s = backward_s(part.layer)
         for share in [1.0] * int(whole) + ([fraction] if fraction else []):
             pending += part.layer.param_count * share
+            elapsed += layer_s * share
             if pending * grad_bytes_per_param >= BUCKET_BYTES:
-                buckets.append(pending)
+                buckets.append((pending, elapsed))
                 pending = 0.0
     if pending or not buckets:
-        buckets.append(pending)
+        buckets.append((pending, elapsed))
     return buckets
 
 
@@ -397,10 +401,14 @@ class Pricer:
                         self.axis_collective_s("all-gather", params * policy.weight_bytes, "grad", job)
             return priced[params]
 
-        buckets = gradient_buckets(stage, policy.grad_bytes)
-        total = sum(bucket_s(params) for params in buckets)
-        window = self.overlap("dp", job) * cost.compute_s / 3.0 * 2.0  # backward ~ 2/3 of fwd + bwd
-        return max(total - window, bucket_s(buckets[-1]))
+        buckets = gradient_buckets(stage, policy.grad_bytes, lambda layer: self.layer_cost(layer, job).bwd_s)
+        backward_s = buckets[-1][1]
+        # the reduction may start once dp_overlap of the last backward pass remains; buckets go one after another
+        # on the gradient stream, each when its gradients are ready (the simulator's schedule, in closed form)
+        done = backward_s * (1.0 - self.overlap("dp", job))
+        for params, ready_s in buckets:
+            done = max(done, ready_s) + bucket_s(params)
+        return max(0.0, done - backward_s)
 
     # --- step costs and memory ---
 

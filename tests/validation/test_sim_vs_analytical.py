@@ -3,8 +3,9 @@
 
 Both engines price the same work with the same cost models; the simulator composes it by running the
 schedule. What remains between them, by design (measured maximum 1.6%, on pp=1 dp=8 runs):
-- the last data-parallel bucket: the simulator's buckets hold whole layers (the embedding alone can exceed
-  BUCKET_BYTES), the analytical engine takes total / (gradient bytes / BUCKET_BYTES);
+- the data-parallel buckets: both form them from whole layers and reduce them one after another as their
+  gradients are ready (cost.pricing.gradient_buckets), but the analytical engine times the backward pass per
+  layer without the feature communication between layers;
 - the end stages of a pipeline send in one direction only, where the analytical engine charges every stage
   2 v sends per micro-batch;
 - ZeRO-3 and the data-parallel window: edge effects of one layer-phase at the ends of a stage's work.

@@ -401,7 +401,7 @@ class Pricer:
                         self.axis_collective_s("all-gather", params * policy.weight_bytes, "grad", job)
             return priced[params]
 
-        buckets = gradient_buckets(stage, policy.grad_bytes, lambda layer: self.layer_cost(layer, job).bwd_s)
+        buckets = gradient_buckets(stage, policy.grad_bytes, lambda layer: self._backward_s(layer, job))
         backward_s = buckets[-1][1]
         # the reduction may start once dp_overlap of the last backward pass remains; buckets go one after another
         # on the gradient stream, each when its gradients are ready (the simulator's schedule, in closed form)
@@ -409,6 +409,13 @@ class Pricer:
         for params, ready_s in buckets:
             done = max(done, ready_s) + bucket_s(params)
         return max(0.0, done - backward_s)
+
+    def _backward_s(self, layer: Layer, job: Job) -> float:
+        """One micro-batch's backward pass through a layer: its compute, its feature communication, and the
+        forward it repeats first under full recompute."""
+        cost = self.layer_cost(layer, job)
+        seconds = cost.bwd_s + sum(cost.comm_s.values()) - cost.comm_fwd_s
+        return seconds + (cost.fwd_s + cost.comm_fwd_s if job.parallel.recompute == "full" else 0.0)
 
     # --- step costs and memory ---
 

@@ -23,6 +23,9 @@ crossval:  ## k-fold and leave-one-source-out iteration-time MAPE
 validate:  ## predict every calibration run and print the MAPE per source and metric
 	trainsim validate ../shared/data/calibration/runs.csv --no-rows
 
+fuzz:  ## the long fuzz run: 10,000 seeded broken inputs, counted by outcome (tests/fuzz runs 150 in CI)
+	$(PY) benchmarks/fuzz.py --examples 10000 --seed 12
+
 bench:  ## speed figures (plans per second of the search)
 	$(PY) benchmarks/bench_search.py
 

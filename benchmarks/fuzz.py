@@ -13,11 +13,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import given, seed, settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.fuzz.cases import Case, any_case
+from tests.fuzz.cases import SLOW_INPUTS_ARE_FINE, Case, any_case
 from tests.fuzz.harness import FAILURES, Outcome, run_case
 
 
@@ -25,7 +25,7 @@ def run(examples: int, seed_value: int) -> list[tuple[Case, Outcome]]:
     seen: list[tuple[Case, Outcome]] = []
 
     @seed(seed_value)
-    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=SLOW_INPUTS_ARE_FINE)
     @given(any_case())
     def one(case: Case) -> None:
         with tempfile.TemporaryDirectory() as folder:
@@ -39,7 +39,7 @@ def run(examples: int, seed_value: int) -> list[tuple[Case, Outcome]]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--examples", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=12)
     args = parser.parse_args()

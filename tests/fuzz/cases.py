@@ -12,7 +12,11 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hypothesis import HealthCheck
 from hypothesis import strategies as st
+
+# A case runs a whole command; generated inputs are large on purpose (5,000 digits, 200 KiB cells).
+SLOW_INPUTS_ARE_FINE = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example]
 
 GROUND_TRUTH = Path(__file__).resolve().parents[2] / "data" / "ground-truth" / "h200"
 

@@ -75,9 +75,10 @@ def _local_store(rank: int, world_size: int, timeout_s: float) -> Any:
     import torch.distributed as dist
 
     listen_fd = os.environ.get(STORE_FD_ENV) if rank == 0 else None
-    extra = {"master_listen_fd": int(listen_fd)} if listen_fd else {}
-    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, rank == 0,
-                         timedelta(seconds=timeout_s), **extra)
+    store_type = dist.TCPStore  # pyright: ignore[reportPrivateImportUsage]  # NB: public, torch 2.x docs
+    return store_type(host_name=os.environ["MASTER_ADDR"], port=int(os.environ["MASTER_PORT"]),
+                      world_size=world_size, is_master=rank == 0, timeout=timedelta(seconds=timeout_s),
+                      master_listen_fd=int(listen_fd) if listen_fd else None)
 
 
 def run_worker(spec: MeasureSpec) -> None:

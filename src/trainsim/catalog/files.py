@@ -115,15 +115,17 @@ def _first_non_finite(data: Any, where: str = "") -> str | None:
     return None
 
 
-def parse_text(text: str, is_json: bool, name: str) -> Any:
+def parse_text(text: str, is_json: bool, name: str, check_shape: bool = True) -> Any:
     """Parse JSON or YAML text; every problem (syntax, nesting, alias expansion, an integer past Python's digit
-    limit, NaN or Infinity) is one InputFileError line naming `name`."""
+    limit, NaN or Infinity) is one InputFileError line naming `name`. check_shape=False skips the YAML event pass
+    (for the catalog's own files, which ship with trainsim: start-up)."""
     kind = "JSON" if is_json else "YAML"
     try:
         if is_json:
             data = json.loads(text, parse_constant=_refuse_constant)
         else:
-            _check_yaml_shape(text)
+            if check_shape:
+                _check_yaml_shape(text)
             data = _load_yaml(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -141,7 +143,8 @@ def parse_text(text: str, is_json: bool, name: str) -> Any:
 def read_mapping(path: Path, max_bytes: int = MAX_MAPPING_FILE_BYTES) -> dict[str, Any]:
     """Parse a YAML or JSON file whose top level is a mapping."""
     name = shown_path(path)
-    data = parse_text(read_text(path, max_bytes), path.suffix == ".json", name)
+    data = parse_text(read_text(path, max_bytes), path.suffix == ".json", name,
+                      check_shape=path.parent.parent != DATA_DIR and path.parent != DATA_DIR)
     if not isinstance(data, dict):
         raise InputFileError(f"{name} must hold a mapping at the top level, found {type(data).__name__}")
     return data

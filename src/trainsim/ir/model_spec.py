@@ -6,6 +6,10 @@ from pydantic import Field, PositiveInt, model_validator
 
 from trainsim.specbase import Spec
 
+# The most layers a model takes: 10x the deepest transformer trained (DeepNet, 1,000 layers; Wang et al. 2022);
+# engines walk layers one by one (gradient buckets, pipeline stages), so the count bounds their work.
+MAX_LAYERS = 10_000
+
 Arch = Literal["gpt", "llama", "bert", "mpt", "bloom", "moe", "mixtral", "other"]
 
 
@@ -16,7 +20,7 @@ class TransformerSpec(Spec):
     name: str
     description: str = ""
     arch: Arch = "gpt"
-    num_layers: int = Field(gt=0)
+    num_layers: int = Field(gt=0, le=MAX_LAYERS)
     hidden: int = Field(gt=0)
     ffn_hidden: int = Field(gt=0)
     num_heads: int = Field(gt=0)

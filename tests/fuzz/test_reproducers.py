@@ -172,7 +172,8 @@ def test_gpus_per_node_zero_is_a_skipped_row(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("key", "value"), [("machine", []), ("iteration_times_s", [0, 0]), ("settings", []),
-                                            ("peak_memory_bytes", [1e400]), ("job", {"model": 1})])
+                                            ("peak_memory_bytes", [1e400]), ("job", {"model": 1}),
+                                            ("peak_memory_bytes", True), ("peak_memory_bytes", [0])])
 def test_broken_measured_runs_are_refused(key: str, value: object, tmp_path: Path) -> None:
     run = _measured_run()
     run[key] = value

@@ -161,9 +161,9 @@ def _check_run_fields(data: dict[str, Any], where: str) -> None:
         "job": isinstance(data["job"], dict) and all(isinstance(data["job"].get(k), dict)
                                                      for k in ("model", "cluster", "parallel")),
         "iteration_times_s": _numbers(data["iteration_times_s"], positive=True),
-        "peak_memory_bytes": _numbers(data["peak_memory_bytes"], positive=False),
+        "peak_memory_bytes": _numbers(data["peak_memory_bytes"], positive=True),
         "baseline_memory_bytes": data.get("baseline_memory_bytes") in (None, []) or (
-            _numbers(data["baseline_memory_bytes"], positive=False)
+            _numbers(data["baseline_memory_bytes"], positive=False) and _numbers(data["peak_memory_bytes"], False)
             and len(data["baseline_memory_bytes"]) == len(data["peak_memory_bytes"])),
         "tokens_per_iteration": _positive_int(data["tokens_per_iteration"]),
         "peak_memory_kind": isinstance(data["peak_memory_kind"], str),

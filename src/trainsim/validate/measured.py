@@ -42,6 +42,8 @@ def rows_of(run: MeasuredRun) -> list[RunRow]:
         raise InputFileError(f"run {run.run_id}: {run.world_size} ranks' peak memory for a job on {job.num_gpus}")
     # NB: the columns from the job as validated (every field present, dp and global_batch resolved)
     fields = run_fields(replace(run, job=job_to_dict(job_from_dict(run.job, f"{run.run_id}.job"))))
+    if run.job_peak_memory_bytes <= 0:
+        raise InputFileError(f"run {run.run_id}: no rank's peak memory is above its baseline")
     source = fields["source"]
     peak_gib = run.job_peak_memory_bytes / 2**30
     allocated = run.peak_memory_kind == "cuda-max-allocated" or bool(run.baseline_memory_bytes)

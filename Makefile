@@ -26,6 +26,9 @@ sync-data:  ## copy ../shared/data/calibration into the package (catalog/data/me
 validate:  ## predict every calibration run and print the MAPE per source and metric
 	trainsim validate src/trainsim/catalog/data/measurements/runs.csv --no-rows
 
+fuzz:  ## the long fuzz run: 10,000 seeded broken inputs, counted by outcome (tests/fuzz runs 150 in CI)
+	$(PY) benchmarks/fuzz.py --examples 10000 --seed 12
+
 bench:  ## speed figures (plans per second of the search)
 	$(PY) benchmarks/bench_search.py
 

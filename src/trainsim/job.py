@@ -30,6 +30,15 @@ class Job:
         return f"{self.model.name} on {self.cluster.name} ({self.num_gpus} GPUs): {self.parallel.describe()}{stack}"
 
 
+def default_seq_len(model: ModelSpec) -> int:
+    """The sequence length a job of `model` takes when none is given: the strategy's default, or the model's
+    max_seq_len where its learned position table is shorter (GPT-2's 1,024)."""
+    default = int(ParallelSpec.model_fields["seq_len"].default)
+    if isinstance(model, TransformerSpec) and model.position == "learned":
+        return min(default, model.max_seq_len)
+    return default
+
+
 def make_job(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelSpec, stack: StackSpec | None = None) -> Job:
     """Infer dp and the global batch where left out, then refuse every inconsistent combination. stack: the
     training software (default: generic)."""

@@ -9,7 +9,7 @@ from trainsim.errors import ConfigError
 from trainsim.frontends.registry import ModelSource
 from trainsim.hardware.cluster import ClusterSpec
 from trainsim.ir.model_spec import ModelSpec
-from trainsim.job import Job, make_job
+from trainsim.job import Job, default_seq_len, make_job
 from trainsim.strategy.parallel import ATTENTION_KERNELS, OPTIMIZER_IMPLS, RECOMPUTES, SCHEDULES, ParallelSpec
 from trainsim.strategy.precision import PRECISIONS
 from trainsim.strategy.stack import make_stack
@@ -39,6 +39,9 @@ def read_job_file(path: Path | None) -> dict[str, Any]:
         if not isinstance(flat["calibration"], str) or not flat["calibration"]:
             raise ConfigError(f"{path}: calibration", flat["calibration"], "must be the path of a calibration file")
         flat["calibration"] = path.parent / flat["calibration"]
+    for key in ("model", "cluster"):
+        if isinstance(flat.get(key), str):
+            flat[key] = beside(path, flat[key])
     return flat
 
 
@@ -54,6 +57,24 @@ def _unknown_keys(path: Path, unknown: dict[str, Any]) -> str:
         named.append(f"{key}={value!r}{where}" + (f", did you mean {close[0]}?" if close else ""))
     allowed = ", ".join(JOB_KEYS + STRATEGY_KEYS)
     return f"unknown key{'s' if len(unknown) > 1 else ''} " + "; ".join(named) + f"; allowed: {allowed}"
+
+
+_PATH_SUFFIXES = (".yaml", ".yml", ".json", ".py", ".gz")
+
+
+def beside(job_file: Path, name: str) -> str:
+    """A file a job file names, relative to the job file's folder (not the working directory); catalog names and
+    absolute paths stay as they are. FILE.py:factory resolves its file."""
+    file_part, colon, factory = name.partition(":") if ".py:" in name else (name, "", "")
+    if not file_part or Path(file_part).is_absolute():
+        return name
+    candidate = job_file.parent / file_part
+    looks_like_path = "/" in file_part or file_part.endswith(_PATH_SUFFIXES)
+    try:
+        exists = candidate.exists()
+    except OSError:  # too long or otherwise no path: a catalog name
+        exists = False
+    return f"{candidate}{colon}{factory}" if looks_like_path or exists else name
 
 
 def _positive_int(value: Any) -> bool:
@@ -98,6 +119,7 @@ def job_from_settings(settings: dict[str, Any]) -> Job:
         for key, value in source.job_defaults().items():
             given.setdefault(key, value)
         model = source.model_spec()
+    given.setdefault("seq_len", default_seq_len(model))
     given.setdefault("attention", stack.attention)  # the stack's kernel unless the job names one
     named = given.pop("cluster", DEFAULT_CLUSTER)
     cluster = named if isinstance(named, ClusterSpec) else load_cluster(str(named))

@@ -1,5 +1,6 @@
 """Parse and format human units at the edges. Inside trainsim everything is SI: s, bytes, FLOP/s, bytes/s."""
 
+import math
 import re
 
 from trainsim.errors import ConfigError
@@ -20,13 +21,20 @@ _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 
 
 def _parse(text: str | float | int, table: dict[str, float], field: str, kind: str) -> float:
+    """A finite number (NaN, infinity, booleans and sizes that overflow, such as '1e400GiB', are refused)."""
+    if isinstance(text, bool) or not isinstance(text, str | int | float):
+        raise ConfigError(field, text, f"expected a number or a {kind} such as " + ", ".join(_examples(table)))
     if isinstance(text, int | float):
-        return float(text)
-    match = _NUMBER_AND_UNIT.match(text)
-    unit = match.group(2).lower() if match else None
-    if match is None or unit not in table:
-        raise ConfigError(field, text, f"expected a {kind} such as " + ", ".join(_examples(table)))
-    return float(match.group(1)) * table[unit]
+        value = float(text) if abs(text) < 1e308 else math.inf
+    else:
+        match = _NUMBER_AND_UNIT.match(text[:200])
+        unit = match.group(2).lower() if match else None
+        if match is None or unit not in table:
+            raise ConfigError(field, text, f"expected a {kind} such as " + ", ".join(_examples(table)))
+        value = float(match.group(1)) * table[unit]
+    if not math.isfinite(value):
+        raise ConfigError(field, text, f"must be a finite {kind}")
+    return value
 
 
 def _examples(table: dict[str, float]) -> list[str]:

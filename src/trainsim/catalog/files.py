@@ -1,6 +1,16 @@
-"""Read YAML/JSON files into plain data, with one-line errors."""
+"""Read YAML/JSON files into plain data, with one-line errors.
+
+Every file a user names is read through `read_text`: a regular file (not a device, a FIFO or a folder) of at
+most a size cap, decoded as UTF-8, and a YAML file is checked for its nesting and the size its aliases expand
+to before it is built, so no input (`/dev/zero`, a billion-laughs YAML, 2,000 nested brackets) can take
+unbounded time or memory. Error messages name the file, never its content.
+"""
 
 import json
+import math
+import os
+import stat
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +22,72 @@ DATA_DIR = Path(__file__).parent / "data"
 # libyaml's parser where PyYAML was built with it: the same data (the same safe constructor and resolver) in
 # a tenth of the time of the pure-Python parser, which matters as predict reads the whole catalog.
 _FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# A model, cluster, job or strategy-tree file is a few KiB; the largest HF config.json is about 10 KiB.
+MAX_MAPPING_FILE_BYTES = 4 * 2**20
+# Nesting of YAML/JSON collections (the files trainsim reads nest four deep at most) and nodes after YAML alias
+# expansion (the largest catalog file has about 2,000).
+MAX_NESTING = 64
+MAX_YAML_NODES = 200_000
+_SHOWN_PATH_CHARS = 100
+
+
+def shown_path(path: Path | str) -> str:
+    """A path as error messages show it: a long one cut from the left, so its file name stays."""
+    text = str(path)
+    return text if len(text) <= _SHOWN_PATH_CHARS else "..." + text[-(_SHOWN_PATH_CHARS - 3):]
+
+
+def read_text(path: Path, max_bytes: int = MAX_MAPPING_FILE_BYTES) -> str:
+    """The UTF-8 text of a regular file of at most max_bytes; anything else is an InputFileError naming the file."""
+    name = shown_path(path)
+    try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise InputFileError(f"{name} is not a regular file")
+        if info.st_size > max_bytes:
+            raise InputFileError(f"{name} holds {info.st_size} bytes, more than the {max_bytes} allowed")
+        with open(path, "rb") as handle:
+            data = handle.read(max_bytes + 1)
+    except OSError as exc:
+        raise InputFileError(f"cannot read {name}: {exc.strerror or type(exc).__name__}") from None
+    if len(data) > max_bytes:
+        raise InputFileError(f"{name} holds more than the {max_bytes} bytes allowed")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InputFileError(f"{name} is not UTF-8 text (byte {exc.start} is not valid UTF-8)") from None
+
+
+def _check_yaml_shape(text: str) -> None:
+    """Refuse, before building anything, YAML nested deeper than MAX_NESTING or whose aliases expand past
+    MAX_YAML_NODES (one pass over the parser's events, counting each alias as the nodes it repeats)."""
+    anchored: dict[str, int] = {}
+    open_nodes: list[list[Any]] = []  # [anchor, nodes so far] of each collection being read
+    total = 0
+    for event in yaml.parse(text, Loader=_FAST_LOADER):
+        if isinstance(event, yaml.CollectionStartEvent):
+            if len(open_nodes) >= MAX_NESTING:
+                raise ValueError(f"nests deeper than {MAX_NESTING} levels")
+            open_nodes.append([event.anchor, 1])
+            continue
+        if isinstance(event, yaml.CollectionEndEvent):
+            anchor, nodes = open_nodes.pop()
+        elif isinstance(event, yaml.ScalarEvent):
+            anchor, nodes = event.anchor, 1
+        elif isinstance(event, yaml.AliasEvent):
+            if str(event.anchor) not in anchored:  # a node holding itself: an endless structure
+                raise ValueError(f"the alias *{str(event.anchor)[:40]} refers to no finished anchor (undefined, or "
+                                 "a node that contains it)")
+            anchor, nodes = None, anchored[str(event.anchor)]
+        else:
+            continue
+        if anchor is not None:
+            anchored[str(anchor)] = nodes
+        if open_nodes:
+            open_nodes[-1][1] += nodes
+        total += nodes if not open_nodes else 0
+        if nodes > MAX_YAML_NODES or total > MAX_YAML_NODES:
+            raise ValueError(f"expands to more than {MAX_YAML_NODES} nodes (aliases repeat anchored nodes)")
 
 
 def _load_yaml(text: str) -> Any:
@@ -21,21 +97,70 @@ def _load_yaml(text: str) -> Any:
         return yaml.safe_load(text)  # NB: the pure-Python parser's error message, the one users have seen
 
 
-def read_mapping(path: Path) -> dict[str, Any]:
-    """Parse a YAML or JSON file whose top level is a mapping."""
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _first_non_finite(data: Any, where: str = "") -> str | None:
+    """The key path of the first NaN or infinite number in parsed data, or None."""
+    stack: list[tuple[str, Any]] = [(where, data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            return path or "(top level)"
+        if isinstance(value, dict):
+            stack += [(f"{path}.{key}" if path else str(key), item) for key, item in value.items()]
+        elif isinstance(value, list):
+            stack += [(f"{path}[{i}]", item) for i, item in enumerate(value)]
+    return None
+
+
+def parse_text(text: str, is_json: bool, name: str, check_shape: bool = True) -> Any:
+    """Parse JSON or YAML text; every problem (syntax, nesting, alias expansion, an integer past Python's digit
+    limit, NaN or Infinity) is one InputFileError line naming `name`. check_shape=False skips the YAML event pass
+    (for the catalog's own files, which ship with trainsim: start-up)."""
+    kind = "JSON" if is_json else "YAML"
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InputFileError(f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        data = json.loads(text) if path.suffix == ".json" else _load_yaml(text)
+        if is_json:
+            data = json.loads(text, parse_constant=_refuse_constant)
+        else:
+            if check_shape:
+                _check_yaml_shape(text)
+            data = _load_yaml(text)
     except json.JSONDecodeError as exc:
-        raise InputFileError(f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}") from None
+        raise InputFileError(f"{name} is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}") from None
     except yaml.YAMLError as exc:
-        raise InputFileError(f"{path} is not valid YAML{_where(exc)}: {_problem(exc)}") from None
-    if not isinstance(data, dict):
-        raise InputFileError(f"{path} must hold a mapping at the top level, found {type(data).__name__}")
+        raise InputFileError(f"{name} is not valid YAML{_where(exc)}: {_problem(exc)}") from None
+    except RecursionError:
+        raise InputFileError(f"{name} is not valid {kind}: nests deeper than {MAX_NESTING} levels") from None
+    except ValueError as exc:  # nesting, alias expansion, NaN in JSON, 5,000-digit integers
+        raise InputFileError(f"{name} is not valid {kind}: {str(exc).splitlines()[0]}") from None
+    bad = _first_non_finite(data)
+    if bad is not None:
+        raise InputFileError(f"{name}: {bad} is not a finite number (NaN and infinity are not allowed)")
     return data
+
+
+def read_mapping(path: Path, max_bytes: int = MAX_MAPPING_FILE_BYTES) -> dict[str, Any]:
+    """Parse a YAML or JSON file whose top level is a mapping."""
+    name = shown_path(path)
+    data = parse_text(read_text(path, max_bytes), path.suffix == ".json", name,
+                      check_shape=path.parent.parent != DATA_DIR and path.parent != DATA_DIR)
+    if not isinstance(data, dict):
+        raise InputFileError(f"{name} must hold a mapping at the top level, found {type(data).__name__}")
+    return data
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write a text file whole or not at all (a temporary file in the same folder, then a rename)."""
+    handle, tmp = tempfile.mkstemp(prefix=f".{path.name[:40]}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _where(exc: yaml.YAMLError) -> str:

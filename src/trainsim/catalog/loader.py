@@ -60,7 +60,7 @@ def list_clusters() -> list[ClusterSpec]:
 def load_model(name_or_path: str) -> ModelSpec:
     """A catalog name (case-insensitive), a YAML/JSON model file, or a Hugging Face config.json."""
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml", ".json") or path.exists():
+    if path.suffix in (".yaml", ".yml", ".json") or _exists(path):
         return model_from_file(path)
     models = _models()
     lowered = {name.lower(): spec for name, spec in models.items()}
@@ -68,6 +68,13 @@ def load_model(name_or_path: str) -> ModelSpec:
     if spec is None:
         raise UnknownNameError("model", name_or_path, list(models))
     return spec
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # a name too long to be a path, a NUL byte: not a file, so a catalog name
+        return False
 
 
 def load_device(name: str) -> DeviceSpec:

@@ -79,6 +79,7 @@ def main() -> None:
     module is imported."""
     import sys
 
+
     try:
         code = app(standalone_mode=False)
     except typer.Abort:

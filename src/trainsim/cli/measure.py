@@ -127,6 +127,7 @@ def _measure_one(job: Job, out: Path, run_id: str | None, iterations: int, warmu
 
     spec = make_spec(job, out, run_id=run_id, iterations=iterations, warmup=warmup, timeout_s=timeout_s,
                      threads=threads, profile=profile, execution_trace=execution_trace)
+    _check_memory(job, spec.device)
     with _progress(as_json, None) as bar:
         task = bar.add_task(f"measuring {spec.run_id} on {job.num_gpus} rank(s) ({spec.device})", total=None)
         try:
@@ -140,6 +141,14 @@ def _measure_one(job: Job, out: Path, run_id: str | None, iterations: int, warmu
         return
     typer.echo(render_run(run, terminal=sys.stdout.isatty()), nl=False)
     typer.echo(f"result: {path}", err=True)
+
+
+def _check_memory(job: Job, device: str) -> None:
+    """The analytical engine's peak per rank against this machine, before any rank starts."""
+    from trainsim.measure.capacity import check_fits
+    from trainsim.pipeline import predict
+
+    check_fits(predict(job).peak_memory_bytes, job.num_gpus, device)
 
 
 def _measure_suite(name: str, out: Path, repeats: int, iterations: int, warmup: int, timeout_s: float,

@@ -19,8 +19,10 @@ from trainsim.catalog import load_cluster, load_model
 from trainsim.cli.errors import handles_errors
 from trainsim.errors import ConfigError, TrainsimError
 from trainsim.ir.model_spec import ModelSpec
-from trainsim.job import make_job
+from trainsim.job import Job, make_job
 from trainsim.jobfile import check_choice
+from trainsim.measure.capacity import check_fits
+from trainsim.pipeline import predict
 from trainsim.profile.collectives import COLLECTIVES, DEFAULT_SIZES, CollectiveSummary, profile_collectives
 from trainsim.profile.database import STOP_AFTER_ENV, OpSignature, ProfileDB, default_db_path
 from trainsim.profile.job import profile_job
@@ -84,20 +86,42 @@ def _stop_after() -> int | None:
     return int(value)
 
 
+# Bounds of the loop settings: what a profile of hours would use, many times over.
+MAX_REPEATS = 100_000
+MAX_WORLD_SIZE = 256
+MAX_THREADS = 4096
+MAX_TIMEOUT_S = 7 * 86400.0
+MAX_MESSAGE_BYTES = 2**34  # 16 GiB, a collective message larger than any GPU's memory
+
+
+def _check_loop(threads: int | None, warmup: int, repeats: int, world_size: int, timeout_s: float) -> None:
+    if threads is not None and not 1 <= threads <= MAX_THREADS:
+        raise ConfigError("threads", threads, f"must be 1 to {MAX_THREADS} (leave it out for torch's default)")
+    if not 0 <= warmup <= MAX_REPEATS or repeats > MAX_REPEATS:
+        raise ConfigError("warmup" if repeats <= MAX_REPEATS else "repeats", max(warmup, repeats),
+                          f"must be at most {MAX_REPEATS}")
+    if not 2 <= world_size <= MAX_WORLD_SIZE:
+        raise ConfigError("world_size", world_size, f"must be 2 to {MAX_WORLD_SIZE}")
+    if not 0 < timeout_s <= MAX_TIMEOUT_S:  # NB: also refuses NaN
+        raise ConfigError("timeout_s", timeout_s, f"must be a positive number of seconds, at most {MAX_TIMEOUT_S:g}")
+
+
 def _parse_sizes(text: str | None) -> tuple[int, ...]:
     if not text:
         return DEFAULT_SIZES
-    sizes = tuple(int(parse_bytes(part.strip(), "sizes")) for part in text.split(",") if part.strip())
-    if not sizes or min(sizes) <= 0:
-        raise ConfigError("sizes", text, "a comma-separated list of positive sizes such as 1KiB,1MiB")
+    sizes = tuple(int(parse_bytes(part.strip(), "sizes")) for part in text.split(",")[:1000] if part.strip())
+    if not sizes or min(sizes) <= 0 or max(sizes) > MAX_MESSAGE_BYTES:
+        raise ConfigError("sizes", text, "a comma-separated list of positive sizes of at most 16GiB such as "
+                          "1KiB,1MiB")
     return sizes
 
 
-def _check_shape(model: ModelSpec, shape: DeviceSlice) -> None:
+def _check_shape(model: ModelSpec, shape: DeviceSlice) -> Job:
     """The same checks `trainsim predict` makes (tp divides the heads, seq_len fits learned positions ...)."""
     cluster = load_cluster("local-cpu").with_num_gpus(shape.tp)
-    make_job(model, cluster, ParallelSpec(tp=shape.tp, sp=shape.sp, dp=1, micro_batch=shape.micro_batch,
-                                          seq_len=shape.seq_len, precision=shape.precision.name))
+    job = make_job(model, cluster, ParallelSpec(tp=shape.tp, sp=shape.sp, dp=1, micro_batch=shape.micro_batch,
+                                                seq_len=shape.seq_len, precision=shape.precision.name))
+    return job
 
 
 def _progress_bar(console: Console) -> Progress:
@@ -172,15 +196,17 @@ def profile(
     for name, value in (("micro_batch", micro_batch), ("seq_len", seq_len), ("tp", tp), ("repeats", repeats)):
         if value < 1:
             raise ConfigError(name, value, "must be a positive integer")
-    if world_size < 2:
-        raise ConfigError("world_size", world_size, "must be at least 2")
+    _check_loop(threads, warmup, repeats, world_size, timeout_s)
     spec = load_model(model)
     if zero not in (0, 1, 2, 3):
         raise ConfigError("zero", zero, "0, 1, 2 or 3")
+    if db is not None and db.exists() and not db.is_file():
+        raise ConfigError("db", str(db), "must be a database file (or a path where one can be created)")
     shape = DeviceSlice(micro_batch, seq_len, policy_for(cast(Precision, precision)), tp, sp, zero=zero)
-    _check_shape(spec, shape)
+    job = _check_shape(spec, shape)
     torch = _torch()
     dev = _device(device, torch)
+    check_fits(predict(job).peak_memory_bytes, 1, dev)  # the ops of one device's job, before any is built
     request = ProfileRequest(spec, shape, dev, device_name or _default_device_name(dev, torch),
                              db or default_db_path(), threads, max(0, warmup), repeats, ops, optimizer,
                              COLLECTIVES if collectives else (), _parse_sizes(sizes), world_size, timeout_s,

@@ -131,7 +131,10 @@ class AnalyticalEstimator:
             # Qi et al. 2023 (zero bubble), ZB-H1: deferring the weight-gradient GEMMs W into the bubble turns
             # 1F1B's (p-1)(F+B+W) into (p-1)(F+B-W) at 1F1B's memory.
             bubble *= max(0.0, 1.0 - 2.0 * slow.wgrad_s / slow.total_s)
-        grad_exposed = pricer.gradient_sync_exposed_s(stages[bottleneck], slow, job)
+        # NB: the first stage finishes its last backward pass last (1F1B and its variants drain from the last
+        # stage to the first), so its gradient reduction, not the bottleneck's, is what the step waits for
+        grad_exposed = max(pricer.gradient_sync_exposed_s(stages[bottleneck], slow, job),
+                           pricer.gradient_sync_exposed_s(stages[0], costs[0], job))
         breakdown = {
             "compute": m * slow.compute_s,
             "recompute": m * slow.recompute_s,

@@ -1,11 +1,13 @@
 """The one result type every estimator returns, and how an engine's time breakdown and memory become one."""
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from trainsim.catalog.calibration import Calibration
 from trainsim.catalog.uncertainty import GROUP_TEXT
 from trainsim.cost.memory import MemoryEstimate
+from trainsim.errors import InfeasiblePlanError
 from trainsim.ir.exec_graph import ExecGraph
 from trainsim.ir.graph import OpGraph
 from trainsim.job import Job
@@ -140,6 +142,13 @@ def make_result(engine: str, job: Job, graph: OpGraph, breakdown: dict[str, floa
     fwd_share = graph.total_flops("fwd") / max(full_graph_flops, 1e-30)
     hardware_flops = model_flops * (1.0 + (fwd_share if par.recompute == "full" else 0.0))
     peak = job.cluster.device.peak_for(policy_for(par.precision).linear_dtype)
+    if not (math.isfinite(iteration) and iteration > 0 and math.isfinite(model_flops) and
+            math.isfinite(memory.peak_bytes)):
+        # NB: the last line of the validation boundary: inputs are finite and bounded, so only a job far outside
+        # what the cost models cover (sizes near the bounds, multiplied together) gets here
+        raise InfeasiblePlanError("not finite", f"{engine}: the prediction of {job.describe()} is not a finite "
+                                  f"positive number (iteration {iteration:g} s, {model_flops:g} FLOPs, peak "
+                                  f"{memory.peak_bytes:g} bytes); the job is outside what the cost models cover")
     achieved = model_flops / iteration / job.num_gpus
     return Result(
         engine=engine, job=job.describe(), iteration_time_s=iteration,

@@ -26,6 +26,23 @@ from trainsim.job import Job
 from trainsim.sim import SimOptions, SimOutcome, simulate
 from trainsim.strategy.lowered import LoweredPlan, default_plan
 
+# The most layer-phases (micro-batches x layer instances x forward/backward; x ops per phase at the op level) one
+# simulation builds: about 2.4 tasks each, so ~500,000 tasks, a minute and under a GiB on one core. The
+# analytical engine answers larger jobs with formulas (10^7 micro-batches, 10^6 GPUs).
+MAX_SIM_PHASES = 200_000
+
+
+def check_sim_size(job: Job, graph: OpGraph, task_level: TaskLevel) -> None:
+    """Refuse, before building anything, a job whose simulation would exceed MAX_SIM_PHASES."""
+    per_micro_batch = sum(layer.count * (2 if task_level == "layer" else len(layer.fwd) + len(layer.bwd))
+                          for layer in graph.layers)
+    phases = max(1, job.parallel.num_micro_batches) * per_micro_batch
+    if phases > MAX_SIM_PHASES:
+        raise ConfigError("engine", "sim", f"the simulation would run {phases} layer-phases ("
+                          f"{job.parallel.num_micro_batches} micro-batches x {per_micro_batch} per micro-batch at "
+                          f"task level {task_level}), more than the {MAX_SIM_PHASES} it is bounded to; use --engine "
+                          "analytical, or fewer micro-batches")
+
 
 def sim_options(cal: Calibration, *, overlap: bool = True, sharing: bool = True) -> SimOptions:
     """Runtime behaviours from the calibration: the overlap slow-down (gamma) of the simulator's own fit where
@@ -71,6 +88,7 @@ class SimEstimator:
 
     def run(self, job: Job, graph: OpGraph, plan: LoweredPlan | None = None) -> SimRun:
         """Compile and simulate; the plan defaults to the strategy's even placement."""
+        check_sim_size(job, graph, self.task_level)
         plan = plan or default_plan(graph, job.parallel)
         collecting = gc.isenabled()
         gc.disable()  # NB: hundreds of thousands of acyclic task objects; the cyclic collector only slows it down

@@ -20,6 +20,10 @@ from trainsim.hardware.device import DeviceSpec
 from trainsim.specbase import Spec
 from trainsim.units import parse_bandwidth, parse_duration
 
+# The most GPUs a cluster holds: 2**24 (16.7 million) is 16 times the largest job trainsim is checked on (10^6
+# GPUs); a count beyond it is a typo, and every per-GPU figure stays a plain float far from overflow.
+MAX_GPUS = 2**24
+
 LinkKind = Literal["nvlink", "nvswitch", "pcie", "infiniband", "roce", "ethernet", "nvlink-bridge", "efa"]
 
 
@@ -96,6 +100,9 @@ class ClusterSpec(Spec):
         if domain is not None and domain % self.gpus_per_node:
             raise ValueError(f"nvlink_domain_gpus={domain} must be a multiple of gpus_per_node="
                              f"{self.gpus_per_node} (a domain holds whole servers)")
+        if self.num_gpus > MAX_GPUS:
+            raise ValueError(f"gpus_per_node x num_nodes = {self.gpus_per_node} x {self.num_nodes} must be at most "
+                             f"{MAX_GPUS}")
         return self
 
     @property
@@ -126,8 +133,8 @@ class ClusterSpec(Spec):
     def with_num_gpus(self, num_gpus: int) -> "ClusterSpec":
         """Scale to num_gpus: whole servers of gpus_per_node (trays of an NVL72 rack), or one partial server
         when fewer GPUs are asked. The NVLink domains follow (gpus_per_domain)."""
-        if num_gpus <= 0:
-            raise ConfigError("num_gpus", num_gpus, "must be a positive integer")
+        if num_gpus <= 0 or num_gpus > MAX_GPUS:
+            raise ConfigError("num_gpus", num_gpus, f"must be a positive integer of at most {MAX_GPUS}")
         if num_gpus <= self.gpus_per_node:
             update: dict[str, object] = {"gpus_per_node": num_gpus, "num_nodes": 1}
             if self.nvlink_domain_gpus is not None and self.nvlink_domain_gpus % num_gpus:

@@ -2,9 +2,13 @@
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PositiveInt, model_validator
 
 from trainsim.specbase import Spec
+
+# The most layers a model takes: 10x the deepest transformer trained (DeepNet, 1,000 layers; Wang et al. 2022);
+# engines walk layers one by one (gradient buckets, pipeline stages), so the count bounds their work.
+MAX_LAYERS = 10_000
 
 Arch = Literal["gpt", "llama", "bert", "mpt", "bloom", "moe", "mixtral", "other"]
 
@@ -16,7 +20,7 @@ class TransformerSpec(Spec):
     name: str
     description: str = ""
     arch: Arch = "gpt"
-    num_layers: int = Field(gt=0)
+    num_layers: int = Field(gt=0, le=MAX_LAYERS)
     hidden: int = Field(gt=0)
     ffn_hidden: int = Field(gt=0)
     num_heads: int = Field(gt=0)
@@ -67,11 +71,12 @@ class ConvLayer(Spec):
 
     type: Literal["conv", "fc", "pool", "norm", "relu", "concat"]
     name: str
-    in_channels: int = Field(default=0, ge=0)
-    out_channels: int = Field(default=0, ge=0)
-    kernel: tuple[int, int] = (1, 1)
+    # NB: no zero sizes: a layer of 0 channels or a 0x0 kernel or output has no work, and a pool divides by it
+    in_channels: int = Field(gt=0)
+    out_channels: int = Field(gt=0)
+    kernel: tuple[PositiveInt, PositiveInt] = (1, 1)
     stride: int = Field(default=1, gt=0)
-    out_hw: tuple[int, int] = (1, 1)
+    out_hw: tuple[PositiveInt, PositiveInt] = (1, 1)
     block: str = Field(default="", description="the block this layer belongs to (module path prefix)")
 
 
@@ -79,8 +84,8 @@ class CnnSpec(Spec):
     kind: Literal["cnn"] = "cnn"
     name: str
     description: str = ""
-    input_hw: tuple[int, int] = (224, 224)
-    layers: tuple[ConvLayer, ...]
+    input_hw: tuple[PositiveInt, PositiveInt] = (224, 224)
+    layers: tuple[ConvLayer, ...] = Field(min_length=1)
     published_params: float | None = None
     source: str = ""
 
@@ -97,9 +102,9 @@ class DlrmSpec(Spec):
     name: str
     description: str = ""
     dense_features: int = Field(gt=0)
-    bottom_mlp: tuple[int, ...]
-    top_mlp: tuple[int, ...]
-    tables: tuple[EmbeddingTable, ...]
+    bottom_mlp: tuple[PositiveInt, ...] = Field(min_length=1)
+    top_mlp: tuple[PositiveInt, ...] = Field(min_length=1)
+    tables: tuple[EmbeddingTable, ...] = Field(min_length=1)
     published_params: float | None = None
     source: str = ""
 

@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from trainsim.errors import ConfigError, TrainsimError
+from trainsim.catalog.files import write_atomic
+from trainsim.errors import MAX_NAME_CHARS, ConfigError, TrainsimError, check_name
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job
 from trainsim.measure.results import job_to_dict, result_path
@@ -32,11 +33,16 @@ from trainsim.strategy.parallel import OptimizerImpl, Schedule
 Device = Literal["cpu", "cuda"]
 FAULT_ENV = "TRAINSIM_MEASURE_FAULT"  # test only: "crash:RANK" or "hang:RANK" (see worker.inject_fault)
 PARENT_ENV = "TRAINSIM_MEASURE_PARENT"
+# rank 0's inherited listening socket for the rendezvous store (the launcher binds it on loopback and holds it)
+STORE_FD_ENV = "TRAINSIM_MEASURE_STORE_FD"
 MEASURED_PRECISIONS: dict[Device, tuple[str, ...]] = {"cpu": ("fp32", "amp-bf16"),
                                                        "cuda": ("fp32", "tf32", "amp-bf16")}
 # the subset of strategy.parallel.SCHEDULES that torch.distributed.pipelining runs here (no zero-bubble split)
 MEASURED_SCHEDULES: tuple[Schedule, ...] = ("gpipe", "1f1b", "interleaved-1f1b")
 POLL_S = 0.02
+MAX_ITERATIONS = 1_000_000
+MAX_TIMEOUT_S = 7 * 86400.0
+MAX_THREADS = 4096
 
 
 class MeasureFailedError(TrainsimError):
@@ -166,24 +172,33 @@ def make_spec(job: Job, out_dir: Path, *, run_id: str | None = None, iterations:
 
     if importlib.util.find_spec("torch") is None:
         raise TrainsimError("trainsim measure needs PyTorch: pip install -e '.[torch]' (torch==2.13.0)")
-    if iterations < 1:
-        raise ConfigError("iterations", iterations, "must be at least 1")
-    if warmup < 0:
-        raise ConfigError("warmup", warmup, "must be at least 0")
-    if timeout_s <= 0:
-        raise ConfigError("timeout_s", timeout_s, "must be positive")
+    if not 1 <= iterations <= MAX_ITERATIONS:
+        raise ConfigError("iterations", iterations, f"must be 1 to {MAX_ITERATIONS}")
+    if not 0 <= warmup <= MAX_ITERATIONS:
+        raise ConfigError("warmup", warmup, f"must be 0 to {MAX_ITERATIONS}")
+    if not 0 < timeout_s <= MAX_TIMEOUT_S:  # NB: also refuses NaN
+        raise ConfigError("timeout_s", timeout_s, f"must be a positive number of seconds, at most {MAX_TIMEOUT_S:g}")
+    if threads is not None and not 0 <= threads <= MAX_THREADS:
+        raise ConfigError("threads", threads, f"must be 0 (torch's default) to {MAX_THREADS}")
+    if run_id is not None and (problem := check_name("run_id", run_id)) is not None:
+        raise problem
     chosen: Device = device or pick_device(job)
     check_supported(job, chosen)
     if threads is None:
         threads = 1 if chosen == "cpu" else 0
-    return MeasureSpec(run_id or default_run_id(job), job_to_dict(job), str(out_dir), iterations, warmup,
-                       timeout_s, threads, chosen, profile, execution_trace, labels=labels or {})
+    return MeasureSpec(run_id or default_run_id(job)[:MAX_NAME_CHARS], job_to_dict(job), str(out_dir), iterations,
+                       warmup, timeout_s, threads, chosen, profile, execution_trace, labels=labels or {})
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _store_socket() -> socket.socket:
+    """The rendezvous store's listening socket, on loopback (every rank is local), bound and listening before any
+    rank starts: rank 0 inherits it (torch.distributed.TCPStore's master_listen_fd), so no other process can
+    take the port between picking and binding it, and nothing off this host can connect."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(128)
+    listener.set_inheritable(True)
+    return listener
 
 
 def log_path(out_dir: Path, run_id: str, rank: int) -> Path:
@@ -215,26 +230,33 @@ def launch(spec: MeasureSpec, world_size: int, on_tick: Callable[[], None] | Non
     out_dir = Path(spec.out_dir)
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     spec_file = out_dir / "logs" / f"{spec.run_id}.spec.json"
-    spec_file.write_text(spec.to_json())
+    write_atomic(spec_file, spec.to_json())
     result_path(out_dir, spec.run_id).unlink(missing_ok=True)  # a failed rerun leaves no stale result behind
     for rank in range(world_size):
         error_path(out_dir, spec.run_id, rank).unlink(missing_ok=True)
-    port = _free_port()
+    listener = _store_socket()
+    port = int(listener.getsockname()[1])
     ranks = _Ranks([])
     try:
         for rank in range(world_size):
             env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
                    "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                    PARENT_ENV: str(os.getpid())}
+            if rank == 0:
+                env[STORE_FD_ENV] = str(listener.fileno())
+            if spec.device == "cpu" and "lo" in {name for _, name in socket.if_nameindex()}:
+                env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's own pair sockets on loopback too
             if spec.threads:
                 env["OMP_NUM_THREADS"] = str(spec.threads)
             with log_path(out_dir, spec.run_id, rank).open("wb") as log:
                 ranks.procs.append(subprocess.Popen(
                     [sys.executable, "-m", "trainsim.measure.worker", "--spec", str(spec_file)],
                     env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    start_new_session=True))
+                    start_new_session=True, pass_fds=(listener.fileno(),) if rank == 0 else ()))
+        listener.close()  # rank 0 holds its own copy
         _watch(ranks, spec, on_tick)
     finally:
+        listener.close()
         ranks.kill()
     path = result_path(out_dir, spec.run_id)
     if not path.exists():

@@ -6,6 +6,7 @@ No torch import here: reading results needs only the standard library, numpy and
 
 import hashlib
 import json
+import math
 import os
 import platform
 import socket
@@ -17,17 +18,20 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from trainsim.catalog.files import parse_text, read_text, shown_path
 from trainsim.catalog.model_files import parse_model
-from trainsim.errors import InputFileError, TrainsimError
+from trainsim.errors import InputFileError, TrainsimError, check_name, short_repr
 from trainsim.hardware.cluster import ClusterSpec
 from trainsim.job import Job, make_job
-from trainsim.specbase import config_error_from
+from trainsim.specbase import MAX_INT_FIELD, config_error_from
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.stack import StackSpec, load_stack
 
 SCHEMA = "trainsim.measured-run/1"
 RESULT_SUFFIX = ".json"
 _OPTIONAL = ("final_loss", "labels", "traces", "baseline_memory_bytes")
+# A run's file holds a few hundred numbers per rank; 16 MiB is thousands of ranks.
+MAX_RUN_FILE_BYTES = 16 * 2**20
 
 
 def job_to_dict(job: Job) -> dict[str, Any]:
@@ -148,7 +152,49 @@ class MeasuredRun:
         missing = [n for n in names if n not in data and n not in _OPTIONAL]
         if missing:
             raise InputFileError(f"{where} lacks {', '.join(missing)}")
+        _check_run_fields(data, where)
         return cls(**{n: data[n] for n in names if n in data})
+
+
+def _numbers(value: object, positive: bool) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and (v > 0 if positive else v >= 0)
+        for v in value)
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_INT_FIELD
+
+
+def _check_run_fields(data: dict[str, Any], where: str) -> None:
+    """The types and ranges of a measured run's fields (a file edited or broken by hand is one line, not a
+    TypeError later)."""
+    settings, machine = data.get("settings"), data.get("machine")
+    problems = {
+        "run_id": isinstance(data["run_id"], str) and check_name("run_id", data["run_id"]) is None,
+        "job": isinstance(data["job"], dict) and all(isinstance(data["job"].get(k), dict)
+                                                     for k in ("model", "cluster", "parallel")),
+        "iteration_times_s": _numbers(data["iteration_times_s"], positive=True),
+        "peak_memory_bytes": _numbers(data["peak_memory_bytes"], positive=True),
+        "baseline_memory_bytes": data.get("baseline_memory_bytes") in (None, []) or (
+            _numbers(data["baseline_memory_bytes"], positive=False) and _numbers(data["peak_memory_bytes"], False)
+            and len(data["baseline_memory_bytes"]) == len(data["peak_memory_bytes"])),
+        "tokens_per_iteration": _positive_int(data["tokens_per_iteration"]),
+        "peak_memory_kind": isinstance(data["peak_memory_kind"], str),
+        "started_at": isinstance(data["started_at"], str),
+        "settings": isinstance(settings, dict) and _positive_int(settings.get("nodes", 1)) and (
+            settings.get("threads_per_rank") in (None, []) or (_numbers(settings["threads_per_rank"], positive=True))),
+        "versions": isinstance(data["versions"], dict),
+        "machine": isinstance(machine, dict) and all(
+            machine.get(key) in (None, 0) or _positive_int(machine[key]) for key in ("cpus_allowed", "cpu_count")),
+        "final_loss": data.get("final_loss") is None or (
+            isinstance(data["final_loss"], int | float) and math.isfinite(data["final_loss"])),
+        "labels": isinstance(data.get("labels", {}), dict),
+        "traces": isinstance(data.get("traces", []), list) and all(isinstance(t, str) for t in data.get("traces", [])),
+    }
+    for key, fine in problems.items():
+        if not fine:
+            raise InputFileError(f"{where}: {key}={short_repr(data.get(key))} is not what a measured run holds")
 
 
 def result_path(out_dir: Path, run_id: str) -> Path:
@@ -173,15 +219,11 @@ def save_run(run: MeasuredRun, out_dir: Path) -> Path:
 
 
 def load_run(path: Path) -> MeasuredRun:
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise InputFileError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise InputFileError(f"{path} is not JSON: {exc}") from None
+    name = shown_path(path)
+    data = parse_text(read_text(path, MAX_RUN_FILE_BYTES), is_json=True, name=name)
     if not isinstance(data, dict):
-        raise InputFileError(f"{path} is not a measured run (not a JSON object)")
-    return MeasuredRun.from_dict(data, str(path))
+        raise InputFileError(f"{name} is not a measured run (not a JSON object)")
+    return MeasuredRun.from_dict(data, name)
 
 
 def load_runs(out_dir: Path) -> list[MeasuredRun]:

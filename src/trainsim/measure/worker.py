@@ -25,7 +25,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from trainsim.measure.launch import FAULT_ENV, PARENT_ENV, MeasureSpec, error_path, make_spec
+from trainsim.measure.launch import FAULT_ENV, PARENT_ENV, STORE_FD_ENV, MeasureSpec, error_path, make_spec
 from trainsim.measure.results import MeasuredRun, job_from_dict, machine, save_run, versions
 
 PROFILED_ITERATIONS = 3
@@ -67,6 +67,20 @@ def inject_fault(rank: int) -> None:
             time.sleep(3600)
 
 
+def _local_store(rank: int, world_size: int, timeout_s: float) -> Any:
+    """The rendezvous store of a run `trainsim measure` launched: rank 0 serves it on the loopback socket the
+    launcher bound and passed down (STORE_FD_ENV). None under torchrun, which brings its own (env://)."""
+    if PARENT_ENV not in os.environ:
+        return None
+    import torch.distributed as dist
+
+    listen_fd = os.environ.get(STORE_FD_ENV) if rank == 0 else None
+    store_type = dist.TCPStore  # pyright: ignore[reportPrivateImportUsage]  # NB: public, torch 2.x docs
+    return store_type(host_name=os.environ["MASTER_ADDR"], port=int(os.environ["MASTER_PORT"]),
+                      world_size=world_size, is_master=rank == 0, timeout=timedelta(seconds=timeout_s),
+                      master_listen_fd=int(listen_fd) if listen_fd else None)
+
+
 def run_worker(spec: MeasureSpec) -> None:
     import torch
     import torch.distributed as dist
@@ -86,8 +100,10 @@ def run_worker(spec: MeasureSpec) -> None:
         raise RuntimeError(f"the job needs {job.num_gpus} ranks (tp x pp x dp); WORLD_SIZE={world_size}")
     backend = "nccl" if spec.device == "cuda" else "gloo"
     log(f"joining {backend} group of {world_size} ({os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')})")
+    store = _local_store(rank, world_size, spec.timeout_s)
     dist.init_process_group(backend, timeout=timedelta(seconds=spec.timeout_s),
-                            device_id=device if spec.device == "cuda" else None)
+                            device_id=device if spec.device == "cuda" else None,
+                            **({"store": store, "rank": rank, "world_size": world_size} if store else {}))
     try:
         _measure(spec, job, device, rank, world_size)
     finally:

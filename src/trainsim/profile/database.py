@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainsim.catalog.files import shown_path
 from trainsim.errors import InputFileError
 
 SCHEMA_VERSION = "1"
@@ -150,11 +151,14 @@ class ProfileDB:
         """Open (creating the file and its folder if needed) for writing. stop_after: exit the process hard
         (os._exit) right after that many measurements are committed; the interrupted-run test uses it."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(path, timeout=30.0, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.executescript(_SCHEMA)
-        conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
+        try:
+            conn = sqlite3.connect(path, timeout=30.0, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.executescript(_SCHEMA)
+            conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
+        except sqlite3.Error as exc:  # a folder, a file that is no SQLite database, a read-only place
+            raise InputFileError(f"cannot open the profile database {shown_path(path)}: {exc}") from None
         cls._check_version(conn, path)
         return cls(conn, path, stop_after)
 

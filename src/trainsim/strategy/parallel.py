@@ -27,6 +27,13 @@ ATTENTION_KERNELS: tuple[AttentionKernel, ...] = get_args(AttentionKernel)
 OptimizerImpl = Literal["fused", "foreach", "loop"]
 OPTIMIZER_IMPLS: tuple[OptimizerImpl, ...] = get_args(OptimizerImpl)
 RECOMPUTES: tuple[Recompute, ...] = get_args(Recompute)
+# Upper bounds (issue 12: every number in range before an engine sees it). A degree is at most the largest cluster
+# (hardware.cluster.MAX_GPUS); 2**24 tokens is 16x the longest context in the model catalog; 2**40 sequences per
+# step and 2**24 per micro-batch are far past any run and keep every count exact in a float.
+MAX_DEGREE = 2**24
+MAX_SEQ_LEN = 2**24
+MAX_MICRO_BATCH = 2**24
+MAX_GLOBAL_BATCH = 2**40
 
 
 class ParallelSpec(Spec):
@@ -38,19 +45,20 @@ class ParallelSpec(Spec):
 
     # The descriptions are the help texts of the strategy flags of predict, search and measure
     # (cli/strategy_options.py); "choice_help" describes each allowed value of a choice field.
-    tp: int = Field(default=1, gt=0, description="tensor-parallel degree")
-    pp: int = Field(default=1, gt=0, description="pipeline-parallel degree")
-    dp: int = Field(default=0, ge=0, description="data-parallel degree, 0 = inferred from the number of GPUs")
-    cp: int = Field(default=1, gt=0, description="context-parallel degree")
-    ep: int = Field(default=1, gt=0, description="expert-parallel degree")
-    vpp: int = Field(default=1, gt=0, description="virtual stages per pipeline rank")
+    tp: int = Field(default=1, gt=0, le=MAX_DEGREE, description="tensor-parallel degree")
+    pp: int = Field(default=1, gt=0, le=MAX_DEGREE, description="pipeline-parallel degree")
+    dp: int = Field(default=0, ge=0, le=MAX_DEGREE,
+                    description="data-parallel degree, 0 = inferred from the number of GPUs")
+    cp: int = Field(default=1, gt=0, le=MAX_DEGREE, description="context-parallel degree")
+    ep: int = Field(default=1, gt=0, le=MAX_DEGREE, description="expert-parallel degree")
+    vpp: int = Field(default=1, gt=0, le=MAX_DEGREE, description="virtual stages per pipeline rank")
     sp: bool = Field(default=False, description="sequence parallelism")
     zero: int = Field(default=0, ge=0, le=3, description="ZeRO stage 0-3 (1 = distributed optimizer)")
     recompute: Recompute = Field(default="none", description="activation recomputation")
-    micro_batch: int = Field(default=1, gt=0, description="sequences per micro-batch")
-    global_batch: int = Field(default=0, ge=0, description="sequences per optimizer step, 0 = dp x micro_batch "
-                              "(one micro-batch)")
-    seq_len: int = Field(default=2048, gt=0, description="tokens per sequence")
+    micro_batch: int = Field(default=1, gt=0, le=MAX_MICRO_BATCH, description="sequences per micro-batch")
+    global_batch: int = Field(default=0, ge=0, le=MAX_GLOBAL_BATCH,
+                              description="sequences per optimizer step, 0 = dp x micro_batch (one micro-batch)")
+    seq_len: int = Field(default=2048, gt=0, le=MAX_SEQ_LEN, description="tokens per sequence")
     precision: Precision = Field(default="bf16", description="numeric precision")
     schedule: Schedule = Field(default="1f1b", description="pipeline schedule")
     attention: AttentionKernel = Field(default="flash2", description="attention kernel", json_schema_extra={

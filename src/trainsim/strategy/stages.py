@@ -175,6 +175,9 @@ def partition_stages(graph: OpGraph, pp: int, blocks_per_rank: Sequence[int] | N
                 stages[0].append(StagePart(layer, float(layer.count)))
         return stages
     flat = [layer for layer in graph.layers for _ in range(layer.count)]
+    if len(flat) < pp:
+        raise ConfigError("pp", pp, f"must be at most the {len(flat)} layers of {graph.model_name} (a stage with no "
+                          "layer)")
     for index, layer in enumerate(flat):
         stages[min(pp - 1, index * pp // max(len(flat), 1))].append(StagePart(layer, 1.0))
     return stages

@@ -332,10 +332,12 @@ class StrategyTree:
 
     def _match_segment(self, parent: str, segment: str, pattern: str, where: str) -> list[str]:
         if bounds := _RANGE.fullmatch(segment):
-            low, high = int(bounds[1]), int(bounds[2])
+            low, high = (int(bound) if len(bound) <= 12 else 10**12 for bound in (bounds[1], bounds[2]))
             if low > high:
                 raise ConfigError(where, pattern, f"range {segment} runs backwards; write {high}-{low}")
-            paths = [_join(parent, str(number)) for number in range(low, high + 1)]
+            # NB: at most children + 1 indices are looked at, so a range such as 0-999999999 builds no huge list
+            paths = [_join(parent, str(number))
+                     for number in range(low, min(high, low + len(self.nodes[parent].children)) + 1)]
             for path in paths:
                 if path not in self.nodes:
                     raise ConfigError(where, pattern, f"{path} does not exist ({self._children_hint(parent)})")

@@ -22,7 +22,7 @@ import yaml
 from pydantic import Field
 
 from trainsim.catalog.files import read_mapping
-from trainsim.errors import ConfigError
+from trainsim.errors import ConfigError, unknown_key
 from trainsim.ir.graph import OpGraph
 from trainsim.specbase import Spec
 from trainsim.strategy.parallel import Recompute
@@ -65,7 +65,7 @@ def load_tree_yaml(path: str | Path, graph: OpGraph) -> StrategyTree:
     data = read_mapping(Path(path))
     for key in data:
         if key != "strategy_tree":
-            raise ConfigError(str(key), data[key], "unknown key; a strategy-tree file holds one key, strategy_tree")
+            raise unknown_key(str(key), "a strategy-tree file holds one key, strategy_tree")
     if "strategy_tree" not in data:
         raise ConfigError("strategy_tree", None, f"missing: {path} holds no strategy_tree mapping")
     return tree_from_mapping(data["strategy_tree"], graph)
@@ -77,9 +77,9 @@ def tree_from_mapping(data: object, graph: OpGraph, where: str = "strategy_tree"
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(where, data, "must be a mapping with keys " + ", ".join(SECTIONS))
-    for key, value in data.items():
+    for key in data:
         if key not in SECTIONS:
-            raise ConfigError(f"{where}.{key}", value, "unknown key; allowed: " + ", ".join(SECTIONS))
+            raise unknown_key(f"{where}.{key}", "allowed: " + ", ".join(SECTIONS))
     tree = StrategyTree.from_graph(graph)
     for section in SECTIONS:
         for label, entry in _entries(data.get(section), f"{where}.{section}", single=section == "schedule"):

@@ -18,9 +18,10 @@ from typing import Any
 
 from trainsim.catalog.loader import load_device
 from trainsim.errors import InputFileError, UnknownNameError
+from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job
 from trainsim.measure.launch import torch_default_optimizer
-from trainsim.measure.results import MeasuredRun, job_from_dict, load_runs
+from trainsim.measure.results import MeasuredRun, job_from_dict, job_to_dict, load_runs
 from trainsim.validate.runs import RunRow, row_defaults
 
 LAYOUT_KEYS = ("mlp", "norm", "position", "bias", "tied_embeddings")
@@ -34,12 +35,19 @@ def read_measured(folder: Path) -> list[RunRow]:
 
 
 def rows_of(run: MeasuredRun) -> list[RunRow]:
-    fields = run_fields(run)
+    job = measured_job(run)  # first: it validates the job the rows are made of
+    if not isinstance(job.model, TransformerSpec):
+        raise InputFileError(f"run {run.run_id}: a {job.model.kind} model; measured runs are of transformers")
+    if run.world_size != job.num_gpus:
+        raise InputFileError(f"run {run.run_id}: {run.world_size} ranks' peak memory for a job on {job.num_gpus}")
+    # NB: the columns from the job as validated (every field present, dp and global_batch resolved)
+    fields = run_fields(replace(run, job=job_to_dict(job_from_dict(run.job, f"{run.run_id}.job"))))
+    if run.job_peak_memory_bytes <= 0:
+        raise InputFileError(f"run {run.run_id}: no rank's peak memory is above its baseline")
     source = fields["source"]
     peak_gib = run.job_peak_memory_bytes / 2**30
     allocated = run.peak_memory_kind == "cuda-max-allocated" or bool(run.baseline_memory_bytes)
     memory_metric = "peak_allocated_gib" if allocated else "peak_memory_gib"
-    job = measured_job(run)
     return [RunRow(run.run_id, source, metric, value, {**fields, "metric": metric, "value": repr(value)}, job)
             for metric, value in (("iteration_time_s", run.stats.median_s), (memory_metric, peak_gib))]
 

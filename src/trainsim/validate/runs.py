@@ -1,16 +1,19 @@
 """Read runs in the schema of shared/data/calibration/runs.csv and turn each into a Job."""
 
 import csv
+import io
+import math
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from trainsim.catalog.files import DATA_DIR, read_mapping
+from trainsim.catalog.files import DATA_DIR, read_mapping, read_text, shown_path
 from trainsim.catalog.loader import load_cluster, load_device
 from trainsim.catalog.model_files import parse_model
-from trainsim.errors import InputFileError, TrainsimError
+from trainsim.errors import ConfigError, InputFileError, TrainsimError, short_repr
 from trainsim.job import Job, make_job
+from trainsim.specbase import MAX_INT_FIELD
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.stack import StackSpec, load_stack
 
@@ -48,34 +51,54 @@ def row_defaults() -> dict[str, Any]:
     return read_mapping(DATA_DIR / "calibration" / "row_defaults.yaml")
 
 
+# The calibration runs.csv is 2 MiB; a runs file 32 times that is not one.
+MAX_RUNS_FILE_BYTES = 64 * 2**20
+
+
 def read_runs(path: Path) -> list[RunRow]:
+    """Every row of a runs CSV (UTF-8, size-capped); a malformed file or a row without a usable measured value is
+    one InputFileError line naming the file and the line."""
+    name = shown_path(path)
     try:
-        with path.open(newline="") as handle:
-            reader = csv.DictReader(handle)
-            missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
-            if missing:
-                raise InputFileError(f"{path} lacks the columns {', '.join(missing)} of the runs.csv schema")
-            rows = list(reader)
-    except OSError as exc:
-        raise InputFileError(f"cannot read {path}: {exc.strerror or exc}") from None
-    return [_row(r, path, i) for i, r in enumerate(rows, start=2)]
+        reader = csv.DictReader(io.StringIO(read_text(path, MAX_RUNS_FILE_BYTES), newline=""))
+        missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise InputFileError(f"{name} lacks the columns {', '.join(missing)} of the runs.csv schema")
+        rows = list(reader)
+    except csv.Error as exc:  # a field over csv's limit (128 KiB), a NUL byte
+        raise InputFileError(f"{name} is not a valid CSV file: {exc}") from None
+    return [_row(r, name, i) for i, r in enumerate(rows, start=2)]
 
 
-def _row(raw: dict[str, str], path: Path, line: int) -> RunRow:
+def _row(raw: dict[str | None, str | None], name: str, line: int) -> RunRow:
+    if None in raw or any(value is None for value in raw.values()):
+        raise InputFileError(f"{name}:{line}: the row has {'more' if None in raw else 'fewer'} cells than the header")
+    fields: dict[str, str] = {str(key): str(value) for key, value in raw.items()}
+    text = fields["value"].strip()
     try:
-        measured = float(raw["value"])
+        measured = float(text)
     except ValueError:
-        raise InputFileError(f"{path}:{line}: value={raw['value']!r} is not a number") from None
-    return RunRow(raw["run_id"], raw["source"], raw["metric"], measured, raw)
+        measured = math.nan
+    if not math.isfinite(measured) or measured <= 0:
+        raise InputFileError(f"{name}:{line}: value={short_repr(text)} is invalid: must be a positive finite number")
+    return RunRow(fields["run_id"], fields["source"], fields["metric"], measured, fields)
 
 
 def _int(fields: dict[str, str], key: str, default: int | None = None) -> int:
+    """An integer cell ('8' or '8.0'); empty cells take the default. A fraction, NaN, infinity or a number past
+    MAX_INT_FIELD is a ConfigError naming the column."""
     text = (fields.get(key) or "").strip()
     if not text:
         if default is None:
-            raise TrainsimError(f"{key} is empty")
+            raise ConfigError(key, text, "the column is empty")
         return default
-    return int(float(text))
+    try:
+        value = float(text[:40])
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value != int(value) or abs(value) > MAX_INT_FIELD:
+        raise ConfigError(key, text, "must be a whole number")
+    return int(value)
 
 
 def model_from_row(fields: dict[str, str]) -> dict[str, Any]:
@@ -133,10 +156,10 @@ def parallel_from_row(fields: dict[str, str]) -> dict[str, Any]:
     dp = _int(fields, "dp")
     micro = _int(fields, "micro_batch", base["micro_batch"])
     vpp = _int(fields, "vpp", base["vpp"])
-    sp_text = (fields.get("sp") or "").strip()
+    sp = _int(fields, "sp", int(base["sp"]))
     return {
         "tp": _int(fields, "tp"), "pp": _int(fields, "pp"), "dp": dp, "cp": _int(fields, "cp", 1),
-        "ep": _int(fields, "ep", 1), "vpp": vpp, "sp": bool(int(sp_text)) if sp_text else base["sp"],
+        "ep": _int(fields, "ep", 1), "vpp": vpp, "sp": bool(sp),
         "zero": _int(fields, "zero", base["zero"]), "micro_batch": micro,
         "global_batch": _int(fields, "global_batch", 0),
         "seq_len": _int(fields, "seq_len"),
@@ -169,6 +192,8 @@ def job_from_row(fields: dict[str, str]) -> RunJob:
         cluster = load_cluster(clusters[gpu])
         update: dict[str, Any] = {"device": device}
         gpus_per_node = _int(fields, "gpus_per_node", cluster.gpus_per_node)
+        if gpus_per_node <= 0:
+            raise ConfigError("gpus_per_node", gpus_per_node, "must be a positive integer")
         update["gpus_per_node"] = gpus_per_node
         cluster = cluster.model_copy(update=update).with_num_gpus(_int(fields, "num_gpus"))
         model = parse_model(model_from_row(fields), "row model")

@@ -229,10 +229,14 @@ def test_a_failing_rank_fails_the_run_within_the_timeout(fault: str, tmp_path: P
 def test_worker_runs_under_torchrun_environment(tmp_path: Path) -> None:
     """What torchrun does: set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and start the worker module."""
     pytest.importorskip("torch")
+    import socket
     import subprocess
     import sys
 
-    from trainsim.measure.launch import _free_port
+    def _free_port() -> int:  # NB: as torchrun's caller would pick one (racy, which launch.py no longer is)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
 
     (tmp_path / "model.yaml").write_text(json.dumps(MEASURED_GPT))
     job_file = tmp_path / "job.yaml"
@@ -277,3 +281,22 @@ def test_measure_defaults_to_torchs_own_adam_step_and_records_it() -> None:
     assert job_from_flags(None, {"dp": 2}).parallel.optimizer_impl == "loop"  # a CPU here
     assert job_from_flags(None, {"dp": 2, "optimizer_impl": "fused"}).parallel.optimizer_impl == "fused"
     assert {job.job().parallel.optimizer_impl for job in LOCAL_SUITE} == {"loop"}
+
+
+def test_the_rendezvous_socket_is_bound_on_loopback_and_held() -> None:
+    """Rank 0 inherits a socket that is already listening: nothing off the host can connect, and no other process
+    can take the port between picking and binding it (issue 12)."""
+    import socket
+
+    from trainsim.measure.launch import _store_socket
+
+    listener = _store_socket()
+    try:
+        host, port = listener.getsockname()
+        assert host == "127.0.0.1" and port > 0 and listener.get_inheritable()
+        with socket.create_connection((host, port), timeout=5):  # listening already: a peer connects at once
+            pass
+        with socket.socket() as other, pytest.raises(OSError):
+            other.bind(("127.0.0.1", port))  # held: the port cannot be taken
+    finally:
+        listener.close()

@@ -147,7 +147,7 @@ def test_split_validation(tree: StrategyTree, args: tuple[str, str, int], field:
 
 @pytest.mark.parametrize(("mesh", "field", "allowed"), [
     ({"stage": -1}, "map.stage", "greater than or equal to 0"),
-    ({"stage": True}, "map.stage", "valid integer"),
+    ({"stage": True}, "map.stage", "not true or false"),
     ({"tp": 0}, "map.tp", "greater than 0"),
     ({"stage": 0, "pipe": 1}, "map.pipe", "unknown key"),
     ({}, "map", "give at least one of: stage, chunk, tp, dp, cp, ep"),
@@ -425,13 +425,13 @@ def test_yaml_schedules_on_several_nodes(graph: OpGraph) -> None:
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("pipeline: {}\n", "pipeline={} is invalid: unknown key; a strategy-tree file holds one key, strategy_tree"),
-    ("other: 1\nstrategy_tree: {}\n", "other=1 is invalid: unknown key"),
+    ("pipeline: {}\n", "pipeline: unknown key; a strategy-tree file holds one key, strategy_tree"),
+    ("other: 1\nstrategy_tree: {}\n", "other: unknown key"),
     ("strategy_tree: [1]\n", "strategy_tree=[1] is invalid: must be a mapping with keys schedule, map, "),
-    ("strategy_tree: {pipeline: 2}\n", "strategy_tree.pipeline=2 is invalid: unknown key; allowed: schedule, map, "),
+    ("strategy_tree: {pipeline: 2}\n", "strategy_tree.pipeline: unknown key; allowed: schedule, map, "),
     ("strategy_tree: {map: {path: head}}\n", "strategy_tree.map={'path': 'head'} is invalid: must be a list of "),
     ("strategy_tree: {split: [blocks]}\n", "strategy_tree.split[0]='blocks' is invalid: must be a mapping such as"),
-    ("strategy_tree: {map: [{path: head, pipe: 1}]}\n", "strategy_tree.map[0].pipe=1 is invalid: unknown key"),
+    ("strategy_tree: {map: [{path: head, pipe: 1}]}\n", "strategy_tree.map[0].pipe: unknown key"),
     ("strategy_tree: {map: [{path: head}]}\n", "strategy_tree.map[0]={} is invalid: give at least one of: stage"),
     ("strategy_tree: {map: [{path: 'blocks.0-30', stage: 0}]}\n",
      "strategy_tree.map[0].path='blocks.0-30' is invalid: blocks.4 does not exist (blocks holds: 0-3)"),
@@ -440,7 +440,7 @@ def test_yaml_schedules_on_several_nodes(graph: OpGraph) -> None:
     ("strategy_tree: {split: [{item: weight, dim: heads, parts: 0}]}\n",
      "strategy_tree.split[0].parts=0 is invalid: Input should be greater than 0"),
     ("strategy_tree: {split: [{item: weight, dim: heads}]}\n",
-     "strategy_tree.split[0].parts={'item': 'weight', 'dim': 'heads'} is invalid: Field required"),
+     "strategy_tree.split[0].parts: Field required"),
     ("strategy_tree: {schedule: {kind: pipedream}}\n", "strategy_tree.schedule.kind='pipedream' is invalid"),
     ("strategy_tree: {map: [{path: 'blocks.*', stage: 0}, {path: blocks.3, stage: 1}]}\n",
      "strategy_tree.map[1].stage=1 is invalid: blocks.3 already has stage=0"),

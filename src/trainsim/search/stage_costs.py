@@ -32,6 +32,13 @@ class StageCosts(Protocol):
     def estimate(self, stage: StageSpec) -> StageEstimate | None: ...
 
 
+def prefetch(costs: StageCosts, stages: list[StageSpec]) -> None:
+    """Tell a source that batches its work (a measured one: one set of ranks per mesh size) what is coming."""
+    ahead = getattr(costs, "prefetch", None)
+    if ahead is not None:
+        ahead(stages)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StageJob:
     """What every stage of one pipeline shares: the model, the pipeline's micro-batch (sequences, split over a
@@ -150,3 +157,6 @@ class CountedStageCosts:
     @property
     def evaluations(self) -> int:
         return len(self.cache)
+
+    def prefetch(self, stages: list[StageSpec]) -> None:
+        prefetch(self.source, [stage for stage in stages if stage not in self.cache])

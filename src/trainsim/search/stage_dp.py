@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from trainsim.errors import ConfigError, InfeasiblePlanError
-from trainsim.search.stage_costs import CountedStageCosts, StageCosts
+from trainsim.search.stage_costs import CountedStageCosts, StageCosts, prefetch
 from trainsim.search.stage_plan import (
     IntraPlan,
     Mesh,
@@ -55,6 +55,8 @@ def _best_table(costs: StageCosts, num_units: int, meshes: list[Mesh], plans: di
                 capacity_bytes: float, max_stages: int, num_micro_batches: int) -> BestTable:
     """For every unit range and submesh: per in-flight count, the fastest intra plan whose memory fits."""
     table: BestTable = {}
+    prefetch(costs, [StageSpec(first, end, mesh, intra) for first in range(num_units)
+                     for end in range(first + 1, num_units + 1) for mesh in meshes for intra in plans[mesh]])
     for first in range(num_units):
         for end in range(first + 1, num_units + 1):
             for index, mesh in enumerate(meshes):
@@ -202,6 +204,8 @@ def uniform_search(costs: StageCosts, num_blocks: int, meshes: list[Mesh], plans
     counted = costs if isinstance(costs, CountedStageCosts) else CountedStageCosts(costs)
     best: StagePlan | None = None
     tried = 0
+    prefetch(counted, [StageSpec(first, end, mesh, intra) for ranges, mesh in uniform_plans(num_blocks, meshes, devices)
+                       for first, end in ranges for intra in plans[mesh]])
     for ranges, mesh in uniform_plans(num_blocks, meshes, devices):
         tried += 1
         chosen: list[tuple[StageSpec, StageEstimate]] = []

@@ -37,6 +37,7 @@ from torch import nn
 
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.measure.model import Block, ChunkPlan, TransformerChunk, build_chunk
+from trainsim.measure.parallelize import _local
 from trainsim.search.stage_plan import StageSpec, unit_kind
 
 ADAM_FP32_BYTES_PER_PARAM = 16  # fp32 weight + gradient + exp_avg + exp_avg_sq (torch.optim.Adam)
@@ -93,8 +94,7 @@ def _saved_bytes(step: Any) -> tuple[Any, float]:
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         if isinstance(t, torch.Tensor) and not isinstance(t, nn.Parameter):
-            local = t.to_local() if hasattr(t, "to_local") else t  # a DTensor's shard on this rank
-            storage = local.untyped_storage()
+            storage = _local(t).untyped_storage()  # a DTensor's shard on this rank
             seen[storage.data_ptr()] = storage.nbytes()
         return t
 
@@ -125,7 +125,7 @@ class _StageRunner:
             self.input = torch.randn(local, seq_len, model.hidden, generator=gen)
         self.labels = torch.randint(0, model.vocab, (local, seq_len), generator=gen)
         self.out_grad = torch.randn(local, seq_len, model.hidden, generator=gen)
-        self.params = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in self.module.parameters())
+        self.params = sum(_local(p).numel() for p in self.module.parameters())
 
     def forward(self) -> torch.Tensor:
         x = self.input if self.has_embedding else self.input.detach().requires_grad_(True)
@@ -138,9 +138,7 @@ class _StageRunner:
                     loss = F.cross_entropy(out.flatten(0, 1), self.labels.flatten())
                     return loss
             return F.cross_entropy(out.flatten(0, 1), self.labels.flatten())
-        if not isinstance(out, torch.Tensor) or type(out) is not torch.Tensor:
-            out = out.full_tensor() if hasattr(out, "full_tensor") else out
-        return (out * self.out_grad).sum()
+        return (_local(out) * self.out_grad).sum()
 
     def step(self) -> float:
         """One forward and backward."""
@@ -154,7 +152,7 @@ class _StageRunner:
                 loss.backward()
         else:
             loss.backward()
-        return float(loss.detach().to_local() if hasattr(loss, "to_local") else loss.detach())
+        return float(_local(loss.detach()))
 
 
 def time_stage(runner: _StageRunner, warmup: int, iterations: int, group: Any = None) -> StageTiming:

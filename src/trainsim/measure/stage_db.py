@@ -96,10 +96,9 @@ class MeasuredStageCosts:
         """What measure.stage runs: dp dividing the micro-batch; tp only over dense blocks dividing the heads."""
         if self.micro_batch % stage.intra.dp:
             return False
-        if stage.intra.tp > 1 and (self.model.num_experts > 1 or self.model.num_heads % stage.intra.tp
-                                   or self.model.vocab % stage.intra.tp or self.model.ffn_hidden % stage.intra.tp):
-            return False
-        return True
+        tp = stage.intra.tp
+        return tp == 1 or not (self.model.num_experts > 1 or self.model.num_heads % tp or self.model.vocab % tp
+                               or self.model.ffn_hidden % tp)
 
     def prefetch(self, stages: Iterable[StageSpec]) -> None:
         """Measure every stage not yet in the database, batched per mesh size (one set of ranks per batch)."""

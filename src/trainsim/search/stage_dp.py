@@ -20,6 +20,7 @@ count remains below the available GPU resources"). G_H comes from the chain esti
 stages it reads cost no profiling; the stage_evaluations it reports are chain look-ups.
 """
 
+import itertools
 import math
 import time
 from collections.abc import Iterable
@@ -194,7 +195,7 @@ def uniform_plans(num_blocks: int, meshes: list[Mesh], devices: int) -> Iterable
             continue
         per = num_blocks // stages
         bounds = [0] + [1 + per * s for s in range(1, stages)] + [num_blocks + 2]
-        yield list(zip(bounds, bounds[1:], strict=False)), by_size[devices // stages]
+        yield list(itertools.pairwise(bounds)), by_size[devices // stages]
 
 
 def uniform_search(costs: StageCosts, num_blocks: int, meshes: list[Mesh], plans: dict[Mesh, list[IntraPlan]],

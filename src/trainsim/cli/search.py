@@ -6,6 +6,7 @@ object).
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated, cast
 
 import typer
@@ -24,6 +25,7 @@ from trainsim.pipeline import GraphCache
 from trainsim.report.search import render_search, search_to_dict
 from trainsim.search.planner import Planner, SearchReport
 from trainsim.search.space import SearchSpace
+from trainsim.search.stage_search import STAGE_COSTS, StageSearchSettings, stage_search
 from trainsim.strategy.parallel import (
     ATTENTION_KERNELS,
     OPTIMIZER_IMPLS,
@@ -106,9 +108,25 @@ def search(
     top_k: Annotated[int, typer.Option(help="how many of the best plans to show")] = 10,
     max_micro_batch: Annotated[int, typer.Option(help="largest micro-batch tried")] = 16,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object, no progress bar")] = False,
+    planner: Annotated[str, typer.Option(help="uniform: the grid above (with --stage-costs: Megatron's even "
+                                         "splits under those stage costs); stage: Alpa's DP over uneven stages "
+                                         "and submeshes (MPE's holistic DP for --stage-costs mpe)")] = "uniform",
+    stage_costs: Annotated[str | None, typer.Option(help="stage latency and memory from: " +
+                                                    " | ".join(STAGE_COSTS) + " (measured, mpe and predtop run "
+                                                    "stages on this machine's ranks)")] = None,
+    num_micro_batches: Annotated[int, typer.Option(help="pipeline micro-batches per iteration (stage planner)")
+                                 ] = 8,
+    stage_db: Annotated[Path | None, typer.Option(help="profile database for measured stages and profiled costs "
+                                                  "(default: the user's cache)")] = None,
+    predtop_fraction: Annotated[float, typer.Option(help="predtop: fraction of each mesh's stages measured to "
+                                                    "train its predictor")] = 0.3,
 ) -> None:
     source = ModelSource(model, frontend)
     given = strategy_flags
+    if planner != "uniform" or stage_costs is not None:
+        _stage_search(source, cluster, num_gpus, given, planner, stage_costs or "analytical", num_micro_batches,
+                      stage_db, predtop_fraction, as_json)
+        return
     model_spec, cluster_spec, space = _parse(source, cluster, num_gpus, given.get("global_batch"),
                                              given.get("seq_len"), given.get("precision"), given.get("attention"),
                                              given.get("optimizer_impl"), max_micro_batch, top_k)
@@ -118,6 +136,40 @@ def search(
         typer.echo(json.dumps(search_to_dict(report), indent=2))
     else:
         typer.echo(render_search(report, model_spec, cluster_spec, space, terminal=sys.stdout.isatty()), nl=False)
+
+
+def _stage_search(source: ModelSource, cluster: str, num_gpus: int | None, given: StrategyFlags, planner: str,
+                  stage_costs: str, num_micro_batches: int, db: Path | None, predtop_fraction: float,
+                  as_json: bool) -> None:
+    global_batch = given.get("global_batch")
+    if global_batch is None:
+        raise ConfigError("global_batch", None, "pass --global-batch N (sequences per optimizer step)")
+    _check_positive("num_gpus", num_gpus)
+    cluster_spec = load_cluster(cluster)
+    if num_gpus is not None:
+        cluster_spec = cluster_spec.with_num_gpus(num_gpus)
+    runs_here = stage_costs in ("measured", "mpe", "predtop")
+    if runs_here:
+        cluster_spec = cluster_spec.on_one_node()  # the ranks are processes of this host
+    precision = given.get("precision") or ("fp32" if runs_here else ParallelSpec().precision)
+    if precision not in PRECISIONS:
+        raise ConfigError("precision", precision, "choose one of: " + ", ".join(PRECISIONS))
+    settings = StageSearchSettings(planner=planner, stage_costs=stage_costs, global_batch=global_batch,
+                                   num_micro_batches=num_micro_batches, seq_len=given.get("seq_len") or 2048,
+                                   precision=cast(Precision, precision), db=db, predtop_fraction=predtop_fraction)
+    report = stage_search(source.model_spec(), cluster_spec, settings)
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+        return
+    plan = report.search.plan
+    typer.echo(f"{planner} planner, {stage_costs} stage costs: {len(plan.stages)} stages, iteration "
+               f"{plan.iteration_s:.6g} s by eq. 4 ({num_micro_batches} micro-batches)")
+    for stage, estimate in zip(plan.stages, plan.estimates, strict=True):
+        typer.echo(f"  {stage.describe()}: {estimate.latency_s:.6g} s per micro-batch")
+    typer.echo(f"stage evaluations {report.search.stage_evaluations}, profiled configurations "
+               f"{report.profiled_configurations}, search time {report.search_time_s:.3g} s")
+    sim = "-" if report.sim_iteration_s is None else f"{report.sim_iteration_s:.6g} s"
+    typer.echo(f"simulator: {sim} ({report.sim_note})")
 
 
 def register(app: typer.Typer) -> None:

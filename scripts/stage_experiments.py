@@ -18,7 +18,7 @@ from pathlib import Path
 
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.measure.stage_db import MeasuredStageCosts, StageDatabase
-from trainsim.search.stage_plan import IntraPlan, Mesh, StageSpec
+from trainsim.strategy.stage_plan import IntraPlan, Mesh, StageSpec
 
 GPT = TransformerSpec(name="gpt-heavy-head", arch="gpt", num_layers=8, hidden=96, ffn_hidden=384, num_heads=4,
                       vocab=6144, max_seq_len=64)

@@ -38,7 +38,7 @@ from torch import nn
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.measure.model import Block, ChunkPlan, TransformerChunk, build_chunk
 from trainsim.measure.parallelize import _local
-from trainsim.search.stage_plan import StageSpec, unit_kind
+from trainsim.strategy.stage_plan import StageSpec, unit_kind
 
 ADAM_FP32_BYTES_PER_PARAM = 16  # fp32 weight + gradient + exp_avg + exp_avg_sq (torch.optim.Adam)
 
@@ -183,7 +183,7 @@ def _stage_to_json(stage: StageSpec) -> dict[str, Any]:
 
 
 def _stage_from_json(data: dict[str, Any]) -> StageSpec:
-    from trainsim.search.stage_plan import IntraPlan, Mesh
+    from trainsim.strategy.stage_plan import IntraPlan, Mesh
 
     return StageSpec(data["first"], data["end"], Mesh(data["nodes"], data["devices_per_node"]),
                      IntraPlan(data["tp"], data["dp"], data["sp"]))

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainsim.ir.model_spec import TransformerSpec
-from trainsim.search.stage_plan import StageEstimate, StageSpec
+from trainsim.strategy.stage_plan import StageEstimate, StageSpec
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS stage_times (

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.search.stage_costs import StageCosts, prefetch
-from trainsim.search.stage_plan import IntraPlan, Mesh, StageEstimate, StageSpec, unit_kind
+from trainsim.strategy.stage_plan import IntraPlan, Mesh, StageEstimate, StageSpec, unit_kind
 
 Key = tuple[str, ...]  # the kinds of the units a measurement ran: (kind,) for a node, (a, b) for an edge
 

@@ -22,9 +22,9 @@ from trainsim.ir.graph import Layer, OpGraph
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job, make_job
 from trainsim.pipeline import GraphCache
-from trainsim.search.stage_plan import Mesh, StageEstimate, StageSpec, unit_kind
 from trainsim.strategy.parallel import ParallelSpec, Recompute
 from trainsim.strategy.precision import Precision
+from trainsim.strategy.stage_plan import Mesh, StageEstimate, StageSpec, unit_kind
 from trainsim.strategy.stages import StagePart
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from trainsim.errors import ConfigError, InfeasiblePlanError
 from trainsim.search.stage_costs import CountedStageCosts, StageCosts, prefetch
-from trainsim.search.stage_plan import (
+from trainsim.strategy.stage_plan import (
     IntraPlan,
     Mesh,
     StageEstimate,

@@ -29,9 +29,9 @@ from trainsim.pipeline import GraphCache, predict
 from trainsim.profile.database import default_db_path
 from trainsim.search.stage_costs import CountedStageCosts, PricedStageCosts, StageCosts, StageJob
 from trainsim.search.stage_dp import PlanSearch, alpa_dp, holistic_dp, uniform_search
-from trainsim.search.stage_plan import IntraPlan, Mesh, StagePlan, intra_plans, num_units, submeshes
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import Precision
+from trainsim.strategy.stage_plan import IntraPlan, Mesh, StagePlan, intra_plans, num_units, submeshes
 
 PLANNERS = ("uniform", "stage")
 STAGE_COSTS = ("analytical", "profiled", "measured", "mpe", "predtop")

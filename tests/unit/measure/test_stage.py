@@ -7,7 +7,7 @@ pytest.importorskip("torch")
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.measure.stage import build_stage, measure_stages
 from trainsim.measure.stage_db import MeasuredStageCosts, StageDatabase
-from trainsim.search.stage_plan import IntraPlan, Mesh, StageSpec
+from trainsim.strategy.stage_plan import IntraPlan, Mesh, StageSpec
 
 DENSE = TransformerSpec(name="tiny", arch="gpt", num_layers=2, hidden=32, ffn_hidden=64, num_heads=2, vocab=128,
                         max_seq_len=16)

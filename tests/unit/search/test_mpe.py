@@ -7,7 +7,7 @@ from trainsim.ir.model_spec import TransformerSpec
 from trainsim.search.mpe import MpeStageCosts, exhaustive_evaluations, mpe_evaluations
 from trainsim.search.stage_costs import CountedStageCosts, FunctionStageCosts
 from trainsim.search.stage_dp import alpa_dp, holistic_dp
-from trainsim.search.stage_plan import IntraPlan, Mesh, StageEstimate, StageSpec, unit_kind
+from trainsim.strategy.stage_plan import IntraPlan, Mesh, StageEstimate, StageSpec, unit_kind
 
 MODEL = TransformerSpec(name="chain", arch="gpt", num_layers=4, hidden=64, ffn_hidden=256, num_heads=4, vocab=512,
                         max_seq_len=64)

@@ -8,8 +8,8 @@ from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import make_job
 from trainsim.pipeline import graph_for
 from trainsim.search.stage_costs import PricedStageCosts, StageJob
-from trainsim.search.stage_plan import IntraPlan, Mesh, StageSpec, intra_plans, submeshes
 from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.stage_plan import IntraPlan, Mesh, StageSpec, intra_plans, submeshes
 from trainsim.strategy.stages import partition_stages
 
 MODEL = TransformerSpec(name="tiny", arch="gpt", num_layers=4, hidden=64, ffn_hidden=256, num_heads=4, vocab=512,

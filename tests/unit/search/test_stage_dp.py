@@ -7,7 +7,7 @@ import pytest
 from trainsim.errors import ConfigError, InfeasiblePlanError
 from trainsim.search.stage_costs import CountedStageCosts, FunctionStageCosts
 from trainsim.search.stage_dp import alpa_dp, holistic_dp, uniform_search
-from trainsim.search.stage_plan import IntraPlan, Mesh, StageEstimate, StagePlan, StageSpec, pipeline_time_s
+from trainsim.strategy.stage_plan import IntraPlan, Mesh, StageEstimate, StagePlan, StageSpec, pipeline_time_s
 
 ONE, TWO = Mesh(1, 1), Mesh(1, 2)
 MESHES = [ONE, TWO]

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from trainsim.search.predtop.dag import DagBuilder
 from trainsim.search.predtop.train import Predictor, train
 from trainsim.search.stage_costs import StageCosts, prefetch
-from trainsim.search.stage_plan import IntraPlan, Mesh, StageEstimate, StageSpec
+from trainsim.strategy.stage_plan import IntraPlan, Mesh, StageEstimate, StageSpec
 
 MIN_SAMPLES = 8
 

@@ -198,7 +198,7 @@ class DagBuilder:
     _units: dict[str, list[_Node]] = field(default_factory=dict)
 
     def _unit(self, unit: int) -> list[_Node]:
-        from trainsim.search.stage_plan import unit_kind
+        from trainsim.strategy.stage_plan import unit_kind
 
         kind = unit_kind(self.model, unit)
         if kind not in self._units:

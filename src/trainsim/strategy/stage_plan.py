@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from trainsim.errors import ConfigError
 from trainsim.hardware.cluster import ClusterSpec
 from trainsim.ir.model_spec import ModelSpec, TransformerSpec
-from trainsim.search.space import divisors
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -187,6 +186,11 @@ def unit_kind(model: TransformerSpec, unit: int) -> str:
     if model.num_experts > 1 and block % model.moe_every == model.moe_every - 1:
         return "moe_block"
     return "block"
+
+
+def divisors(n: int) -> list[int]:
+    """Positive divisors of n, ascending."""
+    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def submeshes(cluster: ClusterSpec) -> list[Mesh]:

@@ -13,12 +13,18 @@ Writes JSON next to the database (DB.results.json), which the docs' tables are c
 
 import argparse
 import json
+import statistics
+import tempfile
 import time
 from pathlib import Path
 
+from trainsim.catalog import load_cluster
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.measure.stage_db import MeasuredStageCosts, StageDatabase
-from trainsim.strategy.stage_plan import IntraPlan, Mesh, StageSpec
+from trainsim.search.mpe import MpeStageCosts, exhaustive_evaluations, mpe_evaluations
+from trainsim.search.stage_costs import CountedStageCosts, FunctionStageCosts, PricedStageCosts, StageJob
+from trainsim.search.stage_dp import alpa_dp, holistic_dp, uniform_search
+from trainsim.strategy.stage_plan import IntraPlan, Mesh, StageSpec, pipeline_time_s
 
 GPT = TransformerSpec(name="gpt-heavy-head", arch="gpt", num_layers=8, hidden=96, ffn_hidden=384, num_heads=4,
                       vocab=6144, max_seq_len=64)
@@ -41,7 +47,7 @@ def ranges() -> list[tuple[int, int]]:
 
 
 def measured(db: StageDatabase, name: str) -> MeasuredStageCosts:
-    return MeasuredStageCosts(MODELS[name], MICRO_BATCH, SEQ_LEN, db, warmup=2, iterations=5)
+    return MeasuredStageCosts(MODELS[name], MICRO_BATCH, SEQ_LEN, db, warmup=1, iterations=4)
 
 
 def results_path(db: Path) -> Path:
@@ -133,6 +139,140 @@ def predtop(db_path: Path, fractions: list[float], epochs: int, patience: int, o
         update_results(db_path, "predtop", out)
 
 
+def table_costs(db: StageDatabase, name: str) -> FunctionStageCosts:
+    """Measured stages read from the database (collect first): the exhaustive source, nothing run."""
+    from trainsim.search.stage_costs import FunctionStageCosts
+
+    key = model_key_of(name)
+    return FunctionStageCosts(lambda stage: db.get(key, MICRO_BATCH, SEQ_LEN, 1, stage))
+
+
+def _mape(pairs: list[tuple[float, float]]) -> float:
+    return 100.0 * statistics.fmean(abs(p - y) / y for p, y in pairs if y > 0)
+
+
+MPE_SETTINGS = [(Mesh(1, 1), IntraPlan()), (Mesh(1, 2), IntraPlan(1, 2)), (Mesh(1, 4), IntraPlan(1, 4))]
+
+
+def mpe(db_path: Path) -> None:
+    db = StageDatabase(db_path)
+    out: dict[str, object] = {}
+    for name in MODELS:
+        for mesh, intra in MPE_SETTINGS:
+            truth = table_costs(db, name)
+            chain = MpeStageCosts(truth, MODELS[name])
+            naive = MpeStageCosts(truth, MODELS[name], edges=False)
+            rows = {"mpe": [], "naive": [], "mpe_mem": [], "naive_mem": []}
+            for a, b in ranges():
+                stage = StageSpec(a, b, mesh, intra)
+                real = truth.estimate(stage)
+                if real is None or b - a < 2:
+                    continue
+                for label, source in (("mpe", chain), ("naive", naive)):
+                    got = source.estimate(stage)
+                    assert got is not None
+                    rows[label].append((got.latency_s, real.latency_s))
+                    rows[label + "_mem"].append((got.memory_bytes(1), real.memory_bytes(1)))
+            label = f"{name}/{mesh.describe()}/{intra.describe()}"
+            out[label] = {key: _mape(pairs) for key, pairs in rows.items() if pairs}
+            out[label]["stages"] = len(rows["mpe"])
+            out[label]["mpe_runs"] = chain.profiled_configurations
+            print(label, out[label], flush=True)
+    out["paper_counts"] = paper_counts()
+    update_results(db_path, "mpe", out)
+
+
+def paper_counts() -> dict[str, object]:
+    """Stage evaluations of the exhaustive search and of MPE's chains for MPE's GPT-2 1.5B case (48 blocks:
+    the paper's 50 layers), per (mesh, intra plan) counted by running the sources over every stage, x 14
+    configurations (the paper's figure for one node of 8 GPUs)."""
+    from trainsim.search.stage_costs import FunctionStageCosts
+    from trainsim.strategy.stage_plan import StageEstimate
+
+    counts = {}
+    for layers in (24, 48, 96):
+        model = TransformerSpec(name="count", arch="gpt", num_layers=layers, hidden=64, ffn_hidden=256, num_heads=4,
+                                vocab=512, max_seq_len=64)
+        units = layers + 2
+        one = FunctionStageCosts(lambda stage: StageEstimate(1.0, 0.0, 0.0))
+        exhaustive = CountedStageCosts(one)
+        dedup, plain = MpeStageCosts(one, model), MpeStageCosts(one, model, dedup=False)
+        for a in range(units):
+            for b in range(a + 1, units + 1):
+                stage = StageSpec(a, b, Mesh(1, 1), IntraPlan())
+                for source in (exhaustive, dedup, plain):
+                    source.estimate(stage)
+        counts[f"{units} layers"] = {
+            "configs": 14, "exhaustive": 14 * exhaustive.evaluations, "mpe": 14 * plain.profiled_configurations,
+            "mpe_dedup": 14 * dedup.profiled_configurations,
+            "formula_exhaustive": exhaustive_evaluations(units, 14), "formula_mpe": mpe_evaluations(units, 14)}
+    return counts
+
+
+PLAN_MESHES = [Mesh(1, 1), Mesh(1, 2), Mesh(1, 4)]
+
+
+def plans(db_path: Path, epochs: int, patience: int, fraction: float) -> None:
+    """Each planner on 4 ranks (dp-only intra plans); every chosen plan timed by eq. 4 over its stages' measured
+    latencies (the database's exhaustive table)."""
+    from trainsim.search.predtop.costs import PredTopStageCosts
+    from trainsim.search.predtop.dag import DagBuilder
+
+    db = StageDatabase(db_path)
+    collected = json.loads(results_path(db_path).read_text()).get("collect", {})
+    intra = {mesh: [IntraPlan(1, mesh.size)] for mesh in PLAN_MESHES}
+    out: dict[str, object] = {}
+    for name, model in MODELS.items():
+        truth = table_costs(db, name)
+        cluster = load_cluster("local-cpu").with_num_gpus(4).on_one_node()
+        job = StageJob(model=model, cluster=cluster, micro_batch=MICRO_BATCH, num_micro_batches=MICRO_BATCHES,
+                       seq_len=SEQ_LEN)
+        args = (PLAN_MESHES, intra, 4, MICRO_BATCHES, job.capacity_bytes)
+
+        def true_s(plan: object) -> float:
+            return pipeline_time_s([truth.estimate(s).latency_s for s in plan.stages],  # type: ignore[attr-defined]
+                                   MICRO_BATCHES)
+
+        rows: dict[str, dict[str, object]] = {}
+        exhaustive = alpa_dp(truth, UNITS, *args)
+        collect_s = sum(collected.get(f"{name}/{m.describe()}/{p[0].describe()}", {}).get("seconds", 0.0)
+                        for m, p in intra.items())
+        rows["exhaustive"] = {"plan": exhaustive.plan.to_dict(), "profiled": exhaustive.stage_evaluations,
+                              "cost_s": collect_s + exhaustive.search_time_s}
+        uniform = uniform_search(truth, model.num_layers, *args)
+        rows["uniform"] = {"plan": uniform.plan.to_dict(), "profiled": uniform.stage_evaluations, "cost_s": None}
+        with tempfile.TemporaryDirectory() as tmp:
+            fresh = StageDatabase(Path(tmp) / "fresh.sqlite")
+            chain = MpeStageCosts(MeasuredStageCosts(model, MICRO_BATCH, SEQ_LEN, fresh, warmup=1, iterations=4),
+                                  model)
+            found = holistic_dp(chain, UNITS, *args)
+            rows["mpe"] = {"plan": found.plan.to_dict(), "profiled": chain.profiled_configurations,
+                           "cost_s": found.search_time_s}
+            predictor = PredTopStageCosts(MeasuredStageCosts(model, MICRO_BATCH, SEQ_LEN, fresh, warmup=2,
+                                                             iterations=4),
+                                          PricedStageCosts(job), DagBuilder(model, MICRO_BATCH, SEQ_LEN), UNITS,
+                                          fraction, epochs=epochs, patience=patience)
+            found = alpa_dp(predictor, UNITS, *args)
+            rows["predtop"] = {"plan": found.plan.to_dict(), "profiled": predictor.profiled_configurations,
+                               "cost_s": found.search_time_s, "train_s": predictor.train_time_s}
+            fresh.close()
+        plans_found = {"exhaustive": exhaustive.plan, "uniform": uniform.plan}
+        base = true_s(exhaustive.plan)
+        for key, row in rows.items():
+            stages = row["plan"]["stages"]  # type: ignore[index]
+            measured_s = pipeline_time_s([truth.estimate(StageSpec(s["units"][0], s["units"][1],
+                                                                   Mesh(*map(int, s["mesh"].split("x"))),
+                                                                   IntraPlan(s["tp"], s["dp"]))).latency_s
+                                          for s in stages], MICRO_BATCHES)
+            row["measured_s"] = measured_s
+            row["vs_exhaustive"] = measured_s / base - 1.0
+            print(name, key, {k: v for k, v in row.items() if k != "plan"},
+                  [(s["units"], s["mesh"]) for s in stages], flush=True)
+        del plans_found
+        out[name] = rows
+    update_results(db_path, "plans", out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("command", choices=["collect", "predtop", "mpe", "plans"])
@@ -144,6 +284,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.command == "collect":
         collect(args.db, args.only)
+    elif args.command == "plans":
+        plans(args.db, args.epochs, args.patience, 0.3)
+    elif args.command == "mpe":
+        mpe(args.db)
     elif args.command == "predtop":
         predtop(args.db, args.fractions, args.epochs, args.patience, args.only)
 

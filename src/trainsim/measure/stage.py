@@ -11,7 +11,8 @@ the cross-entropy loss.
 Intra plans: dp splits the micro-batch over the ranks (the once-per-iteration gradient reduction is not part of
 a micro-batch's latency, as in Alpa's stage profiles); tp shards the blocks and head with
 measure.parallelize.apply_tp (dense blocks only). Timing: `warmup` untimed, then the median of `iterations`
-runs, each timed by the slowest rank (barriers around it). Memory: the model states (fp32 weights, gradients
+runs, each timed by the slowest rank (barriers around it), in CPU time by default (time_stage: this machine is
+shared, and wall time drifted with its load) and in wall time for tp. Memory: the model states (fp32 weights, gradients
 and Adam's two moments: 16 bytes per parameter, torch.optim.Adam) and the bytes autograd saves for backward
 (saved-tensor hooks, distinct storages), both measured on the module.
 
@@ -155,7 +156,16 @@ class _StageRunner:
         return float(_local(loss.detach()))
 
 
-def time_stage(runner: _StageRunner, warmup: int, iterations: int, group: Any = None) -> StageTiming:
+CLOCKS = ("cpu", "wall")
+
+
+def time_stage(runner: _StageRunner, warmup: int, iterations: int, group: Any = None,
+               clock: str = "cpu") -> StageTiming:
+    """The median over `iterations` of one forward and backward, on the slowest rank. clock "cpu": the
+    process's CPU time (time.process_time); "wall": wall-clock time. On a CPU shared with other processes the
+    wall clock counts the waits for a core, which drift with the machine's load (measured here: the same block
+    2.5x slower minutes later); CPU time does not. Stages whose ranks wait on each other (tp) need "wall"."""
+    read = time.process_time if clock == "cpu" else time.perf_counter
     for _ in range(warmup):
         runner.step()
     _, saved = _saved_bytes(runner.forward)
@@ -163,9 +173,9 @@ def time_stage(runner: _StageRunner, warmup: int, iterations: int, group: Any = 
     for _ in range(iterations):
         if group is not None:
             dist.barrier(group)
-        start = time.perf_counter()
+        start = read()
         runner.step()
-        elapsed = time.perf_counter() - start
+        elapsed = read() - start
         if group is not None:
             slowest = torch.tensor([elapsed])
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
@@ -190,14 +200,16 @@ def _stage_from_json(data: dict[str, Any]) -> StageSpec:
 
 
 def measure_stages_local(model: TransformerSpec, stages: list[StageSpec], micro_batch: int, seq_len: int,
-                         warmup: int = 2, iterations: int = 5, seed: int = 0, threads: int = 1) -> list[StageTiming]:
+                         warmup: int = 2, iterations: int = 5, seed: int = 0, threads: int = 1,
+                         clock: str = "cpu") -> list[StageTiming]:
     """Stages on one rank (their meshes must be one device), in this process."""
     torch.set_num_threads(threads)
     results = []
     for stage in stages:
         if stage.mesh.size != 1:
             raise ValueError("measure_stages_local runs one-device stages; use measure_stages")
-        results.append(time_stage(_StageRunner(model, stage, micro_batch, seq_len, seed), warmup, iterations))
+        results.append(time_stage(_StageRunner(model, stage, micro_batch, seq_len, seed), warmup, iterations,
+                                  clock=clock))
     return results
 
 
@@ -216,7 +228,8 @@ def _worker(rank: int, world: int, port: int, payload: dict[str, Any], out_path:
                 tp_mesh = _TpTopology(init_device_mesh("cpu", (stage.intra.dp, stage.intra.tp),
                                                        mesh_dim_names=("dp", "tp")))
             runner = _StageRunner(model, stage, payload["micro_batch"], payload["seq_len"], payload["seed"], tp_mesh)
-            timing = time_stage(runner, payload["warmup"], payload["iterations"], dist.group.WORLD)
+            clock = "wall" if stage.intra.tp > 1 else payload["clock"]
+            timing = time_stage(runner, payload["warmup"], payload["iterations"], dist.group.WORLD, clock)
             results.append({"latency_s": timing.latency_s, "state_bytes": timing.state_bytes,
                             "activation_bytes": timing.activation_bytes, "samples_s": list(timing.samples_s)})
     finally:
@@ -238,7 +251,7 @@ class _TpTopology:
 
 def measure_stages(model: TransformerSpec, stages: list[StageSpec], micro_batch: int, seq_len: int,
                    warmup: int = 2, iterations: int = 5, seed: int = 0, threads: int = 1,
-                   timeout_s: float = 600.0) -> list[StageTiming]:
+                   timeout_s: float = 600.0, clock: str = "cpu") -> list[StageTiming]:
     """Stages of one mesh size: in this process for one device, else on mesh-size local gloo ranks."""
     if not stages:
         return []
@@ -247,9 +260,10 @@ def measure_stages(model: TransformerSpec, stages: list[StageSpec], micro_batch:
         raise ValueError("measure_stages takes stages of one mesh size at a time")
     world = sizes.pop()
     if world == 1:
-        return measure_stages_local(model, stages, micro_batch, seq_len, warmup, iterations, seed, threads)
+        return measure_stages_local(model, stages, micro_batch, seq_len, warmup, iterations, seed, threads, clock)
     payload = {"model": model.model_dump(), "stages": [_stage_to_json(s) for s in stages], "micro_batch": micro_batch,
-               "seq_len": seq_len, "warmup": warmup, "iterations": iterations, "seed": seed, "threads": threads}
+               "seq_len": seq_len, "warmup": warmup, "iterations": iterations, "seed": seed, "threads": threads,
+               "clock": clock}
     with tempfile.TemporaryDirectory() as tmp:
         spec, out = os.path.join(tmp, "stages.json"), os.path.join(tmp, "timings.json")
         Path(spec).write_text(json.dumps(payload))

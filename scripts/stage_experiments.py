@@ -212,7 +212,7 @@ def paper_counts() -> dict[str, object]:
 PLAN_MESHES = [Mesh(1, 1), Mesh(1, 2), Mesh(1, 4)]
 
 
-def plans(db_path: Path, epochs: int, patience: int, fraction: float) -> None:
+def plans(db_path: Path, epochs: int, patience: int, fraction: float, only: list[str]) -> None:
     """Each planner on 4 ranks (dp-only intra plans); every chosen plan timed by eq. 4 over its stages' measured
     latencies (the database's exhaustive table)."""
     from trainsim.search.predtop.costs import PredTopStageCosts
@@ -221,17 +221,16 @@ def plans(db_path: Path, epochs: int, patience: int, fraction: float) -> None:
     db = StageDatabase(db_path)
     collected = json.loads(results_path(db_path).read_text()).get("collect", {})
     intra = {mesh: [IntraPlan(1, mesh.size)] for mesh in PLAN_MESHES}
-    out: dict[str, object] = {}
+    path = results_path(db_path)
+    out: dict[str, object] = dict(json.loads(path.read_text()).get("plans", {})) if path.exists() else {}
     for name, model in MODELS.items():
+        if only and name not in only:
+            continue
         truth = table_costs(db, name)
         cluster = load_cluster("local-cpu").with_num_gpus(4).on_one_node()
         job = StageJob(model=model, cluster=cluster, micro_batch=MICRO_BATCH, num_micro_batches=MICRO_BATCHES,
                        seq_len=SEQ_LEN)
         args = (PLAN_MESHES, intra, 4, MICRO_BATCHES, job.capacity_bytes)
-
-        def true_s(plan: object) -> float:
-            return pipeline_time_s([truth.estimate(s).latency_s for s in plan.stages],  # type: ignore[attr-defined]
-                                   MICRO_BATCHES)
 
         rows: dict[str, dict[str, object]] = {}
         exhaustive = alpa_dp(truth, UNITS, *args)
@@ -256,8 +255,7 @@ def plans(db_path: Path, epochs: int, patience: int, fraction: float) -> None:
             rows["predtop"] = {"plan": found.plan.to_dict(), "profiled": predictor.profiled_configurations,
                                "cost_s": found.search_time_s, "train_s": predictor.train_time_s}
             fresh.close()
-        plans_found = {"exhaustive": exhaustive.plan, "uniform": uniform.plan}
-        base = true_s(exhaustive.plan)
+        base = pipeline_time_s([e.latency_s for e in exhaustive.plan.estimates], MICRO_BATCHES)
         for key, row in rows.items():
             stages = row["plan"]["stages"]  # type: ignore[index]
             measured_s = pipeline_time_s([truth.estimate(StageSpec(s["units"][0], s["units"][1],
@@ -268,7 +266,6 @@ def plans(db_path: Path, epochs: int, patience: int, fraction: float) -> None:
             row["vs_exhaustive"] = measured_s / base - 1.0
             print(name, key, {k: v for k, v in row.items() if k != "plan"},
                   [(s["units"], s["mesh"]) for s in stages], flush=True)
-        del plans_found
         out[name] = rows
     update_results(db_path, "plans", out)
 
@@ -285,7 +282,7 @@ def main() -> None:
     if args.command == "collect":
         collect(args.db, args.only)
     elif args.command == "plans":
-        plans(args.db, args.epochs, args.patience, 0.3)
+        plans(args.db, args.epochs, args.patience, 0.3, args.only)
     elif args.command == "mpe":
         mpe(args.db)
     elif args.command == "predtop":

@@ -69,23 +69,42 @@ def depth_encoding(depth: torch.Tensor, width: int) -> torch.Tensor:
     return torch.cat((angles.sin(), angles.cos()), dim=-1)
 
 
+class DagAttentionLayer(nn.Module):
+    """Multi-head self-attention restricted to the reachable set (eq. 1), then a feed-forward block; residuals
+    and post-norms as the Transformer (Vaswani et al. 2017). Written out (not nn.TransformerEncoderLayer, whose
+    inference fast path gave predictions unlike the training path's under this mask)."""
+
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.out = nn.Linear(width, width)
+        self.ffn = nn.Sequential(nn.Linear(width, 2 * width), nn.ReLU(), nn.Linear(2 * width, width))
+        self.norm1 = nn.LayerNorm(width)
+        self.norm2 = nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor, reach: torch.Tensor) -> torch.Tensor:
+        b, n, w = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(w // self.heads)
+        scores = scores.masked_fill(~reach[:, None], float("-inf"))
+        attended = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(b, n, w)
+        x = self.norm1(x + self.out(attended))
+        return self.norm2(x + self.ffn(x))
+
+
 class DagTransformer(nn.Module):
     def __init__(self, width: int = 64, layers: int = 4, heads: int = 4) -> None:
         super().__init__()
         self.width = width
         self.embed = nn.Linear(NUM_FEATURES, width)
-        self.layers = nn.ModuleList(
-            nn.TransformerEncoderLayer(width, heads, dim_feedforward=2 * width, dropout=0.0, batch_first=True)
-            for _ in range(layers))
-        self.heads = heads
+        self.layers = nn.ModuleList(DagAttentionLayer(width, heads) for _ in range(layers))
         self.head = _head(width)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         x = self.embed(batch.features) + depth_encoding(batch.depth, self.width)
-        blocked = ~batch.reach  # True = may not attend
-        attn_mask = blocked.repeat_interleave(self.heads, dim=0)
         for layer in self.layers:
-            x = layer(x, src_mask=attn_mask)
+            x = layer(x, batch.reach)
         pooled = (x * batch.mask[..., None]).sum(dim=1)
         return self.head(pooled).squeeze(-1)
 

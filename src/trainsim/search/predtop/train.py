@@ -4,7 +4,8 @@ Per mesh and intra plan, a model maps a stage's DAG to its latency. Training: Ad
 rate 1e-3 with cosine decay to 0 over the epochs, batches of 32 (fewer for small sets: batch_size), MAE loss
 (eq. 3; by default relative to each stage's latency: train), early stopping when the validation loss has not
 improved for `patience` epochs, keeping the best weights (the paper: 500 epochs, patience 200). Targets are
-latencies divided by the training set's mean, so one learning rate serves every mesh. Seeded and single-threaded: a rerun gives the same model.
+latencies divided by the training set's mean, so one learning rate serves every mesh.
+Seeded and single-threaded: a rerun gives the same model.
 
 Splits (sec. VIII-A): a training fraction of the samples (10% to 80%), a separate 10% for validation, the rest
 for testing; MRE (eq. 5) on the test part.

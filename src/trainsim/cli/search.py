@@ -7,7 +7,7 @@ or the HTML report.
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import typer
 from rich.console import Console
@@ -15,15 +15,20 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from trainsim import api
 from trainsim.api.objectives import OBJECTIVES
+from trainsim.catalog import load_cluster
 from trainsim.catalog.calibration import CALIBRATION_HELP
 from trainsim.cli.errors import handles_errors
 from trainsim.cli.stack_options import GIVEN_STACK, StackFlags, stack_options
 from trainsim.cli.strategy_options import GIVEN, StrategyFlags, strategy_options
-from trainsim.frontends.registry import FRONTENDS, MODEL_HELP
+from trainsim.errors import ConfigError
+from trainsim.frontends.registry import FRONTENDS, MODEL_HELP, ModelSource
 from trainsim.jobfile import DEFAULT_CLUSTER, DEFAULT_MODEL
 from trainsim.report.html import require_plotly
 from trainsim.report.output import check_output_file, csv_text, write_text_atomic
 from trainsim.report.search import render_search_data
+from trainsim.search.stage_search import STAGE_COSTS, StageSearchSettings, stage_search
+from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.precision import PRECISIONS, Precision
 
 HELP = """Search every plain strategy and rank the feasible ones by throughput (tokens/s).
 
@@ -84,7 +89,23 @@ def search(
     min_headroom: Annotated[float | None, typer.Option(help="refuse plans that leave less than this many GiB "
                                                        "free on the fullest GPU")] = None,
     calibration: Annotated[Path | None, typer.Option(help=CALIBRATION_HELP)] = None,
+    planner: Annotated[str, typer.Option(help="uniform: the grid above (with --stage-costs: Megatron's even "
+                                         "splits under those stage costs); stage: Alpa's DP over uneven stages "
+                                         "and submeshes (MPE's holistic DP for --stage-costs mpe)")] = "uniform",
+    stage_costs: Annotated[str | None, typer.Option(help="stage latency and memory from: " +
+                                                    " | ".join(STAGE_COSTS) + " (measured, mpe and predtop run "
+                                                    "stages on this machine's ranks)")] = None,
+    num_micro_batches: Annotated[int, typer.Option(help="pipeline micro-batches per iteration (stage planner)")
+                                 ] = 8,
+    stage_db: Annotated[Path | None, typer.Option(help="profile database for measured stages and profiled costs "
+                                                  "(default: the user's cache)")] = None,
+    predtop_fraction: Annotated[float, typer.Option(help="predtop: fraction of each mesh's stages measured to "
+                                                    "train its predictor")] = 0.3,
 ) -> None:
+    if planner != "uniform" or stage_costs is not None:
+        _stage_search(ModelSource(model, frontend), cluster, num_gpus, strategy_flags, planner,
+                      stage_costs or "analytical", num_micro_batches, stage_db, predtop_fraction, as_json)
+        return
     if html is not None:
         check_output_file(html, "html")  # before the search: its work is not thrown away
         require_plotly()
@@ -110,6 +131,41 @@ def search(
         data = found.to_dict()
         write_text_atomic(csv, csv_text(data["all_plans"] if all_plans else data["plans"]))
         typer.echo(f"table: {csv}", err=True)
+
+
+def _stage_search(source: ModelSource, cluster: str, num_gpus: int | None, given: StrategyFlags, planner: str,
+                  stage_costs: str, num_micro_batches: int, db: Path | None, predtop_fraction: float,
+                  as_json: bool) -> None:
+    global_batch = given.get("global_batch")
+    if global_batch is None:
+        raise ConfigError("global_batch", None, "pass --global-batch N (sequences per optimizer step)")
+    if num_gpus is not None and num_gpus <= 0:
+        raise ConfigError("num_gpus", num_gpus, "must be a positive integer")
+    cluster_spec = load_cluster(cluster)
+    if num_gpus is not None:
+        cluster_spec = cluster_spec.with_num_gpus(num_gpus)
+    runs_here = stage_costs in ("measured", "mpe", "predtop")
+    if runs_here:
+        cluster_spec = cluster_spec.on_one_node()  # the ranks are processes of this host
+    precision = given.get("precision") or ("fp32" if runs_here else ParallelSpec().precision)
+    if precision not in PRECISIONS:
+        raise ConfigError("precision", precision, "choose one of: " + ", ".join(PRECISIONS))
+    settings = StageSearchSettings(planner=planner, stage_costs=stage_costs, global_batch=global_batch,
+                                   num_micro_batches=num_micro_batches, seq_len=given.get("seq_len") or 2048,
+                                   precision=cast(Precision, precision), db=db, predtop_fraction=predtop_fraction)
+    report = stage_search(source.model_spec(), cluster_spec, settings)
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+        return
+    plan = report.search.plan
+    typer.echo(f"{planner} planner, {stage_costs} stage costs: {len(plan.stages)} stages, iteration "
+               f"{plan.iteration_s:.6g} s by eq. 4 ({num_micro_batches} micro-batches)")
+    for stage, estimate in zip(plan.stages, plan.estimates, strict=True):
+        typer.echo(f"  {stage.describe()}: {estimate.latency_s:.6g} s per micro-batch")
+    typer.echo(f"stage evaluations {report.search.stage_evaluations}, profiled configurations "
+               f"{report.profiled_configurations}, search time {report.search_time_s:.3g} s")
+    sim = "-" if report.sim_iteration_s is None else f"{report.sim_iteration_s:.6g} s"
+    typer.echo(f"simulator: {sim} ({report.sim_note})")
 
 
 def register(app: typer.Typer) -> None:

@@ -1,0 +1,133 @@
+"""Measured stage latencies in the profile database (a `stage_times` table next to profile.database's op and
+collective tables), and the "measured" stage cost source of the stage planners.
+
+A row is keyed by the model (its spec, hashed), the pipeline micro-batch and sequence length, the stage (unit
+range, mesh, intra plan) and the thread count; every measurement is its own transaction, so an interrupted
+collection loses at most the batch in flight and a rerun measures only what is missing (resumable, as
+`trainsim profile` is). Only the standard library at import: torch is loaded when something is measured.
+"""
+
+import hashlib
+import json
+import sqlite3
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainsim.ir.model_spec import TransformerSpec
+from trainsim.strategy.stage_plan import StageEstimate, StageSpec
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS stage_times (
+    model TEXT NOT NULL, micro_batch INTEGER NOT NULL, seq_len INTEGER NOT NULL, threads INTEGER NOT NULL,
+    first INTEGER NOT NULL, end_unit INTEGER NOT NULL, nodes INTEGER NOT NULL, devices_per_node INTEGER NOT NULL,
+    tp INTEGER NOT NULL, dp INTEGER NOT NULL, sp INTEGER NOT NULL,
+    latency_s REAL NOT NULL, state_bytes REAL NOT NULL, activation_bytes REAL NOT NULL, samples TEXT NOT NULL,
+    measured_at REAL NOT NULL,
+    PRIMARY KEY (model, micro_batch, seq_len, threads, first, end_unit, nodes, devices_per_node, tp, dp, sp)
+);
+"""
+
+
+def model_key(model: TransformerSpec) -> str:
+    """The model's name and a hash of its full spec (two specs of one name never share rows)."""
+    digest = hashlib.sha256(json.dumps(model.model_dump(), sort_keys=True).encode()).hexdigest()[:12]
+    return f"{model.name}:{digest}"
+
+
+def _stage_key(stage: StageSpec) -> tuple[int, ...]:
+    return (stage.first, stage.end, stage.mesh.nodes, stage.mesh.devices_per_node, stage.intra.tp, stage.intra.dp,
+            int(stage.intra.sp))
+
+
+class StageDatabase:
+    """The stage_times table of one SQLite file (WAL, a transaction per row)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.conn = sqlite3.connect(path)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def get(self, model: str, micro_batch: int, seq_len: int, threads: int, stage: StageSpec) -> StageEstimate | None:
+        row = self.conn.execute(
+            "SELECT latency_s, state_bytes, activation_bytes FROM stage_times WHERE model=? AND micro_batch=? AND "
+            "seq_len=? AND threads=? AND first=? AND end_unit=? AND nodes=? AND devices_per_node=? AND tp=? AND "
+            "dp=? AND sp=?", (model, micro_batch, seq_len, threads, *_stage_key(stage))).fetchone()
+        return None if row is None else StageEstimate(*row)
+
+    def put(self, model: str, micro_batch: int, seq_len: int, threads: int, stage: StageSpec,
+            estimate: StageEstimate, samples: Iterable[float]) -> None:
+        with self.conn:
+            self.conn.execute("INSERT OR REPLACE INTO stage_times VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                              (model, micro_batch, seq_len, threads, *_stage_key(stage), estimate.latency_s,
+                               estimate.state_bytes, estimate.activation_bytes, json.dumps(list(samples)),
+                               time.time()))
+
+    def count(self, model: str) -> int:
+        return int(self.conn.execute("SELECT COUNT(*) FROM stage_times WHERE model=?", (model,)).fetchone()[0])
+
+
+@dataclass(slots=True)
+class MeasuredStageCosts:
+    """Stage estimates measured for real (measure.stage), kept in the database; `profiled_configurations`
+    counts the stages this source measured or read (each distinct stage once)."""
+
+    model: TransformerSpec
+    micro_batch: int
+    seq_len: int
+    db: StageDatabase
+    warmup: int = 2
+    iterations: int = 5
+    threads: int = 1
+    measured_now: int = 0
+    _seen: dict[StageSpec, StageEstimate | None] = field(default_factory=dict)
+
+    @property
+    def profiled_configurations(self) -> int:
+        return len(self._seen)
+
+    def _runnable(self, stage: StageSpec) -> bool:
+        """What measure.stage runs: dp dividing the micro-batch; tp only over dense blocks dividing the heads."""
+        if self.micro_batch % stage.intra.dp:
+            return False
+        tp = stage.intra.tp
+        return tp == 1 or not (self.model.num_experts > 1 or self.model.num_heads % tp or self.model.vocab % tp
+                               or self.model.ffn_hidden % tp)
+
+    def prefetch(self, stages: Iterable[StageSpec]) -> None:
+        """Measure every stage not yet in the database, batched per mesh size (one set of ranks per batch)."""
+        from trainsim.measure.stage import measure_stages
+
+        key = model_key(self.model)
+        missing: dict[int, list[StageSpec]] = {}
+        for stage in dict.fromkeys(stages):
+            if stage in self._seen:
+                continue
+            if not self._runnable(stage):
+                self._seen[stage] = None
+                continue
+            found = self.db.get(key, self.micro_batch, self.seq_len, self.threads, stage)
+            if found is not None:
+                self._seen[stage] = found
+            else:
+                missing.setdefault(stage.mesh.size, []).append(stage)
+        for size in sorted(missing):
+            batch = missing[size]
+            timings = measure_stages(self.model, batch, self.micro_batch, self.seq_len, self.warmup,
+                                     self.iterations, threads=self.threads)
+            for stage, timing in zip(batch, timings, strict=True):
+                estimate = StageEstimate(timing.latency_s, timing.state_bytes, timing.activation_bytes)
+                self.db.put(key, self.micro_batch, self.seq_len, self.threads, stage, estimate, timing.samples_s)
+                self._seen[stage] = estimate
+                self.measured_now += 1
+
+    def estimate(self, stage: StageSpec) -> StageEstimate | None:
+        if stage not in self._seen:
+            self.prefetch([stage])
+        return self._seen[stage]

@@ -1,0 +1,173 @@
+"""PredTOP's stage-latency predictors in plain torch, on batches of padded DAGs.
+
+- DagTransformer (sec. IV-A/IV-B5, after Luo et al. 2023, "Transformers over directed acyclic graphs"):
+  node features -> 64, plus a sinusoidal encoding of the node's depth (DAGPE); 4 layers of multi-head
+  self-attention masked to the node's reachable set (DAGRA, eq. 1, k = infinity) with a feed-forward block,
+  residuals and layer norms; global add pooling (eq. 2); linear layers with ReLU; one output.
+- Gcn (sec. VII-D): 6 graph-convolution layers of 256 (Kipf and Welling 2017: D^-1/2 (A + I) D^-1/2 over the
+  undirected graph), add pooling, the same head.
+- Gat (sec. VII-D): 6 graph-attention layers of hidden size 32 (Velickovic et al. 2018; 4 heads of 8), over
+  each node's neighbours and itself, add pooling, the same head.
+torch-geometric is not needed: graphs of a few hundred nodes are batched as dense padded tensors.
+"""
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from trainsim.search.predtop.dag import NUM_FEATURES, StageDag
+
+MODEL_KINDS = ("transformer", "gcn", "gat")
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    features: torch.Tensor  # [B, N, F]
+    mask: torch.Tensor  # [B, N] real nodes
+    reach: torch.Tensor  # [B, N, N] DAG Transformer attention
+    adjacency: torch.Tensor  # [B, N, N] undirected edges + self loops
+    depth: torch.Tensor  # [B, N]
+
+
+def make_batch(dags: list[StageDag]) -> Batch:
+    n = max(dag.num_nodes for dag in dags)
+    b = len(dags)
+    features = np.zeros((b, n, NUM_FEATURES), dtype=np.float32)
+    mask = np.zeros((b, n), dtype=bool)
+    reach = np.zeros((b, n, n), dtype=bool)
+    adjacency = np.zeros((b, n, n), dtype=np.float32)
+    depth = np.zeros((b, n), dtype=np.int64)
+    for i, dag in enumerate(dags):
+        k = dag.num_nodes
+        features[i, :k] = dag.features
+        mask[i, :k] = True
+        reach[i, :k, :k] = dag.reach
+        depth[i, :k] = dag.depth
+        for src, dst in dag.edges:
+            adjacency[i, src, dst] = adjacency[i, dst, src] = 1.0
+        adjacency[i, np.arange(k), np.arange(k)] = 1.0
+    for i in range(b):  # padded nodes see themselves only (their output is masked out of the pooling)
+        pad = np.arange(dags[i].num_nodes, n)
+        reach[i, pad, pad] = True
+        adjacency[i, pad, pad] = 1.0
+    return Batch(torch.from_numpy(features), torch.from_numpy(mask), torch.from_numpy(reach),
+                 torch.from_numpy(adjacency), torch.from_numpy(depth))
+
+
+def _head(width: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 1))
+
+
+def depth_encoding(depth: torch.Tensor, width: int) -> torch.Tensor:
+    """Sinusoidal positional encoding (Vaswani et al. 2017) of each node's depth."""
+    half = width // 2
+    freq = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32) / half)
+    angles = depth.to(torch.float32)[..., None] * freq
+    return torch.cat((angles.sin(), angles.cos()), dim=-1)
+
+
+class DagAttentionLayer(nn.Module):
+    """Multi-head self-attention restricted to the reachable set (eq. 1), then a feed-forward block; residuals
+    and post-norms as the Transformer (Vaswani et al. 2017). Written out (not nn.TransformerEncoderLayer, whose
+    inference fast path gave predictions unlike the training path's under this mask)."""
+
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.out = nn.Linear(width, width)
+        self.ffn = nn.Sequential(nn.Linear(width, 2 * width), nn.ReLU(), nn.Linear(2 * width, width))
+        self.norm1 = nn.LayerNorm(width)
+        self.norm2 = nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor, reach: torch.Tensor) -> torch.Tensor:
+        b, n, w = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(w // self.heads)
+        scores = scores.masked_fill(~reach[:, None], float("-inf"))
+        attended = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(b, n, w)
+        x = self.norm1(x + self.out(attended))
+        return self.norm2(x + self.ffn(x))
+
+
+class DagTransformer(nn.Module):
+    def __init__(self, width: int = 64, layers: int = 4, heads: int = 4) -> None:
+        super().__init__()
+        self.width = width
+        self.embed = nn.Linear(NUM_FEATURES, width)
+        self.layers = nn.ModuleList(DagAttentionLayer(width, heads) for _ in range(layers))
+        self.head = _head(width)
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        x = self.embed(batch.features) + depth_encoding(batch.depth, self.width)
+        for layer in self.layers:
+            x = layer(x, batch.reach)
+        pooled = (x * batch.mask[..., None]).sum(dim=1)
+        return self.head(pooled).squeeze(-1)
+
+
+class Gcn(nn.Module):
+    def __init__(self, width: int = 256, layers: int = 6) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(NUM_FEATURES if i == 0 else width, width) for i in range(layers))
+        self.head = _head(width)
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        a = batch.adjacency
+        inv = a.sum(-1).clamp(min=1.0).rsqrt()
+        norm = inv[..., :, None] * a * inv[..., None, :]
+        x = batch.features
+        for layer in self.layers:
+            x = torch.relu(norm @ layer(x))
+        pooled = (x * batch.mask[..., None]).sum(dim=1)
+        return self.head(pooled).squeeze(-1)
+
+
+class GatLayer(nn.Module):
+    def __init__(self, width_in: int, heads: int, per_head: int) -> None:
+        super().__init__()
+        self.heads, self.per_head = heads, per_head
+        self.proj = nn.Linear(width_in, heads * per_head, bias=False)
+        self.src = nn.Parameter(torch.empty(heads, per_head))
+        self.dst = nn.Parameter(torch.empty(heads, per_head))
+        nn.init.xavier_uniform_(self.src)
+        nn.init.xavier_uniform_(self.dst)
+
+    def forward(self, x: torch.Tensor, adjacency: torch.Tensor) -> torch.Tensor:
+        b, n, _ = x.shape
+        h = self.proj(x).view(b, n, self.heads, self.per_head)
+        score_src = (h * self.src).sum(-1)  # [B, N, H]
+        score_dst = (h * self.dst).sum(-1)
+        scores = nn.functional.leaky_relu(score_dst[:, :, None, :] + score_src[:, None, :, :], 0.2)  # [B, i, j, H]
+        scores = scores.masked_fill(adjacency[..., None] == 0, float("-inf"))
+        weights = torch.softmax(scores, dim=2)
+        out = torch.einsum("bijh,bjhd->bihd", weights, h)
+        return nn.functional.elu(out.reshape(b, n, self.heads * self.per_head))
+
+
+class Gat(nn.Module):
+    def __init__(self, width: int = 32, layers: int = 6, heads: int = 4) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(GatLayer(NUM_FEATURES if i == 0 else width, heads, width // heads)
+                                    for i in range(layers))
+        self.head = _head(width)
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        x = batch.features
+        for layer in self.layers:
+            x = layer(x, batch.adjacency)
+        pooled = (x * batch.mask[..., None]).sum(dim=1)
+        return self.head(pooled).squeeze(-1)
+
+
+def make_model(kind: str) -> nn.Module:
+    if kind == "transformer":
+        return DagTransformer()
+    if kind == "gcn":
+        return Gcn()
+    if kind == "gat":
+        return Gat()
+    raise ValueError(kind)

@@ -1,0 +1,168 @@
+"""`trainsim search --planner stage|uniform --stage-costs ...`: a stage planner over one cost source, its plan,
+what it cost, and the simulator's re-check.
+
+Cost sources (STAGE_COSTS):
+- analytical / profiled: the pricing service over the roofline / the profile database (no stage is run);
+- measured: every stage the planner asks is run alone (measure.stage; Alpa's exhaustive profiling);
+- mpe: MPE's chain over measured nodes and edges, searched by MPE's holistic DP;
+- predtop: PredTOP's DAG Transformer trained per mesh on a measured fraction of the stages.
+The stage planner is Alpa's DP (holistic DP for mpe); the uniform planner tries Megatron's even splits under
+the same costs. profiled_configurations counts the stages run for real; stage_evaluations the stage estimates
+the planner read.
+
+The simulator re-checks a plan it can express: equal stages of equal meshes and intra plans are a plain
+ParallelSpec (tp, dp, pp) and run through `predict(engine="sim")`; an uneven plan waits for ParallelSpec's
+per-stage layer lists, and its re-check is reported as not done.
+"""
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainsim.cost.pricing import make_pricer
+from trainsim.errors import ConfigError, TrainsimError
+from trainsim.hardware.cluster import ClusterSpec
+from trainsim.ir.model_spec import ModelSpec, TransformerSpec
+from trainsim.job import make_job
+from trainsim.pipeline import GraphCache, predict
+from trainsim.profile.database import default_db_path
+from trainsim.search.stage_costs import CountedStageCosts, PricedStageCosts, StageCosts, StageJob
+from trainsim.search.stage_dp import PlanSearch, alpa_dp, holistic_dp, uniform_search
+from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.precision import Precision
+from trainsim.strategy.stage_plan import IntraPlan, Mesh, StagePlan, intra_plans, num_units, submeshes
+
+PLANNERS = ("uniform", "stage")
+STAGE_COSTS = ("analytical", "profiled", "measured", "mpe", "predtop")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageSearchSettings:
+    planner: str = "stage"
+    stage_costs: str = "analytical"
+    global_batch: int
+    num_micro_batches: int
+    seq_len: int
+    precision: Precision = "fp32"
+    db: Path | None = None
+    predtop_fraction: float = 0.3
+    predtop_epochs: int = 500
+    predtop_patience: int = 200
+    sp: bool = False
+
+    def __post_init__(self) -> None:
+        if self.planner not in PLANNERS:
+            raise ConfigError("planner", self.planner, "choose one of: " + ", ".join(PLANNERS))
+        if self.stage_costs not in STAGE_COSTS:
+            raise ConfigError("stage_costs", self.stage_costs, "choose one of: " + ", ".join(STAGE_COSTS))
+        for name in ("global_batch", "num_micro_batches", "seq_len", "predtop_epochs", "predtop_patience"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(name, value, "must be a positive integer")
+        if self.global_batch % self.num_micro_batches:
+            raise ConfigError("num_micro_batches", self.num_micro_batches,
+                              f"must divide the global batch ({self.global_batch})")
+        if not 0.0 < self.predtop_fraction <= 1.0:
+            raise ConfigError("predtop_fraction", self.predtop_fraction, "must be in (0, 1]")
+
+
+@dataclass(frozen=True, slots=True)
+class StageSearchReport:
+    planner: str
+    stage_costs: str
+    search: PlanSearch
+    profiled_configurations: int
+    search_time_s: float
+    sim_iteration_s: float | None
+    sim_note: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "planner": self.planner, "stage_costs": self.stage_costs, "plan": self.search.plan.to_dict(),
+            "stage_evaluations": self.search.stage_evaluations,
+            "profiled_configurations": self.profiled_configurations, "search_time_s": self.search_time_s,
+            "t_max_tried": self.search.t_max_tried, "sim_iteration_s": self.sim_iteration_s,
+            "sim_note": self.sim_note,
+        }
+
+
+def _source(model: TransformerSpec, job: StageJob, settings: StageSearchSettings) -> tuple[StageCosts, Any]:
+    """The cost source and what counts its profiled configurations (None: nothing is run)."""
+    costs = settings.stage_costs
+    if costs in ("analytical", "profiled"):
+        pricer = make_pricer("roofline" if costs == "analytical" else "profiled", settings.db)
+        return PricedStageCosts(job, pricer), None
+    from trainsim.measure.stage_db import MeasuredStageCosts, StageDatabase
+
+    database = StageDatabase(settings.db or default_db_path())
+    measured = MeasuredStageCosts(model, job.micro_batch, job.seq_len, database)
+    if costs == "measured":
+        return measured, measured
+    if costs == "mpe":
+        from trainsim.search.mpe import MpeStageCosts
+
+        chain = MpeStageCosts(measured, model)
+        return chain, chain
+    from trainsim.search.predtop.costs import PredTopStageCosts
+    from trainsim.search.predtop.dag import DagBuilder
+
+    predtop = PredTopStageCosts(measured, PricedStageCosts(job), DagBuilder(model, job.micro_batch, job.seq_len),
+                                num_units(model), settings.predtop_fraction, epochs=settings.predtop_epochs,
+                                patience=settings.predtop_patience)
+    return predtop, predtop
+
+
+def stage_search(model: ModelSpec, cluster: ClusterSpec, settings: StageSearchSettings) -> StageSearchReport:
+    if not isinstance(model, TransformerSpec):
+        raise ConfigError("model", model.name, "stage planning needs a transformer (a chain of blocks)")
+    job = StageJob(model=model, cluster=cluster, micro_batch=settings.global_batch // settings.num_micro_batches,
+                   num_micro_batches=settings.num_micro_batches, seq_len=settings.seq_len,
+                   precision=settings.precision)
+    meshes = submeshes(cluster)
+    plans: dict[Mesh, list[IntraPlan]] = {mesh: intra_plans(model, mesh, sp=settings.sp) for mesh in meshes}
+    start = time.perf_counter()
+    source, counter = _source(model, job, settings)
+    counted = CountedStageCosts(source)
+    args = (meshes, plans, cluster.num_gpus, settings.num_micro_batches, job.capacity_bytes)
+    if settings.planner == "uniform":
+        found = uniform_search(counted, model.num_layers, *args)
+    elif settings.stage_costs == "mpe":
+        found = holistic_dp(counted, num_units(model), *args)
+    else:
+        found = alpa_dp(counted, num_units(model), *args)
+    elapsed = time.perf_counter() - start
+    profiled = 0 if counter is None else counter.profiled_configurations
+    sim_s, note = sim_recheck(found.plan, model, cluster, settings)
+    return StageSearchReport(settings.planner, settings.stage_costs, found, profiled, elapsed, sim_s, note)
+
+
+def even_parallel(plan: StagePlan, settings: StageSearchSettings) -> ParallelSpec | None:
+    """The plan as a plain ParallelSpec when its stages are Megatron's even split on equal meshes and plans."""
+    stages = plan.stages
+    first = stages[0]
+    if any(s.mesh != first.mesh or s.intra != first.intra for s in stages):
+        return None
+    blocks = plan.stage_blocks()
+    pp = len(stages)
+    if len({len(b) for b in blocks}) != 1 or not blocks[0]:
+        return None
+    micro = settings.global_batch // settings.num_micro_batches
+    if micro % first.intra.dp:
+        return None
+    return ParallelSpec(tp=first.intra.tp, dp=first.intra.dp, pp=pp, sp=first.intra.sp,
+                        micro_batch=micro // first.intra.dp, global_batch=settings.global_batch,
+                        seq_len=settings.seq_len, precision=settings.precision, schedule="1f1b")
+
+
+def sim_recheck(plan: StagePlan, model: TransformerSpec, cluster: ClusterSpec,
+                settings: StageSearchSettings) -> tuple[float | None, str]:
+    parallel = even_parallel(plan, settings)
+    if parallel is None:
+        return None, "not re-checked: uneven stages or meshes need ParallelSpec's per-stage layer lists"
+    try:
+        job = make_job(model, cluster.with_num_gpus(plan.devices), parallel)
+        result = predict(job, "sim", graphs=GraphCache())
+    except TrainsimError as exc:
+        return None, f"not re-checked: {exc}"
+    return result.iteration_time_s, f"sim engine on {parallel.describe()} (whole iteration: optimizer included)"

@@ -17,6 +17,7 @@ from typer.main import get_command_from_info
 COMMAND_MODULES: dict[str, str] = {
     "predict": "predict", "models": "catalog_cmds", "hardware": "catalog_cmds", "search": "search",
     "validate": "validate", "calibrate": "calibrate", "profile": "profile", "graph": "graph", "measure": "measure",
+    "shard": "shard",
 }
 
 

@@ -16,7 +16,8 @@ from typer.main import get_command_from_info
 # (predict) a function named after its command.
 COMMAND_MODULES: dict[str, str] = {
     "predict": "predict", "models": "catalog_cmds", "hardware": "catalog_cmds", "search": "search",
-    "validate": "validate", "calibrate": "calibrate", "profile": "profile", "graph": "graph", "measure": "measure",
+    "validate": "validate", "calibrate": "calibrate", "profile": "profile",
+    "profile-embedding": "profile_embedding", "graph": "graph", "measure": "measure",
     "shard": "shard",
 }
 

@@ -28,8 +28,11 @@ LookupPhase = Literal["fwd", "bwd"]
 
 
 def lookup_features(rows: int, dim: int, pooling: float, samples: int, rf: NDArray[np.float64]) -> NDArray[np.float64]:
-    """The model's inputs: log2 of E, D, L (+1) and the batch, then the 17 reuse factors."""
-    head = np.log2([max(rows, 1), max(dim, 1), pooling + 1.0, max(samples, 1)])
+    """The model's inputs: log2 of E, D, L (+1), the batch, the lookups, the values read (lookups x D) and the
+    table's size (E x D, against the caches), then the 17 reuse factors."""
+    lookups = pooling * samples + 1.0
+    head = np.log2([max(rows, 1), max(dim, 1), pooling + 1.0, max(samples, 1), lookups, lookups * max(dim, 1),
+                    max(rows, 1) * max(dim, 1)])
     return np.concatenate([head, rf])
 
 

@@ -85,13 +85,13 @@ def done_keys(path: Path) -> set[tuple[str, ...]]:
         return {(r["experiment"], r["ranks"], r["task"], r["sharder"], r["local_batch"]) for r in csv.DictReader(f)}
 
 
-def run(experiment: str) -> None:
+def run(experiment: str, heavy_tasks: int = 10) -> None:
     path = OUT / f"{experiment}.csv"
     seen = done_keys(path)
     jobs = []  # (ranks, name, kind, model, tables, sharder, plan, batch)
     rank_counts = (2, 4) if experiment == "e2e" else (4,)
     for ranks in rank_counts:
-        kinds = [("heavy", s) for s in range(10)] + ([("normal", 100 + s) for s in range(10)]
+        kinds = [("heavy", s) for s in range(heavy_tasks)] + ([("normal", 100 + s) for s in range(10)]
                                                      if experiment == "e2e" else [])
         for kind, seed in kinds:
             model, tables = task(kind, ranks, seed)
@@ -150,4 +150,4 @@ def predict_all() -> None:
 
 if __name__ == "__main__":
     command = sys.argv[1] if len(sys.argv) > 1 else "e2e"
-    predict_all() if command == "predict" else run(command)
+    predict_all() if command == "predict" else run(command, int(sys.argv[2]) if len(sys.argv) > 2 else 10)

@@ -8,11 +8,12 @@ with sigmoid(x) = L / (1 + exp(-k (x - x0))) + b: 8 parameters per collective (4
 the startup latency, the peak bandwidth). NB: the paper's Eq. 3 is garbled in our copy; we read its middle region
 as log10 of the bandwidth following the sigmoid of log10 of the size, which is the S-curve of Fig. 4.
 
-Fitting (fit_sigmoid): every pair of boundaries among the measured sizes is tried; t_s is the median time at or
-below m1, BW_max the least-squares slope of (t - t_s) against m at or above m2, and the sigmoid the best of a
-grid over (k, x0) with L and b solved linearly for each, polished by a local least-squares search (in log10
-bandwidth, on the points inside the region, or with its boundaries where fewer than 4 lie inside); the
-boundaries with the least squared log error win. Deterministic, no random restarts.
+Fitting (fit_sigmoid): pairs of boundaries among the measured sizes are tried (all, or 24 quantiles of them);
+t_s is the median time at or below m1, BW_max the least-squares slope of (t - t_s) against m at or above m2,
+and the sigmoid the best of a grid over (k, x0) with L and b solved linearly for each; the four best boundary
+pairs' sigmoids are then polished by a local least-squares search (in log10 bandwidth, on the points inside the
+region, or with its boundaries where fewer than 4 lie inside); the least squared log error wins.
+Deterministic, no random restarts.
 Sizes follow the data they were fitted on (Comm.buffer_bytes for trainsim's own microbenchmarks, the nccl-tests
 message size for collectives.csv); curves are per (collective, group size).
 """
@@ -52,23 +53,30 @@ class SigmoidCurve:
         return message_bytes / 10.0 ** self.sigmoid(math.log10(message_bytes))
 
 
-_K_GRID = np.geomspace(0.3, 30.0, 25)
+_K_GRID = np.geomspace(0.3, 30.0, 15)
+_BOUNDARY_CANDIDATES = 24  # boundaries tried at up to this many sizes (quantiles of the measured ones)
 
 
-def _fit_sigmoid_part(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float, float, float]:
-    """(L, x0, k, b, squared error) of y ~ L sigmoid(k (x - x0)) + b."""
+def _fit_sigmoid_part(x: np.ndarray, y: np.ndarray, refine: bool = True) -> tuple[float, float, float, float, float]:
+    """(L, x0, k, b, squared error) of y ~ L sigmoid(k (x - x0)) + b: a grid, then (refine) a local search."""
     best = (0.0, float(x.mean()), 1.0, float(y.mean()), float(((y - y.mean()) ** 2).sum()))
     if len(x) < 3:
         return best
-    for x0 in np.linspace(x.min(), x.max(), 25):
-        for k in _K_GRID:
-            s = 1.0 / (1.0 + np.exp(-k * (x - x0)))
-            design = np.stack([s, np.ones_like(s)], 1)
-            (height, base), *_ = np.linalg.lstsq(design, y, rcond=None)
-            error = float(((design @ np.array([height, base]) - y) ** 2).sum())
-            if error < best[4]:
-                best = (float(height), float(x0), float(k), float(base), error)
-    return _refine(x, y, best)
+    x0s, ks = np.meshgrid(np.linspace(x.min(), x.max(), 15), _K_GRID, indexing="ij")
+    x0s, ks = x0s.ravel(), ks.ravel()
+    sig = 1.0 / (1.0 + np.exp(np.clip(-ks[:, None] * (x[None, :] - x0s[:, None]), -500.0, 500.0)))
+    # y ~ L s + b for every grid point at once: the normal equations of a straight line in s
+    n, s_sum, y_sum = len(x), sig.sum(1), y.sum()
+    ss, sy = (sig * sig).sum(1), (sig * y[None, :]).sum(1)
+    det = n * ss - s_sum**2
+    ok = det > 1e-12
+    height = np.where(ok, (n * sy - s_sum * y_sum) / np.where(ok, det, 1.0), 0.0)
+    base = np.where(ok, (y_sum - height * s_sum) / n, y_sum / n)
+    errors = ((height[:, None] * sig + base[:, None] - y[None, :]) ** 2).sum(1)
+    g = int(np.argmin(errors))
+    if errors[g] < best[4]:
+        best = (float(height[g]), float(x0s[g]), float(ks[g]), float(base[g]), float(errors[g]))
+    return _refine(x, y, best) if refine else best
 
 
 def _refine(x: np.ndarray, y: np.ndarray,
@@ -94,22 +102,21 @@ def fit_sigmoid(sizes: Sequence[float], times_s: Sequence[float]) -> SigmoidCurv
     t = np.asarray(times_s, dtype=float)[order]
     if len(m) < 4 or not (np.all(m > 0) and np.all(t > 0) and np.all(np.isfinite(t))):
         raise ConfigError("sizes/times", len(m), "need at least 4 positive, finite (size, time) points")
-    best: tuple[float, SigmoidCurve] | None = None
     n = len(m)
-    for i1 in range(n - 1):
-        for i2 in range(i1 + 1, n):
-            curve = _curve_for(m, t, i1, i2)
-            if curve is None:
-                continue
-            predicted = np.array([curve.time_s(v) for v in m])
-            error = float((np.log10(predicted / t) ** 2).sum())
-            if best is None or error < best[0]:
-                best = (error, curve)
-    assert best is not None  # i1 = 0, i2 = n - 1 always gives a curve
-    return best[1]
+    candidates = sorted({round(float(q)) for q in np.linspace(0, n - 1, min(n, _BOUNDARY_CANDIDATES))})
+    pairs = sorted((_log_error(_curve_for(m, t, i1, i2, refine=False), m, t), i1, i2)
+                   for a, i1 in enumerate(candidates) for i2 in candidates[a + 1:])
+    # the grid's best few boundary pairs, each polished; the least error wins
+    polished = [_curve_for(m, t, i1, i2, refine=True) for _, i1, i2 in pairs[:4]]
+    return min(polished, key=lambda curve: _log_error(curve, m, t))
 
 
-def _curve_for(m: np.ndarray, t: np.ndarray, i1: int, i2: int) -> SigmoidCurve | None:
+def _log_error(curve: SigmoidCurve, m: np.ndarray, t: np.ndarray) -> float:
+    predicted = np.array([curve.time_s(v) for v in m])
+    return float((np.log10(predicted / t) ** 2).sum())
+
+
+def _curve_for(m: np.ndarray, t: np.ndarray, i1: int, i2: int, refine: bool) -> SigmoidCurve:
     startup = float(np.median(t[: i1 + 1]))
     tail_m, tail_t = m[i2:], t[i2:] - startup
     slope = float((tail_m * tail_t).sum() / (tail_m**2).sum())  # seconds per byte
@@ -117,7 +124,7 @@ def _curve_for(m: np.ndarray, t: np.ndarray, i1: int, i2: int) -> SigmoidCurve |
         slope = float((m[-1] / t[-1]) ** -1)
     lo, hi = (i1 + 1, i2) if i2 - i1 - 1 >= 4 else (i1, i2 + 1)  # inside the region; boundaries if too few
     x, y = np.log10(m[lo:hi]), np.log10(m[lo:hi] / t[lo:hi])
-    height, x0, k, base, _ = _fit_sigmoid_part(x, y)
+    height, x0, k, base, _ = _fit_sigmoid_part(x, y, refine)
     return SigmoidCurve(startup, float(m[i1]), float(m[i2]), height, x0, k, base, 1.0 / slope)
 
 

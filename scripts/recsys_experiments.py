@@ -31,7 +31,8 @@ CLUSTER = load_cluster("local-cpu")
 CAP = MEMORY_CAP_FRACTION * CLUSTER.device.hbm_bytes
 BATCHES = (32, 128)
 FIELDS = ("experiment", "ranks", "task", "kind", "seed", "tables", "sharder", "local_batch", "measured_s")
-PREDICTED = ("roofline_alpha_beta_s", "mlp_sigmoid_s", "mlp_sigmoid_sim_s", "max_sum_s", "predict_s")
+PREDICTED = ("roofline_alpha_beta_s", "mlp_sigmoid_s", "mlp_sigmoid_sim_s", "max_sum_s", "trace_predicted_s",
+             "trace_replay_s", "predict_s")
 
 
 def local_curves() -> SigmoidComm:
@@ -60,7 +61,8 @@ def dense(model) -> dict:
             "top_mlp": list(model.top_mlp)}
 
 
-def predictions(model, plan, batch: int, lookups_mlp: MlpLookup, comm: SigmoidComm) -> dict[str, float]:
+def predictions(model, plan, batch: int, lookups_mlp: MlpLookup, comm: SigmoidComm,
+                trace: list | None = None, overheads: dict | None = None) -> dict[str, float]:
     sjob = sharded_job(model, plan, CLUSTER, batch)
     base = estimate_sharded(sjob.job, sjob.graph, plan, "analytical", Pricer(),
                             RooflineLookup(CLUSTER.device))
@@ -74,8 +76,14 @@ def predictions(model, plan, batch: int, lookups_mlp: MlpLookup, comm: SigmoidCo
     it = price_sharded_iteration(sjob.graph, plan, sjob.job, learned_pricer, lookups_mlp)
     comm_s = it.index_a2a_s + it.pooled_fwd_a2a_s + it.pooled_bwd_a2a_s + it.grad_allreduce_s
     max_sum = max(max(rank_compute_s(it, r) + w.optimizer_s, comm_s) for r, w in enumerate(it.ranks))
-    return {"roofline_alpha_beta_s": base.iteration_time_s, "mlp_sigmoid_s": learned.iteration_time_s,
-            "mlp_sigmoid_sim_s": sim.iteration_time_s, "max_sum_s": max_sum}
+    out = {"roofline_alpha_beta_s": base.iteration_time_s, "mlp_sigmoid_s": learned.iteration_time_s,
+           "mlp_sigmoid_sim_s": sim.iteration_time_s, "max_sum_s": max_sum}
+    if trace is not None:
+        from trainsim.estimate.trace_predict import simulate_trace
+
+        out["trace_predicted_s"] = simulate_trace(trace, it, overheads or {})
+        out["trace_replay_s"] = simulate_trace(trace, it, {}, replay=True)
+    return out
 
 
 def done_keys(path: Path) -> set[tuple[str, ...]]:
@@ -136,6 +144,16 @@ def predict_all() -> None:
             continue
         with path.open() as f:
             rows = list(csv.DictReader(f))
+        from trainsim.estimate.trace_predict import overheads_from
+
+        traces = {}
+        trace_path = OUT / f"{experiment}_traces.jsonl"
+        if trace_path.exists():
+            for line in trace_path.read_text().splitlines():
+                t = json.loads(line)
+                traces[(t["task"], t["sharder"], str(t["local_batch"]))] = t["events"]
+        # Lin et al. Sec. IV-B1: overhead statistics aggregated from all collected traces, shared by all tasks
+        overheads = overheads_from(list(traces.values()))
         with (OUT / f"{experiment}_predicted.csv").open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=(*FIELDS, *PREDICTED))
             writer.writeheader()
@@ -144,7 +162,8 @@ def predict_all() -> None:
                 model, tables = task(row["kind"], ranks, seed)
                 began = time.perf_counter()
                 plan = shard(tables, row["sharder"], ranks, cap_bytes=CAP, seed=seed)
-                out = predictions(model, plan, batch, lookups, comm)
+                trace = traces.get((row["task"], row["sharder"], row["local_batch"]))
+                out = predictions(model, plan, batch, lookups, comm, trace, overheads)
                 writer.writerow({**row, **out, "predict_s": time.perf_counter() - began})
 
 

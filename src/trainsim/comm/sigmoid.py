@@ -41,7 +41,7 @@ class SigmoidCurve:
     bw_max_bytes_per_s: float
 
     def sigmoid(self, x: float) -> float:
-        return self.height / (1.0 + math.exp(-self.k * (x - self.x0))) + self.base
+        return self.height / (1.0 + math.exp(min(700.0, max(-700.0, -self.k * (x - self.x0))))) + self.base
 
     def time_s(self, message_bytes: float) -> float:
         if message_bytes <= 0:

@@ -25,6 +25,7 @@ from trainsim.embedding.tables import INDEX_BYTES, WEIGHT_BYTES, Table
 from trainsim.hardware.device import DeviceSpec
 
 LookupPhase = Literal["fwd", "bwd"]
+_VALUES_READ_FEATURE = 5  # log2(lookups x D) in lookup_features
 
 
 def lookup_features(rows: int, dim: int, pooling: float, samples: int, rf: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -80,6 +81,10 @@ class MlpLookup:
         return self._rf[key]
 
     def lookup_s(self, piece: ShardPiece, phase: LookupPhase) -> float:
+        """NB: outside the benchmarked range the model answers at the nearest benchmarked point (inputs clamped)
+        and the time scales with the values read (lookups x D) beyond it."""
         features = lookup_features(piece.rows, piece.dim, piece.pooling, piece.samples, self.reuse_factors(piece))
         log_fwd, log_bwd = self.mlp.predict(features)[0]
-        return float(np.exp(log_fwd if phase == "fwd" else log_bwd))
+        work = _VALUES_READ_FEATURE
+        beyond = 2.0 ** max(0.0, float(features[work] - self.mlp.high[work]))
+        return float(np.exp(log_fwd if phase == "fwd" else log_bwd)) * beyond

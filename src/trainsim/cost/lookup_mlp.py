@@ -31,10 +31,12 @@ class Mlp:
     weights: tuple[Array, ...]
     biases: tuple[Array, ...]
     linear: Array  # (features + 1, outputs): W over c
+    low: Array  # the training rows' feature range: inputs are clamped to it (no extrapolation)
+    high: Array
 
     def predict(self, features: Array) -> Array:
         """Rows of features -> rows of outputs (the log times)."""
-        x = (np.atleast_2d(features) - self.mean) / self.scale
+        x = (np.clip(np.atleast_2d(features), self.low, self.high) - self.mean) / self.scale
         h = x
         for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
             h = h @ w + b
@@ -44,12 +46,14 @@ class Mlp:
 
     def to_json(self) -> dict[str, Any]:
         return {"mean": self.mean.tolist(), "scale": self.scale.tolist(), "linear": self.linear.tolist(),
+                "low": self.low.tolist(), "high": self.high.tolist(),
                 "weights": [w.tolist() for w in self.weights], "biases": [b.tolist() for b in self.biases]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Mlp":
         return cls(np.array(data["mean"]), np.array(data["scale"]), tuple(np.array(w) for w in data["weights"]),
-                   tuple(np.array(b) for b in data["biases"]), np.array(data["linear"]))
+                   tuple(np.array(b) for b in data["biases"]), np.array(data["linear"]), np.array(data["low"]),
+                   np.array(data["high"]))
 
     @classmethod
     def load(cls, path: Path) -> "Mlp":
@@ -98,7 +102,8 @@ def fit_mlp(features: Array, targets: Array, *, hidden: tuple[int, ...] = (64, 6
             if error < best[0]:
                 best = (error, list(params))
     kept = best[1] if held else params
-    return Mlp(mean, scale, tuple(kept[0::2]), tuple(kept[1::2]), linear)
+    return Mlp(mean, scale, tuple(kept[0::2]), tuple(kept[1::2]), linear, features.min(axis=0),
+               features.max(axis=0))
 
 
 def _forward(params: list[Array], x: Array) -> Array:

@@ -33,6 +33,8 @@ class Mlp:
     linear: Array  # (features + 1, outputs): W over c
     low: Array  # the training rows' feature range: inputs are clamped to it (no extrapolation)
     high: Array
+    out_low: Array  # the training targets' range: outputs are clamped to it
+    out_high: Array
 
     def predict(self, features: Array) -> Array:
         """Rows of features -> rows of outputs (the log times)."""
@@ -42,18 +44,19 @@ class Mlp:
             h = h @ w + b
             if i < len(self.weights) - 1:
                 h = np.maximum(h, 0.0)
-        return h + x @ self.linear[:-1] + self.linear[-1]
+        return np.clip(h + x @ self.linear[:-1] + self.linear[-1], self.out_low, self.out_high)
 
     def to_json(self) -> dict[str, Any]:
         return {"mean": self.mean.tolist(), "scale": self.scale.tolist(), "linear": self.linear.tolist(),
-                "low": self.low.tolist(), "high": self.high.tolist(),
+                "low": self.low.tolist(), "high": self.high.tolist(), "out_low": self.out_low.tolist(),
+                "out_high": self.out_high.tolist(),
                 "weights": [w.tolist() for w in self.weights], "biases": [b.tolist() for b in self.biases]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Mlp":
         return cls(np.array(data["mean"]), np.array(data["scale"]), tuple(np.array(w) for w in data["weights"]),
                    tuple(np.array(b) for b in data["biases"]), np.array(data["linear"]), np.array(data["low"]),
-                   np.array(data["high"]))
+                   np.array(data["high"]), np.array(data["out_low"]), np.array(data["out_high"]))
 
     @classmethod
     def load(cls, path: Path) -> "Mlp":
@@ -77,9 +80,10 @@ def fit_mlp(features: Array, targets: Array, *, hidden: tuple[int, ...] = (64, 6
     order = rng.permutation(len(features))
     held = round(validation_share * len(features)) if len(features) >= 10 else 0
     x_all = (features - mean) / scale
+    all_targets = targets
     design = np.concatenate([x_all, np.ones((len(x_all), 1))], 1)
-    linear: Array
-    linear, *_ = np.linalg.lstsq(design[order[held:]], targets[order[held:]], rcond=None)
+    solution = np.linalg.lstsq(design[order[held:]], targets[order[held:]], rcond=None)
+    linear = np.asarray(solution[0], dtype=np.float64)
     residual = targets - design @ linear
     x, targets = x_all[order[held:]], residual[order[held:]]
     x_val, y_val = x_all[order[:held]], residual[order[:held]]
@@ -102,8 +106,9 @@ def fit_mlp(features: Array, targets: Array, *, hidden: tuple[int, ...] = (64, 6
             if error < best[0]:
                 best = (error, list(params))
     kept = best[1] if held else params
+    out_low, out_high = all_targets.min(axis=0), all_targets.max(axis=0)
     return Mlp(mean, scale, tuple(kept[0::2]), tuple(kept[1::2]), linear, features.min(axis=0),
-               features.max(axis=0))
+               features.max(axis=0), out_low, out_high)
 
 
 def _forward(params: list[Array], x: Array) -> Array:

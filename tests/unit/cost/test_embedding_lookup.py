@@ -60,7 +60,7 @@ def test_mlp_lookup_draws_reuse_factors_once_per_piece(tmp_path: Path) -> None:
     features = len(lookup_features(10, 4, 1.0, 2, np.zeros(17)))
     mlp = Mlp(np.zeros(features), np.ones(features), (np.zeros((features, 2)),), (np.zeros(2),),
               np.vstack([np.zeros((features, 2)), np.log([[1e-3, 2e-3]])]), np.full(features, -1e9),
-              np.full(features, 1e9))
+              np.full(features, 1e9), np.full(2, -1e9), np.full(2, 1e9))
     model = MlpLookup(mlp, seed=1)
     piece = ShardPiece(Table(0, 1000, 8, 5.0, 1.0), "table-wise", 0, 1000, 8, 64, 5.0)
     assert model.lookup_s(piece, "fwd") == pytest.approx(1e-3)
@@ -69,6 +69,6 @@ def test_mlp_lookup_draws_reuse_factors_once_per_piece(tmp_path: Path) -> None:
     assert rf.sum() == pytest.approx(1.0) and rf is model.reuse_factors(piece)
     # beyond the benchmarked values read (log2 = 10 here), the time grows with them
     capped = MlpLookup(Mlp(mlp.mean, mlp.scale, mlp.weights, mlp.biases, mlp.linear, mlp.low,
-                           np.r_[np.full(5, 1e9), 10.0, np.full(features - 6, 1e9)]))
+                           np.r_[np.full(5, 1e9), 10.0, np.full(features - 6, 1e9)], mlp.out_low, mlp.out_high))
     values = 64 * 5.0 * 8  # samples x L x D read: 2560 = 2.5 x 2^10
     assert capped.lookup_s(piece, "fwd") == pytest.approx(1e-3 * (values + 8) / 1024)

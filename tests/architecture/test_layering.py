@@ -23,6 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ir",),
     ("catalog",),
     ("strategy",),
+    ("embedding",),
     ("job",),
     ("frontends",),
     ("jobfile",),

@@ -17,7 +17,8 @@ from typer.main import get_command_from_info
 COMMAND_MODULES: dict[str, str] = {
     "predict": "predict", "models": "catalog_cmds", "hardware": "catalog_cmds", "search": "search",
     "validate": "validate", "compare": "compare", "report": "report", "calibrate": "calibrate",
-    "profile": "profile", "graph": "graph", "measure": "measure",
+    "profile": "profile", "profile-embedding": "profile_embedding", "graph": "graph", "measure": "measure",
+    "shard": "shard",
 }
 
 

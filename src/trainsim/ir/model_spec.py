@@ -95,6 +95,8 @@ class EmbeddingTable(Spec):
     dim: int = Field(gt=0)
     pooling_factor: float = Field(default=1.0, gt=0, description="lookups per sample")
     count: int = Field(default=1, gt=0, description="identical tables")
+    zipf_alpha: float = Field(default=0.0, ge=0, le=4, description="index skew: row i is drawn with probability "
+                              "proportional to (i + 1) ** -zipf_alpha; 0 = uniform")
 
 
 class DlrmSpec(Spec):

@@ -1,0 +1,69 @@
+"""Fit the reuse-factor lookup model (Lin et al. Sec. III-E) on EmbeddingBag microbenchmarks and score it on
+held-out ones, heavy (L >= 20) and normal tables apart, against a roofline baseline.
+
+Split: a seeded 80/20 train/test split (the paper's split factor 0.8). The baseline is the roofline of
+cost.embedding_lookup with its one parameter, the effective memory bandwidth, fitted on the training rows (the
+median of bytes / time): the best a distribution-blind byte count can do on this machine.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from trainsim.cost.embedding_lookup import lookup_features
+from trainsim.cost.lookup_mlp import Mlp, fit_mlp
+from trainsim.embedding.tables import INDEX_BYTES, WEIGHT_BYTES
+from trainsim.errors import ConfigError
+from trainsim.profile.embedding import LookupBench
+
+
+@dataclass(frozen=True, slots=True)
+class LookupFit:
+    mlp: Mlp
+    train_rows: int
+    test_rows: int
+    # (phase, "heavy" | "normal" | "all") -> MAPE on the test rows
+    mlp_mape: dict[tuple[str, str], float]
+    roofline_mape: dict[tuple[str, str], float]
+    roofline_bw_bytes_per_s: dict[str, float]
+
+
+def _bytes(bench: LookupBench, phase: str) -> float:
+    rows_read = bench.lookups * bench.table.dim * WEIGHT_BYTES
+    other = bench.batch * bench.table.dim * WEIGHT_BYTES + bench.lookups * INDEX_BYTES
+    return (rows_read if phase == "fwd" else 2.0 * rows_read) + other
+
+
+def _features(bench: LookupBench) -> np.ndarray:
+    pooling = bench.lookups / bench.batch  # the batch's own mean L
+    return lookup_features(bench.table.rows, bench.table.dim, pooling, bench.batch, np.array(bench.rf))
+
+
+def _mape(predicted: np.ndarray, measured: np.ndarray) -> float:
+    return float(np.mean(np.abs(predicted - measured) / measured)) if measured.size else float("nan")
+
+
+def fit_lookup_model(benches: list[LookupBench], *, seed: int = 0, train_share: float = 0.8,
+                     epochs: int = 3000) -> LookupFit:
+    if len(benches) < 10:
+        raise ConfigError("benchmarks", len(benches), "need at least 10 microbenchmarks to fit and test")
+    order = np.random.default_rng(seed).permutation(len(benches))
+    cut = round(train_share * len(benches))
+    train, test = [benches[i] for i in order[:cut]], [benches[i] for i in order[cut:]]
+    x = np.array([_features(b) for b in train])
+    y = np.log(np.array([[b.fwd_s, b.bwd_s] for b in train]))
+    mlp = fit_mlp(x, y, seed=seed, epochs=epochs)
+    predicted = np.exp(mlp.predict(np.array([_features(b) for b in test])))
+    heavy = np.array([b.table.heavy for b in test])
+    mlp_mape: dict[tuple[str, str], float] = {}
+    roof_mape: dict[tuple[str, str], float] = {}
+    bandwidths: dict[str, float] = {}
+    for column, phase in enumerate(("fwd", "bwd")):
+        measured = np.array([b.fwd_s if phase == "fwd" else b.bwd_s for b in test])
+        bw = float(np.median([_bytes(b, phase) / (b.fwd_s if phase == "fwd" else b.bwd_s) for b in train]))
+        bandwidths[phase] = bw
+        roofline = np.array([_bytes(b, phase) / bw for b in test])
+        for group, mask in (("heavy", heavy), ("normal", ~heavy), ("all", np.ones_like(heavy))):
+            mlp_mape[(phase, group)] = _mape(predicted[mask, column], measured[mask])
+            roof_mape[(phase, group)] = _mape(roofline[mask], measured[mask])
+    return LookupFit(mlp, len(train), len(test), mlp_mape, roof_mape, bandwidths)

@@ -1,0 +1,57 @@
+"""`trainsim profile-embedding`: EmbeddingBag microbenchmarks on this machine (a CSV), and the fit of the
+reuse-factor lookup model on them (a JSON of MLP weights) with its held-out MAPE against the roofline.
+
+parse -> compute (profile.embedding, calibrate.lookup_model) -> render (a short table).
+"""
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from trainsim.calibrate.lookup_model import fit_lookup_model
+from trainsim.cli.errors import handles_errors
+from trainsim.errors import ConfigError
+from trainsim.profile.embedding import profile_lookups, read_csv, write_csv
+
+
+@handles_errors
+def profile_embedding(
+    csv_path: Annotated[Path, typer.Option("--csv", help="microbenchmark rows: written, or read with --no-measure")],
+    count: Annotated[int, typer.Option(help="microbenchmarks to take (half heavy, half normal)")] = 240,
+    seed: Annotated[int, typer.Option(help="seed of the tables, batches and the split")] = 0,
+    threads: Annotated[int, typer.Option(help="torch intra-op threads (1 = one rank's share)")] = 1,
+    repeats: Annotated[int, typer.Option(help="timed repeats per benchmark (the fastest counts)")] = 7,
+    measure: Annotated[bool, typer.Option("--measure/--no-measure", help="take the benchmarks")] = True,
+    fit: Annotated[Path | None, typer.Option(help="fit the lookup model and write its JSON here")] = None,
+) -> None:
+    """Measure EmbeddingBag forward/backward times, then (with --fit) fit and score the lookup model."""
+    if count < 1 or threads < 1 or repeats < 1:
+        raise ConfigError("count/threads/repeats", (count, threads, repeats), "must all be positive integers")
+    if measure:
+        import torch
+
+        torch.set_num_threads(threads)
+        benches = profile_lookups(count, seed, repeats=repeats,
+                                  progress=lambda b: typer.echo(f"{b.table.describe()} batch {b.batch}: fwd "
+                                                                f"{b.fwd_s * 1e3:.3f} ms, bwd {b.bwd_s * 1e3:.3f} ms",
+                                                                err=True))
+        write_csv(benches, csv_path)
+    benches = read_csv(csv_path)
+    if fit is None:
+        typer.echo(f"{len(benches)} microbenchmarks in {csv_path}")
+        return
+    result = fit_lookup_model(benches, seed=seed)
+    fit.parent.mkdir(parents=True, exist_ok=True)
+    fit.write_text(json.dumps(result.mlp.to_json()))
+    typer.echo(f"lookup model: {result.train_rows} rows to fit, {result.test_rows} held out -> {fit}")
+    typer.echo(f"{'phase':<5} {'tables':<7} {'MLP MAPE':>9} {'roofline MAPE':>14}")
+    for (phase, group), value in result.mlp_mape.items():
+        typer.echo(f"{phase:<5} {group:<7} {value * 100:8.2f}% {result.roofline_mape[(phase, group)] * 100:13.2f}%")
+    bw = ", ".join(f"{k} {v / 1e9:.2f} GB/s" for k, v in result.roofline_bw_bytes_per_s.items())
+    typer.echo(f"roofline bandwidth fitted on the training rows: {bw}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("profile-embedding")(profile_embedding)

@@ -1,0 +1,92 @@
+"""`trainsim shard`: plan a DLRM's embedding tables with each sharder of Lin et al. Table III, predict each plan's
+iteration time, and pick the fastest (Sec. V-A).
+
+parse (flags -> DLRM, cluster, cost models) -> compute (search.sharding.compare_sharders) -> render (rich table
+or one JSON object).
+"""
+
+import json
+from pathlib import Path
+from typing import Annotated, cast
+
+import typer
+from rich.console import Console
+
+from trainsim.catalog import load_cluster, load_model
+from trainsim.cli.errors import handles_errors
+from trainsim.cost.embedding_lookup import LookupCostModel, MlpLookup, RooflineLookup
+from trainsim.embedding.sharders import MEMORY_CAP_FRACTION
+from trainsim.embedding.sharding import Optimizer
+from trainsim.embedding.synthetic import TaskKind, generate_task
+from trainsim.errors import ConfigError
+from trainsim.estimate.sharded_dlrm import SHARDED_ENGINES
+from trainsim.frontends.catalog.sharded_dlrm import dlrm_model
+from trainsim.hardware.cluster import ClusterSpec
+from trainsim.ir.model_spec import DlrmSpec, EmbeddingTable
+from trainsim.jobfile import check_choice
+from trainsim.report.sharding import render_sharding, sharding_to_dict
+from trainsim.search.sharding import compare_sharders
+
+OPTIMIZERS = ("sgd", "rowwise-adagrad", "adagrad", "adam")
+
+
+def synthetic_model(kind: str, num_ranks: int, seed: int) -> DlrmSpec:
+    check_choice("synthetic", kind, ("heavy", "normal"))
+    tables = generate_task(cast(TaskKind, kind), num_ranks, seed)
+    specs = tuple(EmbeddingTable(rows=t.rows, dim=t.dim, pooling_factor=t.pooling, zipf_alpha=t.zipf_alpha)
+                  for t in tables)
+    return dlrm_model(f"{kind}-task-r{num_ranks}-s{seed}", specs)
+
+
+def lookup_model(name: str, cluster: ClusterSpec, seed: int) -> LookupCostModel:
+    if name == "roofline":
+        return RooflineLookup(cluster.device)
+    path = Path(name)
+    if not path.exists():
+        raise ConfigError("lookup_model", name, "give roofline or the JSON file `trainsim profile embedding` fitted")
+    return MlpLookup.load(path, seed)
+
+
+def _parse(model: str | None, synthetic: str | None, seed: int, num_ranks: int, cluster: str, local_batch: int,
+           engine: str) -> tuple[DlrmSpec, ClusterSpec]:
+    if num_ranks < 1 or local_batch < 1:
+        raise ConfigError("num_ranks/local_batch", (num_ranks, local_batch), "must both be positive integers")
+    check_choice("engine", engine, tuple(SHARDED_ENGINES.names()))
+    if (model is None) == (synthetic is None):
+        raise ConfigError("model", model, "give exactly one of --model (a DLRM) and --synthetic heavy|normal")
+    if synthetic is not None:
+        spec: object = synthetic_model(synthetic, num_ranks, seed)
+    else:
+        spec = load_model(cast(str, model))
+    if not isinstance(spec, DlrmSpec):
+        raise ConfigError("model", model, "trainsim shard takes a DLRM (kind: dlrm)")
+    return spec, load_cluster(cluster)
+
+
+@handles_errors
+def shard(
+    model: Annotated[str | None, typer.Option(help="a DLRM: catalog name or YAML file")] = None,
+    synthetic: Annotated[str | None, typer.Option(help="a generated task instead: heavy or normal")] = None,
+    seed: Annotated[int, typer.Option(help="seed of the generated task and of the random sharder")] = 0,
+    num_ranks: Annotated[int, typer.Option(help="ranks (GPUs or local processes)")] = 4,
+    cluster: Annotated[str, typer.Option(help="cluster preset or file (its device and links)")] = "local-cpu",
+    local_batch: Annotated[int, typer.Option(help="samples per rank")] = 256,
+    engine: Annotated[str, typer.Option(help="analytical or sim")] = "analytical",
+    lookup: Annotated[str, typer.Option(help="embedding-lookup model: roofline or a fitted MLP JSON")] = "roofline",
+    optimizer: Annotated[str, typer.Option(help="sgd, rowwise-adagrad, adagrad or adam")] = "sgd",
+    cap_fraction: Annotated[float, typer.Option(help="tables per rank stay under this share of memory")] =
+        MEMORY_CAP_FRACTION,
+    json_out: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
+    plans: Annotated[bool, typer.Option(help="print each sharder's plan")] = True,
+) -> None:
+    """Plan the embedding tables with each sharder, predict each plan, pick the fastest."""
+    spec, cluster_spec = _parse(model, synthetic, seed, num_ranks, cluster, local_batch, engine)
+    check_choice("optimizer", optimizer, OPTIMIZERS)
+    opt = cast(Optimizer, optimizer)
+    lookups = lookup_model(lookup, cluster_spec, seed)
+    report = compare_sharders(spec, cluster_spec, num_ranks, local_batch, engine=engine, lookups=lookups,
+                              optimizer=opt, cap_fraction=cap_fraction, seed=seed)
+    if json_out:
+        print(json.dumps(sharding_to_dict(report), indent=2))
+        return
+    Console(width=160).print(render_sharding(report, plans))

@@ -1,0 +1,90 @@
+"""Time of an EmbeddingBag lookup (forward) and its backward with the sparse update, per sharded piece.
+
+Two models behind one protocol:
+- roofline: the bytes of the rows read (samples x L x D x 4) and the pooled output written, over the device's
+  memory bandwidth; the backward reads the output gradient and reads and writes every looked-up row (2x the
+  rows). Blind to the index distribution (the baseline of Lin et al. Sec. III-E).
+- mlp: Lin et al. Sec. III-E: a small MLP of (E, D, L, batch, reuse-factor histogram of the batch) -> forward
+  and backward time, trained on microbenchmarks of this device (`trainsim profile embedding`).
+
+The reuse factors of a piece come from a batch drawn from its table's index distribution
+(embedding.indices.sample_batch, seeded), or from the real batch where the caller has it.
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from trainsim.cost.lookup_mlp import Mlp
+from trainsim.embedding.indices import popularity_cdf, reuse_factors, sample_batch
+from trainsim.embedding.sharding import ShardPiece
+from trainsim.embedding.tables import INDEX_BYTES, WEIGHT_BYTES, Table
+from trainsim.hardware.device import DeviceSpec
+
+LookupPhase = Literal["fwd", "bwd"]
+_VALUES_READ_FEATURE = 5  # log2(lookups x D) in lookup_features
+
+
+def lookup_features(rows: int, dim: int, pooling: float, samples: int, rf: NDArray[np.float64]) -> NDArray[np.float64]:
+    """The model's inputs: log2 of E, D, L (+1), the batch, the lookups, the values read (lookups x D) and the
+    table's size (E x D, against the caches), then the 17 reuse factors."""
+    lookups = pooling * samples + 1.0
+    head = np.log2([max(rows, 1), max(dim, 1), pooling + 1.0, max(samples, 1), lookups, lookups * max(dim, 1),
+                    max(rows, 1) * max(dim, 1)])
+    return np.concatenate([head, rf])
+
+
+class LookupCostModel(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def lookup_s(self, piece: ShardPiece, phase: LookupPhase) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RooflineLookup:
+    device: DeviceSpec
+    name: str = "roofline"
+
+    def lookup_s(self, piece: ShardPiece, phase: LookupPhase) -> float:
+        rows_read = piece.samples * piece.pooling * piece.dim * WEIGHT_BYTES
+        pooled = piece.samples * piece.dim * WEIGHT_BYTES
+        indices = piece.samples * piece.pooling * INDEX_BYTES
+        moved = rows_read + pooled + indices if phase == "fwd" else 2.0 * rows_read + pooled + indices
+        return moved / self.device.hbm_bw_bytes_per_s
+
+
+@dataclass(slots=True)
+class MlpLookup:
+    """The learned model; reuse factors of each piece drawn once per (table, rows, samples) with `seed`."""
+
+    mlp: Mlp
+    seed: int = 0
+    name: str = "mlp"
+    _rf: dict[tuple[Table, int, int], NDArray[np.float64]] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path, seed: int = 0) -> "MlpLookup":
+        return cls(Mlp.load(path), seed)
+
+    def reuse_factors(self, piece: ShardPiece) -> NDArray[np.float64]:
+        key = (piece.table, piece.rows, piece.samples)
+        if key not in self._rf:
+            # The piece as a table of its own: its rows, its share of the lookups, the table's skew.
+            table = Table(piece.table.index, piece.rows, piece.dim, piece.pooling, piece.table.zipf_alpha)
+            cdf = popularity_cdf(table.rows, table.zipf_alpha) if table.zipf_alpha else None
+            _, indices = sample_batch(table, piece.samples, np.random.default_rng(self.seed + piece.table.index), cdf)
+            self._rf[key] = reuse_factors(indices)
+        return self._rf[key]
+
+    def lookup_s(self, piece: ShardPiece, phase: LookupPhase) -> float:
+        """NB: outside the benchmarked range the model answers at the nearest benchmarked point (inputs clamped)
+        and the time scales with the values read (lookups x D) beyond it."""
+        features = lookup_features(piece.rows, piece.dim, piece.pooling, piece.samples, self.reuse_factors(piece))
+        log_fwd, log_bwd = self.mlp.predict(features)[0]
+        work = _VALUES_READ_FEATURE
+        beyond = 2.0 ** max(0.0, float(features[work] - self.mlp.high[work]))
+        return float(np.exp(log_fwd if phase == "fwd" else log_bwd)) * beyond

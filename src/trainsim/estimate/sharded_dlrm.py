@@ -1,0 +1,76 @@
+"""Both engines on a DLRM with sharded embedding tables: the iteration priced per rank
+(cost.sharded_dlrm), then either the closed form of its dependencies (analytical) or the event simulation of
+its per-rank ExecGraph (sim); the same Result as every engine. With the simulator's runtime effects off the two
+agree exactly (tests hold them to it).
+
+The Result's breakdown is the slowest rank's: its compute, its dense optimizer step, and the rest of the
+iteration as `comm` (collectives not hidden behind its compute, and waiting for slower ranks at them).
+Peak memory is the fullest rank's; OOM when any rank's tables, dense states, activations and runtime exceed
+the device memory.
+"""
+
+from collections.abc import Callable
+
+from trainsim.compile.lower_sharded_dlrm import closed_form_ends_s, lower_sharded_iteration, rank_compute_s
+from trainsim.cost.embedding_lookup import LookupCostModel, RooflineLookup
+from trainsim.cost.memory import MemoryEstimate
+from trainsim.cost.pricing import Pricer
+from trainsim.cost.sharded_dlrm import ShardedIteration, price_sharded_iteration
+from trainsim.embedding.sharding import Optimizer, ShardingPlan
+from trainsim.estimate.result import Result, Timeline, make_result
+from trainsim.ir.graph import OpGraph
+from trainsim.job import Job
+from trainsim.registry import Registry
+
+
+def _memory(iteration: ShardedIteration) -> MemoryEstimate:
+    fullest = max(range(len(iteration.memory)), key=lambda r: iteration.memory[r].total_bytes)
+    mem = iteration.memory[fullest]
+    return MemoryEstimate(mem.total_bytes, iteration.capacity_bytes, mem.breakdown(), fullest)
+
+
+def _result(engine: str, job: Job, graph: OpGraph, iteration: ShardedIteration, ends_s: list[float],
+            timeline: Timeline | None = None) -> Result:
+    slowest = max(range(len(ends_s)), key=lambda r: (ends_s[r], -r))
+    total = ends_s[slowest]
+    compute = rank_compute_s(iteration, slowest)
+    optimizer = iteration.ranks[slowest].optimizer_s
+    breakdown = {"compute": compute, "optimizer": optimizer, "comm": max(0.0, total - compute - optimizer)}
+    notes = [f"sharded embeddings: {iteration.plan.sharder} on {iteration.plan.num_ranks} ranks; "
+             f"slowest rank {slowest}; rank ends (ms) " + ", ".join(f"{e * 1e3:.3f}" for e in ends_s)]
+    if iteration.oom_ranks:
+        notes.append(f"out of memory on ranks {iteration.oom_ranks}")
+    return make_result(engine, job, graph, breakdown, _memory(iteration), notes=notes, timeline=timeline)
+
+
+def _analytical(job: Job, graph: OpGraph, iteration: ShardedIteration) -> Result:
+    return _result("analytical", job, graph, iteration, closed_form_ends_s(iteration))
+
+
+def _simulated(job: Job, graph: OpGraph, iteration: ShardedIteration) -> Result:
+    from trainsim.sim import SimOptions, simulate
+
+    exec_graph = lower_sharded_iteration(iteration)
+    outcome = simulate(exec_graph, SimOptions(memory_timeline=False))
+    ends = [0.0] * len(exec_graph.devices)
+    for task in exec_graph.tasks:
+        ends[task.device] = max(ends[task.device], outcome.end_s[task.tid])
+    names = tuple(f"rank {r}" for r in range(len(exec_graph.devices)))
+    timeline = Timeline(exec_graph=exec_graph, outcome=outcome, device_names=names)
+    return _result("sim", job, graph, iteration, ends, timeline)
+
+
+SHARDED_ENGINES: Registry[Callable[[Job, OpGraph, ShardedIteration], Result]] = Registry("engine")
+SHARDED_ENGINES.add("analytical", _analytical)
+SHARDED_ENGINES.add("sim", _simulated)
+
+
+def estimate_sharded(job: Job, graph: OpGraph, plan: ShardingPlan, engine: str = "analytical",
+                     pricer: Pricer | None = None, lookups: LookupCostModel | None = None,
+                     optimizer: Optimizer = "sgd") -> Result:
+    """job: dp = the plan's ranks, micro_batch = samples per rank; graph: the catalog DLRM graph of one rank
+    (frontends.catalog.sharded_dlrm.sharded_job makes both)."""
+    run = SHARDED_ENGINES.get(engine)
+    pricer = pricer or Pricer()
+    lookups = lookups or RooflineLookup(job.cluster.device)
+    return run(job, graph, price_sharded_iteration(graph, plan, job, pricer, lookups, optimizer))

@@ -1,0 +1,112 @@
+"""Measure DLRM iterations with sharded embedding tables on local gloo ranks (measure.dlrm_rank does one rank's
+work). One process group runs a list of configurations (plan, batch) one after another, so 20 tasks cost one
+start-up; a deadline bounds the run.
+
+The iteration time of a configuration is the median, over its measured iterations, of the slowest rank's time
+from the barrier to the end of its step. The per-rank spans of the median iteration come back as well: the
+per-rank traces the predictive trace simulation reads.
+"""
+
+import contextlib
+import multiprocessing
+import os
+import queue
+import socket
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+
+from trainsim.embedding.sharding import ShardingPlan
+from trainsim.errors import ConfigError, TrainsimError
+
+
+@dataclass(frozen=True, slots=True)
+class DlrmConfig:
+    name: str
+    plan: ShardingPlan
+    local_batch: int
+    dense: dict[str, Any]  # dense_features, bottom_mlp (ending at the tables' dim), top_mlp
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DlrmMeasurement:
+    config: DlrmConfig
+    iteration_s: float  # median over iterations of the slowest rank
+    iterations_s: tuple[float, ...]
+    rank_events: tuple[tuple[tuple[str, float, float], ...], ...]  # per rank: (op, start, end) of the median iteration
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _worker(rank: int, world: int, port: int, configs: list[DlrmConfig], iterations: int, warmup: int,
+            timeout_s: float, out: Any) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import torch
+    import torch.distributed as dist
+
+    from trainsim.measure.dlrm_rank import run_config
+
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+        for index, config in enumerate(configs):
+            result = run_config(torch, dist, rank, world, config.plan, config.dense, config.local_batch, iterations,
+                                warmup, config.seed)
+            out.put((index, rank, result))
+        dist.destroy_process_group()
+    except Exception as exc:  # reported to the parent, which fails the run with it
+        out.put((-1, rank, f"{type(exc).__name__}: {exc}"))
+
+
+def measure_dlrm(configs: list[DlrmConfig], *, iterations: int = 5, warmup: int = 2,
+                 timeout_s: float = 1800.0) -> list[DlrmMeasurement]:
+    if not configs:
+        return []
+    worlds = {c.plan.num_ranks for c in configs}
+    if len(worlds) != 1:
+        raise ConfigError("configs", sorted(worlds), "one run measures one number of ranks")
+    if iterations < 1 or warmup < 0:
+        raise ConfigError("iterations/warmup", (iterations, warmup), "need iterations >= 1 and warmup >= 0")
+    world = worlds.pop()
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, configs, iterations, warmup, timeout_s, out))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    results: dict[int, dict[int, Any]] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while sum(len(v) for v in results.values()) < world * len(configs):
+            try:
+                index, rank, payload = out.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise TrainsimError(f"DLRM measurement timed out after {timeout_s:.0f} s") from None
+            if index < 0:
+                raise TrainsimError(f"DLRM measurement failed on rank {rank}: {payload}")
+            results.setdefault(index, {})[rank] = payload
+    finally:
+        for p in procs:
+            p.join(timeout=5.0)
+            if p.is_alive():
+                with contextlib.suppress(Exception):
+                    p.kill()
+    return [_summarize(config, results[i], world) for i, config in enumerate(configs)]
+
+
+def _summarize(config: DlrmConfig, by_rank: dict[int, Any], world: int) -> DlrmMeasurement:
+    records = [by_rank[r]["records"] for r in range(world)]
+    slowest = [max(records[r][i]["iteration_s"] for r in range(world)) for i in range(len(records[0]))]
+    median_index = int(np.argsort(slowest)[len(slowest) // 2])
+    events = tuple(tuple((str(n), float(a), float(b)) for n, a, b in records[r][median_index]["events"])
+                   for r in range(world))
+    return DlrmMeasurement(config, float(np.median(slowest)), tuple(slowest), events)

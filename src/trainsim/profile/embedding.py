@@ -1,0 +1,138 @@
+"""EmbeddingBag microbenchmarks on this machine: the training data of the reuse-factor lookup model (Lin et al.
+Sec. III-E).
+
+Each benchmark draws a table (E, D, mean L, Zipf skew) and a batch size from a seeded generator, half of them
+heavy (L >= 20), samples one batch of lookup indices from the table's distribution (embedding.indices), and
+times torch.nn.EmbeddingBag(mode="sum", sparse=True) forward, and backward with the sparse SGD update (the
+update FBGEMM fuses into its backward), the fastest of `repeats` after `warmup` (NB: the minimum, because
+on a shared host other processes only ever add time; the median of a loaded 2-core host varied by 30%). The
+batch's reuse factors are stored with its times, as the paper does (the RF of each batch, not of the whole
+table).
+
+Timings run in this process with torch's thread count set by the caller (one thread per rank matches
+`trainsim measure`'s DLRM runs on the CPU).
+"""
+
+import csv
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainsim.embedding.indices import RF_BINS, reuse_factors, sample_batch
+from trainsim.embedding.tables import HEAVY_POOLING, Table
+from trainsim.errors import ConfigError, InputFileError
+
+CSV_FIELDS = ("rows", "dim", "pooling", "batch", "zipf_alpha", "lookups", *(f"rf{i}" for i in range(RF_BINS)),
+              "fwd_s", "bwd_s")
+# The space sampled (our choice, sized for a CPU): E log-uniform in [10^3, 10^6]; D in 16..128; heavy L
+# log-uniform in [20, 200], normal L in [0.1, 20); batch 128..4096; Zipf alpha in [0, 1.2]; lookups x D capped so
+# a benchmark stays well under a second on one core.
+_DIMS = (16, 32, 64, 128)
+_BATCHES = (128, 256, 512, 1024, 2048, 4096)
+_MAX_ELEMENTS = 1e7
+
+
+@dataclass(frozen=True, slots=True)
+class LookupBench:
+    table: Table
+    batch: int
+    lookups: int
+    rf: tuple[float, ...]
+    fwd_s: float
+    bwd_s: float
+
+    def row(self) -> dict[str, Any]:
+        t = self.table
+        out: dict[str, Any] = {"rows": t.rows, "dim": t.dim, "pooling": t.pooling, "batch": self.batch,
+                               "zipf_alpha": t.zipf_alpha, "lookups": self.lookups}
+        out.update({f"rf{i}": v for i, v in enumerate(self.rf)})
+        out.update({"fwd_s": self.fwd_s, "bwd_s": self.bwd_s})
+        return out
+
+
+def sample_configs(count: int, seed: int) -> Iterator[tuple[Table, int]]:
+    """`count` (table, batch) pairs, alternately heavy and normal."""
+    rng = np.random.default_rng(seed)
+    made = 0
+    while made < count:
+        heavy = made % 2 == 0
+        pooling = float(np.exp(rng.uniform(np.log(HEAVY_POOLING), np.log(200.0)))) if heavy else \
+            float(rng.uniform(0.1, HEAVY_POOLING - 1e-3))
+        dim, batch = int(rng.choice(_DIMS)), int(rng.choice(_BATCHES))
+        if batch * pooling * dim > _MAX_ELEMENTS:
+            continue
+        rows = round(float(10 ** rng.uniform(3.0, 6.0)))
+        yield Table(made, rows, dim, round(pooling, 3), round(float(rng.uniform(0.0, 1.2)), 3)), batch
+        made += 1
+
+
+def bench_lookup(table: Table, batch: int, rng: np.random.Generator, *, warmup: int, repeats: int) -> LookupBench:
+    import torch
+
+    lengths, indices = sample_batch(table, batch, rng)
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    bag = torch.nn.EmbeddingBag(table.rows, table.dim, mode="sum", sparse=True)
+    idx, off = torch.from_numpy(indices), torch.from_numpy(offsets)
+    grad = torch.ones(batch, table.dim)
+    fwd, bwd = [], []
+    for step in range(warmup + repeats):
+        start = time.perf_counter()
+        out = bag(idx, off)
+        middle = time.perf_counter()
+        out.backward(grad)
+        with torch.no_grad():
+            weight_grad = bag.weight.grad
+            assert weight_grad is not None
+            bag.weight.add_(weight_grad, alpha=-0.01)
+        bag.weight.grad = None
+        end = time.perf_counter()
+        if step >= warmup:
+            fwd.append(middle - start)
+            bwd.append(end - middle)
+    rf = tuple(float(v) for v in reuse_factors(indices))
+    return LookupBench(table, batch, int(indices.size), rf, float(np.min(fwd)), float(np.min(bwd)))
+
+
+def profile_lookups(count: int, seed: int, *, warmup: int = 1, repeats: int = 7,
+                    progress: Callable[[LookupBench], None] | None = None) -> list[LookupBench]:
+    if count < 1 or repeats < 1 or warmup < 0:
+        raise ConfigError("count/repeats/warmup", (count, repeats, warmup), "need count, repeats >= 1, warmup >= 0")
+    rng = np.random.default_rng(seed + 1)
+    out = []
+    for table, batch in sample_configs(count, seed):
+        bench = bench_lookup(table, batch, rng, warmup=warmup, repeats=repeats)
+        out.append(bench)
+        if progress is not None:
+            progress(bench)
+    return out
+
+
+def write_csv(benches: list[LookupBench], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        for bench in benches:
+            writer.writerow(bench.row())
+
+
+def read_csv(path: Path) -> list[LookupBench]:
+    try:
+        with path.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError as exc:
+        raise InputFileError(f"cannot read {path}: {exc.strerror or exc}") from None
+    out = []
+    for i, row in enumerate(rows):
+        try:
+            table = Table(i, int(row["rows"]), int(row["dim"]), float(row["pooling"]), float(row["zipf_alpha"]))
+            rf = tuple(float(row[f"rf{b}"]) for b in range(RF_BINS))
+            out.append(LookupBench(table, int(row["batch"]), int(row["lookups"]), rf, float(row["fwd_s"]),
+                                   float(row["bwd_s"])))
+        except (KeyError, ValueError) as exc:
+            raise InputFileError(f"{path} row {i + 2}: {exc}") from None
+    return out

@@ -1,0 +1,74 @@
+"""Embedding-lookup cost models: the roofline's bytes, the learned model's fit on a known law, its reuse factors."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trainsim.calibrate.lookup_model import fit_lookup_model
+from trainsim.catalog import load_cluster
+from trainsim.cost.embedding_lookup import MlpLookup, RooflineLookup, lookup_features
+from trainsim.cost.lookup_mlp import Mlp, fit_mlp
+from trainsim.embedding.sharding import ShardPiece
+from trainsim.embedding.tables import Table
+from trainsim.errors import ConfigError
+from trainsim.profile.embedding import LookupBench, read_csv, write_csv
+
+DEVICE = load_cluster("local-cpu").device  # 20 GB/s
+
+
+def test_roofline_bytes() -> None:
+    piece = ShardPiece(Table(0, 100, 8, 10.0), "table-wise", 0, 100, 8, 4, 10.0)
+    # fwd: 4 x 10 rows x 8 x 4 B = 1280 + pooled 4 x 8 x 4 = 128 + indices 40 x 8 = 320 -> 1728 B
+    assert RooflineLookup(DEVICE).lookup_s(piece, "fwd") == pytest.approx(1728 / 20e9)
+    assert RooflineLookup(DEVICE).lookup_s(piece, "bwd") == pytest.approx((2 * 1280 + 128 + 320) / 20e9)
+
+
+def test_mlp_fits_a_power_law_and_round_trips(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 10, (200, 3))
+    y = np.stack([0.5 * x[:, 0] - 0.2 * x[:, 1], np.sin(x[:, 2])], 1)
+    mlp = fit_mlp(x, y, epochs=1500)
+    assert np.abs(mlp.predict(x)[:, 0] - y[:, 0]).mean() < 0.05  # the linear part carries it
+    assert np.abs(mlp.predict(x)[:, 1] - y[:, 1]).mean() < 0.2  # the network learns the rest
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(mlp.to_json()))
+    assert np.allclose(Mlp.load(path).predict(x), mlp.predict(x))
+
+
+def _bench(i: int, rows: int, lookups: int) -> LookupBench:
+    rf = tuple([1.0] + [0.0] * 16)
+    # a known law: 1 ns per looked-up value forward, 3 ns backward
+    return LookupBench(Table(i, rows, 16, lookups / 64, 0.0), 64, lookups, rf, lookups * 16e-9, lookups * 48e-9)
+
+
+def test_fit_lookup_model_scores_held_out_rows(tmp_path: Path) -> None:
+    benches = [_bench(i, 1000 + 37 * i, 100 + 50 * i) for i in range(60)]
+    path = tmp_path / "b.csv"
+    write_csv(benches, path)
+    again = read_csv(path)
+    assert [b.fwd_s for b in again] == pytest.approx([b.fwd_s for b in benches])
+    fit = fit_lookup_model(again, epochs=500)
+    assert fit.train_rows == 48 and fit.test_rows == 12
+    assert fit.mlp_mape[("fwd", "all")] < 0.02 and fit.mlp_mape[("bwd", "all")] < 0.02
+    with pytest.raises(ConfigError, match="at least 10"):
+        fit_lookup_model(benches[:5])
+
+
+def test_mlp_lookup_draws_reuse_factors_once_per_piece(tmp_path: Path) -> None:
+    features = len(lookup_features(10, 4, 1.0, 2, np.zeros(17)))
+    mlp = Mlp(np.zeros(features), np.ones(features), (np.zeros((features, 2)),), (np.zeros(2),),
+              np.vstack([np.zeros((features, 2)), np.log([[1e-3, 2e-3]])]), np.full(features, -1e9),
+              np.full(features, 1e9), np.full(2, -1e9), np.full(2, 1e9))
+    model = MlpLookup(mlp, seed=1)
+    piece = ShardPiece(Table(0, 1000, 8, 5.0, 1.0), "table-wise", 0, 1000, 8, 64, 5.0)
+    assert model.lookup_s(piece, "fwd") == pytest.approx(1e-3)
+    assert model.lookup_s(piece, "bwd") == pytest.approx(2e-3)
+    rf = model.reuse_factors(piece)
+    assert rf.sum() == pytest.approx(1.0) and rf is model.reuse_factors(piece)
+    # beyond the benchmarked values read (log2 = 10 here), the time grows with them
+    capped = MlpLookup(Mlp(mlp.mean, mlp.scale, mlp.weights, mlp.biases, mlp.linear, mlp.low,
+                           np.r_[np.full(5, 1e9), 10.0, np.full(features - 6, 1e9)], mlp.out_low, mlp.out_high))
+    values = 64 * 5.0 * 8  # samples x L x D read: 2560 = 2.5 x 2^10
+    assert capped.lookup_s(piece, "fwd") == pytest.approx(1e-3 * (values + 8) / 1024)

@@ -28,6 +28,8 @@ from trainsim.compile.insert_collectives import insert_gradient_sync
 from trainsim.compile.lower_layers import Cut, Unit, UnitMemory, emit_unit, main_work, step_units
 from trainsim.compile.schedule_pipeline import StepRecord, chunk_layers, insert_transfers, stage_programs
 from trainsim.compile.schedules import Step, splits_backward
+from trainsim.compile.split_timing import timing_for
+from trainsim.compile.splits import plan_splits
 from trainsim.cost.memory import optimizer_step_bytes
 from trainsim.cost.pricing import Pricer
 from trainsim.errors import ConfigError
@@ -54,6 +56,7 @@ def compile_job(job: Job, plan: LoweredPlan, pricer: Pricer,
         raise ConfigError("plan.num_stages", plan.num_stages, f"must equal pp={job.parallel.pp} of the job")
     graph = ExecGraph(devices=[], tasks=[])
     ctx = BuildContext(job, plan, pricer, task_level, graph)
+    ctx.splits = plan_splits(plan, job.parallel.dp)
     ranks = job.parallel.dp * job.parallel.tp * job.parallel.cp
     for stage in range(plan.num_stages):
         states = stage_model_state(ctx, stage)
@@ -104,7 +107,7 @@ def _emit_stage(ctx: BuildContext, stage: int, program: list[Step],
             if unit.makes_gradient(split):
                 a = unit.assignment
                 grads.pop(a.index, None)  # re-insert: the dict keeps the order in which gradients become final
-                grads[a.index] = (last, a.layer.param_count, unit.label)
+                grads[a.index] = (last, ctx.grad_params(a.index, a.layer.param_count), unit.label)
             k += 1
         records[(stage, step)] = StepRecord(w.step_first, w.prev)
     grad_tids = insert_gradient_sync(ctx, stage, list(grads.values()), window_tid[0] if window_tid else -1)
@@ -143,7 +146,7 @@ def _fsdp_cut(w: StageWriter, unit: Unit, split: bool, fsdp: FsdpChain, k: int) 
     elif overlap <= _EPS:
         head = _NEVER
     else:
-        total = sum(work.seconds for work in main_work(unit, w.ctx.timing(unit.assignment.layer), split))
+        total = sum(work.seconds for work in main_work(unit, timing_for(w.ctx, unit.assignment), split))
         head = (1.0 - overlap) * total
     return head, lambda: fsdp.issue(k)
 
@@ -157,7 +160,7 @@ def _dp_window(ctx: BuildContext, flat: list[Unit], split: bool, num_layers: int
     stretch = [k for k, unit in enumerate(flat) if unit.makes_gradient(split)][-num_layers:]
     if not stretch:
         return None
-    seconds = {k: sum(work.seconds for work in main_work(flat[k], ctx.timing(flat[k].assignment.layer), split))
+    seconds = {k: sum(work.seconds for work in main_work(flat[k], timing_for(ctx, flat[k].assignment), split))
                for k in stretch}
     overlap = ctx.pricer.overlap("dp", ctx.job)
     if overlap <= _EPS:

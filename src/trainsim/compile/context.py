@@ -153,8 +153,8 @@ class BuildContext:
         return self.pricer.collective_s(step.collective, step.buffer_bytes, layout, self.job)
 
     def grad_params(self, index: int, params: float) -> float:
-        """Parameters whose gradient a device syncs for layer instance `index` (fewer where configs split
-        weights: compile.splits)."""
+        """Parameters a device holds and syncs for layer instance `index` (fewer where computation configs
+        split weights: compile.splits)."""
         split = self.splits.get(index)
         return params if split is None else split.grad_params
 

@@ -6,7 +6,8 @@ where a producer's placement differs from what its consumer needs, the compiler 
 strategy transformation (compile.reshard). An op without a config infers it from its input's placement
 (propagation along data dependencies, Sec. VII): it keeps the input's batch, sequence and feature splits, a
 matmul or convolution reading a feature-split input splits its reduction dimension, and a partial sum is added
-up (all-reduce) before any op that is not a matmul reads it; norms and the loss read whole features.
+up (all-reduce) before any op that is not a matmul reads it; layer norms and the loss read whole features
+(BatchNorm normalises each channel, so a channel split passes through it).
 
 The configs partition the stage's data-parallel ranks (the group: dp devices that the plain strategy splits
 by batch, which is every tensor's placement where no config applies). Each op's per-device work is the
@@ -21,9 +22,9 @@ split its output dimension; the gradient its producer reads is placed as the pro
 reshard follows the op's input-gradient op (Megatron-LM's conjugate pairs fall out: an all-gather before a
 column split pairs with a reduce-scatter after its backward, an all-reduce of partial sums with none).
 
-The data-parallel gradient sync of a split op's weight moves 1/(o h) of its gradient (grad_params); the
-stored model states are not reduced. NB: the weight's memory config is the computation config (a separate
-weight memory config is ZeRO's flat split, apply_zero).
+A split op's weight is held and synced in 1/(o h) parts (a lookup's table in 1/o): grad_params, which
+the model states (apply_zero.stage_model_state) and the data-parallel gradient sync count. NB: the weight's
+memory config is its computation config (a memory config apart from it is ZeRO's flat split, apply_zero).
 """
 
 import dataclasses
@@ -101,6 +102,8 @@ def plan_splits(plan: LoweredPlan, group: int) -> dict[int, LayerSplit]:
             split.modules.setdefault(op.module_path, config)
             placement, in_bytes = produced, _output_bytes(op)
             previous = (split, op.name)
+        split.grad_params -= _table_share(a.layer, split)
+        in_bytes = a.layer.output_bytes or in_bytes  # what the layer hands on (all of DLRM's lookups, say)
     return out
 
 
@@ -113,7 +116,7 @@ def _op_config(op: Op, placement: Placement, given: OpSplit | None, group: int,
     """(the op's config, the input placement it needs, the output placement it makes)."""
     contracting = op.kind in CONTRACTING
     if given is None:
-        feature = 1 if op.kind in WHOLE_FEATURE else placement.feature
+        feature = 1 if op.kind in WHOLE_FEATURE and not _per_channel(op) else placement.feature
         need = Placement(group, placement.batch, placement.seq, feature)
         if contracting:
             config = OpConfig(need.batch, need.seq, 1, need.feature)
@@ -139,6 +142,17 @@ def _op_config(op: Op, placement: Placement, given: OpSplit | None, group: int,
     return config, need, need
 
 
+def _table_share(layer: Layer, split: LayerSplit) -> float:
+    """Embedding-table parameters a device no longer holds: the layer's tables taken as equal shares of its
+    parameters, each lookup's split by its out parts. NB: exact when every table of the layer is split alike
+    (the op graph does not keep per-table sizes)."""
+    lookups = [op for op in layer.fwd if op.kind == "embedding"]
+    if not lookups:
+        return 0.0
+    share = layer.param_count / len(lookups)
+    return sum(share * (1.0 - 1.0 / split.configs[op.name].out) for op in lookups if op.name in split.configs)
+
+
 def _input_grad(need: Placement, config: OpConfig, op: Op) -> Placement:
     """The gradient of an op's input as its backward makes it: placed as the input was read, partial over the
     devices that split the op's output dimension (each holds one slice of dY W)."""
@@ -150,6 +164,12 @@ def _output_grad(produced: Placement) -> Placement:
     """The gradient of an op's output as its backward reads it: placed as the output, whole sums (a producer of
     partial sums reads the gradient replicated over them)."""
     return Placement(produced.group, produced.batch, produced.seq, produced.feature)
+
+
+def _per_channel(op: Op) -> bool:
+    """BatchNorm (torchvision's bn* modules) normalises each channel alone, so a channel split passes through;
+    layer and RMS norms read whole features."""
+    return op.module_path.rsplit(".", 1)[-1].startswith("bn")
 
 
 def _scale(config: OpConfig, group: int) -> float:

@@ -31,7 +31,7 @@ def _compile(job: Job, tree: StrategyTree, level: str = "op") -> tuple[ExecGraph
 
 
 def _feature(graph: ExecGraph) -> list[Task]:
-    return [t for t in graph.tasks if t.category == "split_comm"]
+    return [t for t in graph.tasks if t.category == "comm" and t.stream == "feature"]
 
 
 def test_reduction_split_of_one_matmul_on_two_devices_inserts_an_all_reduce_priced_by_the_pricer() -> None:

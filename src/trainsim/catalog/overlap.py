@@ -34,8 +34,8 @@ def read_overlap_entries(path: Path = OVERLAP_PATH) -> list[dict[str, Any]]:
         raise ConfigError(str(path), type(data).__name__, "a list of {device, family, gamma, ...} entries")
     for i, entry in enumerate(data):
         gamma = entry.get("gamma") if isinstance(entry, dict) else None
-        if not isinstance(gamma, int | float) or not 0.0 <= float(gamma) < 10.0:
-            raise ConfigError(f"{path.name}[{i}].gamma", gamma, "a number in [0, 10)")
+        if not isinstance(gamma, int | float) or not 0.0 <= float(gamma) < float("inf"):
+            raise ConfigError(f"{path.name}[{i}].gamma", gamma, "a finite number >= 0")
         if not isinstance(entry.get("device"), str) or not isinstance(entry.get("family"), str):
             raise ConfigError(f"{path.name}[{i}]", entry, "needs device and family names")
     return data

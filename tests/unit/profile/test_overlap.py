@@ -70,5 +70,6 @@ def test_profile_overlap_measures_and_stores_gamma(tmp_path: Path) -> None:
     assert (entry["device"], entry["family"], entry["backend"]) == ("cpu-local", "gpt", "gloo")
     assert entry["plain_backward_s"] > 0 and entry["overlapped_backward_s"] > 0
     ratio = entry["overlapped_backward_s"] / entry["plain_backward_s"]
-    assert entry["gamma"] == pytest.approx(max(0.0, ratio - 1.0), abs=1e-3)
+    # the file keeps times to the microsecond and gamma to 4 decimals
+    assert entry["gamma"] == pytest.approx(max(0.0, ratio - 1.0), rel=2e-3, abs=1e-3)
     assert load_overlap_factors(store) == {("cpu-local", "gpt"): entry["gamma"]}

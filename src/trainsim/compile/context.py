@@ -153,10 +153,15 @@ class BuildContext:
         return self.pricer.collective_s(step.collective, step.buffer_bytes, layout, self.job)
 
     def grad_params(self, index: int, params: float) -> float:
-        """Parameters a device holds and syncs for layer instance `index` (fewer where computation configs
-        split weights: compile.splits)."""
+        """Parameters whose gradient a device syncs over the data-parallel group for layer instance `index`
+        (fewer where computation or memory configs split weights: compile.splits)."""
         split = self.splits.get(index)
         return params if split is None else split.grad_params
+
+    def held_params(self, index: int, params: float) -> float:
+        """Parameters a device stores for layer instance `index` (compile.splits: split and sharded weights)."""
+        split = self.splits.get(index)
+        return params if split is None else split.held_params
 
     def collective_s(self, collective: str, buffer_bytes: float, axis: str) -> float:
         return self.pricer.collective_s(collective, buffer_bytes, self.layout(axis), self.job)

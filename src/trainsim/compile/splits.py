@@ -24,7 +24,9 @@ column split pairs with a reduce-scatter after its backward, an all-reduce of pa
 
 A split op's weight is held and synced in 1/(o h) parts (a lookup's table in 1/o): grad_params, which
 the model states (apply_zero.stage_model_state) and the data-parallel gradient sync count. NB: the weight's
-memory config is its computation config (a memory config apart from it is ZeRO's flat split, apply_zero).
+memory config is its computation config unless a weight split (item "weight", dims out / reduce) stores it
+finer: then it is gathered for compute and its gradient reduce-scattered back (_weight_memory), the Proteus
+memory config; ZeRO's flat split stays apply_zero's.
 """
 
 import dataclasses
@@ -71,6 +73,7 @@ class LayerSplit:
     modules: dict[str, OpConfig] = field(default_factory=dict)  # module path -> its first forward op's config
     comms: list[SplitComm] = field(default_factory=list)
     grad_params: float = 0.0  # parameters whose gradient one device syncs (the layer's, less split weights)
+    held_params: float = 0.0  # parameters one device stores
 
     def key(self) -> tuple[object, ...]:
         return (tuple(self.configs.items()), tuple(self.comms), self.grad_params)
@@ -87,9 +90,11 @@ def plan_splits(plan: LoweredPlan, group: int) -> dict[int, LayerSplit]:
     in_bytes = 0.0
     previous: tuple[LayerSplit, str] | None = None  # the instance and op before the next op
     for a in plan.layers:
-        split = out[a.index] = LayerSplit(grad_params=a.layer.param_count)
+        split = out[a.index] = LayerSplit(grad_params=a.layer.param_count, held_params=a.layer.param_count)
         for op in a.layer.fwd:
-            config, need, produced = _op_config(op, placement, given.get((a.index, op.module_path)), group, a)
+            op_split = given.get((a.index, op.module_path))
+            compute = op_split if op_split is not None and op_split.has_compute else None
+            config, need, produced = _op_config(op, placement, compute, group, a)
             full_in = (in_bytes or _input_bytes(op)) * group
             for step in reshard(placement, need, full_in):
                 if previous is not None:
@@ -98,11 +103,16 @@ def plan_splits(plan: LoweredPlan, group: int) -> dict[int, LayerSplit]:
                 split.comms.append(SplitComm(_last_bwd(a.layer, op), "bwd", step, f"grad of {op.name} input"))
             split.configs[op.name] = config
             if op.kind in CONTRACTING and config.out * config.reduce > 1:
-                split.grad_params -= _weight_params(op) * (1.0 - 1.0 / (config.out * config.reduce))
+                shed = _weight_params(op) * (1.0 - 1.0 / (config.out * config.reduce))
+                split.grad_params -= shed
+                split.held_params -= shed
+            if op_split is not None and (op_split.weight_out or op_split.weight_reduce):
+                _weight_memory(op, config, op_split, group, a, split, previous)
             split.modules.setdefault(op.module_path, config)
             placement, in_bytes = produced, _output_bytes(op)
             previous = (split, op.name)
         split.grad_params -= _table_share(a.layer, split)
+        split.held_params -= _table_share(a.layer, split)
         in_bytes = a.layer.output_bytes or in_bytes  # what the layer hands on (all of DLRM's lookups, say)
     return out
 
@@ -140,6 +150,43 @@ def _op_config(op: Op, placement: Placement, given: OpSplit | None, group: int,
         return config, Placement(group, batch, seq, red), Placement(group, batch, seq, out, red)
     need = Placement(group, batch, seq, out)
     return config, need, need
+
+
+def _weight_memory(op: Op, config: OpConfig, given: OpSplit, group: int, a: LayerAssignment, split: LayerSplit,
+                   previous: tuple[LayerSplit, str] | None) -> None:
+    """A weight stored finer than its computation config (Proteus Sec. II-A, memory config; ZeRO-3): gathered
+    to the computation placement before the forward and again before the input gradient, its gradient reduced
+    to the stored placement after the weight gradient (per micro-batch, as FSDP without no_sync), so it leaves
+    the data-parallel sync. Weight dims: reduce as seq, out as feature of a Placement."""
+    where = f"split.weight at layer {a.index} ({a.layer.name}) {op.module_path}"
+    if op.kind not in CONTRACTING:
+        raise ConfigError(where, op.kind, "a weight memory config needs a matmul or conv (an op with a weight)")
+    mem_out, mem_red = given.weight_out or config.out, given.weight_reduce or config.reduce
+    if mem_out % config.out or mem_red % config.reduce or group % (mem_out * mem_red):
+        raise ConfigError(where, f"out={mem_out} reduce={mem_red}", f"must refine the computation config (out="
+                          f"{config.out} reduce={config.reduce}) and divide the group of {group} ranks")
+    compute = Placement(group, seq=config.reduce, feature=config.out)
+    memory = Placement(group, seq=mem_red, feature=mem_out)
+    full = _weight_params(op) * _elem(op)
+    before_fwd = previous if previous is not None else (split, op.name)
+    for step in reshard(memory, compute, full):
+        before_fwd[0].comms.append(SplitComm(before_fwd[1], "fwd", step, f"weight of {op.name}"))
+        split.comms.append(SplitComm(_before_bwd(a.layer, op), "bwd", step, f"weight of {op.name}"))
+    grad = Placement(group, seq=config.reduce, feature=config.out, partial=compute.replicas)
+    wgrad = f"{op.name}.wgrad" if any(b.name == f"{op.name}.wgrad" for b in a.layer.bwd) else _last_bwd(a.layer, op)
+    for step in reshard(grad, memory, full):
+        split.comms.append(SplitComm(wgrad, "bwd", step, f"weight grad of {op.name}"))
+    per_device = _weight_params(op) / (config.out * config.reduce)
+    split.grad_params -= per_device
+    split.held_params -= per_device - _weight_params(op) / (mem_out * mem_red)
+
+
+def _before_bwd(layer: Layer, op: Op) -> str:
+    """The backward op after which op's input-gradient op runs (the gather of its weight goes there)."""
+    names = [b.name for b in layer.bwd]
+    target = f"{op.name}.dgrad" if f"{op.name}.dgrad" in names else _last_bwd(layer, op)
+    index = names.index(target) if target in names else 0
+    return names[index - 1] if index > 0 else target
 
 
 def _table_share(layer: Layer, split: LayerSplit) -> float:

@@ -33,6 +33,12 @@ class OpSplit:
     seq: int = 0
     out: int = 0
     reduce: int = 0
+    weight_out: int = 0  # the weight's memory config (split item "weight", dims out / reduce): stored in parts,
+    weight_reduce: int = 0  # gathered to the computation config for compute (ZeRO-3 style)
+
+    @property
+    def has_compute(self) -> bool:
+        return any((self.batch, self.seq, self.out, self.reduce))
 
 
 @dataclass(frozen=True, slots=True)

@@ -291,7 +291,8 @@ class StrategyTree:
                            self._op_splits())
 
     def _op_splits(self) -> tuple[OpSplit, ...]:
-        """The computation configs (split item "compute") of every module node that holds ops."""
+        """The computation configs (split item "compute") and weight memory configs (item "weight", dims out and
+        reduce) of every module node that holds ops."""
         out: list[OpSplit] = []
         for path, node in self.nodes.items():
             if not node.fwd or node.layer_index < 0:
@@ -304,9 +305,11 @@ class StrategyTree:
             if bad:
                 raise ConfigError(f"{path}.{bad[0][1]}", row[bad[0][1]].value,
                                   "a computation config splits " + ", ".join(COMPUTE_DIMS))
-            if parts:
+            memory = {f"weight_{dim}": int(row[f"split.weight.{dim}"].value) for dim in ("out", "reduce")
+                      if f"split.weight.{dim}" in row}
+            if parts or memory:
                 for module_path in dict.fromkeys(op.module_path for op in node.fwd):
-                    out.append(OpSplit(node.layer_index, module_path, **parts))
+                    out.append(OpSplit(node.layer_index, module_path, **parts, **memory))
         return tuple(out)
 
     # --- printing ---

@@ -113,3 +113,41 @@ def test_bad_computation_configs_are_refused(path: str, dim: str, parts: int, fi
     with pytest.raises(ConfigError) as exc:
         _compile(job, tree)
     assert field in exc.value.field
+
+
+def test_a_weight_stored_finer_than_computed_is_gathered_and_its_gradient_reduce_scattered() -> None:
+    """fc1's 4096 x 1024 bf16 weight (8 MiB) stored split 2 ways along its outputs, computed whole (data
+    parallel): an all-gather of 8 MiB before the forward and before the input gradient, a reduce-scatter of the
+    gradient after the weight gradient; fc1 leaves the data-parallel sync and half its weight the model states."""
+    job = _job()
+    plain_tree = StrategyTree.from_parallel(graph_for(job), job.parallel)
+    tree = plain_tree.split("blocks.0.mlp.fc1", "weight", "out", 2)
+    graph, pricer = _compile(job, tree)
+    plain, _ = _compile(job, plain_tree)
+    layout = job.cluster.group_layout(2, 1)
+    weight_bytes = 4096 * 1024 * BF16
+    comms = [(t.name.split(" mb")[0], t.duration_s) for t in _feature(graph)]
+    gather_s = pricer.collective_s("all-gather", weight_bytes, layout, job)
+    assert comms == [("all-gather x2 weight of fc1", gather_s), ("all-gather x2 weight of fc1", gather_s),
+                     ("reduce-scatter x2 weight grad of fc1",
+                      pricer.collective_s("reduce-scatter", weight_bytes, layout, job))]
+    by_tid = {t.tid: t for t in graph.tasks}
+    gathers = [t for t in _feature(graph) if t.name.startswith("all-gather")]
+    assert by_tid[gathers[0].deps[0]].name.endswith("norm2")  # before fc1's forward
+    assert by_tid[gathers[1].deps[0]].name.endswith("gelu.bwd")  # before fc1's input gradient
+    wgrad = next(t for t in graph.tasks if t.name.endswith("fc1.wgrad"))
+    scatter = next(t for t in _feature(graph) if t.name.startswith("reduce-scatter"))
+    assert scatter.deps[0] == wgrad.tid
+    assert sum(graph.devices[0].static_breakdown.values()) < sum(plain.devices[0].static_breakdown.values())
+    dp_plain = sum(t.duration_s for t in plain.tasks if t.category == "dp_comm")
+    dp_split = sum(t.duration_s for t in graph.tasks if t.category == "dp_comm")
+    assert dp_split < dp_plain
+
+
+def test_a_weight_memory_config_coarser_than_the_computation_is_refused() -> None:
+    job = _job()
+    tree = (StrategyTree.from_parallel(graph_for(job), job.parallel)
+            .split("blocks.0.mlp.fc1", "compute", "out", 2).split("blocks.0.mlp.fc1", "weight", "out", 1))
+    with pytest.raises(ConfigError) as exc:
+        _compile(job, tree)
+    assert "split.weight" in exc.value.field

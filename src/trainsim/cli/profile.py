@@ -188,9 +188,19 @@ def profile(
     world_size: Annotated[int, typer.Option(help="local processes for the collectives")] = 2,
     timeout_s: Annotated[float, typer.Option(help="deadline of the collective run, seconds")] = 300.0,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    overlap: Annotated[bool, typer.Option("--overlap", help="measure the overlap factor gamma instead: the "
+                                          "backward pass with and without overlapping gradient all-reduces on "
+                                          "--world-size gloo ranks; stored per device and model family")] = False,
+    overlap_file: Annotated[Path | None, typer.Option(help="where --overlap stores gamma (default: the "
+                                                      "catalog's calibration/overlap.yaml)")] = None,
 ) -> None:
     """Measure the forward and backward time of every op of a job on this machine, and local collectives."""
     import time
+
+    if overlap:
+        _profile_overlap(model, micro_batch, seq_len, world_size, warmup, repeats, threads, timeout_s,
+                         device_name, overlap_file, as_json)
+        return
 
     check_choice("precision", precision, PRECISIONS)
     for name, value in (("micro_batch", micro_batch), ("seq_len", seq_len), ("tp", tp), ("repeats", repeats)):
@@ -217,6 +227,31 @@ def profile(
         typer.echo(json.dumps(summary, indent=1))
     else:
         typer.echo(render_profile_summary(summary, time.perf_counter() - started))
+
+
+def _profile_overlap(model: str, micro_batch: int, seq_len: int, world_size: int, warmup: int, repeats: int,
+                     threads: int | None, timeout_s: float, device_name: str | None, path: Path | None,
+                     as_json: bool) -> None:
+    """`trainsim profile --overlap`: gamma of this machine (CPU ranks over gloo) for the model's family."""
+    from trainsim.catalog.overlap import OVERLAP_PATH, model_family, store_overlap_factor
+    from trainsim.profile.overlap import measure_overlap
+
+    _torch()
+    spec = load_model(model)
+    result = measure_overlap(spec, micro_batch=micro_batch, seq_len=seq_len, world_size=world_size,
+                             warmup=warmup, repeats=repeats, threads=threads or 1, timeout_s=timeout_s)
+    entry = {"device": device_name or LOCAL_CPU_DEVICE, "family": model_family(spec),
+             "gamma": round(result.gamma, 4), "plain_backward_s": round(result.plain_backward_s, 6),
+             "overlapped_backward_s": round(result.overlapped_backward_s, 6), "world_size": world_size,
+             "repeats": repeats, "backend": "gloo", "model": spec.name, "micro_batch": micro_batch,
+             "seq_len": seq_len}
+    store_overlap_factor(entry, path or OVERLAP_PATH)
+    if as_json:
+        typer.echo(json.dumps(entry, indent=1))
+    else:
+        typer.echo(f"gamma {entry['gamma']:.4f} for {entry['family']} on {entry['device']}: backward "
+                   f"{result.plain_backward_s:.4f} s plain, {result.overlapped_backward_s:.4f} s overlapped "
+                   f"(median of {repeats}, slowest of {world_size} ranks); stored in {path or OVERLAP_PATH}")
 
 
 def register(app: typer.Typer) -> None:

@@ -24,7 +24,7 @@ from trainsim.cost.memory import model_state_bytes
 
 
 def stage_model_state(ctx: BuildContext, stage: int) -> dict[str, float]:
-    params = sum(a.layer.param_count for a in ctx.plan.layers if a.stage == stage)
+    params = sum(ctx.held_params(a.index, a.layer.param_count) for a in ctx.plan.layers if a.stage == stage)
     states = model_state_bytes(params, ctx.par)
     states["runtime_reserved"] = ctx.job.cluster.device.runtime_reserved_bytes
     return states

@@ -31,6 +31,7 @@ from trainsim.compile.insert_collectives import insert_gradient_sync, insert_par
 from trainsim.compile.lower_layers import Cut, Unit, UnitMemory, emit_unit, step_units
 from trainsim.compile.schedule_pipeline import StepRecord, chunk_layers, insert_transfers, stage_programs
 from trainsim.compile.schedules import Step, splits_backward
+from trainsim.compile.splits import plan_splits
 from trainsim.cost.memory import optimizer_step_bytes
 from trainsim.cost.pricing import Pricer
 from trainsim.errors import ConfigError
@@ -56,6 +57,7 @@ def compile_job(job: Job, plan: LoweredPlan, pricer: Pricer,
         raise ConfigError("plan.num_stages", plan.num_stages, f"must equal pp={job.parallel.pp} of the job")
     graph = ExecGraph(devices=[], tasks=[])
     ctx = BuildContext(job, plan, pricer, task_level, graph)
+    ctx.splits = plan_splits(plan, job.parallel.dp)
     ranks = job.parallel.dp * job.parallel.tp * job.parallel.cp
     for stage in range(plan.num_stages):
         states = stage_model_state(ctx, stage)
@@ -106,7 +108,7 @@ def _emit_stage(ctx: BuildContext, stage: int, program: list[Step],
             if unit.makes_gradient(split):
                 a = unit.assignment
                 grads.pop(a.index, None)  # re-insert: the dict keeps the order in which gradients become final
-                grads[a.index] = (last, a.layer.param_count, unit.label)
+                grads[a.index] = (last, ctx.grad_params(a.index, a.layer.param_count), unit.label)
             k += 1
         records[(stage, step)] = StepRecord(w.step_first, w.prev)
     grad_tids = insert_gradient_sync(ctx, stage, list(grads.values()), w.prev)

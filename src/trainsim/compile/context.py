@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from trainsim.catalog.calibration import Calibration
+from trainsim.compile.reshard import ReshardStep
+from trainsim.compile.splits import LayerSplit
 from trainsim.cost.pricing import Pricer, axis_layout
 from trainsim.hardware.cluster import GroupLayout
 from trainsim.ir.exec_graph import ExecGraph, Phase, Stream, Task, TaskKind
@@ -96,6 +98,8 @@ class BuildContext:
     _layouts: dict[str, GroupLayout] = field(default_factory=dict)
     _resources: dict[tuple[object, ...], tuple[str, ...]] = field(default_factory=dict)
     _micro_batch_overheads: dict[int, float] = field(default_factory=dict)
+    splits: dict[int, LayerSplit] = field(default_factory=dict)  # layer index -> its computation configs
+    split_timings: dict[tuple[object, ...], LayerTiming] = field(default_factory=dict)
 
     @property
     def par(self) -> ParallelSpec:
@@ -133,11 +137,31 @@ class BuildContext:
         return [StagePart(a.layer, 1.0) for a in self.plan.layers if a.stage == stage]
 
     def layout(self, axis: str) -> GroupLayout:
-        """Group layout of an axis; "grad" is the data-parallel gradient group (dp x cp ranks, stride tp)."""
+        """Group layout of an axis; "grad" is the data-parallel gradient group (dp x cp ranks, stride tp);
+        "split" the data-parallel group that computation configs partition (compile.splits)."""
         layout = self._layouts.get(axis)
         if layout is None:
-            layout = self._layouts[axis] = axis_layout(axis, self.job.parallel, self.job.cluster)
+            par = self.job.parallel
+            layout = self._layouts[axis] = (self.job.cluster.group_layout(par.dp, par.tp * par.cp)
+                                            if axis == "split" else axis_layout(axis, par, self.job.cluster))
         return layout
+
+    def reshard_s(self, step: ReshardStep) -> float:
+        """A reshard collective (compile.splits) over `step.ranks` neighbouring data-parallel ranks."""
+        par = self.job.parallel
+        layout = self.job.cluster.group_layout(step.ranks, par.tp * par.cp)
+        return self.pricer.collective_s(step.collective, step.buffer_bytes, layout, self.job)
+
+    def grad_params(self, index: int, params: float) -> float:
+        """Parameters whose gradient a device syncs over the data-parallel group for layer instance `index`
+        (fewer where computation or memory configs split weights: compile.splits)."""
+        split = self.splits.get(index)
+        return params if split is None else split.grad_params
+
+    def held_params(self, index: int, params: float) -> float:
+        """Parameters a device stores for layer instance `index` (compile.splits: split and sharded weights)."""
+        split = self.splits.get(index)
+        return params if split is None else split.held_params
 
     def collective_s(self, collective: str, buffer_bytes: float, axis: str) -> float:
         return self.pricer.collective_s(collective, buffer_bytes, self.layout(axis), self.job)

@@ -17,11 +17,14 @@ iteration, bucket by bucket in forward order, each bucket's layers' first forwar
 from trainsim.compile.context import BuildContext, CommWork, StageWriter
 from trainsim.strategy.lowered import LayerAssignment
 
+_CATEGORY = {"split": "comm"}  # reshard collectives of computation configs (compile.splits): general comm
+
 
 def emit_feature_comm(w: StageWriter, comm: CommWork, *, layer: str, micro_batch: int, category: str = "") -> None:
     ctx = w.ctx
     w.chain(name=f"{comm.name} mb{micro_batch} {layer}", stream="feature", kind="comm", duration_s=comm.seconds,
-            phase="comm", category=category or f"{comm.axis}_comm", layer=layer, micro_batch=micro_batch,
+            phase="comm", category=category or _CATEGORY.get(comm.axis, f"{comm.axis}_comm"), layer=layer,
+            micro_batch=micro_batch,
             resources=ctx.link_resources(ctx.layout(comm.axis), (w.stage,)))
 
 

@@ -18,6 +18,7 @@ from trainsim.compile.apply_recompute import emit_recompute, recompute_work
 from trainsim.compile.context import CommWork, LayerTiming, StageWriter, Work
 from trainsim.compile.insert_collectives import emit_feature_comm, placements
 from trainsim.compile.schedules import Step
+from trainsim.compile.split_timing import timing_for
 from trainsim.ir.exec_graph import Phase
 from trainsim.strategy.lowered import LayerAssignment
 
@@ -68,7 +69,7 @@ class UnitMemory:
 def emit_unit(w: StageWriter, unit: Unit, split: bool, extra: UnitMemory) -> int:
     """Emit one layer-phase; returns the tid of its last compute task."""
     a, mb, label = unit.assignment, unit.micro_batch, unit.label
-    timing = w.ctx.timing(a.layer)
+    timing = timing_for(w.ctx, a)
     saved = a.layer.saved_bytes.get(a.recompute, 0.0)
     rebuilt = a.layer.saved_bytes.get("none", 0.0) if recompute_work(a, timing) else 0.0
     comms: tuple[CommWork, ...] = ()

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from trainsim.compile.context import BuildContext
+from trainsim.compile.in_flight import limit_in_flight
 from trainsim.compile.schedules import Step, StepPhase, schedule_order
 from trainsim.strategy.lowered import LayerAssignment, LoweredPlan
 
@@ -24,7 +25,8 @@ class StepRecord:
 
 
 def stage_programs(plan: LoweredPlan) -> list[list[Step]]:
-    return schedule_order(str(plan.schedule), plan.num_stages, plan.num_chunks, plan.num_micro_batches)
+    orders = schedule_order(str(plan.schedule), plan.num_stages, plan.num_chunks, plan.num_micro_batches)
+    return [limit_in_flight(order, plan.max_in_flight) for order in orders]
 
 
 def chunk_layers(plan: LoweredPlan) -> dict[tuple[int, int], list[LayerAssignment]]:

@@ -10,10 +10,13 @@ exposed time of each communication category (while no compute runs there); "bubb
 makespan, so the values add up to the iteration time.
 """
 
+import dataclasses
 import gc
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from trainsim.catalog.calibration import Calibration, load_calibration
+from trainsim.catalog.overlap import load_overlap_factors, model_family
 from trainsim.compile.build import compile_job
 from trainsim.compile.context import TASK_LEVELS, TaskLevel
 from trainsim.cost.memory import MemoryEstimate
@@ -79,12 +82,21 @@ class SimEstimator:
     name = "sim"
 
     def __init__(self, pricer: Pricer | None = None, *, overlap: bool = True, sharing: bool = True,
-                 task_level: TaskLevel = "layer") -> None:
+                 task_level: TaskLevel = "layer",
+                 overlap_factors: Mapping[tuple[str, str], float] | None = None) -> None:
         if task_level not in TASK_LEVELS:
             raise ConfigError("task_level", task_level, f"choose one of: {', '.join(TASK_LEVELS)}")
         self.pricer = pricer or Pricer(sim_calibration())
         self.options = sim_options(self.pricer.cal, overlap=overlap, sharing=sharing)
         self.task_level: TaskLevel = task_level
+        # gamma measured per device and model family (catalog.overlap, `trainsim profile --overlap`)
+        self.overlap_factors = (overlap_factors if overlap_factors is not None else load_overlap_factors()) \
+            if overlap else {}
+
+    def options_for(self, job: Job) -> SimOptions:
+        """The runtime behaviours of this job: the measured gamma of its device and model family if stored."""
+        gamma = self.overlap_factors.get((job.cluster.device.name, model_family(job.model)))
+        return self.options if gamma is None else dataclasses.replace(self.options, overlap_slowdown=gamma)
 
     def run(self, job: Job, graph: OpGraph, plan: LoweredPlan | None = None) -> SimRun:
         """Compile and simulate; the plan defaults to the strategy's even placement."""
@@ -94,7 +106,7 @@ class SimEstimator:
         gc.disable()  # NB: hundreds of thousands of acyclic task objects; the cyclic collector only slows it down
         try:
             exec_graph = compile_job(job, plan, self.pricer, self.task_level)
-            outcome = simulate(exec_graph, self.options)
+            outcome = simulate(exec_graph, self.options_for(job))
         finally:
             if collecting:
                 gc.enable()

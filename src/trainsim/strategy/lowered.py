@@ -22,6 +22,26 @@ class LayerAssignment:
 
 
 @dataclass(frozen=True, slots=True)
+class OpSplit:
+    """A computation config set on the ops of one module of one layer instance (Proteus Sec. IV-B): parts of
+    the batch, sequence, output-feature and reduction dimensions over the stage's data-parallel ranks
+    (compile.splits). 0: not set (inferred along data dependencies)."""
+
+    layer: int  # expanded layer index
+    module_path: str  # the Op.module_path of the ops it configures
+    batch: int = 0
+    seq: int = 0
+    out: int = 0
+    reduce: int = 0
+    weight_out: int = 0  # the weight's memory config (split item "weight", dims out / reduce): stored in parts,
+    weight_reduce: int = 0  # gathered to the computation config for compute (ZeRO-3 style)
+
+    @property
+    def has_compute(self) -> bool:
+        return any((self.batch, self.seq, self.out, self.reduce))
+
+
+@dataclass(frozen=True, slots=True)
 class LoweredPlan:
     layers: tuple[LayerAssignment, ...]
     num_stages: int
@@ -29,6 +49,7 @@ class LoweredPlan:
     num_micro_batches: int
     schedule: Schedule | str  # a name of strategy.parallel.SCHEDULES
     max_in_flight: int = 0  # 0 = what the schedule implies
+    op_splits: tuple[OpSplit, ...] = ()  # computation configs of a tree's split(..., "compute", ...)
 
 
 def expand_layers(graph: OpGraph) -> list[Layer]:

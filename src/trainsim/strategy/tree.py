@@ -11,8 +11,9 @@ layer chain's data dependencies, a layer with no mesh takes the previous layer's
 mapped one take the first mapped one's). Setting one node twice to different values is a ConfigError.
 
 lower() turns the tree into the LoweredPlan of compile.plan (stage, chunk and recompute per layer, one
-schedule). Splits are carried for the execution-graph compiler, not applied here: an OpGraph's ops are already
-per device, split by the DeviceSlice the graph was built with.
+schedule). The splits the plain strategy implies (from_parallel: tp, sp, cp, ep, dp, ZeRO) are what the
+DeviceSlice the graph was built with applied already; computation configs (item "compute": batch, seq, out,
+reduce) go into the plan as OpSplits, which compile.splits applies with the resharding they need.
 """
 
 import fnmatch
@@ -27,11 +28,13 @@ from pydantic import Field
 from trainsim.errors import ConfigError
 from trainsim.ir.graph import Layer, Op, OpGraph
 from trainsim.specbase import Spec
-from trainsim.strategy.lowered import LayerAssignment, LoweredPlan, default_plan, expand_layers
+from trainsim.strategy.lowered import LayerAssignment, LoweredPlan, OpSplit, default_plan, expand_layers
 from trainsim.strategy.parallel import RECOMPUTES, ParallelSpec, Recompute, Schedule
 
-SplitItem = Literal["weight", "activation", "gradient", "optimizer"]
-SplitDim = Literal["batch", "seq", "hidden", "heads", "ffn", "vocab", "experts", "flat"]
+SplitItem = Literal["weight", "activation", "gradient", "optimizer", "compute"]
+SplitDim = Literal["batch", "seq", "hidden", "heads", "ffn", "vocab", "experts", "flat", "out", "reduce"]
+# the computation config of an op (Proteus Sec. II-A: b, s, o, h): item "compute" with these dims
+COMPUTE_DIMS = ("batch", "seq", "out", "reduce")
 NodeKind = Literal["model", "group", "layer", "module"]
 How = Literal["set", "inherited", "data-dep", "default"]
 Value = int | str
@@ -255,9 +258,10 @@ class StrategyTree:
 
     def lower(self, par: ParallelSpec) -> LoweredPlan:
         """The LoweredPlan the compiler consumes. What the tree leaves unspecified comes from par (schedule
-        kind, micro-batches, recompute); stage and chunk default to 0. Splits are not part of the plan (see the
-        module doc). Raises ConfigError where the plan cannot hold the tree: two schedules, recompute that differs
-        inside a layer, a mesh shape other than the job's, stages past pp or against model order."""
+        kind, micro-batches, recompute); stage and chunk default to 0. Computation splits become the plan's
+        op_splits (see the module doc). Raises ConfigError where the plan cannot hold the tree: two schedules,
+        recompute that differs inside a layer, a mesh shape other than the job's, stages past pp or against model
+        order."""
         self._check_mesh_shape(par)
         self._check_recompute_inside_layers()
         kind, micro_batches, max_in_flight = self._one_schedule(par)
@@ -283,7 +287,30 @@ class StrategyTree:
             last = (position, path)
             recompute = cast(Recompute, row["recompute"].value) if "recompute" in row else par.recompute
             assignments.append(LayerAssignment(index, layer, stage, chunk, recompute))
-        return LoweredPlan(tuple(assignments), par.pp, par.vpp, micro_batches, kind, max_in_flight)
+        return LoweredPlan(tuple(assignments), par.pp, par.vpp, micro_batches, kind, max_in_flight,
+                           self._op_splits())
+
+    def _op_splits(self) -> tuple[OpSplit, ...]:
+        """The computation configs (split item "compute") and weight memory configs (item "weight", dims out and
+        reduce) of every module node that holds ops."""
+        out: list[OpSplit] = []
+        for path, node in self.nodes.items():
+            if not node.fwd or node.layer_index < 0:
+                continue
+            row = self._resolved[path]
+            parts = {dim: int(row[f"split.compute.{dim}"].value) for dim in COMPUTE_DIMS
+                     if f"split.compute.{dim}" in row}
+            bad = [(dim, f"split.compute.{dim}") for dim in ("hidden", "heads", "ffn", "vocab", "experts", "flat")
+                   if f"split.compute.{dim}" in row]
+            if bad:
+                raise ConfigError(f"{path}.{bad[0][1]}", row[bad[0][1]].value,
+                                  "a computation config splits " + ", ".join(COMPUTE_DIMS))
+            memory = {f"weight_{dim}": int(row[f"split.weight.{dim}"].value) for dim in ("out", "reduce")
+                      if f"split.weight.{dim}" in row}
+            if parts or memory:
+                for module_path in dict.fromkeys(op.module_path for op in node.fwd):
+                    out.append(OpSplit(node.layer_index, module_path, **parts, **memory))
+        return tuple(out)
 
     # --- printing ---
 

@@ -38,7 +38,7 @@ def test_predicted_from_kernel_models_and_overheads() -> None:
 
 def test_replay_reproduces_the_traced_iteration() -> None:
     # Both ranks traced the same spans; collectives take their traced time, so replay ends where the trace ends.
-    durations = dict.fromkeys(ORDER, 0.25)
+    durations: dict[str, float] = dict.fromkeys(ORDER, 0.25)
     spans = _spans(durations)
     assert simulate_trace([spans, spans], _iteration(), {}, replay=True) == pytest.approx(spans[-1][2])
 

@@ -133,8 +133,9 @@ def test_node_lookup_is_exact(tree: StrategyTree) -> None:
 
 
 @pytest.mark.parametrize(("args", "field", "allowed"), [
-    (("bias", "heads", 2), "split.item", "'weight', 'activation', 'gradient' or 'optimizer'"),
-    (("weight", "rows", 2), "split.dim", "'batch', 'seq', 'hidden', 'heads', 'ffn', 'vocab', 'experts' or 'flat'"),
+    (("bias", "heads", 2), "split.item", "'weight', 'activation', 'gradient', 'optimizer' or 'compute'"),
+    (("weight", "rows", 2), "split.dim",
+     "'batch', 'seq', 'hidden', 'heads', 'ffn', 'vocab', 'experts', 'flat', 'out' or 'reduce'"),
     (("weight", "heads", 0), "split.parts", "greater than 0"),
     (("weight", "heads", "2"), "split.parts", "valid integer"),
 ])

@@ -1,0 +1,294 @@
+"""Pass: apply a strategy tree's computation configs (split item "compute") and insert the resharding they need.
+
+Proteus (Sec. II-A, IV-B, V-A, VII): an op's computation config partitions its batch (b), sequence (s), output
+(o) and reduction (h) dimensions; the tensors it reads and writes take the placement that config implies, and
+where a producer's placement differs from what its consumer needs, the compiler inserts the collectives of the
+strategy transformation (compile.reshard). An op without a config infers it from its input's placement
+(propagation along data dependencies, Sec. VII): it keeps the input's batch, sequence and feature splits, a
+matmul or convolution reading a feature-split input splits its reduction dimension, and a partial sum is added
+up (all-reduce) before any op that is not a matmul reads it; layer norms and the loss read whole features
+(BatchNorm normalises each channel, so a channel split passes through it).
+
+The configs partition the stage's data-parallel ranks (the group: dp devices that the plain strategy splits
+by batch, which is every tensor's placement where no config applies). Each op's per-device work is the
+graph's per-device op scaled by dp / (b s o h): what one of the group's devices computes; op times come from
+the pricer (task_level "op") or scale the layer's price by the ratio of op times (task_level "layer"), so
+unsplit layers keep their calibrated prices. NB: ops are taken as a chain in forward order (the tensor an op
+reads is the one its predecessor wrote), which holds for the transformer, VGG and ResNet main paths and is an
+approximation for Inception's parallel branches.
+
+Backward: the gradient of an op's input is placed as the op read the input, partial over the devices that
+split its output dimension; the gradient its producer reads is placed as the producer's output, whole. Their
+reshard follows the op's input-gradient op (Megatron-LM's conjugate pairs fall out: an all-gather before a
+column split pairs with a reduce-scatter after its backward, an all-reduce of partial sums with none).
+
+A split op's weight is held and synced in 1/(o h) parts (a lookup's table in 1/o): grad_params, which
+the model states (apply_zero.stage_model_state) and the data-parallel gradient sync count. NB: the weight's
+memory config is its computation config unless a weight split (item "weight", dims out / reduce) stores it
+finer: then it is gathered for compute and its gradient reduce-scattered back (_weight_memory), the Proteus
+memory config; ZeRO's flat split stays apply_zero's.
+"""
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from trainsim.compile.reshard import Placement, ReshardStep, reshard
+from trainsim.errors import ConfigError
+from trainsim.hardware.device import BYTES_PER_DTYPE
+from trainsim.ir.graph import Layer, Op
+from trainsim.strategy.lowered import LayerAssignment, LoweredPlan, OpSplit
+
+CONTRACTING = ("matmul", "conv")  # ops with a reduction dimension a config may split
+WHOLE_FEATURE = ("norm", "loss")  # ops that read whole features
+
+
+@dataclass(frozen=True, slots=True)
+class OpConfig:
+    batch: int
+    seq: int
+    out: int
+    reduce: int
+
+    @property
+    def parts(self) -> int:
+        return self.batch * self.seq * self.out * self.reduce
+
+
+@dataclass(frozen=True, slots=True)
+class SplitComm:
+    """A reshard collective, run after the op named `after` (a forward or backward op of the layer)."""
+
+    after: str
+    phase: str  # fwd | bwd
+    step: ReshardStep
+    tensor: str  # what moves, for the task name
+
+
+@dataclass(slots=True)
+class LayerSplit:
+    """What the configs make of one layer instance."""
+
+    configs: dict[str, OpConfig] = field(default_factory=dict)  # forward op name -> its config
+    modules: dict[str, OpConfig] = field(default_factory=dict)  # module path -> its first forward op's config
+    comms: list[SplitComm] = field(default_factory=list)
+    grad_params: float = 0.0  # parameters whose gradient one device syncs (the layer's, less split weights)
+    held_params: float = 0.0  # parameters one device stores
+
+    def key(self) -> tuple[object, ...]:
+        return (tuple(self.configs.items()), tuple(self.comms), self.grad_params)
+
+
+def plan_splits(plan: LoweredPlan, group: int) -> dict[int, LayerSplit]:
+    """Per expanded layer index, the configs, collectives and gradient volume of the plan's op splits over a
+    group of `group` data-parallel ranks ({} when the plan has none: the compiler's plain path)."""
+    if not plan.op_splits:
+        return {}
+    given = _given(plan.op_splits)
+    out: dict[int, LayerSplit] = {}
+    placement = Placement(group, batch=group)
+    in_bytes = 0.0
+    previous: tuple[LayerSplit, str] | None = None  # the instance and op before the next op
+    for a in plan.layers:
+        split = out[a.index] = LayerSplit(grad_params=a.layer.param_count, held_params=a.layer.param_count)
+        for op in a.layer.fwd:
+            op_split = given.get((a.index, op.module_path))
+            compute = op_split if op_split is not None and op_split.has_compute else None
+            config, need, produced = _op_config(op, placement, compute, group, a)
+            full_in = (in_bytes or _input_bytes(op)) * group
+            for step in reshard(placement, need, full_in):
+                if previous is not None:
+                    previous[0].comms.append(SplitComm(previous[1], "fwd", step, f"into {op.name}"))
+            for step in reshard(_input_grad(need, config, op), _output_grad(placement), full_in):
+                split.comms.append(SplitComm(_last_bwd(a.layer, op), "bwd", step, f"grad of {op.name} input"))
+            split.configs[op.name] = config
+            if op.kind in CONTRACTING and config.out * config.reduce > 1:
+                shed = _weight_params(op) * (1.0 - 1.0 / (config.out * config.reduce))
+                split.grad_params -= shed
+                split.held_params -= shed
+            if op_split is not None and (op_split.weight_out or op_split.weight_reduce):
+                _weight_memory(op, config, op_split, group, a, split, previous)
+            split.modules.setdefault(op.module_path, config)
+            placement, in_bytes = produced, _output_bytes(op)
+            previous = (split, op.name)
+        split.grad_params -= _table_share(a.layer, split)
+        split.held_params -= _table_share(a.layer, split)
+        in_bytes = a.layer.output_bytes or in_bytes  # what the layer hands on (all of DLRM's lookups, say)
+    return out
+
+
+def _given(op_splits: tuple[OpSplit, ...]) -> Mapping[tuple[int, str], OpSplit]:
+    return {(s.layer, s.module_path): s for s in op_splits}
+
+
+def _op_config(op: Op, placement: Placement, given: OpSplit | None, group: int,
+               a: LayerAssignment) -> tuple[OpConfig, Placement, Placement]:
+    """(the op's config, the input placement it needs, the output placement it makes)."""
+    contracting = op.kind in CONTRACTING
+    if given is None:
+        feature = 1 if op.kind in WHOLE_FEATURE and not _per_channel(op) else placement.feature
+        need = Placement(group, placement.batch, placement.seq, feature)
+        if contracting:
+            config = OpConfig(need.batch, need.seq, 1, need.feature)
+            return config, need, Placement(group, need.batch, need.seq, 1, need.feature)
+        return OpConfig(need.batch, need.seq, need.feature, 1), need, need
+    where = f"split.compute at layer {a.index} ({a.layer.name}) {op.module_path}"
+    if given.reduce > 1 and not contracting:
+        raise ConfigError(f"{where}.reduce", given.reduce, f"a {op.kind} op has no reduction dimension; "
+                          f"split reduce on a matmul or conv")
+    seq, out, red = given.seq or 1, given.out or 1, given.reduce or 1
+    rest = seq * out * red
+    if group % rest != 0:
+        raise ConfigError(where, f"seq={seq} out={out} reduce={red}",
+                          f"the parts must divide the data-parallel group of {group} ranks")
+    batch = given.batch or group // rest
+    config = OpConfig(batch, seq, out, red)
+    if group % config.parts != 0:
+        raise ConfigError(where, f"batch={batch} seq={seq} out={out} reduce={red}",
+                          f"the parts must divide the data-parallel group of {group} ranks")
+    if contracting:
+        return config, Placement(group, batch, seq, red), Placement(group, batch, seq, out, red)
+    need = Placement(group, batch, seq, out)
+    return config, need, need
+
+
+def _weight_memory(op: Op, config: OpConfig, given: OpSplit, group: int, a: LayerAssignment, split: LayerSplit,
+                   previous: tuple[LayerSplit, str] | None) -> None:
+    """A weight stored finer than its computation config (Proteus Sec. II-A, memory config; ZeRO-3): gathered
+    to the computation placement before the forward and again before the input gradient, its gradient reduced
+    to the stored placement after the weight gradient (per micro-batch, as FSDP without no_sync), so it leaves
+    the data-parallel sync. Weight dims: reduce as seq, out as feature of a Placement."""
+    where = f"split.weight at layer {a.index} ({a.layer.name}) {op.module_path}"
+    if op.kind not in CONTRACTING:
+        raise ConfigError(where, op.kind, "a weight memory config needs a matmul or conv (an op with a weight)")
+    mem_out, mem_red = given.weight_out or config.out, given.weight_reduce or config.reduce
+    if mem_out % config.out or mem_red % config.reduce or group % (mem_out * mem_red):
+        raise ConfigError(where, f"out={mem_out} reduce={mem_red}", f"must refine the computation config (out="
+                          f"{config.out} reduce={config.reduce}) and divide the group of {group} ranks")
+    compute = Placement(group, seq=config.reduce, feature=config.out)
+    memory = Placement(group, seq=mem_red, feature=mem_out)
+    full = _weight_params(op) * _elem(op)
+    before_fwd = previous if previous is not None else (split, op.name)
+    for step in reshard(memory, compute, full):
+        before_fwd[0].comms.append(SplitComm(before_fwd[1], "fwd", step, f"weight of {op.name}"))
+        split.comms.append(SplitComm(_before_bwd(a.layer, op), "bwd", step, f"weight of {op.name}"))
+    grad = Placement(group, seq=config.reduce, feature=config.out, partial=compute.replicas)
+    wgrad = f"{op.name}.wgrad" if any(b.name == f"{op.name}.wgrad" for b in a.layer.bwd) else _last_bwd(a.layer, op)
+    for step in reshard(grad, memory, full):
+        split.comms.append(SplitComm(wgrad, "bwd", step, f"weight grad of {op.name}"))
+    per_device = _weight_params(op) / (config.out * config.reduce)
+    split.grad_params -= per_device
+    split.held_params -= per_device - _weight_params(op) / (mem_out * mem_red)
+
+
+def _before_bwd(layer: Layer, op: Op) -> str:
+    """The backward op after which op's input-gradient op runs (the gather of its weight goes there)."""
+    names = [b.name for b in layer.bwd]
+    target = f"{op.name}.dgrad" if f"{op.name}.dgrad" in names else _last_bwd(layer, op)
+    index = names.index(target) if target in names else 0
+    return names[index - 1] if index > 0 else target
+
+
+def _table_share(layer: Layer, split: LayerSplit) -> float:
+    """Embedding-table parameters a device no longer holds: the layer's tables taken as equal shares of its
+    parameters, each lookup's split by its out parts. NB: exact when every table of the layer is split alike
+    (the op graph does not keep per-table sizes)."""
+    lookups = [op for op in layer.fwd if op.kind == "embedding"]
+    if not lookups:
+        return 0.0
+    share = layer.param_count / len(lookups)
+    return sum(share * (1.0 - 1.0 / split.configs[op.name].out) for op in lookups if op.name in split.configs)
+
+
+def _input_grad(need: Placement, config: OpConfig, op: Op) -> Placement:
+    """The gradient of an op's input as its backward makes it: placed as the input was read, partial over the
+    devices that split the op's output dimension (each holds one slice of dY W)."""
+    partial = config.out if op.kind in CONTRACTING else 1
+    return Placement(need.group, need.batch, need.seq, need.feature, partial)
+
+
+def _output_grad(produced: Placement) -> Placement:
+    """The gradient of an op's output as its backward reads it: placed as the output, whole sums (a producer of
+    partial sums reads the gradient replicated over them)."""
+    return Placement(produced.group, produced.batch, produced.seq, produced.feature)
+
+
+def _per_channel(op: Op) -> bool:
+    """BatchNorm (torchvision's bn* modules) normalises each channel alone, so a channel split passes through;
+    layer and RMS norms read whole features."""
+    return op.module_path.rsplit(".", 1)[-1].startswith("bn")
+
+
+def _scale(config: OpConfig, group: int) -> float:
+    """One device's share of the op under the config, over its share in the plain data-parallel graph."""
+    return group / config.parts
+
+
+def _last_bwd(layer: Layer, op: Op) -> str:
+    """The backward op after which the gradient of op's input is complete: op's input-gradient op, else the
+    last backward op of op's module, else the layer's last backward op."""
+    names = [b.name for b in layer.bwd]
+    if f"{op.name}.dgrad" in names:
+        return f"{op.name}.dgrad"
+    same = [b.name for b in layer.bwd if b.module_path == op.module_path]
+    return same[-1] if same else (names[-1] if names else "")
+
+
+def _elem(op: Op) -> int:
+    return BYTES_PER_DTYPE[op.dtype]
+
+
+def _output_bytes(op: Op) -> float:
+    """Bytes of the tensor an op writes on one device of the plain graph."""
+    s = op.shape
+    if op.kind == "matmul" and len(s) == 4:
+        return float(s[0] * s[1] * s[2]) * _elem(op)
+    if op.kind == "attention" and len(s) == 4:
+        return float(s[0] * s[1] * s[3]) * _elem(op)
+    total = 1.0
+    for d in s:
+        total *= d
+    return total * _elem(op)
+
+
+def _input_bytes(op: Op) -> float:
+    s = op.shape
+    if op.kind == "matmul" and len(s) == 4:
+        return float(s[0] * s[1] * s[3]) * _elem(op)
+    return _output_bytes(op)
+
+
+def _weight_params(op: Op) -> float:
+    """A matmul's n x k weight; a convolution's Cout x Cin x kh x kw = FLOPs / (2 x output elements)."""
+    s = op.shape
+    if op.kind == "matmul" and len(s) == 4:
+        return float(s[2] * s[3])
+    outputs = _output_bytes(op) / _elem(op)
+    return op.flops / (2.0 * outputs) if outputs > 0 else 0.0
+
+
+def scaled_op(op: Op, config: OpConfig, group: int) -> Op:
+    """The op one device runs under config (forward or backward: dgrad/wgrad shapes permute the forward's)."""
+    factor = _scale(config, group)
+    if factor == 1.0 and config.parts == group:
+        return op
+    batch_scale = group / config.batch
+    shape = list(op.shape)
+    if op.kind == "matmul" and len(shape) == 4:
+        dims = {"m": config.seq, "n": config.out, "k": config.reduce}
+        order = ("m", "k", "n") if op.name.endswith(".dgrad") else ("k", "n", "m") if op.name.endswith(".wgrad") \
+            else ("m", "n", "k")
+        shape = [max(1, round(shape[0] * batch_scale))] + [max(1, shape[i + 1] // dims[d])
+                                                           for i, d in enumerate(order)]
+    elif shape:
+        shape[0] = max(1, round(shape[0] * batch_scale))
+    return dataclasses.replace(op, flops=op.flops * factor, bytes_moved=op.bytes_moved * factor, shape=tuple(shape))
+
+
+def config_of(split: LayerSplit, op: Op) -> OpConfig | None:
+    """The config of a forward op, or of the backward op of a forward op (name.dgrad, name.wgrad, or the
+    module's)."""
+    config = split.configs.get(op.name)
+    if config is None and "." in op.name:
+        config = split.configs.get(op.name.rsplit(".", 1)[0])
+    return config if config is not None else split.modules.get(op.module_path)

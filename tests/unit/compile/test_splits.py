@@ -1,0 +1,153 @@
+"""Computation configs applied by the compiler (compile.splits): scaled op costs and the inserted resharding."""
+
+import pytest
+
+from conftest import a100_cluster
+from trainsim.catalog.calibration import Calibration
+from trainsim.catalog.model_files import parse_model
+from trainsim.compile.build import compile_job
+from trainsim.cost.pricing import Pricer
+from trainsim.errors import ConfigError
+from trainsim.ir.exec_graph import ExecGraph, Task
+from trainsim.job import Job, make_job
+from trainsim.pipeline import graph_for
+from trainsim.strategy.lowered import default_plan
+from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.tree import StrategyTree
+
+ONE_BLOCK = parse_model({"name": "one-block-gpt", "num_layers": 1, "hidden": 1024, "ffn_hidden": 4096,
+                         "num_heads": 16, "vocab": 32000, "max_seq_len": 1024})
+BF16 = 2  # bytes per element (the job's default precision)
+
+
+def _job(dp: int = 2) -> Job:
+    par = ParallelSpec.parse({"micro_batch": 1, "seq_len": 1024, "dp": dp})
+    return make_job(ONE_BLOCK, a100_cluster(dp), par)
+
+
+def _compile(job: Job, tree: StrategyTree, level: str = "op") -> tuple[ExecGraph, Pricer]:
+    pricer = Pricer(Calibration())
+    return compile_job(job, tree.lower(job.parallel), pricer, level), pricer  # type: ignore[arg-type]
+
+
+def _feature(graph: ExecGraph) -> list[Task]:
+    return [t for t in graph.tasks if t.category == "comm" and t.stream == "feature"]
+
+
+def test_reduction_split_of_one_matmul_on_two_devices_inserts_an_all_reduce_priced_by_the_pricer() -> None:
+    """fc2 (1024 tokens x 4096 -> 1024) split on its reduction dimension over the 2 data-parallel devices: each
+    needs half the features of all 2 x 1024 tokens (an all-to-all of the 8 MiB gelu output it holds), writes a
+    partial sum of the 2 x 1024 x 1024 output, and the residual add reads whole sums: an all-reduce of 4 MiB over
+    2 ranks. Backward: the output gradient is read replicated (nothing to do) and fc2's input gradient is
+    feature-split, the all-to-all back."""
+    job = _job()
+    tree = StrategyTree.from_parallel(graph_for(job), job.parallel).split("blocks.0.mlp.fc2", "compute", "reduce", 2)
+    graph, pricer = _compile(job, tree)
+    layout = job.cluster.group_layout(2, 1)
+    gelu_bytes, out_bytes = 1024 * 4096 * BF16, 2 * 1024 * 1024 * BF16
+    fwd = [(t.name.split(" mb")[0], t.duration_s) for t in _feature(graph) if "grad" not in t.name]
+    assert fwd == [
+        ("all-to-all x2 into fc2", pricer.collective_s("all-to-all", gelu_bytes, layout, job)),
+        ("all-reduce x2 into residual2", pricer.collective_s("all-reduce", out_bytes, layout, job))]
+    bwd = [t.name.split(" mb")[0] for t in _feature(graph) if "grad" in t.name]
+    assert bwd == ["all-to-all x2 grad of fc2 input"]
+    # the all-reduce follows fc2's compute and precedes residual2's in the chain
+    by_tid = {t.tid: t for t in graph.tasks}
+    reduce_task = next(t for t in _feature(graph) if t.name.startswith("all-reduce"))
+    assert by_tid[reduce_task.deps[0]].name.endswith("fc2")
+    assert any(reduce_task.tid in t.deps and t.name.endswith("residual2") for t in graph.tasks)
+
+
+def test_reduction_split_halves_fc2_and_the_weight_gradient_synced() -> None:
+    job = _job()
+    plain_tree = StrategyTree.from_parallel(graph_for(job), job.parallel)
+    split_tree = plain_tree.split("blocks.0.mlp.fc2", "compute", "reduce", 2)
+    (plain, pricer), (split, _) = _compile(job, plain_tree), _compile(job, split_tree)
+    fc2 = next(op for layer in graph_for(job).layers for op in layer.fwd if op.name == "fc2")
+    time = {g: next(t.duration_s for t in graph.tasks if t.name.endswith("L1.block fc2"))
+            for g, graph in (("plain", plain), ("split", split))}
+    # each device multiplies all 2048 tokens by half the weight: the same FLOPs, reshaped
+    assert time["split"] == pytest.approx(pricer.op_time_s(fc2, job), rel=0.25)
+    dp_plain = sum(t.duration_s for t in plain.tasks if t.category == "dp_comm")
+    dp_split = sum(t.duration_s for t in split.tasks if t.category == "dp_comm")
+    assert dp_split < dp_plain  # half of fc2's 4M-parameter gradient is no longer synced
+
+
+def test_megatron_mlp_as_splits_all_gathers_before_and_all_reduces_after() -> None:
+    """Column split of fc1 and row split of fc2 (Megatron-LM's MLP) carved from the data-parallel pair: gather
+    the batch for fc1, add fc2's partial sums for the residual (fwd); reduce-scatter fc1's input gradient (bwd)."""
+    job = _job()
+    tree = (StrategyTree.from_parallel(graph_for(job), job.parallel)
+            .split("blocks.0.mlp.fc1", "compute", "out", 2).split("blocks.0.mlp.fc2", "compute", "reduce", 2))
+    graph, _ = _compile(job, tree)
+    assert [t.name.split(" mb")[0] for t in _feature(graph)] == [
+        "all-gather x2 into fc1", "all-reduce x2 into residual2", "reduce-scatter x2 grad of fc1 input"]
+
+
+def test_no_compute_split_compiles_to_the_plain_graph() -> None:
+    job = _job()
+    pricer = Pricer(Calibration())
+    plain = compile_job(job, default_plan(graph_for(job), job.parallel), pricer)
+    tree = compile_job(job, StrategyTree.from_parallel(graph_for(job), job.parallel).lower(job.parallel), pricer)
+    assert [(t.name, t.duration_s, t.deps) for t in plain.tasks] == [(t.name, t.duration_s, t.deps)
+                                                                     for t in tree.tasks]
+
+
+def test_layer_level_prices_the_same_collectives_merged() -> None:
+    job = _job()
+    tree = StrategyTree.from_parallel(graph_for(job), job.parallel).split("blocks.0.mlp.fc2", "compute", "reduce", 2)
+    op_graph, _ = _compile(job, tree, "op")
+    layer_graph, _ = _compile(job, tree, "layer")
+    assert sum(t.duration_s for t in _feature(layer_graph)) == pytest.approx(
+        sum(t.duration_s for t in _feature(op_graph)))
+
+
+@pytest.mark.parametrize(("path", "dim", "parts", "field"), [
+    ("blocks.0.mlp.act", "reduce", 2, "reduce"),
+    ("blocks.0.mlp.fc2", "out", 3, "split.compute"),
+    ("blocks.0.mlp.fc2", "hidden", 2, "split.compute.hidden"),
+])
+def test_bad_computation_configs_are_refused(path: str, dim: str, parts: int, field: str) -> None:
+    job = _job()
+    tree = StrategyTree.from_parallel(graph_for(job), job.parallel).split(path, "compute", dim, parts)
+    with pytest.raises(ConfigError) as exc:
+        _compile(job, tree)
+    assert field in exc.value.field
+
+
+def test_a_weight_stored_finer_than_computed_is_gathered_and_its_gradient_reduce_scattered() -> None:
+    """fc1's 4096 x 1024 bf16 weight (8 MiB) stored split 2 ways along its outputs, computed whole (data
+    parallel): an all-gather of 8 MiB before the forward and before the input gradient, a reduce-scatter of the
+    gradient after the weight gradient; fc1 leaves the data-parallel sync and half its weight the model states."""
+    job = _job()
+    plain_tree = StrategyTree.from_parallel(graph_for(job), job.parallel)
+    tree = plain_tree.split("blocks.0.mlp.fc1", "weight", "out", 2)
+    graph, pricer = _compile(job, tree)
+    plain, _ = _compile(job, plain_tree)
+    layout = job.cluster.group_layout(2, 1)
+    weight_bytes = 4096 * 1024 * BF16
+    comms = [(t.name.split(" mb")[0], t.duration_s) for t in _feature(graph)]
+    gather_s = pricer.collective_s("all-gather", weight_bytes, layout, job)
+    assert comms == [("all-gather x2 weight of fc1", gather_s), ("all-gather x2 weight of fc1", gather_s),
+                     ("reduce-scatter x2 weight grad of fc1",
+                      pricer.collective_s("reduce-scatter", weight_bytes, layout, job))]
+    by_tid = {t.tid: t for t in graph.tasks}
+    gathers = [t for t in _feature(graph) if t.name.startswith("all-gather")]
+    assert by_tid[gathers[0].deps[0]].name.endswith("norm2")  # before fc1's forward
+    assert by_tid[gathers[1].deps[0]].name.endswith("gelu.bwd")  # before fc1's input gradient
+    wgrad = next(t for t in graph.tasks if t.name.endswith("fc1.wgrad"))
+    scatter = next(t for t in _feature(graph) if t.name.startswith("reduce-scatter"))
+    assert scatter.deps[0] == wgrad.tid
+    assert sum(graph.devices[0].static_breakdown.values()) < sum(plain.devices[0].static_breakdown.values())
+    dp_plain = sum(t.duration_s for t in plain.tasks if t.category == "dp_comm")
+    dp_split = sum(t.duration_s for t in graph.tasks if t.category == "dp_comm")
+    assert dp_split < dp_plain
+
+
+def test_a_weight_memory_config_coarser_than_the_computation_is_refused() -> None:
+    job = _job()
+    tree = (StrategyTree.from_parallel(graph_for(job), job.parallel)
+            .split("blocks.0.mlp.fc1", "compute", "out", 2).split("blocks.0.mlp.fc1", "weight", "out", 1))
+    with pytest.raises(ConfigError) as exc:
+        _compile(job, tree)
+    assert "split.weight" in exc.value.field

@@ -1,0 +1,73 @@
+"""Link sharing between communication groups (sim.links + the engine's bandwidth sharing): exact cases."""
+
+import pytest
+
+from conftest import a100_cluster
+from trainsim.catalog import load_cluster
+from trainsim.errors import ConfigError
+from trainsim.hardware.cluster import ClusterSpec
+from trainsim.ir.exec_graph import ExecGraph, SimDevice
+from trainsim.sim.engine import simulate
+from trainsim.sim.links import link_capacity, physical_links, shared_groups
+from trainsim.sim.outcome import SimOptions
+
+
+def _one_nic_nodes(num_gpus: int) -> ClusterSpec:
+    """DGX A100 nodes with a single NIC each."""
+    return a100_cluster(num_gpus).model_copy(update={"nics_per_node": 1})
+
+
+def _graph(groups: list[list[int]], cluster: ClusterSpec, seconds: float = 1.0) -> ExecGraph:
+    """One simulated device per group, running one collective of `seconds` alone."""
+    graph = ExecGraph(devices=[SimDevice(index=i, stage=i, ranks=len(g), capacity_bytes=1e12, static_bytes=0.0,
+                                         static_breakdown={}) for i, g in enumerate(groups)], tasks=[])
+    for i, group in enumerate(groups):
+        names = physical_links(group, cluster)
+        graph.add(name=f"all-reduce {group}", device=i, stream="gradient", kind="comm", duration_s=seconds,
+                  resources=names, phase="comm", stage=i, category="dp_comm")
+        for name in names:
+            graph.resource_capacity[name] = link_capacity(name, cluster)
+    return graph
+
+
+def test_two_groups_crossing_one_nic_each_take_twice_as_long() -> None:
+    """{0, 8} and {1, 9} both cross node 0's and node 1's single NIC: with sharing each gets half of it."""
+    cluster = _one_nic_nodes(16)
+    graph = _graph([[0, 8], [1, 9]], cluster)
+    shared = simulate(graph, SimOptions(bandwidth_sharing=True))
+    alone = simulate(graph, SimOptions())
+    assert shared.end_s == pytest.approx([2.0, 2.0])
+    assert alone.end_s == pytest.approx([1.0, 1.0])
+    assert shared_groups([[0, 8], [1, 9]], cluster) == [2.0, 2.0]
+
+
+def test_a_group_inside_a_node_does_not_touch_the_nic() -> None:
+    cluster = _one_nic_nodes(16)
+    graph = _graph([[0, 8], [2, 3]], cluster)
+    out = simulate(graph, SimOptions(bandwidth_sharing=True))
+    assert out.end_s == pytest.approx([1.0, 1.0])
+    assert physical_links([2, 3], cluster) == ()  # NVSwitch: every GPU has its own ports
+    assert shared_groups([[0, 8], [2, 3]], cluster) == [1.0, 1.0]
+
+
+def test_two_nics_per_node_carry_two_groups_at_full_speed_and_a_third_slows_all() -> None:
+    cluster = a100_cluster(16).model_copy(update={"nics_per_node": 2})
+    assert shared_groups([[0, 8], [1, 9]], cluster) == [1.0, 1.0]
+    assert shared_groups([[0, 8], [1, 9], [2, 10]], cluster) == [1.5, 1.5, 1.5]
+    out = simulate(_graph([[0, 8], [1, 9], [2, 10]], cluster), SimOptions(bandwidth_sharing=True))
+    assert out.end_s == pytest.approx([1.5, 1.5, 1.5])
+
+
+def test_a_pcie_node_shares_its_switch_among_groups_inside_it() -> None:
+    """Titan Xp behind PCIe (Proteus HC1): the 4 gradient groups {0,4} .. {3,7} of one node share its bus."""
+    cluster = load_cluster("local-cpu").model_copy(update={
+        "gpus_per_node": 8, "intra_node": load_cluster("dgx1-v100").intra_node.model_copy(update={"kind": "pcie"})})
+    groups = [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert [physical_links(g, cluster) for g in groups] == [("node0.fabric",)] * 4
+    assert shared_groups(groups, cluster) == [4.0] * 4
+
+
+def test_ranks_outside_the_cluster_are_refused() -> None:
+    with pytest.raises(ConfigError) as exc:
+        physical_links([0, 16], _one_nic_nodes(16))
+    assert exc.value.field == "group"

@@ -4,7 +4,8 @@ through the command line, in a sandbox folder where the README's example inputs 
 The sandbox stands in for a user's folder: `job.yaml`, `path/to/config.json` (a two-layer GPT-2 config),
 `my_model.py:build` (an nn.Module factory), `traces/` (the 2-rank DDP trace of tests/fixtures),
 `data/ground-truth/h200` with the first RUNS of the repository's measured runs (without their profile database)
-and `../shared/data/calibration/runs.csv` with the first ROWS runs of the real file, so the commands over
+and `../shared/data/calibration/runs.csv`, the package's `measurements/runs.csv` and `my_runs.csv` with the first
+ROWS runs of the real file, so the commands over
 thousands of runs finish in seconds. The set-up commands (pip install, pytest) are not run
 here - `.ci/run` runs them - but the extras they name must exist.
 """
@@ -68,6 +69,13 @@ def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     measured.mkdir(parents=True)
     for run in sorted((REPO_DIR / "data" / "ground-truth" / "h200").glob("*.json"))[:RUNS]:
         shutil.copy(run, measured)
+    shipped = REPO_DIR / "src" / "trainsim" / "catalog" / "data" / "measurements"
+    rows = shipped.joinpath("runs.csv").read_text().splitlines(keepends=True)[:ROWS + 1]
+    (work / "src" / "trainsim" / "catalog" / "data" / "measurements").mkdir(parents=True)
+    (work / "src" / "trainsim" / "catalog" / "data" / "measurements" / "runs.csv").write_text("".join(rows))
+    (work / "my_runs.csv").write_text("".join(rows))  # a user's own measured runs (the calibrate example)
+    shutil.copy(REPO_DIR / "src" / "trainsim" / "catalog" / "data" / "calibration" / "fitted.yaml",
+                work / "my_cluster.yaml")  # what that example writes (each command runs in a fresh sandbox)
     runs = SHARED / "data" / "calibration" / "runs.csv"
     if runs.is_file():
         (tmp_path / "shared" / "data" / "calibration").mkdir(parents=True)

@@ -72,7 +72,7 @@ def compare(a: PlanArg, b: PlanArg, *, engine: str = "analytical", costs: str = 
     time_terms = _terms(first.breakdown, second.breakdown, 1.0)
     memory_terms = _terms(first.memory_breakdown, second.memory_breakdown, 1 / 2**30)
     changes = {key: [value, (second.strategy or {}).get(key)] for key, value in (first.strategy or {}).items()
-               if (second.strategy or {}).get(key) != value}
+               if _plain((second.strategy or {}).get(key)) != _plain(value)}
     for key in ("model", "cluster", "num_gpus"):
         if getattr(first, key) != getattr(second, key):
             changes[key] = [getattr(first, key), getattr(second, key)]
@@ -148,3 +148,8 @@ def _time(seconds: float) -> str:
 def _oom(a: Prediction, b: Prediction) -> str:
     names = [name for name, p in (("A", a), ("B", b)) if p.oom]
     return f"; {' and '.join(names)} out of memory" if names else ""
+
+
+def _plain(value: Any) -> Any:
+    """A strategy value as JSON holds it (a tuple read back from a saved result is a list)."""
+    return list(value) if isinstance(value, tuple) else value

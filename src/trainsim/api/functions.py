@@ -75,6 +75,11 @@ class Strategy(TypedDict, total=False):
     schedule: Schedule
     attention: AttentionKernel
     optimizer_impl: OptimizerImpl
+    first_stage_layers: int
+    last_stage_layers: int
+    embedding_in_split: bool
+    loss_in_split: bool
+    stage_layers: list[int]
 
 
 def predict(model: ModelArg | None = None, cluster: ClusterArg | None = None, num_gpus: int | None = None, *,

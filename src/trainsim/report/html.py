@@ -187,7 +187,8 @@ def timeline_figure(timeline: dict[str, Any]) -> "Figure":
         series["y"].append(f"{names[task['device']]} · {task['stream']}")
         series["base"].append(task["start_s"] * 1e3)
         series["x"].append((task["end_s"] - task["start_s"]) * 1e3)
-        micro = f" mb {task['micro_batch']}" if task["micro_batch"] >= 0 else ""
+        micro_batch = task["micro_batch"]
+        micro = f" mb {micro_batch}" if micro_batch is not None and micro_batch >= 0 else ""
         series["text"].append(f"{task['name']}{micro}" + (" (critical path)" if task["critical"] else ""))
     order = [f"{names[d['index']]} · {s}" for d in timeline["devices"] for s in ("compute", "feature", "gradient")]
     used = {y for series in rows.values() for y in series["y"]}

@@ -27,7 +27,9 @@ def timeline_to_dict(timeline: Timeline) -> dict[str, Any]:
                 "breakdown_at_peak": dict(peaks.get(device.index, device.static_breakdown))}
                for device in graph.devices]
     tasks = [{"device": task.device, "stream": task.stream, "name": task.name, "category": task.category or task.kind,
-              "phase": task.phase, "micro_batch": task.micro_batch, "start_s": outcome.start_s[task.tid],
+              "phase": task.phase,
+              "micro_batch": task.micro_batch if task.micro_batch >= 0 else None,  # None: of no one micro-batch
+              "start_s": outcome.start_s[task.tid],
               "end_s": outcome.end_s[task.tid], "critical": task.tid in critical}
              for task in graph.tasks]
     memory = []

@@ -99,9 +99,11 @@ def test_user_fit_changes_predictions(tiny_fit: Path) -> None:
 
 def test_calibration_changes_predict_search_and_validate(tmp_path: Path) -> None:
     """One more second of fixed cost per iteration: every engine's iteration time grows by exactly that."""
-    slower = _calibration_file(tmp_path / "slower.yaml", {"runtime": {"iteration_overhead_s": 1.0},
-                                                          "sim_runtime": {"iteration_overhead_s": 1.0}})
     base = read_calibration(None)
+    sim_runtime = {**(base.sim_runtime or base.runtime).model_dump(), "iteration_overhead_s": 1.0}  # the
+    # simulator falls back to the analytical runtime where the fit has none of its own
+    slower = _calibration_file(tmp_path / "slower.yaml", {"runtime": {"iteration_overhead_s": 1.0},
+                                                          "sim_runtime": sim_runtime})
     for engine, runtime in (("analytical", base.runtime), ("sim", base.sim_runtime or base.runtime)):
         default = json.loads(RUNNER.invoke(_app(), [*PREDICT, "--engine", engine]).stdout)
         mine = json.loads(RUNNER.invoke(_app(), [*PREDICT, "--engine", engine, "--calibration", str(slower)]).stdout)

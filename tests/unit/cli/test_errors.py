@@ -83,8 +83,8 @@ def test_unknown_names_list_the_choices(case: str) -> None:
 FILE_CASES = {
     "invalid YAML": ("job.yaml", "tp: [1, 2\n", ["job.yaml", "not valid YAML"]),
     "invalid JSON": ("job.json", '{"tp": 2,}', ["job.json", "not valid JSON"]),
-    "unknown key": ("job.yaml", "tp: 2\nbogus: 1\n", ["bogus: unknown key"]),
-    "unknown key under strategy": ("job.yaml", "strategy:\n  tp: 2\n  wat: 3\n", ["wat: unknown key"]),
+    "unknown key": ("job.yaml", "tp: 2\nbogus: 1\n", ["unknown key bogus (line 2)"]),
+    "unknown key under strategy": ("job.yaml", "strategy:\n  tp: 2\n  wat: 3\n", ["unknown key wat (line 3)"]),
     "top level not a mapping": ("job.yaml", "- 1\n- 2\n", ["job.yaml", "mapping"]),
     "empty file": ("job.yaml", "", ["job.yaml", "mapping"]),
     "tp not an integer": ("job.yaml", "tp: abc\n", ["tp='abc'"]),

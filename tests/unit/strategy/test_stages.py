@@ -83,7 +83,7 @@ def test_bad_splits_are_one_line_errors(args: dict[str, Any], message: str) -> N
 BAD_SPECS: list[tuple[dict[str, Any], str]] = [
     ({"pp": 2, "stage_layers": "4,x"}, "stage_layers='4,x' is invalid: must be comma-separated non-negative"),
     ({"pp": 2, "stage_layers": [4, -1]}, "must be non-negative integers"),
-    ({"pp": 2, "stage_layers": [4, True]}, "must be non-negative integers"),
+    ({"pp": 2, "stage_layers": [4, True]}, "not true or false"),
     ({"pp": 4, "stage_layers": "4,4"}, "stage_layers has 2 entries; allowed: pp=4"),
     ({"pp": 2, "vpp": 2, "schedule": "interleaved-1f1b", "stage_layers": "1,2,3"},
      "stage_layers has 3 entries; allowed: pp=2 or pp x vpp=4"),

@@ -274,8 +274,8 @@ def _restack(stack: "StackArg", overrides: dict[str, Any]) -> "Restack | None":
     stay). Bad names and values fail here, before any prediction."""
     if stack is None and not overrides:
         return None
-    make_stack(stack, overrides)
-    chosen = make_stack(stack, overrides) if stack is not None else None
+    checked = make_stack(stack, overrides)  # bad names and values fail here, before any prediction
+    chosen = checked if stack is not None else None
 
     def restack(stated: StackSpec) -> StackSpec:
         return chosen if chosen is not None else make_stack(stated, overrides)

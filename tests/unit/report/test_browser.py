@@ -61,7 +61,7 @@ def test_prediction_report_renders_every_chart_without_console_errors(tmp_path: 
     page = prediction.write_html(tmp_path / "r.html")
     dom, console = open_in_browser(page)
     assert console == []
-    assert rendered_charts(dom) == {"time-breakdown", "memory-breakdown", "timeline", "memory-timeline"}
+    assert rendered_charts(dom) == {"time-breakdown", "memory-breakdown", "timeline", "memory-timeline", "band"}
     shot = tmp_path / "r.png"
     subprocess.run([BROWSER or "", *FLAGS, "--window-size=1200,2400", f"--screenshot={shot}", page.resolve().as_uri()],
                    capture_output=True, timeout=180, check=True)

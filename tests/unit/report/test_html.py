@@ -29,8 +29,8 @@ def test_a_simulated_prediction_has_every_chart(tmp_path: Path) -> None:
     out = RUNNER.invoke(app, [*SIM, "--html", str(tmp_path / "r.html")])
     assert out.exit_code == 0, out.output
     page = (tmp_path / "r.html").read_text()
-    assert chart_ids(page) == set(PREDICTION_CHARTS)
-    assert 'id="fig-band"' in page and "no uncertainty band" in page  # the Result carries none today
+    assert chart_ids(page) == {*PREDICTION_CHARTS, "band"}  # the package fit's band (calibrate's held-out errors)
+    assert "no uncertainty band" not in page
     assert page.count("stage 0 (") > 0 and page.count("stage 1 (") > 0  # a timeline row per pipeline stage
     assert [p.name for p in tmp_path.iterdir()] == ["r.html"]  # no temporary file left behind
 
@@ -46,7 +46,7 @@ def test_the_page_needs_no_network(tmp_path: Path) -> None:
 
 def test_a_closed_form_prediction_says_why_there_is_no_timeline() -> None:
     page = trainsim.predict(model="gpt3-125m").to_html()
-    assert chart_ids(page) == {"time-breakdown", "memory-breakdown"}
+    assert chart_ids(page) == {"time-breakdown", "memory-breakdown", "band"}
     assert 'id="fig-timeline"' in page and "--engine sim" in page
 
 
@@ -54,7 +54,8 @@ def test_a_closed_form_prediction_says_why_there_is_no_timeline() -> None:
                                   {"iteration_time_low_s": 0.9, "iteration_time_high_s": 1.2},
                                   {"uncertainty": {"iteration_time_s": {"low": 0.9, "high": 1.2}}}])
 def test_an_uncertainty_band_is_drawn_where_the_result_has_one(band: dict) -> None:
-    data = {**trainsim.predict(model="gpt3-125m").to_dict(), **band}
+    own = {key: value for key, value in trainsim.predict(model="gpt3-125m").to_dict().items() if key != "band"}
+    data = {**own, **band}
     assert html_report.band_of(data) == (0.9, 1.2)
     page = html_report.prediction_page(data)
     assert "band" in chart_ids(page) and "900.00 ms - 1.200 s" in page

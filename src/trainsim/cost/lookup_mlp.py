@@ -111,17 +111,8 @@ def fit_mlp(features: Array, targets: Array, *, hidden: tuple[int, ...] = (64, 6
                features.max(axis=0), out_low, out_high)
 
 
-def _forward(params: list[Array], x: Array) -> Array:
-    h = x
-    layers = len(params) // 2
-    for i in range(layers):
-        h = h @ params[2 * i] + params[2 * i + 1]
-        if i < layers - 1:
-            h = np.maximum(h, 0.0)
-    return h
-
-
-def _gradients(params: list[Array], x: Array, y: Array) -> list[Array]:
+def _activations(params: list[Array], x: Array) -> list[Array]:
+    """The input and every layer's output (ReLU between layers, none after the last)."""
     activations = [x]
     h = x
     layers = len(params) // 2
@@ -130,6 +121,17 @@ def _gradients(params: list[Array], x: Array, y: Array) -> list[Array]:
         if i < layers - 1:
             h = np.maximum(h, 0.0)
         activations.append(h)
+    return activations
+
+
+def _forward(params: list[Array], x: Array) -> Array:
+    return _activations(params, x)[-1]
+
+
+def _gradients(params: list[Array], x: Array, y: Array) -> list[Array]:
+    activations = _activations(params, x)
+    h = activations[-1]
+    layers = len(params) // 2
     delta = 2.0 * (h - y) / len(x)
     grads: list[Array] = [np.zeros(0)] * len(params)
     for i in reversed(range(layers)):

@@ -159,25 +159,26 @@ def _check(num_units: int, devices: int, num_micro_batches: int, meshes: list[Me
 def alpa_dp(costs: StageCosts, num_units: int, meshes: list[Mesh], plans: dict[Mesh, list[IntraPlan]],
             devices: int, num_micro_batches: int, capacity_bytes: float) -> PlanSearch:
     """Alpa's inter-operator DP over every (unit range, submesh, intra plan), all devices used."""
-    _check(num_units, devices, num_micro_batches, meshes)
-    start = time.perf_counter()
-    counted = costs if isinstance(costs, CountedStageCosts) else CountedStageCosts(costs)
-    table = _best_table(counted, num_units, meshes, plans, capacity_bytes, min(num_units, devices),
-                        num_micro_batches)
-    plan, tried = _search(table, num_units, meshes, devices, num_micro_batches, exact_devices=True)
-    plan = _with_count(plan, counted.evaluations)
-    return PlanSearch(plan, counted.evaluations, time.perf_counter() - start, tried)
+    return _inter_operator_dp(costs, num_units, meshes, plans, devices, num_micro_batches, capacity_bytes,
+                              exact_devices=True)
 
 
 def holistic_dp(costs: StageCosts, num_units: int, meshes: list[Mesh], plans: dict[Mesh, list[IntraPlan]],
                 devices: int, num_micro_batches: int, capacity_bytes: float) -> PlanSearch:
     """MPE's holistic DP C(i, j, d) over G_H from `costs` (the chain estimate), at most `devices` used."""
+    return _inter_operator_dp(costs, num_units, meshes, plans, devices, num_micro_batches, capacity_bytes,
+                              exact_devices=False)
+
+
+def _inter_operator_dp(costs: StageCosts, num_units: int, meshes: list[Mesh], plans: dict[Mesh, list[IntraPlan]],
+                       devices: int, num_micro_batches: int, capacity_bytes: float,
+                       exact_devices: bool) -> PlanSearch:
     _check(num_units, devices, num_micro_batches, meshes)
     start = time.perf_counter()
     counted = costs if isinstance(costs, CountedStageCosts) else CountedStageCosts(costs)
     table = _best_table(counted, num_units, meshes, plans, capacity_bytes, min(num_units, devices),
                         num_micro_batches)
-    plan, tried = _search(table, num_units, meshes, devices, num_micro_batches, exact_devices=False)
+    plan, tried = _search(table, num_units, meshes, devices, num_micro_batches, exact_devices=exact_devices)
     plan = _with_count(plan, counted.evaluations)
     return PlanSearch(plan, counted.evaluations, time.perf_counter() - start, tried)
 

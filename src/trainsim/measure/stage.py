@@ -108,9 +108,10 @@ class _StageRunner:
     """One stage's module, inputs and step on this rank."""
 
     def __init__(self, model: TransformerSpec, stage: StageSpec, micro_batch: int, seq_len: int, seed: int,
-                 group_tp: Any = None) -> None:
+                 group_tp: Any = None, device: str = "cpu") -> None:
         self.model = model
-        self.module = build_stage(model, stage.first, stage.end, seed)
+        with torch.device(device):
+            self.module = build_stage(model, stage.first, stage.end, seed)
         self.has_head = stage.end == model.num_layers + 2
         self.has_embedding = stage.first == 0
         self.tp_mesh = group_tp
@@ -126,6 +127,7 @@ class _StageRunner:
             self.input = torch.randn(local, seq_len, model.hidden, generator=gen)
         self.labels = torch.randint(0, model.vocab, (local, seq_len), generator=gen)
         self.out_grad = torch.randn(local, seq_len, model.hidden, generator=gen)
+        self.input, self.labels, self.out_grad = (t.to(device) for t in (self.input, self.labels, self.out_grad))
         self.params = sum(_local(p).numel() for p in self.module.parameters())
 
     def forward(self) -> torch.Tensor:
@@ -156,7 +158,7 @@ class _StageRunner:
         return float(_local(loss.detach()))
 
 
-CLOCKS = ("cpu", "wall")
+CLOCKS = ("cpu", "wall", "cuda")
 
 
 def time_stage(runner: _StageRunner, warmup: int, iterations: int, group: Any = None,
@@ -164,8 +166,10 @@ def time_stage(runner: _StageRunner, warmup: int, iterations: int, group: Any = 
     """The median over `iterations` of one forward and backward, on the slowest rank. clock "cpu": the
     process's CPU time (time.process_time); "wall": wall-clock time. On a CPU shared with other processes the
     wall clock counts the waits for a core, which drift with the machine's load (measured here: the same block
-    2.5x slower minutes later); CPU time does not. Stages whose ranks wait on each other (tp) need "wall"."""
+    2.5x slower minutes later); CPU time does not. Stages whose ranks wait on each other (tp) need "wall".
+    "cuda": wall-clock time with the device synchronised before and after the step (a stage on one GPU)."""
     read = time.process_time if clock == "cpu" else time.perf_counter
+    sync = torch.cuda.synchronize if clock == "cuda" else (lambda: None)
     for _ in range(warmup):
         runner.step()
     _, saved = _saved_bytes(runner.forward)
@@ -173,8 +177,10 @@ def time_stage(runner: _StageRunner, warmup: int, iterations: int, group: Any = 
     for _ in range(iterations):
         if group is not None:
             dist.barrier(group)
+        sync()
         start = read()
         runner.step()
+        sync()
         elapsed = read() - start
         if group is not None:
             slowest = torch.tensor([elapsed])
@@ -201,15 +207,17 @@ def _stage_from_json(data: dict[str, Any]) -> StageSpec:
 
 def measure_stages_local(model: TransformerSpec, stages: list[StageSpec], micro_batch: int, seq_len: int,
                          warmup: int = 2, iterations: int = 5, seed: int = 0, threads: int = 1,
-                         clock: str = "cpu") -> list[StageTiming]:
-    """Stages on one rank (their meshes must be one device), in this process."""
+                         clock: str = "cpu", device: str = "cpu") -> list[StageTiming]:
+    """Stages on one rank (their meshes must be one device), in this process; on a GPU (device "cuda") they
+    are timed with the "cuda" clock."""
     torch.set_num_threads(threads)
     results = []
     for stage in stages:
         if stage.mesh.size != 1:
             raise ValueError("measure_stages_local runs one-device stages; use measure_stages")
-        results.append(time_stage(_StageRunner(model, stage, micro_batch, seq_len, seed), warmup, iterations,
-                                  clock=clock))
+        runner = _StageRunner(model, stage, micro_batch, seq_len, seed, device=device)
+        results.append(time_stage(runner, warmup, iterations, clock="cuda" if device == "cuda" else clock))
+        del runner
     return results
 
 

@@ -59,8 +59,18 @@ def main() -> None:
             if time.perf_counter() - started > args.budget_s:
                 print(f"stages: out of time; {db.count(key)} of {len(stages_of(model))} {name} stages", flush=True)
                 return
-            timing = measure_stages_local(model, [stage], MICRO_BATCH, SEQ_LEN, args.warmup, args.iterations,
-                                          device=args.device)[0]
+            try:
+                timing = measure_stages_local(model, [stage], MICRO_BATCH, SEQ_LEN, args.warmup, args.iterations,
+                                              device=args.device)[0]
+            except torch.OutOfMemoryError:
+                print(f"stages: {name} {stage.first}-{stage.end} ran out of memory; skipped", flush=True)
+                continue
+            finally:
+                if args.device == "cuda":
+                    torch.cuda.empty_cache()
+            if args.device == "cuda" and db.count(key) % 25 == 0:
+                print(f"stages: {db.count(key)} measured, {torch.cuda.memory_allocated() / 2**30:.2f} GiB allocated",
+                      flush=True)
             db.put(key, MICRO_BATCH, SEQ_LEN, GPU_THREADS, stage,
                    StageEstimate(timing.latency_s, timing.state_bytes, timing.activation_bytes), timing.samples_s)
         print(f"stages: {name} done, {db.count(key)} stages, {time.perf_counter() - started:.0f} s", flush=True)

@@ -127,11 +127,14 @@ def stage_memory(stage: list[StagePart], index: int, par: ParallelSpec, device: 
 
 
 def _working_bytes(stage: list[StagePart], par: ParallelSpec) -> float:
-    """Memory alive only inside one layer: a recomputed block's full activations (full recompute), the
-    unsharded weights of the layers being gathered (ZeRO-3: current + prefetched), the loss's fp32 gradient."""
+    """Memory alive only inside one layer: a recomputed block's full activations (full recompute) or the
+    activations of the part selective recompute drops and rebuilds (the core attention: Korthikanti et al.
+    2022, sec. 5; none with a fused attention kernel, which keeps no scores), the unsharded weights of the
+    layers being gathered (ZeRO-3: current + prefetched), the loss's fp32 gradient."""
     policy = policy_for(par.precision)
     largest_layer = max((part.layer for part in stage), key=lambda layer: layer.saved_bytes["none"])
-    working = largest_layer.saved_bytes["none"] if par.recompute != "none" else 0.0
+    working = {"none": 0.0, "full": largest_layer.saved_bytes["none"],
+               "selective": largest_layer.saved_bytes["none"] - largest_layer.saved_bytes["selective"]}[par.recompute]
     if par.zero >= 3:
         working += 2 * max(part.layer.param_count for part in stage) * policy.weight_bytes
     head = [part.layer for part in stage if part.layer.kind == "head"]

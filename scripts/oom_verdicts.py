@@ -7,10 +7,12 @@ current code, and the verdicts compared (Proteus reports 2 wrong of 180).
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from trainsim.cli.measure import job_from_flags
+from trainsim.measure.results import measured_stack
 from trainsim.pipeline import predict
 
 FLAG_KEYS = ("model", "seq_len", "micro_batch", "global_batch", "precision", "recompute", "cluster")
@@ -24,6 +26,7 @@ def verdicts(path: Path) -> list[dict[str, Any]]:
         if record["observed"] not in ("fits", "oom"):
             continue
         job = job_from_flags(None, {key: record[key] for key in FLAG_KEYS} | {"num_gpus": 1})
+        job = replace(job, stack=measured_stack(job.parallel))  # the stack `trainsim measure` runs (validate's)
         result = predict(job)
         rows[record["run_id"]] = {
             "job": record["run_id"], "observed": record["observed"],

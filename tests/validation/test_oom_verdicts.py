@@ -20,6 +20,6 @@ def _verdicts() -> list[dict[str, object]]:
 def test_at_most_two_of_the_h100_verdicts_are_wrong() -> None:
     rows = _verdicts()
     assert len(rows) == 29
-    assert sum(row["observed"] == "oom" for row in rows) == 9  # the probe set straddles the device's capacity
+    assert sum(row["observed"] == "oom" for row in rows) == 8  # the probe set straddles the device's capacity
     wrong = [row["job"] for row in rows if row["observed"] != row["predicted"]]
     assert len(wrong) <= 2, wrong

@@ -1,8 +1,9 @@
 """The engines against real runs measured with `trainsim measure` (data/ground-truth, README "Real runs"):
 the local suite on the 2-core development machine (3 repeats, quiet machine, with its own op profile) and
-single-GPU training steps on an H200 and on an H100 (with theirs; neither set was in any fit). Bounds are the measured figures rounded up, so a change
-that makes any engine worse fails here. Issue 5's target (15% with profiled costs on the local suite) is met
-since ranks sharing cores are modeled; the README says where single jobs still fall short and why."""
+single-GPU training steps on an H200 and on an H100 (with theirs; neither set was in any fit). Bounds are the
+measured figures rounded up, so a change that makes any engine worse fails here. Issue 5's target (15% with
+profiled costs on the local suite) is met since ranks sharing cores are modeled; the README says where single
+jobs still fall short and why."""
 
 from pathlib import Path
 

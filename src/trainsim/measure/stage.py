@@ -19,7 +19,6 @@ and Adam's two moments: 16 bytes per parameter, torch.optim.Adam) and the bytes 
 Imported only where torch is available.
 """
 
-import gc
 import json
 import os
 import socket
@@ -223,8 +222,7 @@ def measure_stages_local(model: TransformerSpec, stages: list[StageSpec], micro_
             raise ValueError("measure_stages_local runs one-device stages; use measure_stages")
         runner = _StageRunner(model, stage, micro_batch, seq_len, seed, device=device)
         results.append(time_stage(runner, warmup, iterations, clock="cuda" if device == "cuda" else clock))
-        del runner
-        gc.collect()  # a stage's module holds reference cycles: free its memory before the next stage is built
+        del runner  # its module and inputs go before the next stage is built
     return results
 
 

@@ -28,6 +28,7 @@ from trainsim.cost.memory import (
     memory_estimate,
     memory_key,
     optimizer_shards,
+    saved_key,
     stage_in_flight,
     stage_memory_base,
 )
@@ -653,19 +654,20 @@ class Pricer:
         par, device = job.parallel, job.cluster.device
         partition = self._partition_of.get(id(stages))
         if partition is None:
-            return estimate_memory(stages, par, device)
-        key = (id(partition), memory_key(par))
+            return estimate_memory(stages, par, device, job.stack)
+        key = (id(partition), memory_key(par, job.stack))
         bases = self._memory_bases.get(key)
         if bases is None:
-            distinct = {index: stage_memory_base(stages[index], par) for index in partition.distinct}
+            distinct = {index: stage_memory_base(stages[index], par, job.stack) for index in partition.distinct}
             bases = self._memory_bases[key] = tuple(distinct[head] for head in partition.first)
         if partition.chunk_blocks and par.schedule == "interleaved-1f1b":
             # unequal chunks: the micro-batches a stage holds depend on which chunks hold them
-            flight_key = (par.schedule, par.pp, par.vpp, par.num_micro_batches, id(partition), par.recompute)
+            saved = saved_key(par.recompute, job.stack)
+            flight_key = (par.schedule, par.pp, par.vpp, par.num_micro_batches, id(partition), saved)
             in_flight = self._in_flight.get(flight_key)
             if in_flight is None:
                 in_flight = self._in_flight[flight_key] = tuple(
-                    stage_in_flight(par, index, chunk_shares(stage, partition.chunk_blocks[index], par.recompute))
+                    stage_in_flight(par, index, chunk_shares(stage, partition.chunk_blocks[index], saved))
                     for index, stage in enumerate(stages))
             return memory_estimate(bases, in_flight, device)
         flight_key = (par.schedule, par.pp, par.vpp, par.num_micro_batches, len(stages))

@@ -170,6 +170,7 @@ class Pricer:
         self._stage_extra_s: dict[tuple[object, ...], float] = {}  # recompute and ZeRO-3 seconds of a stage
         self._stage_params: dict[object, float] = {}
         self._grad_buckets: dict[tuple[object, ...], BucketRuns] = {}
+        self._grad_sync: dict[tuple[object, ...], float] = {}
         self._stage_ops: dict[object, tuple[int, int]] = {}
         self._partitions: dict[tuple[object, ...], Partition] = {}
         self._splits: dict[tuple[object, ...], tuple[int, ...] | None] = {}
@@ -575,6 +576,15 @@ class Pricer:
         par = job.parallel
         if par.dp * par.cp == 1 or par.zero >= 3:
             return 0.0
+        key = (self._pin(cost), self.stage_key(stage), _layout_key(job), self._cluster_key(job.cluster),
+               self._stack_key(job.stack), par.zero, par.precision)
+        exposed = self._grad_sync.get(key)
+        if exposed is None:
+            exposed = self._grad_sync[key] = self._gradient_sync_s(stage, cost, job)
+        return exposed
+
+    def _gradient_sync_s(self, stage: list[StagePart], cost: StageCost, job: Job) -> float:
+        par = job.parallel
         policy = policy_for(par.precision)
         gamma = self.overlap_slowdown(job)
         # NB: the windows hold the phase's feature collectives too: they run on their own stream beside the

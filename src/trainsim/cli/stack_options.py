@@ -11,7 +11,7 @@ import functools
 import inspect
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import typer
 
@@ -27,9 +27,12 @@ def _option(field: str) -> inspect.Parameter:
     info = StackSpec.model_fields[field]
     flag = "--" + field.replace("_", "-")
     decls = [f"{flag}/--no-{field.replace('_', '-')}"] if info.annotation is bool else [flag]
-    option = typer.Option(*decls, help=f"stack behaviour: {info.description} (default: the stack's)",
+    literal = get_origin(info.annotation) is Literal
+    choices = f"; one of {' | '.join(get_args(info.annotation))}" if literal else ""
+    option = typer.Option(*decls, help=f"stack behaviour: {info.description}{choices} (default: the stack's)",
                           show_default=False)
-    value_type: Any = bool if info.annotation is bool else int if info.annotation is int else float
+    value_type: Any = bool if info.annotation is bool else int if info.annotation is int else \
+        str if literal else float
     return inspect.Parameter(field, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
                              annotation=Annotated[value_type | None, option])
 

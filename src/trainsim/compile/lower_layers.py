@@ -19,6 +19,7 @@ from trainsim.compile.context import CommWork, LayerTiming, StageWriter, Work
 from trainsim.compile.insert_collectives import emit_feature_comm, placements
 from trainsim.compile.schedules import Step
 from trainsim.compile.split_timing import timing_for
+from trainsim.cost.memory import kept_bytes, saved_key
 from trainsim.ir.exec_graph import Phase
 from trainsim.strategy.lowered import LayerAssignment
 
@@ -70,7 +71,7 @@ def emit_unit(w: StageWriter, unit: Unit, split: bool, extra: UnitMemory) -> int
     """Emit one layer-phase; returns the tid of its last compute task."""
     a, mb, label = unit.assignment, unit.micro_batch, unit.label
     timing = timing_for(w.ctx, a)
-    saved = a.layer.saved_bytes.get(a.recompute, 0.0)
+    saved = kept_bytes(a.layer, saved_key(a.recompute, w.ctx.job.stack))
     rebuilt = a.layer.saved_bytes.get("none", 0.0) if recompute_work(a, timing) else 0.0
     comms: tuple[CommWork, ...] = ()
     if unit.phase == "F":

@@ -4,8 +4,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from trainsim.hardware.device import DeviceSpec
+from trainsim.ir.graph import Layer
 from trainsim.strategy.parallel import ParallelSpec, Recompute
 from trainsim.strategy.precision import policy_for
+from trainsim.strategy.stack import StackSpec
 from trainsim.strategy.stages import BLOCK_KINDS, StagePart, in_flight_micro_batches
 
 
@@ -52,6 +54,24 @@ def optimizer_step_bytes(stage: list[StagePart], par: ParallelSpec) -> float:
     return 4.0 * max(part.layer.param_count for part in stage) / optimizer_shards(par)
 
 
+def saved_key(recompute: Recompute, stack: StackSpec | None) -> str:
+    """The Layer.saved_bytes entry a layer keeps under `recompute` on `stack`: selective recompute keeps what
+    the stack's policy keeps (StackSpec.selective_recompute: Megatron's all but the attention core, or
+    torchtitan's op-level policy, "selective_op")."""
+    if recompute == "selective" and stack is not None and stack.selective_recompute == "op":
+        return "selective_op"
+    return recompute
+
+
+def kept_bytes(layer: Layer, key: str) -> float:
+    """Activations one micro-batch through `layer` keeps for its backward pass under saved_key `key` (a graph
+    whose layers lack the op-level entry keeps the selective one)."""
+    saved = layer.saved_bytes
+    if key in saved:
+        return saved[key]
+    return saved.get("selective", 0.0) if key == "selective_op" else 0.0
+
+
 # What a stage's device holds at its peak, in the order of stage_memory's dict (and of its sum).
 STAGE_MEMORY_KEYS = ("weights", "gradients", "optimizer", "activations", "temporary", "optimizer_step",
                      "runtime_reserved")
@@ -69,19 +89,26 @@ class StageMemoryBase:
     step: float
 
 
-def memory_key(par: ParallelSpec) -> tuple[object, ...]:
-    """Every field of the strategy stage_memory_base reads: stages of the same layers and equal keys need the
-    same memory (the pricing service caches by it)."""
-    return (par.precision, par.dp, par.cp, par.zero, par.recompute, par.optimizer_impl)
+def memory_key(par: ParallelSpec, stack: StackSpec | None = None) -> tuple[object, ...]:
+    """Every field of the strategy (and stack) stage_memory_base reads: stages of the same layers and equal
+    keys need the same memory (the pricing service caches by it)."""
+    return (par.precision, par.dp, par.cp, par.zero, saved_key(par.recompute, stack), par.optimizer_impl,
+            _loss_grad_buffers(stack))
 
 
-def stage_memory_base(stage: list[StagePart], par: ParallelSpec, loss_grad_buffers: float = 1.0) -> StageMemoryBase:
-    """loss_grad_buffers: the stack's (strategy.stack.StackSpec.loss_grad_buffers)."""
+def _loss_grad_buffers(stack: StackSpec | None) -> float:
+    return stack.loss_grad_buffers if stack is not None else StackSpec.model_fields["loss_grad_buffers"].default
+
+
+def stage_memory_base(stage: list[StagePart], par: ParallelSpec, stack: StackSpec | None = None) -> StageMemoryBase:
+    """stack: what selective recompute keeps (saved_key) and the loss's gradient buffers; None: Megatron's
+    policy and one buffer."""
     params = sum(part.count * part.layer.param_count for part in stage)
     states = model_state_bytes(params, par)
+    key = saved_key(par.recompute, stack)
     return StageMemoryBase((states["weights"], states["gradients"], states["optimizer"]),
-                           sum(part.count * part.layer.saved_bytes[par.recompute] for part in stage),
-                           _working_bytes(stage, par, loss_grad_buffers), optimizer_step_bytes(stage, par))
+                           sum(part.count * kept_bytes(part.layer, key) for part in stage),
+                           _working_bytes(stage, par, stack), optimizer_step_bytes(stage, par))
 
 
 def stage_memory_values(base: StageMemoryBase, in_flight: float, reserved_bytes: float) -> tuple[float, ...]:
@@ -101,14 +128,14 @@ def stage_in_flight(par: ParallelSpec, index: int, shares: Sequence[float] | Non
 
 
 def chunk_shares(stage: list[StagePart], blocks_per_chunk: Sequence[int],
-                 recompute: Recompute) -> tuple[float, ...] | None:
+                 recompute: str) -> tuple[float, ...] | None:
     """Each model chunk's share of the stage's saved activations per micro-batch: its blocks' (the stage's blocks
     of each kind in one proportion), the embedding on the first chunk, the head on the last; None when the stage
-    saves nothing."""
+    saves nothing. recompute: the saved_key."""
     blocks = sum(blocks_per_chunk)
     per_chunk = [0.0] * len(blocks_per_chunk)
     for part in stage:
-        saved = part.count * part.layer.saved_bytes[recompute]
+        saved = part.count * kept_bytes(part.layer, recompute)
         if part.layer.kind in BLOCK_KINDS:
             for chunk, count in enumerate(blocks_per_chunk):
                 per_chunk[chunk] += saved * count / blocks
@@ -120,34 +147,39 @@ def chunk_shares(stage: list[StagePart], blocks_per_chunk: Sequence[int],
     return tuple(value / total for value in per_chunk) if total > 0.0 else None
 
 
-def stage_memory(stage: list[StagePart], index: int, par: ParallelSpec, device: DeviceSpec) -> dict[str, float]:
+def stage_memory(stage: list[StagePart], index: int, par: ParallelSpec, device: DeviceSpec,
+                 stack: StackSpec | None = None) -> dict[str, float]:
     """What stage `index`'s device holds at its peak (stage_memory_values, by name)."""
-    values = stage_memory_values(stage_memory_base(stage, par), stage_in_flight(par, index),
+    values = stage_memory_values(stage_memory_base(stage, par, stack), stage_in_flight(par, index),
                                  device.runtime_reserved_bytes)
     return dict(zip(STAGE_MEMORY_KEYS, values, strict=True))
 
 
-def _working_bytes(stage: list[StagePart], par: ParallelSpec, loss_grad_buffers: float = 1.0) -> float:
-    """Memory alive only inside one layer: a recomputed block's full activations (full recompute) or the
-    activations of the part selective recompute drops and rebuilds (the core attention: Korthikanti et al.
-    2022, sec. 5; none with a fused attention kernel, which keeps no scores), the unsharded weights of the
-    layers being gathered (ZeRO-3: current + prefetched), the loss's fp32 gradient buffers (as many as the
-    stack's loss holds: loss_grad_buffers, each the size of the saved probabilities)."""
+def _working_bytes(stage: list[StagePart], par: ParallelSpec, stack: StackSpec | None = None) -> float:
+    """Memory alive only inside one layer: the largest block's activations that recompute rebuilds in the
+    backward (full recompute: all of them; selective: what the stack's policy dropped, e.g. Megatron's core
+    attention, Korthikanti et al. 2022 sec. 5, only its fp32 softmax statistics with a fused kernel; the
+    embedding and the head are not recomputed, compile/apply_recompute.py), the unsharded weights of the layers
+    being gathered (ZeRO-3: current + prefetched), the loss's fp32 gradient buffers (the stack's
+    loss_grad_buffers, each the size of the saved probabilities)."""
     policy = policy_for(par.precision)
-    largest_layer = max((part.layer for part in stage), key=lambda layer: layer.saved_bytes["none"])
-    working = {"none": 0.0, "full": largest_layer.saved_bytes["none"],
-               "selective": largest_layer.saved_bytes["none"] - largest_layer.saved_bytes["selective"]}[par.recompute]
+    blocks = [part.layer for part in stage if part.layer.kind in BLOCK_KINDS]
+    working = 0.0
+    if par.recompute != "none" and blocks:
+        key = saved_key(par.recompute, stack)
+        working = max(layer.saved_bytes["none"] - (kept_bytes(layer, key) if key != "full" else 0.0)
+                      for layer in blocks)
     if par.zero >= 3:
         working += 2 * max(part.layer.param_count for part in stage) * policy.weight_bytes
     head = [part.layer for part in stage if part.layer.kind == "head"]
     if head:
-        working += loss_grad_buffers * head[0].saved_bytes["none"]
+        working += _loss_grad_buffers(stack) * head[0].saved_bytes["none"]
     return working
 
 
 def estimate_memory(stages: list[list[StagePart]], par: ParallelSpec, device: DeviceSpec,
-                    loss_grad_buffers: float = 1.0) -> MemoryEstimate:
-    return memory_estimate([stage_memory_base(stage, par, loss_grad_buffers) for stage in stages],
+                    stack: StackSpec | None = None) -> MemoryEstimate:
+    return memory_estimate([stage_memory_base(stage, par, stack) for stage in stages],
                            [stage_in_flight(par, index) for index in range(len(stages))], device)
 
 

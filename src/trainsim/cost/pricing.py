@@ -28,11 +28,19 @@ from trainsim.cost.memory import (
     memory_estimate,
     memory_key,
     optimizer_shards,
+    saved_key,
     stage_in_flight,
     stage_memory_base,
 )
 from trainsim.cost.profiled import ProfiledComm, ProfiledCosts, ProfiledStepCosts
-from trainsim.cost.stack_effects import bucketed_s, overlapped_s, unfused_extra_bytes
+from trainsim.cost.stack_effects import (
+    BucketRuns,
+    bucket_runs,
+    bucketed_s,
+    overlapped_s,
+    queued_buckets_s,
+    unfused_extra_bytes,
+)
 from trainsim.cost.step import FittedStepCosts, StepCosts
 from trainsim.hardware.cluster import ClusterSpec, GroupLayout
 from trainsim.ir.graph import Layer, Op, OpGraph
@@ -81,6 +89,7 @@ class StageCost:
     wgrad_s: float = 0.0
     forward_s: float = 0.0  # the forward part of compute_s (the window of parameter gathers)
     backward_s: float = 0.0  # the backward part of compute_s (the window of gradient reduction)
+    feature_fwd_s: float = 0.0  # the forward part of comm_s's feature collectives (TP, CP, EP; not pp)
     total_s: float = field(init=False)  # all of the above: one micro-batch's time on the stage
 
     def __post_init__(self) -> None:
@@ -160,6 +169,8 @@ class Pricer:
         self._stage_work_s: dict[tuple[object, ...], tuple[float, float, float, dict[str, float]]] = {}
         self._stage_extra_s: dict[tuple[object, ...], float] = {}  # recompute and ZeRO-3 seconds of a stage
         self._stage_params: dict[object, float] = {}
+        self._grad_buckets: dict[tuple[object, ...], BucketRuns] = {}
+        self._grad_sync: dict[tuple[object, ...], float] = {}
         self._stage_ops: dict[object, tuple[int, int]] = {}
         self._partitions: dict[tuple[object, ...], Partition] = {}
         self._splits: dict[tuple[object, ...], tuple[int, ...] | None] = {}
@@ -382,7 +393,9 @@ class Pricer:
         comm = dict(feature_comm)
         if par.pp > 1:
             comm["pp"] = self.pipeline_send_s(stage, job)
-        return StageCost(forward + backward, recompute, comm, fsdp, overhead_s, wgrad, forward, backward)
+        feature_fwd = sum(part.count * self.layer_cost(part.layer, job).comm_fwd_s for part in stage)
+        return StageCost(forward + backward, recompute, comm, fsdp, overhead_s, wgrad, forward, backward,
+                         feature_fwd)
 
     def _stage_work(self, stage: list[StagePart], job: Job) -> tuple[float, float, float, dict[str, float]]:
         """Forward, backward, the weight-gradient GEMMs and the feature communication per axis of one
@@ -556,26 +569,59 @@ class Pricer:
 
     def gradient_sync_exposed_s(self, stage: list[StagePart], cost: StageCost, job: Job) -> float:
         """DP gradient reduction (ZeRO 0: all-reduce; 1-2: reduce-scatter, then the parameter all-gather of the
-        distributed optimizer), in buckets of the stack's grad_bucket_params. Overlapped (grad_reduce_overlap),
-        the buckets go as the last micro-batch's backward (and its recompute) fills them, bucketed_s; else all
-        after it. The parameter all-gather overlaps the next forward pass bucket by bucket
-        (param_gather_overlap) or follows the step."""
+        distributed optimizer), one collective per bucket of the stack's grad_bucket_params (grad_bucket_runs).
+        Overlapped (grad_reduce_overlap), the buckets go as the last micro-batch's backward (and its recompute)
+        fills them, one after another (stack_effects.queued_buckets_s); else all after it. The parameter
+        all-gather overlaps the next forward pass bucket by bucket (param_gather_overlap) or follows the step."""
         par = job.parallel
         if par.dp * par.cp == 1 or par.zero >= 3:
             return 0.0
-        policy = policy_for(par.precision)
-        params = self.stage_params(stage)
-        grad_bytes = params * policy.grad_bytes
-        buckets = params / job.stack.grad_bucket_params
-        gamma = self.overlap_slowdown(job)
-        reduce = self.axis_collective_s("all-reduce" if par.zero == 0 else "reduce-scatter", grad_bytes, "grad", job)
-        exposed = bucketed_s(reduce, cost.backward_s + cost.recompute_s, buckets, gamma) \
-            if self.overlaps("grad_reduce_overlap", job) else reduce
-        if par.zero > 0:
-            gather = self.axis_collective_s("all-gather", params * policy.weight_bytes, "grad", job)
-            exposed += bucketed_s(gather, cost.forward_s, buckets, gamma) \
-                if self.overlaps("param_gather_overlap", job) else gather
+        key = (self._pin(cost), self.stage_key(stage), _layout_key(job), self._cluster_key(job.cluster),
+               self._stack_key(job.stack), par.zero, par.precision)
+        exposed = self._grad_sync.get(key)
+        if exposed is None:
+            exposed = self._grad_sync[key] = self._gradient_sync_s(stage, cost, job)
         return exposed
+
+    def _gradient_sync_s(self, stage: list[StagePart], cost: StageCost, job: Job) -> float:
+        par = job.parallel
+        policy = policy_for(par.precision)
+        gamma = self.overlap_slowdown(job)
+        # NB: the windows hold the phase's feature collectives too: they run on their own stream beside the
+        # gradient stream, and a layer's gradient (its forward) is done only after them
+        feature_bwd = sum(seconds for axis, seconds in cost.comm_s.items() if axis != "pp") - cost.feature_fwd_s
+        reduce = self._bucket_seconds("all-reduce" if par.zero == 0 else "reduce-scatter", policy.grad_bytes,
+                                      self.grad_bucket_runs(stage, job), job)
+        exposed = queued_buckets_s(reduce, cost.backward_s + cost.recompute_s + feature_bwd, gamma) \
+            if self.overlaps("grad_reduce_overlap", job) else sum(s * n for s, n in reduce)
+        if par.zero > 0:
+            if self.overlaps("param_gather_overlap", job):
+                # the first bucket the forward pass needs waits first: the backward's queue, mirrored
+                gather = self._bucket_seconds("all-gather", policy.weight_bytes,
+                                              self.grad_bucket_runs(stage, job, forward=True), job)
+                exposed += queued_buckets_s(gather[::-1], cost.forward_s + cost.feature_fwd_s, gamma)
+            else:
+                gather = self._bucket_seconds("all-gather", policy.weight_bytes, self.grad_bucket_runs(stage, job),
+                                              job)
+                exposed += sum(s * n for s, n in gather)
+        return exposed
+
+    def grad_bucket_runs(self, stage: list[StagePart], job: Job, forward: bool = False) -> BucketRuns:
+        """The stage's gradient buckets (stack_effects.bucket_runs), filled in the order the backward pass
+        finishes the layers (last layer first), or with forward=True in the order the forward pass first uses
+        them (the distributed optimizer's overlapped parameter gathers)."""
+        size = job.stack.grad_bucket_params
+        key = (self.stage_key(stage), size, forward)
+        runs = self._grad_buckets.get(key)
+        if runs is None:
+            layers = [(part.layer.param_count, part.count) for part in stage]
+            runs = self._grad_buckets[key] = bucket_runs(layers if forward else layers[::-1], size)
+        return runs
+
+    def _bucket_seconds(self, collective: str, bytes_per_param: float, runs: BucketRuns,
+                        job: Job) -> list[tuple[float, int]]:
+        return [(self.axis_collective_s(collective, params * bytes_per_param, "grad", job), count)
+                for params, count in runs]
 
     # --- step costs and memory ---
 
@@ -615,22 +661,23 @@ class Pricer:
         """Peak memory per GPU over the stages (cost.memory). For the stages of a partition, the stages' memory
         before the schedule is made once per (partition, cost.memory.memory_key) and the micro-batches each
         holds once per (schedule, pp, vpp, micro-batches)."""
-        par, device, loss_buffers = job.parallel, job.cluster.device, job.stack.loss_grad_buffers
+        par, device = job.parallel, job.cluster.device
         partition = self._partition_of.get(id(stages))
         if partition is None:
-            return estimate_memory(stages, par, device, loss_buffers)
-        key = (id(partition), memory_key(par), loss_buffers)
+            return estimate_memory(stages, par, device, job.stack)
+        key = (id(partition), memory_key(par, job.stack))
         bases = self._memory_bases.get(key)
         if bases is None:
-            distinct = {index: stage_memory_base(stages[index], par, loss_buffers) for index in partition.distinct}
+            distinct = {index: stage_memory_base(stages[index], par, job.stack) for index in partition.distinct}
             bases = self._memory_bases[key] = tuple(distinct[head] for head in partition.first)
         if partition.chunk_blocks and par.schedule == "interleaved-1f1b":
             # unequal chunks: the micro-batches a stage holds depend on which chunks hold them
-            flight_key = (par.schedule, par.pp, par.vpp, par.num_micro_batches, id(partition), par.recompute)
+            saved = saved_key(par.recompute, job.stack)
+            flight_key = (par.schedule, par.pp, par.vpp, par.num_micro_batches, id(partition), saved)
             in_flight = self._in_flight.get(flight_key)
             if in_flight is None:
                 in_flight = self._in_flight[flight_key] = tuple(
-                    stage_in_flight(par, index, chunk_shares(stage, partition.chunk_blocks[index], par.recompute))
+                    stage_in_flight(par, index, chunk_shares(stage, partition.chunk_blocks[index], saved))
                     for index, stage in enumerate(stages))
             return memory_estimate(bases, in_flight, device)
         flight_key = (par.schedule, par.pp, par.vpp, par.num_micro_batches, len(stages))

@@ -10,10 +10,21 @@ Bucketed overlap (DDP / Megatron gradient buckets, distributed-optimizer paramet
 n equal buckets of C / n, bucket i ready after i / n of the window W and sent one after another: the last one
 ends at max(W + C / n, W / n + C), so max(C / n, C - W (n - 1) / n) stays exposed (the last bucket always);
 the rest hides under compute, slowed by gamma. Without overlap the whole C is exposed.
+
+Gradient buckets are separate collectives, each with its own start-up latency (Megatron-Core's
+param_and_grad_buffer.py and torch DDP's reducer issue one NCCL call per bucket), and a bucket holds whole
+layers: bucket_runs fills them as the simulator's compiler does (compile/insert_collectives.py), and
+queued_buckets_s takes each bucket's own seconds. Bucket k starts when it is ready and the one before it has
+ended, so the last ends at max over k of (ready_k + the seconds of buckets k..n-1): with bucket k ready after
+(k + 1) / n of W, max_k (sum_{j >= k} c_j - W (n - 1 - k) / n) stays exposed.
 """
+
+from collections.abc import Iterable, Sequence
 
 from trainsim.ir.graph import Op
 from trainsim.strategy.stack import StackSpec
+
+BucketRuns = tuple[tuple[float, int], ...]  # (parameters of a bucket, how many such buckets in a row), in order
 
 ACTIVATIONS = ("gelu", "swiglu")  # the activation ops of the graph's MLPs (frontends/catalog/transformer.py)
 
@@ -30,6 +41,53 @@ def bucketed_s(total_s: float, window_s: float, buckets: float, gamma: float) ->
     n = max(1.0, buckets)
     exposed = max(total_s / n, total_s - window_s * (n - 1.0) / n)
     return exposed + gamma * (total_s - exposed)
+
+
+def bucket_runs(layers: Iterable[tuple[float, float]], bucket_params: float) -> BucketRuns:
+    """Parameters per bucket when the gradients of `layers` ((parameters, repeats) in the order their gradients
+    become final) fill buckets of bucket_params: a bucket is sent once it holds at least bucket_params or the
+    last layer is in (whole layers; compile/insert_collectives.py does the same). A fractional repeat count (an
+    uneven split of the blocks) adds one partial layer. Equal buckets in a row come as one run."""
+    instances: list[float] = []
+    for params, repeats in layers:
+        whole = int(repeats)
+        instances.extend([params] * whole)
+        if repeats - whole > 1e-9:
+            instances.append(params * (repeats - whole))
+    runs: list[list[float]] = []
+    held = 0.0
+    for position, params in enumerate(instances):
+        held += params
+        if held < bucket_params and position < len(instances) - 1:
+            continue
+        if runs and runs[-1][0] == held:
+            runs[-1][1] += 1
+        else:
+            runs.append([held, 1])
+        held = 0.0
+    return tuple((size, int(count)) for size, count in runs)
+
+
+def queued_buckets_s(runs: Sequence[tuple[float, int]], window_s: float, gamma: float) -> float:
+    """Exposed seconds of buckets sent one after another, `runs` of (seconds of one bucket, how many in a row)
+    in sending order, bucket k ready after (k + 1) / n of window_s: max_k (sum_{j >= k} c_j - window_s (n - 1 -
+    k) / n) (module doc), at least the last bucket; the rest hides under compute, slowed by gamma. Inside a run
+    the term is linear in k, so its ends suffice."""
+    n = sum(count for _, count in runs)
+    total = sum(seconds * count for seconds, count in runs)
+    if n == 0 or total <= 0.0:
+        return 0.0
+    step = window_s / n
+    exposed = 0.0
+    later = 0.0  # seconds of the buckets after the current run
+    after = 0  # how many buckets follow the current run
+    for seconds, count in reversed(runs):
+        last = later + seconds - step * after
+        first = later + count * seconds - step * (after + count - 1)
+        exposed = max(exposed, last, first)
+        later += count * seconds
+        after += count
+    return exposed + gamma * (total - exposed)
 
 
 def unfused_extra_bytes(op: Op, stack: StackSpec, fp8_linears: bool) -> float:

@@ -143,7 +143,7 @@ class PrecisionAwareEstimator:
         stages = plan_stages(graph, par)
         if self.optimizer:
             breakdown["optimizer"] = self._optimizer_step_s(slowest.parts, job)
-        memory = estimate_memory(stages, par, job.cluster.device)
+        memory = estimate_memory(stages, par, job.cluster.device, job.stack)
         return make_result(self.name, job, graph, breakdown, memory, notes=self._notes(job))
 
     def _optimizer_step_s(self, parts: tuple[StagePart, ...], job: Job) -> float:

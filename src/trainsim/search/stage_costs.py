@@ -118,7 +118,7 @@ class PricedStageCosts:
         graph = self.graphs.get(job)
         parts = stage_parts(self.job.model, graph, stage.first, stage.end)
         cost = self.pricer.stage_cost(parts, job)
-        base = stage_memory_base(parts, job.parallel)
+        base = stage_memory_base(parts, job.parallel, job.stack)
         return StageEstimate(cost.total_s, sum(base.states) + max(base.working, base.step), base.per_micro_batch)
 
 

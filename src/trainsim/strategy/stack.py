@@ -8,7 +8,7 @@ stack does.
 """
 
 from functools import cache
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -53,6 +53,9 @@ class StackSpec(Spec):
     attention: AttentionKernel = Field(default="flash2", description="the attention kernel the stack picks "
                                        "(a job's own --attention wins)")
     cuda_graphs: bool = Field(default=False, description="CUDA graphs: no per-micro-batch host launch cost")
+    selective_recompute: Literal["attention", "op"] = Field(
+        default="attention", description="what selective recompute keeps: attention (Megatron: all but the "
+        "attention core) | op (torchtitan's op-level policy: the attention output and every other matmul output)")
 
     def describe(self) -> str:
         return self.name

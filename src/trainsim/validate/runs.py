@@ -187,9 +187,10 @@ def job_from_row(fields: dict[str, str]) -> RunJob:
     clusters = row_defaults()["cluster_for_gpu"]
     if gpu not in clusters:
         return RunJob(None, f"gpu {gpu!r} is not in the catalog")
+    by_source = row_defaults().get("cluster_by_source", {})
     try:
         device = load_device(gpu)
-        cluster = load_cluster(clusters[gpu])
+        cluster = load_cluster(by_source.get(source_group(fields.get("source", "")), clusters[gpu]))
         update: dict[str, Any] = {"device": device}
         gpus_per_node = _int(fields, "gpus_per_node", cluster.gpus_per_node)
         if gpus_per_node <= 0:

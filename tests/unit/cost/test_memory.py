@@ -198,3 +198,69 @@ def test_recompute_working_memory_is_what_the_backward_rebuilds(attention: str) 
     working, _ = _working("selective", attention)
     a = _gpt3_175b().num_heads
     assert working == (5 * a * S * S * B if attention == "math" else 4 * a * S * B)
+
+
+def test_torchtitan_op_level_selective_keeps_the_attention_output_and_every_other_matmul_output() -> None:
+    """torchtitan/models/llama3/infra/parallelize.py (0.1.0): the op policy saves mm outputs except every second
+    mm and the SDPA output; the checkpoint keeps the block input. Llama: wq wk wv wo w1 w3 w2 -> wq, wv, w1, w2;
+    GPT: wq wk wv wo fc1 fc2 -> wq, wv, fc1. Per token, 16-bit: h + h + kv + h + f (+ h) values, plus the fp32
+    log-sum-exp per head."""
+    llama = load_model("llama3.1-8b")
+    assert isinstance(llama, TransformerSpec)
+    dev = DeviceSlice(B, S, policy_for("bf16"))
+    block = next(layer for layer in build_transformer(llama, dev).layers if layer.kind == "block")
+    h, kv, f, tokens = llama.hidden, llama.kv_heads * llama.head_dim, llama.ffn_hidden, B * S
+    expected = tokens * 2 * (h + h + kv + h + f + h) + tokens * llama.num_heads * 4
+    assert block.saved_bytes["selective_op"] == expected
+    assert block.saved_bytes["selective_op"] < block.saved_bytes["selective"]
+    saved = _saved()  # GPT-3 175B: multi-head attention (kv = h), fc1 of 4h
+    sbh, a = _sbh_a()
+    assert saved["selective_op"] == sbh * 2 * (1 + 1 + 1 + 1 + 4) + B * S * a * 4
+
+
+def test_the_stack_decides_what_selective_recompute_keeps() -> None:
+    from trainsim.catalog import load_cluster
+    from trainsim.cost.memory import kept_bytes, saved_key
+    from trainsim.cost.pricing import Pricer
+    from trainsim.job import make_job
+    from trainsim.strategy.stack import StackSpec, load_stack
+
+    megatron, titan = StackSpec(), load_stack("fsdp2")
+    assert saved_key("selective", megatron) == "selective" and saved_key("selective", titan) == "selective_op"
+    assert saved_key("full", titan) == "full" and saved_key("selective", None) == "selective"
+    par = ParallelSpec.parse({"micro_batch": 2, "global_batch": 16, "seq_len": 8192, "zero": 3,
+                              "recompute": "selective"})
+    cluster = load_cluster("dgx-h100-80gb")
+    spec = load_model("llama3.1-8b")
+    pricer = Pricer()
+    peaks = {}
+    for stack in (megatron, titan):
+        job = make_job(spec, cluster, par, stack)
+        graph = graph_for(job)
+        stages = pricer.partition(graph, 1).stages
+        block = next(part for part in stages[0] if part.layer.kind == "block")
+        peaks[stack.selective_recompute] = pricer.memory(stages, job).breakdown["activations"]
+        kept = kept_bytes(block.layer, saved_key("selective", stack))
+        assert kept == block.layer.saved_bytes["selective_op" if stack is titan else "selective"]
+    block_layer = next(layer for layer in graph.layers if layer.kind == "block")
+    drop = block_layer.count * (block_layer.saved_bytes["selective"] - block_layer.saved_bytes["selective_op"])
+    assert peaks["attention"] - peaks["op"] == pytest.approx(drop, rel=1e-12)
+
+
+def test_recompute_working_memory_is_a_block_not_the_head() -> None:
+    """The embedding and the head are not recomputed (compile/apply_recompute.py): a vocabulary of 128k makes
+    the head's fp32 logits larger than a block, and they must not count twice."""
+    from trainsim.catalog import load_cluster
+    from trainsim.cost.pricing import Pricer
+    from trainsim.job import make_job
+
+    par = ParallelSpec.parse({"micro_batch": 2, "global_batch": 16, "seq_len": 8192, "recompute": "full"})
+    job = make_job(load_model("llama3.1-8b"), load_cluster("dgx-h100-80gb"), par)
+    graph = graph_for(job)
+    head = next(layer for layer in graph.layers if layer.kind == "head")
+    block = next(layer for layer in graph.layers if layer.kind == "block")
+    assert head.saved_bytes["none"] > block.saved_bytes["none"]
+    pricer = Pricer()
+    memory = pricer.memory(pricer.partition(graph, 1).stages, job)
+    assert memory.breakdown["temporary"] == pytest.approx(block.saved_bytes["none"] + head.saved_bytes["none"],
+                                                          rel=1e-12)

@@ -7,7 +7,7 @@ from conftest import a100_cluster
 from trainsim.catalog.calibration import Calibration, RuntimeParams
 from trainsim.catalog.model_files import parse_model
 from trainsim.cost.pricing import Pricer
-from trainsim.cost.stack_effects import bucketed_s, overlapped_s
+from trainsim.cost.stack_effects import bucket_runs, bucketed_s, overlapped_s, queued_buckets_s
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.estimate.simulation import SimEstimator
 from trainsim.job import Job, make_job
@@ -36,21 +36,65 @@ def test_overlap_formulas_exact() -> None:
     assert bucketed_s(4.0, 8.0, 0.3, 0.0) == 4.0  # fewer than one bucket: all of it after the window
 
 
+def test_bucket_runs_fill_whole_layers_in_order() -> None:
+    # layers of 3, 3, 3 and 5 parameters into buckets of 5: 3+3, then 3+5 (a bucket closes once it holds 5)
+    assert bucket_runs([(3.0, 3), (5.0, 1)], 5.0) == ((6.0, 1), (8.0, 1))
+    # equal buckets in a row are one run; the last layer closes a bucket that is not full
+    assert bucket_runs([(2.0, 5)], 4.0) == ((4.0, 2), (2.0, 1))
+    assert bucket_runs([(10.0, 2)], 1.0) == ((10.0, 2),)
+    assert bucket_runs([(4.0, 1.5)], 4.0) == ((4.0, 1), (2.0, 1))  # half a layer of an uneven split
+
+
+def test_queued_buckets_exact() -> None:
+    # equal buckets: the closed form max(c, C - W (n - 1) / n) of bucketed_s
+    assert queued_buckets_s([(1.0, 4)], 8.0, 0.0) == bucketed_s(4.0, 8.0, 4.0, 0.0) == 1.0
+    assert queued_buckets_s([(3.0, 4)], 8.0, 0.0) == bucketed_s(12.0, 8.0, 4.0, 0.0) == 6.0
+    # buckets of 1, 1, 5 s ready at 2, 4, 6 of a 6 s window: the last starts at 6 and ends at 11
+    assert queued_buckets_s([(1.0, 2), (5.0, 1)], 6.0, 0.0) == 5.0
+    # 5, 1, 1 s: back to back from 2 s, ending at 9
+    assert queued_buckets_s([(5.0, 1), (1.0, 2)], 6.0, 0.0) == 3.0
+    assert queued_buckets_s([(1.0, 4)], 8.0, 0.5) == 1.0 + 0.5 * 3.0
+    assert queued_buckets_s([], 8.0, 0.0) == 0.0
+
+
+def _bucket_seconds(pricer: Pricer, collective: str, runs: tuple[tuple[float, int], ...],
+                    job: Job) -> list[tuple[float, int]]:
+    return [(pricer.axis_collective_s(collective, params * 2, "grad", job), count) for params, count in runs]
+
+
 def test_gradient_overlap_on_vs_off_differs_by_the_hidden_part() -> None:
     pricer = Pricer(Calibration(runtime=RuntimeParams(overlap_slowdown=0.25)))
     on, off = StackSpec(grad_bucket_params=1e6), StackSpec(grad_bucket_params=1e6, grad_reduce_overlap=False)
     job_on, job_off = _job(8, on, global_batch=8), _job(8, off, global_batch=8)
     stages = pricer.partition(graph_for(job_on), 1).stages
     cost = pricer.stage_cost(stages[0], job_on)
-    total = pricer.axis_collective_s("all-reduce", pricer.stage_params(stages[0]) * 2, "grad", job_on)
-    assert pricer.gradient_sync_exposed_s(stages[0], pricer.stage_cost(stages[0], job_off), job_off) == total
-    buckets = pricer.stage_params(stages[0]) / 1e6
-    expected = bucketed_s(total, cost.backward_s + cost.recompute_s, buckets, 0.25)
+    layers = [(part.layer.param_count, part.count) for part in stages[0]]
+    runs = bucket_runs(layers[::-1], 1e6)  # the backward pass finishes the last layer first
+    assert pricer.grad_bucket_runs(stages[0], job_on) == runs
+    buckets = _bucket_seconds(pricer, "all-reduce", runs, job_on)
+    total = sum(seconds * count for seconds, count in buckets)  # one collective per bucket
+    assert pricer.gradient_sync_exposed_s(stages[0], pricer.stage_cost(stages[0], job_off), job_off) == \
+        pytest.approx(total, rel=1e-12)
+    expected = queued_buckets_s(buckets, cost.backward_s + cost.recompute_s, 0.25)
     assert pricer.gradient_sync_exposed_s(stages[0], cost, job_on) == pytest.approx(expected, rel=1e-12)
+    assert 0.0 < expected < total
     analytical = AnalyticalEstimator(pricer)
     gap = analytical.estimate(job_off, graph_for(job_off)).iteration_time_s - \
         analytical.estimate(job_on, graph_for(job_on)).iteration_time_s
     assert gap == pytest.approx(total - expected, rel=1e-9)
+
+
+def test_gradient_buckets_each_pay_their_latency() -> None:
+    pricer = Pricer(Calibration())
+    job = _job(8, StackSpec(grad_reduce_overlap=False, grad_bucket_params=1.0), global_batch=8)
+    stage = pricer.partition(graph_for(job), 1).stages[0]
+    one = pricer.axis_collective_s("all-reduce", pricer.stage_params(stage) * 2, "grad", job)
+    per_layer = sum(part.count * pricer.axis_collective_s("all-reduce", part.layer.param_count * 2, "grad", job)
+                    for part in stage if part.layer.param_count > 0)
+    layers = sum(part.count for part in stage if part.layer.param_count > 0)
+    assert pricer.gradient_sync_exposed_s(stage, pricer.stage_cost(stage, job), job) == pytest.approx(per_layer)
+    assert per_layer > one  # every bucket is its own collective: (layers - 1) more start-ups
+    assert layers > 1
 
 
 def test_param_gather_overlap_hides_the_distributed_optimizer_gather() -> None:
@@ -58,11 +102,13 @@ def test_param_gather_overlap_hides_the_distributed_optimizer_gather() -> None:
     job_on = _job(8, StackSpec(), zero=1, global_batch=8)
     job_off = _job(8, StackSpec(param_gather_overlap=False), zero=1, global_batch=8)
     stage = pricer.partition(graph_for(job_on), 1).stages[0]
-    gather = pricer.axis_collective_s("all-gather", pricer.stage_params(stage) * 2, "grad", job_on)
     cost = pricer.stage_cost(stage, job_on)
-    buckets = pricer.stage_params(stage) / StackSpec().grad_bucket_params
+    after_step = _bucket_seconds(pricer, "all-gather", pricer.grad_bucket_runs(stage, job_off), job_off)
+    ahead = _bucket_seconds(pricer, "all-gather", pricer.grad_bucket_runs(stage, job_on, forward=True), job_on)
+    hidden = sum(s * n for s, n in after_step) - queued_buckets_s(ahead[::-1], cost.forward_s, 0.0)
     gap = pricer.gradient_sync_exposed_s(stage, cost, job_off) - pricer.gradient_sync_exposed_s(stage, cost, job_on)
-    assert gap == pytest.approx(gather - bucketed_s(gather, cost.forward_s, buckets, 0.0), rel=1e-12)
+    assert gap == pytest.approx(hidden, rel=1e-12)
+    assert gap > 0.0
 
 
 def test_fsdp_prefetch_exact_per_layer() -> None:

@@ -28,6 +28,9 @@ def test_presets_state_their_frameworks_defaults() -> None:
     assert core.grad_reduce_overlap and core.param_gather_overlap and core.tp_comm_overlap
     assert core.attention == "flash3" and core.grad_bucket_params == 128 * 1024 * 1024
     assert load_stack("megatron-lm").pp_scatter_gather
+    # torchtitan's op-level selective checkpointing; Megatron's recomputes the attention core
+    assert load_stack("fsdp2").selective_recompute == load_stack("fsdp2-compile").selective_recompute == "op"
+    assert load_stack("megatron-core").selective_recompute == "attention"
 
 
 def test_overrides_apply_one_by_one_on_a_preset() -> None:
@@ -69,6 +72,15 @@ def test_cli_stack_flags_and_unknown_name_exit_2() -> None:
         assert run.exit_code == 0, run.output
         times.append(json.loads(run.output)["iteration_time_s"])
     assert times[0] > times[1]  # without prefetch every gather is exposed
+    peaks = []
+    for choice in ("attention", "op"):
+        run = runner.invoke(app, ["predict", "--model", "llama3.1-8b", "--num-gpus", "8", "--zero", "3",
+                                  "--recompute", "selective", "--selective-recompute", choice, "--json"])
+        assert run.exit_code == 0, run.output
+        peaks.append(json.loads(run.output)["peak_memory_bytes"])
+    assert peaks[1] < peaks[0]  # the op-level policy keeps less
+    bad = runner.invoke(app, ["predict", "--selective-recompute", "layer"])
+    assert bad.exit_code == 2 and "selective_recompute" in bad.output and "Traceback" not in bad.output
     assert "cuda_graphs" in BEHAVIOURS and "name" not in BEHAVIOURS
 
 

@@ -166,7 +166,15 @@ def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool) -> di
     lse = dev.micro_batch * heads * (tokens // dev.micro_batch) * 4.0
     core = lse if dev.fused_attention else scores
     base = replicated + qkv + out_in + mlp
-    return {"none": base + core, "selective": base, "full": rep * h * a2}
+    # torchtitan's op-level selective checkpointing (torchtitan/models/llama3/infra/parallelize.py, torchtitan
+    # 0.1.0, _save_list and _get_custom_policy): the block input (the checkpoint's) and the outputs of the
+    # attention kernel and of every other matmul in the block's order (wq wk wv wo w1 w3 w2: wq, wv, w1, w2;
+    # GPT's wq wk wv wo fc1 fc2: wq, wv, fc1) are kept, everything else is recomputed
+    q_out = tokens * heads * spec.head_dim * a2
+    v_out = tokens * kv * spec.head_dim * a2
+    mlp_kept = tokens * f_local * a2 + (tokens * h * a2 if spec.mlp == "swiglu" else 0.0)
+    op_level = rep * h * a2 + q_out + v_out + out_in + lse + mlp_kept
+    return {"none": base + core, "selective": base, "full": rep * h * a2, "selective_op": op_level}
 
 
 def _embedding(spec: TransformerSpec, dev: DeviceSlice) -> Layer:
@@ -183,7 +191,7 @@ def _embedding(spec: TransformerSpec, dev: DeviceSlice) -> Layer:
     fwd_ops, bwd_ops = _with_backward(fwd)
     out = _replicated_tokens(dev) * h * _act_bytes(dev)
     return Layer("embedding", "embedding", 1, fwd_ops, bwd_ops, _embedding_comms(spec, dev), params / dev.tp,
-                 params, {"none": out, "selective": out, "full": out}, out)
+                 params, dict.fromkeys(("none", "selective", "full", "selective_op"), out), out)
 
 
 def _embedding_comms(spec: TransformerSpec, dev: DeviceSlice) -> tuple[Comm, ...]:
@@ -237,4 +245,4 @@ def _head(spec: TransformerSpec, dev: DeviceSlice) -> Layer:
     proj_params = 0 if spec.tied_embeddings else spec.vocab * h
     saved = _replicated_tokens(dev) * h * _act_bytes(dev) + tokens * v * 4.0  # norm input, fp32 softmax
     return Layer("head", "head", 1, fwd_ops, bwd_ops, _head_comms(spec, dev), norm_params + proj_params / dev.tp,
-                 norm_params + proj_params, {"none": saved, "selective": saved, "full": saved}, 0.0)
+                 norm_params + proj_params, dict.fromkeys(("none", "selective", "full", "selective_op"), saved), 0.0)

@@ -5,9 +5,9 @@ another engine.
 A Pricer holds the costs (op times, step costs and collective times, with the calibration behind them) and the
 caches of one run, so a search that prices thousands of plans of one model prices each distinct thing once:
 group layouts per (axis degrees, cluster), collective times per (collective, bytes, layout, cluster), layer
-prices per (layer, layouts, cluster), stage prices per (stage layers, layouts, recompute, ZeRO-3, precision, vpp,
-host overhead), stage memory per (stage layers, the plan's memory settings) and a graph's stages per pipeline
-split (pp and the blocks per virtual stage).
+prices per (layer, the groups its collectives use, cluster), stage prices per (stage layers, layouts, recompute,
+ZeRO-3, precision, vpp, host overhead), stage memory per (stage layers, the plan's memory settings) and a
+graph's stages per pipeline split (pp and the blocks per virtual stage).
 Every cache returns what the uncached formula returns for the same inputs: the keys hold every input the
 formula reads.
 """
@@ -152,6 +152,7 @@ class Pricer:
         # holds alive, so no other object can take that id while the pricer lives.
         self._pinned: dict[int, object] = {}
         self._layer_costs: dict[tuple[object, ...], LayerCost] = {}
+        self._layer_axes: dict[int, tuple[str, ...]] = {}  # id of a layer -> the axes of its feature collectives
         self._layouts: dict[tuple[object, ...], GroupLayout] = {}
         self._collectives: dict[tuple[object, ...], float] = {}
         self._stage_keys: dict[int, int] = {}  # id of a stage of self.stages() -> the number of its content
@@ -293,12 +294,24 @@ class Pricer:
     # --- layers and stages ---
 
     def layer_cost(self, layer: Layer, job: Job) -> LayerCost:
-        key = (self._pin(layer), self._cluster_key(job.cluster), _layout_key(job), self._stack_key(job.stack),
-               job.parallel.sp, job.parallel.precision)
+        """Priced once per (layer, cluster, the groups of the axes its collectives use, tp, stack, sp,
+        precision): a layer without collectives costs the same whatever the plan's pp and dp."""
+        par = job.parallel
+        key = (self._pin(layer), self._cluster_key(job.cluster), self._layer_groups(layer, par), par.tp,
+               self._stack_key(job.stack), par.sp, par.precision)
         cost = self._layer_costs.get(key)
         if cost is None:
             cost = self._layer_costs[key] = self._price_layer(layer, job)
         return cost
+
+    def _layer_groups(self, layer: Layer, par: ParallelSpec) -> tuple[tuple[int, int], ...]:
+        """(size, stride) of the group of each axis the layer's feature collectives use (_price_layer skips
+        pp): with tp, sp, the cluster, the stack and the precision, all of the plan its price reads."""
+        axes = self._layer_axes.get(id(layer))
+        if axes is None:
+            axes = self._layer_axes[self._pin(layer)] = tuple(sorted({c.axis for c in layer.comms
+                                                                       if c.axis != "pp"}))
+        return tuple(axis_group(axis, par) for axis in axes)
 
     def _price_layer(self, layer: Layer, job: Job) -> LayerCost:
         tp_total = {"fwd": 0.0, "bwd": 0.0}
@@ -376,9 +389,7 @@ class Pricer:
         par = job.parallel
         forward, backward, wgrad, feature_comm = self._stage_work(stage, job)
         recompute = self._stage_recompute_s(stage, job)
-        fsdp = self._stage_fsdp_s(stage, job) if par.zero >= 3 else 0.0
-        if par.zero >= 3 and self._fsdp_bucketed(job):
-            fsdp += self.fsdp_bucket_tail_s(stage, backward, job)
+        fsdp = self.zero3_exposed_s(stage, job) if par.zero >= 3 else 0.0
         comm = dict(feature_comm)
         if par.pp > 1:
             comm["pp"] = self.pipeline_send_s(stage, job)
@@ -419,6 +430,14 @@ class Pricer:
                 elif recompute_mode == "selective":
                     seconds += part.count * cost.selective_s
             self._stage_extra_s[key] = seconds
+        return seconds
+
+    def zero3_exposed_s(self, stage: list[StagePart], job: Job) -> float:
+        """Under ZeRO-3, per micro-batch: the stage's gathers and scatters left exposed (fsdp_exposed_s), with
+        the exposed tail of its gradient buckets where the stack buckets them (fsdp_bucket_tail_s)."""
+        seconds = self._stage_fsdp_s(stage, job)
+        if self._fsdp_bucketed(job):
+            seconds += self.fsdp_bucket_tail_s(stage, self._stage_work(stage, job)[1], job)
         return seconds
 
     def _stage_fsdp_s(self, stage: list[StagePart], job: Job) -> float:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from trainsim.cost.pricing import LayerCost, Pricer
+from trainsim.cost.pricing import Pricer
 from trainsim.cost.step import FittedStepCosts
 from trainsim.errors import TrainsimError
 from trainsim.estimate.analytical import AnalyticalEstimator, PlanPrice
@@ -72,6 +72,7 @@ class _Combo:
 
     first_row: int  # index of its first _StageRow in the engine's table
     local: tuple[int, ...]  # per stage: which of its distinct rows (0-based) it takes
+    heads: tuple[int, ...]  # per distinct row: its first stage
     max_params: float  # the stage with the most parameters (the optimizer step's)
 
 
@@ -89,11 +90,16 @@ class GridPrices:
 class GridEngine:
     """Prices many plans at once with the analytical engine's closed form (see the module doc).
     estimator: the plain engine whose pricer (and caches) this engine shares and whose price() makes a plan's
-    full PlanPrice (plan_price)."""
+    full PlanPrice (plan_price). What the plans share (the stage rows of each partition and layer context) is
+    kept for the engine's later calls on the same cluster and stack: a second grid of the same graphs (another
+    global batch, other ZeRO stages or recompute modes) prices only its arrays."""
 
     def __init__(self, estimator: AnalyticalEstimator | None = None) -> None:
         self.estimator = estimator or AnalyticalEstimator()
         self.pricer: Pricer = self.estimator.pricer
+        # NB: keyed by ids (of the cluster, the stack and the graphs); _pinned keeps those objects alive
+        self._shared: dict[tuple[int, int], _Shared] = {}
+        self._pinned: dict[int, object] = {}
 
     def plan_price(self, job: Job, graph: OpGraph) -> PlanPrice:
         """The plain engine's full price of one plan (its Result via .result())."""
@@ -121,19 +127,49 @@ class GridEngine:
             tokens_per_s = tokens / time_s
         return GridPrices(time_s, tokens_per_s, peak, oom, errors)
 
+    def shared(self, job: Job) -> "_Shared":
+        """What the plans on the job's cluster and stack share."""
+        key = (id(job.cluster), id(job.stack))
+        shared = self._shared.get(key)
+        if shared is None:
+            self.pin(job.cluster)
+            self.pin(job.stack)
+            shared = self._shared[key] = _Shared()
+        return shared
+
+    def pin(self, obj: object) -> None:
+        self._pinned.setdefault(id(obj), obj)
+
+
+@dataclass(slots=True)
+class _Shared:
+    """The stage rows and combos of one (cluster, stack), their arrays made when rows were added."""
+
+    rows: list[_StageRow] = field(default_factory=list)
+    combos: list[_Combo] = field(default_factory=list)
+    combo_of: dict[tuple[object, ...], int] = field(default_factory=dict)
+    precisions: list[Precision] = field(default_factory=list)  # the precisions of the plans, each once
+    tables: "tuple[_RowTable, _ComboTable] | None" = None
+    tables_rows: int = 0  # the combos the tables hold
+
+    def arrays(self) -> "tuple[_RowTable, _ComboTable]":
+        if self.tables is None or self.tables_rows != len(self.combos):
+            self.tables, self.tables_rows = (_RowTable(self.rows), _ComboTable(self.combos)), len(self.combos)
+        return self.tables
+
 
 class _Batch:
-    """The plans of one price() call: gathers the fast ones' settings and prices what they share."""
+    """The plans of one price() call: gathers the fast ones' settings and prices what they share (once per
+    engine: _Shared)."""
 
     def __init__(self, engine: GridEngine, plans: Sequence[tuple[Job, OpGraph]]) -> None:
+        self.engine = engine
         self.pricer = engine.pricer
         self.plans = plans
         self.job0 = plans[0][0]
-        self.rows: list[_StageRow] = []
-        self.combos: list[_Combo] = []
-        self._combo_of: dict[tuple[object, ...], int] = {}
-        self._layer_costs: dict[tuple[object, ...], dict[int, LayerCost]] = {}
-        self.precisions: list[Precision] = []  # the precisions of the plans, each once
+        shared = self.shared = engine.shared(self.job0)
+        self.rows, self.combos, self._combo_of, self.precisions = (shared.rows, shared.combos, shared.combo_of,
+                                                                   shared.precisions)
         # NB: FittedStepCosts' host overhead per micro-batch reads none of its arguments: one price per stage
         self.fitted_overhead = isinstance(self.pricer.step_costs, FittedStepCosts)
 
@@ -173,6 +209,7 @@ class _Batch:
         """The combo of a new key: -1 where the plain engine must price the plan (an uneven split, a graph whose
         partition or prices raise, a step-cost model whose overhead reads the plan)."""
         pricer, par = self.pricer, job.parallel
+        self.engine.pin(graph)
         try:
             if pricer.plan_split(graph, par) is not None or not self.fitted_overhead:
                 number = -1
@@ -193,7 +230,8 @@ class _Batch:
         for head in partition.distinct:
             self.rows.append(self._stage_row(partition.stages[head], job))
         max_params = max(pricer.stage_params(stage) for stage in partition.stages)
-        self.combos.append(_Combo(first_row, tuple(local[head] for head in partition.first), max_params))
+        self.combos.append(_Combo(first_row, tuple(local[head] for head in partition.first), partition.distinct,
+                                  max_params))
         return len(self.combos) - 1
 
     def _stage_row(self, stage: list[StagePart], job: Job) -> _StageRow:
@@ -255,33 +293,32 @@ class _Fast:
     def compute(self, time_out: Floats, peak_out: Floats, oom_out: NDArray[np.bool_]) -> None:
         batch = self.batch
         pricer, job0 = batch.pricer, batch.job0
-        rows, combos = batch.rows, batch.combos
-        n = len(self.index)
-        width = max(len(combo.local) for combo in combos)
-        # per combo: each stage's row (padded with -1)
-        stage_rows = np.full((len(combos), width), -1, dtype=np.int64)
-        for number, combo in enumerate(combos):
-            stage_rows[number, :len(combo.local)] = [combo.first_row + local for local in combo.local]
-        table = _RowTable(rows)
-        plan_rows = stage_rows[self.combo]  # n x width
-        valid = plan_rows >= 0
-        safe_rows = np.where(valid, plan_rows, 0)
+        table, combos = batch.shared.arrays()
+        plans = np.arange(len(self.index))
         m = self.m.astype(np.float64)
-        zero3 = self.zero >= 3
+        zero3 = (self.zero >= 3).astype(np.int64)
+        recompute_code = self.recompute
 
-        # --- one micro-batch on every stage (Pricer._price_stage, StageCost.total_s) ---
-        recompute = table.recompute[safe_rows, self.recompute[:, None]]
-        fsdp = np.where(zero3[:, None], table.fsdp[safe_rows], 0.0)
-        totals = table.compute[safe_rows] + recompute + table.comm_total[safe_rows] + fsdp + \
-            table.overhead[safe_rows]
-        totals_or_floor = np.where(valid, totals, -np.inf)
-        bottleneck = np.argmax(totals_or_floor, axis=1)  # the first slowest stage, as max(range(p), key=...)
-        plans = np.arange(n)
-        slow_row = safe_rows[plans, bottleneck]
-        slow_total = totals[plans, bottleneck]
-        slow_recompute = recompute[plans, bottleneck]
-        slow_fsdp = fsdp[plans, bottleneck]
-        stage_sum = np.cumsum(np.where(valid, totals, 0.0), axis=1)[:, -1]  # Python's sum: left to right
+        # --- one micro-batch on each distinct stage of each combo, per recompute mode and with or without
+        # ZeRO-3 (Pricer._price_stage, StageCost.total_s): the variants (combo, recompute, ZeRO-3) ---
+        rows = combos.safe_rows  # C x R
+        fsdp = np.stack([np.zeros_like(table.fsdp[rows]), table.fsdp[rows]], axis=1)  # C x 2 x R
+        variant = (table.compute[rows][:, None, None, :] + table.recompute[rows].transpose(0, 2, 1)[:, :, None, :]
+                   + table.comm_total[rows][:, None, None, :] + fsdp[:, None, :, :]
+                   + table.overhead[rows][:, None, None, :])  # C x 3 x 2 x R
+        variant = np.where(combos.valid_rows[:, None, None, :], variant, -np.inf)
+        slowest = np.argmax(variant, axis=-1)  # rows in stage order: the first slowest stage, as max(range(p), ..)
+        stage_totals = np.take_along_axis(variant, combos.safe_local[:, None, None, :], axis=-1)
+        stage_totals = np.where(combos.valid_local[:, None, None, :], stage_totals, 0.0)
+        stage_sums = np.cumsum(stage_totals, axis=-1)[..., -1]  # Python's sum: left to right
+
+        slow_local = slowest[self.combo, recompute_code, zero3]
+        slow_row = combos.first_row[self.combo] + slow_local
+        slow_total = variant[self.combo, recompute_code, zero3, slow_local]
+        stage_sum = stage_sums[self.combo, recompute_code, zero3]
+        slow_recompute = table.recompute[slow_row, recompute_code]
+        slow_fsdp = np.where(zero3 == 1, table.fsdp[slow_row], 0.0)
+        first_row = combos.first_row[self.combo]
 
         # --- the bubble (even split) and zero bubble ---
         bubble = (stage_sum - slow_total) / self.vpp
@@ -292,10 +329,10 @@ class _Fast:
 
         # --- the exposed gradient reduction of the bottleneck and of the first stage ---
         grad = np.maximum(self._grad_exposed(table, slow_row, slow_recompute),
-                          self._grad_exposed(table, safe_rows[:, 0], recompute[:, 0]))
+                          self._grad_exposed(table, first_row, table.recompute[first_row, recompute_code]))
 
         # --- the optimizer step and the host overheads ---
-        optimizer = self._optimizer_s(combos)
+        optimizer = self._optimizer_s(batch.combos)
         iteration_overhead = pricer.iteration_overhead_s(job0)
 
         # --- the breakdown, summed in AnalyticalEstimator.price's order (estimate.result.iteration_time_s) ---
@@ -313,7 +350,7 @@ class _Fast:
             total = total + np.maximum(0.0, (total - bubble) / share - total)
         time_out[self.index] = total
 
-        peak, capacity = self._peak_memory(table, safe_rows, valid)
+        peak, capacity = self._peak_memory(table, combos, plans)
         peak_out[self.index] = peak
         oom_out[self.index] = peak > capacity
 
@@ -336,24 +373,34 @@ class _Fast:
         return np.where((self.shards_dp == 1) | (self.zero >= 3), 0.0, exposed)
 
     def _optimizer_s(self, combos: list[_Combo]) -> Floats:
-        """Pricer.optimizer_step_s per plan: one step-cost call per distinct (parameters, shards, precision)."""
+        """Pricer.optimizer_step_s per plan: per combo (one precision, one dp) unsharded and sharded (ZeRO >= 1),
+        one step-cost call per distinct (parameters, shards, precision)."""
         batch = self.batch
         pricer, device = batch.pricer, batch.job0.cluster.device
-        shards = np.where(self.zero >= 1, self.shards_dp, 1)
-        max_params = np.array([combo.max_params for combo in combos])[self.combo]
-        keys = np.stack([max_params, shards.astype(np.float64), self.precision.astype(np.float64)], axis=1)
-        distinct, inverse = np.unique(keys, axis=0, return_inverse=True)
-        seconds = np.array([pricer.step_costs.optimizer_step_s(params / int(shard), batch.precisions[int(code)],
-                                                               device)
-                            for params, shard, code in distinct.tolist()])
-        return seconds[inverse.reshape(-1)]
+        step_of: dict[tuple[float, int, str], float] = {}
+        by_combo = np.zeros((len(combos), 2))
+        used, first_plan = np.unique(self.combo, return_index=True)
+        first = zip(used.tolist(), self.shards_dp[first_plan].tolist(), self.precision[first_plan].tolist(),
+                    strict=True)
+        for number, shard, code in first:
+            params, precision = combos[number].max_params, batch.precisions[code]
+            for column, shards_used in enumerate((1, shard)):
+                key = (params, shards_used, precision)
+                seconds = step_of.get(key)
+                if seconds is None:
+                    seconds = step_of[key] = pricer.step_costs.optimizer_step_s(params / shards_used, precision,
+                                                                                device)
+                by_combo[number, column] = seconds
+        return by_combo[self.combo, (self.zero >= 1).astype(np.int64)]
 
-    def _peak_memory(self, table: "_RowTable", rows: Ints, valid: NDArray[np.bool_]) -> tuple[Floats, float]:
+    def _peak_memory(self, table: "_RowTable", combos: "_ComboTable", plans: Ints) -> tuple[Floats, float]:
         """Pricer.memory of every plan: each stage's memory at its peak (cost.memory.stage_memory_base,
-        stage_in_flight, stage_memory_values) and the largest."""
-        batch = self.batch
-        device = batch.job0.cluster.device
-        width = rows.shape[1]
+        stage_in_flight, stage_memory_values) and the largest. Of the stages of one content only the first
+        can be the largest: every schedule holds as many micro-batches or more on an earlier stage, and a
+        stage's memory does not fall with the micro-batches it holds."""
+        device = self.batch.job0.cluster.device
+        rows = combos.safe_rows[self.combo]  # n x R
+        valid = combos.valid_rows[self.combo]
         weight_bytes = self.weight_bytes[:, None]
         grad_bytes = self.grad_bytes[:, None]
         state_bytes = self.state_bytes[:, None]
@@ -373,7 +420,7 @@ class _Fast:
                         np.where(impl == OPTIMIZER_CODES["loop"], 4.0 * table.max_layer_params[rows] / opt_shards,
                                  0.0))
         # micro-batches each stage holds at its peak (strategy.stages.in_flight_micro_batches)
-        stage = np.arange(width)[None, :]
+        stage = combos.heads[self.combo]
         pp, vpp, m = self.pp[:, None], self.vpp[:, None], self.m[:, None]
         schedule = self.schedule[:, None]
         interleaved = np.minimum(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, m * vpp) / vpp
@@ -387,7 +434,29 @@ class _Fast:
         step = np.where(stepping, step, 0.0)
         totals = weights + gradients + optimizer + activations + working + step + device.runtime_reserved_bytes
         totals = np.where(valid, totals, -np.inf)
-        return totals[np.arange(len(self.index)), np.argmax(totals, axis=1)], device.hbm_bytes
+        return totals.max(axis=1), device.hbm_bytes
+
+
+class _ComboTable:
+    """The combos as arrays: per combo its distinct rows (R columns, padded) and per stage its distinct row's
+    position (width columns, padded)."""
+
+    def __init__(self, combos: list[_Combo]) -> None:
+        width = max(len(combo.local) for combo in combos)
+        distinct = max(max(combo.local) for combo in combos) + 1
+        local = np.full((len(combos), width), -1, dtype=np.int64)
+        heads = np.zeros((len(combos), distinct), dtype=np.int64)
+        count = np.zeros(len(combos), dtype=np.int64)
+        for number, combo in enumerate(combos):
+            local[number, :len(combo.local)] = combo.local
+            count[number] = max(combo.local) + 1
+            heads[number, :count[number]] = combo.heads
+        self.first_row = np.array([combo.first_row for combo in combos], dtype=np.int64)
+        self.valid_local = local >= 0
+        self.safe_local = np.where(self.valid_local, local, 0)
+        self.valid_rows = np.arange(distinct)[None, :] < count[:, None]
+        self.safe_rows = np.where(self.valid_rows, self.first_row[:, None] + np.arange(distinct)[None, :], 0)
+        self.heads = heads
 
 
 class _RowTable:

@@ -21,7 +21,7 @@ every plan gets the figures AnalyticalEstimator.price gives it: tests/unit/searc
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from numpy.typing import NDArray
@@ -53,6 +53,7 @@ class _StageRow:
     forward_s: float
     backward_s: float
     wgrad_s: float
+    feature_s: tuple[float, ...]  # feature communication per axis, in Pricer._stage_work's order
     comm_s: tuple[float, ...]  # in Pricer._price_stage's order (feature axes, then pp), padded with zeros
     comm_total_s: float  # sum(comm_s) as StageCost sums it
     recompute_s: tuple[float, float, float]  # per RECOMPUTE_CODES
@@ -148,6 +149,7 @@ class _Shared:
     rows: list[_StageRow] = field(default_factory=list)
     combos: list[_Combo] = field(default_factory=list)
     combo_of: dict[tuple[object, ...], int] = field(default_factory=dict)
+    contents: dict[tuple[object, ...], _StageRow] = field(default_factory=dict)  # _Batch._stage_row's
     precisions: list[Precision] = field(default_factory=list)  # the precisions of the plans, each once
     tables: "tuple[_RowTable, _ComboTable] | None" = None
     tables_rows: int = 0  # the combos the tables hold
@@ -235,8 +237,24 @@ class _Batch:
         return len(self.combos) - 1
 
     def _stage_row(self, stage: list[StagePart], job: Job) -> _StageRow:
-        """A stage's price parts, each as Pricer's _stage_work, _stage_recompute_s, _price_stage,
-        micro_batch_overhead_s and cost.memory compute it (the same sums in the same order)."""
+        """A stage's row: its content (_content, shared by every vpp of the partition) and its pipeline sends
+        (Pricer._price_stage's comm: the feature axes, then pp)."""
+        par = job.parallel
+        key = (id(stage), par.tp, par.cp, par.ep, par.dp, par.sp, par.precision)  # stage: of a pinned partition
+        content = self.shared.contents.get(key)
+        if content is None:
+            content = self.shared.contents[key] = self._content(stage, job)
+        if par.pp == 1:
+            return content
+        features = len(content.feature_s)
+        sends = self.pricer.pipeline_send_s(stage, job)
+        comm = content.feature_s + (sends,) + (0.0,) * (COMM_SLOTS - features - 1)
+        return replace(content, comm_s=comm, comm_total_s=content.comm_total_s + sends)
+
+    def _content(self, stage: list[StagePart], job: Job) -> _StageRow:
+        """What a stage's price reads but its pipeline sends, each part as Pricer's _stage_work,
+        _stage_recompute_s, zero3_exposed_s, micro_batch_overhead_s, gradient_sync_exposed_s and cost.memory
+        compute it (the same sums in the same order)."""
         pricer, par = self.pricer, job.parallel
         forward = backward = wgrad = 0.0
         feature: dict[str, float] = {}
@@ -251,17 +269,14 @@ class _Batch:
             if part.layer.kind not in ("embedding", "head"):
                 full += part.count * (cost.fwd_s + cost.comm_fwd_s)
             selective += part.count * cost.selective_s
-        comm = dict(feature)
-        if par.pp > 1:
-            comm["pp"] = pricer.pipeline_send_s(stage, job)
-        values = tuple(comm.values())
+        values = tuple(feature.values())
         saved = tuple(sum(part.count * part.layer.saved_bytes[mode] for part in stage)
                       for mode in RECOMPUTE_CODES)
         largest = max((part.layer for part in stage), key=lambda layer: layer.saved_bytes["none"])
         heads = [part.layer for part in stage if part.layer.kind == "head"]
         row = _StageRow(
             compute_s=forward + backward, forward_s=forward, backward_s=backward, wgrad_s=wgrad,
-            comm_s=values + (0.0,) * (COMM_SLOTS - len(values)), comm_total_s=sum(values),
+            feature_s=values, comm_s=values + (0.0,) * (COMM_SLOTS - len(values)), comm_total_s=sum(values),
             recompute_s=(0.0, selective, full), fsdp_s=pricer.zero3_exposed_s(stage, job),
             overhead_s=pricer.micro_batch_overhead_s(stage, job),
             params=pricer.stage_params(stage), saved_bytes=(saved[0], saved[1], saved[2]),

@@ -12,7 +12,7 @@ import heapq
 
 import pytest
 
-from trainsim.catalog.loader import load_cluster, load_model
+from trainsim.catalog.loader import load_cluster
 from trainsim.catalog.model_files import parse_model
 from trainsim.errors import TrainsimError
 from trainsim.estimate.analytical import AnalyticalEstimator
@@ -25,6 +25,7 @@ from trainsim.search import Planner, SearchSpace, enumerate_plans
 from trainsim.search.grid import GridEngine
 from trainsim.search.planner import OUT_OF_MEMORY, refusal_reason
 from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.precision import Precision
 from trainsim.strategy.stack import StackSpec, load_stack
 
 REL = 1e-9
@@ -79,7 +80,8 @@ def test_a_second_grid_on_the_kept_stage_rows() -> None:
     """Another global batch and precision on the same engine: the rows kept from the first call serve it."""
     cluster = load_cluster("dgx-h100-80gb").with_num_gpus(16)
     engine, graphs = GridEngine(), GraphCache()
-    for global_batch, precision in ((64, "bf16"), (128, "bf16"), (128, "fp8")):
+    settings: list[tuple[int, Precision]] = [(64, "bf16"), (128, "bf16"), (128, "fp8")]
+    for global_batch, precision in settings:
         space = SearchSpace(global_batch=global_batch, seq_len=512, max_micro_batch=2, precision=precision)
         plans = []
         for parallel in enumerate_plans(DENSE, cluster, space):
@@ -127,7 +129,7 @@ def test_a_cpu_cluster_that_shares_its_cores() -> None:
 def test_a_plan_the_engine_refuses_is_reported_not_priced() -> None:
     cluster = load_cluster("dgx-a100-80gb").with_num_gpus(8)
     good = built(DENSE, cluster, [ParallelSpec(tp=2, global_batch=64, seq_len=512)])
-    prices = GridEngine().price(good + [(good[0][0], OpGraph("empty", (), 1, 1))])
+    prices = GridEngine().price([*good, (good[0][0], OpGraph("empty", (), 1, 1))])
     assert list(prices.errors) == [1]
     assert prices.iteration_time_s[0] == pytest.approx(
         AnalyticalEstimator().price(*good[0]).iteration_time_s, rel=REL, abs=0.0)

@@ -40,7 +40,7 @@ from trainsim.job import Job
 from trainsim.profile.database import default_db_path
 from trainsim.registry import Registry
 from trainsim.strategy.parallel import ParallelSpec
-from trainsim.strategy.precision import policy_for
+from trainsim.strategy.precision import Precision, PrecisionPolicy, policy_for
 from trainsim.strategy.stack import BEHAVIOURS, StackSpec
 from trainsim.strategy.stages import (
     BLOCK_KINDS,
@@ -155,6 +155,8 @@ class Pricer:
         self._layer_axes: dict[int, tuple[str, ...]] = {}  # id of a layer -> the axes of its feature collectives
         self._layouts: dict[tuple[object, ...], GroupLayout] = {}
         self._collectives: dict[tuple[object, ...], float] = {}
+        self._axis_collectives: dict[tuple[object, ...], float] = {}
+        self._policies: dict[str, PrecisionPolicy] = {}
         self._stage_keys: dict[int, int] = {}  # id of a stage of self.stages() -> the number of its content
         self._stage_numbers: dict[StageKey, int] = {}
         self._stage_costs: dict[tuple[object, ...], StageCost] = {}
@@ -259,11 +261,18 @@ class Pricer:
         at the calibrated memory bandwidth, one more launch)."""
         device = job.cluster.device
         seconds = self.op_costs.op_time_s(op, device)
-        extra = unfused_extra_bytes(op, job.stack, policy_for(job.parallel.precision).linear_dtype == "fp8")
+        extra = unfused_extra_bytes(op, job.stack, self.policy(job.parallel.precision).linear_dtype == "fp8")
         if extra > 0.0:
             compute = self.cal.compute
             seconds += extra / (device.hbm_bw_bytes_per_s * compute.memory_efficiency) + compute.kernel_overhead_s
         return seconds
+
+    def policy(self, precision: Precision) -> PrecisionPolicy:
+        """policy_for(precision), made once."""
+        policy = self._policies.get(precision)
+        if policy is None:
+            policy = self._policies[precision] = policy_for(precision)
+        return policy
 
     def ops_time_s(self, ops: tuple[Op, ...], job: Job) -> float:
         return sum(self.op_time_s(op, job) for op in ops)
@@ -288,8 +297,14 @@ class Pricer:
         return layout
 
     def axis_collective_s(self, collective: str, buffer_bytes: float, axis: str, job: Job) -> float:
-        """A collective over the group of `axis` (tp, cp, dp, ep, pp, or grad: the gradient group)."""
-        return self.collective_s(collective, buffer_bytes, self.layout(axis, job), job)
+        """A collective over the group of `axis` (tp, cp, dp, ep, pp, or grad: the gradient group); once per
+        (collective, bytes, the group's size and stride, cluster)."""
+        key = (collective, buffer_bytes, axis_group(axis, job.parallel), self._cluster_key(job.cluster))
+        seconds = self._axis_collectives.get(key)
+        if seconds is None:
+            seconds = self._axis_collectives[key] = self.collective_s(collective, buffer_bytes,
+                                                                      self.layout(axis, job), job)
+        return seconds
 
     # --- layers and stages ---
 
@@ -330,10 +345,11 @@ class Pricer:
             comm[c.axis] = comm.get(c.axis, 0.0) + comm_s
             if c.phase == "fwd":
                 comm_fwd += comm_s
-        selective = self.ops_time_s(tuple(op for op in layer.fwd if op.recompute_selective), job)
-        wgrad = self.ops_time_s(tuple(op for op in layer.bwd if op.name.endswith(".wgrad")), job)
-        return LayerCost(self.ops_time_s(layer.fwd, job), self.ops_time_s(layer.bwd, job), selective, comm,
-                         comm_fwd, wgrad, fraction)
+        times = {id(op): self.op_time_s(op, job) for op in layer.fwd + layer.bwd}  # each op priced once
+        selective = sum(times[id(op)] for op in layer.fwd if op.recompute_selective)
+        wgrad = sum(times[id(op)] for op in layer.bwd if op.name.endswith(".wgrad"))
+        return LayerCost(sum(times[id(op)] for op in layer.fwd), sum(times[id(op)] for op in layer.bwd), selective,
+                         comm, comm_fwd, wgrad, fraction)
 
     def tp_exposed_fraction(self, layer: Layer, tp_s: dict[str, float], job: Job) -> tuple[float, float]:
         """Of the tensor-parallel collectives of forward and backward (tp_s: phase -> seconds), the fraction
@@ -550,7 +566,7 @@ class Pricer:
         (a deeper prefetch only absorbs uneven layers). Without prefetch each gather waits until its layer is
         reached, behind the reduce-scatter before it (collectives of one NCCL communicator run in order): all
         exposed."""
-        policy = policy_for(job.parallel.precision)
+        policy = self.policy(job.parallel.precision)
         gather = self.axis_collective_s("all-gather", layer.param_count * policy.weight_bytes, "grad", job)
         scatter = self.axis_collective_s("reduce-scatter", layer.param_count * policy.grad_bytes, "grad", job)
         if job.stack.fsdp_prefetch_depth == 0 or not job.cluster.device.comm_overlaps_compute:
@@ -569,7 +585,7 @@ class Pricer:
         """ZeRO-3 with gradient buckets (fsdp_bucket_params): per micro-batch, the stage's reduce-scatters in
         buckets as the backward pass fills them (stack_effects.bucketed_s); the last one is exposed."""
         params = self.stage_params(stage)
-        scatter = self.axis_collective_s("reduce-scatter", params * policy_for(job.parallel.precision).grad_bytes,
+        scatter = self.axis_collective_s("reduce-scatter", params * self.policy(job.parallel.precision).grad_bytes,
                                          "grad", job)
         return bucketed_s(scatter, backward_s, params / job.stack.fsdp_bucket_params, self.overlap_slowdown(job))
 
@@ -582,7 +598,7 @@ class Pricer:
         par = job.parallel
         if par.dp * par.cp == 1 or par.zero >= 3:
             return 0.0
-        policy = policy_for(par.precision)
+        policy = self.policy(par.precision)
         params = self.stage_params(stage)
         grad_bytes = params * policy.grad_bytes
         buckets = params / job.stack.grad_bucket_params

@@ -21,7 +21,7 @@ every plan gets the figures AnalyticalEstimator.price gives it: tests/unit/searc
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
@@ -33,7 +33,7 @@ from trainsim.estimate.analytical import AnalyticalEstimator, PlanPrice
 from trainsim.ir.graph import OpGraph
 from trainsim.job import Job
 from trainsim.strategy.precision import Precision, policy_for
-from trainsim.strategy.stages import StagePart, is_even_split
+from trainsim.strategy.stages import StagePart
 
 Floats = NDArray[np.float64]
 Ints = NDArray[np.int64]
@@ -45,17 +45,18 @@ COMM_SLOTS = 4  # feature-communication axes of a stage (tp, cp, ep) and its pip
 
 
 @dataclass(slots=True)
-class _StageRow:
-    """One distinct stage of a partition under one layer context: everything of its price that does not depend
-    on recompute, ZeRO or the micro-batch count (Pricer._price_stage's and cost.memory's inputs)."""
+class _Content:
+    """What one stage of a partition costs under one layer context, but its pipeline sends (which depend on vpp):
+    everything of its price that does not depend on recompute, ZeRO or the micro-batch count
+    (Pricer._price_stage's and cost.memory's inputs)."""
 
     compute_s: float  # forward + backward
     forward_s: float
     backward_s: float
     wgrad_s: float
-    feature_s: tuple[float, ...]  # feature communication per axis, in Pricer._stage_work's order
-    comm_s: tuple[float, ...]  # in Pricer._price_stage's order (feature axes, then pp), padded with zeros
-    comm_total_s: float  # sum(comm_s) as StageCost sums it
+    feature_s: tuple[float, ...]  # feature communication per axis, in Pricer._stage_work's order, padded
+    features: int  # the axes of feature_s before the padding (the pipeline sends come next: _price_stage)
+    feature_total_s: float  # sum(feature_s)
     recompute_s: tuple[float, float, float]  # per RECOMPUTE_CODES
     fsdp_s: float  # ZeRO-3 exposure (with the bucketed tail where the stack buckets)
     overhead_s: float
@@ -71,7 +72,7 @@ class _StageRow:
 class _Combo:
     """A partition under one layer context: its distinct stages' rows and how its stages map to them."""
 
-    first_row: int  # index of its first _StageRow in the engine's table
+    first_row: int  # index of its first stage row in _Shared
     local: tuple[int, ...]  # per stage: which of its distinct rows (0-based) it takes
     heads: tuple[int, ...]  # per distinct row: its first stage
     max_params: float  # the stage with the most parameters (the optimizer step's)
@@ -111,10 +112,12 @@ class GridEngine:
         time_s = np.zeros(n)
         peak = np.zeros(n)
         oom = np.zeros(n, dtype=np.bool_)
+        tokens = np.zeros(n)  # per iteration
         errors: dict[int, TrainsimError] = {}
         fast, slow = _Batch(self, plans).split() if n else (None, list[int]())
         if fast is not None:
             fast.compute(time_s, peak, oom)
+            tokens[fast.index] = fast.tokens
         for index in slow:
             job, graph = plans[index]
             try:
@@ -123,7 +126,7 @@ class GridEngine:
                 errors[index] = exc
                 continue
             time_s[index], peak[index], oom[index] = priced.iteration_time_s, priced.peak_memory_bytes, priced.oom
-        tokens = np.array([job.tokens_per_iteration for job, _ in plans], dtype=np.float64)
+            tokens[index] = job.tokens_per_iteration
         with np.errstate(divide="ignore"):
             tokens_per_s = tokens / time_s
         return GridPrices(time_s, tokens_per_s, peak, oom, errors)
@@ -146,17 +149,23 @@ class GridEngine:
 class _Shared:
     """The stage rows and combos of one (cluster, stack), their arrays made when rows were added."""
 
-    rows: list[_StageRow] = field(default_factory=list)
+    # a stage row: a distinct stage of a combo: its content and its pipeline sends (0 for pp = 1)
+    row_content: list[int] = field(default_factory=list)
+    row_sends_s: list[float] = field(default_factory=list)
+    contents: list[_Content] = field(default_factory=list)
+    content_of: dict[tuple[object, ...], int] = field(default_factory=dict)
     combos: list[_Combo] = field(default_factory=list)
-    combo_of: dict[tuple[object, ...], int] = field(default_factory=dict)
-    contents: dict[tuple[object, ...], _StageRow] = field(default_factory=dict)  # _Batch._stage_row's
+    combo_of: dict[tuple[object, ...], int] = field(default_factory=dict)  # (graph, plan's layout) -> combo
+    # (graph, plan settings) -> (combo or -1, pp, vpp, dp x cp, schedule, optimizer, precision codes)
+    groups: dict[tuple[object, ...], tuple[int, ...]] = field(default_factory=dict)
     precisions: list[Precision] = field(default_factory=list)  # the precisions of the plans, each once
     tables: "tuple[_RowTable, _ComboTable] | None" = None
     tables_rows: int = 0  # the combos the tables hold
 
     def arrays(self) -> "tuple[_RowTable, _ComboTable]":
         if self.tables is None or self.tables_rows != len(self.combos):
-            self.tables, self.tables_rows = (_RowTable(self.rows), _ComboTable(self.combos)), len(self.combos)
+            self.tables = (_RowTable(self.contents, self.row_content, self.row_sends_s), _ComboTable(self.combos))
+            self.tables_rows = len(self.combos)
         return self.tables
 
 
@@ -170,34 +179,35 @@ class _Batch:
         self.plans = plans
         self.job0 = plans[0][0]
         shared = self.shared = engine.shared(self.job0)
-        self.rows, self.combos, self._combo_of, self.precisions = (shared.rows, shared.combos, shared.combo_of,
-                                                                   shared.precisions)
+        self.combos, self.precisions = shared.combos, shared.precisions
         # NB: FittedStepCosts' host overhead per micro-batch reads none of its arguments: one price per stage
         self.fitted_overhead = isinstance(self.pricer.step_costs, FittedStepCosts)
 
     def split(self) -> tuple["_Fast | None", list[int]]:
         """The fast plans' settings as arrays, and the indices of the plans left to the plain engine."""
         cluster, stack = self.job0.cluster, self.job0.stack
+        groups = self.shared.groups
         slow: list[int] = []
         index_of: list[int] = []
         columns: list[tuple[int, ...]] = []
         for index, (job, graph) in enumerate(self.plans):
             par = job.parallel
             if (job.cluster is not cluster and job.cluster != cluster) or \
-                    (job.stack is not stack and job.stack != stack) or not is_even_split(par):
-                slow.append(index)
+                    (job.stack is not stack and job.stack != stack) or par.stage_layers or \
+                    par.first_stage_layers or par.last_stage_layers or par.embedding_in_split or par.loss_in_split:
+                slow.append(index)  # not strategy.stages.is_even_split
                 continue
-            key = (id(graph), par.tp, par.cp, par.ep, par.dp, par.pp, par.vpp, par.sp, par.precision)
-            combo = self._combo_of.get(key)
-            if combo is None:
-                combo = self._combo(key, job, graph)
-            if combo < 0:
+            key = (id(graph), par.tp, par.cp, par.ep, par.dp, par.pp, par.vpp, par.sp, par.precision, par.schedule,
+                   par.optimizer_impl)
+            group = groups.get(key)
+            if group is None:
+                group = groups[key] = self._group(job, graph)
+            if group[0] < 0:
                 slow.append(index)
                 continue
             index_of.append(index)
-            columns.append((combo, par.pp, par.vpp, par.dp * par.cp, par.zero, par.num_micro_batches,
-                            RECOMPUTE_CODES[par.recompute], SCHEDULE_CODES[par.schedule],
-                            OPTIMIZER_CODES[par.optimizer_impl], self._precision(par.precision)))
+            columns.append((*group, par.zero, par.global_batch // (par.dp * par.micro_batch),
+                            RECOMPUTE_CODES[par.recompute], par.global_batch * par.seq_len))
         if not index_of:
             return None, slow
         return _Fast(self, np.array(index_of, dtype=np.int64), np.array(columns, dtype=np.int64)), slow
@@ -207,51 +217,53 @@ class _Batch:
             self.precisions.append(precision)
         return self.precisions.index(precision)
 
-    def _combo(self, key: tuple[object, ...], job: Job, graph: OpGraph) -> int:
-        """The combo of a new key: -1 where the plain engine must price the plan (an uneven split, a graph whose
-        partition or prices raise, a step-cost model whose overhead reads the plan)."""
+    def _group(self, job: Job, graph: OpGraph) -> tuple[int, ...]:
+        """The settings a new group of plans shares: its combo (-1 where the plain engine must price the plan: an
+        uneven split, a graph whose partition or prices raise, a step-cost model whose overhead reads the plan),
+        pp, vpp, dp x cp and the codes of its schedule, optimizer and precision."""
         pricer, par = self.pricer, job.parallel
         self.engine.pin(graph)
-        try:
-            if pricer.plan_split(graph, par) is not None or not self.fitted_overhead:
-                number = -1
-            else:
-                number = self._new_combo(job, graph)
-        except TrainsimError:
-            number = -1
-        self._combo_of[key] = number
-        return number
+        key = (id(graph), par.tp, par.cp, par.ep, par.dp, par.pp, par.vpp, par.sp, par.precision)
+        combo = self.shared.combo_of.get(key)
+        if combo is None:
+            try:
+                if pricer.plan_split(graph, par) is not None or not self.fitted_overhead:
+                    combo = -1
+                else:
+                    combo = self._new_combo(job, graph)
+            except TrainsimError:
+                combo = -1
+            self.shared.combo_of[key] = combo
+        return (combo, par.pp, par.vpp, par.dp * par.cp, SCHEDULE_CODES[par.schedule],
+                OPTIMIZER_CODES[par.optimizer_impl], self._precision(par.precision))
 
     def _new_combo(self, job: Job, graph: OpGraph) -> int:
         pricer = self.pricer
         partition = pricer.plan_partition(graph, job.parallel)
         if partition.chunk_blocks:
             return -1
-        first_row = len(self.rows)
+        first_row = len(self.shared.row_content)
         local = {head: number for number, head in enumerate(partition.distinct)}
         for head in partition.distinct:
-            self.rows.append(self._stage_row(partition.stages[head], job))
+            self._stage_row(partition.stages[head], job)
         max_params = max(pricer.stage_params(stage) for stage in partition.stages)
         self.combos.append(_Combo(first_row, tuple(local[head] for head in partition.first), partition.distinct,
                                   max_params))
         return len(self.combos) - 1
 
-    def _stage_row(self, stage: list[StagePart], job: Job) -> _StageRow:
-        """A stage's row: its content (_content, shared by every vpp of the partition) and its pipeline sends
-        (Pricer._price_stage's comm: the feature axes, then pp)."""
-        par = job.parallel
+    def _stage_row(self, stage: list[StagePart], job: Job) -> None:
+        """A new stage row: the stage's content (_content, shared by every vpp of the partition) and its
+        pipeline sends."""
+        par, shared = job.parallel, self.shared
         key = (id(stage), par.tp, par.cp, par.ep, par.dp, par.sp, par.precision)  # stage: of a pinned partition
-        content = self.shared.contents.get(key)
+        content = shared.content_of.get(key)
         if content is None:
-            content = self.shared.contents[key] = self._content(stage, job)
-        if par.pp == 1:
-            return content
-        features = len(content.feature_s)
-        sends = self.pricer.pipeline_send_s(stage, job)
-        comm = content.feature_s + (sends,) + (0.0,) * (COMM_SLOTS - features - 1)
-        return replace(content, comm_s=comm, comm_total_s=content.comm_total_s + sends)
+            content = shared.content_of[key] = len(shared.contents)
+            shared.contents.append(self._content(stage, job))
+        shared.row_content.append(content)
+        shared.row_sends_s.append(self.pricer.pipeline_send_s(stage, job) if par.pp > 1 else 0.0)
 
-    def _content(self, stage: list[StagePart], job: Job) -> _StageRow:
+    def _content(self, stage: list[StagePart], job: Job) -> _Content:
         """What a stage's price reads but its pipeline sends, each part as Pricer's _stage_work,
         _stage_recompute_s, zero3_exposed_s, micro_batch_overhead_s, gradient_sync_exposed_s and cost.memory
         compute it (the same sums in the same order)."""
@@ -274,9 +286,9 @@ class _Batch:
                       for mode in RECOMPUTE_CODES)
         largest = max((part.layer for part in stage), key=lambda layer: layer.saved_bytes["none"])
         heads = [part.layer for part in stage if part.layer.kind == "head"]
-        row = _StageRow(
+        row = _Content(
             compute_s=forward + backward, forward_s=forward, backward_s=backward, wgrad_s=wgrad,
-            feature_s=values, comm_s=values + (0.0,) * (COMM_SLOTS - len(values)), comm_total_s=sum(values),
+            feature_s=values + (0.0,) * (COMM_SLOTS - len(values)), features=len(values), feature_total_s=sum(values),
             recompute_s=(0.0, selective, full), fsdp_s=pricer.zero3_exposed_s(stage, job),
             overhead_s=pricer.micro_batch_overhead_s(stage, job),
             params=pricer.stage_params(stage), saved_bytes=(saved[0], saved[1], saved[2]),
@@ -297,8 +309,8 @@ class _Fast:
     def __init__(self, batch: _Batch, index: Ints, columns: Ints) -> None:
         self.batch = batch
         self.index = index
-        (self.combo, self.pp, self.vpp, self.shards_dp, self.zero, self.m, self.recompute, self.schedule,
-         self.optimizer, self.precision) = (columns[:, k] for k in range(columns.shape[1]))
+        (self.combo, self.pp, self.vpp, self.shards_dp, self.schedule, self.optimizer, self.precision, self.zero,
+         self.m, self.recompute, self.tokens) = (columns[:, k] for k in range(columns.shape[1]))
         policies = [policy_for(name) for name in batch.precisions]
         self.weight_bytes = np.array([policy.weight_bytes for policy in policies], dtype=np.float64)[self.precision]
         self.grad_bytes = np.array([policy.grad_bytes for policy in policies], dtype=np.float64)[self.precision]
@@ -475,18 +487,22 @@ class _ComboTable:
 
 
 class _RowTable:
-    """The stage rows as columns."""
+    """The stage rows as columns (each a content's, with the row's pipeline sends after its feature axes)."""
 
-    def __init__(self, rows: list[_StageRow]) -> None:
+    def __init__(self, contents: list[_Content], row_content: list[int], row_sends_s: list[float]) -> None:
+        index = np.array(row_content, dtype=np.int64)
+
         def column(name: str) -> Floats:
-            return np.array([getattr(row, name) for row in rows], dtype=np.float64)
+            return np.array([getattr(content, name) for content in contents], dtype=np.float64)[index]
 
+        sends = np.array(row_sends_s, dtype=np.float64)
         self.compute = column("compute_s")
         self.forward = column("forward_s")
         self.backward = column("backward_s")
         self.wgrad = column("wgrad_s")
-        self.comm = column("comm_s")
-        self.comm_total = column("comm_total_s")
+        self.comm = column("feature_s")
+        self.comm[np.arange(len(index)), column("features").astype(np.int64)] = sends  # 0 where pp = 1
+        self.comm_total = column("feature_total_s") + sends  # sum(feature_s + (sends,)): x + 0.0 is x
         self.recompute = column("recompute_s")
         self.fsdp = column("fsdp_s")
         self.overhead = column("overhead_s")

@@ -62,7 +62,9 @@ class _Content:
     overhead_s: float
     params: float
     saved_bytes: tuple[float, float, float]  # per RECOMPUTE_CODES
-    largest_saved_bytes: float  # the largest layer's saved activations without recompute
+    # per RECOMPUTE_CODES: what recompute keeps alive inside one layer (cost.memory._working_bytes' first term:
+    # the largest layer's activations without recompute, under any recompute)
+    recompute_working_bytes: tuple[float, float, float]
     max_layer_params: float
     head_saved_bytes: float  # the head's logits gradient, 0 without a head
     grad: tuple[float, float, float] = (0.0, 0.0, 0.0)  # all-reduce, reduce-scatter, all-gather of its gradients
@@ -127,7 +129,7 @@ class GridEngine:
                 continue
             time_s[index], peak[index], oom[index] = priced.iteration_time_s, priced.peak_memory_bytes, priced.oom
             tokens[index] = job.tokens_per_iteration
-        with np.errstate(divide="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore"):  # a refused plan (errors) has no figures
             tokens_per_s = tokens / time_s
         return GridPrices(time_s, tokens_per_s, peak, oom, errors)
 
@@ -292,7 +294,7 @@ class _Batch:
             recompute_s=(0.0, selective, full), fsdp_s=pricer.zero3_exposed_s(stage, job),
             overhead_s=pricer.micro_batch_overhead_s(stage, job),
             params=pricer.stage_params(stage), saved_bytes=(saved[0], saved[1], saved[2]),
-            largest_saved_bytes=largest.saved_bytes["none"],
+            recompute_working_bytes=(0.0, largest.saved_bytes["none"], largest.saved_bytes["none"]),
             max_layer_params=max(part.layer.param_count for part in stage),
             head_saved_bytes=heads[0].saved_bytes["none"] if heads else 0.0)
         if par.dp * par.cp > 1:
@@ -439,7 +441,7 @@ class _Fast:
         gradients = params * grad_bytes / np.where(zero >= 2, shards, 1)
         optimizer = params * state_bytes / opt_shards
         per_micro_batch = table.saved[rows, self.recompute[:, None]]
-        working = np.where(self.recompute[:, None] != 0, table.largest_saved[rows], 0.0)
+        working = table.recompute_working[rows, self.recompute[:, None]]
         working = np.where(zero >= 3, working + 2 * table.max_layer_params[rows] * weight_bytes, working)
         working = working + table.head_saved[rows]  # 0 where the stage has no head: x + 0.0 is x
         impl = self.optimizer[:, None]
@@ -508,7 +510,7 @@ class _RowTable:
         self.overhead = column("overhead_s")
         self.params = column("params")
         self.saved = column("saved_bytes")
-        self.largest_saved = column("largest_saved_bytes")
+        self.recompute_working = column("recompute_working_bytes")
         self.max_layer_params = column("max_layer_params")
         self.head_saved = column("head_saved_bytes")
         self.grad = column("grad")

@@ -10,6 +10,7 @@ import heapq
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from trainsim.errors import ConfigError, InfeasiblePlanError, TrainsimError
 from trainsim.estimate.analytical import AnalyticalEstimator
@@ -20,9 +21,11 @@ from trainsim.ir.graph import OpGraph
 from trainsim.ir.model_spec import ModelSpec
 from trainsim.job import Job, make_job
 from trainsim.pipeline import GraphCache
-from trainsim.search.grid import GridEngine
 from trainsim.search.space import SearchSpace, enumerate_plans
 from trainsim.strategy.parallel import ParallelSpec
+
+if TYPE_CHECKING:  # NB: the grid engine loads numpy; `trainsim predict` loads the planner (api) but no numpy
+    from trainsim.search.grid import GridEngine
 
 OUT_OF_MEMORY = "out of memory"
 PROGRESS_EVERY = 256  # plans between progress callbacks: cheap enough not to show in the search time
@@ -146,6 +149,8 @@ class Planner:
         by plan."""
         if isinstance(self.estimator, AnalyticalEstimator):
             if self._grid is None or self._grid.estimator is not self.estimator:
+                from trainsim.search.grid import GridEngine  # numpy: loaded by a search, not by every predict
+
                 self._grid = GridEngine(self.estimator)
             prices = self._grid.price(built)
             for at, exc in prices.errors.items():

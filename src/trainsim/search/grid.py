@@ -7,10 +7,12 @@ dp, micro-batch, recompute, ZeRO). GridEngine prices what the plans share once, 
 same Pricer, the same formulas, the same order of operations), and what they do not share as numpy arrays over
 the plans:
 
-- once per pipeline partition (graph, pp, vpp) and layer context (graph, tp, cp, ep, dp, sp, precision):
-  each distinct stage's forward, backward, weight-gradient and feature-communication seconds, what its
-  recompute would repeat, its ZeRO-3 exposure, its pipeline sends, its host overhead, its parameters, saved
-  activations and working buffers (Pricer's public prices of layers, collectives and stages);
+- once per distinct stage of a partition (graph, pp) under a layer context (tp, cp, ep, dp, sp, precision),
+  whatever the vpp: its forward, backward, weight-gradient and feature-communication seconds, what its
+  recompute would repeat, its ZeRO-3 exposure, its host overhead, its parameters, saved activations and working
+  buffers, its gradient collectives (Pricer's public prices of layers, collectives and stages); once per vpp
+  its pipeline sends. The engine keeps them for its later calls on the same cluster and stack;
+- once per (partition, recompute, ZeRO-3 or not): each stage's time, the bottleneck, the stages' sum;
 - per plan, as arrays: the stage times (recompute, ZeRO-3), the bottleneck stage, the bubble, the exposed
   gradient reduction, the optimizer step, the iteration time, and each stage's memory under the schedule and
   its peak (cost.memory's formulas).

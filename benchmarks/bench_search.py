@@ -3,13 +3,17 @@
     python benchmarks/bench_search.py [--model NAME] [--cluster NAME_OR_YAML] [--num-gpus N] [--repeats R]
                                       [--profile]
 
-Each repeat runs one whole search with a fresh Planner (enumeration + make_job + the analytical engine, its
-caches cold; imports and catalog loading excluded), then prices the same feasible-by-construction jobs again
-with a fresh engine to time the engine alone. Prints medians over the repeats of:
+Each repeat runs one whole search with a fresh Planner (enumeration + make_job + the analytical engine over
+the grid, its caches cold; imports and catalog loading excluded), then prices the same jobs again to time the
+engine alone. Prints medians over the repeats of:
 
 - search plans/s: plans tried / seconds of the whole search (the figure `trainsim search` users see);
-- engine plans/s: plans the engine priced / seconds in AnalyticalEstimator.price (make_job and graph
-  building excluded; what the engine's caches and closed form cost per plan).
+- engine plans/s, cold: the plans make_job accepts / seconds of a fresh GridEngine pricing them all (make_job
+  and graph building excluded; every layer, collective and stage price made anew);
+- engine plans/s, warm: the same grid again on the same GridEngine (what a second search over the same graphs
+  costs: another global batch, other ZeRO stages or recompute modes);
+- plain engine plans/s: the same plans one by one through a fresh AnalyticalEstimator.price (the engine before
+  the grid engine; the figures the grid engine must equal).
 
 Both in wall time and in CPU time (time.process_time: this process's CPU seconds, so waiting for a core on a
 loaded machine does not count). The CPU-time figure is the nearest to "plans/s on one idle core": the process
@@ -37,6 +41,7 @@ from trainsim.ir.model_spec import ModelSpec
 from trainsim.job import Job, make_job
 from trainsim.pipeline import GraphCache
 from trainsim.search import Planner, SearchReport, SearchSpace, enumerate_plans
+from trainsim.search.grid import GridEngine
 
 T = TypeVar("T")
 
@@ -53,17 +58,22 @@ def priced_jobs(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace) -> l
     graphs, jobs = GraphCache(), []
     for parallel in enumerate_plans(model, cluster, space):
         try:
-            job = make_job(model, cluster, parallel)
+            job = make_job(model, cluster, parallel, space.stack)
         except TrainsimError:
             continue
         jobs.append((job, graphs.get(job)))
     return jobs
 
 
-def price_all(jobs: list[tuple[Job, OpGraph]]) -> int:
+def price_one_by_one(jobs: list[tuple[Job, OpGraph]]) -> int:
     engine = AnalyticalEstimator()
     for job, graph in jobs:
         engine.price(job, graph)
+    return len(jobs)
+
+
+def price_grid(jobs: list[tuple[Job, OpGraph]], engine: GridEngine | None = None) -> int:
+    (engine or GridEngine()).price(jobs)
     return len(jobs)
 
 
@@ -90,7 +100,11 @@ def main() -> None:
         return Planner().search(model, cluster, space, top_k=1)
 
     searches = [timed(search) for _ in range(args.repeats)]
-    engines = [timed(lambda: price_all(jobs)) for _ in range(args.repeats)]
+    engines = [timed(lambda: price_grid(jobs)) for _ in range(args.repeats)]
+    warm_engine = GridEngine()
+    price_grid(jobs, warm_engine)
+    warm = [timed(lambda: price_grid(jobs, warm_engine)) for _ in range(args.repeats)]
+    plain = [timed(lambda: price_one_by_one(jobs)) for _ in range(args.repeats)]
     report = searches[0][0]
 
     def median(runs: Sequence[tuple[object, float, float]], column: int) -> float:
@@ -111,7 +125,12 @@ def main() -> None:
     print(f"search plans/s  {rate(report.tried, searches, 2)} CPU, "
           f"{rate(report.tried, searches, 1)} wall")
     print(f"engine plans/s  {rate(len(jobs), engines, 2)} CPU, "
-          f"{rate(len(jobs), engines, 1)} wall ({len(jobs)} plans priced, make_job and graphs excluded)")
+          f"{rate(len(jobs), engines, 1)} wall ({len(jobs)} plans priced, make_job and graphs excluded; "
+          "cold: a fresh GridEngine)")
+    print(f"  warm          {rate(len(jobs), warm, 2)} CPU, {rate(len(jobs), warm, 1)} wall (the same grid again "
+          "on the same GridEngine)")
+    print(f"  plain         {rate(len(jobs), plain, 2)} CPU, {rate(len(jobs), plain, 1)} wall "
+          "(AnalyticalEstimator.price plan by plan, fresh)")
     if report.plans:
         best = report.plans[0]
         print(f"best plan       {best.parallel.describe()}")

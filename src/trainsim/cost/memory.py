@@ -105,9 +105,8 @@ def stage_memory_base(stage: list[StagePart], par: ParallelSpec, stack: StackSpe
     policy and one buffer."""
     params = sum(part.count * part.layer.param_count for part in stage)
     states = model_state_bytes(params, par)
-    key = saved_key(par.recompute, stack)
     return StageMemoryBase((states["weights"], states["gradients"], states["optimizer"]),
-                           sum(part.count * kept_bytes(part.layer, key) for part in stage),
+                           stage_kept_bytes(stage, par.recompute, stack),
                            _working_bytes(stage, par, stack), optimizer_step_bytes(stage, par))
 
 
@@ -156,25 +155,38 @@ def stage_memory(stage: list[StagePart], index: int, par: ParallelSpec, device: 
 
 
 def _working_bytes(stage: list[StagePart], par: ParallelSpec, stack: StackSpec | None = None) -> float:
-    """Memory alive only inside one layer: the largest block's activations that recompute rebuilds in the
-    backward (full recompute: all of them; selective: what the stack's policy dropped, e.g. Megatron's core
-    attention, Korthikanti et al. 2022 sec. 5, only its fp32 softmax statistics with a fused kernel; the
-    embedding and the head are not recomputed, compile/apply_recompute.py), the unsharded weights of the layers
-    being gathered (ZeRO-3: current + prefetched), the loss's fp32 gradient buffers (the stack's
-    loss_grad_buffers, each the size of the saved probabilities)."""
-    policy = policy_for(par.precision)
-    blocks = [part.layer for part in stage if part.layer.kind in BLOCK_KINDS]
-    working = 0.0
-    if par.recompute != "none" and blocks:
-        key = saved_key(par.recompute, stack)
-        working = max(layer.saved_bytes["none"] - (kept_bytes(layer, key) if key != "full" else 0.0)
-                      for layer in blocks)
+    """Memory alive only inside one layer: what recompute rebuilds (recompute_working_bytes), the unsharded
+    weights of the layers being gathered (ZeRO-3: current + prefetched), the loss's gradient buffers
+    (loss_working_bytes)."""
+    working = recompute_working_bytes(stage, par.recompute, stack)
     if par.zero >= 3:
-        working += 2 * max(part.layer.param_count for part in stage) * policy.weight_bytes
+        working += 2 * max(part.layer.param_count for part in stage) * policy_for(par.precision).weight_bytes
+    return working + loss_working_bytes(stage, stack)
+
+
+def stage_kept_bytes(stage: list[StagePart], recompute: Recompute, stack: StackSpec | None = None) -> float:
+    """Activations one micro-batch through the stage keeps for its backward pass."""
+    key = saved_key(recompute, stack)
+    return sum(part.count * kept_bytes(part.layer, key) for part in stage)
+
+
+def recompute_working_bytes(stage: list[StagePart], recompute: Recompute, stack: StackSpec | None = None) -> float:
+    """The largest block's activations that recompute rebuilds in the backward: all of them under full
+    recompute; under selective what the stack's policy dropped (Megatron's core attention, Korthikanti et al.
+    2022 sec. 5: only its fp32 softmax statistics with a fused kernel). The embedding and the head are not
+    recomputed (compile/apply_recompute.py)."""
+    blocks = [part.layer for part in stage if part.layer.kind in BLOCK_KINDS]
+    if recompute == "none" or not blocks:
+        return 0.0
+    key = saved_key(recompute, stack)
+    return max(layer.saved_bytes["none"] - (kept_bytes(layer, key) if key != "full" else 0.0) for layer in blocks)
+
+
+def loss_working_bytes(stage: list[StagePart], stack: StackSpec | None = None) -> float:
+    """The loss's fp32 gradient buffers beside its saved probabilities, on the stage with the head: the stack's
+    loss_grad_buffers of them, each the size of the saved probabilities."""
     head = [part.layer for part in stage if part.layer.kind == "head"]
-    if head:
-        working += _loss_grad_buffers(stack) * head[0].saved_bytes["none"]
-    return working
+    return _loss_grad_buffers(stack) * head[0].saved_bytes["none"] if head else 0.0
 
 
 def estimate_memory(stages: list[list[StagePart]], par: ParallelSpec, device: DeviceSpec,

@@ -5,9 +5,9 @@ another engine.
 A Pricer holds the costs (op times, step costs and collective times, with the calibration behind them) and the
 caches of one run, so a search that prices thousands of plans of one model prices each distinct thing once:
 group layouts per (axis degrees, cluster), collective times per (collective, bytes, layout, cluster), layer
-prices per (layer, layouts, cluster), stage prices per (stage layers, layouts, recompute, ZeRO-3, precision, vpp,
-host overhead), stage memory per (stage layers, the plan's memory settings) and a graph's stages per pipeline
-split (pp and the blocks per virtual stage).
+prices per (layer, the groups its collectives use, cluster), stage prices per (stage layers, layouts, recompute,
+ZeRO-3, precision, vpp, host overhead), stage memory per (stage layers, the plan's memory settings) and a
+graph's stages per pipeline split (pp and the blocks per virtual stage).
 Every cache returns what the uncached formula returns for the same inputs: the keys hold every input the
 formula reads.
 """
@@ -48,7 +48,7 @@ from trainsim.job import Job
 from trainsim.profile.database import default_db_path
 from trainsim.registry import Registry
 from trainsim.strategy.parallel import ParallelSpec
-from trainsim.strategy.precision import policy_for
+from trainsim.strategy.precision import Precision, PrecisionPolicy, policy_for
 from trainsim.strategy.stack import BEHAVIOURS, StackSpec
 from trainsim.strategy.stages import (
     BLOCK_KINDS,
@@ -161,8 +161,11 @@ class Pricer:
         # holds alive, so no other object can take that id while the pricer lives.
         self._pinned: dict[int, object] = {}
         self._layer_costs: dict[tuple[object, ...], LayerCost] = {}
+        self._layer_axes: dict[int, tuple[str, ...]] = {}  # id of a layer -> the axes of its feature collectives
         self._layouts: dict[tuple[object, ...], GroupLayout] = {}
         self._collectives: dict[tuple[object, ...], float] = {}
+        self._axis_collectives: dict[tuple[object, ...], float] = {}
+        self._policies: dict[str, PrecisionPolicy] = {}
         self._stage_keys: dict[int, int] = {}  # id of a stage of self.stages() -> the number of its content
         self._stage_numbers: dict[StageKey, int] = {}
         self._stage_costs: dict[tuple[object, ...], StageCost] = {}
@@ -269,11 +272,18 @@ class Pricer:
         at the calibrated memory bandwidth, one more launch)."""
         device = job.cluster.device
         seconds = self.op_costs.op_time_s(op, device)
-        extra = unfused_extra_bytes(op, job.stack, policy_for(job.parallel.precision).linear_dtype == "fp8")
+        extra = unfused_extra_bytes(op, job.stack, self.policy(job.parallel.precision).linear_dtype == "fp8")
         if extra > 0.0:
             compute = self.cal.compute
             seconds += extra / (device.hbm_bw_bytes_per_s * compute.memory_efficiency) + compute.kernel_overhead_s
         return seconds
+
+    def policy(self, precision: Precision) -> PrecisionPolicy:
+        """policy_for(precision), made once."""
+        policy = self._policies.get(precision)
+        if policy is None:
+            policy = self._policies[precision] = policy_for(precision)
+        return policy
 
     def ops_time_s(self, ops: tuple[Op, ...], job: Job) -> float:
         return sum(self.op_time_s(op, job) for op in ops)
@@ -298,18 +308,36 @@ class Pricer:
         return layout
 
     def axis_collective_s(self, collective: str, buffer_bytes: float, axis: str, job: Job) -> float:
-        """A collective over the group of `axis` (tp, cp, dp, ep, pp, or grad: the gradient group)."""
-        return self.collective_s(collective, buffer_bytes, self.layout(axis, job), job)
+        """A collective over the group of `axis` (tp, cp, dp, ep, pp, or grad: the gradient group); once per
+        (collective, bytes, the group's size and stride, cluster)."""
+        key = (collective, buffer_bytes, axis_group(axis, job.parallel), self._cluster_key(job.cluster))
+        seconds = self._axis_collectives.get(key)
+        if seconds is None:
+            seconds = self._axis_collectives[key] = self.collective_s(collective, buffer_bytes,
+                                                                      self.layout(axis, job), job)
+        return seconds
 
     # --- layers and stages ---
 
     def layer_cost(self, layer: Layer, job: Job) -> LayerCost:
-        key = (self._pin(layer), self._cluster_key(job.cluster), _layout_key(job), self._stack_key(job.stack),
-               job.parallel.sp, job.parallel.precision)
+        """Priced once per (layer, cluster, the groups of the axes its collectives use, tp, stack, sp,
+        precision): a layer without collectives costs the same whatever the plan's pp and dp."""
+        par = job.parallel
+        key = (self._pin(layer), self._cluster_key(job.cluster), self._layer_groups(layer, par), par.tp,
+               self._stack_key(job.stack), par.sp, par.precision)
         cost = self._layer_costs.get(key)
         if cost is None:
             cost = self._layer_costs[key] = self._price_layer(layer, job)
         return cost
+
+    def _layer_groups(self, layer: Layer, par: ParallelSpec) -> tuple[tuple[int, int], ...]:
+        """(size, stride) of the group of each axis the layer's feature collectives use (_price_layer skips
+        pp): with tp, sp, the cluster, the stack and the precision, all of the plan its price reads."""
+        axes = self._layer_axes.get(id(layer))
+        if axes is None:
+            axes = self._layer_axes[self._pin(layer)] = tuple(sorted({c.axis for c in layer.comms
+                                                                       if c.axis != "pp"}))
+        return tuple(axis_group(axis, par) for axis in axes)
 
     def _price_layer(self, layer: Layer, job: Job) -> LayerCost:
         tp_total = {"fwd": 0.0, "bwd": 0.0}
@@ -328,10 +356,11 @@ class Pricer:
             comm[c.axis] = comm.get(c.axis, 0.0) + comm_s
             if c.phase == "fwd":
                 comm_fwd += comm_s
-        selective = self.ops_time_s(tuple(op for op in layer.fwd if op.recompute_selective), job)
-        wgrad = self.ops_time_s(tuple(op for op in layer.bwd if op.name.endswith(".wgrad")), job)
-        return LayerCost(self.ops_time_s(layer.fwd, job), self.ops_time_s(layer.bwd, job), selective, comm,
-                         comm_fwd, wgrad, fraction)
+        times = {id(op): self.op_time_s(op, job) for op in layer.fwd + layer.bwd}  # each op priced once
+        selective = sum(times[id(op)] for op in layer.fwd if op.recompute_selective)
+        wgrad = sum(times[id(op)] for op in layer.bwd if op.name.endswith(".wgrad"))
+        return LayerCost(sum(times[id(op)] for op in layer.fwd), sum(times[id(op)] for op in layer.bwd), selective,
+                         comm, comm_fwd, wgrad, fraction)
 
     def tp_exposed_fraction(self, layer: Layer, tp_s: dict[str, float], job: Job) -> tuple[float, float]:
         """Of the tensor-parallel collectives of forward and backward (tp_s: phase -> seconds), the fraction
@@ -387,9 +416,7 @@ class Pricer:
         par = job.parallel
         forward, backward, wgrad, feature_comm = self._stage_work(stage, job)
         recompute = self._stage_recompute_s(stage, job)
-        fsdp = self._stage_fsdp_s(stage, job) if par.zero >= 3 else 0.0
-        if par.zero >= 3 and self._fsdp_bucketed(job):
-            fsdp += self.fsdp_bucket_tail_s(stage, backward, job)
+        fsdp = self.zero3_exposed_s(stage, job) if par.zero >= 3 else 0.0
         comm = dict(feature_comm)
         if par.pp > 1:
             comm["pp"] = self.pipeline_send_s(stage, job)
@@ -432,6 +459,14 @@ class Pricer:
                 elif recompute_mode == "selective":
                     seconds += part.count * cost.selective_s
             self._stage_extra_s[key] = seconds
+        return seconds
+
+    def zero3_exposed_s(self, stage: list[StagePart], job: Job) -> float:
+        """Under ZeRO-3, per micro-batch: the stage's gathers and scatters left exposed (fsdp_exposed_s), with
+        the exposed tail of its gradient buckets where the stack buckets them (fsdp_bucket_tail_s)."""
+        seconds = self._stage_fsdp_s(stage, job)
+        if self._fsdp_bucketed(job):
+            seconds += self.fsdp_bucket_tail_s(stage, self._stage_work(stage, job)[1], job)
         return seconds
 
     def _stage_fsdp_s(self, stage: list[StagePart], job: Job) -> float:
@@ -544,7 +579,7 @@ class Pricer:
         (a deeper prefetch only absorbs uneven layers). Without prefetch each gather waits until its layer is
         reached, behind the reduce-scatter before it (collectives of one NCCL communicator run in order): all
         exposed."""
-        policy = policy_for(job.parallel.precision)
+        policy = self.policy(job.parallel.precision)
         gather = self.axis_collective_s("all-gather", layer.param_count * policy.weight_bytes, "grad", job)
         scatter = self.axis_collective_s("reduce-scatter", layer.param_count * policy.grad_bytes, "grad", job)
         if job.stack.fsdp_prefetch_depth == 0 or not job.cluster.device.comm_overlaps_compute:
@@ -563,7 +598,7 @@ class Pricer:
         """ZeRO-3 with gradient buckets (fsdp_bucket_params): per micro-batch, the stage's reduce-scatters in
         buckets as the backward pass fills them (stack_effects.bucketed_s); the last one is exposed."""
         params = self.stage_params(stage)
-        scatter = self.axis_collective_s("reduce-scatter", params * policy_for(job.parallel.precision).grad_bytes,
+        scatter = self.axis_collective_s("reduce-scatter", params * self.policy(job.parallel.precision).grad_bytes,
                                          "grad", job)
         return bucketed_s(scatter, backward_s, params / job.stack.fsdp_bucket_params, self.overlap_slowdown(job))
 
@@ -585,7 +620,7 @@ class Pricer:
 
     def _gradient_sync_s(self, stage: list[StagePart], cost: StageCost, job: Job) -> float:
         par = job.parallel
-        policy = policy_for(par.precision)
+        policy = self.policy(par.precision)
         gamma = self.overlap_slowdown(job)
         # NB: the windows hold the phase's feature collectives too: they run on their own stream beside the
         # gradient stream, and a layer's gradient (its forward) is done only after them

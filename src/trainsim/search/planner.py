@@ -10,7 +10,7 @@ import heapq
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from trainsim.errors import ConfigError, InfeasiblePlanError, TrainsimError
 from trainsim.estimate.analytical import AnalyticalEstimator
@@ -23,6 +23,9 @@ from trainsim.job import Job, make_job
 from trainsim.pipeline import GraphCache
 from trainsim.search.space import SearchSpace, enumerate_plans
 from trainsim.strategy.parallel import ParallelSpec
+
+if TYPE_CHECKING:  # NB: the grid engine loads numpy; `trainsim predict` loads the planner (api) but no numpy
+    from trainsim.search.grid import GridEngine
 
 OUT_OF_MEMORY = "out of memory"
 PROGRESS_EVERY = 256  # plans between progress callbacks: cheap enough not to show in the search time
@@ -73,28 +76,15 @@ def refusal_reason(exc: TrainsimError) -> str:
     return type(exc).__name__
 
 
-class Priced(Protocol):
-    """What the planner ranks a plan by, and its Result."""
-
-    @property
-    def tokens_per_s(self) -> float: ...
-
-    @property
-    def peak_memory_bytes(self) -> float: ...
-
-    @property
-    def oom(self) -> bool: ...
-
-    def result(self) -> Result: ...
-
-
 class Planner:
     """Runs searches with one estimator and one graph cache, so their caches (graphs, layer prices) serve every
-    plan."""
+    plan. With the analytical engine a search prices its whole grid at once (search.grid.GridEngine: the figures
+    AnalyticalEstimator.price gives, plan by plan) and makes Results for the reported plans only."""
 
     def __init__(self, estimator: Estimator | None = None, graphs: GraphCache | None = None) -> None:
         self.estimator = estimator or AnalyticalEstimator()
         self.graphs = graphs or GraphCache()
+        self._grid: GridEngine | None = None  # the analytical engine over whole grids, made on first use
 
     def search(self, model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, *, top_k: int = 10,
                progress: Progress | None = None) -> SearchReport:
@@ -102,67 +92,85 @@ class Planner:
             raise ConfigError("top_k", top_k, "must be a positive integer")
         plans = list(enumerate_plans(model, cluster, space))
         total = len(plans)
-        refused: Counter[str] = Counter()
-        # Min-heap of the best top_k: the root is the worst kept plan. Key: higher tokens/s, then lower peak
-        # memory, then earlier in the enumeration.
-        best: list[tuple[float, float, int, Job, Priced]] = []
-        feasible = 0
-        priced_plans: list[PricedPlan] = []
-        price = self._pricing()
+        refused_by: dict[int, TrainsimError] = {}
+        built: list[tuple[Job, OpGraph]] = []
+        built_index: list[int] = []
         for index, parallel in enumerate(plans):
             if progress is not None and index % PROGRESS_EVERY == 0:
                 progress(index, total)
             try:
                 job = make_job(model, cluster, parallel, space.stack)
-                priced = price(job, self.graphs.get(job))
+                built.append((job, self.graphs.get(job)))
             except TrainsimError as exc:
-                refused[refusal_reason(exc)] += 1
+                refused_by[index] = exc
                 continue
-            priced_plans.append(PricedPlan(job.parallel, priced.tokens_per_s, priced.peak_memory_bytes, priced.oom))
-            if priced.oom:
+            built_index.append(index)
+        priced = self._price_all(built, refused_by, built_index)
+        if progress is not None:
+            progress(total, total)
+        # Min-heap of the best top_k: the root is the worst kept plan. Key: higher tokens/s, then lower peak
+        # memory, then earlier in the enumeration.
+        best: list[tuple[float, float, int, int]] = []
+        refused: Counter[str] = Counter()
+        feasible = 0
+        priced_plans: list[PricedPlan] = []
+        at = 0  # the next built plan
+        for index in range(total):
+            exc = refused_by.get(index)
+            if exc is not None:
+                refused[refusal_reason(exc)] += 1
+                if at < len(built_index) and built_index[at] == index:
+                    at += 1
+                continue
+            job = built[at][0]
+            tokens, peak, oom = priced[at]
+            at += 1
+            priced_plans.append(PricedPlan(job.parallel, tokens, peak, oom))
+            if oom:
                 refused[OUT_OF_MEMORY] += 1
                 continue
             feasible += 1
-            entry = (priced.tokens_per_s, -priced.peak_memory_bytes, -index, job, priced)
+            entry = (tokens, -peak, -index, at - 1)
             if len(best) < top_k:
                 heapq.heappush(best, entry)
             elif entry[:3] > best[0][:3]:
                 heapq.heapreplace(best, entry)
-        if progress is not None:
-            progress(total, total)
         ranked = sorted(best, key=lambda entry: entry[:3], reverse=True)
         return SearchReport(
-            plans=[RankedStrategy(rank, job, priced.result())
-                   for rank, (*_, job, priced) in enumerate(ranked, start=1)],
+            plans=[RankedStrategy(rank, built[at][0], self._result(*built[at]))
+                   for rank, (*_, at) in enumerate(ranked, start=1)],
             tried=total, feasible=feasible, infeasible=dict(refused.most_common()), priced=priced_plans,
         )
 
-    def _pricing(self) -> Callable[[Job, OpGraph], Priced]:
-        """The analytical engine's price (the Result made only for the plans reported), or any other
-        estimator's estimate."""
+    def _price_all(self, built: list[tuple[Job, OpGraph]], refused_by: dict[int, TrainsimError],
+                   built_index: list[int]) -> list[tuple[float, float, bool]]:
+        """(tokens/s, peak memory, out of memory) of every built plan; the plans the engine refuses go into
+        refused_by. The analytical engine prices the whole grid at once (GridEngine), any other estimator plan
+        by plan."""
         if isinstance(self.estimator, AnalyticalEstimator):
-            return self.estimator.price
-        estimate = self.estimator.estimate
-        return lambda job, graph: _Estimated(estimate(job, graph))
+            if self._grid is None or self._grid.estimator is not self.estimator:
+                from trainsim.search.grid import GridEngine  # numpy: loaded by a search, not by every predict
 
+                self._grid = GridEngine(self.estimator)
+            prices = self._grid.price(built)
+            for at, exc in prices.errors.items():
+                refused_by[built_index[at]] = exc
+            return list(zip(prices.tokens_per_s.tolist(), prices.peak_memory_bytes.tolist(), prices.oom.tolist(),
+                            strict=True))
+        out: list[tuple[float, float, bool]] = []
+        for at, (job, graph) in enumerate(built):
+            try:
+                result = self.estimator.estimate(job, graph)
+            except TrainsimError as exc:
+                refused_by[built_index[at]] = exc
+                out.append((0.0, 0.0, True))
+                continue
+            out.append((result.tokens_per_s, result.peak_memory_bytes, result.oom))
+        return out
 
-@dataclass(frozen=True, slots=True)
-class _Estimated:
-    """A Result (of an estimator without a separate price step) as a priced plan."""
-
-    done: Result
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.done.tokens_per_s
-
-    @property
-    def peak_memory_bytes(self) -> float:
-        return self.done.peak_memory_bytes
-
-    @property
-    def oom(self) -> bool:
-        return self.done.oom
-
-    def result(self) -> Result:
-        return self.done
+    def _result(self, job: Job, graph: OpGraph) -> Result:
+        """The Result of a reported plan: the analytical engine's full price, or any other estimator's estimate
+        (again: an estimator's Results are not kept for the thousands of plans a search does not report)."""
+        if isinstance(self.estimator, AnalyticalEstimator):
+            return self.estimator.price(job, graph).result()
+        return self.estimator.estimate(job, graph)

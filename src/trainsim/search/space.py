@@ -48,6 +48,9 @@ class SearchSpace:
                 raise ConfigError(name, value, "must be a positive integer")
         if not self.recomputes:
             raise ConfigError("recomputes", self.recomputes, "must name at least one recompute mode")
+        for mode in self.recomputes:
+            if mode not in RECOMPUTES:
+                raise ConfigError("recompute", mode, f"choose from {', '.join(RECOMPUTES)}")
         for stage in self.zero_stages:
             if stage not in ZERO_STAGES:
                 raise ConfigError("zero", stage, "choose ZeRO stages from 0, 1, 2, 3")
@@ -160,11 +163,15 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace) 
                 schedule = "interleaved-1f1b" if vpp > 1 else "1f1b"
                 for mb in micro_batches:
                     for sp in (False, True) if tp > 1 else (False,):
+                        # NB: one validated spec per (tp, pp, vpp, mb, sp); its recompute and ZeRO variants are
+                        # copies (no ParallelSpec check reads them; SearchSpace checked their values), so
+                        # validation runs once, not recomputes x zero stages times
+                        base = ParallelSpec(
+                            tp=tp, pp=pp, vpp=vpp, sp=sp, zero=space.zero_stages[0],
+                            recompute=space.recomputes[0], micro_batch=mb, global_batch=space.global_batch,
+                            seq_len=space.seq_len, precision=space.precision, schedule=schedule,
+                            attention=space.attention, optimizer_impl=space.optimizer_impl,
+                        )
                         for recompute in space.recomputes:
                             for zero in space.zero_stages:
-                                yield ParallelSpec(
-                                    tp=tp, pp=pp, vpp=vpp, sp=sp, zero=zero, recompute=recompute,
-                                    micro_batch=mb, global_batch=space.global_batch, seq_len=space.seq_len,
-                                    precision=space.precision, schedule=schedule,
-                                    attention=space.attention, optimizer_impl=space.optimizer_impl,
-                                )
+                                yield base.model_copy(update={"recompute": recompute, "zero": zero})

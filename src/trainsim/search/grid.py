@@ -1,0 +1,524 @@
+"""The analytical engine over a whole grid of plans at once: the search's fast path.
+
+AnalyticalEstimator.price walks one plan through Python: its partition, its stages' prices, the bubble, the
+gradient reduction, the optimizer step and the memory, ~100 us a plan even with every price cached. A grid of
+plans of one model on one cluster shares almost all of that: its plans differ in a few integers (tp, pp, vpp,
+dp, micro-batch, recompute, ZeRO). GridEngine prices what the plans share once, as the plain engine does (the
+same Pricer, the same formulas, the same order of operations), and what they do not share as numpy arrays over
+the plans:
+
+- once per distinct stage of a partition (graph, pp) under a layer context (tp, cp, ep, dp, sp, precision),
+  whatever the vpp: its forward, backward, weight-gradient and feature-communication seconds, what its
+  recompute would repeat, its ZeRO-3 exposure, its host overhead, its parameters, saved activations and working
+  buffers, its gradient collectives (Pricer's public prices of layers, collectives and stages); once per vpp
+  its pipeline sends. The engine keeps them for its later calls on the same cluster and stack;
+- once per (partition, recompute, ZeRO-3 or not): each stage's time, the bottleneck, the stages' sum;
+- per plan, as arrays: the stage times (recompute, ZeRO-3), the bottleneck stage, the bubble, the exposed
+  gradient reduction, the optimizer step, the iteration time, and each stage's memory under the schedule and
+  its peak (cost.memory's formulas).
+
+The plans the fast path does not cover (an uneven pipeline split, a stage list; a cluster or stack other than
+the first plan's; a step-cost model whose host overhead reads the plan) go to the plain engine one by one, so
+every plan gets the figures AnalyticalEstimator.price gives it: tests/unit/search/test_grid.py holds them equal.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from trainsim.cost.memory import loss_working_bytes, recompute_working_bytes, stage_kept_bytes
+from trainsim.cost.pricing import Pricer
+from trainsim.cost.step import FittedStepCosts
+from trainsim.errors import TrainsimError
+from trainsim.estimate.analytical import AnalyticalEstimator, PlanPrice
+from trainsim.ir.graph import OpGraph
+from trainsim.job import Job
+from trainsim.strategy.precision import Precision, policy_for
+from trainsim.strategy.stages import StagePart
+
+Floats = NDArray[np.float64]
+Ints = NDArray[np.int64]
+
+RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
+SCHEDULE_CODES = {"1f1b": 0, "interleaved-1f1b": 1, "gpipe": 2, "zb-h1": 3}
+OPTIMIZER_CODES = {"fused": 0, "foreach": 1, "loop": 2}
+COMM_SLOTS = 4  # feature-communication axes of a stage (tp, cp, ep) and its pipeline sends
+
+
+@dataclass(slots=True)
+class _Content:
+    """What one stage of a partition costs under one layer context, but its pipeline sends (which depend on vpp):
+    everything of its price that does not depend on recompute, ZeRO or the micro-batch count
+    (Pricer._price_stage's and cost.memory's inputs)."""
+
+    compute_s: float  # forward + backward
+    forward_s: float
+    backward_s: float
+    wgrad_s: float
+    feature_s: tuple[float, ...]  # feature communication per axis, in Pricer._stage_work's order, padded
+    features: int  # the axes of feature_s before the padding (the pipeline sends come next: _price_stage)
+    feature_total_s: float  # sum(feature_s)
+    recompute_s: tuple[float, float, float]  # per RECOMPUTE_CODES
+    fsdp_s: float  # ZeRO-3 exposure (with the bucketed tail where the stack buckets)
+    overhead_s: float
+    params: float
+    saved_bytes: tuple[float, float, float]  # per RECOMPUTE_CODES
+    recompute_working_bytes: tuple[float, float, float]  # per RECOMPUTE_CODES (cost.memory)
+    max_layer_params: float
+    head_saved_bytes: float  # the loss's gradient buffers (cost.memory.loss_working_bytes), 0 without a head
+    grad: tuple[float, float, float] = (0.0, 0.0, 0.0)  # all-reduce, reduce-scatter, all-gather of its gradients
+
+
+@dataclass(slots=True)
+class _Combo:
+    """A partition under one layer context: its distinct stages' rows and how its stages map to them."""
+
+    first_row: int  # index of its first stage row in _Shared
+    local: tuple[int, ...]  # per stage: which of its distinct rows (0-based) it takes
+    heads: tuple[int, ...]  # per distinct row: its first stage
+    max_params: float  # the stage with the most parameters (the optimizer step's)
+
+
+@dataclass(frozen=True, slots=True)
+class GridPrices:
+    """Per plan, in the order given: what the planner ranks plans by. errors: plans the engine refused."""
+
+    iteration_time_s: Floats
+    tokens_per_s: Floats
+    peak_memory_bytes: Floats
+    oom: NDArray[np.bool_]
+    errors: dict[int, TrainsimError] = field(default_factory=dict)
+
+
+class GridEngine:
+    """Prices many plans at once with the analytical engine's closed form (see the module doc).
+    estimator: the plain engine whose pricer (and caches) this engine shares and whose price() makes a plan's
+    full PlanPrice (plan_price). What the plans share (the stage rows of each partition and layer context) is
+    kept for the engine's later calls on the same cluster and stack: a second grid of the same graphs (another
+    global batch, other ZeRO stages or recompute modes) prices only its arrays."""
+
+    def __init__(self, estimator: AnalyticalEstimator | None = None) -> None:
+        self.estimator = estimator or AnalyticalEstimator()
+        self.pricer: Pricer = self.estimator.pricer
+        # NB: keyed by ids (of the cluster, the stack and the graphs); _pinned keeps those objects alive
+        self._shared: dict[tuple[int, int], _Shared] = {}
+        self._pinned: dict[int, object] = {}
+
+    def plan_price(self, job: Job, graph: OpGraph) -> PlanPrice:
+        """The plain engine's full price of one plan (its Result via .result())."""
+        return self.estimator.price(job, graph)
+
+    def price(self, plans: Sequence[tuple[Job, OpGraph]]) -> GridPrices:
+        n = len(plans)
+        time_s = np.zeros(n)
+        peak = np.zeros(n)
+        oom = np.zeros(n, dtype=np.bool_)
+        tokens = np.zeros(n)  # per iteration
+        errors: dict[int, TrainsimError] = {}
+        fast, slow = _Batch(self, plans).split() if n else (None, list[int]())
+        if fast is not None:
+            fast.compute(time_s, peak, oom)
+            tokens[fast.index] = fast.tokens
+        for index in slow:
+            job, graph = plans[index]
+            try:
+                priced = self.estimator.price(job, graph)
+            except TrainsimError as exc:
+                errors[index] = exc
+                continue
+            time_s[index], peak[index], oom[index] = priced.iteration_time_s, priced.peak_memory_bytes, priced.oom
+            tokens[index] = job.tokens_per_iteration
+        with np.errstate(divide="ignore", invalid="ignore"):  # a refused plan (errors) has no figures
+            tokens_per_s = tokens / time_s
+        return GridPrices(time_s, tokens_per_s, peak, oom, errors)
+
+    def shared(self, job: Job) -> "_Shared":
+        """What the plans on the job's cluster and stack share."""
+        key = (id(job.cluster), id(job.stack))
+        shared = self._shared.get(key)
+        if shared is None:
+            self.pin(job.cluster)
+            self.pin(job.stack)
+            shared = self._shared[key] = _Shared()
+        return shared
+
+    def pin(self, obj: object) -> None:
+        self._pinned.setdefault(id(obj), obj)
+
+
+@dataclass(slots=True)
+class _Shared:
+    """The stage rows and combos of one (cluster, stack), their arrays made when rows were added."""
+
+    # a stage row: a distinct stage of a combo: its content and its pipeline sends (0 for pp = 1)
+    row_content: list[int] = field(default_factory=list)
+    row_sends_s: list[float] = field(default_factory=list)
+    contents: list[_Content] = field(default_factory=list)
+    content_of: dict[tuple[object, ...], int] = field(default_factory=dict)
+    combos: list[_Combo] = field(default_factory=list)
+    combo_of: dict[tuple[object, ...], int] = field(default_factory=dict)  # (graph, plan's layout) -> combo
+    # (graph, plan settings) -> (combo or -1, pp, vpp, dp x cp, schedule, optimizer, precision codes)
+    groups: dict[tuple[object, ...], tuple[int, ...]] = field(default_factory=dict)
+    precisions: list[Precision] = field(default_factory=list)  # the precisions of the plans, each once
+    tables: "tuple[_RowTable, _ComboTable] | None" = None
+    tables_rows: int = 0  # the combos the tables hold
+
+    def arrays(self) -> "tuple[_RowTable, _ComboTable]":
+        if self.tables is None or self.tables_rows != len(self.combos):
+            self.tables = (_RowTable(self.contents, self.row_content, self.row_sends_s), _ComboTable(self.combos))
+            self.tables_rows = len(self.combos)
+        return self.tables
+
+
+class _Batch:
+    """The plans of one price() call: gathers the fast ones' settings and prices what they share (once per
+    engine: _Shared)."""
+
+    def __init__(self, engine: GridEngine, plans: Sequence[tuple[Job, OpGraph]]) -> None:
+        self.engine = engine
+        self.pricer = engine.pricer
+        self.plans = plans
+        self.job0 = plans[0][0]
+        shared = self.shared = engine.shared(self.job0)
+        self.combos, self.precisions = shared.combos, shared.precisions
+        # NB: FittedStepCosts' host overhead per micro-batch reads none of its arguments: one price per stage
+        self.fitted_overhead = isinstance(self.pricer.step_costs, FittedStepCosts)
+
+    def split(self) -> tuple["_Fast | None", list[int]]:
+        """The fast plans' settings as arrays, and the indices of the plans left to the plain engine."""
+        cluster, stack = self.job0.cluster, self.job0.stack
+        groups = self.shared.groups
+        slow: list[int] = []
+        index_of: list[int] = []
+        columns: list[tuple[int, ...]] = []
+        for index, (job, graph) in enumerate(self.plans):
+            par = job.parallel
+            if (job.cluster is not cluster and job.cluster != cluster) or \
+                    (job.stack is not stack and job.stack != stack) or par.stage_layers or \
+                    par.first_stage_layers or par.last_stage_layers or par.embedding_in_split or par.loss_in_split:
+                slow.append(index)  # not strategy.stages.is_even_split
+                continue
+            key = (id(graph), par.tp, par.cp, par.ep, par.dp, par.pp, par.vpp, par.sp, par.precision, par.schedule,
+                   par.optimizer_impl)
+            group = groups.get(key)
+            if group is None:
+                group = groups[key] = self._group(job, graph)
+            if group[0] < 0:
+                slow.append(index)
+                continue
+            index_of.append(index)
+            columns.append((*group, par.zero, par.global_batch // (par.dp * par.micro_batch),
+                            RECOMPUTE_CODES[par.recompute], par.global_batch * par.seq_len))
+        if not index_of:
+            return None, slow
+        return _Fast(self, np.array(index_of, dtype=np.int64), np.array(columns, dtype=np.int64)), slow
+
+    def _precision(self, precision: Precision) -> int:
+        if precision not in self.precisions:
+            self.precisions.append(precision)
+        return self.precisions.index(precision)
+
+    def _group(self, job: Job, graph: OpGraph) -> tuple[int, ...]:
+        """The settings a new group of plans shares: its combo (-1 where the plain engine must price the plan: an
+        uneven split, a graph whose partition or prices raise, a step-cost model whose overhead reads the plan),
+        pp, vpp, dp x cp and the codes of its schedule, optimizer and precision."""
+        pricer, par = self.pricer, job.parallel
+        self.engine.pin(graph)
+        key = (id(graph), par.tp, par.cp, par.ep, par.dp, par.pp, par.vpp, par.sp, par.precision)
+        combo = self.shared.combo_of.get(key)
+        if combo is None:
+            try:
+                if pricer.plan_split(graph, par) is not None or not self.fitted_overhead:
+                    combo = -1
+                else:
+                    combo = self._new_combo(job, graph)
+            except TrainsimError:
+                combo = -1
+            self.shared.combo_of[key] = combo
+        return (combo, par.pp, par.vpp, par.dp * par.cp, SCHEDULE_CODES[par.schedule],
+                OPTIMIZER_CODES[par.optimizer_impl], self._precision(par.precision))
+
+    def _new_combo(self, job: Job, graph: OpGraph) -> int:
+        pricer = self.pricer
+        partition = pricer.plan_partition(graph, job.parallel)
+        if partition.chunk_blocks:
+            return -1
+        first_row = len(self.shared.row_content)
+        local = {head: number for number, head in enumerate(partition.distinct)}
+        for head in partition.distinct:
+            self._stage_row(partition.stages[head], job)
+        max_params = max(pricer.stage_params(stage) for stage in partition.stages)
+        self.combos.append(_Combo(first_row, tuple(local[head] for head in partition.first), partition.distinct,
+                                  max_params))
+        return len(self.combos) - 1
+
+    def _stage_row(self, stage: list[StagePart], job: Job) -> None:
+        """A new stage row: the stage's content (_content, shared by every vpp of the partition) and its
+        pipeline sends."""
+        par, shared = job.parallel, self.shared
+        key = (id(stage), par.tp, par.cp, par.ep, par.dp, par.sp, par.precision)  # stage: of a pinned partition
+        content = shared.content_of.get(key)
+        if content is None:
+            content = shared.content_of[key] = len(shared.contents)
+            shared.contents.append(self._content(stage, job))
+        shared.row_content.append(content)
+        shared.row_sends_s.append(self.pricer.pipeline_send_s(stage, job) if par.pp > 1 else 0.0)
+
+    def _content(self, stage: list[StagePart], job: Job) -> _Content:
+        """What a stage's price reads but its pipeline sends, each part as Pricer's _stage_work,
+        _stage_recompute_s, zero3_exposed_s, micro_batch_overhead_s, gradient_sync_exposed_s and cost.memory
+        compute it (the same sums in the same order)."""
+        pricer, par = self.pricer, job.parallel
+        forward = backward = wgrad = 0.0
+        feature: dict[str, float] = {}
+        selective = full = 0.0
+        for part in stage:
+            cost = pricer.layer_cost(part.layer, job)
+            forward += part.count * cost.fwd_s
+            backward += part.count * cost.bwd_s
+            wgrad += part.count * cost.wgrad_s
+            for axis, seconds in cost.comm_s.items():
+                feature[axis] = feature.get(axis, 0.0) + part.count * seconds
+            if part.layer.kind not in ("embedding", "head"):
+                full += part.count * (cost.fwd_s + cost.comm_fwd_s)
+            selective += part.count * cost.selective_s
+        values = tuple(feature.values())
+        saved = tuple(stage_kept_bytes(stage, mode, job.stack) for mode in RECOMPUTE_CODES)
+        working = tuple(recompute_working_bytes(stage, mode, job.stack) for mode in RECOMPUTE_CODES)
+        row = _Content(
+            compute_s=forward + backward, forward_s=forward, backward_s=backward, wgrad_s=wgrad,
+            feature_s=values + (0.0,) * (COMM_SLOTS - len(values)), features=len(values), feature_total_s=sum(values),
+            recompute_s=(0.0, selective, full), fsdp_s=pricer.zero3_exposed_s(stage, job),
+            overhead_s=pricer.micro_batch_overhead_s(stage, job),
+            params=pricer.stage_params(stage), saved_bytes=(saved[0], saved[1], saved[2]),
+            recompute_working_bytes=(working[0], working[1], working[2]),
+            max_layer_params=max(part.layer.param_count for part in stage),
+            head_saved_bytes=loss_working_bytes(stage, job.stack))
+        if par.dp * par.cp > 1:
+            policy = policy_for(par.precision)
+            row.grad = (pricer.axis_collective_s("all-reduce", row.params * policy.grad_bytes, "grad", job),
+                        pricer.axis_collective_s("reduce-scatter", row.params * policy.grad_bytes, "grad", job),
+                        pricer.axis_collective_s("all-gather", row.params * policy.weight_bytes, "grad", job))
+        return row
+
+
+class _Fast:
+    """The fast plans as arrays (one entry per plan) and the closed form over them."""
+
+    def __init__(self, batch: _Batch, index: Ints, columns: Ints) -> None:
+        self.batch = batch
+        self.index = index
+        (self.combo, self.pp, self.vpp, self.shards_dp, self.schedule, self.optimizer, self.precision, self.zero,
+         self.m, self.recompute, self.tokens) = (columns[:, k] for k in range(columns.shape[1]))
+        policies = [policy_for(name) for name in batch.precisions]
+        self.weight_bytes = np.array([policy.weight_bytes for policy in policies], dtype=np.float64)[self.precision]
+        self.grad_bytes = np.array([policy.grad_bytes for policy in policies], dtype=np.float64)[self.precision]
+        self.state_bytes = np.array([policy.master_bytes + policy.optimizer_state_bytes for policy in policies],
+                                    dtype=np.float64)[self.precision]
+
+    def compute(self, time_out: Floats, peak_out: Floats, oom_out: NDArray[np.bool_]) -> None:
+        batch = self.batch
+        pricer, job0 = batch.pricer, batch.job0
+        table, combos = batch.shared.arrays()
+        plans = np.arange(len(self.index))
+        m = self.m.astype(np.float64)
+        zero3 = (self.zero >= 3).astype(np.int64)
+        recompute_code = self.recompute
+
+        # --- one micro-batch on each distinct stage of each combo, per recompute mode and with or without
+        # ZeRO-3 (Pricer._price_stage, StageCost.total_s): the variants (combo, recompute, ZeRO-3) ---
+        rows = combos.safe_rows  # C x R
+        fsdp = np.stack([np.zeros_like(table.fsdp[rows]), table.fsdp[rows]], axis=1)  # C x 2 x R
+        variant = (table.compute[rows][:, None, None, :] + table.recompute[rows].transpose(0, 2, 1)[:, :, None, :]
+                   + table.comm_total[rows][:, None, None, :] + fsdp[:, None, :, :]
+                   + table.overhead[rows][:, None, None, :])  # C x 3 x 2 x R
+        variant = np.where(combos.valid_rows[:, None, None, :], variant, -np.inf)
+        slowest = np.argmax(variant, axis=-1)  # rows in stage order: the first slowest stage, as max(range(p), ..)
+        stage_totals = np.take_along_axis(variant, combos.safe_local[:, None, None, :], axis=-1)
+        stage_totals = np.where(combos.valid_local[:, None, None, :], stage_totals, 0.0)
+        stage_sums = np.cumsum(stage_totals, axis=-1)[..., -1]  # Python's sum: left to right
+
+        slow_local = slowest[self.combo, recompute_code, zero3]
+        slow_row = combos.first_row[self.combo] + slow_local
+        slow_total = variant[self.combo, recompute_code, zero3, slow_local]
+        stage_sum = stage_sums[self.combo, recompute_code, zero3]
+        slow_recompute = table.recompute[slow_row, recompute_code]
+        slow_fsdp = np.where(zero3 == 1, table.fsdp[slow_row], 0.0)
+        first_row = combos.first_row[self.combo]
+
+        # --- the bubble (even split) and zero bubble ---
+        bubble = (stage_sum - slow_total) / self.vpp
+        zb = self.schedule == SCHEDULE_CODES["zb-h1"]
+        if zb.any():
+            factor = np.maximum(0.0, 1.0 - 2.0 * table.wgrad[slow_row] / slow_total)
+            bubble = np.where(zb, bubble * factor, bubble)
+
+        # --- the exposed gradient reduction of the bottleneck and of the first stage ---
+        grad = np.maximum(self._grad_exposed(table, slow_row, slow_recompute),
+                          self._grad_exposed(table, first_row, table.recompute[first_row, recompute_code]))
+
+        # --- the optimizer step and the host overheads ---
+        optimizer = self._optimizer_s(batch.combos)
+        iteration_overhead = pricer.iteration_overhead_s(job0)
+
+        # --- the breakdown, summed in AnalyticalEstimator.price's order (estimate.result.iteration_time_s) ---
+        total = m * table.compute[slow_row]
+        total = total + m * slow_recompute
+        for slot in range(COMM_SLOTS):
+            total = total + m * table.comm[slow_row, slot]
+        dp_comm = grad + m * slow_fsdp
+        total = total + dp_comm
+        total = total + bubble
+        total = total + optimizer
+        total = total + (iteration_overhead + m * table.overhead[slow_row])
+        share = job0.cluster.device.compute_share
+        if share < 1.0:
+            total = total + np.maximum(0.0, (total - bubble) / share - total)
+        time_out[self.index] = total
+
+        peak, capacity = self._peak_memory(table, combos, plans)
+        peak_out[self.index] = peak
+        oom_out[self.index] = peak > capacity
+
+    def _grad_exposed(self, table: "_RowTable", row: Ints, recompute: Floats) -> Floats:
+        """Pricer.gradient_sync_exposed_s of one stage per plan."""
+        batch = self.batch
+        pricer, job0 = batch.pricer, batch.job0
+        params = table.params[row]
+        buckets = params / job0.stack.grad_bucket_params
+        gamma = pricer.overlap_slowdown(job0)
+        reduce = np.where(self.zero == 0, table.grad[row, 0], table.grad[row, 1])
+        if pricer.overlaps("grad_reduce_overlap", job0):
+            exposed = _bucketed_s(reduce, table.backward[row] + recompute, buckets, gamma)
+        else:
+            exposed = reduce
+        gather = table.grad[row, 2]
+        if pricer.overlaps("param_gather_overlap", job0):
+            gather = _bucketed_s(gather, table.forward[row], buckets, gamma)
+        exposed = np.where(self.zero > 0, exposed + gather, exposed)
+        return np.where((self.shards_dp == 1) | (self.zero >= 3), 0.0, exposed)
+
+    def _optimizer_s(self, combos: list[_Combo]) -> Floats:
+        """Pricer.optimizer_step_s per plan: per combo (one precision, one dp) unsharded and sharded (ZeRO >= 1),
+        one step-cost call per distinct (parameters, shards, precision)."""
+        batch = self.batch
+        pricer, device = batch.pricer, batch.job0.cluster.device
+        step_of: dict[tuple[float, int, str], float] = {}
+        by_combo = np.zeros((len(combos), 2))
+        used, first_plan = np.unique(self.combo, return_index=True)
+        first = zip(used.tolist(), self.shards_dp[first_plan].tolist(), self.precision[first_plan].tolist(),
+                    strict=True)
+        for number, shard, code in first:
+            params, precision = combos[number].max_params, batch.precisions[code]
+            for column, shards_used in enumerate((1, shard)):
+                key = (params, shards_used, precision)
+                seconds = step_of.get(key)
+                if seconds is None:
+                    seconds = step_of[key] = pricer.step_costs.optimizer_step_s(params / shards_used, precision,
+                                                                                device)
+                by_combo[number, column] = seconds
+        return by_combo[self.combo, (self.zero >= 1).astype(np.int64)]
+
+    def _peak_memory(self, table: "_RowTable", combos: "_ComboTable", plans: Ints) -> tuple[Floats, float]:
+        """Pricer.memory of every plan: each stage's memory at its peak (cost.memory.stage_memory_base,
+        stage_in_flight, stage_memory_values) and the largest. Of the stages of one content only the first
+        can be the largest: every schedule holds as many micro-batches or more on an earlier stage, and a
+        stage's memory does not fall with the micro-batches it holds."""
+        device = self.batch.job0.cluster.device
+        rows = combos.safe_rows[self.combo]  # n x R
+        valid = combos.valid_rows[self.combo]
+        weight_bytes = self.weight_bytes[:, None]
+        grad_bytes = self.grad_bytes[:, None]
+        state_bytes = self.state_bytes[:, None]
+        shards = self.shards_dp[:, None]
+        opt_shards = np.where(self.zero >= 1, self.shards_dp, 1)[:, None]
+        zero = self.zero[:, None]
+        params = table.params[rows]
+        weights = params * weight_bytes / np.where(zero >= 3, shards, 1)
+        gradients = params * grad_bytes / np.where(zero >= 2, shards, 1)
+        optimizer = params * state_bytes / opt_shards
+        per_micro_batch = table.saved[rows, self.recompute[:, None]]
+        working = table.recompute_working[rows, self.recompute[:, None]]
+        working = np.where(zero >= 3, working + 2 * table.max_layer_params[rows] * weight_bytes, working)
+        working = working + table.head_saved[rows]  # 0 where the stage has no head: x + 0.0 is x
+        impl = self.optimizer[:, None]
+        step = np.where(impl == OPTIMIZER_CODES["foreach"], 4.0 * params / opt_shards,
+                        np.where(impl == OPTIMIZER_CODES["loop"], 4.0 * table.max_layer_params[rows] / opt_shards,
+                                 0.0))
+        # micro-batches each stage holds at its peak (strategy.stages.in_flight_micro_batches)
+        stage = combos.heads[self.combo]
+        pp, vpp, m = self.pp[:, None], self.vpp[:, None], self.m[:, None]
+        schedule = self.schedule[:, None]
+        interleaved = np.minimum(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, m * vpp) / vpp
+        in_flight = np.where(schedule == SCHEDULE_CODES["gpipe"], m.astype(np.float64),
+                             np.where(schedule == SCHEDULE_CODES["interleaved-1f1b"], interleaved,
+                                      np.minimum(m, pp - stage).astype(np.float64)))
+        activations = per_micro_batch * in_flight
+        stepping = step > activations + working
+        activations = np.where(stepping, 0.0, activations)
+        working = np.where(stepping, 0.0, working)
+        step = np.where(stepping, step, 0.0)
+        totals = weights + gradients + optimizer + activations + working + step + device.runtime_reserved_bytes
+        totals = np.where(valid, totals, -np.inf)
+        return totals.max(axis=1), device.hbm_bytes
+
+
+class _ComboTable:
+    """The combos as arrays: per combo its distinct rows (R columns, padded) and per stage its distinct row's
+    position (width columns, padded)."""
+
+    def __init__(self, combos: list[_Combo]) -> None:
+        width = max(len(combo.local) for combo in combos)
+        distinct = max(max(combo.local) for combo in combos) + 1
+        local = np.full((len(combos), width), -1, dtype=np.int64)
+        heads = np.zeros((len(combos), distinct), dtype=np.int64)
+        count = np.zeros(len(combos), dtype=np.int64)
+        for number, combo in enumerate(combos):
+            local[number, :len(combo.local)] = combo.local
+            count[number] = max(combo.local) + 1
+            heads[number, :count[number]] = combo.heads
+        self.first_row = np.array([combo.first_row for combo in combos], dtype=np.int64)
+        self.valid_local = local >= 0
+        self.safe_local = np.where(self.valid_local, local, 0)
+        self.valid_rows = np.arange(distinct)[None, :] < count[:, None]
+        self.safe_rows = np.where(self.valid_rows, self.first_row[:, None] + np.arange(distinct)[None, :], 0)
+        self.heads = heads
+
+
+class _RowTable:
+    """The stage rows as columns (each a content's, with the row's pipeline sends after its feature axes)."""
+
+    def __init__(self, contents: list[_Content], row_content: list[int], row_sends_s: list[float]) -> None:
+        index = np.array(row_content, dtype=np.int64)
+
+        def column(name: str) -> Floats:
+            return np.array([getattr(content, name) for content in contents], dtype=np.float64)[index]
+
+        sends = np.array(row_sends_s, dtype=np.float64)
+        self.compute = column("compute_s")
+        self.forward = column("forward_s")
+        self.backward = column("backward_s")
+        self.wgrad = column("wgrad_s")
+        self.comm = column("feature_s")
+        self.comm[np.arange(len(index)), column("features").astype(np.int64)] = sends  # 0 where pp = 1
+        self.comm_total = column("feature_total_s") + sends  # sum(feature_s + (sends,)): x + 0.0 is x
+        self.recompute = column("recompute_s")
+        self.fsdp = column("fsdp_s")
+        self.overhead = column("overhead_s")
+        self.params = column("params")
+        self.saved = column("saved_bytes")
+        self.recompute_working = column("recompute_working_bytes")
+        self.max_layer_params = column("max_layer_params")
+        self.head_saved = column("head_saved_bytes")
+        self.grad = column("grad")
+
+
+def _bucketed_s(total: Floats, window: Floats, buckets: Floats, gamma: float) -> Floats:
+    """cost.stack_effects.bucketed_s over arrays."""
+    n = np.maximum(1.0, buckets)
+    exposed = np.maximum(total / n, total - window * (n - 1.0) / n)
+    return np.where(total <= 0.0, 0.0, exposed + gamma * (total - exposed))
+
+

@@ -1,0 +1,177 @@
+"""The grid engine (search.grid.GridEngine) gives every plan the figures of the plain analytical engine.
+
+Differential: for grids of plans (a dense and a mixture-of-experts model, several training stacks, ZeRO 0-3,
+pp and interleaved vpp, every recompute mode) and hand-picked plans the search never makes (cp, ep, gpipe,
+zb-h1, fp8, foreach and loop optimizers, uneven pipeline splits, a cluster that shares its cores, a mix of
+clusters and stacks in one call), each plan's iteration time, tokens/s, peak memory and out-of-memory verdict
+equal, to 1e-9 relative, what a fresh AnalyticalEstimator.price gives on a freshly built graph; and the
+planner's ranking, counts and priced plans equal the ranking of the plain engine's figures.
+"""
+
+import heapq
+
+import pytest
+
+from trainsim.catalog.loader import load_cluster
+from trainsim.catalog.model_files import parse_model
+from trainsim.errors import TrainsimError
+from trainsim.estimate.analytical import AnalyticalEstimator
+from trainsim.hardware.cluster import ClusterSpec
+from trainsim.ir.graph import OpGraph
+from trainsim.ir.model_spec import ModelSpec, TransformerSpec
+from trainsim.job import Job, make_job
+from trainsim.pipeline import GraphCache, graph_for
+from trainsim.search import Planner, SearchSpace, enumerate_plans
+from trainsim.search.grid import GridEngine
+from trainsim.search.planner import OUT_OF_MEMORY, refusal_reason
+from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.precision import Precision
+from trainsim.strategy.stack import StackSpec, load_stack
+
+REL = 1e-9
+DENSE = parse_model({"name": "tiny-dense", "num_layers": 8, "hidden": 128, "ffn_hidden": 512, "num_heads": 8,
+                     "vocab": 1000})
+MOE = TransformerSpec(name="tiny-moe", arch="gpt", num_layers=8, hidden=128, ffn_hidden=256, num_heads=8,
+                      vocab=1000, max_seq_len=2048, num_experts=4, top_k=2, moe_every=2)
+STACKS = ("generic", "megatron-core", "deepspeed-zero", "fsdp2")
+
+
+def built(model: ModelSpec, cluster: ClusterSpec, plans: list[ParallelSpec],
+          stack: StackSpec | None = None) -> list[tuple[Job, OpGraph]]:
+    graphs, out = GraphCache(), []
+    for parallel in plans:
+        try:
+            job = make_job(model, cluster, parallel, stack)
+            out.append((job, graphs.get(job)))
+        except TrainsimError:
+            continue
+    return out
+
+
+def check_grid(plans: list[tuple[Job, OpGraph]], engine: GridEngine | None = None) -> None:
+    engine = engine or GridEngine()
+    prices = engine.price(plans)
+    assert not prices.errors
+    for index, (job, _) in enumerate(plans):
+        plain = AnalyticalEstimator().price(job, graph_for(job))
+        assert prices.iteration_time_s[index] == pytest.approx(plain.iteration_time_s, rel=REL, abs=0.0)
+        assert prices.tokens_per_s[index] == pytest.approx(plain.tokens_per_s, rel=REL, abs=0.0)
+        assert prices.peak_memory_bytes[index] == pytest.approx(plain.peak_memory_bytes, rel=REL, abs=0.0)
+        assert bool(prices.oom[index]) == plain.oom
+
+
+def grid_of(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace) -> list[tuple[Job, OpGraph]]:
+    return built(model, cluster, list(enumerate_plans(model, cluster, space)), space.stack)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+@pytest.mark.parametrize("model", [DENSE, MOE], ids=["dense", "moe"])
+def test_every_plan_of_a_grid(model: ModelSpec, stack: str) -> None:
+    cluster = load_cluster("dgx-a100-80gb").with_num_gpus(16)
+    space = SearchSpace(global_batch=64, seq_len=512, max_micro_batch=2, max_vpp=4, stack=load_stack(stack))
+    plans = grid_of(model, cluster, space)
+    assert len(plans) > 200
+    assert {job.parallel.zero for job, _ in plans} == {0, 1, 2, 3}
+    assert {job.parallel.vpp for job, _ in plans} >= {1, 2, 4}
+    check_grid(plans)
+
+
+def test_a_second_grid_on_the_kept_stage_rows() -> None:
+    """Another global batch and precision on the same engine: the rows kept from the first call serve it."""
+    cluster = load_cluster("dgx-h100-80gb").with_num_gpus(16)
+    engine, graphs = GridEngine(), GraphCache()
+    settings: list[tuple[int, Precision]] = [(64, "bf16"), (128, "bf16"), (128, "fp8")]
+    for global_batch, precision in settings:
+        space = SearchSpace(global_batch=global_batch, seq_len=512, max_micro_batch=2, precision=precision)
+        plans = []
+        for parallel in enumerate_plans(DENSE, cluster, space):
+            try:
+                job = make_job(DENSE, cluster, parallel, space.stack)
+                plans.append((job, graphs.get(job)))
+            except TrainsimError:
+                continue
+        check_grid(plans, engine)
+
+
+def test_plans_outside_the_grid() -> None:
+    """Plans the fast path prices (cp, ep, gpipe, zb-h1, fp8, optimizers) or leaves to the plain engine (uneven
+    splits, a stage list), several clusters and stacks in one call."""
+    a100 = load_cluster("dgx-a100-80gb").with_num_gpus(16)
+    h100 = load_cluster("dgx-h100-80gb").with_num_gpus(32)
+    dense = [ParallelSpec(tp=2, pp=2, cp=2, zero=z, recompute=r, schedule=s, global_batch=64, seq_len=512)
+             for z in (0, 1, 3) for r in ("none", "selective", "full") for s in ("gpipe", "1f1b", "zb-h1")]
+    dense += [ParallelSpec(tp=2, pp=4, vpp=2, schedule="interleaved-1f1b", precision=p, optimizer_impl=o,
+                           attention=a, global_batch=64, seq_len=512)
+              for p in ("bf16", "fp8", "fp32") for o in ("fused", "foreach", "loop") for a in ("flash3", "math")]
+    uneven = [ParallelSpec(pp=2, vpp=3, schedule="interleaved-1f1b", global_batch=64, seq_len=512, recompute=r)
+              for r in ("none", "full")]
+    uneven += [ParallelSpec(pp=2, first_stage_layers=3, global_batch=64, seq_len=512),
+               ParallelSpec(pp=4, vpp=2, schedule="interleaved-1f1b", embedding_in_split=True, loss_in_split=True,
+                            global_batch=64, seq_len=512),
+               ParallelSpec(pp=2, stage_layers=(5, 3), zero=3, global_batch=64, seq_len=512)]
+    moe = [ParallelSpec(tp=2, pp=2, ep=e, zero=z, sp=True, recompute=r, global_batch=64, seq_len=512)
+           for e in (1, 2, 4) for z in (1, 3) for r in ("none", "full")]
+    plans = (built(DENSE, a100, dense) + built(DENSE, a100, uneven, load_stack("megatron-core"))
+             + built(MOE, h100, moe, load_stack("deepspeed-zero")) + built(DENSE, a100, dense[:9]))
+    assert len(plans) == len(dense) + len(uneven) + len(moe) + 9
+    check_grid(plans)
+
+
+def test_a_cpu_cluster_that_shares_its_cores() -> None:
+    """No overlap of collectives with compute (gloo), and ranks taking turns on the cores (core_sharing)."""
+    local = load_cluster("local-cpu").with_num_gpus(8)
+    cpu = local.model_copy(update={"device": local.device.model_copy(update={"compute_share": 0.5})})
+    plans = grid_of(DENSE, cpu, SearchSpace(global_batch=16, seq_len=128))
+    assert plans
+    check_grid(plans)
+
+
+def test_a_plan_the_engine_refuses_is_reported_not_priced() -> None:
+    cluster = load_cluster("dgx-a100-80gb").with_num_gpus(8)
+    good = built(DENSE, cluster, [ParallelSpec(tp=2, global_batch=64, seq_len=512)])
+    prices = GridEngine().price([*good, (good[0][0], OpGraph("empty", (), 1, 1))])
+    assert list(prices.errors) == [1]
+    assert prices.iteration_time_s[0] == pytest.approx(
+        AnalyticalEstimator().price(*good[0]).iteration_time_s, rel=REL, abs=0.0)
+
+
+def plain_search(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace,
+                 top_k: int) -> tuple[list[ParallelSpec], dict[str, int], list[tuple[float, float, bool]]]:
+    """The planner's ranking rule over the plain engine's figures, plan by plan."""
+    ranked: list[tuple[float, float, int, ParallelSpec]] = []
+    refused: dict[str, int] = {}
+    priced = []
+    for index, parallel in enumerate(enumerate_plans(model, cluster, space)):
+        try:
+            job = make_job(model, cluster, parallel, space.stack)
+            price = AnalyticalEstimator().price(job, graph_for(job))
+        except TrainsimError as exc:
+            refused[refusal_reason(exc)] = refused.get(refusal_reason(exc), 0) + 1
+            continue
+        priced.append((price.tokens_per_s, price.peak_memory_bytes, price.oom))
+        if price.oom:
+            refused[OUT_OF_MEMORY] = refused.get(OUT_OF_MEMORY, 0) + 1
+            continue
+        ranked.append((price.tokens_per_s, -price.peak_memory_bytes, -index, job.parallel))
+    best = heapq.nlargest(top_k, ranked, key=lambda entry: entry[:3])
+    return [entry[3] for entry in best], refused, priced
+
+
+@pytest.mark.parametrize("model", [DENSE, MOE], ids=["dense", "moe"])
+def test_the_planner_ranks_as_the_plain_engine(model: ModelSpec) -> None:
+    a100 = load_cluster("dgx-a100-80gb").with_num_gpus(16)
+    # 2.06 GiB a GPU (2 GiB of it the runtime's): about half of the plans of these tiny models do not fit
+    cluster = a100.model_copy(update={"device": a100.device.model_copy(update={"hbm_bytes": 2.06 * 2**30})})
+    space = SearchSpace(global_batch=64, seq_len=2048, max_micro_batch=4, stack=load_stack("megatron-core"))
+    report = Planner().search(model, cluster, space, top_k=25)
+    order, refused, priced = plain_search(model, cluster, space, 25)
+    assert [plan.parallel for plan in report.plans] == order
+    assert report.infeasible == refused
+    assert OUT_OF_MEMORY in refused  # the grid reaches plans that do not fit
+    assert len(report.priced) == len(priced)
+    for fast, (tokens, peak, oom) in zip(report.priced, priced, strict=True):
+        assert fast.tokens_per_s == pytest.approx(tokens, rel=REL, abs=0.0)
+        assert fast.peak_memory_bytes == pytest.approx(peak, rel=REL, abs=0.0)
+        assert fast.oom == oom
+    for plan in report.plans:
+        assert plan.result == AnalyticalEstimator().estimate(plan.job, graph_for(plan.job))

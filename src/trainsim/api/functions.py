@@ -6,18 +6,24 @@ over these functions: `trainsim predict ... --json` prints `predict(...).to_dict
 """
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack, cast
 
 from trainsim.api.objectives import check_objective, plan_extras, rerank
 from trainsim.api.results import PlanPoint, PlanRow, Prediction, SearchResult, ValidationResult
 from trainsim.catalog import load_cluster
-from trainsim.catalog.calibration import read_calibration
+from trainsim.catalog.calibration import Calibration, read_calibration
+from trainsim.cost.compute import RooflineCosts
+from trainsim.cost.profiled import ProfiledCosts
 from trainsim.errors import ConfigError
 from trainsim.estimate.engines import ENGINES, make_engine
 from trainsim.frontends.registry import FRONTENDS, ModelSource
 from trainsim.hardware.cluster import ClusterSpec
+from trainsim.ir.graph import OpGraph
 from trainsim.ir.model_spec import ModelSpec
+from trainsim.job import Job
+from trainsim.profile.database import default_db_path
 from trainsim.jobfile import (
     DEFAULT_CLUSTER,
     DEFAULT_MODEL,
@@ -130,7 +136,26 @@ def predict(model: ModelArg | None = None, cluster: ClusterArg | None = None, nu
         from trainsim.strategy.tree_yaml import load_tree_yaml  # NB: loaded for a tree only (start-up)
 
         plan = load_tree_yaml(Path(tree), graph).lower(job.parallel)
-    return Prediction.of(estimator.estimate(job, graph, plan), job)
+    result = estimator.estimate(job, graph, plan)
+    if costs == "profiled" and not entry.replays_traces:
+        result = replace(result, notes=[*result.notes, *profile_coverage_notes(job, graph, db, cal)])
+    return Prediction.of(result, job)
+
+
+def profile_coverage_notes(job: Job, graph: OpGraph, db: str | Path | None, cal: Calibration) -> list[str]:
+    """How much of the job's op time the profile database measured (cost.profiled.Coverage), and a warning
+    with the command that measures the job's own shapes when most of it is scaled or on the roofline."""
+    costs = ProfiledCosts(Path(db) if db is not None else default_db_path(), fallback=RooflineCosts(cal))
+    coverage = costs.coverage(graph, job.cluster.device)
+    notes = [coverage.describe()]
+    if coverage.unmeasured_dominates:
+        par = job.parallel
+        db_flag = f" --db {db}" if db is not None else ""
+        notes.append(f"warning: {coverage.share('scaled', 'fallback'):.0%} of the op time is not measured (the "
+                     f"profile misses this job's shapes): trainsim profile --model {job.model.name} --precision "
+                     f"{par.precision} --micro-batch {par.micro_batch} --seq-len {par.seq_len} --tp {par.tp}"
+                     f"{db_flag}")
+    return notes
 
 
 def simulate(model: ModelArg | None = None, cluster: ClusterArg | None = None, num_gpus: int | None = None, *,

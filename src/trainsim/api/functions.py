@@ -23,7 +23,6 @@ from trainsim.hardware.cluster import ClusterSpec
 from trainsim.ir.graph import OpGraph
 from trainsim.ir.model_spec import ModelSpec
 from trainsim.job import Job
-from trainsim.profile.database import default_db_path
 from trainsim.jobfile import (
     DEFAULT_CLUSTER,
     DEFAULT_MODEL,
@@ -33,6 +32,7 @@ from trainsim.jobfile import (
     read_job_file,
 )
 from trainsim.pipeline import GraphCache, graph_for
+from trainsim.profile.database import default_db_path
 from trainsim.report.search import plan_to_dict
 from trainsim.report.validate import validate_to_dict
 from trainsim.search.pareto import pareto_front

@@ -1,5 +1,6 @@
 """ProfiledCosts: exact answers, log-log interpolation inside the measured range, scaled from the nearest
-measured size outside it, the roofline for kernels never measured, counted by source; make_engine wires it into the analytical engine. No torch: the database is filled by hand."""
+measured size outside it, the roofline for kernels never measured, counted by source; make_engine wires it into
+the analytical engine. No torch: the database is filled by hand."""
 
 import math
 import subprocess

@@ -192,10 +192,27 @@ def tokens_per_s(job: Job, iteration_s: float) -> float:
 
 
 def _kernel_notes(job: Job) -> list[str]:
+    """What the job asks for that the device cannot run natively, and how it was costed instead."""
     device = job.cluster.device
+    notes = []
     if job.parallel.attention == "flash3" and "flash3" not in device.attention_kernels:
-        return [f"attention=flash3: {device.name} has no Hopper-native attention kernel; costed as flash2"]
-    return []
+        notes.append(f"attention=flash3: {device.name} has no Hopper-native attention kernel; costed as flash2")
+    dtype = policy_for(job.parallel.precision).linear_dtype
+    ran_as = device.peak_dtype_for(dtype)
+    if ran_as != dtype:
+        notes.append(f"precision={job.parallel.precision}: {device.name} has no native {dtype} matmul "
+                     f"({NATIVE_DTYPE_NEEDS.get(dtype, 'not in its spec sheet')}); costed at its {ran_as} peak, "
+                     f"which a real run may not reach")
+    return notes
+
+
+# What a dtype's tensor-core GEMMs need (NVIDIA PTX ISA 8.x, the mma instruction's target requirements: .bf16 and
+# .tf32 need sm_80, .e4m3/.e5m2 need sm_89; TransformerEngine 1.x refuses fp8 below compute capability 8.9).
+NATIVE_DTYPE_NEEDS = {
+    "fp8": "fp8 tensor cores need compute capability 8.9+: Ada, Hopper, Blackwell",
+    "bf16": "bf16 tensor cores need compute capability 8.0+: Ampere and later",
+    "tf32": "tf32 tensor cores need compute capability 8.0+: Ampere and later",
+}
 
 
 def with_shared_cores(breakdown: dict[str, float], share: float) -> dict[str, float]:

@@ -3,8 +3,7 @@
 
 import pytest
 
-from trainsim.catalog import load_cluster, load_model
-from trainsim.catalog import load_device
+from trainsim.catalog import load_cluster, load_device, load_model
 from trainsim.estimate.engines import make_engine
 from trainsim.job import make_job
 from trainsim.pipeline import graph_for

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack, cast
 
-from trainsim.api.objectives import check_objective, plan_extras, rerank
+from trainsim.api.objectives import check_energy, check_objective, plan_extras, rerank
 from trainsim.api.results import PlanPoint, PlanRow, Prediction, SearchResult, ValidationResult
 from trainsim.catalog import load_cluster
 from trainsim.catalog.calibration import Calibration, read_calibration
@@ -190,8 +190,9 @@ def search(model: ModelArg = DEFAULT_MODEL, cluster: ClusterArg = DEFAULT_CLUSTE
     and a global batch; rank the feasible plans by tokens/s and count why the others were refused.
 
     all_plans: also return every plan priced (throughput, peak memory, on the Pareto front or not);
-    objective: throughput | time-to-train | cost | memory-headroom (api.objectives: for a fixed cluster size
-    time and cost rank as throughput, and add their numbers: tokens to train, price per GPU-hour);
+    objective: throughput | time-to-train | cost | energy | memory-headroom (api.objectives: for a fixed cluster
+    size time, cost and energy rank as throughput, and add their numbers: tokens to train, price per GPU-hour;
+    the energy at the device's catalog max_power_w);
     min_headroom_gib: refuse plans leaving less memory free; progress(done, total) is called as plans are tried;
     calibration: a file written by `trainsim calibrate --output` (default: the package's fit); stack and
     stack_overrides: the training stack every plan runs on, as predict takes them (its attention kernel is the
@@ -222,6 +223,7 @@ def search(model: ModelArg = DEFAULT_MODEL, cluster: ClusterArg = DEFAULT_CLUSTE
     cluster_spec = cluster if isinstance(cluster, ClusterSpec) else load_cluster(str(cluster))
     if num_gpus is not None:
         cluster_spec = cluster_spec.with_num_gpus(num_gpus)
+    check_energy(objective, cluster_spec)
     defaults = ParallelSpec()
     stack_spec = make_stack(stack, dict(stack_overrides or {}))
     space = SearchSpace(global_batch=global_batch, seq_len=seq_len or defaults.seq_len,
@@ -239,8 +241,8 @@ def search(model: ModelArg = DEFAULT_MODEL, cluster: ClusterArg = DEFAULT_CLUSTE
     capacity_gib = (report.plans[0].result.memory_capacity_bytes if report.plans
                     else cluster_spec.device.hbm_bytes) / 2**30
     rows = [plan_to_dict(plan) for plan in report.plans]
-    rows = [{**row, **plan_extras(row, cluster_spec.num_gpus, capacity_gib, tokens, price_per_gpu_hour)}
-            for row in rows]
+    rows = [{**row, **plan_extras(row, cluster_spec.num_gpus, capacity_gib, tokens, price_per_gpu_hour,
+                                  cluster_spec.device.max_power_w)} for row in rows]
     return SearchResult.model_validate({
         "schema": SearchResult._tag().model_dump(), "title": title, "model": model_spec.name,
         "cluster": cluster_spec.name, "num_gpus": cluster_spec.num_gpus, "objective": objective,

@@ -41,6 +41,10 @@ class DeviceSpec(Spec):
     # host's cores (measured runs record both). Every engine then holds a step to at least (iteration - bubble) /
     # compute_share (estimate.analytical.with_shared_cores).
     compute_share: float = Field(default=1.0, gt=0, le=1.0)
+    # The board's maximum power (the datasheet's TDP / max power, watts; sources in the catalog YAML); None where
+    # no datasheet states one. Energy estimates (api.objectives) take every GPU at this power for the whole run:
+    # an upper bound on the GPUs' own draw, hosts, network and cooling left out.
+    max_power_w: float | None = Field(default=None, gt=0, lt=1e5)
     aliases: tuple[str, ...] = ()
 
     @field_validator("peak_flops_per_s", mode="before")

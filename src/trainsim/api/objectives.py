@@ -5,8 +5,9 @@ For a fixed cluster size the time to train N tokens (N / tokens per second), its
 its energy (GPUs x the device's maximum power x time: DeviceSpec.max_power_w, stated per device in the catalog
 with its datasheet; an upper bound on the GPUs' own draw, hosts, network and cooling left out) fall as
 throughput rises, so those objectives rank the plans as throughput does: they add the time, cost and energy to
-every plan (the energy where the device states its power). memory-headroom ranks by the memory left free on the fullest GPU (most first), ties broken by
-throughput. --min-headroom refuses, under the reason "memory headroom", plans that leave less free.
+every plan (the energy where the device states its power). memory-headroom ranks by the memory left free on
+the fullest GPU (most first), ties broken by throughput. --min-headroom refuses, under the reason "memory
+headroom", plans that leave less free.
 """
 
 from dataclasses import replace

@@ -156,7 +156,8 @@ def comparison_memory_figure(data: dict[str, Any]) -> "Figure":
     fig = go.Figure()
     for key in dict.fromkeys([*a, *b]):
         fig.add_trace(go.Bar(name=key, x=["A", "B"], y=[a.get(key, 0.0) / GIB, b.get(key, 0.0) / GIB],
-                             marker_color=MEMORY_COLORS.get(key), hovertemplate=f"{key}: %{{y:.2f}} GiB<extra></extra>"))
+                             marker_color=MEMORY_COLORS.get(key),
+                             hovertemplate=f"{key}: %{{y:.2f}} GiB<extra></extra>"))
     fig.update_layout(barmode="stack", height=380, yaxis_title="GiB", legend_traceorder="reversed")
     capacity = max(data["a"]["memory_capacity_bytes"], data["b"]["memory_capacity_bytes"]) / GIB
     peak = max(data["a"]["peak_memory_bytes"], data["b"]["peak_memory_bytes"]) / GIB

@@ -14,6 +14,7 @@ from trainsim.api.objectives import check_energy, check_objective, plan_extras, 
 from trainsim.api.results import PlanPoint, PlanRow, Prediction, SearchResult, ValidationResult
 from trainsim.catalog import load_cluster
 from trainsim.catalog.calibration import Calibration, read_calibration
+from trainsim.catalog.files import key_lines, shown_path
 from trainsim.cost.compute import RooflineCosts
 from trainsim.cost.profiled import ProfiledCosts
 from trainsim.errors import ConfigError
@@ -126,7 +127,7 @@ def predict(model: ModelArg | None = None, cluster: ClusterArg | None = None, nu
     if stack is not None:
         settings["stack"] = stack
     settings["stack_overrides"] = dict(stack_overrides or {})
-    job = job_from_settings(settings)
+    job = _job_naming_lines(settings, job_file, given)
     cal = read_calibration(Path(calibration) if calibration is not None else settings.get("calibration"))
     estimator = make_engine(engine, costs, Path(db) if db is not None else None, task_level, cal)
     source = None if isinstance(settings.get("model"), MODEL_SPEC_TYPES) else model_source(settings)
@@ -140,6 +141,19 @@ def predict(model: ModelArg | None = None, cluster: ClusterArg | None = None, nu
     if costs == "profiled" and not entry.replays_traces:
         result = replace(result, notes=[*result.notes, *profile_coverage_notes(job, graph, db, cal)])
     return Prediction.of(result, job)
+
+
+def _job_naming_lines(settings: dict[str, Any], job_file: str | Path | None, given: Mapping[str, Any]) -> Job:
+    """job_from_settings; a bad value that came from the job file names the file and its line."""
+    try:
+        return job_from_settings(settings)
+    except ConfigError as exc:
+        if job_file is None or given.get(exc.field) is not None:
+            raise
+        line = key_lines(Path(job_file)).get(exc.field)
+        if line is None:
+            raise
+        raise ConfigError(f"{shown_path(job_file)} line {line}: {exc.field}", exc.value, exc.allowed) from None
 
 
 def profile_coverage_notes(job: Job, graph: OpGraph, db: str | Path | None, cal: Calibration) -> list[str]:

@@ -40,10 +40,7 @@ def one_line(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
 
 
 class TrainsimError(Exception):
-    """Base of every error trainsim raises on purpose. message_limit: the most characters its one line may have
-    (a file's error that names every problem it has allows more, bounded by the problems it lists)."""
-
-    message_limit: int = MAX_MESSAGE_CHARS
+    """Base of every error trainsim raises on purpose."""
 
 
 class ConfigError(TrainsimError, ValueError):

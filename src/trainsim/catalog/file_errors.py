@@ -2,8 +2,9 @@
 
 pydantic reports all of a file's problems at once (ValidationError.errors()); `file_error` turns them into one
 ConfigError line: the unknown keys with their line and the closest accepted key, the missing keys, then every
-other problem with its line and value. Values of mappings are never echoed (a file named by mistake must not
-come back in the message). The accepted keys of each file are in docs/inputs.md.
+other problem with its line and value, as many as the one-line limit holds and a count of the rest. Values of
+mappings are never echoed (a file named by mistake must not come back in the message). The accepted keys of
+each file are in docs/inputs.md.
 """
 
 import difflib
@@ -14,20 +15,19 @@ from typing import Any
 from pydantic import ValidationError
 
 from trainsim.catalog.files import key_lines, shown_path
-from trainsim.errors import ConfigError
+from trainsim.errors import MAX_MESSAGE_CHARS, ConfigError
 
 _SHOWN_VALUE_CHARS = 40
 _SHOWN_FIELD_CHARS = 60
-_SHOWN_MESSAGE_CHARS = 160
-MAX_PROBLEMS = 12  # problems named in the line; more are counted
-FILE_ERROR_CHARS = 4000  # bounds the line: 12 problems of at most ~280 characters, the path and the hint
+_SHOWN_MESSAGE_CHARS = 120
 
 
 def file_error(exc: ValidationError, path: Path, what: str, accepted: Sequence[str] = (),
                drop_tag: bool = False) -> ConfigError:
-    """One line naming every problem of the `what` file at `path`. accepted: the keys the file takes (for
-    "did you mean"); drop_tag: the first part of each error's location is a union member's tag (a model's kind),
-    not a key of the file."""
+    """One line naming every problem of the `what` file at `path`, in the order unknown keys, missing keys, bad
+    values, as many as the one-line limit (errors.MAX_MESSAGE_CHARS) holds, then a count of the rest.
+    accepted: the keys the file takes (for "did you mean"); drop_tag: the first part of each error's location
+    is a union member's tag (a model's kind), not a key of the file."""
     lines = key_lines(path)
     unknown: list[str] = []
     missing: list[str] = []
@@ -38,38 +38,48 @@ def file_error(exc: ValidationError, path: Path, what: str, accepted: Sequence[s
         if isinstance(raised, ConfigError) and raised.field:  # a validator named the field (Spec._strict_numbers)
             loc.append(raised.field)
         if error["type"] == "union_tag_invalid":
-            loc = [str((error.get("ctx") or {}).get("discriminator", "kind")).strip("'")]
-        field = ".".join(loc)
+            context = error.get("ctx") or {}
+            loc = [str(context.get("discriminator", "kind")).strip("'")]
+            error = {**error, "loc": tuple(loc), "input": context.get("tag"), "msg": "choose one of: " + str(
+                context.get("expected_tags", "")).replace("'", "")}
+        field = ".".join(loc)[:_SHOWN_FIELD_CHARS]
         line = _line_of(loc, lines)
-        where = f" (line {line})" if line is not None else ""
         if error["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(loc[-1], list(accepted), n=1) if loc and len(loc) == 1 else []
-            unknown.append(f"{field[:_SHOWN_FIELD_CHARS]}{where}" + (f", did you mean {close[0]}?" if close else ""))
+            close = difflib.get_close_matches(loc[-1], list(accepted), n=1) if len(loc) == 1 else []
+            place = ", ".join([*([f"line {line}"] if line is not None else []),
+                               *([f"did you mean {close[0]}?"] if close else [])])
+            unknown.append(f"{field} ({place})" if place else field)
         elif error["type"] == "missing":
-            missing.append(field[:_SHOWN_FIELD_CHARS])
+            missing.append(field)
         else:
             value, message = _problem(error)
-            named = f"{field[:_SHOWN_FIELD_CHARS]}{where}" + (f" = {value}" if value else "")
+            where = f" (line {line})" if line is not None else ""
             message = message[:_SHOWN_MESSAGE_CHARS]
-            other.append(f"{named}: {message}" if named else message)
+            named = f"{field}={value}" if value else field
+            other.append(f"{named}{where} is invalid: {message}" if named else message)
+    head = f"{shown_path(path)}: "
+    hint = f"; the keys a {what} file takes: docs/inputs.md" if unknown or missing else ""
+    groups = [("unknown " + ("keys " if len(unknown) > 1 else "key "), "; ", unknown),
+              ("missing " + ("keys " if len(missing) > 1 else "key "), ", ", missing), ("", "; ", other)]
     total = len(unknown) + len(missing) + len(other)
-    unknown = unknown[:MAX_PROBLEMS]
-    missing = missing[:MAX_PROBLEMS - len(unknown)]
-    other = other[:MAX_PROBLEMS - len(unknown) - len(missing)]
-    parts = []
-    if unknown:
-        parts.append(f"unknown key{'s' if len(unknown) > 1 else ''} " + "; ".join(unknown))
-    if missing:
-        parts.append(f"missing key{'s' if len(missing) > 1 else ''} " + ", ".join(missing))
-    parts += other
-    shown = len(unknown) + len(missing) + len(other)
-    if total > shown:
-        parts.append(f"and {total - shown} more problem{'s' if total - shown > 1 else ''}")
-    if unknown or missing:
-        parts.append(f"the keys a {what} file takes are in docs/inputs.md")
-    error = ConfigError.across_fields(shown_path(path), "; ".join(parts))
-    error.message_limit = FILE_ERROR_CHARS
-    return error
+    budget = MAX_MESSAGE_CHARS - len("error: ") - len(head) - len(hint) - len("; and 99 more problems")
+    parts: list[str] = []
+    shown = 0
+    for label, joiner, items in groups:
+        taken: list[str] = []
+        for item in items:
+            text = label + joiner.join([*taken, item])
+            if len("; ".join([*parts, text])) > budget and shown:
+                break
+            taken.append(item)
+            shown += 1
+        if taken:
+            parts.append(label + joiner.join(taken))
+        if len(taken) < len(items):
+            break
+    rest = total - shown
+    more = f"; and {rest} more problem{'s' if rest > 1 else ''}" if rest else ""
+    return ConfigError.across_fields(shown_path(path), "; ".join(parts) + more + hint)
 
 
 def _line_of(loc: list[str], lines: dict[str, int]) -> int | None:

@@ -22,7 +22,7 @@ def handles_errors(command: Callable[P, R]) -> Callable[P, R]:
         try:
             return command(*args, **kwargs)
         except TrainsimError as exc:
-            print(one_line(f"error: {exc}", exc.message_limit), file=sys.stderr)
+            print(one_line(f"error: {exc}"), file=sys.stderr)
             raise typer.Exit(2) from None
         except OSError as exc:  # a path the user named: too long, unreadable, a folder where a file was expected
             name = f"{shown_path(exc.filename)}: " if exc.filename is not None else ""

@@ -59,20 +59,22 @@ def _cli_error(*args: str) -> str:
     return lines[0]
 
 
-def test_a_model_file_names_every_unknown_and_missing_key_and_bad_value_with_its_line(tmp_path: Path) -> None:
-    model = tmp_path / "m.yaml"
+def test_a_model_file_names_every_unknown_and_missing_key_and_bad_value_with_its_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # a short path: the line's 300 characters go to the problems
+    model = Path("m.yaml")
     model.write_text("name: m1\nnum_layers: 2\nhidden: -3\nnum_heads: 4\nvocab: 100\nmax_seq: 16\nbogus: 3\n")
     assert _cli_error("--model", str(model)) == (
-        f"error: {model}: unknown keys max_seq (line 6), did you mean max_seq_len?; bogus (line 7); missing key "
-        "ffn_hidden; hidden (line 3) = -3: Input should be greater than 0; the keys a model file takes are in "
+        f"error: {model}: unknown keys max_seq (line 6, did you mean max_seq_len?); bogus (line 7); missing key "
+        "ffn_hidden; hidden=-3 (line 3) is invalid: Input should be greater than 0; the keys a model file takes: "
         "docs/inputs.md")
 
 
 @pytest.mark.parametrize(("text", "expected"), [
     ("kind: cnn\nname: c\nbogus: 1\n", "unknown key bogus (line 3)"),
     ("name: m\nnum_layers: true\nhidden: 32\nnum_heads: 4\nvocab: 100\nffn_hidden: 5\n",
-     "num_layers (line 2) = True: must be a number, not true or false"),
-    ("kind: resnet\nname: r\n", "kind (line 1): Input tag 'resnet'"),
+     "num_layers=True (line 2) is invalid: must be a number, not true or false"),
+    ("kind: resnet\nname: r\n", "kind='resnet' (line 1) is invalid: choose one of: transformer, cnn, dlrm, opaque"),
     ("name: m\nnum_layers: 2\nhidden: 30\nnum_heads: 4\nvocab: 100\nffn_hidden: 5\n",
      "m.yaml: hidden=30 must be divisible by num_heads=4"),
 ])
@@ -82,13 +84,15 @@ def test_model_file_problems_name_their_line(tmp_path: Path, text: str, expected
     assert expected in _cli_error("--model", str(model))
 
 
-def test_a_cluster_file_names_every_unknown_and_missing_key_with_its_line(tmp_path: Path) -> None:
-    cluster = tmp_path / "c.yaml"
+def test_a_cluster_file_names_every_unknown_and_missing_key_with_its_line(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    cluster = Path("c.yaml")
     cluster.write_text("name: c1\ndevice: a100-sxm4-80gb\ngpus_per_node: x\nnum_nodes: 1\nintra_nodes: nvlink3\n")
     assert _cli_error("--cluster", str(cluster)) == (
-        f"error: {cluster}: unknown key intra_nodes (line 5), did you mean intra_node?; missing keys intra_node, "
-        "inter_node; gpus_per_node (line 3) = 'x': Input should be a valid integer, unable to parse string as an "
-        "integer; the keys a cluster file takes are in docs/inputs.md")
+        f"error: {cluster}: unknown key intra_nodes (line 5, did you mean intra_node?); missing keys intra_node, "
+        "inter_node; gpus_per_node='x' (line 3) is invalid: Input should be a valid integer, unable to parse "
+        "string as an integer; the keys a cluster file takes: docs/inputs.md")
 
 
 def test_an_inline_device_names_its_nested_keys(tmp_path: Path) -> None:
@@ -99,13 +103,17 @@ def test_an_inline_device_names_its_nested_keys(tmp_path: Path) -> None:
     assert "unknown key device.hbm_bw (line 10)" in line and "missing key device.hbm_bw_bytes_per_s" in line
 
 
-def test_many_problems_are_counted_past_the_ones_named(tmp_path: Path) -> None:
+def test_problems_past_the_one_line_limit_are_counted(tmp_path: Path) -> None:
+    """20 unknown keys and 5 missing: as many as fit the 300-character line, in order, then the count."""
+    from trainsim.errors import MAX_MESSAGE_CHARS
+
     model = tmp_path / "m.yaml"
     model.write_text("name: m\n" + "".join(f"extra_{i}: 1\n" for i in range(20)))
     line = _cli_error("--model", str(model))
-    assert "extra_0 (line 2)" in line and "extra_11 (line 13)" in line and "extra_12" not in line
-    assert "and 13 more problems" in line  # 8 more unknown keys, 5 missing
-    assert line.endswith("the keys a model file takes are in docs/inputs.md")
+    assert len(line) <= MAX_MESSAGE_CHARS and "..." not in line
+    named = re.findall(r"extra_(\d+) \(line (\d+)\)", line)
+    assert [(int(i), int(n)) for i, n in named] == [(i, i + 2) for i in range(len(named))] and len(named) >= 5
+    assert f"; and {25 - len(named)} more problems; the keys a model file takes: docs/inputs.md" in line
 
 
 def test_a_bad_value_from_a_job_file_names_its_line(tmp_path: Path) -> None:

@@ -1,16 +1,19 @@
-"""Op costs from the profile database: exact signature, else interpolation over size, else scaled from the
-nearest measured size, else the fallback.
+"""Op costs from the profile database: exact signature, else interpolation over size, else the roofline fitted
+to the nearest measured size, else the fallback.
 
 For an op, ProfiledCosts looks up the measurement of its signature (trainsim.profile.ops.signature_of: kernel,
 phase, dtype, shape) on the device the estimator asks about. Without an exact match it interpolates log-log in
 the signature's size (elements for pointwise ops, the shape product - proportional to FLOPs - for matmul and
 attention) between the two nearest measured sizes of the same kernel, phase and dtype. Outside the measured range
-it scales the nearest measured size's time by the size ratio (the measured seconds per FLOP or per element held
-constant), so a job whose shapes the profile missed is priced at the profiled device's own speed, not at the
-roofline's: a micro-batch of 2 never comes out faster than the measured micro-batch of 1 because the roofline
-(a placeholder peak on CPUs) is faster than the measurements. Only a kernel, phase and dtype never measured on
-the device asks the fallback model (the calibrated roofline). Which source answered each op is counted
-(coverage(): ops and seconds per source), so a report can say how much of a prediction rests on measurements.
+the op is "scaled": the slower of the fallback model's time (the calibrated roofline: about the fastest the op
+could run) and the nearest measured size's time x the fallback's ratio between the op and the op shrunk (or
+grown) to that size (FLOPs and bytes x the size ratio), the level this device reached on the kernel carried to
+the op's size along the roofline's curve. So a micro-batch of 2 never comes out faster than the measured
+micro-batch of 1 because the roofline (a placeholder peak on CPUs) is faster than the measurements, and where
+the roofline is the slower answer (GPU kernels measured at a small size run less efficiently than at the job's)
+it stands, as before. Only a kernel, phase and dtype never measured on the device asks the fallback alone.
+Which source answered each op is counted (coverage(): ops and seconds per source), so a report can say how much
+of a prediction rests on measurements.
 
 No torch here: the database is plain SQLite, read once at construction.
 """
@@ -18,7 +21,7 @@ No torch here: the database is plain SQLite, read once at construction.
 import bisect
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -70,12 +73,6 @@ class _Curve:
         y0, y1 = math.log(self.seconds[lo]), math.log(self.seconds[hi])
         return math.exp(y0 + (math.log(size) - x0) / (x1 - x0) * (y1 - y0))
 
-    def scale(self, size: float) -> float:
-        """Outside the measured range: the nearest end's seconds x size / its size (seconds per unit of size -
-        per FLOP for matmul and attention, per element for pointwise ops - held at the nearest measurement)."""
-        end = 0 if size < self.sizes[0] else len(self.sizes) - 1
-        return self.seconds[end] * size / self.sizes[end]
-
 
 class ProfiledCosts:
     """An OpCostModel answering from a profile database.
@@ -125,8 +122,8 @@ class ProfiledCosts:
         return len(self._exact)
 
     def lookup(self, op: Op, device_name: str) -> tuple[float, Source] | None:
-        """The measured (interpolated, or scaled from the nearest measured size) seconds of `op` on
-        `device_name`, or None where its kernel, phase and dtype were never measured there."""
+        """The measured (or interpolated) seconds of `op` on
+        `device_name`, or None: outside the measured sizes, or never measured there."""
         sig = signature_of(op)
         if sig is None:
             return None
@@ -134,15 +131,33 @@ class ProfiledCosts:
         if exact is not None:
             return exact, "exact"
         curve = self._curves.get((device_name, sig.kind, sig.impl, sig.phase, sig.dtype))
-        if curve is None or not curve.sizes or sig.size <= 0:
-            return None
-        seconds = curve.interpolate(sig.size)
-        return (seconds, "interpolated") if seconds is not None else (curve.scale(sig.size), "scaled")
+        seconds = curve.interpolate(sig.size) if curve is not None else None
+        return (seconds, "interpolated") if seconds is not None else None
 
     def answer(self, op: Op, device: DeviceSpec) -> tuple[float, Source]:
         """The seconds of `op` and which source gave them (nothing is counted)."""
-        found = self.lookup(op, self.device_name or device.name)
-        return found if found is not None else (self.fallback.op_time_s(op, device), "fallback")
+        name = self.device_name or device.name
+        found = self.lookup(op, name)
+        if found is not None:
+            return found
+        scaled = self._scaled(op, name, device)
+        return (scaled, "scaled") if scaled is not None else (self.fallback.op_time_s(op, device), "fallback")
+
+    def _scaled(self, op: Op, device_name: str, device: DeviceSpec) -> float | None:
+        """Outside the measured sizes of the op's kernel: the nearest measurement x fallback(op) / fallback(the op
+        at the measured size), and never less than fallback(op); None where the kernel was never measured on the
+        device."""
+        sig = signature_of(op)
+        curve = None if sig is None else self._curves.get((device_name, sig.kind, sig.impl, sig.phase, sig.dtype))
+        if sig is None or curve is None or not curve.sizes or sig.size <= 0:
+            return None
+        end = 0 if sig.size < curve.sizes[0] else len(curve.sizes) - 1
+        ratio = curve.sizes[end] / sig.size
+        at_measured = replace(op, flops=op.flops * ratio, bytes_moved=op.bytes_moved * ratio)
+        model_s, model_at_measured_s = self.fallback.op_time_s(op, device), self.fallback.op_time_s(at_measured, device)
+        if not (model_s > 0 and model_at_measured_s > 0):
+            return curve.seconds[end] / ratio  # NB: a fallback that prices nothing: the measured time per unit of size
+        return max(model_s, curve.seconds[end] * model_s / model_at_measured_s)
 
     def op_time_s(self, op: Op, device: DeviceSpec) -> float:
         seconds, source = self.answer(op, device)

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict
 
 from trainsim.api.functions import predict
 from trainsim.api.results import Prediction, _Output
-from trainsim.errors import ConfigError
+from trainsim.report import html as html_report
 from trainsim.units import format_duration
 
 # What each breakdown key is, for the explanation (estimate.result.BREAKDOWN_KEYS).
@@ -49,7 +49,10 @@ class Comparison(_Output):
     explanation: list[str]
 
     def to_html(self) -> str:
-        raise ConfigError("html", "compare", "compare has no HTML report yet: write each plan's with predict --html")
+        return html_report.comparison_page(self.to_dict())
+
+    def _repr_html_(self) -> str:
+        return html_report.comparison_summary(self.to_dict())
 
     def __repr__(self) -> str:
         return "\n".join(self.explanation)

@@ -6,18 +6,24 @@ over these functions: `trainsim predict ... --json` prints `predict(...).to_dict
 """
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack, cast
 
-from trainsim.api.objectives import check_objective, plan_extras, rerank
+from trainsim.api.objectives import check_energy, check_objective, plan_extras, rerank
 from trainsim.api.results import PlanPoint, PlanRow, Prediction, SearchResult, ValidationResult
 from trainsim.catalog import load_cluster
-from trainsim.catalog.calibration import read_calibration
+from trainsim.catalog.calibration import Calibration, read_calibration
+from trainsim.catalog.files import key_lines, shown_path
+from trainsim.cost.compute import RooflineCosts
+from trainsim.cost.profiled import ProfiledCosts
 from trainsim.errors import ConfigError
 from trainsim.estimate.engines import ENGINES, make_engine
 from trainsim.frontends.registry import FRONTENDS, ModelSource
 from trainsim.hardware.cluster import ClusterSpec
+from trainsim.ir.graph import OpGraph
 from trainsim.ir.model_spec import ModelSpec
+from trainsim.job import Job
 from trainsim.jobfile import (
     DEFAULT_CLUSTER,
     DEFAULT_MODEL,
@@ -27,6 +33,7 @@ from trainsim.jobfile import (
     read_job_file,
 )
 from trainsim.pipeline import GraphCache, graph_for
+from trainsim.profile.database import default_db_path
 from trainsim.report.search import plan_to_dict
 from trainsim.report.validate import validate_to_dict
 from trainsim.search.pareto import pareto_front
@@ -120,7 +127,7 @@ def predict(model: ModelArg | None = None, cluster: ClusterArg | None = None, nu
     if stack is not None:
         settings["stack"] = stack
     settings["stack_overrides"] = dict(stack_overrides or {})
-    job = job_from_settings(settings)
+    job = _job_naming_lines(settings, job_file, given)
     cal = read_calibration(Path(calibration) if calibration is not None else settings.get("calibration"))
     estimator = make_engine(engine, costs, Path(db) if db is not None else None, task_level, cal)
     source = None if isinstance(settings.get("model"), MODEL_SPEC_TYPES) else model_source(settings)
@@ -130,7 +137,39 @@ def predict(model: ModelArg | None = None, cluster: ClusterArg | None = None, nu
         from trainsim.strategy.tree_yaml import load_tree_yaml  # NB: loaded for a tree only (start-up)
 
         plan = load_tree_yaml(Path(tree), graph).lower(job.parallel)
-    return Prediction.of(estimator.estimate(job, graph, plan), job)
+    result = estimator.estimate(job, graph, plan)
+    if costs == "profiled" and not entry.replays_traces:
+        result = replace(result, notes=[*result.notes, *profile_coverage_notes(job, graph, db, cal)])
+    return Prediction.of(result, job)
+
+
+def _job_naming_lines(settings: dict[str, Any], job_file: str | Path | None, given: Mapping[str, Any]) -> Job:
+    """job_from_settings; a bad value that came from the job file names the file and its line."""
+    try:
+        return job_from_settings(settings)
+    except ConfigError as exc:
+        if job_file is None or given.get(exc.field) is not None:
+            raise
+        line = key_lines(Path(job_file)).get(exc.field)
+        if line is None:
+            raise
+        raise ConfigError(f"{shown_path(job_file)} line {line}: {exc.field}", exc.value, exc.allowed) from None
+
+
+def profile_coverage_notes(job: Job, graph: OpGraph, db: str | Path | None, cal: Calibration) -> list[str]:
+    """How much of the job's op time the profile database measured (cost.profiled.Coverage), and a warning
+    with the command that measures the job's own shapes when most of it is scaled or on the roofline."""
+    costs = ProfiledCosts(Path(db) if db is not None else default_db_path(), fallback=RooflineCosts(cal))
+    coverage = costs.coverage(graph, job.cluster.device)
+    notes = [coverage.describe()]
+    if coverage.unmeasured_dominates:
+        par = job.parallel
+        db_flag = f" --db {db}" if db is not None else ""
+        notes.append(f"warning: {coverage.share('scaled', 'fallback'):.0%} of the op time is not measured (the "
+                     f"profile misses this job's shapes): trainsim profile --model {job.model.name} --precision "
+                     f"{par.precision} --micro-batch {par.micro_batch} --seq-len {par.seq_len} --tp {par.tp}"
+                     f"{db_flag}")
+    return notes
 
 
 def simulate(model: ModelArg | None = None, cluster: ClusterArg | None = None, num_gpus: int | None = None, *,
@@ -165,8 +204,9 @@ def search(model: ModelArg = DEFAULT_MODEL, cluster: ClusterArg = DEFAULT_CLUSTE
     and a global batch; rank the feasible plans by tokens/s and count why the others were refused.
 
     all_plans: also return every plan priced (throughput, peak memory, on the Pareto front or not);
-    objective: throughput | time-to-train | cost | memory-headroom (api.objectives: for a fixed cluster size
-    time and cost rank as throughput, and add their numbers: tokens to train, price per GPU-hour);
+    objective: throughput | time-to-train | cost | energy | memory-headroom (api.objectives: for a fixed cluster
+    size time, cost and energy rank as throughput, and add their numbers: tokens to train, price per GPU-hour;
+    the energy at the device's catalog max_power_w);
     min_headroom_gib: refuse plans leaving less memory free; progress(done, total) is called as plans are tried;
     calibration: a file written by `trainsim calibrate --output` (default: the package's fit); stack and
     stack_overrides: the training stack every plan runs on, as predict takes them (its attention kernel is the
@@ -197,6 +237,7 @@ def search(model: ModelArg = DEFAULT_MODEL, cluster: ClusterArg = DEFAULT_CLUSTE
     cluster_spec = cluster if isinstance(cluster, ClusterSpec) else load_cluster(str(cluster))
     if num_gpus is not None:
         cluster_spec = cluster_spec.with_num_gpus(num_gpus)
+    check_energy(objective, cluster_spec)
     defaults = ParallelSpec()
     stack_spec = make_stack(stack, dict(stack_overrides or {}))
     space = SearchSpace(global_batch=global_batch, seq_len=seq_len or defaults.seq_len,
@@ -214,8 +255,8 @@ def search(model: ModelArg = DEFAULT_MODEL, cluster: ClusterArg = DEFAULT_CLUSTE
     capacity_gib = (report.plans[0].result.memory_capacity_bytes if report.plans
                     else cluster_spec.device.hbm_bytes) / 2**30
     rows = [plan_to_dict(plan) for plan in report.plans]
-    rows = [{**row, **plan_extras(row, cluster_spec.num_gpus, capacity_gib, tokens, price_per_gpu_hour)}
-            for row in rows]
+    rows = [{**row, **plan_extras(row, cluster_spec.num_gpus, capacity_gib, tokens, price_per_gpu_hour,
+                                  cluster_spec.device.max_power_w)} for row in rows]
     return SearchResult.model_validate({
         "schema": SearchResult._tag().model_dump(), "title": title, "model": model_spec.name,
         "cluster": cluster_spec.name, "num_gpus": cluster_spec.num_gpus, "objective": objective,

@@ -1,10 +1,13 @@
-"""What a search ranks by, beyond throughput: memory headroom, and the time and cost to train a number of
-tokens; a floor on the headroom.
+"""What a search ranks by, beyond throughput: memory headroom, and the time, cost and energy to train a number
+of tokens; a floor on the headroom.
 
-For a fixed cluster size the time to train N tokens (N / tokens per second) and its cost (GPUs x hours x price)
-fall as throughput rises, so those objectives rank the plans as throughput does: they add the time and the cost
-to every plan. memory-headroom ranks by the memory left free on the fullest GPU (most first), ties broken by
-throughput. --min-headroom refuses, under the reason "memory headroom", plans that leave less free.
+For a fixed cluster size the time to train N tokens (N / tokens per second), its cost (GPUs x hours x price) and
+its energy (GPUs x the device's maximum power x time: DeviceSpec.max_power_w, stated per device in the catalog
+with its datasheet; an upper bound on the GPUs' own draw, hosts, network and cooling left out) fall as
+throughput rises, so those objectives rank the plans as throughput does: they add the time, cost and energy to
+every plan (the energy where the device states its power). memory-headroom ranks by the memory left free on
+the fullest GPU (most first), ties broken by throughput. --min-headroom refuses, under the reason "memory
+headroom", plans that leave less free.
 """
 
 from dataclasses import replace
@@ -16,8 +19,9 @@ from trainsim.ir.model_spec import ModelSpec
 from trainsim.job import make_job
 from trainsim.search.planner import Planner, PricedPlan, RankedStrategy, SearchReport
 
-Objective = Literal["throughput", "time-to-train", "cost", "memory-headroom"]
-OBJECTIVES: tuple[str, ...] = ("throughput", "time-to-train", "cost", "memory-headroom")
+Objective = Literal["throughput", "time-to-train", "cost", "energy", "memory-headroom"]
+OBJECTIVES: tuple[str, ...] = ("throughput", "time-to-train", "cost", "energy", "memory-headroom")
+JOULES_PER_KWH = 3.6e6
 HEADROOM_REFUSAL = "memory headroom"
 GIB = 2**30
 
@@ -32,10 +36,17 @@ def check_objective(objective: str, tokens: float | None, price_per_gpu_hour: fl
     if min_headroom_gib is not None and not (isinstance(min_headroom_gib, int | float) and
                                              0 <= min_headroom_gib < float("inf")):
         raise ConfigError("min_headroom", min_headroom_gib, "must be a finite number of GiB >= 0")
-    if objective in ("time-to-train", "cost") and tokens is None:
+    if objective in ("time-to-train", "cost", "energy") and tokens is None:
         raise ConfigError("tokens", None, f"--objective {objective} needs --tokens N (tokens to train)")
     if objective == "cost" and price_per_gpu_hour is None:
         raise ConfigError("price_per_gpu_hour", None, "--objective cost needs --price-per-gpu-hour")
+
+
+def check_energy(objective: str, cluster: ClusterSpec) -> None:
+    """--objective energy needs the device's power, stated in the catalog (max_power_w)."""
+    if objective == "energy" and cluster.device.max_power_w is None:
+        raise ConfigError("objective", objective, f"device {cluster.device.name} states no max_power_w in the "
+                          "catalog: use a cluster YAML whose device has one, or another objective")
 
 
 def rerank(report: SearchReport, planner: Planner, model: ModelSpec, cluster: ClusterSpec, objective: str,
@@ -67,13 +78,15 @@ def rerank(report: SearchReport, planner: Planner, model: ModelSpec, cluster: Cl
 
 
 def plan_extras(row: dict[str, Any], num_gpus: int, capacity_gib: float, tokens: float | None,
-                price_per_gpu_hour: float | None) -> dict[str, Any]:
-    """The objective's numbers for one plan row: headroom, and with tokens the time (and with a price the
-    cost) to train them."""
+                price_per_gpu_hour: float | None, power_w: float | None = None) -> dict[str, Any]:
+    """The objective's numbers for one plan row: headroom, and with tokens the time (with a price the cost,
+    with the device's power the energy) to train them."""
     extras: dict[str, Any] = {"headroom_gib": capacity_gib - row["peak_memory_gib"]}
     if tokens is not None:
         seconds = tokens / row["tokens_per_s"]
         extras["time_to_train_s"] = seconds
         if price_per_gpu_hour is not None:
             extras["cost_to_train"] = seconds / 3600 * num_gpus * price_per_gpu_hour
+        if power_w is not None:
+            extras["energy_to_train_kwh"] = seconds * num_gpus * power_w / JOULES_PER_KWH
     return extras

@@ -186,6 +186,8 @@ class PlanRow(BaseModel):
     headroom_gib: float = Field(description="memory left free on the fullest GPU")
     time_to_train_s: float | None = Field(default=None, description="with tokens: tokens / tokens_per_s")
     cost_to_train: float | None = Field(default=None, description="with tokens and a price per GPU-hour")
+    energy_to_train_kwh: float | None = Field(
+        default=None, description="with tokens, where the device states its power: GPUs x max power x time")
 
 
 class PlanPoint(BaseModel):

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from trainsim.catalog.files import read_mapping
-from trainsim.catalog.model_files import parse_model
+from trainsim.catalog.model_files import parse_model, parse_model_file
 from trainsim.errors import ConfigError
 from trainsim.ir.model_spec import ModelSpec
 
@@ -20,7 +20,7 @@ def model_from_file(path: Path) -> ModelSpec:
     data = read_mapping(path)
     if path.suffix == ".json" and any(key in data for key in _HF_KEYS):
         return model_from_hf_config(data, name=hf_model_name(data, path), where=str(path))
-    return parse_model(data, where=str(path))
+    return parse_model_file(data, path)
 
 
 def hf_model_name(config: dict[str, Any], path: Path) -> str:

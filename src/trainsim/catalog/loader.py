@@ -4,6 +4,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from trainsim.catalog.file_errors import file_error
 from trainsim.catalog.files import DATA_DIR, catalog_entries, read_mapping
 from trainsim.catalog.hf_config import model_from_file
 from trainsim.catalog.model_files import parse_model
@@ -91,22 +94,26 @@ def load_link(name: str) -> LinkSpec:
     return links[name]
 
 
-def cluster_from_mapping(entry: dict[str, Any], where: str = "cluster") -> ClusterSpec:
-    """Resolve the device and link names of a cluster entry (inline mappings are accepted too)."""
+def cluster_from_mapping(entry: dict[str, Any], where: str = "cluster", path: Path | None = None) -> ClusterSpec:
+    """Resolve the device and link names of a cluster entry (inline mappings are accepted too). path: the file
+    the entry was read from, whose errors then name every problem with its line."""
     resolved = dict(entry)
-    device = entry.get("device")
-    resolved["device"] = load_device(device) if isinstance(device, str) else device
-    for key in ("intra_node", "inter_node"):
-        link = entry.get(key)
-        resolved[key] = load_link(link) if isinstance(link, str) else link
-    return ClusterSpec.parse(resolved, where)
+    for key, load in (("device", load_device), ("intra_node", load_link), ("inter_node", load_link)):
+        if isinstance(entry.get(key), str):
+            resolved[key] = load(entry[key])
+    if path is None:
+        return ClusterSpec.parse(resolved, where)
+    try:
+        return ClusterSpec.model_validate(resolved)
+    except ValidationError as exc:
+        raise file_error(exc, path, "cluster", list(ClusterSpec.model_fields)) from None
 
 
 def load_cluster(name_or_path: str) -> ClusterSpec:
     """A preset name or a YAML/JSON cluster file."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml", ".json"):
-        return cluster_from_mapping(read_mapping(path), str(path))
+        return cluster_from_mapping(read_mapping(path), str(path), path)
     entries = _cluster_entries()
     if name_or_path not in entries:
         raise UnknownNameError("cluster", name_or_path, list(entries))

@@ -1,13 +1,16 @@
 """Model specs from plain mappings (catalog entries, model YAML/JSON files), validated into frozen ModelSpecs."""
 
-from typing import Any
+from pathlib import Path
+from typing import Any, get_args
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from trainsim.catalog.file_errors import file_error
 from trainsim.ir.model_spec import ModelSpec
 from trainsim.specbase import config_error_from
 
 _MODEL_ADAPTER: TypeAdapter[ModelSpec] = TypeAdapter(ModelSpec)
+MODEL_SPEC_CLASSES: tuple[type[BaseModel], ...] = get_args(get_args(ModelSpec)[0])  # the kinds ModelSpec unites
 
 
 def parse_model(data: dict[str, Any], where: str = "model") -> ModelSpec:
@@ -15,3 +18,15 @@ def parse_model(data: dict[str, Any], where: str = "model") -> ModelSpec:
         return _MODEL_ADAPTER.validate_python({"kind": "transformer", **data})
     except ValidationError as exc:
         raise config_error_from(exc, where) from None
+
+
+def parse_model_file(data: dict[str, Any], path: Path) -> ModelSpec:
+    """parse_model for a model file: every unknown and missing key, and every bad value, with its line."""
+    try:
+        return _MODEL_ADAPTER.validate_python({"kind": "transformer", **data})
+    except ValidationError as exc:
+        kind = data.get("kind", "transformer")
+        member = next((cls for cls in MODEL_SPEC_CLASSES if cls.model_fields["kind"].default == kind), None)
+        accepted = [name for name in member.model_fields if name != "kind"] if member is not None else []
+        tagged = all(error["loc"] and error["loc"][0] == kind for error in exc.errors())
+        raise file_error(exc, path, "model", accepted, drop_tag=tagged) from None

@@ -5,6 +5,7 @@ shows what a front-end's inspect() builds: one device, no model parallelism (a t
 """
 
 import json
+import sys
 from typing import Annotated, cast
 
 import typer
@@ -34,7 +35,7 @@ def graph(
     chosen = FRONTENDS.get(frontend)
     typed = cast(Precision, precision)
     summary = summarize(chosen.inspect(model, micro_batch, seq_len, typed), typed, frontend)
-    typer.echo(json.dumps(summary, indent=1) if as_json else render_graph(summary))
+    typer.echo(json.dumps(summary, indent=1) if as_json else render_graph(summary, terminal=sys.stdout.isatty()))
 
 
 def register(app: typer.Typer) -> None:

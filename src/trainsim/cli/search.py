@@ -79,10 +79,11 @@ def search(
     csv: Annotated[Path | None, typer.Option(help="write the best plans as CSV (with --all: every plan priced)")
                    ] = None,
     objective: Annotated[str, typer.Option(help="rank by: " + " | ".join(OBJECTIVES) + " (for a fixed number of "
-                                           "GPUs, time-to-train and cost rank as throughput and add their "
+                                           "GPUs, time-to-train, cost and energy rank as throughput and add their "
                                            "numbers)")] = "throughput",
-    tokens: Annotated[float | None, typer.Option(help="tokens to train: adds the time (and with a price the "
-                                                 "cost) to train them to every plan")] = None,
+    tokens: Annotated[float | None, typer.Option(help="tokens to train: adds the time (with a price the cost; "
+                                                 "with the device's catalog power the energy at max power) to "
+                                                 "train them to every plan")] = None,
     price_per_gpu_hour: Annotated[float | None, typer.Option(help="price of one GPU for one hour, in any "
                                                              "currency (with --tokens: the cost to train)")
                                   ] = None,

@@ -1,11 +1,19 @@
-"""Op costs from the profile database: exact signature, else interpolation over size, else the fallback.
+"""Op costs from the profile database: exact signature, else interpolation over size, else the roofline fitted
+to the nearest measured size, else the fallback.
 
 For an op, ProfiledCosts looks up the measurement of its signature (trainsim.profile.ops.signature_of: kernel,
 phase, dtype, shape) on the device the estimator asks about. Without an exact match it interpolates log-log in
 the signature's size (elements for pointwise ops, the shape product - proportional to FLOPs - for matmul and
-attention) between the two nearest measured sizes of the same kernel, phase and dtype; outside the measured range
-it does not extrapolate and asks the fallback model (the calibrated roofline). Which source answered each op is
-counted, so a report can say how much of a prediction rests on measurements.
+attention) between the two nearest measured sizes of the same kernel, phase and dtype. Outside the measured range
+the op is "scaled": the slower of the fallback model's time (the calibrated roofline: about the fastest the op
+could run) and the nearest measured size's time x the fallback's ratio between the op and the op shrunk (or
+grown) to that size (FLOPs and bytes x the size ratio), the level this device reached on the kernel carried to
+the op's size along the roofline's curve. So a micro-batch of 2 never comes out faster than the measured
+micro-batch of 1 because the roofline (a placeholder peak on CPUs) is faster than the measurements, and where
+the roofline is the slower answer (GPU kernels measured at a small size run less efficiently than at the job's)
+it stands, as before. Only a kernel, phase and dtype never measured on the device asks the fallback alone.
+Which source answered each op is counted (coverage(): ops and seconds per source), so a report can say how much
+of a prediction rests on measurements.
 
 No torch here: the database is plain SQLite, read once at construction.
 """
@@ -13,7 +21,7 @@ No torch here: the database is plain SQLite, read once at construction.
 import bisect
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -23,14 +31,17 @@ from trainsim.cost.compute import OpCostModel, RooflineCosts
 from trainsim.cost.step import StepCosts
 from trainsim.hardware.cluster import ClusterSpec, GroupLayout
 from trainsim.hardware.device import DeviceSpec
-from trainsim.ir.graph import Op
+from trainsim.ir.graph import Op, OpGraph
 from trainsim.profile.database import CollectiveRow, OpRow, ProfileDB
 from trainsim.profile.framework import framework_signature, frameworks_for
 from trainsim.profile.ops import OPTIMIZER_SIGNATURE_KIND, overhead_signature, signature_of
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import Precision
 
-Source = Literal["exact", "interpolated", "fallback"]
+Source = Literal["exact", "interpolated", "scaled", "fallback"]
+SOURCES: tuple[Source, ...] = ("exact", "interpolated", "scaled", "fallback")
+MEASURED: tuple[Source, ...] = ("exact", "interpolated")
+UNMEASURED_WARN_SHARE = 0.5  # warn when the scaled + fallback share of a job's op time exceeds this
 _Group = tuple[str, str, str, str, str]  # device, kind, impl, phase, dtype
 
 
@@ -111,7 +122,8 @@ class ProfiledCosts:
         return len(self._exact)
 
     def lookup(self, op: Op, device_name: str) -> tuple[float, Source] | None:
-        """The measured (or interpolated) seconds of `op` on `device_name`, or None."""
+        """The measured (or interpolated) seconds of `op` on
+        `device_name`, or None: outside the measured sizes, or never measured there."""
         sig = signature_of(op)
         if sig is None:
             return None
@@ -122,12 +134,33 @@ class ProfiledCosts:
         seconds = curve.interpolate(sig.size) if curve is not None else None
         return (seconds, "interpolated") if seconds is not None else None
 
+    def answer(self, op: Op, device: DeviceSpec) -> tuple[float, Source]:
+        """The seconds of `op` and which source gave them (nothing is counted)."""
+        name = self.device_name or device.name
+        found = self.lookup(op, name)
+        if found is not None:
+            return found
+        scaled = self._scaled(op, name, device)
+        return (scaled, "scaled") if scaled is not None else (self.fallback.op_time_s(op, device), "fallback")
+
+    def _scaled(self, op: Op, device_name: str, device: DeviceSpec) -> float | None:
+        """Outside the measured sizes of the op's kernel: the nearest measurement x fallback(op) / fallback(the op
+        at the measured size), and never less than fallback(op); None where the kernel was never measured on the
+        device."""
+        sig = signature_of(op)
+        curve = None if sig is None else self._curves.get((device_name, sig.kind, sig.impl, sig.phase, sig.dtype))
+        if sig is None or curve is None or not curve.sizes or sig.size <= 0:
+            return None
+        end = 0 if sig.size < curve.sizes[0] else len(curve.sizes) - 1
+        ratio = curve.sizes[end] / sig.size
+        at_measured = replace(op, flops=op.flops * ratio, bytes_moved=op.bytes_moved * ratio)
+        model_s, model_at_measured_s = self.fallback.op_time_s(op, device), self.fallback.op_time_s(at_measured, device)
+        if not (model_s > 0 and model_at_measured_s > 0):
+            return curve.seconds[end] / ratio  # NB: a fallback that prices nothing: the measured time per unit of size
+        return max(model_s, curve.seconds[end] * model_s / model_at_measured_s)
+
     def op_time_s(self, op: Op, device: DeviceSpec) -> float:
-        found = self.lookup(op, self.device_name or device.name)
-        if found is None:
-            seconds, source = self.fallback.op_time_s(op, device), "fallback"
-        else:
-            seconds, source = found
+        seconds, source = self.answer(op, device)
         self.sources[source] += 1
         self.answers[(op.module_path, op.name, op.phase)] = source
         return seconds
@@ -150,13 +183,55 @@ class ProfiledCosts:
                                 sig.shape))
 
     def source_counts(self) -> dict[str, int]:
-        """How many op lookups each source answered: exact, interpolated, fallback."""
-        return {source: self.sources.get(source, 0) for source in ("exact", "interpolated", "fallback")}
+        """How many op lookups each source answered: exact, interpolated, scaled, fallback."""
+        return {source: self.sources.get(source, 0) for source in SOURCES}
+
+    def coverage(self, graph: OpGraph, device: DeviceSpec) -> "Coverage":
+        """Which source answers each op of one micro-batch of `graph` (repeated layers counted each time), in ops
+        and in seconds."""
+        ops: Counter[Source] = Counter()
+        seconds: dict[Source, float] = dict.fromkeys(SOURCES, 0.0)
+        for layer in graph.layers:
+            for op in (*layer.fwd, *layer.bwd):
+                op_s, source = self.answer(op, device)
+                ops[source] += layer.count
+                seconds[source] += op_s * layer.count
+        return Coverage({source: ops.get(source, 0) for source in SOURCES}, seconds)
 
     def describe(self) -> str:
         envs = ", ".join(f"{dev}: {ver}, {thr} threads" for dev, (ver, thr) in sorted(self.environments.items()))
         counts = ", ".join(f"{k} {v}" for k, v in self.source_counts().items())
         return f"profiled costs ({self.measurements} measurements; {envs or 'none'}); ops answered: {counts}"
+
+
+@dataclass(frozen=True, slots=True)
+class Coverage:
+    """How much of a job's op time the profile answers: ops and seconds per source (SOURCES)."""
+
+    ops: dict[Source, int]
+    seconds: dict[Source, float]
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.seconds.values())
+
+    def share(self, *sources: Source) -> float:
+        """The fraction of the op time the given sources answered (0 for a graph without ops)."""
+        total = self.total_s
+        return sum(self.seconds[s] for s in sources) / total if total > 0 else 0.0
+
+    @property
+    def unmeasured_dominates(self) -> bool:
+        return self.share("scaled", "fallback") > UNMEASURED_WARN_SHARE
+
+    def describe(self) -> str:
+        """One line: the ops and share of op time each source answered."""
+        measured = sum(self.ops[s] for s in MEASURED)
+        total = sum(self.ops.values())
+        return (f"profiled costs: {measured} of {total} ops measured ({self.share(*MEASURED):.0%} of the op "
+                f"time; exact {self.ops['exact']}, interpolated {self.ops['interpolated']}), "
+                f"{self.ops['scaled']} scaled from another measured size of their kernel "
+                f"({self.share('scaled'):.0%}), {self.ops['fallback']} on the roofline ({self.share('fallback'):.0%})")
 
 
 def _collective_curves(rows: list[CollectiveRow], environments: dict[str, tuple[str, int]]

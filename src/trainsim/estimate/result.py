@@ -136,11 +136,9 @@ def make_result(engine: str, job: Job, graph: OpGraph, breakdown: dict[str, floa
     full_graph_flops = graph.total_flops("fwd") + graph.total_flops("bwd")
     # The graph is one device's share of one micro-batch: scale to the whole iteration.
     shards = par.tp * par.cp
-    model_flops = full_graph_flops * shards * par.global_batch / par.micro_batch
-    # NB: hardware FLOPs add the repeated forward of full recompute (selective recompute's share is small
-    # and left out).
-    fwd_share = graph.total_flops("fwd") / max(full_graph_flops, 1e-30)
-    hardware_flops = model_flops * (1.0 + (fwd_share if par.recompute == "full" else 0.0))
+    scale = shards * par.global_batch / par.micro_batch
+    model_flops = full_graph_flops * scale
+    hardware_flops = model_flops + recompute_flops(graph, par.recompute) * scale
     peak = job.cluster.device.peak_for(policy_for(par.precision).linear_dtype)
     if not (math.isfinite(iteration) and iteration > 0 and math.isfinite(model_flops) and
             math.isfinite(memory.peak_bytes)):
@@ -160,6 +158,19 @@ def make_result(engine: str, job: Job, graph: OpGraph, breakdown: dict[str, floa
         breakdown=breakdown, memory_breakdown=memory.breakdown, notes=[*_kernel_notes(job), *(notes or [])],
         timeline=timeline, band=iteration_band(job, iteration, calibration),
     )
+
+
+def recompute_flops(graph: OpGraph, recompute: str) -> float:
+    """The FLOPs one micro-batch of `graph` runs again in the backward pass: the whole forward under full
+    recompute, the ops marked recompute_selective (the attention core: Korthikanti et al. 2022, selective
+    activation recomputation) under selective recompute; hardware FLOPs (HFU) count them, model FLOPs (MFU) do
+    not."""
+    if recompute == "full":
+        return graph.total_flops("fwd")
+    if recompute == "selective":
+        return sum(layer.count * sum(op.flops for op in layer.fwd if op.recompute_selective)
+                   for layer in graph.layers)
+    return 0.0
 
 
 def stack_name_of(job: Job) -> str | None:
@@ -192,10 +203,27 @@ def tokens_per_s(job: Job, iteration_s: float) -> float:
 
 
 def _kernel_notes(job: Job) -> list[str]:
+    """What the job asks for that the device cannot run natively, and how it was costed instead."""
     device = job.cluster.device
+    notes = []
     if job.parallel.attention == "flash3" and "flash3" not in device.attention_kernels:
-        return [f"attention=flash3: {device.name} has no Hopper-native attention kernel; costed as flash2"]
-    return []
+        notes.append(f"attention=flash3: {device.name} has no Hopper-native attention kernel; costed as flash2")
+    dtype = policy_for(job.parallel.precision).linear_dtype
+    ran_as = device.peak_dtype_for(dtype)
+    if ran_as != dtype:
+        notes.append(f"precision={job.parallel.precision}: {device.name} has no native {dtype} matmul "
+                     f"({NATIVE_DTYPE_NEEDS.get(dtype, 'not in its spec sheet')}); costed at its {ran_as} peak, "
+                     f"which a real run may not reach")
+    return notes
+
+
+# What a dtype's tensor-core GEMMs need (NVIDIA PTX ISA 8.x, the mma instruction's target requirements: .bf16 and
+# .tf32 need sm_80, .e4m3/.e5m2 need sm_89; TransformerEngine 1.x refuses fp8 below compute capability 8.9).
+NATIVE_DTYPE_NEEDS = {
+    "fp8": "fp8 tensor cores need compute capability 8.9+: Ada, Hopper, Blackwell",
+    "bf16": "bf16 tensor cores need compute capability 8.0+: Ampere and later",
+    "tf32": "tf32 tensor cores need compute capability 8.0+: Ampere and later",
+}
 
 
 def with_shared_cores(breakdown: dict[str, float], share: float) -> dict[str, float]:

@@ -10,6 +10,13 @@ from trainsim.units import parse_bandwidth, parse_bytes, parse_flops
 DType = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
 BYTES_PER_DTYPE: dict[DType, int] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 DTYPES: tuple[DType, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8")
+_PEAK_FALLBACKS: dict[DType, tuple[DType, ...]] = {
+    "fp8": ("fp8", "bf16", "fp16", "fp32"),
+    "bf16": ("bf16", "fp16", "fp32"),
+    "fp16": ("fp16", "bf16", "fp32"),
+    "tf32": ("tf32", "fp32"),
+    "fp32": ("fp32",),
+}
 
 
 class DeviceSpec(Spec):
@@ -34,6 +41,10 @@ class DeviceSpec(Spec):
     # host's cores (measured runs record both). Every engine then holds a step to at least (iteration - bubble) /
     # compute_share (estimate.analytical.with_shared_cores).
     compute_share: float = Field(default=1.0, gt=0, le=1.0)
+    # The board's maximum power (the datasheet's TDP / max power, watts; sources in the catalog YAML); None where
+    # no datasheet states one. Energy estimates (api.objectives) take every GPU at this power for the whole run:
+    # an upper bound on the GPUs' own draw, hosts, network and cooling left out.
+    max_power_w: float | None = Field(default=None, gt=0, lt=1e5)
     aliases: tuple[str, ...] = ()
 
     @field_validator("peak_flops_per_s", mode="before")
@@ -55,16 +66,13 @@ class DeviceSpec(Spec):
 
     def peak_for(self, dtype: DType) -> float:
         """Dense peak for a dtype; fp8 falls back to fp16/bf16 and tf32 to fp32 on devices without them."""
-        fallbacks: dict[DType, tuple[DType, ...]] = {
-            "fp8": ("fp8", "bf16", "fp16", "fp32"),
-            "bf16": ("bf16", "fp16", "fp32"),
-            "fp16": ("fp16", "bf16", "fp32"),
-            "tf32": ("tf32", "fp32"),
-            "fp32": ("fp32",),
-        }
-        for candidate in fallbacks[dtype]:
+        return self.peak_flops_per_s[self.peak_dtype_for(dtype)]
+
+    def peak_dtype_for(self, dtype: DType) -> DType:
+        """The dtype whose peak a `dtype` op runs at: itself where the device has it, else the next wider one."""
+        for candidate in _PEAK_FALLBACKS[dtype]:
             if candidate in self.peak_flops_per_s:
-                return self.peak_flops_per_s[candidate]
+                return candidate
         raise AssertionError(f"device {self.name} has no fp32 peak")
 
     @field_validator("peak_flops_per_s")

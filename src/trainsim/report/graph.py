@@ -5,9 +5,9 @@ from collections import Counter
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from trainsim.ir.graph import OpGraph
+from trainsim.report.rich_text import compact_table, fold
 from trainsim.strategy.precision import Precision, policy_for
 from trainsim.units import format_count
 
@@ -40,10 +40,14 @@ def summarize(graph: OpGraph, precision: Precision, frontend: str) -> dict[str, 
     }
 
 
-def render_graph(summary: dict[str, Any]) -> str:
-    """The layers and the op kinds as tables, then the totals: plain text, 140 columns wherever it goes."""
-    console = Console(width=140, record=True, file=io.StringIO())
-    layers = Table("layer", "kind", "count", "fwd ops", "bwd ops", "params", "fwd GFLOP", "bwd GFLOP",
+GRAPH_WIDTH = 140  # piped output: wide enough that no row wraps
+
+
+def render_graph(summary: dict[str, Any], terminal: bool = False) -> str:
+    """The layers and the op kinds as tables, then the totals: on a terminal as wide as it is (cells wrap, none
+    is cut), piped plain text GRAPH_WIDTH columns wide."""
+    console = Console(width=None if terminal else GRAPH_WIDTH, record=True, file=io.StringIO())
+    layers = compact_table("layer", "kind", "count", "fwd ops", "bwd ops", "params", "fwd GFLOP", "bwd GFLOP",
                    "act MB", title=f"{summary['model']} via {summary['frontend']} ({summary['precision']}, "
                                    f"{summary['tokens_per_micro_batch']} tokens per micro-batch)")
     for layer in summary["layers"]:
@@ -51,11 +55,11 @@ def render_graph(summary: dict[str, Any]) -> str:
                        str(layer["bwd_ops"]), format_count(layer["parameters"]),
                        f"{layer['forward_flops'] / 1e9:.3f}", f"{layer['backward_flops'] / 1e9:.3f}",
                        f"{layer['activation_bytes'] / 1e6:.2f}")
-    console.print(layers)
-    kinds = Table("op kind", "ops", title="ops by kind (x layer count)")
+    console.print(fold(layers))
+    kinds = compact_table("op kind", "ops", title="ops by kind (x layer count)")
     for kind, count in summary["ops_by_kind"].items():
         kinds.add_row(kind, str(count))
-    console.print(kinds)
+    console.print(fold(kinds))
     act = summary["activation_bytes_by_recompute"]
     console.print(
         f"ops {summary['num_ops']}  by dtype: "

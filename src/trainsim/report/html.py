@@ -7,7 +7,7 @@ network: a report is something people mail and archive. Charts are drawn from th
 
 Element ids, for tests and browsers: every chart is a <div class="chart" id="fig-NAME">; NAME is one of
 time-breakdown, memory-breakdown, band, timeline, memory-timeline (prediction), throughput-memory, refusals
-(search), scatter-METRIC (validation).
+(search), scatter-METRIC (validation), compare-time, compare-memory (comparison of two plans).
 """
 
 import html
@@ -86,6 +86,16 @@ def validation_page(data: dict[str, Any]) -> str:
     return _page("trainsim validate", validation_summary(data), figures)
 
 
+def comparison_page(data: dict[str, Any]) -> str:
+    """The report of two plans compared (the object of `compare --json`): each term of the iteration time and
+    of the peak memory in A and in B, side by side, and the explanation."""
+    figures: list[tuple[str, str, Figure | str]] = [
+        ("compare-time", "Iteration time, term by term: A against B", comparison_time_figure(data)),
+        ("compare-memory", "Peak memory per GPU, term by term: A against B", comparison_memory_figure(data)),
+    ]
+    return _page("trainsim compare: A against B", comparison_summary(data), figures)
+
+
 # --- figures ---
 
 
@@ -120,6 +130,38 @@ def memory_breakdown_figure(data: dict[str, Any]) -> "Figure":
                              hovertemplate=f"{key}: %{{y:.2f}} GiB<extra></extra>"))
     fig.update_layout(barmode="stack", height=380, yaxis_title="GiB", legend_traceorder="reversed")
     _capacity_line(fig, data["memory_capacity_bytes"] / GIB, data["peak_memory_bytes"] / GIB)
+    return fig
+
+
+def comparison_time_figure(data: dict[str, Any]) -> "Figure":
+    """A and B as two stacked bars of their time terms (milliseconds), in breakdown order."""
+    go = _go()
+    a, b = data["a"]["breakdown"], data["b"]["breakdown"]
+    fig = go.Figure()
+    for key in dict.fromkeys([*a, *b]):
+        values = [a.get(key, 0.0), b.get(key, 0.0)]
+        if max(values) <= 0:
+            continue
+        fig.add_trace(go.Bar(name=key, x=["A", "B"], y=[v * 1e3 for v in values], marker_color=COLORS.get(key),
+                             hovertemplate=f"{key}: %{{y:.3f}} ms<extra></extra>"))
+    fig.update_layout(barmode="stack", height=380, yaxis_title="milliseconds per iteration",
+                      legend_traceorder="reversed")
+    return fig
+
+
+def comparison_memory_figure(data: dict[str, Any]) -> "Figure":
+    """A and B as two stacked bars of their memory at the peak (GiB), with the capacity."""
+    go = _go()
+    a, b = data["a"]["memory_breakdown"], data["b"]["memory_breakdown"]
+    fig = go.Figure()
+    for key in dict.fromkeys([*a, *b]):
+        fig.add_trace(go.Bar(name=key, x=["A", "B"], y=[a.get(key, 0.0) / GIB, b.get(key, 0.0) / GIB],
+                             marker_color=MEMORY_COLORS.get(key),
+                             hovertemplate=f"{key}: %{{y:.2f}} GiB<extra></extra>"))
+    fig.update_layout(barmode="stack", height=380, yaxis_title="GiB", legend_traceorder="reversed")
+    capacity = max(data["a"]["memory_capacity_bytes"], data["b"]["memory_capacity_bytes"]) / GIB
+    peak = max(data["a"]["peak_memory_bytes"], data["b"]["peak_memory_bytes"]) / GIB
+    _capacity_line(fig, capacity, peak)
     return fig
 
 
@@ -353,6 +395,17 @@ def search_summary(data: dict[str, Any]) -> str:
                    f"<td>{p['mfu']:.1%}</td><td>{p['peak_memory_gib']:.1f}</td></tr>" for p in plans)
     best = f'<h2>Best plans</h2><table class="summary">{header}{body}</table>' if plans else ""
     return _table(rows) + best
+
+
+def comparison_summary(data: dict[str, Any]) -> str:
+    """The explanation `trainsim compare` prints, then each time term in A and B with its change."""
+    lines = "".join(f"<li>{html.escape(line)}</li>" for line in data.get("explanation", []))
+    header = "<tr><th>time term</th><th>A</th><th>B</th><th>B - A</th></tr>"
+    body = "".join(f"<tr><td>{html.escape(t['term'])}</td><td>{format_duration(t['a'])}</td>"
+                   f"<td>{format_duration(t['b'])}</td><td>{'+' if t['change'] >= 0 else '-'}"
+                   f"{format_duration(abs(t['change']))}</td></tr>"
+                   for t in data.get("time_terms", []) if max(t["a"], t["b"]) > 0)
+    return f'<ul class="explanation">{lines}</ul><table class="summary">{header}{body}</table>'
 
 
 def validation_summary(data: dict[str, Any]) -> str:

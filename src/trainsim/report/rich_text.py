@@ -1,9 +1,20 @@
 """Rich tables rendered to a string, exactly as rich would print them on standard output."""
 
 import io
+from typing import Any
 
+from rich import box
 from rich.console import Console, RenderableType
 from rich.table import Table
+
+
+def compact_table(*headers: str, **options: Any) -> Table:
+    """A table that fits a narrow terminal: a rule under the header only, one space between columns, and the
+    first column (the name) kept whole; on a terminal too narrow rich narrows the widest other columns first
+    and their cells wrap (fold), none is cut."""
+    table = Table(*headers, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True, **options)
+    table.columns[0].no_wrap = True
+    return table
 
 
 def fold(table: Table) -> Table:

@@ -81,6 +81,10 @@ PLAN_COLUMNS = (("#", "rank"), ("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("vpp",
                 ("zero", "zero"), ("recompute", "recompute"), ("mb", "micro_batch"))
 
 
+def _energy_text(kwh: float) -> str:
+    return f"{kwh:,.0f}" if kwh >= 100 else f"{kwh:.3g}"
+
+
 def rows_table(plans: list[dict[str, Any]]) -> tuple[Table, str]:
     """The best plans of a search's JSON object (plan_to_dict's layout), and a line naming the settings every
     plan shown shares: their columns are left out, so the table fits an 80-column terminal."""
@@ -96,12 +100,14 @@ def rows_table(plans: list[dict[str, Any]]) -> tuple[Table, str]:
         table.add_column(name, justify="left" if name == "recompute" else "right", no_wrap=True)
     train = plans[0].get("time_to_train_s") is not None
     cost = plans[0].get("cost_to_train") is not None
-    extra = [*(["train h"] if train else []), *(["cost"] if cost else [])]
+    energy = plans[0].get("energy_to_train_kwh") is not None
+    extra = [*(["train h"] if train else []), *(["cost"] if cost else []), *(["kWh"] if energy else [])]
     for name in ("iteration", "tokens/s", "MFU", "peak GiB", *extra):
         table.add_column(name, justify="right", no_wrap=True)
     for plan in plans:
         more = [*([f"{plan['time_to_train_s'] / 3600:,.1f}"] if train else []),
-                *([f"{plan['cost_to_train']:,.0f}"] if cost else [])]
+                *([f"{plan['cost_to_train']:,.0f}"] if cost else []),
+                *([_energy_text(plan["energy_to_train_kwh"])] if energy else [])]
         table.add_row(*(cell(plan, key) for _, key in shown), format_duration(plan["iteration_time_s"]),
                       f"{plan['tokens_per_s']:,.0f}", f"{plan['mfu'] * 100:.1f}%", f"{plan['peak_memory_gib']:.1f}",
                       *more)

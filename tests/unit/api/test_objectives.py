@@ -1,4 +1,4 @@
-"""search objectives: memory headroom, a headroom floor, and the time and cost to train N tokens."""
+"""search objectives: memory headroom, a headroom floor, and the time, cost and energy to train N tokens."""
 
 import pytest
 from typer.testing import CliRunner
@@ -46,6 +46,7 @@ def test_time_and_cost_to_train() -> None:
     ({"objective": "speed"}, "objective"),
     ({"objective": "time-to-train"}, "tokens"),
     ({"objective": "cost", "tokens": 1e9}, "price_per_gpu_hour"),
+    ({"objective": "energy"}, "tokens"),
     ({"tokens": -1.0}, "tokens"),
     ({"min_headroom_gib": float("nan")}, "min_headroom"),
 ])
@@ -56,3 +57,38 @@ def test_bad_objectives_are_one_line(kwargs: dict, field: str) -> None:
     flags = [f"--{k.replace('_gib', '').replace('_', '-')}={v}" for k, v in kwargs.items()]
     out = CliRunner().invoke(app, ["search", "--model", "gpt3-125m", "--global-batch", "8", *flags])
     assert out.exit_code == 2 and len(out.stderr.strip().splitlines()) == 1 and field in out.stderr
+
+
+def test_energy_to_train_at_the_devices_catalog_power() -> None:
+    """dgx-a100-80gb: A100 SXM4 at its 400 W datasheet maximum; energy = time x 8 GPUs x 400 W."""
+    found = trainsim.search("gpt3-1.3b", objective="energy", tokens=1e10, price_per_gpu_hour=2.5, **SPACE)  # type: ignore[arg-type]
+    plain = trainsim.search("gpt3-1.3b", **SPACE)  # type: ignore[arg-type]
+    assert [p.description for p in found.plans] == [p.description for p in plain.plans]  # fixed GPUs: same order
+    for plan in found.plans:
+        assert plan.time_to_train_s is not None and plan.cost_to_train is not None
+        assert plan.energy_to_train_kwh == pytest.approx(plan.time_to_train_s * 8 * 400 / 3.6e6, rel=1e-12)
+    assert found.objective == "energy" and "by energy" in found.title
+    out = CliRunner().invoke(app, ["search", "--model", "gpt3-1.3b", "--num-gpus", "8", "--global-batch", "32",
+                                   "--seq-len", "1024", "--top-k", "2", "--tokens", "1e10", "--objective",
+                                   "energy"])
+    assert out.exit_code == 0, out.output
+    assert "kWh" in out.stdout and f"{found.plans[0].energy_to_train_kwh:,.0f}" in out.stdout
+
+
+def test_a_device_without_stated_power_has_no_energy() -> None:
+    """gb200: its datasheet states rack power only; the energy objective says so, tokens alone leave it out."""
+    with pytest.raises(ConfigError, match="gb200 states no max_power_w"):
+        trainsim.search("gpt3-125m", "gb200-nvl72", 8, global_batch=8, objective="energy", tokens=1e9)
+    found = trainsim.search("gpt3-125m", "gb200-nvl72", 8, global_batch=8, tokens=1e9, top_k=1)
+    assert found.plans[0].time_to_train_s is not None and found.plans[0].energy_to_train_kwh is None
+
+
+def test_every_gpu_with_a_datasheet_power_states_it() -> None:
+    from trainsim.catalog import load_device
+
+    watts = {name: load_device(name).max_power_w for name in (
+        "a100-sxm4-80gb", "a100-sxm4-40gb", "a40", "rtx-a5500", "rtx-3090", "h100-sxm5-80gb", "h100-pcie",
+        "h100-sxm5-96gb-500w", "h200-sxm-141gb", "v100-sxm2-32gb", "v100-sxm2-16gb", "gv100", "titan-xp", "b200")}
+    assert watts == {"a100-sxm4-80gb": 400, "a100-sxm4-40gb": 400, "a40": 300, "rtx-a5500": 230, "rtx-3090": 350,
+                     "h100-sxm5-80gb": 700, "h100-pcie": 350, "h100-sxm5-96gb-500w": 500, "h200-sxm-141gb": 700,
+                     "v100-sxm2-32gb": 300, "v100-sxm2-16gb": 300, "gv100": 250, "titan-xp": 250, "b200": 1000}

@@ -1,5 +1,6 @@
-"""ProfiledCosts: exact answers, log-log interpolation inside the measured range, roofline outside, counted by
-source; make_engine wires it into the analytical engine. No torch: the database is filled by hand."""
+"""ProfiledCosts: exact answers, log-log interpolation inside the measured range, scaled from the nearest
+measured size outside it (by the fallback's ratio), the roofline for kernels never measured, counted by source;
+make_engine wires it into the analytical engine. No torch: the database is filled by hand."""
 
 import math
 import subprocess
@@ -44,16 +45,81 @@ def db_path(tmp_path: Path) -> Path:
     return path
 
 
-def test_exact_interpolated_and_fallback_answers_are_counted(db_path: Path) -> None:
-    costs = ProfiledCosts(db_path, "cpu-local", ConstantCosts(99.0))
+class AffineCosts:
+    """A fallback whose op time is a launch cost plus FLOPs at a rate: the shape a roofline gives a curve."""
+
+    name = "affine"
+
+    def __init__(self, launch_s: float, flops_per_s: float) -> None:
+        self.launch_s, self.flops_per_s = launch_s, flops_per_s
+
+    def op_time_s(self, op: Op, device: object) -> float:
+        return self.launch_s + op.flops / self.flops_per_s
+
+
+def test_exact_interpolated_scaled_and_fallback_answers_are_counted(db_path: Path) -> None:
+    fallback = AffineCosts(1e-5, 1e9)
+    costs = ProfiledCosts(db_path, "cpu-local", fallback)
     assert costs.op_time_s(_mm(16), DEVICE) == 1e-3
     # log-log between (size 16*64*32, 1 ms) and (256*64*32, 4 ms): size x4 of 16x -> time x2
     assert costs.op_time_s(_mm(64), DEVICE) == pytest.approx(2e-3)
-    assert costs.op_time_s(_mm(1024), DEVICE) == 99.0  # outside the measured range: no extrapolation
+    # outside the measured range: the nearest measurement x the fallback's ratio between the op and the op at the
+    # measured size (m 1024 against 256 above; 4 against 16 below)
+    big = fallback.op_time_s(_mm(1024), DEVICE) / fallback.op_time_s(_mm(256), DEVICE)
+    small = fallback.op_time_s(_mm(4), DEVICE) / fallback.op_time_s(_mm(16), DEVICE)
+    assert costs.op_time_s(_mm(1024), DEVICE) == pytest.approx(4e-3 * big, rel=1e-12)
+    assert costs.op_time_s(_mm(4), DEVICE) == pytest.approx(1e-3 * small, rel=1e-12)
+    assert 1 < big < 4 and 0.25 < small < 1  # the launch cost: less than proportional to the size
     other_dtype = Op("fc1", "matmul", "x", "fwd", "bf16", 1.0, 0.0, (1, 16, 64, 32))
-    assert costs.op_time_s(other_dtype, DEVICE) == 99.0
-    assert costs.source_counts() == {"exact": 1, "interpolated": 1, "fallback": 2}
-    assert costs.answers[("blocks.block.mlp.fc1", "fc1", "fwd")] == "fallback"  # the last lookup of that op
+    assert costs.op_time_s(other_dtype, DEVICE) == fallback.op_time_s(other_dtype, DEVICE)  # never measured
+    assert costs.source_counts() == {"exact": 1, "interpolated": 1, "scaled": 2, "fallback": 1}
+    assert costs.answers[("blocks.block.mlp.fc1", "fc1", "fwd")] == "scaled"  # the last lookup of that op
+
+
+def test_a_scaled_op_is_never_faster_than_the_fallback(db_path: Path) -> None:
+    """A fallback slower than the measured level (10 s an op): it stands, outside the measured sizes only."""
+    costs = ProfiledCosts(db_path, "cpu-local", ConstantCosts(10.0))
+    assert costs.op_time_s(_mm(1024), DEVICE) == 10.0 and costs.op_time_s(_mm(16), DEVICE) == 1e-3
+    assert costs.source_counts()["scaled"] == 1
+
+
+def test_a_fallback_that_prices_nothing_scales_by_the_size(db_path: Path) -> None:
+    costs = ProfiledCosts(db_path, "cpu-local", ConstantCosts(0.0))
+    assert costs.op_time_s(_mm(1024), DEVICE) == pytest.approx(16e-3)  # 4 ms x 1024 / 256
+
+
+def test_a_larger_shape_than_measured_is_never_faster_than_the_measured_one(tmp_path: Path) -> None:
+    """One size measured (a profile of micro-batch 1): micro-batch 2 keeps the measured level, whatever the
+    roofline's own level (here 1000x faster than the measurement)."""
+    path = tmp_path / "one.sqlite"
+    with ProfileDB.open(path) as db:
+        sig = signature_of(_mm(64))
+        assert sig is not None
+        db.add_op_samples(PROFILE_ENV, sig, [1e-3])
+    costs = ProfiledCosts(path, "cpu-local", AffineCosts(0.0, 1e12))
+    assert costs.op_time_s(_mm(64), DEVICE) == 1e-3
+    assert costs.op_time_s(_mm(128), DEVICE) == pytest.approx(2e-3)
+
+
+def test_coverage_counts_ops_and_seconds_per_source(db_path: Path) -> None:
+    """Two layers: one of two ops (exact 1 ms + scaled 16 ms) repeated 3 times, one bf16 op (fallback 5 ms)."""
+    from trainsim.ir.graph import Layer, OpGraph
+
+    bf16 = Op("fc1", "matmul", "x", "fwd", "bf16", 5e6, 0.0, (1, 16, 64, 32))
+    blocks = Layer("blocks", "block", 3, (_mm(16), _mm(1024)), (), (), 0.0, 0.0)
+    head = Layer("head", "head", 1, (bf16,), (), (), 0.0, 0.0)
+    graph = OpGraph("g", (blocks, head), 16, 1)
+    coverage = ProfiledCosts(db_path, "cpu-local", AffineCosts(0.0, 1e9)).coverage(graph, DEVICE)
+    assert coverage.ops == {"exact": 3, "interpolated": 0, "scaled": 3, "fallback": 1}
+    assert coverage.seconds["exact"] == pytest.approx(3e-3)
+    assert coverage.seconds["scaled"] == pytest.approx(48e-3)
+    assert coverage.seconds["fallback"] == pytest.approx(5e-3)
+    assert coverage.total_s == pytest.approx(56e-3)
+    assert coverage.share("exact", "interpolated") == pytest.approx(3 / 56)
+    assert coverage.unmeasured_dominates
+    assert coverage.describe() == ("profiled costs: 3 of 7 ops measured (5% of the op time; exact 3, interpolated "
+                                   "0), 3 scaled from another measured size of their kernel (86%), 1 on the "
+                                   "roofline (9%)")
 
 
 def test_device_name_none_uses_the_device_of_each_call(db_path: Path) -> None:

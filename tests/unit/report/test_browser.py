@@ -78,3 +78,10 @@ def test_search_and_validation_reports_render(tmp_path: Path) -> None:
     page.write_text(html_report.validation_page({"runs": runs, "summary": []}))
     dom, console = open_in_browser(page)
     assert console == [] and rendered_charts(dom) == {"scatter-iteration_time_s"}
+
+
+def test_comparison_report_renders(tmp_path: Path) -> None:
+    found = trainsim.compare({"model": "gpt3-125m", "num_gpus": 8, "global_batch": 16},
+                             {"model": "gpt3-125m", "num_gpus": 8, "global_batch": 16, "pp": 2})
+    dom, console = open_in_browser(found.write_html(tmp_path / "c.html"))
+    assert console == [] and rendered_charts(dom) == {"compare-time", "compare-memory"}

@@ -153,3 +153,31 @@ def test_without_plotly_the_html_flag_is_one_line(monkeypatch: pytest.MonkeyPatc
     out = RUNNER.invoke(app, ["predict", "--model", "gpt3-125m", "--html", str(tmp_path / "r.html")])
     assert out.exit_code == 2 and "pip install 'trainsim[report]'" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_compare_html_draws_both_plans_term_by_term(tmp_path: Path) -> None:
+    """compare --html: A and B as stacked time and memory bars (one trace per term in either plan), the
+    explanation and a row per time term; the saved --json renders the same page through `trainsim report`."""
+    for name, extra in (("a.yaml", ""), ("b.yaml", "pp: 2\nrecompute: selective\n")):
+        (tmp_path / name).write_text(f"model: gpt3-125m\nnum_gpus: 8\nglobal_batch: 16\n{extra}")
+    out = RUNNER.invoke(app, ["compare", str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml"),
+                              "--html", str(tmp_path / "c.html")])
+    assert out.exit_code == 0, out.output
+    page = (tmp_path / "c.html").read_text()
+    assert chart_ids(page) == {"compare-time", "compare-memory"}
+    found = api.compare(tmp_path / "a.yaml", tmp_path / "b.yaml")
+    for line in found.explanation:
+        assert html_report.html.escape(line) in page
+    assert "<td>pipeline bubble</td>" not in page and "<td>bubble</td>" in page  # the keys, as in --json
+    assert "<td>recompute</td>" in page
+    (tmp_path / "c.json").write_text(found.to_json())
+    out = RUNNER.invoke(app, ["report", str(tmp_path / "c.json"), "--html", str(tmp_path / "r.html")])
+    assert out.exit_code == 0, out.output
+    assert chart_ids((tmp_path / "r.html").read_text()) == {"compare-time", "compare-memory"}
+
+
+def test_compare_html_into_a_missing_folder_fails_before_any_work(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text("model: gpt3-125m\n")
+    out = RUNNER.invoke(app, ["compare", str(tmp_path / "a.yaml"), str(tmp_path / "a.yaml"),
+                              "--html", str(tmp_path / "nope" / "c.html")])
+    assert out.exit_code == 2 and len(out.stderr.strip().splitlines()) == 1 and "html" in out.stderr

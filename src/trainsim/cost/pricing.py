@@ -619,22 +619,41 @@ class Pricer:
         return exposed
 
     def _gradient_sync_s(self, stage: list[StagePart], cost: StageCost, job: Job) -> float:
-        par = job.parallel
-        policy = self.policy(par.precision)
-        gamma = self.overlap_slowdown(job)
         # NB: the windows hold the phase's feature collectives too: they run on their own stream beside the
         # gradient stream, and a layer's gradient (its forward) is done only after them
         feature_bwd = sum(seconds for axis, seconds in cost.comm_s.items() if axis != "pp") - cost.feature_fwd_s
+        return self.gradient_sync_windows_s(stage, cost.backward_s + cost.recompute_s + feature_bwd,
+                                            cost.forward_s + cost.feature_fwd_s, job)
+
+    def gradient_sync_windows_s(self, stage: list[StagePart], backward_window_s: float, forward_window_s: float,
+                                job: Job) -> float:
+        """gradient_sync_exposed_s given its windows: the last micro-batch's backward (with its recompute and
+        feature collectives) that the reduction's buckets overlap, and the next forward pass (with its feature
+        collectives) that the parameter all-gather overlaps. The search's grid engine calls it directly."""
+        par = job.parallel
+        key = ("windows", self.stage_key(stage), backward_window_s, forward_window_s, _layout_key(job),
+               self._cluster_key(job.cluster), self._stack_key(job.stack), par.zero, par.precision)
+        exposed = self._grad_sync.get(key)
+        if exposed is None:
+            exposed = self._grad_sync[key] = self._gradient_sync_windows_s(stage, backward_window_s,
+                                                                           forward_window_s, job)
+        return exposed
+
+    def _gradient_sync_windows_s(self, stage: list[StagePart], backward_window_s: float, forward_window_s: float,
+                                 job: Job) -> float:
+        par = job.parallel
+        policy = self.policy(par.precision)
+        gamma = self.overlap_slowdown(job)
         reduce = self._bucket_seconds("all-reduce" if par.zero == 0 else "reduce-scatter", policy.grad_bytes,
                                       self.grad_bucket_runs(stage, job), job)
-        exposed = queued_buckets_s(reduce, cost.backward_s + cost.recompute_s + feature_bwd, gamma) \
+        exposed = queued_buckets_s(reduce, backward_window_s, gamma) \
             if self.overlaps("grad_reduce_overlap", job) else sum(s * n for s, n in reduce)
         if par.zero > 0:
             if self.overlaps("param_gather_overlap", job):
                 # the first bucket the forward pass needs waits first: the backward's queue, mirrored
                 gather = self._bucket_seconds("all-gather", policy.weight_bytes,
                                               self.grad_bucket_runs(stage, job, forward=True), job)
-                exposed += queued_buckets_s(gather[::-1], cost.forward_s + cost.feature_fwd_s, gamma)
+                exposed += queued_buckets_s(gather[::-1], forward_window_s, gamma)
             else:
                 gather = self._bucket_seconds("all-gather", policy.weight_bytes, self.grad_bucket_runs(stage, job),
                                               job)

@@ -35,13 +35,14 @@ from trainsim.errors import TrainsimError
 from trainsim.estimate.analytical import AnalyticalEstimator, PlanPrice
 from trainsim.ir.graph import OpGraph
 from trainsim.job import Job
+from trainsim.strategy.parallel import Recompute
 from trainsim.strategy.precision import Precision, policy_for
 from trainsim.strategy.stages import StagePart
 
 Floats = NDArray[np.float64]
 Ints = NDArray[np.int64]
 
-RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
+RECOMPUTE_CODES: dict[Recompute, int] = {"none": 0, "selective": 1, "full": 2}
 SCHEDULE_CODES = {"1f1b": 0, "interleaved-1f1b": 1, "gpipe": 2, "zb-h1": 3}
 OPTIMIZER_CODES = {"fused": 0, "foreach": 1, "loop": 2}
 COMM_SLOTS = 4  # feature-communication axes of a stage (tp, cp, ep) and its pipeline sends
@@ -68,7 +69,8 @@ class _Content:
     recompute_working_bytes: tuple[float, float, float]  # per RECOMPUTE_CODES (cost.memory)
     max_layer_params: float
     head_saved_bytes: float  # the loss's gradient buffers (cost.memory.loss_working_bytes), 0 without a head
-    grad: tuple[float, float, float] = (0.0, 0.0, 0.0)  # all-reduce, reduce-scatter, all-gather of its gradients
+    feature_fwd_s: float  # the forward part of feature_s (StageCost.feature_fwd_s)
+    stage: list[StagePart]  # the stage itself, for the Pricer's gradient reduction
 
 
 @dataclass(slots=True)
@@ -270,12 +272,13 @@ class _Batch:
         """What a stage's price reads but its pipeline sends, each part as Pricer's _stage_work,
         _stage_recompute_s, zero3_exposed_s, micro_batch_overhead_s, gradient_sync_exposed_s and cost.memory
         compute it (the same sums in the same order)."""
-        pricer, par = self.pricer, job.parallel
+        pricer = self.pricer
         forward = backward = wgrad = 0.0
         feature: dict[str, float] = {}
-        selective = full = 0.0
+        selective = full = feature_fwd = 0.0
         for part in stage:
             cost = pricer.layer_cost(part.layer, job)
+            feature_fwd += part.count * cost.comm_fwd_s
             forward += part.count * cost.fwd_s
             backward += part.count * cost.bwd_s
             wgrad += part.count * cost.wgrad_s
@@ -295,12 +298,7 @@ class _Batch:
             params=pricer.stage_params(stage), saved_bytes=(saved[0], saved[1], saved[2]),
             recompute_working_bytes=(working[0], working[1], working[2]),
             max_layer_params=max(part.layer.param_count for part in stage),
-            head_saved_bytes=loss_working_bytes(stage, job.stack))
-        if par.dp * par.cp > 1:
-            policy = policy_for(par.precision)
-            row.grad = (pricer.axis_collective_s("all-reduce", row.params * policy.grad_bytes, "grad", job),
-                        pricer.axis_collective_s("reduce-scatter", row.params * policy.grad_bytes, "grad", job),
-                        pricer.axis_collective_s("all-gather", row.params * policy.weight_bytes, "grad", job))
+            head_saved_bytes=loss_working_bytes(stage, job.stack), feature_fwd_s=feature_fwd, stage=stage)
         return row
 
 
@@ -383,22 +381,28 @@ class _Fast:
         oom_out[self.index] = peak > capacity
 
     def _grad_exposed(self, table: "_RowTable", row: Ints, recompute: Floats) -> Floats:
-        """Pricer.gradient_sync_exposed_s of one stage per plan."""
+        """Pricer.gradient_sync_exposed_s of one stage per plan: through the Pricer's own queue of buckets
+        (gradient_sync_windows_s), once per distinct (stage row, recompute seconds, layout, ZeRO stage)."""
         batch = self.batch
-        pricer, job0 = batch.pricer, batch.job0
-        params = table.params[row]
-        buckets = params / job0.stack.grad_bucket_params
-        gamma = pricer.overlap_slowdown(job0)
-        reduce = np.where(self.zero == 0, table.grad[row, 0], table.grad[row, 1])
-        if pricer.overlaps("grad_reduce_overlap", job0):
-            exposed = _bucketed_s(reduce, table.backward[row] + recompute, buckets, gamma)
-        else:
-            exposed = reduce
-        gather = table.grad[row, 2]
-        if pricer.overlaps("param_gather_overlap", job0):
-            gather = _bucketed_s(gather, table.forward[row], buckets, gamma)
-        exposed = np.where(self.zero > 0, exposed + gather, exposed)
-        return np.where((self.shards_dp == 1) | (self.zero >= 3), 0.0, exposed)
+        pricer, contents = batch.pricer, batch.shared.contents
+        out = np.zeros(len(self.index))
+        seen: dict[tuple[object, ...], float] = {}
+        for i, plan in enumerate(self.index.tolist()):
+            job = batch.plans[plan][0]
+            par = job.parallel
+            if par.dp * par.cp == 1 or par.zero >= 3:
+                continue
+            r, rc = int(row[i]), float(recompute[i])
+            key = (r, rc, par.tp, par.cp, par.dp, par.ep, par.pp, par.zero, par.precision)
+            value = seen.get(key)
+            if value is None:
+                content = contents[table.content_of_row[r]]
+                backward_window = table.backward[r] + rc + (content.feature_total_s - content.feature_fwd_s)
+                forward_window = table.forward[r] + content.feature_fwd_s
+                value = seen[key] = pricer.gradient_sync_windows_s(content.stage, backward_window, forward_window,
+                                                                   job)
+            out[i] = value
+        return out
 
     def _optimizer_s(self, combos: list[_Combo]) -> Floats:
         """Pricer.optimizer_step_s per plan: per combo (one precision, one dp) unsharded and sharded (ZeRO >= 1),
@@ -512,13 +516,4 @@ class _RowTable:
         self.recompute_working = column("recompute_working_bytes")
         self.max_layer_params = column("max_layer_params")
         self.head_saved = column("head_saved_bytes")
-        self.grad = column("grad")
-
-
-def _bucketed_s(total: Floats, window: Floats, buckets: Floats, gamma: float) -> Floats:
-    """cost.stack_effects.bucketed_s over arrays."""
-    n = np.maximum(1.0, buckets)
-    exposed = np.maximum(total / n, total - window * (n - 1.0) / n)
-    return np.where(total <= 0.0, 0.0, exposed + gamma * (total - exposed))
-
-
+        self.content_of_row = index

@@ -24,7 +24,7 @@ from trainsim.errors import MAX_MESSAGE_CHARS
 # A case that runs longer than this is a hang (the bound is generous: the shared CI cores are slow; the cases
 # themselves take well under a second).
 HANG_S = float(os.environ.get("TRAINSIM_FUZZ_HANG_S", "60"))
-FAILURES = ("traceback", "bad_exit", "long_error", "non_finite", "insane", "hang")
+FAILURES = ("traceback", "bad_exit", "long_error", "non_finite", "insane", "hang", "not_refused")
 _NON_FINITE_TEXT = re.compile(r"(?<![A-Za-z_])(nan|inf|infinity)(?![A-Za-z_])", re.IGNORECASE)
 
 
@@ -36,6 +36,27 @@ class Outcome:
 
 class _Hang(BaseException):
     pass
+
+
+class _Launched(BaseException):
+    """Raised by the stand-in for measure's launcher: the case passed every check a rank would start after."""
+
+
+def _no_ranks(*args: object, **kwargs: object) -> None:
+    raise _Launched()
+
+
+@contextlib.contextmanager
+def _launcher_stubbed(argv: list[str]) -> Iterator[None]:
+    """`measure` never starts a rank under the fuzzer: its launcher (and the suite runner) raise _Launched."""
+    if not argv or argv[0] != "measure":
+        yield
+        return
+    from unittest import mock
+
+    with mock.patch("trainsim.measure.launch.launch", _no_ranks), \
+            mock.patch("trainsim.measure.suite.run_suite", _no_ranks):
+        yield
 
 
 @contextlib.contextmanager
@@ -69,7 +90,7 @@ def run_case(case: Case, folder: Path) -> Outcome:
     argv = sys.argv
     try:
         with contextlib.chdir(folder), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-                _time_limit(HANG_S):
+                _time_limit(HANG_S), _launcher_stubbed(case.argv):
             sys.argv = ["trainsim", *case.argv]
             try:
                 main()
@@ -77,6 +98,8 @@ def run_case(case: Case, folder: Path) -> Outcome:
                 code = exc.code
     except _Hang:
         return Outcome("hang", f"over {HANG_S:.0f} s")
+    except _Launched:
+        return Outcome("not_refused", "would start ranks") if case.must_refuse else Outcome("ok", "checks passed")
     except Exception as exc:  # the property under test: nothing escapes the command line
         return Outcome("traceback", f"{type(exc).__name__}: {str(exc)[:200]}")
     finally:
@@ -92,6 +115,8 @@ def classify(code: object, stdout: str, stderr: str, case: Case) -> Outcome:
         if len(lines) != 1 or len(lines[0]) > MAX_MESSAGE_CHARS:
             return Outcome("long_error", f"{len(lines)} lines, {len(stderr)} chars: {stderr[:120]!r}")
         return Outcome("refused", lines[0])
+    if case.must_refuse:
+        return Outcome("not_refused", f"exit {code}: {stdout[:120]!r}")
     return _check_output(stdout, "--json" in case.argv, case.argv[0])
 
 

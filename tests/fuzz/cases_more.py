@@ -92,7 +92,8 @@ def _break_trace_file(draw: st.DrawFn, text: str) -> tuple[bytes, str]:
         depth = draw(st.sampled_from((70, 500, 5000, 100_000)))
         return ('{"nodes": ' + "[" * depth + "]" * depth + "}").encode(), f"nested {depth} deep"
     if how == "nan":
-        return text.replace('"dur": ', '"dur": NaN, "x": ', 1).replace('"id": ', '"id": Infinity, "y": ', 1).encode(), how
+        text = text.replace('"dur": ', '"dur": NaN, "x": ', 1).replace('"id": ', '"id": Infinity, "y": ', 1)
+        return text.encode(), how
     if how == "truncated":
         return text[: len(text) // 2].encode(), how
     if how == "empty":

@@ -159,6 +159,7 @@ class Pricer:
         self._stage_costs: dict[tuple[object, ...], StageCost] = {}
         self._stage_work_s: dict[tuple[object, ...], tuple[float, float, float, dict[str, float]]] = {}
         self._stage_extra_s: dict[tuple[object, ...], float] = {}  # recompute and ZeRO-3 seconds of a stage
+        self._grad_buckets: dict[tuple[object, ...], tuple[float, ...]] = {}  # distributed-optimizer buckets
         self._stage_params: dict[object, float] = {}
         self._stage_ops: dict[object, tuple[int, int]] = {}
         self._partitions: dict[tuple[object, ...], Partition] = {}
@@ -571,11 +572,47 @@ class Pricer:
         reduce = self.axis_collective_s("all-reduce" if par.zero == 0 else "reduce-scatter", grad_bytes, "grad", job)
         exposed = bucketed_s(reduce, cost.backward_s + cost.recompute_s, buckets, gamma) \
             if self.overlaps("grad_reduce_overlap", job) else reduce
-        if par.zero > 0:
-            gather = self.axis_collective_s("all-gather", params * policy.weight_bytes, "grad", job)
-            exposed += bucketed_s(gather, cost.forward_s, buckets, gamma) \
+        if par.zero > 0:  # NB: each bucket is a collective of its own, with its own latency (see _buckets_s)
+            backward_order = self.grad_buckets(stage, job.stack.grad_bucket_params, backward=True)
+            reduce = self._buckets_s("reduce-scatter", backward_order, policy.grad_bytes, job)
+            exposed = bucketed_s(reduce, cost.backward_s + cost.recompute_s, len(backward_order), gamma) \
+                if self.overlaps("grad_reduce_overlap", job) else reduce
+            forward_order = self.grad_buckets(stage, job.stack.grad_bucket_params, backward=False)
+            gather = self._buckets_s("all-gather", forward_order, policy.weight_bytes, job)
+            exposed += bucketed_s(gather, cost.forward_s, len(forward_order), gamma) \
                 if self.overlaps("param_gather_overlap", job) else gather
         return exposed
+
+    def grad_buckets(self, stage: list[StagePart], bucket_params: float, backward: bool) -> tuple[float, ...]:
+        """Parameters of each bucket as the distributed optimizer fills them (Megatron-Core's param and grad
+        buffers, megatron/core/distributed/param_and_grad_buffer.py, megatron-core 0.9): whole layers, in the
+        order their gradients become final (backward) or the forward pass first uses them, a bucket closing once
+        it holds bucket_params or more, the last one with what is left. The simulator's buckets
+        (compile.insert_collectives)."""
+        key = ("buckets", self.stage_key(stage), bucket_params, backward)
+        buckets = self._grad_buckets.get(key)
+        if buckets is None:
+            sizes: list[float] = []
+            for part in reversed(stage) if backward else stage:
+                whole = int(part.count)
+                sizes += [part.layer.param_count] * whole
+                if part.count - whole > 1e-9:  # a layer kind split unevenly over the stages: its share
+                    sizes.append(part.layer.param_count * (part.count - whole))
+            out: list[float] = []
+            filled = 0.0
+            for position, params in enumerate(sizes):
+                filled += params
+                if filled >= bucket_params or position == len(sizes) - 1:
+                    out.append(filled)
+                    filled = 0.0
+            buckets = self._grad_buckets[key] = tuple(out)
+        return buckets
+
+    def _buckets_s(self, collective: str, buckets: tuple[float, ...], bytes_per_param: float,
+                   job: Job) -> float:
+        """One collective per bucket, one after another on the data-parallel group: at scale the latency of each
+        (a ring's grows with its ranks) is what the buckets cost, so they are not priced as one collective."""
+        return sum(self.axis_collective_s(collective, params * bytes_per_param, "grad", job) for params in buckets)
 
     # --- step costs and memory ---
 

@@ -540,7 +540,11 @@ class Pricer:
         gamma = self.overlap_slowdown(job)
         if self._fsdp_bucketed(job):  # the gradients go in buckets (fsdp_bucket_tail_s)
             scatter = 0.0
-        return overlapped_s(gather, cost.fwd_s, gamma) + overlapped_s(gather + scatter, cost.bwd_s, gamma)
+        # The data-parallel gathers run on their own stream and communicator while the layer computes and while
+        # its feature collectives (tp, cp, ep: other groups) run: both are the window (compile.apply_zero)
+        feature_bwd_s = sum(cost.comm_s.values()) - cost.comm_fwd_s
+        return overlapped_s(gather, cost.fwd_s + cost.comm_fwd_s, gamma) + \
+            overlapped_s(gather + scatter, cost.bwd_s + feature_bwd_s, gamma)
 
     def _fsdp_bucketed(self, job: Job) -> bool:
         stack = job.stack
@@ -573,15 +577,28 @@ class Pricer:
         exposed = bucketed_s(reduce, cost.backward_s + cost.recompute_s, buckets, gamma) \
             if self.overlaps("grad_reduce_overlap", job) else reduce
         if par.zero > 0:  # NB: each bucket is a collective of its own, with its own latency (see _buckets_s)
+            # the buckets run on the gradient stream beside the compute and the feature collectives (tp, cp, ep:
+            # other groups), so both are the window, as in the simulator (compile.insert_collectives)
+            feature_fwd_s, feature_bwd_s = self._stage_feature_comm_s(stage, job)
             backward_order = self.grad_buckets(stage, job.stack.grad_bucket_params, backward=True)
             reduce = self._buckets_s("reduce-scatter", backward_order, policy.grad_bytes, job)
-            exposed = bucketed_s(reduce, cost.backward_s + cost.recompute_s, len(backward_order), gamma) \
+            window_s = cost.backward_s + cost.recompute_s + feature_bwd_s
+            exposed = bucketed_s(reduce, window_s, len(backward_order), gamma) \
                 if self.overlaps("grad_reduce_overlap", job) else reduce
             forward_order = self.grad_buckets(stage, job.stack.grad_bucket_params, backward=False)
             gather = self._buckets_s("all-gather", forward_order, policy.weight_bytes, job)
-            exposed += bucketed_s(gather, cost.forward_s, len(forward_order), gamma) \
+            exposed += bucketed_s(gather, cost.forward_s + feature_fwd_s, len(forward_order), gamma) \
                 if self.overlaps("param_gather_overlap", job) else gather
         return exposed
+
+    def _stage_feature_comm_s(self, stage: list[StagePart], job: Job) -> tuple[float, float]:
+        """The stage's feature communication of one micro-batch: (forward, backward) seconds."""
+        forward = backward = 0.0
+        for part in stage:
+            cost = self.layer_cost(part.layer, job)
+            forward += part.count * cost.comm_fwd_s
+            backward += part.count * (sum(cost.comm_s.values()) - cost.comm_fwd_s)
+        return forward, backward
 
     def grad_buckets(self, stage: list[StagePart], bucket_params: float, backward: bool) -> tuple[float, ...]:
         """Parameters of each bucket as the distributed optimizer fills them (Megatron-Core's param and grad

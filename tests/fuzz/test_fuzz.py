@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import given, seed, settings
+from hypothesis.strategies import SearchStrategy
 from tests.fuzz.cases import SLOW_INPUTS_ARE_FINE, Case, any_case
 from tests.fuzz.harness import FAILURES, run_case
 
@@ -26,7 +27,7 @@ def test_every_input_is_a_result_or_one_line(case: Case) -> None:
 KIND_EXAMPLES = int(os.environ.get("TRAINSIM_FUZZ_KIND_EXAMPLES", "25"))
 
 
-def _kind(strategy_name: str) -> object:
+def _kind(strategy_name: str) -> SearchStrategy[Case]:
     from tests.fuzz import cases_more
 
     return getattr(cases_more, strategy_name)()
@@ -46,4 +47,4 @@ def test_each_newer_input_kind_is_a_result_or_one_line(kind: str) -> None:
             outcome = run_case(case, Path(folder))
         assert outcome.kind not in FAILURES, (outcome, case.argv, case.note)
 
-    one()
+    one()  # type: ignore[call-arg]  # hypothesis supplies case

@@ -40,6 +40,7 @@ class Case:
     argv: list[str]
     files: dict[str, bytes] = field(default_factory=dict)
     note: str = ""
+    must_refuse: bool = False  # a value no check may let through (exit 2 expected, exit 0 is a failure)
 
 
 def _yaml(fields: dict[str, str]) -> str:
@@ -221,5 +222,8 @@ def measured_folder_cases(draw: st.DrawFn) -> Case:
 
 
 def any_case() -> st.SearchStrategy[Case]:
+    from tests.fuzz.cases_more import measure_flag_cases, measured_folder_layout_cases, trace_cases, tree_file_cases
+
     return st.one_of(job_file_cases(), model_file_cases(), cluster_file_cases(), flag_cases(), runs_csv_cases(),
-                     measured_folder_cases())
+                     measured_folder_cases(), tree_file_cases(), trace_cases(), measured_folder_layout_cases(),
+                     measure_flag_cases())

@@ -21,10 +21,12 @@ from tests.fuzz.cases import Case
 
 from trainsim.errors import MAX_MESSAGE_CHARS
 
-# A case that runs longer than this is a hang (the bound is generous: the shared CI cores are slow; the cases
-# themselves take well under a second).
-HANG_S = float(os.environ.get("TRAINSIM_FUZZ_HANG_S", "60"))
-FAILURES = ("traceback", "bad_exit", "long_error", "non_finite", "insane", "hang")
+# A case that computes longer than this (CPU seconds of this process, so that a loaded shared machine does not
+# turn a slow start into a "hang") is a hang; one that waits longer than HANG_WALL_S (a read that blocks) too.
+# The bounds are generous: the cases themselves take well under a second of CPU.
+HANG_S = float(os.environ.get("TRAINSIM_FUZZ_HANG_S", "20"))
+HANG_WALL_S = float(os.environ.get("TRAINSIM_FUZZ_HANG_WALL_S", "600"))
+FAILURES = ("traceback", "bad_exit", "long_error", "non_finite", "insane", "hang", "not_refused")
 _NON_FINITE_TEXT = re.compile(r"(?<![A-Za-z_])(nan|inf|infinity)(?![A-Za-z_])", re.IGNORECASE)
 
 
@@ -38,18 +40,42 @@ class _Hang(BaseException):
     pass
 
 
+class _Launched(BaseException):
+    """Raised by the stand-in for measure's launcher: the case passed every check a rank would start after."""
+
+
+def _no_ranks(*args: object, **kwargs: object) -> None:
+    raise _Launched()
+
+
 @contextlib.contextmanager
-def _time_limit(seconds: float) -> Iterator[None]:
+def _launcher_stubbed(argv: list[str]) -> Iterator[None]:
+    """`measure` never starts a rank under the fuzzer: its launcher (and the suite runner) raise _Launched."""
+    if not argv or argv[0] != "measure":
+        yield
+        return
+    from unittest import mock
+
+    with mock.patch("trainsim.measure.launch.launch", _no_ranks), \
+            mock.patch("trainsim.measure.suite.run_suite", _no_ranks):
+        yield
+
+
+@contextlib.contextmanager
+def _time_limit(cpu_s: float, wall_s: float) -> Iterator[None]:
     def stop(signum: int, frame: object) -> None:
         raise _Hang()
 
-    previous = signal.signal(signal.SIGALRM, stop)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    previous = {number: signal.signal(number, stop) for number in (signal.SIGPROF, signal.SIGALRM)}
+    signal.setitimer(signal.ITIMER_PROF, cpu_s)
+    signal.setitimer(signal.ITIMER_REAL, wall_s)
     try:
         yield
     finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def write_files(case: Case, folder: Path) -> None:
@@ -69,14 +95,16 @@ def run_case(case: Case, folder: Path) -> Outcome:
     argv = sys.argv
     try:
         with contextlib.chdir(folder), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-                _time_limit(HANG_S):
+                _time_limit(HANG_S, HANG_WALL_S), _launcher_stubbed(case.argv):
             sys.argv = ["trainsim", *case.argv]
             try:
                 main()
             except SystemExit as exc:
                 code = exc.code
     except _Hang:
-        return Outcome("hang", f"over {HANG_S:.0f} s")
+        return Outcome("hang", f"over {HANG_S:.0f} s of CPU or {HANG_WALL_S:.0f} s")
+    except _Launched:
+        return Outcome("not_refused", "would start ranks") if case.must_refuse else Outcome("ok", "checks passed")
     except Exception as exc:  # the property under test: nothing escapes the command line
         return Outcome("traceback", f"{type(exc).__name__}: {str(exc)[:200]}")
     finally:
@@ -92,6 +120,8 @@ def classify(code: object, stdout: str, stderr: str, case: Case) -> Outcome:
         if len(lines) != 1 or len(lines[0]) > MAX_MESSAGE_CHARS:
             return Outcome("long_error", f"{len(lines)} lines, {len(stderr)} chars: {stderr[:120]!r}")
         return Outcome("refused", lines[0])
+    if case.must_refuse:
+        return Outcome("not_refused", f"exit {code}: {stdout[:120]!r}")
     return _check_output(stdout, "--json" in case.argv, case.argv[0])
 
 

@@ -207,3 +207,13 @@ def test_measure_refuses_before_starting_a_rank(case: str, tmp_path: Path) -> No
 def test_profile_refuses_bad_settings(flags: list[str], fragment: str, tmp_path: Path) -> None:
     pytest.importorskip("torch")
     _refused(_run(tmp_path, ["profile", "--no-ops", *flags]), fragment)
+
+
+def test_a_trees_own_micro_batch_count_is_bounded_too(tmp_path: Path) -> None:
+    """Found by the long fuzz: a tree's schedule of 2,897 micro-batches with a computation split ran 15 s and
+    1 GB (the bound counted the job's 8 micro-batches, at layer level); now refused before building anything."""
+    tree = (b"strategy_tree:\n  schedule: [{path: '', micro_batches: 2897, kind: 1f1b}]\n"
+            b"  split: [{path: 'blocks.*.mlp.fc1', item: compute, dim: out, parts: 2}]\n")
+    argv = ["predict", "--engine", "sim", "--model", "gpt3-125m", "--pp", "2", "--tp", "2", "--global-batch", "16",
+            "--tree", "t.yaml"]
+    _refused(_run(tmp_path, argv, {"t.yaml": tree}), "2897 micro-batches", "analytical")

@@ -1,7 +1,6 @@
 """Two plans side by side: which is faster and why, term by term (each part of the iteration time, each part
 of the peak memory), and what differs between the plans."""
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -9,7 +8,8 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict
 
 from trainsim.api.functions import predict
-from trainsim.api.results import Prediction, _Output
+from trainsim.api.results import MAX_RESULT_FILE_BYTES, Prediction, _Output
+from trainsim.catalog.files import parse_text, read_text, shown_path
 from trainsim.report import html as html_report
 from trainsim.units import format_duration
 
@@ -94,10 +94,7 @@ def _prediction(plan: PlanArg, engine: str, costs: str, db: str | Path | None) -
         return predict(**keywords)
     path = Path(plan)
     if path.suffix == ".json" and path.is_file():
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError:
-            data = None
+        data = parse_text(read_text(path, MAX_RESULT_FILE_BYTES), is_json=True, name=shown_path(path))
         if isinstance(data, dict) and "schema" in data:
             return Prediction.from_dict(data)  # a saved prediction
     return predict(job_file=path, engine=engine, costs=costs, db=db)

@@ -11,7 +11,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
-from trainsim.errors import ConfigError, InputFileError
+from trainsim.catalog.files import parse_text, read_text, shown_path
+from trainsim.errors import ConfigError
 from trainsim.estimate.result import BREAKDOWN_KEYS, Result
 from trainsim.job import Job
 from trainsim.report import html as html_report
@@ -296,16 +297,15 @@ def _outputs() -> dict[str, type[_Output]]:
 Kind = Literal["trainsim.prediction", "trainsim.search", "trainsim.validation"]
 
 
+# A saved result is a few KiB; a validation's, a row per run, a few MiB.
+MAX_RESULT_FILE_BYTES = 64 * 2**20
+
+
 def load(path: str | Path) -> Any:
     """A result saved with --json (or to_json()), as its model (Prediction, SearchResult, ValidationResult or
     Comparison): the `schema` tag says which."""
     file = Path(path)
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputFileError(f"{file}: no such file") from None
-    except json.JSONDecodeError as exc:
-        raise InputFileError(f"{file}:{exc.lineno}:{exc.colno}: not JSON: {exc.msg}") from None
+    data = parse_text(read_text(file, MAX_RESULT_FILE_BYTES), is_json=True, name=shown_path(file))
     tag = data.get("schema") if isinstance(data, dict) else None
     name = tag.get("name") if isinstance(tag, dict) else None
     outputs = _outputs()

@@ -11,6 +11,7 @@ import math
 import os
 import stat
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +38,21 @@ def shown_path(path: Path | str) -> str:
     return text if len(text) <= _SHOWN_PATH_CHARS else "..." + text[-(_SHOWN_PATH_CHARS - 3):]
 
 
-def read_text(path: Path, max_bytes: int = MAX_MAPPING_FILE_BYTES) -> str:
-    """The UTF-8 text of a regular file of at most max_bytes; anything else is an InputFileError naming the file."""
+def read_text(path: Path, max_bytes: int = MAX_MAPPING_FILE_BYTES, gunzip: bool = False) -> str:
+    """The UTF-8 text of a regular file of at most max_bytes; anything else is an InputFileError naming the file.
+    gunzip: the file is gzip-compressed and max_bytes bounds both the file and its decompressed text (a small
+    file that inflates to gigabytes is refused after max_bytes)."""
     name = shown_path(path)
+    data = _read_capped(path, name, max_bytes)
+    if gunzip:
+        data = _gunzip(data, name, max_bytes)
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InputFileError(f"{name} is not UTF-8 text (byte {exc.start} is not valid UTF-8)") from None
+
+
+def _read_capped(path: Path, name: str, max_bytes: int) -> bytes:
     try:
         info = os.stat(path)
         if not stat.S_ISREG(info.st_mode):
@@ -52,10 +65,26 @@ def read_text(path: Path, max_bytes: int = MAX_MAPPING_FILE_BYTES) -> str:
         raise InputFileError(f"cannot read {name}: {exc.strerror or type(exc).__name__}") from None
     if len(data) > max_bytes:
         raise InputFileError(f"{name} holds more than the {max_bytes} bytes allowed")
+    return data
+
+
+def _gunzip(data: bytes, name: str, max_bytes: int) -> bytes:
+    """The decompressed bytes of a gzip file (one or more members), at most max_bytes of them."""
+    out: list[bytes] = []
+    size = 0
     try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise InputFileError(f"{name} is not UTF-8 text (byte {exc.start} is not valid UTF-8)") from None
+        while data:
+            inflater = zlib.decompressobj(wbits=31)  # 31: a gzip header and trailer
+            out.append(inflater.decompress(data, max_bytes + 1 - size))
+            size += len(out[-1])
+            if size > max_bytes or inflater.unconsumed_tail:
+                raise InputFileError(f"{name} decompresses to more than the {max_bytes} bytes allowed")
+            if not inflater.eof:
+                raise InputFileError(f"{name} is not a complete gzip file")
+            data = inflater.unused_data
+    except zlib.error as exc:
+        raise InputFileError(f"{name} is not a valid gzip file ({exc})") from None
+    return b"".join(out)
 
 
 def _check_yaml_shape(text: str) -> None:
@@ -101,17 +130,20 @@ def _refuse_constant(name: str) -> float:
     raise ValueError(f"{name} is not a number JSON allows")
 
 
-def _first_non_finite(data: Any, where: str = "") -> str | None:
-    """The key path of the first NaN or infinite number in parsed data, or None."""
-    stack: list[tuple[str, Any]] = [(where, data)]
+def _first_problem(data: Any) -> str | None:
+    """What is wrong with parsed data, or None: the key path of the first NaN or infinite number, or a nesting
+    deeper than MAX_NESTING (JSON has no nesting bound of its own short of the recursion limit)."""
+    stack: list[tuple[str, Any, int]] = [("", data, 0)]
     while stack:
-        path, value = stack.pop()
+        path, value, depth = stack.pop()
         if isinstance(value, float) and not math.isfinite(value):
-            return path or "(top level)"
+            return f"{path or '(top level)'} is not a finite number (NaN and infinity are not allowed)"
+        if depth > MAX_NESTING:
+            return f"{path[:60]} nests deeper than {MAX_NESTING} levels"
         if isinstance(value, dict):
-            stack += [(f"{path}.{key}" if path else str(key), item) for key, item in value.items()]
+            stack += [(f"{path}.{key}" if path else str(key), item, depth + 1) for key, item in value.items()]
         elif isinstance(value, list):
-            stack += [(f"{path}[{i}]", item) for i, item in enumerate(value)]
+            stack += [(f"{path}[{i}]", item, depth + 1) for i, item in enumerate(value)]
     return None
 
 
@@ -135,9 +167,9 @@ def parse_text(text: str, is_json: bool, name: str, check_shape: bool = True) ->
         raise InputFileError(f"{name} is not valid {kind}: nests deeper than {MAX_NESTING} levels") from None
     except ValueError as exc:  # nesting, alias expansion, NaN in JSON, 5,000-digit integers
         raise InputFileError(f"{name} is not valid {kind}: {str(exc).splitlines()[0]}") from None
-    bad = _first_non_finite(data)
-    if bad is not None:
-        raise InputFileError(f"{name}: {bad} is not a finite number (NaN and infinity are not allowed)")
+    problem = _first_problem(data)
+    if problem is not None:
+        raise InputFileError(f"{name}: {problem}")
     return data
 
 

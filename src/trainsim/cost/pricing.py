@@ -587,7 +587,11 @@ class Pricer:
         gamma = self.overlap_slowdown(job)
         if self._fsdp_bucketed(job):  # the gradients go in buckets (fsdp_bucket_tail_s)
             scatter = 0.0
-        return overlapped_s(gather, cost.fwd_s, gamma) + overlapped_s(gather + scatter, cost.bwd_s, gamma)
+        # The data-parallel gathers run on their own stream and communicator while the layer computes and while
+        # its feature collectives (tp, cp, ep: other groups) run: both are the window (compile.apply_zero)
+        feature_bwd_s = sum(cost.comm_s.values()) - cost.comm_fwd_s
+        return overlapped_s(gather, cost.fwd_s + cost.comm_fwd_s, gamma) + \
+            overlapped_s(gather + scatter, cost.bwd_s + feature_bwd_s, gamma)
 
     def _fsdp_bucketed(self, job: Job) -> bool:
         stack = job.stack

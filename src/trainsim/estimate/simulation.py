@@ -35,16 +35,20 @@ from trainsim.strategy.lowered import LoweredPlan, default_plan
 MAX_SIM_PHASES = 200_000
 
 
-def check_sim_size(job: Job, graph: OpGraph, task_level: TaskLevel) -> None:
-    """Refuse, before building anything, a job whose simulation would exceed MAX_SIM_PHASES."""
-    per_micro_batch = sum(layer.count * (2 if task_level == "layer" else len(layer.fwd) + len(layer.bwd))
+def check_sim_size(job: Job, graph: OpGraph, task_level: TaskLevel, plan: LoweredPlan | None = None) -> None:
+    """Refuse, before building anything, a job whose simulation would exceed MAX_SIM_PHASES. plan: a strategy
+    tree's, whose schedule may run another number of micro-batches than the job's, and whose computation
+    splits lower their layers op by op (compile.splits)."""
+    op_level = task_level == "op" or (plan is not None and bool(plan.op_splits))
+    per_micro_batch = sum(layer.count * (len(layer.fwd) + len(layer.bwd) if op_level else 2)
                           for layer in graph.layers)
-    phases = max(1, job.parallel.num_micro_batches) * per_micro_batch
+    micro_batches = max(1, job.parallel.num_micro_batches, plan.num_micro_batches if plan is not None else 0)
+    phases = micro_batches * per_micro_batch
     if phases > MAX_SIM_PHASES:
         raise ConfigError("engine", "sim", f"the simulation would run {phases} layer-phases ("
-                          f"{job.parallel.num_micro_batches} micro-batches x {per_micro_batch} per micro-batch at "
-                          f"task level {task_level}), more than the {MAX_SIM_PHASES} it is bounded to; use --engine "
-                          "analytical, or fewer micro-batches")
+                          f"{micro_batches} micro-batches x {per_micro_batch} per micro-batch at "
+                          f"task level {'op' if op_level else task_level}), more than the {MAX_SIM_PHASES} it is "
+                          "bounded to; use --engine analytical, or fewer micro-batches")
 
 
 def sim_options(cal: Calibration, *, overlap: bool = True, sharing: bool = True) -> SimOptions:
@@ -100,7 +104,7 @@ class SimEstimator:
 
     def run(self, job: Job, graph: OpGraph, plan: LoweredPlan | None = None) -> SimRun:
         """Compile and simulate; the plan defaults to the strategy's even placement."""
-        check_sim_size(job, graph, self.task_level)
+        check_sim_size(job, graph, self.task_level, plan)
         plan = plan or default_plan(graph, job.parallel)
         collecting = gc.isenabled()
         gc.disable()  # NB: hundreds of thousands of acyclic task objects; the cyclic collector only slows it down

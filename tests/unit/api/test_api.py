@@ -169,10 +169,10 @@ def test_bad_input_is_one_line_naming_the_field(call: object, field: str) -> Non
 
 
 def test_load_refuses_what_is_not_a_result(tmp_path: Path) -> None:
-    with pytest.raises(InputFileError, match="no such file"):
+    with pytest.raises(InputFileError, match=r"(?i)no such file"):
         trainsim.load(tmp_path / "missing.json")
     (tmp_path / "a.json").write_text("{not json")
-    with pytest.raises(InputFileError, match=r"a.json:1:2: not JSON"):
+    with pytest.raises(InputFileError, match=r"a\.json is not valid JSON \(line 1, column 2\)"):
         trainsim.load(tmp_path / "a.json")
     (tmp_path / "b.json").write_text('{"plans": []}')
     with pytest.raises(ConfigError, match="schema"):

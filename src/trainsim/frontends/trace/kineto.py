@@ -11,10 +11,58 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from trainsim.errors import ConfigError, InputFileError
 from trainsim.frontends.trace.rank_trace import RankTrace, TraceOp
 
 _DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 _US = 1e-6  # Kineto times are microseconds
+# Kineto's timestamps are microseconds from its clock's origin (the epoch, or baseTimeNanoseconds); 2**53 us is
+# 285 years, and the largest integer a double holds exactly.
+_MAX_US = float(2**53)
+# The world sizes a trace can come from (the largest jobs run on about 10^5 GPUs).
+_MAX_WORLD = 2**24
+
+
+def check_kineto(data: dict[str, Any], name: str) -> None:
+    """Refuse a Kineto trace whose timed events or distributedInfo the matcher cannot use, naming the event and
+    the field: every complete ("X") event has a timestamp and a duration that are numbers from 0 to 2**53 us,
+    rank and world_size are integers with 0 <= rank < world_size."""
+    events = data.get("traceEvents", [])
+    if not isinstance(events, list):
+        raise InputFileError(f"{name}: traceEvents={type(events).__name__} is invalid: a list of events")
+    for index, event in enumerate(events):
+        if not isinstance(event, dict) or event.get("ph") != "X":
+            continue
+        try:
+            _time_us(event.get("ts"), "ts")
+            _time_us(event.get("dur", 0.0), "dur")
+            if "args" in event and not isinstance(event["args"], dict):
+                raise ConfigError("args", event["args"], "an object")
+        except ConfigError as exc:
+            raise InputFileError(f"{name}: traceEvents[{index}] ({str(event.get('name'))[:40]}): {exc}") from None
+    info = data.get("distributedInfo")
+    if info is None:
+        return
+    try:
+        if not isinstance(info, dict):
+            raise ConfigError("distributedInfo", info, "an object with rank and world_size")
+        world = _int(info.get("world_size", 1), "distributedInfo.world_size", 1, _MAX_WORLD)
+        if "rank" in info:
+            _int(info["rank"], "distributedInfo.rank", 0, world - 1)
+    except ConfigError as exc:
+        raise InputFileError(f"{name}: {exc}") from None
+
+
+def _time_us(value: Any, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= _MAX_US:
+        raise ConfigError(field, value, "a time in microseconds from 0 to 2**53")
+    return float(value)
+
+
+def _int(value: Any, field: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(field, value, f"an integer from {low} to {high}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)

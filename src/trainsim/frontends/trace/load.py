@@ -12,8 +12,9 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from trainsim.catalog.files import shown_path
 from trainsim.errors import ConfigError
-from trainsim.frontends.trace.kineto import KinetoMatch, attach_kineto
+from trainsim.frontends.trace.kineto import KinetoMatch, attach_kineto, check_kineto
 from trainsim.frontends.trace.parse import attach_collectives, infer_rank, link, parse_execution_trace, read_json
 from trainsim.frontends.trace.rank_trace import Collective, ProcessGroup, RankTrace, TensorRef, TraceOp
 from trainsim.frontends.trace.to_exec_graph import check_collectives, collective_groups, to_exec_graph
@@ -39,6 +40,8 @@ def load_execution_traces(paths: Sequence[str | Path],
     for index, path in enumerate(paths):
         kineto_path = kineto_paths[index] if kineto_paths is not None else None
         kineto = read_json(kineto_path) if kineto_path is not None else None
+        if kineto is not None:
+            check_kineto(kineto, f"trace {shown_path(Path(kineto_path))}")  # type: ignore[arg-type]
         rank = infer_rank(str(path), kineto, index)
         trace = parse_execution_trace(read_json(path), rank=rank, path=str(path))
         if kineto is not None:

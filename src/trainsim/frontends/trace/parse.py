@@ -13,14 +13,14 @@ Node ids follow program order within a thread (an id is taken when the op starts
   child (NCCL) carries it when present, else the trace's only process group is assumed.
 """
 
-import gzip
 import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from trainsim.errors import InputFileError
+from trainsim.catalog.files import parse_text, read_text, shown_path
+from trainsim.errors import ConfigError, InputFileError
 from trainsim.frontends.trace.rank_trace import (
     Collective,
     OpRole,
@@ -55,53 +55,108 @@ _DTYPES = {"float": "float32", "double": "float64", "c10::Half": "float16", "c10
            "c10::Float8_e5m2": "float8_e5m2", "c10::complex<float>": "complex64"}
 
 
+# An execution trace or Kineto trace of one iteration is a few MiB for a small model and tens to a few hundred
+# MiB for a large one; parsed, JSON takes about ten times its size in memory.
+MAX_TRACE_FILE_BYTES = 512 * 2**20
+# Ids, sizes and counts a trace records are 64-bit integers; larger is not a trace.
+_MAX_TRACE_INT = 2**63 - 1
+
+
 def read_json(path: str | Path) -> dict[str, Any]:
-    """A JSON object from a .json or .json.gz file."""
+    """A JSON object from a .json or .json.gz file: read through the capped reader (a regular file of at most
+    MAX_TRACE_FILE_BYTES, decompressed too; UTF-8; no NaN or Infinity; nesting bounded)."""
     path = Path(path)
-    try:
-        if path.suffix == ".gz":
-            with gzip.open(path, "rt", encoding="utf-8") as handle:
-                data = json.load(handle)
-        else:
-            data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise InputFileError(f"cannot read trace {path}: {exc}") from None
+    name = shown_path(path)
+    text = read_text(path, MAX_TRACE_FILE_BYTES, gunzip=path.suffix == ".gz")
+    data = parse_text(text, is_json=True, name=f"trace {name}")
     if not isinstance(data, dict):
-        raise InputFileError(f"trace {path} is not a JSON object")
+        raise InputFileError(f"trace {name} is not a JSON object")
     return data
 
 
+def trace_int(value: Any, field: str, low: int = 0, high: int = _MAX_TRACE_INT) -> int:
+    """An integer a trace records, checked: an int (not a bool, not a float or a string) in [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(field, value, f"an integer from {low} to {high}")
+    return value
+
+
 def parse_execution_trace(data: dict[str, Any], *, rank: int, path: str = "") -> RankTrace:
-    """A RankTrace from an execution-trace JSON object (no times yet: see exec_trace_kineto)."""
+    """A RankTrace from an execution-trace JSON object (no times yet: see exec_trace_kineto). A node the parser
+    cannot read is an InputFileError naming the file, the node and the field."""
+    name = shown_path(path) if path else "trace"
     nodes = data.get("nodes")
-    if not isinstance(nodes, list):
-        raise InputFileError(f"{path or 'trace'} has no 'nodes' list: not a PyTorch execution trace")
+    if not isinstance(nodes, list) or not nodes:
+        raise InputFileError(f"{name} has no 'nodes' list: not a PyTorch execution trace")
     ops: dict[int, TraceOp] = {}
     groups: dict[str, ProcessGroup] = {}
-    for node in sorted(nodes, key=lambda n: int(n["id"])):
-        op = _op(node)
+    for index, node in enumerate(nodes):
+        try:
+            if not isinstance(node, dict):
+                raise ConfigError("node", node, "a JSON object")
+            op = _op(node)
+            if op.node_id in ops:
+                raise ConfigError("id", op.node_id, "an id no other node has")
+            if op.name == "## process_group:init ##":
+                groups.update(_process_groups(node))
+        except ConfigError as exc:
+            raise InputFileError(f"{name}: nodes[{index}]: {exc}") from None
         ops[op.node_id] = op
-        if op.name == "## process_group:init ##":
-            groups.update(_process_groups(node))
+    ops = dict(sorted(ops.items()))
     for op in ops.values():
         if op.parent == op.node_id or op.parent not in ops:
             op.parent = -1
+    _refuse_cycles(ops, name)
     trace = RankTrace(rank, path, ops, groups)
     step = [op.node_id for op in ops.values() if op.name.startswith("ProfilerStep#")]
     trace.step = step[-1] if step else -1
     return trace
 
 
+def _refuse_cycles(ops: dict[int, TraceOp], name: str) -> None:
+    """ctrl_deps must form a forest: a node that is its own ancestor would make every walk up the tree endless."""
+    done: set[int] = set()
+    for op in ops.values():
+        chain: list[int] = []
+        node = op.node_id
+        while node >= 0 and node not in done:
+            if node in chain:
+                raise InputFileError(f"{name}: ctrl_deps form a cycle through node {node}: the parent links of a "
+                                     "trace must form a tree")
+            chain.append(node)
+            node = ops[node].parent
+        done.update(chain)
+
+
+_ATTR_BOUNDS = {"scope": (0, _MAX_TRACE_INT), "tid": (0, _MAX_TRACE_INT), "rf_id": (-1, _MAX_TRACE_INT),
+                "seq_id": (-1, _MAX_TRACE_INT)}
+
+
 def _op(node: dict[str, Any]) -> TraceOp:
-    attrs = {a["name"]: a["value"] for a in node.get("attrs", [])}
-    name = str(node["name"])
-    scope = int(attrs.get("scope", 0))
-    inputs, in_scalars = _arguments(node.get("inputs", {}))
-    outputs, _ = _arguments(node.get("outputs", {}))
-    return TraceOp(node_id=int(node["id"]), name=name, role=_role(name, scope), parent=int(node.get("ctrl_deps", -1)),
-                   thread=int(attrs.get("tid", 0)), rf_id=int(attrs.get("rf_id", -1)),
-                   seq_id=int(attrs.get("seq_id", -1)), scope=scope, inputs=tuple(inputs), outputs=tuple(outputs),
-                   scalars=tuple(in_scalars))
+    attrs = _attrs(node.get("attrs", []))
+    name = node.get("name")
+    if not isinstance(name, str):
+        raise ConfigError("name", name, "a string (the op's name)")
+    ints = {key: trace_int(attrs.get(key, default), f"attrs.{key}", *_ATTR_BOUNDS[key])
+            for key, default in (("scope", 0), ("tid", 0), ("rf_id", -1), ("seq_id", -1))}
+    node_id = trace_int(node.get("id"), "id")
+    parent = trace_int(node.get("ctrl_deps", -1), "ctrl_deps", -1)
+    inputs, in_scalars = _arguments(node.get("inputs", {}), "inputs")
+    outputs, _ = _arguments(node.get("outputs", {}), "outputs")
+    return TraceOp(node_id=node_id, name=name, role=_role(name, ints["scope"]), parent=parent, thread=ints["tid"],
+                   rf_id=ints["rf_id"], seq_id=ints["seq_id"], scope=ints["scope"], inputs=tuple(inputs),
+                   outputs=tuple(outputs), scalars=tuple(in_scalars))
+
+
+def _attrs(attrs: Any) -> dict[str, Any]:
+    if not isinstance(attrs, list):
+        raise ConfigError("attrs", attrs, "a list of {name, value} objects")
+    out: dict[str, Any] = {}
+    for attr in attrs:
+        if not isinstance(attr, dict) or not isinstance(attr.get("name"), str) or "value" not in attr:
+            raise ConfigError("attrs", attr, "a {name, value} object with a string name")
+        out[attr["name"]] = attr["value"]
+    return out
 
 
 def _role(name: str, scope: int) -> OpRole:
@@ -122,11 +177,16 @@ def collective_kind(name: str) -> str | None:
     return _COLLECTIVES.get(op)
 
 
-def _arguments(block: dict[str, Any]) -> tuple[list[TensorRef], list[object]]:
+def _arguments(block: Any, field: str) -> tuple[list[TensorRef], list[object]]:
     """Tensors (with dtype and shape) and the other values of an inputs/outputs block, in order."""
+    if not isinstance(block, dict):
+        raise ConfigError(field, block, "an object of values, shapes and types lists")
     tensors: list[TensorRef] = []
     scalars: list[object] = []
-    values, shapes, types = block.get("values", []), block.get("shapes", []), block.get("types", [])
+    values, shapes, types = (block.get(key, []) for key in ("values", "shapes", "types"))
+    for key, items in (("values", values), ("shapes", shapes), ("types", types)):
+        if not isinstance(items, list):
+            raise ConfigError(f"{field}.{key}", items, "a list")
     for index, value in enumerate(values):
         kind = str(types[index]) if index < len(types) else ""
         shape = shapes[index] if index < len(shapes) else []
@@ -137,12 +197,12 @@ def _arguments(block: dict[str, Any]) -> tuple[list[TensorRef], list[object]]:
         refs = list(_tensor_values(value, shape))
         for position, (raw, dims) in enumerate(refs):
             dtype = dtypes[min(position, len(dtypes) - 1)] if dtypes else ""
-            tensors.append(_tensor(raw, dims, dtype))
+            tensors.append(_tensor(raw, dims, dtype, f"{field}.values[{index}]"))
     return tensors, scalars
 
 
 def _tensor_values(value: Any, shape: Any) -> Iterator[tuple[list[Any], list[int]]]:
-    """(tensor record, shape) pairs of a Tensor value or a (nested) list of them."""
+    """(tensor record, shape) pairs of a Tensor value or a (nested) list of them (the reader bounds nesting)."""
     if _is_tensor_record(value):
         yield value, shape if isinstance(shape, list) else []
     elif isinstance(value, list):
@@ -156,25 +216,39 @@ def _is_tensor_record(value: Any) -> bool:
             and all(isinstance(v, int) and not isinstance(v, bool) for v in value[:5]))
 
 
-def _tensor(raw: list[Any], dims: list[Any], dtype: str) -> TensorRef:
-    shape = tuple(int(d) for d in dims if isinstance(d, int))
-    device = str(raw[5]) if len(raw) > 5 else ""
-    return TensorRef(int(raw[0]), int(raw[1]), int(raw[2]), int(raw[3]), int(raw[4]), device, dtype, shape)
+# A tensor dimension: torch sizes are int64; a trace's shapes are real tensors, far below this.
+_MAX_DIM = 2**40
+
+
+def _tensor(raw: list[Any], dims: list[Any], dtype: str, field: str) -> TensorRef:
+    """[tensor_id, storage_id, offset, numel, itemsize(, device)] and its shape; an int of the shape past
+    _MAX_DIM or below 0 is refused (a FLOP count from it would be meaningless), other entries are skipped."""
+    tensor_id, storage_id, offset, numel, itemsize = (
+        trace_int(v, f"{field} tensor record", 0) for v in raw[:5])
+    shape = tuple(trace_int(d, f"{field} shape", 0, _MAX_DIM) for d in dims
+                  if isinstance(d, int) and not isinstance(d, bool))
+    device = str(raw[5])[:64] if len(raw) > 5 else ""
+    return TensorRef(tensor_id, storage_id, offset, numel, itemsize, device, dtype, shape)
 
 
 def _process_groups(node: dict[str, Any]) -> dict[str, ProcessGroup]:
+    """The process groups a process_group:init node lists (a JSON string or a list of {pg_name, ranks, ...})."""
     out: dict[str, ProcessGroup] = {}
     for value in node.get("inputs", {}).get("values", []):
-        try:
-            entries = json.loads(value) if isinstance(value, str) else value
-        except ValueError:
-            continue
-        for entry in entries if isinstance(entries, list) else []:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except (ValueError, RecursionError):
+                continue
+        for entry in value if isinstance(value, list) else []:
             if isinstance(entry, dict) and "pg_name" in entry:
-                ranks = tuple(int(r) for r in entry.get("ranks", []))
-                name = str(entry["pg_name"])
-                out[name] = ProcessGroup(name, str(entry.get("pg_desc", "")), ranks,
-                                         int(entry.get("group_size", len(ranks))))
+                ranks_value = entry.get("ranks", [])
+                if not isinstance(ranks_value, list):
+                    raise ConfigError("process group ranks", ranks_value, "a list of ranks")
+                ranks = tuple(trace_int(r, "process group ranks") for r in ranks_value)
+                name = str(entry["pg_name"])[:200]
+                size = trace_int(entry.get("group_size", len(ranks)), "process group group_size", 1)
+                out[name] = ProcessGroup(name, str(entry.get("pg_desc", ""))[:200], ranks, size)
     return out
 
 

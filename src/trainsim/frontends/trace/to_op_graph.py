@@ -134,7 +134,10 @@ def trace_op_graph(trace: RankTrace, name: str | None = None) -> OpGraph:
         (bwd if op.phase == "bwd" else fwd).append(ir)
     params = float(parameter_count(trace))
     label = name or f"trace rank {trace.rank}"
-    layer = Layer(f"rank{trace.rank}", "block", 1, tuple(fwd), tuple(bwd), (), params, params)
+    # NB: the trace is the run as it ran (its recompute included): every mode keeps what its forward ops wrote
+    saved = float(saved_activation_bytes(trace))
+    layer = Layer(f"rank{trace.rank}", "block", 1, tuple(fwd), tuple(bwd), (), params, params,
+                  {"none": saved, "selective": saved, "full": saved})
     samples = _samples(trace)
     return OpGraph(label, (layer,), samples, samples)
 
@@ -149,6 +152,17 @@ def parameter_count(trace: RankTrace) -> int:
         for tensor in op.inputs:
             if tensor.tensor_id in written:
                 seen[tensor.tensor_id] = tensor.numel
+    return sum(seen.values())
+
+
+def saved_activation_bytes(trace: RankTrace) -> int:
+    """Bytes of the distinct tensors the top-level forward ops wrote: what autograd can keep for the backward
+    pass (an upper bound: a tensor freed before the backward pass is counted too)."""
+    seen: dict[int, int] = {}
+    for op in trace.top_level():
+        if op.phase == "fwd":
+            for tensor in op.outputs:
+                seen[tensor.tensor_id] = tensor.nbytes
     return sum(seen.values())
 
 

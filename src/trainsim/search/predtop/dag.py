@@ -37,7 +37,8 @@ OP_VOCAB = (
 DTYPES = (torch.float32, torch.bfloat16, torch.int64, torch.bool)
 NODE_TYPES = ("input", "literal", "operator", "output")
 DIMS = 4
-NUM_FEATURES = len(OP_VOCAB) + 1 + DIMS + len(DTYPES) + 1 + len(NODE_TYPES)
+COST_FEATURES = 3  # log2(1 + FLOPs), log2(1 + output bytes), log2(1 + depth)
+NUM_FEATURES = len(OP_VOCAB) + 1 + DIMS + len(DTYPES) + 1 + len(NODE_TYPES) + COST_FEATURES
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,8 @@ class _Node:
     shape: tuple[int, ...]
     dtype: torch.dtype
     preds: list[int]
+    flops: float = 0.0
+    out_bytes: float = 0.0
 
 
 class _Recorder(TorchDispatchMode):
@@ -87,12 +90,27 @@ class _Recorder(TorchDispatchMode):
         first = outputs[0] if outputs else None
         self.nodes.append(_Node(func.overloadpacket.__name__, "operator",
                                 tuple(first.shape) if first is not None else (), first.dtype if first is not None
-                                else torch.float32, list(dict.fromkeys(preds))))
+                                else torch.float32, list(dict.fromkeys(preds)), _flops(func, args, kwargs, out),
+                                float(sum(t.numel() * t.element_size() for t in outputs))))
         index = len(self.nodes) - 1
         for t in outputs:
             self.made_by[id(t)] = index
             self.keep.append(t)
         return out
+
+
+def _flops(func, args, kwargs, out) -> float:  # type: ignore[no-untyped-def]
+    """An op's FLOPs: torch.utils.flop_counter's formula where it has one (matrix products, attention), else one
+    per output element (element-wise ops, norms, reductions' outputs)."""
+    from torch.utils.flop_counter import flop_registry
+
+    formula = flop_registry.get(func.overloadpacket)
+    if formula is not None:
+        try:
+            return float(formula(*args, **(kwargs or {}), out_val=out))
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    return float(sum(t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor)))
 
 
 def record(module: torch.nn.Module, inputs: torch.Tensor) -> list[_Node]:
@@ -125,7 +143,7 @@ def prune(nodes: list[_Node]) -> list[_Node]:
             alias[index] = preds
             continue
         kept[index] = len(out)
-        out.append(_Node(node.op, node.kind, node.shape, node.dtype, preds))
+        out.append(_Node(node.op, node.kind, node.shape, node.dtype, preds, node.flops, node.out_bytes))
     for node in out:
         node.preds = [kept[p] for p in node.preds]
     used = {p for node in out for p in node.preds}
@@ -138,7 +156,7 @@ def prune(nodes: list[_Node]) -> list[_Node]:
     return final
 
 
-def _features(node: _Node) -> list[float]:
+def _features(node: _Node, depth: int) -> list[float]:
     op = [0.0] * (len(OP_VOCAB) + 1)
     op[OP_VOCAB.index(node.op) if node.op in OP_VOCAB else len(OP_VOCAB)] = 1.0 if node.kind == "operator" else 0.0
     dims = [0.0] * DIMS
@@ -148,7 +166,8 @@ def _features(node: _Node) -> list[float]:
     dtype[DTYPES.index(node.dtype) if node.dtype in DTYPES else len(DTYPES)] = 1.0
     kind = [0.0] * len(NODE_TYPES)
     kind[NODE_TYPES.index(node.kind)] = 1.0
-    return op + dims + dtype + kind
+    cost = [math.log2(1.0 + node.flops), math.log2(1.0 + node.out_bytes), math.log2(1.0 + depth)]
+    return op + dims + dtype + kind + cost
 
 
 def to_dag(nodes: list[_Node]) -> StageDag:
@@ -166,7 +185,7 @@ def to_dag(nodes: list[_Node]) -> StageDag:
         row = np.array([(bits >> j) & 1 for j in range(n)], dtype=bool)
         reach[i] |= row
         reach[:, i] |= row
-    features = np.array([_features(node) for node in nodes], dtype=np.float32)
+    features = np.array([_features(node, int(d)) for node, d in zip(nodes, depth, strict=True)], dtype=np.float32)
     edges = tuple((p, i) for i, node in enumerate(nodes) for p in node.preds)
     return StageDag(features, edges, depth, reach)
 
@@ -219,7 +238,8 @@ class DagBuilder:
                     last_producer = mapping[node.preds[0]]
                     continue
                 mapping[index] = len(nodes)
-                nodes.append(_Node(node.op, node.kind, node.shape, node.dtype, [mapping[p] for p in node.preds]))
+                nodes.append(_Node(node.op, node.kind, node.shape, node.dtype, [mapping[p] for p in node.preds],
+                                   node.flops, node.out_bytes))
         return to_dag(nodes)
 
 

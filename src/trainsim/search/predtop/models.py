@@ -57,6 +57,12 @@ def make_batch(dags: list[StageDag]) -> Batch:
                  torch.from_numpy(adjacency), torch.from_numpy(depth))
 
 
+def _pool(x: torch.Tensor, batch: Batch, scale: torch.Tensor) -> torch.Tensor:
+    """Global add pooling (eq. 2), times a constant (the inverse of the training graphs' mean node count, set
+    by train.prepare) so that the head sees sums of order one; the sum stays additive over the nodes."""
+    return (x * batch.mask[..., None]).sum(dim=1) * scale
+
+
 def _head(width: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 1))
 
@@ -100,13 +106,13 @@ class DagTransformer(nn.Module):
         self.embed = nn.Linear(NUM_FEATURES, width)
         self.layers = nn.ModuleList(DagAttentionLayer(width, heads) for _ in range(layers))
         self.head = _head(width)
+        self.register_buffer("pool_scale", torch.tensor(1.0))
 
     def forward(self, batch: Batch) -> torch.Tensor:
         x = self.embed(batch.features) + depth_encoding(batch.depth, self.width)
         for layer in self.layers:
             x = layer(x, batch.reach)
-        pooled = (x * batch.mask[..., None]).sum(dim=1)
-        return self.head(pooled).squeeze(-1)
+        return self.head(_pool(x, batch, self.pool_scale)).squeeze(-1)
 
 
 class Gcn(nn.Module):
@@ -114,6 +120,7 @@ class Gcn(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(nn.Linear(NUM_FEATURES if i == 0 else width, width) for i in range(layers))
         self.head = _head(width)
+        self.register_buffer("pool_scale", torch.tensor(1.0))
 
     def forward(self, batch: Batch) -> torch.Tensor:
         a = batch.adjacency
@@ -122,8 +129,7 @@ class Gcn(nn.Module):
         x = batch.features
         for layer in self.layers:
             x = torch.relu(norm @ layer(x))
-        pooled = (x * batch.mask[..., None]).sum(dim=1)
-        return self.head(pooled).squeeze(-1)
+        return self.head(_pool(x, batch, self.pool_scale)).squeeze(-1)
 
 
 class GatLayer(nn.Module):
@@ -154,13 +160,13 @@ class Gat(nn.Module):
         self.layers = nn.ModuleList(GatLayer(NUM_FEATURES if i == 0 else width, heads, width // heads)
                                     for i in range(layers))
         self.head = _head(width)
+        self.register_buffer("pool_scale", torch.tensor(1.0))
 
     def forward(self, batch: Batch) -> torch.Tensor:
         x = batch.features
         for layer in self.layers:
             x = layer(x, batch.adjacency)
-        pooled = (x * batch.mask[..., None]).sum(dim=1)
-        return self.head(pooled).squeeze(-1)
+        return self.head(_pool(x, batch, self.pool_scale)).squeeze(-1)
 
 
 def make_model(kind: str) -> nn.Module:

@@ -125,7 +125,7 @@ def collect(
 
 
 def _kinds(text: str) -> list[str]:
-    kinds = list(KINDS) if text == "all" else [k.strip() for k in text.split(",") if k.strip()]
+    kinds: list[str] = [*KINDS] if text == "all" else [k.strip() for k in text.split(",") if k.strip()]
     if not kinds or any(k not in KINDS for k in kinds):
         raise ConfigError("kinds", text, f"all or comma-separated {', '.join(KINDS)}")
     return kinds

@@ -33,8 +33,12 @@ OP_VOCAB = (
     "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_attention_math", "index", "topk", "nonzero",
     "zeros_like", "index_add", "sub", "neg", "cat", "sum", "mean", "rsqrt", "pow", "div", "eq", "where",
     "_log_softmax", "nll_loss_forward", "cross_entropy_loss", "arange", "masked_fill", "slice_scatter",
+    # jaxpr primitives (jaxdag.py: the JAX source of the same stages), one vocabulary for both sources
+    "dot_general", "exp", "log", "tanh", "erf", "max", "reduce_max", "reduce_sum", "integer_pow", "sqrt",
+    "gather", "iota", "select_n", "ge", "lt", "gt", "top_k", "argmax", "scatter-add", "dynamic_slice",
+    "concatenate", "logistic", "stop_gradient",
 )
-DTYPES = (torch.float32, torch.bfloat16, torch.int64, torch.bool)
+DTYPES = ("float32", "bfloat16", "float16", "int64", "int32", "bool")
 NODE_TYPES = ("input", "literal", "operator", "output")
 DIMS = 4
 COST_FEATURES = 3  # log2(1 + FLOPs), log2(1 + output bytes), log2(1 + depth)
@@ -60,7 +64,7 @@ class _Node:
     op: str
     kind: str
     shape: tuple[int, ...]
-    dtype: torch.dtype
+    dtype: str  # numpy-style name: float32, int64, ...
     preds: list[int]
     flops: float = 0.0
     out_bytes: float = 0.0
@@ -78,7 +82,7 @@ class _Recorder(TorchDispatchMode):
     def leaf(self, t: torch.Tensor, kind: str = "param") -> int:
         key = id(t)
         if key not in self.made_by:
-            self.nodes.append(_Node(kind, kind, tuple(t.shape), t.dtype, []))
+            self.nodes.append(_Node(kind, kind, tuple(t.shape), dtype_name(t.dtype), []))
             self.made_by[key] = len(self.nodes) - 1
             self.keep.append(t)
         return self.made_by[key]
@@ -89,8 +93,9 @@ class _Recorder(TorchDispatchMode):
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         first = outputs[0] if outputs else None
         self.nodes.append(_Node(func.overloadpacket.__name__, "operator",
-                                tuple(first.shape) if first is not None else (), first.dtype if first is not None
-                                else torch.float32, list(dict.fromkeys(preds)), _flops(func, args, kwargs, out),
+                                tuple(first.shape) if first is not None else (),
+                                dtype_name(first.dtype) if first is not None else "float32",
+                                list(dict.fromkeys(preds)), _flops(func, args, kwargs, out),
                                 float(sum(t.numel() * t.element_size() for t in outputs))))
         index = len(self.nodes) - 1
         for t in outputs:
@@ -99,12 +104,21 @@ class _Recorder(TorchDispatchMode):
         return out
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def _flops(func, args, kwargs, out) -> float:  # type: ignore[no-untyped-def]
-    """An op's FLOPs: torch.utils.flop_counter's formula where it has one (matrix products, attention), else one
-    per output element (element-wise ops, norms, reductions' outputs)."""
+    """An op's FLOPs: torch.utils.flop_counter's formula where it has one (matrix products, attention on GPUs),
+    the two products of attention for the CPU attention kernels (which it lacks), else one per output element
+    (element-wise ops, norms, reductions' outputs)."""
     from torch.utils.flop_counter import flop_registry
 
     formula = flop_registry.get(func.overloadpacket)
+    name = func.overloadpacket.__name__
+    if formula is None and name.startswith("_scaled_dot_product") and len(args) >= 2:  # the CPU kernels
+        q, k = args[0], args[1]  # [batch, heads, s_q, d] and [batch, heads, s_k, d]: QK^T and AV
+        return 4.0 * math.prod(q.shape[:-1]) * k.shape[-2] * q.shape[-1]
     if formula is not None:
         try:
             return float(formula(*args, **(kwargs or {}), out_val=out))
@@ -124,7 +138,8 @@ def record(module: torch.nn.Module, inputs: torch.Tensor) -> list[_Node]:
             out = module(inputs)
     result = out if isinstance(out, torch.Tensor) else tree_leaves(out)[0]
     nodes = recorder.nodes
-    nodes.append(_Node("output", "output", tuple(result.shape), result.dtype, [recorder.made_by[id(result)]]))
+    nodes.append(_Node("output", "output", tuple(result.shape), dtype_name(result.dtype),
+                       [recorder.made_by[id(result)]]))
     return nodes
 
 

@@ -100,6 +100,8 @@ class DagAttentionLayer(nn.Module):
 
 
 class DagTransformer(nn.Module):
+    pool_scale: torch.Tensor
+
     def __init__(self, width: int = 64, layers: int = 4, heads: int = 4) -> None:
         super().__init__()
         self.width = width
@@ -116,6 +118,8 @@ class DagTransformer(nn.Module):
 
 
 class Gcn(nn.Module):
+    pool_scale: torch.Tensor
+
     def __init__(self, width: int = 256, layers: int = 6) -> None:
         super().__init__()
         self.layers = nn.ModuleList(nn.Linear(NUM_FEATURES if i == 0 else width, width) for i in range(layers))
@@ -155,6 +159,8 @@ class GatLayer(nn.Module):
 
 
 class Gat(nn.Module):
+    pool_scale: torch.Tensor
+
     def __init__(self, width: int = 32, layers: int = 6, heads: int = 4) -> None:
         super().__init__()
         self.layers = nn.ModuleList(GatLayer(NUM_FEATURES if i == 0 else width, heads, width // heads)

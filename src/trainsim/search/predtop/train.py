@@ -127,7 +127,7 @@ def prepare(dags: list[StageDag], latencies_s: list[float], kind: str, target: s
     std = stacked.std(axis=0)
     std[std < 1e-6] = 1.0
     model = make_model(kind)
-    model.pool_scale.fill_(len(dags) / sum(dag.num_nodes for dag in dags))
+    model.get_buffer("pool_scale").fill_(len(dags) / sum(dag.num_nodes for dag in dags))
     return Predictor(kind, model, target, 0.0, sum(latencies_s) / len(latencies_s), mean.astype(np.float32),
                      std.astype(np.float32), 0, 0.0)
 

@@ -242,6 +242,7 @@ class TrainOptions:
     epochs: int = 500  # sec. IV-B6
     patience: int = 200  # sec. IV-B8
     target: str = "log"
+    device: str = "cpu"  # where the models train (cuda on a GPU machine)
 
     def check(self) -> None:
         if not 1 <= self.epochs <= MAX_EPOCHS:
@@ -263,7 +264,8 @@ def fit_one(kind: str, dags: list[Any], latencies_s: list[float], fraction: floa
     parts = split(len(dags), fraction, seed)
     predictor = train(kind, [dags[i] for i in parts.train], [latencies_s[i] for i in parts.train],
                       ([dags[i] for i in parts.validation], [latencies_s[i] for i in parts.validation]),
-                      epochs=options.epochs, patience=options.patience, seed=seed, target=options.target)
+                      epochs=options.epochs, patience=options.patience, seed=seed, target=options.target,
+                 device=options.device)
     predicted = predictor.predict_s([dags[i] for i in parts.test])
     return {"kind": kind, "fraction": fraction, "seed": seed, "train": len(parts.train),
             "validation": len(parts.validation), "test": len(parts.test),
@@ -279,7 +281,8 @@ def fit_predictor(kind: str, dags: list[Any], latencies_s: list[float], fraction
     parts = split(len(dags), fraction, seed)
     return train(kind, [dags[i] for i in parts.train], [latencies_s[i] for i in parts.train],
                  ([dags[i] for i in parts.validation], [latencies_s[i] for i in parts.validation]),
-                 epochs=options.epochs, patience=options.patience, seed=seed, target=options.target)
+                 epochs=options.epochs, patience=options.patience, seed=seed, target=options.target,
+                 device=options.device)
 
 
 @dataclass(frozen=True, slots=True)

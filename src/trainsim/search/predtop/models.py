@@ -31,6 +31,12 @@ class Batch:
     adjacency: torch.Tensor  # [B, N, N] undirected edges + self loops
     depth: torch.Tensor  # [B, N]
 
+    def to(self, device: str) -> "Batch":
+        if device == "cpu":
+            return self
+        return Batch(self.features.to(device), self.mask.to(device), self.reach.to(device),
+                     self.adjacency.to(device), self.depth.to(device))
+
 
 def make_batch(dags: list[StageDag]) -> Batch:
     n = max(dag.num_nodes for dag in dags)
@@ -70,7 +76,7 @@ def _head(width: int) -> nn.Sequential:
 def depth_encoding(depth: torch.Tensor, width: int) -> torch.Tensor:
     """Sinusoidal positional encoding (Vaswani et al. 2017) of each node's depth."""
     half = width // 2
-    freq = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32) / half)
+    freq = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=depth.device) / half)
     angles = depth.to(torch.float32)[..., None] * freq
     return torch.cat((angles.sin(), angles.cos()), dim=-1)
 

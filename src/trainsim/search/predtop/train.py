@@ -97,13 +97,13 @@ class Predictor:
         return out
 
 
-def _batches(dags: list[StageDag], targets: torch.Tensor, rng: random.Random) -> list[tuple[Batch, torch.Tensor]]:
-    """Shuffled batches of graphs of similar size (less padding): sorted by size, cut into batches, shuffled."""
-    order = sorted(range(len(dags)), key=lambda i: (dags[i].num_nodes, rng.random()))
+def _batches(dags: list[StageDag], targets: torch.Tensor, device: str) -> list[tuple[Batch, torch.Tensor]]:
+    """Batches of graphs of similar size (less padding): sorted by size and cut into batches of batch_size,
+    built once and kept on the device; train() shuffles their order every epoch."""
+    order = sorted(range(len(dags)), key=lambda i: (dags[i].num_nodes, i))
     size = batch_size(len(dags))
-    starts = list(range(0, len(order), size))
-    rng.shuffle(starts)
-    return [(make_batch([dags[i] for i in order[s:s + size]]), targets[order[s:s + size]]) for s in starts]
+    return [(make_batch([dags[i] for i in order[s:s + size]]).to(device), targets[order[s:s + size]].to(device))
+            for s in range(0, len(order), size)]
 
 
 def _softplus(value: float) -> float:
@@ -133,18 +133,19 @@ def prepare(dags: list[StageDag], latencies_s: list[float], kind: str, target: s
 
 
 def train(kind: str, dags: list[StageDag], latencies_s: list[float], validation: tuple[list[StageDag], list[float]],
-          *, epochs: int = 500, patience: int = 200, seed: int = 0, target: str = "log") -> Predictor:
+          *, epochs: int = 500, patience: int = 200, seed: int = 0, target: str = "log",
+          device: str = "cpu") -> Predictor:
     """Fit a model of `kind` (transformer | gcn | gat) to the stages' latencies (Adam, cosine decay, MAE, early
     stopping on the validation stages' loss, the best weights kept)."""
     torch.manual_seed(seed)
     torch.set_num_threads(1)
     start = time.perf_counter()
     predictor = prepare(dags, latencies_s, kind, target)
-    model = predictor.model
-    fit_dags = predictor.normalised(dags)
+    model = predictor.model.to(device)
     targets = torch.tensor([predictor.to_target(y) for y in latencies_s], dtype=torch.float32)
-    val_batch = make_batch(predictor.normalised(validation[0]))
-    val_targets = torch.tensor([predictor.to_target(y) for y in validation[1]], dtype=torch.float32)
+    batches = _batches(predictor.normalised(dags), targets, device)
+    val_batch = make_batch(predictor.normalised(validation[0])).to(device)
+    val_targets = torch.tensor([predictor.to_target(y) for y in validation[1]], dtype=torch.float32).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE, betas=(0.9, 0.999))
     rng = random.Random(seed)
     best_loss, best_state, since, ran = math.inf, None, 0, 0
@@ -153,7 +154,8 @@ def train(kind: str, dags: list[StageDag], latencies_s: list[float], validation:
         for group in optimizer.param_groups:  # cosine decay from LEARNING_RATE to 0 over the epochs
             group["lr"] = 0.5 * LEARNING_RATE * (1.0 + math.cos(math.pi * epoch / epochs))
         model.train()
-        for batch, y in _batches(fit_dags, targets, rng):
+        rng.shuffle(batches)
+        for batch, y in batches:
             optimizer.zero_grad()
             loss = _loss(model(batch), y, target)
             loss.backward()
@@ -170,6 +172,7 @@ def train(kind: str, dags: list[StageDag], latencies_s: list[float], validation:
                 break
     if best_state is not None:
         model.load_state_dict(best_state)
+    predictor.model = model.cpu()
     predictor.epochs_run = ran
     predictor.train_time_s = time.perf_counter() - start
     predictor.best_validation_loss = best_loss

@@ -38,16 +38,27 @@ from stage_experiments import MICRO_BATCH, MODELS, SEQ_LEN
 SETTINGS = [Setting(Mesh(1, d), IntraPlan(1, d)) for d in (1, 2, 4)]
 
 
-def prepare(db_path: Path, out: Path, with_jax: bool) -> None:
+def prepare(db_path: Path, out: Path, with_jax: bool, gpu: bool) -> None:
+    """gpu: the H100 stage database (scripts/gpu/stages_gpu.py's models, mesh = 1 GPU, threads column 0)."""
     from trainsim.measure.stage_db import StageDatabase
 
     db = StageDatabase(db_path)
     data: dict[str, Any] = {}
-    for name, model in MODELS.items():
-        corpus = Corpus(model, MICRO_BATCH, SEQ_LEN)
+    if gpu:
+        from gpu.stages_gpu import GPU_THREADS
+        from gpu.stages_gpu import MICRO_BATCH as GPU_MICRO_BATCH
+        from gpu.stages_gpu import MODELS as GPU_MODELS
+        from gpu.stages_gpu import SEQ_LEN as GPU_SEQ_LEN
+
+        corpora = {name: Corpus(m, GPU_MICRO_BATCH, GPU_SEQ_LEN, GPU_THREADS) for name, m in GPU_MODELS.items()}
+        settings = SETTINGS[:1]
+    else:
+        corpora = {name: Corpus(m, MICRO_BATCH, SEQ_LEN) for name, m in MODELS.items()}
+        settings = SETTINGS
+    for name, corpus in corpora.items():
         for source in ("torch", "jax") if with_jax else ("torch",):
             builder = dag_builder(corpus, source)
-            for setting in SETTINGS:
+            for setting in settings:
                 d = setting_data(db, corpus, setting, builder)
                 if d.latencies_s:
                     data[f"{name}/{d.label}/{source}"] = d
@@ -55,9 +66,12 @@ def prepare(db_path: Path, out: Path, with_jax: bool) -> None:
     out.write_bytes(gzip.compress(pickle.dumps(data)))
 
 
-def plan(data: dict[str, Any]) -> list[tuple[str, str, float, int, str]]:
-    """(data key, kind, fraction, seed, target) in priority order."""
+def plan(data: dict[str, Any], which: str = "cpu") -> list[tuple[str, str, float, int, str]]:
+    """(data key, kind, fraction, seed, target) in priority order ("gpu": the H100 data on this machine's
+    cores: 30% first, then 10% and 50%, seed 0)."""
     torch_keys = [k for k in data if k.endswith("/torch")]
+    if which == "gpu":
+        return [(k, kind, f, 0, "log") for f in (0.3, 0.1, 0.5) for k in torch_keys for kind in KINDS]
     jobs: list[tuple[str, str, float, int, str]] = []
     for seed in (0, 1, 2):
         jobs += [(k, kind, 0.3, seed, "log") for k in torch_keys for kind in KINDS]
@@ -70,9 +84,10 @@ def plan(data: dict[str, Any]) -> list[tuple[str, str, float, int, str]]:
     return jobs
 
 
-def run(data_path: Path, out: Path, workers: int, device: str, epochs: int, patience: int, limit: int) -> None:
+def run(data_path: Path, out: Path, workers: int, device: str, epochs: int, patience: int, limit: int,
+        which: str) -> None:
     data = pickle.loads(gzip.decompress(data_path.read_bytes()))
-    jobs = plan(data)[:limit]
+    jobs = plan(data, which)[:limit]
     devices = device.split(",")  # "cuda,cpu": the fits alternate between them (a GPU and the host's cores)
     items = [(kind, data[key].dags, data[key].latencies_s, fraction, seed,
               TrainOptions(epochs, patience, target, devices[i % len(devices)]))
@@ -103,6 +118,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--runs", type=Path)
     parser.add_argument("--jax", action="store_true")
+    parser.add_argument("--gpu", action="store_true")
+    parser.add_argument("--plan", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--epochs", type=int, default=500)
@@ -110,9 +127,9 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=100_000)
     args = parser.parse_args()
     if args.command == "prepare":
-        prepare(args.db, args.out, args.jax)
+        prepare(args.db, args.out, args.jax, args.gpu)
     elif args.command == "run":
-        run(args.data, args.out, args.workers, args.device, args.epochs, args.patience, args.limit)
+        run(args.data, args.out, args.workers, args.device, args.epochs, args.patience, args.limit, args.plan)
     else:
         print(json.dumps(summary(args.runs), indent=1))
 

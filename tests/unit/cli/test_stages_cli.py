@@ -117,3 +117,12 @@ def test_ray_fan_out_matches_local(model: Path, tmp_path: Path) -> None:
             local["settings"]["1x1/tp1-dp1"]["runs"][0]["mre"], rel=1e-6)
     finally:
         ray.shutdown()
+
+
+def test_ray_without_the_extra_is_one_line(model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails as where the extra is not installed
+    result = RUNNER.invoke(app, ["stages", "collect", *_common(model, tmp_path / "s.sqlite"), "--ray", "local"])
+    assert result.exit_code == 2 and "trainsim[ray]" in result.output
+    assert len(result.output.strip().splitlines()) == 1

@@ -111,15 +111,18 @@ def check_corpus(corpus: Corpus) -> None:
 
 
 class Runner(Protocol):
-    """Runs fn over argument tuples, yielding (index, result) as each finishes."""
+    """Runs fn over argument tuples, yielding (index, result) as each finishes. cpus: what each item occupies
+    (a stage measurement: its mesh's ranks), for runners that place items on a cluster."""
 
-    def map(self, fn: Callable[..., Any], items: Sequence[tuple[Any, ...]]) -> Iterator[tuple[int, Any]]: ...
+    def map(self, fn: Callable[..., Any], items: Sequence[tuple[Any, ...]],
+            cpus: Sequence[float] | None = None) -> Iterator[tuple[int, Any]]: ...
 
 
 class LocalRunner:
     """In this process, one item after the other."""
 
-    def map(self, fn: Callable[..., Any], items: Sequence[tuple[Any, ...]]) -> Iterator[tuple[int, Any]]:
+    def map(self, fn: Callable[..., Any], items: Sequence[tuple[Any, ...]],
+            cpus: Sequence[float] | None = None) -> Iterator[tuple[int, Any]]:
         for index, args in enumerate(items):
             yield index, fn(*args)
 
@@ -130,7 +133,8 @@ class PoolRunner:
 
     workers: int
 
-    def map(self, fn: Callable[..., Any], items: Sequence[tuple[Any, ...]]) -> Iterator[tuple[int, Any]]:
+    def map(self, fn: Callable[..., Any], items: Sequence[tuple[Any, ...]],
+            cpus: Sequence[float] | None = None) -> Iterator[tuple[int, Any]]:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -198,7 +202,8 @@ def collect(db: StageDatabase, corpus: Corpus, settings: list[Setting], *, warmu
             owner.append(setting.label)
     done: dict[str, int] = dict.fromkeys(todo, 0)
     started = time.perf_counter()
-    for index, results in runner.map(measure_chunk, items):
+    cpus = [float(chunk_stages[0].mesh.size) for _, chunk_stages, _, _ in items]
+    for index, results in runner.map(measure_chunk, items, cpus):
         label = owner[index]
         for m in results:
             db.put(corpus.key, corpus.micro_batch, corpus.seq_len, corpus.threads, m.stage, m.estimate, m.samples_s)

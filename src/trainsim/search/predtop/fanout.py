@@ -41,9 +41,14 @@ class RayRunner:
                 raise TrainsimError(f"--ray {address}: cannot connect ({str(exc).splitlines()[0]})") from None
         return cls(ray)
 
-    def map(self, fn: Callable[..., Any], items: Sequence[tuple[Any, ...]]) -> Iterator[tuple[int, Any]]:
+    def map(self, fn: Callable[..., Any], items: Sequence[tuple[Any, ...]],
+            cpus: Sequence[float] | None = None) -> Iterator[tuple[int, Any]]:
+        """Each item a task holding cpus[i] CPUs (a stage measurement holds one per rank, so that two
+        measurements never share a node's cores: their timings would interfere)."""
         remote = self.ray.remote(num_cpus=self.num_cpus)(fn)
-        pending = {remote.remote(*args): index for index, args in enumerate(items)}
+        largest = float(self.ray.cluster_resources().get("CPU", 1.0))  # more would wait forever
+        pending = {remote.options(num_cpus=min(cpus[index] if cpus else self.num_cpus, largest)).remote(*args):
+                   index for index, args in enumerate(items)}
         while pending:
             done, _ = self.ray.wait(list(pending), num_returns=1)
             for ref in done:

@@ -164,6 +164,7 @@ def train(
     patience: Annotated[int, typer.Option(help="early-stopping patience (sec. IV-B8: 200)")] = 200,
     seed: Annotated[int, typer.Option(help="split and initialisation seed")] = 0,
     dag_source: Annotated[str, typer.Option(help="stage DAGs from: torch | jax")] = "torch",
+    target: Annotated[str, typer.Option(help="loss target: log | relative | absolute (the paper's MAE)")] = "log",
     ray: RayOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Train one predictor per setting on its collected stages and save them."""
@@ -173,7 +174,7 @@ def train(
     settings = parse_settings(meshes, plans)
     chosen = _kinds(kinds)
     parse_fractions(str(fraction))
-    options = TrainOptions(epochs, patience)
+    options = TrainOptions(epochs, patience, target)
     options.check()
     if seed < 0:
         raise ConfigError("seed", seed, "must be a non-negative integer")
@@ -195,7 +196,7 @@ def train(
             predictors[label][kind] = predictor
             bar.update(task, advance=1)
     save_predictors(out, corpus, predictors, {"fraction": fraction, "seed": seed, "epochs": epochs,
-                                              "patience": patience, "dag_source": dag_source})
+                                              "patience": patience, "dag_source": dag_source, "target": target})
     summary = {"out": str(out), "seconds": time.perf_counter() - started,
                "settings": {label: {kind: {"epochs_run": p.epochs_run, "train_s": p.train_time_s,
                                            "validation_loss": p.best_validation_loss}
@@ -221,6 +222,7 @@ def evaluate(
     patience: Annotated[int, typer.Option(help="early-stopping patience (sec. IV-B8: 200)")] = 200,
     dag_source: Annotated[str, typer.Option(help="stage DAGs from: torch | jax")] = "torch",
     workers: Annotated[int, typer.Option(help="local processes training at once")] = 1,
+    target: Annotated[str, typer.Option(help="loss target: log | relative | absolute (the paper's MAE)")] = "log",
     ray: RayOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """MRE of the DAG Transformer, GCN and GAT per setting against the fraction of stages trained on."""
@@ -230,7 +232,7 @@ def evaluate(
     corpus = _corpus(model, micro_batch, seq_len, threads)
     settings = parse_settings(meshes, plans)
     chosen, chosen_fractions, chosen_seeds = _kinds(kinds), parse_fractions(fractions), _seeds(seeds)
-    options = TrainOptions(epochs, patience)
+    options = TrainOptions(epochs, patience, target)
     options.check()
     runner = _runner(ray, workers)
     _torch()
@@ -244,7 +246,7 @@ def evaluate(
     for d in data:
         if "runs" in result[d.label]:
             result[d.label]["noise_floor_mre"] = noise_floor(d)
-    summary = {"model": corpus.key, "dag_source": dag_source, "seeds": chosen_seeds, "epochs": epochs,
+    summary = {"model": corpus.key, "dag_source": dag_source, "target": target, "seeds": chosen_seeds, "epochs": epochs,
                "patience": patience, "seconds": time.perf_counter() - started, "settings": result}
     if as_json:
         typer.echo(json.dumps(summary, indent=1))

@@ -86,6 +86,7 @@ def test_collect_train_evaluate_end_to_end(model: Path, tmp_path: Path) -> None:
     (["evaluate", "--epochs", "0"], "epochs"),
     (["evaluate", "--dag-source", "onnx"], "dag_source"),
     (["evaluate", "--workers", "0"], "workers"),
+    (["evaluate", "--target", "mse"], "target"),
     (["train", "--out", "p.pt", "--fraction", "0.95"], "fractions"),
 ])
 def test_bad_inputs_exit_2(model: Path, tmp_path: Path, args: list[str], field: str) -> None:

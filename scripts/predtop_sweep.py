@@ -3,6 +3,8 @@
     python scripts/predtop_sweep.py prepare --db DB --out data.pkl [--jax]   # DAGs + measured latencies
     python scripts/predtop_sweep.py run --data data.pkl --out runs.jsonl --workers 12 --device cuda
     python scripts/predtop_sweep.py summary --runs runs.jsonl                 # the tables (mean over seeds)
+    python scripts/predtop_sweep.py prepare --gpu --db data/stages/h100/stages_gpu.db --out gpu.pkl.gz
+    python scripts/predtop_sweep.py run --plan gpu --data gpu.pkl.gz --out gpu.jsonl   # the H100 stages
 
 `run` takes the fits in priority order (every setting at 30% first, then the target variants, the other
 fractions, more seeds, the jaxpr DAGs), so that a run stopped by a deadline keeps the most useful ones.

@@ -15,7 +15,6 @@ import argparse
 import json
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 from trainsim.catalog import load_cluster
@@ -62,19 +61,18 @@ def update_results(db: Path, key: str, value: object) -> None:
 
 
 def collect(db_path: Path, only: list[str]) -> None:
+    """Every stage of every setting, through trainsim stages' collection (search.predtop.experiment.collect)."""
+    from trainsim.search.predtop.experiment import Corpus, Setting
+    from trainsim.search.predtop.experiment import collect as collect_settings
+
     db = StageDatabase(db_path)
     times = {}
     for name, settings in SETTINGS.items():
-        for mesh, intra in settings:
-            label = f"{name}/{mesh.describe()}/{intra.describe()}"
-            if only and label not in only:
-                continue
-            source = measured(db, name)
-            start = time.perf_counter()
-            source.prefetch([StageSpec(a, b, mesh, intra) for a, b in ranges()])
-            times[label] = {"seconds": time.perf_counter() - start, "measured_now": source.measured_now,
-                            "stages": source.profiled_configurations}
-            print(label, times[label], flush=True)
+        chosen = [Setting(m, i) for m, i in settings if not only or f"{name}/{m.describe()}/{i.describe()}" in only]
+        report = collect_settings(db, Corpus(MODELS[name], MICRO_BATCH, SEQ_LEN), chosen, warmup=1, iterations=4)
+        for label, row in report.settings.items():
+            times[f"{name}/{label}"] = row
+            print(f"{name}/{label}", row, flush=True)
     update_results(db_path, "collect", times)
 
 
@@ -102,40 +100,22 @@ PREDTOP_SETTINGS = [("gpt", Mesh(1, 1), IntraPlan()), ("gpt", Mesh(1, 2), IntraP
 
 
 def predtop(db_path: Path, fractions: list[float], epochs: int, patience: int, only: list[str]) -> None:
-    from trainsim.search.predtop.dag import DagBuilder
-    from trainsim.search.predtop.train import mre_percent, split, train
+    """MRE vs training fraction per setting (search.predtop.experiment.evaluate; `trainsim stages evaluate`
+    does the same per model; scripts/predtop_sweep.py runs it many fits at once)."""
+    from trainsim.search.predtop.experiment import Corpus, Setting, TrainOptions, dag_builder, evaluate, setting_data
 
     db = StageDatabase(db_path)
     path = results_path(db_path)
-    previous = json.loads(path.read_text()).get("predtop", {}) if path.exists() else {}
-    out: dict[str, object] = dict(previous)
+    out: dict[str, object] = dict(json.loads(path.read_text()).get("predtop", {})) if path.exists() else {}
     for name, mesh, intra in PREDTOP_SETTINGS:
         label = f"{name}/{mesh.describe()}/{intra.describe()}"
         if only and label not in only:
             continue
-        table = stage_table(db, name, mesh, intra)
-        if len(table) < 10:
-            print(label, "skipped: collect its stages first", flush=True)
-            continue
-        keys = sorted(table)
-        builder = DagBuilder(MODELS[name], MICRO_BATCH, SEQ_LEN)
-        dags = [builder.stage(a, b) for a, b in keys]
-        ys = [table[k] for k in keys]
-        rows = []
-        for fraction in fractions:
-            parts = split(len(keys), fraction, seed=0)
-            row: dict[str, object] = {"fraction": fraction, "train": len(parts.train), "test": len(parts.test)}
-            for kind in ("transformer", "gcn", "gat"):
-                predictor = train(kind, [dags[i] for i in parts.train], [ys[i] for i in parts.train],
-                                  ([dags[i] for i in parts.validation], [ys[i] for i in parts.validation]),
-                                  epochs=epochs, patience=patience, seed=0)
-                predicted = predictor.predict_s([dags[i] for i in parts.test])
-                row[kind] = mre_percent(predicted, [ys[i] for i in parts.test])
-                row[kind + "_train_s"] = predictor.train_time_s
-                row[kind + "_epochs"] = predictor.epochs_run
-            rows.append(row)
-            print(label, {k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
-        out[label] = {"samples": len(keys), "rows": rows}
+        corpus = Corpus(MODELS[name], MICRO_BATCH, SEQ_LEN)
+        data = setting_data(db, corpus, Setting(mesh, intra), dag_builder(corpus))
+        result = evaluate([data], fractions=fractions, options=TrainOptions(epochs, patience))
+        out[label] = result[data.label]
+        print(label, result[data.label].get("table", result[data.label]), flush=True)
         update_results(db_path, "predtop", out)
 
 

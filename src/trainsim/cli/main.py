@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
-from typer.main import get_command_from_info
+from typer.main import get_command_from_info, get_group_from_info
 
 # command -> module under trainsim.cli, in the order help lists them. A module exposes `register(app)`, or
 # (predict) a function named after its command.
@@ -18,7 +18,7 @@ COMMAND_MODULES: dict[str, str] = {
     "predict": "predict", "models": "catalog_cmds", "hardware": "catalog_cmds", "search": "search",
     "validate": "validate", "compare": "compare", "report": "report", "calibrate": "calibrate",
     "profile": "profile", "profile-embedding": "profile_embedding", "graph": "graph", "measure": "measure",
-    "shard": "shard",
+    "shard": "shard", "stages": "stages",
 }
 
 
@@ -50,6 +50,11 @@ class LazyCommands(TyperGroup):
                                             rich_markup_mode=app.rich_markup_mode)
             if command.name:
                 self.commands[command.name] = command
+        for group_info in commands.registered_groups:  # a command with subcommands (stages collect | ...)
+            group = get_group_from_info(group_info, pretty_exceptions_short=app.pretty_exceptions_short,
+                                        suggest_commands=True, rich_markup_mode=app.rich_markup_mode)
+            if group.name:
+                self.commands[group.name] = group
 
 
 app = typer.Typer(

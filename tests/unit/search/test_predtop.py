@@ -7,7 +7,17 @@ torch = pytest.importorskip("torch")
 
 from trainsim.ir.model_spec import TransformerSpec  # noqa: E402
 from trainsim.measure.stage import build_stage  # noqa: E402
-from trainsim.search.predtop.dag import DIMS, OP_VOCAB, PRUNED, DagBuilder, prune, record, to_dag  # noqa: E402
+from trainsim.search.predtop.dag import (  # noqa: E402
+    COST_FEATURES,
+    DIMS,
+    NUM_FEATURES,
+    OP_VOCAB,
+    PRUNED,
+    DagBuilder,
+    prune,
+    record,
+    to_dag,
+)
 from trainsim.search.predtop.models import MODEL_KINDS, make_batch, make_model  # noqa: E402
 from trainsim.search.predtop.train import mre_percent, split, train  # noqa: E402
 
@@ -25,6 +35,8 @@ def test_composed_dag_equals_a_direct_trace(model, first, end):
     if model is MOE:  # tokens routed to each expert depend on the data: every feature but those shapes agrees
         dims = slice(len(OP_VOCAB) + 1, len(OP_VOCAB) + 1 + DIMS)
         composed.features[:, dims] = direct.features[:, dims] = 0.0
+        cost = slice(NUM_FEATURES - COST_FEATURES, NUM_FEATURES - 1)  # FLOPs and bytes follow those shapes
+        composed.features[:, cost] = direct.features[:, cost] = 0.0
     assert (composed.features == direct.features).all()
     assert sorted(composed.edges) == sorted(direct.edges)
     assert (composed.depth == direct.depth).all()

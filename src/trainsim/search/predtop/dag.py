@@ -33,11 +33,16 @@ OP_VOCAB = (
     "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_attention_math", "index", "topk", "nonzero",
     "zeros_like", "index_add", "sub", "neg", "cat", "sum", "mean", "rsqrt", "pow", "div", "eq", "where",
     "_log_softmax", "nll_loss_forward", "cross_entropy_loss", "arange", "masked_fill", "slice_scatter",
+    # jaxpr primitives (jaxdag.py: the JAX source of the same stages), one vocabulary for both sources
+    "dot_general", "exp", "log", "tanh", "erf", "max", "reduce_max", "reduce_sum", "integer_pow", "sqrt",
+    "gather", "iota", "select_n", "ge", "lt", "gt", "top_k", "argmax", "scatter-add", "dynamic_slice",
+    "concatenate", "logistic", "stop_gradient",
 )
-DTYPES = (torch.float32, torch.bfloat16, torch.int64, torch.bool)
+DTYPES = ("float32", "bfloat16", "float16", "int64", "int32", "bool")
 NODE_TYPES = ("input", "literal", "operator", "output")
 DIMS = 4
-NUM_FEATURES = len(OP_VOCAB) + 1 + DIMS + len(DTYPES) + 1 + len(NODE_TYPES)
+COST_FEATURES = 3  # log2(1 + FLOPs), log2(1 + output bytes), log2(1 + depth)
+NUM_FEATURES = len(OP_VOCAB) + 1 + DIMS + len(DTYPES) + 1 + len(NODE_TYPES) + COST_FEATURES
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +64,10 @@ class _Node:
     op: str
     kind: str
     shape: tuple[int, ...]
-    dtype: torch.dtype
+    dtype: str  # numpy-style name: float32, int64, ...
     preds: list[int]
+    flops: float = 0.0
+    out_bytes: float = 0.0
 
 
 class _Recorder(TorchDispatchMode):
@@ -75,7 +82,7 @@ class _Recorder(TorchDispatchMode):
     def leaf(self, t: torch.Tensor, kind: str = "param") -> int:
         key = id(t)
         if key not in self.made_by:
-            self.nodes.append(_Node(kind, kind, tuple(t.shape), t.dtype, []))
+            self.nodes.append(_Node(kind, kind, tuple(t.shape), dtype_name(t.dtype), []))
             self.made_by[key] = len(self.nodes) - 1
             self.keep.append(t)
         return self.made_by[key]
@@ -86,13 +93,38 @@ class _Recorder(TorchDispatchMode):
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         first = outputs[0] if outputs else None
         self.nodes.append(_Node(func.overloadpacket.__name__, "operator",
-                                tuple(first.shape) if first is not None else (), first.dtype if first is not None
-                                else torch.float32, list(dict.fromkeys(preds))))
+                                tuple(first.shape) if first is not None else (),
+                                dtype_name(first.dtype) if first is not None else "float32",
+                                list(dict.fromkeys(preds)), _flops(func, args, kwargs, out),
+                                float(sum(t.numel() * t.element_size() for t in outputs))))
         index = len(self.nodes) - 1
         for t in outputs:
             self.made_by[id(t)] = index
             self.keep.append(t)
         return out
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _flops(func, args, kwargs, out) -> float:  # type: ignore[no-untyped-def]
+    """An op's FLOPs: torch.utils.flop_counter's formula where it has one (matrix products, attention on GPUs),
+    the two products of attention for the CPU attention kernels (which it lacks), else one per output element
+    (element-wise ops, norms, reductions' outputs)."""
+    from torch.utils.flop_counter import flop_registry
+
+    formula = flop_registry.get(func.overloadpacket)
+    name = func.overloadpacket.__name__
+    if formula is None and name.startswith("_scaled_dot_product") and len(args) >= 2:  # the CPU kernels
+        q, k = args[0], args[1]  # [batch, heads, s_q, d] and [batch, heads, s_k, d]: QK^T and AV
+        return 4.0 * math.prod(q.shape[:-1]) * k.shape[-2] * q.shape[-1]
+    if formula is not None:
+        try:
+            return float(formula(*args, **(kwargs or {}), out_val=out))
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    return float(sum(t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor)))
 
 
 def record(module: torch.nn.Module, inputs: torch.Tensor) -> list[_Node]:
@@ -106,7 +138,8 @@ def record(module: torch.nn.Module, inputs: torch.Tensor) -> list[_Node]:
             out = module(inputs)
     result = out if isinstance(out, torch.Tensor) else tree_leaves(out)[0]
     nodes = recorder.nodes
-    nodes.append(_Node("output", "output", tuple(result.shape), result.dtype, [recorder.made_by[id(result)]]))
+    nodes.append(_Node("output", "output", tuple(result.shape), dtype_name(result.dtype),
+                       [recorder.made_by[id(result)]]))
     return nodes
 
 
@@ -125,7 +158,7 @@ def prune(nodes: list[_Node]) -> list[_Node]:
             alias[index] = preds
             continue
         kept[index] = len(out)
-        out.append(_Node(node.op, node.kind, node.shape, node.dtype, preds))
+        out.append(_Node(node.op, node.kind, node.shape, node.dtype, preds, node.flops, node.out_bytes))
     for node in out:
         node.preds = [kept[p] for p in node.preds]
     used = {p for node in out for p in node.preds}
@@ -138,7 +171,7 @@ def prune(nodes: list[_Node]) -> list[_Node]:
     return final
 
 
-def _features(node: _Node) -> list[float]:
+def _features(node: _Node, depth: int) -> list[float]:
     op = [0.0] * (len(OP_VOCAB) + 1)
     op[OP_VOCAB.index(node.op) if node.op in OP_VOCAB else len(OP_VOCAB)] = 1.0 if node.kind == "operator" else 0.0
     dims = [0.0] * DIMS
@@ -148,7 +181,8 @@ def _features(node: _Node) -> list[float]:
     dtype[DTYPES.index(node.dtype) if node.dtype in DTYPES else len(DTYPES)] = 1.0
     kind = [0.0] * len(NODE_TYPES)
     kind[NODE_TYPES.index(node.kind)] = 1.0
-    return op + dims + dtype + kind
+    cost = [math.log2(1.0 + node.flops), math.log2(1.0 + node.out_bytes), math.log2(1.0 + depth)]
+    return op + dims + dtype + kind + cost
 
 
 def to_dag(nodes: list[_Node]) -> StageDag:
@@ -166,7 +200,7 @@ def to_dag(nodes: list[_Node]) -> StageDag:
         row = np.array([(bits >> j) & 1 for j in range(n)], dtype=bool)
         reach[i] |= row
         reach[:, i] |= row
-    features = np.array([_features(node) for node in nodes], dtype=np.float32)
+    features = np.array([_features(node, int(d)) for node, d in zip(nodes, depth, strict=True)], dtype=np.float32)
     edges = tuple((p, i) for i, node in enumerate(nodes) for p in node.preds)
     return StageDag(features, edges, depth, reach)
 
@@ -219,7 +253,8 @@ class DagBuilder:
                     last_producer = mapping[node.preds[0]]
                     continue
                 mapping[index] = len(nodes)
-                nodes.append(_Node(node.op, node.kind, node.shape, node.dtype, [mapping[p] for p in node.preds]))
+                nodes.append(_Node(node.op, node.kind, node.shape, node.dtype, [mapping[p] for p in node.preds],
+                                   node.flops, node.out_bytes))
         return to_dag(nodes)
 
 

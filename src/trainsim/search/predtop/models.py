@@ -31,6 +31,12 @@ class Batch:
     adjacency: torch.Tensor  # [B, N, N] undirected edges + self loops
     depth: torch.Tensor  # [B, N]
 
+    def to(self, device: str) -> "Batch":
+        if device == "cpu":
+            return self
+        return Batch(self.features.to(device), self.mask.to(device), self.reach.to(device),
+                     self.adjacency.to(device), self.depth.to(device))
+
 
 def make_batch(dags: list[StageDag]) -> Batch:
     n = max(dag.num_nodes for dag in dags)
@@ -57,6 +63,12 @@ def make_batch(dags: list[StageDag]) -> Batch:
                  torch.from_numpy(adjacency), torch.from_numpy(depth))
 
 
+def _pool(x: torch.Tensor, batch: Batch, scale: torch.Tensor) -> torch.Tensor:
+    """Global add pooling (eq. 2), times a constant (the inverse of the training graphs' mean node count, set
+    by train.prepare) so that the head sees sums of order one; the sum stays additive over the nodes."""
+    return (x * batch.mask[..., None]).sum(dim=1) * scale
+
+
 def _head(width: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 1))
 
@@ -64,7 +76,7 @@ def _head(width: int) -> nn.Sequential:
 def depth_encoding(depth: torch.Tensor, width: int) -> torch.Tensor:
     """Sinusoidal positional encoding (Vaswani et al. 2017) of each node's depth."""
     half = width // 2
-    freq = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32) / half)
+    freq = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=depth.device) / half)
     angles = depth.to(torch.float32)[..., None] * freq
     return torch.cat((angles.sin(), angles.cos()), dim=-1)
 
@@ -94,26 +106,31 @@ class DagAttentionLayer(nn.Module):
 
 
 class DagTransformer(nn.Module):
+    pool_scale: torch.Tensor
+
     def __init__(self, width: int = 64, layers: int = 4, heads: int = 4) -> None:
         super().__init__()
         self.width = width
         self.embed = nn.Linear(NUM_FEATURES, width)
         self.layers = nn.ModuleList(DagAttentionLayer(width, heads) for _ in range(layers))
         self.head = _head(width)
+        self.register_buffer("pool_scale", torch.tensor(1.0))
 
     def forward(self, batch: Batch) -> torch.Tensor:
         x = self.embed(batch.features) + depth_encoding(batch.depth, self.width)
         for layer in self.layers:
             x = layer(x, batch.reach)
-        pooled = (x * batch.mask[..., None]).sum(dim=1)
-        return self.head(pooled).squeeze(-1)
+        return self.head(_pool(x, batch, self.pool_scale)).squeeze(-1)
 
 
 class Gcn(nn.Module):
+    pool_scale: torch.Tensor
+
     def __init__(self, width: int = 256, layers: int = 6) -> None:
         super().__init__()
         self.layers = nn.ModuleList(nn.Linear(NUM_FEATURES if i == 0 else width, width) for i in range(layers))
         self.head = _head(width)
+        self.register_buffer("pool_scale", torch.tensor(1.0))
 
     def forward(self, batch: Batch) -> torch.Tensor:
         a = batch.adjacency
@@ -122,8 +139,7 @@ class Gcn(nn.Module):
         x = batch.features
         for layer in self.layers:
             x = torch.relu(norm @ layer(x))
-        pooled = (x * batch.mask[..., None]).sum(dim=1)
-        return self.head(pooled).squeeze(-1)
+        return self.head(_pool(x, batch, self.pool_scale)).squeeze(-1)
 
 
 class GatLayer(nn.Module):
@@ -149,18 +165,20 @@ class GatLayer(nn.Module):
 
 
 class Gat(nn.Module):
+    pool_scale: torch.Tensor
+
     def __init__(self, width: int = 32, layers: int = 6, heads: int = 4) -> None:
         super().__init__()
         self.layers = nn.ModuleList(GatLayer(NUM_FEATURES if i == 0 else width, heads, width // heads)
                                     for i in range(layers))
         self.head = _head(width)
+        self.register_buffer("pool_scale", torch.tensor(1.0))
 
     def forward(self, batch: Batch) -> torch.Tensor:
         x = batch.features
         for layer in self.layers:
             x = layer(x, batch.adjacency)
-        pooled = (x * batch.mask[..., None]).sum(dim=1)
-        return self.head(pooled).squeeze(-1)
+        return self.head(_pool(x, batch, self.pool_scale)).squeeze(-1)
 
 
 def make_model(kind: str) -> nn.Module:

@@ -3,8 +3,14 @@
 Per mesh and intra plan, a model maps a stage's DAG to its latency. Training: Adam (beta 0.9, 0.999), learning
 rate 1e-3 with cosine decay to 0 over the epochs, batches of 32 (fewer for small sets: batch_size), MAE loss
 (eq. 3; by default relative to each stage's latency: train), early stopping when the validation loss has not
-improved for `patience` epochs, keeping the best weights (the paper: 500 epochs, patience 200). Targets are
-latencies divided by the training set's mean, so one learning rate serves every mesh.
+improved for `patience` epochs, keeping the best weights (the paper: 500 epochs, patience 200).
+Normalisation: node features are standardised with the training nodes' mean and spread (sec. IV-B3 scales the
+tensor dimensions logarithmically so that they do not dominate; the cost features are logs already), the
+pooled sum is divided by the training graphs' mean node count, and the latency by the training mean. Targets
+(TARGETS): "log" (the default) compares log latencies: the model's output r gives the latency softplus(r) (so
+that add pooling keeps its additive reading) and the MAE of eq. 3 is taken on log latency, which is the relative
+error to first order, so a 1 ms stage weighs as much as a 500 ms one (MRE, eq. 5, is what is scored);
+"relative" divides each absolute error by the stage's latency; "absolute" is the paper's plain MAE.
 Seeded and single-threaded: a rerun gives the same model.
 
 Splits (sec. VIII-A): a training fraction of the samples (10% to 80%), a separate 10% for validation, the rest
@@ -14,8 +20,9 @@ for testing; MRE (eq. 5) on the test part.
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -32,6 +39,7 @@ def batch_size(count: int) -> int:
     optimizer steps (16 samples in one batch of 32 gave 38 steps in all before early stopping: underfit)."""
     return max(1, min(BATCH_SIZE, math.ceil(count / STEPS_PER_EPOCH)))
 VALIDATION_FRACTION = 0.1
+TARGETS = ("log", "relative", "absolute")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,48 +65,87 @@ class Predictor:
 
     kind: str
     model: nn.Module
-    scale_s: float
+    target: str
+    center: float  # unused (0): kept in saved files for a later offset
+    scale: float  # the training latencies' mean, s
+    feature_mean: np.ndarray
+    feature_std: np.ndarray
     epochs_run: int
     train_time_s: float
-    relative: bool = True
+    best_validation_loss: float = math.inf
+
+    def normalised(self, dags: list[StageDag]) -> list[StageDag]:
+        return [replace(dag, features=((dag.features - self.feature_mean) / self.feature_std).astype(np.float32))
+                for dag in dags]
+
+    def to_target(self, latency_s: float) -> float:
+        return latency_s / self.scale
+
+    def to_latency_s(self, value: float) -> float:
+        if self.target == "log":
+            return _softplus(value) * self.scale
+        return value * self.scale
 
     def predict_s(self, dags: list[StageDag]) -> list[float]:
         self.model.eval()
         out: list[float] = []
         with torch.no_grad():
-            for start in range(0, len(dags), BATCH_SIZE):
-                batch = make_batch(dags[start:start + BATCH_SIZE])
-                values = self.model(batch)
-                out.extend(float(v) * self.scale_s for v in values)
+            normal = self.normalised(dags)
+            for start in range(0, len(normal), BATCH_SIZE):
+                values = self.model(make_batch(normal[start:start + BATCH_SIZE]))
+                out.extend(self.to_latency_s(float(v)) for v in values)
         return out
 
 
-def _batches(dags: list[StageDag], targets: torch.Tensor, rng: random.Random) -> list[tuple[Batch, torch.Tensor]]:
-    """Shuffled batches of graphs of similar size (less padding): sorted by size, cut into batches, shuffled."""
-    order = sorted(range(len(dags)), key=lambda i: (dags[i].num_nodes, rng.random()))
+def _batches(dags: list[StageDag], targets: torch.Tensor, device: str) -> list[tuple[Batch, torch.Tensor]]:
+    """Batches of graphs of similar size (less padding): sorted by size and cut into batches of batch_size,
+    built once and kept on the device; train() shuffles their order every epoch."""
+    order = sorted(range(len(dags)), key=lambda i: (dags[i].num_nodes, i))
     size = batch_size(len(dags))
-    starts = list(range(0, len(order), size))
-    rng.shuffle(starts)
-    return [(make_batch([dags[i] for i in order[s:s + size]]), targets[order[s:s + size]]) for s in starts]
+    return [(make_batch([dags[i] for i in order[s:s + size]]).to(device), targets[order[s:s + size]].to(device))
+            for s in range(0, len(order), size)]
+
+
+def _softplus(value: float) -> float:
+    return value + math.log1p(math.exp(-value)) if value > 0 else math.log1p(math.exp(value))
+
+
+def _loss(output: torch.Tensor, y: torch.Tensor, target: str) -> torch.Tensor:
+    """MAE (eq. 3) on the target: on log latency ("log"), relative to each stage ("relative"), or plain."""
+    if target == "log":
+        return (torch.log(nn.functional.softplus(output) + 1e-9) - torch.log(y)).abs().mean()
+    error = (output - y).abs()
+    return (error / y if target == "relative" else error).mean()
+
+
+def prepare(dags: list[StageDag], latencies_s: list[float], kind: str, target: str) -> Predictor:
+    """An untrained predictor with the training set's feature and target normalisation."""
+    if target not in TARGETS:
+        raise ValueError(f"target={target!r}: must be one of {', '.join(TARGETS)}")
+    stacked = np.concatenate([dag.features for dag in dags])
+    mean = stacked.mean(axis=0)
+    std = stacked.std(axis=0)
+    std[std < 1e-6] = 1.0
+    model = make_model(kind)
+    model.get_buffer("pool_scale").fill_(len(dags) / sum(dag.num_nodes for dag in dags))
+    return Predictor(kind, model, target, 0.0, sum(latencies_s) / len(latencies_s), mean.astype(np.float32),
+                     std.astype(np.float32), 0, 0.0)
 
 
 def train(kind: str, dags: list[StageDag], latencies_s: list[float], validation: tuple[list[StageDag], list[float]],
-          *, epochs: int = 500, patience: int = 200, seed: int = 0, relative: bool = True) -> Predictor:
-    """Fit a model of `kind` (transformer | gcn | gat) to the stages' latencies. relative: each absolute error
-    is divided by the stage's latency (the MAE of eq. 3 made relative, which is what MRE scores: on the latency
-    itself the MAE neglects the smallest stages, and an embedding alone at 1.8 ms missed by 3 ms is 170% of
-    MRE); False is the paper's MAE."""
+          *, epochs: int = 500, patience: int = 200, seed: int = 0, target: str = "log",
+          device: str = "cpu") -> Predictor:
+    """Fit a model of `kind` (transformer | gcn | gat) to the stages' latencies (Adam, cosine decay, MAE, early
+    stopping on the validation stages' loss, the best weights kept)."""
     torch.manual_seed(seed)
     torch.set_num_threads(1)
     start = time.perf_counter()
-    scale = sum(latencies_s) / len(latencies_s)
-    model = make_model(kind)
-    def target(y: float) -> float:
-        return y / scale
-
-    targets = torch.tensor([target(y) for y in latencies_s], dtype=torch.float32)
-    val_batch = make_batch(validation[0])
-    val_targets = torch.tensor([target(y) for y in validation[1]], dtype=torch.float32)
+    predictor = prepare(dags, latencies_s, kind, target)
+    model = predictor.model.to(device)
+    targets = torch.tensor([predictor.to_target(y) for y in latencies_s], dtype=torch.float32)
+    batches = _batches(predictor.normalised(dags), targets, device)
+    val_batch = make_batch(predictor.normalised(validation[0])).to(device)
+    val_targets = torch.tensor([predictor.to_target(y) for y in validation[1]], dtype=torch.float32).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE, betas=(0.9, 0.999))
     rng = random.Random(seed)
     best_loss, best_state, since, ran = math.inf, None, 0, 0
@@ -107,14 +154,15 @@ def train(kind: str, dags: list[StageDag], latencies_s: list[float], validation:
         for group in optimizer.param_groups:  # cosine decay from LEARNING_RATE to 0 over the epochs
             group["lr"] = 0.5 * LEARNING_RATE * (1.0 + math.cos(math.pi * epoch / epochs))
         model.train()
-        for batch, y in _batches(dags, targets, rng):
+        rng.shuffle(batches)
+        for batch, y in batches:
             optimizer.zero_grad()
-            loss = ((model(batch) - y).abs() / (y if relative else 1.0)).mean()
+            loss = _loss(model(batch), y, target)
             loss.backward()
             optimizer.step()
         model.eval()
         with torch.no_grad():
-            val_loss = float(((model(val_batch) - val_targets).abs() / (val_targets if relative else 1.0)).mean())
+            val_loss = float(_loss(model(val_batch), val_targets, target))
         if val_loss < best_loss:
             best_loss, since = val_loss, 0
             best_state = {k: v.clone() for k, v in model.state_dict().items()}
@@ -124,7 +172,11 @@ def train(kind: str, dags: list[StageDag], latencies_s: list[float], validation:
                 break
     if best_state is not None:
         model.load_state_dict(best_state)
-    return Predictor(kind, model, scale, ran, time.perf_counter() - start, relative)
+    predictor.model = model.cpu()
+    predictor.epochs_run = ran
+    predictor.train_time_s = time.perf_counter() - start
+    predictor.best_validation_loss = best_loss
+    return predictor
 
 
 def mre_percent(predicted: list[float], measured: list[float]) -> float:

@@ -1,0 +1,129 @@
+"""`trainsim stages collect | train | evaluate` end to end on 1 rank with a 2-layer model (4 units, 10 stages),
+resumability, the saved predictors, bad inputs (exit 2, one line), and the Ray fan-out on a local instance."""
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from trainsim.cli.main import app
+
+torch = pytest.importorskip("torch")
+
+RUNNER = CliRunner()
+MODEL_YAML = """name: stages-tiny
+arch: gpt
+num_layers: 2
+hidden: 16
+ffn_hidden: 32
+num_heads: 2
+vocab: 64
+max_seq_len: 8
+"""
+
+
+@pytest.fixture()
+def model(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(MODEL_YAML)
+    return path
+
+
+def _common(model: Path, db: Path) -> list[str]:
+    return ["--model", str(model), "--db", str(db), "--micro-batch", "2", "--seq-len", "8"]
+
+
+def _collect(model: Path, db: Path, *extra: str) -> dict:
+    result = RUNNER.invoke(app, ["stages", "collect", *_common(model, db), "--warmup", "0", "--iterations", "1",
+                                 "--json", *extra])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_collect_train_evaluate_end_to_end(model: Path, tmp_path: Path) -> None:
+    db = tmp_path / "stages.sqlite"
+    first = _collect(model, db)
+    assert first["settings"]["1x1/tp1-dp1"]["stages"] == 10  # 4 units: 4 * 5 / 2 ranges
+    assert first["settings"]["1x1/tp1-dp1"]["measured_now"] == 10
+    again = _collect(model, db)  # resumable: nothing is measured twice
+    assert again["settings"]["1x1/tp1-dp1"]["measured_now"] == 0
+
+    out = tmp_path / "predictors.pt"
+    trained = RUNNER.invoke(app, ["stages", "train", *_common(model, db), "--out", str(out), "--kinds", "all",
+                                  "--epochs", "2", "--patience", "2", "--fraction", "0.5", "--json"])
+    assert trained.exit_code == 0, trained.output
+    assert set(json.loads(trained.stdout)["settings"]["1x1/tp1-dp1"]) == {"transformer", "gcn", "gat"}
+    from trainsim.search.predtop.experiment import load_predictors
+
+    loaded = load_predictors(out)
+    assert set(loaded["predictors"]["1x1/tp1-dp1"]) == {"transformer", "gcn", "gat"}
+
+    evaluated = RUNNER.invoke(app, ["stages", "evaluate", *_common(model, db), "--kinds", "transformer",
+                                    "--fractions", "0.3,0.5", "--seeds", "0,1", "--epochs", "2", "--patience",
+                                    "2", "--json"])
+    assert evaluated.exit_code == 0, evaluated.output
+    entry = json.loads(evaluated.stdout)["settings"]["1x1/tp1-dp1"]
+    assert entry["samples"] == 10
+    assert [row["fraction"] for row in entry["table"]] == [0.5, 0.3]
+    assert [(row["train"], row["test"]) for row in entry["table"]] == [(5, 4), (3, 6)]
+    assert len(entry["runs"]) == 4 and all(r["mre"] >= 0 for r in entry["runs"])
+    text = RUNNER.invoke(app, ["stages", "evaluate", *_common(model, db), "--kinds", "transformer",
+                               "--fractions", "0.3", "--seeds", "0", "--epochs", "1", "--patience", "1"])
+    assert text.exit_code == 0 and "1x1/tp1-dp1: 10 stages" in text.stdout
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    (["collect", "--meshes", "1x"], "meshes"),
+    (["collect", "--plans", "pp"], "plans"),
+    (["collect", "--iterations", "0"], "iterations"),
+    (["collect", "--micro-batch", "0"], "micro_batch"),
+    (["collect", "--seq-len", "9"], "seq_len"),
+    (["collect", "--plans", "tp", "--meshes", "1x2"], "plans"),
+    (["evaluate", "--fractions", "0.9"], "fractions"),
+    (["evaluate", "--kinds", "mlp"], "kinds"),
+    (["evaluate", "--seeds", "x"], "seeds"),
+    (["evaluate", "--epochs", "0"], "epochs"),
+    (["evaluate", "--dag-source", "onnx"], "dag_source"),
+    (["evaluate", "--workers", "0"], "workers"),
+    (["evaluate", "--target", "mse"], "target"),
+    (["train", "--out", "p.pt", "--fraction", "0.95"], "fractions"),
+])
+def test_bad_inputs_exit_2(model: Path, tmp_path: Path, args: list[str], field: str) -> None:
+    db = tmp_path / "stages.sqlite"
+    db.write_bytes(b"")
+    result = RUNNER.invoke(app, ["stages", args[0], *_common(model, db), *args[1:]])
+    assert result.exit_code == 2, result.output
+    assert field in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_evaluate_without_a_database_exits_2(model: Path, tmp_path: Path) -> None:
+    result = RUNNER.invoke(app, ["stages", "evaluate", *_common(model, tmp_path / "none.sqlite")])
+    assert result.exit_code == 2 and "stages collect" in result.output
+
+
+def test_ray_fan_out_matches_local(model: Path, tmp_path: Path) -> None:
+    ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'trainsim[ray]')")
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        db = tmp_path / "stages.sqlite"
+        collected = _collect(model, db, "--ray", "local")
+        assert collected["settings"]["1x1/tp1-dp1"]["measured_now"] == 10
+        args = [*_common(model, db), "--kinds", "transformer", "--fractions", "0.5", "--seeds", "0", "--epochs",
+                "2", "--patience", "2", "--json"]
+        remote = json.loads(RUNNER.invoke(app, ["stages", "evaluate", *args, "--ray", "local"]).stdout)
+        local = json.loads(RUNNER.invoke(app, ["stages", "evaluate", *args]).stdout)
+        assert remote["settings"]["1x1/tp1-dp1"]["runs"][0]["mre"] == pytest.approx(
+            local["settings"]["1x1/tp1-dp1"]["runs"][0]["mre"], rel=1e-6)
+    finally:
+        ray.shutdown()
+
+
+def test_ray_without_the_extra_is_one_line(model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails as where the extra is not installed
+    result = RUNNER.invoke(app, ["stages", "collect", *_common(model, tmp_path / "s.sqlite"), "--ray", "local"])
+    assert result.exit_code == 2 and "trainsim[ray]" in result.output
+    assert len(result.output.strip().splitlines()) == 1

@@ -19,22 +19,35 @@ import numpy as np
 from numpy.typing import NDArray
 
 from trainsim.cost.lookup_mlp import Mlp
-from trainsim.embedding.indices import popularity_cdf, reuse_factors, sample_batch
+from trainsim.embedding.indices import RF_BINS, popularity_cdf, reuse_factors, sample_batch
 from trainsim.embedding.sharding import ShardPiece
 from trainsim.embedding.tables import INDEX_BYTES, WEIGHT_BYTES, Table
+from trainsim.errors import InputFileError
 from trainsim.hardware.device import DeviceSpec
 
 LookupPhase = Literal["fwd", "bwd"]
 _VALUES_READ_FEATURE = 5  # log2(lookups x D) in lookup_features
 
 
+# Mean hit count of a row in each reuse-factor bin [2^b, 2^(b+1)): 1 for the first bin, the bin's middle after.
+_BIN_HITS = np.array([1.0] + [1.5 * 2.0**b for b in range(1, RF_BINS)])
+FEATURES = 27  # the length of lookup_features' vector: a fitted model with another length is refused
+
+
 def lookup_features(rows: int, dim: int, pooling: float, samples: int, rf: NDArray[np.float64]) -> NDArray[np.float64]:
     """The model's inputs: log2 of E, D, L (+1), the batch, the lookups, the values read (lookups x D) and the
-    table's size (E x D, against the caches), then the 17 reuse factors."""
+    table's size (E x D, against the caches), then the 17 reuse factors, then three that the reuse factors imply:
+    log2 of the distinct rows the batch touches (lookups / mean hits per row), of the values of those rows
+    (distinct x D: the scattered read-modify-writes of the sparse update, which on a CPU cost a cache and TLB miss
+    each once the table outgrows the caches) and of lookups x log2(lookups) (the sort that coalesces the sparse
+    gradient). NB: the derived three are ours (feature engineering, not in Lin et al.); they are functions of the
+    paper's inputs (E, D, L, batch, RF)."""
     lookups = pooling * samples + 1.0
     head = np.log2([max(rows, 1), max(dim, 1), pooling + 1.0, max(samples, 1), lookups, lookups * max(dim, 1),
                     max(rows, 1) * max(dim, 1)])
-    return np.concatenate([head, rf])
+    distinct = lookups / max(float(np.dot(rf, _BIN_HITS)), 1.0) + 1.0
+    derived = np.log2([distinct, distinct * max(dim, 1), lookups * np.log2(lookups + 1.0)])
+    return np.concatenate([head, rf, derived])
 
 
 class LookupCostModel(Protocol):
@@ -68,7 +81,11 @@ class MlpLookup:
 
     @classmethod
     def load(cls, path: Path, seed: int = 0) -> "MlpLookup":
-        return cls(Mlp.load(path), seed)
+        mlp = Mlp.load(path)
+        if mlp.mean.shape != (FEATURES,):
+            raise InputFileError(f"the lookup model {path} takes {mlp.mean.shape[0]} features, this version "
+                                 f"{FEATURES}: refit it with `trainsim profile-embedding --no-measure --fit`")
+        return cls(mlp, seed)
 
     def reuse_factors(self, piece: ShardPiece) -> NDArray[np.float64]:
         key = (piece.table, piece.rows, piece.samples)

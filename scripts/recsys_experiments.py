@@ -160,7 +160,7 @@ def predict_all() -> None:
         # Lin et al. Sec. IV-B1: overhead statistics aggregated from all collected traces, shared by all tasks
         overheads = overheads_from(list(traces.values()))
         with (OUT / f"{experiment}_predicted.csv").open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=(*FIELDS, *PREDICTED))
+            writer = csv.DictWriter(f, fieldnames=[*FIELDS, *PREDICTED])
             writer.writeheader()
             for row in rows:
                 ranks, seed, batch = int(row["ranks"]), int(row["seed"]), int(row["local_batch"])

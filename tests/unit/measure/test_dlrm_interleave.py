@@ -20,8 +20,8 @@ def test_configs_take_one_iteration_each_in_turn(monkeypatch: pytest.MonkeyPatch
             yield {"iteration_s": float(it), "events": [], "plan": plan}
 
     monkeypatch.setattr(dlrm_rank, "config_iterations", fake)
-    out = dlrm_rank.run_interleaved(None, None, 1, 2, [("a", {}, 8, 0), ("b", {}, 8, 0), ("c", {}, 8, 0)],
-                                    iterations=2, warmup=1)
+    configs: list[Any] = [("a", {}, 8, 0), ("b", {}, 8, 0), ("c", {}, 8, 0)]  # plans stand in as names
+    out = dlrm_rank.run_interleaved(None, None, 1, 2, configs, iterations=2, warmup=1)
     assert order == [("a", 0), ("b", 0), ("c", 0), ("a", 1), ("b", 1), ("c", 1), ("a", 2), ("b", 2), ("c", 2)]
     assert [[r["plan"] for r in o["records"]] for o in out] == [["a", "a"], ["b", "b"], ["c", "c"]]
     assert [[r["iteration_s"] for r in o["records"]] for o in out] == [[1.0, 2.0]] * 3  # warm-up left out

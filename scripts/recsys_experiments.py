@@ -4,7 +4,7 @@ a CSV are not measured again).
 
   python scripts/recsys_experiments.py e2e        # measure 10 heavy + 10 normal tasks x 2 batches on 2 and 4 ranks
   python scripts/recsys_experiments.py sharding 10 2   # measure 10 heavy tasks x 6 sharders on 2 ranks (then 4)
-  python scripts/recsys_experiments.py predict    # predict every measured row -> *_predicted.csv
+  python scripts/recsys_experiments.py predict [e2e|sharding]  # predict every measured row -> *_predicted.csv
 """
 
 import csv
@@ -140,10 +140,10 @@ def run(experiment: str, heavy_tasks: int = 10, only_ranks: int = 0) -> None:
                 traces.flush()
 
 
-def predict_all() -> None:
+def predict_all(experiments: tuple[str, ...] = ("e2e", "sharding")) -> None:
     lookups = MlpLookup.load(OUT / "lookup_mlp.json")
     comm = local_curves()
-    for experiment in ("e2e", "sharding"):
+    for experiment in experiments:
         path = OUT / f"{experiment}.csv"
         if not path.exists():
             continue
@@ -175,6 +175,6 @@ def predict_all() -> None:
 if __name__ == "__main__":
     command = sys.argv[1] if len(sys.argv) > 1 else "e2e"
     if command == "predict":
-        predict_all()
+        predict_all(tuple(sys.argv[2:]) or ("e2e", "sharding"))
     else:
         run(command, int(sys.argv[2]) if len(sys.argv) > 2 else 10, int(sys.argv[3]) if len(sys.argv) > 3 else 0)

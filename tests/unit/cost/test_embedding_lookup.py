@@ -108,3 +108,21 @@ def test_passes_merge_to_the_fastest_time_and_their_spread_is_the_floor() -> Non
         merge_passes([first, first[:9]])
     with pytest.raises(ConfigError, match="same --count and --seed"):
         merge_passes([first, [replace(b, batch=b.batch + 1) for b in first]])
+
+
+def test_mlp_lookup_scales_linearly_beyond_the_benchmarked_pooling() -> None:
+    rng = np.random.default_rng(0)
+    benches = []
+    for i in range(40):  # L in [1, 100): a law in the values read
+        pooling = float(rng.uniform(1.0, 100.0))
+        lookups = round(pooling * 64)
+        benches.append(LookupBench(Table(i, 5000, 16, pooling, 0.0), 64, lookups, tuple([1.0] + [0.0] * 16),
+                                   lookups * 16e-9 + 1e-5, lookups * 48e-9 + 1e-5))
+    model = MlpLookup(fit_lookup_model(benches, epochs=200).mlp)
+    top = 2.0 ** model.mlp.high[2] - 1.0  # the largest benchmarked L
+    table = Table(0, 5000, 16, 4 * top, 0.0)
+    edge, beyond = (ShardPiece(table, "table-wise", 0, 5000, 16, 64, pooling) for pooling in (top, 4 * top))
+    assert model.within_range(beyond)[1] == pytest.approx(4.0)
+    assert model.within_range(edge) == (edge, 1.0)
+    for phase in ("fwd", "bwd"):
+        assert model.lookup_s(beyond, phase) == pytest.approx(4.0 * model.lookup_s(edge, phase))

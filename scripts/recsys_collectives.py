@@ -43,8 +43,8 @@ def main() -> None:
         if np.any(t <= 0):
             continue
         train, test = slice(0, None, 2), slice(1, None, 2)
-        sig = fit_sigmoid(m[train], t[train])
-        ab = fit_alpha_beta(m[train], t[train])
+        sig = fit_sigmoid(m[train].tolist(), t[train].tolist())
+        ab = fit_alpha_beta(m[train].tolist(), t[train].tolist())
 
         measured = t[test]
         errors = []

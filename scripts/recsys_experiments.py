@@ -3,8 +3,8 @@ generated tasks, and sharder selection. Writes data/recsys/cpu/{e2e,sharding}.cs
 a CSV are not measured again).
 
   python scripts/recsys_experiments.py e2e        # measure 10 heavy + 10 normal tasks x 2 batches on 2 and 4 ranks
-  python scripts/recsys_experiments.py sharding   # measure 10 heavy tasks x 6 sharders on 4 ranks
-  python scripts/recsys_experiments.py predict    # predict every measured row -> *_predicted.csv
+  python scripts/recsys_experiments.py sharding 10 2   # measure 10 heavy tasks x 6 sharders on 2 ranks (then 4)
+  python scripts/recsys_experiments.py predict [e2e|sharding]  # predict every measured row -> *_predicted.csv
 """
 
 import csv
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from trainsim.catalog import load_cluster
-from trainsim.comm.collectives import AlphaBetaComm
+from trainsim.comm.collectives import NcclComm
 from trainsim.comm.sigmoid import SigmoidComm, fit_sigmoid
 from trainsim.cost.embedding_lookup import MlpLookup, RooflineLookup
 from trainsim.cost.pricing import Pricer
@@ -30,14 +30,15 @@ OUT = Path("data/recsys/cpu")
 CLUSTER = load_cluster("local-cpu")
 CAP = MEMORY_CAP_FRACTION * CLUSTER.device.hbm_bytes
 BATCHES = (32, 128)
+ITERATIONS = 5  # measured iterations per configuration (the median of the slowest rank counts)
 FIELDS = ("experiment", "ranks", "task", "kind", "seed", "tables", "sharder", "local_batch", "measured_s")
 PREDICTED = ("roofline_alpha_beta_s", "mlp_sigmoid_s", "mlp_sigmoid_sim_s", "max_sum_s", "trace_predicted_s",
              "trace_replay_s", "predict_s")
 
 
 def local_curves() -> SigmoidComm:
-    """Sigmoid curves of the local gloo sweep (scripts/recsys_gloo_sweep.py), alpha-beta where none."""
-    fallback = AlphaBetaComm(Pricer().cal)
+    """Sigmoid curves of the local gloo sweep (scripts/recsys_gloo_sweep.py), the catalog NCCL model where none."""
+    fallback = NcclComm(Pricer().cal)
     path = OUT / "collectives.db"
     if not path.exists():
         return SigmoidComm({}, fallback)
@@ -93,11 +94,11 @@ def done_keys(path: Path) -> set[tuple[str, ...]]:
         return {(r["experiment"], r["ranks"], r["task"], r["sharder"], r["local_batch"]) for r in csv.DictReader(f)}
 
 
-def run(experiment: str, heavy_tasks: int = 10) -> None:
+def run(experiment: str, heavy_tasks: int = 10, only_ranks: int = 0) -> None:
     path = OUT / f"{experiment}.csv"
     seen = done_keys(path)
     jobs = []  # (ranks, name, kind, model, tables, sharder, plan, batch)
-    rank_counts = (2, 4) if experiment == "e2e" else (4,)
+    rank_counts = (only_ranks,) if only_ranks else (2, 4)
     for ranks in rank_counts:
         kinds = [("heavy", s) for s in range(heavy_tasks)] + ([("normal", 100 + s) for s in range(10)]
                                                      if experiment == "e2e" else [])
@@ -119,11 +120,15 @@ def run(experiment: str, heavy_tasks: int = 10) -> None:
             writer.writeheader()
         for ranks in rank_counts:
             mine = [j for j in jobs if j[0] == ranks]
-            for start in range(0, len(mine), 10):
-                chunk = mine[start:start + 10]
+            # sharding: a task's six plans are measured interleaved (one iteration of each in turn), so that the
+            # host's changing load falls on all of them alike; chunks hold whole tasks
+            group = len(SHARDERS) if experiment == "sharding" else 1
+            size = 2 * group if experiment == "sharding" else 10
+            for start in range(0, len(mine), size):
+                chunk = mine[start:start + size]
                 configs = [DlrmConfig(f"{j[1]}/{j[5]}/{j[7]}", j[6], j[7], dense(j[3]), seed=1) for j in chunk]
                 began = time.time()
-                measured = measure_dlrm(configs, iterations=3, warmup=1, timeout_s=1500)
+                measured = measure_dlrm(configs, iterations=ITERATIONS, warmup=1, timeout_s=1500, group=group)
                 print(f"{ranks} ranks: measured {len(chunk)} configs in {time.time() - began:.0f} s", flush=True)
                 for j, m in zip(chunk, measured, strict=True):
                     writer.writerow({"experiment": experiment, "ranks": ranks, "task": j[1], "kind": j[2],
@@ -135,10 +140,10 @@ def run(experiment: str, heavy_tasks: int = 10) -> None:
                 traces.flush()
 
 
-def predict_all() -> None:
+def predict_all(experiments: tuple[str, ...] = ("e2e", "sharding")) -> None:
     lookups = MlpLookup.load(OUT / "lookup_mlp.json")
     comm = local_curves()
-    for experiment in ("e2e", "sharding"):
+    for experiment in experiments:
         path = OUT / f"{experiment}.csv"
         if not path.exists():
             continue
@@ -155,7 +160,7 @@ def predict_all() -> None:
         # Lin et al. Sec. IV-B1: overhead statistics aggregated from all collected traces, shared by all tasks
         overheads = overheads_from(list(traces.values()))
         with (OUT / f"{experiment}_predicted.csv").open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=(*FIELDS, *PREDICTED))
+            writer = csv.DictWriter(f, fieldnames=[*FIELDS, *PREDICTED])
             writer.writeheader()
             for row in rows:
                 ranks, seed, batch = int(row["ranks"]), int(row["seed"]), int(row["local_batch"])
@@ -169,4 +174,7 @@ def predict_all() -> None:
 
 if __name__ == "__main__":
     command = sys.argv[1] if len(sys.argv) > 1 else "e2e"
-    predict_all() if command == "predict" else run(command, int(sys.argv[2]) if len(sys.argv) > 2 else 10)
+    if command == "predict":
+        predict_all(tuple(sys.argv[2:]) or ("e2e", "sharding"))
+    else:
+        run(command, int(sys.argv[2]) if len(sys.argv) > 2 else 10, int(sys.argv[3]) if len(sys.argv) > 3 else 0)

@@ -53,6 +53,14 @@ def predict(
                                               "(default: none)")
                     ] = None,
     calibration: Annotated[Path | None, typer.Option(help=CALIBRATION_HELP)] = None,
+    sharder: Annotated[str | None, typer.Option(help="DLRM: shard the embedding tables with this sharder of Lin "
+                                                "et al. Table III (naive, random, size-greedy, lookup-greedy, "
+                                                "norm-lookup-greedy, size-lookup-greedy); engines analytical, sim")
+                       ] = None,
+    sharding: Annotated[Path | None, typer.Option(help="DLRM: a sharding file placing every table (docs/"
+                                                  "recommendation.md)")] = None,
+    lookup: Annotated[str, typer.Option(help="DLRM with --sharder/--sharding: embedding-lookup model, roofline "
+                                        "or a JSON of `trainsim profile-embedding --fit`")] = "roofline",
 ) -> None:
     """Predict iteration time, throughput, MFU and peak memory of one training job."""
     entry = ENGINES.get(engine)
@@ -65,10 +73,16 @@ def predict(
             check_output_file(path, flag)  # before any work: a simulation is not run to be thrown away
     if html is not None:
         require_plotly()
-    prediction = api.predict(model, cluster, num_gpus, job_file=job_file, frontend=frontend, engine=engine,
-                             costs=costs, db=db, task_level=task_level, tree=tree,  # type: ignore[arg-type]
-                             calibration=calibration, stack=stack_flags["stack"],
-                             stack_overrides=stack_flags["overrides"], **strategy_flags)  # type: ignore[misc]
+    if sharder is not None or sharding is not None:
+        from trainsim.cli.shard import predict_sharded  # a DLRM with sharded tables (both engines)
+
+        given = {"model": model, "frontend": frontend, "cluster": cluster, "num_gpus": num_gpus, **strategy_flags}
+        prediction = predict_sharded(job_file, given, engine, sharder, sharding, lookup)
+    else:
+        prediction = api.predict(model, cluster, num_gpus, job_file=job_file, frontend=frontend, engine=engine,
+                                 costs=costs, db=db, task_level=task_level, tree=tree,  # type: ignore[arg-type]
+                                 calibration=calibration, stack=stack_flags["stack"],
+                                 stack_overrides=stack_flags["overrides"], **strategy_flags)  # type: ignore[misc]
     if as_json:
         typer.echo(prediction.to_json())
     else:

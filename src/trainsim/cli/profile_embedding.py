@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from trainsim.calibrate.lookup_model import fit_lookup_model
+from trainsim.calibrate.lookup_model import fit_lookup_model, merge_passes, retest_mape
 from trainsim.cli.errors import handles_errors
 from trainsim.errors import ConfigError
 from trainsim.profile.embedding import SPACES, profile_lookups, read_csv, write_csv
@@ -25,6 +25,9 @@ def profile_embedding(
     repeats: Annotated[int, typer.Option(help="timed repeats per benchmark (the fastest counts)")] = 7,
     measure: Annotated[bool, typer.Option("--measure/--no-measure", help="take the benchmarks")] = True,
     fit: Annotated[Path | None, typer.Option(help="fit the lookup model and write its JSON here")] = None,
+    passes: Annotated[list[Path] | None, typer.Option("--pass-csv", help="with --fit: another pass over the same "
+                                                      "benchmarks (same --count, --seed); each benchmark counts its "
+                                                      "fastest time over the passes (repeatable)")] = None,
     device: Annotated[str, typer.Option(help="where the benchmarks run: cpu, or cuda (torch's CUDA kernels)")]
     = "cpu",
 ) -> None:
@@ -49,13 +52,18 @@ def profile_embedding(
     if fit is None:
         typer.echo(f"{len(benches)} microbenchmarks in {csv_path}")
         return
-    result = fit_lookup_model(benches, seed=seed)
+    runs = [benches, *(read_csv(path) for path in passes or [])]
+    result = fit_lookup_model(merge_passes(runs), seed=seed)
     fit.parent.mkdir(parents=True, exist_ok=True)
     fit.write_text(json.dumps(result.mlp.to_json()))
     typer.echo(f"lookup model: {result.train_rows} rows to fit, {result.test_rows} held out -> {fit}")
-    typer.echo(f"{'phase':<5} {'tables':<7} {'MLP MAPE':>9} {'roofline MAPE':>14}")
+    floor = retest_mape(runs, seed=seed)
+    typer.echo(f"{'phase':<5} {'tables':<7} {'MLP MAPE':>9} {'roofline MAPE':>14}"
+               + (f" {'pass-to-pass':>13}" if floor else ""))
     for (phase, group), value in result.mlp_mape.items():
-        typer.echo(f"{phase:<5} {group:<7} {value * 100:8.2f}% {result.roofline_mape[(phase, group)] * 100:13.2f}%")
+        spread = f" {floor[(phase, group)] * 100:12.2f}%" if floor else ""
+        typer.echo(f"{phase:<5} {group:<7} {value * 100:8.2f}% {result.roofline_mape[(phase, group)] * 100:13.2f}%"
+                   + spread)
     bw = ", ".join(f"{k} {v / 1e9:.2f} GB/s" for k, v in result.roofline_bw_bytes_per_s.items())
     typer.echo(f"roofline bandwidth fitted on the training rows: {bw}")
 

@@ -7,23 +7,27 @@ or one JSON object).
 
 import json
 from pathlib import Path
-from typing import Annotated, cast
+from typing import Annotated, Any, cast
 
 import typer
 from rich.console import Console
 
+from trainsim.api.results import Prediction
 from trainsim.catalog import load_cluster, load_model
 from trainsim.cli.errors import handles_errors
 from trainsim.cost.embedding_lookup import LookupCostModel, MlpLookup, RooflineLookup
-from trainsim.embedding.sharders import MEMORY_CAP_FRACTION
+from trainsim.embedding.plan_file import read_plan
+from trainsim.embedding.sharders import MEMORY_CAP_FRACTION, SHARDERS
+from trainsim.embedding.sharders import shard as shard_tables
 from trainsim.embedding.sharding import Optimizer
 from trainsim.embedding.synthetic import TaskKind, generate_task
+from trainsim.embedding.tables import tables_from_spec
 from trainsim.errors import ConfigError
-from trainsim.estimate.sharded_dlrm import SHARDED_ENGINES
-from trainsim.frontends.catalog.sharded_dlrm import dlrm_model
+from trainsim.estimate.sharded_dlrm import SHARDED_ENGINES, estimate_sharded
+from trainsim.frontends.catalog.sharded_dlrm import dlrm_model, sharded_job
 from trainsim.hardware.cluster import ClusterSpec
 from trainsim.ir.model_spec import DlrmSpec, EmbeddingTable
-from trainsim.jobfile import check_choice
+from trainsim.jobfile import check_choice, job_from_settings, read_job_file
 from trainsim.report.sharding import render_sharding, sharding_to_dict
 from trainsim.search.sharding import compare_sharders
 
@@ -90,3 +94,34 @@ def shard(
         print(json.dumps(sharding_to_dict(report), indent=2))
         return
     Console(width=160).print(render_sharding(report, plans))
+
+
+def predict_sharded(job_file: Path | None, given: dict[str, Any], engine: str, sharder: str | None,
+                    sharding: Path | None, lookup: str, seed: int = 0) -> Prediction:
+    """`trainsim predict` of a DLRM with sharded tables: the job file's settings with the given flags (model,
+    cluster, num_gpus, strategy) over them, as `trainsim predict` merges them; the ranks are the job's
+    data-parallel ranks (its GPUs), the local batch its micro-batch; the plan from `sharder` (one of Table III's)
+    or the `sharding` file (embedding.plan_file)."""
+    check_choice("engine", engine, tuple(SHARDED_ENGINES.names()))
+    if (sharder is None) == (sharding is None):
+        raise ConfigError("sharder", sharder, "give one of --sharder NAME and --sharding FILE, not both")
+    check_choice("sharder", sharder, SHARDERS)
+    settings = read_job_file(job_file)
+    settings.update({key: (str(value) if isinstance(value, Path) else value)
+                     for key, value in given.items() if value is not None})
+    job = job_from_settings(settings)
+    if not isinstance(job.model, DlrmSpec):
+        raise ConfigError("model", job.model.name, "--sharder/--sharding take a DLRM (kind: dlrm)")
+    ranks = job.parallel.dp
+    if ranks != job.num_gpus:
+        raise ConfigError("dp", ranks, f"a sharded DLRM runs data-parallel on all {job.num_gpus} GPUs (no tp/pp)")
+    tables = tables_from_spec(job.model.tables)
+    per_node = min(job.cluster.gpus_per_node, ranks)
+    if sharding is not None:
+        plan = read_plan(sharding, tables, ranks, per_node)
+    else:
+        cap = MEMORY_CAP_FRACTION * job.cluster.device.hbm_bytes
+        plan = shard_tables(tables, cast(str, sharder), ranks, cap_bytes=cap, ranks_per_node=per_node, seed=seed)
+    sjob = sharded_job(job.model, plan, job.cluster, job.parallel.micro_batch)
+    result = estimate_sharded(sjob.job, sjob.graph, plan, engine, lookups=lookup_model(lookup, job.cluster, seed))
+    return Prediction.of(result, sjob.job)

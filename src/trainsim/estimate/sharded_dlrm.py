@@ -38,6 +38,11 @@ def _result(engine: str, job: Job, graph: OpGraph, iteration: ShardedIteration, 
     breakdown = {"compute": compute, "optimizer": optimizer, "comm": max(0.0, total - compute - optimizer)}
     notes = [f"sharded embeddings: {iteration.plan.sharder} on {iteration.plan.num_ranks} ranks; "
              f"slowest rank {slowest}; rank ends (ms) " + ", ".join(f"{e * 1e3:.3f}" for e in ends_s)]
+    gib = 2.0**30
+    notes.append(f"per-rank memory (GiB of {iteration.capacity_bytes / gib:.3f}; tables+optimizer / total): "
+                 + ", ".join(f"r{r} {m.tables_bytes / gib:.3f} / {m.total_bytes / gib:.3f}"
+                             + (" OOM" if m.total_bytes > iteration.capacity_bytes else "")
+                             for r, m in enumerate(iteration.memory)))
     if iteration.oom_ranks:
         notes.append(f"out of memory on ranks {iteration.oom_ranks}")
     return make_result(engine, job, graph, breakdown, _memory(iteration), notes=notes, timeline=timeline)

@@ -112,3 +112,11 @@ def simulate_trace(rank_spans: Sequence[Sequence[Span]], iteration: ShardedItera
     graph = trace_exec_graph(rank_spans, iteration, overheads, replay=replay)
     outcome = simulate(graph, SimOptions(memory_timeline=False))
     return max(outcome.end_s[t.tid] for t in graph.tasks) if graph.tasks else 0.0
+
+
+def iteration_s(graph: ExecGraph) -> float:
+    """The simulated iteration of a graph (e.g. frontends.trace.predicted's): the last task's end."""
+    from trainsim.sim import SimOptions, simulate
+
+    outcome = simulate(graph, SimOptions(memory_timeline=False))
+    return max(outcome.end_s[t.tid] for t in graph.tasks) if graph.tasks else 0.0

@@ -47,27 +47,32 @@ def _free_port() -> int:
 
 
 def _worker(rank: int, world: int, port: int, configs: list[DlrmConfig], iterations: int, warmup: int,
-            timeout_s: float, out: Any) -> None:
+            timeout_s: float, out: Any, group: int = 1) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import torch
     import torch.distributed as dist
 
-    from trainsim.measure.dlrm_rank import run_config
+    from trainsim.measure.dlrm_rank import run_interleaved
 
     torch.set_num_threads(1)
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
-        for index, config in enumerate(configs):
-            result = run_config(torch, dist, rank, world, config.plan, config.dense, config.local_batch, iterations,
-                                warmup, config.seed)
-            out.put((index, rank, result))
+        for start in range(0, len(configs), group):
+            block = [(c.plan, c.dense, c.local_batch, c.seed) for c in configs[start:start + group]]
+            for index, result in enumerate(run_interleaved(torch, dist, rank, world, block, iterations, warmup),
+                                           start):
+                out.put((index, rank, result))
         dist.destroy_process_group()
     except Exception as exc:  # reported to the parent, which fails the run with it
         out.put((-1, rank, f"{type(exc).__name__}: {exc}"))
 
 
 def measure_dlrm(configs: list[DlrmConfig], *, iterations: int = 5, warmup: int = 2,
-                 timeout_s: float = 1800.0) -> list[DlrmMeasurement]:
+                 timeout_s: float = 1800.0, group: int = 1) -> list[DlrmMeasurement]:
+    """group > 1: consecutive blocks of `group` configs are measured interleaved (one iteration of each in turn,
+    measure.dlrm_rank.run_interleaved), so configs meant to be compared see the same host load."""
+    if group < 1:
+        raise ConfigError("group", group, "must be a positive integer")
     if not configs:
         return []
     worlds = {c.plan.num_ranks for c in configs}
@@ -79,7 +84,7 @@ def measure_dlrm(configs: list[DlrmConfig], *, iterations: int = 5, warmup: int 
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, configs, iterations, warmup, timeout_s, out))
+    procs = [ctx.Process(target=_worker, args=(r, world, port, configs, iterations, warmup, timeout_s, out, group))
              for r in range(world)]
     for p in procs:
         p.start()

@@ -13,7 +13,9 @@ al. Sec. IV: "a barrier at the beginning of each batch"); each rank records its 
 and end of every step above (a per-rank trace of the ops, on its own clock since the barrier).
 """
 
+import itertools
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -65,6 +67,31 @@ def _piece_input(piece: ShardPiece, group: tuple[int, ...], lengths: Any, indice
 def run_config(torch: Any, dist: Any, rank: int, world: int, plan: ShardingPlan, dense: dict[str, Any],
                local_batch: int, iterations: int, warmup: int, seed: int) -> dict[str, Any]:
     """Train `warmup + iterations` iterations of the config; return this rank's times and op spans."""
+    steps = config_iterations(torch, dist, rank, world, plan, dense, local_batch, seed)
+    records = [next(steps) for _ in range(warmup + iterations)][warmup:]
+    return {"rank": rank, "records": records}
+
+
+def run_interleaved(torch: Any, dist: Any, rank: int, world: int, configs: list[tuple[ShardingPlan, dict[str, Any],
+                    int, int]], iterations: int, warmup: int) -> list[dict[str, Any]]:
+    """Several configs (plan, dense, local_batch, seed) trained side by side, one iteration of each in turn
+    (round robin), so that a change in the host's load over the measurement falls on all of them alike: what a
+    comparison of configs (the sharders of one task) needs on a shared host. One result per config, as
+    run_config's."""
+    steps = [config_iterations(torch, dist, rank, world, *config) for config in configs]
+    records: list[list[dict[str, Any]]] = [[] for _ in configs]
+    for it in range(warmup + iterations):
+        for out, step in zip(records, steps, strict=True):
+            record = next(step)
+            if it >= warmup:
+                out.append(record)
+    return [{"rank": rank, "records": out} for out in records]
+
+
+def config_iterations(torch: Any, dist: Any, rank: int, world: int, plan: ShardingPlan, dense: dict[str, Any],
+                      local_batch: int, seed: int) -> Iterator[dict[str, Any]]:
+    """The config's iterations, one per next(): this rank's iteration time and op spans. The model and tables are
+    built on the first next() and live as long as the iterator."""
     torch.manual_seed(seed)
     groups = {s.table.index: s.ranks for s in plan.shards}
     tables = tuple(s.table for s in plan.shards)
@@ -79,9 +106,8 @@ def run_config(torch: Any, dist: Any, rank: int, world: int, plan: ShardingPlan,
     cdfs = {t.index: popularity_cdf(t.rows, t.zipf_alpha) for t in tables if t.zipf_alpha}
     # pooled values each rank sends per sample: its non-data-parallel pieces, in plan order
     send_dims = [sum(p.dim for p in pieces if p.kind != "data-parallel") for pieces in all_pieces]
-    records = []
     lower = torch.tril_indices(features, features, offset=-1)
-    for it in range(warmup + iterations):
+    for it in itertools.count():
         batches = [_batch(tables, local_batch, seed * 1_000_003 + it * 1009 + r, cdfs) for r in range(world)]
         dense_x = torch.randn(local_batch, dense["dense_features"])
         labels = torch.randint(0, 2, (local_batch, 1)).float()
@@ -198,9 +224,7 @@ def run_config(torch: Any, dist: Any, rank: int, world: int, plan: ShardingPlan,
                 b.weight.grad = None
                 offset += n
         clock.span("optimizer step", t)
-        if it >= warmup:
-            records.append({"iteration_s": clock.events[-1][2], "events": clock.events})
-    return {"rank": rank, "records": records}
+        yield {"iteration_s": clock.events[-1][2], "events": clock.events}
 
 
 def _assemble(torch: Any, plan: ShardingPlan, all_pieces: list[list[ShardPiece]], received: Any, batch: int,

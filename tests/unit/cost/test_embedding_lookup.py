@@ -1,18 +1,19 @@
 """Embedding-lookup cost models: the roofline's bytes, the learned model's fit on a known law, its reuse factors."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from trainsim.calibrate.lookup_model import fit_lookup_model
+from trainsim.calibrate.lookup_model import fit_lookup_model, merge_passes, retest_mape
 from trainsim.catalog import load_cluster
 from trainsim.cost.embedding_lookup import MlpLookup, RooflineLookup, lookup_features
 from trainsim.cost.lookup_mlp import Mlp, fit_mlp
 from trainsim.embedding.sharding import ShardPiece
 from trainsim.embedding.tables import Table
-from trainsim.errors import ConfigError
+from trainsim.errors import ConfigError, InputFileError
 from trainsim.profile.embedding import LookupBench, read_csv, write_csv
 
 DEVICE = load_cluster("local-cpu").device  # 20 GB/s
@@ -72,3 +73,56 @@ def test_mlp_lookup_draws_reuse_factors_once_per_piece(tmp_path: Path) -> None:
                            np.r_[np.full(5, 1e9), 10.0, np.full(features - 6, 1e9)], mlp.out_low, mlp.out_high))
     values = 64 * 5.0 * 8  # samples x L x D read: 2560 = 2.5 x 2^10
     assert capped.lookup_s(piece, "fwd") == pytest.approx(1e-3 * (values + 8) / 1024)
+
+
+def test_derived_features_count_the_distinct_rows_the_reuse_factors_imply() -> None:
+    # half the distinct rows hit once, half 2-3 times (bin 1, middle 3): 2 hits per distinct row on average;
+    # L = 4 over 16 samples -> 65 lookups (+1) -> 32.5 distinct rows (+1)
+    rf = np.zeros(17)
+    rf[:2] = 0.5
+    features = lookup_features(1000, 8, 4.0, 16, rf)
+    assert features[-3] == pytest.approx(np.log2(65 / 2 + 1))
+    assert features[-2] == pytest.approx(np.log2((65 / 2 + 1) * 8))
+    assert features[-1] == pytest.approx(np.log2(65 * np.log2(66)))
+
+
+def test_mlp_lookup_refuses_a_model_fitted_on_other_features(tmp_path: Path) -> None:
+    mlp = fit_mlp(np.arange(40.0).reshape(20, 2), np.arange(20.0).reshape(20, 1), epochs=10)
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(mlp.to_json()))
+    with pytest.raises(InputFileError, match="takes 2 features"):
+        MlpLookup.load(path)
+
+
+def test_passes_merge_to_the_fastest_time_and_their_spread_is_the_floor() -> None:
+    first = [_bench(i, 1000 + i, 100 + 10 * i) for i in range(10)]
+    slower = [replace(b, fwd_s=2 * b.fwd_s, bwd_s=b.bwd_s / 2) for b in first]
+    merged = merge_passes([first, slower])
+    assert [b.fwd_s for b in merged] == [b.fwd_s for b in first]
+    assert [b.bwd_s for b in merged] == [b.bwd_s / 2 for b in first]
+    spread = retest_mape([first, slower])
+    # fwd: |1 - 2| / 2 = 50% one way, |2 - 1| / 1 = 100% the other -> 75%; bwd the same the other way round
+    assert spread[("fwd", "all")] == pytest.approx(0.75) and spread[("bwd", "all")] == pytest.approx(0.75)
+    assert retest_mape([first]) == {}
+    with pytest.raises(ConfigError, match="same --count and --seed"):
+        merge_passes([first, first[:9]])
+    with pytest.raises(ConfigError, match="same --count and --seed"):
+        merge_passes([first, [replace(b, batch=b.batch + 1) for b in first]])
+
+
+def test_mlp_lookup_scales_linearly_beyond_the_benchmarked_pooling() -> None:
+    rng = np.random.default_rng(0)
+    benches = []
+    for i in range(40):  # L in [1, 100): a law in the values read
+        pooling = float(rng.uniform(1.0, 100.0))
+        lookups = round(pooling * 64)
+        benches.append(LookupBench(Table(i, 5000, 16, pooling, 0.0), 64, lookups, tuple([1.0] + [0.0] * 16),
+                                   lookups * 16e-9 + 1e-5, lookups * 48e-9 + 1e-5))
+    model = MlpLookup(fit_lookup_model(benches, epochs=200).mlp)
+    top = 2.0 ** model.mlp.high[2] - 1.0  # the largest benchmarked L
+    table = Table(0, 5000, 16, 4 * top, 0.0)
+    edge, beyond = (ShardPiece(table, "table-wise", 0, 5000, 16, 64, pooling) for pooling in (top, 4 * top))
+    assert model.within_range(beyond)[1] == pytest.approx(4.0)
+    assert model.within_range(edge) == (edge, 1.0)
+    for phase in ("fwd", "bwd"):
+        assert model.lookup_s(beyond, phase) == pytest.approx(4.0 * model.lookup_s(edge, phase))

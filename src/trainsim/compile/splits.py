@@ -280,8 +280,14 @@ def scaled_op(op: Op, config: OpConfig, group: int) -> Op:
             else ("m", "n", "k")
         shape = [max(1, round(shape[0] * batch_scale))] + [max(1, shape[i + 1] // dims[d])
                                                            for i, d in enumerate(order)]
-    elif shape:
-        shape[0] = max(1, round(shape[0] * batch_scale))
+    elif op.kind == "attention" and len(shape) == 4:  # (batch x heads, q, kv, head dim): heads split by out
+        shape[0] = max(1, round(shape[0] * batch_scale / config.out))
+    elif op.kind == "conv" and len(shape) == 4:  # (batch, out channels, h, w); in channels follow the FLOPs
+        shape[0], shape[1] = max(1, round(shape[0] * batch_scale)), max(1, shape[1] // config.out)
+    elif len(shape) == 1:  # a pointwise op's elements: its share of the batch and of the features
+        shape[0] = max(1, round(shape[0] * factor))
+    elif shape:  # (batch, ..., features), a lookup's
+        shape[0], shape[-1] = max(1, round(shape[0] * batch_scale)), max(1, shape[-1] // config.out)
     return dataclasses.replace(op, flops=op.flops * factor, bytes_moved=op.bytes_moved * factor, shape=tuple(shape))
 
 

@@ -81,7 +81,7 @@ def measure(
         raise ConfigError("repeats" if repeats != 1 else "list", repeats if repeats != 1 else True,
                           "applies to --suite only")
     job = job_from_flags(job_file, flags)
-    extra = _split_run(tree, memory_cap_gib, model)
+    extra = _split_run(tree, memory_cap_gib, model, job)
     _measure_one(job, out, run_id, iterations, warmup, timeout_s, threads, profile, execution_trace, as_json,
                  extra)
 
@@ -89,8 +89,8 @@ def measure(
 MAX_CAP_GIB = 1e6
 
 
-def _split_run(tree: Path | None, memory_cap_gib: float, model: str | None) -> dict[str, Any]:
-    """make_spec's tree, CNN dataflow and memory cap from the flags."""
+def _split_run(tree: Path | None, memory_cap_gib: float, model: str | None, job: Job) -> dict[str, Any]:
+    """make_spec's tree, its ops' computation configs, the CNN's dataflow and the memory cap from the flags."""
     if not 0.0 <= memory_cap_gib <= MAX_CAP_GIB:  # NB: also refuses NaN
         raise ConfigError("memory_cap_gib", memory_cap_gib, f"must be 0 (no cap) to {MAX_CAP_GIB:g} GiB")
     extra: dict[str, Any] = {"memory_cap_bytes": int(memory_cap_gib * 2**30)}
@@ -100,8 +100,15 @@ def _split_run(tree: Path | None, memory_cap_gib: float, model: str | None) -> d
         raise ConfigError("tree", str(tree), "must be a strategy-tree YAML file")
     from trainsim.measure.split_model_files import dataflow_beside
 
-    extra["tree_yaml"] = tree.read_text()
-    extra["dataflow"] = dataflow_beside(model) if model else None
+    from trainsim.compile.splits import plan_splits
+    from trainsim.frontends.catalog.build import build_graph
+    from trainsim.strategy.device_slice import DeviceSlice
+    from trainsim.strategy.tree_yaml import load_tree_yaml
+
+    plan = load_tree_yaml(tree, build_graph(job.model, DeviceSlice.of(job.parallel))).lower(job.parallel)
+    configs = {f"{index}:{name}": [c.batch, c.seq, c.out, c.reduce]
+               for index, split in plan_splits(plan, job.parallel.dp).items() for name, c in split.configs.items()}
+    extra.update(tree_yaml=tree.read_text(), dataflow=dataflow_beside(model) if model else None, op_configs=configs)
     return extra
 
 

@@ -33,26 +33,14 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from trainsim.compile.reshard import Placement, ReshardStep, reshard
+from trainsim.compile.reshard import ReshardStep, reshard
 from trainsim.errors import ConfigError
 from trainsim.hardware.device import BYTES_PER_DTYPE
 from trainsim.ir.graph import Layer, Op
 from trainsim.strategy.lowered import LayerAssignment, LoweredPlan, OpSplit
+from trainsim.strategy.placement import CONTRACTING, OpConfig, Placement
 
-CONTRACTING = ("matmul", "conv")  # ops with a reduction dimension a config may split
 WHOLE_FEATURE = ("norm", "loss")  # ops that read whole features
-
-
-@dataclass(frozen=True, slots=True)
-class OpConfig:
-    batch: int
-    seq: int
-    out: int
-    reduce: int
-
-    @property
-    def parts(self) -> int:
-        return self.batch * self.seq * self.out * self.reduce
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,7 +77,10 @@ class MeasureSpec:
     labels: dict[str, str] = field(default_factory=dict)
     # a strategy tree (its YAML text): the split executor (measure/split_model.py) runs its computation configs
     tree_yaml: str = ""
-    dataflow: dict[str, list[str]] | None = None  # a CNN's layer inputs (measure/split_model.dataflow_beside)
+    dataflow: dict[str, list[str]] | None = None  # a CNN's layer inputs (measure/split_model_files.dataflow_beside)
+    # "layer index:op name" -> the op's computation config [batch, seq, out, reduce] (compile.splits.plan_splits,
+    # computed by the command, which sits above the compiler)
+    op_configs: dict[str, list[int]] | None = None
     # a per-rank memory cap (bytes above the rank's resident memory before the model is built; 0: none): a rank
     # that goes past it stops the run, which records outcome "oom" instead of failing
     memory_cap_bytes: int = 0
@@ -190,7 +193,8 @@ def make_spec(job: Job, out_dir: Path, *, run_id: str | None = None, iterations:
               timeout_s: float = 600.0, threads: int | None = None, device: Device | None = None,
               profile: bool = False, execution_trace: bool = False,
               labels: dict[str, str] | None = None, tree_yaml: str = "",
-              dataflow: dict[str, list[str]] | None = None, memory_cap_bytes: int = 0) -> MeasureSpec:
+              dataflow: dict[str, list[str]] | None = None, memory_cap_bytes: int = 0,
+              op_configs: dict[str, list[int]] | None = None) -> MeasureSpec:
     """Check the job and the loop settings; pick the device and the threads per rank (cores / ranks)."""
     import importlib.util
 
@@ -214,7 +218,8 @@ def make_spec(job: Job, out_dir: Path, *, run_id: str | None = None, iterations:
         threads = 1 if chosen == "cpu" else 0
     return MeasureSpec(run_id or default_run_id(job)[:MAX_NAME_CHARS], job_to_dict(job), str(out_dir), iterations,
                        warmup, timeout_s, threads, chosen, profile, execution_trace, labels=labels or {},
-                       tree_yaml=tree_yaml, dataflow=dataflow, memory_cap_bytes=memory_cap_bytes)
+                       tree_yaml=tree_yaml, dataflow=dataflow, memory_cap_bytes=memory_cap_bytes,
+                       op_configs=op_configs)
 
 
 def _store_socket() -> socket.socket:

@@ -16,7 +16,7 @@ Gradients of the weights are summed over the ranks that hold the same slice, in 
 gradient-accumulate hooks (overlapping the rest of the backward pass, as DistributedDataParallel does) and
 divided by the world size; AdamW (torch's one-tensor-at-a-time loop on a CPU) updates the local slices.
 
-Rank layout of a placement (compile.reshard.Placement): shards major, replicas minor; within a shard index,
+Rank layout of a placement (strategy.placement.Placement): shards major, replicas minor; within a shard index,
 batch, sequence, feature and partial-sum coordinates from slowest to fastest. Every refinement the plans make
 (a dimension split further inside a shard) keeps a coarse shard's ranks contiguous, so a collective's group is
 the ranks of one shard of the coarsest placement both sides refine. Imported only inside measure workers.
@@ -37,8 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from trainsim.compile.reshard import DIMS, Placement
-from trainsim.compile.splits import CONTRACTING, LayerSplit, OpConfig, plan_splits
+from trainsim.strategy.placement import CONTRACTING, DIMS, OpConfig, Placement
 from trainsim.ir.graph import Op
 from trainsim.ir.model_spec import CnnSpec, ConvLayer, DlrmSpec, TransformerSpec
 from trainsim.job import Job
@@ -299,12 +298,11 @@ def _generator(seed: int, key: str) -> torch.Generator:
 class SplitModel(nn.Module):
     """The job's ops under the plan's configs on this rank; forward(batch) returns this rank's loss."""
 
-    def __init__(self, job: Job, plan: LoweredPlan, ranks: Ranks, seed: int = 0,
+    def __init__(self, job: Job, plan: LoweredPlan, configs: dict[str, OpConfig], ranks: Ranks, seed: int = 0,
                  dataflow: dict[str, list[str]] | None = None) -> None:
         super().__init__()
         self.job, self.ranks, self.seed = job, ranks, seed
         self.world = ranks.world
-        splits = plan_splits(plan, self.world)
         self.model = job.model
         self.conv_layers = {layer.name: layer for layer in self.model.layers} if isinstance(self.model, CnnSpec) \
             else {}
@@ -321,10 +319,9 @@ class SplitModel(nn.Module):
             blocks.setdefault(layer.block, []).append(layer.name)
         repeat: dict[str, int] = {}
         for a in plan.layers:
-            split = splits.get(a.index)
             k = repeat[a.layer.name] = repeat.get(a.layer.name, -1) + 1
             for template in a.layer.fwd:
-                config = _config(split, template, self.world)
+                config = configs.get(f"{a.index}:{template.name}", OpConfig(self.world, 1, 1, 1))
                 op = _instance(template, a.layer.name, k, blocks) if self.conv_layers else template
                 key = f"{a.index}:{op.name}"
                 unit = Unit(key, op, self._inputs(a, op, previous), config, a)
@@ -643,12 +640,6 @@ def _qkv_rows(n: int, out: int, index: int, spec: TransformerSpec) -> torch.Tens
                       for part in range(3)])
 
 
-def _config(split: LayerSplit | None, op: Op, world: int) -> OpConfig:
-    if split is not None and op.name in split.configs:
-        return split.configs[op.name]
-    return OpConfig(world, 1, 1, 1)
-
-
 def _padding(in_hw: Any, layer: ConvLayer) -> tuple[int, int]:
     pads = []
     for size, out, k in zip(in_hw, layer.out_hw, layer.kernel, strict=True):
@@ -767,12 +758,12 @@ class SplitTrainer:
 
     computes_loss = True
 
-    def __init__(self, job: Job, plan: LoweredPlan, ranks: Ranks, seed: int = 0,
+    def __init__(self, job: Job, plan: LoweredPlan, configs: dict[str, OpConfig], ranks: Ranks, seed: int = 0,
                  dataflow: dict[str, list[str]] | None = None) -> None:
         if plan.num_stages > 1:
             raise ValueError("pipelines are not measured by the split executor")
         self.job = job
-        self.model = SplitModel(job, plan, ranks, seed, dataflow)
+        self.model = SplitModel(job, plan, configs, ranks, seed, dataflow)
         self.sync = GradientSync(self.model.units, ranks)
         self.data = [make_data(job, seed + i) for i in range(job.parallel.num_micro_batches)]
         self.optimizer = torch.optim.AdamW(list(self.model.parameters()), lr=LEARNING_RATE, foreach=False)

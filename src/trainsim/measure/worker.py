@@ -171,6 +171,7 @@ def _split_trainer(spec: MeasureSpec, job: Any, rank: int, world_size: int) -> A
     from trainsim.frontends.catalog.build import build_graph
     from trainsim.measure.split_model import Ranks, SplitTrainer
     from trainsim.strategy.device_slice import DeviceSlice
+    from trainsim.strategy.placement import OpConfig
     from trainsim.strategy.tree_yaml import load_tree_yaml
 
     graph = build_graph(job.model, DeviceSlice.of(job.parallel))
@@ -180,7 +181,8 @@ def _split_trainer(spec: MeasureSpec, job: Any, rank: int, world_size: int) -> A
         plan = load_tree_yaml(Path(handle.name), graph).lower(job.parallel)
     finally:
         Path(handle.name).unlink(missing_ok=True)
-    return SplitTrainer(job, plan, Ranks(world_size, rank), spec.seed, spec.dataflow)
+    configs = {key: OpConfig(*value) for key, value in (spec.op_configs or {}).items()}
+    return SplitTrainer(job, plan, configs, Ranks(world_size, rank), spec.seed, spec.dataflow)
 
 
 class _MemoryCap:

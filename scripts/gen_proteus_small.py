@@ -23,7 +23,7 @@ CLASSES = 100
 RANKS = (2, 4)
 
 
-def _catalog_generator():  # noqa: ANN202 - the module of scripts/gen_cnn_catalog.py
+def _catalog_generator():
     spec = importlib.util.spec_from_file_location("gen_cnn_catalog", ROOT / "scripts" / "gen_cnn_catalog.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -77,34 +77,34 @@ class NarrowNet(gen.Net):
         assert isinstance(src, tuple)
         self.pending = [self._producer(src)]
 
-    def add(self, kind, name, block, in_c, out_c, kernel, stride, out_hw):  # noqa: ANN001, ANN201, PLR0913
+    def add(self, kind, name, block, in_c, out_c, kernel, stride, out_hw):
         self.inputs[name] = self.pending if self.pending is not None else [self._last()]
         self.pending = None
         super().add(kind, name, block, in_c, out_c, kernel, stride, out_hw)
 
-    def conv(self, name, block, out_c, kernel, stride=1, pad=0, src=None):  # noqa: ANN001, ANN201
+    def conv(self, name, block, out_c, kernel, stride=1, pad=0, src=None):
         self._branch(src)
         super().conv(name, block, max(1, out_c // WIDTH_DIVISOR), kernel, stride, pad, src)
 
-    def pool(self, name, block, kernel, stride, pad=0, src=None):  # noqa: ANN001, ANN201
+    def pool(self, name, block, kernel, stride, pad=0, src=None):
         self._branch(src)
         super().pool(name, block, kernel, stride, pad, src)
 
-    def fc(self, name, block, in_features, out_features):  # noqa: ANN001, ANN201
+    def fc(self, name, block, in_features, out_features):
         out = CLASSES if out_features == 1000 else out_features // WIDTH_DIVISOR
         super().fc(name, block, self.channels * self.hw[0] * self.hw[1] if block != "head" else self.channels, out)
 
-    def concat(self, name, block, out_c):  # noqa: ANN001, ANN201
+    def concat(self, name, block, out_c):
         total = sum(self.branch_ends) + self.channels
         self.pending = [*self.end_names, self._last()]
         self.branching, self.branch_ends = False, []
         super().concat(name, block, total)
 
 
-def _build(builder, hw: tuple[int, int]) -> "NarrowNet":  # noqa: ANN001
+def _build(builder, hw: tuple[int, int]) -> "NarrowNet":
     """Run one of gen_cnn_catalog's builders on a NarrowNet of input hw (its Net swapped in for the call)."""
     original = gen.Net
-    gen.Net = lambda channels, _hw: NarrowNet(hw)  # noqa: ARG005
+    gen.Net = lambda channels, _hw: NarrowNet(hw)
     try:
         net = builder()
     finally:
@@ -122,7 +122,7 @@ def _resnet_dataflow(net: "NarrowNet") -> None:
     """A bottleneck's shortcut reads the block's input, and relu3 adds the shortcut to bn3 (the residual add the
     layer list leaves out)."""
     names = [str(r["name"]) for r in net.rows]
-    for index, name in enumerate(names):
+    for name in names:
         block = name.rsplit(".", 1)[0]
         if not name.endswith(".relu3"):
             continue

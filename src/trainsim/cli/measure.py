@@ -98,10 +98,9 @@ def _split_run(tree: Path | None, memory_cap_gib: float, model: str | None, job:
         return extra
     if not tree.is_file():
         raise ConfigError("tree", str(tree), "must be a strategy-tree YAML file")
-    from trainsim.measure.split_model_files import dataflow_beside
-
     from trainsim.compile.splits import plan_splits
     from trainsim.frontends.catalog.build import build_graph
+    from trainsim.measure.split_model_files import dataflow_beside
     from trainsim.strategy.device_slice import DeviceSlice
     from trainsim.strategy.tree_yaml import load_tree_yaml
 

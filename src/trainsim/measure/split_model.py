@@ -24,11 +24,9 @@ the ranks of one shard of the coarsest placement both sides refine. Imported onl
 
 import dataclasses
 import itertools
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,11 +35,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from trainsim.strategy.placement import CONTRACTING, DIMS, OpConfig, Placement
 from trainsim.ir.graph import Op
 from trainsim.ir.model_spec import CnnSpec, ConvLayer, DlrmSpec, TransformerSpec
 from trainsim.job import Job
 from trainsim.strategy.lowered import LayerAssignment, LoweredPlan
+from trainsim.strategy.placement import CONTRACTING, DIMS, OpConfig, Placement
 
 LEARNING_RATE = 1e-4
 BUCKET_PARAMS = 2**18  # gradient bucket (1 MiB of fp32); predict with --grad-bucket-params 262144
@@ -211,10 +209,10 @@ def transform(x: torch.Tensor, cur: Placement, dst: Placement, dims: Dims, ranks
         grow = next((d for d in DIMS if dst.degree(d) >= cur.degree(d) * factor and dims.get(d) is not None), None)
         if grow is not None:
             nxt = _with(cur, **{grow: cur.degree(grow) * factor}, partial=dst.partial)
-            x = run(nxt, lambda g, n: ReduceScatter.apply(x, _dim(dims, grow), g, n))
+            x = run(nxt, lambda g, n, x=x: ReduceScatter.apply(x, _dim(dims, grow), g, n))
         else:
             nxt = _with(cur, partial=dst.partial)
-            x = run(nxt, lambda g, _n: AllReduce.apply(x, g))
+            x = run(nxt, lambda g, _n, x=x: AllReduce.apply(x, g))
         cur = nxt
     gathers = {d: cur.degree(d) // dst.degree(d) for d in DIMS if cur.degree(d) > dst.degree(d)}
     splits = {d: dst.degree(d) // cur.degree(d) for d in DIMS if dst.degree(d) > cur.degree(d)}
@@ -223,14 +221,14 @@ def transform(x: torch.Tensor, cur: Placement, dst: Placement, dims: Dims, ranks
             k = math.gcd(g, s)
             if k > 1 and dims.get(s_dim) is not None:
                 nxt = _with(cur, **{g_dim: cur.degree(g_dim) // k, s_dim: cur.degree(s_dim) * k})
-                x = run(nxt, lambda gr, n, s_dim=s_dim, g_dim=g_dim: AllToAll.apply(
+                x = run(nxt, lambda gr, n, s_dim=s_dim, g_dim=g_dim, x=x: AllToAll.apply(
                     x, _dim(dims, s_dim), _dim(dims, g_dim), gr, n))
                 cur = nxt
                 gathers[g_dim], splits[s_dim] = g // k, s // k
     for g_dim, g in gathers.items():
         if g > 1:
             nxt = _with(cur, **{g_dim: cur.degree(g_dim) // g})
-            x = run(nxt, lambda gr, n, g_dim=g_dim: AllGather.apply(x, _dim(dims, g_dim), gr, n))
+            x = run(nxt, lambda gr, n, g_dim=g_dim, x=x: AllGather.apply(x, _dim(dims, g_dim), gr, n))
             cur = nxt
     for s_dim, s in splits.items():
         if s > 1:
@@ -378,8 +376,9 @@ class SplitModel(nn.Module):
         out_p = produced_of(op, c, self.world)
         at = coords(out_p, self.ranks.rank)
         gen = _generator(self.seed, unit.key.split(":", 1)[1] + ("" if self.conv_layers else unit.key))
+        mine = (at["feature"], at["partial"])
         unit.sync = tuple(r for r in range(self.world)
-                          if (lambda k: (k["feature"], k["partial"]))(coords(out_p, r)) == (at["feature"], at["partial"]))
+                          if (coords(out_p, r)["feature"], coords(out_p, r)["partial"]) == mine)
         spec = self.model
         if op.kind == "conv" or (op.kind == "matmul" and isinstance(spec, CnnSpec)):
             layer = self.conv_layers[op.name]
@@ -387,7 +386,8 @@ class SplitModel(nn.Module):
             shape = (layer.out_channels, layer.in_channels, kh, kw) if op.kind == "conv" else \
                 (layer.out_channels, layer.in_channels)
             w = torch.randn(*shape, generator=gen) * INIT_STD
-            unit.params_named = {"w": self._param(unit, "w", w, [(0, c.out, at["feature"]), (1, c.reduce, at["partial"])])}
+            unit.params_named = {"w": self._param(unit, "w", w, [(0, c.out, at["feature"]),
+                                                                 (1, c.reduce, at["partial"])])}
             if op.kind == "matmul" or not self._before_norm(op.name):
                 b = torch.zeros(layer.out_channels)
                 unit.params_named["b"] = self._param(unit, "b", b, [(0, c.out, at["feature"])])
@@ -429,7 +429,7 @@ class SplitModel(nn.Module):
             tables = [t for t in spec.tables for _ in range(t.count)]
             full = torch.cat([torch.randn(t.rows, t.dim, generator=gen) * (1.0 / math.sqrt(t.rows)) for t in tables])
             unit.params_named = {"w": self._param(unit, "w", full, [(1, c.out, at["feature"])])}
-            unit.offsets = torch.tensor([0] + list(itertools.accumulate(t.rows for t in tables))[:-1])
+            unit.offsets = torch.tensor([0, *itertools.accumulate(t.rows for t in tables)][:-1])
             self.lookups = unit.key
         else:
             unit.params_named = {}

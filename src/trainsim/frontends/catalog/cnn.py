@@ -5,8 +5,7 @@ repeated bottlenecks, Inception's Mixed_6c/6d) are stored once with a repeat cou
 caller refuses tensor and context parallelism for CNNs, so dev.tp and dev.cp are ignored.
 """
 
-from dataclasses import replace
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trainsim.hardware.device import BYTES_PER_DTYPE, DType
 from trainsim.ir.flops import (

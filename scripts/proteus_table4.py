@@ -1,0 +1,273 @@
+"""Table IV of Proteus (Sec. VIII-C) on this machine: the six models' small versions x S1/S2 on 2 or 4 gloo ranks,
+measured with `trainsim measure --tree` and simulated with profiled op costs, three ways (the simulator's
+runtime-behaviour switch, sim/baselines.py): proteus (overlap slow-down and bandwidth sharing), plain (Fig. 9),
+flexflow (FlexFlow-Sim: collectives inserted, priced from bandwidth alone, no runtime behaviours).
+
+One campaign per rank count, each well under ten minutes, under the timing lock:
+
+    flock /tmp/trainsim-timing.lock python scripts/proteus_table4.py --ranks 2 --out results/proteus_table4
+    flock /tmp/trainsim-timing.lock python scripts/proteus_table4.py --ranks 4 --out results/proteus_table4
+    python scripts/proteus_table4.py --summary --out results/proteus_table4      # errors per cell and overall
+
+Per model, the ops both plans run (their per-rank shapes under the computation configs: compile.splits.scaled_op)
+are profiled into OUT/profile-gG.db right before the two plans are measured, so ops and runs see the same machine.
+The ranks share this machine's cores, so ops are timed on the wall clock while G - 1 sibling processes run the
+same microbenchmarks (the contention a rank sees from the others); collectives are timed among G local processes
+(`trainsim profile`'s collective microbenchmarks). Models and trees: scripts/gen_proteus_small.py.
+"""
+
+import argparse
+import dataclasses
+import json
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ROOT / "data" / "strategies" / "proteus" / "small"
+# model -> (micro-batch per rank, sequence length)
+MODELS: dict[str, tuple[int, int]] = {
+    "resnet50-small": (4, 1), "inception-v3-small": (2, 1), "vgg19-small": (4, 1),
+    "gpt2-small": (2, 64), "gpt2-1.5b-small": (1, 64), "dlrm-small": (128, 1),
+}
+STRATEGIES = ("s1", "s2")
+BUCKET_PARAMS = 262144  # measure/split_model.BUCKET_PARAMS
+COLLECTIVE_SIZES = (1024, 16384, 131072, 1048576, 4194304)
+
+
+def settings(model: str, ranks: int) -> dict[str, Any]:
+    mb, seq = MODELS[model]
+    return {"model": str(SMALL / "models" / f"{model}.yaml"), "cluster": "local-cpu", "num_gpus": ranks,
+            "dp": ranks, "micro_batch": mb, "global_batch": mb * ranks, "seq_len": seq, "precision": "fp32",
+            "optimizer_impl": "loop",
+            "stack_overrides": {"grad_reduce_overlap": True, "grad_bucket_params": BUCKET_PARAMS}}
+
+
+def tree_path(model: str, strategy: str, ranks: int) -> Path:
+    return SMALL / f"ranks{ranks}" / f"{model}-{strategy}.yaml"
+
+
+def job_and_plan(model: str, strategy: str, ranks: int) -> tuple[Any, Any, Any]:
+    from trainsim.frontends.catalog.build import build_graph
+    from trainsim.jobfile import job_from_settings
+    from trainsim.strategy.device_slice import DeviceSlice
+    from trainsim.strategy.tree_yaml import load_tree_yaml
+
+    job = job_from_settings(settings(model, ranks))
+    job = dataclasses.replace(job, cluster=job.cluster.on_one_node())
+    graph = build_graph(job.model, DeviceSlice.of(job.parallel))
+    plan = load_tree_yaml(tree_path(model, strategy, ranks), graph).lower(job.parallel)
+    return job, graph, plan
+
+
+def split_graph(graph: Any, plan: Any, ranks: int) -> Any:
+    """The OpGraph of what one rank runs under the plan's configs (each layer instance once)."""
+    from trainsim.compile.splits import config_of, plan_splits, scaled_op
+    from trainsim.ir.graph import OpGraph
+
+    splits = plan_splits(plan, ranks)
+    layers = []
+    for a in plan.layers:
+        split = splits.get(a.index)
+
+        def scale(op: Any, split: Any = split) -> Any:
+            config = config_of(split, op) if split is not None else None
+            return scaled_op(op, config, ranks) if config is not None else op
+
+        layers.append(dataclasses.replace(a.layer, count=1, fwd=tuple(scale(op) for op in a.layer.fwd),
+                                          bwd=tuple(scale(op) for op in a.layer.bwd)))
+    return OpGraph(graph.model_name, tuple(layers), graph.tokens_per_micro_batch, graph.samples_per_micro_batch)
+
+
+def _wall_clock(device: str) -> tuple[Any, str]:
+    return time.perf_counter, "wall time beside busy sibling ranks"
+
+
+def _shadow(graphs: list[Any], hints: Any, stop: Any) -> None:
+    """A sibling rank: the same microbenchmarks over and over, into a throwaway database."""
+    import tempfile
+
+    import torch
+
+    from trainsim.profile.database import ProfileDB
+    from trainsim.profile.ops import local_environment, profile_graph
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        repeats = 0
+        while not stop.is_set():
+            repeats += 2
+            with ProfileDB.open(Path(tmp) / "shadow.db") as db:
+                env = local_environment("cpu-local", "cpu")
+                for graph in graphs:
+                    profile_graph(db, env, graph, hints, "cpu", warmup=0, repeats=repeats, optimizer=False)
+
+
+def profile_model(db_path: Path, model: str, ranks: int, repeats: int) -> None:
+    import torch
+
+    import trainsim.profile.ops as ops
+    from trainsim.profile.database import ProfileDB
+    from trainsim.profile.job import hints_for
+
+    torch.set_num_threads(1)
+    graphs, hints = [], None
+    for strategy in STRATEGIES:
+        job, graph, plan = job_and_plan(model, strategy, ranks)
+        graphs.append(split_graph(graph, plan, ranks))
+        from trainsim.strategy.device_slice import DeviceSlice
+
+        hints = hints_for(job.model, DeviceSlice.of(job.parallel))
+    ctx = multiprocessing.get_context("fork")
+    stop = ctx.Event()
+    shadows = [ctx.Process(target=_shadow, args=(graphs, hints, stop), daemon=True) for _ in range(ranks - 1)]
+    for proc in shadows:
+        proc.start()
+    original = ops.clock_for
+    ops.clock_for = _wall_clock  # NB: thread CPU time would leave out the siblings' share of the cores
+    try:
+        with ProfileDB.open(db_path) as db:
+            env = ops.local_environment("cpu-local", "cpu")
+            for graph in graphs:
+                ops.profile_graph(db, env, graph, hints, "cpu", warmup=1, repeats=repeats)
+    finally:
+        ops.clock_for = original
+        stop.set()
+        for proc in shadows:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+
+
+def profile_collectives(db_path: Path, ranks: int) -> None:
+    import torch
+
+    from trainsim.profile.collectives import profile_collectives as run
+    from trainsim.profile.database import ProfileDB
+    from trainsim.profile.ops import local_environment
+
+    torch.set_num_threads(1)
+    with ProfileDB.open(db_path) as db:
+        env = local_environment("cpu-local", "cpu")
+        for size in sorted({2, ranks}):
+            run(db, env, sizes=COLLECTIVE_SIZES, world_size=size, warmup=2, repeats=5, timeout_s=240.0)
+
+
+def measure(model: str, strategy: str, ranks: int, out: Path, iterations: int, warmup: int) -> dict[str, Any]:
+    s = settings(model, ranks)
+    run_id = f"{model}-{strategy}-g{ranks}"
+    cmd = [sys.executable, "-m", "trainsim", "measure", "--model", s["model"], "--num-gpus", str(ranks),
+           "--micro-batch", str(s["micro_batch"]), "--global-batch", str(s["global_batch"]),
+           "--seq-len", str(s["seq_len"]), "--precision", "fp32", "--optimizer-impl", "loop",
+           "--tree", str(tree_path(model, strategy, ranks)), "--iterations", str(iterations),
+           "--warmup", str(warmup), "--threads", "1", "--out", str(out / "runs"), "--run-id", run_id, "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    if done.returncode != 0:
+        return {"error": (done.stderr or done.stdout)[-400:]}
+    run = json.loads(done.stdout)
+    times = run["iteration_times_s"]
+    return {"median_s": statistics.median(times), "times_s": times, "final_loss": run["final_loss"],
+            "load_average_1m": run["settings"].get("load_average_1m")}
+
+
+def predict(model: str, strategy: str, ranks: int, db_path: Path) -> dict[str, float]:
+    from trainsim.catalog.calibration import load_calibration
+    from trainsim.cost.pricing import Pricer, make_pricer
+    from trainsim.estimate.simulation import SimEstimator, sim_calibration
+    from trainsim.sim.baselines import BEHAVIOURS, RUNTIME_FLAGS, BandwidthOnlyComm
+
+    job, graph, plan = job_and_plan(model, strategy, ranks)
+    cal = sim_calibration(load_calibration())
+    out: dict[str, float] = {}
+    for behaviours in BEHAVIOURS:
+        pricer = make_pricer("profiled", db_path, cal)
+        if behaviours == "flexflow":
+            pricer = Pricer(cal, op_costs=pricer.op_costs, step_costs=pricer.step_costs,
+                            comm_costs=BandwidthOnlyComm())
+        overlap, sharing = RUNTIME_FLAGS[behaviours]
+        result = SimEstimator(pricer, overlap=overlap, sharing=sharing, task_level="op").estimate(job, graph, plan)
+        out[behaviours] = result.iteration_time_s
+        if behaviours == "proteus":
+            out["peak_memory_bytes"] = result.peak_memory_bytes
+    return out
+
+
+def campaign(ranks: int, out: Path, iterations: int, warmup: int, repeats: int, models: list[str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    db = out / f"profile-g{ranks}.db"
+    path = out / f"table4-g{ranks}.json"
+    cells: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    started = time.time()
+    profile_collectives(db, ranks)
+    print(f"collectives profiled ({time.time() - started:.0f} s)", flush=True)
+    for model in models:
+        profile_model(db, model, ranks, repeats)
+        print(f"{model}: ops profiled ({time.time() - started:.0f} s)", flush=True)
+        for strategy in STRATEGIES:
+            cells[f"{model}/{strategy}"] = {"measured": measure(model, strategy, ranks, out, iterations, warmup)}
+            print(f"{model} {strategy}: {cells[f'{model}/{strategy}']['measured'].get('median_s')} "
+                  f"({time.time() - started:.0f} s)", flush=True)
+    for key, cell in cells.items():
+        model, strategy = key.split("/")
+        cell["predicted"] = predict(model, strategy, ranks, db)
+    path.write_text(json.dumps(cells, indent=1) + "\n")
+    print(f"wrote {path} ({time.time() - started:.0f} s)")
+
+
+def summary(out: Path) -> dict[str, Any]:
+    """Per cell (model, strategy, ranks) the error of each switch; per switch the average and maximum."""
+    rows = []
+    for ranks in (2, 4):
+        path = out / f"table4-g{ranks}.json"
+        if not path.exists():
+            continue
+        for key, cell in json.loads(path.read_text()).items():
+            measured = cell["measured"].get("median_s")
+            if not measured or "predicted" not in cell:
+                continue
+            model, strategy = key.split("/")
+            errors = {b: abs(cell["predicted"][b] - measured) / measured for b in ("proteus", "plain", "flexflow")}
+            rows.append({"model": model, "strategy": strategy, "ranks": ranks, "measured_s": measured,
+                         **{f"{b}_s": cell["predicted"][b] for b in errors}, **{f"{b}_error": e
+                                                                                 for b, e in errors.items()}})
+    overall = {b: {"average": statistics.fmean(r[f"{b}_error"] for r in rows) if rows else None,
+                   "maximum": max((r[f"{b}_error"] for r in rows), default=None)}
+               for b in ("proteus", "plain", "flexflow")}
+    result = {"cells": rows, "overall": overall}
+    (out / "table4-summary.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(f"{'model':<20}{'plan':<5}{'ranks':>6}{'measured':>10}{'proteus':>9}{'plain':>9}{'flexflow':>9}")
+    for r in rows:
+        print(f"{r['model']:<20}{r['strategy']:<5}{r['ranks']:>6}{r['measured_s'] * 1e3:>8.0f}ms"
+              + "".join(f"{r[f'{b}_error'] * 100:>8.1f}%" for b in ("proteus", "plain", "flexflow")))
+    for b, v in overall.items():
+        if v["average"] is not None:
+            print(f"{b}: average {v['average'] * 100:.1f}%, maximum {v['maximum'] * 100:.1f}%")
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--ranks", type=int, choices=(2, 4))
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "proteus_table4")
+    parser.add_argument("--iterations", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3, help="op samples per profiling pass")
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--summary", action="store_true")
+    args = parser.parse_args()
+    os.environ.setdefault("PYTHONPATH", str(ROOT / "src"))
+    if args.summary:
+        summary(args.out)
+        return
+    if args.ranks is None:
+        parser.error("--ranks 2 or 4 (or --summary)")
+    campaign(args.ranks, args.out, args.iterations, args.warmup, args.repeats, args.models.split(","))
+
+
+if __name__ == "__main__":
+    main()

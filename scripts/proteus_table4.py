@@ -3,10 +3,13 @@ measured with `trainsim measure --tree` and simulated with profiled op costs, th
 runtime-behaviour switch, sim/baselines.py): proteus (overlap slow-down and bandwidth sharing), plain (Fig. 9),
 flexflow (FlexFlow-Sim: collectives inserted, priced from bandwidth alone, no runtime behaviours).
 
-One campaign per rank count, each well under ten minutes, under the timing lock:
+Campaigns of three models (about seven minutes each on this shared 2-core machine), under the timing lock:
 
-    flock /tmp/trainsim-timing.lock python scripts/proteus_table4.py --ranks 2 --out results/proteus_table4
-    flock /tmp/trainsim-timing.lock python scripts/proteus_table4.py --ranks 4 --out results/proteus_table4
+    M1=resnet50-small,inception-v3-small,vgg19-small M2=gpt2-small,gpt2-1.5b-small,dlrm-small
+    for g in 2 4; do for m in $M1 $M2; do
+        flock /tmp/trainsim-timing.lock python scripts/proteus_table4.py --ranks $g --models $m \
+            --out results/proteus_table4
+    done; done
     python scripts/proteus_table4.py --summary --out results/proteus_table4      # errors per cell and overall
 
 Per model, the ops both plans run (their per-rank shapes under the computation configs: compile.splits.scaled_op)
@@ -52,7 +55,7 @@ def tree_path(model: str, strategy: str, ranks: int) -> Path:
     return SMALL / f"ranks{ranks}" / f"{model}-{strategy}.yaml"
 
 
-def job_and_plan(model: str, strategy: str, ranks: int) -> tuple[Any, Any, Any]:
+def job_and_plan(model: str, strategy: str, ranks: int, tree_model: str = "") -> tuple[Any, Any, Any]:
     from trainsim.frontends.catalog.build import build_graph
     from trainsim.jobfile import job_from_settings
     from trainsim.strategy.device_slice import DeviceSlice
@@ -61,7 +64,7 @@ def job_and_plan(model: str, strategy: str, ranks: int) -> tuple[Any, Any, Any]:
     job = job_from_settings(settings(model, ranks))
     job = dataclasses.replace(job, cluster=job.cluster.on_one_node())
     graph = build_graph(job.model, DeviceSlice.of(job.parallel))
-    plan = load_tree_yaml(tree_path(model, strategy, ranks), graph).lower(job.parallel)
+    plan = load_tree_yaml(tree_path(tree_model or model, strategy, ranks), graph).lower(job.parallel)
     return job, graph, plan
 
 
@@ -212,11 +215,18 @@ def campaign(ranks: int, out: Path, iterations: int, warmup: int, repeats: int, 
             cells[f"{model}/{strategy}"] = {"measured": measure(model, strategy, ranks, out, iterations, warmup)}
             print(f"{model} {strategy}: {cells[f'{model}/{strategy}']['measured'].get('median_s')} "
                   f"({time.time() - started:.0f} s)", flush=True)
+            path.write_text(json.dumps(cells, indent=1) + "\n")  # what is measured survives an interruption
+    repredict(path, ranks, db)
+
+
+def repredict(path: Path, ranks: int, db: Path) -> None:
+    """Simulate every measured cell of a campaign file with the campaign's profile database (no timing)."""
+    cells = json.loads(path.read_text())
     for key, cell in cells.items():
         model, strategy = key.split("/")
         cell["predicted"] = predict(model, strategy, ranks, db)
     path.write_text(json.dumps(cells, indent=1) + "\n")
-    print(f"wrote {path} ({time.time() - started:.0f} s)")
+    print(f"wrote {path}")
 
 
 def summary(out: Path) -> dict[str, Any]:
@@ -254,11 +264,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--ranks", type=int, choices=(2, 4))
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "proteus_table4")
-    parser.add_argument("--iterations", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--iterations", type=int, default=4)
+    parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3, help="op samples per profiling pass")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--summary", action="store_true")
+    parser.add_argument("--repredict", action="store_true", help="simulate the measured cells again, measure nothing")
     args = parser.parse_args()
     os.environ.setdefault("PYTHONPATH", str(ROOT / "src"))
     if args.summary:
@@ -266,6 +277,9 @@ def main() -> None:
         return
     if args.ranks is None:
         parser.error("--ranks 2 or 4 (or --summary)")
+    if args.repredict:
+        repredict(args.out / f"table4-g{args.ranks}.json", args.ranks, args.out / f"profile-g{args.ranks}.db")
+        return
     campaign(args.ranks, args.out, args.iterations, args.warmup, args.repeats, args.models.split(","))
 
 

@@ -156,7 +156,8 @@ def _measure(spec: MeasureSpec, job: Any, device: Any, rank: int, world_size: in
     traces = _traces(spec, trainer, rank)
     info = {"rank": rank, "peak": peak, "baseline": baseline, "loss": loss if trainer.computes_loss else None,
             "threads": torch.get_num_threads(), "traces": traces, "host": machine()["host_sha256"],
-            "cpu_s": cpu_s, "load": [load_before, os.getloadavg()[0]], "oom": cap.over}
+            "cpu_s": cpu_s, "load": [load_before, os.getloadavg()[0]], "oom": cap.over,
+            "capped_peak": cap.used() if cap.cap > 0 else None}
     gathered: list[Any] = [None] * world_size
     dist.all_gather_object(gathered, info)
     if rank == 0:
@@ -186,12 +187,29 @@ def _split_trainer(spec: MeasureSpec, job: Any, rank: int, world_size: int) -> A
 
 
 class _MemoryCap:
-    """A per-rank memory cap the harness enforces: after each step every rank compares its peak (RSS high-water
-    mark above its baseline on a CPU, CUDA max allocated on a GPU) with the cap, and all stop together (one
-    max-reduction) when any rank is over it. The run then records outcome "oom" and no iteration times."""
+    """A per-rank memory cap the harness enforces. On a CPU a thread samples the rank's resident memory every few
+    milliseconds while the steps run (the high-water mark of getrusage would keep the model's construction, whose
+    full weights are sliced and freed); on a GPU, CUDA max allocated. After each step every rank compares its peak
+    above its baseline with the cap, and all stop together (one max-reduction) when any rank is over it: the run
+    records outcome "oom"."""
+
+    SAMPLE_S = 0.002
 
     def __init__(self, cap_bytes: int, baseline: int, device: Any) -> None:
         self.cap, self.baseline, self.device, self.over = cap_bytes, baseline, device, False
+        self.peak = 0
+        if cap_bytes > 0 and device.type == "cpu":
+            threading.Thread(target=self._sample, daemon=True, name="rss-sampler").start()
+
+    def _sample(self) -> None:
+        while not self.over:
+            self.peak = max(self.peak, _resident_bytes())
+            time.sleep(self.SAMPLE_S)
+
+    def used(self) -> int:
+        if self.device.type == "cpu":
+            return max(self.peak, _resident_bytes()) - self.baseline
+        return _peak_memory_bytes(self.device)
 
     def exceeded(self) -> bool:
         if self.cap <= 0:
@@ -199,7 +217,7 @@ class _MemoryCap:
         import torch
         import torch.distributed as dist
 
-        used = _peak_memory_bytes(self.device) - (self.baseline if self.device.type == "cpu" else 0)
+        used = self.used()
         flag = torch.tensor([1.0 if used > self.cap else 0.0])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         self.over = bool(flag.item() > 0)
@@ -275,7 +293,8 @@ def _write_result(spec: MeasureSpec, job: Any, times: list[float], ranks: list[A
                 "load_average_1m": ranks[0]["load"], "cpu_s_per_rank": [round(r["cpu_s"], 4) for r in ranks],
                 "timed_wall_s": round(sum(times), 4),
                 "outcome": "oom" if any(r.get("oom") for r in ranks) else "ok",
-                "memory_cap_bytes": spec.memory_cap_bytes}
+                "memory_cap_bytes": spec.memory_cap_bytes,
+                "capped_peak_bytes": [r.get("capped_peak") for r in ranks]}
     if spec.tree_yaml:
         settings["tree"] = spec.tree_yaml
     if spec.device == "cuda":

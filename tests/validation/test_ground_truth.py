@@ -1,8 +1,9 @@
 """The engines against real runs measured with `trainsim measure` (data/ground-truth, README "Real runs"):
 the local suite on the 2-core development machine (3 repeats, quiet machine, with its own op profile) and
-single-GPU training steps on an H200 (with theirs). Bounds are the measured figures rounded up, so a change
-that makes any engine worse fails here. Issue 5's target (15% with profiled costs on the local suite) is met
-since ranks sharing cores are modeled; the README says where single jobs still fall short and why."""
+single-GPU training steps on an H200 and on an H100 (with theirs; neither set was in any fit). Bounds are the
+measured figures rounded up, so a change that makes any engine worse fails here. Issue 5's target (15% with
+profiled costs on the local suite) is met since ranks sharing cores are modeled; the README says where single
+jobs still fall short and why."""
 
 from pathlib import Path
 
@@ -23,9 +24,17 @@ BOUNDS = {
     ("h200", "sim", "iteration_time_s"): 9.5,
     ("h200", "analytical+profiled", "iteration_time_s"): 4.5,
     ("h200", "sim+profiled", "iteration_time_s"): 4.5,
-    # torch's foreach AdamW temporary in the memory model: 7.3% -> 5.4% (analytical), 8.4% -> 5.9% (sim)
-    ("h200", "analytical", "peak_allocated_gib"): 6.0,
+    # torch's foreach AdamW temporary in the memory model: 7.3% -> 5.4% (analytical), 8.4% -> 5.9% (sim); then
+    # selective recompute's working memory and torch's two loss-gradient buffers (the ddp stack): 3.5%
+    ("h200", "analytical", "peak_allocated_gib"): 4.0,
     ("h200", "sim", "peak_allocated_gib"): 6.5,
+    # an H100 80GB, 19 steps (2026-11-26): 6.9% / 5.4% profiled; peak memory 3.3% (sim 5.3%)
+    ("h100", "analytical", "iteration_time_s"): 7.5,
+    ("h100", "sim", "iteration_time_s"): 7.5,
+    ("h100", "analytical+profiled", "iteration_time_s"): 6.0,
+    ("h100", "sim+profiled", "iteration_time_s"): 6.0,
+    ("h100", "analytical", "peak_allocated_gib"): 3.8,
+    ("h100", "sim", "peak_allocated_gib"): 5.8,
 }
 
 
@@ -36,7 +45,7 @@ def _mape(folder: str) -> dict[tuple[str, str], float]:
             if s["source"] == "ALL"}
 
 
-@pytest.mark.parametrize("folder", ["local-2core", "h200"])
+@pytest.mark.parametrize("folder", ["local-2core", "h200", "h100"])
 def test_engines_keep_their_measured_accuracy(folder: str) -> None:
     mape = _mape(folder)
     for (where, engine, metric), bound in BOUNDS.items():

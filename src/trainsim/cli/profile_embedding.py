@@ -13,7 +13,7 @@ import typer
 from trainsim.calibrate.lookup_model import fit_lookup_model
 from trainsim.cli.errors import handles_errors
 from trainsim.errors import ConfigError
-from trainsim.profile.embedding import profile_lookups, read_csv, write_csv
+from trainsim.profile.embedding import SPACES, profile_lookups, read_csv, write_csv
 
 
 @handles_errors
@@ -25,18 +25,25 @@ def profile_embedding(
     repeats: Annotated[int, typer.Option(help="timed repeats per benchmark (the fastest counts)")] = 7,
     measure: Annotated[bool, typer.Option("--measure/--no-measure", help="take the benchmarks")] = True,
     fit: Annotated[Path | None, typer.Option(help="fit the lookup model and write its JSON here")] = None,
+    device: Annotated[str, typer.Option(help="where the benchmarks run: cpu, or cuda (torch's CUDA kernels)")]
+    = "cpu",
 ) -> None:
     """Measure EmbeddingBag forward/backward times, then (with --fit) fit and score the lookup model."""
     if count < 1 or threads < 1 or repeats < 1:
         raise ConfigError("count/threads/repeats", (count, threads, repeats), "must all be positive integers")
+    if device not in SPACES:
+        raise ConfigError("device", device, f"one of {', '.join(SPACES)}")
     if measure:
         import torch
 
+        if device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("device", device, "needs a CUDA GPU; this machine has none (use --device cpu)")
         torch.set_num_threads(threads)
         benches = profile_lookups(count, seed, repeats=repeats,
                                   progress=lambda b: typer.echo(f"{b.table.describe()} batch {b.batch}: fwd "
                                                                 f"{b.fwd_s * 1e3:.3f} ms, bwd {b.bwd_s * 1e3:.3f} ms",
-                                                                err=True))
+                                                                err=True),
+                                  device=device)
         write_csv(benches, csv_path)
     benches = read_csv(csv_path)
     if fit is None:

@@ -75,12 +75,13 @@ def memory_key(par: ParallelSpec) -> tuple[object, ...]:
     return (par.precision, par.dp, par.cp, par.zero, par.recompute, par.optimizer_impl)
 
 
-def stage_memory_base(stage: list[StagePart], par: ParallelSpec) -> StageMemoryBase:
+def stage_memory_base(stage: list[StagePart], par: ParallelSpec, loss_grad_buffers: float = 1.0) -> StageMemoryBase:
+    """loss_grad_buffers: the stack's (strategy.stack.StackSpec.loss_grad_buffers)."""
     params = sum(part.count * part.layer.param_count for part in stage)
     states = model_state_bytes(params, par)
     return StageMemoryBase((states["weights"], states["gradients"], states["optimizer"]),
                            sum(part.count * part.layer.saved_bytes[par.recompute] for part in stage),
-                           _working_bytes(stage, par), optimizer_step_bytes(stage, par))
+                           _working_bytes(stage, par, loss_grad_buffers), optimizer_step_bytes(stage, par))
 
 
 def stage_memory_values(base: StageMemoryBase, in_flight: float, reserved_bytes: float) -> tuple[float, ...]:
@@ -126,22 +127,27 @@ def stage_memory(stage: list[StagePart], index: int, par: ParallelSpec, device: 
     return dict(zip(STAGE_MEMORY_KEYS, values, strict=True))
 
 
-def _working_bytes(stage: list[StagePart], par: ParallelSpec) -> float:
-    """Memory alive only inside one layer: a recomputed block's full activations (full recompute), the
-    unsharded weights of the layers being gathered (ZeRO-3: current + prefetched), the loss's fp32 gradient."""
+def _working_bytes(stage: list[StagePart], par: ParallelSpec, loss_grad_buffers: float = 1.0) -> float:
+    """Memory alive only inside one layer: a recomputed block's full activations (full recompute) or the
+    activations of the part selective recompute drops and rebuilds (the core attention: Korthikanti et al.
+    2022, sec. 5; none with a fused attention kernel, which keeps no scores), the unsharded weights of the
+    layers being gathered (ZeRO-3: current + prefetched), the loss's fp32 gradient buffers (as many as the
+    stack's loss holds: loss_grad_buffers, each the size of the saved probabilities)."""
     policy = policy_for(par.precision)
     largest_layer = max((part.layer for part in stage), key=lambda layer: layer.saved_bytes["none"])
-    working = largest_layer.saved_bytes["none"] if par.recompute != "none" else 0.0
+    working = {"none": 0.0, "full": largest_layer.saved_bytes["none"],
+               "selective": largest_layer.saved_bytes["none"] - largest_layer.saved_bytes["selective"]}[par.recompute]
     if par.zero >= 3:
         working += 2 * max(part.layer.param_count for part in stage) * policy.weight_bytes
     head = [part.layer for part in stage if part.layer.kind == "head"]
     if head:
-        working += head[0].saved_bytes["none"]  # gradient of the logits, same size as the saved softmax
+        working += loss_grad_buffers * head[0].saved_bytes["none"]
     return working
 
 
-def estimate_memory(stages: list[list[StagePart]], par: ParallelSpec, device: DeviceSpec) -> MemoryEstimate:
-    return memory_estimate([stage_memory_base(stage, par) for stage in stages],
+def estimate_memory(stages: list[list[StagePart]], par: ParallelSpec, device: DeviceSpec,
+                    loss_grad_buffers: float = 1.0) -> MemoryEstimate:
+    return memory_estimate([stage_memory_base(stage, par, loss_grad_buffers) for stage in stages],
                            [stage_in_flight(par, index) for index in range(len(stages))], device)
 
 

@@ -615,14 +615,14 @@ class Pricer:
         """Peak memory per GPU over the stages (cost.memory). For the stages of a partition, the stages' memory
         before the schedule is made once per (partition, cost.memory.memory_key) and the micro-batches each
         holds once per (schedule, pp, vpp, micro-batches)."""
-        par, device = job.parallel, job.cluster.device
+        par, device, loss_buffers = job.parallel, job.cluster.device, job.stack.loss_grad_buffers
         partition = self._partition_of.get(id(stages))
         if partition is None:
-            return estimate_memory(stages, par, device)
-        key = (id(partition), memory_key(par))
+            return estimate_memory(stages, par, device, loss_buffers)
+        key = (id(partition), memory_key(par), loss_buffers)
         bases = self._memory_bases.get(key)
         if bases is None:
-            distinct = {index: stage_memory_base(stages[index], par) for index in partition.distinct}
+            distinct = {index: stage_memory_base(stages[index], par, loss_buffers) for index in partition.distinct}
             bases = self._memory_bases[key] = tuple(distinct[head] for head in partition.first)
         if partition.chunk_blocks and par.schedule == "interleaved-1f1b":
             # unequal chunks: the micro-batches a stage holds depend on which chunks hold them

@@ -90,16 +90,21 @@ class StageTiming:
 
 
 def _saved_bytes(step: Any) -> tuple[Any, float]:
-    """Run `step` under saved-tensor hooks: its result and the bytes of the distinct storages autograd saved."""
+    """Run `step` (a forward only: its graph cannot be run backward) under saved-tensor hooks: its result and the
+    bytes of the distinct storages autograd saved. NB: the hook keeps no reference to what it is given; a hook
+    returning the tensor itself makes a cycle (a saved output -> its grad_fn -> the output) that Python's
+    collector cannot see, and every stage measured leaked its forward's activations (found on an H100)."""
     seen: dict[int, int] = {}
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
+    def pack(t: torch.Tensor) -> None:
         if isinstance(t, torch.Tensor) and not isinstance(t, nn.Parameter):
             storage = _local(t).untyped_storage()  # a DTensor's shard on this rank
             seen[storage.data_ptr()] = storage.nbytes()
-        return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    def unpack(_: None) -> torch.Tensor:
+        raise RuntimeError("a graph recorded to count saved bytes cannot be run backward")
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         result = step()
     return result, float(sum(seen.values()))
 
@@ -108,9 +113,10 @@ class _StageRunner:
     """One stage's module, inputs and step on this rank."""
 
     def __init__(self, model: TransformerSpec, stage: StageSpec, micro_batch: int, seq_len: int, seed: int,
-                 group_tp: Any = None) -> None:
+                 group_tp: Any = None, device: str = "cpu") -> None:
         self.model = model
-        self.module = build_stage(model, stage.first, stage.end, seed)
+        with torch.device(device):
+            self.module = build_stage(model, stage.first, stage.end, seed)
         self.has_head = stage.end == model.num_layers + 2
         self.has_embedding = stage.first == 0
         self.tp_mesh = group_tp
@@ -126,6 +132,7 @@ class _StageRunner:
             self.input = torch.randn(local, seq_len, model.hidden, generator=gen)
         self.labels = torch.randint(0, model.vocab, (local, seq_len), generator=gen)
         self.out_grad = torch.randn(local, seq_len, model.hidden, generator=gen)
+        self.input, self.labels, self.out_grad = (t.to(device) for t in (self.input, self.labels, self.out_grad))
         self.params = sum(_local(p).numel() for p in self.module.parameters())
 
     def forward(self) -> torch.Tensor:
@@ -156,7 +163,7 @@ class _StageRunner:
         return float(_local(loss.detach()))
 
 
-CLOCKS = ("cpu", "wall")
+CLOCKS = ("cpu", "wall", "cuda")
 
 
 def time_stage(runner: _StageRunner, warmup: int, iterations: int, group: Any = None,
@@ -164,8 +171,10 @@ def time_stage(runner: _StageRunner, warmup: int, iterations: int, group: Any = 
     """The median over `iterations` of one forward and backward, on the slowest rank. clock "cpu": the
     process's CPU time (time.process_time); "wall": wall-clock time. On a CPU shared with other processes the
     wall clock counts the waits for a core, which drift with the machine's load (measured here: the same block
-    2.5x slower minutes later); CPU time does not. Stages whose ranks wait on each other (tp) need "wall"."""
+    2.5x slower minutes later); CPU time does not. Stages whose ranks wait on each other (tp) need "wall".
+    "cuda": wall-clock time with the device synchronised before and after the step (a stage on one GPU)."""
     read = time.process_time if clock == "cpu" else time.perf_counter
+    sync = torch.cuda.synchronize if clock == "cuda" else (lambda: None)
     for _ in range(warmup):
         runner.step()
     _, saved = _saved_bytes(runner.forward)
@@ -173,8 +182,10 @@ def time_stage(runner: _StageRunner, warmup: int, iterations: int, group: Any = 
     for _ in range(iterations):
         if group is not None:
             dist.barrier(group)
+        sync()
         start = read()
         runner.step()
+        sync()
         elapsed = read() - start
         if group is not None:
             slowest = torch.tensor([elapsed])
@@ -201,15 +212,17 @@ def _stage_from_json(data: dict[str, Any]) -> StageSpec:
 
 def measure_stages_local(model: TransformerSpec, stages: list[StageSpec], micro_batch: int, seq_len: int,
                          warmup: int = 2, iterations: int = 5, seed: int = 0, threads: int = 1,
-                         clock: str = "cpu") -> list[StageTiming]:
-    """Stages on one rank (their meshes must be one device), in this process."""
+                         clock: str = "cpu", device: str = "cpu") -> list[StageTiming]:
+    """Stages on one rank (their meshes must be one device), in this process; on a GPU (device "cuda") they
+    are timed with the "cuda" clock."""
     torch.set_num_threads(threads)
     results = []
     for stage in stages:
         if stage.mesh.size != 1:
             raise ValueError("measure_stages_local runs one-device stages; use measure_stages")
-        results.append(time_stage(_StageRunner(model, stage, micro_batch, seq_len, seed), warmup, iterations,
-                                  clock=clock))
+        runner = _StageRunner(model, stage, micro_batch, seq_len, seed, device=device)
+        results.append(time_stage(runner, warmup, iterations, clock="cuda" if device == "cuda" else clock))
+        del runner  # its module and inputs go before the next stage is built
     return results
 
 

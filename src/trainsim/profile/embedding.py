@@ -10,7 +10,9 @@ batch's reuse factors are stored with its times, as the paper does (the RF of ea
 table).
 
 Timings run in this process with torch's thread count set by the caller (one thread per rank matches
-`trainsim measure`'s DLRM runs on the CPU).
+`trainsim measure`'s DLRM runs on the CPU). On a GPU (device "cuda": torch's CUDA EmbeddingBag kernels, not
+FBGEMM's) the forward and the backward are timed with CUDA events, and the space sampled is larger (the kernels
+take microseconds at the CPU's sizes, where the launch dominates).
 """
 
 import csv
@@ -32,8 +34,20 @@ CSV_FIELDS = ("rows", "dim", "pooling", "batch", "zipf_alpha", "lookups", *(f"rf
 # log-uniform in [20, 200], normal L in [0.1, 20); batch 128..4096; Zipf alpha in [0, 1.2]; lookups x D capped so
 # a benchmark stays well under a second on one core.
 _DIMS = (16, 32, 64, 128)
-_BATCHES = (128, 256, 512, 1024, 2048, 4096)
-_MAX_ELEMENTS = 1e7
+
+
+@dataclass(frozen=True, slots=True)
+class SampleSpace:
+    """The (E, batch, size) space benchmarks are drawn from: log10 of the rows' range, the batch sizes, and the
+    cap on batch x L x D."""
+
+    log10_rows: tuple[float, float]
+    batches: tuple[int, ...]
+    max_elements: float
+
+
+SPACES = {"cpu": SampleSpace((3.0, 6.0), (128, 256, 512, 1024, 2048, 4096), 1e7),
+          "cuda": SampleSpace((3.0, 7.0), (512, 1024, 2048, 4096, 8192, 16384), 2e8)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +68,7 @@ class LookupBench:
         return out
 
 
-def sample_configs(count: int, seed: int) -> Iterator[tuple[Table, int]]:
+def sample_configs(count: int, seed: int, space: SampleSpace = SPACES["cpu"]) -> Iterator[tuple[Table, int]]:
     """`count` (table, batch) pairs, alternately heavy and normal."""
     rng = np.random.default_rng(seed)
     made = 0
@@ -62,49 +76,90 @@ def sample_configs(count: int, seed: int) -> Iterator[tuple[Table, int]]:
         heavy = made % 2 == 0
         pooling = float(np.exp(rng.uniform(np.log(HEAVY_POOLING), np.log(200.0)))) if heavy else \
             float(rng.uniform(0.1, HEAVY_POOLING - 1e-3))
-        dim, batch = int(rng.choice(_DIMS)), int(rng.choice(_BATCHES))
-        if batch * pooling * dim > _MAX_ELEMENTS:
+        dim, batch = int(rng.choice(_DIMS)), int(rng.choice(space.batches))
+        if batch * pooling * dim > space.max_elements:
             continue
-        rows = round(float(10 ** rng.uniform(3.0, 6.0)))
+        rows = round(float(10 ** rng.uniform(*space.log10_rows)))
         yield Table(made, rows, dim, round(pooling, 3), round(float(rng.uniform(0.0, 1.2)), 3)), batch
         made += 1
 
 
-def bench_lookup(table: Table, batch: int, rng: np.random.Generator, *, warmup: int, repeats: int) -> LookupBench:
+def bench_lookup(table: Table, batch: int, rng: np.random.Generator, *, warmup: int, repeats: int,
+                 device: str = "cpu") -> LookupBench:
     import torch
 
     lengths, indices = sample_batch(table, batch, rng)
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    bag = torch.nn.EmbeddingBag(table.rows, table.dim, mode="sum", sparse=True)
-    idx, off = torch.from_numpy(indices), torch.from_numpy(offsets)
-    grad = torch.ones(batch, table.dim)
+    bag = torch.nn.EmbeddingBag(table.rows, table.dim, mode="sum", sparse=True, device=device)
+    idx, off = torch.from_numpy(indices).to(device), torch.from_numpy(offsets).to(device)
+    grad = torch.ones(batch, table.dim, device=device)
+    clock = _CudaClock() if device == "cuda" else _HostClock()
     fwd, bwd = [], []
     for step in range(warmup + repeats):
-        start = time.perf_counter()
+        clock.mark()
         out = bag(idx, off)
-        middle = time.perf_counter()
+        clock.mark()
         out.backward(grad)
         with torch.no_grad():
             weight_grad = bag.weight.grad
             assert weight_grad is not None
             bag.weight.add_(weight_grad, alpha=-0.01)
         bag.weight.grad = None
-        end = time.perf_counter()
+        clock.mark()
+        start_to_middle, middle_to_end = clock.intervals_s()
         if step >= warmup:
-            fwd.append(middle - start)
-            bwd.append(end - middle)
+            fwd.append(start_to_middle)
+            bwd.append(middle_to_end)
     rf = tuple(float(v) for v in reuse_factors(indices))
     return LookupBench(table, batch, int(indices.size), rf, float(np.min(fwd)), float(np.min(bwd)))
 
 
+class _HostClock:
+    """Marks on the host's wall clock."""
+
+    def __init__(self) -> None:
+        self.marks: list[float] = []
+
+    def mark(self) -> None:
+        self.marks.append(time.perf_counter())
+
+    def intervals_s(self) -> tuple[float, float]:
+        first, middle, last = self.marks[-3:]
+        self.marks.clear()
+        return middle - first, last - middle
+
+
+class _CudaClock:
+    """Marks as CUDA events on the current stream; reading them waits for the last."""
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+
+    def mark(self) -> None:
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        self.events.append(event)
+
+    def intervals_s(self) -> tuple[float, float]:
+        first, middle, last = self.events[-3:]
+        last.synchronize()
+        self.events.clear()
+        return first.elapsed_time(middle) / 1e3, middle.elapsed_time(last) / 1e3
+
+
 def profile_lookups(count: int, seed: int, *, warmup: int = 1, repeats: int = 7,
-                    progress: Callable[[LookupBench], None] | None = None) -> list[LookupBench]:
+                    progress: Callable[[LookupBench], None] | None = None,
+                    device: str = "cpu") -> list[LookupBench]:
     if count < 1 or repeats < 1 or warmup < 0:
         raise ConfigError("count/repeats/warmup", (count, repeats, warmup), "need count, repeats >= 1, warmup >= 0")
+    if device not in SPACES:
+        raise ConfigError("device", device, f"one of {', '.join(SPACES)}")
     rng = np.random.default_rng(seed + 1)
     out = []
-    for table, batch in sample_configs(count, seed):
-        bench = bench_lookup(table, batch, rng, warmup=warmup, repeats=repeats)
+    for table, batch in sample_configs(count, seed, SPACES[device]):
+        bench = bench_lookup(table, batch, rng, warmup=warmup, repeats=repeats, device=device)
         out.append(bench)
         if progress is not None:
             progress(bench)

@@ -55,12 +55,17 @@ def rows_table(predictions: Predictions) -> Table:
     return table
 
 
+def _spread_cell(spread_pct: float | None) -> str:
+    """Blank for a job measured once (its spread is NaN in memory and null in JSON)."""
+    return "" if spread_pct is None or math.isnan(spread_pct) else f"{spread_pct:.1f}"
+
+
 def jobs_table(jobs: list[dict[str, Any]], labels: list[str]) -> Table:
     table = Table("job", "repeats", "measured s", "spread %", *(f"{label}\nerror %" for label in labels),
                   title="iteration time per job (mean of the repeats' medians)")
     for job in jobs:
         errors = [f"{job['error_pct'][label]:+.1f}" if label in job["error_pct"] else "" for label in labels]
-        spread = "" if math.isnan(job["spread_pct"]) else f"{job['spread_pct']:.1f}"
+        spread = _spread_cell(job["spread_pct"])
         table.add_row(job["job"], str(job["repeats"]), f"{job['measured']:.4g}", spread, *errors)
     return table
 
@@ -69,7 +74,7 @@ def jobs_markdown(jobs: list[dict[str, Any]], labels: list[str]) -> str:
     head = ["job", "measured s", "spread %", *(f"{label} s (error %)" for label in labels)]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for job in jobs:
-        spread = "" if math.isnan(job["spread_pct"]) else f"{job['spread_pct']:.1f}"
+        spread = _spread_cell(job["spread_pct"])
         cells = [f"{job['predicted'][label]:.4g} ({job['error_pct'][label]:+.1f})" if label in job["predicted"]
                  else "" for label in labels]
         lines.append("| " + " | ".join([job["job"], f"{job['measured']:.4g}", spread, *cells]) + " |")

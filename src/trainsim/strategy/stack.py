@@ -46,6 +46,9 @@ class StackSpec(Spec):
                                          "cast (fp8: no separate cast kernel)")
     fused_bias_activation: bool = Field(default=True, description="activation fused with its bias add / gate")
     fused_cross_entropy: bool = Field(default=True, description="cross-entropy in one pass over the logits")
+    loss_grad_buffers: float = Field(default=1.0, ge=0, le=4, description="logits-sized fp32 buffers the loss's "
+                                     "backward holds beside its saved probabilities (torch's log_softmax + "
+                                     "nll_loss: 2, the gradients of log_softmax's output and input)")
     fused_fp8_cast: bool = Field(default=True, description="fp8 casts of GEMM inputs fused into the producer")
     attention: AttentionKernel = Field(default="flash2", description="the attention kernel the stack picks "
                                        "(a job's own --attention wins)")

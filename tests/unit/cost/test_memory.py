@@ -173,3 +173,28 @@ def test_foreach_adam_under_zero_needs_only_its_shard() -> None:
 def test_the_forward_peak_wins_when_activations_outgrow_the_step() -> None:
     parts, params = _peak_parts("foreach", recompute="none", model="gpt3-125m")
     assert parts["optimizer_step"] == 0.0 and parts["activations"] > 4.0 * params
+
+
+def _working(recompute: str, attention: str) -> tuple[float, dict[str, float]]:
+    from trainsim.cost.memory import _working_bytes
+    from trainsim.strategy.stages import StagePart
+
+    spec = _gpt3_175b()
+    dev = DeviceSlice(B, S, policy_for("bf16"), attention=attention)
+    block = next(layer for layer in build_transformer(spec, dev).layers if layer.kind == "block")
+    par = ParallelSpec(recompute=recompute)  # type: ignore[arg-type]
+    return _working_bytes([StagePart(block, 1)], par), block.saved_bytes
+
+
+@pytest.mark.parametrize("attention", ["math", "flash"])
+def test_recompute_working_memory_is_what_the_backward_rebuilds(attention: str) -> None:
+    # Full recompute rebuilds the whole block's activations in the backward; selective recompute only the
+    # part it dropped (the 5as/h attention term: Korthikanti et al. sec. 5); with a fused attention kernel only
+    # its fp32 softmax statistics (one per head and token, Dao et al. 2022, Algorithm 2).
+    for recompute, expected in (("none", lambda s: 0.0), ("full", lambda s: s["none"]),
+                                ("selective", lambda s: s["none"] - s["selective"])):
+        working, saved = _working(recompute, attention)
+        assert working == expected(saved)
+    working, _ = _working("selective", attention)
+    a = _gpt3_175b().num_heads
+    assert working == (5 * a * S * S * B if attention == "math" else 4 * a * S * B)

@@ -53,11 +53,50 @@ def observe(model: str, strategy: str, ranks: int, tree_model: str, cap_gib: flo
     return {"outcome": run["settings"]["outcome"], "used_bytes": max(peaks) if peaks else None}
 
 
+def gpu_verdicts(path: Path) -> dict[str, Any]:
+    """The lead's CUDA OOM probes (scripts/gpu/probe.py, oom_verdicts.jsonl) predicted by the analytical engine and
+    by the simulator; wrong verdicts per engine."""
+    from dataclasses import replace
+
+    from trainsim.cli.measure import job_from_flags
+    from trainsim.estimate.engines import make_engine
+    from trainsim.frontends.catalog.build import build_graph
+    from trainsim.measure.results import measured_stack
+    from trainsim.strategy.device_slice import DeviceSlice
+
+    keys = ("model", "seq_len", "micro_batch", "global_batch", "precision", "recompute", "cluster")
+    engines = {name: make_engine(name) for name in ("analytical", "sim")}
+    rows: dict[str, dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        if record["observed"] not in ("fits", "oom"):
+            continue
+        job = job_from_flags(None, {key: record[key] for key in keys} | {"num_gpus": 1})
+        job = replace(job, stack=measured_stack(job.parallel))
+        graph = build_graph(job.model, DeviceSlice.of(job.parallel))
+        row: dict[str, Any] = {"job": record["run_id"], "observed": record["observed"]}
+        for name, engine in engines.items():
+            result = engine.estimate(job, graph)
+            row[name] = "oom" if result.oom else "fits"
+            row[f"{name}_peak_gib"] = result.peak_memory_bytes / 2**30
+        rows[record["run_id"]] = row
+    out = list(rows.values())
+    wrong = {name: sum(r[name] != r["observed"] for r in out) for name in engines}
+    return {"jobs": len(out), "wrong": wrong, "rows": out}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--out", type=Path, default=t.ROOT / "results" / "proteus_oom")
     parser.add_argument("--ranks", default="2,4")
+    parser.add_argument("--gpu", type=Path, help="oom_verdicts.jsonl of CUDA probes: predict them, measure nothing")
     args = parser.parse_args()
+    if args.gpu is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        result = gpu_verdicts(args.gpu)
+        (args.out / "gpu_oom.json").write_text(json.dumps(result, indent=1) + "\n")
+        print(f"{result['jobs']} CUDA probes; wrong verdicts: {result['wrong']}")
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for model, mb, seq, tree_model, caps in PLANS:

@@ -174,7 +174,8 @@ def measure(model: str, strategy: str, ranks: int, out: Path, iterations: int, w
         return {"error": (done.stderr or done.stdout)[-400:]}
     run = json.loads(done.stdout)
     times = run["iteration_times_s"]
-    return {"median_s": statistics.median(times), "times_s": times, "final_loss": run["final_loss"],
+    cpu = max(run["settings"]["cpu_s_per_rank"]) / len(times)  # the busiest rank's CPU seconds per iteration
+    return {"median_s": statistics.median(times), "times_s": times, "cpu_s": cpu, "final_loss": run["final_loss"],
             "load_average_1m": run["settings"].get("load_average_1m")}
 
 
@@ -219,14 +220,58 @@ def campaign(ranks: int, out: Path, iterations: int, warmup: int, repeats: int, 
     repredict(path, ranks, db)
 
 
-def repredict(path: Path, ranks: int, db: Path) -> None:
-    """Simulate every measured cell of a campaign file with the campaign's profile database (no timing)."""
+def repredict(path: Path, ranks: int, db: Path, cpu_db: Path | None = None) -> None:
+    """Simulate every measured cell of a campaign file with the campaign's profile database (no timing), and
+    with the CPU-time database where there is one."""
     cells = json.loads(path.read_text())
     for key, cell in cells.items():
         model, strategy = key.split("/")
+        run_file = path.parent / "runs" / f"{model}-{strategy}-g{ranks}.json"
+        if "cpu_s" not in cell["measured"] and run_file.exists():  # cells measured before cpu_s was kept
+            run = json.loads(run_file.read_text())
+            cell["measured"]["cpu_s"] = max(run["settings"]["cpu_s_per_rank"]) / len(run["iteration_times_s"])
         cell["predicted"] = predict(model, strategy, ranks, db)
+        if cpu_db is not None and cpu_db.exists():
+            cell["predicted_cpu"] = predict(model, strategy, ranks, cpu_db)
     path.write_text(json.dumps(cells, indent=1) + "\n")
-    print(f"wrote {path}")
+
+
+def profile_cpu(out: Path, models: list[str]) -> None:
+    """Every cell's ops on the calling thread's CPU time (`trainsim profile`'s clock with one thread: what an op
+    costs without the slices other processes take): the costs that the ranks' CPU seconds per iteration are
+    compared with. Collectives: copy the campaigns' rows in (copy_collectives)."""
+    import torch
+
+    from trainsim.profile.database import ProfileDB
+    from trainsim.profile.job import hints_for
+    from trainsim.profile.ops import local_environment, profile_graph
+    from trainsim.strategy.device_slice import DeviceSlice
+
+    torch.set_num_threads(1)
+    db_path = out / "profile-cpu.db"
+    for ranks in (2, 4):
+        for model in models:
+            for strategy in STRATEGIES:
+                job, graph, plan = job_and_plan(model, strategy, ranks)
+                with ProfileDB.open(db_path) as db:
+                    profile_graph(db, local_environment("cpu-local", "cpu"), split_graph(graph, plan, ranks),
+                                  hints_for(job.model, DeviceSlice.of(job.parallel)), "cpu", warmup=1, repeats=5)
+            print(f"cpu-time profile: {model} on {ranks} ranks", flush=True)
+
+
+def copy_collectives(out: Path) -> None:
+    """The campaigns' collective curves into the CPU-time database (communication is wall time either way)."""
+    import sqlite3
+
+    target = sqlite3.connect(out / "profile-cpu.db")
+    for ranks in (2, 4):
+        source = out / f"profile-g{ranks}.db"
+        if source.exists():
+            target.execute("ATTACH DATABASE ? AS src", (str(source),))
+            target.execute("INSERT OR REPLACE INTO collective_times SELECT * FROM src.collective_times")
+            target.commit()
+            target.execute("DETACH DATABASE src")
+    target.close()
 
 
 def summary(out: Path) -> dict[str, Any]:
@@ -237,26 +282,30 @@ def summary(out: Path) -> dict[str, Any]:
         if not path.exists():
             continue
         for key, cell in json.loads(path.read_text()).items():
-            measured = cell["measured"].get("median_s")
-            if not measured or "predicted" not in cell:
-                continue
-            model, strategy = key.split("/")
-            errors = {b: abs(cell["predicted"][b] - measured) / measured for b in ("proteus", "plain", "flexflow")}
-            rows.append({"model": model, "strategy": strategy, "ranks": ranks, "measured_s": measured,
-                         **{f"{b}_s": cell["predicted"][b] for b in errors}, **{f"{b}_error": e
-                                                                                 for b, e in errors.items()}})
-    overall = {b: {"average": statistics.fmean(r[f"{b}_error"] for r in rows) if rows else None,
-                   "maximum": max((r[f"{b}_error"] for r in rows), default=None)}
-               for b in ("proteus", "plain", "flexflow")}
+            for clock, measured_key, predicted_key in (("wall", "median_s", "predicted"),
+                                                       ("cpu", "cpu_s", "predicted_cpu")):
+                measured = cell["measured"].get(measured_key)
+                if not measured or predicted_key not in cell:
+                    continue
+                model, strategy = key.split("/")
+                predicted = cell[predicted_key]
+                errors = {b: abs(predicted[b] - measured) / measured for b in ("proteus", "plain", "flexflow")}
+                rows.append({"clock": clock, "model": model, "strategy": strategy, "ranks": ranks,
+                             "measured_s": measured, **{f"{b}_s": predicted[b] for b in errors},
+                             **{f"{b}_error": e for b, e in errors.items()}})
+    overall = {clock: {b: {"average": statistics.fmean(r[f"{b}_error"] for r in rows if r["clock"] == clock),
+                           "maximum": max(r[f"{b}_error"] for r in rows if r["clock"] == clock)}
+                       for b in ("proteus", "plain", "flexflow")}
+               for clock in ("wall", "cpu") if any(r["clock"] == clock for r in rows)}
     result = {"cells": rows, "overall": overall}
     (out / "table4-summary.json").write_text(json.dumps(result, indent=1) + "\n")
-    print(f"{'model':<20}{'plan':<5}{'ranks':>6}{'measured':>10}{'proteus':>9}{'plain':>9}{'flexflow':>9}")
+    print(f"{'clock':<6}{'model':<20}{'plan':<5}{'ranks':>6}{'measured':>10}{'proteus':>9}{'plain':>9}{'flexflow':>9}")
     for r in rows:
-        print(f"{r['model']:<20}{r['strategy']:<5}{r['ranks']:>6}{r['measured_s'] * 1e3:>8.0f}ms"
+        print(f"{r['clock']:<6}{r['model']:<20}{r['strategy']:<5}{r['ranks']:>6}{r['measured_s'] * 1e3:>8.0f}ms"
               + "".join(f"{r[f'{b}_error'] * 100:>8.1f}%" for b in ("proteus", "plain", "flexflow")))
-    for b, v in overall.items():
-        if v["average"] is not None:
-            print(f"{b}: average {v['average'] * 100:.1f}%, maximum {v['maximum'] * 100:.1f}%")
+    for clock, per in overall.items():
+        for b, v in per.items():
+            print(f"{clock} {b}: average {v['average'] * 100:.1f}%, maximum {v['maximum'] * 100:.1f}%")
     return result
 
 
@@ -270,15 +319,22 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--summary", action="store_true")
     parser.add_argument("--repredict", action="store_true", help="simulate the measured cells again, measure nothing")
+    parser.add_argument("--cpu-profile", action="store_true", help="profile every cell's ops on thread CPU time "
+                        "into OUT/profile-cpu.db (load-independent; no runs)")
     args = parser.parse_args()
     os.environ.setdefault("PYTHONPATH", str(ROOT / "src"))
     if args.summary:
         summary(args.out)
         return
+    if args.cpu_profile:
+        profile_cpu(args.out, args.models.split(","))
+        return
     if args.ranks is None:
         parser.error("--ranks 2 or 4 (or --summary)")
     if args.repredict:
-        repredict(args.out / f"table4-g{args.ranks}.json", args.ranks, args.out / f"profile-g{args.ranks}.db")
+        copy_collectives(args.out)
+        repredict(args.out / f"table4-g{args.ranks}.json", args.ranks, args.out / f"profile-g{args.ranks}.db",
+                  args.out / "profile-cpu.db")
         return
     campaign(args.ranks, args.out, args.iterations, args.warmup, args.repeats, args.models.split(","))
 

@@ -119,7 +119,8 @@ class AllGather(torch.autograd.Function):
         return _gather(x, dim, group, size)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+    def backward(ctx: Any, *grad_outputs: Any) -> Any:
+        grad = grad_outputs[0]
         return _reduce_scatter(grad, *ctx.args), None, None, None
 
 
@@ -130,7 +131,8 @@ class ReduceScatter(torch.autograd.Function):
         return _reduce_scatter(x, dim, group, size)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+    def backward(ctx: Any, *grad_outputs: Any) -> Any:
+        grad = grad_outputs[0]
         return _gather(grad, *ctx.args), None, None, None
 
 
@@ -142,7 +144,8 @@ class AllReduce(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+    def backward(ctx: Any, *grad_outputs: Any) -> Any:
+        grad = grad_outputs[0]
         return grad, None
 
 
@@ -156,7 +159,8 @@ class ReduceGradients(torch.autograd.Function):
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+    def backward(ctx: Any, *grad_outputs: Any) -> Any:
+        grad = grad_outputs[0]
         out = grad.contiguous().clone()
         dist.all_reduce(out, group=ctx.group)
         return out, None
@@ -169,7 +173,8 @@ class AllToAll(torch.autograd.Function):
         return _all_to_all(x, split_dim, cat_dim, group, size)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+    def backward(ctx: Any, *grad_outputs: Any) -> Any:
+        grad = grad_outputs[0]
         split_dim, cat_dim, group, size = ctx.args
         return _all_to_all(grad, cat_dim, split_dim, group, size), None, None, None, None
 
@@ -183,7 +188,8 @@ class Slice(torch.autograd.Function):
         return x.chunk(parts, dim=dim)[index].contiguous()
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+    def backward(ctx: Any, *grad_outputs: Any) -> Any:
+        grad = grad_outputs[0]
         return _gather(grad, *ctx.args), None, None, None, None
 
 

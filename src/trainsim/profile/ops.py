@@ -465,6 +465,7 @@ def _conv_kernel(sig: OpSignature, device: str) -> tuple[Callable[[], object], s
     assert match is not None
     part, kh, kw, stride = match[1], int(match[2]), int(match[3]), int(match[4])
     pad = (kh // 2, kw // 2)
+    padding: Any = pad  # NB: torch.nn.grad takes an (h, w) padding; its annotation says int
     in_h, in_w = (h - 1) * stride + kh - 2 * pad[0], (w - 1) * stride + kw - 2 * pad[1]
     dt = _torch_dtype(sig.dtype)
     x = torch.randn(n, c_in, in_h, in_w, dtype=dt, device=device)
@@ -472,9 +473,9 @@ def _conv_kernel(sig: OpSignature, device: str) -> tuple[Callable[[], object], s
     dy = torch.randn(n, c_out, h, w, dtype=dt, device=device)
     detail = f"conv2d {c_in}->{c_out} {kh}x{kw} stride {stride} on {in_h}x{in_w}"
     if part == "dgrad":
-        return (lambda: conv2d_input(x.shape, weight, dy, stride=stride, padding=pad)), detail + " input grad"
+        return (lambda: conv2d_input(x.shape, weight, dy, stride=stride, padding=padding)), detail + " input grad"
     if part == "wgrad":
-        return (lambda: conv2d_weight(x, weight.shape, dy, stride=stride, padding=pad)), detail + " weight grad"
+        return (lambda: conv2d_weight(x, weight.shape, dy, stride=stride, padding=padding)), detail + " weight grad"
     return (lambda: F.conv2d(x, weight, stride=stride, padding=pad)), detail
 
 

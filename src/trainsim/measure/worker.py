@@ -154,7 +154,8 @@ def _measure(spec: MeasureSpec, job: Any, device: Any, rank: int, world_size: in
         log(f"timed {len(times)} iterations: median {sorted(times)[len(times) // 2]:.4f} s")
     peak = _peak_memory_bytes(device)
     traces = _traces(spec, trainer, rank)
-    info = {"rank": rank, "peak": peak, "baseline": baseline, "loss": loss if trainer.computes_loss else None,
+    timed_loss = loss if trainer.computes_loss and loss == loss else None  # nan: no timed step (oom)
+    info = {"rank": rank, "peak": peak, "baseline": baseline, "loss": timed_loss,
             "threads": torch.get_num_threads(), "traces": traces, "host": machine()["host_sha256"],
             "cpu_s": cpu_s, "load": [load_before, os.getloadavg()[0]], "oom": cap.over,
             "capped_peak": cap.used() if cap.cap > 0 else None}

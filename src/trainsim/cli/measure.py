@@ -60,6 +60,11 @@ def measure(
                                               help="with --suite: after measuring, profile the jobs' ops and gloo "
                                               "collectives into OUT/profile.db (profiled costs for validate)")]
     = True,
+    tree: Annotated[Path | None, typer.Option(help="strategy-tree YAML: run its computation configs (op splits "
+                                              "with resharding collectives) on data-parallel ranks, fp32")] = None,
+    memory_cap_gib: Annotated[float, typer.Option("--memory-cap-gib", help="per-rank memory cap the harness "
+                                                  "enforces (GiB above the rank's baseline); over it the run "
+                                                  "records outcome oom (0: none)")] = 0.0,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     """Run a training job for real (torch.distributed: gloo on CPUs, NCCL on GPUs) and record its iteration
@@ -76,7 +81,34 @@ def measure(
         raise ConfigError("repeats" if repeats != 1 else "list", repeats if repeats != 1 else True,
                           "applies to --suite only")
     job = job_from_flags(job_file, flags)
-    _measure_one(job, out, run_id, iterations, warmup, timeout_s, threads, profile, execution_trace, as_json)
+    extra = _split_run(tree, memory_cap_gib, model, job)
+    _measure_one(job, out, run_id, iterations, warmup, timeout_s, threads, profile, execution_trace, as_json,
+                 extra)
+
+
+MAX_CAP_GIB = 1e6
+
+
+def _split_run(tree: Path | None, memory_cap_gib: float, model: str | None, job: Job) -> dict[str, Any]:
+    """make_spec's tree, its ops' computation configs, the CNN's dataflow and the memory cap from the flags."""
+    if not 0.0 <= memory_cap_gib <= MAX_CAP_GIB:  # NB: also refuses NaN
+        raise ConfigError("memory_cap_gib", memory_cap_gib, f"must be 0 (no cap) to {MAX_CAP_GIB:g} GiB")
+    extra: dict[str, Any] = {"memory_cap_bytes": int(memory_cap_gib * 2**30)}
+    if tree is None:
+        return extra
+    if not tree.is_file():
+        raise ConfigError("tree", str(tree), "must be a strategy-tree YAML file")
+    from trainsim.compile.splits import plan_splits
+    from trainsim.frontends.catalog.build import build_graph
+    from trainsim.measure.split_model_files import dataflow_beside
+    from trainsim.strategy.device_slice import DeviceSlice
+    from trainsim.strategy.tree_yaml import load_tree_yaml
+
+    plan = load_tree_yaml(tree, build_graph(job.model, DeviceSlice.of(job.parallel))).lower(job.parallel)
+    configs = {f"{index}:{name}": [c.batch, c.seq, c.out, c.reduce]
+               for index, split in plan_splits(plan, job.parallel.dp).items() for name, c in split.configs.items()}
+    extra.update(tree_yaml=tree.read_text(), dataflow=dataflow_beside(model) if model else None, op_configs=configs)
+    return extra
 
 
 def job_from_flags(job_file: Path | None, flags: dict[str, Any]) -> Job:
@@ -121,12 +153,13 @@ def _progress(as_json: bool, total: int | None) -> Progress:
 
 
 def _measure_one(job: Job, out: Path, run_id: str | None, iterations: int, warmup: int, timeout_s: float,
-                 threads: int | None, profile: bool, execution_trace: bool, as_json: bool) -> None:
+                 threads: int | None, profile: bool, execution_trace: bool, as_json: bool,
+                 extra: dict[str, Any] | None = None) -> None:
     from trainsim.measure.launch import MeasureFailedError, launch, make_spec
     from trainsim.measure.results import load_run
 
     spec = make_spec(job, out, run_id=run_id, iterations=iterations, warmup=warmup, timeout_s=timeout_s,
-                     threads=threads, profile=profile, execution_trace=execution_trace)
+                     threads=threads, profile=profile, execution_trace=execution_trace, **(extra or {}))
     _check_memory(job, spec.device)
     with _progress(as_json, None) as bar:
         task = bar.add_task(f"measuring {spec.run_id} on {job.num_gpus} rank(s) ({spec.device})", total=None)

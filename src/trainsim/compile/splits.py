@@ -33,26 +33,14 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from trainsim.compile.reshard import Placement, ReshardStep, reshard
+from trainsim.compile.reshard import ReshardStep, reshard
 from trainsim.errors import ConfigError
 from trainsim.hardware.device import BYTES_PER_DTYPE
 from trainsim.ir.graph import Layer, Op
 from trainsim.strategy.lowered import LayerAssignment, LoweredPlan, OpSplit
+from trainsim.strategy.placement import CONTRACTING, OpConfig, Placement
 
-CONTRACTING = ("matmul", "conv")  # ops with a reduction dimension a config may split
 WHOLE_FEATURE = ("norm", "loss")  # ops that read whole features
-
-
-@dataclass(frozen=True, slots=True)
-class OpConfig:
-    batch: int
-    seq: int
-    out: int
-    reduce: int
-
-    @property
-    def parts(self) -> int:
-        return self.batch * self.seq * self.out * self.reduce
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,8 +268,14 @@ def scaled_op(op: Op, config: OpConfig, group: int) -> Op:
             else ("m", "n", "k")
         shape = [max(1, round(shape[0] * batch_scale))] + [max(1, shape[i + 1] // dims[d])
                                                            for i, d in enumerate(order)]
-    elif shape:
-        shape[0] = max(1, round(shape[0] * batch_scale))
+    elif op.kind == "attention" and len(shape) == 4:  # (batch x heads, q, kv, head dim): heads split by out
+        shape[0] = max(1, round(shape[0] * batch_scale / config.out))
+    elif op.kind == "conv" and len(shape) == 4:  # (batch, out channels, h, w); in channels follow the FLOPs
+        shape[0], shape[1] = max(1, round(shape[0] * batch_scale)), max(1, shape[1] // config.out)
+    elif len(shape) == 1:  # a pointwise op's elements: its share of the batch and of the features
+        shape[0] = max(1, round(shape[0] * factor))
+    elif shape:  # (batch, ..., features), a lookup's
+        shape[0], shape[-1] = max(1, round(shape[0] * batch_scale)), max(1, shape[-1] // config.out)
     return dataclasses.replace(op, flops=op.flops * factor, bytes_moved=op.bytes_moved * factor, shape=tuple(shape))
 
 

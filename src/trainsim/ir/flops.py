@@ -61,12 +61,12 @@ def pointwise_op(name: str, kind: OpKind, path: str, dtype: DType, elements: flo
 def pointwise_backward(op: Op) -> Op:
     """NB: the gradient of a pointwise op reads the incoming gradient and the saved input: about 1.5x bytes."""
     return _as_bwd(Op(op.name + ".bwd", op.kind, op.module_path, "bwd", op.dtype, op.flops * 2.0,
-                      op.bytes_moved * 1.5, op.shape))
+                      op.bytes_moved * 1.5, op.shape, kernel=op.kernel))
 
 
 def _as_bwd(op: Op) -> Op:
     return Op(op.name, op.kind, op.module_path, "bwd", op.dtype, op.flops, op.bytes_moved, op.shape,
-              op.recompute_selective)
+              op.recompute_selective, op.kernel)
 
 
 def conv_flops(batch: int, in_channels: int, out_channels: int, kernel: tuple[int, int],
@@ -97,7 +97,7 @@ def conv_backward(op: Op) -> tuple[Op, Op]:
     the third).
     """
     dgrad = Op(op.name + ".dgrad", op.kind, op.module_path, "bwd", op.dtype, op.flops, op.bytes_moved,
-               op.shape)
+               op.shape, kernel=op.kernel)
     wgrad = Op(op.name + ".wgrad", op.kind, op.module_path, "bwd", op.dtype, op.flops, op.bytes_moved,
-               op.shape)
+               op.shape, kernel=op.kernel)
     return dgrad, wgrad

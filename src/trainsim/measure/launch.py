@@ -75,6 +75,15 @@ class MeasureSpec:
     execution_trace: bool = False
     seed: int = 0
     labels: dict[str, str] = field(default_factory=dict)
+    # a strategy tree (its YAML text): the split executor (measure/split_model.py) runs its computation configs
+    tree_yaml: str = ""
+    dataflow: dict[str, list[str]] | None = None  # a CNN's layer inputs (measure/split_model_files.dataflow_beside)
+    # "layer index:op name" -> the op's computation config [batch, seq, out, reduce] (compile.splits.plan_splits,
+    # computed by the command, which sits above the compiler)
+    op_configs: dict[str, list[int]] | None = None
+    # a per-rank memory cap (bytes above the rank's resident memory before the model is built; 0: none): a rank
+    # that goes past it stops the run, which records outcome "oom" instead of failing
+    memory_cap_bytes: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -125,10 +134,13 @@ def pick_device(job: Job) -> Device:
     return "cuda"
 
 
-def check_supported(job: Job, device: Device) -> None:
+def check_supported(job: Job, device: Device, tree: bool = False) -> None:
     """Refuse, with one line, every job the harness cannot run as stated (no silent substitutes)."""
     model = job.model
     p = job.parallel
+    if tree:
+        _check_split_run(job)
+        return
     if not isinstance(model, TransformerSpec):
         raise unsupported(f"measure builds transformer models only, not a {model.kind} model")
     if model.is_moe:
@@ -154,6 +166,20 @@ def check_supported(job: Job, device: Device) -> None:
                                   f"/ (dp={p.dp} x micro_batch={p.micro_batch}) = {p.num_micro_batches}")
 
 
+def _check_split_run(job: Job) -> None:
+    """What the split executor (measure/split_model.py) runs: data-parallel ranks carved by the tree's
+    computation configs, fp32, no pipeline."""
+    p = job.parallel
+    for axis in ("tp", "pp", "cp", "ep"):
+        if getattr(p, axis) > 1:
+            raise unsupported(f"{axis}={getattr(p, axis)} with --tree is not measured (the tree's splits carve the "
+                              "data-parallel ranks)")
+    if p.precision != "fp32" or p.zero:
+        raise unsupported("--tree is measured in fp32 without ZeRO")
+    if getattr(job.model, "is_moe", False):
+        raise unsupported("--tree is not measured for a mixture of experts")
+
+
 def _check_tp(model: TransformerSpec, job: Job) -> None:
     tp = job.parallel.tp
     for name, value in (("num_kv_heads", model.kv_heads), ("vocab", model.vocab), ("ffn_hidden", model.ffn_hidden)):
@@ -166,7 +192,9 @@ def _check_tp(model: TransformerSpec, job: Job) -> None:
 def make_spec(job: Job, out_dir: Path, *, run_id: str | None = None, iterations: int = 20, warmup: int = 5,
               timeout_s: float = 600.0, threads: int | None = None, device: Device | None = None,
               profile: bool = False, execution_trace: bool = False,
-              labels: dict[str, str] | None = None) -> MeasureSpec:
+              labels: dict[str, str] | None = None, tree_yaml: str = "",
+              dataflow: dict[str, list[str]] | None = None, memory_cap_bytes: int = 0,
+              op_configs: dict[str, list[int]] | None = None) -> MeasureSpec:
     """Check the job and the loop settings; pick the device and the threads per rank (cores / ranks)."""
     import importlib.util
 
@@ -183,11 +211,15 @@ def make_spec(job: Job, out_dir: Path, *, run_id: str | None = None, iterations:
     if run_id is not None and (problem := check_name("run_id", run_id)) is not None:
         raise problem
     chosen: Device = device or pick_device(job)
-    check_supported(job, chosen)
+    check_supported(job, chosen, tree=bool(tree_yaml))
+    if memory_cap_bytes < 0:
+        raise ConfigError("memory_cap_bytes", memory_cap_bytes, "must be >= 0 (0: no cap)")
     if threads is None:
         threads = 1 if chosen == "cpu" else 0
     return MeasureSpec(run_id or default_run_id(job)[:MAX_NAME_CHARS], job_to_dict(job), str(out_dir), iterations,
-                       warmup, timeout_s, threads, chosen, profile, execution_trace, labels=labels or {})
+                       warmup, timeout_s, threads, chosen, profile, execution_trace, labels=labels or {},
+                       tree_yaml=tree_yaml, dataflow=dataflow, memory_cap_bytes=memory_cap_bytes,
+                       op_configs=op_configs)
 
 
 def _store_socket() -> socket.socket:

@@ -117,40 +117,114 @@ def _measure(spec: MeasureSpec, job: Any, device: Any, rank: int, world_size: in
     from trainsim.measure.parallelize import Trainer, make_topology
 
     started = datetime.now(UTC).isoformat(timespec="seconds")
-    topo = make_topology(job, device.type)
     torch.manual_seed(spec.seed)
     baseline = _resident_bytes() if device.type == "cpu" else 0
-    trainer = Trainer(job, topo, device, spec.seed)
+    if spec.tree_yaml:
+        trainer: Any = _split_trainer(spec, job, rank, world_size)
+    else:
+        trainer = Trainer(job, make_topology(job, device.type), device, spec.seed)
     log(f"built {job.describe()}; stages {trainer.stage_indices}")
+    cap = _MemoryCap(spec.memory_cap_bytes, baseline, device)
     inject_fault(rank)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    warm_times: list[float] = []
     for i in range(spec.warmup):
+        begun = time.perf_counter()
         trainer.step()
+        warm_times.append(time.perf_counter() - begun)
         log(f"warm-up {i + 1}/{spec.warmup}")
+        if cap.exceeded():
+            break
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     times: list[float] = []
     loss = float("nan")
     load_before, cpu_before = os.getloadavg()[0], time.process_time()
-    for _ in range(spec.iterations):
+    for _ in range(spec.iterations if not cap.over else 0):
         dist.barrier()
         start = time.perf_counter()
         loss = trainer.step()
         sync()
         dist.barrier()
         times.append(time.perf_counter() - start)
+        if cap.exceeded():
+            break
     cpu_s = time.process_time() - cpu_before
-    log(f"timed {spec.iterations} iterations: median {sorted(times)[len(times) // 2]:.4f} s")
+    if times:
+        log(f"timed {len(times)} iterations: median {sorted(times)[len(times) // 2]:.4f} s")
     peak = _peak_memory_bytes(device)
     traces = _traces(spec, trainer, rank)
-    info = {"rank": rank, "peak": peak, "baseline": baseline, "loss": loss if trainer.computes_loss else None,
+    timed_loss = loss if trainer.computes_loss and loss == loss else None  # nan: no timed step (oom)
+    info = {"rank": rank, "peak": peak, "baseline": baseline, "loss": timed_loss,
             "threads": torch.get_num_threads(), "traces": traces, "host": machine()["host_sha256"],
-            "cpu_s": cpu_s, "load": [load_before, os.getloadavg()[0]]}
+            "cpu_s": cpu_s, "load": [load_before, os.getloadavg()[0]], "oom": cap.over,
+            "capped_peak": cap.used() if cap.cap > 0 else None}
     gathered: list[Any] = [None] * world_size
     dist.all_gather_object(gathered, info)
     if rank == 0:
-        _write_result(spec, job, times, gathered, started, device)
+        _write_result(spec, job, times or warm_times[-1:], gathered, started, device)  # oom: the last step
     dist.barrier()  # no rank tears down its connections while another still uses them
+
+
+def _split_trainer(spec: MeasureSpec, job: Any, rank: int, world_size: int) -> Any:
+    """The split executor's trainer for a strategy tree (measure/split_model.py)."""
+    import tempfile
+
+    from trainsim.frontends.catalog.build import build_graph
+    from trainsim.measure.split_model import Ranks, SplitTrainer
+    from trainsim.strategy.device_slice import DeviceSlice
+    from trainsim.strategy.placement import OpConfig
+    from trainsim.strategy.tree_yaml import load_tree_yaml
+
+    graph = build_graph(job.model, DeviceSlice.of(job.parallel))
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as handle:
+        handle.write(spec.tree_yaml)
+    try:
+        plan = load_tree_yaml(Path(handle.name), graph).lower(job.parallel)
+    finally:
+        Path(handle.name).unlink(missing_ok=True)
+    configs = {key: OpConfig(*value) for key, value in (spec.op_configs or {}).items()}
+    return SplitTrainer(job, plan, configs, Ranks(world_size, rank), spec.seed, spec.dataflow)
+
+
+class _MemoryCap:
+    """A per-rank memory cap the harness enforces. On a CPU a thread samples the rank's resident memory every few
+    milliseconds while the steps run (the high-water mark of getrusage would keep the model's construction, whose
+    full weights are sliced and freed); on a GPU, CUDA max allocated. After each step every rank compares its peak
+    above its baseline with the cap, and all stop together (one max-reduction) when any rank is over it: the run
+    records outcome "oom"."""
+
+    SAMPLE_S = 0.002
+
+    def __init__(self, cap_bytes: int, baseline: int, device: Any) -> None:
+        self.cap, self.baseline, self.device, self.over = cap_bytes, baseline, device, False
+        self.peak = 0
+        if cap_bytes > 0 and device.type == "cpu":
+            threading.Thread(target=self._sample, daemon=True, name="rss-sampler").start()
+
+    def _sample(self) -> None:
+        while not self.over:
+            self.peak = max(self.peak, _resident_bytes())
+            time.sleep(self.SAMPLE_S)
+
+    def used(self) -> int:
+        if self.device.type == "cpu":
+            return max(self.peak, _resident_bytes()) - self.baseline
+        return _peak_memory_bytes(self.device)
+
+    def exceeded(self) -> bool:
+        if self.cap <= 0:
+            return False
+        import torch
+        import torch.distributed as dist
+
+        used = self.used()
+        flag = torch.tensor([1.0 if used > self.cap else 0.0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        self.over = bool(flag.item() > 0)
+        if self.over:
+            log(f"memory cap {self.cap} B exceeded (this rank {used} B): outcome oom")
+        return self.over
 
 
 def _resident_bytes() -> int:
@@ -218,7 +292,12 @@ def _write_result(spec: MeasureSpec, job: Any, times: list[float], ranks: list[A
                 # a busy machine shows here: rank 0's 1-minute load average before and after the timed loop,
                 # and each rank's CPU time over it (well below the timed wall time: starved or waiting)
                 "load_average_1m": ranks[0]["load"], "cpu_s_per_rank": [round(r["cpu_s"], 4) for r in ranks],
-                "timed_wall_s": round(sum(times), 4)}
+                "timed_wall_s": round(sum(times), 4),
+                "outcome": "oom" if any(r.get("oom") for r in ranks) else "ok",
+                "memory_cap_bytes": spec.memory_cap_bytes,
+                "capped_peak_bytes": [r.get("capped_peak") for r in ranks]}
+    if spec.tree_yaml:
+        settings["tree"] = spec.tree_yaml
     if spec.device == "cuda":
         settings["gpu_name"] = torch.cuda.get_device_name(device)
     losses = [r["loss"] for r in ranks if r["loss"] is not None]  # one per data-parallel rank

@@ -20,6 +20,7 @@ import contextlib
 import math
 import os
 import platform
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -95,10 +96,32 @@ def _pointwise_impl(op: Op) -> str:
     return "add"  # residual adds, position-embedding add and other two-input elementwise ops
 
 
-def signature_of(op: Op) -> OpSignature | None:
-    """The measurement an op is answered by; None for ops no microbenchmark stands in for (conv, pool, fp8)."""
-    if op.dtype in UNSUPPORTED_DTYPES or op.kind in ("conv", "pool"):
+def _conv_signature(op: Op) -> OpSignature | None:
+    """A convolution by its geometry (Op.kernel "KHxKWsS", set by the CNN front-end) and its output and input
+    channels: (batch, out channels, out h, out w, in channels), in channels from the FLOPs."""
+    match = re.fullmatch(r"(\d+)x(\d+)s(\d+)", op.kernel)
+    if match is None or len(op.shape) != 4:
         return None
+    n, c_out, h, w = op.shape
+    kh, kw = int(match[1]), int(match[2])
+    c_in = round(op.flops / (2.0 * n * c_out * h * w * kh * kw))
+    if c_in < 1:
+        return None
+    part = op.name.rsplit(".", 1)[-1] if op.name.endswith((".dgrad", ".wgrad")) else "fwd"
+    return OpSignature("conv", f"conv.{part}.{op.kernel}", op.phase, op.dtype, (n, c_out, h, w, c_in))
+
+
+def signature_of(op: Op) -> OpSignature | None:
+    """The measurement an op is answered by; None for ops no microbenchmark stands in for (fp8; convolutions and
+    pools without their geometry)."""
+    if op.dtype in UNSUPPORTED_DTYPES:
+        return None
+    if op.kind == "conv":
+        return _conv_signature(op)
+    if op.kind == "pool":
+        if not re.fullmatch(r"(avg|max)\d+x\d+s\d+o\d+x\d+", op.kernel) or len(op.shape) != 1:
+            return None
+        return OpSignature("pool", f"pool.{op.kernel}", op.phase, op.dtype, tuple(op.shape))
     if op.kind == "matmul":
         if len(op.shape) != 4:
             return None
@@ -430,8 +453,61 @@ def _pointwise_kernel(sig: OpSignature, hints: KernelHints, device: str) -> tupl
     raise AssertionError(f"no kernel for {impl}")
 
 
+def _conv_kernel(sig: OpSignature, device: str) -> tuple[Callable[[], object], str]:
+    """F.conv2d with the op's geometry, padded to give its output size; dgrad and wgrad as autograd runs them
+    (torch.nn.grad.conv2d_input / conv2d_weight)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.grad import conv2d_input, conv2d_weight
+
+    n, c_out, h, w, c_in = sig.shape
+    match = re.fullmatch(r"conv\.(\w+)\.(\d+)x(\d+)s(\d+)", sig.impl)
+    assert match is not None
+    part, kh, kw, stride = match[1], int(match[2]), int(match[3]), int(match[4])
+    pad = (kh // 2, kw // 2)
+    padding: Any = pad  # NB: torch.nn.grad takes an (h, w) padding; its annotation says int
+    in_h, in_w = (h - 1) * stride + kh - 2 * pad[0], (w - 1) * stride + kw - 2 * pad[1]
+    dt = _torch_dtype(sig.dtype)
+    x = torch.randn(n, c_in, in_h, in_w, dtype=dt, device=device)
+    weight = torch.randn(c_out, c_in, kh, kw, dtype=dt, device=device)
+    dy = torch.randn(n, c_out, h, w, dtype=dt, device=device)
+    detail = f"conv2d {c_in}->{c_out} {kh}x{kw} stride {stride} on {in_h}x{in_w}"
+    if part == "dgrad":
+        return (lambda: conv2d_input(x.shape, weight, dy, stride=stride, padding=padding)), detail + " input grad"
+    if part == "wgrad":
+        return (lambda: conv2d_weight(x, weight.shape, dy, stride=stride, padding=padding)), detail + " weight grad"
+    return (lambda: F.conv2d(x, weight, stride=stride, padding=pad)), detail
+
+
+def _pool_kernel(sig: OpSignature, device: str) -> tuple[Callable[[], object], str]:
+    import torch
+    import torch.nn.functional as F
+
+    match = re.fullmatch(r"pool\.(avg|max)(\d+)x(\d+)s(\d+)o(\d+)x(\d+)", sig.impl)
+    assert match is not None
+    mode, kh, kw, stride, oh, ow = match[1], *(int(match[i]) for i in range(2, 7))
+    planes = max(1, int(sig.shape[0]) // (oh * ow))
+    pad = (min(kh // 2, 1) if stride == 1 else 0, min(kw // 2, 1) if stride == 1 else 0)
+    in_h, in_w = (oh - 1) * stride + kh - 2 * pad[0], (ow - 1) * stride + kw - 2 * pad[1]
+    x = torch.randn(1, planes, in_h, in_w, dtype=_torch_dtype(sig.dtype), device=device,
+                    requires_grad=sig.phase == "bwd")
+    pool = F.avg_pool2d if mode == "avg" else F.max_pool2d
+
+    def run() -> Any:
+        return pool(x, (kh, kw), stride, pad)
+
+    detail = f"{mode}_pool2d {kh}x{kw} stride {stride} over {planes} planes of {in_h}x{in_w}"
+    if sig.phase == "bwd":
+        return _backward_of(run(), [x]), detail + " backward"
+    return run, detail
+
+
 def build_kernel(sig: OpSignature, hints: KernelHints, device: str) -> tuple[Callable[[], object], str]:
     """A zero-argument callable that runs the op once on `device`, and a note on what it runs."""
+    if sig.kind == "conv":
+        return _conv_kernel(sig, device)
+    if sig.kind == "pool":
+        return _pool_kernel(sig, device)
     if sig.kind == "matmul":
         return _matmul_kernel(sig, hints, device)
     if sig.kind == "attention":

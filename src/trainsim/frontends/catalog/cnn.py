@@ -5,7 +5,7 @@ repeated bottlenecks, Inception's Mixed_6c/6d) are stored once with a repeat cou
 caller refuses tensor and context parallelism for CNNs, so dev.tp and dev.cp are ignored.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trainsim.hardware.device import BYTES_PER_DTYPE, DType
 from trainsim.ir.flops import (
@@ -101,9 +101,10 @@ def _params(member: _Member) -> int:
 def _forward_op(member: _Member, dev: DeviceSlice, conv_dtype: DType) -> Op:
     layer, batch, act = member.layer, dev.micro_batch, dev.precision.activation_dtype
     path, out = layer.name, _out_elements(layer, dev.micro_batch)
-    if layer.type == "conv":
-        return conv_op(layer.name, path, conv_dtype, batch, layer.in_channels, layer.out_channels,
-                       layer.kernel, layer.stride, layer.out_hw, _in_hw(layer))
+    if layer.type == "conv":  # the geometry rides in Op.kernel, for the conv microbenchmark (profile/ops.py)
+        op = conv_op(layer.name, path, conv_dtype, batch, layer.in_channels, layer.out_channels,
+                     layer.kernel, layer.stride, layer.out_hw, _in_hw(layer))
+        return replace(op, kernel=f"{layer.kernel[0]}x{layer.kernel[1]}s{layer.stride}")
     if layer.type == "fc":
         return matmul_op(layer.name, path, dev.precision.linear_dtype, batch, layer.out_channels,
                          layer.in_channels)
@@ -112,8 +113,11 @@ def _forward_op(member: _Member, dev: DeviceSlice, conv_dtype: DType) -> Op:
         return pointwise_op(layer.name, "norm", path, act, out, reads=2.0, flops_per_element=5.0)
     if layer.type == "pool":
         window = layer.kernel[0] * layer.kernel[1]
-        return pointwise_op(layer.name, "pool", path, act, out, reads=_in_elements(layer, batch) / out,
-                            flops_per_element=float(window))
+        op = pointwise_op(layer.name, "pool", path, act, out, reads=_in_elements(layer, batch) / out,
+                          flops_per_element=float(window))
+        mode = "avg" if "avg" in layer.name else "max"
+        return replace(op, kernel=f"{mode}{layer.kernel[0]}x{layer.kernel[1]}s{layer.stride}"
+                       f"o{layer.out_hw[0]}x{layer.out_hw[1]}")
     if layer.type == "concat":
         return pointwise_op(layer.name, "elementwise", path, act, out, flops_per_element=0.0)
     return pointwise_op(layer.name, "elementwise", path, act, out)  # relu

@@ -1,0 +1,378 @@
+"""Table IV of Proteus (Sec. VIII-C) on this machine: the six models' small versions x S1/S2 on 2 or 4 gloo ranks,
+measured with `trainsim measure --tree` and simulated with profiled op costs, three ways (the simulator's
+runtime-behaviour switch, sim/baselines.py): proteus (overlap slow-down and bandwidth sharing), plain (Fig. 9),
+flexflow (FlexFlow-Sim: collectives inserted, priced from bandwidth alone, no runtime behaviours).
+
+Campaigns of three models (about seven minutes each on this shared 2-core machine), under the timing lock:
+
+    M1=resnet50-small,inception-v3-small,vgg19-small M2=gpt2-small,gpt2-1.5b-small,dlrm-small
+    for g in 2 4; do for m in $M1 $M2; do
+        flock /tmp/trainsim-timing.lock python scripts/proteus_table4.py --ranks $g --models $m \
+            --out results/proteus_table4
+    done; done
+    python scripts/proteus_table4.py --summary --out results/proteus_table4      # errors per cell and overall
+
+Per model, the ops both plans run (their per-rank shapes under the computation configs: compile.splits.scaled_op)
+are profiled into OUT/profile-gG.db right before the two plans are measured, so ops and runs see the same machine.
+The ranks share this machine's cores, so ops are timed on the wall clock while G - 1 sibling processes run the
+same microbenchmarks (the contention a rank sees from the others); collectives are timed among G local processes
+(`trainsim profile`'s collective microbenchmarks). Models and trees: scripts/gen_proteus_small.py.
+"""
+
+import argparse
+import dataclasses
+import json
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ROOT / "data" / "strategies" / "proteus" / "small"
+# model -> (micro-batch per rank, sequence length)
+MODELS: dict[str, tuple[int, int]] = {
+    "resnet50-small": (4, 1), "inception-v3-small": (2, 1), "vgg19-small": (4, 1),
+    "gpt2-small": (2, 64), "gpt2-1.5b-small": (1, 64), "dlrm-small": (128, 1),
+}
+STRATEGIES = ("s1", "s2")
+BUCKET_PARAMS = 262144  # measure/split_model.BUCKET_PARAMS
+COLLECTIVE_SIZES = (1024, 16384, 131072, 1048576, 4194304)
+
+
+def settings(model: str, ranks: int) -> dict[str, Any]:
+    mb, seq = MODELS[model]
+    return {"model": str(SMALL / "models" / f"{model}.yaml"), "cluster": "local-cpu", "num_gpus": ranks,
+            "dp": ranks, "micro_batch": mb, "global_batch": mb * ranks, "seq_len": seq, "precision": "fp32",
+            "optimizer_impl": "loop",
+            "stack_overrides": {"grad_reduce_overlap": True, "grad_bucket_params": BUCKET_PARAMS}}
+
+
+def tree_path(model: str, strategy: str, ranks: int) -> Path:
+    return SMALL / f"ranks{ranks}" / f"{model}-{strategy}.yaml"
+
+
+def job_and_plan(model: str, strategy: str, ranks: int, tree_model: str = "") -> tuple[Any, Any, Any]:
+    from trainsim.frontends.catalog.build import build_graph
+    from trainsim.jobfile import job_from_settings
+    from trainsim.strategy.device_slice import DeviceSlice
+    from trainsim.strategy.tree_yaml import load_tree_yaml
+
+    job = job_from_settings(settings(model, ranks))
+    job = dataclasses.replace(job, cluster=job.cluster.on_one_node())
+    graph = build_graph(job.model, DeviceSlice.of(job.parallel))
+    plan = load_tree_yaml(tree_path(tree_model or model, strategy, ranks), graph).lower(job.parallel)
+    return job, graph, plan
+
+
+def split_graph(graph: Any, plan: Any, ranks: int) -> Any:
+    """The OpGraph of what one rank runs under the plan's configs (each layer instance once)."""
+    from trainsim.compile.splits import config_of, plan_splits, scaled_op
+    from trainsim.ir.graph import OpGraph
+
+    splits = plan_splits(plan, ranks)
+    layers = []
+    for a in plan.layers:
+        split = splits.get(a.index)
+
+        def scale(op: Any, split: Any = split) -> Any:
+            config = config_of(split, op) if split is not None else None
+            return scaled_op(op, config, ranks) if config is not None else op
+
+        layers.append(dataclasses.replace(a.layer, count=1, fwd=tuple(scale(op) for op in a.layer.fwd),
+                                          bwd=tuple(scale(op) for op in a.layer.bwd)))
+    return OpGraph(graph.model_name, tuple(layers), graph.tokens_per_micro_batch, graph.samples_per_micro_batch)
+
+
+def _wall_clock(device: str) -> tuple[Any, str]:
+    return time.perf_counter, "wall time beside busy sibling ranks"
+
+
+def _shadow(graphs: list[Any], hints: Any, stop: Any) -> None:
+    """A sibling rank: the same microbenchmarks over and over, into a throwaway database."""
+    import tempfile
+
+    import torch
+
+    from trainsim.profile.database import ProfileDB
+    from trainsim.profile.ops import local_environment, profile_graph
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        repeats = 0
+        while not stop.is_set():
+            repeats += 2
+            with ProfileDB.open(Path(tmp) / "shadow.db") as db:
+                env = local_environment("cpu-local", "cpu")
+                for graph in graphs:
+                    profile_graph(db, env, graph, hints, "cpu", warmup=0, repeats=repeats, optimizer=False)
+
+
+def profile_model(db_path: Path, model: str, ranks: int, repeats: int) -> None:
+    import torch
+
+    import trainsim.profile.ops as ops
+    from trainsim.profile.database import ProfileDB
+    from trainsim.profile.job import hints_for
+
+    torch.set_num_threads(1)
+    graphs, hints = [], None
+    for strategy in STRATEGIES:
+        job, graph, plan = job_and_plan(model, strategy, ranks)
+        graphs.append(split_graph(graph, plan, ranks))
+        from trainsim.strategy.device_slice import DeviceSlice
+
+        hints = hints_for(job.model, DeviceSlice.of(job.parallel))
+    ctx = multiprocessing.get_context("fork")
+    stop = ctx.Event()
+    shadows = [ctx.Process(target=_shadow, args=(graphs, hints, stop), daemon=True) for _ in range(ranks - 1)]
+    for proc in shadows:
+        proc.start()
+    original = ops.clock_for
+    ops.clock_for = _wall_clock  # NB: thread CPU time would leave out the siblings' share of the cores
+    try:
+        with ProfileDB.open(db_path) as db:
+            env = ops.local_environment("cpu-local", "cpu")
+            for graph in graphs:
+                ops.profile_graph(db, env, graph, hints, "cpu", warmup=1, repeats=repeats)
+    finally:
+        ops.clock_for = original
+        stop.set()
+        for proc in shadows:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+
+
+def profile_collectives(db_path: Path, ranks: int) -> None:
+    import torch
+
+    from trainsim.profile.collectives import profile_collectives as run
+    from trainsim.profile.database import ProfileDB
+    from trainsim.profile.ops import local_environment
+
+    torch.set_num_threads(1)
+    with ProfileDB.open(db_path) as db:
+        env = local_environment("cpu-local", "cpu")
+        for size in sorted({2, ranks}):
+            run(db, env, sizes=COLLECTIVE_SIZES, world_size=size, warmup=2, repeats=5, timeout_s=240.0)
+
+
+def measure(model: str, strategy: str, ranks: int, out: Path, iterations: int, warmup: int) -> dict[str, Any]:
+    s = settings(model, ranks)
+    run_id = f"{model}-{strategy}-g{ranks}"
+    cmd = [sys.executable, "-m", "trainsim", "measure", "--model", s["model"], "--num-gpus", str(ranks),
+           "--micro-batch", str(s["micro_batch"]), "--global-batch", str(s["global_batch"]),
+           "--seq-len", str(s["seq_len"]), "--precision", "fp32", "--optimizer-impl", "loop",
+           "--tree", str(tree_path(model, strategy, ranks)), "--iterations", str(iterations),
+           "--warmup", str(warmup), "--threads", "1", "--out", str(out / "runs"), "--run-id", run_id, "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    if done.returncode != 0:
+        return {"error": (done.stderr or done.stdout)[-400:]}
+    run = json.loads(done.stdout)
+    times = run["iteration_times_s"]
+    cpu = max(run["settings"]["cpu_s_per_rank"]) / len(times)  # the busiest rank's CPU seconds per iteration
+    return {"median_s": statistics.median(times), "times_s": times, "cpu_s": cpu, "final_loss": run["final_loss"],
+            "load_average_1m": run["settings"].get("load_average_1m")}
+
+
+def predict(model: str, strategy: str, ranks: int, db_path: Path) -> dict[str, float]:
+    from trainsim.catalog.calibration import load_calibration
+    from trainsim.cost.pricing import Pricer, make_pricer
+    from trainsim.estimate.simulation import SimEstimator, sim_calibration
+    from trainsim.sim.baselines import BEHAVIOURS, RUNTIME_FLAGS, BandwidthOnlyComm
+
+    job, graph, plan = job_and_plan(model, strategy, ranks)
+    cal = sim_calibration(load_calibration())
+    out: dict[str, float] = {}
+    # "serial": the catalog's CPU, whose gloo collectives never overlap compute (hardware/device.py); the three
+    # switches run on the same CPU with overlap allowed, as the measured ranks launch the data-parallel
+    # all-reduces from the gradient hooks (gloo's own thread) and Proteus models it: slowed by gamma
+    serial = SimEstimator(make_pricer("profiled", db_path, cal), task_level="op").estimate(job, graph, plan)
+    out["serial"] = serial.iteration_time_s
+    device = job.cluster.device.model_copy(update={"comm_overlaps_compute": True})
+    job = dataclasses.replace(job, cluster=job.cluster.model_copy(update={"device": device}))
+    for behaviours in BEHAVIOURS:
+        pricer = make_pricer("profiled", db_path, cal)
+        if behaviours == "flexflow":
+            pricer = Pricer(cal, op_costs=pricer.op_costs, step_costs=pricer.step_costs,
+                            comm_costs=BandwidthOnlyComm())
+        overlap, sharing = RUNTIME_FLAGS[behaviours]
+        result = SimEstimator(pricer, overlap=overlap, sharing=sharing, task_level="op").estimate(job, graph, plan)
+        out[behaviours] = result.iteration_time_s
+        if behaviours == "proteus":
+            out["peak_memory_bytes"] = result.peak_memory_bytes
+    return out
+
+
+def campaign(ranks: int, out: Path, iterations: int, warmup: int, repeats: int, models: list[str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    db = out / f"profile-g{ranks}.db"
+    path = out / f"table4-g{ranks}.json"
+    cells: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    started = time.time()
+    profile_collectives(db, ranks)
+    print(f"collectives profiled ({time.time() - started:.0f} s)", flush=True)
+    for model in models:
+        profile_model(db, model, ranks, repeats)
+        print(f"{model}: ops profiled ({time.time() - started:.0f} s)", flush=True)
+        for strategy in STRATEGIES:
+            cells[f"{model}/{strategy}"] = {"measured": measure(model, strategy, ranks, out, iterations, warmup)}
+            print(f"{model} {strategy}: {cells[f'{model}/{strategy}']['measured'].get('median_s')} "
+                  f"({time.time() - started:.0f} s)", flush=True)
+            path.write_text(json.dumps(cells, indent=1) + "\n")  # what is measured survives an interruption
+    repredict(path, ranks, db)
+
+
+def repredict(path: Path, ranks: int, db: Path, cpu_db: Path | None = None) -> None:
+    """Simulate every measured cell of a campaign file with the campaign's profile database (no timing), and
+    with the CPU-time database where there is one."""
+    cells = json.loads(path.read_text())
+    for key, cell in cells.items():
+        model, strategy = key.split("/")
+        run_file = path.parent / "runs" / f"{model}-{strategy}-g{ranks}.json"
+        if "cpu_s" not in cell["measured"] and run_file.exists():  # cells measured before cpu_s was kept
+            run = json.loads(run_file.read_text())
+            cell["measured"]["cpu_s"] = max(run["settings"]["cpu_s_per_rank"]) / len(run["iteration_times_s"])
+        cell["predicted"] = predict(model, strategy, ranks, db)
+        if cpu_db is not None and cpu_db.exists():
+            cell["predicted_cpu"] = predict(model, strategy, ranks, cpu_db)
+    path.write_text(json.dumps(cells, indent=1) + "\n")
+
+
+def profile_cpu(out: Path, models: list[str]) -> None:
+    """Every cell's ops on the calling thread's CPU time (`trainsim profile`'s clock with one thread: what an op
+    costs without the slices other processes take): the costs that the ranks' CPU seconds per iteration are
+    compared with. Collectives: copy the campaigns' rows in (copy_collectives)."""
+    import torch
+
+    from trainsim.profile.database import ProfileDB
+    from trainsim.profile.job import hints_for
+    from trainsim.profile.ops import local_environment, profile_graph
+    from trainsim.strategy.device_slice import DeviceSlice
+
+    torch.set_num_threads(1)
+    db_path = out / "profile-cpu.db"
+    for ranks in (2, 4):
+        for model in models:
+            for strategy in STRATEGIES:
+                job, graph, plan = job_and_plan(model, strategy, ranks)
+                with ProfileDB.open(db_path) as db:
+                    profile_graph(db, local_environment("cpu-local", "cpu"), split_graph(graph, plan, ranks),
+                                  hints_for(job.model, DeviceSlice.of(job.parallel)), "cpu", warmup=1, repeats=5)
+            print(f"cpu-time profile: {model} on {ranks} ranks", flush=True)
+
+
+def copy_collectives(out: Path) -> None:
+    """The campaigns' collective curves into the CPU-time database (communication is wall time either way)."""
+    import sqlite3
+
+    target = sqlite3.connect(out / "profile-cpu.db")
+    for ranks in (2, 4):
+        source = out / f"profile-g{ranks}.db"
+        if source.exists():
+            target.execute("ATTACH DATABASE ? AS src", (str(source),))
+            target.execute("INSERT OR REPLACE INTO collective_times SELECT * FROM src.collective_times")
+            target.commit()
+            target.execute("DETACH DATABASE src")
+    target.close()
+
+
+def summary(out: Path) -> dict[str, Any]:
+    """Per cell (model, strategy, ranks) the error of each switch; per switch the average and maximum."""
+    rows = []
+    for ranks in (2, 4):
+        path = out / f"table4-g{ranks}.json"
+        if not path.exists():
+            continue
+        for key, cell in json.loads(path.read_text()).items():
+            for clock, measured_key, predicted_key in (("wall", "median_s", "predicted"),
+                                                       ("cpu", "cpu_s", "predicted_cpu")):
+                measured = cell["measured"].get(measured_key)
+                if not measured or predicted_key not in cell:
+                    continue
+                model, strategy = key.split("/")
+                predicted = cell[predicted_key]
+                errors = {b: abs(predicted[b] - measured) / measured
+                          for b in ("proteus", "plain", "flexflow", "serial") if b in predicted}
+                rows.append({"clock": clock, "model": model, "strategy": strategy, "ranks": ranks,
+                             "measured_s": measured, **{f"{b}_s": predicted[b] for b in errors},
+                             **{f"{b}_error": e for b, e in errors.items()}})
+    overall = {clock: {b: {"average": statistics.fmean(r[f"{b}_error"] for r in rows if r["clock"] == clock),
+                           "maximum": max(r[f"{b}_error"] for r in rows if r["clock"] == clock)}
+                       for b in ("proteus", "plain", "flexflow", "serial")
+                       if all(f"{b}_error" in r for r in rows if r["clock"] == clock)}
+               for clock in ("wall", "cpu") if any(r["clock"] == clock for r in rows)}
+    result = {"cells": rows, "overall": overall}
+    (out / "table4-summary.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(f"{'clock':<6}{'model':<20}{'plan':<5}{'ranks':>6}{'measured':>10}{'proteus':>9}{'plain':>9}{'flexflow':>9}"
+          f"{'serial':>9}")
+    for r in rows:
+        print(f"{r['clock']:<6}{r['model']:<20}{r['strategy']:<5}{r['ranks']:>6}{r['measured_s'] * 1e3:>8.0f}ms"
+              + "".join(f"{r.get(f'{b}_error', float('nan')) * 100:>8.1f}%"
+                        for b in ("proteus", "plain", "flexflow", "serial")))
+    for clock, per in overall.items():
+        for b, v in per.items():
+            print(f"{clock} {b}: average {v['average'] * 100:.1f}%, maximum {v['maximum'] * 100:.1f}%")
+    (out / "table4.md").write_text(markdown(rows, overall))
+    return result
+
+
+def markdown(rows: list[dict[str, Any]], overall: dict[str, Any]) -> str:
+    """docs/strategy-tree.md's table: per model and plan, the measured time and each switch's error per clock."""
+    lines = ["| model | plan | ranks | measured wall | proteus | plain | flexflow | serial | measured CPU | proteus "
+             "| plain | flexflow | serial |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    switches = ("proteus", "plain", "flexflow", "serial")
+    keyed = {(r["model"], r["strategy"], r["ranks"], r["clock"]): r for r in rows}
+    for model, strategy, ranks in dict.fromkeys((r["model"], r["strategy"], r["ranks"]) for r in rows):
+        cells = [model, strategy.upper(), str(ranks)]
+        for clock in ("wall", "cpu"):
+            r = keyed.get((model, strategy, ranks, clock))
+            cells += [f"{r['measured_s'] * 1e3:.0f} ms", *(f"{r[f'{b}_error'] * 100:.1f}%" if f"{b}_error" in r
+                                                           else "-" for b in switches)] if r else ["-"] * 5
+        lines.append("| " + " | ".join(cells) + " |")
+    for stat in ("average", "maximum"):
+        cells = [f"**{stat}**", "", ""]
+        for clock in ("wall", "cpu"):
+            per = overall.get(clock)
+            cells += [""] + ([f"**{per[b][stat] * 100:.1f}%**" if b in per else "-" for b in switches]
+                             if per else ["-"] * 4)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--ranks", type=int, choices=(2, 4))
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "proteus_table4")
+    parser.add_argument("--iterations", type=int, default=4)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3, help="op samples per profiling pass")
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--summary", action="store_true")
+    parser.add_argument("--repredict", action="store_true", help="simulate the measured cells again, measure nothing")
+    parser.add_argument("--cpu-profile", action="store_true", help="profile every cell's ops on thread CPU time "
+                        "into OUT/profile-cpu.db (load-independent; no runs)")
+    args = parser.parse_args()
+    os.environ.setdefault("PYTHONPATH", str(ROOT / "src"))
+    if args.summary:
+        summary(args.out)
+        return
+    if args.cpu_profile:
+        profile_cpu(args.out, args.models.split(","))
+        return
+    if args.ranks is None:
+        parser.error("--ranks 2 or 4 (or --summary)")
+    if args.repredict:
+        copy_collectives(args.out)
+        repredict(args.out / f"table4-g{args.ranks}.json", args.ranks, args.out / f"profile-g{args.ranks}.db",
+                  args.out / "profile-cpu.db")
+        return
+    campaign(args.ranks, args.out, args.iterations, args.warmup, args.repeats, args.models.split(","))
+
+
+if __name__ == "__main__":
+    main()

@@ -2,6 +2,7 @@
 with finite figures (exit 0). Each case names what broke before."""
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,19 @@ def test_infinite_link_latency_is_refused(tmp_path: Path) -> None:
     text = _yaml({**VALID_CLUSTER, "intra_node": {**VALID_CLUSTER["intra_node"], "latency_s": 1}})  # type: ignore
     text = text.replace(b'"latency_s": 1', b'"latency_s": .inf')
     _refused(_run(tmp_path, ["predict", "--cluster", "c.yaml"], {"c.yaml": text}), "latency_s")
+
+
+def test_a_search_on_a_link_of_the_largest_finite_latency_answers_in_one_line(tmp_path: Path) -> None:
+    # found by the long fuzz (seed 12): the search's grid engine overflowed to inf - inf and numpy's warning went
+    # to stderr; such plans now go to the plain engine, which refuses or prices them as before
+    link = {**VALID_CLUSTER["intra_node"], "latency_s": 1.7976931348623157e308}  # type: ignore[dict-item]
+    text = _yaml({**VALID_CLUSTER, "intra_node": link})
+    argv = ["search", "--model", "gpt3-125m", "--cluster", "c.yaml", "--json", "--global-batch", "16"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a numpy warning is a second line on stderr
+        outcome = _run(tmp_path, argv, {"c.yaml": text})
+    assert outcome.kind in ("ok", "refused"), outcome
+    assert len(outcome.detail) <= MAX_MESSAGE_CHARS
 
 
 def test_a_zero_size_layer_is_refused(tmp_path: Path) -> None:

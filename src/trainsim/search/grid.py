@@ -121,8 +121,12 @@ class GridEngine:
         errors: dict[int, TrainsimError] = {}
         fast, slow = _Batch(self, plans).split() if n else (None, list[int]())
         if fast is not None:
-            fast.compute(time_s, peak, oom)
+            with np.errstate(all="ignore"):  # a cluster of extreme (valid) figures overflows: see below
+                fast.compute(time_s, peak, oom)
             tokens[fast.index] = fast.tokens
+            # a plan whose figures are not finite goes to the plain engine, which refuses it with its message
+            unfinished = ~(np.isfinite(time_s[fast.index]) & np.isfinite(peak[fast.index]))
+            slow = sorted([*slow, *fast.index[unfinished].tolist()])
         for index in slow:
             job, graph = plans[index]
             try:

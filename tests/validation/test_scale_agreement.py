@@ -10,19 +10,17 @@ closed form priced the buckets as one collective spread over the backward window
 simulator forms, each with its own latency (stack_effects.queued_buckets_s).
 """
 
+from collections.abc import Callable
+
 import pytest
 
-from trainsim.catalog import load_cluster, load_model
 from trainsim.catalog.calibration import load_calibration
 from trainsim.cost.pricing import Pricer
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.estimate.simulation import SimEstimator
-from trainsim.job import make_job
-from trainsim.pipeline import graph_for
-from trainsim.strategy.parallel import ParallelSpec
 
 TOLERANCE = 0.02
-LADDER = (1, 8, 64, 1024, 16384, 131072, 2**20)
+Gaps = Callable[..., list[tuple[int, float]]]  # the ladder_gaps fixture (conftest.py)
 # model, strategy axes, seq_len, micro-batches per data-parallel rank
 SHAPES = (
     ("gpt3-1.3b", {}, 2048, 4),
@@ -33,23 +31,10 @@ SHAPES = (
 
 @pytest.mark.parametrize(("model", "axes", "seq_len", "micro_batches"), SHAPES)
 def test_sim_agrees_with_analytical_from_one_gpu_to_a_million(model: str, axes: dict[str, object], seq_len: int,
-                                                              micro_batches: int) -> None:
+                                                              micro_batches: int, ladder_gaps: Gaps) -> None:
     pricer = Pricer(load_calibration().model_copy(update={"sim_runtime": None}))
     analytical = AnalyticalEstimator(pricer)
     sim = SimEstimator(pricer, overlap=False, sharing=False)
-    spec = load_model(model)
-    model_parallel = int(axes.get("tp", 1)) * int(axes.get("pp", 1))  # type: ignore[call-overload]
-    checked = []
-    for gpus in LADDER:
-        if gpus < model_parallel:
-            continue
-        dp = gpus // model_parallel
-        par = ParallelSpec.parse({**axes, "micro_batch": 1, "global_batch": dp * micro_batches,
-                                  "seq_len": seq_len})
-        job = make_job(spec, load_cluster("dgx-h100-80gb").with_num_gpus(gpus), par)
-        graph = graph_for(job)
-        expected = analytical.estimate(job, graph).iteration_time_s
-        got = sim.estimate(job, graph).iteration_time_s
-        checked.append((gpus, round(got / expected - 1.0, 4)))
+    checked = ladder_gaps(analytical, sim, model, axes, seq_len, micro_batches)
     assert len(checked) >= 5
     assert all(abs(gap) <= TOLERANCE for _, gap in checked), checked

@@ -12,6 +12,7 @@ Before, two gaps (the simulator's schedule was the right one in both):
   llama3.1-70b tp 8 was 10% apart from 64 GPUs on.
 """
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -27,7 +28,7 @@ from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.stages import partition_stages
 
 TOLERANCE = 0.02
-LADDER = (1, 8, 64, 1024, 16384, 131072, 2**20)
+Gaps = Callable[..., list[tuple[int, float]]]  # the ladder_gaps fixture (conftest.py)
 # model, strategy axes, seq_len, micro-batches per data-parallel rank
 SHAPES = (
     ("gpt3-1.3b", {"zero": 1}, 2048, 4),
@@ -51,22 +52,9 @@ def _engines() -> tuple[AnalyticalEstimator, SimEstimator]:
 
 @pytest.mark.parametrize(("model", "axes", "seq_len", "micro_batches"), SHAPES)
 def test_sharded_data_parallel_agrees_from_one_gpu_to_a_million(model: str, axes: dict[str, object], seq_len: int,
-                                                                micro_batches: int) -> None:
+                                                                micro_batches: int, ladder_gaps: Gaps) -> None:
     analytical, sim = _engines()
-    spec = load_model(model)
-    model_parallel = int(axes.get("tp", 1)) * int(axes.get("pp", 1))  # type: ignore[call-overload]
-    checked = []
-    for gpus in LADDER:
-        if gpus < model_parallel:
-            continue
-        dp = gpus // model_parallel
-        par = ParallelSpec.parse({**axes, "micro_batch": 1, "global_batch": dp * micro_batches,
-                                  "seq_len": seq_len})
-        job = make_job(spec, load_cluster("dgx-h100-80gb").with_num_gpus(gpus), par)
-        graph = graph_for(job)
-        expected = analytical.estimate(job, graph).iteration_time_s
-        got = sim.estimate(job, graph).iteration_time_s
-        checked.append((gpus, round(got / expected - 1.0, 4)))
+    checked = ladder_gaps(analytical, sim, model, axes, seq_len, micro_batches)
     assert checked[-1][0] == 2**20 and len(checked) >= 5
     assert all(abs(gap) <= TOLERANCE for _, gap in checked), checked
 

@@ -19,7 +19,7 @@ from trainsim.compile.context import CommWork, LayerTiming, StageWriter, Work
 from trainsim.compile.insert_collectives import emit_feature_comm, placements
 from trainsim.compile.schedules import Step
 from trainsim.compile.split_timing import timing_for
-from trainsim.cost.memory import kept_bytes, saved_key
+from trainsim.cost.memory import kept_bytes, loss_grad_bytes, rebuilt_bytes, saved_key
 from trainsim.ir.exec_graph import Phase
 from trainsim.strategy.lowered import LayerAssignment
 
@@ -71,14 +71,15 @@ def emit_unit(w: StageWriter, unit: Unit, split: bool, extra: UnitMemory) -> int
     """Emit one layer-phase; returns the tid of its last compute task."""
     a, mb, label = unit.assignment, unit.micro_batch, unit.label
     timing = timing_for(w.ctx, a)
-    saved = kept_bytes(a.layer, saved_key(a.recompute, w.ctx.job.stack))
-    rebuilt = a.layer.saved_bytes.get("none", 0.0) if recompute_work(a, timing) else 0.0
+    stack = w.ctx.job.stack
+    saved = kept_bytes(a.layer, saved_key(a.recompute, stack))
+    rebuilt = rebuilt_bytes(a.layer, a.recompute, stack) if recompute_work(a, timing) else 0.0
     comms: tuple[CommWork, ...] = ()
     if unit.phase == "F":
         alloc, free, comms, phase = saved, extra.gathered, timing.comms["fwd"], "fwd"
     elif unit.phase == "B":
         emit_recompute(w, a, timing, layer=label, micro_batch=mb)
-        logits_grad = a.layer.saved_bytes.get("none", 0.0) if a.layer.kind == "head" else 0.0
+        logits_grad = loss_grad_bytes(a.layer, stack) if a.layer.kind == "head" else 0.0
         released = saved + rebuilt - (_kept_for_w(a, saved + rebuilt) if split else 0.0)
         alloc, free = logits_grad + extra.gradients, logits_grad + extra.gathered + released
         comms, phase = timing.comms["bwd"], "bwd"

@@ -170,23 +170,33 @@ def stage_kept_bytes(stage: list[StagePart], recompute: Recompute, stack: StackS
     return sum(part.count * kept_bytes(part.layer, key) for part in stage)
 
 
-def recompute_working_bytes(stage: list[StagePart], recompute: Recompute, stack: StackSpec | None = None) -> float:
-    """The largest block's activations that recompute rebuilds in the backward: all of them under full
-    recompute; under selective what the stack's policy dropped (Megatron's core attention, Korthikanti et al.
-    2022 sec. 5: only its fp32 softmax statistics with a fused kernel). The embedding and the head are not
-    recomputed (compile/apply_recompute.py)."""
-    blocks = [part.layer for part in stage if part.layer.kind in BLOCK_KINDS]
-    if recompute == "none" or not blocks:
+def rebuilt_bytes(layer: Layer, recompute: Recompute, stack: StackSpec | None = None) -> float:
+    """Activations the backward of `layer` rebuilds before it runs: all of them under full recompute; under
+    selective what the stack's policy dropped (Megatron's core attention, Korthikanti et al. 2022 sec. 5: only
+    its fp32 softmax statistics with a fused kernel). Both engines' recompute allocates this."""
+    if recompute == "none":
         return 0.0
     key = saved_key(recompute, stack)
-    return max(layer.saved_bytes["none"] - (kept_bytes(layer, key) if key != "full" else 0.0) for layer in blocks)
+    return layer.saved_bytes["none"] - (kept_bytes(layer, key) if key != "full" else 0.0)
+
+
+def recompute_working_bytes(stage: list[StagePart], recompute: Recompute, stack: StackSpec | None = None) -> float:
+    """The largest block's rebuilt_bytes. The embedding and the head are not recomputed
+    (compile/apply_recompute.py)."""
+    blocks = [part.layer for part in stage if part.layer.kind in BLOCK_KINDS]
+    return max((rebuilt_bytes(layer, recompute, stack) for layer in blocks), default=0.0)
 
 
 def loss_working_bytes(stage: list[StagePart], stack: StackSpec | None = None) -> float:
-    """The loss's fp32 gradient buffers beside its saved probabilities, on the stage with the head: the stack's
-    loss_grad_buffers of them, each the size of the saved probabilities."""
+    """The loss's fp32 gradient buffers on the stage with the head (loss_grad_bytes)."""
     head = [part.layer for part in stage if part.layer.kind == "head"]
-    return _loss_grad_buffers(stack) * head[0].saved_bytes["none"] if head else 0.0
+    return loss_grad_bytes(head[0], stack) if head else 0.0
+
+
+def loss_grad_bytes(head: Layer, stack: StackSpec | None = None) -> float:
+    """The loss's fp32 gradient buffers beside its saved probabilities while the head's backward runs: the
+    stack's loss_grad_buffers of them, each the size of the saved probabilities."""
+    return _loss_grad_buffers(stack) * head.saved_bytes["none"]
 
 
 def estimate_memory(stages: list[list[StagePart]], par: ParallelSpec, device: DeviceSpec,

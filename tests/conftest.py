@@ -5,18 +5,22 @@ parametrize lists, subprocess code and model files written to disk need them, pl
 cases. The two tiny GPTs differ on purpose: each keeps the numbers its tests were written against.
 """
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from trainsim.catalog import load_cluster
+from trainsim.catalog import load_cluster, load_model
 from trainsim.catalog.model_files import parse_model
+from trainsim.estimate.analytical import AnalyticalEstimator
+from trainsim.estimate.simulation import SimEstimator
 from trainsim.hardware.cluster import ClusterSpec
 from trainsim.hardware.device import DeviceSpec
 from trainsim.ir.graph import Op
 from trainsim.job import Job, make_job
 from trainsim.measure.results import MeasuredRun, job_to_dict
+from trainsim.pipeline import graph_for
 from trainsim.profile.database import Environment
 from trainsim.strategy.parallel import ParallelSpec
 
@@ -82,3 +86,33 @@ class ConstantCosts:
 def cluster8() -> ClusterSpec:
     """One DGX A100-80GB node: 8 GPUs."""
     return a100_cluster(8)
+
+
+# --- the scale-agreement tests' ladder of GPU counts and the walk up it ---
+
+LADDER = (1, 8, 64, 1024, 16384, 131072, 2**20)
+LadderGaps = Callable[[AnalyticalEstimator, SimEstimator, str, dict[str, object], int, int], list[tuple[int, float]]]
+
+
+def _ladder_gaps(analytical: AnalyticalEstimator, sim: SimEstimator, model: str, axes: dict[str, object],
+                 seq_len: int, micro_batches: int) -> list[tuple[int, float]]:
+    """(GPUs, sim / analytical - 1) up the ladder, on H100 nodes, data-parallel over what tp x pp leaves."""
+    spec = load_model(model)
+    model_parallel = int(axes.get("tp", 1)) * int(axes.get("pp", 1))  # type: ignore[call-overload]
+    checked = []
+    for gpus in LADDER:
+        if gpus < model_parallel:
+            continue
+        dp = gpus // model_parallel
+        par = ParallelSpec.parse({**axes, "micro_batch": 1, "global_batch": dp * micro_batches, "seq_len": seq_len})
+        job = make_job(spec, load_cluster("dgx-h100-80gb").with_num_gpus(gpus), par)
+        graph = graph_for(job)
+        expected = analytical.estimate(job, graph).iteration_time_s
+        got = sim.estimate(job, graph).iteration_time_s
+        checked.append((gpus, round(got / expected - 1.0, 4)))
+    return checked
+
+
+@pytest.fixture
+def ladder_gaps() -> LadderGaps:
+    return _ladder_gaps

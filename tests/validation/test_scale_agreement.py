@@ -20,7 +20,7 @@ from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.estimate.simulation import SimEstimator
 
 TOLERANCE = 0.02
-Gaps = Callable[..., list[tuple[int, float]]]  # the ladder_gaps fixture (conftest.py)
+Gaps = Callable[..., list[tuple[int, float]]]  # the ladder_gaps fixture (tests/conftest.py)
 # model, strategy axes, seq_len, micro-batches per data-parallel rank
 SHAPES = (
     ("gpt3-1.3b", {}, 2048, 4),

@@ -28,7 +28,7 @@ from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.stages import partition_stages
 
 TOLERANCE = 0.02
-Gaps = Callable[..., list[tuple[int, float]]]  # the ladder_gaps fixture (conftest.py)
+Gaps = Callable[..., list[tuple[int, float]]]  # the ladder_gaps fixture (tests/conftest.py)
 # model, strategy axes, seq_len, micro-batches per data-parallel rank
 SHAPES = (
     ("gpt3-1.3b", {"zero": 1}, 2048, 4),

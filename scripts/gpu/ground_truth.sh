@@ -3,13 +3,7 @@
 # with `trainsim measure`, and the op profiles of the same jobs with `trainsim profile`, packed into
 # $OUT/gpu.tar.gz. Needs the wheels in .whl/ (pydantic, typer, ...) where the machine lacks them.
 set -u
-export PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD/src
-else
-  export PYTHONPATH=$PWD/src
-fi
+source scripts/gpu/env.sh
 W=${OUT:-/tmp/gpu-out}/work; mkdir -p "$W/measured"
 ts() { timeout "$T" python3 -m trainsim "$@"; }
 {

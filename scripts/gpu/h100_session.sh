@@ -4,13 +4,7 @@
 # (trainsim profile-embedding --device cuda) and op profiles (trainsim profile --device cuda), each part under
 # its own time limit; everything lands in $OUT/h100.tar.gz, re-packed after each part.
 set -u
-export PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD/src
-else
-  export PYTHONPATH=$PWD/src
-fi
+source scripts/gpu/env.sh
 O=${OUT:-/tmp/gpu-out}; W=$O/h100; mkdir -p "$W"
 pack() { tar -czf "$O/h100.tar.gz" -C "$W" . ; echo "== packed at $SECONDS s"; }
 {

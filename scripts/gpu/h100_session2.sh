@@ -3,9 +3,7 @@
 # memory after 36 stages: the stage modules' reference cycles were not collected between stages), a second
 # EmbeddingBag sample (seed 1), and the H200's second job set as training steps. Lands in $OUT/h100b.tar.gz.
 set -u
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src
+source scripts/gpu/env.sh
 O=${OUT:-/tmp/gpu-out}; W=$O/h100b; mkdir -p "$W"
 pack() { tar -czf "$O/h100b.tar.gz" -C "$W" . ; echo "== packed at $SECONDS s"; }
 echo "== stages"

@@ -2,9 +2,7 @@
 # The third call on the lent H100: every stage of the two models again, now that stage measurement no longer
 # leaks each stage's forward activations (the second call's run filled the GPU after ~25 stages). $OUT/h100c.tar.gz.
 set -u
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src
+source scripts/gpu/env.sh
 O=${OUT:-/tmp/gpu-out}; W=$O/h100c; mkdir -p "$W"
 timeout 280 python3 scripts/gpu/stages_gpu.py --db "$W/stages_gpu.db" --budget-s 260 > "$W/stages.log" 2>&1
 echo "rc=$?"; grep -v "^ " "$W/stages.log" | tail -25

@@ -3,6 +3,7 @@
 import csv
 import io
 import math
+import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -144,11 +145,23 @@ def flops_convention_of(source: str) -> str | None:
 
 
 def stack_of_row(fields: dict[str, str]) -> StackSpec:
-    """The training stack the row's run ran (row_defaults.yaml: stack_by_run, else stack_by_source, else
-    `stack`)."""
+    """The training stack the row's run ran (row_defaults.yaml: stack_by_run, else stack_by_source, else the stack
+    its source or notes name (stack_by_text), else `stack`)."""
     defaults = row_defaults()
-    by_source = defaults["stack_by_source"].get(source_group(fields.get("source", "")), defaults["stack"])
-    return load_stack(defaults["stack_by_run"].get(fields.get("run_id", ""), by_source))
+    source = fields.get("source", "")
+    by_source = defaults["stack_by_source"].get(source_group(source))
+    if by_source is None:
+        by_source = _stack_named_in(source, fields) or _stack_named_in(fields.get("notes", ""), fields)
+    return load_stack(defaults["stack_by_run"].get(fields.get("run_id", ""), by_source or defaults["stack"]))
+
+
+def _stack_named_in(text: str, fields: dict[str, str]) -> str | None:
+    """The first stack of row_defaults.yaml's stack_by_text whose pattern the text matches (the release line the
+    row's GPU dates it to, where the entry says)."""
+    for entry in row_defaults()["stack_by_text"]:
+        if re.search(entry["pattern"], text, flags=re.IGNORECASE):
+            return entry.get("stack_on_gpu", {}).get(fields.get("gpu", ""), entry["stack"])
+    return None
 
 
 def parallel_from_row(fields: dict[str, str]) -> dict[str, Any]:
@@ -160,7 +173,8 @@ def parallel_from_row(fields: dict[str, str]) -> dict[str, Any]:
     return {
         "tp": _int(fields, "tp"), "pp": _int(fields, "pp"), "dp": dp, "cp": _int(fields, "cp", 1),
         "ep": _int(fields, "ep", 1), "vpp": vpp, "sp": bool(sp),
-        "zero": _int(fields, "zero", base["zero"]), "micro_batch": micro,
+        "zero": _int(fields, "zero", base["zero_by_stack"].get(stack_of_row(fields).name, base["zero"])),
+        "micro_batch": micro,
         "global_batch": _int(fields, "global_batch", 0),
         "seq_len": _int(fields, "seq_len"),
         "recompute": fields.get("recompute") or base["recompute"],

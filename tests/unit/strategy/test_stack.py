@@ -109,3 +109,30 @@ def test_calibration_rows_run_on_their_sources_stack() -> None:
     assert stack_of_row({"source": "NVIDIA-NeMo/Megatron-Bridge docs"}).name == "megatron-core"
     assert stack_of_row({"source": "someone else"}).name == "generic"
     assert stack_of_row({"source": "pytorch/torchtitan docs", "run_id": "tt2412_t2_cp1"}).name == "fsdp2-compile"
+
+
+@pytest.mark.parametrize(("fields", "stack"), [
+    ({"source": "Narayanan et al. SC21 Table 1", "notes": "Megatron-LM, PTD-P", "gpu": "a100-sxm4-80gb"},
+     "megatron-lm"),
+    ({"source": "NVIDIA/Megatron-LM README weak scaling", "gpu": "h100-sxm5-80gb"}, "megatron-core"),
+    ({"source": "microsoft/Megatron-DeepSpeed examples", "gpu": "a100-sxm4-40gb"}, "megatron-deepspeed"),
+    ({"source": "some paper", "notes": "trained with NeMo 24.05", "gpu": "h100-sxm5-80gb"}, "megatron-core"),
+    ({"source": "some paper", "notes": "DeepSpeed ZeRO-3 offload off"}, "deepspeed-zero"),
+    ({"source": "some blog", "notes": "PyTorch FSDP FULL_SHARD"}, "fsdp"),
+    ({"source": "some blog", "notes": "FSDP2 fully_shard"}, "fsdp2"),
+    ({"source": "some blog", "notes": "our own trainer"}, "generic"),
+])
+def test_an_unlisted_source_runs_the_stack_its_source_or_notes_name(fields: dict[str, str], stack: str) -> None:
+    from trainsim.validate.runs import stack_of_row
+
+    assert stack_of_row(fields).name == stack
+
+
+def test_an_empty_zero_cell_takes_its_stacks_default_sharding() -> None:
+    from trainsim.validate.runs import parallel_from_row
+
+    row = {"tp": "1", "pp": "1", "dp": "64", "seq_len": "2048", "zero": ""}
+    assert parallel_from_row({**row, "source": "mosaicml/llm-foundry README"})["zero"] == 3
+    assert parallel_from_row({**row, "source": "NVIDIA-NeMo/Megatron-Bridge docs"})["zero"] == 1
+    assert parallel_from_row({**row, "source": "VIA-Research/vTrain x"})["zero"] == 0
+    assert parallel_from_row({**row, "source": "mosaicml/llm-foundry README", "zero": "2"})["zero"] == 2

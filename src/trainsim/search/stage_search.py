@@ -10,9 +10,9 @@ The stage planner is Alpa's DP (holistic DP for mpe); the uniform planner tries 
 the same costs. profiled_configurations counts the stages run for real; stage_evaluations the stage estimates
 the planner read.
 
-The simulator re-checks a plan it can express: equal stages of equal meshes and intra plans are a plain
-ParallelSpec (tp, dp, pp) and run through `predict(engine="sim")`; an uneven plan waits for ParallelSpec's
-per-stage layer lists, and its re-check is reported as not done.
+The simulator re-checks a plan it can express: stages on equal meshes with equal intra plans are a ParallelSpec
+(tp, dp, pp, and the per-stage layer counts where the split is uneven) run through `predict(engine="sim")`; a
+plan whose stages differ in mesh or intra plan is reported as not re-checked.
 """
 
 import time
@@ -137,29 +137,31 @@ def stage_search(model: ModelSpec, cluster: ClusterSpec, settings: StageSearchSe
     return StageSearchReport(settings.planner, settings.stage_costs, found, profiled, elapsed, sim_s, note)
 
 
-def even_parallel(plan: StagePlan, settings: StageSearchSettings) -> ParallelSpec | None:
-    """The plan as a plain ParallelSpec when its stages are Megatron's even split on equal meshes and plans."""
+def plan_parallel(plan: StagePlan, settings: StageSearchSettings) -> ParallelSpec | None:
+    """The plan as a ParallelSpec when its stages share one mesh shape and intra plan: Megatron's even split is
+    a plain (tp, dp, pp); an uneven one lists its blocks per stage (the embedding rides with the first stage and
+    the head with the last, as both a StagePlan and ParallelSpec place them)."""
     stages = plan.stages
     first = stages[0]
     if any(s.mesh != first.mesh or s.intra != first.intra for s in stages):
         return None
-    blocks = plan.stage_blocks()
-    pp = len(stages)
-    if len({len(b) for b in blocks}) != 1 or not blocks[0]:
-        return None
+    blocks = [len(b) for b in plan.stage_blocks()]
     micro = settings.global_batch // settings.num_micro_batches
     if micro % first.intra.dp:
         return None
+    pp = len(stages)
+    uneven = pp > 1 and len(set(blocks)) != 1
     return ParallelSpec(tp=first.intra.tp, dp=first.intra.dp, pp=pp, sp=first.intra.sp,
                         micro_batch=micro // first.intra.dp, global_batch=settings.global_batch,
-                        seq_len=settings.seq_len, precision=settings.precision, schedule="1f1b")
+                        seq_len=settings.seq_len, precision=settings.precision, schedule="1f1b",
+                        stage_layers=tuple(blocks) if uneven else ())
 
 
 def sim_recheck(plan: StagePlan, model: TransformerSpec, cluster: ClusterSpec,
                 settings: StageSearchSettings) -> tuple[float | None, str]:
-    parallel = even_parallel(plan, settings)
+    parallel = plan_parallel(plan, settings)
     if parallel is None:
-        return None, "not re-checked: uneven stages or meshes need ParallelSpec's per-stage layer lists"
+        return None, "not re-checked: the stages differ in mesh shape or intra plan (one ParallelSpec has one)"
     try:
         job = make_job(model, cluster.with_num_gpus(plan.devices), parallel)
         result = predict(job, "sim", graphs=GraphCache())

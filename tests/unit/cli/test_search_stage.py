@@ -39,3 +39,33 @@ def test_bad_inputs_exit_2() -> None:
     assert odd.exit_code == 2 and "num_micro_batches" in odd.output
     planner = RUNNER.invoke(app, [*ARGS, "--planner", "greedy"])
     assert planner.exit_code == 2 and "planner" in planner.output
+
+
+def test_an_uneven_plan_on_equal_meshes_is_rechecked_by_the_simulator_with_its_stage_layers() -> None:
+    from trainsim.catalog.loader import load_cluster, load_model
+    from trainsim.job import make_job
+    from trainsim.pipeline import GraphCache, predict
+    from trainsim.search.stage_search import StageSearchSettings, plan_parallel, sim_recheck
+    from trainsim.strategy.stage_plan import IntraPlan, Mesh, StageEstimate, StagePlan, StageSpec
+
+    model = load_model("gpt3-125m")  # 12 blocks: units 0 (embedding) .. 12, 13 (head)
+    mesh, intra = Mesh(1, 1), IntraPlan()
+    estimate = StageEstimate(latency_s=1.0, state_bytes=0.0, activation_bytes=0.0)
+    plan = StagePlan(stages=(StageSpec(0, 9, mesh, intra), StageSpec(9, 14, mesh, intra)),
+                     estimates=(estimate, estimate), num_micro_batches=4)
+    settings = StageSearchSettings(global_batch=8, num_micro_batches=4, seq_len=128)
+    parallel = plan_parallel(plan, settings)
+    assert parallel is not None and parallel.stage_layers == (8, 4) and parallel.pp == 2
+    sim_s, note = sim_recheck(plan, model, load_cluster("local-cpu"), settings)
+    expected = predict(make_job(model, load_cluster("local-cpu").with_num_gpus(2), parallel), "sim",
+                       graphs=GraphCache()).iteration_time_s
+    assert sim_s == expected and "stage_layers=8,4" in note.replace(" ", "")
+    # an even split stays a plain ParallelSpec
+    even = StagePlan(stages=(StageSpec(0, 7, mesh, intra), StageSpec(7, 14, mesh, intra)),
+                     estimates=(estimate, estimate), num_micro_batches=4)
+    even_parallel = plan_parallel(even, settings)
+    assert even_parallel is not None and even_parallel.stage_layers == ()
+    # stages on different meshes are not one ParallelSpec
+    mixed = StagePlan(stages=(StageSpec(0, 7, Mesh(1, 2), IntraPlan(dp=2)), StageSpec(7, 14, mesh, intra)),
+                      estimates=(estimate, estimate), num_micro_batches=4)
+    assert plan_parallel(mixed, settings) is None

@@ -29,7 +29,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from trainsim.cost.memory import loss_working_bytes, recompute_working_bytes, stage_kept_bytes
-from trainsim.cost.pricing import Pricer
+from trainsim.cost.pricing import GradientQueues, Pricer
+from trainsim.cost.stack_effects import BucketQueue, queue_tail_s
 from trainsim.cost.step import FittedStepCosts
 from trainsim.errors import TrainsimError
 from trainsim.estimate.analytical import AnalyticalEstimator, PlanPrice
@@ -70,6 +71,8 @@ class _Content:
     max_layer_params: float
     head_saved_bytes: float  # the loss's gradient buffers (cost.memory.loss_working_bytes), 0 without a head
     feature_fwd_s: float  # the forward part of feature_s (StageCost.feature_fwd_s)
+    feature_bwd_s: float  # the rest of feature_s (in the backward window of the gradient reduction)
+    param_layers: int  # the number of its layers' (parameters, count): what its gradient buckets read
     stage: list[StagePart]  # the stage itself, for the Pricer's gradient reduction
 
 
@@ -168,8 +171,19 @@ class _Shared:
     # (graph, plan settings) -> (combo or -1, pp, vpp, dp x cp, schedule, optimizer, precision codes)
     groups: dict[tuple[object, ...], tuple[int, ...]] = field(default_factory=dict)
     precisions: list[Precision] = field(default_factory=list)  # the precisions of the plans, each once
+    param_layers: dict[tuple[tuple[float, float], ...], int] = field(default_factory=dict)
+    # the gradient reduction's queues (Pricer.gradient_queues) per (param_layers, ZeRO > 0, precision code,
+    # dp x cp, tp), and their arrays (_QueueTable) made when queues were added
+    queue_of: dict[tuple[int, ...], int] = field(default_factory=dict)
+    queues: list[GradientQueues] = field(default_factory=list)
+    queue_table: "_QueueTable | None" = None
     tables: "tuple[_RowTable, _ComboTable] | None" = None
     tables_rows: int = 0  # the combos the tables hold
+
+    def queue_arrays(self) -> "_QueueTable":
+        if self.queue_table is None or self.queue_table.size != len(self.queues):
+            self.queue_table = _QueueTable(self.queues)
+        return self.queue_table
 
     def arrays(self) -> "tuple[_RowTable, _ComboTable]":
         if self.tables is None or self.tables_rows != len(self.combos):
@@ -244,7 +258,7 @@ class _Batch:
                 combo = -1
             self.shared.combo_of[key] = combo
         return (combo, par.pp, par.vpp, par.dp * par.cp, SCHEDULE_CODES[par.schedule],
-                OPTIMIZER_CODES[par.optimizer_impl], self._precision(par.precision))
+                OPTIMIZER_CODES[par.optimizer_impl], self._precision(par.precision), par.tp)
 
     def _new_combo(self, job: Job, graph: OpGraph) -> int:
         pricer = self.pricer
@@ -292,6 +306,8 @@ class _Batch:
                 full += part.count * (cost.fwd_s + cost.comm_fwd_s)
             selective += part.count * cost.selective_s
         values = tuple(feature.values())
+        param_layers = tuple((part.layer.param_count, part.count) for part in stage)
+        layers_number = self.shared.param_layers.setdefault(param_layers, len(self.shared.param_layers))
         saved = tuple(stage_kept_bytes(stage, mode, job.stack) for mode in RECOMPUTE_CODES)
         working = tuple(recompute_working_bytes(stage, mode, job.stack) for mode in RECOMPUTE_CODES)
         row = _Content(
@@ -302,7 +318,8 @@ class _Batch:
             params=pricer.stage_params(stage), saved_bytes=(saved[0], saved[1], saved[2]),
             recompute_working_bytes=(working[0], working[1], working[2]),
             max_layer_params=max(part.layer.param_count for part in stage),
-            head_saved_bytes=loss_working_bytes(stage, job.stack), feature_fwd_s=feature_fwd, stage=stage)
+            head_saved_bytes=loss_working_bytes(stage, job.stack), feature_fwd_s=feature_fwd,
+            feature_bwd_s=sum(values) - feature_fwd, param_layers=layers_number, stage=stage)
         return row
 
 
@@ -312,8 +329,8 @@ class _Fast:
     def __init__(self, batch: _Batch, index: Ints, columns: Ints) -> None:
         self.batch = batch
         self.index = index
-        (self.combo, self.pp, self.vpp, self.shards_dp, self.schedule, self.optimizer, self.precision, self.zero,
-         self.m, self.recompute, self.tokens) = (columns[:, k] for k in range(columns.shape[1]))
+        (self.combo, self.pp, self.vpp, self.shards_dp, self.schedule, self.optimizer, self.precision, self.tp,
+         self.zero, self.m, self.recompute, self.tokens) = (columns[:, k] for k in range(columns.shape[1]))
         policies = [policy_for(name) for name in batch.precisions]
         self.weight_bytes = np.array([policy.weight_bytes for policy in policies], dtype=np.float64)[self.precision]
         self.grad_bytes = np.array([policy.grad_bytes for policy in policies], dtype=np.float64)[self.precision]
@@ -358,8 +375,8 @@ class _Fast:
             bubble = np.where(zb, bubble * factor, bubble)
 
         # --- the exposed gradient reduction of the bottleneck and of the first stage ---
-        grad = np.maximum(self._grad_exposed(table, slow_row, slow_recompute),
-                          self._grad_exposed(table, first_row, table.recompute[first_row, recompute_code]))
+        grad = self._grad_exposed(table, slow_row, slow_recompute, first_row,
+                                  table.recompute[first_row, recompute_code])
 
         # --- the optimizer step and the host overheads ---
         optimizer = self._optimizer_s(batch.combos)
@@ -384,29 +401,47 @@ class _Fast:
         peak_out[self.index] = peak
         oom_out[self.index] = peak > capacity
 
-    def _grad_exposed(self, table: "_RowTable", row: Ints, recompute: Floats) -> Floats:
-        """Pricer.gradient_sync_exposed_s of one stage per plan: through the Pricer's own queue of buckets
-        (gradient_sync_windows_s), once per distinct (stage row, recompute seconds, layout, ZeRO stage)."""
-        batch = self.batch
-        pricer, contents = batch.pricer, batch.shared.contents
-        out = np.zeros(len(self.index))
-        seen: dict[tuple[object, ...], float] = {}
-        for i, plan in enumerate(self.index.tolist()):
-            job = batch.plans[plan][0]
-            par = job.parallel
-            if par.dp * par.cp == 1 or par.zero >= 3:
-                continue
-            r, rc = int(row[i]), float(recompute[i])
-            key = (r, rc, par.tp, par.cp, par.dp, par.ep, par.pp, par.zero, par.precision)
-            value = seen.get(key)
-            if value is None:
-                content = contents[table.content_of_row[r]]
-                backward_window = table.backward[r] + rc + (content.feature_total_s - content.feature_fwd_s)
-                forward_window = table.forward[r] + content.feature_fwd_s
-                value = seen[key] = pricer.gradient_sync_windows_s(content.stage, backward_window, forward_window,
-                                                                   job)
-            out[i] = value
-        return out
+    def _grad_exposed(self, table: "_RowTable", slow_row: Ints, slow_recompute: Floats, first_row: Ints,
+                      first_recompute: Floats) -> Floats:
+        """Pricer.gradient_sync_exposed_s per plan, of the bottleneck stage and of the first, the larger: the
+        Pricer's queues of buckets (gradient_queues, once per distinct queue) over the plans' windows as arrays
+        (stack_effects.queue_tail_s, the plain engine's formula; the sum as Pricer._gradient_sync_windows_s)."""
+        n = len(self.index)
+        plan = np.concatenate([np.arange(n), np.arange(n)])
+        rows = np.concatenate([slow_row, first_row])
+        recompute = np.concatenate([slow_recompute, first_recompute])
+        out = np.zeros(2 * n)
+        chosen = np.flatnonzero(((self.shards_dp > 1) & (self.zero < 3))[plan])  # else no reduction
+        if chosen.size:
+            plan, rows, recompute = plan[chosen], rows[chosen], recompute[chosen]
+            keys = np.stack([table.param_layers[rows], (self.zero[plan] > 0).astype(np.int64), self.precision[plan],
+                             self.shards_dp[plan], self.tp[plan]], axis=1)
+            distinct, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+            numbers = [self._queue(tuple(key), int(plan[at]), int(rows[at]))
+                       for key, at in zip(distinct.tolist(), first.tolist(), strict=True)]
+            queue = np.array(numbers, dtype=np.int64)[inverse.reshape(-1)]
+            queues = self.batch.shared.queue_arrays()
+            backward = table.backward[rows] + recompute + table.feature_bwd[rows]
+            forward = table.forward[rows] + table.feature_fwd[rows]
+            gamma = self.batch.pricer.cal.runtime.overlap_slowdown
+            reduce = queues.reduce.exposed_s(queue, backward, gamma) if queues.reduce_overlaps else \
+                queues.reduce.total_s[queue]
+            gather = queues.gather.exposed_s(queue, forward, gamma) if queues.gather_overlaps else \
+                queues.gather.total_s[queue]
+            out[chosen] = np.where(self.zero[plan] > 0, reduce + gather, reduce)
+        return np.maximum(out[:n], out[n:])
+
+    def _queue(self, key: tuple[int, ...], plan: int, row: int) -> int:
+        """The number of the gradient queues of a key of _grad_exposed, made with the plan's job and the row's
+        stage where new."""
+        shared = self.batch.shared
+        number = shared.queue_of.get(key)
+        if number is None:
+            job = self.batch.plans[int(self.index[plan])][0]
+            stage = shared.contents[shared.row_content[row]].stage
+            number = shared.queue_of[key] = len(shared.queues)
+            shared.queues.append(self.batch.pricer.gradient_queues(stage, job))
+        return number
 
     def _optimizer_s(self, combos: list[_Combo]) -> Floats:
         """Pricer.optimizer_step_s per plan: per combo (one precision, one dp) unsharded and sharded (ZeRO >= 1),
@@ -521,3 +556,40 @@ class _RowTable:
         self.max_layer_params = column("max_layer_params")
         self.head_saved = column("head_saved_bytes")
         self.content_of_row = index
+        self.param_layers = column("param_layers").astype(np.int64)
+        self.feature_fwd = column("feature_fwd_s")
+        self.feature_bwd = column("feature_bwd_s")
+
+
+class _Queues:
+    """Queues of buckets (stack_effects.BucketQueue) as arrays, one row per queue, the candidates padded (peaks
+    -inf, lags 0: never the largest)."""
+
+    def __init__(self, queues: list[BucketQueue]) -> None:
+        width = max(1, max(len(queue.peaks_s) for queue in queues))
+        self.count = np.array([queue.count for queue in queues], dtype=np.float64)
+        self.total_s = np.array([queue.total_s for queue in queues], dtype=np.float64)
+        self.peaks_s = np.full((len(queues), width), -np.inf)
+        self.lags = np.zeros((len(queues), width))
+        for number, queue in enumerate(queues):
+            self.peaks_s[number, :len(queue.peaks_s)] = queue.peaks_s
+            self.lags[number, :len(queue.lags)] = queue.lags
+
+    def exposed_s(self, queue: Ints, window_s: Floats, gamma: float) -> Floats:
+        """stack_effects.queue_exposed_s of queue[i] over window_s[i]."""
+        count, total, peaks, lags = self.count[queue], self.total_s[queue], self.peaks_s[queue], self.lags[queue]
+        with np.errstate(divide="ignore", invalid="ignore"):  # an empty queue: 0, below
+            tail = queue_tail_s(total, list(peaks.T), list(lags.T), window_s / count, gamma, np.maximum)
+        return np.where((count == 0) | (total <= 0.0), 0.0, tail)
+
+
+class _QueueTable:
+    """The gradient queues of a _Shared (Pricer.gradient_queues) as arrays. The overlaps are the stack's and
+    the cluster's: one for all."""
+
+    def __init__(self, queues: list[GradientQueues]) -> None:
+        self.size = len(queues)
+        self.reduce = _Queues([queue.reduce for queue in queues])
+        self.gather = _Queues([queue.gather for queue in queues])
+        self.reduce_overlaps = queues[0].reduce_overlaps
+        self.gather_overlaps = queues[0].gather_overlaps

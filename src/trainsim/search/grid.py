@@ -432,10 +432,10 @@ class _Fast:
             plan, rows, recompute = plan[chosen], rows[chosen], recompute[chosen]
             keys = np.stack([table.param_layers[rows], (self.zero[plan] > 0).astype(np.int64), self.precision[plan],
                              self.shards_dp[plan], self.tp[plan]], axis=1)
-            distinct, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+            _, first, inverse = np.unique(_row_codes(keys), return_index=True, return_inverse=True)
             numbers = [self._queue(tuple(key), int(plan[at]), int(rows[at]))
-                       for key, at in zip(distinct.tolist(), first.tolist(), strict=True)]
-            queue = np.array(numbers, dtype=np.int64)[inverse.reshape(-1)]
+                       for key, at in zip(keys[first].tolist(), first.tolist(), strict=True)]
+            queue = np.array(numbers, dtype=np.int64)[inverse]
             queues = self.batch.shared.queue_arrays()
             backward = table.backward[rows] + recompute + table.feature_bwd[rows]
             forward = table.forward[rows] + table.feature_fwd[rows]
@@ -609,3 +609,12 @@ class _QueueTable:
         self.gather = _Queues([queue.gather for queue in queues])
         self.reduce_overlaps = queues[0].reduce_overlaps
         self.gather_overlaps = queues[0].gather_overlaps
+
+
+def _row_codes(columns: Ints) -> Ints:
+    """One number per row of non-negative integer columns (mixed radix): equal rows, equal numbers (np.unique
+    of one column is several times faster than of rows)."""
+    codes = np.zeros(len(columns), dtype=np.int64)
+    for column in columns.T:
+        codes = codes * (int(column.max()) + 1) + column
+    return codes

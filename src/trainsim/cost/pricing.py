@@ -481,7 +481,7 @@ class Pricer:
         """Under ZeRO-3, per micro-batch: the stage's gathers and scatters left exposed (fsdp_exposed_s), with
         the exposed tail of its gradient buckets where the stack buckets them (fsdp_bucket_tail_s)."""
         seconds = self._stage_fsdp_s(stage, job)
-        if self._fsdp_bucketed(job):
+        if self.fsdp_bucketed(job):
             seconds += self.fsdp_bucket_tail_s(stage, self._stage_work(stage, job)[1], job)
         return seconds
 
@@ -601,7 +601,7 @@ class Pricer:
         if job.stack.fsdp_prefetch_depth == 0 or not job.cluster.device.comm_overlaps_compute:
             return 2.0 * gather + scatter
         gamma = self.overlap_slowdown(job)
-        if self._fsdp_bucketed(job):  # the gradients go in buckets (fsdp_bucket_tail_s)
+        if self.fsdp_bucketed(job):  # the gradients go in buckets (fsdp_bucket_tail_s)
             scatter = 0.0
         # The data-parallel gathers run on their own stream and communicator while the layer computes and while
         # its feature collectives (tp, cp, ep: other groups) run: both are the window (compile.apply_zero)
@@ -609,7 +609,8 @@ class Pricer:
         return overlapped_s(gather, cost.fwd_s + cost.comm_fwd_s, gamma) + \
             overlapped_s(gather + scatter, cost.bwd_s + feature_bwd_s, gamma)
 
-    def _fsdp_bucketed(self, job: Job) -> bool:
+    def fsdp_bucketed(self, job: Job) -> bool:
+        """Whether ZeRO-3's gradients go in buckets (fsdp_bucket_tail_s) rather than per layer."""
         stack = job.stack
         return stack.fsdp_bucket_params > 0.0 and stack.fsdp_prefetch_depth > 0 and \
             job.cluster.device.comm_overlaps_compute

@@ -29,17 +29,17 @@ from operator import itemgetter
 import numpy as np
 from numpy.typing import NDArray
 
-from trainsim.cost.memory import loss_working_bytes, recompute_working_bytes, stage_kept_bytes
-from trainsim.cost.pricing import GradientQueues, Pricer
+from trainsim.cost.memory import kept_bytes, loss_grad_bytes, rebuilt_bytes, saved_key
+from trainsim.cost.pricing import GradientQueues, LayerCost, Pricer
 from trainsim.cost.stack_effects import BucketQueue, queue_tail_s
 from trainsim.cost.step import FittedStepCosts
 from trainsim.errors import TrainsimError
 from trainsim.estimate.analytical import AnalyticalEstimator, PlanPrice
-from trainsim.ir.graph import OpGraph
+from trainsim.ir.graph import Layer, OpGraph
 from trainsim.job import Job
 from trainsim.strategy.parallel import Recompute
 from trainsim.strategy.precision import Precision, policy_for
-from trainsim.strategy.stages import StagePart
+from trainsim.strategy.stages import BLOCK_KINDS, StagePart
 
 Floats = NDArray[np.float64]
 Ints = NDArray[np.int64]
@@ -180,6 +180,7 @@ class _Shared:
     groups: list[tuple[int, ...]] = field(default_factory=list)
     precisions: list[Precision] = field(default_factory=list)  # the precisions of the plans, each once
     param_layers: dict[tuple[tuple[float, float], ...], int] = field(default_factory=dict)
+    layer_terms: dict[tuple[object, ...], "_LayerTerms"] = field(default_factory=dict)
     # the gradient reduction's queues (Pricer.gradient_queues) per (param_layers, ZeRO > 0, precision code,
     # dp x cp, tp), and their arrays (_QueueTable) made when queues were added
     queue_of: dict[tuple[int, ...], int] = field(default_factory=dict)
@@ -303,40 +304,85 @@ class _Batch:
         shared.row_sends_s.append(self.pricer.pipeline_send_s(stage, job) if par.pp > 1 else 0.0)
 
     def _content(self, stage: list[StagePart], job: Job) -> _Content:
-        """What a stage's price reads but its pipeline sends, each part as Pricer's _stage_work,
-        _stage_recompute_s, zero3_exposed_s, micro_batch_overhead_s, gradient_sync_exposed_s and cost.memory
-        compute it (the same sums in the same order)."""
+        """What a stage's price reads but its pipeline sends: the sums over its parts of Pricer._stage_work,
+        _stage_recompute_s, _stage_fsdp_s (with zero3_exposed_s's bucket tail) and cost.memory's
+        stage_kept_bytes, recompute_working_bytes and loss_working_bytes, in their order, from each layer's
+        terms (_layer_terms, made once per layer and layer context for every stage that holds the layer);
+        tests/unit/search/test_grid.py holds the results equal to the plain engine's."""
         pricer = self.pricer
         forward = backward = wgrad = 0.0
         feature: dict[str, float] = {}
-        selective = full = feature_fwd = 0.0
+        selective = full = feature_fwd = fsdp = 0.0
+        saved = [0.0, 0.0, 0.0]
+        working: list[float] | None = None
+        head_saved: float | None = None
         for part in stage:
-            cost = pricer.layer_cost(part.layer, job)
-            feature_fwd += part.count * cost.comm_fwd_s
-            forward += part.count * cost.fwd_s
-            backward += part.count * cost.bwd_s
-            wgrad += part.count * cost.wgrad_s
+            terms = self._layer_terms(part.layer, job)
+            cost, count = terms.cost, part.count
+            feature_fwd += count * cost.comm_fwd_s
+            forward += count * cost.fwd_s
+            backward += count * cost.bwd_s
+            wgrad += count * cost.wgrad_s
             for axis, seconds in cost.comm_s.items():
-                feature[axis] = feature.get(axis, 0.0) + part.count * seconds
-            if part.layer.kind not in ("embedding", "head"):
-                full += part.count * (cost.fwd_s + cost.comm_fwd_s)
-            selective += part.count * cost.selective_s
+                feature[axis] = feature.get(axis, 0.0) + count * seconds
+            if terms.full_s is not None:
+                full += count * terms.full_s
+            selective += count * cost.selective_s
+            fsdp += count * terms.fsdp_s
+            saved = [total + count * kept for total, kept in zip(saved, terms.kept_bytes, strict=True)]
+            if terms.rebuilt_bytes is not None:
+                working = list(terms.rebuilt_bytes) if working is None else \
+                    [max(most, rebuilt) for most, rebuilt in zip(working, terms.rebuilt_bytes, strict=True)]
+            if terms.loss_bytes is not None and head_saved is None:
+                head_saved = terms.loss_bytes  # the first head's (loss_working_bytes)
+        if pricer.fsdp_bucketed(job):
+            fsdp += pricer.fsdp_bucket_tail_s(stage, backward, job)
+        working = working or [0.0, 0.0, 0.0]
         values = tuple(feature.values())
         param_layers = tuple((part.layer.param_count, part.count) for part in stage)
         layers_number = self.shared.param_layers.setdefault(param_layers, len(self.shared.param_layers))
-        saved = tuple(stage_kept_bytes(stage, mode, job.stack) for mode in RECOMPUTE_CODES)
-        working = tuple(recompute_working_bytes(stage, mode, job.stack) for mode in RECOMPUTE_CODES)
-        row = _Content(
+        return _Content(
             compute_s=forward + backward, forward_s=forward, backward_s=backward, wgrad_s=wgrad,
             feature_s=values + (0.0,) * (COMM_SLOTS - len(values)), features=len(values), feature_total_s=sum(values),
-            recompute_s=(0.0, selective, full), fsdp_s=pricer.zero3_exposed_s(stage, job),
-            overhead_s=pricer.micro_batch_overhead_s(stage, job),
+            recompute_s=(0.0, selective, full), fsdp_s=fsdp, overhead_s=pricer.micro_batch_overhead_s(stage, job),
             params=pricer.stage_params(stage), saved_bytes=(saved[0], saved[1], saved[2]),
             recompute_working_bytes=(working[0], working[1], working[2]),
             max_layer_params=max(part.layer.param_count for part in stage),
-            head_saved_bytes=loss_working_bytes(stage, job.stack), feature_fwd_s=feature_fwd,
-            feature_bwd_s=sum(values) - feature_fwd, param_layers=layers_number, stage=stage)
-        return row
+            head_saved_bytes=0.0 if head_saved is None else head_saved,
+            feature_fwd_s=feature_fwd, feature_bwd_s=sum(values) - feature_fwd, param_layers=layers_number,
+            stage=stage)
+
+    def _layer_terms(self, layer: Layer, job: Job) -> "_LayerTerms":
+        """A layer's part of its stages' prices under the job's layer context (what _content sums)."""
+        par = job.parallel
+        key = (id(layer), par.tp, par.cp, par.ep, par.dp, par.sp, par.precision)  # layer: of a pinned graph
+        terms = self.shared.layer_terms.get(key)
+        if terms is None:
+            pricer, stack = self.pricer, job.stack
+            cost = pricer.layer_cost(layer, job)
+            blocks = layer.kind in BLOCK_KINDS
+            terms = self.shared.layer_terms[key] = _LayerTerms(
+                cost=cost, full_s=cost.fwd_s + cost.comm_fwd_s if layer.kind not in ("embedding", "head") else None,
+                fsdp_s=pricer.fsdp_exposed_s(layer, cost, job),
+                kept_bytes=tuple(kept_bytes(layer, saved_key(mode, stack)) for mode in RECOMPUTE_CODES),
+                rebuilt_bytes=tuple(rebuilt_bytes(layer, mode, stack) for mode in RECOMPUTE_CODES) if blocks else None,
+                loss_bytes=loss_grad_bytes(layer, stack) if layer.kind == "head" else None)
+        return terms
+
+
+@dataclass(frozen=True, slots=True)
+class _LayerTerms:
+    """A layer's terms of its stages' prices under one layer context: its LayerCost, what full recompute
+    repeats of it (None: the embedding and the head are not recomputed), its ZeRO-3 exposure
+    (Pricer.fsdp_exposed_s), what it keeps (cost.memory.kept_bytes) and rebuilds (rebuilt_bytes; None: not a
+    block) per RECOMPUTE_CODES, and the loss's gradient buffers where it is the head (loss_grad_bytes)."""
+
+    cost: LayerCost
+    full_s: float | None
+    fsdp_s: float
+    kept_bytes: tuple[float, ...]
+    rebuilt_bytes: tuple[float, ...] | None
+    loss_bytes: float | None
 
 
 class _Fast:

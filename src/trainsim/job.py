@@ -44,7 +44,7 @@ def make_job(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelSpec, sta
     training software (default: generic)."""
     par = _resolve_dp(parallel, cluster.num_gpus)
     if par.global_batch == 0:
-        par = par.model_copy(update={"global_batch": par.dp * par.micro_batch})
+        par = par.replaced(global_batch=par.dp * par.micro_batch)
     _check_batch(par)
     if isinstance(model, TransformerSpec):
         _check_transformer(model, par)
@@ -59,7 +59,7 @@ def _resolve_dp(par: ParallelSpec, num_gpus: int) -> ParallelSpec:
         if num_gpus % model_parallel:
             raise ConfigError("tp*pp*cp", model_parallel,
                               f"must divide the number of GPUs ({num_gpus}); tp={par.tp} pp={par.pp} cp={par.cp}")
-        return par.model_copy(update={"dp": num_gpus // model_parallel})
+        return par.replaced(dp=num_gpus // model_parallel)
     if model_parallel * par.dp != num_gpus:
         raise ConfigError("tp*pp*dp*cp", model_parallel * par.dp,
                           f"must equal the number of GPUs ({num_gpus}); tp={par.tp} pp={par.pp} dp={par.dp} "

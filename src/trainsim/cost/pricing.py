@@ -34,11 +34,13 @@ from trainsim.cost.memory import (
 )
 from trainsim.cost.profiled import ProfiledComm, ProfiledCosts, ProfiledStepCosts
 from trainsim.cost.stack_effects import (
+    BucketQueue,
     BucketRuns,
+    bucket_queue,
     bucket_runs,
     bucketed_s,
     overlapped_s,
-    queued_buckets_s,
+    queue_exposed_s,
     unfused_extra_bytes,
 )
 from trainsim.cost.step import FittedStepCosts, StepCosts
@@ -111,6 +113,19 @@ class Partition:
     chunk_blocks: tuple[tuple[int, ...], ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class GradientQueues:
+    """A stage's data-parallel gradient reduction as queues of buckets (Pricer.gradient_queues): the
+    reduction's, in the order the backward pass fills them, and the parameter all-gathers' (ZeRO >= 1; empty
+    at ZeRO 0) in sending order; whether each overlaps compute (the stack's grad_reduce_overlap and
+    param_gather_overlap) or waits for all of it."""
+
+    reduce: BucketQueue
+    gather: BucketQueue
+    reduce_overlaps: bool
+    gather_overlaps: bool
+
+
 def axis_group(axis: str, par: ParallelSpec) -> tuple[int, int]:
     """(size, stride) of the group of `axis`. Ranks are ordered tp (fastest), cp, dp, pp; ep groups are made of
     data-parallel ranks; "grad" is the data-parallel gradient group (dp x cp ranks, stride tp)."""
@@ -174,6 +189,7 @@ class Pricer:
         self._stage_params: dict[object, float] = {}
         self._grad_buckets: dict[tuple[object, ...], BucketRuns] = {}
         self._grad_sync: dict[tuple[object, ...], float] = {}
+        self._grad_queues: dict[tuple[object, ...], GradientQueues] = {}
         self._stage_ops: dict[object, tuple[int, int]] = {}
         self._partitions: dict[tuple[object, ...], Partition] = {}
         self._splits: dict[tuple[object, ...], tuple[int, ...] | None] = {}
@@ -465,7 +481,7 @@ class Pricer:
         """Under ZeRO-3, per micro-batch: the stage's gathers and scatters left exposed (fsdp_exposed_s), with
         the exposed tail of its gradient buckets where the stack buckets them (fsdp_bucket_tail_s)."""
         seconds = self._stage_fsdp_s(stage, job)
-        if self._fsdp_bucketed(job):
+        if self.fsdp_bucketed(job):
             seconds += self.fsdp_bucket_tail_s(stage, self._stage_work(stage, job)[1], job)
         return seconds
 
@@ -585,7 +601,7 @@ class Pricer:
         if job.stack.fsdp_prefetch_depth == 0 or not job.cluster.device.comm_overlaps_compute:
             return 2.0 * gather + scatter
         gamma = self.overlap_slowdown(job)
-        if self._fsdp_bucketed(job):  # the gradients go in buckets (fsdp_bucket_tail_s)
+        if self.fsdp_bucketed(job):  # the gradients go in buckets (fsdp_bucket_tail_s)
             scatter = 0.0
         # The data-parallel gathers run on their own stream and communicator while the layer computes and while
         # its feature collectives (tp, cp, ep: other groups) run: both are the window (compile.apply_zero)
@@ -593,7 +609,8 @@ class Pricer:
         return overlapped_s(gather, cost.fwd_s + cost.comm_fwd_s, gamma) + \
             overlapped_s(gather + scatter, cost.bwd_s + feature_bwd_s, gamma)
 
-    def _fsdp_bucketed(self, job: Job) -> bool:
+    def fsdp_bucketed(self, job: Job) -> bool:
+        """Whether ZeRO-3's gradients go in buckets (fsdp_bucket_tail_s) rather than per layer."""
         stack = job.stack
         return stack.fsdp_bucket_params > 0.0 and stack.fsdp_prefetch_depth > 0 and \
             job.cluster.device.comm_overlaps_compute
@@ -645,24 +662,44 @@ class Pricer:
 
     def _gradient_sync_windows_s(self, stage: list[StagePart], backward_window_s: float, forward_window_s: float,
                                  job: Job) -> float:
+        queues = self.gradient_queues(stage, job)
+        gamma = self.overlap_slowdown(job)
+        reduce, gather = queues.reduce, queues.gather
+        exposed = queue_exposed_s(reduce, backward_window_s, gamma) if queues.reduce_overlaps else reduce.total_s
+        if job.parallel.zero > 0:
+            exposed += queue_exposed_s(gather, forward_window_s, gamma) if queues.gather_overlaps else \
+                gather.total_s
+        return exposed
+
+    def gradient_queues(self, stage: list[StagePart], job: Job) -> "GradientQueues":
+        """The stage's gradient reduction as queues of buckets (stack_effects.BucketQueue), one collective per
+        bucket: ZeRO 0's all-reduces, or ZeRO 1-2's reduce-scatters and the distributed optimizer's parameter
+        all-gathers (in the order the next forward pass needs them where they overlap it, else after the step;
+        an empty queue at ZeRO 0). Once per (the stage's layers' parameters and counts, bucket size, the
+        gradient group, cluster, stack, ZeRO 0 or not, precision): what the queues read."""
+        par = job.parallel
+        key = ("queues", tuple((part.layer.param_count, part.count) for part in stage), axis_group("grad", par),
+               self._cluster_key(job.cluster), self._stack_key(job.stack), par.zero > 0, par.precision)
+        queues = self._grad_queues.get(key)
+        if queues is None:
+            queues = self._grad_queues[key] = self._gradient_queues(stage, job)
+        return queues
+
+    def _gradient_queues(self, stage: list[StagePart], job: Job) -> "GradientQueues":
         par = job.parallel
         policy = self.policy(par.precision)
-        gamma = self.overlap_slowdown(job)
         reduce = self._bucket_seconds("all-reduce" if par.zero == 0 else "reduce-scatter", policy.grad_bytes,
                                       self.grad_bucket_runs(stage, job), job)
-        exposed = queued_buckets_s(reduce, backward_window_s, gamma) \
-            if self.overlaps("grad_reduce_overlap", job) else sum(s * n for s, n in reduce)
-        if par.zero > 0:
-            if self.overlaps("param_gather_overlap", job):
-                # the first bucket the forward pass needs waits first: the backward's queue, mirrored
-                gather = self._bucket_seconds("all-gather", policy.weight_bytes,
-                                              self.grad_bucket_runs(stage, job, forward=True), job)
-                exposed += queued_buckets_s(gather[::-1], forward_window_s, gamma)
-            else:
-                gather = self._bucket_seconds("all-gather", policy.weight_bytes, self.grad_bucket_runs(stage, job),
-                                              job)
-                exposed += sum(s * n for s, n in gather)
-        return exposed
+        gather_overlaps = self.overlaps("param_gather_overlap", job)
+        gather: list[tuple[float, int]] = []
+        if par.zero > 0 and gather_overlaps:
+            # the first bucket the forward pass needs waits first: the backward's queue, mirrored
+            gather = self._bucket_seconds("all-gather", policy.weight_bytes,
+                                          self.grad_bucket_runs(stage, job, forward=True), job)[::-1]
+        elif par.zero > 0:
+            gather = self._bucket_seconds("all-gather", policy.weight_bytes, self.grad_bucket_runs(stage, job), job)
+        return GradientQueues(bucket_queue(reduce), bucket_queue(gather),
+                              self.overlaps("grad_reduce_overlap", job), gather_overlaps)
 
     def grad_bucket_runs(self, stage: list[StagePart], job: Job, forward: bool = False) -> BucketRuns:
         """The stage's gradient buckets (stack_effects.bucket_runs), filled in the order the backward pass

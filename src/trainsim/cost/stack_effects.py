@@ -19,11 +19,19 @@ ended, so the last ends at max over k of (ready_k + the seconds of buckets k..n-
 (k + 1) / n of W, max_k (sum_{j >= k} c_j - W (n - 1 - k) / n) stays exposed.
 """
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
 
 from trainsim.ir.graph import Op
 from trainsim.strategy.stack import StackSpec
 
+if TYPE_CHECKING:  # NB: numpy only for the types: the plain engine's pricing runs without it
+    import numpy as np
+    from numpy.typing import NDArray
+
+# a float, or a numpy array of one value per plan (queue_tail_s)
+Seconds = TypeVar("Seconds", float, "NDArray[np.float64]")
 BucketRuns = tuple[tuple[float, int], ...]  # (parameters of a bucket, how many such buckets in a row), in order
 
 ACTIVATIONS = ("gelu", "swiglu")  # the activation ops of the graph's MLPs (frontends/catalog/transformer.py)
@@ -68,26 +76,58 @@ def bucket_runs(layers: Iterable[tuple[float, float]], bucket_params: float) -> 
     return tuple((size, int(count)) for size, count in runs)
 
 
-def queued_buckets_s(runs: Sequence[tuple[float, int]], window_s: float, gamma: float) -> float:
-    """Exposed seconds of buckets sent one after another, `runs` of (seconds of one bucket, how many in a row)
-    in sending order, bucket k ready after (k + 1) / n of window_s: max_k (sum_{j >= k} c_j - window_s (n - 1 -
-    k) / n) (module doc), at least the last bucket; the rest hides under compute, slowed by gamma. Inside a run
-    the term is linear in k, so its ends suffice."""
-    n = sum(count for _, count in runs)
-    total = sum(seconds * count for seconds, count in runs)
-    if n == 0 or total <= 0.0:
-        return 0.0
-    step = window_s / n
-    exposed = 0.0
+@dataclass(frozen=True, slots=True)
+class BucketQueue:
+    """Buckets sent one after another (queued_buckets_s) as the terms of its closed form: `count` buckets of
+    `total_s` seconds in all and, per end of a run of equal buckets (inside a run the tail is linear in k, so
+    its ends suffice), the candidate tail peaks_s[i] - (window / count) x lags[i]: sum_{j >= k} c_j and
+    n - 1 - k of the module doc. The first candidate is the last bucket alone (lag 0)."""
+
+    count: int
+    total_s: float
+    peaks_s: tuple[float, ...]
+    lags: tuple[int, ...]
+
+
+def bucket_queue(runs: Sequence[tuple[float, int]]) -> BucketQueue:
+    """The queue of `runs`: (seconds of one bucket, how many in a row) in sending order."""
+    peaks: list[float] = []
+    lags: list[int] = []
     later = 0.0  # seconds of the buckets after the current run
     after = 0  # how many buckets follow the current run
     for seconds, count in reversed(runs):
-        last = later + seconds - step * after
-        first = later + count * seconds - step * (after + count - 1)
-        exposed = max(exposed, last, first)
+        peaks += [later + seconds, later + count * seconds]
+        lags += [after, after + count - 1]
         later += count * seconds
         after += count
-    return exposed + gamma * (total - exposed)
+    return BucketQueue(sum(count for _, count in runs), sum(seconds * count for seconds, count in runs),
+                       tuple(peaks), tuple(lags))
+
+
+def queue_tail_s(total_s: Seconds, peaks_s: Sequence[Seconds], lags: Sequence[Seconds], step_s: Seconds,
+                 gamma: float, maximum: Callable[[Seconds, Seconds], Seconds]) -> Seconds:
+    """Exposed seconds of a non-empty queue (BucketQueue's terms) whose buckets become ready every step_s:
+    max_k (sum_{j >= k} c_j - step_s (n - 1 - k)), at least the last bucket (the first candidate); the rest
+    hides under compute, slowed by gamma. Over floats (maximum=max) or over numpy arrays of one queue per plan
+    (np.maximum: the search's grid engine), one formula."""
+    exposed = peaks_s[0] - step_s * lags[0]
+    for peak, lag in zip(peaks_s[1:], lags[1:], strict=True):
+        exposed = maximum(exposed, peak - step_s * lag)
+    return exposed + gamma * (total_s - exposed)
+
+
+def queued_buckets_s(runs: Sequence[tuple[float, int]], window_s: float, gamma: float) -> float:
+    """Exposed seconds of buckets sent one after another, `runs` of (seconds of one bucket, how many in a row)
+    in sending order, bucket k ready after (k + 1) / n of window_s (module doc; queue_tail_s)."""
+    return queue_exposed_s(bucket_queue(runs), window_s, gamma)
+
+
+def queue_exposed_s(queue: BucketQueue, window_s: float, gamma: float) -> float:
+    """queued_buckets_s of a queue already made."""
+    if queue.count == 0 or queue.total_s <= 0.0:
+        return 0.0
+    lags = tuple(float(lag) for lag in queue.lags)
+    return queue_tail_s(queue.total_s, queue.peaks_s, lags, window_s / queue.count, gamma, max)
 
 
 def unfused_extra_bytes(op: Op, stack: StackSpec, fp8_linears: bool) -> float:

@@ -24,20 +24,22 @@ every plan gets the figures AnalyticalEstimator.price gives it: tests/unit/searc
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 import numpy as np
 from numpy.typing import NDArray
 
-from trainsim.cost.memory import loss_working_bytes, recompute_working_bytes, stage_kept_bytes
-from trainsim.cost.pricing import Pricer
+from trainsim.cost.memory import kept_bytes, loss_grad_bytes, rebuilt_bytes, saved_key
+from trainsim.cost.pricing import GradientQueues, LayerCost, Pricer
+from trainsim.cost.stack_effects import BucketQueue, queue_tail_s
 from trainsim.cost.step import FittedStepCosts
 from trainsim.errors import TrainsimError
 from trainsim.estimate.analytical import AnalyticalEstimator, PlanPrice
-from trainsim.ir.graph import OpGraph
+from trainsim.ir.graph import Layer, OpGraph
 from trainsim.job import Job
 from trainsim.strategy.parallel import Recompute
 from trainsim.strategy.precision import Precision, policy_for
-from trainsim.strategy.stages import StagePart
+from trainsim.strategy.stages import BLOCK_KINDS, StagePart
 
 Floats = NDArray[np.float64]
 Ints = NDArray[np.int64]
@@ -45,6 +47,12 @@ Ints = NDArray[np.int64]
 RECOMPUTE_CODES: dict[Recompute, int] = {"none": 0, "selective": 1, "full": 2}
 SCHEDULE_CODES = {"1f1b": 0, "interleaved-1f1b": 1, "gpipe": 2, "zb-h1": 3}
 OPTIMIZER_CODES = {"fused": 0, "foreach": 1, "loop": 2}
+# of a plan's ParallelSpec: what its group reads (_Batch._group), what sends it to the plain engine (not
+# strategy.stages.is_even_split) and what the arrays read of each plan
+_GROUP_FIELDS = itemgetter("tp", "cp", "ep", "dp", "pp", "vpp", "sp", "precision", "schedule", "optimizer_impl")
+_SPLIT_FIELDS = itemgetter("stage_layers", "first_stage_layers", "last_stage_layers", "embedding_in_split",
+                           "loss_in_split")
+_PLAN_FIELDS = itemgetter("zero", "global_batch", "micro_batch", "recompute", "seq_len")
 COMM_SLOTS = 4  # feature-communication axes of a stage (tp, cp, ep) and its pipeline sends
 
 
@@ -70,6 +78,8 @@ class _Content:
     max_layer_params: float
     head_saved_bytes: float  # the loss's gradient buffers (cost.memory.loss_working_bytes), 0 without a head
     feature_fwd_s: float  # the forward part of feature_s (StageCost.feature_fwd_s)
+    feature_bwd_s: float  # the rest of feature_s (in the backward window of the gradient reduction)
+    param_layers: int  # the number of its layers' (parameters, count): what its gradient buckets read
     stage: list[StagePart]  # the stage itself, for the Pricer's gradient reduction
 
 
@@ -165,11 +175,24 @@ class _Shared:
     content_of: dict[tuple[object, ...], int] = field(default_factory=dict)
     combos: list[_Combo] = field(default_factory=list)
     combo_of: dict[tuple[object, ...], int] = field(default_factory=dict)  # (graph, plan's layout) -> combo
-    # (graph, plan settings) -> (combo or -1, pp, vpp, dp x cp, schedule, optimizer, precision codes)
-    groups: dict[tuple[object, ...], tuple[int, ...]] = field(default_factory=dict)
+    # per (graph, _GROUP_FIELDS) a number: its group of plans (_Batch._group)
+    group_of: dict[tuple[object, ...], int] = field(default_factory=dict)
+    groups: list[tuple[int, ...]] = field(default_factory=list)
     precisions: list[Precision] = field(default_factory=list)  # the precisions of the plans, each once
+    param_layers: dict[tuple[tuple[float, float], ...], int] = field(default_factory=dict)
+    layer_terms: dict[tuple[object, ...], "_LayerTerms"] = field(default_factory=dict)
+    # the gradient reduction's queues (Pricer.gradient_queues) per (param_layers, ZeRO > 0, precision code,
+    # dp x cp, tp), and their arrays (_QueueTable) made when queues were added
+    queue_of: dict[tuple[int, ...], int] = field(default_factory=dict)
+    queues: list[GradientQueues] = field(default_factory=list)
+    queue_table: "_QueueTable | None" = None
     tables: "tuple[_RowTable, _ComboTable] | None" = None
     tables_rows: int = 0  # the combos the tables hold
+
+    def queue_arrays(self) -> "_QueueTable":
+        if self.queue_table is None or self.queue_table.size != len(self.queues):
+            self.queue_table = _QueueTable(self.queues)
+        return self.queue_table
 
     def arrays(self) -> "tuple[_RowTable, _ComboTable]":
         if self.tables is None or self.tables_rows != len(self.combos):
@@ -195,31 +218,39 @@ class _Batch:
     def split(self) -> tuple["_Fast | None", list[int]]:
         """The fast plans' settings as arrays, and the indices of the plans left to the plain engine."""
         cluster, stack = self.job0.cluster, self.job0.stack
-        groups = self.shared.groups
+        groups, group_of = self.shared.groups, self.shared.group_of
         slow: list[int] = []
         index_of: list[int] = []
-        columns: list[tuple[int, ...]] = []
+        group_numbers: list[int] = []
+        values: list[tuple[object, ...]] = []
         for index, (job, graph) in enumerate(self.plans):
-            par = job.parallel
+            fields = job.parallel.__dict__  # NB: a pydantic model's fields; read from it ~2x faster
             if (job.cluster is not cluster and job.cluster != cluster) or \
-                    (job.stack is not stack and job.stack != stack) or par.stage_layers or \
-                    par.first_stage_layers or par.last_stage_layers or par.embedding_in_split or par.loss_in_split:
+                    (job.stack is not stack and job.stack != stack) or any(_SPLIT_FIELDS(fields)):
                 slow.append(index)  # not strategy.stages.is_even_split
                 continue
-            key = (id(graph), par.tp, par.cp, par.ep, par.dp, par.pp, par.vpp, par.sp, par.precision, par.schedule,
-                   par.optimizer_impl)
-            group = groups.get(key)
-            if group is None:
-                group = groups[key] = self._group(job, graph)
-            if group[0] < 0:
+            key = (id(graph), _GROUP_FIELDS(fields))
+            number = group_of.get(key)
+            if number is None:
+                number = group_of[key] = len(groups)
+                groups.append(self._group(job, graph))
+            if groups[number][0] < 0:
                 slow.append(index)
                 continue
             index_of.append(index)
-            columns.append((*group, par.zero, par.global_batch // (par.dp * par.micro_batch),
-                            RECOMPUTE_CODES[par.recompute], par.global_batch * par.seq_len))
+            group_numbers.append(number)
+            values.append(_PLAN_FIELDS(fields))
         if not index_of:
             return None, slow
-        return _Fast(self, np.array(index_of, dtype=np.int64), np.array(columns, dtype=np.int64)), slow
+        zero, global_batch, micro_batch, recompute, seq_len = zip(*values, strict=True)
+        columns = np.array(groups, dtype=np.int64)[np.array(group_numbers, dtype=np.int64)]
+        global_batch_array = np.array(global_batch, dtype=np.int64)
+        m = global_batch_array // (columns[:, 8] * np.array(micro_batch, dtype=np.int64))
+        codes = [RECOMPUTE_CODES[mode] for mode in recompute]  # type: ignore[index]
+        plan_columns = np.stack([np.array(zero, dtype=np.int64), m, np.array(codes, dtype=np.int64),
+                                 global_batch_array * np.array(seq_len, dtype=np.int64)], axis=1)
+        fast = _Fast(self, np.array(index_of, dtype=np.int64), np.concatenate([columns[:, :8], plan_columns], axis=1))
+        return fast, slow
 
     def _precision(self, precision: Precision) -> int:
         if precision not in self.precisions:
@@ -229,7 +260,7 @@ class _Batch:
     def _group(self, job: Job, graph: OpGraph) -> tuple[int, ...]:
         """The settings a new group of plans shares: its combo (-1 where the plain engine must price the plan: an
         uneven split, a graph whose partition or prices raise, a step-cost model whose overhead reads the plan),
-        pp, vpp, dp x cp and the codes of its schedule, optimizer and precision."""
+        pp, vpp, dp x cp, the codes of its schedule, optimizer and precision, tp and dp."""
         pricer, par = self.pricer, job.parallel
         self.engine.pin(graph)
         key = (id(graph), par.tp, par.cp, par.ep, par.dp, par.pp, par.vpp, par.sp, par.precision)
@@ -244,7 +275,7 @@ class _Batch:
                 combo = -1
             self.shared.combo_of[key] = combo
         return (combo, par.pp, par.vpp, par.dp * par.cp, SCHEDULE_CODES[par.schedule],
-                OPTIMIZER_CODES[par.optimizer_impl], self._precision(par.precision))
+                OPTIMIZER_CODES[par.optimizer_impl], self._precision(par.precision), par.tp, par.dp)
 
     def _new_combo(self, job: Job, graph: OpGraph) -> int:
         pricer = self.pricer
@@ -273,37 +304,85 @@ class _Batch:
         shared.row_sends_s.append(self.pricer.pipeline_send_s(stage, job) if par.pp > 1 else 0.0)
 
     def _content(self, stage: list[StagePart], job: Job) -> _Content:
-        """What a stage's price reads but its pipeline sends, each part as Pricer's _stage_work,
-        _stage_recompute_s, zero3_exposed_s, micro_batch_overhead_s, gradient_sync_exposed_s and cost.memory
-        compute it (the same sums in the same order)."""
+        """What a stage's price reads but its pipeline sends: the sums over its parts of Pricer._stage_work,
+        _stage_recompute_s, _stage_fsdp_s (with zero3_exposed_s's bucket tail) and cost.memory's
+        stage_kept_bytes, recompute_working_bytes and loss_working_bytes, in their order, from each layer's
+        terms (_layer_terms, made once per layer and layer context for every stage that holds the layer);
+        tests/unit/search/test_grid.py holds the results equal to the plain engine's."""
         pricer = self.pricer
         forward = backward = wgrad = 0.0
         feature: dict[str, float] = {}
-        selective = full = feature_fwd = 0.0
+        selective = full = feature_fwd = fsdp = 0.0
+        saved = [0.0, 0.0, 0.0]
+        working: list[float] | None = None
+        head_saved: float | None = None
         for part in stage:
-            cost = pricer.layer_cost(part.layer, job)
-            feature_fwd += part.count * cost.comm_fwd_s
-            forward += part.count * cost.fwd_s
-            backward += part.count * cost.bwd_s
-            wgrad += part.count * cost.wgrad_s
+            terms = self._layer_terms(part.layer, job)
+            cost, count = terms.cost, part.count
+            feature_fwd += count * cost.comm_fwd_s
+            forward += count * cost.fwd_s
+            backward += count * cost.bwd_s
+            wgrad += count * cost.wgrad_s
             for axis, seconds in cost.comm_s.items():
-                feature[axis] = feature.get(axis, 0.0) + part.count * seconds
-            if part.layer.kind not in ("embedding", "head"):
-                full += part.count * (cost.fwd_s + cost.comm_fwd_s)
-            selective += part.count * cost.selective_s
+                feature[axis] = feature.get(axis, 0.0) + count * seconds
+            if terms.full_s is not None:
+                full += count * terms.full_s
+            selective += count * cost.selective_s
+            fsdp += count * terms.fsdp_s
+            saved = [total + count * kept for total, kept in zip(saved, terms.kept_bytes, strict=True)]
+            if terms.rebuilt_bytes is not None:
+                working = list(terms.rebuilt_bytes) if working is None else \
+                    [max(most, rebuilt) for most, rebuilt in zip(working, terms.rebuilt_bytes, strict=True)]
+            if terms.loss_bytes is not None and head_saved is None:
+                head_saved = terms.loss_bytes  # the first head's (loss_working_bytes)
+        if pricer.fsdp_bucketed(job):
+            fsdp += pricer.fsdp_bucket_tail_s(stage, backward, job)
+        working = working or [0.0, 0.0, 0.0]
         values = tuple(feature.values())
-        saved = tuple(stage_kept_bytes(stage, mode, job.stack) for mode in RECOMPUTE_CODES)
-        working = tuple(recompute_working_bytes(stage, mode, job.stack) for mode in RECOMPUTE_CODES)
-        row = _Content(
+        param_layers = tuple((part.layer.param_count, part.count) for part in stage)
+        layers_number = self.shared.param_layers.setdefault(param_layers, len(self.shared.param_layers))
+        return _Content(
             compute_s=forward + backward, forward_s=forward, backward_s=backward, wgrad_s=wgrad,
             feature_s=values + (0.0,) * (COMM_SLOTS - len(values)), features=len(values), feature_total_s=sum(values),
-            recompute_s=(0.0, selective, full), fsdp_s=pricer.zero3_exposed_s(stage, job),
-            overhead_s=pricer.micro_batch_overhead_s(stage, job),
+            recompute_s=(0.0, selective, full), fsdp_s=fsdp, overhead_s=pricer.micro_batch_overhead_s(stage, job),
             params=pricer.stage_params(stage), saved_bytes=(saved[0], saved[1], saved[2]),
             recompute_working_bytes=(working[0], working[1], working[2]),
             max_layer_params=max(part.layer.param_count for part in stage),
-            head_saved_bytes=loss_working_bytes(stage, job.stack), feature_fwd_s=feature_fwd, stage=stage)
-        return row
+            head_saved_bytes=0.0 if head_saved is None else head_saved,
+            feature_fwd_s=feature_fwd, feature_bwd_s=sum(values) - feature_fwd, param_layers=layers_number,
+            stage=stage)
+
+    def _layer_terms(self, layer: Layer, job: Job) -> "_LayerTerms":
+        """A layer's part of its stages' prices under the job's layer context (what _content sums)."""
+        par = job.parallel
+        key = (id(layer), par.tp, par.cp, par.ep, par.dp, par.sp, par.precision)  # layer: of a pinned graph
+        terms = self.shared.layer_terms.get(key)
+        if terms is None:
+            pricer, stack = self.pricer, job.stack
+            cost = pricer.layer_cost(layer, job)
+            blocks = layer.kind in BLOCK_KINDS
+            terms = self.shared.layer_terms[key] = _LayerTerms(
+                cost=cost, full_s=cost.fwd_s + cost.comm_fwd_s if layer.kind not in ("embedding", "head") else None,
+                fsdp_s=pricer.fsdp_exposed_s(layer, cost, job),
+                kept_bytes=tuple(kept_bytes(layer, saved_key(mode, stack)) for mode in RECOMPUTE_CODES),
+                rebuilt_bytes=tuple(rebuilt_bytes(layer, mode, stack) for mode in RECOMPUTE_CODES) if blocks else None,
+                loss_bytes=loss_grad_bytes(layer, stack) if layer.kind == "head" else None)
+        return terms
+
+
+@dataclass(frozen=True, slots=True)
+class _LayerTerms:
+    """A layer's terms of its stages' prices under one layer context: its LayerCost, what full recompute
+    repeats of it (None: the embedding and the head are not recomputed), its ZeRO-3 exposure
+    (Pricer.fsdp_exposed_s), what it keeps (cost.memory.kept_bytes) and rebuilds (rebuilt_bytes; None: not a
+    block) per RECOMPUTE_CODES, and the loss's gradient buffers where it is the head (loss_grad_bytes)."""
+
+    cost: LayerCost
+    full_s: float | None
+    fsdp_s: float
+    kept_bytes: tuple[float, ...]
+    rebuilt_bytes: tuple[float, ...] | None
+    loss_bytes: float | None
 
 
 class _Fast:
@@ -312,8 +391,8 @@ class _Fast:
     def __init__(self, batch: _Batch, index: Ints, columns: Ints) -> None:
         self.batch = batch
         self.index = index
-        (self.combo, self.pp, self.vpp, self.shards_dp, self.schedule, self.optimizer, self.precision, self.zero,
-         self.m, self.recompute, self.tokens) = (columns[:, k] for k in range(columns.shape[1]))
+        (self.combo, self.pp, self.vpp, self.shards_dp, self.schedule, self.optimizer, self.precision, self.tp,
+         self.zero, self.m, self.recompute, self.tokens) = (columns[:, k] for k in range(columns.shape[1]))
         policies = [policy_for(name) for name in batch.precisions]
         self.weight_bytes = np.array([policy.weight_bytes for policy in policies], dtype=np.float64)[self.precision]
         self.grad_bytes = np.array([policy.grad_bytes for policy in policies], dtype=np.float64)[self.precision]
@@ -358,8 +437,8 @@ class _Fast:
             bubble = np.where(zb, bubble * factor, bubble)
 
         # --- the exposed gradient reduction of the bottleneck and of the first stage ---
-        grad = np.maximum(self._grad_exposed(table, slow_row, slow_recompute),
-                          self._grad_exposed(table, first_row, table.recompute[first_row, recompute_code]))
+        grad = self._grad_exposed(table, slow_row, slow_recompute, first_row,
+                                  table.recompute[first_row, recompute_code])
 
         # --- the optimizer step and the host overheads ---
         optimizer = self._optimizer_s(batch.combos)
@@ -384,29 +463,47 @@ class _Fast:
         peak_out[self.index] = peak
         oom_out[self.index] = peak > capacity
 
-    def _grad_exposed(self, table: "_RowTable", row: Ints, recompute: Floats) -> Floats:
-        """Pricer.gradient_sync_exposed_s of one stage per plan: through the Pricer's own queue of buckets
-        (gradient_sync_windows_s), once per distinct (stage row, recompute seconds, layout, ZeRO stage)."""
-        batch = self.batch
-        pricer, contents = batch.pricer, batch.shared.contents
-        out = np.zeros(len(self.index))
-        seen: dict[tuple[object, ...], float] = {}
-        for i, plan in enumerate(self.index.tolist()):
-            job = batch.plans[plan][0]
-            par = job.parallel
-            if par.dp * par.cp == 1 or par.zero >= 3:
-                continue
-            r, rc = int(row[i]), float(recompute[i])
-            key = (r, rc, par.tp, par.cp, par.dp, par.ep, par.pp, par.zero, par.precision)
-            value = seen.get(key)
-            if value is None:
-                content = contents[table.content_of_row[r]]
-                backward_window = table.backward[r] + rc + (content.feature_total_s - content.feature_fwd_s)
-                forward_window = table.forward[r] + content.feature_fwd_s
-                value = seen[key] = pricer.gradient_sync_windows_s(content.stage, backward_window, forward_window,
-                                                                   job)
-            out[i] = value
-        return out
+    def _grad_exposed(self, table: "_RowTable", slow_row: Ints, slow_recompute: Floats, first_row: Ints,
+                      first_recompute: Floats) -> Floats:
+        """Pricer.gradient_sync_exposed_s per plan, of the bottleneck stage and of the first, the larger: the
+        Pricer's queues of buckets (gradient_queues, once per distinct queue) over the plans' windows as arrays
+        (stack_effects.queue_tail_s, the plain engine's formula; the sum as Pricer._gradient_sync_windows_s)."""
+        n = len(self.index)
+        plan = np.concatenate([np.arange(n), np.arange(n)])
+        rows = np.concatenate([slow_row, first_row])
+        recompute = np.concatenate([slow_recompute, first_recompute])
+        out = np.zeros(2 * n)
+        chosen = np.flatnonzero(((self.shards_dp > 1) & (self.zero < 3))[plan])  # else no reduction
+        if chosen.size:
+            plan, rows, recompute = plan[chosen], rows[chosen], recompute[chosen]
+            keys = np.stack([table.param_layers[rows], (self.zero[plan] > 0).astype(np.int64), self.precision[plan],
+                             self.shards_dp[plan], self.tp[plan]], axis=1)
+            _, first, inverse = np.unique(_row_codes(keys), return_index=True, return_inverse=True)
+            numbers = [self._queue(tuple(key), int(plan[at]), int(rows[at]))
+                       for key, at in zip(keys[first].tolist(), first.tolist(), strict=True)]
+            queue = np.array(numbers, dtype=np.int64)[inverse]
+            queues = self.batch.shared.queue_arrays()
+            backward = table.backward[rows] + recompute + table.feature_bwd[rows]
+            forward = table.forward[rows] + table.feature_fwd[rows]
+            gamma = self.batch.pricer.cal.runtime.overlap_slowdown
+            reduce = queues.reduce.exposed_s(queue, backward, gamma) if queues.reduce_overlaps else \
+                queues.reduce.total_s[queue]
+            gather = queues.gather.exposed_s(queue, forward, gamma) if queues.gather_overlaps else \
+                queues.gather.total_s[queue]
+            out[chosen] = np.where(self.zero[plan] > 0, reduce + gather, reduce)
+        return np.maximum(out[:n], out[n:])
+
+    def _queue(self, key: tuple[int, ...], plan: int, row: int) -> int:
+        """The number of the gradient queues of a key of _grad_exposed, made with the plan's job and the row's
+        stage where new."""
+        shared = self.batch.shared
+        number = shared.queue_of.get(key)
+        if number is None:
+            job = self.batch.plans[int(self.index[plan])][0]
+            stage = shared.contents[shared.row_content[row]].stage
+            number = shared.queue_of[key] = len(shared.queues)
+            shared.queues.append(self.batch.pricer.gradient_queues(stage, job))
+        return number
 
     def _optimizer_s(self, combos: list[_Combo]) -> Floats:
         """Pricer.optimizer_step_s per plan: per combo (one precision, one dp) unsharded and sharded (ZeRO >= 1),
@@ -521,3 +618,49 @@ class _RowTable:
         self.max_layer_params = column("max_layer_params")
         self.head_saved = column("head_saved_bytes")
         self.content_of_row = index
+        self.param_layers = column("param_layers").astype(np.int64)
+        self.feature_fwd = column("feature_fwd_s")
+        self.feature_bwd = column("feature_bwd_s")
+
+
+class _Queues:
+    """Queues of buckets (stack_effects.BucketQueue) as arrays, one row per queue, the candidates padded (peaks
+    -inf, lags 0: never the largest)."""
+
+    def __init__(self, queues: list[BucketQueue]) -> None:
+        width = max(1, max(len(queue.peaks_s) for queue in queues))
+        self.count = np.array([queue.count for queue in queues], dtype=np.float64)
+        self.total_s = np.array([queue.total_s for queue in queues], dtype=np.float64)
+        self.peaks_s = np.full((len(queues), width), -np.inf)
+        self.lags = np.zeros((len(queues), width))
+        for number, queue in enumerate(queues):
+            self.peaks_s[number, :len(queue.peaks_s)] = queue.peaks_s
+            self.lags[number, :len(queue.lags)] = queue.lags
+
+    def exposed_s(self, queue: Ints, window_s: Floats, gamma: float) -> Floats:
+        """stack_effects.queue_exposed_s of queue[i] over window_s[i]."""
+        count, total, peaks, lags = self.count[queue], self.total_s[queue], self.peaks_s[queue], self.lags[queue]
+        with np.errstate(divide="ignore", invalid="ignore"):  # an empty queue: 0, below
+            tail = queue_tail_s(total, list(peaks.T), list(lags.T), window_s / count, gamma, np.maximum)
+        return np.where((count == 0) | (total <= 0.0), 0.0, tail)
+
+
+class _QueueTable:
+    """The gradient queues of a _Shared (Pricer.gradient_queues) as arrays. The overlaps are the stack's and
+    the cluster's: one for all."""
+
+    def __init__(self, queues: list[GradientQueues]) -> None:
+        self.size = len(queues)
+        self.reduce = _Queues([queue.reduce for queue in queues])
+        self.gather = _Queues([queue.gather for queue in queues])
+        self.reduce_overlaps = queues[0].reduce_overlaps
+        self.gather_overlaps = queues[0].gather_overlaps
+
+
+def _row_codes(columns: Ints) -> Ints:
+    """One number per row of non-negative integer columns (mixed radix): equal rows, equal numbers (np.unique
+    of one column is several times faster than of rows)."""
+    codes = np.zeros(len(columns), dtype=np.int64)
+    for column in columns.T:
+        codes = codes * (int(column.max()) + 1) + column
+    return codes

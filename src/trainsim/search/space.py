@@ -174,4 +174,4 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace) 
                         )
                         for recompute in space.recomputes:
                             for zero in space.zero_stages:
-                                yield base.model_copy(update={"recompute": recompute, "zero": zero})
+                                yield base.replaced(recompute=recompute, zero=zero)

@@ -17,6 +17,7 @@ Virtual stage c * pp + r is model chunk c of pipeline rank r (Megatron-LM's inte
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from trainsim.errors import ConfigError
 from trainsim.ir.graph import Layer, OpGraph
@@ -123,9 +124,17 @@ def _checked(counts: tuple[int, ...], pp: int, vpp: int, num_blocks: int, *, fie
 
 def virtual_stage_blocks(num_blocks: int, par: ParallelSpec, *, allow_empty: bool = False) -> tuple[int, ...]:
     """split_blocks with the strategy's settings."""
-    return split_blocks(num_blocks, par.pp, par.vpp, first=par.first_stage_layers, last=par.last_stage_layers,
-                        embedding=par.embedding_in_split, loss=par.loss_in_split, explicit=par.stage_layers,
-                        allow_empty=allow_empty)
+    return _cached_split(num_blocks, par.pp, par.vpp, par.first_stage_layers, par.last_stage_layers,
+                         par.embedding_in_split, par.loss_in_split, par.stage_layers, allow_empty)
+
+
+@lru_cache(maxsize=4096)
+def _cached_split(num_blocks: int, pp: int, vpp: int, first: int, last: int, embedding: bool, loss: bool,
+                  explicit: tuple[int, ...], allow_empty: bool) -> tuple[int, ...]:
+    """split_blocks, made once per settings (a search's make_job asks for the same few splits once per plan; a
+    refusal raises anew each time)."""
+    return split_blocks(num_blocks, pp, vpp, first=first, last=last, embedding=embedding, loss=loss,
+                        explicit=explicit, allow_empty=allow_empty)
 
 
 def rank_blocks(num_blocks: int, par: ParallelSpec) -> tuple[int, ...]:

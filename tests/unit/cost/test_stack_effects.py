@@ -7,7 +7,15 @@ from conftest import a100_cluster
 from trainsim.catalog.calibration import Calibration, RuntimeParams
 from trainsim.catalog.model_files import parse_model
 from trainsim.cost.pricing import Pricer
-from trainsim.cost.stack_effects import bucket_runs, bucketed_s, overlapped_s, queued_buckets_s
+from trainsim.cost.stack_effects import (
+    bucket_queue,
+    bucket_runs,
+    bucketed_s,
+    overlapped_s,
+    queue_exposed_s,
+    queue_tail_s,
+    queued_buckets_s,
+)
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.estimate.simulation import SimEstimator
 from trainsim.job import Job, make_job
@@ -190,3 +198,37 @@ def test_zero3_gradient_buckets_leave_the_last_bucket_exposed() -> None:
     analytical = AnalyticalEstimator(pricer).estimate(bucketed, graph_for(bucketed)).iteration_time_s
     sim = SimEstimator(pricer, overlap=False, sharing=False).estimate(bucketed, graph_for(bucketed)).iteration_time_s
     assert sim == pytest.approx(analytical, rel=0.02)
+
+
+def test_the_queue_formula_over_arrays_equals_it_over_floats() -> None:
+    """queue_tail_s is one formula for the plain engine (floats, max) and the search's grid engine (one queue
+    per plan as numpy arrays, np.maximum, candidates padded with peaks -inf and lags 0): equal, exactly, for
+    random queues and windows, runs of one and of many buckets, windows shorter and longer than the queue."""
+    np = pytest.importorskip("numpy")
+    rng = np.random.default_rng(7)
+    queues, windows = [], []
+    for _ in range(300):
+        runs = [(float(rng.uniform(1e-5, 1e-2)), int(rng.integers(1, 6))) for _ in range(int(rng.integers(1, 5)))]
+        queues.append(bucket_queue(runs))
+        windows.append(float(rng.uniform(0.0, 2.0)) * sum(s * n for s, n in runs))
+    width = max(len(queue.peaks_s) for queue in queues)
+    peaks = np.full((len(queues), width), -np.inf)
+    lags = np.zeros((len(queues), width))
+    for row, queue in enumerate(queues):
+        peaks[row, :len(queue.peaks_s)] = queue.peaks_s
+        lags[row, :len(queue.lags)] = queue.lags
+    count = np.array([queue.count for queue in queues], dtype=float)
+    total = np.array([queue.total_s for queue in queues])
+    for gamma in (0.0, 0.3):
+        arrays = queue_tail_s(total, list(peaks.T), list(lags.T), np.array(windows) / count, gamma, np.maximum)
+        floats = [queue_exposed_s(queue, window, gamma) for queue, window in zip(queues, windows, strict=True)]
+        assert arrays.tolist() == floats
+        for queue in queues:  # no window: nothing hides
+            assert queue_exposed_s(queue, 0.0, gamma) == pytest.approx(queue.total_s, rel=1e-12)
+
+
+def test_a_bucket_queue_holds_the_ends_of_each_run() -> None:
+    queue = bucket_queue([(1.0, 2), (5.0, 1)])  # sent: 1, 1, 5
+    assert (queue.count, queue.total_s) == (3, 7.0)
+    assert queue.peaks_s == (5.0, 5.0, 6.0, 7.0) and queue.lags == (0, 0, 1, 2)
+    assert queue_exposed_s(bucket_queue([]), 8.0, 0.5) == 0.0

@@ -4,11 +4,14 @@ Differential: for grids of plans (a dense and a mixture-of-experts model, severa
 pp and interleaved vpp, every recompute mode) and hand-picked plans the search never makes (cp, ep, gpipe,
 zb-h1, fp8, foreach and loop optimizers, uneven pipeline splits, a cluster that shares its cores, a mix of
 clusters and stacks in one call), each plan's iteration time, tokens/s, peak memory and out-of-memory verdict
-equal, to 1e-9 relative, what a fresh AnalyticalEstimator.price gives on a freshly built graph; and the
-planner's ranking, counts and priced plans equal the ranking of the plain engine's figures.
+equal, to 1e-9 relative, what a fresh AnalyticalEstimator.price gives on a freshly built graph; so do random
+plans (ZeRO 0-3, groups within one node and across nodes, stacks with and without overlapped gradient
+reduction and parameter gathers, many buckets and one); and the planner's ranking, counts and priced plans
+equal the ranking of the plain engine's figures.
 """
 
 import heapq
+import random
 
 import pytest
 
@@ -175,3 +178,53 @@ def test_the_planner_ranks_as_the_plain_engine(model: ModelSpec) -> None:
         assert fast.oom == oom
     for plan in report.plans:
         assert plan.result == AnalyticalEstimator().estimate(plan.job, graph_for(plan.job))
+
+
+BUCKET_STACKS = {
+    "megatron-core": load_stack("megatron-core"),  # both overlaps, 134M-parameter buckets
+    "generic": load_stack("generic"),  # one buffer after backward, gathers after the step
+    # many buckets (a tiny block holds ~0.3M parameters): one overlap on, the other off, and the reverse
+    "reduce-overlapped": StackSpec(grad_bucket_params=2e5, grad_reduce_overlap=True, param_gather_overlap=False),
+    "gather-overlapped": StackSpec(grad_bucket_params=1e6, grad_reduce_overlap=False, param_gather_overlap=True),
+}
+
+
+def random_plans(seed: int, count: int, num_gpus: int) -> list[ParallelSpec]:
+    """Plans drawn at random over tp, cp, pp, vpp, schedule, ZeRO 0-3, recompute and the micro-batch; dp fills
+    the cluster (groups spanning nodes)."""
+    rng = random.Random(seed)
+    plans: list[ParallelSpec] = []
+    while len(plans) < count:
+        tp, cp, pp = rng.choice((1, 2, 4, 8)), rng.choice((1, 1, 2)), rng.choice((1, 2, 4, 8))
+        if num_gpus % (tp * cp * pp):
+            continue
+        vpp = rng.choice((1, 2)) if pp > 1 else 1
+        schedule = "interleaved-1f1b" if vpp > 1 else rng.choice(("1f1b", "gpipe", "zb-h1"))
+        plans.append(ParallelSpec(tp=tp, cp=cp, pp=pp, vpp=vpp, schedule=schedule, zero=rng.choice((0, 1, 2, 3)),
+                                  recompute=rng.choice(("none", "selective", "full")), sp=tp > 1 and rng.random() < 0.5,
+                                  micro_batch=rng.choice((1, 2)), global_batch=64, seq_len=512))
+    return plans
+
+
+@pytest.mark.parametrize("stack", list(BUCKET_STACKS))
+def test_random_plans_on_groups_across_nodes(stack: str) -> None:
+    """The gradient reduction's bucket queues over arrays: random plans, ZeRO 0-3, data-parallel groups of one
+    node and of several (8 GPUs a node), with and without overlapped reduction and gathers."""
+    cluster = load_cluster("dgx-h100-80gb").with_num_gpus(32)
+    plans = built(DENSE, cluster, random_plans(len(stack), 120, 32), BUCKET_STACKS[stack])
+    assert len(plans) > 80
+    assert {job.parallel.zero for job, _ in plans} == {0, 1, 2, 3}
+    assert {job.parallel.dp * job.parallel.cp * job.parallel.tp > 8 for job, _ in plans} == {True, False}
+    check_grid(plans)
+
+
+def test_random_plans_of_every_stack_in_one_call() -> None:
+    """Plans of several stacks and of a mixture-of-experts model in one call, on one engine kept across calls."""
+    cluster = load_cluster("dgx-h100-80gb").with_num_gpus(32)
+    engine = GridEngine()
+    for seed in range(2):
+        plans = []
+        for number, stack in enumerate(BUCKET_STACKS.values()):
+            plans += built(MOE if number % 2 else DENSE, cluster, random_plans(seed * 10 + number, 30, 32), stack)
+        assert len(plans) > 80
+        check_grid(plans, engine)

@@ -15,7 +15,6 @@ from trainsim.api.results import Prediction
 from trainsim.catalog.calibration import Calibration, read_calibration
 from trainsim.catalog.files import key_lines, shown_path
 from trainsim.cost.compute import RooflineCosts
-from trainsim.cost.profiled import ProfiledCosts
 from trainsim.errors import ConfigError
 from trainsim.estimate.engines import ENGINES, make_engine
 from trainsim.hardware.cluster import ClusterSpec
@@ -24,7 +23,7 @@ from trainsim.ir.model_spec import ModelSpec
 from trainsim.job import Job
 from trainsim.jobfile import MODEL_SPEC_TYPES, job_from_settings, model_source, read_job_file
 from trainsim.pipeline import graph_for
-from trainsim.profile.database import default_db_path
+from trainsim.profile.paths import default_db_path
 from trainsim.strategy.parallel import AttentionKernel, OptimizerImpl, ParallelSpec, Recompute, Schedule
 from trainsim.strategy.precision import Precision
 from trainsim.strategy.stack import StackSpec
@@ -135,6 +134,8 @@ def _job_naming_lines(settings: dict[str, Any], job_file: str | Path | None, giv
 def profile_coverage_notes(job: Job, graph: OpGraph, db: str | Path | None, cal: Calibration) -> list[str]:
     """How much of the job's op time the profile database measured (cost.profiled.Coverage), and a warning
     with the command that measures the job's own shapes when most of it is scaled or on the roofline."""
+    from trainsim.cost.profiled import ProfiledCosts  # NB: with --costs profiled only (start-up)
+
     costs = ProfiledCosts(Path(db) if db is not None else default_db_path(), fallback=RooflineCosts(cal))
     coverage = costs.coverage(graph, job.cluster.device)
     notes = [coverage.describe()]

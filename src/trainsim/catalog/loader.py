@@ -16,7 +16,6 @@ from trainsim.hardware.cluster import ClusterSpec, LinkSpec
 from trainsim.hardware.device import DeviceSpec
 from trainsim.ir.model_spec import ModelSpec
 
-
 T = TypeVar("T")
 
 

@@ -138,7 +138,7 @@ class Engine:
         remaining_deps = self.remaining_deps
         stream_task, stream_prev, stream_dirty = self.stream_task, self.stream_prev, self.stream_dirty
         comp_run, comm_run, run_total, cat_run = self.comp_run, self.comm_run, self.run_total, self.cat_run
-        last_x, mem, peak, peak_t = self.last_x, self.mem, self.peak, self.peak_t
+        last_x, mem, peak, peak_t, exposed = self.last_x, self.mem, self.peak, self.peak_t, self.exposed
         rem, last, stretch, mark = self.rem, self.last, self.stretch, self.mark
         res_active, res_flows, dirty_dev, dirty_res = self.res_active, self.res_flows, self.dirty_dev, self.dirty_res
         leader_of, members, device_of, is_compute = g.leader_of, g.members, g.device_of, g.is_compute
@@ -184,16 +184,21 @@ class Engine:
                         d = device_of[m]
                         if t > last_x[d]:
                             if comp_run[d] == 0 and run_total[d] > 0:
-                                self._expose(d, t - last_x[d])
+                                row, elapsed = exposed[d], t - last_x[d]
+                                for c, count in enumerate(cat_run[d]):
+                                    if count:
+                                        row[c] += elapsed
                             last_x[d] = t
                         run_total[d] += 1
+                        # NB: a device starting or stopping compute changes the rate of its running comm flows only
+                        # (and vice versa): the device is re-timed only if a flow of the other kind runs there
                         if is_compute[m]:
                             comp_run[d] += 1
-                            if comp_run[d] == 1 and gamma:
+                            if comp_run[d] == 1 and gamma and comm_run[d]:
                                 dirty_dev[d] = None
                         else:
                             comm_run[d] += 1
-                            if comm_run[d] == 1 and gamma:
+                            if comm_run[d] == 1 and gamma and comp_run[d]:
                                 dirty_dev[d] = None
                         category = category_of[m]
                         if category >= 0:
@@ -296,16 +301,19 @@ class Engine:
                 d = device_of[tid]
                 if t > last_x[d]:
                     if comp_run[d] == 0 and run_total[d] > 0:
-                        self._expose(d, t - last_x[d])
+                        row, elapsed = exposed[d], t - last_x[d]
+                        for c, count in enumerate(cat_run[d]):
+                            if count:
+                                row[c] += elapsed
                     last_x[d] = t
                 run_total[d] -= 1
                 if is_compute[tid]:
                     comp_run[d] -= 1
-                    if comp_run[d] == 0 and gamma:
+                    if comp_run[d] == 0 and gamma and comm_run[d]:
                         dirty_dev[d] = None
                 else:
                     comm_run[d] -= 1
-                    if comm_run[d] == 0 and gamma:
+                    if comm_run[d] == 0 and gamma and comp_run[d]:
                         dirty_dev[d] = None
                 category = category_of[tid]
                 if category >= 0:
@@ -338,13 +346,6 @@ class Engine:
         return t
 
     # ---- bookkeeping -------------------------------------------------------------------------------------
-    def _expose(self, d: int, elapsed: float) -> None:
-        """Add `elapsed` to every category running on device d (called while no compute runs there)."""
-        row = self.exposed[d]
-        for c, count in enumerate(self.cat_run[d]):
-            if count:
-                row[c] += elapsed
-
     def _record(self, d: int, t: float, value: float) -> None:
         assert self.tl_t is not None
         times = self.tl_t[d]

@@ -13,6 +13,7 @@ the data-parallel overlap window); the compute task there is split in two so the
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from trainsim.compile.apply_recompute import recompute_specs, recompute_work
 from trainsim.compile.context import CommWork, LayerTiming, StageWriter, TaskSpec, Work
@@ -26,8 +27,7 @@ from trainsim.strategy.lowered import LayerAssignment
 Cut = tuple[float, Callable[[], None]]  # (seconds of the main compute before the point, callback)
 
 
-@dataclass(frozen=True, slots=True)
-class Unit:
+class Unit(NamedTuple):  # NB: a NamedTuple, built tens of thousands of times per compile
     """One layer-phase: a step's work on one layer instance."""
 
     phase: str  # F | B | W

@@ -146,7 +146,7 @@ class Engine:
         stream_of, priority, successors = g.stream_of, g.priority, g.successors
         flow_resources, capacity = g.flow_resources, g.resource_capacity
         gamma, slow, sharing, dynamic = self.gamma, self.slow, self.sharing, self.dynamic
-        record = self._record if self.tl_t is not None else None
+        tl_t, tl_b = self.tl_t, self.tl_b
         dirty_streams, new_flows = self.dirty_streams, self.new_flows
         seq, stamp, done, events = self.seq, self.stamp, self.done, 0
         pending = bool(g.num_tasks)  # the first dispatch pass runs at t = 0
@@ -210,8 +210,13 @@ class Engine:
                             if value > peak[d]:
                                 peak[d] = value
                                 peak_t[d] = t
-                            if record is not None:
-                                record(d, t, value)
+                            if tl_t is not None:  # the memory timeline: one point per instant
+                                times = tl_t[d]
+                                if times[-1] == t:
+                                    tl_b[d][-1] = value
+                                else:
+                                    times.append(t)
+                                    tl_b[d].append(value)
                     if not dynamic:
                         seq += 1
                         heappush(heap, (t + work[flow], seq, flow, ver[flow]))
@@ -219,10 +224,13 @@ class Engine:
                     if sharing:
                         resources = flow_resources[flow]
                         if resources:
+                            # NB: the other flows on a resource slow down only once it is over capacity
                             for r in resources:
-                                res_active[r] += 1
+                                users = res_active[r] + 1
+                                res_active[r] = users
                                 res_flows[r][flow] = None
-                                dirty_res[r] = None
+                                if users > capacity[r]:
+                                    dirty_res[r] = None
                     rem[flow] = work[flow]
                     last[flow] = t
                     stretch[flow] = 0.0  # not yet timed
@@ -322,8 +330,13 @@ class Engine:
                 if freed:
                     value = mem[d] - freed
                     mem[d] = value
-                    if record is not None:
-                        record(d, t, value)
+                    if tl_t is not None:
+                        times = tl_t[d]
+                        if times[-1] == t:
+                            tl_b[d][-1] = value
+                        else:
+                            times.append(t)
+                            tl_b[d].append(value)
                 for succ in successors[tid]:
                     remaining_deps[succ] -= 1
                     if remaining_deps[succ] == 0:
@@ -337,23 +350,14 @@ class Engine:
             if sharing:
                 resources = flow_resources[flow]
                 if resources:
-                    for r in resources:
+                    for r in resources:  # NB: the others speed up only if it was over capacity
+                        if res_active[r] > capacity[r]:
+                            dirty_res[r] = None
                         res_active[r] -= 1
                         del res_flows[r][flow]
-                        dirty_res[r] = None
         self.dirty_streams, self.new_flows = dirty_streams, new_flows
         self.seq, self.stamp, self.done, self.events = seq, stamp, done, events
         return t
-
-    # ---- bookkeeping -------------------------------------------------------------------------------------
-    def _record(self, d: int, t: float, value: float) -> None:
-        assert self.tl_t is not None
-        times = self.tl_t[d]
-        if times[-1] == t:
-            self.tl_b[d][-1] = value
-        else:
-            times.append(t)
-            self.tl_b[d].append(value)
 
     # ---- results -----------------------------------------------------------------------------------------
     def _outcome(self) -> SimOutcome:

@@ -53,7 +53,3 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(f"trainsim.api.{home}"), name)
     globals()[name] = value
     return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})

@@ -29,8 +29,11 @@ def _number_problem(value: Any) -> str | None:
 
 
 class Spec(BaseModel):
-    # allow_inf_nan=False: no float field takes NaN or infinity, from a file or from code
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True, allow_inf_nan=False)
+    # allow_inf_nan=False: no float field takes NaN or infinity, from a file or from code. defer_build: a spec's
+    # validator is built when the spec is first validated, not when its class is defined (start-up: a prediction
+    # uses a few of the dozens of spec classes it imports).
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True, allow_inf_nan=False,
+                              defer_build=True)
 
     @model_validator(mode="before")
     @classmethod

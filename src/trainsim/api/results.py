@@ -25,7 +25,7 @@ SCHEMA_VERSION = 1
 class SchemaTag(BaseModel):
     """Which object a JSON file holds and the version of its layout (bumped when a key changes meaning or goes)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
     name: str
     version: int = SCHEMA_VERSION
 
@@ -33,7 +33,7 @@ class SchemaTag(BaseModel):
 class _Output(BaseModel):
     """What every result shares: the schema tag, dict/JSON round trips, the HTML report."""
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=True)
+    model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=True, defer_build=True)
     SCHEMA_NAME: ClassVar[str] = ""
     schema_tag: SchemaTag = Field(alias="schema", description="the object's name and layout version")
 
@@ -171,7 +171,7 @@ class Prediction(_Output):
 class PlanRow(BaseModel):
     """One of the best plans of a search."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, defer_build=True)
     rank: int
     strategy: dict[str, Any]
     description: str
@@ -194,7 +194,7 @@ class PlanRow(BaseModel):
 class PlanPoint(BaseModel):
     """A plan the search priced (feasible or out of memory): throughput, peak memory, on the Pareto front."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
     description: str
     strategy: dict[str, Any]
     tokens_per_s: float
@@ -239,7 +239,7 @@ class SearchResult(_Output):
 class RunPrediction(BaseModel):
     """One measured run's metric, predicted by one engine (predicted None: skipped, for the reason given)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
     run_id: str
     source: str
     metric: str
@@ -291,7 +291,7 @@ OUTPUTS: dict[str, type[_Output]] = {cls.SCHEMA_NAME: cls for cls in (Prediction
 
 def _outputs() -> dict[str, type[_Output]]:
     """Every result with a schema, the comparison included (it is built on Prediction, so it registers late)."""
-    from trainsim.api.compare import Comparison
+    from trainsim.api.comparison import Comparison
 
     return {**OUTPUTS, Comparison.SCHEMA_NAME: Comparison}
 Kind = Literal["trainsim.prediction", "trainsim.search", "trainsim.validation"]

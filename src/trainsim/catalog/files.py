@@ -227,12 +227,27 @@ def key_lines(path: Path) -> dict[str, int]:
     return lines
 
 
+def catalog_files(folder: str) -> list[Path]:
+    """The data files of one catalog folder, in the order their entries are read (a later entry of the same
+    name wins)."""
+    return sorted((DATA_DIR / folder).glob("*.yaml"))
+
+
+def file_entries(path: Path, key: str) -> list[dict[str, Any]]:
+    """The entries under `key` in one catalog data file, each with the file's `defaults` under it."""
+    data = read_mapping(path)
+    defaults = data.get("defaults", {})
+    return [{**defaults, **entry} for entry in data.get(key, [])]
+
+
 def catalog_entries(folder: str, key: str) -> list[dict[str, Any]]:
     """All entries under `key` in the data files of one catalog folder; each file may set `defaults`."""
-    entries: list[dict[str, Any]] = []
-    for path in sorted((DATA_DIR / folder).glob("*.yaml")):
-        data = read_mapping(path)
-        defaults = data.get("defaults", {})
-        for entry in data.get(key, []):
-            entries.append({**defaults, **entry})
-    return entries
+    return [entry for path in catalog_files(folder) for entry in file_entries(path, key)]
+
+
+def files_naming(folder: str, name: str) -> list[Path]:
+    """The data files of a catalog folder whose text holds `name` (case-folded): the only ones that can define an
+    entry of that name, so a lookup parses them alone (start-up: `trainsim predict` reads one model file of
+    twelve, not the CNN files of thousands of YAML nodes)."""
+    wanted = name.casefold()
+    return [path for path in catalog_files(folder) if wanted in read_text(path).casefold()]

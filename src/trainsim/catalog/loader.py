@@ -1,13 +1,14 @@
 """Name -> spec lookups over the shipped data files, plus custom files given by path."""
 
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from trainsim.catalog.file_errors import file_error
-from trainsim.catalog.files import DATA_DIR, catalog_entries, read_mapping
+from trainsim.catalog.files import DATA_DIR, catalog_files, file_entries, files_naming, read_mapping
 from trainsim.catalog.hf_config import model_from_file
 from trainsim.catalog.model_files import parse_model
 from trainsim.errors import UnknownNameError
@@ -15,17 +16,21 @@ from trainsim.hardware.cluster import ClusterSpec, LinkSpec
 from trainsim.hardware.device import DeviceSpec
 from trainsim.ir.model_spec import ModelSpec
 
+T = TypeVar("T")
+
+
+# Each table is read file by file (a file's entries parsed once); a lookup by name parses only the files whose
+# text holds the name (files.files_naming), and the whole folder when it is not found there (unknown names list
+# every entry), so `trainsim predict` parses one model file and one device file, not the whole catalog.
+@cache
+def _file_models(path: Path) -> dict[str, ModelSpec]:
+    return {entry["name"]: parse_model(entry, f"model {entry.get('name')}") for entry in file_entries(path, "models")}
+
 
 @cache
-def _models() -> dict[str, ModelSpec]:
-    return {entry["name"]: parse_model(entry, f"model {entry.get('name')}")
-            for entry in catalog_entries("models", "models")}
-
-
-@cache
-def _devices() -> dict[str, DeviceSpec]:
+def _file_devices(path: Path) -> dict[str, DeviceSpec]:
     table: dict[str, DeviceSpec] = {}
-    for entry in catalog_entries("devices", "devices"):
+    for entry in file_entries(path, "devices"):
         device = DeviceSpec.parse(entry, f"device {entry.get('name')}")
         table[device.name] = device
         for alias in device.aliases:
@@ -34,14 +39,50 @@ def _devices() -> dict[str, DeviceSpec]:
 
 
 @cache
-def _links() -> dict[str, LinkSpec]:
-    return {entry["name"]: LinkSpec.parse(entry, f"link {entry.get('name')}")
-            for entry in catalog_entries("links", "links")}
+def _file_links(path: Path) -> dict[str, LinkSpec]:
+    return {entry["name"]: LinkSpec.parse(entry, f"link {entry.get('name')}") for entry in file_entries(path, "links")}
 
 
 @cache
+def _file_clusters(path: Path) -> dict[str, dict[str, Any]]:
+    return {entry["name"]: entry for entry in file_entries(path, "clusters")}
+
+
+def _whole(folder: str, per_file: Callable[[Path], dict[str, T]]) -> dict[str, T]:
+    table: dict[str, T] = {}
+    for path in catalog_files(folder):
+        table.update(per_file(path))
+    return table
+
+
+def _named(folder: str, name: str, per_file: Callable[[Path], dict[str, T]],
+           key: Callable[[str], str] = str) -> T | None:
+    """The entry whose key(name) is key(name) (the last one read, as in the whole table), or None if none is."""
+    wanted = key(name)
+    found: T | None = None
+    for path in files_naming(folder, name):
+        for entry_name, value in per_file(path).items():
+            if key(entry_name) == wanted:
+                found = value
+    if found is None:
+        found = {key(entry_name): value for entry_name, value in _whole(folder, per_file).items()}.get(wanted)
+    return found
+
+
+def _models() -> dict[str, ModelSpec]:
+    return _whole("models", _file_models)
+
+
+def _devices() -> dict[str, DeviceSpec]:
+    return _whole("devices", _file_devices)
+
+
+def _links() -> dict[str, LinkSpec]:
+    return _whole("links", _file_links)
+
+
 def _cluster_entries() -> dict[str, dict[str, Any]]:
-    return {entry["name"]: entry for entry in catalog_entries("clusters", "clusters")}
+    return _whole("clusters", _file_clusters)
 
 
 def list_models() -> list[ModelSpec]:
@@ -65,11 +106,9 @@ def load_model(name_or_path: str) -> ModelSpec:
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml", ".json") or _exists(path):
         return model_from_file(path)
-    models = _models()
-    lowered = {name.lower(): spec for name, spec in models.items()}
-    spec = lowered.get(name_or_path.lower())
+    spec = _named("models", name_or_path, _file_models, str.lower)
     if spec is None:
-        raise UnknownNameError("model", name_or_path, list(models))
+        raise UnknownNameError("model", name_or_path, list(_models()))
     return spec
 
 
@@ -81,17 +120,17 @@ def _exists(path: Path) -> bool:
 
 
 def load_device(name: str) -> DeviceSpec:
-    devices = _devices()
-    if name not in devices:
+    device = _named("devices", name, _file_devices)
+    if device is None:
         raise UnknownNameError("device", name, [d.name for d in list_devices()])
-    return devices[name]
+    return device
 
 
 def load_link(name: str) -> LinkSpec:
-    links = _links()
-    if name not in links:
-        raise UnknownNameError("link", name, list(links))
-    return links[name]
+    link = _named("links", name, _file_links)
+    if link is None:
+        raise UnknownNameError("link", name, list(_links()))
+    return link
 
 
 def cluster_from_mapping(entry: dict[str, Any], where: str = "cluster", path: Path | None = None) -> ClusterSpec:
@@ -114,10 +153,10 @@ def load_cluster(name_or_path: str) -> ClusterSpec:
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml", ".json"):
         return cluster_from_mapping(read_mapping(path), str(path), path)
-    entries = _cluster_entries()
-    if name_or_path not in entries:
-        raise UnknownNameError("cluster", name_or_path, list(entries))
-    return cluster_from_mapping(entries[name_or_path], f"cluster {name_or_path}")
+    entry = _named("clusters", name_or_path, _file_clusters)
+    if entry is None:
+        raise UnknownNameError("cluster", name_or_path, list(_cluster_entries()))
+    return cluster_from_mapping(entry, f"cluster {name_or_path}")
 
 
 def data_dir() -> Path:

@@ -1,5 +1,5 @@
 """`trainsim compare A B`: which of two plans is faster and why, term by term. A thin layer over
-trainsim.api.compare (the JSON is `api.compare(...).to_dict()`)."""
+trainsim.api.comparison (the JSON is `api.compare(...).to_dict()`)."""
 
 from pathlib import Path
 from typing import Annotated

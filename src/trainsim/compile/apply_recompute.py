@@ -8,8 +8,8 @@ the layer's full activations under full recompute, what the policy dropped under
 and the backward releases both.
 """
 
-from trainsim.compile.context import LayerTiming, StageWriter, Work
-from trainsim.compile.insert_collectives import emit_feature_comm
+from trainsim.compile.context import BuildContext, LayerTiming, TaskSpec, Work
+from trainsim.compile.insert_collectives import feature_comm_spec
 from trainsim.cost.memory import rebuilt_bytes
 from trainsim.strategy.lowered import LayerAssignment
 
@@ -22,18 +22,16 @@ def recompute_work(assignment: LayerAssignment, timing: LayerTiming) -> tuple[Wo
     return ()
 
 
-def emit_recompute(w: StageWriter, assignment: LayerAssignment, timing: LayerTiming, *, layer: str,
-                   micro_batch: int) -> float:
-    """Emit the recompute tasks of one layer for one micro-batch; return the bytes they allocate."""
+def recompute_specs(ctx: BuildContext, stage: int, assignment: LayerAssignment, timing: LayerTiming, *,
+                    layer: str) -> list[TaskSpec]:
+    """The recompute tasks of one layer (for any micro-batch); the first allocates what they rebuild."""
     works = recompute_work(assignment, timing)
     if not works:
-        return 0.0
-    alloc = rebuilt_bytes(assignment.layer, assignment.recompute, w.ctx.job.stack)
-    for i, work in enumerate(works):
-        w.chain(name=f"R{micro_batch} {layer} {work.name}", stream="compute", kind="compute",
-                duration_s=work.seconds, phase="recompute", category="recompute", layer=layer,
-                micro_batch=micro_batch, alloc_bytes=alloc if i == 0 else 0.0)
+        return []
+    alloc = rebuilt_bytes(assignment.layer, assignment.recompute, ctx.job.stack)
+    specs = [TaskSpec("R", f" {layer} {work.name}", "compute", "compute", work.seconds, "recompute", "recompute",
+                      layer, alloc_bytes=alloc if i == 0 else 0.0) for i, work in enumerate(works)]
     if assignment.recompute == "full":
-        for comm in timing.comms["fwd"]:
-            emit_feature_comm(w, comm, layer=layer, micro_batch=micro_batch, category="recompute")
-    return alloc
+        specs += [feature_comm_spec(ctx, stage, comm, layer=layer, category="recompute")
+                  for comm in timing.comms["fwd"]]
+    return specs

@@ -26,7 +26,7 @@ applies the overlap slow-down itself (sim/engine.py).
 from dataclasses import dataclass
 
 from trainsim.compile.apply_zero import FsdpChain, FsdpNeed, fsdp_enabled, stage_model_state
-from trainsim.compile.context import TASK_LEVELS, BuildContext, StageWriter, TaskLevel
+from trainsim.compile.context import TASK_LEVELS, BuildContext, StageWriter, TaskLevel, TaskSpec
 from trainsim.compile.insert_collectives import insert_gradient_sync, insert_param_gathers
 from trainsim.compile.lower_layers import Cut, Unit, UnitMemory, emit_unit, step_units
 from trainsim.compile.schedule_pipeline import StepRecord, chunk_layers, insert_transfers, stage_programs
@@ -84,12 +84,14 @@ def _emit_stage(ctx: BuildContext, stage: int, program: list[Step],
     if fsdp is not None:
         fsdp.start()
     param_gathers = insert_param_gathers(ctx, stage, [unit.assignment for unit in flat if unit.phase == "F"])
-    grads: dict[int, tuple[int, float, str]] = {}  # layer index -> (tid that finishes its gradient, ...)
+    overheads = _per_micro_batch_overheads(ctx, stage)
+    grads: dict[int, tuple[int, Unit]] = {}  # layer index -> (tid that finishes its gradient, its layer-phase)
     k = 0
     for step, units in steps:
         w.step_first = -1
         if step.phase == "F":
-            _per_micro_batch_overheads(w, step)
+            for spec in overheads:
+                w.emit(spec, step.micro_batch)
         if not units:  # a model chunk without layers passes its input through
             w.chain(name=f"{step} pass-through", stream="compute", kind="compute", duration_s=0.0,
                     phase="fwd" if step.phase == "F" else "bwd", category="compute", micro_batch=step.micro_batch)
@@ -106,30 +108,28 @@ def _emit_stage(ctx: BuildContext, stage: int, program: list[Step],
             if fsdp is not None:
                 fsdp.main_end[k] = last
             if unit.makes_gradient(split):
-                a = unit.assignment
-                grads.pop(a.index, None)  # re-insert: the dict keeps the order in which gradients become final
-                grads[a.index] = (last, ctx.grad_params(a.index, a.layer.param_count), unit.label)
+                index = unit.assignment.index
+                grads.pop(index, None)  # re-insert: the dict keeps the order in which gradients become final
+                grads[index] = (last, unit)
             k += 1
         records[(stage, step)] = StepRecord(w.step_first, w.prev)
-    grad_tids = insert_gradient_sync(ctx, stage, list(grads.values()), w.prev)
+    final = [(tid, ctx.grad_params(u.assignment.index, u.assignment.layer.param_count), u.label)
+             for tid, u in grads.values()]
+    grad_tids = insert_gradient_sync(ctx, stage, final, w.prev)
     if fsdp is not None:
         grad_tids += fsdp.finish()
     return _StageTail(w.prev, grad_tids)
 
 
-def _per_micro_batch_overheads(w: StageWriter, step: Step) -> None:
-    """NB: after the receive (the step's first task waits for it): a blocking p2p receive keeps the host from
-    launching ahead, so the per-micro-batch host cost is paid on every stage; spread over the model chunks,
-    as the analytical engine spreads it over the stage time."""
-    ctx = w.ctx
-    items = [(ctx.micro_batch_overhead_s(w.stage), "overhead", "micro-batch overhead")]
+def _per_micro_batch_overheads(ctx: BuildContext, stage: int) -> tuple[TaskSpec, ...]:
+    """The tasks each forward step starts with. NB: after the receive (the step's first task waits for it): a
+    blocking p2p receive keeps the host from launching ahead, so the per-micro-batch host cost is paid on every
+    stage; spread over the model chunks, as the analytical engine spreads it over the stage time."""
+    items = [(ctx.micro_batch_overhead_s(stage), "overhead", "micro-batch overhead")]
     if ctx.plan.num_stages > 1:
         items.append((ctx.cal.runtime.pipeline_overhead_per_micro_batch_s, "pp_comm", "pipeline overhead"))
-    for seconds, category, what in items:
-        if seconds > 0.0:
-            w.chain(name=f"{what} mb{step.micro_batch}", stream="compute", kind="compute",
-                    duration_s=seconds / ctx.plan.num_chunks, phase="fwd", category=category,
-                    micro_batch=step.micro_batch)
+    return tuple(TaskSpec(f"{what} mb", "", "compute", "compute", seconds / ctx.plan.num_chunks, "fwd", category)
+                 for seconds, category, what in items if seconds > 0.0)
 
 
 def _fsdp_need(unit: Unit, split: bool) -> FsdpNeed:

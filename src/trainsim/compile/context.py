@@ -87,6 +87,24 @@ def _link_names(layout: GroupLayout, senders: tuple[int, ...], receivers: tuple[
                                + [f"stage{d}.{link}.rx" for d in receivers for link in links]))
 
 
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    """A chain task of a layer-phase, whatever its micro-batch: the task of micro-batch mb is named
+    f"{prefix}{mb}{suffix}" (compiling builds a layer-phase's specs once and replays them for every micro-batch)."""
+
+    prefix: str
+    suffix: str
+    stream: Stream
+    kind: TaskKind
+    duration_s: float
+    phase: Phase
+    category: str
+    layer: str = ""
+    alloc_bytes: float = 0.0
+    free_bytes: float = 0.0
+    resources: tuple[str, ...] = ()
+
+
 @dataclass(slots=True)
 class BuildContext:
     job: Job
@@ -100,6 +118,9 @@ class BuildContext:
     _micro_batch_overheads: dict[int, float] = field(default_factory=dict)
     splits: dict[int, LayerSplit] = field(default_factory=dict)  # layer index -> its computation configs
     split_timings: dict[tuple[object, ...], LayerTiming] = field(default_factory=dict)
+    # (layer instance index, F | B | W) -> the chain tasks of that layer-phase (lower_layers.unit_specs), where
+    # no pass cuts into it
+    unit_specs: dict[tuple[int, str], tuple["TaskSpec", ...]] = field(default_factory=dict)
 
     @property
     def par(self) -> ParallelSpec:
@@ -248,6 +269,20 @@ class StageWriter:
         if self.step_first < 0:
             self.step_first = task.tid
         return task
+
+    def emit(self, spec: TaskSpec, micro_batch: int) -> int:
+        """Append the chain task of `spec` for one micro-batch; returns its tid."""
+        deps = (self.prev, *self.pending) if self.prev >= 0 else tuple(self.pending)
+        self.pending = []
+        tasks = self.ctx.graph.tasks
+        tid = len(tasks)
+        tasks.append(Task(tid, f"{spec.prefix}{micro_batch}{spec.suffix}", self.stage, spec.stream, spec.kind,
+                          spec.duration_s, deps, "", spec.resources, spec.alloc_bytes, spec.free_bytes, spec.phase,
+                          spec.layer, micro_batch, self.stage, spec.category, 0))
+        self.prev = tid
+        if self.step_first < 0:
+            self.step_first = tid
+        return tid
 
     def wait_for(self, *tids: int) -> None:
         """Make the next chain task also wait for these tasks."""

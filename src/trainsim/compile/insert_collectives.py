@@ -14,18 +14,21 @@ iteration, bucket by bucket in forward order, each bucket's layers' first forwar
 (insert_param_gathers; Megatron-Core's overlap_param_gather gathers for the next iteration's forward).
 """
 
-from trainsim.compile.context import BuildContext, CommWork, StageWriter
+from trainsim.compile.context import BuildContext, CommWork, StageWriter, TaskSpec
 from trainsim.strategy.lowered import LayerAssignment
 
 _CATEGORY = {"split": "comm"}  # reshard collectives of computation configs (compile.splits): general comm
 
 
+def feature_comm_spec(ctx: BuildContext, stage: int, comm: CommWork, *, layer: str, category: str = "") -> TaskSpec:
+    """A feature collective of one layer-phase, in the stage's chain on the feature stream."""
+    return TaskSpec(f"{comm.name} mb", f" {layer}", "feature", "comm", comm.seconds, "comm",
+                    category or _CATEGORY.get(comm.axis, f"{comm.axis}_comm"), layer,
+                    resources=ctx.link_resources(ctx.layout(comm.axis), (stage,)))
+
+
 def emit_feature_comm(w: StageWriter, comm: CommWork, *, layer: str, micro_batch: int, category: str = "") -> None:
-    ctx = w.ctx
-    w.chain(name=f"{comm.name} mb{micro_batch} {layer}", stream="feature", kind="comm", duration_s=comm.seconds,
-            phase="comm", category=category or _CATEGORY.get(comm.axis, f"{comm.axis}_comm"), layer=layer,
-            micro_batch=micro_batch,
-            resources=ctx.link_resources(ctx.layout(comm.axis), (w.stage,)))
+    w.emit(feature_comm_spec(w.ctx, w.stage, comm, layer=layer, category=category), micro_batch)
 
 
 def placements(sites: list[str], comms: tuple[CommWork, ...]) -> list[list[CommWork]]:

@@ -11,12 +11,13 @@ Cuts: a pass can ask for a callback at a point of a layer-phase's main compute (
 the data-parallel overlap window); the compute task there is split in two so the point is a task boundary.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from trainsim.compile.apply_recompute import emit_recompute, recompute_work
-from trainsim.compile.context import CommWork, LayerTiming, StageWriter, Work
-from trainsim.compile.insert_collectives import emit_feature_comm, placements
+from trainsim.compile.apply_recompute import recompute_specs, recompute_work
+from trainsim.compile.context import CommWork, LayerTiming, StageWriter, TaskSpec, Work
+from trainsim.compile.insert_collectives import feature_comm_spec, placements
 from trainsim.compile.schedules import Step
 from trainsim.compile.split_timing import timing_for
 from trainsim.cost.memory import kept_bytes, loss_grad_bytes, rebuilt_bytes, saved_key
@@ -26,8 +27,7 @@ from trainsim.strategy.lowered import LayerAssignment
 Cut = tuple[float, Callable[[], None]]  # (seconds of the main compute before the point, callback)
 
 
-@dataclass(frozen=True, slots=True)
-class Unit:
+class Unit(NamedTuple):  # NB: a NamedTuple, built tens of thousands of times per compile
     """One layer-phase: a step's work on one layer instance."""
 
     phase: str  # F | B | W
@@ -68,24 +68,53 @@ class UnitMemory:
 
 
 def emit_unit(w: StageWriter, unit: Unit, split: bool, extra: UnitMemory) -> int:
-    """Emit one layer-phase; returns the tid of its last compute task."""
-    a, mb, label = unit.assignment, unit.micro_batch, unit.label
-    timing = timing_for(w.ctx, a)
-    stack = w.ctx.job.stack
+    """Emit one layer-phase; returns the tid of its last compute task. A layer-phase no pass cuts into and that
+    holds no ZeRO-3 bytes is the same for every micro-batch: its specs are built once (BuildContext.unit_specs)."""
+    mb = unit.micro_batch
+    if not extra.cuts and not extra.gathered and not extra.gradients:
+        key = (unit.assignment.index, unit.phase)
+        specs = w.ctx.unit_specs.get(key)
+        if specs is None:
+            specs = w.ctx.unit_specs[key] = tuple(item for item in unit_items(w, unit, split, extra)
+                                                  if isinstance(item, TaskSpec))
+        items: Sequence[TaskSpec | Callable[[], None]] = specs
+    else:
+        items = unit_items(w, unit, split, extra)
+    last = -1
+    for item in items:
+        if isinstance(item, TaskSpec):
+            tid = w.emit(item, mb)
+            if item.stream == "compute":
+                last = tid
+        else:
+            item()
+    return last
+
+
+def unit_items(w: StageWriter, unit: Unit, split: bool, extra: UnitMemory) -> list[TaskSpec | Callable[[], None]]:
+    """One layer-phase in chain order: its tasks (recompute, then the main compute with its feature collectives
+    placed among it) and, where the passes cut into it, their callbacks at those points."""
+    a, label = unit.assignment, unit.label
+    ctx = w.ctx
+    timing = timing_for(ctx, a)
+    stack = ctx.job.stack
     saved = kept_bytes(a.layer, saved_key(a.recompute, stack))
     rebuilt = rebuilt_bytes(a.layer, a.recompute, stack) if recompute_work(a, timing) else 0.0
     comms: tuple[CommWork, ...] = ()
+    items: list[TaskSpec | Callable[[], None]] = []
+    phase: Phase
     if unit.phase == "F":
         alloc, free, comms, phase = saved, extra.gathered, timing.comms["fwd"], "fwd"
     elif unit.phase == "B":
-        emit_recompute(w, a, timing, layer=label, micro_batch=mb)
+        items += recompute_specs(ctx, w.stage, a, timing, layer=label)
         logits_grad = loss_grad_bytes(a.layer, stack) if a.layer.kind == "head" else 0.0
         released = saved + rebuilt - (_kept_for_w(a, saved + rebuilt) if split else 0.0)
         alloc, free = logits_grad + extra.gradients, logits_grad + extra.gathered + released
         comms, phase = timing.comms["bwd"], "bwd"
     else:
         alloc, free, phase = extra.gradients, _kept_for_w(a, saved + rebuilt), "bwd"
-    return _emit_main(w, main_work(unit, timing, split), comms, unit, phase, alloc, free, extra.cuts)
+    items += _main_items(w, main_work(unit, timing, split), comms, unit, phase, alloc, free, extra.cuts)
+    return items
 
 
 def _kept_for_w(a: LayerAssignment, held: float) -> float:
@@ -94,33 +123,27 @@ def _kept_for_w(a: LayerAssignment, held: float) -> float:
     return min(held, a.layer.saved_bytes.get("selective", held))
 
 
-def _emit_main(w: StageWriter, works: tuple[Work, ...], comms: tuple[CommWork, ...], unit: Unit, phase: Phase,
-               alloc: float, free: float, cuts: list[Cut]) -> int:
-    mb, label = unit.micro_batch, unit.label
+def _main_items(w: StageWriter, works: tuple[Work, ...], comms: tuple[CommWork, ...], unit: Unit, phase: Phase,
+                alloc: float, free: float, cuts: list[Cut]) -> list[TaskSpec | Callable[[], None]]:
+    label = unit.label
     if not works:  # a layer-phase without compute (a layer without weight gradients, say)
         works = (Work(phase, 0.0),)
     calls: dict[int, list[Callable[[], None]]] = {}
+    items: list[TaskSpec | Callable[[], None]] = []
     if cuts:
         works, positions = cut_works(works, [head for head, _ in cuts])
         for position, (_, callback) in zip(positions, cuts, strict=True):
             calls.setdefault(position, []).append(callback)
-        for callback in calls.get(-1, ()):
-            callback()
+        items += calls.get(-1, ())
     after = [list(comms)] if len(works) == 1 else placements([work.site for work in works], comms)
-    last = -1
     for i, work in enumerate(works):
-        last = w.chain(name=f"{unit.phase}{mb} {label} {work.name}", stream="compute", kind="compute",
-                       duration_s=work.seconds, phase=phase, category="compute", layer=label, micro_batch=mb,
-                       alloc_bytes=alloc if i == 0 else 0.0,
-                       free_bytes=free if i == len(works) - 1 else 0.0).tid
-        if calls:
-            for callback in calls.get(i, ()):
-                callback()
-        for comm in after[i]:
-            emit_feature_comm(w, comm, layer=label, micro_batch=mb)
-    for callback in calls.get(len(works), ()):
-        callback()
-    return last
+        items.append(TaskSpec(unit.phase, f" {label} {work.name}", "compute", "compute", work.seconds, phase,
+                              "compute", label, alloc_bytes=alloc if i == 0 else 0.0,
+                              free_bytes=free if i == len(works) - 1 else 0.0))
+        items += calls.get(i, ())
+        items += [feature_comm_spec(w.ctx, w.stage, comm, layer=label) for comm in after[i]]
+    items += calls.get(len(works), ())
+    return items
 
 
 def cut_works(works: tuple[Work, ...], heads: list[float]) -> tuple[tuple[Work, ...], list[int]]:

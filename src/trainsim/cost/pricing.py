@@ -32,7 +32,6 @@ from trainsim.cost.memory import (
     stage_in_flight,
     stage_memory_base,
 )
-from trainsim.cost.profiled import ProfiledComm, ProfiledCosts, ProfiledStepCosts
 from trainsim.cost.stack_effects import (
     BucketQueue,
     BucketRuns,
@@ -47,7 +46,7 @@ from trainsim.cost.step import FittedStepCosts, StepCosts
 from trainsim.hardware.cluster import ClusterSpec, GroupLayout
 from trainsim.ir.graph import Layer, Op, OpGraph
 from trainsim.job import Job
-from trainsim.profile.database import default_db_path
+from trainsim.profile.paths import default_db_path
 from trainsim.registry import Registry
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import Precision, PrecisionPolicy, policy_for
@@ -801,6 +800,9 @@ def profiled_pricer(cal: Calibration, db: Path | None = None) -> Pricer:
     cache), measured by `trainsim profile`, with `cal`'s roofline, fitted overheads and NCCL model for
     what it lacks. For a device the database has measured, the Adam step and the framework overhead are
     measured too, in place of the fitted constants (fitted on GPU clusters' runs, not on this device)."""
+    # NB: imported when these costs are chosen (start-up: the profile database's readers are for --costs profiled)
+    from trainsim.cost.profiled import ProfiledComm, ProfiledCosts, ProfiledStepCosts
+
     op_costs = ProfiledCosts(db or default_db_path(), fallback=RooflineCosts(cal))
     return Pricer(cal, op_costs=op_costs, step_costs=ProfiledStepCosts(op_costs, FittedStepCosts(cal)),
                   comm_costs=ProfiledComm(op_costs, NcclComm(cal)))

@@ -12,7 +12,7 @@ from trainsim.cost.pricing import COSTS, make_pricer
 from trainsim.estimate.result import Result
 from trainsim.ir.graph import OpGraph
 from trainsim.job import Job
-from trainsim.profile.database import default_db_path
+from trainsim.profile.paths import default_db_path
 from trainsim.registry import Registry
 from trainsim.strategy.lowered import LoweredPlan
 

@@ -8,12 +8,12 @@ from trainsim.catalog.calibration import Calibration
 from trainsim.catalog.uncertainty import GROUP_TEXT
 from trainsim.cost.memory import MemoryEstimate
 from trainsim.errors import InfeasiblePlanError
-from trainsim.ir.exec_graph import ExecGraph
 from trainsim.ir.graph import OpGraph
 from trainsim.job import Job
 from trainsim.strategy.precision import policy_for
 
 if TYPE_CHECKING:  # NB: the event engine loads with the engines that simulate, not with every prediction
+    from trainsim.ir.exec_graph import ExecGraph
     from trainsim.sim.outcome import SimOutcome
 
 # Where the iteration time goes: the breakdown keys every engine uses, in the order reports print them.
@@ -28,7 +28,7 @@ class Timeline:
     device, the memory timeline and the critical path (outcome.critical_path). device_names label the
     simulated devices in traces."""
 
-    exec_graph: ExecGraph
+    exec_graph: "ExecGraph"
     outcome: "SimOutcome"
     device_names: tuple[str, ...]
 

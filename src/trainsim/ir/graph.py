@@ -6,10 +6,12 @@ sequence and context split already.
 """
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from trainsim.hardware.device import DType
-from trainsim.ir.exec_graph import ExecGraph
+
+if TYPE_CHECKING:  # NB: type only (start-up: the simulator's graph loads with the engines that use it)
+    from trainsim.ir.exec_graph import ExecGraph
 
 OpKind = Literal["matmul", "attention", "elementwise", "norm", "softmax", "embedding", "conv", "pool", "loss"]
 Phase = Literal["fwd", "bwd"]
@@ -76,7 +78,7 @@ class MeasuredTrace:
     measured op durations): the input of trace replay. measured_step_s and start_offset_s are per rank, in
     the ExecGraph's device order."""
 
-    exec_graph: ExecGraph
+    exec_graph: "ExecGraph"
     ranks: tuple[int, ...]
     measured_step_s: tuple[float, ...]
     start_offset_s: tuple[float, ...]

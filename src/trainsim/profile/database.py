@@ -19,9 +19,9 @@ from pathlib import Path
 
 from trainsim.catalog.files import shown_path
 from trainsim.errors import InputFileError
+from trainsim.profile.paths import default_db_path
 
 SCHEMA_VERSION = "1"
-DB_FILE_NAME = "profile.sqlite"
 STOP_AFTER_ENV = "TRAINSIM_PROFILE_STOP_AFTER"  # test hook: exit hard after N stored measurements
 STOP_EXIT_CODE = 75
 
@@ -43,12 +43,6 @@ CREATE TABLE IF NOT EXISTS collective_times (
     PRIMARY KEY (device, versions, threads, backend, collective, world_size, message_bytes)
 );
 """
-
-
-def default_db_path() -> Path:
-    """$XDG_CACHE_HOME/trainsim/profile.sqlite, else ~/.cache/trainsim/profile.sqlite."""
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "trainsim" / DB_FILE_NAME
 
 
 @dataclass(frozen=True, slots=True)

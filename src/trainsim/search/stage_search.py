@@ -26,7 +26,7 @@ from trainsim.hardware.cluster import ClusterSpec
 from trainsim.ir.model_spec import ModelSpec, TransformerSpec
 from trainsim.job import make_job
 from trainsim.pipeline import GraphCache, predict
-from trainsim.profile.database import default_db_path
+from trainsim.profile.paths import default_db_path
 from trainsim.search.stage_costs import CountedStageCosts, PricedStageCosts, StageCosts, StageJob
 from trainsim.search.stage_dp import PlanSearch, alpa_dp, holistic_dp, uniform_search
 from trainsim.strategy.parallel import ParallelSpec

@@ -10,7 +10,7 @@ def critical_path(end_s: list[float], cause: list[int]) -> list[int]:
     """
     if not end_s:
         return []
-    last = max(range(len(end_s)), key=lambda tid: (end_s[tid], -tid))
+    last = end_s.index(max(end_s))  # the first index of the maximum: the lowest tid among ties
     path = [last]
     tid = cause[last]
     while tid >= 0:

@@ -138,7 +138,7 @@ class Engine:
         remaining_deps = self.remaining_deps
         stream_task, stream_prev, stream_dirty = self.stream_task, self.stream_prev, self.stream_dirty
         comp_run, comm_run, run_total, cat_run = self.comp_run, self.comm_run, self.run_total, self.cat_run
-        last_x, mem, peak, peak_t = self.last_x, self.mem, self.peak, self.peak_t
+        last_x, mem, peak, peak_t, exposed = self.last_x, self.mem, self.peak, self.peak_t, self.exposed
         rem, last, stretch, mark = self.rem, self.last, self.stretch, self.mark
         res_active, res_flows, dirty_dev, dirty_res = self.res_active, self.res_flows, self.dirty_dev, self.dirty_res
         leader_of, members, device_of, is_compute = g.leader_of, g.members, g.device_of, g.is_compute
@@ -146,7 +146,7 @@ class Engine:
         stream_of, priority, successors = g.stream_of, g.priority, g.successors
         flow_resources, capacity = g.flow_resources, g.resource_capacity
         gamma, slow, sharing, dynamic = self.gamma, self.slow, self.sharing, self.dynamic
-        record = self._record if self.tl_t is not None else None
+        tl_t, tl_b = self.tl_t, self.tl_b
         dirty_streams, new_flows = self.dirty_streams, self.new_flows
         seq, stamp, done, events = self.seq, self.stamp, self.done, 0
         pending = bool(g.num_tasks)  # the first dispatch pass runs at t = 0
@@ -184,16 +184,21 @@ class Engine:
                         d = device_of[m]
                         if t > last_x[d]:
                             if comp_run[d] == 0 and run_total[d] > 0:
-                                self._expose(d, t - last_x[d])
+                                row, elapsed = exposed[d], t - last_x[d]
+                                for c, count in enumerate(cat_run[d]):
+                                    if count:
+                                        row[c] += elapsed
                             last_x[d] = t
                         run_total[d] += 1
+                        # NB: a device starting or stopping compute changes the rate of its running comm flows only
+                        # (and vice versa): the device is re-timed only if a flow of the other kind runs there
                         if is_compute[m]:
                             comp_run[d] += 1
-                            if comp_run[d] == 1 and gamma:
+                            if comp_run[d] == 1 and gamma and comm_run[d]:
                                 dirty_dev[d] = None
                         else:
                             comm_run[d] += 1
-                            if comm_run[d] == 1 and gamma:
+                            if comm_run[d] == 1 and gamma and comp_run[d]:
                                 dirty_dev[d] = None
                         category = category_of[m]
                         if category >= 0:
@@ -205,8 +210,13 @@ class Engine:
                             if value > peak[d]:
                                 peak[d] = value
                                 peak_t[d] = t
-                            if record is not None:
-                                record(d, t, value)
+                            if tl_t is not None:  # the memory timeline: one point per instant
+                                times = tl_t[d]
+                                if times[-1] == t:
+                                    tl_b[d][-1] = value
+                                else:
+                                    times.append(t)
+                                    tl_b[d].append(value)
                     if not dynamic:
                         seq += 1
                         heappush(heap, (t + work[flow], seq, flow, ver[flow]))
@@ -214,10 +224,13 @@ class Engine:
                     if sharing:
                         resources = flow_resources[flow]
                         if resources:
+                            # NB: the other flows on a resource slow down only once it is over capacity
                             for r in resources:
-                                res_active[r] += 1
+                                users = res_active[r] + 1
+                                res_active[r] = users
                                 res_flows[r][flow] = None
-                                dirty_res[r] = None
+                                if users > capacity[r]:
+                                    dirty_res[r] = None
                     rem[flow] = work[flow]
                     last[flow] = t
                     stretch[flow] = 0.0  # not yet timed
@@ -296,16 +309,19 @@ class Engine:
                 d = device_of[tid]
                 if t > last_x[d]:
                     if comp_run[d] == 0 and run_total[d] > 0:
-                        self._expose(d, t - last_x[d])
+                        row, elapsed = exposed[d], t - last_x[d]
+                        for c, count in enumerate(cat_run[d]):
+                            if count:
+                                row[c] += elapsed
                     last_x[d] = t
                 run_total[d] -= 1
                 if is_compute[tid]:
                     comp_run[d] -= 1
-                    if comp_run[d] == 0 and gamma:
+                    if comp_run[d] == 0 and gamma and comm_run[d]:
                         dirty_dev[d] = None
                 else:
                     comm_run[d] -= 1
-                    if comm_run[d] == 0 and gamma:
+                    if comm_run[d] == 0 and gamma and comp_run[d]:
                         dirty_dev[d] = None
                 category = category_of[tid]
                 if category >= 0:
@@ -314,8 +330,13 @@ class Engine:
                 if freed:
                     value = mem[d] - freed
                     mem[d] = value
-                    if record is not None:
-                        record(d, t, value)
+                    if tl_t is not None:
+                        times = tl_t[d]
+                        if times[-1] == t:
+                            tl_b[d][-1] = value
+                        else:
+                            times.append(t)
+                            tl_b[d].append(value)
                 for succ in successors[tid]:
                     remaining_deps[succ] -= 1
                     if remaining_deps[succ] == 0:
@@ -329,30 +350,14 @@ class Engine:
             if sharing:
                 resources = flow_resources[flow]
                 if resources:
-                    for r in resources:
+                    for r in resources:  # NB: the others speed up only if it was over capacity
+                        if res_active[r] > capacity[r]:
+                            dirty_res[r] = None
                         res_active[r] -= 1
                         del res_flows[r][flow]
-                        dirty_res[r] = None
         self.dirty_streams, self.new_flows = dirty_streams, new_flows
         self.seq, self.stamp, self.done, self.events = seq, stamp, done, events
         return t
-
-    # ---- bookkeeping -------------------------------------------------------------------------------------
-    def _expose(self, d: int, elapsed: float) -> None:
-        """Add `elapsed` to every category running on device d (called while no compute runs there)."""
-        row = self.exposed[d]
-        for c, count in enumerate(self.cat_run[d]):
-            if count:
-                row[c] += elapsed
-
-    def _record(self, d: int, t: float, value: float) -> None:
-        assert self.tl_t is not None
-        times = self.tl_t[d]
-        if times[-1] == t:
-            self.tl_b[d][-1] = value
-        else:
-            times.append(t)
-            self.tl_b[d].append(value)
 
     # ---- results -----------------------------------------------------------------------------------------
     def _outcome(self) -> SimOutcome:

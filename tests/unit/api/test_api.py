@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 import trainsim
 from conftest import REPO_DIR, fake_run, tiny_job
 from trainsim.api import functions, results
-from trainsim.api.functions import Strategy
+from trainsim.api.prediction import Strategy
 from trainsim.catalog import load_cluster, load_model
 from trainsim.cli.main import app
 from trainsim.errors import ConfigError, InputFileError

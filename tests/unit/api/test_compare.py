@@ -70,6 +70,6 @@ def test_bad_plans_are_one_line(job_files: tuple[Path, Path], tmp_path: Path) ->
 
 
 def test_docstring_example_runs() -> None:
-    module = importlib.import_module("trainsim.api.compare")  # (trainsim.api.compare is the function)
+    module = importlib.import_module("trainsim.api.comparison")
     failures, tried = doctest.testmod(module)
     assert tried > 0 and failures == 0

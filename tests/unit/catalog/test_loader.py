@@ -226,3 +226,22 @@ def test_nvl72_is_one_nvlink_domain_of_18_trays() -> None:
     assert rack.nic_bw_per_gpu_bytes_per_s == pytest.approx(50e9)  # one 400 Gb/s NIC per GPU
     two = rack.with_num_gpus(144)
     assert (two.num_nodes, two.num_domains, two.gpus_per_domain) == (36, 2, 72)
+
+
+def test_a_lookup_by_name_reads_only_the_files_that_name_it() -> None:
+    from trainsim.catalog.files import DATA_DIR, files_naming
+
+    assert files_naming("models", "GPT3-1.3B") == [DATA_DIR / "models" / "gpt3.yaml"]
+    assert files_naming("models", "no-such-model") == []
+
+
+def test_lookups_by_name_equal_the_whole_tables() -> None:
+    """Every catalog entry found through the files that name it is the entry of the folder's whole table."""
+    from trainsim.catalog.loader import _devices, _links, _models, load_link
+
+    for name, spec in _models().items():
+        assert load_model(name.upper()) == spec
+    for name, device in _devices().items():
+        assert load_device(name) == device
+    for name, link in _links().items():
+        assert load_link(name) == link

@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from trainsim.api.functions import predict
+from trainsim.api.prediction import predict
 from trainsim.api.results import MAX_RESULT_FILE_BYTES, Prediction, _Output
 from trainsim.catalog.files import parse_text, read_text, shown_path
 from trainsim.report import html as html_report

@@ -274,7 +274,6 @@ def summarize(rows: list[dict]) -> None:
 def predict_sharding() -> None:
     """Each predictor's pick per task against the measured fastest (wall median, wall fastest, CPU-time replay):
     within 5% counts (the paper's criterion: within 10%); a random pick's expectation beside it."""
-    import numpy as np
     from recsys_experiments import CLUSTER, local_curves
 
     from trainsim.cost.embedding_lookup import MlpLookup
@@ -305,8 +304,18 @@ def predict_sharding() -> None:
         cpu_replay = simulate_trace(t["events"], it, {}, replay=True, cpu_s=t["cpu_s"])
         by_task.setdefault(row["task"], []).append({**row, "before": before, "after": after,
                                                     "cpu_replay": cpu_replay})
+    for ranks in sorted({r["ranks"] for r in rows}):
+        tasks = {name: rs for name, rs in by_task.items() if rs[0]["ranks"] == ranks}
+        _sharding_report(tasks, {k: v for k, v in traces.items() if str(v["ranks"]) == ranks}, ranks)
+    print(f"selection time (after): {predict_s:.1f} s for {len(rows)} plans")
+
+
+def _sharding_report(by_task: dict[str, list[dict]], traces: dict, ranks: str) -> None:
+    import numpy as np
+
+    rows = [r for rs in by_task.values() for r in rs]
     loads = [float(r[k]) for r in rows for k in ("load_before", "load_after")]
-    print(f"{len(by_task)} heavy tasks x 6 sharders, 2 ranks, local batch 128; host 1-minute load "
+    print(f"{len(by_task)} heavy tasks x 6 sharders, {ranks} ranks, local batch 128; host 1-minute load "
           f"{min(loads):.2f}-{max(loads):.2f} (median {np.median(loads):.2f})")
     for target in ("measured_s", "fastest_s", "cpu_replay"):
         cells = []
@@ -326,10 +335,10 @@ def predict_sharding() -> None:
                for t in traces.values()]
     print(f"  spread of a plan's 5 iterations ((max - min) / median): median {np.median(spreads) * 100:.0f}%, "
           f"p90 {np.percentile(spreads, 90) * 100:.0f}%")
-    errors = [abs(r["after"] - float(r["measured_s"])) / float(r["measured_s"]) for rs in by_task.values()
-              for r in rs]
-    print(f"  after: geomean |error| against the measured median {np.exp(np.mean(np.log(errors))) * 100:.1f}%; "
-          f"selection time {predict_s:.1f} s for {len(rows)} plans")
+    for predictor in ("before", "after"):
+        errors = [abs(r[predictor] - float(r["measured_s"])) / float(r["measured_s"]) for r in rows]
+        geomean = float(np.exp(np.mean(np.log(errors))))
+        print(f"  {predictor}: geomean |error| against the measured median {geomean * 100:.1f}%")
 
 
 if __name__ == "__main__":
@@ -339,7 +348,8 @@ if __name__ == "__main__":
         budget = float(sys.argv[2]) if len(sys.argv) > 2 else 420.0
         measure(budget, (int(sys.argv[3]),) if len(sys.argv) > 3 else (2, 4))
     elif command == "sharding":
-        measure_sharding(float(sys.argv[2]) if len(sys.argv) > 2 else 420.0)
+        measure_sharding(float(sys.argv[2]) if len(sys.argv) > 2 else 420.0,
+                         int(sys.argv[3]) if len(sys.argv) > 3 else 2)
     elif command == "predict":
         predict()
     elif command == "predict-sharding":

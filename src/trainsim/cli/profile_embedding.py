@@ -14,6 +14,7 @@ from trainsim.calibrate.lookup_model import fit_lookup_model, merge_passes, rete
 from trainsim.cli.errors import handles_errors
 from trainsim.errors import ConfigError
 from trainsim.profile.embedding import SPACES, profile_lookups, read_csv, write_csv
+from trainsim.profile.ops import clock_for
 
 
 @handles_errors
@@ -30,6 +31,8 @@ def profile_embedding(
                                                       "fastest time over the passes (repeatable)")] = None,
     device: Annotated[str, typer.Option(help="where the benchmarks run: cpu, or cuda (torch's CUDA kernels)")]
     = "cpu",
+    cold: Annotated[bool, typer.Option("--cold/--warm", help="evict the caches before every timed pass (as inside "
+                                       "a training step), or repeat the batch from warm caches")] = True,
 ) -> None:
     """Measure EmbeddingBag forward/backward times, then (with --fit) fit and score the lookup model."""
     if count < 1 or threads < 1 or repeats < 1:
@@ -42,11 +45,13 @@ def profile_embedding(
         if device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("device", device, "needs a CUDA GPU; this machine has none (use --device cpu)")
         torch.set_num_threads(threads)
+        if device == "cpu":
+            typer.echo(f"timing on the {clock_for('cpu')[1]}", err=True)
         benches = profile_lookups(count, seed, repeats=repeats,
                                   progress=lambda b: typer.echo(f"{b.table.describe()} batch {b.batch}: fwd "
                                                                 f"{b.fwd_s * 1e3:.3f} ms, bwd {b.bwd_s * 1e3:.3f} ms",
                                                                 err=True),
-                                  device=device)
+                                  device=device, cold=cold)
         write_csv(benches, csv_path)
     benches = read_csv(csv_path)
     if fit is None:

@@ -122,6 +122,6 @@ def predict_sharded(job_file: Path | None, given: dict[str, Any], engine: str, s
     else:
         cap = MEMORY_CAP_FRACTION * job.cluster.device.hbm_bytes
         plan = shard_tables(tables, cast(str, sharder), ranks, cap_bytes=cap, ranks_per_node=per_node, seed=seed)
-    sjob = sharded_job(job.model, plan, job.cluster, job.parallel.micro_batch)
+    sjob = sharded_job(job.model, plan, job.cluster, job.parallel.micro_batch, precision=job.parallel.precision)
     result = estimate_sharded(sjob.job, sjob.graph, plan, engine, lookups=lookup_model(lookup, job.cluster, seed))
     return Prediction.of(result, sjob.job)

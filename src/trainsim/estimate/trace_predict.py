@@ -4,7 +4,10 @@ priced iteration: lookups, MLPs, collectives) instead of the trace, plus the hos
 models do not see, aggregated from collected traces; inter-rank synchronization at collectives and intra-rank
 synchronization where an op waits for a collective's result. The simulator (trainsim.sim) runs the result, so
 the iteration comes back as every engine's does. Replay (every duration taken from the trace) is its special
-case (`replay=True`), which reproduces the traced iteration up to the barrier skew.
+case (`replay=True`), which reproduces the traced iteration up to the barrier skew. Given each span's thread CPU
+time (measure.dlrm_rank records it), the replay can take the host spans and the compute from it instead of the
+wall clock (`cpu_s`): the traced iteration without the time other processes held the rank's core, collectives
+still at their measured transfer times.
 
 On a CPU the "kernels" run on the host thread, so a compute op occupies the rank's compute stream and its
 host; an asynchronous collective (gloo's work queue) runs on the feature or gradient stream after its launch
@@ -17,6 +20,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from trainsim.cost.sharded_dlrm import ShardedIteration
+from trainsim.errors import ConfigError
 from trainsim.ir.exec_graph import ExecGraph, SimDevice
 
 Span = tuple[str, float, float]  # (op, start_s, end_s) on the rank's clock
@@ -48,9 +52,12 @@ def _kernel_s(iteration: ShardedIteration, rank: int, name: str) -> float:
 
 
 def trace_exec_graph(rank_spans: Sequence[Sequence[Span]], iteration: ShardedIteration, overheads: dict[str, float],
-                     *, replay: bool = False) -> ExecGraph:
+                     *, replay: bool = False, cpu_s: Sequence[Sequence[float]] | None = None) -> ExecGraph:
     """The ExecGraph of the traced ranks (device i = rank i). replay: durations from the trace (async collectives
-    get their wait's span end minus their launch's end, the shortest over ranks)."""
+    get their wait's span end minus their launch's end, the shortest over ranks); with cpu_s (per rank, per span,
+    as the spans) the host and compute spans take their thread CPU time instead of their wall time."""
+    if cpu_s is not None and (not replay or [len(c) for c in cpu_s] != [len(s) for s in rank_spans]):
+        raise ConfigError("cpu_s", [len(c) for c in cpu_s], "one CPU time per traced span, and only with replay")
     graph = ExecGraph(devices=[SimDevice(index=r, stage=0, ranks=1, capacity_bytes=iteration.capacity_bytes,
                                          static_bytes=0.0) for r in range(len(rank_spans))], tasks=[])
     measured_comm = _measured_comm(rank_spans) if replay else {}
@@ -66,8 +73,8 @@ def trace_exec_graph(rank_spans: Sequence[Sequence[Span]], iteration: ShardedIte
             cursor.append(tid)
             return tid
 
-        for name, start, end in spans:
-            measured = end - start
+        for index, (name, start, end) in enumerate(spans):
+            measured = end - start if cpu_s is None else cpu_s[rank][index]
             if name in _ASYNC:
                 comm, wait, stream = _ASYNC[name]
                 launch = chain(name, measured if replay else overheads.get(name, 0.0), "overhead")
@@ -105,11 +112,11 @@ def _measured_comm(rank_spans: Sequence[Sequence[Span]]) -> dict[str, float]:
 
 
 def simulate_trace(rank_spans: Sequence[Sequence[Span]], iteration: ShardedIteration, overheads: dict[str, float],
-                   *, replay: bool = False) -> float:
+                   *, replay: bool = False, cpu_s: Sequence[Sequence[float]] | None = None) -> float:
     """Predicted (or replayed) iteration time: the last rank's end."""
     from trainsim.sim import SimOptions, simulate
 
-    graph = trace_exec_graph(rank_spans, iteration, overheads, replay=replay)
+    graph = trace_exec_graph(rank_spans, iteration, overheads, replay=replay, cpu_s=cpu_s)
     outcome = simulate(graph, SimOptions(memory_timeline=False))
     return max(outcome.end_s[t.tid] for t in graph.tasks) if graph.tasks else 0.0
 

@@ -4,7 +4,10 @@ start-up; a deadline bounds the run.
 
 The iteration time of a configuration is the median, over its measured iterations, of the slowest rank's time
 from the barrier to the end of its step. The per-rank spans of the median iteration come back as well: the
-per-rank traces the predictive trace simulation reads.
+per-rank traces the predictive trace simulation reads. Beside them, per rank and span, the median over the
+iterations of the span's thread CPU time (measure.dlrm_rank: the compute's work without the time other processes
+held the cores), and the host's 1-minute load average before and after the run, so that every measured figure
+says how loaded the host was.
 """
 
 import contextlib
@@ -38,6 +41,8 @@ class DlrmMeasurement:
     iteration_s: float  # median over iterations of the slowest rank
     iterations_s: tuple[float, ...]
     rank_events: tuple[tuple[tuple[str, float, float], ...], ...]  # per rank: (op, start, end) of the median iteration
+    rank_cpu_s: tuple[tuple[float, ...], ...] = ()  # per rank, per span: median thread CPU seconds over iterations
+    load_avg: tuple[float, float] = (0.0, 0.0)  # the host's 1-minute load average before and after the run
 
 
 def _free_port() -> int:
@@ -84,6 +89,7 @@ def measure_dlrm(configs: list[DlrmConfig], *, iterations: int = 5, warmup: int 
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
+    load_before = os.getloadavg()[0]
     procs = [ctx.Process(target=_worker, args=(r, world, port, configs, iterations, warmup, timeout_s, out, group))
              for r in range(world)]
     for p in procs:
@@ -105,13 +111,17 @@ def measure_dlrm(configs: list[DlrmConfig], *, iterations: int = 5, warmup: int 
             if p.is_alive():
                 with contextlib.suppress(Exception):
                     p.kill()
-    return [_summarize(config, results[i], world) for i, config in enumerate(configs)]
+    load = (load_before, os.getloadavg()[0])
+    return [_summarize(config, results[i], world, load) for i, config in enumerate(configs)]
 
 
-def _summarize(config: DlrmConfig, by_rank: dict[int, Any], world: int) -> DlrmMeasurement:
+def _summarize(config: DlrmConfig, by_rank: dict[int, Any], world: int,
+               load: tuple[float, float] = (0.0, 0.0)) -> DlrmMeasurement:
     records = [by_rank[r]["records"] for r in range(world)]
     slowest = [max(records[r][i]["iteration_s"] for r in range(world)) for i in range(len(records[0]))]
     median_index = int(np.argsort(slowest)[len(slowest) // 2])
     events = tuple(tuple((str(n), float(a), float(b)) for n, a, b in records[r][median_index]["events"])
                    for r in range(world))
-    return DlrmMeasurement(config, float(np.median(slowest)), tuple(slowest), events)
+    cpu = tuple(tuple(float(v) for v in np.median([rec["cpu_s"] for rec in records[r]], axis=0))
+                for r in range(world))
+    return DlrmMeasurement(config, float(np.median(slowest)), tuple(slowest), events, cpu, load)

@@ -10,7 +10,11 @@ compile.lower_sharded_dlrm models, so measured and predicted iterations do the s
 Pieces: table-wise, column-wise, row-wise (a row block gets the indices that fall in it, renumbered) and
 data-parallel (local batch; its gradient joins the all-reduce densely). A barrier opens every iteration (Lin et
 al. Sec. IV: "a barrier at the beginning of each batch"); each rank records its iteration time and the start
-and end of every step above (a per-rank trace of the ops, on its own clock since the barrier).
+and end of every step above (a per-rank trace of the ops, on its own clock since the barrier), and the thread
+CPU time of every step (CLOCK_THREAD_CPUTIME_ID, time.thread_time): with one torch thread the rank's compute runs
+on this thread, so its CPU time is the work of the step without the time the thread waited for a core that other
+processes held, which a wall-clock span on a loaded host includes. A collective's thread CPU time is only its
+host-side packing: gloo moves the data on its own threads, and the wait is off-CPU.
 """
 
 import itertools
@@ -31,10 +35,15 @@ class _Clock:
     def __init__(self) -> None:
         self.origin = time.perf_counter()
         self.events: list[tuple[str, float, float]] = []
+        self.cpu_s: list[float] = []  # thread CPU seconds of each event
+        self._cpu_mark = time.thread_time()
 
     def span(self, name: str, start: float) -> float:
         end = time.perf_counter()
+        cpu = time.thread_time()
         self.events.append((name, start - self.origin, end - self.origin))
+        self.cpu_s.append(cpu - self._cpu_mark)
+        self._cpu_mark = cpu
         return end
 
 
@@ -224,7 +233,7 @@ def config_iterations(torch: Any, dist: Any, rank: int, world: int, plan: Shardi
                 b.weight.grad = None
                 offset += n
         clock.span("optimizer step", t)
-        yield {"iteration_s": clock.events[-1][2], "events": clock.events}
+        yield {"iteration_s": clock.events[-1][2], "events": clock.events, "cpu_s": clock.cpu_s}
 
 
 def _assemble(torch: Any, plan: ShardingPlan, all_pieces: list[list[ShardPiece]], received: Any, batch: int,

@@ -10,9 +10,11 @@ batch's reuse factors are stored with its times, as the paper does (the RF of ea
 table).
 
 Timings run in this process with torch's thread count set by the caller (one thread per rank matches
-`trainsim measure`'s DLRM runs on the CPU). On a GPU (device "cuda": torch's CUDA EmbeddingBag kernels, not
-FBGEMM's) the forward and the backward are timed with CUDA events, and the space sampled is larger (the kernels
-take microseconds at the CPU's sizes, where the launch dominates).
+`trainsim measure`'s DLRM runs on the CPU). On the CPU with one thread they are read on the thread's CPU clock
+(profile.ops.clock_for: the work of the lookup without the time other processes held the core, the quantity the
+DLRM runs' per-span thread CPU times are compared with); with more threads on the wall clock. On a GPU (device
+"cuda": torch's CUDA EmbeddingBag kernels, not FBGEMM's) the forward and the backward are timed with CUDA events,
+and the space sampled is larger (the kernels take microseconds at the CPU's sizes, where the launch dominates).
 """
 
 import csv
@@ -27,6 +29,7 @@ import numpy as np
 from trainsim.embedding.indices import RF_BINS, reuse_factors, sample_batch
 from trainsim.embedding.tables import HEAVY_POOLING, Table
 from trainsim.errors import ConfigError, InputFileError
+from trainsim.profile.ops import cache_flusher, clock_for
 
 CSV_FIELDS = ("rows", "dim", "pooling", "batch", "zipf_alpha", "lookups", *(f"rf{i}" for i in range(RF_BINS)),
               "fwd_s", "bwd_s")
@@ -85,7 +88,10 @@ def sample_configs(count: int, seed: int, space: SampleSpace = SPACES["cpu"]) ->
 
 
 def bench_lookup(table: Table, batch: int, rng: np.random.Generator, *, warmup: int, repeats: int,
-                 device: str = "cpu") -> LookupBench:
+                 device: str = "cpu", flush: Callable[[], None] | None = None) -> LookupBench:
+    """flush (untimed, before every pass): evicts the caches, so each pass starts as a lookup inside a training
+    step does, its rows cold (the other tables' lookups and the MLPs ran since); without it the same batch's rows
+    come back from the cache on every repeat."""
     import torch
 
     lengths, indices = sample_batch(table, batch, rng)
@@ -93,9 +99,11 @@ def bench_lookup(table: Table, batch: int, rng: np.random.Generator, *, warmup: 
     bag = torch.nn.EmbeddingBag(table.rows, table.dim, mode="sum", sparse=True, device=device)
     idx, off = torch.from_numpy(indices).to(device), torch.from_numpy(offsets).to(device)
     grad = torch.ones(batch, table.dim, device=device)
-    clock = _CudaClock() if device == "cuda" else _HostClock()
+    clock = _CudaClock() if device == "cuda" else _HostClock(clock_for("cpu")[0])
     fwd, bwd = [], []
     for step in range(warmup + repeats):
+        if flush is not None:
+            flush()
         clock.mark()
         out = bag(idx, off)
         clock.mark()
@@ -115,13 +123,14 @@ def bench_lookup(table: Table, batch: int, rng: np.random.Generator, *, warmup: 
 
 
 class _HostClock:
-    """Marks on the host's wall clock."""
+    """Marks on a host clock: the wall clock, or the thread's CPU clock (time.thread_time)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
         self.marks: list[float] = []
 
     def mark(self) -> None:
-        self.marks.append(time.perf_counter())
+        self.marks.append(self.clock())
 
     def intervals_s(self) -> tuple[float, float]:
         first, middle, last = self.marks[-3:]
@@ -151,15 +160,19 @@ class _CudaClock:
 
 def profile_lookups(count: int, seed: int, *, warmup: int = 1, repeats: int = 7,
                     progress: Callable[[LookupBench], None] | None = None,
-                    device: str = "cpu") -> list[LookupBench]:
+                    device: str = "cpu", cold: bool = True) -> list[LookupBench]:
+    """cold: flush the caches before every pass (profile.ops.cache_flusher), as a lookup inside a DLRM iteration
+    finds them; warm (False): the same batch repeated from the cache (how the benchmarks before 2026-11-26's
+    third session were taken)."""
     if count < 1 or repeats < 1 or warmup < 0:
         raise ConfigError("count/repeats/warmup", (count, repeats, warmup), "need count, repeats >= 1, warmup >= 0")
     if device not in SPACES:
         raise ConfigError("device", device, f"one of {', '.join(SPACES)}")
     rng = np.random.default_rng(seed + 1)
+    flush = cache_flusher(device) if cold else None
     out = []
     for table, batch in sample_configs(count, seed, SPACES[device]):
-        bench = bench_lookup(table, batch, rng, warmup=warmup, repeats=repeats, device=device)
+        bench = bench_lookup(table, batch, rng, warmup=warmup, repeats=repeats, device=device, flush=flush)
         out.append(bench)
         if progress is not None:
             progress(bench)

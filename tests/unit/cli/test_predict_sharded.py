@@ -56,6 +56,21 @@ def test_sharder_flag_matches_the_sharded_engines_in_both_engines() -> None:
     assert analytical["strategy"]["dp"] == 8 and analytical["strategy"]["micro_batch"] == 512
 
 
+def test_sharder_flag_keeps_the_jobs_precision() -> None:
+    args = ["--model", "dlrm-mlperf-terabyte", "--cluster", "dgx-h100-80gb", "--num-gpus", "8", "--micro-batch",
+            "512", "--sharder", "size-lookup-greedy", "--precision", "fp32"]
+    data = _predict(*args)
+    cluster, model = load_cluster("dgx-h100-80gb"), load_model("dlrm-mlperf-terabyte")
+    assert isinstance(model, DlrmSpec)
+    plan = shard(tables_from_spec(model.tables), "size-lookup-greedy", 8,
+                 cap_bytes=MEMORY_CAP_FRACTION * cluster.device.hbm_bytes)
+    fp32, bf16 = (sharded_job(model, plan, cluster, 512, precision=p) for p in ("fp32", "bf16"))
+    expected = estimate_sharded(fp32.job, fp32.graph, plan, "analytical").iteration_time_s
+    assert data["strategy"]["precision"] == "fp32"
+    assert data["iteration_time_s"] == expected
+    assert expected != estimate_sharded(bf16.job, bf16.graph, plan, "analytical").iteration_time_s
+
+
 def test_sharding_file_places_tables_and_reports_each_rank_memory(tmp_path: Path) -> None:
     model, plan = _files(tmp_path, "sharding:\n  - {table: 0, kind: table-wise, ranks: [1]}\n"
                                    "  - {table: 1, kind: column-wise, ranks: [0, 1]}\n")

@@ -118,3 +118,14 @@ def test_compare_sharders_picks_the_fastest_and_counts_refusals() -> None:
     assert best is not None and best.iteration_time_s == min(o.iteration_time_s for o in report.outcomes)
     tiny = compare_sharders(model, CPU, 4, 64, cap_fraction=1e-6)
     assert tiny.best is None and all("no rank has room" in o.refused for o in tiny.outcomes)
+
+
+def test_sharded_job_takes_the_dense_precision() -> None:
+    tables = (EmbeddingTable(rows=100, dim=8, pooling_factor=2.0),) * 2
+    model = dlrm_model("tiny", tables, bottom_hidden=(16,), top_mlp=(8, 1))
+    plan = uniform_plan(tables_from_spec(tables), "row-wise", 2, 2)
+    default = sharded_job(model, plan, CPU, 4)
+    fp32 = sharded_job(model, plan, CPU, 4, precision="fp32")
+    matmuls = [op for layer in fp32.graph.layers for op in layer.fwd if op.kind == "matmul"]
+    assert matmuls and {op.dtype for op in matmuls} == {"fp32"}
+    assert default.job.parallel.precision == "bf16" and fp32.job.parallel.precision == "fp32"

@@ -6,6 +6,7 @@ import pytest
 from trainsim.cost.sharded_dlrm import RankMemory, RankWork, ShardedIteration
 from trainsim.embedding.sharding import ShardingPlan, TableShard
 from trainsim.embedding.tables import Table
+from trainsim.errors import ConfigError
 from trainsim.estimate.trace_predict import overheads_from, simulate_trace
 
 ORDER = ("index-a2a launch", "bottom_mlp fwd", "index-a2a wait", "embeddings fwd", "pooled-a2a-fwd", "top_mlp fwd",
@@ -48,3 +49,21 @@ def test_overheads_are_means_of_host_spans() -> None:
     b = _spans({"index-a2a launch": 0.4})
     assert overheads_from([[a], [b]]) == pytest.approx({"index-a2a launch": 0.3, "pooled-a2a-bwd launch": 0.0,
                                                         "grad-allreduce launch": 0.0})
+
+
+def test_cpu_time_replay_takes_compute_from_thread_cpu_and_collectives_from_the_trace() -> None:
+    # Wall spans of 0.25 s each: index all-to-all 0.5 s (launch end to wait end), pooled fwd 0.25, pooled bwd
+    # 0.75, all-reduce 0.75. Every span used 0.1 s of CPU: launch 0-0.1, index a2a 0.1-0.6, bottom fwd 0.1-0.2,
+    # lookups 0.6-0.7, pooled a2a 0.7-0.95, top fwd+bwd to 1.15, launch to 1.25, gradients back 1.25-2.0, bottom
+    # bwd 1.25-1.35, launch to 1.45, all-reduce 1.45-2.2, lookups bwd 2.0-2.1, optimizer 2.2-2.3.
+    spans = _spans(dict.fromkeys(ORDER, 0.25))
+    cpu = [[0.1] * len(ORDER)] * 2
+    assert simulate_trace([spans, spans], _iteration(), {}, replay=True, cpu_s=cpu) == pytest.approx(2.3)
+
+
+def test_cpu_time_replay_refuses_mismatched_cpu_times() -> None:
+    spans = _spans({})
+    with pytest.raises(ConfigError, match="cpu_s"):
+        simulate_trace([spans, spans], _iteration(), {}, replay=True, cpu_s=[[0.1], [0.1]])
+    with pytest.raises(ConfigError, match="cpu_s"):
+        simulate_trace([spans, spans], _iteration(), {}, cpu_s=[[0.1] * len(ORDER)] * 2)

@@ -13,6 +13,7 @@ from trainsim.ir.model_spec import DlrmSpec, EmbeddingTable
 from trainsim.job import Job, make_job
 from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.precision import Precision
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,9 +26,10 @@ class ShardedDlrmJob:
 
 
 def sharded_job(model: DlrmSpec, plan: ShardingPlan, cluster: ClusterSpec, local_batch: int,
-                optimizer: Optimizer = "sgd") -> ShardedDlrmJob:
+                optimizer: Optimizer = "sgd", precision: Precision = "bf16") -> ShardedDlrmJob:
     """The job of `plan.num_ranks` ranks on one node of `cluster`'s device (or its nodes when it has several),
-    `local_batch` samples per rank; the model's tables must be the plan's tables."""
+    `local_batch` samples per rank; the model's tables must be the plan's tables. precision: the dense part's
+    (measure.dlrm's CPU runs train in fp32, torch's default)."""
     if local_batch < 1:
         raise ConfigError("local_batch", local_batch, "must be at least 1")
     planned = sorted((s.table.rows, s.table.dim) for s in plan.shards)
@@ -38,7 +40,8 @@ def sharded_job(model: DlrmSpec, plan: ShardingPlan, cluster: ClusterSpec, local
     ranks = plan.num_ranks
     per_node = min(plan.ranks_per_node, ranks)
     cluster = cluster.model_copy(update={"gpus_per_node": per_node, "num_nodes": ranks // per_node})
-    job = make_job(model, cluster, ParallelSpec(dp=ranks, micro_batch=local_batch, seq_len=1))
+    job = make_job(model, cluster, ParallelSpec(dp=ranks, micro_batch=local_batch, seq_len=1,
+                                                          precision=precision))
     graph = build_dlrm(model, DeviceSlice.of(job.parallel))
     return ShardedDlrmJob(model, plan, job, graph, optimizer)
 

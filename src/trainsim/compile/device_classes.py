@@ -111,22 +111,32 @@ def split_device_classes(job: Job, graph: ExecGraph, compile_on: Callable[[Devic
     n = len(graph.tasks)
     tasks: list[Task] = []
     capacity_of = dict(graph.resource_capacity)
+    stage_of = [d.stage for d in graph.devices]
     for c, cls in enumerate(classes):
+        # per stage, the durations of the class's kinds of rank (one list when a single kind: no max per task)
+        stage_seconds = [[durations[kind] for kind in cls.kinds(stage, default)] for stage in stage_of]
+        links: dict[tuple[str, ...], tuple[str, ...]] = {}
+        offset = c * n
         for task in graph.tasks:
-            stage = graph.devices[task.device].stage
-            device = device_index(stage, c)
+            stage = stage_of[task.device]
             seconds = task.duration_s
             if task.kind == "compute":
-                seconds = max(durations[kind][task.tid] for kind in cls.kinds(stage, default))
+                lists = stage_seconds[stage]
+                seconds = lists[0][task.tid] if len(lists) == 1 else max(x[task.tid] for x in lists)
             resources = task.resources
             if c and resources:
-                resources = tuple(_class_link(r, c, device_index) for r in resources)
-                for old, new in zip(task.resources, resources, strict=True):
-                    if old in graph.resource_capacity:
-                        capacity_of[new] = graph.resource_capacity[old]
-            tasks.append(dataclasses.replace(
-                task, tid=c * n + task.tid, device=device, duration_s=seconds,
-                deps=tuple(c * n + d for d in task.deps), sync_key=_sync_key(task, c), resources=resources))
+                renamed = links.get(resources)
+                if renamed is None:
+                    renamed = links[resources] = tuple(_class_link(r, c, device_index) for r in resources)
+                    for old, new in zip(resources, renamed, strict=True):
+                        if old in graph.resource_capacity:
+                            capacity_of[new] = graph.resource_capacity[old]
+                resources = renamed
+            # NB: positional, in Task's field order (BuildContext.add's hot path): a clone per task and class
+            tasks.append(Task(offset + task.tid, task.name, device_index(stage, c), task.stream, task.kind, seconds,
+                              tuple(offset + d for d in task.deps) if offset else task.deps, _sync_key(task, c),
+                              resources, task.alloc_bytes, task.free_bytes, task.phase, task.layer, task.micro_batch,
+                              task.stage, task.category, task.priority))
     return ExecGraph(devices=[d for d in devices if d is not None], tasks=tasks, resource_capacity=capacity_of)
 
 

@@ -16,6 +16,7 @@ from trainsim.compile.device_classes import device_classes
 from trainsim.cost.pricing import Pricer
 from trainsim.errors import UnknownNameError
 from trainsim.hardware.cluster import ClusterSpec
+from trainsim.ir.exec_graph import ExecGraph
 from trainsim.job import Job, make_job
 from trainsim.pipeline import graph_for
 from trainsim.sim import SimOptions, SimOutcome, simulate
@@ -36,9 +37,9 @@ def _with(job: Job, **update: object) -> Job:
     return dataclasses.replace(job, cluster=job.cluster.model_copy(update=update))
 
 
-def _run(job: Job) -> tuple[list, SimOutcome]:  # type: ignore[type-arg]
+def _run(job: Job) -> tuple[ExecGraph, SimOutcome]:
     graph = compile_job(job, default_plan(graph_for(job), job.parallel), PRICER)
-    return graph, simulate(graph, OPTIONS)  # type: ignore[return-value]
+    return graph, simulate(graph, OPTIONS)
 
 
 def test_two_asymmetric_devices_in_one_stage_get_two_timelines_and_their_collective_waits_for_the_slower() -> None:
@@ -141,3 +142,13 @@ def test_bad_stragglers_and_rank_devices_are_refused() -> None:
         cluster_from_mapping({**entry, "rank_devices": {1: "no-such-gpu"}})
     cluster = cluster_from_mapping({**entry, "rank_devices": {1: "v100-sxm2-32gb"}})
     assert cluster.rank_devices[1].name == "v100-sxm2-32gb"
+
+
+def test_the_memory_verdict_reads_the_device_nearest_its_capacity() -> None:
+    """Rank 1 a 16 GB V100 among 80 GB A100s: the same peak, and the job's memory figure is the V100's."""
+    from trainsim.estimate.simulation import SimEstimator
+
+    plain = _job(2, dp=2)
+    small = load_device("v100-sxm2-16gb")
+    result = SimEstimator(PRICER).estimate(_with(plain, rank_devices={1: small}), graph_for(plain))
+    assert result.memory_capacity_bytes == small.hbm_bytes

@@ -78,9 +78,11 @@ def test_a_rank_of_another_device_runs_its_compute_at_that_devices_prices() -> N
     graph, _ = _run(_with(plain, rank_devices={1: v100}))
     on_v100, _ = _run(_with(plain, device=v100))
     n = len(on_v100.tasks)
-    for task in on_v100.tasks:
-        if task.kind == "compute":
-            assert graph.tasks[n + task.tid].duration_s == task.duration_s
+    compute = [task for task in on_v100.tasks if task.kind == "compute"]
+    for task in compute:
+        assert graph.tasks[n + task.tid].duration_s == task.duration_s
+    assert sum(graph.tasks[n + t.tid].duration_s for t in compute) > 1.2 * sum(graph.tasks[t.tid].duration_s
+                                                                              for t in compute)
     assert graph.devices[1].capacity_bytes == v100.hbm_bytes
     assert graph.devices[0].capacity_bytes == plain.cluster.device.hbm_bytes
 

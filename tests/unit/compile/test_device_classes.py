@@ -3,6 +3,8 @@ devices in the cluster get timelines of their own, their collectives wait for th
 are simulated once, and a cluster whose ranks are all alike compiles to today's graph."""
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -154,3 +156,34 @@ def test_the_memory_verdict_reads_the_device_nearest_its_capacity() -> None:
     small = load_device("v100-sxm2-16gb")
     result = SimEstimator(PRICER).estimate(_with(plain, rank_devices={1: small}), graph_for(plain))
     assert result.memory_capacity_bytes == small.hbm_bytes
+
+
+CLUSTER_YAML = """name: dgx-a100-straggler
+device: a100-sxm4-80gb
+gpus_per_node: 8
+num_nodes: 2
+intra_node: nvlink3-nvswitch
+inter_node: ib-hdr-200
+nics_per_node: 8
+{extra}
+"""
+
+
+def test_predict_reads_stragglers_and_rank_devices_from_a_cluster_file(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from trainsim.cli.main import app
+
+    flags = ["predict", "--model", "gpt3-125m", "--num-gpus", "16", "--tp", "2", "--pp", "2", "--micro-batch", "1",
+             "--global-batch", "32", "--seq-len", "512", "--engine", "sim", "--json"]
+    times = []
+    for extra in ("", "compute_slowdown: {5: 1.5}\nrank_devices: {9: a100-sxm4-40gb}"):
+        path = tmp_path / "cluster.yaml"
+        path.write_text(CLUSTER_YAML.format(extra=extra))
+        result = CliRunner().invoke(app, [*flags, "--cluster", str(path)])
+        assert result.exit_code == 0, result.output
+        times.append(json.loads(result.stdout)["iteration_time_s"])
+    assert times[1] > times[0]
+    path.write_text(CLUSTER_YAML.format(extra="compute_slowdown: {5: -1.5}"))
+    result = CliRunner().invoke(app, [*flags, "--cluster", str(path)])
+    assert result.exit_code == 2 and "compute_slowdown" in result.output and "Traceback" not in result.output

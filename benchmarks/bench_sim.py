@@ -9,7 +9,8 @@ runs, and the median wall seconds of the three (CPU time is steadier where other
 the op graph and layer costs are built once beforehand, as the planner's cache would hold them. Then tasks,
 engine events and events per second; then the dp 64 / dp 8 time ratio (acceptance: < 1.2, and < 10 s per
 case, the goal 1 s). dp 64 keeps the 192 micro-batches per pipeline (global batch x 8).
-Recompute defaults to full, as Narayanan et al. 2021 ran this configuration.
+Recompute defaults to full, as Narayanan et al. 2021 ran this configuration. --straggler X makes rank 9 X times
+slower: its pipeline column gets timelines of its own (compile/device_classes.py), at dp 8 and at dp 64 alike.
 """
 
 import argparse
@@ -30,11 +31,14 @@ from trainsim.strategy.parallel import ParallelSpec
 CASES = ((8, 1536), (64, 1536 * 8))  # (dp, global batch): 192 micro-batches per pipeline either way
 
 
-def _job(dp: int, global_batch: int, recompute: str) -> Job:
+def _job(dp: int, global_batch: int, recompute: str, straggler: float) -> Job:
     par = ParallelSpec.parse({"tp": 8, "pp": 16, "dp": dp, "vpp": 3, "schedule": "interleaved-1f1b",
                               "micro_batch": 1, "global_batch": global_batch, "seq_len": 2048,
                               "recompute": recompute})
-    return make_job(load_model("gpt3-175b"), load_cluster("dgx-a100-80gb").with_num_gpus(8 * 16 * dp), par)
+    cluster = load_cluster("dgx-a100-80gb").with_num_gpus(8 * 16 * dp)
+    if straggler != 1.0:  # rank 9 (stage 0, replica 1) slow: two device classes (compile/device_classes.py)
+        cluster = cluster.model_copy(update={"compute_slowdown": {9: straggler}})
+    return make_job(load_model("gpt3-175b"), cluster, par)
 
 
 def _phases(estimator: SimEstimator, job: Job, op_graph: OpGraph) -> tuple[float, float, float, float, int, int, float]:
@@ -63,11 +67,13 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--recompute", default="full", choices=("none", "selective", "full"))
     parser.add_argument("--task-level", default="layer", choices=("layer", "op"))
+    parser.add_argument("--straggler", type=float, default=1.0,
+                        help="compute slow-down of rank 9 (1: all ranks alike, one timeline per stage)")
     args = parser.parse_args()
 
     seconds: dict[int, float] = {}
     for dp, global_batch in CASES:
-        job = _job(dp, global_batch, args.recompute)
+        job = _job(dp, global_batch, args.recompute, args.straggler)
         op_graph = graph_for(job)
         estimator = SimEstimator(task_level=args.task_level)  # as `trainsim predict --engine sim` builds it
         estimator.estimate(job, op_graph)  # price the layers once

@@ -27,13 +27,19 @@ PLANS: list[tuple[str, int, int, str, tuple[float, ...]]] = [
 
 
 def predicted_job_bytes(model: str, strategy: str, ranks: int, tree_model: str) -> float:
+    """The simulator's peak of a rank less what the harness leaves out of its cap: the rank's resident memory
+    before the model is built, the device's measured baseline (catalog/runtime_memory.py; its runtime reserve
+    holds that baseline and the runtime's working memory above it). Without a measurement, the whole reserve."""
+    from trainsim.catalog.runtime_memory import measured_runtime_bytes
     from trainsim.cost.pricing import make_pricer
     from trainsim.estimate.simulation import SimEstimator, sim_calibration
 
     job, graph, plan = t.job_and_plan(model, strategy, ranks, tree_model)
     result = SimEstimator(make_pricer("roofline", None, sim_calibration()), task_level="op").estimate(job, graph,
                                                                                                       plan)
-    return result.peak_memory_bytes - result.memory_breakdown.get("runtime_reserved", 0.0)
+    measured = measured_runtime_bytes(job.cluster.device.name)
+    excluded = measured[0] if measured else result.memory_breakdown.get("runtime_reserved", 0.0)
+    return result.peak_memory_bytes - excluded
 
 
 def observe(model: str, strategy: str, ranks: int, tree_model: str, cap_gib: float, out: Path) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from trainsim.catalog.file_errors import file_error
 from trainsim.catalog.files import DATA_DIR, catalog_files, file_entries, files_naming, read_mapping
 from trainsim.catalog.hf_config import model_from_file
 from trainsim.catalog.model_files import parse_model
+from trainsim.catalog.runtime_memory import measured_runtime_bytes
 from trainsim.errors import UnknownNameError
 from trainsim.hardware.cluster import ClusterSpec, LinkSpec
 from trainsim.hardware.device import DeviceSpec
@@ -32,6 +33,9 @@ def _file_devices(path: Path) -> dict[str, DeviceSpec]:
     table: dict[str, DeviceSpec] = {}
     for entry in file_entries(path, "devices"):
         device = DeviceSpec.parse(entry, f"device {entry.get('name')}")
+        measured = measured_runtime_bytes(device.name)
+        if measured is not None:  # a measured fact of this machine replaces the entry's placeholder
+            device = device.model_copy(update={"runtime_reserved_bytes": sum(measured)})
         table[device.name] = device
         for alias in device.aliases:
             table[alias] = device
@@ -140,6 +144,9 @@ def cluster_from_mapping(entry: dict[str, Any], where: str = "cluster", path: Pa
     for key, load in (("device", load_device), ("intra_node", load_link), ("inter_node", load_link)):
         if isinstance(entry.get(key), str):
             resolved[key] = load(entry[key])
+    if isinstance(entry.get("rank_devices"), dict):  # rank -> a device name (or an inline mapping)
+        resolved["rank_devices"] = {rank: load_device(value) if isinstance(value, str) else value
+                                    for rank, value in entry["rank_devices"].items()}
     if path is None:
         return ClusterSpec.parse(resolved, where)
     try:

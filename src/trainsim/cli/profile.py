@@ -193,10 +193,18 @@ def profile(
                                           "--world-size gloo ranks; stored per device and model family")] = False,
     overlap_file: Annotated[Path | None, typer.Option(help="where --overlap stores gamma (default: the "
                                                       "catalog's calibration/overlap.yaml)")] = None,
+    runtime_memory: Annotated[bool, typer.Option("--runtime-memory", help="measure a CPU rank's resident "
+                                                 "runtime instead: a negligible model through `trainsim "
+                                                 "measure` on --world-size gloo ranks; stored per device")] = False,
+    runtime_memory_file: Annotated[Path | None, typer.Option(help="where --runtime-memory stores it (default: "
+                                                             "the catalog's calibration/runtime_memory.yaml)")] = None,
 ) -> None:
     """Measure the forward and backward time of every op of a job on this machine, and local collectives."""
     import time
 
+    if runtime_memory:
+        _profile_runtime_memory(world_size, timeout_s, device_name, runtime_memory_file, as_json)
+        return
     if overlap:
         _profile_overlap(model, micro_batch, seq_len, world_size, warmup, repeats, threads, timeout_s,
                          device_name, overlap_file, as_json)
@@ -252,6 +260,29 @@ def _profile_overlap(model: str, micro_batch: int, seq_len: int, world_size: int
         typer.echo(f"gamma {entry['gamma']:.4f} for {entry['family']} on {entry['device']}: backward "
                    f"{result.plain_backward_s:.4f} s plain, {result.overlapped_backward_s:.4f} s overlapped "
                    f"(median of {repeats}, slowest of {world_size} ranks); stored in {path or OVERLAP_PATH}")
+
+
+def _profile_runtime_memory(world_size: int, timeout_s: float, device_name: str | None, path: Path | None,
+                            as_json: bool) -> None:
+    """`trainsim profile --runtime-memory`: a CPU rank's resident runtime (catalog/runtime_memory.py)."""
+    from trainsim.catalog.runtime_memory import RUNTIME_MEMORY_PATH, store_runtime_memory
+    from trainsim.profile.runtime_memory import measure_runtime_memory
+
+    _torch()
+    if not 0 < timeout_s <= 3600:  # NB: also refuses NaN
+        raise ConfigError("timeout_s", timeout_s, "must be a positive number of seconds, at most 3600")
+    result = measure_runtime_memory(world_size=world_size, timeout_s=timeout_s)
+    entry = {"device": device_name or LOCAL_CPU_DEVICE, "baseline_bytes": result.baseline_bytes,
+             "runtime_bytes": result.runtime_bytes, "model_bytes": result.model_bytes,
+             "world_size": result.world_size, "iterations": result.iterations, "backend": "gloo",
+             "harness": "trainsim measure --tree (split executor), memory cap sampling"}
+    store_runtime_memory(entry, path or RUNTIME_MEMORY_PATH)
+    if as_json:
+        typer.echo(json.dumps(entry, indent=1))
+    else:
+        typer.echo(f"{entry['device']}: {result.baseline_bytes / 2**20:.0f} MiB resident after torch and gloo, "
+                   f"{result.runtime_bytes / 2**20:.0f} MiB more while a negligible model trains (largest of "
+                   f"{world_size} ranks); stored in {path or RUNTIME_MEMORY_PATH}")
 
 
 def register(app: typer.Typer) -> None:

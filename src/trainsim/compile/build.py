@@ -23,10 +23,11 @@ iteration's forward in Megatron-Core, one iteration later here), or after the re
 applies the overlap slow-down itself (sim/engine.py).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trainsim.compile.apply_zero import FsdpChain, FsdpNeed, fsdp_enabled, stage_model_state
 from trainsim.compile.context import TASK_LEVELS, BuildContext, StageWriter, TaskLevel, TaskSpec
+from trainsim.compile.device_classes import split_device_classes
 from trainsim.compile.insert_collectives import insert_gradient_sync, insert_param_gathers
 from trainsim.compile.lower_layers import Cut, Unit, UnitMemory, emit_unit, step_units
 from trainsim.compile.schedule_pipeline import StepRecord, chunk_layers, insert_transfers, stage_programs
@@ -50,7 +51,15 @@ class _StageTail:
 
 def compile_job(job: Job, plan: LoweredPlan, pricer: Pricer,
                 task_level: TaskLevel = "layer") -> ExecGraph:
-    """The iteration of `job` placed by `plan` as per-device tasks, priced by `pricer`."""
+    """The iteration of `job` placed by `plan` as per-device tasks, priced by `pricer`: one device per stage, and
+    one per stage and device class where the cluster's ranks differ (device_classes)."""
+    graph = _compile_stages(job, plan, pricer, task_level)
+    return split_device_classes(job, graph, lambda device: _compile_stages(
+        replace(job, cluster=job.cluster.model_copy(update={"device": device})), plan, pricer, task_level))
+
+
+def _compile_stages(job: Job, plan: LoweredPlan, pricer: Pricer, task_level: TaskLevel) -> ExecGraph:
+    """One simulated device per pipeline stage."""
     if task_level not in TASK_LEVELS:
         raise ConfigError("task_level", task_level, f"choose one of: {', '.join(TASK_LEVELS)}")
     if plan.num_stages != job.parallel.pp:

@@ -170,11 +170,18 @@ def sim_breakdown(graph: ExecGraph, outcome: SimOutcome, device: int) -> dict[st
 
 
 def _peak_device(outcome: SimOutcome) -> int:
-    return max(range(len(outcome.memory)), key=lambda d: outcome.memory[d].peak_bytes) if outcome.memory else 0
+    """The device nearest its capacity (the highest peak where all have the same capacity; where a cluster's
+    ranks differ, compile.device_classes, a smaller device may run out first)."""
+    memory = outcome.memory
+    def fill(d: int) -> float:
+        capacity = memory[d].capacity_bytes
+        return memory[d].peak_bytes / capacity if capacity > 0.0 else memory[d].peak_bytes
+
+    return max(range(len(memory)), key=fill) if memory else 0
 
 
 def sim_memory(outcome: SimOutcome) -> MemoryEstimate:
-    """Peak over the simulated devices, with that device's breakdown at its peak."""
+    """Peak of the simulated device nearest its capacity, with that device's breakdown at its peak."""
     if not outcome.memory:
         return MemoryEstimate(0.0, 0.0, {}, 0)
     device = _peak_device(outcome)

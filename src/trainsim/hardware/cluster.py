@@ -23,6 +23,7 @@ from trainsim.units import parse_bandwidth, parse_duration
 # The most GPUs a cluster holds: 2**24 (16.7 million) is 16 times the largest job trainsim is checked on (10^6
 # GPUs); a count beyond it is a typo, and every per-GPU figure stays a plain float far from overflow.
 MAX_GPUS = 2**24
+MAX_SLOWDOWN = 1e3  # a rank a thousand times slower than its peers is a dead one, not a straggler
 
 LinkKind = Literal["nvlink", "nvswitch", "pcie", "infiniband", "roce", "ethernet", "nvlink-bridge", "efa"]
 
@@ -93,6 +94,13 @@ class ClusterSpec(Spec):
     leaf_oversubscription: float = Field(default=1.0, ge=1.0, allow_inf_nan=False)
     # The scale-out switches reduce in the network (InfiniBand SHARP; NCCL's CollNet algorithms).
     in_network_reduction: bool = False
+    # Ranks unlike the others (Proteus Sec. VI: devices that are not symmetric are simulated each on its own
+    # timeline, compile/device_classes.py): rank -> the device it is (a heterogeneous pool: an older GPU in a
+    # newer cluster) and rank -> its compute slow-down (a straggler: 1.25 = its compute takes 25% longer).
+    # Ranks are numbered as the strategy places them (tp fastest, then cp, dp and pp); ranks past a job's GPUs
+    # do not take part in it.
+    rank_devices: dict[int, DeviceSpec] = Field(default_factory=dict)
+    compute_slowdown: dict[int, float] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _check(self) -> "ClusterSpec":
@@ -100,6 +108,13 @@ class ClusterSpec(Spec):
         if domain is not None and domain % self.gpus_per_node:
             raise ValueError(f"nvlink_domain_gpus={domain} must be a multiple of gpus_per_node="
                              f"{self.gpus_per_node} (a domain holds whole servers)")
+        for field, ranks in (("rank_devices", self.rank_devices), ("compute_slowdown", self.compute_slowdown)):
+            for rank in ranks:
+                if not 0 <= rank < MAX_GPUS:
+                    raise ValueError(f"{field} rank {rank} must be 0 to {MAX_GPUS - 1}")
+        for rank, factor in self.compute_slowdown.items():
+            if not (math.isfinite(factor) and 0.0 < factor <= MAX_SLOWDOWN):
+                raise ValueError(f"compute_slowdown[{rank}]={factor} must be finite, > 0 and at most {MAX_SLOWDOWN:g}")
         if self.num_gpus > MAX_GPUS:
             raise ValueError(f"gpus_per_node x num_nodes = {self.gpus_per_node} x {self.num_nodes} must be at most "
                              f"{MAX_GPUS}")

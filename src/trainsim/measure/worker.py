@@ -139,7 +139,7 @@ def _measure(spec: MeasureSpec, job: Any, device: Any, rank: int, world_size: in
         torch.cuda.reset_peak_memory_stats(device)
     times: list[float] = []
     loss = float("nan")
-    load_before, cpu_before = os.getloadavg()[0], time.process_time()
+    load_before, cpu_before, thread_before = os.getloadavg()[0], time.process_time(), time.thread_time()
     for _ in range(spec.iterations if not cap.over else 0):
         dist.barrier()
         start = time.perf_counter()
@@ -150,6 +150,7 @@ def _measure(spec: MeasureSpec, job: Any, device: Any, rank: int, world_size: in
         if cap.exceeded():
             break
     cpu_s = time.process_time() - cpu_before
+    thread_cpu_s = time.thread_time() - thread_before  # the training thread alone: no gloo or sampler threads
     if times:
         log(f"timed {len(times)} iterations: median {sorted(times)[len(times) // 2]:.4f} s")
     peak = _peak_memory_bytes(device)
@@ -157,7 +158,7 @@ def _measure(spec: MeasureSpec, job: Any, device: Any, rank: int, world_size: in
     timed_loss = loss if trainer.computes_loss and loss == loss else None  # nan: no timed step (oom)
     info = {"rank": rank, "peak": peak, "baseline": baseline, "loss": timed_loss,
             "threads": torch.get_num_threads(), "traces": traces, "host": machine()["host_sha256"],
-            "cpu_s": cpu_s, "load": [load_before, os.getloadavg()[0]], "oom": cap.over,
+            "cpu_s": cpu_s, "thread_cpu_s": thread_cpu_s, "load": [load_before, os.getloadavg()[0]], "oom": cap.over,
             "capped_peak": cap.used() if cap.cap > 0 else None}
     gathered: list[Any] = [None] * world_size
     dist.all_gather_object(gathered, info)
@@ -292,6 +293,7 @@ def _write_result(spec: MeasureSpec, job: Any, times: list[float], ranks: list[A
                 # a busy machine shows here: rank 0's 1-minute load average before and after the timed loop,
                 # and each rank's CPU time over it (well below the timed wall time: starved or waiting)
                 "load_average_1m": ranks[0]["load"], "cpu_s_per_rank": [round(r["cpu_s"], 4) for r in ranks],
+                "thread_cpu_s_per_rank": [round(r["thread_cpu_s"], 4) for r in ranks],
                 "timed_wall_s": round(sum(times), 4),
                 "outcome": "oom" if any(r.get("oom") for r in ranks) else "ok",
                 "memory_cap_bytes": spec.memory_cap_bytes,

@@ -1,0 +1,175 @@
+"""Per-device timelines where the devices of a stage differ (Proteus Sec. VI: the executor simulates each device;
+identical ones once).
+
+The compiler simulates one device per pipeline stage, standing for its dp x cp x tp ranks. That holds while those
+ranks are alike. A cluster may say otherwise (ClusterSpec.rank_devices: a rank is another device;
+ClusterSpec.compute_slowdown: a straggler), and then the ranks of a stage form *device classes*, each simulated
+on a timeline of its own:
+
+- A class is a set of data-parallel replicas (the dp index of a rank) that are alike in every stage: a replica is
+  as slow as the slowest rank of its tensor- and context-parallel group (they meet at every TP/CP collective), and
+  it receives from the same replica of the previous stage, so a class is a column of the pipeline. Replicas with
+  the same kinds of ranks in every stage are one class: identical ranks are still simulated once.
+- Each class runs a copy of the stage's tasks on its own device. A compute task lasts what the class's slowest
+  kind of rank takes: the job compiled for that rank's device (compile_job on a job whose cluster device is it),
+  times its slow-down.
+- Collectives inside a replica (tp_comm, cp_comm) and the pipeline's transfers (pp_comm) stay inside the class.
+  Every other collective (data-parallel gradient buckets, ZeRO gathers and reduce-scatters, expert all-to-alls,
+  reshards, the optimizer barrier) spans the classes: its copies are one collective (a shared sync_key) that
+  starts when the last class arrives, so the fast classes wait for the slow one there, as their real ranks do.
+- The links a class's ranks use are its own (the link resources of its device), its memory is the stage's,
+  its capacity the smallest of its ranks'.
+
+With every rank alike the graph is returned as it was: the same tasks and the same numbers.
+"""
+
+import dataclasses
+import re
+from collections.abc import Callable
+
+from trainsim.errors import ConfigError
+from trainsim.hardware.device import DeviceSpec
+from trainsim.ir.exec_graph import ExecGraph, SimDevice, Task
+from trainsim.job import Job
+
+RankKind = tuple[str, float]  # (device name, compute slow-down)
+StageKey = tuple[int, tuple[RankKind, ...], bool]  # (stage, kinds other than the default, a default rank left)
+ColumnKey = tuple[StageKey, ...]  # the replica's kinds in every stage that has any
+IN_CLASS_CATEGORIES = ("tp_comm", "cp_comm", "pp_comm")  # collectives among the ranks of one replica column
+_STAGE_LINK = re.compile(r"^stage(\d+)\.")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeviceClass:
+    """Data-parallel replicas simulated together: their dp indices and, per stage, the kinds of their ranks."""
+
+    replicas: tuple[int, ...]
+    key: ColumnKey
+
+    def kinds(self, stage: int, default: RankKind) -> tuple[RankKind, ...]:
+        for s, kinds, has_default in self.key:
+            if s == stage:
+                return (*kinds, default) if has_default else kinds
+        return (default,)
+
+
+def device_classes(job: Job) -> list[DeviceClass]:
+    """The classes of the job's ranks: one (every replica, default kinds) when nothing distinguishes them."""
+    par, cluster = job.parallel, job.cluster
+    group = par.tp * par.cp
+    per_stage = group * par.dp
+    default = (cluster.device.name, 1.0)
+    kinds: dict[tuple[int, int], set[RankKind]] = {}
+    counts: dict[tuple[int, int], int] = {}
+    for rank in sorted(set(cluster.rank_devices) | set(cluster.compute_slowdown)):
+        if rank >= job.num_gpus:
+            continue
+        kind = (cluster.rank_devices[rank].name if rank in cluster.rank_devices else default[0],
+                cluster.compute_slowdown.get(rank, 1.0))
+        if kind == default:
+            continue
+        place = (rank // per_stage, rank % per_stage // group)
+        kinds.setdefault(place, set()).add(kind)
+        counts[place] = counts.get(place, 0) + 1
+    columns: dict[int, list[StageKey]] = {}
+    for (stage, replica), found in sorted(kinds.items()):
+        columns.setdefault(replica, []).append((stage, tuple(sorted(found)), counts[(stage, replica)] < group))
+    by_key: dict[ColumnKey, list[int]] = {}
+    for replica in range(par.dp):
+        by_key.setdefault(tuple(columns.get(replica, ())), []).append(replica)
+    return [DeviceClass(tuple(replicas), key) for key, replicas in by_key.items()]
+
+
+def rank_device(job: Job, name: str) -> DeviceSpec:
+    if name == job.cluster.device.name:
+        return job.cluster.device
+    return next(d for d in job.cluster.rank_devices.values() if d.name == name)
+
+
+def split_device_classes(job: Job, graph: ExecGraph, compile_on: Callable[[DeviceSpec], ExecGraph]) -> ExecGraph:
+    """`graph` (one device per stage) with a device per stage and class where the job's ranks differ.
+    compile_on(device): the same job compiled with its cluster's device replaced (a heterogeneous rank's prices)."""
+    classes = device_classes(job)
+    default: RankKind = (job.cluster.device.name, 1.0)
+    if len(classes) == 1 and not classes[0].key:
+        return graph
+    durations = _durations_by_kind(job, graph, classes, default, compile_on)
+    num_stages, count = len(graph.devices), len(classes)
+    per_replica = job.parallel.tp * job.parallel.cp
+
+    def device_index(stage: int, c: int) -> int:
+        return stage if c == 0 else num_stages + stage * (count - 1) + c - 1
+
+    devices: list[SimDevice | None] = [None] * (num_stages * count)
+    for device in graph.devices:
+        for c, cls in enumerate(classes):
+            kinds = cls.kinds(device.stage, default)
+            capacity = min(rank_device(job, name).hbm_bytes for name, _ in kinds)
+            devices[device_index(device.stage, c)] = dataclasses.replace(
+                device, index=device_index(device.stage, c), ranks=len(cls.replicas) * per_replica,
+                capacity_bytes=min(device.capacity_bytes, capacity), static_breakdown=dict(device.static_breakdown))
+    n = len(graph.tasks)
+    tasks: list[Task] = []
+    capacity_of = dict(graph.resource_capacity)
+    stage_of = [d.stage for d in graph.devices]
+    for c, cls in enumerate(classes):
+        # per stage, the durations of the class's kinds of rank (one list when a single kind: no max per task)
+        stage_seconds = [[durations[kind] for kind in cls.kinds(stage, default)] for stage in stage_of]
+        links: dict[tuple[str, ...], tuple[str, ...]] = {}
+        offset = c * n
+        for task in graph.tasks:
+            stage = stage_of[task.device]
+            seconds = task.duration_s
+            if task.kind == "compute":
+                lists = stage_seconds[stage]
+                seconds = lists[0][task.tid] if len(lists) == 1 else max(x[task.tid] for x in lists)
+            resources = task.resources
+            if c and resources:
+                renamed = links.get(resources)
+                if renamed is None:
+                    renamed = links[resources] = tuple(_class_link(r, c, device_index) for r in resources)
+                    for old, new in zip(resources, renamed, strict=True):
+                        if old in graph.resource_capacity:
+                            capacity_of[new] = graph.resource_capacity[old]
+                resources = renamed
+            # NB: positional, in Task's field order (BuildContext.add's hot path): a clone per task and class
+            tasks.append(Task(offset + task.tid, task.name, device_index(stage, c), task.stream, task.kind, seconds,
+                              tuple(offset + d for d in task.deps) if offset else task.deps, _sync_key(task, c),
+                              resources, task.alloc_bytes, task.free_bytes, task.phase, task.layer, task.micro_batch,
+                              task.stage, task.category, task.priority))
+    return ExecGraph(devices=[d for d in devices if d is not None], tasks=tasks, resource_capacity=capacity_of)
+
+
+def _class_link(name: str, c: int, device_index: Callable[[int, int], int]) -> str:
+    """A stage's link resource ("stage3.nic.tx") as class c's ranks use it (their own links)."""
+    match = _STAGE_LINK.match(name)
+    return name if match is None else f"stage{device_index(int(match[1]), c)}.{name[match.end():]}"
+
+
+def _sync_key(task: Task, c: int) -> str:
+    """Collectives among the classes share one key; those inside a replica column get one per class."""
+    if task.kind != "comm":
+        return task.sync_key
+    if task.category in IN_CLASS_CATEGORIES:
+        return f"{task.sync_key}#class{c}" if task.sync_key and c else task.sync_key
+    return task.sync_key or f"classes.{task.tid}"
+
+
+def _durations_by_kind(job: Job, graph: ExecGraph, classes: list[DeviceClass], default: RankKind,
+                       compile_on: Callable[[DeviceSpec], ExecGraph]) -> dict[RankKind, list[float]]:
+    """Per kind of rank present, every task's duration on it: the graph compiled for its device, times its
+    slow-down (compute tasks are the ones read)."""
+    kinds = {kind for cls in classes for stage in range(len(graph.devices)) for kind in cls.kinds(stage, default)}
+    base = [t.duration_s for t in graph.tasks]
+    per_device: dict[str, list[float]] = {default[0]: base}
+    out: dict[RankKind, list[float]] = {}
+    for name, slowdown in sorted(kinds):
+        seconds = per_device.get(name)
+        if seconds is None:
+            other = compile_on(rank_device(job, name))
+            if [t.name for t in other.tasks] != [t.name for t in graph.tasks]:
+                raise ConfigError("rank_devices", name, f"the plan compiles to other tasks on {name} than on "
+                                  f"{default[0]}; ranks of one job must run the same program")
+            seconds = per_device[name] = [t.duration_s for t in other.tasks]
+        out[(name, slowdown)] = [s * slowdown for s in seconds]
+    return out

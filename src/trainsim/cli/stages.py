@@ -233,7 +233,10 @@ def evaluate(
     dag_source: Annotated[str, typer.Option(help="stage DAGs from: torch | jax")] = "torch",
     workers: Annotated[int, typer.Option(help="local processes training at once")] = 1,
     target: Annotated[str, typer.Option(help="loss target: log | relative | absolute (the paper's MAE)")] = "log",
-    layers: LayersOpt = "units", ray: RayOpt = None, as_json: JsonOpt = False,
+    layers: LayersOpt = "units",
+    runs: Annotated[Path | None, typer.Option(help="JSON-lines file of the fits: each appended as it finishes, "
+                                              "and fits already there (same options) not run again")] = None,
+    ray: RayOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """MRE of the DAG Transformer, GCN and GAT per setting against the fraction of stages trained on."""
     from trainsim.search.predtop.experiment import evaluate as run_evaluate
@@ -246,13 +249,24 @@ def evaluate(
     options.check()
     runner = _runner(ray, workers)
     _torch()
+    identity = {"model": corpus.key, "micro_batch": corpus.micro_batch, "seq_len": corpus.seq_len,
+                "threads": corpus.threads, "layers": layers, "dag_source": dag_source, "target": target,
+                "max_epochs": epochs, "patience": patience}
+    previous = _previous_runs(runs, identity)
     data = _data(db, corpus, settings, dag_source)
     started = time.perf_counter()
+
+    def record(label: str, result: dict[str, Any]) -> None:
+        if runs is not None:
+            with runs.open("a") as sink:
+                sink.write(json.dumps({**identity, "setting": label, **result}) + "\n")
+
     with _bar(Console(stderr=True)) as bar:
         task = bar.add_task("training", total=None)
         result = run_evaluate(data, kinds=chosen, fractions=chosen_fractions, seeds=chosen_seeds, options=options,
                               runner=runner, progress=lambda done, total: bar.update(task, completed=done,
-                                                                                     total=total))
+                                                                                     total=total),
+                              previous=previous, record=record)
     for d in data:
         if "runs" in result[d.label]:
             result[d.label]["noise_floor_mre"] = noise_floor(d)
@@ -263,6 +277,28 @@ def evaluate(
         typer.echo(json.dumps(summary, indent=1))
         return
     typer.echo(render_table(summary, chosen))
+
+
+def _previous_runs(path: Path | None, identity: dict[str, Any]) -> dict[Any, dict[str, Any]]:
+    """The fits of an earlier `evaluate --runs PATH` with the same model, shape, layers and training options."""
+    from trainsim.search.predtop.experiment import run_key
+
+    if path is None or not path.exists():
+        return {}
+    if not path.is_file():
+        raise ConfigError("runs", str(path), "must be a JSON-lines file (or a path where one can be created)")
+    found: dict[Any, dict[str, Any]] = {}
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if all(row.get(k) == v for k, v in identity.items()):
+                result = {k: v for k, v in row.items() if k not in identity and k != "setting"}
+                found[run_key(str(row["setting"]), result)] = result
+        except (ValueError, KeyError, TypeError):
+            raise ConfigError("runs", f"{path}:{number}", "a line `trainsim stages evaluate --runs` wrote") from None
+    return found
 
 
 def render_table(summary: dict[str, Any], kinds: list[str]) -> str:

@@ -116,6 +116,30 @@ def test_alpa_layers_join_the_embedding_to_the_first_block(model: Path, tmp_path
     assert "note" in out["settings"]["1x1/tp1-dp1"]
 
 
+def test_evaluate_runs_file_resumes(model: Path, tmp_path: Path) -> None:
+    """--runs: each fit is appended as it finishes; a rerun with more seeds runs only the new ones, and fits of
+    other options (here: epochs) are not taken for these."""
+    db, runs = tmp_path / "stages.sqlite", tmp_path / "runs.jsonl"
+    _collect(model, db)
+    args = ["stages", "evaluate", *_common(model, db), "--kinds", "gcn", "--fractions", "0.5", "--patience", "1",
+            "--runs", str(runs), "--json"]
+    first = RUNNER.invoke(app, [*args, "--seeds", "0", "--epochs", "1"])
+    assert first.exit_code == 0, first.output
+    assert len(runs.read_text().splitlines()) == 1
+    second = RUNNER.invoke(app, [*args, "--seeds", "0,1", "--epochs", "1"])
+    assert second.exit_code == 0, second.output
+    lines = [json.loads(line) for line in runs.read_text().splitlines()]
+    assert [(r["seed"], r["epochs"]) for r in lines] == [(0, 1), (1, 1)]
+    entry = json.loads(second.stdout)["settings"]["1x1/tp1-dp1"]
+    assert json.loads(first.stdout)["settings"]["1x1/tp1-dp1"]["runs"][0] in entry["runs"]
+    assert len(entry["runs"]) == 2
+    third = RUNNER.invoke(app, [*args, "--seeds", "0", "--epochs", "2"])  # other options: run again
+    assert third.exit_code == 0 and len(runs.read_text().splitlines()) == 3
+    runs.write_text("not json\n")
+    bad = RUNNER.invoke(app, [*args, "--seeds", "0", "--epochs", "1"])
+    assert bad.exit_code == 2 and "runs" in bad.output and len(bad.output.strip().splitlines()) == 1
+
+
 def test_evaluate_without_a_database_exits_2(model: Path, tmp_path: Path) -> None:
     result = RUNNER.invoke(app, ["stages", "evaluate", *_common(model, tmp_path / "none.sqlite")])
     assert result.exit_code == 2 and "stages collect" in result.output

@@ -365,11 +365,20 @@ def setting_data(db: StageDatabase, corpus: Corpus, setting: Setting, builder: A
 MIN_STAGES = 10  # a split needs a training, a validation and a test part
 
 
+def run_key(label: str, result: dict[str, Any]) -> tuple[str, str, float, int]:
+    """What identifies one fit within an evaluation of fixed options: setting, kind, fraction, seed."""
+    return (label, str(result["kind"]), round(float(result["fraction"]), 6), int(result["seed"]))
+
+
 def evaluate(data: list[SettingData], *, kinds: Sequence[str] = KINDS, fractions: Sequence[float] = FRACTIONS,
              seeds: Sequence[int] = (0,), options: TrainOptions = TrainOptions(), runner: Runner | None = None,
-             progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+             progress: Callable[[int, int], None] | None = None,
+             previous: dict[tuple[str, str, float, int], dict[str, Any]] | None = None,
+             record: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """MRE per setting, fraction and kind (mean and spread over the seeds' splits), with the sample counts and
-    training times: the paper's Tables V-VI and Figs. 8-9."""
+    training times: the paper's Tables V-VI and Figs. 8-9. Resumable: a fit found in `previous` (run_key ->
+    result, from an earlier call with the same options) is not run again; record(label, result) is called as
+    each new fit finishes."""
     options.check()
     for kind in kinds:
         if kind not in KINDS:
@@ -385,10 +394,16 @@ def evaluate(data: list[SettingData], *, kinds: Sequence[str] = KINDS, fractions
         for fraction in fractions:
             for kind in kinds:
                 for seed in seeds:
+                    found = (previous or {}).get(run_key(d.label, {"kind": kind, "fraction": fraction, "seed": seed}))
+                    if found is not None:
+                        out[d.label]["runs"].append(found)
+                        continue
                     items.append((kind, d.dags, d.latencies_s, fraction, seed, options))
                     owner.append(d.label)
     for finished, (index, result) in enumerate((runner or LocalRunner()).map(fit_one, items), start=1):
         out[owner[index]]["runs"].append(result)
+        if record is not None:
+            record(owner[index], result)
         if progress is not None:
             progress(finished, len(items))
     for entry in out.values():

@@ -26,6 +26,7 @@ from trainsim.search.predtop.experiment import (
     DAG_SOURCES,
     FRACTIONS,
     KINDS,
+    LAYERINGS,
     Corpus,
     LocalRunner,
     PoolRunner,
@@ -34,6 +35,7 @@ from trainsim.search.predtop.experiment import (
     check_corpus,
     parse_fractions,
     parse_settings,
+    with_layers,
 )
 
 ModelOpt = Annotated[str, typer.Option(help="catalog name or model YAML (a transformer)")]
@@ -45,6 +47,9 @@ SeqOpt = Annotated[int, typer.Option(help="tokens per sequence")]
 RayOpt = Annotated[str | None, typer.Option("--ray", help="run the settings as Ray tasks on this cluster "
                                             "(ray://HOST:PORT, auto, or local); needs trainsim[ray]")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object")]
+LayersOpt = Annotated[str, typer.Option(help="stages made of: units (every range of embedding, blocks, head) | "
+                                        "alpa (Alpa's layer clustering, PredTOP's stages: the embedding joins the "
+                                        "first block)")]
 
 
 def _torch() -> None:
@@ -54,13 +59,17 @@ def _torch() -> None:
         raise TrainsimError("trainsim stages needs PyTorch: pip install torch") from None
 
 
-def _corpus(model: str, micro_batch: int, seq_len: int, threads: int) -> Corpus:
+def _corpus(model: str, micro_batch: int, seq_len: int, threads: int, layers: str) -> Corpus:
     spec = load_model(model)
     if not isinstance(spec, TransformerSpec):
         raise ConfigError("model", spec.name, "stage planning needs a transformer (a chain of blocks)")
+    if layers not in LAYERINGS:
+        raise ConfigError("layers", layers, f"one of {', '.join(LAYERINGS)}")
     corpus = Corpus(spec, micro_batch, seq_len, threads)
     check_corpus(corpus)
-    return corpus
+    if layers != "units":
+        _torch()
+    return with_layers(corpus, layers)
 
 
 def _db(path: Path) -> Any:
@@ -93,12 +102,12 @@ def collect(
     warmup: Annotated[int, typer.Option(help="untimed runs of each stage")] = 2,
     iterations: Annotated[int, typer.Option(help="timed runs of each stage (median)")] = 6,
     threads: Annotated[int, typer.Option(help="torch threads per rank")] = 1,
-    ray: RayOpt = None, as_json: JsonOpt = False,
+    layers: LayersOpt = "units", ray: RayOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Measure every stage of MODEL on each setting into the stage database (only what it lacks)."""
     from trainsim.search.predtop.experiment import collect as run_collect
 
-    corpus = _corpus(model, micro_batch, seq_len, threads)
+    corpus = _corpus(model, micro_batch, seq_len, threads, layers)
     settings = parse_settings(meshes, plans)
     runner = _runner(ray, 1)
     _torch()
@@ -157,7 +166,7 @@ def train(
     model: ModelOpt, db: DbOpt,
     out: Annotated[Path, typer.Option(help="where to save the predictors (a torch file)")],
     meshes: MeshesOpt = "1x1", plans: PlansOpt = "dp", micro_batch: MicroOpt = 4, seq_len: SeqOpt = 64,
-    threads: Annotated[int, typer.Option(help="torch threads per rank the stages were measured with")] = 1,
+    threads: Annotated[int, typer.Option(help="torch threads per rank of the stages (0: timed on a GPU)")] = 1,
     kinds: Annotated[str, typer.Option(help="all or comma-separated transformer,gcn,gat")] = "transformer",
     fraction: Annotated[float, typer.Option(help="fraction of a setting's stages to train on")] = 0.3,
     epochs: Annotated[int, typer.Option(help="epochs (sec. IV-B6: 500)")] = 500,
@@ -165,12 +174,12 @@ def train(
     seed: Annotated[int, typer.Option(help="split and initialisation seed")] = 0,
     dag_source: Annotated[str, typer.Option(help="stage DAGs from: torch | jax")] = "torch",
     target: Annotated[str, typer.Option(help="loss target: log | relative | absolute (the paper's MAE)")] = "log",
-    ray: RayOpt = None, as_json: JsonOpt = False,
+    layers: LayersOpt = "units", ray: RayOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Train one predictor per setting on its collected stages and save them."""
     from trainsim.search.predtop.experiment import MIN_STAGES, fit_predictor, save_predictors
 
-    corpus = _corpus(model, micro_batch, seq_len, threads)
+    corpus = _corpus(model, micro_batch, seq_len, threads, layers)
     settings = parse_settings(meshes, plans)
     chosen = _kinds(kinds)
     parse_fractions(str(fraction))
@@ -196,7 +205,8 @@ def train(
             predictors[label][kind] = predictor
             bar.update(task, advance=1)
     save_predictors(out, corpus, predictors, {"fraction": fraction, "seed": seed, "epochs": epochs,
-                                              "patience": patience, "dag_source": dag_source, "target": target})
+                                              "patience": patience, "dag_source": dag_source, "target": target,
+                                              "layers": layers})
     summary = {"out": str(out), "seconds": time.perf_counter() - started,
                "settings": {label: {kind: {"epochs_run": p.epochs_run, "train_s": p.train_time_s,
                                            "validation_loss": p.best_validation_loss}
@@ -214,7 +224,7 @@ def train(
 def evaluate(
     model: ModelOpt, db: DbOpt, meshes: MeshesOpt = "1x1", plans: PlansOpt = "dp", micro_batch: MicroOpt = 4,
     seq_len: SeqOpt = 64,
-    threads: Annotated[int, typer.Option(help="torch threads per rank the stages were measured with")] = 1,
+    threads: Annotated[int, typer.Option(help="torch threads per rank of the stages (0: timed on a GPU)")] = 1,
     kinds: Annotated[str, typer.Option(help="all or comma-separated transformer,gcn,gat")] = "all",
     fractions: Annotated[str, typer.Option(help="training fractions")] = ",".join(str(f) for f in FRACTIONS),
     seeds: Annotated[str, typer.Option(help="splits to average over")] = "0,1,2",
@@ -223,35 +233,72 @@ def evaluate(
     dag_source: Annotated[str, typer.Option(help="stage DAGs from: torch | jax")] = "torch",
     workers: Annotated[int, typer.Option(help="local processes training at once")] = 1,
     target: Annotated[str, typer.Option(help="loss target: log | relative | absolute (the paper's MAE)")] = "log",
+    layers: LayersOpt = "units",
+    runs: Annotated[Path | None, typer.Option(help="JSON-lines file of the fits: each appended as it finishes, "
+                                              "and fits already there (same options) not run again")] = None,
     ray: RayOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """MRE of the DAG Transformer, GCN and GAT per setting against the fraction of stages trained on."""
     from trainsim.search.predtop.experiment import evaluate as run_evaluate
     from trainsim.search.predtop.experiment import noise_floor
 
-    corpus = _corpus(model, micro_batch, seq_len, threads)
+    corpus = _corpus(model, micro_batch, seq_len, threads, layers)
     settings = parse_settings(meshes, plans)
     chosen, chosen_fractions, chosen_seeds = _kinds(kinds), parse_fractions(fractions), _seeds(seeds)
     options = TrainOptions(epochs, patience, target)
     options.check()
     runner = _runner(ray, workers)
     _torch()
+    identity = {"model": corpus.key, "micro_batch": corpus.micro_batch, "seq_len": corpus.seq_len,
+                "threads": corpus.threads, "layers": layers, "dag_source": dag_source, "target": target,
+                "max_epochs": epochs, "patience": patience}
+    previous = _previous_runs(runs, identity)
     data = _data(db, corpus, settings, dag_source)
     started = time.perf_counter()
+
+    def record(label: str, result: dict[str, Any]) -> None:
+        if runs is not None:
+            with runs.open("a") as sink:
+                sink.write(json.dumps({**identity, "setting": label, **result}) + "\n")
+
     with _bar(Console(stderr=True)) as bar:
         task = bar.add_task("training", total=None)
         result = run_evaluate(data, kinds=chosen, fractions=chosen_fractions, seeds=chosen_seeds, options=options,
                               runner=runner, progress=lambda done, total: bar.update(task, completed=done,
-                                                                                     total=total))
+                                                                                     total=total),
+                              previous=previous, record=record)
     for d in data:
         if "runs" in result[d.label]:
             result[d.label]["noise_floor_mre"] = noise_floor(d)
-    summary = {"model": corpus.key, "dag_source": dag_source, "target": target, "seeds": chosen_seeds, "epochs": epochs,
+    summary = {"model": corpus.key, "layers": layers, "boundaries": list(corpus.layer_boundaries),
+               "dag_source": dag_source, "target": target, "seeds": chosen_seeds, "epochs": epochs,
                "patience": patience, "seconds": time.perf_counter() - started, "settings": result}
     if as_json:
         typer.echo(json.dumps(summary, indent=1))
         return
     typer.echo(render_table(summary, chosen))
+
+
+def _previous_runs(path: Path | None, identity: dict[str, Any]) -> dict[Any, dict[str, Any]]:
+    """The fits of an earlier `evaluate --runs PATH` with the same model, shape, layers and training options."""
+    from trainsim.search.predtop.experiment import run_key
+
+    if path is None or not path.exists():
+        return {}
+    if not path.is_file():
+        raise ConfigError("runs", str(path), "must be a JSON-lines file (or a path where one can be created)")
+    found: dict[Any, dict[str, Any]] = {}
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if all(row.get(k) == v for k, v in identity.items()):
+                result = {k: v for k, v in row.items() if k not in identity and k != "setting"}
+                found[run_key(str(row["setting"]), result)] = result
+        except (ValueError, KeyError, TypeError):
+            raise ConfigError("runs", f"{path}:{number}", "a line `trainsim stages evaluate --runs` wrote") from None
+    return found
 
 
 def render_table(summary: dict[str, Any], kinds: list[str]) -> str:

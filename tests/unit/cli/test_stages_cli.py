@@ -87,6 +87,9 @@ def test_collect_train_evaluate_end_to_end(model: Path, tmp_path: Path) -> None:
     (["evaluate", "--dag-source", "onnx"], "dag_source"),
     (["evaluate", "--workers", "0"], "workers"),
     (["evaluate", "--target", "mse"], "target"),
+    (["evaluate", "--layers", "ops"], "layers"),
+    (["evaluate", "--threads", "-1"], "threads"),
+    (["collect", "--threads", "0"], "threads"),
     (["train", "--out", "p.pt", "--fraction", "0.95"], "fractions"),
 ])
 def test_bad_inputs_exit_2(model: Path, tmp_path: Path, args: list[str], field: str) -> None:
@@ -96,6 +99,45 @@ def test_bad_inputs_exit_2(model: Path, tmp_path: Path, args: list[str], field: 
     assert result.exit_code == 2, result.output
     assert field in result.output and "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_alpa_layers_join_the_embedding_to_the_first_block(model: Path, tmp_path: Path) -> None:
+    """--layers alpa: the tiny model's units [embedding, block 0, block 1, head] cluster into [embedding + block 0,
+    block 1 + head] (the head's one matrix product is under Alpa's FLOPs bound), so 3 stages of the 10 units'."""
+    db = tmp_path / "stages.sqlite"
+    assert _collect(model, db)["settings"]["1x1/tp1-dp1"]["stages"] == 10
+    result = RUNNER.invoke(app, ["stages", "evaluate", *_common(model, db), "--layers", "alpa", "--kinds",
+                                 "transformer", "--fractions", "0.3", "--seeds", "0", "--epochs", "1", "--patience",
+                                 "1", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["boundaries"] == [0, 2, 4] and out["layers"] == "alpa"
+    assert out["settings"]["1x1/tp1-dp1"]["samples"] == 3  # [0,2), [0,4), [2,4): fewer than a split needs
+    assert "note" in out["settings"]["1x1/tp1-dp1"]
+
+
+def test_evaluate_runs_file_resumes(model: Path, tmp_path: Path) -> None:
+    """--runs: each fit is appended as it finishes; a rerun with more seeds runs only the new ones, and fits of
+    other options (here: epochs) are not taken for these."""
+    db, runs = tmp_path / "stages.sqlite", tmp_path / "runs.jsonl"
+    _collect(model, db)
+    args = ["stages", "evaluate", *_common(model, db), "--kinds", "gcn", "--fractions", "0.5", "--patience", "1",
+            "--runs", str(runs), "--json"]
+    first = RUNNER.invoke(app, [*args, "--seeds", "0", "--epochs", "1"])
+    assert first.exit_code == 0, first.output
+    assert len(runs.read_text().splitlines()) == 1
+    second = RUNNER.invoke(app, [*args, "--seeds", "0,1", "--epochs", "1"])
+    assert second.exit_code == 0, second.output
+    lines = [json.loads(line) for line in runs.read_text().splitlines()]
+    assert [(r["seed"], r["epochs"]) for r in lines] == [(0, 1), (1, 1)]
+    entry = json.loads(second.stdout)["settings"]["1x1/tp1-dp1"]
+    assert json.loads(first.stdout)["settings"]["1x1/tp1-dp1"]["runs"][0] in entry["runs"]
+    assert len(entry["runs"]) == 2
+    third = RUNNER.invoke(app, [*args, "--seeds", "0", "--epochs", "2"])  # other options: run again
+    assert third.exit_code == 0 and len(runs.read_text().splitlines()) == 3
+    runs.write_text("not json\n")
+    bad = RUNNER.invoke(app, [*args, "--seeds", "0", "--epochs", "1"])
+    assert bad.exit_code == 2 and "runs" in bad.output and len(bad.output.strip().splitlines()) == 1
 
 
 def test_evaluate_without_a_database_exits_2(model: Path, tmp_path: Path) -> None:

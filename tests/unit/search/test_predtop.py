@@ -14,12 +14,20 @@ from trainsim.search.predtop.dag import (  # noqa: E402
     OP_VOCAB,
     PRUNED,
     DagBuilder,
+    _Node,
     prune,
     record,
     to_dag,
 )
-from trainsim.search.predtop.models import MODEL_KINDS, make_batch, make_model  # noqa: E402
+from trainsim.search.predtop.experiment import Corpus, Setting, alpa_layers, with_layers  # noqa: E402
+from trainsim.search.predtop.models import (  # noqa: E402
+    MODEL_KINDS,
+    DagAttentionLayer,
+    make_batch,
+    make_model,
+)
 from trainsim.search.predtop.train import mre_percent, split, train  # noqa: E402
+from trainsim.strategy.stage_plan import IntraPlan, Mesh  # noqa: E402
 
 MODEL = TransformerSpec(name="tiny", arch="gpt", num_layers=3, hidden=16, ffn_hidden=32, num_heads=2, vocab=64,
                         max_seq_len=8)
@@ -96,3 +104,79 @@ def test_batch_pads_and_masks():
     # padding does not change a graph's prediction
     assert a(make_batch([small]))[0].item() == pytest.approx(b(batch)[0].item(), rel=1e-5)
     del out, alone
+
+
+def _node(kind: str, preds: list[int]) -> _Node:
+    return _Node("add" if kind == "operator" else kind, kind, (2, 3), "float32", preds)
+
+
+def test_reachability_mask_of_a_hand_made_dag():
+    """Eq. 1 with k = infinity: a node attends to itself, its ancestors and its descendants, never to a sibling.
+    The DAG: input 0 -> 1 and 2 (siblings), both -> 3 -> output 4."""
+    dag = to_dag([_node("input", []), _node("operator", [0]), _node("operator", [0]), _node("operator", [1, 2]),
+                  _node("output", [3])])
+    expected = [[1, 1, 1, 1, 1],
+                [1, 1, 0, 1, 1],
+                [1, 0, 1, 1, 1],
+                [1, 1, 1, 1, 1],
+                [1, 1, 1, 1, 1]]
+    assert dag.reach.astype(int).tolist() == expected
+    assert dag.depth.tolist() == [0, 1, 1, 2, 3]
+    assert sorted(dag.edges) == [(0, 1), (0, 2), (1, 3), (2, 3), (3, 4)]
+
+
+def test_reachability_mask_with_a_second_source():
+    """A source other than the input (3, an arange feeding 4) reaches 4 and 5 only; 1 and 2 do not see it."""
+    nodes = [_node("input", []), _node("operator", [0]), _node("operator", [0]), _node("operator", []),
+             _node("operator", [1, 2, 3]), _node("output", [4])]
+    dag = to_dag(nodes)
+    assert dag.reach[3].astype(int).tolist() == [0, 0, 0, 1, 1, 1]
+    assert dag.reach[:, 3].astype(int).tolist() == [0, 0, 0, 1, 1, 1]
+    assert not dag.reach[1, 2] and not dag.reach[2, 1]
+    assert (dag.reach == dag.reach.T).all()
+    assert dag.depth.tolist() == [0, 1, 1, 0, 2, 3]
+
+
+def test_masked_attention_is_equation_1():
+    """The layer's attention is softmax(QK^T / sqrt(d_k) + M) V with M = -inf off the reachable set: the same as
+    the formula written out, and a node's output does not change when an unreachable node's features do."""
+    torch.manual_seed(0)
+    layer = DagAttentionLayer(8, 2).eval()
+    x = torch.randn(1, 4, 8)
+    reach = torch.tensor([[[1, 1, 1, 1], [1, 1, 0, 1], [1, 0, 1, 1], [1, 1, 1, 1]]], dtype=torch.bool)
+    q, k, v = layer.qkv(x).view(1, 4, 3, 2, 4).permute(2, 0, 3, 1, 4)
+    scores = (q @ k.transpose(-1, -2) / 2.0).masked_fill(~reach[:, None], float("-inf"))
+    attended = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(1, 4, 8)
+    h = layer.norm1(x + layer.out(attended))
+    manual = layer.norm2(h + layer.ffn(h))
+    with torch.no_grad():
+        assert torch.allclose(layer(x, reach), manual, atol=1e-6)
+        moved = x.clone()
+        moved[0, 2] += 5.0  # node 2 is not reachable from node 1
+        assert torch.allclose(layer(moved, reach)[0, 1], layer(x, reach)[0, 1], atol=1e-6)
+        assert not torch.allclose(layer(moved, reach)[0, 0], layer(x, reach)[0, 0], atol=1e-3)
+
+
+def test_alpa_layers_exact():
+    """Alpa's rule: a layer holds 3 or more heavy ops unless its FLOPs reach 1.5 x the average unit's."""
+    # embedding (no heavy op) joins block 0; a head of 40 FLOPs >= 1.5 x 60 / 4 = 22.5 stands alone
+    assert alpa_layers([0, 10, 10, 40], [0, 7, 7, 1]) == (0, 2, 3, 4)
+    # a head of 5 FLOPs < 1.5 x 25 / 4 with one heavy op joins the last block
+    assert alpa_layers([0, 10, 10, 5], [0, 7, 7, 1]) == (0, 2, 4)
+    # nothing meets the rule: one layer
+    assert alpa_layers([1, 1], [0, 0]) == (0, 2)
+    assert alpa_layers([5], [7]) == (0, 1)
+    with pytest.raises(ValueError):
+        alpa_layers([], [])
+
+
+def test_stages_of_clustered_layers():
+    setting = Setting(Mesh(1, 1), IntraPlan())
+    corpus = Corpus(MODEL, 2, 8, boundaries=(0, 2, 3, 5))
+    ranges = [(s.first, s.end) for s in corpus.stages(setting)]
+    assert ranges == [(0, 2), (0, 3), (0, 5), (2, 3), (2, 5), (3, 5)]
+    assert len(Corpus(MODEL, 2, 8).stages(setting)) == 15  # 5 units: every range
+    clustered = with_layers(Corpus(MODEL, 2, 8), "alpa")
+    assert clustered.boundaries is not None and clustered.boundaries[:2] == (0, 2)  # the embedding joins block 0
+    assert clustered.boundaries[-1] == 5
+    assert with_layers(clustered, "units").boundaries is None

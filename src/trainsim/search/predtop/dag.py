@@ -231,7 +231,7 @@ class DagBuilder:
     seq_len: int
     _units: dict[str, list[_Node]] = field(default_factory=dict)
 
-    def _unit(self, unit: int) -> list[_Node]:
+    def unit(self, unit: int) -> list[_Node]:
         from trainsim.strategy.stage_plan import unit_kind
 
         kind = unit_kind(self.model, unit)
@@ -243,7 +243,7 @@ class DagBuilder:
         nodes: list[_Node] = []
         last_producer: int | None = None
         for unit in range(first, end):
-            fragment = self._unit(unit)
+            fragment = self.unit(unit)
             mapping: dict[int, int] = {}
             for index, node in enumerate(fragment):
                 if node.kind == "input" and last_producer is not None:
@@ -256,6 +256,17 @@ class DagBuilder:
                 nodes.append(_Node(node.op, node.kind, node.shape, node.dtype, [mapping[p] for p in node.preds],
                                    node.flops, node.out_bytes))
         return to_dag(nodes)
+
+
+def unit_costs(builder: DagBuilder, heavy_ops: frozenset[str]) -> tuple[list[float], list[int]]:
+    """Per unit of the chain: its forward's FLOPs and its count of heavy ops (the op names given)."""
+    flops: list[float] = []
+    heavy: list[int] = []
+    for unit in range(builder.model.num_layers + 2):
+        nodes = builder.unit(unit)
+        flops.append(sum(n.flops for n in nodes if n.kind == "operator"))
+        heavy.append(sum(1 for n in nodes if n.kind == "operator" and n.op in heavy_ops))
+    return flops, heavy
 
 
 def stage_dag(model: TransformerSpec, first: int, end: int, micro_batch: int, seq_len: int) -> StageDag:

@@ -12,7 +12,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -49,20 +49,75 @@ class Corpus:
     model: TransformerSpec
     micro_batch: int
     seq_len: int
-    threads: int = 1
+    threads: int = 1  # torch threads per rank; 0: the stages were timed on a GPU (scripts/gpu/stages_gpu.py)
+    boundaries: tuple[int, ...] | None = None  # layer boundaries in units (alpa_layers); None: every unit
 
     @property
     def units(self) -> int:
         return num_units(self.model)
 
     @property
+    def layer_boundaries(self) -> tuple[int, ...]:
+        return self.boundaries if self.boundaries is not None else tuple(range(self.units + 1))
+
+    @property
     def key(self) -> str:
         return model_key(self.model)
 
     def stages(self, setting: Setting) -> list[StageSpec]:
-        """Every contiguous unit range on the setting (the search's stages; PredTOP samples from these)."""
-        n = self.units
-        return [StageSpec(a, b, setting.mesh, setting.intra) for a in range(n) for b in range(a + 1, n + 1)]
+        """Every contiguous range of layers on the setting (PredTOP samples from these): of units by default (the
+        search's stages), of Alpa's clustered layers where `boundaries` is set (with_layers)."""
+        cuts = self.layer_boundaries
+        return [StageSpec(cuts[i], cuts[j], setting.mesh, setting.intra)
+                for i in range(len(cuts) - 1) for j in range(i + 1, len(cuts))]
+
+
+LAYERINGS = ("units", "alpa")
+ALPA_MIN_HEAVY_OPS = 3  # LAYER_HEAVY_OP_LOWER_BOUND, alpa/pipeline_parallel/layer_construction.py, alpa 0.2.3
+ALPA_EPS = 0.5  # DEFAULT_EPS, the same file: a layer's FLOPs may reach (1 + eps) x the average
+HEAVY_OPS = frozenset({"mm", "addmm", "bmm", "matmul", "dot_general", "_scaled_dot_product_flash_attention_for_cpu",
+                       "_scaled_dot_product_attention_math", "_scaled_dot_product_efficient_attention",
+                       "_scaled_dot_product_flash_attention", "_scaled_dot_product_cudnn_attention"})
+
+
+def alpa_layers(unit_flops: Sequence[float], unit_heavy_ops: Sequence[int], *, min_heavy: int = ALPA_MIN_HEAVY_OPS,
+                eps: float = ALPA_EPS) -> tuple[int, ...]:
+    """Layer boundaries (in units) of Alpa's layer construction over the unit chain, the layers PredTOP's stages
+    are made of (sec. IV-B1, sec. VI: stages of Alpa's layers). Alpa's rule (cluster_jaxpr_by_cost,
+    alpa/pipeline_parallel/layer_construction.py, alpa 0.2.3): a layer holds at least `min_heavy` heavy ops
+    (matrix products) unless its FLOPs already reach the bound (1 + eps) x the average layer's. Units are taken
+    in order and a layer is closed once it meets the rule, with layer_num = the number of units for the average;
+    a tail that does not meet it joins the layer before. So the embedding (a gather: no heavy op, no FLOPs) joins
+    the first block, and a head whose vocabulary product exceeds the bound stands alone."""
+    if len(unit_flops) != len(unit_heavy_ops) or not unit_flops:
+        raise ValueError("unit_flops and unit_heavy_ops: one entry per unit, at least one")
+    bound = (1.0 + eps) * sum(unit_flops) / len(unit_flops)
+    cuts = [0]
+    flops, heavy = 0.0, 0
+    for unit, (f, h) in enumerate(zip(unit_flops, unit_heavy_ops, strict=True)):
+        flops, heavy = flops + f, heavy + h
+        if heavy >= min_heavy or flops >= bound:
+            cuts.append(unit + 1)
+            flops, heavy = 0.0, 0
+    if cuts[-1] != len(unit_flops):
+        if len(cuts) > 1:
+            cuts[-1] = len(unit_flops)
+        else:
+            cuts.append(len(unit_flops))
+    return tuple(cuts)
+
+
+def with_layers(corpus: Corpus, layering: str) -> Corpus:
+    """The corpus with its stages made of `layering`: units (every unit range) or alpa (alpa_layers over the units'
+    traced FLOPs and matrix products, dag.unit_costs)."""
+    if layering not in LAYERINGS:
+        raise ConfigError("layers", layering, f"one of {', '.join(LAYERINGS)}")
+    if layering == "units":
+        return replace(corpus, boundaries=None)
+    from trainsim.search.predtop.dag import DagBuilder, unit_costs
+
+    flops, heavy = unit_costs(DagBuilder(corpus.model, corpus.micro_batch, corpus.seq_len), HEAVY_OPS)
+    return replace(corpus, boundaries=alpa_layers(flops, heavy))
 
 
 def parse_settings(meshes: str, plans: str) -> list[Setting]:
@@ -103,8 +158,8 @@ def check_corpus(corpus: Corpus) -> None:
         raise ConfigError("micro_batch", corpus.micro_batch, "must be 1 to 4096")
     if not 1 <= corpus.seq_len <= corpus.model.max_seq_len:
         raise ConfigError("seq_len", corpus.seq_len, f"must be 1 to the model's {corpus.model.max_seq_len}")
-    if not 1 <= corpus.threads <= 4096:
-        raise ConfigError("threads", corpus.threads, "must be 1 to 4096")
+    if not 0 <= corpus.threads <= 4096:
+        raise ConfigError("threads", corpus.threads, "must be 0 (stages timed on a GPU) to 4096")
 
 
 # ---- work items and where they run -----------------------------------------------------------------------------------
@@ -182,6 +237,9 @@ def collect(db: StageDatabase, corpus: Corpus, settings: list[Setting], *, warmu
     """Measure every stage of every setting that the database lacks (resumable: each chunk is committed as it
     arrives, and a rerun measures only what is missing). progress(label, done, total) after each chunk."""
     check_corpus(corpus)
+    if corpus.threads == 0:
+        raise ConfigError("threads", 0, "1 or more: collection times stages on this machine's CPU ranks (0 marks "
+                          "stages timed on a GPU by scripts/gpu/stages_gpu.py)")
     if not 0 <= warmup <= MAX_ITERATIONS or not 1 <= iterations <= MAX_ITERATIONS:
         raise ConfigError("iterations", iterations, f"warmup 0 to {MAX_ITERATIONS}, iterations 1 to {MAX_ITERATIONS}")
     runner = runner or LocalRunner()
@@ -307,11 +365,20 @@ def setting_data(db: StageDatabase, corpus: Corpus, setting: Setting, builder: A
 MIN_STAGES = 10  # a split needs a training, a validation and a test part
 
 
+def run_key(label: str, result: dict[str, Any]) -> tuple[str, str, float, int]:
+    """What identifies one fit within an evaluation of fixed options: setting, kind, fraction, seed."""
+    return (label, str(result["kind"]), round(float(result["fraction"]), 6), int(result["seed"]))
+
+
 def evaluate(data: list[SettingData], *, kinds: Sequence[str] = KINDS, fractions: Sequence[float] = FRACTIONS,
              seeds: Sequence[int] = (0,), options: TrainOptions = TrainOptions(), runner: Runner | None = None,
-             progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+             progress: Callable[[int, int], None] | None = None,
+             previous: dict[tuple[str, str, float, int], dict[str, Any]] | None = None,
+             record: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """MRE per setting, fraction and kind (mean and spread over the seeds' splits), with the sample counts and
-    training times: the paper's Tables V-VI and Figs. 8-9."""
+    training times: the paper's Tables V-VI and Figs. 8-9. Resumable: a fit found in `previous` (run_key ->
+    result, from an earlier call with the same options) is not run again; record(label, result) is called as
+    each new fit finishes."""
     options.check()
     for kind in kinds:
         if kind not in KINDS:
@@ -327,10 +394,16 @@ def evaluate(data: list[SettingData], *, kinds: Sequence[str] = KINDS, fractions
         for fraction in fractions:
             for kind in kinds:
                 for seed in seeds:
+                    found = (previous or {}).get(run_key(d.label, {"kind": kind, "fraction": fraction, "seed": seed}))
+                    if found is not None:
+                        out[d.label]["runs"].append(found)
+                        continue
                     items.append((kind, d.dags, d.latencies_s, fraction, seed, options))
                     owner.append(d.label)
     for finished, (index, result) in enumerate((runner or LocalRunner()).map(fit_one, items), start=1):
         out[owner[index]]["runs"].append(result)
+        if record is not None:
+            record(owner[index], result)
         if progress is not None:
             progress(finished, len(items))
     for entry in out.values():

@@ -84,7 +84,8 @@ def depth_encoding(depth: torch.Tensor, width: int) -> torch.Tensor:
 class DagAttentionLayer(nn.Module):
     """Multi-head self-attention restricted to the reachable set (eq. 1), then a feed-forward block; residuals
     and post-norms as the Transformer (Vaswani et al. 2017). Written out (not nn.TransformerEncoderLayer, whose
-    inference fast path gave predictions unlike the training path's under this mask)."""
+    inference fast path gave predictions unlike the training path's under this mask); the masked attention is
+    torch's scaled_dot_product_attention (the same in training and inference, no dropout)."""
 
     def __init__(self, width: int, heads: int) -> None:
         super().__init__()
@@ -98,9 +99,9 @@ class DagAttentionLayer(nn.Module):
     def forward(self, x: torch.Tensor, reach: torch.Tensor) -> torch.Tensor:
         b, n, w = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
-        scores = q @ k.transpose(-1, -2) / math.sqrt(w // self.heads)
-        scores = scores.masked_fill(~reach[:, None], float("-inf"))
-        attended = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(b, n, w)
+        # softmax(QK^T / sqrt(d_k) + M) V with M = 0 where reach, -inf elsewhere (eq. 1), in one fused kernel
+        attended = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=reach[:, None])
+        attended = attended.transpose(1, 2).reshape(b, n, w)
         x = self.norm1(x + self.out(attended))
         return self.norm2(x + self.ffn(x))
 

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from trainsim.catalog.calibration import Calibration
-from trainsim.compile.reshard import ReshardStep
 from trainsim.compile.splits import LayerSplit
 from trainsim.cost.pricing import Pricer, axis_layout
 from trainsim.hardware.cluster import GroupLayout
@@ -18,6 +17,7 @@ from trainsim.job import Job
 from trainsim.strategy.lowered import LoweredPlan
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import PrecisionPolicy, policy_for
+from trainsim.strategy.reshard import ReshardStep
 from trainsim.strategy.stages import StagePart
 
 TaskLevel = Literal["layer", "op"]

@@ -31,7 +31,7 @@ from trainsim.compile.insert_collectives import insert_gradient_sync, insert_par
 from trainsim.compile.lower_layers import Cut, Unit, UnitMemory, emit_unit, step_units
 from trainsim.compile.schedule_pipeline import StepRecord, chunk_layers, insert_transfers, stage_programs
 from trainsim.compile.schedules import Step, splits_backward
-from trainsim.compile.splits import plan_splits
+from trainsim.compile.splits import plan_mesh_comms, plan_splits
 from trainsim.cost.memory import optimizer_step_bytes
 from trainsim.cost.pricing import Pricer
 from trainsim.errors import ConfigError
@@ -58,6 +58,7 @@ def compile_job(job: Job, plan: LoweredPlan, pricer: Pricer,
     graph = ExecGraph(devices=[], tasks=[])
     ctx = BuildContext(job, plan, pricer, task_level, graph)
     ctx.splits = plan_splits(plan, job.parallel.dp)
+    ctx.mesh_comms = plan_mesh_comms(plan, job.model, job.parallel)
     ranks = job.parallel.dp * job.parallel.tp * job.parallel.cp
     for stage in range(plan.num_stages):
         states = stage_model_state(ctx, stage)

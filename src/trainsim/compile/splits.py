@@ -35,8 +35,12 @@ from dataclasses import dataclass, field
 
 from trainsim.errors import ConfigError
 from trainsim.hardware.device import BYTES_PER_DTYPE
-from trainsim.ir.graph import Layer, Op
+from trainsim.ir.graph import Comm, Layer, Op
+from trainsim.ir.model_spec import ModelSpec, TransformerSpec
+from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.lowered import LayerAssignment, LoweredPlan, OpSplit
+from trainsim.strategy.megatron import Axis, layer_comms
+from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.placement import (
     CONTRACTING,
     OpConfig,
@@ -111,6 +115,31 @@ def plan_splits(plan: LoweredPlan, group: int) -> dict[int, LayerSplit]:
         split.grad_params -= _table_share(a.layer, split)
         split.held_params -= _table_share(a.layer, split)
         in_bytes = a.layer.output_bytes or in_bytes  # what the layer hands on (all of DLRM's lookups, say)
+    return out
+
+
+def plan_mesh_comms(plan: LoweredPlan, model: ModelSpec, par: ParallelSpec) -> dict[int, tuple[Comm, ...]]:
+    """Per expanded layer index, the feature collectives that resharding between its ops' computation configs
+    over tp, cp and ep inserts (strategy.megatron.layer_comms; {} when the plan carries none). Layer instances
+    with equal configs share one tuple (BuildContext.timing caches by it)."""
+    if not plan.mesh_splits:
+        return {}
+    if not isinstance(model, TransformerSpec):
+        raise ConfigError("split.axis", "tp | cp | ep", f"model-parallel splits apply to transformers, not "
+                          f"{model.name}")
+    configs: dict[int, dict[tuple[str, Axis], OpConfig]] = {}
+    for s in plan.mesh_splits:
+        configs.setdefault(s.layer, {})[(s.module_path, s.axis)] = s.config
+    dev = DeviceSlice.of(par)
+    derived: dict[tuple[object, ...], tuple[Comm, ...]] = {}
+    out: dict[int, tuple[Comm, ...]] = {}
+    for a in plan.layers:
+        given = configs.get(a.index, {})
+        key = (id(a.layer), tuple(given.items()))
+        comms = derived.get(key)
+        if comms is None:
+            comms = derived[key] = layer_comms(model, dev, a.layer.kind, a.layer.fwd, given)
+        out[a.index] = comms
     return out
 
 

@@ -27,7 +27,7 @@ statistics (max logit, target logit, sum of exponentials) are partial over tp, o
 (megatron/core/tensor_parallel/cross_entropy.py, megatron-core 0.9).
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
 from trainsim.hardware.device import BYTES_PER_DTYPE
@@ -53,6 +53,7 @@ FEATURE = ("rope", "attention", "softmax", "gelu", "swiglu", "cross_entropy")  #
 _SHORT = {"all-reduce": "ar", "all-gather": "ag", "reduce-scatter": "rs", "all-to-all": "a2a", "send-recv": "p2p"}
 _STATISTICS = ("max", "target", "sum_exp")  # the vocab-parallel cross-entropy's all-reduces, in its order
 _Found = tuple[str, ReshardStep]  # (collective's name, step)
+Configs = Mapping[tuple[str, Axis], OpConfig]  # (op module path, axis) -> the op's config (a tree's)
 
 
 def axis_sizes(kind: LayerKind, dev: DeviceSlice) -> dict[Axis, int]:
@@ -84,24 +85,31 @@ def handed_on(axis: Axis, dev: DeviceSlice) -> Placement:
     return Placement(dev.ep, batch=dev.ep)
 
 
-def layer_comms(spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: Sequence[Op]) -> tuple[Comm, ...]:
+def layer_comms(spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: Sequence[Op],
+                configs: Configs | None = None) -> tuple[Comm, ...]:
     """The feature collectives of one layer (per micro-batch) that resharding between its ops' configs inserts,
     per axis in AXES order: the forward's in op order, then the backward's (by site in op order, within a site
-    as the backward pass meets them); the cross-entropy's statistics last."""
+    as the backward pass meets them); the cross-entropy's statistics last. configs: the ops' configs (a
+    strategy tree's, by module path and axis; an op it leaves out is not split); default: Megatron's."""
     comms: list[Comm] = []
     for axis, size in axis_sizes(kind, dev).items():
-        forward, backward = _walk(axis, size, spec, dev, kind, fwd)
+        def config_of(op: Op, axis: Axis = axis) -> OpConfig:
+            if configs is None:
+                return op_config(axis, op, dev)
+            return configs.get((op.module_path, axis), OpConfig(1, 1, 1, 1))
+
+        forward, backward = _walk(axis, size, spec, dev, kind, fwd, config_of)
         sites = {_site(op): i for i, op in reversed(list(enumerate(fwd)))}
         backward.sort(key=lambda found: sites.get(found[0].split(".")[0], len(sites)))
         comms += [Comm(name, step.collective, axis, "fwd", step.buffer_bytes) for name, step in forward]
         comms += [Comm(name, step.collective, axis, "bwd", step.buffer_bytes) for name, step in backward]
         if axis == "tp":
-            comms += _loss_statistics(fwd, dev)
+            comms += _loss_statistics(fwd, dev, config_of)
     return tuple(comms)
 
 
-def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind,
-          fwd: Sequence[Op]) -> tuple[list[_Found], list[_Found]]:
+def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: Sequence[Op],
+          config_of: Callable[[Op], OpConfig]) -> tuple[list[_Found], list[_Found]]:
     """(forward, backward) reshards of the layer's op chain over one axis; the backward's in the order the
     backward pass meets them."""
     full = _tensor_bytes(axis, spec, dev)
@@ -111,7 +119,7 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
     placement: Placement | None = None if kind == "embedding" else handed  # the lookup reads token ids
     producer: Op | None = None
     for op in fwd:
-        config = op_config(axis, op, dev)
+        config = config_of(op)
         contracting = _contracting(axis, op)
         need = input_placement(config, size, contracting)
         if placement is not None:
@@ -131,10 +139,10 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
     return forward, backward[::-1]
 
 
-def _loss_statistics(fwd: Sequence[Op], dev: DeviceSlice) -> list[Comm]:
+def _loss_statistics(fwd: Sequence[Op], dev: DeviceSlice, config_of: Callable[[Op], OpConfig]) -> list[Comm]:
     """The cross-entropy reading a class dimension split tp ways: each statistic's partial sums all-reduced."""
     loss = next((op for op in fwd if op.name == "cross_entropy"), None)
-    if loss is None or op_config("tp", loss, dev).out == 1:
+    if loss is None or config_of(loss).out == 1:
         return []
     steps = reshard(Placement(dev.tp, partial=dev.tp), Placement(dev.tp), dev.local_tokens * 4.0)  # fp32
     return [Comm(f"loss.{name}", step.collective, "tp", "fwd", step.buffer_bytes)

@@ -6,26 +6,31 @@ became splits (frontends/catalog/transformer.py: _tp_comms, _cp_comms, _embeddin
 MoE block's dispatch/combine), kept here verbatim so the split form is checked against it."""
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import a100_cluster
 from trainsim.catalog.calibration import Calibration
 from trainsim.catalog.loader import load_model
 from trainsim.compile.build import compile_job
 from trainsim.cost.pricing import Pricer
+from trainsim.errors import ConfigError
 from trainsim.frontends.catalog.transformer import build_transformer
 from trainsim.hardware.device import BYTES_PER_DTYPE
 from trainsim.ir.exec_graph import ExecGraph
 from trainsim.ir.graph import Comm, Layer, OpGraph
 from trainsim.ir.model_spec import TransformerSpec
-from trainsim.job import make_job
+from trainsim.job import Job, make_job
 from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.lowered import default_plan
 from trainsim.strategy.megatron import layer_comms, op_config
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.placement import OpConfig
 from trainsim.strategy.precision import policy_for
+from trainsim.strategy.tree import StrategyTree
+from trainsim.strategy.tree_yaml import dump_tree_yaml, load_tree_yaml, tree_from_mapping
 
 # --- the oracle: the fixed patterns as they were written ---
 
@@ -170,9 +175,14 @@ def test_megatron_configs_of_a_block_are_column_row_and_sequence_splits() -> Non
 # --- compiled: the same tasks ---
 
 
-def _with_pattern(graph: OpGraph, spec: TransformerSpec, dev: DeviceSlice) -> OpGraph:
-    return replace(graph, layers=tuple(replace(layer, comms=_pattern_comms(spec, dev, layer))
-                                       for layer in graph.layers))
+def _pattern_path(job: Job, graph: OpGraph, spec: TransformerSpec, level: str) -> ExecGraph:
+    """The fixed-pattern path: the layers hold the oracle's collectives and the plan no model-parallel splits,
+    so the compiler reads the layers' collectives (as it did before the patterns became splits)."""
+    dev = DeviceSlice.of(job.parallel)
+    pattern = replace(graph, layers=tuple(replace(layer, comms=_pattern_comms(spec, dev, layer))
+                                          for layer in graph.layers))
+    plan = replace(default_plan(pattern, job.parallel), mesh_splits=())
+    return compile_job(job, plan, Pricer(Calibration()), level)  # type: ignore[arg-type]
 
 
 def _tasks(graph: ExecGraph) -> list[tuple[object, ...]]:
@@ -189,16 +199,103 @@ def _tasks(graph: ExecGraph) -> list[tuple[object, ...]]:
     ("bert-base", {"tp": 2, "pp": 2}),
 ])
 def test_split_form_compiles_to_the_pattern_tasks(model: str, strategy: dict[str, object], level: str) -> None:
-    """The job's graph (collectives from the splits) and the same graph with the fixed patterns' collectives
-    compile to identical tasks: kinds, groups (link resources), bytes (durations priced from them), order."""
+    """The default path (the plan carries Megatron's splits; the compiler derives the collectives from them)
+    and the fixed-pattern path compile to identical tasks: kinds, groups (link resources), bytes (the durations
+    priced from them), order and dependencies."""
     spec = load_model(model)
     assert isinstance(spec, TransformerSpec)
     par = ParallelSpec.parse({"micro_batch": 2, "seq_len": 512, "global_batch": 32, **strategy})
     job = make_job(spec, a100_cluster(16), par)
     dev = DeviceSlice.of(job.parallel)
     graph = build_transformer(spec, dev)
-    split_form = compile_job(job, default_plan(graph, job.parallel), Pricer(Calibration()), level)  # type: ignore[arg-type]
-    pattern = _with_pattern(graph, spec, dev)
-    fixed = compile_job(job, default_plan(pattern, job.parallel), Pricer(Calibration()), level)  # type: ignore[arg-type]
-    assert _tasks(split_form) == _tasks(fixed)
+    plan = default_plan(graph, job.parallel)
+    assert {s.axis for s in plan.mesh_splits} == {axis for axis in ("tp", "cp") if strategy.get(axis, 1) != 1}
+    split_form = compile_job(job, plan, Pricer(Calibration()), level)  # type: ignore[arg-type]
+    assert _tasks(split_form) == _tasks(_pattern_path(job, graph, spec, level))
     assert any(t.category == "tp_comm" for t in split_form.tasks)
+
+
+# --- the tree form: StrategyTree.from_parallel and tree files ---
+
+TREE_FILE = Path(__file__).resolve().parents[3] / "data" / "strategies" / "megatron" / "gpt-tp2-sp.yaml"
+
+
+def _job(model: str, strategy: dict[str, object]) -> tuple[Job, TransformerSpec, OpGraph]:
+    spec = load_model(model)
+    assert isinstance(spec, TransformerSpec)
+    par = ParallelSpec.parse({"micro_batch": 2, "seq_len": 512, "global_batch": 32, **strategy})
+    job = make_job(spec, a100_cluster(16), par)
+    return job, spec, build_transformer(spec, DeviceSlice.of(job.parallel))
+
+
+@pytest.mark.parametrize("level", ["layer", "op"])
+@pytest.mark.parametrize(("model", "strategy"), [
+    ("gpt3-125m", {"tp": 2}),
+    ("gpt3-125m", {"tp": 4, "sp": True}),
+    ("llama3.2-1b", {"tp": 2, "sp": True, "cp": 2}),
+    ("llama3.2-1b", {"tp": 8, "pp": 2, "sp": True}),
+    ("bert-base", {"tp": 2, "pp": 2}),
+])
+def test_tree_of_megatron_splits_compiles_to_the_pattern_tasks(model: str, strategy: dict[str, object],
+                                                                level: str) -> None:
+    """The plain strategy as a tree (its ops' computation configs over tp and cp), lowered: the compiler
+    derives each layer instance's collectives from the plan's configs, and the tasks are the fixed patterns'."""
+    job, spec, graph = _job(model, strategy)
+    plan = StrategyTree.from_parallel(graph, job.parallel).lower(job.parallel)
+    assert plan.mesh_splits
+    assert plan == default_plan(graph, job.parallel)
+    from_tree = compile_job(job, plan, Pricer(Calibration()), level)  # type: ignore[arg-type]
+    assert _tasks(from_tree) == _tasks(_pattern_path(job, graph, spec, level))
+
+
+def test_tree_of_expert_splits_derives_dispatch_and_combine() -> None:
+    spec = load_model("mixtral-8x7b")
+    assert isinstance(spec, TransformerSpec)
+    par = ParallelSpec.parse({"micro_batch": 1, "seq_len": 512, "global_batch": 16, "tp": 2, "ep": 4, "pp": 2})
+    job = make_job(spec, a100_cluster(16), par)
+    graph = build_transformer(spec, DeviceSlice.of(job.parallel))
+    tree = StrategyTree.from_parallel(graph, job.parallel)
+    assert tree.effective("blocks.0.moe.mlp.gate_up")["split.compute.out@ep"].value == 4
+    assert "split.compute.out@ep" not in tree.effective("blocks.0.moe.router")
+    comms = compile_job(job, tree.lower(job.parallel), Pricer(Calibration()), "op")
+    names = [t.name.split(" mb")[0] for t in comms.tasks if t.category == "ep_comm" and " mb0 " in t.name
+             and t.layer.startswith("L1.")]
+    assert names == ["dispatch all-to-all", "combine all-to-all", "combine all-to-all", "dispatch all-to-all"]
+
+
+def test_tree_file_of_tp2_with_sp_predicts_as_the_plain_strategy() -> None:
+    """data/strategies/megatron/gpt-tp2-sp.yaml (Megatron's splits written out) compiles to the tasks of the
+    plain --tp 2 --sp job."""
+    job, _, graph = _job("gpt3-125m", {"tp": 2, "sp": True})
+    plan = load_tree_yaml(TREE_FILE, graph).lower(job.parallel)
+    assert {s.axis for s in plan.mesh_splits} == {"tp"}
+    from_file = compile_job(job, plan, Pricer(Calibration()), "op")
+    plain = compile_job(job, default_plan(graph, job.parallel), Pricer(Calibration()), "op")
+    assert _tasks(from_file) == _tasks(plain)
+
+
+def test_tree_file_round_trips_with_axes() -> None:
+    job, _, graph = _job("llama3.2-1b", {"tp": 2, "sp": True, "cp": 2})
+    tree = StrategyTree.from_parallel(graph, job.parallel)
+    text = dump_tree_yaml(tree)
+    assert "{path: blocks.0-15.attn.qkv, item: compute, dim: out, parts: 2, axis: tp}" in text
+    assert tree_from_mapping(yaml.safe_load(text)["strategy_tree"], graph) == tree
+
+
+def test_tree_splits_other_than_the_graphs_are_refused_in_one_line() -> None:
+    job, _, graph = _job("gpt3-125m", {"tp": 2})
+    with pytest.raises(ConfigError, match=r"pos_add splits nothing over tp; give that, or no tp splits; a "
+                                          r"sequence split over tp is sequence parallelism \(--sp\)"):
+        load_tree_yaml(TREE_FILE, graph).lower(job.parallel)
+    tree = StrategyTree.from_graph(graph).split("blocks.*.mlp.fc2", "compute", "out", 2, axis="tp")
+    with pytest.raises(ConfigError, match=r"embedding.tokens split.compute@tp='nothing' is invalid: .* lookup "
+                                          r"splits reduce=2 over tp") as info:
+        tree.lower(job.parallel)
+    assert "\n" not in str(info.value)
+    full = StrategyTree.from_parallel(graph, job.parallel)
+    with pytest.raises(ConfigError, match=r"blocks.3.mlp.fc2 split.compute@tp='out=2 reduce=2'.* fc2 splits reduce=2"):
+        full.split("blocks.3.mlp.fc2", "compute", "out", 2, axis="tp").lower(job.parallel)
+    with pytest.raises(ConfigError, match=r"ep does not split this layer"):
+        full.split("blocks.3.mlp.fc1", "compute", "out", 2, axis="ep").lower(job.parallel)
+    with pytest.raises(ConfigError, match=r"axis tp takes a computation config"):
+        full.split("blocks.3.attn", "weight", "heads", 2, axis="tp")

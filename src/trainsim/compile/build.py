@@ -9,7 +9,8 @@ stream, in one dependency chain per stage (the critical path the analytical engi
 - schedule_pipeline: step order per stage, send/recv between virtual stages (pp_comm);
 - lower_layers: layer-phases (one task per layer, or per op at task_level="op") with their memory;
 - apply_recompute: recompute before the backward (full or selective);
-- insert_collectives: TP/CP/EP feature collectives per layer-phase; DP gradient buckets (dp_comm);
+- insert_collectives: TP/CP/EP feature collectives per layer-phase (derived from the plan's computation configs
+  over tp, cp and ep: splits.plan_mesh_comms, strategy.megatron); DP gradient buckets (dp_comm);
 - apply_zero: resident model states per stage; ZeRO-3 gathers and reduce-scatters with prefetch windows;
 - here: per micro-batch host and pipeline overheads, the distributed optimizer's parameter gathers and the
   step's end: a barrier over all stages (the gradient-norm all-reduce), the optimizer step (analytical

@@ -59,7 +59,7 @@ Configs = Mapping[tuple[str, Axis], OpConfig]  # (op module path, axis) -> the o
 def axis_sizes(kind: LayerKind, dev: DeviceSlice) -> dict[Axis, int]:
     """The model-parallel axes that split a layer of `kind`: size > 1, ep in MoE blocks only."""
     sizes: dict[Axis, int] = {"ep": dev.ep if kind == "moe_block" else 1, "tp": dev.tp, "cp": dev.cp}
-    return {axis: size for axis, size in sizes.items() if size > 1}
+    return {axis: sizes[axis] for axis in AXES if sizes[axis] > 1}
 
 
 def op_config(axis: Axis, op: Op, dev: DeviceSlice) -> OpConfig:

@@ -12,8 +12,10 @@ mapped one take the first mapped one's). Setting one node twice to different val
 
 lower() turns the tree into the LoweredPlan of compile.plan (stage, chunk and recompute per layer, one
 schedule). The splits the plain strategy implies (from_parallel: tp, sp, cp, ep, dp, ZeRO) are what the
-DeviceSlice the graph was built with applied already; computation configs (item "compute": batch, seq, out,
-reduce) go into the plan as OpSplits, which compile.splits applies with the resharding they need.
+DeviceSlice the graph was built with applied already; their computation configs over tp, cp and ep (Megatron's,
+strategy.megatron) go into the plan as MeshSplits, from which the compiler derives the feature collectives.
+Computation configs over dp (item "compute": batch, seq, out, reduce) go into the plan as OpSplits, which
+compile.splits applies with the resharding they need.
 """
 
 import fnmatch

@@ -9,7 +9,8 @@ stream, in one dependency chain per stage (the critical path the analytical engi
 - schedule_pipeline: step order per stage, send/recv between virtual stages (pp_comm);
 - lower_layers: layer-phases (one task per layer, or per op at task_level="op") with their memory;
 - apply_recompute: recompute before the backward (full or selective);
-- insert_collectives: TP/CP/EP feature collectives per layer-phase; DP gradient buckets (dp_comm);
+- insert_collectives: TP/CP/EP feature collectives per layer-phase (derived from the plan's computation configs
+  over tp, cp and ep: splits.plan_mesh_comms, strategy.megatron); DP gradient buckets (dp_comm);
 - apply_zero: resident model states per stage; ZeRO-3 gathers and reduce-scatters with prefetch windows;
 - here: per micro-batch host and pipeline overheads, the distributed optimizer's parameter gathers and the
   step's end: a barrier over all stages (the gradient-norm all-reduce), the optimizer step (analytical
@@ -32,7 +33,7 @@ from trainsim.compile.insert_collectives import insert_gradient_sync, insert_par
 from trainsim.compile.lower_layers import Cut, Unit, UnitMemory, emit_unit, step_units
 from trainsim.compile.schedule_pipeline import StepRecord, chunk_layers, insert_transfers, stage_programs
 from trainsim.compile.schedules import Step, splits_backward
-from trainsim.compile.splits import plan_splits
+from trainsim.compile.splits import plan_mesh_comms, plan_splits
 from trainsim.cost.memory import optimizer_step_bytes
 from trainsim.cost.pricing import Pricer
 from trainsim.errors import ConfigError
@@ -67,6 +68,7 @@ def _compile_stages(job: Job, plan: LoweredPlan, pricer: Pricer, task_level: Tas
     graph = ExecGraph(devices=[], tasks=[])
     ctx = BuildContext(job, plan, pricer, task_level, graph)
     ctx.splits = plan_splits(plan, job.parallel.dp)
+    ctx.mesh_comms = plan_mesh_comms(plan, job.model, job.parallel)
     ranks = job.parallel.dp * job.parallel.tp * job.parallel.cp
     for stage in range(plan.num_stages):
         states = stage_model_state(ctx, stage)

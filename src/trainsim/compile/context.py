@@ -8,16 +8,16 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from trainsim.catalog.calibration import Calibration
-from trainsim.compile.reshard import ReshardStep
 from trainsim.compile.splits import LayerSplit
 from trainsim.cost.pricing import Pricer, axis_layout
 from trainsim.hardware.cluster import GroupLayout
 from trainsim.ir.exec_graph import ExecGraph, Phase, Stream, Task, TaskKind
-from trainsim.ir.graph import Layer, Op
+from trainsim.ir.graph import Comm, Layer, Op
 from trainsim.job import Job
 from trainsim.strategy.lowered import LoweredPlan
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import PrecisionPolicy, policy_for
+from trainsim.strategy.reshard import ReshardStep
 from trainsim.strategy.stages import StagePart
 
 TaskLevel = Literal["layer", "op"]
@@ -112,11 +112,13 @@ class BuildContext:
     pricer: Pricer
     level: TaskLevel
     graph: ExecGraph
-    _timings: dict[int, LayerTiming] = field(default_factory=dict)
+    _timings: dict[object, LayerTiming] = field(default_factory=dict)
     _layouts: dict[str, GroupLayout] = field(default_factory=dict)
     _resources: dict[tuple[object, ...], tuple[str, ...]] = field(default_factory=dict)
     _micro_batch_overheads: dict[int, float] = field(default_factory=dict)
     splits: dict[int, LayerSplit] = field(default_factory=dict)  # layer index -> its computation configs
+    mesh_comms: dict[int, tuple[Comm, ...]] = field(default_factory=dict)  # layer index -> its configs' tp/cp/ep
+    # collectives (compile.splits.plan_mesh_comms), where the plan carries configs over those axes
     split_timings: dict[tuple[object, ...], LayerTiming] = field(default_factory=dict)
     # (layer instance index, F | B | W) -> the chain tasks of that layer-phase (lower_layers.unit_specs), where
     # no pass cuts into it
@@ -201,17 +203,21 @@ class BuildContext:
             self._resources[key] = names
         return names
 
-    def timing(self, layer: Layer) -> LayerTiming:
-        timing = self._timings.get(id(layer))
+    def timing(self, layer: Layer, index: int = -1) -> LayerTiming:
+        """One micro-batch through layer instance `index` (its feature collectives from the plan's configs over
+        tp, cp and ep where it carries them, else the layer's own)."""
+        comms = self.mesh_comms.get(index) if self.mesh_comms else None
+        key = id(layer) if comms is None else (id(layer), id(comms))  # plan_mesh_comms shares equal tuples
+        timing = self._timings.get(key)
         if timing is None:
-            timing = self._layer_timing(layer)
-            self._timings[id(layer)] = timing
+            timing = self._layer_timing(layer, layer.comms if comms is None else comms)
+            self._timings[key] = timing
         return timing
 
-    def _layer_timing(self, layer: Layer) -> LayerTiming:
+    def _layer_timing(self, layer: Layer, layer_comms: tuple[Comm, ...]) -> LayerTiming:
         cost = self.pricer.layer_cost(layer, self.job)
         comms: dict[str, list[CommWork]] = {"fwd": [], "bwd": []}
-        for c in layer.comms:
+        for c in layer_comms:
             if c.axis == "pp":
                 continue  # pipeline transfers are the schedule pass's
             seconds = self.collective_s(c.collective, c.buffer_bytes, c.axis)

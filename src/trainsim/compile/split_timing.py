@@ -17,7 +17,7 @@ SPLIT_AXIS = "split"  # CommWork axis of reshard collectives (their layout: Buil
 
 def timing_for(ctx: BuildContext, a: LayerAssignment) -> LayerTiming:
     split = ctx.splits.get(a.index)
-    base = ctx.timing(a.layer)
+    base = ctx.timing(a.layer, a.index)
     if split is None or (not split.comms and all(c.parts == ctx.par.dp for c in split.configs.values())):
         return base
     key = (id(a.layer), split.key())

@@ -3,7 +3,7 @@
 Proteus (Sec. II-A, IV-B, V-A, VII): an op's computation config partitions its batch (b), sequence (s), output
 (o) and reduction (h) dimensions; the tensors it reads and writes take the placement that config implies, and
 where a producer's placement differs from what its consumer needs, the compiler inserts the collectives of the
-strategy transformation (compile.reshard). An op without a config infers it from its input's placement
+strategy transformation (strategy.reshard). An op without a config infers it from its input's placement
 (propagation along data dependencies, Sec. VII): it keeps the input's batch, sequence and feature splits, a
 matmul or convolution reading a feature-split input splits its reduction dimension, and a partial sum is added
 up (all-reduce) before any op that is not a matmul reads it; layer norms and the loss read whole features
@@ -33,12 +33,24 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from trainsim.compile.reshard import ReshardStep, reshard
 from trainsim.errors import ConfigError
 from trainsim.hardware.device import BYTES_PER_DTYPE
-from trainsim.ir.graph import Layer, Op
+from trainsim.ir.graph import Comm, Layer, Op
+from trainsim.ir.model_spec import ModelSpec, TransformerSpec
+from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.lowered import LayerAssignment, LoweredPlan, OpSplit
-from trainsim.strategy.placement import CONTRACTING, OpConfig, Placement
+from trainsim.strategy.megatron import Axis, layer_comms
+from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.placement import (
+    CONTRACTING,
+    OpConfig,
+    Placement,
+    input_grad_placement,
+    input_placement,
+    output_grad_placement,
+    output_placement,
+)
+from trainsim.strategy.reshard import ReshardStep, reshard
 
 WHOLE_FEATURE = ("norm", "loss")  # ops that read whole features
 
@@ -87,7 +99,8 @@ def plan_splits(plan: LoweredPlan, group: int) -> dict[int, LayerSplit]:
             for step in reshard(placement, need, full_in):
                 if previous is not None:
                     previous[0].comms.append(SplitComm(previous[1], "fwd", step, f"into {op.name}"))
-            for step in reshard(_input_grad(need, config, op), _output_grad(placement), full_in):
+            grad_in = input_grad_placement(need, config, op.kind in CONTRACTING)
+            for step in reshard(grad_in, output_grad_placement(placement), full_in):
                 split.comms.append(SplitComm(_last_bwd(a.layer, op), "bwd", step, f"grad of {op.name} input"))
             split.configs[op.name] = config
             if op.kind in CONTRACTING and config.out * config.reduce > 1:
@@ -102,6 +115,31 @@ def plan_splits(plan: LoweredPlan, group: int) -> dict[int, LayerSplit]:
         split.grad_params -= _table_share(a.layer, split)
         split.held_params -= _table_share(a.layer, split)
         in_bytes = a.layer.output_bytes or in_bytes  # what the layer hands on (all of DLRM's lookups, say)
+    return out
+
+
+def plan_mesh_comms(plan: LoweredPlan, model: ModelSpec, par: ParallelSpec) -> dict[int, tuple[Comm, ...]]:
+    """Per expanded layer index, the feature collectives that resharding between its ops' computation configs
+    over tp, cp and ep inserts (strategy.megatron.layer_comms; {} when the plan carries none). Layer instances
+    with equal configs share one tuple (BuildContext.timing caches by it)."""
+    if not plan.mesh_splits:
+        return {}
+    if not isinstance(model, TransformerSpec):
+        raise ConfigError("split.axis", "tp | cp | ep", f"model-parallel splits apply to transformers, not "
+                          f"{model.name}")
+    configs: dict[int, dict[tuple[str, Axis], OpConfig]] = {}
+    for s in plan.mesh_splits:
+        configs.setdefault(s.layer, {})[(s.module_path, s.axis)] = s.config
+    dev = DeviceSlice.of(par)
+    derived: dict[tuple[object, ...], tuple[Comm, ...]] = {}
+    out: dict[int, tuple[Comm, ...]] = {}
+    for a in plan.layers:
+        given = configs.get(a.index, {})
+        key = (id(a.layer), tuple(given.items()))
+        comms = derived.get(key)
+        if comms is None:
+            comms = derived[key] = layer_comms(model, dev, a.layer.kind, a.layer.fwd, given)
+        out[a.index] = comms
     return out
 
 
@@ -134,10 +172,7 @@ def _op_config(op: Op, placement: Placement, given: OpSplit | None, group: int,
     if group % config.parts != 0:
         raise ConfigError(where, f"batch={batch} seq={seq} out={out} reduce={red}",
                           f"the parts must divide the data-parallel group of {group} ranks")
-    if contracting:
-        return config, Placement(group, batch, seq, red), Placement(group, batch, seq, out, red)
-    need = Placement(group, batch, seq, out)
-    return config, need, need
+    return config, input_placement(config, group, contracting), output_placement(config, group, contracting)
 
 
 def _weight_memory(op: Op, config: OpConfig, given: OpSplit, group: int, a: LayerAssignment, split: LayerSplit,
@@ -186,19 +221,6 @@ def _table_share(layer: Layer, split: LayerSplit) -> float:
         return 0.0
     share = layer.param_count / len(lookups)
     return sum(share * (1.0 - 1.0 / split.configs[op.name].out) for op in lookups if op.name in split.configs)
-
-
-def _input_grad(need: Placement, config: OpConfig, op: Op) -> Placement:
-    """The gradient of an op's input as its backward makes it: placed as the input was read, partial over the
-    devices that split the op's output dimension (each holds one slice of dY W)."""
-    partial = config.out if op.kind in CONTRACTING else 1
-    return Placement(need.group, need.batch, need.seq, need.feature, partial)
-
-
-def _output_grad(produced: Placement) -> Placement:
-    """The gradient of an op's output as its backward reads it: placed as the output, whole sums (a producer of
-    partial sums reads the gradient replicated over them)."""
-    return Placement(produced.group, produced.batch, produced.seq, produced.feature)
 
 
 def _per_channel(op: Op) -> bool:

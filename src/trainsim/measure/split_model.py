@@ -200,7 +200,7 @@ def _with(p: Placement, **values: int) -> Placement:
 
 
 def transform(x: torch.Tensor, cur: Placement, dst: Placement, dims: Dims, ranks: Ranks) -> torch.Tensor:
-    """Reshard x from cur to dst with the steps compile.reshard.reshard prices: partial sums reduced (scattered
+    """Reshard x from cur to dst with the steps strategy.reshard.reshard prices: partial sums reduced (scattered
     where dst splits a dimension further), all-to-all where one dimension is gathered and another split,
     all-gather, local slices."""
     if cur == dst:

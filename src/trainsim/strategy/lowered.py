@@ -5,10 +5,14 @@ stages, per-layer recompute). Layers are numbered in model order after expanding
 transformer, 0 = embedding, 1..L = blocks, L + 1 = head.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from trainsim.ir.graph import Layer, OpGraph
+from trainsim.strategy.device_slice import DeviceSlice
+from trainsim.strategy.megatron import Axis, axis_sizes, op_config
 from trainsim.strategy.parallel import ParallelSpec, Recompute, Schedule
+from trainsim.strategy.placement import OpConfig
 from trainsim.strategy.stages import BLOCK_KINDS, virtual_stage_blocks
 
 
@@ -42,6 +46,17 @@ class OpSplit:
 
 
 @dataclass(frozen=True, slots=True)
+class MeshSplit:
+    """A computation config over a model-parallel axis (tp, cp, ep) on the ops of one module of one layer
+    instance: a tree's split(..., "compute", ..., axis=...) (strategy.megatron derives its collectives)."""
+
+    layer: int  # expanded layer index
+    module_path: str  # the Op.module_path of the ops it configures
+    axis: Axis  # tp | cp | ep
+    config: OpConfig
+
+
+@dataclass(frozen=True, slots=True)
 class LoweredPlan:
     layers: tuple[LayerAssignment, ...]
     num_stages: int
@@ -50,6 +65,7 @@ class LoweredPlan:
     schedule: Schedule | str  # a name of strategy.parallel.SCHEDULES
     max_in_flight: int = 0  # 0 = what the schedule implies
     op_splits: tuple[OpSplit, ...] = ()  # computation configs of a tree's split(..., "compute", ...)
+    mesh_splits: tuple[MeshSplit, ...] = ()  # computation configs over tp, cp, ep (every op of every layer)
 
 
 def expand_layers(graph: OpGraph) -> list[Layer]:
@@ -87,4 +103,25 @@ def default_plan(graph: OpGraph, par: ParallelSpec) -> LoweredPlan:
             global_chunk = index * chunks // len(layers)
         assignments.append(LayerAssignment(index, layer, global_chunk % par.pp, global_chunk // par.pp,
                                            par.recompute))
-    return LoweredPlan(tuple(assignments), par.pp, par.vpp, par.num_micro_batches, par.schedule)
+    return LoweredPlan(tuple(assignments), par.pp, par.vpp, par.num_micro_batches, par.schedule,
+                       mesh_splits=megatron_splits(layers, par))
+
+
+def megatron_splits(layers: Sequence[Layer], par: ParallelSpec) -> tuple[MeshSplit, ...]:
+    """Megatron's computation configs over tp, cp and ep (strategy.megatron.op_config) of every forward op of
+    every layer instance, in layer, op and axis order: the plain strategy's model-parallel splits, from which the
+    compiler derives the feature collectives. () where no axis splits the layers, or the graph has no
+    transformer blocks (CNNs and DLRM split over dp only)."""
+    if not any(layer.kind in BLOCK_KINDS for layer in layers) or par.tp * par.cp * par.ep == 1:
+        return ()
+    dev = DeviceSlice.of(par)
+    per_layer: dict[int, list[tuple[str, Axis, OpConfig]]] = {}
+    out: list[MeshSplit] = []
+    for index, layer in enumerate(layers):
+        items = per_layer.get(id(layer))
+        if items is None:
+            sizes = axis_sizes(layer.kind, dev)
+            items = per_layer[id(layer)] = list(dict.fromkeys(
+                (op.module_path, axis, op_config(axis, op, dev)) for op in layer.fwd for axis in sizes))
+        out += [MeshSplit(index, path, axis, config) for path, axis, config in items]
+    return tuple(out)

@@ -1,5 +1,5 @@
 """How a group of devices holds a tensor (Placement) and how an op's computation config splits its dimensions
-(OpConfig): Proteus Sec. II-A, IV-B. The compiler prices the collectives between placements (compile.reshard,
+(OpConfig): Proteus Sec. II-A, IV-B. The compiler prices the collectives between placements (strategy.reshard,
 compile.splits); the measured run executes them (measure.split_model).
 """
 
@@ -56,3 +56,29 @@ class OpConfig:
     @property
     def parts(self) -> int:
         return self.batch * self.seq * self.out * self.reduce
+
+
+def input_placement(config: OpConfig, group: int, contracting: bool) -> Placement:
+    """How an op under `config` reads its input: batch and sequence as split, features as its reduction
+    dimension (a matmul or conv) or its output dimension (any other op) is split."""
+    return Placement(group, config.batch, config.seq, config.reduce if contracting else config.out)
+
+
+def output_placement(config: OpConfig, group: int, contracting: bool) -> Placement:
+    """How an op under `config` leaves its output: a split reduction dimension leaves partial sums."""
+    if contracting:
+        return Placement(group, config.batch, config.seq, config.out, config.reduce)
+    return Placement(group, config.batch, config.seq, config.out)
+
+
+def input_grad_placement(need: Placement, config: OpConfig, contracting: bool) -> Placement:
+    """The gradient of an op's input as its backward makes it: placed as the input was read, partial over the
+    devices that split the op's output dimension (each holds one slice of dY W)."""
+    partial = config.out if contracting else 1
+    return Placement(need.group, need.batch, need.seq, need.feature, partial)
+
+
+def output_grad_placement(produced: Placement) -> Placement:
+    """The gradient of an op's output as its backward reads it: placed as the output, whole sums (a producer of
+    partial sums reads the gradient replicated over them)."""
+    return Placement(produced.group, produced.batch, produced.seq, produced.feature)

@@ -12,8 +12,10 @@ mapped one take the first mapped one's). Setting one node twice to different val
 
 lower() turns the tree into the LoweredPlan of compile.plan (stage, chunk and recompute per layer, one
 schedule). The splits the plain strategy implies (from_parallel: tp, sp, cp, ep, dp, ZeRO) are what the
-DeviceSlice the graph was built with applied already; computation configs (item "compute": batch, seq, out,
-reduce) go into the plan as OpSplits, which compile.splits applies with the resharding they need.
+DeviceSlice the graph was built with applied already; their computation configs over tp, cp and ep (Megatron's,
+strategy.megatron) go into the plan as MeshSplits, from which the compiler derives the feature collectives.
+Computation configs over dp (item "compute": batch, seq, out, reduce) go into the plan as OpSplits, which
+compile.splits applies with the resharding they need.
 """
 
 import fnmatch
@@ -23,16 +25,28 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal, cast
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from trainsim.errors import ConfigError
 from trainsim.ir.graph import Layer, Op, OpGraph
 from trainsim.specbase import Spec
-from trainsim.strategy.lowered import LayerAssignment, LoweredPlan, OpSplit, default_plan, expand_layers
+from trainsim.strategy.device_slice import DeviceSlice
+from trainsim.strategy.lowered import (
+    LayerAssignment,
+    LoweredPlan,
+    MeshSplit,
+    OpSplit,
+    default_plan,
+    expand_layers,
+    megatron_splits,
+)
+from trainsim.strategy.megatron import axis_sizes, op_config
 from trainsim.strategy.parallel import RECOMPUTES, ParallelSpec, Recompute, Schedule
+from trainsim.strategy.placement import OpConfig
 
 SplitItem = Literal["weight", "activation", "gradient", "optimizer", "compute"]
 SplitDim = Literal["batch", "seq", "hidden", "heads", "ffn", "vocab", "experts", "flat", "out", "reduce"]
+SplitAxis = Literal["dp", "tp", "cp", "ep"]
 # the computation config of an op (Proteus Sec. II-A: b, s, o, h): item "compute" with these dims
 COMPUTE_DIMS = ("batch", "seq", "out", "reduce")
 NodeKind = Literal["model", "group", "layer", "module"]
@@ -49,15 +63,32 @@ _MARK: dict[How, str] = {"set": "", "inherited": "^", "data-dep": "<", "default"
 
 
 class Split(Spec):
-    """Partition `item` of a node's ops along tensor dimension `dim` into `parts` (flat: ZeRO's flat buffer)."""
+    """Partition `item` of a node's ops along tensor dimension `dim` into `parts` (flat: ZeRO's flat buffer).
+    axis: the mesh axis whose devices a computation config's parts are (dp: carved from the stage's
+    data-parallel ranks, compile.splits; tp, cp, ep: the model-parallel groups, strategy.megatron)."""
 
     item: SplitItem
     dim: SplitDim
     parts: int = Field(gt=0, strict=True)
+    axis: SplitAxis = "dp"
+
+    @model_validator(mode="after")
+    def _axis_takes_compute(self) -> "Split":
+        if self.axis != "dp" and (self.item != "compute" or self.dim not in COMPUTE_DIMS):
+            raise ValueError(f"axis {self.axis} takes a computation config (item compute, dim "
+                             f"{' | '.join(COMPUTE_DIMS)}), not {self.item} {self.dim}")
+        return self
 
     @property
     def key(self) -> str:
-        return f"split.{self.item}.{self.dim}"
+        return f"split.{self.item}.{self.dim}" + (f"@{self.axis}" if self.axis != "dp" else "")
+
+    @classmethod
+    def of_key(cls, key: str, parts: Value) -> "Split":
+        """The split a settings key (split.<item>.<dim>[@<axis>]) holds."""
+        _, item, dim = key.split(".")
+        dim, _, axis = dim.partition("@")
+        return cls.model_validate({"item": item, "dim": dim, "parts": parts, "axis": axis or "dp"})
 
 
 class Mesh(Spec):
@@ -154,7 +185,9 @@ class StrategyTree:
     def from_parallel(cls, graph: OpGraph, par: ParallelSpec) -> "StrategyTree":
         """The plain strategy as a tree: the root holds the mesh shape, schedule, recompute and the dp/cp/sp/ZeRO
         splits; the first layer of each model chunk holds its stage (the rest follow along data dependencies,
-        placed as default_plan places them); attention, MLP, expert and vocabulary nodes hold the tp/ep splits."""
+        placed as default_plan places them); attention, MLP, expert and vocabulary nodes hold the tp/ep weight
+        splits, and a transformer's op nodes their computation configs over tp, cp and ep (Megatron's,
+        strategy.megatron), from which the compiler derives the feature collectives."""
         _require_dp(par, "building a strategy tree from it")
         bare = cls.from_graph(graph)
         explicit: dict[str, dict[str, Value]] = {"": _root_settings(par)}
@@ -166,8 +199,11 @@ class StrategyTree:
                 if par.vpp > 1:
                     explicit[path]["chunk"] = assignment.chunk
         transformer = any(layer.kind in _BLOCK_KINDS for layer in graph.layers)
+        dev = DeviceSlice.of(par)
         for layer, path in zip(expand_layers(graph), bare.layer_paths, strict=True):
-            for node_path, split in _model_parallel_splits(bare.nodes, path, layer, par, transformer):
+            splits = _model_parallel_splits(bare.nodes, path, layer, par, transformer)
+            splits += _megatron_splits(bare.nodes, path, layer, dev) if transformer else []
+            for node_path, split in splits:
                 explicit.setdefault(node_path, {})[split.key] = split.parts
         return cls(graph, bare.nodes, bare.layer_paths, explicit)
 
@@ -206,19 +242,16 @@ class StrategyTree:
 
     def splits(self, path: str) -> tuple[Split, ...]:
         """The effective partitions of a node (its own and its ancestors'), for the execution-graph compiler."""
-        out = []
-        for key, value in sorted(self.effective(path).items()):
-            if key.startswith("split."):
-                _, item, dim = key.split(".")
-                out.append(Split.model_validate({"item": item, "dim": dim, "parts": value.value}))
-        return tuple(out)
+        return tuple(Split.of_key(key, value.value) for key, value in sorted(self.effective(path).items())
+                     if key.startswith("split."))
 
     # --- primitives ---
 
-    def split(self, path: str, item: str, dim: str, parts: int, *, override: bool = False,
+    def split(self, path: str, item: str, dim: str, parts: int, *, axis: str = "dp", override: bool = False,
               where: str = "split") -> "StrategyTree":
-        """Partition item (weight | activation | gradient | optimizer) of every op under path along dim."""
-        spec = Split.parse({"item": item, "dim": dim, "parts": parts}, where)
+        """Partition item (weight | activation | gradient | optimizer | compute) of every op under path along
+        dim; a computation config's parts over the mesh axis `axis` (dp, or tp / cp / ep: Megatron's splits)."""
+        spec = Split.parse({"item": item, "dim": dim, "parts": parts, "axis": axis}, where)
         return self._assign(self.match(path, where=f"{where}.path"), {spec.key: spec.parts}, where, override)
 
     def map(self, path: str, mesh: Mesh | Mapping[str, object], *, override: bool = False,
@@ -288,7 +321,7 @@ class StrategyTree:
             recompute = cast(Recompute, row["recompute"].value) if "recompute" in row else par.recompute
             assignments.append(LayerAssignment(index, layer, stage, chunk, recompute))
         return LoweredPlan(tuple(assignments), par.pp, par.vpp, micro_batches, kind, max_in_flight,
-                           self._op_splits())
+                           self._op_splits(), self._mesh_splits(par))
 
     def _op_splits(self) -> tuple[OpSplit, ...]:
         """The computation configs (split item "compute") and weight memory configs (item "weight", dims out and
@@ -311,6 +344,40 @@ class StrategyTree:
                 for module_path in dict.fromkeys(op.module_path for op in node.fwd):
                     out.append(OpSplit(node.layer_index, module_path, **parts, **memory))
         return tuple(out)
+
+    def _mesh_splits(self, par: ParallelSpec) -> tuple[MeshSplit, ...]:
+        """The computation configs over tp, cp and ep of every op: Megatron's (lowered.megatron_splits) where
+        the tree sets none over an axis. The graph's ops are one device's under Megatron's splits (the
+        DeviceSlice it was built with), so an axis the tree splits must be split that way on every op:
+        ConfigError naming the first op that differs."""
+        layers = expand_layers(self.graph)
+        given_axes = {key.partition("@")[2] for row in self.explicit.values() for key in row if "@" in key}
+        if not given_axes:
+            return megatron_splits(layers, par)
+        if not any(layer.kind in _BLOCK_KINDS for layer in layers):
+            raise ConfigError("split.axis", "tp | cp | ep", "model-parallel computation configs apply to "
+                              "transformers; split a CNN's or DLRM's ops over dp")
+        dev = DeviceSlice.of(par)
+        out: list[MeshSplit] = []
+        for path, node in self.nodes.items():
+            if not node.fwd or node.layer_index < 0:
+                continue
+            row = self._resolved[path]
+            sizes = axis_sizes(layers[node.layer_index].kind, dev)
+            for key in row:
+                if "@" in key and key.partition("@")[2] not in sizes:
+                    raise ConfigError(f"{path}.{key}", row[key].value, f"{key.partition('@')[2]} does not split "
+                                      f"this layer (tp={par.tp} cp={par.cp} ep={par.ep}; ep splits MoE blocks)")
+            for op in node.fwd:
+                for axis in sizes:
+                    expected = op_config(axis, op, dev)
+                    given = OpConfig(*(int(row[key].value) if (key := f"split.compute.{dim}@{axis}") in row else 1
+                                       for dim in COMPUTE_DIMS))
+                    if axis in given_axes and given != expected:
+                        raise ConfigError(f"{path} split.compute@{axis}", _config_text(given),
+                                          _mismatch(op.name, axis, sizes[axis], dev, given, expected))
+                    out.append(MeshSplit(node.layer_index, op.module_path, axis, expected))
+        return tuple(dict.fromkeys(out))
 
     # --- printing ---
 
@@ -592,6 +659,34 @@ def _root_settings(par: ParallelSpec) -> dict[str, Value]:
                if par.zero >= stage]
     root.update({f"split.{item}.{dim}": parts for item, dim, parts in splits if parts > 1})
     return root
+
+
+def _megatron_splits(nodes: Mapping[str, TreeNode], path: str, layer: Layer,
+                     dev: DeviceSlice) -> list[tuple[str, Split]]:
+    """Megatron's TP/SP/CP/EP as computation configs over the model-parallel axes on every op node of a
+    transformer layer (strategy.megatron.op_config)."""
+    out: list[tuple[str, Split]] = []
+    stack = [path]
+    while stack:
+        node = nodes[stack.pop()]
+        stack.extend(node.children)
+        for axis, _ in axis_sizes(layer.kind, dev).items() if node.fwd else ():
+            config = op_config(axis, node.fwd[0], dev)
+            out += [(node.path, Split(item="compute", dim=dim, parts=parts, axis=axis)) for dim in COMPUTE_DIMS
+                    if (parts := int(getattr(config, dim))) > 1]
+    return out
+
+
+def _mismatch(op: str, axis: str, size: int, dev: DeviceSlice, given: OpConfig, expected: OpConfig) -> str:
+    mesh = f"{axis}={size}" + (" with sp" if axis == "tp" and dev.sp else "")
+    hint = "; a sequence split over tp is sequence parallelism (--sp)" if (
+        axis == "tp" and not dev.sp and given.seq > 1) else ""
+    return (f"the graph's ops are one device's under Megatron's splits for {mesh}: {op} splits "
+            f"{_config_text(expected)} over {axis}; give that, or no {axis} splits{hint}")
+
+
+def _config_text(config: OpConfig) -> str:
+    return " ".join(f"{dim}={getattr(config, dim)}" for dim in COMPUTE_DIMS if getattr(config, dim) > 1) or "nothing"
 
 
 def _model_parallel_splits(nodes: Mapping[str, TreeNode], path: str, layer: Layer, par: ParallelSpec,

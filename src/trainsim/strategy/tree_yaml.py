@@ -9,6 +9,7 @@
         - {path: "blocks.*", mode: selective}
       split:
         - {path: "blocks.*.attn", item: weight, dim: heads, parts: 2}
+        - {path: "blocks.*.attn.qkv", item: compute, dim: out, parts: 2, axis: tp}   # axis: dp unless given
 
 Sections apply in the order schedule, map, recompute, split, entries in file order; a path is a pattern as
 StrategyTree.match reads it, and a missing path is the root.
@@ -31,6 +32,8 @@ from trainsim.strategy.tree import (
     SCHEDULE_KEYS,
     Mesh,
     ScheduleConfig,
+    Split,
+    SplitAxis,
     SplitDim,
     SplitItem,
     StrategyTree,
@@ -58,6 +61,7 @@ class _SplitEntry(Spec):
     item: SplitItem
     dim: SplitDim
     parts: int = Field(gt=0, strict=True)
+    axis: SplitAxis = "dp"
 
 
 def load_tree_yaml(path: str | Path, graph: OpGraph) -> StrategyTree:
@@ -103,8 +107,9 @@ def tree_to_mapping(tree: StrategyTree) -> dict[str, Any]:
         if "recompute" in row:
             sections["recompute"].append((path, {"mode": row["recompute"]}))
         for key in sorted(key for key in row if key.startswith("split.")):
-            _, item, dim = key.split(".")
-            sections["split"].append((path, {"item": item, "dim": dim, "parts": row[key]}))
+            split = Split.of_key(key, row[key])
+            payload: dict[str, Value] = {"item": split.item, "dim": split.dim, "parts": split.parts}
+            sections["split"].append((path, payload if split.axis == "dp" else {**payload, "axis": split.axis}))
     out: dict[str, Any] = {}
     for section, entries in sections.items():
         if section == "schedule" and len(entries) == 1 and entries[0][0] == "":
@@ -151,7 +156,7 @@ def _apply_recompute(tree: StrategyTree, entry: dict[str, Any], where: str) -> S
 
 def _apply_split(tree: StrategyTree, entry: dict[str, Any], where: str) -> StrategyTree:
     spec = _SplitEntry.parse(entry, where)
-    return tree.split(spec.path, spec.item, spec.dim, spec.parts, where=where)
+    return tree.split(spec.path, spec.item, spec.dim, spec.parts, axis=spec.axis, where=where)
 
 
 _APPLY: dict[str, Callable[[StrategyTree, dict[str, Any], str], StrategyTree]] = {

@@ -336,8 +336,9 @@ def test_from_parallel_with_experts_and_no_global_batch() -> None:
     par = ParallelSpec(pp=2, dp=2, tp=2, ep=2, recompute="full")  # global_batch=0: default_plan's 0 micro-batches
     tree = StrategyTree.from_parallel(graph, par)
     assert tree.lower(par) == default_plan(graph, par)
-    assert [(s.item, s.dim, s.parts) for s in tree.splits("blocks.2.moe.mlp.fc1")] == [
-        ("activation", "batch", 2), ("weight", "experts", 2), ("weight", "ffn", 2)]
+    assert [(s.item, s.dim, s.parts, s.axis) for s in tree.splits("blocks.2.moe.mlp.fc1")] == [
+        ("activation", "batch", 2, "dp"), ("compute", "out", 2, "ep"), ("compute", "out", 2, "tp"),
+        ("weight", "experts", 2, "dp"), ("weight", "ffn", 2, "dp")]  # fc1: column split over tp, experts over ep
 
 
 def test_from_parallel_settings(graph: OpGraph) -> None:

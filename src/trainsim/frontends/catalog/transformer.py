@@ -1,4 +1,7 @@
-"""Analytic builder: TransformerSpec + DeviceSlice -> OpGraph (per device, forward and backward)."""
+"""Analytic builder: TransformerSpec + DeviceSlice -> OpGraph (per device, forward and backward).
+
+The feature collectives of TP, SP, CP and EP are not written here: strategy.megatron derives them from the
+splits those axes make of each layer's ops (the resharding between ops' computation configs)."""
 
 from trainsim.hardware.device import BYTES_PER_DTYPE
 from trainsim.ir.flops import (
@@ -9,9 +12,10 @@ from trainsim.ir.flops import (
     pointwise_backward,
     pointwise_op,
 )
-from trainsim.ir.graph import Comm, Layer, Op, OpGraph
+from trainsim.ir.graph import Layer, LayerKind, Op, OpGraph
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.strategy.device_slice import DeviceSlice
+from trainsim.strategy.megatron import layer_comms
 
 
 def build_transformer(spec: TransformerSpec, dev: DeviceSlice) -> OpGraph:
@@ -99,48 +103,20 @@ def _block(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool) -> La
     tokens, rep = dev.local_tokens, _replicated_tokens(dev)
     fwd = _attention_ops(spec, dev, path)
     fwd.append(pointwise_op("norm2", "norm", f"{path}.norm2", act, rep * h, flops_per_element=5.0))
-    comms: list[Comm] = []
     if moe:
         fwd.append(matmul_op("router", f"{path}.moe.router", act, tokens, spec.num_experts, h))
         fwd.extend(_mlp_ops(spec, dev, f"{path}.moe", tokens, spec.top_k))
-        a2a_bytes = tokens * spec.top_k * h * _act_bytes(dev)
-        comms += [Comm("dispatch", "all-to-all", "ep", "fwd", a2a_bytes),
-                  Comm("combine", "all-to-all", "ep", "fwd", a2a_bytes)]
     else:
         fwd.extend(_mlp_ops(spec, dev, path, tokens, 1))
     fwd.append(pointwise_op("residual2", "elementwise", f"{path}.residual2", act, rep * h, reads=2.0))
-    comms += _tp_comms(spec, dev) + _cp_comms(spec, dev)
+    kind: LayerKind = "moe_block" if moe else "block"
+    comms = layer_comms(spec, dev, kind, fwd)
     fwd_ops, bwd_ops = _with_backward(fwd)
     attn_params, mlp_params = _block_params(spec, moe)
     local_mlp = mlp_params / dev.tp / (dev.ep if moe else 1)
-    return Layer(name, "moe_block" if moe else "block", count, fwd_ops, bwd_ops, tuple(comms),
+    return Layer(name, kind, count, fwd_ops, bwd_ops, comms,
                  attn_params / dev.tp + local_mlp, attn_params + mlp_params,
                  _block_saved_bytes(spec, dev, moe), rep * h * _act_bytes(dev))
-
-
-def _tp_comms(spec: TransformerSpec, dev: DeviceSlice) -> list[Comm]:
-    """Two per block each way (after attention and after the MLP): all-reduce, or RS + AG with sp."""
-    if dev.tp == 1:
-        return []
-    buffer = dev.local_tokens * spec.hidden * _act_bytes(dev)
-    comms: list[Comm] = []
-    for phase in ("fwd", "bwd"):
-        for site in ("attn", "mlp"):
-            if dev.sp:
-                comms += [Comm(f"{site}.ag", "all-gather", "tp", phase, buffer),
-                          Comm(f"{site}.rs", "reduce-scatter", "tp", phase, buffer)]
-            else:
-                comms.append(Comm(f"{site}.ar", "all-reduce", "tp", phase, buffer))
-    return comms
-
-
-def _cp_comms(spec: TransformerSpec, dev: DeviceSlice) -> list[Comm]:
-    """Context parallelism gathers K and V of the whole sequence forward and reduce-scatters their gradients."""
-    if dev.cp == 1:
-        return []
-    kv_full = 2 * dev.micro_batch * dev.seq_len * spec.kv_heads * spec.head_dim // dev.tp * _act_bytes(dev)
-    return [Comm("kv.ag", "all-gather", "cp", "fwd", kv_full),
-            Comm("kv.rs", "reduce-scatter", "cp", "bwd", kv_full)]
 
 
 def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool) -> dict[str, float]:
@@ -190,39 +166,9 @@ def _embedding(spec: TransformerSpec, dev: DeviceSlice) -> Layer:
         params += 2 * h + 2 * h
     fwd_ops, bwd_ops = _with_backward(fwd)
     out = _replicated_tokens(dev) * h * _act_bytes(dev)
-    return Layer("embedding", "embedding", 1, fwd_ops, bwd_ops, _embedding_comms(spec, dev), params / dev.tp,
-                 params, dict.fromkeys(("none", "selective", "full", "selective_op"), out), out)
-
-
-def _embedding_comms(spec: TransformerSpec, dev: DeviceSlice) -> tuple[Comm, ...]:
-    """A vocab-parallel lookup (Megatron's VocabParallelEmbedding) leaves each rank the rows of its part of the
-    vocabulary: the partial outputs are summed, all-reduce forward (its backward needs nothing), or with sp a
-    reduce-scatter forward and an all-gather of the gradient backward."""
-    if dev.tp == 1:
-        return ()
-    full = dev.local_tokens * spec.hidden * _act_bytes(dev)
-    if dev.sp:
-        return (Comm("embed.rs", "reduce-scatter", "tp", "fwd", full),
-                Comm("embed.ag", "all-gather", "tp", "bwd", full))
-    return (Comm("embed.ar", "all-reduce", "tp", "fwd", full),)
-
-
-def _head_comms(spec: TransformerSpec, dev: DeviceSlice) -> tuple[Comm, ...]:
-    """The vocab-parallel projection needs the whole hidden state on every rank: with sp an all-gather forward
-    and a reduce-scatter of its gradient backward, without it an all-reduce of the gradient backward
-    (Megatron's copy_to_tensor_model_parallel_region). The vocab-parallel cross-entropy then all-reduces three
-    fp32 values per token forward: the max logit, the target's logit and the sum of exponentials."""
-    if dev.tp == 1:
-        return ()
-    tokens = dev.local_tokens
-    hidden = tokens * spec.hidden * _act_bytes(dev)
-    if dev.sp:
-        comms = [Comm("logits.ag", "all-gather", "tp", "fwd", hidden),
-                 Comm("logits.rs", "reduce-scatter", "tp", "bwd", hidden)]
-    else:
-        comms = [Comm("logits.ar", "all-reduce", "tp", "bwd", hidden)]
-    return (*comms, *(Comm(f"loss.{name}", "all-reduce", "tp", "fwd", tokens * 4.0)
-                      for name in ("max", "target", "sum_exp")))
+    comms = layer_comms(spec, dev, "embedding", fwd)
+    return Layer("embedding", "embedding", 1, fwd_ops, bwd_ops, comms, params / dev.tp, params,
+                 dict.fromkeys(("none", "selective", "full", "selective_op"), out), out)
 
 
 def _head(spec: TransformerSpec, dev: DeviceSlice) -> Layer:
@@ -244,5 +190,6 @@ def _head(spec: TransformerSpec, dev: DeviceSlice) -> Layer:
     norm_params = h * (2 if spec.norm == "layernorm" else 1) + extra_params
     proj_params = 0 if spec.tied_embeddings else spec.vocab * h
     saved = _replicated_tokens(dev) * h * _act_bytes(dev) + tokens * v * 4.0  # norm input, fp32 softmax
-    return Layer("head", "head", 1, fwd_ops, bwd_ops, _head_comms(spec, dev), norm_params + proj_params / dev.tp,
+    comms = layer_comms(spec, dev, "head", fwd)
+    return Layer("head", "head", 1, fwd_ops, bwd_ops, comms, norm_params + proj_params / dev.tp,
                  norm_params + proj_params, dict.fromkeys(("none", "selective", "full", "selective_op"), saved), 0.0)

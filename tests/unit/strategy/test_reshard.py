@@ -1,9 +1,9 @@
-"""Strategy transformation (compile.reshard): the collective each layout change needs, with its buffer."""
+"""Strategy transformation (strategy.reshard): the collective each layout change needs, with its buffer."""
 
 import pytest
 
-from trainsim.compile.reshard import Placement, ReshardStep, reshard
 from trainsim.errors import ConfigError
+from trainsim.strategy.reshard import Placement, ReshardStep, reshard
 
 MB = 1e6
 

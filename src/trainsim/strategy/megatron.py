@@ -1,0 +1,200 @@
+"""Megatron-LM's tensor (TP), sequence (SP), context (CP) and expert (EP) parallelism as splits of a transformer
+layer's ops, and the collectives their resharding inserts (Proteus Sec. II-A, IV-B, V-B).
+
+Each model-parallel axis of a device slice (tp, cp, ep of size > 1) gives every forward op of a layer a
+computation config over that axis' group (strategy.placement.OpConfig: batch, seq, out, reduce parts): the
+split-tree form of Megatron's patterns (Shoeybi et al. 2019, Sec. 3; Korthikanti et al. 2022, Sec. 4.2):
+
+- tp: column-parallel matmuls (qkv, fc1, gate_up, the vocabulary projection) split their output dimension,
+  row-parallel ones (the attention projection, fc2, down) their reduction dimension, the ops between them
+  (rope, attention, softmax, the activation, the cross-entropy) the features the column split leaves (heads,
+  ffn, vocabulary); the vocab-parallel lookup splits its reduction (the table's rows: partial sums); every other
+  op (norms, residual adds, positions, the router) splits the sequence tp ways under SP, else holds it whole;
+- cp: every op splits the sequence; the attention reads the keys and values of the whole sequence;
+- ep (MoE layers): the expert ops (the MoE's matmuls and activation, not its router) split the expert dimension
+  (a device holds the tokens routed to its experts; a Placement carries it in its feature slot, and an expert's
+  output is whole, not a partial sum), every other op the batch.
+
+layer_comms walks a layer's ops in order per axis, as compile.splits walks a tree's computation configs: where
+what an op reads differs from how its producer left it, strategy.reshard's pattern matching gives the collective
+(partial sums -> all-reduce, or reduce-scatter where the reader splits the sequence; a sequence split read whole
+-> all-gather; a batch split read as an expert split -> all-to-all), and the backward pass the gradient's
+conjugate. A layer hands on the hidden state as the next layer reads it (split by sequence over tp under SP and
+over cp, by batch over ep); the embedding's lookup reads token ids, which every rank holds. Every TP collective
+moves a hidden state (local tokens x hidden): the inputs of qkv and fc1, the outputs of the projections, the
+input of the logits. The vocab-parallel cross-entropy reads the class dimension split: its three per-token
+statistics (max logit, target logit, sum of exponentials) are partial over tp, one fp32 all-reduce each
+(megatron/core/tensor_parallel/cross_entropy.py, megatron-core 0.9).
+"""
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Literal
+
+from trainsim.hardware.device import BYTES_PER_DTYPE
+from trainsim.ir.graph import Comm, LayerKind, Op
+from trainsim.ir.model_spec import TransformerSpec
+from trainsim.strategy.device_slice import DeviceSlice
+from trainsim.strategy.placement import (
+    CONTRACTING,
+    OpConfig,
+    Placement,
+    input_grad_placement,
+    input_placement,
+    output_grad_placement,
+    output_placement,
+)
+from trainsim.strategy.reshard import ReshardStep, reshard
+
+Axis = Literal["ep", "tp", "cp"]
+AXES: tuple[Axis, ...] = ("ep", "tp", "cp")  # the order a layer lists its collectives in
+COLUMN = ("qkv", "fc1", "gate_up", "logits")  # split the output dimension over tp
+ROW = ("out_proj", "fc2", "down")  # split the reduction dimension over tp
+FEATURE = ("rope", "attention", "softmax", "gelu", "swiglu", "cross_entropy")  # split the features over tp
+_SHORT = {"all-reduce": "ar", "all-gather": "ag", "reduce-scatter": "rs", "all-to-all": "a2a", "send-recv": "p2p"}
+_STATISTICS = ("max", "target", "sum_exp")  # the vocab-parallel cross-entropy's all-reduces, in its order
+_Found = tuple[str, ReshardStep]  # (collective's name, step)
+Configs = Mapping[tuple[str, Axis], OpConfig]  # (op module path, axis) -> the op's config (a tree's)
+
+
+def axis_sizes(kind: LayerKind, dev: DeviceSlice) -> dict[Axis, int]:
+    """The model-parallel axes that split a layer of `kind`: size > 1, ep in MoE blocks only."""
+    sizes: dict[Axis, int] = {"ep": dev.ep if kind == "moe_block" else 1, "tp": dev.tp, "cp": dev.cp}
+    return {axis: sizes[axis] for axis in AXES if sizes[axis] > 1}
+
+
+def op_config(axis: Axis, op: Op, dev: DeviceSlice) -> OpConfig:
+    """The computation config of forward op `op` over `axis` (module doc)."""
+    if axis == "tp":
+        t, seq = dev.tp, dev.tp if dev.sp else 1
+        if op.name in COLUMN or op.name in FEATURE:
+            return OpConfig(1, 1, t, 1)
+        if op.name in ROW or op.kind == "embedding":
+            return OpConfig(1, 1, 1, t)
+        return OpConfig(1, seq, 1, 1)
+    if axis == "cp":
+        return OpConfig(1, dev.cp, 1, 1)
+    return OpConfig(1, 1, dev.ep, 1) if _expert(op) else OpConfig(dev.ep, 1, 1, 1)
+
+
+def handed_on(axis: Axis, dev: DeviceSlice) -> Placement:
+    """How a layer hands the hidden state to the next one over `axis`."""
+    if axis == "tp":
+        return Placement(dev.tp, seq=dev.tp if dev.sp else 1)
+    if axis == "cp":
+        return Placement(dev.cp, seq=dev.cp)
+    return Placement(dev.ep, batch=dev.ep)
+
+
+def layer_comms(spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: Sequence[Op],
+                configs: Configs | None = None) -> tuple[Comm, ...]:
+    """The feature collectives of one layer (per micro-batch) that resharding between its ops' configs inserts,
+    per axis in AXES order: the forward's in op order, then the backward's (by site in op order, within a site
+    as the backward pass meets them); the cross-entropy's statistics last. configs: the ops' configs (a
+    strategy tree's, by module path and axis; an op it leaves out is not split); default: Megatron's."""
+    comms: list[Comm] = []
+    for axis, size in axis_sizes(kind, dev).items():
+        def config_of(op: Op, axis: Axis = axis) -> OpConfig:
+            if configs is None:
+                return op_config(axis, op, dev)
+            return configs.get((op.module_path, axis), OpConfig(1, 1, 1, 1))
+
+        forward, backward = _walk(axis, size, spec, dev, kind, fwd, config_of)
+        sites = {_site(op): i for i, op in reversed(list(enumerate(fwd)))}
+        backward.sort(key=lambda found: sites.get(found[0].split(".")[0], len(sites)))
+        comms += [Comm(name, step.collective, axis, "fwd", step.buffer_bytes) for name, step in forward]
+        comms += [Comm(name, step.collective, axis, "bwd", step.buffer_bytes) for name, step in backward]
+        if axis == "tp":
+            comms += _loss_statistics(fwd, dev, config_of)
+    return tuple(comms)
+
+
+def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: Sequence[Op],
+          config_of: Callable[[Op], OpConfig]) -> tuple[list[_Found], list[_Found]]:
+    """(forward, backward) reshards of the layer's op chain over one axis; the backward's in the order the
+    backward pass meets them."""
+    full = _tensor_bytes(axis, spec, dev)
+    handed = handed_on(axis, dev)
+    forward: list[_Found] = []
+    backward: list[_Found] = []
+    placement: Placement | None = None if kind == "embedding" else handed  # the lookup reads token ids
+    producer: Op | None = None
+    for op in fwd:
+        config = config_of(op)
+        contracting = _contracting(axis, op)
+        need = input_placement(config, size, contracting)
+        if placement is not None:
+            site = _namer(axis, kind, producer, op)
+            forward += _named(site, axis, reshard(placement, need, full))
+            grad = input_grad_placement(need, config, contracting)
+            backward += _named(site, axis, reshard(grad, output_grad_placement(placement), full))
+        if axis == "cp" and op.kind == "attention":  # keys and values of the whole sequence
+            kv = _kv_bytes(spec, dev)
+            forward += _named("kv", axis, reshard(Placement(size, seq=size), Placement(size), kv))
+            backward += _named("kv", axis, reshard(Placement(size, partial=size), Placement(size, seq=size), kv))
+        placement, producer = output_placement(config, size, contracting), op
+    if placement is not None and kind != "head":  # the head hands on the loss
+        site = _namer(axis, kind, producer, None)
+        forward += _named(site, axis, reshard(placement, handed, full))
+        backward += _named(site, axis, reshard(handed, output_grad_placement(placement), full))
+    return forward, backward[::-1]
+
+
+def _loss_statistics(fwd: Sequence[Op], dev: DeviceSlice, config_of: Callable[[Op], OpConfig]) -> list[Comm]:
+    """The cross-entropy reading a class dimension split tp ways: each statistic's partial sums all-reduced."""
+    loss = next((op for op in fwd if op.name == "cross_entropy"), None)
+    if loss is None or config_of(loss).out == 1:
+        return []
+    steps = reshard(Placement(dev.tp, partial=dev.tp), Placement(dev.tp), dev.local_tokens * 4.0)  # fp32
+    return [Comm(f"loss.{name}", step.collective, "tp", "fwd", step.buffer_bytes)
+            for name in _STATISTICS for step in steps]
+
+
+def _namer(axis: Axis, kind: LayerKind, producer: Op | None, consumer: Op | None) -> str:
+    """The site of a reshard between two ops: the reader's, else the producer's, else the layer's (the compiler
+    places a collective after its site's last op); over ep the token dispatch or combine."""
+    if axis == "ep":
+        return "dispatch" if consumer is not None and _expert(consumer) else "combine"
+    ops = [op for op in (consumer, producer) if op is not None]
+    return next((s for s in (_site(op) for op in ops) if s), _layer_site(kind))
+
+
+def _named(site: str, axis: Axis, steps: tuple[ReshardStep, ...]) -> list[_Found]:
+    """Collectives named site.kind (attn.ag, mlp.rs, kv.ag); over ep the site alone."""
+    return [(site if axis == "ep" else f"{site}.{_SHORT[step.collective]}", step) for step in steps]
+
+
+def _site(op: Op) -> str:
+    parts = op.module_path.split(".")
+    if "attn" in parts:
+        return "attn"
+    if "mlp" in parts or "moe" in parts:
+        return "mlp"
+    return ""
+
+
+def _layer_site(kind: LayerKind) -> str:
+    return {"embedding": "embed", "head": "logits"}.get(kind, "")
+
+
+def _expert(op: Op) -> bool:
+    return "moe" in op.module_path.split(".") and op.name != "router"
+
+
+def _contracting(axis: Axis, op: Op) -> bool:
+    """Whether the op's config splits a reduction dimension over the axis (a partial-sum maker): a matmul or the
+    vocab-parallel lookup over tp; no op contracts over cp or ep."""
+    return axis == "tp" and (op.kind in CONTRACTING or op.kind == "embedding")
+
+
+def _tensor_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice) -> float:
+    """The whole tensor a reshard over `axis` moves: the hidden state of the micro-batch's local tokens over
+    tp (over cp the attention's keys and values, _kv_bytes); over ep the tokens routed to top_k experts on
+    every rank of the group."""
+    hidden = float(dev.local_tokens * spec.hidden * BYTES_PER_DTYPE[dev.precision.activation_dtype])
+    return hidden * spec.top_k * dev.ep if axis == "ep" else hidden
+
+
+def _kv_bytes(spec: TransformerSpec, dev: DeviceSlice) -> float:
+    """Keys and values of the whole sequence of a micro-batch, of this tp rank's heads."""
+    act = BYTES_PER_DTYPE[dev.precision.activation_dtype]
+    return float(2 * dev.micro_batch * dev.seq_len * spec.kv_heads * spec.head_dim // dev.tp * act)

@@ -183,6 +183,28 @@ def read_mapping(path: Path, max_bytes: int = MAX_MAPPING_FILE_BYTES) -> dict[st
     return data
 
 
+def read_entry_list(path: Path, what: str) -> list[dict[str, Any]]:
+    """A measurement file that `trainsim profile` keeps: a YAML list of mappings (`what` words one entry for the
+    error), or no entries where the file does not exist yet."""
+    if not path.exists():
+        return []
+    name = shown_path(path)
+    data = parse_text(read_text(path), False, name) or []
+    if not isinstance(data, list) or not all(isinstance(entry, dict) for entry in data):
+        raise InputFileError(f"{name} must hold a list of {what} entries")
+    return data
+
+
+def store_entry(path: Path, entries: list[dict[str, Any]], entry: dict[str, Any], key: tuple[str, ...],
+                header: str) -> None:
+    """Write `entries` with `entry` added, replacing the one with the same values at `key`, sorted by `key`,
+    atomically, under a one-line `header` comment."""
+    kept = [e for e in entries if tuple(e[k] for k in key) != tuple(entry[k] for k in key)]
+    kept.append(entry)
+    kept.sort(key=lambda e: tuple(e[k] for k in key))
+    write_atomic(path, f"# {header}\n" + yaml.safe_dump(kept, sort_keys=False))
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write a text file whole or not at all (a temporary file in the same folder, then a rename)."""
     handle, tmp = tempfile.mkstemp(prefix=f".{path.name[:40]}.", suffix=".tmp", dir=path.parent)

@@ -10,9 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from trainsim.errors import ConfigError, InputFileError
+from trainsim.catalog.files import read_entry_list, store_entry
+from trainsim.errors import ConfigError
 from trainsim.ir.model_spec import ModelSpec, TransformerSpec
 
 OVERLAP_PATH = Path(__file__).parent / "data" / "calibration" / "overlap.yaml"
@@ -24,14 +23,7 @@ def model_family(model: ModelSpec) -> str:
 
 
 def read_overlap_entries(path: Path = OVERLAP_PATH) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    try:
-        data = yaml.safe_load(path.read_text()) or []
-    except yaml.YAMLError as exc:
-        raise InputFileError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(data, list):
-        raise ConfigError(str(path), type(data).__name__, "a list of {device, family, gamma, ...} entries")
+    data = read_entry_list(path, "{device, family, gamma, ...}")
     for i, entry in enumerate(data):
         gamma = entry.get("gamma") if isinstance(entry, dict) else None
         if not isinstance(gamma, int | float) or not 0.0 <= float(gamma) < float("inf"):
@@ -48,9 +40,5 @@ def load_overlap_factors(path: Path = OVERLAP_PATH) -> Mapping[tuple[str, str], 
 
 def store_overlap_factor(entry: dict[str, Any], path: Path = OVERLAP_PATH) -> None:
     """Add or replace the entry of (entry["device"], entry["family"])."""
-    entries = [e for e in read_overlap_entries(path)
-               if (e["device"], e["family"]) != (entry["device"], entry["family"])]
-    entries.append(entry)
-    entries.sort(key=lambda e: (e["device"], e["family"]))
-    path.write_text("# gamma measured by `trainsim profile --overlap` (catalog/overlap.py); rerun to refresh\n"
-                    + yaml.safe_dump(entries, sort_keys=False))
+    store_entry(path, read_overlap_entries(path), entry, ("device", "family"),
+                "gamma measured by `trainsim profile --overlap` (catalog/overlap.py); rerun to refresh")

@@ -14,23 +14,15 @@ import math
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from trainsim.errors import ConfigError, InputFileError
+from trainsim.catalog.files import read_entry_list, store_entry
+from trainsim.errors import ConfigError
 
 RUNTIME_MEMORY_PATH = Path(__file__).parent / "data" / "calibration" / "runtime_memory.yaml"
 _FIELDS = ("baseline_bytes", "runtime_bytes")
 
 
 def read_runtime_memory(path: Path = RUNTIME_MEMORY_PATH) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    try:
-        data = yaml.safe_load(path.read_text()) or []
-    except yaml.YAMLError as exc:
-        raise InputFileError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(data, list):
-        raise ConfigError(str(path), type(data).__name__, "a list of {device, baseline_bytes, runtime_bytes} entries")
+    data = read_entry_list(path, "{device, baseline_bytes, runtime_bytes}")
     for i, entry in enumerate(data):
         if not isinstance(entry, dict) or not isinstance(entry.get("device"), str):
             raise ConfigError(f"{path.name}[{i}]", entry, "needs a device name")
@@ -52,8 +44,6 @@ def measured_runtime_bytes(device: str, path: Path = RUNTIME_MEMORY_PATH) -> tup
 
 def store_runtime_memory(entry: dict[str, Any], path: Path = RUNTIME_MEMORY_PATH) -> None:
     """Add or replace the entry of entry["device"]."""
-    entries = [e for e in read_runtime_memory(path) if e["device"] != entry["device"]]
-    entries.append(entry)
-    entries.sort(key=lambda e: e["device"])
-    path.write_text("# a CPU rank's resident runtime, measured by `trainsim profile --runtime-memory` "
-                    "(catalog/runtime_memory.py); rerun to refresh\n" + yaml.safe_dump(entries, sort_keys=False))
+    store_entry(path, read_runtime_memory(path), entry, ("device",),
+                "a CPU rank's resident runtime, measured by `trainsim profile --runtime-memory` "
+                "(catalog/runtime_memory.py); rerun to refresh")

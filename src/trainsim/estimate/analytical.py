@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from trainsim.catalog.calibration import Calibration
 from trainsim.cost.memory import MemoryEstimate
 from trainsim.cost.pricing import Pricer
-from trainsim.estimate.result import Result, iteration_time_s, make_result, tokens_per_s
+from trainsim.estimate.result import Result, iteration_time_s, make_result, tokens_per_s, uniform_ranks_notes
 from trainsim.ir.graph import OpGraph
 from trainsim.job import Job
 from trainsim.strategy.lowered import LoweredPlan
@@ -52,7 +52,7 @@ class PlanPrice:
 
     def result(self) -> Result:
         return make_result(self.engine, self.job, self.graph, self.breakdown, self.memory,
-                           calibration=self.calibration)
+                           notes=uniform_ranks_notes(self.job, self.engine), calibration=self.calibration)
 
 
 def uneven_bubble_s(schedule: str, totals: list[float], forward: Sequence[float], m: int,

@@ -26,7 +26,7 @@ from trainsim.cost.memory import estimate_memory, optimizer_shards
 from trainsim.cost.pricing import axis_layout
 from trainsim.cost.profiled import ProfiledCosts, ProfiledStepCosts
 from trainsim.cost.step import FittedStepCosts, StepCosts
-from trainsim.estimate.result import Result, make_result
+from trainsim.estimate.result import Result, make_result, uniform_ranks_notes
 from trainsim.hardware.device import BYTES_PER_DTYPE
 from trainsim.ir.graph import Layer, OpGraph
 from trainsim.job import Job
@@ -144,7 +144,8 @@ class PrecisionAwareEstimator:
         if self.optimizer:
             breakdown["optimizer"] = self._optimizer_step_s(slowest.parts, job)
         memory = estimate_memory(stages, par, job.cluster.device, job.stack)
-        return make_result(self.name, job, graph, breakdown, memory, notes=self._notes(job))
+        return make_result(self.name, job, graph, breakdown, memory,
+                           notes=[*self._notes(job), *uniform_ranks_notes(job, self.name)])
 
     def _optimizer_step_s(self, parts: tuple[StagePart, ...], job: Job) -> float:
         """The Adam step over the subgraph's parameters: measured when the profile holds it, else the roofline

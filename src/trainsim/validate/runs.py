@@ -170,10 +170,11 @@ def parallel_from_row(fields: dict[str, str]) -> dict[str, Any]:
     micro = _int(fields, "micro_batch", base["micro_batch"])
     vpp = _int(fields, "vpp", base["vpp"])
     sp = _int(fields, "sp", int(base["sp"]))
+    stack = stack_of_row(fields)
     return {
         "tp": _int(fields, "tp"), "pp": _int(fields, "pp"), "dp": dp, "cp": _int(fields, "cp", 1),
         "ep": _int(fields, "ep", 1), "vpp": vpp, "sp": bool(sp),
-        "zero": _int(fields, "zero", base["zero_by_stack"].get(stack_of_row(fields).name, base["zero"])),
+        "zero": _int(fields, "zero", base["zero_by_stack"].get(stack.name, base["zero"])),
         "micro_batch": micro,
         "global_batch": _int(fields, "global_batch", 0),
         "seq_len": _int(fields, "seq_len"),
@@ -181,7 +182,7 @@ def parallel_from_row(fields: dict[str, str]) -> dict[str, Any]:
         "precision": fields.get("precision") or row_defaults()["precision_by_source"].get(
             source_group(fields.get("source", "")), base["precision"]),
         "schedule": fields.get("schedule") or ("interleaved-1f1b" if vpp > 1 else "1f1b"),
-        "attention": fields.get("attention") or stack_of_row(fields).attention,
+        "attention": fields.get("attention") or stack.attention,
         "optimizer_impl": fields.get("optimizer_impl") or base["optimizer_impl"],
     }
 

@@ -202,12 +202,7 @@ def test_split_form_compiles_to_the_pattern_tasks(model: str, strategy: dict[str
     """The default path (the plan carries Megatron's splits; the compiler derives the collectives from them)
     and the fixed-pattern path compile to identical tasks: kinds, groups (link resources), bytes (the durations
     priced from them), order and dependencies."""
-    spec = load_model(model)
-    assert isinstance(spec, TransformerSpec)
-    par = ParallelSpec.parse({"micro_batch": 2, "seq_len": 512, "global_batch": 32, **strategy})
-    job = make_job(spec, a100_cluster(16), par)
-    dev = DeviceSlice.of(job.parallel)
-    graph = build_transformer(spec, dev)
+    job, spec, graph = _job(model, strategy)
     plan = default_plan(graph, job.parallel)
     assert {s.axis for s in plan.mesh_splits} == {axis for axis in ("tp", "cp") if strategy.get(axis, 1) != 1}
     split_form = compile_job(job, plan, Pricer(Calibration()), level)  # type: ignore[arg-type]

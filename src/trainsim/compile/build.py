@@ -24,7 +24,7 @@ iteration's forward in Megatron-Core, one iteration later here), or after the re
 applies the overlap slow-down itself (sim/engine.py).
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from trainsim.compile.apply_zero import FsdpChain, FsdpNeed, fsdp_enabled, stage_model_state
 from trainsim.compile.context import TASK_LEVELS, BuildContext, StageWriter, TaskLevel, TaskSpec
@@ -36,6 +36,7 @@ from trainsim.compile.schedules import Step, splits_backward
 from trainsim.compile.splits import plan_mesh_comms, plan_splits
 from trainsim.cost.memory import optimizer_step_bytes
 from trainsim.cost.pricing import Pricer
+from trainsim.cost.rank_classes import job_on_device
 from trainsim.errors import ConfigError
 from trainsim.ir.exec_graph import ExecGraph, SimDevice
 from trainsim.job import Job
@@ -56,7 +57,7 @@ def compile_job(job: Job, plan: LoweredPlan, pricer: Pricer,
     one per stage and device class where the cluster's ranks differ (device_classes)."""
     graph = _compile_stages(job, plan, pricer, task_level)
     return split_device_classes(job, graph, lambda device: _compile_stages(
-        replace(job, cluster=job.cluster.model_copy(update={"device": device})), plan, pricer, task_level))
+        job_on_device(job, device), plan, pricer, task_level))
 
 
 def _compile_stages(job: Job, plan: LoweredPlan, pricer: Pricer, task_level: TaskLevel) -> ExecGraph:

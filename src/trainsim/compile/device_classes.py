@@ -3,8 +3,8 @@ identical ones once).
 
 The compiler simulates one device per pipeline stage, standing for its dp x cp x tp ranks. That holds while those
 ranks are alike. A cluster may say otherwise (ClusterSpec.rank_devices: a rank is another device;
-ClusterSpec.compute_slowdown: a straggler), and then the ranks of a stage form *device classes*, each simulated
-on a timeline of its own:
+ClusterSpec.compute_slowdown: a straggler), and then the ranks of a stage form *device classes*
+(cost/rank_classes.py, which the analytical engine reads too), each simulated on a timeline of its own:
 
 - A class is a set of data-parallel replicas (the dp index of a rank) that are alike in every stage: a replica is
   as slow as the slowest rank of its tensor- and context-parallel group (they meet at every TP/CP collective), and
@@ -27,71 +27,24 @@ import dataclasses
 import re
 from collections.abc import Callable
 
+from trainsim.cost.rank_classes import DeviceClass, RankKind, default_kind, device_classes, rank_device, uniform
 from trainsim.errors import ConfigError
 from trainsim.hardware.device import DeviceSpec
 from trainsim.ir.exec_graph import ExecGraph, SimDevice, Task
 from trainsim.job import Job
 
-RankKind = tuple[str, float]  # (device name, compute slow-down)
-StageKey = tuple[int, tuple[RankKind, ...], bool]  # (stage, kinds other than the default, a default rank left)
-ColumnKey = tuple[StageKey, ...]  # the replica's kinds in every stage that has any
+__all__ = ["device_classes", "split_device_classes"]
+
 IN_CLASS_CATEGORIES = ("tp_comm", "cp_comm", "pp_comm")  # collectives among the ranks of one replica column
 _STAGE_LINK = re.compile(r"^stage(\d+)\.")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class DeviceClass:
-    """Data-parallel replicas simulated together: their dp indices and, per stage, the kinds of their ranks."""
-
-    replicas: tuple[int, ...]
-    key: ColumnKey
-
-    def kinds(self, stage: int, default: RankKind) -> tuple[RankKind, ...]:
-        for s, kinds, has_default in self.key:
-            if s == stage:
-                return (*kinds, default) if has_default else kinds
-        return (default,)
-
-
-def device_classes(job: Job) -> list[DeviceClass]:
-    """The classes of the job's ranks: one (every replica, default kinds) when nothing distinguishes them."""
-    par, cluster = job.parallel, job.cluster
-    group = par.tp * par.cp
-    per_stage = group * par.dp
-    default = (cluster.device.name, 1.0)
-    kinds: dict[tuple[int, int], set[RankKind]] = {}
-    counts: dict[tuple[int, int], int] = {}
-    for rank in sorted(set(cluster.rank_devices) | set(cluster.compute_slowdown)):
-        if rank >= job.num_gpus:
-            continue
-        kind = (cluster.rank_devices[rank].name if rank in cluster.rank_devices else default[0],
-                cluster.compute_slowdown.get(rank, 1.0))
-        if kind == default:
-            continue
-        place = (rank // per_stage, rank % per_stage // group)
-        kinds.setdefault(place, set()).add(kind)
-        counts[place] = counts.get(place, 0) + 1
-    columns: dict[int, list[StageKey]] = {}
-    for (stage, replica), found in sorted(kinds.items()):
-        columns.setdefault(replica, []).append((stage, tuple(sorted(found)), counts[(stage, replica)] < group))
-    by_key: dict[ColumnKey, list[int]] = {}
-    for replica in range(par.dp):
-        by_key.setdefault(tuple(columns.get(replica, ())), []).append(replica)
-    return [DeviceClass(tuple(replicas), key) for key, replicas in by_key.items()]
-
-
-def rank_device(job: Job, name: str) -> DeviceSpec:
-    if name == job.cluster.device.name:
-        return job.cluster.device
-    return next(d for d in job.cluster.rank_devices.values() if d.name == name)
 
 
 def split_device_classes(job: Job, graph: ExecGraph, compile_on: Callable[[DeviceSpec], ExecGraph]) -> ExecGraph:
     """`graph` (one device per stage) with a device per stage and class where the job's ranks differ.
     compile_on(device): the same job compiled with its cluster's device replaced (a heterogeneous rank's prices)."""
     classes = device_classes(job)
-    default: RankKind = (job.cluster.device.name, 1.0)
-    if len(classes) == 1 and not classes[0].key:
+    default = default_kind(job)
+    if uniform(classes):
         return graph
     durations = _durations_by_kind(job, graph, classes, default, compile_on)
     num_stages, count = len(graph.devices), len(classes)

@@ -200,18 +200,25 @@ def loss_grad_bytes(head: Layer, stack: StackSpec | None = None) -> float:
 
 
 def estimate_memory(stages: list[list[StagePart]], par: ParallelSpec, device: DeviceSpec,
-                    stack: StackSpec | None = None) -> MemoryEstimate:
+                    stack: StackSpec | None = None, capacities: Sequence[float] = ()) -> MemoryEstimate:
     return memory_estimate([stage_memory_base(stage, par, stack) for stage in stages],
-                           [stage_in_flight(par, index) for index in range(len(stages))], device)
+                           [stage_in_flight(par, index) for index in range(len(stages))], device, capacities)
 
 
-def memory_estimate(bases: Sequence[StageMemoryBase], in_flight: Sequence[float],
-                    device: DeviceSpec) -> MemoryEstimate:
+def memory_estimate(bases: Sequence[StageMemoryBase], in_flight: Sequence[float], device: DeviceSpec,
+                    capacities: Sequence[float] = ()) -> MemoryEstimate:
     """The peak over the stages whose memory before the schedule is `bases` and that hold `in_flight`
-    micro-batches at their peaks (one each per stage, in order)."""
+    micro-batches at their peaks (one each per stage, in order). capacities: per stage, the memory of its
+    smallest rank where the cluster's ranks differ (cost.rank_classes); then the stage nearest its capacity is
+    the verdict's, as the simulator's (estimate.simulation.sim_memory)."""
     reserved = device.runtime_reserved_bytes
     values = [stage_memory_values(base, held, reserved) for base, held in zip(bases, in_flight, strict=True)]
     totals = [sum(stage) for stage in values]
-    peak_stage = max(range(len(totals)), key=totals.__getitem__)
-    return MemoryEstimate(totals[peak_stage], device.hbm_bytes, dict(zip(STAGE_MEMORY_KEYS, values[peak_stage],
-                                                                         strict=True)), peak_stage)
+    if capacities:
+        peak_stage = max(range(len(totals)), key=lambda s: totals[s] / capacities[s])
+        capacity = capacities[peak_stage]
+    else:
+        peak_stage = max(range(len(totals)), key=totals.__getitem__)
+        capacity = device.hbm_bytes
+    return MemoryEstimate(totals[peak_stage], capacity, dict(zip(STAGE_MEMORY_KEYS, values[peak_stage], strict=True)),
+                          peak_stage)

@@ -12,6 +12,7 @@ Every cache returns what the uncached formula returns for the same inputs: the k
 formula reads.
 """
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,16 @@ from trainsim.cost.memory import (
     saved_key,
     stage_in_flight,
     stage_memory_base,
+)
+from trainsim.cost.rank_classes import (
+    DeviceClass,
+    default_kind,
+    device_classes,
+    job_on_device,
+    rank_device,
+    ranks_differ,
+    stage_capacities,
+    uniform,
 )
 from trainsim.cost.stack_effects import (
     BucketQueue,
@@ -202,6 +213,9 @@ class Pricer:
         self._cluster_numbers: dict[tuple[object, ...], int] = {}
         self._stack_keys: dict[int, int] = {}  # id of a stack -> the number of its content
         self._stack_numbers: dict[tuple[object, ...], int] = {}
+        self._rank_clusters: dict[tuple[int, str], ClusterSpec] = {}  # (id of a cluster, device) -> on it
+        self._rank_stage_costs: dict[tuple[int, int, float, float], StageCost] = {}
+        self._classes: dict[tuple[object, ...], list[DeviceClass]] = {}
 
     # --- cache keys ---
 
@@ -717,6 +731,91 @@ class Pricer:
         return [(self.axis_collective_s(collective, params * bytes_per_param, "grad", job), count)
                 for params, count in runs]
 
+    # --- ranks that differ (cost.rank_classes: device classes, shared with the simulator's compiler) ---
+
+    def device_classes(self, job: Job) -> list[DeviceClass]:
+        """rank_classes.device_classes(job), once per (cluster, tp, cp, dp); one uniform class when the cluster
+        names no rank overrides."""
+        par = job.parallel
+        key = (self._pin(job.cluster), par.tp, par.cp, par.dp, par.pp)
+        classes = self._classes.get(key)
+        if classes is None:
+            classes = self._classes[key] = device_classes(job)
+        return classes
+
+    def job_on(self, job: Job, device_name: str) -> Job:
+        """The job on one of its cluster's rank devices (its prices), the cluster made once per device."""
+        if device_name == job.cluster.device.name:
+            return job
+        key = (self._pin(job.cluster), device_name)
+        cluster = self._rank_clusters.get(key)
+        if cluster is None:
+            cluster = self._rank_clusters[key] = job_on_device(job, rank_device(job, device_name)).cluster
+        return dataclasses.replace(job, cluster=cluster)
+
+    def class_stage_costs(self, partition: Partition, job: Job,
+                          classes: list[DeviceClass]) -> list[list[StageCost]]:
+        """Per device class, its pipeline column's stage costs: each stage's compute (forward, backward, the
+        recompute's ops, the host overheads) is that of the class's slowest kind of rank in the stage (the job
+        priced on the rank's device, times its slow-down), its communication the cluster's: what the simulator's
+        compiler gives each class's compute and comm tasks (compile/device_classes.py)."""
+        base = self.stage_costs(partition, job)
+        default = default_kind(job)
+        on_device: dict[str, list[StageCost]] = {default[0]: base}
+        columns: list[list[StageCost]] = []
+        for cls in classes:
+            column: list[StageCost] = []
+            for index, cost in enumerate(base):
+                slowest: StageCost | None = None
+                for name, slowdown in cls.kinds(index, default):
+                    costs = on_device.get(name)
+                    if costs is None:
+                        costs = on_device[name] = self.stage_costs(partition, self.job_on(job, name))
+                    stage = partition.stages[index]
+                    ranked = self._rank_stage_cost(cost, costs[index], slowdown, self._recompute_comm_s(stage, job))
+                    if slowest is None or ranked.total_s > slowest.total_s:
+                        slowest = ranked
+                column.append(slowest or cost)
+            columns.append(column)
+        return columns
+
+    def _rank_stage_cost(self, base: StageCost, on: StageCost, slowdown: float, recompute_comm_s: float) -> StageCost:
+        if on is base and slowdown == 1.0:
+            return base
+        key = (self._pin(base), self._pin(on), slowdown, recompute_comm_s)
+        cost = self._rank_stage_costs.get(key)
+        if cost is None:
+            comm = dict(base.comm_s)
+            if "pp" in comm:  # the pipeline's host overhead per micro-batch is the rank's (a compute task)
+                comm["pp"] += (slowdown - 1.0) * self.cal.runtime.pipeline_overhead_per_micro_batch_s
+            recompute = slowdown * (on.recompute_s - recompute_comm_s) + recompute_comm_s
+            cost = self._rank_stage_costs[key] = StageCost(
+                slowdown * on.compute_s, recompute, comm, base.fsdp_exposed_s, slowdown * on.overhead_s,
+                slowdown * on.wgrad_s, slowdown * on.forward_s, slowdown * on.backward_s, base.feature_fwd_s)
+        return cost
+
+    def _recompute_comm_s(self, stage: list[StagePart], job: Job) -> float:
+        """The forward feature collectives full recompute repeats (part of _stage_recompute_s, not compute)."""
+        if job.parallel.recompute != "full":
+            return 0.0
+        return sum(part.count * self.layer_cost(part.layer, job).comm_fwd_s for part in stage
+                   if part.layer.kind not in ("embedding", "head"))
+
+    def class_step_s(self, stages: list[list[StagePart]], job: Job,
+                     classes: list[DeviceClass]) -> tuple[float, float]:
+        """(optimizer step, iteration overhead) after the barrier every stage and class meets: those of the
+        (stage, kind of rank) that finishes last."""
+        default = default_kind(job)
+        worst = (0.0, 0.0)
+        for index, stage in enumerate(stages):
+            kinds = {kind for cls in classes for kind in cls.kinds(index, default)}
+            for name, slowdown in kinds:
+                on = self.job_on(job, name)
+                step = (slowdown * self.optimizer_step_s([stage], on), slowdown * self.iteration_overhead_s(on))
+                if sum(step) > sum(worst):
+                    worst = step
+        return worst
+
     # --- step costs and memory ---
 
     def stage_params(self, stage: list[StagePart]) -> float:
@@ -754,11 +853,13 @@ class Pricer:
     def memory(self, stages: list[list[StagePart]], job: Job) -> MemoryEstimate:
         """Peak memory per GPU over the stages (cost.memory). For the stages of a partition, the stages' memory
         before the schedule is made once per (partition, cost.memory.memory_key) and the micro-batches each
-        holds once per (schedule, pp, vpp, micro-batches)."""
+        holds once per (schedule, pp, vpp, micro-batches). Where the cluster's ranks differ, the verdict is the
+        stage nearest its smallest rank's memory (stage_capacities)."""
         par, device = job.parallel, job.cluster.device
+        capacities = self.stage_capacities(job)
         partition = self._partition_of.get(id(stages))
         if partition is None:
-            return estimate_memory(stages, par, device, job.stack)
+            return estimate_memory(stages, par, device, job.stack, capacities)
         key = (id(partition), memory_key(par, job.stack))
         bases = self._memory_bases.get(key)
         if bases is None:
@@ -773,13 +874,21 @@ class Pricer:
                 in_flight = self._in_flight[flight_key] = tuple(
                     stage_in_flight(par, index, chunk_shares(stage, partition.chunk_blocks[index], saved))
                     for index, stage in enumerate(stages))
-            return memory_estimate(bases, in_flight, device)
+            return memory_estimate(bases, in_flight, device, capacities)
         flight_key = (par.schedule, par.pp, par.vpp, par.num_micro_batches, len(stages))
         in_flight = self._in_flight.get(flight_key)
         if in_flight is None:
             in_flight = self._in_flight[flight_key] = tuple(stage_in_flight(par, index)
                                                             for index in range(len(stages)))
-        return memory_estimate(bases, in_flight, device)
+        return memory_estimate(bases, in_flight, device, capacities)
+
+
+    def stage_capacities(self, job: Job) -> tuple[float, ...]:
+        """Per stage, its smallest rank's memory where the cluster's ranks differ; () where they are alike."""
+        if not ranks_differ(job):
+            return ()
+        classes = self.device_classes(job)
+        return () if uniform(classes) else stage_capacities(job, classes)
 
 
 # --- the cost choices: one table ---

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 from trainsim.catalog.calibration import Calibration
 from trainsim.cost.memory import MemoryEstimate
-from trainsim.cost.pricing import Pricer
-from trainsim.estimate.result import Result, iteration_time_s, make_result, tokens_per_s, uniform_ranks_notes
+from trainsim.cost.pricing import Partition, Pricer, StageCost
+from trainsim.cost.rank_classes import DeviceClass, ranks_differ, uniform
+from trainsim.estimate.result import Result, iteration_time_s, make_result, tokens_per_s
 from trainsim.ir.graph import OpGraph
 from trainsim.job import Job
 from trainsim.strategy.lowered import LoweredPlan
@@ -52,7 +53,7 @@ class PlanPrice:
 
     def result(self) -> Result:
         return make_result(self.engine, self.job, self.graph, self.breakdown, self.memory,
-                           notes=uniform_ranks_notes(self.job, self.engine), calibration=self.calibration)
+                           calibration=self.calibration)
 
 
 def uneven_bubble_s(schedule: str, totals: list[float], forward: Sequence[float], m: int,
@@ -113,10 +114,50 @@ class AnalyticalEstimator:
     def price(self, job: Job, graph: OpGraph) -> PlanPrice:
         """The closed form for one plan; the Result waits for PlanPrice.result()."""
         pricer = self.pricer
-        par = job.parallel
-        partition = pricer.plan_partition(graph, par)
+        partition = pricer.plan_partition(graph, job.parallel)
         stages = partition.stages
-        costs = pricer.stage_costs(partition, job)
+        classes = pricer.device_classes(job) if ranks_differ(job) else None
+        if classes is None or uniform(classes):
+            breakdown = self._closed_form(pricer.stage_costs(partition, job), partition, graph, job)
+            breakdown["optimizer"] = pricer.optimizer_step_s(stages, job)
+            breakdown["overhead"] += pricer.iteration_overhead_s(job)
+        else:
+            breakdown = self._classes_closed_form(partition, graph, job, classes)
+        return PlanPrice(self.name, job, graph, breakdown, pricer.memory(stages, job),
+                         iteration_time_s(job, breakdown), pricer.cal)
+
+    def _classes_closed_form(self, partition: Partition, graph: OpGraph, job: Job,
+                             classes: list[DeviceClass]) -> dict[str, float]:
+        """Ranks that differ (cost.rank_classes): synchronous training waits at every collective for its slowest
+        member. Each device class is a pipeline column whose stages compute at their slowest kind of rank
+        (Pricer.class_stage_costs); the data-parallel gradient reduction and the optimizer barrier wait for the
+        slowest column, so the iteration is the slowest column's closed form, then the step of the (stage, kind
+        of rank) that finishes it last. Where the columns meet inside every micro-batch's compute (expert
+        all-to-alls over data-parallel ranks: the next op needs their output) they move in lockstep: one column
+        of each stage's slowest class. NB: ZeRO-3's gathers meet every micro-batch too, but ahead of the compute
+        that needs them (prefetched): the columns are priced apart there, as the simulator runs them."""
+        pricer = self.pricer
+        columns = pricer.class_stage_costs(partition, job, classes)
+        if any("ep" in cost.comm_s for column in columns for cost in column):
+            columns = [[max(stage_costs, key=_total_s) for stage_costs in zip(*columns, strict=True)]]
+        optimizer_s, overhead_s = pricer.class_step_s(partition.stages, job, classes)
+        slowest: dict[str, float] = {}
+        for column in columns:
+            breakdown = self._closed_form(column, partition, graph, job, by_class=True)
+            if not slowest or sum(breakdown.values()) > sum(slowest.values()):
+                slowest = breakdown
+        slowest["optimizer"] = optimizer_s
+        slowest["overhead"] += overhead_s
+        return slowest
+
+    def _closed_form(self, costs: list[StageCost], partition: Partition, graph: OpGraph, job: Job,
+                     by_class: bool = False) -> dict[str, float]:
+        """The pipeline of one micro-batch's stage costs: the breakdown before the optimizer step and the
+        iteration's fixed overhead. by_class: the costs are a device class's column (stage times that differ
+        by their ranks)."""
+        pricer = self.pricer
+        par = job.parallel
+        stages = partition.stages
         totals = [cost.total_s for cost in costs]
         bottleneck = max(range(len(totals)), key=totals.__getitem__)
         slow = costs[bottleneck]
@@ -125,6 +166,10 @@ class AnalyticalEstimator:
             # an uneven split (strategy.stages): the stalls of the warm-up and cool-down, stage by stage
             bubble = uneven_bubble_s(par.schedule, totals, pricer.forward_fractions(partition, job), m,
                                      pricer.chunk_time_shares(partition, job))
+        elif by_class and max(totals) > min(totals):
+            # an even split whose stages differ by their ranks (a straggler's stage): the same stalls
+            shares = ((1.0 / par.vpp,) * par.vpp,) * len(totals) if par.vpp > 1 else ()
+            bubble = uneven_bubble_s(par.schedule, totals, [_forward_fraction(cost) for cost in costs], m, shares)
         else:
             bubble = (sum(totals) - slow.total_s) / par.vpp
         if par.schedule == "zb-h1":
@@ -135,14 +180,23 @@ class AnalyticalEstimator:
         # stage to the first), so its gradient reduction, not the bottleneck's, is what the step waits for
         grad_exposed = max(pricer.gradient_sync_exposed_s(stages[bottleneck], slow, job),
                            pricer.gradient_sync_exposed_s(stages[0], costs[0], job))
-        breakdown = {
+        return {
             "compute": m * slow.compute_s,
             "recompute": m * slow.recompute_s,
             **{f"{axis}_comm": m * seconds for axis, seconds in slow.comm_s.items()},
             "dp_comm": grad_exposed + m * slow.fsdp_exposed_s,
             "bubble": bubble,
-            "optimizer": pricer.optimizer_step_s(stages, job),
-            "overhead": pricer.iteration_overhead_s(job) + m * slow.overhead_s,
+            "optimizer": 0.0,
+            "overhead": m * slow.overhead_s,
         }
-        return PlanPrice(self.name, job, graph, breakdown, pricer.memory(stages, job),
-                         iteration_time_s(job, breakdown), pricer.cal)
+
+
+def _total_s(cost: StageCost) -> float:
+    return cost.total_s
+
+
+def _forward_fraction(cost: StageCost) -> float:
+    """The forward pass's share of a stage's compute and feature communication (Pricer.stage_forward_fraction,
+    from a stage cost)."""
+    whole = cost.compute_s + cost.recompute_s + sum(s for axis, s in cost.comm_s.items() if axis != "pp")
+    return (cost.forward_s + cost.feature_fwd_s) / whole if whole > 0.0 else 0.0

@@ -25,9 +25,17 @@ from trainsim.cost.compute import OpCostModel, RooflineCosts
 from trainsim.cost.memory import estimate_memory, optimizer_shards
 from trainsim.cost.pricing import axis_layout
 from trainsim.cost.profiled import ProfiledCosts, ProfiledStepCosts
+from trainsim.cost.rank_classes import (
+    RankKind,
+    default_kind,
+    device_classes,
+    rank_device,
+    ranks_differ,
+    stage_capacities,
+)
 from trainsim.cost.step import FittedStepCosts, StepCosts
-from trainsim.estimate.result import Result, make_result, uniform_ranks_notes
-from trainsim.hardware.device import BYTES_PER_DTYPE
+from trainsim.estimate.result import Result, make_result
+from trainsim.hardware.device import BYTES_PER_DTYPE, DeviceSpec
 from trainsim.ir.graph import Layer, OpGraph
 from trainsim.job import Job
 from trainsim.strategy.lowered import LoweredPlan
@@ -107,9 +115,10 @@ class PrecisionAwareEstimator:
             else fitted
         self.optimizer = optimizer
 
-    def subgraph_time_s(self, subgraph: Subgraph, job: Job) -> float:
-        """One micro-batch through the subgraph: the sum of its operators' forward and backward times."""
-        device = job.cluster.device
+    def subgraph_time_s(self, subgraph: Subgraph, job: Job, device: DeviceSpec | None = None) -> float:
+        """One micro-batch through the subgraph on `device` (default: the cluster's): the sum of its operators'
+        forward and backward times."""
+        device = device or job.cluster.device
         return sum(part.count * sum(self.op_costs.op_time_s(op, device) for op in part.layer.fwd + part.layer.bwd)
                    for part in subgraph.parts)
 
@@ -125,10 +134,17 @@ class PrecisionAwareEstimator:
         ignored (Algorithm 1 splits the layers evenly)."""
         par = job.parallel
         subgraphs = partition(graph, par)
+        kinds = _stage_kinds(job)
         per_stage: dict[int, float] = {}
+        slowest_kind: dict[int, RankKind] = {}
         for sub in subgraphs:
             if sub.stage not in per_stage:  # d and t copies of a stage are identical: cost each stage once
-                per_stage[sub.stage] = self.subgraph_time_s(sub, job)
+                # NB: where ranks differ (cost.rank_classes), a stage's copies run at its slowest rank's pace:
+                # Algorithm 1's subgraph on that rank's device, times its slow-down
+                times = {kind: kind[1] * self.subgraph_time_s(sub, job, rank_device(job, kind[0]))
+                         for kind in kinds[sub.stage]}
+                slowest_kind[sub.stage] = max(times, key=times.__getitem__)
+                per_stage[sub.stage] = times[slowest_kind[sub.stage]]
         # NB: the paper sums operator times per subgraph; GPUs run their subgraphs concurrently, so the slowest
         # one sets T_comp. One iteration runs the global batch: num_micro_batches profiled micro-batches.
         slowest = max(subgraphs, key=lambda sub: per_stage[sub.stage])
@@ -142,17 +158,18 @@ class PrecisionAwareEstimator:
         breakdown = {"compute": t_comp, "dp_comm": t_dp, "tp_comm": t_tp, "bubble": t_pp}
         stages = plan_stages(graph, par)
         if self.optimizer:
-            breakdown["optimizer"] = self._optimizer_step_s(slowest.parts, job)
-        memory = estimate_memory(stages, par, job.cluster.device, job.stack)
-        return make_result(self.name, job, graph, breakdown, memory,
-                           notes=[*self._notes(job), *uniform_ranks_notes(job, self.name)])
+            name, slowdown = slowest_kind[slowest.stage]
+            breakdown["optimizer"] = slowdown * self._optimizer_step_s(slowest.parts, job, rank_device(job, name))
+        capacities = stage_capacities(job, device_classes(job)) if ranks_differ(job) else ()
+        memory = estimate_memory(stages, par, job.cluster.device, job.stack, capacities)
+        return make_result(self.name, job, graph, breakdown, memory, notes=self._notes(job))
 
-    def _optimizer_step_s(self, parts: tuple[StagePart, ...], job: Job) -> float:
+    def _optimizer_step_s(self, parts: tuple[StagePart, ...], job: Job, device: DeviceSpec) -> float:
         """The Adam step over the subgraph's parameters: measured when the profile holds it, else the roofline
         step (cost/step.py)."""
         par = job.parallel
         params = sum(part.count * part.layer.param_count for part in parts)
-        return self.step_costs.optimizer_step_s(params / optimizer_shards(par), par.precision, job.cluster.device)
+        return self.step_costs.optimizer_step_s(params / optimizer_shards(par), par.precision, device)
 
     def _notes(self, job: Job) -> list[str]:
         par = job.parallel
@@ -165,3 +182,14 @@ class PrecisionAwareEstimator:
         if callable(describe):
             notes.append(str(describe()))
         return notes
+
+
+def _stage_kinds(job: Job) -> list[tuple[RankKind, ...]]:
+    """Per pipeline stage, the kinds of its ranks (cost.rank_classes): the cluster's device alone where the
+    ranks are alike."""
+    default = default_kind(job)
+    if not ranks_differ(job):
+        return [(default,)] * job.parallel.pp
+    classes = device_classes(job)
+    return [tuple(sorted({kind for cls in classes for kind in cls.kinds(stage, default)}))
+            for stage in range(job.parallel.pp)]

@@ -198,17 +198,6 @@ def iteration_time_s(job: Job, breakdown: dict[str, float]) -> float:
     return sum(with_shared_cores(breakdown, job.cluster.device.compute_share).values())
 
 
-def uniform_ranks_notes(job: Job, engine: str) -> list[str]:
-    """The note of a closed-form engine, which prices every rank as the cluster's device, on a cluster whose ranks
-    differ (rank_devices, compute_slowdown): only the simulator gives such ranks their own timelines."""
-    cluster = job.cluster
-    differing = [name for name in ("rank_devices", "compute_slowdown") if getattr(cluster, name)]
-    if not differing:
-        return []
-    return [f"cluster {' and '.join(differing)}: the {engine} engine prices every rank as {cluster.device.name} at "
-            f"full speed; `--engine sim` simulates the ranks that differ"]
-
-
 def tokens_per_s(job: Job, iteration_s: float) -> float:
     return job.tokens_per_iteration / iteration_s
 

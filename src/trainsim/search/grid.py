@@ -18,7 +18,8 @@ the plans:
   its peak (cost.memory's formulas).
 
 The plans the fast path does not cover (an uneven pipeline split, a stage list; a cluster or stack other than
-the first plan's; a step-cost model whose host overhead reads the plan) go to the plain engine one by one, so
+the first plan's; a cluster whose ranks differ, rank_devices or compute_slowdown, whose device classes the plain
+engine prices; a step-cost model whose host overhead reads the plan) go to the plain engine one by one, so
 every plan gets the figures AnalyticalEstimator.price gives it: tests/unit/search/test_grid.py holds them equal.
 """
 
@@ -31,6 +32,7 @@ from numpy.typing import NDArray
 
 from trainsim.cost.memory import kept_bytes, loss_grad_bytes, rebuilt_bytes, saved_key
 from trainsim.cost.pricing import GradientQueues, LayerCost, Pricer
+from trainsim.cost.rank_classes import ranks_differ
 from trainsim.cost.stack_effects import BucketQueue, queue_tail_s
 from trainsim.cost.step import FittedStepCosts
 from trainsim.errors import TrainsimError
@@ -223,9 +225,12 @@ class _Batch:
         index_of: list[int] = []
         group_numbers: list[int] = []
         values: list[tuple[object, ...]] = []
+        # ranks that differ (cost.rank_classes: stragglers, other devices): the plain engine prices their
+        # device classes plan by plan
+        mixed_ranks = ranks_differ(self.job0)
         for index, (job, graph) in enumerate(self.plans):
             fields = job.parallel.__dict__  # NB: a pydantic model's fields; read from it ~2x faster
-            if (job.cluster is not cluster and job.cluster != cluster) or \
+            if mixed_ranks or (job.cluster is not cluster and job.cluster != cluster) or \
                     (job.stack is not stack and job.stack != stack) or any(_SPLIT_FIELDS(fields)):
                 slow.append(index)  # not strategy.stages.is_even_split
                 continue

@@ -187,17 +187,3 @@ def test_predict_reads_stragglers_and_rank_devices_from_a_cluster_file(tmp_path:
     path.write_text(CLUSTER_YAML.format(extra="compute_slowdown: {5: -1.5}"))
     result = CliRunner().invoke(app, [*flags, "--cluster", str(path)])
     assert result.exit_code == 2 and "compute_slowdown" in result.output and "Traceback" not in result.output
-
-
-def test_the_closed_form_engines_say_they_price_every_rank_alike_and_the_simulator_does_not() -> None:
-    from trainsim.pipeline import predict
-
-    job = _job(2, dp=2)
-    straggler = _with(job, compute_slowdown={1: 2.0})
-    for engine in ("analytical", "precision-aware"):
-        assert not any("compute_slowdown" in note for note in predict(job, engine).notes)
-        notes = [note for note in predict(straggler, engine).notes if "compute_slowdown" in note]
-        assert len(notes) == 1 and "--engine sim" in notes[0]
-    sim = predict(straggler, "sim")
-    assert not any("compute_slowdown" in note for note in sim.notes)
-    assert sim.iteration_time_s > predict(job, "sim").iteration_time_s

@@ -40,7 +40,7 @@ def test_every_shape_engine_takes_the_same_inputs_and_returns_a_result(engine: s
 
 def test_shape_engines_leave_out_replay_and_unknown_engines_list_the_choices() -> None:
     assert shape_engines() == ["analytical", "precision-aware", "sim"]
-    with pytest.raises(UnknownNameError, match="analytical, precision-aware, replay, sim"):
+    with pytest.raises(UnknownNameError, match="analytical, flexflow-sim, precision-aware, replay, sim, sim-plain"):
         make_engine("exact")
 
 

@@ -92,7 +92,8 @@ def predict(model: ModelArg | None = None, cluster: ClusterArg | None = None, nu
     """
     entry = ENGINES.get(engine)
     if tree is not None and not entry.takes_plan:
-        raise ConfigError("engine", engine, "a strategy tree needs engine sim")
+        takes = [name for name in ENGINES.names() if ENGINES.get(name).takes_plan]
+        raise ConfigError("engine", engine, f"a strategy tree needs a simulator engine: {', '.join(takes)}")
     settings = read_job_file(Path(job_file) if job_file is not None else None)
     settings.update(_strategy_settings(strategy))
     given: dict[str, Any] = {"model": model, "frontend": frontend, "cluster": cluster, "num_gpus": num_gpus,

@@ -46,12 +46,14 @@ class EngineEntry:
     """One rung of the ladder: how to build it and what it can do. timeline: its Results carry the simulated
     iteration (a trace, the critical path); takes_plan: it places layers by a lowered plan (a strategy tree);
     replays_traces: it predicts a traced run from the OpGraph's measured trace (the execution-trace front-end),
-    not from a model's shapes alone."""
+    not from a model's shapes alone; baseline: an ablation of another engine for the paper comparisons (Proteus
+    Table IV and Fig. 9), left out of "every engine" (shape_engines)."""
 
     build: Callable[[EngineOptions], Estimator]
     timeline: bool = False
     takes_plan: bool = False
     replays_traces: bool = False
+    baseline: bool = False
 
 
 def _analytical(options: EngineOptions) -> Estimator:
@@ -65,6 +67,22 @@ def _sim(options: EngineOptions) -> Estimator:
 
     return SimEstimator(make_pricer(options.costs, options.db, sim_calibration(options.calibration)),
                         task_level=options.task_level)
+
+
+def _sim_plain(options: EngineOptions) -> Estimator:
+    from trainsim.estimate.baselines import PlainSimEstimator
+    from trainsim.estimate.simulation import sim_calibration
+
+    return PlainSimEstimator(make_pricer(options.costs, options.db, sim_calibration(options.calibration)),
+                             task_level=options.task_level)
+
+
+def _flexflow_sim(options: EngineOptions) -> Estimator:
+    from trainsim.estimate.baselines import FlexFlowSimEstimator
+    from trainsim.estimate.simulation import sim_calibration
+
+    return FlexFlowSimEstimator(make_pricer(options.costs, options.db, sim_calibration(options.calibration)),
+                                task_level=options.task_level)
 
 
 def _precision_aware(options: EngineOptions) -> Estimator:
@@ -89,11 +107,15 @@ ENGINES.add("analytical", EngineEntry(build=_analytical))
 ENGINES.add("precision-aware", EngineEntry(build=_precision_aware))
 ENGINES.add("sim", EngineEntry(build=_sim, timeline=True, takes_plan=True))
 ENGINES.add("replay", EngineEntry(build=_replay, timeline=True, replays_traces=True))
+ENGINES.add("sim-plain", EngineEntry(build=_sim_plain, timeline=True, takes_plan=True, baseline=True))
+ENGINES.add("flexflow-sim", EngineEntry(build=_flexflow_sim, timeline=True, takes_plan=True, baseline=True))
 
 
 def shape_engines() -> list[str]:
-    """The engines that predict a job from its model's shapes (every one but trace replay)."""
-    return [name for name in ENGINES.names() if not ENGINES.get(name).replays_traces]
+    """The engines that predict a job from its model's shapes (every one but trace replay and the simulator's
+    baselines)."""
+    return [name for name in ENGINES.names() if not ENGINES.get(name).replays_traces
+            and not ENGINES.get(name).baseline]
 
 
 def make_engine(engine: str, costs: str = "roofline", db: Path | None = None,

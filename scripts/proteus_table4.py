@@ -1,7 +1,8 @@
 """Table IV of Proteus (Sec. VIII-C) on this machine: the six models' small versions x S1/S2 on 2 or 4 gloo ranks,
-measured with `trainsim measure --tree` and simulated with profiled op costs, three ways (the simulator's
-runtime-behaviour switch, sim/baselines.py): proteus (overlap slow-down and bandwidth sharing), plain (Fig. 9),
-flexflow (FlexFlow-Sim: collectives inserted, priced from bandwidth alone, no runtime behaviours).
+measured with `trainsim measure --tree` and simulated with profiled op costs by three engines of the registry
+(COLUMN_ENGINES; their switches in sim/baselines.py): proteus = "sim" (overlap slow-down and bandwidth sharing),
+plain = "sim-plain" (Fig. 9), flexflow = "flexflow-sim" (FlexFlow-Sim: collectives inserted, priced from
+bandwidth alone, no runtime behaviours, no in-flight limit).
 
 Campaigns of three models (about seven minutes each on this shared 2-core machine), under the timing lock:
 
@@ -179,31 +180,28 @@ def measure(model: str, strategy: str, ranks: int, out: Path, iterations: int, w
             "load_average_1m": run["settings"].get("load_average_1m")}
 
 
+# Table IV's columns -> the registry's engines (estimate/engines.py; sim/baselines.py holds their switches)
+COLUMN_ENGINES = {"proteus": "sim", "plain": "sim-plain", "flexflow": "flexflow-sim"}
+
+
 def predict(model: str, strategy: str, ranks: int, db_path: Path) -> dict[str, float]:
     from trainsim.catalog.calibration import load_calibration
-    from trainsim.cost.pricing import Pricer, make_pricer
-    from trainsim.estimate.simulation import SimEstimator, sim_calibration
-    from trainsim.sim.baselines import BEHAVIOURS, RUNTIME_FLAGS, BandwidthOnlyComm
+    from trainsim.estimate.engines import make_engine
 
     job, graph, plan = job_and_plan(model, strategy, ranks)
-    cal = sim_calibration(load_calibration())
+    cal = load_calibration()
     out: dict[str, float] = {}
     # "serial": the catalog's CPU, whose gloo collectives never overlap compute (hardware/device.py); the three
-    # switches run on the same CPU with overlap allowed, as the measured ranks launch the data-parallel
+    # engines run on the same CPU with overlap allowed, as the measured ranks launch the data-parallel
     # all-reduces from the gradient hooks (gloo's own thread) and Proteus models it: slowed by gamma
-    serial = SimEstimator(make_pricer("profiled", db_path, cal), task_level="op").estimate(job, graph, plan)
+    serial = make_engine("sim", "profiled", db_path, "op", cal).estimate(job, graph, plan)
     out["serial"] = serial.iteration_time_s
     device = job.cluster.device.model_copy(update={"comm_overlaps_compute": True})
     job = dataclasses.replace(job, cluster=job.cluster.model_copy(update={"device": device}))
-    for behaviours in BEHAVIOURS:
-        pricer = make_pricer("profiled", db_path, cal)
-        if behaviours == "flexflow":
-            pricer = Pricer(cal, op_costs=pricer.op_costs, step_costs=pricer.step_costs,
-                            comm_costs=BandwidthOnlyComm())
-        overlap, sharing = RUNTIME_FLAGS[behaviours]
-        result = SimEstimator(pricer, overlap=overlap, sharing=sharing, task_level="op").estimate(job, graph, plan)
-        out[behaviours] = result.iteration_time_s
-        if behaviours == "proteus":
+    for column, engine in COLUMN_ENGINES.items():
+        result = make_engine(engine, "profiled", db_path, "op", cal).estimate(job, graph, plan)
+        out[column] = result.iteration_time_s
+        if column == "proteus":
             out["peak_memory_bytes"] = result.peak_memory_bytes
     return out
 

@@ -126,12 +126,15 @@ def main() -> None:
             copy_collectives(collectives, db)
         for strategy in t.STRATEGIES:
             measured = t.measure(model, strategy, args.ranks, args.out, 4, 1)
-            predicted = {v: t.predict(model, strategy, args.ranks, db)["proteus"] for v, db in dbs.items()}
+            # every Table IV column (proteus, plain, flexflow, serial) per variant; the errors are the proteus one's
+            columns = {v: t.predict(model, strategy, args.ranks, db) for v, db in dbs.items()}
+            predicted = {v: values["proteus"] for v, values in columns.items()}
             errors = {}
             for v, seconds in predicted.items():
                 truth = measured.get("median_s" if v.startswith("wall") else "cpu_s")
                 errors[v] = abs(seconds - truth) / truth if truth else None
-            cells[f"{model}/{strategy}"] = {"measured": measured, "predicted": predicted, "errors": errors}
+            cells[f"{model}/{strategy}"] = {"measured": measured, "predicted": predicted, "columns": columns,
+                                            "errors": errors}
             print(model, strategy, {v: f"{e * 100:.1f}%" for v, e in errors.items() if e is not None}, flush=True)
             path.write_text(json.dumps(cells, indent=1) + "\n")
         print(f"{model}: {time.time() - started:.0f} s", flush=True)

@@ -187,3 +187,25 @@ def test_predict_reads_stragglers_and_rank_devices_from_a_cluster_file(tmp_path:
     path.write_text(CLUSTER_YAML.format(extra="compute_slowdown: {5: -1.5}"))
     result = CliRunner().invoke(app, [*flags, "--cluster", str(path)])
     assert result.exit_code == 2 and "compute_slowdown" in result.output and "Traceback" not in result.output
+
+
+def test_classes_on_one_node_keep_their_own_share_of_its_nic() -> None:
+    """Collective prices already give each GPU its share of its node's NICs (comm/collectives.py: NICs x
+    bandwidth / GPUs per node), so a class's link resources are its ranks' shares, not the node's whole NIC:
+    splitting ranks that are alike into two classes on the same nodes (a twin device of the same specs) simulates
+    to exactly the one-device iteration, with bandwidth sharing and an overlap slow-down on. pp 2 x dp 16 over
+    nodes of one NIC: the gradient buckets and the pipeline's sends cross it."""
+    from trainsim.catalog.overlap import model_family
+    from trainsim.estimate.simulation import SimEstimator
+
+    cluster = a100_cluster(32).model_copy(update={"nics_per_node": 1})
+    plain = _job(32, cluster, dp=16, pp=2)
+    twin = cluster.device.model_copy(update={"name": "a100-twin"})
+    split = _with(plain, rank_devices={1: twin, 3: twin})
+    gamma = {(name, model_family(GPT)): 0.3 for name in (cluster.device.name, twin.name)}
+    sim = SimEstimator(PRICER, overlap_factors=gamma)
+    run = sim.run(split, graph_for(split))
+    assert len(run.graph.devices) == 4
+    nic = {r for t in run.graph.tasks if t.category == "pp_comm" for r in t.resources if ".nic." in r}
+    assert {r.split(".")[0] for r in nic} == {"stage0", "stage1", "stage2", "stage3"}  # a share per class
+    assert run.outcome.makespan_s == sim.run(plain, graph_for(plain)).outcome.makespan_s

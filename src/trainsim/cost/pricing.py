@@ -855,8 +855,10 @@ class Pricer:
         before the schedule is made once per (partition, cost.memory.memory_key) and the micro-batches each
         holds once per (schedule, pp, vpp, micro-batches). Where the cluster's ranks differ, the verdict is the
         stage nearest its smallest rank's memory (stage_capacities)."""
-        par, device = job.parallel, job.cluster.device
-        capacities = self.stage_capacities(job)
+        par, cluster = job.parallel, job.cluster
+        device = cluster.device
+        # NB: ranks_differ, inline: a search prices every plan's memory through here
+        capacities = self.stage_capacities(job) if cluster.rank_devices or cluster.compute_slowdown else ()
         partition = self._partition_of.get(id(stages))
         if partition is None:
             return estimate_memory(stages, par, device, job.stack, capacities)

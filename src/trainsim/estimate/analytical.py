@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from trainsim.catalog.calibration import Calibration
 from trainsim.cost.memory import MemoryEstimate
 from trainsim.cost.pricing import Partition, Pricer, StageCost
-from trainsim.cost.rank_classes import DeviceClass, ranks_differ, uniform
+from trainsim.cost.rank_classes import DeviceClass, uniform
 from trainsim.estimate.result import Result, iteration_time_s, make_result, tokens_per_s
 from trainsim.ir.graph import OpGraph
 from trainsim.job import Job
@@ -116,11 +116,12 @@ class AnalyticalEstimator:
         pricer = self.pricer
         partition = pricer.plan_partition(graph, job.parallel)
         stages = partition.stages
-        classes = pricer.device_classes(job) if ranks_differ(job) else None
+        cluster = job.cluster
+        # NB: ranks_differ, inline: a search prices every plan through here
+        classes = pricer.device_classes(job) if cluster.rank_devices or cluster.compute_slowdown else None
         if classes is None or uniform(classes):
-            breakdown = self._closed_form(pricer.stage_costs(partition, job), partition, graph, job)
-            breakdown["optimizer"] = pricer.optimizer_step_s(stages, job)
-            breakdown["overhead"] += pricer.iteration_overhead_s(job)
+            breakdown = self._closed_form(pricer.stage_costs(partition, job), partition, graph, job,
+                                          pricer.optimizer_step_s(stages, job), pricer.iteration_overhead_s(job))
         else:
             breakdown = self._classes_closed_form(partition, graph, job, classes)
         return PlanPrice(self.name, job, graph, breakdown, pricer.memory(stages, job),
@@ -143,16 +144,14 @@ class AnalyticalEstimator:
         optimizer_s, overhead_s = pricer.class_step_s(partition.stages, job, classes)
         slowest: dict[str, float] = {}
         for column in columns:
-            breakdown = self._closed_form(column, partition, graph, job, by_class=True)
+            breakdown = self._closed_form(column, partition, graph, job, optimizer_s, overhead_s, by_class=True)
             if not slowest or sum(breakdown.values()) > sum(slowest.values()):
                 slowest = breakdown
-        slowest["optimizer"] = optimizer_s
-        slowest["overhead"] += overhead_s
         return slowest
 
     def _closed_form(self, costs: list[StageCost], partition: Partition, graph: OpGraph, job: Job,
-                     by_class: bool = False) -> dict[str, float]:
-        """The pipeline of one micro-batch's stage costs: the breakdown before the optimizer step and the
+                     optimizer_s: float, iteration_overhead_s: float, by_class: bool = False) -> dict[str, float]:
+        """The breakdown of the pipeline of one micro-batch's stage costs, then the optimizer step and the
         iteration's fixed overhead. by_class: the costs are a device class's column (stage times that differ
         by their ranks)."""
         pricer = self.pricer
@@ -186,8 +185,8 @@ class AnalyticalEstimator:
             **{f"{axis}_comm": m * seconds for axis, seconds in slow.comm_s.items()},
             "dp_comm": grad_exposed + m * slow.fsdp_exposed_s,
             "bubble": bubble,
-            "optimizer": 0.0,
-            "overhead": m * slow.overhead_s,
+            "optimizer": optimizer_s,
+            "overhead": iteration_overhead_s + m * slow.overhead_s,
         }
 
 

@@ -20,7 +20,8 @@ class GraphArrays:
 
     __slots__ = ("alloc_bytes", "categories", "category_of", "device_of", "flow_resources", "free_bytes",
                  "has_flow_resources", "is_compute", "leader_of", "members", "names", "num_deps", "num_devices",
-                 "num_tasks", "priority", "resource_capacity", "resource_names", "stream_of", "successors", "work")
+                 "num_tasks", "priority", "resource_capacity", "resource_names", "run_next", "stream_of", "successors",
+                 "work")
 
     def __init__(self, graph: ExecGraph, launch_overhead_s: float) -> None:
         tasks = graph.tasks
@@ -51,6 +52,7 @@ class GraphArrays:
         self.flow_resources: list[tuple[int, ...] | None] = [None] * n
         self.has_flow_resources = False
         self._flows(graph)
+        self.run_next = self._runs()
 
     def _streams(self, graph: ExecGraph, durations: list[float]) -> list[int]:
         """Each task's stream index (device x NUM_STREAMS + stream), after checking tid, device, duration
@@ -137,3 +139,36 @@ class GraphArrays:
         for name, capacity in zip(self.resource_names, self.resource_capacity, strict=True):
             if not (capacity > 0.0 and math.isfinite(capacity)):
                 raise ConfigError(f"resource_capacity[{name!r}]", capacity, "must be finite and > 0")
+
+    def _runs(self) -> list[int]:
+        """Per task, the task that runs right after it on its device when nothing else runs there (-1: none): its
+        only successor, whose only dependency it is, on the same device, neither of them a collective rank, and
+        the links of both (if any) named by flows of that device only, with a capacity of at least one link.
+        The engine runs a run of such tasks that starts on an idle device as one event (engine.py: runs alone)."""
+        n, device_of, leader_of, num_deps = self.num_tasks, self.device_of, self.leader_of, self.num_deps
+        private = self._private_links()
+        run_next = [-1] * n
+        for tid, succ in enumerate(self.successors):
+            if len(succ) == 1:
+                nxt = succ[0]
+                if (num_deps[nxt] == 1 and device_of[nxt] == device_of[tid] and leader_of[tid] < 0
+                        and leader_of[nxt] < 0 and private[tid] and private[nxt]):
+                    run_next[tid] = nxt
+        return run_next
+
+    def _private_links(self) -> list[bool]:
+        """Per task, whether every resource of its flow is named by flows of its own device only and has a
+        capacity of at least 1 (so no other device's transfer shares it, and it alone never waits on it)."""
+        flow_resources = self.flow_resources
+        if not self.has_flow_resources:
+            return [True] * self.num_tasks
+        devices_of: list[set[int]] = [set() for _ in self.resource_names]
+        device_of, members = self.device_of, self.members
+        for tid, resources in enumerate(flow_resources):
+            if resources:
+                ranks = members.get(tid, (tid,))
+                for r in resources:
+                    devices_of[r].update(device_of[m] for m in ranks)
+        exclusive = [len(devices) <= 1 and capacity >= 1.0
+                     for devices, capacity in zip(devices_of, self.resource_capacity, strict=True)]
+        return [resources is None or all(exclusive[r] for r in resources) for resources in flow_resources]

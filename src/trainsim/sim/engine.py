@@ -27,6 +27,8 @@ from trainsim.sim.arrays import NUM_STREAMS, GraphArrays
 from trainsim.sim.critical_path import critical_path
 from trainsim.sim.outcome import DeviceMemory, SimOptions, SimOutcome
 
+assert NUM_STREAMS == 3, "the engine's idle-device test names the three streams"
+
 
 class DeadlockError(TrainsimError):
     """Tasks remain but none can run: a dependency cycle, or collectives entered in different orders."""
@@ -43,11 +45,11 @@ class DeadlockError(TrainsimError):
 class Engine:
     """One simulation of one ExecGraph. Use `simulate`; an Engine runs once."""
 
-    __slots__ = ("arrived", "cat_run", "cause", "comm_run", "comp_run", "dirty_dev", "dirty_res", "dirty_streams",
-                 "dispatch", "done", "dynamic", "end", "events", "exposed", "g", "gamma", "graph",
-                 "heap", "last", "last_x", "mark", "mem", "new_flows", "peak", "peak_t", "queue", "ready", "rem",
-                 "remaining_deps", "res_active", "res_flows", "run_total", "seq", "sharing", "slow", "stamp", "start",
-                 "stream_dirty", "stream_prev", "stream_task", "stretch", "tl_b", "tl_t", "ver")
+    __slots__ = ("alone_head", "alone_id", "alone_t0", "arrived", "cat_run", "cause", "comm_run", "comp_run",
+                 "dirty_dev", "dirty_res", "dirty_streams", "dispatch", "done", "dynamic", "end", "events", "exposed",
+                 "g", "gamma", "graph", "heap", "last", "last_x", "mark", "mem", "new_flows", "peak", "peak_t", "queue",
+                 "ready", "rem", "remaining_deps", "res_active", "res_flows", "run_total", "seq", "sharing", "slow",
+                 "stamp", "start", "stream_dirty", "stream_prev", "stream_task", "stretch", "tl_b", "tl_t", "ver")
 
     def __init__(self, graph: ExecGraph, options: SimOptions) -> None:
         g = GraphArrays(graph, options.launch_overhead_s)
@@ -104,6 +106,10 @@ class Engine:
         self.res_active = [0] * len(g.resource_names)
         self.res_flows: list[dict[int, None]] = [{} for _ in g.resource_names]
         self.dirty_res: dict[int, None] = {}
+        # per device: the run of tasks running alone there as one event (-1 / 0: none), when it started, its id
+        self.alone_head = [-1] * num_devices
+        self.alone_t0 = [0.0] * num_devices
+        self.alone_id = [0] * num_devices
 
     # ---- main loop -------------------------------------------------------------------------------------
     def run(self) -> SimOutcome:
@@ -149,6 +155,9 @@ class Engine:
         tl_t, tl_b = self.tl_t, self.tl_b
         dirty_streams, new_flows = self.dirty_streams, self.new_flows
         seq, stamp, done, events = self.seq, self.stamp, self.done, 0
+        run_next, alone_head, alone_t0, alone_id, work_of = g.run_next, self.alone_head, self.alone_t0, \
+            self.alone_id, g.work
+        runs = 0
         pending = bool(g.num_tasks)  # the first dispatch pass runs at t = 0
         t = 0.0
         while True:
@@ -289,7 +298,11 @@ class Engine:
             # ---- END (priority 0): a flow finishes --------------------------------------------------------
             t, _, flow, version = heappop(heap)
             if version != ver[flow]:
-                continue
+                if version >= 0 or alone_id[device_of[flow]] != -version:
+                    continue  # re-timed since, or a run alone that was cut short
+                # the end of a run alone: its tasks before the last are written out, the last ends here
+                seq, finished = self._alone_cut(device_of[flow], t, True, seq, dirty_streams)
+                done += finished
             events += 1
             pending = True
             if leader_of[flow] < 0:
@@ -342,6 +355,25 @@ class Engine:
                     if remaining_deps[succ] == 0:
                         ready[succ] = t
                         cause[succ] = tid  # the last dependency to end
+                        ds = device_of[succ]
+                        if alone_head[ds] >= 0:  # a task of a device running a run alone: cut the run here
+                            seq, finished = self._alone_cut(ds, t, False, seq, dirty_streams)
+                            done += finished
+                        elif run_next[succ] >= 0 and run_total[ds] == 0:
+                            base = ds * NUM_STREAMS
+                            if (stream_task[base] < 0 and stream_task[base + 1] < 0 and stream_task[base + 2] < 0
+                                    and not queue[base] and not queue[base + 1] and not queue[base + 2]):
+                                # an idle device: the run starting here runs alone until something else arrives
+                                # there, as one event at its end (each task's end = its start + its work)
+                                runs += 1
+                                alone_head[ds], alone_t0[ds], alone_id[ds] = succ, t, runs
+                                finish, last_tid = t, succ
+                                while last_tid >= 0:
+                                    finish += work_of[last_tid]
+                                    tail, last_tid = last_tid, run_next[last_tid]
+                                seq += 1
+                                heappush(heap, (finish, seq, tail, -runs))
+                                continue
                         s = stream_of[succ]
                         heappush(queue[s], (t, priority[succ], succ))
                         if stream_task[s] < 0 and not stream_dirty[s]:
@@ -358,6 +390,103 @@ class Engine:
         self.dirty_streams, self.new_flows = dirty_streams, new_flows
         self.seq, self.stamp, self.done, self.events = seq, stamp, done, events
         return t
+
+    def _alone_cut(self, d: int, t: float, final: bool, seq: int, dirty_streams: list[int]) -> tuple[int, int]:
+        """End device d's run alone at t: write out each task of the run that ended by t as the step-by-step loop
+        would have (it ran alone: its end is its start + its work; the device's exposed time, memory and timeline
+        change at its start and end), then the task running at t becomes a running flow (final: the run's last
+        task, whose end the loop processes next), or, where it starts exactly at t, a ready task in its stream's
+        queue for the dispatch pass. Returns the sequence counter and how many tasks ended."""
+        g = self.g
+        work, run_next, is_compute, category_of = g.work, g.run_next, g.is_compute, g.category_of
+        alloc_bytes, free_bytes, stream_of = g.alloc_bytes, g.free_bytes, g.stream_of
+        start, end, ready, dispatch, cause = self.start, self.end, self.ready, self.dispatch, self.cause
+        mem, peak, peak_t, last_x, row = self.mem, self.peak, self.peak_t, self.last_x, self.exposed[d]
+        tl_t, tl_b = self.tl_t, self.tl_b
+        tid, s = self.alone_head[d], self.alone_t0[d]
+        self.alone_head[d], self.alone_id[d] = -1, 0
+        prev, finished = -1, 0
+        while True:
+            nxt = run_next[tid]
+            e = s + work[tid]
+            if (nxt < 0) if final else (e > t):
+                break
+            # tid ran alone from s to e: as its dispatch, start and end would have written it
+            if prev >= 0:
+                ready[tid], cause[tid] = s, prev
+            self.remaining_deps[tid] = 0
+            start[tid] = dispatch[tid] = s
+            end[tid] = e
+            if s > last_x[d]:
+                last_x[d] = s  # the device was idle before: nothing exposed
+            alloc, freed = alloc_bytes[tid], free_bytes[tid]
+            if alloc:
+                value = mem[d] + alloc
+                mem[d] = value
+                if value > peak[d]:
+                    peak[d], peak_t[d] = value, s
+                if tl_t is not None:
+                    _timeline_point(tl_t[d], tl_b[d], s, value)
+            if e > last_x[d]:
+                if not is_compute[tid] and category_of[tid] >= 0:  # communication alone: exposed
+                    row[category_of[tid]] += e - last_x[d]
+                last_x[d] = e
+            if freed:
+                value = mem[d] - freed
+                mem[d] = value
+                if tl_t is not None:
+                    _timeline_point(tl_t[d], tl_b[d], e, value)
+            self.stream_prev[stream_of[tid]] = tid
+            finished += 1
+            prev, tid, s = tid, nxt, e
+        if prev >= 0:
+            ready[tid], cause[tid] = s, prev
+        self.remaining_deps[tid] = 0
+        stream = stream_of[tid]
+        if s == t and not final:  # it becomes ready now: the dispatch pass decides, as it would have
+            heappush(self.queue[stream], (s, self.g.priority[tid], tid))
+            if not self.stream_dirty[stream]:
+                self.stream_dirty[stream] = True
+                dirty_streams.append(stream)
+            return seq, finished
+        # tid started at s alone and runs on: as its dispatch and start would have written it
+        start[tid] = dispatch[tid] = s
+        self.stream_task[stream] = tid
+        if s > last_x[d]:
+            last_x[d] = s
+        self.run_total[d] += 1
+        if is_compute[tid]:
+            self.comp_run[d] += 1
+        else:
+            self.comm_run[d] += 1
+        category = category_of[tid]
+        if category >= 0:
+            self.cat_run[d][category] += 1
+        alloc = alloc_bytes[tid]
+        if alloc:
+            value = mem[d] + alloc
+            mem[d] = value
+            if value > peak[d]:
+                peak[d], peak_t[d] = value, s
+            if tl_t is not None:
+                _timeline_point(tl_t[d], tl_b[d], s, value)
+        if self.sharing:
+            resources = g.flow_resources[tid]
+            if resources:
+                for r in resources:
+                    users = self.res_active[r] + 1
+                    self.res_active[r] = users
+                    self.res_flows[r][tid] = None
+                    if users > g.resource_capacity[r]:
+                        self.dirty_res[r] = None
+        if not final:  # its end as the loop would have timed it alone (stretch 1); re-timed if others start
+            if self.dynamic:
+                self.rem[tid], self.last[tid], self.stretch[tid] = work[tid], s, 1.0
+            version = self.ver[tid] + 1
+            self.ver[tid] = version
+            seq += 1
+            heappush(self.heap, (s + work[tid], seq, tid, version))
+        return seq, finished
 
     # ---- results -----------------------------------------------------------------------------------------
     def _outcome(self) -> SimOutcome:
@@ -401,6 +530,15 @@ class Engine:
                 pending = [names[d] for d in tasks[tid].deps if self.end[d] < 0.0][:2]
                 unmet.append(f"{names[tid]} (waits for {', '.join(pending)})")
         return waiting + blocked + unmet
+
+
+def _timeline_point(times: list[float], values: list[float], t: float, value: float) -> None:
+    """The memory timeline: one point per instant, the last value of the instant."""
+    if times[-1] == t:
+        values[-1] = value
+    else:
+        times.append(t)
+        values.append(value)
 
 
 def simulate(graph: ExecGraph, options: SimOptions | None = None) -> SimOutcome:

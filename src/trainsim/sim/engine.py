@@ -19,6 +19,7 @@ max(1, active flows / capacity). A collective is one flow: it starts when its la
 progresses at its slowest rank's rate and counts once on each resource any of its ranks names.
 """
 
+from collections.abc import Container
 from heapq import heappop, heappush
 
 from trainsim.errors import TrainsimError
@@ -28,6 +29,16 @@ from trainsim.sim.critical_path import critical_path
 from trainsim.sim.outcome import DeviceMemory, SimOptions, SimOutcome
 
 assert NUM_STREAMS == 3, "the engine's idle-device test names the three streams"
+
+
+class _Every:
+    """Contains every task: none may run alone (Engine(runs_alone=False))."""
+
+    def __contains__(self, item: object) -> bool:
+        return True
+
+
+_EVERY_TASK = _Every()
 
 
 class DeadlockError(TrainsimError):
@@ -45,13 +56,16 @@ class DeadlockError(TrainsimError):
 class Engine:
     """One simulation of one ExecGraph. Use `simulate`; an Engine runs once."""
 
-    __slots__ = ("alone_head", "alone_id", "alone_t0", "arrived", "cat_run", "cause", "comm_run", "comp_run",
+    __slots__ = ("alone_id", "alone_run", "alone_t0", "arrived", "cat_run", "cause", "comm_run", "comp_run",
                  "dirty_dev", "dirty_res", "dirty_streams", "dispatch", "done", "dynamic", "end", "events", "exposed",
                  "g", "gamma", "graph", "heap", "last", "last_x", "mark", "mem", "new_flows", "peak", "peak_t", "queue",
-                 "ready", "rem", "remaining_deps", "res_active", "res_flows", "run_total", "seq", "sharing", "slow",
-                 "stamp", "start", "stream_dirty", "stream_prev", "stream_task", "stretch", "tl_b", "tl_t", "ver")
+                 "ready", "rem", "remaining_deps", "res_active", "res_flows", "run_total", "seq", "shared", "sharing",
+                 "slow", "stamp", "start", "stream_dirty", "stream_prev", "stream_task", "stretch", "tl_b", "tl_t",
+                 "ver")
 
-    def __init__(self, graph: ExecGraph, options: SimOptions) -> None:
+    def __init__(self, graph: ExecGraph, options: SimOptions, *, runs_alone: bool = True) -> None:
+        """runs_alone=False: every task takes its own events (the step-by-step reference that the tests hold
+        runs alone equal to)."""
         g = GraphArrays(graph, options.launch_overhead_s)
         self.graph = graph
         self.g = g
@@ -106,10 +120,11 @@ class Engine:
         self.res_active = [0] * len(g.resource_names)
         self.res_flows: list[dict[int, None]] = [{} for _ in g.resource_names]
         self.dirty_res: dict[int, None] = {}
-        # per device: the run of tasks running alone there as one event (-1 / 0: none), when it started, its id
-        self.alone_head = [-1] * num_devices
+        # per device: the run of tasks running alone there as one event (None / 0: none), when it started, its id
+        self.alone_run: list[list[int] | None] = [None] * num_devices
         self.alone_t0 = [0.0] * num_devices
         self.alone_id = [0] * num_devices
+        self.shared: Container[int] = g.shared_links if runs_alone else _EVERY_TASK
 
     # ---- main loop -------------------------------------------------------------------------------------
     def run(self) -> SimOutcome:
@@ -155,8 +170,9 @@ class Engine:
         tl_t, tl_b = self.tl_t, self.tl_b
         dirty_streams, new_flows = self.dirty_streams, self.new_flows
         seq, stamp, done, events = self.seq, self.stamp, self.done, 0
-        run_next, alone_head, alone_t0, alone_id, work_of = g.run_next, self.alone_head, self.alone_t0, \
-            self.alone_id, g.work
+        alone_run, alone_t0, alone_id, shared, num_deps = self.alone_run, self.alone_t0, self.alone_id, \
+            self.shared, g.num_deps
+        deps = g.deps
         runs = 0
         pending = bool(g.num_tasks)  # the first dispatch pass runs at t = 0
         t = 0.0
@@ -185,9 +201,12 @@ class Engine:
                         ranks = members[flow]
                         if count < len(ranks):
                             continue
-                        for m in ranks:  # the last rank arrives: everyone starts now, held back by this rank
-                            if m != tid:
-                                cause[m] = tid
+                        # the last rank arrives: everyone starts now, held back by it (among ranks arriving at
+                        # this instant, the lowest tid: the same whatever order the streams are served in)
+                        held = min([m for m in ranks if dispatch_s[m] == t])
+                        for m in ranks:
+                            if m != held:
+                                cause[m] = held
                     for m in ranks:  # start each task of the flow
                         start[m] = t
                         d = device_of[m]
@@ -354,26 +373,36 @@ class Engine:
                     remaining_deps[succ] -= 1
                     if remaining_deps[succ] == 0:
                         ready[succ] = t
-                        cause[succ] = tid  # the last dependency to end
+                        # the last dependency to end; among those ending at this instant the lowest tid (the same
+                        # whatever order the instant's ends are processed in)
+                        cause[succ] = tid if num_deps[succ] == 1 else min([dep for dep in deps[succ] if end[dep] == t])
                         ds = device_of[succ]
-                        if alone_head[ds] >= 0:  # a task of a device running a run alone: cut the run here
+                        if alone_run[ds] is not None:  # a task of a device running a run alone: cut it here
                             seq, finished = self._alone_cut(ds, t, False, seq, dirty_streams)
                             done += finished
-                        elif run_next[succ] >= 0 and run_total[ds] == 0:
+                        elif run_total[ds] == 0 and len(successors[succ]) == 1 and leader_of[succ] < 0:
                             base = ds * NUM_STREAMS
                             if (stream_task[base] < 0 and stream_task[base + 1] < 0 and stream_task[base + 2] < 0
-                                    and not queue[base] and not queue[base + 1] and not queue[base + 2]):
-                                # an idle device: the run starting here runs alone until something else arrives
-                                # there, as one event at its end (each task's end = its start + its work)
-                                runs += 1
-                                alone_head[ds], alone_t0[ds], alone_id[ds] = succ, t, runs
-                                finish, last_tid = t, succ
-                                while last_tid >= 0:
-                                    finish += work_of[last_tid]
-                                    tail, last_tid = last_tid, run_next[last_tid]
-                                seq += 1
-                                heappush(heap, (finish, seq, tail, -runs))
-                                continue
+                                    and not queue[base] and not queue[base + 1] and not queue[base + 2]
+                                    and succ not in shared):
+                                # an idle device: the chain from here (each task the only successor of the one
+                                # before and waiting for it alone, on this device, no collective, no link another
+                                # device names) runs alone until something else arrives there, as one event at its
+                                # end (each task's end = its start + its work)
+                                run, finish, x = [succ], t + work[succ], succ
+                                while len(successors[x]) == 1:
+                                    x = successors[x][0]
+                                    if (num_deps[x] != 1 or device_of[x] != ds or leader_of[x] >= 0
+                                            or x in shared):
+                                        break
+                                    run.append(x)
+                                    finish += work[x]
+                                if len(run) > 1:
+                                    runs += 1
+                                    alone_run[ds], alone_t0[ds], alone_id[ds] = run, t, runs
+                                    seq += 1
+                                    heappush(heap, (finish, seq, run[-1], -runs))
+                                    continue
                         s = stream_of[succ]
                         heappush(queue[s], (t, priority[succ], succ))
                         if stream_task[s] < 0 and not stream_dirty[s]:
@@ -398,18 +427,18 @@ class Engine:
         task, whose end the loop processes next), or, where it starts exactly at t, a ready task in its stream's
         queue for the dispatch pass. Returns the sequence counter and how many tasks ended."""
         g = self.g
-        work, run_next, is_compute, category_of = g.work, g.run_next, g.is_compute, g.category_of
+        work, is_compute, category_of = g.work, g.is_compute, g.category_of
         alloc_bytes, free_bytes, stream_of = g.alloc_bytes, g.free_bytes, g.stream_of
         start, end, ready, dispatch, cause = self.start, self.end, self.ready, self.dispatch, self.cause
         mem, peak, peak_t, last_x, row = self.mem, self.peak, self.peak_t, self.last_x, self.exposed[d]
         tl_t, tl_b = self.tl_t, self.tl_b
-        tid, s = self.alone_head[d], self.alone_t0[d]
-        self.alone_head[d], self.alone_id[d] = -1, 0
-        prev, finished = -1, 0
-        while True:
-            nxt = run_next[tid]
+        run, s = self.alone_run[d], self.alone_t0[d]
+        assert run is not None
+        self.alone_run[d], self.alone_id[d] = None, 0
+        prev, finished, last = -1, 0, run[-1]
+        for tid in run:  # stops at the task running at t, at the last task at the latest
             e = s + work[tid]
-            if (nxt < 0) if final else (e > t):
+            if tid == last or e > t:
                 break
             # tid ran alone from s to e: as its dispatch, start and end would have written it
             if prev >= 0:
@@ -438,7 +467,7 @@ class Engine:
                     _timeline_point(tl_t[d], tl_b[d], e, value)
             self.stream_prev[stream_of[tid]] = tid
             finished += 1
-            prev, tid, s = tid, nxt, e
+            prev, s = tid, e
         if prev >= 0:
             ready[tid], cause[tid] = s, prev
         self.remaining_deps[tid] = 0

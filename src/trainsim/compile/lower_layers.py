@@ -11,7 +11,7 @@ Cuts: a pass can ask for a callback at a point of a layer-phase's main compute (
 the data-parallel overlap window); the compute task there is split in two so the point is a task boundary.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -77,9 +77,8 @@ def emit_unit(w: StageWriter, unit: Unit, split: bool, extra: UnitMemory) -> int
         if specs is None:
             specs = w.ctx.unit_specs[key] = tuple(item for item in unit_items(w, unit, split, extra)
                                                   if isinstance(item, TaskSpec))
-        items: Sequence[TaskSpec | Callable[[], None]] = specs
-    else:
-        items = unit_items(w, unit, split, extra)
+        return w.emit_all(specs, mb)
+    items = unit_items(w, unit, split, extra)
     last = -1
     for item in items:
         if isinstance(item, TaskSpec):

@@ -435,42 +435,42 @@ class Engine:
         run, s = self.alone_run[d], self.alone_t0[d]
         assert run is not None
         self.alone_run[d], self.alone_id[d] = None, 0
+        stream_prev, memory = self.stream_prev, mem[d]
+        if s > last_x[d]:
+            last_x[d] = s  # the device was idle before: nothing exposed
         prev, finished, last = -1, 0, run[-1]
         for tid in run:  # stops at the task running at t, at the last task at the latest
             e = s + work[tid]
             if tid == last or e > t:
                 break
-            # tid ran alone from s to e: as its dispatch, start and end would have written it
+            # tid ran alone from s to e: as its dispatch, start and end would have written it (the device's last
+            # event was at s, so communication alone is exposed from s to e)
             if prev >= 0:
                 ready[tid], cause[tid] = s, prev
-            self.remaining_deps[tid] = 0
             start[tid] = dispatch[tid] = s
             end[tid] = e
-            if s > last_x[d]:
-                last_x[d] = s  # the device was idle before: nothing exposed
-            alloc, freed = alloc_bytes[tid], free_bytes[tid]
+            alloc = alloc_bytes[tid]
             if alloc:
-                value = mem[d] + alloc
-                mem[d] = value
-                if value > peak[d]:
-                    peak[d], peak_t[d] = value, s
+                memory += alloc
+                if memory > peak[d]:
+                    peak[d], peak_t[d] = memory, s
                 if tl_t is not None:
-                    _timeline_point(tl_t[d], tl_b[d], s, value)
-            if e > last_x[d]:
-                if not is_compute[tid] and category_of[tid] >= 0:  # communication alone: exposed
-                    row[category_of[tid]] += e - last_x[d]
-                last_x[d] = e
+                    _timeline_point(tl_t[d], tl_b[d], s, memory)
+            if e > s and not is_compute[tid] and category_of[tid] >= 0:
+                row[category_of[tid]] += e - s
+            freed = free_bytes[tid]
             if freed:
-                value = mem[d] - freed
-                mem[d] = value
+                memory -= freed
                 if tl_t is not None:
-                    _timeline_point(tl_t[d], tl_b[d], e, value)
-            self.stream_prev[stream_of[tid]] = tid
+                    _timeline_point(tl_t[d], tl_b[d], e, memory)
+            stream_prev[stream_of[tid]] = tid
             finished += 1
             prev, s = tid, e
+        mem[d] = memory
+        if s > last_x[d]:
+            last_x[d] = s
         if prev >= 0:
             ready[tid], cause[tid] = s, prev
-        self.remaining_deps[tid] = 0
         stream = stream_of[tid]
         if s == t and not final:  # it becomes ready now: the dispatch pass decides, as it would have
             heappush(self.queue[stream], (s, self.g.priority[tid], tid))

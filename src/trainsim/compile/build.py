@@ -42,6 +42,7 @@ from trainsim.job import Job
 from trainsim.strategy.lowered import LayerAssignment, LoweredPlan
 
 _NEVER = float("inf")  # a cut after the whole layer-phase
+_NO_EXTRA = UnitMemory()  # NB: shared, never changed: emit_unit only reads it
 
 
 @dataclass(slots=True)
@@ -110,7 +111,7 @@ def _emit_stage(ctx: BuildContext, stage: int, program: list[Step],
             gather = param_gathers.pop(unit.assignment.index, None) if unit.phase == "F" else None
             if gather is not None:
                 w.wait_for(gather)
-            extra = UnitMemory()
+            extra = _NO_EXTRA
             if fsdp is not None:
                 fsdp.before(k)
                 extra = UnitMemory(fsdp.gathered_bytes(k) if unit.phase != "W" else 0.0, fsdp.grad_bytes(k),

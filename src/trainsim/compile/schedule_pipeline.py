@@ -12,6 +12,7 @@ from typing import NamedTuple
 from trainsim.compile.context import BuildContext
 from trainsim.compile.in_flight import limit_in_flight
 from trainsim.compile.schedules import Step, StepPhase, schedule_order
+from trainsim.ir.exec_graph import Task
 from trainsim.strategy.lowered import LayerAssignment, LoweredPlan
 
 
@@ -74,8 +75,9 @@ def _transfers(ctx: BuildContext, programs: list[list[Step]]) -> list[_Transfer]
             directions: tuple[tuple[str, tuple[int, int], tuple[int, int], StepPhase], ...] = (
                 ("act", lo, hi, "F"), ("grad", hi, lo, "B"))
             for what, (src, src_chunk), (dst, dst_chunk), phase in directions:
-                out.append(_Transfer(what, mb, vs, src, index[(src, Step(phase, mb, src_chunk))],
-                                     dst, index[(dst, Step(phase, mb, dst_chunk))], seconds))
+                # NB: plain tuples look up the Step keys (a NamedTuple equals and hashes as its tuple)
+                out.append(_Transfer(what, mb, vs, src, index[(src, (phase, mb, src_chunk))],
+                                     dst, index[(dst, (phase, mb, dst_chunk))], seconds))
     return out
 
 
@@ -144,9 +146,11 @@ def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
                 wait(first(stage, consumer), copy.tid)
             continue
         name = f"send {t.what} mb{t.micro_batch} vs{t.boundary}" + ("->" if t.what == "act" else "<-")
-        send = ctx.add(name=name, device=t.src, stream="feature", kind="comm", duration_s=t.seconds,
-                       deps=(last(t.src, t.src_index),), phase="comm", micro_batch=t.micro_batch, category="pp_comm",
-                       resources=resources)
-        wait(first(t.dst, t.dst_index), send.tid)
+        # NB: BuildContext.add's task, built positionally in Task's field order (18,000 sends for GPT-3 175B)
+        send = len(tasks)
+        tasks.append(Task(send, name, t.src, "feature", "comm", t.seconds, (by_index[t.src][t.src_index].last_tid,),
+                          "", resources, 0.0, 0.0, "comm", "", t.micro_batch, t.src, "pp_comm", 0))
+        receiver = tasks[by_index[t.dst][t.dst_index].first_tid]
+        receiver.deps = (*receiver.deps, send)
         if t.src_index + 1 < len(programs[t.src]) and not overlap:  # blocking p2p: the sender's next step waits
-            wait(first(t.src, t.src_index + 1), send.tid)
+            wait(first(t.src, t.src_index + 1), send)

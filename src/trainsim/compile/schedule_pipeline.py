@@ -65,7 +65,8 @@ class _Transfer(NamedTuple):  # NB: a NamedTuple, built tens of thousands of tim
 def _transfers(ctx: BuildContext, programs: list[list[Step]]) -> list[_Transfer]:
     plan = ctx.plan
     p, v = plan.num_stages, plan.num_chunks
-    index = {(stage, step): i for stage, program in enumerate(programs) for i, step in enumerate(program)}
+    index: dict[tuple[int, tuple[str, int, int]], int] = {
+        (stage, step): i for stage, program in enumerate(programs) for i, step in enumerate(program)}
     one_way = {vs: ctx.pricer.pipeline_hop_s(size, ctx.job) for vs, size in boundary_bytes(plan).items()}
     out: list[_Transfer] = []
     for mb in range(plan.num_micro_batches):

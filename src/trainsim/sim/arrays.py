@@ -5,6 +5,7 @@ represented by its leader, the member with the lowest tid. Per-flow fields live 
 """
 
 import math
+from collections.abc import Sequence
 from itertools import compress
 from operator import attrgetter, contains
 
@@ -92,7 +93,7 @@ class GraphArrays:
             if task.stream not in STREAM_INDEX:
                 raise ConfigError(f"task {task.name!r}.stream", task.stream, f"choose one of: {', '.join(STREAMS)}")
 
-    def _successors(self, graph: ExecGraph, deps: list[tuple[int, ...]]) -> list[list[int]]:
+    def _successors(self, graph: ExecGraph, deps: Sequence[tuple[int, ...]]) -> list[list[int]]:
         n = self.num_tasks
         named = [dep for task_deps in deps for dep in task_deps]
         if named and not (min(named) >= 0 and max(named) < n and not any(map(contains, deps, range(n)))):
@@ -112,7 +113,7 @@ class GraphArrays:
         index[""] = -1
         return list(map(index.__getitem__, names))
 
-    def _flows(self, graph: ExecGraph, sync_keys: tuple[str, ...], resources: tuple[tuple[str, ...], ...],
+    def _flows(self, graph: ExecGraph, sync_keys: tuple[str, ...], task_resources: tuple[tuple[str, ...], ...],
                kinds: tuple[str, ...]) -> None:
         """Group collectives by sync_key and give every comm flow its resources (union over its members)."""
         tasks = graph.tasks
@@ -122,9 +123,9 @@ class GraphArrays:
         flow_resources = self.flow_resources
         for tid in compress(range(self.num_tasks), sync_keys):
             groups.setdefault(sync_keys[tid], []).append(tid)
-        for tid in compress(range(self.num_tasks), resources):
+        for tid in compress(range(self.num_tasks), task_resources):
             if not sync_keys[tid] and kinds[tid] == "comm":
-                names = resources[tid]
+                names = task_resources[tid]
                 indices = as_indices.get(names)
                 if indices is None:
                     indices = as_indices[names] = tuple(res_index.setdefault(r, len(res_index)) for r in names)

@@ -438,7 +438,7 @@ class Engine:
         stream_prev, memory = self.stream_prev, mem[d]
         if s > last_x[d]:
             last_x[d] = s  # the device was idle before: nothing exposed
-        prev, finished, last = -1, 0, run[-1]
+        prev, finished, last, tid = -1, 0, run[-1], run[0]
         for tid in run:  # stops at the task running at t, at the last task at the latest
             e = s + work[tid]
             if tid == last or e > t:

@@ -5,11 +5,18 @@ from itertools import pairwise
 
 import pytest
 
+from trainsim.catalog import load_cluster, load_model
+from trainsim.compile.build import compile_job
 from trainsim.errors import ConfigError, TrainsimError
+from trainsim.estimate.simulation import SimEstimator
 from trainsim.ir.exec_graph import ExecGraph, SimDevice
+from trainsim.job import make_job
+from trainsim.pipeline import graph_for
 from trainsim.sim import DeadlockError, SimOptions, SimOutcome, simulate
 from trainsim.sim.engine import Engine
 from trainsim.sim.synthetic import one_f_one_b_order, synthetic_pipeline
+from trainsim.strategy.lowered import default_plan
+from trainsim.strategy.parallel import ParallelSpec
 
 ALL_ON = SimOptions(overlap_slowdown=0.3, bandwidth_sharing=True, launch_overhead_s=1e-5)
 
@@ -126,6 +133,28 @@ def _random_graph(seed: int) -> ExecGraph:
 def test_runs_alone_equal_the_step_by_step_engine_on_random_graphs(options: SimOptions) -> None:
     for seed in range(40):
         _same_outcome(_random_graph(seed), options)
+
+
+COMPILED_JOBS = [  # (model, GPUs, task level, strategy): the passes that shape chains (interleaving, ZeRO, splits)
+    ("gpt3-1.3b", 32, "layer", {"tp": 8, "pp": 4, "dp": 1, "vpp": 2, "schedule": "interleaved-1f1b",
+                                "global_batch": 16, "recompute": "full"}),
+    ("gpt3-1.3b", 16, "op", {"tp": 2, "pp": 2, "dp": 4, "global_batch": 16, "zero": 1, "recompute": "selective"}),
+    ("gpt3-1.3b", 8, "layer", {"tp": 1, "pp": 1, "dp": 8, "global_batch": 16, "zero": 3}),
+    ("gpt3-1.3b", 16, "layer", {"tp": 2, "pp": 4, "dp": 2, "global_batch": 16, "schedule": "zb-h1"}),
+]
+
+
+@pytest.mark.parametrize(("model", "gpus", "level", "strategy"), COMPILED_JOBS, ids=["vpp", "op-zero1", "zero3", "zb"])
+def test_runs_alone_equal_the_step_by_step_engine_on_compiled_jobs(model: str, gpus: int, level: str,
+                                                                   strategy: dict[str, object]) -> None:
+    job = make_job(load_model(model), load_cluster("dgx-a100-80gb").with_num_gpus(gpus),
+                   ParallelSpec.parse({"micro_batch": 1, "seq_len": 2048, **strategy}))
+    estimator = SimEstimator(task_level="op" if level == "op" else "layer")
+    graph = compile_job(job, default_plan(graph_for(job), job.parallel), estimator.pricer, estimator.task_level)
+    options = estimator.options_for(job)
+    assert options.overlap_slowdown > 0.0 and options.bandwidth_sharing  # the re-timing paths are exercised
+    fast, reference = _same_outcome(graph, options)
+    assert fast.events < reference.events
 
 
 def test_one_f_one_b_order() -> None:

@@ -6,7 +6,7 @@ represented by its leader, the member with the lowest tid. Per-flow fields live 
 
 import math
 from collections.abc import Sequence
-from itertools import compress
+from itertools import chain, compress, repeat
 from operator import attrgetter, contains
 
 from trainsim.errors import ConfigError
@@ -95,16 +95,15 @@ class GraphArrays:
 
     def _successors(self, graph: ExecGraph, deps: Sequence[tuple[int, ...]]) -> list[list[int]]:
         n = self.num_tasks
-        named = [dep for task_deps in deps for dep in task_deps]
+        named = list(chain.from_iterable(deps))
         if named and not (min(named) >= 0 and max(named) < n and not any(map(contains, deps, range(n)))):
             for tid, task in enumerate(graph.tasks):
                 for dep in task.deps:
                     if not 0 <= dep < n or dep == tid:
                         raise ConfigError(f"task {task.name!r}.deps", dep, f"must name another task 0..{n - 1}")
         succ: list[list[int]] = [[] for _ in range(n)]
-        for tid, task_deps in enumerate(deps):
-            for dep in task_deps:
-                succ[dep].append(tid)
+        for dep, tid in zip(named, chain.from_iterable(map(repeat, range(n), self.num_deps)), strict=True):
+            succ[dep].append(tid)  # NB: one flat loop over the edges (each task's tid repeated per dependency)
         return succ
 
     def _categories(self, names: tuple[str, ...]) -> list[int]:

@@ -319,9 +319,12 @@ class Engine:
             if version != ver[flow]:
                 if version >= 0 or alone_id[device_of[flow]] != -version:
                     continue  # re-timed since, or a run alone that was cut short
-                # the end of a run alone: its tasks before the last are written out, the last ends here
+                # the end of a run alone: its tasks are written out; the last one's successors are released here
                 seq, finished = self._alone_cut(device_of[flow], t, True, seq, dirty_streams)
                 done += finished
+                alone = True
+            else:
+                alone = False
             events += 1
             pending = True
             if leader_of[flow] < 0:
@@ -331,44 +334,45 @@ class Engine:
                 ranks = members[flow]
                 done += len(ranks)
             for tid in ranks:
-                end[tid] = t
-                stream = stream_of[tid]
-                stream_task[stream] = -1
-                stream_prev[stream] = tid
-                if not stream_dirty[stream]:
-                    stream_dirty[stream] = True
-                    dirty_streams.append(stream)
-                d = device_of[tid]
-                if t > last_x[d]:
-                    if comp_run[d] == 0 and run_total[d] > 0:
-                        row, elapsed = exposed[d], t - last_x[d]
-                        for c, count in enumerate(cat_run[d]):
-                            if count:
-                                row[c] += elapsed
-                    last_x[d] = t
-                run_total[d] -= 1
-                if is_compute[tid]:
-                    comp_run[d] -= 1
-                    if comp_run[d] == 0 and gamma and comm_run[d]:
-                        dirty_dev[d] = None
-                else:
-                    comm_run[d] -= 1
-                    if comm_run[d] == 0 and gamma and comp_run[d]:
-                        dirty_dev[d] = None
-                category = category_of[tid]
-                if category >= 0:
-                    cat_run[d][category] -= 1
-                freed = free_bytes[tid]
-                if freed:
-                    value = mem[d] - freed
-                    mem[d] = value
-                    if tl_t is not None:
-                        times = tl_t[d]
-                        if times[-1] == t:
-                            tl_b[d][-1] = value
-                        else:
-                            times.append(t)
-                            tl_b[d].append(value)
+                if not alone:  # (a run alone's last task was written out with the run)
+                    end[tid] = t
+                    stream = stream_of[tid]
+                    stream_task[stream] = -1
+                    stream_prev[stream] = tid
+                    if not stream_dirty[stream]:
+                        stream_dirty[stream] = True
+                        dirty_streams.append(stream)
+                    d = device_of[tid]
+                    if t > last_x[d]:
+                        if comp_run[d] == 0 and run_total[d] > 0:
+                            row, elapsed = exposed[d], t - last_x[d]
+                            for c, count in enumerate(cat_run[d]):
+                                if count:
+                                    row[c] += elapsed
+                        last_x[d] = t
+                    run_total[d] -= 1
+                    if is_compute[tid]:
+                        comp_run[d] -= 1
+                        if comp_run[d] == 0 and gamma and comm_run[d]:
+                            dirty_dev[d] = None
+                    else:
+                        comm_run[d] -= 1
+                        if comm_run[d] == 0 and gamma and comp_run[d]:
+                            dirty_dev[d] = None
+                    category = category_of[tid]
+                    if category >= 0:
+                        cat_run[d][category] -= 1
+                    freed = free_bytes[tid]
+                    if freed:
+                        value = mem[d] - freed
+                        mem[d] = value
+                        if tl_t is not None:
+                            times = tl_t[d]
+                            if times[-1] == t:
+                                tl_b[d][-1] = value
+                            else:
+                                times.append(t)
+                                tl_b[d].append(value)
                 for succ in successors[tid]:
                     remaining_deps[succ] -= 1
                     if remaining_deps[succ] == 0:
@@ -408,7 +412,7 @@ class Engine:
                         if stream_task[s] < 0 and not stream_dirty[s]:
                             stream_dirty[s] = True
                             dirty_streams.append(s)
-            if sharing:
+            if sharing and not alone:
                 resources = flow_resources[flow]
                 if resources:
                     for r in resources:  # NB: the others speed up only if it was over capacity
@@ -423,9 +427,10 @@ class Engine:
     def _alone_cut(self, d: int, t: float, final: bool, seq: int, dirty_streams: list[int]) -> tuple[int, int]:
         """End device d's run alone at t: write out each task of the run that ended by t as the step-by-step loop
         would have (it ran alone: its end is its start + its work; the device's exposed time, memory and timeline
-        change at its start and end), then the task running at t becomes a running flow (final: the run's last
-        task, whose end the loop processes next), or, where it starts exactly at t, a ready task in its stream's
-        queue for the dispatch pass. Returns the sequence counter and how many tasks ended."""
+        change at its start and end). final: the run ended at t, all its tasks are written out and the loop
+        releases the last one's successors. Else the task running at t becomes a running flow, or, where it starts
+        exactly at t, a ready task in its stream's queue for the dispatch pass. Returns the sequence counter and
+        how many tasks ended (final: but the last, which the loop counts)."""
         g = self.g
         work, is_compute, category_of = g.work, g.is_compute, g.category_of
         alloc_bytes, free_bytes, stream_of = g.alloc_bytes, g.free_bytes, g.stream_of
@@ -441,7 +446,7 @@ class Engine:
         prev, finished, last, tid = -1, 0, run[-1], run[0]
         for tid in run:  # stops at the task running at t, at the last task at the latest
             e = s + work[tid]
-            if tid == last or e > t:
+            if e > t or (tid == last and not final):
                 break
             # tid ran alone from s to e: as its dispatch, start and end would have written it (the device's last
             # event was at s, so communication alone is exposed from s to e)
@@ -469,6 +474,8 @@ class Engine:
         mem[d] = memory
         if s > last_x[d]:
             last_x[d] = s
+        if final:  # every task written out; the loop processes the last one's successors
+            return seq, finished - 1
         if prev >= 0:
             ready[tid], cause[tid] = s, prev
         stream = stream_of[tid]

@@ -13,6 +13,20 @@ the same graph and options always give the same outcome. Two event kinds:
   entry would pop, without the heap traffic. A task of zero duration pushes an END at the current instant,
   which pops next and triggers another dispatch pass at the same instant.
 
+Runs alone: most of a pipeline stage's tasks form a chain (each the only successor of the one before, and
+waiting for it only). When such a chain's next task becomes ready on a device where nothing else runs, holds a
+stream or waits in a queue, the chain from there (as long as each task is the only successor of the one
+before, waits for nothing else, is no collective rank and names no link another device's flow names) runs as
+one END event: alone on the device nothing stretches it, so each task ends at its start + its work, summed in
+order as the step-by-step loop would. Anything that becomes ready on that device before the run's end cuts the
+run at that instant: the tasks ended by then are written out, and the one running becomes an ordinary flow
+(or, starting at that instant, a ready task for the dispatch pass). Either way every start, end, ready and
+dispatch time, the memory timeline and the exposed time are the step-by-step loop's, bit for bit
+(tests/unit/sim/test_engine.py compares the two on synthetic pipelines, random graphs and compiled jobs); only
+the event count drops (GPT-3 175B on 16 stages: 278,317 -> 62,273). What held a task back (the critical path)
+does not depend on the order an instant's events are processed in: among dependencies ending, or collective
+ranks arriving, at one instant, the lowest tid.
+
 Work model: a flow has `duration_s` of work (the largest member's for a collective) and progresses at
 1 / stretch, where stretch = (1 + overlap_slowdown if overlapped) x max over its resources of
 max(1, active flows / capacity). A collective is one flow: it starts when its last rank takes its stream,

@@ -6,7 +6,7 @@ represented by its leader, the member with the lowest tid. Per-flow fields live 
 
 import math
 from collections.abc import Sequence
-from itertools import chain, compress, repeat
+from itertools import chain, compress
 from operator import attrgetter, contains
 
 from trainsim.errors import ConfigError
@@ -102,8 +102,9 @@ class GraphArrays:
                     if not 0 <= dep < n or dep == tid:
                         raise ConfigError(f"task {task.name!r}.deps", dep, f"must name another task 0..{n - 1}")
         succ: list[list[int]] = [[] for _ in range(n)]
-        for dep, tid in zip(named, chain.from_iterable(map(repeat, range(n), self.num_deps)), strict=True):
-            succ[dep].append(tid)  # NB: one flat loop over the edges (each task's tid repeated per dependency)
+        for tid, task_deps in enumerate(deps):
+            for dep in task_deps:
+                succ[dep].append(tid)
         return succ
 
     def _categories(self, names: tuple[str, ...]) -> list[int]:

@@ -124,16 +124,19 @@ def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
     def wait(tid: int, dep: int) -> None:
         tasks[tid].deps = (*tasks[tid].deps, dep)
 
+    one_way_links: dict[tuple[int, int], tuple[str, ...]] = {}  # (sender, receiver) -> links of a send
     for t in transfers:
-        if id(t) in merged:
+        if merged and id(t) in merged:
             continue
-        partner = next((o for o in sent_after.get((t.dst, t.dst_index - 1), ())
-                        if o.dst == t.src and o.dst_index == t.src_index + 1 and id(o) not in merged
-                        and o.src != o.dst), None) if t.src != t.dst and not overlap else None
-        both = (t.src, t.dst) if t.src != t.dst else (t.src,)
-        resources = ctx.link_resources(layout, both) if partner is not None else \
-            ctx.link_resources(layout, (t.src,), (t.dst,))
+        partner = None
+        if t.src != t.dst and not overlap:
+            for o in sent_after.get((t.dst, t.dst_index - 1), ()):
+                if o.dst == t.src and o.dst_index == t.src_index + 1 and id(o) not in merged and o.src != o.dst:
+                    partner = o
+                    break
         if partner is not None:
+            both = (t.src, t.dst) if t.src != t.dst else (t.src,)
+            resources = ctx.link_resources(layout, both)
             merged.update((id(t), id(partner)))
             key = f"pp.exchange.{t.what}{t.micro_batch}.vs{t.boundary}.{partner.what}{partner.micro_batch}"
             name = (f"exchange {t.what} mb{t.micro_batch} vs{t.boundary} / "
@@ -146,6 +149,9 @@ def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
                                resources=resources)
                 wait(first(stage, consumer), copy.tid)
             continue
+        resources = one_way_links.get((t.src, t.dst))
+        if resources is None:
+            resources = one_way_links[(t.src, t.dst)] = ctx.link_resources(layout, (t.src,), (t.dst,))
         name = f"send {t.what} mb{t.micro_batch} vs{t.boundary}" + ("->" if t.what == "act" else "<-")
         # NB: BuildContext.add's task, built positionally in Task's field order (18,000 sends for GPT-3 175B)
         send = len(tasks)
@@ -154,4 +160,5 @@ def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
         receiver = tasks[by_index[t.dst][t.dst_index].first_tid]
         receiver.deps = (*receiver.deps, send)
         if t.src_index + 1 < len(programs[t.src]) and not overlap:  # blocking p2p: the sender's next step waits
-            wait(first(t.src, t.src_index + 1), send)
+            sender = tasks[by_index[t.src][t.src_index + 1].first_tid]
+            sender.deps = (*sender.deps, send)

@@ -30,7 +30,7 @@ from trainsim.compile.apply_zero import FsdpChain, FsdpNeed, fsdp_enabled, stage
 from trainsim.compile.context import TASK_LEVELS, BuildContext, StageWriter, TaskLevel, TaskSpec
 from trainsim.compile.device_classes import split_device_classes
 from trainsim.compile.insert_collectives import insert_gradient_sync, insert_param_gathers
-from trainsim.compile.lower_layers import Cut, Unit, UnitMemory, emit_unit, step_units
+from trainsim.compile.lower_layers import Cut, Unit, UnitMemory, emit_unit, step_units, unit_specs
 from trainsim.compile.schedule_pipeline import StepRecord, chunk_layers, insert_transfers, stage_programs
 from trainsim.compile.schedules import Step, splits_backward
 from trainsim.compile.splits import plan_mesh_comms, plan_splits
@@ -43,6 +43,7 @@ from trainsim.job import Job
 from trainsim.strategy.lowered import LayerAssignment, LoweredPlan
 
 _NEVER = float("inf")  # a cut after the whole layer-phase
+_NO_EXTRA = UnitMemory()  # NB: shared, never changed: emit_unit only reads it
 
 
 @dataclass(slots=True)
@@ -90,17 +91,35 @@ def _emit_stage(ctx: BuildContext, stage: int, program: list[Step],
                 records: dict[tuple[int, Step], StepRecord]) -> _StageTail:
     w = StageWriter(ctx, stage)
     split = splits_backward(str(ctx.plan.schedule))
-    steps = [(step, step_units(step, layers[(stage, step.chunk)])) for step in program]
-    flat = [unit for _, units in steps for unit in units]
-    fsdp = FsdpChain(ctx, w, [_fsdp_need(u, split) for u in flat]) if fsdp_enabled(ctx) else None
-    if fsdp is not None:
+    steps = [(step, layers[(stage, step.chunk)]) for step in program]
+    fsdp = None
+    if fsdp_enabled(ctx):
+        fsdp = FsdpChain(ctx, w, [_fsdp_need(u, split) for step, chunk in steps for u in step_units(step, chunk)])
         fsdp.start()
-    param_gathers = insert_param_gathers(ctx, stage, [unit.assignment for unit in flat if unit.phase == "F"])
+    param_gathers = insert_param_gathers(ctx, stage, [a for step, chunk in steps if step.phase == "F" for a in chunk])
     overheads = _per_micro_batch_overheads(ctx, stage)
     grads: dict[int, tuple[int, Unit]] = {}  # layer index -> (tid that finishes its gradient, its layer-phase)
+    templates: dict[tuple[int, str], _StepTemplate] = {}
     k = 0
-    for step, units in steps:
+    for step, chunk in steps:
         w.step_first = -1
+        if fsdp is None and chunk and not (step.phase == "F" and param_gathers
+                                           and any(a.index in param_gathers for a in chunk)):
+            # a step no pass cuts into: its tasks as one template per (chunk, F | B | W), replayed per micro-batch
+            template = templates.get((step.chunk, step.phase))
+            if template is None:
+                template = templates[(step.chunk, step.phase)] = _step_template(
+                    w, step_units(step, chunk), overheads, split)
+            first = len(ctx.graph.tasks)
+            w.emit_all(template.specs, step.micro_batch)
+            for offset, unit in template.gradients:
+                index = unit.assignment.index
+                grads.pop(index, None)  # re-insert: the dict keeps the order in which gradients become final
+                grads[index] = (first + offset if offset >= 0 else -1, unit)
+            k += len(chunk)
+            records[(stage, step)] = StepRecord(w.step_first, w.prev)
+            continue
+        units = step_units(step, chunk)
         if step.phase == "F":
             for spec in overheads:
                 w.emit(spec, step.micro_batch)
@@ -111,7 +130,7 @@ def _emit_stage(ctx: BuildContext, stage: int, program: list[Step],
             gather = param_gathers.pop(unit.assignment.index, None) if unit.phase == "F" else None
             if gather is not None:
                 w.wait_for(gather)
-            extra = UnitMemory()
+            extra = _NO_EXTRA
             if fsdp is not None:
                 fsdp.before(k)
                 extra = UnitMemory(fsdp.gathered_bytes(k) if unit.phase != "W" else 0.0, fsdp.grad_bytes(k),
@@ -131,6 +150,28 @@ def _emit_stage(ctx: BuildContext, stage: int, program: list[Step],
     if fsdp is not None:
         grad_tids += fsdp.finish()
     return _StageTail(w.prev, grad_tids)
+
+
+@dataclass(frozen=True, slots=True)
+class _StepTemplate:
+    """A step's chain tasks whatever its micro-batch (the forward's per-micro-batch overheads, then each
+    layer-phase's specs), and per layer-phase that finishes a weight gradient the offset of its last compute task
+    among them (-1: none)."""
+
+    specs: tuple[TaskSpec, ...]
+    gradients: tuple[tuple[int, Unit], ...]
+
+
+def _step_template(w: StageWriter, units: list[Unit], overheads: tuple[TaskSpec, ...], split: bool) -> _StepTemplate:
+    specs: list[TaskSpec] = list(overheads) if units[0].phase == "F" else []
+    gradients: list[tuple[int, Unit]] = []
+    for unit in units:
+        unit_tasks = unit_specs(w, unit, split)
+        last = max((len(specs) + i for i, spec in enumerate(unit_tasks) if spec.stream == "compute"), default=-1)
+        specs += unit_tasks
+        if unit.makes_gradient(split):
+            gradients.append((last, unit))
+    return _StepTemplate(tuple(specs), tuple(gradients))
 
 
 def _per_micro_batch_overheads(ctx: BuildContext, stage: int) -> tuple[TaskSpec, ...]:

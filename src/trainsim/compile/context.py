@@ -290,6 +290,31 @@ class StageWriter:
             self.step_first = tid
         return tid
 
+    def emit_all(self, specs: tuple[TaskSpec, ...], micro_batch: int) -> int:
+        """Append the chain tasks of `specs` for one micro-batch, in order, as `emit` would one by one; returns the
+        tid of the last one on the compute stream (-1: none). NB: the hot path of compiling (a layer-phase's
+        tasks replayed for every micro-batch), one call per layer-phase."""
+        if not specs:
+            return -1
+        tasks, stage = self.ctx.graph.tasks, self.stage
+        prev, last = self.prev, -1
+        deps = (prev, *self.pending) if prev >= 0 else tuple(self.pending)
+        self.pending = []
+        tid = len(tasks)
+        append = tasks.append
+        for spec in specs:
+            append(Task(tid, f"{spec.prefix}{micro_batch}{spec.suffix}", stage, spec.stream, spec.kind,
+                        spec.duration_s, deps, "", spec.resources, spec.alloc_bytes, spec.free_bytes, spec.phase,
+                        spec.layer, micro_batch, stage, spec.category, 0))
+            if spec.stream == "compute":
+                last = tid
+            deps = (tid,)
+            tid += 1
+        self.prev = tid - 1
+        if self.step_first < 0:
+            self.step_first = tid - len(specs)
+        return last
+
     def wait_for(self, *tids: int) -> None:
         """Make the next chain task also wait for these tasks."""
         self.pending.extend(tids)

@@ -11,7 +11,7 @@ Cuts: a pass can ask for a callback at a point of a layer-phase's main compute (
 the data-parallel overlap window); the compute task there is split in two so the point is a task boundary.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -72,14 +72,8 @@ def emit_unit(w: StageWriter, unit: Unit, split: bool, extra: UnitMemory) -> int
     holds no ZeRO-3 bytes is the same for every micro-batch: its specs are built once (BuildContext.unit_specs)."""
     mb = unit.micro_batch
     if not extra.cuts and not extra.gathered and not extra.gradients:
-        key = (unit.assignment.index, unit.phase)
-        specs = w.ctx.unit_specs.get(key)
-        if specs is None:
-            specs = w.ctx.unit_specs[key] = tuple(item for item in unit_items(w, unit, split, extra)
-                                                  if isinstance(item, TaskSpec))
-        items: Sequence[TaskSpec | Callable[[], None]] = specs
-    else:
-        items = unit_items(w, unit, split, extra)
+        return w.emit_all(unit_specs(w, unit, split), mb)
+    items = unit_items(w, unit, split, extra)
     last = -1
     for item in items:
         if isinstance(item, TaskSpec):
@@ -89,6 +83,17 @@ def emit_unit(w: StageWriter, unit: Unit, split: bool, extra: UnitMemory) -> int
         else:
             item()
     return last
+
+
+def unit_specs(w: StageWriter, unit: Unit, split: bool) -> tuple[TaskSpec, ...]:
+    """The chain tasks of a layer-phase no pass cuts into and that holds no ZeRO-3 bytes: the same for every
+    micro-batch, built once per layer instance and phase (BuildContext.unit_specs)."""
+    key = (unit.assignment.index, unit.phase)
+    specs = w.ctx.unit_specs.get(key)
+    if specs is None:
+        specs = w.ctx.unit_specs[key] = tuple(item for item in unit_items(w, unit, split, UnitMemory())
+                                              if isinstance(item, TaskSpec))
+    return specs
 
 
 def unit_items(w: StageWriter, unit: Unit, split: bool, extra: UnitMemory) -> list[TaskSpec | Callable[[], None]]:

@@ -5,7 +5,9 @@ represented by its leader, the member with the lowest tid. Per-flow fields live 
 """
 
 import math
-from operator import contains
+from collections.abc import Sequence
+from itertools import chain, compress
+from operator import attrgetter, contains
 
 from trainsim.errors import ConfigError
 from trainsim.ir.exec_graph import ExecGraph
@@ -13,14 +15,18 @@ from trainsim.ir.exec_graph import ExecGraph
 STREAMS = ("compute", "feature", "gradient")
 STREAM_INDEX = {name: index for index, name in enumerate(STREAMS)}
 NUM_STREAMS = len(STREAMS)
+_FIELDS_NAMES = ("tid", "name", "device", "stream", "kind", "duration_s", "deps", "sync_key", "resources",
+                 "alloc_bytes", "free_bytes", "category", "priority")
+_FIELDS = attrgetter(*_FIELDS_NAMES)
 
 
 class GraphArrays:
     """Per-task lists (tid-indexed) and per-flow data of one ExecGraph, checked."""
 
-    __slots__ = ("alloc_bytes", "categories", "category_of", "device_of", "flow_resources", "free_bytes",
+    __slots__ = ("alloc_bytes", "categories", "category_of", "deps", "device_of", "flow_resources", "free_bytes",
                  "has_flow_resources", "is_compute", "leader_of", "members", "names", "num_deps", "num_devices",
-                 "num_tasks", "priority", "resource_capacity", "resource_names", "stream_of", "successors", "work")
+                 "num_tasks", "priority", "resource_capacity", "resource_names", "shared_links", "stream_of",
+                 "successors", "work")
 
     def __init__(self, graph: ExecGraph, launch_overhead_s: float) -> None:
         tasks = graph.tasks
@@ -30,39 +36,49 @@ class GraphArrays:
         for index, device in enumerate(graph.devices):
             if device.index != index:
                 raise ConfigError(f"devices[{index}].index", device.index, f"must equal its position {index}")
-        self.names = [t.name for t in tasks]
-        self.device_of = [t.device for t in tasks]
-        self.is_compute = [t.kind == "compute" for t in tasks]
-        durations = [t.duration_s for t in tasks]
-        self.work = [d + launch_overhead_s if c else d for d, c in zip(durations, self.is_compute, strict=True)]
-        self.priority = [t.priority for t in tasks]
-        self.alloc_bytes = [t.alloc_bytes for t in tasks]
-        self.free_bytes = [t.free_bytes for t in tasks]
-        deps = [t.deps for t in tasks]
+        # NB: one pass over the tasks reads every field (attrgetter and zip run in C), then a column per field
+        columns = list(zip(*map(_FIELDS, tasks), strict=True)) if tasks else [()] * len(_FIELDS_NAMES)
+        (tids, names, device_of, streams, kinds, durations, deps, sync_keys, resources, alloc_bytes, free_bytes,
+         categories, priority) = columns
+        self.names: list[str] = list(names)
+        self.device_of: list[int] = list(device_of)
+        self.is_compute: list[bool] = list(map("compute".__eq__, kinds))
+        self.work: list[float] = list(durations) if launch_overhead_s == 0.0 else [
+            d + launch_overhead_s if c else d for d, c in zip(durations, self.is_compute, strict=True)]
+        self.priority: list[int] = list(priority)
+        self.alloc_bytes: list[float] = list(alloc_bytes)
+        self.free_bytes: list[float] = list(free_bytes)
+        self.deps: tuple[tuple[int, ...], ...] = deps
         self.num_deps = list(map(len, deps))
-        self.stream_of = self._streams(graph, durations)
+        self.stream_of = self._streams(graph, tids, streams, durations)
         self.successors = self._successors(graph, deps)
         self.categories: list[str] = []
-        self.category_of = self._categories(graph)
+        self.category_of = self._categories(categories)
         self.resource_names: list[str] = []
         self.resource_capacity: list[float] = []
         self.leader_of: list[int] = [-1] * n
         self.members: dict[int, list[int]] = {}
         self.flow_resources: list[tuple[int, ...] | None] = [None] * n
         self.has_flow_resources = False
-        self._flows(graph)
+        self._flows(graph, sync_keys, resources, kinds)
+        self.shared_links = self._shared_links()
 
-    def _streams(self, graph: ExecGraph, durations: list[float]) -> list[int]:
+    def _streams(self, graph: ExecGraph, tids: tuple[int, ...], streams: tuple[str, ...],
+                 durations: tuple[float, ...]) -> list[int]:
         """Each task's stream index (device x NUM_STREAMS + stream), after checking tid, device, duration
         and stream; a graph that fails a whole-list check is checked task by task for the error to report."""
-        tasks, num_devices = graph.tasks, self.num_devices
-        streams = [STREAM_INDEX.get(t.stream, -1) for t in tasks]
+        num_devices = self.num_devices
+        index = {(device, stream): device * NUM_STREAMS + i for device in range(num_devices)
+                 for stream, i in STREAM_INDEX.items()}
         total_s = sum(durations)  # NB: finite only if no duration is NaN or infinite
-        if tasks and not ([t.tid for t in tasks] == list(range(self.num_tasks))
-                          and min(self.device_of) >= 0 and max(self.device_of) < num_devices
-                          and math.isfinite(total_s) and min(durations) >= 0.0 and min(streams) >= 0):
+        try:
+            out = list(map(index.__getitem__, zip(self.device_of, streams, strict=True)))  # device and stream
+        except (KeyError, TypeError):
+            out = []
+        if tids and not (tids == tuple(range(self.num_tasks)) and len(out) == len(tids)
+                         and math.isfinite(total_s) and min(durations) >= 0.0):
             self._check_tasks(graph)
-        return [device * NUM_STREAMS + stream for device, stream in zip(self.device_of, streams, strict=True)]
+        return out
 
     def _check_tasks(self, graph: ExecGraph) -> None:
         num_devices = self.num_devices
@@ -77,9 +93,9 @@ class GraphArrays:
             if task.stream not in STREAM_INDEX:
                 raise ConfigError(f"task {task.name!r}.stream", task.stream, f"choose one of: {', '.join(STREAMS)}")
 
-    def _successors(self, graph: ExecGraph, deps: list[tuple[int, ...]]) -> list[list[int]]:
+    def _successors(self, graph: ExecGraph, deps: Sequence[tuple[int, ...]]) -> list[list[int]]:
         n = self.num_tasks
-        named = [dep for task_deps in deps for dep in task_deps]
+        named = list(chain.from_iterable(deps))
         if named and not (min(named) >= 0 and max(named) < n and not any(map(contains, deps, range(n)))):
             for tid, task in enumerate(graph.tasks):
                 for dep in task.deps:
@@ -91,25 +107,25 @@ class GraphArrays:
                 succ[dep].append(tid)
         return succ
 
-    def _categories(self, graph: ExecGraph) -> list[int]:
-        names = [t.category for t in graph.tasks]
+    def _categories(self, names: tuple[str, ...]) -> list[int]:
         self.categories = [name for name in dict.fromkeys(names) if name]  # first-appearance order
         index = {name: i for i, name in enumerate(self.categories)}
         index[""] = -1
-        return [index[name] for name in names]
+        return list(map(index.__getitem__, names))
 
-    def _flows(self, graph: ExecGraph) -> None:
+    def _flows(self, graph: ExecGraph, sync_keys: tuple[str, ...], task_resources: tuple[tuple[str, ...], ...],
+               kinds: tuple[str, ...]) -> None:
         """Group collectives by sync_key and give every comm flow its resources (union over its members)."""
         tasks = graph.tasks
         res_index: dict[str, int] = {}
         as_indices: dict[tuple[str, ...], tuple[int, ...]] = {}  # the compiler shares resource tuples
         groups: dict[str, list[int]] = {}
         flow_resources = self.flow_resources
-        for tid, task in enumerate(tasks):
-            if task.sync_key:
-                groups.setdefault(task.sync_key, []).append(tid)
-            elif task.resources and task.kind == "comm":
-                names = task.resources
+        for tid in compress(range(self.num_tasks), sync_keys):
+            groups.setdefault(sync_keys[tid], []).append(tid)
+        for tid in compress(range(self.num_tasks), task_resources):
+            if not sync_keys[tid] and kinds[tid] == "comm":
+                names = task_resources[tid]
                 indices = as_indices.get(names)
                 if indices is None:
                     indices = as_indices[names] = tuple(res_index.setdefault(r, len(res_index)) for r in names)
@@ -137,3 +153,25 @@ class GraphArrays:
         for name, capacity in zip(self.resource_names, self.resource_capacity, strict=True):
             if not (capacity > 0.0 and math.isfinite(capacity)):
                 raise ConfigError(f"resource_capacity[{name!r}]", capacity, "must be finite and > 0")
+
+    def _shared_links(self) -> set[int]:
+        """The flows with a resource that a flow of another device also names, or of a capacity under one link
+        (where another device's transfer may slow them, or one alone waits): the engine runs these step by step
+        (engine.py: runs alone)."""
+        if not self.has_flow_resources:
+            return set()
+        flow_resources, device_of, members = self.flow_resources, self.device_of, self.members
+        with_links = list(compress(range(self.num_tasks), flow_resources))
+        users = dict.fromkeys(zip(map(flow_resources.__getitem__, with_links),
+                                  map(device_of.__getitem__, with_links), strict=True))
+        devices_of: list[set[int]] = [set() for _ in self.resource_names]
+        for resources, device in users:
+            for r in resources or ():
+                devices_of[r].add(device)
+        for leader, ranks in members.items():  # a collective's links serve all its ranks' devices
+            for r in flow_resources[leader] or ():
+                devices_of[r].update(device_of[m] for m in ranks)
+        exclusive = [len(devices) <= 1 and capacity >= 1.0
+                     for devices, capacity in zip(devices_of, self.resource_capacity, strict=True)]
+        bad = {resources for resources, _ in users if resources and not all(exclusive[r] for r in resources)}
+        return {tid for tid in with_links if flow_resources[tid] in bad} if bad else set()

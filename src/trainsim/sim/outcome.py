@@ -63,12 +63,14 @@ class SimOutcome:
         its partners (its stream is blocked meanwhile).
     ready_s: when the task's last dependency ended.
     critical_path: tids from the first task to the last-ending one; each step is the dependency, stream
-        predecessor or collective partner that determined the next task's start.
+        predecessor or collective partner that determined the next task's start (among dependencies ending, or
+        partners arriving, at the same instant, the lowest tid).
     exposed_s: per category, the longest time over devices during which a task of that category ran on a
         device with no compute task running (the part of the category the compute does not hide);
         exposed_by_device_s has the same per device. Time a rank waits for its collective partners is not
         counted (see dispatch_s).
-    events: end and dispatch events the engine processed (stale re-timed events not counted).
+    events: end and dispatch events the engine processed (stale re-timed events not counted; a run of tasks
+        that ran alone on a device, engine.py, is one end event).
     """
 
     start_s: list[float]

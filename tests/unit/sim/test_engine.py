@@ -1,13 +1,22 @@
 """The event engine: determinism, invariants, memory, deadlock detection, critical path, input checks."""
 
+import random
 from itertools import pairwise
 
 import pytest
 
+from trainsim.catalog import load_cluster, load_model
+from trainsim.compile.build import compile_job
 from trainsim.errors import ConfigError, TrainsimError
+from trainsim.estimate.simulation import SimEstimator
 from trainsim.ir.exec_graph import ExecGraph, SimDevice
+from trainsim.job import make_job
+from trainsim.pipeline import graph_for
 from trainsim.sim import DeadlockError, SimOptions, SimOutcome, simulate
+from trainsim.sim.engine import Engine
 from trainsim.sim.synthetic import one_f_one_b_order, synthetic_pipeline
+from trainsim.strategy.lowered import default_plan
+from trainsim.strategy.parallel import ParallelSpec
 
 ALL_ON = SimOptions(overlap_slowdown=0.3, bandwidth_sharing=True, launch_overhead_s=1e-5)
 
@@ -61,6 +70,91 @@ def test_dynamic_path_with_idle_links_matches_the_plain_schedule() -> None:
     graph.resource_capacity = dict.fromkeys(names, 1e9)
     wide = simulate(graph, SimOptions(bandwidth_sharing=True))
     assert wide.start_s == plain.start_s and wide.end_s == plain.end_s
+
+
+# ---- runs alone: a chain on an idle device as one event --------------------------------------------------------
+def _same_outcome(graph: ExecGraph, options: SimOptions) -> tuple[SimOutcome, SimOutcome]:
+    """The engine with runs alone and the step-by-step reference; every field but the event count equal (==)."""
+    fast = Engine(graph, options).run()
+    reference = Engine(graph, options, runs_alone=False).run()
+    for name in ("start_s", "end_s", "dispatch_s", "ready_s", "makespan_s", "memory", "critical_path", "exposed_s",
+                 "exposed_by_device_s"):
+        assert getattr(fast, name) == getattr(reference, name), name
+    return fast, reference
+
+
+SOME_ON = [SimOptions(), ALL_ON, SimOptions(overlap_slowdown=0.2), SimOptions(bandwidth_sharing=True),
+           SimOptions(launch_overhead_s=3e-5, memory_timeline=False)]
+
+
+@pytest.mark.parametrize("options", SOME_ON, ids=["plain", "all-on", "gamma", "sharing", "launch-no-timeline"])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_runs_alone_equal_the_step_by_step_engine_on_a_pipeline(options: SimOptions, seed: int) -> None:
+    graph = synthetic_pipeline(stages=4, micro_batches=8, layers_per_stage=3, seed=seed)
+    fast, reference = _same_outcome(graph, options)
+    assert fast.events < reference.events / 2  # the tensor-parallel chains ran alone
+
+
+def _random_graph(seed: int) -> ExecGraph:
+    """Chains of compute and comm tasks on three devices, with tasks that other devices' tasks release on every
+    stream mid-chain, collectives, zero durations, durations on a coarse grid (ties), shared and private links."""
+    rng = random.Random(seed)
+    graph = _graph(num_devices=3, static_bytes=10.0)
+    graph.resource_capacity = {"shared": 1.0, "narrow": 0.5, "wide": 2.0}
+    chains: list[list[int]] = [[] for _ in range(3)]
+    for step in range(60):
+        d = rng.randrange(3)
+        deps = (chains[d][-1],) if chains[d] else ()
+        if rng.random() < 0.15 and chains[(d + 1) % 3]:  # waits for another device as well
+            deps = (*deps, rng.choice(chains[(d + 1) % 3]))
+        comm = rng.random() < 0.45
+        links = rng.choice([(), (f"d{d}.private",), ("shared",), ("narrow",), ("wide",), (f"d{d}.private", "wide")])
+        task = graph.add(name=f"c{d}.{step}", device=d, stream="feature" if comm else "compute",
+                         kind="comm" if comm else "compute", duration_s=rng.choice([0.0, 0.5, 1.0, 1.5, 0.25]),
+                         deps=deps, resources=links if comm else (), category=rng.choice(["compute", "tp_comm", ""]),
+                         alloc_bytes=rng.choice([0.0, 5.0]), free_bytes=rng.choice([0.0, 2.0]))
+        chains[d].append(task.tid)
+        if rng.random() < 0.2:  # a side task on another stream or device, released by this chain task
+            side = rng.randrange(3)
+            graph.add(name=f"side{step}", device=side, stream=rng.choice(["gradient", "feature"]), kind="comm",
+                      duration_s=rng.choice([0.5, 1.0, 2.0]), deps=(task.tid,),
+                      resources=rng.choice([(), ("shared",), (f"d{side}.private",)]), category="dp_comm")
+        if rng.random() < 0.08:  # a collective of two devices after their chains' tasks so far
+            a, b = rng.sample(range(3), 2)
+            for member in (a, b):
+                if chains[member]:
+                    graph.add(name=f"ar{step}.{member}", device=member, stream="gradient", kind="comm",
+                              duration_s=1.0, deps=(chains[member][-1],), sync_key=f"ar{step}", category="dp_comm",
+                              resources=("wide",))
+    return graph
+
+
+@pytest.mark.parametrize("options", SOME_ON, ids=["plain", "all-on", "gamma", "sharing", "launch-no-timeline"])
+def test_runs_alone_equal_the_step_by_step_engine_on_random_graphs(options: SimOptions) -> None:
+    for seed in range(40):
+        _same_outcome(_random_graph(seed), options)
+
+
+COMPILED_JOBS = [  # (model, GPUs, task level, strategy): the passes that shape chains (interleaving, ZeRO, splits)
+    ("gpt3-1.3b", 32, "layer", {"tp": 8, "pp": 4, "dp": 1, "vpp": 2, "schedule": "interleaved-1f1b",
+                                "global_batch": 16, "recompute": "full"}),
+    ("gpt3-1.3b", 16, "op", {"tp": 2, "pp": 2, "dp": 4, "global_batch": 16, "zero": 1, "recompute": "selective"}),
+    ("gpt3-1.3b", 8, "layer", {"tp": 1, "pp": 1, "dp": 8, "global_batch": 16, "zero": 3}),
+    ("gpt3-1.3b", 16, "layer", {"tp": 2, "pp": 4, "dp": 2, "global_batch": 16, "schedule": "zb-h1"}),
+]
+
+
+@pytest.mark.parametrize(("model", "gpus", "level", "strategy"), COMPILED_JOBS, ids=["vpp", "op-zero1", "zero3", "zb"])
+def test_runs_alone_equal_the_step_by_step_engine_on_compiled_jobs(model: str, gpus: int, level: str,
+                                                                   strategy: dict[str, object]) -> None:
+    job = make_job(load_model(model), load_cluster("dgx-a100-80gb").with_num_gpus(gpus),
+                   ParallelSpec.parse({"micro_batch": 1, "seq_len": 2048, **strategy}))
+    estimator = SimEstimator(task_level="op" if level == "op" else "layer")
+    graph = compile_job(job, default_plan(graph_for(job), job.parallel), estimator.pricer, estimator.task_level)
+    options = estimator.options_for(job)
+    assert options.overlap_slowdown > 0.0 and options.bandwidth_sharing  # the re-timing paths are exercised
+    fast, reference = _same_outcome(graph, options)
+    assert fast.events < reference.events
 
 
 def test_one_f_one_b_order() -> None:
@@ -216,5 +310,6 @@ def test_options_are_checked() -> None:
 def test_outcome_prints_briefly() -> None:
     out = simulate(_memory_graph(1000.0), SimOptions())
     assert isinstance(out, SimOutcome)
-    assert repr(out) == ("SimOutcome(tasks=3, makespan_s=3, events=7, peak_memory_bytes=180, oom=False, "
+    # events: dispatch at 0, fwd's end, dispatch at 1, the end of bwd and opt run alone as one, dispatch at 3
+    assert repr(out) == ("SimOutcome(tasks=3, makespan_s=3, events=5, peak_memory_bytes=180, oom=False, "
                          "critical_path=3 tasks)")

@@ -554,13 +554,20 @@ class Pricer:
         """Each micro-batch sends its activation forward and its gradient backward once per model chunk
         (pipeline_hop_s each). A stack with pp_comm_overlap (interleaved schedules only, as Megatron-Core's
         overlap_p2p_comm) hides each behind one chunk's forward or backward (stack_effects.overlapped_s)."""
-        par = job.parallel
-        out_bytes = max(part.layer.output_bytes for part in stage)
-        one = self.pipeline_hop_s(out_bytes, job)
-        if par.vpp > 1 and self.overlaps("pp_comm_overlap", job):
+        one = self.pipeline_hop_s(max(part.layer.output_bytes for part in stage), job)
+        if job.parallel.vpp > 1 and self.overlaps("pp_comm_overlap", job):
             forward, backward, _, _ = self._stage_work(stage, job)
-            chunk = (forward + backward) / (2.0 * par.vpp)
-            one = overlapped_s(one, chunk, self.overlap_slowdown(job))
+            return self.pipeline_sends_s(one, forward + backward, job)
+        return self.pipeline_sends_s(one, 0.0, job)
+
+    def pipeline_sends_s(self, hop_s: float, compute_s: float, job: Job) -> float:
+        """pipeline_send_s of a stage whose activation crosses a boundary in hop_s (pipeline_hop_s of its largest
+        output) and whose forward and backward take compute_s (read only where pp_comm_overlap hides the sends:
+        vpp > 1). The search's grid engine calls it once per stage and vpp."""
+        par = job.parallel
+        one = hop_s
+        if par.vpp > 1 and self.overlaps("pp_comm_overlap", job):
+            one = overlapped_s(one, compute_s / (2.0 * par.vpp), self.overlap_slowdown(job))
         return 2.0 * par.vpp * one + self.cal.runtime.pipeline_overhead_per_micro_batch_s
 
     def pipeline_hop_s(self, out_bytes: float, job: Job) -> float:

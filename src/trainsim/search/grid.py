@@ -47,12 +47,13 @@ Ints = NDArray[np.int64]
 RECOMPUTE_CODES: dict[Recompute, int] = {"none": 0, "selective": 1, "full": 2}
 SCHEDULE_CODES = {"1f1b": 0, "interleaved-1f1b": 1, "gpipe": 2, "zb-h1": 3}
 OPTIMIZER_CODES = {"fused": 0, "foreach": 1, "loop": 2}
-# of a plan's ParallelSpec: what its group reads (_Batch._group), what sends it to the plain engine (not
-# strategy.stages.is_even_split) and what the arrays read of each plan
-_GROUP_FIELDS = itemgetter("tp", "cp", "ep", "dp", "pp", "vpp", "sp", "precision", "schedule", "optimizer_impl")
-_SPLIT_FIELDS = itemgetter("stage_layers", "first_stage_layers", "last_stage_layers", "embedding_in_split",
-                           "loss_in_split")
-_PLAN_FIELDS = itemgetter("zero", "global_batch", "micro_batch", "recompute", "seq_len")
+# of a plan's ParallelSpec: what its group reads (_Batch._group) and what sends it to the plain engine (not
+# strategy.stages.is_even_split: from _SPLIT_AT on)
+_KEY_FIELDS = itemgetter("tp", "cp", "ep", "dp", "pp", "vpp", "sp", "precision", "schedule", "optimizer_impl",
+                         "stage_layers", "first_stage_layers", "last_stage_layers", "embedding_in_split",
+                         "loss_in_split")
+_SPLIT_AT = 10
+_SLOW_GROUP = (-1, 1, 1, 1, 0, 0, 0, 1, 1)  # a group the plain engine prices (_Batch._group's combo -1)
 COMM_SLOTS = 4  # feature-communication axes of a stage (tp, cp, ep) and its pipeline sends
 
 
@@ -81,6 +82,7 @@ class _Content:
     feature_bwd_s: float  # the rest of feature_s (in the backward window of the gradient reduction)
     param_layers: int  # the number of its layers' (parameters, count): what its gradient buckets read
     stage: list[StagePart]  # the stage itself, for the Pricer's gradient reduction
+    hop_s: float | None = None  # Pricer.pipeline_hop_s of its largest output (made for its first row of pp > 1)
 
 
 @dataclass(slots=True)
@@ -175,12 +177,15 @@ class _Shared:
     content_of: dict[tuple[object, ...], int] = field(default_factory=dict)
     combos: list[_Combo] = field(default_factory=list)
     combo_of: dict[tuple[object, ...], int] = field(default_factory=dict)  # (graph, plan's layout) -> combo
-    # per (graph, _GROUP_FIELDS) a number: its group of plans (_Batch._group)
+    # per (graph, _KEY_FIELDS) a number: its group of plans (_Batch._group)
     group_of: dict[tuple[object, ...], int] = field(default_factory=dict)
     groups: list[tuple[int, ...]] = field(default_factory=list)
     precisions: list[Precision] = field(default_factory=list)  # the precisions of the plans, each once
     param_layers: dict[tuple[tuple[float, float], ...], int] = field(default_factory=dict)
     layer_terms: dict[tuple[object, ...], "_LayerTerms"] = field(default_factory=dict)
+    # id of a layer (of a pinned graph) -> its kept_bytes and rebuilt_bytes per recompute mode and loss_grad_bytes
+    layer_bytes: dict[int, tuple[tuple[float, ...], tuple[float, ...] | None, float | None]] = \
+        field(default_factory=dict)
     # the gradient reduction's queues (Pricer.gradient_queues) per (param_layers, ZeRO > 0, precision code,
     # dp x cp, tp), and their arrays (_QueueTable) made when queues were added
     queue_of: dict[tuple[int, ...], int] = field(default_factory=dict)
@@ -216,41 +221,55 @@ class _Batch:
         self.fitted_overhead = isinstance(self.pricer.step_costs, FittedStepCosts)
 
     def split(self) -> tuple["_Fast | None", list[int]]:
-        """The fast plans' settings as arrays, and the indices of the plans left to the plain engine."""
+        """The fast plans' settings as arrays, and the indices of the plans left to the plain engine. Each plan's
+        fields are read once, in comprehensions: its group's key (graph, _KEY_FIELDS: the group's settings and
+        its split, a split other than the even one going to the plain engine) and its zero, global batch, micro-batch,
+        recompute and sequence length; the groups
+        are made once per distinct key."""
+        plans = self.plans
         cluster, stack = self.job0.cluster, self.job0.stack
-        groups, group_of = self.shared.groups, self.shared.group_of
-        slow: list[int] = []
-        index_of: list[int] = []
-        group_numbers: list[int] = []
-        values: list[tuple[object, ...]] = []
-        for index, (job, graph) in enumerate(self.plans):
-            fields = job.parallel.__dict__  # NB: a pydantic model's fields; read from it ~2x faster
-            if (job.cluster is not cluster and job.cluster != cluster) or \
-                    (job.stack is not stack and job.stack != stack) or any(_SPLIT_FIELDS(fields)):
-                slow.append(index)  # not strategy.stages.is_even_split
-                continue
-            key = (id(graph), _GROUP_FIELDS(fields))
+        if all(job.cluster is cluster and job.stack is stack for job, _ in plans):
+            candidates: Sequence[int] = range(len(plans))
+            slow: list[int] = []
+        else:
+            same = [(job.cluster is cluster or job.cluster == cluster) and (job.stack is stack or job.stack == stack)
+                    for job, _ in plans]
+            candidates = [index for index, ok in enumerate(same) if ok]
+            slow = [index for index, ok in enumerate(same) if not ok]
+            plans = [plans[index] for index in candidates]
+        if not plans:
+            return None, slow
+        fields = [job.parallel.__dict__ for job, _ in plans]  # NB: a pydantic model's fields; ~2x getattr's speed
+        keys = [(id(graph), _KEY_FIELDS(values)) for (_, graph), values in zip(plans, fields, strict=True)]
+        local: dict[tuple[object, ...], int] = {}
+        numbers = np.array([local.setdefault(key, len(local)) for key in keys], dtype=np.int64)  # first seen, first
+        _, first = np.unique(numbers, return_index=True)
+        group_of, groups = self.shared.group_of, self.shared.groups
+        global_numbers: list[int] = []
+        for key, at in zip(local, first.tolist(), strict=True):
             number = group_of.get(key)
             if number is None:
+                job, graph = plans[at]
                 number = group_of[key] = len(groups)
-                groups.append(self._group(job, graph))
-            if groups[number][0] < 0:
-                slow.append(index)
-                continue
-            index_of.append(index)
-            group_numbers.append(number)
-            values.append(_PLAN_FIELDS(fields))
-        if not index_of:
-            return None, slow
-        zero, global_batch, micro_batch, recompute, seq_len = zip(*values, strict=True)
-        columns = np.array(groups, dtype=np.int64)[np.array(group_numbers, dtype=np.int64)]
-        global_batch_array = np.array(global_batch, dtype=np.int64)
-        m = global_batch_array // (columns[:, 8] * np.array(micro_batch, dtype=np.int64))
-        codes = [RECOMPUTE_CODES[mode] for mode in recompute]  # type: ignore[index]
-        plan_columns = np.stack([np.array(zero, dtype=np.int64), m, np.array(codes, dtype=np.int64),
-                                 global_batch_array * np.array(seq_len, dtype=np.int64)], axis=1)
-        fast = _Fast(self, np.array(index_of, dtype=np.int64), np.concatenate([columns[:, :8], plan_columns], axis=1))
-        return fast, slow
+                groups.append(_SLOW_GROUP if any(key[1][_SPLIT_AT:]) else self._group(job, graph))
+            global_numbers.append(number)
+        columns = np.array([groups[number] for number in global_numbers], dtype=np.int64)[numbers]
+        fast = columns[:, 0] >= 0
+        if not fast.all():
+            where = np.array(candidates, dtype=np.int64)
+            slow = sorted([*slow, *where[~fast].tolist()])
+            if not fast.any():
+                return None, slow
+        zero, global_batch, micro_batch, seq_len = (np.array([values[name] for values in fields], dtype=np.int64)
+                                                     for name in ("zero", "global_batch", "micro_batch", "seq_len"))
+        m = global_batch // (columns[:, 8] * micro_batch)
+        codes = [RECOMPUTE_CODES[values["recompute"]] for values in fields]
+        plan_columns = np.stack([zero, m, np.array(codes, dtype=np.int64), global_batch * seq_len], axis=1)
+        table = np.concatenate([columns[:, :8], plan_columns], axis=1)
+        index = np.array(candidates, dtype=np.int64)
+        if not fast.all():
+            index, table = index[fast], table[fast]
+        return _Fast(self, index, table), slow
 
     def _precision(self, precision: Precision) -> int:
         if precision not in self.precisions:
@@ -286,7 +305,7 @@ class _Batch:
         local = {head: number for number, head in enumerate(partition.distinct)}
         for head in partition.distinct:
             self._stage_row(partition.stages[head], job)
-        max_params = max(pricer.stage_params(stage) for stage in partition.stages)
+        max_params = max(pricer.stage_params(partition.stages[head]) for head in partition.distinct)
         self.combos.append(_Combo(first_row, tuple(local[head] for head in partition.first), partition.distinct,
                                   max_params))
         return len(self.combos) - 1
@@ -301,7 +320,13 @@ class _Batch:
             content = shared.content_of[key] = len(shared.contents)
             shared.contents.append(self._content(stage, job))
         shared.row_content.append(content)
-        shared.row_sends_s.append(self.pricer.pipeline_send_s(stage, job) if par.pp > 1 else 0.0)
+        if par.pp > 1:
+            row = shared.contents[content]
+            if row.hop_s is None:
+                row.hop_s = self.pricer.pipeline_hop_s(max(part.layer.output_bytes for part in stage), job)
+            shared.row_sends_s.append(self.pricer.pipeline_sends_s(row.hop_s, row.compute_s, job))
+        else:
+            shared.row_sends_s.append(0.0)
 
     def _content(self, stage: list[StagePart], job: Job) -> _Content:
         """What a stage's price reads but its pipeline sends: the sums over its parts of Pricer._stage_work,
@@ -358,15 +383,19 @@ class _Batch:
         key = (id(layer), par.tp, par.cp, par.ep, par.dp, par.sp, par.precision)  # layer: of a pinned graph
         terms = self.shared.layer_terms.get(key)
         if terms is None:
-            pricer, stack = self.pricer, job.stack
+            pricer = self.pricer
             cost = pricer.layer_cost(layer, job)
-            blocks = layer.kind in BLOCK_KINDS
+            memory = self.shared.layer_bytes.get(id(layer))  # what it keeps and rebuilds reads the layer and stack
+            if memory is None:
+                stack, blocks = job.stack, layer.kind in BLOCK_KINDS
+                memory = self.shared.layer_bytes[id(layer)] = (
+                    tuple(kept_bytes(layer, saved_key(mode, stack)) for mode in RECOMPUTE_CODES),
+                    tuple(rebuilt_bytes(layer, mode, stack) for mode in RECOMPUTE_CODES) if blocks else None,
+                    loss_grad_bytes(layer, stack) if layer.kind == "head" else None)
             terms = self.shared.layer_terms[key] = _LayerTerms(
                 cost=cost, full_s=cost.fwd_s + cost.comm_fwd_s if layer.kind not in ("embedding", "head") else None,
-                fsdp_s=pricer.fsdp_exposed_s(layer, cost, job),
-                kept_bytes=tuple(kept_bytes(layer, saved_key(mode, stack)) for mode in RECOMPUTE_CODES),
-                rebuilt_bytes=tuple(rebuilt_bytes(layer, mode, stack) for mode in RECOMPUTE_CODES) if blocks else None,
-                loss_bytes=loss_grad_bytes(layer, stack) if layer.kind == "head" else None)
+                fsdp_s=pricer.fsdp_exposed_s(layer, cost, job), kept_bytes=memory[0], rebuilt_bytes=memory[1],
+                loss_bytes=memory[2])
         return terms
 
 

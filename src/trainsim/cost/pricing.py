@@ -44,6 +44,7 @@ from trainsim.cost.stack_effects import (
 )
 from trainsim.cost.step import FittedStepCosts, StepCosts
 from trainsim.hardware.cluster import ClusterSpec, GroupLayout
+from trainsim.hardware.device import DeviceSpec
 from trainsim.ir.graph import Layer, Op, OpGraph
 from trainsim.job import Job
 from trainsim.profile.paths import default_db_path
@@ -175,6 +176,8 @@ class Pricer:
         # holds alive, so no other object can take that id while the pricer lives.
         self._pinned: dict[int, object] = {}
         self._layer_costs: dict[tuple[object, ...], LayerCost] = {}
+        # (id of a layer, id of a device) -> op_costs' seconds of its ops (add_op_times)
+        self._op_times: dict[tuple[int, int], tuple[float, ...]] = {}
         self._layer_axes: dict[int, tuple[str, ...]] = {}  # id of a layer -> the axes of its feature collectives
         self._layouts: dict[tuple[object, ...], GroupLayout] = {}
         self._collectives: dict[tuple[object, ...], float] = {}
@@ -285,13 +288,25 @@ class Pricer:
     def op_time_s(self, op: Op, job: Job) -> float:
         """The op's time, plus the kernels a stack that does not fuse it adds (stack_effects.unfused_extra_bytes,
         at the calibrated memory bandwidth, one more launch)."""
+        return self._unfused_s(op, self.op_costs.op_time_s(op, job.cluster.device), job)
+
+    def _unfused_s(self, op: Op, seconds: float, job: Job) -> float:
+        """op_time_s given the op cost model's seconds of the op."""
         device = job.cluster.device
-        seconds = self.op_costs.op_time_s(op, device)
         extra = unfused_extra_bytes(op, job.stack, self.policy(job.parallel.precision).linear_dtype == "fp8")
         if extra > 0.0:
             compute = self.cal.compute
             seconds += extra / (device.hbm_bw_bytes_per_s * compute.memory_efficiency) + compute.kernel_overhead_s
         return seconds
+
+    def add_op_times(self, layer: Layer, device: DeviceSpec, seconds: tuple[float, ...]) -> None:
+        """The op cost model's seconds of each op of layer.fwd + layer.bwd on `device`, priced elsewhere all at
+        once (the search's grid engine: cost/roofline_arrays.py, equal to op_costs.op_time_s op by op); the
+        layer's prices read them instead of asking op_costs op by op."""
+        self._op_times[(self._pin(layer), self._pin(device))] = seconds
+
+    def has_op_times(self, layer: Layer, device: DeviceSpec) -> bool:
+        return (id(layer), id(device)) in self._op_times
 
     def policy(self, precision: Precision) -> PrecisionPolicy:
         """policy_for(precision), made once."""
@@ -371,7 +386,12 @@ class Pricer:
             comm[c.axis] = comm.get(c.axis, 0.0) + comm_s
             if c.phase == "fwd":
                 comm_fwd += comm_s
-        times = {id(op): self.op_time_s(op, job) for op in layer.fwd + layer.bwd}  # each op priced once
+        ops = layer.fwd + layer.bwd
+        known = self._op_times.get((id(layer), id(job.cluster.device)))
+        if known is None:
+            times = {id(op): self.op_time_s(op, job) for op in ops}  # each op priced once
+        else:
+            times = {id(op): self._unfused_s(op, seconds, job) for op, seconds in zip(ops, known, strict=True)}
         selective = sum(times[id(op)] for op in layer.fwd if op.recompute_selective)
         wgrad = sum(times[id(op)] for op in layer.bwd if op.name.endswith(".wgrad"))
         return LayerCost(sum(times[id(op)] for op in layer.fwd), sum(times[id(op)] for op in layer.bwd), selective,

@@ -7,11 +7,12 @@ dp, micro-batch, recompute, ZeRO). GridEngine prices what the plans share once, 
 same Pricer, the same formulas, the same order of operations), and what they do not share as numpy arrays over
 the plans:
 
-- once per distinct stage of a partition (graph, pp) under a layer context (tp, cp, ep, dp, sp, precision),
-  whatever the vpp: its forward, backward, weight-gradient and feature-communication seconds, what its
-  recompute would repeat, its ZeRO-3 exposure, its host overhead, its parameters, saved activations and working
-  buffers, its gradient collectives (Pricer's public prices of layers, collectives and stages); once per vpp
-  its pipeline sends. The engine keeps them for its later calls on the same cluster and stack;
+- every op of the plans' graphs through the roofline at once (cost.roofline_arrays), for the layer prices;
+- once per distinct stage of a partition (graph, pp) under a layer context (tp, cp, ep, sp, precision),
+  whatever the dp and vpp: its forward, backward, weight-gradient and feature-communication seconds, what its
+  recompute would repeat, its host overhead, its parameters, saved activations and working buffers (Pricer's
+  public prices of layers and stages); once per dp its ZeRO-3 exposure and pipeline hop, once per vpp its
+  pipeline sends. The engine keeps them for its later calls on the same cluster and stack;
 - once per (partition, recompute, ZeRO-3 or not): each stage's time, the bottleneck, the stages' sum;
 - per plan, as arrays: the stage times (recompute, ZeRO-3), the bottleneck stage, the bubble, the exposed
   gradient reduction, the optimizer step, the iteration time, and each stage's memory under the schedule and
@@ -30,7 +31,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from trainsim.cost.memory import kept_bytes, loss_grad_bytes, rebuilt_bytes, saved_key
+from trainsim.cost.compute import RooflineCosts
 from trainsim.cost.pricing import GradientQueues, LayerCost, Pricer
+from trainsim.cost.roofline_arrays import op_times_s
 from trainsim.cost.stack_effects import BucketQueue, queue_tail_s
 from trainsim.cost.step import FittedStepCosts
 from trainsim.errors import TrainsimError
@@ -59,9 +62,9 @@ COMM_SLOTS = 4  # feature-communication axes of a stage (tp, cp, ep) and its pip
 
 @dataclass(slots=True)
 class _Content:
-    """What one stage of a partition costs under one layer context, but its pipeline sends (which depend on vpp):
-    everything of its price that does not depend on recompute, ZeRO or the micro-batch count
-    (Pricer._price_stage's and cost.memory's inputs)."""
+    """What one stage of a partition costs under one layer context but dp, but its ZeRO-3 exposure and pipeline
+    sends (which read dp and vpp: _Shared.by_dp, row_sends_s): everything of its price that does not depend on
+    recompute, ZeRO or the micro-batch count (Pricer._price_stage's and cost.memory's inputs)."""
 
     compute_s: float  # forward + backward
     forward_s: float
@@ -71,7 +74,6 @@ class _Content:
     features: int  # the axes of feature_s before the padding (the pipeline sends come next: _price_stage)
     feature_total_s: float  # sum(feature_s)
     recompute_s: tuple[float, float, float]  # per RECOMPUTE_CODES
-    fsdp_s: float  # ZeRO-3 exposure (with the bucketed tail where the stack buckets)
     overhead_s: float
     params: float
     saved_bytes: tuple[float, float, float]  # per RECOMPUTE_CODES
@@ -82,7 +84,6 @@ class _Content:
     feature_bwd_s: float  # the rest of feature_s (in the backward window of the gradient reduction)
     param_layers: int  # the number of its layers' (parameters, count): what its gradient buckets read
     stage: list[StagePart]  # the stage itself, for the Pricer's gradient reduction
-    hop_s: float | None = None  # Pricer.pipeline_hop_s of its largest output (made for its first row of pp > 1)
 
 
 @dataclass(slots=True)
@@ -173,6 +174,11 @@ class _Shared:
     # a stage row: a distinct stage of a combo: its content and its pipeline sends (0 for pp = 1)
     row_content: list[int] = field(default_factory=list)
     row_sends_s: list[float] = field(default_factory=list)
+    row_fsdp_s: list[float] = field(default_factory=list)  # ZeRO-3's exposure (with the bucketed tail)
+    # (content, dp) -> its ZeRO-3 exposure and pipeline hop (Pricer.pipeline_hop_s of its largest output; 0 for
+    # pp = 1)
+    by_dp: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
+    layer_fsdp_s: dict[tuple[object, ...], float] = field(default_factory=dict)  # Pricer.fsdp_exposed_s
     contents: list[_Content] = field(default_factory=list)
     content_of: dict[tuple[object, ...], int] = field(default_factory=dict)
     combos: list[_Combo] = field(default_factory=list)
@@ -201,7 +207,8 @@ class _Shared:
 
     def arrays(self) -> "tuple[_RowTable, _ComboTable]":
         if self.tables is None or self.tables_rows != len(self.combos):
-            self.tables = (_RowTable(self.contents, self.row_content, self.row_sends_s), _ComboTable(self.combos))
+            self.tables = (_RowTable(self.contents, self.row_content, self.row_sends_s,
+                                     self.row_fsdp_s), _ComboTable(self.combos))
             self.tables_rows = len(self.combos)
         return self.tables
 
@@ -245,14 +252,13 @@ class _Batch:
         numbers = np.array([local.setdefault(key, len(local)) for key in keys], dtype=np.int64)  # first seen, first
         _, first = np.unique(numbers, return_index=True)
         group_of, groups = self.shared.group_of, self.shared.groups
-        global_numbers: list[int] = []
-        for key, at in zip(local, first.tolist(), strict=True):
-            number = group_of.get(key)
-            if number is None:
-                job, graph = plans[at]
-                number = group_of[key] = len(groups)
-                groups.append(_SLOW_GROUP if any(key[1][_SPLIT_AT:]) else self._group(job, graph))
-            global_numbers.append(number)
+        new = [(key, at) for key, at in zip(local, first.tolist(), strict=True) if key not in group_of]
+        self._price_ops([plans[at][1] for _, at in new])
+        for key, at in new:
+            job, graph = plans[at]
+            group_of[key] = len(groups)
+            groups.append(_SLOW_GROUP if any(key[1][_SPLIT_AT:]) else self._group(job, graph))
+        global_numbers = [group_of[key] for key in local]
         columns = np.array([groups[number] for number in global_numbers], dtype=np.int64)[numbers]
         fast = columns[:, 0] >= 0
         if not fast.all():
@@ -270,6 +276,24 @@ class _Batch:
         if not fast.all():
             index, table = index[fast], table[fast]
         return _Fast(self, index, table), slow
+
+    def _price_ops(self, graphs: list[OpGraph]) -> None:
+        """Every op of the graphs' layers not yet priced on the cluster's device, through the roofline at once
+        (cost.roofline_arrays, equal to RooflineCosts op by op), for the layer prices to read
+        (Pricer.add_op_times); nothing where the op costs are another model (profiled)."""
+        pricer, device = self.pricer, self.job0.cluster.device
+        if type(pricer.op_costs) is not RooflineCosts:
+            return
+        layers = list({id(layer): layer for graph in graphs for layer in graph.layers
+                       if not pricer.has_op_times(layer, device)}.values())
+        if not layers:
+            return
+        ops = [layer.fwd + layer.bwd for layer in layers]
+        seconds = op_times_s([op for layer_ops in ops for op in layer_ops], device, pricer.op_costs.cal)
+        start = 0
+        for layer, layer_ops in zip(layers, ops, strict=True):
+            pricer.add_op_times(layer, device, tuple(seconds[start:start + len(layer_ops)]))
+            start += len(layer_ops)
 
     def _precision(self, precision: Precision) -> int:
         if precision not in self.precisions:
@@ -311,33 +335,51 @@ class _Batch:
         return len(self.combos) - 1
 
     def _stage_row(self, stage: list[StagePart], job: Job) -> None:
-        """A new stage row: the stage's content (_content, shared by every vpp of the partition) and its
-        pipeline sends."""
+        """A new stage row: the stage's content (_content, shared by every dp and vpp of the partition), its
+        ZeRO-3 exposure and pipeline hop (once per content and dp: the gradient and pipeline groups' strides
+        read dp) and its pipeline sends."""
         par, shared = job.parallel, self.shared
-        key = (id(stage), par.tp, par.cp, par.ep, par.dp, par.sp, par.precision)  # stage: of a pinned partition
+        key = (id(stage), par.tp, par.cp, par.ep, par.sp, par.precision)  # stage: of a pinned partition
         content = shared.content_of.get(key)
         if content is None:
             content = shared.content_of[key] = len(shared.contents)
             shared.contents.append(self._content(stage, job))
         shared.row_content.append(content)
-        if par.pp > 1:
-            row = shared.contents[content]
-            if row.hop_s is None:
-                row.hop_s = self.pricer.pipeline_hop_s(max(part.layer.output_bytes for part in stage), job)
-            shared.row_sends_s.append(self.pricer.pipeline_sends_s(row.hop_s, row.compute_s, job))
-        else:
-            shared.row_sends_s.append(0.0)
+        row = shared.contents[content]
+        by_dp = shared.by_dp.get((content, par.dp))
+        if by_dp is None:
+            hop = self.pricer.pipeline_hop_s(max(part.layer.output_bytes for part in stage), job) \
+                if par.pp > 1 else 0.0
+            by_dp = shared.by_dp[(content, par.dp)] = (self._fsdp_s(stage, row, job), hop)
+        shared.row_fsdp_s.append(by_dp[0])
+        shared.row_sends_s.append(self.pricer.pipeline_sends_s(by_dp[1], row.compute_s, job) if par.pp > 1 else 0.0)
+
+    def _fsdp_s(self, stage: list[StagePart], content: "_Content", job: Job) -> float:
+        """Pricer._stage_fsdp_s with zero3_exposed_s's bucket tail: its layers' fsdp_exposed_s summed in order
+        (each once per layer and layer context with dp)."""
+        pricer, par = self.pricer, job.parallel
+        fsdp = 0.0
+        for part in stage:
+            key = (id(part.layer), par.tp, par.cp, par.ep, par.dp, par.sp, par.precision)  # of a pinned graph
+            seconds = self.shared.layer_fsdp_s.get(key)
+            if seconds is None:
+                seconds = self.shared.layer_fsdp_s[key] = pricer.fsdp_exposed_s(
+                    part.layer, self._layer_terms(part.layer, job).cost, job)
+            fsdp += part.count * seconds
+        if pricer.fsdp_bucketed(job):
+            fsdp += pricer.fsdp_bucket_tail_s(stage, content.backward_s, job)
+        return fsdp
 
     def _content(self, stage: list[StagePart], job: Job) -> _Content:
-        """What a stage's price reads but its pipeline sends: the sums over its parts of Pricer._stage_work,
-        _stage_recompute_s, _stage_fsdp_s (with zero3_exposed_s's bucket tail) and cost.memory's
-        stage_kept_bytes, recompute_working_bytes and loss_working_bytes, in their order, from each layer's
-        terms (_layer_terms, made once per layer and layer context for every stage that holds the layer);
-        tests/unit/search/test_grid.py holds the results equal to the plain engine's."""
+        """What a stage's price reads but its ZeRO-3 exposure and pipeline sends: the sums over its parts of
+        Pricer._stage_work, _stage_recompute_s and cost.memory's stage_kept_bytes, recompute_working_bytes and
+        loss_working_bytes, in their order, from each layer's terms (_layer_terms, made once per layer and
+        layer context for every stage that holds the layer); tests/unit/search/test_grid.py holds the results
+        equal to the plain engine's."""
         pricer = self.pricer
         forward = backward = wgrad = 0.0
         feature: dict[str, float] = {}
-        selective = full = feature_fwd = fsdp = 0.0
+        selective = full = feature_fwd = 0.0
         saved = [0.0, 0.0, 0.0]
         working: list[float] | None = None
         head_saved: float | None = None
@@ -353,15 +395,12 @@ class _Batch:
             if terms.full_s is not None:
                 full += count * terms.full_s
             selective += count * cost.selective_s
-            fsdp += count * terms.fsdp_s
             saved = [total + count * kept for total, kept in zip(saved, terms.kept_bytes, strict=True)]
             if terms.rebuilt_bytes is not None:
                 working = list(terms.rebuilt_bytes) if working is None else \
                     [max(most, rebuilt) for most, rebuilt in zip(working, terms.rebuilt_bytes, strict=True)]
             if terms.loss_bytes is not None and head_saved is None:
                 head_saved = terms.loss_bytes  # the first head's (loss_working_bytes)
-        if pricer.fsdp_bucketed(job):
-            fsdp += pricer.fsdp_bucket_tail_s(stage, backward, job)
         working = working or [0.0, 0.0, 0.0]
         values = tuple(feature.values())
         param_layers = tuple((part.layer.param_count, part.count) for part in stage)
@@ -369,7 +408,7 @@ class _Batch:
         return _Content(
             compute_s=forward + backward, forward_s=forward, backward_s=backward, wgrad_s=wgrad,
             feature_s=values + (0.0,) * (COMM_SLOTS - len(values)), features=len(values), feature_total_s=sum(values),
-            recompute_s=(0.0, selective, full), fsdp_s=fsdp, overhead_s=pricer.micro_batch_overhead_s(stage, job),
+            recompute_s=(0.0, selective, full), overhead_s=pricer.micro_batch_overhead_s(stage, job),
             params=pricer.stage_params(stage), saved_bytes=(saved[0], saved[1], saved[2]),
             recompute_working_bytes=(working[0], working[1], working[2]),
             max_layer_params=max(part.layer.param_count for part in stage),
@@ -378,13 +417,13 @@ class _Batch:
             stage=stage)
 
     def _layer_terms(self, layer: Layer, job: Job) -> "_LayerTerms":
-        """A layer's part of its stages' prices under the job's layer context (what _content sums)."""
+        """A layer's part of its stages' prices under the job's layer context but dp (what _content sums): its
+        feature collectives run over the tp, cp and ep groups only (ir.graph.Comm), none of which reads dp."""
         par = job.parallel
-        key = (id(layer), par.tp, par.cp, par.ep, par.dp, par.sp, par.precision)  # layer: of a pinned graph
+        key = (id(layer), par.tp, par.cp, par.ep, par.sp, par.precision)  # layer: of a pinned graph
         terms = self.shared.layer_terms.get(key)
         if terms is None:
-            pricer = self.pricer
-            cost = pricer.layer_cost(layer, job)
+            cost = self.pricer.layer_cost(layer, job)
             memory = self.shared.layer_bytes.get(id(layer))  # what it keeps and rebuilds reads the layer and stack
             if memory is None:
                 stack, blocks = job.stack, layer.kind in BLOCK_KINDS
@@ -394,21 +433,19 @@ class _Batch:
                     loss_grad_bytes(layer, stack) if layer.kind == "head" else None)
             terms = self.shared.layer_terms[key] = _LayerTerms(
                 cost=cost, full_s=cost.fwd_s + cost.comm_fwd_s if layer.kind not in ("embedding", "head") else None,
-                fsdp_s=pricer.fsdp_exposed_s(layer, cost, job), kept_bytes=memory[0], rebuilt_bytes=memory[1],
-                loss_bytes=memory[2])
+                kept_bytes=memory[0], rebuilt_bytes=memory[1], loss_bytes=memory[2])
         return terms
 
 
 @dataclass(frozen=True, slots=True)
 class _LayerTerms:
     """A layer's terms of its stages' prices under one layer context: its LayerCost, what full recompute
-    repeats of it (None: the embedding and the head are not recomputed), its ZeRO-3 exposure
-    (Pricer.fsdp_exposed_s), what it keeps (cost.memory.kept_bytes) and rebuilds (rebuilt_bytes; None: not a
-    block) per RECOMPUTE_CODES, and the loss's gradient buffers where it is the head (loss_grad_bytes)."""
+    repeats of it (None: the embedding and the head are not recomputed), what it keeps
+    (cost.memory.kept_bytes) and rebuilds (rebuilt_bytes; None: not a block) per RECOMPUTE_CODES, and the
+    loss's gradient buffers where it is the head (loss_grad_bytes)."""
 
     cost: LayerCost
     full_s: float | None
-    fsdp_s: float
     kept_bytes: tuple[float, ...]
     rebuilt_bytes: tuple[float, ...] | None
     loss_bytes: float | None
@@ -624,7 +661,8 @@ class _ComboTable:
 class _RowTable:
     """The stage rows as columns (each a content's, with the row's pipeline sends after its feature axes)."""
 
-    def __init__(self, contents: list[_Content], row_content: list[int], row_sends_s: list[float]) -> None:
+    def __init__(self, contents: list[_Content], row_content: list[int], row_sends_s: list[float],
+                 row_fsdp_s: list[float]) -> None:
         index = np.array(row_content, dtype=np.int64)
 
         def column(name: str) -> Floats:
@@ -639,7 +677,7 @@ class _RowTable:
         self.comm[np.arange(len(index)), column("features").astype(np.int64)] = sends  # 0 where pp = 1
         self.comm_total = column("feature_total_s") + sends  # sum(feature_s + (sends,)): x + 0.0 is x
         self.recompute = column("recompute_s")
-        self.fsdp = column("fsdp_s")
+        self.fsdp = np.array(row_fsdp_s, dtype=np.float64)
         self.overhead = column("overhead_s")
         self.params = column("params")
         self.saved = column("saved_bytes")

@@ -179,7 +179,7 @@ class _Shared:
     # pp = 1)
     by_dp: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
     layer_fsdp_s: dict[tuple[object, ...], float] = field(default_factory=dict)  # Pricer.fsdp_exposed_s
-    contents: list[_Content] = field(default_factory=list)
+    contents: list[_Content | None] = field(default_factory=list)  # None until _Batch._finish
     content_of: dict[tuple[object, ...], int] = field(default_factory=dict)
     combos: list[_Combo] = field(default_factory=list)
     combo_of: dict[tuple[object, ...], int] = field(default_factory=dict)  # (graph, plan's layout) -> combo
@@ -189,9 +189,7 @@ class _Shared:
     precisions: list[Precision] = field(default_factory=list)  # the precisions of the plans, each once
     param_layers: dict[tuple[tuple[float, float], ...], int] = field(default_factory=dict)
     layer_terms: dict[tuple[object, ...], "_LayerTerms"] = field(default_factory=dict)
-    # id of a layer (of a pinned graph) -> its kept_bytes and rebuilt_bytes per recompute mode and loss_grad_bytes
-    layer_bytes: dict[int, tuple[tuple[float, ...], tuple[float, ...] | None, float | None]] = \
-        field(default_factory=dict)
+    term_rows: list[tuple[float, ...]] = field(default_factory=list)  # per layer terms (_Batch._layer_terms)
     # the gradient reduction's queues (Pricer.gradient_queues) per (param_layers, ZeRO > 0, precision code,
     # dp x cp, tp), and their arrays (_QueueTable) made when queues were added
     queue_of: dict[tuple[int, ...], int] = field(default_factory=dict)
@@ -226,6 +224,11 @@ class _Batch:
         self.combos, self.precisions = shared.combos, shared.precisions
         # NB: FittedStepCosts' host overhead per micro-batch reads none of its arguments: one price per stage
         self.fitted_overhead = isinstance(self.pricer.step_costs, FittedStepCosts)
+        # what _stage_row prices of new rows, for _finish to sum: (content, stage, job, its parts' layer terms);
+        # (content, dp) -> (stage, job, its parts' fsdp_exposed_s, pipeline hop); (row, (content, dp), job)
+        self.new_contents: list[tuple[int, list[StagePart], Job, list[_LayerTerms]]] = []
+        self.new_by_dp: dict[tuple[int, int], tuple[list[StagePart], Job, list[float], float]] = {}
+        self.new_rows: list[tuple[int, tuple[int, int], Job]] = []
 
     def split(self) -> tuple["_Fast | None", list[int]]:
         """The fast plans' settings as arrays, and the indices of the plans left to the plain engine. Each plan's
@@ -258,6 +261,8 @@ class _Batch:
             job, graph = plans[at]
             group_of[key] = len(groups)
             groups.append(_SLOW_GROUP if any(key[1][_SPLIT_AT:]) else self._group(job, graph))
+        if self.new_rows:
+            self._finish()
         global_numbers = [group_of[key] for key in local]
         columns = np.array([groups[number] for number in global_numbers], dtype=np.int64)[numbers]
         fast = columns[:, 0] >= 0
@@ -337,117 +342,156 @@ class _Batch:
     def _stage_row(self, stage: list[StagePart], job: Job) -> None:
         """A new stage row: the stage's content (_content, shared by every dp and vpp of the partition), its
         ZeRO-3 exposure and pipeline hop (once per content and dp: the gradient and pipeline groups' strides
-        read dp) and its pipeline sends."""
+        read dp) and its pipeline sends. What may refuse the plans (the layers' and collectives' prices) is
+        priced here; the sums are made for all new rows at once (_finish)."""
         par, shared = job.parallel, self.shared
         key = (id(stage), par.tp, par.cp, par.ep, par.sp, par.precision)  # stage: of a pinned partition
         content = shared.content_of.get(key)
         if content is None:
+            terms = [self._layer_terms(part.layer, job) for part in stage]
             content = shared.content_of[key] = len(shared.contents)
-            shared.contents.append(self._content(stage, job))
-        shared.row_content.append(content)
-        row = shared.contents[content]
-        by_dp = shared.by_dp.get((content, par.dp))
-        if by_dp is None:
+            shared.contents.append(None)
+            self.new_contents.append((content, stage, job, terms))
+        dp_key = (content, par.dp)
+        if dp_key not in shared.by_dp and dp_key not in self.new_by_dp:
             hop = self.pricer.pipeline_hop_s(max(part.layer.output_bytes for part in stage), job) \
                 if par.pp > 1 else 0.0
-            by_dp = shared.by_dp[(content, par.dp)] = (self._fsdp_s(stage, row, job), hop)
-        shared.row_fsdp_s.append(by_dp[0])
-        shared.row_sends_s.append(self.pricer.pipeline_sends_s(by_dp[1], row.compute_s, job) if par.pp > 1 else 0.0)
+            self.new_by_dp[dp_key] = (stage, job, [self._layer_fsdp_s(part.layer, job) for part in stage], hop)
+        self.new_rows.append((len(shared.row_content), dp_key, job))
+        shared.row_content.append(content)
+        shared.row_fsdp_s.append(0.0)
+        shared.row_sends_s.append(0.0)
 
-    def _fsdp_s(self, stage: list[StagePart], content: "_Content", job: Job) -> float:
-        """Pricer._stage_fsdp_s with zero3_exposed_s's bucket tail: its layers' fsdp_exposed_s summed in order
-        (each once per layer and layer context with dp)."""
-        pricer, par = self.pricer, job.parallel
-        fsdp = 0.0
-        for part in stage:
-            key = (id(part.layer), par.tp, par.cp, par.ep, par.dp, par.sp, par.precision)  # of a pinned graph
-            seconds = self.shared.layer_fsdp_s.get(key)
-            if seconds is None:
-                seconds = self.shared.layer_fsdp_s[key] = pricer.fsdp_exposed_s(
-                    part.layer, self._layer_terms(part.layer, job).cost, job)
-            fsdp += part.count * seconds
-        if pricer.fsdp_bucketed(job):
-            fsdp += pricer.fsdp_bucket_tail_s(stage, content.backward_s, job)
-        return fsdp
+    def _layer_fsdp_s(self, layer: Layer, job: Job) -> float:
+        """Pricer.fsdp_exposed_s of a layer under the job's layer context (with dp)."""
+        par = job.parallel
+        key = (id(layer), par.tp, par.cp, par.ep, par.dp, par.sp, par.precision)  # layer: of a pinned graph
+        seconds = self.shared.layer_fsdp_s.get(key)
+        if seconds is None:
+            seconds = self.shared.layer_fsdp_s[key] = self.pricer.fsdp_exposed_s(
+                layer, self._layer_terms(layer, job).cost, job)
+        return seconds
 
-    def _content(self, stage: list[StagePart], job: Job) -> _Content:
-        """What a stage's price reads but its ZeRO-3 exposure and pipeline sends: the sums over its parts of
-        Pricer._stage_work, _stage_recompute_s and cost.memory's stage_kept_bytes, recompute_working_bytes and
-        loss_working_bytes, in their order, from each layer's terms (_layer_terms, made once per layer and
-        layer context for every stage that holds the layer); tests/unit/search/test_grid.py holds the results
-        equal to the plain engine's."""
-        pricer = self.pricer
-        forward = backward = wgrad = 0.0
-        feature: dict[str, float] = {}
-        selective = full = feature_fwd = 0.0
-        saved = [0.0, 0.0, 0.0]
-        working: list[float] | None = None
-        head_saved: float | None = None
-        for part in stage:
-            terms = self._layer_terms(part.layer, job)
-            cost, count = terms.cost, part.count
-            feature_fwd += count * cost.comm_fwd_s
-            forward += count * cost.fwd_s
-            backward += count * cost.bwd_s
-            wgrad += count * cost.wgrad_s
-            for axis, seconds in cost.comm_s.items():
-                feature[axis] = feature.get(axis, 0.0) + count * seconds
-            if terms.full_s is not None:
-                full += count * terms.full_s
-            selective += count * cost.selective_s
-            saved = [total + count * kept for total, kept in zip(saved, terms.kept_bytes, strict=True)]
-            if terms.rebuilt_bytes is not None:
-                working = list(terms.rebuilt_bytes) if working is None else \
-                    [max(most, rebuilt) for most, rebuilt in zip(working, terms.rebuilt_bytes, strict=True)]
-            if terms.loss_bytes is not None and head_saved is None:
-                head_saved = terms.loss_bytes  # the first head's (loss_working_bytes)
-        working = working or [0.0, 0.0, 0.0]
-        values = tuple(feature.values())
-        param_layers = tuple((part.layer.param_count, part.count) for part in stage)
-        layers_number = self.shared.param_layers.setdefault(param_layers, len(self.shared.param_layers))
-        return _Content(
-            compute_s=forward + backward, forward_s=forward, backward_s=backward, wgrad_s=wgrad,
-            feature_s=values + (0.0,) * (COMM_SLOTS - len(values)), features=len(values), feature_total_s=sum(values),
-            recompute_s=(0.0, selective, full), overhead_s=pricer.micro_batch_overhead_s(stage, job),
-            params=pricer.stage_params(stage), saved_bytes=(saved[0], saved[1], saved[2]),
-            recompute_working_bytes=(working[0], working[1], working[2]),
-            max_layer_params=max(part.layer.param_count for part in stage),
-            head_saved_bytes=0.0 if head_saved is None else head_saved,
-            feature_fwd_s=feature_fwd, feature_bwd_s=sum(values) - feature_fwd, param_layers=layers_number,
-            stage=stage)
+    def _finish(self) -> None:
+        """The new rows' sums: their contents (_contents), their ZeRO-3 exposure (Pricer._stage_fsdp_s's sum of
+        the layers' fsdp_exposed_s in order, with zero3_exposed_s's bucket tail) and their pipeline sends."""
+        pricer, shared = self.pricer, self.shared
+        if self.new_contents:
+            self._contents()
+        for dp_key, (stage, job, layer_fsdp, hop) in self.new_by_dp.items():
+            fsdp = 0.0
+            for part, seconds in zip(stage, layer_fsdp, strict=True):
+                fsdp += part.count * seconds
+            if pricer.fsdp_bucketed(job):
+                content = shared.contents[dp_key[0]]
+                assert content is not None
+                fsdp += pricer.fsdp_bucket_tail_s(stage, content.backward_s, job)
+            shared.by_dp[dp_key] = (fsdp, hop)
+        for row, dp_key, job in self.new_rows:
+            fsdp, hop = shared.by_dp[dp_key]
+            shared.row_fsdp_s[row] = fsdp
+            if job.parallel.pp > 1:
+                content = shared.contents[dp_key[0]]
+                assert content is not None
+                shared.row_sends_s[row] = pricer.pipeline_sends_s(hop, content.compute_s, job)
+        self.new_contents, self.new_by_dp, self.new_rows = [], {}, []
+
+    def _contents(self) -> None:
+        """The new contents: what a stage's price reads but its ZeRO-3 exposure and pipeline sends, the sums over
+        its parts of Pricer._stage_work, _stage_recompute_s, stage_params and cost.memory's stage_kept_bytes,
+        recompute_working_bytes and loss_working_bytes, from each layer's terms (_layer_terms: made once per
+        layer and layer context for every stage that holds the layer). As arrays over the contents, part by
+        part in the stage's order, each sum from 0.0 as the Pricer's: a stage of fewer parts is padded with
+        parts of count 0 and terms 0 (x + 0 * 0.0 is x), the feature collectives summed per axis and laid out
+        in the order the stage's parts first name them (Pricer._stage_work's dict);
+        tests/unit/search/test_grid.py holds the results equal to the plain engine's."""
+        pricer, shared = self.pricer, self.shared
+        new = self.new_contents
+        width = max(len(stage) for _, stage, _, _ in new)
+        index = np.zeros((len(new), width), dtype=np.int64)
+        counts = np.zeros((len(new), width))
+        real = np.zeros((len(new), width), dtype=np.bool_)  # not a padding part
+        slots = np.full((len(new), COMM_SLOTS), len(_AXES), dtype=np.int64)  # the padding: the column of 0.0
+        features: list[int] = []
+        for row, (_, stage, _, terms) in enumerate(new):
+            axes: list[str] = []
+            for column, (part, term) in enumerate(zip(stage, terms, strict=True)):
+                index[row, column] = term.number
+                real[row, column] = True
+                counts[row, column] = part.count
+                axes.extend(axis for axis in term.cost.comm_s if axis not in axes)
+            slots[row, :len(axes)] = [_AXES.index(axis) for axis in axes]
+            features.append(len(axes))
+        table = np.array(shared.term_rows, dtype=np.float64)[index]  # contents x parts x _TERM_COLUMNS
+        sums = np.zeros((len(new), _TERM_SUMS))
+        working = np.full((len(new), 3), -np.inf)
+        for column in range(width):
+            sums = sums + counts[:, column, None] * table[:, column, :_TERM_SUMS]
+            working = np.maximum(working, np.where(real[:, column, None], table[:, column, _TERM_SUMS:], -np.inf))
+        working = np.where(working == -np.inf, 0.0, working)  # no block: 0 (cost.memory)
+        feature = np.concatenate([sums[:, _FEATURE_AT:_FEATURE_AT + len(_AXES)], np.zeros((len(new), 1))], axis=1)
+        feature = np.take_along_axis(feature, slots, axis=1)
+        total = np.zeros(len(new))
+        for slot in range(COMM_SLOTS):
+            total = total + feature[:, slot]
+        columns = zip(sums.tolist(), working.tolist(), feature.tolist(), total.tolist(), strict=True)
+        for (number, stage, job, terms), (values, most, feature_s, feature_total), count in \
+                zip(new, columns, features, strict=True):
+            forward, backward, wgrad, feature_fwd, selective, full, *_ = values
+            kept, params = values[_KEPT_AT:_KEPT_AT + 3], values[_PARAMS_AT]
+            heads = [term.loss_bytes for term in terms if term.loss_bytes is not None]
+            param_layers = tuple((part.layer.param_count, part.count) for part in stage)
+            shared.contents[number] = _Content(
+                compute_s=forward + backward, forward_s=forward, backward_s=backward, wgrad_s=wgrad,
+                feature_s=tuple(feature_s), features=count, feature_total_s=feature_total,
+                recompute_s=(0.0, selective, full), overhead_s=pricer.micro_batch_overhead_s(stage, job),
+                params=params, saved_bytes=(kept[0], kept[1], kept[2]),
+                recompute_working_bytes=(most[0], most[1], most[2]),
+                max_layer_params=max(part.layer.param_count for part in stage),
+                head_saved_bytes=heads[0] if heads else 0.0,  # the first head's (loss_working_bytes)
+                feature_fwd_s=feature_fwd, feature_bwd_s=feature_total - feature_fwd,
+                param_layers=shared.param_layers.setdefault(param_layers, len(shared.param_layers)), stage=stage)
 
     def _layer_terms(self, layer: Layer, job: Job) -> "_LayerTerms":
-        """A layer's part of its stages' prices under the job's layer context but dp (what _content sums): its
+        """A layer's part of its stages' prices under the job's layer context but dp (what _contents sums): its
         feature collectives run over the tp, cp and ep groups only (ir.graph.Comm), none of which reads dp."""
         par = job.parallel
         key = (id(layer), par.tp, par.cp, par.ep, par.sp, par.precision)  # layer: of a pinned graph
         terms = self.shared.layer_terms.get(key)
         if terms is None:
             cost = self.pricer.layer_cost(layer, job)
-            memory = self.shared.layer_bytes.get(id(layer))  # what it keeps and rebuilds reads the layer and stack
-            if memory is None:
-                stack, blocks = job.stack, layer.kind in BLOCK_KINDS
-                memory = self.shared.layer_bytes[id(layer)] = (
-                    tuple(kept_bytes(layer, saved_key(mode, stack)) for mode in RECOMPUTE_CODES),
-                    tuple(rebuilt_bytes(layer, mode, stack) for mode in RECOMPUTE_CODES) if blocks else None,
-                    loss_grad_bytes(layer, stack) if layer.kind == "head" else None)
+            stack, blocks = job.stack, layer.kind in BLOCK_KINDS
+            kept = tuple(kept_bytes(layer, saved_key(mode, stack)) for mode in RECOMPUTE_CODES)
+            rebuilt = tuple(rebuilt_bytes(layer, mode, stack) for mode in RECOMPUTE_CODES) if blocks else None
+            full = cost.fwd_s + cost.comm_fwd_s if layer.kind not in ("embedding", "head") else 0.0
             terms = self.shared.layer_terms[key] = _LayerTerms(
-                cost=cost, full_s=cost.fwd_s + cost.comm_fwd_s if layer.kind not in ("embedding", "head") else None,
-                kept_bytes=memory[0], rebuilt_bytes=memory[1], loss_bytes=memory[2])
+                cost=cost, number=len(self.shared.term_rows),
+                loss_bytes=loss_grad_bytes(layer, stack) if layer.kind == "head" else None)
+            self.shared.term_rows.append(
+                (cost.fwd_s, cost.bwd_s, cost.wgrad_s, cost.comm_fwd_s, cost.selective_s, full,
+                 *(cost.comm_s.get(axis, 0.0) for axis in _AXES), *kept, float(layer.param_count),
+                 *(rebuilt or (-np.inf,) * 3)))
         return terms
+
+
+# the columns of a layer's terms (_Shared.term_rows): first what a stage sums (count x each): forward, backward,
+# weight-gradient, forward feature communication, what selective and full recompute repeat (0 for the
+# embedding and the head), the feature communication per _AXES, what it keeps per RECOMPUTE_CODES, its
+# parameters; then what a stage takes the largest of: what it rebuilds per RECOMPUTE_CODES (-inf: not a block)
+_AXES = ("tp", "cp", "ep")  # the axes of feature collectives (ir.graph.Comm; pp's are the pipeline sends)
+_FEATURE_AT = 6
+_KEPT_AT = _FEATURE_AT + len(_AXES)
+_PARAMS_AT = _KEPT_AT + 3
+_TERM_SUMS = _PARAMS_AT + 1
 
 
 @dataclass(frozen=True, slots=True)
 class _LayerTerms:
-    """A layer's terms of its stages' prices under one layer context: its LayerCost, what full recompute
-    repeats of it (None: the embedding and the head are not recomputed), what it keeps
-    (cost.memory.kept_bytes) and rebuilds (rebuilt_bytes; None: not a block) per RECOMPUTE_CODES, and the
-    loss's gradient buffers where it is the head (loss_grad_bytes)."""
+    """A layer's terms of its stages' prices under one layer context: its LayerCost, the number of its row of
+    _Shared.term_rows, and the loss's gradient buffers where it is the head (loss_grad_bytes)."""
 
     cost: LayerCost
-    full_s: float | None
-    kept_bytes: tuple[float, ...]
-    rebuilt_bytes: tuple[float, ...] | None
+    number: int
     loss_bytes: float | None
 
 
@@ -566,7 +610,9 @@ class _Fast:
         number = shared.queue_of.get(key)
         if number is None:
             job = self.batch.plans[int(self.index[plan])][0]
-            stage = shared.contents[shared.row_content[row]].stage
+            content = shared.contents[shared.row_content[row]]
+            assert content is not None  # made by _Batch._finish
+            stage = content.stage
             number = shared.queue_of[key] = len(shared.queues)
             shared.queues.append(self.batch.pricer.gradient_queues(stage, job))
         return number

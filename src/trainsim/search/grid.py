@@ -60,30 +60,15 @@ _SLOW_GROUP = (-1, 1, 1, 1, 0, 0, 0, 1, 1)  # a group the plain engine prices (_
 COMM_SLOTS = 4  # feature-communication axes of a stage (tp, cp, ep) and its pipeline sends
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _Content:
-    """What one stage of a partition costs under one layer context but dp, but its ZeRO-3 exposure and pipeline
-    sends (which read dp and vpp: _Shared.by_dp, row_sends_s): everything of its price that does not depend on
-    recompute, ZeRO or the micro-batch count (Pricer._price_stage's and cost.memory's inputs)."""
+    """One stage of a partition under one layer context but dp (its figures: _Shared.content_columns): what the
+    gradient reduction, the ZeRO-3 bucket tail and the pipeline sends read of it."""
 
-    compute_s: float  # forward + backward
-    forward_s: float
-    backward_s: float
-    wgrad_s: float
-    feature_s: tuple[float, ...]  # feature communication per axis, in Pricer._stage_work's order, padded
-    features: int  # the axes of feature_s before the padding (the pipeline sends come next: _price_stage)
-    feature_total_s: float  # sum(feature_s)
-    recompute_s: tuple[float, float, float]  # per RECOMPUTE_CODES
-    overhead_s: float
-    params: float
-    saved_bytes: tuple[float, float, float]  # per RECOMPUTE_CODES
-    recompute_working_bytes: tuple[float, float, float]  # per RECOMPUTE_CODES (cost.memory)
-    max_layer_params: float
-    head_saved_bytes: float  # the loss's gradient buffers (cost.memory.loss_working_bytes), 0 without a head
-    feature_fwd_s: float  # the forward part of feature_s (StageCost.feature_fwd_s)
-    feature_bwd_s: float  # the rest of feature_s (in the backward window of the gradient reduction)
-    param_layers: int  # the number of its layers' (parameters, count): what its gradient buckets read
     stage: list[StagePart]  # the stage itself, for the Pricer's gradient reduction
+    param_layers: int  # the number of its layers' (parameters, count): what its gradient buckets read
+    compute_s: float  # forward + backward
+    backward_s: float
 
 
 @dataclass(slots=True)
@@ -180,6 +165,11 @@ class _Shared:
     by_dp: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
     layer_fsdp_s: dict[tuple[object, ...], float] = field(default_factory=dict)  # Pricer.fsdp_exposed_s
     contents: list[_Content | None] = field(default_factory=list)  # None until _Batch._finish
+    # the contents' figures (_Batch._contents), per name an array over a batch's new contents
+    content_blocks: list[dict[str, Floats]] = field(default_factory=list)
+    # (id of a graph, pp) -> its even partition's distinct stages, the stage map and the largest parameters
+    shapes: dict[tuple[int, int], "tuple[list[list[StagePart]], tuple[int, ...], tuple[int, ...], float] | None"] = \
+        field(default_factory=dict)
     content_of: dict[tuple[object, ...], int] = field(default_factory=dict)
     combos: list[_Combo] = field(default_factory=list)
     combo_of: dict[tuple[object, ...], int] = field(default_factory=dict)  # (graph, plan's layout) -> combo
@@ -205,8 +195,10 @@ class _Shared:
 
     def arrays(self) -> "tuple[_RowTable, _ComboTable]":
         if self.tables is None or self.tables_rows != len(self.combos):
-            self.tables = (_RowTable(self.contents, self.row_content, self.row_sends_s,
-                                     self.row_fsdp_s), _ComboTable(self.combos))
+            columns = {name: np.concatenate([block[name] for block in self.content_blocks])
+                       for name in self.content_blocks[0]}
+            self.tables = (_RowTable(columns, self.row_content, self.row_sends_s, self.row_fsdp_s),
+                           _ComboTable(self.combos))
             self.tables_rows = len(self.combos)
         return self.tables
 
@@ -225,10 +217,10 @@ class _Batch:
         # NB: FittedStepCosts' host overhead per micro-batch reads none of its arguments: one price per stage
         self.fitted_overhead = isinstance(self.pricer.step_costs, FittedStepCosts)
         # what _stage_row prices of new rows, for _finish to sum: (content, stage, job, its parts' layer terms);
-        # (content, dp) -> (stage, job, its parts' fsdp_exposed_s, pipeline hop); (row, (content, dp), job)
+        # (content, dp) -> (stage, job, its parts' fsdp_exposed_s, pipeline hop); per new row ((content, dp), job)
         self.new_contents: list[tuple[int, list[StagePart], Job, list[_LayerTerms]]] = []
         self.new_by_dp: dict[tuple[int, int], tuple[list[StagePart], Job, list[float], float]] = {}
-        self.new_rows: list[tuple[int, tuple[int, int], Job]] = []
+        self.new_rows: list[tuple[tuple[int, int], Job]] = []
 
     def split(self) -> tuple["_Fast | None", list[int]]:
         """The fast plans' settings as arrays, and the indices of the plans left to the plain engine. Each plan's
@@ -260,7 +252,7 @@ class _Batch:
         for key, at in new:
             job, graph = plans[at]
             group_of[key] = len(groups)
-            groups.append(_SLOW_GROUP if any(key[1][_SPLIT_AT:]) else self._group(job, graph))
+            groups.append(_SLOW_GROUP if any(key[1][_SPLIT_AT:]) else self._group(job, graph, key[1]))
         if self.new_rows:
             self._finish()
         global_numbers = [group_of[key] for key in local]
@@ -305,76 +297,83 @@ class _Batch:
             self.precisions.append(precision)
         return self.precisions.index(precision)
 
-    def _group(self, job: Job, graph: OpGraph) -> tuple[int, ...]:
+    def _group(self, job: Job, graph: OpGraph, settings: tuple[object, ...]) -> tuple[int, ...]:
         """The settings a new group of plans shares: its combo (-1 where the plain engine must price the plan: an
         uneven split, a graph whose partition or prices raise, a step-cost model whose overhead reads the plan),
-        pp, vpp, dp x cp, the codes of its schedule, optimizer and precision, tp and dp."""
-        pricer, par = self.pricer, job.parallel
+        pp, vpp, dp x cp, the codes of its schedule, optimizer and precision, tp and dp. settings: the plans'
+        _KEY_FIELDS."""
+        tp, cp, ep, dp, pp, vpp, sp, precision, schedule, optimizer = settings[:_SPLIT_AT]
+        assert isinstance(tp, int) and isinstance(cp, int) and isinstance(dp, int) and isinstance(pp, int) \
+            and isinstance(vpp, int)
         self.engine.pin(graph)
-        key = (id(graph), par.tp, par.cp, par.ep, par.dp, par.pp, par.vpp, par.sp, par.precision)
+        key = (id(graph), tp, cp, ep, dp, pp, vpp, sp, precision)
         combo = self.shared.combo_of.get(key)
         if combo is None:
             try:
-                if pricer.plan_split(graph, par) is not None or not self.fitted_overhead:
-                    combo = -1
-                else:
-                    combo = self._new_combo(job, graph)
+                combo = self._new_combo(job, graph)
             except TrainsimError:
                 combo = -1
             self.shared.combo_of[key] = combo
-        return (combo, par.pp, par.vpp, par.dp * par.cp, SCHEDULE_CODES[par.schedule],
-                OPTIMIZER_CODES[par.optimizer_impl], self._precision(par.precision), par.tp, par.dp)
+        return (combo, pp, vpp, dp * cp, SCHEDULE_CODES[schedule], OPTIMIZER_CODES[optimizer],  # type: ignore[index]
+                self._precision(precision), tp, dp)  # type: ignore[arg-type]
 
     def _new_combo(self, job: Job, graph: OpGraph) -> int:
-        pricer = self.pricer
-        partition = pricer.plan_partition(graph, job.parallel)
-        if partition.chunk_blocks:
+        par, pricer = job.parallel, self.pricer
+        if not self.fitted_overhead or pricer.plan_split(graph, par) is not None:
+            return -1
+        shape_key = (id(graph), par.pp)
+        if shape_key not in self.shared.shapes:
+            partition = pricer.partition(graph, par.pp)  # the even split (plan_split: None)
+            self.shared.shapes[shape_key] = None if partition.chunk_blocks else (
+                [partition.stages[head] for head in partition.distinct],
+                tuple(partition.distinct.index(head) for head in partition.first), partition.distinct,
+                max(pricer.stage_params(partition.stages[head]) for head in partition.distinct))
+        shape = self.shared.shapes[shape_key]
+        if shape is None:
             return -1
         first_row = len(self.shared.row_content)
-        local = {head: number for number, head in enumerate(partition.distinct)}
-        for head in partition.distinct:
-            self._stage_row(partition.stages[head], job)
-        max_params = max(pricer.stage_params(partition.stages[head]) for head in partition.distinct)
-        self.combos.append(_Combo(first_row, tuple(local[head] for head in partition.first), partition.distinct,
-                                  max_params))
+        context = (par.tp, par.cp, par.ep, par.sp, par.precision)
+        for stage in shape[0]:
+            self._stage_row(stage, job, context)
+        self.combos.append(_Combo(first_row, shape[1], shape[2], shape[3]))
         return len(self.combos) - 1
 
-    def _stage_row(self, stage: list[StagePart], job: Job) -> None:
-        """A new stage row: the stage's content (_content, shared by every dp and vpp of the partition), its
-        ZeRO-3 exposure and pipeline hop (once per content and dp: the gradient and pipeline groups' strides
-        read dp) and its pipeline sends. What may refuse the plans (the layers' and collectives' prices) is
-        priced here; the sums are made for all new rows at once (_finish)."""
-        par, shared = job.parallel, self.shared
-        key = (id(stage), par.tp, par.cp, par.ep, par.sp, par.precision)  # stage: of a pinned partition
+    def _stage_row(self, stage: list[StagePart], job: Job, context: tuple[object, ...]) -> None:
+        """A new stage row: the stage's content (shared by every dp and vpp of the partition), its ZeRO-3
+        exposure and pipeline hop (once per content and dp: the gradient and pipeline groups' strides read dp)
+        and its pipeline sends. What may refuse the plans (the layers' and collectives' prices) is priced here;
+        the sums are made for all new rows at once (_finish). context: tp, cp, ep, sp and precision."""
+        shared, dp = self.shared, job.parallel.dp
+        key = (id(stage), context)  # stage: of a pinned partition
         content = shared.content_of.get(key)
         if content is None:
-            terms = [self._layer_terms(part.layer, job) for part in stage]
+            terms = [self._layer_terms(part.layer, job, context) for part in stage]
             content = shared.content_of[key] = len(shared.contents)
             shared.contents.append(None)
             self.new_contents.append((content, stage, job, terms))
-        dp_key = (content, par.dp)
+        dp_key = (content, dp)
         if dp_key not in shared.by_dp and dp_key not in self.new_by_dp:
             hop = self.pricer.pipeline_hop_s(max(part.layer.output_bytes for part in stage), job) \
-                if par.pp > 1 else 0.0
-            self.new_by_dp[dp_key] = (stage, job, [self._layer_fsdp_s(part.layer, job) for part in stage], hop)
-        self.new_rows.append((len(shared.row_content), dp_key, job))
+                if job.parallel.pp > 1 else 0.0
+            self.new_by_dp[dp_key] = (stage, job, [self._layer_fsdp_s(part.layer, job, context) for part in stage],
+                                      hop)
+        self.new_rows.append((dp_key, job))
         shared.row_content.append(content)
-        shared.row_fsdp_s.append(0.0)
-        shared.row_sends_s.append(0.0)
 
-    def _layer_fsdp_s(self, layer: Layer, job: Job) -> float:
+    def _layer_fsdp_s(self, layer: Layer, job: Job, context: tuple[object, ...]) -> float:
         """Pricer.fsdp_exposed_s of a layer under the job's layer context (with dp)."""
-        par = job.parallel
-        key = (id(layer), par.tp, par.cp, par.ep, par.dp, par.sp, par.precision)  # layer: of a pinned graph
+        key = (id(layer), context, job.parallel.dp)  # layer: of a pinned graph
         seconds = self.shared.layer_fsdp_s.get(key)
         if seconds is None:
             seconds = self.shared.layer_fsdp_s[key] = self.pricer.fsdp_exposed_s(
-                layer, self._layer_terms(layer, job).cost, job)
+                layer, self._layer_terms(layer, job, context).cost, job)
         return seconds
 
     def _finish(self) -> None:
         """The new rows' sums: their contents (_contents), their ZeRO-3 exposure (Pricer._stage_fsdp_s's sum of
-        the layers' fsdp_exposed_s in order, with zero3_exposed_s's bucket tail) and their pipeline sends."""
+        the layers' fsdp_exposed_s in order, with zero3_exposed_s's bucket tail) and their pipeline sends
+        (Pricer.pipeline_sends_s over arrays: 2 vpp hops a micro-batch, each overlapped with one chunk's forward
+        and backward where the stack overlaps p2p and vpp > 1, and the fitted overhead)."""
         pricer, shared = self.pricer, self.shared
         if self.new_contents:
             self._contents()
@@ -387,13 +386,19 @@ class _Batch:
                 assert content is not None
                 fsdp += pricer.fsdp_bucket_tail_s(stage, content.backward_s, job)
             shared.by_dp[dp_key] = (fsdp, hop)
-        for row, dp_key, job in self.new_rows:
-            fsdp, hop = shared.by_dp[dp_key]
-            shared.row_fsdp_s[row] = fsdp
-            if job.parallel.pp > 1:
-                content = shared.contents[dp_key[0]]
-                assert content is not None
-                shared.row_sends_s[row] = pricer.pipeline_sends_s(hop, content.compute_s, job)
+        by_dp, contents = shared.by_dp, shared.contents
+        fsdp_hop = np.array([by_dp[dp_key] for dp_key, _ in self.new_rows], dtype=np.float64).reshape(-1, 2)
+        compute = np.array([contents[dp_key[0]].compute_s for dp_key, _ in self.new_rows],  # type: ignore[union-attr]
+                           dtype=np.float64)
+        pp = np.array([job.parallel.pp for _, job in self.new_rows], dtype=np.int64)
+        vpp = np.array([job.parallel.vpp for _, job in self.new_rows], dtype=np.float64)
+        hop = fsdp_hop[:, 1]
+        if pricer.overlaps("pp_comm_overlap", self.job0):
+            gamma, window = pricer.overlap_slowdown(self.job0), compute / (2.0 * vpp)
+            hop = np.where(vpp > 1, np.maximum(0.0, hop - window) + gamma * np.minimum(hop, window), hop)
+        sends = np.where(pp > 1, 2.0 * vpp * hop + pricer.cal.runtime.pipeline_overhead_per_micro_batch_s, 0.0)
+        shared.row_fsdp_s.extend(fsdp_hop[:, 0].tolist())
+        shared.row_sends_s.extend(sends.tolist())
         self.new_contents, self.new_by_dp, self.new_rows = [], {}, []
 
     def _contents(self) -> None:
@@ -407,92 +412,95 @@ class _Batch:
         tests/unit/search/test_grid.py holds the results equal to the plain engine's."""
         pricer, shared = self.pricer, self.shared
         new = self.new_contents
-        width = max(len(stage) for _, stage, _, _ in new)
-        index = np.zeros((len(new), width), dtype=np.int64)
-        counts = np.zeros((len(new), width))
-        real = np.zeros((len(new), width), dtype=np.bool_)  # not a padding part
-        slots = np.full((len(new), COMM_SLOTS), len(_AXES), dtype=np.int64)  # the padding: the column of 0.0
+        n, width = len(new), max(len(stage) for _, stage, _, _ in new)
+        index = np.zeros((n, width), dtype=np.int64)
+        counts = np.zeros((n, width))
+        real = np.zeros((n, width), dtype=np.bool_)  # not a padding part
+        slots = np.full((n, COMM_SLOTS), len(_AXES), dtype=np.int64)  # the padding: the column of 0.0
         features: list[int] = []
+        layer_numbers: list[int] = []  # per content: its number of _Shared.param_layers
         for row, (_, stage, _, terms) in enumerate(new):
-            axes: list[str] = []
+            axes = list(dict.fromkeys(axis for term in terms for axis in term.axes))
             for column, (part, term) in enumerate(zip(stage, terms, strict=True)):
                 index[row, column] = term.number
-                real[row, column] = True
                 counts[row, column] = part.count
-                axes.extend(axis for axis in term.cost.comm_s if axis not in axes)
+                real[row, column] = True
             slots[row, :len(axes)] = [_AXES.index(axis) for axis in axes]
             features.append(len(axes))
-        table = np.array(shared.term_rows, dtype=np.float64)[index]  # contents x parts x _TERM_COLUMNS
-        sums = np.zeros((len(new), _TERM_SUMS))
-        working = np.full((len(new), 3), -np.inf)
+            param_layers = tuple((part.layer.param_count, part.count) for part in stage)
+            layer_numbers.append(shared.param_layers.setdefault(param_layers, len(shared.param_layers)))
+        table = np.array(shared.term_rows, dtype=np.float64)[index]  # contents x parts x term columns
+        sums = np.zeros((n, _TERM_SUMS))
+        most = np.full((n, 4), -np.inf)  # what it rebuilds per RECOMPUTE_CODES, its largest layer's parameters
+        head = np.zeros(n)
         for column in range(width):
             sums = sums + counts[:, column, None] * table[:, column, :_TERM_SUMS]
-            working = np.maximum(working, np.where(real[:, column, None], table[:, column, _TERM_SUMS:], -np.inf))
-        working = np.where(working == -np.inf, 0.0, working)  # no block: 0 (cost.memory)
-        feature = np.concatenate([sums[:, _FEATURE_AT:_FEATURE_AT + len(_AXES)], np.zeros((len(new), 1))], axis=1)
+            most = np.maximum(most, np.where(real[:, column, None], table[:, column, _TERM_SUMS:_HEAD_AT], -np.inf))
+        for column in reversed(range(width)):  # the first head's (loss_working_bytes)
+            head = np.where(real[:, column] & (table[:, column, _HEAD_AT] > 0), table[:, column, _HEAD_AT + 1], head)
+        working = np.where(most[:, :3] == -np.inf, 0.0, most[:, :3])  # no block: 0 (cost.memory)
+        feature = np.concatenate([sums[:, _FEATURE_AT:_FEATURE_AT + len(_AXES)], np.zeros((n, 1))], axis=1)
         feature = np.take_along_axis(feature, slots, axis=1)
-        total = np.zeros(len(new))
+        total = np.zeros(n)
         for slot in range(COMM_SLOTS):
             total = total + feature[:, slot]
-        columns = zip(sums.tolist(), working.tolist(), feature.tolist(), total.tolist(), strict=True)
-        for (number, stage, job, terms), (values, most, feature_s, feature_total), count in \
-                zip(new, columns, features, strict=True):
-            forward, backward, wgrad, feature_fwd, selective, full, *_ = values
-            kept, params = values[_KEPT_AT:_KEPT_AT + 3], values[_PARAMS_AT]
-            heads = [term.loss_bytes for term in terms if term.loss_bytes is not None]
-            param_layers = tuple((part.layer.param_count, part.count) for part in stage)
-            shared.contents[number] = _Content(
-                compute_s=forward + backward, forward_s=forward, backward_s=backward, wgrad_s=wgrad,
-                feature_s=tuple(feature_s), features=count, feature_total_s=feature_total,
-                recompute_s=(0.0, selective, full), overhead_s=pricer.micro_batch_overhead_s(stage, job),
-                params=params, saved_bytes=(kept[0], kept[1], kept[2]),
-                recompute_working_bytes=(most[0], most[1], most[2]),
-                max_layer_params=max(part.layer.param_count for part in stage),
-                head_saved_bytes=heads[0] if heads else 0.0,  # the first head's (loss_working_bytes)
-                feature_fwd_s=feature_fwd, feature_bwd_s=feature_total - feature_fwd,
-                param_layers=shared.param_layers.setdefault(param_layers, len(shared.param_layers)), stage=stage)
+        forward, backward, feature_fwd = sums[:, 0], sums[:, 1], sums[:, 3]
+        compute = forward + backward
+        for (number, stage, _, _), layers, compute_s, backward_s in zip(new, layer_numbers, compute.tolist(),
+                                                                         backward.tolist(), strict=True):
+            shared.contents[number] = _Content(stage, layers, compute_s, backward_s)
+        shared.content_blocks.append({
+            "compute": compute, "forward": forward, "backward": backward, "wgrad": sums[:, 2],
+            "feature_fwd": feature_fwd, "feature_bwd": total - feature_fwd, "feature": feature,
+            "features": np.array(features, dtype=np.float64), "feature_total": total,
+            "recompute": np.stack([np.zeros(n), sums[:, 4], sums[:, 5]], axis=1),
+            "overhead": np.full(n, pricer.micro_batch_overhead_s(new[0][1], new[0][2])),  # see fitted_overhead
+            "params": sums[:, _PARAMS_AT], "saved": sums[:, _KEPT_AT:_KEPT_AT + 3], "working": working,
+            "max_layer_params": most[:, 3], "head_saved": head,
+            "param_layers": np.array(layer_numbers, dtype=np.float64)})
+        self.new_contents = []
 
-    def _layer_terms(self, layer: Layer, job: Job) -> "_LayerTerms":
+    def _layer_terms(self, layer: Layer, job: Job, context: tuple[object, ...]) -> "_LayerTerms":
         """A layer's part of its stages' prices under the job's layer context but dp (what _contents sums): its
         feature collectives run over the tp, cp and ep groups only (ir.graph.Comm), none of which reads dp."""
-        par = job.parallel
-        key = (id(layer), par.tp, par.cp, par.ep, par.sp, par.precision)  # layer: of a pinned graph
+        key = (id(layer), context)  # layer: of a pinned graph
         terms = self.shared.layer_terms.get(key)
         if terms is None:
             cost = self.pricer.layer_cost(layer, job)
-            stack, blocks = job.stack, layer.kind in BLOCK_KINDS
+            stack, blocks, is_head = job.stack, layer.kind in BLOCK_KINDS, layer.kind == "head"
             kept = tuple(kept_bytes(layer, saved_key(mode, stack)) for mode in RECOMPUTE_CODES)
             rebuilt = tuple(rebuilt_bytes(layer, mode, stack) for mode in RECOMPUTE_CODES) if blocks else None
             full = cost.fwd_s + cost.comm_fwd_s if layer.kind not in ("embedding", "head") else 0.0
-            terms = self.shared.layer_terms[key] = _LayerTerms(
-                cost=cost, number=len(self.shared.term_rows),
-                loss_bytes=loss_grad_bytes(layer, stack) if layer.kind == "head" else None)
+            terms = self.shared.layer_terms[key] = _LayerTerms(cost, len(self.shared.term_rows), tuple(cost.comm_s))
             self.shared.term_rows.append(
                 (cost.fwd_s, cost.bwd_s, cost.wgrad_s, cost.comm_fwd_s, cost.selective_s, full,
                  *(cost.comm_s.get(axis, 0.0) for axis in _AXES), *kept, float(layer.param_count),
-                 *(rebuilt or (-np.inf,) * 3)))
+                 *(rebuilt or (-np.inf,) * 3), float(layer.param_count), float(is_head),
+                 loss_grad_bytes(layer, stack) if is_head else 0.0))
         return terms
 
 
 # the columns of a layer's terms (_Shared.term_rows): first what a stage sums (count x each): forward, backward,
 # weight-gradient, forward feature communication, what selective and full recompute repeat (0 for the
 # embedding and the head), the feature communication per _AXES, what it keeps per RECOMPUTE_CODES, its
-# parameters; then what a stage takes the largest of: what it rebuilds per RECOMPUTE_CODES (-inf: not a block)
+# parameters; then what a stage takes the largest of: what it rebuilds per RECOMPUTE_CODES (-inf: not a block),
+# its parameters; then whether it is a head (1.0) and the loss's gradient buffers (loss_grad_bytes; else 0)
 _AXES = ("tp", "cp", "ep")  # the axes of feature collectives (ir.graph.Comm; pp's are the pipeline sends)
 _FEATURE_AT = 6
 _KEPT_AT = _FEATURE_AT + len(_AXES)
 _PARAMS_AT = _KEPT_AT + 3
 _TERM_SUMS = _PARAMS_AT + 1
+_HEAD_AT = _TERM_SUMS + 4
 
 
 @dataclass(frozen=True, slots=True)
 class _LayerTerms:
     """A layer's terms of its stages' prices under one layer context: its LayerCost, the number of its row of
-    _Shared.term_rows, and the loss's gradient buffers where it is the head (loss_grad_bytes)."""
+    _Shared.term_rows and the axes of its feature collectives (in LayerCost.comm_s's order)."""
 
     cost: LayerCost
     number: int
-    loss_bytes: float | None
+    axes: tuple[str, ...]
 
 
 class _Fast:
@@ -707,33 +715,29 @@ class _ComboTable:
 class _RowTable:
     """The stage rows as columns (each a content's, with the row's pipeline sends after its feature axes)."""
 
-    def __init__(self, contents: list[_Content], row_content: list[int], row_sends_s: list[float],
+    def __init__(self, columns: dict[str, Floats], row_content: list[int], row_sends_s: list[float],
                  row_fsdp_s: list[float]) -> None:
         index = np.array(row_content, dtype=np.int64)
-
-        def column(name: str) -> Floats:
-            return np.array([getattr(content, name) for content in contents], dtype=np.float64)[index]
-
         sends = np.array(row_sends_s, dtype=np.float64)
-        self.compute = column("compute_s")
-        self.forward = column("forward_s")
-        self.backward = column("backward_s")
-        self.wgrad = column("wgrad_s")
-        self.comm = column("feature_s")
-        self.comm[np.arange(len(index)), column("features").astype(np.int64)] = sends  # 0 where pp = 1
-        self.comm_total = column("feature_total_s") + sends  # sum(feature_s + (sends,)): x + 0.0 is x
-        self.recompute = column("recompute_s")
+        self.compute = columns["compute"][index]
+        self.forward = columns["forward"][index]
+        self.backward = columns["backward"][index]
+        self.wgrad = columns["wgrad"][index]
+        self.comm = columns["feature"][index]
+        self.comm[np.arange(len(index)), columns["features"][index].astype(np.int64)] = sends  # 0 where pp = 1
+        self.comm_total = columns["feature_total"][index] + sends  # sum(feature_s + (sends,)): x + 0.0 is x
+        self.recompute = columns["recompute"][index]
         self.fsdp = np.array(row_fsdp_s, dtype=np.float64)
-        self.overhead = column("overhead_s")
-        self.params = column("params")
-        self.saved = column("saved_bytes")
-        self.recompute_working = column("recompute_working_bytes")
-        self.max_layer_params = column("max_layer_params")
-        self.head_saved = column("head_saved_bytes")
+        self.overhead = columns["overhead"][index]
+        self.params = columns["params"][index]
+        self.saved = columns["saved"][index]
+        self.recompute_working = columns["working"][index]
+        self.max_layer_params = columns["max_layer_params"][index]
+        self.head_saved = columns["head_saved"][index]
         self.content_of_row = index
-        self.param_layers = column("param_layers").astype(np.int64)
-        self.feature_fwd = column("feature_fwd_s")
-        self.feature_bwd = column("feature_bwd_s")
+        self.param_layers = columns["param_layers"][index].astype(np.int64)
+        self.feature_fwd = columns["feature_fwd"][index]
+        self.feature_bwd = columns["feature_bwd"][index]
 
 
 class _Queues:

@@ -254,11 +254,15 @@ class Pricer:
             first: dict[StageKey, int] = {}
             numbers: list[int] = []
             firsts: list[int] = []
+            pinned, stage_numbers = self._pinned, self._stage_numbers
+            for layer in graph.layers:  # every part's layer (the keys below hold their ids)
+                pinned.setdefault(id(layer), layer)
             for index, stage in enumerate(stages):
-                content = tuple((self._pin(part.layer), part.count) for part in stage)
+                content = tuple([(id(part.layer), part.count) for part in stage])
                 firsts.append(first.setdefault(content, index))
-                numbers.append(self._stage_numbers.setdefault(content, len(self._stage_numbers)))
-                self._stage_keys[self._pin(stage)] = numbers[-1]
+                numbers.append(stage_numbers.setdefault(content, len(stage_numbers)))
+                self._stage_keys[id(stage)] = numbers[-1]
+                pinned[id(stage)] = stage
             distinct = tuple(index for index, head in enumerate(firsts) if head == index)
             partition = self._partitions[key] = Partition(stages, tuple(numbers), tuple(firsts), distinct,
                                                           per_chunk if vpp > 1 else ())

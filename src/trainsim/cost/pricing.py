@@ -292,12 +292,12 @@ class Pricer:
     def op_time_s(self, op: Op, job: Job) -> float:
         """The op's time, plus the kernels a stack that does not fuse it adds (stack_effects.unfused_extra_bytes,
         at the calibrated memory bandwidth, one more launch)."""
-        return self._unfused_s(op, self.op_costs.op_time_s(op, job.cluster.device), job)
+        return self._unfused_s(op, self.op_costs.op_time_s(op, job.cluster.device), job.stack,
+                               self.policy(job.parallel.precision).linear_dtype == "fp8", job.cluster.device)
 
-    def _unfused_s(self, op: Op, seconds: float, job: Job) -> float:
+    def _unfused_s(self, op: Op, seconds: float, stack: StackSpec, fp8_linears: bool, device: DeviceSpec) -> float:
         """op_time_s given the op cost model's seconds of the op."""
-        device = job.cluster.device
-        extra = unfused_extra_bytes(op, job.stack, self.policy(job.parallel.precision).linear_dtype == "fp8")
+        extra = unfused_extra_bytes(op, stack, fp8_linears)
         if extra > 0.0:
             compute = self.cal.compute
             seconds += extra / (device.hbm_bw_bytes_per_s * compute.memory_efficiency) + compute.kernel_overhead_s
@@ -395,7 +395,10 @@ class Pricer:
         if known is None:
             times = {id(op): self.op_time_s(op, job) for op in ops}  # each op priced once
         else:
-            times = {id(op): self._unfused_s(op, seconds, job) for op, seconds in zip(ops, known, strict=True)}
+            stack, device = job.stack, job.cluster.device
+            fp8 = self.policy(job.parallel.precision).linear_dtype == "fp8"
+            times = {id(op): self._unfused_s(op, seconds, stack, fp8, device)
+                     for op, seconds in zip(ops, known, strict=True)}
         selective = sum(times[id(op)] for op in layer.fwd if op.recompute_selective)
         wgrad = sum(times[id(op)] for op in layer.bwd if op.name.endswith(".wgrad"))
         return LayerCost(sum(times[id(op)] for op in layer.fwd), sum(times[id(op)] for op in layer.bwd), selective,

@@ -281,7 +281,8 @@ class _Batch:
         pricer, device = self.pricer, self.job0.cluster.device
         if type(pricer.op_costs) is not RooflineCosts:
             return
-        layers = list({id(layer): layer for graph in graphs for layer in graph.layers
+        distinct = {id(graph): graph for graph in graphs}.values()
+        layers = list({id(layer): layer for graph in distinct for layer in graph.layers
                        if not pricer.has_op_times(layer, device)}.values())
         if not layers:
             return

@@ -30,8 +30,8 @@ from operator import itemgetter
 import numpy as np
 from numpy.typing import NDArray
 
-from trainsim.cost.memory import kept_bytes, loss_grad_bytes, rebuilt_bytes, saved_key
 from trainsim.cost.compute import RooflineCosts
+from trainsim.cost.memory import kept_bytes, loss_grad_bytes, rebuilt_bytes, saved_key
 from trainsim.cost.pricing import GradientQueues, LayerCost, Pricer
 from trainsim.cost.roofline_arrays import op_times_s
 from trainsim.cost.stack_effects import BucketQueue, queue_tail_s
@@ -242,8 +242,9 @@ class _Batch:
         if not plans:
             return None, slow
         fields = [job.parallel.__dict__ for job, _ in plans]  # NB: a pydantic model's fields; ~2x getattr's speed
-        keys = [(id(graph), _KEY_FIELDS(values)) for (_, graph), values in zip(plans, fields, strict=True)]
-        local: dict[tuple[object, ...], int] = {}
+        keys: list[tuple[int, tuple[object, ...]]] = [(id(graph), _KEY_FIELDS(values))
+                                                      for (_, graph), values in zip(plans, fields, strict=True)]
+        local: dict[tuple[int, tuple[object, ...]], int] = {}
         numbers = np.array([local.setdefault(key, len(local)) for key in keys], dtype=np.int64)  # first seen, first
         _, first = np.unique(numbers, return_index=True)
         group_of, groups = self.shared.group_of, self.shared.groups
@@ -414,22 +415,29 @@ class _Batch:
         pricer, shared = self.pricer, self.shared
         new = self.new_contents
         n, width = len(new), max(len(stage) for _, stage, _, _ in new)
-        index = np.zeros((n, width), dtype=np.int64)
-        counts = np.zeros((n, width))
-        real = np.zeros((n, width), dtype=np.bool_)  # not a padding part
-        slots = np.full((n, COMM_SLOTS), len(_AXES), dtype=np.int64)  # the padding: the column of 0.0
+        pad = [0] * width
+        index_rows: list[list[int]] = []  # per content, per part: its layer terms' number (0 for padding)
+        count_rows: list[list[float]] = []  # per part its count (0 for padding)
+        slot_rows: list[list[int]] = []  # per feature slot its axis in _AXES (len(_AXES) for padding: 0.0)
         features: list[int] = []
         layer_numbers: list[int] = []  # per content: its number of _Shared.param_layers
-        for row, (_, stage, _, terms) in enumerate(new):
-            axes = list(dict.fromkeys(axis for term in terms for axis in term.axes))
-            for column, (part, term) in enumerate(zip(stage, terms, strict=True)):
-                index[row, column] = term.number
-                counts[row, column] = part.count
-                real[row, column] = True
-            slots[row, :len(axes)] = [_AXES.index(axis) for axis in axes]
-            features.append(len(axes))
-            param_layers = tuple((part.layer.param_count, part.count) for part in stage)
+        axes_of: dict[tuple[tuple[str, ...], ...], list[int]] = {}
+        for _, stage, _, terms in new:
+            index_rows.append(([term.number for term in terms] + pad)[:width])
+            count_rows.append(([part.count for part in stage] + pad)[:width])
+            named = tuple(term.axes for term in terms)
+            slots = axes_of.get(named)
+            if slots is None:  # the axes in the order the parts first name them
+                slots = axes_of[named] = [_AXES.index(axis)
+                                          for axis in dict.fromkeys(name for axes in named for name in axes)]
+            slot_rows.append(slots + [len(_AXES)] * (COMM_SLOTS - len(slots)))
+            features.append(len(slots))
+            param_layers = tuple([(part.layer.param_count, part.count) for part in stage])
             layer_numbers.append(shared.param_layers.setdefault(param_layers, len(shared.param_layers)))
+        index = np.array(index_rows, dtype=np.int64)
+        counts = np.array(count_rows, dtype=np.float64)
+        real = np.arange(width)[None, :] < np.array([len(stage) for _, stage, _, _ in new])[:, None]
+        slots_array = np.array(slot_rows, dtype=np.int64)
         table = np.array(shared.term_rows, dtype=np.float64)[index]  # contents x parts x term columns
         sums = np.zeros((n, _TERM_SUMS))
         most = np.full((n, 4), -np.inf)  # what it rebuilds per RECOMPUTE_CODES, its largest layer's parameters
@@ -441,7 +449,7 @@ class _Batch:
             head = np.where(real[:, column] & (table[:, column, _HEAD_AT] > 0), table[:, column, _HEAD_AT + 1], head)
         working = np.where(most[:, :3] == -np.inf, 0.0, most[:, :3])  # no block: 0 (cost.memory)
         feature = np.concatenate([sums[:, _FEATURE_AT:_FEATURE_AT + len(_AXES)], np.zeros((n, 1))], axis=1)
-        feature = np.take_along_axis(feature, slots, axis=1)
+        feature = np.take_along_axis(feature, slots_array, axis=1)
         total = np.zeros(n)
         for slot in range(COMM_SLOTS):
             total = total + feature[:, slot]

@@ -6,8 +6,9 @@ zb-h1, fp8, foreach and loop optimizers, uneven pipeline splits, a cluster that 
 clusters and stacks in one call), each plan's iteration time, tokens/s, peak memory and out-of-memory verdict
 equal, to 1e-9 relative, what a fresh AnalyticalEstimator.price gives on a freshly built graph; so do random
 plans (ZeRO 0-3, groups within one node and across nodes, stacks with and without overlapped gradient
-reduction and parameter gathers, many buckets and one); and the planner's ranking, counts and priced plans
-equal the ranking of the plain engine's figures.
+reduction and parameter gathers, many buckets and one), and grids under op costs other than the roofline and on a
+CUDA-graphs stack; and the planner's ranking, counts and priced plans equal the ranking of the plain engine's
+figures.
 """
 
 import heapq

@@ -117,10 +117,13 @@ class GridEngine:
         oom = np.zeros(n, dtype=np.bool_)
         tokens = np.zeros(n)  # per iteration
         errors: dict[int, TrainsimError] = {}
-        fast, slow = _Batch(self, plans).split() if n else (None, list[int]())
-        if fast is not None:
-            with np.errstate(all="ignore"):  # a cluster of extreme (valid) figures overflows: see below
+        # NB: a cluster of extreme (valid) figures overflows (inf - inf) in the shared prices' arrays as in the
+        # plans': as Python's floats do, silently; such plans go to the plain engine (below)
+        with np.errstate(all="ignore"):
+            fast, slow = _Batch(self, plans).split() if n else (None, list[int]())
+            if fast is not None:
                 fast.compute(time_s, peak, oom)
+        if fast is not None:
             tokens[fast.index] = fast.tokens
             # a plan whose figures are not finite goes to the plain engine, which refuses it with its message
             unfinished = ~(np.isfinite(time_s[fast.index]) & np.isfinite(peak[fast.index]))

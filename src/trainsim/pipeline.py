@@ -23,11 +23,11 @@ from trainsim.ir.graph import OpGraph
 from trainsim.ir.model_spec import ModelSpec
 from trainsim.job import Job
 from trainsim.strategy.device_slice import DeviceSlice
-from trainsim.strategy.lowered import LoweredPlan
 
 if TYPE_CHECKING:
     from trainsim.catalog.calibration import Calibration
     from trainsim.compile.context import TaskLevel
+    from trainsim.strategy.lowered import LoweredPlan
 
 
 @dataclass(slots=True)
@@ -64,7 +64,7 @@ def graph_for(job: Job, source: ModelSource | None = None) -> OpGraph:
 
 def predict(job: Job, engine: str | Estimator = "analytical", *, costs: str = "roofline", db: Path | None = None,
             task_level: "TaskLevel" = "layer", source: ModelSource | None = None, graph: OpGraph | None = None,
-            plan: LoweredPlan | None = None, graphs: GraphCache | None = None,
+            plan: "LoweredPlan | None" = None, graphs: GraphCache | None = None,
             calibration: "Calibration | None" = None) -> Result:
     """One job through the pipeline. engine: a registered name (built with costs, db, task_level and
     calibration: default the package's fit, or a user's read with catalog.calibration.read_calibration) or an

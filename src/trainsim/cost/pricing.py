@@ -55,6 +55,7 @@ from trainsim.cost.stack_effects import (
 )
 from trainsim.cost.step import FittedStepCosts, StepCosts
 from trainsim.hardware.cluster import ClusterSpec, GroupLayout
+from trainsim.hardware.device import DeviceSpec
 from trainsim.ir.graph import Layer, Op, OpGraph
 from trainsim.job import Job
 from trainsim.profile.paths import default_db_path
@@ -186,6 +187,8 @@ class Pricer:
         # holds alive, so no other object can take that id while the pricer lives.
         self._pinned: dict[int, object] = {}
         self._layer_costs: dict[tuple[object, ...], LayerCost] = {}
+        # (id of a layer, id of a device) -> op_costs' seconds of its ops (add_op_times)
+        self._op_times: dict[tuple[int, int], tuple[float, ...]] = {}
         self._layer_axes: dict[int, tuple[str, ...]] = {}  # id of a layer -> the axes of its feature collectives
         self._layouts: dict[tuple[object, ...], GroupLayout] = {}
         self._collectives: dict[tuple[object, ...], float] = {}
@@ -265,11 +268,15 @@ class Pricer:
             first: dict[StageKey, int] = {}
             numbers: list[int] = []
             firsts: list[int] = []
+            pinned, stage_numbers = self._pinned, self._stage_numbers
+            for layer in graph.layers:  # every part's layer (the keys below hold their ids)
+                pinned.setdefault(id(layer), layer)
             for index, stage in enumerate(stages):
-                content = tuple((self._pin(part.layer), part.count) for part in stage)
+                content = tuple([(id(part.layer), part.count) for part in stage])
                 firsts.append(first.setdefault(content, index))
-                numbers.append(self._stage_numbers.setdefault(content, len(self._stage_numbers)))
-                self._stage_keys[self._pin(stage)] = numbers[-1]
+                numbers.append(stage_numbers.setdefault(content, len(stage_numbers)))
+                self._stage_keys[id(stage)] = numbers[-1]
+                pinned[id(stage)] = stage
             distinct = tuple(index for index, head in enumerate(firsts) if head == index)
             partition = self._partitions[key] = Partition(stages, tuple(numbers), tuple(firsts), distinct,
                                                           per_chunk if vpp > 1 else ())
@@ -299,13 +306,25 @@ class Pricer:
     def op_time_s(self, op: Op, job: Job) -> float:
         """The op's time, plus the kernels a stack that does not fuse it adds (stack_effects.unfused_extra_bytes,
         at the calibrated memory bandwidth, one more launch)."""
-        device = job.cluster.device
-        seconds = self.op_costs.op_time_s(op, device)
-        extra = unfused_extra_bytes(op, job.stack, self.policy(job.parallel.precision).linear_dtype == "fp8")
+        return self._unfused_s(op, self.op_costs.op_time_s(op, job.cluster.device), job.stack,
+                               self.policy(job.parallel.precision).linear_dtype == "fp8", job.cluster.device)
+
+    def _unfused_s(self, op: Op, seconds: float, stack: StackSpec, fp8_linears: bool, device: DeviceSpec) -> float:
+        """op_time_s given the op cost model's seconds of the op."""
+        extra = unfused_extra_bytes(op, stack, fp8_linears)
         if extra > 0.0:
             compute = self.cal.compute
             seconds += extra / (device.hbm_bw_bytes_per_s * compute.memory_efficiency) + compute.kernel_overhead_s
         return seconds
+
+    def add_op_times(self, layer: Layer, device: DeviceSpec, seconds: tuple[float, ...]) -> None:
+        """The op cost model's seconds of each op of layer.fwd + layer.bwd on `device`, priced elsewhere all at
+        once (the search's grid engine: cost/roofline_arrays.py, equal to op_costs.op_time_s op by op); the
+        layer's prices read them instead of asking op_costs op by op."""
+        self._op_times[(self._pin(layer), self._pin(device))] = seconds
+
+    def has_op_times(self, layer: Layer, device: DeviceSpec) -> bool:
+        return (id(layer), id(device)) in self._op_times
 
     def policy(self, precision: Precision) -> PrecisionPolicy:
         """policy_for(precision), made once."""
@@ -385,7 +404,15 @@ class Pricer:
             comm[c.axis] = comm.get(c.axis, 0.0) + comm_s
             if c.phase == "fwd":
                 comm_fwd += comm_s
-        times = {id(op): self.op_time_s(op, job) for op in layer.fwd + layer.bwd}  # each op priced once
+        ops = layer.fwd + layer.bwd
+        known = self._op_times.get((id(layer), id(job.cluster.device)))
+        if known is None:
+            times = {id(op): self.op_time_s(op, job) for op in ops}  # each op priced once
+        else:
+            stack, device = job.stack, job.cluster.device
+            fp8 = self.policy(job.parallel.precision).linear_dtype == "fp8"
+            times = {id(op): self._unfused_s(op, seconds, stack, fp8, device)
+                     for op, seconds in zip(ops, known, strict=True)}
         selective = sum(times[id(op)] for op in layer.fwd if op.recompute_selective)
         wgrad = sum(times[id(op)] for op in layer.bwd if op.name.endswith(".wgrad"))
         return LayerCost(sum(times[id(op)] for op in layer.fwd), sum(times[id(op)] for op in layer.bwd), selective,
@@ -568,13 +595,20 @@ class Pricer:
         """Each micro-batch sends its activation forward and its gradient backward once per model chunk
         (pipeline_hop_s each). A stack with pp_comm_overlap (interleaved schedules only, as Megatron-Core's
         overlap_p2p_comm) hides each behind one chunk's forward or backward (stack_effects.overlapped_s)."""
-        par = job.parallel
-        out_bytes = max(part.layer.output_bytes for part in stage)
-        one = self.pipeline_hop_s(out_bytes, job)
-        if par.vpp > 1 and self.overlaps("pp_comm_overlap", job):
+        one = self.pipeline_hop_s(max(part.layer.output_bytes for part in stage), job)
+        if job.parallel.vpp > 1 and self.overlaps("pp_comm_overlap", job):
             forward, backward, _, _ = self._stage_work(stage, job)
-            chunk = (forward + backward) / (2.0 * par.vpp)
-            one = overlapped_s(one, chunk, self.overlap_slowdown(job))
+            return self.pipeline_sends_s(one, forward + backward, job)
+        return self.pipeline_sends_s(one, 0.0, job)
+
+    def pipeline_sends_s(self, hop_s: float, compute_s: float, job: Job) -> float:
+        """pipeline_send_s of a stage whose activation crosses a boundary in hop_s (pipeline_hop_s of its largest
+        output) and whose forward and backward take compute_s (read only where pp_comm_overlap hides the sends:
+        vpp > 1). The search's grid engine calls it once per stage and vpp."""
+        par = job.parallel
+        one = hop_s
+        if par.vpp > 1 and self.overlaps("pp_comm_overlap", job):
+            one = overlapped_s(one, compute_s / (2.0 * par.vpp), self.overlap_slowdown(job))
         return 2.0 * par.vpp * one + self.cal.runtime.pipeline_overhead_per_micro_batch_s
 
     def pipeline_hop_s(self, out_bytes: float, job: Job) -> float:

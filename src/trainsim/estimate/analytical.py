@@ -15,6 +15,7 @@ builds Results only for the plans it reports. `estimate` is `price(...).result()
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from trainsim.catalog.calibration import Calibration
 from trainsim.cost.memory import MemoryEstimate
@@ -23,7 +24,9 @@ from trainsim.cost.rank_classes import DeviceClass, uniform
 from trainsim.estimate.result import Result, iteration_time_s, make_result, tokens_per_s
 from trainsim.ir.graph import OpGraph
 from trainsim.job import Job
-from trainsim.strategy.lowered import LoweredPlan
+
+if TYPE_CHECKING:  # NB: lowered plans (strategy trees) load with the engines that place layers
+    from trainsim.strategy.lowered import LoweredPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +110,7 @@ class AnalyticalEstimator:
     def __init__(self, pricer: Pricer | None = None) -> None:
         self.pricer = pricer or Pricer()
 
-    def estimate(self, job: Job, graph: OpGraph, plan: LoweredPlan | None = None) -> Result:
+    def estimate(self, job: Job, graph: OpGraph, plan: "LoweredPlan | None" = None) -> Result:
         """plan: ignored (the closed form places layers evenly, as the strategy's default plan does)."""
         return self.price(job, graph).result()
 

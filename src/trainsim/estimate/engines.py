@@ -14,16 +14,16 @@ from trainsim.ir.graph import OpGraph
 from trainsim.job import Job
 from trainsim.profile.paths import default_db_path
 from trainsim.registry import Registry
-from trainsim.strategy.lowered import LoweredPlan
 
-if TYPE_CHECKING:  # NB: the compiler loads with the simulator, not with every prediction
+if TYPE_CHECKING:  # NB: the compiler and lowered plans load with the simulator, not with every prediction
     from trainsim.compile.context import TaskLevel
+    from trainsim.strategy.lowered import LoweredPlan
 
 
 class Estimator(Protocol):
     name: str
 
-    def estimate(self, job: Job, graph: OpGraph, plan: LoweredPlan | None = None) -> Result: ...
+    def estimate(self, job: Job, graph: OpGraph, plan: "LoweredPlan | None" = None) -> Result: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

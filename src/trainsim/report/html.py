@@ -10,7 +10,6 @@ time-breakdown, memory-breakdown, band, timeline, memory-timeline (prediction), 
 (search), scatter-METRIC (validation), compare-time, compare-memory (comparison of two plans).
 """
 
-import html
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -31,6 +30,14 @@ COLORS = {"compute": "#636EFA", "fwd": "#636EFA", "bwd": "#19D3F3", "recompute":
 MEMORY_COLORS = {"weights": "#3366CC", "gradients": "#DC3912", "optimizer": "#FFA15A", "activations": "#109618",
                  "temporary": "#990099", "optimizer_step": "#0099C6", "runtime_reserved": "#BBBBBB"}
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
+
+
+def _escape(text: str) -> str:
+    """html.escape; NB: the html package loads its table of 2,000 entities, so only when a page is made (every
+    command imports this module for require_plotly)."""
+    from html import escape
+
+    return escape(text)
 
 
 def require_plotly(flag: str = "html") -> None:
@@ -344,17 +351,17 @@ def _page(title: str, summary: str, figures: Sequence[tuple[str, str, "Figure | 
     sections = []
     for name, heading, figure in figures:
         if isinstance(figure, str):
-            body = f'<p class="note" id="fig-{name}">{html.escape(figure)}</p>'
+            body = f'<p class="note" id="fig-{name}">{_escape(figure)}</p>'
         else:
             figure.update_layout(margin={"l": 60, "r": 30, "t": 30, "b": 50}, template="plotly_white")
             body = figure.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{name}",
                                   config=PLOTLY_CONFIG)
             body = f'<div class="chart">{body}</div>'
-        sections.append(f"<section><h2>{html.escape(heading)}</h2>\n{body}</section>")
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">\n<title>{html.escape(title)}</title>\n'
+        sections.append(f"<section><h2>{_escape(heading)}</h2>\n{body}</section>")
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">\n<title>{_escape(title)}</title>\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n<style>{_STYLE}</style>\n'
             f'<script type="text/javascript">{get_plotlyjs()}</script>\n</head><body>\n'
-            f"<h1>{html.escape(title)}</h1>\n{summary}\n" + "\n".join(sections) +
+            f"<h1>{_escape(title)}</h1>\n{summary}\n" + "\n".join(sections) +
             '\n<footer>Made by trainsim; charts by plotly.js (inlined, no network needed).</footer>\n</body></html>\n')
 
 
@@ -367,7 +374,7 @@ footer{margin-top:32px;color:#888;font-size:.85em}"""
 
 
 def _table(rows: Sequence[tuple[str, str]]) -> str:
-    cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    cells = "".join(f"<tr><th>{_escape(k)}</th><td>{_escape(v)}</td></tr>" for k, v in rows)
     return f'<table class="summary">{cells}</table>'
 
 
@@ -381,7 +388,7 @@ def prediction_summary(data: dict[str, Any]) -> str:
     band = band_of(data)
     if band is not None:
         rows.insert(2, ("uncertainty band", f"{format_duration(band[0])} - {format_duration(band[1])}"))
-    notes = "".join(f"<li>{html.escape(note)}</li>" for note in data.get("notes", []))
+    notes = "".join(f"<li>{_escape(note)}</li>" for note in data.get("notes", []))
     return _table(rows) + (f'<ul class="notes">{notes}</ul>' if notes else "")
 
 
@@ -390,7 +397,7 @@ def search_summary(data: dict[str, Any]) -> str:
             ("refused", str(data["tried"] - data["feasible"]))]
     plans = data.get("plans", [])
     header = "<tr><th>#</th><th>plan</th><th>iteration</th><th>tokens/s</th><th>MFU</th><th>peak GiB</th></tr>"
-    body = "".join(f"<tr><td>{p['rank']}</td><td>{html.escape(p['description'])}</td>"
+    body = "".join(f"<tr><td>{p['rank']}</td><td>{_escape(p['description'])}</td>"
                    f"<td>{p['iteration_time_s'] * 1e3:.2f} ms</td><td>{p['tokens_per_s']:,.0f}</td>"
                    f"<td>{p['mfu']:.1%}</td><td>{p['peak_memory_gib']:.1f}</td></tr>" for p in plans)
     best = f'<h2>Best plans</h2><table class="summary">{header}{body}</table>' if plans else ""
@@ -399,9 +406,9 @@ def search_summary(data: dict[str, Any]) -> str:
 
 def comparison_summary(data: dict[str, Any]) -> str:
     """The explanation `trainsim compare` prints, then each time term in A and B with its change."""
-    lines = "".join(f"<li>{html.escape(line)}</li>" for line in data.get("explanation", []))
+    lines = "".join(f"<li>{_escape(line)}</li>" for line in data.get("explanation", []))
     header = "<tr><th>time term</th><th>A</th><th>B</th><th>B - A</th></tr>"
-    body = "".join(f"<tr><td>{html.escape(t['term'])}</td><td>{format_duration(t['a'])}</td>"
+    body = "".join(f"<tr><td>{_escape(t['term'])}</td><td>{format_duration(t['a'])}</td>"
                    f"<td>{format_duration(t['b'])}</td><td>{'+' if t['change'] >= 0 else '-'}"
                    f"{format_duration(abs(t['change']))}</td></tr>"
                    for t in data.get("time_terms", []) if max(t["a"], t["b"]) > 0)
@@ -415,7 +422,7 @@ def validation_summary(data: dict[str, Any]) -> str:
         mape = entry.get("mape_pct")
         shown = "n/a" if mape is None or _nan(mape) else f"{mape:.2f}%"
         cells = [str(entry.get(key, "")) for key in ("engine", "source", "metric", "n", "skipped")] + [shown]
-        body += "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in cells) + "</tr>"
+        body += "<tr>" + "".join(f"<td>{_escape(cell)}</td>" for cell in cells) + "</tr>"
     return f'<table class="summary">{header}{body}</table>'
 
 

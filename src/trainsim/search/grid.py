@@ -7,11 +7,12 @@ dp, micro-batch, recompute, ZeRO). GridEngine prices what the plans share once, 
 same Pricer, the same formulas, the same order of operations), and what they do not share as numpy arrays over
 the plans:
 
-- once per distinct stage of a partition (graph, pp) under a layer context (tp, cp, ep, dp, sp, precision),
-  whatever the vpp: its forward, backward, weight-gradient and feature-communication seconds, what its
-  recompute would repeat, its ZeRO-3 exposure, its host overhead, its parameters, saved activations and working
-  buffers, its gradient collectives (Pricer's public prices of layers, collectives and stages); once per vpp
-  its pipeline sends. The engine keeps them for its later calls on the same cluster and stack;
+- every op of the plans' graphs through the roofline at once (cost.roofline_arrays), for the layer prices;
+- once per distinct stage of a partition (graph, pp) under a layer context (tp, cp, ep, sp, precision),
+  whatever the dp and vpp: its forward, backward, weight-gradient and feature-communication seconds, what its
+  recompute would repeat, its host overhead, its parameters, saved activations and working buffers (Pricer's
+  public prices of layers and stages); once per dp its ZeRO-3 exposure and pipeline hop, once per vpp its
+  pipeline sends. The engine keeps them for its later calls on the same cluster and stack;
 - once per (partition, recompute, ZeRO-3 or not): each stage's time, the bottleneck, the stages' sum;
 - per plan, as arrays: the stage times (recompute, ZeRO-3), the bottleneck stage, the bubble, the exposed
   gradient reduction, the optimizer step, the iteration time, and each stage's memory under the schedule and
@@ -30,9 +31,11 @@ from operator import itemgetter
 import numpy as np
 from numpy.typing import NDArray
 
+from trainsim.cost.compute import RooflineCosts
 from trainsim.cost.memory import kept_bytes, loss_grad_bytes, rebuilt_bytes, saved_key
 from trainsim.cost.pricing import GradientQueues, LayerCost, Pricer
 from trainsim.cost.rank_classes import ranks_differ
+from trainsim.cost.roofline_arrays import op_times_s
 from trainsim.cost.stack_effects import BucketQueue, queue_tail_s
 from trainsim.cost.step import FittedStepCosts
 from trainsim.errors import TrainsimError
@@ -49,40 +52,25 @@ Ints = NDArray[np.int64]
 RECOMPUTE_CODES: dict[Recompute, int] = {"none": 0, "selective": 1, "full": 2}
 SCHEDULE_CODES = {"1f1b": 0, "interleaved-1f1b": 1, "gpipe": 2, "zb-h1": 3}
 OPTIMIZER_CODES = {"fused": 0, "foreach": 1, "loop": 2}
-# of a plan's ParallelSpec: what its group reads (_Batch._group), what sends it to the plain engine (not
-# strategy.stages.is_even_split) and what the arrays read of each plan
-_GROUP_FIELDS = itemgetter("tp", "cp", "ep", "dp", "pp", "vpp", "sp", "precision", "schedule", "optimizer_impl")
-_SPLIT_FIELDS = itemgetter("stage_layers", "first_stage_layers", "last_stage_layers", "embedding_in_split",
-                           "loss_in_split")
-_PLAN_FIELDS = itemgetter("zero", "global_batch", "micro_batch", "recompute", "seq_len")
+# of a plan's ParallelSpec: what its group reads (_Batch._group) and what sends it to the plain engine (not
+# strategy.stages.is_even_split: from _SPLIT_AT on)
+_KEY_FIELDS = itemgetter("tp", "cp", "ep", "dp", "pp", "vpp", "sp", "precision", "schedule", "optimizer_impl",
+                         "stage_layers", "first_stage_layers", "last_stage_layers", "embedding_in_split",
+                         "loss_in_split")
+_SPLIT_AT = 10
+_SLOW_GROUP = (-1, 1, 1, 1, 0, 0, 0, 1, 1)  # a group the plain engine prices (_Batch._group's combo -1)
 COMM_SLOTS = 4  # feature-communication axes of a stage (tp, cp, ep) and its pipeline sends
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _Content:
-    """What one stage of a partition costs under one layer context, but its pipeline sends (which depend on vpp):
-    everything of its price that does not depend on recompute, ZeRO or the micro-batch count
-    (Pricer._price_stage's and cost.memory's inputs)."""
+    """One stage of a partition under one layer context but dp (its figures: _Shared.content_columns): what the
+    gradient reduction, the ZeRO-3 bucket tail and the pipeline sends read of it."""
 
-    compute_s: float  # forward + backward
-    forward_s: float
-    backward_s: float
-    wgrad_s: float
-    feature_s: tuple[float, ...]  # feature communication per axis, in Pricer._stage_work's order, padded
-    features: int  # the axes of feature_s before the padding (the pipeline sends come next: _price_stage)
-    feature_total_s: float  # sum(feature_s)
-    recompute_s: tuple[float, float, float]  # per RECOMPUTE_CODES
-    fsdp_s: float  # ZeRO-3 exposure (with the bucketed tail where the stack buckets)
-    overhead_s: float
-    params: float
-    saved_bytes: tuple[float, float, float]  # per RECOMPUTE_CODES
-    recompute_working_bytes: tuple[float, float, float]  # per RECOMPUTE_CODES (cost.memory)
-    max_layer_params: float
-    head_saved_bytes: float  # the loss's gradient buffers (cost.memory.loss_working_bytes), 0 without a head
-    feature_fwd_s: float  # the forward part of feature_s (StageCost.feature_fwd_s)
-    feature_bwd_s: float  # the rest of feature_s (in the backward window of the gradient reduction)
-    param_layers: int  # the number of its layers' (parameters, count): what its gradient buckets read
     stage: list[StagePart]  # the stage itself, for the Pricer's gradient reduction
+    param_layers: int  # the number of its layers' (parameters, count): what its gradient buckets read
+    compute_s: float  # forward + backward
+    backward_s: float
 
 
 @dataclass(slots=True)
@@ -131,10 +119,13 @@ class GridEngine:
         oom = np.zeros(n, dtype=np.bool_)
         tokens = np.zeros(n)  # per iteration
         errors: dict[int, TrainsimError] = {}
-        fast, slow = _Batch(self, plans).split() if n else (None, list[int]())
-        if fast is not None:
-            with np.errstate(all="ignore"):  # a cluster of extreme (valid) figures overflows: see below
+        # NB: a cluster of extreme (valid) figures overflows (inf - inf) in the shared prices' arrays as in the
+        # plans': as Python's floats do, silently; such plans go to the plain engine (below)
+        with np.errstate(all="ignore"):
+            fast, slow = _Batch(self, plans).split() if n else (None, list[int]())
+            if fast is not None:
                 fast.compute(time_s, peak, oom)
+        if fast is not None:
             tokens[fast.index] = fast.tokens
             # a plan whose figures are not finite goes to the plain engine, which refuses it with its message
             unfinished = ~(np.isfinite(time_s[fast.index]) & np.isfinite(peak[fast.index]))
@@ -173,16 +164,27 @@ class _Shared:
     # a stage row: a distinct stage of a combo: its content and its pipeline sends (0 for pp = 1)
     row_content: list[int] = field(default_factory=list)
     row_sends_s: list[float] = field(default_factory=list)
-    contents: list[_Content] = field(default_factory=list)
+    row_fsdp_s: list[float] = field(default_factory=list)  # ZeRO-3's exposure (with the bucketed tail)
+    # (content, dp) -> its ZeRO-3 exposure and pipeline hop (Pricer.pipeline_hop_s of its largest output; 0 for
+    # pp = 1)
+    by_dp: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
+    layer_fsdp_s: dict[tuple[object, ...], float] = field(default_factory=dict)  # Pricer.fsdp_exposed_s
+    contents: list[_Content | None] = field(default_factory=list)  # None until _Batch._finish
+    # the contents' figures (_Batch._contents), per name an array over a batch's new contents
+    content_blocks: list[dict[str, Floats]] = field(default_factory=list)
+    # (id of a graph, pp) -> its even partition's distinct stages, the stage map and the largest parameters
+    shapes: dict[tuple[int, int], "tuple[list[list[StagePart]], tuple[int, ...], tuple[int, ...], float] | None"] = \
+        field(default_factory=dict)
     content_of: dict[tuple[object, ...], int] = field(default_factory=dict)
     combos: list[_Combo] = field(default_factory=list)
     combo_of: dict[tuple[object, ...], int] = field(default_factory=dict)  # (graph, plan's layout) -> combo
-    # per (graph, _GROUP_FIELDS) a number: its group of plans (_Batch._group)
+    # per (graph, _KEY_FIELDS) a number: its group of plans (_Batch._group)
     group_of: dict[tuple[object, ...], int] = field(default_factory=dict)
     groups: list[tuple[int, ...]] = field(default_factory=list)
     precisions: list[Precision] = field(default_factory=list)  # the precisions of the plans, each once
     param_layers: dict[tuple[tuple[float, float], ...], int] = field(default_factory=dict)
     layer_terms: dict[tuple[object, ...], "_LayerTerms"] = field(default_factory=dict)
+    term_rows: list[tuple[float, ...]] = field(default_factory=list)  # per layer terms (_Batch._layer_terms)
     # the gradient reduction's queues (Pricer.gradient_queues) per (param_layers, ZeRO > 0, precision code,
     # dp x cp, tp), and their arrays (_QueueTable) made when queues were added
     queue_of: dict[tuple[int, ...], int] = field(default_factory=dict)
@@ -198,7 +200,10 @@ class _Shared:
 
     def arrays(self) -> "tuple[_RowTable, _ComboTable]":
         if self.tables is None or self.tables_rows != len(self.combos):
-            self.tables = (_RowTable(self.contents, self.row_content, self.row_sends_s), _ComboTable(self.combos))
+            columns = {name: np.concatenate([block[name] for block in self.content_blocks])
+                       for name in self.content_blocks[0]}
+            self.tables = (_RowTable(columns, self.row_content, self.row_sends_s, self.row_fsdp_s),
+                           _ComboTable(self.combos))
             self.tables_rows = len(self.combos)
         return self.tables
 
@@ -216,178 +221,302 @@ class _Batch:
         self.combos, self.precisions = shared.combos, shared.precisions
         # NB: FittedStepCosts' host overhead per micro-batch reads none of its arguments: one price per stage
         self.fitted_overhead = isinstance(self.pricer.step_costs, FittedStepCosts)
+        # what _stage_row prices of new rows, for _finish to sum: (content, stage, job, its parts' layer terms);
+        # (content, dp) -> (stage, job, its parts' fsdp_exposed_s, pipeline hop); per new row ((content, dp), job)
+        self.new_contents: list[tuple[int, list[StagePart], Job, list[_LayerTerms]]] = []
+        self.new_by_dp: dict[tuple[int, int], tuple[list[StagePart], Job, list[float], float]] = {}
+        self.new_rows: list[tuple[tuple[int, int], Job]] = []
 
     def split(self) -> tuple["_Fast | None", list[int]]:
-        """The fast plans' settings as arrays, and the indices of the plans left to the plain engine."""
+        """The fast plans' settings as arrays, and the indices of the plans left to the plain engine. Each plan's
+        fields are read once, in comprehensions: its group's key (graph, _KEY_FIELDS: the group's settings and
+        its split, a split other than the even one going to the plain engine) and its zero, global batch, micro-batch,
+        recompute and sequence length; the groups
+        are made once per distinct key."""
+        plans = self.plans
         cluster, stack = self.job0.cluster, self.job0.stack
-        groups, group_of = self.shared.groups, self.shared.group_of
-        slow: list[int] = []
-        index_of: list[int] = []
-        group_numbers: list[int] = []
-        values: list[tuple[object, ...]] = []
-        # ranks that differ (cost.rank_classes: stragglers, other devices): the plain engine prices their
-        # device classes plan by plan
-        mixed_ranks = ranks_differ(self.job0)
-        for index, (job, graph) in enumerate(self.plans):
-            fields = job.parallel.__dict__  # NB: a pydantic model's fields; read from it ~2x faster
-            if mixed_ranks or (job.cluster is not cluster and job.cluster != cluster) or \
-                    (job.stack is not stack and job.stack != stack) or any(_SPLIT_FIELDS(fields)):
-                slow.append(index)  # not strategy.stages.is_even_split
-                continue
-            key = (id(graph), _GROUP_FIELDS(fields))
-            number = group_of.get(key)
-            if number is None:
-                number = group_of[key] = len(groups)
-                groups.append(self._group(job, graph))
-            if groups[number][0] < 0:
-                slow.append(index)
-                continue
-            index_of.append(index)
-            group_numbers.append(number)
-            values.append(_PLAN_FIELDS(fields))
-        if not index_of:
+        if ranks_differ(self.job0):  # stragglers, other devices (cost.rank_classes): the plain engine prices
+            return None, list(range(len(plans)))  # their device classes plan by plan
+        if all(job.cluster is cluster and job.stack is stack for job, _ in plans):
+            candidates: Sequence[int] = range(len(plans))
+            slow: list[int] = []
+        else:
+            same = [(job.cluster is cluster or job.cluster == cluster) and (job.stack is stack or job.stack == stack)
+                    for job, _ in plans]
+            candidates = [index for index, ok in enumerate(same) if ok]
+            slow = [index for index, ok in enumerate(same) if not ok]
+            plans = [plans[index] for index in candidates]
+        if not plans:
             return None, slow
-        zero, global_batch, micro_batch, recompute, seq_len = zip(*values, strict=True)
-        columns = np.array(groups, dtype=np.int64)[np.array(group_numbers, dtype=np.int64)]
-        global_batch_array = np.array(global_batch, dtype=np.int64)
-        m = global_batch_array // (columns[:, 8] * np.array(micro_batch, dtype=np.int64))
-        codes = [RECOMPUTE_CODES[mode] for mode in recompute]  # type: ignore[index]
-        plan_columns = np.stack([np.array(zero, dtype=np.int64), m, np.array(codes, dtype=np.int64),
-                                 global_batch_array * np.array(seq_len, dtype=np.int64)], axis=1)
-        fast = _Fast(self, np.array(index_of, dtype=np.int64), np.concatenate([columns[:, :8], plan_columns], axis=1))
-        return fast, slow
+        fields = [job.parallel.__dict__ for job, _ in plans]  # NB: a pydantic model's fields; ~2x getattr's speed
+        keys: list[tuple[int, tuple[object, ...]]] = [(id(graph), _KEY_FIELDS(values))
+                                                      for (_, graph), values in zip(plans, fields, strict=True)]
+        local: dict[tuple[int, tuple[object, ...]], int] = {}
+        numbers = np.array([local.setdefault(key, len(local)) for key in keys], dtype=np.int64)  # first seen, first
+        _, first = np.unique(numbers, return_index=True)
+        group_of, groups = self.shared.group_of, self.shared.groups
+        new = [(key, at) for key, at in zip(local, first.tolist(), strict=True) if key not in group_of]
+        self._price_ops([plans[at][1] for _, at in new])
+        for key, at in new:
+            job, graph = plans[at]
+            group_of[key] = len(groups)
+            groups.append(_SLOW_GROUP if any(key[1][_SPLIT_AT:]) else self._group(job, graph, key[1]))
+        if self.new_rows:
+            self._finish()
+        global_numbers = [group_of[key] for key in local]
+        columns = np.array([groups[number] for number in global_numbers], dtype=np.int64)[numbers]
+        fast = columns[:, 0] >= 0
+        if not fast.all():
+            where = np.array(candidates, dtype=np.int64)
+            slow = sorted([*slow, *where[~fast].tolist()])
+            if not fast.any():
+                return None, slow
+        zero, global_batch, micro_batch, seq_len = (np.array([values[name] for values in fields], dtype=np.int64)
+                                                     for name in ("zero", "global_batch", "micro_batch", "seq_len"))
+        m = global_batch // (columns[:, 8] * micro_batch)
+        codes = [RECOMPUTE_CODES[values["recompute"]] for values in fields]
+        plan_columns = np.stack([zero, m, np.array(codes, dtype=np.int64), global_batch * seq_len], axis=1)
+        table = np.concatenate([columns[:, :8], plan_columns], axis=1)
+        index = np.array(candidates, dtype=np.int64)
+        if not fast.all():
+            index, table = index[fast], table[fast]
+        return _Fast(self, index, table), slow
+
+    def _price_ops(self, graphs: list[OpGraph]) -> None:
+        """Every op of the graphs' layers not yet priced on the cluster's device, through the roofline at once
+        (cost.roofline_arrays, equal to RooflineCosts op by op), for the layer prices to read
+        (Pricer.add_op_times); nothing where the op costs are another model (profiled)."""
+        pricer, device = self.pricer, self.job0.cluster.device
+        if type(pricer.op_costs) is not RooflineCosts:
+            return
+        distinct = {id(graph): graph for graph in graphs}.values()
+        layers = list({id(layer): layer for graph in distinct for layer in graph.layers
+                       if not pricer.has_op_times(layer, device)}.values())
+        if not layers:
+            return
+        ops = [layer.fwd + layer.bwd for layer in layers]
+        seconds = op_times_s([op for layer_ops in ops for op in layer_ops], device, pricer.op_costs.cal)
+        start = 0
+        for layer, layer_ops in zip(layers, ops, strict=True):
+            pricer.add_op_times(layer, device, tuple(seconds[start:start + len(layer_ops)]))
+            start += len(layer_ops)
 
     def _precision(self, precision: Precision) -> int:
         if precision not in self.precisions:
             self.precisions.append(precision)
         return self.precisions.index(precision)
 
-    def _group(self, job: Job, graph: OpGraph) -> tuple[int, ...]:
+    def _group(self, job: Job, graph: OpGraph, settings: tuple[object, ...]) -> tuple[int, ...]:
         """The settings a new group of plans shares: its combo (-1 where the plain engine must price the plan: an
         uneven split, a graph whose partition or prices raise, a step-cost model whose overhead reads the plan),
-        pp, vpp, dp x cp, the codes of its schedule, optimizer and precision, tp and dp."""
-        pricer, par = self.pricer, job.parallel
+        pp, vpp, dp x cp, the codes of its schedule, optimizer and precision, tp and dp. settings: the plans'
+        _KEY_FIELDS."""
+        tp, cp, ep, dp, pp, vpp, sp, precision, schedule, optimizer = settings[:_SPLIT_AT]
+        assert isinstance(tp, int) and isinstance(cp, int) and isinstance(dp, int) and isinstance(pp, int) \
+            and isinstance(vpp, int)
         self.engine.pin(graph)
-        key = (id(graph), par.tp, par.cp, par.ep, par.dp, par.pp, par.vpp, par.sp, par.precision)
+        key = (id(graph), tp, cp, ep, dp, pp, vpp, sp, precision)
         combo = self.shared.combo_of.get(key)
         if combo is None:
             try:
-                if pricer.plan_split(graph, par) is not None or not self.fitted_overhead:
-                    combo = -1
-                else:
-                    combo = self._new_combo(job, graph)
+                combo = self._new_combo(job, graph)
             except TrainsimError:
                 combo = -1
             self.shared.combo_of[key] = combo
-        return (combo, par.pp, par.vpp, par.dp * par.cp, SCHEDULE_CODES[par.schedule],
-                OPTIMIZER_CODES[par.optimizer_impl], self._precision(par.precision), par.tp, par.dp)
+        return (combo, pp, vpp, dp * cp, SCHEDULE_CODES[schedule], OPTIMIZER_CODES[optimizer],  # type: ignore[index]
+                self._precision(precision), tp, dp)  # type: ignore[arg-type]
 
     def _new_combo(self, job: Job, graph: OpGraph) -> int:
-        pricer = self.pricer
-        partition = pricer.plan_partition(graph, job.parallel)
-        if partition.chunk_blocks:
+        par, pricer = job.parallel, self.pricer
+        if not self.fitted_overhead or pricer.plan_split(graph, par) is not None:
+            return -1
+        shape_key = (id(graph), par.pp)
+        if shape_key not in self.shared.shapes:
+            partition = pricer.partition(graph, par.pp)  # the even split (plan_split: None)
+            self.shared.shapes[shape_key] = None if partition.chunk_blocks else (
+                [partition.stages[head] for head in partition.distinct],
+                tuple(partition.distinct.index(head) for head in partition.first), partition.distinct,
+                max(pricer.stage_params(partition.stages[head]) for head in partition.distinct))
+        shape = self.shared.shapes[shape_key]
+        if shape is None:
             return -1
         first_row = len(self.shared.row_content)
-        local = {head: number for number, head in enumerate(partition.distinct)}
-        for head in partition.distinct:
-            self._stage_row(partition.stages[head], job)
-        max_params = max(pricer.stage_params(stage) for stage in partition.stages)
-        self.combos.append(_Combo(first_row, tuple(local[head] for head in partition.first), partition.distinct,
-                                  max_params))
+        context = (par.tp, par.cp, par.ep, par.sp, par.precision)
+        for stage in shape[0]:
+            self._stage_row(stage, job, context)
+        self.combos.append(_Combo(first_row, shape[1], shape[2], shape[3]))
         return len(self.combos) - 1
 
-    def _stage_row(self, stage: list[StagePart], job: Job) -> None:
-        """A new stage row: the stage's content (_content, shared by every vpp of the partition) and its
-        pipeline sends."""
-        par, shared = job.parallel, self.shared
-        key = (id(stage), par.tp, par.cp, par.ep, par.dp, par.sp, par.precision)  # stage: of a pinned partition
+    def _stage_row(self, stage: list[StagePart], job: Job, context: tuple[object, ...]) -> None:
+        """A new stage row: the stage's content (shared by every dp and vpp of the partition), its ZeRO-3
+        exposure and pipeline hop (once per content and dp: the gradient and pipeline groups' strides read dp)
+        and its pipeline sends. What may refuse the plans (the layers' and collectives' prices) is priced here;
+        the sums are made for all new rows at once (_finish). context: tp, cp, ep, sp and precision."""
+        shared, dp = self.shared, job.parallel.dp
+        key = (id(stage), context)  # stage: of a pinned partition
         content = shared.content_of.get(key)
         if content is None:
+            terms = [self._layer_terms(part.layer, job, context) for part in stage]
             content = shared.content_of[key] = len(shared.contents)
-            shared.contents.append(self._content(stage, job))
+            shared.contents.append(None)
+            self.new_contents.append((content, stage, job, terms))
+        dp_key = (content, dp)
+        if dp_key not in shared.by_dp and dp_key not in self.new_by_dp:
+            hop = self.pricer.pipeline_hop_s(max(part.layer.output_bytes for part in stage), job) \
+                if job.parallel.pp > 1 else 0.0
+            self.new_by_dp[dp_key] = (stage, job, [self._layer_fsdp_s(part.layer, job, context) for part in stage],
+                                      hop)
+        self.new_rows.append((dp_key, job))
         shared.row_content.append(content)
-        shared.row_sends_s.append(self.pricer.pipeline_send_s(stage, job) if par.pp > 1 else 0.0)
 
-    def _content(self, stage: list[StagePart], job: Job) -> _Content:
-        """What a stage's price reads but its pipeline sends: the sums over its parts of Pricer._stage_work,
-        _stage_recompute_s, _stage_fsdp_s (with zero3_exposed_s's bucket tail) and cost.memory's
-        stage_kept_bytes, recompute_working_bytes and loss_working_bytes, in their order, from each layer's
-        terms (_layer_terms, made once per layer and layer context for every stage that holds the layer);
+    def _layer_fsdp_s(self, layer: Layer, job: Job, context: tuple[object, ...]) -> float:
+        """Pricer.fsdp_exposed_s of a layer under the job's layer context (with dp)."""
+        key = (id(layer), context, job.parallel.dp)  # layer: of a pinned graph
+        seconds = self.shared.layer_fsdp_s.get(key)
+        if seconds is None:
+            seconds = self.shared.layer_fsdp_s[key] = self.pricer.fsdp_exposed_s(
+                layer, self._layer_terms(layer, job, context).cost, job)
+        return seconds
+
+    def _finish(self) -> None:
+        """The new rows' sums: their contents (_contents), their ZeRO-3 exposure (Pricer._stage_fsdp_s's sum of
+        the layers' fsdp_exposed_s in order, with zero3_exposed_s's bucket tail) and their pipeline sends
+        (Pricer.pipeline_sends_s over arrays: 2 vpp hops a micro-batch, each overlapped with one chunk's forward
+        and backward where the stack overlaps p2p and vpp > 1, and the fitted overhead)."""
+        pricer, shared = self.pricer, self.shared
+        if self.new_contents:
+            self._contents()
+        for dp_key, (stage, job, layer_fsdp, hop) in self.new_by_dp.items():
+            fsdp = 0.0
+            for part, seconds in zip(stage, layer_fsdp, strict=True):
+                fsdp += part.count * seconds
+            if pricer.fsdp_bucketed(job):
+                content = shared.contents[dp_key[0]]
+                assert content is not None
+                fsdp += pricer.fsdp_bucket_tail_s(stage, content.backward_s, job)
+            shared.by_dp[dp_key] = (fsdp, hop)
+        by_dp, contents = shared.by_dp, shared.contents
+        fsdp_hop = np.array([by_dp[dp_key] for dp_key, _ in self.new_rows], dtype=np.float64).reshape(-1, 2)
+        compute = np.array([contents[dp_key[0]].compute_s for dp_key, _ in self.new_rows],  # type: ignore[union-attr]
+                           dtype=np.float64)
+        pp = np.array([job.parallel.pp for _, job in self.new_rows], dtype=np.int64)
+        vpp = np.array([job.parallel.vpp for _, job in self.new_rows], dtype=np.float64)
+        hop = fsdp_hop[:, 1]
+        if pricer.overlaps("pp_comm_overlap", self.job0):
+            gamma, window = pricer.overlap_slowdown(self.job0), compute / (2.0 * vpp)
+            hop = np.where(vpp > 1, np.maximum(0.0, hop - window) + gamma * np.minimum(hop, window), hop)
+        sends = np.where(pp > 1, 2.0 * vpp * hop + pricer.cal.runtime.pipeline_overhead_per_micro_batch_s, 0.0)
+        shared.row_fsdp_s.extend(fsdp_hop[:, 0].tolist())
+        shared.row_sends_s.extend(sends.tolist())
+        self.new_contents, self.new_by_dp, self.new_rows = [], {}, []
+
+    def _contents(self) -> None:
+        """The new contents: what a stage's price reads but its ZeRO-3 exposure and pipeline sends, the sums over
+        its parts of Pricer._stage_work, _stage_recompute_s, stage_params and cost.memory's stage_kept_bytes,
+        recompute_working_bytes and loss_working_bytes, from each layer's terms (_layer_terms: made once per
+        layer and layer context for every stage that holds the layer). As arrays over the contents, part by
+        part in the stage's order, each sum from 0.0 as the Pricer's: a stage of fewer parts is padded with
+        parts of count 0 and terms 0 (x + 0 * 0.0 is x), the feature collectives summed per axis and laid out
+        in the order the stage's parts first name them (Pricer._stage_work's dict);
         tests/unit/search/test_grid.py holds the results equal to the plain engine's."""
-        pricer = self.pricer
-        forward = backward = wgrad = 0.0
-        feature: dict[str, float] = {}
-        selective = full = feature_fwd = fsdp = 0.0
-        saved = [0.0, 0.0, 0.0]
-        working: list[float] | None = None
-        head_saved: float | None = None
-        for part in stage:
-            terms = self._layer_terms(part.layer, job)
-            cost, count = terms.cost, part.count
-            feature_fwd += count * cost.comm_fwd_s
-            forward += count * cost.fwd_s
-            backward += count * cost.bwd_s
-            wgrad += count * cost.wgrad_s
-            for axis, seconds in cost.comm_s.items():
-                feature[axis] = feature.get(axis, 0.0) + count * seconds
-            if terms.full_s is not None:
-                full += count * terms.full_s
-            selective += count * cost.selective_s
-            fsdp += count * terms.fsdp_s
-            saved = [total + count * kept for total, kept in zip(saved, terms.kept_bytes, strict=True)]
-            if terms.rebuilt_bytes is not None:
-                working = list(terms.rebuilt_bytes) if working is None else \
-                    [max(most, rebuilt) for most, rebuilt in zip(working, terms.rebuilt_bytes, strict=True)]
-            if terms.loss_bytes is not None and head_saved is None:
-                head_saved = terms.loss_bytes  # the first head's (loss_working_bytes)
-        if pricer.fsdp_bucketed(job):
-            fsdp += pricer.fsdp_bucket_tail_s(stage, backward, job)
-        working = working or [0.0, 0.0, 0.0]
-        values = tuple(feature.values())
-        param_layers = tuple((part.layer.param_count, part.count) for part in stage)
-        layers_number = self.shared.param_layers.setdefault(param_layers, len(self.shared.param_layers))
-        return _Content(
-            compute_s=forward + backward, forward_s=forward, backward_s=backward, wgrad_s=wgrad,
-            feature_s=values + (0.0,) * (COMM_SLOTS - len(values)), features=len(values), feature_total_s=sum(values),
-            recompute_s=(0.0, selective, full), fsdp_s=fsdp, overhead_s=pricer.micro_batch_overhead_s(stage, job),
-            params=pricer.stage_params(stage), saved_bytes=(saved[0], saved[1], saved[2]),
-            recompute_working_bytes=(working[0], working[1], working[2]),
-            max_layer_params=max(part.layer.param_count for part in stage),
-            head_saved_bytes=0.0 if head_saved is None else head_saved,
-            feature_fwd_s=feature_fwd, feature_bwd_s=sum(values) - feature_fwd, param_layers=layers_number,
-            stage=stage)
+        pricer, shared = self.pricer, self.shared
+        new = self.new_contents
+        n, width = len(new), max(len(stage) for _, stage, _, _ in new)
+        pad = [0] * width
+        index_rows: list[list[int]] = []  # per content, per part: its layer terms' number (0 for padding)
+        count_rows: list[list[float]] = []  # per part its count (0 for padding)
+        slot_rows: list[list[int]] = []  # per feature slot its axis in _AXES (len(_AXES) for padding: 0.0)
+        features: list[int] = []
+        layer_numbers: list[int] = []  # per content: its number of _Shared.param_layers
+        axes_of: dict[tuple[tuple[str, ...], ...], list[int]] = {}
+        for _, stage, _, terms in new:
+            index_rows.append(([term.number for term in terms] + pad)[:width])
+            count_rows.append(([part.count for part in stage] + pad)[:width])
+            named = tuple(term.axes for term in terms)
+            slots = axes_of.get(named)
+            if slots is None:  # the axes in the order the parts first name them
+                slots = axes_of[named] = [_AXES.index(axis)
+                                          for axis in dict.fromkeys(name for axes in named for name in axes)]
+            slot_rows.append(slots + [len(_AXES)] * (COMM_SLOTS - len(slots)))
+            features.append(len(slots))
+            param_layers = tuple([(part.layer.param_count, part.count) for part in stage])
+            layer_numbers.append(shared.param_layers.setdefault(param_layers, len(shared.param_layers)))
+        index = np.array(index_rows, dtype=np.int64)
+        counts = np.array(count_rows, dtype=np.float64)
+        real = np.arange(width)[None, :] < np.array([len(stage) for _, stage, _, _ in new])[:, None]
+        slots_array = np.array(slot_rows, dtype=np.int64)
+        table = np.array(shared.term_rows, dtype=np.float64)[index]  # contents x parts x term columns
+        sums = np.zeros((n, _TERM_SUMS))
+        most = np.full((n, 4), -np.inf)  # what it rebuilds per RECOMPUTE_CODES, its largest layer's parameters
+        head = np.zeros(n)
+        for column in range(width):
+            sums = sums + counts[:, column, None] * table[:, column, :_TERM_SUMS]
+            most = np.maximum(most, np.where(real[:, column, None], table[:, column, _TERM_SUMS:_HEAD_AT], -np.inf))
+        for column in reversed(range(width)):  # the first head's (loss_working_bytes)
+            head = np.where(real[:, column] & (table[:, column, _HEAD_AT] > 0), table[:, column, _HEAD_AT + 1], head)
+        working = np.where(most[:, :3] == -np.inf, 0.0, most[:, :3])  # no block: 0 (cost.memory)
+        feature = np.concatenate([sums[:, _FEATURE_AT:_FEATURE_AT + len(_AXES)], np.zeros((n, 1))], axis=1)
+        feature = np.take_along_axis(feature, slots_array, axis=1)
+        total = np.zeros(n)
+        for slot in range(COMM_SLOTS):
+            total = total + feature[:, slot]
+        forward, backward, feature_fwd = sums[:, 0], sums[:, 1], sums[:, 3]
+        compute = forward + backward
+        for (number, stage, _, _), layers, compute_s, backward_s in zip(new, layer_numbers, compute.tolist(),
+                                                                         backward.tolist(), strict=True):
+            shared.contents[number] = _Content(stage, layers, compute_s, backward_s)
+        shared.content_blocks.append({
+            "compute": compute, "forward": forward, "backward": backward, "wgrad": sums[:, 2],
+            "feature_fwd": feature_fwd, "feature_bwd": total - feature_fwd, "feature": feature,
+            "features": np.array(features, dtype=np.float64), "feature_total": total,
+            "recompute": np.stack([np.zeros(n), sums[:, 4], sums[:, 5]], axis=1),
+            "overhead": np.full(n, pricer.micro_batch_overhead_s(new[0][1], new[0][2])),  # see fitted_overhead
+            "params": sums[:, _PARAMS_AT], "saved": sums[:, _KEPT_AT:_KEPT_AT + 3], "working": working,
+            "max_layer_params": most[:, 3], "head_saved": head,
+            "param_layers": np.array(layer_numbers, dtype=np.float64)})
+        self.new_contents = []
 
-    def _layer_terms(self, layer: Layer, job: Job) -> "_LayerTerms":
-        """A layer's part of its stages' prices under the job's layer context (what _content sums)."""
-        par = job.parallel
-        key = (id(layer), par.tp, par.cp, par.ep, par.dp, par.sp, par.precision)  # layer: of a pinned graph
+    def _layer_terms(self, layer: Layer, job: Job, context: tuple[object, ...]) -> "_LayerTerms":
+        """A layer's part of its stages' prices under the job's layer context but dp (what _contents sums): its
+        feature collectives run over the tp, cp and ep groups only (ir.graph.Comm), none of which reads dp."""
+        key = (id(layer), context)  # layer: of a pinned graph
         terms = self.shared.layer_terms.get(key)
         if terms is None:
-            pricer, stack = self.pricer, job.stack
-            cost = pricer.layer_cost(layer, job)
-            blocks = layer.kind in BLOCK_KINDS
-            terms = self.shared.layer_terms[key] = _LayerTerms(
-                cost=cost, full_s=cost.fwd_s + cost.comm_fwd_s if layer.kind not in ("embedding", "head") else None,
-                fsdp_s=pricer.fsdp_exposed_s(layer, cost, job),
-                kept_bytes=tuple(kept_bytes(layer, saved_key(mode, stack)) for mode in RECOMPUTE_CODES),
-                rebuilt_bytes=tuple(rebuilt_bytes(layer, mode, stack) for mode in RECOMPUTE_CODES) if blocks else None,
-                loss_bytes=loss_grad_bytes(layer, stack) if layer.kind == "head" else None)
+            cost = self.pricer.layer_cost(layer, job)
+            stack, blocks, is_head = job.stack, layer.kind in BLOCK_KINDS, layer.kind == "head"
+            kept = tuple(kept_bytes(layer, saved_key(mode, stack)) for mode in RECOMPUTE_CODES)
+            rebuilt = tuple(rebuilt_bytes(layer, mode, stack) for mode in RECOMPUTE_CODES) if blocks else None
+            full = cost.fwd_s + cost.comm_fwd_s if layer.kind not in ("embedding", "head") else 0.0
+            terms = self.shared.layer_terms[key] = _LayerTerms(cost, len(self.shared.term_rows), tuple(cost.comm_s))
+            self.shared.term_rows.append(
+                (cost.fwd_s, cost.bwd_s, cost.wgrad_s, cost.comm_fwd_s, cost.selective_s, full,
+                 *(cost.comm_s.get(axis, 0.0) for axis in _AXES), *kept, float(layer.param_count),
+                 *(rebuilt or (-np.inf,) * 3), float(layer.param_count), float(is_head),
+                 loss_grad_bytes(layer, stack) if is_head else 0.0))
         return terms
+
+
+# the columns of a layer's terms (_Shared.term_rows): first what a stage sums (count x each): forward, backward,
+# weight-gradient, forward feature communication, what selective and full recompute repeat (0 for the
+# embedding and the head), the feature communication per _AXES, what it keeps per RECOMPUTE_CODES, its
+# parameters; then what a stage takes the largest of: what it rebuilds per RECOMPUTE_CODES (-inf: not a block),
+# its parameters; then whether it is a head (1.0) and the loss's gradient buffers (loss_grad_bytes; else 0)
+_AXES = ("tp", "cp", "ep")  # the axes of feature collectives (ir.graph.Comm; pp's are the pipeline sends)
+_FEATURE_AT = 6
+_KEPT_AT = _FEATURE_AT + len(_AXES)
+_PARAMS_AT = _KEPT_AT + 3
+_TERM_SUMS = _PARAMS_AT + 1
+_HEAD_AT = _TERM_SUMS + 4
 
 
 @dataclass(frozen=True, slots=True)
 class _LayerTerms:
-    """A layer's terms of its stages' prices under one layer context: its LayerCost, what full recompute
-    repeats of it (None: the embedding and the head are not recomputed), its ZeRO-3 exposure
-    (Pricer.fsdp_exposed_s), what it keeps (cost.memory.kept_bytes) and rebuilds (rebuilt_bytes; None: not a
-    block) per RECOMPUTE_CODES, and the loss's gradient buffers where it is the head (loss_grad_bytes)."""
+    """A layer's terms of its stages' prices under one layer context: its LayerCost, the number of its row of
+    _Shared.term_rows and the axes of its feature collectives (in LayerCost.comm_s's order)."""
 
     cost: LayerCost
-    full_s: float | None
-    fsdp_s: float
-    kept_bytes: tuple[float, ...]
-    rebuilt_bytes: tuple[float, ...] | None
-    loss_bytes: float | None
+    number: int
+    axes: tuple[str, ...]
 
 
 class _Fast:
@@ -505,7 +634,9 @@ class _Fast:
         number = shared.queue_of.get(key)
         if number is None:
             job = self.batch.plans[int(self.index[plan])][0]
-            stage = shared.contents[shared.row_content[row]].stage
+            content = shared.contents[shared.row_content[row]]
+            assert content is not None  # made by _Batch._finish
+            stage = content.stage
             number = shared.queue_of[key] = len(shared.queues)
             shared.queues.append(self.batch.pricer.gradient_queues(stage, job))
         return number
@@ -600,32 +731,29 @@ class _ComboTable:
 class _RowTable:
     """The stage rows as columns (each a content's, with the row's pipeline sends after its feature axes)."""
 
-    def __init__(self, contents: list[_Content], row_content: list[int], row_sends_s: list[float]) -> None:
+    def __init__(self, columns: dict[str, Floats], row_content: list[int], row_sends_s: list[float],
+                 row_fsdp_s: list[float]) -> None:
         index = np.array(row_content, dtype=np.int64)
-
-        def column(name: str) -> Floats:
-            return np.array([getattr(content, name) for content in contents], dtype=np.float64)[index]
-
         sends = np.array(row_sends_s, dtype=np.float64)
-        self.compute = column("compute_s")
-        self.forward = column("forward_s")
-        self.backward = column("backward_s")
-        self.wgrad = column("wgrad_s")
-        self.comm = column("feature_s")
-        self.comm[np.arange(len(index)), column("features").astype(np.int64)] = sends  # 0 where pp = 1
-        self.comm_total = column("feature_total_s") + sends  # sum(feature_s + (sends,)): x + 0.0 is x
-        self.recompute = column("recompute_s")
-        self.fsdp = column("fsdp_s")
-        self.overhead = column("overhead_s")
-        self.params = column("params")
-        self.saved = column("saved_bytes")
-        self.recompute_working = column("recompute_working_bytes")
-        self.max_layer_params = column("max_layer_params")
-        self.head_saved = column("head_saved_bytes")
+        self.compute = columns["compute"][index]
+        self.forward = columns["forward"][index]
+        self.backward = columns["backward"][index]
+        self.wgrad = columns["wgrad"][index]
+        self.comm = columns["feature"][index]
+        self.comm[np.arange(len(index)), columns["features"][index].astype(np.int64)] = sends  # 0 where pp = 1
+        self.comm_total = columns["feature_total"][index] + sends  # sum(feature_s + (sends,)): x + 0.0 is x
+        self.recompute = columns["recompute"][index]
+        self.fsdp = np.array(row_fsdp_s, dtype=np.float64)
+        self.overhead = columns["overhead"][index]
+        self.params = columns["params"][index]
+        self.saved = columns["saved"][index]
+        self.recompute_working = columns["working"][index]
+        self.max_layer_params = columns["max_layer_params"][index]
+        self.head_saved = columns["head_saved"][index]
         self.content_of_row = index
-        self.param_layers = column("param_layers").astype(np.int64)
-        self.feature_fwd = column("feature_fwd_s")
-        self.feature_bwd = column("feature_bwd_s")
+        self.param_layers = columns["param_layers"][index].astype(np.int64)
+        self.feature_fwd = columns["feature_fwd"][index]
+        self.feature_bwd = columns["feature_bwd"][index]
 
 
 class _Queues:

@@ -175,9 +175,10 @@ def partition_stages(graph: OpGraph, pp: int, blocks_per_rank: Sequence[int] | N
             elif layer.kind == "head":
                 stages[-1].append(StagePart(layer, 1.0))
             elif layer.kind in BLOCK_KINDS:
+                even = StagePart(layer, layer.count / pp)  # NB: frozen; one object for every rank's stage
                 for rank, stage in enumerate(stages):
                     if blocks_per_rank is None:
-                        stage.append(StagePart(layer, layer.count / pp))
+                        stage.append(even)
                     elif blocks_per_rank[rank]:
                         stage.append(StagePart(layer, layer.count * blocks_per_rank[rank] / total))
             else:

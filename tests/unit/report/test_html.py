@@ -1,6 +1,7 @@
 """The HTML report: every chart it promises, self-contained, written atomically into the folder named, and the
 one-line refusals that come before any work."""
 
+import html
 import json
 import re
 from pathlib import Path
@@ -167,7 +168,7 @@ def test_compare_html_draws_both_plans_term_by_term(tmp_path: Path) -> None:
     assert chart_ids(page) == {"compare-time", "compare-memory"}
     found = api.compare(tmp_path / "a.yaml", tmp_path / "b.yaml")
     for line in found.explanation:
-        assert html_report.html.escape(line) in page
+        assert html.escape(line) in page
     assert "<td>pipeline bubble</td>" not in page and "<td>bubble</td>" in page  # the keys, as in --json
     assert "<td>recompute</td>" in page
     (tmp_path / "c.json").write_text(found.to_json())

@@ -6,8 +6,9 @@ zb-h1, fp8, foreach and loop optimizers, uneven pipeline splits, a cluster that 
 clusters and stacks in one call), each plan's iteration time, tokens/s, peak memory and out-of-memory verdict
 equal, to 1e-9 relative, what a fresh AnalyticalEstimator.price gives on a freshly built graph; so do random
 plans (ZeRO 0-3, groups within one node and across nodes, stacks with and without overlapped gradient
-reduction and parameter gathers, many buckets and one); and the planner's ranking, counts and priced plans
-equal the ranking of the plain engine's figures.
+reduction and parameter gathers, many buckets and one), and grids under op costs other than the roofline and on a
+CUDA-graphs stack; and the planner's ranking, counts and priced plans equal the ranking of the plain engine's
+figures.
 """
 
 import heapq
@@ -15,8 +16,10 @@ import random
 
 import pytest
 
+from conftest import ConstantCosts
 from trainsim.catalog.loader import load_cluster
 from trainsim.catalog.model_files import parse_model
+from trainsim.cost.pricing import Pricer
 from trainsim.errors import TrainsimError
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.hardware.cluster import ClusterSpec
@@ -228,3 +231,22 @@ def test_random_plans_of_every_stack_in_one_call() -> None:
             plans += built(MOE if number % 2 else DENSE, cluster, random_plans(seed * 10 + number, 30, 32), stack)
         assert len(plans) > 80
         check_grid(plans, engine)
+
+
+def test_another_op_cost_model_and_a_stack_of_cuda_graphs() -> None:
+    """Op costs other than the roofline (the grid engine asks them op by op, as the plain engine does, not
+    cost.roofline_arrays) and a stack whose CUDA graphs take the per-micro-batch host overhead away; pipeline
+    sends overlapped (megatron-core's pp_comm_overlap) in the same call."""
+    cluster = load_cluster("dgx-h100-80gb").with_num_gpus(16)
+    space = SearchSpace(global_batch=64, seq_len=512, max_micro_batch=2, max_vpp=4)
+    graphed = load_stack("megatron-core").model_copy(update={"cuda_graphs": True})
+    graphed_plans = built(DENSE, cluster, random_plans(7, 60, 16), graphed)
+    assert len(graphed_plans) > 40 and {job.parallel.vpp for job, _ in graphed_plans} == {1, 2}
+    for plans in (grid_of(DENSE, cluster, space)[::3], graphed_plans):  # each on the fast path (its first stack)
+        for pricer in (Pricer(op_costs=ConstantCosts(1e-4)), Pricer()):
+            prices = GridEngine(AnalyticalEstimator(pricer)).price(plans)
+            assert not prices.errors
+            for index, (job, _) in enumerate(plans):
+                plain = AnalyticalEstimator(Pricer(op_costs=pricer.op_costs)).price(job, graph_for(job))
+                assert prices.iteration_time_s[index] == pytest.approx(plain.iteration_time_s, rel=REL, abs=0.0)
+                assert prices.peak_memory_bytes[index] == pytest.approx(plain.peak_memory_bytes, rel=REL, abs=0.0)

@@ -15,13 +15,21 @@ def _register_builders() -> None:
     from trainsim.frontends.catalog.transformer import build_transformer
 
     BUILDERS.add("transformer", build_transformer)
-    try:
-        from trainsim.frontends.catalog.cnn import build_cnn
-        from trainsim.frontends.catalog.dlrm import build_dlrm
-    except ImportError:  # pragma: no cover - the CNN/DLRM builders ship with the package
-        return
-    BUILDERS.add("cnn", build_cnn)
-    BUILDERS.add("dlrm", build_dlrm)
+    BUILDERS.add("cnn", _build_cnn)
+    BUILDERS.add("dlrm", _build_dlrm)
+
+
+# NB: the CNN and DLRM builders load when such a model is built, not with every transformer's prediction
+def _build_cnn(model: Any, dev: DeviceSlice) -> OpGraph:
+    from trainsim.frontends.catalog.cnn import build_cnn
+
+    return build_cnn(model, dev)
+
+
+def _build_dlrm(model: Any, dev: DeviceSlice) -> OpGraph:
+    from trainsim.frontends.catalog.dlrm import build_dlrm
+
+    return build_dlrm(model, dev)
 
 
 _register_builders()

@@ -28,10 +28,11 @@ MOE_KINDS = ["embedding"] + ["block", "moe_block"] * 4 + ["head"]
 
 def test_budget_is_the_fraction_of_every_range_with_a_floor():
     assert len(all_ranges(10)) == 55
-    assert sample_budget(10, 0.3) == 16  # round(16.5): what the planner profiles per mesh and intra plan
-    assert sample_budget(18, 0.3) == 51  # 171 ranges
-    assert sample_budget(4, 0.3) == 8  # 10 ranges: the floor
-    assert sample_budget(3, 0.3) == 6  # 6 ranges: all of them
+    # (training, validation) profiled per mesh and intra plan: 30% of the ranges and a separate 10%
+    assert sample_budget(10, 0.3) == (16, 6)  # 55 ranges: round(16.5), round(5.5)
+    assert sample_budget(18, 0.3) == (51, 17)  # 171 ranges
+    assert sample_budget(4, 0.3) == (8, 1)  # 10 ranges: the training floor
+    assert sample_budget(3, 0.3) == (6, 0)  # 6 ranges: all of them train
 
 
 @pytest.mark.parametrize("kinds", [GPT_KINDS, MOE_KINDS])
@@ -137,15 +138,15 @@ def test_a_predictor_blind_to_the_head_splits_wrong_and_a_covering_sample_fixes_
     exhaustive = alpa_dp(FunctionStageCosts(truth), 6, [ONE], {ONE: [IntraPlan()]}, 2, B, capacity_bytes=1.0).plan
     assert [(s.first, s.end) for s in exhaustive.stages] == [(0, 5), (5, 6)]
     assert exhaustive.iteration_s == pytest.approx(368.0)
-    # a random sample of 8 of the 21 ranges with no stage ending at the head (seed found, not assumed)
-    seed = next(s for s in range(500) if all(stage.end < 6 for stage in sampled("random", s)))
+    # a random sample of 8 + 2 of the 21 ranges with no stage ending at the head (seed found, not assumed)
+    seed = next(s for s in range(5000) if all(stage.end < 6 for stage in sampled("random", s)))
     blind, blind_t, source = plan_with("random", seed)
-    assert source.profiled_configurations == 8
+    assert source.profiled_configurations == 10  # 8 training, 2 validation
     # the head predicted free: [0,3)+[3,6) balanced at 21 / 20 predicted, 21 / 60 measured: T = 81 + 420
     assert blind == [(0, 3), (3, 6)]
     assert blind_t == pytest.approx(501.0)
     covered, covered_t, source = plan_with("covering", seed)
-    assert source.profiled_configurations == 8  # the same budget
+    assert source.profiled_configurations == 10  # the same budget
     assert covered == [(0, 5), (5, 6)]
     assert covered_t == pytest.approx(368.0)
 
@@ -161,7 +162,7 @@ def test_validation_stages_are_the_last_drawn():
                                seed=0, trainer=cast(Any, record))
     source.estimate(StageSpec(0, 6, ONE, IntraPlan()))
     drawn = [(s.first, s.end) for s in source.sample(ONE, IntraPlan())]
-    assert seen["fit"] + seen["val"] == drawn and len(seen["val"]) == 1  # 8 // 8
+    assert seen["fit"] + seen["val"] == drawn and len(seen["val"]) == 2  # round(0.1 x 21)
     assert {(0, 1), (5, 6)} <= set(seen["fit"])  # the lone embedding and head train
 
 
@@ -169,3 +170,16 @@ def test_unknown_sampler_is_refused():
     with pytest.raises(ValueError, match="sampler='every'"):
         PredTopStageCosts(FunctionStageCosts(truth), FunctionStageCosts(truth), RangeDags(), 6, 0.3,  # type: ignore[arg-type]
                           sampler="every")
+
+
+def test_every_range_sampled_still_keeps_one_validation_stage():
+    seen: dict[str, list] = {}
+
+    def record(kind, ranges, latencies, validation, **_):
+        seen["fit"], seen["val"] = list(ranges), list(validation[0])
+        return fit_kind_sum(kind, ranges, latencies, validation)
+
+    source = PredTopStageCosts(FunctionStageCosts(truth), FunctionStageCosts(truth), RangeDags(), 6, 1.0,  # type: ignore[arg-type]
+                               trainer=cast(Any, record))
+    source.estimate(StageSpec(0, 6, ONE, IntraPlan()))
+    assert source.profiled_configurations == 21 and len(seen["fit"]) == 20 and len(seen["val"]) == 1

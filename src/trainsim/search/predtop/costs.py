@@ -20,6 +20,7 @@ from trainsim.search.stage_costs import StageCosts, prefetch
 from trainsim.strategy.stage_plan import IntraPlan, Mesh, StageEstimate, StageSpec, unit_kind
 
 MIN_SAMPLES = 8
+VALIDATION_FRACTION = 0.1  # PredTOP sec. VIII-A: a separate 10% of the samples for validation
 SAMPLERS = ("covering", "random")
 Range = tuple[int, int]
 
@@ -28,10 +29,15 @@ def all_ranges(num_units: int) -> list[Range]:
     return [(a, b) for a in range(num_units) for b in range(a + 1, num_units + 1)]
 
 
-def sample_budget(num_units: int, fraction: float) -> int:
-    """Stages profiled per mesh and intra plan: the fraction of every range, at least MIN_SAMPLES (or all)."""
+def sample_budget(num_units: int, fraction: float) -> tuple[int, int]:
+    """(training, validation) stages profiled per mesh and intra plan: the training fraction of every range (at
+    least MIN_SAMPLES) and a separate 10% for early stopping, as sec. VIII-A splits (both profiled, both
+    counted); all ranges at most. Validation was len(sample) // 8 of the training sample: 2 stages at 30% of 55,
+    on which early stopping kept the weights of epoch 7 (MoE, 1 rank)."""
     ranges = len(all_ranges(num_units))
-    return min(ranges, max(MIN_SAMPLES, round(fraction * ranges)))
+    training = min(ranges, max(MIN_SAMPLES, round(fraction * ranges)))
+    validation = min(ranges - training, max(1, round(VALIDATION_FRACTION * ranges)))
+    return training, validation
 
 
 def random_sample(num_units: int, count: int, rng: random.Random, kinds: list[str]) -> list[Range]:
@@ -101,10 +107,11 @@ class PredTopStageCosts:
             raise ValueError(f"sampler={self.sampler!r}: must be one of {', '.join(SAMPLERS)}")
 
     def sample(self, mesh: Mesh, intra: IntraPlan) -> list[StageSpec]:
-        """The stages profiled for one mesh and intra plan (seeded per mesh and plan): sample_budget of them."""
+        """The stages profiled for one mesh and intra plan (seeded per mesh and plan): sample_budget's training and
+        validation stages, in the order drawn (validation: the last)."""
         rng = random.Random(f"{self.seed}:{mesh.describe()}:{intra.describe()}")
         kinds = [unit_kind(self.dags.model, u) for u in range(self.num_units)]
-        ranges = SAMPLER_FUNCTIONS[self.sampler](self.num_units, sample_budget(self.num_units, self.fraction),
+        ranges = SAMPLER_FUNCTIONS[self.sampler](self.num_units, sum(sample_budget(self.num_units, self.fraction)),
                                                  rng, kinds)
         return [StageSpec(a, b, mesh, intra) for a, b in ranges]
 
@@ -115,8 +122,9 @@ class PredTopStageCosts:
         known = [(s, e) for s in sample if (e := self.measured.estimate(s)) is not None]
         if len(known) < 2:
             return None
-        # validation (early stopping): the last drawn, so a covering sample's lone units stay in training
-        n_val = max(1, len(known) // 8)
+        # validation (early stopping): the last drawn, so a covering sample's lone units stay in training and its
+        # validation stages take the three strata in turn
+        n_val = max(1, min(sample_budget(self.num_units, self.fraction)[1], len(known) - 1))
         fit, val = known[:-n_val], known[-n_val:]
         predictor = self.trainer(self.kind, [self.dags.stage(s.first, s.end) for s, _ in fit],
                                  [e.latency_s for _, e in fit],

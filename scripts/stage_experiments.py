@@ -194,7 +194,8 @@ PLAN_MESHES = [Mesh(1, 1), Mesh(1, 2), Mesh(1, 4)]
 
 def plans(db_path: Path, epochs: int, patience: int, fraction: float, only: list[str]) -> None:
     """Each planner on 4 ranks (dp-only intra plans); every chosen plan timed by eq. 4 over its stages' measured
-    latencies (the database's exhaustive table)."""
+    latencies (the database's exhaustive table). MPE and PredTOP measure their stages afresh here;
+    scripts/predtop_plans.py re-scores PredTOP from the database alone (nothing run)."""
     from trainsim.search.predtop.costs import PredTopStageCosts
     from trainsim.search.predtop.dag import DagBuilder
 
@@ -255,8 +256,8 @@ def main() -> None:
     parser.add_argument("command", choices=["collect", "predtop", "mpe", "plans"])
     parser.add_argument("--db", type=Path, required=True)
     parser.add_argument("--only", nargs="*", default=[])
-    parser.add_argument("--epochs", type=int, default=150)
-    parser.add_argument("--patience", type=int, default=50)
+    parser.add_argument("--epochs", type=int, default=500)  # PredTOP sec. IV-B6, IV-B8: 500 epochs, patience 200
+    parser.add_argument("--patience", type=int, default=200)
     parser.add_argument("--fractions", type=float, nargs="*", default=list(FRACTIONS))
     args = parser.parse_args()
     if args.command == "collect":

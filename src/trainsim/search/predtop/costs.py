@@ -1,17 +1,83 @@
 """PredTOP as a stage cost source (sec. VI): per mesh and intra plan, measure a random sample of the stages
 (profiling phase), train a predictor on their DAGs (training phase), predict every stage the planner asks
 (prediction phase). Latency comes from the predictor; memory, which PredTOP does not predict, from `memory`
-(the pricing service's states and activations)."""
+(the pricing service's states and activations).
+
+The sample (covering_sample) is PredTOP's "stages of different sizes" drawn at random, stratified so that the
+kinds of stage the planner's DP decides between are all seen: each unit kind alone (embedding, block, MoE block,
+head: a lone embedding or head is a DAG unlike any other stage, sec. IV-B1's model cannot extrapolate to it),
+then random ranges taken in turn from the stages that start at the embedding, those that end at the head and the
+interior ones. Every pipeline has one first and one last stage, so those two strata decide the plan; a plain
+random draw of 30% of the ranges may hold none or one of them (random_sample, kept for comparison)."""
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from trainsim.search.predtop.dag import DagBuilder
 from trainsim.search.predtop.train import Predictor, train
 from trainsim.search.stage_costs import StageCosts, prefetch
-from trainsim.strategy.stage_plan import IntraPlan, Mesh, StageEstimate, StageSpec
+from trainsim.strategy.stage_plan import IntraPlan, Mesh, StageEstimate, StageSpec, unit_kind
 
 MIN_SAMPLES = 8
+VALIDATION_FRACTION = 0.1  # PredTOP sec. VIII-A: a separate 10% of the samples for validation
+SAMPLERS = ("covering", "random")
+Range = tuple[int, int]
+
+
+def all_ranges(num_units: int) -> list[Range]:
+    return [(a, b) for a in range(num_units) for b in range(a + 1, num_units + 1)]
+
+
+def sample_budget(num_units: int, fraction: float) -> tuple[int, int]:
+    """(training, validation) stages profiled per mesh and intra plan: the training fraction of every range (at
+    least MIN_SAMPLES) and a separate 10% for early stopping, as sec. VIII-A splits (both profiled, both
+    counted); all ranges at most. Validation was len(sample) // 8 of the training sample: 2 stages at 30% of 55,
+    on which early stopping kept the weights of epoch 7 (MoE, 1 rank)."""
+    ranges = len(all_ranges(num_units))
+    training = min(ranges, max(MIN_SAMPLES, round(fraction * ranges)))
+    validation = min(ranges - training, max(1, round(VALIDATION_FRACTION * ranges)))
+    return training, validation
+
+
+def random_sample(num_units: int, count: int, rng: random.Random, kinds: list[str]) -> list[Range]:
+    """`count` ranges drawn uniformly without replacement (the first planner's sampler). `kinds` is unused."""
+    del kinds
+    return rng.sample(all_ranges(num_units), count)
+
+
+def stratum(rng_: Range, num_units: int) -> str:
+    """head: ends at the head (the whole model included); embedding: starts at the embedding; interior."""
+    first, end = rng_
+    return "head" if end == num_units else "embedding" if first == 0 else "interior"
+
+
+def covering_sample(num_units: int, count: int, rng: random.Random, kinds: list[str]) -> list[Range]:
+    """`count` ranges (count >= the number of unit kinds): one lone unit of each kind (kinds[u] is unit u's
+    kind; the unit of a kind picked at random), then ranges drawn at random from the head, embedding and
+    interior strata in turn (a stratum left empty is skipped). Sizes are random within a stratum, so all sizes
+    occur. The order is the order drawn: the anchors first."""
+    units_of: dict[str, list[int]] = {}
+    for unit, kind in enumerate(kinds):
+        units_of.setdefault(kind, []).append(unit)
+    if len(kinds) != num_units or count < len(units_of):
+        raise ValueError(f"count={count}, kinds={len(kinds)}: one kind per unit, count >= {len(units_of)} kinds")
+    chosen = [(u, u + 1) for u in (rng.choice(units) for units in units_of.values())]
+    left: dict[str, list[Range]] = {"head": [], "embedding": [], "interior": []}
+    for r in all_ranges(num_units):
+        if r not in chosen:
+            left[stratum(r, num_units)].append(r)
+    for pool in left.values():
+        rng.shuffle(pool)
+    while len(chosen) < count and any(left.values()):
+        for pool in left.values():
+            if pool and len(chosen) < count:
+                chosen.append(pool.pop())
+    return chosen
+
+
+SAMPLER_FUNCTIONS: dict[str, Callable[[int, int, random.Random, list[str]], list[Range]]] = {
+    "covering": covering_sample, "random": random_sample}
 
 
 @dataclass(slots=True)
@@ -25,6 +91,8 @@ class PredTopStageCosts:
     epochs: int = 500
     patience: int = 200
     seed: int = 0
+    sampler: str = "covering"
+    trainer: Callable[..., Predictor] = train  # predictor.train; a stub in the tests
     profiled: set[StageSpec] = field(default_factory=set)
     predictors: dict[tuple[Mesh, IntraPlan], Predictor | None] = field(default_factory=dict)
     train_time_s: float = 0.0
@@ -34,25 +102,34 @@ class PredTopStageCosts:
     def profiled_configurations(self) -> int:
         return len(self.profiled)
 
-    def _ranges(self) -> list[tuple[int, int]]:
-        return [(a, b) for a in range(self.num_units) for b in range(a + 1, self.num_units + 1)]
+    def __post_init__(self) -> None:
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"sampler={self.sampler!r}: must be one of {', '.join(SAMPLERS)}")
+
+    def sample(self, mesh: Mesh, intra: IntraPlan) -> list[StageSpec]:
+        """The stages profiled for one mesh and intra plan (seeded per mesh and plan): sample_budget's training and
+        validation stages, in the order drawn (validation: the last)."""
+        rng = random.Random(f"{self.seed}:{mesh.describe()}:{intra.describe()}")
+        kinds = [unit_kind(self.dags.model, u) for u in range(self.num_units)]
+        ranges = SAMPLER_FUNCTIONS[self.sampler](self.num_units, sum(sample_budget(self.num_units, self.fraction)),
+                                                 rng, kinds)
+        return [StageSpec(a, b, mesh, intra) for a, b in ranges]
 
     def _fit(self, mesh: Mesh, intra: IntraPlan) -> Predictor | None:
-        ranges = self._ranges()
-        rng = random.Random(f"{self.seed}:{mesh.describe()}:{intra.describe()}")
-        count = min(len(ranges), max(MIN_SAMPLES, round(self.fraction * len(ranges))))
-        sample = [StageSpec(a, b, mesh, intra) for a, b in rng.sample(ranges, count)]
+        sample = self.sample(mesh, intra)
         prefetch(self.measured, sample)
         self.profiled.update(sample)
         known = [(s, e) for s in sample if (e := self.measured.estimate(s)) is not None]
         if len(known) < 2:
             return None
-        n_val = max(1, len(known) // 8)
-        fit, val = known[n_val:], known[:n_val]
-        predictor = train(self.kind, [self.dags.stage(s.first, s.end) for s, _ in fit],
-                          [e.latency_s for _, e in fit],
-                          ([self.dags.stage(s.first, s.end) for s, _ in val], [e.latency_s for _, e in val]),
-                          epochs=self.epochs, patience=self.patience, seed=self.seed)
+        # validation (early stopping): the last drawn, so a covering sample's lone units stay in training and its
+        # validation stages take the three strata in turn
+        n_val = max(1, min(sample_budget(self.num_units, self.fraction)[1], len(known) - 1))
+        fit, val = known[:-n_val], known[-n_val:]
+        predictor = self.trainer(self.kind, [self.dags.stage(s.first, s.end) for s, _ in fit],
+                                 [e.latency_s for _, e in fit],
+                                 ([self.dags.stage(s.first, s.end) for s, _ in val], [e.latency_s for _, e in val]),
+                                 epochs=self.epochs, patience=self.patience, seed=self.seed)
         self.train_time_s += predictor.train_time_s
         return predictor
 

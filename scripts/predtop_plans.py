@@ -1,0 +1,152 @@
+"""PredTOP's planner re-scored from the stage databases in the repo, with no new timing runs.
+
+    python scripts/predtop_plans.py --cases cpu-gpt cpu-moe h100-gpt h100-moe --samplers covering random \
+        --seeds 0 1 2 --out docs/data/predtop_plans.json
+
+Each case is a model, its stage database (every stage measured alone), the meshes and the pipeline's
+micro-batches. PredTOP's source reads its sampled stages from a copy of the database (`profiled` counts them,
+MeasuredStageCosts.measured_now must stay 0: nothing is run), trains one predictor per mesh and intra plan and
+Alpa's DP picks the plan on the predictions. Every plan (PredTOP's, the exhaustive one: Alpa's DP over every
+measured stage, and the best uniform split) is scored by PredTOP eq. 4 over its stages' measured latencies.
+Training time is the process's CPU time of the search (DAGs, training, prediction, DP; nice -n 19 on a shared
+machine, so wall time would be noise). Results are appended per (case, sampler, seed) and skipped when there.
+"""
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainsim.catalog import load_cluster, load_model
+from trainsim.ir.model_spec import TransformerSpec
+from trainsim.measure.stage_db import MeasuredStageCosts, StageDatabase
+from trainsim.search.predtop.costs import PredTopStageCosts
+from trainsim.search.predtop.dag import DagBuilder
+from trainsim.search.stage_costs import PricedStageCosts, StageJob
+from trainsim.search.stage_dp import PlanSearch, alpa_dp, uniform_search
+from trainsim.strategy.stage_plan import IntraPlan, Mesh, StagePlan, StageSpec, num_units, pipeline_time_s
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Case:
+    model: Path
+    db: Path
+    micro_batch: int
+    seq_len: int
+    threads: int  # 0: timed on a GPU (scripts/gpu/stages_gpu.py)
+    meshes: tuple[Mesh, ...]
+    devices: int
+    cluster: str
+    num_micro_batches: int = 8
+
+
+CPU_MESHES = (Mesh(1, 1), Mesh(1, 2), Mesh(1, 4))
+CASES = {  # the CPU plan-quality cases of docs/planning.md; the H100 stages (1 GPU each) as a 4-stage pipeline
+    "cpu-gpt": Case(ROOT / "data/stages/models/gpt-heavy-head.yaml", ROOT / "data/stages/cpu/stages_cpu.db", 4, 64,
+                    1, CPU_MESHES, 4, "local-cpu"),
+    "cpu-moe": Case(ROOT / "data/stages/models/moe-small.yaml", ROOT / "data/stages/cpu/stages_cpu.db", 4, 64, 1,
+                    CPU_MESHES, 4, "local-cpu"),
+    "h100-gpt": Case(ROOT / "data/stages/models/gpt-gpu.yaml", ROOT / "data/stages/h100/stages_gpu.db", 8, 512, 0,
+                     (Mesh(1, 1),), 4, "dgx-h100-80gb"),
+    "h100-moe": Case(ROOT / "data/stages/models/moe-gpu.yaml", ROOT / "data/stages/h100/stages_gpu.db", 8, 512, 0,
+                     (Mesh(1, 1),), 4, "dgx-h100-80gb"),
+}
+
+
+def measured_t_s(plan: StagePlan, truth: MeasuredStageCosts, micro_batches: int) -> float:
+    """Eq. 4 over the plan's stages' measured latencies (each stage measured alone)."""
+    latencies = []
+    for s in plan.stages:
+        found = truth.estimate(StageSpec(s.first, s.end, s.mesh, s.intra))
+        assert found is not None, f"stage {s.describe()} not in the database"
+        latencies.append(found.latency_s)
+    return pipeline_time_s(latencies, micro_batches)
+
+
+def describe(plan: StagePlan) -> list[str]:
+    return [f"[{s.first},{s.end}) {s.mesh.describe()} dp{s.intra.dp}" for s in plan.stages]
+
+
+def run_case(name: str, samplers: list[str], seeds: list[int], epochs: int, patience: int, fraction: float,
+             done: set[str], emit) -> None:  # type: ignore[no-untyped-def]
+    case = CASES[name]
+    model = load_model(str(case.model))
+    assert isinstance(model, TransformerSpec)
+    units = num_units(model)
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "stages.db"
+        shutil.copy(case.db, copy)
+        db = StageDatabase(copy)
+        truth = MeasuredStageCosts(model, case.micro_batch, case.seq_len, db, threads=case.threads)
+        cluster = load_cluster(case.cluster).with_num_gpus(case.devices).on_one_node()
+        job = StageJob(model=model, cluster=cluster, micro_batch=case.micro_batch,
+                       num_micro_batches=case.num_micro_batches, seq_len=case.seq_len)
+        intra = {mesh: [IntraPlan(1, mesh.size)] for mesh in case.meshes}
+        args = (list(case.meshes), intra, case.devices, case.num_micro_batches, job.capacity_bytes)
+        exhaustive = alpa_dp(truth, units, *args)
+        every_stage = truth.profiled_configurations
+        base = measured_t_s(exhaustive.plan, truth, case.num_micro_batches)
+        uniform = uniform_search(truth, model.num_layers, *args)
+        rows: dict[str, object] = {
+            "exhaustive": _row(exhaustive, base, base, every_stage),
+            "uniform": _row(uniform, measured_t_s(uniform.plan, truth, case.num_micro_batches), base, None)}
+        if f"{name}/reference" not in done:
+            emit({"key": f"{name}/reference", **rows})
+        dags = DagBuilder(model, case.micro_batch, case.seq_len)
+        for sampler in samplers:
+            for seed in seeds:
+                key = f"{name}/{sampler}/{seed}"
+                if key in done:
+                    continue
+                source = MeasuredStageCosts(model, case.micro_batch, case.seq_len, db, threads=case.threads)
+                predtop = PredTopStageCosts(source, PricedStageCosts(job), dags, units, fraction, epochs=epochs,
+                                            patience=patience, seed=seed, sampler=sampler)
+                cpu = time.process_time()
+                found = alpa_dp(predtop, units, *args)
+                cpu_s = time.process_time() - cpu
+                assert source.measured_now == 0, "a stage was missing from the database and was run"
+                row = _row(found, measured_t_s(found.plan, truth, case.num_micro_batches), base,
+                           predtop.profiled_configurations)
+                row.update(cpu_s=cpu_s, train_wall_s=predtop.train_time_s,
+                           epochs_run={f"{m.describe()}/{i.describe()}": p.epochs_run if p else None
+                                       for (m, i), p in predtop.predictors.items()},
+                           predicted_t_s=found.plan.iteration_s)
+                emit({"key": key, **row})
+        db.close()
+
+
+def _row(found: PlanSearch, t_s: float, base_s: float, profiled: int | None) -> dict[str, object]:
+    return {"plan": describe(found.plan), "measured_t_s": t_s, "vs_exhaustive": t_s / base_s - 1.0,
+            "profiled": profiled, "stage_evaluations": found.stage_evaluations}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--samplers", nargs="+", default=["covering"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--epochs", type=int, default=500)
+    parser.add_argument("--patience", type=int, default=200)
+    parser.add_argument("--fraction", type=float, default=0.3)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    done = set()
+    if args.out.exists():
+        done = {json.loads(line)["key"] for line in args.out.read_text().splitlines() if line.strip()}
+
+    def emit(row: dict[str, object]) -> None:
+        print(json.dumps({k: v for k, v in row.items() if k != "plan"}), row.get("plan", ""), flush=True)
+        with args.out.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    for name in args.cases:
+        run_case(name, args.samplers, args.seeds, args.epochs, args.patience, args.fraction, done, emit)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""PredTOP's planner sample (search.predtop.costs): the covering sampler sees every unit kind and both ends of
+the chain, the budget is what is profiled, and a predictor blind to the head (a stub) picks the wrong split where
+a covering sample gives it the head."""
+
+import random
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+import pytest
+
+from trainsim.ir.model_spec import TransformerSpec
+from trainsim.search.predtop.costs import (
+    PredTopStageCosts,
+    all_ranges,
+    covering_sample,
+    random_sample,
+    sample_budget,
+    stratum,
+)
+from trainsim.search.stage_costs import FunctionStageCosts
+from trainsim.search.stage_dp import alpa_dp
+from trainsim.strategy.stage_plan import IntraPlan, Mesh, StageEstimate, StageSpec, pipeline_time_s, unit_kind
+
+GPT_KINDS = ["embedding"] + ["block"] * 8 + ["head"]
+MOE_KINDS = ["embedding"] + ["block", "moe_block"] * 4 + ["head"]
+
+
+def test_budget_is_the_fraction_of_every_range_with_a_floor():
+    assert len(all_ranges(10)) == 55
+    # (training, validation) profiled per mesh and intra plan: 30% of the ranges and a separate 10%
+    assert sample_budget(10, 0.3) == (16, 6)  # 55 ranges: round(16.5), round(5.5)
+    assert sample_budget(18, 0.3) == (51, 17)  # 171 ranges
+    assert sample_budget(4, 0.3) == (8, 1)  # 10 ranges: the training floor
+    assert sample_budget(3, 0.3) == (6, 0)  # 6 ranges: all of them train
+
+
+@pytest.mark.parametrize("kinds", [GPT_KINDS, MOE_KINDS])
+@pytest.mark.parametrize("seed", range(20))
+def test_covering_sample_holds_every_kind_alone_and_both_ends(kinds, seed):
+    n = len(kinds)
+    sample = covering_sample(n, 16, random.Random(seed), kinds)
+    assert len(sample) == len(set(sample)) == 16
+    assert all(0 <= a < b <= n for a, b in sample)
+    lone = [a for a, b in sample[:len(set(kinds))]]
+    assert all(b == a + 1 for a, b in sample[:len(set(kinds))])
+    assert sorted({kinds[u] for u in lone}) == sorted(set(kinds))  # embedding alone, head alone, each block kind
+    strata = [stratum(r, n) for r in sample[len(set(kinds)):]]
+    # after the lone units the three strata take turns: (16 - kinds) / 3 each, give or take one
+    for name in ("head", "embedding", "interior"):
+        assert strata.count(name) >= (16 - len(set(kinds))) // 3
+    assert {b - a for a, b in sample} != {1}  # sizes vary
+
+
+def test_covering_sample_exact_small_case():
+    # 4 units [emb, block, block, head], 6 stages: (0,1), a lone block, (3,4); then a head-side, an
+    # embedding-side and an interior range.
+    kinds = ["embedding", "block", "block", "head"]
+    sample = covering_sample(4, 6, random.Random(0), kinds)
+    assert sample[0] == (0, 1) and sample[1] in [(1, 2), (2, 3)] and sample[2] == (3, 4)
+    assert [stratum(r, 4) for r in sample[3:]] == ["head", "embedding", "interior"]
+    # every range when the budget is every range
+    assert sorted(covering_sample(4, 10, random.Random(0), kinds)) == all_ranges(4)
+
+
+def test_covering_sample_refuses_a_budget_below_the_kinds():
+    with pytest.raises(ValueError, match="count=2"):
+        covering_sample(4, 2, random.Random(0), ["embedding", "block", "block", "head"])
+
+
+def test_random_sample_may_miss_the_head():
+    # the first sampler: a uniform draw of 16 of 55 ranges; some seeds hold no stage ending at the head
+    misses = [s for s in range(200) if all(b < 10 for a, b in random_sample(10, 16, random.Random(s), GPT_KINDS))]
+    assert misses  # about 1 draw in 50: C(45, 16) / C(55, 16)
+    assert not [s for s in range(200) if all(b < 10 for a, b in covering_sample(10, 16, random.Random(s),
+                                                                                  GPT_KINDS))]
+
+
+# --- a predictor blind to the head picks the wrong split ---------------------------------------------------
+
+TINY = TransformerSpec(name="tiny", arch="gpt", num_layers=4, hidden=8, ffn_hidden=32, num_heads=2, vocab=64,
+                       max_seq_len=8)
+UNIT_S = {"embedding": 1.0, "block": 10.0, "head": 40.0}  # 6 units: emb, 4 blocks, a head of 4 blocks
+ONE = Mesh(1, 1)
+B = 8
+
+
+def truth(stage: StageSpec) -> StageEstimate:
+    return StageEstimate(sum(UNIT_S[unit_kind(TINY, u)] for u in range(stage.first, stage.end)), 0.0, 0.0)
+
+
+@dataclass
+class RangeDags:
+    """The stub's 'DAG' of a stage is its unit range."""
+
+    model: TransformerSpec = TINY
+
+    def stage(self, first: int, end: int) -> tuple[int, int]:
+        return (first, end)
+
+
+@dataclass
+class KindSumPredictor:
+    """A stage's latency as the sum of per-kind unit costs fitted by least squares on the training stages; a
+    kind no training stage holds gets 0 (the minimum-norm solution): blind to it."""
+
+    cost: dict[str, float]
+    train_time_s: float = 0.0
+    epochs_run: int = 0
+
+    def predict_s(self, ranges: list[tuple[int, int]]) -> list[float]:
+        return [sum(self.cost[unit_kind(TINY, u)] for u in range(a, b)) for a, b in ranges]
+
+
+def fit_kind_sum(kind, ranges, latencies, validation, **_):
+    names = sorted(UNIT_S)
+    rows = [[sum(unit_kind(TINY, u) == k for u in range(a, b)) for k in names] for a, b in ranges]
+    solution = np.linalg.lstsq(np.array(rows, float), np.array(latencies), rcond=None)[0]
+    return KindSumPredictor(dict(zip(names, map(float, solution), strict=True)))
+
+
+def sampled(sampler: str, seed: int) -> list[StageSpec]:
+    source = PredTopStageCosts(FunctionStageCosts(truth), FunctionStageCosts(truth), RangeDags(), 6,  # type: ignore[arg-type]
+                               0.3, seed=seed, sampler=sampler)
+    return source.sample(ONE, IntraPlan())
+
+
+def plan_with(sampler: str, seed: int) -> tuple[list[tuple[int, int]], float, PredTopStageCosts]:
+    source = PredTopStageCosts(FunctionStageCosts(truth), FunctionStageCosts(truth), RangeDags(), 6,  # type: ignore[arg-type]
+                               0.3, seed=seed, sampler=sampler, trainer=cast(Any, fit_kind_sum))
+    plan = alpa_dp(source, 6, [ONE], {ONE: [IntraPlan()]}, 2, B, capacity_bytes=1.0).plan
+    measured = pipeline_time_s([truth(s).latency_s for s in plan.stages], B)
+    return [(s.first, s.end) for s in plan.stages], measured, source
+
+
+def test_a_predictor_blind_to_the_head_splits_wrong_and_a_covering_sample_fixes_it():
+    # Two stages of 1 device, B = 8, T = 81 + 7 max(t1, t2). Exhaustive: [0,5)+[5,6): 41, 40 -> T = 368.
+    exhaustive = alpa_dp(FunctionStageCosts(truth), 6, [ONE], {ONE: [IntraPlan()]}, 2, B, capacity_bytes=1.0).plan
+    assert [(s.first, s.end) for s in exhaustive.stages] == [(0, 5), (5, 6)]
+    assert exhaustive.iteration_s == pytest.approx(368.0)
+    # a random sample of 8 + 2 of the 21 ranges with no stage ending at the head (seed found, not assumed)
+    seed = next(s for s in range(5000) if all(stage.end < 6 for stage in sampled("random", s)))
+    blind, blind_t, source = plan_with("random", seed)
+    assert source.profiled_configurations == 10  # 8 training, 2 validation
+    # the head predicted free: [0,3)+[3,6) balanced at 21 / 20 predicted, 21 / 60 measured: T = 81 + 420
+    assert blind == [(0, 3), (3, 6)]
+    assert blind_t == pytest.approx(501.0)
+    covered, covered_t, source = plan_with("covering", seed)
+    assert source.profiled_configurations == 10  # the same budget
+    assert covered == [(0, 5), (5, 6)]
+    assert covered_t == pytest.approx(368.0)
+
+
+def test_validation_stages_are_the_last_drawn():
+    seen: dict[str, list] = {}
+
+    def record(kind, ranges, latencies, validation, **_):
+        seen["fit"], seen["val"] = list(ranges), list(validation[0])
+        return fit_kind_sum(kind, ranges, latencies, validation)
+
+    source = PredTopStageCosts(FunctionStageCosts(truth), FunctionStageCosts(truth), RangeDags(), 6, 0.3,  # type: ignore[arg-type]
+                               seed=0, trainer=cast(Any, record))
+    source.estimate(StageSpec(0, 6, ONE, IntraPlan()))
+    drawn = [(s.first, s.end) for s in source.sample(ONE, IntraPlan())]
+    assert seen["fit"] + seen["val"] == drawn and len(seen["val"]) == 2  # round(0.1 x 21)
+    assert {(0, 1), (5, 6)} <= set(seen["fit"])  # the lone embedding and head train
+
+
+def test_unknown_sampler_is_refused():
+    with pytest.raises(ValueError, match="sampler='every'"):
+        PredTopStageCosts(FunctionStageCosts(truth), FunctionStageCosts(truth), RangeDags(), 6, 0.3,  # type: ignore[arg-type]
+                          sampler="every")
+
+
+def test_every_range_sampled_still_keeps_one_validation_stage():
+    seen: dict[str, list] = {}
+
+    def record(kind, ranges, latencies, validation, **_):
+        seen["fit"], seen["val"] = list(ranges), list(validation[0])
+        return fit_kind_sum(kind, ranges, latencies, validation)
+
+    source = PredTopStageCosts(FunctionStageCosts(truth), FunctionStageCosts(truth), RangeDags(), 6, 1.0,  # type: ignore[arg-type]
+                               trainer=cast(Any, record))
+    source.estimate(StageSpec(0, 6, ONE, IntraPlan()))
+    assert source.profiled_configurations == 21 and len(seen["fit"]) == 20 and len(seen["val"]) == 1

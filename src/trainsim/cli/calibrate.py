@@ -22,6 +22,7 @@ from trainsim.errors import ConfigError
 if TYPE_CHECKING:  # NB: the fitting code loads when the command runs, not when help lists the commands
     from trainsim.calibrate.fit import FitProgress
 
+MAX_WORKERS = 64  # processes for the cross-validation splits (there are about a dozen splits)
 RUNS_HELP = ("measured runs in the schema of runs.csv (the package's measurements/README.md); repeat for several "
              "files (default: the package's runs.csv and runs_multinode.csv)")
 
@@ -47,22 +48,32 @@ def calibrate(
                                        "warm splits can be optimistic: README, Validation)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the cross-validation as one JSON object")] = False,
     report: Annotated[Path | None, typer.Option(help="also write the cross-validation report (JSON) here")] = None,
+    start: Annotated[Path | None, typer.Option(help="an earlier fit (a calibration YAML) to start the run-level "
+                                               "fit from: the same fit, sooner")] = None,
+    workers: Annotated[int, typer.Option(help="cross-validation splits fitted at once, one process each")] = 1,
 ) -> None:
     """Fit GEMM efficiency, collective alpha-beta and framework parameters on measured data."""
     from trainsim.calibrate import fit
 
     if folds < 2:
         raise ConfigError("folds", folds, "must be 2 or more")
+    if not 1 <= workers <= MAX_WORKERS:
+        raise ConfigError("workers", workers, f"must be 1 to {MAX_WORKERS}")
+    from trainsim.catalog.calibration import read_calibration
+
+    start_cal = read_calibration(start) if start is not None else None
     data_dir = data if data is not None else MEASUREMENTS_DIR
     fit.check_data_dir(data_dir)
     if cross_validate:
         with _progress() as hooks:
-            summary = fit.cross_validate(data_dir, runs, folds=folds, cold=cold, progress=hooks)
+            summary = fit.cross_validate(data_dir, runs, folds=folds, cold=cold, progress=hooks, start=start_cal,
+                                         workers=workers)
         _show(summary, report, as_json)
         return
     target = _target(output, update_package)
     with _progress() as hooks:
-        fitted = fit.calibrate(data_dir, runs, sim=sim, bands=bands, folds=folds, cold=cold, progress=hooks)
+        fitted = fit.calibrate(data_dir, runs, sim=sim, bands=bands, folds=folds, cold=cold, progress=hooks,
+                               start=start_cal, workers=workers)
     fit.write_calibration(fitted.calibration, target)
     figures = fitted.calibration.fit_report
     held = f", held-out {figures['held_out_mape_pct']:.2f}%" if "held_out_mape_pct" in figures else ""

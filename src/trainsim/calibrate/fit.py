@@ -105,13 +105,14 @@ class Fitted:
 
 def calibrate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path] | None = None, *, sim: bool = True,
               bands: bool = True, folds: int = 5, cold: bool = False, progress: FitProgress | None = None,
-              start: Calibration | None = None, workers: int = 1) -> Fitted:
+              start: Calibration | None = None, workers: int = 1, tolerance: float = 1e-8) -> Fitted:
     """Microbenchmark fits, then the run-level fit through the analytical engine, then (bands=True) the
     cross-validation whose held-out errors give the uncertainty bands (each split's fit from the run-level fit's
     parameters; cold=True: from the priors), then (sim=True) the simulator's runtime behaviours through the
     simulator. runs_files: default the package's runs (DEFAULT_RUNS_FILES). start: an earlier fit whose
     parameters the run-level fit starts from (to the same tolerance: it ends where a fit from the priors would,
-    sooner). workers: cross-validation splits fitted at once, each in a process of its own."""
+    sooner). workers: processes for the run-level fit's Jacobian columns, then for the cross-validation splits
+    (each split's fit in a process of its own). tolerance: the run-level fit's (runs.fit_runtime)."""
     progress = progress or FitProgress()
     runs = list(runs_files) if runs_files is not None else default_runs_files()
     samples = read_samples(runs)  # NB: before the microbenchmark fits, so a bad runs file fails at once
@@ -119,7 +120,8 @@ def calibrate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path] | No
     plan = splits(samples, folds) if bands else []
     count = 1 + int(sim) + len(plan)
     progress.stage(f"run-level fit on {len(samples)} runs", 0, count)
-    fitted = fit_runtime(base, samples, progress=progress.evaluation, start=start)
+    fitted = fit_runtime(base, samples, progress=progress.evaluation, start=start, workers=workers,
+                         tolerance=tolerance)
     records = _held_out_all(base, plan, progress, 1, count, None if cold else fitted, workers)
     if sim:
         progress.stage("simulator runtime fit", count - 1, count)
@@ -135,7 +137,7 @@ def calibrate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path] | No
 
 def cross_validate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path] | None = None, folds: int = 5,
                    cold: bool = False, progress: FitProgress | None = None, start: Calibration | None = None,
-                   workers: int = 1) -> dict[str, object]:
+                   workers: int = 1, tolerance: float = 1e-8) -> dict[str, object]:
     """Held-out iteration-time MAPE per scheme and source (k-fold, leave-one-source-out, scale extrapolation),
     the bands they give and the bands' coverage (crossval.summary). Each split's fit starts from the fit on all
     runs (cold=True: from the priors, and no fit on all runs); start and workers as in calibrate."""
@@ -146,7 +148,8 @@ def cross_validate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path]
     start = None
     if not cold:
         progress.stage(f"run-level fit on {len(samples)} runs (the splits' start)", 0, len(plan) + 1)
-        start = fit_runtime(base, samples, progress=progress.evaluation, start=start)
+        start = fit_runtime(base, samples, progress=progress.evaluation, start=start, workers=workers,
+                         tolerance=tolerance)
     else:
         start = None
     first = 0 if cold else 1

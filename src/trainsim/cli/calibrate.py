@@ -5,6 +5,7 @@ A user fit (`--runs MY.csv --output MY.yaml`) goes where --output says; the pack
 """
 
 import json
+import math
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,13 +51,18 @@ def calibrate(
     report: Annotated[Path | None, typer.Option(help="also write the cross-validation report (JSON) here")] = None,
     start: Annotated[Path | None, typer.Option(help="an earlier fit (a calibration YAML) to start the run-level "
                                                "fit from: the same fit, sooner")] = None,
-    workers: Annotated[int, typer.Option(help="cross-validation splits fitted at once, one process each")] = 1,
+    tolerance: Annotated[float, typer.Option(help="the run-level fit stops when an iteration changes its cost, "
+                                             "parameters or gradient by less than this (relative)")] = 1e-8,
+    workers: Annotated[int, typer.Option(help="processes: the fit's finite differences side by side, then the "
+                                         "cross-validation splits (one process each)")] = 1,
 ) -> None:
     """Fit GEMM efficiency, collective alpha-beta and framework parameters on measured data."""
     from trainsim.calibrate import fit
 
     if folds < 2:
         raise ConfigError("folds", folds, "must be 2 or more")
+    if not (math.isfinite(tolerance) and 1e-12 <= tolerance <= 1e-2):
+        raise ConfigError("tolerance", tolerance, "must be between 1e-12 and 0.01")
     if not 1 <= workers <= MAX_WORKERS:
         raise ConfigError("workers", workers, f"must be 1 to {MAX_WORKERS}")
     from trainsim.catalog.calibration import read_calibration
@@ -67,13 +73,13 @@ def calibrate(
     if cross_validate:
         with _progress() as hooks:
             summary = fit.cross_validate(data_dir, runs, folds=folds, cold=cold, progress=hooks, start=start_cal,
-                                         workers=workers)
+                                         workers=workers, tolerance=tolerance)
         _show(summary, report, as_json)
         return
     target = _target(output, update_package)
     with _progress() as hooks:
         fitted = fit.calibrate(data_dir, runs, sim=sim, bands=bands, folds=folds, cold=cold, progress=hooks,
-                               start=start_cal, workers=workers)
+                               start=start_cal, workers=workers, tolerance=tolerance)
     fit.write_calibration(fitted.calibration, target)
     figures = fitted.calibration.fit_report
     held = f", held-out {figures['held_out_mape_pct']:.2f}%" if "held_out_mape_pct" in figures else ""

@@ -51,8 +51,10 @@ def calibrate(
     report: Annotated[Path | None, typer.Option(help="also write the cross-validation report (JSON) here")] = None,
     start: Annotated[Path | None, typer.Option(help="an earlier fit (a calibration YAML) to start the run-level "
                                                "fit from: the same fit, sooner")] = None,
-    tolerance: Annotated[float, typer.Option(help="the run-level fit stops when an iteration changes its cost, "
-                                             "parameters or gradient by less than this (relative)")] = 1e-8,
+    tolerance: Annotated[float | None, typer.Option(help="the run-level fit and each cross-validation split stop "
+                                                    "when an iteration changes the cost, parameters or gradient "
+                                                    "by less than this, relative (default: 1e-8 for the fit, "
+                                                    "0.1% for the warm splits)")] = None,
     workers: Annotated[int, typer.Option(help="processes: the fit's finite differences side by side, then the "
                                          "cross-validation splits (one process each)")] = 1,
 ) -> None:
@@ -61,7 +63,7 @@ def calibrate(
 
     if folds < 2:
         raise ConfigError("folds", folds, "must be 2 or more")
-    if not (math.isfinite(tolerance) and 1e-12 <= tolerance <= 1e-2):
+    if tolerance is not None and not (math.isfinite(tolerance) and 1e-12 <= tolerance <= 1e-2):
         raise ConfigError("tolerance", tolerance, "must be between 1e-12 and 0.01")
     if not 1 <= workers <= MAX_WORKERS:
         raise ConfigError("workers", workers, f"must be 1 to {MAX_WORKERS}")

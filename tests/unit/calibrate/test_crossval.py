@@ -124,7 +124,8 @@ def test_package_fit_has_bands_over_its_runs() -> None:
 
 
 
-def _fake_held_out(base: object, split: object, progress: object = None, start: object = None) -> list[HeldOut]:
+def _fake_held_out(base: object, split: object, progress: object = None, start: object = None,
+                   tolerance: object = None) -> list[HeldOut]:
     """A stand-in for a split's fit: one record per test run, its error a function of the run (no fitting)."""
     return [HeldOut(split.scheme, split.name, s.run_id, s.source, s.job.num_gpus,  # type: ignore[attr-defined]
                     0.001 * len(s.run_id), "known-stack/inside-scale") for s in split.test]  # type: ignore[attr-defined]

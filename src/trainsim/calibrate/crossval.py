@@ -105,10 +105,9 @@ def held_out(base: Calibration, split: Split, progress: Callable[[], None] | Non
     """Fit on the split's training runs (from `start`'s parameters, else from the priors), predict its test runs,
     and group each prediction. tolerance: the split's fit's (default: WARM_TOLERANCE from a start, the full
     fit's from the priors)."""
-    if start is None and tolerance is None:
-        fitted = fit_runtime(base, split.train, progress=progress)
-    elif start is None:
-        fitted = fit_runtime(base, split.train, progress=progress, tolerance=tolerance)
+    if start is None:
+        fitted = (fit_runtime(base, split.train, progress=progress) if tolerance is None else
+                  fit_runtime(base, split.train, progress=progress, tolerance=tolerance))
     else:
         fitted = fit_runtime(base, split.train, progress=progress, start=start,
                              tolerance=WARM_TOLERANCE if tolerance is None else tolerance)

@@ -101,13 +101,16 @@ def splits(samples: Sequence[FitSample], folds: int = 5, seed: int = 0) -> list[
 
 
 def held_out(base: Calibration, split: Split, progress: Callable[[], None] | None = None,
-             start: Calibration | None = None) -> list[HeldOut]:
+             start: Calibration | None = None, tolerance: float | None = None) -> list[HeldOut]:
     """Fit on the split's training runs (from `start`'s parameters, else from the priors), predict its test runs,
-    and group each prediction."""
+    and group each prediction. tolerance: the split's fit's (default: WARM_TOLERANCE from a start, the full
+    fit's from the priors)."""
     if start is None:
-        fitted = fit_runtime(base, split.train, progress=progress)
+        fitted = (fit_runtime(base, split.train, progress=progress) if tolerance is None else
+                  fit_runtime(base, split.train, progress=progress, tolerance=tolerance))
     else:
-        fitted = fit_runtime(base, split.train, progress=progress, start=start, tolerance=WARM_TOLERANCE)
+        fitted = fit_runtime(base, split.train, progress=progress, start=start,
+                             tolerance=WARM_TOLERANCE if tolerance is None else tolerance)
     errors = log_errors(fitted, split.test, GraphCache())
     stacks = {stack_key(s) for s in split.train}
     gpus = [s.job.num_gpus for s in split.train]

@@ -69,6 +69,9 @@ class FitProgress:
     evaluation: Callable[[], None] = field(default=lambda: None)
 
 
+FULL_TOLERANCE = 1e-8  # the run-level fit's, unless --tolerance says otherwise (runs.fit_runtime's default)
+
+
 def fit_micro(data_dir: Path) -> Calibration:
     check_data_dir(data_dir)
     max_eff = fit_matmul_max_efficiency(data_dir / "gemm.csv")
@@ -104,11 +107,16 @@ class Fitted:
 
 
 def calibrate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path] | None = None, *, sim: bool = True,
-              bands: bool = True, folds: int = 5, cold: bool = False, progress: FitProgress | None = None) -> Fitted:
+              bands: bool = True, folds: int = 5, cold: bool = False, progress: FitProgress | None = None,
+              start: Calibration | None = None, workers: int = 1, tolerance: float | None = None) -> Fitted:
     """Microbenchmark fits, then the run-level fit through the analytical engine, then (bands=True) the
     cross-validation whose held-out errors give the uncertainty bands (each split's fit from the run-level fit's
     parameters; cold=True: from the priors), then (sim=True) the simulator's runtime behaviours through the
-    simulator. runs_files: default the package's runs (DEFAULT_RUNS_FILES)."""
+    simulator. runs_files: default the package's runs (DEFAULT_RUNS_FILES). start: an earlier fit whose
+    parameters the run-level fit starts from (to the same tolerance: it ends where a fit from the priors would,
+    sooner). workers: processes for the run-level fit's Jacobian columns, then for the cross-validation splits
+    (each split's fit in a process of its own). tolerance: the run-level fit's and each split's (default: the
+    full fit's 1e-8 and crossval.WARM_TOLERANCE)."""
     progress = progress or FitProgress()
     runs = list(runs_files) if runs_files is not None else default_runs_files()
     samples = read_samples(runs)  # NB: before the microbenchmark fits, so a bad runs file fails at once
@@ -116,8 +124,9 @@ def calibrate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path] | No
     plan = splits(samples, folds) if bands else []
     count = 1 + int(sim) + len(plan)
     progress.stage(f"run-level fit on {len(samples)} runs", 0, count)
-    fitted = fit_runtime(base, samples, progress=progress.evaluation)
-    records = _held_out_all(base, plan, progress, 1, count, None if cold else fitted)
+    fitted = fit_runtime(base, samples, progress=progress.evaluation, start=start, workers=workers,
+                         tolerance=FULL_TOLERANCE if tolerance is None else tolerance)
+    records = _held_out_all(base, plan, progress, 1, count, None if cold else fitted, workers, tolerance)
     if sim:
         progress.stage("simulator runtime fit", count - 1, count)
         fitted = fitted.model_copy(update={"sim_runtime": fit_sim_runtime(fitted, samples, progress.evaluation)})
@@ -131,10 +140,11 @@ def calibrate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path] | No
 
 
 def cross_validate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path] | None = None, folds: int = 5,
-                   cold: bool = False, progress: FitProgress | None = None) -> dict[str, object]:
+                   cold: bool = False, progress: FitProgress | None = None, start: Calibration | None = None,
+                   workers: int = 1, tolerance: float | None = None) -> dict[str, object]:
     """Held-out iteration-time MAPE per scheme and source (k-fold, leave-one-source-out, scale extrapolation),
     the bands they give and the bands' coverage (crossval.summary). Each split's fit starts from the fit on all
-    runs (cold=True: from the priors, and no fit on all runs)."""
+    runs (cold=True: from the priors, and no fit on all runs); start and workers as in calibrate."""
     progress = progress or FitProgress()
     samples = read_samples(list(runs_files) if runs_files is not None else default_runs_files())
     base = fit_micro(data_dir)
@@ -142,18 +152,43 @@ def cross_validate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path]
     start = None
     if not cold:
         progress.stage(f"run-level fit on {len(samples)} runs (the splits' start)", 0, len(plan) + 1)
-        start = fit_runtime(base, samples, progress=progress.evaluation)
+        start = fit_runtime(base, samples, progress=progress.evaluation, start=start, workers=workers,
+                         tolerance=FULL_TOLERANCE if tolerance is None else tolerance)
+    else:
+        start = None
     first = 0 if cold else 1
-    return summary(_held_out_all(base, plan, progress, first, len(plan) + first, start), samples)
+    return summary(_held_out_all(base, plan, progress, first, len(plan) + first, start, workers, tolerance),
+                   samples)
 
 
 def _held_out_all(base: Calibration, plan: Sequence[Split], progress: FitProgress, first: int, count: int,
-                  start: Calibration | None) -> list[HeldOut]:
+                  start: Calibration | None, workers: int = 1, tolerance: float | None = None) -> list[HeldOut]:
+    if workers > 1 and len(plan) > 1:
+        return _held_out_parallel(base, plan, progress, first, count, start, workers, tolerance)
     records: list[HeldOut] = []
     for index, split in enumerate(plan, start=first):
         progress.stage(f"cross-validation: {split.scheme}, {split.name}", index, count)
-        records += held_out(base, split, progress.evaluation, start)
+        records += held_out(base, split, progress.evaluation, start, tolerance)
     return records
+
+
+def _held_out_parallel(base: Calibration, plan: Sequence[Split], progress: FitProgress, first: int, count: int,
+                       start: Calibration | None, workers: int, tolerance: float | None) -> list[HeldOut]:
+    """The splits in `workers` processes; records in the plan's order, whatever order they finish in."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    results: dict[int, list[HeldOut]] = {}
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+    with ProcessPoolExecutor(max_workers=min(workers, len(plan)), mp_context=context) as pool:
+        futures = {pool.submit(held_out, base, split, None, start, tolerance): index
+                   for index, split in enumerate(plan)}
+        for done, future in enumerate(as_completed(futures), start=first):
+            index = futures[future]
+            results[index] = future.result()
+            split = plan[index]
+            progress.stage(f"cross-validation: {split.scheme}, {split.name} done", done, count)
+    return [record for index in range(len(plan)) for record in results[index]]
 
 
 def _source_text(data_dir: Path, runs: Sequence[Path]) -> str:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trainsim.calibrate.jacobian import ParallelJacobian, can_fork
 from trainsim.catalog.calibration import Calibration, ComputeParams, RuntimeParams
 from trainsim.cost.pricing import Pricer
 from trainsim.estimate.analytical import AnalyticalEstimator
@@ -73,6 +74,7 @@ def fit_samples(rows: Sequence[RunRow]) -> list[FitSample]:
 GENERATION_PRIOR_WEIGHT = 0.1  # pulls each generation's factor towards the shared one (log space)
 SOURCE_WEIGHT_POWER = 0.9  # a row weighs 1 / sqrt(rows of its source) ** this power
 MAX_EVALUATIONS = 200  # least-squares function evaluations (each predicts every run once)
+DIFF_STEP = 1e-3  # the finite differences' relative step
 
 
 def generations_of(samples: Sequence[FitSample], base: Calibration) -> list[str]:
@@ -110,11 +112,12 @@ def _start(param: Parameter, base: Calibration) -> float:
 
 
 def fit_runtime(base: Calibration, samples: Sequence[FitSample], progress: Callable[[], None] | None = None,
-                start: Calibration | None = None, tolerance: float = 1e-8) -> Calibration:
+                start: Calibration | None = None, tolerance: float = 1e-8, workers: int = 1) -> Calibration:
     """progress: called once per evaluation of the residuals (each predicts every sample once). start: a fit to
     start from (its values of the fitted parameters, within their bounds) instead of the priors. tolerance:
     least squares stops when an iteration changes the cost, the parameters or the gradient by less than this
-    (relative; scipy's ftol, xtol, gtol)."""
+    (relative; scipy's ftol, xtol, gtol). workers: processes for the Jacobian's columns (calibrate.jacobian;
+    1: scipy's own finite differences, the same steps)."""
     from scipy.optimize import least_squares
 
     counts: dict[str, int] = {}
@@ -143,8 +146,13 @@ def fit_runtime(base: Calibration, samples: Sequence[FitSample], progress: Calla
         prior = GENERATION_PRIOR_WEIGHT * theta[len(PARAMETERS):]
         return np.concatenate([weights * log_errors(cal, samples, graphs), prior])
 
-    fit = least_squares(residuals, x0=x0, bounds=(low, high), loss="soft_l1", f_scale=0.1, diff_step=1e-3,
-                        max_nfev=MAX_EVALUATIONS, ftol=tolerance, xtol=tolerance, gtol=tolerance)
+    options = {"bounds": (low, high), "loss": "soft_l1", "f_scale": 0.1, "max_nfev": MAX_EVALUATIONS,
+               "ftol": tolerance, "xtol": tolerance, "gtol": tolerance}
+    if workers <= 1 or not can_fork():
+        fit = least_squares(residuals, x0=x0, diff_step=DIFF_STEP, **options)
+        return calibration_with(base, fit.x, generations)
+    with ParallelJacobian(residuals, (low, high), DIFF_STEP, workers, progress) as jacobian:
+        fit = least_squares(jacobian.value, x0=x0, jac=jacobian, **options)  # pyright: ignore[reportArgumentType]
     return calibration_with(base, fit.x, generations)
 
 

@@ -5,6 +5,7 @@ A user fit (`--runs MY.csv --output MY.yaml`) goes where --output says; the pack
 """
 
 import json
+import math
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +23,7 @@ from trainsim.errors import ConfigError
 if TYPE_CHECKING:  # NB: the fitting code loads when the command runs, not when help lists the commands
     from trainsim.calibrate.fit import FitProgress
 
+MAX_WORKERS = 64  # processes for the cross-validation splits (there are about a dozen splits)
 RUNS_HELP = ("measured runs in the schema of runs.csv (the package's measurements/README.md); repeat for several "
              "files (default: the package's runs.csv and runs_multinode.csv)")
 
@@ -47,22 +49,39 @@ def calibrate(
                                        "warm splits can be optimistic: README, Validation)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the cross-validation as one JSON object")] = False,
     report: Annotated[Path | None, typer.Option(help="also write the cross-validation report (JSON) here")] = None,
+    start: Annotated[Path | None, typer.Option(help="an earlier fit (a calibration YAML) to start the run-level "
+                                               "fit from: the same fit, sooner")] = None,
+    tolerance: Annotated[float | None, typer.Option(help="the run-level fit and each cross-validation split stop "
+                                                    "when an iteration changes the cost, parameters or gradient "
+                                                    "by less than this, relative (default: 1e-8 for the fit, "
+                                                    "0.1% for the warm splits)")] = None,
+    workers: Annotated[int, typer.Option(help="processes: the fit's finite differences side by side, then the "
+                                         "cross-validation splits (one process each)")] = 1,
 ) -> None:
     """Fit GEMM efficiency, collective alpha-beta and framework parameters on measured data."""
     from trainsim.calibrate import fit
 
     if folds < 2:
         raise ConfigError("folds", folds, "must be 2 or more")
+    if tolerance is not None and not (math.isfinite(tolerance) and 1e-12 <= tolerance <= 1e-2):
+        raise ConfigError("tolerance", tolerance, "must be between 1e-12 and 0.01")
+    if not 1 <= workers <= MAX_WORKERS:
+        raise ConfigError("workers", workers, f"must be 1 to {MAX_WORKERS}")
+    from trainsim.catalog.calibration import read_calibration
+
+    start_cal = read_calibration(start) if start is not None else None
     data_dir = data if data is not None else MEASUREMENTS_DIR
     fit.check_data_dir(data_dir)
     if cross_validate:
         with _progress() as hooks:
-            summary = fit.cross_validate(data_dir, runs, folds=folds, cold=cold, progress=hooks)
+            summary = fit.cross_validate(data_dir, runs, folds=folds, cold=cold, progress=hooks, start=start_cal,
+                                         workers=workers, tolerance=tolerance)
         _show(summary, report, as_json)
         return
     target = _target(output, update_package)
     with _progress() as hooks:
-        fitted = fit.calibrate(data_dir, runs, sim=sim, bands=bands, folds=folds, cold=cold, progress=hooks)
+        fitted = fit.calibrate(data_dir, runs, sim=sim, bands=bands, folds=folds, cold=cold, progress=hooks,
+                               start=start_cal, workers=workers, tolerance=tolerance)
     fit.write_calibration(fitted.calibration, target)
     figures = fitted.calibration.fit_report
     held = f", held-out {figures['held_out_mape_pct']:.2f}%" if "held_out_mape_pct" in figures else ""

@@ -122,3 +122,22 @@ def test_package_fit_has_bands_over_its_runs() -> None:
         assert ratios.low_ratio < 1.0 < ratios.high_ratio
         assert ratios.residuals >= MIN_GROUP_RESIDUALS
 
+
+
+def _fake_held_out(base: object, split: object, progress: object = None, start: object = None,
+                   tolerance: object = None) -> list[HeldOut]:
+    """A stand-in for a split's fit: one record per test run, its error a function of the run (no fitting)."""
+    return [HeldOut(split.scheme, split.name, s.run_id, s.source, s.job.num_gpus,  # type: ignore[attr-defined]
+                    0.001 * len(s.run_id), "known-stack/inside-scale") for s in split.test]  # type: ignore[attr-defined]
+
+
+def test_splits_in_worker_processes_give_the_serial_records_in_order(samples: list[FitSample],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainsim.calibrate import fit
+
+    monkeypatch.setattr(fit, "held_out", _fake_held_out)
+    plan = splits(samples, 3)
+    serial = fit._held_out_all(None, plan, fit.FitProgress(), 0, len(plan), None)  # type: ignore[arg-type]
+    parallel = fit._held_out_all(None, plan, fit.FitProgress(), 0, len(plan), None, workers=2)  # type: ignore[arg-type]
+    assert len(serial) > len(plan)
+    assert parallel == serial

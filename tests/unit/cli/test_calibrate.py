@@ -185,6 +185,9 @@ def test_never_overwrites_the_package_fit(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("args", "fragments"), [
     (["--folds", "1"], ("folds=1", "2 or more")),
+    (["--workers", "0"], ("workers=0", "1 to 64")),
+    (["--tolerance", "nan"], ("tolerance=nan", "between 1e-12 and 0.01")),
+    (["--start", "MISSING"], ("does not exist",)),
     (["--data", "EMPTY"], ("lacks gemm.csv, collectives.csv",)),
     (["--runs", "MISSING"], ("cannot read",)),
     (["--runs", "NO_COLUMNS"], ("lacks the columns",)),

@@ -11,8 +11,9 @@ SDPA with one backend forced. Each case: warm-up, then the median of the timed r
 
 import argparse
 import json
-import statistics
 from pathlib import Path
+
+from attention_kernels import timed_ms  # scripts/gpu/attention_kernels.py: warm-up, then the median
 
 SHAPES = ((2048, 16, 2048, 8), (4096, 32, 2048, 4), (4096, 32, 8192, 1), (2560, 20, 2048, 8))
 
@@ -55,19 +56,8 @@ def block_case(hidden: int, heads: int, seq: int, batch: int, copies: bool, back
         y = h + fc2(F.gelu(fc1(norm2(h))))
         y.backward(grad)
 
-    for _ in range(warmup):
-        step()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
     return {"hidden": hidden, "heads": heads, "seq": seq, "batch": batch, "copies": copies,
-            "backend": backend_name, "ms": statistics.median(times)}
+            "backend": backend_name, "ms": timed_ms(step, warmup, repeats)}
 
 
 def main() -> None:

@@ -144,21 +144,19 @@ def cross_validate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path]
                    workers: int = 1, tolerance: float | None = None) -> dict[str, object]:
     """Held-out iteration-time MAPE per scheme and source (k-fold, leave-one-source-out, scale extrapolation),
     the bands they give and the bands' coverage (crossval.summary). Each split's fit starts from the fit on all
-    runs (cold=True: from the priors, and no fit on all runs); start and workers as in calibrate."""
+    runs (cold=True: from the priors, and no fit on all runs); start, workers and tolerance as in calibrate."""
     progress = progress or FitProgress()
     samples = read_samples(list(runs_files) if runs_files is not None else default_runs_files())
     base = fit_micro(data_dir)
     plan = splits(samples, folds)
-    start = None
+    splits_start = None  # the fit on all runs that every split starts from (none when cold)
     if not cold:
         progress.stage(f"run-level fit on {len(samples)} runs (the splits' start)", 0, len(plan) + 1)
-        start = fit_runtime(base, samples, progress=progress.evaluation, start=start, workers=workers,
-                         tolerance=FULL_TOLERANCE if tolerance is None else tolerance)
-    else:
-        start = None
+        splits_start = fit_runtime(base, samples, progress=progress.evaluation, start=start, workers=workers,
+                                   tolerance=FULL_TOLERANCE if tolerance is None else tolerance)
     first = 0 if cold else 1
-    return summary(_held_out_all(base, plan, progress, first, len(plan) + first, start, workers, tolerance),
-                   samples)
+    records = _held_out_all(base, plan, progress, first, len(plan) + first, splits_start, workers, tolerance)
+    return summary(records, samples)
 
 
 def _held_out_all(base: Calibration, plan: Sequence[Split], progress: FitProgress, first: int, count: int,

@@ -141,3 +141,25 @@ def test_splits_in_worker_processes_give_the_serial_records_in_order(samples: li
     parallel = fit._held_out_all(None, plan, fit.FitProgress(), 0, len(plan), None, workers=2)  # type: ignore[arg-type]
     assert len(serial) > len(plan)
     assert parallel == serial
+
+
+def test_cross_validate_starts_its_fit_on_all_runs_from_the_given_fit(samples: list[FitSample],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """--cross-validate --start FIT --tolerance T: the fit on all runs (the splits' start) starts from FIT to T."""
+    from trainsim.calibrate import fit
+    from trainsim.catalog.calibration import Calibration
+
+    seen: list[tuple[object, float]] = []
+    marker = Calibration(source="marker")
+
+    def fake_fit(base: object, runs: object, progress: object = None, start: object = None, workers: int = 1,
+                 tolerance: float = 1e-8) -> Calibration:
+        seen.append((start, tolerance))
+        return Calibration(source="all runs")
+
+    monkeypatch.setattr(fit, "read_samples", lambda files: samples)
+    monkeypatch.setattr(fit, "fit_micro", lambda data_dir: Calibration())
+    monkeypatch.setattr(fit, "fit_runtime", fake_fit)
+    monkeypatch.setattr(fit, "held_out", _fake_held_out)
+    fit.cross_validate(start=marker, tolerance=1e-4)
+    assert seen == [(marker, 1e-4)]

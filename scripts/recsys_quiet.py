@@ -49,13 +49,18 @@ def order() -> list[tuple[str, int]]:
     return out
 
 
+def _done(path: Path, key: tuple[str, ...]) -> tuple[set[tuple[str, ...]], bool]:
+    """The keys of the rows a resumed campaign already has in `path`, and whether the file is new."""
+    if not path.exists():
+        return set(), True
+    with path.open(newline="") as handle:
+        return {tuple(row[k] for k in key) for row in csv.DictReader(handle)}, False
+
+
 def measure(budget_s: float, rank_counts: tuple[int, ...]) -> None:
     path, traces_path = OUT / f"e2e_{SET}.csv", OUT / f"e2e_{SET}_traces.jsonl"
-    seen = set()
-    if path.exists():
-        seen = {(r["ranks"], r["task"], r["local_batch"]) for r in csv.DictReader(path.open())}
+    seen, new_file = _done(path, ("ranks", "task", "local_batch"))
     began = time.monotonic()
-    new_file = not path.exists()
     with path.open("a", newline="") as f, traces_path.open("a") as traces:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         if new_file:
@@ -95,11 +100,8 @@ def measure_sharding(budget_s: float, ranks: int = 2, batch: int = 128) -> None:
     from trainsim.embedding.sharders import SHARDERS
 
     path, traces_path = OUT / f"sharding_{SET}.csv", OUT / f"sharding_{SET}_traces.jsonl"
-    seen = set()
-    if path.exists():
-        seen = {(r["ranks"], r["task"]) for r in csv.DictReader(path.open())}
+    seen, new_file = _done(path, ("ranks", "task"))
     began = time.monotonic()
-    new_file = not path.exists()
     with path.open("a", newline="") as f, traces_path.open("a") as traces:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         if new_file:

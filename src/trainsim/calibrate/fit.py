@@ -20,6 +20,7 @@ import numpy as np
 import yaml
 
 from trainsim.calibrate.crossval import HeldOut, Split, held_out, splits, summary, uncertainty_of
+from trainsim.calibrate.jacobian import can_fork
 from trainsim.calibrate.microbenchmarks import (
     fit_collectives,
     fit_matmul_curve,
@@ -177,7 +178,7 @@ def _held_out_parallel(base: Calibration, plan: Sequence[Split], progress: FitPr
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     results: dict[int, list[HeldOut]] = {}
-    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+    context = multiprocessing.get_context("fork" if can_fork() else None)
     with ProcessPoolExecutor(max_workers=min(workers, len(plan)), mp_context=context) as pool:
         futures = {pool.submit(held_out, base, split, None, start, tolerance): index
                    for index, split in enumerate(plan)}

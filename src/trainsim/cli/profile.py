@@ -254,12 +254,14 @@ def _profile_overlap(model: str, micro_batch: int, seq_len: int, world_size: int
              "repeats": repeats, "backend": "gloo", "model": spec.name, "micro_batch": micro_batch,
              "seq_len": seq_len}
     store_overlap_factor(entry, path or OVERLAP_PATH)
-    if as_json:
-        typer.echo(json.dumps(entry, indent=1))
-    else:
-        typer.echo(f"gamma {entry['gamma']:.4f} for {entry['family']} on {entry['device']}: backward "
-                   f"{result.plain_backward_s:.4f} s plain, {result.overlapped_backward_s:.4f} s overlapped "
-                   f"(median of {repeats}, slowest of {world_size} ranks); stored in {path or OVERLAP_PATH}")
+    _show_entry(entry, as_json, f"gamma {entry['gamma']:.4f} for {entry['family']} on {entry['device']}: backward "
+                f"{result.plain_backward_s:.4f} s plain, {result.overlapped_backward_s:.4f} s overlapped "
+                f"(median of {repeats}, slowest of {world_size} ranks); stored in {path or OVERLAP_PATH}")
+
+
+def _show_entry(entry: dict[str, object], as_json: bool, text: str) -> None:
+    """A stored measurement as JSON, or its one line of text."""
+    typer.echo(json.dumps(entry, indent=1) if as_json else text)
 
 
 def _profile_runtime_memory(world_size: int, timeout_s: float, device_name: str | None, path: Path | None,
@@ -277,12 +279,9 @@ def _profile_runtime_memory(world_size: int, timeout_s: float, device_name: str 
              "world_size": result.world_size, "iterations": result.iterations, "backend": "gloo",
              "harness": "trainsim measure --tree (split executor), memory cap sampling"}
     store_runtime_memory(entry, path or RUNTIME_MEMORY_PATH)
-    if as_json:
-        typer.echo(json.dumps(entry, indent=1))
-    else:
-        typer.echo(f"{entry['device']}: {result.baseline_bytes / 2**20:.0f} MiB resident after torch and gloo, "
-                   f"{result.runtime_bytes / 2**20:.0f} MiB more while a negligible model trains (largest of "
-                   f"{world_size} ranks); stored in {path or RUNTIME_MEMORY_PATH}")
+    _show_entry(entry, as_json, f"{entry['device']}: {result.baseline_bytes / 2**20:.0f} MiB resident after torch "
+                f"and gloo, {result.runtime_bytes / 2**20:.0f} MiB more while a negligible model trains (largest "
+                f"of {world_size} ranks); stored in {path or RUNTIME_MEMORY_PATH}")
 
 
 def register(app: typer.Typer) -> None:

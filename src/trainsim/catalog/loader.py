@@ -101,6 +101,10 @@ def list_links() -> list[LinkSpec]:
     return list(_links().values())
 
 
+def cluster_names() -> list[str]:
+    return list(_cluster_entries())
+
+
 def list_clusters() -> list[ClusterSpec]:
     return [load_cluster(name) for name in _cluster_entries()]
 

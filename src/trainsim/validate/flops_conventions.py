@@ -2,8 +2,8 @@
 
 trainsim has one MFU (Result.mfu, MFU_FORMULA): the model FLOPs of the op graph / (iteration time x GPUs x dense
 peak). A source that counts model FLOPs its own way reports MFU = its FLOP count / (the same time x GPUs x peak),
-so validate converts a prediction by the ratio of the two FLOP counts, under the convention the source is stated
-to use (row_defaults.yaml, flops_convention_by_source: a data fact per source).
+so validate converts a prediction by the ratio of the two FLOP counts, under the convention the row states
+(its flops_convention cell), else its source is stated to use (row_defaults.yaml: data facts), else model FLOPs.
 """
 
 from collections.abc import Callable
@@ -14,31 +14,53 @@ from trainsim.estimate.result import Result
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job
 from trainsim.registry import Registry
+from trainsim.strategy.parallel import ParallelSpec
 
-# model, seq_len, parameter count -> model FLOPs per token (forward + backward, no recomputation)
-FlopsPerToken = Callable[[TransformerSpec, int, float], float]
+# model, plan (its sequence length and recomputation), parameter count -> the FLOPs counted per token
+FlopsPerToken = Callable[[TransformerSpec, ParallelSpec, float], float]
 FLOPS_CONVENTIONS: Registry[FlopsPerToken] = Registry("flops convention")
 
 
 @FLOPS_CONVENTIONS.register("6nd")
-def six_nd(model: TransformerSpec, seq_len: int, params: float) -> float:
+def six_nd(model: TransformerSpec, plan: ParallelSpec, params: float) -> float:
     """6 N per token: 2 FLOPs per multiply-add, forward + backward = 3 x forward, every weight once (Kaplan et
     al. 2020, "Scaling Laws for Neural Language Models", sec. 2.1)."""
     return 6.0 * params
 
 
 @FLOPS_CONVENTIONS.register("6nd+attention")
-def six_nd_attention(model: TransformerSpec, seq_len: int, params: float) -> float:
+def six_nd_attention(model: TransformerSpec, plan: ParallelSpec, params: float) -> float:
     """6 N per token for the weights plus 12 L h s per token for the attention scores and values, without causal
     masking (PaLM, Chowdhery et al. 2022, app. B); llm-foundry's MFU counts the same."""
-    return six_nd(model, seq_len, params) + 12.0 * model.num_layers * model.hidden * seq_len
+    return six_nd(model, plan, params) + 12.0 * model.num_layers * model.hidden * plan.seq_len
+
+
+@FLOPS_CONVENTIONS.register("6nd+attention+recompute")
+def hardware_flops(model: TransformerSpec, plan: ParallelSpec, params: float) -> float:
+    """FLOPs as the hardware executes them: 6nd+attention plus the forward pass that activation recomputation
+    repeats (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", sec. 5):
+    the whole forward (2 N + 4 L h s per token) under full recomputation, the attention core (4 L h s) under
+    selective recomputation."""
+    attention_forward = 4.0 * model.num_layers * model.hidden * plan.seq_len
+    repeated = {"full": 2.0 * params + attention_forward, "selective": attention_forward}.get(plan.recompute, 0.0)
+    return six_nd_attention(model, plan, params) + repeated
+
+
+@FLOPS_CONVENTIONS.register("megatron-eq3")
+def megatron_eq3(model: TransformerSpec, plan: ParallelSpec, params: float) -> float:
+    """Megatron-LM's count, eq. 3 of Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU
+    Clusters Using Megatron-LM", sec. 5.1): F = 96 B s l h^2 (1 + s / 6h + V / 16 l h) per iteration, GEMMs only,
+    the recomputed forward included whether or not the run recomputes; per token 96 l h^2 + 16 l h s + 6 h V.
+    The formula as printed (a 4h MLP and full attention), whatever the model's layout: it is the source's count."""
+    layers, hidden = model.num_layers, model.hidden
+    return 96.0 * layers * hidden**2 + 16.0 * layers * hidden * plan.seq_len + 6.0 * hidden * model.vocab
 
 
 def convention_flops(convention: str, job: Job, params: float) -> float:
     """Model FLOPs of one iteration of `job` counted under the named convention."""
     if not isinstance(job.model, TransformerSpec):
         raise TrainsimError(f"the {convention} FLOP convention counts transformers only, not {job.model.name}")
-    per_token = FLOPS_CONVENTIONS.get(convention)(job.model, job.parallel.seq_len, params)
+    per_token = FLOPS_CONVENTIONS.get(convention)(job.model, job.parallel, params)
     return per_token * job.tokens_per_iteration
 
 

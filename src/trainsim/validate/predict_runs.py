@@ -4,6 +4,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from trainsim.errors import TrainsimError
 from trainsim.estimate.engines import Estimator
 from trainsim.estimate.result import Result
 from trainsim.ir.model_spec import ModelSpec
@@ -72,9 +73,7 @@ def predict_rows(rows: Iterable[RunRow], estimator: Estimator, progress: Callabl
         predicted = None
         if skipped is None and row.metric not in METRICS:
             skipped = f"metric {row.metric!r} is not predicted"
-        convention = flops_convention_of(row.source) if row.metric in FLOP_METRICS else None
-        if skipped is None and row.metric in FLOP_METRICS and convention is None:
-            skipped = f"source {source_group(row.source)!r} has no FLOP convention in row_defaults.yaml"
+        convention = flops_convention_of(row.fields) if row.metric in FLOP_METRICS else None
         if skipped is None and run.job is not None:
             if row.run_id not in results:
                 results[row.run_id] = estimator.estimate(run.job, graphs.get(run.job))
@@ -83,7 +82,10 @@ def predict_rows(rows: Iterable[RunRow], estimator: Estimator, progress: Callabl
             if row.run_id not in params_by_run:  # every metric row of a run needs it: build the graph once
                 params_by_run[row.run_id] = estimator_params(run.job.model)
             params = params_by_run[row.run_id]
-            predicted = metric_value(row.metric, run.job, result, params, convention)
+            try:
+                predicted = metric_value(row.metric, run.job, result, params, convention)
+            except TrainsimError as exc:  # a FLOP convention that counts transformers only
+                skipped = str(exc)
         out.append(RowPrediction(row.run_id, row.source, row.metric, row.measured, predicted, estimator.name,
                                  skipped))
         if progress:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from trainsim.catalog.files import DATA_DIR, read_mapping, read_text, shown_path
-from trainsim.catalog.loader import load_cluster, load_device
+from trainsim.catalog.loader import cluster_names, load_cluster, load_device
 from trainsim.catalog.model_files import parse_model
 from trainsim.errors import ConfigError, InputFileError, TrainsimError, short_repr
 from trainsim.job import Job, make_job
@@ -138,10 +138,15 @@ def source_group(source: str) -> str:
     return source.split()[0] if source.strip() else "unknown"
 
 
-def flops_convention_of(source: str) -> str | None:
-    """The named FLOP convention (validate.flops_conventions) a source counts its MFU and TFLOP/s in; None where
-    row_defaults.yaml states none."""
-    return row_defaults()["flops_convention_by_source"].get(source_group(source))
+def flops_convention_of(fields: dict[str, str]) -> str:
+    """The named FLOP convention (validate.flops_conventions) a row counts its MFU and TFLOP/s in: the formula its
+    flops_convention cell names, else its source's (row_defaults.yaml), else the default model-FLOPs count."""
+    defaults = row_defaults()
+    by_cell = defaults["flops_convention_by_column"].get((fields.get("flops_convention") or "").strip())
+    if by_cell is not None:
+        return by_cell
+    return defaults["flops_convention_by_source"].get(source_group(fields.get("source", "")),
+                                                      defaults["flops_convention"])
 
 
 def stack_of_row(fields: dict[str, str]) -> StackSpec:
@@ -167,7 +172,7 @@ def _stack_named_in(text: str, fields: dict[str, str]) -> str | None:
 def parallel_from_row(fields: dict[str, str]) -> dict[str, Any]:
     base = row_defaults()["strategy"]
     dp = _int(fields, "dp")
-    micro = _int(fields, "micro_batch", base["micro_batch"])
+    micro = _int(fields, "micro_batch", _default_micro_batch(fields, dp, base["micro_batch"]))
     vpp = _int(fields, "vpp", base["vpp"])
     sp = _int(fields, "sp", int(base["sp"]))
     stack = stack_of_row(fields)
@@ -187,6 +192,16 @@ def parallel_from_row(fields: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def _default_micro_batch(fields: dict[str, str], dp: int, with_pipeline: int) -> int:
+    """An empty micro_batch cell: without a pipeline, the replica's whole share of the global batch in one
+    micro-batch (DeepSpeed's rule when only the global batch is given: deepspeed/runtime/config.py
+    _set_batch_related_parameters, gradient_accumulation_steps = 1, deepspeed 0.12.6); with one, `with_pipeline`."""
+    global_batch = _int(fields, "global_batch", 0)
+    if _int(fields, "pp") > 1 or global_batch <= 0 or dp <= 0:
+        return with_pipeline
+    return max(1, round(global_batch / dp))
+
+
 def _whole_micro_batches(parallel: dict[str, Any]) -> dict[str, Any]:
     """A stated global batch that is not a whole number of micro-batches per replica (a source that rounds its
     batch, or states it in tokens) runs as the nearest whole number of micro-batches, at least one."""
@@ -197,15 +212,23 @@ def _whole_micro_batches(parallel: dict[str, Any]) -> dict[str, Any]:
     return {**parallel, "global_batch": max(1, round(global_batch / replica_batch)) * replica_batch}
 
 
+def _cluster_name(fields: dict[str, str], by_gpu: str) -> str:
+    """The cluster preset a row runs on: the one its cluster cell names, else its source's servers
+    (row_defaults.yaml cluster_by_source), else its GPU's (cluster_for_gpu)."""
+    stated = (fields.get("cluster") or "").strip()
+    if stated in cluster_names():
+        return stated
+    return row_defaults().get("cluster_by_source", {}).get(source_group(fields.get("source", "")), by_gpu)
+
+
 def job_from_row(fields: dict[str, str]) -> RunJob:
     gpu = fields["gpu"]
     clusters = row_defaults()["cluster_for_gpu"]
     if gpu not in clusters:
         return RunJob(None, f"gpu {gpu!r} is not in the catalog")
-    by_source = row_defaults().get("cluster_by_source", {})
     try:
         device = load_device(gpu)
-        cluster = load_cluster(by_source.get(source_group(fields.get("source", "")), clusters[gpu]))
+        cluster = load_cluster(_cluster_name(fields, clusters[gpu]))
         update: dict[str, Any] = {"device": device}
         gpus_per_node = _int(fields, "gpus_per_node", cluster.gpus_per_node)
         if gpus_per_node <= 0:

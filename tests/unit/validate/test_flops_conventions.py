@@ -1,6 +1,8 @@
 """One MFU (Result.mfu); a published figure's FLOP convention is converted to, by name, per source."""
 
 
+from dataclasses import replace
+
 import pytest
 
 from trainsim.catalog import load_cluster, load_model
@@ -47,8 +49,43 @@ def test_a_converted_mfu_is_results_mfu_with_the_conventions_flops() -> None:
 
 
 def test_every_source_with_flop_figures_states_its_convention() -> None:
-    sources = {source_group(row.source) for name in DEFAULT_RUNS_FILES
-               for row in read_runs(MEASUREMENTS_DIR / name) if row.metric in FLOP_METRICS}
-    assert sources == {"mosaicml/llm-foundry", "NVIDIA/NeMo", "NVIDIA-NeMo/Megatron-Bridge"}
-    assert {flops_convention_of(source) for source in sources} == {"6nd+attention"}
-    assert flops_convention_of("VIA-Research/vTrain row 1") is None
+    rows = [row for name in DEFAULT_RUNS_FILES for row in read_runs(MEASUREMENTS_DIR / name)
+            if row.metric in FLOP_METRICS]
+    assert {source_group(row.source) for row in rows} == {"mosaicml/llm-foundry", "NVIDIA/NeMo",
+                                                          "NVIDIA-NeMo/Megatron-Bridge"}
+    assert {flops_convention_of(row.fields) for row in rows} == {"6nd+attention"}
+
+
+def test_a_rows_stated_formula_wins_over_its_source() -> None:
+    nemo = "NVIDIA/NeMo llama3 table"
+    assert flops_convention_of({"source": nemo, "flops_convention": "megatron-eq3"}) == "megatron-eq3"
+    assert flops_convention_of({"source": nemo, "flops_convention": "hardware"}) == "6nd+attention+recompute"
+    # `model` and `unknown` name no formula: the source's, else model FLOPs with attention
+    assert flops_convention_of({"source": "a paper", "flops_convention": "model"}) == "6nd+attention"
+    assert flops_convention_of({"source": "a paper", "flops_convention": "unknown"}) == "6nd+attention"
+    assert flops_convention_of({"source": "VIA-Research/vTrain row 1"}) == "6nd+attention"
+
+
+def test_megatron_eq3_as_printed() -> None:
+    """96 B s l h^2 (1 + s/6h + V/16lh) per iteration: GPT-3 175B (l 96, h 12288, V 51200, s 2048)."""
+    model = load_model("gpt3-175b")
+    assert isinstance(model, TransformerSpec)
+    model = model.model_copy(update={"vocab": 51200})
+    parallel = ParallelSpec(tp=8, pp=8, dp=16, micro_batch=1, global_batch=1536, seq_len=2048)
+    job = make_job(model, load_cluster("dgx-a100-superpod").with_num_gpus(1024), parallel)
+    layers, h, s, v, batch = 96, 12288, 2048, 51200, 1536
+    printed = 96 * batch * s * layers * h**2 * (1 + s / (6 * h) + v / (16 * layers * h))
+    assert convention_flops("megatron-eq3", job, 175e9) == pytest.approx(printed, rel=1e-12)
+
+
+def test_hardware_flops_count_the_recomputed_forward() -> None:
+    job = _job()
+    model = job.model
+    assert isinstance(model, TransformerSpec)
+    attention_forward = 4.0 * model.num_layers * model.hidden * 2048 * job.tokens_per_iteration
+    model_flops = convention_flops("6nd+attention", job, 1e9)
+    for recompute, extra in (("none", 0.0), ("selective", attention_forward),
+                             ("full", 2e9 * job.tokens_per_iteration + attention_forward)):
+        plan = job.parallel.model_copy(update={"recompute": recompute})
+        assert convention_flops("6nd+attention+recompute", replace(job, parallel=plan), 1e9) == pytest.approx(
+            model_flops + extra, rel=1e-12)

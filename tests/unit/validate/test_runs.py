@@ -49,3 +49,21 @@ def test_a_global_batch_of_no_whole_micro_batch_count_rounds_to_the_nearest() ->
     assert run.job is not None and run.job.parallel.global_batch == 96
     run = job_from_row(_row(global_batch="8"))  # fewer than one: one micro-batch per replica
     assert run.job is not None and run.job.parallel.global_batch == 32
+
+
+def test_an_empty_micro_batch_is_the_replicas_whole_batch_without_a_pipeline() -> None:
+    run = job_from_row(_row(micro_batch="", global_batch="64"))  # 64 / dp 16: one micro-batch of 4
+    assert run.job is not None and (run.job.parallel.micro_batch, run.job.parallel.global_batch) == (4, 64)
+    run = job_from_row(_row(micro_batch="", global_batch="64", pp="2", dp="8"))  # a pipeline: micro-batches of 1
+    assert run.job is not None and (run.job.parallel.micro_batch, run.job.parallel.global_batch) == (1, 64)
+    run = job_from_row(_row(micro_batch="", global_batch=""))  # neither: one sequence per replica
+    assert run.job is not None and run.job.parallel.micro_batch == 1
+
+
+def test_a_rows_cluster_cell_names_its_servers() -> None:
+    stated = job_from_row(_row(gpu="a100-sxm4-80gb", cluster="a100-200g", num_gpus="16"))
+    by_gpu = job_from_row(_row(gpu="a100-sxm4-80gb", cluster="other", num_gpus="16"))
+    assert stated.job is not None and by_gpu.job is not None
+    assert stated.job.cluster.inter_node.name == "ib-hdr-200" and stated.job.cluster.nics_per_node == 1
+    assert by_gpu.job.cluster.nics_per_node == 8  # dgx-a100-80gb, the GPU's preset
+    assert stated.job.cluster.device.name == "a100-sxm4-80gb"  # the row's GPU, on the stated servers

@@ -173,11 +173,14 @@ def parallel_from_row(fields: dict[str, str]) -> dict[str, Any]:
     base = row_defaults()["strategy"]
     dp = _int(fields, "dp")
     micro = _int(fields, "micro_batch", _default_micro_batch(fields, dp, base["micro_batch"]))
-    vpp = _int(fields, "vpp", base["vpp"])
-    sp = _int(fields, "sp", int(base["sp"]))
+    tp, pp = _int(fields, "tp"), _int(fields, "pp")
+    # model chunks need a pipeline; Megatron-Core turns sequence parallelism off at tp 1 with a warning
+    # (megatron/core/tensor_parallel/layers.py, RowParallelLinear, megatron-core 0.9.0)
+    vpp = _int(fields, "vpp", base["vpp"]) if pp > 1 else 1
+    sp = _int(fields, "sp", int(base["sp"])) if tp > 1 else 0
     stack = stack_of_row(fields)
     return {
-        "tp": _int(fields, "tp"), "pp": _int(fields, "pp"), "dp": dp, "cp": _int(fields, "cp", 1),
+        "tp": tp, "pp": pp, "dp": dp, "cp": _int(fields, "cp", 1),
         "ep": _int(fields, "ep", 1), "vpp": vpp, "sp": bool(sp),
         "zero": _int(fields, "zero", base["zero_by_stack"].get(stack.name, base["zero"])),
         "micro_batch": micro,
@@ -221,11 +224,23 @@ def _cluster_name(fields: dict[str, str], by_gpu: str) -> str:
     return row_defaults().get("cluster_by_source", {}).get(source_group(fields.get("source", "")), by_gpu)
 
 
+def _gpu_named_in_notes(fields: dict[str, str]) -> dict[str, str]:
+    """A row whose gpu is `other` as the device (and servers) its notes name (row_defaults.yaml gpu_by_text);
+    other rows as they are."""
+    if fields["gpu"] != "other":
+        return fields
+    for entry in row_defaults()["gpu_by_text"]:
+        if re.search(entry["pattern"], fields.get("notes", ""), flags=re.IGNORECASE):
+            return {**fields, "gpu": entry["gpu"], "cluster": entry.get("cluster", fields.get("cluster", ""))}
+    return fields
+
+
 def job_from_row(fields: dict[str, str]) -> RunJob:
+    fields = _gpu_named_in_notes(fields)
     gpu = fields["gpu"]
     clusters = row_defaults()["cluster_for_gpu"]
     if gpu not in clusters:
-        return RunJob(None, f"gpu {gpu!r} is not in the catalog")
+        return RunJob(None, f"gpu {gpu!r} is not in the catalog (nor named in the row's notes)")
     try:
         device = load_device(gpu)
         cluster = load_cluster(_cluster_name(fields, clusters[gpu]))

@@ -67,3 +67,21 @@ def test_a_rows_cluster_cell_names_its_servers() -> None:
     assert stated.job.cluster.inter_node.name == "ib-hdr-200" and stated.job.cluster.nics_per_node == 1
     assert by_gpu.job.cluster.nics_per_node == 8  # dgx-a100-80gb, the GPU's preset
     assert stated.job.cluster.device.name == "a100-sxm4-80gb"  # the row's GPU, on the stated servers
+
+
+def test_model_chunks_without_a_pipeline_and_sequence_parallelism_without_tp_are_off() -> None:
+    run = job_from_row(_row(vpp="2", sp="1"))  # tp 1, pp 1: what the stacks run
+    assert run.skipped is None and run.job is not None
+    assert (run.job.parallel.vpp, run.job.parallel.sp) == (1, False)
+    run = job_from_row(_row(tp="2", pp="2", dp="4", vpp="2", sp="1", global_batch="64"))
+    assert run.job is not None and (run.job.parallel.vpp, run.job.parallel.sp) == (2, True)
+
+
+def test_an_other_gpu_is_the_device_its_notes_name() -> None:
+    h800 = job_from_row(_row(gpu="other", notes="8x NVIDIA H800 SXM5 per node; RoCE"))
+    assert h800.job is not None and h800.job.cluster.device.name == "h100-sxm5-80gb"
+    assert h800.job.cluster.intra_node.bw_bytes_per_s == 200e9  # NVLink cut to 400 GB/s both ways
+    a100 = job_from_row(_row(gpu="other", notes="A100 PCIe 40GB cards"))
+    assert a100.job is not None and a100.job.cluster.device.name == "a100-sxm4-40gb"
+    unnamed = job_from_row(_row(gpu="other", notes="AMD MI250X"))
+    assert unnamed.job is None and unnamed.skipped is not None and "'other'" in unnamed.skipped

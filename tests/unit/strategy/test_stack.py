@@ -121,6 +121,9 @@ def test_calibration_rows_run_on_their_sources_stack() -> None:
     ({"source": "some blog", "notes": "PyTorch FSDP FULL_SHARD"}, "fsdp"),
     ({"source": "some blog", "notes": "FSDP2 fully_shard"}, "fsdp2"),
     ({"source": "some blog", "notes": "our own trainer"}, "generic"),
+    ({"source": "Black et al. 2022", "notes": "GPT-NeoX library"}, "megatron-deepspeed"),
+    ({"source": "facebookresearch/metaseq logbook"}, "fsdp"),
+    ({"source": "Jiang et al. 2024 MegaScale Table 2", "gpu": "a100-sxm4-80gb"}, "megatron-core"),
 ])
 def test_an_unlisted_source_runs_the_stack_its_source_or_notes_name(fields: dict[str, str], stack: str) -> None:
     from trainsim.validate.runs import stack_of_row

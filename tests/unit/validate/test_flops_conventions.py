@@ -53,7 +53,9 @@ def test_every_source_with_flop_figures_states_its_convention() -> None:
             if row.metric in FLOP_METRICS]
     assert {source_group(row.source) for row in rows} == {"mosaicml/llm-foundry", "NVIDIA/NeMo",
                                                           "NVIDIA-NeMo/Megatron-Bridge"}
-    assert {flops_convention_of(row.fields) for row in rows} == {"6nd+attention"}
+    by_source = {source_group(row.source): flops_convention_of(row.fields) for row in rows}
+    assert by_source == {"mosaicml/llm-foundry": "6nd+attention", "NVIDIA/NeMo": "megatron",
+                         "NVIDIA-NeMo/Megatron-Bridge": "megatron-causal"}
 
 
 def test_a_rows_stated_formula_wins_over_its_source() -> None:

@@ -35,6 +35,13 @@ def six_nd_attention(model: TransformerSpec, plan: ParallelSpec, params: float) 
     return six_nd(model, plan, params) + 12.0 * model.num_layers * model.hidden * plan.seq_len
 
 
+@FLOPS_CONVENTIONS.register("6nd-embedding+attention")
+def six_nd_attention_without_embedding(model: TransformerSpec, plan: ParallelSpec, params: float) -> float:
+    """torchtitan's count: 6 (N - the input embedding's parameters) + 12 L h s, every score counted
+    (torchtitan/models/llama3/model/args.py get_nparams_and_flops, torchtitan 0.1.0)."""
+    return six_nd_attention(model, plan, params - model.vocab * model.hidden)
+
+
 @FLOPS_CONVENTIONS.register("6nd+attention+recompute")
 def hardware_flops(model: TransformerSpec, plan: ParallelSpec, params: float) -> float:
     """FLOPs as the hardware executes them: 6nd+attention plus the forward pass that activation recomputation

@@ -31,6 +31,8 @@ def test_the_conventions_by_name() -> None:
     assert convention_flops("6nd", job, 1e9) == 6e9 * tokens
     attention = 12.0 * model.num_layers * model.hidden * 2048
     assert convention_flops("6nd+attention", job, 1e9) == (6e9 + attention) * tokens
+    embedding = model.vocab * model.hidden  # torchtitan leaves the input embedding out
+    assert convention_flops("6nd-embedding+attention", job, 1e9) == (6 * (1e9 - embedding) + attention) * tokens
     with pytest.raises(UnknownNameError, match="6nd"):
         FLOPS_CONVENTIONS.get("megatron-eq4")
 

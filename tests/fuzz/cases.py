@@ -71,7 +71,7 @@ RUN_ROW = {"run_id": "r1", "source": "fuzz", "arch": "gpt", "num_layers": "4", "
            "num_heads": "4", "num_kv_heads": "", "vocab": "", "seq_len": "512", "gpu": "a100-sxm4-80gb",
            "cluster": "", "num_gpus": "2", "gpus_per_node": "8", "tp": "1", "pp": "1", "dp": "2", "cp": "",
            "ep": "", "sp": "", "vpp": "", "micro_batch": "2", "global_batch": "8", "zero": "", "recompute": "none",
-           "precision": "bf16", "metric": "iteration_time_s", "value": "0.05"}
+           "precision": "bf16", "metric": "iteration_time_s", "value": "0.05", "flops_convention": "", "notes": ""}
 BROKEN_CELLS = ("", "abc", "nan", "inf", "-inf", "1e400", "0", "-1", "2.5", "9" * 5000, "x" * 200_000, "\x00",
                 "1000000000000", "true")
 
@@ -188,6 +188,7 @@ def runs_csv_cases(draw: st.DrawFn) -> Case:
     import io
 
     row = dict(RUN_ROW)
+    row["metric"] = draw(st.sampled_from(("iteration_time_s", "tflops_per_gpu", "mfu")))
     broken = draw(st.sampled_from(sorted(row)))
     cell = draw(st.one_of(st.sampled_from(BROKEN_CELLS), st.text(max_size=12)))
     drop = draw(st.booleans()) and draw(st.booleans())

@@ -19,7 +19,7 @@ from trainsim.cost.embedding_lookup import LookupCostModel, MlpLookup, RooflineL
 from trainsim.embedding.plan_file import read_plan
 from trainsim.embedding.sharders import MEMORY_CAP_FRACTION, SHARDERS
 from trainsim.embedding.sharders import shard as shard_tables
-from trainsim.embedding.sharding import Optimizer
+from trainsim.embedding.sharding import Optimizer, ShardingPlan
 from trainsim.embedding.synthetic import TaskKind, generate_task
 from trainsim.embedding.tables import tables_from_spec
 from trainsim.errors import ConfigError
@@ -27,6 +27,7 @@ from trainsim.estimate.sharded_dlrm import SHARDED_ENGINES, estimate_sharded
 from trainsim.frontends.catalog.sharded_dlrm import dlrm_model, sharded_job
 from trainsim.hardware.cluster import ClusterSpec
 from trainsim.ir.model_spec import DlrmSpec, EmbeddingTable
+from trainsim.job import Job
 from trainsim.jobfile import check_choice, job_from_settings, read_job_file
 from trainsim.report.sharding import render_sharding, sharding_to_dict
 from trainsim.search.sharding import compare_sharders
@@ -103,6 +104,17 @@ def predict_sharded(job_file: Path | None, given: dict[str, Any], engine: str, s
     data-parallel ranks (its GPUs), the local batch its micro-batch; the plan from `sharder` (one of Table III's)
     or the `sharding` file (embedding.plan_file)."""
     check_choice("engine", engine, tuple(SHARDED_ENGINES.names()))
+    job, plan = sharded_plan(job_file, given, sharder, sharding, seed)
+    sjob = sharded_job(cast(DlrmSpec, job.model), plan, job.cluster, job.parallel.micro_batch,
+                       precision=job.parallel.precision)
+    result = estimate_sharded(sjob.job, sjob.graph, plan, engine, lookups=lookup_model(lookup, job.cluster, seed))
+    return Prediction.of(result, sjob.job)
+
+
+def sharded_plan(job_file: Path | None, given: dict[str, Any], sharder: str | None, sharding: Path | None,
+                 seed: int = 0) -> tuple[Job, ShardingPlan]:
+    """The DLRM job of the job file with the given flags over it, and its tables' plan (from `sharder` or the
+    `sharding` file): what `trainsim predict` and `trainsim measure` take with --sharder/--sharding."""
     if (sharder is None) == (sharding is None):
         raise ConfigError("sharder", sharder, "give one of --sharder NAME and --sharding FILE, not both")
     check_choice("sharder", sharder, SHARDERS)
@@ -122,6 +134,4 @@ def predict_sharded(job_file: Path | None, given: dict[str, Any], engine: str, s
     else:
         cap = MEMORY_CAP_FRACTION * job.cluster.device.hbm_bytes
         plan = shard_tables(tables, cast(str, sharder), ranks, cap_bytes=cap, ranks_per_node=per_node, seed=seed)
-    sjob = sharded_job(job.model, plan, job.cluster, job.parallel.micro_batch, precision=job.parallel.precision)
-    result = estimate_sharded(sjob.job, sjob.graph, plan, engine, lookups=lookup_model(lookup, job.cluster, seed))
-    return Prediction.of(result, sjob.job)
+    return job, plan

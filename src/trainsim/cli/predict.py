@@ -61,6 +61,9 @@ def predict(
                                                   "recommendation.md)")] = None,
     lookup: Annotated[str, typer.Option(help="DLRM with --sharder/--sharding: embedding-lookup model, roofline "
                                         "or a JSON of `trainsim profile-embedding --fit`")] = "roofline",
+    dense_host: Annotated[Path | None, typer.Option(help="with --sharder/--sharding: the dense part's host cost "
+                                                    "per op, a JSON fitted from measured traces (scripts/"
+                                                    "recsys_quiet.py fit-host; default: not priced)")] = None,
 ) -> None:
     """Predict iteration time, throughput, MFU and peak memory of one training job."""
     entry = ENGINES.get(engine)
@@ -77,8 +80,10 @@ def predict(
         from trainsim.cli.shard import predict_sharded  # a DLRM with sharded tables (both engines)
 
         given = {"model": model, "frontend": frontend, "cluster": cluster, "num_gpus": num_gpus, **strategy_flags}
-        prediction = predict_sharded(job_file, given, engine, sharder, sharding, lookup)
+        prediction = predict_sharded(job_file, given, engine, sharder, sharding, lookup, dense_host=dense_host)
     else:
+        if dense_host is not None:
+            raise ConfigError("dense_host", str(dense_host), "applies to a sharded DLRM (--sharder/--sharding)")
         prediction = api.predict(model, cluster, num_gpus, job_file=job_file, frontend=frontend, engine=engine,
                                  costs=costs, db=db, task_level=task_level, tree=tree,  # type: ignore[arg-type]
                                  calibration=calibration, stack=stack_flags["stack"],

@@ -16,6 +16,7 @@ from trainsim.api.results import Prediction
 from trainsim.catalog import load_cluster, load_model
 from trainsim.cli.errors import handles_errors
 from trainsim.cost.embedding_lookup import LookupCostModel, MlpLookup, RooflineLookup
+from trainsim.cost.sharded_dlrm import NO_HOST_COST, DenseHostCost
 from trainsim.embedding.plan_file import read_plan
 from trainsim.embedding.sharders import MEMORY_CAP_FRACTION, SHARDERS
 from trainsim.embedding.sharders import shard as shard_tables
@@ -33,6 +34,16 @@ from trainsim.report.sharding import render_sharding, sharding_to_dict
 from trainsim.search.sharding import compare_sharders
 
 OPTIMIZERS = ("sgd", "rowwise-adagrad", "adagrad", "adam")
+
+
+DENSE_HOST_HELP = ("DLRM: the dense part's host cost per op and per optimizer tensor, a JSON fitted from measured "
+                   "traces (scripts/recsys_quiet.py fit-host; default: not priced)")
+
+
+def host_cost(path: Path | None) -> DenseHostCost:
+    from trainsim.calibrate.dense_host import load_dense_host
+
+    return NO_HOST_COST if path is None else load_dense_host(path)
 
 
 def synthetic_model(kind: str, num_ranks: int, seed: int) -> DlrmSpec:
@@ -81,6 +92,7 @@ def shard(
     optimizer: Annotated[str, typer.Option(help="sgd, rowwise-adagrad, adagrad or adam")] = "sgd",
     cap_fraction: Annotated[float, typer.Option(help="tables per rank stay under this share of memory")] =
         MEMORY_CAP_FRACTION,
+    dense_host: Annotated[Path | None, typer.Option(help=DENSE_HOST_HELP)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
     plans: Annotated[bool, typer.Option(help="print each sharder's plan")] = True,
 ) -> None:
@@ -90,7 +102,7 @@ def shard(
     opt = cast(Optimizer, optimizer)
     lookups = lookup_model(lookup, cluster_spec, seed)
     report = compare_sharders(spec, cluster_spec, num_ranks, local_batch, engine=engine, lookups=lookups,
-                              optimizer=opt, cap_fraction=cap_fraction, seed=seed)
+                              optimizer=opt, cap_fraction=cap_fraction, seed=seed, host=host_cost(dense_host))
     if json_out:
         print(json.dumps(sharding_to_dict(report), indent=2))
         return
@@ -98,7 +110,7 @@ def shard(
 
 
 def predict_sharded(job_file: Path | None, given: dict[str, Any], engine: str, sharder: str | None,
-                    sharding: Path | None, lookup: str, seed: int = 0) -> Prediction:
+                    sharding: Path | None, lookup: str, seed: int = 0, dense_host: Path | None = None) -> Prediction:
     """`trainsim predict` of a DLRM with sharded tables: the job file's settings with the given flags (model,
     cluster, num_gpus, strategy) over them, as `trainsim predict` merges them; the ranks are the job's
     data-parallel ranks (its GPUs), the local batch its micro-batch; the plan from `sharder` (one of Table III's)
@@ -107,7 +119,8 @@ def predict_sharded(job_file: Path | None, given: dict[str, Any], engine: str, s
     job, plan = sharded_plan(job_file, given, sharder, sharding, seed)
     sjob = sharded_job(cast(DlrmSpec, job.model), plan, job.cluster, job.parallel.micro_batch,
                        precision=job.parallel.precision)
-    result = estimate_sharded(sjob.job, sjob.graph, plan, engine, lookups=lookup_model(lookup, job.cluster, seed))
+    result = estimate_sharded(sjob.job, sjob.graph, plan, engine, lookups=lookup_model(lookup, job.cluster, seed),
+                              host=host_cost(dense_host))
     return Prediction.of(result, sjob.job)
 
 

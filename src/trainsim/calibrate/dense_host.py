@@ -5,10 +5,13 @@ takes beyond the price of its kernels (their microbenchmarks, e.g. cost.profiled
 recording and dispatch, the Python loop of the SGD step.
 
 A sample is one dense span of one rank of one traced iteration (measure.dlrm's spans, with their thread CPU time
-where the trace has it: the work without the time other processes held the core). Per phase, the fitted cost is
-the median over the samples of (measured - priced) / count, the spans' op counts as the graph lists them (a
-median: a scheduler tick that lands in one span does not move it); a negative median (kernel prices above the
-measured spans) fits 0.
+where the trace has it: the work without the time other processes held the core). Per phase (forward, backward)
+the fit is measured = scale x priced + count x per-op cost, by least squares on the relative error (every span
+weighs alike, short or long), the per-op cost held at 0 where the free fit would make it negative: the per-op
+cost is what does not grow with the work (the traces show both: the bottom MLP's tiny spans are mostly per-op
+cost, the top MLP's grow with the batch). The optimizer step's price (bytes over bandwidth) barely varies across
+traces, so it gets a per-tensor cost only: the median over the samples of (measured - priced) / tensors, 0 when
+negative.
 """
 
 import json
@@ -17,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from trainsim.cost.sharded_dlrm import DenseHostCost, DenseOpCounts, ShardedIteration
+from trainsim.cost.sharded_dlrm import MAX_KERNEL_SCALE, DenseHostCost, DenseOpCounts, ShardedIteration
 from trainsim.errors import ConfigError, InputFileError
 
 # measure.dlrm_rank's dense spans -> (RankWork field, phase of DenseHostCost, DenseOpCounts field)
@@ -26,7 +29,7 @@ DENSE_SPANS = {"bottom_mlp fwd": ("bottom_fwd_s", "fwd", "bottom_fwd"),
                "top_mlp bwd": ("top_bwd_s", "bwd", "top_bwd"),
                "bottom_mlp bwd": ("bottom_bwd_s", "bwd", "bottom_bwd"),
                "optimizer step": ("optimizer_s", "step", "step_tensors")}
-_FIELD = {"fwd": "fwd_op_s", "bwd": "bwd_op_s", "step": "step_tensor_s"}
+FIELDS = ("fwd_op_s", "bwd_op_s", "step_tensor_s", "fwd_kernel_scale", "bwd_kernel_scale")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,17 +58,43 @@ def samples_from_trace(rank_spans: Sequence[Sequence[Sequence[object]]],
 
 
 def fit_dense_host(samples: Sequence[DenseSpanSample]) -> DenseHostCost:
-    """The median per-op (per-tensor) excess of each phase's samples; a phase without samples fits 0."""
+    """The per-op costs and in-situ kernel factors of the samples' phases; a phase without samples prices nothing
+    extra."""
     import numpy as np
 
-    per_phase: dict[str, list[float]] = {"fwd": [], "bwd": [], "step": []}
+    per_phase: dict[str, list[DenseSpanSample]] = {"fwd": [], "bwd": [], "step": []}
     for s in samples:
-        if s.count < 1 or not (math.isfinite(s.measured_s) and math.isfinite(s.priced_s)):
+        if s.count < 1 or not (math.isfinite(s.measured_s) and math.isfinite(s.priced_s)) or s.measured_s <= 0.0 \
+                or s.priced_s < 0.0:
             raise ConfigError(f"sample {s.span}", (s.measured_s, s.priced_s, s.count),
-                              "needs finite times and a positive count")
-        per_phase[DENSE_SPANS[s.span][1]].append((s.measured_s - s.priced_s) / s.count)
-    fitted = {_FIELD[phase]: max(0.0, float(np.median(v))) if v else 0.0 for phase, v in per_phase.items()}
+                              "needs finite times (measured > 0, priced >= 0) and a positive count")
+        per_phase[DENSE_SPANS[s.span][1]].append(s)
+    fitted: dict[str, float] = {}
+    for phase in ("fwd", "bwd"):
+        if per_phase[phase]:
+            fitted[f"{phase}_kernel_scale"], fitted[f"{phase}_op_s"] = _scale_and_per_op(per_phase[phase])
+    step = per_phase["step"]
+    if step:
+        fitted["step_tensor_s"] = max(0.0, float(np.median([(s.measured_s - s.priced_s) / s.count for s in step])))
     return DenseHostCost(**fitted)
+
+
+def _scale_and_per_op(samples: Sequence[DenseSpanSample]) -> tuple[float, float]:
+    """measured ~ scale * priced + count * per_op, least squares on measured-relative error; per_op >= 0."""
+    import numpy as np
+
+    measured = np.array([s.measured_s for s in samples])
+    design = np.array([[s.priced_s, float(s.count)] for s in samples]) / measured[:, None]
+    target = np.ones(len(samples))
+    (scale, per_op), *_ = np.linalg.lstsq(design, target, rcond=None)
+    if per_op < 0.0:  # the work explains it all: refit the scale alone
+        per_op = 0.0
+        column = design[:, 0]
+        scale = float(column @ target / (column @ column)) if column @ column > 0.0 else 1.0
+    if not 0.0 < scale <= MAX_KERNEL_SCALE:
+        raise ConfigError("dense_host fit", scale, f"the kernel factor must come out in (0, {MAX_KERNEL_SCALE:g}]; "
+                          "are the prices and the traces of the same configs?")
+    return float(scale), float(per_op)
 
 
 def save_dense_host(host: DenseHostCost, path: Path, source: str, samples: int) -> None:
@@ -78,6 +107,6 @@ def load_dense_host(path: Path) -> DenseHostCost:
         raise ConfigError("dense_host", str(path), "a JSON file written by the dense host-cost fit")
     try:
         values = json.loads(path.read_text())["dense_host"]
-        return DenseHostCost(**{k: float(values[k]) for k in ("fwd_op_s", "bwd_op_s", "step_tensor_s")})
+        return DenseHostCost(**{k: float(values[k]) for k in FIELDS})
     except (ValueError, KeyError, TypeError) as exc:
         raise InputFileError(f"{path}: not a dense host-cost fit ({type(exc).__name__}: {exc})") from None

@@ -50,16 +50,23 @@ def test_op_counts_are_the_graphs_dense_ops_and_the_steps_tensors() -> None:
     assert dense_op_counts(sjob.graph, sjob.plan) == DenseOpCounts(6, 9, 13, 8, 13)
 
 
-def test_host_cost_adds_count_times_cost_to_each_dense_span_and_nothing_else() -> None:
+def test_host_cost_scales_the_kernels_and_adds_count_times_cost_to_each_dense_span_and_nothing_else() -> None:
     sjob = _job()
     pricer, lookups = Pricer(), RooflineLookup(CPU.device)
     bare = price_sharded_iteration(sjob.graph, sjob.plan, sjob.job, pricer, lookups)
     hosted = price_sharded_iteration(sjob.graph, sjob.plan, sjob.job, pricer, lookups, host=HOST)
-    for b, h in zip(bare.ranks, hosted.ranks, strict=True):
+    scaled = price_sharded_iteration(sjob.graph, sjob.plan, sjob.job, pricer, lookups,
+                                     host=DenseHostCost(1e-3, 2e-3, 3e-3, fwd_kernel_scale=1.5, bwd_kernel_scale=2.0))
+    for b, h, s in zip(bare.ranks, hosted.ranks, scaled.ranks, strict=True):
         assert h.bottom_fwd_s == pytest.approx(b.bottom_fwd_s + 6e-3, rel=1e-12)
         assert h.top_fwd_s == pytest.approx(b.top_fwd_s + 9e-3, rel=1e-12)
         assert h.top_bwd_s == pytest.approx(b.top_bwd_s + 26e-3, rel=1e-12)
         assert h.bottom_bwd_s == pytest.approx(b.bottom_bwd_s + 16e-3, rel=1e-12)
+        assert (s.bottom_fwd_s, s.top_fwd_s) == pytest.approx((1.5 * b.bottom_fwd_s + 6e-3, 1.5 * b.top_fwd_s + 9e-3),
+                                                              rel=1e-12)
+        assert (s.top_bwd_s, s.bottom_bwd_s) == pytest.approx((2 * b.top_bwd_s + 26e-3, 2 * b.bottom_bwd_s + 16e-3),
+                                                              rel=1e-12)
+        assert s.optimizer_s == h.optimizer_s  # the step has no kernel factor
         assert h.optimizer_s == pytest.approx(b.optimizer_s + 39e-3, rel=1e-12)
         assert (h.lookup_fwd_s, h.lookup_bwd_s) == (b.lookup_fwd_s, b.lookup_bwd_s)
     assert (hosted.index_a2a_s, hosted.grad_allreduce_s) == (bare.index_a2a_s, bare.grad_allreduce_s)
@@ -86,18 +93,28 @@ def test_the_predictive_trace_simulation_prices_it_too() -> None:
     assert added == pytest.approx(6e-3 + 9e-3 + 39e-3, rel=1e-9)
 
 
-def test_fit_recovers_the_per_op_costs_and_ignores_an_outlier() -> None:
-    samples = [DenseSpanSample("bottom_mlp fwd", 0.010 + 6 * 50e-6, 0.010, 6),
-               DenseSpanSample("top_mlp fwd", 0.020 + 9 * 50e-6, 0.020, 9),
-               DenseSpanSample("top_mlp fwd", 0.020 + 9 * 900e-6, 0.020, 9),  # a scheduler tick: outvoted
-               DenseSpanSample("bottom_mlp fwd", 0.010 + 6 * 50e-6, 0.010, 6),
-               DenseSpanSample("top_mlp bwd", 0.030 + 13 * 40e-6, 0.030, 13),
-               DenseSpanSample("optimizer step", 0.001 - 12 * 1e-6, 0.001, 12)]  # priced above: fits 0
-    fit = fit_dense_host(samples)
-    assert fit.fwd_op_s == pytest.approx(50e-6, rel=1e-9)
-    assert fit.bwd_op_s == pytest.approx(40e-6, rel=1e-9)
-    assert fit.step_tensor_s == 0.0
+def test_fit_recovers_the_scale_and_per_op_cost_of_each_phase() -> None:
+    # forward: measured = 1.5 x priced + 50 us per op; backward: 1.2 x priced + 40 us per op
+    fwd = [DenseSpanSample(span, 1.5 * priced + n * 50e-6, priced, n)
+           for span, n, priced in (("bottom_mlp fwd", 6, 1e-4), ("bottom_mlp fwd", 6, 3e-4), ("top_mlp fwd", 9, 2e-3),
+                                   ("top_mlp fwd", 9, 5e-3))]
+    bwd = [DenseSpanSample(span, 1.2 * priced + n * 40e-6, priced, n)
+           for span, n, priced in (("bottom_mlp bwd", 8, 2e-4), ("top_mlp bwd", 13, 4e-3), ("top_mlp bwd", 13, 9e-3))]
+    step = [DenseSpanSample("optimizer step", 1e-4 + 12 * t, 1e-4, 12) for t in (30e-6, 38e-6, 90e-6)]  # median
+    fit = fit_dense_host(fwd + bwd + step)
+    assert (fit.fwd_kernel_scale, fit.fwd_op_s) == pytest.approx((1.5, 50e-6), rel=1e-9)
+    assert (fit.bwd_kernel_scale, fit.bwd_op_s) == pytest.approx((1.2, 40e-6), rel=1e-9)
+    assert fit.step_tensor_s == pytest.approx(38e-6, rel=1e-9)
     assert fit_dense_host([]) == DenseHostCost()
+
+
+def test_a_negative_per_op_cost_fits_zero_and_the_scale_alone() -> None:
+    # measured = 2 x priced - 10 us per op: the free fit's per-op cost is negative
+    samples = [DenseSpanSample("top_mlp fwd", 2.0 * priced - 9 * 10e-6, priced, 9) for priced in (1e-3, 4e-3)]
+    samples.append(DenseSpanSample("bottom_mlp fwd", 2.0 * 1e-3 - 6 * 10e-6, 1e-3, 6))
+    fit = fit_dense_host([*samples, DenseSpanSample("optimizer step", 1e-4, 2e-4, 12)])
+    assert fit.fwd_op_s == 0.0 and 1.9 < fit.fwd_kernel_scale < 2.0
+    assert fit.step_tensor_s == 0.0  # priced above the measured step
 
 
 def test_samples_read_cpu_times_where_the_trace_has_them() -> None:
@@ -118,8 +135,12 @@ def test_bad_costs_and_samples_are_refused() -> None:
     for bad in (-1e-6, math.nan, 1.0):
         with pytest.raises(ConfigError, match="fwd_op_s"):
             DenseHostCost(fwd_op_s=bad)
-    with pytest.raises(ConfigError, match="finite"):
-        fit_dense_host([DenseSpanSample("top_mlp bwd", math.nan, 0.1, 3)])
+    for scale in (0.0, 101.0):
+        with pytest.raises(ConfigError, match="bwd_kernel_scale"):
+            DenseHostCost(bwd_kernel_scale=scale)
+    for measured, priced in ((math.nan, 0.1), (0.0, 0.1), (0.1, -1.0)):
+        with pytest.raises(ConfigError, match="finite"):
+            fit_dense_host([DenseSpanSample("top_mlp bwd", measured, priced, 3)])
     with pytest.raises(ConfigError, match="positive count"):
         fit_dense_host([DenseSpanSample("top_mlp bwd", 0.2, 0.1, 0)])
 

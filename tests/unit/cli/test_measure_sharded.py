@@ -9,9 +9,19 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from trainsim.catalog import load_cluster, load_model
 from trainsim.cli.main import app
+from trainsim.cost.embedding_lookup import RooflineLookup
+from trainsim.cost.pricing import Pricer
+from trainsim.cost.sharded_dlrm import price_sharded_iteration
+from trainsim.embedding.plan_file import plan_from_mapping
+from trainsim.embedding.tables import tables_from_spec
+from trainsim.estimate.trace_predict import overheads_from, simulate_trace
+from trainsim.frontends.catalog.sharded_dlrm import sharded_job
+from trainsim.ir.model_spec import DlrmSpec
 
 runner = CliRunner()
+CPU = load_cluster("local-cpu").with_num_gpus(2).on_one_node()
 # Four tiny tables, one dim (the dot interaction), the bottom MLP ending at it, the top MLP at one logit.
 MODEL = """name: tiny-dlrm
 kind: dlrm
@@ -69,6 +79,15 @@ def test_measure_runs_every_sharding_kind_on_two_gloo_ranks_and_repredicts(tmp_p
     # the run file is a sharding file: it predicts exactly as the plan it measured
     predicted = [_predict(_model(tmp_path), path) for path in (saved, plan)]
     assert predicted[0]["iteration_time_s"] == predicted[1]["iteration_time_s"] > 0
+    # and its spans are Algorithm 1's per-rank trace: every span maps to a priced term or a host overhead
+    model = load_model(str(_model(tmp_path)))
+    assert isinstance(model, DlrmSpec)
+    measured_plan = plan_from_mapping(record, tables_from_spec(model.tables), 2, 2)
+    sjob = sharded_job(model, measured_plan, CPU, 4, precision="fp32")
+    it = price_sharded_iteration(sjob.graph, sjob.plan, sjob.job, Pricer(), RooflineLookup(CPU.device))
+    events = [[(str(n), float(a), float(b)) for n, a, b in rank] for rank in record["rank_events"]]
+    for replay in (False, True):
+        assert 0.0 < simulate_trace(events, it, overheads_from([events]), replay=replay) < math.inf
 
 
 def _predict(model: Path, sharding: Path) -> dict:

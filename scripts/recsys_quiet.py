@@ -17,8 +17,9 @@ configs when its time budget (seconds) is spent.
 
   python scripts/recsys_quiet.py predict            # -> e2e_<set>_predicted.csv and the error tables
   python scripts/recsys_quiet.py predict-sharding   # each predictor's pick per task
-  python scripts/recsys_quiet.py fit-host           # the dense part's host cost per op, fitted on the sharding
-                                                    # set's traces -> dense_host.json (predict then prices it)
+  python scripts/recsys_quiet.py fit-host [e2e]     # the dense part's host cost, fitted on the sharding set's
+                                                    # traces -> dense_host.json (predict then prices it), or on
+                                                    # the e2e set's -> dense_host_e2e.json (predict-sharding)
 """
 
 import csv
@@ -242,9 +243,11 @@ def predict() -> None:
     summarize(out_rows)
 
 
-def fit_host() -> None:
-    """The dense part's host cost per op (calibrate.dense_host) from the sharding set's traces (102 plans; the
-    e2e set stays held out for `predict`), each traced config priced as `predict` prices it without host cost."""
+def fit_host(experiment: str = "sharding") -> None:
+    """The dense part's host cost (calibrate.dense_host) from one set's traces, each traced config priced as
+    `predict` prices it without host cost: "sharding" (102 plans; the e2e set stays held out for `predict`) into
+    dense_host.json, or "e2e" (80 configs; the sharding set held out for `predict-sharding`) into
+    dense_host_e2e.json."""
     from recsys_experiments import local_curves
 
     from trainsim.calibrate.dense_host import fit_dense_host, samples_from_trace, save_dense_host
@@ -253,17 +256,19 @@ def fit_host() -> None:
 
     lookups = MlpLookup.load(Path(os.environ.get("LOOKUP_MODEL", OUT / "lookup_mlp_cold.json")))
     comm, dense_db = local_curves(), Path(os.environ.get("DENSE_DB", OUT / "dense_ops.db"))
-    source = OUT / f"sharding_{SET}_traces.jsonl"
+    source = OUT / f"{experiment}_{SET}_traces.jsonl"
+    target = DENSE_HOST if experiment == "sharding" else OUT / f"dense_host_{experiment}.json"
     samples = []
     for t in map(json.loads, source.open()):
-        ranks, batch, seed = int(t["ranks"]), int(t["local_batch"]), int(t["task"].split("-")[0][len("heavy"):])
-        model, tables = task("heavy", ranks, seed)
+        kind = "heavy" if t["task"].startswith("heavy") else "normal"
+        ranks, batch, seed = int(t["ranks"]), int(t["local_batch"]), int(t["task"].split("-")[0][len(kind):])
+        model, tables = task(kind, ranks, seed)
         plan = shard(tables, t["sharder"], ranks, cap_bytes=CAP, seed=seed)
         sjob, _, it = fixed_pricing(model, plan, batch, ranks, lookups, comm, dense_db)
         samples += samples_from_trace(t["events"], t["cpu_s"], it, dense_op_counts(sjob.graph, plan))
     host = fit_dense_host(samples)
-    save_dense_host(host, DENSE_HOST, f"scripts/recsys_quiet.py fit-host on {source}", len(samples))
-    print(f"{len(samples)} dense spans -> {host} -> {DENSE_HOST}")
+    save_dense_host(host, target, f"scripts/recsys_quiet.py fit-host {experiment} on {source}", len(samples))
+    print(f"{len(samples)} dense spans -> {host} -> {target}")
 
 
 def host_cpu_means(traces: list[dict], names: tuple[str, ...]) -> dict[str, float]:
@@ -320,8 +325,10 @@ def predict_sharding() -> None:
     within 5% counts (the paper's criterion: within 10%); a random pick's expectation beside it."""
     from recsys_experiments import CLUSTER, local_curves
 
+    from trainsim.calibrate.dense_host import load_dense_host
     from trainsim.cost.embedding_lookup import MlpLookup
     from trainsim.cost.pricing import Pricer
+    from trainsim.cost.sharded_dlrm import NO_HOST_COST
     from trainsim.estimate.sharded_dlrm import estimate_sharded
     from trainsim.estimate.trace_predict import simulate_trace
     from trainsim.frontends.catalog.sharded_dlrm import sharded_job
@@ -329,6 +336,9 @@ def predict_sharding() -> None:
     before_lookups = MlpLookup.load(OUT / "lookup_mlp.json")
     after_lookups = MlpLookup.load(Path(os.environ.get("LOOKUP_MODEL", OUT / "lookup_mlp_cold.json")))
     comm, dense_db = local_curves(), Path(os.environ.get("DENSE_DB", OUT / "dense_ops.db"))
+    host_path = OUT / "dense_host_e2e.json"  # fitted on the e2e set: the sharding set is held out
+    host = load_dense_host(host_path) if host_path.exists() else NO_HOST_COST
+    print(f"dense host cost (with 'host'): {host}")
     rows = list(csv.DictReader((OUT / f"sharding_{SET}.csv").open()))
     traces = {(t["task"], t["sharder"]): t for t in map(json.loads, (OUT / f"sharding_{SET}_traces.jsonl").open())}
     by_task: dict[str, list[dict]] = {}
@@ -340,13 +350,15 @@ def predict_sharding() -> None:
         plan = shard(tables, row["sharder"], ranks, cap_bytes=CAP, seed=seed)
         sjob, pricer, it = fixed_pricing(model, plan, batch, ranks, after_lookups, comm, dense_db)
         after = estimate_sharded(sjob.job, sjob.graph, plan, "analytical", pricer, after_lookups).iteration_time_s
+        hosted = estimate_sharded(sjob.job, sjob.graph, plan, "analytical", pricer, after_lookups,
+                                  host=host).iteration_time_s
         predict_s += time.perf_counter() - began
         old = sharded_job(model, plan, CLUSTER, batch)
         before = estimate_sharded(old.job, old.graph, plan, "analytical", Pricer(comm_costs=comm),
                                   before_lookups).iteration_time_s
         t = traces[(row["task"], row["sharder"])]
         cpu_replay = simulate_trace(t["events"], it, {}, replay=True, cpu_s=t["cpu_s"])
-        by_task.setdefault(row["task"], []).append({**row, "before": before, "after": after,
+        by_task.setdefault(row["task"], []).append({**row, "before": before, "after": after, "host": hosted,
                                                     "cpu_replay": cpu_replay})
     for ranks in sorted({r["ranks"] for r in rows}):
         tasks = {name: rs for name, rs in by_task.items() if rs[0]["ranks"] == ranks}
@@ -363,7 +375,7 @@ def _sharding_report(by_task: dict[str, list[dict]], traces: dict, ranks: str) -
           f"{min(loads):.2f}-{max(loads):.2f} (median {np.median(loads):.2f})")
     for target in ("measured_s", "fastest_s", "cpu_replay"):
         cells = []
-        for predictor in ("before", "after"):
+        for predictor in ("before", "after", "host"):
             hits5 = hits10 = 0
             for rs in by_task.values():
                 measured = {r["sharder"]: float(r[target]) for r in rs}
@@ -379,7 +391,7 @@ def _sharding_report(by_task: dict[str, list[dict]], traces: dict, ranks: str) -
                for t in traces.values()]
     print(f"  spread of a plan's 5 iterations ((max - min) / median): median {np.median(spreads) * 100:.0f}%, "
           f"p90 {np.percentile(spreads, 90) * 100:.0f}%")
-    for predictor in ("before", "after"):
+    for predictor in ("before", "after", "host"):
         errors = [abs(r[predictor] - float(r["measured_s"])) / float(r["measured_s"]) for r in rows]
         geomean = float(np.exp(np.mean(np.log(errors))))
         print(f"  {predictor}: geomean |error| against the measured median {geomean * 100:.1f}%")
@@ -399,4 +411,4 @@ if __name__ == "__main__":
     elif command == "predict-sharding":
         predict_sharding()
     elif command == "fit-host":
-        fit_host()
+        fit_host(sys.argv[2] if len(sys.argv) > 2 else "sharding")

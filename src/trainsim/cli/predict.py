@@ -77,10 +77,18 @@ def predict(
     if html is not None:
         require_plotly()
     if sharder is not None or sharding is not None:
+        from trainsim.catalog.calibration import read_calibration
         from trainsim.cli.shard import predict_sharded  # a DLRM with sharded tables (both engines)
+        from trainsim.cost.pricing import make_pricer
 
+        for flag, value in (("tree", tree), ("task_level", None if task_level == "layer" else task_level),
+                            ("stack", stack_flags.get("stack") or stack_flags.get("overrides") or None)):
+            if value is not None:
+                raise ConfigError(flag, str(value), "does not apply to a sharded DLRM (--sharder/--sharding)")
         given = {"model": model, "frontend": frontend, "cluster": cluster, "num_gpus": num_gpus, **strategy_flags}
-        prediction = predict_sharded(job_file, given, engine, sharder, sharding, lookup, dense_host=dense_host)
+        pricer = make_pricer(costs, db, read_calibration(calibration))  # the dense ops' and collectives' prices
+        prediction = predict_sharded(job_file, given, engine, sharder, sharding, lookup, dense_host=dense_host,
+                                     pricer=pricer)
     else:
         if dense_host is not None:
             raise ConfigError("dense_host", str(dense_host), "applies to a sharded DLRM (--sharder/--sharding)")

@@ -16,6 +16,7 @@ from trainsim.api.results import Prediction
 from trainsim.catalog import load_cluster, load_model
 from trainsim.cli.errors import handles_errors
 from trainsim.cost.embedding_lookup import LookupCostModel, MlpLookup, RooflineLookup
+from trainsim.cost.pricing import Pricer
 from trainsim.cost.sharded_dlrm import NO_HOST_COST, DenseHostCost
 from trainsim.embedding.plan_file import read_plan
 from trainsim.embedding.sharders import MEMORY_CAP_FRACTION, SHARDERS
@@ -110,17 +111,19 @@ def shard(
 
 
 def predict_sharded(job_file: Path | None, given: dict[str, Any], engine: str, sharder: str | None,
-                    sharding: Path | None, lookup: str, seed: int = 0, dense_host: Path | None = None) -> Prediction:
+                    sharding: Path | None, lookup: str, seed: int = 0, dense_host: Path | None = None,
+                    pricer: Pricer | None = None) -> Prediction:
     """`trainsim predict` of a DLRM with sharded tables: the job file's settings with the given flags (model,
     cluster, num_gpus, strategy) over them, as `trainsim predict` merges them; the ranks are the job's
     data-parallel ranks (its GPUs), the local batch its micro-batch; the plan from `sharder` (one of Table III's)
-    or the `sharding` file (embedding.plan_file)."""
+    or the `sharding` file (embedding.plan_file); pricer: the dense ops' and collectives' prices (`--costs`,
+    `--db`, `--calibration`; default the calibrated roofline)."""
     check_choice("engine", engine, tuple(SHARDED_ENGINES.names()))
     job, plan = sharded_plan(job_file, given, sharder, sharding, seed)
     sjob = sharded_job(cast(DlrmSpec, job.model), plan, job.cluster, job.parallel.micro_batch,
                        precision=job.parallel.precision)
-    result = estimate_sharded(sjob.job, sjob.graph, plan, engine, lookups=lookup_model(lookup, job.cluster, seed),
-                              host=host_cost(dense_host))
+    result = estimate_sharded(sjob.job, sjob.graph, plan, engine, pricer,
+                              lookups=lookup_model(lookup, job.cluster, seed), host=host_cost(dense_host))
     return Prediction.of(result, sjob.job)
 
 

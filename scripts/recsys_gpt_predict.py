@@ -5,7 +5,9 @@ compared with the measured iteration (untraced iterations, median of the slowest
 the size's own trace; each also with the profiler's own cost per recorded op taken out (`-prof`:
 frontends.trace.predicted.profiler_op_s, fitted on the other sizes' traced against untraced iterations).
 
-    python scripts/recsys_gpt_predict.py [ROOT]     # reads ROOT/*/ (default data/recsys/cpu/gpt)
+    python scripts/recsys_gpt_predict.py [ROOT [MEASURED]]   # reads ROOT/*/ (default data/recsys/cpu/gpt); the
+                                                             # measured iterations from MEASURED/*/measured.json
+                                                             # (a second pass of the same configs) if given
 """
 
 import json
@@ -32,10 +34,14 @@ from trainsim.frontends.trace.to_exec_graph import to_exec_graph
 ROOT = Path("data/recsys/cpu/gpt")
 
 
-def main(root: Path = ROOT) -> None:
+def main(root: Path = ROOT, measured_root: Path | None = None) -> None:
     dirs = sorted(d for d in root.iterdir() if (d / "measured.json").exists())
     traces = {d.name: load_trace_directory(d) for d in dirs}
     measured = {d.name: json.loads((d / "measured.json").read_text())["iteration_s"] for d in dirs}
+    # the profiler's cost is fitted against the traced pass's own untraced iterations; the errors against
+    # `target` (a second pass, when given)
+    target = measured if measured_root is None else {
+        d.name: json.loads((measured_root / d.name / "measured.json").read_text())["iteration_s"] for d in dirs}
     comm = local_curves()
 
     def collective_s(kind: str, nbytes: float, ranks: int) -> float:
@@ -62,14 +68,15 @@ def main(root: Path = ROOT) -> None:
                                                             rank_traces, per_op))}
         cells = []
         for column in columns:
-            err = times[column] / measured[name] - 1.0
+            err = times[column] / target[name] - 1.0
             errors[column].append(abs(err))
             cells.append(f"{times[column] * 1e3:17.2f} {err * 100:+6.1f}%")
-        print(f"{name:<10} {measured[name] * 1e3:11.2f} " + " ".join(cells) + f"  {per_op * 1e6:.1f}")
-    print("geomean |error| (max): " + "; ".join(
-        f"{c} {float(np.exp(np.mean(np.log(np.maximum(v, 1e-6))))) * 100:.2f}% ({max(v) * 100:.2f}%)"
+        print(f"{name:<10} {target[name] * 1e3:11.2f} " + " ".join(cells) + f"  {per_op * 1e6:.1f}")
+    print("geomean |error| (mean, max): " + "; ".join(
+        f"{c} {float(np.exp(np.mean(np.log(np.maximum(v, 1e-6))))) * 100:.2f}% ({np.mean(v) * 100:.2f}%, "
+        f"{max(v) * 100:.2f}%)"
         for c, v in errors.items()))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT)
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT, Path(sys.argv[2]) if len(sys.argv) > 2 else None)

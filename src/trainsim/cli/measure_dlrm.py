@@ -11,6 +11,7 @@ predicts the same plan.
 """
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any, cast
@@ -18,8 +19,11 @@ from typing import Any, cast
 import typer
 
 from trainsim.catalog import load_cluster
-from trainsim.errors import ConfigError
+from trainsim.embedding.sharding import ShardingPlan
+from trainsim.errors import MAX_NAME_CHARS, ConfigError, check_name
+from trainsim.hardware.cluster import ClusterSpec
 from trainsim.ir.model_spec import DlrmSpec
+from trainsim.job import Job
 
 LOCAL_CLUSTER = "local-cpu"
 PRECISION = "fp32"  # measure.dlrm_rank trains the dense part and the tables in fp32 (torch's default)
@@ -39,11 +43,15 @@ def measure_sharded(job_file: Path | None, given: dict[str, Any], sharder: str |
     from trainsim.cli.shard import sharded_plan
     from trainsim.embedding.plan_file import plan_to_mapping
     from trainsim.measure.dlrm import DlrmConfig, check_dense, measure_dlrm, measurement_to_dict
+    from trainsim.measure.launch import MAX_ITERATIONS, MAX_TIMEOUT_S
 
-    if iterations < 1 or warmup < 0:
-        raise ConfigError("iterations/warmup", (iterations, warmup), "need iterations >= 1 and warmup >= 0")
-    if not 0.0 < timeout_s <= 86400.0:  # NB: also refuses NaN
-        raise ConfigError("timeout_s", timeout_s, "must be in (0, 86400] seconds")
+    if not 1 <= iterations <= MAX_ITERATIONS or not 0 <= warmup <= MAX_ITERATIONS:
+        raise ConfigError("iterations/warmup", (iterations, warmup),
+                          f"need iterations 1 to {MAX_ITERATIONS} and warmup 0 to {MAX_ITERATIONS}")
+    if not 0.0 < timeout_s <= MAX_TIMEOUT_S:  # NB: also refuses NaN
+        raise ConfigError("timeout_s", timeout_s, f"must be a positive number of seconds, at most {MAX_TIMEOUT_S:g}")
+    if run_id is not None and (problem := check_name("run_id", run_id)) is not None:
+        raise problem
     given = dict(given)
     given["cluster"] = _local_cluster(given.get("cluster"), given.pop("num_gpus", None))
     if given.get("precision") not in (None, PRECISION):
@@ -59,7 +67,8 @@ def measure_sharded(job_file: Path | None, given: dict[str, Any], sharder: str |
     if not as_json and sys.stderr.isatty():
         print(f"measuring {model.name} ({plan.sharder}) on {plan.num_ranks} gloo ranks ...", file=sys.stderr)
     measured = measure_dlrm([config], iterations=iterations, warmup=warmup, timeout_s=timeout_s)[0]
-    name = run_id or f"dlrm-{model.name}-{plan.sharder.replace(' ', '_')}-r{plan.num_ranks}-b{config.local_batch}"
+    default = f"dlrm-{model.name}-{plan.sharder}-r{plan.num_ranks}-b{config.local_batch}"
+    name = run_id or re.sub(r"[^A-Za-z0-9._\-+=@]", "_", default).lstrip(".")[:MAX_NAME_CHARS]
     record = {"kind": "sharded-dlrm", "run_id": name, "model": model.name, "cluster": job.cluster.name,
               "iterations": iterations, "warmup": warmup, "seed": seed, **measurement_to_dict(measured),
               **plan_to_mapping(plan)}
@@ -75,7 +84,7 @@ def measure_sharded(job_file: Path | None, given: dict[str, Any], sharder: str |
     typer.echo(f"result: {path}", err=True)
 
 
-def _local_cluster(name: Any, num_gpus: Any) -> Any:
+def _local_cluster(name: object, num_gpus: object) -> ClusterSpec:
     """The local CPU with `num_gpus` ranks on one node (every rank a process of this host)."""
     cluster = load_cluster(str(name) if name is not None else LOCAL_CLUSTER)
     if not cluster.device.name.startswith("cpu"):
@@ -87,7 +96,7 @@ def _local_cluster(name: Any, num_gpus: Any) -> Any:
     return cluster.with_num_gpus(num_gpus).on_one_node()
 
 
-def _check_memory(job: Any, plan: Any) -> None:
+def _check_memory(job: Job, plan: ShardingPlan) -> None:
     """The fullest rank's predicted memory (tables with their optimizer state, dense part, activations) times
     the ranks against the host's available memory, before any rank starts."""
     from trainsim.cost.embedding_lookup import RooflineLookup
@@ -96,7 +105,7 @@ def _check_memory(job: Any, plan: Any) -> None:
     from trainsim.frontends.catalog.sharded_dlrm import sharded_job
     from trainsim.measure.capacity import check_fits
 
-    sjob = sharded_job(job.model, plan, job.cluster, job.parallel.micro_batch, precision=PRECISION)
+    sjob = sharded_job(cast(DlrmSpec, job.model), plan, job.cluster, job.parallel.micro_batch, precision=PRECISION)
     iteration = price_sharded_iteration(sjob.graph, plan, sjob.job, Pricer(), RooflineLookup(job.cluster.device))
     check_fits(max(m.total_bytes for m in iteration.memory), plan.num_ranks, "cpu")
 

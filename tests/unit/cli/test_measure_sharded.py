@@ -120,6 +120,7 @@ def test_measure_runs_a_sharders_plan_and_prints_the_spans(tmp_path: Path) -> No
     (["--sharder", "naive", "--iterations", "0"], "iterations"),
     (["--sharder", "naive", "--timeout-s", "nan"], "timeout_s"),
     (["--seed", "3"], "seed"),
+    (["--sharder", "naive", "--run-id", "../escape"], "run_id"),
 ])
 def test_measure_refuses_what_a_sharded_dlrm_run_cannot_take(tmp_path: Path, args: list[str], message: str) -> None:
     model = _model(tmp_path)

@@ -1,9 +1,11 @@
 """Sigmoid (Lin et al. Eq. 2-4) against alpha-beta (Eq. 1) collective curves: fit both on the even-indexed sizes
 of every curve, score on the odd-indexed ones (MAPE), per collective and source: shared/data/calibration/
 collectives.csv (nccl-tests of vTrain's A100/V100 nodes; XLA's default perf tables) and the local gloo sweep
-(data/recsys/cpu/collectives.db, scripts/recsys_gloo_sweep.py). Usage: python scripts/recsys_collectives.py"""
+(data/recsys/cpu/collectives.db, scripts/recsys_gloo_sweep.py; $COLLECTIVES_DB names another sweep, e.g.
+collectives_quiet.db). Usage: python scripts/recsys_collectives.py"""
 
 import csv
+import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -28,7 +30,7 @@ def curves() -> dict[tuple[str, str, str], list[tuple[float, float]]]:
             key = (source, r["collective"], "|".join((r["system"], r["num_gpus"], r["algorithm_or_variant"],
                                                       r["dtype"])))
             out[key][float(r["message_size_bytes"])] = float(r["time_us"]) * 1e-6
-    with ProfileDB.open_read_only(Path("data/recsys/cpu/collectives.db")) as db:
+    with ProfileDB.open_read_only(Path(os.environ.get("COLLECTIVES_DB", "data/recsys/cpu/collectives.db"))) as db:
         for row in db.collective_rows():
             out[("local gloo (this CPU)", row.collective, f"gloo x{row.world_size}")][float(row.message_bytes)] = \
                 row.stats.median_s

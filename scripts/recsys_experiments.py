@@ -9,6 +9,7 @@ a CSV are not measured again).
 
 import csv
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -37,9 +38,10 @@ PREDICTED = ("roofline_alpha_beta_s", "mlp_sigmoid_s", "mlp_sigmoid_sim_s", "max
 
 
 def local_curves() -> SigmoidComm:
-    """Sigmoid curves of the local gloo sweep (scripts/recsys_gloo_sweep.py), the catalog NCCL model where none."""
+    """Sigmoid curves of the local gloo sweep (scripts/recsys_gloo_sweep.py; $COLLECTIVES_DB, default
+    collectives.db, taken at the host's load), the catalog NCCL model where none."""
     fallback = NcclComm(Pricer().cal)
-    path = OUT / "collectives.db"
+    path = Path(os.environ.get("COLLECTIVES_DB", OUT / "collectives.db"))
     if not path.exists():
         return SigmoidComm({}, fallback)
     points: dict[tuple[str, int], list[tuple[float, float]]] = {}

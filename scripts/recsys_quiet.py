@@ -17,6 +17,9 @@ configs when its time budget (seconds) is spent.
 
   python scripts/recsys_quiet.py predict            # -> e2e_<set>_predicted.csv and the error tables
   python scripts/recsys_quiet.py predict-sharding   # each predictor's pick per task
+  python scripts/recsys_quiet.py fit-host [e2e]     # the dense part's host cost, fitted on the sharding set's
+                                                    # traces -> dense_host.json (predict then prices it), or on
+                                                    # the e2e set's -> dense_host_e2e.json (predict-sharding)
 """
 
 import csv
@@ -137,12 +140,15 @@ TERM_SPANS = {"bottom_mlp fwd": "bottom_fwd_s", "embeddings fwd": "lookup_fwd_s"
               "optimizer step": "optimizer_s"}
 BEFORE = ("roofline_alpha_beta_s", "mlp_sigmoid_s", "max_sum_s", "trace_predicted_s")
 AFTER = ("fixed_s", "fixed_max_sum_s", "fixed_trace_predicted_s")
+# With the dense part's host cost per op (fit-host: fitted on the sharding set's traces, applied to the e2e set).
+HOST = ("host_s", "host_sim_s", "host_trace_predicted_s")
+DENSE_HOST = OUT / "dense_host.json"
 REPLAYS = ("trace_replay_s", "trace_replay_cpu_s")
-PREDICTORS = (*BEFORE, *AFTER, *REPLAYS)
+PREDICTORS = (*BEFORE, *AFTER, *HOST, *REPLAYS)
 HOST_CORES = 2  # the cores of the host the campaign ran on (os.cpu_count() there)
 
 
-def fixed_pricing(model, plan, batch: int, ranks: int, lookups, comm, dense_db: Path):
+def fixed_pricing(model, plan, batch: int, ranks: int, lookups, comm, dense_db: Path, host=None):
     """The iteration priced with this session's mechanisms: the dense part in fp32 (as measured) from the dense
     ops' microbenchmarks, the lookups from the cold thread-CPU lookup model, and the ranks' own share of the host's
     cores (4 ranks on 2 cores take turns: estimate.result.with_shared_cores)."""
@@ -151,7 +157,7 @@ def fixed_pricing(model, plan, batch: int, ranks: int, lookups, comm, dense_db: 
     from trainsim.cost.compute import RooflineCosts
     from trainsim.cost.pricing import Pricer
     from trainsim.cost.profiled import ProfiledCosts
-    from trainsim.cost.sharded_dlrm import price_sharded_iteration
+    from trainsim.cost.sharded_dlrm import NO_HOST_COST, price_sharded_iteration
     from trainsim.frontends.catalog.sharded_dlrm import sharded_job
 
     device = CLUSTER.device.model_copy(update={"compute_share": min(1.0, HOST_CORES / ranks)})
@@ -160,15 +166,18 @@ def fixed_pricing(model, plan, batch: int, ranks: int, lookups, comm, dense_db: 
     pricer = Pricer(pricer.cal, op_costs=ProfiledCosts(dense_db, fallback=RooflineCosts(pricer.cal)),
                     comm_costs=comm)
     sjob = sharded_job(model, plan, cluster, batch, precision="fp32")
-    return sjob, pricer, price_sharded_iteration(sjob.graph, plan, sjob.job, pricer, lookups)
+    return sjob, pricer, price_sharded_iteration(sjob.graph, plan, sjob.job, pricer, lookups,
+                                                 host=host or NO_HOST_COST)
 
 
 def predict() -> None:
     import numpy as np
     from recsys_experiments import local_curves, predictions
 
+    from trainsim.calibrate.dense_host import load_dense_host
     from trainsim.compile.lower_sharded_dlrm import rank_compute_s
     from trainsim.cost.embedding_lookup import MlpLookup
+    from trainsim.cost.sharded_dlrm import NO_HOST_COST
     from trainsim.estimate.sharded_dlrm import estimate_sharded
     from trainsim.estimate.trace_predict import overheads_from, simulate_trace
 
@@ -180,7 +189,8 @@ def predict() -> None:
     traces = {(t["task"], str(t["local_batch"])): t for t in map(json.loads, (OUT / f"e2e_{SET}_traces.jsonl").open())}
     overheads = overheads_from([t["events"] for t in traces.values()])
     cpu_overheads = host_cpu_means(list(traces.values()), tuple(overheads))
-    terms: dict[str, list[tuple[float, float, float, float]]] = {}  # span -> (before, after, wall, cpu)
+    terms: dict[str, list[tuple[float, ...]]] = {}  # span -> (before, after, wall, cpu, with host cost)
+    host = load_dense_host(DENSE_HOST) if DENSE_HOST.exists() else NO_HOST_COST
     out_rows = []
     for row in rows:
         ranks, seed, batch = int(row["ranks"]), int(row["seed"]), int(row["local_batch"])
@@ -196,13 +206,20 @@ def predict() -> None:
                                       for r, w in enumerate(it.ranks)) / min(1.0, HOST_CORES / ranks)
         pred["fixed_trace_predicted_s"] = simulate_trace(t["events"], it, cpu_overheads) / min(1.0, HOST_CORES / ranks)
         pred["trace_replay_cpu_s"] = simulate_trace(t["events"], it, {}, replay=True, cpu_s=t["cpu_s"])
+        hjob, hpricer, host_it = fixed_pricing(model, plan, batch, ranks, after_lookups, comm, dense_db, host)
+        for engine, key in (("analytical", "host_s"), ("sim", "host_sim_s")):
+            pred[key] = estimate_sharded(hjob.job, hjob.graph, plan, engine, hpricer, after_lookups,
+                                         host=host).iteration_time_s
+        pred["host_trace_predicted_s"] = simulate_trace(t["events"], host_it, cpu_overheads) / min(
+            1.0, HOST_CORES / ranks)
         out_rows.append({**row, **pred})
         before_it = _before_iteration(model, plan, batch, before_lookups, comm)
         for r, (spans, cpus) in enumerate(zip(t["events"], t["cpu_s"], strict=True)):
             for (name, start, end), cpu in zip(spans, cpus, strict=True):
                 if name in TERM_SPANS:
                     terms.setdefault(name, []).append((getattr(before_it.ranks[r], TERM_SPANS[name]),
-                                                       getattr(it.ranks[r], TERM_SPANS[name]), end - start, cpu))
+                                                       getattr(it.ranks[r], TERM_SPANS[name]), end - start, cpu,
+                                                       getattr(host_it.ranks[r], TERM_SPANS[name])))
     with (OUT / f"e2e_{SET}_predicted.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=[*FIELDS, *PREDICTORS])
         writer.writeheader()
@@ -210,18 +227,48 @@ def predict() -> None:
             writer.writerow({k: r.get(k, "") for k in [*FIELDS, *PREDICTORS]})
     loads = [float(r[k]) for r in rows for k in ("load_before", "load_after")]
     print(f"{len(rows)} configs, host 1-minute load during the runs {min(loads):.2f}-{max(loads):.2f} "
-          f"(median {np.median(loads):.2f}); lookup model after: {after_path}")
+          f"(median {np.median(loads):.2f}); lookup model after: {after_path}; dense host cost: {host}")
     print("per span, medians over ranks and configs: measured wall / measured thread CPU, and thread CPU over the "
           "price before and after (p10-p90)")
     for name, values in terms.items():
         v = np.array([x for x in values if x[0] > 0 and x[1] > 0 and x[3] > 0])
         if not len(v):
             continue
-        before, after = v[:, 3] / v[:, 0], v[:, 3] / v[:, 1]
+        before, after, hosted = v[:, 3] / v[:, 0], v[:, 3] / v[:, 1], v[:, 3] / v[:, 4]
         print(f"  {name:<16} n={len(v):<4} wall/cpu {np.median(v[:, 2] / v[:, 3]):5.2f}   cpu/before "
               f"{np.median(before):6.2f} ({np.percentile(before, 10):.2f}-{np.percentile(before, 90):.2f})   "
-              f"cpu/after {np.median(after):5.2f} ({np.percentile(after, 10):.2f}-{np.percentile(after, 90):.2f})")
+              f"cpu/after {np.median(after):5.2f} ({np.percentile(after, 10):.2f}-{np.percentile(after, 90):.2f})"
+              f"   cpu/host {np.median(hosted):5.2f} ({np.percentile(hosted, 10):.2f}-"
+              f"{np.percentile(hosted, 90):.2f})")
     summarize(out_rows)
+
+
+def fit_host(experiment: str = "sharding") -> None:
+    """The dense part's host cost (calibrate.dense_host) from one set's traces, each traced config priced as
+    `predict` prices it without host cost: "sharding" (102 plans; the e2e set stays held out for `predict`) into
+    dense_host.json, or "e2e" (80 configs; the sharding set held out for `predict-sharding`) into
+    dense_host_e2e.json."""
+    from recsys_experiments import local_curves
+
+    from trainsim.calibrate.dense_host import fit_dense_host, samples_from_trace, save_dense_host
+    from trainsim.cost.embedding_lookup import MlpLookup
+    from trainsim.cost.sharded_dlrm import dense_op_counts
+
+    lookups = MlpLookup.load(Path(os.environ.get("LOOKUP_MODEL", OUT / "lookup_mlp_cold.json")))
+    comm, dense_db = local_curves(), Path(os.environ.get("DENSE_DB", OUT / "dense_ops.db"))
+    source = OUT / f"{experiment}_{SET}_traces.jsonl"
+    target = DENSE_HOST if experiment == "sharding" else OUT / f"dense_host_{experiment}.json"
+    samples = []
+    for t in map(json.loads, source.open()):
+        kind = "heavy" if t["task"].startswith("heavy") else "normal"
+        ranks, batch, seed = int(t["ranks"]), int(t["local_batch"]), int(t["task"].split("-")[0][len(kind):])
+        model, tables = task(kind, ranks, seed)
+        plan = shard(tables, t["sharder"], ranks, cap_bytes=CAP, seed=seed)
+        sjob, _, it = fixed_pricing(model, plan, batch, ranks, lookups, comm, dense_db)
+        samples += samples_from_trace(t["events"], t["cpu_s"], it, dense_op_counts(sjob.graph, plan))
+    host = fit_dense_host(samples)
+    save_dense_host(host, target, f"scripts/recsys_quiet.py fit-host {experiment} on {source}", len(samples))
+    print(f"{len(samples)} dense spans -> {host} -> {target}")
 
 
 def host_cpu_means(traces: list[dict], names: tuple[str, ...]) -> dict[str, float]:
@@ -278,8 +325,10 @@ def predict_sharding() -> None:
     within 5% counts (the paper's criterion: within 10%); a random pick's expectation beside it."""
     from recsys_experiments import CLUSTER, local_curves
 
+    from trainsim.calibrate.dense_host import load_dense_host
     from trainsim.cost.embedding_lookup import MlpLookup
     from trainsim.cost.pricing import Pricer
+    from trainsim.cost.sharded_dlrm import NO_HOST_COST
     from trainsim.estimate.sharded_dlrm import estimate_sharded
     from trainsim.estimate.trace_predict import simulate_trace
     from trainsim.frontends.catalog.sharded_dlrm import sharded_job
@@ -287,6 +336,9 @@ def predict_sharding() -> None:
     before_lookups = MlpLookup.load(OUT / "lookup_mlp.json")
     after_lookups = MlpLookup.load(Path(os.environ.get("LOOKUP_MODEL", OUT / "lookup_mlp_cold.json")))
     comm, dense_db = local_curves(), Path(os.environ.get("DENSE_DB", OUT / "dense_ops.db"))
+    host_path = OUT / "dense_host_e2e.json"  # fitted on the e2e set: the sharding set is held out
+    host = load_dense_host(host_path) if host_path.exists() else NO_HOST_COST
+    print(f"dense host cost (with 'host'): {host}")
     rows = list(csv.DictReader((OUT / f"sharding_{SET}.csv").open()))
     traces = {(t["task"], t["sharder"]): t for t in map(json.loads, (OUT / f"sharding_{SET}_traces.jsonl").open())}
     by_task: dict[str, list[dict]] = {}
@@ -298,13 +350,15 @@ def predict_sharding() -> None:
         plan = shard(tables, row["sharder"], ranks, cap_bytes=CAP, seed=seed)
         sjob, pricer, it = fixed_pricing(model, plan, batch, ranks, after_lookups, comm, dense_db)
         after = estimate_sharded(sjob.job, sjob.graph, plan, "analytical", pricer, after_lookups).iteration_time_s
+        hosted = estimate_sharded(sjob.job, sjob.graph, plan, "analytical", pricer, after_lookups,
+                                  host=host).iteration_time_s
         predict_s += time.perf_counter() - began
         old = sharded_job(model, plan, CLUSTER, batch)
         before = estimate_sharded(old.job, old.graph, plan, "analytical", Pricer(comm_costs=comm),
                                   before_lookups).iteration_time_s
         t = traces[(row["task"], row["sharder"])]
         cpu_replay = simulate_trace(t["events"], it, {}, replay=True, cpu_s=t["cpu_s"])
-        by_task.setdefault(row["task"], []).append({**row, "before": before, "after": after,
+        by_task.setdefault(row["task"], []).append({**row, "before": before, "after": after, "host": hosted,
                                                     "cpu_replay": cpu_replay})
     for ranks in sorted({r["ranks"] for r in rows}):
         tasks = {name: rs for name, rs in by_task.items() if rs[0]["ranks"] == ranks}
@@ -321,7 +375,7 @@ def _sharding_report(by_task: dict[str, list[dict]], traces: dict, ranks: str) -
           f"{min(loads):.2f}-{max(loads):.2f} (median {np.median(loads):.2f})")
     for target in ("measured_s", "fastest_s", "cpu_replay"):
         cells = []
-        for predictor in ("before", "after"):
+        for predictor in ("before", "after", "host"):
             hits5 = hits10 = 0
             for rs in by_task.values():
                 measured = {r["sharder"]: float(r[target]) for r in rs}
@@ -337,7 +391,7 @@ def _sharding_report(by_task: dict[str, list[dict]], traces: dict, ranks: str) -
                for t in traces.values()]
     print(f"  spread of a plan's 5 iterations ((max - min) / median): median {np.median(spreads) * 100:.0f}%, "
           f"p90 {np.percentile(spreads, 90) * 100:.0f}%")
-    for predictor in ("before", "after"):
+    for predictor in ("before", "after", "host"):
         errors = [abs(r[predictor] - float(r["measured_s"])) / float(r["measured_s"]) for r in rows]
         geomean = float(np.exp(np.mean(np.log(errors))))
         print(f"  {predictor}: geomean |error| against the measured median {geomean * 100:.1f}%")
@@ -356,3 +410,5 @@ if __name__ == "__main__":
         predict()
     elif command == "predict-sharding":
         predict_sharding()
+    elif command == "fit-host":
+        fit_host(sys.argv[2] if len(sys.argv) > 2 else "sharding")

@@ -65,11 +65,29 @@ def measure(
     memory_cap_gib: Annotated[float, typer.Option("--memory-cap-gib", help="per-rank memory cap the harness "
                                                   "enforces (GiB above the rank's baseline); over it the run "
                                                   "records outcome oom (0: none)")] = 0.0,
+    sharder: Annotated[str | None, typer.Option(help="DLRM: shard the embedding tables with this sharder of Lin "
+                                                "et al. Table III and train it on --num-gpus gloo ranks (index and "
+                                                "pooled all-to-alls, dense all-reduce; fp32)")] = None,
+    sharding: Annotated[Path | None, typer.Option(help="DLRM: a sharding file placing every table (docs/"
+                                                  "recommendation.md); as --sharder")] = None,
+    seed: Annotated[int, typer.Option(help="DLRM: seed of the random sharder, the weights and the index batches")]
+    = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     """Run a training job for real (torch.distributed: gloo on CPUs, NCCL on GPUs) and record its iteration
     time (median, p10, p90), peak memory per rank and throughput in OUT/RUN_ID.json."""
     flags = dict(model=model, cluster=cluster, num_gpus=num_gpus, **strategy_flags)
+    if sharder is not None or sharding is not None:  # a DLRM with sharded tables (cli.measure_dlrm)
+        from trainsim.cli.measure_dlrm import measure_sharded, refuse_unsupported
+
+        refuse_unsupported({"suite": suite, "tree": tree, "threads": threads, "profile": profile,
+                            "execution_trace": execution_trace, "memory_cap_gib": memory_cap_gib,
+                            "list": list_suite, "repeats": repeats if repeats != 1 else None})
+        measure_sharded(job_file, flags, sharder, sharding, iterations=iterations, warmup=warmup,
+                        timeout_s=timeout_s, out=out, run_id=run_id, as_json=as_json, seed=seed)
+        return
+    if seed != 0:
+        raise ConfigError("seed", seed, "applies to --sharder/--sharding only")
     if suite is not None:
         given = [f"--{k.replace('_', '-')}" for k, v in flags.items() if v is not None]
         if job_file is not None or given or run_id is not None:

@@ -61,6 +61,9 @@ def predict(
                                                   "recommendation.md)")] = None,
     lookup: Annotated[str, typer.Option(help="DLRM with --sharder/--sharding: embedding-lookup model, roofline "
                                         "or a JSON of `trainsim profile-embedding --fit`")] = "roofline",
+    dense_host: Annotated[Path | None, typer.Option(help="with --sharder/--sharding: the dense part's host cost "
+                                                    "per op, a JSON fitted from measured traces (scripts/"
+                                                    "recsys_quiet.py fit-host; default: not priced)")] = None,
 ) -> None:
     """Predict iteration time, throughput, MFU and peak memory of one training job."""
     entry = ENGINES.get(engine)
@@ -74,11 +77,21 @@ def predict(
     if html is not None:
         require_plotly()
     if sharder is not None or sharding is not None:
+        from trainsim.catalog.calibration import read_calibration
         from trainsim.cli.shard import predict_sharded  # a DLRM with sharded tables (both engines)
+        from trainsim.cost.pricing import make_pricer
 
+        for flag, value in (("tree", tree), ("task_level", None if task_level == "layer" else task_level),
+                            ("stack", stack_flags.get("stack") or stack_flags.get("overrides") or None)):
+            if value is not None:
+                raise ConfigError(flag, str(value), "does not apply to a sharded DLRM (--sharder/--sharding)")
         given = {"model": model, "frontend": frontend, "cluster": cluster, "num_gpus": num_gpus, **strategy_flags}
-        prediction = predict_sharded(job_file, given, engine, sharder, sharding, lookup)
+        pricer = make_pricer(costs, db, read_calibration(calibration))  # the dense ops' and collectives' prices
+        prediction = predict_sharded(job_file, given, engine, sharder, sharding, lookup, dense_host=dense_host,
+                                     pricer=pricer)
     else:
+        if dense_host is not None:
+            raise ConfigError("dense_host", str(dense_host), "applies to a sharded DLRM (--sharder/--sharding)")
         prediction = api.predict(model, cluster, num_gpus, job_file=job_file, frontend=frontend, engine=engine,
                                  costs=costs, db=db, task_level=task_level, tree=tree,  # type: ignore[arg-type]
                                  calibration=calibration, stack=stack_flags["stack"],

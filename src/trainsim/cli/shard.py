@@ -16,10 +16,12 @@ from trainsim.api.results import Prediction
 from trainsim.catalog import load_cluster, load_model
 from trainsim.cli.errors import handles_errors
 from trainsim.cost.embedding_lookup import LookupCostModel, MlpLookup, RooflineLookup
+from trainsim.cost.pricing import Pricer
+from trainsim.cost.sharded_dlrm import NO_HOST_COST, DenseHostCost
 from trainsim.embedding.plan_file import read_plan
 from trainsim.embedding.sharders import MEMORY_CAP_FRACTION, SHARDERS
 from trainsim.embedding.sharders import shard as shard_tables
-from trainsim.embedding.sharding import Optimizer
+from trainsim.embedding.sharding import Optimizer, ShardingPlan
 from trainsim.embedding.synthetic import TaskKind, generate_task
 from trainsim.embedding.tables import tables_from_spec
 from trainsim.errors import ConfigError
@@ -27,11 +29,22 @@ from trainsim.estimate.sharded_dlrm import SHARDED_ENGINES, estimate_sharded
 from trainsim.frontends.catalog.sharded_dlrm import dlrm_model, sharded_job
 from trainsim.hardware.cluster import ClusterSpec
 from trainsim.ir.model_spec import DlrmSpec, EmbeddingTable
+from trainsim.job import Job
 from trainsim.jobfile import check_choice, job_from_settings, read_job_file
 from trainsim.report.sharding import render_sharding, sharding_to_dict
 from trainsim.search.sharding import compare_sharders
 
 OPTIMIZERS = ("sgd", "rowwise-adagrad", "adagrad", "adam")
+
+
+DENSE_HOST_HELP = ("DLRM: the dense part's host cost per op and per optimizer tensor, a JSON fitted from measured "
+                   "traces (scripts/recsys_quiet.py fit-host; default: not priced)")
+
+
+def host_cost(path: Path | None) -> DenseHostCost:
+    from trainsim.calibrate.dense_host import load_dense_host
+
+    return NO_HOST_COST if path is None else load_dense_host(path)
 
 
 def synthetic_model(kind: str, num_ranks: int, seed: int) -> DlrmSpec:
@@ -80,6 +93,7 @@ def shard(
     optimizer: Annotated[str, typer.Option(help="sgd, rowwise-adagrad, adagrad or adam")] = "sgd",
     cap_fraction: Annotated[float, typer.Option(help="tables per rank stay under this share of memory")] =
         MEMORY_CAP_FRACTION,
+    dense_host: Annotated[Path | None, typer.Option(help=DENSE_HOST_HELP)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
     plans: Annotated[bool, typer.Option(help="print each sharder's plan")] = True,
 ) -> None:
@@ -89,7 +103,7 @@ def shard(
     opt = cast(Optimizer, optimizer)
     lookups = lookup_model(lookup, cluster_spec, seed)
     report = compare_sharders(spec, cluster_spec, num_ranks, local_batch, engine=engine, lookups=lookups,
-                              optimizer=opt, cap_fraction=cap_fraction, seed=seed)
+                              optimizer=opt, cap_fraction=cap_fraction, seed=seed, host=host_cost(dense_host))
     if json_out:
         print(json.dumps(sharding_to_dict(report), indent=2))
         return
@@ -97,12 +111,26 @@ def shard(
 
 
 def predict_sharded(job_file: Path | None, given: dict[str, Any], engine: str, sharder: str | None,
-                    sharding: Path | None, lookup: str, seed: int = 0) -> Prediction:
+                    sharding: Path | None, lookup: str, seed: int = 0, dense_host: Path | None = None,
+                    pricer: Pricer | None = None) -> Prediction:
     """`trainsim predict` of a DLRM with sharded tables: the job file's settings with the given flags (model,
     cluster, num_gpus, strategy) over them, as `trainsim predict` merges them; the ranks are the job's
     data-parallel ranks (its GPUs), the local batch its micro-batch; the plan from `sharder` (one of Table III's)
-    or the `sharding` file (embedding.plan_file)."""
+    or the `sharding` file (embedding.plan_file); pricer: the dense ops' and collectives' prices (`--costs`,
+    `--db`, `--calibration`; default the calibrated roofline)."""
     check_choice("engine", engine, tuple(SHARDED_ENGINES.names()))
+    job, plan = sharded_plan(job_file, given, sharder, sharding, seed)
+    sjob = sharded_job(cast(DlrmSpec, job.model), plan, job.cluster, job.parallel.micro_batch,
+                       precision=job.parallel.precision)
+    result = estimate_sharded(sjob.job, sjob.graph, plan, engine, pricer,
+                              lookups=lookup_model(lookup, job.cluster, seed), host=host_cost(dense_host))
+    return Prediction.of(result, sjob.job)
+
+
+def sharded_plan(job_file: Path | None, given: dict[str, Any], sharder: str | None, sharding: Path | None,
+                 seed: int = 0) -> tuple[Job, ShardingPlan]:
+    """The DLRM job of the job file with the given flags over it, and its tables' plan (from `sharder` or the
+    `sharding` file): what `trainsim predict` and `trainsim measure` take with --sharder/--sharding."""
     if (sharder is None) == (sharding is None):
         raise ConfigError("sharder", sharder, "give one of --sharder NAME and --sharding FILE, not both")
     check_choice("sharder", sharder, SHARDERS)
@@ -122,6 +150,4 @@ def predict_sharded(job_file: Path | None, given: dict[str, Any], engine: str, s
     else:
         cap = MEMORY_CAP_FRACTION * job.cluster.device.hbm_bytes
         plan = shard_tables(tables, cast(str, sharder), ranks, cap_bytes=cap, ranks_per_node=per_node, seed=seed)
-    sjob = sharded_job(job.model, plan, job.cluster, job.parallel.micro_batch, precision=job.parallel.precision)
-    result = estimate_sharded(sjob.job, sjob.graph, plan, engine, lookups=lookup_model(lookup, job.cluster, seed))
-    return Prediction.of(result, sjob.job)
+    return job, plan

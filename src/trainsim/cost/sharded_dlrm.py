@@ -25,7 +25,63 @@ from trainsim.job import Job
 
 # SGD on the dense weights: read weight and gradient, write weight (fp32).
 _SGD_BYTES_PER_PARAM = 3 * WEIGHT_BYTES
+MAX_KERNEL_SCALE = 100.0  # a bound on the fitted in-situ factor, so a broken fit is refused, not used
 _DENSE_STATE = {"sgd": 0, "rowwise-adagrad": 1, "adagrad": 1, "adam": 2}  # fp32 values per dense parameter
+
+
+@dataclass(frozen=True, slots=True)
+class DenseHostCost:
+    """What the dense part's spans take in an iteration beyond its ops' kernel prices (their microbenchmarks):
+    the CPU-side overheads of Lin et al.'s Algorithm 1 (Sec. III-D, T1-T5, aggregated from collected traces) for
+    the data-parallel MLPs and interaction. Per op of the forward (the module call and autograd's recording), per
+    op of the backward (autograd's dispatch of each gradient op), per tensor of the dense optimizer step (a Python
+    loop over the parameters, measure.dlrm_rank's SGD); and per phase a factor on the kernels' price, the in-situ
+    kernels against their microbenchmarks (other work evicted the caches the benchmarks had, the allocator).
+    Fitted from measured traces by calibrate.dense_host; the default prices nothing extra."""
+
+    fwd_op_s: float = 0.0
+    bwd_op_s: float = 0.0
+    step_tensor_s: float = 0.0
+    fwd_kernel_scale: float = 1.0
+    bwd_kernel_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("fwd_op_s", "bwd_op_s", "step_tensor_s"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:  # NB: also refuses NaN
+                raise ConfigError(f"dense_host.{name}", value, "must be in [0, 1) seconds")
+        for name in ("fwd_kernel_scale", "bwd_kernel_scale"):
+            value = getattr(self, name)
+            if not 0.0 < value <= MAX_KERNEL_SCALE:
+                raise ConfigError(f"dense_host.{name}", value, f"must be in (0, {MAX_KERNEL_SCALE:g}]")
+
+
+NO_HOST_COST = DenseHostCost()
+
+
+@dataclass(frozen=True, slots=True)
+class DenseOpCounts:
+    """What DenseHostCost is charged per: the ops of each dense span of an iteration (as the graph lists them)
+    and the tensors of the dense optimizer step."""
+
+    bottom_fwd: int
+    top_fwd: int  # interaction + top MLP + loss
+    top_bwd: int
+    bottom_bwd: int
+    step_tensors: int  # weight and bias of every linear layer, and every data-parallel table
+
+    def host_s(self, host: DenseHostCost) -> tuple[float, float, float, float, float]:
+        """Seconds added to bottom fwd, top fwd, top bwd, bottom bwd and the optimizer step."""
+        return (self.bottom_fwd * host.fwd_op_s, self.top_fwd * host.fwd_op_s, self.top_bwd * host.bwd_op_s,
+                self.bottom_bwd * host.bwd_op_s, self.step_tensors * host.step_tensor_s)
+
+
+def dense_op_counts(graph: OpGraph, plan: ShardingPlan) -> DenseOpCounts:
+    bottom, inter, top = (_layer(graph, n) for n in ("bottom_mlp", "interaction", "top_mlp"))
+    linears = sum(op.kind == "matmul" for op in bottom.fwd + top.fwd)
+    tables = sum(s.kind == "data-parallel" for s in plan.shards)
+    return DenseOpCounts(len(bottom.fwd), len(inter.fwd + top.fwd), len(top.bwd + inter.bwd), len(bottom.bwd),
+                         2 * linears + tables)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,17 +135,23 @@ def _layer(graph: OpGraph, name: str) -> Layer:
 
 
 def price_sharded_iteration(graph: OpGraph, plan: ShardingPlan, job: Job, pricer: Pricer,
-                            lookups: LookupCostModel, optimizer: Optimizer = "sgd") -> ShardedIteration:
-    """graph: the catalog DLRM graph of one rank (job.parallel.micro_batch samples); job: dp = the plan's ranks."""
+                            lookups: LookupCostModel, optimizer: Optimizer = "sgd",
+                            host: DenseHostCost = NO_HOST_COST) -> ShardedIteration:
+    """graph: the catalog DLRM graph of one rank (job.parallel.micro_batch samples); job: dp = the plan's ranks;
+    host: the dense part's host cost per op and per optimizer tensor, added to its kernels' prices (scaled by
+    its in-situ factors)."""
     ranks, batch = plan.num_ranks, job.parallel.micro_batch
     if job.num_gpus != ranks:
         raise ConfigError("num_gpus", job.num_gpus, f"must equal the sharding plan's ranks ({ranks})")
     bottom, inter, top = (_layer(graph, n) for n in ("bottom_mlp", "interaction", "top_mlp"))
-    bottom_fwd, bottom_bwd = pricer.ops_time_s(bottom.fwd, job), pricer.ops_time_s(bottom.bwd, job)
-    top_fwd = pricer.ops_time_s(inter.fwd + top.fwd, job)
-    top_bwd = pricer.ops_time_s(top.bwd + inter.bwd, job)
+    extra = dense_op_counts(graph, plan).host_s(host)
+    fwd, bwd = host.fwd_kernel_scale, host.bwd_kernel_scale
+    bottom_fwd = pricer.ops_time_s(bottom.fwd, job) * fwd + extra[0]
+    top_fwd = pricer.ops_time_s(inter.fwd + top.fwd, job) * fwd + extra[1]
+    top_bwd = pricer.ops_time_s(top.bwd + inter.bwd, job) * bwd + extra[2]
+    bottom_bwd = pricer.ops_time_s(bottom.bwd, job) * bwd + extra[3]
     dense_params = bottom.param_count + top.param_count
-    step = dense_params * _SGD_BYTES_PER_PARAM / job.cluster.device.hbm_bw_bytes_per_s
+    step = dense_params * _SGD_BYTES_PER_PARAM / job.cluster.device.hbm_bw_bytes_per_s + extra[4]
     pieces = plan.pieces(batch)
     works = tuple(RankWork(bottom_fwd, sum(lookups.lookup_s(p, "fwd") for p in rank_pieces), top_fwd, top_bwd,
                            bottom_bwd, sum(lookups.lookup_s(p, "bwd") for p in rank_pieces), step)

@@ -63,3 +63,10 @@ def _ranks(value: Any, kind: str, num_ranks: int, ranks_per_node: int, where: st
 def read_plan(path: Path, tables: Sequence[Table], num_ranks: int, ranks_per_node: int) -> ShardingPlan:
     """The plan in `path` (checked against the model's tables and the ranks; bad input -> ConfigError)."""
     return plan_from_mapping(read_mapping(path), tables, num_ranks, ranks_per_node, name=f"file {path.name}")
+
+
+def plan_to_mapping(plan: ShardingPlan) -> dict[str, Any]:
+    """The plan as the mapping `plan_from_mapping` reads back (every table with its kind and ranks): a measured
+    run records its plan in this form, so the run's file re-predicts with `trainsim predict --sharding FILE`."""
+    return {"sharding": [{"table": shard.table.index, "kind": shard.kind, "ranks": list(shard.ranks)}
+                         for shard in plan.shards]}

@@ -15,7 +15,7 @@ from trainsim.compile.lower_sharded_dlrm import closed_form_ends_s, lower_sharde
 from trainsim.cost.embedding_lookup import LookupCostModel, RooflineLookup
 from trainsim.cost.memory import MemoryEstimate
 from trainsim.cost.pricing import Pricer
-from trainsim.cost.sharded_dlrm import ShardedIteration, price_sharded_iteration
+from trainsim.cost.sharded_dlrm import NO_HOST_COST, DenseHostCost, ShardedIteration, price_sharded_iteration
 from trainsim.embedding.sharding import Optimizer, ShardingPlan
 from trainsim.estimate.result import Result, Timeline, make_result
 from trainsim.ir.graph import OpGraph
@@ -72,10 +72,11 @@ SHARDED_ENGINES.add("sim", _simulated)
 
 def estimate_sharded(job: Job, graph: OpGraph, plan: ShardingPlan, engine: str = "analytical",
                      pricer: Pricer | None = None, lookups: LookupCostModel | None = None,
-                     optimizer: Optimizer = "sgd") -> Result:
+                     optimizer: Optimizer = "sgd", host: DenseHostCost = NO_HOST_COST) -> Result:
     """job: dp = the plan's ranks, micro_batch = samples per rank; graph: the catalog DLRM graph of one rank
-    (frontends.catalog.sharded_dlrm.sharded_job makes both)."""
+    (frontends.catalog.sharded_dlrm.sharded_job makes both); host: the dense part's host cost per op
+    (cost.sharded_dlrm.DenseHostCost, fitted by calibrate.dense_host), in both engines alike."""
     run = SHARDED_ENGINES.get(engine)
     pricer = pricer or Pricer()
     lookups = lookups or RooflineLookup(job.cluster.device)
-    return run(job, graph, price_sharded_iteration(graph, plan, job, pricer, lookups, optimizer))
+    return run(job, graph, price_sharded_iteration(graph, plan, job, pricer, lookups, optimizer, host))

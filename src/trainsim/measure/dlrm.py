@@ -45,6 +45,32 @@ class DlrmMeasurement:
     load_avg: tuple[float, float] = (0.0, 0.0)  # the host's 1-minute load average before and after the run
 
 
+def check_dense(plan: ShardingPlan, dense: dict[str, Any]) -> None:
+    """The dense part measure.dlrm_rank builds around the plan's tables, checked before any rank starts: one
+    embedding dim for every table (the dot interaction), the bottom MLP ending at it, the top MLP at one logit
+    (the binary cross-entropy loss)."""
+    dims = sorted({s.table.dim for s in plan.shards})
+    if len(dims) != 1:
+        raise ConfigError("tables.dim", dims, "the dot interaction needs one dim for every table")
+    if dense["bottom_mlp"][-1] != dims[0]:
+        raise ConfigError("bottom_mlp", list(dense["bottom_mlp"]), f"must end at the tables' dim {dims[0]}")
+    if dense["top_mlp"][-1] != 1:
+        raise ConfigError("top_mlp", list(dense["top_mlp"]), "must end at 1 (one logit per sample)")
+
+
+def measurement_to_dict(m: DlrmMeasurement) -> dict[str, Any]:
+    """The measurement as plain data (a run file's body): the iteration (median, p10, p90, every iteration of the
+    slowest rank), the per-rank spans of the median iteration with each span's median thread CPU time, and the
+    host's load average before and after."""
+    slowest = np.asarray(m.iterations_s)
+    return {"iteration_s": m.iteration_s, "p10_s": float(np.percentile(slowest, 10)),
+            "p90_s": float(np.percentile(slowest, 90)), "iterations_s": list(m.iterations_s),
+            "local_batch": m.config.local_batch, "num_ranks": m.config.plan.num_ranks,
+            "sharder": m.config.plan.sharder, "load_avg": list(m.load_avg),
+            "rank_events": [[list(e) for e in rank] for rank in m.rank_events],
+            "rank_cpu_s": [list(c) for c in m.rank_cpu_s]}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -86,6 +112,8 @@ def measure_dlrm(configs: list[DlrmConfig], *, iterations: int = 5, warmup: int 
     if iterations < 1 or warmup < 0:
         raise ConfigError("iterations/warmup", (iterations, warmup), "need iterations >= 1 and warmup >= 0")
     world = worlds.pop()
+    for config in configs:
+        check_dense(config.plan, config.dense)
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()

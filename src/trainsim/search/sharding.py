@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from trainsim.cost.embedding_lookup import LookupCostModel
 from trainsim.cost.pricing import Pricer
+from trainsim.cost.sharded_dlrm import NO_HOST_COST, DenseHostCost
 from trainsim.embedding.sharders import MEMORY_CAP_FRACTION, SHARDERS, shard
 from trainsim.embedding.sharding import Optimizer, ShardingPlan
 from trainsim.embedding.tables import tables_from_spec
@@ -57,7 +58,7 @@ def compare_sharders(model: DlrmSpec, cluster: ClusterSpec, num_ranks: int, loca
                      engine: str = "analytical", sharders: Sequence[str] = SHARDERS, pricer: Pricer | None = None,
                      lookups: LookupCostModel | None = None, optimizer: Optimizer = "sgd",
                      cap_fraction: float = MEMORY_CAP_FRACTION, ranks_per_node: int = 0,
-                     seed: int = 0) -> ShardingReport:
+                     seed: int = 0, host: DenseHostCost = NO_HOST_COST) -> ShardingReport:
     if not 0.0 < cap_fraction <= 1.0:
         raise ConfigError("cap_fraction", cap_fraction, "must be in (0, 1]")
     if num_ranks < 1:
@@ -75,7 +76,7 @@ def compare_sharders(model: DlrmSpec, cluster: ClusterSpec, num_ranks: int, loca
             outcomes.append(SharderOutcome(name, None, None, str(exc)))
             continue
         sjob = sharded_job(model, plan, cluster, local_batch, optimizer)
-        result = estimate_sharded(sjob.job, sjob.graph, plan, engine, pricer, lookups, optimizer)
+        result = estimate_sharded(sjob.job, sjob.graph, plan, engine, pricer, lookups, optimizer, host)
         outcomes.append(SharderOutcome(name, plan, result))
     return ShardingReport(model.name, num_ranks, local_batch, engine, cap, tuple(outcomes),
                           time.perf_counter() - started)

@@ -4,15 +4,18 @@ memory and OOM, and one-line refusals."""
 import json
 from pathlib import Path
 
+import yaml
 from typer.testing import CliRunner
 
 from trainsim.catalog import load_cluster, load_model
 from trainsim.cli.main import app
+from trainsim.cost.pricing import make_pricer
 from trainsim.embedding.sharders import MEMORY_CAP_FRACTION, shard
+from trainsim.embedding.synthetic import generate_task
 from trainsim.embedding.tables import tables_from_spec
 from trainsim.estimate.sharded_dlrm import estimate_sharded
-from trainsim.frontends.catalog.sharded_dlrm import sharded_job
-from trainsim.ir.model_spec import DlrmSpec
+from trainsim.frontends.catalog.sharded_dlrm import dlrm_model, sharded_job
+from trainsim.ir.model_spec import DlrmSpec, EmbeddingTable
 
 runner = CliRunner()
 GIB = 2.0**30
@@ -111,3 +114,33 @@ def test_sharded_predict_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
         assert out.output.count("\n") == 1 and out.output.startswith("error:"), (args, out.output)
     out = runner.invoke(app, ["predict", "--model", "gpt3-125m", "--sharder", "naive"])
     assert out.exit_code == 2 and "DLRM" in out.output, out.output
+
+
+def test_sharded_predict_prices_dense_ops_with_the_costs_it_is_given(tmp_path: Path) -> None:
+    # heavy0 on 2 ranks, batch 32, fp32: its dense ops are in the experiments' profile of dense ops
+    db = Path(__file__).resolve().parents[3] / "data" / "recsys" / "cpu" / "dense_ops.db"
+    tables = generate_task("heavy", 2, 0)
+    model = dlrm_model("heavy0-r2", tuple(EmbeddingTable(rows=t.rows, dim=t.dim, pooling_factor=t.pooling,
+                                                         zipf_alpha=t.zipf_alpha) for t in tables))
+    path = tmp_path / "heavy0.yaml"
+    path.write_text(yaml.safe_dump(model.model_dump(mode="json")))
+    args = ["--model", str(path), "--cluster", "local-cpu", "--num-gpus", "2", "--micro-batch", "32",
+            "--precision", "fp32", "--sharder", "size-lookup-greedy"]
+    roofline = _predict(*args)["iteration_time_s"]
+    profiled = _predict(*args, "--costs", "profiled", "--db", str(db))["iteration_time_s"]
+    spec = load_model(str(path))
+    assert isinstance(spec, DlrmSpec)
+    cluster = load_cluster("local-cpu").with_num_gpus(2)
+    plan = shard(tables_from_spec(spec.tables), "size-lookup-greedy", 2,
+                 cap_bytes=MEMORY_CAP_FRACTION * cluster.device.hbm_bytes, ranks_per_node=1)
+    sjob = sharded_job(spec, plan, cluster, 32, precision="fp32")
+    direct = estimate_sharded(sjob.job, sjob.graph, plan, "analytical", make_pricer("profiled", db))
+    assert profiled == direct.iteration_time_s != roofline
+
+
+def test_sharded_predict_refuses_what_it_cannot_take() -> None:
+    base = ["predict", "--model", "dlrm-mlperf-terabyte", "--cluster", "dgx-h100-80gb", "--num-gpus", "8",
+            "--micro-batch", "512", "--sharder", "naive"]
+    for extra, field in ((["--task-level", "op"], "task_level"), (["--stack", "megatron"], "stack")):
+        out = runner.invoke(app, [*base, *extra])
+        assert out.exit_code == 2 and field in out.output, out.output

@@ -97,6 +97,51 @@ def _overhead_key(task_name: str) -> str:
     return match["op"] + (match["part"] or "")
 
 
+def recorded_per_op(trace: RankTrace) -> dict[int, int]:
+    """Per top-level op (node id), the ops the profiler recorded for it: the op and every op nested under it."""
+    top = {op.node_id for op in trace.top_level()}
+    counts = dict.fromkeys(top, 0)
+    for op in trace.ops.values():
+        node: TraceOp | None = op
+        while node is not None and node.node_id not in top:
+            node = trace.ops.get(node.parent)
+        if node is not None and op.measured:
+            counts[node.node_id] += 1
+    return counts
+
+
+def profiler_op_s(runs: Sequence[tuple[Sequence[RankTrace], float]]) -> float:
+    """The profiler's own cost per recorded op, from traced runs each with its iteration measured untraced: per
+    rank, (the traced ProfilerStep - the untraced iteration) / the ops the profiler recorded under the step; the
+    median over ranks and runs, 0 when negative. The traced iteration is the untraced one plus this cost per op
+    (torch.profiler with record_shapes and the execution-trace observer; Lin et al. take kernel times from
+    microbenchmarks, which carry no profiler, and the host overheads from traces, which do)."""
+    ratios = []
+    for traces, untraced_s in runs:
+        for trace in traces:
+            if trace.step < 0:
+                continue
+            recorded = sum(recorded_per_op(trace).values())
+            if recorded:
+                ratios.append((trace.ops[trace.step].duration_s - untraced_s) / recorded)
+    if not ratios:
+        raise ConfigError("traces", len(runs), "need traces with a ProfilerStep to measure the profiler's cost")
+    return max(0.0, float(np.median(ratios)))
+
+
+def deduct_profiler(graph: ExecGraph, traces: Sequence[RankTrace], op_s: float) -> ExecGraph:
+    """The graph of `traces` (to_exec_graph's, or predicted_trace_graph's) with each op task shortened by the
+    profiler's cost of the ops recorded for it (profiler_op_s), down to 0 at most; in place, returned."""
+    recorded = [recorded_per_op(trace) for trace in traces]
+    for task in graph.tasks:
+        match = _TASK_NAME.match(task.name)
+        if task.kind == "comm" or task.category == "overhead" or match is None or not match["node"]:
+            continue
+        count = recorded[task.device].get(int(match["node"]), 0)
+        task.duration_s = max(0.0, task.duration_s - count * op_s)
+    return graph
+
+
 CollectiveSeconds = Callable[[str, float, int], float]  # (kind, bytes, ranks) -> seconds
 
 

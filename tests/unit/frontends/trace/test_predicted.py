@@ -12,10 +12,13 @@ from trainsim.frontends.trace.load import load_trace_directory
 from trainsim.frontends.trace.predicted import (
     KernelModels,
     OpSample,
+    deduct_profiler,
     host_overheads,
     op_samples,
     op_work,
     predicted_trace_graph,
+    profiler_op_s,
+    recorded_per_op,
 )
 from trainsim.frontends.trace.to_exec_graph import to_exec_graph
 
@@ -50,3 +53,42 @@ def test_predicted_graph_keeps_the_structure_and_prices_every_task() -> None:
             assert op is not None
             assert task.duration_s == kernels.seconds(op.name, op_work(traces[task.device], op))
     assert 0.0 < iteration_s(graph) < math.inf
+
+
+def test_recorded_ops_are_each_top_level_op_and_what_nests_under_it() -> None:
+    trace = load_trace_directory(EXEC_TRACES)[0]
+    recorded = recorded_per_op(trace)
+    top = trace.top_level()
+    assert set(recorded) == {op.node_id for op in top}
+    for op in top:
+        assert recorded[op.node_id] == op.measured + sum(d.measured for d in trace.descendants(op))
+
+
+def test_profiler_cost_is_the_traced_step_beyond_the_untraced_iteration_per_recorded_op() -> None:
+    trace = load_trace_directory(EXEC_TRACES)[0]
+    assert trace.step >= 0
+    recorded = sum(recorded_per_op(trace).values())
+    step_s = trace.ops[trace.step].duration_s
+    assert profiler_op_s([([trace], step_s - recorded * 20e-6)]) == pytest.approx(20e-6, rel=1e-9)
+    assert profiler_op_s([([trace], step_s + 1.0)]) == 0.0  # an untraced iteration slower than the traced one
+    with pytest.raises(ConfigError, match="ProfilerStep"):
+        profiler_op_s([])
+
+
+def test_deducting_the_profiler_shortens_op_tasks_only_and_never_below_zero() -> None:
+    traces = load_trace_directory(EXEC_TRACES)
+    recorded = [recorded_per_op(t) for t in traces]
+    before = to_exec_graph(traces, start_offsets="zero")
+    after = deduct_profiler(to_exec_graph(traces, start_offsets="zero"), traces, 1e-6)
+    shortened = 0
+    for b, a in zip(before.tasks, after.tasks, strict=True):
+        node = b.name.rsplit("#", 1)[-1].split(" ")[0]
+        if b.kind == "comm" or b.category == "overhead" or not node.isdigit():
+            assert a.duration_s == b.duration_s
+            continue
+        assert a.duration_s == max(0.0, b.duration_s - recorded[b.device].get(int(node), 0) * 1e-6)
+        shortened += a.duration_s < b.duration_s
+    assert shortened > 0
+    gone = deduct_profiler(to_exec_graph(traces, start_offsets="zero"), traces, 1.0)
+    assert all(t.duration_s == 0.0 for t in gone.tasks
+               if t.kind != "comm" and t.category != "overhead" and t.name.rsplit("#", 1)[-1].split(" ")[0].isdigit())

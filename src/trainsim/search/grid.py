@@ -24,7 +24,6 @@ engine prices; a step-cost model whose host overhead reads the plan) go to the p
 every plan gets the figures AnalyticalEstimator.price gives it: tests/unit/search/test_grid.py holds them equal.
 """
 
-import gc
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -43,6 +42,7 @@ from trainsim.errors import TrainsimError
 from trainsim.estimate.analytical import AnalyticalEstimator, PlanPrice
 from trainsim.ir.graph import Layer, OpGraph
 from trainsim.job import Job
+from trainsim.search.collector import collector_paused
 from trainsim.strategy.parallel import Recompute
 from trainsim.strategy.precision import Precision, policy_for
 from trainsim.strategy.stages import BLOCK_KINDS, StagePart
@@ -114,13 +114,8 @@ class GridEngine:
         return self.estimator.price(job, graph)
 
     def price(self, plans: Sequence[tuple[Job, OpGraph]]) -> GridPrices:
-        collecting = gc.isenabled()
-        gc.disable()  # NB: as SimEstimator.run: tens of thousands of acyclic keys, tuples and arrays a grid; the
-        try:  # cyclic collector's passes over them were ~8% of a cold grid, and its full passes 20-40% of a run
+        with collector_paused():  # NB: its passes were ~8% of a cold grid, and a full pass 20-40% of a run
             return self._price(plans)
-        finally:
-            if collecting:
-                gc.enable()
 
     def _price(self, plans: Sequence[tuple[Job, OpGraph]]) -> GridPrices:
         n = len(plans)

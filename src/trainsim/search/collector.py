@@ -2,9 +2,9 @@
 
 A search makes tens of thousands of objects that hold no reference cycles (specs, jobs, keys, tuples, arrays):
 reference counting frees them, and the cyclic collector only walks them, again and again as they pile up, and
-in its full passes the whole heap besides. Paused, the LLaMA-3.1-70B search on 1,024 H100 (benchmarks/
-bench_search.py) took 29% less CPU and a cold grid 8% less, with the same figures: the collector frees only
-unreachable cycles, it changes no value. SimEstimator.run pauses it for the same reason.
+in its full passes the whole heap besides. Paused, the LLaMA-3.1-70B search on 1,024 H100 made 1.12x the plans
+per CPU second and a cold grid 1.02-1.03x (benchmarks/bench_search.py; docs/speed.md), with the same figures:
+the collector frees only unreachable cycles, it changes no value. SimEstimator.run pauses it for the same reason.
 """
 
 import gc

@@ -114,7 +114,7 @@ class GridEngine:
         return self.estimator.price(job, graph)
 
     def price(self, plans: Sequence[tuple[Job, OpGraph]]) -> GridPrices:
-        with collector_paused():  # NB: its passes were ~8% of a cold grid, and a full pass 20-40% of a run
+        with collector_paused():  # NB: a full pass of the collector made a cold grid 20-40% slower, now and then
             return self._price(plans)
 
     def _price(self, plans: Sequence[tuple[Job, OpGraph]]) -> GridPrices:

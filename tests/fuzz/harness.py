@@ -87,7 +87,7 @@ def write_files(case: Case, folder: Path) -> None:
 
 def run_case(case: Case, folder: Path) -> Outcome:
     """Run `trainsim <argv>` with cwd = folder (holding the case's files) and classify the result."""
-    from trainsim.cli.main import main
+    from trainsim.cli.main import command_line
 
     write_files(case, folder)
     out, err = io.StringIO(), io.StringIO()
@@ -98,7 +98,7 @@ def run_case(case: Case, folder: Path) -> Outcome:
                 _time_limit(HANG_S, HANG_WALL_S), _launcher_stubbed(case.argv):
             sys.argv = ["trainsim", *case.argv]
             try:
-                main()
+                command_line()
             except SystemExit as exc:
                 code = exc.code
     except _Hang:

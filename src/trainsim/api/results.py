@@ -22,6 +22,13 @@ from trainsim.units import format_duration
 SCHEMA_VERSION = 1
 
 
+def _no_notes() -> list[str]:
+    """NB: a Python function, not the builtin `list`: pydantic reads a default factory's signature
+    (pydantic/_internal/_fields.py takes_validated_data_argument, pydantic 2.x), and a builtin's is parsed from
+    its text by tokenize, whose patterns take ~5 ms to compile, once per process (a twentieth of predict's own)."""
+    return []
+
+
 class SchemaTag(BaseModel):
     """Which object a JSON file holds and the version of its layout (bumped when a key changes meaning or goes)."""
 
@@ -96,7 +103,7 @@ class Prediction(_Output):
     oom: bool
     breakdown: dict[str, float]
     memory_breakdown: dict[str, float]
-    notes: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=_no_notes)
     peak_memory_gib: float
     memory_capacity_gib: float
     memory_breakdown_gib: dict[str, float]

@@ -11,6 +11,7 @@ CUDA-graphs stack; and the planner's ranking, counts and priced plans equal the 
 figures.
 """
 
+import gc
 import heapq
 import random
 
@@ -250,3 +251,22 @@ def test_another_op_cost_model_and_a_stack_of_cuda_graphs() -> None:
                 plain = AnalyticalEstimator(Pricer(op_costs=pricer.op_costs)).price(job, graph_for(job))
                 assert prices.iteration_time_s[index] == pytest.approx(plain.iteration_time_s, rel=REL, abs=0.0)
                 assert prices.peak_memory_bytes[index] == pytest.approx(plain.peak_memory_bytes, rel=REL, abs=0.0)
+
+
+@pytest.mark.parametrize("collecting", [True, False])
+def test_the_collector_is_left_as_it_was(collecting: bool) -> None:
+    """price pauses the cyclic garbage collector while it works (speed only): the caller's setting comes back,
+    after a refusal too, and the figures are those of a run with the collector on."""
+    cluster = load_cluster("dgx-a100-80gb").with_num_gpus(8)
+    good = built(DENSE, cluster, [ParallelSpec(tp=2, global_batch=64, seq_len=512)])
+    reference = GridEngine().price(good)
+    if not collecting:
+        gc.disable()
+    try:
+        prices = GridEngine().price([*good, (good[0][0], OpGraph("empty", (), 1, 1))])
+        assert gc.isenabled() is collecting
+    finally:
+        gc.enable()
+    assert list(prices.errors) == [1]
+    assert prices.iteration_time_s[0] == reference.iteration_time_s[0]
+    assert prices.peak_memory_bytes[0] == reference.peak_memory_bytes[0]

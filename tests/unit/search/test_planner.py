@@ -1,5 +1,6 @@
 """Search: the enumerated space by hand, the counts per reason, the ranking, and the CLI's JSON and errors."""
 
+import gc
 import json
 from collections import Counter
 
@@ -183,3 +184,26 @@ def test_cli_global_batch_is_required() -> None:
     result = CliRunner().invoke(app, ["search", "--model", "gpt3-125m"])
     assert result.exit_code == 2
     assert "global_batch" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("collecting", [True, False])
+def test_search_leaves_the_collector_as_it_was(cluster8: ClusterSpec, collecting: bool) -> None:
+    """A search pauses the cyclic garbage collector while it works (search.collector, speed only): the caller's
+    setting comes back, after a refused search too, and the ranking is the one made with the collector on."""
+    space = SearchSpace(global_batch=16, seq_len=128)
+    seen: list[bool] = []
+    reference = Planner().search(tiny_model(), cluster8, space, top_k=5)
+    if not collecting:
+        gc.disable()
+    try:
+        report = Planner().search(tiny_model(), cluster8, space, top_k=5,
+                                  progress=lambda done, total: seen.append(gc.isenabled()))
+        assert gc.isenabled() is collecting
+        with pytest.raises(ConfigError, match="top_k"):
+            Planner().search(tiny_model(), cluster8, space, top_k=0)
+        assert gc.isenabled() is collecting
+    finally:
+        gc.enable()
+    assert seen and not any(seen)  # paused while it enumerates and prices
+    assert [(plan.parallel, plan.result.iteration_time_s, plan.result.peak_memory_bytes) for plan in report.plans] \
+        == [(plan.parallel, plan.result.iteration_time_s, plan.result.peak_memory_bytes) for plan in reference.plans]

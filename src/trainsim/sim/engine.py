@@ -29,8 +29,10 @@ ranks arriving, at one instant, the lowest tid.
 
 Work model: a flow has `duration_s` of work (the largest member's for a collective) and progresses at
 1 / stretch, where stretch = (1 + overlap_slowdown if overlapped) x max over its resources of
-max(1, active flows / capacity). A collective is one flow: it starts when its last rank takes its stream,
-progresses at its slowest rank's rate and counts once on each resource any of its ranks names.
+max(1, what the active flows take of it / its capacity); a flow takes its device's weight of a resource
+(ExecGraph.resource_weights: the shares its ranks behind a shared link take, hardware/links.py; 1 where unnamed).
+A collective is one flow: it starts when its last rank takes its stream, progresses at its slowest rank's rate
+and takes, of each resource any of its ranks names, the sum of its members' named weights (else 1).
 """
 
 from collections.abc import Container
@@ -131,7 +133,7 @@ class Engine:
         self.tl_t: list[list[float]] | None = [[0.0] for _ in statics] if options.memory_timeline else None
         self.tl_b: list[list[float]] = [[s] for s in statics] if options.memory_timeline else []
         # per resource
-        self.res_active = [0] * len(g.resource_names)
+        self.res_active: list[float] = [0] * len(g.resource_names)  # what the flows on it take of it
         self.res_flows: list[dict[int, None]] = [{} for _ in g.resource_names]
         self.dirty_res: dict[int, None] = {}
         # per device: the run of tasks running alone there as one event (None / 0: none), when it started, its id
@@ -179,7 +181,7 @@ class Engine:
         leader_of, members, device_of, is_compute = g.leader_of, g.members, g.device_of, g.is_compute
         category_of, alloc_bytes, free_bytes, work = g.category_of, g.alloc_bytes, g.free_bytes, g.work
         stream_of, priority, successors = g.stream_of, g.priority, g.successors
-        flow_resources, capacity = g.flow_resources, g.resource_capacity
+        flow_resources, flow_weights, capacity = g.flow_resources, g.flow_weights, g.resource_capacity
         gamma, slow, sharing, dynamic = self.gamma, self.slow, self.sharing, self.dynamic
         tl_t, tl_b = self.tl_t, self.tl_b
         dirty_streams, new_flows = self.dirty_streams, self.new_flows
@@ -267,8 +269,8 @@ class Engine:
                         resources = flow_resources[flow]
                         if resources:
                             # NB: the other flows on a resource slow down only once it is over capacity
-                            for r in resources:
-                                users = res_active[r] + 1
+                            for r, weight in zip(resources, flow_weights[flow]):
+                                users = res_active[r] + weight
                                 res_active[r] = users
                                 res_flows[r][flow] = None
                                 if users > capacity[r]:
@@ -429,10 +431,10 @@ class Engine:
             if sharing and not alone:
                 resources = flow_resources[flow]
                 if resources:
-                    for r in resources:  # NB: the others speed up only if it was over capacity
-                        if res_active[r] > capacity[r]:
+                    for r, weight in zip(resources, flow_weights[flow]):  # NB: the others speed up only if
+                        if res_active[r] > capacity[r]:  # it was over capacity
                             dirty_res[r] = None
-                        res_active[r] -= 1
+                        res_active[r] -= weight
                         del res_flows[r][flow]
         self.dirty_streams, self.new_flows = dirty_streams, new_flows
         self.seq, self.stamp, self.done, self.events = seq, stamp, done, events
@@ -523,8 +525,8 @@ class Engine:
         if self.sharing:
             resources = g.flow_resources[tid]
             if resources:
-                for r in resources:
-                    users = self.res_active[r] + 1
+                for r, weight in zip(resources, g.flow_weights[tid]):
+                    users = self.res_active[r] + weight
                     self.res_active[r] = users
                     self.res_flows[r][tid] = None
                     if users > g.resource_capacity[r]:

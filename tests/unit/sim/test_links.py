@@ -1,4 +1,4 @@
-"""Link sharing between communication groups (sim.links + the engine's bandwidth sharing): exact cases."""
+"""Link sharing between communication groups (hardware.links + the engine's bandwidth sharing): exact cases."""
 
 import pytest
 
@@ -8,7 +8,7 @@ from trainsim.errors import ConfigError
 from trainsim.hardware.cluster import ClusterSpec
 from trainsim.ir.exec_graph import ExecGraph, SimDevice
 from trainsim.sim.engine import simulate
-from trainsim.sim.links import link_capacity, physical_links, shared_groups
+from trainsim.hardware.links import group_links, link_capacity, physical_links, shared_groups
 from trainsim.sim.outcome import SimOptions
 
 
@@ -22,9 +22,10 @@ def _graph(groups: list[list[int]], cluster: ClusterSpec, seconds: float = 1.0) 
     graph = ExecGraph(devices=[SimDevice(index=i, stage=i, ranks=len(g), capacity_bytes=1e12, static_bytes=0.0,
                                          static_breakdown={}) for i, g in enumerate(groups)], tasks=[])
     for i, group in enumerate(groups):
-        names = physical_links(group, cluster)
+        uses = group_links(group, cluster)
+        names = tuple(uses)
         graph.add(name=f"all-reduce {group}", device=i, stream="gradient", kind="comm", duration_s=seconds,
-                  resources=names, phase="comm", stage=i, category="dp_comm")
+                  resources=names, phase="comm", stage=i, category="dp_comm", link_shares=tuple(uses.values()))
         for name in names:
             graph.resource_capacity[name] = link_capacity(name, cluster)
     return graph

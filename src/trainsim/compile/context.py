@@ -73,7 +73,7 @@ def _comm_site(name: str) -> str:
 
 def _links(layout: GroupLayout) -> tuple[str, ...]:
     """The levels a transfer of this layout crosses: the fabric inside a domain, the NIC out of it, the leaf's
-    up-links out of the leaf (compile/links.py puts the shared ones in their place)."""
+    up-links out of the leaf (compile/place_links.py puts the shared ones in their place)."""
     if layout.size <= 1:
         return ()
     if layout.num_domains == 1:
@@ -196,7 +196,7 @@ class BuildContext:
                        receivers: tuple[int, ...] | None = None) -> tuple[str, ...]:
         """Links the ranks of these simulated devices use for a transfer of `layout`: their fabric ports inside
         a node, their NICs across nodes, their leaf's up-links across leaves, each direction a resource of its own,
-        named per simulated device ("stage3.nic.tx"); compile/links.py then puts the shared ones (NICs, up-links,
+        named per simulated device ("stage3.nic.tx"); compile/place_links.py then puts the shared ones (NICs, up-links,
         a PCIe bus) in their place among the cluster's physical links. A collective sends and receives on every rank
         (receivers default to the senders); a send-recv transmits on the sender and receives on the receiver."""
         receivers = senders if receivers is None else receivers

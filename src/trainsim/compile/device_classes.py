@@ -18,7 +18,7 @@ ClusterSpec.compute_slowdown: a straggler), and then the ranks of a stage form *
   reshards, the optimizer barrier) spans the classes: its copies are one collective (a shared sync_key) that
   starts when the last class arrives, so the fast classes wait for the slow one there, as their real ranks do.
 - Its memory is the stage's, its capacity the smallest of its ranks'. The links its ranks cross are the
-  cluster's: where classes share a node's NIC, their transfers share it (compile/links.py).
+  cluster's: where classes share a node's NIC, their transfers share it (compile/place_links.py).
 
 With every rank alike the graph is returned as it was: the same tasks and the same numbers.
 """

@@ -269,7 +269,7 @@ class Engine:
                         resources = flow_resources[flow]
                         if resources:
                             # NB: the other flows on a resource slow down only once it is over capacity
-                            for r, weight in zip(resources, flow_weights[flow]):
+                            for r, weight in zip(resources, flow_weights[flow], strict=True):
                                 users = res_active[r] + weight
                                 res_active[r] = users
                                 res_flows[r][flow] = None
@@ -431,8 +431,9 @@ class Engine:
             if sharing and not alone:
                 resources = flow_resources[flow]
                 if resources:
-                    for r, weight in zip(resources, flow_weights[flow]):  # NB: the others speed up only if
-                        if res_active[r] > capacity[r]:  # it was over capacity
+                    # NB: the others speed up only if it was over capacity
+                    for r, weight in zip(resources, flow_weights[flow], strict=True):
+                        if res_active[r] > capacity[r]:
                             dirty_res[r] = None
                         res_active[r] -= weight
                         del res_flows[r][flow]
@@ -525,7 +526,7 @@ class Engine:
         if self.sharing:
             resources = g.flow_resources[tid]
             if resources:
-                for r, weight in zip(resources, g.flow_weights[tid]):
+                for r, weight in zip(resources, g.flow_weights[tid], strict=True):
                     users = self.res_active[r] + weight
                     self.res_active[r] = users
                     self.res_flows[r][tid] = None

@@ -192,7 +192,7 @@ def test_predict_reads_stragglers_and_rank_devices_from_a_cluster_file(tmp_path:
 def test_classes_on_one_node_share_its_nic_by_their_ranks() -> None:
     """Collective prices already give each GPU its share of its node's NICs (comm/collectives.py: NICs x
     bandwidth / GPUs per node), so a class's transfer takes one share per rank of it behind the node's NIC, which
-    every class on the node names (compile/links.py): splitting ranks that are alike into two classes on the same
+    every class on the node names (compile/place_links.py): splitting ranks that are alike into two classes on the same
     nodes (a twin device of the same specs) simulates to exactly the one-device iteration, with bandwidth sharing
     and an overlap slow-down on. pp 2 x dp 16 over nodes of one NIC: the gradient buckets and the pipeline's
     sends cross it."""

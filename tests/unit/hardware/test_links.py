@@ -6,9 +6,9 @@ from conftest import a100_cluster
 from trainsim.catalog import load_cluster
 from trainsim.errors import ConfigError
 from trainsim.hardware.cluster import ClusterSpec
+from trainsim.hardware.links import group_links, link_capacity, physical_links, shared_groups
 from trainsim.ir.exec_graph import ExecGraph, SimDevice
 from trainsim.sim.engine import simulate
-from trainsim.hardware.links import group_links, link_capacity, physical_links, shared_groups
 from trainsim.sim.outcome import SimOptions
 
 

@@ -123,6 +123,7 @@ class GraphArrays:
         tasks = graph.tasks
         res_index: dict[str, int] = {}
         as_indices: dict[tuple[str, ...], tuple[int, ...]] = {}  # the compiler shares resource tuples
+        checked: dict[tuple[int, int], tuple[float, ...]] = {}
         groups: dict[str, list[int]] = {}
         flow_resources, flow_weights = self.flow_resources, self.flow_weights
         for tid in compress(range(self.num_tasks), sync_keys):
@@ -134,7 +135,12 @@ class GraphArrays:
                 if indices is None:
                     indices = as_indices[names] = tuple(res_index.setdefault(r, len(res_index)) for r in names)
                 flow_resources[tid] = indices
-                flow_weights[tid] = _shares(names, task_shares[tid], tasks[tid].name)
+                given = task_shares[tid]
+                key = (id(names), id(given))  # NB: the compiler shares resource and link_shares tuples
+                shares = checked.get(key)
+                if shares is None:
+                    shares = checked[key] = _shares(names, given, tasks[tid].name)
+                flow_weights[tid] = shares
         for key, members in groups.items():
             leader = members[0]
             seen_streams: set[int] = set()

@@ -118,3 +118,13 @@ def test_alike_links_are_one_resource_whatever_the_dp() -> None:
         counts.append(len(names))
         assert all(graph.resource_capacity[n] == 8.0 for n in names if ".nic." in n)
     assert counts[0] == counts[1]
+
+
+def test_a_group_across_leaves_names_their_up_links() -> None:
+    """tp 4 x dp 8 over 4 nodes, one node per leaf, up-links oversubscribed 2:1: each gradient bucket crosses every
+    leaf's up-links with the stage's 8 ranks under it (of 8)."""
+    cluster = a100_cluster(32).model_copy(update={"nodes_per_leaf": 1, "leaf_oversubscription": 2.0})
+    graph = _compile(_job(cluster, tp=4, dp=8))
+    shares = _shares(_first(graph, 0, "dp all-reduce bucket0"))
+    assert shares["leaf0.uplink.tx (+3 alike)"] == shares["node0.nic.tx (+3 alike)"] == 8.0
+    assert graph.resource_capacity["leaf0.uplink.tx (+3 alike)"] == 8.0

@@ -60,7 +60,9 @@ class GraphArrays:
         self.leader_of: list[int] = [-1] * n
         self.members: dict[int, list[int]] = {}
         self.flow_resources: list[tuple[int, ...] | None] = [None] * n
-        self.flow_weights: list[tuple[float, ...]] = [()] * n  # per flow, what it takes of each of its resources
+        # per flow, what it takes of each of its resources over the resource's capacity (None: all of each, the
+        # engine's fast path)
+        self.flow_weights: list[tuple[float, ...] | None] = [None] * n
         self.has_flow_resources = False
         self._flows(graph, sync_keys, resources, link_shares, kinds)
         self.shared_links = self._shared_links()
@@ -119,57 +121,66 @@ class GraphArrays:
                task_shares: tuple[tuple[float, ...], ...], kinds: tuple[str, ...]) -> None:
         """Group collectives by sync_key and give every comm flow its resources (union over its members) and what
         it takes of each (Task.link_shares, 1 where the task gives none; a collective takes the sum of its
-        members' given shares, its ranks on several devices crossing the link together, else 1)."""
+        members' given shares, its ranks on several devices crossing the link together, else 1), as fractions of
+        the resources' capacities: None where each is 1 (a flow that takes a whole resource, the engine's fast
+        path)."""
         tasks = graph.tasks
+        capacity_of = graph.resource_capacity
+        for name, capacity in capacity_of.items():
+            if not (capacity > 0.0 and math.isfinite(capacity)):
+                raise ConfigError(f"resource_capacity[{name!r}]", capacity, "must be finite and > 0")
         res_index: dict[str, int] = {}
         as_indices: dict[tuple[str, ...], tuple[int, ...]] = {}  # the compiler shares resource tuples
-        checked: dict[tuple[int, int], tuple[float, ...]] = {}
         groups: dict[str, list[int]] = {}
         flow_resources, flow_weights = self.flow_resources, self.flow_weights
         for tid in compress(range(self.num_tasks), sync_keys):
             groups.setdefault(sync_keys[tid], []).append(tid)
+        as_flow: dict[tuple[int, int], tuple[tuple[int, ...], tuple[float, ...] | None]] = {}
         for tid in compress(range(self.num_tasks), task_resources):
             if not sync_keys[tid] and kinds[tid] == "comm":
-                names = task_resources[tid]
-                indices = as_indices.get(names)
-                if indices is None:
-                    indices = as_indices[names] = tuple(res_index.setdefault(r, len(res_index)) for r in names)
-                flow_resources[tid] = indices
-                given = task_shares[tid]
+                names, given = task_resources[tid], task_shares[tid]
                 key = (id(names), id(given))  # NB: the compiler shares resource and link_shares tuples
-                shares = checked.get(key)
-                if shares is None:
-                    shares = checked[key] = _shares(names, given, tasks[tid].name)
-                flow_weights[tid] = shares
+                placed = as_flow.get(key)
+                if placed is None:
+                    indices = as_indices.get(names)
+                    if indices is None:
+                        indices = as_indices[names] = tuple(res_index.setdefault(r, len(res_index)) for r in names)
+                    placed = as_flow[key] = (indices, _fractions([capacity_of.get(r, 1.0) for r in names],
+                                                                 _shares(names, given, tasks[tid].name)))
+                flow_resources[tid], flow_weights[tid] = placed
+        as_collective: dict[tuple[tuple[int, int], ...], tuple[tuple[int, ...], tuple[float, ...] | None]] = {}
         for key, members in groups.items():
             leader = members[0]
             seen_streams: set[int] = set()
-            resources: dict[int, float] = {}
             for tid in members:
                 if self.stream_of[tid] in seen_streams:
                     raise ConfigError(f"task {tasks[tid].name!r}.sync_key", key,
                                       "two ranks of one collective cannot share a device's stream")
                 seen_streams.add(self.stream_of[tid])
                 self.leader_of[tid] = leader
-                if kinds[tid] != "comm" or not task_resources[tid]:
-                    continue
-                given = task_shares[tid]
-                shares = _shares(task_resources[tid], given, tasks[tid].name) if given else ()
-                for i, r in enumerate(task_resources[tid]):
-                    index = res_index.setdefault(r, len(res_index))
-                    resources[index] = resources.get(index, 0.0) + (shares[i] if shares else 0.0)
             self.members[leader] = members
             # NB: the collective progresses as one unit, so it does the largest member's work.
             self.work[leader] = max(self.work[tid] for tid in members)
-            if resources:
-                flow_resources[leader] = tuple(resources)
-                flow_weights[leader] = tuple(w if w > 0.0 else 1.0 for w in resources.values())
+            linked = [tid for tid in members if kinds[tid] == "comm" and task_resources[tid]]
+            if not linked:
+                continue
+            signature = tuple([(id(task_resources[tid]), id(task_shares[tid])) for tid in linked])
+            placed = as_collective.get(signature)
+            if placed is None:  # NB: the compiler shares tuples, so few collectives take this path
+                resources: dict[str, float] = {}
+                for tid in linked:
+                    given = task_shares[tid]
+                    shares = _shares(task_resources[tid], given, tasks[tid].name) if given else ()
+                    for i, r in enumerate(task_resources[tid]):
+                        resources[r] = resources.get(r, 0.0) + (shares[i] if shares else 0.0)
+                placed = as_collective[signature] = (
+                    tuple(res_index.setdefault(r, len(res_index)) for r in resources),
+                    _fractions([capacity_of.get(r, 1.0) for r in resources],
+                               [w if w > 0.0 else 1.0 for w in resources.values()]))
+            flow_resources[leader], flow_weights[leader] = placed
         self.has_flow_resources = bool(res_index)
         self.resource_names = list(res_index)
-        self.resource_capacity = [graph.resource_capacity.get(name, 1.0) for name in self.resource_names]
-        for name, capacity in zip(self.resource_names, self.resource_capacity, strict=True):
-            if not (capacity > 0.0 and math.isfinite(capacity)):
-                raise ConfigError(f"resource_capacity[{name!r}]", capacity, "must be finite and > 0")
+        self.resource_capacity = [capacity_of.get(name, 1.0) for name in self.resource_names]
 
     def _shared_links(self) -> set[int]:
         """The flows with a resource that a flow of another device also names, or that one flow alone takes more
@@ -184,21 +195,26 @@ class GraphArrays:
                                   map(flow_weights.__getitem__, with_links),
                                   map(device_of.__getitem__, with_links), strict=True))
         devices_of: list[set[int]] = [set() for _ in self.resource_names]
-        most = [0.0] * len(self.resource_names)  # the most one flow takes of each resource
+        most = [0.0] * len(self.resource_names)  # the most one flow takes of each resource (of its capacity)
         for resources, weights, device in users:
-            for r, weight in zip(resources or (), weights, strict=True):
+            for i, r in enumerate(resources or ()):
                 devices_of[r].add(device)
-                most[r] = max(most[r], weight)
+                most[r] = max(most[r], 1.0 if weights is None else weights[i])
         for leader, ranks in members.items():  # a collective's links serve all its ranks' devices
             for r in flow_resources[leader] or ():
                 devices_of[r].update(device_of[m] for m in ranks)
-        exclusive = [len(devices) <= 1 and capacity >= weight
-                     for devices, capacity, weight in zip(devices_of, self.resource_capacity, most, strict=True)]
+        exclusive = [len(devices) <= 1 and weight <= 1.0 for devices, weight in zip(devices_of, most, strict=True)]
         bad = {resources for resources, _, _ in users if resources and not all(exclusive[r] for r in resources)}
         return {tid for tid in with_links if flow_resources[tid] in bad} if bad else set()
 
 
 _ONES: dict[int, tuple[float, ...]] = {}
+
+
+def _fractions(capacities: Sequence[float], shares: Sequence[float]) -> tuple[float, ...] | None:
+    """Shares as fractions of the capacities; None where each is 1."""
+    fractions = tuple(share / capacity for share, capacity in zip(shares, capacities, strict=True))
+    return None if all(f == 1.0 for f in fractions) else fractions
 
 
 def _shares(names: tuple[str, ...], given: tuple[float, ...], task: str) -> tuple[float, ...]:

@@ -12,6 +12,8 @@ stream, in one dependency chain per stage (the critical path the analytical engi
 - insert_collectives: TP/CP/EP feature collectives per layer-phase (derived from the plan's computation configs
   over tp, cp and ep: splits.plan_mesh_comms, strategy.megatron); DP gradient buckets (dp_comm);
 - apply_zero: resident model states per stage; ZeRO-3 gathers and reduce-scatters with prefetch windows;
+- links (after device classes): the cluster's shared links (NICs, leaf up-links, a PCIe bus) in place of each
+  device's, so every transfer crossing one shares it;
 - here: per micro-batch host and pipeline overheads, the distributed optimizer's parameter gathers and the
   step's end: a barrier over all stages (the gradient-norm all-reduce), the optimizer step (analytical
   optimizer_step_s of the stage's parameters) and the iteration overhead.
@@ -31,6 +33,7 @@ from trainsim.compile.context import TASK_LEVELS, BuildContext, StageWriter, Tas
 from trainsim.compile.device_classes import split_device_classes
 from trainsim.compile.insert_collectives import insert_gradient_sync, insert_param_gathers
 from trainsim.compile.lower_layers import Cut, Unit, UnitMemory, emit_unit, step_units, unit_specs
+from trainsim.compile.place_links import place_links
 from trainsim.compile.schedule_pipeline import StepRecord, chunk_layers, insert_transfers, stage_programs
 from trainsim.compile.schedules import Step, splits_backward
 from trainsim.compile.splits import plan_mesh_comms, plan_splits
@@ -57,8 +60,9 @@ def compile_job(job: Job, plan: LoweredPlan, pricer: Pricer,
     """The iteration of `job` placed by `plan` as per-device tasks, priced by `pricer`: one device per stage, and
     one per stage and device class where the cluster's ranks differ (device_classes)."""
     graph = _compile_stages(job, plan, pricer, task_level)
-    return split_device_classes(job, graph, lambda device: _compile_stages(
+    graph = split_device_classes(job, graph, lambda device: _compile_stages(
         job_on_device(job, device), plan, pricer, task_level))
+    return place_links(job, graph)
 
 
 def _compile_stages(job: Job, plan: LoweredPlan, pricer: Pricer, task_level: TaskLevel) -> ExecGraph:

@@ -72,11 +72,14 @@ def _comm_site(name: str) -> str:
 
 
 def _links(layout: GroupLayout) -> tuple[str, ...]:
+    """The levels a transfer of this layout crosses: the fabric inside a domain, the NIC out of it, the leaf's
+    up-links out of the leaf (compile/place_links.py puts the shared ones in their place)."""
     if layout.size <= 1:
         return ()
     if layout.num_domains == 1:
         return ("fabric",)
-    return ("nic", "fabric") if layout.ranks_per_domain > 1 else ("nic",)
+    across = ("nic", "uplink") if layout.num_leaves > 1 else ("nic",)
+    return (*across, "fabric") if layout.ranks_per_domain > 1 else across
 
 
 def _link_names(layout: GroupLayout, senders: tuple[int, ...], receivers: tuple[int, ...]) -> tuple[str, ...]:
@@ -192,11 +195,12 @@ class BuildContext:
     def link_resources(self, layout: GroupLayout, senders: tuple[int, ...],
                        receivers: tuple[int, ...] | None = None) -> tuple[str, ...]:
         """Links the ranks of these simulated devices use for a transfer of `layout`: their fabric ports inside
-        a node, their NIC share across nodes, each direction a resource of its own (one name per simulated
-        device: a simulated device's ranks are distinct GPUs). A collective sends and receives on every rank
+        a node, their NICs across nodes, their leaf's up-links across leaves, each direction a resource of its own,
+        named per simulated device ("stage3.nic.tx"); compile/place_links.py then puts the shared ones (NICs, up-links,
+        a PCIe bus) in their place among the cluster's physical links. A collective sends and receives on every rank
         (receivers default to the senders); a send-recv transmits on the sender and receives on the receiver."""
         receivers = senders if receivers is None else receivers
-        key = (layout.size, layout.ranks_per_domain, layout.num_domains, senders, receivers)
+        key = (layout.size, layout.ranks_per_domain, layout.num_domains, layout.num_leaves, senders, receivers)
         names = self._resources.get(key)
         if names is None:
             names = _link_names(layout, senders, receivers)

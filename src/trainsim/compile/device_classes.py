@@ -17,8 +17,8 @@ ClusterSpec.compute_slowdown: a straggler), and then the ranks of a stage form *
   Every other collective (data-parallel gradient buckets, ZeRO gathers and reduce-scatters, expert all-to-alls,
   reshards, the optimizer barrier) spans the classes: its copies are one collective (a shared sync_key) that
   starts when the last class arrives, so the fast classes wait for the slow one there, as their real ranks do.
-- The links a class's ranks use are its own (the link resources of its device), its memory is the stage's,
-  its capacity the smallest of its ranks'.
+- Its memory is the stage's, its capacity the smallest of its ranks'. The links its ranks cross are the
+  cluster's: where classes share a node's NIC, their transfers share it (compile/place_links.py).
 
 With every rank alike the graph is returned as it was: the same tasks and the same numbers.
 """
@@ -33,7 +33,7 @@ from trainsim.hardware.device import DeviceSpec
 from trainsim.ir.exec_graph import ExecGraph, SimDevice, Task
 from trainsim.job import Job
 
-__all__ = ["device_classes", "split_device_classes"]
+__all__ = ["device_classes", "device_rank_blocks", "split_device_classes"]
 
 IN_CLASS_CATEGORIES = ("tp_comm", "cp_comm", "pp_comm")  # collectives among the ranks of one replica column
 _STAGE_LINK = re.compile(r"^stage(\d+)\.")
@@ -51,7 +51,7 @@ def split_device_classes(job: Job, graph: ExecGraph, compile_on: Callable[[Devic
     per_replica = job.parallel.tp * job.parallel.cp
 
     def device_index(stage: int, c: int) -> int:
-        return stage if c == 0 else num_stages + stage * (count - 1) + c - 1
+        return _device_index(stage, c, num_stages, count)
 
     devices: list[SimDevice | None] = [None] * (num_stages * count)
     for device in graph.devices:
@@ -91,6 +91,34 @@ def split_device_classes(job: Job, graph: ExecGraph, compile_on: Callable[[Devic
                               resources, task.alloc_bytes, task.free_bytes, task.phase, task.layer, task.micro_batch,
                               task.stage, task.category, task.priority))
     return ExecGraph(devices=[d for d in devices if d is not None], tasks=tasks, resource_capacity=capacity_of)
+
+
+def _device_index(stage: int, c: int, num_stages: int, count: int) -> int:
+    """Class c of `stage`'s simulated device: the stage's own for the first class, then the others, stage-major."""
+    return stage if c == 0 else num_stages + stage * (count - 1) + c - 1
+
+
+def device_rank_blocks(job: Job, num_stages: int) -> list[tuple[tuple[int, int], ...]]:
+    """Per simulated device (split_device_classes' numbering), the ranks it stands for as (first rank, count) runs
+    (ranks numbered tp fastest, then cp, dp and pp)."""
+    par = job.parallel
+    group = par.tp * par.cp
+    per_stage = group * par.dp
+    classes = device_classes(job)
+    if uniform(classes):
+        return [((stage * per_stage, per_stage),) for stage in range(num_stages)]
+    out: list[tuple[tuple[int, int], ...]] = [()] * (num_stages * len(classes))
+    for stage in range(num_stages):
+        for c, cls in enumerate(classes):
+            runs: list[list[int]] = []
+            for replica in cls.replicas:
+                first = stage * per_stage + replica * group
+                if runs and runs[-1][0] + runs[-1][1] == first:
+                    runs[-1][1] += group
+                else:
+                    runs.append([first, group])
+            out[_device_index(stage, c, num_stages, len(classes))] = tuple((a, b) for a, b in runs)
+    return out
 
 
 def _class_link(name: str, c: int, device_index: Callable[[int, int], int]) -> str:

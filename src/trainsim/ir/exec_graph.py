@@ -23,7 +23,10 @@ class Task:
     sync_key: tasks with the same non-empty key are one collective seen from several simulated devices; they
     start together when all are ready and end at the same moment.
     resources: names of the physical links a transfer crosses ("node0.nvlink", "node0.nic", ...); concurrent
-    transfers on a resource share its bandwidth fairly.
+    transfers on a resource share its bandwidth in proportion to what each takes of it.
+    link_shares: per resource, what the transfer takes of it, in the units of its capacity (empty: 1 each); a
+    shared link's shares are GPUs (hardware/links.py: a transfer of a simulated device takes one per rank of it
+    behind the link).
     alloc_bytes is allocated on the device when the task starts; free_bytes is released when it ends.
     """
 
@@ -44,6 +47,7 @@ class Task:
     stage: int = -1
     category: str = ""  # breakdown bucket: a key of estimate.result.BREAKDOWN_KEYS
     priority: int = 0  # lower runs first among tasks ready at the same time on one stream
+    link_shares: tuple[float, ...] = ()
 
 
 @dataclass(slots=True)

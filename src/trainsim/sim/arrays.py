@@ -16,14 +16,15 @@ STREAMS = ("compute", "feature", "gradient")
 STREAM_INDEX = {name: index for index, name in enumerate(STREAMS)}
 NUM_STREAMS = len(STREAMS)
 _FIELDS_NAMES = ("tid", "name", "device", "stream", "kind", "duration_s", "deps", "sync_key", "resources",
-                 "alloc_bytes", "free_bytes", "category", "priority")
+                 "alloc_bytes", "free_bytes", "category", "priority", "link_shares")
 _FIELDS = attrgetter(*_FIELDS_NAMES)
 
 
 class GraphArrays:
     """Per-task lists (tid-indexed) and per-flow data of one ExecGraph, checked."""
 
-    __slots__ = ("alloc_bytes", "categories", "category_of", "deps", "device_of", "flow_resources", "free_bytes",
+    __slots__ = ("alloc_bytes", "categories", "category_of", "deps", "device_of", "flow_resources", "flow_weights",
+                 "free_bytes",
                  "has_flow_resources", "is_compute", "leader_of", "members", "names", "num_deps", "num_devices",
                  "num_tasks", "priority", "resource_capacity", "resource_names", "shared_links", "stream_of",
                  "successors", "work")
@@ -39,7 +40,7 @@ class GraphArrays:
         # NB: one pass over the tasks reads every field (attrgetter and zip run in C), then a column per field
         columns = list(zip(*map(_FIELDS, tasks), strict=True)) if tasks else [()] * len(_FIELDS_NAMES)
         (tids, names, device_of, streams, kinds, durations, deps, sync_keys, resources, alloc_bytes, free_bytes,
-         categories, priority) = columns
+         categories, priority, link_shares) = columns
         self.names: list[str] = list(names)
         self.device_of: list[int] = list(device_of)
         self.is_compute: list[bool] = list(map("compute".__eq__, kinds))
@@ -59,8 +60,11 @@ class GraphArrays:
         self.leader_of: list[int] = [-1] * n
         self.members: dict[int, list[int]] = {}
         self.flow_resources: list[tuple[int, ...] | None] = [None] * n
+        # per flow, what it takes of each of its resources over the resource's capacity (None: all of each, the
+        # engine's fast path)
+        self.flow_weights: list[tuple[float, ...] | None] = [None] * n
         self.has_flow_resources = False
-        self._flows(graph, sync_keys, resources, kinds)
+        self._flows(graph, sync_keys, resources, link_shares, kinds)
         self.shared_links = self._shared_links()
 
     def _streams(self, graph: ExecGraph, tids: tuple[int, ...], streams: tuple[str, ...],
@@ -114,64 +118,113 @@ class GraphArrays:
         return list(map(index.__getitem__, names))
 
     def _flows(self, graph: ExecGraph, sync_keys: tuple[str, ...], task_resources: tuple[tuple[str, ...], ...],
-               kinds: tuple[str, ...]) -> None:
-        """Group collectives by sync_key and give every comm flow its resources (union over its members)."""
+               task_shares: tuple[tuple[float, ...], ...], kinds: tuple[str, ...]) -> None:
+        """Group collectives by sync_key and give every comm flow its resources (union over its members) and what
+        it takes of each (Task.link_shares, 1 where the task gives none; a collective takes the sum of its
+        members' given shares, its ranks on several devices crossing the link together, else 1), as fractions of
+        the resources' capacities: None where each is 1 (a flow that takes a whole resource, the engine's fast
+        path)."""
         tasks = graph.tasks
+        capacity_of = graph.resource_capacity
+        for name, capacity in capacity_of.items():
+            if not (capacity > 0.0 and math.isfinite(capacity)):
+                raise ConfigError(f"resource_capacity[{name!r}]", capacity, "must be finite and > 0")
         res_index: dict[str, int] = {}
         as_indices: dict[tuple[str, ...], tuple[int, ...]] = {}  # the compiler shares resource tuples
         groups: dict[str, list[int]] = {}
-        flow_resources = self.flow_resources
+        flow_resources, flow_weights = self.flow_resources, self.flow_weights
         for tid in compress(range(self.num_tasks), sync_keys):
             groups.setdefault(sync_keys[tid], []).append(tid)
+        as_flow: dict[tuple[int, int], tuple[tuple[int, ...], tuple[float, ...] | None]] = {}
         for tid in compress(range(self.num_tasks), task_resources):
             if not sync_keys[tid] and kinds[tid] == "comm":
-                names = task_resources[tid]
-                indices = as_indices.get(names)
-                if indices is None:
-                    indices = as_indices[names] = tuple(res_index.setdefault(r, len(res_index)) for r in names)
-                flow_resources[tid] = indices
+                names, given = task_resources[tid], task_shares[tid]
+                key = (id(names), id(given))  # NB: the compiler shares resource and link_shares tuples
+                placed = as_flow.get(key)
+                if placed is None:
+                    indices = as_indices.get(names)
+                    if indices is None:
+                        indices = as_indices[names] = tuple(res_index.setdefault(r, len(res_index)) for r in names)
+                    placed = as_flow[key] = (indices, _fractions([capacity_of.get(r, 1.0) for r in names],
+                                                                 _shares(names, given, tasks[tid].name)))
+                flow_resources[tid], flow_weights[tid] = placed
+        as_collective: dict[tuple[tuple[int, int], ...], tuple[tuple[int, ...], tuple[float, ...] | None]] = {}
         for key, members in groups.items():
             leader = members[0]
             seen_streams: set[int] = set()
-            resources: dict[int, None] = {}
             for tid in members:
                 if self.stream_of[tid] in seen_streams:
                     raise ConfigError(f"task {tasks[tid].name!r}.sync_key", key,
                                       "two ranks of one collective cannot share a device's stream")
                 seen_streams.add(self.stream_of[tid])
                 self.leader_of[tid] = leader
-                for r in tasks[tid].resources if tasks[tid].kind == "comm" else ():
-                    resources[res_index.setdefault(r, len(res_index))] = None
             self.members[leader] = members
             # NB: the collective progresses as one unit, so it does the largest member's work.
             self.work[leader] = max(self.work[tid] for tid in members)
-            if resources:
-                flow_resources[leader] = tuple(resources)
+            linked = [tid for tid in members if kinds[tid] == "comm" and task_resources[tid]]
+            if not linked:
+                continue
+            signature = tuple([(id(task_resources[tid]), id(task_shares[tid])) for tid in linked])
+            placed = as_collective.get(signature)
+            if placed is None:  # NB: the compiler shares tuples, so few collectives take this path
+                resources: dict[str, float] = {}
+                for tid in linked:
+                    given = task_shares[tid]
+                    shares = _shares(task_resources[tid], given, tasks[tid].name) if given else ()
+                    for i, r in enumerate(task_resources[tid]):
+                        resources[r] = resources.get(r, 0.0) + (shares[i] if shares else 0.0)
+                placed = as_collective[signature] = (
+                    tuple(res_index.setdefault(r, len(res_index)) for r in resources),
+                    _fractions([capacity_of.get(r, 1.0) for r in resources],
+                               [w if w > 0.0 else 1.0 for w in resources.values()]))
+            flow_resources[leader], flow_weights[leader] = placed
         self.has_flow_resources = bool(res_index)
         self.resource_names = list(res_index)
-        self.resource_capacity = [graph.resource_capacity.get(name, 1.0) for name in self.resource_names]
-        for name, capacity in zip(self.resource_names, self.resource_capacity, strict=True):
-            if not (capacity > 0.0 and math.isfinite(capacity)):
-                raise ConfigError(f"resource_capacity[{name!r}]", capacity, "must be finite and > 0")
+        self.resource_capacity = [capacity_of.get(name, 1.0) for name in self.resource_names]
 
     def _shared_links(self) -> set[int]:
-        """The flows with a resource that a flow of another device also names, or of a capacity under one link
-        (where another device's transfer may slow them, or one alone waits): the engine runs these step by step
-        (engine.py: runs alone)."""
+        """The flows with a resource that a flow of another device also names, or that one flow alone takes more
+        of than its capacity (where another device's transfer may slow them, or one alone waits): the engine runs
+        these step by step (engine.py: runs alone)."""
         if not self.has_flow_resources:
             return set()
-        flow_resources, device_of, members = self.flow_resources, self.device_of, self.members
+        flow_resources, flow_weights, device_of, members = (self.flow_resources, self.flow_weights, self.device_of,
+                                                            self.members)
         with_links = list(compress(range(self.num_tasks), flow_resources))
         users = dict.fromkeys(zip(map(flow_resources.__getitem__, with_links),
+                                  map(flow_weights.__getitem__, with_links),
                                   map(device_of.__getitem__, with_links), strict=True))
         devices_of: list[set[int]] = [set() for _ in self.resource_names]
-        for resources, device in users:
-            for r in resources or ():
+        most = [0.0] * len(self.resource_names)  # the most one flow takes of each resource (of its capacity)
+        for resources, weights, device in users:
+            for i, r in enumerate(resources or ()):
                 devices_of[r].add(device)
+                most[r] = max(most[r], 1.0 if weights is None else weights[i])
         for leader, ranks in members.items():  # a collective's links serve all its ranks' devices
             for r in flow_resources[leader] or ():
                 devices_of[r].update(device_of[m] for m in ranks)
-        exclusive = [len(devices) <= 1 and capacity >= 1.0
-                     for devices, capacity in zip(devices_of, self.resource_capacity, strict=True)]
-        bad = {resources for resources, _ in users if resources and not all(exclusive[r] for r in resources)}
+        exclusive = [len(devices) <= 1 and weight <= 1.0 for devices, weight in zip(devices_of, most, strict=True)]
+        bad = {resources for resources, _, _ in users if resources and not all(exclusive[r] for r in resources)}
         return {tid for tid in with_links if flow_resources[tid] in bad} if bad else set()
+
+
+_ONES: dict[int, tuple[float, ...]] = {}
+
+
+def _fractions(capacities: Sequence[float], shares: Sequence[float]) -> tuple[float, ...] | None:
+    """Shares as fractions of the capacities; None where each is 1."""
+    fractions = tuple(share / capacity for share, capacity in zip(shares, capacities, strict=True))
+    return None if all(f == 1.0 for f in fractions) else fractions
+
+
+def _shares(names: tuple[str, ...], given: tuple[float, ...], task: str) -> tuple[float, ...]:
+    """What a task takes of each of its resources: its link_shares, checked, or 1 each."""
+    if not given:
+        ones = _ONES.get(len(names))
+        if ones is None:
+            ones = _ONES[len(names)] = (1.0,) * len(names)
+        return ones
+    if len(given) != len(names) or not all(s > 0.0 and math.isfinite(s) for s in given):
+        raise ConfigError(f"task {task!r}.link_shares", list(given), f"must be {len(names)} finite numbers > 0, one "
+                          "per resource")
+    return given

@@ -29,8 +29,11 @@ ranks arriving, at one instant, the lowest tid.
 
 Work model: a flow has `duration_s` of work (the largest member's for a collective) and progresses at
 1 / stretch, where stretch = (1 + overlap_slowdown if overlapped) x max over its resources of
-max(1, active flows / capacity). A collective is one flow: it starts when its last rank takes its stream,
-progresses at its slowest rank's rate and counts once on each resource any of its ranks names.
+max(1, what the active flows take of it / its capacity); a flow takes its task's share of a resource
+(Task.link_shares: the shares its ranks behind a shared link take, hardware/links.py; 1 where it gives none).
+A collective is one flow: it starts when its last rank takes its stream, progresses at its slowest rank's rate
+and takes, of each resource any of its ranks names, the sum of its members' given shares (else 1). The engine
+holds each flow's shares as fractions of the capacities (GraphArrays.flow_weights).
 """
 
 from collections.abc import Container
@@ -131,7 +134,7 @@ class Engine:
         self.tl_t: list[list[float]] | None = [[0.0] for _ in statics] if options.memory_timeline else None
         self.tl_b: list[list[float]] = [[s] for s in statics] if options.memory_timeline else []
         # per resource
-        self.res_active = [0] * len(g.resource_names)
+        self.res_active: list[float] = [0] * len(g.resource_names)  # what the flows on it take of its capacity
         self.res_flows: list[dict[int, None]] = [{} for _ in g.resource_names]
         self.dirty_res: dict[int, None] = {}
         # per device: the run of tasks running alone there as one event (None / 0: none), when it started, its id
@@ -179,7 +182,7 @@ class Engine:
         leader_of, members, device_of, is_compute = g.leader_of, g.members, g.device_of, g.is_compute
         category_of, alloc_bytes, free_bytes, work = g.category_of, g.alloc_bytes, g.free_bytes, g.work
         stream_of, priority, successors = g.stream_of, g.priority, g.successors
-        flow_resources, capacity = g.flow_resources, g.resource_capacity
+        flow_resources, flow_weights = g.flow_resources, g.flow_weights  # weights: of capacity (None: 1 each)
         gamma, slow, sharing, dynamic = self.gamma, self.slow, self.sharing, self.dynamic
         tl_t, tl_b = self.tl_t, self.tl_b
         dirty_streams, new_flows = self.dirty_streams, self.new_flows
@@ -267,12 +270,22 @@ class Engine:
                         resources = flow_resources[flow]
                         if resources:
                             # NB: the other flows on a resource slow down only once it is over capacity
-                            for r in resources:
-                                users = res_active[r] + 1
-                                res_active[r] = users
-                                res_flows[r][flow] = None
-                                if users > capacity[r]:
-                                    dirty_res[r] = None
+                            # (written out twice: most flows take the whole of each resource, weights None)
+                            weights = flow_weights[flow]
+                            if weights is None:
+                                for r in resources:
+                                    users = res_active[r] + 1
+                                    res_active[r] = users
+                                    res_flows[r][flow] = None
+                                    if users > 1:
+                                        dirty_res[r] = None
+                            else:
+                                for r, weight in zip(resources, weights, strict=True):
+                                    users = res_active[r] + weight
+                                    res_active[r] = users
+                                    res_flows[r][flow] = None
+                                    if users > 1:
+                                        dirty_res[r] = None
                     rem[flow] = work[flow]
                     last[flow] = t
                     stretch[flow] = 0.0  # not yet timed
@@ -311,7 +324,7 @@ class Engine:
                             if resources:
                                 share = 1.0
                                 for r in resources:
-                                    users = res_active[r] / capacity[r]
+                                    users = res_active[r]
                                     if users > share:
                                         share = users
                                 new *= share
@@ -429,11 +442,20 @@ class Engine:
             if sharing and not alone:
                 resources = flow_resources[flow]
                 if resources:
-                    for r in resources:  # NB: the others speed up only if it was over capacity
-                        if res_active[r] > capacity[r]:
-                            dirty_res[r] = None
-                        res_active[r] -= 1
-                        del res_flows[r][flow]
+                    # NB: the others speed up only if it was over capacity
+                    weights = flow_weights[flow]
+                    if weights is None:
+                        for r in resources:
+                            if res_active[r] > 1:
+                                dirty_res[r] = None
+                            res_active[r] -= 1
+                            del res_flows[r][flow]
+                    else:
+                        for r, weight in zip(resources, weights, strict=True):
+                            if res_active[r] > 1:
+                                dirty_res[r] = None
+                            res_active[r] -= weight
+                            del res_flows[r][flow]
         self.dirty_streams, self.new_flows = dirty_streams, new_flows
         self.seq, self.stamp, self.done, self.events = seq, stamp, done, events
         return t
@@ -523,11 +545,12 @@ class Engine:
         if self.sharing:
             resources = g.flow_resources[tid]
             if resources:
-                for r in resources:
-                    users = self.res_active[r] + 1
+                weights = g.flow_weights[tid]
+                for i, r in enumerate(resources):
+                    users = self.res_active[r] + (1 if weights is None else weights[i])
                     self.res_active[r] = users
                     self.res_flows[r][tid] = None
-                    if users > g.resource_capacity[r]:
+                    if users > 1:
                         self.dirty_res[r] = None
         if not final:  # its end as the loop would have timed it alone (stretch 1); re-timed if others start
             if self.dynamic:

@@ -300,7 +300,7 @@ def test_task_fields_keep_the_order_the_compiler_builds_them_in() -> None:
     Task would silently swap fields, so its field order is fixed here."""
     assert [f.name for f in dataclasses.fields(Task)] == [
         "tid", "name", "device", "stream", "kind", "duration_s", "deps", "sync_key", "resources", "alloc_bytes",
-        "free_bytes", "phase", "layer", "micro_batch", "stage", "category", "priority"]
+        "free_bytes", "phase", "layer", "micro_batch", "stage", "category", "priority", "link_shares"]
     job = _job(2, pp=2, global_batch=4)
     graph = compile_job(job, default_plan(graph_for(job), job.parallel), Pricer(Calibration()))
     chained = [t for t in graph.tasks if t.category == "compute"]

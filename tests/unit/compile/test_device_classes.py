@@ -189,12 +189,13 @@ def test_predict_reads_stragglers_and_rank_devices_from_a_cluster_file(tmp_path:
     assert result.exit_code == 2 and "compute_slowdown" in result.output and "Traceback" not in result.output
 
 
-def test_classes_on_one_node_keep_their_own_share_of_its_nic() -> None:
+def test_classes_on_one_node_share_its_nic_by_their_ranks() -> None:
     """Collective prices already give each GPU its share of its node's NICs (comm/collectives.py: NICs x
-    bandwidth / GPUs per node), so a class's link resources are its ranks' shares, not the node's whole NIC:
-    splitting ranks that are alike into two classes on the same nodes (a twin device of the same specs) simulates
-    to exactly the one-device iteration, with bandwidth sharing and an overlap slow-down on. pp 2 x dp 16 over
-    nodes of one NIC: the gradient buckets and the pipeline's sends cross it."""
+    bandwidth / GPUs per node), so a class's transfer takes one share per rank of it behind the node's NIC, which
+    every class on the node names (compile/place_links.py): splitting ranks that are alike into two classes on the same
+    nodes (a twin device of the same specs) simulates to exactly the one-device iteration, with bandwidth sharing
+    and an overlap slow-down on. pp 2 x dp 16 over nodes of one NIC: the gradient buckets and the pipeline's
+    sends cross it."""
     from trainsim.catalog.overlap import model_family
     from trainsim.estimate.simulation import SimEstimator
 
@@ -205,7 +206,14 @@ def test_classes_on_one_node_keep_their_own_share_of_its_nic() -> None:
     gamma = {(name, model_family(GPT)): 0.3 for name in (cluster.device.name, twin.name)}
     sim = SimEstimator(PRICER, overlap_factors=gamma)
     run = sim.run(split, graph_for(split))
-    assert len(run.graph.devices) == 4
-    nic = {r for t in run.graph.tasks if t.category == "pp_comm" for r in t.resources if ".nic." in r}
-    assert {r.split(".")[0] for r in nic} == {"stage0", "stage1", "stage2", "stage3"}  # a share per class
+    assert len(run.graph.devices) == 4  # stage 0 and 1, then the twin class's stage 0 and 1
+
+    def nic_shares(device: int) -> dict[str, float]:
+        return {r: s for t in run.graph.tasks if t.device == device and t.category == "dp_comm"
+                for r, s in zip(t.resources, t.link_shares, strict=True) if ".nic." in r}
+
+    # stage 0: ranks 0-15 on nodes 0 and 1; the twin class holds ranks 1 and 3, behind node 0's NIC
+    assert nic_shares(2) == {"node0.nic.tx": 2.0, "node0.nic.rx": 2.0}
+    assert nic_shares(0) == {"node0.nic.tx": 6.0, "node1.nic.tx": 8.0, "node0.nic.rx": 6.0, "node1.nic.rx": 8.0}
+    assert run.graph.resource_capacity["node0.nic.tx"] == 8.0
     assert run.outcome.makespan_s == sim.run(plain, graph_for(plain)).outcome.makespan_s

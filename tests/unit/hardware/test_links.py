@@ -1,4 +1,4 @@
-"""Link sharing between communication groups (sim.links + the engine's bandwidth sharing): exact cases."""
+"""Link sharing between communication groups (hardware.links + the engine's bandwidth sharing): exact cases."""
 
 import pytest
 
@@ -6,9 +6,9 @@ from conftest import a100_cluster
 from trainsim.catalog import load_cluster
 from trainsim.errors import ConfigError
 from trainsim.hardware.cluster import ClusterSpec
+from trainsim.hardware.links import group_links, link_capacity, link_uses, physical_links, shared_groups
 from trainsim.ir.exec_graph import ExecGraph, SimDevice
 from trainsim.sim.engine import simulate
-from trainsim.sim.links import link_capacity, physical_links, shared_groups
 from trainsim.sim.outcome import SimOptions
 
 
@@ -22,9 +22,10 @@ def _graph(groups: list[list[int]], cluster: ClusterSpec, seconds: float = 1.0) 
     graph = ExecGraph(devices=[SimDevice(index=i, stage=i, ranks=len(g), capacity_bytes=1e12, static_bytes=0.0,
                                          static_breakdown={}) for i, g in enumerate(groups)], tasks=[])
     for i, group in enumerate(groups):
-        names = physical_links(group, cluster)
+        uses = group_links(group, cluster)
+        names = tuple(uses)
         graph.add(name=f"all-reduce {group}", device=i, stream="gradient", kind="comm", duration_s=seconds,
-                  resources=names, phase="comm", stage=i, category="dp_comm")
+                  resources=names, phase="comm", stage=i, category="dp_comm", link_shares=tuple(uses.values()))
         for name in names:
             graph.resource_capacity[name] = link_capacity(name, cluster)
     return graph
@@ -71,3 +72,22 @@ def test_ranks_outside_the_cluster_are_refused() -> None:
     with pytest.raises(ConfigError) as exc:
         physical_links([0, 16], _one_nic_nodes(16))
     assert exc.value.field == "group"
+
+
+def test_a_transfer_takes_one_share_per_rank_behind_each_link_it_crosses() -> None:
+    """Ranks 4-11 on nodes of 8 GPUs: 4 behind node 0's NICs and 4 behind node 1's; with one node per leaf and
+    oversubscribed up-links, the same shares of each leaf's up-links (capacity: the leaf's 8 GPUs)."""
+    cluster = a100_cluster(16).model_copy(update={"nodes_per_leaf": 1, "leaf_oversubscription": 2.0})
+    assert link_uses([(4, 8)], ("nic", "uplink"), "tx", cluster) == {
+        "node0.nic.tx": 4, "leaf0.uplink.tx": 4, "node1.nic.tx": 4, "leaf1.uplink.tx": 4}
+    assert link_capacity("leaf1.uplink.tx", cluster) == link_capacity("node1.nic.tx", cluster) == 8.0
+    assert link_uses([(4, 8)], ("fabric",), "rx", cluster) == {}  # NVSwitch ports are each GPU's own
+    non_blocking = cluster.model_copy(update={"leaf_oversubscription": 1.0})
+    assert link_uses([(4, 8)], ("uplink",), "tx", non_blocking) == {}
+
+
+def test_a_leaf_of_several_nodes_holds_their_gpus_and_the_last_leaf_what_is_left() -> None:
+    cluster = a100_cluster(40).model_copy(update={"nodes_per_leaf": 2, "leaf_oversubscription": 3.0})
+    assert [link_capacity(f"leaf{leaf}.uplink.rx", cluster) for leaf in range(3)] == [16.0, 16.0, 8.0]
+    assert link_uses([(0, 2), (30, 10)], ("uplink",), "rx", cluster) == {"leaf0.uplink.rx": 2, "leaf1.uplink.rx": 2,
+                                                                         "leaf2.uplink.rx": 8}

@@ -1,0 +1,102 @@
+"""The cluster's shared links as the simulator's resources (Proteus Sec. VI-C: a link shared by several devices is
+shared among every transfer crossing it).
+
+While compiling, a transfer names what its simulated device's ranks cross: "stage{d}.{level}.{tx|rx}", level nic
+(it leaves the NVLink domain), uplink (it leaves its leaf) or fabric (it moves between GPUs of one node)
+(context.link_resources). This pass, run on the finished graph (after device classes: compile/device_classes.py),
+puts the physical links in their place (hardware/links.py):
+
+- a node's NICs, a leaf's oversubscribed up-links and a node's PCIe bus are shared links: each such level of a
+  device's transfer becomes the links its ranks sit behind, and the transfer takes one share per rank behind each
+  (Task.link_shares), of a capacity of the GPUs behind it. Every device whose ranks sit behind a link names the
+  same resource, so two pipeline stages on one node, two device classes behind one NIC, or the tensor- and
+  data-parallel groups of a hybrid plan, all slow each other once their transfers together ask more than the
+  link carries;
+- NVLink and NVSwitch ports are each GPU's own: no other device's transfer crosses them, so they stay the
+  device's own resource ("stage{d}.fabric.tx"), as before.
+
+Identical links are one resource: links with the same capacity that the same devices' transfers cross with the
+same shares see the same flows, so they are merged ("node8.nic.tx (+7 alike)": the 8 NICs of one stage's nodes),
+and the number of resources does not grow with dp. A device alone behind its links takes all of their capacity per
+transfer, so a cluster of such devices simulates exactly as with a resource per device.
+"""
+
+import re
+from itertools import compress
+from operator import attrgetter
+
+from trainsim.compile.device_classes import device_rank_blocks
+from trainsim.hardware.links import FABRIC, NIC, UPLINK, fabric_shared, link_capacity, link_uses
+from trainsim.ir.exec_graph import ExecGraph
+from trainsim.job import Job
+
+_TOKEN = re.compile(r"^stage(\d+)\.(\w+)\.(tx|rx)$")
+_RESOURCES = attrgetter("resources")
+
+
+def place_links(job: Job, graph: ExecGraph) -> ExecGraph:
+    """Replace the devices' shared-level link names by the cluster's physical links, merged where alike, with each
+    transfer's shares of them; `graph` is changed in place and returned."""
+    cluster = job.cluster
+    shared_levels = {NIC, UPLINK} | ({FABRIC} if fabric_shared(cluster) else set())
+    # NB: the compiler shares resource tuples, so the distinct ones are few; the loops over tasks run in C where
+    # they can (half of a 175B job's 150,000 tasks name links)
+    links_of = list(map(_RESOURCES, graph.tasks))
+    tuples = {id(names): names for names in compress(links_of, links_of)}
+    tokens = {name for names in tuples.values() for name in names
+              if (m := _TOKEN.match(name)) is not None and m[2] in shared_levels}
+    if not tokens:
+        return graph
+    blocks = device_rank_blocks(job, len({d.stage for d in graph.devices}))
+    physical: dict[str, dict[str, int]] = {}  # token -> physical link -> shares
+    for token in sorted(tokens):
+        m = _TOKEN.match(token)
+        assert m is not None
+        physical[token] = link_uses(blocks[int(m[1])], (m[2],), m[3], cluster)
+    merged, capacity = _merge_alike(physical, job)
+    graph.resource_capacity.update(capacity)
+    crossing = {key for key, names in tuples.items() if not tokens.isdisjoint(names)}
+    placed: dict[tuple[int, int], tuple[tuple[str, ...], tuple[float, ...]]] = {}
+    for task in compress(graph.tasks, map(crossing.__contains__, map(id, links_of))):
+        # a collective's member takes its own device's shares (the engine adds its members' up)
+        key = (id(task.resources), task.device if task.sync_key else -1)
+        done = placed.get(key)
+        if done is None:
+            done = placed[key] = _place(task.resources, key[1], merged)
+        task.resources, task.link_shares = done
+    return graph
+
+
+def _place(names: tuple[str, ...], device: int, merged: dict[str, dict[str, float]]) -> tuple[tuple[str, ...],
+                                                                                            tuple[float, ...]]:
+    """A transfer's resources and shares: its shared levels' links, its own ports; only `device`'s if >= 0."""
+    shares: dict[str, float] = {}
+    for name in names:
+        m = _TOKEN.match(name)
+        if device >= 0 and m is not None and int(m[1]) != device:
+            continue
+        for link, share in merged.get(name, {name: 1.0}).items():
+            shares[link] = max(shares.get(link, 0.0), share)  # a bus named for sending and receiving: once
+    return tuple(shares), tuple(shares.values())
+
+
+def _merge_alike(physical: dict[str, dict[str, int]], job: Job) -> tuple[dict[str, dict[str, float]],
+                                                                       dict[str, float]]:
+    """Merge the links that the same tokens cross with the same shares (and of one capacity): per token its merged
+    links and shares, and each merged link's capacity."""
+    users: dict[str, list[tuple[str, int]]] = {}
+    for token, links in physical.items():
+        for link, share in links.items():
+            users.setdefault(link, []).append((token, share))
+    alike: dict[tuple[str, float, tuple[tuple[str, int], ...]], list[str]] = {}
+    for link, used in users.items():
+        kind = link.split(".", 1)[1]
+        alike.setdefault((kind, link_capacity(link, job.cluster), tuple(sorted(used))), []).append(link)
+    merged: dict[str, dict[str, float]] = {token: {} for token in physical}
+    capacity: dict[str, float] = {}
+    for (_, cap, used), links in alike.items():
+        name = links[0] if len(links) == 1 else f"{links[0]} (+{len(links) - 1} alike)"
+        capacity[name] = cap
+        for token, share in used:
+            merged[token][name] = float(share)
+    return merged, capacity

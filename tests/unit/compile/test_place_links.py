@@ -1,0 +1,130 @@
+"""The cluster's shared links as the compiled plan's resources (compile/place_links.py, hardware/links.py): transfers of
+different communication groups and devices that cross one NIC share it in the simulator, identical devices that
+fill their nodes simulate as with links of their own, and the resources do not grow with dp."""
+
+import dataclasses
+
+import pytest
+
+from conftest import a100_cluster
+from trainsim.catalog import load_cluster, load_model
+from trainsim.catalog.calibration import Calibration
+from trainsim.compile.build import compile_job
+from trainsim.cost.pricing import Pricer
+from trainsim.hardware.cluster import ClusterSpec
+from trainsim.ir.exec_graph import ExecGraph, Task
+from trainsim.job import Job, make_job
+from trainsim.pipeline import graph_for
+from trainsim.sim import SimOptions, simulate
+from trainsim.strategy.lowered import default_plan
+from trainsim.strategy.parallel import ParallelSpec
+
+GPT = load_model("gpt3-125m")
+PRICER = Pricer(Calibration())
+SHARING = SimOptions(overlap_slowdown=0.0, bandwidth_sharing=True, launch_overhead_s=0.0)
+
+
+def _job(cluster: ClusterSpec, **strategy: object) -> Job:
+    par = ParallelSpec.parse({"micro_batch": 1, "seq_len": 512, "global_batch": 4 * cluster.num_gpus, **strategy})
+    return make_job(GPT, cluster, par)
+
+
+def _compile(job: Job) -> ExecGraph:
+    return compile_job(job, default_plan(graph_for(job), job.parallel), PRICER)
+
+
+def _nodes_of_four(num_nodes: int) -> ClusterSpec:
+    """A100 nodes of 4 GPUs behind one NIC each."""
+    return a100_cluster(8).model_copy(update={"gpus_per_node": 4, "num_nodes": num_nodes, "nics_per_node": 1})
+
+
+def _first(graph: ExecGraph, device: int, prefix: str) -> Task:
+    return next(t for t in graph.tasks if t.device == device and t.name.startswith(prefix))
+
+
+def _alone_together(graph: ExecGraph, tasks: list[Task]) -> ExecGraph:
+    """These compiled transfers with their resources, shares and capacities, all started at once."""
+    out = ExecGraph(devices=graph.devices, tasks=[], resource_capacity=dict(graph.resource_capacity))
+    for t in tasks:
+        out.add(name=t.name, device=t.device, stream=t.stream, kind="comm", duration_s=t.duration_s,
+                resources=t.resources, link_shares=t.link_shares, phase="comm", category=t.category)
+    return out
+
+
+def _shares(task: Task) -> dict[str, float]:
+    return dict(zip(task.resources, task.link_shares, strict=True))
+
+
+def test_two_groups_contend_for_one_nic() -> None:
+    """pp 2 x dp 6 on 3 nodes of 4 GPUs with one NIC: stage 0 holds ranks 0-5 (nodes 0 and 1), stage 1 ranks 6-11
+    (nodes 1 and 2), so node 1's NIC carries both stages' data-parallel groups: each takes 2 shares of its 4.
+    - One gradient bucket of each stage: 4 shares of 4, both at full speed.
+    - Stage 1's pipeline send of a gradient leaves nodes 1 and 2 and lands on nodes 0 and 1 (stage 0's ranks):
+      beside the two stages' buckets, node 0's NIC receives 8 shares of 4 (stage 0's bucket and the send), node 1's
+      6 of 4 and node 2's sends 8 of 4, so all three run at half speed until the send ends. With a NIC share per
+      device (before), stage 0's bucket ran at full speed beside stage 1's transfers."""
+    graph = _compile(_job(_nodes_of_four(3), pp=2, dp=6))
+    first0 = _first(graph, 0, "dp all-reduce bucket0")
+    bucket1, send = _first(graph, 1, "dp all-reduce bucket0"), _first(graph, 1, "send grad")
+    assert _shares(first0)["node1.nic.tx"] == _shares(bucket1)["node1.nic.tx"] == 2.0
+    assert _shares(first0)["node0.nic.tx"] == _shares(bucket1)["node2.nic.tx"] == 4.0
+    assert _shares(send) == {"node1.nic.tx": 2.0, "node2.nic.tx": 4.0, "node0.nic.rx": 4.0, "node1.nic.rx": 2.0}
+    assert graph.resource_capacity["node1.nic.tx"] == 4.0
+    a, d1, s = first0.duration_s, bucket1.duration_s, send.duration_s
+    assert s < min(a, d1)
+    assert simulate(_alone_together(graph, [first0, bucket1]), SHARING).end_s == [a, d1]
+    three = _alone_together(graph, [first0, bucket1, send])
+    assert simulate(three, SHARING).end_s == pytest.approx([a + s, d1 + s, 2 * s], rel=1e-12)
+    assert simulate(_per_device(three), SHARING).end_s == pytest.approx([a, d1 + s, 2 * s], rel=1e-12)
+
+
+def test_the_tp_and_dp_groups_of_a_hybrid_plan_share_the_nic_they_cross() -> None:
+    """tp 4 over nodes of 2 GPUs with one NIC and dp 2: a tensor-parallel all-reduce and a gradient bucket of one
+    device both cross each node's NIC with all its ranks (2 shares of 2 each): together each runs at half speed."""
+    cluster = a100_cluster(8).model_copy(update={"gpus_per_node": 2, "num_nodes": 4, "nics_per_node": 1})
+    graph = _compile(_job(cluster, tp=4, dp=2))
+    tp = next(t for t in graph.tasks if t.category == "tp_comm")
+    dp = _first(graph, 0, "dp all-reduce bucket0")
+    assert {r for r in tp.resources if ".nic." in r} == {r for r in dp.resources if ".nic." in r}
+    out = simulate(_alone_together(graph, [tp, dp]), SHARING)
+    short, long = sorted((tp.duration_s, dp.duration_s))
+    assert sorted(out.end_s) == pytest.approx([2 * short, long + short], rel=1e-12)
+
+
+def _per_device(graph: ExecGraph) -> ExecGraph:
+    """The graph with each device's own copy of every link, a whole link per transfer (a NIC share per device)."""
+    tasks = [dataclasses.replace(t, resources=tuple(f"dev{t.device}.{r}" for r in t.resources), link_shares=())
+             for t in graph.tasks]
+    return ExecGraph(devices=graph.devices, tasks=tasks)
+
+
+@pytest.mark.parametrize("strategy", [{"pp": 2, "dp": 8}, {"pp": 2, "dp": 8, "zero": 3}, {"tp": 2, "dp": 8}])
+def test_devices_that_fill_their_nodes_simulate_as_with_links_of_their_own(strategy: dict[str, int]) -> None:
+    """Each stage on whole nodes of one NIC: its transfers take the NIC's whole capacity, so the shared links give
+    exactly the per-device iteration (the same end of every task)."""
+    graph = _compile(_job(a100_cluster(16).model_copy(update={"nics_per_node": 1}), **strategy))
+    assert any(".nic." in r for t in graph.tasks for r in t.resources)
+    assert simulate(graph, SHARING).end_s == simulate(_per_device(graph), SHARING).end_s
+
+
+def test_alike_links_are_one_resource_whatever_the_dp() -> None:
+    """The NICs of a stage's nodes are merged into one resource per direction: as many resources at dp 4 as at
+    dp 32."""
+    counts = []
+    for dp in (4, 32):
+        job = _job(load_cluster("dgx-a100-80gb").with_num_gpus(2 * dp * 2), tp=2, pp=2, dp=dp)
+        graph = _compile(job)
+        names = {r for t in graph.tasks for r in t.resources}
+        counts.append(len(names))
+        assert all(graph.resource_capacity[n] == 8.0 for n in names if ".nic." in n)
+    assert counts[0] == counts[1]
+
+
+def test_a_group_across_leaves_names_their_up_links() -> None:
+    """tp 4 x dp 8 over 4 nodes, one node per leaf, up-links oversubscribed 2:1: each gradient bucket crosses every
+    leaf's up-links with the stage's 8 ranks under it (of 8)."""
+    cluster = a100_cluster(32).model_copy(update={"nodes_per_leaf": 1, "leaf_oversubscription": 2.0})
+    graph = _compile(_job(cluster, tp=4, dp=8))
+    shares = _shares(_first(graph, 0, "dp all-reduce bucket0"))
+    assert shares["leaf0.uplink.tx (+3 alike)"] == shares["node0.nic.tx (+3 alike)"] == 8.0
+    assert graph.resource_capacity["leaf0.uplink.tx (+3 alike)"] == 8.0

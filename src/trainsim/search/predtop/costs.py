@@ -102,6 +102,11 @@ class PredTopStageCosts:
     def profiled_configurations(self) -> int:
         return len(self.profiled)
 
+    @property
+    def predicted(self) -> dict[StageSpec, float]:
+        """Every stage predicted so far and its predicted latency (s)."""
+        return dict(self._predicted)
+
     def __post_init__(self) -> None:
         if self.sampler not in SAMPLERS:
             raise ValueError(f"sampler={self.sampler!r}: must be one of {', '.join(SAMPLERS)}")

@@ -26,7 +26,7 @@ from pathlib import Path
 from trainsim.catalog import load_cluster, load_model
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.measure.stage_db import MeasuredStageCosts, StageDatabase
-from trainsim.search.predtop.costs import PredTopStageCosts, sample_budget
+from trainsim.search.predtop.costs import PredTopStageCosts
 from trainsim.search.predtop.dag import DagBuilder
 from trainsim.search.stage_costs import PricedStageCosts, StageJob
 from trainsim.search.stage_dp import PlanSearch, alpa_dp, uniform_search
@@ -80,10 +80,7 @@ def per_stage(predtop: PredTopStageCosts, truth: MeasuredStageCosts) -> dict[str
     train (fit), val (early stopping) or test (not profiled), in unit order."""
     roles: dict[StageSpec, str] = {}
     for mesh, intra in predtop.predictors:
-        sample = predtop.sample(mesh, intra)
-        n_val = sample_budget(predtop.num_units, predtop.fraction)[1]
-        for i, stage in enumerate(sample):
-            roles[stage] = "val" if i >= len(sample) - n_val else "train"
+        roles.update(predtop.roles(mesh, intra))
     out: dict[str, list[list[object]]] = {}
     for stage in sorted(predtop.predicted, key=lambda s: (s.mesh.describe(), s.first, s.end)):
         found = truth.estimate(stage)

@@ -28,6 +28,7 @@ from trainsim.ir.model_spec import TransformerSpec
 from trainsim.measure.stage_db import MeasuredStageCosts, StageDatabase
 from trainsim.search.predtop.costs import PredTopStageCosts
 from trainsim.search.predtop.dag import DagBuilder
+from trainsim.search.predtop.models import MODEL_KINDS
 from trainsim.search.stage_costs import PricedStageCosts, StageJob
 from trainsim.search.stage_dp import PlanSearch, alpa_dp, uniform_search
 from trainsim.strategy.stage_plan import IntraPlan, Mesh, StagePlan, StageSpec, num_units, pipeline_time_s
@@ -91,7 +92,7 @@ def per_stage(predtop: PredTopStageCosts, truth: MeasuredStageCosts) -> dict[str
 
 
 def run_case(name: str, samplers: list[str], seeds: list[int], epochs: int, patience: int, fraction: float,
-             label: str, done: set[str], emit) -> None:  # type: ignore[no-untyped-def]
+             label: str, kind: str, done: set[str], emit) -> None:  # type: ignore[no-untyped-def]
     case = CASES[name]
     model = load_model(str(case.model))
     assert isinstance(model, TransformerSpec)
@@ -118,12 +119,12 @@ def run_case(name: str, samplers: list[str], seeds: list[int], epochs: int, pati
         dags = DagBuilder(model, case.micro_batch, case.seq_len)
         for sampler in samplers:
             for seed in seeds:
-                key = f"{name}/{sampler}{label}/{seed}"
+                key = f"{name}/{sampler}{label}{'' if kind == 'transformer' else '-' + kind}/{seed}"
                 if key in done:
                     continue
                 source = MeasuredStageCosts(model, case.micro_batch, case.seq_len, db, threads=case.threads)
                 predtop = PredTopStageCosts(source, PricedStageCosts(job), dags, units, fraction, epochs=epochs,
-                                            patience=patience, seed=seed, sampler=sampler)
+                                            patience=patience, seed=seed, sampler=sampler, kind=kind)
                 cpu = time.process_time()
                 found = alpa_dp(predtop, units, *args)
                 cpu_s = time.process_time() - cpu
@@ -134,7 +135,7 @@ def run_case(name: str, samplers: list[str], seeds: list[int], epochs: int, pati
                            epochs_run={f"{m.describe()}/{i.describe()}": p.epochs_run if p else None
                                        for (m, i), p in predtop.predictors.items()},
                            predicted_t_s=found.plan.iteration_s, epochs=epochs, patience=patience,
-                           fraction=fraction, stages=per_stage(predtop, truth))
+                           fraction=fraction, kind=kind, stages=per_stage(predtop, truth))
                 emit({"key": key, **row})
         db.close()
 
@@ -173,6 +174,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=500)
     parser.add_argument("--patience", type=int, default=200)
     parser.add_argument("--fraction", type=float, default=0.3)
+    parser.add_argument("--kind", default="transformer", choices=list(MODEL_KINDS),
+                        help="the predictor (GCN and GAT: the paper's variants, sec. VIII-B); in the key when not "
+                        "the DAG Transformer")
     parser.add_argument("--label", default="", help="appended to the sampler in the row's key (a method variant)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--explain", nargs="+", default=[], help="print the per-stage errors of these rows' keys")
@@ -193,8 +197,8 @@ def main() -> None:
             f.write(json.dumps(row) + "\n")
 
     for name in args.cases:
-        run_case(name, args.samplers, args.seeds, args.epochs, args.patience, args.fraction, args.label, done,
-                 emit)
+        run_case(name, args.samplers, args.seeds, args.epochs, args.patience, args.fraction, args.label, args.kind,
+                 done, emit)
 
 
 if __name__ == "__main__":

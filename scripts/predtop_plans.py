@@ -17,6 +17,7 @@ measured ms, role], role train / val / test) to tell which stage a plan went wro
 
 import argparse
 import json
+import re
 import shutil
 import tempfile
 import time
@@ -26,12 +27,19 @@ from pathlib import Path
 from trainsim.catalog import load_cluster, load_model
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.measure.stage_db import MeasuredStageCosts, StageDatabase
-from trainsim.search.predtop.costs import PredTopStageCosts
+from trainsim.search.predtop.costs import PredTopStageCosts, all_ranges
 from trainsim.search.predtop.dag import DagBuilder
 from trainsim.search.predtop.models import MODEL_KINDS
-from trainsim.search.stage_costs import PricedStageCosts, StageJob
+from trainsim.search.stage_costs import FunctionStageCosts, PricedStageCosts, StageJob, same_dag_median_costs
 from trainsim.search.stage_dp import PlanSearch, alpa_dp, uniform_search
-from trainsim.strategy.stage_plan import IntraPlan, Mesh, StagePlan, StageSpec, num_units, pipeline_time_s
+from trainsim.strategy.stage_plan import (
+    IntraPlan,
+    Mesh,
+    StagePlan,
+    StageSpec,
+    num_units,
+    pipeline_time_s,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -145,6 +153,53 @@ def _row(found: PlanSearch, t_s: float, base_s: float, profiled: int | None) -> 
             "profiled": profiled, "stage_evaluations": found.stage_evaluations}
 
 
+PLAN_STAGE = re.compile(r"\[(\d+),(\d+)\) (\d+)x(\d+) dp(\d+)")
+
+
+def parse_plan(plan: list[str]) -> list[StageSpec]:
+    """describe()'s strings back to stages."""
+    out = []
+    for text in plan:
+        match = PLAN_STAGE.fullmatch(text)
+        assert match is not None, text
+        first, end, nodes, per_node, dp = map(int, match.groups())
+        out.append(StageSpec(first, end, Mesh(nodes, per_node), IntraPlan(1, dp)))
+    return out
+
+
+def same_dag_report(rows: dict[str, dict]) -> list[str]:  # type: ignore[type-arg]
+    """Each row's plan scored by eq. 4 over the same-DAG median table, against the DP's optimum on that table."""
+    lines = []
+    for name, case in CASES.items():
+        keys = [k for k in rows if k.startswith(f"{name}/") and "plan" in rows[k]]
+        if not keys:
+            continue
+        model = load_model(str(case.model))
+        assert isinstance(model, TransformerSpec)
+        db = StageDatabase(case.db)
+        truth = MeasuredStageCosts(model, case.micro_batch, case.seq_len, db, threads=case.threads)
+        table = same_dag_median_costs(truth, model, [StageSpec(a, b, mesh, IntraPlan(1, mesh.size))
+                                                     for mesh in case.meshes for a, b in all_ranges(num_units(model))])
+        cluster = load_cluster(case.cluster).with_num_gpus(case.devices).on_one_node()
+        job = StageJob(model=model, cluster=cluster, micro_batch=case.micro_batch,
+                       num_micro_batches=case.num_micro_batches, seq_len=case.seq_len)
+        intra = {mesh: [IntraPlan(1, mesh.size)] for mesh in case.meshes}
+        best = alpa_dp(table, num_units(model), list(case.meshes), intra, case.devices, case.num_micro_batches,
+                       job.capacity_bytes)
+        best_t = best.plan.iteration_s
+        reference = rows[f"{name}/reference"]
+
+        def vs_best(plan: list[str], table: FunctionStageCosts = table, case: Case = case,
+                    best_t: float = best_t) -> str:
+            latencies = [table.estimate(s).latency_s for s in parse_plan(plan)]  # type: ignore[union-attr]
+            return f"{100 * (pipeline_time_s(latencies, case.num_micro_batches) / best_t - 1):+.1f}%"
+        lines.append(f"{name}: same-DAG optimum {describe(best.plan)} {best_t:.4f} s; measured exhaustive plan "
+                     f"{vs_best(reference['exhaustive']['plan'])}, uniform {vs_best(reference['uniform']['plan'])}")
+        lines.extend(f"  {key}: {vs_best(rows[key]['plan'])}" for key in keys)
+        db.close()
+    return lines
+
+
 def explain(rows: dict[str, dict], key: str) -> list[str]:  # type: ignore[type-arg]
     """Per mesh: MRE of the training, validation and test stages, and the stages of PredTOP's and the exhaustive
     plan with their predicted and measured ms (the errors that chose the plan)."""
@@ -180,10 +235,15 @@ def main() -> None:
     parser.add_argument("--label", default="", help="appended to the sampler in the row's key (a method variant)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--explain", nargs="+", default=[], help="print the per-stage errors of these rows' keys")
+    parser.add_argument("--same-dag", action="store_true",
+                        help="print every row's plan scored over the same-DAG median latencies (no fit)")
     args = parser.parse_args()
     rows = {}
     if args.out.exists():
         rows = {(r := json.loads(line))["key"]: r for line in args.out.read_text().splitlines() if line.strip()}
+    if args.same_dag:
+        print("\n".join(same_dag_report(rows)))
+        return
     if args.explain:
         for key in args.explain:
             print("\n".join(explain(rows, key)))

@@ -1,7 +1,7 @@
 """PredTOP's planner re-scored from the stage databases in the repo, with no new timing runs.
 
     python scripts/predtop_plans.py --cases cpu-gpt cpu-moe h100-gpt h100-moe --samplers covering random \
-        --seeds 0 1 2 --out docs/data/predtop_plans.json
+        --seeds 0 1 2 --label=-val10 --out docs/data/predtop_plans.jsonl
 
 Each case is a model, its stage database (every stage measured alone), the meshes and the pipeline's
 micro-batches. PredTOP's source reads its sampled stages from a copy of the database (`profiled` counts them,
@@ -9,11 +9,15 @@ MeasuredStageCosts.measured_now must stay 0: nothing is run), trains one predict
 Alpa's DP picks the plan on the predictions. Every plan (PredTOP's, the exhaustive one: Alpa's DP over every
 measured stage, and the best uniform split) is scored by PredTOP eq. 4 over its stages' measured latencies.
 Training time is the process's CPU time of the search (DAGs, training, prediction, DP; nice -n 19 on a shared
-machine, so wall time would be noise). Results are appended per (case, sampler, seed) and skipped when there.
+machine, so wall time would be noise). Results are appended per (case, sampler + label, seed) and skipped when
+there; `--label` names a variant of the method (the key's sampler part), so a changed default gets new rows. Each
+row keeps every stage's prediction next to its measurement (`stages`: per mesh, [first, end, predicted ms,
+measured ms, role], role train / val / test) to tell which stage a plan went wrong on.
 """
 
 import argparse
 import json
+import re
 import shutil
 import tempfile
 import time
@@ -23,11 +27,19 @@ from pathlib import Path
 from trainsim.catalog import load_cluster, load_model
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.measure.stage_db import MeasuredStageCosts, StageDatabase
-from trainsim.search.predtop.costs import PredTopStageCosts
+from trainsim.search.predtop.costs import PredTopStageCosts, all_ranges
 from trainsim.search.predtop.dag import DagBuilder
-from trainsim.search.stage_costs import PricedStageCosts, StageJob
+from trainsim.search.predtop.models import MODEL_KINDS
+from trainsim.search.stage_costs import FunctionStageCosts, PricedStageCosts, StageJob, same_dag_median_costs
 from trainsim.search.stage_dp import PlanSearch, alpa_dp, uniform_search
-from trainsim.strategy.stage_plan import IntraPlan, Mesh, StagePlan, StageSpec, num_units, pipeline_time_s
+from trainsim.strategy.stage_plan import (
+    IntraPlan,
+    Mesh,
+    StagePlan,
+    StageSpec,
+    num_units,
+    pipeline_time_s,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,8 +84,23 @@ def describe(plan: StagePlan) -> list[str]:
     return [f"[{s.first},{s.end}) {s.mesh.describe()} dp{s.intra.dp}" for s in plan.stages]
 
 
+def per_stage(predtop: PredTopStageCosts, truth: MeasuredStageCosts) -> dict[str, list[list[object]]]:
+    """Per mesh and intra plan: [first, end, predicted ms, measured ms, role] of every stage the DP asked, role
+    train (fit), val (early stopping) or test (not profiled), in unit order."""
+    roles: dict[StageSpec, str] = {}
+    for mesh, intra in predtop.predictors:
+        roles.update(predtop.roles(mesh, intra))
+    out: dict[str, list[list[object]]] = {}
+    for stage in sorted(predtop.predicted, key=lambda s: (s.mesh.describe(), s.first, s.end)):
+        found = truth.estimate(stage)
+        out.setdefault(f"{stage.mesh.describe()}/{stage.intra.describe()}", []).append(
+            [stage.first, stage.end, round(predtop.predicted[stage] * 1e3, 4),
+             None if found is None else round(found.latency_s * 1e3, 4), roles.get(stage, "test")])
+    return out
+
+
 def run_case(name: str, samplers: list[str], seeds: list[int], epochs: int, patience: int, fraction: float,
-             done: set[str], emit) -> None:  # type: ignore[no-untyped-def]
+             label: str, kind: str, done: set[str], emit) -> None:  # type: ignore[no-untyped-def]
     case = CASES[name]
     model = load_model(str(case.model))
     assert isinstance(model, TransformerSpec)
@@ -100,12 +127,12 @@ def run_case(name: str, samplers: list[str], seeds: list[int], epochs: int, pati
         dags = DagBuilder(model, case.micro_batch, case.seq_len)
         for sampler in samplers:
             for seed in seeds:
-                key = f"{name}/{sampler}/{seed}"
+                key = f"{name}/{sampler}{label}{'' if kind == 'transformer' else '-' + kind}/{seed}"
                 if key in done:
                     continue
                 source = MeasuredStageCosts(model, case.micro_batch, case.seq_len, db, threads=case.threads)
                 predtop = PredTopStageCosts(source, PricedStageCosts(job), dags, units, fraction, epochs=epochs,
-                                            patience=patience, seed=seed, sampler=sampler)
+                                            patience=patience, seed=seed, sampler=sampler, kind=kind)
                 cpu = time.process_time()
                 found = alpa_dp(predtop, units, *args)
                 cpu_s = time.process_time() - cpu
@@ -115,7 +142,8 @@ def run_case(name: str, samplers: list[str], seeds: list[int], epochs: int, pati
                 row.update(cpu_s=cpu_s, train_wall_s=predtop.train_time_s,
                            epochs_run={f"{m.describe()}/{i.describe()}": p.epochs_run if p else None
                                        for (m, i), p in predtop.predictors.items()},
-                           predicted_t_s=found.plan.iteration_s)
+                           predicted_t_s=found.plan.iteration_s, epochs=epochs, patience=patience,
+                           fraction=fraction, kind=kind, stages=per_stage(predtop, truth))
                 emit({"key": key, **row})
         db.close()
 
@@ -123,6 +151,74 @@ def run_case(name: str, samplers: list[str], seeds: list[int], epochs: int, pati
 def _row(found: PlanSearch, t_s: float, base_s: float, profiled: int | None) -> dict[str, object]:
     return {"plan": describe(found.plan), "measured_t_s": t_s, "vs_exhaustive": t_s / base_s - 1.0,
             "profiled": profiled, "stage_evaluations": found.stage_evaluations}
+
+
+PLAN_STAGE = re.compile(r"\[(\d+),(\d+)\) (\d+)x(\d+) dp(\d+)")
+
+
+def parse_plan(plan: list[str]) -> list[StageSpec]:
+    """describe()'s strings back to stages."""
+    out = []
+    for text in plan:
+        match = PLAN_STAGE.fullmatch(text)
+        assert match is not None, text
+        first, end, nodes, per_node, dp = map(int, match.groups())
+        out.append(StageSpec(first, end, Mesh(nodes, per_node), IntraPlan(1, dp)))
+    return out
+
+
+def same_dag_report(rows: dict[str, dict]) -> list[str]:  # type: ignore[type-arg]
+    """Each row's plan scored by eq. 4 over the same-DAG median table, against the DP's optimum on that table."""
+    lines = []
+    for name, case in CASES.items():
+        keys = [k for k in rows if k.startswith(f"{name}/") and "plan" in rows[k]]
+        if not keys:
+            continue
+        model = load_model(str(case.model))
+        assert isinstance(model, TransformerSpec)
+        db = StageDatabase(case.db)
+        truth = MeasuredStageCosts(model, case.micro_batch, case.seq_len, db, threads=case.threads)
+        table = same_dag_median_costs(truth, model, [StageSpec(a, b, mesh, IntraPlan(1, mesh.size))
+                                                     for mesh in case.meshes for a, b in all_ranges(num_units(model))])
+        cluster = load_cluster(case.cluster).with_num_gpus(case.devices).on_one_node()
+        job = StageJob(model=model, cluster=cluster, micro_batch=case.micro_batch,
+                       num_micro_batches=case.num_micro_batches, seq_len=case.seq_len)
+        intra = {mesh: [IntraPlan(1, mesh.size)] for mesh in case.meshes}
+        best = alpa_dp(table, num_units(model), list(case.meshes), intra, case.devices, case.num_micro_batches,
+                       job.capacity_bytes)
+        best_t = best.plan.iteration_s
+        reference = rows[f"{name}/reference"]
+
+        def vs_best(plan: list[str], table: FunctionStageCosts = table, case: Case = case,
+                    best_t: float = best_t) -> str:
+            latencies = [table.estimate(s).latency_s for s in parse_plan(plan)]  # type: ignore[union-attr]
+            return f"{100 * (pipeline_time_s(latencies, case.num_micro_batches) / best_t - 1):+.1f}%"
+        lines.append(f"{name}: same-DAG optimum {describe(best.plan)} {best_t:.4f} s; measured exhaustive plan "
+                     f"{vs_best(reference['exhaustive']['plan'])}, uniform {vs_best(reference['uniform']['plan'])}")
+        lines.extend(f"  {key}: {vs_best(rows[key]['plan'])}" for key in keys)
+        db.close()
+    return lines
+
+
+def explain(rows: dict[str, dict], key: str) -> list[str]:  # type: ignore[type-arg]
+    """Per mesh: MRE of the training, validation and test stages, and the stages of PredTOP's and the exhaustive
+    plan with their predicted and measured ms (the errors that chose the plan)."""
+    row = rows[key]
+    ref = rows[f"{key.split('/')[0]}/reference"]["exhaustive"]
+    picked = {*row["plan"], *ref["plan"]}
+    lines = [f"{key}: plan {row['plan']} ({100 * row['vs_exhaustive']:+.1f}%), exhaustive {ref['plan']}"]
+    for setting, stages in row["stages"].items():
+        errors: dict[str, list[float]] = {}
+        for _first, _end, predicted, measured, role in stages:
+            errors.setdefault(role, []).append(abs(predicted - measured) / measured)
+        lines.append(f"  {setting}: MRE " + ", ".join(
+            f"{role} {100 * sum(e) / len(e):.1f}% ({len(e)})" for role, e in sorted(errors.items())))
+        mesh, intra = setting.split("/")
+        for first, end, predicted, measured, role in stages:
+            if f"[{first},{end}) {mesh} dp{intra.split('dp')[1]}" in picked:
+                lines.append(f"    [{first},{end}) {role}: predicted {predicted:.1f} ms, measured {measured:.1f} ms "
+                             f"({100 * (predicted / measured - 1):+.1f}%)")
+    return lines
 
 
 def main() -> None:
@@ -133,19 +229,36 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=500)
     parser.add_argument("--patience", type=int, default=200)
     parser.add_argument("--fraction", type=float, default=0.3)
+    parser.add_argument("--kind", default="transformer", choices=list(MODEL_KINDS),
+                        help="the predictor (GCN and GAT: the paper's variants, sec. VIII-B); in the key when not "
+                        "the DAG Transformer")
+    parser.add_argument("--label", default="", help="appended to the sampler in the row's key (a method variant)")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--explain", nargs="+", default=[], help="print the per-stage errors of these rows' keys")
+    parser.add_argument("--same-dag", action="store_true",
+                        help="print every row's plan scored over the same-DAG median latencies (no fit)")
     args = parser.parse_args()
-    done = set()
+    rows = {}
     if args.out.exists():
-        done = {json.loads(line)["key"] for line in args.out.read_text().splitlines() if line.strip()}
+        rows = {(r := json.loads(line))["key"]: r for line in args.out.read_text().splitlines() if line.strip()}
+    if args.same_dag:
+        print("\n".join(same_dag_report(rows)))
+        return
+    if args.explain:
+        for key in args.explain:
+            print("\n".join(explain(rows, key)))
+        return
+    done = set(rows)
 
     def emit(row: dict[str, object]) -> None:
-        print(json.dumps({k: v for k, v in row.items() if k != "plan"}), row.get("plan", ""), flush=True)
+        print(json.dumps({k: v for k, v in row.items() if k not in ("plan", "stages")}), row.get("plan", ""),
+              flush=True)
         with args.out.open("a") as f:
             f.write(json.dumps(row) + "\n")
 
     for name in args.cases:
-        run_case(name, args.samplers, args.seeds, args.epochs, args.patience, args.fraction, done, emit)
+        run_case(name, args.samplers, args.seeds, args.epochs, args.patience, args.fraction, args.label, args.kind,
+                 done, emit)
 
 
 if __name__ == "__main__":

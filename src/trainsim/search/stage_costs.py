@@ -8,8 +8,10 @@ dividing the micro-batch). Sources:
 - the measured, MPE and PredTOP sources live in measure.stage, search.mpe and search.predtop.
 
 CountedStageCosts caches any source and counts the distinct stages asked (the planners' stage_evaluations).
+same_dag_median_costs takes the stage-to-stage spread out of a measured table (plans scored without it).
 """
 
+import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -160,3 +162,19 @@ class CountedStageCosts:
 
     def prefetch(self, stages: list[StageSpec]) -> None:
         prefetch(self.source, [stage for stage in stages if stage not in self.cache])
+
+
+def same_dag_median_costs(source: StageCosts, model: TransformerSpec, stages: list[StageSpec]) -> FunctionStageCosts:
+    """`source` with each of `stages`' latency replaced by the median over those of `stages` on the same mesh and
+    intra plan with the same unit kinds in the same order (the same DAG: blocks [1,3) and [5,7) of a dense model);
+    memory as `source` gives it. A measured table without the spread between runs of the same computation (the
+    groups of search.predtop.experiment.noise_floor); stages outside `stages` are None."""
+    def key(stage: StageSpec) -> tuple[object, ...]:
+        return (stage.mesh, stage.intra, *(unit_kind(model, u) for u in range(stage.first, stage.end)))
+    found = {stage: estimate for stage in stages if (estimate := source.estimate(stage)) is not None}
+    groups: dict[tuple[object, ...], list[float]] = {}
+    for stage, estimate in found.items():
+        groups.setdefault(key(stage), []).append(estimate.latency_s)
+    table = {stage: StageEstimate(statistics.median(groups[key(stage)]), e.state_bytes, e.activation_bytes)
+             for stage, e in found.items()}
+    return FunctionStageCosts(table.get)

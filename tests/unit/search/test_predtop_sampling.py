@@ -183,3 +183,23 @@ def test_every_range_sampled_still_keeps_one_validation_stage():
                                trainer=cast(Any, record))
     source.estimate(StageSpec(0, 6, ONE, IntraPlan()))
     assert source.profiled_configurations == 21 and len(seen["fit"]) == 20 and len(seen["val"]) == 1
+
+
+def test_roles_and_predictions_are_kept_per_stage():
+    source = PredTopStageCosts(FunctionStageCosts(truth), FunctionStageCosts(truth), RangeDags(), 6, 0.3,  # type: ignore[arg-type]
+                               seed=0, trainer=cast(Any, fit_kind_sum))
+    drawn = source.sample(ONE, IntraPlan())
+    roles = source.roles(ONE, IntraPlan())
+    # sample_budget(6, 0.3) = (8, 2): the first 8 drawn train, the last 2 validate, the other 11 ranges are test
+    assert [roles[s] for s in drawn] == ["train"] * 8 + ["val"] * 2 and len(roles) == 10
+    assert source.predicted == {}
+    asked = [StageSpec(0, 6, ONE, IntraPlan()), StageSpec(1, 3, ONE, IntraPlan())]
+    source.prefetch(asked)
+    # the covering sample holds each kind alone, so the least-squares kind costs are exact: 1 + 4 x 10 + 40, 2 x 10
+    assert source.predicted.keys() == set(asked)
+    assert source.predicted[asked[0]] == pytest.approx(81.0) and source.predicted[asked[1]] == pytest.approx(20.0)
+
+
+def test_every_range_sampled_has_one_validation_role():
+    source = PredTopStageCosts(FunctionStageCosts(truth), FunctionStageCosts(truth), RangeDags(), 6, 1.0)  # type: ignore[arg-type]
+    assert sorted(source.roles(ONE, IntraPlan()).values()).count("val") == 1

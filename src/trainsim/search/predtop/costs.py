@@ -102,6 +102,11 @@ class PredTopStageCosts:
     def profiled_configurations(self) -> int:
         return len(self.profiled)
 
+    @property
+    def predicted(self) -> dict[StageSpec, float]:
+        """Every stage predicted so far and its predicted latency (s)."""
+        return dict(self._predicted)
+
     def __post_init__(self) -> None:
         if self.sampler not in SAMPLERS:
             raise ValueError(f"sampler={self.sampler!r}: must be one of {', '.join(SAMPLERS)}")
@@ -115,6 +120,18 @@ class PredTopStageCosts:
                                                  rng, kinds)
         return [StageSpec(a, b, mesh, intra) for a, b in ranges]
 
+    def validation_count(self, known: int) -> int:
+        """How many of `known` (>= 2) profiled stages watch early stopping: the last drawn, so a covering sample's
+        lone units stay in training and its validation stages take the three strata in turn."""
+        return max(1, min(sample_budget(self.num_units, self.fraction)[1], known - 1))
+
+    def roles(self, mesh: Mesh, intra: IntraPlan) -> dict[StageSpec, str]:
+        """Each profiled stage of a mesh and intra plan: "train" or "val" (every sampled stage measured); the
+        stages not here were predicted only (test)."""
+        sample = self.sample(mesh, intra)
+        n_val = self.validation_count(len(sample))
+        return {stage: "val" if i >= len(sample) - n_val else "train" for i, stage in enumerate(sample)}
+
     def _fit(self, mesh: Mesh, intra: IntraPlan) -> Predictor | None:
         sample = self.sample(mesh, intra)
         prefetch(self.measured, sample)
@@ -122,9 +139,7 @@ class PredTopStageCosts:
         known = [(s, e) for s in sample if (e := self.measured.estimate(s)) is not None]
         if len(known) < 2:
             return None
-        # validation (early stopping): the last drawn, so a covering sample's lone units stay in training and its
-        # validation stages take the three strata in turn
-        n_val = max(1, min(sample_budget(self.num_units, self.fraction)[1], len(known) - 1))
+        n_val = self.validation_count(len(known))
         fit, val = known[:-n_val], known[-n_val:]
         predictor = self.trainer(self.kind, [self.dags.stage(s.first, s.end) for s, _ in fit],
                                  [e.latency_s for _, e in fit],

@@ -9,6 +9,7 @@ a training step); the table times GEMMs alone, so a ratio near the training fact
 
 import argparse
 import csv
+import itertools
 import statistics
 from pathlib import Path
 
@@ -32,7 +33,7 @@ def h100_bf16_rows() -> list[tuple[float, float, float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="The fitted GEMM curve against the H100 GEMM table of gemm.csv")
     parser.add_argument("--fitted", type=Path, default=FITTED_PATH)
     args = parser.parse_args()
     cal = load_calibration(args.fitted)
@@ -43,7 +44,7 @@ def main() -> None:
     rows = h100_bf16_rows()
     print(f"{args.fitted}: max efficiency {max_eff:.3f}, in-training factor {factor:.3f}")
     print("work band (FLOP)     rows  measured TFLOP/s  curve TFLOP/s  measured / curve")
-    for low, high in zip(BANDS_FLOP, BANDS_FLOP[1:], strict=False):
+    for low, high in itertools.pairwise(BANDS_FLOP):
         band = [r for r in rows if low <= r[0] < high]
         if not band:
             continue

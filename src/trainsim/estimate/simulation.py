@@ -11,12 +11,12 @@ makespan, so the values add up to the iteration time.
 """
 
 import dataclasses
-import gc
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from trainsim.catalog.calibration import Calibration, load_calibration
 from trainsim.catalog.overlap import load_overlap_factors, model_family
+from trainsim.collector import collector_paused
 from trainsim.compile.build import compile_job
 from trainsim.compile.context import TASK_LEVELS, TaskLevel
 from trainsim.cost.memory import MemoryEstimate
@@ -106,14 +106,9 @@ class SimEstimator:
         """Compile and simulate; the plan defaults to the strategy's even placement."""
         check_sim_size(job, graph, self.task_level, plan)
         plan = plan or default_plan(graph, job.parallel)
-        collecting = gc.isenabled()
-        gc.disable()  # NB: hundreds of thousands of acyclic task objects; the cyclic collector only slows it down
-        try:
+        with collector_paused():  # NB: hundreds of thousands of acyclic task objects
             exec_graph = compile_job(job, plan, self.pricer, self.task_level)
             outcome = simulate(exec_graph, self.options_for(job))
-        finally:
-            if collecting:
-                gc.enable()
         return SimRun(job, plan, exec_graph, outcome, bottleneck_device(exec_graph, outcome))
 
     def estimate(self, job: Job, graph: OpGraph, plan: LoweredPlan | None = None) -> Result:

@@ -31,6 +31,7 @@ from operator import itemgetter
 import numpy as np
 from numpy.typing import NDArray
 
+from trainsim.collector import collector_paused
 from trainsim.cost.compute import RooflineCosts
 from trainsim.cost.memory import kept_bytes, loss_grad_bytes, rebuilt_bytes, saved_key
 from trainsim.cost.pricing import GradientQueues, LayerCost, Pricer
@@ -42,7 +43,6 @@ from trainsim.errors import TrainsimError
 from trainsim.estimate.analytical import AnalyticalEstimator, PlanPrice
 from trainsim.ir.graph import Layer, OpGraph
 from trainsim.job import Job
-from trainsim.search.collector import collector_paused
 from trainsim.strategy.parallel import Recompute
 from trainsim.strategy.precision import Precision, policy_for
 from trainsim.strategy.stages import BLOCK_KINDS, StagePart

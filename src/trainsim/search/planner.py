@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from trainsim.collector import collector_paused
 from trainsim.errors import ConfigError, InfeasiblePlanError, TrainsimError
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.estimate.engines import Estimator
@@ -21,7 +22,6 @@ from trainsim.ir.graph import OpGraph
 from trainsim.ir.model_spec import ModelSpec
 from trainsim.job import Job, make_job
 from trainsim.pipeline import GraphCache
-from trainsim.search.collector import collector_paused
 from trainsim.search.space import SearchSpace, enumerate_plans
 from trainsim.strategy.parallel import ParallelSpec
 

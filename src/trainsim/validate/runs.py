@@ -171,9 +171,9 @@ def _stack_named_in(text: str, fields: dict[str, str]) -> str | None:
 
 def parallel_from_row(fields: dict[str, str]) -> dict[str, Any]:
     base = row_defaults()["strategy"]
-    dp = _int(fields, "dp")
-    micro = _int(fields, "micro_batch", _default_micro_batch(fields, dp, base["micro_batch"]))
-    tp, pp = _int(fields, "tp"), _int(fields, "pp")
+    tp, pp, dp = _int(fields, "tp"), _int(fields, "pp"), _int(fields, "dp")
+    global_batch = _int(fields, "global_batch", 0)
+    micro = _int(fields, "micro_batch", _default_micro_batch(global_batch, dp, pp, base["micro_batch"]))
     # model chunks need a pipeline; Megatron-Core turns sequence parallelism off at tp 1 with a warning
     # (megatron/core/tensor_parallel/layers.py, RowParallelLinear, megatron-core 0.9.0)
     vpp = _int(fields, "vpp", base["vpp"]) if pp > 1 else 1
@@ -184,7 +184,7 @@ def parallel_from_row(fields: dict[str, str]) -> dict[str, Any]:
         "ep": _int(fields, "ep", 1), "vpp": vpp, "sp": bool(sp),
         "zero": _int(fields, "zero", base["zero_by_stack"].get(stack.name, base["zero"])),
         "micro_batch": micro,
-        "global_batch": _int(fields, "global_batch", 0),
+        "global_batch": global_batch,
         "seq_len": _int(fields, "seq_len"),
         "recompute": fields.get("recompute") or base["recompute"],
         "precision": fields.get("precision") or row_defaults()["precision_by_source"].get(
@@ -195,12 +195,11 @@ def parallel_from_row(fields: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def _default_micro_batch(fields: dict[str, str], dp: int, with_pipeline: int) -> int:
+def _default_micro_batch(global_batch: int, dp: int, pp: int, with_pipeline: int) -> int:
     """An empty micro_batch cell: without a pipeline, the replica's whole share of the global batch in one
     micro-batch (DeepSpeed's rule when only the global batch is given: deepspeed/runtime/config.py
     _set_batch_related_parameters, gradient_accumulation_steps = 1, deepspeed 0.12.6); with one, `with_pipeline`."""
-    global_batch = _int(fields, "global_batch", 0)
-    if _int(fields, "pp") > 1 or global_batch <= 0 or dp <= 0:
+    if pp > 1 or global_batch <= 0 or dp <= 0:
         return with_pipeline
     return max(1, round(global_batch / dp))
 

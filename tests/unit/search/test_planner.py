@@ -188,7 +188,7 @@ def test_cli_global_batch_is_required() -> None:
 
 @pytest.mark.parametrize("collecting", [True, False])
 def test_search_leaves_the_collector_as_it_was(cluster8: ClusterSpec, collecting: bool) -> None:
-    """A search pauses the cyclic garbage collector while it works (search.collector, speed only): the caller's
+    """A search pauses the cyclic garbage collector while it works (trainsim.collector, speed only): the caller's
     setting comes back, after a refused search too, and the ranking is the one made with the collector on."""
     space = SearchSpace(global_batch=16, seq_len=128)
     seen: list[bool] = []

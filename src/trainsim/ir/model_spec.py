@@ -65,6 +65,15 @@ class TransformerSpec(Spec):
     def num_moe_layers(self) -> int:
         return self.num_layers // self.moe_every if self.is_moe else 0
 
+    @property
+    def idle_expert_params(self) -> int:
+        """Expert weights one token does not use: num_experts - top_k experts' MLP in each MoE block. Total
+        parameters minus these are the active parameters a mixture of experts' 6 N D counts (Fedus et al. 2022,
+        Switch Transformers, sec. 2: FLOPs per token follow the experts a token is routed to)."""
+        mats = 3 if self.mlp == "swiglu" else 2
+        expert = mats * self.hidden * self.ffn_hidden + ((self.ffn_hidden + self.hidden) if self.bias else 0)
+        return self.num_moe_layers * (self.num_experts - self.top_k) * expert
+
 
 class ConvLayer(Spec):
     """One layer of a CNN, with its output spatial size for a 224x224 (or the model's) input."""

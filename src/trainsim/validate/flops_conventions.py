@@ -67,14 +67,16 @@ MEGATRON_VOCAB_MULTIPLE = 128  # megatron/training/arguments.py: --make-vocab-si
 
 
 def _megatron_per_token(model: TransformerSpec, plan: ParallelSpec, score_share: float) -> float:
-    """Megatron's count of a dense transformer per token: 12 L h ffn g (g = 3/2 for a gated MLP) + 12 L h^2
-    (1 + G/H + score_share s/h) + 6 h V_padded, with V padded to a multiple of 128 x tp."""
+    """Megatron's count per token: 12 L h ffn g k (g = 3/2 for a gated MLP, k the experts a token is routed to in
+    an MoE block, 1 in a dense one) + 12 L h^2 (1 + G/H + score_share s/h) + 6 h V_padded, with V padded to a
+    multiple of 128 x tp."""
     layers, hidden = model.num_layers, model.hidden
     gated = 1.5 if model.mlp == "swiglu" else 1.0
+    routed_layers = model.num_moe_layers * model.top_k + layers - model.num_moe_layers
     multiple = MEGATRON_VOCAB_MULTIPLE * plan.tp
     padded_vocab = -(-model.vocab // multiple) * multiple
     attention = 1.0 + model.kv_heads / model.num_heads + score_share * plan.seq_len / hidden
-    return (12.0 * layers * hidden * model.ffn_hidden * gated + 12.0 * layers * hidden**2 * attention
+    return (12.0 * routed_layers * hidden * model.ffn_hidden * gated + 12.0 * layers * hidden**2 * attention
             + 6.0 * hidden * padded_vocab)
 
 

@@ -94,11 +94,14 @@ def predict_rows(rows: Iterable[RunRow], estimator: Estimator, progress: Callabl
 
 
 def estimator_params(model: ModelSpec) -> float:
-    """Parameter count of a model, from its op graph."""
+    """Parameter count of a model from its op graph; of a mixture of experts, the active parameters (the experts a
+    token is routed to), which the parameter-based FLOP conventions count."""
     from trainsim.frontends.catalog.build import build_graph
+    from trainsim.ir.model_spec import TransformerSpec
     from trainsim.strategy.device_slice import DeviceSlice
 
-    return build_graph(model, DeviceSlice(1, 8, policy_for("bf16"))).param_count()
+    total = build_graph(model, DeviceSlice(1, 8, policy_for("bf16"))).param_count()
+    return total - model.idle_expert_params if isinstance(model, TransformerSpec) else total
 
 
 def summarize(predictions: list[RowPrediction]) -> list[dict[str, Any]]:

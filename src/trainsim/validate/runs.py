@@ -118,18 +118,33 @@ def model_from_row(fields: dict[str, str]) -> dict[str, Any]:
     else:
         ffn_default = defaults["ffn_multiple"] * hidden
     seq = _int(fields, "seq_len")
-    return {**layout, "name": f"{arch}-l{fields['num_layers']}-h{hidden}", "arch": arch,
-            "num_layers": _int(fields, "num_layers"), "hidden": hidden, "num_heads": heads,
-            "num_kv_heads": kv_heads, "ffn_hidden": _int(fields, "ffn_hidden", ffn_default),
-            "vocab": _int(fields, "vocab", layout["vocab"]), "max_seq_len": seq}
+    model = {**layout, "name": f"{arch}-l{fields['num_layers']}-h{hidden}", "arch": arch,
+             "num_layers": _int(fields, "num_layers"), "hidden": hidden, "num_heads": heads,
+             "num_kv_heads": kv_heads, "ffn_hidden": _int(fields, "ffn_hidden", ffn_default),
+             "vocab": _int(fields, "vocab", layout["vocab"]), "max_seq_len": seq}
+    return {**model, **moe_of_row(fields)}
+
+
+def moe_of_row(fields: dict[str, str]) -> dict[str, Any]:
+    """The experts of a row whose notes (else run id) name a mixture-of-experts model (row_defaults.yaml
+    moe_by_text): num_experts, top_k (shared experts counted as extra routed choices), moe_every and the expert's
+    FFN width where the entry states it; {} for any other row."""
+    text = f"{fields.get('notes', '')} {fields.get('run_id', '')}"
+    for entry in row_defaults()["moe_by_text"]:
+        if re.search(entry["pattern"], text, flags=re.IGNORECASE):
+            moe = {"num_experts": entry["num_experts"], "top_k": entry["top_k"] + entry.get("shared_experts", 0),
+                   "moe_every": entry.get("moe_every", 1)}
+            return moe | ({"ffn_hidden": entry["expert_ffn"]} if "expert_ffn" in entry else {})
+    return {}
 
 
 def _nearest_arch(fields: dict[str, str], hidden: int, heads: int, kv_heads: int) -> str:
-    """The documented family an `other` row is priced as (row_defaults.yaml `other_arch`): grouped-query attention
-    or an FFN that is not a multiple of the width marks a LLaMA-style block, anything else a GPT-style one."""
+    """The documented family an `other` row is priced as (row_defaults.yaml `other_arch`): grouped-query attention,
+    an FFN that is not a multiple of the width or a named mixture of experts (every one in moe_by_text has gated
+    MLPs and RMSNorm) marks a LLaMA-style block, anything else a GPT-style one."""
     rule = row_defaults()["other_arch"]
     ffn = _int(fields, "ffn_hidden", 0)
-    gated = kv_heads < heads or (ffn > 0 and ffn % hidden != 0)
+    gated = kv_heads < heads or (ffn > 0 and ffn % hidden != 0) or bool(moe_of_row(fields))  # MoEs: gated
     return rule["gated"] if gated else rule["plain"]
 
 
@@ -237,6 +252,9 @@ def _gpu_named_in_notes(fields: dict[str, str]) -> dict[str, str]:
 def job_from_row(fields: dict[str, str]) -> RunJob:
     fields = _gpu_named_in_notes(fields)
     gpu = fields["gpu"]
+    if _int(fields, "ep", 1) > 1 and not moe_of_row(fields):
+        return RunJob(None, f"ep {fields['ep']}: the notes name no mixture-of-experts model of row_defaults.yaml "
+                            "moe_by_text (the schema has no expert count)")
     clusters = row_defaults()["cluster_for_gpu"]
     if gpu not in clusters:
         return RunJob(None, f"gpu {gpu!r} is not in the catalog (nor named in the row's notes)")

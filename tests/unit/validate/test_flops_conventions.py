@@ -14,7 +14,7 @@ from trainsim.job import Job, make_job
 from trainsim.pipeline import graph_for
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.validate.flops_conventions import FLOPS_CONVENTIONS, convention_flops, in_convention
-from trainsim.validate.predict_runs import FLOP_METRICS, metric_value
+from trainsim.validate.predict_runs import FLOP_METRICS, estimator_params, metric_value
 from trainsim.validate.runs import flops_convention_of, read_runs, source_group
 
 
@@ -93,3 +93,19 @@ def test_hardware_flops_count_the_recomputed_forward() -> None:
         plan = job.parallel.model_copy(update={"recompute": recompute})
         assert convention_flops("6nd+attention+recompute", replace(job, parallel=plan), 1e9) == pytest.approx(
             model_flops + extra, rel=1e-12)
+
+
+def test_a_mixture_of_experts_counts_the_experts_a_token_uses() -> None:
+    mixtral = load_model("mixtral-8x7b")
+    assert isinstance(mixtral, TransformerSpec)
+    # Jiang et al. 2024, Mixtral of Experts, sec. 2: 47B parameters, 13B active per token (12.9B)
+    assert estimator_params(mixtral) == pytest.approx(12.9e9, rel=0.01)
+    dense = mixtral.model_copy(update={"num_experts": 1, "top_k": 1})
+    parallel = ParallelSpec(tp=2, dp=4, ep=4, micro_batch=1, global_batch=8, seq_len=2048)
+    cluster = load_cluster("dgx-h100-80gb")
+    moe_job = make_job(mixtral, cluster, parallel)
+    dense_job = make_job(dense, cluster, parallel.model_copy(update={"ep": 1}))
+    mlp_per_token = 12.0 * mixtral.num_layers * mixtral.hidden * mixtral.ffn_hidden * 1.5  # one expert
+    for convention in ("megatron", "megatron-causal"):  # the routed experts' MLPs: top_k = 2 of them
+        extra = convention_flops(convention, moe_job, 0.0) - convention_flops(convention, dense_job, 0.0)
+        assert extra == pytest.approx(mlp_per_token * moe_job.tokens_per_iteration, rel=1e-12)

@@ -85,3 +85,25 @@ def test_an_other_gpu_is_the_device_its_notes_name() -> None:
     assert a100.job is not None and a100.job.cluster.device.name == "a100-sxm4-40gb"
     unnamed = job_from_row(_row(gpu="other", notes="AMD MI250X"))
     assert unnamed.job is None and unnamed.skipped is not None and "'other'" in unnamed.skipped
+
+
+def test_a_row_naming_a_mixture_of_experts_gets_its_experts() -> None:
+    mixtral = _row(arch="llama", hidden="256", ffn_hidden="700", num_kv_heads="2", ep="8", dp="16",
+                   notes="model=Mixtral-8x7B (47B nominal)")
+    run = job_from_row(mixtral)
+    assert run.job is not None
+    model = run.job.model
+    assert (model.num_experts, model.top_k, model.moe_every, model.ffn_hidden) == (8, 2, 1, 700)
+    assert run.job.parallel.ep == 8
+    # shared experts are extra routed choices; the entry's expert width replaces the row's (dense) FFN
+    deepseek = model_from_row(_row(arch="other", ffn_hidden="18432", notes="model=DEEPSEEK_V3"))
+    assert (deepseek["num_experts"], deepseek["top_k"], deepseek["ffn_hidden"]) == (256, 9, 2048)
+    assert deepseek["arch"] == "llama"  # named MoEs have gated MLPs
+    maverick = model_from_row(_row(arch="other", notes="Llama-4-Maverick 400B"))
+    assert (maverick["num_experts"], maverick["top_k"], maverick["moe_every"]) == (128, 2, 2)
+
+
+def test_dense_rows_stay_dense_and_an_unnamed_expert_parallel_row_is_refused() -> None:
+    assert "num_experts" not in model_from_row(_row(notes="model=LLAMA3_8B; DeepSeek-LLM style data"))
+    unnamed = job_from_row(_row(ep="4", notes="an in-house MoE"))
+    assert unnamed.job is None and unnamed.skipped is not None and "moe_by_text" in unnamed.skipped

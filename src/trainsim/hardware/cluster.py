@@ -25,7 +25,8 @@ from trainsim.units import parse_bandwidth, parse_duration
 MAX_GPUS = 2**24
 MAX_SLOWDOWN = 1e3  # a rank a thousand times slower than its peers is a dead one, not a straggler
 
-LinkKind = Literal["nvlink", "nvswitch", "pcie", "infiniband", "roce", "ethernet", "nvlink-bridge", "efa"]
+LinkKind = Literal["nvlink", "nvswitch", "pcie", "infiniband", "roce", "ethernet", "nvlink-bridge", "efa",
+                   "infinity-fabric", "slingshot"]
 
 
 class LinkSpec(Spec):

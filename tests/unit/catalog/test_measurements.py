@@ -61,3 +61,12 @@ def test_sync_copies_and_then_has_nothing_to_do(tmp_path: Path) -> None:
     (source / "gemm.csv").unlink()
     with pytest.raises(SystemExit, match=r"lacks gemm\.csv"):
         script.sync(source, target)
+
+
+def test_the_package_fits_best_gemm_rates_are_the_shipped_gemm_tables() -> None:
+    from trainsim.calibrate.microbenchmarks import fit_matmul_max_efficiency
+    from trainsim.catalog.calibration import load_calibration
+
+    fitted = load_calibration().matmul_max_efficiency
+    assert fitted == fit_matmul_max_efficiency(MEASUREMENTS_DIR / "gemm.csv")
+    assert fitted["mi300x"]["bf16"] == pytest.approx(668.4 / 1307.4, abs=1e-4)  # gemm.csv's MAMF row / datasheet

@@ -83,7 +83,7 @@ def test_an_other_gpu_is_the_device_its_notes_name() -> None:
     assert h800.job.cluster.intra_node.bw_bytes_per_s == 200e9  # NVLink cut to 400 GB/s both ways
     a100 = job_from_row(_row(gpu="other", notes="A100 PCIe 40GB cards"))
     assert a100.job is not None and a100.job.cluster.device.name == "a100-sxm4-40gb"
-    unnamed = job_from_row(_row(gpu="other", notes="AMD MI250X"))
+    unnamed = job_from_row(_row(gpu="other", notes="Intel Gaudi 2"))
     assert unnamed.job is None and unnamed.skipped is not None and "'other'" in unnamed.skipped
 
 
@@ -107,3 +107,11 @@ def test_dense_rows_stay_dense_and_an_unnamed_expert_parallel_row_is_refused() -
     assert "num_experts" not in model_from_row(_row(notes="model=LLAMA3_8B; DeepSeek-LLM style data"))
     unnamed = job_from_row(_row(ep="4", notes="an in-house MoE"))
     assert unnamed.job is None and unnamed.skipped is not None and "moe_by_text" in unnamed.skipped
+
+
+def test_amd_gpus_named_in_the_notes_run_on_their_servers() -> None:
+    frontier = job_from_row(_row(gpu="other", num_gpus="16", dp="16", notes="Frontier, AMD MI250X, ROCm 5.x"))
+    assert frontier.job is not None and frontier.job.cluster.device.name == "mi250x-gcd"
+    assert (frontier.job.cluster.name, frontier.job.cluster.nics_per_node) == ("frontier-mi250x", 4)
+    mi300x = job_from_row(_row(gpu="other", notes="8x AMD Instinct MI300X per node"))
+    assert mi300x.job is not None and mi300x.job.cluster.device.peak_for("bf16") == 1307.4e12

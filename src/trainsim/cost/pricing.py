@@ -52,6 +52,7 @@ from trainsim.cost.stack_effects import (
     overlapped_s,
     queue_exposed_s,
     unfused_extra_bytes,
+    window_micro_batches,
 )
 from trainsim.cost.step import FittedStepCosts, StepCosts
 from trainsim.hardware.cluster import ClusterSpec, GroupLayout
@@ -680,7 +681,7 @@ class Pricer:
         if par.dp * par.cp == 1 or par.zero >= 3:
             return 0.0
         key = (self._pin(cost), self.stage_key(stage), _layout_key(job), self._cluster_key(job.cluster),
-               self._stack_key(job.stack), par.zero, par.precision)
+               self._stack_key(job.stack), par.zero, par.precision, par.schedule)
         exposed = self._grad_sync.get(key)
         if exposed is None:
             exposed = self._grad_sync[key] = self._gradient_sync_s(stage, cost, job)
@@ -690,14 +691,23 @@ class Pricer:
         # NB: the windows hold the phase's feature collectives too: they run on their own stream beside the
         # gradient stream, and a layer's gradient (its forward) is done only after them
         feature_bwd = sum(seconds for axis, seconds in cost.comm_s.items() if axis != "pp") - cost.feature_fwd_s
-        return self.gradient_sync_windows_s(stage, cost.backward_s + cost.recompute_s + feature_bwd,
-                                            cost.forward_s + cost.feature_fwd_s, job)
+        par = job.parallel
+        backward, forward = cost.backward_s + cost.recompute_s + feature_bwd, cost.forward_s + cost.feature_fwd_s
+        micro_batches = window_micro_batches(par.schedule, par.pp)
+        exposed = self.gradient_sync_windows_s(stage, backward * micro_batches, forward * micro_batches, job)
+        if micro_batches == 1:
+            return exposed
+        # interleaved: the first chunk's buckets still fill over its own last backward alone (and the next
+        # forward needs its gathers first), about the stage's one-micro-batch exposure over vpp
+        one_chunk = self.gradient_sync_windows_s(stage, backward / par.vpp, forward / par.vpp, job) / par.vpp
+        return max(exposed, one_chunk)
 
     def gradient_sync_windows_s(self, stage: list[StagePart], backward_window_s: float, forward_window_s: float,
                                 job: Job) -> float:
         """gradient_sync_exposed_s given its windows: the last micro-batch's backward (with its recompute and
         feature collectives) that the reduction's buckets overlap, and the next forward pass (with its feature
-        collectives) that the parameter all-gather overlaps. The search's grid engine calls it directly."""
+        collectives) that the parameter all-gather overlaps, each over window_micro_batches micro-batches. The
+        search's grid engine calls it directly."""
         par = job.parallel
         key = ("windows", self.stage_key(stage), backward_window_s, forward_window_s, _layout_key(job),
                self._cluster_key(job.cluster), self._stack_key(job.stack), par.zero, par.precision)

@@ -130,6 +130,16 @@ def queue_exposed_s(queue: BucketQueue, window_s: float, gamma: float) -> float:
     return queue_tail_s(queue.total_s, queue.peaks_s, lags, window_s / queue.count, gamma, max)
 
 
+def window_micro_batches(schedule: str, pp: int) -> int:
+    """Micro-batches of a stage's last backward pass that its overlapped gradient buckets fill over (and of its
+    first forward pass that overlapped parameter gathers feed): one, except in Megatron-LM's interleaved 1F1B,
+    whose micro-batches go through the chunks in groups of pp (Narayanan et al. 2021, sec. 2.2.2; backward chunk
+    v - 1 first): a chunk's gradients are done when the group's pp micro-batches have left it, while the chunks
+    after it in the backward order still run pp micro-batches each, so the buckets fill over pp micro-batches'
+    backward passes (the simulator runs the schedule itself)."""
+    return pp if schedule == "interleaved-1f1b" else 1
+
+
 def unfused_extra_bytes(op: Op, stack: StackSpec, fp8_linears: bool) -> float:
     """Memory traffic an unfused stack adds to an op the graph prices as one fused kernel:
     - an activation without fused_bias_activation: a separate bias add (gelu: one more read + write of the

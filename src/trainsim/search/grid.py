@@ -625,11 +625,20 @@ class _Fast:
             backward = table.backward[rows] + recompute + table.feature_bwd[rows]
             forward = table.forward[rows] + table.feature_fwd[rows]
             gamma = self.batch.pricer.cal.runtime.overlap_slowdown
-            reduce = queues.reduce.exposed_s(queue, backward, gamma) if queues.reduce_overlaps else \
-                queues.reduce.total_s[queue]
-            gather = queues.gather.exposed_s(queue, forward, gamma) if queues.gather_overlaps else \
-                queues.gather.total_s[queue]
-            out[chosen] = np.where(self.zero[plan] > 0, reduce + gather, reduce)
+            zero = self.zero[plan] > 0
+
+            def exposed(scale: Floats) -> Floats:
+                reduce = queues.reduce.exposed_s(queue, backward * scale, gamma) if queues.reduce_overlaps else \
+                    queues.reduce.total_s[queue]
+                gather = queues.gather.exposed_s(queue, forward * scale, gamma) if queues.gather_overlaps else \
+                    queues.gather.total_s[queue]
+                return np.where(zero, reduce + gather, reduce)
+
+            # Pricer._gradient_sync_s: the interleaved schedule's windows (stack_effects.window_micro_batches)
+            interleaved = self.schedule[plan] == SCHEDULE_CODES["interleaved-1f1b"]
+            vpp = self.vpp[plan].astype(np.float64)
+            out[chosen] = np.where(interleaved, np.maximum(exposed(np.where(interleaved, self.pp[plan], 1.0)),
+                                                           exposed(1.0 / vpp) / vpp), exposed(np.ones(len(plan))))
         return np.maximum(out[:n], out[n:])
 
     def _queue(self, key: tuple[int, ...], plan: int, row: int) -> int:

@@ -124,6 +124,13 @@ def test_calibration_rows_run_on_their_sources_stack() -> None:
     ({"source": "Black et al. 2022", "notes": "GPT-NeoX library"}, "megatron-deepspeed"),
     ({"source": "facebookresearch/metaseq logbook"}, "fsdp"),
     ({"source": "Jiang et al. 2024 MegaScale Table 2", "gpu": "a100-sxm4-80gb"}, "megatron-core"),
+    ({"source": "BigScience 2022", "notes": "model=BLOOM-176B on 384 A100"}, "megatron-deepspeed"),
+    ({"source": "Smith et al. 2022", "notes": "Megatron-Turing NLG 530B", "gpu": "a100-sxm4-80gb"},
+     "megatron-deepspeed"),
+    ({"source": "Biderman et al. 2023", "notes": "model=Pythia-12B"}, "megatron-deepspeed"),
+    ({"source": "Zhang et al. 2022", "notes": "OPT-175B logbook"}, "fsdp"),
+    ({"source": "Groeneveld et al. 2024", "notes": "OLMo-7B"}, "fsdp"),
+    ({"source": "some blog", "notes": "bloomz-style data, OPTIMUS-1 trainer"}, "generic"),
 ])
 def test_an_unlisted_source_runs_the_stack_its_source_or_notes_name(fields: dict[str, str], stack: str) -> None:
     from trainsim.validate.runs import stack_of_row

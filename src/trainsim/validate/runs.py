@@ -229,6 +229,18 @@ def _whole_micro_batches(parallel: dict[str, Any]) -> dict[str, Any]:
     return {**parallel, "global_batch": max(1, round(global_batch / replica_batch)) * replica_batch}
 
 
+def _folded_experts(parallel: dict[str, Any]) -> dict[str, Any]:
+    """An expert-parallel degree wider than dp x cp: Megatron-Core's MoE parallel folding (megatron-core 0.10+,
+    expert_tensor_parallel_size apart from tp) lays the expert groups over tensor-parallel ranks too, which
+    trainsim's plans cannot express (experts share data ranks only). Such a row runs as its nearest plan: ep the
+    largest common divisor of its ep and dp x cp (the same experts per token and expert FLOPs per GPU; the
+    all-to-all over fewer, data-parallel ranks)."""
+    data_ranks = parallel["dp"] * parallel["cp"]
+    if parallel["ep"] <= 1 or data_ranks % parallel["ep"] == 0:
+        return parallel
+    return {**parallel, "ep": math.gcd(parallel["ep"], data_ranks)}
+
+
 def _cluster_name(fields: dict[str, str], by_gpu: str) -> str:
     """The cluster preset a row runs on: the one its cluster cell names, else its source's servers
     (row_defaults.yaml cluster_by_source), else its GPU's (cluster_for_gpu)."""
@@ -268,7 +280,7 @@ def job_from_row(fields: dict[str, str]) -> RunJob:
         update["gpus_per_node"] = gpus_per_node
         cluster = cluster.model_copy(update=update).with_num_gpus(_int(fields, "num_gpus"))
         model = parse_model(model_from_row(fields), "row model")
-        parallel = _whole_micro_batches(parallel_from_row(fields))
+        parallel = _folded_experts(_whole_micro_batches(parallel_from_row(fields)))
         return RunJob(make_job(model, cluster, ParallelSpec.parse(parallel), stack_of_row(fields)), None)
     except (TrainsimError, ValueError) as exc:
         return RunJob(None, str(exc))

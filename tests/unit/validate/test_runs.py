@@ -115,3 +115,10 @@ def test_amd_gpus_named_in_the_notes_run_on_their_servers() -> None:
     assert (frontier.job.cluster.name, frontier.job.cluster.nics_per_node) == ("frontier-mi250x", 4)
     mi300x = job_from_row(_row(gpu="other", notes="8x AMD Instinct MI300X per node"))
     assert mi300x.job is not None and mi300x.job.cluster.device.peak_for("bf16") == 1307.4e12
+
+
+def test_expert_parallelism_wider_than_the_data_ranks_runs_as_the_nearest_plan() -> None:
+    # Megatron-Core's parallel folding: ep 64 over tp 2 x dp 32; trainsim's experts share data ranks only
+    folded = job_from_row(_row(arch="other", num_gpus="256", tp="2", pp="4", dp="32", ep="64", num_heads="4",
+                               num_kv_heads="2", notes="model=Qwen3-235B-A22B"))
+    assert folded.job is not None and folded.job.parallel.ep == 32

@@ -227,6 +227,8 @@ class BuildContext:
             seconds = self.collective_s(c.collective, c.buffer_bytes, c.axis)
             if c.axis == "tp":  # the part a stack that overlaps it with the GEMMs leaves exposed (pricing)
                 seconds *= cost.tp_exposed_fraction[0 if c.phase == "fwd" else 1]
+            elif c.axis == "cp":  # the part ring attention leaves exposed (pricing)
+                seconds *= cost.cp_exposed_fraction[0 if c.phase == "fwd" else 1]
             if seconds > 0.0:
                 comms[c.phase].append(CommWork(f"{c.name} {c.collective}", c.axis, seconds, _comm_site(c.name)))
         if self.level == "op":

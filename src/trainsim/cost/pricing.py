@@ -73,7 +73,8 @@ from trainsim.strategy.stages import (
     virtual_stage_blocks,
 )
 
-Overlapped = Literal["grad_reduce_overlap", "param_gather_overlap", "tp_comm_overlap", "pp_comm_overlap"]
+Overlapped = Literal["grad_reduce_overlap", "param_gather_overlap", "tp_comm_overlap", "cp_comm_overlap",
+                     "pp_comm_overlap"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +90,8 @@ class LayerCost:
     # the exposed fraction of the tensor-parallel collectives of forward and backward (a stack that overlaps
     # them with the GEMMs: Pricer.tp_exposed_s); 1 where nothing overlaps
     tp_exposed_fraction: tuple[float, float] = (1.0, 1.0)
+    # the same for the context-parallel key/value exchange a stack overlaps with attention (Pricer.cp_exposed_s)
+    cp_exposed_fraction: tuple[float, float] = (1.0, 1.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,19 +392,20 @@ class Pricer:
         return tuple(axis_group(axis, par) for axis in axes)
 
     def _price_layer(self, layer: Layer, job: Job) -> LayerCost:
-        tp_total = {"fwd": 0.0, "bwd": 0.0}
+        totals = {axis: {"fwd": 0.0, "bwd": 0.0} for axis in ("tp", "cp")}
         for c in layer.comms:
-            if c.axis == "tp":
-                tp_total[c.phase] += self.axis_collective_s(c.collective, c.buffer_bytes, c.axis, job)
-        fraction = self.tp_exposed_fraction(layer, tp_total, job)
+            if c.axis in totals:
+                totals[c.axis][c.phase] += self.axis_collective_s(c.collective, c.buffer_bytes, c.axis, job)
+        fractions = {"tp": self.tp_exposed_fraction(layer, totals["tp"], job),
+                     "cp": self.cp_exposed_fraction(layer, totals["cp"], job)}
         comm: dict[str, float] = {}
         comm_fwd = 0.0
         for c in layer.comms:
             if c.axis == "pp":
                 continue
             comm_s = self.axis_collective_s(c.collective, c.buffer_bytes, c.axis, job)
-            if c.axis == "tp":
-                comm_s *= fraction[0 if c.phase == "fwd" else 1]
+            if c.axis in fractions:
+                comm_s *= fractions[c.axis][0 if c.phase == "fwd" else 1]
             comm[c.axis] = comm.get(c.axis, 0.0) + comm_s
             if c.phase == "fwd":
                 comm_fwd += comm_s
@@ -417,7 +421,7 @@ class Pricer:
         selective = sum(times[id(op)] for op in layer.fwd if op.recompute_selective)
         wgrad = sum(times[id(op)] for op in layer.bwd if op.name.endswith(".wgrad"))
         return LayerCost(sum(times[id(op)] for op in layer.fwd), sum(times[id(op)] for op in layer.bwd), selective,
-                         comm, comm_fwd, wgrad, fraction)
+                         comm, comm_fwd, wgrad, fractions["tp"], fractions["cp"])
 
     def tp_exposed_fraction(self, layer: Layer, tp_s: dict[str, float], job: Job) -> tuple[float, float]:
         """Of the tensor-parallel collectives of forward and backward (tp_s: phase -> seconds), the fraction
@@ -437,6 +441,21 @@ class Pricer:
                 continue
             gemm = self.ops_time_s(tuple(op for op in ops if op.kind == "matmul"), job)
             out.append(bucketed_s(total, gemm, float(par.tp), gamma) / total)
+        return (out[0], out[1])
+
+    def cp_exposed_fraction(self, layer: Layer, cp_s: dict[str, float], job: Job) -> tuple[float, float]:
+        """Of the context-parallel collectives of forward and backward (cp_s: phase -> seconds), the fraction
+        left exposed. A stack with cp_comm_overlap runs ring attention: each step's keys and values (in backward
+        also their gradients) travel to the next rank while the current step's attention runs, so the exchange
+        hides behind the phase's attention kernels (stack_effects.overlapped_s)."""
+        if job.parallel.cp <= 1 or not self.overlaps("cp_comm_overlap", job):
+            return (1.0, 1.0)
+        gamma = self.overlap_slowdown(job)
+        out: list[float] = []
+        for phase, ops in (("fwd", layer.fwd), ("bwd", layer.bwd)):
+            total = cp_s[phase]
+            attention = self.ops_time_s(tuple(op for op in ops if op.kind == "attention"), job)
+            out.append(overlapped_s(total, attention, gamma) / total if total > 0.0 else 1.0)
         return (out[0], out[1])
 
     def stage_cost(self, stage: list[StagePart], job: Job) -> StageCost:

@@ -33,6 +33,8 @@ class StackSpec(Spec):
                                        "all-gather overlapped with the next forward pass (else after the step)")
     tp_comm_overlap: bool = Field(default=False, description="tensor-parallel collectives overlapped with the "
                                   "GEMMs (Megatron-Core / TransformerEngine userbuffers)")
+    cp_comm_overlap: bool = Field(default=False, description="context-parallel key/value exchange overlapped "
+                                  "with the attention kernels (TransformerEngine's ring attention)")
     pp_comm_overlap: bool = Field(default=False, description="pipeline send/recv overlapped with compute in "
                                   "interleaved schedules")
     pp_scatter_gather: bool = Field(default=False, description="pipeline sends split over the tensor-parallel "

@@ -145,6 +145,23 @@ def test_tp_overlap_leaves_one_chunk_per_phase_exposed() -> None:
     assert hidden.comm_s["tp"] == pytest.approx(plain.comm_s["tp"] / 2, rel=1e-12)
 
 
+def test_ring_attention_hides_the_key_value_exchange_behind_attention() -> None:
+    pricer = Pricer(Calibration())
+    on = _job(8, StackSpec(cp_comm_overlap=True), cp=2, global_batch=4)
+    off = _job(8, StackSpec(), cp=2, global_batch=4)
+    layer = graph_for(on).layers[1]
+    hidden, plain = pricer.layer_cost(layer, on), pricer.layer_cost(layer, off)
+    assert plain.cp_exposed_fraction == (1.0, 1.0)
+    for index, phase, ops in ((0, "fwd", layer.fwd), (1, "bwd", layer.bwd)):
+        total = sum(pricer.axis_collective_s(c.collective, c.buffer_bytes, "cp", on)
+                    for c in layer.comms if c.axis == "cp" and c.phase == phase)
+        attention = pricer.ops_time_s(tuple(op for op in ops if op.kind == "attention"), on)
+        assert total > 0.0 and attention > 0.0
+        # gamma 0: what the phase's attention kernels cannot cover stays exposed
+        assert hidden.cp_exposed_fraction[index] * total == pytest.approx(max(0.0, total - attention), abs=1e-15)
+    assert hidden.comm_s["cp"] < plain.comm_s["cp"]
+
+
 def test_scatter_gather_sends_one_tp_share_and_all_gathers() -> None:
     pricer = Pricer(Calibration())
     job = _job(8, StackSpec(pp_scatter_gather=True), tp=2, pp=2, global_batch=8)

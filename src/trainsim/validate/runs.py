@@ -278,6 +278,8 @@ def job_from_row(fields: dict[str, str]) -> RunJob:
         if gpus_per_node <= 0:
             raise ConfigError("gpus_per_node", gpus_per_node, "must be a positive integer")
         update["gpus_per_node"] = gpus_per_node
+        # servers of another size than the preset's (4-GPU HPC nodes): the preset's NICs per GPU, at least one
+        update["nics_per_node"] = max(1, round(cluster.nics_per_node * gpus_per_node / cluster.gpus_per_node))
         cluster = cluster.model_copy(update=update).with_num_gpus(_int(fields, "num_gpus"))
         model = parse_model(model_from_row(fields), "row model")
         parallel = _folded_experts(_whole_micro_batches(parallel_from_row(fields)))

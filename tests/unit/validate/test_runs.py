@@ -122,3 +122,11 @@ def test_expert_parallelism_wider_than_the_data_ranks_runs_as_the_nearest_plan()
     folded = job_from_row(_row(arch="other", num_gpus="256", tp="2", pp="4", dp="32", ep="64", num_heads="4",
                                num_kv_heads="2", notes="model=Qwen3-235B-A22B"))
     assert folded.job is not None and folded.job.parallel.ep == 32
+
+
+def test_servers_of_another_size_keep_the_presets_network_per_gpu() -> None:
+    four = job_from_row(_row(gpu="a100-sxm4-80gb", gpus_per_node="4", num_gpus="16"))
+    eight = job_from_row(_row(gpu="a100-sxm4-80gb", num_gpus="16"))
+    assert four.job is not None and eight.job is not None
+    assert (four.job.cluster.gpus_per_node, four.job.cluster.nics_per_node) == (4, 4)  # dgx-a100: 8 NICs, 8 GPUs
+    assert four.job.cluster.nic_bw_per_gpu_bytes_per_s == eight.job.cluster.nic_bw_per_gpu_bytes_per_s

@@ -264,13 +264,13 @@ def _gpu_named_in_notes(fields: dict[str, str]) -> dict[str, str]:
 def job_from_row(fields: dict[str, str]) -> RunJob:
     fields = _gpu_named_in_notes(fields)
     gpu = fields["gpu"]
-    if _int(fields, "ep", 1) > 1 and not moe_of_row(fields):
-        return RunJob(None, f"ep {fields['ep']}: the notes name no mixture-of-experts model of row_defaults.yaml "
-                            "moe_by_text (the schema has no expert count)")
     clusters = row_defaults()["cluster_for_gpu"]
     if gpu not in clusters:
         return RunJob(None, f"gpu {gpu!r} is not in the catalog (nor named in the row's notes)")
     try:
+        if _int(fields, "ep", 1) > 1 and not moe_of_row(fields):
+            return RunJob(None, f"ep {fields['ep']}: the notes name no mixture-of-experts model of "
+                                "row_defaults.yaml moe_by_text (the schema has no expert count)")
         device = load_device(gpu)
         cluster = load_cluster(_cluster_name(fields, clusters[gpu]))
         update: dict[str, Any] = {"device": device}

@@ -130,3 +130,8 @@ def test_servers_of_another_size_keep_the_presets_network_per_gpu() -> None:
     assert four.job is not None and eight.job is not None
     assert (four.job.cluster.gpus_per_node, four.job.cluster.nics_per_node) == (4, 4)  # dgx-a100: 8 NICs, 8 GPUs
     assert four.job.cluster.nic_bw_per_gpu_bytes_per_s == eight.job.cluster.nic_bw_per_gpu_bytes_per_s
+
+
+def test_a_malformed_expert_parallel_cell_is_a_skip_reason_not_an_error() -> None:
+    bad = job_from_row(_row(ep="two"))
+    assert bad.job is None and bad.skipped is not None and "ep" in bad.skipped

@@ -1,9 +1,12 @@
 """A subtree mapped to its own mesh (Proteus Sec. IV-B): a pipeline stage with its own tp and dp, compiled with
 compile_job and simulated (compile/stage_meshes.py, strategy/tree.py StrategyTree._stage_meshes)."""
 
+from pathlib import Path
+
 import pytest
 
 from conftest import a100_cluster
+from trainsim.catalog import load_model
 from trainsim.catalog.calibration import Calibration
 from trainsim.catalog.model_files import parse_model
 from trainsim.compile.build import compile_job
@@ -17,6 +20,7 @@ from trainsim.sim import SimOptions, simulate
 from trainsim.strategy.lowered import StageMesh, default_plan
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.tree import StrategyTree
+from trainsim.strategy.tree_yaml import load_tree_yaml
 
 FOUR_BLOCKS = parse_model({"name": "four-block-gpt", "num_layers": 4, "hidden": 1024, "ffn_hidden": 4096,
                            "num_heads": 16, "vocab": 32000, "max_seq_len": 1024})
@@ -152,3 +156,13 @@ def test_stage_meshes_refuse_dp_computation_configs_and_interleaving() -> None:
             .map("head", {"stage": 1, "chunk": 1, "tp": 4}))
     with pytest.raises(ConfigError, match="needs one model chunk per stage"):
         tree.lower(interleaved.parallel)
+
+
+def test_the_shipped_tree_file_puts_stage_1_on_tp_4() -> None:
+    """data/strategies/megatron/gpt3-1.3b-stage1-tp4.yaml on its command's job (16 A100s, tp 2, pp 2, dp 4)."""
+    path = Path(__file__).resolve().parents[3] / "data" / "strategies" / "megatron" / "gpt3-1.3b-stage1-tp4.yaml"
+    par = ParallelSpec.parse({"tp": 2, "pp": 2, "micro_batch": 1, "global_batch": 64, "seq_len": 2048})
+    job = make_job(load_model("gpt3-1.3b"), a100_cluster(16), par)
+    plan = load_tree_yaml(path, graph_for(job)).lower(job.parallel)
+    assert plan.stage_meshes == (StageMesh(stage=1, tp=4, dp=2, micro_batch=2),)
+    assert [a.stage for a in plan.layers] == [0] * 13 + [1] * 13

@@ -73,10 +73,9 @@ def plan_of_mesh(plan: LoweredPlan, mesh_job: Job) -> LoweredPlan:
         raise ConfigError("map.tp", mesh_job.parallel.tp, f"the catalog graph of {mesh_job.model.name} at tp="
                           f"{mesh_job.parallel.tp} has other layers than the plan's; stage meshes need the catalog "
                           "front-end's graph")
-    assignments = tuple(a.__class__(a.index, layer, a.stage, a.chunk, a.recompute)
-                        for a, layer in zip(plan.layers, layers, strict=True))
-    return LoweredPlan(assignments, plan.num_stages, plan.num_chunks, plan.num_micro_batches, plan.schedule,
-                       plan.max_in_flight, plan.op_splits, megatron_splits(layers, mesh_job.parallel))
+    assignments = tuple(dataclasses.replace(a, layer=layer) for a, layer in zip(plan.layers, layers, strict=True))
+    return dataclasses.replace(plan, layers=assignments, mesh_splits=megatron_splits(layers, mesh_job.parallel),
+                               stage_meshes=())
 
 
 def _splice(sources: list[ExecGraph]) -> ExecGraph:

@@ -37,6 +37,7 @@ from trainsim.compile.place_links import place_links
 from trainsim.compile.schedule_pipeline import StepRecord, chunk_layers, insert_transfers, stage_programs
 from trainsim.compile.schedules import Step, splits_backward
 from trainsim.compile.splits import plan_mesh_comms, plan_splits
+from trainsim.compile.stage_meshes import compile_stage_meshes
 from trainsim.cost.memory import optimizer_step_bytes
 from trainsim.cost.pricing import Pricer
 from trainsim.cost.rank_classes import job_on_device
@@ -57,9 +58,11 @@ class _StageTail:
 
 def compile_job(job: Job, plan: LoweredPlan, pricer: Pricer,
                 task_level: TaskLevel = "layer") -> ExecGraph:
-    """The iteration of `job` placed by `plan` as per-device tasks, priced by `pricer`: one device per stage, and
-    one per stage and device class where the cluster's ranks differ (device_classes)."""
-    graph = _compile_stages(job, plan, pricer, task_level)
+    """The iteration of `job` placed by `plan` as per-device tasks, priced by `pricer`: one device per stage (on
+    its own mesh where the plan gives it one: stage_meshes), and one per stage and device class where the
+    cluster's ranks differ (device_classes)."""
+    graph = compile_stage_meshes(job, plan, lambda mesh_job, mesh_plan: _compile_stages(
+        mesh_job, mesh_plan, pricer, task_level))
     graph = split_device_classes(job, graph, lambda device: _compile_stages(
         job_on_device(job, device), plan, pricer, task_level))
     return place_links(job, graph)

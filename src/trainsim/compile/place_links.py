@@ -6,7 +6,8 @@ While compiling, a transfer names what its simulated device's ranks cross: "stag
 (context.link_resources). This pass, run on the finished graph (after device classes: compile/device_classes.py),
 puts the physical links in their place (hardware/links.py):
 
-- a node's NICs, a leaf's oversubscribed up-links and a node's PCIe bus are shared links: each such level of a
+- a node's NICs (each rail's own on a rail-optimized node: hardware.links.nic_rails), a leaf's oversubscribed
+  up-links and a node's PCIe bus are shared links: each such level of a
   device's transfer becomes the links its ranks sit behind, and the transfer takes one share per rank behind each
   (Task.link_shares), of a capacity of the GPUs behind it. Every device whose ranks sit behind a link names the
   same resource, so two pipeline stages on one node, two device classes behind one NIC, or the tensor- and
@@ -16,7 +17,7 @@ puts the physical links in their place (hardware/links.py):
   device's own resource ("stage{d}.fabric.tx"), as before.
 
 Identical links are one resource: links with the same capacity that the same devices' transfers cross with the
-same shares see the same flows, so they are merged ("node8.nic.tx (+7 alike)": the 8 NICs of one stage's nodes),
+same shares see the same flows, so they are merged ("node8.nic0.tx (+63 alike)": the 8 rails of a stage's 8 nodes),
 and the number of resources does not grow with dp. A device alone behind its links takes all of their capacity per
 transfer, so a cluster of such devices simulates exactly as with a resource per device.
 """
@@ -26,7 +27,7 @@ from itertools import compress
 from operator import attrgetter
 
 from trainsim.compile.device_classes import device_rank_blocks
-from trainsim.hardware.links import FABRIC, NIC, UPLINK, fabric_shared, link_capacity, link_uses
+from trainsim.hardware.links import FABRIC, NIC, UPLINK, fabric_shared, link_capacity, link_kind, link_uses
 from trainsim.ir.exec_graph import ExecGraph
 from trainsim.job import Job
 
@@ -90,7 +91,7 @@ def _merge_alike(physical: dict[str, dict[str, int]], job: Job) -> tuple[dict[st
             users.setdefault(link, []).append((token, share))
     alike: dict[tuple[str, float, tuple[tuple[str, int], ...]], list[str]] = {}
     for link, used in users.items():
-        kind = link.split(".", 1)[1]
+        kind = link_kind(link)
         alike.setdefault((kind, link_capacity(link, job.cluster), tuple(sorted(used))), []).append(link)
     merged: dict[str, dict[str, float]] = {token: {} for token in physical}
     capacity: dict[str, float] = {}

@@ -278,27 +278,45 @@ def _weight_params(op: Op) -> float:
 
 
 def scaled_op(op: Op, config: OpConfig, group: int) -> Op:
-    """The op one device runs under config (forward or backward: dgrad/wgrad shapes permute the forward's)."""
+    """The op one device runs under config (forward or backward: dgrad/wgrad shapes permute the forward's). A
+    dimension that its parts do not divide is split unevenly (ceil and floor parts, as torch.chunk / DTensor's
+    Shard placement cut it): the device shown is the busiest one, whose part is the ceiling (the collective after
+    the op waits for it), and its FLOPs and bytes grow by that part over the even share."""
     factor = _scale(config, group)
-    if factor == 1.0 and config.parts == group:
-        return op
     batch_scale = group / config.batch
     shape = list(op.shape)
+    uneven = 1.0
     if op.kind == "matmul" and len(shape) == 4:
         dims = {"m": config.seq, "n": config.out, "k": config.reduce}
         order = ("m", "k", "n") if op.name.endswith(".dgrad") else ("k", "n", "m") if op.name.endswith(".wgrad") \
             else ("m", "n", "k")
-        shape = [max(1, round(shape[0] * batch_scale))] + [max(1, shape[i + 1] // dims[d])
-                                                           for i, d in enumerate(order)]
+        parts = [_part(shape[i + 1], dims[d]) for i, d in enumerate(order)]
+        shape = [max(1, round(shape[0] * batch_scale))] + [part for part, _ in parts]
+        for _, excess in parts:
+            uneven *= excess
     elif op.kind == "attention" and len(shape) == 4:  # (batch x heads, q, kv, head dim): heads split by out
-        shape[0] = max(1, round(shape[0] * batch_scale / config.out))
+        shape[0], uneven = _part(max(1, round(shape[0] * batch_scale)), config.out)
     elif op.kind == "conv" and len(shape) == 4:  # (batch, out channels, h, w); in channels follow the FLOPs
-        shape[0], shape[1] = max(1, round(shape[0] * batch_scale)), max(1, shape[1] // config.out)
+        shape[0] = max(1, round(shape[0] * batch_scale))
+        shape[1], uneven = _part(shape[1], config.out)
     elif len(shape) == 1:  # a pointwise op's elements: its share of the batch and of the features
         shape[0] = max(1, round(shape[0] * factor))
     elif shape:  # (batch, ..., features), a lookup's
-        shape[0], shape[-1] = max(1, round(shape[0] * batch_scale)), max(1, shape[-1] // config.out)
+        shape[0] = max(1, round(shape[0] * batch_scale))
+        shape[-1], uneven = _part(shape[-1], config.out)
+    if factor == 1.0 and config.parts == group and uneven == 1.0:
+        return op  # NB: the graph's op as it was (its shape too) where every part is an even share
+    factor *= uneven
     return dataclasses.replace(op, flops=op.flops * factor, bytes_moved=op.bytes_moved * factor, shape=tuple(shape))
+
+
+def _part(size: int, parts: int) -> tuple[int, float]:
+    """The largest of `parts` near-equal parts of `size` (the ceiling), and its ratio to the even share size /
+    parts (1.0 exactly where parts divide size)."""
+    if parts <= 1 or size <= 0:
+        return max(1, size), 1.0
+    part = -(-size // parts)
+    return part, part * parts / size
 
 
 def config_of(split: LayerSplit, op: Op) -> OpConfig | None:

@@ -8,15 +8,20 @@ the node behind one switch) and not where each GPU has its own ports (NVLink, NV
 GPU's own: no other device's transfer crosses them). Above the nodes, a group that spans leaf switches (scalable
 units, ClusterSpec.nodes_per_leaf) crosses its leaf's up-links, shared where they are oversubscribed.
 
-A shared link's capacity is counted in GPUs: the GPUs behind it (a node's NICs together: gpus_per_node; a PCIe
-switch: gpus_per_node; a leaf's up-links: the GPUs under the leaf), each GPU's share of its bandwidth being what a
-collective price over the cluster gives one GPU (comm/collectives.py: NICs x bandwidth / GPUs per node, divided
-by the leaf oversubscription above the leaves). A transfer takes, on each link, the shares its price assumes:
+On a rail-optimized node each NIC serves the GPUs next to it (nic_rails: one GPU per NIC on a DGX A100 / H100,
+two on a DGX-1), so a GPU's traffic leaves through its own rail's NIC ("node3.nic1.tx") and transfers on other
+rails of the node do not slow it; where the NICs do not divide the node's GPUs they are one pool ("node3.nic.tx").
+
+A shared link's capacity is counted in GPUs: the GPUs behind it (one rail's NIC: the GPUs it serves; a pool of
+NICs and a PCIe switch: gpus_per_node; a leaf's up-links: the GPUs under the leaf), each GPU's share of its
+bandwidth being what a collective price over the cluster gives one GPU (comm/collectives.py: NICs x bandwidth /
+GPUs per node, divided by the leaf oversubscription above the leaves). A transfer takes, on each link, the shares
+its price assumes:
 
 - one per GPU whose transfer crosses it, for a transfer priced per GPU (the compiler's collectives and sends:
   link_uses);
-- the whole of one NIC (gpus_per_node / nics_per_node shares) or of the bus, for a group priced at the link's
-  full bandwidth (Proteus' own group model: group_links).
+- the whole of one NIC (gpus_per_node / nics_per_node shares, spread over the rails of its ranks on the node) or
+  of the bus, for a group priced at the link's full bandwidth (Proteus' own group model: group_links).
 
 The event simulator stretches every flow on a link whose flows together take more than its capacity by their
 total over its capacity (sim/engine.py, SimOptions.bandwidth_sharing). So identical devices that fill a node
@@ -25,6 +30,7 @@ two device classes behind one NIC) slows every transfer crossing it once their t
 it carries. Ranks are numbered node-major (hardware.cluster).
 """
 
+import re
 from collections.abc import Iterable, Sequence
 
 from trainsim.errors import ConfigError
@@ -32,6 +38,7 @@ from trainsim.hardware.cluster import ClusterSpec
 
 SHARED_FABRICS = ("pcie",)  # intra-node link kinds whose bandwidth the node's GPUs share
 NIC, UPLINK, FABRIC = "nic", "uplink", "fabric"  # the shared levels, as transfers name what they cross
+_RAIL = re.compile(rf"\.{NIC}\d+\.")  # one rail's NIC ("node3.nic1.tx")
 
 
 def nodes_of(ranks: Sequence[int], cluster: ClusterSpec) -> tuple[int, ...]:
@@ -57,13 +64,37 @@ def _leaf_of(node: int, cluster: ClusterSpec) -> int:
     return node // cluster.nodes_per_leaf if cluster.nodes_per_leaf is not None else 0
 
 
+def nic_rails(cluster: ClusterSpec) -> int:
+    """The rails a node's scale-out traffic splits into: on a rail-optimized node each NIC serves the GPUs next to
+    it (its PCIe switch: one GPU each on a DGX A100 / H100 of 8 NICs, two on a DGX-1 of 4), so a GPU's transfers
+    cross its own NIC only (NCCL picks the GPU's nearest NIC: its topology search, src/graph/search.cc, NCCL
+    2.18). Rails: nics_per_node where they divide the node's GPUs, one per GPU where there are at least as many
+    NICs as GPUs, else 1 (the node's NICs as one pool)."""
+    nics, gpus = cluster.nics_per_node, cluster.gpus_per_node
+    if nics >= gpus:
+        return gpus
+    return nics if gpus % nics == 0 else 1
+
+
+def nic_name(node: int, rail: int, direction: str, rails: int) -> str:
+    """A node's NIC on one rail ("node3.nic1.tx"), or the node's pool of NICs ("node3.nic.tx") with one rail."""
+    return f"node{node}.{NIC}.{direction}" if rails == 1 else f"node{node}.{NIC}{rail}.{direction}"
+
+
+def link_kind(name: str) -> str:
+    """What a link is, whichever node, leaf or rail it sits on ("nic.tx", "uplink.rx", "fabric")."""
+    return _RAIL.sub(f".{NIC}.", name).split(".", 1)[1]
+
+
 def link_capacity(name: str, cluster: ClusterSpec) -> float:
-    """The GPUs behind a shared link (its bandwidth in per-GPU shares): a node's NICs and a node's bus,
-    gpus_per_node; a leaf's up-links, the GPUs of its nodes."""
+    """The GPUs behind a shared link (its bandwidth in per-GPU shares): a node's pool of NICs and a node's bus,
+    gpus_per_node; one rail's NIC, the GPUs it serves; a leaf's up-links, the GPUs of its nodes."""
     if f".{UPLINK}" in name and cluster.nodes_per_leaf is not None:
         leaf = int(name.split(".", 1)[0].removeprefix("leaf"))
         nodes = min(cluster.nodes_per_leaf, cluster.num_nodes - leaf * cluster.nodes_per_leaf)
         return float(max(nodes, 1) * cluster.gpus_per_node)
+    if _RAIL.search(name) is not None:
+        return float(cluster.gpus_per_node // nic_rails(cluster))
     return float(cluster.gpus_per_node)
 
 
@@ -80,20 +111,25 @@ def link_uses(blocks: Iterable[tuple[int, int]], levels: Iterable[str], directio
     if not (nic or uplink or fabric):
         return {}
     gpus_per_node = cluster.gpus_per_node
-    per_node: dict[int, int] = {}
-    for first, count in blocks:  # NB: a run of ranks, split at node boundaries (loops over nodes, not ranks)
+    rails = nic_rails(cluster)
+    per_rail = gpus_per_node // rails
+    per_block: dict[int, int] = {}  # (node x rails + rail) -> the transfer's ranks there
+    for first, count in blocks:  # NB: a run of ranks, split at rail boundaries (loops over rails, not ranks)
         rank, end = first, first + count
         while rank < end:
-            node = rank // gpus_per_node
-            stop = min(end, (node + 1) * gpus_per_node)
-            per_node[node] = per_node.get(node, 0) + stop - rank
+            block = rank // per_rail
+            stop = min(end, (block + 1) * per_rail)
+            per_block[block] = per_block.get(block, 0) + stop - rank
             rank = stop
     uses: dict[str, int] = {}
-    for node, count in per_node.items():
+    for block, count in per_block.items():
+        node, rail = divmod(block, rails)
         if nic:
-            uses[f"node{node}.{NIC}.{direction}"] = count
+            name = nic_name(node, rail, direction, rails)
+            uses[name] = uses.get(name, 0) + count
         if fabric:
-            uses[f"node{node}.{FABRIC}"] = count
+            name = f"node{node}.{FABRIC}"
+            uses[name] = uses.get(name, 0) + count
         if uplink:
             name = f"leaf{_leaf_of(node, cluster)}.{UPLINK}.{direction}"
             uses[name] = uses.get(name, 0) + count
@@ -112,8 +148,15 @@ def group_links(ranks: Sequence[int], cluster: ClusterSpec) -> dict[str, float]:
     one_nic = cluster.gpus_per_node / cluster.nics_per_node
     uses: dict[str, float] = {}
     if len(nodes) > 1:
-        for node in nodes:
-            uses |= {f"node{node}.{NIC}.{d}": one_nic for d in ("tx", "rx")}
+        rails = nic_rails(cluster)
+        per_rail = cluster.gpus_per_node // rails
+        for node in nodes:  # one NIC's worth per node, spread over the rails of the group's ranks there
+            on_node = sorted(r for r in members if r // cluster.gpus_per_node == node)
+            for rank in on_node:
+                rail = rank % cluster.gpus_per_node // per_rail
+                for d in ("tx", "rx"):
+                    name = nic_name(node, rail, d, rails)
+                    uses[name] = uses.get(name, 0.0) + one_nic / len(on_node)
         leaves = {_leaf_of(n, cluster) for n in nodes}
         if len(leaves) > 1 and uplinks_shared(cluster):
             for leaf in sorted(leaves):

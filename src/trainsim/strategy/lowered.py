@@ -57,6 +57,18 @@ class MeshSplit:
 
 
 @dataclass(frozen=True, slots=True)
+class StageMesh:
+    """A pipeline stage whose subtree maps to its own mesh (Proteus Sec. IV-B, map): its own tensor-parallel
+    degree over the stage's devices, and the data-parallel degree and micro-batch that leaves (the stage holds
+    as many devices as the job's others, and every stage runs the same micro-batches of the global batch)."""
+
+    stage: int
+    tp: int
+    dp: int
+    micro_batch: int  # samples per replica and micro-batch: the job's micro_batch x the job's dp / dp
+
+
+@dataclass(frozen=True, slots=True)
 class LoweredPlan:
     layers: tuple[LayerAssignment, ...]
     num_stages: int
@@ -66,6 +78,7 @@ class LoweredPlan:
     max_in_flight: int = 0  # 0 = what the schedule implies
     op_splits: tuple[OpSplit, ...] = ()  # computation configs of a tree's split(..., "compute", ...)
     mesh_splits: tuple[MeshSplit, ...] = ()  # computation configs over tp, cp, ep (every op of every layer)
+    stage_meshes: tuple[StageMesh, ...] = ()  # stages whose mesh differs from the job's (compile.stage_meshes)
 
 
 def expand_layers(graph: OpGraph) -> list[Layer]:

@@ -36,6 +36,7 @@ from trainsim.strategy.lowered import (
     LoweredPlan,
     MeshSplit,
     OpSplit,
+    StageMesh,
     default_plan,
     expand_layers,
     megatron_splits,
@@ -295,7 +296,6 @@ class StrategyTree:
         op_splits (see the module doc). Raises ConfigError where the plan cannot hold the tree: two schedules,
         recompute that differs inside a layer, a mesh shape other than the job's, stages past pp or against model
         order."""
-        self._check_mesh_shape(par)
         self._check_recompute_inside_layers()
         kind, micro_batches, max_in_flight = self._one_schedule(par)
         if par.vpp > 1 and kind != "interleaved-1f1b":
@@ -320,8 +320,13 @@ class StrategyTree:
             last = (position, path)
             recompute = cast(Recompute, row["recompute"].value) if "recompute" in row else par.recompute
             assignments.append(LayerAssignment(index, layer, stage, chunk, recompute))
+        meshes = self._stage_meshes(par, assignments)
+        op_splits = self._op_splits()
+        if meshes and op_splits:
+            raise ConfigError("split.compute", op_splits[0].module_path, "computation configs over dp are not "
+                              "combined with stages of their own mesh (map tp / dp); give one or the other")
         return LoweredPlan(tuple(assignments), par.pp, par.vpp, micro_batches, kind, max_in_flight,
-                           self._op_splits(), self._mesh_splits(par))
+                           op_splits, self._mesh_splits(par, bool(meshes)), meshes)
 
     def _op_splits(self) -> tuple[OpSplit, ...]:
         """The computation configs (split item "compute") and weight memory configs (item "weight", dims out and
@@ -345,7 +350,7 @@ class StrategyTree:
                     out.append(OpSplit(node.layer_index, module_path, **parts, **memory))
         return tuple(out)
 
-    def _mesh_splits(self, par: ParallelSpec) -> tuple[MeshSplit, ...]:
+    def _mesh_splits(self, par: ParallelSpec, stage_meshes: bool = False) -> tuple[MeshSplit, ...]:
         """The computation configs over tp, cp and ep of every op: Megatron's (lowered.megatron_splits) where
         the tree sets none over an axis. The graph's ops are one device's under Megatron's splits (the
         DeviceSlice it was built with), so an axis the tree splits must be split that way on every op:
@@ -354,6 +359,9 @@ class StrategyTree:
         given_axes = {key.partition("@")[2] for row in self.explicit.values() for key in row if "@" in key}
         if not given_axes:
             return megatron_splits(layers, par)
+        if stage_meshes:
+            raise ConfigError("split.axis", sorted(given_axes)[0], "a tree with stages of their own mesh takes "
+                              "Megatron's splits over tp (each stage's for its tp); write no tp, cp or ep splits")
         if not any(layer.kind in _BLOCK_KINDS for layer in layers):
             raise ConfigError("split.axis", "tp | cp | ep", "model-parallel computation configs apply to "
                               "transformers; split a CNN's or DLRM's ops over dp")
@@ -454,13 +462,60 @@ class StrategyTree:
                 layer = self.layer_paths[self.nodes[path].layer_index]
                 raise ConfigError(f"{where}.path", path, f"{why}: set it on {layer} or an ancestor, not inside a layer")
 
-    def _check_mesh_shape(self, par: ParallelSpec) -> None:
-        for path, row in self.explicit.items():
-            for axis in _AXES:
-                job = getattr(par, axis)
-                if axis in row and row[axis] != job and not (axis == "dp" and job == 0):
-                    raise ConfigError(f"map.{axis}", row[axis], f"{self.nodes[path].label} asks {axis}={row[axis]} "
-                                      f"but the job runs {axis}={job}; an LoweredPlan has one mesh shape")
+    def _stage_meshes(self, par: ParallelSpec, assignments: list[LayerAssignment]) -> tuple[StageMesh, ...]:
+        """The stages whose layers map to a mesh of their own (Proteus Sec. IV-B): their tp, and the dp that
+        leaves of the job's devices per stage (tp x dp x cp). The layers of one stage share its mesh; cp and ep
+        are the job's. Raises ConfigError where a stage's mesh cannot hold the job's stage."""
+        per_stage: dict[int, tuple[int, int, str]] = {}
+        for a, path in zip(assignments, self.layer_paths, strict=True):
+            row = self._resolved[path]
+            for axis in ("cp", "ep"):
+                if axis in row and row[axis].value != getattr(par, axis):
+                    raise ConfigError(f"map.{axis}", row[axis].value, f"{_whose(path, row, axis)} asks {axis}="
+                                      f"{row[axis].value} but the job runs {axis}={getattr(par, axis)}; a stage's "
+                                      "own mesh changes tp and dp only")
+            if "tp" not in row and "dp" not in row:
+                tp, dp = par.tp, par.dp
+            else:
+                _require_dp(par, "mapping a subtree to its own mesh")
+                tp, dp = self._mesh_of(par, path, row)
+            seen = per_stage.setdefault(a.stage, (tp, dp, path))
+            if seen[:2] != (tp, dp):
+                raise ConfigError("map.tp", tp, f"{path} runs tp={tp} dp={dp} but {seen[2]} on the same stage "
+                                  f"{a.stage} runs tp={seen[0]} dp={seen[1]}; the layers of a stage share its mesh")
+        out: list[StageMesh] = []
+        for stage, (tp, dp, path) in sorted(per_stage.items()):
+            if (tp, dp) == (par.tp, par.dp):
+                continue
+            if par.vpp > 1:
+                raise ConfigError("map.tp", tp, f"{path}: a stage of its own mesh needs one model chunk per stage "
+                                  f"(vpp=1, not {par.vpp})")
+            if (par.micro_batch * par.dp) % dp:
+                raise ConfigError("map.dp", dp, f"{path}: the job's micro-batch x dp = {par.micro_batch} x "
+                                  f"{par.dp} samples must split evenly over dp={dp} replicas")
+            out.append(StageMesh(stage, tp, dp, par.micro_batch * par.dp // dp))
+        return tuple(out)
+
+    @staticmethod
+    def _mesh_of(par: ParallelSpec, path: str, row: Mapping[str, Sourced]) -> tuple[int, int]:
+        """A layer's (tp, dp): tp as set (else the job's); dp as set on the node that set tp (or alone), else what
+        the stage's devices leave (tp x dp x cp = the job's tp x dp x cp)."""
+        devices = par.tp * par.dp * par.cp
+        tp = int(row["tp"].value) if "tp" in row else par.tp
+        given = row.get("dp")
+        together = given is not None and "tp" in row and given.origin == row["tp"].origin
+        if given is not None and (together or "tp" not in row):
+            dp = int(given.value)
+        elif devices % (tp * par.cp):
+            raise ConfigError("map.tp", tp, f"{_whose(path, row, 'tp')}: tp x cp = {tp} x {par.cp} must divide the "
+                              f"job's {devices} devices per stage (tp x dp x cp)")
+        else:
+            dp = devices // (tp * par.cp)
+        if tp * dp * par.cp != devices:
+            raise ConfigError("map.dp" if given is not None else "map.tp", dp if given is not None else tp,
+                              f"{path}: tp x dp x cp = {tp} x {dp} x {par.cp} must be the job's {devices} devices "
+                              f"per stage ({par.tp} x {par.dp} x {par.cp}); a stage's own mesh splits them anew")
+        return tp, dp
 
     def _check_recompute_inside_layers(self) -> None:
         for path, row in self.explicit.items():

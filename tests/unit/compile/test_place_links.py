@@ -78,6 +78,28 @@ def test_two_groups_contend_for_one_nic() -> None:
     assert simulate(_per_device(three), SHARING).end_s == pytest.approx([a, d1 + s, 2 * s], rel=1e-12)
 
 
+def test_transfers_on_different_rails_do_not_contend_and_on_one_rail_do() -> None:
+    """pp 2 x tp 4 x dp 4 on DGX A100 nodes (a NIC per GPU: 8 rails), rank 0 a straggler, so replica 0 (ranks 0-3
+    of stage 0, on node 0's rails 0-3) is a device class of its own and replicas 1-3 (node 0's rails 4-7 and node 1)
+    the other. Class 0's share of a gradient bucket and its pipeline send both leave on rails 0-3: together each
+    runs at half speed (a + s, 2 s). The other class's send leaves on rails 4-7 beside class 0's bucket: both at
+    full speed. (With the node's NICs as one pool, class 0's two transfers took 4 + 4 of its 8 shares: full
+    speed.)"""
+    cluster = a100_cluster(32).model_copy(update={"compute_slowdown": {0: 1.5}})
+    graph = _compile(_job(cluster, pp=2, tp=4, dp=4))
+    assert [(d.stage, d.ranks) for d in graph.devices] == [(0, 4), (1, 4), (0, 12), (1, 12)]
+    bucket, send = _first(graph, 0, "dp all-reduce bucket0"), _first(graph, 0, "send act")
+    other_send = _first(graph, 2, "send act")
+    rails_0_3, rails_4_7 = "node0.nic0.tx (+3 alike)", "node0.nic4.tx (+11 alike)"
+    assert _shares(bucket)[rails_0_3] == _shares(send)[rails_0_3] == 1.0
+    assert _shares(other_send)[rails_4_7] == 1.0 and rails_0_3 not in other_send.resources
+    assert graph.resource_capacity[rails_0_3] == graph.resource_capacity[rails_4_7] == 1.0
+    a, s = bucket.duration_s, send.duration_s
+    assert s < a and other_send.duration_s == s
+    assert simulate(_alone_together(graph, [bucket, send]), SHARING).end_s == pytest.approx([a + s, 2 * s], rel=1e-12)
+    assert simulate(_alone_together(graph, [bucket, other_send]), SHARING).end_s == [a, s]
+
+
 def test_the_tp_and_dp_groups_of_a_hybrid_plan_share_the_nic_they_cross() -> None:
     """tp 4 over nodes of 2 GPUs with one NIC and dp 2: a tensor-parallel all-reduce and a gradient bucket of one
     device both cross each node's NIC with all its ranks (2 shares of 2 each): together each runs at half speed."""
@@ -116,15 +138,19 @@ def test_alike_links_are_one_resource_whatever_the_dp() -> None:
         graph = _compile(job)
         names = {r for t in graph.tasks for r in t.resources}
         counts.append(len(names))
-        assert all(graph.resource_capacity[n] == 8.0 for n in names if ".nic." in n)
+        nics = [n for n in names if ".nic" in n]
+        assert len(nics) == 4  # tx and rx of each stage's nodes: every rail of every node alike
+        assert all(graph.resource_capacity[n] == 1.0 for n in nics)  # a DGX A100 NIC serves one GPU
     assert counts[0] == counts[1]
 
 
 def test_a_group_across_leaves_names_their_up_links() -> None:
     """tp 4 x dp 8 over 4 nodes, one node per leaf, up-links oversubscribed 2:1: each gradient bucket crosses every
-    leaf's up-links with the stage's 8 ranks under it (of 8)."""
+    leaf's up-links with the stage's 8 ranks under it (of 8), and each of the 32 GPUs' own NIC (1 of 1)."""
     cluster = a100_cluster(32).model_copy(update={"nodes_per_leaf": 1, "leaf_oversubscription": 2.0})
     graph = _compile(_job(cluster, tp=4, dp=8))
     shares = _shares(_first(graph, 0, "dp all-reduce bucket0"))
-    assert shares["leaf0.uplink.tx (+3 alike)"] == shares["node0.nic.tx (+3 alike)"] == 8.0
+    assert shares["leaf0.uplink.tx (+3 alike)"] == 8.0
+    assert shares["node0.nic0.tx (+31 alike)"] == 1.0
     assert graph.resource_capacity["leaf0.uplink.tx (+3 alike)"] == 8.0
+    assert graph.resource_capacity["node0.nic0.tx (+31 alike)"] == 1.0

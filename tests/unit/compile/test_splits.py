@@ -1,11 +1,14 @@
 """Computation configs applied by the compiler (compile.splits): scaled op costs and the inserted resharding."""
 
+import dataclasses
+
 import pytest
 
 from conftest import a100_cluster
 from trainsim.catalog.calibration import Calibration
 from trainsim.catalog.model_files import parse_model
 from trainsim.compile.build import compile_job
+from trainsim.compile.splits import scaled_op
 from trainsim.cost.pricing import Pricer
 from trainsim.errors import ConfigError
 from trainsim.ir.exec_graph import ExecGraph, Task
@@ -13,6 +16,7 @@ from trainsim.job import Job, make_job
 from trainsim.pipeline import graph_for
 from trainsim.strategy.lowered import default_plan
 from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.placement import OpConfig
 from trainsim.strategy.tree import StrategyTree
 
 ONE_BLOCK = parse_model({"name": "one-block-gpt", "num_layers": 1, "hidden": 1024, "ffn_hidden": 4096,
@@ -151,3 +155,25 @@ def test_a_weight_memory_config_coarser_than_the_computation_is_refused() -> Non
     with pytest.raises(ConfigError) as exc:
         _compile(job, tree)
     assert "split.weight" in exc.value.field
+
+
+def test_an_uneven_split_prices_the_busiest_devices_part() -> None:
+    """fc1's 4096 outputs over 3 data-parallel devices: parts of 1366, 1365 and 1365 (as torch.chunk cuts them).
+    The device simulated is the busiest, whose 1366 columns the next collective waits for: its forward GEMM is
+    3 x 1024 tokens by 1366 by 1024 and does 1366 x 3 / 4096 of the even share's FLOPs, and so do its input- and
+    weight-gradient GEMMs; a split that divides evenly keeps the graph's op (test above)."""
+    job = _job(dp=3)
+    graph = graph_for(job)
+    fc1 = next(op for layer in graph.layers for op in layer.fwd if op.name == "fc1")
+    scaled = scaled_op(fc1, OpConfig(batch=1, seq=1, out=3, reduce=1), 3)
+    assert scaled.shape == (3, 1024, 1366, 1024)
+    assert scaled.flops == fc1.flops * 1366 * 3 / 4096
+    tree = StrategyTree.from_parallel(graph, job.parallel).split("blocks.0.mlp.fc1", "compute", "out", 3)
+    compiled, pricer = _compile(job, tree)
+    times = {t.name.split(" ")[-1]: t.duration_s for t in compiled.tasks if t.micro_batch == 0 and t.stream ==
+             "compute" and "fc1" in t.name}
+    backward = {b.name: b for layer in graph.layers for b in layer.bwd if b.name.startswith("fc1.")}
+    config = OpConfig(batch=1, seq=1, out=3, reduce=1)
+    assert times == {"fc1": pricer.op_time_s(scaled, job),
+                     **{name: pricer.op_time_s(scaled_op(op, config, 3), job) for name, op in backward.items()}}
+    assert times["fc1"] > pricer.op_time_s(dataclasses.replace(scaled, flops=fc1.flops), job)

@@ -6,7 +6,7 @@ from conftest import a100_cluster
 from trainsim.catalog import load_cluster
 from trainsim.errors import ConfigError
 from trainsim.hardware.cluster import ClusterSpec
-from trainsim.hardware.links import group_links, link_capacity, link_uses, physical_links, shared_groups
+from trainsim.hardware.links import group_links, link_capacity, link_uses, nic_rails, physical_links, shared_groups
 from trainsim.ir.exec_graph import ExecGraph, SimDevice
 from trainsim.sim.engine import simulate
 from trainsim.sim.outcome import SimOptions
@@ -51,12 +51,30 @@ def test_a_group_inside_a_node_does_not_touch_the_nic() -> None:
     assert shared_groups([[0, 8], [2, 3]], cluster) == [1.0, 1.0]
 
 
-def test_two_nics_per_node_carry_two_groups_at_full_speed_and_a_third_slows_all() -> None:
+def test_two_nics_per_node_carry_two_groups_on_their_two_rails_at_full_speed() -> None:
+    """8 GPUs and 2 NICs per node: NIC 0 serves GPUs 0-3, NIC 1 GPUs 4-7 (rails). A group priced at one NIC's
+    bandwidth takes that NIC's 4 shares: {0, 8} and {4, 12} use different rails and run at full speed; {1, 9} shares
+    rail 0 with {0, 8}, and the two take twice as long while {4, 12} keeps its rail."""
     cluster = a100_cluster(16).model_copy(update={"nics_per_node": 2})
-    assert shared_groups([[0, 8], [1, 9]], cluster) == [1.0, 1.0]
-    assert shared_groups([[0, 8], [1, 9], [2, 10]], cluster) == [1.5, 1.5, 1.5]
-    out = simulate(_graph([[0, 8], [1, 9], [2, 10]], cluster), SimOptions(bandwidth_sharing=True))
-    assert out.end_s == pytest.approx([1.5, 1.5, 1.5])
+    assert shared_groups([[0, 8], [4, 12]], cluster) == [1.0, 1.0]
+    assert shared_groups([[0, 8], [1, 9], [4, 12]], cluster) == [2.0, 2.0, 1.0]
+    out = simulate(_graph([[0, 8], [1, 9], [4, 12]], cluster), SimOptions(bandwidth_sharing=True))
+    assert out.end_s == pytest.approx([2.0, 2.0, 1.0])
+    assert group_links([0, 8], cluster) == {f"node{n}.nic0.{d}": 4.0 for n in (0, 1) for d in ("tx", "rx")}
+    assert link_capacity("node1.nic0.tx", cluster) == 4.0
+
+
+def test_groups_on_different_rails_do_not_contend_and_on_one_rail_do() -> None:
+    """DGX A100 nodes, a NIC per GPU (8 rails): {0, 8} and {9, 17} cross node 1 on rails 0 and 1, each alone on
+    its NIC; {0, 8} and {8, 16} both use node 1's rail 0 and take twice as long. With the node's 8 NICs as one
+    pool (before) neither pair contended: 2 of 8 NICs' worth."""
+    cluster = a100_cluster(24)
+    assert shared_groups([[0, 8], [9, 17]], cluster) == [1.0, 1.0]
+    assert shared_groups([[0, 8], [8, 16]], cluster) == [2.0, 2.0]
+    out = simulate(_graph([[0, 8], [8, 16], [9, 17]], cluster), SimOptions(bandwidth_sharing=True))
+    assert out.end_s == pytest.approx([2.0, 2.0, 1.0])
+    # a group with two ranks on one node spreads its NIC's worth over their two rails
+    assert group_links([0, 1, 8, 9], cluster)["node0.nic1.tx"] == 0.5
 
 
 def test_a_pcie_node_shares_its_switch_among_groups_inside_it() -> None:
@@ -75,15 +93,33 @@ def test_ranks_outside_the_cluster_are_refused() -> None:
 
 
 def test_a_transfer_takes_one_share_per_rank_behind_each_link_it_crosses() -> None:
-    """Ranks 4-11 on nodes of 8 GPUs: 4 behind node 0's NICs and 4 behind node 1's; with one node per leaf and
-    oversubscribed up-links, the same shares of each leaf's up-links (capacity: the leaf's 8 GPUs)."""
-    cluster = a100_cluster(16).model_copy(update={"nodes_per_leaf": 1, "leaf_oversubscription": 2.0})
+    """Ranks 4-11 on nodes of 8 GPUs behind one NIC: 4 behind node 0's NIC and 4 behind node 1's; with one node per
+    leaf and oversubscribed up-links, the same shares of each leaf's up-links (capacity: the leaf's 8 GPUs)."""
+    cluster = _one_nic_nodes(16).model_copy(update={"nodes_per_leaf": 1, "leaf_oversubscription": 2.0})
     assert link_uses([(4, 8)], ("nic", "uplink"), "tx", cluster) == {
         "node0.nic.tx": 4, "leaf0.uplink.tx": 4, "node1.nic.tx": 4, "leaf1.uplink.tx": 4}
     assert link_capacity("leaf1.uplink.tx", cluster) == link_capacity("node1.nic.tx", cluster) == 8.0
     assert link_uses([(4, 8)], ("fabric",), "rx", cluster) == {}  # NVSwitch ports are each GPU's own
     non_blocking = cluster.model_copy(update={"leaf_oversubscription": 1.0})
     assert link_uses([(4, 8)], ("uplink",), "tx", non_blocking) == {}
+
+
+def test_a_transfer_takes_one_share_of_each_rank_s_own_rail() -> None:
+    """The same ranks on DGX A100 nodes (a NIC per GPU): one share of each of node 0's NICs 4-7 and node 1's 0-3,
+    each a rail of one GPU; on DGX-1 nodes (4 NICs, one per pair of GPUs) two shares of node 0's NICs 2 and 3 and
+    of node 1's 0 and 1, each a rail of two."""
+    cluster = a100_cluster(16)
+    assert link_uses([(4, 8)], ("nic",), "tx", cluster) == {
+        **{f"node0.nic{rail}.tx": 1 for rail in range(4, 8)}, **{f"node1.nic{rail}.tx": 1 for rail in range(4)}}
+    assert link_capacity("node1.nic0.tx", cluster) == 1.0
+    dgx1 = load_cluster("dgx1-v100").with_num_gpus(16)
+    assert nic_rails(dgx1) == 4
+    assert link_uses([(4, 8)], ("nic",), "rx", dgx1) == {"node0.nic2.rx": 2, "node0.nic3.rx": 2, "node1.nic0.rx": 2,
+                                                         "node1.nic1.rx": 2}
+    assert link_capacity("node0.nic2.rx", dgx1) == 2.0
+    # NICs that do not divide the node's GPUs stay one pool; more NICs than GPUs: a rail per GPU
+    assert nic_rails(cluster.model_copy(update={"nics_per_node": 3})) == 1
+    assert nic_rails(cluster.model_copy(update={"nics_per_node": 16})) == 8
 
 
 def test_a_leaf_of_several_nodes_holds_their_gpus_and_the_last_leaf_what_is_left() -> None:

@@ -288,7 +288,8 @@ def test_lowering_conflicts(tree: StrategyTree) -> None:
          "recompute.mode='full' is invalid: blocks.1.attn differs from its layer blocks.1 (unset); an LoweredPlan "
          "recomputes per layer"),
         (base.map("blocks", {"tp": 4}),
-         "map.tp=4 is invalid: blocks asks tp=4 but the job runs tp=2; an LoweredPlan has one mesh shape"),
+         "map.tp=4 is invalid: embedding (its tp comes from blocks): tp x cp = 4 x 1 must divide the job's 2 "
+         "devices per stage (tp x dp x cp)"),
         (tree.map("head", {"stage": 2}),
          "map.stage=2 is invalid: embedding (its stage comes from head) is past the last stage: pp=2 allows 0-1"),
         (tree.map("head", {"stage": 1, "chunk": 1}),

@@ -12,7 +12,6 @@ from typing import NamedTuple
 from trainsim.compile.context import BuildContext
 from trainsim.compile.in_flight import limit_in_flight
 from trainsim.compile.schedules import Step, StepPhase, schedule_order
-from trainsim.ir.exec_graph import Task
 from trainsim.strategy.lowered import LayerAssignment, LoweredPlan
 
 
@@ -111,7 +110,8 @@ def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
         sent_after.setdefault((t.src, t.src_index), []).append(t)
     merged: set[int] = set()
     layout = ctx.layout("pp")
-    tasks = ctx.graph.tasks
+    columns = ctx.graph.columns()
+    deps = columns.deps
 
     by_index = [[records[(stage, step)] for step in program] for stage, program in enumerate(programs)]
 
@@ -122,7 +122,7 @@ def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
         return by_index[stage][i].last_tid
 
     def wait(tid: int, dep: int) -> None:
-        tasks[tid].deps = (*tasks[tid].deps, dep)
+        deps[tid] = (*deps[tid], dep)
 
     one_way_links: dict[tuple[int, int], tuple[str, ...]] = {}  # (sender, receiver) -> links of a send
     for t in transfers:
@@ -147,18 +147,15 @@ def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
                                duration_s=max(t.seconds, partner.seconds), deps=(last(stage, produced),),
                                sync_key=key, phase="comm", micro_batch=t.micro_batch, category="pp_comm",
                                resources=resources)
-                wait(first(stage, consumer), copy.tid)
+                wait(first(stage, consumer), copy)
             continue
         resources = one_way_links.get((t.src, t.dst))
         if resources is None:
             resources = one_way_links[(t.src, t.dst)] = ctx.link_resources(layout, (t.src,), (t.dst,))
         name = f"send {t.what} mb{t.micro_batch} vs{t.boundary}" + ("->" if t.what == "act" else "<-")
-        # NB: BuildContext.add's task, built positionally in Task's field order (18,000 sends for GPT-3 175B)
-        send = len(tasks)
-        tasks.append(Task(send, name, t.src, "feature", "comm", t.seconds, (by_index[t.src][t.src_index].last_tid,),
-                          "", resources, 0.0, 0.0, "comm", "", t.micro_batch, t.src, "pp_comm", 0))
-        receiver = tasks[by_index[t.dst][t.dst_index].first_tid]
-        receiver.deps = (*receiver.deps, send)
+        # NB: positional, in Task's field order (18,000 sends for GPT-3 175B)
+        send = columns.append(name, t.src, "feature", "comm", t.seconds, (by_index[t.src][t.src_index].last_tid,),
+                              "", resources, 0.0, 0.0, "comm", "", t.micro_batch, t.src, "pp_comm")
+        wait(by_index[t.dst][t.dst_index].first_tid, send)
         if t.src_index + 1 < len(programs[t.src]) and not overlap:  # blocking p2p: the sender's next step waits
-            sender = tasks[by_index[t.src][t.src_index + 1].first_tid]
-            sender.deps = (*sender.deps, send)
+            wait(by_index[t.src][t.src_index + 1].first_tid, send)

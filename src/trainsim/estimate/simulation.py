@@ -11,6 +11,7 @@ makespan, so the values add up to the iteration time.
 """
 
 import dataclasses
+from itertools import compress
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -129,10 +130,13 @@ def _busy_by_device(graph: ExecGraph, outcome: SimOutcome) -> list[dict[str, flo
     """Per device, seconds of compute-stream work per category (from the simulated start and end times)."""
     busy: list[dict[str, float]] = [{} for _ in graph.devices]
     start, end = outcome.start_s, outcome.end_s
-    for task in graph.tasks:
-        if task.stream == "compute" and task.category:
-            row = busy[task.device]
-            row[task.category] = row.get(task.category, 0.0) + end[task.tid] - start[task.tid]
+    columns = graph.columns()
+    category, device = columns.category, columns.device
+    for tid in compress(range(len(category)), map("compute".__eq__, columns.stream)):
+        name = category[tid]
+        if name:
+            row = busy[device[tid]]
+            row[name] = row.get(name, 0.0) + end[tid] - start[tid]
     return busy
 
 

@@ -15,9 +15,7 @@ from trainsim.ir.exec_graph import ExecGraph
 STREAMS = ("compute", "feature", "gradient")
 STREAM_INDEX = {name: index for index, name in enumerate(STREAMS)}
 NUM_STREAMS = len(STREAMS)
-_FIELDS_NAMES = ("tid", "name", "device", "stream", "kind", "duration_s", "deps", "sync_key", "resources",
-                 "alloc_bytes", "free_bytes", "category", "priority", "link_shares")
-_FIELDS = attrgetter(*_FIELDS_NAMES)
+_TID = attrgetter("tid")
 
 
 class GraphArrays:
@@ -27,21 +25,23 @@ class GraphArrays:
                  "free_bytes",
                  "has_flow_resources", "is_compute", "leader_of", "members", "names", "num_deps", "num_devices",
                  "num_tasks", "priority", "resource_capacity", "resource_names", "shared_links", "stream_of",
-                 "successors", "work")
+                 "successors", "sync_keys", "work")
 
     def __init__(self, graph: ExecGraph, launch_overhead_s: float) -> None:
-        tasks = graph.tasks
-        n = len(tasks)
+        columns = graph.columns()
+        n = len(columns)
         self.num_tasks = n
         self.num_devices = len(graph.devices)
         for index, device in enumerate(graph.devices):
             if device.index != index:
                 raise ConfigError(f"devices[{index}].index", device.index, f"must equal its position {index}")
-        # NB: one pass over the tasks reads every field (attrgetter and zip run in C), then a column per field
-        columns = list(zip(*map(_FIELDS, tasks), strict=True)) if tasks else [()] * len(_FIELDS_NAMES)
-        (tids, names, device_of, streams, kinds, durations, deps, sync_keys, resources, alloc_bytes, free_bytes,
-         categories, priority, link_shares) = columns
-        self.names: list[str] = list(names)
+        # NB: the graph's columns (the compiler writes them; a graph of Task objects is read into them once)
+        names, device_of, streams, kinds, durations, deps, sync_keys, resources, alloc_bytes, free_bytes, categories, \
+            priority, link_shares = (columns.name, columns.device, columns.stream, columns.kind, columns.duration_s,
+                                     columns.deps, columns.sync_key, columns.resources, columns.alloc_bytes,
+                                     columns.free_bytes, columns.category, columns.priority, columns.link_shares)
+        self.names: list[str] = names  # NB: read only (errors)
+        self.sync_keys: list[str] = sync_keys
         self.device_of: list[int] = list(device_of)
         self.is_compute: list[bool] = list(map("compute".__eq__, kinds))
         self.work: list[float] = list(durations) if launch_overhead_s == 0.0 else [
@@ -49,9 +49,9 @@ class GraphArrays:
         self.priority: list[int] = list(priority)
         self.alloc_bytes: list[float] = list(alloc_bytes)
         self.free_bytes: list[float] = list(free_bytes)
-        self.deps: tuple[tuple[int, ...], ...] = deps
+        self.deps: list[tuple[int, ...]] = deps  # NB: read only
         self.num_deps = list(map(len, deps))
-        self.stream_of = self._streams(graph, tids, streams, durations)
+        self.stream_of = self._streams(graph, streams, durations)
         self.successors = self._successors(graph, deps)
         self.categories: list[str] = []
         self.category_of = self._categories(categories)
@@ -67,8 +67,7 @@ class GraphArrays:
         self._flows(graph, sync_keys, resources, link_shares, kinds)
         self.shared_links = self._shared_links()
 
-    def _streams(self, graph: ExecGraph, tids: tuple[int, ...], streams: tuple[str, ...],
-                 durations: tuple[float, ...]) -> list[int]:
+    def _streams(self, graph: ExecGraph, streams: list[str], durations: list[float]) -> list[int]:
         """Each task's stream index (device x NUM_STREAMS + stream), after checking tid, device, duration
         and stream; a graph that fails a whole-list check is checked task by task for the error to report."""
         num_devices = self.num_devices
@@ -79,7 +78,9 @@ class GraphArrays:
             out = list(map(index.__getitem__, zip(self.device_of, streams, strict=True)))  # device and stream
         except (KeyError, TypeError):
             out = []
-        if tids and not (tids == tuple(range(self.num_tasks)) and len(out) == len(tids)
+        # NB: a graph of Task objects names each task's tid; columns number the tasks by position
+        tids_ok = graph.held_as_columns or list(map(_TID, graph.tasks)) == list(range(self.num_tasks))
+        if self.num_tasks and not (tids_ok and len(out) == self.num_tasks
                          and math.isfinite(total_s) and min(durations) >= 0.0):
             self._check_tasks(graph)
         return out
@@ -117,14 +118,14 @@ class GraphArrays:
         index[""] = -1
         return list(map(index.__getitem__, names))
 
-    def _flows(self, graph: ExecGraph, sync_keys: tuple[str, ...], task_resources: tuple[tuple[str, ...], ...],
-               task_shares: tuple[tuple[float, ...], ...], kinds: tuple[str, ...]) -> None:
+    def _flows(self, graph: ExecGraph, sync_keys: list[str], task_resources: list[tuple[str, ...]],
+               task_shares: list[tuple[float, ...]], kinds: list[str]) -> None:
         """Group collectives by sync_key and give every comm flow its resources (union over its members) and what
         it takes of each (Task.link_shares, 1 where the task gives none; a collective takes the sum of its
         members' given shares, its ranks on several devices crossing the link together, else 1), as fractions of
         the resources' capacities: None where each is 1 (a flow that takes a whole resource, the engine's fast
         path)."""
-        tasks = graph.tasks
+        task_names = self.names
         capacity_of = graph.resource_capacity
         for name, capacity in capacity_of.items():
             if not (capacity > 0.0 and math.isfinite(capacity)):
@@ -146,7 +147,7 @@ class GraphArrays:
                     if indices is None:
                         indices = as_indices[names] = tuple(res_index.setdefault(r, len(res_index)) for r in names)
                     placed = as_flow[key] = (indices, _fractions([capacity_of.get(r, 1.0) for r in names],
-                                                                 _shares(names, given, tasks[tid].name)))
+                                                                 _shares(names, given, task_names[tid])))
                 flow_resources[tid], flow_weights[tid] = placed
         as_collective: dict[tuple[tuple[int, int], ...], tuple[tuple[int, ...], tuple[float, ...] | None]] = {}
         for key, members in groups.items():
@@ -154,7 +155,7 @@ class GraphArrays:
             seen_streams: set[int] = set()
             for tid in members:
                 if self.stream_of[tid] in seen_streams:
-                    raise ConfigError(f"task {tasks[tid].name!r}.sync_key", key,
+                    raise ConfigError(f"task {task_names[tid]!r}.sync_key", key,
                                       "two ranks of one collective cannot share a device's stream")
                 seen_streams.add(self.stream_of[tid])
                 self.leader_of[tid] = leader
@@ -170,7 +171,7 @@ class GraphArrays:
                 resources: dict[str, float] = {}
                 for tid in linked:
                     given = task_shares[tid]
-                    shares = _shares(task_resources[tid], given, tasks[tid].name) if given else ()
+                    shares = _shares(task_resources[tid], given, task_names[tid]) if given else ()
                     for i, r in enumerate(task_resources[tid]):
                         resources[r] = resources.get(r, 0.0) + (shares[i] if shares else 0.0)
                 placed = as_collective[signature] = (

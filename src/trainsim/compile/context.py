@@ -145,7 +145,7 @@ class BuildContext:
             alloc_bytes: float = 0.0, free_bytes: float = 0.0, priority: int = 0) -> int:
         """Add a task to the graph's columns; returns its tid."""
         # NB: positional, in Task's field order
-        return self.graph.columns().append(name, device, stream, kind, duration_s, deps, sync_key, resources,
+        return self.graph.writable_columns().append(name, device, stream, kind, duration_s, deps, sync_key, resources,
                                            alloc_bytes, free_bytes, phase, layer, micro_batch, stage, category,
                                            priority)
 
@@ -290,7 +290,7 @@ class StageWriter:
 
     def __init__(self, ctx: BuildContext, stage: int) -> None:
         self.ctx = ctx
-        self.columns = ctx.graph.columns()
+        self.columns = ctx.graph.writable_columns()
         self.stage = stage
         self.prev = -1  # last task of the chain
         self.pending: list[int] = []  # extra dependencies of the next chain task

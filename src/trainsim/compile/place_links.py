@@ -34,14 +34,12 @@ _TOKEN = re.compile(r"^stage(\d+)\.(\w+)\.(tx|rx)$")
 
 def place_links(job: Job, graph: ExecGraph) -> ExecGraph:
     """Replace the devices' shared-level link names by the cluster's physical links, merged where alike, with each
-    transfer's shares of them; `graph` (held as columns: changed in place) is returned."""
+    transfer's shares of them; `graph` is changed in place (as columns) and returned."""
     cluster = job.cluster
     shared_levels = {NIC, UPLINK} | ({FABRIC} if fabric_shared(cluster) else set())
     # NB: the compiler shares resource tuples, so the distinct ones are few; the loops over tasks run in C where
     # they can (half of a 175B job's 150,000 tasks name links)
-    if not graph.held_as_columns:  # NB: compile_job's graphs are; a graph of Task objects is rewritten as columns
-        graph = ExecGraph(graph.devices, resource_capacity=graph.resource_capacity, columns=graph.columns())
-    columns = graph.columns()
+    columns = graph.writable_columns()  # NB: compile_job's graphs hold columns; device classes' Task objects
     links_of = columns.resources
     tuples = {id(names): names for names in compress(links_of, links_of)}
     tokens = {name for names in tuples.values() for name in names

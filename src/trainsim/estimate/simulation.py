@@ -11,9 +11,9 @@ makespan, so the values add up to the iteration time.
 """
 
 import dataclasses
-from itertools import compress
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import compress
 
 from trainsim.catalog.calibration import Calibration, load_calibration
 from trainsim.catalog.overlap import load_overlap_factors, model_family

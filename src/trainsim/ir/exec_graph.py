@@ -111,6 +111,12 @@ class TaskColumns:
         """One Task per row (map over the columns runs in C)."""
         return list(map(Task, range(len(self.name)), *(getattr(self, name) for name in TASK_FIELDS)))
 
+    def extend_rows(self, rows: list[tuple[object, ...]]) -> None:
+        """Add tasks given as rows of TASK_FIELDS' values, in that order (tids follow on)."""
+        if rows:
+            for name, values in zip(TASK_FIELDS, zip(*rows, strict=True), strict=True):
+                getattr(self, name).extend(values)
+
     def append(self, name: str, device: int, stream: Stream, kind: TaskKind, duration_s: float,
                deps: tuple[int, ...] = (), sync_key: str = "", resources: tuple[str, ...] = (),
                alloc_bytes: float = 0.0, free_bytes: float = 0.0, phase: Phase = "fwd", layer: str = "",
@@ -184,6 +190,13 @@ class ExecGraph:
         if self._columns is not None:
             return self._columns
         return TaskColumns.of_tasks(self.tasks)
+
+    def writable_columns(self) -> TaskColumns:
+        """The columns to add tasks to or change tasks in (the compiler's passes): a graph holding Task objects
+        holds their columns from now on (those objects are no longer the graph's)."""
+        if self._columns is None:
+            self._columns, self._tasks = TaskColumns.of_tasks(self.tasks), None
+        return self._columns
 
     def add(self, **fields: object) -> Task:
         task = Task(tid=len(self.tasks), **fields)  # type: ignore[arg-type]

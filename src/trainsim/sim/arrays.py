@@ -67,7 +67,7 @@ class GraphArrays:
         self._flows(graph, sync_keys, resources, link_shares, kinds)
         self.shared_links = self._shared_links()
 
-    def _streams(self, graph: ExecGraph, streams: list[str], durations: list[float]) -> list[int]:
+    def _streams(self, graph: ExecGraph, streams: Sequence[str], durations: Sequence[float]) -> list[int]:
         """Each task's stream index (device x NUM_STREAMS + stream), after checking tid, device, duration
         and stream; a graph that fails a whole-list check is checked task by task for the error to report."""
         num_devices = self.num_devices
@@ -112,14 +112,14 @@ class GraphArrays:
                 succ[dep].append(tid)
         return succ
 
-    def _categories(self, names: tuple[str, ...]) -> list[int]:
+    def _categories(self, names: Sequence[str]) -> list[int]:
         self.categories = [name for name in dict.fromkeys(names) if name]  # first-appearance order
         index = {name: i for i, name in enumerate(self.categories)}
         index[""] = -1
         return list(map(index.__getitem__, names))
 
-    def _flows(self, graph: ExecGraph, sync_keys: list[str], task_resources: list[tuple[str, ...]],
-               task_shares: list[tuple[float, ...]], kinds: list[str]) -> None:
+    def _flows(self, graph: ExecGraph, sync_keys: Sequence[str], task_resources: Sequence[tuple[str, ...]],
+               task_shares: Sequence[tuple[float, ...]], kinds: Sequence[str]) -> None:
         """Group collectives by sync_key and give every comm flow its resources (union over its members) and what
         it takes of each (Task.link_shares, 1 where the task gives none; a collective takes the sum of its
         members' given shares, its ranks on several devices crossing the link together, else 1), as fractions of

@@ -114,7 +114,7 @@ def _emit_stage(ctx: BuildContext, stage: int, program: list[Step],
             if template is None:
                 template = templates[(step.chunk, step.phase)] = _step_template(
                     w, step_units(step, chunk), overheads, split)
-            first = len(w.columns.name)
+            first = len(w.columns)
             w.emit_block(template.block, step.micro_batch)
             for offset, unit in template.gradients:
                 index = unit.assignment.index

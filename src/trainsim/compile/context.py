@@ -335,12 +335,11 @@ class StageWriter:
         n = len(block.stream)
         if not n:
             return -1
-        tid = len(c.name)
+        tid = len(c)
         c.deps.append((self.prev, *self.pending) if self.prev >= 0 else tuple(self.pending))
         c.deps += zip(range(tid, tid + n - 1))
         self.pending = []
-        mb = str(micro_batch)
-        c.name += [f"{prefix}{mb}{suffix}" for prefix, suffix in block.affixes]
+        c.name_later(block.affixes, block.blank, micro_batch)
         c.device += [stage] * n
         c.stream += block.stream
         c.kind += block.kind

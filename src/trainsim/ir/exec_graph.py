@@ -70,10 +70,11 @@ _READ_FIELDS = attrgetter(*TASK_FIELDS)
 
 class TaskColumns:
     """An ExecGraph's tasks as one list per Task field (all indexed by tid; a task's tid is its position): the layout
-    the compiler writes and the simulator reads, without a Python object per task."""
+    the compiler writes and the simulator reads, without a Python object per task. Names given as a prefix and a
+    suffix around a micro-batch (name_later) are made when `name` is first read (the simulator reads them only to
+    report an error)."""
 
-    __slots__ = TASK_FIELDS
-    name: list[str]
+    __slots__ = (*(field for field in TASK_FIELDS if field != "name"), "_name", "_named_later")
     device: list[int]
     stream: list[Stream]
     kind: list[TaskKind]
@@ -94,9 +95,29 @@ class TaskColumns:
     def __init__(self) -> None:
         for name in TASK_FIELDS:
             setattr(self, name, [])
+        self._named_later: list[tuple[int, tuple[tuple[str, str], ...], int]] = []
 
     def __len__(self) -> int:
-        return len(self.name)
+        return len(self._name)
+
+    @property
+    def name(self) -> list[str]:
+        if self._named_later:
+            names = self._name
+            for first, affixes, micro_batch in self._named_later:
+                names[first:first + len(affixes)] = [f"{prefix}{micro_batch}{suffix}" for prefix, suffix in affixes]
+            self._named_later = []
+        return self._name
+
+    @name.setter
+    def name(self, names: list[str]) -> None:
+        self._name, self._named_later = names, []
+
+    def name_later(self, affixes: tuple[tuple[str, str], ...], blanks: tuple[str, ...], micro_batch: int) -> None:
+        """Name the next len(affixes) tasks f"{prefix}{micro_batch}{suffix}" when `name` is read (blanks: as many
+        empty strings, held until then)."""
+        self._named_later.append((len(self._name), affixes, micro_batch))
+        self._name += blanks
 
     @classmethod
     def of_tasks(cls, tasks: list[Task]) -> "TaskColumns":
@@ -109,13 +130,17 @@ class TaskColumns:
 
     def to_tasks(self) -> list[Task]:
         """One Task per row (map over the columns runs in C)."""
-        return list(map(Task, range(len(self.name)), *(getattr(self, name) for name in TASK_FIELDS)))
+        values = [getattr(self, name) for name in TASK_FIELDS]
+        for name, column in zip(TASK_FIELDS, values, strict=True):
+            if len(column) != len(self._name):
+                raise ValueError(f"TaskColumns.{name} holds {len(column)} values for {len(self._name)} tasks")
+        return list(map(Task, range(len(self._name)), *values))
 
     def extend_rows(self, rows: list[tuple[object, ...]]) -> None:
         """Add tasks given as rows of TASK_FIELDS' values, in that order (tids follow on)."""
         if rows:
             for name, values in zip(TASK_FIELDS, zip(*rows, strict=True), strict=True):
-                getattr(self, name).extend(values)
+                getattr(self, "_name" if name == "name" else name).extend(values)  # NB: names made later stay so
 
     def append(self, name: str, device: int, stream: Stream, kind: TaskKind, duration_s: float,
                deps: tuple[int, ...] = (), sync_key: str = "", resources: tuple[str, ...] = (),
@@ -123,8 +148,8 @@ class TaskColumns:
                micro_batch: int = -1, stage: int = -1, category: str = "", priority: int = 0,
                link_shares: tuple[float, ...] = ()) -> int:
         """Add one task (Task's fields in its order, stage defaulting to the device); returns its tid."""
-        tid = len(self.name)
-        self.name.append(name)
+        tid = len(self._name)
+        self._name.append(name)
         self.device.append(device)
         self.stream.append(stream)
         self.kind.append(kind)

@@ -10,7 +10,7 @@ from itertools import chain, compress
 from operator import attrgetter, contains
 
 from trainsim.errors import ConfigError
-from trainsim.ir.exec_graph import ExecGraph
+from trainsim.ir.exec_graph import ExecGraph, TaskColumns
 
 STREAMS = ("compute", "feature", "gradient")
 STREAM_INDEX = {name: index for index, name in enumerate(STREAMS)}
@@ -21,11 +21,10 @@ _TID = attrgetter("tid")
 class GraphArrays:
     """Per-task lists (tid-indexed) and per-flow data of one ExecGraph, checked."""
 
-    __slots__ = ("alloc_bytes", "categories", "category_of", "deps", "device_of", "flow_resources", "flow_weights",
-                 "free_bytes",
-                 "has_flow_resources", "is_compute", "leader_of", "members", "names", "num_deps", "num_devices",
-                 "num_tasks", "priority", "resource_capacity", "resource_names", "shared_links", "stream_of",
-                 "successors", "sync_keys", "work")
+    __slots__ = ("alloc_bytes", "categories", "category_of", "columns", "deps", "device_of", "flow_resources",
+                 "flow_weights", "free_bytes", "has_flow_resources", "is_compute", "leader_of", "members", "num_deps",
+                 "num_devices", "num_tasks", "priority", "resource_capacity", "resource_names", "shared_links",
+                 "stream_of", "successors", "sync_keys", "work")
 
     def __init__(self, graph: ExecGraph, launch_overhead_s: float) -> None:
         columns = graph.columns()
@@ -36,20 +35,21 @@ class GraphArrays:
             if device.index != index:
                 raise ConfigError(f"devices[{index}].index", device.index, f"must equal its position {index}")
         # NB: the graph's columns (the compiler writes them; a graph of Task objects is read into them once)
-        names, device_of, streams, kinds, durations, deps, sync_keys, resources, alloc_bytes, free_bytes, categories, \
-            priority, link_shares = (columns.name, columns.device, columns.stream, columns.kind, columns.duration_s,
+        device_of, streams, kinds, durations, deps, sync_keys, resources, alloc_bytes, free_bytes, categories, \
+            priority, link_shares = (columns.device, columns.stream, columns.kind, columns.duration_s,
                                      columns.deps, columns.sync_key, columns.resources, columns.alloc_bytes,
                                      columns.free_bytes, columns.category, columns.priority, columns.link_shares)
-        self.names: list[str] = names  # NB: read only (errors)
+        # NB: the columns the engine only reads are the graph's own lists, not copies
+        self.columns = columns  # names from it where an error names a task
         self.sync_keys: list[str] = sync_keys
-        self.device_of: list[int] = list(device_of)
+        self.device_of: list[int] = device_of
         self.is_compute: list[bool] = list(map("compute".__eq__, kinds))
         self.work: list[float] = list(durations) if launch_overhead_s == 0.0 else [
             d + launch_overhead_s if c else d for d, c in zip(durations, self.is_compute, strict=True)]
-        self.priority: list[int] = list(priority)
-        self.alloc_bytes: list[float] = list(alloc_bytes)
-        self.free_bytes: list[float] = list(free_bytes)
-        self.deps: list[tuple[int, ...]] = deps  # NB: read only
+        self.priority: list[int] = priority
+        self.alloc_bytes: list[float] = alloc_bytes
+        self.free_bytes: list[float] = free_bytes
+        self.deps: list[tuple[int, ...]] = deps
         self.num_deps = list(map(len, deps))
         self.stream_of = self._streams(graph, streams, durations)
         self.successors = self._successors(graph, deps)
@@ -125,7 +125,7 @@ class GraphArrays:
         members' given shares, its ranks on several devices crossing the link together, else 1), as fractions of
         the resources' capacities: None where each is 1 (a flow that takes a whole resource, the engine's fast
         path)."""
-        task_names = self.names
+        task_names = _Names(self.columns)
         capacity_of = graph.resource_capacity
         for name, capacity in capacity_of.items():
             if not (capacity > 0.0 and math.isfinite(capacity)):
@@ -207,6 +207,18 @@ class GraphArrays:
         exclusive = [len(devices) <= 1 and weight <= 1.0 for devices, weight in zip(devices_of, most, strict=True)]
         bad = {resources for resources, _, _ in users if resources and not all(exclusive[r] for r in resources)}
         return {tid for tid in with_links if flow_resources[tid] in bad} if bad else set()
+
+
+class _Names:
+    """Task names by tid, made (TaskColumns.name) only where an error names a task."""
+
+    __slots__ = ("columns",)
+
+    def __init__(self, columns: TaskColumns) -> None:
+        self.columns = columns
+
+    def __getitem__(self, tid: int) -> str:
+        return self.columns.name[tid]
 
 
 _ONES: dict[int, tuple[float, ...]] = {}

@@ -584,7 +584,7 @@ class Engine:
     def _stuck(self, limit: int = 3) -> list[str]:
         """A few stuck tasks of each kind: ranks waiting for partners, ready tasks whose stream is held,
         and tasks whose dependencies never ended."""
-        g, names = self.g, self.g.names
+        g, names = self.g, self.g.columns.name
         waiting: list[str] = []
         blocked: list[str] = []
         unmet: list[str] = []

@@ -115,3 +115,20 @@ def test_the_sim_engine_returns_the_compiled_graph_for_the_trace_and_explain() -
     assert run.busy_s == busy_by_device(run.graph, run.outcome)
     names = [task.name for task in run.graph.tasks]  # Task objects on demand, as report/trace.py reads them
     assert len(names) == len(run.outcome.end_s) and names[0].startswith("micro-batch overhead")
+
+
+def test_names_given_around_a_micro_batch_are_made_when_read() -> None:
+    columns = TaskColumns()
+    columns.append("first", 0, "compute", "compute", 1.0)
+    columns.name_later((("F", " L0 fwd"), ("tp comm mb", " L0")), ("", ""), 7)
+    template = Task(0, "", 0, "compute", "compute", 1.0)
+    for field in TASK_FIELDS[1:]:  # the other fields of the two tasks, as StageWriter.emit_block writes them
+        getattr(columns, field).extend([getattr(template, field)] * 2)
+    columns.extend_rows([("send", 0, "feature", "comm", 1.0, (2,), "", (), 0.0, 0.0, "comm", "", 7, 0, "pp_comm", 0,
+                          ())])
+    assert len(columns) == 4
+    assert columns.name == ["first", "F7 L0 fwd", "tp comm mb7 L0", "send"]
+    assert [task.name for task in columns.to_tasks()] == columns.name
+    columns.device.append(0)
+    with pytest.raises(ValueError, match="device"):
+        columns.to_tasks()

@@ -125,7 +125,7 @@ class GraphArrays:
         members' given shares, its ranks on several devices crossing the link together, else 1), as fractions of
         the resources' capacities: None where each is 1 (a flow that takes a whole resource, the engine's fast
         path)."""
-        task_names = _Names(self.columns)
+        columns = self.columns
         capacity_of = graph.resource_capacity
         for name, capacity in capacity_of.items():
             if not (capacity > 0.0 and math.isfinite(capacity)):
@@ -147,7 +147,7 @@ class GraphArrays:
                     if indices is None:
                         indices = as_indices[names] = tuple(res_index.setdefault(r, len(res_index)) for r in names)
                     placed = as_flow[key] = (indices, _fractions([capacity_of.get(r, 1.0) for r in names],
-                                                                 _shares(names, given, task_names[tid])))
+                                                                 _shares(names, given, columns, tid)))
                 flow_resources[tid], flow_weights[tid] = placed
         as_collective: dict[tuple[tuple[int, int], ...], tuple[tuple[int, ...], tuple[float, ...] | None]] = {}
         for key, members in groups.items():
@@ -155,7 +155,7 @@ class GraphArrays:
             seen_streams: set[int] = set()
             for tid in members:
                 if self.stream_of[tid] in seen_streams:
-                    raise ConfigError(f"task {task_names[tid]!r}.sync_key", key,
+                    raise ConfigError(f"task {columns.name[tid]!r}.sync_key", key,
                                       "two ranks of one collective cannot share a device's stream")
                 seen_streams.add(self.stream_of[tid])
                 self.leader_of[tid] = leader
@@ -171,7 +171,7 @@ class GraphArrays:
                 resources: dict[str, float] = {}
                 for tid in linked:
                     given = task_shares[tid]
-                    shares = _shares(task_resources[tid], given, task_names[tid]) if given else ()
+                    shares = _shares(task_resources[tid], given, columns, tid) if given else ()
                     for i, r in enumerate(task_resources[tid]):
                         resources[r] = resources.get(r, 0.0) + (shares[i] if shares else 0.0)
                 placed = as_collective[signature] = (
@@ -209,18 +209,6 @@ class GraphArrays:
         return {tid for tid in with_links if flow_resources[tid] in bad} if bad else set()
 
 
-class _Names:
-    """Task names by tid, made (TaskColumns.name) only where an error names a task."""
-
-    __slots__ = ("columns",)
-
-    def __init__(self, columns: TaskColumns) -> None:
-        self.columns = columns
-
-    def __getitem__(self, tid: int) -> str:
-        return self.columns.name[tid]
-
-
 _ONES: dict[int, tuple[float, ...]] = {}
 
 
@@ -230,14 +218,15 @@ def _fractions(capacities: Sequence[float], shares: Sequence[float]) -> tuple[fl
     return None if all(f == 1.0 for f in fractions) else fractions
 
 
-def _shares(names: tuple[str, ...], given: tuple[float, ...], task: str) -> tuple[float, ...]:
-    """What a task takes of each of its resources: its link_shares, checked, or 1 each."""
+def _shares(names: tuple[str, ...], given: tuple[float, ...], columns: TaskColumns, tid: int) -> tuple[float, ...]:
+    """What task tid takes of each of its resources: its link_shares, checked, or 1 each. NB: its name is read only
+    for the error (reading names makes them all: TaskColumns.name)."""
     if not given:
         ones = _ONES.get(len(names))
         if ones is None:
             ones = _ONES[len(names)] = (1.0,) * len(names)
         return ones
     if len(given) != len(names) or not all(s > 0.0 and math.isfinite(s) for s in given):
-        raise ConfigError(f"task {task!r}.link_shares", list(given), f"must be {len(names)} finite numbers > 0, one "
-                          "per resource")
+        raise ConfigError(f"task {columns.name[tid]!r}.link_shares", list(given),
+                          f"must be {len(names)} finite numbers > 0, one per resource")
     return given

@@ -10,6 +10,7 @@ from trainsim.catalog import load_model
 from trainsim.catalog.calibration import Calibration
 from trainsim.compile.build import compile_job
 from trainsim.cost.pricing import Pricer
+from trainsim.errors import ConfigError
 from trainsim.estimate.simulation import SimEstimator, busy_by_device
 from trainsim.ir.exec_graph import TASK_FIELDS, ExecGraph, SimDevice, Task, TaskColumns
 from trainsim.job import make_job
@@ -132,3 +133,15 @@ def test_names_given_around_a_micro_batch_are_made_when_read() -> None:
     columns.device.append(0)
     with pytest.raises(ValueError, match="device"):
         columns.to_tasks()
+
+
+def test_an_error_names_the_task_whose_name_is_made_later() -> None:
+    """The simulator reads a task's name only to report it: a bad link share of a task named later still names it."""
+    columns = TaskColumns()
+    columns.name_later((("send mb", " vs0"),), ("",), 4)
+    template = Task(0, "", 0, "feature", "comm", 1.0, resources=("nic",), link_shares=(-1.0,))
+    for field in TASK_FIELDS[1:]:
+        getattr(columns, field).append(getattr(template, field))
+    graph = ExecGraph(devices=_devices(1), columns=columns)
+    with pytest.raises(ConfigError, match=r"task 'send mb4 vs0'.link_shares"):
+        simulate(graph, OPTIONS)

@@ -39,7 +39,7 @@ def place_links(job: Job, graph: ExecGraph) -> ExecGraph:
     shared_levels = {NIC, UPLINK} | ({FABRIC} if fabric_shared(cluster) else set())
     # NB: the compiler shares resource tuples, so the distinct ones are few; the loops over tasks run in C where
     # they can (half of a 175B job's 150,000 tasks name links)
-    columns = graph.writable_columns()  # NB: compile_job's graphs hold columns; device classes' Task objects
+    columns = graph.writable_columns()  # NB: compile_job's graphs hold columns (a graph of Task objects: taken over)
     links_of = columns.resources
     tuples = {id(names): names for names in compress(links_of, links_of)}
     tokens = {name for names in tuples.values() for name in names

@@ -20,7 +20,7 @@ import time
 
 from trainsim.catalog import load_cluster, load_model
 from trainsim.compile.build import compile_job
-from trainsim.estimate.simulation import SimEstimator, bottleneck_device, sim_breakdown, sim_memory
+from trainsim.estimate.simulation import SimEstimator, bottleneck_device, busy_by_device, sim_breakdown, sim_memory
 from trainsim.ir.graph import OpGraph
 from trainsim.job import Job, make_job
 from trainsim.pipeline import graph_for
@@ -52,13 +52,14 @@ def _phases(estimator: SimEstimator, job: Job, op_graph: OpGraph) -> tuple[float
         compiled = time.process_time()
         outcome = simulate(graph, estimator.options)
         simulated = time.process_time()
-        device = bottleneck_device(graph, outcome)
-        sim_breakdown(graph, outcome, device)
+        busy = busy_by_device(graph, outcome)  # as SimEstimator.run and estimate share it
+        device = bottleneck_device(graph, outcome, busy)
+        sim_breakdown(graph, outcome, device, busy)
         sim_memory(outcome)
         accounted, wall = time.process_time(), time.perf_counter() - wall
     finally:
         gc.enable()
-    return (compiled - start, simulated - compiled, accounted - simulated, wall, len(graph.tasks), outcome.events,
+    return (compiled - start, simulated - compiled, accounted - simulated, wall, graph.num_tasks, outcome.events,
             outcome.makespan_s)
 
 

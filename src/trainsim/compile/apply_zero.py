@@ -117,11 +117,11 @@ class FsdpChain:
             return
         size = self.gathered_bytes(k)
         seconds = self.ctx.collective_s("all-gather", size, "grad")
-        task = self.ctx.add(name=f"fsdp all-gather mb{need.micro_batch} {need.label}", device=self.w.stage,
+        tid = self.ctx.add(name=f"fsdp all-gather mb{need.micro_batch} {need.label}", device=self.w.stage,
                             stream="gradient", kind="comm", duration_s=seconds, deps=deps, phase="comm",
                             category="dp_comm", layer=need.label,
                             micro_batch=need.micro_batch, resources=self.resources, alloc_bytes=size)
-        self.gathers[k] = task.tid
+        self.gathers[k] = tid
 
     def _scatter(self, k: int, deps: tuple[int, ...]) -> None:
         if self.needs[k].scatter_params > 0.0:
@@ -131,10 +131,10 @@ class FsdpChain:
         need = self.needs[group[-1]]
         size = sum(self.grad_bytes(k) for k in group)
         label = need.label if len(group) == 1 else f"{self.needs[group[0]].label}..{need.label}"
-        task = self.ctx.add(name=f"fsdp reduce-scatter mb{need.micro_batch} {label}", device=self.w.stage,
+        tid = self.ctx.add(name=f"fsdp reduce-scatter mb{need.micro_batch} {label}", device=self.w.stage,
                             stream="gradient", kind="comm",
                             duration_s=self.ctx.collective_s("reduce-scatter", size, "grad"), deps=deps,
                             phase="comm", category="dp_comm", layer=need.label, micro_batch=need.micro_batch,
                             resources=self.resources, free_bytes=size, priority=1)
         for k in group:
-            self.scatters[k] = task.tid
+            self.scatters[k] = tid

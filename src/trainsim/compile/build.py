@@ -29,7 +29,7 @@ applies the overlap slow-down itself (sim/engine.py).
 from dataclasses import dataclass
 
 from trainsim.compile.apply_zero import FsdpChain, FsdpNeed, fsdp_enabled, stage_model_state
-from trainsim.compile.context import TASK_LEVELS, BuildContext, StageWriter, TaskLevel, TaskSpec
+from trainsim.compile.context import TASK_LEVELS, BuildContext, SpecBlock, StageWriter, TaskLevel, TaskSpec
 from trainsim.compile.device_classes import split_device_classes
 from trainsim.compile.insert_collectives import insert_gradient_sync, insert_param_gathers
 from trainsim.compile.lower_layers import Cut, Unit, UnitMemory, emit_unit, step_units, unit_specs
@@ -42,7 +42,7 @@ from trainsim.cost.memory import optimizer_step_bytes
 from trainsim.cost.pricing import Pricer
 from trainsim.cost.rank_classes import job_on_device
 from trainsim.errors import ConfigError
-from trainsim.ir.exec_graph import ExecGraph, SimDevice
+from trainsim.ir.exec_graph import ExecGraph, SimDevice, TaskColumns
 from trainsim.job import Job
 from trainsim.strategy.lowered import LayerAssignment, LoweredPlan
 
@@ -74,7 +74,7 @@ def _compile_stages(job: Job, plan: LoweredPlan, pricer: Pricer, task_level: Tas
         raise ConfigError("task_level", task_level, f"choose one of: {', '.join(TASK_LEVELS)}")
     if plan.num_stages != job.parallel.pp:
         raise ConfigError("plan.num_stages", plan.num_stages, f"must equal pp={job.parallel.pp} of the job")
-    graph = ExecGraph(devices=[], tasks=[])
+    graph = ExecGraph(devices=[], columns=TaskColumns())
     ctx = BuildContext(job, plan, pricer, task_level, graph)
     ctx.splits = plan_splits(plan, job.parallel.dp)
     ctx.mesh_comms = plan_mesh_comms(plan, job.model, job.parallel)
@@ -117,8 +117,8 @@ def _emit_stage(ctx: BuildContext, stage: int, program: list[Step],
             if template is None:
                 template = templates[(step.chunk, step.phase)] = _step_template(
                     w, step_units(step, chunk), overheads, split)
-            first = len(ctx.graph.tasks)
-            w.emit_all(template.specs, step.micro_batch)
+            first = len(w.columns)
+            w.emit_block(template.block, step.micro_batch)
             for offset, unit in template.gradients:
                 index = unit.assignment.index
                 grads.pop(index, None)  # re-insert: the dict keeps the order in which gradients become final
@@ -165,7 +165,7 @@ class _StepTemplate:
     layer-phase's specs), and per layer-phase that finishes a weight gradient the offset of its last compute task
     among them (-1: none)."""
 
-    specs: tuple[TaskSpec, ...]
+    block: SpecBlock
     gradients: tuple[tuple[int, Unit], ...]
 
 
@@ -178,7 +178,7 @@ def _step_template(w: StageWriter, units: list[Unit], overheads: tuple[TaskSpec,
         specs += unit_tasks
         if unit.makes_gradient(split):
             gradients.append((last, unit))
-    return _StepTemplate(tuple(specs), tuple(gradients))
+    return _StepTemplate(SpecBlock.of(tuple(specs)), tuple(gradients))
 
 
 def _per_micro_batch_overheads(ctx: BuildContext, stage: int) -> tuple[TaskSpec, ...]:
@@ -219,9 +219,9 @@ def _emit_step_end(ctx: BuildContext, tails: list[_StageTail]) -> None:
         seconds = ctx.pricer.optimizer_step_s([parts], job) if parts else 0.0  # the shared formula
         temporary = optimizer_step_bytes(parts, job.parallel)
         optimizer = ctx.add(name="optimizer step", device=stage, stream="compute", kind="compute", duration_s=seconds,
-                            deps=(barrier.tid,), phase="optimizer", category="optimizer", alloc_bytes=temporary,
+                            deps=(barrier,), phase="optimizer", category="optimizer", alloc_bytes=temporary,
                             free_bytes=temporary)
         overhead = ctx.pricer.iteration_overhead_s(job)
         if overhead > 0.0:
             ctx.add(name="iteration overhead", device=stage, stream="compute", kind="compute", duration_s=overhead,
-                    deps=(optimizer.tid,), phase="optimizer", category="overhead")
+                    deps=(optimizer,), phase="optimizer", category="overhead")

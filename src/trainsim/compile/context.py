@@ -11,7 +11,7 @@ from trainsim.catalog.calibration import Calibration
 from trainsim.compile.splits import LayerSplit
 from trainsim.cost.pricing import Pricer, axis_layout
 from trainsim.hardware.cluster import GroupLayout
-from trainsim.ir.exec_graph import ExecGraph, Phase, Stream, Task, TaskKind
+from trainsim.ir.exec_graph import ExecGraph, Phase, Stream, TaskKind
 from trainsim.ir.graph import Comm, Layer, Op
 from trainsim.job import Job
 from trainsim.strategy.lowered import LoweredPlan
@@ -142,13 +142,12 @@ class BuildContext:
     def add(self, *, name: str, device: int, stream: Stream, kind: TaskKind, duration_s: float,
             deps: tuple[int, ...] = (), phase: Phase = "fwd", category: str = "", layer: str = "",
             micro_batch: int = -1, stage: int = -1, sync_key: str = "", resources: tuple[str, ...] = (),
-            alloc_bytes: float = 0.0, free_bytes: float = 0.0, priority: int = 0) -> Task:
-        tasks = self.graph.tasks
-        # NB: positional, in Task's field order: a third of the keyword call's cost, for ~150,000 tasks a job
-        task = Task(len(tasks), name, device, stream, kind, duration_s, deps, sync_key, resources, alloc_bytes,
-                    free_bytes, phase, layer, micro_batch, device if stage < 0 else stage, category, priority)
-        tasks.append(task)
-        return task
+            alloc_bytes: float = 0.0, free_bytes: float = 0.0, priority: int = 0) -> int:
+        """Add a task to the graph's columns; returns its tid."""
+        # NB: positional, in Task's field order
+        return self.graph.writable_columns().append(name, device, stream, kind, duration_s, deps, sync_key, resources,
+                                           alloc_bytes, free_bytes, phase, layer, micro_batch, stage, category,
+                                           priority)
 
     def micro_batch_overhead_s(self, stage: int) -> float:
         """The host-side cost of one micro-batch on `stage` (the analytical engine's, over the stage's layers)."""
@@ -254,72 +253,114 @@ class BuildContext:
                            (Work("selective", cost.selective_s),) if cost.selective_s > 0.0 else (), merged)
 
 
+@dataclass(frozen=True, slots=True)
+class SpecBlock:
+    """Chain task specs as columns (TaskColumns' fields that do not depend on the micro-batch or the stage), so a
+    step's tasks are written with one list extension per field (StageWriter.emit_block)."""
+
+    affixes: tuple[tuple[str, str], ...]  # (prefix, suffix) of each name
+    stream: tuple[Stream, ...]
+    kind: tuple[TaskKind, ...]
+    duration_s: tuple[float, ...]
+    resources: tuple[tuple[str, ...], ...]
+    alloc_bytes: tuple[float, ...]
+    free_bytes: tuple[float, ...]
+    phase: tuple[Phase, ...]
+    layer: tuple[str, ...]
+    category: tuple[str, ...]
+    blank: tuple[str, ...]  # sync keys
+    zeros: tuple[int, ...]  # priorities
+    no_shares: tuple[tuple[float, ...], ...]  # link shares
+    last_compute: int  # offset of the last task on the compute stream (-1: none)
+
+    @classmethod
+    def of(cls, specs: tuple[TaskSpec, ...]) -> "SpecBlock":
+        n = len(specs)
+        return cls(tuple((s.prefix, s.suffix) for s in specs), tuple(s.stream for s in specs),
+                   tuple(s.kind for s in specs), tuple(s.duration_s for s in specs),
+                   tuple(s.resources for s in specs), tuple(s.alloc_bytes for s in specs),
+                   tuple(s.free_bytes for s in specs), tuple(s.phase for s in specs), tuple(s.layer for s in specs),
+                   tuple(s.category for s in specs), ("",) * n, (0,) * n, ((),) * n,
+                   max((i for i, s in enumerate(specs) if s.stream == "compute"), default=-1))
+
+
 class StageWriter:
     """Appends one stage's serialized work: compute tasks and the feature collectives that block them form
     one chain (each waits for the previous), which is how the analytical engine adds them up."""
 
-    __slots__ = ("ctx", "pending", "prev", "stage", "step_first")
+    __slots__ = ("blocks", "columns", "ctx", "pending", "prev", "stage", "step_first")
 
     def __init__(self, ctx: BuildContext, stage: int) -> None:
         self.ctx = ctx
+        self.columns = ctx.graph.writable_columns()
         self.stage = stage
         self.prev = -1  # last task of the chain
         self.pending: list[int] = []  # extra dependencies of the next chain task
         self.step_first = -1  # first chain task since the driver reset it (-1: none yet)
+        self.blocks: dict[int, tuple[tuple[TaskSpec, ...], SpecBlock]] = {}  # id(specs) -> (specs, their block)
 
     def chain(self, *, name: str, stream: Stream, kind: TaskKind, duration_s: float, phase: Phase,
               category: str, layer: str = "", micro_batch: int = -1, alloc_bytes: float = 0.0,
-              free_bytes: float = 0.0, resources: tuple[str, ...] = ()) -> Task:
+              free_bytes: float = 0.0, resources: tuple[str, ...] = ()) -> int:
+        """Append a chain task; returns its tid."""
         deps = (self.prev, *self.pending) if self.prev >= 0 else tuple(self.pending)
         self.pending = []
-        tasks = self.ctx.graph.tasks
-        # NB: BuildContext.add's task, built positionally in Task's field order (the hot path of compiling)
-        task = Task(len(tasks), name, self.stage, stream, kind, duration_s, deps, "", resources, alloc_bytes,
-                    free_bytes, phase, layer, micro_batch, self.stage, category, 0)
-        tasks.append(task)
-        self.prev = task.tid
-        if self.step_first < 0:
-            self.step_first = task.tid
-        return task
-
-    def emit(self, spec: TaskSpec, micro_batch: int) -> int:
-        """Append the chain task of `spec` for one micro-batch; returns its tid."""
-        deps = (self.prev, *self.pending) if self.prev >= 0 else tuple(self.pending)
-        self.pending = []
-        tasks = self.ctx.graph.tasks
-        tid = len(tasks)
-        tasks.append(Task(tid, f"{spec.prefix}{micro_batch}{spec.suffix}", self.stage, spec.stream, spec.kind,
-                          spec.duration_s, deps, "", spec.resources, spec.alloc_bytes, spec.free_bytes, spec.phase,
-                          spec.layer, micro_batch, self.stage, spec.category, 0))
+        tid = self.columns.append(name, self.stage, stream, kind, duration_s, deps, "", resources, alloc_bytes,
+                                  free_bytes, phase, layer, micro_batch, self.stage, category, 0)
         self.prev = tid
         if self.step_first < 0:
             self.step_first = tid
         return tid
 
+    def emit(self, spec: TaskSpec, micro_batch: int) -> int:
+        """Append the chain task of `spec` for one micro-batch; returns its tid."""
+        return self.chain(name=f"{spec.prefix}{micro_batch}{spec.suffix}", stream=spec.stream, kind=spec.kind,
+                          duration_s=spec.duration_s, phase=spec.phase, category=spec.category, layer=spec.layer,
+                          micro_batch=micro_batch, alloc_bytes=spec.alloc_bytes, free_bytes=spec.free_bytes,
+                          resources=spec.resources)
+
     def emit_all(self, specs: tuple[TaskSpec, ...], micro_batch: int) -> int:
         """Append the chain tasks of `specs` for one micro-batch, in order, as `emit` would one by one; returns the
-        tid of the last one on the compute stream (-1: none). NB: the hot path of compiling (a layer-phase's
-        tasks replayed for every micro-batch), one call per layer-phase."""
+        tid of the last one on the compute stream (-1: none). The specs' columns are made once per specs tuple."""
         if not specs:
             return -1
-        tasks, stage = self.ctx.graph.tasks, self.stage
-        prev, last = self.prev, -1
-        deps = (prev, *self.pending) if prev >= 0 else tuple(self.pending)
+        held = self.blocks.get(id(specs))
+        if held is None or held[0] is not specs:
+            held = self.blocks[id(specs)] = (specs, SpecBlock.of(specs))
+        return self.emit_block(held[1], micro_batch)
+
+    def emit_block(self, block: SpecBlock, micro_batch: int) -> int:
+        """Append a block's chain tasks for one micro-batch; returns the tid of the last one on the compute stream
+        (-1: none). NB: the hot path of compiling (each schedule step's tasks, for every micro-batch): one list
+        extension per column, the chain's dependencies (tid - 1,) made by zip over a range."""
+        c, stage = self.columns, self.stage
+        n = len(block.stream)
+        if not n:
+            return -1
+        tid = len(c)
+        c.deps.append((self.prev, *self.pending) if self.prev >= 0 else tuple(self.pending))
+        c.deps += zip(range(tid, tid + n - 1))
         self.pending = []
-        tid = len(tasks)
-        append = tasks.append
-        for spec in specs:
-            append(Task(tid, f"{spec.prefix}{micro_batch}{spec.suffix}", stage, spec.stream, spec.kind,
-                        spec.duration_s, deps, "", spec.resources, spec.alloc_bytes, spec.free_bytes, spec.phase,
-                        spec.layer, micro_batch, stage, spec.category, 0))
-            if spec.stream == "compute":
-                last = tid
-            deps = (tid,)
-            tid += 1
-        self.prev = tid - 1
+        c.name_later(block.affixes, block.blank, micro_batch)
+        c.device += [stage] * n
+        c.stream += block.stream
+        c.kind += block.kind
+        c.duration_s += block.duration_s
+        c.sync_key += block.blank
+        c.resources += block.resources
+        c.alloc_bytes += block.alloc_bytes
+        c.free_bytes += block.free_bytes
+        c.phase += block.phase
+        c.layer += block.layer
+        c.micro_batch += [micro_batch] * n
+        c.stage += [stage] * n
+        c.category += block.category
+        c.priority += block.zeros
+        c.link_shares += block.no_shares
+        self.prev = tid + n - 1
         if self.step_first < 0:
-            self.step_first = tid - len(specs)
-        return last
+            self.step_first = tid
+        return tid + block.last_compute if block.last_compute >= 0 else -1
 
     def wait_for(self, *tids: int) -> None:
         """Make the next chain task also wait for these tasks."""

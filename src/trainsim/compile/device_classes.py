@@ -30,7 +30,7 @@ from collections.abc import Callable
 from trainsim.cost.rank_classes import DeviceClass, RankKind, default_kind, device_classes, rank_device, uniform
 from trainsim.errors import ConfigError
 from trainsim.hardware.device import DeviceSpec
-from trainsim.ir.exec_graph import ExecGraph, SimDevice, Task
+from trainsim.ir.exec_graph import ExecGraph, SimDevice, TaskColumns
 from trainsim.job import Job
 
 __all__ = ["device_classes", "device_rank_blocks", "split_device_classes"]
@@ -61,8 +61,9 @@ def split_device_classes(job: Job, graph: ExecGraph, compile_on: Callable[[Devic
             devices[device_index(device.stage, c)] = dataclasses.replace(
                 device, index=device_index(device.stage, c), ranks=len(cls.replicas) * per_replica,
                 capacity_bytes=min(device.capacity_bytes, capacity), static_breakdown=dict(device.static_breakdown))
-    n = len(graph.tasks)
-    tasks: list[Task] = []
+    columns = graph.columns()
+    n = len(columns)
+    rows: list[tuple[object, ...]] = []
     capacity_of = dict(graph.resource_capacity)
     stage_of = [d.stage for d in graph.devices]
     for c, cls in enumerate(classes):
@@ -70,13 +71,16 @@ def split_device_classes(job: Job, graph: ExecGraph, compile_on: Callable[[Devic
         stage_seconds = [[durations[kind] for kind in cls.kinds(stage, default)] for stage in stage_of]
         links: dict[tuple[str, ...], tuple[str, ...]] = {}
         offset = c * n
-        for task in graph.tasks:
-            stage = stage_of[task.device]
-            seconds = task.duration_s
-            if task.kind == "compute":
+        for tid, (name, device, stream, kind, seconds, deps, sync_key, resources, alloc, free, phase, layer, mb,
+                  stage_field, category, priority) in enumerate(zip(
+                      columns.name, columns.device, columns.stream, columns.kind, columns.duration_s, columns.deps,
+                      columns.sync_key, columns.resources, columns.alloc_bytes, columns.free_bytes, columns.phase,
+                      columns.layer, columns.micro_batch, columns.stage, columns.category, columns.priority,
+                      strict=True)):
+            stage = stage_of[device]
+            if kind == "compute":
                 lists = stage_seconds[stage]
-                seconds = lists[0][task.tid] if len(lists) == 1 else max(x[task.tid] for x in lists)
-            resources = task.resources
+                seconds = lists[0][tid] if len(lists) == 1 else max(x[tid] for x in lists)
             if c and resources:
                 renamed = links.get(resources)
                 if renamed is None:
@@ -85,12 +89,14 @@ def split_device_classes(job: Job, graph: ExecGraph, compile_on: Callable[[Devic
                         if old in graph.resource_capacity:
                             capacity_of[new] = graph.resource_capacity[old]
                 resources = renamed
-            # NB: positional, in Task's field order (BuildContext.add's hot path): a clone per task and class
-            tasks.append(Task(offset + task.tid, task.name, device_index(stage, c), task.stream, task.kind, seconds,
-                              tuple(offset + d for d in task.deps) if offset else task.deps, _sync_key(task, c),
-                              resources, task.alloc_bytes, task.free_bytes, task.phase, task.layer, task.micro_batch,
-                              task.stage, task.category, task.priority))
-    return ExecGraph(devices=[d for d in devices if d is not None], tasks=tasks, resource_capacity=capacity_of)
+            # a clone per task and class, a row in TASK_FIELDS' order (its link shares: place_links's, later)
+            rows.append((name, device_index(stage, c), stream, kind, seconds,
+                         tuple(offset + d for d in deps) if offset else deps,
+                         _sync_key(kind, category, sync_key, tid, c), resources, alloc, free, phase, layer, mb,
+                         stage_field, category, priority, ()))
+    out = TaskColumns()
+    out.extend_rows(rows)
+    return ExecGraph(devices=[d for d in devices if d is not None], resource_capacity=capacity_of, columns=out)
 
 
 def _device_index(stage: int, c: int, num_stages: int, count: int) -> int:
@@ -127,13 +133,13 @@ def _class_link(name: str, c: int, device_index: Callable[[int, int], int]) -> s
     return name if match is None else f"stage{device_index(int(match[1]), c)}.{name[match.end():]}"
 
 
-def _sync_key(task: Task, c: int) -> str:
+def _sync_key(kind: str, category: str, sync_key: str, tid: int, c: int) -> str:
     """Collectives among the classes share one key; those inside a replica column get one per class."""
-    if task.kind != "comm":
-        return task.sync_key
-    if task.category in IN_CLASS_CATEGORIES:
-        return f"{task.sync_key}#class{c}" if task.sync_key and c else task.sync_key
-    return task.sync_key or f"classes.{task.tid}"
+    if kind != "comm":
+        return sync_key
+    if category in IN_CLASS_CATEGORIES:
+        return f"{sync_key}#class{c}" if sync_key and c else sync_key
+    return sync_key or f"classes.{tid}"
 
 
 def _durations_by_kind(job: Job, graph: ExecGraph, classes: list[DeviceClass], default: RankKind,
@@ -141,16 +147,18 @@ def _durations_by_kind(job: Job, graph: ExecGraph, classes: list[DeviceClass], d
     """Per kind of rank present, every task's duration on it: the graph compiled for its device, times its
     slow-down (compute tasks are the ones read)."""
     kinds = {kind for cls in classes for stage in range(len(graph.devices)) for kind in cls.kinds(stage, default)}
-    base = [t.duration_s for t in graph.tasks]
+    columns = graph.columns()
+    base = list(columns.duration_s)
     per_device: dict[str, list[float]] = {default[0]: base}
     out: dict[RankKind, list[float]] = {}
     for name, slowdown in sorted(kinds):
         seconds = per_device.get(name)
         if seconds is None:
             other = compile_on(rank_device(job, name))
-            if [t.name for t in other.tasks] != [t.name for t in graph.tasks]:
+            other_columns = other.columns()
+            if other_columns.name != columns.name:
                 raise ConfigError("rank_devices", name, f"the plan compiles to other tasks on {name} than on "
                                   f"{default[0]}; ranks of one job must run the same program")
-            seconds = per_device[name] = [t.duration_s for t in other.tasks]
+            seconds = per_device[name] = list(other_columns.duration_s)
         out[(name, slowdown)] = [s * slowdown for s in seconds]
     return out

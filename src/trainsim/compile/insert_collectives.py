@@ -84,11 +84,11 @@ def insert_gradient_sync(ctx: BuildContext, stage: int, grads: list[tuple[int, f
                 steps.append(("all-gather", bucket_params * policy.weight_bytes))
         deps = (tid,) if overlap or end_tid < 0 or end_tid == tid else (tid, end_tid)
         for collective, size in steps:
-            task = ctx.add(name=f"dp {collective} {name}", device=stage, stream="gradient", kind="comm",
+            added = ctx.add(name=f"dp {collective} {name}", device=stage, stream="gradient", kind="comm",
                            duration_s=ctx.collective_s(collective, size, "grad"), deps=deps, phase="comm",
                            category="dp_comm", resources=resources)
-            deps = (task.tid,)
-            out.append(task.tid)
+            deps = (added,)
+            out.append(added)
         bucket_params, first_label = 0.0, ""
     return out
 
@@ -115,9 +115,9 @@ def insert_param_gathers(ctx: BuildContext, stage: int, forward: list[LayerAssig
         if params < bucket_size and position < len(order) - 1:
             continue
         seconds = ctx.collective_s("all-gather", params * ctx.policy.weight_bytes, "grad")
-        task = ctx.add(name=f"dp all-gather params {members[0].layer.name}..{assignment.layer.name}",
+        tid = ctx.add(name=f"dp all-gather params {members[0].layer.name}..{assignment.layer.name}",
                        device=stage, stream="gradient", kind="comm", duration_s=seconds, phase="comm",
                        category="dp_comm", resources=resources)
-        out.update({member.index: task.tid for member in members})
+        out.update({member.index: tid for member in members})
         members, params = [], 0.0
     return out

@@ -24,7 +24,6 @@ transfer, so a cluster of such devices simulates exactly as with a resource per 
 
 import re
 from itertools import compress
-from operator import attrgetter
 
 from trainsim.compile.device_classes import device_rank_blocks
 from trainsim.hardware.links import FABRIC, NIC, UPLINK, fabric_shared, link_capacity, link_kind, link_uses
@@ -32,17 +31,17 @@ from trainsim.ir.exec_graph import ExecGraph
 from trainsim.job import Job
 
 _TOKEN = re.compile(r"^stage(\d+)\.(\w+)\.(tx|rx)$")
-_RESOURCES = attrgetter("resources")
 
 
 def place_links(job: Job, graph: ExecGraph) -> ExecGraph:
     """Replace the devices' shared-level link names by the cluster's physical links, merged where alike, with each
-    transfer's shares of them; `graph` is changed in place and returned."""
+    transfer's shares of them; `graph` is changed in place (as columns) and returned."""
     cluster = job.cluster
     shared_levels = {NIC, UPLINK} | ({FABRIC} if fabric_shared(cluster) else set())
     # NB: the compiler shares resource tuples, so the distinct ones are few; the loops over tasks run in C where
     # they can (half of a 175B job's 150,000 tasks name links)
-    links_of = list(map(_RESOURCES, graph.tasks))
+    columns = graph.writable_columns()  # NB: compile_job's graphs hold columns (a graph of Task objects: taken over)
+    links_of = columns.resources
     tuples = {id(names): names for names in compress(links_of, links_of)}
     tokens = {name for names in tuples.values() for name in names
               if (m := _TOKEN.match(name)) is not None and m[2] in shared_levels}
@@ -58,13 +57,15 @@ def place_links(job: Job, graph: ExecGraph) -> ExecGraph:
     graph.resource_capacity.update(capacity)
     crossing = {key for key, names in tuples.items() if not tokens.isdisjoint(names)}
     placed: dict[tuple[int, int], tuple[tuple[str, ...], tuple[float, ...]]] = {}
-    for task in compress(graph.tasks, map(crossing.__contains__, map(id, links_of))):
+    device_of, sync_keys, link_shares = columns.device, columns.sync_key, columns.link_shares
+    for tid in compress(range(len(links_of)), map(crossing.__contains__, map(id, links_of))):
         # a collective's member takes its own device's shares (the engine adds its members' up)
-        key = (id(task.resources), task.device if task.sync_key else -1)
+        names = links_of[tid]
+        key = (id(names), device_of[tid] if sync_keys[tid] else -1)
         done = placed.get(key)
         if done is None:
-            done = placed[key] = _place(task.resources, key[1], merged)
-        task.resources, task.link_shares = done
+            done = placed[key] = _place(names, key[1], merged)
+        links_of[tid], link_shares[tid] = done
     return graph
 
 

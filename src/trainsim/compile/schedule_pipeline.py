@@ -12,7 +12,6 @@ from typing import NamedTuple
 from trainsim.compile.context import BuildContext
 from trainsim.compile.in_flight import limit_in_flight
 from trainsim.compile.schedules import Step, StepPhase, schedule_order
-from trainsim.ir.exec_graph import Task
 from trainsim.strategy.lowered import LayerAssignment, LoweredPlan
 
 
@@ -111,19 +110,13 @@ def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
         sent_after.setdefault((t.src, t.src_index), []).append(t)
     merged: set[int] = set()
     layout = ctx.layout("pp")
-    tasks = ctx.graph.tasks
-
-    by_index = [[records[(stage, step)] for step in program] for stage, program in enumerate(programs)]
-
-    def first(stage: int, i: int) -> int:
-        return by_index[stage][i].first_tid
-
-    def last(stage: int, i: int) -> int:
-        return by_index[stage][i].last_tid
-
-    def wait(tid: int, dep: int) -> None:
-        tasks[tid].deps = (*tasks[tid].deps, dep)
-
+    columns = ctx.graph.writable_columns()
+    deps = columns.deps
+    # NB: the transfers' tasks as rows in TaskColumns' field order, added to the columns at the end
+    rows: list[tuple[object, ...]] = []
+    base = len(columns)
+    firsts = [[records[(stage, step)].first_tid for step in program] for stage, program in enumerate(programs)]
+    lasts = [[records[(stage, step)].last_tid for step in program] for stage, program in enumerate(programs)]
     one_way_links: dict[tuple[int, int], tuple[str, ...]] = {}  # (sender, receiver) -> links of a send
     for t in transfers:
         if merged and id(t) in merged:
@@ -143,22 +136,23 @@ def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
                     f"{partner.what} mb{partner.micro_batch} vs{partner.boundary}")
             for stage, produced, consumer in ((t.src, t.src_index, t.src_index + 1),
                                               (t.dst, partner.src_index, partner.src_index + 1)):
-                copy = ctx.add(name=name, device=stage, stream="feature", kind="comm",
-                               duration_s=max(t.seconds, partner.seconds), deps=(last(stage, produced),),
-                               sync_key=key, phase="comm", micro_batch=t.micro_batch, category="pp_comm",
-                               resources=resources)
-                wait(first(stage, consumer), copy.tid)
+                copy = base + len(rows)
+                rows.append((name, stage, "feature", "comm", max(t.seconds, partner.seconds),
+                             (lasts[stage][produced],), key, resources, 0.0, 0.0, "comm", "", t.micro_batch, stage,
+                             "pp_comm", 0, ()))
+                receiver = firsts[stage][consumer]
+                deps[receiver] = (*deps[receiver], copy)
             continue
         resources = one_way_links.get((t.src, t.dst))
         if resources is None:
             resources = one_way_links[(t.src, t.dst)] = ctx.link_resources(layout, (t.src,), (t.dst,))
         name = f"send {t.what} mb{t.micro_batch} vs{t.boundary}" + ("->" if t.what == "act" else "<-")
-        # NB: BuildContext.add's task, built positionally in Task's field order (18,000 sends for GPT-3 175B)
-        send = len(tasks)
-        tasks.append(Task(send, name, t.src, "feature", "comm", t.seconds, (by_index[t.src][t.src_index].last_tid,),
-                          "", resources, 0.0, 0.0, "comm", "", t.micro_batch, t.src, "pp_comm", 0))
-        receiver = tasks[by_index[t.dst][t.dst_index].first_tid]
-        receiver.deps = (*receiver.deps, send)
+        send = base + len(rows)  # (18,000 sends for GPT-3 175B)
+        rows.append((name, t.src, "feature", "comm", t.seconds, (lasts[t.src][t.src_index],), "", resources, 0.0, 0.0,
+                     "comm", "", t.micro_batch, t.src, "pp_comm", 0, ()))
+        receiver = firsts[t.dst][t.dst_index]
+        deps[receiver] = (*deps[receiver], send)
         if t.src_index + 1 < len(programs[t.src]) and not overlap:  # blocking p2p: the sender's next step waits
-            sender = tasks[by_index[t.src][t.src_index + 1].first_tid]
-            sender.deps = (*sender.deps, send)
+            sender = firsts[t.src][t.src_index + 1]
+            deps[sender] = (*deps[sender], send)
+    columns.extend_rows(rows)

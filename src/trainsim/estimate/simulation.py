@@ -13,6 +13,7 @@ makespan, so the values add up to the iteration time.
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import compress
 
 from trainsim.catalog.calibration import Calibration, load_calibration
 from trainsim.catalog.overlap import load_overlap_factors, model_family
@@ -76,6 +77,7 @@ class SimRun:
     graph: ExecGraph
     outcome: SimOutcome
     bottleneck_device: int
+    busy_s: list[dict[str, float]]  # per device, seconds of compute-stream work per category (busy_by_device)
 
 
 class SimEstimator:
@@ -109,11 +111,12 @@ class SimEstimator:
         with collector_paused():  # NB: hundreds of thousands of acyclic task objects
             exec_graph = compile_job(job, plan, self.pricer, self.task_level)
             outcome = simulate(exec_graph, self.options_for(job))
-        return SimRun(job, plan, exec_graph, outcome, bottleneck_device(exec_graph, outcome))
+        busy = busy_by_device(exec_graph, outcome)
+        return SimRun(job, plan, exec_graph, outcome, bottleneck_device(exec_graph, outcome, busy), busy)
 
     def estimate(self, job: Job, graph: OpGraph, plan: LoweredPlan | None = None) -> Result:
         run = self.run(job, graph, plan)
-        breakdown = sim_breakdown(run.graph, run.outcome, run.bottleneck_device)
+        breakdown = sim_breakdown(run.graph, run.outcome, run.bottleneck_device, run.busy_s)
         names = tuple(f"stage {d.stage} ({d.ranks} ranks)" for d in run.graph.devices)
         timeline = Timeline(exec_graph=run.graph, outcome=run.outcome, device_names=names)
         memory = sim_memory(run.outcome)
@@ -125,27 +128,36 @@ class SimEstimator:
                            calibration=self.pricer.cal)
 
 
-def _busy_by_device(graph: ExecGraph, outcome: SimOutcome) -> list[dict[str, float]]:
-    """Per device, seconds of compute-stream work per category (from the simulated start and end times)."""
+def busy_by_device(graph: ExecGraph, outcome: SimOutcome) -> list[dict[str, float]]:
+    """Per device, seconds of compute-stream work per category (from the simulated start and end times), each
+    summed in tid order."""
     busy: list[dict[str, float]] = [{} for _ in graph.devices]
     start, end = outcome.start_s, outcome.end_s
-    for task in graph.tasks:
-        if task.stream == "compute" and task.category:
-            row = busy[task.device]
-            row[task.category] = row.get(task.category, 0.0) + end[task.tid] - start[task.tid]
+    columns = graph.columns()
+    category, device = columns.category, columns.device
+    for tid in compress(range(len(category)), map("compute".__eq__, columns.stream)):  # NB: filtered in C
+        name = category[tid]
+        if name:
+            row = busy[device[tid]]
+            row[name] = row.get(name, 0.0) + end[tid] - start[tid]
     return busy
 
 
-def bottleneck_device(graph: ExecGraph, outcome: SimOutcome) -> int:
-    """The device busy longest: compute-stream work plus communication no compute hides."""
-    busy = _busy_by_device(graph, outcome)
+def bottleneck_device(graph: ExecGraph, outcome: SimOutcome, busy: list[dict[str, float]] | None = None) -> int:
+    """The device busy longest: compute-stream work plus communication no compute hides. busy: busy_by_device's,
+    where the caller has it."""
+    busy = busy_by_device(graph, outcome) if busy is None else busy
     totals = [sum(busy[d].values()) + sum(outcome.exposed_by_device_s[d].values()) for d in range(len(busy))]
     return max(range(len(totals)), key=lambda d: (totals[d], -d)) if totals else 0
 
 
-def sim_breakdown(graph: ExecGraph, outcome: SimOutcome, device: int) -> dict[str, float]:
-    """Where the makespan goes on `device`; the values add up to the makespan."""
-    busy = _busy_by_device(graph, outcome)[device] if graph.devices else {}
+def sim_breakdown(graph: ExecGraph, outcome: SimOutcome, device: int,
+                  busy_s: list[dict[str, float]] | None = None) -> dict[str, float]:
+    """Where the makespan goes on `device`; the values add up to the makespan. busy_s: busy_by_device's, where the
+    caller has it."""
+    if busy_s is None and graph.devices:
+        busy_s = busy_by_device(graph, outcome)
+    busy = busy_s[device] if busy_s is not None and graph.devices else {}
     exposed = outcome.exposed_by_device_s[device] if graph.devices else {}
     parts: dict[str, float] = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
     for name, seconds in (*busy.items(), *exposed.items()):

@@ -7,6 +7,7 @@ topology (the full group), so the cost of a simulation does not grow with the dp
 """
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Literal
 
 Stream = Literal["compute", "feature", "gradient"]
@@ -62,13 +63,178 @@ class SimDevice:
     static_breakdown: dict[str, float] = field(default_factory=dict)
 
 
-@dataclass(slots=True)
+TASK_FIELDS = ("name", "device", "stream", "kind", "duration_s", "deps", "sync_key", "resources", "alloc_bytes",
+               "free_bytes", "phase", "layer", "micro_batch", "stage", "category", "priority", "link_shares")
+_READ_FIELDS = attrgetter(*TASK_FIELDS)
+
+
+class TaskColumns:
+    """An ExecGraph's tasks as one list per Task field (all indexed by tid; a task's tid is its position): the layout
+    the compiler writes and the simulator reads, without a Python object per task. Names given as a prefix and a
+    suffix around a micro-batch (name_later) are made when `name` is first read (the simulator reads them only to
+    report an error)."""
+
+    __slots__ = (*(field for field in TASK_FIELDS if field != "name"), "_name", "_named_later")
+    device: list[int]
+    stream: list[Stream]
+    kind: list[TaskKind]
+    duration_s: list[float]
+    deps: list[tuple[int, ...]]
+    sync_key: list[str]
+    resources: list[tuple[str, ...]]
+    alloc_bytes: list[float]
+    free_bytes: list[float]
+    phase: list[Phase]
+    layer: list[str]
+    micro_batch: list[int]
+    stage: list[int]
+    category: list[str]
+    priority: list[int]
+    link_shares: list[tuple[float, ...]]
+
+    def __init__(self) -> None:
+        for name in TASK_FIELDS:
+            setattr(self, name, [])
+        self._named_later: list[tuple[int, tuple[tuple[str, str], ...], int]] = []
+
+    def __len__(self) -> int:
+        return len(self._name)
+
+    @property
+    def name(self) -> list[str]:
+        if self._named_later:
+            names = self._name
+            for first, affixes, micro_batch in self._named_later:
+                names[first:first + len(affixes)] = [f"{prefix}{micro_batch}{suffix}" for prefix, suffix in affixes]
+            self._named_later = []
+        return self._name
+
+    @name.setter
+    def name(self, names: list[str]) -> None:
+        self._name, self._named_later = names, []
+
+    def name_later(self, affixes: tuple[tuple[str, str], ...], blanks: tuple[str, ...], micro_batch: int) -> None:
+        """Name the next len(affixes) tasks f"{prefix}{micro_batch}{suffix}" when `name` is read (blanks: as many
+        empty strings, held until then)."""
+        self._named_later.append((len(self._name), affixes, micro_batch))
+        self._name += blanks
+
+    @classmethod
+    def of_tasks(cls, tasks: list[Task]) -> "TaskColumns":
+        """The columns of these tasks (their tids must be their positions)."""
+        columns = cls()
+        if tasks:
+            for name, values in zip(TASK_FIELDS, zip(*map(_READ_FIELDS, tasks), strict=True), strict=True):
+                setattr(columns, name, list(values))
+        return columns
+
+    def to_tasks(self) -> list[Task]:
+        """One Task per row (map over the columns runs in C)."""
+        values = [getattr(self, name) for name in TASK_FIELDS]
+        for name, column in zip(TASK_FIELDS, values, strict=True):
+            if len(column) != len(self._name):
+                raise ValueError(f"TaskColumns.{name} holds {len(column)} values for {len(self._name)} tasks")
+        return list(map(Task, range(len(self._name)), *values))
+
+    def extend_rows(self, rows: list[tuple[object, ...]]) -> None:
+        """Add tasks given as rows of TASK_FIELDS' values, in that order (tids follow on)."""
+        if rows:
+            for name, values in zip(TASK_FIELDS, zip(*rows, strict=True), strict=True):
+                getattr(self, "_name" if name == "name" else name).extend(values)  # NB: names made later stay so
+
+    def append(self, name: str, device: int, stream: Stream, kind: TaskKind, duration_s: float,
+               deps: tuple[int, ...] = (), sync_key: str = "", resources: tuple[str, ...] = (),
+               alloc_bytes: float = 0.0, free_bytes: float = 0.0, phase: Phase = "fwd", layer: str = "",
+               micro_batch: int = -1, stage: int = -1, category: str = "", priority: int = 0,
+               link_shares: tuple[float, ...] = ()) -> int:
+        """Add one task (Task's fields in its order, stage defaulting to the device); returns its tid."""
+        tid = len(self._name)
+        self._name.append(name)
+        self.device.append(device)
+        self.stream.append(stream)
+        self.kind.append(kind)
+        self.duration_s.append(duration_s)
+        self.deps.append(deps)
+        self.sync_key.append(sync_key)
+        self.resources.append(resources)
+        self.alloc_bytes.append(alloc_bytes)
+        self.free_bytes.append(free_bytes)
+        self.phase.append(phase)
+        self.layer.append(layer)
+        self.micro_batch.append(micro_batch)
+        self.stage.append(device if stage < 0 else stage)
+        self.category.append(category)
+        self.priority.append(priority)
+        self.link_shares.append(link_shares)
+        return tid
+
+
 class ExecGraph:
-    devices: list[SimDevice]
-    tasks: list[Task]
-    resource_capacity: dict[str, float] = field(default_factory=dict)  # relative capacity (1.0 = one link)
+    """The simulated devices, their tasks and the links' relative capacities (1.0 = one link).
+
+    The tasks are held either as Task objects (`tasks`, what hand-built graphs and the trace front-end use) or as
+    columns (`TaskColumns`, what the compiler writes: ~150,000 tasks for GPT-3 175B on 16 stages). Reading `tasks`
+    from a graph held as columns makes the Task objects once, and from then on the graph holds those (changes to
+    them are the graph's); `columns()` reads the columns without making Task objects."""
+
+    __slots__ = ("_columns", "_tasks", "devices", "resource_capacity")
+
+    def __init__(self, devices: list[SimDevice], tasks: list[Task] | None = None,
+                 resource_capacity: dict[str, float] | None = None, *, columns: TaskColumns | None = None) -> None:
+        if tasks is not None and columns is not None:
+            raise ValueError("an ExecGraph holds its tasks as Task objects or as columns, not both")
+        self.devices = devices
+        self.resource_capacity = {} if resource_capacity is None else resource_capacity
+        self._tasks = tasks if columns is None else None
+        self._columns = columns
+        if tasks is None and columns is None:
+            self._tasks = []
+
+    @property
+    def tasks(self) -> list[Task]:
+        if self._tasks is None:
+            assert self._columns is not None
+            self._tasks, self._columns = self._columns.to_tasks(), None
+        return self._tasks
+
+    @tasks.setter
+    def tasks(self, tasks: list[Task]) -> None:
+        self._tasks, self._columns = tasks, None
+
+    @property
+    def held_as_columns(self) -> bool:
+        return self._columns is not None
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self._columns) if self._columns is not None else len(self.tasks)
+
+    def columns(self) -> TaskColumns:
+        """The tasks as columns: the graph's own where it holds them so (a reader must not change them), else read
+        from its Task objects (a copy: changing it does not change the graph)."""
+        if self._columns is not None:
+            return self._columns
+        return TaskColumns.of_tasks(self.tasks)
+
+    def writable_columns(self) -> TaskColumns:
+        """The columns to add tasks to or change tasks in (the compiler's passes): a graph holding Task objects
+        holds their columns from now on (those objects are no longer the graph's)."""
+        if self._columns is None:
+            self._columns, self._tasks = TaskColumns.of_tasks(self.tasks), None
+        return self._columns
 
     def add(self, **fields: object) -> Task:
         task = Task(tid=len(self.tasks), **fields)  # type: ignore[arg-type]
         self.tasks.append(task)
         return task
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ExecGraph):
+            return NotImplemented
+        return (self.devices == other.devices and self.resource_capacity == other.resource_capacity
+                and self.tasks == other.tasks)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"ExecGraph({len(self.devices)} devices, {self.num_tasks} tasks)"

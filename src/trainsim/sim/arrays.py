@@ -10,48 +10,48 @@ from itertools import chain, compress
 from operator import attrgetter, contains
 
 from trainsim.errors import ConfigError
-from trainsim.ir.exec_graph import ExecGraph
+from trainsim.ir.exec_graph import ExecGraph, TaskColumns
 
 STREAMS = ("compute", "feature", "gradient")
 STREAM_INDEX = {name: index for index, name in enumerate(STREAMS)}
 NUM_STREAMS = len(STREAMS)
-_FIELDS_NAMES = ("tid", "name", "device", "stream", "kind", "duration_s", "deps", "sync_key", "resources",
-                 "alloc_bytes", "free_bytes", "category", "priority", "link_shares")
-_FIELDS = attrgetter(*_FIELDS_NAMES)
+_TID = attrgetter("tid")
 
 
 class GraphArrays:
     """Per-task lists (tid-indexed) and per-flow data of one ExecGraph, checked."""
 
-    __slots__ = ("alloc_bytes", "categories", "category_of", "deps", "device_of", "flow_resources", "flow_weights",
-                 "free_bytes",
-                 "has_flow_resources", "is_compute", "leader_of", "members", "names", "num_deps", "num_devices",
-                 "num_tasks", "priority", "resource_capacity", "resource_names", "shared_links", "stream_of",
-                 "successors", "work")
+    __slots__ = ("alloc_bytes", "categories", "category_of", "columns", "deps", "device_of", "flow_resources",
+                 "flow_weights", "free_bytes", "has_flow_resources", "is_compute", "leader_of", "members", "num_deps",
+                 "num_devices", "num_tasks", "priority", "resource_capacity", "resource_names", "shared_links",
+                 "stream_of", "successors", "sync_keys", "work")
 
     def __init__(self, graph: ExecGraph, launch_overhead_s: float) -> None:
-        tasks = graph.tasks
-        n = len(tasks)
+        columns = graph.columns()
+        n = len(columns)
         self.num_tasks = n
         self.num_devices = len(graph.devices)
         for index, device in enumerate(graph.devices):
             if device.index != index:
                 raise ConfigError(f"devices[{index}].index", device.index, f"must equal its position {index}")
-        # NB: one pass over the tasks reads every field (attrgetter and zip run in C), then a column per field
-        columns = list(zip(*map(_FIELDS, tasks), strict=True)) if tasks else [()] * len(_FIELDS_NAMES)
-        (tids, names, device_of, streams, kinds, durations, deps, sync_keys, resources, alloc_bytes, free_bytes,
-         categories, priority, link_shares) = columns
-        self.names: list[str] = list(names)
-        self.device_of: list[int] = list(device_of)
+        # NB: the graph's columns (the compiler writes them; a graph of Task objects is read into them once)
+        device_of, streams, kinds, durations, deps, sync_keys, resources, alloc_bytes, free_bytes, categories, \
+            priority, link_shares = (columns.device, columns.stream, columns.kind, columns.duration_s,
+                                     columns.deps, columns.sync_key, columns.resources, columns.alloc_bytes,
+                                     columns.free_bytes, columns.category, columns.priority, columns.link_shares)
+        # NB: the columns the engine only reads are the graph's own lists, not copies
+        self.columns = columns  # names from it where an error names a task
+        self.sync_keys: list[str] = sync_keys
+        self.device_of: list[int] = device_of
         self.is_compute: list[bool] = list(map("compute".__eq__, kinds))
         self.work: list[float] = list(durations) if launch_overhead_s == 0.0 else [
             d + launch_overhead_s if c else d for d, c in zip(durations, self.is_compute, strict=True)]
-        self.priority: list[int] = list(priority)
-        self.alloc_bytes: list[float] = list(alloc_bytes)
-        self.free_bytes: list[float] = list(free_bytes)
-        self.deps: tuple[tuple[int, ...], ...] = deps
+        self.priority: list[int] = priority
+        self.alloc_bytes: list[float] = alloc_bytes
+        self.free_bytes: list[float] = free_bytes
+        self.deps: list[tuple[int, ...]] = deps
         self.num_deps = list(map(len, deps))
-        self.stream_of = self._streams(graph, tids, streams, durations)
+        self.stream_of = self._streams(graph, streams, durations)
         self.successors = self._successors(graph, deps)
         self.categories: list[str] = []
         self.category_of = self._categories(categories)
@@ -67,8 +67,7 @@ class GraphArrays:
         self._flows(graph, sync_keys, resources, link_shares, kinds)
         self.shared_links = self._shared_links()
 
-    def _streams(self, graph: ExecGraph, tids: tuple[int, ...], streams: tuple[str, ...],
-                 durations: tuple[float, ...]) -> list[int]:
+    def _streams(self, graph: ExecGraph, streams: Sequence[str], durations: Sequence[float]) -> list[int]:
         """Each task's stream index (device x NUM_STREAMS + stream), after checking tid, device, duration
         and stream; a graph that fails a whole-list check is checked task by task for the error to report."""
         num_devices = self.num_devices
@@ -79,7 +78,9 @@ class GraphArrays:
             out = list(map(index.__getitem__, zip(self.device_of, streams, strict=True)))  # device and stream
         except (KeyError, TypeError):
             out = []
-        if tids and not (tids == tuple(range(self.num_tasks)) and len(out) == len(tids)
+        # NB: a graph of Task objects names each task's tid; columns number the tasks by position
+        tids_ok = graph.held_as_columns or list(map(_TID, graph.tasks)) == list(range(self.num_tasks))
+        if self.num_tasks and not (tids_ok and len(out) == self.num_tasks
                          and math.isfinite(total_s) and min(durations) >= 0.0):
             self._check_tasks(graph)
         return out
@@ -111,20 +112,20 @@ class GraphArrays:
                 succ[dep].append(tid)
         return succ
 
-    def _categories(self, names: tuple[str, ...]) -> list[int]:
+    def _categories(self, names: Sequence[str]) -> list[int]:
         self.categories = [name for name in dict.fromkeys(names) if name]  # first-appearance order
         index = {name: i for i, name in enumerate(self.categories)}
         index[""] = -1
         return list(map(index.__getitem__, names))
 
-    def _flows(self, graph: ExecGraph, sync_keys: tuple[str, ...], task_resources: tuple[tuple[str, ...], ...],
-               task_shares: tuple[tuple[float, ...], ...], kinds: tuple[str, ...]) -> None:
+    def _flows(self, graph: ExecGraph, sync_keys: Sequence[str], task_resources: Sequence[tuple[str, ...]],
+               task_shares: Sequence[tuple[float, ...]], kinds: Sequence[str]) -> None:
         """Group collectives by sync_key and give every comm flow its resources (union over its members) and what
         it takes of each (Task.link_shares, 1 where the task gives none; a collective takes the sum of its
         members' given shares, its ranks on several devices crossing the link together, else 1), as fractions of
         the resources' capacities: None where each is 1 (a flow that takes a whole resource, the engine's fast
         path)."""
-        tasks = graph.tasks
+        columns = self.columns
         capacity_of = graph.resource_capacity
         for name, capacity in capacity_of.items():
             if not (capacity > 0.0 and math.isfinite(capacity)):
@@ -146,7 +147,7 @@ class GraphArrays:
                     if indices is None:
                         indices = as_indices[names] = tuple(res_index.setdefault(r, len(res_index)) for r in names)
                     placed = as_flow[key] = (indices, _fractions([capacity_of.get(r, 1.0) for r in names],
-                                                                 _shares(names, given, tasks[tid].name)))
+                                                                 _shares(names, given, columns, tid)))
                 flow_resources[tid], flow_weights[tid] = placed
         as_collective: dict[tuple[tuple[int, int], ...], tuple[tuple[int, ...], tuple[float, ...] | None]] = {}
         for key, members in groups.items():
@@ -154,7 +155,7 @@ class GraphArrays:
             seen_streams: set[int] = set()
             for tid in members:
                 if self.stream_of[tid] in seen_streams:
-                    raise ConfigError(f"task {tasks[tid].name!r}.sync_key", key,
+                    raise ConfigError(f"task {columns.name[tid]!r}.sync_key", key,
                                       "two ranks of one collective cannot share a device's stream")
                 seen_streams.add(self.stream_of[tid])
                 self.leader_of[tid] = leader
@@ -170,7 +171,7 @@ class GraphArrays:
                 resources: dict[str, float] = {}
                 for tid in linked:
                     given = task_shares[tid]
-                    shares = _shares(task_resources[tid], given, tasks[tid].name) if given else ()
+                    shares = _shares(task_resources[tid], given, columns, tid) if given else ()
                     for i, r in enumerate(task_resources[tid]):
                         resources[r] = resources.get(r, 0.0) + (shares[i] if shares else 0.0)
                 placed = as_collective[signature] = (
@@ -217,14 +218,15 @@ def _fractions(capacities: Sequence[float], shares: Sequence[float]) -> tuple[fl
     return None if all(f == 1.0 for f in fractions) else fractions
 
 
-def _shares(names: tuple[str, ...], given: tuple[float, ...], task: str) -> tuple[float, ...]:
-    """What a task takes of each of its resources: its link_shares, checked, or 1 each."""
+def _shares(names: tuple[str, ...], given: tuple[float, ...], columns: TaskColumns, tid: int) -> tuple[float, ...]:
+    """What task tid takes of each of its resources: its link_shares, checked, or 1 each. NB: its name is read only
+    for the error (reading names makes them all: TaskColumns.name)."""
     if not given:
         ones = _ONES.get(len(names))
         if ones is None:
             ones = _ONES[len(names)] = (1.0,) * len(names)
         return ones
     if len(given) != len(names) or not all(s > 0.0 and math.isfinite(s) for s in given):
-        raise ConfigError(f"task {task!r}.link_shares", list(given), f"must be {len(names)} finite numbers > 0, one "
-                          "per resource")
+        raise ConfigError(f"task {columns.name[tid]!r}.link_shares", list(given),
+                          f"must be {len(names)} finite numbers > 0, one per resource")
     return given

@@ -584,7 +584,7 @@ class Engine:
     def _stuck(self, limit: int = 3) -> list[str]:
         """A few stuck tasks of each kind: ranks waiting for partners, ready tasks whose stream is held,
         and tasks whose dependencies never ended."""
-        g, names, tasks = self.g, self.g.names, self.graph.tasks
+        g, names = self.g, self.g.columns.name
         waiting: list[str] = []
         blocked: list[str] = []
         unmet: list[str] = []
@@ -593,14 +593,14 @@ class Engine:
                 continue
             if self.dispatch[tid] >= 0.0 and len(waiting) < limit:
                 leader = g.leader_of[tid]
-                waiting.append(f"{names[tid]} (collective {tasks[tid].sync_key!r}: {self.arrived.get(leader, 0)} of "
+                waiting.append(f"{names[tid]} (collective {g.sync_keys[tid]!r}: {self.arrived.get(leader, 0)} of "
                                f"{len(g.members[leader])} ranks arrived)")
             elif self.ready[tid] >= 0.0 and self.dispatch[tid] < 0.0 and len(blocked) < limit:
                 holder = self.stream_task[g.stream_of[tid]]
                 held_by = names[holder] if holder >= 0 else "nothing"
                 blocked.append(f"{names[tid]} (ready; its stream is held by {held_by})")
             elif self.ready[tid] < 0.0 and len(unmet) < limit:
-                pending = [names[d] for d in tasks[tid].deps if self.end[d] < 0.0][:2]
+                pending = [names[d] for d in g.deps[tid] if self.end[d] < 0.0][:2]
                 unmet.append(f"{names[tid]} (waits for {', '.join(pending)})")
         return waiting + blocked + unmet
 

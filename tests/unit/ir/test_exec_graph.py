@@ -1,0 +1,147 @@
+"""ExecGraph's two ways of holding tasks (ir/exec_graph.py): Task objects, or columns (TaskColumns, what the compiler
+writes), with Task objects made on demand; the simulator reads either the same way."""
+
+import dataclasses
+
+import pytest
+
+from conftest import a100_cluster
+from trainsim.catalog import load_model
+from trainsim.catalog.calibration import Calibration
+from trainsim.compile.build import compile_job
+from trainsim.cost.pricing import Pricer
+from trainsim.errors import ConfigError
+from trainsim.estimate.simulation import SimEstimator, busy_by_device
+from trainsim.ir.exec_graph import TASK_FIELDS, ExecGraph, SimDevice, Task, TaskColumns
+from trainsim.job import make_job
+from trainsim.pipeline import graph_for
+from trainsim.sim import SimOptions, simulate
+from trainsim.strategy.lowered import default_plan
+from trainsim.strategy.parallel import ParallelSpec
+
+OPTIONS = SimOptions(overlap_slowdown=0.1, bandwidth_sharing=True)
+
+
+def _devices(count: int) -> list[SimDevice]:
+    return [SimDevice(index=d, stage=d, ranks=1, capacity_bytes=1e9, static_bytes=0.0) for d in range(count)]
+
+
+def _compiled(schedule: str = "1f1b", vpp: int = 1) -> ExecGraph:
+    job = make_job(load_model("gpt3-1.3b"), a100_cluster(16), ParallelSpec.parse(
+        {"tp": 2, "pp": 4, "dp": 2, "vpp": vpp, "schedule": schedule, "micro_batch": 1, "global_batch": 16,
+         "zero": 1, "recompute": "full"}))
+    return compile_job(job, default_plan(graph_for(job), job.parallel), Pricer(Calibration()))
+
+
+def _as_task_objects(graph: ExecGraph) -> ExecGraph:
+    """The same graph built task by task, as hand-made graphs and the trace front-end build theirs."""
+    out = ExecGraph(devices=graph.devices, tasks=[], resource_capacity=dict(graph.resource_capacity))
+    for task in graph.tasks:
+        out.add(**{name: getattr(task, name) for name in TASK_FIELDS})
+    return out
+
+
+def test_columns_and_task_objects_hold_the_same_tasks() -> None:
+    tasks = [Task(0, "a", 0, "compute", "compute", 1.0, alloc_bytes=8.0, layer="L0", micro_batch=3, stage=0,
+                  category="compute"),
+             Task(1, "b", 1, "feature", "comm", 0.5, deps=(0,), sync_key="k", resources=("x", "y"),
+                  link_shares=(2.0, 1.0), priority=1, phase="comm", stage=1)]
+    columns = TaskColumns.of_tasks(tasks)
+    assert len(columns) == 2 and columns.deps == [(), (0,)] and columns.link_shares == [(), (2.0, 1.0)]
+    assert columns.to_tasks() == tasks
+    held = ExecGraph(devices=_devices(2), columns=columns)
+    assert held.held_as_columns and held.num_tasks == 2 and held.columns() is columns
+    assert held.tasks == tasks and not held.held_as_columns  # made once; from now on the graph holds them
+    assert held.tasks is held.tasks
+    assert TaskColumns.of_tasks([]).to_tasks() == [] and len(TaskColumns()) == 0
+
+
+def test_appended_rows_take_the_next_tids_and_the_stage_defaults_to_the_device() -> None:
+    columns = TaskColumns()
+    assert columns.append("a", 2, "compute", "compute", 1.0) == 0
+    columns.extend_rows([("b", 1, "gradient", "comm", 2.0, (0,), "", (), 0.0, 0.0, "comm", "", -1, 1, "dp_comm", 0,
+                          ())])
+    assert columns.append("c", 0, "compute", "compute", 0.0, deps=(1,), stage=5) == 2
+    tasks = columns.to_tasks()
+    assert [(t.tid, t.name, t.stage) for t in tasks] == [(0, "a", 2), (1, "b", 1), (2, "c", 5)]
+    assert tasks[1].category == "dp_comm" and tasks[2].deps == (1,)
+
+
+def test_reading_columns_from_task_objects_copies_and_writing_takes_them_over() -> None:
+    graph = ExecGraph(devices=_devices(1), tasks=[])
+    first = graph.add(name="a", device=0, stream="compute", kind="compute", duration_s=1.0)
+    copy = graph.columns()
+    copy.duration_s[0] = 9.0
+    assert first.duration_s == 1.0 and graph.tasks[0].duration_s == 1.0  # a copy: the graph is unchanged
+    writable = graph.writable_columns()
+    writable.duration_s[0] = 2.0
+    assert graph.held_as_columns and graph.tasks[0].duration_s == 2.0
+    graph.tasks[0].duration_s = 3.0  # Task objects made on demand are the graph's until columns are written again
+    assert graph.columns().duration_s == [3.0]
+
+
+def test_a_graph_holds_tasks_one_way_only() -> None:
+    with pytest.raises(ValueError, match="not both"):
+        ExecGraph(devices=[], tasks=[], columns=TaskColumns())
+    assert ExecGraph(devices=[]).tasks == [] and ExecGraph(devices=[]).num_tasks == 0
+
+
+def test_graphs_compare_by_their_tasks_whichever_way_they_hold_them() -> None:
+    graph = _compiled()
+    assert graph == _as_task_objects(_compiled())
+    changed = _as_task_objects(_compiled())
+    changed.tasks[-1].duration_s += 1.0
+    assert graph != changed
+
+
+@pytest.mark.parametrize(("schedule", "vpp"), [("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1)])
+def test_the_compiler_writes_columns_that_simulate_as_its_task_objects_do(schedule: str, vpp: int) -> None:
+    """compile_job's graph is held as columns; the same tasks as Task objects give the same outcome, field for
+    field (times, memory and its timeline, exposed time, critical path, events), and the same busy time."""
+    graph = _compiled(schedule, vpp)
+    assert graph.held_as_columns
+    objects = _as_task_objects(_compiled(schedule, vpp))
+    assert not objects.held_as_columns
+    columns_outcome, objects_outcome = simulate(graph, OPTIONS), simulate(objects, OPTIONS)
+    assert graph.held_as_columns  # simulating read the columns, made no Task objects
+    assert dataclasses.asdict(columns_outcome) == dataclasses.asdict(objects_outcome)
+    assert busy_by_device(graph, columns_outcome) == busy_by_device(objects, objects_outcome)
+    assert all(task.tid == tid for tid, task in enumerate(graph.tasks))
+
+
+def test_the_sim_engine_returns_the_compiled_graph_for_the_trace_and_explain() -> None:
+    job = make_job(load_model("gpt3-1.3b"), a100_cluster(8), ParallelSpec.parse(
+        {"tp": 2, "pp": 2, "dp": 2, "micro_batch": 1, "global_batch": 8}))
+    run = SimEstimator().run(job, graph_for(job))
+    assert run.busy_s == busy_by_device(run.graph, run.outcome)
+    names = [task.name for task in run.graph.tasks]  # Task objects on demand, as report/trace.py reads them
+    assert len(names) == len(run.outcome.end_s) and names[0].startswith("micro-batch overhead")
+
+
+def test_names_given_around_a_micro_batch_are_made_when_read() -> None:
+    columns = TaskColumns()
+    columns.append("first", 0, "compute", "compute", 1.0)
+    columns.name_later((("F", " L0 fwd"), ("tp comm mb", " L0")), ("", ""), 7)
+    template = Task(0, "", 0, "compute", "compute", 1.0)
+    for field in TASK_FIELDS[1:]:  # the other fields of the two tasks, as StageWriter.emit_block writes them
+        getattr(columns, field).extend([getattr(template, field)] * 2)
+    columns.extend_rows([("send", 0, "feature", "comm", 1.0, (2,), "", (), 0.0, 0.0, "comm", "", 7, 0, "pp_comm", 0,
+                          ())])
+    assert len(columns) == 4
+    assert columns.name == ["first", "F7 L0 fwd", "tp comm mb7 L0", "send"]
+    assert [task.name for task in columns.to_tasks()] == columns.name
+    columns.device.append(0)
+    with pytest.raises(ValueError, match="device"):
+        columns.to_tasks()
+
+
+def test_an_error_names_the_task_whose_name_is_made_later() -> None:
+    """The simulator reads a task's name only to report it: a bad link share of a task named later still names it."""
+    columns = TaskColumns()
+    columns.name_later((("send mb", " vs0"),), ("",), 4)
+    template = Task(0, "", 0, "feature", "comm", 1.0, resources=("nic",), link_shares=(-1.0,))
+    for field in TASK_FIELDS[1:]:
+        getattr(columns, field).append(getattr(template, field))
+    graph = ExecGraph(devices=_devices(1), columns=columns)
+    with pytest.raises(ConfigError, match=r"task 'send mb4 vs0'.link_shares"):
+        simulate(graph, OPTIONS)

@@ -83,6 +83,7 @@ class StageSearchReport:
     search_time_s: float
     sim_iteration_s: float | None
     sim_note: str
+    parallel: ParallelSpec | None = None  # the plan as one ParallelSpec (plan_parallel), None where it is not one
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -90,8 +91,15 @@ class StageSearchReport:
             "stage_evaluations": self.search.stage_evaluations,
             "profiled_configurations": self.profiled_configurations, "search_time_s": self.search_time_s,
             "t_max_tried": self.search.t_max_tried, "sim_iteration_s": self.sim_iteration_s,
-            "sim_note": self.sim_note,
+            "sim_note": self.sim_note, "parallel": None if self.parallel is None else parallel_fields(self.parallel),
         }
+
+
+def parallel_fields(parallel: ParallelSpec) -> dict[str, Any]:
+    """The strategy fields a stage plan sets (the flags `trainsim measure` runs it with)."""
+    return {"tp": parallel.tp, "dp": parallel.dp, "pp": parallel.pp, "sp": parallel.sp,
+            "micro_batch": parallel.micro_batch, "global_batch": parallel.global_batch, "seq_len": parallel.seq_len,
+            "precision": parallel.precision, "schedule": parallel.schedule, "stage_layers": list(parallel.stage_layers)}
 
 
 def _source(model: TransformerSpec, job: StageJob, settings: StageSearchSettings) -> tuple[StageCosts, Any]:
@@ -144,7 +152,8 @@ def stage_search(model: ModelSpec, cluster: ClusterSpec, settings: StageSearchSe
     elapsed = time.perf_counter() - start
     profiled = 0 if counter is None else counter.profiled_configurations
     sim_s, note = sim_recheck(found.plan, model, cluster, settings)
-    return StageSearchReport(settings.planner, settings.stage_costs, found, profiled, elapsed, sim_s, note)
+    return StageSearchReport(settings.planner, settings.stage_costs, found, profiled, elapsed, sim_s, note,
+                             plan_parallel(found.plan, settings))
 
 
 def search_space(model: TransformerSpec, cluster: ClusterSpec,

@@ -5,10 +5,12 @@
     python scripts/plan_quality.py measure           # every distinct plan run as a pipeline, interleaved
     python scripts/plan_quality.py summary           # the table of docs/planning.md
     python scripts/plan_quality.py all               # the three in turn
+    python scripts/plan_quality.py all --case moe    # the MoE model instead (files in data/plan_quality/CASE)
 
-The job: the GPT-style chain with a heavy head (data/stages/models/gpt-heavy-head.yaml: 8 blocks of hidden 96,
-vocabulary 6144, the head as costly as ~4.4 blocks, so Megatron's even split is poor), global batch 32 of 64
-tokens in 8 micro-batches, fp32, 4 gloo ranks of one thread each.
+The job (--case gpt): the GPT-style chain with a heavy head (data/stages/models/gpt-heavy-head.yaml: 8 blocks of
+hidden 96, vocabulary 6144, the head as costly as ~4.4 blocks, so Megatron's even split is poor); --case moe: mixed
+layer types (moe-small.yaml: every second block 4 experts, top-1). Global batch 32 of 64 tokens in 8
+micro-batches, fp32, 4 gloo ranks of one thread each.
 
 Planners (`trainsim search --planner stage|uniform --stage-costs ...`), each with its own fresh stage database
 (nothing one planner measured is free for another) and restricted to what one ParallelSpec can run:
@@ -45,7 +47,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK = Path("/tmp/trainsim-timing.lock")
-MODEL = ROOT / "data/stages/models/gpt-heavy-head.yaml"
+MODELS = {  # case -> model: a heavy head (uniform split poor), or mixed layer types (dense and MoE blocks)
+    "gpt": ROOT / "data/stages/models/gpt-heavy-head.yaml",
+    "moe": ROOT / "data/stages/models/moe-small.yaml",
+}
 RANKS, GLOBAL_BATCH, MICRO_BATCHES, SEQ_LEN = 4, 32, 8, 64
 PLANNERS = {  # name -> (planner, stage costs)
     "exhaustive": ("stage", "measured"),
@@ -76,12 +81,16 @@ def trainsim(*args: str) -> list[str]:
     return [sys.executable, "-m", "trainsim", *args]
 
 
-def search_command(name: str, db: Path) -> list[str]:
+def relative(path: Path) -> str:
+    return str(path.resolve().relative_to(ROOT)) if path.resolve().is_relative_to(ROOT) else str(path)
+
+
+def search_command(name: str, model: Path, db: Path) -> list[str]:
     planner, costs = PLANNERS[name]
     return trainsim("search", "--planner", planner, "--stage-costs", costs, "--equal-meshes", "--stage-tp", "1",
-                    "--model", str(MODEL), "--cluster", "local-cpu", "--num-gpus", str(RANKS),
+                    "--model", relative(model), "--cluster", "local-cpu", "--num-gpus", str(RANKS),
                     "--global-batch", str(GLOBAL_BATCH), "--seq-len", str(SEQ_LEN),
-                    "--num-micro-batches", str(MICRO_BATCHES), "--precision", "fp32", "--stage-db", str(db),
+                    "--num-micro-batches", str(MICRO_BATCHES), "--precision", "fp32", "--stage-db", relative(db),
                     "--json")
 
 
@@ -90,7 +99,7 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def search(out: Path, names: list[str]) -> None:
+def search(out: Path, model: Path, names: list[str]) -> None:
     for name in names:
         path = out / f"search-{name}.json"
         if path.exists():
@@ -100,7 +109,7 @@ def search(out: Path, names: list[str]) -> None:
         for stale in db.parent.glob(db.name + "*"):  # an interrupted search: start over so its time is whole
             stale.unlink()
         db.parent.mkdir(parents=True, exist_ok=True)
-        command = search_command(name, db)
+        command = search_command(name, model, db)
         with timing_lock():
             before, cpu0, start = load1(), children_cpu_s(), time.perf_counter()
             done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=False)
@@ -159,7 +168,7 @@ def done_rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
-def measure(out: Path, repeats: int, iterations: int, warmup: int) -> None:
+def measure(out: Path, model: Path, repeats: int, iterations: int, warmup: int) -> None:
     plans = distinct_plans(searched(out))
     if not plans:
         raise SystemExit("no searched plans: run `search` first")
@@ -171,7 +180,7 @@ def measure(out: Path, repeats: int, iterations: int, warmup: int) -> None:
         for label in order:
             if (label, repeat) in have:
                 continue
-            row = measure_once(label, plans[label], repeat, iterations, warmup)
+            row = measure_once(model, label, plans[label], repeat, iterations, warmup)
             new = not path.exists()
             with path.open("a", newline="") as handle:
                 writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
@@ -182,9 +191,10 @@ def measure(out: Path, repeats: int, iterations: int, warmup: int) -> None:
                   flush=True)
 
 
-def measure_once(label: str, parallel: dict[str, Any], repeat: int, iterations: int, warmup: int) -> dict[str, Any]:
+def measure_once(model: Path, label: str, parallel: dict[str, Any], repeat: int, iterations: int,
+                 warmup: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
-        command = trainsim("measure", "--model", str(MODEL), *measure_flags(parallel), "--iterations",
+        command = trainsim("measure", "--model", relative(model), *measure_flags(parallel), "--iterations",
                            str(iterations), "--warmup", str(warmup), "--threads", "1", "--out", tmp, "--json")
         with timing_lock():
             before, start = load1(), time.perf_counter()
@@ -202,24 +212,35 @@ def measure_once(label: str, parallel: dict[str, Any], repeat: int, iterations: 
             "wall_s": round(wall, 1), "utc": datetime.now(UTC).isoformat(timespec="seconds")}
 
 
+def _medians(rows: list[dict[str, str]], column: str) -> dict[str, float]:
+    return {label: statistics.median(float(r[column]) for r in rows if r["plan"] == label)
+            for label in {r["plan"] for r in rows}}
+
+
 def summary(out: Path) -> dict[str, Any]:
+    """Per planner: its plan, eq. 4's prediction, the medians over the repeats of the measured iteration (wall
+    clock) and of the busiest rank's CPU time per iteration, the gaps to the exhaustive plan, the search's cost."""
     records = searched(out)
     rows = done_rows(out / "measured.csv")
-    medians = {label: statistics.median(float(r["median_s"]) for r in rows if r["plan"] == label)
-               for label in {r["plan"] for r in rows}}
-    repeats = {label: sum(r["plan"] == label for r in rows) for label in medians}
-    base = medians.get(plan_label(records["exhaustive"]["report"])) if "exhaustive" in records else None
+    wall, cpu = _medians(rows, "median_s"), _medians(rows, "rank_cpu_max_s")
+    repeats = {label: sum(r["plan"] == label for r in rows) for label in wall}
+    base = plan_label(records["exhaustive"]["report"]) if "exhaustive" in records else None
+
+    def gap(medians: dict[str, float], label: str) -> float | None:
+        if label not in medians or base not in medians:
+            return None
+        return medians[label] / medians[base] - 1.0
+
     table = []
     for name, record in records.items():
         report = record["report"]
         label = plan_label(report)
-        measured = medians.get(label)
         table.append({
             "planner": name, "plan": label, "parallel": report["parallel"],
             "predicted_s": report["plan"]["iteration_s"], "sim_s": report["sim_iteration_s"],
-            "measured_median_s": measured, "repeats": repeats.get(label, 0),
-            "gap_to_exhaustive": None if measured is None or base is None else measured / base - 1.0,
-            "search_wall_s": record["wall_s"], "search_cpu_s": record["cpu_s"],
+            "measured_median_s": wall.get(label), "gap_to_exhaustive": gap(wall, label),
+            "busiest_rank_cpu_s": cpu.get(label), "cpu_gap_to_exhaustive": gap(cpu, label),
+            "repeats": repeats.get(label, 0), "search_wall_s": record["wall_s"], "search_cpu_s": record["cpu_s"],
             "profiled_configurations": report["profiled_configurations"],
             "stage_evaluations": report["stage_evaluations"], "load1": [record["load1_before"], record["load1_after"]],
         })
@@ -227,14 +248,21 @@ def summary(out: Path) -> dict[str, Any]:
     result = {"table": table, "measure_load1_range": [min(loads), max(loads)] if loads else None,
               "measure_runs": len(rows)}
     (out / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
-    print("| planner | plan | predicted (eq. 4) | measured median | vs exhaustive | search wall / CPU | profiled |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+
+    def fmt(value: float | None, text: str) -> str:
+        return "-" if value is None else text.format(value)
+
+    print("| planner | plan | predicted (eq. 4) | measured median (wall) | vs exhaustive | busiest rank CPU | "
+          "vs exhaustive | search wall / CPU | profiled stages | stage evaluations |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in table:
-        measured, gap = row["measured_median_s"], row["gap_to_exhaustive"]
         print(f"| {row['planner']} | {row['plan']} | {row['predicted_s']:.3f} s | "
-              f"{'-' if measured is None else f'{measured:.3f} s'} ({row['repeats']}) | "
-              f"{'-' if gap is None else f'{100 * gap:+.1f}%'} | {row['search_wall_s']:.0f} / "
-              f"{row['search_cpu_s']:.0f} s | {row['profiled_configurations']} |")
+              f"{fmt(row['measured_median_s'], '{:.3f} s')} ({row['repeats']}) | "
+              f"{fmt(row['gap_to_exhaustive'] and 100 * row['gap_to_exhaustive'], '{:+.1f}%')} | "
+              f"{fmt(row['busiest_rank_cpu_s'], '{:.3f} s')} | "
+              f"{fmt(row['cpu_gap_to_exhaustive'] and 100 * row['cpu_gap_to_exhaustive'], '{:+.1f}%')} | "
+              f"{row['search_wall_s']:.0f} / {row['search_cpu_s']:.0f} s | {row['profiled_configurations']} | "
+              f"{row['stage_evaluations']} |")
     print(f"measure runs {len(rows)}, load average {result['measure_load1_range']}")
     return result
 
@@ -242,21 +270,23 @@ def summary(out: Path) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["search", "measure", "summary", "all"])
-    parser.add_argument("--out", type=Path, default=ROOT / "data/plan_quality")
+    parser.add_argument("--case", choices=list(MODELS), default="gpt")
+    parser.add_argument("--out", type=Path, default=None, help="default: data/plan_quality/CASE")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--planners", nargs="*", choices=list(PLANNERS), default=list(PLANNERS),
                         help="search only these (the cheap ones first to try the script)")
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
+    out: Path = args.out or ROOT / "data/plan_quality" / args.case
+    out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # PredTOP's training on one thread: a shared 2-core machine
     if args.command in ("search", "all"):
-        search(args.out, args.planners)
+        search(out, MODELS[args.case], args.planners)
     if args.command in ("measure", "all"):
-        measure(args.out, args.repeats, args.iterations, args.warmup)
+        measure(out, MODELS[args.case], args.repeats, args.iterations, args.warmup)
     if args.command in ("summary", "all"):
-        summary(args.out)
+        summary(out)
 
 
 if __name__ == "__main__":

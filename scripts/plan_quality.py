@@ -2,9 +2,10 @@
 `trainsim measure` on this machine's CPU ranks, against the exhaustive planner's plan.
 
     python scripts/plan_quality.py search            # each planner's `trainsim search`, timed (resumable)
+    python scripts/plan_quality.py references        # the exhaustive table's best plan per mesh (nothing run)
     python scripts/plan_quality.py measure           # every distinct plan run as a pipeline, interleaved
     python scripts/plan_quality.py summary           # the table of docs/planning.md
-    python scripts/plan_quality.py all               # the three in turn
+    python scripts/plan_quality.py all               # the four in turn
     python scripts/plan_quality.py all --case moe    # the MoE model instead (files in data/plan_quality/CASE)
 
 The job (--case gpt): the GPT-style chain with a heavy head (data/stages/models/gpt-heavy-head.yaml: 8 blocks of
@@ -125,6 +126,44 @@ def search(out: Path, model: Path, names: list[str]) -> None:
               f"{report['profiled_configurations']}, wall {wall:.0f} s, cpu {cpu:.0f} s", flush=True)
 
 
+def references(out: Path, model_path: Path) -> None:
+    """The exhaustive table's best plan on each (mesh, intra plan) alone (Alpa's DP over the exhaustive planner's
+    database, nothing measured): how eq. 4 ranks the runnable alternatives, measured too. OUT/reference-MESH.json."""
+    from trainsim.catalog import load_cluster, load_model
+    from trainsim.ir.model_spec import TransformerSpec
+    from trainsim.measure.stage_db import MeasuredStageCosts, StageDatabase
+    from trainsim.search.stage_costs import StageJob
+    from trainsim.search.stage_dp import alpa_dp
+    from trainsim.search.stage_search import StageSearchSettings, parallel_fields, plan_parallel, search_space
+    from trainsim.strategy.stage_plan import num_units
+
+    model = load_model(str(model_path))
+    assert isinstance(model, TransformerSpec)
+    cluster = load_cluster("local-cpu").with_num_gpus(RANKS).on_one_node()
+    settings = StageSearchSettings(planner="stage", stage_costs="measured", global_batch=GLOBAL_BATCH,
+                                   num_micro_batches=MICRO_BATCHES, seq_len=SEQ_LEN, equal_meshes=True, stage_tp=1)
+    job = StageJob(model=model, cluster=cluster, micro_batch=GLOBAL_BATCH // MICRO_BATCHES,
+                   num_micro_batches=MICRO_BATCHES, seq_len=SEQ_LEN)
+    db = StageDatabase(out / "stages" / "exhaustive.sqlite")
+    costs = MeasuredStageCosts(model, job.micro_batch, SEQ_LEN, db)
+    meshes, plans = search_space(model, cluster, settings)
+    for mesh in meshes:
+        for intra in plans[mesh]:
+            found = alpa_dp(costs, num_units(model), [mesh], {mesh: [intra]}, RANKS, MICRO_BATCHES,
+                            job.capacity_bytes)
+            assert costs.measured_now == 0, "the exhaustive search's database lacks a stage: run search first"
+            parallel = plan_parallel(found.plan, settings)
+            assert parallel is not None
+            name = f"reference-{mesh.describe()}-{intra.describe()}"
+            report = {"plan": found.plan.to_dict(), "parallel": parallel_fields(parallel),
+                      "sim_iteration_s": None, "profiled_configurations": 0, "stage_evaluations": 0}
+            record = {"planner": name, "wall_s": None, "cpu_s": None, "load1_before": None, "load1_after": None,
+                      "report": report}
+            (out / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
+            print(f"{name}: {plan_label(report)} predicted {found.plan.iteration_s:.4f} s", flush=True)
+    db.close()
+
+
 def plan_label(report: dict[str, Any]) -> str:
     """A plan in one token: stages as units[first,end) on mesh x dp, e.g. 0-7@1x2dp2+7-10@1x2dp2."""
     return "+".join(f"{s['units'][0]}-{s['units'][1]}@{s['mesh']}dp{s['dp']}" for s in report["plan"]["stages"])
@@ -142,11 +181,15 @@ def measure_flags(parallel: dict[str, Any]) -> list[str]:
 
 
 def searched(out: Path) -> dict[str, dict[str, Any]]:
+    """The planners' records (in PLANNERS order), then the reference plans' (references)."""
     found = {}
     for name in PLANNERS:
         path = out / f"search-{name}.json"
         if path.exists():
             found[name] = json.loads(path.read_text())
+    for path in sorted(out.glob("reference-*.json")):
+        record = json.loads(path.read_text())
+        found[record["planner"]] = record
     return found
 
 
@@ -261,7 +304,8 @@ def summary(out: Path) -> dict[str, Any]:
               f"{fmt(row['gap_to_exhaustive'] and 100 * row['gap_to_exhaustive'], '{:+.1f}%')} | "
               f"{fmt(row['busiest_rank_cpu_s'], '{:.3f} s')} | "
               f"{fmt(row['cpu_gap_to_exhaustive'] and 100 * row['cpu_gap_to_exhaustive'], '{:+.1f}%')} | "
-              f"{row['search_wall_s']:.0f} / {row['search_cpu_s']:.0f} s | {row['profiled_configurations']} | "
+              f"{fmt(row['search_wall_s'], '{:.0f}')} / {fmt(row['search_cpu_s'], '{:.0f} s')} | "
+              f"{row['profiled_configurations']} | "
               f"{row['stage_evaluations']} |")
     print(f"measure runs {len(rows)}, load average {result['measure_load1_range']}")
     return result
@@ -269,7 +313,7 @@ def summary(out: Path) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["search", "measure", "summary", "all"])
+    parser.add_argument("command", choices=["search", "references", "measure", "summary", "all"])
     parser.add_argument("--case", choices=list(MODELS), default="gpt")
     parser.add_argument("--out", type=Path, default=None, help="default: data/plan_quality/CASE")
     parser.add_argument("--repeats", type=int, default=5)
@@ -283,6 +327,8 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # PredTOP's training on one thread: a shared 2-core machine
     if args.command in ("search", "all"):
         search(out, MODELS[args.case], args.planners)
+    if args.command in ("references", "all"):
+        references(out, MODELS[args.case])
     if args.command in ("measure", "all"):
         measure(out, MODELS[args.case], args.repeats, args.iterations, args.warmup)
     if args.command in ("summary", "all"):

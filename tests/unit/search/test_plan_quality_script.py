@@ -80,3 +80,30 @@ def test_a_plan_of_mixed_meshes_is_refused(tmp_path: Path) -> None:
     _write(tmp_path, {"exhaustive": mixed}, [])
     with pytest.raises(SystemExit, match="not one ParallelSpec"):
         script.distinct_plans(script.searched(tmp_path))
+
+
+def test_references_are_the_exhaustive_tables_best_plan_per_mesh(tmp_path: Path) -> None:
+    # the repo's CPU stage database (every stage of gpt-heavy-head on 1, 2 and 4 ranks) as the exhaustive one
+    import shutil
+
+    from trainsim.catalog import load_model
+    from trainsim.measure.stage_db import StageDatabase, model_key
+    from trainsim.strategy.stage_plan import IntraPlan, Mesh, StageSpec, pipeline_time_s
+
+    script = _script()
+    (tmp_path / "stages").mkdir()
+    shutil.copy(ROOT / "data/stages/cpu/stages_cpu.db", tmp_path / "stages" / "exhaustive.sqlite")
+    script.references(tmp_path, script.MODELS["gpt"])  # asserts that nothing was measured
+    records = script.searched(tmp_path)
+    assert list(records) == ["reference-1x1-tp1-dp1", "reference-1x2-tp1-dp2", "reference-1x4-tp1-dp4"]
+    two = records["reference-1x2-tp1-dp2"]["report"]
+    assert script.plan_label(two) == "0-7@1x2dp2+7-10@1x2dp2"  # docs/planning.md's exhaustive plan
+    assert two["parallel"]["stage_layers"] == [6, 2] and two["parallel"]["micro_batch"] == 2
+    db = StageDatabase(tmp_path / "stages" / "exhaustive.sqlite")
+    key = model_key(load_model(str(script.MODELS["gpt"])))  # type: ignore[arg-type]
+    latencies = [db.get(key, 4, 64, 1, StageSpec(a, b, Mesh(1, 2), IntraPlan(1, 2))) for a, b in ((0, 7), (7, 10))]
+    db.close()
+    assert None not in latencies
+    assert two["plan"]["iteration_s"] == pytest.approx(pipeline_time_s([e.latency_s for e in latencies if e], 8))
+    assert records["reference-1x4-tp1-dp4"]["report"]["parallel"]["pp"] == 1
+    assert records["reference-1x1-tp1-dp1"]["report"]["parallel"]["pp"] == 4

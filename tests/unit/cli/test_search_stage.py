@@ -43,12 +43,14 @@ def test_bad_inputs_exit_2() -> None:
 
 def test_an_uneven_plan_on_equal_meshes_is_rechecked_by_the_simulator_with_its_stage_layers() -> None:
     from trainsim.catalog.loader import load_cluster, load_model
+    from trainsim.ir.model_spec import TransformerSpec
     from trainsim.job import make_job
     from trainsim.pipeline import GraphCache, predict
     from trainsim.search.stage_search import StageSearchSettings, plan_parallel, sim_recheck
     from trainsim.strategy.stage_plan import IntraPlan, Mesh, StageEstimate, StagePlan, StageSpec
 
     model = load_model("gpt3-125m")  # 12 blocks: units 0 (embedding) .. 12, 13 (head)
+    assert isinstance(model, TransformerSpec)
     mesh, intra = Mesh(1, 1), IntraPlan()
     estimate = StageEstimate(latency_s=1.0, state_bytes=0.0, activation_bytes=0.0)
     plan = StagePlan(stages=(StageSpec(0, 9, mesh, intra), StageSpec(9, 14, mesh, intra)),
@@ -90,10 +92,12 @@ def test_equal_meshes_plan_is_one_parallel_spec_between_the_free_and_the_uniform
 
 def test_stage_tp_keeps_the_intra_plans_of_one_degree() -> None:
     from trainsim.catalog.loader import load_cluster, load_model
+    from trainsim.ir.model_spec import TransformerSpec
     from trainsim.search.stage_search import StageSearchSettings, search_space
     from trainsim.strategy.stage_plan import IntraPlan, Mesh
 
     model, cluster = load_model("gpt3-125m"), load_cluster("local-cpu").with_num_gpus(4).on_one_node()
+    assert isinstance(model, TransformerSpec)
     settings = StageSearchSettings(global_batch=8, num_micro_batches=4, seq_len=128, stage_tp=2)
     meshes, plans = search_space(model, cluster, settings)
     assert meshes == [Mesh(1, 2), Mesh(1, 4)]  # the 1-device mesh has no tp = 2 plan

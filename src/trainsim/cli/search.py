@@ -102,11 +102,22 @@ def search(
                                                   "(default: the user's cache)")] = None,
     predtop_fraction: Annotated[float, typer.Option(help="predtop: fraction of each mesh's stages measured to "
                                                     "train its predictor")] = 0.3,
+    equal_meshes: Annotated[bool, typer.Option("--equal-meshes", help="stage planner: every stage on one submesh "
+                                               "shape with one intra plan, layer ranges uneven (what one "
+                                               "ParallelSpec expresses, so `trainsim measure --stage-layers` runs "
+                                               "it)")] = False,
+    stage_tp: Annotated[int | None, typer.Option("--stage-tp", help="stage planners: only intra plans of this "
+                                                 "tensor-parallel degree (1: data parallel inside every stage)")]
+    = None,
 ) -> None:
     if planner != "uniform" or stage_costs is not None:
         _stage_search(ModelSource(model, frontend), cluster, num_gpus, strategy_flags, planner,
-                      stage_costs or "analytical", num_micro_batches, stage_db, predtop_fraction, as_json)
+                      stage_costs or "analytical", num_micro_batches, stage_db, predtop_fraction, as_json,
+                      equal_meshes, stage_tp)
         return
+    if equal_meshes or stage_tp is not None:
+        name, value = ("equal_meshes", True) if equal_meshes else ("stage_tp", stage_tp)
+        raise ConfigError(name, value, "applies to the stage planners: add --planner stage or --stage-costs")
     if html is not None:
         check_output_file(html, "html")  # before the search: its work is not thrown away
         require_plotly()
@@ -136,7 +147,7 @@ def search(
 
 def _stage_search(source: ModelSource, cluster: str, num_gpus: int | None, given: StrategyFlags, planner: str,
                   stage_costs: str, num_micro_batches: int, db: Path | None, predtop_fraction: float,
-                  as_json: bool) -> None:
+                  as_json: bool, equal_meshes: bool, stage_tp: int | None) -> None:
     global_batch = given.get("global_batch")
     if global_batch is None:
         raise ConfigError("global_batch", None, "pass --global-batch N (sequences per optimizer step)")
@@ -153,7 +164,8 @@ def _stage_search(source: ModelSource, cluster: str, num_gpus: int | None, given
         raise ConfigError("precision", precision, "choose one of: " + ", ".join(PRECISIONS))
     settings = StageSearchSettings(planner=planner, stage_costs=stage_costs, global_batch=global_batch,
                                    num_micro_batches=num_micro_batches, seq_len=given.get("seq_len") or 2048,
-                                   precision=cast(Precision, precision), db=db, predtop_fraction=predtop_fraction)
+                                   precision=cast(Precision, precision), db=db, predtop_fraction=predtop_fraction,
+                                   equal_meshes=equal_meshes, stage_tp=stage_tp)
     report = stage_search(source.model_spec(), cluster_spec, settings)
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))

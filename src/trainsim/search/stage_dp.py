@@ -10,6 +10,10 @@ latencies in ascending order, stopping once (B - 1) t_max alone exceeds the best
 Every device is used (d reaches 0 exactly), and every (range, submesh, intra plan) is evaluated: the
 exhaustive profiling of Alpa, O(K^2 x plans) stage evaluations.
 
+equal_mesh_search restricts any of these planners to plans whose stages share one submesh shape and one intra
+plan (uneven layer ranges allowed): the plans one ParallelSpec (tp, dp, pp, stage_layers) expresses, so that
+`trainsim measure --stage-layers` can run them end to end.
+
 MPE (Yun and Park 2023, sec. III-B, eq. 3): the holistic graph G_H(i, j, d) is the fastest stage of units
 i..j over submeshes of at most d devices that fits memory, and
     C(i, j, d) = min { G_H(i, j, d), C(i, a, d') + C(a, j, d - d') }.
@@ -23,7 +27,7 @@ stages it reads cost no profiling; the stage_evaluations it reports are chain lo
 import itertools
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from trainsim.errors import ConfigError, InfeasiblePlanError
@@ -231,3 +235,35 @@ def uniform_search(costs: StageCosts, num_blocks: int, meshes: list[Mesh], plans
         raise InfeasiblePlanError("out of memory", f"no even split fits in memory on {devices} devices")
     best = _with_count(best, counted.evaluations)
     return PlanSearch(best, counted.evaluations, time.perf_counter() - start, tried)
+
+
+# a planner over a cost source and (meshes, intra plans per mesh): alpa_dp, holistic_dp or uniform_search with the
+# other arguments bound
+Planner = Callable[[CountedStageCosts, list[Mesh], dict[Mesh, list[IntraPlan]]], PlanSearch]
+
+
+def equal_mesh_search(planner: Planner, costs: StageCosts, meshes: list[Mesh],
+                      plans: dict[Mesh, list[IntraPlan]]) -> PlanSearch:
+    """The best plan whose stages all share one submesh shape and one intra plan: `planner` run once per (mesh,
+    intra plan) pair with that pair alone, the lowest eq. 4 time kept (ties: the first pair in the order given).
+    A pair with no feasible plan (no stage fits memory, or Alpa's exact device count not a multiple of the mesh
+    size) is skipped. stage_evaluations counts the distinct stages over all runs; t_max_tried sums them."""
+    _check(1, 1, 1, meshes)
+    start = time.perf_counter()
+    counted = costs if isinstance(costs, CountedStageCosts) else CountedStageCosts(costs)
+    best: PlanSearch | None = None
+    tried = 0
+    for mesh in meshes:
+        for intra in plans.get(mesh, []):
+            try:
+                found = planner(counted, [mesh], {mesh: [intra]})
+            except InfeasiblePlanError:
+                continue
+            tried += found.t_max_tried
+            if best is None or found.plan.iteration_s < best.plan.iteration_s:
+                best = found
+    if best is None:
+        raise InfeasiblePlanError("out of memory", "no plan of stages on equal meshes with one intra plan fits in "
+                                  "memory")
+    plan = _with_count(best.plan, counted.evaluations)
+    return PlanSearch(plan, counted.evaluations, time.perf_counter() - start, tried)

@@ -7,8 +7,10 @@ Cost sources (STAGE_COSTS):
 - mpe: MPE's chain over measured nodes and edges, searched by MPE's holistic DP;
 - predtop: PredTOP's DAG Transformer trained per mesh on a measured fraction of the stages.
 The stage planner is Alpa's DP (holistic DP for mpe); the uniform planner tries Megatron's even splits under
-the same costs. profiled_configurations counts the stages run for real; stage_evaluations the stage estimates
-the planner read.
+the same costs. `equal_meshes` restricts either to stages on one submesh shape with one intra plan (uneven layer
+ranges allowed: what one ParallelSpec expresses and `trainsim measure --stage-layers` runs); `stage_tp` keeps
+only the intra plans of that tensor-parallel degree. profiled_configurations counts the stages run for real;
+stage_evaluations the stage estimates the planner read.
 
 The simulator re-checks a plan it can express: stages on equal meshes with equal intra plans are a ParallelSpec
 (tp, dp, pp, and the per-stage layer counts where the split is uneven) run through `predict(engine="sim")`; a
@@ -28,7 +30,7 @@ from trainsim.job import make_job
 from trainsim.pipeline import GraphCache, predict
 from trainsim.profile.paths import default_db_path
 from trainsim.search.stage_costs import CountedStageCosts, PricedStageCosts, StageCosts, StageJob
-from trainsim.search.stage_dp import PlanSearch, alpa_dp, holistic_dp, uniform_search
+from trainsim.search.stage_dp import PlanSearch, alpa_dp, equal_mesh_search, holistic_dp, uniform_search
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import Precision
 from trainsim.strategy.stage_plan import IntraPlan, Mesh, StagePlan, intra_plans, num_units, submeshes
@@ -50,6 +52,8 @@ class StageSearchSettings:
     predtop_epochs: int = 500
     predtop_patience: int = 200
     sp: bool = False
+    equal_meshes: bool = False
+    stage_tp: int | None = None
 
     def __post_init__(self) -> None:
         if self.planner not in PLANNERS:
@@ -63,6 +67,9 @@ class StageSearchSettings:
         if self.global_batch % self.num_micro_batches:
             raise ConfigError("num_micro_batches", self.num_micro_batches,
                               f"must divide the global batch ({self.global_batch})")
+        if self.stage_tp is not None and (not isinstance(self.stage_tp, int) or self.stage_tp <= 0):
+            raise ConfigError("stage_tp", self.stage_tp,
+                              "must be a positive integer (the intra plans' tensor-parallel degree)")
         if not 0.0 < self.predtop_fraction <= 1.0:
             raise ConfigError("predtop_fraction", self.predtop_fraction, "must be in (0, 1]")
 
@@ -76,6 +83,7 @@ class StageSearchReport:
     search_time_s: float
     sim_iteration_s: float | None
     sim_note: str
+    parallel: ParallelSpec | None = None  # the plan as one ParallelSpec (plan_parallel), None where it is not one
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -83,8 +91,15 @@ class StageSearchReport:
             "stage_evaluations": self.search.stage_evaluations,
             "profiled_configurations": self.profiled_configurations, "search_time_s": self.search_time_s,
             "t_max_tried": self.search.t_max_tried, "sim_iteration_s": self.sim_iteration_s,
-            "sim_note": self.sim_note,
+            "sim_note": self.sim_note, "parallel": None if self.parallel is None else parallel_fields(self.parallel),
         }
+
+
+def parallel_fields(parallel: ParallelSpec) -> dict[str, Any]:
+    """The strategy fields a stage plan sets (the flags `trainsim measure` runs it with)."""
+    return {"tp": parallel.tp, "dp": parallel.dp, "pp": parallel.pp, "sp": parallel.sp,
+            "micro_batch": parallel.micro_batch, "global_batch": parallel.global_batch, "seq_len": parallel.seq_len,
+            "precision": parallel.precision, "schedule": parallel.schedule, "stage_layers": list(parallel.stage_layers)}
 
 
 def _source(model: TransformerSpec, job: StageJob, settings: StageSearchSettings) -> tuple[StageCosts, Any]:
@@ -119,22 +134,42 @@ def stage_search(model: ModelSpec, cluster: ClusterSpec, settings: StageSearchSe
     job = StageJob(model=model, cluster=cluster, micro_batch=settings.global_batch // settings.num_micro_batches,
                    num_micro_batches=settings.num_micro_batches, seq_len=settings.seq_len,
                    precision=settings.precision)
-    meshes = submeshes(cluster)
-    plans: dict[Mesh, list[IntraPlan]] = {mesh: intra_plans(model, mesh, sp=settings.sp) for mesh in meshes}
+    meshes, plans = search_space(model, cluster, settings)
     start = time.perf_counter()
     source, counter = _source(model, job, settings)
     counted = CountedStageCosts(source)
-    args = (meshes, plans, cluster.num_gpus, settings.num_micro_batches, job.capacity_bytes)
+    rest = (cluster.num_gpus, settings.num_micro_batches, job.capacity_bytes)
     if settings.planner == "uniform":
-        found = uniform_search(counted, model.num_layers, *args)
-    elif settings.stage_costs == "mpe":
-        found = holistic_dp(counted, num_units(model), *args)
+        def planner(c: CountedStageCosts, m: list[Mesh], p: dict[Mesh, list[IntraPlan]]) -> PlanSearch:
+            return uniform_search(c, model.num_layers, m, p, *rest)
     else:
-        found = alpa_dp(counted, num_units(model), *args)
+        dp = holistic_dp if settings.stage_costs == "mpe" else alpa_dp
+
+        def planner(c: CountedStageCosts, m: list[Mesh], p: dict[Mesh, list[IntraPlan]]) -> PlanSearch:
+            return dp(c, num_units(model), m, p, *rest)
+    found = equal_mesh_search(planner, counted, meshes, plans) if settings.equal_meshes else \
+        planner(counted, meshes, plans)
     elapsed = time.perf_counter() - start
     profiled = 0 if counter is None else counter.profiled_configurations
     sim_s, note = sim_recheck(found.plan, model, cluster, settings)
-    return StageSearchReport(settings.planner, settings.stage_costs, found, profiled, elapsed, sim_s, note)
+    return StageSearchReport(settings.planner, settings.stage_costs, found, profiled, elapsed, sim_s, note,
+                             plan_parallel(found.plan, settings))
+
+
+def search_space(model: TransformerSpec, cluster: ClusterSpec,
+                 settings: StageSearchSettings) -> tuple[list[Mesh], dict[Mesh, list[IntraPlan]]]:
+    """Alpa's submeshes and each one's intra plans (only those of tensor-parallel degree `settings.stage_tp` when it
+    is set; a mesh left with none is dropped)."""
+    plans: dict[Mesh, list[IntraPlan]] = {}
+    for mesh in submeshes(cluster):
+        tp = settings.stage_tp
+        kept = [p for p in intra_plans(model, mesh, sp=settings.sp) if tp is None or p.tp == tp]
+        if kept:
+            plans[mesh] = kept
+    if not plans:
+        raise ConfigError("stage_tp", settings.stage_tp, f"no submesh of {cluster.num_gpus} devices has an intra "
+                          "plan of that tensor-parallel degree")
+    return list(plans), plans
 
 
 def plan_parallel(plan: StagePlan, settings: StageSearchSettings) -> ParallelSpec | None:

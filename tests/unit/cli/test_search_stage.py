@@ -43,12 +43,14 @@ def test_bad_inputs_exit_2() -> None:
 
 def test_an_uneven_plan_on_equal_meshes_is_rechecked_by_the_simulator_with_its_stage_layers() -> None:
     from trainsim.catalog.loader import load_cluster, load_model
+    from trainsim.ir.model_spec import TransformerSpec
     from trainsim.job import make_job
     from trainsim.pipeline import GraphCache, predict
     from trainsim.search.stage_search import StageSearchSettings, plan_parallel, sim_recheck
     from trainsim.strategy.stage_plan import IntraPlan, Mesh, StageEstimate, StagePlan, StageSpec
 
     model = load_model("gpt3-125m")  # 12 blocks: units 0 (embedding) .. 12, 13 (head)
+    assert isinstance(model, TransformerSpec)
     mesh, intra = Mesh(1, 1), IntraPlan()
     estimate = StageEstimate(latency_s=1.0, state_bytes=0.0, activation_bytes=0.0)
     plan = StagePlan(stages=(StageSpec(0, 9, mesh, intra), StageSpec(9, 14, mesh, intra)),
@@ -69,3 +71,45 @@ def test_an_uneven_plan_on_equal_meshes_is_rechecked_by_the_simulator_with_its_s
     mixed = StagePlan(stages=(StageSpec(0, 7, Mesh(1, 2), IntraPlan(dp=2)), StageSpec(7, 14, mesh, intra)),
                       estimates=(estimate, estimate), num_micro_batches=4)
     assert plan_parallel(mixed, settings) is None
+
+
+def test_equal_meshes_plan_is_one_parallel_spec_between_the_free_and_the_uniform_plan() -> None:
+    equal = json.loads(RUNNER.invoke(app, [*ARGS, "--planner", "stage", "--stage-costs", "analytical",
+                                           "--equal-meshes", "--stage-tp", "1"]).stdout)
+    free = json.loads(RUNNER.invoke(app, [*ARGS, "--planner", "stage", "--stage-costs", "analytical"]).stdout)
+    uniform = json.loads(RUNNER.invoke(app, [*ARGS, "--planner", "uniform", "--stage-costs", "analytical"]).stdout)
+    stages = equal["plan"]["stages"]
+    assert len({(s["mesh"], s["tp"], s["dp"]) for s in stages}) == 1
+    assert free["plan"]["iteration_s"] <= equal["plan"]["iteration_s"] <= uniform["plan"]["iteration_s"]
+    parallel = equal["parallel"]
+    assert parallel["pp"] == len(stages) and parallel["tp"] == 1 and parallel["dp"] == stages[0]["dp"]
+    assert parallel["micro_batch"] * parallel["dp"] * 4 == parallel["global_batch"] == 8
+    blocks = [len(s["blocks"]) for s in stages]
+    assert parallel["stage_layers"] == ([] if len(set(blocks)) == 1 else blocks)
+    assert sum(blocks) == 12  # gpt3-125m
+    assert equal["sim_iteration_s"] is not None  # one ParallelSpec: the simulator re-checks it
+
+
+def test_stage_tp_keeps_the_intra_plans_of_one_degree() -> None:
+    from trainsim.catalog.loader import load_cluster, load_model
+    from trainsim.ir.model_spec import TransformerSpec
+    from trainsim.search.stage_search import StageSearchSettings, search_space
+    from trainsim.strategy.stage_plan import IntraPlan, Mesh
+
+    model, cluster = load_model("gpt3-125m"), load_cluster("local-cpu").with_num_gpus(4).on_one_node()
+    assert isinstance(model, TransformerSpec)
+    settings = StageSearchSettings(global_batch=8, num_micro_batches=4, seq_len=128, stage_tp=2)
+    meshes, plans = search_space(model, cluster, settings)
+    assert meshes == [Mesh(1, 2), Mesh(1, 4)]  # the 1-device mesh has no tp = 2 plan
+    assert plans == {Mesh(1, 2): [IntraPlan(2, 1)], Mesh(1, 4): [IntraPlan(2, 2)]}
+
+
+def test_equal_meshes_and_stage_tp_bad_inputs_exit_2() -> None:
+    grid = RUNNER.invoke(app, [*ARGS, "--equal-meshes"])  # the uniform grid has no stages to restrict
+    assert grid.exit_code == 2 and "equal_meshes" in grid.output
+    grid_tp = RUNNER.invoke(app, [*ARGS, "--stage-tp", "1"])
+    assert grid_tp.exit_code == 2 and "stage_tp" in grid_tp.output
+    zero = RUNNER.invoke(app, [*ARGS, "--planner", "stage", "--stage-tp", "0"])
+    assert zero.exit_code == 2 and "stage_tp" in zero.output
+    none = RUNNER.invoke(app, [*ARGS, "--planner", "stage", "--stage-tp", "8"])  # no mesh of 2 has tp = 8
+    assert none.exit_code == 2 and "stage_tp" in none.output

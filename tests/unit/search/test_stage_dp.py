@@ -6,7 +6,7 @@ import pytest
 
 from trainsim.errors import ConfigError, InfeasiblePlanError
 from trainsim.search.stage_costs import CountedStageCosts, FunctionStageCosts
-from trainsim.search.stage_dp import alpa_dp, holistic_dp, uniform_search
+from trainsim.search.stage_dp import alpa_dp, equal_mesh_search, holistic_dp, uniform_search
 from trainsim.strategy.stage_plan import IntraPlan, Mesh, StageEstimate, StagePlan, StageSpec, pipeline_time_s
 
 ONE, TWO = Mesh(1, 1), Mesh(1, 2)
@@ -140,6 +140,77 @@ def _brute_force(estimate, units, meshes, plans, devices, b, capacity) -> float:
 
     walk(0, devices, [])
     return best
+
+
+def _alpa(devices: int, b: int, capacity: float):
+    return lambda costs, meshes, plans: alpa_dp(costs, 4, meshes, plans, devices, b, capacity)
+
+
+def _holistic(devices: int, b: int, capacity: float):
+    return lambda costs, meshes, plans: holistic_dp(costs, 4, meshes, plans, devices, b, capacity)
+
+
+def test_equal_mesh_search_hand_optimum():
+    # 3 devices, a 2-device mesh twice as fast, B = 4, units [1, 3, 1, 1]. Alpa over mixed meshes: [0,2) on 2
+    # devices (2) + [2,4) on 1 (2): T = 4 + 3 x 2 = 10. Equal meshes: 3 devices are no multiple of 2, so three
+    # stages of 1 device: [0,1) [1,2) [2,4) (1, 3, 2): T = 6 + 3 x 3 = 15 (the other splits have a 4 stage: 18).
+    mixed = alpa_dp(chain_costs(0.5), 4, MESHES, PLANS, 3, 4, capacity_bytes=100.0).plan
+    assert [(s.first, s.end, s.mesh) for s in mixed.stages] == [(0, 2, TWO), (2, 4, ONE)]
+    assert mixed.iteration_s == pytest.approx(10.0)
+    found = equal_mesh_search(_alpa(3, 4, 100.0), chain_costs(0.5), MESHES, PLANS)
+    assert [(s.first, s.end, s.mesh) for s in found.plan.stages] == [(0, 1, ONE), (1, 2, ONE), (2, 4, ONE)]
+    assert found.plan.iteration_s == pytest.approx(15.0)
+    # the 2-device mesh's table is built before its DP finds no plan: 10 ranges x 2 meshes evaluated
+    assert found.stage_evaluations == 20 == found.plan.stage_evaluations
+    # MPE's DP may leave a device idle: one stage of 6 x 0.5 on 2 devices, T = 4 x 3 = 12, beats three of 1 (15)
+    holistic = equal_mesh_search(_holistic(3, 4, 100.0), chain_costs(0.5), MESHES, PLANS).plan
+    assert [(s.first, s.end, s.mesh) for s in holistic.stages] == [(0, 4, TWO)]
+    assert holistic.iteration_s == pytest.approx(12.0)
+
+
+def test_equal_mesh_search_refuses_when_nothing_fits():
+    with pytest.raises(InfeasiblePlanError):
+        equal_mesh_search(_alpa(3, 4, 1.0), chain_costs(0.5), MESHES, PLANS)
+    with pytest.raises(ConfigError):
+        equal_mesh_search(_alpa(3, 4, 100.0), chain_costs(0.5), [], PLANS)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_equal_mesh_search_is_the_brute_force_optimum_over_one_mesh_and_intra_plan(seed: int):
+    # differential: the best over every (mesh, intra plan) of the brute-force optimum with that pair alone; never
+    # better than the unrestricted DP, never worse than the best even split (an even split is on equal meshes)
+    rng = random.Random(100 + seed)
+    blocks, units = 4, 6
+    unit_s = [rng.uniform(0.1, 3.0) for _ in range(units)]
+    meshes = [Mesh(1, 1), Mesh(1, 2), Mesh(1, 4)]
+    plans = {meshes[0]: [IntraPlan()], meshes[1]: [IntraPlan(1, 2), IntraPlan(2, 1)],
+             meshes[2]: [IntraPlan(1, 4), IntraPlan(2, 2)]}
+    speedup = {(1, 1): 1.0, (1, 2): rng.uniform(1.1, 2.0), (2, 1): rng.uniform(1.1, 2.0),
+               (4, 1): rng.uniform(1.5, 4.0), (2, 2): rng.uniform(1.5, 4.0)}  # (dp, tp)
+
+    def estimate(stage: StageSpec) -> StageEstimate:
+        span = range(stage.first, stage.end)
+        latency = sum(unit_s[u] for u in span) / speedup[(stage.intra.dp, stage.intra.tp)]
+        return StageEstimate(latency, 3.0 * len(span) / stage.intra.tp, 1.0 * len(span) / stage.mesh.size)
+
+    b, capacity = rng.choice([2, 4, 8]), rng.uniform(8.0, 30.0)
+    costs = FunctionStageCosts(estimate)
+    expected = min(_brute_force(estimate, units, [mesh], {mesh: [intra]}, 4, b, capacity)
+                   for mesh in meshes for intra in plans[mesh])
+    try:
+        found = equal_mesh_search(lambda c, m, p: alpa_dp(c, units, m, p, 4, b, capacity), costs, meshes,
+                                  plans).plan
+    except InfeasiblePlanError:
+        assert expected == float("inf")
+        return
+    assert found.iteration_s == pytest.approx(expected)
+    assert len({(s.mesh, s.intra) for s in found.stages}) == 1
+    assert found.iteration_s >= alpa_dp(costs, units, meshes, plans, 4, b, capacity).plan.iteration_s - 1e-12
+    try:
+        uniform = uniform_search(costs, blocks, meshes, plans, 4, b, capacity).plan.iteration_s
+    except InfeasiblePlanError:
+        uniform = float("inf")
+    assert found.iteration_s <= uniform + 1e-12
 
 
 def test_stage_plan_checks_and_blocks():

@@ -636,9 +636,9 @@ class _Fast:
 
             # Pricer._gradient_sync_s: the interleaved schedule's windows (stack_effects.window_micro_batches)
             interleaved = self.schedule[plan] == SCHEDULE_CODES["interleaved-1f1b"]
+            scaled = exposed(np.where(interleaved, self.pp[plan], 1.0))
             vpp = self.vpp[plan].astype(np.float64)
-            out[chosen] = np.where(interleaved, np.maximum(exposed(np.where(interleaved, self.pp[plan], 1.0)),
-                                                           exposed(1.0 / vpp) / vpp), exposed(np.ones(len(plan))))
+            out[chosen] = np.where(interleaved, np.maximum(scaled, exposed(1.0 / vpp) / vpp), scaled)
         return np.maximum(out[:n], out[n:])
 
     def _queue(self, key: tuple[int, ...], plan: int, row: int) -> int:

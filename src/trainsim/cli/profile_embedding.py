@@ -13,7 +13,7 @@ import typer
 from trainsim.calibrate.lookup_model import fit_lookup_model, merge_passes, retest_mape
 from trainsim.cli.errors import handles_errors
 from trainsim.errors import ConfigError
-from trainsim.profile.embedding import SPACES, profile_lookups, read_csv, write_csv
+from trainsim.profile.embedding import CUDA_TIMINGS, SPACES, CsvRows, LookupBench, profile_lookups, read_csv
 from trainsim.profile.ops import clock_for
 
 
@@ -31,6 +31,9 @@ def profile_embedding(
                                                       "fastest time over the passes (repeatable)")] = None,
     device: Annotated[str, typer.Option(help="where the benchmarks run: cpu, or cuda (torch's CUDA kernels)")]
     = "cpu",
+    timing: Annotated[str, typer.Option(help="on a GPU: kernel (the kernels' own durations, from the CUDA "
+                                        "profiler) or events (CUDA events around the host's launches too)")]
+    = "kernel",
     cold: Annotated[bool, typer.Option("--cold/--warm", help="evict the caches before every timed pass (as inside "
                                        "a training step), or repeat the batch from warm caches")] = True,
 ) -> None:
@@ -39,6 +42,8 @@ def profile_embedding(
         raise ConfigError("count/threads/repeats", (count, threads, repeats), "must all be positive integers")
     if device not in SPACES:
         raise ConfigError("device", device, f"one of {', '.join(SPACES)}")
+    if timing not in CUDA_TIMINGS:
+        raise ConfigError("timing", timing, f"one of {', '.join(CUDA_TIMINGS)}")
     if measure:
         import torch
 
@@ -47,12 +52,15 @@ def profile_embedding(
         torch.set_num_threads(threads)
         if device == "cpu":
             typer.echo(f"timing on the {clock_for('cpu')[1]}", err=True)
-        benches = profile_lookups(count, seed, repeats=repeats,
-                                  progress=lambda b: typer.echo(f"{b.table.describe()} batch {b.batch}: fwd "
-                                                                f"{b.fwd_s * 1e3:.3f} ms, bwd {b.bwd_s * 1e3:.3f} ms",
-                                                                err=True),
-                                  device=device, cold=cold)
-        write_csv(benches, csv_path)
+        with CsvRows(csv_path) as rows:
+
+            def progress(bench: LookupBench) -> None:
+                rows.add(bench)
+                typer.echo(f"{bench.table.describe()} batch {bench.batch}: fwd {bench.fwd_s * 1e3:.3f} ms, bwd "
+                           f"{bench.bwd_s * 1e3:.3f} ms", err=True)
+
+            profile_lookups(count, seed, repeats=repeats, progress=progress, device=device, cold=cold,
+                            cuda_timing=timing)
     benches = read_csv(csv_path)
     if fit is None:
         typer.echo(f"{len(benches)} microbenchmarks in {csv_path}")

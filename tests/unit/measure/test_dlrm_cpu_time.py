@@ -43,9 +43,8 @@ def test_host_clock_reads_the_clock_it_is_given() -> None:
 
     ticks = itertools.count(step=2.0)
     clock = _HostClock(lambda: next(ticks))
-    for _ in range(3):
-        clock.mark()
-    assert clock.intervals_s() == (2.0, 2.0)
+    assert clock.time_s(lambda: "out") == ("out", 2.0)
+    assert clock.time_s(lambda: None) == (None, 2.0)
 
 
 def test_cold_lookup_benchmark_flushes_before_every_pass() -> None:

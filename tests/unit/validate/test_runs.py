@@ -117,6 +117,19 @@ def test_amd_gpus_named_in_the_notes_run_on_their_servers() -> None:
     assert mi300x.job is not None and mi300x.job.cluster.device.peak_for("bf16") == 1307.4e12
 
 
+def test_gh200_superchips_named_in_the_notes_run_on_their_four_gpu_nodes() -> None:
+    alps = job_from_row(_row(gpu="other", num_gpus="16", dp="16", gpus_per_node="4", notes="CSCS Alps, GH200"))
+    assert alps.job is not None and alps.job.cluster.name == "alps-gh200"
+    assert (alps.job.cluster.device.name, alps.job.cluster.device.hbm_bytes) == ("gh200-96gb", 96e9)
+    assert alps.job.cluster.nic_bw_per_gpu_bytes_per_s == 200e9 / 8  # one Slingshot-11 NIC per superchip
+    jupiter = job_from_row(_row(gpu="other", num_gpus="16", dp="16", gpus_per_node="4",
+                                notes="GH200 nodes of JUPITER"))
+    assert jupiter.job is not None and jupiter.job.cluster.name == "jupiter-gh200"
+    big = job_from_row(_row(gpu="other", num_gpus="16", dp="16", gpus_per_node="4", notes="GH200 144GB HBM3e"))
+    assert big.job is not None and big.job.cluster.device.name == "gh200-144gb"
+    assert not job_from_row(_row(gpu="other", notes="GH100 engineering sample")).job  # no GPU named: refused
+
+
 def test_expert_parallelism_wider_than_the_data_ranks_runs_as_the_nearest_plan() -> None:
     # Megatron-Core's parallel folding: ep 64 over tp 2 x dp 32; trainsim's experts share data ranks only
     folded = job_from_row(_row(arch="other", num_gpus="256", tp="2", pp="4", dp="32", ep="64", num_heads="4",

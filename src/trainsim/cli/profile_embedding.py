@@ -15,6 +15,7 @@ from trainsim.cli.errors import handles_errors
 from trainsim.errors import ConfigError
 from trainsim.profile.embedding import CUDA_TIMINGS, SPACES, CsvRows, LookupBench, profile_lookups, read_csv
 from trainsim.profile.ops import clock_for
+from trainsim.report.output import write_text_atomic
 
 
 @handles_errors
@@ -29,6 +30,9 @@ def profile_embedding(
     passes: Annotated[list[Path] | None, typer.Option("--pass-csv", help="with --fit: another pass over the same "
                                                       "benchmarks (same --count, --seed); each benchmark counts its "
                                                       "fastest time over the passes (repeatable)")] = None,
+    extra: Annotated[list[Path] | None, typer.Option("--extra-csv", help="with --fit: another set of benchmarks "
+                                                     "(another --seed) fitted and held out with these "
+                                                     "(repeatable)")] = None,
     device: Annotated[str, typer.Option(help="where the benchmarks run: cpu, or cuda (torch's CUDA kernels)")]
     = "cpu",
     timing: Annotated[str, typer.Option(help="on a GPU: kernel (the kernels' own durations, from the CUDA "
@@ -66,11 +70,13 @@ def profile_embedding(
         typer.echo(f"{len(benches)} microbenchmarks in {csv_path}")
         return
     runs = [benches, *(read_csv(path) for path in passes or [])]
-    result = fit_lookup_model(merge_passes(runs), seed=seed)
+    result = fit_lookup_model(merge_passes(runs) + [b for path in extra or [] for b in read_csv(path)], seed=seed)
     fit.parent.mkdir(parents=True, exist_ok=True)
-    fit.write_text(json.dumps(result.mlp.to_json()))
+    write_text_atomic(fit, json.dumps(result.mlp.to_json()))
     typer.echo(f"lookup model: {result.train_rows} rows to fit, {result.test_rows} held out -> {fit}")
     floor = retest_mape(runs, seed=seed)
+    if floor:
+        typer.echo(f"pass-to-pass: the spread between the passes of {csv_path.name}'s held-out rows")
     typer.echo(f"{'phase':<5} {'tables':<7} {'MLP MAPE':>9} {'roofline MAPE':>14}"
                + (f" {'pass-to-pass':>13}" if floor else ""))
     for (phase, group), value in result.mlp_mape.items():

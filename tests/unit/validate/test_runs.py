@@ -120,7 +120,8 @@ def test_amd_gpus_named_in_the_notes_run_on_their_servers() -> None:
 def test_gh200_superchips_named_in_the_notes_run_on_their_four_gpu_nodes() -> None:
     alps = job_from_row(_row(gpu="other", num_gpus="16", dp="16", gpus_per_node="4", notes="CSCS Alps, GH200"))
     assert alps.job is not None and alps.job.cluster.name == "alps-gh200"
-    assert (alps.job.cluster.device.name, alps.job.cluster.device.hbm_bytes) == ("gh200-96gb", 96e9)
+    device = alps.job.cluster.device
+    assert (device.name, device.hbm_bytes) == ("gh200-96gb", 96 * 2**30)  # "GB" of HBM as GiB, the catalog's rule
     assert alps.job.cluster.nic_bw_per_gpu_bytes_per_s == 200e9 / 8  # one Slingshot-11 NIC per superchip
     jupiter = job_from_row(_row(gpu="other", num_gpus="16", dp="16", gpus_per_node="4",
                                 notes="GH200 nodes of JUPITER"))

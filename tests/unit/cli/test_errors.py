@@ -208,3 +208,9 @@ def test_predict_does_not_import_torch() -> None:
                           timeout=120, check=False, env=env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "False []", proc.stdout
+
+
+def test_profile_embedding_names_a_bad_gpu_timing(tmp_path: Path) -> None:
+    result = RUNNER.invoke(app, ["profile-embedding", "--csv", str(tmp_path / "b.csv"), "--timing", "wall"])
+    line = _one_error_line(result)
+    assert "timing='wall'" in line and "kernel, events" in line

@@ -126,3 +126,27 @@ def test_mlp_lookup_scales_linearly_beyond_the_benchmarked_pooling() -> None:
     assert model.within_range(edge) == (edge, 1.0)
     for phase in ("fwd", "bwd"):
         assert model.lookup_s(beyond, phase) == pytest.approx(4.0 * model.lookup_s(edge, phase))
+
+
+def test_benchmark_rows_are_kept_when_a_run_stops_and_renamed_when_it_ends(tmp_path: Path) -> None:
+    from trainsim.profile.embedding import CsvRows
+
+    path = tmp_path / "bench.csv"
+    with pytest.raises(KeyboardInterrupt), CsvRows(path) as rows:
+        rows.add(_bench(0, 1000, 100))
+        raise KeyboardInterrupt
+    assert not path.exists() and len(read_csv(path.with_name("bench.csv.partial"))) == 1  # what it measured
+    with CsvRows(path) as rows:
+        for i in range(3):
+            rows.add(_bench(i, 1000, 100 + i))
+    assert [b.lookups for b in read_csv(path)] == [100, 101, 102]
+    assert not path.with_name("bench.csv.partial").exists()
+
+
+def test_the_gpu_timing_is_named_and_a_host_clock_times_a_phase() -> None:
+    from trainsim.profile.embedding import clock_for_device
+
+    with pytest.raises(ConfigError, match="timing"):
+        clock_for_device("cuda", "wall")
+    value, seconds = clock_for_device("cpu").time_s(lambda: sum(range(1000)))
+    assert value == 499500 and seconds >= 0.0

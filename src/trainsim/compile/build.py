@@ -108,6 +108,10 @@ def _emit_stage(ctx: BuildContext, stage: int, program: list[Step],
     grads: dict[int, tuple[int, Unit]] = {}  # layer index -> (tid that finishes its gradient, its layer-phase)
     templates: dict[tuple[int, str], _StepTemplate] = {}
     k = 0
+    # consecutive template steps, written together (StageWriter.emit_blocks) before any other task is written
+    blocks: list[SpecBlock] = []
+    micro_batches: list[int] = []
+    first = len(w.columns)  # the tid of the next template step's first task while blocks are held
     for step, chunk in steps:
         w.step_first = -1
         if fsdp is None and chunk and not (step.phase == "F" and param_gathers
@@ -115,17 +119,27 @@ def _emit_stage(ctx: BuildContext, stage: int, program: list[Step],
             # a step no pass cuts into: its tasks as one template per (chunk, F | B | W), replayed per micro-batch
             template = templates.get((step.chunk, step.phase))
             if template is None:
+                _flush(w, blocks, micro_batches)
                 template = templates[(step.chunk, step.phase)] = _step_template(
                     w, step_units(step, chunk), overheads, split)
-            first = len(w.columns)
-            w.emit_block(template.block, step.micro_batch)
-            for offset, unit in template.gradients:
-                index = unit.assignment.index
-                grads.pop(index, None)  # re-insert: the dict keeps the order in which gradients become final
-                grads[index] = (first + offset if offset >= 0 else -1, unit)
+            size = len(template.block.stream)
+            if size:
+                if not blocks:
+                    first = len(w.columns)
+                blocks.append(template.block)
+                micro_batches.append(step.micro_batch)
+                for offset, unit in template.gradients:
+                    index = unit.assignment.index
+                    grads.pop(index, None)  # re-insert: the dict keeps the order in which gradients become final
+                    grads[index] = (first + offset if offset >= 0 else -1, unit)
+                records[(stage, step)] = StepRecord(first, first + size - 1)
+                first += size
+            else:
+                _flush(w, blocks, micro_batches)
+                records[(stage, step)] = StepRecord(w.step_first, w.prev)
             k += len(chunk)
-            records[(stage, step)] = StepRecord(w.step_first, w.prev)
             continue
+        _flush(w, blocks, micro_batches)
         units = step_units(step, chunk)
         if step.phase == "F":
             for spec in overheads:
@@ -151,12 +165,21 @@ def _emit_stage(ctx: BuildContext, stage: int, program: list[Step],
                 grads[index] = (last, unit)
             k += 1
         records[(stage, step)] = StepRecord(w.step_first, w.prev)
+    _flush(w, blocks, micro_batches)
     final = [(tid, ctx.grad_params(u.assignment.index, u.assignment.layer.param_count), u.label)
              for tid, u in grads.values()]
     grad_tids = insert_gradient_sync(ctx, stage, final, w.prev)
     if fsdp is not None:
         grad_tids += fsdp.finish()
     return _StageTail(w.prev, grad_tids)
+
+
+def _flush(w: StageWriter, blocks: list[SpecBlock], micro_batches: list[int]) -> None:
+    """Write the held template steps' tasks and forget them."""
+    if blocks:
+        w.emit_blocks(blocks, micro_batches)
+        blocks.clear()
+        micro_batches.clear()
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ one transfer over the pipeline group's layout (Pricer.pipeline_hop_s per directi
 stream. The sender's next step waits for it (Megatron-LM's blocking p2p), and so does the receiving step.
 """
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from trainsim.compile.context import BuildContext
 from trainsim.compile.in_flight import limit_in_flight
@@ -14,13 +14,12 @@ from trainsim.compile.schedules import Step, schedule_order
 from trainsim.strategy.lowered import LayerAssignment, LoweredPlan
 
 
-@dataclass(slots=True)
-class StepRecord:
-    """Where one schedule step's tasks sit in the graph: its first chain task (the one that waits for a
-    received tensor) and its last (the one whose output is sent)."""
+class StepTids(NamedTuple):
+    """Where a stage's schedule steps sit in the graph, per step of its program in order: each step's first chain
+    task (the one that waits for a received tensor) and its last (the one whose output is sent)."""
 
-    first_tid: int
-    last_tid: int
+    first: list[int]
+    last: list[int]
 
 
 def stage_programs(plan: LoweredPlan) -> list[list[Step]]:
@@ -72,7 +71,7 @@ def _transfers(ctx: BuildContext, programs: list[list[Step]]) -> list[_Transfer]
 
 
 def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
-                     records: dict[tuple[int, Step], StepRecord]) -> None:
+                     steps: list[StepTids]) -> None:
     """Add the pipeline transfers and the dependencies of the receiving steps and of the senders' next steps.
 
     Two transfers in opposite directions between the same two stages where each stage sends after one step
@@ -106,8 +105,8 @@ def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
     # NB: the transfers' tasks as rows in TaskColumns' field order, added to the columns at the end
     rows: list[tuple[object, ...]] = []
     base = len(columns)
-    firsts = [[records[(stage, step)].first_tid for step in program] for stage, program in enumerate(programs)]
-    lasts = [[records[(stage, step)].last_tid for step in program] for stage, program in enumerate(programs)]
+    firsts = [tids.first for tids in steps]
+    lasts = [tids.last for tids in steps]
     one_way_links: dict[tuple[int, int], tuple[str, ...]] = {}  # (sender, receiver) -> links of a send
     for t in transfers:
         if merged and id(t) in merged:

@@ -410,7 +410,8 @@ class Engine:
                             else:
                                 times.append(t)
                                 tl_b[d].append(value)
-                for succ in successors[tid]:
+                following = successors[tid]  # (None: the next tid alone)
+                for succ in (tid + 1,) if following is None else following:
                     remaining_deps[succ] -= 1
                     if remaining_deps[succ] == 0:
                         ready[succ] = t
@@ -421,7 +422,8 @@ class Engine:
                         if alone_run[ds] is not None:  # a task of a device running a run alone: cut it here
                             seq, finished = self._alone_cut(ds, t, seq, dirty_streams)
                             done += finished
-                        elif run_total[ds] == 0 and len(successors[succ]) == 1 and leader_of[succ] < 0:
+                        elif run_total[ds] == 0 and leader_of[succ] < 0 and (
+                                (nexts := successors[succ]) is None or len(nexts) == 1):
                             base = ds * NUM_STREAMS
                             if (stream_task[base] < 0 and stream_task[base + 1] < 0 and stream_task[base + 2] < 0
                                     and not queue[base] and not queue[base + 1] and not queue[base + 2]
@@ -430,7 +432,7 @@ class Engine:
                                 # before and waiting for it alone, on this device, no collective, no link another
                                 # device names) runs alone until something else arrives there, as one event at its
                                 # end (each task's end = its start + its work)
-                                x = successors[succ][0]
+                                x = succ + 1 if nexts is None else nexts[0]
                                 if not (num_deps[x] != 1 or device_of[x] != ds or leader_of[x] >= 0
                                         or x in shared):
                                     # its tasks are written out now, as each would end alone (its start + its
@@ -476,10 +478,13 @@ class Engine:
                                                     tl_b[ds].append(memory)
                                         stream_prev[stream_of[x]] = x
                                         prev, s = x, e
-                                        following = successors[x]
-                                        if len(following) != 1:
+                                        nexts = successors[x]
+                                        if nexts is None:  # (the next tid, waiting for x alone)
+                                            x += 1
+                                        elif len(nexts) == 1:
+                                            x = nexts[0]
+                                        else:
                                             break
-                                        x = following[0]
                                         if (num_deps[x] != 1 or device_of[x] != ds or leader_of[x] >= 0
                                                 or x in shared):
                                             break

@@ -5,8 +5,9 @@ engine's do, so the two fidelity levels price the same work identically and diff
 """
 
 from dataclasses import dataclass, field
+from functools import reduce
 from itertools import accumulate, chain, repeat
-from operator import attrgetter
+from operator import attrgetter, iadd
 from typing import Literal
 
 from trainsim.catalog.calibration import Calibration
@@ -393,8 +394,8 @@ class StageWriter:
         c.device += [stage] * total
         c.stage += [stage] * total
         c.micro_batch += chain.from_iterable(map(repeat, micro_batches, sizes))
-        for column, read in _BLOCK_COLUMNS:
-            getattr(c, column).extend(chain.from_iterable(map(read, blocks)))
+        for column, read in _BLOCK_COLUMNS:  # NB: += of each block's tuple, looped in C (reduce), copies it at once
+            reduce(iadd, map(read, blocks), getattr(c, column))
         self.prev = tid + total - 1
 
     def wait_for(self, *tids: int) -> None:

@@ -94,10 +94,12 @@ def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
     # nemo-toolkit 2.0.0): the sender's next step does not wait for its send.
     overlap = plan.num_chunks > 1 and ctx.pricer.overlaps("pp_comm_overlap", ctx.job)
     transfers = _transfers(ctx, programs)
-    sent_after: dict[tuple[int, int], list[_Transfer]] = {}
+    # (sender, its step, receiver, its step) -> the transfers between them, in order: a transfer's possible partner is
+    # found by one look-up
+    between: dict[tuple[int, int, int, int], list[_Transfer]] = {}
     if not overlap:
         for t in transfers:
-            sent_after.setdefault((t[_SRC], t[_SRC_INDEX]), []).append(t)
+            between.setdefault(t[_SRC:_DST_INDEX + 1], []).append(t)
     merged: set[int] = set()
     layout = ctx.layout("pp")
     columns = ctx.graph.writable_columns()
@@ -108,14 +110,15 @@ def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
     firsts = [tids.first for tids in steps]
     lasts = [tids.last for tids in steps]
     one_way_links: dict[tuple[int, int], tuple[str, ...]] = {}  # (sender, receiver) -> links of a send
+    lengths = list(map(len, programs))
     for t in transfers:
         if merged and id(t) in merged:
             continue
         what, micro_batch, boundary, src, src_index, dst, dst_index, seconds = t
         partner = None
         if src != dst and not overlap:
-            for o in sent_after.get((dst, dst_index - 1), ()):
-                if o[_DST] == src and o[_DST_INDEX] == src_index + 1 and id(o) not in merged and o[_SRC] != o[_DST]:
+            for o in between.get((dst, dst_index - 1, src, src_index + 1), ()):  # sent after the step before
+                if id(o) not in merged and o[_SRC] != o[_DST]:
                     partner = o
                     break
         if partner is not None:
@@ -142,7 +145,7 @@ def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
                      "pp_comm", 0, ()))
         receiver = firsts[dst][dst_index]
         deps[receiver] = (*deps[receiver], send)
-        if src_index + 1 < len(programs[src]) and not overlap:  # blocking p2p: the sender's next step waits
+        if src_index + 1 < lengths[src] and not overlap:  # blocking p2p: the sender's next step waits
             sender = firsts[src][src_index + 1]
             deps[sender] = (*deps[sender], send)
     columns.extend_rows(rows)

@@ -18,9 +18,11 @@ waiting for it only). When such a chain's next task becomes ready on a device wh
 stream or waits in a queue, the chain from there (as long as each task is the only successor of the one
 before, waits for nothing else, is no collective rank and names no link another device's flow names) runs as
 one END event: alone on the device nothing stretches it, so each task ends at its start + its work, summed in
-order as the step-by-step loop would. Anything that becomes ready on that device before the run's end cuts the
-run at that instant: the tasks ended by then are written out, and the one running becomes an ordinary flow
-(or, starting at that instant, a ready task for the dispatch pass). Either way every start, end, ready and
+order as the step-by-step loop would. The run's tasks are written out as the chain is walked, at its start (times,
+memory and its timeline, exposed time), with what that changed on the device kept. Anything that becomes ready on
+that device before the run's end cuts the run at that instant: the device's state is restored, the tasks ended by
+then are written out again, and the one running becomes an ordinary flow (or, starting at that instant, a ready
+task for the dispatch pass). Either way every start, end, ready and
 dispatch time, the memory timeline and the exposed time are the step-by-step loop's, bit for bit
 (tests/unit/sim/test_engine.py compares the two on synthetic pipelines, random graphs and compiled jobs); only
 the event count drops (GPT-3 175B on 16 stages: 278,317 -> 62,273). What held a task back (the critical path)

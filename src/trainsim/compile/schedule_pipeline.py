@@ -99,7 +99,7 @@ def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
     between: dict[tuple[int, int, int, int], list[_Transfer]] = {}
     if not overlap:
         for t in transfers:
-            between.setdefault(t[_SRC:_DST_INDEX + 1], []).append(t)
+            between.setdefault((t[_SRC], t[_SRC_INDEX], t[_DST], t[_DST_INDEX]), []).append(t)
     merged: set[int] = set()
     layout = ctx.layout("pp")
     columns = ctx.graph.writable_columns()

@@ -34,7 +34,7 @@ from trainsim.compile.device_classes import split_device_classes
 from trainsim.compile.insert_collectives import insert_gradient_sync, insert_param_gathers
 from trainsim.compile.lower_layers import Cut, Unit, UnitMemory, emit_unit, step_units, unit_specs
 from trainsim.compile.place_links import place_links
-from trainsim.compile.schedule_pipeline import StepRecord, chunk_layers, insert_transfers, stage_programs
+from trainsim.compile.schedule_pipeline import StepTids, chunk_layers, insert_transfers, stage_programs
 from trainsim.compile.schedules import Step, splits_backward
 from trainsim.compile.splits import plan_mesh_comms, plan_splits
 from trainsim.compile.stage_meshes import compile_stage_meshes
@@ -86,16 +86,16 @@ def _compile_stages(job: Job, plan: LoweredPlan, pricer: Pricer, task_level: Tas
                                        static_bytes=sum(states.values()), static_breakdown=states))
     programs = stage_programs(plan)
     layers = chunk_layers(plan)
-    records: dict[tuple[int, Step], StepRecord] = {}
-    tails = [_emit_stage(ctx, stage, programs[stage], layers, records) for stage in range(plan.num_stages)]
-    insert_transfers(ctx, programs, records)
+    steps = [StepTids([], []) for _ in range(plan.num_stages)]
+    tails = [_emit_stage(ctx, stage, programs[stage], layers, steps[stage]) for stage in range(plan.num_stages)]
+    insert_transfers(ctx, programs, steps)
     _emit_step_end(ctx, tails)
     return graph
 
 
 def _emit_stage(ctx: BuildContext, stage: int, program: list[Step],
                 layers: dict[tuple[int, int], list[LayerAssignment]],
-                records: dict[tuple[int, Step], StepRecord]) -> _StageTail:
+                tids: StepTids) -> _StageTail:
     w = StageWriter(ctx, stage)
     split = splits_backward(str(ctx.plan.schedule))
     steps = [(step, layers[(stage, step.chunk)]) for step in program]
@@ -108,6 +108,11 @@ def _emit_stage(ctx: BuildContext, stage: int, program: list[Step],
     grads: dict[int, tuple[int, Unit]] = {}  # layer index -> (tid that finishes its gradient, its layer-phase)
     templates: dict[tuple[int, str], _StepTemplate] = {}
     k = 0
+    first_tids, last_tids = tids  # per step of the program, in its order
+    # consecutive template steps, written together (StageWriter.emit_blocks) before any other task is written
+    blocks: list[SpecBlock] = []
+    micro_batches: list[int] = []
+    first = len(w.columns)  # the tid of the next template step's first task while blocks are held
     for step, chunk in steps:
         w.step_first = -1
         if fsdp is None and chunk and not (step.phase == "F" and param_gathers
@@ -115,17 +120,28 @@ def _emit_stage(ctx: BuildContext, stage: int, program: list[Step],
             # a step no pass cuts into: its tasks as one template per (chunk, F | B | W), replayed per micro-batch
             template = templates.get((step.chunk, step.phase))
             if template is None:
+                _flush(w, blocks, micro_batches)
                 template = templates[(step.chunk, step.phase)] = _step_template(
                     w, step_units(step, chunk), overheads, split)
-            first = len(w.columns)
-            w.emit_block(template.block, step.micro_batch)
-            for offset, unit in template.gradients:
-                index = unit.assignment.index
-                grads.pop(index, None)  # re-insert: the dict keeps the order in which gradients become final
-                grads[index] = (first + offset if offset >= 0 else -1, unit)
+            size = len(template.block.stream)
+            if size:
+                if not blocks:
+                    first = len(w.columns)
+                blocks.append(template.block)
+                micro_batches.append(step.micro_batch)
+                for offset, index, unit in template.gradients:
+                    grads.pop(index, None)  # re-insert: the dict keeps the order in which gradients become final
+                    grads[index] = (first + offset if offset >= 0 else -1, unit)
+                first_tids.append(first)
+                last_tids.append(first + size - 1)
+                first += size
+            else:
+                _flush(w, blocks, micro_batches)
+                first_tids.append(w.step_first)
+                last_tids.append(w.prev)
             k += len(chunk)
-            records[(stage, step)] = StepRecord(w.step_first, w.prev)
             continue
+        _flush(w, blocks, micro_batches)
         units = step_units(step, chunk)
         if step.phase == "F":
             for spec in overheads:
@@ -150,7 +166,9 @@ def _emit_stage(ctx: BuildContext, stage: int, program: list[Step],
                 grads.pop(index, None)  # re-insert: the dict keeps the order in which gradients become final
                 grads[index] = (last, unit)
             k += 1
-        records[(stage, step)] = StepRecord(w.step_first, w.prev)
+        first_tids.append(w.step_first)
+        last_tids.append(w.prev)
+    _flush(w, blocks, micro_batches)
     final = [(tid, ctx.grad_params(u.assignment.index, u.assignment.layer.param_count), u.label)
              for tid, u in grads.values()]
     grad_tids = insert_gradient_sync(ctx, stage, final, w.prev)
@@ -159,25 +177,33 @@ def _emit_stage(ctx: BuildContext, stage: int, program: list[Step],
     return _StageTail(w.prev, grad_tids)
 
 
+def _flush(w: StageWriter, blocks: list[SpecBlock], micro_batches: list[int]) -> None:
+    """Write the held template steps' tasks and forget them."""
+    if blocks:
+        w.emit_blocks(blocks, micro_batches)
+        blocks.clear()
+        micro_batches.clear()
+
+
 @dataclass(frozen=True, slots=True)
 class _StepTemplate:
     """A step's chain tasks whatever its micro-batch (the forward's per-micro-batch overheads, then each
     layer-phase's specs), and per layer-phase that finishes a weight gradient the offset of its last compute task
-    among them (-1: none)."""
+    among them (-1: none) and its layer's index."""
 
     block: SpecBlock
-    gradients: tuple[tuple[int, Unit], ...]
+    gradients: tuple[tuple[int, int, Unit], ...]  # (offset, layer index, layer-phase)
 
 
 def _step_template(w: StageWriter, units: list[Unit], overheads: tuple[TaskSpec, ...], split: bool) -> _StepTemplate:
     specs: list[TaskSpec] = list(overheads) if units[0].phase == "F" else []
-    gradients: list[tuple[int, Unit]] = []
+    gradients: list[tuple[int, int, Unit]] = []
     for unit in units:
         unit_tasks = unit_specs(w, unit, split)
         last = max((len(specs) + i for i, spec in enumerate(unit_tasks) if spec.stream == "compute"), default=-1)
         specs += unit_tasks
         if unit.makes_gradient(split):
-            gradients.append((last, unit))
+            gradients.append((last, unit.assignment.index, unit))
     return _StepTemplate(SpecBlock.of(tuple(specs)), tuple(gradients))
 
 

@@ -5,6 +5,9 @@ engine's do, so the two fidelity levels price the same work identically and diff
 """
 
 from dataclasses import dataclass, field
+from functools import reduce
+from itertools import accumulate, chain, repeat
+from operator import attrgetter, iadd
 from typing import Literal
 
 from trainsim.catalog.calibration import Calibration
@@ -284,6 +287,15 @@ class SpecBlock:
                    max((i for i, s in enumerate(specs) if s.stream == "compute"), default=-1))
 
 
+_STREAM = attrgetter("stream")
+_AFFIXES = attrgetter("affixes")
+# TaskColumns' columns that a SpecBlock gives as they are (emit_blocks), with the block field holding each
+_BLOCK_COLUMNS = tuple((column, attrgetter(field)) for column, field in (
+    ("stream", "stream"), ("kind", "kind"), ("duration_s", "duration_s"), ("sync_key", "blank"),
+    ("resources", "resources"), ("alloc_bytes", "alloc_bytes"), ("free_bytes", "free_bytes"), ("phase", "phase"),
+    ("layer", "layer"), ("category", "category"), ("priority", "zeros"), ("link_shares", "no_shares")))
+
+
 class StageWriter:
     """Appends one stage's serialized work: compute tasks and the feature collectives that block them form
     one chain (each waits for the previous), which is how the analytical engine adds them up."""
@@ -361,6 +373,30 @@ class StageWriter:
         if self.step_first < 0:
             self.step_first = tid
         return tid + block.last_compute if block.last_compute >= 0 else -1
+
+    def emit_blocks(self, blocks: list[SpecBlock], micro_batches: list[int]) -> None:
+        """Append several blocks' chain tasks, each for its micro-batch, in order: the graph emit_block would
+        write one by one (each block's first task waits for the task before it, so the whole batch is one chain),
+        with one extension per column for all of them (in C: no Python step per block and column). NB: step_first is
+        left as it is: the caller records where each block's tasks are."""
+        c, stage = self.columns, self.stage
+        sizes = list(map(len, map(_STREAM, blocks)))
+        total = sum(sizes)
+        if not total:
+            return
+        tid = len(c)
+        c.deps.append((self.prev, *self.pending) if self.prev >= 0 else tuple(self.pending))
+        c.deps += zip(range(tid, tid + total - 1))
+        self.pending = []
+        firsts = list(accumulate(sizes, initial=tid))
+        firsts.pop()
+        c.name_blocks_later(firsts, list(map(_AFFIXES, blocks)), micro_batches, total)
+        c.device += [stage] * total
+        c.stage += [stage] * total
+        c.micro_batch += chain.from_iterable(map(repeat, micro_batches, sizes))
+        for column, read in _BLOCK_COLUMNS:  # NB: += of each block's tuple, looped in C (reduce), copies it at once
+            reduce(iadd, map(read, blocks), getattr(c, column))
+        self.prev = tid + total - 1
 
     def wait_for(self, *tids: int) -> None:
         """Make the next chain task also wait for these tasks."""

@@ -6,22 +6,20 @@ one transfer over the pipeline group's layout (Pricer.pipeline_hop_s per directi
 stream. The sender's next step waits for it (Megatron-LM's blocking p2p), and so does the receiving step.
 """
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from trainsim.compile.context import BuildContext
 from trainsim.compile.in_flight import limit_in_flight
-from trainsim.compile.schedules import Step, StepPhase, schedule_order
+from trainsim.compile.schedules import Step, schedule_order
 from trainsim.strategy.lowered import LayerAssignment, LoweredPlan
 
 
-@dataclass(slots=True)
-class StepRecord:
-    """Where one schedule step's tasks sit in the graph: its first chain task (the one that waits for a
-    received tensor) and its last (the one whose output is sent)."""
+class StepTids(NamedTuple):
+    """Where a stage's schedule steps sit in the graph, per step of its program in order: each step's first chain
+    task (the one that waits for a received tensor) and its last (the one whose output is sent)."""
 
-    first_tid: int
-    last_tid: int
+    first: list[int]
+    last: list[int]
 
 
 def stage_programs(plan: LoweredPlan) -> list[list[Step]]:
@@ -47,42 +45,33 @@ def boundary_bytes(plan: LoweredPlan) -> dict[int, float]:
     return last
 
 
-class _Transfer(NamedTuple):  # NB: a NamedTuple, built tens of thousands of times per compile
-    """One tensor crossing a virtual-stage boundary: produced by step src_index of stage src, consumed by step
-    dst_index of stage dst."""
-
-    what: str  # "act" | "grad"
-    micro_batch: int
-    boundary: int  # virtual stage vs: the boundary between vs and vs + 1
-    src: int
-    src_index: int
-    dst: int
-    dst_index: int
-    seconds: float
+# One tensor crossing a virtual-stage boundary: (what: "act" | "grad", micro-batch, boundary vs (between virtual
+# stages vs and vs + 1), src, src_index, dst, dst_index, seconds): produced by step src_index of stage src, consumed
+# by step dst_index of stage dst. NB: a plain tuple, built tens of thousands of times per compile.
+_Transfer = tuple[str, int, int, int, int, int, int, float]
+_SRC, _SRC_INDEX, _DST, _DST_INDEX = 3, 4, 5, 6
 
 
 def _transfers(ctx: BuildContext, programs: list[list[Step]]) -> list[_Transfer]:
     plan = ctx.plan
     p, v = plan.num_stages, plan.num_chunks
-    index: dict[tuple[int, tuple[str, int, int]], int] = {
-        (stage, step): i for stage, program in enumerate(programs) for i, step in enumerate(program)}
+    # NB: plain tuples (phase, micro-batch, chunk) look the Step keys up (a NamedTuple equals and hashes as its tuple)
+    index: list[dict[tuple[str, int, int], int]] = [{step: i for i, step in enumerate(program)}
+                                                   for program in programs]
     one_way = {vs: ctx.pricer.pipeline_hop_s(size, ctx.job) for vs, size in boundary_bytes(plan).items()}
+    sides = [(vs, one_way.get(vs, 0.0), vs % p, vs // p, index[vs % p], (vs + 1) % p, (vs + 1) // p,
+              index[(vs + 1) % p]) for vs in range(p * v - 1)]  # (stage, chunk) on each side
     out: list[_Transfer] = []
     for mb in range(plan.num_micro_batches):
-        for vs in range(p * v - 1):
-            lo, hi = (vs % p, vs // p), ((vs + 1) % p, (vs + 1) // p)  # (stage, chunk) on each side
-            seconds = one_way.get(vs, 0.0)
-            directions: tuple[tuple[str, tuple[int, int], tuple[int, int], StepPhase], ...] = (
-                ("act", lo, hi, "F"), ("grad", hi, lo, "B"))
-            for what, (src, src_chunk), (dst, dst_chunk), phase in directions:
-                # NB: plain tuples look up the Step keys (a NamedTuple equals and hashes as its tuple)
-                out.append(_Transfer(what, mb, vs, src, index[(src, (phase, mb, src_chunk))],
-                                     dst, index[(dst, (phase, mb, dst_chunk))], seconds))
+        for vs, seconds, lo, lo_chunk, lo_steps, hi, hi_chunk, hi_steps in sides:
+            out.append(("act", mb, vs, lo, lo_steps[("F", mb, lo_chunk)], hi, hi_steps[("F", mb, hi_chunk)], seconds))
+            out.append(("grad", mb, vs, hi, hi_steps[("B", mb, hi_chunk)], lo, lo_steps[("B", mb, lo_chunk)],
+                        seconds))
     return out
 
 
 def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
-                     records: dict[tuple[int, Step], StepRecord]) -> None:
+                     steps: list[StepTids]) -> None:
     """Add the pipeline transfers and the dependencies of the receiving steps and of the senders' next steps.
 
     Two transfers in opposite directions between the same two stages where each stage sends after one step
@@ -105,9 +94,12 @@ def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
     # nemo-toolkit 2.0.0): the sender's next step does not wait for its send.
     overlap = plan.num_chunks > 1 and ctx.pricer.overlaps("pp_comm_overlap", ctx.job)
     transfers = _transfers(ctx, programs)
-    sent_after: dict[tuple[int, int], list[_Transfer]] = {}
-    for t in transfers:
-        sent_after.setdefault((t.src, t.src_index), []).append(t)
+    # (sender, its step, receiver, its step) -> the transfers between them, in order: a transfer's possible partner is
+    # found by one look-up
+    between: dict[tuple[int, int, int, int], list[_Transfer]] = {}
+    if not overlap:
+        for t in transfers:
+            between.setdefault((t[_SRC], t[_SRC_INDEX], t[_DST], t[_DST_INDEX]), []).append(t)
     merged: set[int] = set()
     layout = ctx.layout("pp")
     columns = ctx.graph.writable_columns()
@@ -115,44 +107,45 @@ def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
     # NB: the transfers' tasks as rows in TaskColumns' field order, added to the columns at the end
     rows: list[tuple[object, ...]] = []
     base = len(columns)
-    firsts = [[records[(stage, step)].first_tid for step in program] for stage, program in enumerate(programs)]
-    lasts = [[records[(stage, step)].last_tid for step in program] for stage, program in enumerate(programs)]
+    firsts = [tids.first for tids in steps]
+    lasts = [tids.last for tids in steps]
     one_way_links: dict[tuple[int, int], tuple[str, ...]] = {}  # (sender, receiver) -> links of a send
+    lengths = list(map(len, programs))
     for t in transfers:
         if merged and id(t) in merged:
             continue
+        what, micro_batch, boundary, src, src_index, dst, dst_index, seconds = t
         partner = None
-        if t.src != t.dst and not overlap:
-            for o in sent_after.get((t.dst, t.dst_index - 1), ()):
-                if o.dst == t.src and o.dst_index == t.src_index + 1 and id(o) not in merged and o.src != o.dst:
+        if src != dst and not overlap:
+            for o in between.get((dst, dst_index - 1, src, src_index + 1), ()):  # sent after the step before
+                if id(o) not in merged and o[_SRC] != o[_DST]:
                     partner = o
                     break
         if partner is not None:
-            both = (t.src, t.dst) if t.src != t.dst else (t.src,)
+            both = (src, dst) if src != dst else (src,)
             resources = ctx.link_resources(layout, both)
             merged.update((id(t), id(partner)))
-            key = f"pp.exchange.{t.what}{t.micro_batch}.vs{t.boundary}.{partner.what}{partner.micro_batch}"
-            name = (f"exchange {t.what} mb{t.micro_batch} vs{t.boundary} / "
-                    f"{partner.what} mb{partner.micro_batch} vs{partner.boundary}")
-            for stage, produced, consumer in ((t.src, t.src_index, t.src_index + 1),
-                                              (t.dst, partner.src_index, partner.src_index + 1)):
+            key = f"pp.exchange.{what}{micro_batch}.vs{boundary}.{partner[0]}{partner[1]}"
+            name = f"exchange {what} mb{micro_batch} vs{boundary} / {partner[0]} mb{partner[1]} vs{partner[2]}"
+            for stage, produced, consumer in ((src, src_index, src_index + 1),
+                                              (dst, partner[_SRC_INDEX], partner[_SRC_INDEX] + 1)):
                 copy = base + len(rows)
-                rows.append((name, stage, "feature", "comm", max(t.seconds, partner.seconds),
-                             (lasts[stage][produced],), key, resources, 0.0, 0.0, "comm", "", t.micro_batch, stage,
+                rows.append((name, stage, "feature", "comm", max(seconds, partner[7]),
+                             (lasts[stage][produced],), key, resources, 0.0, 0.0, "comm", "", micro_batch, stage,
                              "pp_comm", 0, ()))
                 receiver = firsts[stage][consumer]
                 deps[receiver] = (*deps[receiver], copy)
             continue
-        resources = one_way_links.get((t.src, t.dst))
+        resources = one_way_links.get((src, dst))
         if resources is None:
-            resources = one_way_links[(t.src, t.dst)] = ctx.link_resources(layout, (t.src,), (t.dst,))
-        name = f"send {t.what} mb{t.micro_batch} vs{t.boundary}" + ("->" if t.what == "act" else "<-")
+            resources = one_way_links[(src, dst)] = ctx.link_resources(layout, (src,), (dst,))
         send = base + len(rows)  # (18,000 sends for GPT-3 175B)
-        rows.append((name, t.src, "feature", "comm", t.seconds, (lasts[t.src][t.src_index],), "", resources, 0.0, 0.0,
-                     "comm", "", t.micro_batch, t.src, "pp_comm", 0, ()))
-        receiver = firsts[t.dst][t.dst_index]
+        rows.append((f"send {what} mb{micro_batch} vs{boundary}{'->' if what == 'act' else '<-'}", src, "feature",
+                     "comm", seconds, (lasts[src][src_index],), "", resources, 0.0, 0.0, "comm", "", micro_batch, src,
+                     "pp_comm", 0, ()))
+        receiver = firsts[dst][dst_index]
         deps[receiver] = (*deps[receiver], send)
-        if t.src_index + 1 < len(programs[t.src]) and not overlap:  # blocking p2p: the sender's next step waits
-            sender = firsts[t.src][t.src_index + 1]
+        if src_index + 1 < lengths[src] and not overlap:  # blocking p2p: the sender's next step waits
+            sender = firsts[src][src_index + 1]
             deps[sender] = (*deps[sender], send)
     columns.extend_rows(rows)

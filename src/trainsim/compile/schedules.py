@@ -82,17 +82,19 @@ def interleaved_one_f_one_b(stages: int, chunks: int, micro_batches: int) -> lis
         raise ConfigError("num_micro_batches", micro_batches,
                           f"interleaved-1f1b needs a multiple of pp={stages} micro-batches")
     total = micro_batches * chunks
+    # NB: the k-th forward and backward are the same steps on every rank; only the warm-up differs
+    forwards = [_interleaved_step("F", k, stages, chunks) for k in range(total)]
+    backwards = [_interleaved_step("B", k, stages, chunks) for k in range(total)]
     orders = []
     for rank in range(stages):
         if micro_batches == stages:
             warmup = total
         else:
             warmup = min(2 * (stages - rank - 1) + (chunks - 1) * stages, total)
-        order = [_interleaved_step("F", k, stages, chunks) for k in range(warmup)]
-        for k in range(total - warmup):
-            order += [_interleaved_step("F", k + warmup, stages, chunks), _interleaved_step("B", k, stages, chunks)]
-        order += [_interleaved_step("B", k, stages, chunks) for k in range(total - warmup, total)]
-        orders.append(order)
+        steady = forwards[:1] * (2 * (total - warmup))  # forward k + warm-up, then backward k
+        steady[0::2] = forwards[warmup:]
+        steady[1::2] = backwards[:total - warmup]
+        orders.append(forwards[:warmup] + steady + backwards[total - warmup:])
     return orders
 
 

@@ -119,6 +119,13 @@ class TaskColumns:
         self._named_later.append((len(self._name), affixes, micro_batch))
         self._name += blanks
 
+    def name_blocks_later(self, firsts: list[int], affixes: list[tuple[tuple[str, str], ...]],
+                          micro_batches: list[int], total: int) -> None:
+        """name_later for consecutive blocks at once: block i's tasks start at tid firsts[i] (ascending, the first
+        one the next tid) and are named from affixes[i] and micro_batches[i]; total: their tasks together."""
+        self._named_later += zip(firsts, affixes, micro_batches, strict=True)
+        self._name += [""] * total
+
     @classmethod
     def of_tasks(cls, tasks: list[Task]) -> "TaskColumns":
         """The columns of these tasks (their tids must be their positions)."""

@@ -7,7 +7,7 @@ represented by its leader, the member with the lowest tid. Per-flow fields live 
 import math
 from collections.abc import Sequence
 from itertools import chain, compress
-from operator import attrgetter, contains
+from operator import attrgetter, contains, ne
 
 from trainsim.errors import ConfigError
 from trainsim.ir.exec_graph import ExecGraph, TaskColumns
@@ -98,18 +98,40 @@ class GraphArrays:
             if task.stream not in STREAM_INDEX:
                 raise ConfigError(f"task {task.name!r}.stream", task.stream, f"choose one of: {', '.join(STREAMS)}")
 
-    def _successors(self, graph: ExecGraph, deps: Sequence[tuple[int, ...]]) -> list[list[int]]:
+    def _successors(self, graph: ExecGraph, deps: Sequence[tuple[int, ...]]) -> list[list[int] | None]:
+        """Each task's successors in ascending tid order (the order the engine releases them in); None for a task
+        whose only successor is the next tid, which waits for it alone. NB: most tasks are such links of the
+        compiler's chains: they are found in C (deps[t] == (t - 1,)), and only the other tasks' edges are walked in
+        Python."""
         n = self.num_tasks
-        named = list(chain.from_iterable(deps))
-        if named and not (min(named) >= 0 and max(named) < n and not any(map(contains, deps, range(n)))):
+        # the tasks that do not wait for the task before them alone (task 0 among them: its dependency is no -1)
+        others = list(compress(range(n), map(ne, deps, zip(range(-1, n - 1)))))
+        if n and (not others or others[0] != 0):
+            others.insert(0, 0)
+        other_deps = list(map(deps.__getitem__, others))
+        named = list(chain.from_iterable(other_deps))
+        if named and not (min(named) >= 0 and max(named) < n and not any(map(contains, other_deps, others))):
             for tid, task in enumerate(graph.tasks):
                 for dep in task.deps:
                     if not 0 <= dep < n or dep == tid:
                         raise ConfigError(f"task {task.name!r}.deps", dep, f"must name another task 0..{n - 1}")
-        succ: list[list[int]] = [[] for _ in range(n)]
-        for tid, task_deps in enumerate(deps):
+        succ: list[list[int] | None] = [None] * n
+        for tid in others:  # the task before it has no chain link to it
+            if tid:
+                succ[tid - 1] = []
+        if n:
+            succ[n - 1] = []
+        unordered: list[list[int]] = []
+        for tid, task_deps in zip(others, other_deps, strict=True):
             for dep in task_deps:
-                succ[dep].append(tid)
+                row = succ[dep]
+                if row is None:
+                    row = succ[dep] = [dep + 1]
+                row.append(tid)
+                if tid < dep:  # a task waiting for a later tid: the list is sorted below
+                    unordered.append(row)
+        for row in unordered:
+            row.sort()
         return succ
 
     def _categories(self, names: Sequence[str]) -> list[int]:

@@ -18,9 +18,11 @@ waiting for it only). When such a chain's next task becomes ready on a device wh
 stream or waits in a queue, the chain from there (as long as each task is the only successor of the one
 before, waits for nothing else, is no collective rank and names no link another device's flow names) runs as
 one END event: alone on the device nothing stretches it, so each task ends at its start + its work, summed in
-order as the step-by-step loop would. Anything that becomes ready on that device before the run's end cuts the
-run at that instant: the tasks ended by then are written out, and the one running becomes an ordinary flow
-(or, starting at that instant, a ready task for the dispatch pass). Either way every start, end, ready and
+order as the step-by-step loop would. The run's tasks are written out as the chain is walked, at its start (times,
+memory and its timeline, exposed time), with what that changed on the device kept. Anything that becomes ready on
+that device before the run's end cuts the run at that instant: the device's state is restored, the tasks ended by
+then are written out again, and the one running becomes an ordinary flow (or, starting at that instant, a ready
+task for the dispatch pass). Either way every start, end, ready and
 dispatch time, the memory timeline and the exposed time are the step-by-step loop's, bit for bit
 (tests/unit/sim/test_engine.py compares the two on synthetic pipelines, random graphs and compiled jobs); only
 the event count drops (GPT-3 175B on 16 stages: 278,317 -> 62,273). What held a task back (the critical path)
@@ -73,12 +75,12 @@ class DeadlockError(TrainsimError):
 class Engine:
     """One simulation of one ExecGraph. Use `simulate`; an Engine runs once."""
 
-    __slots__ = ("alone_id", "alone_run", "alone_t0", "arrived", "cat_run", "cause", "comm_run", "comp_run",
-                 "dirty_dev", "dirty_res", "dirty_streams", "dispatch", "done", "dynamic", "end", "events", "exposed",
-                 "g", "gamma", "graph", "heap", "last", "last_x", "mark", "mem", "new_flows", "peak", "peak_t", "queue",
-                 "ready", "rem", "remaining_deps", "res_active", "res_flows", "run_total", "seq", "shared", "sharing",
-                 "slow", "stamp", "start", "stream_dirty", "stream_prev", "stream_task", "stretch", "tl_b", "tl_t",
-                 "ver")
+    __slots__ = ("alone_id", "alone_run", "alone_saved", "alone_t0", "arrived", "cat_run", "cause", "comm_run",
+                 "comp_run", "dirty_dev", "dirty_res", "dirty_streams", "dispatch", "done", "dynamic", "end", "events",
+                 "exposed", "g", "gamma", "graph", "heap", "last", "last_x", "mark", "mem", "new_flows", "peak",
+                 "peak_t", "queue", "ready", "rem", "remaining_deps", "res_active", "res_flows", "run_total", "seq",
+                 "shared", "sharing", "slow", "stamp", "start", "stream_dirty", "stream_prev", "stream_task", "stretch",
+                 "tl_b", "tl_t", "ver")
 
     def __init__(self, graph: ExecGraph, options: SimOptions, *, runs_alone: bool = True) -> None:
         """runs_alone=False: every task takes its own events (the step-by-step reference that the tests hold
@@ -141,6 +143,11 @@ class Engine:
         self.alone_run: list[list[int] | None] = [None] * num_devices
         self.alone_t0 = [0.0] * num_devices
         self.alone_id = [0] * num_devices
+        # per device running a run alone, what the run's write-out changed there, as it was before: memory, peak
+        # and its time, exposed times, the streams' last tasks, the last exposure instant, the memory timeline's
+        # length and last value
+        self.alone_saved: list[tuple[float, float, float, list[float], int, int, int, float, int, float] | None] = \
+            [None] * num_devices
         self.shared: Container[int] = g.shared_links if runs_alone else _EVERY_TASK
 
     # ---- main loop -------------------------------------------------------------------------------------
@@ -189,6 +196,7 @@ class Engine:
         seq, stamp, done, events = self.seq, self.stamp, self.done, 0
         alone_run, alone_t0, alone_id, shared, num_deps = self.alone_run, self.alone_t0, self.alone_id, \
             self.shared, g.num_deps
+        alone_saved = self.alone_saved
         deps = g.deps
         runs = 0
         pending = bool(g.num_tasks)  # the first dispatch pass runs at t = 0
@@ -346,9 +354,13 @@ class Engine:
             if version != ver[flow]:
                 if version >= 0 or alone_id[device_of[flow]] != -version:
                     continue  # re-timed since, or a run alone that was cut short
-                # the end of a run alone: its tasks are written out; the last one's successors are released here
-                seq, finished = self._alone_cut(device_of[flow], t, True, seq, dirty_streams)
-                done += finished
+                # the end of a run alone: its tasks were written out at its start; the last one's successors are
+                # released here
+                d = device_of[flow]
+                run = alone_run[d]
+                assert run is not None
+                alone_run[d], alone_id[d] = None, 0
+                done += len(run) - 1
                 alone = True
             else:
                 alone = False
@@ -400,7 +412,8 @@ class Engine:
                             else:
                                 times.append(t)
                                 tl_b[d].append(value)
-                for succ in successors[tid]:
+                following = successors[tid]  # (None: the next tid alone)
+                for succ in (tid + 1,) if following is None else following:
                     remaining_deps[succ] -= 1
                     if remaining_deps[succ] == 0:
                         ready[succ] = t
@@ -409,9 +422,10 @@ class Engine:
                         cause[succ] = tid if num_deps[succ] == 1 else min([dep for dep in deps[succ] if end[dep] == t])
                         ds = device_of[succ]
                         if alone_run[ds] is not None:  # a task of a device running a run alone: cut it here
-                            seq, finished = self._alone_cut(ds, t, False, seq, dirty_streams)
+                            seq, finished = self._alone_cut(ds, t, seq, dirty_streams)
                             done += finished
-                        elif run_total[ds] == 0 and len(successors[succ]) == 1 and leader_of[succ] < 0:
+                        elif run_total[ds] == 0 and leader_of[succ] < 0 and (
+                                (nexts := successors[succ]) is None or len(nexts) == 1):
                             base = ds * NUM_STREAMS
                             if (stream_task[base] < 0 and stream_task[base + 1] < 0 and stream_task[base + 2] < 0
                                     and not queue[base] and not queue[base + 1] and not queue[base + 2]
@@ -420,19 +434,69 @@ class Engine:
                                 # before and waiting for it alone, on this device, no collective, no link another
                                 # device names) runs alone until something else arrives there, as one event at its
                                 # end (each task's end = its start + its work)
-                                run, finish, x = [succ], t + work[succ], succ
-                                while len(successors[x]) == 1:
-                                    x = successors[x][0]
-                                    if (num_deps[x] != 1 or device_of[x] != ds or leader_of[x] >= 0
-                                            or x in shared):
-                                        break
-                                    run.append(x)
-                                    finish += work[x]
-                                if len(run) > 1:
+                                x = succ + 1 if nexts is None else nexts[0]
+                                if not (num_deps[x] != 1 or device_of[x] != ds or leader_of[x] >= 0
+                                        or x in shared):
+                                    # its tasks are written out now, as each would end alone (its start + its
+                                    # work, summed in order); what they change on the device is kept to be
+                                    # restored where something arrives there before the run's end (_alone_cut)
+                                    row = exposed[ds]
+                                    times = tl_t[ds] if tl_t is not None else None
+                                    alone_saved[ds] = (mem[ds], peak[ds], peak_t[ds], row[:], stream_prev[base],
+                                                       stream_prev[base + 1], stream_prev[base + 2], last_x[ds],
+                                                       len(times) if times is not None else 0,
+                                                       tl_b[ds][-1] if times is not None else 0.0)
+                                    if t > last_x[ds]:
+                                        last_x[ds] = t  # the device was idle before: nothing exposed
+                                    run, x, prev, s, memory = [], succ, -1, t, mem[ds]
+                                    while True:
+                                        run.append(x)
+                                        e = s + work[x]
+                                        if prev >= 0:
+                                            ready[x], cause[x] = s, prev
+                                        start[x] = dispatch_s[x] = s
+                                        end[x] = e
+                                        alloc = alloc_bytes[x]
+                                        if alloc:
+                                            memory += alloc
+                                            if memory > peak[ds]:
+                                                peak[ds], peak_t[ds] = memory, s
+                                            if times is not None:
+                                                if times[-1] == s:
+                                                    tl_b[ds][-1] = memory
+                                                else:
+                                                    times.append(s)
+                                                    tl_b[ds].append(memory)
+                                        if e > s and not is_compute[x] and category_of[x] >= 0:
+                                            row[category_of[x]] += e - s
+                                        freed = free_bytes[x]
+                                        if freed:
+                                            memory -= freed
+                                            if times is not None:
+                                                if times[-1] == e:
+                                                    tl_b[ds][-1] = memory
+                                                else:
+                                                    times.append(e)
+                                                    tl_b[ds].append(memory)
+                                        stream_prev[stream_of[x]] = x
+                                        prev, s = x, e
+                                        nexts = successors[x]
+                                        if nexts is None:  # (the next tid, waiting for x alone)
+                                            x += 1
+                                        elif len(nexts) == 1:
+                                            x = nexts[0]
+                                        else:
+                                            break
+                                        if (num_deps[x] != 1 or device_of[x] != ds or leader_of[x] >= 0
+                                                or x in shared):
+                                            break
+                                    mem[ds] = memory
+                                    if s > last_x[ds]:
+                                        last_x[ds] = s
                                     runs += 1
                                     alone_run[ds], alone_t0[ds], alone_id[ds] = run, t, runs
                                     seq += 1
-                                    heappush(heap, (finish, seq, run[-1], -runs))
+                                    heappush(heap, (s, seq, prev, -runs))
                                     continue
                         s = stream_of[succ]
                         heappush(queue[s], (t, priority[succ], succ))
@@ -460,29 +524,40 @@ class Engine:
         self.seq, self.stamp, self.done, self.events = seq, stamp, done, events
         return t
 
-    def _alone_cut(self, d: int, t: float, final: bool, seq: int, dirty_streams: list[int]) -> tuple[int, int]:
-        """End device d's run alone at t: write out each task of the run that ended by t as the step-by-step loop
+    def _alone_cut(self, d: int, t: float, seq: int, dirty_streams: list[int]) -> tuple[int, int]:
+        """Something arrives on device d at t before its run alone ends: the run's write-out (made at its start, as
+        if it ended) is undone, then each task of the run that ended by t is written out as the step-by-step loop
         would have (it ran alone: its end is its start + its work; the device's exposed time, memory and timeline
-        change at its start and end). final: the run ended at t, all its tasks are written out and the loop
-        releases the last one's successors. Else the task running at t becomes a running flow, or, where it starts
-        exactly at t, a ready task in its stream's queue for the dispatch pass. Returns the sequence counter and
-        how many tasks ended (final: but the last, which the loop counts)."""
+        change at its start and end). The task running at t becomes a running flow, or, where it starts exactly at
+        t, a ready task in its stream's queue for the dispatch pass. Returns the sequence counter and how many tasks
+        ended."""
         g = self.g
         work, is_compute, category_of = g.work, g.is_compute, g.category_of
         alloc_bytes, free_bytes, stream_of = g.alloc_bytes, g.free_bytes, g.stream_of
         start, end, ready, dispatch, cause = self.start, self.end, self.ready, self.dispatch, self.cause
         mem, peak, peak_t, last_x, row = self.mem, self.peak, self.peak_t, self.last_x, self.exposed[d]
         tl_t, tl_b = self.tl_t, self.tl_b
-        run, s = self.alone_run[d], self.alone_t0[d]
-        assert run is not None
-        self.alone_run[d], self.alone_id[d] = None, 0
+        run, s, saved = self.alone_run[d], self.alone_t0[d], self.alone_saved[d]
+        assert run is not None and saved is not None
+        self.alone_run[d], self.alone_id[d], self.alone_saved[d] = None, 0, None
+        base = d * NUM_STREAMS
+        mem[d], peak[d], peak_t[d], row[:], self.stream_prev[base], self.stream_prev[base + 1], \
+            self.stream_prev[base + 2], last_x[d], length, last_value = saved
+        if tl_t is not None:
+            del tl_t[d][length:]
+            del tl_b[d][length:]
+            tl_b[d][-1] = last_value
+        for tid in run:
+            start[tid] = end[tid] = dispatch[tid] = -1.0
+        for tid in run[1:]:
+            ready[tid], cause[tid] = -1.0, -1
         stream_prev, memory = self.stream_prev, mem[d]
         if s > last_x[d]:
             last_x[d] = s  # the device was idle before: nothing exposed
         prev, finished, last, tid = -1, 0, run[-1], run[0]
         for tid in run:  # stops at the task running at t, at the last task at the latest
             e = s + work[tid]
-            if e > t or (tid == last and not final):
+            if e > t or tid == last:
                 break
             # tid ran alone from s to e: as its dispatch, start and end would have written it (the device's last
             # event was at s, so communication alone is exposed from s to e)
@@ -510,12 +585,10 @@ class Engine:
         mem[d] = memory
         if s > last_x[d]:
             last_x[d] = s
-        if final:  # every task written out; the loop processes the last one's successors
-            return seq, finished - 1
         if prev >= 0:
             ready[tid], cause[tid] = s, prev
         stream = stream_of[tid]
-        if s == t and not final:  # it becomes ready now: the dispatch pass decides, as it would have
+        if s == t:  # it becomes ready now: the dispatch pass decides, as it would have
             heappush(self.queue[stream], (s, self.g.priority[tid], tid))
             if not self.stream_dirty[stream]:
                 self.stream_dirty[stream] = True
@@ -552,13 +625,13 @@ class Engine:
                     self.res_flows[r][tid] = None
                     if users > 1:
                         self.dirty_res[r] = None
-        if not final:  # its end as the loop would have timed it alone (stretch 1); re-timed if others start
-            if self.dynamic:
-                self.rem[tid], self.last[tid], self.stretch[tid] = work[tid], s, 1.0
-            version = self.ver[tid] + 1
-            self.ver[tid] = version
-            seq += 1
-            heappush(self.heap, (s + work[tid], seq, tid, version))
+        # its end as the loop would have timed it alone (stretch 1); re-timed if others start
+        if self.dynamic:
+            self.rem[tid], self.last[tid], self.stretch[tid] = work[tid], s, 1.0
+        version = self.ver[tid] + 1
+        self.ver[tid] = version
+        seq += 1
+        heappush(self.heap, (s + work[tid], seq, tid, version))
         return seq, finished
 
     # ---- results -----------------------------------------------------------------------------------------

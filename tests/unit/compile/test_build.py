@@ -12,6 +12,7 @@ from trainsim.catalog.calibration import Calibration
 from trainsim.catalog.model_files import parse_model
 from trainsim.comm.collectives import collective_time_s
 from trainsim.compile.build import compile_job
+from trainsim.compile.context import SpecBlock, StageWriter, TaskLevel
 from trainsim.cost.pricing import Pricer, axis_layout
 from trainsim.errors import ConfigError
 from trainsim.estimate.analytical import AnalyticalEstimator
@@ -306,3 +307,41 @@ def test_task_fields_keep_the_order_the_compiler_builds_them_in() -> None:
     chained = [t for t in graph.tasks if t.category == "compute"]
     assert chained and all(t.stage == t.device and t.sync_key == "" and t.priority == 0 for t in chained)
     assert all(t.tid == index for index, t in enumerate(graph.tasks))
+
+
+def _one_block_at_a_time(self: StageWriter, blocks: list[SpecBlock], micro_batches: list[int]) -> None:
+    """The reference for StageWriter.emit_blocks: each block written by emit_block, one after the other (the step the
+    driver is in keeps its first task: emit_blocks leaves it)."""
+    step_first = self.step_first
+    for block, micro_batch in zip(blocks, micro_batches, strict=True):
+        self.emit_block(block, micro_batch)
+    self.step_first = step_first
+
+
+@pytest.mark.parametrize(("level", "strategy"), [
+    ("layer", {"pp": 2, "tp": 2, "zero": 1, "global_batch": 16}),
+    ("layer", {"pp": 2, "vpp": 2, "schedule": "interleaved-1f1b", "zero": 1, "global_batch": 16,
+               "recompute": "full"}),
+    ("op", {"pp": 4, "schedule": "gpipe", "global_batch": 8, "recompute": "selective"}),
+    ("layer", {"pp": 2, "zero": 3, "global_batch": 8}),
+    ("layer", {"pp": 2, "schedule": "zb-h1", "global_batch": 8}),
+], ids=["1f1b-zero1", "interleaved-full", "gpipe-op", "zero3", "zb-h1"])
+def test_template_steps_written_together_give_the_graph_written_block_by_block(
+        level: TaskLevel, strategy: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiler writes a stage's consecutive template steps with one extension per column (emit_blocks): the
+    graph is the one emit_block writes step by step, task for task (every field, names included)."""
+    job = make_job(TINY, a100_cluster(8), ParallelSpec.parse({"micro_batch": 1, "seq_len": 1024, **strategy}))
+    sizes: list[int] = []
+    batched = StageWriter.emit_blocks
+
+    def counted(self: StageWriter, blocks: list[SpecBlock], micro_batches: list[int]) -> None:
+        sizes.append(len(blocks))
+        batched(self, blocks, micro_batches)
+
+    monkeypatch.setattr(StageWriter, "emit_blocks", counted)
+    graph = compile_job(job, default_plan(graph_for(job), job.parallel), Pricer(Calibration()), level)
+    monkeypatch.setattr(StageWriter, "emit_blocks", _one_block_at_a_time)
+    reference = compile_job(job, default_plan(graph_for(job), job.parallel), Pricer(Calibration()), level)
+    assert graph == reference and graph.tasks == reference.tasks
+    if strategy.get("zero") != 3:  # (ZeRO-3 cuts into every step: no templates)
+        assert max(sizes) > 1  # several steps were written at once

@@ -83,8 +83,10 @@ def split_graph(graph: Any, plan: Any, ranks: int) -> Any:
             config = config_of(split, op) if split is not None else None
             return scaled_op(op, config, ranks) if config is not None else op
 
+        # the parameters the rank holds (split weights in parts): the optimizer step is profiled over them
+        held = a.layer.param_count if split is None else split.held_params
         layers.append(dataclasses.replace(a.layer, count=1, fwd=tuple(scale(op) for op in a.layer.fwd),
-                                          bwd=tuple(scale(op) for op in a.layer.bwd)))
+                                          bwd=tuple(scale(op) for op in a.layer.bwd), param_count=held))
     return OpGraph(graph.model_name, tuple(layers), graph.tokens_per_micro_batch, graph.samples_per_micro_batch)
 
 

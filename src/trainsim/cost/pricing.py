@@ -891,12 +891,16 @@ class Pricer:
 
     def optimizer_step_s(self, stages: list[list[StagePart]], job: Job) -> float:
         """The optimizer step of the stage with the most parameters, over the parameters one GPU owns."""
-        par = job.parallel
         params = self._max_params.get(id(stages)) if id(stages) in self._partition_of else None
         if params is None:
             params = max(self.stage_params(stage) for stage in stages)
             if id(stages) in self._partition_of:
                 self._max_params[id(stages)] = params
+        return self.optimizer_step_of_params_s(params, job)
+
+    def optimizer_step_of_params_s(self, params: float, job: Job) -> float:
+        """The optimizer step over `params` parameters held by one device (its ZeRO shard of them)."""
+        par = job.parallel
         return self.step_costs.optimizer_step_s(params / optimizer_shards(par), par.precision, job.cluster.device)
 
     def micro_batch_overhead_s(self, stage: list[StagePart], job: Job) -> float:

@@ -120,15 +120,15 @@ def profile_model(db_path: Path, model: str, ranks: int, repeats: int) -> None:
     import trainsim.profile.ops as ops
     from trainsim.profile.database import ProfileDB
     from trainsim.profile.job import hints_for
+    from trainsim.strategy.device_slice import DeviceSlice
 
     torch.set_num_threads(1)
-    graphs, hints = [], None
+    graphs = []
     for strategy in STRATEGIES:
-        job, graph, plan = job_and_plan(model, strategy, ranks)
+        _, graph, plan = job_and_plan(model, strategy, ranks)
         graphs.append(split_graph(graph, plan, ranks))
-        from trainsim.strategy.device_slice import DeviceSlice
-
-        hints = hints_for(job.model, DeviceSlice.of(job.parallel))
+    job = job_and_plan(model, STRATEGIES[0], ranks)[0]
+    hints = hints_for(job.model, DeviceSlice.of(job.parallel))  # the model's: the same for both plans
     ctx = multiprocessing.get_context("fork")
     stop = ctx.Event()
     shadows = [ctx.Process(target=_shadow, args=(graphs, hints, stop), daemon=True) for _ in range(ranks - 1)]

@@ -114,7 +114,7 @@ def _shadow(graphs: list[Any], hints: Any, stop: Any) -> None:
                     profile_graph(db, env, graph, hints, "cpu", warmup=0, repeats=repeats, optimizer=False)
 
 
-def profile_model(db_path: Path, model: str, ranks: int, repeats: int) -> None:
+def profile_model(db_path: Path, model: str, ranks: int, repeats: int, wall: bool = True) -> None:
     import torch
 
     import trainsim.profile.ops as ops
@@ -135,7 +135,8 @@ def profile_model(db_path: Path, model: str, ranks: int, repeats: int) -> None:
     for proc in shadows:
         proc.start()
     original = ops.clock_for
-    ops.clock_for = _wall_clock  # NB: thread CPU time would leave out the siblings' share of the cores
+    if wall:
+        ops.clock_for = _wall_clock  # NB: thread CPU time would leave out the siblings' share of the cores
     try:
         with ProfileDB.open(db_path) as db:
             env = ops.local_environment("cpu-local", "cpu")
@@ -243,26 +244,16 @@ def repredict(path: Path, ranks: int, db: Path, cpu_db: Path | None = None) -> N
     path.write_text(json.dumps(cells, indent=1) + "\n")
 
 
-def profile_cpu(out: Path, models: list[str]) -> None:
+def profile_cpu(out: Path, models: list[str], ranks_list: tuple[int, ...] = (2, 4)) -> None:
     """Every cell's ops on the calling thread's CPU time (`trainsim profile`'s clock with one thread: what an op
-    costs without the slices other processes take): the costs that the ranks' CPU seconds per iteration are
-    compared with. Collectives: copy the campaigns' rows in (copy_collectives)."""
-    import torch
-
-    from trainsim.profile.database import ProfileDB
-    from trainsim.profile.job import hints_for
-    from trainsim.profile.ops import local_environment, profile_graph
-    from trainsim.strategy.device_slice import DeviceSlice
-
-    torch.set_num_threads(1)
+    costs without the slices other processes take), beside G - 1 busy sibling processes running the same
+    microbenchmarks (as the run's other ranks share the last-level cache and the memory bus): the costs that the
+    ranks' CPU seconds per iteration are compared with. Collectives: copy the campaigns' rows in
+    (copy_collectives)."""
     db_path = out / "profile-cpu.db"
-    for ranks in (2, 4):
+    for ranks in ranks_list:
         for model in models:
-            for strategy in STRATEGIES:
-                job, graph, plan = job_and_plan(model, strategy, ranks)
-                with ProfileDB.open(db_path) as db:
-                    profile_graph(db, local_environment("cpu-local", "cpu"), split_graph(graph, plan, ranks),
-                                  hints_for(job.model, DeviceSlice.of(job.parallel)), "cpu", warmup=1, repeats=5)
+            profile_model(db_path, model, ranks, repeats=5, wall=False)
             print(f"cpu-time profile: {model} on {ranks} ranks", flush=True)
 
 
@@ -362,7 +353,7 @@ def main() -> None:
         summary(args.out)
         return
     if args.cpu_profile:
-        profile_cpu(args.out, args.models.split(","))
+        profile_cpu(args.out, args.models.split(","), (args.ranks,) if args.ranks else (2, 4))
         return
     if args.ranks is None:
         parser.error("--ranks 2 or 4 (or --summary)")

@@ -49,7 +49,9 @@ def settings(model: str, ranks: int) -> dict[str, Any]:
     return {"model": str(SMALL / "models" / f"{model}.yaml"), "cluster": "local-cpu", "num_gpus": ranks,
             "dp": ranks, "micro_batch": mb, "global_batch": mb * ranks, "seq_len": seq, "precision": "fp32",
             "optimizer_impl": "loop",
-            "stack_overrides": {"grad_reduce_overlap": True, "grad_bucket_params": BUCKET_PARAMS}}
+            # the split executor syncs gradients as torch DDP does: copied into 1 MiB buckets, scaled and back
+            "stack_overrides": {"grad_reduce_overlap": True, "grad_bucket_params": BUCKET_PARAMS,
+                                "grad_bucket_copies": True}}
 
 
 def tree_path(model: str, strategy: str, ranks: int) -> Path:

@@ -34,6 +34,7 @@ NO_BIAS_MATMULS = ("router",)  # the MoE router has no bias
 LOGITS_MATMUL = "logits"  # the vocabulary projection: no bias, and its output feeds the fp32 loss
 OPTIMIZER_SIGNATURE_KIND = "optimizer"
 OVERHEAD_SIGNATURE_KIND = "overhead"
+GRAD_COPY_SIGNATURE_KIND = "gradcopy"
 UNSUPPORTED_DTYPES = ("fp8",)  # NB: torch has no portable fp8 GEMM; these ops fall back to the roofline
 
 
@@ -156,6 +157,12 @@ def unique_signatures(graph: OpGraph) -> tuple[list[OpSignature], list[Op]]:
 def optimizer_signature(params: int) -> OpSignature:
     """Adam over `params` fp32 parameters (master weights and moments are fp32 under every precision)."""
     return OpSignature(OPTIMIZER_SIGNATURE_KIND, "adam", "step", "fp32", (int(params),))
+
+
+def grad_copy_signature(params: int) -> OpSignature:
+    """A data-parallel gradient sync's copies over `params` fp32 gradients: into flat buckets, scaled by 1 / dp,
+    and back (measure_grad_copies)."""
+    return OpSignature(GRAD_COPY_SIGNATURE_KIND, "cat-div-copy", "step", "fp32", (int(params),))
 
 
 def overhead_signature() -> OpSignature:
@@ -686,6 +693,29 @@ def measure_optimizer(tensor_sizes: list[int], device: str, warmup: int, repeats
     return samples, detail
 
 
+def measure_grad_copies(tensor_sizes: list[int], device: str, warmup: int, repeats: int) -> Measurement:
+    """The host side of a gradient sync that copies: the gradients concatenated into a flat bucket, the bucket
+    divided by the ranks, each gradient copied back from it (torch DDP with gradient_as_bucket_view=False, its
+    default: torch/csrc/distributed/c10d/reducer.cpp, torch 2.x; measure/split_model.GradientSync). The bucket is
+    allocated afresh each time, as in the step."""
+    import torch
+
+    grads = [torch.randn(size, device=device) for size in tensor_sizes]
+
+    def copies() -> None:
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        flat.div_(2.0)
+        offset = 0
+        for g in grads:
+            n = g.numel()
+            g.copy_(flat[offset: offset + n].view_as(g))
+            offset += n
+
+    clock, clock_name = clock_for(device)
+    samples = time_callable(copies, _sync_for(device), warmup, repeats, min_sample_s=0.0, max_inner=1, clock=clock)
+    return samples, f"gradient bucket copies over {len(tensor_sizes)} tensors; {clock_name}"
+
+
 def measure_overhead(device: str, warmup: int, repeats: int, chain: int = 200) -> Measurement:
     """Per graph op, what autograd adds to the calls the microbenchmarks time: a chain of `chain` tiny
     multiplies run forward with autograd recording and backward through the engine, minus the same kernels
@@ -742,6 +772,8 @@ def profile_graph(db: ProfileDB, env: Environment, graph: OpGraph, hints: Kernel
     signatures, unsupported = unique_signatures(graph)
     if optimizer:
         signatures.append(optimizer_signature(sum(parameter_tensors(graph, hints))))
+        if device == "cpu":  # the CPU harnesses sync gradients through copied buckets (measure_grad_copies)
+            signatures.append(grad_copy_signature(sum(parameter_tensors(graph, hints))))
     signatures.append(overhead_signature())
     if plan is not None:
         plan(len(signatures))
@@ -759,6 +791,8 @@ def profile_graph(db: ProfileDB, env: Environment, graph: OpGraph, hints: Kernel
             samples, detail = measure_optimizer(parameter_tensors(graph, hints), device, warmup, missing)
         elif sig.kind == OVERHEAD_SIGNATURE_KIND:
             samples, detail = measure_overhead(device, warmup, missing)
+        elif sig.kind == GRAD_COPY_SIGNATURE_KIND:
+            samples, detail = measure_grad_copies(parameter_tensors(graph, hints), device, warmup, missing)
         else:
             cold = starts_cold(device, sizes.get(sig, math.inf), share)
             samples, detail = measure_op(sig, hints, device, warmup, missing, cold)

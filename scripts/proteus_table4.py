@@ -189,11 +189,17 @@ def measure(model: str, strategy: str, ranks: int, out: Path, iterations: int, w
 COLUMN_ENGINES = {"proteus": "sim", "plain": "sim-plain", "flexflow": "flexflow-sim"}
 
 
-def predict(model: str, strategy: str, ranks: int, db_path: Path) -> dict[str, float]:
+def predict(model: str, strategy: str, ranks: int, db_path: Path, wall: bool = True) -> dict[str, float]:
+    """Every column's iteration. wall: the ranks' wall clock, where ranks that outnumber this machine's cores
+    take turns on them (compute_share = cores / ranks, at most 1: validate.measured.compute_share_of's fact);
+    else the busiest rank's CPU seconds, which turns do not stretch."""
     from trainsim.catalog.calibration import load_calibration
     from trainsim.estimate.engines import make_engine
 
     job, graph, plan = job_and_plan(model, strategy, ranks)
+    share = min(1.0, len(os.sched_getaffinity(0)) / ranks) if wall else 1.0
+    job = dataclasses.replace(job, cluster=job.cluster.model_copy(
+        update={"device": job.cluster.device.model_copy(update={"compute_share": share})}))
     cal = load_calibration()
     out: dict[str, float] = {}
     # "serial": the catalog's CPU, whose gloo collectives never overlap compute (hardware/device.py); the three
@@ -242,7 +248,7 @@ def repredict(path: Path, ranks: int, db: Path, cpu_db: Path | None = None) -> N
             cell["measured"]["cpu_s"] = max(run["settings"]["cpu_s_per_rank"]) / len(run["iteration_times_s"])
         cell["predicted"] = predict(model, strategy, ranks, db)
         if cpu_db is not None and cpu_db.exists():
-            cell["predicted_cpu"] = predict(model, strategy, ranks, cpu_db)
+            cell["predicted_cpu"] = predict(model, strategy, ranks, cpu_db, wall=False)
     path.write_text(json.dumps(cells, indent=1) + "\n")
 
 

@@ -265,18 +265,19 @@ def profile_cpu(out: Path, models: list[str], ranks_list: tuple[int, ...] = (2, 
             print(f"cpu-time profile: {model} on {ranks} ranks", flush=True)
 
 
-def copy_collectives(out: Path) -> None:
-    """The campaigns' collective curves into the CPU-time database (communication is wall time either way)."""
+def copy_collectives(out: Path, ranks: int) -> None:
+    """The G-rank campaign's collective curves (every group size it timed, at its load) into the CPU-time
+    database, before its cells are simulated (communication is wall time either way)."""
     import sqlite3
 
+    source = out / f"profile-g{ranks}.db"
+    if not source.exists():
+        return
     target = sqlite3.connect(out / "profile-cpu.db")
-    for ranks in (2, 4):
-        source = out / f"profile-g{ranks}.db"
-        if source.exists():
-            target.execute("ATTACH DATABASE ? AS src", (str(source),))
-            target.execute("INSERT OR REPLACE INTO collective_times SELECT * FROM src.collective_times")
-            target.commit()
-            target.execute("DETACH DATABASE src")
+    target.execute("ATTACH DATABASE ? AS src", (str(source),))
+    target.execute("INSERT OR REPLACE INTO collective_times SELECT * FROM src.collective_times")
+    target.commit()
+    target.execute("DETACH DATABASE src")
     target.close()
 
 
@@ -366,7 +367,7 @@ def main() -> None:
     if args.ranks is None:
         parser.error("--ranks 2 or 4 (or --summary)")
     if args.repredict:
-        copy_collectives(args.out)
+        copy_collectives(args.out, args.ranks)
         repredict(args.out / f"table4-g{args.ranks}.json", args.ranks, args.out / f"profile-g{args.ranks}.db",
                   args.out / "profile-cpu.db")
         return

@@ -49,7 +49,9 @@ def settings(model: str, ranks: int) -> dict[str, Any]:
     return {"model": str(SMALL / "models" / f"{model}.yaml"), "cluster": "local-cpu", "num_gpus": ranks,
             "dp": ranks, "micro_batch": mb, "global_batch": mb * ranks, "seq_len": seq, "precision": "fp32",
             "optimizer_impl": "loop",
-            "stack_overrides": {"grad_reduce_overlap": True, "grad_bucket_params": BUCKET_PARAMS}}
+            # the split executor syncs gradients as torch DDP does: copied into 1 MiB buckets, scaled and back
+            "stack_overrides": {"grad_reduce_overlap": True, "grad_bucket_params": BUCKET_PARAMS,
+                                "grad_bucket_copies": True}}
 
 
 def tree_path(model: str, strategy: str, ranks: int) -> Path:
@@ -83,8 +85,10 @@ def split_graph(graph: Any, plan: Any, ranks: int) -> Any:
             config = config_of(split, op) if split is not None else None
             return scaled_op(op, config, ranks) if config is not None else op
 
+        # the parameters the rank holds (split weights in parts): the optimizer step is profiled over them
+        held = a.layer.param_count if split is None else split.held_params
         layers.append(dataclasses.replace(a.layer, count=1, fwd=tuple(scale(op) for op in a.layer.fwd),
-                                          bwd=tuple(scale(op) for op in a.layer.bwd)))
+                                          bwd=tuple(scale(op) for op in a.layer.bwd), param_count=held))
     return OpGraph(graph.model_name, tuple(layers), graph.tokens_per_micro_batch, graph.samples_per_micro_batch)
 
 
@@ -112,28 +116,29 @@ def _shadow(graphs: list[Any], hints: Any, stop: Any) -> None:
                     profile_graph(db, env, graph, hints, "cpu", warmup=0, repeats=repeats, optimizer=False)
 
 
-def profile_model(db_path: Path, model: str, ranks: int, repeats: int) -> None:
+def profile_model(db_path: Path, model: str, ranks: int, repeats: int, wall: bool = True) -> None:
     import torch
 
     import trainsim.profile.ops as ops
     from trainsim.profile.database import ProfileDB
     from trainsim.profile.job import hints_for
+    from trainsim.strategy.device_slice import DeviceSlice
 
     torch.set_num_threads(1)
-    graphs, hints = [], None
+    graphs = []
     for strategy in STRATEGIES:
-        job, graph, plan = job_and_plan(model, strategy, ranks)
+        _, graph, plan = job_and_plan(model, strategy, ranks)
         graphs.append(split_graph(graph, plan, ranks))
-        from trainsim.strategy.device_slice import DeviceSlice
-
-        hints = hints_for(job.model, DeviceSlice.of(job.parallel))
+    job = job_and_plan(model, STRATEGIES[0], ranks)[0]
+    hints = hints_for(job.model, DeviceSlice.of(job.parallel))  # the model's: the same for both plans
     ctx = multiprocessing.get_context("fork")
     stop = ctx.Event()
     shadows = [ctx.Process(target=_shadow, args=(graphs, hints, stop), daemon=True) for _ in range(ranks - 1)]
     for proc in shadows:
         proc.start()
     original = ops.clock_for
-    ops.clock_for = _wall_clock  # NB: thread CPU time would leave out the siblings' share of the cores
+    if wall:
+        ops.clock_for = _wall_clock  # NB: thread CPU time would leave out the siblings' share of the cores
     try:
         with ProfileDB.open(db_path) as db:
             env = ops.local_environment("cpu-local", "cpu")
@@ -184,11 +189,17 @@ def measure(model: str, strategy: str, ranks: int, out: Path, iterations: int, w
 COLUMN_ENGINES = {"proteus": "sim", "plain": "sim-plain", "flexflow": "flexflow-sim"}
 
 
-def predict(model: str, strategy: str, ranks: int, db_path: Path) -> dict[str, float]:
+def predict(model: str, strategy: str, ranks: int, db_path: Path, wall: bool = True) -> dict[str, float]:
+    """Every column's iteration. wall: the ranks' wall clock, where ranks that outnumber this machine's cores
+    take turns on them (compute_share = cores / ranks, at most 1: validate.measured.compute_share_of's fact);
+    else the busiest rank's CPU seconds, which turns do not stretch."""
     from trainsim.catalog.calibration import load_calibration
     from trainsim.estimate.engines import make_engine
 
     job, graph, plan = job_and_plan(model, strategy, ranks)
+    share = min(1.0, len(os.sched_getaffinity(0)) / ranks) if wall else 1.0
+    job = dataclasses.replace(job, cluster=job.cluster.model_copy(
+        update={"device": job.cluster.device.model_copy(update={"compute_share": share})}))
     cal = load_calibration()
     out: dict[str, float] = {}
     # "serial": the catalog's CPU, whose gloo collectives never overlap compute (hardware/device.py); the three
@@ -237,45 +248,36 @@ def repredict(path: Path, ranks: int, db: Path, cpu_db: Path | None = None) -> N
             cell["measured"]["cpu_s"] = max(run["settings"]["cpu_s_per_rank"]) / len(run["iteration_times_s"])
         cell["predicted"] = predict(model, strategy, ranks, db)
         if cpu_db is not None and cpu_db.exists():
-            cell["predicted_cpu"] = predict(model, strategy, ranks, cpu_db)
+            cell["predicted_cpu"] = predict(model, strategy, ranks, cpu_db, wall=False)
     path.write_text(json.dumps(cells, indent=1) + "\n")
 
 
-def profile_cpu(out: Path, models: list[str]) -> None:
+def profile_cpu(out: Path, models: list[str], ranks_list: tuple[int, ...] = (2, 4)) -> None:
     """Every cell's ops on the calling thread's CPU time (`trainsim profile`'s clock with one thread: what an op
-    costs without the slices other processes take): the costs that the ranks' CPU seconds per iteration are
-    compared with. Collectives: copy the campaigns' rows in (copy_collectives)."""
-    import torch
-
-    from trainsim.profile.database import ProfileDB
-    from trainsim.profile.job import hints_for
-    from trainsim.profile.ops import local_environment, profile_graph
-    from trainsim.strategy.device_slice import DeviceSlice
-
-    torch.set_num_threads(1)
+    costs without the slices other processes take), beside G - 1 busy sibling processes running the same
+    microbenchmarks (as the run's other ranks share the last-level cache and the memory bus): the costs that the
+    ranks' CPU seconds per iteration are compared with. Collectives: copy the campaigns' rows in
+    (copy_collectives)."""
     db_path = out / "profile-cpu.db"
-    for ranks in (2, 4):
+    for ranks in ranks_list:
         for model in models:
-            for strategy in STRATEGIES:
-                job, graph, plan = job_and_plan(model, strategy, ranks)
-                with ProfileDB.open(db_path) as db:
-                    profile_graph(db, local_environment("cpu-local", "cpu"), split_graph(graph, plan, ranks),
-                                  hints_for(job.model, DeviceSlice.of(job.parallel)), "cpu", warmup=1, repeats=5)
+            profile_model(db_path, model, ranks, repeats=5, wall=False)
             print(f"cpu-time profile: {model} on {ranks} ranks", flush=True)
 
 
-def copy_collectives(out: Path) -> None:
-    """The campaigns' collective curves into the CPU-time database (communication is wall time either way)."""
+def copy_collectives(out: Path, ranks: int) -> None:
+    """The G-rank campaign's collective curves (every group size it timed, at its load) into the CPU-time
+    database, before its cells are simulated (communication is wall time either way)."""
     import sqlite3
 
+    source = out / f"profile-g{ranks}.db"
+    if not source.exists():
+        return
     target = sqlite3.connect(out / "profile-cpu.db")
-    for ranks in (2, 4):
-        source = out / f"profile-g{ranks}.db"
-        if source.exists():
-            target.execute("ATTACH DATABASE ? AS src", (str(source),))
-            target.execute("INSERT OR REPLACE INTO collective_times SELECT * FROM src.collective_times")
-            target.commit()
-            target.execute("DETACH DATABASE src")
+    target.execute("ATTACH DATABASE ? AS src", (str(source),))
+    target.execute("INSERT OR REPLACE INTO collective_times SELECT * FROM src.collective_times")
+    target.commit()
+    target.execute("DETACH DATABASE src")
     target.close()
 
 
@@ -360,12 +362,12 @@ def main() -> None:
         summary(args.out)
         return
     if args.cpu_profile:
-        profile_cpu(args.out, args.models.split(","))
+        profile_cpu(args.out, args.models.split(","), (args.ranks,) if args.ranks else (2, 4))
         return
     if args.ranks is None:
         parser.error("--ranks 2 or 4 (or --summary)")
     if args.repredict:
-        copy_collectives(args.out)
+        copy_collectives(args.out, args.ranks)
         repredict(args.out / f"table4-g{args.ranks}.json", args.ranks, args.out / f"profile-g{args.ranks}.db",
                   args.out / "profile-cpu.db")
         return

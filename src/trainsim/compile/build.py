@@ -243,7 +243,15 @@ def _emit_step_end(ctx: BuildContext, tails: list[_StageTail]) -> None:
                           deps=deps, sync_key="optimizer-barrier" if multi else "", phase="comm")
         parts = ctx.stage_parts(stage)
         seconds = ctx.pricer.optimizer_step_s([parts], job) if parts else 0.0  # the shared formula
+        if ctx.splits and parts:  # a device steps the weights it holds: split and sharded ones in parts
+            held = sum(ctx.held_params(a.index, a.layer.param_count) for a in ctx.plan.layers if a.stage == stage)
+            seconds = ctx.pricer.optimizer_step_of_params_s(held, job)
         temporary = optimizer_step_bytes(parts, job.parallel)
+        synced = sum(ctx.grad_params(a.index, a.layer.param_count) for a in ctx.plan.layers if a.stage == stage)
+        copies = ctx.pricer.grad_copies_s(synced, job)
+        if copies > 0.0:  # the gradient sync's bucket copies on the host (StackSpec.grad_bucket_copies)
+            barrier = ctx.add(name="gradient bucket copies", device=stage, stream="compute", kind="compute",
+                              duration_s=copies, deps=(barrier,), phase="optimizer", category="overhead")
         optimizer = ctx.add(name="optimizer step", device=stage, stream="compute", kind="compute", duration_s=seconds,
                             deps=(barrier,), phase="optimizer", category="optimizer", alloc_bytes=temporary,
                             free_bytes=temporary)

@@ -269,12 +269,14 @@ def _input_bytes(op: Op) -> float:
 
 
 def _weight_params(op: Op) -> float:
-    """A matmul's n x k weight; a convolution's Cout x Cin x kh x kw = FLOPs / (2 x output elements)."""
+    """A matmul's n x k weight; a convolution's Cout x Cin x kh x kw: FLOPs / (2 x output elements) is the
+    Cin x kh x kw multiply-adds of one output element, times the Cout of its output shape (batch, Cout, h, w)."""
     s = op.shape
     if op.kind == "matmul" and len(s) == 4:
         return float(s[2] * s[3])
     outputs = _output_bytes(op) / _elem(op)
-    return op.flops / (2.0 * outputs) if outputs > 0 else 0.0
+    per_output = op.flops / (2.0 * outputs) if outputs > 0 else 0.0
+    return per_output * s[1] if op.kind == "conv" and len(s) == 4 else per_output
 
 
 def scaled_op(op: Op, config: OpConfig, group: int) -> Op:

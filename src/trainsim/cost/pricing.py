@@ -891,12 +891,24 @@ class Pricer:
 
     def optimizer_step_s(self, stages: list[list[StagePart]], job: Job) -> float:
         """The optimizer step of the stage with the most parameters, over the parameters one GPU owns."""
-        par = job.parallel
         params = self._max_params.get(id(stages)) if id(stages) in self._partition_of else None
         if params is None:
             params = max(self.stage_params(stage) for stage in stages)
             if id(stages) in self._partition_of:
                 self._max_params[id(stages)] = params
+        return self.optimizer_step_of_params_s(params, job)
+
+    def grad_copies_s(self, params: float, job: Job) -> float:
+        """The gradient sync's bucket copies over the `params` gradients a device syncs, where the stack copies
+        them (StackSpec.grad_bucket_copies) and data-parallel ranks sync them; else 0."""
+        par = job.parallel
+        if not job.stack.grad_bucket_copies or par.dp * par.cp == 1 or params <= 0:
+            return 0.0
+        return self.step_costs.grad_copies_s(params, job.cluster.device)
+
+    def optimizer_step_of_params_s(self, params: float, job: Job) -> float:
+        """The optimizer step over `params` parameters held by one device (its ZeRO shard of them)."""
+        par = job.parallel
         return self.step_costs.optimizer_step_s(params / optimizer_shards(par), par.precision, job.cluster.device)
 
     def micro_batch_overhead_s(self, stage: list[StagePart], job: Job) -> float:

@@ -34,7 +34,7 @@ from trainsim.hardware.device import DeviceSpec
 from trainsim.ir.graph import Op, OpGraph
 from trainsim.profile.database import CollectiveRow, OpRow, ProfileDB
 from trainsim.profile.framework import framework_signature, frameworks_for
-from trainsim.profile.ops import OPTIMIZER_SIGNATURE_KIND, overhead_signature, signature_of
+from trainsim.profile.ops import GRAD_COPY_SIGNATURE_KIND, OPTIMIZER_SIGNATURE_KIND, overhead_signature, signature_of
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import Precision
 
@@ -170,6 +170,13 @@ class ProfiledCosts:
         curve = self._curves.get((self.device_name or device_name, OPTIMIZER_SIGNATURE_KIND, "adam", "step", "fp32"))
         return curve.interpolate(float(round(params))) if curve is not None else None
 
+    def grad_copies_s(self, params: float, device_name: str) -> float | None:
+        """Measured gradient bucket copies over `params` gradients: exact, or interpolated inside the measured
+        range (profile.ops.measure_grad_copies)."""
+        curve = self._curves.get((self.device_name or device_name, GRAD_COPY_SIGNATURE_KIND, "cat-div-copy", "step",
+                                  "fp32"))
+        return curve.interpolate(float(round(params))) if curve is not None else None
+
     def framework_overhead_per_layer_s(self, device_name: str, framework: str, precision: Precision) -> float | None:
         """Measured cost of a framework (profile/framework.py) per transformer layer and micro-batch, or None."""
         sig = framework_signature(framework, precision)
@@ -300,6 +307,10 @@ class ProfiledStepCosts:
     def optimizer_step_s(self, params: float, precision: Precision, device: DeviceSpec) -> float:
         measured = self.profiled.optimizer_step_s(params, device.name)
         return measured if measured is not None else self.fallback.optimizer_step_s(params, precision, device)
+
+    def grad_copies_s(self, params: float, device: DeviceSpec) -> float:
+        measured = self.profiled.grad_copies_s(params, device.name)
+        return measured if measured is not None else self.fallback.grad_copies_s(params, device)
 
     def iteration_overhead_s(self, device: DeviceSpec) -> float:
         measured = self.profiled.overhead_per_op_s(device.name) is not None

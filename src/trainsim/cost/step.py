@@ -20,6 +20,11 @@ class StepCosts(Protocol):
         """The optimizer step over `params` parameters held by one device."""
         ...
 
+    def grad_copies_s(self, params: float, device: DeviceSpec) -> float:
+        """A gradient sync's copies of `params` gradients into flat buckets, scaled, and back (StackSpec.
+        grad_bucket_copies)."""
+        ...
+
     def iteration_overhead_s(self, device: DeviceSpec) -> float:
         """Host-side cost paid once per iteration."""
         ...
@@ -44,6 +49,10 @@ class FittedStepCosts:
         policy = policy_for(precision)
         per_param = 2 * (4 + policy.optimizer_state_bytes) + policy.grad_bytes + policy.weight_bytes
         return params * per_param / (device.hbm_bw_bytes_per_s * self.cal.compute.memory_efficiency)
+
+    def grad_copies_s(self, params: float, device: DeviceSpec) -> float:
+        """Three memory-bound passes over fp32 gradients: each read and written (copy in, scale, copy out)."""
+        return params * 3 * 2 * 4 / (device.hbm_bw_bytes_per_s * self.cal.compute.memory_efficiency)
 
     def iteration_overhead_s(self, device: DeviceSpec) -> float:
         return self.cal.runtime.iteration_overhead_s

@@ -25,6 +25,7 @@ the ranks of one shard of the coarsest placement both sides refine. Imported onl
 import dataclasses
 import itertools
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,9 @@ from trainsim.strategy.placement import CONTRACTING, DIMS, OpConfig, Placement
 
 LEARNING_RATE = 1e-4
 BUCKET_PARAMS = 2**18  # gradient bucket (1 MiB of fp32); predict with --grad-bucket-params 262144
+# The training thread's CPU time per phase of a step (SplitTrainer.phase_cpu_s): the forward and backward passes
+# (reshard collectives included), the gradient sync's bucket copies, launches, waits and copies back, and AdamW.
+PHASES = ("forward", "backward", "grad_sync", "optimizer")
 INIT_STD = 0.02
 Dims = dict[str, int | None]  # placement dimension -> tensor dimension (None: the tensor has no such dim)
 
@@ -722,6 +726,7 @@ class GradientSync:
                 self.owner[id(param)] = index
                 param.register_post_accumulate_grad_hook(self._ready)
         self.works: dict[int, tuple[Any, torch.Tensor]] = {}
+        self.launch_cpu_s = 0.0  # the training thread's CPU time in _launch (inside the backward pass)
         self.reset()
 
     def reset(self) -> None:
@@ -735,10 +740,12 @@ class GradientSync:
             self._launch(index)
 
     def _launch(self, index: int) -> None:
+        begun = time.thread_time()
         group, params = self.buckets[index]
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
         work = dist.all_reduce(flat, group=self.ranks.group(group), async_op=True) if len(group) > 1 else None
         self.works[index] = (work, flat)
+        self.launch_cpu_s += time.thread_time() - begun
 
     def finish(self) -> None:
         for index in range(len(self.buckets)):
@@ -774,19 +781,36 @@ class SplitTrainer:
         self.data = [make_data(job, seed + i) for i in range(job.parallel.num_micro_batches)]
         self.optimizer = torch.optim.AdamW(list(self.model.parameters()), lr=LEARNING_RATE, foreach=False)
         self.stage_indices = [0]
+        self.reset_phases()
 
     def step(self) -> float:
+        clock, phase = time.thread_time, self.phase_cpu_s
         self.optimizer.zero_grad(set_to_none=True)
         n = len(self.data)
         losses = []
         for i, batch in enumerate(self.data):
             self.sync_enabled(i == n - 1)
+            begun = clock()
             loss = self.model(batch) / n
+            forward = clock()
+            launched = self.sync.launch_cpu_s
             loss.backward()
+            launch_s = self.sync.launch_cpu_s - launched
+            phase["forward"] += forward - begun
+            phase["backward"] += clock() - forward - launch_s
+            phase["grad_sync"] += launch_s
             losses.append(float(loss.detach()))
+        begun = clock()
         self.sync.finish()
+        synced = clock()
         self.optimizer.step()
+        phase["grad_sync"] += synced - begun
+        phase["optimizer"] += clock() - synced
         return sum(losses)
+
+    def reset_phases(self) -> None:
+        """Start the training thread's CPU seconds per phase afresh (after the warm-up steps)."""
+        self.phase_cpu_s = dict.fromkeys(PHASES, 0.0)
 
     def sync_enabled(self, last: bool) -> None:
         if not last:

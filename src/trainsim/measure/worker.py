@@ -139,6 +139,8 @@ def _measure(spec: MeasureSpec, job: Any, device: Any, rank: int, world_size: in
         torch.cuda.reset_peak_memory_stats(device)
     times: list[float] = []
     loss = float("nan")
+    if hasattr(trainer, "reset_phases"):
+        trainer.reset_phases()  # the timed steps' phases only
     load_before, cpu_before, thread_before = os.getloadavg()[0], time.process_time(), time.thread_time()
     for _ in range(spec.iterations if not cap.over else 0):
         dist.barrier()
@@ -159,6 +161,7 @@ def _measure(spec: MeasureSpec, job: Any, device: Any, rank: int, world_size: in
     info = {"rank": rank, "peak": peak, "baseline": baseline, "loss": timed_loss,
             "threads": torch.get_num_threads(), "traces": traces, "host": machine()["host_sha256"],
             "cpu_s": cpu_s, "thread_cpu_s": thread_cpu_s, "load": [load_before, os.getloadavg()[0]], "oom": cap.over,
+            "phase_cpu_s": dict(getattr(trainer, "phase_cpu_s", {})),
             "capped_peak": cap.used() if cap.cap > 0 else None}
     gathered: list[Any] = [None] * world_size
     dist.all_gather_object(gathered, info)
@@ -294,6 +297,9 @@ def _write_result(spec: MeasureSpec, job: Any, times: list[float], ranks: list[A
                 # and each rank's CPU time over it (well below the timed wall time: starved or waiting)
                 "load_average_1m": ranks[0]["load"], "cpu_s_per_rank": [round(r["cpu_s"], 4) for r in ranks],
                 "thread_cpu_s_per_rank": [round(r["thread_cpu_s"], 4) for r in ranks],
+                # the split executor's training thread per phase (measure/split_model.PHASES), over the timed steps
+                **({"phase_thread_cpu_s_per_rank": [{k: round(v, 4) for k, v in r["phase_cpu_s"].items()}
+                                                    for r in ranks]} if ranks[0].get("phase_cpu_s") else {}),
                 "timed_wall_s": round(sum(times), 4),
                 "outcome": "oom" if any(r.get("oom") for r in ranks) else "ok",
                 "memory_cap_bytes": spec.memory_cap_bytes,

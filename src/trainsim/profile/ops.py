@@ -34,6 +34,7 @@ NO_BIAS_MATMULS = ("router",)  # the MoE router has no bias
 LOGITS_MATMUL = "logits"  # the vocabulary projection: no bias, and its output feeds the fp32 loss
 OPTIMIZER_SIGNATURE_KIND = "optimizer"
 OVERHEAD_SIGNATURE_KIND = "overhead"
+GRAD_COPY_SIGNATURE_KIND = "gradcopy"
 UNSUPPORTED_DTYPES = ("fp8",)  # NB: torch has no portable fp8 GEMM; these ops fall back to the roofline
 
 
@@ -158,6 +159,12 @@ def optimizer_signature(params: int) -> OpSignature:
     return OpSignature(OPTIMIZER_SIGNATURE_KIND, "adam", "step", "fp32", (int(params),))
 
 
+def grad_copy_signature(params: int) -> OpSignature:
+    """A data-parallel gradient sync's copies over `params` fp32 gradients: into flat buckets, scaled by 1 / dp,
+    and back (measure_grad_copies)."""
+    return OpSignature(GRAD_COPY_SIGNATURE_KIND, "cat-div-copy", "step", "fp32", (int(params),))
+
+
 def overhead_signature() -> OpSignature:
     """The framework's cost per graph op beyond the kernel calls the op microbenchmarks time."""
     return OpSignature(OVERHEAD_SIGNATURE_KIND, "autograd", "step", "fp32", (1,))
@@ -171,12 +178,19 @@ def parameter_tensors(graph: OpGraph, hints: KernelHints) -> list[int]:
     sizes: list[int] = []
     for layer in graph.layers:
         tensors: list[int] = []
+        channels = 0  # the output channels of the layer's last convolution (a BatchNorm after it has as many)
         for op in layer.fwd:
             if op.kind == "matmul" and len(op.shape) == 4:
                 _, _, n, k = op.shape
                 tensors.append(n * k)
                 if hints.bias and op.name not in (*NO_BIAS_MATMULS, LOGITS_MATMUL):
                     tensors.append(n)
+            elif (conv := _conv_signature(op)) is not None:  # a CNN's convolution: its weight (no bias under BN)
+                _, channels, _, _, c_in = conv.shape
+                kh, kw = (int(x) for x in op.kernel.split("s")[0].split("x"))
+                tensors.append(channels * c_in * kh * kw)
+            elif op.kind == "norm" and channels:  # BatchNorm: scale and shift per channel
+                tensors += [channels] * 2
             elif op.kind == "norm":
                 tensors += [hints.hidden] * (2 if hints.norm == "layernorm" else 1)
         if sum(tensors) > layer.param_count:  # a tied vocabulary projection: its weight is the embedding's
@@ -528,6 +542,43 @@ def _last_level_cache_bytes() -> int:
     return best or 32 * 2**20
 
 
+def _cache_sharers(index_dir: str) -> int:
+    """How many CPUs share a cache (sysfs shared_cpu_list, e.g. "0-1,4"); 1 when it cannot be read."""
+    with contextlib.suppress(OSError, ValueError), open(f"{index_dir}/shared_cpu_list") as f:
+        count = 0
+        for part in f.read().strip().split(","):
+            low, _, high = part.partition("-")
+            count += int(high or low) - int(low) + 1
+        return max(count, 1)
+    return 1
+
+
+def last_level_cache_share_bytes() -> int:
+    """One core's share of the CPU's last-level cache: its size over the CPUs sharing it (Linux sysfs; 32 MiB
+    alone when it cannot be read)."""
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    best, sharers = 0, 1
+    with contextlib.suppress(OSError):
+        for index in sorted(os.listdir(base)):
+            with contextlib.suppress(OSError, ValueError), open(f"{base}/{index}/size") as f:
+                text = f.read().strip().upper()
+                size = int(text.rstrip("KMG")) * {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+                if size > best:
+                    best, sharers = size, _cache_sharers(f"{base}/{index}")
+    return (best or 32 * 2**20) // sharers
+
+
+def starts_cold(device: str, footprint_bytes: float, cache_share_bytes: int) -> bool:
+    """Whether an op is timed after a cache flush. Inside a training step on a CPU an op whose bytes (inputs,
+    weights, output) fit in its core's share of the last-level cache finds them there: its input was just
+    written by the op before it and the allocator hands back the buffers the step freed. A larger op streams
+    them from memory. A GPU's ops are always timed cold (their kernels see an L2 of a few tens of MiB against
+    GiB of tensors). On a 2-core EPYC (8 MiB of L3, 4 MiB per core) a flush before each sample doubled the
+    small convolutions of a quarter-width Inception-v3 (162 against 71 ms per step), where the run's own
+    forward and backward passes took about the warm figure (docs/strategy-tree.md, the Table IV diagnosis)."""
+    return device != "cpu" or footprint_bytes > cache_share_bytes
+
+
 def cache_flusher(device: str) -> Callable[[], None]:
     """Writes a buffer twice the last-level cache (CPU) or 256 MiB (a GPU's L2 is at most ~100 MiB).
     NB: inside a training step an op's weights come back cold and its inputs half warm; a hot-cache loop
@@ -554,7 +605,9 @@ def _sync_for(device: str) -> Callable[[], None]:
 Measurement = tuple[list[float], str]  # samples (seconds per call), what was run
 
 
-def measure_op(sig: OpSignature, hints: KernelHints, device: str, warmup: int, repeats: int) -> Measurement:
+def measure_op(sig: OpSignature, hints: KernelHints, device: str, warmup: int, repeats: int,
+               cold: bool = True) -> Measurement:
+    """Samples of one op's kernel; cold: after a cache flush (starts_cold says when)."""
     import torch
 
     fn, detail = build_kernel(sig, hints, device)
@@ -563,10 +616,22 @@ def measure_op(sig: OpSignature, hints: KernelHints, device: str, warmup: int, r
     torch.backends.cuda.matmul.allow_tf32 = tf32  # NB: only CUDA GEMMs read this; CPU fp32 stays fp32
     try:
         clock, clock_name = clock_for(device)
-        samples = time_callable(fn, _sync_for(device), warmup, repeats, clock=clock, flush=cache_flusher(device))
+        flush = cache_flusher(device) if cold else None
+        samples = time_callable(fn, _sync_for(device), warmup, repeats, clock=clock, flush=flush)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
-    return samples, f"{detail}; {hints.describe()}; {clock_name}, cold cache"
+    return samples, f"{detail}; {hints.describe()}; {clock_name}, {'cold' if cold else 'warm'} cache"
+
+
+def footprints(graph: OpGraph) -> dict[OpSignature, float]:
+    """Per op signature, the most bytes one of its ops moves (inputs, weights and output)."""
+    out: dict[OpSignature, float] = {}
+    for layer in graph.layers:
+        for op in layer.fwd + layer.bwd:
+            sig = signature_of(op)
+            if sig is not None:
+                out[sig] = max(out.get(sig, 0.0), op.bytes_moved)
+    return out
 
 
 def _adam_samples(tensor_sizes: list[int], device: str, warmup: int, repeats: int, threads: int) -> Measurement:
@@ -576,11 +641,13 @@ def _adam_samples(tensor_sizes: list[int], device: str, warmup: int, repeats: in
     params = [torch.nn.Parameter(torch.randn(size, device=device)) for size in tensor_sizes]
     for param in params:
         param.grad = torch.randn_like(param)
-    optimizer = torch.optim.Adam(params, lr=1e-4)
+    # AdamW, as trainsim measure's harnesses step (measure/parallelize.py, measure/split_model.py): Adam with
+    # decoupled weight decay (torch's default 0.01), one more pass over the weights than torch.optim.Adam
+    optimizer = torch.optim.AdamW(params, lr=1e-4)
     clock, clock_name = clock_for(device)
     samples = time_callable(optimizer.step, _sync_for(device), warmup, repeats, min_sample_s=0.0, max_inner=1,
                             clock=clock)
-    return samples, f"torch.optim.Adam over {len(tensor_sizes)} tensors; {clock_name}"
+    return samples, f"torch.optim.AdamW over {len(tensor_sizes)} tensors; {clock_name}"
 
 
 def _free_memory_bytes(device: str) -> float:
@@ -624,6 +691,29 @@ def measure_optimizer(tensor_sizes: list[int], device: str, warmup: int, repeats
         samples = [sample * scale for sample in samples]
         detail += f"; measured on 1/{scale:.3g} of the parameters, scaled back"
     return samples, detail
+
+
+def measure_grad_copies(tensor_sizes: list[int], device: str, warmup: int, repeats: int) -> Measurement:
+    """The host side of a gradient sync that copies: the gradients concatenated into a flat bucket, the bucket
+    divided by the ranks, each gradient copied back from it (torch DDP with gradient_as_bucket_view=False, its
+    default: torch/csrc/distributed/c10d/reducer.cpp, torch 2.x; measure/split_model.GradientSync). The bucket is
+    allocated afresh each time, as in the step."""
+    import torch
+
+    grads = [torch.randn(size, device=device) for size in tensor_sizes]
+
+    def copies() -> None:
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        flat.div_(2.0)
+        offset = 0
+        for g in grads:
+            n = g.numel()
+            g.copy_(flat[offset: offset + n].view_as(g))
+            offset += n
+
+    clock, clock_name = clock_for(device)
+    samples = time_callable(copies, _sync_for(device), warmup, repeats, min_sample_s=0.0, max_inner=1, clock=clock)
+    return samples, f"gradient bucket copies over {len(tensor_sizes)} tensors; {clock_name}"
 
 
 def measure_overhead(device: str, warmup: int, repeats: int, chain: int = 200) -> Measurement:
@@ -682,10 +772,14 @@ def profile_graph(db: ProfileDB, env: Environment, graph: OpGraph, hints: Kernel
     signatures, unsupported = unique_signatures(graph)
     if optimizer:
         signatures.append(optimizer_signature(sum(parameter_tensors(graph, hints))))
+        if device == "cpu":  # the CPU harnesses sync gradients through copied buckets (measure_grad_copies)
+            signatures.append(grad_copy_signature(sum(parameter_tensors(graph, hints))))
     signatures.append(overhead_signature())
     if plan is not None:
         plan(len(signatures))
     measured = stored = 0
+    sizes = footprints(graph)
+    share = last_level_cache_share_bytes() if device == "cpu" else 0
     for sig in signatures:
         missing = repeats - db.op_repeats(env, sig)
         if missing <= 0:
@@ -697,8 +791,11 @@ def profile_graph(db: ProfileDB, env: Environment, graph: OpGraph, hints: Kernel
             samples, detail = measure_optimizer(parameter_tensors(graph, hints), device, warmup, missing)
         elif sig.kind == OVERHEAD_SIGNATURE_KIND:
             samples, detail = measure_overhead(device, warmup, missing)
+        elif sig.kind == GRAD_COPY_SIGNATURE_KIND:
+            samples, detail = measure_grad_copies(parameter_tensors(graph, hints), device, warmup, missing)
         else:
-            samples, detail = measure_op(sig, hints, device, warmup, missing)
+            cold = starts_cold(device, sizes.get(sig, math.inf), share)
+            samples, detail = measure_op(sig, hints, device, warmup, missing, cold)
         db.add_op_samples(env, sig, samples, detail)
         measured += 1
         if progress is not None:

@@ -29,6 +29,11 @@ class StackSpec(Spec):
                                       "with the backward pass, bucket by bucket (else after the backward pass)")
     grad_bucket_params: float = Field(default=40e6, gt=0, le=1e13, description="gradient bucket size in "
                                       "parameters (frameworks state it in elements)")
+    # torch DDP's default (gradient_as_bucket_view=False, torch/csrc/distributed/c10d/reducer.cpp, torch 2.x) and
+    # trainsim measure's split executor copy each gradient into its bucket and back; Megatron-LM's DDP keeps the
+    # gradients in one contiguous buffer (megatron/core/distributed/param_and_grad_buffer.py): no copies
+    grad_bucket_copies: bool = Field(default=False, description="data-parallel gradients copied into flat buckets, "
+                                     "scaled and copied back each step (torch DDP's default), a host cost")
     param_gather_overlap: bool = Field(default=True, description="distributed-optimizer (ZeRO 1-2) parameter "
                                        "all-gather overlapped with the next forward pass (else after the step)")
     tp_comm_overlap: bool = Field(default=False, description="tensor-parallel collectives overlapped with the "

@@ -345,3 +345,22 @@ def test_template_steps_written_together_give_the_graph_written_block_by_block(
     assert graph == reference and graph.tasks == reference.tasks
     if strategy.get("zero") != 3:  # (ZeRO-3 cuts into every step: no templates)
         assert max(sizes) > 1  # several steps were written at once
+
+
+def test_a_stack_that_copies_gradients_into_buckets_pays_the_copies_before_the_optimizer_step() -> None:
+    """torch DDP's default (grad_bucket_copies): after the gradient sync, a host task of the Pricer's copy time
+    over the parameters a device syncs, then the optimizer step; without it, or without data parallelism
+    (nothing synced), the graph has no such task."""
+    pricer = Pricer(Calibration())
+    copying = _job(2, stack=StackSpec(grad_bucket_copies=True), global_batch=4)
+    graph = compile_job(copying, default_plan(graph_for(copying), copying.parallel), pricer)
+    params = sum(layer.count * layer.param_count for layer in graph_for(copying).layers)
+    copies = [t for t in graph.tasks if t.name == "gradient bucket copies"]
+    assert [t.duration_s for t in copies] == [pricer.grad_copies_s(params, copying)]
+    assert pricer.grad_copies_s(params, copying) == pytest.approx(params * 24 / (
+        copying.cluster.device.hbm_bw_bytes_per_s * Calibration().compute.memory_efficiency))
+    step = next(t for t in graph.tasks if t.name == "optimizer step")
+    assert step.deps == (copies[0].tid,) and copies[0].stream == "compute"
+    for job in (_job(2, global_batch=4), _job(1, stack=StackSpec(grad_bucket_copies=True), global_batch=2)):
+        plain = compile_job(job, default_plan(graph_for(job), job.parallel), pricer)
+        assert not any(t.name == "gradient bucket copies" for t in plain.tasks)

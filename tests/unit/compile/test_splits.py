@@ -177,3 +177,39 @@ def test_an_uneven_split_prices_the_busiest_devices_part() -> None:
     assert times == {"fc1": pricer.op_time_s(scaled, job),
                      **{name: pricer.op_time_s(scaled_op(op, config, 3), job) for name, op in backward.items()}}
     assert times["fc1"] > pricer.op_time_s(dataclasses.replace(scaled, flops=fc1.flops), job)
+
+
+def test_an_output_channel_split_of_a_convolution_sheds_half_its_whole_weight() -> None:
+    """ResNet-50's layer4.0.conv1 (1x1, 1024 -> 512 channels) split 2 ways by output channels on 2 devices: each
+    holds and syncs 512 x 1024 / 2 = 262,144 of its 524,288 weights (Cout x Cin x kh x kw; FLOPs / (2 x output
+    elements) alone is the 1,024 multiply-adds of one output element). conv2 (3x3, 512 -> 512) reads the channel
+    split and splits its reduction (propagation): half of its 512 x 512 x 9 weights too."""
+    from trainsim.catalog.loader import load_model
+    from trainsim.compile.splits import plan_splits
+    from trainsim.frontends.catalog.build import build_graph
+    from trainsim.strategy.device_slice import DeviceSlice
+
+    par = ParallelSpec.parse({"micro_batch": 4, "seq_len": 1, "dp": 2, "global_batch": 8})
+    job = make_job(load_model("resnet50"), a100_cluster(2), par)
+    graph = build_graph(job.model, DeviceSlice.of(par))
+    plan = StrategyTree.from_parallel(graph, par).split("layer4.0.conv1", "compute", "out", 2).lower(par)
+    index, layer = next((a.index, a.layer) for a in plan.layers if a.layer.name == "layer4.0")
+    split = plan_splits(plan, 2)[index]
+    shed = 512 * 1024 // 2 + 512 * 512 * 9 // 2
+    assert split.held_params == layer.param_count - shed
+    assert split.grad_params == layer.param_count - shed
+
+
+def test_the_optimizer_steps_the_weights_a_device_holds() -> None:
+    """fc2 split on its reduction dimension over 2 devices: each holds half of its 4096 x 1024 weight, and the
+    optimizer step is priced over the parameters held, 2,097,152 fewer than the plain job's."""
+    job = _job()
+    plain_tree = StrategyTree.from_parallel(graph_for(job), job.parallel)
+    (plain, pricer), (split, _) = (_compile(job, plain_tree),
+                                   _compile(job, plain_tree.split("blocks.0.mlp.fc2", "compute", "reduce", 2)))
+    params = sum(layer.count * layer.param_count for layer in graph_for(job).layers)
+    step = {name: next(t.duration_s for t in graph.tasks if t.name == "optimizer step")
+            for name, graph in (("plain", plain), ("split", split))}
+    assert step["plain"] == pricer.optimizer_step_of_params_s(params, job)
+    assert step["split"] == pricer.optimizer_step_of_params_s(params - 4096 * 1024 // 2, job)
+    assert step["split"] < step["plain"]

@@ -264,6 +264,23 @@ def test_framework_overheads_are_added_per_layer_where_they_apply(db_path: Path)
     assert steps.micro_batch_overhead_s(100, 4, sp, DEVICE) == pytest.approx(1e-3)  # tp + sp not measured
 
 
+def test_measured_gradient_bucket_copies_answer_inside_their_range_and_the_roofline_outside(db_path: Path) -> None:
+    """The copies measured over 1e6 and 4e6 gradients: exact at those, log-log interpolated between; outside the
+    measured range the fitted step costs' three memory-bound passes (no extrapolation)."""
+    from trainsim.cost.profiled import ProfiledStepCosts
+    from trainsim.cost.step import FittedStepCosts
+    from trainsim.profile.ops import grad_copy_signature
+
+    with ProfileDB.open(db_path) as db:
+        db.add_op_samples(PROFILE_ENV, grad_copy_signature(1_000_000), [4e-3])
+        db.add_op_samples(PROFILE_ENV, grad_copy_signature(4_000_000), [16e-3])
+    fitted = FittedStepCosts(load_calibration())
+    steps = ProfiledStepCosts(ProfiledCosts(db_path, fallback=ConstantCosts(1.0)), fitted)
+    assert steps.grad_copies_s(1_000_000, DEVICE) == pytest.approx(4e-3)
+    assert steps.grad_copies_s(2_000_000, DEVICE) == pytest.approx(8e-3)
+    assert steps.grad_copies_s(8_000_000, DEVICE) == fitted.grad_copies_s(8_000_000, DEVICE)
+
+
 def test_framework_overhead_is_measured_on_a_one_rank_mesh() -> None:
     """In a fresh process (it joins a one-rank process group): positive per-layer samples for every framework."""
     pytest.importorskip("torch")

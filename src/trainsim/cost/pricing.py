@@ -393,17 +393,17 @@ class Pricer:
 
     def _price_layer(self, layer: Layer, job: Job) -> LayerCost:
         totals = {axis: {"fwd": 0.0, "bwd": 0.0} for axis in ("tp", "cp")}
-        for c in layer.comms:
+        # each feature collective priced once (the pipeline's are the stage's sends)
+        priced = [(c, self.axis_collective_s(c.collective, c.buffer_bytes, c.axis, job))
+                  for c in layer.comms if c.axis != "pp"]
+        for c, seconds in priced:
             if c.axis in totals:
-                totals[c.axis][c.phase] += self.axis_collective_s(c.collective, c.buffer_bytes, c.axis, job)
+                totals[c.axis][c.phase] += seconds
         fractions = {"tp": self.tp_exposed_fraction(layer, totals["tp"], job),
                      "cp": self.cp_exposed_fraction(layer, totals["cp"], job)}
         comm: dict[str, float] = {}
         comm_fwd = 0.0
-        for c in layer.comms:
-            if c.axis == "pp":
-                continue
-            comm_s = self.axis_collective_s(c.collective, c.buffer_bytes, c.axis, job)
+        for c, comm_s in priced:
             if c.axis in fractions:
                 comm_s *= fractions[c.axis][0 if c.phase == "fwd" else 1]
             comm[c.axis] = comm.get(c.axis, 0.0) + comm_s

@@ -26,7 +26,8 @@ process and its rank processes: RUSAGE_CHILDREN) per planner, kept in OUT/search
 file is skipped; one interrupted is redone from an empty database so its time is whole). measure: for repeat r,
 every distinct plan in turn (the order rotated per repeat), one `trainsim measure` each (warm-up, then timed
 iterations; its median iteration time), appended to OUT/measured.csv; (plan, repeat) rows already there are
-skipped. summary: per plan the median over the repeats.
+skipped. summary: per plan the median over the repeats, and eq. 4 over its stages as the exhaustive planner
+measured them alone (nothing run). MoE models run in `trainsim measure` with every expert on every rank (tp=1).
 """
 
 import argparse
@@ -35,6 +36,7 @@ import fcntl
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -255,14 +257,52 @@ def measure_once(model: Path, label: str, parallel: dict[str, Any], repeat: int,
             "wall_s": round(wall, 1), "utc": datetime.now(UTC).isoformat(timespec="seconds")}
 
 
+def exhaustive_table_s(out: Path, model_path: Path, report: dict[str, Any]) -> float | None:
+    """Eq. 4 over the plan's stages as the exhaustive planner measured them alone (its database; nothing run):
+    the plan's cost on the table every planner estimates, apart from the pipeline runs' noise."""
+    from trainsim.catalog import load_model
+    from trainsim.ir.model_spec import TransformerSpec
+    from trainsim.measure.stage_db import StageDatabase, model_key
+
+    path = out / "stages" / "exhaustive.sqlite"
+    if not path.exists():
+        return None
+    model = load_model(str(model_path))
+    assert isinstance(model, TransformerSpec)
+    with tempfile.TemporaryDirectory() as tmp:  # a copy: opening the committed file would rewrite its header
+        copy = Path(tmp) / path.name
+        for part in path.parent.glob(path.name + "*"):  # the database and its write-ahead log, if any
+            shutil.copyfile(part, Path(tmp) / part.name)
+        return _table_time_s(StageDatabase(copy), model_key(model), report)
+
+
+def _table_time_s(db: Any, key: str, report: dict[str, Any]) -> float | None:
+    from trainsim.strategy.stage_plan import IntraPlan, Mesh, StageSpec, pipeline_time_s
+
+    try:
+        latencies = []
+        for stage in report["plan"]["stages"]:
+            nodes, devices = (int(n) for n in stage["mesh"].split("x"))
+            spec = StageSpec(stage["units"][0], stage["units"][1], Mesh(nodes, devices),
+                             IntraPlan(stage["tp"], stage["dp"], stage["sp"]))
+            found = db.get(key, GLOBAL_BATCH // MICRO_BATCHES, SEQ_LEN, 1, spec)
+            if found is None:
+                return None
+            latencies.append(found.latency_s)
+    finally:
+        db.close()
+    return pipeline_time_s(latencies, MICRO_BATCHES)
+
+
 def _medians(rows: list[dict[str, str]], column: str) -> dict[str, float]:
     return {label: statistics.median(float(r[column]) for r in rows if r["plan"] == label)
             for label in {r["plan"] for r in rows}}
 
 
-def summary(out: Path) -> dict[str, Any]:
-    """Per planner: its plan, eq. 4's prediction, the medians over the repeats of the measured iteration (wall
-    clock) and of the busiest rank's CPU time per iteration, the gaps to the exhaustive plan, the search's cost."""
+def summary(out: Path, model_path: Path) -> dict[str, Any]:
+    """Per planner: its plan, eq. 4's prediction and eq. 4 over the exhaustive table, the medians over the repeats
+    of the measured iteration (wall clock) and of the busiest rank's CPU time per iteration, the gaps to the
+    exhaustive plan, the search's cost."""
     records = searched(out)
     rows = done_rows(out / "measured.csv")
     wall, cpu = _medians(rows, "median_s"), _medians(rows, "rank_cpu_max_s")
@@ -281,6 +321,7 @@ def summary(out: Path) -> dict[str, Any]:
         table.append({
             "planner": name, "plan": label, "parallel": report["parallel"],
             "predicted_s": report["plan"]["iteration_s"], "sim_s": report["sim_iteration_s"],
+            "exhaustive_table_s": exhaustive_table_s(out, model_path, report),
             "measured_median_s": wall.get(label), "gap_to_exhaustive": gap(wall, label),
             "busiest_rank_cpu_s": cpu.get(label), "cpu_gap_to_exhaustive": gap(cpu, label),
             "repeats": repeats.get(label, 0), "search_wall_s": record["wall_s"], "search_cpu_s": record["cpu_s"],
@@ -295,11 +336,12 @@ def summary(out: Path) -> dict[str, Any]:
     def fmt(value: float | None, text: str) -> str:
         return "-" if value is None else text.format(value)
 
-    print("| planner | plan | predicted (eq. 4) | measured median (wall) | vs exhaustive | busiest rank CPU | "
-          "vs exhaustive | search wall / CPU | profiled stages | stage evaluations |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| planner | plan | predicted (eq. 4) | eq. 4, exhaustive table | measured median (wall) | vs exhaustive | "
+          "busiest rank CPU | vs exhaustive | search wall / CPU | profiled stages | stage evaluations |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in table:
         print(f"| {row['planner']} | {row['plan']} | {row['predicted_s']:.3f} s | "
+              f"{fmt(row['exhaustive_table_s'], '{:.3f} s')} | "
               f"{fmt(row['measured_median_s'], '{:.3f} s')} ({row['repeats']}) | "
               f"{fmt(row['gap_to_exhaustive'] and 100 * row['gap_to_exhaustive'], '{:+.1f}%')} | "
               f"{fmt(row['busiest_rank_cpu_s'], '{:.3f} s')} | "
@@ -332,7 +374,7 @@ def main() -> None:
     if args.command in ("measure", "all"):
         measure(out, MODELS[args.case], args.repeats, args.iterations, args.warmup)
     if args.command in ("summary", "all"):
-        summary(out)
+        summary(out, MODELS[args.case])
 
 
 if __name__ == "__main__":

@@ -143,9 +143,9 @@ def check_supported(job: Job, device: Device, tree: bool = False) -> None:
         return
     if not isinstance(model, TransformerSpec):
         raise unsupported(f"measure builds transformer models only, not a {model.kind} model")
-    if model.is_moe:
-        raise unsupported(f"{model.name} is a mixture of experts (num_experts={model.num_experts}); "
-                                  "measure builds dense transformers only")
+    if model.is_moe and (p.tp > 1 or p.zero >= 2):
+        raise unsupported(f"{model.name} is a mixture of experts (num_experts={model.num_experts}): measured with "
+                          f"every expert on every rank, tp=1 and zero<2 only (got tp={p.tp}, zero={p.zero})")
     for axis, value in (("cp", p.cp), ("ep", p.ep)):
         if value > 1:
             raise unsupported(f"{axis}={value} is not measured (supported axes: dp, tp with sp, pp)")

@@ -23,6 +23,7 @@ from torch.utils.checkpoint import checkpoint
 
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.strategy.parallel import Recompute
+from trainsim.strategy.stage_plan import unit_kind
 
 INIT_STD = 0.02  # GPT-2 / Megatron init of every weight matrix
 ROPE_THETA = 10000.0
@@ -144,15 +145,38 @@ class MLP(nn.Module):
         return self.down(F.gelu(self.up(x)))
 
 
-class Block(nn.Module):
-    """Pre-norm transformer layer."""
+class MoE(nn.Module):
+    """Top-k gated experts (GShard, Lepikhin et al. 2020, sec. 2.2), each a GeLU MLP; no capacity limit."""
 
-    def __init__(self, spec: TransformerSpec, recompute: Recompute) -> None:
+    def __init__(self, spec: TransformerSpec) -> None:
+        super().__init__()
+        self.top_k = spec.top_k
+        self.router = nn.Linear(spec.hidden, spec.num_experts, bias=False)
+        self.up = nn.ModuleList(nn.Linear(spec.hidden, spec.ffn_hidden) for _ in range(spec.num_experts))
+        self.down = nn.ModuleList(nn.Linear(spec.ffn_hidden, spec.hidden) for _ in range(spec.num_experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        gates = F.softmax(self.router(flat), dim=-1)
+        weight, expert = gates.topk(self.top_k, dim=-1)
+        out = torch.zeros_like(flat)
+        for e in range(len(self.up)):
+            rows, slot = (expert == e).nonzero(as_tuple=True)
+            if rows.numel():
+                y = self.down[e](F.gelu(self.up[e](flat[rows])))
+                out = out.index_add(0, rows, y * weight[rows, slot, None])
+        return out.reshape(x.shape)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer layer; with `experts` the MLP is a mixture of experts (MoE)."""
+
+    def __init__(self, spec: TransformerSpec, recompute: Recompute, experts: bool = False) -> None:
         super().__init__()
         self.attn_norm = _norm(spec)
         self.attn = Attention(spec, recompute)
         self.mlp_norm = _norm(spec)
-        self.mlp = MLP(spec)
+        self.mlp: nn.Module = MoE(spec) if experts else MLP(spec)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x))
@@ -203,12 +227,15 @@ class Head(nn.Module):
 
 
 class TransformerChunk(nn.Module):
-    """Layers [first_layer, end_layer) of the model, with the embedding and/or the head where the plan says."""
+    """Layers [first_layer, end_layer) of the model, with the embedding and/or the head where the plan says.
+    With `experts`, the model's MoE layers (every moe_every-th block, strategy.stage_plan.unit_kind) get an MoE
+    MLP, seeded with the rest of their layer; without, every layer is dense (measure.stage swaps its own in)."""
 
-    def __init__(self, spec: TransformerSpec, plan: ChunkPlan, recompute: Recompute, seed: int = 0) -> None:
+    def __init__(self, spec: TransformerSpec, plan: ChunkPlan, recompute: Recompute, seed: int = 0,
+                 experts: bool = False) -> None:
         super().__init__()
         self.embed = Embedding(spec) if plan.has_embedding else None
-        self.layers = nn.ModuleDict({str(i): Block(spec, recompute)
+        self.layers = nn.ModuleDict({str(i): Block(spec, recompute, experts and unit_kind(spec, i + 1) == "moe_block")
                                      for i in range(plan.first_layer, plan.end_layer)})
         tied = self.embed.tok if (spec.tied_embeddings and self.embed is not None) else None
         self.head = Head(spec, tied) if plan.has_head else None
@@ -274,13 +301,14 @@ def _init_normal(root: nn.Module, gen: torch.Generator) -> None:
 
 
 def build_chunk(spec: TransformerSpec, plan: ChunkPlan, recompute: Recompute = "none",
-                seed: int = 0) -> TransformerChunk:
-    return TransformerChunk(spec, plan, recompute, seed)
+                seed: int = 0, experts: bool = False) -> TransformerChunk:
+    return TransformerChunk(spec, plan, recompute, seed, experts)
 
 
-def build_model(spec: TransformerSpec, recompute: Recompute = "none", seed: int = 0) -> TransformerChunk:
+def build_model(spec: TransformerSpec, recompute: Recompute = "none", seed: int = 0,
+                experts: bool = False) -> TransformerChunk:
     """The whole model as one chunk."""
-    return TransformerChunk(spec, ChunkPlan(0, spec.num_layers, True, True), recompute, seed)
+    return TransformerChunk(spec, ChunkPlan(0, spec.num_layers, True, True), recompute, seed, experts)
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -229,7 +229,7 @@ class Trainer:
         chunks = []
         with torch.device(self.device):
             for index in self.stage_indices:
-                chunk = build_chunk(spec, plans[index], p.recompute, self.seed)
+                chunk = build_chunk(spec, plans[index], p.recompute, self.seed, experts=spec.is_moe)
                 if p.tp > 1:
                     apply_tp(chunk, spec, self.topo, p.sp)
                 chunks.append(chunk)

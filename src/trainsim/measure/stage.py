@@ -2,8 +2,9 @@
 transformer's layer chain, on 1 or more local ranks (gloo), for the stage planners (search.stage_dp).
 
 A stage is built from measure.model's pieces (the embedding with the first unit, the final norm and head with
-the last); a mixture-of-experts block replaces the MLP of every moe_every-th block with MoE below (top-k gating,
-GShard-style, Lepikhin et al. 2020, sec. 2.2, experts run as dense loops over their tokens). The stage's input
+the last); a mixture-of-experts block replaces the MLP of every moe_every-th block with measure.model.MoE (top-k
+gating, GShard-style, Lepikhin et al. 2020, sec. 2.2, experts run as dense loops over their tokens), built after
+the dense chunk from the global generator (the stage databases and DAGs in the repo were made so). The stage's input
 is the previous stage's activation (random, requires grad: backward computes its gradient, as a pipeline
 stage sends it back); a stage without the head runs backward from a random output gradient, one with it from
 the cross-entropy loss.
@@ -37,34 +38,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainsim.ir.model_spec import TransformerSpec
-from trainsim.measure.model import Block, ChunkPlan, TransformerChunk, build_chunk
+from trainsim.measure.model import Block, ChunkPlan, MoE, TransformerChunk, build_chunk
 from trainsim.measure.parallelize import _local
 from trainsim.strategy.stage_plan import StageSpec, unit_kind
 
 ADAM_FP32_BYTES_PER_PARAM = 16  # fp32 weight + gradient + exp_avg + exp_avg_sq (torch.optim.Adam)
-
-
-class MoE(nn.Module):
-    """Top-k gated experts (GShard, Lepikhin et al. 2020, sec. 2.2), each a GeLU MLP; no capacity limit."""
-
-    def __init__(self, spec: TransformerSpec) -> None:
-        super().__init__()
-        self.top_k = spec.top_k
-        self.router = nn.Linear(spec.hidden, spec.num_experts, bias=False)
-        self.up = nn.ModuleList(nn.Linear(spec.hidden, spec.ffn_hidden) for _ in range(spec.num_experts))
-        self.down = nn.ModuleList(nn.Linear(spec.ffn_hidden, spec.hidden) for _ in range(spec.num_experts))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1])
-        gates = F.softmax(self.router(flat), dim=-1)
-        weight, expert = gates.topk(self.top_k, dim=-1)
-        out = torch.zeros_like(flat)
-        for e in range(len(self.up)):
-            rows, slot = (expert == e).nonzero(as_tuple=True)
-            if rows.numel():
-                y = self.down[e](F.gelu(self.up[e](flat[rows])))
-                out = out.index_add(0, rows, y * weight[rows, slot, None])
-        return out.reshape(x.shape)
 
 
 def build_stage(model: TransformerSpec, first: int, end: int, seed: int = 0) -> TransformerChunk:
@@ -77,7 +55,7 @@ def build_stage(model: TransformerSpec, first: int, end: int, seed: int = 0) -> 
     for index, block in chunk.layers.items():
         if unit_kind(model, int(index) + 1) == "moe_block":
             assert isinstance(block, Block)
-            block.mlp = MoE(model)  # type: ignore[assignment]
+            block.mlp = MoE(model)
     return chunk
 
 

@@ -26,6 +26,7 @@ from trainsim.measure.launch import (
 from trainsim.measure.results import IterationStats, MeasuredRun, load_run, load_runs, measured_stack, save_run
 
 RUNNER = CliRunner()
+MEASURED_MOE: dict[str, Any] = {**MEASURED_GPT, "name": "tiny-moe", "num_experts": 4, "top_k": 1, "moe_every": 2}
 
 
 def tspec(data: dict[str, Any]) -> TransformerSpec:
@@ -72,6 +73,9 @@ def test_a_file_that_is_not_a_run_is_refused(tmp_path: Path) -> None:
     (lambda: tiny_job(2, model={**MEASURED_GPT, "vocab": 511}, tp=2), "vocab=511"),
     (lambda: tiny_job(2, pp=2, schedule="zb-h1", global_batch=4), "schedule=zb-h1"),
     (lambda: tiny_job(2, pp=2, global_batch=2), "at least pp micro-batches"),
+    (lambda: tiny_job(2, model=MEASURED_MOE, tp=2), "tp=1 and zero<2 only"),
+    (lambda: tiny_job(2, model=MEASURED_MOE, dp=2, zero=2), "tp=1 and zero<2 only"),
+    (lambda: tiny_job(2, model=MEASURED_MOE, ep=2), "ep=2 is not measured"),
 ])
 def test_unsupported_jobs_are_refused(job: Any, message: str) -> None:
     with pytest.raises(UnsupportedJobError, match=message):
@@ -163,6 +167,23 @@ def test_pipeline_chunks_compute_the_whole_model() -> None:
         torch.testing.assert_close(x, whole)
 
 
+def test_moe_layers_get_experts_and_chunks_compute_the_whole_model() -> None:
+    """With experts, every moe_every-th block's MLP is top-k experts, seeded with its layer: pipeline chunks of
+    an MoE model compute what the whole model does (as the dense chunks do)."""
+    torch = pytest.importorskip("torch")
+    from trainsim.measure.model import MLP, MoE, build_chunk, build_model, split_layers
+
+    spec = tspec({**MEASURED_MOE, "num_layers": 4})
+    whole = build_model(spec, seed=3, experts=True)
+    assert [type(whole.layers[str(i)].mlp) for i in range(4)] == [MLP, MoE, MLP, MoE]
+    assert all(isinstance(block.mlp, MLP) for block in build_model(spec).layers.values())
+    tokens = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(0))
+    x = tokens
+    for plan in split_layers(4, 2):
+        x = build_chunk(spec, plan, seed=3, experts=True)(x)
+    torch.testing.assert_close(x, whole(tokens))
+
+
 def _measure(job: Job, out: Path, timeout_s: float = 90.0, **kwargs: Any) -> MeasuredRun:
     spec = make_spec(job, out, iterations=2, warmup=1, timeout_s=timeout_s, **kwargs)
     return load_run(launch(spec, job.num_gpus))
@@ -185,6 +206,15 @@ def test_dp_and_pp_runs_measure_and_agree(tmp_path: Path) -> None:
         assert dp.final_loss is not None and run.final_loss == pytest.approx(dp.final_loss, rel=1e-5)
     assert (dp.world_size, pp.world_size, both.world_size) == (2, 2, 4)
     assert {p.name for p in tmp_path.glob("*.json")} == {f"{r.run_id}.json" for r in (dp, pp, both)}
+
+
+def test_moe_runs_measure_and_agree(tmp_path: Path) -> None:
+    """An MoE model (experts on every rank) trains to the same loss data parallel and pipelined."""
+    pytest.importorskip("torch")
+    dp = _measure(tiny_job(2, model=MEASURED_MOE, dp=2), tmp_path)
+    pp = _measure(tiny_job(2, model=MEASURED_MOE, pp=2, global_batch=4), tmp_path)
+    assert dp.final_loss is not None and pp.final_loss == pytest.approx(dp.final_loss, rel=1e-5)
+    assert all(len(run.iteration_times_s) == 2 for run in (dp, pp))
 
 
 def test_tensor_parallel_and_fsdp_agree(tmp_path: Path) -> None:

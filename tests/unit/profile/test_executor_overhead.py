@@ -1,12 +1,16 @@
 """The split executor's cost per op (profile/executor_overhead.py): the arithmetic, the probes, bad input. The
 run itself (ranks through `trainsim measure`) is exercised by scripts/proteus_table4.py --executor-overhead."""
 
+import json
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from conftest import PROFILE_ENV
 from trainsim.catalog.model_files import parse_model
+from trainsim.cli.main import app
+from trainsim.cost.profiled import ProfiledCosts
 from trainsim.errors import ConfigError
 from trainsim.frontends.catalog.build import build_graph
 from trainsim.profile.database import ProfileDB
@@ -53,8 +57,6 @@ def test_stored_figures_are_the_executor_signatures_median(tmp_path: Path) -> No
     with ProfileDB.open(tmp_path / "p.db") as db:
         store_executor_overhead(db, PROFILE_ENV, result)
         assert db.op_repeats(PROFILE_ENV, executor_signature("cnn", "fwd")) == 3
-    from trainsim.cost.profiled import ProfiledCosts
-
     costs = ProfiledCosts(tmp_path / "p.db")
     assert costs.executor_per_op_s("cpu-local", "cnn", "fwd") == pytest.approx(8e-5)
     assert costs.executor_per_op_s("cpu-local", "cnn", "bwd") == pytest.approx(1e-6)
@@ -68,3 +70,31 @@ def test_bad_input_is_refused_before_any_rank_starts(kwargs: dict[str, object], 
     assert set(FAMILIES) == set(NEGLIGIBLE_MODELS)
     with pytest.raises(ConfigError, match=field):
         measure_executor_overhead(**kwargs)  # type: ignore[arg-type]
+
+
+DLRM_SMALL = Path(__file__).resolve().parents[3] / "data" / "strategies" / "proteus" / "small" / "models" / \
+    "dlrm-small.yaml"
+
+
+def test_profile_executor_overhead_measures_the_family_and_stores_it(tmp_path: Path) -> None:
+    """End to end on 2 gloo ranks, 2 steps: the DLRM probe's figures land in the database under the device,
+    and the stored medians are what the command printed."""
+    pytest.importorskip("torch")
+    db = tmp_path / "p.db"
+    result = CliRunner().invoke(app, ["profile", "--executor-overhead", "--model", str(DLRM_SMALL), "--repeats",
+                                      "2", "--db", str(db), "--json"])
+    assert result.exit_code == 0, result.output
+    entry = json.loads(result.stdout)
+    assert (entry["device"], entry["family"], entry["iterations"], entry["ops"]) == (
+        "cpu-local", "dlrm", 2, {"fwd": 12, "bwd": 16})
+    costs = ProfiledCosts(db)
+    for phase in ("fwd", "bwd"):
+        ranks = sorted(entry["per_op_s"][phase])
+        assert costs.executor_per_op_s("cpu-local", "dlrm", phase) == pytest.approx((ranks[0] + ranks[1]) / 2)
+    assert min(entry["per_op_s"]["fwd"]) > 0.0  # the executor's Python per forward op costs CPU time
+
+
+def test_profile_executor_overhead_refuses_a_bad_timeout(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["profile", "--executor-overhead", "--model", str(DLRM_SMALL),
+                                      "--timeout-s", "0", "--db", str(tmp_path / "p.db")])
+    assert result.exit_code == 2 and "timeout_s" in result.output

@@ -200,8 +200,8 @@ def profile(
                                                              "the catalog's calibration/runtime_memory.yaml)")] = None,
     executor_overhead: Annotated[bool, typer.Option("--executor-overhead", help="measure trainsim measure's split "
                                                     "executor's cost per op instead: a negligible model of "
-                                                    "--model's family on --world-size gloo ranks; stored in the "
-                                                    "profile database")] = False,
+                                                    "--model's family on --world-size gloo ranks for --repeats steps; "
+                                                    "stored in the profile database")] = False,
 ) -> None:
     """Measure the forward and backward time of every op of a job on this machine, and local collectives."""
     import time

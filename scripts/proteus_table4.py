@@ -13,6 +13,10 @@ Campaigns of three models (about seven minutes each on this shared 2-core machin
     done; done
     python scripts/proteus_table4.py --summary --out results/proteus_table4      # errors per cell and overall
 
+The split executor's own Python per op (profile/executor_overhead.py) is a machine fact measured once, under the
+lock, into OUT's databases: `flock /tmp/trainsim-timing.lock python scripts/proteus_table4.py --executor-overhead
+--out OUT` (then --repredict per rank count and --summary).
+
 Per model, the ops both plans run (their per-rank shapes under the computation configs: compile.splits.scaled_op)
 are profiled into OUT/profile-gG.db right before the two plans are measured, so ops and runs see the same machine.
 The ranks share this machine's cores, so ops are timed on the wall clock while G - 1 sibling processes run the
@@ -51,7 +55,7 @@ def settings(model: str, ranks: int) -> dict[str, Any]:
             "optimizer_impl": "loop",
             # the split executor syncs gradients as torch DDP does: copied into 1 MiB buckets, scaled and back
             "stack_overrides": {"grad_reduce_overlap": True, "grad_bucket_params": BUCKET_PARAMS,
-                                "grad_bucket_copies": True}}
+                                "grad_bucket_copies": True, "split_executor": True}}
 
 
 def tree_path(model: str, strategy: str, ranks: int) -> Path:
@@ -265,6 +269,31 @@ def profile_cpu(out: Path, models: list[str], ranks_list: tuple[int, ...] = (2, 
             print(f"cpu-time profile: {model} on {ranks} ranks", flush=True)
 
 
+def profile_executor(out: Path, ranks: int = 2) -> dict[str, Any]:
+    """The split executor's own cost per op and phase (profile/executor_overhead.py: a negligible model of each
+    family through `trainsim measure --tree` on `ranks` gloo ranks, thread CPU time), into every database of
+    the campaign (the same machine fact for the wall and the CPU-time predictions)."""
+    from trainsim.profile.database import ProfileDB
+    from trainsim.profile.executor_overhead import FAMILIES, measure_executor_overhead, store_executor_overhead
+    from trainsim.profile.ops import local_environment
+
+    load = [Path("/proc/loadavg").read_text().split()[:3]]
+    results = [measure_executor_overhead(family, world_size=ranks, iterations=20) for family in FAMILIES]
+    load.append(Path("/proc/loadavg").read_text().split()[:3])
+    env = local_environment("cpu-local", "cpu")
+    for name in ("profile-cpu.db", "profile-g2.db", "profile-g4.db"):
+        if (out / name).exists():
+            with ProfileDB.open(out / name) as db:
+                for result in results:
+                    store_executor_overhead(db, env, result)
+    record = {"load_average_before_after": load, "world_size": ranks,
+              "families": {r.family: {"per_op_s": r.per_op_s, "ops": r.ops, "kernel_s": r.kernel_s,
+                                      "autograd_per_op_s": r.autograd_per_op_s, "iterations": r.iterations}
+                           for r in results}}
+    (out / "executor-overhead.json").write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
 def copy_collectives(out: Path, ranks: int) -> None:
     """The G-rank campaign's collective curves (every group size it timed, at its load) into the CPU-time
     database, before its cells are simulated (communication is wall time either way)."""
@@ -354,12 +383,17 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--summary", action="store_true")
     parser.add_argument("--repredict", action="store_true", help="simulate the measured cells again, measure nothing")
+    parser.add_argument("--executor-overhead", action="store_true", help="measure the split executor's cost per "
+                        "op (a negligible model per family) into OUT's databases (no runs)")
     parser.add_argument("--cpu-profile", action="store_true", help="profile every cell's ops on thread CPU time "
                         "into OUT/profile-cpu.db (load-independent; no runs)")
     args = parser.parse_args()
     os.environ.setdefault("PYTHONPATH", str(ROOT / "src"))
     if args.summary:
         summary(args.out)
+        return
+    if args.executor_overhead:
+        print(json.dumps(profile_executor(args.out), indent=1))
         return
     if args.cpu_profile:
         profile_cpu(args.out, args.models.split(","), (args.ranks,) if args.ranks else (2, 4))

@@ -198,12 +198,19 @@ def profile(
                                                  "measure` on --world-size gloo ranks; stored per device")] = False,
     runtime_memory_file: Annotated[Path | None, typer.Option(help="where --runtime-memory stores it (default: "
                                                              "the catalog's calibration/runtime_memory.yaml)")] = None,
+    executor_overhead: Annotated[bool, typer.Option("--executor-overhead", help="measure trainsim measure's split "
+                                                    "executor's cost per op instead: a negligible model of "
+                                                    "--model's family on --world-size gloo ranks for --repeats steps; "
+                                                    "stored in the profile database")] = False,
 ) -> None:
     """Measure the forward and backward time of every op of a job on this machine, and local collectives."""
     import time
 
     if runtime_memory:
         _profile_runtime_memory(world_size, timeout_s, device_name, runtime_memory_file, as_json)
+        return
+    if executor_overhead:
+        _profile_executor_overhead(model, world_size, repeats, timeout_s, device_name, db, as_json)
         return
     if overlap:
         _profile_overlap(model, micro_batch, seq_len, world_size, warmup, repeats, threads, timeout_s,
@@ -282,6 +289,33 @@ def _profile_runtime_memory(world_size: int, timeout_s: float, device_name: str 
     _show_entry(entry, as_json, f"{entry['device']}: {result.baseline_bytes / 2**20:.0f} MiB resident after torch "
                 f"and gloo, {result.runtime_bytes / 2**20:.0f} MiB more while a negligible model trains (largest "
                 f"of {world_size} ranks); stored in {path or RUNTIME_MEMORY_PATH}")
+
+
+def _profile_executor_overhead(model: str, world_size: int, iterations: int, timeout_s: float,
+                               device_name: str | None, db: Path | None, as_json: bool) -> None:
+    """`trainsim profile --executor-overhead`: the split executor's cost per op of each phase for the model's
+    family, into the profile database (profile/executor_overhead.py)."""
+    from trainsim.profile.database import ProfileDB
+    from trainsim.profile.executor_overhead import FAMILIES, measure_executor_overhead, store_executor_overhead
+    from trainsim.profile.ops import local_environment
+
+    _torch()
+    if not 0 < timeout_s <= 3600:  # NB: also refuses NaN
+        raise ConfigError("timeout_s", timeout_s, "must be a positive number of seconds, at most 3600")
+    family = load_model(model).kind
+    if family not in FAMILIES:
+        raise ConfigError("model", model, f"must be a {', '.join(FAMILIES)} model (the split executor's)")
+    result = measure_executor_overhead(family, world_size=world_size, iterations=iterations, timeout_s=timeout_s)
+    path = db or default_db_path()
+    env = local_environment(device_name or LOCAL_CPU_DEVICE, "cpu")
+    with ProfileDB.open(path) as database:
+        store_executor_overhead(database, env, result)
+    entry = {"device": env.device, "family": family, "world_size": world_size, "iterations": result.iterations,
+             "per_op_s": result.per_op_s, "ops": result.ops, "kernel_s": result.kernel_s,
+             "autograd_per_op_s": result.autograd_per_op_s, "db": str(path)}
+    _show_entry(entry, as_json, f"{family} on {env.device}: "
+                + ", ".join(f"{phase} {sorted(v)[len(v) // 2] * 1e6:.1f} us per op" for phase, v in
+                            result.per_op_s.items()) + f" beyond kernels and autograd; stored in {path}")
 
 
 def register(app: typer.Typer) -> None:

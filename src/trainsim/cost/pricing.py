@@ -207,7 +207,7 @@ class Pricer:
         self._grad_buckets: dict[tuple[object, ...], BucketRuns] = {}
         self._grad_sync: dict[tuple[object, ...], float] = {}
         self._grad_queues: dict[tuple[object, ...], GradientQueues] = {}
-        self._stage_ops: dict[object, tuple[int, int]] = {}
+        self._stage_ops: dict[object, tuple[int, int, int]] = {}
         self._partitions: dict[tuple[object, ...], Partition] = {}
         self._splits: dict[tuple[object, ...], tuple[int, ...] | None] = {}
         self._chunk_shares: dict[tuple[object, ...], tuple[tuple[float, ...], ...]] = {}
@@ -915,12 +915,17 @@ class Pricer:
         key = self.stage_key(stage)
         counts = self._stage_ops.get(key)
         if counts is None:
+            fwd = sum(part.count * len(part.layer.fwd) for part in stage)
             ops = sum(part.count * (len(part.layer.fwd) + len(part.layer.bwd)) for part in stage)
             layers = sum(part.count for part in stage if part.layer.kind not in ("embedding", "head"))
-            counts = self._stage_ops[key] = (round(ops), round(layers))
+            counts = self._stage_ops[key] = (round(ops), round(layers), round(fwd))
         if job.stack.cuda_graphs:  # one graph launch replaces the micro-batch's kernel launches
             return 0.0
-        return self.step_costs.micro_batch_overhead_s(counts[0], counts[1], job.parallel, job.cluster.device)
+        host = self.step_costs.micro_batch_overhead_s(counts[0], counts[1], job.parallel, job.cluster.device)
+        if job.stack.split_executor:  # trainsim measure's split executor: Python per op (profile/executor_overhead)
+            host += self.step_costs.executor_overhead_s(job.model.kind, counts[2], counts[0] - counts[2],
+                                                        job.cluster.device)
+        return host
 
     def iteration_overhead_s(self, job: Job) -> float:
         return self.step_costs.iteration_overhead_s(job.cluster.device)

@@ -33,6 +33,7 @@ from trainsim.hardware.cluster import ClusterSpec, GroupLayout
 from trainsim.hardware.device import DeviceSpec
 from trainsim.ir.graph import Op, OpGraph
 from trainsim.profile.database import CollectiveRow, OpRow, ProfileDB
+from trainsim.profile.executor_overhead import executor_signature
 from trainsim.profile.framework import framework_signature, frameworks_for
 from trainsim.profile.ops import GRAD_COPY_SIGNATURE_KIND, OPTIMIZER_SIGNATURE_KIND, overhead_signature, signature_of
 from trainsim.strategy.parallel import ParallelSpec
@@ -189,6 +190,13 @@ class ProfiledCosts:
         return self._exact.get((self.device_name or device_name, sig.kind, sig.impl, sig.phase, sig.dtype,
                                 sig.shape))
 
+    def executor_per_op_s(self, device_name: str, family: str, phase: str) -> float | None:
+        """Measured split executor's cost per graph op of `phase` for a model family, or None
+        (profile/executor_overhead.py)."""
+        sig = executor_signature(family, phase)
+        return self._exact.get((self.device_name or device_name, sig.kind, sig.impl, sig.phase, sig.dtype,
+                                sig.shape))
+
     def source_counts(self) -> dict[str, int]:
         """How many op lookups each source answered: exact, interpolated, scaled, fallback."""
         return {source: self.sources.get(source, 0) for source in SOURCES}
@@ -315,6 +323,13 @@ class ProfiledStepCosts:
     def iteration_overhead_s(self, device: DeviceSpec) -> float:
         measured = self.profiled.overhead_per_op_s(device.name) is not None
         return 0.0 if measured else self.fallback.iteration_overhead_s(device)
+
+    def executor_overhead_s(self, family: str, fwd_ops: int, bwd_ops: int, device: DeviceSpec) -> float:
+        """The measured split executor's cost per op of each phase x the ops (0 for a phase not measured)."""
+        per_op = {phase: self.profiled.executor_per_op_s(device.name, family, phase) for phase in ("fwd", "bwd")}
+        if all(v is None for v in per_op.values()):
+            return self.fallback.executor_overhead_s(family, fwd_ops, bwd_ops, device)
+        return (per_op["fwd"] or 0.0) * fwd_ops + (per_op["bwd"] or 0.0) * bwd_ops
 
     def micro_batch_overhead_s(self, num_ops: int, num_layers: int, par: ParallelSpec,
                                device: DeviceSpec) -> float:

@@ -29,6 +29,12 @@ class StepCosts(Protocol):
         """Host-side cost paid once per iteration."""
         ...
 
+    def executor_overhead_s(self, family: str, fwd_ops: int, bwd_ops: int, device: DeviceSpec) -> float:
+        """Host-side cost of one micro-batch of `fwd_ops` forward and `bwd_ops` backward graph ops of a model
+        family ("cnn", "transformer", "dlrm") run by trainsim measure's split executor (StackSpec.split_executor),
+        beyond the ops' kernels and the per-op autograd cost."""
+        ...
+
     def micro_batch_overhead_s(self, num_ops: int, num_layers: int, par: ParallelSpec,
                                device: DeviceSpec) -> float:
         """Host-side cost of one micro-batch of a stage that runs `num_ops` graph ops (forward and backward) in
@@ -56,6 +62,10 @@ class FittedStepCosts:
 
     def iteration_overhead_s(self, device: DeviceSpec) -> float:
         return self.cal.runtime.iteration_overhead_s
+
+    def executor_overhead_s(self, family: str, fwd_ops: int, bwd_ops: int, device: DeviceSpec) -> float:
+        """Nothing is fitted for it: only a profile measures it (profile/executor_overhead.py)."""
+        return 0.0
 
     def micro_batch_overhead_s(self, num_ops: int, num_layers: int, par: ParallelSpec,
                                device: DeviceSpec) -> float:

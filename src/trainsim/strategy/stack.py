@@ -34,6 +34,10 @@ class StackSpec(Spec):
     # gradients in one contiguous buffer (megatron/core/distributed/param_and_grad_buffer.py): no copies
     grad_bucket_copies: bool = Field(default=False, description="data-parallel gradients copied into flat buckets, "
                                      "scaled and copied back each step (torch DDP's default), a host cost")
+    # trainsim measure --tree runs a plan's ops one by one in Python (measure/split_model.py): its per-op cost is
+    # measured by `trainsim profile --executor-overhead` (profile/executor_overhead.py)
+    split_executor: bool = Field(default=False, description="ops run one by one by trainsim measure's split "
+                                 "executor (a host cost per op, profiled)")
     param_gather_overlap: bool = Field(default=True, description="distributed-optimizer (ZeRO 1-2) parameter "
                                        "all-gather overlapped with the next forward pass (else after the step)")
     tp_comm_overlap: bool = Field(default=False, description="tensor-parallel collectives overlapped with the "

@@ -2,6 +2,7 @@
 measured size outside it (by the fallback's ratio), the roofline for kernels never measured, counted by source;
 make_engine wires it into the analytical engine. No torch: the database is filled by hand."""
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -292,3 +293,44 @@ def test_framework_overhead_is_measured_on_a_one_rank_mesh() -> None:
             "assert 'per layer' in out[0][1]; print('ok')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def _executor_db(path: Path, family: str, fwd_s: float, bwd_s: float) -> None:
+    from trainsim.profile.executor_overhead import executor_signature
+
+    with ProfileDB.open(path) as db:
+        db.add_op_samples(PROFILE_ENV, executor_signature(family, "fwd"), [fwd_s])
+        db.add_op_samples(PROFILE_ENV, executor_signature(family, "bwd"), [bwd_s])
+
+
+def test_the_split_executors_measured_cost_per_op_multiplies_each_phases_ops(db_path: Path) -> None:
+    """80 us per forward op and 20 us per backward op, for the family measured only; unmeasured: nothing (no
+    fitted constant stands in for it)."""
+    from trainsim.cost.profiled import ProfiledStepCosts
+    from trainsim.cost.step import FittedStepCosts
+
+    _executor_db(db_path, "cnn", 8e-5, 2e-5)
+    fitted = FittedStepCosts(load_calibration())
+    steps = ProfiledStepCosts(ProfiledCosts(db_path, fallback=ConstantCosts(1.0)), fitted)
+    assert steps.executor_overhead_s("cnn", 10, 12, DEVICE) == pytest.approx(10 * 8e-5 + 12 * 2e-5)
+    assert steps.executor_overhead_s("transformer", 10, 12, DEVICE) == 0.0
+    assert fitted.executor_overhead_s("cnn", 10, 12, DEVICE) == 0.0
+
+
+@pytest.mark.parametrize("engine", ["analytical", "sim"])
+def test_a_split_executor_stack_adds_its_per_op_cost_to_every_micro_batch(tmp_path: Path, engine: str) -> None:
+    """Both engines: StackSpec.split_executor adds (forward ops x 90 us + backward ops x 30 us) to each of the
+    2 micro-batches of a one-device job, and nothing without the flag."""
+    path = tmp_path / "p.sqlite"
+    _fill(path, "fp32", 1e-3, 0.25)
+    _executor_db(path, "transformer", 9e-5, 3e-5)
+    job = make_job(parse_model(TINY_GPT), load_cluster("local-cpu"),
+                   ParallelSpec(micro_batch=2, seq_len=16, precision="fp32", dp=1, global_batch=4))
+    graph = graph_for(job)
+    fwd = sum(layer.count * len(layer.fwd) for layer in graph.layers)
+    bwd = sum(layer.count * len(layer.bwd) for layer in graph.layers)
+    split = dataclasses.replace(job, stack=job.stack.model_copy(update={"split_executor": True}))
+    plain = make_engine(engine, "profiled", path).estimate(job, graph).iteration_time_s
+    executed = make_engine(engine, "profiled", path).estimate(split, graph).iteration_time_s
+    assert fwd > 0 and bwd > 0
+    assert executed - plain == pytest.approx(2 * (fwd * 9e-5 + bwd * 3e-5), rel=1e-9)

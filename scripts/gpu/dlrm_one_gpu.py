@@ -24,20 +24,12 @@ import numpy as np
 
 from trainsim.embedding.indices import popularity_cdf, sample_batch
 from trainsim.embedding.tables import Table
+from trainsim.measure.dlrm_rank import dense_mlp
 
 KINDS = ("heavy", "normal")
 SEEDS = (0, 1, 2, 3, 4)
 BATCHES = (2048, 8192)  # the paper's GPU runs: 4096 per GPU
 LR = 0.01
-
-
-def _mlp(torch: Any, widths: list[int], sigmoid_last: bool) -> Any:
-    layers: list[Any] = []
-    for i in range(len(widths) - 1):
-        layers.append(torch.nn.Linear(widths[i], widths[i + 1]))
-        if i < len(widths) - 2 or not sigmoid_last:
-            layers.append(torch.nn.ReLU())
-    return torch.nn.Sequential(*layers)
 
 
 def _tables(kind: str, seed: int) -> tuple[Any, tuple[Table, ...]]:
@@ -67,9 +59,9 @@ def measure_config(kind: str, seed: int, batch: int, device: str, iterations: in
     spec, tables = _tables(kind, seed)
     dim = tables[0].dim
     bags = [torch.nn.EmbeddingBag(t.rows, t.dim, mode="sum", sparse=True, device=device) for t in tables]
-    bottom = _mlp(torch, [spec.dense_features, *spec.bottom_mlp], False).to(device)
+    bottom = dense_mlp(torch, [spec.dense_features, *spec.bottom_mlp], False).to(device)
     features = len(tables) + 1
-    top = _mlp(torch, [features * (features - 1) // 2 + dim, *spec.top_mlp], True).to(device)
+    top = dense_mlp(torch, [features * (features - 1) // 2 + dim, *spec.top_mlp], True).to(device)
     dense_params = list(bottom.parameters()) + list(top.parameters())
     lower = torch.tril_indices(features, features, offset=-1, device=device)
     batches = [_inputs(torch, tables, batch, seed * 1009 + k, device) for k in range(2)]

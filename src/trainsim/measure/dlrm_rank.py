@@ -47,7 +47,8 @@ class _Clock:
         return end
 
 
-def _mlp(torch: Any, widths: list[int], sigmoid_last: bool) -> Any:
+def dense_mlp(torch: Any, widths: list[int], sigmoid_last: bool) -> Any:
+    """Linear layers of `widths` with a ReLU after each (none after the last where the loss applies the sigmoid)."""
     layers: list[Any] = []
     for i in range(len(widths) - 1):
         layers.append(torch.nn.Linear(widths[i], widths[i + 1]))
@@ -108,9 +109,9 @@ def config_iterations(torch: Any, dist: Any, rank: int, world: int, plan: Shardi
     mine = all_pieces[rank]
     bags = [torch.nn.EmbeddingBag(p.rows, p.dim, mode="sum", sparse=True) for p in mine]
     dim = tables[0].dim
-    bottom = _mlp(torch, [dense["dense_features"], *dense["bottom_mlp"]], False)
+    bottom = dense_mlp(torch, [dense["dense_features"], *dense["bottom_mlp"]], False)
     features = len(tables) + 1
-    top = _mlp(torch, [features * (features - 1) // 2 + dim, *dense["top_mlp"]], True)
+    top = dense_mlp(torch, [features * (features - 1) // 2 + dim, *dense["top_mlp"]], True)
     dense_params = list(bottom.parameters()) + list(top.parameters())
     cdfs = {t.index: popularity_cdf(t.rows, t.zipf_alpha) for t in tables if t.zipf_alpha}
     # pooled values each rank sends per sample: its non-data-parallel pieces, in plan order

@@ -1,5 +1,6 @@
 """How a calibration row becomes a job: the attention kernel of the row's training stack."""
 
+from trainsim.ir.model_spec import TransformerSpec
 from trainsim.validate.runs import job_from_row, model_from_row, parallel_from_row
 
 ROW = {"tp": "1", "pp": "1", "dp": "8", "cp": "1", "seq_len": "4096", "global_batch": "128", "micro_batch": "1"}
@@ -93,6 +94,7 @@ def test_a_row_naming_a_mixture_of_experts_gets_its_experts() -> None:
     run = job_from_row(mixtral)
     assert run.job is not None
     model = run.job.model
+    assert isinstance(model, TransformerSpec)
     assert (model.num_experts, model.top_k, model.moe_every, model.ffn_hidden) == (8, 2, 1, 700)
     assert run.job.parallel.ep == 8
     # shared experts are extra routed choices; the entry's expert width replaces the row's (dense) FFN

@@ -64,7 +64,8 @@ def test_summary_medians_and_gaps(tmp_path: Path) -> None:
             (uneven, 2, 0.9, 0.35), (even, 2, 1.2, 0.4)])
     # two planners chose the same plan: it is run once per repeat
     assert list(script.distinct_plans(script.searched(tmp_path))) == [uneven, even]
-    table = {row["planner"]: row for row in script.summary(tmp_path)["table"]}
+    table = {row["planner"]: row for row in script.summary(tmp_path, script.MODELS["gpt"])["table"]}
+    assert table["mpe"]["exhaustive_table_s"] is None  # no exhaustive stage table in this folder
     assert table["exhaustive"]["measured_median_s"] == 1.0 and table["exhaustive"]["gap_to_exhaustive"] == 0.0
     assert table["mpe"]["measured_median_s"] == 1.0 and table["mpe"]["repeats"] == 3
     assert table["uniform"]["measured_median_s"] == 1.2

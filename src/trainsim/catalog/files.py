@@ -206,11 +206,13 @@ def store_entry(path: Path, entries: list[dict[str, Any]], entry: dict[str, Any]
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write a text file whole or not at all (a temporary file in the same folder, then a rename)."""
+    """Write a text file whole or not at all (a temporary file in the same folder, then a rename), so a reader
+    never sees half a file and a failed write leaves any earlier file as it was."""
     handle, tmp = tempfile.mkstemp(prefix=f".{path.name[:40]}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as out:
             out.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp creates it private; what we write is an ordinary output file
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

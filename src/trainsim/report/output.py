@@ -2,12 +2,11 @@
 
 import csv
 import io
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from trainsim.catalog.files import write_atomic
 from trainsim.errors import ConfigError
 
 
@@ -23,17 +22,8 @@ def check_output_file(path: Path, flag: str) -> Path:
 
 
 def write_text_atomic(path: Path, text: str) -> Path:
-    """Write `text` to `path` through a temporary file in the same folder and os.replace, so a reader never
-    sees half a file and a failed write leaves any earlier file as it was."""
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(temporary, 0o644)  # mkstemp creates it private; a report is an ordinary output file
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    """Write `text` to `path` whole or not at all (catalog.files.write_atomic); returns the path."""
+    write_atomic(path, text)
     return path
 
 

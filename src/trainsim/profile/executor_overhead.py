@@ -13,17 +13,14 @@ just before: they are priced as ops), divided by the probe graph's ops of that p
 per op measured beside them (priced separately, per graph op).
 """
 
-import tempfile
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
-
-import yaml
 
 from trainsim.errors import ConfigError, TrainsimError
 from trainsim.profile.database import Environment, ProfileDB
 from trainsim.profile.ops import OVERHEAD_SIGNATURE_KIND, OpSignature
 from trainsim.profile.runtime_memory import NEGLIGIBLE_MODEL as NEGLIGIBLE_TRANSFORMER
+from trainsim.profile.runtime_memory import run_negligible
 
 EXECUTOR_IMPL = "split-executor"
 EXECUTOR_PHASES = {"fwd": "forward", "bwd": "backward"}  # signature phase -> SplitTrainer.phase_cpu_s key
@@ -114,32 +111,15 @@ def measure_executor_overhead(family: str, world_size: int = 2, iterations: int 
     import statistics
 
     from trainsim.frontends.catalog.build import build_graph
-    from trainsim.jobfile import job_from_settings
-    from trainsim.measure.launch import launch, make_spec
-    from trainsim.measure.results import load_run
     from trainsim.profile.job import hints_for
     from trainsim.profile.ops import measure_overhead
     from trainsim.strategy.device_slice import DeviceSlice
 
     if family not in NEGLIGIBLE_MODELS:
         raise ConfigError("family", family, f"must be one of {', '.join(FAMILIES)}")
-    if world_size < 2:
-        raise ConfigError("world_size", world_size, "must be at least 2 (a gloo group with a peer)")
-    if iterations < 1:
-        raise ConfigError("iterations", iterations, "must be a positive integer")
-    with tempfile.TemporaryDirectory(prefix="trainsim-executor-overhead-") as folder:
-        out = Path(folder)
-        model_file = out / "executor-probe.yaml"
-        model_file.write_text(yaml.safe_dump(NEGLIGIBLE_MODELS[family], sort_keys=False))
-        job = job_from_settings({"model": str(model_file), "cluster": "local-cpu", "num_gpus": world_size,
-                                 "dp": world_size, "micro_batch": 1, "global_batch": world_size,
-                                 "seq_len": _SEQ_LEN if family == "transformer" else 1, "precision": "fp32",
-                                 "optimizer_impl": "loop"})
-        job = replace(job, cluster=job.cluster.on_one_node())
-        spec = make_spec(job, out, run_id="executor-overhead", iterations=iterations, warmup=2,
-                         timeout_s=timeout_s, threads=1, device="cpu",
-                         tree_yaml="strategy_tree:\n  schedule: {micro_batches: 1}\n", op_configs={})
-        run = load_run(launch(spec, world_size))
+    job, run = run_negligible(NEGLIGIBLE_MODELS[family], world_size=world_size, iterations=iterations, warmup=2,
+                              seq_len=_SEQ_LEN if family == "transformer" else 1, run_id="executor-overhead",
+                              timeout_s=timeout_s)
     phases = run.settings.get("phase_thread_cpu_s_per_rank")
     if not phases:
         raise TrainsimError("the executor-overhead run recorded no CPU time per phase")

@@ -138,13 +138,8 @@ def measure(out: Path, device: str) -> None:
                     torch.cuda.empty_cache()
 
 
-def _lookups_s(spec: Any, cluster: Any, batch: int, lookups: Any) -> tuple[float, float]:
-    """The lookup model's forward and backward seconds of every table on the one rank."""
-    from trainsim.embedding.sharders import shard
-    from trainsim.embedding.tables import tables_from_spec
-
-    plan = shard(tables_from_spec(spec.tables), "naive", 1, cap_bytes=cluster.device.hbm_bytes, optimizer="sgd",
-                 ranks_per_node=1)
+def _lookups_s(plan: Any, batch: int, lookups: Any) -> tuple[float, float]:
+    """The lookup model's forward and backward seconds of every table on the one rank of `plan`."""
     pieces = plan.pieces(batch)[0]
     return sum(lookups.lookup_s(p, "fwd") for p in pieces), sum(lookups.lookup_s(p, "bwd") for p in pieces)
 
@@ -172,13 +167,13 @@ def predict(out: Path, cluster_name: str, lookup: str) -> None:
         lookups = lookup_model(lookup, cluster, row["seed"])
         report = compare_sharders(spec, cluster, 1, row["batch"], lookups=lookups, sharders=("naive",))
         best = report.best
-        if best is None or best.result is None:
+        if best is None or best.result is None or best.plan is None:
             print(f"{row['kind']} s{row['seed']} b{row['batch']}: not predicted ({report.outcomes[0].refused})")
             continue
         predicted = best.result.iteration_time_s
         phases = row["phases_s"]
         kernels = sum(phases.values())
-        fwd_s, bwd_s = _lookups_s(spec, cluster, row["batch"], lookups)
+        fwd_s, bwd_s = _lookups_s(best.plan, row["batch"], lookups)
         for key, measured, priced in (("lookups forward (kernels)", phases["lookups_fwd"], fwd_s),
                                       ("lookups backward (kernels)", phases["lookups_bwd"], bwd_s),
                                       ("iteration (kernels)", kernels, predicted),

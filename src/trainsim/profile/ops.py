@@ -529,17 +529,23 @@ def build_kernel(sig: OpSignature, hints: KernelHints, device: str) -> tuple[Cal
     return _pointwise_kernel(sig, hints, device)
 
 
-def _last_level_cache_bytes() -> int:
-    """The CPU's last-level cache (Linux sysfs), 32 MiB when it cannot be read."""
+def _last_level_cache() -> tuple[int, int]:
+    """The CPU's last-level cache (Linux sysfs) and how many CPUs share it; (32 MiB, 1) when it cannot be read."""
     base = "/sys/devices/system/cpu/cpu0/cache"
-    best = 0
+    best, sharers = 0, 1
     with contextlib.suppress(OSError):
         for index in sorted(os.listdir(base)):
             with contextlib.suppress(OSError, ValueError), open(f"{base}/{index}/size") as f:
                 text = f.read().strip().upper()
-                scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
-                best = max(best, int(text.rstrip("KMG")) * scale)
-    return best or 32 * 2**20
+                size = int(text.rstrip("KMG")) * {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+                if size > best:
+                    best, sharers = size, _cache_sharers(f"{base}/{index}")
+    return (best, sharers) if best else (32 * 2**20, 1)
+
+
+def _last_level_cache_bytes() -> int:
+    """The CPU's last-level cache, 32 MiB when it cannot be read."""
+    return _last_level_cache()[0]
 
 
 def _cache_sharers(index_dir: str) -> int:
@@ -556,16 +562,8 @@ def _cache_sharers(index_dir: str) -> int:
 def last_level_cache_share_bytes() -> int:
     """One core's share of the CPU's last-level cache: its size over the CPUs sharing it (Linux sysfs; 32 MiB
     alone when it cannot be read)."""
-    base = "/sys/devices/system/cpu/cpu0/cache"
-    best, sharers = 0, 1
-    with contextlib.suppress(OSError):
-        for index in sorted(os.listdir(base)):
-            with contextlib.suppress(OSError, ValueError), open(f"{base}/{index}/size") as f:
-                text = f.read().strip().upper()
-                size = int(text.rstrip("KMG")) * {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
-                if size > best:
-                    best, sharers = size, _cache_sharers(f"{base}/{index}")
-    return (best or 32 * 2**20) // sharers
+    size, sharers = _last_level_cache()
+    return size // sharers
 
 
 def starts_cold(device: str, footprint_bytes: float, cache_share_bytes: int) -> bool:

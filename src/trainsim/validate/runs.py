@@ -261,8 +261,25 @@ def _gpu_named_in_notes(fields: dict[str, str]) -> dict[str, str]:
     return fields
 
 
+def _machine_named_in_notes(fields: dict[str, str]) -> dict[str, str]:
+    """A row whose cluster cell names no preset, on the machine its notes name (row_defaults.yaml
+    cluster_by_text) where that machine carries the row's GPU: the machine's preset as its cluster, and the
+    machine's GPU where the row's gpu cell leaves it open (`other`, or a variant the source does not state)."""
+    if (fields.get("cluster") or "").strip() in cluster_names():
+        return fields
+    gpu = fields["gpu"]
+    for entry in row_defaults().get("cluster_by_text", []):
+        if gpu != "other" and gpu not in entry["gpus"]:
+            continue
+        if re.search(entry["pattern"], fields.get("notes", ""), flags=re.IGNORECASE):
+            open_variant = gpu == "other" or gpu.endswith("-unknown")
+            machine_gpu = load_cluster(entry["cluster"]).device.name if open_variant else gpu
+            return {**fields, "gpu": machine_gpu, "cluster": entry["cluster"]}
+    return fields
+
+
 def job_from_row(fields: dict[str, str]) -> RunJob:
-    fields = _gpu_named_in_notes(fields)
+    fields = _machine_named_in_notes(_gpu_named_in_notes(fields))
     gpu = fields["gpu"]
     clusters = row_defaults()["cluster_for_gpu"]
     if gpu not in clusters:

@@ -151,3 +151,27 @@ def test_servers_of_another_size_keep_the_presets_network_per_gpu() -> None:
 def test_a_malformed_expert_parallel_cell_is_a_skip_reason_not_an_error() -> None:
     bad = job_from_row(_row(ep="two"))
     assert bad.job is None and bad.skipped is not None and "ep" in bad.skipped
+
+
+def test_a_machine_named_in_the_notes_supplies_its_servers_and_network() -> None:
+    p4d = job_from_row(_row(gpu="a100-unknown", cluster="other", notes="64 AWS p4d.24xlarge instances"))
+    assert p4d.job is not None and p4d.job.cluster.name == "aws-p4d"
+    assert p4d.job.cluster.device.name == "a100-sxm4-40gb"  # the variant the row left open: the machine's GPU
+    assert p4d.job.cluster.nic_bw_per_gpu_bytes_per_s == 4 * 100e9 / 8 / 8  # 400 Gb/s of EFA per 8 GPUs
+    dgx = job_from_row(_row(gpu="a100-unknown", cluster="other", notes="DGX A100 nodes"))
+    assert dgx.job is not None and dgx.job.cluster.nic_bw_per_gpu_bytes_per_s == 200e9 / 8
+    # a gpu cell of `other` whose notes name only the machine runs on the machine's GPU
+    other = job_from_row(_row(gpu="other", cluster="other", notes="NERSC Perlmutter GPU nodes", gpus_per_node="4"))
+    assert other.job is not None and other.job.cluster.device.name == "a100-sxm4-40gb"
+    assert (other.job.cluster.gpus_per_node, other.job.cluster.nics_per_node) == (4, 4)
+    summit = job_from_row(_row(gpu="v100-sxm2-32gb", cluster="other", num_gpus="12", dp="12", global_batch="48",
+                               gpus_per_node="6", notes="OLCF Summit"))
+    assert summit.job is not None and summit.job.cluster.name == "summit-v100"
+    assert summit.job.cluster.device.name == "v100-sxm2-32gb"  # a GPU the row states stays the row's
+
+
+def test_a_machine_that_cannot_carry_the_rows_gpu_or_a_stated_cluster_is_not_taken_from_the_notes() -> None:
+    h100 = job_from_row(_row(gpu="h100-sxm5-80gb", cluster="other", notes="faster than our earlier p4d runs"))
+    assert h100.job is not None and h100.job.cluster.name == "dgx-h100-80gb"
+    stated = job_from_row(_row(gpu="a100-sxm4-80gb", cluster="dgx-a100-80gb", notes="AWS p4de"))
+    assert stated.job is not None and stated.job.cluster.name == "dgx-a100-80gb"

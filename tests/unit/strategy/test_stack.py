@@ -131,6 +131,9 @@ def test_calibration_rows_run_on_their_sources_stack() -> None:
     ({"source": "Zhang et al. 2022", "notes": "OPT-175B logbook"}, "fsdp"),
     ({"source": "Groeneveld et al. 2024", "notes": "OLMo-7B"}, "fsdp"),
     ({"source": "some blog", "notes": "bloomz-style data, OPTIMUS-1 trainer"}, "generic"),
+    ({"source": "MLCommons MLPerf Training v4.0 results", "gpu": "h100-sxm5-80gb"}, "megatron-core"),
+    ({"source": "MLPerf Training v2.1 GPT-3", "gpu": "a100-sxm4-80gb"}, "megatron-lm"),
+    ({"source": "some paper", "notes": "MLPerf-style run with DeepSpeed"}, "deepspeed-zero"),
 ])
 def test_an_unlisted_source_runs_the_stack_its_source_or_notes_name(fields: dict[str, str], stack: str) -> None:
     from trainsim.validate.runs import stack_of_row

@@ -4,6 +4,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from trainsim.cost.pricing import Pricer
 from trainsim.errors import TrainsimError
 from trainsim.estimate.engines import Estimator
 from trainsim.estimate.result import Result
@@ -13,6 +14,7 @@ from trainsim.pipeline import GraphCache
 from trainsim.strategy.precision import policy_for
 from trainsim.strategy.stack import StackSpec
 from trainsim.validate.flops_conventions import in_convention
+from trainsim.validate.layer_metrics import LAYER_METRICS, layer_time_ms
 from trainsim.validate.metrics import mape
 from trainsim.validate.runs import METRICS, RunJob, RunRow, flops_convention_of, job_from_row, source_group
 
@@ -83,14 +85,24 @@ def predict_rows(rows: Iterable[RunRow], estimator: Estimator, progress: Callabl
                 params_by_run[row.run_id] = estimator_params(run.job.model)
             params = params_by_run[row.run_id]
             try:
-                predicted = metric_value(row.metric, run.job, result, params, convention)
-            except TrainsimError as exc:  # a FLOP convention that counts transformers only
+                if row.metric in LAYER_METRICS:
+                    predicted = _layer_metric(row.metric, run.job, graphs, estimator)
+                else:
+                    predicted = metric_value(row.metric, run.job, result, params, convention)
+            except TrainsimError as exc:  # a FLOP convention that counts transformers only; no block
                 skipped = str(exc)
         out.append(RowPrediction(row.run_id, row.source, row.metric, row.measured, predicted, estimator.name,
                                  skipped))
         if progress:
             progress()
     return out
+
+
+def _layer_metric(metric: str, job: Job, graphs: GraphCache, estimator: Estimator) -> float:
+    pricer = getattr(estimator, "pricer", None)
+    if not isinstance(pricer, Pricer):
+        raise TrainsimError(f"metric {metric}: engine {estimator.name} prices no layers")
+    return layer_time_ms(metric, job, graphs.get(job), pricer)
 
 
 def estimator_params(model: ModelSpec) -> float:

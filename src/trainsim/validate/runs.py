@@ -23,7 +23,7 @@ REQUIRED_COLUMNS = ("run_id", "source", "arch", "num_layers", "hidden", "num_hea
 # peak_allocated_gib: the peak without the runtime's reserve (CUDA context, or on a CPU the interpreter and torch),
 # what CUDA's max-allocated counter and the RSS above a rank's baseline measure
 METRICS = ("iteration_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "peak_memory_gib",
-           "peak_allocated_gib")
+           "peak_allocated_gib", "layer_fwd_ms", "layer_bwd_ms")
 
 
 @dataclass(frozen=True, slots=True)

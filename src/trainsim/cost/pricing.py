@@ -781,12 +781,11 @@ class Pricer:
         """The stage's gradient buckets (stack_effects.bucket_runs), filled in the order the backward pass
         finishes the layers (last layer first), or with forward=True in the order the forward pass first uses
         them (the distributed optimizer's overlapped parameter gathers)."""
-        size = job.stack.grad_bucket_params
-        key = (self.stage_key(stage), size, forward)
+        layers = tuple([(part.layer.param_count, part.count) for part in stage])
+        key = (layers, job.stack.grad_bucket_params, forward)  # what bucket_runs reads: stages of one tp share it
         runs = self._grad_buckets.get(key)
         if runs is None:
-            layers = [(part.layer.param_count, part.count) for part in stage]
-            runs = self._grad_buckets[key] = bucket_runs(layers if forward else layers[::-1], size)
+            runs = self._grad_buckets[key] = bucket_runs(layers if forward else layers[::-1], key[1])
         return runs
 
     def _bucket_seconds(self, collective: str, bytes_per_param: float, runs: BucketRuns,

@@ -43,12 +43,16 @@ from trainsim.errors import TrainsimError
 from trainsim.estimate.analytical import AnalyticalEstimator, PlanPrice
 from trainsim.ir.graph import Layer, OpGraph
 from trainsim.job import Job
+from trainsim.search.space import PlanColumns
 from trainsim.strategy.parallel import Recompute
 from trainsim.strategy.precision import Precision, policy_for
 from trainsim.strategy.stages import BLOCK_KINDS, StagePart
 
 Floats = NDArray[np.float64]
 Ints = NDArray[np.int64]
+# what _Batch reads of its plans: per plan its local group, per local group its key and first plan, and per plan
+# its zero, recompute code, global batch, micro-batch and sequence length
+_PlanReads = tuple[Ints, list[tuple[int, tuple[object, ...]]], list[int], tuple[Ints, Ints, Ints, Ints, Ints]]
 
 RECOMPUTE_CODES: dict[Recompute, int] = {"none": 0, "selective": 1, "full": 2}
 SCHEDULE_CODES = {"1f1b": 0, "interleaved-1f1b": 1, "gpipe": 2, "zb-h1": 3}
@@ -149,11 +153,15 @@ class GridEngine:
         """The plain engine's full price of one plan (its Result via .result())."""
         return self.estimator.price(job, graph)
 
-    def price(self, plans: Sequence[tuple[Job, OpGraph]]) -> GridPrices:
+    def price(self, plans: Sequence[tuple[Job, OpGraph]], columns: PlanColumns | None = None) -> GridPrices:
+        """columns: the enumeration's columns of the plans (search.space.plan_grid; plans of one base share their
+        graph): the engine reads each base's settings once instead of each plan's (None: from every plan)."""
+        if columns is not None and len(columns.base) != len(plans):
+            raise ValueError(f"columns: {len(columns.base)} plans' columns for {len(plans)} plans")
         with collector_paused():  # NB: a full pass of the collector made a cold grid 20-40% slower, now and then
-            return self._price(plans)
+            return self._price(plans, columns)
 
-    def _price(self, plans: Sequence[tuple[Job, OpGraph]]) -> GridPrices:
+    def _price(self, plans: Sequence[tuple[Job, OpGraph]], columns: PlanColumns | None) -> GridPrices:
         n = len(plans)
         time_s = np.zeros(n)
         peak = np.zeros(n)
@@ -163,7 +171,7 @@ class GridEngine:
         # NB: a cluster of extreme (valid) figures overflows (inf - inf) in the shared prices' arrays as in the
         # plans': as Python's floats do, silently; such plans go to the plain engine (below)
         with np.errstate(all="ignore"):
-            fast, slow = _Batch(self, plans).split() if n else (None, list[int]())
+            fast, slow = _Batch(self, plans, columns).split() if n else (None, list[int]())
             if fast is not None:
                 fast.compute(time_s, peak, oom)
         if fast is not None:
@@ -213,6 +221,10 @@ class _Shared:
     # gradients over the gradient group (Pricer.fsdp_exposed_s's collectives; _Batch._fsdp_collectives)
     fsdp_collectives: dict[tuple[object, ...], tuple[float, float]] = field(default_factory=dict)
     content_terms: list[tuple[int, ...]] = field(default_factory=list)  # per content its parts' layer terms
+    # per graph and layer context its layers' terms (_Batch._graph_terms); per graph, precision and gradient
+    # group its layers' ZeRO-3 collectives (_Batch._graph_collectives)
+    graph_terms: dict[tuple[object, ...], "list[_LayerTerms]"] = field(default_factory=dict)
+    graph_collectives: dict[tuple[object, ...], list[tuple[float, float]]] = field(default_factory=dict)
     contents: list[_Content | None] = field(default_factory=list)  # None until _Batch._finish
     # the contents' figures (_Batch._contents), per name an array over a batch's new contents
     content_blocks: list[dict[str, Floats]] = field(default_factory=list)
@@ -260,10 +272,11 @@ class _Batch:
     """The plans of one price() call: gathers the fast ones' settings and prices what they share (once per
     engine: _Shared)."""
 
-    def __init__(self, engine: GridEngine, plans: Sequence[tuple[Job, OpGraph]]) -> None:
+    def __init__(self, engine: GridEngine, plans: Sequence[tuple[Job, OpGraph]], columns: PlanColumns | None) -> None:
         self.engine = engine
         self.pricer = engine.pricer
         self.plans = plans
+        self.columns = columns
         self.job0 = plans[0][0]
         shared = self.shared = engine.shared(self.job0)
         self.combos, self.precisions = shared.combos, shared.precisions
@@ -276,11 +289,10 @@ class _Batch:
         self.new_rows: list[tuple[tuple[int, int], Job]] = []
 
     def split(self) -> tuple["_Fast | None", list[int]]:
-        """The fast plans' settings as arrays, and the indices of the plans left to the plain engine. Each plan's
-        fields are read once, in comprehensions: its group's key (graph, _KEY_FIELDS: the group's settings and
-        its split, a split other than the even one going to the plain engine) and its zero, global batch, micro-batch,
-        recompute and sequence length; the groups
-        are made once per distinct key."""
+        """The fast plans' settings as arrays, and the indices of the plans left to the plain engine. The plans
+        fall in local groups (_read_plans, _read_columns), each of one key (graph, _KEY_FIELDS: the group's
+        settings and its split, a split other than the even one going to the plain engine); the groups are made
+        once per distinct key."""
         plans = self.plans
         cluster, stack = self.job0.cluster, self.job0.stack
         if ranks_differ(self.job0):  # stragglers, other devices (cost.rank_classes): the plain engine prices
@@ -296,39 +308,69 @@ class _Batch:
             plans = [plans[index] for index in candidates]
         if not plans:
             return None, slow
-        fields = [job.parallel.__dict__ for job, _ in plans]  # NB: a pydantic model's fields; ~2x getattr's speed
-        keys: list[tuple[int, tuple[object, ...]]] = [(id(graph), _KEY_FIELDS(values))
-                                                      for (_, graph), values in zip(plans, fields, strict=True)]
-        local: dict[tuple[int, tuple[object, ...]], int] = {}
-        numbers = np.array([local.setdefault(key, len(local)) for key in keys], dtype=np.int64)  # first seen, first
-        _, first = np.unique(numbers, return_index=True)
+        numbers, keys, first, per_plan = self._read_plans(plans) if self.columns is None else \
+            self._read_columns(plans, candidates, self.columns)
         group_of, groups = self.shared.group_of, self.shared.groups
-        new = [(key, at) for key, at in zip(local, first.tolist(), strict=True) if key not in group_of]
-        self._price_ops([plans[at][1] for _, at in new])
-        for key, at in new:
+        new: dict[tuple[int, tuple[object, ...]], int] = {}
+        for key, at in zip(keys, first, strict=True):
+            if key not in group_of and key not in new:
+                new[key] = at
+        self._price_ops([plans[at][1] for at in new.values()])
+        for key, at in new.items():
             job, graph = plans[at]
             group_of[key] = len(groups)
             groups.append(_SLOW_GROUP if any(key[1][_SPLIT_AT:]) else self._group(job, graph, key[1]))
         if self.new_rows:
             self._finish()
-        global_numbers = [group_of[key] for key in local]
-        columns = np.array([groups[number] for number in global_numbers], dtype=np.int64)[numbers]
+        columns = np.array([groups[group_of[key]] for key in keys], dtype=np.int64)[numbers]
         fast = columns[:, 0] >= 0
         if not fast.all():
             where = np.array(candidates, dtype=np.int64)
             slow = sorted([*slow, *where[~fast].tolist()])
             if not fast.any():
                 return None, slow
-        zero, global_batch, micro_batch, seq_len = (np.array([values[name] for values in fields], dtype=np.int64)
-                                                     for name in ("zero", "global_batch", "micro_batch", "seq_len"))
+        zero, recompute, global_batch, micro_batch, seq_len = per_plan
         m = global_batch // (columns[:, 8] * micro_batch)
-        codes = [RECOMPUTE_CODES[values["recompute"]] for values in fields]
-        plan_columns = np.stack([zero, m, np.array(codes, dtype=np.int64), global_batch * seq_len], axis=1)
+        plan_columns = np.stack([zero, m, recompute, global_batch * seq_len], axis=1)
         table = np.concatenate([columns[:, :8], plan_columns], axis=1)
         index = np.array(candidates, dtype=np.int64)
         if not fast.all():
             index, table = index[fast], table[fast]
         return _Fast(self, index, table), slow
+
+    def _read_plans(self, plans: Sequence[tuple[Job, OpGraph]]) -> "_PlanReads":
+        """Each plan's fields read once, in comprehensions: its key and its zero, recompute, global batch,
+        micro-batch and sequence length; a local group per distinct key (numbered as first seen)."""
+        fields = [job.parallel.__dict__ for job, _ in plans]  # NB: a pydantic model's fields; ~2x getattr's speed
+        keys: list[tuple[int, tuple[object, ...]]] = [(id(graph), _KEY_FIELDS(values))
+                                                      for (_, graph), values in zip(plans, fields, strict=True)]
+        local: dict[tuple[int, tuple[object, ...]], int] = {}
+        numbers = np.array([local.setdefault(key, len(local)) for key in keys], dtype=np.int64)  # first seen, first
+        _, first = np.unique(numbers, return_index=True)
+        zero, global_batch, micro_batch, seq_len = (np.array([values[name] for values in fields], dtype=np.int64)
+                                                     for name in ("zero", "global_batch", "micro_batch", "seq_len"))
+        recompute = np.array([RECOMPUTE_CODES[values["recompute"]] for values in fields], dtype=np.int64)
+        return numbers, list(local), first.tolist(), (zero, recompute, global_batch, micro_batch, seq_len)
+
+    def _read_columns(self, plans: Sequence[tuple[Job, OpGraph]], candidates: Sequence[int],
+                      columns: PlanColumns) -> "_PlanReads":
+        """The plans' local groups from the enumeration's columns: one per (base, graph), whose first plan's
+        fields give the group's key, global batch, micro-batch and sequence length; each plan's zero and
+        recompute from its variant."""
+        base = np.array(columns.base, dtype=np.int64)
+        variant = np.array(columns.variant, dtype=np.int64)
+        if not isinstance(candidates, range):
+            base, variant = base[candidates], variant[candidates]
+        _, graph = np.unique(np.array([id(graph) for _, graph in plans], dtype=np.int64), return_inverse=True)
+        _, first, numbers = np.unique(base * (int(graph.max()) + 1) + graph, return_index=True, return_inverse=True)
+        fields = [plans[at][0].parallel.__dict__ for at in first.tolist()]
+        keys = [(id(plans[at][1]), _KEY_FIELDS(values)) for at, values in zip(first.tolist(), fields, strict=True)]
+        global_batch, micro_batch, seq_len = (np.array([values[name] for values in fields], dtype=np.int64)[numbers]
+                                              for name in ("global_batch", "micro_batch", "seq_len"))
+        variants = np.array([(RECOMPUTE_CODES[recompute], zero) for recompute, zero in columns.variants],
+                            dtype=np.int64).reshape(-1, 2)
+        return numbers, keys, first.tolist(), (variants[variant, 1], variants[variant, 0], global_batch, micro_batch,
+                                               seq_len)
 
     def _price_ops(self, graphs: list[OpGraph]) -> None:
         """Every op of the graphs' layers not yet priced on the cluster's device, through the roofline at once
@@ -383,8 +425,10 @@ class _Batch:
             return -1
         first_row = len(self.shared.row_content)
         context = (par.tp, par.cp, par.ep, par.sp, par.precision)
-        for stage in shape.stages:
-            self._stage_row(stage, job, context)
+        terms, collectives = self._graph_terms(graph, job, context), self._graph_collectives(graph, job)
+        for stage, parts in zip(shape.stages, shape.template.stages, strict=True):
+            self._stage_row(stage, job, context, [terms[position] for position, _ in parts],
+                            [collectives[position] for position, _ in parts])
         self.combos.append(_Combo(first_row, shape.template.local, shape.template.heads))
         return len(self.combos) - 1
 
@@ -415,16 +459,17 @@ class _Batch:
             template)
         return shape
 
-    def _stage_row(self, stage: list[StagePart], job: Job, context: tuple[object, ...]) -> None:
+    def _stage_row(self, stage: list[StagePart], job: Job, context: tuple[object, ...], terms: "list[_LayerTerms]",
+                   collectives: list[tuple[float, float]]) -> None:
         """A new stage row: the stage's content (shared by every dp and vpp of the partition), its ZeRO-3
         exposure and pipeline hop (once per content and dp: the gradient and pipeline groups' strides read dp)
-        and its pipeline sends. What may refuse the plans (the layers' and collectives' prices) is priced here;
-        the sums are made for all new rows at once (_finish). context: tp, cp, ep, sp and precision."""
+        and its pipeline sends. What may refuse the plans (the layers' and collectives' prices) is priced before
+        (_graph_terms, _graph_collectives) or here; the sums are made for all new rows at once (_finish).
+        context: tp, cp, ep, sp and precision; terms and collectives: of the stage's parts' layers."""
         shared, dp = self.shared, job.parallel.dp
-        key = (id(stage), context)  # stage: of a pinned partition
+        key = (id(stage), context)  # stage: of a kept shape (_Shared.shapes)
         content = shared.content_of.get(key)
         if content is None:
-            terms = [self._layer_terms(part.layer, job, context) for part in stage]
             content = shared.content_of[key] = len(shared.contents)
             shared.contents.append(None)
             shared.content_terms.append(tuple([term.number for term in terms]))
@@ -433,10 +478,28 @@ class _Batch:
         if dp_key not in shared.by_dp and dp_key not in self.new_by_dp:
             hop = self.pricer.pipeline_hop_s(max(part.layer.output_bytes for part in stage), job) \
                 if job.parallel.pp > 1 else 0.0
-            self.new_by_dp[dp_key] = (stage, job, [self._fsdp_collectives(part.layer.param_count, job)
-                                                   for part in stage], hop)
+            self.new_by_dp[dp_key] = (stage, job, collectives, hop)
         self.new_rows.append((dp_key, job))
         shared.row_content.append(content)
+
+    def _graph_terms(self, graph: OpGraph, job: Job, context: tuple[object, ...]) -> "list[_LayerTerms]":
+        """_layer_terms of each of the graph's layers, in order, once per graph and layer context."""
+        key = (id(graph), context)  # graph: pinned (_group)
+        terms = self.shared.graph_terms.get(key)
+        if terms is None:
+            terms = self.shared.graph_terms[key] = [self._layer_terms(layer, job, context) for layer in graph.layers]
+        return terms
+
+    def _graph_collectives(self, graph: OpGraph, job: Job) -> list[tuple[float, float]]:
+        """_fsdp_collectives of each of the graph's layers, in order, once per graph, precision and gradient
+        group."""
+        par = job.parallel
+        key = (id(graph), par.precision, par.dp * par.cp, par.tp)  # graph: pinned (_group)
+        pairs = self.shared.graph_collectives.get(key)
+        if pairs is None:
+            pairs = self.shared.graph_collectives[key] = [self._fsdp_collectives(layer.param_count, job)
+                                                          for layer in graph.layers]
+        return pairs
 
     def _fsdp_collectives(self, params: float, job: Job) -> tuple[float, float]:
         """The collectives of Pricer.fsdp_exposed_s of a layer of `params` parameters: the all-gather of its

@@ -225,6 +225,7 @@ class _Shared:
     # group its layers' ZeRO-3 collectives (_Batch._graph_collectives)
     graph_terms: dict[tuple[object, ...], "list[_LayerTerms]"] = field(default_factory=dict)
     graph_collectives: dict[tuple[object, ...], list[tuple[float, float]]] = field(default_factory=dict)
+    hops: dict[tuple[object, ...], float] = field(default_factory=dict)  # _Batch._hop_s
     contents: list[_Content | None] = field(default_factory=list)  # None until _Batch._finish
     # the contents' figures (_Batch._contents), per name an array over a batch's new contents
     content_blocks: list[dict[str, Floats]] = field(default_factory=list)
@@ -476,11 +477,22 @@ class _Batch:
             self.new_contents.append((content, stage, job, terms))
         dp_key = (content, dp)
         if dp_key not in shared.by_dp and dp_key not in self.new_by_dp:
-            hop = self.pricer.pipeline_hop_s(max(part.layer.output_bytes for part in stage), job) \
-                if job.parallel.pp > 1 else 0.0
-            self.new_by_dp[dp_key] = (stage, job, collectives, hop)
+            self.new_by_dp[dp_key] = (stage, job, collectives, self._hop_s(stage, job))
         self.new_rows.append((dp_key, job))
         shared.row_content.append(content)
+
+    def _hop_s(self, stage: list[StagePart], job: Job) -> float:
+        """Pricer.pipeline_hop_s of the stage's largest output (0 for pp = 1), once per what it reads: the bytes,
+        tp, sp and the pipeline group (2 ranks, stride tp x cp x dp)."""
+        par = job.parallel
+        if par.pp == 1:
+            return 0.0
+        out_bytes = max(part.layer.output_bytes for part in stage)
+        key = (out_bytes, par.tp, par.cp, par.dp, par.sp)
+        seconds = self.shared.hops.get(key)
+        if seconds is None:
+            seconds = self.shared.hops[key] = self.pricer.pipeline_hop_s(out_bytes, job)
+        return seconds
 
     def _graph_terms(self, graph: OpGraph, job: Job, context: tuple[object, ...]) -> "list[_LayerTerms]":
         """_layer_terms of each of the graph's layers, in order, once per graph and layer context."""
@@ -913,14 +925,10 @@ class _ComboTable:
 
     def __init__(self, combos: list[_Combo]) -> None:
         width = max(len(combo.local) for combo in combos)
-        distinct = max(max(combo.local) for combo in combos) + 1
-        local = np.full((len(combos), width), -1, dtype=np.int64)
-        heads = np.zeros((len(combos), distinct), dtype=np.int64)
-        count = np.zeros(len(combos), dtype=np.int64)
-        for number, combo in enumerate(combos):
-            local[number, :len(combo.local)] = combo.local
-            count[number] = max(combo.local) + 1
-            heads[number, :count[number]] = combo.heads
+        distinct = max(len(combo.heads) for combo in combos)
+        local = np.array([combo.local + (-1,) * (width - len(combo.local)) for combo in combos], dtype=np.int64)
+        heads = np.array([combo.heads + (0,) * (distinct - len(combo.heads)) for combo in combos], dtype=np.int64)
+        count = np.array([len(combo.heads) for combo in combos], dtype=np.int64)
         self.first_row = np.array([combo.first_row for combo in combos], dtype=np.int64)
         self.valid_local = local >= 0
         self.safe_local = np.where(self.valid_local, local, 0)

@@ -26,7 +26,7 @@ every plan gets the figures AnalyticalEstimator.price gives it: tests/unit/searc
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from operator import itemgetter
+from operator import is_, itemgetter
 
 import numpy as np
 from numpy.typing import NDArray
@@ -226,6 +226,10 @@ class _Shared:
     graph_terms: dict[tuple[object, ...], "list[_LayerTerms]"] = field(default_factory=dict)
     graph_collectives: dict[tuple[object, ...], list[tuple[float, float]]] = field(default_factory=dict)
     hops: dict[tuple[object, ...], float] = field(default_factory=dict)  # _Batch._hop_s
+    # (id of a graph, (position of a layer, count)) -> its StagePart, for the shapes
+    parts: dict[tuple[int, tuple[int, float]], StagePart] = field(default_factory=dict)
+    # (id of a kept shape, layer context, dp) -> its distinct stages' (content, dp) (_Batch._new_combo)
+    shape_rows: dict[tuple[object, ...], list[tuple[int, int]]] = field(default_factory=dict)
     contents: list[_Content | None] = field(default_factory=list)  # None until _Batch._finish
     # the contents' figures (_Batch._contents), per name an array over a batch's new contents
     content_blocks: list[dict[str, Floats]] = field(default_factory=list)
@@ -233,7 +237,8 @@ class _Shared:
     shapes: dict[tuple[int, int], "_Shape | None"] = field(default_factory=dict)
     # what an even partition reads of a graph (_signature) -> per pp the partition's template (None: not the
     # even split's), and per (signature, pp, vpp) whether the plan's split is the even one (Pricer.plan_split)
-    signatures: dict[int, tuple[object, ...]] = field(default_factory=dict)
+    signatures: dict[int, int] = field(default_factory=dict)  # id of a graph -> the number of its signature
+    signature_numbers: dict[tuple[object, ...], int] = field(default_factory=dict)
     templates: dict[tuple[object, ...], "_Template | None"] = field(default_factory=dict)
     even: dict[tuple[object, ...], bool] = field(default_factory=dict)
     content_of: dict[tuple[object, ...], int] = field(default_factory=dict)
@@ -355,23 +360,27 @@ class _Batch:
 
     def _read_columns(self, plans: Sequence[tuple[Job, OpGraph]], candidates: Sequence[int],
                       columns: PlanColumns) -> "_PlanReads":
-        """The plans' local groups from the enumeration's columns: one per (base, graph), whose first plan's
-        fields give the group's key, global batch, micro-batch and sequence length; each plan's zero and
-        recompute from its variant."""
+        """The plans' local groups from the enumeration's columns: one per base, whose first plan's fields give
+        the group's key, global batch, micro-batch and sequence length; each plan's zero and recompute from its
+        variant. Where a plan's graph is not its base's first plan's (columns of other plans), every plan is
+        read (_read_plans)."""
         base = np.array(columns.base, dtype=np.int64)
         variant = np.array(columns.variant, dtype=np.int64)
         if not isinstance(candidates, range):
             base, variant = base[candidates], variant[candidates]
-        _, graph = np.unique(np.array([id(graph) for _, graph in plans], dtype=np.int64), return_inverse=True)
-        _, first, numbers = np.unique(base * (int(graph.max()) + 1) + graph, return_index=True, return_inverse=True)
-        fields = [plans[at][0].parallel.__dict__ for at in first.tolist()]
-        keys = [(id(plans[at][1]), _KEY_FIELDS(values)) for at, values in zip(first.tolist(), fields, strict=True)]
+        _, first_array, numbers = np.unique(base, return_index=True, return_inverse=True)
+        first = first_array.tolist()
+        graphs = [graph for _, graph in plans]
+        heads = [graphs[at] for at in first]
+        if not all(map(is_, graphs, map(heads.__getitem__, numbers.tolist()))):
+            return self._read_plans(plans)
+        fields = [plans[at][0].parallel.__dict__ for at in first]
+        keys = [(id(graph), _KEY_FIELDS(values)) for graph, values in zip(heads, fields, strict=True)]
         global_batch, micro_batch, seq_len = (np.array([values[name] for values in fields], dtype=np.int64)[numbers]
                                               for name in ("global_batch", "micro_batch", "seq_len"))
         variants = np.array([(RECOMPUTE_CODES[recompute], zero) for recompute, zero in columns.variants],
                             dtype=np.int64).reshape(-1, 2)
-        return numbers, keys, first.tolist(), (variants[variant, 1], variants[variant, 0], global_batch, micro_batch,
-                                               seq_len)
+        return numbers, keys, first, (variants[variant, 1], variants[variant, 0], global_batch, micro_batch, seq_len)
 
     def _price_ops(self, graphs: list[OpGraph]) -> None:
         """Every op of the graphs' layers not yet priced on the cluster's device, through the roofline at once
@@ -424,12 +433,19 @@ class _Batch:
         shape = self._shape(job, graph)
         if shape is None:
             return -1
-        first_row = len(self.shared.row_content)
+        shared = self.shared
         context = (par.tp, par.cp, par.ep, par.sp, par.precision)
-        terms, collectives = self._graph_terms(graph, job, context), self._graph_collectives(graph, job)
-        for stage, parts in zip(shape.stages, shape.template.stages, strict=True):
-            self._stage_row(stage, job, context, [terms[position] for position, _ in parts],
-                            [collectives[position] for position, _ in parts])
+        rows_key = (id(shape), context, par.dp)  # shape: kept (_Shared.shapes)
+        rows = shared.shape_rows.get(rows_key)
+        if rows is None:  # NB: the vpp of one partition share its rows' contents, ZeRO-3 exposure and hops
+            terms, collectives = self._graph_terms(graph, job, context), self._graph_collectives(graph, job)
+            rows = shared.shape_rows[rows_key] = [
+                self._stage_row(stage, job, context, [terms[position] for position, _ in parts],
+                                [collectives[position] for position, _ in parts])
+                for stage, parts in zip(shape.stages, shape.template.stages, strict=True)]
+        first_row = len(shared.row_content)
+        shared.row_content += [content for content, _ in rows]
+        self.new_rows += [(dp_key, job) for dp_key in rows]
         self.combos.append(_Combo(first_row, shape.template.local, shape.template.heads))
         return len(self.combos) - 1
 
@@ -440,8 +456,9 @@ class _Batch:
         and counts: the search's graphs of one model (one per tp, sp and micro-batch) share it."""
         shared, par = self.shared, job.parallel
         signature = shared.signatures.get(id(graph))
-        if signature is None:
-            signature = shared.signatures[id(graph)] = _signature(graph)
+        if signature is None:  # a number per distinct signature (cheaper keys below)
+            signature = shared.signatures[id(graph)] = shared.signature_numbers.setdefault(
+                _signature(graph), len(shared.signature_numbers))
         even_key = (signature, par.pp, par.vpp)
         even = shared.even.get(even_key)
         if even is None:
@@ -455,18 +472,26 @@ class _Batch:
         if template_key not in shared.templates:
             shared.templates[template_key] = _template(self.pricer.partition(graph, par.pp), graph)
         template = shared.templates[template_key]
-        shape = shared.shapes[key] = None if template is None else _Shape(
-            [[StagePart(graph.layers[position], count) for position, count in stage] for stage in template.stages],
-            template)
+        if template is None:
+            shared.shapes[key] = None
+            return None
+        parts = shared.parts
+        for stage in template.stages:  # NB: frozen; one object per (graph, layer, count), as partition_stages does
+            for part in stage:
+                if (id(graph), part) not in parts:
+                    parts[(id(graph), part)] = StagePart(graph.layers[part[0]], part[1])
+        shape = shared.shapes[key] = _Shape([[parts[(id(graph), part)] for part in stage]
+                                             for stage in template.stages], template)
         return shape
 
     def _stage_row(self, stage: list[StagePart], job: Job, context: tuple[object, ...], terms: "list[_LayerTerms]",
-                   collectives: list[tuple[float, float]]) -> None:
-        """A new stage row: the stage's content (shared by every dp and vpp of the partition), its ZeRO-3
-        exposure and pipeline hop (once per content and dp: the gradient and pipeline groups' strides read dp)
-        and its pipeline sends. What may refuse the plans (the layers' and collectives' prices) is priced before
-        (_graph_terms, _graph_collectives) or here; the sums are made for all new rows at once (_finish).
-        context: tp, cp, ep, sp and precision; terms and collectives: of the stage's parts' layers."""
+                   collectives: list[tuple[float, float]]) -> tuple[int, int]:
+        """A stage row's (content, dp): the stage's content (shared by every dp and vpp of the partition), its
+        ZeRO-3 exposure and pipeline hop (once per content and dp: the gradient and pipeline groups' strides read
+        dp), made where new; each vpp's row adds its pipeline sends (_finish). What may refuse the plans (the
+        layers' and collectives' prices) is priced before (_graph_terms, _graph_collectives) or here; the sums
+        are made for all new rows at once (_finish). context: tp, cp, ep, sp and precision; terms and
+        collectives: of the stage's parts' layers."""
         shared, dp = self.shared, job.parallel.dp
         key = (id(stage), context)  # stage: of a kept shape (_Shared.shapes)
         content = shared.content_of.get(key)
@@ -478,8 +503,7 @@ class _Batch:
         dp_key = (content, dp)
         if dp_key not in shared.by_dp and dp_key not in self.new_by_dp:
             self.new_by_dp[dp_key] = (stage, job, collectives, self._hop_s(stage, job))
-        self.new_rows.append((dp_key, job))
-        shared.row_content.append(content)
+        return dp_key
 
     def _hop_s(self, stage: list[StagePart], job: Job) -> float:
         """Pricer.pipeline_hop_s of the stage's largest output (0 for pp = 1), once per what it reads: the bytes,

@@ -122,13 +122,18 @@ def test_the_enumerations_columns_give_the_same_prices(stack: str) -> None:
         same_prices(GridEngine().price(mixed, mixed_columns), GridEngine().price(mixed))
 
 
-def test_columns_of_other_plans_are_refused() -> None:
+def test_columns_of_other_plans_are_refused_or_not_read() -> None:
+    """Columns of another number of plans are refused; columns whose bases hold plans of other graphs are not
+    read (every plan's spec is)."""
     cluster = load_cluster("dgx-a100-80gb").with_num_gpus(16)
     space = SearchSpace(global_batch=64, seq_len=512, max_micro_batch=2)
     plans, columns = plan_grid(DENSE, cluster, space)
     jobs = built(DENSE, cluster, plans)
     with pytest.raises(ValueError, match="columns"):
         GridEngine().price(jobs, columns)  # make_job refused some plans: their columns were not taken out
+    assert len({id(graph) for _, graph in jobs}) > 1
+    one_base = PlanColumns([0] * len(jobs), [0] * len(jobs), columns.variants)
+    same_prices(GridEngine().price(jobs, one_base), GridEngine().price(jobs))
 
 
 def test_a_second_grid_on_the_kept_stage_rows() -> None:

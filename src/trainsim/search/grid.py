@@ -7,12 +7,17 @@ dp, micro-batch, recompute, ZeRO). GridEngine prices what the plans share once, 
 same Pricer, the same formulas, the same order of operations), and what they do not share as numpy arrays over
 the plans:
 
+- the plans' settings: read once per base from the enumeration's columns where the search hands them
+  (search.space.plan_grid), else from every plan's spec;
 - every op of the plans' graphs through the roofline at once (cost.roofline_arrays), for the layer prices;
+- the even partitions once per graph shape (the layers' kinds and counts) and pp, as templates the graphs of
+  one model fill with their layers;
 - once per distinct stage of a partition (graph, pp) under a layer context (tp, cp, ep, sp, precision),
   whatever the dp and vpp: its forward, backward, weight-gradient and feature-communication seconds, what its
   recompute would repeat, its host overhead, its parameters, saved activations and working buffers (Pricer's
-  public prices of layers and stages); once per dp its ZeRO-3 exposure and pipeline hop, once per vpp its
-  pipeline sends. The engine keeps them for its later calls on the same cluster and stack;
+  public prices of layers and stages); once per dp its ZeRO-3 exposure (the layers' gathers and scatters once
+  per parameters and group, the exposure over arrays) and pipeline hop, once per vpp its pipeline sends. The
+  engine keeps them for its later calls on the same cluster and stack;
 - once per (partition, recompute, ZeRO-3 or not): each stage's time, the bottleneck, the stages' sum;
 - per plan, as arrays: the stage times (recompute, ZeRO-3), the bottleneck stage, the bubble, the exposed
   gradient reduction, the optimizer step, the iteration time, and each stage's memory under the schedule and

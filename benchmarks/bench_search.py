@@ -9,7 +9,9 @@ engine alone. Prints medians over the repeats of:
 
 - search plans/s: plans tried / seconds of the whole search (the figure `trainsim search` users see);
 - engine plans/s, cold: the plans make_job accepts / seconds of a fresh GridEngine pricing them all (make_job
-  and graph building excluded; every layer, collective and stage price made anew);
+  and graph building excluded; every layer, collective and stage price made anew), handed the enumeration's
+  columns of the plans as Planner.search hands them (search.space.plan_grid), and without them (each plan's
+  settings read back from its spec);
 - engine plans/s, warm: the same grid again on the same GridEngine (what a second search over the same graphs
   costs: another global batch, other ZeRO stages or recompute modes);
 - plain engine plans/s: the same plans one by one through a fresh AnalyticalEstimator.price (the engine before
@@ -40,8 +42,9 @@ from trainsim.ir.graph import OpGraph
 from trainsim.ir.model_spec import ModelSpec
 from trainsim.job import Job, make_job
 from trainsim.pipeline import GraphCache
-from trainsim.search import Planner, SearchReport, SearchSpace, enumerate_plans
+from trainsim.search import Planner, SearchReport, SearchSpace
 from trainsim.search.grid import GridEngine
+from trainsim.search.space import PlanColumns, plan_grid
 
 T = TypeVar("T")
 
@@ -55,14 +58,22 @@ def timed(run: Callable[[], T]) -> tuple[T, float, float]:
 
 def priced_jobs(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace) -> list[tuple[Job, OpGraph]]:
     """The plans of the space that make_job accepts, with their graphs: what the engine prices in a search."""
-    graphs, jobs = GraphCache(), []
-    for parallel in enumerate_plans(model, cluster, space):
+    return priced_grid(model, cluster, space)[0]
+
+
+def priced_grid(model: ModelSpec, cluster: ClusterSpec,
+                space: SearchSpace) -> tuple[list[tuple[Job, OpGraph]], PlanColumns]:
+    """priced_jobs, with the enumeration's columns of those plans (what Planner.search hands the engine)."""
+    graphs, jobs, accepted = GraphCache(), [], []
+    plans, columns = plan_grid(model, cluster, space)
+    for index, parallel in enumerate(plans):
         try:
             job = make_job(model, cluster, parallel, space.stack)
         except TrainsimError:
             continue
         jobs.append((job, graphs.get(job)))
-    return jobs
+        accepted.append(index)
+    return jobs, columns.take(accepted)
 
 
 def price_one_by_one(jobs: list[tuple[Job, OpGraph]]) -> int:
@@ -72,8 +83,9 @@ def price_one_by_one(jobs: list[tuple[Job, OpGraph]]) -> int:
     return len(jobs)
 
 
-def price_grid(jobs: list[tuple[Job, OpGraph]], engine: GridEngine | None = None) -> int:
-    (engine or GridEngine()).price(jobs)
+def price_grid(jobs: list[tuple[Job, OpGraph]], engine: GridEngine | None = None,
+               columns: PlanColumns | None = None) -> int:
+    (engine or GridEngine()).price(jobs, columns)
     return len(jobs)
 
 
@@ -94,16 +106,17 @@ def main() -> None:
     model = load_model(args.model)
     cluster = load_cluster(args.cluster).with_num_gpus(args.num_gpus)
     space = SearchSpace(global_batch=args.global_batch, seq_len=args.seq_len)
-    jobs = priced_jobs(model, cluster, space)
+    jobs, columns = priced_grid(model, cluster, space)
 
     def search() -> SearchReport:
         return Planner().search(model, cluster, space, top_k=1)
 
     searches = [timed(search) for _ in range(args.repeats)]
-    engines = [timed(lambda: price_grid(jobs)) for _ in range(args.repeats)]
+    engines = [timed(lambda: price_grid(jobs, columns=columns)) for _ in range(args.repeats)]
+    read_back = [timed(lambda: price_grid(jobs)) for _ in range(args.repeats)]
     warm_engine = GridEngine()
-    price_grid(jobs, warm_engine)
-    warm = [timed(lambda: price_grid(jobs, warm_engine)) for _ in range(args.repeats)]
+    price_grid(jobs, warm_engine, columns)
+    warm = [timed(lambda: price_grid(jobs, warm_engine, columns)) for _ in range(args.repeats)]
     plain = [timed(lambda: price_one_by_one(jobs)) for _ in range(args.repeats)]
     report = searches[0][0]
 
@@ -126,7 +139,9 @@ def main() -> None:
           f"{rate(report.tried, searches, 1)} wall")
     print(f"engine plans/s  {rate(len(jobs), engines, 2)} CPU, "
           f"{rate(len(jobs), engines, 1)} wall ({len(jobs)} plans priced, make_job and graphs excluded; "
-          "cold: a fresh GridEngine)")
+          "cold: a fresh GridEngine, handed the enumeration's columns as Planner.search does)")
+    print(f"  no columns    {rate(len(jobs), read_back, 2)} CPU, {rate(len(jobs), read_back, 1)} wall (the same, "
+          "each plan's settings read back from its spec)")
     print(f"  warm          {rate(len(jobs), warm, 2)} CPU, {rate(len(jobs), warm, 1)} wall (the same grid again "
           "on the same GridEngine)")
     print(f"  plain         {rate(len(jobs), plain, 2)} CPU, {rate(len(jobs), plain, 1)} wall "

@@ -49,6 +49,7 @@ from trainsim.cost.stack_effects import (
     bucket_queue,
     bucket_runs,
     bucketed_s,
+    fuses_every_op,
     overlapped_s,
     queue_exposed_s,
     unfused_extra_bytes,
@@ -413,15 +414,17 @@ class Pricer:
         known = self._op_times.get((id(layer), id(job.cluster.device)))
         if known is None:
             times = {id(op): self.op_time_s(op, job) for op in ops}  # each op priced once
+            seconds = [times[id(op)] for op in ops]
         else:
             stack, device = job.stack, job.cluster.device
             fp8 = self.policy(job.parallel.precision).linear_dtype == "fp8"
-            times = {id(op): self._unfused_s(op, seconds, stack, fp8, device)
-                     for op, seconds in zip(ops, known, strict=True)}
-        selective = sum(times[id(op)] for op in layer.fwd if op.recompute_selective)
-        wgrad = sum(times[id(op)] for op in layer.bwd if op.name.endswith(".wgrad"))
-        return LayerCost(sum(times[id(op)] for op in layer.fwd), sum(times[id(op)] for op in layer.bwd), selective,
-                         comm, comm_fwd, wgrad, fractions["tp"], fractions["cp"])
+            seconds = list(known) if fuses_every_op(stack, fp8) else \
+                [self._unfused_s(op, op_s, stack, fp8, device) for op, op_s in zip(ops, known, strict=True)]
+        forward, backward = seconds[:len(layer.fwd)], seconds[len(layer.fwd):]
+        selective = sum([op_s for op, op_s in zip(layer.fwd, forward, strict=True) if op.recompute_selective])
+        wgrad = sum([op_s for op, op_s in zip(layer.bwd, backward, strict=True) if op.name.endswith(".wgrad")])
+        return LayerCost(sum(forward), sum(backward), selective, comm, comm_fwd, wgrad, fractions["tp"],
+                         fractions["cp"])
 
     def tp_exposed_fraction(self, layer: Layer, tp_s: dict[str, float], job: Job) -> tuple[float, float]:
         """Of the tensor-parallel collectives of forward and backward (tp_s: phase -> seconds), the fraction
@@ -781,12 +784,11 @@ class Pricer:
         """The stage's gradient buckets (stack_effects.bucket_runs), filled in the order the backward pass
         finishes the layers (last layer first), or with forward=True in the order the forward pass first uses
         them (the distributed optimizer's overlapped parameter gathers)."""
-        size = job.stack.grad_bucket_params
-        key = (self.stage_key(stage), size, forward)
+        layers = tuple([(part.layer.param_count, part.count) for part in stage])
+        key = (layers, job.stack.grad_bucket_params, forward)  # what bucket_runs reads: stages of one tp share it
         runs = self._grad_buckets.get(key)
         if runs is None:
-            layers = [(part.layer.param_count, part.count) for part in stage]
-            runs = self._grad_buckets[key] = bucket_runs(layers if forward else layers[::-1], size)
+            runs = self._grad_buckets[key] = bucket_runs(layers if forward else layers[::-1], key[1])
         return runs
 
     def _bucket_seconds(self, collective: str, bytes_per_param: float, runs: BucketRuns,

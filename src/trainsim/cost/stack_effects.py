@@ -56,23 +56,37 @@ def bucket_runs(layers: Iterable[tuple[float, float]], bucket_params: float) -> 
     become final) fill buckets of bucket_params: a bucket is sent once it holds at least bucket_params or the
     last layer is in (whole layers; compile/insert_collectives.py does the same). A fractional repeat count (an
     uneven split of the blocks) adds one partial layer. Equal buckets in a row come as one run."""
-    instances: list[float] = []
+    chunks: list[tuple[float, int]] = []  # (parameters, instances in a row)
     for params, repeats in layers:
         whole = int(repeats)
-        instances.extend([params] * whole)
+        if whole:
+            chunks.append((params, whole))
         if repeats - whole > 1e-9:
-            instances.append(params * (repeats - whole))
+            chunks.append((params * (repeats - whole), 1))
+    last = sum(count for _, count in chunks) - 1
     runs: list[list[float]] = []
     held = 0.0
-    for position, params in enumerate(instances):
-        held += params
-        if held < bucket_params and position < len(instances) - 1:
+    position = 0
+    for params, count in chunks:
+        if held == 0.0 and params >= bucket_params > 0.0:
+            # NB: each instance fills a bucket of its own (0.0 + params is params): `count` buckets at once
+            if runs and runs[-1][0] == params:
+                runs[-1][1] += count
+            else:
+                runs.append([params, count])
+            position += count
             continue
-        if runs and runs[-1][0] == held:
-            runs[-1][1] += 1
-        else:
-            runs.append([held, 1])
-        held = 0.0
+        for _ in range(count):
+            held += params
+            if held < bucket_params and position < last:
+                position += 1
+                continue
+            if runs and runs[-1][0] == held:
+                runs[-1][1] += 1
+            else:
+                runs.append([held, 1])
+            held = 0.0
+            position += 1
     return tuple((size, int(count)) for size, count in runs)
 
 
@@ -138,6 +152,13 @@ def window_micro_batches(schedule: str, pp: int) -> int:
     after it in the backward order still run pp micro-batches each, so the buckets fill over pp micro-batches'
     backward passes (the simulator runs the schedule itself)."""
     return pp if schedule == "interleaved-1f1b" else 1
+
+
+def fuses_every_op(stack: StackSpec, fp8_linears: bool) -> bool:
+    """Whether unfused_extra_bytes is 0 for every op on this stack (its fusions on, or off only for fp8 casts the
+    job does not make)."""
+    return stack.fused_bias_activation and stack.fused_cross_entropy and (
+        not fp8_linears or (stack.fused_layernorm_linear and stack.fused_fp8_cast))
 
 
 def unfused_extra_bytes(op: Op, stack: StackSpec, fp8_linears: bool) -> float:

@@ -7,12 +7,17 @@ dp, micro-batch, recompute, ZeRO). GridEngine prices what the plans share once, 
 same Pricer, the same formulas, the same order of operations), and what they do not share as numpy arrays over
 the plans:
 
+- the plans' settings: read once per base from the enumeration's columns where the search hands them
+  (search.space.plan_grid), else from every plan's spec;
 - every op of the plans' graphs through the roofline at once (cost.roofline_arrays), for the layer prices;
+- the even partitions once per graph shape (the layers' kinds and counts) and pp, as templates the graphs of
+  one model fill with their layers;
 - once per distinct stage of a partition (graph, pp) under a layer context (tp, cp, ep, sp, precision),
   whatever the dp and vpp: its forward, backward, weight-gradient and feature-communication seconds, what its
   recompute would repeat, its host overhead, its parameters, saved activations and working buffers (Pricer's
-  public prices of layers and stages); once per dp its ZeRO-3 exposure and pipeline hop, once per vpp its
-  pipeline sends. The engine keeps them for its later calls on the same cluster and stack;
+  public prices of layers and stages); once per dp its ZeRO-3 exposure (the layers' gathers and scatters once
+  per parameters and group, the exposure over arrays) and pipeline hop, once per vpp its pipeline sends. The
+  engine keeps them for its later calls on the same cluster and stack;
 - once per (partition, recompute, ZeRO-3 or not): each stage's time, the bottleneck, the stages' sum;
 - per plan, as arrays: the stage times (recompute, ZeRO-3), the bottleneck stage, the bubble, the exposed
   gradient reduction, the optimizer step, the iteration time, and each stage's memory under the schedule and
@@ -26,7 +31,7 @@ every plan gets the figures AnalyticalEstimator.price gives it: tests/unit/searc
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from operator import itemgetter
+from operator import is_, itemgetter
 
 import numpy as np
 from numpy.typing import NDArray
@@ -34,7 +39,7 @@ from numpy.typing import NDArray
 from trainsim.collector import collector_paused
 from trainsim.cost.compute import RooflineCosts
 from trainsim.cost.memory import kept_bytes, loss_grad_bytes, rebuilt_bytes, saved_key
-from trainsim.cost.pricing import GradientQueues, LayerCost, Pricer
+from trainsim.cost.pricing import GradientQueues, LayerCost, Partition, Pricer
 from trainsim.cost.rank_classes import ranks_differ
 from trainsim.cost.roofline_arrays import op_times_s
 from trainsim.cost.stack_effects import BucketQueue, queue_tail_s
@@ -43,12 +48,16 @@ from trainsim.errors import TrainsimError
 from trainsim.estimate.analytical import AnalyticalEstimator, PlanPrice
 from trainsim.ir.graph import Layer, OpGraph
 from trainsim.job import Job
+from trainsim.search.space import PlanColumns
 from trainsim.strategy.parallel import Recompute
 from trainsim.strategy.precision import Precision, policy_for
 from trainsim.strategy.stages import BLOCK_KINDS, StagePart
 
 Floats = NDArray[np.float64]
 Ints = NDArray[np.int64]
+# what _Batch reads of its plans: per plan its local group, per local group its key and first plan, and per plan
+# its zero, recompute code, global batch, micro-batch and sequence length
+_PlanReads = tuple[Ints, list[tuple[int, tuple[object, ...]]], list[int], tuple[Ints, Ints, Ints, Ints, Ints]]
 
 RECOMPUTE_CODES: dict[Recompute, int] = {"none": 0, "selective": 1, "full": 2}
 SCHEDULE_CODES = {"1f1b": 0, "interleaved-1f1b": 1, "gpipe": 2, "zb-h1": 3}
@@ -72,6 +81,7 @@ class _Content:
     param_layers: int  # the number of its layers' (parameters, count): what its gradient buckets read
     compute_s: float  # forward + backward
     backward_s: float
+    params: float  # Pricer.stage_params
 
 
 @dataclass(slots=True)
@@ -81,7 +91,42 @@ class _Combo:
     first_row: int  # index of its first stage row in _Shared
     local: tuple[int, ...]  # per stage: which of its distinct rows (0-based) it takes
     heads: tuple[int, ...]  # per distinct row: its first stage
-    max_params: float  # the stage with the most parameters (the optimizer step's)
+
+
+@dataclass(frozen=True, slots=True)
+class _Template:
+    """An even partition of a graph (Pricer.partition) as positions in graph.layers: per distinct stage its parts'
+    (position, count), per stage which distinct stage it is, per distinct stage its first stage."""
+
+    stages: tuple[tuple[tuple[int, float], ...], ...]
+    local: tuple[int, ...]
+    heads: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """A graph's even partition over one pp: its template's distinct stages made of the graph's layers."""
+
+    stages: list[list[StagePart]]
+    template: _Template
+
+
+def _signature(graph: OpGraph) -> tuple[object, ...]:
+    """What strategy.stages.partition_stages reads of a graph: its layers' kinds and counts, in order. A graph
+    that holds one layer object twice is its own (its partition's stages are told apart by layer object)."""
+    if len({id(layer) for layer in graph.layers}) < len(graph.layers):
+        return ("graph", id(graph))
+    return tuple([(layer.kind, layer.count) for layer in graph.layers])
+
+
+def _template(partition: Partition, graph: OpGraph) -> _Template | None:
+    """The partition as a _Template (None for one of unequal model chunks: not the even split)."""
+    if partition.chunk_blocks:
+        return None
+    position = {id(layer): index for index, layer in enumerate(graph.layers)}
+    return _Template(tuple(tuple((position[id(part.layer)], part.count) for part in partition.stages[head])
+                           for head in partition.distinct),
+                     tuple(partition.distinct.index(head) for head in partition.first), partition.distinct)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,11 +158,15 @@ class GridEngine:
         """The plain engine's full price of one plan (its Result via .result())."""
         return self.estimator.price(job, graph)
 
-    def price(self, plans: Sequence[tuple[Job, OpGraph]]) -> GridPrices:
+    def price(self, plans: Sequence[tuple[Job, OpGraph]], columns: PlanColumns | None = None) -> GridPrices:
+        """columns: the enumeration's columns of the plans (search.space.plan_grid; plans of one base share their
+        graph): the engine reads each base's settings once instead of each plan's (None: from every plan)."""
+        if columns is not None and len(columns.base) != len(plans):
+            raise ValueError(f"columns: {len(columns.base)} plans' columns for {len(plans)} plans")
         with collector_paused():  # NB: a full pass of the collector made a cold grid 20-40% slower, now and then
-            return self._price(plans)
+            return self._price(plans, columns)
 
-    def _price(self, plans: Sequence[tuple[Job, OpGraph]]) -> GridPrices:
+    def _price(self, plans: Sequence[tuple[Job, OpGraph]], columns: PlanColumns | None) -> GridPrices:
         n = len(plans)
         time_s = np.zeros(n)
         peak = np.zeros(n)
@@ -127,7 +176,7 @@ class GridEngine:
         # NB: a cluster of extreme (valid) figures overflows (inf - inf) in the shared prices' arrays as in the
         # plans': as Python's floats do, silently; such plans go to the plain engine (below)
         with np.errstate(all="ignore"):
-            fast, slow = _Batch(self, plans).split() if n else (None, list[int]())
+            fast, slow = _Batch(self, plans, columns).split() if n else (None, list[int]())
             if fast is not None:
                 fast.compute(time_s, peak, oom)
         if fast is not None:
@@ -173,13 +222,30 @@ class _Shared:
     # (content, dp) -> its ZeRO-3 exposure and pipeline hop (Pricer.pipeline_hop_s of its largest output; 0 for
     # pp = 1)
     by_dp: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
-    layer_fsdp_s: dict[tuple[object, ...], float] = field(default_factory=dict)  # Pricer.fsdp_exposed_s
+    # (parameters, precision, dp x cp, tp) -> the all-gather of a layer's weights and the reduce-scatter of its
+    # gradients over the gradient group (Pricer.fsdp_exposed_s's collectives; _Batch._fsdp_collectives)
+    fsdp_collectives: dict[tuple[object, ...], tuple[float, float]] = field(default_factory=dict)
+    content_terms: list[tuple[int, ...]] = field(default_factory=list)  # per content its parts' layer terms
+    # per graph and layer context its layers' terms (_Batch._graph_terms); per graph, precision and gradient
+    # group its layers' ZeRO-3 collectives (_Batch._graph_collectives)
+    graph_terms: dict[tuple[object, ...], "list[_LayerTerms]"] = field(default_factory=dict)
+    graph_collectives: dict[tuple[object, ...], list[tuple[float, float]]] = field(default_factory=dict)
+    hops: dict[tuple[object, ...], float] = field(default_factory=dict)  # _Batch._hop_s
+    # (id of a graph, (position of a layer, count)) -> its StagePart, for the shapes
+    parts: dict[tuple[int, tuple[int, float]], StagePart] = field(default_factory=dict)
+    # (id of a kept shape, layer context, dp) -> its distinct stages' (content, dp) (_Batch._new_combo)
+    shape_rows: dict[tuple[object, ...], list[tuple[int, int]]] = field(default_factory=dict)
     contents: list[_Content | None] = field(default_factory=list)  # None until _Batch._finish
     # the contents' figures (_Batch._contents), per name an array over a batch's new contents
     content_blocks: list[dict[str, Floats]] = field(default_factory=list)
     # (id of a graph, pp) -> its even partition's distinct stages, the stage map and the largest parameters
-    shapes: dict[tuple[int, int], "tuple[list[list[StagePart]], tuple[int, ...], tuple[int, ...], float] | None"] = \
-        field(default_factory=dict)
+    shapes: dict[tuple[int, int], "_Shape | None"] = field(default_factory=dict)
+    # what an even partition reads of a graph (_signature) -> per pp the partition's template (None: not the
+    # even split's), and per (signature, pp, vpp) whether the plan's split is the even one (Pricer.plan_split)
+    signatures: dict[int, int] = field(default_factory=dict)  # id of a graph -> the number of its signature
+    signature_numbers: dict[tuple[object, ...], int] = field(default_factory=dict)
+    templates: dict[tuple[object, ...], "_Template | None"] = field(default_factory=dict)
+    even: dict[tuple[object, ...], bool] = field(default_factory=dict)
     content_of: dict[tuple[object, ...], int] = field(default_factory=dict)
     combos: list[_Combo] = field(default_factory=list)
     combo_of: dict[tuple[object, ...], int] = field(default_factory=dict)  # (graph, plan's layout) -> combo
@@ -217,27 +283,27 @@ class _Batch:
     """The plans of one price() call: gathers the fast ones' settings and prices what they share (once per
     engine: _Shared)."""
 
-    def __init__(self, engine: GridEngine, plans: Sequence[tuple[Job, OpGraph]]) -> None:
+    def __init__(self, engine: GridEngine, plans: Sequence[tuple[Job, OpGraph]], columns: PlanColumns | None) -> None:
         self.engine = engine
         self.pricer = engine.pricer
         self.plans = plans
+        self.columns = columns
         self.job0 = plans[0][0]
         shared = self.shared = engine.shared(self.job0)
         self.combos, self.precisions = shared.combos, shared.precisions
         # NB: FittedStepCosts' host overhead per micro-batch reads none of its arguments: one price per stage
         self.fitted_overhead = isinstance(self.pricer.step_costs, FittedStepCosts)
         # what _stage_row prices of new rows, for _finish to sum: (content, stage, job, its parts' layer terms);
-        # (content, dp) -> (stage, job, its parts' fsdp_exposed_s, pipeline hop); per new row ((content, dp), job)
+        # (content, dp) -> (stage, job, its parts' ZeRO-3 collectives, pipeline hop); per new row ((content, dp), job)
         self.new_contents: list[tuple[int, list[StagePart], Job, list[_LayerTerms]]] = []
-        self.new_by_dp: dict[tuple[int, int], tuple[list[StagePart], Job, list[float], float]] = {}
+        self.new_by_dp: dict[tuple[int, int], tuple[list[StagePart], Job, list[tuple[float, float]], float]] = {}
         self.new_rows: list[tuple[tuple[int, int], Job]] = []
 
     def split(self) -> tuple["_Fast | None", list[int]]:
-        """The fast plans' settings as arrays, and the indices of the plans left to the plain engine. Each plan's
-        fields are read once, in comprehensions: its group's key (graph, _KEY_FIELDS: the group's settings and
-        its split, a split other than the even one going to the plain engine) and its zero, global batch, micro-batch,
-        recompute and sequence length; the groups
-        are made once per distinct key."""
+        """The fast plans' settings as arrays, and the indices of the plans left to the plain engine. The plans
+        fall in local groups (_read_plans, _read_columns), each of one key (graph, _KEY_FIELDS: the group's
+        settings and its split, a split other than the even one going to the plain engine); the groups are made
+        once per distinct key."""
         plans = self.plans
         cluster, stack = self.job0.cluster, self.job0.stack
         if ranks_differ(self.job0):  # stragglers, other devices (cost.rank_classes): the plain engine prices
@@ -253,39 +319,73 @@ class _Batch:
             plans = [plans[index] for index in candidates]
         if not plans:
             return None, slow
-        fields = [job.parallel.__dict__ for job, _ in plans]  # NB: a pydantic model's fields; ~2x getattr's speed
-        keys: list[tuple[int, tuple[object, ...]]] = [(id(graph), _KEY_FIELDS(values))
-                                                      for (_, graph), values in zip(plans, fields, strict=True)]
-        local: dict[tuple[int, tuple[object, ...]], int] = {}
-        numbers = np.array([local.setdefault(key, len(local)) for key in keys], dtype=np.int64)  # first seen, first
-        _, first = np.unique(numbers, return_index=True)
+        numbers, keys, first, per_plan = self._read_plans(plans) if self.columns is None else \
+            self._read_columns(plans, candidates, self.columns)
         group_of, groups = self.shared.group_of, self.shared.groups
-        new = [(key, at) for key, at in zip(local, first.tolist(), strict=True) if key not in group_of]
-        self._price_ops([plans[at][1] for _, at in new])
-        for key, at in new:
+        new: dict[tuple[int, tuple[object, ...]], int] = {}
+        for key, at in zip(keys, first, strict=True):
+            if key not in group_of and key not in new:
+                new[key] = at
+        self._price_ops([plans[at][1] for at in new.values()])
+        for key, at in new.items():
             job, graph = plans[at]
             group_of[key] = len(groups)
             groups.append(_SLOW_GROUP if any(key[1][_SPLIT_AT:]) else self._group(job, graph, key[1]))
         if self.new_rows:
             self._finish()
-        global_numbers = [group_of[key] for key in local]
-        columns = np.array([groups[number] for number in global_numbers], dtype=np.int64)[numbers]
+        columns = np.array([groups[group_of[key]] for key in keys], dtype=np.int64)[numbers]
         fast = columns[:, 0] >= 0
         if not fast.all():
             where = np.array(candidates, dtype=np.int64)
             slow = sorted([*slow, *where[~fast].tolist()])
             if not fast.any():
                 return None, slow
-        zero, global_batch, micro_batch, seq_len = (np.array([values[name] for values in fields], dtype=np.int64)
-                                                     for name in ("zero", "global_batch", "micro_batch", "seq_len"))
+        zero, recompute, global_batch, micro_batch, seq_len = per_plan
         m = global_batch // (columns[:, 8] * micro_batch)
-        codes = [RECOMPUTE_CODES[values["recompute"]] for values in fields]
-        plan_columns = np.stack([zero, m, np.array(codes, dtype=np.int64), global_batch * seq_len], axis=1)
+        plan_columns = np.stack([zero, m, recompute, global_batch * seq_len], axis=1)
         table = np.concatenate([columns[:, :8], plan_columns], axis=1)
         index = np.array(candidates, dtype=np.int64)
         if not fast.all():
             index, table = index[fast], table[fast]
         return _Fast(self, index, table), slow
+
+    def _read_plans(self, plans: Sequence[tuple[Job, OpGraph]]) -> "_PlanReads":
+        """Each plan's fields read once, in comprehensions: its key and its zero, recompute, global batch,
+        micro-batch and sequence length; a local group per distinct key (numbered as first seen)."""
+        fields = [job.parallel.__dict__ for job, _ in plans]  # NB: a pydantic model's fields; ~2x getattr's speed
+        keys: list[tuple[int, tuple[object, ...]]] = [(id(graph), _KEY_FIELDS(values))
+                                                      for (_, graph), values in zip(plans, fields, strict=True)]
+        local: dict[tuple[int, tuple[object, ...]], int] = {}
+        numbers = np.array([local.setdefault(key, len(local)) for key in keys], dtype=np.int64)  # first seen, first
+        _, first = np.unique(numbers, return_index=True)
+        zero, global_batch, micro_batch, seq_len = (np.array([values[name] for values in fields], dtype=np.int64)
+                                                     for name in ("zero", "global_batch", "micro_batch", "seq_len"))
+        recompute = np.array([RECOMPUTE_CODES[values["recompute"]] for values in fields], dtype=np.int64)
+        return numbers, list(local), first.tolist(), (zero, recompute, global_batch, micro_batch, seq_len)
+
+    def _read_columns(self, plans: Sequence[tuple[Job, OpGraph]], candidates: Sequence[int],
+                      columns: PlanColumns) -> "_PlanReads":
+        """The plans' local groups from the enumeration's columns: one per base, whose first plan's fields give
+        the group's key, global batch, micro-batch and sequence length; each plan's zero and recompute from its
+        variant. Where a plan's graph is not its base's first plan's (columns of other plans), every plan is
+        read (_read_plans)."""
+        base = np.array(columns.base, dtype=np.int64)
+        variant = np.array(columns.variant, dtype=np.int64)
+        if not isinstance(candidates, range):
+            base, variant = base[candidates], variant[candidates]
+        _, first_array, numbers = np.unique(base, return_index=True, return_inverse=True)
+        first = first_array.tolist()
+        graphs = [graph for _, graph in plans]
+        heads = [graphs[at] for at in first]
+        if not all(map(is_, graphs, map(heads.__getitem__, numbers.tolist()))):
+            return self._read_plans(plans)
+        fields = [plans[at][0].parallel.__dict__ for at in first]
+        keys = [(id(graph), _KEY_FIELDS(values)) for graph, values in zip(heads, fields, strict=True)]
+        global_batch, micro_batch, seq_len = (np.array([values[name] for values in fields], dtype=np.int64)[numbers]
+                                              for name in ("global_batch", "micro_batch", "seq_len"))
+        variants = np.array([(RECOMPUTE_CODES[recompute], zero) for recompute, zero in columns.variants],
+                            dtype=np.int64).reshape(-1, 2)
+        return numbers, keys, first, (variants[variant, 1], variants[variant, 0], global_batch, micro_batch, seq_len)
 
     def _price_ops(self, graphs: list[OpGraph]) -> None:
         """Every op of the graphs' layers not yet priced on the cluster's device, through the roofline at once
@@ -332,56 +432,130 @@ class _Batch:
                 self._precision(precision), tp, dp)  # type: ignore[arg-type]
 
     def _new_combo(self, job: Job, graph: OpGraph) -> int:
-        par, pricer = job.parallel, self.pricer
-        if not self.fitted_overhead or pricer.plan_split(graph, par) is not None:
+        par = job.parallel
+        if not self.fitted_overhead:
             return -1
-        shape_key = (id(graph), par.pp)
-        if shape_key not in self.shared.shapes:
-            partition = pricer.partition(graph, par.pp)  # the even split (plan_split: None)
-            self.shared.shapes[shape_key] = None if partition.chunk_blocks else (
-                [partition.stages[head] for head in partition.distinct],
-                tuple(partition.distinct.index(head) for head in partition.first), partition.distinct,
-                max(pricer.stage_params(partition.stages[head]) for head in partition.distinct))
-        shape = self.shared.shapes[shape_key]
+        shape = self._shape(job, graph)
         if shape is None:
             return -1
-        first_row = len(self.shared.row_content)
+        shared = self.shared
         context = (par.tp, par.cp, par.ep, par.sp, par.precision)
-        for stage in shape[0]:
-            self._stage_row(stage, job, context)
-        self.combos.append(_Combo(first_row, shape[1], shape[2], shape[3]))
+        rows_key = (id(shape), context, par.dp)  # shape: kept (_Shared.shapes)
+        rows = shared.shape_rows.get(rows_key)
+        if rows is None:  # NB: the vpp of one partition share its rows' contents, ZeRO-3 exposure and hops
+            terms, collectives = self._graph_terms(graph, job, context), self._graph_collectives(graph, job)
+            rows = shared.shape_rows[rows_key] = [
+                self._stage_row(stage, job, context, [terms[position] for position, _ in parts],
+                                [collectives[position] for position, _ in parts])
+                for stage, parts in zip(shape.stages, shape.template.stages, strict=True)]
+        first_row = len(shared.row_content)
+        shared.row_content += [content for content, _ in rows]
+        self.new_rows += [(dp_key, job) for dp_key in rows]
+        self.combos.append(_Combo(first_row, shape.template.local, shape.template.heads))
         return len(self.combos) - 1
 
-    def _stage_row(self, stage: list[StagePart], job: Job, context: tuple[object, ...]) -> None:
-        """A new stage row: the stage's content (shared by every dp and vpp of the partition), its ZeRO-3
-        exposure and pipeline hop (once per content and dp: the gradient and pipeline groups' strides read dp)
-        and its pipeline sends. What may refuse the plans (the layers' and collectives' prices) is priced here;
-        the sums are made for all new rows at once (_finish). context: tp, cp, ep, sp and precision."""
+    def _shape(self, job: Job, graph: OpGraph) -> "_Shape | None":
+        """The graph's even partition over the plan's pp (its distinct stages, with the graph's layers), or None
+        where the plan's split is not the even one (Pricer.plan_split). The partition is made once per what it
+        reads of a graph (_signature: the layers' kinds and counts) and pp, as a template of layer positions
+        and counts: the search's graphs of one model (one per tp, sp and micro-batch) share it."""
+        shared, par = self.shared, job.parallel
+        signature = shared.signatures.get(id(graph))
+        if signature is None:  # a number per distinct signature (cheaper keys below)
+            signature = shared.signatures[id(graph)] = shared.signature_numbers.setdefault(
+                _signature(graph), len(shared.signature_numbers))
+        even_key = (signature, par.pp, par.vpp)
+        even = shared.even.get(even_key)
+        if even is None:
+            even = shared.even[even_key] = self.pricer.plan_split(graph, par) is None
+        if not even:
+            return None
+        key = (id(graph), par.pp)
+        if key in shared.shapes:
+            return shared.shapes[key]
+        template_key = (signature, par.pp)
+        if template_key not in shared.templates:
+            shared.templates[template_key] = _template(self.pricer.partition(graph, par.pp), graph)
+        template = shared.templates[template_key]
+        if template is None:
+            shared.shapes[key] = None
+            return None
+        parts = shared.parts
+        for stage in template.stages:  # NB: frozen; one object per (graph, layer, count), as partition_stages does
+            for part in stage:
+                if (id(graph), part) not in parts:
+                    parts[(id(graph), part)] = StagePart(graph.layers[part[0]], part[1])
+        shape = shared.shapes[key] = _Shape([[parts[(id(graph), part)] for part in stage]
+                                             for stage in template.stages], template)
+        return shape
+
+    def _stage_row(self, stage: list[StagePart], job: Job, context: tuple[object, ...], terms: "list[_LayerTerms]",
+                   collectives: list[tuple[float, float]]) -> tuple[int, int]:
+        """A stage row's (content, dp): the stage's content (shared by every dp and vpp of the partition), its
+        ZeRO-3 exposure and pipeline hop (once per content and dp: the gradient and pipeline groups' strides read
+        dp), made where new; each vpp's row adds its pipeline sends (_finish). What may refuse the plans (the
+        layers' and collectives' prices) is priced before (_graph_terms, _graph_collectives) or here; the sums
+        are made for all new rows at once (_finish). context: tp, cp, ep, sp and precision; terms and
+        collectives: of the stage's parts' layers."""
         shared, dp = self.shared, job.parallel.dp
-        key = (id(stage), context)  # stage: of a pinned partition
+        key = (id(stage), context)  # stage: of a kept shape (_Shared.shapes)
         content = shared.content_of.get(key)
         if content is None:
-            terms = [self._layer_terms(part.layer, job, context) for part in stage]
             content = shared.content_of[key] = len(shared.contents)
             shared.contents.append(None)
+            shared.content_terms.append(tuple([term.number for term in terms]))
             self.new_contents.append((content, stage, job, terms))
         dp_key = (content, dp)
         if dp_key not in shared.by_dp and dp_key not in self.new_by_dp:
-            hop = self.pricer.pipeline_hop_s(max(part.layer.output_bytes for part in stage), job) \
-                if job.parallel.pp > 1 else 0.0
-            self.new_by_dp[dp_key] = (stage, job, [self._layer_fsdp_s(part.layer, job, context) for part in stage],
-                                      hop)
-        self.new_rows.append((dp_key, job))
-        shared.row_content.append(content)
+            self.new_by_dp[dp_key] = (stage, job, collectives, self._hop_s(stage, job))
+        return dp_key
 
-    def _layer_fsdp_s(self, layer: Layer, job: Job, context: tuple[object, ...]) -> float:
-        """Pricer.fsdp_exposed_s of a layer under the job's layer context (with dp)."""
-        key = (id(layer), context, job.parallel.dp)  # layer: of a pinned graph
-        seconds = self.shared.layer_fsdp_s.get(key)
+    def _hop_s(self, stage: list[StagePart], job: Job) -> float:
+        """Pricer.pipeline_hop_s of the stage's largest output (0 for pp = 1), once per what it reads: the bytes,
+        tp, sp and the pipeline group (2 ranks, stride tp x cp x dp)."""
+        par = job.parallel
+        if par.pp == 1:
+            return 0.0
+        out_bytes = max(part.layer.output_bytes for part in stage)
+        key = (out_bytes, par.tp, par.cp, par.dp, par.sp)
+        seconds = self.shared.hops.get(key)
         if seconds is None:
-            seconds = self.shared.layer_fsdp_s[key] = self.pricer.fsdp_exposed_s(
-                layer, self._layer_terms(layer, job, context).cost, job)
+            seconds = self.shared.hops[key] = self.pricer.pipeline_hop_s(out_bytes, job)
         return seconds
+
+    def _graph_terms(self, graph: OpGraph, job: Job, context: tuple[object, ...]) -> "list[_LayerTerms]":
+        """_layer_terms of each of the graph's layers, in order, once per graph and layer context."""
+        key = (id(graph), context)  # graph: pinned (_group)
+        terms = self.shared.graph_terms.get(key)
+        if terms is None:
+            terms = self.shared.graph_terms[key] = [self._layer_terms(layer, job, context) for layer in graph.layers]
+        return terms
+
+    def _graph_collectives(self, graph: OpGraph, job: Job) -> list[tuple[float, float]]:
+        """_fsdp_collectives of each of the graph's layers, in order, once per graph, precision and gradient
+        group."""
+        par = job.parallel
+        key = (id(graph), par.precision, par.dp * par.cp, par.tp)  # graph: pinned (_group)
+        pairs = self.shared.graph_collectives.get(key)
+        if pairs is None:
+            pairs = self.shared.graph_collectives[key] = [self._fsdp_collectives(layer.param_count, job)
+                                                          for layer in graph.layers]
+        return pairs
+
+    def _fsdp_collectives(self, params: float, job: Job) -> tuple[float, float]:
+        """The collectives of Pricer.fsdp_exposed_s of a layer of `params` parameters: the all-gather of its
+        weights and the reduce-scatter of its gradients over the gradient group (dp x cp ranks, stride tp), once
+        per (parameters, precision, group): the layers of every graph of one tp share them."""
+        par = job.parallel
+        key = (params, par.precision, par.dp * par.cp, par.tp)
+        pair = self.shared.fsdp_collectives.get(key)
+        if pair is None:
+            pricer = self.pricer
+            policy = pricer.policy(par.precision)
+            pair = self.shared.fsdp_collectives[key] = (
+                pricer.axis_collective_s("all-gather", params * policy.weight_bytes, "grad", job),
+                pricer.axis_collective_s("reduce-scatter", params * policy.grad_bytes, "grad", job))
+        return pair
 
     def _finish(self) -> None:
         """The new rows' sums: their contents (_contents), their ZeRO-3 exposure (Pricer._stage_fsdp_s's sum of
@@ -391,15 +565,8 @@ class _Batch:
         pricer, shared = self.pricer, self.shared
         if self.new_contents:
             self._contents()
-        for dp_key, (stage, job, layer_fsdp, hop) in self.new_by_dp.items():
-            fsdp = 0.0
-            for part, seconds in zip(stage, layer_fsdp, strict=True):
-                fsdp += part.count * seconds
-            if pricer.fsdp_bucketed(job):
-                content = shared.contents[dp_key[0]]
-                assert content is not None
-                fsdp += pricer.fsdp_bucket_tail_s(stage, content.backward_s, job)
-            shared.by_dp[dp_key] = (fsdp, hop)
+        if self.new_by_dp:
+            self._by_dp()
         by_dp, contents = shared.by_dp, shared.contents
         fsdp_hop = np.array([by_dp[dp_key] for dp_key, _ in self.new_rows], dtype=np.float64).reshape(-1, 2)
         compute = np.array([contents[dp_key[0]].compute_s for dp_key, _ in self.new_rows],  # type: ignore[union-attr]
@@ -414,6 +581,60 @@ class _Batch:
         shared.row_fsdp_s.extend(fsdp_hop[:, 0].tolist())
         shared.row_sends_s.extend(sends.tolist())
         self.new_contents, self.new_by_dp, self.new_rows = [], {}, []
+
+    def _by_dp(self) -> None:
+        """The new (content, dp)'s ZeRO-3 exposure over arrays: Pricer.zero3_exposed_s, i.e. the sum over the
+        stage's parts of count x fsdp_exposed_s of its layer (from 0.0, in the stage's order; a stage of fewer
+        parts padded with count 0 and exposure 0), with fsdp_bucket_tail_s where the stack buckets ZeRO-3's
+        gradients. The formulas are Pricer.fsdp_exposed_s's and stack_effects.overlapped_s / bucketed_s's
+        (max and min as np.maximum and np.minimum, the same operations in the same order);
+        tests/unit/search/test_grid.py holds them equal to the plain engine's for stacks with and without
+        prefetch and buckets."""
+        pricer, shared, job0 = self.pricer, self.shared, self.job0
+        new = list(self.new_by_dp.items())
+        width = max(len(stage) for _, (stage, _, _, _) in new)
+        pad = [0] * width
+        terms = np.array([(list(shared.content_terms[content]) + pad)[:width] for (content, _), _ in new],
+                         dtype=np.int64)
+        counts = np.array([([part.count for part in stage] + pad)[:width] for _, (stage, _, _, _) in new],
+                          dtype=np.float64)
+        pairs = np.array([(pairs + [(0.0, 0.0)] * width)[:width] for _, (_, _, pairs, _) in new],
+                         dtype=np.float64)  # contents x parts x (gather, scatter); padding 0
+        gather, scatter = pairs[..., 0], pairs[..., 1]
+        if job0.stack.fsdp_prefetch_depth == 0 or not job0.cluster.device.comm_overlaps_compute:
+            exposed = 2.0 * gather + scatter
+        else:
+            gamma = pricer.overlap_slowdown(job0)
+            if pricer.fsdp_bucketed(job0):  # the gradients go in buckets (the tail below)
+                scatter = np.zeros_like(scatter)
+            table = np.array(shared.term_rows, dtype=np.float64)[terms]
+            forward_window, backward_window = table[..., _FSDP_AT], table[..., _FSDP_AT + 1]
+            both = gather + scatter
+            exposed = (np.maximum(0.0, gather - forward_window) + gamma * np.minimum(gather, forward_window)) + \
+                (np.maximum(0.0, both - backward_window) + gamma * np.minimum(both, backward_window))
+        exposed = np.where(counts > 0.0, exposed, 0.0)
+        fsdp = np.zeros(len(new))
+        for column in range(width):
+            fsdp = fsdp + counts[:, column] * exposed[:, column]
+        if pricer.fsdp_bucketed(job0):
+            fsdp = fsdp + self._bucket_tails([content for (content, _), _ in new], [job for _, (_, job, _, _) in new])
+        for (dp_key, (_, _, _, hop)), seconds in zip(new, fsdp.tolist(), strict=True):
+            shared.by_dp[dp_key] = (seconds, hop)
+        self.new_by_dp = {}
+
+    def _bucket_tails(self, numbers: list[int], jobs: list[Job]) -> Floats:
+        """Pricer.fsdp_bucket_tail_s of each content (with its job's dp) over arrays: the stage's gradients'
+        reduce-scatter in buckets of fsdp_bucket_params over its backward (stack_effects.bucketed_s)."""
+        pricer, contents = self.pricer, self.shared.contents
+        params = np.array([contents[number].params for number in numbers], dtype=np.float64)  # type: ignore[union-attr]
+        backward = np.array([contents[number].backward_s for number in numbers],  # type: ignore[union-attr]
+                            dtype=np.float64)
+        total = np.array([pricer.axis_collective_s("reduce-scatter", value * pricer.policy(job.parallel.precision)
+                                                   .grad_bytes, "grad", job)
+                          for value, job in zip(params.tolist(), jobs, strict=True)], dtype=np.float64)
+        buckets = np.maximum(1.0, params / self.job0.stack.fsdp_bucket_params)
+        exposed = np.maximum(total / buckets, total - backward * (buckets - 1.0) / buckets)
+        return np.where(total <= 0.0, 0.0, exposed + pricer.overlap_slowdown(self.job0) * (total - exposed))
 
     def _contents(self) -> None:
         """The new contents: what a stage's price reads but its ZeRO-3 exposure and pipeline sends, the sums over
@@ -467,9 +688,9 @@ class _Batch:
             total = total + feature[:, slot]
         forward, backward, feature_fwd = sums[:, 0], sums[:, 1], sums[:, 3]
         compute = forward + backward
-        for (number, stage, _, _), layers, compute_s, backward_s in zip(new, layer_numbers, compute.tolist(),
-                                                                         backward.tolist(), strict=True):
-            shared.contents[number] = _Content(stage, layers, compute_s, backward_s)
+        for (number, stage, _, _), layers, compute_s, backward_s, params in zip(
+                new, layer_numbers, compute.tolist(), backward.tolist(), sums[:, _PARAMS_AT].tolist(), strict=True):
+            shared.contents[number] = _Content(stage, layers, compute_s, backward_s, params)
         shared.content_blocks.append({
             "compute": compute, "forward": forward, "backward": backward, "wgrad": sums[:, 2],
             "feature_fwd": feature_fwd, "feature_bwd": total - feature_fwd, "feature": feature,
@@ -497,7 +718,8 @@ class _Batch:
                 (cost.fwd_s, cost.bwd_s, cost.wgrad_s, cost.comm_fwd_s, cost.selective_s, full,
                  *(cost.comm_s.get(axis, 0.0) for axis in _AXES), *kept, float(layer.param_count),
                  *(rebuilt or (-np.inf,) * 3), float(layer.param_count), float(is_head),
-                 loss_grad_bytes(layer, stack) if is_head else 0.0))
+                 loss_grad_bytes(layer, stack) if is_head else 0.0,
+                 cost.fwd_s + cost.comm_fwd_s, cost.bwd_s + (sum(cost.comm_s.values()) - cost.comm_fwd_s)))
         return terms
 
 
@@ -505,13 +727,16 @@ class _Batch:
 # weight-gradient, forward feature communication, what selective and full recompute repeat (0 for the
 # embedding and the head), the feature communication per _AXES, what it keeps per RECOMPUTE_CODES, its
 # parameters; then what a stage takes the largest of: what it rebuilds per RECOMPUTE_CODES (-inf: not a block),
-# its parameters; then whether it is a head (1.0) and the loss's gradient buffers (loss_grad_bytes; else 0)
+# its parameters; then whether it is a head (1.0) and the loss's gradient buffers (loss_grad_bytes; else 0); then
+# the windows of its ZeRO-3 gathers (Pricer.fsdp_exposed_s): its forward with its forward feature collectives,
+# its backward with its backward ones
 _AXES = ("tp", "cp", "ep")  # the axes of feature collectives (ir.graph.Comm; pp's are the pipeline sends)
 _FEATURE_AT = 6
 _KEPT_AT = _FEATURE_AT + len(_AXES)
 _PARAMS_AT = _KEPT_AT + 3
 _TERM_SUMS = _PARAMS_AT + 1
 _HEAD_AT = _TERM_SUMS + 4
+_FSDP_AT = _HEAD_AT + 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -580,7 +805,9 @@ class _Fast:
                                   table.recompute[first_row, recompute_code])
 
         # --- the optimizer step and the host overheads ---
-        optimizer = self._optimizer_s(batch.combos)
+        # the stage with the most parameters (Pricer.optimizer_step_s; stage_params: the contents' params)
+        max_params = np.where(combos.valid_rows, table.params[rows], -np.inf).max(axis=1)
+        optimizer = self._optimizer_s(max_params.tolist())
         iteration_overhead = pricer.iteration_overhead_s(job0)
 
         # --- the breakdown, summed in AnalyticalEstimator.price's order (estimate.result.iteration_time_s) ---
@@ -655,18 +882,19 @@ class _Fast:
             shared.queues.append(self.batch.pricer.gradient_queues(stage, job))
         return number
 
-    def _optimizer_s(self, combos: list[_Combo]) -> Floats:
-        """Pricer.optimizer_step_s per plan: per combo (one precision, one dp) unsharded and sharded (ZeRO >= 1),
-        one step-cost call per distinct (parameters, shards, precision)."""
+    def _optimizer_s(self, max_params: list[float]) -> Floats:
+        """Pricer.optimizer_step_s per plan: per combo (one precision, one dp; max_params: its stage with the most
+        parameters) unsharded and sharded (ZeRO >= 1), one step-cost call per distinct (parameters, shards,
+        precision)."""
         batch = self.batch
         pricer, device = batch.pricer, batch.job0.cluster.device
         step_of: dict[tuple[float, int, str], float] = {}
-        by_combo = np.zeros((len(combos), 2))
+        by_combo = np.zeros((len(max_params), 2))
         used, first_plan = np.unique(self.combo, return_index=True)
         first = zip(used.tolist(), self.shards_dp[first_plan].tolist(), self.precision[first_plan].tolist(),
                     strict=True)
         for number, shard, code in first:
-            params, precision = combos[number].max_params, batch.precisions[code]
+            params, precision = max_params[number], batch.precisions[code]
             for column, shards_used in enumerate((1, shard)):
                 key = (params, shards_used, precision)
                 seconds = step_of.get(key)
@@ -726,14 +954,10 @@ class _ComboTable:
 
     def __init__(self, combos: list[_Combo]) -> None:
         width = max(len(combo.local) for combo in combos)
-        distinct = max(max(combo.local) for combo in combos) + 1
-        local = np.full((len(combos), width), -1, dtype=np.int64)
-        heads = np.zeros((len(combos), distinct), dtype=np.int64)
-        count = np.zeros(len(combos), dtype=np.int64)
-        for number, combo in enumerate(combos):
-            local[number, :len(combo.local)] = combo.local
-            count[number] = max(combo.local) + 1
-            heads[number, :count[number]] = combo.heads
+        distinct = max(len(combo.heads) for combo in combos)
+        local = np.array([combo.local + (-1,) * (width - len(combo.local)) for combo in combos], dtype=np.int64)
+        heads = np.array([combo.heads + (0,) * (distinct - len(combo.heads)) for combo in combos], dtype=np.int64)
+        count = np.array([len(combo.heads) for combo in combos], dtype=np.int64)
         self.first_row = np.array([combo.first_row for combo in combos], dtype=np.int64)
         self.valid_local = local >= 0
         self.safe_local = np.where(self.valid_local, local, 0)

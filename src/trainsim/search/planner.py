@@ -22,7 +22,7 @@ from trainsim.ir.graph import OpGraph
 from trainsim.ir.model_spec import ModelSpec
 from trainsim.job import Job, make_job
 from trainsim.pipeline import GraphCache
-from trainsim.search.space import SearchSpace, enumerate_plans
+from trainsim.search.space import PlanColumns, SearchSpace, plan_grid
 from trainsim.strategy.parallel import ParallelSpec
 
 if TYPE_CHECKING:  # NB: the grid engine loads numpy; `trainsim predict` loads the planner (api) but no numpy
@@ -96,7 +96,7 @@ class Planner:
                 progress: Progress | None) -> SearchReport:
         if top_k <= 0:
             raise ConfigError("top_k", top_k, "must be a positive integer")
-        plans = list(enumerate_plans(model, cluster, space))
+        plans, columns = plan_grid(model, cluster, space)
         total = len(plans)
         refused_by: dict[int, TrainsimError] = {}
         built: list[tuple[Job, OpGraph]] = []
@@ -111,7 +111,7 @@ class Planner:
                 refused_by[index] = exc
                 continue
             built_index.append(index)
-        priced = self._price_all(built, refused_by, built_index)
+        priced = self._price_all(built, refused_by, built_index, columns)
         if progress is not None:
             progress(total, total)
         # Min-heap of the best top_k: the root is the worst kept plan. Key: higher tokens/s, then lower peak
@@ -149,16 +149,16 @@ class Planner:
         )
 
     def _price_all(self, built: list[tuple[Job, OpGraph]], refused_by: dict[int, TrainsimError],
-                   built_index: list[int]) -> list[tuple[float, float, bool]]:
+                   built_index: list[int], columns: PlanColumns) -> list[tuple[float, float, bool]]:
         """(tokens/s, peak memory, out of memory) of every built plan; the plans the engine refuses go into
-        refused_by. The analytical engine prices the whole grid at once (GridEngine), any other estimator plan
-        by plan."""
+        refused_by. The analytical engine prices the whole grid at once (GridEngine, with the enumeration's
+        columns of the built plans), any other estimator plan by plan."""
         if isinstance(self.estimator, AnalyticalEstimator):
             if self._grid is None or self._grid.estimator is not self.estimator:
                 from trainsim.search.grid import GridEngine  # numpy: loaded by a search, not by every predict
 
                 self._grid = GridEngine(self.estimator)
-            prices = self._grid.price(built)
+            prices = self._grid.price(built, columns.take(built_index))
             for at, exc in prices.errors.items():
                 refused_by[built_index[at]] = exc
             return list(zip(prices.tokens_per_s.tolist(), prices.peak_memory_bytes.tolist(), prices.oom.tolist(),

@@ -13,7 +13,7 @@ cp and ep stay 1. Non-transformer models (CNN, DLRM) search dp, ZeRO, recompute 
 """
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from trainsim.errors import ConfigError
@@ -155,6 +155,51 @@ def micro_batch_candidates(global_batch: int, num_gpus: int, model_parallel: int
 
 def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace) -> Iterator[ParallelSpec]:
     """Every plan of the space, in a fixed order (tp, pp, vpp, micro-batch, sp, recompute, zero)."""
+    variants = plan_variants(space)
+    for base in _validated_bases(model, cluster, space):
+        for recompute, zero in variants:
+            yield base.replaced(recompute=recompute, zero=zero)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanColumns:
+    """What the enumeration knows of its plans, one entry per plan in its order, so that the search's grid engine
+    need not read it back from each plan's spec: the number of the validated spec the plan copies (plans of one
+    base differ in their recompute mode and ZeRO stage only) and the number of its (recompute, ZeRO) in
+    `variants`."""
+
+    base: list[int]
+    variant: list[int]
+    variants: tuple[tuple[Recompute, int], ...]
+
+    def take(self, indices: Sequence[int]) -> "PlanColumns":
+        """The columns of the plans at `indices` (those make_job accepted), in that order."""
+        base, variant = self.base, self.variant
+        return PlanColumns([base[index] for index in indices], [variant[index] for index in indices], self.variants)
+
+
+def plan_grid(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace) -> tuple[list[ParallelSpec], PlanColumns]:
+    """enumerate_plans' plans as a list, with their PlanColumns."""
+    variants = plan_variants(space)
+    plans: list[ParallelSpec] = []
+    bases: list[int] = []
+    count = 0
+    for base in _validated_bases(model, cluster, space):
+        plans += [base.replaced(recompute=recompute, zero=zero) for recompute, zero in variants]
+        bases += [count] * len(variants)
+        count += 1
+    return plans, PlanColumns(bases, list(range(len(variants))) * count, variants)
+
+
+def plan_variants(space: SearchSpace) -> tuple[tuple[Recompute, int], ...]:
+    """The (recompute, ZeRO) variants of every validated spec, in the enumeration's order."""
+    return tuple((recompute, zero) for recompute in space.recomputes for zero in space.zero_stages)
+
+
+def _validated_bases(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace) -> Iterator[ParallelSpec]:
+    """One validated spec per (tp, pp, vpp, micro-batch, sp), in the enumeration's order, with the space's first
+    recompute mode and ZeRO stage: every plan of the space copies one with its own (no ParallelSpec check reads
+    them; SearchSpace checked their values), so validation runs once, not recomputes x zero stages times."""
     for tp in tp_candidates(model, cluster.gpus_per_domain):
         for pp in pp_candidates(model):
             micro_batches = micro_batch_candidates(space.global_batch, cluster.num_gpus, tp * pp,
@@ -163,15 +208,9 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace) 
                 schedule = "interleaved-1f1b" if vpp > 1 else "1f1b"
                 for mb in micro_batches:
                     for sp in (False, True) if tp > 1 else (False,):
-                        # NB: one validated spec per (tp, pp, vpp, mb, sp); its recompute and ZeRO variants are
-                        # copies (no ParallelSpec check reads them; SearchSpace checked their values), so
-                        # validation runs once, not recomputes x zero stages times
-                        base = ParallelSpec(
+                        yield ParallelSpec(
                             tp=tp, pp=pp, vpp=vpp, sp=sp, zero=space.zero_stages[0],
                             recompute=space.recomputes[0], micro_batch=mb, global_batch=space.global_batch,
                             seq_len=space.seq_len, precision=space.precision, schedule=schedule,
                             attention=space.attention, optimizer_impl=space.optimizer_impl,
                         )
-                        for recompute in space.recomputes:
-                            for zero in space.zero_stages:
-                                yield base.replaced(recompute=recompute, zero=zero)

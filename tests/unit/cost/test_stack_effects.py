@@ -1,6 +1,9 @@
 """Stack behaviours in the pricing service: exact tiny cases (overlap on vs off changes the exposed time by the
 computed amount), fusion, CUDA graphs, and the simulator agreeing with the analytical engine per behaviour."""
 
+import itertools
+import random
+
 import pytest
 
 from conftest import a100_cluster
@@ -11,10 +14,12 @@ from trainsim.cost.stack_effects import (
     bucket_queue,
     bucket_runs,
     bucketed_s,
+    fuses_every_op,
     overlapped_s,
     queue_exposed_s,
     queue_tail_s,
     queued_buckets_s,
+    unfused_extra_bytes,
 )
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.estimate.simulation import SimEstimator
@@ -51,6 +56,54 @@ def test_bucket_runs_fill_whole_layers_in_order() -> None:
     assert bucket_runs([(2.0, 5)], 4.0) == ((4.0, 2), (2.0, 1))
     assert bucket_runs([(10.0, 2)], 1.0) == ((10.0, 2),)
     assert bucket_runs([(4.0, 1.5)], 4.0) == ((4.0, 1), (2.0, 1))  # half a layer of an uneven split
+
+
+def _bucket_runs_by_instance(layers: list[tuple[float, float]], bucket_params: float) -> tuple[tuple[float, int], ...]:
+    """bucket_runs' definition, one layer instance at a time."""
+    instances: list[float] = []
+    for params, repeats in layers:
+        whole = int(repeats)
+        instances += [params] * whole
+        if repeats - whole > 1e-9:
+            instances.append(params * (repeats - whole))
+    runs: list[list[float]] = []
+    held = 0.0
+    for position, params in enumerate(instances):
+        held += params
+        if held < bucket_params and position < len(instances) - 1:
+            continue
+        if runs and runs[-1][0] == held:
+            runs[-1][1] += 1
+        else:
+            runs.append([held, 1])
+        held = 0.0
+    return tuple((size, int(count)) for size, count in runs)
+
+
+def test_bucket_runs_equal_their_definition_instance_by_instance() -> None:
+    """bucket_runs takes a run of layers each as large as a bucket at once: the same runs (==) as filling the
+    buckets one layer instance at a time, over random layers (large and small, whole and fractional repeats,
+    none) and bucket sizes (0, negative, below and above the layers)."""
+    rng = random.Random(3)
+    for _ in range(3000):
+        layers = [(rng.choice([1.0, 7.5, 1e6, 4e7, 8.5e8, rng.uniform(0.0, 1e8), 0.0]),
+                   rng.choice([1, 2, 3, 0.5, 2.25, 10, 0.0, 3 + 1e-12])) for _ in range(rng.randint(0, 6))]
+        size = rng.choice([0.0, 1.0, 4e7, 1e8, 5e8, rng.uniform(0.0, 1e9), -1.0])
+        assert bucket_runs(layers, size) == _bucket_runs_by_instance(layers, size), (layers, size)
+
+
+def test_a_stack_that_fuses_every_op_adds_no_kernel() -> None:
+    """fuses_every_op says unfused_extra_bytes is 0 for every op of a graph: exactly where it is, over every
+    combination of the four fusions, with and without fp8 linears."""
+    fp8_job = _job(1, StackSpec(), precision="fp8")
+    ops = [op for job in (_job(1, StackSpec()), fp8_job) for layer in graph_for(job).layers
+           for op in layer.fwd + layer.bwd]
+    names = ("fused_bias_activation", "fused_cross_entropy", "fused_layernorm_linear", "fused_fp8_cast")
+    for flags in itertools.product((False, True), repeat=4):
+        stack = StackSpec(**dict(zip(names, flags, strict=True)))
+        for fp8 in (False, True):
+            assert fuses_every_op(stack, fp8) == all(unfused_extra_bytes(op, stack, fp8) == 0.0 for op in ops), \
+                (flags, fp8)
 
 
 def test_queued_buckets_exact() -> None:

@@ -29,8 +29,9 @@ from trainsim.ir.model_spec import ModelSpec, TransformerSpec
 from trainsim.job import Job, make_job
 from trainsim.pipeline import GraphCache, graph_for
 from trainsim.search import Planner, SearchSpace, enumerate_plans
-from trainsim.search.grid import GridEngine
+from trainsim.search.grid import GridEngine, GridPrices
 from trainsim.search.planner import OUT_OF_MEMORY, refusal_reason
+from trainsim.search.space import PlanColumns, plan_grid
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import Precision
 from trainsim.strategy.stack import StackSpec, load_stack
@@ -81,6 +82,58 @@ def test_every_plan_of_a_grid(model: ModelSpec, stack: str) -> None:
     assert {job.parallel.zero for job, _ in plans} == {0, 1, 2, 3}
     assert {job.parallel.vpp for job, _ in plans} >= {1, 2, 4}
     check_grid(plans)
+
+
+def same_prices(a: GridPrices, b: GridPrices) -> None:
+    assert a.iteration_time_s.tolist() == b.iteration_time_s.tolist()
+    assert a.tokens_per_s.tolist() == b.tokens_per_s.tolist()
+    assert a.peak_memory_bytes.tolist() == b.peak_memory_bytes.tolist()
+    assert a.oom.tolist() == b.oom.tolist()
+    assert {index: str(exc) for index, exc in a.errors.items()} == {index: str(exc) for index, exc in b.errors.items()}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_enumerations_columns_give_the_same_prices(stack: str) -> None:
+    """GridEngine.price handed the enumeration's columns (search.space.plan_grid, as Planner.search hands them)
+    gives every plan exactly (==) what it gives reading each plan's spec (held to the plain engine above), with
+    the plans make_job refuses left out, and with plans of another cluster among them (the plain engine's)."""
+    a100 = load_cluster("dgx-a100-80gb").with_num_gpus(16)
+    h100 = load_cluster("dgx-h100-80gb").with_num_gpus(16)
+    for model in (DENSE, MOE):
+        space = SearchSpace(global_batch=64, seq_len=512, max_micro_batch=2, max_vpp=4, stack=load_stack(stack))
+        jobs: list[tuple[Job, OpGraph]] = []
+        accepted: list[int] = []
+        graphs = GraphCache()
+        plans, columns = plan_grid(model, a100, space)
+        for index, parallel in enumerate(plans):
+            try:
+                job = make_job(model, a100, parallel, space.stack)
+            except TrainsimError:
+                continue
+            jobs.append((job, graphs.get(job)))
+            accepted.append(index)
+        assert len(accepted) < len(plans)  # make_job refuses some
+        taken = columns.take(accepted)
+        same_prices(GridEngine().price(jobs, taken), GridEngine().price(jobs))
+        others = [(make_job(model, h100, job.parallel, space.stack), graph) for job, graph in jobs[:40]]
+        mixed = jobs[:60] + others + jobs[60:]
+        mixed_columns = PlanColumns(taken.base[:60] + taken.base[:40] + taken.base[60:],
+                                    taken.variant[:60] + taken.variant[:40] + taken.variant[60:], taken.variants)
+        same_prices(GridEngine().price(mixed, mixed_columns), GridEngine().price(mixed))
+
+
+def test_columns_of_other_plans_are_refused_or_not_read() -> None:
+    """Columns of another number of plans are refused; columns whose bases hold plans of other graphs are not
+    read (every plan's spec is)."""
+    cluster = load_cluster("dgx-a100-80gb").with_num_gpus(16)
+    space = SearchSpace(global_batch=64, seq_len=512, max_micro_batch=2)
+    plans, columns = plan_grid(DENSE, cluster, space)
+    jobs = built(DENSE, cluster, plans)
+    with pytest.raises(ValueError, match="columns"):
+        GridEngine().price(jobs, columns)  # make_job refused some plans: their columns were not taken out
+    assert len({id(graph) for _, graph in jobs}) > 1
+    one_base = PlanColumns([0] * len(jobs), [0] * len(jobs), columns.variants)
+    same_prices(GridEngine().price(jobs, one_base), GridEngine().price(jobs))
 
 
 def test_a_second_grid_on_the_kept_stage_rows() -> None:

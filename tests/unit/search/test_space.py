@@ -7,7 +7,7 @@ import pytest
 from trainsim.catalog.loader import load_cluster
 from trainsim.catalog.model_files import parse_model
 from trainsim.errors import ConfigError
-from trainsim.search.space import SearchSpace, divisors, enumerate_plans, prime_factors
+from trainsim.search.space import SearchSpace, divisors, enumerate_plans, plan_grid, prime_factors
 from trainsim.strategy.parallel import ParallelSpec
 
 
@@ -45,6 +45,30 @@ def test_enumerated_plans_are_the_validated_specs() -> None:
     for plan in plans:
         validated = ParallelSpec.model_validate(plan.model_dump())
         assert plan == validated and plan.model_dump() == validated.model_dump()
+
+
+def test_the_plan_grid_is_the_enumeration_with_its_columns() -> None:
+    """plan_grid gives enumerate_plans' plans in its order; each plan's variant is its (recompute, ZeRO), and the
+    plans of one base differ in nothing else; take keeps the columns of the plans asked for, in that order."""
+    model = parse_model({"name": "tiny", "num_layers": 8, "hidden": 64, "ffn_hidden": 256, "num_heads": 4,
+                         "vocab": 100})
+    cluster = load_cluster("dgx-a100-80gb").with_num_gpus(16)
+    space = SearchSpace(global_batch=32, seq_len=128, max_micro_batch=2, recomputes=("full", "none"),
+                        zero_stages=(3, 1))
+    plans, columns = plan_grid(model, cluster, space)
+    assert plans == list(enumerate_plans(model, cluster, space))
+    assert len(columns.base) == len(columns.variant) == len(plans)
+    assert columns.variants == (("full", 3), ("full", 1), ("none", 3), ("none", 1))
+    bases: dict[int, dict[str, object]] = {}
+    for plan, base, variant in zip(plans, columns.base, columns.variant, strict=True):
+        assert (plan.recompute, plan.zero) == columns.variants[variant]
+        rest = plan.model_dump(exclude={"recompute", "zero"})
+        assert bases.setdefault(base, rest) == rest
+    assert len(bases) == len(plans) // 4 and sorted(bases) == list(range(len(bases)))
+    assert len({str(rest) for rest in bases.values()}) == len(bases)  # one base per settings
+    taken = columns.take([5, 0, 9])
+    assert taken.base == [columns.base[5], columns.base[0], columns.base[9]]
+    assert taken.variant == [columns.variant[5], columns.variant[0], columns.variant[9]]
 
 
 def test_an_unknown_recompute_mode_is_refused() -> None:

@@ -3,8 +3,10 @@
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from conftest import PROFILE_ENV
+from trainsim.cli.main import app
 from trainsim.errors import ConfigError
 from trainsim.profile.collectives import busiest_rank_samples, profile_collectives
 from trainsim.profile.database import ProfileDB
@@ -35,3 +37,10 @@ def test_bad_clock_or_calls_per_sample_is_refused_before_any_process_starts(
         tmp_path: Path, field: str, kwargs: dict[str, object]) -> None:
     with ProfileDB.open(tmp_path / "bad.sqlite") as db, pytest.raises(ConfigError, match=field):
         profile_collectives(db, PROFILE_ENV, collectives=("all-reduce",), sizes=(4096,), **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("flags", "fragment"), [(["--collective-clock", "gpu"], "collective_clock"),
+                                                 (["--calls-per-sample", "0"], "calls_per_sample")])
+def test_profile_refuses_a_bad_collective_clock_or_calls_per_sample(flags: list[str], fragment: str) -> None:
+    result = CliRunner().invoke(app, ["profile", "--no-ops", *flags])
+    assert result.exit_code == 2 and fragment in result.output

@@ -49,7 +49,7 @@ MODELS: dict[str, tuple[int, int]] = {
 STRATEGIES = ("s1", "s2")
 BUCKET_PARAMS = 262144  # measure/split_model.BUCKET_PARAMS
 COLLECTIVE_SIZES = (1024, 16384, 131072, 1048576, 4194304)
-CPU_CALLS_PER_SAMPLE = 16  # profile.collectives: one call in ~5 costs ~10x more on the CPU clock; samples of 16
+CPU_CALLS_PER_SAMPLE = 16  # profile.collectives: one call in ~6 costs ~10x more on the CPU clock; samples of 16
 
 
 def settings(model: str, ranks: int) -> dict[str, Any]:
@@ -177,7 +177,7 @@ def profile_collectives(db_path: Path, ranks: int, clock: str = "wall", repeats:
 
 
 def profile_cpu_collectives(out: Path, repeats: int = 9, calls: int = CPU_CALLS_PER_SAMPLE) -> dict[str, Any]:
-    """The collectives on the CPU clock (profile.collectives' "cpu": the slowest rank's process CPU seconds, gloo's
+    """The collectives on the CPU clock (profile.collectives' "cpu": the busiest rank's process CPU seconds, gloo's
     threads included, waits left out; a sample the mean of `calls` calls, as an iteration pays the mean of its
     many) into OUT/profile-cpu.db, replacing the wall-clock rows copied there before: the clock of the runs'
     cpu_s_per_rank, against which the CPU columns are compared."""

@@ -13,8 +13,11 @@ Campaigns of three models (about seven minutes each on this shared 2-core machin
     done; done
     python scripts/proteus_table4.py --summary --out results/proteus_table4      # errors per cell and overall
 
-The CPU columns price ops and collectives on the CPU clock (`--cpu-profile`, `--cpu-collectives` into
-OUT/profile-cpu.db) and sum each device's streams (predict).
+The CPU columns (the busiest rank's process CPU seconds, less the harness' barriers) price ops and collectives on
+the CPU clock and sum each device's streams (predict). After the campaigns, each under the lock:
+`--cpu-profile --ranks 2`, `--cpu-profile --ranks 4 --models $M1`, `--cpu-collectives`, `--executor-overhead`;
+then `--repredict --ranks 2`, `--repredict --ranks 4`, `--summary` (results/proteus_table4_v3 is that sequence,
+with --iterations 6).
 
 The split executor's own Python per op (profile/executor_overhead.py) is a machine fact measured once, under the
 lock, into OUT's databases: `flock /tmp/trainsim-timing.lock python scripts/proteus_table4.py --executor-overhead

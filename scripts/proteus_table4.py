@@ -13,6 +13,12 @@ Campaigns of three models (about seven minutes each on this shared 2-core machin
     done; done
     python scripts/proteus_table4.py --summary --out results/proteus_table4      # errors per cell and overall
 
+The CPU columns (the busiest rank's process CPU seconds, less the harness' barriers) price ops and collectives on
+the CPU clock and sum each device's streams (predict). After the campaigns, each under the lock:
+`--cpu-profile --ranks 2`, `--cpu-profile --ranks 4 --models $M1`, `--cpu-collectives`, `--executor-overhead`;
+then `--repredict --ranks 2`, `--repredict --ranks 4`, `--summary` (results/proteus_table4_v3 is that sequence,
+with --iterations 6).
+
 The split executor's own Python per op (profile/executor_overhead.py) is a machine fact measured once, under the
 lock, into OUT's databases: `flock /tmp/trainsim-timing.lock python scripts/proteus_table4.py --executor-overhead
 --out OUT` (then --repredict per rank count and --summary).
@@ -46,6 +52,7 @@ MODELS: dict[str, tuple[int, int]] = {
 STRATEGIES = ("s1", "s2")
 BUCKET_PARAMS = 262144  # measure/split_model.BUCKET_PARAMS
 COLLECTIVE_SIZES = (1024, 16384, 131072, 1048576, 4194304)
+CPU_CALLS_PER_SAMPLE = 16  # profile.collectives: one call in ~6 costs ~10x more on the CPU clock; samples of 16
 
 
 def settings(model: str, ranks: int) -> dict[str, Any]:
@@ -157,7 +164,7 @@ def profile_model(db_path: Path, model: str, ranks: int, repeats: int, wall: boo
                 proc.kill()
 
 
-def profile_collectives(db_path: Path, ranks: int) -> None:
+def profile_collectives(db_path: Path, ranks: int, clock: str = "wall", repeats: int = 5, calls: int = 1) -> None:
     import torch
 
     from trainsim.profile.collectives import profile_collectives as run
@@ -168,7 +175,26 @@ def profile_collectives(db_path: Path, ranks: int) -> None:
     with ProfileDB.open(db_path) as db:
         env = local_environment("cpu-local", "cpu")
         for size in sorted({2, ranks}):
-            run(db, env, sizes=COLLECTIVE_SIZES, world_size=size, warmup=2, repeats=5, timeout_s=240.0)
+            run(db, env, sizes=COLLECTIVE_SIZES, world_size=size, warmup=2, repeats=repeats, timeout_s=240.0,
+                clock=clock, calls_per_sample=calls)
+
+
+def profile_cpu_collectives(out: Path, repeats: int = 9, calls: int = CPU_CALLS_PER_SAMPLE) -> dict[str, Any]:
+    """The collectives on the CPU clock (profile.collectives' "cpu": the busiest rank's process CPU seconds, gloo's
+    threads included, waits left out; a sample the mean of `calls` calls, as an iteration pays the mean of its
+    many) into OUT/profile-cpu.db, replacing the wall-clock rows copied there before: the clock of the runs'
+    cpu_s_per_rank, against which the CPU columns are compared."""
+    import sqlite3
+
+    db_path = out / "profile-cpu.db"
+    with sqlite3.connect(db_path) as db:
+        db.execute("DELETE FROM collective_times")
+    load = [Path("/proc/loadavg").read_text().split()[:3]]
+    profile_collectives(db_path, 4, clock="cpu", repeats=repeats, calls=calls)
+    load.append(Path("/proc/loadavg").read_text().split()[:3])
+    record = {"load_average_before_after": load, "clock": "cpu", "repeats": repeats, "calls_per_sample": calls}
+    (out / "cpu-collectives.json").write_text(json.dumps(record, indent=1) + "\n")
+    return record
 
 
 def measure(model: str, strategy: str, ranks: int, out: Path, iterations: int, warmup: int) -> dict[str, Any]:
@@ -184,9 +210,17 @@ def measure(model: str, strategy: str, ranks: int, out: Path, iterations: int, w
         return {"error": (done.stderr or done.stdout)[-400:]}
     run = json.loads(done.stdout)
     times = run["iteration_times_s"]
-    cpu = max(run["settings"]["cpu_s_per_rank"]) / len(times)  # the busiest rank's CPU seconds per iteration
+    cpu = busiest_cpu_s(run["settings"], len(times))
     return {"median_s": statistics.median(times), "times_s": times, "cpu_s": cpu, "final_loss": run["final_loss"],
+            "cpu_with_barriers_s": max(run["settings"]["cpu_s_per_rank"]) / len(times),
             "load_average_1m": run["settings"].get("load_average_1m")}
+
+
+def busiest_cpu_s(settings: dict[str, Any], iterations: int) -> float:
+    """The busiest rank's process CPU seconds per timed iteration, less the harness' own barriers where the run
+    recorded them (barrier_cpu_s_per_rank: two gloo barriers per step, no training in them)."""
+    barriers = settings.get("barrier_cpu_s_per_rank") or [0.0] * len(settings["cpu_s_per_rank"])
+    return max(c - b for c, b in zip(settings["cpu_s_per_rank"], barriers, strict=True)) / iterations
 
 
 # Table IV's columns -> the registry's engines (estimate/engines.py; sim/baselines.py holds their switches)
@@ -194,11 +228,20 @@ COLUMN_ENGINES = {"proteus": "sim", "plain": "sim-plain", "flexflow": "flexflow-
 
 
 def predict(model: str, strategy: str, ranks: int, db_path: Path, wall: bool = True) -> dict[str, float]:
-    """Every column's iteration. wall: the ranks' wall clock, where ranks that outnumber this machine's cores
-    take turns on them (compute_share = cores / ranks, at most 1: validate.measured.compute_share_of's fact);
-    else the busiest rank's CPU seconds, which turns do not stretch."""
+    """Every column's iteration. wall: the ranks' wall clock (the makespan), where ranks that outnumber this
+    machine's cores take turns on them (compute_share = cores / ranks, at most 1: validate.measured.
+    compute_share_of's fact); else the busiest rank's CPU seconds, which turns do not stretch: the busiest
+    simulated device's tasks summed over its streams (sim.busy_s_by_device: process CPU time adds the training
+    thread and gloo's threads), with the database's ops and collectives on the CPU clock."""
     from trainsim.catalog.calibration import load_calibration
     from trainsim.estimate.engines import make_engine
+    from trainsim.sim import busy_s_by_device
+
+    def seconds(result: Any) -> float:
+        if wall:
+            return float(result.iteration_time_s)
+        timeline = result.timeline
+        return max(busy_s_by_device(timeline.exec_graph, timeline.outcome))
 
     job, graph, plan = job_and_plan(model, strategy, ranks)
     share = min(1.0, len(os.sched_getaffinity(0)) / ranks) if wall else 1.0
@@ -210,12 +253,12 @@ def predict(model: str, strategy: str, ranks: int, db_path: Path, wall: bool = T
     # engines run on the same CPU with overlap allowed, as the measured ranks launch the data-parallel
     # all-reduces from the gradient hooks (gloo's own thread) and Proteus models it: slowed by gamma
     serial = make_engine("sim", "profiled", db_path, "op", cal).estimate(job, graph, plan)
-    out["serial"] = serial.iteration_time_s
+    out["serial"] = seconds(serial)
     device = job.cluster.device.model_copy(update={"comm_overlaps_compute": True})
     job = dataclasses.replace(job, cluster=job.cluster.model_copy(update={"device": device}))
     for column, engine in COLUMN_ENGINES.items():
         result = make_engine(engine, "profiled", db_path, "op", cal).estimate(job, graph, plan)
-        out[column] = result.iteration_time_s
+        out[column] = seconds(result)
         if column == "proteus":
             out["peak_memory_bytes"] = result.peak_memory_bytes
     return out
@@ -249,7 +292,7 @@ def repredict(path: Path, ranks: int, db: Path, cpu_db: Path | None = None) -> N
         run_file = path.parent / "runs" / f"{model}-{strategy}-g{ranks}.json"
         if "cpu_s" not in cell["measured"] and run_file.exists():  # cells measured before cpu_s was kept
             run = json.loads(run_file.read_text())
-            cell["measured"]["cpu_s"] = max(run["settings"]["cpu_s_per_rank"]) / len(run["iteration_times_s"])
+            cell["measured"]["cpu_s"] = busiest_cpu_s(run["settings"], len(run["iteration_times_s"]))
         cell["predicted"] = predict(model, strategy, ranks, db)
         if cpu_db is not None and cpu_db.exists():
             cell["predicted_cpu"] = predict(model, strategy, ranks, cpu_db, wall=False)
@@ -260,8 +303,7 @@ def profile_cpu(out: Path, models: list[str], ranks_list: tuple[int, ...] = (2, 
     """Every cell's ops on the calling thread's CPU time (`trainsim profile`'s clock with one thread: what an op
     costs without the slices other processes take), beside G - 1 busy sibling processes running the same
     microbenchmarks (as the run's other ranks share the last-level cache and the memory bus): the costs that the
-    ranks' CPU seconds per iteration are compared with. Collectives: copy the campaigns' rows in
-    (copy_collectives)."""
+    ranks' CPU seconds per iteration are compared with. Collectives: --cpu-collectives (profile_cpu_collectives)."""
     db_path = out / "profile-cpu.db"
     for ranks in ranks_list:
         for model in models:
@@ -292,22 +334,6 @@ def profile_executor(out: Path, ranks: int = 2) -> dict[str, Any]:
                            for r in results}}
     (out / "executor-overhead.json").write_text(json.dumps(record, indent=1) + "\n")
     return record
-
-
-def copy_collectives(out: Path, ranks: int) -> None:
-    """The G-rank campaign's collective curves (every group size it timed, at its load) into the CPU-time
-    database, before its cells are simulated (communication is wall time either way)."""
-    import sqlite3
-
-    source = out / f"profile-g{ranks}.db"
-    if not source.exists():
-        return
-    target = sqlite3.connect(out / "profile-cpu.db")
-    target.execute("ATTACH DATABASE ? AS src", (str(source),))
-    target.execute("INSERT OR REPLACE INTO collective_times SELECT * FROM src.collective_times")
-    target.commit()
-    target.execute("DETACH DATABASE src")
-    target.close()
 
 
 def summary(out: Path) -> dict[str, Any]:
@@ -385,6 +411,8 @@ def main() -> None:
     parser.add_argument("--repredict", action="store_true", help="simulate the measured cells again, measure nothing")
     parser.add_argument("--executor-overhead", action="store_true", help="measure the split executor's cost per "
                         "op (a negligible model per family) into OUT's databases (no runs)")
+    parser.add_argument("--cpu-collectives", action="store_true", help="profile the collectives of 2 and 4 "
+                        "ranks on the CPU clock into OUT/profile-cpu.db (replaces its collectives; no runs)")
     parser.add_argument("--cpu-profile", action="store_true", help="profile every cell's ops on thread CPU time "
                         "into OUT/profile-cpu.db (load-independent; no runs)")
     args = parser.parse_args()
@@ -395,13 +423,15 @@ def main() -> None:
     if args.executor_overhead:
         print(json.dumps(profile_executor(args.out), indent=1))
         return
+    if args.cpu_collectives:
+        print(json.dumps(profile_cpu_collectives(args.out), indent=1))
+        return
     if args.cpu_profile:
         profile_cpu(args.out, args.models.split(","), (args.ranks,) if args.ranks else (2, 4))
         return
     if args.ranks is None:
         parser.error("--ranks 2 or 4 (or --summary)")
     if args.repredict:
-        copy_collectives(args.out, args.ranks)
         repredict(args.out / f"table4-g{args.ranks}.json", args.ranks, args.out / f"profile-g{args.ranks}.db",
                   args.out / "profile-cpu.db")
         return

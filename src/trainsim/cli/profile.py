@@ -23,7 +23,14 @@ from trainsim.job import Job, make_job
 from trainsim.jobfile import check_choice
 from trainsim.measure.capacity import check_fits
 from trainsim.pipeline import predict
-from trainsim.profile.collectives import COLLECTIVES, DEFAULT_SIZES, CollectiveSummary, profile_collectives
+from trainsim.profile.collectives import (
+    CLOCKS,
+    COLLECTIVES,
+    DEFAULT_SIZES,
+    MAX_CALLS_PER_SAMPLE,
+    CollectiveSummary,
+    profile_collectives,
+)
 from trainsim.profile.database import STOP_AFTER_ENV, OpSignature, ProfileDB, default_db_path
 from trainsim.profile.job import profile_job
 from trainsim.profile.ops import OpProfileSummary
@@ -51,6 +58,8 @@ class ProfileRequest:
     world_size: int
     timeout_s: float
     stop_after: int | None
+    collective_clock: str = "wall"  # profile.collectives.CLOCKS
+    calls_per_sample: int = 1
 
 
 def _torch() -> Any:
@@ -158,7 +167,8 @@ def run_profile(request: ProfileRequest, console: Console) -> dict[str, Any]:
             comms = profile_collectives(db, env, collectives=request.collectives, sizes=request.sizes,
                                         world_size=request.world_size, warmup=max(1, request.warmup // 2),
                                         repeats=request.repeats, timeout_s=request.timeout_s, progress=comm_done,
-                                        plan=lambda n: bar.update(ctask, total=n))
+                                        plan=lambda n: bar.update(ctask, total=n),
+                                        clock=request.collective_clock, calls_per_sample=request.calls_per_sample)
         rows = db.count("op_times")
         collective_rows = db.count("collective_times")
     return profile_summary(request.db_path, env, request.model.name, request.shape, ops, comms, rows,
@@ -187,6 +197,11 @@ def profile(
     sizes: Annotated[str | None, typer.Option(help="collective message sizes, e.g. 1KiB,1MiB")] = None,
     world_size: Annotated[int, typer.Option(help="local processes for the collectives")] = 2,
     timeout_s: Annotated[float, typer.Option(help="deadline of the collective run, seconds")] = 300.0,
+    collective_clock: Annotated[str, typer.Option(help="wall | cpu: collectives on the wall clock, or on the "
+                                                  "busiest rank's process CPU seconds (what a CPU rank's CPU "
+                                                  "time per iteration pays; keep it in its own --db)")] = "wall",
+    calls_per_sample: Annotated[int, typer.Option(help="collective calls back to back per sample (their "
+                                                  "mean; gloo's CPU cost per call is bimodal)")] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     overlap: Annotated[bool, typer.Option("--overlap", help="measure the overlap factor gamma instead: the "
                                           "backward pass with and without overlapping gradient all-reduces on "
@@ -222,6 +237,9 @@ def profile(
         if value < 1:
             raise ConfigError(name, value, "must be a positive integer")
     _check_loop(threads, warmup, repeats, world_size, timeout_s)
+    check_choice("collective_clock", collective_clock, CLOCKS)
+    if not 1 <= calls_per_sample <= MAX_CALLS_PER_SAMPLE:
+        raise ConfigError("calls_per_sample", calls_per_sample, f"must be 1 to {MAX_CALLS_PER_SAMPLE}")
     spec = load_model(model)
     if zero not in (0, 1, 2, 3):
         raise ConfigError("zero", zero, "0, 1, 2 or 3")
@@ -235,7 +253,7 @@ def profile(
     request = ProfileRequest(spec, shape, dev, device_name or _default_device_name(dev, torch),
                              db or default_db_path(), threads, max(0, warmup), repeats, ops, optimizer,
                              COLLECTIVES if collectives else (), _parse_sizes(sizes), world_size, timeout_s,
-                             _stop_after())
+                             _stop_after(), collective_clock, calls_per_sample)
     started = time.perf_counter()
     summary = run_profile(request, Console(stderr=True))
     if as_json:

@@ -142,12 +142,17 @@ def _measure(spec: MeasureSpec, job: Any, device: Any, rank: int, world_size: in
     if hasattr(trainer, "reset_phases"):
         trainer.reset_phases()  # the timed steps' phases only
     load_before, cpu_before, thread_before = os.getloadavg()[0], time.process_time(), time.thread_time()
+    barrier_cpu_s = 0.0  # the process CPU of the harness' own barriers, which cpu_s includes and no training has
     for _ in range(spec.iterations if not cap.over else 0):
+        barrier_cpu_s -= time.process_time()
         dist.barrier()
+        barrier_cpu_s += time.process_time()
         start = time.perf_counter()
         loss = trainer.step()
         sync()
+        ended = time.process_time()
         dist.barrier()
+        barrier_cpu_s += time.process_time() - ended
         times.append(time.perf_counter() - start)
         if cap.exceeded():
             break
@@ -160,7 +165,8 @@ def _measure(spec: MeasureSpec, job: Any, device: Any, rank: int, world_size: in
     timed_loss = loss if trainer.computes_loss and loss == loss else None  # nan: no timed step (oom)
     info = {"rank": rank, "peak": peak, "baseline": baseline, "loss": timed_loss,
             "threads": torch.get_num_threads(), "traces": traces, "host": machine()["host_sha256"],
-            "cpu_s": cpu_s, "thread_cpu_s": thread_cpu_s, "load": [load_before, os.getloadavg()[0]], "oom": cap.over,
+            "cpu_s": cpu_s, "thread_cpu_s": thread_cpu_s, "barrier_cpu_s": barrier_cpu_s,
+            "load": [load_before, os.getloadavg()[0]], "oom": cap.over,
             "phase_cpu_s": dict(getattr(trainer, "phase_cpu_s", {})),
             "capped_peak": cap.used() if cap.cap > 0 else None}
     gathered: list[Any] = [None] * world_size
@@ -297,6 +303,8 @@ def _write_result(spec: MeasureSpec, job: Any, times: list[float], ranks: list[A
                 # and each rank's CPU time over it (well below the timed wall time: starved or waiting)
                 "load_average_1m": ranks[0]["load"], "cpu_s_per_rank": [round(r["cpu_s"], 4) for r in ranks],
                 "thread_cpu_s_per_rank": [round(r["thread_cpu_s"], 4) for r in ranks],
+                # of cpu_s, the harness' two barriers per timed step (gloo's CPU: ~0.6-1.3 ms each on this machine)
+                "barrier_cpu_s_per_rank": [round(r["barrier_cpu_s"], 4) for r in ranks],
                 # the split executor's training thread per phase (measure/split_model.PHASES), over the timed steps
                 **({"phase_thread_cpu_s_per_rank": [{k: round(v, 4) for k, v in r["phase_cpu_s"].items()}
                                                     for r in ranks]} if ranks[0].get("phase_cpu_s") else {}),

@@ -7,6 +7,19 @@ stored stays stored and the summary says what failed; it never hangs.
 
 Message sizes follow trainsim's Comm.buffer_bytes convention: all-reduce and all-to-all the buffer each rank
 contributes, all-gather and reduce-scatter the full (gathered) buffer, send-recv the message.
+
+Two clocks (CLOCKS): "wall", the time until the collective's last rank is done; "cpu", the CPU seconds a rank's
+process spends on it (time.process_time: the calling thread's dispatch and wait plus the work of gloo's worker
+and transport threads, user and kernel), the slowest rank's. A rank's CPU time leaves out the time it waits for
+its peers and the slices other processes take from the cores: it is what a CPU rank's process CPU seconds per
+iteration (trainsim measure's cpu_s_per_rank) pay for the collective, where the wall time is what its iteration
+waits for it. A database holds one clock's times (the ops' clock: profile.ops.clock_for).
+
+On the CPU clock one call's cost is bimodal on this machine: ~0.2-0.5 ms for a small message, but in about one
+call in five gloo's transport thread (gloo_tcp_loop, per-thread schedstat) takes 1.5-4 ms more. An iteration pays
+the mean over its many collectives, so a sample there times `calls_per_sample` calls back to back and divides
+(the median of such samples is near the mean of one call, as profile.ops.time_callable's inner loop does for
+short ops).
 """
 
 import contextlib
@@ -14,17 +27,21 @@ import multiprocessing
 import os
 import queue
 import socket
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from trainsim.errors import ConfigError
 from trainsim.profile.database import Environment, ProfileDB, TimingStats
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv")
 DEFAULT_SIZES = tuple(1024 * 4**i for i in range(8))  # 1 KiB ... 16 MiB
 BACKEND = "gloo"
+CLOCKS = ("wall", "cpu")
+MAX_CALLS_PER_SAMPLE = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,12 +90,15 @@ def _collective_fn(collective: str, message_bytes: int, rank: int, world_size: i
 
 
 def _worker(rank: int, world_size: int, port: int, todo: list[tuple[str, int]], warmup: int, repeats: int,
-            threads: int, timeout_s: float, parent_pid: int, results: Any) -> None:
-    """One rank: time each pending (collective, size); rank 0 reports the per-repeat maximum over ranks."""
+            threads: int, timeout_s: float, parent_pid: int, results: Any, clock: str = "wall",
+            calls_per_sample: int = 1) -> None:
+    """One rank: time each pending (collective, size) on `clock` (CLOCKS), a sample being the mean of
+    `calls_per_sample` calls back to back; rank 0 reports the per-repeat maximum over ranks."""
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(threads)
+    read = time.process_time if clock == "cpu" else time.perf_counter
     try:
         dist.init_process_group(BACKEND, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))
@@ -93,15 +113,15 @@ def _worker(rank: int, world_size: int, port: int, todo: list[tuple[str, int]], 
             samples = []
             for index in range(warmup + repeats):
                 dist.barrier()
-                start = time.perf_counter()
-                fn()
-                elapsed = time.perf_counter() - start
+                start = read()
+                for _ in range(calls_per_sample):
+                    fn()
+                elapsed = (read() - start) / calls_per_sample
                 if index >= warmup:
                     samples.append(elapsed)
-            slowest = torch.tensor(samples, dtype=torch.float64)
-            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # NB: a collective ends when its last rank does
+            reported = _reported_samples(torch.tensor(samples, dtype=torch.float64), clock, world_size)
             if rank == 0:
-                results.put(("result", collective, size, slowest.tolist()))
+                results.put(("result", collective, size, reported))
         if rank == 0:
             results.put(("done",))
     except Exception as exc:
@@ -111,11 +131,38 @@ def _worker(rank: int, world_size: int, port: int, todo: list[tuple[str, int]], 
             dist.destroy_process_group()
 
 
+def _reported_samples(samples: Any, clock: str, world_size: int) -> list[float]:
+    """What rank 0 reports of every rank's samples (a collective over all ranks). Wall clock: each repeat's
+    slowest rank (a collective ends when its last rank does). CPU clock: the samples of the rank whose median is
+    the highest, the busiest rank over many calls (a per-repeat maximum would add the largest of the ranks' noises
+    to every sample: with gloo's bimodal cost that is ~30% more on 4 ranks)."""
+    import torch
+    import torch.distributed as dist
+
+    if clock == "wall":
+        dist.all_reduce(samples, op=dist.ReduceOp.MAX)
+        return [float(x) for x in samples.tolist()]
+    every = [torch.empty_like(samples) for _ in range(world_size)]
+    dist.all_gather(every, samples)
+    return [float(x) for x in busiest_rank_samples([s.tolist() for s in every])]
+
+
+def busiest_rank_samples(per_rank: list[list[float]]) -> list[float]:
+    """Of each rank's samples, those of the rank with the highest median (the first such rank)."""
+    return max(per_rank, key=statistics.median)
+
+
 def profile_collectives(db: ProfileDB, env: Environment, *, collectives: tuple[str, ...] = COLLECTIVES,
                         sizes: tuple[int, ...] = DEFAULT_SIZES, world_size: int = 2, warmup: int = 2,
                         repeats: int = 10, timeout_s: float = 300.0, progress: CollectiveProgress | None = None,
-                        plan: Callable[[int], None] | None = None) -> CollectiveSummary:
-    """Time the (collective, size) pairs `db` lacks for `env` with `world_size` local gloo processes."""
+                        plan: Callable[[int], None] | None = None, clock: str = "wall",
+                        calls_per_sample: int = 1) -> CollectiveSummary:
+    """Time the (collective, size) pairs `db` lacks for `env` with `world_size` local gloo processes, on `clock`
+    (CLOCKS; the database's clock: a database holds one), each sample the mean of `calls_per_sample` calls."""
+    if clock not in CLOCKS:
+        raise ConfigError("clock", clock, " or ".join(CLOCKS))
+    if not 1 <= calls_per_sample <= MAX_CALLS_PER_SAMPLE:
+        raise ConfigError("calls_per_sample", calls_per_sample, f"must be 1 to {MAX_CALLS_PER_SAMPLE}")
     pairs = [(c, int(s)) for c in collectives for s in sizes]
     if plan is not None:
         plan(len(pairs))
@@ -134,7 +181,7 @@ def profile_collectives(db: ProfileDB, env: Environment, *, collectives: tuple[s
     port = _free_port()
     procs = [ctx.Process(target=_worker, daemon=True,
                          args=(rank, world_size, port, todo, warmup, repeats, env.threads, timeout_s, os.getpid(),
-                               results))
+                               results, clock, calls_per_sample))
              for rank in range(world_size)]
     for proc in procs:
         proc.start()

@@ -3,6 +3,7 @@
 from dataclasses import dataclass, field
 
 from trainsim.errors import ConfigError
+from trainsim.ir.exec_graph import ExecGraph
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,3 +97,16 @@ class SimOutcome:
         return (f"SimOutcome(tasks={len(self.start_s)}, makespan_s={self.makespan_s:.6g}, events={self.events}, "
                 f"peak_memory_bytes={self.peak_memory_bytes:.6g}, oom={self.oom}, "
                 f"critical_path={len(self.critical_path)} tasks)")
+
+
+def busy_s_by_device(graph: ExecGraph, outcome: SimOutcome) -> list[float]:
+    """Per simulated device, the seconds its tasks ran, summed over its streams (each task from its start to its
+    end: stretched by the runtime behaviours, without the time a collective's rank waits for its partners).
+
+    The makespan is a device's wall time; this is the CPU time of a CPU rank whose streams are threads of one
+    process (time.process_time sums the threads: gloo's thread pays an overlapped all-reduce that the makespan
+    hides), the clock of `trainsim measure`'s cpu_s_per_rank, with every task priced on that clock."""
+    busy = [0.0] * len(graph.devices)
+    for device, start, end in zip(graph.columns().device, outcome.start_s, outcome.end_s, strict=True):
+        busy[device] += end - start
+    return busy

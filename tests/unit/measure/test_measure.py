@@ -203,6 +203,8 @@ def test_dp_and_pp_runs_measure_and_agree(tmp_path: Path) -> None:
         # the training thread's CPU time is part of the process's (which adds gloo's and the sampler's threads)
         threads, process = run.settings["thread_cpu_s_per_rank"], run.settings["cpu_s_per_rank"]
         assert len(threads) == run.world_size and all(0 < t <= p + 1e-3 for t, p in zip(threads, process, strict=True))
+        barriers = run.settings["barrier_cpu_s_per_rank"]  # the harness' barriers: part of the process' CPU time
+        assert len(barriers) == run.world_size and all(0 <= b < p for b, p in zip(barriers, process, strict=True))
         assert dp.final_loss is not None and run.final_loss == pytest.approx(dp.final_loss, rel=1e-5)
     assert (dp.world_size, pp.world_size, both.world_size) == (2, 2, 4)
     assert {p.name for p in tmp_path.glob("*.json")} == {f"{r.run_id}.json" for r in (dp, pp, both)}

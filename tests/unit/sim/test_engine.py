@@ -12,7 +12,7 @@ from trainsim.estimate.simulation import SimEstimator
 from trainsim.ir.exec_graph import ExecGraph, SimDevice
 from trainsim.job import make_job
 from trainsim.pipeline import graph_for
-from trainsim.sim import DeadlockError, SimOptions, SimOutcome, simulate
+from trainsim.sim import DeadlockError, SimOptions, SimOutcome, busy_s_by_device, simulate
 from trainsim.sim.engine import Engine
 from trainsim.sim.synthetic import one_f_one_b_order, synthetic_pipeline
 from trainsim.strategy.lowered import default_plan
@@ -313,3 +313,27 @@ def test_outcome_prints_briefly() -> None:
     # events: dispatch at 0, fwd's end, dispatch at 1, the end of bwd and opt run alone as one, dispatch at 3
     assert repr(out) == ("SimOutcome(tasks=3, makespan_s=3, events=5, peak_memory_bytes=180, oom=False, "
                          "critical_path=3 tasks)")
+
+
+# ---- busy time: a device's streams summed (the CPU clock of a rank whose streams are threads) ------------------
+def test_busy_time_sums_the_streams_and_leaves_out_a_collectives_wait() -> None:
+    # device 0: 1.0 s of compute with a 0.5 s all-reduce beside it on the gradient stream, partnered with device
+    # 1, which computes 2.0 s first: device 0's all-reduce waits from 0 to 2.0, runs 2.0-2.5
+    graph = _graph(num_devices=2)
+    _compute(graph, "c0", 1.0)
+    _compute(graph, "c1", 2.0, device=1)
+    graph.add(name="ar0", device=0, stream="gradient", kind="comm", duration_s=0.5, sync_key="ar")
+    graph.add(name="ar1", device=1, stream="gradient", kind="comm", duration_s=0.5, deps=(1,), sync_key="ar")
+    out = simulate(graph, SimOptions())
+    assert out.makespan_s == 2.5
+    assert busy_s_by_device(graph, out) == [1.5, 2.5]  # 1.0 + 0.5 (not the 2.0 s wait); 2.0 + 0.5
+
+
+def test_busy_time_counts_the_overlap_slowdown() -> None:
+    # gamma 0.5: 1.0 s of compute beside a 1.0 s transfer, both at 1/1.5 speed while together: both end at 1.5 s
+    graph = _graph()
+    _compute(graph, "c", 1.0)
+    graph.add(name="ar", device=0, stream="gradient", kind="comm", duration_s=1.0)
+    out = simulate(graph, SimOptions(overlap_slowdown=0.5))
+    assert out.makespan_s == pytest.approx(1.5)
+    assert busy_s_by_device(graph, out) == [pytest.approx(3.0)]

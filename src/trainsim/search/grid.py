@@ -854,18 +854,22 @@ class _Fast:
             gamma = self.batch.pricer.cal.runtime.overlap_slowdown
             zero = self.zero[plan] > 0
 
-            def exposed(scale: Floats) -> Floats:
-                reduce = queues.reduce.exposed_s(queue, backward * scale, gamma) if queues.reduce_overlaps else \
-                    queues.reduce.total_s[queue]
-                gather = queues.gather.exposed_s(queue, forward * scale, gamma) if queues.gather_overlaps else \
-                    queues.gather.total_s[queue]
-                return np.where(zero, reduce + gather, reduce)
+            def exposed(scale: Floats, at: Ints | slice) -> Floats:  # of the entries `at`, element by element
+                reduce = queues.reduce.exposed_s(queue[at], backward[at] * scale, gamma) \
+                    if queues.reduce_overlaps else queues.reduce.total_s[queue[at]]
+                gather = queues.gather.exposed_s(queue[at], forward[at] * scale, gamma) \
+                    if queues.gather_overlaps else queues.gather.total_s[queue[at]]
+                return np.where(zero[at], reduce + gather, reduce)
 
-            # Pricer._gradient_sync_s: the interleaved schedule's windows (stack_effects.window_micro_batches)
+            # Pricer._gradient_sync_s: the interleaved schedule's windows (stack_effects.window_micro_batches);
+            # the one-chunk window only where the schedule is interleaved
             interleaved = self.schedule[plan] == SCHEDULE_CODES["interleaved-1f1b"]
-            scaled = exposed(np.where(interleaved, self.pp[plan], 1.0))
-            vpp = self.vpp[plan].astype(np.float64)
-            out[chosen] = np.where(interleaved, np.maximum(scaled, exposed(1.0 / vpp) / vpp), scaled)
+            scaled = exposed(np.where(interleaved, self.pp[plan], 1.0), slice(None))
+            where = np.flatnonzero(interleaved)
+            if where.size:
+                vpp = self.vpp[plan[where]].astype(np.float64)
+                scaled[where] = np.maximum(scaled[where], exposed(1.0 / vpp, where) / vpp)
+            out[chosen] = scaled
         return np.maximum(out[:n], out[n:])
 
     def _queue(self, key: tuple[int, ...], plan: int, row: int) -> int:

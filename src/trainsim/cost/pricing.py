@@ -757,7 +757,7 @@ class Pricer:
         an empty queue at ZeRO 0). Once per (the stage's layers' parameters and counts, bucket size, the
         gradient group, cluster, stack, ZeRO 0 or not, precision): what the queues read."""
         par = job.parallel
-        key = ("queues", tuple((part.layer.param_count, part.count) for part in stage), axis_group("grad", par),
+        key = ("queues", tuple([(part.layer.param_count, part.count) for part in stage]), axis_group("grad", par),
                self._cluster_key(job.cluster), self._stack_key(job.stack), par.zero > 0, par.precision)
         queues = self._grad_queues.get(key)
         if queues is None:

@@ -15,6 +15,7 @@ import gc
 import heapq
 import random
 
+import numpy as np
 import pytest
 
 from conftest import ConstantCosts
@@ -29,7 +30,7 @@ from trainsim.ir.model_spec import ModelSpec, TransformerSpec
 from trainsim.job import Job, make_job
 from trainsim.pipeline import GraphCache, graph_for
 from trainsim.search import Planner, SearchSpace, enumerate_plans
-from trainsim.search.grid import GridEngine, GridPrices
+from trainsim.search.grid import GridEngine, GridPrices, _rows
 from trainsim.search.planner import OUT_OF_MEMORY, refusal_reason
 from trainsim.search.space import PlanColumns, plan_grid
 from trainsim.strategy.parallel import ParallelSpec
@@ -323,3 +324,21 @@ def test_the_collector_is_left_as_it_was(collecting: bool) -> None:
     assert list(prices.errors) == [1]
     assert prices.iteration_time_s[0] == reference.iteration_time_s[0]
     assert prices.peak_memory_bytes[0] == reference.peak_memory_bytes[0]
+
+
+def test_the_flat_row_tables_are_numpys_nested_ones() -> None:
+    """grid._rows (one flat pass over the rows' entries) == np.array of the nested rows, for float tables with
+    integer and fractional entries, integer tables, and the ZeRO-3 pairs' padded rows (3-d after reshape)."""
+    rng = random.Random(7)
+    floats = [tuple(rng.choice((0, 3, 1e-9, 2.5, rng.random() * 1e12, -np.inf)) for _ in range(21)) for _ in range(40)]
+    ints = [tuple(rng.randrange(-1, 1000) for _ in range(16)) for _ in range(40)]
+    for rows, width, dtype in ((floats, 21, np.float64), (ints, 16, np.int64), ([], 5, np.float64)):
+        table = _rows(rows, width, dtype)
+        expected = np.array(rows, dtype=dtype).reshape(len(rows), width)
+        assert table.dtype == expected.dtype and table.shape == expected.shape
+        assert table.tobytes() == expected.tobytes()
+    pairs = [[(rng.random(), rng.random()) for _ in range(rng.randrange(1, 6))] for _ in range(30)]
+    nested = np.array([(row + [(0.0, 0.0)] * 5)[:5] for row in pairs], dtype=np.float64)
+    flat = _rows([([value for pair in row for value in pair] + [0.0, 0.0] * 5)[:10] for row in pairs], 10,
+                 np.float64).reshape(len(pairs), 5, 2)
+    assert flat.tobytes() == nested.tobytes()

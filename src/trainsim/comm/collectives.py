@@ -147,6 +147,27 @@ def algorithm_times_s(collective: str, size_bytes: float, layout: GroupLayout, c
     return times
 
 
+def _fastest_s(collective: str, size_bytes: float, layout: GroupLayout, links: _Links) -> float:
+    """The seconds of choose_algorithm's pick: the least of algorithm_times_s's times, the same branches
+    without the dict of names (one call per collective the engines price)."""
+    if collective == "send-recv":
+        return _send_recv_s(size_bytes, layout, links)
+    if collective == "all-to-all":
+        return _all_to_all_s(size_bytes, layout, links)
+    seconds = _ring_s(collective, size_bytes, layout, links)
+    crosses = layout.num_domains > 1
+    if collective == "all-reduce":
+        if crosses:
+            seconds = min(seconds, _tree_s(size_bytes, layout, links))
+            if links.sharp:
+                seconds = min(seconds, _collnet_s(size_bytes, layout, links))
+        elif links.multicast and layout.size > 2:
+            seconds = min(seconds, _nvls_s(size_bytes, links))
+    elif crosses and layout.ranks_per_domain == 1:
+        seconds = min(seconds, _pat_s(collective, size_bytes, layout, links))
+    return seconds
+
+
 def choose_algorithm(collective: str, size_bytes: float, layout: GroupLayout, cluster: ClusterSpec,
                      cal: Calibration) -> tuple[str, float]:
     """The algorithm NCCL's tuner would pick (the fastest by its model) and its seconds."""
@@ -180,10 +201,15 @@ def collective_time_s(collective: str, buffer_bytes: float, layout: GroupLayout,
     algorithm NCCL would pick; hierarchical: the two-level decomposition hybrid-sharded stacks run."""
     if layout.size <= 1 or buffer_bytes <= 0:
         return 0.0
-    if (hierarchical and collective in ("all-reduce", "all-gather", "reduce-scatter")
-            and layout.num_domains > 1 and layout.ranks_per_domain > 1):
+    if _two_levels(collective, layout, hierarchical):
         return _hierarchical_s(collective, buffer_bytes, layout, cluster, cal)
     return choose_algorithm(collective, buffer_bytes, layout, cluster, cal)[1]
+
+
+def _two_levels(collective: str, layout: GroupLayout, hierarchical: bool) -> bool:
+    """Whether collective_time_s prices the collective as _hierarchical_s's two levels."""
+    return (hierarchical and collective in ("all-reduce", "all-gather", "reduce-scatter")
+            and layout.num_domains > 1 and layout.ranks_per_domain > 1)
 
 
 class CommCostModel(Protocol):
@@ -207,8 +233,18 @@ class NcclComm:
     def __init__(self, cal: Calibration, *, hierarchical: bool = False) -> None:
         self.cal = cal
         self.hierarchical = hierarchical
+        # NB: keyed by the cluster's id; the entry holds the cluster, checked by identity
+        self._links: dict[tuple[str, bool, int], tuple[ClusterSpec, _Links]] = {}
 
     def collective_time_s(self, collective: str, buffer_bytes: float, layout: GroupLayout, cluster: ClusterSpec,
                           *, hierarchical: bool | None = None) -> float:
+        """collective_time_s (the module's) with this model's calibration; a flat collective's links made once
+        per (collective, whether the group spans leaves, cluster): the same figures."""
         flag = self.hierarchical if hierarchical is None else hierarchical
-        return collective_time_s(collective, buffer_bytes, layout, cluster, self.cal, hierarchical=flag)
+        if layout.size <= 1 or buffer_bytes <= 0 or _two_levels(collective, layout, flag):
+            return collective_time_s(collective, buffer_bytes, layout, cluster, self.cal, hierarchical=flag)
+        key = (collective, layout.num_leaves > 1, id(cluster))
+        known = self._links.get(key)
+        if known is None or known[0] is not cluster:
+            known = self._links[key] = (cluster, _Links(collective, layout, cluster, self.cal))
+        return _fastest_s(collective, buffer_bytes, layout, known[1])

@@ -363,11 +363,13 @@ class Pricer:
     def axis_collective_s(self, collective: str, buffer_bytes: float, axis: str, job: Job) -> float:
         """A collective over the group of `axis` (tp, cp, dp, ep, pp, or grad: the gradient group); once per
         (collective, bytes, the group's size and stride, cluster)."""
-        key = (collective, buffer_bytes, axis_group(axis, job.parallel), self._cluster_key(job.cluster))
+        group, cluster_key = axis_group(axis, job.parallel), self._cluster_key(job.cluster)
+        key = (collective, buffer_bytes, group, cluster_key)
         seconds = self._axis_collectives.get(key)
         if seconds is None:
+            layout = self._layouts.get((group, cluster_key))  # self.layout(axis, job) where made
             seconds = self._axis_collectives[key] = self.collective_s(collective, buffer_bytes,
-                                                                      self.layout(axis, job), job)
+                                                                      layout or self.layout(axis, job), job)
         return seconds
 
     # --- layers and stages ---
@@ -757,7 +759,7 @@ class Pricer:
         an empty queue at ZeRO 0). Once per (the stage's layers' parameters and counts, bucket size, the
         gradient group, cluster, stack, ZeRO 0 or not, precision): what the queues read."""
         par = job.parallel
-        key = ("queues", tuple((part.layer.param_count, part.count) for part in stage), axis_group("grad", par),
+        key = ("queues", tuple([(part.layer.param_count, part.count) for part in stage]), axis_group("grad", par),
                self._cluster_key(job.cluster), self._stack_key(job.stack), par.zero > 0, par.precision)
         queues = self._grad_queues.get(key)
         if queues is None:

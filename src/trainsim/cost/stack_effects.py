@@ -114,7 +114,7 @@ def bucket_queue(runs: Sequence[tuple[float, int]]) -> BucketQueue:
         lags += [after, after + count - 1]
         later += count * seconds
         after += count
-    return BucketQueue(sum(count for _, count in runs), sum(seconds * count for seconds, count in runs),
+    return BucketQueue(sum([count for _, count in runs]), sum([seconds * count for seconds, count in runs]),
                        tuple(peaks), tuple(lags))
 
 

@@ -31,6 +31,7 @@ every plan gets the figures AnalyticalEstimator.price gives it: tests/unit/searc
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from operator import is_, itemgetter
 
 import numpy as np
@@ -333,7 +334,7 @@ class _Batch:
             groups.append(_SLOW_GROUP if any(key[1][_SPLIT_AT:]) else self._group(job, graph, key[1]))
         if self.new_rows:
             self._finish()
-        columns = np.array([groups[group_of[key]] for key in keys], dtype=np.int64)[numbers]
+        columns = _rows([groups[group_of[key]] for key in keys], len(_SLOW_GROUP), np.int64)[numbers]
         fast = columns[:, 0] >= 0
         if not fast.all():
             where = np.array(candidates, dtype=np.int64)
@@ -344,7 +345,8 @@ class _Batch:
         m = global_batch // (columns[:, 8] * micro_batch)
         plan_columns = np.stack([zero, m, recompute, global_batch * seq_len], axis=1)
         table = np.concatenate([columns[:, :8], plan_columns], axis=1)
-        index = np.array(candidates, dtype=np.int64)
+        index = np.arange(len(candidates)) if isinstance(candidates, range) else \
+            np.array(candidates, dtype=np.int64)  # NB: candidates is range(len(plans)) or a list of indices
         if not fast.all():
             index, table = index[fast], table[fast]
         return _Fast(self, index, table), slow
@@ -563,12 +565,14 @@ class _Batch:
         (Pricer.pipeline_sends_s over arrays: 2 vpp hops a micro-batch, each overlapped with one chunk's forward
         and backward where the stack overlaps p2p and vpp > 1, and the fitted overhead)."""
         pricer, shared = self.pricer, self.shared
+        term_rows = shared.term_rows  # NB: complete here (_graph_terms); one table for both
+        term_table = _rows(term_rows, len(term_rows[0]), np.float64) if term_rows else np.zeros((0, _FSDP_AT + 2))
         if self.new_contents:
-            self._contents()
+            self._contents(term_table)
         if self.new_by_dp:
-            self._by_dp()
+            self._by_dp(term_table)
         by_dp, contents = shared.by_dp, shared.contents
-        fsdp_hop = np.array([by_dp[dp_key] for dp_key, _ in self.new_rows], dtype=np.float64).reshape(-1, 2)
+        fsdp_hop = _rows([by_dp[dp_key] for dp_key, _ in self.new_rows], 2, np.float64)
         compute = np.array([contents[dp_key[0]].compute_s for dp_key, _ in self.new_rows],  # type: ignore[union-attr]
                            dtype=np.float64)
         pp = np.array([job.parallel.pp for _, job in self.new_rows], dtype=np.int64)
@@ -582,7 +586,7 @@ class _Batch:
         shared.row_sends_s.extend(sends.tolist())
         self.new_contents, self.new_by_dp, self.new_rows = [], {}, []
 
-    def _by_dp(self) -> None:
+    def _by_dp(self, term_table: Floats) -> None:
         """The new (content, dp)'s ZeRO-3 exposure over arrays: Pricer.zero3_exposed_s, i.e. the sum over the
         stage's parts of count x fsdp_exposed_s of its layer (from 0.0, in the stage's order; a stage of fewer
         parts padded with count 0 and exposure 0), with fsdp_bucket_tail_s where the stack buckets ZeRO-3's
@@ -594,12 +598,13 @@ class _Batch:
         new = list(self.new_by_dp.items())
         width = max(len(stage) for _, (stage, _, _, _) in new)
         pad = [0] * width
-        terms = np.array([(list(shared.content_terms[content]) + pad)[:width] for (content, _), _ in new],
-                         dtype=np.int64)
-        counts = np.array([([part.count for part in stage] + pad)[:width] for _, (stage, _, _, _) in new],
-                          dtype=np.float64)
-        pairs = np.array([(pairs + [(0.0, 0.0)] * width)[:width] for _, (_, _, pairs, _) in new],
-                         dtype=np.float64)  # contents x parts x (gather, scatter); padding 0
+        terms = _rows([(list(shared.content_terms[content]) + pad)[:width] for (content, _), _ in new], width,
+                      np.int64)
+        counts = _rows([([part.count for part in stage] + pad)[:width] for _, (stage, _, _, _) in new], width,
+                       np.float64)
+        pad_pairs = [0.0, 0.0] * width
+        pairs = _rows([(list(chain.from_iterable(pairs)) + pad_pairs)[:2 * width] for _, (_, _, pairs, _) in new],
+                      2 * width, np.float64).reshape(len(new), width, 2)  # contents x parts x (gather, scatter)
         gather, scatter = pairs[..., 0], pairs[..., 1]
         if job0.stack.fsdp_prefetch_depth == 0 or not job0.cluster.device.comm_overlaps_compute:
             exposed = 2.0 * gather + scatter
@@ -607,7 +612,7 @@ class _Batch:
             gamma = pricer.overlap_slowdown(job0)
             if pricer.fsdp_bucketed(job0):  # the gradients go in buckets (the tail below)
                 scatter = np.zeros_like(scatter)
-            table = np.array(shared.term_rows, dtype=np.float64)[terms]
+            table = term_table[terms]
             forward_window, backward_window = table[..., _FSDP_AT], table[..., _FSDP_AT + 1]
             both = gather + scatter
             exposed = (np.maximum(0.0, gather - forward_window) + gamma * np.minimum(gather, forward_window)) + \
@@ -636,7 +641,7 @@ class _Batch:
         exposed = np.maximum(total / buckets, total - backward * (buckets - 1.0) / buckets)
         return np.where(total <= 0.0, 0.0, exposed + pricer.overlap_slowdown(self.job0) * (total - exposed))
 
-    def _contents(self) -> None:
+    def _contents(self, term_table: Floats) -> None:
         """The new contents: what a stage's price reads but its ZeRO-3 exposure and pipeline sends, the sums over
         its parts of Pricer._stage_work, _stage_recompute_s, stage_params and cost.memory's stage_kept_bytes,
         recompute_working_bytes and loss_working_bytes, from each layer's terms (_layer_terms: made once per
@@ -667,11 +672,11 @@ class _Batch:
             features.append(len(slots))
             param_layers = tuple([(part.layer.param_count, part.count) for part in stage])
             layer_numbers.append(shared.param_layers.setdefault(param_layers, len(shared.param_layers)))
-        index = np.array(index_rows, dtype=np.int64)
-        counts = np.array(count_rows, dtype=np.float64)
+        index = _rows(index_rows, width, np.int64)
+        counts = _rows(count_rows, width, np.float64)
         real = np.arange(width)[None, :] < np.array([len(stage) for _, stage, _, _ in new])[:, None]
-        slots_array = np.array(slot_rows, dtype=np.int64)
-        table = np.array(shared.term_rows, dtype=np.float64)[index]  # contents x parts x term columns
+        slots_array = _rows(slot_rows, COMM_SLOTS, np.int64)
+        table = term_table[index]  # contents x parts x term columns
         sums = np.zeros((n, _TERM_SUMS))
         most = np.full((n, 4), -np.inf)  # what it rebuilds per RECOMPUTE_CODES, its largest layer's parameters
         head = np.zeros(n)
@@ -854,18 +859,22 @@ class _Fast:
             gamma = self.batch.pricer.cal.runtime.overlap_slowdown
             zero = self.zero[plan] > 0
 
-            def exposed(scale: Floats) -> Floats:
-                reduce = queues.reduce.exposed_s(queue, backward * scale, gamma) if queues.reduce_overlaps else \
-                    queues.reduce.total_s[queue]
-                gather = queues.gather.exposed_s(queue, forward * scale, gamma) if queues.gather_overlaps else \
-                    queues.gather.total_s[queue]
-                return np.where(zero, reduce + gather, reduce)
+            def exposed(scale: Floats, at: Ints | slice) -> Floats:  # of the entries `at`, element by element
+                reduce = queues.reduce.exposed_s(queue[at], backward[at] * scale, gamma) \
+                    if queues.reduce_overlaps else queues.reduce.total_s[queue[at]]
+                gather = queues.gather.exposed_s(queue[at], forward[at] * scale, gamma) \
+                    if queues.gather_overlaps else queues.gather.total_s[queue[at]]
+                return np.where(zero[at], reduce + gather, reduce)
 
-            # Pricer._gradient_sync_s: the interleaved schedule's windows (stack_effects.window_micro_batches)
+            # Pricer._gradient_sync_s: the interleaved schedule's windows (stack_effects.window_micro_batches);
+            # the one-chunk window only where the schedule is interleaved
             interleaved = self.schedule[plan] == SCHEDULE_CODES["interleaved-1f1b"]
-            scaled = exposed(np.where(interleaved, self.pp[plan], 1.0))
-            vpp = self.vpp[plan].astype(np.float64)
-            out[chosen] = np.where(interleaved, np.maximum(scaled, exposed(1.0 / vpp) / vpp), scaled)
+            scaled = exposed(np.where(interleaved, self.pp[plan], 1.0), slice(None))
+            where = np.flatnonzero(interleaved)
+            if where.size:
+                vpp = self.vpp[plan[where]].astype(np.float64)
+                scaled[where] = np.maximum(scaled[where], exposed(1.0 / vpp, where) / vpp)
+            out[chosen] = scaled
         return np.maximum(out[:n], out[n:])
 
     def _queue(self, key: tuple[int, ...], plan: int, row: int) -> int:
@@ -955,8 +964,8 @@ class _ComboTable:
     def __init__(self, combos: list[_Combo]) -> None:
         width = max(len(combo.local) for combo in combos)
         distinct = max(len(combo.heads) for combo in combos)
-        local = np.array([combo.local + (-1,) * (width - len(combo.local)) for combo in combos], dtype=np.int64)
-        heads = np.array([combo.heads + (0,) * (distinct - len(combo.heads)) for combo in combos], dtype=np.int64)
+        local = _rows([combo.local + (-1,) * (width - len(combo.local)) for combo in combos], width, np.int64)
+        heads = _rows([combo.heads + (0,) * (distinct - len(combo.heads)) for combo in combos], distinct, np.int64)
         count = np.array([len(combo.heads) for combo in combos], dtype=np.int64)
         self.first_row = np.array([combo.first_row for combo in combos], dtype=np.int64)
         self.valid_local = local >= 0
@@ -1026,6 +1035,13 @@ class _QueueTable:
         self.gather = _Queues([queue.gather for queue in queues])
         self.reduce_overlaps = queues[0].reduce_overlaps
         self.gather_overlaps = queues[0].gather_overlaps
+
+
+def _rows(rows: Sequence[Sequence[float]], width: int, dtype: type[np.float64] | type[np.int64]) -> NDArray:
+    """np.array(rows, dtype) of rows each `width` long (a 2-d table), from the rows' entries in one flat pass: the
+    same numbers (numpy converts each entry alone either way), without numpy's walk of a nested list."""
+    flat = np.fromiter(chain.from_iterable(rows), dtype, count=len(rows) * width)
+    return flat.reshape(len(rows), width)
 
 
 def _row_codes(columns: Ints) -> Ints:

@@ -18,7 +18,13 @@ import pytest
 
 from trainsim.catalog import load_cluster, load_device
 from trainsim.catalog.calibration import Calibration, CommParams
-from trainsim.comm.collectives import NVLS_LATENCY_S, TREE_BW_FACTOR, choose_algorithm, collective_time_s
+from trainsim.comm.collectives import (
+    NVLS_LATENCY_S,
+    TREE_BW_FACTOR,
+    NcclComm,
+    choose_algorithm,
+    collective_time_s,
+)
 from trainsim.cost.pricing import axis_layout
 from trainsim.hardware.cluster import ClusterSpec, GroupLayout, LinkSpec
 from trainsim.strategy.parallel import ParallelSpec
@@ -200,3 +206,35 @@ def test_axis_layout_orders_tp_fastest_then_cp_dp_pp() -> None:
     assert axis_layout("tp", par, cluster) == GroupLayout(size=4, ranks_per_node=4, num_nodes=1)
     assert axis_layout("dp", par, cluster) == GroupLayout(size=4, ranks_per_node=2, num_nodes=2)
     assert axis_layout("pp", par, cluster) == GroupLayout(size=2, ranks_per_node=1, num_nodes=2)
+
+
+def test_the_comm_model_equals_the_module_function_and_its_chosen_algorithm() -> None:
+    """NcclComm.collective_time_s (links made once per collective, leaf span and cluster; no dict of names)
+    == collective_time_s == choose_algorithm's seconds, bit for bit, over every collective, group shape,
+    buffer, both flags and clusters with multicast, in-network reduction and tapered leaves; the same model
+    asked about a second cluster (one the first cached nothing for) as well."""
+    fitted = Calibration(comm={name: CommParams(latency_s=3e-6, bw_efficiency=0.8, nvls_bw_efficiency=0.6,
+                                                base_latency_s=7e-6) for name in COLLECTIVES},
+                         comm_network=CommParams(latency_s=2e-6, bw_efficiency=0.9))
+    clusters = [_cluster(num_nodes=16), _cluster(num_nodes=16, multicast=True),
+                _cluster(num_nodes=16, in_network_reduction=True),
+                _cluster(num_nodes=16, nodes_per_leaf=4, leaf_oversubscription=2.0),
+                load_cluster("dgx-h100-80gb").with_num_gpus(1024)]
+    shapes = [(1, 1), (2, 1), (8, 1), (4, 2), (16, 1), (16, 8), (32, 4), (64, 2), (128, 1), (4, 32), (16, 64)]
+    for cal in (EXACT, fitted):
+        for hierarchical in (False, True):
+            model = NcclComm(cal, hierarchical=hierarchical)
+            for cluster in clusters:
+                for size, stride in shapes:
+                    if size * stride > cluster.num_gpus:
+                        continue
+                    layout = cluster.group_layout(size, stride)
+                    for collective in COLLECTIVES:
+                        for buffer_bytes in (0.0, 1.0, 3e3, 1e6, 7.5e7, S, 4e10):
+                            seconds = model.collective_time_s(collective, buffer_bytes, layout, cluster)
+                            assert seconds == collective_time_s(collective, buffer_bytes, layout, cluster, cal,
+                                                                hierarchical=hierarchical)
+                            flat = model.collective_time_s(collective, buffer_bytes, layout, cluster,
+                                                           hierarchical=False)
+                            if size > 1 and buffer_bytes > 0:
+                                assert flat == choose_algorithm(collective, buffer_bytes, layout, cluster, cal)[1]

@@ -15,12 +15,13 @@ import gc
 import heapq
 import random
 
+import numpy as np
 import pytest
 
 from conftest import ConstantCosts
 from trainsim.catalog.loader import load_cluster
 from trainsim.catalog.model_files import parse_model
-from trainsim.cost.pricing import Pricer
+from trainsim.cost.pricing import Pricer, StageCost
 from trainsim.errors import TrainsimError
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.hardware.cluster import ClusterSpec
@@ -29,12 +30,13 @@ from trainsim.ir.model_spec import ModelSpec, TransformerSpec
 from trainsim.job import Job, make_job
 from trainsim.pipeline import GraphCache, graph_for
 from trainsim.search import Planner, SearchSpace, enumerate_plans
-from trainsim.search.grid import GridEngine, GridPrices
+from trainsim.search.grid import GridEngine, GridPrices, _rows
 from trainsim.search.planner import OUT_OF_MEMORY, refusal_reason
 from trainsim.search.space import PlanColumns, plan_grid
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import Precision
 from trainsim.strategy.stack import StackSpec, load_stack
+from trainsim.strategy.stages import StagePart
 
 REL = 1e-9
 DENSE = parse_model({"name": "tiny-dense", "num_layers": 8, "hidden": 128, "ffn_hidden": 512, "num_heads": 8,
@@ -323,3 +325,58 @@ def test_the_collector_is_left_as_it_was(collecting: bool) -> None:
     assert list(prices.errors) == [1]
     assert prices.iteration_time_s[0] == reference.iteration_time_s[0]
     assert prices.peak_memory_bytes[0] == reference.peak_memory_bytes[0]
+
+
+def test_the_flat_row_tables_are_numpys_nested_ones() -> None:
+    """grid._rows (one flat pass over the rows' entries) == np.array of the nested rows, for float tables with
+    integer and fractional entries, integer tables, and the ZeRO-3 pairs' padded rows (3-d after reshape)."""
+    rng = random.Random(7)
+    floats = [tuple(rng.choice((0, 3, 1e-9, 2.5, rng.random() * 1e12, -np.inf)) for _ in range(21)) for _ in range(40)]
+    ints = [tuple(rng.randrange(-1, 1000) for _ in range(16)) for _ in range(40)]
+    for rows, width, dtype in ((floats, 21, np.float64), (ints, 16, np.int64), ([], 5, np.float64)):
+        table = _rows(rows, width, dtype)
+        expected = np.array(rows, dtype=dtype).reshape(len(rows), width)
+        assert table.dtype == expected.dtype and table.shape == expected.shape
+        assert table.tobytes() == expected.tobytes()
+    pairs = [[(rng.random(), rng.random()) for _ in range(rng.randrange(1, 6))] for _ in range(30)]
+    nested = np.array([(row + [(0.0, 0.0)] * 5)[:5] for row in pairs], dtype=np.float64)
+    flat = _rows([([value for pair in row for value in pair] + [0.0, 0.0] * 5)[:10] for row in pairs], 10,
+                 np.float64).reshape(len(pairs), 5, 2)
+    assert flat.tobytes() == nested.tobytes()
+
+
+def test_interleaved_plans_whose_one_chunk_window_exposes_more(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pricer._gradient_sync_s's interleaved case: the larger of the reduction over pp micro-batches' windows and
+    of the first chunk's one window / vpp. On a network 1,000x slower than an H100 server's, with many small
+    buckets, the one-chunk term is the larger for some plans (counted below through the plain engine); the grid
+    (which prices it for the interleaved plans' entries only) gives every plan's figures as the plain engine."""
+    base = load_cluster("dgx-h100-80gb").with_num_gpus(32)
+    slow_nic = base.inter_node.model_copy(update={"bw_bytes_per_s": base.inter_node.bw_bytes_per_s * 1e-3})
+    cluster = base.model_copy(update={"inter_node": slow_nic})
+    plans = built(DENSE, cluster, [
+        ParallelSpec(tp=tp, pp=pp, vpp=vpp, schedule="interleaved-1f1b", zero=zero, recompute=recompute,
+                     global_batch=64, seq_len=512)
+        for tp in (1, 2) for pp, vpp in ((2, 2), (2, 4), (4, 2)) for zero in (0, 1, 2) for recompute in ("none", "full")
+    ], BUCKET_STACKS["reduce-overlapped"])
+    assert len(plans) == 36
+    one_chunk_wins: list[bool] = []
+    sync_s, windows_s = Pricer._gradient_sync_s, Pricer.gradient_sync_windows_s
+    calls: list[float] = []
+
+    def windows_spy(pricer: Pricer, stage: list[StagePart], backward_s: float, forward_s: float, job: Job) -> float:
+        calls.append(windows_s(pricer, stage, backward_s, forward_s, job))
+        return calls[-1]
+
+    def sync_spy(pricer: Pricer, stage: list[StagePart], cost: StageCost, job: Job) -> float:
+        calls.clear()
+        seconds = sync_s(pricer, stage, cost, job)
+        if len(calls) == 2:  # interleaved: the pp micro-batches' windows, then the one chunk's (before / vpp)
+            one_chunk_wins.append(calls[1] / job.parallel.vpp > calls[0])
+        return seconds
+
+    check_grid(plans)
+    monkeypatch.setattr(Pricer, "gradient_sync_windows_s", windows_spy)
+    monkeypatch.setattr(Pricer, "_gradient_sync_s", sync_spy)
+    for job, graph in plans:
+        AnalyticalEstimator().price(job, graph)
+    assert any(one_chunk_wins)

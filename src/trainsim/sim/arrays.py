@@ -5,9 +5,10 @@ represented by its leader, the member with the lowest tid. Per-flow fields live 
 """
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from itertools import chain, compress
-from operator import attrgetter, contains, ne
+from operator import attrgetter, contains, itemgetter, ne
+from typing import Protocol, TypeVar
 
 from trainsim.errors import ConfigError
 from trainsim.ir.exec_graph import ExecGraph, TaskColumns
@@ -16,6 +17,30 @@ STREAMS = ("compute", "feature", "gradient")
 STREAM_INDEX = {name: index for index, name in enumerate(STREAMS)}
 NUM_STREAMS = len(STREAMS)
 _TID = attrgetter("tid")
+_K = TypeVar("_K", bound=Hashable, contravariant=True)
+_V = TypeVar("_V", covariant=True)
+
+
+class _Table(Protocol[_K, _V]):
+    def __getitem__(self, key: _K, /) -> _V: ...
+
+
+class _IsCompute(dict[str, bool]):
+    """Whether a task kind is compute: any kind but "compute" is not."""
+
+    def __missing__(self, key: str) -> bool:
+        return False
+
+
+_IS_COMPUTE = _IsCompute(compute=True)
+
+
+def looked_up(table: _Table[_K, _V], keys: Sequence[_K]) -> Sequence[_V]:
+    """table[key] for each key, in order (a tuple, made in C: itemgetter over all keys at once is about twice as
+    fast as map over table.__getitem__)."""
+    if len(keys) > 1:
+        return itemgetter(*keys)(table)
+    return tuple(map(table.__getitem__, keys))
 
 
 class GraphArrays:
@@ -43,7 +68,7 @@ class GraphArrays:
         self.columns = columns  # names from it where an error names a task
         self.sync_keys: list[str] = sync_keys
         self.device_of: list[int] = device_of
-        self.is_compute: list[bool] = list(map("compute".__eq__, kinds))
+        self.is_compute: Sequence[bool] = looked_up(_IS_COMPUTE, kinds)
         self.work: list[float] = list(durations) if launch_overhead_s == 0.0 else [
             d + launch_overhead_s if c else d for d, c in zip(durations, self.is_compute, strict=True)]
         self.priority: list[int] = priority
@@ -66,6 +91,7 @@ class GraphArrays:
         self.has_flow_resources = False
         self._flows(graph, sync_keys, resources, link_shares, kinds)
         self.shared_links = self._shared_links()
+        self._break_chains()
 
     def _streams(self, graph: ExecGraph, streams: Sequence[str], durations: Sequence[float]) -> list[int]:
         """Each task's stream index (device x NUM_STREAMS + stream), after checking tid, device, duration
@@ -100,7 +126,8 @@ class GraphArrays:
 
     def _successors(self, graph: ExecGraph, deps: Sequence[tuple[int, ...]]) -> list[list[int] | None]:
         """Each task's successors in ascending tid order (the order the engine releases them in); None for a task
-        whose only successor is the next tid, which waits for it alone. NB: most tasks are such links of the
+        whose only successor is the next tid, which waits for it alone (and is no collective rank and no flow on a
+        shared link: _break_chains). NB: most tasks are such links of the
         compiler's chains: they are found in C (deps[t] == (t - 1,)), and only the other tasks' edges are walked in
         Python."""
         n = self.num_tasks
@@ -134,11 +161,20 @@ class GraphArrays:
             row.sort()
         return succ
 
-    def _categories(self, names: Sequence[str]) -> list[int]:
+    def _break_chains(self) -> None:
+        """A chain link (successors None) into a collective rank or a flow on a shared link becomes the list [tid + 1],
+        so None also says the next tid may run alone after this one as far as these go (engine.py: a run alone walks
+        None links checking only the device)."""
+        succ = self.successors
+        for tid in chain(self.shared_links, *self.members.values()):
+            if tid and succ[tid - 1] is None:
+                succ[tid - 1] = [tid]
+
+    def _categories(self, names: Sequence[str]) -> Sequence[int]:
         self.categories = [name for name in dict.fromkeys(names) if name]  # first-appearance order
         index = {name: i for i, name in enumerate(self.categories)}
         index[""] = -1
-        return list(map(index.__getitem__, names))
+        return looked_up(index, names)
 
     def _flows(self, graph: ExecGraph, sync_keys: Sequence[str], task_resources: Sequence[tuple[str, ...]],
                task_shares: Sequence[tuple[float, ...]], kinds: Sequence[str]) -> None:
@@ -214,9 +250,9 @@ class GraphArrays:
         flow_resources, flow_weights, device_of, members = (self.flow_resources, self.flow_weights, self.device_of,
                                                             self.members)
         with_links = list(compress(range(self.num_tasks), flow_resources))
-        users = dict.fromkeys(zip(map(flow_resources.__getitem__, with_links),
-                                  map(flow_weights.__getitem__, with_links),
-                                  map(device_of.__getitem__, with_links), strict=True))
+        links = looked_up(flow_resources, with_links)
+        users = dict.fromkeys(zip(links, looked_up(flow_weights, with_links), looked_up(device_of, with_links),
+                                  strict=True))
         devices_of: list[set[int]] = [set() for _ in self.resource_names]
         most = [0.0] * len(self.resource_names)  # the most one flow takes of each resource (of its capacity)
         for resources, weights, device in users:
@@ -228,7 +264,7 @@ class GraphArrays:
                 devices_of[r].update(device_of[m] for m in ranks)
         exclusive = [len(devices) <= 1 and weight <= 1.0 for devices, weight in zip(devices_of, most, strict=True)]
         bad = {resources for resources, _, _ in users if resources and not all(exclusive[r] for r in resources)}
-        return {tid for tid in with_links if flow_resources[tid] in bad} if bad else set()
+        return set(compress(with_links, map(bad.__contains__, links))) if bad else set()
 
 
 _ONES: dict[int, tuple[float, ...]] = {}

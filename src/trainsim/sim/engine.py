@@ -38,7 +38,7 @@ and takes, of each resource any of its ranks names, the sum of its members' give
 holds each flow's shares as fractions of the capacities (GraphArrays.flow_weights).
 """
 
-from collections.abc import Container
+from collections.abc import Container, Sequence
 from heapq import heappop, heappush
 
 from trainsim.errors import TrainsimError
@@ -140,7 +140,7 @@ class Engine:
         self.res_flows: list[dict[int, None]] = [{} for _ in g.resource_names]
         self.dirty_res: dict[int, None] = {}
         # per device: the run of tasks running alone there as one event (None / 0: none), when it started, its id
-        self.alone_run: list[list[int] | None] = [None] * num_devices
+        self.alone_run: list[Sequence[int] | None] = [None] * num_devices
         self.alone_t0 = [0.0] * num_devices
         self.alone_id = [0] * num_devices
         # per device running a run alone, what the run's write-out changed there, as it was before: memory, peak
@@ -385,9 +385,14 @@ class Engine:
                     if t > last_x[d]:
                         if comp_run[d] == 0 and run_total[d] > 0:
                             row, elapsed = exposed[d], t - last_x[d]
-                            for c, count in enumerate(cat_run[d]):
-                                if count:
-                                    row[c] += elapsed
+                            if run_total[d] == 1:  # tid alone runs there: its category's count alone is 1
+                                category = category_of[tid]
+                                if category >= 0:
+                                    row[category] += elapsed
+                            else:
+                                for c, count in enumerate(cat_run[d]):
+                                    if count:
+                                        row[c] += elapsed
                         last_x[d] = t
                     run_total[d] -= 1
                     if is_compute[tid]:
@@ -419,7 +424,14 @@ class Engine:
                         ready[succ] = t
                         # the last dependency to end; among those ending at this instant the lowest tid (the same
                         # whatever order the instant's ends are processed in)
-                        cause[succ] = tid if num_deps[succ] == 1 else min([dep for dep in deps[succ] if end[dep] == t])
+                        if num_deps[succ] == 1:
+                            cause[succ] = tid
+                        else:  # NB: a loop, not min over a comprehension (a function call in CPython 3.11)
+                            held = tid
+                            for dep in deps[succ]:
+                                if dep < held and end[dep] == t:
+                                    held = dep
+                            cause[succ] = held
                         ds = device_of[succ]
                         if alone_run[ds] is not None:  # a task of a device running a run alone: cut it here
                             seq, finished = self._alone_cut(ds, t, seq, dirty_streams)
@@ -448,9 +460,8 @@ class Engine:
                                                        tl_b[ds][-1] if times is not None else 0.0)
                                     if t > last_x[ds]:
                                         last_x[ds] = t  # the device was idle before: nothing exposed
-                                    run, x, prev, s, memory = [], succ, -1, t, mem[ds]
-                                    while True:
-                                        run.append(x)
+                                    x, prev, s, memory, jumps = succ, -1, t, mem[ds], None
+                                    while True:  # NB: the run's tids, consecutive but for the jumps recorded
                                         e = s + work[x]
                                         if prev >= 0:
                                             ready[x], cause[x] = s, prev
@@ -481,18 +492,25 @@ class Engine:
                                         stream_prev[stream_of[x]] = x
                                         prev, s = x, e
                                         nexts = successors[x]
-                                        if nexts is None:  # (the next tid, waiting for x alone)
-                                            x += 1
-                                        elif len(nexts) == 1:
-                                            x = nexts[0]
+                                        if nexts is None:  # the next tid, waiting for x alone, no collective rank,
+                                            x += 1  # no flow on a shared link (GraphArrays._break_chains)
+                                            if device_of[x] != ds:
+                                                break
+                                        elif len(nexts) != 1:
+                                            break
                                         else:
-                                            break
-                                        if (num_deps[x] != 1 or device_of[x] != ds or leader_of[x] >= 0
-                                                or x in shared):
-                                            break
+                                            y = nexts[0]
+                                            if (num_deps[y] != 1 or device_of[y] != ds or leader_of[y] >= 0
+                                                    or y in shared):
+                                                break
+                                            if jumps is None:
+                                                jumps = []
+                                            jumps.append((x, y))
+                                            x = y
                                     mem[ds] = memory
                                     if s > last_x[ds]:
                                         last_x[ds] = s
+                                    run = range(succ, prev + 1) if jumps is None else _run_tids(succ, jumps, prev)
                                     runs += 1
                                     alone_run[ds], alone_t0[ds], alone_id[ds] = run, t, runs
                                     seq += 1
@@ -676,6 +694,16 @@ class Engine:
                 pending = [names[d] for d in g.deps[tid] if self.end[d] < 0.0][:2]
                 unmet.append(f"{names[tid]} (waits for {', '.join(pending)})")
         return waiting + blocked + unmet
+
+
+def _run_tids(first: int, jumps: list[tuple[int, int]], last: int) -> list[int]:
+    """The tids of a run alone from first to last, consecutive but for the jumps (from, to)."""
+    tids: list[int] = []
+    for end, following in jumps:
+        tids += range(first, end + 1)
+        first = following
+    tids += range(first, last + 1)
+    return tids
 
 
 def _timeline_point(times: list[float], values: list[float], t: float, value: float) -> None:

@@ -28,11 +28,14 @@ def _check(graph: ExecGraph) -> int:
     """GraphArrays' successors are the reference's, None standing for [tid + 1] where tid + 1 waits for tid alone
     and nothing else does; returns how many are None."""
     deps = [task.deps for task in graph.tasks]
-    got = GraphArrays(graph, 0.0).successors
+    arrays = GraphArrays(graph, 0.0)
+    got = arrays.successors
     expected = _plain_successors(deps)
     for tid, (row, want) in enumerate(zip(got, expected, strict=True)):
         if row is None:
             assert want == [tid + 1] and deps[tid + 1] == (tid,), tid
+            # the engine walks a None link in a run alone checking only the device
+            assert arrays.leader_of[tid + 1] < 0 and tid + 1 not in arrays.shared_links, tid
         else:
             assert row == want, tid
     return got.count(None)
@@ -70,3 +73,20 @@ def test_successors_equal_every_edge_walked_on_compiled_jobs(strategy: dict[str,
     estimator = SimEstimator()
     graph = compile_job(job, default_plan(graph_for(job), job.parallel), estimator.pricer, estimator.task_level)
     assert _check(graph) > 0  # chain links were found
+
+
+def test_chain_links_into_collectives_and_shared_links_are_listed() -> None:
+    """A task waiting for the task before it alone is a chain link (None), except where it is a collective rank or a
+    flow on a link another device's flow names: then its predecessor lists it ([tid + 1])."""
+    devices = [SimDevice(index=d, stage=d, ranks=1, capacity_bytes=1e9, static_bytes=0.0) for d in range(2)]
+    graph = ExecGraph(devices=devices, tasks=[], resource_capacity={"link": 1.0})
+    graph.add(name="a", device=0, stream="compute", kind="compute", duration_s=1.0)
+    graph.add(name="b", device=0, stream="compute", kind="compute", duration_s=1.0, deps=(0,))
+    graph.add(name="rank0", device=0, stream="gradient", kind="comm", duration_s=1.0, deps=(1,), sync_key="k")
+    graph.add(name="rank1", device=1, stream="gradient", kind="comm", duration_s=1.0, sync_key="k")
+    graph.add(name="send0", device=1, stream="feature", kind="comm", duration_s=1.0, deps=(3,), resources=("link",))
+    graph.add(name="send1", device=0, stream="feature", kind="comm", duration_s=1.0, resources=("link",))
+    arrays = GraphArrays(graph, 0.0)
+    assert arrays.successors[:4] == [None, [2], [], [4]]
+    assert arrays.shared_links == {4, 5}
+    assert _check(graph) == 1

@@ -14,7 +14,7 @@ from trainsim.catalog.calibration import Calibration
 from trainsim.compile.splits import LayerSplit
 from trainsim.cost.pricing import Pricer, axis_layout
 from trainsim.hardware.cluster import GroupLayout
-from trainsim.ir.exec_graph import ExecGraph, Phase, Stream, TaskKind
+from trainsim.ir.exec_graph import ExecGraph, Phase, Stream, TaskKind, TemplateRun
 from trainsim.ir.graph import Comm, Layer, Op
 from trainsim.job import Job
 from trainsim.strategy.lowered import LoweredPlan
@@ -386,7 +386,8 @@ class StageWriter:
             return
         tid = len(c)
         c.deps.append((self.prev, *self.pending) if self.prev >= 0 else tuple(self.pending))
-        c.deps += zip(range(tid, tid + total - 1))
+        links = list(zip(range(tid, tid + total - 1)))
+        c.deps += links
         self.pending = []
         firsts = list(accumulate(sizes, initial=tid))
         firsts.pop()
@@ -396,6 +397,7 @@ class StageWriter:
         c.micro_batch += chain.from_iterable(map(repeat, micro_batches, sizes))
         for column, read in _BLOCK_COLUMNS:  # NB: += of each block's tuple, looped in C (reduce), copies it at once
             reduce(iadd, map(read, blocks), getattr(c, column))
+        c.note_template_run(TemplateRun(tid, stage, tuple(blocks), links))  # (the simulator's shortcut: sim/arrays.py)
         self.prev = tid + total - 1
 
     def wait_for(self, *tids: int) -> None:

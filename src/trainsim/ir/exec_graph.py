@@ -8,7 +8,7 @@ topology (the full group), so the cost of a simulation does not grow with the dp
 
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Literal
+from typing import Literal, Protocol
 
 Stream = Literal["compute", "feature", "gradient"]
 TaskKind = Literal["compute", "comm"]
@@ -63,6 +63,38 @@ class SimDevice:
     static_breakdown: dict[str, float] = field(default_factory=dict)
 
 
+class ColumnBlock(Protocol):
+    """Consecutive tasks' fields, one value per task in order (the compiler's step templates: compile/context.py
+    SpecBlock)."""
+
+    @property
+    def stream(self) -> tuple[Stream, ...]: ...
+
+    @property
+    def kind(self) -> tuple[TaskKind, ...]: ...
+
+    @property
+    def category(self) -> tuple[str, ...]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateRun:
+    """Tasks written from blocks (TaskColumns.note_template_run): tids first, first + 1, ... on one device, each
+    block's tasks after the one before, every task but the first waiting for the task before it alone, by the
+    dependency tuples in `links` (tids first + 1 on; a reader finds the ones replaced since by identity). What the
+    columns hold there may have been changed since: a reader compares before it relies on the blocks."""
+
+    first: int
+    device: int
+    blocks: tuple[ColumnBlock, ...]
+    links: list[tuple[int, ...]]
+
+    @property
+    def end(self) -> int:
+        """The tid after the last task."""
+        return self.first + len(self.links) + 1
+
+
 TASK_FIELDS = ("name", "device", "stream", "kind", "duration_s", "deps", "sync_key", "resources", "alloc_bytes",
                "free_bytes", "phase", "layer", "micro_batch", "stage", "category", "priority", "link_shares")
 _READ_FIELDS = attrgetter(*TASK_FIELDS)
@@ -74,7 +106,7 @@ class TaskColumns:
     suffix around a micro-batch (name_later) are made when `name` is first read (the simulator reads them only to
     report an error)."""
 
-    __slots__ = (*(field for field in TASK_FIELDS if field != "name"), "_name", "_named_later")
+    __slots__ = (*(field for field in TASK_FIELDS if field != "name"), "_name", "_named_later", "template_runs")
     device: list[int]
     stream: list[Stream]
     kind: list[TaskKind]
@@ -96,6 +128,8 @@ class TaskColumns:
         for name in TASK_FIELDS:
             setattr(self, name, [])
         self._named_later: list[tuple[int, tuple[tuple[str, str], ...], int]] = []
+        # where tasks were written from blocks, in tid order (a shortcut for readers: sim/arrays.py)
+        self.template_runs: list[TemplateRun] = []
 
     def __len__(self) -> int:
         return len(self._name)
@@ -125,6 +159,12 @@ class TaskColumns:
         one the next tid) and are named from affixes[i] and micro_batches[i]; total: their tasks together."""
         self._named_later += zip(firsts, affixes, micro_batches, strict=True)
         self._name += [""] * total
+
+    def note_template_run(self, run: TemplateRun) -> None:
+        """Record that the tasks run.first .. run.end - 1, the last ones written, were written from run's blocks."""
+        if run.end != len(self._name) or (self.template_runs and run.first < self.template_runs[-1].end):
+            raise ValueError(f"a template run of tids {run.first}..{run.end - 1} must be the last tasks written")
+        self.template_runs.append(run)
 
     @classmethod
     def of_tasks(cls, tasks: list[Task]) -> "TaskColumns":

@@ -7,16 +7,18 @@ represented by its leader, the member with the lowest tid. Per-flow fields live 
 import math
 from collections.abc import Hashable, Sequence
 from itertools import chain, compress
-from operator import attrgetter, contains, itemgetter, ne
+from operator import attrgetter, contains, itemgetter
 from typing import Protocol, TypeVar
 
 from trainsim.errors import ConfigError
 from trainsim.ir.exec_graph import ExecGraph, TaskColumns
+from trainsim.sim.template_runs import Part, by_blocks, first_appearances, holding, not_chained, ordered_runs, parts
 
 STREAMS = ("compute", "feature", "gradient")
 STREAM_INDEX = {name: index for index, name in enumerate(STREAMS)}
 NUM_STREAMS = len(STREAMS)
 _TID = attrgetter("tid")
+_CATEGORY = attrgetter("category")
 _K = TypeVar("_K", bound=Hashable, contravariant=True)
 _V = TypeVar("_V", covariant=True)
 
@@ -68,7 +70,13 @@ class GraphArrays:
         self.columns = columns  # names from it where an error names a task
         self.sync_keys: list[str] = sync_keys
         self.device_of: list[int] = device_of
-        self.is_compute: Sequence[bool] = looked_up(_IS_COMPUTE, kinds)
+        # the compiler's template runs (sim/template_runs.py): all for the chain links, those whose columns still
+        # hold their blocks' values for the lists made per block
+        runs = ordered_runs(columns, n)
+        pieces = parts(n, holding(runs, device_of, streams, kinds, categories)) if runs else parts(n, [])
+        self.is_compute: Sequence[bool] = by_blocks(
+            pieces, lambda first, end: looked_up(_IS_COMPUTE, kinds[first:end]),
+            lambda block, _: looked_up(_IS_COMPUTE, block.kind))
         self.work: list[float] = list(durations) if launch_overhead_s == 0.0 else [
             d + launch_overhead_s if c else d for d, c in zip(durations, self.is_compute, strict=True)]
         self.priority: list[int] = priority
@@ -76,10 +84,10 @@ class GraphArrays:
         self.free_bytes: list[float] = free_bytes
         self.deps: list[tuple[int, ...]] = deps
         self.num_deps = list(map(len, deps))
-        self.stream_of = self._streams(graph, streams, durations)
-        self.successors = self._successors(graph, deps)
+        self.stream_of = self._streams(graph, streams, durations, pieces)
+        self.successors = self._successors(graph, deps, parts(n, runs))
         self.categories: list[str] = []
-        self.category_of = self._categories(categories)
+        self.category_of = self._categories(categories, pieces)
         self.resource_names: list[str] = []
         self.resource_capacity: list[float] = []
         self.leader_of: list[int] = [-1] * n
@@ -93,15 +101,19 @@ class GraphArrays:
         self.shared_links = self._shared_links()
         self._break_chains()
 
-    def _streams(self, graph: ExecGraph, streams: Sequence[str], durations: Sequence[float]) -> list[int]:
+    def _streams(self, graph: ExecGraph, streams: Sequence[str], durations: Sequence[float],
+                 pieces: list[Part]) -> list[int]:
         """Each task's stream index (device x NUM_STREAMS + stream), after checking tid, device, duration
         and stream; a graph that fails a whole-list check is checked task by task for the error to report."""
         num_devices = self.num_devices
         index = {(device, stream): device * NUM_STREAMS + i for device in range(num_devices)
                  for stream, i in STREAM_INDEX.items()}
         total_s = sum(durations)  # NB: finite only if no duration is NaN or infinite
+        device_of = self.device_of
         try:
-            out = list(map(index.__getitem__, zip(self.device_of, streams, strict=True)))  # device and stream
+            out = by_blocks(pieces, lambda first, end: list(map(index.__getitem__, zip(
+                device_of[first:end], streams[first:end], strict=True))),  # device and stream
+                lambda block, run: [index[(run.device, stream)] for stream in block.stream])
         except (KeyError, TypeError):
             out = []
         # NB: a graph of Task objects names each task's tid; columns number the tasks by position
@@ -124,7 +136,8 @@ class GraphArrays:
             if task.stream not in STREAM_INDEX:
                 raise ConfigError(f"task {task.name!r}.stream", task.stream, f"choose one of: {', '.join(STREAMS)}")
 
-    def _successors(self, graph: ExecGraph, deps: Sequence[tuple[int, ...]]) -> list[list[int] | None]:
+    def _successors(self, graph: ExecGraph, deps: Sequence[tuple[int, ...]],
+                    pieces: list[Part]) -> list[list[int] | None]:
         """Each task's successors in ascending tid order (the order the engine releases them in); None for a task
         whose only successor is the next tid, which waits for it alone (and is no collective rank and no flow on a
         shared link: _break_chains). NB: most tasks are such links of the
@@ -132,7 +145,7 @@ class GraphArrays:
         Python."""
         n = self.num_tasks
         # the tasks that do not wait for the task before them alone (task 0 among them: its dependency is no -1)
-        others = list(compress(range(n), map(ne, deps, zip(range(-1, n - 1)))))
+        others = not_chained(pieces, deps)
         if n and (not others or others[0] != 0):
             others.insert(0, 0)
         other_deps = list(map(deps.__getitem__, others))
@@ -170,11 +183,12 @@ class GraphArrays:
             if tid and succ[tid - 1] is None:
                 succ[tid - 1] = [tid]
 
-    def _categories(self, names: Sequence[str]) -> Sequence[int]:
-        self.categories = [name for name in dict.fromkeys(names) if name]  # first-appearance order
+    def _categories(self, names: Sequence[str], pieces: list[Part]) -> Sequence[int]:
+        self.categories = [name for name in first_appearances(pieces, names, _CATEGORY) if name]
         index = {name: i for i, name in enumerate(self.categories)}
         index[""] = -1
-        return looked_up(index, names)
+        return by_blocks(pieces, lambda first, end: looked_up(index, names[first:end]),
+                         lambda block, _: looked_up(index, block.category))
 
     def _flows(self, graph: ExecGraph, sync_keys: Sequence[str], task_resources: Sequence[tuple[str, ...]],
                task_shares: Sequence[tuple[float, ...]], kinds: Sequence[str]) -> None:

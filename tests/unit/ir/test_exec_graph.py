@@ -12,7 +12,7 @@ from trainsim.compile.build import compile_job
 from trainsim.cost.pricing import Pricer
 from trainsim.errors import ConfigError
 from trainsim.estimate.simulation import SimEstimator, busy_by_device
-from trainsim.ir.exec_graph import TASK_FIELDS, ExecGraph, SimDevice, Task, TaskColumns
+from trainsim.ir.exec_graph import TASK_FIELDS, ExecGraph, SimDevice, Task, TaskColumns, TemplateRun
 from trainsim.job import make_job
 from trainsim.pipeline import graph_for
 from trainsim.sim import SimOptions, simulate
@@ -145,3 +145,18 @@ def test_an_error_names_the_task_whose_name_is_made_later() -> None:
     graph = ExecGraph(devices=_devices(1), columns=columns)
     with pytest.raises(ConfigError, match=r"task 'send mb4 vs0'.link_shares"):
         simulate(graph, OPTIONS)
+
+
+def test_a_template_run_must_be_the_last_tasks_written() -> None:
+    """TaskColumns.note_template_run records tasks just written, after the runs before; a run elsewhere is refused."""
+    columns = TaskColumns()
+    for tid in range(4):
+        columns.append(f"t{tid}", 0, "compute", "compute", 1.0, (tid - 1,) if tid else ())
+    columns.note_template_run(TemplateRun(1, 0, (), columns.deps[2:4]))  # tids 1..3
+    assert [(run.first, run.end) for run in columns.template_runs] == [(1, 4)]
+    with pytest.raises(ValueError, match="must be the last tasks written"):
+        columns.note_template_run(TemplateRun(0, 0, (), columns.deps[1:2]))  # tids 0..1: not the last
+    columns.append("t4", 0, "compute", "compute", 1.0, (3,))
+    with pytest.raises(ValueError, match="must be the last tasks written"):
+        columns.note_template_run(TemplateRun(2, 0, (), columns.deps[3:5]))  # tids 2..4: overlaps the run before
+    assert TaskColumns.of_tasks(columns.to_tasks()).template_runs == []  # Task objects read back: no runs

@@ -7,7 +7,9 @@ topology (the full group), so the cost of a simulation does not grow with the dp
 """
 
 from dataclasses import dataclass, field
-from operator import attrgetter
+from functools import reduce
+from itertools import chain, repeat
+from operator import attrgetter, iadd
 from typing import Literal, Protocol
 
 Stream = Literal["compute", "feature", "gradient"]
@@ -76,6 +78,12 @@ class ColumnBlock(Protocol):
     @property
     def category(self) -> tuple[str, ...]: ...
 
+    @property
+    def phase(self) -> tuple[Phase, ...]: ...
+
+    @property
+    def layer(self) -> tuple[str, ...]: ...
+
 
 @dataclass(frozen=True, slots=True)
 class TemplateRun:
@@ -98,15 +106,19 @@ class TemplateRun:
 TASK_FIELDS = ("name", "device", "stream", "kind", "duration_s", "deps", "sync_key", "resources", "alloc_bytes",
                "free_bytes", "phase", "layer", "micro_batch", "stage", "category", "priority", "link_shares")
 _READ_FIELDS = attrgetter(*TASK_FIELDS)
+_LATER = ("phase", "layer", "micro_batch")  # what blocks_later holds until one of them is read
+_PHASE, _LAYER = attrgetter("phase"), attrgetter("layer")
 
 
 class TaskColumns:
     """An ExecGraph's tasks as one list per Task field (all indexed by tid; a task's tid is its position): the layout
     the compiler writes and the simulator reads, without a Python object per task. Names given as a prefix and a
     suffix around a micro-batch (name_later) are made when `name` is first read (the simulator reads them only to
-    report an error)."""
+    report an error). A block's phases, layers and micro-batches (blocks_later) are written when one of them is
+    first read (the simulator reads none)."""
 
-    __slots__ = (*(field for field in TASK_FIELDS if field != "name"), "_name", "_named_later", "template_runs")
+    __slots__ = (*(field for field in TASK_FIELDS if field != "name" and field not in _LATER), "_name", "_named_later",
+                 "template_runs", "_phase", "_layer", "_micro_batch", "_blocks_later")
     device: list[int]
     stream: list[Stream]
     kind: list[TaskKind]
@@ -116,17 +128,19 @@ class TaskColumns:
     resources: list[tuple[str, ...]]
     alloc_bytes: list[float]
     free_bytes: list[float]
-    phase: list[Phase]
-    layer: list[str]
-    micro_batch: list[int]
     stage: list[int]
     category: list[str]
     priority: list[int]
     link_shares: list[tuple[float, ...]]
 
     def __init__(self) -> None:
+        self._blocks_later: list[tuple[int, tuple[ColumnBlock, ...], list[int], list[int]]] = []
         for name in TASK_FIELDS:
-            setattr(self, name, [])
+            if name not in _LATER:
+                setattr(self, name, [])
+        self._phase: list[Phase] = []
+        self._layer: list[str] = []
+        self._micro_batch: list[int] = []
         self._named_later: list[tuple[int, tuple[tuple[str, str], ...], int]] = []
         # where tasks were written from blocks, in tid order (a shortcut for readers: sim/arrays.py)
         self.template_runs: list[TemplateRun] = []
@@ -146,6 +160,58 @@ class TaskColumns:
     @name.setter
     def name(self, names: list[str]) -> None:
         self._name, self._named_later = names, []
+
+    def _write_blocks(self) -> None:
+        """Write the phases, layers and micro-batches that blocks_later holds."""
+        for first, blocks, micro_batches, sizes in self._blocks_later:
+            end = first + sum(sizes)
+            self._phase[first:end] = reduce(iadd, map(_PHASE, blocks), [])
+            self._layer[first:end] = reduce(iadd, map(_LAYER, blocks), [])
+            self._micro_batch[first:end] = chain.from_iterable(map(repeat, micro_batches, sizes))
+        self._blocks_later = []
+
+    @property
+    def phase(self) -> list[Phase]:
+        if self._blocks_later:
+            self._write_blocks()
+        return self._phase
+
+    @phase.setter
+    def phase(self, values: list[Phase]) -> None:
+        self._write_blocks()
+        self._phase = values
+
+    @property
+    def layer(self) -> list[str]:
+        if self._blocks_later:
+            self._write_blocks()
+        return self._layer
+
+    @layer.setter
+    def layer(self, values: list[str]) -> None:
+        self._write_blocks()
+        self._layer = values
+
+    @property
+    def micro_batch(self) -> list[int]:
+        if self._blocks_later:
+            self._write_blocks()
+        return self._micro_batch
+
+    @micro_batch.setter
+    def micro_batch(self, values: list[int]) -> None:
+        self._write_blocks()
+        self._micro_batch = values
+
+    def blocks_later(self, blocks: tuple[ColumnBlock, ...], micro_batches: list[int], sizes: list[int]) -> None:
+        """The phases, layers and micro-batches of the next tasks, block after block (sizes[i] tasks of blocks[i],
+        of micro-batch micro_batches[i]), written when one of them is first read (placeholders until then)."""
+        total = sum(sizes)
+        self._blocks_later.append((len(self._phase), blocks, micro_batches, sizes))
+        placeholder: list[Phase] = ["fwd"]
+        self._phase += placeholder * total
+        self._layer += [""] * total
+        self._micro_batch += [-1] * total
 
     def name_later(self, affixes: tuple[tuple[str, str], ...], blanks: tuple[str, ...], micro_batch: int) -> None:
         """Name the next len(affixes) tasks f"{prefix}{micro_batch}{suffix}" when `name` is read (blanks: as many
@@ -187,7 +253,8 @@ class TaskColumns:
         """Add tasks given as rows of TASK_FIELDS' values, in that order (tids follow on)."""
         if rows:
             for name, values in zip(TASK_FIELDS, zip(*rows, strict=True), strict=True):
-                getattr(self, "_name" if name == "name" else name).extend(values)  # NB: names made later stay so
+                # NB: names, phases, layers and micro-batches written later stay so
+                getattr(self, f"_{name}" if name == "name" or name in _LATER else name).extend(values)
 
     def append(self, name: str, device: int, stream: Stream, kind: TaskKind, duration_s: float,
                deps: tuple[int, ...] = (), sync_key: str = "", resources: tuple[str, ...] = (),
@@ -206,9 +273,9 @@ class TaskColumns:
         self.resources.append(resources)
         self.alloc_bytes.append(alloc_bytes)
         self.free_bytes.append(free_bytes)
-        self.phase.append(phase)
-        self.layer.append(layer)
-        self.micro_batch.append(micro_batch)
+        self._phase.append(phase)  # NB: (what blocks_later holds stays so)
+        self._layer.append(layer)
+        self._micro_batch.append(micro_batch)
         self.stage.append(device if stage < 0 else stage)
         self.category.append(category)
         self.priority.append(priority)

@@ -160,3 +160,40 @@ def test_a_template_run_must_be_the_last_tasks_written() -> None:
     with pytest.raises(ValueError, match="must be the last tasks written"):
         columns.note_template_run(TemplateRun(2, 0, (), columns.deps[3:5]))  # tids 2..4: overlaps the run before
     assert TaskColumns.of_tasks(columns.to_tasks()).template_runs == []  # Task objects read back: no runs
+
+
+def test_phases_layers_and_micro_batches_written_later_read_as_written() -> None:
+    """blocks_later holds a block's phases, layers and micro-batches until one of them is read; tasks appended or
+    added as rows meanwhile keep theirs, and the Task objects read back are the ones written."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Block:
+        stream: tuple[str, ...]
+        kind: tuple[str, ...]
+        category: tuple[str, ...]
+        phase: tuple[str, ...]
+        layer: tuple[str, ...]
+
+    fwd = Block(("compute",) * 2, ("compute",) * 2, ("compute",) * 2, ("fwd", "fwd"), ("l0", "l1"))
+    bwd = Block(("compute",), ("compute",), ("compute",), ("bwd",), ("l1",))
+    columns = TaskColumns()
+    columns.append("first", 0, "compute", "compute", 1.0, phase="optimizer", layer="x", micro_batch=7)
+    for _ in range(5):  # the blocks' other columns, as StageWriter.emit_blocks writes them
+        columns.append("", 0, "compute", "compute", 1.0)
+    columns._name[1:] = ["b"] * 5  # (named as the test likes)
+    columns._phase[1:], columns._layer[1:], columns._micro_batch[1:] = [], [], []
+    columns.blocks_later((fwd, bwd, fwd), [3, 3, 4], [2, 1, 2])  # type: ignore[arg-type]
+    columns.extend_rows([("row", 1, "feature", "comm", 2.0, (0,), "", (), 0.0, 0.0, "comm", "", 5, 1, "pp_comm", 0,
+                          ())])
+    assert columns._blocks_later  # nothing written yet
+    assert columns.phase == ["optimizer", "fwd", "fwd", "bwd", "fwd", "fwd", "comm"]
+    assert not columns._blocks_later
+    assert columns.layer == ["x", "l0", "l1", "l1", "l0", "l1", ""]
+    assert columns.micro_batch == [7, 3, 3, 3, 4, 4, 5]
+    tasks = columns.to_tasks()
+    assert [(t.phase, t.layer, t.micro_batch) for t in tasks] == list(zip(
+        columns.phase, columns.layer, columns.micro_batch, strict=True))
+    again = TaskColumns()
+    again.blocks_later((bwd,), [9], [1])  # type: ignore[arg-type]
+    again.phase = ["recompute"]  # a column set whole: what was held is written first, then replaced
+    assert again.phase == ["recompute"] and again.micro_batch == [9] and again.layer == ["l1"]

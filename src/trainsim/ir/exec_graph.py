@@ -6,6 +6,7 @@ for every rank with the same pipeline stage. A collective's uncontended duration
 topology (the full group), so the cost of a simulation does not grow with the dp or tp degree.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import reduce
 from itertools import chain, repeat
@@ -249,12 +250,23 @@ class TaskColumns:
                 raise ValueError(f"TaskColumns.{name} holds {len(column)} values for {len(self._name)} tasks")
         return list(map(Task, range(len(self._name)), *values))
 
-    def extend_rows(self, rows: list[tuple[object, ...]]) -> None:
-        """Add tasks given as rows of TASK_FIELDS' values, in that order (tids follow on)."""
+    def extend_rows(self, rows: list[tuple[object, ...]], fields: tuple[str, ...] = TASK_FIELDS,
+                    constants: Mapping[str, object] | None = None) -> None:
+        """Add tasks given as rows of the fields' values, in that order, the other fields of TASK_FIELDS the same for
+        all (constants); tids follow on."""
+        constants = constants or {}
+        if sorted((*fields, *constants)) != sorted(TASK_FIELDS):
+            raise ValueError(f"rows of {fields} and constants of {sorted(constants)} must give each task field once")
         if rows:
-            for name, values in zip(TASK_FIELDS, zip(*rows, strict=True), strict=True):
-                # NB: names, phases, layers and micro-batches written later stay so
+            # NB: names, phases, layers and micro-batches written later stay so
+            for name, values in (*zip(fields, zip(*rows, strict=True), strict=True),
+                                 *((name, [value] * len(rows)) for name, value in constants.items())):
                 getattr(self, f"_{name}" if name == "name" or name in _LATER else name).extend(values)
+
+    def names_later(self, named: list[tuple[int, tuple[tuple[str, str], ...], int]]) -> None:
+        """Name tasks already added when `name` is read: each (tid, affixes, micro-batch) names tasks tid, tid + 1, ...
+        f"{prefix}{micro_batch}{suffix}" from its affixes."""
+        self._named_later += named
 
     def append(self, name: str, device: int, stream: Stream, kind: TaskKind, duration_s: float,
                deps: tuple[int, ...] = (), sync_key: str = "", resources: tuple[str, ...] = (),

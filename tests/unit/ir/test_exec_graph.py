@@ -197,3 +197,21 @@ def test_phases_layers_and_micro_batches_written_later_read_as_written() -> None
     again.blocks_later((bwd,), [9], [1])  # type: ignore[arg-type]
     again.phase = ["recompute"]  # a column set whole: what was held is written first, then replaced
     assert again.phase == ["recompute"] and again.micro_batch == [9] and again.layer == ["l1"]
+
+
+def test_rows_with_constant_fields_and_names_made_later() -> None:
+    """extend_rows takes rows of some fields and one value each for the others (all fields once, else refused);
+    names_later names added tasks when names are read."""
+    fields = ("name", "device", "duration_s", "deps", "sync_key", "resources", "micro_batch", "stage")
+    constants = {"stream": "feature", "kind": "comm", "alloc_bytes": 0.0, "free_bytes": 0.0, "phase": "comm",
+                 "layer": "", "category": "pp_comm", "priority": 0, "link_shares": ()}
+    columns = TaskColumns()
+    columns.extend_rows([("", 0, 1.0, (), "", ("l",), 3, 0), ("kept", 1, 2.0, (0,), "k", (), 4, 1)], fields, constants)
+    columns.names_later([(0, (("send act mb", " vs0->"),), 3)])
+    assert columns.to_tasks() == [
+        Task(0, "send act mb3 vs0->", 0, "feature", "comm", 1.0, (), "", ("l",), 0.0, 0.0, "comm", "", 3, 0, "pp_comm"),
+        Task(1, "kept", 1, "feature", "comm", 2.0, (0,), "k", (), 0.0, 0.0, "comm", "", 4, 1, "pp_comm")]
+    with pytest.raises(ValueError, match="must give each task field once"):
+        columns.extend_rows([], fields, {**constants, "device": 0})
+    with pytest.raises(ValueError, match="must give each task field once"):
+        columns.extend_rows([], fields[1:], constants)

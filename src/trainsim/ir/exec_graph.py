@@ -85,6 +85,9 @@ class ColumnBlock(Protocol):
     @property
     def layer(self) -> tuple[str, ...]: ...
 
+    @property
+    def resources(self) -> tuple[tuple[str, ...], ...]: ...
+
 
 @dataclass(frozen=True, slots=True)
 class TemplateRun:

@@ -12,7 +12,7 @@ from typing import Protocol, TypeVar
 
 from trainsim.errors import ConfigError
 from trainsim.ir.exec_graph import ExecGraph, TaskColumns
-from trainsim.sim.template_runs import Part, by_blocks, first_appearances, holding, not_chained, ordered_runs, parts
+from trainsim.ir.template_runs import Part, by_blocks, first_appearances, holding, not_chained, ordered_runs, parts
 
 STREAMS = ("compute", "feature", "gradient")
 STREAM_INDEX = {name: index for index, name in enumerate(STREAMS)}
@@ -70,7 +70,7 @@ class GraphArrays:
         self.columns = columns  # names from it where an error names a task
         self.sync_keys: list[str] = sync_keys
         self.device_of: list[int] = device_of
-        # the compiler's template runs (sim/template_runs.py): all for the chain links, those whose columns still
+        # the compiler's template runs (ir/template_runs.py): all for the chain links, those whose columns still
         # hold their blocks' values for the lists made per block
         runs = ordered_runs(columns, n)
         pieces = parts(n, holding(runs, device_of, streams, kinds, categories)) if runs else parts(n, [])

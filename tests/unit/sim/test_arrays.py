@@ -11,7 +11,7 @@ from trainsim.ir.exec_graph import ExecGraph, SimDevice
 from trainsim.job import make_job
 from trainsim.pipeline import graph_for
 from trainsim.sim.arrays import GraphArrays
-from trainsim.sim.template_runs import holding, ordered_runs
+from trainsim.ir.template_runs import holding, ordered_runs
 from trainsim.strategy.lowered import default_plan
 from trainsim.strategy.parallel import ParallelSpec
 
@@ -127,7 +127,7 @@ def _without_runs(graph: ExecGraph, launch_overhead_s: float) -> GraphArrays:
     {"tp": 1, "pp": 1, "dp": 8, "global_batch": 16, "zero": 3},
 ], ids=["1f1b", "interleaved", "zb-h1", "zero3"])
 def test_template_runs_give_the_per_task_lists(strategy: dict[str, object]) -> None:
-    """GraphArrays made with the compiler's template runs (sim/template_runs.py) equals the per-task path's."""
+    """GraphArrays made with the compiler's template runs (ir/template_runs.py) equals the per-task path's."""
     graph = _compiled(strategy)
     columns = graph.columns()
     runs = columns.template_runs

@@ -1,12 +1,14 @@
-"""The compiler's template runs as a shortcut for flattening (sim/arrays.py): where the compiler wrote a stage's steps
-from step templates (TaskColumns.template_runs), a per-task list the engine reads is made per block (one tuple per
-template, extended once per step, in C) instead of per task, and the chain links are found by identity instead of
-by comparing 148,561 dependency tuples (GPT-3 175B on 16 stages).
+"""The compiler's template runs (TaskColumns.template_runs) as a shortcut for the readers of a compiled graph: where
+the compiler wrote a stage's steps from step templates, a per-task list is made per block (one tuple per template,
+extended once per step, in C) instead of per task (sim/arrays.py: streams, kinds, categories), the chain links are
+found by identity instead of by comparing 148,561 dependency tuples (GPT-3 175B on 16 stages), and a run whose
+blocks name no link to place is skipped (compile/place_links.py).
 
-A run is relied on only as far as the columns still hold what it says: its device, streams, kinds and categories
-are compared with its blocks' (whole slices, in C), and a dependency tuple replaced since it was written (the
+A run is relied on only as far as the columns still hold what it says: the fields read from its blocks are compared
+with the columns' (whole slices, in C: `holding`), and a dependency tuple replaced since it was written (the
 pipeline receives added to a step's first task) is found by identity; any other run, and everything between runs,
-takes the per-task path. The lists made are the per-task path's, value for value (tests/unit/sim/test_arrays.py).
+takes the per-task path. The lists made are the per-task path's, value for value (tests/unit/sim/test_arrays.py,
+tests/unit/compile/test_place_links.py).
 """
 
 from collections.abc import Callable, Sequence
@@ -18,7 +20,8 @@ from typing import NamedTuple, TypeVar
 from trainsim.ir.exec_graph import ColumnBlock, TaskColumns, TemplateRun
 
 _T = TypeVar("_T")
-_STREAM, _KIND, _CATEGORY = attrgetter("stream"), attrgetter("kind"), attrgetter("category")
+_STREAM, _KIND, _CATEGORY, _RESOURCES = (attrgetter("stream"), attrgetter("kind"), attrgetter("category"),
+                                         attrgetter("resources"))
 
 
 class Part(NamedTuple):
@@ -60,15 +63,19 @@ def ordered_runs(columns: TaskColumns, n: int) -> list[TemplateRun]:
 def holding(runs: Sequence[TemplateRun], device_of: Sequence[int], streams: Sequence[str], kinds: Sequence[str],
             categories: Sequence[str]) -> list[TemplateRun]:
     """The runs whose tasks' devices, streams, kinds and categories are still their blocks'."""
-    out = []
-    for run in runs:
-        first, end = run.first, run.end
-        blocks = run.blocks
-        if (device_of[first:end].count(run.device) == end - first
-                and all(column[first:end] == reduce(iadd, map(read, blocks), [])
-                        for column, read in ((streams, _STREAM), (kinds, _KIND), (categories, _CATEGORY)))):
-            out.append(run)
-    return out
+    return [run for run in runs if device_of[run.first:run.end].count(run.device) == run.end - run.first
+            and _hold(run, ((streams, _STREAM), (kinds, _KIND), (categories, _CATEGORY)))]
+
+
+def holding_resources(runs: Sequence[TemplateRun], resources: Sequence[tuple[str, ...]]) -> list[TemplateRun]:
+    """The runs whose tasks' resources are still their blocks'."""
+    return [run for run in runs if _hold(run, ((resources, _RESOURCES),))]
+
+
+def _hold(run: TemplateRun, fields: tuple[tuple[Sequence[object], Callable[[ColumnBlock], tuple[object, ...]]], ...]
+          ) -> bool:
+    first, end, blocks = run.first, run.end, run.blocks
+    return all(column[first:end] == reduce(iadd, map(read, blocks), []) for column, read in fields)
 
 
 def by_blocks(pieces: Sequence[Part], per_task: Callable[[int, int], Sequence[_T]],

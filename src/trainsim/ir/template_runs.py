@@ -49,6 +49,11 @@ def parts(n: int, runs: Sequence[TemplateRun]) -> list[Part]:
     return out
 
 
+def pieces_runs(pieces: Sequence[Part]) -> list[TemplateRun]:
+    """The runs of these parts, in order."""
+    return [piece.run for piece in pieces if piece.run is not None]
+
+
 def ordered_runs(columns: TaskColumns, n: int) -> list[TemplateRun]:
     """The columns' template runs if they are in tid order, apart and within the n tasks; else none."""
     runs = columns.template_runs

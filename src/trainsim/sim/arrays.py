@@ -6,13 +6,24 @@ represented by its leader, the member with the lowest tid. Per-flow fields live 
 
 import math
 from collections.abc import Hashable, Sequence
+from functools import reduce
 from itertools import chain, compress
-from operator import attrgetter, contains, itemgetter
+from operator import attrgetter, contains, iadd, itemgetter
 from typing import Protocol, TypeVar
 
 from trainsim.errors import ConfigError
 from trainsim.ir.exec_graph import ExecGraph, TaskColumns
-from trainsim.ir.template_runs import Part, by_blocks, first_appearances, holding, not_chained, ordered_runs, parts
+from trainsim.ir.template_runs import (
+    Part,
+    by_blocks,
+    first_appearances,
+    holding,
+    holding_resources,
+    not_chained,
+    ordered_runs,
+    parts,
+    pieces_runs,
+)
 
 STREAMS = ("compute", "feature", "gradient")
 STREAM_INDEX = {name: index for index, name in enumerate(STREAMS)}
@@ -97,8 +108,12 @@ class GraphArrays:
         # engine's fast path)
         self.flow_weights: list[tuple[float, ...] | None] = [None] * n
         self.has_flow_resources = False
-        self._flows(graph, sync_keys, resources, link_shares, kinds)
-        self.shared_links = self._shared_links()
+        # the runs whose tasks are also no collective ranks, with their blocks' resources and no link shares
+        flow_pieces = parts(n, [run for run in holding_resources(pieces_runs(pieces), resources)
+                                if sync_keys[run.first:run.end].count("") == run.end - run.first
+                                and link_shares[run.first:run.end].count(()) == run.end - run.first])
+        run_flows = self._flows(graph, sync_keys, resources, link_shares, kinds, flow_pieces)
+        self.shared_links = self._shared_links(flow_pieces, run_flows)
         self._break_chains()
 
     def _streams(self, graph: ExecGraph, streams: Sequence[str], durations: Sequence[float],
@@ -191,7 +206,8 @@ class GraphArrays:
                          lambda block, _: looked_up(index, block.category))
 
     def _flows(self, graph: ExecGraph, sync_keys: Sequence[str], task_resources: Sequence[tuple[str, ...]],
-               task_shares: Sequence[tuple[float, ...]], kinds: Sequence[str]) -> None:
+               task_shares: Sequence[tuple[float, ...]], kinds: Sequence[str],
+               pieces: list[Part]) -> list[list[tuple[tuple[int, ...], tuple[float, ...] | None]]]:
         """Group collectives by sync_key and give every comm flow its resources (union over its members) and what
         it takes of each (Task.link_shares, 1 where the task gives none; a collective takes the sum of its
         members' given shares, its ranks on several devices crossing the link together, else 1), as fractions of
@@ -209,18 +225,48 @@ class GraphArrays:
         for tid in compress(range(self.num_tasks), sync_keys):
             groups.setdefault(sync_keys[tid], []).append(tid)
         as_flow: dict[tuple[int, int], tuple[tuple[int, ...], tuple[float, ...] | None]] = {}
-        for tid in compress(range(self.num_tasks), task_resources):
-            if not sync_keys[tid] and kinds[tid] == "comm":
-                names, given = task_resources[tid], task_shares[tid]
-                key = (id(names), id(given))  # NB: the compiler shares resource and link_shares tuples
-                placed = as_flow.get(key)
-                if placed is None:
-                    indices = as_indices.get(names)
-                    if indices is None:
-                        indices = as_indices[names] = tuple(res_index.setdefault(r, len(res_index)) for r in names)
-                    placed = as_flow[key] = (indices, _fractions([capacity_of.get(r, 1.0) for r in names],
-                                                                 _shares(names, given, columns, tid)))
-                flow_resources[tid], flow_weights[tid] = placed
+
+        def place(names: tuple[str, ...], given: tuple[float, ...], tid: int) -> tuple[tuple[int, ...],
+                                                                                         tuple[float, ...] | None]:
+            key = (id(names), id(given))  # NB: the compiler shares resource and link_shares tuples
+            placed = as_flow.get(key)
+            if placed is None:
+                indices = as_indices.get(names)
+                if indices is None:
+                    indices = as_indices[names] = tuple(res_index.setdefault(r, len(res_index)) for r in names)
+                placed = as_flow[key] = (indices, _fractions([capacity_of.get(r, 1.0) for r in names],
+                                                             _shares(names, given, columns, tid)))
+            return placed
+
+        # NB: in tid order, so resources are numbered as they first appear (a run's: its blocks', in order)
+        run_flows: list[list[tuple[tuple[int, ...], tuple[float, ...] | None]]] = []  # per run, its blocks' flows
+        for piece in pieces:
+            first, end, run = piece.first, piece.end, piece.run
+            if run is None:
+                for tid in compress(range(first, end), task_resources[first:end]):
+                    if not sync_keys[tid] and kinds[tid] == "comm":
+                        flow_resources[tid], flow_weights[tid] = place(task_resources[tid], task_shares[tid], tid)
+                continue
+            # a run's tasks: its blocks' resources, no link shares, no sync keys
+            by_resources: dict[int, list[tuple[int, ...] | None]] = {}
+            by_weights: dict[int, list[tuple[float, ...] | None]] = {}
+            flows: list[tuple[tuple[int, ...], tuple[float, ...] | None]] = []
+            for key, block in piece.distinct.items():
+                row_resources: list[tuple[int, ...] | None] = []
+                row_weights: list[tuple[float, ...] | None] = []
+                for names, kind in zip(block.resources, block.kind, strict=True):
+                    if names and kind == "comm":
+                        placed = place(names, (), first)
+                        flows.append(placed)
+                        row_resources.append(placed[0])
+                        row_weights.append(placed[1])
+                    else:
+                        row_resources.append(None)
+                        row_weights.append(None)
+                by_resources[key], by_weights[key] = row_resources, row_weights
+            run_flows.append(flows)
+            flow_resources[first:end] = reduce(iadd, map(by_resources.__getitem__, piece.keys), [])
+            flow_weights[first:end] = reduce(iadd, map(by_weights.__getitem__, piece.keys), [])
         as_collective: dict[tuple[tuple[int, int], ...], tuple[tuple[int, ...], tuple[float, ...] | None]] = {}
         for key, members in groups.items():
             leader = members[0]
@@ -254,19 +300,27 @@ class GraphArrays:
         self.has_flow_resources = bool(res_index)
         self.resource_names = list(res_index)
         self.resource_capacity = [capacity_of.get(name, 1.0) for name in self.resource_names]
+        return run_flows
 
-    def _shared_links(self) -> set[int]:
+    def _shared_links(self, pieces: list[Part],
+                      run_flows: list[list[tuple[tuple[int, ...], tuple[float, ...] | None]]]) -> set[int]:
         """The flows with a resource that a flow of another device also names, or that one flow alone takes more
         of than its capacity (where another device's transfer may slow them, or one alone waits): the engine runs
-        these step by step (engine.py: runs alone)."""
+        these step by step (engine.py: runs alone). pieces and run_flows: _flows' (a run's flows: its blocks')."""
         if not self.has_flow_resources:
             return set()
         flow_resources, flow_weights, device_of, members = (self.flow_resources, self.flow_weights, self.device_of,
                                                             self.members)
-        with_links = list(compress(range(self.num_tasks), flow_resources))
-        links = looked_up(flow_resources, with_links)
-        users = dict.fromkeys(zip(links, looked_up(flow_weights, with_links), looked_up(device_of, with_links),
-                                  strict=True))
+        users: dict[tuple[tuple[int, ...] | None, tuple[float, ...] | None, int], None] = {}
+        flows_of_runs = iter(run_flows)
+        for piece in pieces:
+            first, end, run = piece.first, piece.end, piece.run
+            if run is not None:
+                users.update(dict.fromkeys((r, w, run.device) for r, w in next(flows_of_runs)))
+                continue
+            with_links = list(compress(range(first, end), flow_resources[first:end]))
+            users.update(dict.fromkeys(zip(looked_up(flow_resources, with_links), looked_up(flow_weights, with_links),
+                                           looked_up(device_of, with_links), strict=True)))
         devices_of: list[set[int]] = [set() for _ in self.resource_names]
         most = [0.0] * len(self.resource_names)  # the most one flow takes of each resource (of its capacity)
         for resources, weights, device in users:
@@ -278,7 +332,13 @@ class GraphArrays:
                 devices_of[r].update(device_of[m] for m in ranks)
         exclusive = [len(devices) <= 1 and weight <= 1.0 for devices, weight in zip(devices_of, most, strict=True)]
         bad = {resources for resources, _, _ in users if resources and not all(exclusive[r] for r in resources)}
-        return set(compress(with_links, map(bad.__contains__, links))) if bad else set()
+        if not bad:
+            return set()
+        # NB: a run whose blocks' flows take no such resource has none; the others are read per task
+        return set(chain.from_iterable(
+            compress(range(piece.first, piece.end), map(bad.__contains__, flow_resources[piece.first:piece.end]))
+            for piece in pieces if piece.run is None or not bad.isdisjoint(
+                flow_resources[piece.first:piece.end])))
 
 
 _ONES: dict[int, tuple[float, ...]] = {}

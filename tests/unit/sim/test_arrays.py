@@ -8,10 +8,10 @@ from trainsim.catalog import load_cluster, load_model
 from trainsim.compile.build import compile_job
 from trainsim.estimate.simulation import SimEstimator
 from trainsim.ir.exec_graph import ExecGraph, SimDevice
+from trainsim.ir.template_runs import holding, ordered_runs
 from trainsim.job import make_job
 from trainsim.pipeline import graph_for
 from trainsim.sim.arrays import GraphArrays
-from trainsim.ir.template_runs import holding, ordered_runs
 from trainsim.strategy.lowered import default_plan
 from trainsim.strategy.parallel import ParallelSpec
 
@@ -103,9 +103,9 @@ def _lists(arrays: GraphArrays) -> dict[str, object]:
 
 
 def _compiled(strategy: dict[str, object]) -> ExecGraph:
-    job = make_job(load_model("gpt3-1.3b"), load_cluster("dgx-a100-80gb").with_num_gpus(16 if strategy["pp"] != 1
-                                                                                         else 8),
-                   ParallelSpec.parse({"micro_batch": 1, "seq_len": 2048, **strategy}))
+    par = ParallelSpec.parse({"micro_batch": 1, "seq_len": 2048, **strategy})
+    job = make_job(load_model("gpt3-1.3b"), load_cluster("dgx-a100-80gb").with_num_gpus(par.tp * par.pp * par.dp),
+                   par)
     estimator = SimEstimator()
     return compile_job(job, default_plan(graph_for(job), job.parallel), estimator.pricer, estimator.task_level)
 
@@ -125,7 +125,8 @@ def _without_runs(graph: ExecGraph, launch_overhead_s: float) -> GraphArrays:
     {"tp": 2, "pp": 2, "dp": 4, "vpp": 2, "schedule": "interleaved-1f1b", "global_batch": 16, "recompute": "full"},
     {"tp": 2, "pp": 4, "dp": 2, "global_batch": 16, "schedule": "zb-h1"},
     {"tp": 1, "pp": 1, "dp": 8, "global_batch": 16, "zero": 3},
-], ids=["1f1b", "interleaved", "zb-h1", "zero3"])
+    {"tp": 16, "pp": 2, "dp": 1, "global_batch": 8},  # tensor-parallel collectives across nodes: NICs shared
+], ids=["1f1b", "interleaved", "zb-h1", "zero3", "tp-across-nodes"])
 def test_template_runs_give_the_per_task_lists(strategy: dict[str, object]) -> None:
     """GraphArrays made with the compiler's template runs (ir/template_runs.py) equals the per-task path's."""
     graph = _compiled(strategy)
@@ -138,14 +139,22 @@ def test_template_runs_give_the_per_task_lists(strategy: dict[str, object]) -> N
     assert _lists(GraphArrays(graph, 1e-6)) == _lists(_without_runs(graph, 1e-6))
 
 
-@pytest.mark.parametrize("change", ["kind", "stream", "category", "device", "deps", "deps-equal", "runs-overlap"])
+@pytest.mark.parametrize("change", ["kind", "stream", "category", "device", "deps", "deps-equal", "runs-overlap",
+                                    "resources", "link_shares", "sync_key"])
 def test_template_runs_changed_since_are_not_relied_on(change: str) -> None:
     """A column changed in place within a template run (or runs out of order) gives the per-task path's lists."""
     graph = _compiled({"tp": 2, "pp": 2, "dp": 4, "vpp": 2, "schedule": "interleaved-1f1b", "global_batch": 16})
     columns = graph.columns()
     run = columns.template_runs[3]
     tid = run.first + 2  # a chain link inside the run
-    if change == "kind":
+    linked = next(t for t in range(run.first + 1, run.end) if columns.resources[t])  # a transfer inside it
+    if change == "resources":
+        columns.resources[linked] = (*columns.resources[linked], "a link of its own")
+    elif change == "link_shares":
+        columns.link_shares[linked] = (2.0,) * len(columns.resources[linked])
+    elif change == "sync_key":
+        columns.sync_key[linked] = "a collective of one"
+    elif change == "kind":
         columns.kind[tid] = "comm" if columns.kind[tid] == "compute" else "compute"
     elif change == "stream":
         columns.stream[tid] = "gradient"

@@ -77,7 +77,8 @@ class Engine:
 
     __slots__ = ("alone_id", "alone_run", "alone_saved", "alone_t0", "arrived", "cat_run", "cause", "comm_run",
                  "comp_run", "dirty_dev", "dirty_res", "dirty_streams", "dispatch", "done", "dynamic", "end", "events",
-                 "exposed", "g", "gamma", "graph", "heap", "last", "last_x", "mark", "mem", "new_flows", "peak",
+                 "exposed", "g", "gamma", "graph", "heap", "last", "last_x", "makespan", "mark", "mem", "new_flows",
+                 "peak",
                  "peak_t", "queue", "ready", "rem", "remaining_deps", "res_active", "res_flows", "run_total", "seq",
                  "shared", "sharing", "slow", "stamp", "start", "stream_dirty", "stream_prev", "stream_task", "stretch",
                  "tl_b", "tl_t", "ver")
@@ -96,6 +97,7 @@ class Engine:
         self.heap: list[tuple[float, int, int, int]] = []  # (time, sequence, flow, version) of ENDs
         self.seq = 0
         self.events = 0
+        self.makespan = 0.0  # the last task's end (the last END's time)
         self.done = 0
         # per task
         self.start = [-1.0] * n
@@ -199,6 +201,7 @@ class Engine:
         alone_saved = self.alone_saved
         deps = g.deps
         runs = 0
+        last_end = 0.0
         pending = bool(g.num_tasks)  # the first dispatch pass runs at t = 0
         t = 0.0
         while True:
@@ -366,6 +369,7 @@ class Engine:
                 alone = False
             events += 1
             pending = True
+            last_end = t  # NB: ENDs pop in time order: the last one ends the iteration (max of end, without a scan)
             if leader_of[flow] < 0:
                 ranks = (flow,)
                 done += 1
@@ -540,6 +544,7 @@ class Engine:
                             del res_flows[r][flow]
         self.dirty_streams, self.new_flows = dirty_streams, new_flows
         self.seq, self.stamp, self.done, self.events = seq, stamp, done, events
+        self.makespan = last_end
         return t
 
     def _alone_cut(self, d: int, t: float, seq: int, dirty_streams: list[int]) -> tuple[int, int]:
@@ -668,9 +673,8 @@ class Engine:
         worst = {name: max((row[name] for row in by_device), default=0.0) for name in g.categories}
         return SimOutcome(
             start_s=self.start, end_s=self.end, dispatch_s=self.dispatch, ready_s=self.ready,
-            makespan_s=max(self.end, default=0.0), memory=memory,
-            critical_path=critical_path(self.end, self.cause), exposed_s=worst, exposed_by_device_s=by_device,
-            events=self.events)
+            makespan_s=self.makespan, memory=memory, critical_path=critical_path(self.end, self.cause, self.makespan),
+            exposed_s=worst, exposed_by_device_s=by_device, events=self.events)
 
     def _stuck(self, limit: int = 3) -> list[str]:
         """A few stuck tasks of each kind: ranks waiting for partners, ready tasks whose stream is held,

@@ -100,6 +100,13 @@ class TemplateRun:
     device: int
     blocks: tuple[ColumnBlock, ...]
     links: list[tuple[int, ...]]
+    keys: list[int] = field(init=False, repr=False, compare=False)  # id of each block, in order
+    distinct: dict[int, ColumnBlock] = field(init=False, repr=False, compare=False)  # each block once, by id
+
+    def __post_init__(self) -> None:
+        keys = list(map(id, self.blocks))
+        object.__setattr__(self, "keys", keys)
+        object.__setattr__(self, "distinct", dict(zip(keys, self.blocks, strict=True)))
 
     @property
     def end(self) -> int:

@@ -41,8 +41,7 @@ def parts(n: int, runs: Sequence[TemplateRun]) -> list[Part]:
     for run in runs:
         if run.first > at:
             out.append(Part(at, run.first, None, [], {}))
-        keys = list(map(id, run.blocks))
-        out.append(Part(run.first, run.end, run, keys, dict(zip(keys, run.blocks, strict=True))))
+        out.append(Part(run.first, run.end, run, run.keys, run.distinct))
         at = run.end
     if n > at:
         out.append(Part(at, n, None, [], {}))

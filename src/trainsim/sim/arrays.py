@@ -39,13 +39,13 @@ class _Table(Protocol[_K, _V]):
 
 
 class _IsCompute(dict[str, bool]):
-    """Whether a task kind is compute: any kind but "compute" is not."""
+    """Whether a task kind (or stream) is "compute": any other is not."""
 
     def __missing__(self, key: str) -> bool:
         return False
 
 
-_IS_COMPUTE = _IsCompute(compute=True)
+IS_COMPUTE = _IsCompute(compute=True)
 
 
 def looked_up(table: _Table[_K, _V], keys: Sequence[_K]) -> Sequence[_V]:
@@ -86,15 +86,15 @@ class GraphArrays:
         runs = ordered_runs(columns, n)
         pieces = parts(n, holding(runs, device_of, streams, kinds, categories)) if runs else parts(n, [])
         self.is_compute: Sequence[bool] = by_blocks(
-            pieces, lambda first, end: looked_up(_IS_COMPUTE, kinds[first:end]),
-            lambda block, _: looked_up(_IS_COMPUTE, block.kind))
+            pieces, lambda first, end: looked_up(IS_COMPUTE, kinds[first:end]),
+            lambda block, _: looked_up(IS_COMPUTE, block.kind))
         self.work: list[float] = list(durations) if launch_overhead_s == 0.0 else [
             d + launch_overhead_s if c else d for d, c in zip(durations, self.is_compute, strict=True)]
         self.priority: list[int] = priority
         self.alloc_bytes: list[float] = alloc_bytes
         self.free_bytes: list[float] = free_bytes
         self.deps: list[tuple[int, ...]] = deps
-        self.num_deps = list(map(len, deps))
+        self.num_deps: list[int] = []  # (_successors: 1 but where a task does not wait for the task before it alone)
         self.stream_of = self._streams(graph, streams, durations, pieces)
         self.successors = self._successors(graph, deps, parts(n, runs))
         self.categories: list[str] = []
@@ -164,6 +164,9 @@ class GraphArrays:
         if n and (not others or others[0] != 0):
             others.insert(0, 0)
         other_deps = list(map(deps.__getitem__, others))
+        num_deps = self.num_deps = [1] * n
+        for tid, task_deps in zip(others, other_deps, strict=True):
+            num_deps[tid] = len(task_deps)
         named = list(chain.from_iterable(other_deps))
         if named and not (min(named) >= 0 and max(named) < n and not any(map(contains, other_deps, others))):
             for tid, task in enumerate(graph.tasks):

@@ -164,9 +164,6 @@ class GraphArrays:
         if n and (not others or others[0] != 0):
             others.insert(0, 0)
         other_deps = list(map(deps.__getitem__, others))
-        num_deps = self.num_deps = [1] * n
-        for tid, task_deps in zip(others, other_deps, strict=True):
-            num_deps[tid] = len(task_deps)
         named = list(chain.from_iterable(other_deps))
         if named and not (min(named) >= 0 and max(named) < n and not any(map(contains, other_deps, others))):
             for tid, task in enumerate(graph.tasks):
@@ -174,20 +171,22 @@ class GraphArrays:
                     if not 0 <= dep < n or dep == tid:
                         raise ConfigError(f"task {task.name!r}.deps", dep, f"must name another task 0..{n - 1}")
         succ: list[list[int] | None] = [None] * n
-        for tid in others:  # the task before it has no chain link to it
-            if tid:
-                succ[tid - 1] = []
+        num_deps = self.num_deps = [1] * n
+        for tid, task_deps in zip(others, other_deps, strict=True):
+            num_deps[tid] = len(task_deps)
+            succ[tid - 1] = []  # the task before it has no chain link to it (task 0: the last task's, below)
         if n:
             succ[n - 1] = []
         unordered: list[list[int]] = []
         for tid, task_deps in zip(others, other_deps, strict=True):
             for dep in task_deps:
                 row = succ[dep]
-                if row is None:
-                    row = succ[dep] = [dep + 1]
-                row.append(tid)
-                if tid < dep:  # a task waiting for a later tid: the list is sorted below
-                    unordered.append(row)
+                if row is None:  # (a chain link: dep + 1 waits for dep alone)
+                    row = succ[dep] = [dep + 1, tid]
+                    if tid < dep:  # a task waiting for a later tid before it: the list is sorted below
+                        unordered.append(row)
+                else:
+                    row.append(tid)  # NB: in ascending tid order, so only a chain link's row can be out of order
         for row in unordered:
             row.sort()
         return succ

@@ -293,6 +293,7 @@ _AFFIXES = attrgetter("affixes")
 # NB: a block's sync keys, priorities and link shares are always "", 0 and () (SpecBlock.of): written as one list
 _BLOCK_COLUMNS = tuple((column, attrgetter(column)) for column in (
     "stream", "kind", "duration_s", "resources", "alloc_bytes", "free_bytes", "category"))
+_KEPT = frozenset(("stream", "kind", "resources", "category"))  # what a template run keeps of what it wrote
 
 
 class StageWriter:
@@ -398,9 +399,15 @@ class StageWriter:
         c.link_shares += [()] * total
         held = tuple(blocks)
         c.blocks_later(held, list(micro_batches), sizes)  # phases, layers and micro-batches: when first read
+        written: dict[str, list[object]] = {}
         for column, read in _BLOCK_COLUMNS:  # NB: += of each block's tuple, looped in C (reduce), copies it at once
-            reduce(iadd, map(read, blocks), getattr(c, column))
-        c.note_template_run(TemplateRun(tid, stage, held, links))  # (the simulator's shortcut: sim/arrays.py)
+            if column in _KEPT:
+                values = written[column] = reduce(iadd, map(read, blocks), [])
+                getattr(c, column).extend(values)
+            else:
+                reduce(iadd, map(read, blocks), getattr(c, column))
+        # (the readers' shortcut: ir/template_runs.py)
+        c.note_template_run(TemplateRun(tid, stage, held, links, written))
         self.prev = tid + total - 1
 
     def wait_for(self, *tids: int) -> None:

@@ -100,6 +100,8 @@ class TemplateRun:
     device: int
     blocks: tuple[ColumnBlock, ...]
     links: list[tuple[int, ...]]
+    # what the writer wrote of some fields (joined from the blocks), kept so a reader compares without joining again
+    written: dict[str, list[object]] = field(default_factory=dict, repr=False, compare=False)
     keys: list[int] = field(init=False, repr=False, compare=False)  # id of each block, in order
     distinct: dict[int, ColumnBlock] = field(init=False, repr=False, compare=False)  # each block once, by id
 

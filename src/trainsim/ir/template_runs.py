@@ -20,8 +20,7 @@ from typing import NamedTuple, TypeVar
 from trainsim.ir.exec_graph import ColumnBlock, TaskColumns, TemplateRun
 
 _T = TypeVar("_T")
-_STREAM, _KIND, _CATEGORY, _RESOURCES = (attrgetter("stream"), attrgetter("kind"), attrgetter("category"),
-                                         attrgetter("resources"))
+
 
 
 class Part(NamedTuple):
@@ -68,18 +67,20 @@ def holding(runs: Sequence[TemplateRun], device_of: Sequence[int], streams: Sequ
             categories: Sequence[str]) -> list[TemplateRun]:
     """The runs whose tasks' devices, streams, kinds and categories are still their blocks'."""
     return [run for run in runs if device_of[run.first:run.end].count(run.device) == run.end - run.first
-            and _hold(run, ((streams, _STREAM), (kinds, _KIND), (categories, _CATEGORY)))]
+            and _hold(run, ((streams, "stream"), (kinds, "kind"), (categories, "category")))]
 
 
 def holding_resources(runs: Sequence[TemplateRun], resources: Sequence[tuple[str, ...]]) -> list[TemplateRun]:
     """The runs whose tasks' resources are still their blocks'."""
-    return [run for run in runs if _hold(run, ((resources, _RESOURCES),))]
+    return [run for run in runs if _hold(run, ((resources, "resources"),))]
 
 
-def _hold(run: TemplateRun, fields: tuple[tuple[Sequence[object], Callable[[ColumnBlock], tuple[object, ...]]], ...]
-          ) -> bool:
-    first, end, blocks = run.first, run.end, run.blocks
-    return all(column[first:end] == reduce(iadd, map(read, blocks), []) for column, read in fields)
+def _hold(run: TemplateRun, fields: tuple[tuple[Sequence[object], str], ...]) -> bool:
+    """Whether the columns hold the run's blocks' values of these fields (compared with what the run wrote, where it
+    kept that, else with its blocks' values joined)."""
+    first, end = run.first, run.end
+    return all(column[first:end] == (run.written.get(name) or reduce(iadd, map(attrgetter(name), run.blocks), []))
+               for column, name in fields)
 
 
 def by_blocks(pieces: Sequence[Part], per_task: Callable[[int, int], Sequence[_T]],

@@ -112,11 +112,11 @@ def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
     # end; a send's name is made when first read (TaskColumns.names_later), from its affixes per direction and boundary
     rows: list[tuple[object, ...]] = []
     named: list[tuple[int, tuple[tuple[str, str], ...], int]] = []
-    affixes: dict[tuple[str, int], tuple[tuple[str, str], ...]] = {}
     base = len(columns)
     firsts = [tids.first for tids in steps]
     lasts = [tids.last for tids in steps]
-    one_way_links: dict[tuple[int, int], tuple[str, ...]] = {}  # (sender, receiver) -> links of a send
+    # (direction, boundary) -> a send's links and name affixes
+    one_way_sends: dict[tuple[str, int], tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {}
     lengths = list(map(len, programs))
     for t in transfers:
         if merged and id(t) in merged:
@@ -142,14 +142,13 @@ def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
                 receiver = firsts[stage][consumer]
                 deps[receiver] = (*deps[receiver], copy)
             continue
-        resources = one_way_links.get((src, dst))
-        if resources is None:
-            resources = one_way_links[(src, dst)] = ctx.link_resources(layout, (src,), (dst,))
         send = base + len(rows)  # (18,000 sends for GPT-3 175B)
-        around = affixes.get((what, boundary))
-        if around is None:
+        one_way = one_way_sends.get((what, boundary))  # (a direction and boundary gives the sender and receiver)
+        if one_way is None:
             arrow = "->" if what == "act" else "<-"
-            around = affixes[(what, boundary)] = ((f"send {what} mb", f" vs{boundary}{arrow}"),)
+            one_way = one_way_sends[(what, boundary)] = (ctx.link_resources(layout, (src,), (dst,)),
+                                                         ((f"send {what} mb", f" vs{boundary}{arrow}"),))
+        resources, around = one_way
         named.append((send, around, micro_batch))  # "send act mb3 vs5->"
         rows.append(("", src, seconds, (lasts[src][src_index],), "", resources, micro_batch, src))
         receiver = firsts[dst][dst_index]

@@ -8,7 +8,7 @@ import math
 from collections.abc import Hashable, Sequence
 from functools import reduce
 from itertools import chain, compress
-from operator import attrgetter, contains, iadd, itemgetter
+from operator import attrgetter, iadd, itemgetter
 from typing import Protocol, TypeVar
 
 from trainsim.errors import ConfigError
@@ -164,12 +164,6 @@ class GraphArrays:
         if n and (not others or others[0] != 0):
             others.insert(0, 0)
         other_deps = list(map(deps.__getitem__, others))
-        named = list(chain.from_iterable(other_deps))
-        if named and not (min(named) >= 0 and max(named) < n and not any(map(contains, other_deps, others))):
-            for tid, task in enumerate(graph.tasks):
-                for dep in task.deps:
-                    if not 0 <= dep < n or dep == tid:
-                        raise ConfigError(f"task {task.name!r}.deps", dep, f"must name another task 0..{n - 1}")
         succ: list[list[int] | None] = [None] * n
         num_deps = self.num_deps = [1] * n
         for tid, task_deps in zip(others, other_deps, strict=True):
@@ -178,18 +172,32 @@ class GraphArrays:
         if n:
             succ[n - 1] = []
         unordered: list[list[int]] = []
-        for tid, task_deps in zip(others, other_deps, strict=True):
-            for dep in task_deps:
-                row = succ[dep]
-                if row is None:  # (a chain link: dep + 1 waits for dep alone)
-                    row = succ[dep] = [dep + 1, tid]
-                    if tid < dep:  # a task waiting for a later tid before it: the list is sorted below
-                        unordered.append(row)
-                else:
-                    row.append(tid)  # NB: in ascending tid order, so only a chain link's row can be out of order
+        try:  # NB: each dependency checked as its edge is walked (a dependency past the last task: IndexError)
+            for tid, task_deps in zip(others, other_deps, strict=True):
+                for dep in task_deps:
+                    if dep < 0 or dep == tid:
+                        self._check_deps(graph)
+                    row = succ[dep]
+                    if row is None:  # (a chain link: dep + 1 waits for dep alone)
+                        row = succ[dep] = [dep + 1, tid]
+                        if tid < dep:  # a task waiting for a later tid before it: the list is sorted below
+                            unordered.append(row)
+                    else:
+                        row.append(tid)  # NB: in ascending tid order, so only a chain link's row can be out of order
+        except IndexError:
+            self._check_deps(graph)
+            raise
         for row in unordered:
             row.sort()
         return succ
+
+    def _check_deps(self, graph: ExecGraph) -> None:
+        """Raise for the first task, in tid order, that names no other task as a dependency."""
+        n = self.num_tasks
+        for tid, task in enumerate(graph.tasks):
+            for dep in task.deps:
+                if not 0 <= dep < n or dep == tid:
+                    raise ConfigError(f"task {task.name!r}.deps", dep, f"must name another task 0..{n - 1}")
 
     def _break_chains(self) -> None:
         """A chain link (successors None) into a collective rank or a flow on a shared link becomes the list [tid + 1],

@@ -280,6 +280,8 @@ def test_collectives_in_different_orders_deadlock() -> None:
 
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("deps", (9,), "must name another task"),
+    ("deps", (-1,), "must name another task"),
+    ("deps", (0,), "must name another task"),  # itself
     ("stream", "tensor", "choose one of"),
     ("duration_s", -1.0, "finite and >= 0"),
     ("device", 3, "must be a simulated device"),

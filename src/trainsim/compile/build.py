@@ -114,33 +114,34 @@ def _emit_stage(ctx: BuildContext, stage: int, program: list[Step],
     micro_batches: list[int] = []
     first = len(w.columns)  # the tid of the next template step's first task while blocks are held
     for step, chunk in steps:
-        w.step_first = -1
-        if fsdp is None and chunk and not (step.phase == "F" and param_gathers
+        phase, micro_batch, chunk_index = step
+        if fsdp is None and chunk and not (phase == "F" and param_gathers
                                            and any(a.index in param_gathers for a in chunk)):
             # a step no pass cuts into: its tasks as one template per (chunk, F | B | W), replayed per micro-batch
-            template = templates.get((step.chunk, step.phase))
+            template = templates.get((chunk_index, phase))
             if template is None:
                 _flush(w, blocks, micro_batches)
-                template = templates[(step.chunk, step.phase)] = _step_template(
+                template = templates[(chunk_index, phase)] = _step_template(
                     w, step_units(step, chunk), overheads, split)
-            size = len(template.block.stream)
+            size = template.size
             if size:
                 if not blocks:
                     first = len(w.columns)
                 blocks.append(template.block)
-                micro_batches.append(step.micro_batch)
+                micro_batches.append(micro_batch)
                 for offset, index, unit in template.gradients:
                     grads.pop(index, None)  # re-insert: the dict keeps the order in which gradients become final
                     grads[index] = (first + offset if offset >= 0 else -1, unit)
                 first_tids.append(first)
-                last_tids.append(first + size - 1)
                 first += size
+                last_tids.append(first - 1)
             else:
                 _flush(w, blocks, micro_batches)
-                first_tids.append(w.step_first)
+                first_tids.append(-1)  # (no task of this step)
                 last_tids.append(w.prev)
             k += len(chunk)
             continue
+        w.step_first = -1
         _flush(w, blocks, micro_batches)
         units = step_units(step, chunk)
         if step.phase == "F":
@@ -193,6 +194,7 @@ class _StepTemplate:
 
     block: SpecBlock
     gradients: tuple[tuple[int, int, Unit], ...]  # (offset, layer index, layer-phase)
+    size: int  # its tasks
 
 
 def _step_template(w: StageWriter, units: list[Unit], overheads: tuple[TaskSpec, ...], split: bool) -> _StepTemplate:
@@ -204,7 +206,7 @@ def _step_template(w: StageWriter, units: list[Unit], overheads: tuple[TaskSpec,
         specs += unit_tasks
         if unit.makes_gradient(split):
             gradients.append((last, unit.assignment.index, unit))
-    return _StepTemplate(SpecBlock.of(tuple(specs)), tuple(gradients))
+    return _StepTemplate(SpecBlock.of(tuple(specs)), tuple(gradients), len(specs))
 
 
 def _per_micro_batch_overheads(ctx: BuildContext, stage: int) -> tuple[TaskSpec, ...]:

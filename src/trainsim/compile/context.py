@@ -6,7 +6,7 @@ engine's do, so the two fidelity levels price the same work identically and diff
 
 from dataclasses import dataclass, field
 from functools import reduce
-from itertools import accumulate, chain, repeat
+from itertools import accumulate
 from operator import attrgetter, iadd
 from typing import Literal
 
@@ -14,7 +14,7 @@ from trainsim.catalog.calibration import Calibration
 from trainsim.compile.splits import LayerSplit
 from trainsim.cost.pricing import Pricer, axis_layout
 from trainsim.hardware.cluster import GroupLayout
-from trainsim.ir.exec_graph import ExecGraph, Phase, Stream, TaskKind
+from trainsim.ir.exec_graph import ExecGraph, Phase, Stream, TaskKind, TemplateRun
 from trainsim.ir.graph import Comm, Layer, Op
 from trainsim.job import Job
 from trainsim.strategy.lowered import LoweredPlan
@@ -290,10 +290,10 @@ class SpecBlock:
 _STREAM = attrgetter("stream")
 _AFFIXES = attrgetter("affixes")
 # TaskColumns' columns that a SpecBlock gives as they are (emit_blocks), with the block field holding each
-_BLOCK_COLUMNS = tuple((column, attrgetter(field)) for column, field in (
-    ("stream", "stream"), ("kind", "kind"), ("duration_s", "duration_s"), ("sync_key", "blank"),
-    ("resources", "resources"), ("alloc_bytes", "alloc_bytes"), ("free_bytes", "free_bytes"), ("phase", "phase"),
-    ("layer", "layer"), ("category", "category"), ("priority", "zeros"), ("link_shares", "no_shares")))
+# NB: a block's sync keys, priorities and link shares are always "", 0 and () (SpecBlock.of): written as one list
+_BLOCK_COLUMNS = tuple((column, attrgetter(column)) for column in (
+    "stream", "kind", "duration_s", "resources", "alloc_bytes", "free_bytes", "category"))
+_KEPT = frozenset(("stream", "kind", "resources", "category"))  # what a template run keeps of what it wrote
 
 
 class StageWriter:
@@ -386,16 +386,28 @@ class StageWriter:
             return
         tid = len(c)
         c.deps.append((self.prev, *self.pending) if self.prev >= 0 else tuple(self.pending))
-        c.deps += zip(range(tid, tid + total - 1))
+        links = list(zip(range(tid, tid + total - 1)))
+        c.deps += links
         self.pending = []
         firsts = list(accumulate(sizes, initial=tid))
         firsts.pop()
         c.name_blocks_later(firsts, list(map(_AFFIXES, blocks)), micro_batches, total)
         c.device += [stage] * total
         c.stage += [stage] * total
-        c.micro_batch += chain.from_iterable(map(repeat, micro_batches, sizes))
+        c.sync_key += [""] * total
+        c.priority += [0] * total
+        c.link_shares += [()] * total
+        held = tuple(blocks)
+        c.blocks_later(held, list(micro_batches), sizes)  # phases, layers and micro-batches: when first read
+        written: dict[str, list[object]] = {}
         for column, read in _BLOCK_COLUMNS:  # NB: += of each block's tuple, looped in C (reduce), copies it at once
-            reduce(iadd, map(read, blocks), getattr(c, column))
+            if column in _KEPT:
+                values = written[column] = reduce(iadd, map(read, blocks), [])
+                getattr(c, column).extend(values)
+            else:
+                reduce(iadd, map(read, blocks), getattr(c, column))
+        # (the readers' shortcut: ir/template_runs.py)
+        c.note_template_run(TemplateRun(tid, stage, held, links, written))
         self.prev = tid + total - 1
 
     def wait_for(self, *tids: int) -> None:

@@ -28,6 +28,7 @@ from itertools import compress
 from trainsim.compile.device_classes import device_rank_blocks
 from trainsim.hardware.links import FABRIC, NIC, UPLINK, fabric_shared, link_capacity, link_kind, link_uses
 from trainsim.ir.exec_graph import ExecGraph
+from trainsim.ir.template_runs import holding_resources, ordered_runs, parts
 from trainsim.job import Job
 
 _TOKEN = re.compile(r"^stage(\d+)\.(\w+)\.(tx|rx)$")
@@ -42,7 +43,14 @@ def place_links(job: Job, graph: ExecGraph) -> ExecGraph:
     # they can (half of a 175B job's 150,000 tasks name links)
     columns = graph.writable_columns()  # NB: compile_job's graphs hold columns (a graph of Task objects: taken over)
     links_of = columns.resources
-    tuples = {id(names): names for names in compress(links_of, links_of)}
+    # the tasks in parts: the compiler's template runs whose resources are their blocks' (read per block), and the
+    # tasks between them (read per task)
+    pieces = parts(len(links_of), holding_resources(ordered_runs(columns, len(links_of)), links_of))
+    tuples: dict[int, tuple[str, ...]] = {}
+    for piece in pieces:
+        named = list(compress(links_of[piece.first:piece.end], links_of[piece.first:piece.end])) \
+            if piece.run is None else [names for block in piece.distinct.values() for names in block.resources if names]
+        tuples.update(zip(map(id, named), named, strict=True))
     tokens = {name for names in tuples.values() for name in names
               if (m := _TOKEN.match(name)) is not None and m[2] in shared_levels}
     if not tokens:
@@ -58,14 +66,19 @@ def place_links(job: Job, graph: ExecGraph) -> ExecGraph:
     crossing = {key for key, names in tuples.items() if not tokens.isdisjoint(names)}
     placed: dict[tuple[int, int], tuple[tuple[str, ...], tuple[float, ...]]] = {}
     device_of, sync_keys, link_shares = columns.device, columns.sync_key, columns.link_shares
-    for tid in compress(range(len(links_of)), map(crossing.__contains__, map(id, links_of))):
-        # a collective's member takes its own device's shares (the engine adds its members' up)
-        names = links_of[tid]
-        key = (id(names), device_of[tid] if sync_keys[tid] else -1)
-        done = placed.get(key)
-        if done is None:
-            done = placed[key] = _place(names, key[1], merged)
-        links_of[tid], link_shares[tid] = done
+    for piece in pieces:
+        first, end = piece.first, piece.end
+        if piece.run is not None and crossing.isdisjoint(
+                id(names) for block in piece.distinct.values() for names in block.resources):
+            continue  # (a run of steps whose transfers stay on the devices' own ports)
+        for tid in compress(range(first, end), map(crossing.__contains__, map(id, links_of[first:end]))):
+            # a collective's member takes its own device's shares (the engine adds its members' up)
+            names = links_of[tid]
+            key = (id(names), device_of[tid] if sync_keys[tid] else -1)
+            done = placed.get(key)
+            if done is None:
+                done = placed[key] = _place(names, key[1], merged)
+            links_of[tid], link_shares[tid] = done
     return graph
 
 
@@ -91,9 +104,17 @@ def _merge_alike(physical: dict[str, dict[str, int]], job: Job) -> tuple[dict[st
         for link, share in links.items():
             users.setdefault(link, []).append((token, share))
     alike: dict[tuple[str, float, tuple[tuple[str, int], ...]], list[str]] = {}
+    # NB: a link's kind, and but for a leaf's up-links its capacity, depend only on what follows its node or leaf
+    # ("nic3.tx" of "node12.nic3.tx"): worked out once per such name (64 x 1,024 nodes' rails at dp 64)
+    kinds: dict[str, tuple[str, float]] = {}
     for link, used in users.items():
-        kind = link_kind(link)
-        alike.setdefault((kind, link_capacity(link, job.cluster), tuple(sorted(used))), []).append(link)
+        rest = link.split(".", 1)[1]
+        known = kinds.get(rest)
+        if known is None:
+            known = (link_kind(link), link_capacity(link, job.cluster))
+            if f".{UPLINK}" not in link:
+                kinds[rest] = known
+        alike.setdefault((known[0], known[1], tuple(sorted(used))), []).append(link)
     merged: dict[str, dict[str, float]] = {token: {} for token in physical}
     capacity: dict[str, float] = {}
     for (_, cap, used), links in alike.items():

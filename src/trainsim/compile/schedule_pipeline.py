@@ -50,6 +50,10 @@ def boundary_bytes(plan: LoweredPlan) -> dict[int, float]:
 # by step dst_index of stage dst. NB: a plain tuple, built tens of thousands of times per compile.
 _Transfer = tuple[str, int, int, int, int, int, int, float]
 _SRC, _SRC_INDEX, _DST, _DST_INDEX = 3, 4, 5, 6
+# a transfer task's fields: those that differ between transfers (a row's), and the rest
+_ROW_FIELDS = ("name", "device", "duration_s", "deps", "sync_key", "resources", "micro_batch", "stage")
+_ROW_CONSTANTS = {"stream": "feature", "kind": "comm", "alloc_bytes": 0.0, "free_bytes": 0.0, "phase": "comm",
+                  "layer": "", "category": "pp_comm", "priority": 0, "link_shares": ()}
 
 
 def _transfers(ctx: BuildContext, programs: list[list[Step]]) -> list[_Transfer]:
@@ -104,12 +108,15 @@ def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
     layout = ctx.layout("pp")
     columns = ctx.graph.writable_columns()
     deps = columns.deps
-    # NB: the transfers' tasks as rows in TaskColumns' field order, added to the columns at the end
+    # NB: the transfers' tasks as rows of _ROW_FIELDS (the others are _ROW_CONSTANTS), added to the columns at the
+    # end; a send's name is made when first read (TaskColumns.names_later), from its affixes per direction and boundary
     rows: list[tuple[object, ...]] = []
+    named: list[tuple[int, tuple[tuple[str, str], ...], int]] = []
     base = len(columns)
     firsts = [tids.first for tids in steps]
     lasts = [tids.last for tids in steps]
-    one_way_links: dict[tuple[int, int], tuple[str, ...]] = {}  # (sender, receiver) -> links of a send
+    # (direction, boundary) -> a send's links and name affixes
+    one_way_sends: dict[tuple[str, int], tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {}
     lengths = list(map(len, programs))
     for t in transfers:
         if merged and id(t) in merged:
@@ -130,22 +137,24 @@ def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
             for stage, produced, consumer in ((src, src_index, src_index + 1),
                                               (dst, partner[_SRC_INDEX], partner[_SRC_INDEX] + 1)):
                 copy = base + len(rows)
-                rows.append((name, stage, "feature", "comm", max(seconds, partner[7]),
-                             (lasts[stage][produced],), key, resources, 0.0, 0.0, "comm", "", micro_batch, stage,
-                             "pp_comm", 0, ()))
+                rows.append((name, stage, max(seconds, partner[7]), (lasts[stage][produced],), key, resources,
+                             micro_batch, stage))
                 receiver = firsts[stage][consumer]
                 deps[receiver] = (*deps[receiver], copy)
             continue
-        resources = one_way_links.get((src, dst))
-        if resources is None:
-            resources = one_way_links[(src, dst)] = ctx.link_resources(layout, (src,), (dst,))
         send = base + len(rows)  # (18,000 sends for GPT-3 175B)
-        rows.append((f"send {what} mb{micro_batch} vs{boundary}{'->' if what == 'act' else '<-'}", src, "feature",
-                     "comm", seconds, (lasts[src][src_index],), "", resources, 0.0, 0.0, "comm", "", micro_batch, src,
-                     "pp_comm", 0, ()))
+        one_way = one_way_sends.get((what, boundary))  # (a direction and boundary gives the sender and receiver)
+        if one_way is None:
+            arrow = "->" if what == "act" else "<-"
+            one_way = one_way_sends[(what, boundary)] = (ctx.link_resources(layout, (src,), (dst,)),
+                                                         ((f"send {what} mb", f" vs{boundary}{arrow}"),))
+        resources, around = one_way
+        named.append((send, around, micro_batch))  # "send act mb3 vs5->"
+        rows.append(("", src, seconds, (lasts[src][src_index],), "", resources, micro_batch, src))
         receiver = firsts[dst][dst_index]
         deps[receiver] = (*deps[receiver], send)
         if src_index + 1 < lengths[src] and not overlap:  # blocking p2p: the sender's next step waits
             sender = firsts[src][src_index + 1]
             deps[sender] = (*deps[sender], send)
-    columns.extend_rows(rows)
+    columns.extend_rows(rows, _ROW_FIELDS, _ROW_CONSTANTS)
+    columns.names_later(named)

@@ -28,6 +28,7 @@ from trainsim.ir.exec_graph import ExecGraph
 from trainsim.ir.graph import OpGraph
 from trainsim.job import Job
 from trainsim.sim import SimOptions, SimOutcome, simulate
+from trainsim.sim.arrays import IS_COMPUTE, looked_up
 from trainsim.strategy.lowered import LoweredPlan, default_plan
 
 # The most layer-phases (micro-batches x layer instances x forward/backward; x ops per phase at the op level) one
@@ -135,7 +136,7 @@ def busy_by_device(graph: ExecGraph, outcome: SimOutcome) -> list[dict[str, floa
     start, end = outcome.start_s, outcome.end_s
     columns = graph.columns()
     category, device = columns.category, columns.device
-    for tid in compress(range(len(category)), map("compute".__eq__, columns.stream)):  # NB: filtered in C
+    for tid in compress(range(len(category)), looked_up(IS_COMPUTE, columns.stream)):  # NB: filtered in C
         name = category[tid]
         if name:
             row = busy[device[tid]]

@@ -6,9 +6,12 @@ for every rank with the same pipeline stage. A collective's uncontended duration
 topology (the full group), so the cost of a simulation does not grow with the dp or tp degree.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from operator import attrgetter
-from typing import Literal
+from functools import reduce
+from itertools import chain, repeat
+from operator import attrgetter, iadd
+from typing import Literal, Protocol
 
 Stream = Literal["compute", "feature", "gradient"]
 TaskKind = Literal["compute", "comm"]
@@ -63,18 +66,72 @@ class SimDevice:
     static_breakdown: dict[str, float] = field(default_factory=dict)
 
 
+class ColumnBlock(Protocol):
+    """Consecutive tasks' fields, one value per task in order (the compiler's step templates: compile/context.py
+    SpecBlock)."""
+
+    @property
+    def stream(self) -> tuple[Stream, ...]: ...
+
+    @property
+    def kind(self) -> tuple[TaskKind, ...]: ...
+
+    @property
+    def category(self) -> tuple[str, ...]: ...
+
+    @property
+    def phase(self) -> tuple[Phase, ...]: ...
+
+    @property
+    def layer(self) -> tuple[str, ...]: ...
+
+    @property
+    def resources(self) -> tuple[tuple[str, ...], ...]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateRun:
+    """Tasks written from blocks (TaskColumns.note_template_run): tids first, first + 1, ... on one device, each
+    block's tasks after the one before, every task but the first waiting for the task before it alone, by the
+    dependency tuples in `links` (tids first + 1 on; a reader finds the ones replaced since by identity). What the
+    columns hold there may have been changed since: a reader compares before it relies on the blocks."""
+
+    first: int
+    device: int
+    blocks: tuple[ColumnBlock, ...]
+    links: list[tuple[int, ...]]
+    # what the writer wrote of some fields (joined from the blocks), kept so a reader compares without joining again
+    written: dict[str, list[object]] = field(default_factory=dict, repr=False, compare=False)
+    keys: list[int] = field(init=False, repr=False, compare=False)  # id of each block, in order
+    distinct: dict[int, ColumnBlock] = field(init=False, repr=False, compare=False)  # each block once, by id
+
+    def __post_init__(self) -> None:
+        keys = list(map(id, self.blocks))
+        object.__setattr__(self, "keys", keys)
+        object.__setattr__(self, "distinct", dict(zip(keys, self.blocks, strict=True)))
+
+    @property
+    def end(self) -> int:
+        """The tid after the last task."""
+        return self.first + len(self.links) + 1
+
+
 TASK_FIELDS = ("name", "device", "stream", "kind", "duration_s", "deps", "sync_key", "resources", "alloc_bytes",
                "free_bytes", "phase", "layer", "micro_batch", "stage", "category", "priority", "link_shares")
 _READ_FIELDS = attrgetter(*TASK_FIELDS)
+_LATER = ("phase", "layer", "micro_batch")  # what blocks_later holds until one of them is read
+_PHASE, _LAYER = attrgetter("phase"), attrgetter("layer")
 
 
 class TaskColumns:
     """An ExecGraph's tasks as one list per Task field (all indexed by tid; a task's tid is its position): the layout
     the compiler writes and the simulator reads, without a Python object per task. Names given as a prefix and a
     suffix around a micro-batch (name_later) are made when `name` is first read (the simulator reads them only to
-    report an error)."""
+    report an error). A block's phases, layers and micro-batches (blocks_later) are written when one of them is
+    first read (the simulator reads none)."""
 
-    __slots__ = (*(field for field in TASK_FIELDS if field != "name"), "_name", "_named_later")
+    __slots__ = (*(field for field in TASK_FIELDS if field != "name" and field not in _LATER), "_name", "_named_later",
+                 "template_runs", "_phase", "_layer", "_micro_batch", "_blocks_later")
     device: list[int]
     stream: list[Stream]
     kind: list[TaskKind]
@@ -84,18 +141,22 @@ class TaskColumns:
     resources: list[tuple[str, ...]]
     alloc_bytes: list[float]
     free_bytes: list[float]
-    phase: list[Phase]
-    layer: list[str]
-    micro_batch: list[int]
     stage: list[int]
     category: list[str]
     priority: list[int]
     link_shares: list[tuple[float, ...]]
 
     def __init__(self) -> None:
+        self._blocks_later: list[tuple[int, tuple[ColumnBlock, ...], list[int], list[int]]] = []
         for name in TASK_FIELDS:
-            setattr(self, name, [])
+            if name not in _LATER:
+                setattr(self, name, [])
+        self._phase: list[Phase] = []
+        self._layer: list[str] = []
+        self._micro_batch: list[int] = []
         self._named_later: list[tuple[int, tuple[tuple[str, str], ...], int]] = []
+        # where tasks were written from blocks, in tid order (a shortcut for readers: sim/arrays.py)
+        self.template_runs: list[TemplateRun] = []
 
     def __len__(self) -> int:
         return len(self._name)
@@ -113,6 +174,58 @@ class TaskColumns:
     def name(self, names: list[str]) -> None:
         self._name, self._named_later = names, []
 
+    def _write_blocks(self) -> None:
+        """Write the phases, layers and micro-batches that blocks_later holds."""
+        for first, blocks, micro_batches, sizes in self._blocks_later:
+            end = first + sum(sizes)
+            self._phase[first:end] = reduce(iadd, map(_PHASE, blocks), [])
+            self._layer[first:end] = reduce(iadd, map(_LAYER, blocks), [])
+            self._micro_batch[first:end] = chain.from_iterable(map(repeat, micro_batches, sizes))
+        self._blocks_later = []
+
+    @property
+    def phase(self) -> list[Phase]:
+        if self._blocks_later:
+            self._write_blocks()
+        return self._phase
+
+    @phase.setter
+    def phase(self, values: list[Phase]) -> None:
+        self._write_blocks()
+        self._phase = values
+
+    @property
+    def layer(self) -> list[str]:
+        if self._blocks_later:
+            self._write_blocks()
+        return self._layer
+
+    @layer.setter
+    def layer(self, values: list[str]) -> None:
+        self._write_blocks()
+        self._layer = values
+
+    @property
+    def micro_batch(self) -> list[int]:
+        if self._blocks_later:
+            self._write_blocks()
+        return self._micro_batch
+
+    @micro_batch.setter
+    def micro_batch(self, values: list[int]) -> None:
+        self._write_blocks()
+        self._micro_batch = values
+
+    def blocks_later(self, blocks: tuple[ColumnBlock, ...], micro_batches: list[int], sizes: list[int]) -> None:
+        """The phases, layers and micro-batches of the next tasks, block after block (sizes[i] tasks of blocks[i],
+        of micro-batch micro_batches[i]), written when one of them is first read (placeholders until then)."""
+        total = sum(sizes)
+        self._blocks_later.append((len(self._phase), blocks, micro_batches, sizes))
+        placeholder: list[Phase] = ["fwd"]
+        self._phase += placeholder * total
+        self._layer += [""] * total
+        self._micro_batch += [-1] * total
+
     def name_later(self, affixes: tuple[tuple[str, str], ...], blanks: tuple[str, ...], micro_batch: int) -> None:
         """Name the next len(affixes) tasks f"{prefix}{micro_batch}{suffix}" when `name` is read (blanks: as many
         empty strings, held until then)."""
@@ -125,6 +238,12 @@ class TaskColumns:
         one the next tid) and are named from affixes[i] and micro_batches[i]; total: their tasks together."""
         self._named_later += zip(firsts, affixes, micro_batches, strict=True)
         self._name += [""] * total
+
+    def note_template_run(self, run: TemplateRun) -> None:
+        """Record that the tasks run.first .. run.end - 1, the last ones written, were written from run's blocks."""
+        if run.end != len(self._name) or (self.template_runs and run.first < self.template_runs[-1].end):
+            raise ValueError(f"a template run of tids {run.first}..{run.end - 1} must be the last tasks written")
+        self.template_runs.append(run)
 
     @classmethod
     def of_tasks(cls, tasks: list[Task]) -> "TaskColumns":
@@ -143,11 +262,23 @@ class TaskColumns:
                 raise ValueError(f"TaskColumns.{name} holds {len(column)} values for {len(self._name)} tasks")
         return list(map(Task, range(len(self._name)), *values))
 
-    def extend_rows(self, rows: list[tuple[object, ...]]) -> None:
-        """Add tasks given as rows of TASK_FIELDS' values, in that order (tids follow on)."""
+    def extend_rows(self, rows: list[tuple[object, ...]], fields: tuple[str, ...] = TASK_FIELDS,
+                    constants: Mapping[str, object] | None = None) -> None:
+        """Add tasks given as rows of the fields' values, in that order, the other fields of TASK_FIELDS the same for
+        all (constants); tids follow on."""
+        constants = constants or {}
+        if sorted((*fields, *constants)) != sorted(TASK_FIELDS):
+            raise ValueError(f"rows of {fields} and constants of {sorted(constants)} must give each task field once")
         if rows:
-            for name, values in zip(TASK_FIELDS, zip(*rows, strict=True), strict=True):
-                getattr(self, "_name" if name == "name" else name).extend(values)  # NB: names made later stay so
+            # NB: names, phases, layers and micro-batches written later stay so
+            for name, values in (*zip(fields, zip(*rows, strict=True), strict=True),
+                                 *((name, [value] * len(rows)) for name, value in constants.items())):
+                getattr(self, f"_{name}" if name == "name" or name in _LATER else name).extend(values)
+
+    def names_later(self, named: list[tuple[int, tuple[tuple[str, str], ...], int]]) -> None:
+        """Name tasks already added when `name` is read: each (tid, affixes, micro-batch) names tasks tid, tid + 1, ...
+        f"{prefix}{micro_batch}{suffix}" from its affixes."""
+        self._named_later += named
 
     def append(self, name: str, device: int, stream: Stream, kind: TaskKind, duration_s: float,
                deps: tuple[int, ...] = (), sync_key: str = "", resources: tuple[str, ...] = (),
@@ -166,9 +297,9 @@ class TaskColumns:
         self.resources.append(resources)
         self.alloc_bytes.append(alloc_bytes)
         self.free_bytes.append(free_bytes)
-        self.phase.append(phase)
-        self.layer.append(layer)
-        self.micro_batch.append(micro_batch)
+        self._phase.append(phase)  # NB: (what blocks_later holds stays so)
+        self._layer.append(layer)
+        self._micro_batch.append(micro_batch)
         self.stage.append(device if stage < 0 else stage)
         self.category.append(category)
         self.priority.append(priority)

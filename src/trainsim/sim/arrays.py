@@ -5,17 +5,55 @@ represented by its leader, the member with the lowest tid. Per-flow fields live 
 """
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+from functools import reduce
 from itertools import chain, compress
-from operator import attrgetter, contains, ne
+from operator import attrgetter, iadd, itemgetter
+from typing import Protocol, TypeVar
 
 from trainsim.errors import ConfigError
 from trainsim.ir.exec_graph import ExecGraph, TaskColumns
+from trainsim.ir.template_runs import (
+    Part,
+    by_blocks,
+    first_appearances,
+    holding,
+    holding_resources,
+    not_chained,
+    ordered_runs,
+    parts,
+    pieces_runs,
+)
 
 STREAMS = ("compute", "feature", "gradient")
 STREAM_INDEX = {name: index for index, name in enumerate(STREAMS)}
 NUM_STREAMS = len(STREAMS)
 _TID = attrgetter("tid")
+_CATEGORY = attrgetter("category")
+_K = TypeVar("_K", bound=Hashable, contravariant=True)
+_V = TypeVar("_V", covariant=True)
+
+
+class _Table(Protocol[_K, _V]):
+    def __getitem__(self, key: _K, /) -> _V: ...
+
+
+class _IsCompute(dict[str, bool]):
+    """Whether a task kind (or stream) is "compute": any other is not."""
+
+    def __missing__(self, key: str) -> bool:
+        return False
+
+
+IS_COMPUTE = _IsCompute(compute=True, comm=False, feature=False, gradient=False)  # NB: a miss calls __missing__
+
+
+def looked_up(table: _Table[_K, _V], keys: Sequence[_K]) -> Sequence[_V]:
+    """table[key] for each key, in order (a tuple, made in C: itemgetter over all keys at once is about twice as
+    fast as map over table.__getitem__)."""
+    if len(keys) > 1:
+        return itemgetter(*keys)(table)
+    return tuple(map(table.__getitem__, keys))
 
 
 class GraphArrays:
@@ -43,18 +81,24 @@ class GraphArrays:
         self.columns = columns  # names from it where an error names a task
         self.sync_keys: list[str] = sync_keys
         self.device_of: list[int] = device_of
-        self.is_compute: list[bool] = list(map("compute".__eq__, kinds))
+        # the compiler's template runs (ir/template_runs.py): all for the chain links, those whose columns still
+        # hold their blocks' values for the lists made per block
+        runs = ordered_runs(columns, n)
+        pieces = parts(n, holding(runs, device_of, streams, kinds, categories)) if runs else parts(n, [])
+        self.is_compute: Sequence[bool] = by_blocks(
+            pieces, lambda first, end: looked_up(IS_COMPUTE, kinds[first:end]),
+            lambda block, _: looked_up(IS_COMPUTE, block.kind))
         self.work: list[float] = list(durations) if launch_overhead_s == 0.0 else [
             d + launch_overhead_s if c else d for d, c in zip(durations, self.is_compute, strict=True)]
         self.priority: list[int] = priority
         self.alloc_bytes: list[float] = alloc_bytes
         self.free_bytes: list[float] = free_bytes
         self.deps: list[tuple[int, ...]] = deps
-        self.num_deps = list(map(len, deps))
-        self.stream_of = self._streams(graph, streams, durations)
-        self.successors = self._successors(graph, deps)
+        self.num_deps: list[int] = []  # (_successors: 1 but where a task does not wait for the task before it alone)
+        self.stream_of = self._streams(graph, streams, durations, pieces)
+        self.successors = self._successors(graph, deps, parts(n, runs))
         self.categories: list[str] = []
-        self.category_of = self._categories(categories)
+        self.category_of = self._categories(categories, pieces)
         self.resource_names: list[str] = []
         self.resource_capacity: list[float] = []
         self.leader_of: list[int] = [-1] * n
@@ -64,18 +108,27 @@ class GraphArrays:
         # engine's fast path)
         self.flow_weights: list[tuple[float, ...] | None] = [None] * n
         self.has_flow_resources = False
-        self._flows(graph, sync_keys, resources, link_shares, kinds)
-        self.shared_links = self._shared_links()
+        # the runs whose tasks are also no collective ranks, with their blocks' resources and no link shares
+        flow_pieces = parts(n, [run for run in holding_resources(pieces_runs(pieces), resources)
+                                if sync_keys[run.first:run.end].count("") == run.end - run.first
+                                and link_shares[run.first:run.end].count(()) == run.end - run.first])
+        run_flows = self._flows(graph, sync_keys, resources, link_shares, kinds, flow_pieces)
+        self.shared_links = self._shared_links(flow_pieces, run_flows)
+        self._break_chains()
 
-    def _streams(self, graph: ExecGraph, streams: Sequence[str], durations: Sequence[float]) -> list[int]:
+    def _streams(self, graph: ExecGraph, streams: Sequence[str], durations: Sequence[float],
+                 pieces: list[Part]) -> list[int]:
         """Each task's stream index (device x NUM_STREAMS + stream), after checking tid, device, duration
         and stream; a graph that fails a whole-list check is checked task by task for the error to report."""
         num_devices = self.num_devices
         index = {(device, stream): device * NUM_STREAMS + i for device in range(num_devices)
                  for stream, i in STREAM_INDEX.items()}
         total_s = sum(durations)  # NB: finite only if no duration is NaN or infinite
+        device_of = self.device_of
         try:
-            out = list(map(index.__getitem__, zip(self.device_of, streams, strict=True)))  # device and stream
+            out = by_blocks(pieces, lambda first, end: list(map(index.__getitem__, zip(
+                device_of[first:end], streams[first:end], strict=True))),  # device and stream
+                lambda block, run: [index[(run.device, stream)] for stream in block.stream])
         except (KeyError, TypeError):
             out = []
         # NB: a graph of Task objects names each task's tid; columns number the tasks by position
@@ -98,50 +151,73 @@ class GraphArrays:
             if task.stream not in STREAM_INDEX:
                 raise ConfigError(f"task {task.name!r}.stream", task.stream, f"choose one of: {', '.join(STREAMS)}")
 
-    def _successors(self, graph: ExecGraph, deps: Sequence[tuple[int, ...]]) -> list[list[int] | None]:
+    def _successors(self, graph: ExecGraph, deps: Sequence[tuple[int, ...]],
+                    pieces: list[Part]) -> list[list[int] | None]:
         """Each task's successors in ascending tid order (the order the engine releases them in); None for a task
-        whose only successor is the next tid, which waits for it alone. NB: most tasks are such links of the
+        whose only successor is the next tid, which waits for it alone (and is no collective rank and no flow on a
+        shared link: _break_chains). NB: most tasks are such links of the
         compiler's chains: they are found in C (deps[t] == (t - 1,)), and only the other tasks' edges are walked in
         Python."""
         n = self.num_tasks
         # the tasks that do not wait for the task before them alone (task 0 among them: its dependency is no -1)
-        others = list(compress(range(n), map(ne, deps, zip(range(-1, n - 1)))))
+        others = not_chained(pieces, deps)
         if n and (not others or others[0] != 0):
             others.insert(0, 0)
         other_deps = list(map(deps.__getitem__, others))
-        named = list(chain.from_iterable(other_deps))
-        if named and not (min(named) >= 0 and max(named) < n and not any(map(contains, other_deps, others))):
-            for tid, task in enumerate(graph.tasks):
-                for dep in task.deps:
-                    if not 0 <= dep < n or dep == tid:
-                        raise ConfigError(f"task {task.name!r}.deps", dep, f"must name another task 0..{n - 1}")
         succ: list[list[int] | None] = [None] * n
-        for tid in others:  # the task before it has no chain link to it
-            if tid:
-                succ[tid - 1] = []
+        num_deps = self.num_deps = [1] * n
+        for tid, task_deps in zip(others, other_deps, strict=True):
+            num_deps[tid] = len(task_deps)
+            succ[tid - 1] = []  # the task before it has no chain link to it (task 0: the last task's, below)
         if n:
             succ[n - 1] = []
         unordered: list[list[int]] = []
-        for tid, task_deps in zip(others, other_deps, strict=True):
-            for dep in task_deps:
-                row = succ[dep]
-                if row is None:
-                    row = succ[dep] = [dep + 1]
-                row.append(tid)
-                if tid < dep:  # a task waiting for a later tid: the list is sorted below
-                    unordered.append(row)
+        try:  # NB: each dependency checked as its edge is walked (a dependency past the last task: IndexError)
+            for tid, task_deps in zip(others, other_deps, strict=True):
+                for dep in task_deps:
+                    if dep < 0 or dep == tid:
+                        self._check_deps(graph)
+                    row = succ[dep]
+                    if row is None:  # (a chain link: dep + 1 waits for dep alone)
+                        row = succ[dep] = [dep + 1, tid]
+                        if tid < dep:  # a task waiting for a later tid before it: the list is sorted below
+                            unordered.append(row)
+                    else:
+                        row.append(tid)  # NB: in ascending tid order, so only a chain link's row can be out of order
+        except IndexError:
+            self._check_deps(graph)
+            raise
         for row in unordered:
             row.sort()
         return succ
 
-    def _categories(self, names: Sequence[str]) -> list[int]:
-        self.categories = [name for name in dict.fromkeys(names) if name]  # first-appearance order
+    def _check_deps(self, graph: ExecGraph) -> None:
+        """Raise for the first task, in tid order, that names no other task as a dependency."""
+        n = self.num_tasks
+        for tid, task in enumerate(graph.tasks):
+            for dep in task.deps:
+                if not 0 <= dep < n or dep == tid:
+                    raise ConfigError(f"task {task.name!r}.deps", dep, f"must name another task 0..{n - 1}")
+
+    def _break_chains(self) -> None:
+        """A chain link (successors None) into a collective rank or a flow on a shared link becomes the list [tid + 1],
+        so None also says the next tid may run alone after this one as far as these go (engine.py: a run alone walks
+        None links checking only the device)."""
+        succ = self.successors
+        for tid in chain(self.shared_links, *self.members.values()):
+            if tid and succ[tid - 1] is None:
+                succ[tid - 1] = [tid]
+
+    def _categories(self, names: Sequence[str], pieces: list[Part]) -> Sequence[int]:
+        self.categories = [name for name in first_appearances(pieces, names, _CATEGORY) if name]
         index = {name: i for i, name in enumerate(self.categories)}
         index[""] = -1
-        return list(map(index.__getitem__, names))
+        return by_blocks(pieces, lambda first, end: looked_up(index, names[first:end]),
+                         lambda block, _: looked_up(index, block.category))
 
     def _flows(self, graph: ExecGraph, sync_keys: Sequence[str], task_resources: Sequence[tuple[str, ...]],
-               task_shares: Sequence[tuple[float, ...]], kinds: Sequence[str]) -> None:
+               task_shares: Sequence[tuple[float, ...]], kinds: Sequence[str],
+               pieces: list[Part]) -> list[list[tuple[tuple[int, ...], tuple[float, ...] | None]]]:
         """Group collectives by sync_key and give every comm flow its resources (union over its members) and what
         it takes of each (Task.link_shares, 1 where the task gives none; a collective takes the sum of its
         members' given shares, its ranks on several devices crossing the link together, else 1), as fractions of
@@ -159,18 +235,48 @@ class GraphArrays:
         for tid in compress(range(self.num_tasks), sync_keys):
             groups.setdefault(sync_keys[tid], []).append(tid)
         as_flow: dict[tuple[int, int], tuple[tuple[int, ...], tuple[float, ...] | None]] = {}
-        for tid in compress(range(self.num_tasks), task_resources):
-            if not sync_keys[tid] and kinds[tid] == "comm":
-                names, given = task_resources[tid], task_shares[tid]
-                key = (id(names), id(given))  # NB: the compiler shares resource and link_shares tuples
-                placed = as_flow.get(key)
-                if placed is None:
-                    indices = as_indices.get(names)
-                    if indices is None:
-                        indices = as_indices[names] = tuple(res_index.setdefault(r, len(res_index)) for r in names)
-                    placed = as_flow[key] = (indices, _fractions([capacity_of.get(r, 1.0) for r in names],
-                                                                 _shares(names, given, columns, tid)))
-                flow_resources[tid], flow_weights[tid] = placed
+
+        def place(names: tuple[str, ...], given: tuple[float, ...], tid: int) -> tuple[tuple[int, ...],
+                                                                                         tuple[float, ...] | None]:
+            key = (id(names), id(given))  # NB: the compiler shares resource and link_shares tuples
+            placed = as_flow.get(key)
+            if placed is None:
+                indices = as_indices.get(names)
+                if indices is None:
+                    indices = as_indices[names] = tuple(res_index.setdefault(r, len(res_index)) for r in names)
+                placed = as_flow[key] = (indices, _fractions([capacity_of.get(r, 1.0) for r in names],
+                                                             _shares(names, given, columns, tid)))
+            return placed
+
+        # NB: in tid order, so resources are numbered as they first appear (a run's: its blocks', in order)
+        run_flows: list[list[tuple[tuple[int, ...], tuple[float, ...] | None]]] = []  # per run, its blocks' flows
+        for piece in pieces:
+            first, end, run = piece.first, piece.end, piece.run
+            if run is None:
+                for tid in compress(range(first, end), task_resources[first:end]):
+                    if not sync_keys[tid] and kinds[tid] == "comm":
+                        flow_resources[tid], flow_weights[tid] = place(task_resources[tid], task_shares[tid], tid)
+                continue
+            # a run's tasks: its blocks' resources, no link shares, no sync keys
+            by_resources: dict[int, list[tuple[int, ...] | None]] = {}
+            by_weights: dict[int, list[tuple[float, ...] | None]] = {}
+            flows: list[tuple[tuple[int, ...], tuple[float, ...] | None]] = []
+            for key, block in piece.distinct.items():
+                row_resources: list[tuple[int, ...] | None] = []
+                row_weights: list[tuple[float, ...] | None] = []
+                for names, kind in zip(block.resources, block.kind, strict=True):
+                    if names and kind == "comm":
+                        placed = place(names, (), first)
+                        flows.append(placed)
+                        row_resources.append(placed[0])
+                        row_weights.append(placed[1])
+                    else:
+                        row_resources.append(None)
+                        row_weights.append(None)
+                by_resources[key], by_weights[key] = row_resources, row_weights
+            run_flows.append(flows)
+            flow_resources[first:end] = reduce(iadd, map(by_resources.__getitem__, piece.keys), [])
+            flow_weights[first:end] = reduce(iadd, map(by_weights.__getitem__, piece.keys), [])
         as_collective: dict[tuple[tuple[int, int], ...], tuple[tuple[int, ...], tuple[float, ...] | None]] = {}
         for key, members in groups.items():
             leader = members[0]
@@ -204,19 +310,27 @@ class GraphArrays:
         self.has_flow_resources = bool(res_index)
         self.resource_names = list(res_index)
         self.resource_capacity = [capacity_of.get(name, 1.0) for name in self.resource_names]
+        return run_flows
 
-    def _shared_links(self) -> set[int]:
+    def _shared_links(self, pieces: list[Part],
+                      run_flows: list[list[tuple[tuple[int, ...], tuple[float, ...] | None]]]) -> set[int]:
         """The flows with a resource that a flow of another device also names, or that one flow alone takes more
         of than its capacity (where another device's transfer may slow them, or one alone waits): the engine runs
-        these step by step (engine.py: runs alone)."""
+        these step by step (engine.py: runs alone). pieces and run_flows: _flows' (a run's flows: its blocks')."""
         if not self.has_flow_resources:
             return set()
         flow_resources, flow_weights, device_of, members = (self.flow_resources, self.flow_weights, self.device_of,
                                                             self.members)
-        with_links = list(compress(range(self.num_tasks), flow_resources))
-        users = dict.fromkeys(zip(map(flow_resources.__getitem__, with_links),
-                                  map(flow_weights.__getitem__, with_links),
-                                  map(device_of.__getitem__, with_links), strict=True))
+        users: dict[tuple[tuple[int, ...] | None, tuple[float, ...] | None, int], None] = {}
+        flows_of_runs = iter(run_flows)
+        for piece in pieces:
+            first, end, run = piece.first, piece.end, piece.run
+            if run is not None:
+                users.update(dict.fromkeys((r, w, run.device) for r, w in next(flows_of_runs)))
+                continue
+            with_links = list(compress(range(first, end), flow_resources[first:end]))
+            users.update(dict.fromkeys(zip(looked_up(flow_resources, with_links), looked_up(flow_weights, with_links),
+                                           looked_up(device_of, with_links), strict=True)))
         devices_of: list[set[int]] = [set() for _ in self.resource_names]
         most = [0.0] * len(self.resource_names)  # the most one flow takes of each resource (of its capacity)
         for resources, weights, device in users:
@@ -228,7 +342,13 @@ class GraphArrays:
                 devices_of[r].update(device_of[m] for m in ranks)
         exclusive = [len(devices) <= 1 and weight <= 1.0 for devices, weight in zip(devices_of, most, strict=True)]
         bad = {resources for resources, _, _ in users if resources and not all(exclusive[r] for r in resources)}
-        return {tid for tid in with_links if flow_resources[tid] in bad} if bad else set()
+        if not bad:
+            return set()
+        # NB: a run whose blocks' flows take no such resource has none; the others are read per task
+        return set(chain.from_iterable(
+            compress(range(piece.first, piece.end), map(bad.__contains__, flow_resources[piece.first:piece.end]))
+            for piece in pieces if piece.run is None or not bad.isdisjoint(
+                flow_resources[piece.first:piece.end])))
 
 
 _ONES: dict[int, tuple[float, ...]] = {}

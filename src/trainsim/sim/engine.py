@@ -38,7 +38,7 @@ and takes, of each resource any of its ranks names, the sum of its members' give
 holds each flow's shares as fractions of the capacities (GraphArrays.flow_weights).
 """
 
-from collections.abc import Container
+from collections.abc import Container, Sequence
 from heapq import heappop, heappush
 
 from trainsim.errors import TrainsimError
@@ -77,7 +77,8 @@ class Engine:
 
     __slots__ = ("alone_id", "alone_run", "alone_saved", "alone_t0", "arrived", "cat_run", "cause", "comm_run",
                  "comp_run", "dirty_dev", "dirty_res", "dirty_streams", "dispatch", "done", "dynamic", "end", "events",
-                 "exposed", "g", "gamma", "graph", "heap", "last", "last_x", "mark", "mem", "new_flows", "peak",
+                 "exposed", "g", "gamma", "graph", "heap", "last", "last_x", "makespan", "mark", "mem", "new_flows",
+                 "peak",
                  "peak_t", "queue", "ready", "rem", "remaining_deps", "res_active", "res_flows", "run_total", "seq",
                  "shared", "sharing", "slow", "stamp", "start", "stream_dirty", "stream_prev", "stream_task", "stretch",
                  "tl_b", "tl_t", "ver")
@@ -96,6 +97,7 @@ class Engine:
         self.heap: list[tuple[float, int, int, int]] = []  # (time, sequence, flow, version) of ENDs
         self.seq = 0
         self.events = 0
+        self.makespan = 0.0  # the last task's end (the last END's time)
         self.done = 0
         # per task
         self.start = [-1.0] * n
@@ -140,7 +142,7 @@ class Engine:
         self.res_flows: list[dict[int, None]] = [{} for _ in g.resource_names]
         self.dirty_res: dict[int, None] = {}
         # per device: the run of tasks running alone there as one event (None / 0: none), when it started, its id
-        self.alone_run: list[list[int] | None] = [None] * num_devices
+        self.alone_run: list[Sequence[int] | None] = [None] * num_devices
         self.alone_t0 = [0.0] * num_devices
         self.alone_id = [0] * num_devices
         # per device running a run alone, what the run's write-out changed there, as it was before: memory, peak
@@ -199,6 +201,7 @@ class Engine:
         alone_saved = self.alone_saved
         deps = g.deps
         runs = 0
+        last_end = 0.0
         pending = bool(g.num_tasks)  # the first dispatch pass runs at t = 0
         t = 0.0
         while True:
@@ -366,6 +369,7 @@ class Engine:
                 alone = False
             events += 1
             pending = True
+            last_end = t  # NB: ENDs pop in time order: the last one ends the iteration (max of end, without a scan)
             if leader_of[flow] < 0:
                 ranks = (flow,)
                 done += 1
@@ -385,9 +389,14 @@ class Engine:
                     if t > last_x[d]:
                         if comp_run[d] == 0 and run_total[d] > 0:
                             row, elapsed = exposed[d], t - last_x[d]
-                            for c, count in enumerate(cat_run[d]):
-                                if count:
-                                    row[c] += elapsed
+                            if run_total[d] == 1:  # tid alone runs there: its category's count alone is 1
+                                category = category_of[tid]
+                                if category >= 0:
+                                    row[category] += elapsed
+                            else:
+                                for c, count in enumerate(cat_run[d]):
+                                    if count:
+                                        row[c] += elapsed
                         last_x[d] = t
                     run_total[d] -= 1
                     if is_compute[tid]:
@@ -419,7 +428,14 @@ class Engine:
                         ready[succ] = t
                         # the last dependency to end; among those ending at this instant the lowest tid (the same
                         # whatever order the instant's ends are processed in)
-                        cause[succ] = tid if num_deps[succ] == 1 else min([dep for dep in deps[succ] if end[dep] == t])
+                        if num_deps[succ] == 1:
+                            cause[succ] = tid
+                        else:  # NB: a loop, not min over a comprehension (a function call in CPython 3.11)
+                            held = tid
+                            for dep in deps[succ]:
+                                if dep < held and end[dep] == t:
+                                    held = dep
+                            cause[succ] = held
                         ds = device_of[succ]
                         if alone_run[ds] is not None:  # a task of a device running a run alone: cut it here
                             seq, finished = self._alone_cut(ds, t, seq, dirty_streams)
@@ -448,9 +464,8 @@ class Engine:
                                                        tl_b[ds][-1] if times is not None else 0.0)
                                     if t > last_x[ds]:
                                         last_x[ds] = t  # the device was idle before: nothing exposed
-                                    run, x, prev, s, memory = [], succ, -1, t, mem[ds]
-                                    while True:
-                                        run.append(x)
+                                    x, prev, s, memory, jumps = succ, -1, t, mem[ds], None
+                                    while True:  # NB: the run's tids, consecutive but for the jumps recorded
                                         e = s + work[x]
                                         if prev >= 0:
                                             ready[x], cause[x] = s, prev
@@ -481,18 +496,25 @@ class Engine:
                                         stream_prev[stream_of[x]] = x
                                         prev, s = x, e
                                         nexts = successors[x]
-                                        if nexts is None:  # (the next tid, waiting for x alone)
-                                            x += 1
-                                        elif len(nexts) == 1:
-                                            x = nexts[0]
+                                        if nexts is None:  # the next tid, waiting for x alone, no collective rank,
+                                            x += 1  # no flow on a shared link (GraphArrays._break_chains)
+                                            if device_of[x] != ds:
+                                                break
+                                        elif len(nexts) != 1:
+                                            break
                                         else:
-                                            break
-                                        if (num_deps[x] != 1 or device_of[x] != ds or leader_of[x] >= 0
-                                                or x in shared):
-                                            break
+                                            y = nexts[0]
+                                            if (num_deps[y] != 1 or device_of[y] != ds or leader_of[y] >= 0
+                                                    or y in shared):
+                                                break
+                                            if jumps is None:
+                                                jumps = []
+                                            jumps.append((x, y))
+                                            x = y
                                     mem[ds] = memory
                                     if s > last_x[ds]:
                                         last_x[ds] = s
+                                    run = range(succ, prev + 1) if jumps is None else _run_tids(succ, jumps, prev)
                                     runs += 1
                                     alone_run[ds], alone_t0[ds], alone_id[ds] = run, t, runs
                                     seq += 1
@@ -522,6 +544,7 @@ class Engine:
                             del res_flows[r][flow]
         self.dirty_streams, self.new_flows = dirty_streams, new_flows
         self.seq, self.stamp, self.done, self.events = seq, stamp, done, events
+        self.makespan = last_end
         return t
 
     def _alone_cut(self, d: int, t: float, seq: int, dirty_streams: list[int]) -> tuple[int, int]:
@@ -650,9 +673,8 @@ class Engine:
         worst = {name: max((row[name] for row in by_device), default=0.0) for name in g.categories}
         return SimOutcome(
             start_s=self.start, end_s=self.end, dispatch_s=self.dispatch, ready_s=self.ready,
-            makespan_s=max(self.end, default=0.0), memory=memory,
-            critical_path=critical_path(self.end, self.cause), exposed_s=worst, exposed_by_device_s=by_device,
-            events=self.events)
+            makespan_s=self.makespan, memory=memory, critical_path=critical_path(self.end, self.cause, self.makespan),
+            exposed_s=worst, exposed_by_device_s=by_device, events=self.events)
 
     def _stuck(self, limit: int = 3) -> list[str]:
         """A few stuck tasks of each kind: ranks waiting for partners, ready tasks whose stream is held,
@@ -676,6 +698,16 @@ class Engine:
                 pending = [names[d] for d in g.deps[tid] if self.end[d] < 0.0][:2]
                 unmet.append(f"{names[tid]} (waits for {', '.join(pending)})")
         return waiting + blocked + unmet
+
+
+def _run_tids(first: int, jumps: list[tuple[int, int]], last: int) -> list[int]:
+    """The tids of a run alone from first to last, consecutive but for the jumps (from, to)."""
+    tids: list[int] = []
+    for end, following in jumps:
+        tids += range(first, end + 1)
+        first = following
+    tids += range(first, last + 1)
+    return tids
 
 
 def _timeline_point(times: list[float], values: list[float], t: float, value: float) -> None:

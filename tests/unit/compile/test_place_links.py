@@ -154,3 +154,30 @@ def test_a_group_across_leaves_names_their_up_links() -> None:
     assert shares["node0.nic0.tx (+31 alike)"] == 1.0
     assert graph.resource_capacity["leaf0.uplink.tx (+3 alike)"] == 8.0
     assert graph.resource_capacity["node0.nic0.tx (+31 alike)"] == 1.0
+
+
+
+@pytest.mark.parametrize(("gpus_per_node", "strategy"), [
+    (4, {"tp": 4, "pp": 2, "dp": 2}), (2, {"tp": 4, "pp": 2, "dp": 2}),
+    (4, {"tp": 2, "pp": 4, "dp": 2, "vpp": 2, "schedule": "interleaved-1f1b"})],
+    ids=["tp-in-node", "tp-across-nodes", "interleaved"])
+def test_template_runs_place_the_links_the_per_task_path_places(monkeypatch: pytest.MonkeyPatch, gpus_per_node: int,
+                                                                 strategy: dict[str, object]) -> None:
+    """place_links skips the compiler's template runs whose blocks name no link to place and reads the others per
+    task (ir/template_runs.py): the graph it gives is the one it gives reading every task."""
+    from trainsim.compile import build, place_links
+
+    cluster = a100_cluster(8).model_copy(update={"gpus_per_node": gpus_per_node, "num_nodes": 16 // gpus_per_node,
+                                                 "nics_per_node": 1})
+    job = _job(cluster, **strategy)
+    monkeypatch.setattr(build, "place_links", lambda _job, graph: graph)  # the graph before links are placed
+    with_runs, per_task = _compile(job), _compile(job)
+    runs = list(with_runs.columns().template_runs)
+    assert runs
+    per_task.columns().template_runs.clear()
+    assert place_links.place_links(job, with_runs).tasks == place_links.place_links(job, per_task).tasks
+    assert with_runs.resource_capacity == per_task.resource_capacity
+    assert any(t.link_shares for t in with_runs.tasks)  # shared links were placed
+    # within the runs: the tensor-parallel collectives' NICs where tp spans nodes, none where it does not
+    placed_in_runs = any(t.link_shares for run in runs for t in with_runs.tasks[run.first:run.end])
+    assert placed_in_runs == (gpus_per_node < int(str(strategy["tp"])))

@@ -12,7 +12,7 @@ from trainsim.compile.build import compile_job
 from trainsim.cost.pricing import Pricer
 from trainsim.errors import ConfigError
 from trainsim.estimate.simulation import SimEstimator, busy_by_device
-from trainsim.ir.exec_graph import TASK_FIELDS, ExecGraph, SimDevice, Task, TaskColumns
+from trainsim.ir.exec_graph import TASK_FIELDS, ExecGraph, SimDevice, Task, TaskColumns, TemplateRun
 from trainsim.job import make_job
 from trainsim.pipeline import graph_for
 from trainsim.sim import SimOptions, simulate
@@ -145,3 +145,73 @@ def test_an_error_names_the_task_whose_name_is_made_later() -> None:
     graph = ExecGraph(devices=_devices(1), columns=columns)
     with pytest.raises(ConfigError, match=r"task 'send mb4 vs0'.link_shares"):
         simulate(graph, OPTIONS)
+
+
+def test_a_template_run_must_be_the_last_tasks_written() -> None:
+    """TaskColumns.note_template_run records tasks just written, after the runs before; a run elsewhere is refused."""
+    columns = TaskColumns()
+    for tid in range(4):
+        columns.append(f"t{tid}", 0, "compute", "compute", 1.0, (tid - 1,) if tid else ())
+    columns.note_template_run(TemplateRun(1, 0, (), columns.deps[2:4]))  # tids 1..3
+    assert [(run.first, run.end) for run in columns.template_runs] == [(1, 4)]
+    with pytest.raises(ValueError, match="must be the last tasks written"):
+        columns.note_template_run(TemplateRun(0, 0, (), columns.deps[1:2]))  # tids 0..1: not the last
+    columns.append("t4", 0, "compute", "compute", 1.0, (3,))
+    with pytest.raises(ValueError, match="must be the last tasks written"):
+        columns.note_template_run(TemplateRun(2, 0, (), columns.deps[3:5]))  # tids 2..4: overlaps the run before
+    assert TaskColumns.of_tasks(columns.to_tasks()).template_runs == []  # Task objects read back: no runs
+
+
+def test_phases_layers_and_micro_batches_written_later_read_as_written() -> None:
+    """blocks_later holds a block's phases, layers and micro-batches until one of them is read; tasks appended or
+    added as rows meanwhile keep theirs, and the Task objects read back are the ones written."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Block:
+        stream: tuple[str, ...]
+        kind: tuple[str, ...]
+        category: tuple[str, ...]
+        phase: tuple[str, ...]
+        layer: tuple[str, ...]
+
+    fwd = Block(("compute",) * 2, ("compute",) * 2, ("compute",) * 2, ("fwd", "fwd"), ("l0", "l1"))
+    bwd = Block(("compute",), ("compute",), ("compute",), ("bwd",), ("l1",))
+    columns = TaskColumns()
+    columns.append("first", 0, "compute", "compute", 1.0, phase="optimizer", layer="x", micro_batch=7)
+    for _ in range(5):  # the blocks' other columns, as StageWriter.emit_blocks writes them
+        columns.append("", 0, "compute", "compute", 1.0)
+    columns._name[1:] = ["b"] * 5  # (named as the test likes)
+    columns._phase[1:], columns._layer[1:], columns._micro_batch[1:] = [], [], []
+    columns.blocks_later((fwd, bwd, fwd), [3, 3, 4], [2, 1, 2])  # type: ignore[arg-type]
+    columns.extend_rows([("row", 1, "feature", "comm", 2.0, (0,), "", (), 0.0, 0.0, "comm", "", 5, 1, "pp_comm", 0,
+                          ())])
+    assert columns._blocks_later  # nothing written yet
+    assert columns.phase == ["optimizer", "fwd", "fwd", "bwd", "fwd", "fwd", "comm"]
+    assert not columns._blocks_later
+    assert columns.layer == ["x", "l0", "l1", "l1", "l0", "l1", ""]
+    assert columns.micro_batch == [7, 3, 3, 3, 4, 4, 5]
+    tasks = columns.to_tasks()
+    assert [(t.phase, t.layer, t.micro_batch) for t in tasks] == list(zip(
+        columns.phase, columns.layer, columns.micro_batch, strict=True))
+    again = TaskColumns()
+    again.blocks_later((bwd,), [9], [1])  # type: ignore[arg-type]
+    again.phase = ["recompute"]  # a column set whole: what was held is written first, then replaced
+    assert again.phase == ["recompute"] and again.micro_batch == [9] and again.layer == ["l1"]
+
+
+def test_rows_with_constant_fields_and_names_made_later() -> None:
+    """extend_rows takes rows of some fields and one value each for the others (all fields once, else refused);
+    names_later names added tasks when names are read."""
+    fields = ("name", "device", "duration_s", "deps", "sync_key", "resources", "micro_batch", "stage")
+    constants = {"stream": "feature", "kind": "comm", "alloc_bytes": 0.0, "free_bytes": 0.0, "phase": "comm",
+                 "layer": "", "category": "pp_comm", "priority": 0, "link_shares": ()}
+    columns = TaskColumns()
+    columns.extend_rows([("", 0, 1.0, (), "", ("l",), 3, 0), ("kept", 1, 2.0, (0,), "k", (), 4, 1)], fields, constants)
+    columns.names_later([(0, (("send act mb", " vs0->"),), 3)])
+    assert columns.to_tasks() == [
+        Task(0, "send act mb3 vs0->", 0, "feature", "comm", 1.0, (), "", ("l",), 0.0, 0.0, "comm", "", 3, 0, "pp_comm"),
+        Task(1, "kept", 1, "feature", "comm", 2.0, (0,), "k", (), 0.0, 0.0, "comm", "", 4, 1, "pp_comm")]
+    with pytest.raises(ValueError, match="must give each task field once"):
+        columns.extend_rows([], fields, {**constants, "device": 0})
+    with pytest.raises(ValueError, match="must give each task field once"):
+        columns.extend_rows([], fields[1:], constants)

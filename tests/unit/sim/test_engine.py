@@ -13,6 +13,7 @@ from trainsim.ir.exec_graph import ExecGraph, SimDevice
 from trainsim.job import make_job
 from trainsim.pipeline import graph_for
 from trainsim.sim import DeadlockError, SimOptions, SimOutcome, busy_s_by_device, simulate
+from trainsim.sim.critical_path import critical_path
 from trainsim.sim.engine import Engine
 from trainsim.sim.synthetic import one_f_one_b_order, synthetic_pipeline
 from trainsim.strategy.lowered import default_plan
@@ -75,11 +76,15 @@ def test_dynamic_path_with_idle_links_matches_the_plain_schedule() -> None:
 # ---- runs alone: a chain on an idle device as one event --------------------------------------------------------
 def _same_outcome(graph: ExecGraph, options: SimOptions) -> tuple[SimOutcome, SimOutcome]:
     """The engine with runs alone and the step-by-step reference; every field but the event count equal (==)."""
-    fast = Engine(graph, options).run()
+    engine = Engine(graph, options)
+    fast = engine.run()
     reference = Engine(graph, options, runs_alone=False).run()
     for name in ("start_s", "end_s", "dispatch_s", "ready_s", "makespan_s", "memory", "critical_path", "exposed_s",
                  "exposed_by_device_s"):
         assert getattr(fast, name) == getattr(reference, name), name
+    # the makespan the loop keeps (its last END's time) is the scan's, and so is the critical path walked from it
+    assert fast.makespan_s == max(fast.end_s, default=0.0)
+    assert fast.critical_path == critical_path(engine.end, engine.cause)
     return fast, reference
 
 
@@ -275,6 +280,8 @@ def test_collectives_in_different_orders_deadlock() -> None:
 
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("deps", (9,), "must name another task"),
+    ("deps", (-1,), "must name another task"),
+    ("deps", (0,), "must name another task"),  # itself
     ("stream", "tensor", "choose one of"),
     ("duration_s", -1.0, "finite and >= 0"),
     ("device", 3, "must be a simulated device"),

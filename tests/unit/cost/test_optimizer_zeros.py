@@ -71,3 +71,30 @@ def test_the_optimizer_price_mixes_the_two_measured_steps(tmp_path: Path) -> Non
     assert costs.optimizer_step_s(1000, PROFILE_ENV.device) == pytest.approx(0.010)
     assert costs.optimizer_step_s(1000, PROFILE_ENV.device, 250) == pytest.approx(0.75 * 0.010 + 0.25 * 0.030)
     assert costs.optimizer_step_s(1000, PROFILE_ENV.device, 1000) == pytest.approx(0.030)
+
+
+def test_the_compiled_optimizer_step_pays_for_the_untouched_rows(tmp_path: Path) -> None:
+    """A tiny DLRM on 2 ranks through the split executor: the optimizer task is the measured steps mixed by the
+    device's zero-state parameters (tables x untouched share); without the split executor, the random step."""
+    from trainsim.catalog.calibration import Calibration
+    from trainsim.compile.build import compile_job
+    from trainsim.cost.profiled import ProfiledStepCosts
+    from trainsim.cost.step import FittedStepCosts
+    from trainsim.pipeline import graph_for
+    from trainsim.strategy.lowered import default_plan
+
+    par = ParallelSpec(dp=2, micro_batch=1, global_batch=2)
+    job = make_job(TINY, local_cluster(2), par, StackSpec(split_executor=True))
+    params = round(graph_for(job).param_count())
+    path = tmp_path / "p.sqlite"
+    with ProfileDB.open(path) as db:
+        db.add_op_samples(PROFILE_ENV, optimizer_signature(params), [0.010])
+        db.add_op_samples(PROFILE_ENV, zero_state_optimizer_signature(params), [0.030])
+    costs = ProfiledCosts(path, PROFILE_ENV.device)
+    pricer = Pricer(Calibration(), op_costs=costs, step_costs=ProfiledStepCosts(costs, FittedStepCosts(Calibration())))
+    share = 40 * zero_state_share(TINY, par) / params
+    for stack, expected in ((job.stack, (1 - share) * 0.010 + share * 0.030), (StackSpec(), 0.010)):
+        run = make_job(TINY, local_cluster(2), par, stack)
+        graph = compile_job(run, default_plan(graph_for(run), run.parallel), pricer)
+        step = next(t for t in graph.tasks if t.name == "optimizer step")
+        assert step.duration_s == pytest.approx(expected)

@@ -245,9 +245,11 @@ def _emit_step_end(ctx: BuildContext, tails: list[_StageTail]) -> None:
                           deps=deps, sync_key="optimizer-barrier" if multi else "", phase="comm")
         parts = ctx.stage_parts(stage)
         seconds = ctx.pricer.optimizer_step_s([parts], job) if parts else 0.0  # the shared formula
-        if ctx.splits and parts:  # a device steps the weights it holds: split and sharded ones in parts
+        zeros = sum(ctx.pricer.zero_state_params_of(a.layer, ctx.held_params(a.index, a.layer.param_count), job)
+                    for a in ctx.plan.layers if a.stage == stage)  # table rows no lookup touches (optimizer_zeros)
+        if (ctx.splits or zeros > 0.0) and parts:  # a device steps the weights it holds: split and sharded ones
             held = sum(ctx.held_params(a.index, a.layer.param_count) for a in ctx.plan.layers if a.stage == stage)
-            seconds = ctx.pricer.optimizer_step_of_params_s(held, job)
+            seconds = ctx.pricer.optimizer_step_of_params_s(held, job, zeros)
         temporary = optimizer_step_bytes(parts, job.parallel)
         synced = sum(ctx.grad_params(a.index, a.layer.param_count) for a in ctx.plan.layers if a.stage == stage)
         copies = ctx.pricer.grad_copies_s(synced, job)

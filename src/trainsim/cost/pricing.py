@@ -33,6 +33,7 @@ from trainsim.cost.memory import (
     stage_in_flight,
     stage_memory_base,
 )
+from trainsim.cost.optimizer_zeros import zero_state_share
 from trainsim.cost.rank_classes import (
     DeviceClass,
     default_kind,
@@ -59,6 +60,7 @@ from trainsim.cost.step import FittedStepCosts, StepCosts
 from trainsim.hardware.cluster import ClusterSpec, GroupLayout
 from trainsim.hardware.device import DeviceSpec
 from trainsim.ir.graph import Layer, Op, OpGraph
+from trainsim.ir.model_spec import DlrmSpec
 from trainsim.job import Job
 from trainsim.profile.paths import default_db_path
 from trainsim.registry import Registry
@@ -910,10 +912,22 @@ class Pricer:
             return 0.0
         return self.step_costs.grad_copies_s(params, job.cluster.device)
 
-    def optimizer_step_of_params_s(self, params: float, job: Job) -> float:
-        """The optimizer step over `params` parameters held by one device (its ZeRO shard of them)."""
+    def optimizer_step_of_params_s(self, params: float, job: Job, zero_state_params: float = 0.0) -> float:
+        """The optimizer step over `params` parameters held by one device (its ZeRO shard of them), of which
+        `zero_state_params` keep a zero optimizer state (zero_state_params_of)."""
         par = job.parallel
-        return self.step_costs.optimizer_step_s(params / optimizer_shards(par), par.precision, job.cluster.device)
+        shards = optimizer_shards(par)
+        return self.step_costs.optimizer_step_s(params / shards, par.precision, job.cluster.device,
+                                                zero_state_params / shards)
+
+    @staticmethod
+    def zero_state_params_of(layer: Layer, held_params: float, job: Job) -> float:
+        """Of the `held_params` a device holds of `layer`, those whose optimizer state stays zero: a DLRM's
+        table rows that the step's batches never look up, in runs that train on the same batches every step
+        (trainsim measure's split executor; cost/optimizer_zeros.py); else none."""
+        if layer.kind != "sparse" or not job.stack.split_executor or not isinstance(job.model, DlrmSpec):
+            return 0.0
+        return held_params * zero_state_share(job.model, job.parallel)
 
     def micro_batch_overhead_s(self, stage: list[StagePart], job: Job) -> float:
         key = self.stage_key(stage)

@@ -35,7 +35,13 @@ from trainsim.ir.graph import Op, OpGraph
 from trainsim.profile.database import CollectiveRow, OpRow, ProfileDB
 from trainsim.profile.executor_overhead import executor_signature
 from trainsim.profile.framework import framework_signature, frameworks_for
-from trainsim.profile.ops import GRAD_COPY_SIGNATURE_KIND, OPTIMIZER_SIGNATURE_KIND, overhead_signature, signature_of
+from trainsim.profile.ops import (
+    GRAD_COPY_SIGNATURE_KIND,
+    OPTIMIZER_SIGNATURE_KIND,
+    ZERO_STATE_ADAM_IMPL,
+    overhead_signature,
+    signature_of,
+)
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import Precision
 
@@ -166,10 +172,21 @@ class ProfiledCosts:
         self.answers[(op.module_path, op.name, op.phase)] = source
         return seconds
 
-    def optimizer_step_s(self, params: float, device_name: str) -> float | None:
-        """Measured Adam step over `params` parameters: exact, or interpolated inside the measured range."""
+    def optimizer_step_s(self, params: float, device_name: str, zero_state_params: float = 0.0) -> float | None:
+        """Measured Adam step over `params` parameters: exact, or interpolated inside the measured range. With
+        `zero_state_params` of them holding a zero state (cost/optimizer_zeros.py) and the step over zero
+        gradients measured (profile.ops.zero_state_optimizer_signature), the two steps mixed by that share."""
         curve = self._curves.get((self.device_name or device_name, OPTIMIZER_SIGNATURE_KIND, "adam", "step", "fp32"))
-        return curve.interpolate(float(round(params))) if curve is not None else None
+        nonzero_s = curve.interpolate(float(round(params))) if curve is not None else None
+        if nonzero_s is None or zero_state_params <= 0.0 or params <= 0.0:
+            return nonzero_s
+        zeros = self._curves.get((self.device_name or device_name, OPTIMIZER_SIGNATURE_KIND, ZERO_STATE_ADAM_IMPL,
+                                  "step", "fp32"))
+        zero_s = zeros.interpolate(float(round(params))) if zeros is not None else None
+        if zero_s is None:
+            return nonzero_s
+        share = min(1.0, zero_state_params / params)
+        return (1.0 - share) * nonzero_s + share * zero_s
 
     def grad_copies_s(self, params: float, device_name: str) -> float | None:
         """Measured gradient bucket copies over `params` gradients: exact, or interpolated inside the measured
@@ -312,9 +329,11 @@ class ProfiledStepCosts:
         self.profiled = profiled
         self.fallback = fallback
 
-    def optimizer_step_s(self, params: float, precision: Precision, device: DeviceSpec) -> float:
-        measured = self.profiled.optimizer_step_s(params, device.name)
-        return measured if measured is not None else self.fallback.optimizer_step_s(params, precision, device)
+    def optimizer_step_s(self, params: float, precision: Precision, device: DeviceSpec,
+                         zero_state_params: float = 0.0) -> float:
+        measured = self.profiled.optimizer_step_s(params, device.name, zero_state_params)
+        return measured if measured is not None else self.fallback.optimizer_step_s(params, precision, device,
+                                                                                      zero_state_params)
 
     def grad_copies_s(self, params: float, device: DeviceSpec) -> float:
         measured = self.profiled.grad_copies_s(params, device.name)

@@ -16,8 +16,10 @@ from trainsim.strategy.precision import Precision, policy_for
 class StepCosts(Protocol):
     name: str
 
-    def optimizer_step_s(self, params: float, precision: Precision, device: DeviceSpec) -> float:
-        """The optimizer step over `params` parameters held by one device."""
+    def optimizer_step_s(self, params: float, precision: Precision, device: DeviceSpec,
+                         zero_state_params: float = 0.0) -> float:
+        """The optimizer step over `params` parameters held by one device, `zero_state_params` of them with an
+        optimizer state that stays zero (cost/optimizer_zeros.py)."""
         ...
 
     def grad_copies_s(self, params: float, device: DeviceSpec) -> float:
@@ -50,8 +52,10 @@ class FittedStepCosts:
     def __init__(self, cal: Calibration) -> None:
         self.cal = cal
 
-    def optimizer_step_s(self, params: float, precision: Precision, device: DeviceSpec) -> float:
-        """Adam reads and writes fp32 master weights and two moments, reads gradients, writes weights."""
+    def optimizer_step_s(self, params: float, precision: Precision, device: DeviceSpec,
+                         zero_state_params: float = 0.0) -> float:
+        """Adam reads and writes fp32 master weights and two moments, reads gradients, writes weights (the same
+        bytes whatever the values: zero states are priced only where measured, cost/profiled.py)."""
         policy = policy_for(precision)
         per_param = 2 * (4 + policy.optimizer_state_bytes) + policy.grad_bytes + policy.weight_bytes
         return params * per_param / (device.hbm_bw_bytes_per_s * self.cal.compute.memory_efficiency)

@@ -159,6 +159,20 @@ def optimizer_signature(params: int) -> OpSignature:
     return OpSignature(OPTIMIZER_SIGNATURE_KIND, "adam", "step", "fp32", (int(params),))
 
 
+ZERO_STATE_ADAM_IMPL = "adam-zero-state"
+
+
+def zero_state_optimizer_signature(params: int) -> OpSignature:
+    """The same Adam step over all-zero gradients, whose state stays zero (cost/optimizer_zeros.py): torch's CPU
+    square root is slower over zeros."""
+    return OpSignature(OPTIMIZER_SIGNATURE_KIND, ZERO_STATE_ADAM_IMPL, "step", "fp32", (int(params),))
+
+
+def has_sparse_tables(graph: OpGraph) -> bool:
+    """Whether a graph holds embedding tables whose rows a batch may never look up (a DLRM's sparse layer)."""
+    return any(layer.kind == "sparse" for layer in graph.layers)
+
+
 def grad_copy_signature(params: int) -> OpSignature:
     """A data-parallel gradient sync's copies over `params` fp32 gradients: into flat buckets, scaled by 1 / dp,
     and back (measure_grad_copies)."""
@@ -632,20 +646,22 @@ def footprints(graph: OpGraph) -> dict[OpSignature, float]:
     return out
 
 
-def _adam_samples(tensor_sizes: list[int], device: str, warmup: int, repeats: int, threads: int) -> Measurement:
+def _adam_samples(tensor_sizes: list[int], device: str, warmup: int, repeats: int, threads: int,
+                  zero_state: bool = False) -> Measurement:
     import torch
 
     torch.set_num_threads(threads)
     params = [torch.nn.Parameter(torch.randn(size, device=device)) for size in tensor_sizes]
-    for param in params:
-        param.grad = torch.randn_like(param)
+    for param in params:  # all-zero gradients keep Adam's moments at their zero initial value, step after step
+        param.grad = torch.zeros_like(param) if zero_state else torch.randn_like(param)
     # AdamW, as trainsim measure's harnesses step (measure/parallelize.py, measure/split_model.py): Adam with
     # decoupled weight decay (torch's default 0.01), one more pass over the weights than torch.optim.Adam
     optimizer = torch.optim.AdamW(params, lr=1e-4)
     clock, clock_name = clock_for(device)
     samples = time_callable(optimizer.step, _sync_for(device), warmup, repeats, min_sample_s=0.0, max_inner=1,
                             clock=clock)
-    return samples, f"torch.optim.AdamW over {len(tensor_sizes)} tensors; {clock_name}"
+    grads = "all-zero gradients (zero state)" if zero_state else "random gradients"
+    return samples, f"torch.optim.AdamW over {len(tensor_sizes)} tensors, {grads}; {clock_name}"
 
 
 def _free_memory_bytes(device: str) -> float:
@@ -662,8 +678,10 @@ def _free_memory_bytes(device: str) -> float:
 ADAM_BYTES_PER_PARAM = 24  # fp32 weight, gradient, two moments and two parameter-sized temporaries
 
 
-def measure_optimizer(tensor_sizes: list[int], device: str, warmup: int, repeats: int) -> Measurement:
-    """One torch.optim.Adam step (its default implementation for the device) over fp32 parameters.
+def measure_optimizer(tensor_sizes: list[int], device: str, warmup: int, repeats: int,
+                      zero_state: bool = False) -> Measurement:
+    """One torch.optim.Adam step (its default implementation for the device) over fp32 parameters, with random
+    gradients, or with all-zero ones (`zero_state`: the moments stay zero, cost/optimizer_zeros.py).
 
     NB: a model whose optimizer state would not fit in a quarter of the free memory is measured on tensors
     scaled down by a common factor (the same count) and the times scaled back up: the step is memory-bound,
@@ -677,7 +695,7 @@ def measure_optimizer(tensor_sizes: list[int], device: str, warmup: int, repeats
     budget = 0.25 * _free_memory_bytes(device) / ADAM_BYTES_PER_PARAM
     sizes = tensor_sizes if total <= budget else [max(1, int(size * budget / total)) for size in tensor_sizes]
     scale = total / max(sum(sizes), 1)
-    args = (sizes, device, warmup, repeats, torch.get_num_threads())
+    args = (sizes, device, warmup, repeats, torch.get_num_threads(), zero_state)
     if device == "cpu":
         import multiprocessing
 
@@ -770,6 +788,8 @@ def profile_graph(db: ProfileDB, env: Environment, graph: OpGraph, hints: Kernel
     signatures, unsupported = unique_signatures(graph)
     if optimizer:
         signatures.append(optimizer_signature(sum(parameter_tensors(graph, hints))))
+        if has_sparse_tables(graph):
+            signatures.append(zero_state_optimizer_signature(sum(parameter_tensors(graph, hints))))
         if device == "cpu":  # the CPU harnesses sync gradients through copied buckets (measure_grad_copies)
             signatures.append(grad_copy_signature(sum(parameter_tensors(graph, hints))))
     signatures.append(overhead_signature())
@@ -786,7 +806,8 @@ def profile_graph(db: ProfileDB, env: Environment, graph: OpGraph, hints: Kernel
                 progress(sig, "stored")
             continue
         if sig.kind == OPTIMIZER_SIGNATURE_KIND:
-            samples, detail = measure_optimizer(parameter_tensors(graph, hints), device, warmup, missing)
+            samples, detail = measure_optimizer(parameter_tensors(graph, hints), device, warmup, missing,
+                                                zero_state=sig.impl == ZERO_STATE_ADAM_IMPL)
         elif sig.kind == OVERHEAD_SIGNATURE_KIND:
             samples, detail = measure_overhead(device, warmup, missing)
         elif sig.kind == GRAD_COPY_SIGNATURE_KIND:

@@ -47,3 +47,15 @@ def test_a_cnns_optimizer_walks_a_weight_per_convolution_and_two_tensors_per_bat
     assert len(sizes) == 161
     assert sum(sizes) == 25_557_032  # torchvision's resnet50 parameters
     assert 64 * 3 * 7 * 7 in sizes and sizes.count(64) >= 2  # conv1's weight; bn1's scale and shift
+
+
+def test_the_zero_state_optimizer_probe_steps_over_all_zero_gradients() -> None:
+    import torch
+
+    from trainsim.profile.ops import _adam_samples
+
+    threads = torch.get_num_threads()
+    samples, detail = _adam_samples([64, 8], "cpu", 0, 2, threads, zero_state=True)
+    assert len(samples) == 2 and all(s > 0 for s in samples)
+    assert "all-zero gradients" in detail
+    assert "random gradients" in _adam_samples([64, 8], "cpu", 0, 1, threads)[1]

@@ -5,7 +5,8 @@ the exhaustive planner's table, and the DP's plan on that mesh alone scored by e
     python scripts/predtop_diagnose.py --case moe --mesh 1 --layers alpa --sampler sized
     python scripts/predtop_diagnose.py --case moe --mesh 1 --layers alpa --sampler sized --features table1
 
-Reads data/plan_quality/CASE/stages/{exhaustive,predtop}.sqlite (copies; nothing is run: it asserts so).
+Reads data/plan_quality/CASE/stages/{exhaustive,predtop}.sqlite (copies; nothing is run: it asserts so; `--dir`
+for another run's files, e.g. data/plan_quality/moe-v8).
 `--src predtop` trains on the stages the PredTOP planner measured itself (the run's sample, so the run's fit
 is reproduced exactly, seed and sampler given); `--src exhaustive` (default) reads the sample from the exhaustive
 table (any sampler, layering or seed). The ablations below change the method for this diagnosis only (they are
@@ -85,13 +86,16 @@ def main() -> None:
     parser.add_argument("--target", choices=list(train_module.TARGETS), default="log")
     parser.add_argument("--pool", choices=("mean", "sum"), default="mean")
     parser.add_argument("--select", choices=("val", "train"), default="val")
+    parser.add_argument("--dir", type=Path, default=None, help="the plan-quality files (default: "
+                        "data/plan_quality/CASE); its stages/exhaustive.sqlite and stages/predtop.sqlite are read")
     args = parser.parse_args()
     ablate(args.features, args.pool)
     model = load_model(str(ROOT / f"data/stages/models/{MODELS[args.case]}.yaml"))
     assert isinstance(model, TransformerSpec)
     with tempfile.TemporaryDirectory() as tmp:
+        files = args.dir or ROOT / f"data/plan_quality/{args.case}"
         for name in ("predtop", "exhaustive"):
-            shutil.copy(ROOT / f"data/plan_quality/{args.case}/stages/{name}.sqlite", Path(tmp) / f"{name}.sqlite")
+            shutil.copy(files / "stages" / f"{name}.sqlite", Path(tmp) / f"{name}.sqlite")
         source = MeasuredStageCosts(model, MICRO_BATCH, SEQ_LEN, StageDatabase(Path(tmp) / f"{args.src}.sqlite"))
         truth = MeasuredStageCosts(model, MICRO_BATCH, SEQ_LEN, StageDatabase(Path(tmp) / "exhaustive.sqlite"))
         report(args, model, source, truth)

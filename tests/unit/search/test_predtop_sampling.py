@@ -1,6 +1,7 @@
 """PredTOP's planner sample (search.predtop.costs): the covering sampler sees every unit kind and both ends of
 the chain, the budget is what is profiled, and a predictor blind to the head (a stub) picks the wrong split where
-a covering sample gives it the head."""
+a covering sample gives it the head; the sized sampler trains on every stage size; with Alpa's layers (layer_cuts)
+only ranges of whole layers are sampled, predicted and offered to the DP."""
 
 import random
 from dataclasses import dataclass

@@ -28,10 +28,18 @@ from trainsim.catalog import load_cluster, load_model
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.measure.stage_db import MeasuredStageCosts, StageDatabase
 from trainsim.search.predtop.costs import PredTopStageCosts, all_ranges
-from trainsim.search.predtop.dag import DagBuilder
+from trainsim.search.predtop.dag import DagBuilder, unit_costs
+from trainsim.search.predtop.experiment import HEAVY_OPS, LAYERINGS, alpa_layers
 from trainsim.search.predtop.models import MODEL_KINDS
-from trainsim.search.stage_costs import FunctionStageCosts, PricedStageCosts, StageJob, same_dag_median_costs
-from trainsim.search.stage_dp import PlanSearch, alpa_dp, uniform_search
+from trainsim.search.stage_costs import (
+    CountedStageCosts,
+    FunctionStageCosts,
+    PricedStageCosts,
+    StageCosts,
+    StageJob,
+    same_dag_median_costs,
+)
+from trainsim.search.stage_dp import PlanSearch, alpa_dp, equal_mesh_search, uniform_search
 from trainsim.strategy.stage_plan import (
     IntraPlan,
     Mesh,
@@ -55,6 +63,7 @@ class Case:
     devices: int
     cluster: str
     num_micro_batches: int = 8
+    equal_meshes: bool = False  # the plan-quality runs' restriction (`trainsim search --equal-meshes`)
 
 
 CPU_MESHES = (Mesh(1, 1), Mesh(1, 2), Mesh(1, 4))
@@ -67,6 +76,13 @@ CASES = {  # the CPU plan-quality cases of docs/planning.md; the H100 stages (1 
                      (Mesh(1, 1),), 4, "dgx-h100-80gb"),
     "h100-moe": Case(ROOT / "data/stages/models/moe-gpu.yaml", ROOT / "data/stages/h100/stages_gpu.db", 8, 512, 0,
                      (Mesh(1, 1),), 4, "dgx-h100-80gb"),
+    # the plan-quality jobs run for real (scripts/plan_quality.py): the exhaustive planner's own stage table, plans
+    # of equal meshes with dp inside a stage (what one ParallelSpec runs)
+    "pq-moe": Case(ROOT / "data/stages/models/moe-small.yaml", ROOT / "data/plan_quality/moe/stages/exhaustive.sqlite",
+                   4, 64, 1, CPU_MESHES, 4, "local-cpu", equal_meshes=True),
+    "pq-gpt": Case(ROOT / "data/stages/models/gpt-heavy-head.yaml",
+                   ROOT / "data/plan_quality/gpt/stages/exhaustive.sqlite", 4, 64, 1, CPU_MESHES, 4, "local-cpu",
+                   equal_meshes=True),
 }
 
 
@@ -99,8 +115,20 @@ def per_stage(predtop: PredTopStageCosts, truth: MeasuredStageCosts) -> dict[str
     return out
 
 
+def plan_search(costs: StageCosts, case: Case, units: int, capacity_bytes: float) -> PlanSearch:
+    """Alpa's DP over the case's meshes (each stage its own mesh), or restricted to equal meshes."""
+    intra = {mesh: [IntraPlan(1, mesh.size)] for mesh in case.meshes}
+    rest = (case.devices, case.num_micro_batches, capacity_bytes)
+    if not case.equal_meshes:
+        return alpa_dp(costs, units, list(case.meshes), intra, *rest)
+
+    def planner(c: CountedStageCosts, m: list[Mesh], p: dict[Mesh, list[IntraPlan]]) -> PlanSearch:
+        return alpa_dp(c, units, m, p, *rest)
+    return equal_mesh_search(planner, costs, list(case.meshes), intra)
+
+
 def run_case(name: str, samplers: list[str], seeds: list[int], epochs: int, patience: int, fraction: float,
-             label: str, kind: str, done: set[str], emit) -> None:  # type: ignore[no-untyped-def]
+             label: str, kind: str, layers: str, done: set[str], emit) -> None:  # type: ignore[no-untyped-def]
     case = CASES[name]
     model = load_model(str(case.model))
     assert isinstance(model, TransformerSpec)
@@ -115,7 +143,7 @@ def run_case(name: str, samplers: list[str], seeds: list[int], epochs: int, pati
                        num_micro_batches=case.num_micro_batches, seq_len=case.seq_len)
         intra = {mesh: [IntraPlan(1, mesh.size)] for mesh in case.meshes}
         args = (list(case.meshes), intra, case.devices, case.num_micro_batches, job.capacity_bytes)
-        exhaustive = alpa_dp(truth, units, *args)
+        exhaustive = plan_search(truth, case, units, job.capacity_bytes)
         every_stage = truth.profiled_configurations
         base = measured_t_s(exhaustive.plan, truth, case.num_micro_batches)
         uniform = uniform_search(truth, model.num_layers, *args)
@@ -125,16 +153,19 @@ def run_case(name: str, samplers: list[str], seeds: list[int], epochs: int, pati
         if f"{name}/reference" not in done:
             emit({"key": f"{name}/reference", **rows})
         dags = DagBuilder(model, case.micro_batch, case.seq_len)
+        cuts = alpa_layers(*unit_costs(dags, HEAVY_OPS)) if layers == "alpa" else None
         for sampler in samplers:
             for seed in seeds:
-                key = f"{name}/{sampler}{label}{'' if kind == 'transformer' else '-' + kind}/{seed}"
+                key = (f"{name}/{sampler}{label}{'' if kind == 'transformer' else '-' + kind}"
+                       f"{'-alpa' if layers == 'alpa' else ''}/{seed}")
                 if key in done:
                     continue
                 source = MeasuredStageCosts(model, case.micro_batch, case.seq_len, db, threads=case.threads)
                 predtop = PredTopStageCosts(source, PricedStageCosts(job), dags, units, fraction, epochs=epochs,
-                                            patience=patience, seed=seed, sampler=sampler, kind=kind)
+                                            patience=patience, seed=seed, sampler=sampler, kind=kind,
+                                            layer_cuts=cuts)
                 cpu = time.process_time()
-                found = alpa_dp(predtop, units, *args)
+                found = plan_search(predtop, case, units, job.capacity_bytes)
                 cpu_s = time.process_time() - cpu
                 assert source.measured_now == 0, "a stage was missing from the database and was run"
                 row = _row(found, measured_t_s(found.plan, truth, case.num_micro_batches), base,
@@ -143,7 +174,7 @@ def run_case(name: str, samplers: list[str], seeds: list[int], epochs: int, pati
                            epochs_run={f"{m.describe()}/{i.describe()}": p.epochs_run if p else None
                                        for (m, i), p in predtop.predictors.items()},
                            predicted_t_s=found.plan.iteration_s, epochs=epochs, patience=patience,
-                           fraction=fraction, kind=kind, stages=per_stage(predtop, truth))
+                           fraction=fraction, kind=kind, layers=layers, stages=per_stage(predtop, truth))
                 emit({"key": key, **row})
         db.close()
 
@@ -232,6 +263,9 @@ def main() -> None:
     parser.add_argument("--kind", default="transformer", choices=list(MODEL_KINDS),
                         help="the predictor (GCN and GAT: the paper's variants, sec. VIII-B); in the key when not "
                         "the DAG Transformer")
+    parser.add_argument("--layers", default="units", choices=list(LAYERINGS),
+                        help="PredTOP's stages: ranges of units (the rows before the eighth session) or of Alpa's "
+                        "clustered layers (the paper's; `trainsim search`'s default now); in the key when alpa")
     parser.add_argument("--label", default="", help="appended to the sampler in the row's key (a method variant)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--explain", nargs="+", default=[], help="print the per-stage errors of these rows' keys")
@@ -258,7 +292,7 @@ def main() -> None:
 
     for name in args.cases:
         run_case(name, args.samplers, args.seeds, args.epochs, args.patience, args.fraction, args.label, args.kind,
-                 done, emit)
+                 args.layers, done, emit)
 
 
 if __name__ == "__main__":

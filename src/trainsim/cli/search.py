@@ -102,6 +102,12 @@ def search(
                                                   "(default: the user's cache)")] = None,
     predtop_fraction: Annotated[float, typer.Option(help="predtop: fraction of each mesh's stages measured to "
                                                     "train its predictor")] = 0.3,
+    predtop_layers: Annotated[str, typer.Option(help="predtop: its stages are ranges of alpa (Alpa's clustered "
+                                                "layers, the paper's: the embedding joins the first block) or "
+                                                "of units")] = "alpa",
+    predtop_sampler: Annotated[str, typer.Option(help="predtop: sized (each kind alone, then both ends and the "
+                                                 "interior in turn, sizes spread evenly), covering (sizes at "
+                                                 "random) or random")] = "sized",
     equal_meshes: Annotated[bool, typer.Option("--equal-meshes", help="stage planner: every stage on one submesh "
                                                "shape with one intra plan, layer ranges uneven (what one "
                                                "ParallelSpec expresses, so `trainsim measure --stage-layers` runs "
@@ -112,8 +118,9 @@ def search(
 ) -> None:
     if planner != "uniform" or stage_costs is not None:
         _stage_search(ModelSource(model, frontend), cluster, num_gpus, strategy_flags, planner,
-                      stage_costs or "analytical", num_micro_batches, stage_db, predtop_fraction, as_json,
-                      equal_meshes, stage_tp)
+                      stage_costs or "analytical", num_micro_batches, stage_db,
+                      {"predtop_fraction": predtop_fraction, "predtop_layers": predtop_layers,
+                       "predtop_sampler": predtop_sampler}, as_json, equal_meshes, stage_tp)
         return
     if equal_meshes or stage_tp is not None:
         name, value = ("equal_meshes", True) if equal_meshes else ("stage_tp", stage_tp)
@@ -146,7 +153,7 @@ def search(
 
 
 def _stage_search(source: ModelSource, cluster: str, num_gpus: int | None, given: StrategyFlags, planner: str,
-                  stage_costs: str, num_micro_batches: int, db: Path | None, predtop_fraction: float,
+                  stage_costs: str, num_micro_batches: int, db: Path | None, predtop: dict[str, Any],
                   as_json: bool, equal_meshes: bool, stage_tp: int | None) -> None:
     global_batch = given.get("global_batch")
     if global_batch is None:
@@ -164,8 +171,8 @@ def _stage_search(source: ModelSource, cluster: str, num_gpus: int | None, given
         raise ConfigError("precision", precision, "choose one of: " + ", ".join(PRECISIONS))
     settings = StageSearchSettings(planner=planner, stage_costs=stage_costs, global_batch=global_batch,
                                    num_micro_batches=num_micro_batches, seq_len=given.get("seq_len") or 2048,
-                                   precision=cast(Precision, precision), db=db, predtop_fraction=predtop_fraction,
-                                   equal_meshes=equal_meshes, stage_tp=stage_tp)
+                                   precision=cast(Precision, precision), db=db, equal_meshes=equal_meshes,
+                                   stage_tp=stage_tp, **predtop)
     report = stage_search(source.model_spec(), cluster_spec, settings)
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))

@@ -37,6 +37,8 @@ from trainsim.strategy.stage_plan import IntraPlan, Mesh, StagePlan, intra_plans
 
 PLANNERS = ("uniform", "stage")
 STAGE_COSTS = ("analytical", "profiled", "measured", "mpe", "predtop")
+PREDTOP_LAYERS = ("alpa", "units")  # search.predtop.experiment.LAYERINGS (a test checks): not imported here
+PREDTOP_SAMPLERS = ("sized", "covering", "random")  # search.predtop.costs.SAMPLERS, which imports torch
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,6 +53,8 @@ class StageSearchSettings:
     predtop_fraction: float = 0.3
     predtop_epochs: int = 500
     predtop_patience: int = 200
+    predtop_layers: str = "alpa"  # PredTOP's stages: ranges of Alpa's clustered layers (the paper's) or of units
+    predtop_sampler: str = "sized"
     sp: bool = False
     equal_meshes: bool = False
     stage_tp: int | None = None
@@ -72,6 +76,11 @@ class StageSearchSettings:
                               "must be a positive integer (the intra plans' tensor-parallel degree)")
         if not 0.0 < self.predtop_fraction <= 1.0:
             raise ConfigError("predtop_fraction", self.predtop_fraction, "must be in (0, 1]")
+        if self.predtop_layers not in PREDTOP_LAYERS:
+            raise ConfigError("predtop_layers", self.predtop_layers, "choose one of: " + ", ".join(PREDTOP_LAYERS))
+        if self.predtop_sampler not in PREDTOP_SAMPLERS:
+            raise ConfigError("predtop_sampler", self.predtop_sampler,
+                              "choose one of: " + ", ".join(PREDTOP_SAMPLERS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,11 +129,14 @@ def _source(model: TransformerSpec, job: StageJob, settings: StageSearchSettings
         chain = MpeStageCosts(measured, model)
         return chain, chain
     from trainsim.search.predtop.costs import PredTopStageCosts
-    from trainsim.search.predtop.dag import DagBuilder
+    from trainsim.search.predtop.dag import DagBuilder, unit_costs
+    from trainsim.search.predtop.experiment import HEAVY_OPS, alpa_layers
 
-    predtop = PredTopStageCosts(measured, PricedStageCosts(job), DagBuilder(model, job.micro_batch, job.seq_len),
-                                num_units(model), settings.predtop_fraction, epochs=settings.predtop_epochs,
-                                patience=settings.predtop_patience)
+    dags = DagBuilder(model, job.micro_batch, job.seq_len)
+    cuts = alpa_layers(*unit_costs(dags, HEAVY_OPS)) if settings.predtop_layers == "alpa" else None
+    predtop = PredTopStageCosts(measured, PricedStageCosts(job), dags, num_units(model), settings.predtop_fraction,
+                                epochs=settings.predtop_epochs, patience=settings.predtop_patience,
+                                sampler=settings.predtop_sampler, layer_cuts=cuts)
     return predtop, predtop
 
 

@@ -113,3 +113,11 @@ def test_equal_meshes_and_stage_tp_bad_inputs_exit_2() -> None:
     assert zero.exit_code == 2 and "stage_tp" in zero.output
     none = RUNNER.invoke(app, [*ARGS, "--planner", "stage", "--stage-tp", "8"])  # no mesh of 2 has tp = 8
     assert none.exit_code == 2 and "stage_tp" in none.output
+
+
+def test_predtop_layers_and_sampler_bad_inputs_exit_2() -> None:
+    base = [*ARGS, "--planner", "stage", "--stage-costs", "predtop"]
+    layers = RUNNER.invoke(app, [*base, "--predtop-layers", "blocks"])
+    assert layers.exit_code == 2 and "predtop_layers" in layers.output and "alpa" in layers.output
+    sampler = RUNNER.invoke(app, [*base, "--predtop-sampler", "every"])
+    assert sampler.exit_code == 2 and "predtop_sampler" in sampler.output and "sized" in sampler.output

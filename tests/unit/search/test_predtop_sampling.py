@@ -1,6 +1,7 @@
 """PredTOP's planner sample (search.predtop.costs): the covering sampler sees every unit kind and both ends of
 the chain, the budget is what is profiled, and a predictor blind to the head (a stub) picks the wrong split where
-a covering sample gives it the head."""
+a covering sample gives it the head; the sized sampler trains on every stage size; with Alpa's layers (layer_cuts)
+only ranges of whole layers are sampled, predicted and offered to the DP."""
 
 import random
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from trainsim.search.predtop.costs import (
     covering_sample,
     random_sample,
     sample_budget,
+    sized_sample,
     stratum,
 )
 from trainsim.search.stage_costs import FunctionStageCosts
@@ -203,3 +205,79 @@ def test_roles_and_predictions_are_kept_per_stage():
 def test_every_range_sampled_has_one_validation_role():
     source = PredTopStageCosts(FunctionStageCosts(truth), FunctionStageCosts(truth), RangeDags(), 6, 1.0)  # type: ignore[arg-type]
     assert sorted(source.roles(ONE, IntraPlan()).values()).count("val") == 1
+
+
+ALPA_MOE_KINDS = ["embedding+block"] + ["moe_block", "block"] * 3 + ["moe_block", "head"]  # moe-small's Alpa layers
+
+
+@pytest.mark.parametrize(("kinds", "count", "trained"), [(ALPA_MOE_KINDS, 18, 14), (MOE_KINDS, 22, 16)])
+def test_sized_sample_trains_on_every_stage_size_where_covering_rarely_does(kinds, count, trained):
+    n = len(kinds)
+    every_size = set(range(1, n + 1))
+
+    def all_sizes(sampler, seed: int) -> bool:
+        return {b - a for a, b in sampler(n, count, random.Random(seed), kinds)[:trained]} == every_size
+
+    assert all(all_sizes(sized_sample, seed) for seed in range(100))
+    assert sum(all_sizes(covering_sample, seed) for seed in range(100)) < 10  # 1 / 100 and 4 / 100 when written
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_sized_sample_keeps_the_covering_anchors_and_draws_distinct_ranges(seed):
+    sample = sized_sample(10, 16, random.Random(seed), MOE_KINDS)
+    assert len(set(sample)) == 16 and set(sample) <= set(all_ranges(10))
+    assert [MOE_KINDS[a] for a, b in sample[:4]] == ["embedding", "block", "moe_block", "head"]
+    assert all(b == a + 1 for a, b in sample[:4])
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_sized_sample_exact_small_case(seed):
+    # 4 units (emb, block, block, head): anchors (0,1), one lone block, (3,4): size 1 held 3 times. Then head,
+    # embedding, interior in turn: the interior stratum holds the other lone block (size 1) and (1,3) (size 2,
+    # held at most once): the least held size wins, so the interior draw is (1,3) whatever the shuffle.
+    kinds = ["embedding", "block", "block", "head"]
+    sample = sized_sample(4, 6, random.Random(seed), kinds)
+    assert sample[0] == (0, 1) and sample[1] in ((1, 2), (2, 3)) and sample[2] == (3, 4)
+    assert sample[3][1] == 4 and sample[4][0] == 0 and sample[5] == (1, 3)
+    assert sorted(sized_sample(4, 10, random.Random(seed), kinds)) == all_ranges(4)
+
+
+CUTS = (0, 2, 3, 4, 5, 6)  # TINY's units [emb, b0, b1, b2, b3, head] with the embedding joined to block 0
+
+
+def test_layer_cuts_sample_and_predict_whole_layers_only():
+    seen: dict[str, list] = {}
+
+    def record(kind, ranges, latencies, validation, **_):
+        seen["fit"] = list(ranges) + list(validation[0])
+        return fit_kind_sum(kind, ranges, latencies, validation)
+
+    source = PredTopStageCosts(FunctionStageCosts(truth), FunctionStageCosts(truth), RangeDags(), 6, 0.3,  # type: ignore[arg-type]
+                               seed=0, trainer=cast(Any, record), layer_cuts=CUTS)
+    drawn = source.sample(ONE, IntraPlan())
+    # 5 layers, 15 ranges: sample_budget(5, 0.3) = (8, 2) (the training floor)
+    assert len(drawn) == 10 and all(s.first in CUTS and s.end in CUTS for s in drawn)
+    assert source.estimate(StageSpec(0, 1, ONE, IntraPlan())) is None  # cuts the first layer: nothing trained
+    assert source.estimate(StageSpec(1, 4, ONE, IntraPlan())) is None and not seen
+    found = source.estimate(StageSpec(2, 6, ONE, IntraPlan()))
+    assert found is not None and found.latency_s == pytest.approx(70.0)  # 3 blocks and the head
+    assert seen["fit"] == [(s.first, s.end) for s in drawn]
+    source.prefetch([StageSpec(a, b, ONE, IntraPlan()) for a, b in all_ranges(6)])
+    assert len(source.predicted) == 15  # the ranges of whole layers only
+    plan = alpa_dp(source, 6, [ONE], {ONE: [IntraPlan()]}, 2, B, capacity_bytes=1.0).plan
+    assert all(s.first in CUTS for s in plan.stages)
+
+
+@pytest.mark.parametrize("cuts", [(0, 2, 5), (1, 6), (0, 3, 3, 6), (0, 7)])
+def test_bad_layer_cuts_are_refused(cuts):
+    with pytest.raises(ValueError, match="layer_cuts"):
+        PredTopStageCosts(FunctionStageCosts(truth), FunctionStageCosts(truth), RangeDags(), 6, 0.3,  # type: ignore[arg-type]
+                          layer_cuts=cuts)
+
+
+def test_search_settings_name_the_layerings_and_samplers_of_the_predtop_source():
+    from trainsim.search.predtop.costs import SAMPLERS
+    from trainsim.search.predtop.experiment import LAYERINGS
+    from trainsim.search.stage_search import PREDTOP_LAYERS, PREDTOP_SAMPLERS
+
+    assert set(PREDTOP_LAYERS) == set(LAYERINGS) and set(PREDTOP_SAMPLERS) == set(SAMPLERS)

@@ -8,11 +8,20 @@ kinds of stage the planner's DP decides between are all seen: each unit kind alo
 head: a lone embedding or head is a DAG unlike any other stage, sec. IV-B1's model cannot extrapolate to it),
 then random ranges taken in turn from the stages that start at the embedding, those that end at the head and the
 interior ones. Every pipeline has one first and one last stage, so those two strata decide the plan; a plain
-random draw of 30% of the ranges may hold none or one of them (random_sample, kept for comparison)."""
+random draw of 30% of the ranges may hold none or one of them (random_sample, kept for comparison).
+
+Stages are ranges of layers: of units by default, of Alpa's clustered layers where `layer_cuts` is set (the
+paper's stages, sec. IV-B1 and VI: PredTOP plugs into Alpa, whose inter-operator DP runs over the layers its
+layer construction made; experiment.alpa_layers). Then the sample, the budget and the predictions are over
+ranges of those layers, and a stage that cuts a layer has no estimate (None: the DP does not consider it), as
+in Alpa, whose DP never sees it. With our units the embedding (a gather, no matrix product) joins the first
+block, so the lone embedding, a 4-node DAG of under 1 ms that no predictor fits (sec. "Small stages are not
+fit" of docs/planning.md), is neither trained on nor asked for."""
 
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from trainsim.search.predtop.dag import DagBuilder
 from trainsim.search.predtop.train import Predictor, train
@@ -21,7 +30,7 @@ from trainsim.strategy.stage_plan import IntraPlan, Mesh, StageEstimate, StageSp
 
 MIN_SAMPLES = 8
 VALIDATION_FRACTION = 0.1  # PredTOP sec. VIII-A: a separate 10% of the samples for validation
-SAMPLERS = ("covering", "random")
+SAMPLERS = ("covering", "sized", "random")
 Range = tuple[int, int]
 
 
@@ -52,11 +61,10 @@ def stratum(rng_: Range, num_units: int) -> str:
     return "head" if end == num_units else "embedding" if first == 0 else "interior"
 
 
-def covering_sample(num_units: int, count: int, rng: random.Random, kinds: list[str]) -> list[Range]:
-    """`count` ranges (count >= the number of unit kinds): one lone unit of each kind (kinds[u] is unit u's
-    kind; the unit of a kind picked at random), then ranges drawn at random from the head, embedding and
-    interior strata in turn (a stratum left empty is skipped). Sizes are random within a stratum, so all sizes
-    occur. The order is the order drawn: the anchors first."""
+def _anchors_and_strata(num_units: int, count: int, rng: random.Random,
+                        kinds: list[str]) -> tuple[list[Range], dict[str, list[Range]]]:
+    """One lone unit of each kind (the unit of a kind picked at random), and the other ranges per stratum,
+    shuffled."""
     units_of: dict[str, list[int]] = {}
     for unit, kind in enumerate(kinds):
         units_of.setdefault(kind, []).append(unit)
@@ -69,6 +77,15 @@ def covering_sample(num_units: int, count: int, rng: random.Random, kinds: list[
             left[stratum(r, num_units)].append(r)
     for pool in left.values():
         rng.shuffle(pool)
+    return chosen, left
+
+
+def covering_sample(num_units: int, count: int, rng: random.Random, kinds: list[str]) -> list[Range]:
+    """`count` ranges (count >= the number of unit kinds): one lone unit of each kind (kinds[u] is unit u's
+    kind; the unit of a kind picked at random), then ranges drawn at random from the head, embedding and
+    interior strata in turn (a stratum left empty is skipped). Sizes are random within a stratum, so all sizes
+    occur. The order is the order drawn: the anchors first."""
+    chosen, left = _anchors_and_strata(num_units, count, rng, kinds)
     while len(chosen) < count and any(left.values()):
         for pool in left.values():
             if pool and len(chosen) < count:
@@ -76,8 +93,27 @@ def covering_sample(num_units: int, count: int, rng: random.Random, kinds: list[
     return chosen
 
 
+def sized_sample(num_units: int, count: int, rng: random.Random, kinds: list[str]) -> list[Range]:
+    """covering_sample's anchors and strata in turn, each draw taking (at random) a range of the size the sample
+    holds fewest of so far (sizes 1 .. num_units): "stages of different sizes" (PredTOP sec. IV-B1), spread over
+    the sizes instead of left to chance. With 14 training stages of 45 a random size per draw left the MoE
+    model's interior stages of 2-4 layers (the ones a 4-stage pipeline is made of) unsampled."""
+    chosen, left = _anchors_and_strata(num_units, count, rng, kinds)
+    held = [0] * (num_units + 1)
+    for first, end in chosen:
+        held[end - first] += 1
+    while len(chosen) < count and any(left.values()):
+        for pool in left.values():
+            if pool and len(chosen) < count:
+                pick = min(range(len(pool)), key=lambda i: (held[pool[i][1] - pool[i][0]], i))
+                first, end = pool.pop(pick)
+                held[end - first] += 1
+                chosen.append((first, end))
+    return chosen
+
+
 SAMPLER_FUNCTIONS: dict[str, Callable[[int, int, random.Random, list[str]], list[Range]]] = {
-    "covering": covering_sample, "random": random_sample}
+    "covering": covering_sample, "sized": sized_sample, "random": random_sample}
 
 
 @dataclass(slots=True)
@@ -91,8 +127,9 @@ class PredTopStageCosts:
     epochs: int = 500
     patience: int = 200
     seed: int = 0
-    sampler: str = "covering"
+    sampler: str = "sized"
     trainer: Callable[..., Predictor] = train  # predictor.train; a stub in the tests
+    layer_cuts: tuple[int, ...] | None = None  # layer boundaries in units (alpa_layers); None: every unit
     profiled: set[StageSpec] = field(default_factory=set)
     predictors: dict[tuple[Mesh, IntraPlan], Predictor | None] = field(default_factory=dict)
     train_time_s: float = 0.0
@@ -110,20 +147,37 @@ class PredTopStageCosts:
     def __post_init__(self) -> None:
         if self.sampler not in SAMPLERS:
             raise ValueError(f"sampler={self.sampler!r}: must be one of {', '.join(SAMPLERS)}")
+        cuts = self.cuts
+        if cuts[0] != 0 or cuts[-1] != self.num_units or any(b <= a for a, b in pairwise(cuts)):
+            raise ValueError(f"layer_cuts={self.layer_cuts}: must rise from 0 to {self.num_units} units")
+
+    @property
+    def cuts(self) -> tuple[int, ...]:
+        """Layer boundaries in units (every unit a layer unless layer_cuts is set)."""
+        return self.layer_cuts if self.layer_cuts is not None else tuple(range(self.num_units + 1))
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.cuts) - 1
+
+    def in_layers(self, stage: StageSpec) -> bool:
+        """Whether the stage is a range of whole layers (the stages PredTOP samples and predicts)."""
+        return stage.first in self.cuts and stage.end in self.cuts
 
     def sample(self, mesh: Mesh, intra: IntraPlan) -> list[StageSpec]:
         """The stages profiled for one mesh and intra plan (seeded per mesh and plan): sample_budget's training and
         validation stages, in the order drawn (validation: the last)."""
         rng = random.Random(f"{self.seed}:{mesh.describe()}:{intra.describe()}")
-        kinds = [unit_kind(self.dags.model, u) for u in range(self.num_units)]
-        ranges = SAMPLER_FUNCTIONS[self.sampler](self.num_units, sum(sample_budget(self.num_units, self.fraction)),
+        cuts = self.cuts
+        kinds = ["+".join(unit_kind(self.dags.model, u) for u in range(a, b)) for a, b in pairwise(cuts)]
+        ranges = SAMPLER_FUNCTIONS[self.sampler](self.num_layers, sum(sample_budget(self.num_layers, self.fraction)),
                                                  rng, kinds)
-        return [StageSpec(a, b, mesh, intra) for a, b in ranges]
+        return [StageSpec(cuts[a], cuts[b], mesh, intra) for a, b in ranges]
 
     def validation_count(self, known: int) -> int:
         """How many of `known` (>= 2) profiled stages watch early stopping: the last drawn, so a covering sample's
         lone units stay in training and its validation stages take the three strata in turn."""
-        return max(1, min(sample_budget(self.num_units, self.fraction)[1], known - 1))
+        return max(1, min(sample_budget(self.num_layers, self.fraction)[1], known - 1))
 
     def roles(self, mesh: Mesh, intra: IntraPlan) -> dict[StageSpec, str]:
         """Each profiled stage of a mesh and intra plan: "train" or "val" (every sampled stage measured); the
@@ -152,7 +206,7 @@ class PredTopStageCosts:
         """Train the predictors of the meshes asked and predict their stages in batches."""
         groups: dict[tuple[Mesh, IntraPlan], list[StageSpec]] = {}
         for stage in stages:
-            if stage not in self._predicted:
+            if stage not in self._predicted and self.in_layers(stage):
                 groups.setdefault((stage.mesh, stage.intra), []).append(stage)
         for key, group in groups.items():
             if key not in self.predictors:
@@ -165,6 +219,8 @@ class PredTopStageCosts:
                 self._predicted[stage] = max(value, 0.0)
 
     def estimate(self, stage: StageSpec) -> StageEstimate | None:
+        if not self.in_layers(stage):
+            return None
         if stage not in self._predicted:
             self.prefetch([stage])
         latency = self._predicted.get(stage)

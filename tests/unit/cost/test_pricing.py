@@ -1,6 +1,6 @@
-"""Pricer._price_layer's selective-recompute and weight-gradient sums (from the op positions it finds once per
-layer, Pricer._op_picks) equal the filters over the layer's ops they replace (==, in the same order), for
-layers priced op by op and layers fed their roofline times (Pricer.add_op_times)."""
+"""Pricer.layer_cost's forward, backward, selective-recompute and weight-gradient sums equal the sums over the
+layer's ops priced one by one (Pricer.op_time_s; ==, in the ops' order), for layers priced op by op and layers
+fed their roofline times (Pricer.add_op_times), bf16 and fp8 (the unfused path)."""
 
 import pytest
 

@@ -195,7 +195,6 @@ class Pricer:
         # (id of a layer, id of a device) -> op_costs' seconds of its ops (add_op_times)
         self._op_times: dict[tuple[int, int], tuple[float, ...]] = {}
         self._layer_axes: dict[int, tuple[str, ...]] = {}  # id of a layer -> the axes of its feature collectives
-        self._layer_picks: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # id of a layer -> _op_picks
         self._layouts: dict[tuple[object, ...], GroupLayout] = {}
         self._collectives: dict[tuple[object, ...], float] = {}
         self._axis_collectives: dict[tuple[object, ...], float] = {}
@@ -424,21 +423,10 @@ class Pricer:
             seconds = list(known) if fuses_every_op(stack, fp8) else \
                 [self._unfused_s(op, op_s, stack, fp8, device) for op, op_s in zip(ops, known, strict=True)]
         forward, backward = seconds[:len(layer.fwd)], seconds[len(layer.fwd):]
-        selective_at, wgrad_at = self._op_picks(layer)
-        selective = sum([forward[at] for at in selective_at])  # the same ops in the same order as a filter
-        wgrad = sum([backward[at] for at in wgrad_at])
+        selective = sum([op_s for op, op_s in zip(layer.fwd, forward, strict=True) if op.recompute_selective])
+        wgrad = sum([op_s for op, op_s in zip(layer.bwd, backward, strict=True) if op.name.endswith(".wgrad")])
         return LayerCost(sum(forward), sum(backward), selective, comm, comm_fwd, wgrad, fractions["tp"],
                          fractions["cp"])
-
-    def _op_picks(self, layer: Layer) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """The positions of the layer's forward ops that selective recompute repeats and of its backward
-        weight-gradient ops, in order, once per layer (what _price_layer sums of its op times)."""
-        picks = self._layer_picks.get(id(layer))
-        if picks is None:
-            picks = self._layer_picks[self._pin(layer)] = (
-                tuple(at for at, op in enumerate(layer.fwd) if op.recompute_selective),
-                tuple(at for at, op in enumerate(layer.bwd) if op.name.endswith(".wgrad")))
-        return picks
 
     def tp_exposed_fraction(self, layer: Layer, tp_s: dict[str, float], job: Job) -> tuple[float, float]:
         """Of the tensor-parallel collectives of forward and backward (tp_s: phase -> seconds), the fraction

@@ -465,10 +465,11 @@ class Engine:
                                     if t > last_x[ds]:
                                         last_x[ds] = t  # the device was idle before: nothing exposed
                                     x, prev, s, memory, jumps = succ, -1, t, mem[ds], None
-                                    while True:  # NB: the run's tids, consecutive but for the jumps recorded
+                                    # NB: the run's tids, consecutive but for the jumps recorded; a task's ready
+                                    # time and cause are written as the walk reaches it (the first one's were
+                                    # written above, as it became ready)
+                                    while True:
                                         e = s + work[x]
-                                        if prev >= 0:
-                                            ready[x], cause[x] = s, prev
                                         start[x] = dispatch_s[x] = s
                                         end[x] = e
                                         alloc = alloc_bytes[x]
@@ -482,8 +483,10 @@ class Engine:
                                                 else:
                                                     times.append(s)
                                                     tl_b[ds].append(memory)
-                                        if e > s and not is_compute[x] and category_of[x] >= 0:
-                                            row[category_of[x]] += e - s
+                                        if not is_compute[x] and e > s:
+                                            category = category_of[x]
+                                            if category >= 0:
+                                                row[category] += e - s
                                         freed = free_bytes[x]
                                         if freed:
                                             memory -= freed
@@ -511,6 +514,7 @@ class Engine:
                                                 jumps = []
                                             jumps.append((x, y))
                                             x = y
+                                        ready[x], cause[x] = s, prev
                                     mem[ds] = memory
                                     if s > last_x[ds]:
                                         last_x[ds] = s

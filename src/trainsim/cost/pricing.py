@@ -365,13 +365,7 @@ class Pricer:
     def axis_collective_s(self, collective: str, buffer_bytes: float, axis: str, job: Job) -> float:
         """A collective over the group of `axis` (tp, cp, dp, ep, pp, or grad: the gradient group); once per
         (collective, bytes, the group's size and stride, cluster)."""
-        return self._group_collective_s(collective, buffer_bytes, axis, axis_group(axis, job.parallel),
-                                        self._cluster_key(job.cluster), job)
-
-    def _group_collective_s(self, collective: str, buffer_bytes: float, axis: str, group: tuple[int, int],
-                            cluster_key: int, job: Job) -> float:
-        """axis_collective_s with the group (axis_group(axis, job.parallel)) and the cluster key read by the
-        caller: callers pricing several collectives of one job read them once."""
+        group, cluster_key = axis_group(axis, job.parallel), self._cluster_key(job.cluster)
         key = (collective, buffer_bytes, group, cluster_key)
         seconds = self._axis_collectives.get(key)
         if seconds is None:
@@ -405,10 +399,7 @@ class Pricer:
     def _price_layer(self, layer: Layer, job: Job) -> LayerCost:
         totals = {axis: {"fwd": 0.0, "bwd": 0.0} for axis in ("tp", "cp")}
         # each feature collective priced once (the pipeline's are the stage's sends)
-        par, cluster_key = job.parallel, self._cluster_key(job.cluster)
-        groups = {axis: axis_group(axis, par) for axis in self._layer_axes[id(layer)]}  # set by layer_cost
-        priced = [(c, self._group_collective_s(c.collective, c.buffer_bytes, c.axis, groups[c.axis], cluster_key,
-                                               job))
+        priced = [(c, self.axis_collective_s(c.collective, c.buffer_bytes, c.axis, job))
                   for c in layer.comms if c.axis != "pp"]
         for c, seconds in priced:
             if c.axis in totals:
@@ -806,9 +797,8 @@ class Pricer:
 
     def _bucket_seconds(self, collective: str, bytes_per_param: float, runs: BucketRuns,
                         job: Job) -> list[tuple[float, int]]:
-        group, cluster_key = axis_group("grad", job.parallel), self._cluster_key(job.cluster)
-        return [(self._group_collective_s(collective, params * bytes_per_param, "grad", group, cluster_key, job),
-                 count) for params, count in runs]
+        return [(self.axis_collective_s(collective, params * bytes_per_param, "grad", job), count)
+                for params, count in runs]
 
     # --- ranks that differ (cost.rank_classes: device classes, shared with the simulator's compiler) ---
 

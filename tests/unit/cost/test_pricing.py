@@ -38,3 +38,51 @@ def test_selective_and_wgrad_sums_as_the_filters(model: str, strategy: dict[str,
     if model != "mixtral-8x7b":
         assert picked["selective"] > 0
     assert picked["wgrad"] > 0  # the sums are not all empty
+
+
+COMM_PLANS = (*PLANS, ("llama3.1-8b", {"tp": 2, "cp": 2, "sp": True}), ("llama3.1-8b", {"tp": 2, "zero": 1}))
+
+
+@pytest.mark.parametrize(("model", "strategy"), COMM_PLANS)
+def test_layer_collectives_as_axis_collective_s(model: str, strategy: dict[str, object]) -> None:
+    """layer_cost's feature collectives (the groups and cluster key read once a layer) == axis_collective_s
+    collective by collective, exposed fractions applied, summed per axis and forward in the comms' order."""
+    cluster = load_cluster("dgx-h100-80gb").with_num_gpus(16)
+    job = make_job(load_model(model), cluster, ParallelSpec(**strategy))  # type: ignore[arg-type]
+    pricer, reference = Pricer(), Pricer()
+    counted = 0
+    for layer in graph_for(job).layers:
+        cost = pricer.layer_cost(layer, job)
+        fractions = {"tp": cost.tp_exposed_fraction, "cp": cost.cp_exposed_fraction}
+        totals = {axis: {"fwd": 0.0, "bwd": 0.0} for axis in ("tp", "cp")}
+        priced = [(c, reference.axis_collective_s(c.collective, c.buffer_bytes, c.axis, job))
+                  for c in layer.comms if c.axis != "pp"]
+        for c, seconds in priced:
+            if c.axis in totals:
+                totals[c.axis][c.phase] += seconds
+        assert fractions["tp"] == reference.tp_exposed_fraction(layer, totals["tp"], job)
+        assert fractions["cp"] == reference.cp_exposed_fraction(layer, totals["cp"], job)
+        comm: dict[str, float] = {}
+        comm_fwd = 0.0
+        for c, seconds in priced:
+            if c.axis in fractions:
+                seconds *= fractions[c.axis][0 if c.phase == "fwd" else 1]
+            comm[c.axis] = comm.get(c.axis, 0.0) + seconds
+            comm_fwd += seconds if c.phase == "fwd" else 0.0
+        assert (cost.comm_s, cost.comm_fwd_s) == (comm, comm_fwd)
+        counted += len(priced)
+    assert counted > 0
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2])
+def test_gradient_buckets_as_axis_collective_s(zero: int) -> None:
+    """Each gradient bucket's collective (the gradient group and cluster key read once a queue) ==
+    axis_collective_s over the "grad" axis bucket by bucket."""
+    cluster = load_cluster("dgx-h100-80gb").with_num_gpus(16)
+    job = make_job(load_model("llama3.1-8b"), cluster, ParallelSpec(tp=2, zero=zero))
+    pricer, reference = Pricer(), Pricer()
+    runs = ((1_000_000.0, 3), (250_000.0, 1), (7.0, 2))
+    for collective in ("all-reduce", "reduce-scatter", "all-gather"):
+        got = pricer._bucket_seconds(collective, 2.0, runs, job)  # pyright: ignore[reportPrivateUsage]
+        assert got == [(reference.axis_collective_s(collective, params * 2.0, "grad", job), count)
+                       for params, count in runs]

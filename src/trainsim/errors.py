@@ -83,13 +83,19 @@ def check_name(field: str, name: str) -> ConfigError | None:
 class UnknownNameError(ConfigError):
     """A name (model, cluster, device, engine ...) that is not in its catalog or registry."""
 
-    def __init__(self, field: str, value: str, choices: list[str]) -> None:
+    def __init__(self, field: str, value: str, choices: list[str], examples: list[str] | None = None,
+                 listing: str | None = None) -> None:
+        """examples and listing: for a catalog too long for one line, the names most asked for and the command
+        that lists them all (the line names those instead of every choice)."""
         import difflib
 
-        shown = ", ".join(sorted(choices))
         close = difflib.get_close_matches(str(value), choices, n=3, cutoff=0.6)
         hint = f"did you mean {' or '.join(close)}? " if close else ""
-        super().__init__(field, value, f"{hint}choose one of: {shown}")
+        if examples and listing:
+            allowed = f"choose one of the {len(choices)} that `{listing}` lists, e.g. {', '.join(examples)}"
+        else:
+            allowed = f"choose one of: {', '.join(sorted(choices))}"
+        super().__init__(field, value, hint + allowed)
         self.choices = choices
 
 

@@ -159,6 +159,10 @@ def cluster_from_mapping(entry: dict[str, Any], where: str = "cluster", path: Pa
         raise file_error(exc, path, "cluster", list(ClusterSpec.model_fields)) from None
 
 
+# the presets an unknown cluster name's error line names (the catalog holds too many for one line)
+_CLUSTER_EXAMPLES = ("dgx-a100-80gb", "dgx-h100-80gb", "dgx-h200", "dgx-b200", "gb200-nvl72", "aws-p5")
+
+
 def load_cluster(name_or_path: str) -> ClusterSpec:
     """A preset name or a YAML/JSON cluster file."""
     path = Path(name_or_path)
@@ -166,7 +170,8 @@ def load_cluster(name_or_path: str) -> ClusterSpec:
         return cluster_from_mapping(read_mapping(path), str(path), path)
     entry = _named("clusters", name_or_path, _file_clusters)
     if entry is None:
-        raise UnknownNameError("cluster", name_or_path, list(_cluster_entries()))
+        raise UnknownNameError("cluster", name_or_path, list(_cluster_entries()), list(_CLUSTER_EXAMPLES),
+                               "trainsim hardware")
     return cluster_from_mapping(entry, f"cluster {name_or_path}")
 
 

@@ -25,6 +25,8 @@ from trainsim.errors import ConfigError
 from trainsim.ir.model_spec import DlrmSpec, EmbeddingTable
 from trainsim.strategy.parallel import ParallelSpec
 
+_CHUNK_ROWS = 1 << 20  # rows priced at once under Zipf indices
+
 
 def untouched_row_share(rows: int, lookups: float, zipf_alpha: float = 0.0) -> float:
     """Expected share of a table's `rows` that none of `lookups` independent draws hits; draws uniform, or row i
@@ -39,8 +41,13 @@ def untouched_row_share(rows: int, lookups: float, zipf_alpha: float = 0.0) -> f
         return (1.0 - 1.0 / rows) ** lookups
     import numpy as np
 
-    weights = np.arange(1, rows + 1, dtype=np.float64) ** -zipf_alpha
-    return float(np.mean((1.0 - weights / weights.sum()) ** lookups))
+    def weights(start: int) -> "np.ndarray":  # rows start .. start + _CHUNK_ROWS: memory bounded whatever `rows`
+        return np.arange(start + 1, min(rows, start + _CHUNK_ROWS) + 1, dtype=np.float64) ** -zipf_alpha
+
+    starts = range(0, rows, _CHUNK_ROWS)
+    total = sum(float(weights(start).sum()) for start in starts)
+    untouched = sum(float(((1.0 - weights(start) / total) ** lookups).sum()) for start in starts)
+    return untouched / rows
 
 
 def step_lookups(table: EmbeddingTable, parallel: ParallelSpec) -> float:

@@ -98,3 +98,11 @@ def test_the_compiled_optimizer_step_pays_for_the_untouched_rows(tmp_path: Path)
         graph = compile_job(run, default_plan(graph_for(run), run.parallel), pricer)
         step = next(t for t in graph.tasks if t.name == "optimizer step")
         assert step.duration_s == pytest.approx(expected)
+
+
+def test_zipf_rows_priced_in_chunks_give_the_same_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainsim.cost import optimizer_zeros
+
+    whole = optimizer_zeros.untouched_row_share(100, 50, 1.2)
+    monkeypatch.setattr(optimizer_zeros, "_CHUNK_ROWS", 7)  # 15 chunks, the last one short
+    assert optimizer_zeros.untouched_row_share(100, 50, 1.2) == pytest.approx(whole, rel=1e-12)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from functools import reduce
 from itertools import chain, repeat
 from operator import attrgetter, iadd
-from typing import Literal, Protocol
+from typing import Generic, Literal, Protocol, TypeVar
 
 Stream = Literal["compute", "feature", "gradient"]
 TaskKind = Literal["compute", "comm"]
@@ -121,6 +121,24 @@ TASK_FIELDS = ("name", "device", "stream", "kind", "duration_s", "deps", "sync_k
 _READ_FIELDS = attrgetter(*TASK_FIELDS)
 _LATER = ("phase", "layer", "micro_batch")  # what blocks_later holds until one of them is read
 _PHASE, _LAYER = attrgetter("phase"), attrgetter("layer")
+T = TypeVar("T")
+
+
+class _WrittenLater(Generic[T]):
+    """A TaskColumns list that blocks_later may still owe: the pending blocks are written before it is read or
+    replaced."""
+
+    def __init__(self, slot: str) -> None:
+        self.slot = slot
+
+    def __get__(self, columns: "TaskColumns", owner: object = None) -> list[T]:
+        if columns._blocks_later:
+            columns._write_blocks()
+        return getattr(columns, self.slot)
+
+    def __set__(self, columns: "TaskColumns", values: list[T]) -> None:
+        columns._write_blocks()
+        setattr(columns, self.slot, values)
 
 
 class TaskColumns:
@@ -183,38 +201,9 @@ class TaskColumns:
             self._micro_batch[first:end] = chain.from_iterable(map(repeat, micro_batches, sizes))
         self._blocks_later = []
 
-    @property
-    def phase(self) -> list[Phase]:
-        if self._blocks_later:
-            self._write_blocks()
-        return self._phase
-
-    @phase.setter
-    def phase(self, values: list[Phase]) -> None:
-        self._write_blocks()
-        self._phase = values
-
-    @property
-    def layer(self) -> list[str]:
-        if self._blocks_later:
-            self._write_blocks()
-        return self._layer
-
-    @layer.setter
-    def layer(self, values: list[str]) -> None:
-        self._write_blocks()
-        self._layer = values
-
-    @property
-    def micro_batch(self) -> list[int]:
-        if self._blocks_later:
-            self._write_blocks()
-        return self._micro_batch
-
-    @micro_batch.setter
-    def micro_batch(self, values: list[int]) -> None:
-        self._write_blocks()
-        self._micro_batch = values
+    phase: "_WrittenLater[Phase]" = _WrittenLater("_phase")
+    layer: "_WrittenLater[str]" = _WrittenLater("_layer")
+    micro_batch: "_WrittenLater[int]" = _WrittenLater("_micro_batch")
 
     def blocks_later(self, blocks: tuple[ColumnBlock, ...], micro_batches: list[int], sizes: list[int]) -> None:
         """The phases, layers and micro-batches of the next tasks, block after block (sizes[i] tasks of blocks[i],

@@ -6,7 +6,9 @@ t_stage is one micro-batch's forward, backward and recompute on a stage plus its
 (sum_i t_i - t_max) / v, which is (p - 1) t / v for equal stages (Narayanan et al. 2021) and the PredTOP
 formula T = sum(t_i) + (m - 1) max(t_j) for v = 1; for an uneven split (strategy.stages: first/last stage
 layers, embedding/loss counted, a stage list, layers that do not divide pp x vpp) the stage-by-stage idle time
-of uneven_bubble_s. Every price comes from the pricing service (cost.pricing).
+of uneven_bubble_s. An interleaved pipeline whose stack overlaps its sends still waits for their latency on its
+fill and drain (Pricer.pipeline_chain_s), which the bubble adds. Every price comes from the pricing service
+(cost.pricing).
 
 A search prices thousands of plans with one estimator: `price` gives the numbers it ranks plans by (iteration
 time, throughput, peak memory) and assembles the full Result only when asked (PlanPrice.result), so a search
@@ -167,13 +169,14 @@ class AnalyticalEstimator:
         if pricer.plan_split(graph, par) is not None:
             # an uneven split (strategy.stages): the stalls of the warm-up and cool-down, stage by stage
             bubble = uneven_bubble_s(par.schedule, totals, pricer.forward_fractions(partition, job), m,
-                                     pricer.chunk_time_shares(partition, job))
+                                     pricer.chunk_time_shares(partition, job)) + slow.pp_chain_s
         elif by_class and max(totals) > min(totals):
             # an even split whose stages differ by their ranks (a straggler's stage): the same stalls
             shares = ((1.0 / par.vpp,) * par.vpp,) * len(totals) if par.vpp > 1 else ()
-            bubble = uneven_bubble_s(par.schedule, totals, [_forward_fraction(cost) for cost in costs], m, shares)
+            bubble = uneven_bubble_s(par.schedule, totals, [_forward_fraction(cost) for cost in costs], m,
+                                     shares) + slow.pp_chain_s
         else:
-            bubble = (sum(totals) - slow.total_s) / par.vpp
+            bubble = (sum(totals) - slow.total_s) / par.vpp + slow.pp_chain_s  # the interleaved hops waited for
         if par.schedule == "zb-h1":
             # Qi et al. 2023 (zero bubble), ZB-H1: deferring the weight-gradient GEMMs W into the bubble turns
             # 1F1B's (p-1)(F+B+W) into (p-1)(F+B-W) at 1F1B's memory.

@@ -220,6 +220,7 @@ class _Shared:
     row_content: list[int] = field(default_factory=list)
     row_sends_s: list[float] = field(default_factory=list)
     row_fsdp_s: list[float] = field(default_factory=list)  # ZeRO-3's exposure (with the bucketed tail)
+    row_chain_s: list[float] = field(default_factory=list)  # Pricer.pipeline_chain_s (0 unless overlapped, vpp > 1)
     # (content, dp) -> its ZeRO-3 exposure and pipeline hop (Pricer.pipeline_hop_s of its largest output; 0 for
     # pp = 1)
     by_dp: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
@@ -274,7 +275,7 @@ class _Shared:
         if self.tables is None or self.tables_rows != len(self.combos):
             columns = {name: np.concatenate([block[name] for block in self.content_blocks])
                        for name in self.content_blocks[0]}
-            self.tables = (_RowTable(columns, self.row_content, self.row_sends_s, self.row_fsdp_s),
+            self.tables = (_RowTable(columns, self.row_content, self.row_sends_s, self.row_fsdp_s, self.row_chain_s),
                            _ComboTable(self.combos))
             self.tables_rows = len(self.combos)
         return self.tables
@@ -578,12 +579,17 @@ class _Batch:
         pp = np.array([job.parallel.pp for _, job in self.new_rows], dtype=np.int64)
         vpp = np.array([job.parallel.vpp for _, job in self.new_rows], dtype=np.float64)
         hop = fsdp_hop[:, 1]
+        chain = np.zeros_like(hop)
         if pricer.overlaps("pp_comm_overlap", self.job0):
             gamma, window = pricer.overlap_slowdown(self.job0), compute / (2.0 * vpp)
-            hop = np.where(vpp > 1, np.maximum(0.0, hop - window) + gamma * np.minimum(hop, window), hop)
+            exposed = np.maximum(0.0, hop - window) + gamma * np.minimum(hop, window)
+            # Pricer.pipeline_chain_from_s: 2 (v p - 1) (hop - exposed hop) for an overlapped interleaved pipeline
+            chain = np.where((vpp > 1) & (pp > 1), 2.0 * (vpp * pp - 1) * (hop - exposed), 0.0)
+            hop = np.where(vpp > 1, exposed, hop)
         sends = np.where(pp > 1, 2.0 * vpp * hop + pricer.cal.runtime.pipeline_overhead_per_micro_batch_s, 0.0)
         shared.row_fsdp_s.extend(fsdp_hop[:, 0].tolist())
         shared.row_sends_s.extend(sends.tolist())
+        shared.row_chain_s.extend(chain.tolist())
         self.new_contents, self.new_by_dp, self.new_rows = [], {}, []
 
     def _by_dp(self, term_table: Floats) -> None:
@@ -799,7 +805,7 @@ class _Fast:
         first_row = combos.first_row[self.combo]
 
         # --- the bubble (even split) and zero bubble ---
-        bubble = (stage_sum - slow_total) / self.vpp
+        bubble = (stage_sum - slow_total) / self.vpp + table.chain[slow_row]
         zb = self.schedule == SCHEDULE_CODES["zb-h1"]
         if zb.any():
             factor = np.maximum(0.0, 1.0 - 2.0 * table.wgrad[slow_row] / slow_total)
@@ -979,7 +985,7 @@ class _RowTable:
     """The stage rows as columns (each a content's, with the row's pipeline sends after its feature axes)."""
 
     def __init__(self, columns: dict[str, Floats], row_content: list[int], row_sends_s: list[float],
-                 row_fsdp_s: list[float]) -> None:
+                 row_fsdp_s: list[float], row_chain_s: list[float]) -> None:
         index = np.array(row_content, dtype=np.int64)
         sends = np.array(row_sends_s, dtype=np.float64)
         self.compute = columns["compute"][index]
@@ -991,6 +997,7 @@ class _RowTable:
         self.comm_total = columns["feature_total"][index] + sends  # sum(feature_s + (sends,)): x + 0.0 is x
         self.recompute = columns["recompute"][index]
         self.fsdp = np.array(row_fsdp_s, dtype=np.float64)
+        self.chain = np.array(row_chain_s, dtype=np.float64)
         self.overhead = columns["overhead"][index]
         self.params = columns["params"][index]
         self.saved = columns["saved"][index]

@@ -908,7 +908,7 @@ class Pricer:
             kinds = {kind for cls in classes for kind in cls.kinds(index, default)}
             for name, slowdown in kinds:
                 on = self.job_on(job, name)
-                step = (slowdown * self.optimizer_step_s([stage], on), slowdown * self.iteration_overhead_s(on))
+                step = (slowdown * self.optimizer_step_s([stage], on), slowdown * self.step_overhead_s([stage], on))
                 if sum(step) > sum(worst):
                     worst = step
         return worst
@@ -925,12 +925,22 @@ class Pricer:
 
     def optimizer_step_s(self, stages: list[list[StagePart]], job: Job) -> float:
         """The optimizer step of the stage with the most parameters, over the parameters one GPU owns."""
+        return self.optimizer_step_of_params_s(self.max_stage_params(stages), job)
+
+    def step_overhead_s(self, stages: list[list[StagePart]], job: Job) -> float:
+        """The host and memory-bound work of the step beside the optimizer: the iteration's fixed overhead and
+        the gradient sync's bucket copies of the stage with the most parameters (grad_copies_s), as the
+        simulator's step runs them (compile/build.py)."""
+        return self.iteration_overhead_s(job) + self.grad_copies_s(self.max_stage_params(stages), job)
+
+    def max_stage_params(self, stages: list[list[StagePart]]) -> float:
+        """The parameters one device of the stage with the most holds (cached per partition)."""
         params = self._max_params.get(id(stages)) if id(stages) in self._partition_of else None
         if params is None:
             params = max(self.stage_params(stage) for stage in stages)
             if id(stages) in self._partition_of:
                 self._max_params[id(stages)] = params
-        return self.optimizer_step_of_params_s(params, job)
+        return params
 
     def grad_copies_s(self, params: float, job: Job) -> float:
         """The gradient sync's bucket copies over the `params` gradients a device syncs, where the stack copies

@@ -126,7 +126,7 @@ class AnalyticalEstimator:
         classes = pricer.device_classes(job) if cluster.rank_devices or cluster.compute_slowdown else None
         if classes is None or uniform(classes):
             breakdown = self._closed_form(pricer.stage_costs(partition, job), partition, graph, job,
-                                          pricer.optimizer_step_s(stages, job), pricer.iteration_overhead_s(job))
+                                          pricer.optimizer_step_s(stages, job), pricer.step_overhead_s(stages, job))
         else:
             breakdown = self._classes_closed_form(partition, graph, job, classes)
         return PlanPrice(self.name, job, graph, breakdown, pricer.memory(stages, job),
@@ -155,10 +155,10 @@ class AnalyticalEstimator:
         return slowest
 
     def _closed_form(self, costs: list[StageCost], partition: Partition, graph: OpGraph, job: Job,
-                     optimizer_s: float, iteration_overhead_s: float, by_class: bool = False) -> dict[str, float]:
+                     optimizer_s: float, step_overhead_s: float, by_class: bool = False) -> dict[str, float]:
         """The breakdown of the pipeline of one micro-batch's stage costs, then the optimizer step and the
-        iteration's fixed overhead. by_class: the costs are a device class's column (stage times that differ
-        by their ranks)."""
+        step's overhead (Pricer.step_overhead_s). by_class: the costs are a device class's column (stage times
+        that differ by their ranks)."""
         pricer = self.pricer
         par = job.parallel
         stages = partition.stages
@@ -192,7 +192,7 @@ class AnalyticalEstimator:
             "dp_comm": grad_exposed + m * slow.fsdp_exposed_s,
             "bubble": bubble,
             "optimizer": optimizer_s,
-            "overhead": iteration_overhead_s + m * slow.overhead_s,
+            "overhead": step_overhead_s + m * slow.overhead_s,
         }
 
 

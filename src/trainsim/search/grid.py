@@ -819,7 +819,7 @@ class _Fast:
         # the stage with the most parameters (Pricer.optimizer_step_s; stage_params: the contents' params)
         max_params = np.where(combos.valid_rows, table.params[rows], -np.inf).max(axis=1)
         optimizer = self._optimizer_s(max_params.tolist())
-        iteration_overhead = pricer.iteration_overhead_s(job0)
+        iteration_overhead = pricer.iteration_overhead_s(job0) + self._grad_copies_s(max_params.tolist())
 
         # --- the breakdown, summed in AnalyticalEstimator.price's order (estimate.result.iteration_time_s) ---
         total = m * table.compute[slow_row]
@@ -918,6 +918,17 @@ class _Fast:
                                                                                 device)
                 by_combo[number, column] = seconds
         return by_combo[self.combo, (self.zero >= 1).astype(np.int64)]
+
+    def _grad_copies_s(self, max_params: list[float]) -> Floats | float:
+        """Pricer.grad_copies_s per plan (Pricer.step_overhead_s): the bucket copies of its combo's stage with the
+        most parameters where the stack copies and the gradients are synced (dp x cp > 1); 0.0 otherwise."""
+        batch = self.batch
+        if not batch.job0.stack.grad_bucket_copies:
+            return 0.0
+        device = batch.job0.cluster.device
+        by_combo = np.array([batch.pricer.step_costs.grad_copies_s(params, device) if params > 0 else 0.0
+                             for params in max_params])
+        return np.where(self.shards_dp > 1, by_combo[self.combo], 0.0)
 
     def _peak_memory(self, table: "_RowTable", combos: "_ComboTable", plans: Ints) -> tuple[Floats, float]:
         """Pricer.memory of every plan: each stage's memory at its peak (cost.memory.stage_memory_base,

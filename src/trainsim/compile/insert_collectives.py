@@ -92,10 +92,11 @@ def insert_gathers_after_step(ctx: BuildContext, stage: int, grads: list[tuple[i
                               step_tid: int) -> list[int]:
     """The distributed optimizer's parameter all-gathers where they do not overlap the forward pass (ZeRO 1-2
     without param_gather_overlap): after the optimizer step (step_tid) has updated the shards, one per gradient
-    bucket (the reduce-scatters' buckets), on the gradient stream. Megatron-LM's DistributedOptimizer gathers
-    the updated parameters at the end of step() (megatron/core/optimizer/distrib_optimizer.py, megatron-core
-    0.9.0: start_param_sync unless overlap_param_gather) and DeepSpeed ZeRO 1-2 after the step
-    (deepspeed/runtime/zero/stage_1_and_2.py, 0.12.6: all_gather_dp_groups in step()). Returns their tids."""
+    bucket (the reduce-scatters' buckets), on the gradient stream. Megatron-Core's DistributedOptimizer gathers
+    the updated parameters after the step (megatron/core/optimizer/distrib_optimizer.py, megatron-core 0.9.0:
+    step_with_ready_grads calls start_param_sync unless overlap_param_gather) and DeepSpeed ZeRO 1-2 too
+    (deepspeed/runtime/zero/stage_1_and_2.py, 0.12.6: step() ends with all_gather_dp_groups). Returns their
+    tids."""
     par = ctx.par
     if par.dp * par.cp == 1 or par.zero not in (1, 2) or _gathers_overlap(ctx) or not grads:
         return []

@@ -20,7 +20,10 @@ gathers, and the compute does not wait for it: DeepSpeed (deepspeed/runtime/zero
 a stream of its own (reduce_and_partition_stream, which waits for the compute stream, never the other way) and
 synchronizes it only after each micro-batch's backward (independent_gradient_partition_epilogue): here the
 layer-phase after the next waits for a bucket sent when the micro-batch changes. The analytical engine runs the
-same stream layer by layer (Pricer.fsdp_bucketed_backward_s).
+same stream layer by layer (Pricer.fsdp_bucketed_backward_s). NB: DeepSpeed's host also waits once more than
+two buckets are in flight (max_param_reduce_events), not modeled: the stream is then the bottleneck anyway.
+NB: DeepSpeed's all-gathers have a stream of their own and share the NIC with the reduce-scatters; here both
+queue on the gradient stream, in the order issued.
 Memory: a gather allocates the layer's unsharded weights when it starts; the layer-phase that used them frees
 them; a backward allocates the unsharded gradients, freed when their reduce-scatter ends.
 """

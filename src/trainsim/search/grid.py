@@ -81,8 +81,6 @@ class _Content:
     stage: list[StagePart]  # the stage itself, for the Pricer's gradient reduction
     param_layers: int  # the number of its layers' (parameters, count): what its gradient buckets read
     compute_s: float  # forward + backward
-    backward_s: float
-    params: float  # Pricer.stage_params
 
 
 @dataclass(slots=True)
@@ -219,11 +217,12 @@ class _Shared:
     # a stage row: a distinct stage of a combo: its content and its pipeline sends (0 for pp = 1)
     row_content: list[int] = field(default_factory=list)
     row_sends_s: list[float] = field(default_factory=list)
-    row_fsdp_s: list[float] = field(default_factory=list)  # ZeRO-3's exposure (with the bucketed tail)
+    # ZeRO-3's exposure per RECOMPUTE_CODES (the bucketed backward pass reads the recompute; else all equal)
+    row_fsdp_s: list[list[float]] = field(default_factory=list)
     row_chain_s: list[float] = field(default_factory=list)  # Pricer.pipeline_chain_s (0 unless overlapped, vpp > 1)
-    # (content, dp) -> its ZeRO-3 exposure and pipeline hop (Pricer.pipeline_hop_s of its largest output; 0 for
-    # pp = 1)
-    by_dp: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
+    # (content, dp) -> its ZeRO-3 exposure per RECOMPUTE_CODES and pipeline hop (Pricer.pipeline_hop_s of its
+    # largest output; 0 for pp = 1)
+    by_dp: dict[tuple[int, int], tuple[float, float, float, float]] = field(default_factory=dict)
     # (parameters, precision, dp x cp, tp) -> the all-gather of a layer's weights and the reduce-scatter of its
     # gradients over the gradient group (Pricer.fsdp_exposed_s's collectives; _Batch._fsdp_collectives)
     fsdp_collectives: dict[tuple[object, ...], tuple[float, float]] = field(default_factory=dict)
@@ -561,10 +560,10 @@ class _Batch:
         return pair
 
     def _finish(self) -> None:
-        """The new rows' sums: their contents (_contents), their ZeRO-3 exposure (Pricer._stage_fsdp_s's sum of
-        the layers' fsdp_exposed_s in order, with zero3_exposed_s's bucket tail) and their pipeline sends
-        (Pricer.pipeline_sends_s over arrays: 2 vpp hops a micro-batch, each overlapped with one chunk's forward
-        and backward where the stack overlaps p2p and vpp > 1, and the fitted overhead)."""
+        """The new rows' sums: their contents (_contents), their ZeRO-3 exposure (Pricer.zero3_exposed_s: the sum
+        of the layers' fsdp_exposed_s in order, with the bucketed backward pass per recompute mode) and their
+        pipeline sends (Pricer.pipeline_sends_s over arrays: 2 vpp hops a micro-batch, each overlapped with one
+        chunk's forward and backward where the stack overlaps p2p and vpp > 1, and the fitted overhead)."""
         pricer, shared = self.pricer, self.shared
         term_rows = shared.term_rows  # NB: complete here (_graph_terms); one table for both
         term_table = _rows(term_rows, len(term_rows[0]), np.float64) if term_rows else np.zeros((0, _FSDP_AT + 2))
@@ -573,12 +572,12 @@ class _Batch:
         if self.new_by_dp:
             self._by_dp(term_table)
         by_dp, contents = shared.by_dp, shared.contents
-        fsdp_hop = _rows([by_dp[dp_key] for dp_key, _ in self.new_rows], 2, np.float64)
+        fsdp_hop = _rows([by_dp[dp_key] for dp_key, _ in self.new_rows], 4, np.float64)
         compute = np.array([contents[dp_key[0]].compute_s for dp_key, _ in self.new_rows],  # type: ignore[union-attr]
                            dtype=np.float64)
         pp = np.array([job.parallel.pp for _, job in self.new_rows], dtype=np.int64)
         vpp = np.array([job.parallel.vpp for _, job in self.new_rows], dtype=np.float64)
-        hop = fsdp_hop[:, 1]
+        hop = fsdp_hop[:, 3]
         chain = np.zeros_like(hop)
         if pricer.overlaps("pp_comm_overlap", self.job0):
             gamma, window = pricer.overlap_slowdown(self.job0), compute / (2.0 * vpp)
@@ -587,7 +586,7 @@ class _Batch:
             chain = np.where((vpp > 1) & (pp > 1), 2.0 * (vpp * pp - 1) * (hop - exposed), 0.0)
             hop = np.where(vpp > 1, exposed, hop)
         sends = np.where(pp > 1, 2.0 * vpp * hop + pricer.cal.runtime.pipeline_overhead_per_micro_batch_s, 0.0)
-        shared.row_fsdp_s.extend(fsdp_hop[:, 0].tolist())
+        shared.row_fsdp_s.extend(fsdp_hop[:, :3].tolist())
         shared.row_sends_s.extend(sends.tolist())
         shared.row_chain_s.extend(chain.tolist())
         self.new_contents, self.new_by_dp, self.new_rows = [], {}, []
@@ -595,9 +594,11 @@ class _Batch:
     def _by_dp(self, term_table: Floats) -> None:
         """The new (content, dp)'s ZeRO-3 exposure over arrays: Pricer.zero3_exposed_s, i.e. the sum over the
         stage's parts of count x fsdp_exposed_s of its layer (from 0.0, in the stage's order; a stage of fewer
-        parts padded with count 0 and exposure 0), with fsdp_bucket_tail_s where the stack buckets ZeRO-3's
-        gradients. The formulas are Pricer.fsdp_exposed_s's and stack_effects.overlapped_s / bucketed_s's
-        (max and min as np.maximum and np.minimum, the same operations in the same order);
+        parts padded with count 0 and exposure 0), per recompute mode: where the stack buckets ZeRO-3's
+        gradients, the sum is of the forward's gathers and the Pricer's fsdp_bucketed_backward_s is added (the
+        backward pass's stream, one layer at a time: not over arrays). The formulas are Pricer.fsdp_exposed_s's
+        and stack_effects.overlapped_s's (max and min as np.maximum and np.minimum, the same operations in the
+        same order);
         tests/unit/search/test_grid.py holds them equal to the plain engine's for stacks with and without
         prefetch and buckets."""
         pricer, shared, job0 = self.pricer, self.shared, self.job0
@@ -616,36 +617,24 @@ class _Batch:
             exposed = 2.0 * gather + scatter
         else:
             gamma = pricer.overlap_slowdown(job0)
-            if pricer.fsdp_bucketed(job0):  # the gradients go in buckets (the tail below)
-                scatter = np.zeros_like(scatter)
             table = term_table[terms]
             forward_window, backward_window = table[..., _FSDP_AT], table[..., _FSDP_AT + 1]
             both = gather + scatter
-            exposed = (np.maximum(0.0, gather - forward_window) + gamma * np.minimum(gather, forward_window)) + \
-                (np.maximum(0.0, both - backward_window) + gamma * np.minimum(both, backward_window))
+            exposed = np.maximum(0.0, gather - forward_window) + gamma * np.minimum(gather, forward_window)
+            if not pricer.fsdp_bucketed(job0):  # else the backward pass with its buckets, below
+                exposed = exposed + \
+                    (np.maximum(0.0, both - backward_window) + gamma * np.minimum(both, backward_window))
         exposed = np.where(counts > 0.0, exposed, 0.0)
         fsdp = np.zeros(len(new))
         for column in range(width):
             fsdp = fsdp + counts[:, column] * exposed[:, column]
-        if pricer.fsdp_bucketed(job0):
-            fsdp = fsdp + self._bucket_tails([content for (content, _), _ in new], [job for _, (_, job, _, _) in new])
-        for (dp_key, (_, _, _, hop)), seconds in zip(new, fsdp.tolist(), strict=True):
-            shared.by_dp[dp_key] = (seconds, hop)
+        by_mode = [fsdp] * len(RECOMPUTE_CODES)
+        if pricer.fsdp_bucketed(job0):  # the backward pass's stream, per recompute mode (the Pricer's, cached)
+            by_mode = [fsdp + np.array([pricer.fsdp_bucketed_backward_s(stage, job, mode) for _, (stage, job, _, _)
+                                        in new], dtype=np.float64) for mode in RECOMPUTE_CODES]
+        for (dp_key, (_, _, _, hop)), *seconds in zip(new, *(mode.tolist() for mode in by_mode), strict=True):
+            shared.by_dp[dp_key] = (*seconds, hop)
         self.new_by_dp = {}
-
-    def _bucket_tails(self, numbers: list[int], jobs: list[Job]) -> Floats:
-        """Pricer.fsdp_bucket_tail_s of each content (with its job's dp) over arrays: the stage's gradients'
-        reduce-scatter in buckets of fsdp_bucket_params over its backward (stack_effects.bucketed_s)."""
-        pricer, contents = self.pricer, self.shared.contents
-        params = np.array([contents[number].params for number in numbers], dtype=np.float64)  # type: ignore[union-attr]
-        backward = np.array([contents[number].backward_s for number in numbers],  # type: ignore[union-attr]
-                            dtype=np.float64)
-        total = np.array([pricer.axis_collective_s("reduce-scatter", value * pricer.policy(job.parallel.precision)
-                                                   .grad_bytes, "grad", job)
-                          for value, job in zip(params.tolist(), jobs, strict=True)], dtype=np.float64)
-        buckets = np.maximum(1.0, params / self.job0.stack.fsdp_bucket_params)
-        exposed = np.maximum(total / buckets, total - backward * (buckets - 1.0) / buckets)
-        return np.where(total <= 0.0, 0.0, exposed + pricer.overlap_slowdown(self.job0) * (total - exposed))
 
     def _contents(self, term_table: Floats) -> None:
         """The new contents: what a stage's price reads but its ZeRO-3 exposure and pipeline sends, the sums over
@@ -699,9 +688,8 @@ class _Batch:
             total = total + feature[:, slot]
         forward, backward, feature_fwd = sums[:, 0], sums[:, 1], sums[:, 3]
         compute = forward + backward
-        for (number, stage, _, _), layers, compute_s, backward_s, params in zip(
-                new, layer_numbers, compute.tolist(), backward.tolist(), sums[:, _PARAMS_AT].tolist(), strict=True):
-            shared.contents[number] = _Content(stage, layers, compute_s, backward_s, params)
+        for (number, stage, _, _), layers, compute_s in zip(new, layer_numbers, compute.tolist(), strict=True):
+            shared.contents[number] = _Content(stage, layers, compute_s)
         shared.content_blocks.append({
             "compute": compute, "forward": forward, "backward": backward, "wgrad": sums[:, 2],
             "feature_fwd": feature_fwd, "feature_bwd": total - feature_fwd, "feature": feature,
@@ -786,9 +774,10 @@ class _Fast:
         # --- one micro-batch on each distinct stage of each combo, per recompute mode and with or without
         # ZeRO-3 (Pricer._price_stage, StageCost.total_s): the variants (combo, recompute, ZeRO-3) ---
         rows = combos.safe_rows  # C x R
-        fsdp = np.stack([np.zeros_like(table.fsdp[rows]), table.fsdp[rows]], axis=1)  # C x 2 x R
+        by_mode = table.fsdp[rows].transpose(0, 2, 1)  # C x 3 x R
+        fsdp = np.stack([np.zeros_like(by_mode), by_mode], axis=2)  # C x 3 x 2 x R
         variant = (table.compute[rows][:, None, None, :] + table.recompute[rows].transpose(0, 2, 1)[:, :, None, :]
-                   + table.comm_total[rows][:, None, None, :] + fsdp[:, None, :, :]
+                   + table.comm_total[rows][:, None, None, :] + fsdp
                    + table.overhead[rows][:, None, None, :])  # C x 3 x 2 x R
         variant = np.where(combos.valid_rows[:, None, None, :], variant, -np.inf)
         slowest = np.argmax(variant, axis=-1)  # rows in stage order: the first slowest stage, as max(range(p), ..)
@@ -801,7 +790,7 @@ class _Fast:
         slow_total = variant[self.combo, recompute_code, zero3, slow_local]
         stage_sum = stage_sums[self.combo, recompute_code, zero3]
         slow_recompute = table.recompute[slow_row, recompute_code]
-        slow_fsdp = np.where(zero3 == 1, table.fsdp[slow_row], 0.0)
+        slow_fsdp = np.where(zero3 == 1, table.fsdp[slow_row, recompute_code], 0.0)
         first_row = combos.first_row[self.combo]
 
         # --- the bubble (even split) and zero bubble ---
@@ -996,7 +985,7 @@ class _RowTable:
     """The stage rows as columns (each a content's, with the row's pipeline sends after its feature axes)."""
 
     def __init__(self, columns: dict[str, Floats], row_content: list[int], row_sends_s: list[float],
-                 row_fsdp_s: list[float], row_chain_s: list[float]) -> None:
+                 row_fsdp_s: list[list[float]], row_chain_s: list[float]) -> None:
         index = np.array(row_content, dtype=np.int64)
         sends = np.array(row_sends_s, dtype=np.float64)
         self.compute = columns["compute"][index]
@@ -1007,7 +996,7 @@ class _RowTable:
         self.comm[np.arange(len(index)), columns["features"][index].astype(np.int64)] = sends  # 0 where pp = 1
         self.comm_total = columns["feature_total"][index] + sends  # sum(feature_s + (sends,)): x + 0.0 is x
         self.recompute = columns["recompute"][index]
-        self.fsdp = np.array(row_fsdp_s, dtype=np.float64)
+        self.fsdp = np.array(row_fsdp_s, dtype=np.float64).reshape(len(row_fsdp_s), len(RECOMPUTE_CODES))
         self.chain = np.array(row_chain_s, dtype=np.float64)
         self.overhead = columns["overhead"][index]
         self.params = columns["params"][index]

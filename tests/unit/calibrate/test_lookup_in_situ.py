@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from trainsim.calibrate.lookup_in_situ import (
     LookupSpanSample,
@@ -15,6 +16,7 @@ from trainsim.calibrate.lookup_in_situ import (
     save_lookup_in_situ,
 )
 from trainsim.catalog import load_cluster
+from trainsim.cli.main import app
 from trainsim.cost.embedding_lookup import InSituLookup, RooflineLookup
 from trainsim.cost.pricing import Pricer
 from trainsim.cost.sharded_dlrm import price_sharded_iteration
@@ -123,3 +125,22 @@ def test_bad_factors_and_samples_are_refused() -> None:
     for measured, priced in ((0.0, 1e-3), (1e-3, 0.0), (math.inf, 1e-3)):
         with pytest.raises(ConfigError, match="embeddings fwd"):
             fit_lookup_in_situ([LookupSpanSample("embeddings fwd", measured, priced)], ROOFLINE)
+
+
+def test_predict_and_shard_take_the_fit(tmp_path: Path) -> None:
+    runner = CliRunner()
+    unit, doubled = tmp_path / "unit.json", tmp_path / "doubled.json"
+    save_lookup_in_situ(InSituLookup(ROOFLINE), unit, "test", 1)
+    save_lookup_in_situ(InSituLookup(ROOFLINE, 2.0, 2.0), doubled, "test", 1)
+    args = ["predict", "--model", "dlrm-mlperf-terabyte", "--cluster", "dgx-h100-80gb", "--num-gpus", "8",
+            "--micro-batch", "512", "--sharder", "size-lookup-greedy", "--json"]
+    bare, same, slower = (json.loads(runner.invoke(app, [*args, *extra]).output)["iteration_time_s"]
+                          for extra in ([], ["--lookup-in-situ", str(unit)], ["--lookup-in-situ", str(doubled)]))
+    assert same == bare and slower > bare
+    refused = runner.invoke(app, ["predict", "--model", "gpt2-124m", "--lookup-in-situ", str(unit)])
+    assert refused.exit_code == 2 and "lookup_in_situ" in refused.output
+    missing = runner.invoke(app, [*args, "--lookup-in-situ", str(tmp_path / "none.json")])
+    assert missing.exit_code == 2 and "lookup_in_situ" in missing.output
+    shard = runner.invoke(app, ["shard", "--synthetic", "normal", "--num-ranks", "2", "--lookup-in-situ",
+                                str(doubled), "--json", "--no-plans"])
+    assert shard.exit_code == 0, shard.output

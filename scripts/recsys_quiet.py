@@ -20,6 +20,7 @@ configs when its time budget (seconds) is spent.
   python scripts/recsys_quiet.py fit-host [e2e]     # the dense part's host cost, fitted on the sharding set's
                                                     # traces -> dense_host.json (predict then prices it), or on
                                                     # the e2e set's -> dense_host_e2e.json (predict-sharding)
+  python scripts/recsys_quiet.py passes quiet s9    # two measured sets against each other (the floor)
   python scripts/recsys_quiet.py fit-lookup [e2e]   # the lookups' in-situ factors, the same way round:
                                                     # lookup_in_situ.json / lookup_in_situ_e2e.json
 """
@@ -458,12 +459,51 @@ def _sharding_report(by_task: dict[str, list[dict]], traces: dict, ranks: str) -
         print(f"  vs {target}: " + "; ".join(cells) + f"; a random pick {chance:.1f}/{len(by_task)} within 5%")
     spreads = [(max(t["iterations_s"]) - min(t["iterations_s"])) / float(np.median(t["iterations_s"]))
                for t in traces.values()]
-    print(f"  spread of a plan's 5 iterations ((max - min) / median): median {np.median(spreads) * 100:.0f}%, "
+    counts = sorted({len(t["iterations_s"]) for t in traces.values()})
+    print(f"  spread of a plan's {'/'.join(map(str, counts))} iterations ((max - min) / median): median "
+          f"{np.median(spreads) * 100:.0f}%, "
           f"p90 {np.percentile(spreads, 90) * 100:.0f}%")
     for predictor in SHARDING_PREDICTORS:
-        errors = [abs(r[predictor] - float(r["measured_s"])) / float(r["measured_s"]) for r in rows]
-        geomean = float(np.exp(np.mean(np.log(errors))))
-        print(f"  {predictor}: geomean |error| against the measured median {geomean * 100:.1f}%")
+        errors = [(r[predictor] - float(r["measured_s"])) / float(r["measured_s"]) for r in rows]
+        geomean = float(np.exp(np.mean(np.log(np.abs(errors)))))
+        print(f"  {predictor}: geomean |error| against the measured median {geomean * 100:.1f}% (median signed "
+              f"{np.median(errors) * 100:+.1f}%)")
+
+
+def passes(first: str, second: str) -> None:
+    """Two measured sets of the same configs against each other (the ground truth's own floor): per config the
+    geomean |difference| of the median iterations, and per sharding task whether one set's fastest plan is within
+    5% / 10% of the other set's fastest."""
+    import numpy as np
+
+    for experiment, key in (("e2e", ("ranks", "task", "local_batch")), ("sharding", ("ranks", "task", "sharder"))):
+        sets = []
+        for name in (first, second):
+            path = OUT / f"{experiment}_{name}.csv"
+            sets.append({tuple(r[k] for k in key): r for r in csv.DictReader(path.open())} if path.exists() else {})
+        common = sorted(set(sets[0]) & set(sets[1]))
+        for ranks in sorted({c[0] for c in common}):
+            mine = [c for c in common if c[0] == ranks]
+            ratio = np.array([float(sets[1][c]["measured_s"]) / float(sets[0][c]["measured_s"]) for c in mine])
+            loads = [float(x[c][k]) for x in sets for c in mine for k in ("load_before", "load_after")]
+            print(f"{experiment}, {ranks} ranks, {len(mine)} configs: {second} / {first} median "
+                  f"{np.median(ratio):.3f}, "
+                  f"geomean |difference| {(np.exp(np.mean(np.abs(np.log(ratio)))) - 1) * 100:.1f}%, max "
+                  f"{(np.exp(np.max(np.abs(np.log(ratio)))) - 1) * 100:.0f}%; load {min(loads):.2f}-{max(loads):.2f}")
+            if experiment == "sharding":
+                _pass_picks(sets, {c[1] for c in mine}, ranks, (first, second))
+
+
+def _pass_picks(sets: list[dict], tasks: set[str], ranks: str, names: tuple[str, str]) -> None:
+    for a, b in ((0, 1), (1, 0)):
+        hits5 = hits10 = 0
+        for name in tasks:
+            picked = {k[2]: float(r["measured_s"]) for k, r in sets[a].items() if k[:2] == (ranks, name)}
+            judged = {k[2]: float(r["measured_s"]) for k, r in sets[b].items() if k[:2] == (ranks, name)}
+            gap = judged[min(picked, key=picked.__getitem__)] / min(judged.values()) - 1.0
+            hits5, hits10 = hits5 + (gap <= 0.05), hits10 + (gap <= 0.10)
+        print(f"  {names[a]}'s fastest plan judged on {names[b]}: {hits5}/{len(tasks)} within 5%, "
+              f"{hits10}/{len(tasks)} within 10%")
 
 
 if __name__ == "__main__":
@@ -481,5 +521,7 @@ if __name__ == "__main__":
         predict_sharding()
     elif command == "fit-host":
         fit_host(sys.argv[2] if len(sys.argv) > 2 else "sharding")
+    elif command == "passes":
+        passes(sys.argv[2], sys.argv[3])
     elif command == "fit-lookup":
         fit_lookup(sys.argv[2] if len(sys.argv) > 2 else "sharding")

@@ -150,6 +150,8 @@ DENSE_HOST = OUT / "dense_host.json"
 # the loaded sweep's collective curves (collectives.db), then with the sweep taken at priority (collectives_quiet.db,
 # the conditions of the quiet set).
 IN_SITU = ("lookup_s", "lookup_trace_predicted_s", "insitu_s", "insitu_sim_s", "insitu_trace_predicted_s")
+# $LOOKUP_IN_SITU: another fit for `predict` (e.g. one of the same campaign's sharding set); `predict-sharding`
+# reads the e2e set's fit, lookup_in_situ_e2e.json, or $LOOKUP_IN_SITU where given.
 LOOKUP_IN_SITU = OUT / "lookup_in_situ.json"
 QUIET_SWEEP = OUT / "collectives_quiet.db"
 REPLAYS = ("trace_replay_s", "trace_replay_cpu_s")
@@ -202,7 +204,7 @@ def predict() -> None:
     cpu_overheads = host_cpu_means(list(traces.values()), tuple(overheads))
     terms: dict[str, list[tuple[float, ...]]] = {}  # span -> (before, after, wall, cpu, with host cost)
     host = load_dense_host(DENSE_HOST) if DENSE_HOST.exists() else NO_HOST_COST
-    in_situ = load_lookup_in_situ(LOOKUP_IN_SITU, after_lookups)
+    in_situ = load_lookup_in_situ(Path(os.environ.get("LOOKUP_IN_SITU", LOOKUP_IN_SITU)), after_lookups)
     quiet = local_curves(QUIET_SWEEP)
     out_rows = []
     for row in rows:
@@ -279,7 +281,8 @@ def _in_situ(model, plan, batch: int, ranks: int, lookups, comms, dense_db: Path
 def fit_lookup(experiment: str = "sharding") -> None:
     """The lookups' in-situ factors (calibrate.lookup_in_situ) from one set's traces, each traced config priced
     by the cold lookup model alone: "sharding" (the e2e set held out for `predict`) into lookup_in_situ.json, or
-    "e2e" (the sharding set held out for `predict-sharding`) into lookup_in_situ_e2e.json."""
+    "e2e" (the sharding set held out for `predict-sharding`) into lookup_in_situ_e2e.json; another set than
+    "quiet" (RECSYS_SET) writes lookup_in_situ_<set>[_e2e].json."""
     from recsys_experiments import local_curves
 
     from trainsim.calibrate.lookup_in_situ import fit_lookup_in_situ, samples_from_trace, save_lookup_in_situ
@@ -288,7 +291,8 @@ def fit_lookup(experiment: str = "sharding") -> None:
     lookups = MlpLookup.load(Path(os.environ.get("LOOKUP_MODEL", OUT / "lookup_mlp_cold.json")))
     comm, dense_db = local_curves(), Path(os.environ.get("DENSE_DB", OUT / "dense_ops.db"))
     source = OUT / f"{experiment}_{SET}_traces.jsonl"
-    target = LOOKUP_IN_SITU if experiment == "sharding" else OUT / f"lookup_in_situ_{experiment}.json"
+    name = "lookup_in_situ" + ("" if SET == "quiet" else f"_{SET}") + ("" if experiment == "sharding" else "_e2e")
+    target = OUT / f"{name}.json"
     samples = []
     for t in map(json.loads, source.open()):
         kind = "heavy" if t["task"].startswith("heavy") else "normal"
@@ -367,6 +371,8 @@ def summarize(rows: list[dict]) -> None:
         groups: dict[tuple[str, str], list[dict]] = {}
         for r in rows:
             groups.setdefault((str(r["ranks"]), r["kind"]), []).append(r)
+            groups.setdefault((str(r["ranks"]), f"batch {r['local_batch']}"), []).append(r)
+            groups.setdefault((str(r["ranks"]), "all"), []).append(r)
             groups.setdefault(("all", "all"), []).append(r)
         for key in sorted(groups):
             rs, cells = groups[key], []
@@ -400,7 +406,8 @@ def predict_sharding() -> None:
     host_path = OUT / "dense_host_e2e.json"  # fitted on the e2e set: the sharding set is held out
     host = load_dense_host(host_path) if host_path.exists() else NO_HOST_COST
     # fitted on the e2e set too: 'lookup' adds them to 'host', 'insitu' also takes the quiet sweep's curves
-    in_situ = load_lookup_in_situ(OUT / "lookup_in_situ_e2e.json", after_lookups)
+    in_situ = load_lookup_in_situ(Path(os.environ.get("LOOKUP_IN_SITU", OUT / "lookup_in_situ_e2e.json")),
+                                  after_lookups)
     quiet = local_curves(QUIET_SWEEP)
     print(f"dense host cost (with 'host'): {host}; lookups in situ: x{in_situ.fwd_scale:.4f} forward, "
           f"x{in_situ.bwd_scale:.4f} backward")

@@ -95,7 +95,7 @@ def measure(budget_s: float, rank_counts: tuple[int, ...]) -> None:
                     traces.write(json.dumps({"task": model.name, "sharder": SHARDER, "local_batch": c.local_batch,
                                              "ranks": ranks, "iterations_s": m.iterations_s,
                                              "events": m.rank_events, "cpu_s": m.rank_cpu_s,
-                                             "load": m.load_avg}) + "\n")
+                                             "faults": m.rank_faults, "load": m.load_avg}) + "\n")
                 f.flush()
                 traces.flush()
 
@@ -132,7 +132,8 @@ def measure_sharding(budget_s: float, ranks: int = 2, batch: int = 128) -> None:
                                  "load_before": m.load_avg[0], "load_after": m.load_avg[1]})
                 traces.write(json.dumps({"task": model.name, "sharder": name, "local_batch": batch, "ranks": ranks,
                                          "iterations_s": m.iterations_s, "events": m.rank_events,
-                                         "cpu_s": m.rank_cpu_s, "load": m.load_avg}) + "\n")
+                                         "cpu_s": m.rank_cpu_s, "faults": m.rank_faults,
+                                         "load": m.load_avg}) + "\n")
             f.flush()
             traces.flush()
 

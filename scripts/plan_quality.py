@@ -60,7 +60,13 @@ PLANNERS = {  # name -> (planner, stage costs)
     "predtop": ("stage", "predtop"),
     "mpe": ("stage", "mpe"),
     "uniform": ("uniform", "measured"),
+    # Alpa's full profiling: every stage on every submesh evaluated, also those no plan on 4 ranks holds (what the
+    # exhaustive and PredTOP searches did before the ninth session)
+    "exhaustive-every": ("stage", "measured"),
+    "predtop-every": ("stage", "predtop"),
 }
+EXTRA_FLAGS = {"exhaustive-every": ["--every-stage"], "predtop-every": ["--every-stage"]}
+DEFAULT_PLANNERS = ["exhaustive", "predtop", "mpe", "uniform"]
 CSV_FIELDS = ["plan", "repeat", "median_s", "p10_s", "p90_s", "iterations", "rank_cpu_max_s", "rank_cpu_sum_s",
               "load1_before", "load1_after", "wall_s", "utc"]
 
@@ -94,7 +100,7 @@ def search_command(name: str, model: Path, db: Path) -> list[str]:
                     "--model", relative(model), "--cluster", "local-cpu", "--num-gpus", str(RANKS),
                     "--global-batch", str(GLOBAL_BATCH), "--seq-len", str(SEQ_LEN),
                     "--num-micro-batches", str(MICRO_BATCHES), "--precision", "fp32", "--stage-db", relative(db),
-                    "--json")
+                    "--json", *EXTRA_FLAGS.get(name, []))
 
 
 def children_cpu_s() -> float:
@@ -361,7 +367,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--planners", nargs="*", choices=list(PLANNERS), default=list(PLANNERS),
+    parser.add_argument("--planners", nargs="*", choices=list(PLANNERS), default=DEFAULT_PLANNERS,
                         help="search only these (the cheap ones first to try the script)")
     args = parser.parse_args()
     out: Path = args.out or ROOT / "data/plan_quality" / args.case

@@ -101,6 +101,7 @@ class StageSearchReport:
     sim_iteration_s: float | None
     sim_note: str
     parallel: ParallelSpec | None = None  # the plan as one ParallelSpec (plan_parallel), None where it is not one
+    cost_detail: dict[str, Any] | None = None  # what the search time went to (measured, predtop sources)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -109,6 +110,7 @@ class StageSearchReport:
             "profiled_configurations": self.profiled_configurations, "search_time_s": self.search_time_s,
             "t_max_tried": self.search.t_max_tried, "sim_iteration_s": self.sim_iteration_s,
             "sim_note": self.sim_note, "parallel": None if self.parallel is None else parallel_fields(self.parallel),
+            "cost_detail": self.cost_detail,
         }
 
 
@@ -176,8 +178,9 @@ def stage_search(model: ModelSpec, cluster: ClusterSpec, settings: StageSearchSe
     elapsed = time.perf_counter() - start
     profiled = 0 if counter is None else counter.profiled_configurations
     sim_s, note = sim_recheck(found.plan, model, cluster, settings)
+    detail = getattr(counter, "cost_detail", None)
     return StageSearchReport(settings.planner, settings.stage_costs, found, profiled, elapsed, sim_s, note,
-                             plan_parallel(found.plan, settings))
+                             plan_parallel(found.plan, settings), None if detail is None else detail())
 
 
 def search_space(model: TransformerSpec, cluster: ClusterSpec,

@@ -147,12 +147,22 @@ class PredTopStageCosts:
     usable: Callable[[StageSpec], bool] | None = None
     profiled: set[StageSpec] = field(default_factory=set)
     predictors: dict[tuple[Mesh, IntraPlan], Predictor | None] = field(default_factory=dict)
-    train_time_s: float = 0.0
+    train_time_s: float = 0.0  # wall time of the fits
+    train_cpu_s: float = 0.0  # their CPU time (the training thread's)
     _predicted: dict[StageSpec, float] = field(default_factory=dict)
 
     @property
     def profiled_configurations(self) -> int:
         return len(self.profiled)
+
+    def cost_detail(self) -> dict[str, object]:
+        """What the search's optimisation cost went to: the fits (wall and CPU time) and the stage measurements
+        (the measured source's), the meshes fitted and those measured whole."""
+        detail = dict(getattr(self.measured, "cost_detail", dict)())
+        detail.update(train_wall_s=self.train_time_s, train_cpu_s=self.train_cpu_s,
+                      meshes_trained=sum(p is not None for p in self.predictors.values()),
+                      meshes_measured_whole=sum(p is None for p in self.predictors.values()))
+        return detail
 
     @property
     def predicted(self) -> dict[StageSpec, float]:
@@ -239,6 +249,7 @@ class PredTopStageCosts:
                                  ([self.dags.stage(s.first, s.end) for s, _ in val], [e.latency_s for _, e in val]),
                                  epochs=self.epochs, patience=self.patience, seed=self.seed)
         self.train_time_s += predictor.train_time_s
+        self.train_cpu_s += getattr(predictor, "train_cpu_s", 0.0)
         return predictor
 
     def prefetch(self, stages: list[StageSpec]) -> None:

@@ -318,3 +318,12 @@ def test_search_settings_name_the_layerings_and_samplers_of_the_predtop_source()
     from trainsim.search.stage_search import PREDTOP_LAYERS, PREDTOP_SAMPLERS
 
     assert set(PREDTOP_LAYERS) == set(LAYERINGS) and set(PREDTOP_SAMPLERS) == set(SAMPLERS)
+
+
+def test_cost_detail_counts_the_meshes_fitted_and_measured_whole():
+    source = PredTopStageCosts(FunctionStageCosts(truth), FunctionStageCosts(truth), RangeDags(), 6, 0.3,  # type: ignore[arg-type]
+                               seed=0, trainer=cast(Any, fit_kind_sum), usable=usable_on_two_devices())
+    alpa_dp(source, 6, [ONE, TWO], {ONE: [IntraPlan()], TWO: [IntraPlan(1, 2)]}, 2, B, capacity_bytes=1.0)
+    detail = source.cost_detail()
+    assert detail["meshes_trained"] == 1 and detail["meshes_measured_whole"] == 1  # ONE fitted, TWO: [0,6) only
+    assert source.profiled_configurations == 9 + 1

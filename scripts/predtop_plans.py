@@ -145,11 +145,11 @@ def run_case(name: str, samplers: list[str], seeds: list[int], epochs: int, pati
         intra = {mesh: [IntraPlan(1, mesh.size)] for mesh in case.meshes}
         args = (list(case.meshes), intra, case.devices, case.num_micro_batches, job.capacity_bytes)
         exhaustive = plan_search(truth, case, units, job.capacity_bytes)
-        every_stage = truth.profiled_configurations
+        profiled_all = truth.profiled_configurations
         base = measured_t_s(exhaustive.plan, truth, case.num_micro_batches)
         uniform = uniform_search(truth, model.num_layers, *args)
         rows: dict[str, object] = {
-            "exhaustive": _row(exhaustive, base, base, every_stage),
+            "exhaustive": _row(exhaustive, base, base, profiled_all),
             "uniform": _row(uniform, measured_t_s(uniform.plan, truth, case.num_micro_batches), base, None)}
         if f"{name}/reference" not in done:
             emit({"key": f"{name}/reference", **rows})

@@ -60,7 +60,13 @@ PLANNERS = {  # name -> (planner, stage costs)
     "predtop": ("stage", "predtop"),
     "mpe": ("stage", "mpe"),
     "uniform": ("uniform", "measured"),
+    # Alpa's full profiling: every stage on every submesh evaluated, also those no plan on 4 ranks holds (what the
+    # exhaustive and PredTOP searches did before the ninth session)
+    "exhaustive-every": ("stage", "measured"),
+    "predtop-every": ("stage", "predtop"),
 }
+EXTRA_FLAGS = {"exhaustive-every": ["--every-stage"], "predtop-every": ["--every-stage"]}
+DEFAULT_PLANNERS = ["exhaustive", "predtop", "mpe", "uniform"]
 CSV_FIELDS = ["plan", "repeat", "median_s", "p10_s", "p90_s", "iterations", "rank_cpu_max_s", "rank_cpu_sum_s",
               "load1_before", "load1_after", "wall_s", "utc"]
 
@@ -94,7 +100,7 @@ def search_command(name: str, model: Path, db: Path) -> list[str]:
                     "--model", relative(model), "--cluster", "local-cpu", "--num-gpus", str(RANKS),
                     "--global-batch", str(GLOBAL_BATCH), "--seq-len", str(SEQ_LEN),
                     "--num-micro-batches", str(MICRO_BATCHES), "--precision", "fp32", "--stage-db", relative(db),
-                    "--json")
+                    "--json", *EXTRA_FLAGS.get(name, []))
 
 
 def children_cpu_s() -> float:
@@ -257,14 +263,15 @@ def measure_once(model: Path, label: str, parallel: dict[str, Any], repeat: int,
             "wall_s": round(wall, 1), "utc": datetime.now(UTC).isoformat(timespec="seconds")}
 
 
-def exhaustive_table_s(out: Path, model_path: Path, report: dict[str, Any]) -> float | None:
-    """Eq. 4 over the plan's stages as the exhaustive planner measured them alone (its database; nothing run):
-    the plan's cost on the table every planner estimates, apart from the pipeline runs' noise."""
+def exhaustive_table_s(out: Path, model_path: Path, report: dict[str, Any], table: str = "exhaustive") -> float | None:
+    """Eq. 4 over the plan's stages as the exhaustive planner measured them alone (its database, OUT/stages/
+    TABLE.sqlite; nothing run): the plan's cost on the table every planner estimates, apart from the pipeline
+    runs' noise."""
     from trainsim.catalog import load_model
     from trainsim.ir.model_spec import TransformerSpec
     from trainsim.measure.stage_db import StageDatabase, model_key
 
-    path = out / "stages" / "exhaustive.sqlite"
+    path = out / "stages" / f"{table}.sqlite"
     if not path.exists():
         return None
     model = load_model(str(model_path))
@@ -299,7 +306,7 @@ def _medians(rows: list[dict[str, str]], column: str) -> dict[str, float]:
             for label in {r["plan"] for r in rows}}
 
 
-def summary(out: Path, model_path: Path) -> dict[str, Any]:
+def summary(out: Path, model_path: Path, table_name: str = "exhaustive") -> dict[str, Any]:
     """Per planner: its plan, eq. 4's prediction and eq. 4 over the exhaustive table, the medians over the repeats
     of the measured iteration (wall clock) and of the busiest rank's CPU time per iteration, the gaps to the
     exhaustive plan, the search's cost."""
@@ -307,7 +314,7 @@ def summary(out: Path, model_path: Path) -> dict[str, Any]:
     rows = done_rows(out / "measured.csv")
     wall, cpu = _medians(rows, "median_s"), _medians(rows, "rank_cpu_max_s")
     repeats = {label: sum(r["plan"] == label for r in rows) for label in wall}
-    base = plan_label(records["exhaustive"]["report"]) if "exhaustive" in records else None
+    base = plan_label(records[table_name]["report"]) if table_name in records else None
 
     def gap(medians: dict[str, float], label: str) -> float | None:
         if label not in medians or base not in medians:
@@ -321,7 +328,7 @@ def summary(out: Path, model_path: Path) -> dict[str, Any]:
         table.append({
             "planner": name, "plan": label, "parallel": report["parallel"],
             "predicted_s": report["plan"]["iteration_s"], "sim_s": report["sim_iteration_s"],
-            "exhaustive_table_s": exhaustive_table_s(out, model_path, report),
+            "exhaustive_table_s": exhaustive_table_s(out, model_path, report, table_name),
             "measured_median_s": wall.get(label), "gap_to_exhaustive": gap(wall, label),
             "busiest_rank_cpu_s": cpu.get(label), "cpu_gap_to_exhaustive": gap(cpu, label),
             "repeats": repeats.get(label, 0), "search_wall_s": record["wall_s"], "search_cpu_s": record["cpu_s"],
@@ -331,7 +338,8 @@ def summary(out: Path, model_path: Path) -> dict[str, Any]:
     loads = [float(r[k]) for r in rows for k in ("load1_before", "load1_after")]
     result = {"table": table, "measure_load1_range": [min(loads), max(loads)] if loads else None,
               "measure_runs": len(rows)}
-    (out / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
+    name = "summary.json" if table_name == "exhaustive" else f"summary-{table_name}.json"
+    (out / name).write_text(json.dumps(result, indent=1) + "\n")
 
     def fmt(value: float | None, text: str) -> str:
         return "-" if value is None else text.format(value)
@@ -361,7 +369,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--planners", nargs="*", choices=list(PLANNERS), default=list(PLANNERS),
+    parser.add_argument("--table", choices=["exhaustive", "exhaustive-every"], default="exhaustive",
+                        help="summary: the exhaustive search whose stage table scores every plan and whose plan is "
+                        "the baseline (summary-TABLE.json when not the default)")
+    parser.add_argument("--planners", nargs="*", choices=list(PLANNERS), default=DEFAULT_PLANNERS,
                         help="search only these (the cheap ones first to try the script)")
     args = parser.parse_args()
     out: Path = args.out or ROOT / "data/plan_quality" / args.case
@@ -374,7 +385,7 @@ def main() -> None:
     if args.command in ("measure", "all"):
         measure(out, MODELS[args.case], args.repeats, args.iterations, args.warmup)
     if args.command in ("summary", "all"):
-        summary(out, MODELS[args.case])
+        summary(out, MODELS[args.case], args.table)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from trainsim.search.stage_costs import (
     StageJob,
     same_dag_median_costs,
 )
-from trainsim.search.stage_dp import PlanSearch, alpa_dp, equal_mesh_search, uniform_search
+from trainsim.search.stage_dp import PlanSearch, alpa_dp, equal_mesh_search, uniform_search, usable_filter
 from trainsim.strategy.stage_plan import (
     IntraPlan,
     Mesh,
@@ -128,7 +128,8 @@ def plan_search(costs: StageCosts, case: Case, units: int, capacity_bytes: float
 
 
 def run_case(name: str, samplers: list[str], seeds: list[int], epochs: int, patience: int, fraction: float,
-             label: str, kind: str, layers: str, done: set[str], emit) -> None:  # type: ignore[no-untyped-def]
+             label: str, kind: str, layers: str, every_stage: bool, done: set[str],
+             emit) -> None:  # type: ignore[no-untyped-def]
     case = CASES[name]
     model = load_model(str(case.model))
     assert isinstance(model, TransformerSpec)
@@ -144,33 +145,35 @@ def run_case(name: str, samplers: list[str], seeds: list[int], epochs: int, pati
         intra = {mesh: [IntraPlan(1, mesh.size)] for mesh in case.meshes}
         args = (list(case.meshes), intra, case.devices, case.num_micro_batches, job.capacity_bytes)
         exhaustive = plan_search(truth, case, units, job.capacity_bytes)
-        every_stage = truth.profiled_configurations
+        profiled_all = truth.profiled_configurations
         base = measured_t_s(exhaustive.plan, truth, case.num_micro_batches)
         uniform = uniform_search(truth, model.num_layers, *args)
         rows: dict[str, object] = {
-            "exhaustive": _row(exhaustive, base, base, every_stage),
+            "exhaustive": _row(exhaustive, base, base, profiled_all),
             "uniform": _row(uniform, measured_t_s(uniform.plan, truth, case.num_micro_batches), base, None)}
         if f"{name}/reference" not in done:
             emit({"key": f"{name}/reference", **rows})
         dags = DagBuilder(model, case.micro_batch, case.seq_len)
         cuts = alpa_layers(*unit_costs(dags, HEAVY_OPS)) if layers == "alpa" else None
+        # the sample is drawn from the stages the DP can use (as `trainsim search` does), or from every stage
+        usable = None if every_stage else usable_filter(units, list(case.meshes), case.devices, case.equal_meshes)
         for sampler in samplers:
             for seed in seeds:
                 key = (f"{name}/{sampler}{label}{'' if kind == 'transformer' else '-' + kind}"
-                       f"{'-alpa' if layers == 'alpa' else ''}/{seed}")
+                       f"{'-alpa' if layers == 'alpa' else ''}{'' if every_stage else '-usable'}/{seed}")
                 if key in done:
                     continue
                 source = MeasuredStageCosts(model, case.micro_batch, case.seq_len, db, threads=case.threads)
                 predtop = PredTopStageCosts(source, PricedStageCosts(job), dags, units, fraction, epochs=epochs,
                                             patience=patience, seed=seed, sampler=sampler, kind=kind,
-                                            layer_cuts=cuts)
+                                            layer_cuts=cuts, usable=usable)
                 cpu = time.process_time()
                 found = plan_search(predtop, case, units, job.capacity_bytes)
                 cpu_s = time.process_time() - cpu
                 assert source.measured_now == 0, "a stage was missing from the database and was run"
                 row = _row(found, measured_t_s(found.plan, truth, case.num_micro_batches), base,
                            predtop.profiled_configurations)
-                row.update(cpu_s=cpu_s, train_wall_s=predtop.train_time_s,
+                row.update(cpu_s=cpu_s, train_wall_s=predtop.train_time_s, train_cpu_s=predtop.train_cpu_s,
                            epochs_run={f"{m.describe()}/{i.describe()}": p.epochs_run if p else None
                                        for (m, i), p in predtop.predictors.items()},
                            predicted_t_s=found.plan.iteration_s, epochs=epochs, patience=patience,
@@ -266,6 +269,9 @@ def main() -> None:
     parser.add_argument("--layers", default="units", choices=list(LAYERINGS),
                         help="PredTOP's stages: ranges of units (the rows before the eighth session) or of Alpa's "
                         "clustered layers (the paper's; `trainsim search`'s default now); in the key when alpa")
+    parser.add_argument("--every-stage", action="store_true",
+                        help="sample from every stage of each mesh (the rows before the ninth session); by default "
+                        "from the stages the DP can use (key suffix -usable)")
     parser.add_argument("--label", default="", help="appended to the sampler in the row's key (a method variant)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--explain", nargs="+", default=[], help="print the per-stage errors of these rows' keys")
@@ -292,7 +298,7 @@ def main() -> None:
 
     for name in args.cases:
         run_case(name, args.samplers, args.seeds, args.epochs, args.patience, args.fraction, args.label, args.kind,
-                 args.layers, done, emit)
+                 args.layers, args.every_stage, done, emit)
 
 
 if __name__ == "__main__":

@@ -115,15 +115,20 @@ def search(
     stage_tp: Annotated[int | None, typer.Option("--stage-tp", help="stage planners: only intra plans of this "
                                                  "tensor-parallel degree (1: data parallel inside every stage)")]
     = None,
+    every_stage: Annotated[bool, typer.Option("--every-stage", help="stage planner: evaluate (measure, for "
+                                              "measured costs) every stage on every submesh, as Alpa's full "
+                                              "profiling, also those no plan on exactly these devices holds")]
+    = False,
 ) -> None:
     if planner != "uniform" or stage_costs is not None:
         _stage_search(ModelSource(model, frontend), cluster, num_gpus, strategy_flags, planner,
                       stage_costs or "analytical", num_micro_batches, stage_db,
                       {"predtop_fraction": predtop_fraction, "predtop_layers": predtop_layers,
-                       "predtop_sampler": predtop_sampler}, as_json, equal_meshes, stage_tp)
+                       "predtop_sampler": predtop_sampler}, as_json, equal_meshes, stage_tp, every_stage)
         return
-    if equal_meshes or stage_tp is not None:
-        name, value = ("equal_meshes", True) if equal_meshes else ("stage_tp", stage_tp)
+    if equal_meshes or stage_tp is not None or every_stage:
+        name, value = (("equal_meshes", True) if equal_meshes else ("stage_tp", stage_tp) if stage_tp is not None
+                       else ("every_stage", True))
         raise ConfigError(name, value, "applies to the stage planners: add --planner stage or --stage-costs")
     if html is not None:
         check_output_file(html, "html")  # before the search: its work is not thrown away
@@ -154,7 +159,7 @@ def search(
 
 def _stage_search(source: ModelSource, cluster: str, num_gpus: int | None, given: StrategyFlags, planner: str,
                   stage_costs: str, num_micro_batches: int, db: Path | None, predtop: dict[str, Any],
-                  as_json: bool, equal_meshes: bool, stage_tp: int | None) -> None:
+                  as_json: bool, equal_meshes: bool, stage_tp: int | None, every_stage: bool) -> None:
     global_batch = given.get("global_batch")
     if global_batch is None:
         raise ConfigError("global_batch", None, "pass --global-batch N (sequences per optimizer step)")
@@ -172,7 +177,7 @@ def _stage_search(source: ModelSource, cluster: str, num_gpus: int | None, given
     settings = StageSearchSettings(planner=planner, stage_costs=stage_costs, global_batch=global_batch,
                                    num_micro_batches=num_micro_batches, seq_len=given.get("seq_len") or 2048,
                                    precision=cast(Precision, precision), db=db, equal_meshes=equal_meshes,
-                                   stage_tp=stage_tp, **predtop)
+                                   stage_tp=stage_tp, every_stage=every_stage, **predtop)
     report = stage_search(source.model_spec(), cluster_spec, settings)
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))

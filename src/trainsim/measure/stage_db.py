@@ -86,6 +86,7 @@ class MeasuredStageCosts:
     iterations: int = 5
     threads: int = 1
     measured_now: int = 0
+    measure_wall_s: float = 0.0  # wall time spent measuring (rank start-up included)
     _seen: dict[StageSpec, StageEstimate | None] = field(default_factory=dict)
 
     @property
@@ -119,8 +120,10 @@ class MeasuredStageCosts:
                 missing.setdefault(stage.mesh.size, []).append(stage)
         for size in sorted(missing):
             batch = missing[size]
+            start = time.perf_counter()
             timings = measure_stages(self.model, batch, self.micro_batch, self.seq_len, self.warmup,
                                      self.iterations, threads=self.threads)
+            self.measure_wall_s += time.perf_counter() - start
             for stage, timing in zip(batch, timings, strict=True):
                 estimate = StageEstimate(timing.latency_s, timing.state_bytes, timing.activation_bytes)
                 self.db.put(key, self.micro_batch, self.seq_len, self.threads, stage, estimate, timing.samples_s)
@@ -131,3 +134,7 @@ class MeasuredStageCosts:
         if stage not in self._seen:
             self.prefetch([stage])
         return self._seen[stage]
+
+    def cost_detail(self) -> dict[str, object]:
+        """Stages measured in this run and the wall time their measurement took."""
+        return {"measured_now": self.measured_now, "measure_wall_s": self.measure_wall_s}

@@ -30,7 +30,14 @@ from trainsim.job import make_job
 from trainsim.pipeline import GraphCache, predict
 from trainsim.profile.paths import default_db_path
 from trainsim.search.stage_costs import CountedStageCosts, PricedStageCosts, StageCosts, StageJob
-from trainsim.search.stage_dp import PlanSearch, alpa_dp, equal_mesh_search, holistic_dp, uniform_search
+from trainsim.search.stage_dp import (
+    PlanSearch,
+    alpa_dp,
+    equal_mesh_search,
+    holistic_dp,
+    uniform_search,
+    usable_filter,
+)
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import Precision
 from trainsim.strategy.stage_plan import IntraPlan, Mesh, StagePlan, intra_plans, num_units, submeshes
@@ -58,6 +65,7 @@ class StageSearchSettings:
     sp: bool = False
     equal_meshes: bool = False
     stage_tp: int | None = None
+    every_stage: bool = False  # Alpa's DP evaluates every stage (its full profiling), also those no plan can hold
 
     def __post_init__(self) -> None:
         if self.planner not in PLANNERS:
@@ -93,6 +101,7 @@ class StageSearchReport:
     sim_iteration_s: float | None
     sim_note: str
     parallel: ParallelSpec | None = None  # the plan as one ParallelSpec (plan_parallel), None where it is not one
+    cost_detail: dict[str, Any] | None = None  # what the search time went to (measured, predtop sources)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -101,6 +110,7 @@ class StageSearchReport:
             "profiled_configurations": self.profiled_configurations, "search_time_s": self.search_time_s,
             "t_max_tried": self.search.t_max_tried, "sim_iteration_s": self.sim_iteration_s,
             "sim_note": self.sim_note, "parallel": None if self.parallel is None else parallel_fields(self.parallel),
+            "cost_detail": self.cost_detail,
         }
 
 
@@ -134,9 +144,13 @@ def _source(model: TransformerSpec, job: StageJob, settings: StageSearchSettings
 
     dags = DagBuilder(model, job.micro_batch, job.seq_len)
     cuts = alpa_layers(*unit_costs(dags, HEAVY_OPS)) if settings.predtop_layers == "alpa" else None
+    # sampled from the stages Alpa's DP asks for (all with every_stage)
+    meshes = search_space(model, job.cluster, settings)[0]
+    usable = None if settings.every_stage else usable_filter(num_units(model), meshes, job.cluster.num_gpus,
+                                                              settings.equal_meshes)
     predtop = PredTopStageCosts(measured, PricedStageCosts(job), dags, num_units(model), settings.predtop_fraction,
                                 epochs=settings.predtop_epochs, patience=settings.predtop_patience,
-                                sampler=settings.predtop_sampler, layer_cuts=cuts)
+                                sampler=settings.predtop_sampler, layer_cuts=cuts, usable=usable)
     return predtop, predtop
 
 
@@ -155,17 +169,18 @@ def stage_search(model: ModelSpec, cluster: ClusterSpec, settings: StageSearchSe
         def planner(c: CountedStageCosts, m: list[Mesh], p: dict[Mesh, list[IntraPlan]]) -> PlanSearch:
             return uniform_search(c, model.num_layers, m, p, *rest)
     else:
-        dp = holistic_dp if settings.stage_costs == "mpe" else alpa_dp
-
         def planner(c: CountedStageCosts, m: list[Mesh], p: dict[Mesh, list[IntraPlan]]) -> PlanSearch:
-            return dp(c, num_units(model), m, p, *rest)
+            if settings.stage_costs == "mpe":
+                return holistic_dp(c, num_units(model), m, p, *rest)
+            return alpa_dp(c, num_units(model), m, p, *rest, every_stage=settings.every_stage)
     found = equal_mesh_search(planner, counted, meshes, plans) if settings.equal_meshes else \
         planner(counted, meshes, plans)
     elapsed = time.perf_counter() - start
     profiled = 0 if counter is None else counter.profiled_configurations
     sim_s, note = sim_recheck(found.plan, model, cluster, settings)
+    detail = getattr(counter, "cost_detail", None)
     return StageSearchReport(settings.planner, settings.stage_costs, found, profiled, elapsed, sim_s, note,
-                             plan_parallel(found.plan, settings))
+                             plan_parallel(found.plan, settings), None if detail is None else detail())
 
 
 def search_space(model: TransformerSpec, cluster: ClusterSpec,

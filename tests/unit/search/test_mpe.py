@@ -64,7 +64,9 @@ def test_holistic_dp_with_mpe_matches_alpa_on_the_measured_chain():
     chain = MpeStageCosts(CountedStageCosts(FunctionStageCosts(truth)), MODEL)
     found = holistic_dp(chain, 6, meshes, plans, 4, 8, capacity_bytes=1e9)
     assert found.plan.iteration_s == pytest.approx(exhaustive.plan.iteration_s)
-    assert chain.profiled_configurations == 12 < exhaustive.stage_evaluations == 42
+    # Alpa's DP asks the stages some plan on exactly 4 devices holds: 38 of the 42 (on 1 device not [0,5), [0,6)
+    # or [1,6), whose other units cannot take the 3 devices left; on 2 devices not the whole chain)
+    assert chain.profiled_configurations == 12 < exhaustive.stage_evaluations == 38
 
 
 def test_stage_estimate_refuses_negative():

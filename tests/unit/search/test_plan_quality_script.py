@@ -108,3 +108,13 @@ def test_references_are_the_exhaustive_tables_best_plan_per_mesh(tmp_path: Path)
     assert two["plan"]["iteration_s"] == pytest.approx(pipeline_time_s([e.latency_s for e in latencies if e], 8))
     assert records["reference-1x4-tp1-dp4"]["report"]["parallel"]["pp"] == 1
     assert records["reference-1x1-tp1-dp1"]["report"]["parallel"]["pp"] == 4
+
+
+def test_every_stage_variants_search_with_alpa_full_profiling() -> None:
+    script = _script()
+    db = ROOT / "stages.sqlite"
+    full = script.search_command("exhaustive-every", ROOT / "m.yaml", db)
+    assert full[-1] == "--every-stage" and "measured" in full
+    assert "--every-stage" not in script.search_command("exhaustive", ROOT / "m.yaml", db)
+    assert script.search_command("predtop-every", ROOT / "m.yaml", db)[-1] == "--every-stage"
+    assert script.DEFAULT_PLANNERS == ["exhaustive", "predtop", "mpe", "uniform"]

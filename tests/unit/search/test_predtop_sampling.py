@@ -21,7 +21,7 @@ from trainsim.search.predtop.costs import (
     stratum,
 )
 from trainsim.search.stage_costs import FunctionStageCosts
-from trainsim.search.stage_dp import alpa_dp
+from trainsim.search.stage_dp import alpa_dp, usable_filter
 from trainsim.strategy.stage_plan import IntraPlan, Mesh, StageEstimate, StageSpec, pipeline_time_s, unit_kind
 
 GPT_KINDS = ["embedding"] + ["block"] * 8 + ["head"]
@@ -174,17 +174,16 @@ def test_unknown_sampler_is_refused():
                           sampler="every")
 
 
-def test_every_range_sampled_still_keeps_one_validation_stage():
-    seen: dict[str, list] = {}
-
-    def record(kind, ranges, latencies, validation, **_):
-        seen["fit"], seen["val"] = list(ranges), list(validation[0])
-        return fit_kind_sum(kind, ranges, latencies, validation)
+def test_every_range_sampled_is_measured_and_nothing_trained():
+    def never(*_args, **_kwargs):
+        raise AssertionError("a predictor was trained on a mesh whose stages were all measured")
 
     source = PredTopStageCosts(FunctionStageCosts(truth), FunctionStageCosts(truth), RangeDags(), 6, 1.0,  # type: ignore[arg-type]
-                               trainer=cast(Any, record))
-    source.estimate(StageSpec(0, 6, ONE, IntraPlan()))
-    assert source.profiled_configurations == 21 and len(seen["fit"]) == 20 and len(seen["val"]) == 1
+                               trainer=cast(Any, never))
+    found = source.estimate(StageSpec(1, 4, ONE, IntraPlan()))
+    assert source.profiled_configurations == 21 and source.predictors[(ONE, IntraPlan())] is None
+    assert found is not None and found.latency_s == 30.0  # the measurement itself
+    assert source.predicted[StageSpec(0, 6, ONE, IntraPlan())] == 81.0
 
 
 def test_roles_and_predictions_are_kept_per_stage():
@@ -202,9 +201,47 @@ def test_roles_and_predictions_are_kept_per_stage():
     assert source.predicted[asked[0]] == pytest.approx(81.0) and source.predicted[asked[1]] == pytest.approx(20.0)
 
 
-def test_every_range_sampled_has_one_validation_role():
+def test_every_range_sampled_has_the_measured_role():
     source = PredTopStageCosts(FunctionStageCosts(truth), FunctionStageCosts(truth), RangeDags(), 6, 1.0)  # type: ignore[arg-type]
-    assert sorted(source.roles(ONE, IntraPlan()).values()).count("val") == 1
+    assert set(source.roles(ONE, IntraPlan()).values()) == {"measured"} and len(source.roles(ONE, IntraPlan())) == 21
+
+
+# --- the population: the stages the planner's DP asks for (stage_dp.usable_filter) ------------------------
+
+TWO = Mesh(1, 2)
+
+
+def usable_on_two_devices() -> Any:
+    return usable_filter(6, [ONE, TWO], 2, equal_meshes=True)
+
+
+def test_the_sample_is_drawn_from_the_stages_the_dp_can_use():
+    source = PredTopStageCosts(FunctionStageCosts(truth), FunctionStageCosts(truth), RangeDags(), 6, 0.3,  # type: ignore[arg-type]
+                               seed=0, trainer=cast(Any, fit_kind_sum), usable=usable_on_two_devices())
+    # two 1-device stages on 2 devices: [0,b) for b < 6 and [a,6) for a > 0, 10 of the 21 ranges
+    assert source.population(ONE, IntraPlan()) == [(0, b) for b in range(1, 6)] + [(a, 6) for a in range(1, 6)]
+    assert source.budget(ONE, IntraPlan()) == (8, 1)  # the training floor, round(0.1 x 10)
+    drawn = source.sample(ONE, IntraPlan())
+    assert len(drawn) == 9 and all(s.first == 0 or s.end == 6 for s in drawn)
+    assert not source.measures_all(ONE, IntraPlan())
+    # the 2-device mesh on 2 devices holds the whole chain only: measured, no predictor
+    assert source.population(TWO, IntraPlan(1, 2)) == [(0, 6)] and source.measures_all(TWO, IntraPlan(1, 2))
+    plan = alpa_dp(source, 6, [TWO], {TWO: [IntraPlan(1, 2)]}, 2, B, capacity_bytes=1.0).plan
+    assert plan.stages == (StageSpec(0, 6, TWO, IntraPlan(1, 2)),) and plan.iteration_s == pytest.approx(8 * 81.0)
+    assert source.predictors[(TWO, IntraPlan(1, 2))] is None
+    assert source.roles(TWO, IntraPlan(1, 2)) == {StageSpec(0, 6, TWO, IntraPlan(1, 2)): "measured"}
+
+
+@pytest.mark.parametrize("sampler", [covering_sample, sized_sample, random_sample])
+@pytest.mark.parametrize("seed", range(5))
+def test_samplers_draw_from_the_population_and_every_range_is_the_default(sampler, seed):
+    population = [r for r in all_ranges(10) if r[0] == 0 or r[1] == 10]  # two stages: 9 + 9 + the whole chain
+    drawn = sampler(10, 12, random.Random(seed), MOE_KINDS, population)
+    assert len(set(drawn)) == 12 and set(drawn) <= set(population)
+    assert sampler(10, 16, random.Random(seed), MOE_KINDS, all_ranges(10)) == \
+        sampler(10, 16, random.Random(seed), MOE_KINDS)
+    if sampler is not random_sample:  # the lone units in the population: the embedding and the head
+        assert set(drawn[:2]) == {(0, 1), (9, 10)}
 
 
 ALPA_MOE_KINDS = ["embedding+block"] + ["moe_block", "block"] * 3 + ["moe_block", "head"]  # moe-small's Alpa layers
@@ -281,3 +318,12 @@ def test_search_settings_name_the_layerings_and_samplers_of_the_predtop_source()
     from trainsim.search.stage_search import PREDTOP_LAYERS, PREDTOP_SAMPLERS
 
     assert set(PREDTOP_LAYERS) == set(LAYERINGS) and set(PREDTOP_SAMPLERS) == set(SAMPLERS)
+
+
+def test_cost_detail_counts_the_meshes_fitted_and_measured_whole():
+    source = PredTopStageCosts(FunctionStageCosts(truth), FunctionStageCosts(truth), RangeDags(), 6, 0.3,  # type: ignore[arg-type]
+                               seed=0, trainer=cast(Any, fit_kind_sum), usable=usable_on_two_devices())
+    alpa_dp(source, 6, [ONE, TWO], {ONE: [IntraPlan()], TWO: [IntraPlan(1, 2)]}, 2, B, capacity_bytes=1.0)
+    detail = source.cost_detail()
+    assert detail["meshes_trained"] == 1 and detail["meshes_measured_whole"] == 1  # ONE fitted, TWO: [0,6) only
+    assert source.profiled_configurations == 9 + 1

@@ -6,7 +6,14 @@ import pytest
 
 from trainsim.errors import ConfigError, InfeasiblePlanError
 from trainsim.search.stage_costs import CountedStageCosts, FunctionStageCosts
-from trainsim.search.stage_dp import alpa_dp, equal_mesh_search, holistic_dp, uniform_search
+from trainsim.search.stage_dp import (
+    alpa_dp,
+    device_totals,
+    equal_mesh_search,
+    holistic_dp,
+    uniform_search,
+    usable_stage,
+)
 from trainsim.strategy.stage_plan import IntraPlan, Mesh, StageEstimate, StagePlan, StageSpec, pipeline_time_s
 
 ONE, TWO = Mesh(1, 1), Mesh(1, 2)
@@ -38,8 +45,12 @@ def test_alpa_dp_two_stages_hand_optimum():
     plan = found.plan
     assert [(s.first, s.end, s.mesh) for s in plan.stages] == [(0, 2, ONE), (2, 4, ONE)]
     assert plan.iteration_s == pytest.approx(18.0)
-    # every (range, mesh, intra plan) evaluated once: 10 ranges x 2 meshes
-    assert found.stage_evaluations == 20 == plan.stage_evaluations
+    # the stages some plan on exactly 2 devices holds, each evaluated once: on 1 device the 3 that start at unit 0
+    # and end before 4 and the 3 that end at 4 (the other device takes the rest); on 2 devices [0,4) alone
+    assert found.stage_evaluations == 7 == plan.stage_evaluations
+    # Alpa's full profiling (every_stage): 10 ranges x 2 meshes, the same plan
+    full = alpa_dp(chain_costs(0.9), 4, MESHES, PLANS, 2, 4, capacity_bytes=100.0, every_stage=True)
+    assert full.stage_evaluations == 20 and full.plan.stages == plan.stages
 
 
 def test_alpa_dp_one_stage_when_two_devices_scale():
@@ -160,8 +171,9 @@ def test_equal_mesh_search_hand_optimum():
     found = equal_mesh_search(_alpa(3, 4, 100.0), chain_costs(0.5), MESHES, PLANS)
     assert [(s.first, s.end, s.mesh) for s in found.plan.stages] == [(0, 1, ONE), (1, 2, ONE), (2, 4, ONE)]
     assert found.plan.iteration_s == pytest.approx(15.0)
-    # the 2-device mesh's table is built before its DP finds no plan: 10 ranges x 2 meshes evaluated
-    assert found.stage_evaluations == 20 == found.plan.stage_evaluations
+    # three 1-device stages: [0,1) [0,2), [2,4) [3,4), and [1,2) [1,3) [2,3) between (7); no stage on the 2-device
+    # mesh is in a plan of exactly 3 devices, so none is evaluated
+    assert found.stage_evaluations == 7 == found.plan.stage_evaluations
     # MPE's DP may leave a device idle: one stage of 6 x 0.5 on 2 devices, T = 4 x 3 = 12, beats three of 1 (15)
     holistic = equal_mesh_search(_holistic(3, 4, 100.0), chain_costs(0.5), MESHES, PLANS).plan
     assert [(s.first, s.end, s.mesh) for s in holistic.stages] == [(0, 4, TWO)]
@@ -225,3 +237,41 @@ def test_stage_plan_checks_and_blocks():
         StageEstimate(float("nan"), 0.0, 0.0)
     with pytest.raises(ConfigError):
         Mesh(0, 1)
+
+
+def test_usable_stages_on_hand_cases():
+    # 1-device meshes on 4 devices, 10 units (4 stages): 7 from unit 0 (end <= 7), 7 to the head (first >= 3), 35
+    # between; 2-device meshes: 9 + 9 (two stages); the 4-device mesh: the whole chain only
+    def count(size: int, sizes: list[int]) -> int:
+        totals = device_totals(10, sizes, 4)
+        return sum(usable_stage(a, b, size, totals, 10, 4) for a in range(10) for b in range(a + 1, 11))
+    assert (count(1, [1]), count(2, [2]), count(4, [4])) == (49, 18, 1)
+    # mixed meshes of 1, 2 and 4 devices: a 2-device stage may sit between two 1-device ones
+    assert (count(1, [1, 2, 4]), count(2, [1, 2, 4]), count(4, [1, 2, 4])) == (52, 54, 1)
+    assert device_totals(3, [2], 4) == [{0}, {2}, {2, 4}, {2, 4}]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_usable_stages_leave_the_plan_unchanged(seed):
+    rng = random.Random(seed)
+    units, devices = rng.randint(3, 7), rng.choice([2, 3, 4])
+    meshes = [ONE, TWO, Mesh(1, 4)][: rng.randint(1, 3)]
+    plans = {m: [IntraPlan(1, m.size)] for m in meshes}
+    unit_s = [rng.uniform(0.5, 3.0) for _ in range(units)]
+    speed = {1: 1.0, 2: rng.uniform(0.5, 1.0), 4: rng.uniform(0.3, 1.0)}
+
+    def estimate(stage: StageSpec) -> StageEstimate:
+        latency = sum(unit_s[stage.first:stage.end]) * speed[stage.mesh.size] * rng.uniform(0.9, 1.1)
+        return StageEstimate(latency, 1.0, 1.0)
+    table = {StageSpec(a, b, m, plans[m][0]): estimate(StageSpec(a, b, m, plans[m][0]))
+             for a in range(units) for b in range(a + 1, units + 1) for m in meshes}
+    costs = FunctionStageCosts(lambda stage: table[stage])
+    try:
+        full = alpa_dp(costs, units, meshes, plans, devices, 4, capacity_bytes=100.0, every_stage=True)
+    except InfeasiblePlanError:
+        with pytest.raises(InfeasiblePlanError):
+            alpa_dp(costs, units, meshes, plans, devices, 4, capacity_bytes=100.0)
+        return
+    pruned = alpa_dp(costs, units, meshes, plans, devices, 4, capacity_bytes=100.0)
+    assert pruned.plan.iteration_s == pytest.approx(full.plan.iteration_s)
+    assert pruned.stage_evaluations <= full.stage_evaluations == len(table)

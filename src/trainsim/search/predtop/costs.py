@@ -39,20 +39,27 @@ def all_ranges(num_units: int) -> list[Range]:
 
 
 def sample_budget(num_units: int, fraction: float) -> tuple[int, int]:
-    """(training, validation) stages profiled per mesh and intra plan: the training fraction of every range (at
-    least MIN_SAMPLES) and a separate 10% for early stopping, as sec. VIII-A splits (both profiled, both
-    counted); all ranges at most. Validation was len(sample) // 8 of the training sample: 2 stages at 30% of 55,
-    on which early stopping kept the weights of epoch 7 (MoE, 1 rank)."""
-    ranges = len(all_ranges(num_units))
-    training = min(ranges, max(MIN_SAMPLES, round(fraction * ranges)))
-    validation = min(ranges - training, max(1, round(VALIDATION_FRACTION * ranges)))
+    """(training, validation) stages profiled per mesh and intra plan when every range of `num_units` layers may
+    be asked: budget_of(the number of ranges)."""
+    return budget_of(len(all_ranges(num_units)), fraction)
+
+
+def budget_of(num_stages: int, fraction: float) -> tuple[int, int]:
+    """(training, validation) stages profiled out of `num_stages` a mesh and intra plan may be asked for: the
+    training fraction (at least MIN_SAMPLES) and a separate 10% for early stopping, as sec. VIII-A splits (both
+    profiled, both counted); all of them at most. Validation was len(sample) // 8 of the training sample: 2
+    stages at 30% of 55, on which early stopping kept the weights of epoch 7 (MoE, 1 rank)."""
+    training = min(num_stages, max(MIN_SAMPLES, round(fraction * num_stages)))
+    validation = min(num_stages - training, max(1, round(VALIDATION_FRACTION * num_stages)))
     return training, validation
 
 
-def random_sample(num_units: int, count: int, rng: random.Random, kinds: list[str]) -> list[Range]:
-    """`count` ranges drawn uniformly without replacement (the first planner's sampler). `kinds` is unused."""
+def random_sample(num_units: int, count: int, rng: random.Random, kinds: list[str],
+                  population: list[Range] | None = None) -> list[Range]:
+    """`count` ranges drawn uniformly without replacement (the first planner's sampler) from `population` (every
+    range when None). `kinds` is unused."""
     del kinds
-    return rng.sample(all_ranges(num_units), count)
+    return rng.sample(all_ranges(num_units) if population is None else population, count)
 
 
 def stratum(rng_: Range, num_units: int) -> str:
@@ -61,18 +68,21 @@ def stratum(rng_: Range, num_units: int) -> str:
     return "head" if end == num_units else "embedding" if first == 0 else "interior"
 
 
-def _anchors_and_strata(num_units: int, count: int, rng: random.Random,
-                        kinds: list[str]) -> tuple[list[Range], dict[str, list[Range]]]:
-    """One lone unit of each kind (the unit of a kind picked at random), and the other ranges per stratum,
-    shuffled."""
+def _anchors_and_strata(num_units: int, count: int, rng: random.Random, kinds: list[str],
+                        population: list[Range] | None) -> tuple[list[Range], dict[str, list[Range]]]:
+    """One lone unit of each kind (the unit of a kind picked at random among those alone in `population`; a kind
+    with none is skipped), and the other ranges of `population` (every range when None) per stratum, shuffled."""
+    ranges = all_ranges(num_units) if population is None else population
+    alone = {first for first, end in ranges if end == first + 1}
     units_of: dict[str, list[int]] = {}
     for unit, kind in enumerate(kinds):
-        units_of.setdefault(kind, []).append(unit)
+        if unit in alone:
+            units_of.setdefault(kind, []).append(unit)
     if len(kinds) != num_units or count < len(units_of):
         raise ValueError(f"count={count}, kinds={len(kinds)}: one kind per unit, count >= {len(units_of)} kinds")
     chosen = [(u, u + 1) for u in (rng.choice(units) for units in units_of.values())]
     left: dict[str, list[Range]] = {"head": [], "embedding": [], "interior": []}
-    for r in all_ranges(num_units):
+    for r in ranges:
         if r not in chosen:
             left[stratum(r, num_units)].append(r)
     for pool in left.values():
@@ -80,12 +90,13 @@ def _anchors_and_strata(num_units: int, count: int, rng: random.Random,
     return chosen, left
 
 
-def covering_sample(num_units: int, count: int, rng: random.Random, kinds: list[str]) -> list[Range]:
+def covering_sample(num_units: int, count: int, rng: random.Random, kinds: list[str],
+                    population: list[Range] | None = None) -> list[Range]:
     """`count` ranges (count >= the number of unit kinds): one lone unit of each kind (kinds[u] is unit u's
     kind; the unit of a kind picked at random), then ranges drawn at random from the head, embedding and
     interior strata in turn (a stratum left empty is skipped). Sizes are random within a stratum, so all sizes
-    occur. The order is the order drawn: the anchors first."""
-    chosen, left = _anchors_and_strata(num_units, count, rng, kinds)
+    occur. The order is the order drawn: the anchors first. Drawn from `population` (every range when None)."""
+    chosen, left = _anchors_and_strata(num_units, count, rng, kinds, population)
     while len(chosen) < count and any(left.values()):
         for pool in left.values():
             if pool and len(chosen) < count:
@@ -93,12 +104,14 @@ def covering_sample(num_units: int, count: int, rng: random.Random, kinds: list[
     return chosen
 
 
-def sized_sample(num_units: int, count: int, rng: random.Random, kinds: list[str]) -> list[Range]:
+def sized_sample(num_units: int, count: int, rng: random.Random, kinds: list[str],
+                 population: list[Range] | None = None) -> list[Range]:
     """covering_sample's anchors and strata in turn, each draw taking (at random) a range of the size the sample
     holds fewest of so far (sizes 1 .. num_units): "stages of different sizes" (PredTOP sec. IV-B1), spread over
     the sizes instead of left to chance. With 14 training stages of 45 a random size per draw left the MoE
-    model's interior stages of 2-4 layers (the ones a 4-stage pipeline is made of) unsampled."""
-    chosen, left = _anchors_and_strata(num_units, count, rng, kinds)
+    model's interior stages of 2-4 layers (the ones a 4-stage pipeline is made of) unsampled. Drawn from
+    `population` (every range when None)."""
+    chosen, left = _anchors_and_strata(num_units, count, rng, kinds, population)
     held = [0] * (num_units + 1)
     for first, end in chosen:
         held[end - first] += 1
@@ -112,7 +125,7 @@ def sized_sample(num_units: int, count: int, rng: random.Random, kinds: list[str
     return chosen
 
 
-SAMPLER_FUNCTIONS: dict[str, Callable[[int, int, random.Random, list[str]], list[Range]]] = {
+SAMPLER_FUNCTIONS: dict[str, Callable[[int, int, random.Random, list[str], list[Range] | None], list[Range]]] = {
     "covering": covering_sample, "sized": sized_sample, "random": random_sample}
 
 
@@ -130,14 +143,26 @@ class PredTopStageCosts:
     sampler: str = "sized"
     trainer: Callable[..., Predictor] = train  # predictor.train; a stub in the tests
     layer_cuts: tuple[int, ...] | None = None  # layer boundaries in units (alpa_layers); None: every unit
+    # the stages the planner can use (stage_dp.usable_filter: in some plan on exactly its devices); None: every one
+    usable: Callable[[StageSpec], bool] | None = None
     profiled: set[StageSpec] = field(default_factory=set)
     predictors: dict[tuple[Mesh, IntraPlan], Predictor | None] = field(default_factory=dict)
-    train_time_s: float = 0.0
+    train_time_s: float = 0.0  # wall time of the fits
+    train_cpu_s: float = 0.0  # their CPU time (the training thread's)
     _predicted: dict[StageSpec, float] = field(default_factory=dict)
 
     @property
     def profiled_configurations(self) -> int:
         return len(self.profiled)
+
+    def cost_detail(self) -> dict[str, object]:
+        """What the search's optimisation cost went to: the fits (wall and CPU time) and the stage measurements
+        (the measured source's), the meshes fitted and those measured whole."""
+        detail = dict(getattr(self.measured, "cost_detail", dict)())
+        detail.update(train_wall_s=self.train_time_s, train_cpu_s=self.train_cpu_s,
+                      meshes_trained=sum(p is not None for p in self.predictors.values()),
+                      meshes_measured_whole=sum(p is None for p in self.predictors.values()))
+        return detail
 
     @property
     def predicted(self) -> dict[StageSpec, float]:
@@ -164,42 +189,67 @@ class PredTopStageCosts:
         """Whether the stage is a range of whole layers (the stages PredTOP samples and predicts)."""
         return stage.first in self.cuts and stage.end in self.cuts
 
+    def population(self, mesh: Mesh, intra: IntraPlan) -> list[Range]:
+        """The ranges of layers (indices into the layers) a mesh and intra plan may be asked for: every one, or
+        those `usable` keeps (PredTOP sec. VI samples "from all possible stages")."""
+        cuts = self.cuts
+        return [(a, b) for a, b in all_ranges(self.num_layers)
+                if self.usable is None or self.usable(StageSpec(cuts[a], cuts[b], mesh, intra))]
+
+    def budget(self, mesh: Mesh, intra: IntraPlan) -> tuple[int, int]:
+        return budget_of(len(self.population(mesh, intra)), self.fraction)
+
     def sample(self, mesh: Mesh, intra: IntraPlan) -> list[StageSpec]:
-        """The stages profiled for one mesh and intra plan (seeded per mesh and plan): sample_budget's training and
-        validation stages, in the order drawn (validation: the last)."""
+        """The stages profiled for one mesh and intra plan (seeded per mesh and plan): budget_of's training and
+        validation stages of its population, in the order drawn (validation: the last)."""
         rng = random.Random(f"{self.seed}:{mesh.describe()}:{intra.describe()}")
         cuts = self.cuts
         kinds = ["+".join(unit_kind(self.dags.model, u) for u in range(a, b)) for a, b in pairwise(cuts)]
-        ranges = SAMPLER_FUNCTIONS[self.sampler](self.num_layers, sum(sample_budget(self.num_layers, self.fraction)),
-                                                 rng, kinds)
+        population = self.population(mesh, intra)
+        ranges = SAMPLER_FUNCTIONS[self.sampler](self.num_layers, sum(budget_of(len(population), self.fraction)),
+                                                 rng, kinds, population)
         return [StageSpec(cuts[a], cuts[b], mesh, intra) for a, b in ranges]
 
-    def validation_count(self, known: int) -> int:
+    def measures_all(self, mesh: Mesh, intra: IntraPlan) -> bool:
+        """Whether the budget takes every stage of the population: then every one is measured and nothing is
+        trained (a predictor of the stages one measured would only add its error and its training time)."""
+        return sum(self.budget(mesh, intra)) >= len(self.population(mesh, intra))
+
+    def validation_count(self, known: int, mesh: Mesh, intra: IntraPlan) -> int:
         """How many of `known` (>= 2) profiled stages watch early stopping: the last drawn, so a covering sample's
         lone units stay in training and its validation stages take the three strata in turn."""
-        return max(1, min(sample_budget(self.num_layers, self.fraction)[1], known - 1))
+        return max(1, min(self.budget(mesh, intra)[1], known - 1))
 
     def roles(self, mesh: Mesh, intra: IntraPlan) -> dict[StageSpec, str]:
-        """Each profiled stage of a mesh and intra plan: "train" or "val" (every sampled stage measured); the
-        stages not here were predicted only (test)."""
+        """Each profiled stage of a mesh and intra plan: "train" or "val", or "measured" on a mesh whose stages are
+        all measured (measures_all); the stages not here were predicted only (test)."""
         sample = self.sample(mesh, intra)
-        n_val = self.validation_count(len(sample))
+        if self.measures_all(mesh, intra):
+            return dict.fromkeys(sample, "measured")
+        n_val = self.validation_count(len(sample), mesh, intra)
         return {stage: "val" if i >= len(sample) - n_val else "train" for i, stage in enumerate(sample)}
 
     def _fit(self, mesh: Mesh, intra: IntraPlan) -> Predictor | None:
         sample = self.sample(mesh, intra)
         prefetch(self.measured, sample)
         self.profiled.update(sample)
+        if self.measures_all(mesh, intra):
+            for stage in sample:
+                found = self.measured.estimate(stage)
+                if found is not None:
+                    self._predicted[stage] = found.latency_s
+            return None
         known = [(s, e) for s in sample if (e := self.measured.estimate(s)) is not None]
         if len(known) < 2:
             return None
-        n_val = self.validation_count(len(known))
+        n_val = self.validation_count(len(known), mesh, intra)
         fit, val = known[:-n_val], known[-n_val:]
         predictor = self.trainer(self.kind, [self.dags.stage(s.first, s.end) for s, _ in fit],
                                  [e.latency_s for _, e in fit],
                                  ([self.dags.stage(s.first, s.end) for s, _ in val], [e.latency_s for _, e in val]),
                                  epochs=self.epochs, patience=self.patience, seed=self.seed)
         self.train_time_s += predictor.train_time_s
+        self.train_cpu_s += getattr(predictor, "train_cpu_s", 0.0)
         return predictor
 
     def prefetch(self, stages: list[StageSpec]) -> None:

@@ -85,15 +85,6 @@ class _Content:
     params: float  # Pricer.stage_params
 
 
-@dataclass(slots=True)
-class _Combo:
-    """A partition under one layer context: its distinct stages' rows and how its stages map to them."""
-
-    first_row: int  # index of its first stage row in _Shared
-    local: tuple[int, ...]  # per stage: which of its distinct rows (0-based) it takes
-    heads: tuple[int, ...]  # per distinct row: its first stage
-
-
 @dataclass(frozen=True, slots=True)
 class _Template:
     """An even partition of a graph (Pricer.partition) as positions in graph.layers: per distinct stage its parts'
@@ -248,7 +239,12 @@ class _Shared:
     templates: dict[tuple[object, ...], "_Template | None"] = field(default_factory=dict)
     even: dict[tuple[object, ...], bool] = field(default_factory=dict)
     content_of: dict[tuple[object, ...], int] = field(default_factory=dict)
-    combos: list[_Combo] = field(default_factory=list)
+    # a combo: a partition under one layer context: the index of its first stage row and the number of its
+    # partition's template (of `layouts`: how its stages map to its distinct rows)
+    combo_rows: list[int] = field(default_factory=list)
+    combo_layouts: list[int] = field(default_factory=list)
+    layouts: list[_Template] = field(default_factory=list)
+    layout_of: dict[int, int] = field(default_factory=dict)  # id of a kept template -> its number
     combo_of: dict[tuple[object, ...], int] = field(default_factory=dict)  # (graph, plan's layout) -> combo
     # per (graph, _KEY_FIELDS) a number: its group of plans (_Batch._group)
     group_of: dict[tuple[object, ...], int] = field(default_factory=dict)
@@ -271,12 +267,12 @@ class _Shared:
         return self.queue_table
 
     def arrays(self) -> "tuple[_RowTable, _ComboTable]":
-        if self.tables is None or self.tables_rows != len(self.combos):
+        if self.tables is None or self.tables_rows != len(self.combo_rows):
             columns = {name: np.concatenate([block[name] for block in self.content_blocks])
                        for name in self.content_blocks[0]}
             self.tables = (_RowTable(columns, self.row_content, self.row_sends_s, self.row_fsdp_s),
-                           _ComboTable(self.combos))
-            self.tables_rows = len(self.combos)
+                           _ComboTable(self.combo_rows, self.combo_layouts, self.layouts))
+            self.tables_rows = len(self.combo_rows)
         return self.tables
 
 
@@ -291,7 +287,7 @@ class _Batch:
         self.columns = columns
         self.job0 = plans[0][0]
         shared = self.shared = engine.shared(self.job0)
-        self.combos, self.precisions = shared.combos, shared.precisions
+        self.precisions = shared.precisions
         # NB: FittedStepCosts' host overhead per micro-batch reads none of its arguments: one price per stage
         self.fitted_overhead = isinstance(self.pricer.step_costs, FittedStepCosts)
         # what _stage_row prices of new rows, for _finish to sum: (content, stage, job, its parts' layer terms);
@@ -450,11 +446,15 @@ class _Batch:
                 self._stage_row(stage, job, context, [terms[position] for position, _ in parts],
                                 [collectives[position] for position, _ in parts])
                 for stage, parts in zip(shape.stages, shape.template.stages, strict=True)]
-        first_row = len(shared.row_content)
+        shared.combo_rows.append(len(shared.row_content))
         shared.row_content += [content for content, _ in rows]
         self.new_rows += [(dp_key, job) for dp_key in rows]
-        self.combos.append(_Combo(first_row, shape.template.local, shape.template.heads))
-        return len(self.combos) - 1
+        layout = shared.layout_of.get(id(shape.template))
+        if layout is None:  # NB: the template is kept (_Shared.templates)
+            layout = shared.layout_of[id(shape.template)] = len(shared.layouts)
+            shared.layouts.append(shape.template)
+        shared.combo_layouts.append(layout)
+        return len(shared.combo_rows) - 1
 
     def _shape(self, job: Job, graph: OpGraph) -> "_Shape | None":
         """The graph's even partition over the plan's pp (its distinct stages, with the graph's layers), or None
@@ -786,15 +786,15 @@ class _Fast:
                    + table.overhead[rows][:, None, None, :])  # C x 3 x 2 x R
         variant = np.where(combos.valid_rows[:, None, None, :], variant, -np.inf)
         slowest = np.argmax(variant, axis=-1)  # rows in stage order: the first slowest stage, as max(range(p), ..)
-        stage_totals = np.take_along_axis(variant, combos.safe_local[:, None, None, :], axis=-1)
-        stage_totals = np.where(combos.valid_local[:, None, None, :], stage_totals, 0.0)
-        stage_sums = np.cumsum(stage_totals, axis=-1)[..., -1]  # Python's sum: left to right
+        stage_sums = combos.stage_sums(variant)
 
-        slow_local = slowest[self.combo, recompute_code, zero3]
+        # NB: the plans' entries of the variants' tables through flat indices (numpy's multi-index is slower)
+        code = (self.combo * 3 + recompute_code) * 2 + zero3  # the plan's variant
+        slow_local = slowest.ravel()[code]
         slow_row = combos.first_row[self.combo] + slow_local
-        slow_total = variant[self.combo, recompute_code, zero3, slow_local]
-        stage_sum = stage_sums[self.combo, recompute_code, zero3]
-        slow_recompute = table.recompute[slow_row, recompute_code]
+        slow_total = variant.ravel()[code * variant.shape[-1] + slow_local]
+        stage_sum = stage_sums.ravel()[code]
+        slow_recompute = table.recompute.ravel()[slow_row * 3 + recompute_code]
         slow_fsdp = np.where(zero3 == 1, table.fsdp[slow_row], 0.0)
         first_row = combos.first_row[self.combo]
 
@@ -807,7 +807,7 @@ class _Fast:
 
         # --- the exposed gradient reduction of the bottleneck and of the first stage ---
         grad = self._grad_exposed(table, slow_row, slow_recompute, first_row,
-                                  table.recompute[first_row, recompute_code])
+                                  table.recompute.ravel()[first_row * 3 + recompute_code])
 
         # --- the optimizer step and the host overheads ---
         # the stage with the most parameters (Pricer.optimizer_step_s; stage_params: the contents' params)
@@ -958,21 +958,36 @@ class _Fast:
 
 
 class _ComboTable:
-    """The combos as arrays: per combo its distinct rows (R columns, padded) and per stage its distinct row's
-    position (width columns, padded)."""
+    """The combos as arrays: per combo its distinct rows (R columns, padded) and their first stages, made per
+    template (layouts) and taken per combo (kind: its template's number)."""
 
-    def __init__(self, combos: list[_Combo]) -> None:
-        width = max(len(combo.local) for combo in combos)
-        distinct = max(len(combo.heads) for combo in combos)
-        local = _rows([combo.local + (-1,) * (width - len(combo.local)) for combo in combos], width, np.int64)
-        heads = _rows([combo.heads + (0,) * (distinct - len(combo.heads)) for combo in combos], distinct, np.int64)
-        count = np.array([len(combo.heads) for combo in combos], dtype=np.int64)
-        self.first_row = np.array([combo.first_row for combo in combos], dtype=np.int64)
-        self.valid_local = local >= 0
-        self.safe_local = np.where(self.valid_local, local, 0)
+    def __init__(self, first_rows: list[int], kinds: list[int], layouts: list[_Template]) -> None:
+        distinct = max(len(layout.heads) for layout in layouts)
+        self.kind = np.array(kinds, dtype=np.int64)
+        self.layouts = layouts
+        heads = _rows([layout.heads + (0,) * (distinct - len(layout.heads)) for layout in layouts], distinct,
+                      np.int64)[self.kind]
+        count = np.array([len(layout.heads) for layout in layouts], dtype=np.int64)[self.kind]
+        self.first_row = np.array(first_rows, dtype=np.int64)
         self.valid_rows = np.arange(distinct)[None, :] < count[:, None]
         self.safe_rows = np.where(self.valid_rows, self.first_row[:, None] + np.arange(distinct)[None, :], 0)
         self.heads = heads
+
+    def stage_sums(self, variant: Floats) -> Floats:
+        """Per combo and variant (C x ... x R: its distinct rows' figures) the sum over its stages in stage order
+        from the first (Python's sum from 0: 0 + x is x), each stage taking its distinct row's figure: per
+        template, whose stages' rows are fixed positions."""
+        sums = np.zeros(variant.shape[:-1])
+        for number, layout in enumerate(self.layouts):
+            members = np.flatnonzero(self.kind == number)
+            if not members.size:
+                continue
+            rows = variant[members]
+            total = rows[..., layout.local[0]]
+            for position in layout.local[1:]:
+                total = total + rows[..., position]
+            sums[members] = total
+        return sums
 
 
 class _RowTable:
@@ -1004,24 +1019,26 @@ class _RowTable:
 
 
 class _Queues:
-    """Queues of buckets (stack_effects.BucketQueue) as arrays, one row per queue, the candidates padded (peaks
-    -inf, lags 0: never the largest)."""
+    """Queues of buckets (stack_effects.BucketQueue) as arrays, one column per queue, the candidates padded (peaks
+    -inf, lags 0: never the largest). A candidate's row over the queues is contiguous, so the plans' rows are one
+    take each (numpy gathers rows of a 2-d table several times slower)."""
 
     def __init__(self, queues: list[BucketQueue]) -> None:
         width = max(1, max(len(queue.peaks_s) for queue in queues))
         self.count = np.array([queue.count for queue in queues], dtype=np.float64)
         self.total_s = np.array([queue.total_s for queue in queues], dtype=np.float64)
-        self.peaks_s = np.full((len(queues), width), -np.inf)
-        self.lags = np.zeros((len(queues), width))
+        self.peaks_s = np.full((width, len(queues)), -np.inf)  # candidate x queue
+        self.lags = np.zeros((width, len(queues)))
         for number, queue in enumerate(queues):
-            self.peaks_s[number, :len(queue.peaks_s)] = queue.peaks_s
-            self.lags[number, :len(queue.lags)] = queue.lags
+            self.peaks_s[:len(queue.peaks_s), number] = queue.peaks_s
+            self.lags[:len(queue.lags), number] = queue.lags
 
     def exposed_s(self, queue: Ints, window_s: Floats, gamma: float) -> Floats:
         """stack_effects.queue_exposed_s of queue[i] over window_s[i]."""
-        count, total, peaks, lags = self.count[queue], self.total_s[queue], self.peaks_s[queue], self.lags[queue]
+        count, total = self.count[queue], self.total_s[queue]
+        peaks, lags = np.take(self.peaks_s, queue, axis=1), np.take(self.lags, queue, axis=1)
         with np.errstate(divide="ignore", invalid="ignore"):  # an empty queue: 0, below
-            tail = queue_tail_s(total, list(peaks.T), list(lags.T), window_s / count, gamma, np.maximum)
+            tail = queue_tail_s(total, list(peaks), list(lags), window_s / count, gamma, np.maximum)
         return np.where((count == 0) | (total <= 0.0), 0.0, tail)
 
 

@@ -31,8 +31,8 @@ every plan gets the figures AnalyticalEstimator.price gives it: tests/unit/searc
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import chain
-from operator import is_, itemgetter
+from itertools import chain, repeat
+from operator import attrgetter, eq, is_, itemgetter
 
 import numpy as np
 from numpy.typing import NDArray
@@ -69,6 +69,7 @@ _KEY_FIELDS = itemgetter("tp", "cp", "ep", "dp", "pp", "vpp", "sp", "precision",
                          "stage_layers", "first_stage_layers", "last_stage_layers", "embedding_in_split",
                          "loss_in_split")
 _SPLIT_AT = 10
+_CLUSTER_STACK = attrgetter("cluster", "stack")
 _SLOW_GROUP = (-1, 1, 1, 1, 0, 0, 0, 1, 1)  # a group the plain engine prices (_Batch._group's combo -1)
 COMM_SLOTS = 4  # feature-communication axes of a stage (tp, cp, ep) and its pipeline sends
 
@@ -305,7 +306,8 @@ class _Batch:
         cluster, stack = self.job0.cluster, self.job0.stack
         if ranks_differ(self.job0):  # stragglers, other devices (cost.rank_classes): the plain engine prices
             return None, list(range(len(plans)))  # their device classes plan by plan
-        if all(job.cluster is cluster and job.stack is stack for job, _ in plans):
+        # NB: (a, b) == (c, d) is a is c or a == c, ...: equal clusters and stacks count as the same (below)
+        if all(map(eq, map(_CLUSTER_STACK, map(itemgetter(0), plans)), repeat((cluster, stack)))):
             candidates: Sequence[int] = range(len(plans))
             slow: list[int] = []
         else:
@@ -761,7 +763,7 @@ class _Fast:
         self.batch = batch
         self.index = index
         (self.combo, self.pp, self.vpp, self.shards_dp, self.schedule, self.optimizer, self.precision, self.tp,
-         self.zero, self.m, self.recompute, self.tokens) = (columns[:, k] for k in range(columns.shape[1]))
+         self.zero, self.m, self.recompute, self.tokens) = columns.T.copy()  # NB: each column contiguous
         policies = [policy_for(name) for name in batch.precisions]
         self.weight_bytes = np.array([policy.weight_bytes for policy in policies], dtype=np.float64)[self.precision]
         self.grad_bytes = np.array([policy.grad_bytes for policy in policies], dtype=np.float64)[self.precision]
@@ -812,7 +814,7 @@ class _Fast:
         # --- the optimizer step and the host overheads ---
         # the stage with the most parameters (Pricer.optimizer_step_s; stage_params: the contents' params)
         max_params = np.where(combos.valid_rows, table.params[rows], -np.inf).max(axis=1)
-        optimizer = self._optimizer_s(max_params.tolist())
+        optimizer = self._optimizer_s(max_params)
         iteration_overhead = pricer.iteration_overhead_s(job0)
 
         # --- the breakdown, summed in AnalyticalEstimator.price's order (estimate.result.iteration_time_s) ---
@@ -859,17 +861,21 @@ class _Fast:
             gamma = self.batch.pricer.cal.runtime.overlap_slowdown
             zero = self.zero[plan] > 0
 
-            def exposed(scale: Floats, at: Ints | slice) -> Floats:  # of the entries `at`, element by element
-                reduce = queues.reduce.exposed_s(queue[at], backward[at] * scale, gamma) \
+            def exposed(scale: Floats, at: Ints) -> Floats:  # of the entries `at`, element by element
+                seconds = queues.reduce.exposed_s(queue[at], backward[at] * scale, gamma) \
                     if queues.reduce_overlaps else queues.reduce.total_s[queue[at]]
-                gather = queues.gather.exposed_s(queue[at], forward[at] * scale, gamma) \
-                    if queues.gather_overlaps else queues.gather.total_s[queue[at]]
-                return np.where(zero[at], reduce + gather, reduce)
+                gathers = np.flatnonzero(zero[at])  # ZeRO >= 1 adds the parameters' gathers
+                if gathers.size:
+                    ours = at[gathers]
+                    gather = queues.gather.exposed_s(queue[ours], forward[ours] * scale[gathers], gamma) \
+                        if queues.gather_overlaps else queues.gather.total_s[queue[ours]]
+                    seconds[gathers] = seconds[gathers] + gather
+                return seconds
 
             # Pricer._gradient_sync_s: the interleaved schedule's windows (stack_effects.window_micro_batches);
             # the one-chunk window only where the schedule is interleaved
             interleaved = self.schedule[plan] == SCHEDULE_CODES["interleaved-1f1b"]
-            scaled = exposed(np.where(interleaved, self.pp[plan], 1.0), slice(None))
+            scaled = exposed(np.where(interleaved, self.pp[plan], 1.0), np.arange(len(plan)))
             where = np.flatnonzero(interleaved)
             if where.size:
                 vpp = self.vpp[plan[where]].astype(np.float64)
@@ -891,27 +897,24 @@ class _Fast:
             shared.queues.append(self.batch.pricer.gradient_queues(stage, job))
         return number
 
-    def _optimizer_s(self, max_params: list[float]) -> Floats:
+    def _optimizer_s(self, max_params: Floats) -> Floats:
         """Pricer.optimizer_step_s per plan: per combo (one precision, one dp; max_params: its stage with the most
         parameters) unsharded and sharded (ZeRO >= 1), one step-cost call per distinct (parameters, shards,
         precision)."""
         batch = self.batch
         pricer, device = batch.pricer, batch.job0.cluster.device
-        step_of: dict[tuple[float, int, str], float] = {}
-        by_combo = np.zeros((len(max_params), 2))
         used, first_plan = np.unique(self.combo, return_index=True)
-        first = zip(used.tolist(), self.shards_dp[first_plan].tolist(), self.precision[first_plan].tolist(),
-                    strict=True)
-        for number, shard, code in first:
-            params, precision = max_params[number], batch.precisions[code]
-            for column, shards_used in enumerate((1, shard)):
-                key = (params, shards_used, precision)
-                seconds = step_of.get(key)
-                if seconds is None:
-                    seconds = step_of[key] = pricer.step_costs.optimizer_step_s(params / shards_used, precision,
-                                                                                device)
-                by_combo[number, column] = seconds
-        return by_combo[self.combo, (self.zero >= 1).astype(np.int64)]
+        params = max_params[used]
+        # per used combo and column (unsharded, sharded): its (parameters, shards, precision), each distinct once
+        keys = np.stack([np.concatenate([params, params]),
+                         np.concatenate([np.ones(len(used)), self.shards_dp[first_plan].astype(np.float64)]),
+                         np.concatenate([self.precision[first_plan]] * 2).astype(np.float64)], axis=1)
+        distinct, inverse = np.unique(keys, axis=0, return_inverse=True)
+        steps = np.array([pricer.step_costs.optimizer_step_s(value / int(shards), batch.precisions[int(code)], device)
+                          for value, shards, code in distinct.tolist()], dtype=np.float64)
+        by_combo = np.zeros((len(max_params), 2))
+        by_combo[np.concatenate([used, used]), np.repeat([0, 1], len(used))] = steps[inverse.reshape(-1)]
+        return by_combo.ravel()[self.combo * 2 + (self.zero >= 1)]
 
     def _peak_memory(self, table: "_RowTable", combos: "_ComboTable", plans: Ints) -> tuple[Floats, float]:
         """Pricer.memory of every plan: each stage's memory at its peak (cost.memory.stage_memory_base,
@@ -919,8 +922,8 @@ class _Fast:
         can be the largest: every schedule holds as many micro-batches or more on an earlier stage, and a
         stage's memory does not fall with the micro-batches it holds."""
         device = self.batch.job0.cluster.device
-        rows = combos.safe_rows[self.combo]  # n x R
-        valid = combos.valid_rows[self.combo]
+        rows = np.take(combos.safe_rows, self.combo, axis=0)  # n x R (np.take: numpy's row gather is slower)
+        valid = np.take(combos.valid_rows, self.combo, axis=0)
         weight_bytes = self.weight_bytes[:, None]
         grad_bytes = self.grad_bytes[:, None]
         state_bytes = self.state_bytes[:, None]
@@ -931,16 +934,18 @@ class _Fast:
         weights = params * weight_bytes / np.where(zero >= 3, shards, 1)
         gradients = params * grad_bytes / np.where(zero >= 2, shards, 1)
         optimizer = params * state_bytes / opt_shards
-        per_micro_batch = table.saved[rows, self.recompute[:, None]]
-        working = table.recompute_working[rows, self.recompute[:, None]]
-        working = np.where(zero >= 3, working + 2 * table.max_layer_params[rows] * weight_bytes, working)
+        at = rows * 3 + self.recompute[:, None]  # the plan's recompute mode of its rows (flat index)
+        per_micro_batch = table.saved.ravel()[at]
+        working = table.recompute_working.ravel()[at]
+        max_layer_params = table.max_layer_params[rows]
+        working = np.where(zero >= 3, working + 2 * max_layer_params * weight_bytes, working)
         working = working + table.head_saved[rows]  # 0 where the stage has no head: x + 0.0 is x
         impl = self.optimizer[:, None]
         step = np.where(impl == OPTIMIZER_CODES["foreach"], 4.0 * params / opt_shards,
-                        np.where(impl == OPTIMIZER_CODES["loop"], 4.0 * table.max_layer_params[rows] / opt_shards,
+                        np.where(impl == OPTIMIZER_CODES["loop"], 4.0 * max_layer_params / opt_shards,
                                  0.0))
         # micro-batches each stage holds at its peak (strategy.stages.in_flight_micro_batches)
-        stage = combos.heads[self.combo]
+        stage = np.take(combos.heads, self.combo, axis=0)
         pp, vpp, m = self.pp[:, None], self.vpp[:, None], self.m[:, None]
         schedule = self.schedule[:, None]
         interleaved = np.minimum(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, m * vpp) / vpp

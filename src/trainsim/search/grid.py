@@ -31,8 +31,8 @@ every plan gets the figures AnalyticalEstimator.price gives it: tests/unit/searc
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import chain, repeat
-from operator import attrgetter, eq, is_, itemgetter
+from itertools import chain
+from operator import is_, itemgetter
 
 import numpy as np
 from numpy.typing import NDArray
@@ -69,7 +69,6 @@ _KEY_FIELDS = itemgetter("tp", "cp", "ep", "dp", "pp", "vpp", "sp", "precision",
                          "stage_layers", "first_stage_layers", "last_stage_layers", "embedding_in_split",
                          "loss_in_split")
 _SPLIT_AT = 10
-_CLUSTER_STACK = attrgetter("cluster", "stack")
 _SLOW_GROUP = (-1, 1, 1, 1, 0, 0, 0, 1, 1)  # a group the plain engine prices (_Batch._group's combo -1)
 COMM_SLOTS = 4  # feature-communication axes of a stage (tp, cp, ep) and its pipeline sends
 
@@ -306,8 +305,7 @@ class _Batch:
         cluster, stack = self.job0.cluster, self.job0.stack
         if ranks_differ(self.job0):  # stragglers, other devices (cost.rank_classes): the plain engine prices
             return None, list(range(len(plans)))  # their device classes plan by plan
-        # NB: (a, b) == (c, d) is a is c or a == c, ...: equal clusters and stacks count as the same (below)
-        if all(map(eq, map(_CLUSTER_STACK, map(itemgetter(0), plans)), repeat((cluster, stack)))):
+        if all(job.cluster is cluster and job.stack is stack for job, _ in plans):
             candidates: Sequence[int] = range(len(plans))
             slow: list[int] = []
         else:
@@ -904,16 +902,23 @@ class _Fast:
         batch = self.batch
         pricer, device = batch.pricer, batch.job0.cluster.device
         used, first_plan = np.unique(self.combo, return_index=True)
-        params = max_params[used]
         # per used combo and column (unsharded, sharded): its (parameters, shards, precision), each distinct once
-        keys = np.stack([np.concatenate([params, params]),
-                         np.concatenate([np.ones(len(used)), self.shards_dp[first_plan].astype(np.float64)]),
-                         np.concatenate([self.precision[first_plan]] * 2).astype(np.float64)], axis=1)
-        distinct, inverse = np.unique(keys, axis=0, return_inverse=True)
-        steps = np.array([pricer.step_costs.optimizer_step_s(value / int(shards), batch.precisions[int(code)], device)
-                          for value, shards, code in distinct.tolist()], dtype=np.float64)
+        # (the parameters numbered by np.unique: equal floats, one number)
+        _, params_number = np.unique(max_params[used], return_inverse=True)
+        columns = np.stack([np.concatenate([params_number, params_number]),
+                            np.concatenate([np.ones(len(used), dtype=np.int64), self.shards_dp[first_plan]]),
+                            np.concatenate([self.precision[first_plan]] * 2)], axis=1)
+        _, first, inverse = np.unique(_row_codes(columns), return_index=True, return_inverse=True)
+        entries = np.concatenate([used, used])[first].tolist()
+        shards = columns[first, 1].tolist()
+        codes = columns[first, 2].tolist()
+        params = max_params.tolist()
+        steps = np.array([pricer.step_costs.optimizer_step_s(params[number] / shards_used,
+                                                             batch.precisions[code], device)
+                          for number, shards_used, code in zip(entries, shards, codes, strict=True)],
+                         dtype=np.float64)
         by_combo = np.zeros((len(max_params), 2))
-        by_combo[np.concatenate([used, used]), np.repeat([0, 1], len(used))] = steps[inverse.reshape(-1)]
+        by_combo[np.concatenate([used, used]), np.repeat([0, 1], len(used))] = steps[inverse]
         return by_combo.ravel()[self.combo * 2 + (self.zero >= 1)]
 
     def _peak_memory(self, table: "_RowTable", combos: "_ComboTable", plans: Ints) -> tuple[Floats, float]:

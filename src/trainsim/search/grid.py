@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import is_, itemgetter
+from typing import TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -71,18 +72,6 @@ _KEY_FIELDS = itemgetter("tp", "cp", "ep", "dp", "pp", "vpp", "sp", "precision",
 _SPLIT_AT = 10
 _SLOW_GROUP = (-1, 1, 1, 1, 0, 0, 0, 1, 1)  # a group the plain engine prices (_Batch._group's combo -1)
 COMM_SLOTS = 4  # feature-communication axes of a stage (tp, cp, ep) and its pipeline sends
-
-
-@dataclass(frozen=True, slots=True)
-class _Content:
-    """One stage of a partition under one layer context but dp (its figures: _Shared.content_columns): what the
-    gradient reduction, the ZeRO-3 bucket tail and the pipeline sends read of it."""
-
-    stage: list[StagePart]  # the stage itself, for the Pricer's gradient reduction
-    param_layers: int  # the number of its layers' (parameters, count): what its gradient buckets read
-    compute_s: float  # forward + backward
-    backward_s: float
-    params: float  # Pricer.stage_params
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,13 +200,22 @@ class _Shared:
     row_content: list[int] = field(default_factory=list)
     row_sends_s: list[float] = field(default_factory=list)
     row_fsdp_s: list[float] = field(default_factory=list)  # ZeRO-3's exposure (with the bucketed tail)
-    # (content, dp) -> its ZeRO-3 exposure and pipeline hop (Pricer.pipeline_hop_s of its largest output; 0 for
-    # pp = 1)
-    by_dp: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
+    # a content: one distinct stage of a shape under one layer context but dp; a shape's contents under one
+    # context are numbered in a row, from the first (block_of: (id of a kept shape, layer context) -> its first)
+    block_of: dict[tuple[object, ...], int] = field(default_factory=dict)
+    content_stages: list[list[StagePart]] = field(default_factory=list)  # the stage, for the gradient queues
+    content_compute_s: list[float] = field(default_factory=list)  # forward + backward (_Batch._contents)
+    content_backward_s: list[float] = field(default_factory=list)
+    content_params: list[float] = field(default_factory=list)  # Pricer.stage_params
+    # a (content, dp): its ZeRO-3 exposure and pipeline hop (Pricer.pipeline_hop_s of its largest output; 0 for
+    # pp = 1), a block's contents' in a row from the first (by_dp_of: (first content, dp) -> its first)
+    by_dp_of: dict[tuple[int, int], int] = field(default_factory=dict)
+    by_dp_fsdp_s: list[float] = field(default_factory=list)
+    by_dp_hop_s: list[float] = field(default_factory=list)
+    by_dp_count: int = 0  # numbered, including those a batch has yet to price
     # (parameters, precision, dp x cp, tp) -> the all-gather of a layer's weights and the reduce-scatter of its
     # gradients over the gradient group (Pricer.fsdp_exposed_s's collectives; _Batch._fsdp_collectives)
     fsdp_collectives: dict[tuple[object, ...], tuple[float, float]] = field(default_factory=dict)
-    content_terms: list[tuple[int, ...]] = field(default_factory=list)  # per content its parts' layer terms
     # per graph and layer context its layers' terms (_Batch._graph_terms); per graph, precision and gradient
     # group its layers' ZeRO-3 collectives (_Batch._graph_collectives)
     graph_terms: dict[tuple[object, ...], "list[_LayerTerms]"] = field(default_factory=dict)
@@ -225,9 +223,13 @@ class _Shared:
     hops: dict[tuple[object, ...], float] = field(default_factory=dict)  # _Batch._hop_s
     # (id of a graph, (position of a layer, count)) -> its StagePart, for the shapes
     parts: dict[tuple[int, tuple[int, float]], StagePart] = field(default_factory=dict)
-    # (id of a kept shape, layer context, dp) -> its distinct stages' (content, dp) (_Batch._new_combo)
-    shape_rows: dict[tuple[object, ...], list[tuple[int, int]]] = field(default_factory=dict)
-    contents: list[_Content | None] = field(default_factory=list)  # None until _Batch._finish
+    # (id of a kept shape, layer context, dp) -> its first content and first (content, dp) (_Batch._new_combo)
+    shape_rows: dict[tuple[object, ...], tuple[int, int]] = field(default_factory=dict)
+    # (id of a template, the axes of a graph's layers' feature collectives) -> per distinct stage its feature
+    # slots (_Batch._contents); (id of a template, a graph's layers' parameters) -> per distinct stage its number
+    # of param_layers
+    slots_of: dict[tuple[object, ...], list[list[int]]] = field(default_factory=dict)
+    layers_of: dict[tuple[object, ...], list[int]] = field(default_factory=dict)
     # the contents' figures (_Batch._contents), per name an array over a batch's new contents
     content_blocks: list[dict[str, Floats]] = field(default_factory=list)
     # (id of a graph, pp) -> its even partition's distinct stages, the stage map and the largest parameters
@@ -238,7 +240,6 @@ class _Shared:
     signature_numbers: dict[tuple[object, ...], int] = field(default_factory=dict)
     templates: dict[tuple[object, ...], "_Template | None"] = field(default_factory=dict)
     even: dict[tuple[object, ...], bool] = field(default_factory=dict)
-    content_of: dict[tuple[object, ...], int] = field(default_factory=dict)
     # a combo: a partition under one layer context: the index of its first stage row and the number of its
     # partition's template (of `layouts`: how its stages map to its distinct rows)
     combo_rows: list[int] = field(default_factory=list)
@@ -290,11 +291,14 @@ class _Batch:
         self.precisions = shared.precisions
         # NB: FittedStepCosts' host overhead per micro-batch reads none of its arguments: one price per stage
         self.fitted_overhead = isinstance(self.pricer.step_costs, FittedStepCosts)
-        # what _stage_row prices of new rows, for _finish to sum: (content, stage, job, its parts' layer terms);
-        # (content, dp) -> (stage, job, its parts' ZeRO-3 collectives, pipeline hop); per new row ((content, dp), job)
-        self.new_contents: list[tuple[int, list[StagePart], Job, list[_LayerTerms]]] = []
-        self.new_by_dp: dict[tuple[int, int], tuple[list[StagePart], Job, list[tuple[float, float]], float]] = {}
-        self.new_rows: list[tuple[tuple[int, int], Job]] = []
+        # what _shape_rows registers, for _finish to sum: per new block (first content, shape, graph, job, the
+        # graph's layer terms); per new block and dp (first (content, dp), first content, shape, job, the graph's
+        # layers' ZeRO-3 collectives and layer terms, the distinct stages' pipeline hops); per new combo (first
+        # content, first (content, dp), distinct stages, pp, vpp)
+        self.new_blocks: list[tuple[int, _Shape, OpGraph, Job, list[_LayerTerms]]] = []
+        self.new_by_dp: list[tuple[int, int, _Shape, Job, list[tuple[float, float]], list[_LayerTerms],
+                                   list[float]]] = []
+        self.new_rows: list[tuple[int, int, int, int, int]] = []
 
     def split(self) -> tuple["_Fast | None", list[int]]:
         """The fast plans' settings as arrays, and the indices of the plans left to the plain engine. The plans
@@ -328,7 +332,7 @@ class _Batch:
             job, graph = plans[at]
             group_of[key] = len(groups)
             groups.append(_SLOW_GROUP if any(key[1][_SPLIT_AT:]) else self._group(job, graph, key[1]))
-        if self.new_rows:
+        if self.new_rows or self.new_blocks or self.new_by_dp:
             self._finish()
         columns = _rows([groups[group_of[key]] for key in keys], len(_SLOW_GROUP), np.int64)[numbers]
         fast = columns[:, 0] >= 0
@@ -442,13 +446,12 @@ class _Batch:
         rows = shared.shape_rows.get(rows_key)
         if rows is None:  # NB: the vpp of one partition share its rows' contents, ZeRO-3 exposure and hops
             terms, collectives = self._graph_terms(graph, job, context), self._graph_collectives(graph, job)
-            rows = shared.shape_rows[rows_key] = [
-                self._stage_row(stage, job, context, [terms[position] for position, _ in parts],
-                                [collectives[position] for position, _ in parts])
-                for stage, parts in zip(shape.stages, shape.template.stages, strict=True)]
+            rows = shared.shape_rows[rows_key] = self._shape_rows(shape, graph, job, context, terms, collectives)
+        first_content, first_by_dp = rows
+        distinct = len(shape.stages)
         shared.combo_rows.append(len(shared.row_content))
-        shared.row_content += [content for content, _ in rows]
-        self.new_rows += [(dp_key, job) for dp_key in rows]
+        shared.row_content += range(first_content, first_content + distinct)
+        self.new_rows.append((first_content, first_by_dp, distinct, par.pp, par.vpp))
         layout = shared.layout_of.get(id(shape.template))
         if layout is None:  # NB: the template is kept (_Shared.templates)
             layout = shared.layout_of[id(shape.template)] = len(shared.layouts)
@@ -491,26 +494,29 @@ class _Batch:
                                              for stage in template.stages], template)
         return shape
 
-    def _stage_row(self, stage: list[StagePart], job: Job, context: tuple[object, ...], terms: "list[_LayerTerms]",
-                   collectives: list[tuple[float, float]]) -> tuple[int, int]:
-        """A stage row's (content, dp): the stage's content (shared by every dp and vpp of the partition), its
-        ZeRO-3 exposure and pipeline hop (once per content and dp: the gradient and pipeline groups' strides read
-        dp), made where new; each vpp's row adds its pipeline sends (_finish). What may refuse the plans (the
-        layers' and collectives' prices) is priced before (_graph_terms, _graph_collectives) or here; the sums
-        are made for all new rows at once (_finish). context: tp, cp, ep, sp and precision; terms and
-        collectives: of the stage's parts' layers."""
-        shared, dp = self.shared, job.parallel.dp
-        key = (id(stage), context)  # stage: of a kept shape (_Shared.shapes)
-        content = shared.content_of.get(key)
-        if content is None:
-            content = shared.content_of[key] = len(shared.contents)
-            shared.contents.append(None)
-            shared.content_terms.append(tuple([term.number for term in terms]))
-            self.new_contents.append((content, stage, job, terms))
-        dp_key = (content, dp)
-        if dp_key not in shared.by_dp and dp_key not in self.new_by_dp:
-            self.new_by_dp[dp_key] = (stage, job, collectives, self._hop_s(stage, job))
-        return dp_key
+    def _shape_rows(self, shape: _Shape, graph: OpGraph, job: Job, context: tuple[object, ...],
+                    terms: "list[_LayerTerms]", collectives: list[tuple[float, float]]) -> tuple[int, int]:
+        """The shape's first content under the context (its distinct stages' contents, shared by every dp and
+        vpp of the partition) and first (content, dp) (their ZeRO-3 exposures and pipeline hops: the gradient and
+        pipeline groups' strides read dp), registered where new; each vpp's row adds its pipeline sends
+        (_finish). What may refuse the plans (the layers' and collectives' prices, the hops) is priced before
+        (_graph_terms, _graph_collectives) or here; the sums are made for all new rows at once (_finish).
+        context: tp, cp, ep, sp and precision; terms and collectives: of the graph's layers."""
+        shared = self.shared
+        key = (id(shape), context)  # shape: kept (_Shared.shapes)
+        first = shared.block_of.get(key)
+        if first is None:
+            first = shared.block_of[key] = len(shared.content_stages)
+            shared.content_stages += shape.stages
+            self.new_blocks.append((first, shape, graph, job, terms))
+        dp_key = (first, job.parallel.dp)
+        start = shared.by_dp_of.get(dp_key)
+        if start is None:
+            hops = [self._hop_s(stage, job) for stage in shape.stages]
+            start = shared.by_dp_of[dp_key] = shared.by_dp_count
+            shared.by_dp_count += len(shape.stages)
+            self.new_by_dp.append((start, first, shape, job, collectives, terms, hops))
+        return first, start
 
     def _hop_s(self, stage: list[StagePart], job: Job) -> float:
         """Pricer.pipeline_hop_s of the stage's largest output (0 for pp = 1), once per what it reads: the bytes,
@@ -567,73 +573,79 @@ class _Batch:
         pricer, shared = self.pricer, self.shared
         term_rows = shared.term_rows  # NB: complete here (_graph_terms); one table for both
         term_table = _rows(term_rows, len(term_rows[0]), np.float64) if term_rows else np.zeros((0, _FSDP_AT + 2))
-        if self.new_contents:
+        if self.new_blocks:
             self._contents(term_table)
         if self.new_by_dp:
             self._by_dp(term_table)
-        by_dp, contents = shared.by_dp, shared.contents
-        fsdp_hop = _rows([by_dp[dp_key] for dp_key, _ in self.new_rows], 2, np.float64)
-        compute = np.array([contents[dp_key[0]].compute_s for dp_key, _ in self.new_rows],  # type: ignore[union-attr]
-                           dtype=np.float64)
-        pp = np.array([job.parallel.pp for _, job in self.new_rows], dtype=np.int64)
-        vpp = np.array([job.parallel.vpp for _, job in self.new_rows], dtype=np.float64)
-        hop = fsdp_hop[:, 1]
-        if pricer.overlaps("pp_comm_overlap", self.job0):
-            gamma, window = pricer.overlap_slowdown(self.job0), compute / (2.0 * vpp)
-            hop = np.where(vpp > 1, np.maximum(0.0, hop - window) + gamma * np.minimum(hop, window), hop)
-        sends = np.where(pp > 1, 2.0 * vpp * hop + pricer.cal.runtime.pipeline_overhead_per_micro_batch_s, 0.0)
-        shared.row_fsdp_s.extend(fsdp_hop[:, 0].tolist())
-        shared.row_sends_s.extend(sends.tolist())
-        self.new_contents, self.new_by_dp, self.new_rows = [], {}, []
+        if self.new_rows:
+            first_content, first_by_dp, distinct, pp, vpp = (np.array(column, dtype=np.int64)
+                                                              for column in zip(*self.new_rows, strict=True))
+            offset = _offsets(distinct)  # per new row its distinct stage
+            by_dp = np.repeat(first_by_dp, distinct) + offset
+            fsdp = np.array(shared.by_dp_fsdp_s, dtype=np.float64)[by_dp]
+            hop = np.array(shared.by_dp_hop_s, dtype=np.float64)[by_dp]
+            compute = np.array(shared.content_compute_s, dtype=np.float64)[np.repeat(first_content, distinct) + offset]
+            pp = np.repeat(pp, distinct)
+            vpp = np.repeat(vpp, distinct).astype(np.float64)
+            if pricer.overlaps("pp_comm_overlap", self.job0):
+                gamma, window = pricer.overlap_slowdown(self.job0), compute / (2.0 * vpp)
+                hop = np.where(vpp > 1, np.maximum(0.0, hop - window) + gamma * np.minimum(hop, window), hop)
+            sends = np.where(pp > 1, 2.0 * vpp * hop + pricer.cal.runtime.pipeline_overhead_per_micro_batch_s, 0.0)
+            shared.row_fsdp_s.extend(fsdp.tolist())
+            shared.row_sends_s.extend(sends.tolist())
+        self.new_blocks, self.new_by_dp, self.new_rows = [], [], []
 
     def _by_dp(self, term_table: Floats) -> None:
         """The new (content, dp)'s ZeRO-3 exposure over arrays: Pricer.zero3_exposed_s, i.e. the sum over the
-        stage's parts of count x fsdp_exposed_s of its layer (from 0.0, in the stage's order; a stage of fewer
-        parts padded with count 0 and exposure 0), with fsdp_bucket_tail_s where the stack buckets ZeRO-3's
-        gradients. The formulas are Pricer.fsdp_exposed_s's and stack_effects.overlapped_s / bucketed_s's
-        (max and min as np.maximum and np.minimum, the same operations in the same order);
-        tests/unit/search/test_grid.py holds them equal to the plain engine's for stacks with and without
-        prefetch and buckets."""
+        stage's parts of count x fsdp_exposed_s of its layer (from 0.0, in the stage's order), with
+        fsdp_bucket_tail_s where the stack buckets ZeRO-3's gradients; per template (its stages' parts are fixed
+        positions of the graphs' layers), over the new blocks and dp of that template. The formulas are
+        Pricer.fsdp_exposed_s's and stack_effects.overlapped_s / bucketed_s's (max and min as np.maximum and
+        np.minimum, the same operations in the same order); tests/unit/search/test_grid.py holds them equal to
+        the plain engine's for stacks with and without prefetch and buckets."""
         pricer, shared, job0 = self.pricer, self.shared, self.job0
-        new = list(self.new_by_dp.items())
-        width = max(len(stage) for _, (stage, _, _, _) in new)
-        pad = [0] * width
-        terms = _rows([(list(shared.content_terms[content]) + pad)[:width] for (content, _), _ in new], width,
-                      np.int64)
-        counts = _rows([([part.count for part in stage] + pad)[:width] for _, (stage, _, _, _) in new], width,
-                       np.float64)
-        pad_pairs = [0.0, 0.0] * width
-        pairs = _rows([(list(chain.from_iterable(pairs)) + pad_pairs)[:2 * width] for _, (_, _, pairs, _) in new],
-                      2 * width, np.float64).reshape(len(new), width, 2)  # contents x parts x (gather, scatter)
-        gather, scatter = pairs[..., 0], pairs[..., 1]
-        if job0.stack.fsdp_prefetch_depth == 0 or not job0.cluster.device.comm_overlaps_compute:
-            exposed = 2.0 * gather + scatter
-        else:
-            gamma = pricer.overlap_slowdown(job0)
-            if pricer.fsdp_bucketed(job0):  # the gradients go in buckets (the tail below)
-                scatter = np.zeros_like(scatter)
-            table = term_table[terms]
-            forward_window, backward_window = table[..., _FSDP_AT], table[..., _FSDP_AT + 1]
-            both = gather + scatter
-            exposed = (np.maximum(0.0, gather - forward_window) + gamma * np.minimum(gather, forward_window)) + \
-                (np.maximum(0.0, both - backward_window) + gamma * np.minimum(both, backward_window))
-        exposed = np.where(counts > 0.0, exposed, 0.0)
-        fsdp = np.zeros(len(new))
-        for column in range(width):
-            fsdp = fsdp + counts[:, column] * exposed[:, column]
-        if pricer.fsdp_bucketed(job0):
-            fsdp = fsdp + self._bucket_tails([content for (content, _), _ in new], [job for _, (_, job, _, _) in new])
-        for (dp_key, (_, _, _, hop)), seconds in zip(new, fsdp.tolist(), strict=True):
-            shared.by_dp[dp_key] = (seconds, hop)
-        self.new_by_dp = {}
+        new = self.new_by_dp
+        base = new[0][0]
+        fsdp = np.zeros(shared.by_dp_count - base)
+        exposes = job0.stack.fsdp_prefetch_depth != 0 and job0.cluster.device.comm_overlaps_compute
+        gamma, bucketed = pricer.overlap_slowdown(job0), pricer.fsdp_bucketed(job0)
+        for entries in _by_template(new, 2):
+            template = entries[0][2].template
+            layers = len(entries[0][4])
+            starts = np.array([entry[0] for entry in entries], dtype=np.int64) - base
+            pairs = _rows([list(chain.from_iterable(entry[4])) for entry in entries], 2 * layers,
+                          np.float64).reshape(len(entries), layers, 2)  # entries x layers x (gather, scatter)
+            numbers = _rows([[term.number for term in entry[5]] for entry in entries], layers, np.int64)
+            for stage, parts in enumerate(template.stages):
+                seconds = np.zeros(len(entries))
+                for position, count in parts:
+                    gather, scatter = pairs[:, position, 0], pairs[:, position, 1]
+                    if not exposes:
+                        exposed = 2.0 * gather + scatter
+                    else:
+                        if bucketed:  # the gradients go in buckets (the tail below)
+                            scatter = np.zeros_like(scatter)
+                        table = term_table[numbers[:, position]]
+                        forward_window, backward_window = table[:, _FSDP_AT], table[:, _FSDP_AT + 1]
+                        both = gather + scatter
+                        exposed = (np.maximum(0.0, gather - forward_window)
+                                   + gamma * np.minimum(gather, forward_window)) + \
+                            (np.maximum(0.0, both - backward_window) + gamma * np.minimum(both, backward_window))
+                    seconds = seconds + (count * exposed if count > 0.0 else 0.0)
+                fsdp[starts + stage] = seconds
+        if bucketed:
+            contents = [first + stage for _, first, shape, _, _, _, _ in new for stage in range(len(shape.stages))]
+            jobs = [job for _, _, shape, job, _, _, _ in new for _ in shape.stages]
+            fsdp = fsdp + self._bucket_tails(contents, jobs)
+        shared.by_dp_fsdp_s.extend(fsdp.tolist())
+        shared.by_dp_hop_s.extend(chain.from_iterable(hops for *_, hops in new))
 
     def _bucket_tails(self, numbers: list[int], jobs: list[Job]) -> Floats:
         """Pricer.fsdp_bucket_tail_s of each content (with its job's dp) over arrays: the stage's gradients'
         reduce-scatter in buckets of fsdp_bucket_params over its backward (stack_effects.bucketed_s)."""
-        pricer, contents = self.pricer, self.shared.contents
-        params = np.array([contents[number].params for number in numbers], dtype=np.float64)  # type: ignore[union-attr]
-        backward = np.array([contents[number].backward_s for number in numbers],  # type: ignore[union-attr]
-                            dtype=np.float64)
+        pricer, shared = self.pricer, self.shared
+        params = np.array(shared.content_params, dtype=np.float64)[numbers]
+        backward = np.array(shared.content_backward_s, dtype=np.float64)[numbers]
         total = np.array([pricer.axis_collective_s("reduce-scatter", value * pricer.policy(job.parallel.precision)
                                                    .grad_bytes, "grad", job)
                           for value, job in zip(params.tolist(), jobs, strict=True)], dtype=np.float64)
@@ -645,47 +657,45 @@ class _Batch:
         """The new contents: what a stage's price reads but its ZeRO-3 exposure and pipeline sends, the sums over
         its parts of Pricer._stage_work, _stage_recompute_s, stage_params and cost.memory's stage_kept_bytes,
         recompute_working_bytes and loss_working_bytes, from each layer's terms (_layer_terms: made once per
-        layer and layer context for every stage that holds the layer). As arrays over the contents, part by
-        part in the stage's order, each sum from 0.0 as the Pricer's: a stage of fewer parts is padded with
-        parts of count 0 and terms 0 (x + 0 * 0.0 is x), the feature collectives summed per axis and laid out
+        layer and layer context for every stage that holds the layer). As arrays per template (its stages' parts
+        are fixed positions of the graphs' layers) over the new blocks of that template, part by part in the
+        stage's order, each sum from 0.0 as the Pricer's; the feature collectives summed per axis and laid out
         in the order the stage's parts first name them (Pricer._stage_work's dict);
         tests/unit/search/test_grid.py holds the results equal to the plain engine's."""
         pricer, shared = self.pricer, self.shared
-        new = self.new_contents
-        n, width = len(new), max(len(stage) for _, stage, _, _ in new)
-        pad = [0] * width
-        index_rows: list[list[int]] = []  # per content, per part: its layer terms' number (0 for padding)
-        count_rows: list[list[float]] = []  # per part its count (0 for padding)
-        slot_rows: list[list[int]] = []  # per feature slot its axis in _AXES (len(_AXES) for padding: 0.0)
-        features: list[int] = []
-        layer_numbers: list[int] = []  # per content: its number of _Shared.param_layers
-        axes_of: dict[tuple[tuple[str, ...], ...], list[int]] = {}
-        for _, stage, _, terms in new:
-            index_rows.append(([term.number for term in terms] + pad)[:width])
-            count_rows.append(([part.count for part in stage] + pad)[:width])
-            named = tuple(term.axes for term in terms)
-            slots = axes_of.get(named)
-            if slots is None:  # the axes in the order the parts first name them
-                slots = axes_of[named] = [_AXES.index(axis)
-                                          for axis in dict.fromkeys(name for axes in named for name in axes)]
-            slot_rows.append(slots + [len(_AXES)] * (COMM_SLOTS - len(slots)))
-            features.append(len(slots))
-            param_layers = tuple([(part.layer.param_count, part.count) for part in stage])
-            layer_numbers.append(shared.param_layers.setdefault(param_layers, len(shared.param_layers)))
-        index = _rows(index_rows, width, np.int64)
-        counts = _rows(count_rows, width, np.float64)
-        real = np.arange(width)[None, :] < np.array([len(stage) for _, stage, _, _ in new])[:, None]
-        slots_array = _rows(slot_rows, COMM_SLOTS, np.int64)
-        table = term_table[index]  # contents x parts x term columns
+        new = self.new_blocks
+        base = new[0][0]
+        n = len(shared.content_stages) - base  # the batch's new contents, numbered in a row
         sums = np.zeros((n, _TERM_SUMS))
         most = np.full((n, 4), -np.inf)  # what it rebuilds per RECOMPUTE_CODES, its largest layer's parameters
         head = np.zeros(n)
-        for column in range(width):
-            sums = sums + counts[:, column, None] * table[:, column, :_TERM_SUMS]
-            most = np.maximum(most, np.where(real[:, column, None], table[:, column, _TERM_SUMS:_HEAD_AT], -np.inf))
-        for column in reversed(range(width)):  # the first head's (loss_working_bytes)
-            head = np.where(real[:, column] & (table[:, column, _HEAD_AT] > 0), table[:, column, _HEAD_AT + 1], head)
+        slot_rows: list[list[int]] = [[]] * n  # per content per feature slot its axis in _AXES (padding: 0.0)
+        layer_numbers: list[int] = [0] * n  # per content: its number of _Shared.param_layers
+        for entries in _by_template(new, 1):
+            template = entries[0][1].template
+            layers = len(entries[0][4])
+            firsts = np.array([entry[0] for entry in entries], dtype=np.int64) - base
+            numbers = _rows([[term.number for term in entry[4]] for entry in entries], layers, np.int64)
+            for first, _, graph, _, terms in entries:
+                slots = self._slots(template, tuple([term.axes for term in terms]))
+                slot_rows[first - base:first - base + len(slots)] = slots
+                numbered = self._param_layers(template, tuple([layer.param_count for layer in graph.layers]))
+                layer_numbers[first - base:first - base + len(numbered)] = numbered
+            for stage, parts in enumerate(template.stages):
+                stage_sums = np.zeros((len(entries), _TERM_SUMS))
+                stage_most = np.full((len(entries), 4), -np.inf)
+                stage_head = np.zeros(len(entries))
+                tables = [term_table[numbers[:, position]] for position, _ in parts]
+                for (_, count), table in zip(parts, tables, strict=True):
+                    stage_sums = stage_sums + count * table[:, :_TERM_SUMS]
+                    stage_most = np.maximum(stage_most, table[:, _TERM_SUMS:_HEAD_AT])
+                for table in reversed(tables):  # the first head's (loss_working_bytes)
+                    stage_head = np.where(table[:, _HEAD_AT] > 0, table[:, _HEAD_AT + 1], stage_head)
+                sums[firsts + stage], most[firsts + stage], head[firsts + stage] = stage_sums, stage_most, stage_head
         working = np.where(most[:, :3] == -np.inf, 0.0, most[:, :3])  # no block: 0 (cost.memory)
+        features = np.array([len(slots) for slots in slot_rows], dtype=np.float64)
+        slots_array = _rows([slots + [len(_AXES)] * (COMM_SLOTS - len(slots)) for slots in slot_rows], COMM_SLOTS,
+                            np.int64)
         feature = np.concatenate([sums[:, _FEATURE_AT:_FEATURE_AT + len(_AXES)], np.zeros((n, 1))], axis=1)
         feature = np.take_along_axis(feature, slots_array, axis=1)
         total = np.zeros(n)
@@ -693,19 +703,43 @@ class _Batch:
             total = total + feature[:, slot]
         forward, backward, feature_fwd = sums[:, 0], sums[:, 1], sums[:, 3]
         compute = forward + backward
-        for (number, stage, _, _), layers, compute_s, backward_s, params in zip(
-                new, layer_numbers, compute.tolist(), backward.tolist(), sums[:, _PARAMS_AT].tolist(), strict=True):
-            shared.contents[number] = _Content(stage, layers, compute_s, backward_s, params)
+        shared.content_compute_s.extend(compute.tolist())
+        shared.content_backward_s.extend(backward.tolist())
+        shared.content_params.extend(sums[:, _PARAMS_AT].tolist())
+        _, shape, _, job, _ = new[0]
         shared.content_blocks.append({
             "compute": compute, "forward": forward, "backward": backward, "wgrad": sums[:, 2],
             "feature_fwd": feature_fwd, "feature_bwd": total - feature_fwd, "feature": feature,
-            "features": np.array(features, dtype=np.float64), "feature_total": total,
+            "features": features, "feature_total": total,
             "recompute": np.stack([np.zeros(n), sums[:, 4], sums[:, 5]], axis=1),
-            "overhead": np.full(n, pricer.micro_batch_overhead_s(new[0][1], new[0][2])),  # see fitted_overhead
+            "overhead": np.full(n, pricer.micro_batch_overhead_s(shape.stages[0], job)),  # see fitted_overhead
             "params": sums[:, _PARAMS_AT], "saved": sums[:, _KEPT_AT:_KEPT_AT + 3], "working": working,
             "max_layer_params": most[:, 3], "head_saved": head,
             "param_layers": np.array(layer_numbers, dtype=np.float64)})
-        self.new_contents = []
+
+    def _slots(self, template: _Template, axes: tuple[tuple[str, ...], ...]) -> list[list[int]]:
+        """Per distinct stage of the template its feature slots: the axes of its parts' feature collectives (of
+        the graph's layers: `axes`) in the order the parts first name them, as positions in _AXES."""
+        key = (id(template), axes)  # template: kept (_Shared.templates)
+        slots = self.shared.slots_of.get(key)
+        if slots is None:
+            slots = self.shared.slots_of[key] = [
+                [_AXES.index(axis) for axis in dict.fromkeys(name for position, _ in parts for name in axes[position])]
+                for parts in template.stages]
+        return slots
+
+    def _param_layers(self, template: _Template, params: tuple[float, ...]) -> list[int]:
+        """Per distinct stage of the template the number of its layers' (parameters, count) in
+        _Shared.param_layers (what its gradient buckets read); params: the graph's layers'."""
+        key = (id(template), params)  # template: kept (_Shared.templates)
+        numbers = self.shared.layers_of.get(key)
+        if numbers is None:
+            param_layers = self.shared.param_layers
+            numbers = self.shared.layers_of[key] = [
+                param_layers.setdefault(layers, len(param_layers))
+                for layers in (tuple([(params[position], count) for position, count in parts])
+                               for parts in template.stages)]
+        return numbers
 
     def _layer_terms(self, layer: Layer, job: Job, context: tuple[object, ...]) -> "_LayerTerms":
         """A layer's part of its stages' prices under the job's layer context but dp (what _contents sums): its
@@ -888,9 +922,7 @@ class _Fast:
         number = shared.queue_of.get(key)
         if number is None:
             job = self.batch.plans[int(self.index[plan])][0]
-            content = shared.contents[shared.row_content[row]]
-            assert content is not None  # made by _Batch._finish
-            stage = content.stage
+            stage = shared.content_stages[shared.row_content[row]]
             number = shared.queue_of[key] = len(shared.queues)
             shared.queues.append(self.batch.pricer.gradient_queues(stage, job))
         return number
@@ -1078,3 +1110,20 @@ def _row_codes(columns: Ints) -> Ints:
     for column in columns.T:
         codes = codes * (int(column.max()) + 1) + column
     return codes
+
+
+def _offsets(lengths: Ints) -> Ints:
+    """0, 1, ..., length - 1 for each of `lengths`, one after another."""
+    ends = np.cumsum(lengths)
+    return np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(ends - lengths, lengths)
+
+
+_Entry = TypeVar("_Entry", bound=tuple)
+
+
+def _by_template(entries: "list[_Entry]", at: int) -> "list[list[_Entry]]":
+    """The entries grouped by the template of their shape (entry[at]), each group in the entries' order."""
+    groups: dict[int, list[_Entry]] = {}
+    for entry in entries:
+        groups.setdefault(id(entry[at].template), []).append(entry)
+    return list(groups.values())

@@ -216,13 +216,14 @@ class _Shared:
     # (parameters, precision, dp x cp, tp) -> the all-gather of a layer's weights and the reduce-scatter of its
     # gradients over the gradient group (Pricer.fsdp_exposed_s's collectives; _Batch._fsdp_collectives)
     fsdp_collectives: dict[tuple[object, ...], tuple[float, float]] = field(default_factory=dict)
-    # per graph and layer context its layers' terms (_Batch._graph_terms); per graph, precision and gradient
-    # group its layers' ZeRO-3 collectives (_Batch._graph_collectives)
+    # per graph and layer context its layers' terms (_Batch._graph_terms); per (layers' parameters, precision,
+    # gradient group) the layers' ZeRO-3 collectives (_Batch._graph_collectives)
     graph_terms: dict[tuple[object, ...], "list[_LayerTerms]"] = field(default_factory=dict)
     graph_collectives: dict[tuple[object, ...], list[tuple[float, float]]] = field(default_factory=dict)
     hops: dict[tuple[object, ...], float] = field(default_factory=dict)  # _Batch._hop_s
-    # (id of a graph, (position of a layer, count)) -> its StagePart, for the shapes
-    parts: dict[tuple[int, tuple[int, float]], StagePart] = field(default_factory=dict)
+    # id of a graph -> per (position of a layer, count) its StagePart, for the shapes; and its layers' parameters
+    parts: dict[int, dict[tuple[int, float], StagePart]] = field(default_factory=dict)
+    graph_params: dict[int, tuple[float, ...]] = field(default_factory=dict)
     # (id of a kept shape, layer context, dp) -> its first content and first (content, dp) (_Batch._new_combo)
     shape_rows: dict[tuple[object, ...], tuple[int, int]] = field(default_factory=dict)
     # (id of a template, the axes of a graph's layers' feature collectives) -> per distinct stage its feature
@@ -485,13 +486,14 @@ class _Batch:
         if template is None:
             shared.shapes[key] = None
             return None
-        parts = shared.parts
+        parts = shared.parts.get(id(graph))
+        if parts is None:
+            parts = shared.parts[id(graph)] = {}
         for stage in template.stages:  # NB: frozen; one object per (graph, layer, count), as partition_stages does
             for part in stage:
-                if (id(graph), part) not in parts:
-                    parts[(id(graph), part)] = StagePart(graph.layers[part[0]], part[1])
-        shape = shared.shapes[key] = _Shape([[parts[(id(graph), part)] for part in stage]
-                                             for stage in template.stages], template)
+                if part not in parts:
+                    parts[part] = StagePart(graph.layers[part[0]], part[1])
+        shape = shared.shapes[key] = _Shape([[parts[part] for part in stage] for stage in template.stages], template)
         return shape
 
     def _shape_rows(self, shape: _Shape, graph: OpGraph, job: Job, context: tuple[object, ...],
@@ -540,15 +542,22 @@ class _Batch:
         return terms
 
     def _graph_collectives(self, graph: OpGraph, job: Job) -> list[tuple[float, float]]:
-        """_fsdp_collectives of each of the graph's layers, in order, once per graph, precision and gradient
-        group."""
+        """_fsdp_collectives of each of the graph's layers, in order, once per (the layers' parameters, precision,
+        gradient group): the graphs of one tp share them."""
         par = job.parallel
-        key = (id(graph), par.precision, par.dp * par.cp, par.tp)  # graph: pinned (_group)
+        params = self._graph_params(graph)
+        key = (params, par.precision, par.dp * par.cp, par.tp)
         pairs = self.shared.graph_collectives.get(key)
         if pairs is None:
-            pairs = self.shared.graph_collectives[key] = [self._fsdp_collectives(layer.param_count, job)
-                                                          for layer in graph.layers]
+            pairs = self.shared.graph_collectives[key] = [self._fsdp_collectives(value, job) for value in params]
         return pairs
+
+    def _graph_params(self, graph: OpGraph) -> tuple[float, ...]:
+        """The graph's layers' parameters (Layer.param_count), in order, once per graph."""
+        params = self.shared.graph_params.get(id(graph))  # graph: pinned (_group)
+        if params is None:
+            params = self.shared.graph_params[id(graph)] = tuple([layer.param_count for layer in graph.layers])
+        return params
 
     def _fsdp_collectives(self, params: float, job: Job) -> tuple[float, float]:
         """The collectives of Pricer.fsdp_exposed_s of a layer of `params` parameters: the all-gather of its
@@ -679,7 +688,7 @@ class _Batch:
             for first, _, graph, _, terms in entries:
                 slots = self._slots(template, tuple([term.axes for term in terms]))
                 slot_rows[first - base:first - base + len(slots)] = slots
-                numbered = self._param_layers(template, tuple([layer.param_count for layer in graph.layers]))
+                numbered = self._param_layers(template, self._graph_params(graph))
                 layer_numbers[first - base:first - base + len(numbered)] = numbered
             for stage, parts in enumerate(template.stages):
                 stage_sums = np.zeros((len(entries), _TERM_SUMS))

@@ -110,6 +110,9 @@ class StageCost:
     forward_s: float = 0.0  # the forward part of compute_s (the window of parameter gathers)
     backward_s: float = 0.0  # the backward part of compute_s (the window of gradient reduction)
     feature_fwd_s: float = 0.0  # the forward part of comm_s's feature collectives (TP, CP, EP; not pp)
+    # the hop latency an overlapped interleaved pipeline still waits for on its fill and drain (not in total_s:
+    # the bubble's; Pricer.pipeline_chain_s)
+    pp_chain_s: float = 0.0
     total_s: float = field(init=False)  # all of the above: one micro-batch's time on the stage
 
     def __post_init__(self) -> None:
@@ -504,8 +507,9 @@ class Pricer:
         if par.pp > 1:
             comm["pp"] = self.pipeline_send_s(stage, job)
         feature_fwd = sum(part.count * self.layer_cost(part.layer, job).comm_fwd_s for part in stage)
+        chain = self.pipeline_chain_s(stage, job) if par.pp > 1 else 0.0
         return StageCost(forward + backward, recompute, comm, fsdp, overhead_s, wgrad, forward, backward,
-                         feature_fwd)
+                         feature_fwd, chain)
 
     def _stage_work(self, stage: list[StagePart], job: Job) -> tuple[float, float, float, dict[str, float]]:
         """Forward, backward, the weight-gradient GEMMs and the feature communication per axis of one
@@ -627,6 +631,29 @@ class Pricer:
             forward, backward, _, _ = self._stage_work(stage, job)
             return self.pipeline_sends_s(one, forward + backward, job)
         return self.pipeline_sends_s(one, 0.0, job)
+
+    def pipeline_chain_s(self, stage: list[StagePart], job: Job) -> float:
+        """What the fill and drain of an interleaved pipeline wait for beyond the bubble when the stack overlaps
+        its sends (pipeline_chain_from_s); 0 otherwise."""
+        par = job.parallel
+        if par.vpp <= 1 or not self.overlaps("pp_comm_overlap", job):
+            return 0.0
+        forward, backward, _, _ = self._stage_work(stage, job)
+        hop = self.pipeline_hop_s(max(part.layer.output_bytes for part in stage), job)
+        return self.pipeline_chain_from_s(hop, forward + backward, job)
+
+    def pipeline_chain_from_s(self, hop_s: float, compute_s: float, job: Job) -> float:
+        """Overlapping a send hides it from the sender, not from the stage that waits for its data. In the
+        interleaved schedule (Narayanan et al. 2021, sec. 2.2.2) a stage runs chunk c of p micro-batches, then
+        chunk c + 1 of the first of them, whose input has gone round the p stages meanwhile: p forwards and p
+        hops of the data against the stage's p forwards and their exposed sends, so each of the v - 1 rounds of
+        the warm-up, and of the cool-down, waits p (hop - exposed hop), and the fill and drain of the last
+        round p - 1 each: 2 (v p - 1) (hop - exposed hop) in all (0 for v = 1 or sends that are not overlapped:
+        a blocking send is in the stage's own time). hop_s: one send (pipeline_hop_s); compute_s: the stage's
+        forward and backward (the window pipeline_sends_s overlaps each send with)."""
+        par = job.parallel
+        exposed = overlapped_s(hop_s, compute_s / (2.0 * par.vpp), self.overlap_slowdown(job))
+        return 2.0 * (par.vpp * par.pp - 1) * (hop_s - exposed)
 
     def pipeline_sends_s(self, hop_s: float, compute_s: float, job: Job) -> float:
         """pipeline_send_s of a stage whose activation crosses a boundary in hop_s (pipeline_hop_s of its largest
@@ -860,7 +887,8 @@ class Pricer:
             recompute = slowdown * (on.recompute_s - recompute_comm_s) + recompute_comm_s
             cost = self._rank_stage_costs[key] = StageCost(
                 slowdown * on.compute_s, recompute, comm, base.fsdp_exposed_s, slowdown * on.overhead_s,
-                slowdown * on.wgrad_s, slowdown * on.forward_s, slowdown * on.backward_s, base.feature_fwd_s)
+                slowdown * on.wgrad_s, slowdown * on.forward_s, slowdown * on.backward_s, base.feature_fwd_s,
+                base.pp_chain_s)
         return cost
 
     def _recompute_comm_s(self, stage: list[StagePart], job: Job) -> float:
@@ -880,7 +908,7 @@ class Pricer:
             kinds = {kind for cls in classes for kind in cls.kinds(index, default)}
             for name, slowdown in kinds:
                 on = self.job_on(job, name)
-                step = (slowdown * self.optimizer_step_s([stage], on), slowdown * self.iteration_overhead_s(on))
+                step = (slowdown * self.optimizer_step_s([stage], on), slowdown * self.step_overhead_s([stage], on))
                 if sum(step) > sum(worst):
                     worst = step
         return worst
@@ -897,12 +925,22 @@ class Pricer:
 
     def optimizer_step_s(self, stages: list[list[StagePart]], job: Job) -> float:
         """The optimizer step of the stage with the most parameters, over the parameters one GPU owns."""
+        return self.optimizer_step_of_params_s(self.max_stage_params(stages), job)
+
+    def step_overhead_s(self, stages: list[list[StagePart]], job: Job) -> float:
+        """The host and memory-bound work of the step beside the optimizer: the iteration's fixed overhead and
+        the gradient sync's bucket copies of the stage with the most parameters (grad_copies_s), as the
+        simulator's step runs them (compile/build.py)."""
+        return self.iteration_overhead_s(job) + self.grad_copies_s(self.max_stage_params(stages), job)
+
+    def max_stage_params(self, stages: list[list[StagePart]]) -> float:
+        """The parameters one device of the stage with the most holds (cached per partition)."""
         params = self._max_params.get(id(stages)) if id(stages) in self._partition_of else None
         if params is None:
             params = max(self.stage_params(stage) for stage in stages)
             if id(stages) in self._partition_of:
                 self._max_params[id(stages)] = params
-        return self.optimizer_step_of_params_s(params, job)
+        return params
 
     def grad_copies_s(self, params: float, job: Job) -> float:
         """The gradient sync's bucket copies over the `params` gradients a device syncs, where the stack copies

@@ -6,7 +6,9 @@ t_stage is one micro-batch's forward, backward and recompute on a stage plus its
 (sum_i t_i - t_max) / v, which is (p - 1) t / v for equal stages (Narayanan et al. 2021) and the PredTOP
 formula T = sum(t_i) + (m - 1) max(t_j) for v = 1; for an uneven split (strategy.stages: first/last stage
 layers, embedding/loss counted, a stage list, layers that do not divide pp x vpp) the stage-by-stage idle time
-of uneven_bubble_s. Every price comes from the pricing service (cost.pricing).
+of uneven_bubble_s. An interleaved pipeline whose stack overlaps its sends still waits for their latency on its
+fill and drain (Pricer.pipeline_chain_s), which the bubble adds. Every price comes from the pricing service
+(cost.pricing).
 
 A search prices thousands of plans with one estimator: `price` gives the numbers it ranks plans by (iteration
 time, throughput, peak memory) and assembles the full Result only when asked (PlanPrice.result), so a search
@@ -124,7 +126,7 @@ class AnalyticalEstimator:
         classes = pricer.device_classes(job) if cluster.rank_devices or cluster.compute_slowdown else None
         if classes is None or uniform(classes):
             breakdown = self._closed_form(pricer.stage_costs(partition, job), partition, graph, job,
-                                          pricer.optimizer_step_s(stages, job), pricer.iteration_overhead_s(job))
+                                          pricer.optimizer_step_s(stages, job), pricer.step_overhead_s(stages, job))
         else:
             breakdown = self._classes_closed_form(partition, graph, job, classes)
         return PlanPrice(self.name, job, graph, breakdown, pricer.memory(stages, job),
@@ -153,10 +155,10 @@ class AnalyticalEstimator:
         return slowest
 
     def _closed_form(self, costs: list[StageCost], partition: Partition, graph: OpGraph, job: Job,
-                     optimizer_s: float, iteration_overhead_s: float, by_class: bool = False) -> dict[str, float]:
+                     optimizer_s: float, step_overhead_s: float, by_class: bool = False) -> dict[str, float]:
         """The breakdown of the pipeline of one micro-batch's stage costs, then the optimizer step and the
-        iteration's fixed overhead. by_class: the costs are a device class's column (stage times that differ
-        by their ranks)."""
+        step's overhead (Pricer.step_overhead_s). by_class: the costs are a device class's column (stage times
+        that differ by their ranks)."""
         pricer = self.pricer
         par = job.parallel
         stages = partition.stages
@@ -167,13 +169,14 @@ class AnalyticalEstimator:
         if pricer.plan_split(graph, par) is not None:
             # an uneven split (strategy.stages): the stalls of the warm-up and cool-down, stage by stage
             bubble = uneven_bubble_s(par.schedule, totals, pricer.forward_fractions(partition, job), m,
-                                     pricer.chunk_time_shares(partition, job))
+                                     pricer.chunk_time_shares(partition, job)) + slow.pp_chain_s
         elif by_class and max(totals) > min(totals):
             # an even split whose stages differ by their ranks (a straggler's stage): the same stalls
             shares = ((1.0 / par.vpp,) * par.vpp,) * len(totals) if par.vpp > 1 else ()
-            bubble = uneven_bubble_s(par.schedule, totals, [_forward_fraction(cost) for cost in costs], m, shares)
+            bubble = uneven_bubble_s(par.schedule, totals, [_forward_fraction(cost) for cost in costs], m,
+                                     shares) + slow.pp_chain_s
         else:
-            bubble = (sum(totals) - slow.total_s) / par.vpp
+            bubble = (sum(totals) - slow.total_s) / par.vpp + slow.pp_chain_s  # the interleaved hops waited for
         if par.schedule == "zb-h1":
             # Qi et al. 2023 (zero bubble), ZB-H1: deferring the weight-gradient GEMMs W into the bubble turns
             # 1F1B's (p-1)(F+B+W) into (p-1)(F+B-W) at 1F1B's memory.
@@ -189,7 +192,7 @@ class AnalyticalEstimator:
             "dp_comm": grad_exposed + m * slow.fsdp_exposed_s,
             "bubble": bubble,
             "optimizer": optimizer_s,
-            "overhead": iteration_overhead_s + m * slow.overhead_s,
+            "overhead": step_overhead_s + m * slow.overhead_s,
         }
 
 

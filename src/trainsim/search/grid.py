@@ -200,6 +200,7 @@ class _Shared:
     row_content: list[int] = field(default_factory=list)
     row_sends_s: list[float] = field(default_factory=list)
     row_fsdp_s: list[float] = field(default_factory=list)  # ZeRO-3's exposure (with the bucketed tail)
+    row_chain_s: list[float] = field(default_factory=list)  # Pricer.pipeline_chain_s (0 unless overlapped, vpp > 1)
     # a content: one distinct stage of a shape under one layer context but dp; a shape's contents under one
     # context are numbered in a row, from the first (block_of: (id of a kept shape, layer context) -> its first)
     block_of: dict[tuple[object, ...], int] = field(default_factory=dict)
@@ -272,7 +273,7 @@ class _Shared:
         if self.tables is None or self.tables_rows != len(self.combo_rows):
             columns = {name: np.concatenate([block[name] for block in self.content_blocks])
                        for name in self.content_blocks[0]}
-            self.tables = (_RowTable(columns, self.row_content, self.row_sends_s, self.row_fsdp_s),
+            self.tables = (_RowTable(columns, self.row_content, self.row_sends_s, self.row_fsdp_s, self.row_chain_s),
                            _ComboTable(self.combo_rows, self.combo_layouts, self.layouts))
             self.tables_rows = len(self.combo_rows)
         return self.tables
@@ -596,12 +597,17 @@ class _Batch:
             compute = np.array(shared.content_compute_s, dtype=np.float64)[np.repeat(first_content, distinct) + offset]
             pp = np.repeat(pp, distinct)
             vpp = np.repeat(vpp, distinct).astype(np.float64)
+            chain = np.zeros_like(hop)
             if pricer.overlaps("pp_comm_overlap", self.job0):
                 gamma, window = pricer.overlap_slowdown(self.job0), compute / (2.0 * vpp)
-                hop = np.where(vpp > 1, np.maximum(0.0, hop - window) + gamma * np.minimum(hop, window), hop)
+                exposed = np.maximum(0.0, hop - window) + gamma * np.minimum(hop, window)
+                # Pricer.pipeline_chain_from_s: 2 (v p - 1) (hop - exposed hop) for an overlapped interleaved pipeline
+                chain = np.where((vpp > 1) & (pp > 1), 2.0 * (vpp * pp - 1) * (hop - exposed), 0.0)
+                hop = np.where(vpp > 1, exposed, hop)
             sends = np.where(pp > 1, 2.0 * vpp * hop + pricer.cal.runtime.pipeline_overhead_per_micro_batch_s, 0.0)
             shared.row_fsdp_s.extend(fsdp.tolist())
             shared.row_sends_s.extend(sends.tolist())
+            shared.row_chain_s.extend(chain.tolist())
         self.new_blocks, self.new_by_dp, self.new_rows = [], [], []
 
     def _by_dp(self, term_table: Floats) -> None:
@@ -842,7 +848,7 @@ class _Fast:
         first_row = combos.first_row[self.combo]
 
         # --- the bubble (even split) and zero bubble ---
-        bubble = (stage_sum - slow_total) / self.vpp
+        bubble = (stage_sum - slow_total) / self.vpp + table.chain[slow_row]
         zb = self.schedule == SCHEDULE_CODES["zb-h1"]
         if zb.any():
             factor = np.maximum(0.0, 1.0 - 2.0 * table.wgrad[slow_row] / slow_total)
@@ -856,7 +862,7 @@ class _Fast:
         # the stage with the most parameters (Pricer.optimizer_step_s; stage_params: the contents' params)
         max_params = np.where(combos.valid_rows, table.params[rows], -np.inf).max(axis=1)
         optimizer = self._optimizer_s(max_params)
-        iteration_overhead = pricer.iteration_overhead_s(job0)
+        iteration_overhead = pricer.iteration_overhead_s(job0) + self._grad_copies_s(max_params.tolist())
 
         # --- the breakdown, summed in AnalyticalEstimator.price's order (estimate.result.iteration_time_s) ---
         total = m * table.compute[slow_row]
@@ -962,6 +968,17 @@ class _Fast:
         by_combo[np.concatenate([used, used]), np.repeat([0, 1], len(used))] = steps[inverse]
         return by_combo.ravel()[self.combo * 2 + (self.zero >= 1)]
 
+    def _grad_copies_s(self, max_params: list[float]) -> Floats | float:
+        """Pricer.grad_copies_s per plan (Pricer.step_overhead_s): the bucket copies of its combo's stage with the
+        most parameters where the stack copies and the gradients are synced (dp x cp > 1); 0.0 otherwise."""
+        batch = self.batch
+        if not batch.job0.stack.grad_bucket_copies:
+            return 0.0
+        device = batch.job0.cluster.device
+        by_combo = np.array([batch.pricer.step_costs.grad_copies_s(params, device) if params > 0 else 0.0
+                             for params in max_params])
+        return np.where(self.shards_dp > 1, by_combo[self.combo], 0.0)
+
     def _peak_memory(self, table: "_RowTable", combos: "_ComboTable", plans: Ints) -> tuple[Floats, float]:
         """Pricer.memory of every plan: each stage's memory at its peak (cost.memory.stage_memory_base,
         stage_in_flight, stage_memory_values) and the largest. Of the stages of one content only the first
@@ -1045,7 +1062,7 @@ class _RowTable:
     """The stage rows as columns (each a content's, with the row's pipeline sends after its feature axes)."""
 
     def __init__(self, columns: dict[str, Floats], row_content: list[int], row_sends_s: list[float],
-                 row_fsdp_s: list[float]) -> None:
+                 row_fsdp_s: list[float], row_chain_s: list[float]) -> None:
         index = np.array(row_content, dtype=np.int64)
         sends = np.array(row_sends_s, dtype=np.float64)
         self.compute = columns["compute"][index]
@@ -1057,6 +1074,7 @@ class _RowTable:
         self.comm_total = columns["feature_total"][index] + sends  # sum(feature_s + (sends,)): x + 0.0 is x
         self.recompute = columns["recompute"][index]
         self.fsdp = np.array(row_fsdp_s, dtype=np.float64)
+        self.chain = np.array(row_chain_s, dtype=np.float64)
         self.overhead = columns["overhead"][index]
         self.params = columns["params"][index]
         self.saved = columns["saved"][index]

@@ -86,3 +86,30 @@ def test_gradient_buckets_as_axis_collective_s(zero: int) -> None:
         got = pricer._bucket_seconds(collective, 2.0, runs, job)  # pyright: ignore[reportPrivateUsage]
         assert got == [(reference.axis_collective_s(collective, params * 2.0, "grad", job), count)
                        for params, count in runs]
+
+
+@pytest.mark.parametrize("dp", [1, 8])
+def test_both_engines_pay_the_gradient_bucket_copies(dp: int) -> None:
+    """A stack that copies its gradients into flat buckets (torch DDP's default, StackSpec.grad_bucket_copies)
+    pays the copies of the stage with the most parameters in the step's overhead, in the analytical engine as in
+    the simulator (which runs them before the optimizer step); nothing without data-parallel ranks to sync."""
+    from trainsim.estimate.analytical import AnalyticalEstimator
+    from trainsim.estimate.simulation import SimEstimator
+    from trainsim.strategy.stack import make_stack
+
+    pricer = Pricer()
+    par = ParallelSpec.parse({"tp": 2, "micro_batch": 1, "global_batch": 2 * dp, "seq_len": 2048})
+    overheads = []
+    for stack in ({"preset": "nanotron"}, {"preset": "nanotron", "grad_bucket_copies": False}):
+        job = make_job(load_model("gpt3-1.3b"), load_cluster("dgx-a100-80gb").with_num_gpus(2 * dp), par,
+                       make_stack(stack))
+        graph = graph_for(job)
+        analytical = AnalyticalEstimator(pricer).estimate(job, graph).breakdown["overhead"]
+        simulated = SimEstimator(pricer, overlap=False, sharing=False).estimate(job, graph).breakdown["overhead"]
+        assert analytical == pytest.approx(simulated, rel=1e-6)
+        overheads.append(analytical)
+    stages = pricer.plan_partition(graph_for(job), job.parallel).stages
+    copies = pricer.grad_copies_s(pricer.max_stage_params(stages), make_job(
+        load_model("gpt3-1.3b"), load_cluster("dgx-a100-80gb").with_num_gpus(2 * dp), par, make_stack("nanotron")))
+    assert overheads[0] - overheads[1] == pytest.approx(copies, rel=1e-9)
+    assert (copies > 0.0) == (dp > 1)

@@ -43,7 +43,7 @@ DENSE = parse_model({"name": "tiny-dense", "num_layers": 8, "hidden": 128, "ffn_
                      "vocab": 1000})
 MOE = TransformerSpec(name="tiny-moe", arch="gpt", num_layers=8, hidden=128, ffn_hidden=256, num_heads=8,
                       vocab=1000, max_seq_len=2048, num_experts=4, top_k=2, moe_every=2)
-STACKS = ("generic", "megatron-core", "deepspeed-zero", "fsdp2")
+STACKS = ("generic", "megatron-core", "deepspeed-zero", "fsdp2", "colossalai")
 
 
 def built(model: ModelSpec, cluster: ClusterSpec, plans: list[ParallelSpec],

@@ -10,7 +10,8 @@ from trainsim.errors import ConfigError
 from trainsim.jobfile import job_from_settings, read_job_file
 from trainsim.strategy.stack import BEHAVIOURS, StackSpec, load_stack, make_stack, stack_names
 
-PRESETS = ("megatron-lm", "megatron-core", "megatron-deepspeed", "deepspeed-zero", "fsdp", "fsdp2", "ddp")
+PRESETS = ("megatron-lm", "megatron-core", "megatron-deepspeed", "deepspeed-zero", "fsdp", "fsdp2", "ddp", "colossalai",
+           "nanotron")
 
 
 def test_every_required_preset_loads_and_states_every_behaviour() -> None:
@@ -31,6 +32,14 @@ def test_presets_state_their_frameworks_defaults() -> None:
     # torchtitan's op-level selective checkpointing; Megatron's recomputes the attention core
     assert load_stack("fsdp2").selective_recompute == load_stack("fsdp2-compile").selective_recompute == "op"
     assert load_stack("megatron-core").selective_recompute == "attention"
+    # Colossal-AI's HybridParallelPlugin: torch DDP's 25 MiB buckets of fp16 gradients, copied into the buckets;
+    # ZeRO gathers after the step (overlap_allgather=False); interleaved pipelines overlap their p2p
+    colossal = load_stack("colossalai")
+    assert colossal.grad_bucket_params == 25 * 1024 * 1024 / 2 and colossal.grad_bucket_copies
+    assert not colossal.param_gather_overlap and colossal.pp_comm_overlap and not colossal.fused_bias_activation
+    nanotron = load_stack("nanotron")  # torch DDP over fp32 accumulators, plain TP collectives, flash-attn
+    assert nanotron.grad_bucket_params == 25 * 1024 * 1024 / 4 and not nanotron.tp_comm_overlap
+    assert nanotron.attention == "flash2" and not nanotron.fused_cross_entropy
 
 
 def test_overrides_apply_one_by_one_on_a_preset() -> None:
@@ -41,7 +50,8 @@ def test_overrides_apply_one_by_one_on_a_preset() -> None:
 
 
 def test_bad_stack_names_and_behaviours_are_one_line_errors() -> None:
-    with pytest.raises(ConfigError, match="choose one of: ddp, deepspeed-zero, fsdp, fsdp2, fsdp2-compile, generic"):
+    with pytest.raises(ConfigError,
+                       match="choose one of: colossalai, ddp, deepspeed-zero, fsdp, fsdp2, fsdp2-compile, generic"):
         load_stack("megatron")
     with pytest.raises(ConfigError, match="unknown behaviour"):
         make_stack({"preset": "fsdp", "overlap_everything": True})
@@ -121,6 +131,9 @@ def test_calibration_rows_run_on_their_sources_stack() -> None:
     ({"source": "some blog", "notes": "PyTorch FSDP FULL_SHARD"}, "fsdp"),
     ({"source": "some blog", "notes": "FSDP2 fully_shard"}, "fsdp2"),
     ({"source": "some blog", "notes": "our own trainer"}, "generic"),
+    ({"source": "hpcaitech/ColossalAI examples", "notes": "LLaMA-2 70B benchmark"}, "colossalai"),
+    ({"source": "some blog", "notes": "trained with Colossal-AI's HybridParallelPlugin"}, "colossalai"),
+    ({"source": "huggingface/nanotron README"}, "nanotron"),
     ({"source": "Black et al. 2022", "notes": "GPT-NeoX library"}, "megatron-deepspeed"),
     ({"source": "facebookresearch/metaseq logbook"}, "fsdp"),
     ({"source": "Jiang et al. 2024 MegaScale Table 2", "gpu": "a100-sxm4-80gb"}, "megatron-core"),

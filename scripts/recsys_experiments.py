@@ -37,11 +37,11 @@ PREDICTED = ("roofline_alpha_beta_s", "mlp_sigmoid_s", "mlp_sigmoid_sim_s", "max
              "trace_replay_s", "predict_s")
 
 
-def local_curves() -> SigmoidComm:
-    """Sigmoid curves of the local gloo sweep (scripts/recsys_gloo_sweep.py; $COLLECTIVES_DB, default
+def local_curves(path: Path | None = None) -> SigmoidComm:
+    """Sigmoid curves of the local gloo sweep (scripts/recsys_gloo_sweep.py; `path`, else $COLLECTIVES_DB, default
     collectives.db, taken at the host's load), the catalog NCCL model where none."""
     fallback = NcclComm(Pricer().cal)
-    path = Path(os.environ.get("COLLECTIVES_DB", OUT / "collectives.db"))
+    path = path or Path(os.environ.get("COLLECTIVES_DB", OUT / "collectives.db"))
     if not path.exists():
         return SigmoidComm({}, fallback)
     points: dict[tuple[str, int], list[tuple[float, float]]] = {}

@@ -20,6 +20,9 @@ configs when its time budget (seconds) is spent.
   python scripts/recsys_quiet.py fit-host [e2e]     # the dense part's host cost, fitted on the sharding set's
                                                     # traces -> dense_host.json (predict then prices it), or on
                                                     # the e2e set's -> dense_host_e2e.json (predict-sharding)
+  python scripts/recsys_quiet.py passes quiet s9    # two measured sets against each other (the floor)
+  python scripts/recsys_quiet.py fit-lookup [e2e]   # the lookups' in-situ factors, the same way round:
+                                                    # lookup_in_situ.json / lookup_in_situ_e2e.json
 """
 
 import csv
@@ -35,7 +38,7 @@ from recsys_experiments import BATCHES, CAP, OUT, dense, task
 from trainsim.embedding.sharders import shard
 from trainsim.measure.dlrm import DlrmConfig, measure_dlrm
 
-ITERATIONS = 5
+ITERATIONS = int(os.environ.get("RECSYS_ITERATIONS", "5"))  # measured iterations per config (+1 warm-up)
 FIELDS = ("experiment", "ranks", "task", "kind", "seed", "tables", "sharder", "local_batch", "measured_s",
           "fastest_s", "load_before", "load_after")
 SHARDER = "size-lookup-greedy"
@@ -92,7 +95,7 @@ def measure(budget_s: float, rank_counts: tuple[int, ...]) -> None:
                     traces.write(json.dumps({"task": model.name, "sharder": SHARDER, "local_batch": c.local_batch,
                                              "ranks": ranks, "iterations_s": m.iterations_s,
                                              "events": m.rank_events, "cpu_s": m.rank_cpu_s,
-                                             "load": m.load_avg}) + "\n")
+                                             "faults": m.rank_faults, "load": m.load_avg}) + "\n")
                 f.flush()
                 traces.flush()
 
@@ -129,7 +132,8 @@ def measure_sharding(budget_s: float, ranks: int = 2, batch: int = 128) -> None:
                                  "load_before": m.load_avg[0], "load_after": m.load_avg[1]})
                 traces.write(json.dumps({"task": model.name, "sharder": name, "local_batch": batch, "ranks": ranks,
                                          "iterations_s": m.iterations_s, "events": m.rank_events,
-                                         "cpu_s": m.rank_cpu_s, "load": m.load_avg}) + "\n")
+                                         "cpu_s": m.rank_cpu_s, "faults": m.rank_faults,
+                                         "load": m.load_avg}) + "\n")
             f.flush()
             traces.flush()
 
@@ -143,8 +147,17 @@ AFTER = ("fixed_s", "fixed_max_sum_s", "fixed_trace_predicted_s")
 # With the dense part's host cost per op (fit-host: fitted on the sharding set's traces, applied to the e2e set).
 HOST = ("host_s", "host_sim_s", "host_trace_predicted_s")
 DENSE_HOST = OUT / "dense_host.json"
+# With the host cost and the lookups' in-situ factors (fit-lookup, fitted on the sharding set's traces), first with
+# the loaded sweep's collective curves (collectives.db), then with the sweep taken at priority (collectives_quiet.db,
+# the conditions of the quiet set).
+IN_SITU = ("lookup_s", "lookup_trace_predicted_s", "insitu_s", "insitu_sim_s", "insitu_trace_predicted_s")
+# $LOOKUP_IN_SITU: another fit for `predict` (e.g. one of the same campaign's sharding set); `predict-sharding`
+# reads the e2e set's fit, lookup_in_situ_e2e.json, or $LOOKUP_IN_SITU where given.
+LOOKUP_IN_SITU = OUT / "lookup_in_situ.json"
+QUIET_SWEEP = OUT / "collectives_quiet.db"
 REPLAYS = ("trace_replay_s", "trace_replay_cpu_s")
-PREDICTORS = (*BEFORE, *AFTER, *HOST, *REPLAYS)
+PREDICTORS = (*BEFORE, *AFTER, *HOST, *IN_SITU, *REPLAYS)
+SHARDING_PREDICTORS = ("before", "after", "host", "lookup", "insitu")
 HOST_CORES = 2  # the cores of the host the campaign ran on (os.cpu_count() there)
 
 
@@ -175,6 +188,7 @@ def predict() -> None:
     from recsys_experiments import local_curves, predictions
 
     from trainsim.calibrate.dense_host import load_dense_host
+    from trainsim.calibrate.lookup_in_situ import load_lookup_in_situ
     from trainsim.compile.lower_sharded_dlrm import rank_compute_s
     from trainsim.cost.embedding_lookup import MlpLookup
     from trainsim.cost.sharded_dlrm import NO_HOST_COST
@@ -191,6 +205,8 @@ def predict() -> None:
     cpu_overheads = host_cpu_means(list(traces.values()), tuple(overheads))
     terms: dict[str, list[tuple[float, ...]]] = {}  # span -> (before, after, wall, cpu, with host cost)
     host = load_dense_host(DENSE_HOST) if DENSE_HOST.exists() else NO_HOST_COST
+    in_situ = load_lookup_in_situ(Path(os.environ.get("LOOKUP_IN_SITU", LOOKUP_IN_SITU)), after_lookups)
+    quiet = local_curves(QUIET_SWEEP)
     out_rows = []
     for row in rows:
         ranks, seed, batch = int(row["ranks"]), int(row["seed"]), int(row["local_batch"])
@@ -212,6 +228,7 @@ def predict() -> None:
                                          host=host).iteration_time_s
         pred["host_trace_predicted_s"] = simulate_trace(t["events"], host_it, cpu_overheads) / min(
             1.0, HOST_CORES / ranks)
+        pred.update(_in_situ(model, plan, batch, ranks, in_situ, (comm, quiet), dense_db, host, t, cpu_overheads))
         out_rows.append({**row, **pred})
         before_it = _before_iteration(model, plan, batch, before_lookups, comm)
         for r, (spans, cpus) in enumerate(zip(t["events"], t["cpu_s"], strict=True)):
@@ -241,6 +258,54 @@ def predict() -> None:
               f"   cpu/host {np.median(hosted):5.2f} ({np.percentile(hosted, 10):.2f}-"
               f"{np.percentile(hosted, 90):.2f})")
     summarize(out_rows)
+
+
+def _in_situ(model, plan, batch: int, ranks: int, lookups, comms, dense_db: Path, host, trace: dict,
+             cpu_overheads: dict[str, float]) -> dict[str, float]:
+    """The IN_SITU predictors of one config: the host cost and the in-situ lookups, with the loaded sweep's
+    curves (comms[0]; Algorithm 1 and the analytical engine) and with the quiet sweep's (comms[1]; both engines
+    and Algorithm 1)."""
+    from trainsim.estimate.sharded_dlrm import estimate_sharded
+    from trainsim.estimate.trace_predict import simulate_trace
+
+    share, out = min(1.0, HOST_CORES / ranks), {}
+    for comm, prefix in zip(comms, ("lookup", "insitu"), strict=True):
+        sjob, pricer, it = fixed_pricing(model, plan, batch, ranks, lookups, comm, dense_db, host)
+        out[f"{prefix}_trace_predicted_s"] = simulate_trace(trace["events"], it, cpu_overheads) / share
+        for engine, key in (("analytical", f"{prefix}_s"), ("sim", f"{prefix}_sim_s")):
+            if key in IN_SITU:
+                out[key] = estimate_sharded(sjob.job, sjob.graph, plan, engine, pricer, lookups,
+                                            host=host).iteration_time_s
+    return out
+
+
+def fit_lookup(experiment: str = "sharding") -> None:
+    """The lookups' in-situ factors (calibrate.lookup_in_situ) from one set's traces, each traced config priced
+    by the cold lookup model alone: "sharding" (the e2e set held out for `predict`) into lookup_in_situ.json, or
+    "e2e" (the sharding set held out for `predict-sharding`) into lookup_in_situ_e2e.json; another set than
+    "quiet" (RECSYS_SET) writes lookup_in_situ_<set>[_e2e].json."""
+    from recsys_experiments import local_curves
+
+    from trainsim.calibrate.lookup_in_situ import fit_lookup_in_situ, samples_from_trace, save_lookup_in_situ
+    from trainsim.cost.embedding_lookup import MlpLookup
+
+    lookups = MlpLookup.load(Path(os.environ.get("LOOKUP_MODEL", OUT / "lookup_mlp_cold.json")))
+    comm, dense_db = local_curves(), Path(os.environ.get("DENSE_DB", OUT / "dense_ops.db"))
+    source = OUT / f"{experiment}_{SET}_traces.jsonl"
+    name = "lookup_in_situ" + ("" if SET == "quiet" else f"_{SET}") + ("" if experiment == "sharding" else "_e2e")
+    target = OUT / f"{name}.json"
+    samples = []
+    for t in map(json.loads, source.open()):
+        kind = "heavy" if t["task"].startswith("heavy") else "normal"
+        ranks, batch, seed = int(t["ranks"]), int(t["local_batch"]), int(t["task"].split("-")[0][len(kind):])
+        model, tables = task(kind, ranks, seed)
+        plan = shard(tables, t["sharder"], ranks, cap_bytes=CAP, seed=seed)
+        _, _, it = fixed_pricing(model, plan, batch, ranks, lookups, comm, dense_db)
+        samples += samples_from_trace(t["events"], t["cpu_s"], it)
+    fitted = fit_lookup_in_situ(samples, lookups)
+    save_lookup_in_situ(fitted, target, f"scripts/recsys_quiet.py fit-lookup {experiment} on {source}", len(samples))
+    print(f"{len(samples)} lookup spans -> forward x{fitted.fwd_scale:.4f}, backward x{fitted.bwd_scale:.4f} "
+          f"-> {target}")
 
 
 def fit_host(experiment: str = "sharding") -> None:
@@ -307,6 +372,8 @@ def summarize(rows: list[dict]) -> None:
         groups: dict[tuple[str, str], list[dict]] = {}
         for r in rows:
             groups.setdefault((str(r["ranks"]), r["kind"]), []).append(r)
+            groups.setdefault((str(r["ranks"]), f"batch {r['local_batch']}"), []).append(r)
+            groups.setdefault((str(r["ranks"]), "all"), []).append(r)
             groups.setdefault(("all", "all"), []).append(r)
         for key in sorted(groups):
             rs, cells = groups[key], []
@@ -326,6 +393,7 @@ def predict_sharding() -> None:
     from recsys_experiments import CLUSTER, local_curves
 
     from trainsim.calibrate.dense_host import load_dense_host
+    from trainsim.calibrate.lookup_in_situ import load_lookup_in_situ
     from trainsim.cost.embedding_lookup import MlpLookup
     from trainsim.cost.pricing import Pricer
     from trainsim.cost.sharded_dlrm import NO_HOST_COST
@@ -338,7 +406,12 @@ def predict_sharding() -> None:
     comm, dense_db = local_curves(), Path(os.environ.get("DENSE_DB", OUT / "dense_ops.db"))
     host_path = OUT / "dense_host_e2e.json"  # fitted on the e2e set: the sharding set is held out
     host = load_dense_host(host_path) if host_path.exists() else NO_HOST_COST
-    print(f"dense host cost (with 'host'): {host}")
+    # fitted on the e2e set too: 'lookup' adds them to 'host', 'insitu' also takes the quiet sweep's curves
+    in_situ = load_lookup_in_situ(Path(os.environ.get("LOOKUP_IN_SITU", OUT / "lookup_in_situ_e2e.json")),
+                                  after_lookups)
+    quiet = local_curves(QUIET_SWEEP)
+    print(f"dense host cost (with 'host'): {host}; lookups in situ: x{in_situ.fwd_scale:.4f} forward, "
+          f"x{in_situ.bwd_scale:.4f} backward")
     rows = list(csv.DictReader((OUT / f"sharding_{SET}.csv").open()))
     traces = {(t["task"], t["sharder"]): t for t in map(json.loads, (OUT / f"sharding_{SET}_traces.jsonl").open())}
     by_task: dict[str, list[dict]] = {}
@@ -353,13 +426,18 @@ def predict_sharding() -> None:
         hosted = estimate_sharded(sjob.job, sjob.graph, plan, "analytical", pricer, after_lookups,
                                   host=host).iteration_time_s
         predict_s += time.perf_counter() - began
+        priced = {}
+        for name, curves in (("lookup", comm), ("insitu", quiet)):
+            ljob, lpricer, _ = fixed_pricing(model, plan, batch, ranks, in_situ, curves, dense_db, host)
+            priced[name] = estimate_sharded(ljob.job, ljob.graph, plan, "analytical", lpricer, in_situ,
+                                            host=host).iteration_time_s
         old = sharded_job(model, plan, CLUSTER, batch)
         before = estimate_sharded(old.job, old.graph, plan, "analytical", Pricer(comm_costs=comm),
                                   before_lookups).iteration_time_s
         t = traces[(row["task"], row["sharder"])]
         cpu_replay = simulate_trace(t["events"], it, {}, replay=True, cpu_s=t["cpu_s"])
         by_task.setdefault(row["task"], []).append({**row, "before": before, "after": after, "host": hosted,
-                                                    "cpu_replay": cpu_replay})
+                                                    **priced, "cpu_replay": cpu_replay})
     for ranks in sorted({r["ranks"] for r in rows}):
         tasks = {name: rs for name, rs in by_task.items() if rs[0]["ranks"] == ranks}
         _sharding_report(tasks, {k: v for k, v in traces.items() if str(v["ranks"]) == ranks}, ranks)
@@ -375,7 +453,7 @@ def _sharding_report(by_task: dict[str, list[dict]], traces: dict, ranks: str) -
           f"{min(loads):.2f}-{max(loads):.2f} (median {np.median(loads):.2f})")
     for target in ("measured_s", "fastest_s", "cpu_replay"):
         cells = []
-        for predictor in ("before", "after", "host"):
+        for predictor in SHARDING_PREDICTORS:
             hits5 = hits10 = 0
             for rs in by_task.values():
                 measured = {r["sharder"]: float(r[target]) for r in rs}
@@ -389,12 +467,51 @@ def _sharding_report(by_task: dict[str, list[dict]], traces: dict, ranks: str) -
         print(f"  vs {target}: " + "; ".join(cells) + f"; a random pick {chance:.1f}/{len(by_task)} within 5%")
     spreads = [(max(t["iterations_s"]) - min(t["iterations_s"])) / float(np.median(t["iterations_s"]))
                for t in traces.values()]
-    print(f"  spread of a plan's 5 iterations ((max - min) / median): median {np.median(spreads) * 100:.0f}%, "
+    counts = sorted({len(t["iterations_s"]) for t in traces.values()})
+    print(f"  spread of a plan's {'/'.join(map(str, counts))} iterations ((max - min) / median): median "
+          f"{np.median(spreads) * 100:.0f}%, "
           f"p90 {np.percentile(spreads, 90) * 100:.0f}%")
-    for predictor in ("before", "after", "host"):
-        errors = [abs(r[predictor] - float(r["measured_s"])) / float(r["measured_s"]) for r in rows]
-        geomean = float(np.exp(np.mean(np.log(errors))))
-        print(f"  {predictor}: geomean |error| against the measured median {geomean * 100:.1f}%")
+    for predictor in SHARDING_PREDICTORS:
+        errors = [(r[predictor] - float(r["measured_s"])) / float(r["measured_s"]) for r in rows]
+        geomean = float(np.exp(np.mean(np.log(np.abs(errors)))))
+        print(f"  {predictor}: geomean |error| against the measured median {geomean * 100:.1f}% (median signed "
+              f"{np.median(errors) * 100:+.1f}%)")
+
+
+def passes(first: str, second: str) -> None:
+    """Two measured sets of the same configs against each other (the ground truth's own floor): per config the
+    geomean |difference| of the median iterations, and per sharding task whether one set's fastest plan is within
+    5% / 10% of the other set's fastest."""
+    import numpy as np
+
+    for experiment, key in (("e2e", ("ranks", "task", "local_batch")), ("sharding", ("ranks", "task", "sharder"))):
+        sets = []
+        for name in (first, second):
+            path = OUT / f"{experiment}_{name}.csv"
+            sets.append({tuple(r[k] for k in key): r for r in csv.DictReader(path.open())} if path.exists() else {})
+        common = sorted(set(sets[0]) & set(sets[1]))
+        for ranks in sorted({c[0] for c in common}):
+            mine = [c for c in common if c[0] == ranks]
+            ratio = np.array([float(sets[1][c]["measured_s"]) / float(sets[0][c]["measured_s"]) for c in mine])
+            loads = [float(x[c][k]) for x in sets for c in mine for k in ("load_before", "load_after")]
+            print(f"{experiment}, {ranks} ranks, {len(mine)} configs: {second} / {first} median "
+                  f"{np.median(ratio):.3f}, "
+                  f"geomean |difference| {(np.exp(np.mean(np.abs(np.log(ratio)))) - 1) * 100:.1f}%, max "
+                  f"{(np.exp(np.max(np.abs(np.log(ratio)))) - 1) * 100:.0f}%; load {min(loads):.2f}-{max(loads):.2f}")
+            if experiment == "sharding":
+                _pass_picks(sets, {c[1] for c in mine}, ranks, (first, second))
+
+
+def _pass_picks(sets: list[dict], tasks: set[str], ranks: str, names: tuple[str, str]) -> None:
+    for a, b in ((0, 1), (1, 0)):
+        hits5 = hits10 = 0
+        for name in tasks:
+            picked = {k[2]: float(r["measured_s"]) for k, r in sets[a].items() if k[:2] == (ranks, name)}
+            judged = {k[2]: float(r["measured_s"]) for k, r in sets[b].items() if k[:2] == (ranks, name)}
+            gap = judged[min(picked, key=picked.__getitem__)] / min(judged.values()) - 1.0
+            hits5, hits10 = hits5 + (gap <= 0.05), hits10 + (gap <= 0.10)
+        print(f"  {names[a]}'s fastest plan judged on {names[b]}: {hits5}/{len(tasks)} within 5%, "
+              f"{hits10}/{len(tasks)} within 10%")
 
 
 if __name__ == "__main__":
@@ -412,3 +529,7 @@ if __name__ == "__main__":
         predict_sharding()
     elif command == "fit-host":
         fit_host(sys.argv[2] if len(sys.argv) > 2 else "sharding")
+    elif command == "passes":
+        passes(sys.argv[2], sys.argv[3])
+    elif command == "fit-lookup":
+        fit_lookup(sys.argv[2] if len(sys.argv) > 2 else "sharding")

@@ -64,6 +64,10 @@ def predict(
     dense_host: Annotated[Path | None, typer.Option(help="with --sharder/--sharding: the dense part's host cost "
                                                     "per op, a JSON fitted from measured traces (scripts/"
                                                     "recsys_quiet.py fit-host; default: not priced)")] = None,
+    lookup_in_situ: Annotated[Path | None, typer.Option(help="with --sharder/--sharding: the lookups' in-situ "
+                                                        "factors on the --lookup model, a JSON fitted from "
+                                                        "measured traces (scripts/recsys_quiet.py fit-lookup)")
+                              ] = None,
 ) -> None:
     """Predict iteration time, throughput, MFU and peak memory of one training job."""
     entry = ENGINES.get(engine)
@@ -88,10 +92,11 @@ def predict(
         given = {"model": model, "frontend": frontend, "cluster": cluster, "num_gpus": num_gpus, **strategy_flags}
         pricer = make_pricer(costs, db, read_calibration(calibration))  # the dense ops' and collectives' prices
         prediction = predict_sharded(job_file, given, engine, sharder, sharding, lookup, dense_host=dense_host,
-                                     pricer=pricer)
+                                     pricer=pricer, lookup_in_situ=lookup_in_situ)
     else:
-        if dense_host is not None:
-            raise ConfigError("dense_host", str(dense_host), "applies to a sharded DLRM (--sharder/--sharding)")
+        for flag, given_path in (("dense_host", dense_host), ("lookup_in_situ", lookup_in_situ)):
+            if given_path is not None:
+                raise ConfigError(flag, str(given_path), "applies to a sharded DLRM (--sharder/--sharding)")
         prediction = api.predict(model, cluster, num_gpus, job_file=job_file, frontend=frontend, engine=engine,
                                  costs=costs, db=db, task_level=task_level, tree=tree,  # type: ignore[arg-type]
                                  calibration=calibration, stack=stack_flags["stack"],

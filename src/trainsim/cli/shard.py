@@ -41,6 +41,10 @@ DENSE_HOST_HELP = ("DLRM: the dense part's host cost per op and per optimizer te
                    "traces (scripts/recsys_quiet.py fit-host; default: not priced)")
 
 
+LOOKUP_IN_SITU_HELP = ("DLRM: the lookups' in-situ factors (forward, backward) on the --lookup model, a JSON fitted "
+                       "from measured traces (scripts/recsys_quiet.py fit-lookup; default: none)")
+
+
 def host_cost(path: Path | None) -> DenseHostCost:
     from trainsim.calibrate.dense_host import load_dense_host
 
@@ -55,13 +59,17 @@ def synthetic_model(kind: str, num_ranks: int, seed: int) -> DlrmSpec:
     return dlrm_model(f"{kind}-task-r{num_ranks}-s{seed}", specs)
 
 
-def lookup_model(name: str, cluster: ClusterSpec, seed: int) -> LookupCostModel:
+def lookup_model(name: str, cluster: ClusterSpec, seed: int, in_situ: Path | None = None) -> LookupCostModel:
+    """The --lookup model, scaled by the in-situ factors of the `in_situ` file where given."""
+    from trainsim.calibrate.lookup_in_situ import load_lookup_in_situ
+
     if name == "roofline":
-        return RooflineLookup(cluster.device)
-    path = Path(name)
-    if not path.exists():
+        model: LookupCostModel = RooflineLookup(cluster.device)
+    elif Path(name).exists():
+        model = MlpLookup.load(Path(name), seed)
+    else:
         raise ConfigError("lookup_model", name, "give roofline or the JSON file `trainsim profile embedding` fitted")
-    return MlpLookup.load(path, seed)
+    return model if in_situ is None else load_lookup_in_situ(in_situ, model)
 
 
 def _parse(model: str | None, synthetic: str | None, seed: int, num_ranks: int, cluster: str, local_batch: int,
@@ -94,6 +102,7 @@ def shard(
     cap_fraction: Annotated[float, typer.Option(help="tables per rank stay under this share of memory")] =
         MEMORY_CAP_FRACTION,
     dense_host: Annotated[Path | None, typer.Option(help=DENSE_HOST_HELP)] = None,
+    lookup_in_situ: Annotated[Path | None, typer.Option(help=LOOKUP_IN_SITU_HELP)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
     plans: Annotated[bool, typer.Option(help="print each sharder's plan")] = True,
 ) -> None:
@@ -101,7 +110,7 @@ def shard(
     spec, cluster_spec = _parse(model, synthetic, seed, num_ranks, cluster, local_batch, engine)
     check_choice("optimizer", optimizer, OPTIMIZERS)
     opt = cast(Optimizer, optimizer)
-    lookups = lookup_model(lookup, cluster_spec, seed)
+    lookups = lookup_model(lookup, cluster_spec, seed, lookup_in_situ)
     report = compare_sharders(spec, cluster_spec, num_ranks, local_batch, engine=engine, lookups=lookups,
                               optimizer=opt, cap_fraction=cap_fraction, seed=seed, host=host_cost(dense_host))
     if json_out:
@@ -112,7 +121,7 @@ def shard(
 
 def predict_sharded(job_file: Path | None, given: dict[str, Any], engine: str, sharder: str | None,
                     sharding: Path | None, lookup: str, seed: int = 0, dense_host: Path | None = None,
-                    pricer: Pricer | None = None) -> Prediction:
+                    pricer: Pricer | None = None, lookup_in_situ: Path | None = None) -> Prediction:
     """`trainsim predict` of a DLRM with sharded tables: the job file's settings with the given flags (model,
     cluster, num_gpus, strategy) over them, as `trainsim predict` merges them; the ranks are the job's
     data-parallel ranks (its GPUs), the local batch its micro-batch; the plan from `sharder` (one of Table III's)
@@ -123,7 +132,8 @@ def predict_sharded(job_file: Path | None, given: dict[str, Any], engine: str, s
     sjob = sharded_job(cast(DlrmSpec, job.model), plan, job.cluster, job.parallel.micro_batch,
                        precision=job.parallel.precision)
     result = estimate_sharded(sjob.job, sjob.graph, plan, engine, pricer,
-                              lookups=lookup_model(lookup, job.cluster, seed), host=host_cost(dense_host))
+                              lookups=lookup_model(lookup, job.cluster, seed, lookup_in_situ),
+                              host=host_cost(dense_host))
     return Prediction.of(result, sjob.job)
 
 

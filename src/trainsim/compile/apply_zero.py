@@ -13,6 +13,17 @@ is exposed, the reduce-scatter still runs beside the next compute. Per layer-pha
 the compute is exposed, as the analytical engine's Pricer.fsdp_exposed_s counts it, up to one layer-phase at
 the ends of the stage's work. NB: the window also hides behind the layer-phase's own feature collectives,
 which follow its compute in the chain.
+Gradient buckets (the stack's fsdp_bucket_params > 0, with prefetch: DeepSpeed ZeRO-3's reduce_bucket_size):
+a layer-phase's gradients wait in a bucket, reduce-scattered when it holds that many parameters or the
+micro-batch's backward ends. The bucket's reduce-scatter queues on the gradient stream, behind and before the
+gathers, and the compute does not wait for it: DeepSpeed (deepspeed/runtime/zero/stage3.py, 0.12.6) reduces on
+a stream of its own (reduce_and_partition_stream, which waits for the compute stream, never the other way) and
+synchronizes it only after each micro-batch's backward (independent_gradient_partition_epilogue): here the
+layer-phase after the next waits for a bucket sent when the micro-batch changes. The analytical engine runs the
+same stream layer by layer (Pricer.fsdp_bucketed_backward_s). NB: DeepSpeed's host also waits once more than
+two buckets are in flight (max_param_reduce_events), not modeled: the stream is then the bottleneck anyway.
+NB: DeepSpeed's all-gathers have a stream of their own and share the NIC with the reduce-scatters; here both
+queue on the gradient stream, in the order issued.
 Memory: a gather allocates the layer's unsharded weights when it starts; the layer-phase that used them frees
 them; a backward allocates the unsharded gradients, freed when their reduce-scatter ends.
 """
@@ -49,7 +60,7 @@ class FsdpChain:
     """The gather / reduce-scatter tasks of one stage, issued by the layer-phases' windows."""
 
     __slots__ = ("ahead", "bucket", "ctx", "gathers", "group", "main_end", "needs", "overlaps", "resources",
-                 "scatters", "w")
+                 "scatters", "w", "waited")
 
     def __init__(self, ctx: BuildContext, w: StageWriter, needs: list[FsdpNeed]) -> None:
         self.ctx = ctx
@@ -65,6 +76,7 @@ class FsdpChain:
         # or the micro-batch's backward ends (DeepSpeed ZeRO-3's reduce_bucket_size), then reduce-scatter at once
         self.bucket = ctx.job.stack.fsdp_bucket_params if ctx.job.stack.fsdp_prefetch_depth > 0 else 0.0
         self.group: list[int] = []  # layer-phases whose gradients wait in the bucket
+        self.waited: set[int] = set()  # bucketed reduce-scatters a layer-phase waits for: those of a micro-batch's end
 
     def gathered_bytes(self, k: int) -> float:
         return self.needs[k].gather_params * self.ctx.policy.weight_bytes
@@ -79,9 +91,12 @@ class FsdpChain:
             self._gather(k, ())
 
     def before(self, k: int) -> None:
-        """Layer-phase k waits for its gather and for the scatter issued in the same window."""
-        waits = [tid for tid in (self.gathers.get(k), self.scatters.get(k - 2)) if tid is not None]
-        self.w.wait_for(*waits)
+        """Layer-phase k waits for its gather and for the scatter issued in the same window (with buckets, only
+        for the bucket that ends a micro-batch's backward)."""
+        scatter = self.scatters.get(k - 2)
+        if scatter is not None and self.bucket > 0.0 and scatter not in self.waited:
+            scatter = None
+        self.w.wait_for(*[tid for tid in (self.gathers.get(k), scatter) if tid is not None])
 
     def issue(self, k: int) -> None:
         """Layer-phase k's window opens (deps: the chain's current last task): scatter k - 1, gather k + ahead."""
@@ -109,6 +124,8 @@ class FsdpChain:
         params = sum(self.needs[i].scatter_params for i in self.group)
         if self.group and (flush or params >= self.bucket):
             self._scatter_group(self.group, deps)
+            if flush:
+                self.waited.add(self.scatters[self.group[-1]])
             self.group = []
 
     def _gather(self, k: int, deps: tuple[int, ...]) -> None:

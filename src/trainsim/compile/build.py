@@ -16,13 +16,14 @@ stream, in one dependency chain per stage (the critical path the analytical engi
   device's, so every transfer crossing one shares it;
 - here: per micro-batch host and pipeline overheads, the distributed optimizer's parameter gathers and the
   step's end: a barrier over all stages (the gradient-norm all-reduce), the optimizer step (analytical
-  optimizer_step_s of the stage's parameters) and the iteration overhead.
+  optimizer_step_s of the stage's parameters), the parameter gathers that do not overlap the forward pass
+  (insert_gathers_after_step) and the iteration overhead.
 
 What overlaps is the job's stack (strategy/stack.py), as the analytical engine reads it: gradient buckets start
 when their last gradient is ready (grad_reduce_overlap) or after the backward pass; ZeRO-3 gathers run
 fsdp_prefetch_depth layer-phases ahead (apply_zero); the distributed optimizer's parameter gathers run at the
 start of the iteration, each before the first forward of its bucket's layers (param_gather_overlap: the next
-iteration's forward in Megatron-Core, one iteration later here), or after the reduce-scatters. The simulator
+iteration's forward in Megatron-Core, one iteration later here), or after the optimizer step. The simulator
 applies the overlap slow-down itself (sim/engine.py).
 """
 
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from trainsim.compile.apply_zero import FsdpChain, FsdpNeed, fsdp_enabled, stage_model_state
 from trainsim.compile.context import TASK_LEVELS, BuildContext, SpecBlock, StageWriter, TaskLevel, TaskSpec
 from trainsim.compile.device_classes import split_device_classes
-from trainsim.compile.insert_collectives import insert_gradient_sync, insert_param_gathers
+from trainsim.compile.insert_collectives import insert_gathers_after_step, insert_gradient_sync, insert_param_gathers
 from trainsim.compile.lower_layers import Cut, Unit, UnitMemory, emit_unit, step_units, unit_specs
 from trainsim.compile.place_links import place_links
 from trainsim.compile.schedule_pipeline import StepTids, chunk_layers, insert_transfers, stage_programs
@@ -54,6 +55,7 @@ _NO_EXTRA = UnitMemory()  # NB: shared, never changed: emit_unit only reads it
 class _StageTail:
     last_tid: int
     grad_tids: list[int]
+    grads: list[tuple[int, float, str]]  # the gradients in the order they become final (insert_gradient_sync's)
 
 
 def compile_job(job: Job, plan: LoweredPlan, pricer: Pricer,
@@ -175,7 +177,7 @@ def _emit_stage(ctx: BuildContext, stage: int, program: list[Step],
     grad_tids = insert_gradient_sync(ctx, stage, final, w.prev)
     if fsdp is not None:
         grad_tids += fsdp.finish()
-    return _StageTail(w.prev, grad_tids)
+    return _StageTail(w.prev, grad_tids, final)
 
 
 def _flush(w: StageWriter, blocks: list[SpecBlock], micro_batches: list[int]) -> None:
@@ -259,7 +261,8 @@ def _emit_step_end(ctx: BuildContext, tails: list[_StageTail]) -> None:
         optimizer = ctx.add(name="optimizer step", device=stage, stream="compute", kind="compute", duration_s=seconds,
                             deps=(barrier,), phase="optimizer", category="optimizer", alloc_bytes=temporary,
                             free_bytes=temporary)
+        gathers = insert_gathers_after_step(ctx, stage, tail.grads, optimizer)
         overhead = ctx.pricer.iteration_overhead_s(job)
         if overhead > 0.0:
             ctx.add(name="iteration overhead", device=stage, stream="compute", kind="compute", duration_s=overhead,
-                    deps=(optimizer,), phase="optimizer", category="overhead")
+                    deps=(optimizer, *gathers[-1:]), phase="optimizer", category="overhead")

@@ -8,10 +8,10 @@ layer level after the layer's compute, one task per axis.
 Gradient reduction (ZeRO 0-2) runs on the gradient stream in buckets of the stack's grad_bucket_params, filled
 in the order the last micro-batch's backward finishes the layers (Megatron's and DDP's buckets): each bucket's
 all-reduce (ZeRO 0) or reduce-scatter (ZeRO 1-2) is issued when its last gradient is ready (the stack's
-grad_reduce_overlap) or when the stage's work has ended. The distributed optimizer's parameter all-gather
-follows its reduce-scatter on the gradient stream, or, with param_gather_overlap, runs at the start of the
-iteration, bucket by bucket in forward order, each bucket's layers' first forward waiting for it
-(insert_param_gathers; Megatron-Core's overlap_param_gather gathers for the next iteration's forward).
+grad_reduce_overlap) or when the stage's work has ended. The distributed optimizer's parameter all-gathers
+follow the optimizer step, bucket by bucket (insert_gathers_after_step), or, with param_gather_overlap, run at
+the start of the iteration, bucket by bucket in forward order, each bucket's layers' first forward waiting for
+it (insert_param_gathers; Megatron-Core's overlap_param_gather gathers for the next iteration's forward).
 """
 
 from trainsim.compile.context import BuildContext, CommWork, StageWriter, TaskSpec
@@ -52,6 +52,22 @@ def _gathers_overlap(ctx: BuildContext) -> bool:
     return par.zero in (1, 2) and ctx.pricer.overlaps("param_gather_overlap", ctx.job)
 
 
+def _buckets(grads: list[tuple[int, float, str]], bucket_params: float) -> list[tuple[int, float, str]]:
+    """grads (tid that finishes a layer's gradient, parameters, label), in the order they become final, as
+    buckets of bucket_params (whole layers; a bucket is sent once it holds that many, or at the last layer):
+    per bucket the tid of its last gradient, its parameters and its name."""
+    out: list[tuple[int, float, str]] = []
+    params, first_label = 0.0, ""
+    for position, (tid, layer_params, label) in enumerate(grads):
+        first_label = first_label or label
+        params += layer_params
+        if params < bucket_params and position < len(grads) - 1:
+            continue
+        out.append((tid, params, f"bucket{len(out)} {first_label}..{label}"))
+        params, first_label = 0.0, ""
+    return out
+
+
 def insert_gradient_sync(ctx: BuildContext, stage: int, grads: list[tuple[int, float, str]],
                          end_tid: int = -1) -> list[int]:
     """grads: (tid of the task that finishes the layer's gradient, parameters, layer label) in the order the
@@ -60,36 +76,38 @@ def insert_gradient_sync(ctx: BuildContext, stage: int, grads: list[tuple[int, f
     par = ctx.par
     if par.dp * par.cp == 1 or par.zero >= 3 or not grads:
         return []
-    policy = ctx.policy
     overlap = ctx.pricer.overlaps("grad_reduce_overlap", ctx.job)
-    bucket_size = ctx.job.stack.grad_bucket_params
     resources = ctx.link_resources(ctx.layout("grad"), (stage,))
     out: list[int] = []
-    bucket_params = 0.0
-    first_label = ""
-    buckets = 0
-    for position, (tid, params, label) in enumerate(grads):
-        first_label = first_label or label
-        bucket_params += params
-        if bucket_params < bucket_size and position < len(grads) - 1:
-            continue
-        name = f"bucket{buckets} {first_label}..{label}"
-        buckets += 1
-        grad_bytes = bucket_params * policy.grad_bytes
-        if par.zero == 0:
-            steps = [("all-reduce", grad_bytes)]
-        else:
-            steps = [("reduce-scatter", grad_bytes)]
-            if not _gathers_overlap(ctx):
-                steps.append(("all-gather", bucket_params * policy.weight_bytes))
+    for tid, params, name in _buckets(grads, ctx.job.stack.grad_bucket_params):
+        collective = "all-reduce" if par.zero == 0 else "reduce-scatter"
         deps = (tid,) if overlap or end_tid < 0 or end_tid == tid else (tid, end_tid)
-        for collective, size in steps:
-            added = ctx.add(name=f"dp {collective} {name}", device=stage, stream="gradient", kind="comm",
-                           duration_s=ctx.collective_s(collective, size, "grad"), deps=deps, phase="comm",
-                           category="dp_comm", resources=resources)
-            deps = (added,)
-            out.append(added)
-        bucket_params, first_label = 0.0, ""
+        out.append(ctx.add(name=f"dp {collective} {name}", device=stage, stream="gradient", kind="comm",
+                           duration_s=ctx.collective_s(collective, params * ctx.policy.grad_bytes, "grad"),
+                           deps=deps, phase="comm", category="dp_comm", resources=resources))
+    return out
+
+
+def insert_gathers_after_step(ctx: BuildContext, stage: int, grads: list[tuple[int, float, str]],
+                              step_tid: int) -> list[int]:
+    """The distributed optimizer's parameter all-gathers where they do not overlap the forward pass (ZeRO 1-2
+    without param_gather_overlap): after the optimizer step (step_tid) has updated the shards, one per gradient
+    bucket (the reduce-scatters' buckets), on the gradient stream. Megatron-Core's DistributedOptimizer gathers
+    the updated parameters after the step (megatron/core/optimizer/distrib_optimizer.py, megatron-core 0.9.0:
+    step_with_ready_grads calls start_param_sync unless overlap_param_gather) and DeepSpeed ZeRO 1-2 too
+    (deepspeed/runtime/zero/stage_1_and_2.py, 0.12.6: step() ends with all_gather_dp_groups). Returns their
+    tids."""
+    par = ctx.par
+    if par.dp * par.cp == 1 or par.zero not in (1, 2) or _gathers_overlap(ctx) or not grads:
+        return []
+    resources = ctx.link_resources(ctx.layout("grad"), (stage,))
+    out: list[int] = []
+    deps = (step_tid,)
+    for _, params, name in _buckets(grads, ctx.job.stack.grad_bucket_params):
+        deps = (ctx.add(name=f"dp all-gather {name}", device=stage, stream="gradient", kind="comm",
+                        duration_s=ctx.collective_s("all-gather", params * ctx.policy.weight_bytes, "grad"),
+                        deps=deps, phase="comm", category="dp_comm", resources=resources),)
+        out.append(deps[0])
     return out
 
 

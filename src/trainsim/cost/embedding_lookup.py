@@ -1,6 +1,6 @@
 """Time of an EmbeddingBag lookup (forward) and its backward with the sparse update, per sharded piece.
 
-Two models behind one protocol:
+Two models behind one protocol (and InSituLookup, either of them scaled to the lookups inside an iteration):
 - roofline: the bytes of the rows read (samples x L x D x 4) and the pooled output written, over the device's
   memory bandwidth; the backward reads the output gradient and reads and writes every looked-up row (2x the
   rows). Blind to the index distribution (the baseline of Lin et al. Sec. III-E).
@@ -22,11 +22,12 @@ from trainsim.cost.lookup_mlp import Mlp
 from trainsim.embedding.indices import RF_BINS, popularity_cdf, reuse_factors, sample_batch
 from trainsim.embedding.sharding import ShardPiece
 from trainsim.embedding.tables import INDEX_BYTES, WEIGHT_BYTES, Table
-from trainsim.errors import InputFileError
+from trainsim.errors import ConfigError, InputFileError
 from trainsim.hardware.device import DeviceSpec
 
 LookupPhase = Literal["fwd", "bwd"]
 _VALUES_READ_FEATURE = 5  # log2(lookups x D) in lookup_features
+MAX_IN_SITU_SCALE = 100.0  # a bound on a fitted in-situ factor, so a broken fit is refused, not used
 
 
 # Mean hit count of a row in each reuse-factor bin [2^b, 2^(b+1)): 1 for the first bin, the bin's middle after.
@@ -124,3 +125,29 @@ class MlpLookup:
         features = lookup_features(inside.rows, inside.dim, inside.pooling, inside.samples, self.reuse_factors(inside))
         log_fwd, log_bwd = self.mlp.predict(features)[0]
         return float(np.exp(log_fwd if phase == "fwd" else log_bwd)) * scale
+
+
+@dataclass(frozen=True, slots=True)
+class InSituLookup:
+    """A lookup model's price scaled per phase to what the lookups take inside a training iteration: the
+    microbenchmarks time one table alone (cold caches, the fastest of their repeats); in an iteration a rank runs
+    its pieces back to back beside the other ranks, the dense part and the collectives' threads. The factors are
+    fitted from measured traces (calibrate.lookup_in_situ: Lin et al.'s Algorithm 1 takes what the kernel models
+    miss from collected traces, Sec. III-D); 1.0 prices the microbenchmarks as they are."""
+
+    model: LookupCostModel
+    fwd_scale: float = 1.0
+    bwd_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        for phase in ("fwd_scale", "bwd_scale"):
+            value = getattr(self, phase)
+            if not 0.0 < value <= MAX_IN_SITU_SCALE:  # NB: also refuses NaN
+                raise ConfigError(f"lookup_in_situ.{phase}", value, f"must be in (0, {MAX_IN_SITU_SCALE:g}]")
+
+    @property
+    def name(self) -> str:
+        return f"{self.model.name} in situ"
+
+    def lookup_s(self, piece: ShardPiece, phase: LookupPhase) -> float:
+        return self.model.lookup_s(piece, phase) * (self.fwd_scale if phase == "fwd" else self.bwd_scale)

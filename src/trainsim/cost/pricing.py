@@ -47,8 +47,10 @@ from trainsim.cost.rank_classes import (
 from trainsim.cost.stack_effects import (
     BucketQueue,
     BucketRuns,
+    bucket_closes,
     bucket_queue,
     bucket_runs,
+    bucketed_backward_s,
     bucketed_s,
     fuses_every_op,
     overlapped_s,
@@ -549,11 +551,11 @@ class Pricer:
         return seconds
 
     def zero3_exposed_s(self, stage: list[StagePart], job: Job) -> float:
-        """Under ZeRO-3, per micro-batch: the stage's gathers and scatters left exposed (fsdp_exposed_s), with
-        the exposed tail of its gradient buckets where the stack buckets them (fsdp_bucket_tail_s)."""
+        """Under ZeRO-3, per micro-batch: the stage's gathers and scatters left exposed (fsdp_exposed_s; the
+        forward's only where the stack buckets the gradients, whose backward pass is fsdp_bucketed_backward_s's)."""
         seconds = self._stage_fsdp_s(stage, job)
         if self.fsdp_bucketed(job):
-            seconds += self.fsdp_bucket_tail_s(stage, self._stage_work(stage, job)[1], job)
+            seconds += self.fsdp_bucketed_backward_s(stage, job, job.parallel.recompute)
         return seconds
 
     def _stage_fsdp_s(self, stage: list[StagePart], job: Job) -> float:
@@ -696,33 +698,72 @@ class Pricer:
         (a deeper prefetch only absorbs uneven layers). Without prefetch each gather waits until its layer is
         reached, behind the reduce-scatter before it (collectives of one NCCL communicator run in order): all
         exposed."""
-        policy = self.policy(job.parallel.precision)
-        gather = self.axis_collective_s("all-gather", layer.param_count * policy.weight_bytes, "grad", job)
-        scatter = self.axis_collective_s("reduce-scatter", layer.param_count * policy.grad_bytes, "grad", job)
+        gather = self.fsdp_gather_s(layer, job)
+        scatter = self.axis_collective_s("reduce-scatter", layer.param_count * self.policy(job.parallel.precision)
+                                         .grad_bytes, "grad", job)
         if job.stack.fsdp_prefetch_depth == 0 or not job.cluster.device.comm_overlaps_compute:
             return 2.0 * gather + scatter
         gamma = self.overlap_slowdown(job)
-        if self.fsdp_bucketed(job):  # the gradients go in buckets (fsdp_bucket_tail_s)
-            scatter = 0.0
         # The data-parallel gathers run on their own stream and communicator while the layer computes and while
         # its feature collectives (tp, cp, ep: other groups) run: both are the window (compile.apply_zero)
+        forward = overlapped_s(gather, cost.fwd_s + cost.comm_fwd_s, gamma)
+        if self.fsdp_bucketed(job):  # the backward pass with its buckets: fsdp_bucketed_backward_s
+            return forward
         feature_bwd_s = sum(cost.comm_s.values()) - cost.comm_fwd_s
-        return overlapped_s(gather, cost.fwd_s + cost.comm_fwd_s, gamma) + \
-            overlapped_s(gather + scatter, cost.bwd_s + feature_bwd_s, gamma)
+        return forward + overlapped_s(gather + scatter, cost.bwd_s + feature_bwd_s, gamma)
 
     def fsdp_bucketed(self, job: Job) -> bool:
-        """Whether ZeRO-3's gradients go in buckets (fsdp_bucket_tail_s) rather than per layer."""
+        """Whether ZeRO-3's gradients go in buckets (fsdp_bucketed_backward_s) rather than per layer."""
         stack = job.stack
         return stack.fsdp_bucket_params > 0.0 and stack.fsdp_prefetch_depth > 0 and \
             job.cluster.device.comm_overlaps_compute
 
-    def fsdp_bucket_tail_s(self, stage: list[StagePart], backward_s: float, job: Job) -> float:
-        """ZeRO-3 with gradient buckets (fsdp_bucket_params): per micro-batch, the stage's reduce-scatters in
-        buckets as the backward pass fills them (stack_effects.bucketed_s); the last one is exposed."""
-        params = self.stage_params(stage)
-        scatter = self.axis_collective_s("reduce-scatter", params * self.policy(job.parallel.precision).grad_bytes,
-                                         "grad", job)
-        return bucketed_s(scatter, backward_s, params / job.stack.fsdp_bucket_params, self.overlap_slowdown(job))
+    def fsdp_bucketed_backward_s(self, stage: list[StagePart], job: Job, recompute: str) -> float:
+        """ZeRO-3 with gradient buckets (fsdp_bucket_params), per micro-batch: the exposed seconds of the backward
+        pass's weight gathers and bucketed reduce-scatters, which share the gradient stream (and the NIC)
+        (stack_effects.bucketed_backward_s over fsdp_backward_steps); the compute does not wait for a bucket
+        before the micro-batch's backward ends (compile/apply_zero.py: DeepSpeed's reduce stream). recompute:
+        the job's mode (the search's grid engine asks for each). Once per (stage, cluster, layouts, precision, sp,
+        stack, recompute)."""
+        key = ("fsdp-backward", self.stage_key(stage), self._cluster_key(job.cluster), _layout_key(job),
+               job.parallel.precision, job.parallel.sp, self._stack_key(job.stack), recompute)
+        seconds = self._stage_extra_s.get(key)
+        if seconds is None:
+            seconds = self._stage_extra_s[key] = bucketed_backward_s(self.fsdp_backward_steps(stage, job, recompute),
+                                                                     self.overlap_slowdown(job))
+        return seconds
+
+    def fsdp_backward_steps(self, stage: list[StagePart], job: Job,
+                            recompute: str) -> list[tuple[float, float, float, float]]:
+        """Per layer instance of the stage in backward order, what stack_effects.bucketed_backward_s reads: its
+        recompute (full: forward with its feature collectives, not the embedding's and the head's; selective:
+        the selective ops), its backward window (with its backward feature collectives, as fsdp_exposed_s), its
+        weights' all-gather and the reduce-scatter of the gradient bucket it closes (stack_effects.bucket_closes
+        of fsdp_bucket_params, as compile/apply_zero.py fills them; a partial layer of an uneven split takes its
+        share of each)."""
+        par = job.parallel
+        grad_bytes = self.policy(par.precision).grad_bytes
+        closes = bucket_closes([(part.layer.param_count, part.count) for part in stage[::-1]],
+                               job.stack.fsdp_bucket_params)
+        instances = [part for part in stage[::-1]
+                     for _ in range(int(part.count) + (part.count - int(part.count) > 1e-9))]
+        steps = []
+        for part, (share, params) in zip(instances, closes, strict=True):
+            cost = self.layer_cost(part.layer, job)
+            redo = 0.0
+            if recompute == "full" and part.layer.kind not in ("embedding", "head"):
+                redo = cost.fwd_s + cost.comm_fwd_s
+            elif recompute == "selective":
+                redo = cost.selective_s
+            window = cost.bwd_s + (sum(cost.comm_s.values()) - cost.comm_fwd_s)
+            scatter = self.axis_collective_s("reduce-scatter", params * grad_bytes, "grad", job) if params else 0.0
+            steps.append((share * redo, share * window, share * self.fsdp_gather_s(part.layer, job), scatter))
+        return steps
+
+    def fsdp_gather_s(self, layer: Layer, job: Job) -> float:
+        """ZeRO-3: the all-gather of one layer's weights over the gradient group (fsdp_exposed_s's)."""
+        policy = self.policy(job.parallel.precision)
+        return self.axis_collective_s("all-gather", layer.param_count * policy.weight_bytes, "grad", job)
 
     def gradient_sync_exposed_s(self, stage: list[StagePart], cost: StageCost, job: Job) -> float:
         """DP gradient reduction (ZeRO 0: all-reduce; 1-2: reduce-scatter, then the parameter all-gather of the

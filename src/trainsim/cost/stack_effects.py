@@ -17,6 +17,11 @@ layers: bucket_runs fills them as the simulator's compiler does (compile/insert_
 queued_buckets_s takes each bucket's own seconds. Bucket k starts when it is ready and the one before it has
 ended, so the last ends at max over k of (ready_k + the seconds of buckets k..n-1): with bucket k ready after
 (k + 1) / n of W, max_k (sum_{j >= k} c_j - W (n - 1 - k) / n) stays exposed.
+
+ZeRO-3 gradient buckets (DeepSpeed's reduce_bucket_size) share one stream with the layers' prefetched weight
+all-gathers: bucketed_backward_s runs that stream through a micro-batch's backward pass, layer by layer (the
+simulator's schedule, compile/apply_zero.py), since a bucket's reduce-scatter delays the gathers behind it and
+so the compute that waits for them; no spread of the buckets over the window stands for that.
 """
 
 from collections.abc import Callable, Iterable, Sequence
@@ -88,6 +93,53 @@ def bucket_runs(layers: Iterable[tuple[float, float]], bucket_params: float) -> 
             held = 0.0
             position += 1
     return tuple((size, int(count)) for size, count in runs)
+
+
+def bucket_closes(layers: Iterable[tuple[float, float]], bucket_params: float) -> tuple[tuple[float, float], ...]:
+    """Per layer instance of `layers` ((parameters, repeats) in the order their gradients become final; a
+    fractional repeat count adds one partial layer, as bucket_runs), in order: (its share of the layer: 1, or
+    the fraction; the parameters of the bucket it closes, 0 where it closes none). The buckets are
+    bucket_runs's: one closes once it holds at least bucket_params, or at the last instance."""
+    instances: list[tuple[float, float]] = []  # (share, parameters)
+    for params, repeats in layers:
+        whole = int(repeats)
+        instances += [(1.0, params)] * whole
+        if repeats - whole > 1e-9:
+            instances.append((repeats - whole, params * (repeats - whole)))
+    out: list[tuple[float, float]] = []
+    held = 0.0
+    for position, (share, params) in enumerate(instances):
+        held += params
+        if held < bucket_params and position < len(instances) - 1:
+            out.append((share, 0.0))
+            continue
+        out.append((share, held))
+        held = 0.0
+    return tuple(out)
+
+
+def bucketed_backward_s(steps: Iterable[tuple[float, float, float, float]], gamma: float) -> float:
+    """Exposed seconds of one micro-batch's ZeRO-3 gathers and bucketed reduce-scatters over a stage's backward
+    pass, steps = per layer-phase in backward order (recompute_s, window_s, gather_s, scatter_s): its recompute
+    (before its window opens), its window (backward with its feature collectives), the all-gather of its weights
+    and the reduce-scatter of the bucket it closes (0 where none). The simulator's schedule on one gradient
+    stream (compile/apply_zero.py): when layer-phase k's window opens its gather is issued, then the bucket the
+    layer-phase before closed (collectives of one stream run in order); layer-phase k + 1 starts when k's
+    compute and gather have ended, and the compute does not wait for a bucket until the last one, issued after
+    the last layer-phase. NB: each window pairs with its own layer's gather (the simulator's with the next
+    one's: Pricer.fsdp_exposed_s's convention; they differ at the ends of the stage). The exposed time is the end
+    beyond the compute; the hidden rest of the collectives slows by gamma (module doc)."""
+    start = free = pending = busy = comm = 0.0  # layer-phase start, stream free, bucket to issue, compute, comm
+    for recompute, window, gather, scatter in steps:
+        issue = start + recompute
+        gathered = max(issue, free) + gather
+        free = gathered + pending
+        start = max(issue + window, gathered)
+        pending = scatter
+        busy += recompute + window
+        comm += gather + scatter
+    exposed = max(start, max(start, free) + pending) - busy
+    return exposed + gamma * (comm - exposed)
 
 
 @dataclass(frozen=True, slots=True)

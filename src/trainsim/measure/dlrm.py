@@ -43,6 +43,7 @@ class DlrmMeasurement:
     rank_events: tuple[tuple[tuple[str, float, float], ...], ...]  # per rank: (op, start, end) of the median iteration
     rank_cpu_s: tuple[tuple[float, ...], ...] = ()  # per rank, per span: median thread CPU seconds over iterations
     load_avg: tuple[float, float] = (0.0, 0.0)  # the host's 1-minute load average before and after the run
+    rank_faults: tuple[tuple[float, ...], ...] = ()  # per rank, per span: median minor page faults over iterations
 
 
 def check_dense(plan: ShardingPlan, dense: dict[str, Any]) -> None:
@@ -60,15 +61,15 @@ def check_dense(plan: ShardingPlan, dense: dict[str, Any]) -> None:
 
 def measurement_to_dict(m: DlrmMeasurement) -> dict[str, Any]:
     """The measurement as plain data (a run file's body): the iteration (median, p10, p90, every iteration of the
-    slowest rank), the per-rank spans of the median iteration with each span's median thread CPU time, and the
-    host's load average before and after."""
+    slowest rank), the per-rank spans of the median iteration with each span's median thread CPU time and minor
+    page faults, and the host's load average before and after."""
     slowest = np.asarray(m.iterations_s)
     return {"iteration_s": m.iteration_s, "p10_s": float(np.percentile(slowest, 10)),
             "p90_s": float(np.percentile(slowest, 90)), "iterations_s": list(m.iterations_s),
             "local_batch": m.config.local_batch, "num_ranks": m.config.plan.num_ranks,
             "sharder": m.config.plan.sharder, "load_avg": list(m.load_avg),
             "rank_events": [[list(e) for e in rank] for rank in m.rank_events],
-            "rank_cpu_s": [list(c) for c in m.rank_cpu_s]}
+            "rank_cpu_s": [list(c) for c in m.rank_cpu_s], "rank_faults": [list(f) for f in m.rank_faults]}
 
 
 def _free_port() -> int:
@@ -150,6 +151,6 @@ def _summarize(config: DlrmConfig, by_rank: dict[int, Any], world: int,
     median_index = int(np.argsort(slowest)[len(slowest) // 2])
     events = tuple(tuple((str(n), float(a), float(b)) for n, a, b in records[r][median_index]["events"])
                    for r in range(world))
-    cpu = tuple(tuple(float(v) for v in np.median([rec["cpu_s"] for rec in records[r]], axis=0))
-                for r in range(world))
-    return DlrmMeasurement(config, float(np.median(slowest)), tuple(slowest), events, cpu, load)
+    cpu, faults = (tuple(tuple(float(v) for v in np.median([rec[key] for rec in records[r]], axis=0))
+                         for r in range(world)) for key in ("cpu_s", "faults"))
+    return DlrmMeasurement(config, float(np.median(slowest)), tuple(slowest), events, cpu, load, faults)

@@ -14,10 +14,13 @@ and end of every step above (a per-rank trace of the ops, on its own clock since
 CPU time of every step (CLOCK_THREAD_CPUTIME_ID, time.thread_time): with one torch thread the rank's compute runs
 on this thread, so its CPU time is the work of the step without the time the thread waited for a core that other
 processes held, which a wall-clock span on a loaded host includes. A collective's thread CPU time is only its
-host-side packing: gloo moves the data on its own threads, and the wait is off-CPU.
+host-side packing: gloo moves the data on its own threads, and the wait is off-CPU. Each span also records the
+minor page faults the thread took in it (getrusage(RUSAGE_THREAD)): a fresh multi-megabyte buffer (the sparse
+gradient of a lookup's backward) faults its pages in on first touch, which its thread CPU time includes.
 """
 
 import itertools
+import resource
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -36,7 +39,9 @@ class _Clock:
         self.origin = time.perf_counter()
         self.events: list[tuple[str, float, float]] = []
         self.cpu_s: list[float] = []  # thread CPU seconds of each event
+        self.faults: list[int] = []  # minor page faults of the thread in each event
         self._cpu_mark = time.thread_time()
+        self._fault_mark = _thread_faults()
 
     def span(self, name: str, start: float) -> float:
         end = time.perf_counter()
@@ -44,7 +49,15 @@ class _Clock:
         self.events.append((name, start - self.origin, end - self.origin))
         self.cpu_s.append(cpu - self._cpu_mark)
         self._cpu_mark = cpu
+        faults = _thread_faults()
+        self.faults.append(faults - self._fault_mark)
+        self._fault_mark = faults
         return end
+
+
+def _thread_faults() -> int:
+    """Minor page faults of the calling thread so far."""
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
 
 
 def dense_mlp(torch: Any, widths: list[int], sigmoid_last: bool) -> Any:
@@ -234,7 +247,8 @@ def config_iterations(torch: Any, dist: Any, rank: int, world: int, plan: Shardi
                 b.weight.grad = None
                 offset += n
         clock.span("optimizer step", t)
-        yield {"iteration_s": clock.events[-1][2], "events": clock.events, "cpu_s": clock.cpu_s}
+        yield {"iteration_s": clock.events[-1][2], "events": clock.events, "cpu_s": clock.cpu_s,
+               "faults": clock.faults}
 
 
 def _assemble(torch: Any, plan: ShardingPlan, all_pieces: list[list[ShardPiece]], received: Any, batch: int,

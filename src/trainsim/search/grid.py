@@ -199,19 +199,19 @@ class _Shared:
     # a stage row: a distinct stage of a combo: its content and its pipeline sends (0 for pp = 1)
     row_content: list[int] = field(default_factory=list)
     row_sends_s: list[float] = field(default_factory=list)
-    row_fsdp_s: list[float] = field(default_factory=list)  # ZeRO-3's exposure (with the bucketed tail)
+    # ZeRO-3's exposure per RECOMPUTE_CODES (the bucketed backward pass reads the recompute; else all equal)
+    row_fsdp_s: list[list[float]] = field(default_factory=list)
     row_chain_s: list[float] = field(default_factory=list)  # Pricer.pipeline_chain_s (0 unless overlapped, vpp > 1)
     # a content: one distinct stage of a shape under one layer context but dp; a shape's contents under one
     # context are numbered in a row, from the first (block_of: (id of a kept shape, layer context) -> its first)
     block_of: dict[tuple[object, ...], int] = field(default_factory=dict)
     content_stages: list[list[StagePart]] = field(default_factory=list)  # the stage, for the gradient queues
     content_compute_s: list[float] = field(default_factory=list)  # forward + backward (_Batch._contents)
-    content_backward_s: list[float] = field(default_factory=list)
-    content_params: list[float] = field(default_factory=list)  # Pricer.stage_params
-    # a (content, dp): its ZeRO-3 exposure and pipeline hop (Pricer.pipeline_hop_s of its largest output; 0 for
-    # pp = 1), a block's contents' in a row from the first (by_dp_of: (first content, dp) -> its first)
+    # a (content, dp): its ZeRO-3 exposure per RECOMPUTE_CODES and pipeline hop (Pricer.pipeline_hop_s of its
+    # largest output; 0 for pp = 1), a block's contents' in a row from the first (by_dp_of: (first content, dp)
+    # -> its first)
     by_dp_of: dict[tuple[int, int], int] = field(default_factory=dict)
-    by_dp_fsdp_s: list[float] = field(default_factory=list)
+    by_dp_fsdp_s: list[list[float]] = field(default_factory=list)
     by_dp_hop_s: list[float] = field(default_factory=list)
     by_dp_count: int = 0  # numbered, including those a batch has yet to price
     # (parameters, precision, dp x cp, tp) -> the all-gather of a layer's weights and the reduce-scatter of its
@@ -576,10 +576,10 @@ class _Batch:
         return pair
 
     def _finish(self) -> None:
-        """The new rows' sums: their contents (_contents), their ZeRO-3 exposure (Pricer._stage_fsdp_s's sum of
-        the layers' fsdp_exposed_s in order, with zero3_exposed_s's bucket tail) and their pipeline sends
-        (Pricer.pipeline_sends_s over arrays: 2 vpp hops a micro-batch, each overlapped with one chunk's forward
-        and backward where the stack overlaps p2p and vpp > 1, and the fitted overhead)."""
+        """The new rows' sums: their contents (_contents), their ZeRO-3 exposure (Pricer.zero3_exposed_s: the sum
+        of the layers' fsdp_exposed_s in order, with the bucketed backward pass per recompute mode) and their
+        pipeline sends (Pricer.pipeline_sends_s over arrays: 2 vpp hops a micro-batch, each overlapped with one
+        chunk's forward and backward where the stack overlaps p2p and vpp > 1, and the fitted overhead)."""
         pricer, shared = self.pricer, self.shared
         term_rows = shared.term_rows  # NB: complete here (_graph_terms); one table for both
         term_table = _rows(term_rows, len(term_rows[0]), np.float64) if term_rows else np.zeros((0, _FSDP_AT + 2))
@@ -612,12 +612,13 @@ class _Batch:
 
     def _by_dp(self, term_table: Floats) -> None:
         """The new (content, dp)'s ZeRO-3 exposure over arrays: Pricer.zero3_exposed_s, i.e. the sum over the
-        stage's parts of count x fsdp_exposed_s of its layer (from 0.0, in the stage's order), with
-        fsdp_bucket_tail_s where the stack buckets ZeRO-3's gradients; per template (its stages' parts are fixed
-        positions of the graphs' layers), over the new blocks and dp of that template. The formulas are
-        Pricer.fsdp_exposed_s's and stack_effects.overlapped_s / bucketed_s's (max and min as np.maximum and
-        np.minimum, the same operations in the same order); tests/unit/search/test_grid.py holds them equal to
-        the plain engine's for stacks with and without prefetch and buckets."""
+        stage's parts of count x fsdp_exposed_s of its layer (from 0.0, in the stage's order), per recompute mode:
+        where the stack buckets ZeRO-3's gradients, the sum is of the forward's gathers and the Pricer's
+        fsdp_bucketed_backward_s is added (the backward pass's stream, one layer at a time: not over arrays); per
+        template (its stages' parts are fixed positions of the graphs' layers), over the new blocks and dp of
+        that template. The formulas are Pricer.fsdp_exposed_s's and stack_effects.overlapped_s's (max and min as
+        np.maximum and np.minimum, the same operations in the same order); tests/unit/search/test_grid.py holds
+        them equal to the plain engine's for stacks with and without prefetch and buckets."""
         pricer, shared, job0 = self.pricer, self.shared, self.job0
         new = self.new_by_dp
         base = new[0][0]
@@ -638,35 +639,22 @@ class _Batch:
                     if not exposes:
                         exposed = 2.0 * gather + scatter
                     else:
-                        if bucketed:  # the gradients go in buckets (the tail below)
-                            scatter = np.zeros_like(scatter)
                         table = term_table[numbers[:, position]]
                         forward_window, backward_window = table[:, _FSDP_AT], table[:, _FSDP_AT + 1]
-                        both = gather + scatter
-                        exposed = (np.maximum(0.0, gather - forward_window)
-                                   + gamma * np.minimum(gather, forward_window)) + \
-                            (np.maximum(0.0, both - backward_window) + gamma * np.minimum(both, backward_window))
+                        exposed = np.maximum(0.0, gather - forward_window) + gamma * np.minimum(gather, forward_window)
+                        if not bucketed:  # else the backward pass with its buckets, below
+                            both = gather + scatter
+                            exposed = exposed + \
+                                (np.maximum(0.0, both - backward_window) + gamma * np.minimum(both, backward_window))
                     seconds = seconds + (count * exposed if count > 0.0 else 0.0)
                 fsdp[starts + stage] = seconds
-        if bucketed:
-            contents = [first + stage for _, first, shape, _, _, _, _ in new for stage in range(len(shape.stages))]
-            jobs = [job for _, _, shape, job, _, _, _ in new for _ in shape.stages]
-            fsdp = fsdp + self._bucket_tails(contents, jobs)
-        shared.by_dp_fsdp_s.extend(fsdp.tolist())
+        by_mode = [fsdp] * len(RECOMPUTE_CODES)
+        if bucketed:  # the backward pass's stream, per recompute mode (the Pricer's, cached)
+            stages = [(stage, job) for _, _, shape, job, _, _, _ in new for stage in shape.stages]
+            by_mode = [fsdp + np.array([pricer.fsdp_bucketed_backward_s(stage, job, mode) for stage, job in stages],
+                                       dtype=np.float64) for mode in RECOMPUTE_CODES]
+        shared.by_dp_fsdp_s.extend(np.stack(by_mode, axis=1).tolist())
         shared.by_dp_hop_s.extend(chain.from_iterable(hops for *_, hops in new))
-
-    def _bucket_tails(self, numbers: list[int], jobs: list[Job]) -> Floats:
-        """Pricer.fsdp_bucket_tail_s of each content (with its job's dp) over arrays: the stage's gradients'
-        reduce-scatter in buckets of fsdp_bucket_params over its backward (stack_effects.bucketed_s)."""
-        pricer, shared = self.pricer, self.shared
-        params = np.array(shared.content_params, dtype=np.float64)[numbers]
-        backward = np.array(shared.content_backward_s, dtype=np.float64)[numbers]
-        total = np.array([pricer.axis_collective_s("reduce-scatter", value * pricer.policy(job.parallel.precision)
-                                                   .grad_bytes, "grad", job)
-                          for value, job in zip(params.tolist(), jobs, strict=True)], dtype=np.float64)
-        buckets = np.maximum(1.0, params / self.job0.stack.fsdp_bucket_params)
-        exposed = np.maximum(total / buckets, total - backward * (buckets - 1.0) / buckets)
-        return np.where(total <= 0.0, 0.0, exposed + pricer.overlap_slowdown(self.job0) * (total - exposed))
 
     def _contents(self, term_table: Floats) -> None:
         """The new contents: what a stage's price reads but its ZeRO-3 exposure and pipeline sends, the sums over
@@ -719,8 +707,6 @@ class _Batch:
         forward, backward, feature_fwd = sums[:, 0], sums[:, 1], sums[:, 3]
         compute = forward + backward
         shared.content_compute_s.extend(compute.tolist())
-        shared.content_backward_s.extend(backward.tolist())
-        shared.content_params.extend(sums[:, _PARAMS_AT].tolist())
         _, shape, _, job, _ = new[0]
         shared.content_blocks.append({
             "compute": compute, "forward": forward, "backward": backward, "wgrad": sums[:, 2],
@@ -829,9 +815,10 @@ class _Fast:
         # --- one micro-batch on each distinct stage of each combo, per recompute mode and with or without
         # ZeRO-3 (Pricer._price_stage, StageCost.total_s): the variants (combo, recompute, ZeRO-3) ---
         rows = combos.safe_rows  # C x R
-        fsdp = np.stack([np.zeros_like(table.fsdp[rows]), table.fsdp[rows]], axis=1)  # C x 2 x R
+        by_mode = table.fsdp[rows].transpose(0, 2, 1)  # C x 3 x R
+        fsdp = np.stack([np.zeros_like(by_mode), by_mode], axis=2)  # C x 3 x 2 x R
         variant = (table.compute[rows][:, None, None, :] + table.recompute[rows].transpose(0, 2, 1)[:, :, None, :]
-                   + table.comm_total[rows][:, None, None, :] + fsdp[:, None, :, :]
+                   + table.comm_total[rows][:, None, None, :] + fsdp
                    + table.overhead[rows][:, None, None, :])  # C x 3 x 2 x R
         variant = np.where(combos.valid_rows[:, None, None, :], variant, -np.inf)
         slowest = np.argmax(variant, axis=-1)  # rows in stage order: the first slowest stage, as max(range(p), ..)
@@ -844,7 +831,7 @@ class _Fast:
         slow_total = variant.ravel()[code * variant.shape[-1] + slow_local]
         stage_sum = stage_sums.ravel()[code]
         slow_recompute = table.recompute.ravel()[slow_row * 3 + recompute_code]
-        slow_fsdp = np.where(zero3 == 1, table.fsdp[slow_row], 0.0)
+        slow_fsdp = np.where(zero3 == 1, table.fsdp.ravel()[slow_row * 3 + recompute_code], 0.0)
         first_row = combos.first_row[self.combo]
 
         # --- the bubble (even split) and zero bubble ---
@@ -1062,7 +1049,7 @@ class _RowTable:
     """The stage rows as columns (each a content's, with the row's pipeline sends after its feature axes)."""
 
     def __init__(self, columns: dict[str, Floats], row_content: list[int], row_sends_s: list[float],
-                 row_fsdp_s: list[float], row_chain_s: list[float]) -> None:
+                 row_fsdp_s: list[list[float]], row_chain_s: list[float]) -> None:
         index = np.array(row_content, dtype=np.int64)
         sends = np.array(row_sends_s, dtype=np.float64)
         self.compute = columns["compute"][index]
@@ -1073,7 +1060,7 @@ class _RowTable:
         self.comm[np.arange(len(index)), columns["features"][index].astype(np.int64)] = sends  # 0 where pp = 1
         self.comm_total = columns["feature_total"][index] + sends  # sum(feature_s + (sends,)): x + 0.0 is x
         self.recompute = columns["recompute"][index]
-        self.fsdp = np.array(row_fsdp_s, dtype=np.float64)
+        self.fsdp = np.array(row_fsdp_s, dtype=np.float64).reshape(len(row_fsdp_s), len(RECOMPUTE_CODES))
         self.chain = np.array(row_chain_s, dtype=np.float64)
         self.overhead = columns["overhead"][index]
         self.params = columns["params"][index]

@@ -364,3 +364,28 @@ def test_a_stack_that_copies_gradients_into_buckets_pays_the_copies_before_the_o
     for job in (_job(2, global_batch=4), _job(1, stack=StackSpec(grad_bucket_copies=True), global_batch=2)):
         plain = compile_job(job, default_plan(graph_for(job), job.parallel), pricer)
         assert not any(t.name == "gradient bucket copies" for t in plain.tasks)
+
+
+def test_distributed_optimizer_gathers_that_do_not_overlap_follow_the_optimizer_step() -> None:
+    """ZeRO 1 as Megatron-DeepSpeed runs it (neither the reduce-scatters nor the parameter all-gathers
+    overlapped): the gathers wait for the optimizer step that updates the shards and run back to back after it,
+    one per bucket of the reduce-scatters, before the iteration's end; the iteration is the analytical engine's
+    sum. With the reduce-scatters overlapped the gathers still follow the step."""
+    cal = Calibration().model_copy(update={"runtime": Calibration().runtime.model_copy(
+        update={"iteration_overhead_s": 1e-3})})
+    sim = _sim(cal)
+    for overlap in (False, True):
+        stack = StackSpec(grad_reduce_overlap=overlap, param_gather_overlap=False, grad_bucket_params=4e7)
+        job = _job(4, stack=stack, zero=1, global_batch=8)
+        result = sim.estimate(job, graph_for(job))
+        graph, outcome = _timeline(result).exec_graph, _timeline(result).outcome
+        scatters = [t for t in graph.tasks if t.name.startswith("dp reduce-scatter")]
+        gathers = [t for t in graph.tasks if t.name.startswith("dp all-gather")]
+        step = next(t for t in graph.tasks if t.name == "optimizer step")
+        overhead = next(t for t in graph.tasks if t.name == "iteration overhead")
+        assert len(gathers) == len(scatters) >= 2
+        assert min(outcome.start_s[t.tid] for t in gathers) == outcome.end_s[step.tid]
+        assert outcome.start_s[overhead.tid] == max(outcome.end_s[t.tid] for t in gathers)
+        if not overlap:
+            expected = AnalyticalEstimator(sim.pricer).estimate(job, graph_for(job)).iteration_time_s
+            assert result.iteration_time_s == pytest.approx(expected, rel=1e-9)

@@ -11,8 +11,10 @@ from trainsim.catalog.calibration import Calibration, RuntimeParams
 from trainsim.catalog.model_files import parse_model
 from trainsim.cost.pricing import Pricer
 from trainsim.cost.stack_effects import (
+    bucket_closes,
     bucket_queue,
     bucket_runs,
+    bucketed_backward_s,
     bucketed_s,
     fuses_every_op,
     overlapped_s,
@@ -90,6 +92,45 @@ def test_bucket_runs_equal_their_definition_instance_by_instance() -> None:
                    rng.choice([1, 2, 3, 0.5, 2.25, 10, 0.0, 3 + 1e-12])) for _ in range(rng.randint(0, 6))]
         size = rng.choice([0.0, 1.0, 4e7, 1e8, 5e8, rng.uniform(0.0, 1e9), -1.0])
         assert bucket_runs(layers, size) == _bucket_runs_by_instance(layers, size), (layers, size)
+
+
+def test_bucket_closes_are_bucket_runs_layer_by_layer() -> None:
+    """Exact: instances of 3, 3, 3 and 5 parameters in buckets of 5 close buckets of 6 (the second) and 8 (the
+    last); a half layer is its own instance with half the parameters. Over random layers (positive parameters,
+    whole and fractional repeats) and positive bucket sizes, the buckets closed, in order, are bucket_runs's."""
+    assert bucket_closes([(3.0, 3), (5.0, 1)], 5.0) == ((1.0, 0.0), (1.0, 6.0), (1.0, 0.0), (1.0, 8.0))
+    assert bucket_closes([(4.0, 1.5)], 4.0) == ((1.0, 4.0), (0.5, 2.0))
+    rng = random.Random(5)
+    for _ in range(2000):
+        layers = [(rng.choice([1.0, 7.5, 1e6, 4e7, 8.5e8, rng.uniform(1.0, 1e8)]),
+                   rng.choice([1, 2, 3, 0.5, 2.25, 10, 0.0, 3 + 1e-12])) for _ in range(rng.randint(0, 6))]
+        size = rng.choice([1.0, 4e7, 1e8, 5e8, rng.uniform(1.0, 1e9)])
+        runs: list[list[float]] = []
+        for _, params in bucket_closes(layers, size):
+            if params > 0.0 and runs and runs[-1][0] == params:
+                runs[-1][1] += 1
+            elif params > 0.0:
+                runs.append([params, 1])
+        assert tuple((params, int(count)) for params, count in runs) == bucket_runs(layers, size), (layers, size)
+
+
+def test_bucketed_backward_runs_the_gradient_stream_exactly() -> None:
+    """Steps (recompute, window, gather, scatter of the bucket closed) of a backward pass, by hand:
+    - gathers of 1 s under windows of 4 s, one bucket of 5 s closed by the last layer: sent after the pass, all
+      5 s exposed;
+    - a bucket of 7 s closed by the first layer goes out when the second starts (at 4 s, behind its gather: 5 s
+      to 12 s): the third gather waits for it and ends at 13 s, 1 s after the last compute, though 8 s of
+      compute followed the bucket's closing (no spread of the buckets over the window sees it);
+    - recompute delays the window's start: 2 s of recompute before each 4 s window, a 5 s bucket closed by the
+      first layer goes out at 8 s behind the second gather and ends at 14 s, 2 s past the compute; the hidden
+      5 s slow by gamma;
+    - gathers longer than their windows: each layer waits for its own, max(0, gather - window) per layer."""
+    assert bucketed_backward_s([(0.0, 4.0, 1.0, 0.0), (0.0, 4.0, 1.0, 0.0), (0.0, 4.0, 1.0, 5.0)], 0.0) == 5.0
+    assert bucketed_backward_s([(0.0, 4.0, 1.0, 7.0), (0.0, 4.0, 1.0, 0.0), (0.0, 4.0, 1.0, 0.0)], 0.0) == 1.0
+    assert bucketed_backward_s([(2.0, 4.0, 1.0, 5.0), (2.0, 4.0, 1.0, 0.0)], 0.0) == 2.0
+    assert bucketed_backward_s([(2.0, 4.0, 1.0, 5.0), (2.0, 4.0, 1.0, 0.0)], 0.5) == 2.0 + 0.5 * 5.0
+    assert bucketed_backward_s([(0.0, 1.0, 3.0, 0.0), (0.0, 1.0, 3.0, 0.0)], 0.0) == 4.0
+    assert bucketed_backward_s([], 0.0) == 0.0
 
 
 def test_a_stack_that_fuses_every_op_adds_no_kernel() -> None:
@@ -255,16 +296,22 @@ def test_sim_agrees_with_analytical_per_gradient_behaviour(stack: StackSpec) -> 
 
 
 def test_zero3_gradient_buckets_leave_the_last_bucket_exposed() -> None:
+    """One bucket of all the stage's gradients is closed by the last layer of the backward pass and sent after
+    it: its reduce-scatter is the last step's; the stage's ZeRO-3 exposure is the forward's gathers
+    (fsdp_exposed_s) plus the backward pass's stream (fsdp_bucketed_backward_s); the simulator agrees."""
     pricer = Pricer(Calibration())
     plain = _job(2, StackSpec(), zero=3, global_batch=2)
     bucketed = _job(2, StackSpec(fsdp_bucket_params=1e12), zero=3, global_batch=2)  # one bucket: all at the end
     stage = pricer.partition(graph_for(plain), 1).stages[0]
     scatter = pricer.axis_collective_s("reduce-scatter", pricer.stage_params(stage) * 2, "grad", bucketed)
-    cost = pricer.stage_cost(stage, bucketed)
-    assert pricer.fsdp_bucket_tail_s(stage, cost.backward_s, bucketed) == scatter
-    no_scatter = sum(layer.count * pricer.fsdp_exposed_s(layer, pricer.layer_cost(layer, bucketed), bucketed)
-                     for layer in graph_for(bucketed).layers)
-    assert cost.fsdp_exposed_s == pytest.approx(no_scatter + scatter, rel=1e-12)
+    steps = pricer.fsdp_backward_steps(stage, bucketed, "none")
+    assert [step[3] for step in steps] == [0.0] * (len(steps) - 1) + [scatter]
+    assert len(steps) == sum(layer.count for layer in graph_for(bucketed).layers)
+    backward = pricer.fsdp_bucketed_backward_s(stage, bucketed, "none")
+    assert backward == bucketed_backward_s(steps, 0.0) >= scatter
+    forward = sum(layer.count * pricer.fsdp_exposed_s(layer, pricer.layer_cost(layer, bucketed), bucketed)
+                  for layer in graph_for(bucketed).layers)
+    assert pricer.stage_cost(stage, bucketed).fsdp_exposed_s == pytest.approx(forward + backward, rel=1e-12)
     analytical = AnalyticalEstimator(pricer).estimate(bucketed, graph_for(bucketed)).iteration_time_s
     sim = SimEstimator(pricer, overlap=False, sharing=False).estimate(bucketed, graph_for(bucketed)).iteration_time_s
     assert sim == pytest.approx(analytical, rel=0.02)

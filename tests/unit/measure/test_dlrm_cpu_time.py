@@ -9,21 +9,35 @@ import pytest
 from trainsim.measure import dlrm, dlrm_rank
 
 
-def test_clock_records_each_spans_thread_cpu_time(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_clock_records_each_spans_thread_cpu_time_and_page_faults(monkeypatch: pytest.MonkeyPatch) -> None:
     walls = iter([10.0, 10.5, 11.5])  # origin, then the end of each span
     cpus = iter([2.0, 2.25, 2.75])  # at the clock's creation, then at each span's end
+    faults = iter([100, 100, 3300])
     monkeypatch.setattr(dlrm_rank.time, "perf_counter", lambda: next(walls))
     monkeypatch.setattr(dlrm_rank.time, "thread_time", lambda: next(cpus))
+    monkeypatch.setattr(dlrm_rank, "_thread_faults", lambda: next(faults))
     clock = dlrm_rank._Clock()
     t = clock.span("bottom_mlp fwd", 10.0)
     clock.span("embeddings fwd", t)
     assert clock.events == [("bottom_mlp fwd", 0.0, 0.5), ("embeddings fwd", 0.5, 1.5)]
     assert clock.cpu_s == [0.25, 0.5]  # 0.25 s and 0.5 s of CPU in 0.5 s and 1.0 s of wall time
+    assert clock.faults == [0, 3200]
+
+
+def test_a_fresh_buffer_faults_its_pages_in_on_the_thread() -> None:
+    from pathlib import Path
+
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    page_bytes = 2 * 1024 * 1024 if thp.exists() and "[always]" in thp.read_text() else 4096
+    before = dlrm_rank._thread_faults()
+    buffer = b"\x01" * (64 * 1024 * 1024)  # 64 MiB written: above malloc's mmap threshold, fresh pages
+    assert dlrm_rank._thread_faults() - before >= 64 * 1024 * 1024 // page_bytes
+    del buffer
 
 
 def _record(iteration_s: float, cpu_s: list[float]) -> dict[str, Any]:
     return {"iteration_s": iteration_s, "events": [("a", 0.0, iteration_s / 2), ("b", iteration_s / 2, iteration_s)],
-            "cpu_s": cpu_s}
+            "cpu_s": cpu_s, "faults": [round(c * 10) for c in cpu_s]}
 
 
 def test_summary_takes_median_cpu_per_span_and_keeps_the_load() -> None:
@@ -35,6 +49,7 @@ def test_summary_takes_median_cpu_per_span_and_keeps_the_load() -> None:
     assert m.iteration_s == 3.0
     assert m.rank_events[0] == (("a", 0.0, 1.5), ("b", 1.5, 3.0))  # the median iteration's spans
     assert m.rank_cpu_s == ((0.2, 0.4), (0.6, 0.1))
+    assert m.rank_faults == ((2.0, 4.0), (6.0, 1.0))
     assert m.load_avg == (0.5, 1.25)
 
 

@@ -79,6 +79,30 @@ def test_every_plan_of_a_grid(model: ModelSpec, stack: str) -> None:
     check_grid(plans)
 
 
+def test_zero3_gradient_buckets_over_the_grid() -> None:
+    """DeepSpeed ZeRO-3 with buckets of two to three blocks of a model whose gathers and reduce-scatters outlast
+    its compute (every op 1 us): the backward pass's stream (Pricer.fsdp_bucketed_backward_s) then reads the
+    recompute, which the grid's stage rows do not: every plan (every recompute mode) as the plain engine prices
+    it, and the recompute changes the ZeRO-3 exposure."""
+    model = parse_model({"name": "wide-dense", "num_layers": 8, "hidden": 1024, "ffn_hidden": 4096,
+                         "num_heads": 16, "vocab": 1000})
+    cluster = load_cluster("dgx-h100-80gb").with_num_gpus(16)
+    stack = load_stack("deepspeed-zero").model_copy(update={"fsdp_bucket_params": 3e7})
+    space = SearchSpace(global_batch=64, seq_len=512, max_micro_batch=2, max_vpp=2, stack=stack)
+    plans = [plan for plan in grid_of(model, cluster, space) if plan[0].parallel.zero == 3]
+    assert {job.parallel.recompute for job, _ in plans} == {"none", "selective", "full"}
+    pricer = Pricer(op_costs=ConstantCosts(1e-6))
+    prices = GridEngine(AnalyticalEstimator(pricer)).price(plans)
+    assert not prices.errors
+    for index, (job, graph) in enumerate(plans):
+        plain = AnalyticalEstimator(Pricer(op_costs=pricer.op_costs)).price(job, graph)
+        assert prices.iteration_time_s[index] == pytest.approx(plain.iteration_time_s, rel=REL, abs=0.0)
+    job, graph = next(plan for plan in plans if plan[0].parallel.pp == 1)
+    stage = pricer.partition(graph, 1).stages[0]
+    by_mode = {mode: pricer.fsdp_bucketed_backward_s(stage, job, mode) for mode in ("none", "full")}
+    assert by_mode["full"] < by_mode["none"] * 0.999, by_mode  # the recompute hides some reduce-scatter
+
+
 def same_prices(a: GridPrices, b: GridPrices) -> None:
     assert a.iteration_time_s.tolist() == b.iteration_time_s.tolist()
     assert a.tokens_per_s.tolist() == b.tokens_per_s.tolist()

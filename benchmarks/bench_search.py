@@ -35,15 +35,14 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from trainsim.catalog import load_cluster, load_model
-from trainsim.errors import TrainsimError
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.hardware.cluster import ClusterSpec
 from trainsim.ir.graph import OpGraph
 from trainsim.ir.model_spec import ModelSpec
-from trainsim.job import Job, make_job
-from trainsim.pipeline import GraphCache
+from trainsim.job import Job
 from trainsim.search import Planner, SearchReport, SearchSpace
 from trainsim.search.grid import GridEngine
+from trainsim.search.planner import build_plans
 from trainsim.search.space import PlanColumns, plan_grid
 
 T = TypeVar("T")
@@ -64,16 +63,9 @@ def priced_jobs(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace) -> l
 def priced_grid(model: ModelSpec, cluster: ClusterSpec,
                 space: SearchSpace) -> tuple[list[tuple[Job, OpGraph]], PlanColumns]:
     """priced_jobs, with the enumeration's columns of those plans (what Planner.search hands the engine)."""
-    graphs, jobs, accepted = GraphCache(), [], []
     plans, columns = plan_grid(model, cluster, space)
-    for index, parallel in enumerate(plans):
-        try:
-            job = make_job(model, cluster, parallel, space.stack)
-        except TrainsimError:
-            continue
-        jobs.append((job, graphs.get(job)))
-        accepted.append(index)
-    return jobs, columns.take(accepted)
+    grid = build_plans(model, cluster, plans, space.stack)
+    return grid.jobs, columns.take(grid.index)
 
 
 def price_one_by_one(jobs: list[tuple[Job, OpGraph]]) -> int:

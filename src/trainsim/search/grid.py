@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import is_, itemgetter
+from typing import TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -71,25 +72,6 @@ _KEY_FIELDS = itemgetter("tp", "cp", "ep", "dp", "pp", "vpp", "sp", "precision",
 _SPLIT_AT = 10
 _SLOW_GROUP = (-1, 1, 1, 1, 0, 0, 0, 1, 1)  # a group the plain engine prices (_Batch._group's combo -1)
 COMM_SLOTS = 4  # feature-communication axes of a stage (tp, cp, ep) and its pipeline sends
-
-
-@dataclass(frozen=True, slots=True)
-class _Content:
-    """One stage of a partition under one layer context but dp (its figures: _Shared.content_columns): what the
-    gradient reduction, the ZeRO-3 bucket tail and the pipeline sends read of it."""
-
-    stage: list[StagePart]  # the stage itself, for the Pricer's gradient reduction
-    param_layers: int  # the number of its layers' (parameters, count): what its gradient buckets read
-    compute_s: float  # forward + backward
-
-
-@dataclass(slots=True)
-class _Combo:
-    """A partition under one layer context: its distinct stages' rows and how its stages map to them."""
-
-    first_row: int  # index of its first stage row in _Shared
-    local: tuple[int, ...]  # per stage: which of its distinct rows (0-based) it takes
-    heads: tuple[int, ...]  # per distinct row: its first stage
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,23 +202,36 @@ class _Shared:
     # ZeRO-3's exposure per RECOMPUTE_CODES (the bucketed backward pass reads the recompute; else all equal)
     row_fsdp_s: list[list[float]] = field(default_factory=list)
     row_chain_s: list[float] = field(default_factory=list)  # Pricer.pipeline_chain_s (0 unless overlapped, vpp > 1)
-    # (content, dp) -> its ZeRO-3 exposure per RECOMPUTE_CODES and pipeline hop (Pricer.pipeline_hop_s of its
-    # largest output; 0 for pp = 1)
-    by_dp: dict[tuple[int, int], tuple[float, float, float, float]] = field(default_factory=dict)
+    # a content: one distinct stage of a shape under one layer context but dp; a shape's contents under one
+    # context are numbered in a row, from the first (block_of: (id of a kept shape, layer context) -> its first)
+    block_of: dict[tuple[object, ...], int] = field(default_factory=dict)
+    content_stages: list[list[StagePart]] = field(default_factory=list)  # the stage, for the gradient queues
+    content_compute_s: list[float] = field(default_factory=list)  # forward + backward (_Batch._contents)
+    # a (content, dp): its ZeRO-3 exposure per RECOMPUTE_CODES and pipeline hop (Pricer.pipeline_hop_s of its
+    # largest output; 0 for pp = 1), a block's contents' in a row from the first (by_dp_of: (first content, dp)
+    # -> its first)
+    by_dp_of: dict[tuple[int, int], int] = field(default_factory=dict)
+    by_dp_fsdp_s: list[list[float]] = field(default_factory=list)
+    by_dp_hop_s: list[float] = field(default_factory=list)
+    by_dp_count: int = 0  # numbered, including those a batch has yet to price
     # (parameters, precision, dp x cp, tp) -> the all-gather of a layer's weights and the reduce-scatter of its
     # gradients over the gradient group (Pricer.fsdp_exposed_s's collectives; _Batch._fsdp_collectives)
     fsdp_collectives: dict[tuple[object, ...], tuple[float, float]] = field(default_factory=dict)
-    content_terms: list[tuple[int, ...]] = field(default_factory=list)  # per content its parts' layer terms
-    # per graph and layer context its layers' terms (_Batch._graph_terms); per graph, precision and gradient
-    # group its layers' ZeRO-3 collectives (_Batch._graph_collectives)
+    # per graph and layer context its layers' terms (_Batch._graph_terms); per (layers' parameters, precision,
+    # gradient group) the layers' ZeRO-3 collectives (_Batch._graph_collectives)
     graph_terms: dict[tuple[object, ...], "list[_LayerTerms]"] = field(default_factory=dict)
     graph_collectives: dict[tuple[object, ...], list[tuple[float, float]]] = field(default_factory=dict)
     hops: dict[tuple[object, ...], float] = field(default_factory=dict)  # _Batch._hop_s
-    # (id of a graph, (position of a layer, count)) -> its StagePart, for the shapes
-    parts: dict[tuple[int, tuple[int, float]], StagePart] = field(default_factory=dict)
-    # (id of a kept shape, layer context, dp) -> its distinct stages' (content, dp) (_Batch._new_combo)
-    shape_rows: dict[tuple[object, ...], list[tuple[int, int]]] = field(default_factory=dict)
-    contents: list[_Content | None] = field(default_factory=list)  # None until _Batch._finish
+    # id of a graph -> per (position of a layer, count) its StagePart, for the shapes; and its layers' parameters
+    parts: dict[int, dict[tuple[int, float], StagePart]] = field(default_factory=dict)
+    graph_params: dict[int, tuple[float, ...]] = field(default_factory=dict)
+    # (id of a kept shape, layer context, dp) -> its first content and first (content, dp) (_Batch._new_combo)
+    shape_rows: dict[tuple[object, ...], tuple[int, int]] = field(default_factory=dict)
+    # (id of a template, the axes of a graph's layers' feature collectives) -> per distinct stage its feature
+    # slots (_Batch._contents); (id of a template, a graph's layers' parameters) -> per distinct stage its number
+    # of param_layers
+    slots_of: dict[tuple[object, ...], list[list[int]]] = field(default_factory=dict)
+    layers_of: dict[tuple[object, ...], list[int]] = field(default_factory=dict)
     # the contents' figures (_Batch._contents), per name an array over a batch's new contents
     content_blocks: list[dict[str, Floats]] = field(default_factory=list)
     # (id of a graph, pp) -> its even partition's distinct stages, the stage map and the largest parameters
@@ -247,8 +242,12 @@ class _Shared:
     signature_numbers: dict[tuple[object, ...], int] = field(default_factory=dict)
     templates: dict[tuple[object, ...], "_Template | None"] = field(default_factory=dict)
     even: dict[tuple[object, ...], bool] = field(default_factory=dict)
-    content_of: dict[tuple[object, ...], int] = field(default_factory=dict)
-    combos: list[_Combo] = field(default_factory=list)
+    # a combo: a partition under one layer context: the index of its first stage row and the number of its
+    # partition's template (of `layouts`: how its stages map to its distinct rows)
+    combo_rows: list[int] = field(default_factory=list)
+    combo_layouts: list[int] = field(default_factory=list)
+    layouts: list[_Template] = field(default_factory=list)
+    layout_of: dict[int, int] = field(default_factory=dict)  # id of a kept template -> its number
     combo_of: dict[tuple[object, ...], int] = field(default_factory=dict)  # (graph, plan's layout) -> combo
     # per (graph, _KEY_FIELDS) a number: its group of plans (_Batch._group)
     group_of: dict[tuple[object, ...], int] = field(default_factory=dict)
@@ -271,12 +270,12 @@ class _Shared:
         return self.queue_table
 
     def arrays(self) -> "tuple[_RowTable, _ComboTable]":
-        if self.tables is None or self.tables_rows != len(self.combos):
+        if self.tables is None or self.tables_rows != len(self.combo_rows):
             columns = {name: np.concatenate([block[name] for block in self.content_blocks])
                        for name in self.content_blocks[0]}
             self.tables = (_RowTable(columns, self.row_content, self.row_sends_s, self.row_fsdp_s, self.row_chain_s),
-                           _ComboTable(self.combos))
-            self.tables_rows = len(self.combos)
+                           _ComboTable(self.combo_rows, self.combo_layouts, self.layouts))
+            self.tables_rows = len(self.combo_rows)
         return self.tables
 
 
@@ -291,14 +290,17 @@ class _Batch:
         self.columns = columns
         self.job0 = plans[0][0]
         shared = self.shared = engine.shared(self.job0)
-        self.combos, self.precisions = shared.combos, shared.precisions
+        self.precisions = shared.precisions
         # NB: FittedStepCosts' host overhead per micro-batch reads none of its arguments: one price per stage
         self.fitted_overhead = isinstance(self.pricer.step_costs, FittedStepCosts)
-        # what _stage_row prices of new rows, for _finish to sum: (content, stage, job, its parts' layer terms);
-        # (content, dp) -> (stage, job, its parts' ZeRO-3 collectives, pipeline hop); per new row ((content, dp), job)
-        self.new_contents: list[tuple[int, list[StagePart], Job, list[_LayerTerms]]] = []
-        self.new_by_dp: dict[tuple[int, int], tuple[list[StagePart], Job, list[tuple[float, float]], float]] = {}
-        self.new_rows: list[tuple[tuple[int, int], Job]] = []
+        # what _shape_rows registers, for _finish to sum: per new block (first content, shape, graph, job, the
+        # graph's layer terms); per new block and dp (first (content, dp), first content, shape, job, the graph's
+        # layers' ZeRO-3 collectives and layer terms, the distinct stages' pipeline hops); per new combo (first
+        # content, first (content, dp), distinct stages, pp, vpp)
+        self.new_blocks: list[tuple[int, _Shape, OpGraph, Job, list[_LayerTerms]]] = []
+        self.new_by_dp: list[tuple[int, int, _Shape, Job, list[tuple[float, float]], list[_LayerTerms],
+                                   list[float]]] = []
+        self.new_rows: list[tuple[int, int, int, int, int]] = []
 
     def split(self) -> tuple["_Fast | None", list[int]]:
         """The fast plans' settings as arrays, and the indices of the plans left to the plain engine. The plans
@@ -332,7 +334,7 @@ class _Batch:
             job, graph = plans[at]
             group_of[key] = len(groups)
             groups.append(_SLOW_GROUP if any(key[1][_SPLIT_AT:]) else self._group(job, graph, key[1]))
-        if self.new_rows:
+        if self.new_rows or self.new_blocks or self.new_by_dp:
             self._finish()
         columns = _rows([groups[group_of[key]] for key in keys], len(_SLOW_GROUP), np.int64)[numbers]
         fast = columns[:, 0] >= 0
@@ -446,15 +448,18 @@ class _Batch:
         rows = shared.shape_rows.get(rows_key)
         if rows is None:  # NB: the vpp of one partition share its rows' contents, ZeRO-3 exposure and hops
             terms, collectives = self._graph_terms(graph, job, context), self._graph_collectives(graph, job)
-            rows = shared.shape_rows[rows_key] = [
-                self._stage_row(stage, job, context, [terms[position] for position, _ in parts],
-                                [collectives[position] for position, _ in parts])
-                for stage, parts in zip(shape.stages, shape.template.stages, strict=True)]
-        first_row = len(shared.row_content)
-        shared.row_content += [content for content, _ in rows]
-        self.new_rows += [(dp_key, job) for dp_key in rows]
-        self.combos.append(_Combo(first_row, shape.template.local, shape.template.heads))
-        return len(self.combos) - 1
+            rows = shared.shape_rows[rows_key] = self._shape_rows(shape, graph, job, context, terms, collectives)
+        first_content, first_by_dp = rows
+        distinct = len(shape.stages)
+        shared.combo_rows.append(len(shared.row_content))
+        shared.row_content += range(first_content, first_content + distinct)
+        self.new_rows.append((first_content, first_by_dp, distinct, par.pp, par.vpp))
+        layout = shared.layout_of.get(id(shape.template))
+        if layout is None:  # NB: the template is kept (_Shared.templates)
+            layout = shared.layout_of[id(shape.template)] = len(shared.layouts)
+            shared.layouts.append(shape.template)
+        shared.combo_layouts.append(layout)
+        return len(shared.combo_rows) - 1
 
     def _shape(self, job: Job, graph: OpGraph) -> "_Shape | None":
         """The graph's even partition over the plan's pp (its distinct stages, with the graph's layers), or None
@@ -482,35 +487,39 @@ class _Batch:
         if template is None:
             shared.shapes[key] = None
             return None
-        parts = shared.parts
+        parts = shared.parts.get(id(graph))
+        if parts is None:
+            parts = shared.parts[id(graph)] = {}
         for stage in template.stages:  # NB: frozen; one object per (graph, layer, count), as partition_stages does
             for part in stage:
-                if (id(graph), part) not in parts:
-                    parts[(id(graph), part)] = StagePart(graph.layers[part[0]], part[1])
-        shape = shared.shapes[key] = _Shape([[parts[(id(graph), part)] for part in stage]
-                                             for stage in template.stages], template)
+                if part not in parts:
+                    parts[part] = StagePart(graph.layers[part[0]], part[1])
+        shape = shared.shapes[key] = _Shape([[parts[part] for part in stage] for stage in template.stages], template)
         return shape
 
-    def _stage_row(self, stage: list[StagePart], job: Job, context: tuple[object, ...], terms: "list[_LayerTerms]",
-                   collectives: list[tuple[float, float]]) -> tuple[int, int]:
-        """A stage row's (content, dp): the stage's content (shared by every dp and vpp of the partition), its
-        ZeRO-3 exposure and pipeline hop (once per content and dp: the gradient and pipeline groups' strides read
-        dp), made where new; each vpp's row adds its pipeline sends (_finish). What may refuse the plans (the
-        layers' and collectives' prices) is priced before (_graph_terms, _graph_collectives) or here; the sums
-        are made for all new rows at once (_finish). context: tp, cp, ep, sp and precision; terms and
-        collectives: of the stage's parts' layers."""
-        shared, dp = self.shared, job.parallel.dp
-        key = (id(stage), context)  # stage: of a kept shape (_Shared.shapes)
-        content = shared.content_of.get(key)
-        if content is None:
-            content = shared.content_of[key] = len(shared.contents)
-            shared.contents.append(None)
-            shared.content_terms.append(tuple([term.number for term in terms]))
-            self.new_contents.append((content, stage, job, terms))
-        dp_key = (content, dp)
-        if dp_key not in shared.by_dp and dp_key not in self.new_by_dp:
-            self.new_by_dp[dp_key] = (stage, job, collectives, self._hop_s(stage, job))
-        return dp_key
+    def _shape_rows(self, shape: _Shape, graph: OpGraph, job: Job, context: tuple[object, ...],
+                    terms: "list[_LayerTerms]", collectives: list[tuple[float, float]]) -> tuple[int, int]:
+        """The shape's first content under the context (its distinct stages' contents, shared by every dp and
+        vpp of the partition) and first (content, dp) (their ZeRO-3 exposures and pipeline hops: the gradient and
+        pipeline groups' strides read dp), registered where new; each vpp's row adds its pipeline sends
+        (_finish). What may refuse the plans (the layers' and collectives' prices, the hops) is priced before
+        (_graph_terms, _graph_collectives) or here; the sums are made for all new rows at once (_finish).
+        context: tp, cp, ep, sp and precision; terms and collectives: of the graph's layers."""
+        shared = self.shared
+        key = (id(shape), context)  # shape: kept (_Shared.shapes)
+        first = shared.block_of.get(key)
+        if first is None:
+            first = shared.block_of[key] = len(shared.content_stages)
+            shared.content_stages += shape.stages
+            self.new_blocks.append((first, shape, graph, job, terms))
+        dp_key = (first, job.parallel.dp)
+        start = shared.by_dp_of.get(dp_key)
+        if start is None:
+            hops = [self._hop_s(stage, job) for stage in shape.stages]
+            start = shared.by_dp_of[dp_key] = shared.by_dp_count
+            shared.by_dp_count += len(shape.stages)
+            self.new_by_dp.append((start, first, shape, job, collectives, terms, hops))
+        return first, start
 
     def _hop_s(self, stage: list[StagePart], job: Job) -> float:
         """Pricer.pipeline_hop_s of the stage's largest output (0 for pp = 1), once per what it reads: the bytes,
@@ -534,15 +543,22 @@ class _Batch:
         return terms
 
     def _graph_collectives(self, graph: OpGraph, job: Job) -> list[tuple[float, float]]:
-        """_fsdp_collectives of each of the graph's layers, in order, once per graph, precision and gradient
-        group."""
+        """_fsdp_collectives of each of the graph's layers, in order, once per (the layers' parameters, precision,
+        gradient group): the graphs of one tp share them."""
         par = job.parallel
-        key = (id(graph), par.precision, par.dp * par.cp, par.tp)  # graph: pinned (_group)
+        params = self._graph_params(graph)
+        key = (params, par.precision, par.dp * par.cp, par.tp)
         pairs = self.shared.graph_collectives.get(key)
         if pairs is None:
-            pairs = self.shared.graph_collectives[key] = [self._fsdp_collectives(layer.param_count, job)
-                                                          for layer in graph.layers]
+            pairs = self.shared.graph_collectives[key] = [self._fsdp_collectives(value, job) for value in params]
         return pairs
+
+    def _graph_params(self, graph: OpGraph) -> tuple[float, ...]:
+        """The graph's layers' parameters (Layer.param_count), in order, once per graph."""
+        params = self.shared.graph_params.get(id(graph))  # graph: pinned (_group)
+        if params is None:
+            params = self.shared.graph_params[id(graph)] = tuple([layer.param_count for layer in graph.layers])
+        return params
 
     def _fsdp_collectives(self, params: float, job: Job) -> tuple[float, float]:
         """The collectives of Pricer.fsdp_exposed_s of a layer of `params` parameters: the all-gather of its
@@ -567,120 +583,122 @@ class _Batch:
         pricer, shared = self.pricer, self.shared
         term_rows = shared.term_rows  # NB: complete here (_graph_terms); one table for both
         term_table = _rows(term_rows, len(term_rows[0]), np.float64) if term_rows else np.zeros((0, _FSDP_AT + 2))
-        if self.new_contents:
+        if self.new_blocks:
             self._contents(term_table)
         if self.new_by_dp:
             self._by_dp(term_table)
-        by_dp, contents = shared.by_dp, shared.contents
-        fsdp_hop = _rows([by_dp[dp_key] for dp_key, _ in self.new_rows], 4, np.float64)
-        compute = np.array([contents[dp_key[0]].compute_s for dp_key, _ in self.new_rows],  # type: ignore[union-attr]
-                           dtype=np.float64)
-        pp = np.array([job.parallel.pp for _, job in self.new_rows], dtype=np.int64)
-        vpp = np.array([job.parallel.vpp for _, job in self.new_rows], dtype=np.float64)
-        hop = fsdp_hop[:, 3]
-        chain = np.zeros_like(hop)
-        if pricer.overlaps("pp_comm_overlap", self.job0):
-            gamma, window = pricer.overlap_slowdown(self.job0), compute / (2.0 * vpp)
-            exposed = np.maximum(0.0, hop - window) + gamma * np.minimum(hop, window)
-            # Pricer.pipeline_chain_from_s: 2 (v p - 1) (hop - exposed hop) for an overlapped interleaved pipeline
-            chain = np.where((vpp > 1) & (pp > 1), 2.0 * (vpp * pp - 1) * (hop - exposed), 0.0)
-            hop = np.where(vpp > 1, exposed, hop)
-        sends = np.where(pp > 1, 2.0 * vpp * hop + pricer.cal.runtime.pipeline_overhead_per_micro_batch_s, 0.0)
-        shared.row_fsdp_s.extend(fsdp_hop[:, :3].tolist())
-        shared.row_sends_s.extend(sends.tolist())
-        shared.row_chain_s.extend(chain.tolist())
-        self.new_contents, self.new_by_dp, self.new_rows = [], {}, []
+        if self.new_rows:
+            first_content, first_by_dp, distinct, pp, vpp = (np.array(column, dtype=np.int64)
+                                                              for column in zip(*self.new_rows, strict=True))
+            offset = _offsets(distinct)  # per new row its distinct stage
+            by_dp = np.repeat(first_by_dp, distinct) + offset
+            fsdp = np.array(shared.by_dp_fsdp_s, dtype=np.float64)[by_dp]
+            hop = np.array(shared.by_dp_hop_s, dtype=np.float64)[by_dp]
+            compute = np.array(shared.content_compute_s, dtype=np.float64)[np.repeat(first_content, distinct) + offset]
+            pp = np.repeat(pp, distinct)
+            vpp = np.repeat(vpp, distinct).astype(np.float64)
+            chain = np.zeros_like(hop)
+            if pricer.overlaps("pp_comm_overlap", self.job0):
+                gamma, window = pricer.overlap_slowdown(self.job0), compute / (2.0 * vpp)
+                exposed = np.maximum(0.0, hop - window) + gamma * np.minimum(hop, window)
+                # Pricer.pipeline_chain_from_s: 2 (v p - 1) (hop - exposed hop) for an overlapped interleaved pipeline
+                chain = np.where((vpp > 1) & (pp > 1), 2.0 * (vpp * pp - 1) * (hop - exposed), 0.0)
+                hop = np.where(vpp > 1, exposed, hop)
+            sends = np.where(pp > 1, 2.0 * vpp * hop + pricer.cal.runtime.pipeline_overhead_per_micro_batch_s, 0.0)
+            shared.row_fsdp_s.extend(fsdp.tolist())
+            shared.row_sends_s.extend(sends.tolist())
+            shared.row_chain_s.extend(chain.tolist())
+        self.new_blocks, self.new_by_dp, self.new_rows = [], [], []
 
     def _by_dp(self, term_table: Floats) -> None:
         """The new (content, dp)'s ZeRO-3 exposure over arrays: Pricer.zero3_exposed_s, i.e. the sum over the
-        stage's parts of count x fsdp_exposed_s of its layer (from 0.0, in the stage's order; a stage of fewer
-        parts padded with count 0 and exposure 0), per recompute mode: where the stack buckets ZeRO-3's
-        gradients, the sum is of the forward's gathers and the Pricer's fsdp_bucketed_backward_s is added (the
-        backward pass's stream, one layer at a time: not over arrays). The formulas are Pricer.fsdp_exposed_s's
-        and stack_effects.overlapped_s's (max and min as np.maximum and np.minimum, the same operations in the
-        same order);
-        tests/unit/search/test_grid.py holds them equal to the plain engine's for stacks with and without
-        prefetch and buckets."""
+        stage's parts of count x fsdp_exposed_s of its layer (from 0.0, in the stage's order), per recompute mode:
+        where the stack buckets ZeRO-3's gradients, the sum is of the forward's gathers and the Pricer's
+        fsdp_bucketed_backward_s is added (the backward pass's stream, one layer at a time: not over arrays); per
+        template (its stages' parts are fixed positions of the graphs' layers), over the new blocks and dp of
+        that template. The formulas are Pricer.fsdp_exposed_s's and stack_effects.overlapped_s's (max and min as
+        np.maximum and np.minimum, the same operations in the same order); tests/unit/search/test_grid.py holds
+        them equal to the plain engine's for stacks with and without prefetch and buckets."""
         pricer, shared, job0 = self.pricer, self.shared, self.job0
-        new = list(self.new_by_dp.items())
-        width = max(len(stage) for _, (stage, _, _, _) in new)
-        pad = [0] * width
-        terms = _rows([(list(shared.content_terms[content]) + pad)[:width] for (content, _), _ in new], width,
-                      np.int64)
-        counts = _rows([([part.count for part in stage] + pad)[:width] for _, (stage, _, _, _) in new], width,
-                       np.float64)
-        pad_pairs = [0.0, 0.0] * width
-        pairs = _rows([(list(chain.from_iterable(pairs)) + pad_pairs)[:2 * width] for _, (_, _, pairs, _) in new],
-                      2 * width, np.float64).reshape(len(new), width, 2)  # contents x parts x (gather, scatter)
-        gather, scatter = pairs[..., 0], pairs[..., 1]
-        if job0.stack.fsdp_prefetch_depth == 0 or not job0.cluster.device.comm_overlaps_compute:
-            exposed = 2.0 * gather + scatter
-        else:
-            gamma = pricer.overlap_slowdown(job0)
-            table = term_table[terms]
-            forward_window, backward_window = table[..., _FSDP_AT], table[..., _FSDP_AT + 1]
-            both = gather + scatter
-            exposed = np.maximum(0.0, gather - forward_window) + gamma * np.minimum(gather, forward_window)
-            if not pricer.fsdp_bucketed(job0):  # else the backward pass with its buckets, below
-                exposed = exposed + \
-                    (np.maximum(0.0, both - backward_window) + gamma * np.minimum(both, backward_window))
-        exposed = np.where(counts > 0.0, exposed, 0.0)
-        fsdp = np.zeros(len(new))
-        for column in range(width):
-            fsdp = fsdp + counts[:, column] * exposed[:, column]
+        new = self.new_by_dp
+        base = new[0][0]
+        fsdp = np.zeros(shared.by_dp_count - base)
+        exposes = job0.stack.fsdp_prefetch_depth != 0 and job0.cluster.device.comm_overlaps_compute
+        gamma, bucketed = pricer.overlap_slowdown(job0), pricer.fsdp_bucketed(job0)
+        for entries in _by_template(new, 2):
+            template = entries[0][2].template
+            layers = len(entries[0][4])
+            starts = np.array([entry[0] for entry in entries], dtype=np.int64) - base
+            pairs = _rows([list(chain.from_iterable(entry[4])) for entry in entries], 2 * layers,
+                          np.float64).reshape(len(entries), layers, 2)  # entries x layers x (gather, scatter)
+            numbers = _rows([[term.number for term in entry[5]] for entry in entries], layers, np.int64)
+            for stage, parts in enumerate(template.stages):
+                seconds = np.zeros(len(entries))
+                for position, count in parts:
+                    gather, scatter = pairs[:, position, 0], pairs[:, position, 1]
+                    if not exposes:
+                        exposed = 2.0 * gather + scatter
+                    else:
+                        table = term_table[numbers[:, position]]
+                        forward_window, backward_window = table[:, _FSDP_AT], table[:, _FSDP_AT + 1]
+                        exposed = np.maximum(0.0, gather - forward_window) + gamma * np.minimum(gather, forward_window)
+                        if not bucketed:  # else the backward pass with its buckets, below
+                            both = gather + scatter
+                            exposed = exposed + \
+                                (np.maximum(0.0, both - backward_window) + gamma * np.minimum(both, backward_window))
+                    seconds = seconds + (count * exposed if count > 0.0 else 0.0)
+                fsdp[starts + stage] = seconds
         by_mode = [fsdp] * len(RECOMPUTE_CODES)
-        if pricer.fsdp_bucketed(job0):  # the backward pass's stream, per recompute mode (the Pricer's, cached)
-            by_mode = [fsdp + np.array([pricer.fsdp_bucketed_backward_s(stage, job, mode) for _, (stage, job, _, _)
-                                        in new], dtype=np.float64) for mode in RECOMPUTE_CODES]
-        for (dp_key, (_, _, _, hop)), *seconds in zip(new, *(mode.tolist() for mode in by_mode), strict=True):
-            shared.by_dp[dp_key] = (*seconds, hop)
-        self.new_by_dp = {}
+        if bucketed:  # the backward pass's stream, per recompute mode (the Pricer's, cached)
+            stages = [(stage, job) for _, _, shape, job, _, _, _ in new for stage in shape.stages]
+            by_mode = [fsdp + np.array([pricer.fsdp_bucketed_backward_s(stage, job, mode) for stage, job in stages],
+                                       dtype=np.float64) for mode in RECOMPUTE_CODES]
+        shared.by_dp_fsdp_s.extend(np.stack(by_mode, axis=1).tolist())
+        shared.by_dp_hop_s.extend(chain.from_iterable(hops for *_, hops in new))
 
     def _contents(self, term_table: Floats) -> None:
         """The new contents: what a stage's price reads but its ZeRO-3 exposure and pipeline sends, the sums over
         its parts of Pricer._stage_work, _stage_recompute_s, stage_params and cost.memory's stage_kept_bytes,
         recompute_working_bytes and loss_working_bytes, from each layer's terms (_layer_terms: made once per
-        layer and layer context for every stage that holds the layer). As arrays over the contents, part by
-        part in the stage's order, each sum from 0.0 as the Pricer's: a stage of fewer parts is padded with
-        parts of count 0 and terms 0 (x + 0 * 0.0 is x), the feature collectives summed per axis and laid out
+        layer and layer context for every stage that holds the layer). As arrays per template (its stages' parts
+        are fixed positions of the graphs' layers) over the new blocks of that template, part by part in the
+        stage's order, each sum from 0.0 as the Pricer's; the feature collectives summed per axis and laid out
         in the order the stage's parts first name them (Pricer._stage_work's dict);
         tests/unit/search/test_grid.py holds the results equal to the plain engine's."""
         pricer, shared = self.pricer, self.shared
-        new = self.new_contents
-        n, width = len(new), max(len(stage) for _, stage, _, _ in new)
-        pad = [0] * width
-        index_rows: list[list[int]] = []  # per content, per part: its layer terms' number (0 for padding)
-        count_rows: list[list[float]] = []  # per part its count (0 for padding)
-        slot_rows: list[list[int]] = []  # per feature slot its axis in _AXES (len(_AXES) for padding: 0.0)
-        features: list[int] = []
-        layer_numbers: list[int] = []  # per content: its number of _Shared.param_layers
-        axes_of: dict[tuple[tuple[str, ...], ...], list[int]] = {}
-        for _, stage, _, terms in new:
-            index_rows.append(([term.number for term in terms] + pad)[:width])
-            count_rows.append(([part.count for part in stage] + pad)[:width])
-            named = tuple(term.axes for term in terms)
-            slots = axes_of.get(named)
-            if slots is None:  # the axes in the order the parts first name them
-                slots = axes_of[named] = [_AXES.index(axis)
-                                          for axis in dict.fromkeys(name for axes in named for name in axes)]
-            slot_rows.append(slots + [len(_AXES)] * (COMM_SLOTS - len(slots)))
-            features.append(len(slots))
-            param_layers = tuple([(part.layer.param_count, part.count) for part in stage])
-            layer_numbers.append(shared.param_layers.setdefault(param_layers, len(shared.param_layers)))
-        index = _rows(index_rows, width, np.int64)
-        counts = _rows(count_rows, width, np.float64)
-        real = np.arange(width)[None, :] < np.array([len(stage) for _, stage, _, _ in new])[:, None]
-        slots_array = _rows(slot_rows, COMM_SLOTS, np.int64)
-        table = term_table[index]  # contents x parts x term columns
+        new = self.new_blocks
+        base = new[0][0]
+        n = len(shared.content_stages) - base  # the batch's new contents, numbered in a row
         sums = np.zeros((n, _TERM_SUMS))
         most = np.full((n, 4), -np.inf)  # what it rebuilds per RECOMPUTE_CODES, its largest layer's parameters
         head = np.zeros(n)
-        for column in range(width):
-            sums = sums + counts[:, column, None] * table[:, column, :_TERM_SUMS]
-            most = np.maximum(most, np.where(real[:, column, None], table[:, column, _TERM_SUMS:_HEAD_AT], -np.inf))
-        for column in reversed(range(width)):  # the first head's (loss_working_bytes)
-            head = np.where(real[:, column] & (table[:, column, _HEAD_AT] > 0), table[:, column, _HEAD_AT + 1], head)
+        slot_rows: list[list[int]] = [[]] * n  # per content per feature slot its axis in _AXES (padding: 0.0)
+        layer_numbers: list[int] = [0] * n  # per content: its number of _Shared.param_layers
+        for entries in _by_template(new, 1):
+            template = entries[0][1].template
+            layers = len(entries[0][4])
+            firsts = np.array([entry[0] for entry in entries], dtype=np.int64) - base
+            numbers = _rows([[term.number for term in entry[4]] for entry in entries], layers, np.int64)
+            for first, _, graph, _, terms in entries:
+                slots = self._slots(template, tuple([term.axes for term in terms]))
+                slot_rows[first - base:first - base + len(slots)] = slots
+                numbered = self._param_layers(template, self._graph_params(graph))
+                layer_numbers[first - base:first - base + len(numbered)] = numbered
+            for stage, parts in enumerate(template.stages):
+                stage_sums = np.zeros((len(entries), _TERM_SUMS))
+                stage_most = np.full((len(entries), 4), -np.inf)
+                stage_head = np.zeros(len(entries))
+                tables = [term_table[numbers[:, position]] for position, _ in parts]
+                for (_, count), table in zip(parts, tables, strict=True):
+                    stage_sums = stage_sums + count * table[:, :_TERM_SUMS]
+                    stage_most = np.maximum(stage_most, table[:, _TERM_SUMS:_HEAD_AT])
+                for table in reversed(tables):  # the first head's (loss_working_bytes)
+                    stage_head = np.where(table[:, _HEAD_AT] > 0, table[:, _HEAD_AT + 1], stage_head)
+                sums[firsts + stage], most[firsts + stage], head[firsts + stage] = stage_sums, stage_most, stage_head
         working = np.where(most[:, :3] == -np.inf, 0.0, most[:, :3])  # no block: 0 (cost.memory)
+        features = np.array([len(slots) for slots in slot_rows], dtype=np.float64)
+        slots_array = _rows([slots + [len(_AXES)] * (COMM_SLOTS - len(slots)) for slots in slot_rows], COMM_SLOTS,
+                            np.int64)
         feature = np.concatenate([sums[:, _FEATURE_AT:_FEATURE_AT + len(_AXES)], np.zeros((n, 1))], axis=1)
         feature = np.take_along_axis(feature, slots_array, axis=1)
         total = np.zeros(n)
@@ -688,18 +706,41 @@ class _Batch:
             total = total + feature[:, slot]
         forward, backward, feature_fwd = sums[:, 0], sums[:, 1], sums[:, 3]
         compute = forward + backward
-        for (number, stage, _, _), layers, compute_s in zip(new, layer_numbers, compute.tolist(), strict=True):
-            shared.contents[number] = _Content(stage, layers, compute_s)
+        shared.content_compute_s.extend(compute.tolist())
+        _, shape, _, job, _ = new[0]
         shared.content_blocks.append({
             "compute": compute, "forward": forward, "backward": backward, "wgrad": sums[:, 2],
             "feature_fwd": feature_fwd, "feature_bwd": total - feature_fwd, "feature": feature,
-            "features": np.array(features, dtype=np.float64), "feature_total": total,
+            "features": features, "feature_total": total,
             "recompute": np.stack([np.zeros(n), sums[:, 4], sums[:, 5]], axis=1),
-            "overhead": np.full(n, pricer.micro_batch_overhead_s(new[0][1], new[0][2])),  # see fitted_overhead
+            "overhead": np.full(n, pricer.micro_batch_overhead_s(shape.stages[0], job)),  # see fitted_overhead
             "params": sums[:, _PARAMS_AT], "saved": sums[:, _KEPT_AT:_KEPT_AT + 3], "working": working,
             "max_layer_params": most[:, 3], "head_saved": head,
             "param_layers": np.array(layer_numbers, dtype=np.float64)})
-        self.new_contents = []
+
+    def _slots(self, template: _Template, axes: tuple[tuple[str, ...], ...]) -> list[list[int]]:
+        """Per distinct stage of the template its feature slots: the axes of its parts' feature collectives (of
+        the graph's layers: `axes`) in the order the parts first name them, as positions in _AXES."""
+        key = (id(template), axes)  # template: kept (_Shared.templates)
+        slots = self.shared.slots_of.get(key)
+        if slots is None:
+            slots = self.shared.slots_of[key] = [
+                [_AXES.index(axis) for axis in dict.fromkeys(name for position, _ in parts for name in axes[position])]
+                for parts in template.stages]
+        return slots
+
+    def _param_layers(self, template: _Template, params: tuple[float, ...]) -> list[int]:
+        """Per distinct stage of the template the number of its layers' (parameters, count) in
+        _Shared.param_layers (what its gradient buckets read); params: the graph's layers'."""
+        key = (id(template), params)  # template: kept (_Shared.templates)
+        numbers = self.shared.layers_of.get(key)
+        if numbers is None:
+            param_layers = self.shared.param_layers
+            numbers = self.shared.layers_of[key] = [
+                param_layers.setdefault(layers, len(param_layers))
+                for layers in (tuple([(params[position], count) for position, count in parts])
+                               for parts in template.stages)]
+        return numbers
 
     def _layer_terms(self, layer: Layer, job: Job, context: tuple[object, ...]) -> "_LayerTerms":
         """A layer's part of its stages' prices under the job's layer context but dp (what _contents sums): its
@@ -755,7 +796,7 @@ class _Fast:
         self.batch = batch
         self.index = index
         (self.combo, self.pp, self.vpp, self.shards_dp, self.schedule, self.optimizer, self.precision, self.tp,
-         self.zero, self.m, self.recompute, self.tokens) = (columns[:, k] for k in range(columns.shape[1]))
+         self.zero, self.m, self.recompute, self.tokens) = columns.T.copy()  # NB: each column contiguous
         policies = [policy_for(name) for name in batch.precisions]
         self.weight_bytes = np.array([policy.weight_bytes for policy in policies], dtype=np.float64)[self.precision]
         self.grad_bytes = np.array([policy.grad_bytes for policy in policies], dtype=np.float64)[self.precision]
@@ -781,16 +822,16 @@ class _Fast:
                    + table.overhead[rows][:, None, None, :])  # C x 3 x 2 x R
         variant = np.where(combos.valid_rows[:, None, None, :], variant, -np.inf)
         slowest = np.argmax(variant, axis=-1)  # rows in stage order: the first slowest stage, as max(range(p), ..)
-        stage_totals = np.take_along_axis(variant, combos.safe_local[:, None, None, :], axis=-1)
-        stage_totals = np.where(combos.valid_local[:, None, None, :], stage_totals, 0.0)
-        stage_sums = np.cumsum(stage_totals, axis=-1)[..., -1]  # Python's sum: left to right
+        stage_sums = combos.stage_sums(variant)
 
-        slow_local = slowest[self.combo, recompute_code, zero3]
+        # NB: the plans' entries of the variants' tables through flat indices (numpy's multi-index is slower)
+        code = (self.combo * 3 + recompute_code) * 2 + zero3  # the plan's variant
+        slow_local = slowest.ravel()[code]
         slow_row = combos.first_row[self.combo] + slow_local
-        slow_total = variant[self.combo, recompute_code, zero3, slow_local]
-        stage_sum = stage_sums[self.combo, recompute_code, zero3]
-        slow_recompute = table.recompute[slow_row, recompute_code]
-        slow_fsdp = np.where(zero3 == 1, table.fsdp[slow_row, recompute_code], 0.0)
+        slow_total = variant.ravel()[code * variant.shape[-1] + slow_local]
+        stage_sum = stage_sums.ravel()[code]
+        slow_recompute = table.recompute.ravel()[slow_row * 3 + recompute_code]
+        slow_fsdp = np.where(zero3 == 1, table.fsdp.ravel()[slow_row * 3 + recompute_code], 0.0)
         first_row = combos.first_row[self.combo]
 
         # --- the bubble (even split) and zero bubble ---
@@ -802,12 +843,12 @@ class _Fast:
 
         # --- the exposed gradient reduction of the bottleneck and of the first stage ---
         grad = self._grad_exposed(table, slow_row, slow_recompute, first_row,
-                                  table.recompute[first_row, recompute_code])
+                                  table.recompute.ravel()[first_row * 3 + recompute_code])
 
         # --- the optimizer step and the host overheads ---
         # the stage with the most parameters (Pricer.optimizer_step_s; stage_params: the contents' params)
         max_params = np.where(combos.valid_rows, table.params[rows], -np.inf).max(axis=1)
-        optimizer = self._optimizer_s(max_params.tolist())
+        optimizer = self._optimizer_s(max_params)
         iteration_overhead = pricer.iteration_overhead_s(job0) + self._grad_copies_s(max_params.tolist())
 
         # --- the breakdown, summed in AnalyticalEstimator.price's order (estimate.result.iteration_time_s) ---
@@ -854,17 +895,21 @@ class _Fast:
             gamma = self.batch.pricer.cal.runtime.overlap_slowdown
             zero = self.zero[plan] > 0
 
-            def exposed(scale: Floats, at: Ints | slice) -> Floats:  # of the entries `at`, element by element
-                reduce = queues.reduce.exposed_s(queue[at], backward[at] * scale, gamma) \
+            def exposed(scale: Floats, at: Ints) -> Floats:  # of the entries `at`, element by element
+                seconds = queues.reduce.exposed_s(queue[at], backward[at] * scale, gamma) \
                     if queues.reduce_overlaps else queues.reduce.total_s[queue[at]]
-                gather = queues.gather.exposed_s(queue[at], forward[at] * scale, gamma) \
-                    if queues.gather_overlaps else queues.gather.total_s[queue[at]]
-                return np.where(zero[at], reduce + gather, reduce)
+                gathers = np.flatnonzero(zero[at])  # ZeRO >= 1 adds the parameters' gathers
+                if gathers.size:
+                    ours = at[gathers]
+                    gather = queues.gather.exposed_s(queue[ours], forward[ours] * scale[gathers], gamma) \
+                        if queues.gather_overlaps else queues.gather.total_s[queue[ours]]
+                    seconds[gathers] = seconds[gathers] + gather
+                return seconds
 
             # Pricer._gradient_sync_s: the interleaved schedule's windows (stack_effects.window_micro_batches);
             # the one-chunk window only where the schedule is interleaved
             interleaved = self.schedule[plan] == SCHEDULE_CODES["interleaved-1f1b"]
-            scaled = exposed(np.where(interleaved, self.pp[plan], 1.0), slice(None))
+            scaled = exposed(np.where(interleaved, self.pp[plan], 1.0), np.arange(len(plan)))
             where = np.flatnonzero(interleaved)
             if where.size:
                 vpp = self.vpp[plan[where]].astype(np.float64)
@@ -879,34 +924,36 @@ class _Fast:
         number = shared.queue_of.get(key)
         if number is None:
             job = self.batch.plans[int(self.index[plan])][0]
-            content = shared.contents[shared.row_content[row]]
-            assert content is not None  # made by _Batch._finish
-            stage = content.stage
+            stage = shared.content_stages[shared.row_content[row]]
             number = shared.queue_of[key] = len(shared.queues)
             shared.queues.append(self.batch.pricer.gradient_queues(stage, job))
         return number
 
-    def _optimizer_s(self, max_params: list[float]) -> Floats:
+    def _optimizer_s(self, max_params: Floats) -> Floats:
         """Pricer.optimizer_step_s per plan: per combo (one precision, one dp; max_params: its stage with the most
         parameters) unsharded and sharded (ZeRO >= 1), one step-cost call per distinct (parameters, shards,
         precision)."""
         batch = self.batch
         pricer, device = batch.pricer, batch.job0.cluster.device
-        step_of: dict[tuple[float, int, str], float] = {}
-        by_combo = np.zeros((len(max_params), 2))
         used, first_plan = np.unique(self.combo, return_index=True)
-        first = zip(used.tolist(), self.shards_dp[first_plan].tolist(), self.precision[first_plan].tolist(),
-                    strict=True)
-        for number, shard, code in first:
-            params, precision = max_params[number], batch.precisions[code]
-            for column, shards_used in enumerate((1, shard)):
-                key = (params, shards_used, precision)
-                seconds = step_of.get(key)
-                if seconds is None:
-                    seconds = step_of[key] = pricer.step_costs.optimizer_step_s(params / shards_used, precision,
-                                                                                device)
-                by_combo[number, column] = seconds
-        return by_combo[self.combo, (self.zero >= 1).astype(np.int64)]
+        # per used combo and column (unsharded, sharded): its (parameters, shards, precision), each distinct once
+        # (the parameters numbered by np.unique: equal floats, one number)
+        _, params_number = np.unique(max_params[used], return_inverse=True)
+        columns = np.stack([np.concatenate([params_number, params_number]),
+                            np.concatenate([np.ones(len(used), dtype=np.int64), self.shards_dp[first_plan]]),
+                            np.concatenate([self.precision[first_plan]] * 2)], axis=1)
+        _, first, inverse = np.unique(_row_codes(columns), return_index=True, return_inverse=True)
+        entries = np.concatenate([used, used])[first].tolist()
+        shards = columns[first, 1].tolist()
+        codes = columns[first, 2].tolist()
+        params = max_params.tolist()
+        steps = np.array([pricer.step_costs.optimizer_step_s(params[number] / shards_used,
+                                                             batch.precisions[code], device)
+                          for number, shards_used, code in zip(entries, shards, codes, strict=True)],
+                         dtype=np.float64)
+        by_combo = np.zeros((len(max_params), 2))
+        by_combo[np.concatenate([used, used]), np.repeat([0, 1], len(used))] = steps[inverse]
+        return by_combo.ravel()[self.combo * 2 + (self.zero >= 1)]
 
     def _grad_copies_s(self, max_params: list[float]) -> Floats | float:
         """Pricer.grad_copies_s per plan (Pricer.step_overhead_s): the bucket copies of its combo's stage with the
@@ -925,8 +972,8 @@ class _Fast:
         can be the largest: every schedule holds as many micro-batches or more on an earlier stage, and a
         stage's memory does not fall with the micro-batches it holds."""
         device = self.batch.job0.cluster.device
-        rows = combos.safe_rows[self.combo]  # n x R
-        valid = combos.valid_rows[self.combo]
+        rows = np.take(combos.safe_rows, self.combo, axis=0)  # n x R (np.take: numpy's row gather is slower)
+        valid = np.take(combos.valid_rows, self.combo, axis=0)
         weight_bytes = self.weight_bytes[:, None]
         grad_bytes = self.grad_bytes[:, None]
         state_bytes = self.state_bytes[:, None]
@@ -937,16 +984,18 @@ class _Fast:
         weights = params * weight_bytes / np.where(zero >= 3, shards, 1)
         gradients = params * grad_bytes / np.where(zero >= 2, shards, 1)
         optimizer = params * state_bytes / opt_shards
-        per_micro_batch = table.saved[rows, self.recompute[:, None]]
-        working = table.recompute_working[rows, self.recompute[:, None]]
-        working = np.where(zero >= 3, working + 2 * table.max_layer_params[rows] * weight_bytes, working)
+        at = rows * 3 + self.recompute[:, None]  # the plan's recompute mode of its rows (flat index)
+        per_micro_batch = table.saved.ravel()[at]
+        working = table.recompute_working.ravel()[at]
+        max_layer_params = table.max_layer_params[rows]
+        working = np.where(zero >= 3, working + 2 * max_layer_params * weight_bytes, working)
         working = working + table.head_saved[rows]  # 0 where the stage has no head: x + 0.0 is x
         impl = self.optimizer[:, None]
         step = np.where(impl == OPTIMIZER_CODES["foreach"], 4.0 * params / opt_shards,
-                        np.where(impl == OPTIMIZER_CODES["loop"], 4.0 * table.max_layer_params[rows] / opt_shards,
+                        np.where(impl == OPTIMIZER_CODES["loop"], 4.0 * max_layer_params / opt_shards,
                                  0.0))
         # micro-batches each stage holds at its peak (strategy.stages.in_flight_micro_batches)
-        stage = combos.heads[self.combo]
+        stage = np.take(combos.heads, self.combo, axis=0)
         pp, vpp, m = self.pp[:, None], self.vpp[:, None], self.m[:, None]
         schedule = self.schedule[:, None]
         interleaved = np.minimum(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, m * vpp) / vpp
@@ -964,21 +1013,36 @@ class _Fast:
 
 
 class _ComboTable:
-    """The combos as arrays: per combo its distinct rows (R columns, padded) and per stage its distinct row's
-    position (width columns, padded)."""
+    """The combos as arrays: per combo its distinct rows (R columns, padded) and their first stages, made per
+    template (layouts) and taken per combo (kind: its template's number)."""
 
-    def __init__(self, combos: list[_Combo]) -> None:
-        width = max(len(combo.local) for combo in combos)
-        distinct = max(len(combo.heads) for combo in combos)
-        local = _rows([combo.local + (-1,) * (width - len(combo.local)) for combo in combos], width, np.int64)
-        heads = _rows([combo.heads + (0,) * (distinct - len(combo.heads)) for combo in combos], distinct, np.int64)
-        count = np.array([len(combo.heads) for combo in combos], dtype=np.int64)
-        self.first_row = np.array([combo.first_row for combo in combos], dtype=np.int64)
-        self.valid_local = local >= 0
-        self.safe_local = np.where(self.valid_local, local, 0)
+    def __init__(self, first_rows: list[int], kinds: list[int], layouts: list[_Template]) -> None:
+        distinct = max(len(layout.heads) for layout in layouts)
+        self.kind = np.array(kinds, dtype=np.int64)
+        self.layouts = layouts
+        heads = _rows([layout.heads + (0,) * (distinct - len(layout.heads)) for layout in layouts], distinct,
+                      np.int64)[self.kind]
+        count = np.array([len(layout.heads) for layout in layouts], dtype=np.int64)[self.kind]
+        self.first_row = np.array(first_rows, dtype=np.int64)
         self.valid_rows = np.arange(distinct)[None, :] < count[:, None]
         self.safe_rows = np.where(self.valid_rows, self.first_row[:, None] + np.arange(distinct)[None, :], 0)
         self.heads = heads
+
+    def stage_sums(self, variant: Floats) -> Floats:
+        """Per combo and variant (C x ... x R: its distinct rows' figures) the sum over its stages in stage order
+        from the first (Python's sum from 0: 0 + x is x), each stage taking its distinct row's figure: per
+        template, whose stages' rows are fixed positions."""
+        sums = np.zeros(variant.shape[:-1])
+        for number, layout in enumerate(self.layouts):
+            members = np.flatnonzero(self.kind == number)
+            if not members.size:
+                continue
+            rows = variant[members]
+            total = rows[..., layout.local[0]]
+            for position in layout.local[1:]:
+                total = total + rows[..., position]
+            sums[members] = total
+        return sums
 
 
 class _RowTable:
@@ -1011,24 +1075,26 @@ class _RowTable:
 
 
 class _Queues:
-    """Queues of buckets (stack_effects.BucketQueue) as arrays, one row per queue, the candidates padded (peaks
-    -inf, lags 0: never the largest)."""
+    """Queues of buckets (stack_effects.BucketQueue) as arrays, one column per queue, the candidates padded (peaks
+    -inf, lags 0: never the largest). A candidate's row over the queues is contiguous, so the plans' rows are one
+    take each (numpy gathers rows of a 2-d table several times slower)."""
 
     def __init__(self, queues: list[BucketQueue]) -> None:
         width = max(1, max(len(queue.peaks_s) for queue in queues))
         self.count = np.array([queue.count for queue in queues], dtype=np.float64)
         self.total_s = np.array([queue.total_s for queue in queues], dtype=np.float64)
-        self.peaks_s = np.full((len(queues), width), -np.inf)
-        self.lags = np.zeros((len(queues), width))
+        self.peaks_s = np.full((width, len(queues)), -np.inf)  # candidate x queue
+        self.lags = np.zeros((width, len(queues)))
         for number, queue in enumerate(queues):
-            self.peaks_s[number, :len(queue.peaks_s)] = queue.peaks_s
-            self.lags[number, :len(queue.lags)] = queue.lags
+            self.peaks_s[:len(queue.peaks_s), number] = queue.peaks_s
+            self.lags[:len(queue.lags), number] = queue.lags
 
     def exposed_s(self, queue: Ints, window_s: Floats, gamma: float) -> Floats:
         """stack_effects.queue_exposed_s of queue[i] over window_s[i]."""
-        count, total, peaks, lags = self.count[queue], self.total_s[queue], self.peaks_s[queue], self.lags[queue]
+        count, total = self.count[queue], self.total_s[queue]
+        peaks, lags = np.take(self.peaks_s, queue, axis=1), np.take(self.lags, queue, axis=1)
         with np.errstate(divide="ignore", invalid="ignore"):  # an empty queue: 0, below
-            tail = queue_tail_s(total, list(peaks.T), list(lags.T), window_s / count, gamma, np.maximum)
+            tail = queue_tail_s(total, list(peaks), list(lags), window_s / count, gamma, np.maximum)
         return np.where((count == 0) | (total <= 0.0), 0.0, tail)
 
 
@@ -1058,3 +1124,20 @@ def _row_codes(columns: Ints) -> Ints:
     for column in columns.T:
         codes = codes * (int(column.max()) + 1) + column
     return codes
+
+
+def _offsets(lengths: Ints) -> Ints:
+    """0, 1, ..., length - 1 for each of `lengths`, one after another."""
+    ends = np.cumsum(lengths)
+    return np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(ends - lengths, lengths)
+
+
+_Entry = TypeVar("_Entry", bound=tuple)
+
+
+def _by_template(entries: "list[_Entry]", at: int) -> "list[list[_Entry]]":
+    """The entries grouped by the template of their shape (entry[at]), each group in the entries' order."""
+    groups: dict[int, list[_Entry]] = {}
+    for entry in entries:
+        groups.setdefault(id(entry[at].template), []).append(entry)
+    return list(groups.values())

@@ -8,7 +8,7 @@ then by the enumeration order, so the ranking is deterministic.
 
 import heapq
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -24,6 +24,7 @@ from trainsim.job import Job, make_job
 from trainsim.pipeline import GraphCache
 from trainsim.search.space import PlanColumns, SearchSpace, plan_grid
 from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.stack import StackSpec
 
 if TYPE_CHECKING:  # NB: the grid engine loads numpy; `trainsim predict` loads the planner (api) but no numpy
     from trainsim.search.grid import GridEngine
@@ -68,6 +69,38 @@ class SearchReport:
         assert self.tried == self.feasible + sum(self.infeasible.values()), "every plan is counted once"
 
 
+@dataclass(frozen=True, slots=True)
+class BuiltPlans:
+    """The plans make_job accepts, with their graphs (what an engine prices), and what it raised for the others."""
+
+    jobs: list[tuple[Job, OpGraph]]  # in the plans' order
+    index: list[int]  # per built plan, its index among the plans
+    refused: dict[int, TrainsimError]  # index among the plans -> what make_job (or the graph) raised
+
+
+def build_plans(model: ModelSpec, cluster: ClusterSpec, plans: Sequence[ParallelSpec], stack: StackSpec | None,
+                graphs: GraphCache | None = None, progress: Progress | None = None) -> BuiltPlans:
+    """Each plan through make_job and its graph (from `graphs`, one per device slice), in order: the grid a search
+    prices (Planner.search; the search benchmark and the grid engine's tests build theirs the same way).
+    progress: called every PROGRESS_EVERY plans with (plans done, plans in total)."""
+    graphs = graphs or GraphCache()
+    jobs: list[tuple[Job, OpGraph]] = []
+    index: list[int] = []
+    refused: dict[int, TrainsimError] = {}
+    total = len(plans)
+    for at, parallel in enumerate(plans):
+        if progress is not None and at % PROGRESS_EVERY == 0:
+            progress(at, total)
+        try:
+            job = make_job(model, cluster, parallel, stack)
+            jobs.append((job, graphs.get(job)))
+        except TrainsimError as exc:
+            refused[at] = exc
+            continue
+        index.append(at)
+    return BuiltPlans(jobs, index, refused)
+
+
 def refusal_reason(exc: TrainsimError) -> str:
     """The key a refused plan is counted under: a ConfigError's field, an InfeasiblePlanError's reason."""
     if isinstance(exc, ConfigError):
@@ -98,19 +131,8 @@ class Planner:
             raise ConfigError("top_k", top_k, "must be a positive integer")
         plans, columns = plan_grid(model, cluster, space)
         total = len(plans)
-        refused_by: dict[int, TrainsimError] = {}
-        built: list[tuple[Job, OpGraph]] = []
-        built_index: list[int] = []
-        for index, parallel in enumerate(plans):
-            if progress is not None and index % PROGRESS_EVERY == 0:
-                progress(index, total)
-            try:
-                job = make_job(model, cluster, parallel, space.stack)
-                built.append((job, self.graphs.get(job)))
-            except TrainsimError as exc:
-                refused_by[index] = exc
-                continue
-            built_index.append(index)
+        grid = build_plans(model, cluster, plans, space.stack, self.graphs, progress)
+        built, built_index, refused_by = grid.jobs, grid.index, dict(grid.refused)
         priced = self._price_all(built, refused_by, built_index, columns)
         if progress is not None:
             progress(total, total)

@@ -31,7 +31,7 @@ from trainsim.job import Job, make_job
 from trainsim.pipeline import GraphCache, graph_for
 from trainsim.search import Planner, SearchSpace, enumerate_plans
 from trainsim.search.grid import GridEngine, GridPrices, _rows
-from trainsim.search.planner import OUT_OF_MEMORY, refusal_reason
+from trainsim.search.planner import OUT_OF_MEMORY, build_plans, refusal_reason
 from trainsim.search.space import PlanColumns, plan_grid
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import Precision
@@ -48,14 +48,7 @@ STACKS = ("generic", "megatron-core", "deepspeed-zero", "fsdp2", "colossalai")
 
 def built(model: ModelSpec, cluster: ClusterSpec, plans: list[ParallelSpec],
           stack: StackSpec | None = None) -> list[tuple[Job, OpGraph]]:
-    graphs, out = GraphCache(), []
-    for parallel in plans:
-        try:
-            job = make_job(model, cluster, parallel, stack)
-            out.append((job, graphs.get(job)))
-        except TrainsimError:
-            continue
-    return out
+    return build_plans(model, cluster, plans, stack).jobs
 
 
 def check_grid(plans: list[tuple[Job, OpGraph]], engine: GridEngine | None = None) -> None:
@@ -127,19 +120,11 @@ def test_the_enumerations_columns_give_the_same_prices(stack: str) -> None:
     h100 = load_cluster("dgx-h100-80gb").with_num_gpus(16)
     for model in (DENSE, MOE):
         space = SearchSpace(global_batch=64, seq_len=512, max_micro_batch=2, max_vpp=4, stack=load_stack(stack))
-        jobs: list[tuple[Job, OpGraph]] = []
-        accepted: list[int] = []
-        graphs = GraphCache()
         plans, columns = plan_grid(model, a100, space)
-        for index, parallel in enumerate(plans):
-            try:
-                job = make_job(model, a100, parallel, space.stack)
-            except TrainsimError:
-                continue
-            jobs.append((job, graphs.get(job)))
-            accepted.append(index)
-        assert len(accepted) < len(plans)  # make_job refuses some
-        taken = columns.take(accepted)
+        grid = build_plans(model, a100, plans, space.stack)
+        jobs = grid.jobs
+        assert len(grid.index) < len(plans)  # make_job refuses some
+        taken = columns.take(grid.index)
         same_prices(GridEngine().price(jobs, taken), GridEngine().price(jobs))
         others = [(make_job(model, h100, job.parallel, space.stack), graph) for job, graph in jobs[:40]]
         mixed = jobs[:60] + others + jobs[60:]
@@ -169,14 +154,8 @@ def test_a_second_grid_on_the_kept_stage_rows() -> None:
     settings: list[tuple[int, Precision]] = [(64, "bf16"), (128, "bf16"), (128, "fp8")]
     for global_batch, precision in settings:
         space = SearchSpace(global_batch=global_batch, seq_len=512, max_micro_batch=2, precision=precision)
-        plans = []
-        for parallel in enumerate_plans(DENSE, cluster, space):
-            try:
-                job = make_job(DENSE, cluster, parallel, space.stack)
-                plans.append((job, graphs.get(job)))
-            except TrainsimError:
-                continue
-        check_grid(plans, engine)
+        check_grid(build_plans(DENSE, cluster, list(enumerate_plans(DENSE, cluster, space)), space.stack,
+                               graphs).jobs, engine)
 
 
 def test_plans_outside_the_grid() -> None:

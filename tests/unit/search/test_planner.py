@@ -16,7 +16,7 @@ from trainsim.ir.model_spec import ModelSpec
 from trainsim.job import make_job
 from trainsim.pipeline import graph_for
 from trainsim.search import OUT_OF_MEMORY, Planner, SearchSpace, enumerate_plans
-from trainsim.search.planner import refusal_reason
+from trainsim.search.planner import build_plans, refusal_reason
 from trainsim.search.space import divisors, micro_batch_candidates, vpp_candidates
 from trainsim.strategy.parallel import ParallelSpec
 
@@ -122,6 +122,26 @@ def test_progress_callback(cluster8: ClusterSpec) -> None:
     assert calls[0] == (0, report.tried)
     assert calls[-1] == (report.tried, report.tried)
     assert [done for done, _ in calls] == sorted(done for done, _ in calls)
+
+
+def test_build_plans_keeps_the_accepted_plans_in_order(cluster8: ClusterSpec) -> None:
+    """build_plans (the grid Planner.search, the search benchmark and the grid engine's tests price): each plan
+    make_job accepts, in order, with its graph; each one it refuses under its index, with the same error."""
+    model, space = tiny_model(), SearchSpace(global_batch=16, seq_len=128)
+    plans = list(enumerate_plans(model, cluster8, space))
+    calls: list[tuple[int, int]] = []
+    grid = build_plans(model, cluster8, plans, space.stack, progress=lambda done, total: calls.append((done, total)))
+    assert len(grid.refused) == 84 and len(grid.jobs) == len(grid.index) == len(plans) - 84
+    assert sorted([*grid.index, *grid.refused]) == list(range(len(plans)))
+    assert grid.index == sorted(grid.index)
+    for (job, graph), at in zip(grid.jobs, grid.index, strict=True):
+        assert job == make_job(model, cluster8, plans[at], space.stack)
+        assert graph == graph_for(job)
+    for at, exc in grid.refused.items():
+        with pytest.raises(type(exc)) as raised:
+            make_job(model, cluster8, plans[at], space.stack)
+        assert str(raised.value) == str(exc)
+    assert calls[0] == (0, len(plans)) and [done for done, _ in calls] == sorted(done for done, _ in calls)
 
 
 def test_bad_space_and_top_k(cluster8: ClusterSpec) -> None:

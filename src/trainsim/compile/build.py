@@ -170,7 +170,7 @@ def _emit_stage(ctx: BuildContext, stage: int, program: list[Step],
         first_tids.append(w.step_first)
         last_tids.append(w.prev)
     _flush(w, blocks, micro_batches)
-    final = [(tid, ctx.grad_params(u.assignment.index, u.assignment.layer.param_count), u.label)
+    final = [(tid, ctx.grad_params_by_ranks(u.assignment.index, u.assignment.layer.param_count), u.label)
              for tid, u in grads.values()]
     grad_tids = insert_gradient_sync(ctx, stage, final, w.prev)
     if fsdp is not None:

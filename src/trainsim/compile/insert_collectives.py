@@ -18,6 +18,7 @@ from trainsim.compile.context import BuildContext, CommWork, StageWriter, TaskSp
 from trainsim.strategy.lowered import LayerAssignment
 
 _CATEGORY = {"split": "comm"}  # reshard collectives of computation configs (compile.splits): general comm
+MIN_PARAMS = 0.5  # under one parameter left of a sync group's share (float sums of split parts): none
 
 
 def feature_comm_spec(ctx: BuildContext, stage: int, comm: CommWork, *, layer: str, category: str = "") -> TaskSpec:
@@ -52,44 +53,66 @@ def _gathers_overlap(ctx: BuildContext) -> bool:
     return par.zero in (1, 2) and ctx.pricer.overlaps("param_gather_overlap", ctx.job)
 
 
-def insert_gradient_sync(ctx: BuildContext, stage: int, grads: list[tuple[int, float, str]],
+def insert_gradient_sync(ctx: BuildContext, stage: int, grads: list[tuple[int, dict[int, float], str]],
                          end_tid: int = -1) -> list[int]:
-    """grads: (tid of the task that finishes the layer's gradient, parameters, layer label) in the order the
-    gradients become final; end_tid: the stage's last task (no bucket starts before it unless the stack
-    overlaps the reduction). Returns the tids of the gradient tasks."""
+    """grads: (tid of the task that finishes the layer's gradient, its parameters by the number of ranks that sum
+    them, layer label) in the order the gradients become final; end_tid: the stage's last task (no bucket starts
+    before it unless the stack overlaps the reduction). Returns the tids of the gradient tasks.
+
+    Each sync group fills its own buckets (torch DDP's and the split executor's buckets hold parameters of one
+    process group); a part that one rank alone holds (1 rank) is not communicated."""
     par = ctx.par
     if par.dp * par.cp == 1 or par.zero >= 3 or not grads:
         return []
-    policy = ctx.policy
-    overlap = ctx.pricer.overlaps("grad_reduce_overlap", ctx.job)
     bucket_size = ctx.job.stack.grad_bucket_params
-    resources = ctx.link_resources(ctx.layout("grad"), (stage,))
+    # the whole group's buckets take every layer and close at the last (a part's: the last layer it has)
+    last_position = {ranks: position for position, (_, by_ranks, _) in enumerate(grads)
+                     for ranks, params in by_ranks.items() if params >= MIN_PARAMS}
+    last_position[par.dp] = len(grads) - 1
+    open_buckets: dict[int, tuple[float, str]] = {}  # ranks -> (parameters so far, first layer's label)
     out: list[int] = []
-    bucket_params = 0.0
-    first_label = ""
     buckets = 0
-    for position, (tid, params, label) in enumerate(grads):
-        first_label = first_label or label
-        bucket_params += params
-        if bucket_params < bucket_size and position < len(grads) - 1:
-            continue
-        name = f"bucket{buckets} {first_label}..{label}"
-        buckets += 1
-        grad_bytes = bucket_params * policy.grad_bytes
-        if par.zero == 0:
-            steps = [("all-reduce", grad_bytes)]
-        else:
-            steps = [("reduce-scatter", grad_bytes)]
-            if not _gathers_overlap(ctx):
-                steps.append(("all-gather", bucket_params * policy.weight_bytes))
-        deps = (tid,) if overlap or end_tid < 0 or end_tid == tid else (tid, end_tid)
-        for collective, size in steps:
-            added = ctx.add(name=f"dp {collective} {name}", device=stage, stream="gradient", kind="comm",
-                           duration_s=ctx.collective_s(collective, size, "grad"), deps=deps, phase="comm",
-                           category="dp_comm", resources=resources)
-            deps = (added,)
-            out.append(added)
-        bucket_params, first_label = 0.0, ""
+    for position, (tid, by_ranks, label) in enumerate(grads):
+        for ranks, params in by_ranks.items():
+            if params < MIN_PARAMS and ranks != par.dp:
+                continue
+            so_far, first_label = open_buckets.get(ranks, (0.0, ""))
+            so_far, first_label = so_far + max(params, 0.0), first_label or label
+            if so_far < bucket_size and position < last_position[ranks]:
+                open_buckets[ranks] = (so_far, first_label)
+                continue
+            open_buckets.pop(ranks, None)
+            if ranks > 1 or (ranks == par.dp and par.cp > 1):
+                out += _sync_bucket(ctx, stage, f"bucket{buckets} {first_label}..{label}", so_far, ranks,
+                                    (tid,) if _overlaps(ctx) or end_tid < 0 or end_tid == tid else (tid, end_tid))
+                buckets += 1
+    return out
+
+
+def _overlaps(ctx: BuildContext) -> bool:
+    return ctx.pricer.overlaps("grad_reduce_overlap", ctx.job)
+
+
+def _sync_bucket(ctx: BuildContext, stage: int, name: str, params: float, ranks: int,
+                 deps: tuple[int, ...]) -> list[int]:
+    """One bucket's all-reduce (ZeRO 0), or reduce-scatter and all-gather (ZeRO 1-2), over `ranks` ranks."""
+    policy = ctx.policy
+    grad_bytes = params * policy.grad_bytes
+    if ctx.par.zero == 0:
+        steps = [("all-reduce", grad_bytes)]
+    else:
+        steps = [("reduce-scatter", grad_bytes)]
+        if not _gathers_overlap(ctx):
+            steps.append(("all-gather", params * policy.weight_bytes))
+    layout = ctx.sync_layout(ranks)
+    resources = ctx.link_resources(layout, (stage,))
+    out: list[int] = []
+    for collective, size in steps:
+        added = ctx.add(name=f"dp {collective} {name}", device=stage, stream="gradient", kind="comm",
+                        duration_s=ctx.pricer.collective_s(collective, size, layout, ctx.job), deps=deps,
+                        phase="comm", category="dp_comm", resources=resources)
+        deps = (added,)
+        out.append(added)
     return out
 
 

@@ -245,8 +245,9 @@ def _emit_step_end(ctx: BuildContext, tails: list[_StageTail]) -> None:
                           deps=deps, sync_key="optimizer-barrier" if multi else "", phase="comm")
         parts = ctx.stage_parts(stage)
         seconds = ctx.pricer.optimizer_step_s([parts], job) if parts else 0.0  # the shared formula
-        zeros = sum(ctx.pricer.zero_state_params_of(a.layer, ctx.held_params(a.index, a.layer.param_count), job)
-                    for a in ctx.plan.layers if a.stage == stage)  # table rows no lookup touches (optimizer_zeros)
+        zeros = sum(ctx.pricer.zero_state_params_of(a.layer, ctx.held_params(a.index, a.layer.param_count), job,
+                                                    a.index)
+                    for a in ctx.plan.layers if a.stage == stage)  # zero optimizer states (optimizer_zeros, census)
         if (ctx.splits or zeros > 0.0) and parts:  # a device steps the weights it holds: split and sharded ones
             held = sum(ctx.held_params(a.index, a.layer.param_count) for a in ctx.plan.layers if a.stage == stage)
             seconds = ctx.pricer.optimizer_step_of_params_s(held, job, zeros)

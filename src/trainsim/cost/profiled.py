@@ -103,6 +103,7 @@ class ProfiledCosts:
         try:
             rows = list(handle.op_rows(device_name))
             collective_rows = list(handle.collective_rows(device_name))
+            self._census = {(c.model, c.samples): c for c in handle.state_census_rows()}
         finally:
             if handle is not db:
                 handle.close()
@@ -187,6 +188,15 @@ class ProfiledCosts:
             return nonzero_s
         share = min(1.0, zero_state_params / params)
         return (1.0 - share) * nonzero_s + share * zero_s
+
+    def zero_state_share(self, model: str, samples: int, layer: int) -> float | None:
+        """The measured share of layer instance `layer`'s parameters whose optimizer state stays zero in a
+        split-executor run of `model` on `samples` samples per step (profile/state_census.py), or None."""
+        census = self._census.get((model, samples))
+        entry = census.layers.get(layer) if census is not None else None
+        if entry is None or entry[0] <= 0:
+            return None
+        return entry[1] / entry[0]
 
     def grad_copies_s(self, params: float, device_name: str) -> float | None:
         """Measured gradient bucket copies over `params` gradients: exact, or interpolated inside the measured
@@ -334,6 +344,9 @@ class ProfiledStepCosts:
         measured = self.profiled.optimizer_step_s(params, device.name, zero_state_params)
         return measured if measured is not None else self.fallback.optimizer_step_s(params, precision, device,
                                                                                       zero_state_params)
+
+    def zero_state_share(self, model: str, samples: int, layer: int) -> float | None:
+        return self.profiled.zero_state_share(model, samples, layer)
 
     def grad_copies_s(self, params: float, device: DeviceSpec) -> float:
         measured = self.profiled.grad_copies_s(params, device.name)

@@ -175,19 +175,25 @@ class ProfiledCosts:
 
     def optimizer_step_s(self, params: float, device_name: str, zero_state_params: float = 0.0) -> float | None:
         """Measured Adam step over `params` parameters: exact, or interpolated inside the measured range. With
-        `zero_state_params` of them holding a zero state (cost/optimizer_zeros.py) and the step over zero
-        gradients measured (profile.ops.zero_state_optimizer_signature), the two steps mixed by that share."""
-        curve = self._curves.get((self.device_name or device_name, OPTIMIZER_SIGNATURE_KIND, "adam", "step", "fp32"))
+        `zero_state_params` of them holding a zero state (cost/optimizer_zeros.py, profile/state_census.py) and
+        the step over zero gradients measured (profile.ops.zero_state_optimizer_signature): plus a surcharge per
+        zero state, the zero step's excess over the random step per parameter at the probe's size (the nearest
+        measured one outside its range). At the probe's own size this is the two steps mixed by the zero share.
+        NB: per element, not per step: torch's step costs ~0.1 ms per tensor, so a model of many tensors (a CNN)
+        and the probe's few (a DLRM's tables) differ in the step, not in what a zero costs the sqrt."""
+        device = self.device_name or device_name
+        curve = self._curves.get((device, OPTIMIZER_SIGNATURE_KIND, "adam", "step", "fp32"))
         nonzero_s = curve.interpolate(float(round(params))) if curve is not None else None
-        if nonzero_s is None or zero_state_params <= 0.0 or params <= 0.0:
+        if nonzero_s is None or curve is None or zero_state_params <= 0.0 or params <= 0.0:
             return nonzero_s
-        zeros = self._curves.get((self.device_name or device_name, OPTIMIZER_SIGNATURE_KIND, ZERO_STATE_ADAM_IMPL,
-                                  "step", "fp32"))
-        zero_s = zeros.interpolate(float(round(params))) if zeros is not None else None
-        if zero_s is None:
+        zeros = self._curves.get((device, OPTIMIZER_SIGNATURE_KIND, ZERO_STATE_ADAM_IMPL, "step", "fp32"))
+        if zeros is None or not zeros.sizes:
             return nonzero_s
-        share = min(1.0, zero_state_params / params)
-        return (1.0 - share) * nonzero_s + share * zero_s
+        size = min(max(float(round(params)), zeros.sizes[0]), zeros.sizes[-1])
+        zero_at, nonzero_at = zeros.interpolate(size), curve.interpolate(size)
+        if zero_at is None or nonzero_at is None:
+            return nonzero_s
+        return nonzero_s + min(zero_state_params, params) * max(0.0, zero_at - nonzero_at) / size
 
     def zero_state_share(self, model: str, samples: int, layer: int) -> float | None:
         """The measured share of layer instance `layer`'s parameters whose optimizer state stays zero in a

@@ -113,6 +113,21 @@ def test_the_optimizer_price_mixes_the_two_measured_steps(tmp_path: Path) -> Non
     assert costs.optimizer_step_s(1000, PROFILE_ENV.device, 1000) == pytest.approx(0.030)
 
 
+def test_a_zero_state_costs_the_probes_surcharge_per_parameter_whatever_the_models_step(tmp_path: Path) -> None:
+    """The random step measured at 500 and 1000 parameters (8 and 10 ms: a model of many tensors steps dearer
+    per parameter), the zero step at 1000 only (30 ms): 20 us more per zero state. 500 parameters of which 100
+    zero: 8 ms + 100 x 20 us = 10 ms; 2000 parameters are outside the random step's range: unmeasured."""
+    path = tmp_path / "p.sqlite"
+    with ProfileDB.open(path) as db:
+        db.add_op_samples(PROFILE_ENV, optimizer_signature(500), [0.008])
+        db.add_op_samples(PROFILE_ENV, optimizer_signature(1000), [0.010])
+        db.add_op_samples(PROFILE_ENV, zero_state_optimizer_signature(1000), [0.030])
+    costs = ProfiledCosts(path, PROFILE_ENV.device)
+    assert costs.optimizer_step_s(500, PROFILE_ENV.device, 100) == pytest.approx(0.008 + 100 * 0.020 / 1000)
+    assert costs.optimizer_step_s(500, PROFILE_ENV.device, 900) == pytest.approx(0.008 + 500 * 0.020 / 1000)
+    assert costs.optimizer_step_s(2000, PROFILE_ENV.device, 100) is None
+
+
 def test_the_compiled_optimizer_step_pays_for_the_untouched_rows(tmp_path: Path) -> None:
     """A tiny DLRM on 2 ranks through the split executor: the optimizer task is the measured steps mixed by the
     device's zero-state parameters (tables x untouched share); without the split executor, the random step."""

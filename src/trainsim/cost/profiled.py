@@ -186,14 +186,21 @@ class ProfiledCosts:
         nonzero_s = curve.interpolate(float(round(params))) if curve is not None else None
         if nonzero_s is None or curve is None or zero_state_params <= 0.0 or params <= 0.0:
             return nonzero_s
+        surcharge = self._zero_state_surcharge_s(device, params)
+        return nonzero_s if surcharge is None else nonzero_s + min(zero_state_params, params) * surcharge
+
+    def _zero_state_surcharge_s(self, device: str, params: float) -> float | None:
+        """Per zero state, the zero step's excess over the random step measured over the same tensors (both probes
+        at one size), at the probed size nearest to `params` (log scale); None without such a pair."""
         zeros = self._curves.get((device, OPTIMIZER_SIGNATURE_KIND, ZERO_STATE_ADAM_IMPL, "step", "fp32"))
-        if zeros is None or not zeros.sizes:
-            return nonzero_s
-        size = min(max(float(round(params)), zeros.sizes[0]), zeros.sizes[-1])
-        zero_at, nonzero_at = zeros.interpolate(size), curve.interpolate(size)
-        if zero_at is None or nonzero_at is None:
-            return nonzero_s
-        return nonzero_s + min(zero_state_params, params) * max(0.0, zero_at - nonzero_at) / size
+        pairs = [] if zeros is None else [
+            (size, zero_s, self._exact.get((device, OPTIMIZER_SIGNATURE_KIND, "adam", "step", "fp32", (round(size),))))
+            for size, zero_s in zip(zeros.sizes, zeros.seconds, strict=True)]
+        pairs = [(size, zero_s, random_s) for size, zero_s, random_s in pairs if random_s is not None and size > 0]
+        if not pairs or params <= 0:
+            return None
+        size, zero_s, random_s = min(pairs, key=lambda pair: abs(math.log(pair[0] / params)))
+        return max(0.0, zero_s - random_s) / size
 
     def zero_state_share(self, model: str, samples: int, layer: int) -> float | None:
         """The measured share of layer instance `layer`'s parameters whose optimizer state stays zero in a

@@ -23,6 +23,8 @@ to rounding; a unit dead for all samples is dead in both.
 """
 
 import dataclasses
+import tempfile
+from pathlib import Path
 
 from trainsim.errors import ConfigError
 from trainsim.job import Job
@@ -63,7 +65,9 @@ def _count(job: Job, steps: int, warmup: int, seed: int,
     from trainsim.strategy.tree import StrategyTree
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    with tempfile.NamedTemporaryFile(suffix=".rendezvous", delete=False) as rendezvous:  # a one-rank file store
+        pass
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous.name}", rank=0, world_size=1)
     try:
         graph = build_graph(job.model, DeviceSlice.of(job.parallel))
         plan = StrategyTree.from_parallel(graph, job.parallel).lower(job.parallel)
@@ -83,3 +87,4 @@ def _count(job: Job, steps: int, warmup: int, seed: int,
         return {layer: (count, zeros.get(layer, 0.0) / (steps - warmup)) for layer, count in params.items()}
     finally:
         dist.destroy_process_group()
+        Path(rendezvous.name).unlink(missing_ok=True)

@@ -19,6 +19,10 @@ the CPU clock and sum each device's streams (predict). After the campaigns, each
 then `--repredict --ranks 2`, `--repredict --ranks 4`, `--summary` (results/proteus_table4_v3 is that sequence,
 with --iterations 6).
 
+The optimizer states the runs leave at zero (ReLUs dead for the whole batch, untouched table rows) are counted
+once per campaign, no clock, no lock: `python scripts/proteus_table4.py --state-census --iterations 6 --out OUT`
+(profile/state_census.py; then --repredict).
+
 The split executor's own Python per op (profile/executor_overhead.py) is a machine fact measured once, under the
 lock, into OUT's databases: `flock /tmp/trainsim-timing.lock python scripts/proteus_table4.py --executor-overhead
 --out OUT` (then --repredict per rank count and --summary).
@@ -336,6 +340,30 @@ def profile_executor(out: Path, ranks: int = 2) -> dict[str, Any]:
     return record
 
 
+def state_census(out: Path, models: list[str], ranks_list: tuple[int, ...], steps: int, warmup: int) -> dict[str, Any]:
+    """Per model and rank count, the optimizer states the runs leave at zero (profile/state_census.py: the split
+    executor's training numerics on the runs' samples and initialisation in one process, no clock), into every
+    database of OUT: a fact of the runs' data, priced by the optimizer's zero-state step (cost/profiled.py)."""
+    from trainsim.measure.split_model_files import dataflow_beside
+    from trainsim.profile.database import ProfileDB
+    from trainsim.profile.state_census import count_zero_states
+
+    record: dict[str, Any] = {}
+    for ranks in ranks_list:
+        for model in models:
+            job = job_and_plan(model, STRATEGIES[0], ranks)[0]
+            census = count_zero_states(job, steps, warmup, dataflow=dataflow_beside(settings(model, ranks)["model"]))
+            for name in ("profile-cpu.db", "profile-g2.db", "profile-g4.db"):
+                if (out / name).exists():
+                    with ProfileDB.open(out / name) as db:
+                        db.put_state_census(census)
+            record[f"{model}/g{ranks}"] = {"samples": census.samples, "steps": steps,
+                                           "zero_state_share": census.zero_state_share}
+            print(f"{model} on {ranks} ranks: {census.zero_state_share:.4f} of the states zero", flush=True)
+    (out / "state-census.json").write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
 def summary(out: Path) -> dict[str, Any]:
     """Per cell (model, strategy, ranks) the error of each switch; per switch the average and maximum."""
     rows = []
@@ -413,6 +441,8 @@ def main() -> None:
                         "op (a negligible model per family) into OUT's databases (no runs)")
     parser.add_argument("--cpu-collectives", action="store_true", help="profile the collectives of 2 and 4 "
                         "ranks on the CPU clock into OUT/profile-cpu.db (replaces its collectives; no runs)")
+    parser.add_argument("--state-census", action="store_true", help="count the optimizer states the runs leave "
+                        "at zero (one process, no clock) into OUT's databases (--iterations, --warmup: the runs')")
     parser.add_argument("--cpu-profile", action="store_true", help="profile every cell's ops on thread CPU time "
                         "into OUT/profile-cpu.db (load-independent; no runs)")
     args = parser.parse_args()
@@ -425,6 +455,10 @@ def main() -> None:
         return
     if args.cpu_collectives:
         print(json.dumps(profile_cpu_collectives(args.out), indent=1))
+        return
+    if args.state_census:
+        state_census(args.out, args.models.split(","), (args.ranks,) if args.ranks else (2, 4),
+                     args.warmup + args.iterations, args.warmup)
         return
     if args.cpu_profile:
         profile_cpu(args.out, args.models.split(","), (args.ranks,) if args.ranks else (2, 4))

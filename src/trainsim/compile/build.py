@@ -32,7 +32,12 @@ from dataclasses import dataclass
 from trainsim.compile.apply_zero import FsdpChain, FsdpNeed, fsdp_enabled, stage_model_state
 from trainsim.compile.context import TASK_LEVELS, BuildContext, SpecBlock, StageWriter, TaskLevel, TaskSpec
 from trainsim.compile.device_classes import split_device_classes
-from trainsim.compile.insert_collectives import insert_gathers_after_step, insert_gradient_sync, insert_param_gathers
+from trainsim.compile.insert_collectives import (
+    Grads,
+    insert_gathers_after_step,
+    insert_gradient_sync,
+    insert_param_gathers,
+)
 from trainsim.compile.lower_layers import Cut, Unit, UnitMemory, emit_unit, step_units, unit_specs
 from trainsim.compile.place_links import place_links
 from trainsim.compile.schedule_pipeline import StepTids, chunk_layers, insert_transfers, stage_programs
@@ -55,7 +60,7 @@ _NO_EXTRA = UnitMemory()  # NB: shared, never changed: emit_unit only reads it
 class _StageTail:
     last_tid: int
     grad_tids: list[int]
-    grads: list[tuple[int, float, str]]  # the gradients in the order they become final (insert_gradient_sync's)
+    grads: Grads  # the gradients in the order they become final, by sync group (insert_gradient_sync's)
 
 
 def compile_job(job: Job, plan: LoweredPlan, pricer: Pricer,
@@ -172,7 +177,7 @@ def _emit_stage(ctx: BuildContext, stage: int, program: list[Step],
         first_tids.append(w.step_first)
         last_tids.append(w.prev)
     _flush(w, blocks, micro_batches)
-    final = [(tid, ctx.grad_params(u.assignment.index, u.assignment.layer.param_count), u.label)
+    final = [(tid, ctx.grad_params_by_ranks(u.assignment.index, u.assignment.layer.param_count), u.label)
              for tid, u in grads.values()]
     grad_tids = insert_gradient_sync(ctx, stage, final, w.prev)
     if fsdp is not None:
@@ -247,8 +252,9 @@ def _emit_step_end(ctx: BuildContext, tails: list[_StageTail]) -> None:
                           deps=deps, sync_key="optimizer-barrier" if multi else "", phase="comm")
         parts = ctx.stage_parts(stage)
         seconds = ctx.pricer.optimizer_step_s([parts], job) if parts else 0.0  # the shared formula
-        zeros = sum(ctx.pricer.zero_state_params_of(a.layer, ctx.held_params(a.index, a.layer.param_count), job)
-                    for a in ctx.plan.layers if a.stage == stage)  # table rows no lookup touches (optimizer_zeros)
+        zeros = sum(ctx.pricer.zero_state_params_of(a.layer, ctx.held_params(a.index, a.layer.param_count), job,
+                                                    a.index)
+                    for a in ctx.plan.layers if a.stage == stage)  # zero optimizer states (optimizer_zeros, census)
         if (ctx.splits or zeros > 0.0) and parts:  # a device steps the weights it holds: split and sharded ones
             held = sum(ctx.held_params(a.index, a.layer.param_count) for a in ctx.plan.layers if a.stage == stage)
             seconds = ctx.pricer.optimizer_step_of_params_s(held, job, zeros)

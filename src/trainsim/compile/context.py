@@ -186,6 +186,19 @@ class BuildContext:
         split = self.splits.get(index)
         return params if split is None else split.grad_params
 
+    def grad_params_by_ranks(self, index: int, params: float) -> dict[int, float]:
+        """Of grad_params, how many parameters are summed over how many data-parallel ranks (compile.splits:
+        a split weight's part only over the ranks holding it; the whole group, dp ranks, otherwise)."""
+        split = self.splits.get(index)
+        return {self.job.parallel.dp: params} if split is None else split.grad_params_by_ranks
+
+    def sync_layout(self, ranks: int) -> GroupLayout:
+        """The layout of a gradient sync over `ranks` of the data-parallel group: the group's own ("grad"), or
+        for a split weight's part the ranks holding it. NB: taken as neighbouring ranks (as reshard_s); on one
+        node the layout is the same whichever ranks they are."""
+        par = self.job.parallel
+        return self.layout("grad") if ranks == par.dp else self.job.cluster.group_layout(ranks, par.tp * par.cp)
+
     def held_params(self, index: int, params: float) -> float:
         """Parameters a device stores for layer instance `index` (compile.splits: split and sharded weights)."""
         split = self.splits.get(index)

@@ -18,6 +18,7 @@ from trainsim.compile.context import BuildContext, CommWork, StageWriter, TaskSp
 from trainsim.strategy.lowered import LayerAssignment
 
 _CATEGORY = {"split": "comm"}  # reshard collectives of computation configs (compile.splits): general comm
+MIN_PARAMS = 0.5  # under one parameter left of a sync group's share (float sums of split parts): none
 
 
 def feature_comm_spec(ctx: BuildContext, stage: int, comm: CommWork, *, layer: str, category: str = "") -> TaskSpec:
@@ -52,63 +53,92 @@ def _gathers_overlap(ctx: BuildContext) -> bool:
     return par.zero in (1, 2) and ctx.pricer.overlaps("param_gather_overlap", ctx.job)
 
 
-def _buckets(grads: list[tuple[int, float, str]], bucket_params: float) -> list[tuple[int, float, str]]:
-    """grads (tid that finishes a layer's gradient, parameters, label), in the order they become final, as
-    buckets of bucket_params (whole layers; a bucket is sent once it holds that many, or at the last layer):
-    per bucket the tid of its last gradient, its parameters and its name."""
-    out: list[tuple[int, float, str]] = []
-    params, first_label = 0.0, ""
-    for position, (tid, layer_params, label) in enumerate(grads):
-        first_label = first_label or label
-        params += layer_params
-        if params < bucket_params and position < len(grads) - 1:
-            continue
-        out.append((tid, params, f"bucket{len(out)} {first_label}..{label}"))
-        params, first_label = 0.0, ""
+Grads = list[tuple[int, dict[int, float], str]]  # (tid finishing a layer's gradient, params by ranks, label)
+
+
+def _group_buckets(grads: Grads, bucket_params: float, par_dp: int) -> list[tuple[int, float, int, str]]:
+    """The gradient buckets as the stack sends them: each sync group (the number of ranks that sum a part) fills
+    its own buckets of bucket_params, whole layers, in the order the gradients become final; a bucket is sent
+    once it holds that many or at its group's last layer (the whole group's: the stage's last layer). Per
+    bucket: the tid of its last gradient, its parameters, its ranks and its name."""
+    last_position = {ranks: position for position, (_, by_ranks, _) in enumerate(grads)
+                     for ranks, params in by_ranks.items() if params >= MIN_PARAMS}
+    last_position[par_dp] = len(grads) - 1
+    open_buckets: dict[int, tuple[float, str]] = {}  # ranks -> (parameters so far, first layer's label)
+    out: list[tuple[int, float, int, str]] = []
+    for position, (tid, by_ranks, label) in enumerate(grads):
+        for ranks, params in by_ranks.items():
+            if params < MIN_PARAMS and ranks != par_dp:
+                continue
+            so_far, first_label = open_buckets.get(ranks, (0.0, ""))
+            so_far, first_label = so_far + max(params, 0.0), first_label or label
+            if so_far < bucket_params and position < last_position[ranks]:
+                open_buckets[ranks] = (so_far, first_label)
+                continue
+            open_buckets.pop(ranks, None)
+            out.append((tid, so_far, ranks, f"{first_label}..{label}"))
     return out
 
 
-def insert_gradient_sync(ctx: BuildContext, stage: int, grads: list[tuple[int, float, str]],
-                         end_tid: int = -1) -> list[int]:
-    """grads: (tid of the task that finishes the layer's gradient, parameters, layer label) in the order the
-    gradients become final; end_tid: the stage's last task (no bucket starts before it unless the stack
-    overlaps the reduction). Returns the tids of the gradient tasks."""
+def _synced_buckets(ctx: BuildContext, grads: Grads) -> list[tuple[int, float, int, str]]:
+    """_group_buckets that ranks communicate: a part that one rank alone holds is not sent (unless context
+    parallelism sums it), numbered in sending order."""
+    par = ctx.par
+    kept = [(tid, params, ranks, label) for tid, params, ranks, label
+            in _group_buckets(grads, ctx.job.stack.grad_bucket_params, par.dp)
+            if ranks > 1 or (ranks == par.dp and par.cp > 1)]
+    return [(tid, params, ranks, f"bucket{number} {label}") for number, (tid, params, ranks, label)
+            in enumerate(kept)]
+
+
+def insert_gradient_sync(ctx: BuildContext, stage: int, grads: Grads, end_tid: int = -1) -> list[int]:
+    """grads: (tid of the task that finishes the layer's gradient, its parameters by the number of ranks that sum
+    them, layer label) in the order the gradients become final; end_tid: the stage's last task (no bucket starts
+    before it unless the stack overlaps the reduction). Returns the tids of the gradient tasks.
+
+    Each sync group fills its own buckets (torch DDP's and the split executor's buckets hold parameters of one
+    process group); a part that one rank alone holds (1 rank) is not communicated."""
     par = ctx.par
     if par.dp * par.cp == 1 or par.zero >= 3 or not grads:
         return []
-    overlap = ctx.pricer.overlaps("grad_reduce_overlap", ctx.job)
-    resources = ctx.link_resources(ctx.layout("grad"), (stage,))
     out: list[int] = []
-    for tid, params, name in _buckets(grads, ctx.job.stack.grad_bucket_params):
+    for tid, params, ranks, name in _synced_buckets(ctx, grads):
+        deps = (tid,) if _overlaps(ctx) or end_tid < 0 or end_tid == tid else (tid, end_tid)
         collective = "all-reduce" if par.zero == 0 else "reduce-scatter"
-        deps = (tid,) if overlap or end_tid < 0 or end_tid == tid else (tid, end_tid)
-        out.append(ctx.add(name=f"dp {collective} {name}", device=stage, stream="gradient", kind="comm",
-                           duration_s=ctx.collective_s(collective, params * ctx.policy.grad_bytes, "grad"),
-                           deps=deps, phase="comm", category="dp_comm", resources=resources))
+        out.append(_sync_collective(ctx, stage, collective, name, params * ctx.policy.grad_bytes, ranks, deps))
     return out
 
 
-def insert_gathers_after_step(ctx: BuildContext, stage: int, grads: list[tuple[int, float, str]],
-                              step_tid: int) -> list[int]:
+def insert_gathers_after_step(ctx: BuildContext, stage: int, grads: Grads, step_tid: int) -> list[int]:
     """The distributed optimizer's parameter all-gathers where they do not overlap the forward pass (ZeRO 1-2
     without param_gather_overlap): after the optimizer step (step_tid) has updated the shards, one per gradient
-    bucket (the reduce-scatters' buckets), on the gradient stream. Megatron-Core's DistributedOptimizer gathers
-    the updated parameters after the step (megatron/core/optimizer/distrib_optimizer.py, megatron-core 0.9.0:
-    step_with_ready_grads calls start_param_sync unless overlap_param_gather) and DeepSpeed ZeRO 1-2 too
-    (deepspeed/runtime/zero/stage_1_and_2.py, 0.12.6: step() ends with all_gather_dp_groups). Returns their
-    tids."""
+    bucket (the reduce-scatters' buckets, over the same ranks), on the gradient stream. Megatron-Core's
+    DistributedOptimizer gathers the updated parameters after the step (megatron/core/optimizer/
+    distrib_optimizer.py, megatron-core 0.9.0: step_with_ready_grads calls start_param_sync unless
+    overlap_param_gather) and DeepSpeed ZeRO 1-2 too (deepspeed/runtime/zero/stage_1_and_2.py, 0.12.6: step()
+    ends with all_gather_dp_groups). Returns their tids."""
     par = ctx.par
     if par.dp * par.cp == 1 or par.zero not in (1, 2) or _gathers_overlap(ctx) or not grads:
         return []
-    resources = ctx.link_resources(ctx.layout("grad"), (stage,))
     out: list[int] = []
     deps = (step_tid,)
-    for _, params, name in _buckets(grads, ctx.job.stack.grad_bucket_params):
-        deps = (ctx.add(name=f"dp all-gather {name}", device=stage, stream="gradient", kind="comm",
-                        duration_s=ctx.collective_s("all-gather", params * ctx.policy.weight_bytes, "grad"),
-                        deps=deps, phase="comm", category="dp_comm", resources=resources),)
+    for _, params, ranks, name in _synced_buckets(ctx, grads):
+        deps = (_sync_collective(ctx, stage, "all-gather", name, params * ctx.policy.weight_bytes, ranks, deps),)
         out.append(deps[0])
     return out
+
+
+def _overlaps(ctx: BuildContext) -> bool:
+    return ctx.pricer.overlaps("grad_reduce_overlap", ctx.job)
+
+
+def _sync_collective(ctx: BuildContext, stage: int, collective: str, name: str, size_bytes: float, ranks: int,
+                     deps: tuple[int, ...]) -> int:
+    """One bucket's collective over the `ranks` ranks that hold its parameters (BuildContext.sync_layout)."""
+    layout = ctx.sync_layout(ranks)
+    return ctx.add(name=f"dp {collective} {name}", device=stage, stream="gradient", kind="comm",
+                   duration_s=ctx.pricer.collective_s(collective, size_bytes, layout, ctx.job), deps=deps,
+                   phase="comm", category="dp_comm", resources=ctx.link_resources(layout, (stage,)))
 
 
 def insert_param_gathers(ctx: BuildContext, stage: int, forward: list[LayerAssignment]) -> dict[int, int]:

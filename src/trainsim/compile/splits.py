@@ -23,7 +23,10 @@ reshard follows the op's input-gradient op (Megatron-LM's conjugate pairs fall o
 column split pairs with a reduce-scatter after its backward, an all-reduce of partial sums with none).
 
 A split op's weight is held and synced in 1/(o h) parts (a lookup's table in 1/o): grad_params, which
-the model states (apply_zero.stage_model_state) and the data-parallel gradient sync count. NB: the weight's
+the model states (apply_zero.stage_model_state) and the data-parallel gradient sync count. Each part's gradient
+is summed only over the ranks that hold that part, G / (o h) of the group's G (grad_params_by_ranks; Proteus
+Sec. V-A: a parameter's gradient is synchronised among its replicas): none where every rank holds its own part
+(o h = G, as torch DDP leaves out a parameter that no other rank holds). NB: the weight's
 memory config is its computation config unless a weight split (item "weight", dims out / reduce) stores it
 finer: then it is gathered for compute and its gradient reduce-scattered back (_weight_memory), the Proteus
 memory config; ZeRO's flat split stays apply_zero's.
@@ -74,9 +77,19 @@ class LayerSplit:
     comms: list[SplitComm] = field(default_factory=list)
     grad_params: float = 0.0  # parameters whose gradient one device syncs (the layer's, less split weights)
     held_params: float = 0.0  # parameters one device stores
+    # of grad_params, those whose gradient is summed over n ranks (n -> parameters; n = 1: no collective)
+    grad_params_by_ranks: dict[int, float] = field(default_factory=dict)
 
     def key(self) -> tuple[object, ...]:
-        return (tuple(self.configs.items()), tuple(self.comms), self.grad_params)
+        return (tuple(self.configs.items()), tuple(self.comms), self.grad_params,
+                tuple(sorted(self.grad_params_by_ranks.items())))
+
+    def move_grad(self, params: float, group: int, parts: int) -> None:
+        """`params` of the whole-group sync (over `group` ranks) become one of `parts` parts: synced over the
+        group / parts ranks that hold the same part."""
+        by_ranks = self.grad_params_by_ranks
+        by_ranks[group] = by_ranks.get(group, 0.0) - params
+        by_ranks[group // parts] = by_ranks.get(group // parts, 0.0) + params / parts
 
 
 def plan_splits(plan: LoweredPlan, group: int) -> dict[int, LayerSplit]:
@@ -90,7 +103,8 @@ def plan_splits(plan: LoweredPlan, group: int) -> dict[int, LayerSplit]:
     in_bytes = 0.0
     previous: tuple[LayerSplit, str] | None = None  # the instance and op before the next op
     for a in plan.layers:
-        split = out[a.index] = LayerSplit(grad_params=a.layer.param_count, held_params=a.layer.param_count)
+        split = out[a.index] = LayerSplit(grad_params=a.layer.param_count, held_params=a.layer.param_count,
+                                          grad_params_by_ranks={group: a.layer.param_count})
         for op in a.layer.fwd:
             op_split = given.get((a.index, op.module_path))
             compute = op_split if op_split is not None and op_split.has_compute else None
@@ -107,6 +121,7 @@ def plan_splits(plan: LoweredPlan, group: int) -> dict[int, LayerSplit]:
                 shed = _weight_params(op) * (1.0 - 1.0 / (config.out * config.reduce))
                 split.grad_params -= shed
                 split.held_params -= shed
+                split.move_grad(_weight_params(op), group, config.out * config.reduce)
             if op_split is not None and (op_split.weight_out or op_split.weight_reduce):
                 _weight_memory(op, config, op_split, group, a, split, previous)
             split.modules.setdefault(op.module_path, config)
@@ -114,6 +129,7 @@ def plan_splits(plan: LoweredPlan, group: int) -> dict[int, LayerSplit]:
             previous = (split, op.name)
         split.grad_params -= _table_share(a.layer, split)
         split.held_params -= _table_share(a.layer, split)
+        _move_table_grads(a.layer, split, group)
         in_bytes = a.layer.output_bytes or in_bytes  # what the layer hands on (all of DLRM's lookups, say)
     return out
 
@@ -201,6 +217,8 @@ def _weight_memory(op: Op, config: OpConfig, given: OpSplit, group: int, a: Laye
         split.comms.append(SplitComm(wgrad, "bwd", step, f"weight grad of {op.name}"))
     per_device = _weight_params(op) / (config.out * config.reduce)
     split.grad_params -= per_device
+    sync = group // (config.out * config.reduce)
+    split.grad_params_by_ranks[sync] = split.grad_params_by_ranks.get(sync, 0.0) - per_device
     split.held_params -= per_device - _weight_params(op) / (mem_out * mem_red)
 
 
@@ -221,6 +239,16 @@ def _table_share(layer: Layer, split: LayerSplit) -> float:
         return 0.0
     share = layer.param_count / len(lookups)
     return sum(share * (1.0 - 1.0 / split.configs[op.name].out) for op in lookups if op.name in split.configs)
+
+
+def _move_table_grads(layer: Layer, split: LayerSplit, group: int) -> None:
+    """Each split lookup's table share (as _table_share) is synced over the group / out ranks holding its
+    columns."""
+    lookups = [op for op in layer.fwd if op.kind == "embedding"]
+    for op in lookups:
+        config = split.configs.get(op.name)
+        if config is not None and config.out > 1:
+            split.move_grad(layer.param_count / len(lookups), group, config.out)
 
 
 def _per_channel(op: Op) -> bool:

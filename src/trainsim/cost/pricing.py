@@ -999,14 +999,20 @@ class Pricer:
         return self.step_costs.optimizer_step_s(params / shards, par.precision, job.cluster.device,
                                                 zero_state_params / shards)
 
-    @staticmethod
-    def zero_state_params_of(layer: Layer, held_params: float, job: Job) -> float:
-        """Of the `held_params` a device holds of `layer`, those whose optimizer state stays zero: a DLRM's
-        table rows that the step's batches never look up, in runs that train on the same batches every step
-        (trainsim measure's split executor; cost/optimizer_zeros.py); else none."""
-        if layer.kind != "sparse" or not job.stack.split_executor or not isinstance(job.model, DlrmSpec):
+    def zero_state_params_of(self, layer: Layer, held_params: float, job: Job, index: int = -1) -> float:
+        """Of the `held_params` a device holds of `layer` (layer instance `index` of the op graph), those whose
+        optimizer state stays zero in runs that train on the same batches every step (trainsim measure's split
+        executor): a DLRM's table rows that the step's batches never look up (derived: cost/optimizer_zeros.py);
+        any other layer's entries between units dead for every sample, where the profile holds a census of
+        them (profile/state_census.py); else none."""
+        if not job.stack.split_executor:
             return 0.0
-        return held_params * zero_state_share(job.model, job.parallel)
+        if layer.kind == "sparse" and isinstance(job.model, DlrmSpec):
+            return held_params * zero_state_share(job.model, job.parallel)
+        par = job.parallel
+        share = self.step_costs.zero_state_share(job.model.name, par.micro_batch * par.dp * par.num_micro_batches,
+                                                 index) if index >= 0 else None
+        return held_params * share if share is not None else 0.0
 
     def micro_batch_overhead_s(self, stage: list[StagePart], job: Job) -> float:
         key = self.stage_key(stage)

@@ -103,6 +103,7 @@ class ProfiledCosts:
         try:
             rows = list(handle.op_rows(device_name))
             collective_rows = list(handle.collective_rows(device_name))
+            self._census = {(c.model, c.samples): c for c in handle.state_census_rows()}
         finally:
             if handle is not db:
                 handle.close()
@@ -174,19 +175,41 @@ class ProfiledCosts:
 
     def optimizer_step_s(self, params: float, device_name: str, zero_state_params: float = 0.0) -> float | None:
         """Measured Adam step over `params` parameters: exact, or interpolated inside the measured range. With
-        `zero_state_params` of them holding a zero state (cost/optimizer_zeros.py) and the step over zero
-        gradients measured (profile.ops.zero_state_optimizer_signature), the two steps mixed by that share."""
-        curve = self._curves.get((self.device_name or device_name, OPTIMIZER_SIGNATURE_KIND, "adam", "step", "fp32"))
+        `zero_state_params` of them holding a zero state (cost/optimizer_zeros.py, profile/state_census.py) and
+        the step over zero gradients measured (profile.ops.zero_state_optimizer_signature): plus a surcharge per
+        zero state, the zero step's excess over the random step per parameter at the probe's size (the nearest
+        measured one outside its range). At the probe's own size this is the two steps mixed by the zero share.
+        NB: per element, not per step: torch's step costs ~0.1 ms per tensor, so a model of many tensors (a CNN)
+        and the probe's few (a DLRM's tables) differ in the step, not in what a zero costs the sqrt."""
+        device = self.device_name or device_name
+        curve = self._curves.get((device, OPTIMIZER_SIGNATURE_KIND, "adam", "step", "fp32"))
         nonzero_s = curve.interpolate(float(round(params))) if curve is not None else None
-        if nonzero_s is None or zero_state_params <= 0.0 or params <= 0.0:
+        if nonzero_s is None or curve is None or zero_state_params <= 0.0 or params <= 0.0:
             return nonzero_s
-        zeros = self._curves.get((self.device_name or device_name, OPTIMIZER_SIGNATURE_KIND, ZERO_STATE_ADAM_IMPL,
-                                  "step", "fp32"))
-        zero_s = zeros.interpolate(float(round(params))) if zeros is not None else None
-        if zero_s is None:
-            return nonzero_s
-        share = min(1.0, zero_state_params / params)
-        return (1.0 - share) * nonzero_s + share * zero_s
+        surcharge = self._zero_state_surcharge_s(device, params)
+        return nonzero_s if surcharge is None else nonzero_s + min(zero_state_params, params) * surcharge
+
+    def _zero_state_surcharge_s(self, device: str, params: float) -> float | None:
+        """Per zero state, the zero step's excess over the random step measured over the same tensors (both probes
+        at one size), at the probed size nearest to `params` (log scale); None without such a pair."""
+        zeros = self._curves.get((device, OPTIMIZER_SIGNATURE_KIND, ZERO_STATE_ADAM_IMPL, "step", "fp32"))
+        pairs = [] if zeros is None else [
+            (size, zero_s, self._exact.get((device, OPTIMIZER_SIGNATURE_KIND, "adam", "step", "fp32", (round(size),))))
+            for size, zero_s in zip(zeros.sizes, zeros.seconds, strict=True)]
+        pairs = [(size, zero_s, random_s) for size, zero_s, random_s in pairs if random_s is not None and size > 0]
+        if not pairs or params <= 0:
+            return None
+        size, zero_s, random_s = min(pairs, key=lambda pair: abs(math.log(pair[0] / params)))
+        return max(0.0, zero_s - random_s) / size
+
+    def zero_state_share(self, model: str, samples: int, layer: int) -> float | None:
+        """The measured share of layer instance `layer`'s parameters whose optimizer state stays zero in a
+        split-executor run of `model` on `samples` samples per step (profile/state_census.py), or None."""
+        census = self._census.get((model, samples))
+        entry = census.layers.get(layer) if census is not None else None
+        if entry is None or entry[0] <= 0:
+            return None
+        return entry[1] / entry[0]
 
     def grad_copies_s(self, params: float, device_name: str) -> float | None:
         """Measured gradient bucket copies over `params` gradients: exact, or interpolated inside the measured
@@ -334,6 +357,9 @@ class ProfiledStepCosts:
         measured = self.profiled.optimizer_step_s(params, device.name, zero_state_params)
         return measured if measured is not None else self.fallback.optimizer_step_s(params, precision, device,
                                                                                       zero_state_params)
+
+    def zero_state_share(self, model: str, samples: int, layer: int) -> float | None:
+        return self.profiled.zero_state_share(model, samples, layer)
 
     def grad_copies_s(self, params: float, device: DeviceSpec) -> float:
         measured = self.profiled.grad_copies_s(params, device.name)

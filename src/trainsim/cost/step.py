@@ -22,6 +22,11 @@ class StepCosts(Protocol):
         optimizer state that stays zero (cost/optimizer_zeros.py)."""
         ...
 
+    def zero_state_share(self, model: str, samples: int, layer: int) -> float | None:
+        """The measured share of a layer instance's parameters whose optimizer state stays zero in a run of the
+        split executor on `samples` samples per step (profile/state_census.py), or None: not measured."""
+        ...
+
     def grad_copies_s(self, params: float, device: DeviceSpec) -> float:
         """A gradient sync's copies of `params` gradients into flat buckets, scaled, and back (StackSpec.
         grad_bucket_copies)."""
@@ -59,6 +64,10 @@ class FittedStepCosts:
         policy = policy_for(precision)
         per_param = 2 * (4 + policy.optimizer_state_bytes) + policy.grad_bytes + policy.weight_bytes
         return params * per_param / (device.hbm_bw_bytes_per_s * self.cal.compute.memory_efficiency)
+
+    def zero_state_share(self, model: str, samples: int, layer: int) -> float | None:
+        """Only a profile's census measures it."""
+        return None
 
     def grad_copies_s(self, params: float, device: DeviceSpec) -> float:
         """Three memory-bound passes over fp32 gradients: each read and written (copy in, scale, copy out)."""

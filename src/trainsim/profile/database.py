@@ -42,6 +42,12 @@ CREATE TABLE IF NOT EXISTS collective_times (
     hardware TEXT NOT NULL, measured_at REAL NOT NULL,
     PRIMARY KEY (device, versions, threads, backend, collective, world_size, message_bytes)
 );
+CREATE TABLE IF NOT EXISTS state_census (
+    model TEXT NOT NULL, samples INTEGER NOT NULL, layer INTEGER NOT NULL,
+    params REAL NOT NULL, zero_state_params REAL NOT NULL, steps INTEGER NOT NULL,
+    detail TEXT NOT NULL, measured_at REAL NOT NULL,
+    PRIMARY KEY (model, samples, layer)
+);
 """
 
 
@@ -124,6 +130,24 @@ class CollectiveRow:
     world_size: int
     message_bytes: int
     stats: TimingStats
+
+
+@dataclass(frozen=True, slots=True)
+class StateCensus:
+    """Per layer instance (the op graph's expanded index), its parameters and, of them, the mean count whose
+    optimizer state (exp_avg_sq) is exactly zero over the timed steps of a run of `steps` steps on `samples`
+    samples per step (profile/state_census.py)."""
+
+    model: str
+    samples: int
+    steps: int
+    layers: dict[int, tuple[float, float]]
+    detail: str = ""
+
+    @property
+    def zero_state_share(self) -> float:
+        params = sum(p for p, _ in self.layers.values())
+        return sum(z for _, z in self.layers.values()) / params if params > 0 else 0.0
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
@@ -265,6 +289,30 @@ class ProfileDB:
             dev, versions, threads, backend, collective, world, size, median, p10, p90, repeats, hardware, _ = row
             yield CollectiveRow(Environment(dev, versions, threads, hardware), backend, collective, world, size,
                                 TimingStats(median, p10, p90, repeats))
+
+    def put_state_census(self, census: "StateCensus") -> None:
+        """Store a census of zero optimizer states (profile/state_census.py), replacing one of the same model and
+        samples."""
+        with self._conn:
+            self._conn.execute("DELETE FROM state_census WHERE model=? AND samples=?", (census.model, census.samples))
+            self._conn.executemany(
+                "INSERT INTO state_census VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(census.model, census.samples, layer, params, zeros, census.steps, census.detail, time.time())
+                 for layer, (params, zeros) in census.layers.items()])
+        self.stored += 1
+
+    def state_census_rows(self) -> Iterator["StateCensus"]:
+        """Every stored census (none in a database written before the table existed, opened read-only)."""
+        try:
+            rows = self._conn.execute("SELECT model, samples, layer, params, zero_state_params, steps, detail "
+                                      "FROM state_census ORDER BY model, samples, layer").fetchall()
+        except sqlite3.OperationalError:
+            return
+        by_key: dict[tuple[str, int], StateCensus] = {}
+        for model, samples, layer, params, zeros, steps, detail in rows:
+            census = by_key.setdefault((model, samples), StateCensus(model, samples, steps, {}, detail))
+            census.layers[layer] = (params, zeros)
+        yield from by_key.values()
 
     def count(self, table: str = "op_times") -> int:
         assert table in ("op_times", "collective_times"), table

@@ -213,3 +213,80 @@ def test_the_optimizer_steps_the_weights_a_device_holds() -> None:
     assert step["plain"] == pricer.optimizer_step_of_params_s(params, job)
     assert step["split"] == pricer.optimizer_step_of_params_s(params - 4096 * 1024 // 2, job)
     assert step["split"] < step["plain"]
+
+
+def _one_bucket(job: Job) -> Job:
+    return dataclasses.replace(job, stack=job.stack.model_copy(update={"grad_bucket_params": 1e12}))
+
+
+def _dp_syncs(graph: ExecGraph) -> list[tuple[str, float]]:
+    return [(t.name.split(" bucket")[0], t.duration_s) for t in graph.tasks if t.category == "dp_comm"]
+
+
+def test_a_weight_part_that_one_device_holds_leaves_the_gradient_all_reduce() -> None:
+    """fc2 (4096 -> 1024) split on its reduction dimension over both data-parallel devices: each holds its own
+    half of the weight, which no other device holds, so its gradient is summed nowhere (torch DDP and the split
+    executor leave it out); the one bucket's all-reduce over 2 ranks carries the model's other parameters."""
+    job = _one_bucket(_job())
+    tree = StrategyTree.from_parallel(graph_for(job), job.parallel).split("blocks.0.mlp.fc2", "compute", "reduce", 2)
+    graph, pricer = _compile(job, tree)
+    params = sum(layer.count * layer.param_count for layer in graph_for(job).layers)
+    grad_bytes = (params - 4096 * 1024) * BF16
+    assert _dp_syncs(graph) == [("dp all-reduce", pricer.collective_s("all-reduce", grad_bytes,
+                                                                      job.cluster.group_layout(2, 1), job))]
+
+
+def test_a_weight_part_that_two_of_four_devices_hold_is_all_reduced_over_those_two() -> None:
+    """The same split in 2 parts over 4 devices: each half of fc2's weight is held by 2 devices, and its
+    gradient (2,097,152 parameters) is all-reduced over those 2 in a bucket of its own; the rest over all 4."""
+    job = _one_bucket(_job(dp=4))
+    tree = StrategyTree.from_parallel(graph_for(job), job.parallel).split("blocks.0.mlp.fc2", "compute", "reduce", 2)
+    graph, pricer = _compile(job, tree)
+    params = sum(layer.count * layer.param_count for layer in graph_for(job).layers)
+    half = 4096 * 1024 // 2
+    assert sorted(_dp_syncs(graph)) == sorted([
+        ("dp all-reduce", pricer.collective_s("all-reduce", (params - 2 * half) * BF16,
+                                              job.cluster.group_layout(4, 1), job)),
+        ("dp all-reduce", pricer.collective_s("all-reduce", half * BF16, job.cluster.group_layout(2, 1), job))])
+
+
+def test_split_parts_are_synced_over_the_devices_holding_them() -> None:
+    """ResNet-50's layer4.0.conv1 out/2 (its 524,288 weights) and conv2 (512 x 512 x 9) reading the channel
+    split: on 2 devices their halves are synced nowhere (1 device each), on 4 over 2; the rest of the layer over
+    the whole group. DLRM's tables split by columns over the group: none of their gradients is synced."""
+    from trainsim.catalog.loader import load_model
+    from trainsim.compile.splits import plan_splits
+    from trainsim.frontends.catalog.build import build_graph
+    from trainsim.strategy.device_slice import DeviceSlice
+
+    for dp in (2, 4):
+        par = ParallelSpec.parse({"micro_batch": 4, "seq_len": 1, "dp": dp, "global_batch": 4 * dp})
+        job = make_job(load_model("resnet50"), a100_cluster(dp), par)
+        graph = build_graph(job.model, DeviceSlice.of(par))
+        plan = StrategyTree.from_parallel(graph, par).split("layer4.0.conv1", "compute", "out", 2).lower(par)
+        index, layer = next((a.index, a.layer) for a in plan.layers if a.layer.name == "layer4.0")
+        whole = 512 * 1024 + 512 * 512 * 9
+        assert plan_splits(plan, dp)[index].grad_params_by_ranks == {dp: layer.param_count - whole, dp // 2: whole / 2}
+
+
+def test_dlrm_tables_split_by_columns_over_the_group_sync_no_gradient() -> None:
+    """dlrm-small's S2 on 2 devices (8 tables of 20,000 x 16 split by columns in 2): each device holds half of
+    every table's columns, 1,280,000 parameters that no other device holds: summed over 1 rank (no collective),
+    and nothing of the tables over the group."""
+    from pathlib import Path
+
+    from trainsim.catalog.loader import load_model
+    from trainsim.compile.splits import plan_splits
+    from trainsim.frontends.catalog.build import build_graph
+    from trainsim.strategy.device_slice import DeviceSlice
+    from trainsim.strategy.tree_yaml import load_tree_yaml
+
+    small = Path(__file__).resolve().parents[3] / "data" / "strategies" / "proteus" / "small"
+    par = ParallelSpec.parse({"micro_batch": 128, "seq_len": 1, "dp": 2, "global_batch": 256})
+    job = make_job(load_model(str(small / "models" / "dlrm-small.yaml")), a100_cluster(2), par)
+    graph = build_graph(job.model, DeviceSlice.of(par))
+    plan = load_tree_yaml(small / "ranks2" / "dlrm-small-s2.yaml", graph).lower(par)
+    index = next(a.index for a in plan.layers if a.layer.name == "embeddings")
+    by_ranks = plan_splits(plan, 2)[index].grad_params_by_ranks
+    assert by_ranks[1] == 20000 * 16 * 8 / 2
+    assert by_ranks[2] == pytest.approx(0.0, abs=1e-6)

@@ -295,18 +295,25 @@ def fit_lookup(experiment: str = "sharding") -> None:
     name = "lookup_in_situ" + ("" if SET == "quiet" else f"_{SET}") + ("" if experiment == "sharding" else "_e2e")
     target = OUT / f"{name}.json"
     samples = []
-    for t in map(json.loads, source.open()):
-        kind = "heavy" if t["task"].startswith("heavy") else "normal"
-        ranks, batch, seed = int(t["ranks"]), int(t["local_batch"]), int(t["task"].split("-")[0][len(kind):])
-        model, tables = task(kind, ranks, seed)
-        plan = shard(tables, t["sharder"], ranks, cap_bytes=CAP, seed=seed)
-        _, _, it = fixed_pricing(model, plan, batch, ranks, lookups, comm, dense_db)
+    for t, _, _, it in _traced_configs(source, lookups, comm, dense_db):
         samples += samples_from_trace(t["events"], t["cpu_s"], it)
     fitted = fit_lookup_in_situ(samples, lookups)
     save_lookup_in_situ(fitted, target, f"scripts/recsys_quiet.py fit-lookup {experiment} on {source}", len(samples))
     print(f"{len(samples)} lookup spans -> forward x{fitted.fwd_scale:.4f}, backward x{fitted.bwd_scale:.4f} "
           f"-> {target}")
 
+
+
+def _traced_configs(source: Path, lookups, comm, dense_db: Path):
+    """Each traced config of `source` (a traces JSONL) with its sharding plan, job and iteration priced as
+    `predict` prices it without host cost: (trace, plan, job, iteration)."""
+    for t in map(json.loads, source.open()):
+        kind = "heavy" if t["task"].startswith("heavy") else "normal"
+        ranks, batch, seed = int(t["ranks"]), int(t["local_batch"]), int(t["task"].split("-")[0][len(kind):])
+        model, tables = task(kind, ranks, seed)
+        plan = shard(tables, t["sharder"], ranks, cap_bytes=CAP, seed=seed)
+        sjob, _, it = fixed_pricing(model, plan, batch, ranks, lookups, comm, dense_db)
+        yield t, plan, sjob, it
 
 def fit_host(experiment: str = "sharding") -> None:
     """The dense part's host cost (calibrate.dense_host) from one set's traces, each traced config priced as
@@ -324,12 +331,7 @@ def fit_host(experiment: str = "sharding") -> None:
     source = OUT / f"{experiment}_{SET}_traces.jsonl"
     target = DENSE_HOST if experiment == "sharding" else OUT / f"dense_host_{experiment}.json"
     samples = []
-    for t in map(json.loads, source.open()):
-        kind = "heavy" if t["task"].startswith("heavy") else "normal"
-        ranks, batch, seed = int(t["ranks"]), int(t["local_batch"]), int(t["task"].split("-")[0][len(kind):])
-        model, tables = task(kind, ranks, seed)
-        plan = shard(tables, t["sharder"], ranks, cap_bytes=CAP, seed=seed)
-        sjob, _, it = fixed_pricing(model, plan, batch, ranks, lookups, comm, dense_db)
+    for t, plan, sjob, it in _traced_configs(source, lookups, comm, dense_db):
         samples += samples_from_trace(t["events"], t["cpu_s"], it, dense_op_counts(sjob.graph, plan))
     host = fit_dense_host(samples)
     save_dense_host(host, target, f"scripts/recsys_quiet.py fit-host {experiment} on {source}", len(samples))

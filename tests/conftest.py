@@ -7,12 +7,14 @@ cases. The two tiny GPTs differ on purpose: each keeps the numbers its tests wer
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from trainsim.catalog import load_cluster, load_model
+from trainsim.catalog.calibration import load_calibration
 from trainsim.catalog.model_files import parse_model
+from trainsim.cost.pricing import Pricer
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.estimate.simulation import SimEstimator
 from trainsim.hardware.cluster import ClusterSpec
@@ -23,6 +25,9 @@ from trainsim.measure.results import MeasuredRun, job_to_dict
 from trainsim.pipeline import graph_for
 from trainsim.profile.database import Environment
 from trainsim.strategy.parallel import ParallelSpec
+
+if TYPE_CHECKING:
+    from trainsim.frontends.catalog.sharded_dlrm import ShardedDlrmJob
 
 TESTS_DIR = Path(__file__).resolve().parent  # tests/: unit/ mirrors src/trainsim, then golden/, validation/
 REPO_DIR = TESTS_DIR.parent
@@ -116,3 +121,28 @@ def _ladder_gaps(analytical: AnalyticalEstimator, sim: SimEstimator, model: str,
 @pytest.fixture
 def ladder_gaps() -> LadderGaps:
     return _ladder_gaps
+
+
+def no_effect_engines() -> tuple[AnalyticalEstimator, SimEstimator]:
+    """The analytical engine and the simulator over the package's fit with the runtime effects off (no overlap
+    slow-down, no bandwidth sharing): the pair the scale-agreement tests hold within 2% of each other."""
+    cal = load_calibration()
+    no_effects = cal.model_copy(update={"sim_runtime": None,
+                                        "runtime": cal.runtime.model_copy(update={"overlap_slowdown": 0.0})})
+    pricer = Pricer(no_effects)
+    return AnalyticalEstimator(pricer), SimEstimator(pricer, overlap=False, sharing=False)
+
+
+def three_table_dlrm_job(batch: int = 16) -> "ShardedDlrmJob":
+    """A DLRM of three small tables on 2 local CPU ranks: two table-wise, one data-parallel (fp32)."""
+    from trainsim.embedding.sharding import ShardingPlan, TableShard
+    from trainsim.embedding.tables import Table
+    from trainsim.frontends.catalog.sharded_dlrm import dlrm_model, sharded_job
+    from trainsim.ir.model_spec import EmbeddingTable
+
+    tables = (Table(0, 1000, 16, 4.0), Table(1, 500, 16, 2.0), Table(2, 200, 16, 1.0))
+    plan = ShardingPlan(2, 2, (TableShard(tables[0], "table-wise", (0,)), TableShard(tables[1], "table-wise", (1,)),
+                               TableShard(tables[2], "data-parallel", (0, 1))))
+    model = dlrm_model("three", tuple(EmbeddingTable(rows=t.rows, dim=t.dim, pooling_factor=t.pooling)
+                                      for t in tables))
+    return sharded_job(model, plan, load_cluster("local-cpu"), batch, precision="fp32")

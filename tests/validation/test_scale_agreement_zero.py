@@ -17,11 +17,8 @@ from dataclasses import replace
 
 import pytest
 
+from conftest import no_effect_engines
 from trainsim.catalog import load_cluster, load_model
-from trainsim.catalog.calibration import load_calibration
-from trainsim.cost.pricing import Pricer
-from trainsim.estimate.analytical import AnalyticalEstimator
-from trainsim.estimate.simulation import SimEstimator
 from trainsim.job import make_job
 from trainsim.pipeline import graph_for
 from trainsim.strategy.parallel import ParallelSpec
@@ -42,18 +39,10 @@ SHAPES = (
 )
 
 
-def _engines() -> tuple[AnalyticalEstimator, SimEstimator]:
-    cal = load_calibration()
-    no_effects = cal.model_copy(update={"sim_runtime": None,
-                                        "runtime": cal.runtime.model_copy(update={"overlap_slowdown": 0.0})})
-    pricer = Pricer(no_effects)
-    return AnalyticalEstimator(pricer), SimEstimator(pricer, overlap=False, sharing=False)
-
-
 @pytest.mark.parametrize(("model", "axes", "seq_len", "micro_batches"), SHAPES)
 def test_sharded_data_parallel_agrees_from_one_gpu_to_a_million(model: str, axes: dict[str, object], seq_len: int,
                                                                 micro_batches: int, ladder_gaps: Gaps) -> None:
-    analytical, sim = _engines()
+    analytical, sim = no_effect_engines()
     checked = ladder_gaps(analytical, sim, model, axes, seq_len, micro_batches)
     assert checked[-1][0] == 2**20 and len(checked) >= 5
     assert all(abs(gap) <= TOLERANCE for _, gap in checked), checked
@@ -63,7 +52,7 @@ def test_distributed_optimizer_buckets_are_whole_layers_in_fill_order() -> None:
     """Exact: gpt3-1.3b is an embedding of 107,120,640 parameters, 24 blocks of 50,358,272 and a head of 4,096;
     with 40M-parameter buckets every layer closes a bucket in forward order (the head's 4,096 the last), while
     in backward order the head shares the last block's bucket."""
-    analytical, _ = _engines()
+    analytical, _ = no_effect_engines()
     job = make_job(load_model("gpt3-1.3b"), load_cluster("dgx-h100-80gb").with_num_gpus(8),
                    ParallelSpec.parse({"zero": 1, "micro_batch": 1, "global_batch": 8, "seq_len": 2048}))
     stage = partition_stages(graph_for(job), 1)[0]

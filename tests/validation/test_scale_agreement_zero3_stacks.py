@@ -14,11 +14,8 @@ the end of the micro-batch's backward pass (compile/apply_zero.py, stack_effects
 
 import pytest
 
+from conftest import no_effect_engines
 from trainsim.catalog import load_cluster, load_model
-from trainsim.catalog.calibration import load_calibration
-from trainsim.cost.pricing import Pricer
-from trainsim.estimate.analytical import AnalyticalEstimator
-from trainsim.estimate.simulation import SimEstimator
 from trainsim.job import make_job
 from trainsim.pipeline import graph_for
 from trainsim.strategy.parallel import ParallelSpec
@@ -35,18 +32,10 @@ SHAPES = (
 )
 
 
-def _engines() -> tuple[AnalyticalEstimator, SimEstimator]:
-    cal = load_calibration()
-    no_effects = cal.model_copy(update={"sim_runtime": None,
-                                        "runtime": cal.runtime.model_copy(update={"overlap_slowdown": 0.0})})
-    pricer = Pricer(no_effects)
-    return AnalyticalEstimator(pricer), SimEstimator(pricer, overlap=False, sharing=False)
-
-
 @pytest.mark.parametrize("stack", ["fsdp", "fsdp2", "deepspeed-zero"])
 @pytest.mark.parametrize("model", ["llama2-7b", "llama2-13b"])
 def test_zero3_stacks_agree_from_8_to_4096_gpus(model: str, stack: str) -> None:
-    analytical, sim = _engines()
+    analytical, sim = no_effect_engines()
     gaps = []
     for cluster in ("dgx-h100-80gb", "dgx-a100-80gb"):
         for micro_batch, seq_len, axes in SHAPES:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from conftest import three_table_dlrm_job
 from trainsim.calibrate.dense_host import (
     DenseSpanSample,
     fit_dense_host,
@@ -21,25 +22,17 @@ from trainsim.cli.main import app
 from trainsim.cost.embedding_lookup import RooflineLookup
 from trainsim.cost.pricing import Pricer
 from trainsim.cost.sharded_dlrm import DenseHostCost, DenseOpCounts, dense_op_counts, price_sharded_iteration
-from trainsim.embedding.sharding import ShardingPlan, TableShard
-from trainsim.embedding.tables import Table
 from trainsim.errors import ConfigError, InputFileError
 from trainsim.estimate.sharded_dlrm import estimate_sharded
 from trainsim.estimate.trace_predict import simulate_trace
-from trainsim.frontends.catalog.sharded_dlrm import ShardedDlrmJob, dlrm_model, sharded_job
-from trainsim.ir.model_spec import EmbeddingTable
+from trainsim.frontends.catalog.sharded_dlrm import ShardedDlrmJob
 
 CPU = load_cluster("local-cpu")
 HOST = DenseHostCost(fwd_op_s=1e-3, bwd_op_s=2e-3, step_tensor_s=3e-3)
 
 
 def _job(batch: int = 16) -> ShardedDlrmJob:
-    tables = (Table(0, 1000, 16, 4.0), Table(1, 500, 16, 2.0), Table(2, 200, 16, 1.0))
-    plan = ShardingPlan(2, 2, (TableShard(tables[0], "table-wise", (0,)), TableShard(tables[1], "table-wise", (1,)),
-                               TableShard(tables[2], "data-parallel", (0, 1))))
-    model = dlrm_model("three", tuple(EmbeddingTable(rows=t.rows, dim=t.dim, pooling_factor=t.pooling)
-                                      for t in tables))
-    return sharded_job(model, plan, CPU, batch, precision="fp32")
+    return three_table_dlrm_job(batch)
 
 
 def test_op_counts_are_the_graphs_dense_ops_and_the_steps_tensors() -> None:

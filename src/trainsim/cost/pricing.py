@@ -699,10 +699,8 @@ class Pricer:
         reached, behind the reduce-scatter before it (collectives of one NCCL communicator run in order): all
         exposed."""
         gather = self.fsdp_gather_s(layer, job)
-        scatter = self.axis_collective_s("reduce-scatter", layer.param_count * self.policy(job.parallel.precision)
-                                         .grad_bytes, "grad", job)
         if job.stack.fsdp_prefetch_depth == 0 or not job.cluster.device.comm_overlaps_compute:
-            return 2.0 * gather + scatter
+            return 2.0 * gather + self.fsdp_scatter_s(layer.param_count, job)
         gamma = self.overlap_slowdown(job)
         # The data-parallel gathers run on their own stream and communicator while the layer computes and while
         # its feature collectives (tp, cp, ep: other groups) run: both are the window (compile.apply_zero)
@@ -710,7 +708,8 @@ class Pricer:
         if self.fsdp_bucketed(job):  # the backward pass with its buckets: fsdp_bucketed_backward_s
             return forward
         feature_bwd_s = sum(cost.comm_s.values()) - cost.comm_fwd_s
-        return forward + overlapped_s(gather + scatter, cost.bwd_s + feature_bwd_s, gamma)
+        return forward + overlapped_s(gather + self.fsdp_scatter_s(layer.param_count, job),
+                                      cost.bwd_s + feature_bwd_s, gamma)
 
     def fsdp_bucketed(self, job: Job) -> bool:
         """Whether ZeRO-3's gradients go in buckets (fsdp_bucketed_backward_s) rather than per layer."""
@@ -741,8 +740,6 @@ class Pricer:
         weights' all-gather and the reduce-scatter of the gradient bucket it closes (stack_effects.bucket_closes
         of fsdp_bucket_params, as compile/apply_zero.py fills them; a partial layer of an uneven split takes its
         share of each)."""
-        par = job.parallel
-        grad_bytes = self.policy(par.precision).grad_bytes
         closes = bucket_closes([(part.layer.param_count, part.count) for part in stage[::-1]],
                                job.stack.fsdp_bucket_params)
         instances = [part for part in stage[::-1]
@@ -756,9 +753,14 @@ class Pricer:
             elif recompute == "selective":
                 redo = cost.selective_s
             window = cost.bwd_s + (sum(cost.comm_s.values()) - cost.comm_fwd_s)
-            scatter = self.axis_collective_s("reduce-scatter", params * grad_bytes, "grad", job) if params else 0.0
+            scatter = self.fsdp_scatter_s(params, job) if params else 0.0
             steps.append((share * redo, share * window, share * self.fsdp_gather_s(part.layer, job), scatter))
         return steps
+
+    def fsdp_scatter_s(self, params: float, job: Job) -> float:
+        """ZeRO-3: the reduce-scatter of `params` gradients over the gradient group (a layer's, or a bucket's)."""
+        return self.axis_collective_s("reduce-scatter", params * self.policy(job.parallel.precision).grad_bytes,
+                                      "grad", job)
 
     def fsdp_gather_s(self, layer: Layer, job: Job) -> float:
         """ZeRO-3: the all-gather of one layer's weights over the gradient group (fsdp_exposed_s's)."""

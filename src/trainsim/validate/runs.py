@@ -135,7 +135,25 @@ def moe_of_row(fields: dict[str, str]) -> dict[str, Any]:
             moe = {"num_experts": entry["num_experts"], "top_k": entry["top_k"] + entry.get("shared_experts", 0),
                    "moe_every": entry.get("moe_every", 1)}
             return moe | ({"ffn_hidden": entry["expert_ffn"]} if "expert_ffn" in entry else {})
-    return {}
+    return _moe_stated_in(fields.get("notes", ""), fields)
+
+
+def _moe_stated_in(notes: str, fields: dict[str, str]) -> dict[str, Any]:
+    """The experts a row's notes state in words (row_defaults.yaml moe_in_words: "64 experts", "8x7B"; the experts
+    a token uses from "top-2" or "2 active experts", else the row's stack's default router); {} where they state
+    no expert count. The largest count stated is the model's (a "top-2 of 64 experts" names both)."""
+    rule = row_defaults()["moe_in_words"]
+    counts = [int(found) for pattern in rule["experts"]
+              for found in re.findall(pattern, notes, flags=re.IGNORECASE)]
+    if not counts or max(counts) < 2:
+        return {}
+    for pattern in rule["top_k"]:
+        found = re.search(pattern, notes, flags=re.IGNORECASE)
+        if found:
+            return {"num_experts": max(counts), "top_k": int(found.group(1)), "moe_every": 1}
+    by_stack = rule["top_k_by_stack"]
+    return {"num_experts": max(counts), "top_k": by_stack.get(stack_of_row(fields).name, by_stack["default"]),
+            "moe_every": 1}
 
 
 def _nearest_arch(fields: dict[str, str], hidden: int, heads: int, kv_heads: int) -> str:
@@ -287,7 +305,7 @@ def job_from_row(fields: dict[str, str]) -> RunJob:
     try:
         if _int(fields, "ep", 1) > 1 and not moe_of_row(fields):
             return RunJob(None, f"ep {fields['ep']}: the notes name no mixture-of-experts model of "
-                                "row_defaults.yaml moe_by_text (the schema has no expert count)")
+                                "row_defaults.yaml moe_by_text and state no expert count (the schema has none)")
         device = load_device(gpu)
         cluster = load_cluster(_cluster_name(fields, clusters[gpu]))
         update: dict[str, Any] = {"device": device}

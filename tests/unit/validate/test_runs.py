@@ -108,7 +108,25 @@ def test_a_row_naming_a_mixture_of_experts_gets_its_experts() -> None:
 def test_dense_rows_stay_dense_and_an_unnamed_expert_parallel_row_is_refused() -> None:
     assert "num_experts" not in model_from_row(_row(notes="model=LLAMA3_8B; DeepSeek-LLM style data"))
     unnamed = job_from_row(_row(ep="4", notes="an in-house MoE"))
-    assert unnamed.job is None and unnamed.skipped is not None and "moe_by_text" in unnamed.skipped
+    assert unnamed.job is None and unnamed.skipped is not None and "no expert count" in unnamed.skipped
+
+
+def test_experts_stated_in_words_are_read_from_the_notes() -> None:
+    stated = model_from_row(_row(notes="a MoE of 64 experts, top-2 routing"))
+    assert (stated["num_experts"], stated["top_k"], stated["moe_every"]) == (64, 2, 1)
+    active = model_from_row(_row(notes="16 experts, 4 active experts per token"))
+    assert (active["num_experts"], active["top_k"]) == (16, 4)
+    by_size = model_from_row(_row(notes="an 8x22B model, top-2"))
+    assert (by_size["num_experts"], by_size["top_k"]) == (8, 2)
+    # without the experts a token uses: the router's default of the row's stack
+    deepspeed = model_from_row(_row(notes="Megatron-DeepSpeed, 128 experts"))
+    assert (deepspeed["num_experts"], deepspeed["top_k"]) == (128, 1)
+    core = model_from_row(_row(source="NVIDIA/NeMo x", notes="32 experts"))
+    assert (core["num_experts"], core["top_k"]) == (32, 2)
+    run = job_from_row(_row(ep="8", dp="16", notes="64 experts, top-1"))
+    assert run.job is not None and run.job.parallel.ep == 8
+    # a server's size is not an expert count
+    assert "num_experts" not in model_from_row(_row(notes="8x A100 80GB per node, 4x200Gb NICs"))
 
 
 def test_amd_gpus_named_in_the_notes_run_on_their_servers() -> None:

@@ -38,7 +38,10 @@ from recsys_experiments import BATCHES, CAP, OUT, dense, task
 from trainsim.embedding.sharders import shard
 from trainsim.measure.dlrm import DlrmConfig, measure_dlrm
 
-ITERATIONS = int(os.environ.get("RECSYS_ITERATIONS", "5"))  # measured iterations per config (+1 warm-up)
+ITERATIONS = int(os.environ.get("RECSYS_ITERATIONS", "5"))  # measured iterations per config
+WARMUP = int(os.environ.get("RECSYS_WARMUP", "1"))  # untimed iterations first
+# The ranks' malloc policy (measure.allocator): "keep" since the tenth session; the sets before it ran "system".
+ALLOCATOR = os.environ.get("RECSYS_ALLOCATOR", "keep")
 FIELDS = ("experiment", "ranks", "task", "kind", "seed", "tables", "sharder", "local_batch", "measured_s",
           "fastest_s", "load_before", "load_after")
 SHARDER = "size-lookup-greedy"
@@ -83,7 +86,8 @@ def measure(budget_s: float, rank_counts: tuple[int, ...]) -> None:
                     print(f"budget of {budget_s:.0f} s spent", flush=True)
                     return
                 start = time.monotonic()
-                measured = measure_dlrm(configs, iterations=ITERATIONS, warmup=1, timeout_s=600)
+                measured = measure_dlrm(configs, iterations=ITERATIONS, warmup=WARMUP, timeout_s=600,
+                                        allocator=ALLOCATOR)
                 print(f"{model.name}: {len(configs)} configs in {time.monotonic() - start:.0f} s, load "
                       f"{measured[0].load_avg[0]:.2f} -> {measured[0].load_avg[1]:.2f}", flush=True)
                 for c, m in zip(configs, measured, strict=True):
@@ -95,7 +99,8 @@ def measure(budget_s: float, rank_counts: tuple[int, ...]) -> None:
                     traces.write(json.dumps({"task": model.name, "sharder": SHARDER, "local_batch": c.local_batch,
                                              "ranks": ranks, "iterations_s": m.iterations_s,
                                              "events": m.rank_events, "cpu_s": m.rank_cpu_s,
-                                             "faults": m.rank_faults, "load": m.load_avg}) + "\n")
+                                             "faults": m.rank_faults, "load": m.load_avg,
+                                             "allocator": m.allocator, "warmup": WARMUP}) + "\n")
                 f.flush()
                 traces.flush()
 
@@ -122,7 +127,8 @@ def measure_sharding(budget_s: float, ranks: int = 2, batch: int = 128) -> None:
             configs = [DlrmConfig(f"{model.name}/{name}", shard(tables, name, ranks, cap_bytes=CAP, seed=seed),
                                   batch, dense(model), seed=1) for name in SHARDERS]
             start = time.monotonic()
-            measured = measure_dlrm(configs, iterations=ITERATIONS, warmup=1, timeout_s=600, group=len(SHARDERS))
+            measured = measure_dlrm(configs, iterations=ITERATIONS, warmup=WARMUP, timeout_s=600,
+                                    allocator=ALLOCATOR, group=len(SHARDERS))
             print(f"{model.name}: {len(configs)} plans in {time.monotonic() - start:.0f} s, load "
                   f"{measured[0].load_avg[0]:.2f} -> {measured[0].load_avg[1]:.2f}", flush=True)
             for name, m in zip(SHARDERS, measured, strict=True):
@@ -133,7 +139,8 @@ def measure_sharding(budget_s: float, ranks: int = 2, batch: int = 128) -> None:
                 traces.write(json.dumps({"task": model.name, "sharder": name, "local_batch": batch, "ranks": ranks,
                                          "iterations_s": m.iterations_s, "events": m.rank_events,
                                          "cpu_s": m.rank_cpu_s, "faults": m.rank_faults,
-                                         "load": m.load_avg}) + "\n")
+                                         "load": m.load_avg, "allocator": m.allocator,
+                                         "warmup": WARMUP}) + "\n")
             f.flush()
             traces.flush()
 

@@ -23,6 +23,7 @@ configs when its time budget (seconds) is spent.
   python scripts/recsys_quiet.py passes quiet s9    # two measured sets against each other (the floor)
   python scripts/recsys_quiet.py pass-spans A B [e2e|sharding]   # the same per span: thread CPU, page faults
   python scripts/recsys_quiet.py pool P A,B,C [e2e|sharding]      # passes A, B, C pooled into set P
+  python scripts/recsys_quiet.py errors A,B host_s,insitu_s       # predicted sets: a compact error table
   python scripts/recsys_quiet.py fit-lookup [e2e]   # the lookups' in-situ factors, the same way round:
                                                     # lookup_in_situ.json / lookup_in_situ_e2e.json
 """
@@ -398,6 +399,26 @@ def summarize(rows: list[dict]) -> None:
             print(f"  {key[0]} ranks {key[1]} n={len(rs)}: " + "; ".join(cells))
 
 
+def errors(sets: list[str], predictors: list[str]) -> None:
+    """A compact table of predicted sets (`predict` wrote e2e_<set>_predicted.csv): per set and predictor the
+    geometric mean of |error| (as `summarize`) / max |error| against the measured wall iteration, with the
+    median signed error, over every config and per batch."""
+    import numpy as np
+
+    print("set".ljust(16) + "".join(p.ljust(26) for p in predictors))
+    for name in sets:
+        rows = list(csv.DictReader((OUT / f"e2e_{name}_predicted.csv").open()))
+        for batch in ("all", *sorted({r["local_batch"] for r in rows}, key=int)):
+            mine = [r for r in rows if batch in ("all", r["local_batch"])]
+            cells = []
+            for p in predictors:
+                e = np.array([float(r[p]) / float(r["measured_s"]) - 1.0 for r in mine])
+                geomean = np.exp(np.mean(np.log(np.maximum(np.abs(e), 1e-9))))
+                cells.append(f"{geomean * 100:5.1f}/{np.max(np.abs(e)) * 100:3.0f}% ({np.median(e) * 100:+3.0f})"
+                             .ljust(26))
+            print(f"{name} {batch}".ljust(16) + "".join(cells))
+
+
 def predict_sharding() -> None:
     """Each predictor's pick per task against the measured fastest (wall median, wall fastest, CPU-time replay):
     within 5% counts (the paper's criterion: within 10%); a random pick's expectation beside it."""
@@ -608,6 +629,8 @@ if __name__ == "__main__":
         fit_host(sys.argv[2] if len(sys.argv) > 2 else "sharding")
     elif command == "passes":
         passes(sys.argv[2], sys.argv[3])
+    elif command == "errors":
+        errors(sys.argv[2].split(","), sys.argv[3].split(","))
     elif command == "pool":
         pool(sys.argv[2], sys.argv[3].split(","), sys.argv[4] if len(sys.argv) > 4 else "e2e")
     elif command == "pass-spans":

@@ -7,7 +7,7 @@ from the barrier to the end of its step. The per-rank spans of the median iterat
 per-rank traces the predictive trace simulation reads. Beside them, per rank and span, the median over the
 iterations of the span's thread CPU time (measure.dlrm_rank: the compute's work without the time other processes
 held the cores), and the host's 1-minute load average before and after the run, so that every measured figure
-says how loaded the host was.
+says how loaded the host was. Each rank sets its malloc policy (measure.allocator) before torch loads.
 """
 
 import contextlib

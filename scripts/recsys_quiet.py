@@ -21,6 +21,9 @@ configs when its time budget (seconds) is spent.
                                                     # traces -> dense_host.json (predict then prices it), or on
                                                     # the e2e set's -> dense_host_e2e.json (predict-sharding)
   python scripts/recsys_quiet.py passes quiet s9    # two measured sets against each other (the floor)
+  python scripts/recsys_quiet.py pass-spans A B [e2e|sharding]   # the same per span: thread CPU, page faults
+  python scripts/recsys_quiet.py pool P A,B,C [e2e|sharding]      # passes A, B, C pooled into set P
+  python scripts/recsys_quiet.py errors A,B host_s,insitu_s       # predicted sets: a compact error table
   python scripts/recsys_quiet.py fit-lookup [e2e]   # the lookups' in-situ factors, the same way round:
                                                     # lookup_in_situ.json / lookup_in_situ_e2e.json
 """
@@ -38,7 +41,10 @@ from recsys_experiments import BATCHES, CAP, OUT, dense, task
 from trainsim.embedding.sharders import shard
 from trainsim.measure.dlrm import DlrmConfig, measure_dlrm
 
-ITERATIONS = int(os.environ.get("RECSYS_ITERATIONS", "5"))  # measured iterations per config (+1 warm-up)
+ITERATIONS = int(os.environ.get("RECSYS_ITERATIONS", "5"))  # measured iterations per config
+WARMUP = int(os.environ.get("RECSYS_WARMUP", "1"))  # untimed iterations first
+# The ranks' malloc policy (measure.allocator): "keep" since the tenth session; the sets before it ran "system".
+ALLOCATOR = os.environ.get("RECSYS_ALLOCATOR", "keep")
 FIELDS = ("experiment", "ranks", "task", "kind", "seed", "tables", "sharder", "local_batch", "measured_s",
           "fastest_s", "load_before", "load_after")
 SHARDER = "size-lookup-greedy"
@@ -83,7 +89,8 @@ def measure(budget_s: float, rank_counts: tuple[int, ...]) -> None:
                     print(f"budget of {budget_s:.0f} s spent", flush=True)
                     return
                 start = time.monotonic()
-                measured = measure_dlrm(configs, iterations=ITERATIONS, warmup=1, timeout_s=600)
+                measured = measure_dlrm(configs, iterations=ITERATIONS, warmup=WARMUP, timeout_s=600,
+                                        allocator=ALLOCATOR)
                 print(f"{model.name}: {len(configs)} configs in {time.monotonic() - start:.0f} s, load "
                       f"{measured[0].load_avg[0]:.2f} -> {measured[0].load_avg[1]:.2f}", flush=True)
                 for c, m in zip(configs, measured, strict=True):
@@ -95,7 +102,8 @@ def measure(budget_s: float, rank_counts: tuple[int, ...]) -> None:
                     traces.write(json.dumps({"task": model.name, "sharder": SHARDER, "local_batch": c.local_batch,
                                              "ranks": ranks, "iterations_s": m.iterations_s,
                                              "events": m.rank_events, "cpu_s": m.rank_cpu_s,
-                                             "faults": m.rank_faults, "load": m.load_avg}) + "\n")
+                                             "faults": m.rank_faults, "load": m.load_avg,
+                                             "allocator": m.allocator, "warmup": WARMUP}) + "\n")
                 f.flush()
                 traces.flush()
 
@@ -122,7 +130,8 @@ def measure_sharding(budget_s: float, ranks: int = 2, batch: int = 128) -> None:
             configs = [DlrmConfig(f"{model.name}/{name}", shard(tables, name, ranks, cap_bytes=CAP, seed=seed),
                                   batch, dense(model), seed=1) for name in SHARDERS]
             start = time.monotonic()
-            measured = measure_dlrm(configs, iterations=ITERATIONS, warmup=1, timeout_s=600, group=len(SHARDERS))
+            measured = measure_dlrm(configs, iterations=ITERATIONS, warmup=WARMUP, timeout_s=600,
+                                    allocator=ALLOCATOR, group=len(SHARDERS))
             print(f"{model.name}: {len(configs)} plans in {time.monotonic() - start:.0f} s, load "
                   f"{measured[0].load_avg[0]:.2f} -> {measured[0].load_avg[1]:.2f}", flush=True)
             for name, m in zip(SHARDERS, measured, strict=True):
@@ -133,7 +142,8 @@ def measure_sharding(budget_s: float, ranks: int = 2, batch: int = 128) -> None:
                 traces.write(json.dumps({"task": model.name, "sharder": name, "local_batch": batch, "ranks": ranks,
                                          "iterations_s": m.iterations_s, "events": m.rank_events,
                                          "cpu_s": m.rank_cpu_s, "faults": m.rank_faults,
-                                         "load": m.load_avg}) + "\n")
+                                         "load": m.load_avg, "allocator": m.allocator,
+                                         "warmup": WARMUP}) + "\n")
             f.flush()
             traces.flush()
 
@@ -389,6 +399,26 @@ def summarize(rows: list[dict]) -> None:
             print(f"  {key[0]} ranks {key[1]} n={len(rs)}: " + "; ".join(cells))
 
 
+def errors(sets: list[str], predictors: list[str]) -> None:
+    """A compact table of predicted sets (`predict` wrote e2e_<set>_predicted.csv): per set and predictor the
+    geometric mean of |error| (as `summarize`) / max |error| against the measured wall iteration, with the
+    median signed error, over every config and per batch."""
+    import numpy as np
+
+    print("set".ljust(16) + "".join(p.ljust(26) for p in predictors))
+    for name in sets:
+        rows = list(csv.DictReader((OUT / f"e2e_{name}_predicted.csv").open()))
+        for batch in ("all", *sorted({r["local_batch"] for r in rows}, key=int)):
+            mine = [r for r in rows if batch in ("all", r["local_batch"])]
+            cells = []
+            for p in predictors:
+                e = np.array([float(r[p]) / float(r["measured_s"]) - 1.0 for r in mine])
+                geomean = np.exp(np.mean(np.log(np.maximum(np.abs(e), 1e-9))))
+                cells.append(f"{geomean * 100:5.1f}/{np.max(np.abs(e)) * 100:3.0f}% ({np.median(e) * 100:+3.0f})"
+                             .ljust(26))
+            print(f"{name} {batch}".ljust(16) + "".join(cells))
+
+
 def predict_sharding() -> None:
     """Each predictor's pick per task against the measured fastest (wall median, wall fastest, CPU-time replay):
     within 5% counts (the paper's criterion: within 10%); a random pick's expectation beside it."""
@@ -504,6 +534,72 @@ def passes(first: str, second: str) -> None:
                 _pass_picks(sets, {c[1] for c in mine}, ranks, (first, second))
 
 
+def pool(target: str, sources: list[str], experiment: str = "e2e") -> None:
+    """Several measured passes of the same configs pooled into one set (`target`): per config the median over
+    every pass's iterations, the fastest of them, the lowest and highest load, and the traced spans of the pass
+    whose own median is nearest the pooled one (the per-rank trace `predict` reads). Configs missing from a pass
+    are pooled over the passes that have them. On this host a config's time moves by ~20% from one pass to the
+    next (the host's speed, docs/recommendation.md, tenth session); visits spread over a campaign average it."""
+    import numpy as np
+
+    key = ("ranks", "task", "local_batch") if experiment == "e2e" else ("ranks", "task", "sharder")
+    rows: dict[tuple[str, ...], list[dict]] = {}
+    traces: dict[tuple[str, ...], list[dict]] = {}
+    for name in sources:
+        for row in csv.DictReader((OUT / f"{experiment}_{name}.csv").open()):
+            rows.setdefault(tuple(row[k] for k in key), []).append(row)
+        for t in map(json.loads, (OUT / f"{experiment}_{name}_traces.jsonl").open()):
+            traces.setdefault(tuple(str(t[k]) for k in key), []).append(t)
+    with (OUT / f"{experiment}_{target}.csv").open("w", newline="") as f, \
+            (OUT / f"{experiment}_{target}_traces.jsonl").open("w") as out:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer.writeheader()
+        for k, visits in rows.items():
+            pooled = float(np.median(np.concatenate([t["iterations_s"] for t in traces[k]])))
+            nearest = min(traces[k], key=lambda t: abs(float(np.median(t["iterations_s"])) - pooled))
+            loads = [float(v[side]) for v in visits for side in ("load_before", "load_after")]
+            writer.writerow({**visits[0], "measured_s": pooled,
+                             "fastest_s": min(float(v["fastest_s"]) for v in visits),
+                             "load_before": min(loads), "load_after": max(loads)})
+            out.write(json.dumps({**nearest, "iterations_s": [x for t in traces[k] for x in t["iterations_s"]],
+                                  "pooled_from": sources}) + "\n")
+    print(f"{len(rows)} configs pooled from {', '.join(sources)} -> {experiment}_{target}.csv")
+
+
+def pass_spans(first: str, second: str, experiment: str = "e2e") -> None:
+    """Per span, over the configs and ranks two sets share: the median ratio of the spans' thread CPU time
+    (second / first), the geomean |difference| and, per set, the median minor page faults per span and the share
+    of spans that faulted (sets before the tenth session did not record faults)."""
+    import numpy as np
+
+    sets = []
+    for name in (first, second):
+        traces = {(str(t["ranks"]), t["task"], str(t["local_batch"]), t["sharder"]): t
+                  for t in map(json.loads, (OUT / f"{experiment}_{name}_traces.jsonl").open())}
+        sets.append(traces)
+    common = sorted(set(sets[0]) & set(sets[1]))
+    ratios: dict[str, list[float]] = {}
+    faults: dict[str, tuple[list[float], list[float]]] = {}
+    for key in common:
+        for r, spans in enumerate(sets[0][key]["events"]):
+            for i, (name, _, _) in enumerate(spans):
+                a, b = sets[0][key]["cpu_s"][r][i], sets[1][key]["cpu_s"][r][i]
+                if a > 0 and b > 0:
+                    ratios.setdefault(name, []).append(b / a)
+                for side, t in enumerate((sets[0][key], sets[1][key])):
+                    if t.get("faults"):
+                        faults.setdefault(name, ([], []))[side].append(t["faults"][r][i])
+    print(f"{experiment}: {len(common)} configs in both {first} and {second}; per span: thread CPU {second}/{first} "
+          f"median, geomean |difference|; minor faults per span (median, share > 0) in {first} | {second}")
+    for name, values in ratios.items():
+        v = np.array(values)
+        line = f"  {name:<22} n={len(v):<4} {np.median(v):5.2f}  {(np.exp(np.mean(np.abs(np.log(v)))) - 1) * 100:5.1f}%"
+        for side in (0, 1):
+            f = np.array(faults.get(name, ([], []))[side])
+            line += f"   {np.median(f):7.0f} {np.mean(f > 0):4.0%}" if f.size else "         -    -"
+        print(line)
+
+
 def _pass_picks(sets: list[dict], tasks: set[str], ranks: str, names: tuple[str, str]) -> None:
     for a, b in ((0, 1), (1, 0)):
         hits5 = hits10 = 0
@@ -533,5 +629,11 @@ if __name__ == "__main__":
         fit_host(sys.argv[2] if len(sys.argv) > 2 else "sharding")
     elif command == "passes":
         passes(sys.argv[2], sys.argv[3])
+    elif command == "errors":
+        errors(sys.argv[2].split(","), sys.argv[3].split(","))
+    elif command == "pool":
+        pool(sys.argv[2], sys.argv[3].split(","), sys.argv[4] if len(sys.argv) > 4 else "e2e")
+    elif command == "pass-spans":
+        pass_spans(sys.argv[2], sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else "e2e")
     elif command == "fit-lookup":
         fit_lookup(sys.argv[2] if len(sys.argv) > 2 else "sharding")

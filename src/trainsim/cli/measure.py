@@ -72,6 +72,9 @@ def measure(
                                                   "recommendation.md); as --sharder")] = None,
     seed: Annotated[int, typer.Option(help="DLRM: seed of the random sharder, the weights and the index batches")]
     = 0,
+    allocator: Annotated[str | None, typer.Option(help="DLRM: the ranks' malloc policy: keep (freed memory stays "
+                                                  "in the process, as a GPU's caching allocator; the default) | "
+                                                  "system (the C library's defaults)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     """Run a training job for real (torch.distributed: gloo on CPUs, NCCL on GPUs) and record its iteration
@@ -84,10 +87,12 @@ def measure(
                             "execution_trace": execution_trace, "memory_cap_gib": memory_cap_gib,
                             "list": list_suite, "repeats": repeats if repeats != 1 else None})
         measure_sharded(job_file, flags, sharder, sharding, iterations=iterations, warmup=warmup,
-                        timeout_s=timeout_s, out=out, run_id=run_id, as_json=as_json, seed=seed)
+                        timeout_s=timeout_s, out=out, run_id=run_id, as_json=as_json, seed=seed,
+                        allocator=allocator)
         return
-    if seed != 0:
-        raise ConfigError("seed", seed, "applies to --sharder/--sharding only")
+    if seed != 0 or allocator is not None:
+        raise ConfigError("seed" if seed != 0 else "allocator", seed if seed != 0 else allocator,
+                          "applies to --sharder/--sharding only")
     if suite is not None:
         given = [f"--{k.replace('_', '-')}" for k, v in flags.items() if v is not None]
         if job_file is not None or given or run_id is not None:

@@ -39,9 +39,10 @@ def refuse_unsupported(options: dict[str, Any]) -> None:
 
 def measure_sharded(job_file: Path | None, given: dict[str, Any], sharder: str | None, sharding: Path | None, *,
                     iterations: int, warmup: int, timeout_s: float, out: Path, run_id: str | None,
-                    as_json: bool, seed: int = 0) -> None:
+                    as_json: bool, seed: int = 0, allocator: str | None = None) -> None:
     from trainsim.cli.shard import sharded_plan
     from trainsim.embedding.plan_file import plan_to_mapping
+    from trainsim.measure.allocator import DEFAULT_POLICY, check_policy
     from trainsim.measure.dlrm import DlrmConfig, check_dense, measure_dlrm, measurement_to_dict
     from trainsim.measure.launch import MAX_ITERATIONS, MAX_TIMEOUT_S
 
@@ -52,6 +53,7 @@ def measure_sharded(job_file: Path | None, given: dict[str, Any], sharder: str |
         raise ConfigError("timeout_s", timeout_s, f"must be a positive number of seconds, at most {MAX_TIMEOUT_S:g}")
     if run_id is not None and (problem := check_name("run_id", run_id)) is not None:
         raise problem
+    policy = check_policy(allocator if allocator is not None else DEFAULT_POLICY)
     given = dict(given)
     given["cluster"] = _local_cluster(given.get("cluster"), given.pop("num_gpus", None))
     if given.get("precision") not in (None, PRECISION):
@@ -66,7 +68,7 @@ def measure_sharded(job_file: Path | None, given: dict[str, Any], sharder: str |
     config = DlrmConfig(model.name, plan, job.parallel.micro_batch, dense, seed=seed)
     if not as_json and sys.stderr.isatty():
         print(f"measuring {model.name} ({plan.sharder}) on {plan.num_ranks} gloo ranks ...", file=sys.stderr)
-    measured = measure_dlrm([config], iterations=iterations, warmup=warmup, timeout_s=timeout_s)[0]
+    measured = measure_dlrm([config], iterations=iterations, warmup=warmup, timeout_s=timeout_s, allocator=policy)[0]
     default = f"dlrm-{model.name}-{plan.sharder}-r{plan.num_ranks}-b{config.local_batch}"
     name = run_id or re.sub(r"[^A-Za-z0-9._\-+=@]", "_", default).lstrip(".")[:MAX_NAME_CHARS]
     record = {"kind": "sharded-dlrm", "run_id": name, "model": model.name, "cluster": job.cluster.name,

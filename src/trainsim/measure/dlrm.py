@@ -7,7 +7,7 @@ from the barrier to the end of its step. The per-rank spans of the median iterat
 per-rank traces the predictive trace simulation reads. Beside them, per rank and span, the median over the
 iterations of the span's thread CPU time (measure.dlrm_rank: the compute's work without the time other processes
 held the cores), and the host's 1-minute load average before and after the run, so that every measured figure
-says how loaded the host was.
+says how loaded the host was. Each rank sets its malloc policy (measure.allocator) before torch loads.
 """
 
 import contextlib
@@ -24,6 +24,7 @@ import numpy as np
 
 from trainsim.embedding.sharding import ShardingPlan
 from trainsim.errors import ConfigError, TrainsimError
+from trainsim.measure.allocator import DEFAULT_POLICY, apply_policy, check_policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,7 @@ class DlrmMeasurement:
     rank_cpu_s: tuple[tuple[float, ...], ...] = ()  # per rank, per span: median thread CPU seconds over iterations
     load_avg: tuple[float, float] = (0.0, 0.0)  # the host's 1-minute load average before and after the run
     rank_faults: tuple[tuple[float, ...], ...] = ()  # per rank, per span: median minor page faults over iterations
+    allocator: str = "system"  # the ranks' allocator policy (measure.allocator), as applied on every rank
 
 
 def check_dense(plan: ShardingPlan, dense: dict[str, Any]) -> None:
@@ -69,7 +71,8 @@ def measurement_to_dict(m: DlrmMeasurement) -> dict[str, Any]:
             "local_batch": m.config.local_batch, "num_ranks": m.config.plan.num_ranks,
             "sharder": m.config.plan.sharder, "load_avg": list(m.load_avg),
             "rank_events": [[list(e) for e in rank] for rank in m.rank_events],
-            "rank_cpu_s": [list(c) for c in m.rank_cpu_s], "rank_faults": [list(f) for f in m.rank_faults]}
+            "rank_cpu_s": [list(c) for c in m.rank_cpu_s], "rank_faults": [list(f) for f in m.rank_faults],
+            "allocator": m.allocator}
 
 
 def _free_port() -> int:
@@ -79,8 +82,9 @@ def _free_port() -> int:
 
 
 def _worker(rank: int, world: int, port: int, configs: list[DlrmConfig], iterations: int, warmup: int,
-            timeout_s: float, out: Any, group: int = 1) -> None:
+            timeout_s: float, out: Any, group: int = 1, allocator: str = DEFAULT_POLICY) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    applied = apply_policy(allocator)  # before torch loads and allocates
     import torch
     import torch.distributed as dist
 
@@ -93,16 +97,18 @@ def _worker(rank: int, world: int, port: int, configs: list[DlrmConfig], iterati
             block = [(c.plan, c.dense, c.local_batch, c.seed) for c in configs[start:start + group]]
             for index, result in enumerate(run_interleaved(torch, dist, rank, world, block, iterations, warmup),
                                            start):
-                out.put((index, rank, result))
+                out.put((index, rank, {**result, "allocator": allocator if applied else "system"}))
         dist.destroy_process_group()
     except Exception as exc:  # reported to the parent, which fails the run with it
         out.put((-1, rank, f"{type(exc).__name__}: {exc}"))
 
 
 def measure_dlrm(configs: list[DlrmConfig], *, iterations: int = 5, warmup: int = 2,
-                 timeout_s: float = 1800.0, group: int = 1) -> list[DlrmMeasurement]:
+                 timeout_s: float = 1800.0, group: int = 1, allocator: str = DEFAULT_POLICY) -> list[DlrmMeasurement]:
     """group > 1: consecutive blocks of `group` configs are measured interleaved (one iteration of each in turn,
-    measure.dlrm_rank.run_interleaved), so configs meant to be compared see the same host load."""
+    measure.dlrm_rank.run_interleaved), so configs meant to be compared see the same host load. allocator: the
+    ranks' allocator policy (measure.allocator; "keep" holds freed memory as a GPU's caching allocator does)."""
+    check_policy(allocator)
     if group < 1:
         raise ConfigError("group", group, "must be a positive integer")
     if not configs:
@@ -119,8 +125,8 @@ def measure_dlrm(configs: list[DlrmConfig], *, iterations: int = 5, warmup: int 
     out = ctx.Queue()
     port = _free_port()
     load_before = os.getloadavg()[0]
-    procs = [ctx.Process(target=_worker, args=(r, world, port, configs, iterations, warmup, timeout_s, out, group))
-             for r in range(world)]
+    procs = [ctx.Process(target=_worker, args=(r, world, port, configs, iterations, warmup, timeout_s, out, group,
+                                               allocator)) for r in range(world)]
     for p in procs:
         p.start()
     results: dict[int, dict[int, Any]] = {}
@@ -153,4 +159,6 @@ def _summarize(config: DlrmConfig, by_rank: dict[int, Any], world: int,
                    for r in range(world))
     cpu, faults = (tuple(tuple(float(v) for v in np.median([rec[key] for rec in records[r]], axis=0))
                          for r in range(world)) for key in ("cpu_s", "faults"))
-    return DlrmMeasurement(config, float(np.median(slowest)), tuple(slowest), events, cpu, load, faults)
+    policies = {str(by_rank[r].get("allocator", "system")) for r in range(world)}
+    allocator = policies.pop() if len(policies) == 1 else "mixed"
+    return DlrmMeasurement(config, float(np.median(slowest)), tuple(slowest), events, cpu, load, faults, allocator)

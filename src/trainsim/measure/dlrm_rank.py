@@ -16,7 +16,9 @@ on this thread, so its CPU time is the work of the step without the time the thr
 processes held, which a wall-clock span on a loaded host includes. A collective's thread CPU time is only its
 host-side packing: gloo moves the data on its own threads, and the wait is off-CPU. Each span also records the
 minor page faults the thread took in it (getrusage(RUSAGE_THREAD)): a fresh multi-megabyte buffer (the sparse
-gradient of a lookup's backward) faults its pages in on first touch, which its thread CPU time includes.
+gradient of a lookup's backward) faults its pages in on first touch, which its thread CPU time includes; with the
+harness's allocator policy (measure.allocator, "keep") freed buffers are reused, so after a few warm-up
+iterations the spans fault no more.
 """
 
 import itertools

@@ -74,6 +74,7 @@ def test_measure_runs_every_sharding_kind_on_two_gloo_ranks_and_repredicts(tmp_p
     assert [(s["kind"], s["ranks"]) for s in record["sharding"]] == [
         ("table-wise", [1]), ("column-wise", [0, 1]), ("row-wise", [0, 1]), ("data-parallel", [0, 1])]
     assert len(record["load_avg"]) == 2
+    assert record["allocator"] == "keep"  # the harness's default malloc policy, applied on both ranks (glibc)
     saved = tmp_path / "runs" / "tiny.json"
     assert json.loads(saved.read_text()) == record
     # the run file is a sharding file: it predicts exactly as the plan it measured
@@ -120,6 +121,8 @@ def test_measure_runs_a_sharders_plan_and_prints_the_spans(tmp_path: Path) -> No
     (["--sharder", "naive", "--iterations", "0"], "iterations"),
     (["--sharder", "naive", "--timeout-s", "nan"], "timeout_s"),
     (["--seed", "3"], "seed"),
+    (["--allocator", "keep"], "allocator"),
+    (["--sharder", "naive", "--allocator", "jemalloc"], "keep, system"),
     (["--sharder", "naive", "--run-id", "../escape"], "run_id"),
 ])
 def test_measure_refuses_what_a_sharded_dlrm_run_cannot_take(tmp_path: Path, args: list[str], message: str) -> None:

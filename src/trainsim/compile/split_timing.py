@@ -7,8 +7,9 @@ the configs to op times in the plain graph, and the collectives follow the phase
 plain path merges a layer's feature collectives per axis).
 
 A reshard's host copies (compile.splits.SplitCopy: the parts laid out for the collective and back) are compute
-work priced as a memory-bound op by the op-cost model: after the op the reshard follows, before its collectives
-(op level), or after the phase's compute (layer level).
+work priced as a memory-bound op by the op-cost model, and so is the split executor's host cost per reshard step
+(Pricer.executor_reshard_s: measured, else none): after the op the reshard follows, before its collectives (op
+level), or after the phase's compute (layer level).
 """
 
 from trainsim.compile.context import BuildContext, CommWork, LayerTiming, Work
@@ -43,8 +44,7 @@ def _timing(ctx: BuildContext, a: LayerAssignment, split: LayerSplit, base: Laye
     comms = {phase: [CommWork(f"{s.step.collective} x{s.step.ranks} {s.tensor}", SPLIT_AXIS,
                               ctx.reshard_s(s.step), s.after)
                      for s in split.comms if s.phase == phase] for phase in ("fwd", "bwd")}
-    copies = {phase: [(c.after, Work(f"{c.after} reshard copy", pricer.op_time_s(c.op(), job), c.after))
-                      for c in split.copies if c.phase == phase] for phase in ("fwd", "bwd")}
+    copies = {phase: _host_works(ctx, split, phase) for phase in ("fwd", "bwd")}
     if ctx.level == "op":
         def works(ops: tuple[Op, ...], phase: str) -> tuple[Work, ...]:
             """Each op, then the host copies of the reshards that follow it (before their collectives)."""
@@ -85,6 +85,19 @@ def _timing(ctx: BuildContext, a: LayerAssignment, split: LayerSplit, base: Laye
         merged_l[phase] = base.comms[phase] + extra
     return LayerTiming(scale(base.fwd, fwd_r, "fwd"), scale(base.bwd, bwd_r, "bwd"), scale(base.dgrad, dgrad_r, "bwd"),
                        scale(base.wgrad, wgrad_r), scale(base.selective, sel_r), merged_l)
+
+
+def _host_works(ctx: BuildContext, split: LayerSplit, phase: str) -> list[tuple[str, Work]]:
+    """(the op it follows, the work) of each host task of the phase's reshards: the copies of their parts, then
+    the split executor's cost per collective step (none unless measured)."""
+    pricer, job = ctx.pricer, ctx.job
+    out = [(c.after, Work(f"{c.after} reshard copy", pricer.op_time_s(c.op(), job), c.after))
+           for c in split.copies if c.phase == phase]
+    for s in split.comms:
+        host_s = pricer.executor_reshard_s(s.step.collective, phase, job) if s.phase == phase else 0.0
+        if host_s > 0.0:
+            out.append((s.after, Work(f"{s.after} reshard host", host_s, s.after)))
+    return out
 
 
 def _resite(comms: tuple[CommWork, ...], ops: tuple[Op, ...], sites: dict[str, str]) -> tuple[CommWork, ...]:

@@ -133,7 +133,8 @@ def _worker(rank: int, world: int, port: int, elements: int, calls: int, rounds:
             for phase in PHASES:
                 executor = _executor_call(collective, phase, group, world, elements)
                 bare = _collective_fn(collective, elements * 4, rank, world)
-                executor(), bare(), start()  # warm-up
+                for warm_up in (executor, bare, start):
+                    warm_up()
                 executor_s, bare_s, start_s = [], [], []
                 for _ in range(rounds):
                     dist.barrier()

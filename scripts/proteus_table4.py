@@ -347,10 +347,13 @@ def profile_reshards(out: Path, ranks: int = 2) -> dict[str, Any]:
     """The split executor's host cost per reshard step (profile/reshard_overhead.py: each collective's autograd
     function against its flat-buffer call on `ranks` gloo ranks, thread CPU time), into every database of the
     campaign (a machine fact, as the executor's cost per op)."""
+    import torch
+
     from trainsim.profile.database import ProfileDB
     from trainsim.profile.ops import local_environment
     from trainsim.profile.reshard_overhead import measure_reshard_overhead, store_reshard_overhead
 
+    torch.set_num_threads(1)  # the environment recorded: the probe's ranks run one thread, as the measured ranks
     load = [Path("/proc/loadavg").read_text().split()[:3]]
     result = measure_reshard_overhead(world_size=ranks)
     load.append(Path("/proc/loadavg").read_text().split()[:3])

@@ -20,7 +20,9 @@ approximation for Inception's parallel branches.
 Backward: the gradient of an op's input is placed as the op read the input, partial over the devices that
 split its output dimension; the gradient its producer reads is placed as the producer's output, whole. Their
 reshard follows the op's input-gradient op (Megatron-LM's conjugate pairs fall out: an all-gather before a
-column split pairs with a reduce-scatter after its backward, an all-reduce of partial sums with none).
+column split pairs with a reduce-scatter after its backward, an all-reduce of partial sums with none). Each
+reshard also copies on the host (the parts laid out for the collective and back, strategy.reshard_copies), in
+the forward after the op before and in the backward after the input-gradient op: SplitCopy, priced as a copy op.
 
 A split op's weight is held and synced in 1/(o h) parts (a lookup's table in 1/o): grad_params, which
 the model states (apply_zero.stage_model_state) and the data-parallel gradient sync count. Each part's gradient

@@ -23,9 +23,10 @@ The optimizer states the runs leave at zero (ReLUs dead for the whole batch, unt
 once per campaign, no clock, no lock: `python scripts/proteus_table4.py --state-census --iterations 6 --out OUT`
 (profile/state_census.py; then --repredict).
 
-The split executor's own Python per op (profile/executor_overhead.py) is a machine fact measured once, under the
-lock, into OUT's databases: `flock /tmp/trainsim-timing.lock python scripts/proteus_table4.py --executor-overhead
---out OUT` (then --repredict per rank count and --summary).
+The split executor's own Python per op (profile/executor_overhead.py) and per reshard step
+(profile/reshard_overhead.py) are machine facts measured once, under the lock, into OUT's databases: `flock
+/tmp/trainsim-timing.lock python scripts/proteus_table4.py --executor-overhead --out OUT`, the same with
+--reshard-overhead (then --repredict per rank count and --summary).
 
 Per model, the ops both plans run (their per-rank shapes under the computation configs: compile.splits.scaled_op)
 are profiled into OUT/profile-gG.db right before the two plans are measured, so ops and runs see the same machine.
@@ -102,8 +103,10 @@ def split_graph(graph: Any, plan: Any, ranks: int) -> Any:
 
         # the parameters the rank holds (split weights in parts): the optimizer step is profiled over them
         held = a.layer.param_count if split is None else split.held_params
+        # and the host copies of its reshards (strategy.reshard_copies), timed as the copy kernel
+        copies = () if split is None else tuple(c.op() for c in split.copies)
         layers.append(dataclasses.replace(a.layer, count=1, fwd=tuple(scale(op) for op in a.layer.fwd),
-                                          bwd=tuple(scale(op) for op in a.layer.bwd), param_count=held))
+                                          bwd=tuple(scale(op) for op in a.layer.bwd) + copies, param_count=held))
     return OpGraph(graph.model_name, tuple(layers), graph.tokens_per_micro_batch, graph.samples_per_micro_batch)
 
 
@@ -340,6 +343,33 @@ def profile_executor(out: Path, ranks: int = 2) -> dict[str, Any]:
     return record
 
 
+def profile_reshards(out: Path, ranks: int = 2) -> dict[str, Any]:
+    """The split executor's host cost per reshard step (profile/reshard_overhead.py: each collective's autograd
+    function against its flat-buffer call on `ranks` gloo ranks, thread CPU time), into every database of the
+    campaign (a machine fact, as the executor's cost per op)."""
+    import torch
+
+    from trainsim.profile.database import ProfileDB
+    from trainsim.profile.ops import local_environment
+    from trainsim.profile.reshard_overhead import measure_reshard_overhead, store_reshard_overhead
+
+    torch.set_num_threads(1)  # the environment recorded: the probe's ranks run one thread, as the measured ranks
+    load = [Path("/proc/loadavg").read_text().split()[:3]]
+    result = measure_reshard_overhead(world_size=ranks)
+    load.append(Path("/proc/loadavg").read_text().split()[:3])
+    env = local_environment("cpu-local", "cpu")
+    for name in ("profile-cpu.db", "profile-g2.db", "profile-g4.db"):
+        if (out / name).exists():
+            with ProfileDB.open(out / name) as db:
+                store_reshard_overhead(db, env, result)
+    record = {"load_average_before_after": load, "world_size": ranks, "elements": result.elements,
+              "calls": result.calls, "rounds": result.rounds,
+              "per_step_s": {f"{c} {p}": v for (c, p), v in result.per_step_s.items()},
+              "executor_bare_start_s": {f"{c} {p}": v for (c, p), v in result.calls_s.items()}}
+    (out / "reshard-overhead.json").write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
 def state_census(out: Path, models: list[str], ranks_list: tuple[int, ...], steps: int, warmup: int) -> dict[str, Any]:
     """Per model and rank count, the optimizer states the runs leave at zero (profile/state_census.py: the split
     executor's training numerics on the runs' samples and initialisation in one process, no clock), into every
@@ -439,6 +469,8 @@ def main() -> None:
     parser.add_argument("--repredict", action="store_true", help="simulate the measured cells again, measure nothing")
     parser.add_argument("--executor-overhead", action="store_true", help="measure the split executor's cost per "
                         "op (a negligible model per family) into OUT's databases (no runs)")
+    parser.add_argument("--reshard-overhead", action="store_true", help="measure the split executor's cost per "
+                        "reshard step into OUT's databases (no runs)")
     parser.add_argument("--cpu-collectives", action="store_true", help="profile the collectives of 2 and 4 "
                         "ranks on the CPU clock into OUT/profile-cpu.db (replaces its collectives; no runs)")
     parser.add_argument("--state-census", action="store_true", help="count the optimizer states the runs leave "
@@ -455,6 +487,9 @@ def main() -> None:
         return
     if args.cpu_collectives:
         print(json.dumps(profile_cpu_collectives(args.out), indent=1))
+        return
+    if args.reshard_overhead:
+        print(json.dumps(profile_reshards(args.out), indent=1))
         return
     if args.state_census:
         state_census(args.out, args.models.split(","), (args.ranks,) if args.ranks else (2, 4),

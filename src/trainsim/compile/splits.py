@@ -20,7 +20,9 @@ approximation for Inception's parallel branches.
 Backward: the gradient of an op's input is placed as the op read the input, partial over the devices that
 split its output dimension; the gradient its producer reads is placed as the producer's output, whole. Their
 reshard follows the op's input-gradient op (Megatron-LM's conjugate pairs fall out: an all-gather before a
-column split pairs with a reduce-scatter after its backward, an all-reduce of partial sums with none).
+column split pairs with a reduce-scatter after its backward, an all-reduce of partial sums with none). Each
+reshard also copies on the host (the parts laid out for the collective and back, strategy.reshard_copies), in
+the forward after the op before and in the backward after the input-gradient op: SplitCopy, priced as a copy op.
 
 A split op's weight is held and synced in 1/(o h) parts (a lookup's table in 1/o): grad_params, which
 the model states (apply_zero.stage_model_state) and the data-parallel gradient sync count. Each part's gradient
@@ -37,8 +39,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from trainsim.errors import ConfigError
-from trainsim.hardware.device import BYTES_PER_DTYPE
-from trainsim.ir.graph import Comm, Layer, Op
+from trainsim.hardware.device import BYTES_PER_DTYPE, DType
+from trainsim.ir.graph import COPY_OP, Comm, Layer, Op, Phase
 from trainsim.ir.model_spec import ModelSpec, TransformerSpec
 from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.lowered import LayerAssignment, LoweredPlan, OpSplit
@@ -54,6 +56,7 @@ from trainsim.strategy.placement import (
     output_placement,
 )
 from trainsim.strategy.reshard import ReshardStep, reshard
+from trainsim.strategy.reshard_copies import reduce_gradients_copy_bytes, reshard_copies
 
 WHOLE_FEATURE = ("norm", "loss")  # ops that read whole features
 
@@ -68,6 +71,23 @@ class SplitComm:
     tensor: str  # what moves, for the task name
 
 
+@dataclass(frozen=True, slots=True)
+class SplitCopy:
+    """Host memory copies of a reshard (strategy.reshard_copies: the parts laid out for the collective and back),
+    run on the compute stream after the op named `after`, before the reshard's collective."""
+
+    after: str
+    phase: Phase
+    copy_bytes: float  # bytes one device copies (each read once and written once)
+    dtype: DType
+
+    def op(self) -> Op:
+        """The copy as a memory-bound op for the op-cost model (its profiled "copy" kernel, else the roofline):
+        each byte read and written once."""
+        elements = max(1, round(self.copy_bytes / BYTES_PER_DTYPE[self.dtype]))
+        return Op(COPY_OP, "elementwise", "reshard", self.phase, self.dtype, 0.0, 2.0 * self.copy_bytes, (elements,))
+
+
 @dataclass(slots=True)
 class LayerSplit:
     """What the configs make of one layer instance."""
@@ -75,13 +95,14 @@ class LayerSplit:
     configs: dict[str, OpConfig] = field(default_factory=dict)  # forward op name -> its config
     modules: dict[str, OpConfig] = field(default_factory=dict)  # module path -> its first forward op's config
     comms: list[SplitComm] = field(default_factory=list)
+    copies: list[SplitCopy] = field(default_factory=list)
     grad_params: float = 0.0  # parameters whose gradient one device syncs (the layer's, less split weights)
     held_params: float = 0.0  # parameters one device stores
     # of grad_params, those whose gradient is summed over n ranks (n -> parameters; n = 1: no collective)
     grad_params_by_ranks: dict[int, float] = field(default_factory=dict)
 
     def key(self) -> tuple[object, ...]:
-        return (tuple(self.configs.items()), tuple(self.comms), self.grad_params,
+        return (tuple(self.configs.items()), tuple(self.comms), tuple(self.copies), self.grad_params,
                 tuple(sorted(self.grad_params_by_ranks.items())))
 
     def move_grad(self, params: float, group: int, parts: int) -> None:
@@ -116,6 +137,7 @@ def plan_splits(plan: LoweredPlan, group: int) -> dict[int, LayerSplit]:
             grad_in = input_grad_placement(need, config, op.kind in CONTRACTING)
             for step in reshard(grad_in, output_grad_placement(placement), full_in):
                 split.comms.append(SplitComm(_last_bwd(a.layer, op), "bwd", step, f"grad of {op.name} input"))
+            _add_copies(op, config, placement, need, full_in, split, previous, _last_bwd(a.layer, op))
             split.configs[op.name] = config
             if op.kind in CONTRACTING and config.out * config.reduce > 1:
                 shed = _weight_params(op) * (1.0 - 1.0 / (config.out * config.reduce))
@@ -189,6 +211,23 @@ def _op_config(op: Op, placement: Placement, given: OpSplit | None, group: int,
         raise ConfigError(where, f"batch={batch} seq={seq} out={out} reduce={red}",
                           f"the parts must divide the data-parallel group of {group} ranks")
     return config, input_placement(config, group, contracting), output_placement(config, group, contracting)
+
+
+def _add_copies(op: Op, config: OpConfig, placement: Placement, need: Placement, full_in: float, split: LayerSplit,
+                previous: tuple[LayerSplit, str] | None, grad_site: str) -> None:
+    """The host copies of op's input reshard (strategy.reshard_copies): the forward's after the op before (where
+    its collectives run), the backward's where the input's gradient is complete. An output-split op reading its
+    input as placed clones the input's gradient for its all-reduce instead."""
+    if previous is None:  # the job's input: each rank reads its part of the batch, nothing is resharded
+        return
+    copies = reshard_copies(placement, need, full_in)
+    if copies.fwd_bytes > 0.0:
+        previous[0].copies.append(SplitCopy(previous[1], "fwd", copies.fwd_bytes, op.dtype))
+    bwd_bytes = copies.bwd_bytes
+    if placement == need and op.kind in CONTRACTING and config.out > 1:
+        bwd_bytes += reduce_gradients_copy_bytes(need, full_in)
+    if bwd_bytes > 0.0:
+        split.copies.append(SplitCopy(grad_site, "bwd", bwd_bytes, op.dtype))
 
 
 def _weight_memory(op: Op, config: OpConfig, given: OpSplit, group: int, a: LayerAssignment, split: LayerSplit,

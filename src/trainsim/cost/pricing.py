@@ -1032,6 +1032,13 @@ class Pricer:
                                                         job.cluster.device)
         return host
 
+    def executor_reshard_s(self, collective: str, phase: str, job: Job) -> float:
+        """trainsim measure's split executor's host cost per reshard step (StackSpec.split_executor; profile/
+        reshard_overhead.py), beyond the collective and its copies; 0 for any other stack."""
+        if not job.stack.split_executor:
+            return 0.0
+        return self.step_costs.executor_reshard_s(collective, phase, job.cluster.device)
+
     def iteration_overhead_s(self, job: Job) -> float:
         return self.step_costs.iteration_overhead_s(job.cluster.device)
 

@@ -42,6 +42,7 @@ from trainsim.profile.ops import (
     overhead_signature,
     signature_of,
 )
+from trainsim.profile.reshard_overhead import reshard_signature
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import Precision
 
@@ -237,6 +238,13 @@ class ProfiledCosts:
         return self._exact.get((self.device_name or device_name, sig.kind, sig.impl, sig.phase, sig.dtype,
                                 sig.shape))
 
+    def executor_reshard_s(self, device_name: str, collective: str, phase: str) -> float | None:
+        """Measured split executor's cost per reshard step running `collective` in `phase`, or None
+        (profile/reshard_overhead.py)."""
+        sig = reshard_signature(collective, phase)
+        return self._exact.get((self.device_name or device_name, sig.kind, sig.impl, sig.phase, sig.dtype,
+                                sig.shape))
+
     def source_counts(self) -> dict[str, int]:
         """How many op lookups each source answered: exact, interpolated, scaled, fallback."""
         return {source: self.sources.get(source, 0) for source in SOURCES}
@@ -375,6 +383,10 @@ class ProfiledStepCosts:
         if all(v is None for v in per_op.values()):
             return self.fallback.executor_overhead_s(family, fwd_ops, bwd_ops, device)
         return (per_op["fwd"] or 0.0) * fwd_ops + (per_op["bwd"] or 0.0) * bwd_ops
+
+    def executor_reshard_s(self, collective: str, phase: str, device: DeviceSpec) -> float:
+        measured = self.profiled.executor_reshard_s(device.name, collective, phase)
+        return measured if measured is not None else self.fallback.executor_reshard_s(collective, phase, device)
 
     def micro_batch_overhead_s(self, num_ops: int, num_layers: int, par: ParallelSpec,
                                device: DeviceSpec) -> float:

@@ -42,6 +42,11 @@ class StepCosts(Protocol):
         beyond the ops' kernels and the per-op autograd cost."""
         ...
 
+    def executor_reshard_s(self, collective: str, phase: str, device: DeviceSpec) -> float:
+        """Host-side cost of one reshard step running `collective` in `phase` ("fwd" or "bwd") in trainsim
+        measure's split executor (StackSpec.split_executor), beyond the collective and the step's copies."""
+        ...
+
     def micro_batch_overhead_s(self, num_ops: int, num_layers: int, par: ParallelSpec,
                                device: DeviceSpec) -> float:
         """Host-side cost of one micro-batch of a stage that runs `num_ops` graph ops (forward and backward) in
@@ -78,6 +83,10 @@ class FittedStepCosts:
 
     def executor_overhead_s(self, family: str, fwd_ops: int, bwd_ops: int, device: DeviceSpec) -> float:
         """Nothing is fitted for it: only a profile measures it (profile/executor_overhead.py)."""
+        return 0.0
+
+    def executor_reshard_s(self, collective: str, phase: str, device: DeviceSpec) -> float:
+        """Nothing is fitted for it: only a profile measures it (profile/reshard_overhead.py)."""
         return 0.0
 
     def micro_batch_overhead_s(self, num_ops: int, num_layers: int, par: ParallelSpec,

@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # NB: type only (start-up: the simulator's graph loads with t
 
 OpKind = Literal["matmul", "attention", "elementwise", "norm", "softmax", "embedding", "conv", "pool", "loss"]
 Phase = Literal["fwd", "bwd"]
+COPY_OP = "copy"  # an elementwise op that copies a tensor's bytes (a reshard's host copies: compile/splits.py)
 LayerKind = Literal["embedding", "block", "moe_block", "head", "conv_block", "mlp", "interaction", "sparse"]
 
 

@@ -10,7 +10,8 @@ op is run with the job's own shapes and dtype on the local device:
 - attention (batch*heads, q, kv, head_dim): F.scaled_dot_product_attention (causal when the op is), its
   backward through autograd; an unfused op (the catalog's fused_attention=False) as the two batched matmuls.
 - pointwise ops by name: layer norm, GELU, SiLU-gate, add, RoPE-like multiply-add, softmax, cross-entropy,
-  embedding lookup; backward through autograd.grad (retain_graph, so one forward serves every repeat).
+  embedding lookup, copy (torch.cat of strided parts: a reshard's host copies, either phase); backward through
+  autograd.grad (retain_graph, so one forward serves every repeat).
 
 torch is imported inside the functions that time things; signature_of() and friends are plain Python so the cost
 lookup (cost/profiled.py) can share them without torch.
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainsim.hardware.device import BYTES_PER_DTYPE
-from trainsim.ir.graph import Op, OpGraph
+from trainsim.ir.graph import COPY_OP, Op, OpGraph
 from trainsim.profile.database import Environment, OpSignature, ProfileDB
 
 NO_BIAS_MATMULS = ("router",)  # the MoE router has no bias
@@ -92,7 +93,7 @@ def _pointwise_impl(op: Op) -> str:
         return "cross_entropy"
     if op.kind == "embedding":
         return "embedding"
-    if name in ("gelu", "swiglu", "rope"):
+    if name in ("gelu", "swiglu", "rope", COPY_OP):
         return name
     return "add"  # residual adds, position-embedding add and other two-input elementwise ops
 
@@ -424,6 +425,11 @@ def _pointwise_kernel(sig: OpSignature, hints: KernelHints, device: str) -> tupl
         return torch.randn(*shape, dtype=dt, device=device, requires_grad=grad)
 
     impl = sig.impl
+    if impl == COPY_OP:  # a reshard's host copy: strided parts concatenated into one tensor (torch.cat)
+        width = _row_width(elements, hints.hidden)
+        whole = torch.randn(elements // width, width, dtype=dt, device=device)
+        halves = whole.chunk(2, dim=1) if width > 1 else (whole,)
+        return (lambda: torch.cat(halves, dim=1)), f"cat of {len(halves)} column parts of rows of {width}"
     if impl == "add":
         a, b = torch.randn(elements, dtype=dt, device=device), torch.randn(elements, dtype=dt, device=device)
         # NB: the backward of a residual add is the gradient sum where the stream forked: one add as well

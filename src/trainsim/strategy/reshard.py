@@ -24,7 +24,7 @@ from typing import Literal
 from trainsim.errors import ConfigError
 from trainsim.strategy.placement import DIMS, Placement
 
-__all__ = ["DIMS", "Placement", "ReshardStep", "reshard"]
+__all__ = ["DIMS", "Placement", "ReshardStep", "divisible", "local_bytes", "reshard", "with_degree"]
 
 Collective = Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv"]
 
@@ -47,7 +47,7 @@ def reshard(src: Placement, dst: Placement, full_bytes: float) -> tuple[ReshardS
         raise ConfigError("reshard", f"{src.describe()} -> {dst.describe()}", "needs one device group")
     if src == dst:
         return ()
-    if not _divisible(src, dst):
+    if not divisible(src, dst):
         return (ReshardStep("send-recv", 2, local_bytes(dst, full_bytes)),)
     steps: list[ReshardStep] = []
     cur = src
@@ -57,10 +57,10 @@ def reshard(src: Placement, dst: Placement, full_bytes: float) -> tuple[ReshardS
         here = local_bytes(cur, full_bytes)
         if grow is not None:
             steps.append(ReshardStep("reduce-scatter", factor, here))
-            cur = _with(cur, grow, cur.degree(grow) * factor, partial=dst.partial)
+            cur = with_degree(cur, grow, cur.degree(grow) * factor, partial=dst.partial)
         else:
             steps.append(ReshardStep("all-reduce", factor, here))
-            cur = _with(cur, None, 0, partial=dst.partial)
+            cur = with_degree(cur, None, 0, partial=dst.partial)
     gathers = {dim: cur.degree(dim) // dst.degree(dim) for dim in DIMS if cur.degree(dim) > dst.degree(dim)}
     splits = {dim: dst.degree(dim) // cur.degree(dim) for dim in DIMS if dst.degree(dim) > cur.degree(dim)}
     for g_dim, g in list(gathers.items()):
@@ -68,24 +68,26 @@ def reshard(src: Placement, dst: Placement, full_bytes: float) -> tuple[ReshardS
             k = gcd(g, s)
             if k > 1:
                 steps.append(ReshardStep("all-to-all", k, local_bytes(cur, full_bytes)))
-                cur = _with(_with(cur, g_dim, cur.degree(g_dim) // k), s_dim, cur.degree(s_dim) * k)
+                cur = with_degree(with_degree(cur, g_dim, cur.degree(g_dim) // k), s_dim, cur.degree(s_dim) * k)
                 g //= k
                 gathers[g_dim], splits[s_dim] = g, s // k
     for g_dim, g in gathers.items():
         if g > 1:
-            cur = _with(cur, g_dim, cur.degree(g_dim) // g)
+            cur = with_degree(cur, g_dim, cur.degree(g_dim) // g)
             steps.append(ReshardStep("all-gather", g, local_bytes(cur, full_bytes)))
     # what remains split further is a local slice of what a device holds
     return tuple(steps)
 
 
-def _divisible(src: Placement, dst: Placement) -> bool:
+def divisible(src: Placement, dst: Placement) -> bool:
+    """Whether every degree of src and dst divides the other (else a point-to-point exchange)."""
     if src.partial % dst.partial != 0:
         return False
     return all(a % b == 0 or b % a == 0 for a, b in ((src.degree(d), dst.degree(d)) for d in DIMS))
 
 
-def _with(p: Placement, dim: str | None, value: int, *, partial: int | None = None) -> Placement:
+def with_degree(p: Placement, dim: str | None, value: int, *, partial: int | None = None) -> Placement:
+    """p with dimension dim at degree value (none where dim is None) and, when given, `partial` partial sums."""
     values = {d: p.degree(d) for d in DIMS}
     if dim is not None:
         values[dim] = value

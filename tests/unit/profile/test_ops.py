@@ -59,3 +59,20 @@ def test_the_zero_state_optimizer_probe_steps_over_all_zero_gradients() -> None:
     assert len(samples) == 2 and all(s > 0 for s in samples)
     assert "all-zero gradients" in detail
     assert "random gradients" in _adam_samples([64, 8], "cpu", 0, 1, threads)[1]
+
+
+def test_a_reshard_copy_is_timed_as_a_concatenation_of_strided_parts() -> None:
+    """compile.splits' copy op (a reshard's host copies) has its own kernel: torch.cat of two column halves of the
+    op's elements, in rows of the model's width; either phase runs the same copy."""
+    import torch
+
+    from trainsim.ir.graph import COPY_OP, Op
+    from trainsim.profile.ops import KernelHints, build_kernel
+
+    op = Op(COPY_OP, "elementwise", "reshard", "bwd", "fp32", 0.0, 2.0 * 4 * 4096, (4096,))
+    sig = signature_of(op)
+    assert sig is not None and (sig.kind, sig.impl, sig.shape) == ("elementwise", COPY_OP, (4096,))
+    run, detail = build_kernel(sig, KernelHints(hidden=256), "cpu")
+    out = run()
+    assert isinstance(out, torch.Tensor) and out.shape == (16, 256)
+    assert detail == "cat of 2 column parts of rows of 256"

@@ -371,7 +371,7 @@ class Pricer:
         """A collective over the group of `axis` (tp, cp, dp, ep, pp, or grad: the gradient group); once per
         (collective, bytes, the group's size and stride, cluster)."""
         group, cluster_key = axis_group(axis, job.parallel), self._cluster_key(job.cluster)
-        key = (collective, buffer_bytes, group, cluster_key)
+        key = (collective, buffer_bytes, *group, cluster_key)
         seconds = self._axis_collectives.get(key)
         if seconds is None:
             layout = self._layouts.get((group, cluster_key))  # self.layout(axis, job) where made

@@ -171,7 +171,7 @@ class GridEngine:
             try:
                 priced = self.estimator.price(job, graph)
             except TrainsimError as exc:
-                errors[index] = exc
+                errors[index] = exc.with_traceback(None)  # NB: its traceback's frames hold `errors`: a cycle
                 continue
             time_s[index], peak[index], oom[index] = priced.iteration_time_s, priced.peak_memory_bytes, priced.oom
             tokens[index] = job.tokens_per_iteration

@@ -542,7 +542,7 @@ class _Batch:
         par = job.parallel
         if par.pp == 1:
             return 0.0
-        out_bytes = max(part.layer.output_bytes for part in stage)
+        out_bytes = max([part.layer.output_bytes for part in stage])
         key = (out_bytes, par.tp, par.cp, par.dp, par.sp)
         seconds = self.shared.hops.get(key)
         if seconds is None:
@@ -764,17 +764,19 @@ class _Batch:
         terms = self.shared.layer_terms.get(key)
         if terms is None:
             cost = self.pricer.layer_cost(layer, job)
-            stack, blocks, is_head = job.stack, layer.kind in BLOCK_KINDS, layer.kind == "head"
-            kept = tuple(kept_bytes(layer, saved_key(mode, stack)) for mode in RECOMPUTE_CODES)
-            rebuilt = tuple(rebuilt_bytes(layer, mode, stack) for mode in RECOMPUTE_CODES) if blocks else None
-            full = cost.fwd_s + cost.comm_fwd_s if layer.kind not in ("embedding", "head") else 0.0
-            terms = self.shared.layer_terms[key] = _LayerTerms(cost, len(self.shared.term_rows), tuple(cost.comm_s))
+            stack, kind, comm = job.stack, layer.kind, cost.comm_s
+            is_head = kind == "head"
+            kept = [kept_bytes(layer, saved_key(mode, stack)) for mode in RECOMPUTE_CODES]
+            rebuilt = [rebuilt_bytes(layer, mode, stack) for mode in RECOMPUTE_CODES] if kind in BLOCK_KINDS else \
+                _NOT_REBUILT
+            full = cost.fwd_s + cost.comm_fwd_s if kind not in ("embedding", "head") else 0.0
+            terms = self.shared.layer_terms[key] = _LayerTerms(cost, len(self.shared.term_rows), tuple(comm))
+            params = float(layer.param_count)
             self.shared.term_rows.append(
                 (cost.fwd_s, cost.bwd_s, cost.wgrad_s, cost.comm_fwd_s, cost.selective_s, full,
-                 *(cost.comm_s.get(axis, 0.0) for axis in _AXES), *kept, float(layer.param_count),
-                 *(rebuilt or (-np.inf,) * 3), float(layer.param_count), float(is_head),
+                 *[comm.get(axis, 0.0) for axis in _AXES], *kept, params, *rebuilt, params, float(is_head),
                  loss_grad_bytes(layer, stack) if is_head else 0.0,
-                 cost.fwd_s + cost.comm_fwd_s, cost.bwd_s + (sum(cost.comm_s.values()) - cost.comm_fwd_s)))
+                 cost.fwd_s + cost.comm_fwd_s, cost.bwd_s + (sum(comm.values()) - cost.comm_fwd_s)))
         return terms
 
 
@@ -786,6 +788,7 @@ class _Batch:
 # the windows of its ZeRO-3 gathers (Pricer.fsdp_exposed_s): its forward with its forward feature collectives,
 # its backward with its backward ones
 _AXES = ("tp", "cp", "ep")  # the axes of feature collectives (ir.graph.Comm; pp's are the pipeline sends)
+_NOT_REBUILT = (-np.inf,) * len(RECOMPUTE_CODES)  # what a layer that is not a block rebuilds: never the largest
 _FEATURE_AT = 6
 _KEPT_AT = _FEATURE_AT + len(_AXES)
 _PARAMS_AT = _KEPT_AT + 3

@@ -371,7 +371,7 @@ class Pricer:
         """A collective over the group of `axis` (tp, cp, dp, ep, pp, or grad: the gradient group); once per
         (collective, bytes, the group's size and stride, cluster)."""
         group, cluster_key = axis_group(axis, job.parallel), self._cluster_key(job.cluster)
-        key = (collective, buffer_bytes, group, cluster_key)
+        key = (collective, buffer_bytes, *group, cluster_key)
         seconds = self._axis_collectives.get(key)
         if seconds is None:
             layout = self._layouts.get((group, cluster_key))  # self.layout(axis, job) where made
@@ -831,26 +831,28 @@ class Pricer:
         an empty queue at ZeRO 0). Once per (the stage's layers' parameters and counts, bucket size, the
         gradient group, cluster, stack, ZeRO 0 or not, precision): what the queues read."""
         par = job.parallel
-        key = ("queues", tuple([(part.layer.param_count, part.count) for part in stage]), axis_group("grad", par),
-               self._cluster_key(job.cluster), self._stack_key(job.stack), par.zero > 0, par.precision)
+        layers = tuple([(part.layer.param_count, part.count) for part in stage])
+        key = ("queues", layers, axis_group("grad", par), self._cluster_key(job.cluster), self._stack_key(job.stack),
+               par.zero > 0, par.precision)
         queues = self._grad_queues.get(key)
         if queues is None:
-            queues = self._grad_queues[key] = self._gradient_queues(stage, job)
+            queues = self._grad_queues[key] = self._gradient_queues(layers, job)
         return queues
 
-    def _gradient_queues(self, stage: list[StagePart], job: Job) -> "GradientQueues":
+    def _gradient_queues(self, layers: tuple[tuple[float, float], ...], job: Job) -> "GradientQueues":
         par = job.parallel
         policy = self.policy(par.precision)
         reduce = self._bucket_seconds("all-reduce" if par.zero == 0 else "reduce-scatter", policy.grad_bytes,
-                                      self.grad_bucket_runs(stage, job), job)
+                                      self._bucket_runs(layers, job, False), job)
         gather_overlaps = self.overlaps("param_gather_overlap", job)
         gather: list[tuple[float, int]] = []
         if par.zero > 0 and gather_overlaps:
             # the first bucket the forward pass needs waits first: the backward's queue, mirrored
             gather = self._bucket_seconds("all-gather", policy.weight_bytes,
-                                          self.grad_bucket_runs(stage, job, forward=True), job)[::-1]
+                                          self._bucket_runs(layers, job, True), job)[::-1]
         elif par.zero > 0:
-            gather = self._bucket_seconds("all-gather", policy.weight_bytes, self.grad_bucket_runs(stage, job), job)
+            gather = self._bucket_seconds("all-gather", policy.weight_bytes, self._bucket_runs(layers, job, False),
+                                          job)
         return GradientQueues(bucket_queue(reduce), bucket_queue(gather),
                               self.overlaps("grad_reduce_overlap", job), gather_overlaps)
 
@@ -858,7 +860,10 @@ class Pricer:
         """The stage's gradient buckets (stack_effects.bucket_runs), filled in the order the backward pass
         finishes the layers (last layer first), or with forward=True in the order the forward pass first uses
         them (the distributed optimizer's overlapped parameter gathers)."""
-        layers = tuple([(part.layer.param_count, part.count) for part in stage])
+        return self._bucket_runs(tuple([(part.layer.param_count, part.count) for part in stage]), job, forward)
+
+    def _bucket_runs(self, layers: tuple[tuple[float, float], ...], job: Job, forward: bool) -> BucketRuns:
+        """grad_bucket_runs of a stage whose layers' (parameters, count) are `layers`."""
         key = (layers, job.stack.grad_bucket_params, forward)  # what bucket_runs reads: stages of one tp share it
         runs = self._grad_buckets.get(key)
         if runs is None:

@@ -32,14 +32,14 @@ def op_times_s(ops: Sequence[Op], device: DeviceSpec, cal: Calibration) -> list[
     gemms = [ops[index] for index in gemm]
     # per (dtype, kernel): the peak, the best efficiency and the attention kernel's factor (1 for a GEMM)
     constants: dict[tuple[str, str, bool], tuple[float, float, float]] = {}
-    for op in gemms:
-        key = (op.dtype, op.kernel, op.kind == "attention")
+    keys = [(op.dtype, op.kernel, op.kind == "attention") for op in gemms]
+    for key in keys:
         if key not in constants:
-            constants[key] = (device.peak_for(op.dtype), cal.max_efficiency(device.name, op.dtype),
-                              attention_efficiency(op.kernel, device, cal) if key[2] else 1.0)
+            dtype, kernel, attends = key
+            constants[key] = (device.peak_for(dtype), cal.max_efficiency(device.name, dtype),
+                              attention_efficiency(kernel, device, cal) if attends else 1.0)
     peak, max_eff, attention = (np.array(column, dtype=np.float64) for column in
-                                zip(*(constants[(op.dtype, op.kernel, op.kind == "attention")] for op in gemms),
-                                    strict=True))
+                                zip(*map(constants.__getitem__, keys), strict=True))
     flops = np.array([op.flops for op in gemms], dtype=np.float64)
     min_dim = [float(min(op.shape[1:])) if op.kind != "conv" and len(op.shape) == 4 else 0.0 for op in gemms]
     is_attention = np.array([op.kind == "attention" for op in gemms], dtype=np.bool_)

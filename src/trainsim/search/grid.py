@@ -29,6 +29,7 @@ engine prices; a step-cost model whose host overhead reads the plan) go to the p
 every plan gets the figures AnalyticalEstimator.price gives it: tests/unit/search/test_grid.py holds them equal.
 """
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import chain
@@ -59,7 +60,7 @@ Floats = NDArray[np.float64]
 Ints = NDArray[np.int64]
 # what _Batch reads of its plans: per plan its local group, per local group its key and first plan, and per plan
 # its zero, recompute code, global batch, micro-batch and sequence length
-_PlanReads = tuple[Ints, list[tuple[int, tuple[object, ...]]], list[int], tuple[Ints, Ints, Ints, Ints, Ints]]
+_PlanReads = tuple[Ints, list[tuple[object, ...]], list[int], tuple[Ints, Ints, Ints, Ints, Ints]]
 
 RECOMPUTE_CODES: dict[Recompute, int] = {"none": 0, "selective": 1, "full": 2}
 SCHEDULE_CODES = {"1f1b": 0, "interleaved-1f1b": 1, "gpipe": 2, "zb-h1": 3}
@@ -170,7 +171,7 @@ class GridEngine:
             try:
                 priced = self.estimator.price(job, graph)
             except TrainsimError as exc:
-                errors[index] = exc
+                errors[index] = exc.with_traceback(None)  # NB: its traceback's frames hold `errors`: a cycle
                 continue
             time_s[index], peak[index], oom[index] = priced.iteration_time_s, priced.peak_memory_bytes, priced.oom
             tokens[index] = job.tokens_per_iteration
@@ -192,27 +193,39 @@ class GridEngine:
         self._pinned.setdefault(id(obj), obj)
 
 
+def _ints() -> "array[int]":
+    return array("q")
+
+
+def _floats() -> "array[float]":
+    return array("d")
+
+
 @dataclass(slots=True)
 class _Shared:
-    """The stage rows and combos of one (cluster, stack), their arrays made when rows were added."""
+    """The stage rows and combos of one (cluster, stack), their arrays made when rows were added. Numbers per row,
+    content or combo are kept in typed arrays (array.array: one object, not one per number or row, for the
+    cyclic collector to walk when the engine's call ends; numpy reads them as one buffer)."""
 
     # a stage row: a distinct stage of a combo: its content and its pipeline sends (0 for pp = 1)
-    row_content: list[int] = field(default_factory=list)
-    row_sends_s: list[float] = field(default_factory=list)
-    # ZeRO-3's exposure per RECOMPUTE_CODES (the bucketed backward pass reads the recompute; else all equal)
-    row_fsdp_s: list[list[float]] = field(default_factory=list)
-    row_chain_s: list[float] = field(default_factory=list)  # Pricer.pipeline_chain_s (0 unless overlapped, vpp > 1)
+    row_content: "array[int]" = field(default_factory=_ints)
+    row_sends_s: "array[float]" = field(default_factory=_floats)
+    # ZeRO-3's exposure per RECOMPUTE_CODES (the bucketed backward pass reads the recompute; else all equal), a
+    # row's len(RECOMPUTE_CODES) in a row
+    row_fsdp_s: "array[float]" = field(default_factory=_floats)
+    # Pricer.pipeline_chain_s (0 unless overlapped, vpp > 1)
+    row_chain_s: "array[float]" = field(default_factory=_floats)
     # a content: one distinct stage of a shape under one layer context but dp; a shape's contents under one
     # context are numbered in a row, from the first (block_of: (id of a kept shape, layer context) -> its first)
     block_of: dict[tuple[object, ...], int] = field(default_factory=dict)
     content_stages: list[list[StagePart]] = field(default_factory=list)  # the stage, for the gradient queues
-    content_compute_s: list[float] = field(default_factory=list)  # forward + backward (_Batch._contents)
+    content_compute_s: "array[float]" = field(default_factory=_floats)  # forward + backward (_Batch._contents)
     # a (content, dp): its ZeRO-3 exposure per RECOMPUTE_CODES and pipeline hop (Pricer.pipeline_hop_s of its
     # largest output; 0 for pp = 1), a block's contents' in a row from the first (by_dp_of: (first content, dp)
     # -> its first)
     by_dp_of: dict[tuple[int, int], int] = field(default_factory=dict)
-    by_dp_fsdp_s: list[list[float]] = field(default_factory=list)
-    by_dp_hop_s: list[float] = field(default_factory=list)
+    by_dp_fsdp_s: "array[float]" = field(default_factory=_floats)  # len(RECOMPUTE_CODES) each, in a row
+    by_dp_hop_s: "array[float]" = field(default_factory=_floats)
     by_dp_count: int = 0  # numbered, including those a batch has yet to price
     # (parameters, precision, dp x cp, tp) -> the all-gather of a layer's weights and the reduce-scatter of its
     # gradients over the gradient group (Pricer.fsdp_exposed_s's collectives; _Batch._fsdp_collectives)
@@ -244,14 +257,15 @@ class _Shared:
     even: dict[tuple[object, ...], bool] = field(default_factory=dict)
     # a combo: a partition under one layer context: the index of its first stage row and the number of its
     # partition's template (of `layouts`: how its stages map to its distinct rows)
-    combo_rows: list[int] = field(default_factory=list)
-    combo_layouts: list[int] = field(default_factory=list)
+    combo_rows: "array[int]" = field(default_factory=_ints)
+    combo_layouts: "array[int]" = field(default_factory=_ints)
     layouts: list[_Template] = field(default_factory=list)
     layout_of: dict[int, int] = field(default_factory=dict)  # id of a kept template -> its number
     combo_of: dict[tuple[object, ...], int] = field(default_factory=dict)  # (graph, plan's layout) -> combo
-    # per (graph, _KEY_FIELDS) a number: its group of plans (_Batch._group)
+    # per (id of a graph, *_KEY_FIELDS) a number: its group of plans (_Batch._group), whose len(_SLOW_GROUP)
+    # settings are in a row in `groups`
     group_of: dict[tuple[object, ...], int] = field(default_factory=dict)
-    groups: list[tuple[int, ...]] = field(default_factory=list)
+    groups: "array[int]" = field(default_factory=_ints)
     precisions: list[Precision] = field(default_factory=list)  # the precisions of the plans, each once
     param_layers: dict[tuple[tuple[float, float], ...], int] = field(default_factory=dict)
     layer_terms: dict[tuple[object, ...], "_LayerTerms"] = field(default_factory=dict)
@@ -311,7 +325,7 @@ class _Batch:
         cluster, stack = self.job0.cluster, self.job0.stack
         if ranks_differ(self.job0):  # stragglers, other devices (cost.rank_classes): the plain engine prices
             return None, list(range(len(plans)))  # their device classes plan by plan
-        if all(job.cluster is cluster and job.stack is stack for job, _ in plans):
+        if _on(plans, cluster, stack):
             candidates: Sequence[int] = range(len(plans))
             slow: list[int] = []
         else:
@@ -325,18 +339,20 @@ class _Batch:
         numbers, keys, first, per_plan = self._read_plans(plans) if self.columns is None else \
             self._read_columns(plans, candidates, self.columns)
         group_of, groups = self.shared.group_of, self.shared.groups
-        new: dict[tuple[int, tuple[object, ...]], int] = {}
+        new: dict[tuple[object, ...], int] = {}
         for key, at in zip(keys, first, strict=True):
             if key not in group_of and key not in new:
                 new[key] = at
         self._price_ops([plans[at][1] for at in new.values()])
+        width = len(_SLOW_GROUP)
         for key, at in new.items():
             job, graph = plans[at]
-            group_of[key] = len(groups)
-            groups.append(_SLOW_GROUP if any(key[1][_SPLIT_AT:]) else self._group(job, graph, key[1]))
+            group_of[key] = len(groups) // width
+            groups.extend(_SLOW_GROUP if any(key[1 + _SPLIT_AT:]) else self._group(job, graph, key[1:]))
         if self.new_rows or self.new_blocks or self.new_by_dp:
             self._finish()
-        columns = _rows([groups[group_of[key]] for key in keys], len(_SLOW_GROUP), np.int64)[numbers]
+        local = np.array([group_of[key] for key in keys], dtype=np.int64)[numbers]
+        columns = np.take(_int_array(groups).reshape(-1, width), local, axis=0)
         fast = columns[:, 0] >= 0
         if not fast.all():
             where = np.array(candidates, dtype=np.int64)
@@ -357,9 +373,9 @@ class _Batch:
         """Each plan's fields read once, in comprehensions: its key and its zero, recompute, global batch,
         micro-batch and sequence length; a local group per distinct key (numbered as first seen)."""
         fields = [job.parallel.__dict__ for job, _ in plans]  # NB: a pydantic model's fields; ~2x getattr's speed
-        keys: list[tuple[int, tuple[object, ...]]] = [(id(graph), _KEY_FIELDS(values))
+        keys: list[tuple[object, ...]] = [(id(graph), *_KEY_FIELDS(values))
                                                       for (_, graph), values in zip(plans, fields, strict=True)]
-        local: dict[tuple[int, tuple[object, ...]], int] = {}
+        local: dict[tuple[object, ...], int] = {}
         numbers = np.array([local.setdefault(key, len(local)) for key in keys], dtype=np.int64)  # first seen, first
         _, first = np.unique(numbers, return_index=True)
         zero, global_batch, micro_batch, seq_len = (np.array([values[name] for values in fields], dtype=np.int64)
@@ -379,12 +395,11 @@ class _Batch:
             base, variant = base[candidates], variant[candidates]
         _, first_array, numbers = np.unique(base, return_index=True, return_inverse=True)
         first = first_array.tolist()
-        graphs = [graph for _, graph in plans]
-        heads = [graphs[at] for at in first]
-        if not all(map(is_, graphs, map(heads.__getitem__, numbers.tolist()))):
+        heads = [plans[at][1] for at in first]
+        if not all(map(is_, map(itemgetter(1), plans), map(heads.__getitem__, numbers.tolist()))):
             return self._read_plans(plans)
         fields = [plans[at][0].parallel.__dict__ for at in first]
-        keys = [(id(graph), _KEY_FIELDS(values)) for graph, values in zip(heads, fields, strict=True)]
+        keys = [(id(graph), *_KEY_FIELDS(values)) for graph, values in zip(heads, fields, strict=True)]
         global_batch, micro_batch, seq_len = (np.array([values[name] for values in fields], dtype=np.int64)[numbers]
                                               for name in ("global_batch", "micro_batch", "seq_len"))
         variants = np.array([(RECOMPUTE_CODES[recompute], zero) for recompute, zero in columns.variants],
@@ -452,7 +467,7 @@ class _Batch:
         first_content, first_by_dp = rows
         distinct = len(shape.stages)
         shared.combo_rows.append(len(shared.row_content))
-        shared.row_content += range(first_content, first_content + distinct)
+        shared.row_content.extend(range(first_content, first_content + distinct))
         self.new_rows.append((first_content, first_by_dp, distinct, par.pp, par.vpp))
         layout = shared.layout_of.get(id(shape.template))
         if layout is None:  # NB: the template is kept (_Shared.templates)
@@ -527,7 +542,7 @@ class _Batch:
         par = job.parallel
         if par.pp == 1:
             return 0.0
-        out_bytes = max(part.layer.output_bytes for part in stage)
+        out_bytes = max([part.layer.output_bytes for part in stage])
         key = (out_bytes, par.tp, par.cp, par.dp, par.sp)
         seconds = self.shared.hops.get(key)
         if seconds is None:
@@ -592,9 +607,9 @@ class _Batch:
                                                               for column in zip(*self.new_rows, strict=True))
             offset = _offsets(distinct)  # per new row its distinct stage
             by_dp = np.repeat(first_by_dp, distinct) + offset
-            fsdp = np.array(shared.by_dp_fsdp_s, dtype=np.float64)[by_dp]
-            hop = np.array(shared.by_dp_hop_s, dtype=np.float64)[by_dp]
-            compute = np.array(shared.content_compute_s, dtype=np.float64)[np.repeat(first_content, distinct) + offset]
+            fsdp = np.take(_float_array(shared.by_dp_fsdp_s).reshape(-1, len(RECOMPUTE_CODES)), by_dp, axis=0)
+            hop = _float_array(shared.by_dp_hop_s)[by_dp]
+            compute = _float_array(shared.content_compute_s)[np.repeat(first_content, distinct) + offset]
             pp = np.repeat(pp, distinct)
             vpp = np.repeat(vpp, distinct).astype(np.float64)
             chain = np.zeros_like(hop)
@@ -605,9 +620,9 @@ class _Batch:
                 chain = np.where((vpp > 1) & (pp > 1), 2.0 * (vpp * pp - 1) * (hop - exposed), 0.0)
                 hop = np.where(vpp > 1, exposed, hop)
             sends = np.where(pp > 1, 2.0 * vpp * hop + pricer.cal.runtime.pipeline_overhead_per_micro_batch_s, 0.0)
-            shared.row_fsdp_s.extend(fsdp.tolist())
-            shared.row_sends_s.extend(sends.tolist())
-            shared.row_chain_s.extend(chain.tolist())
+            _extend(shared.row_fsdp_s, fsdp)
+            _extend(shared.row_sends_s, sends)
+            _extend(shared.row_chain_s, chain)
         self.new_blocks, self.new_by_dp, self.new_rows = [], [], []
 
     def _by_dp(self, term_table: Floats) -> None:
@@ -653,7 +668,7 @@ class _Batch:
             stages = [(stage, job) for _, _, shape, job, _, _, _ in new for stage in shape.stages]
             by_mode = [fsdp + np.array([pricer.fsdp_bucketed_backward_s(stage, job, mode) for stage, job in stages],
                                        dtype=np.float64) for mode in RECOMPUTE_CODES]
-        shared.by_dp_fsdp_s.extend(np.stack(by_mode, axis=1).tolist())
+        _extend(shared.by_dp_fsdp_s, np.stack(by_mode, axis=1))
         shared.by_dp_hop_s.extend(chain.from_iterable(hops for *_, hops in new))
 
     def _contents(self, term_table: Floats) -> None:
@@ -706,7 +721,7 @@ class _Batch:
             total = total + feature[:, slot]
         forward, backward, feature_fwd = sums[:, 0], sums[:, 1], sums[:, 3]
         compute = forward + backward
-        shared.content_compute_s.extend(compute.tolist())
+        _extend(shared.content_compute_s, compute)
         _, shape, _, job, _ = new[0]
         shared.content_blocks.append({
             "compute": compute, "forward": forward, "backward": backward, "wgrad": sums[:, 2],
@@ -749,17 +764,19 @@ class _Batch:
         terms = self.shared.layer_terms.get(key)
         if terms is None:
             cost = self.pricer.layer_cost(layer, job)
-            stack, blocks, is_head = job.stack, layer.kind in BLOCK_KINDS, layer.kind == "head"
-            kept = tuple(kept_bytes(layer, saved_key(mode, stack)) for mode in RECOMPUTE_CODES)
-            rebuilt = tuple(rebuilt_bytes(layer, mode, stack) for mode in RECOMPUTE_CODES) if blocks else None
-            full = cost.fwd_s + cost.comm_fwd_s if layer.kind not in ("embedding", "head") else 0.0
-            terms = self.shared.layer_terms[key] = _LayerTerms(cost, len(self.shared.term_rows), tuple(cost.comm_s))
+            stack, kind, comm = job.stack, layer.kind, cost.comm_s
+            is_head = kind == "head"
+            kept = [kept_bytes(layer, saved_key(mode, stack)) for mode in RECOMPUTE_CODES]
+            rebuilt = [rebuilt_bytes(layer, mode, stack) for mode in RECOMPUTE_CODES] if kind in BLOCK_KINDS else \
+                _NOT_REBUILT
+            full = cost.fwd_s + cost.comm_fwd_s if kind not in ("embedding", "head") else 0.0
+            terms = self.shared.layer_terms[key] = _LayerTerms(cost, len(self.shared.term_rows), tuple(comm))
+            params = float(layer.param_count)
             self.shared.term_rows.append(
                 (cost.fwd_s, cost.bwd_s, cost.wgrad_s, cost.comm_fwd_s, cost.selective_s, full,
-                 *(cost.comm_s.get(axis, 0.0) for axis in _AXES), *kept, float(layer.param_count),
-                 *(rebuilt or (-np.inf,) * 3), float(layer.param_count), float(is_head),
+                 *[comm.get(axis, 0.0) for axis in _AXES], *kept, params, *rebuilt, params, float(is_head),
                  loss_grad_bytes(layer, stack) if is_head else 0.0,
-                 cost.fwd_s + cost.comm_fwd_s, cost.bwd_s + (sum(cost.comm_s.values()) - cost.comm_fwd_s)))
+                 cost.fwd_s + cost.comm_fwd_s, cost.bwd_s + (sum(comm.values()) - cost.comm_fwd_s)))
         return terms
 
 
@@ -771,6 +788,7 @@ class _Batch:
 # the windows of its ZeRO-3 gathers (Pricer.fsdp_exposed_s): its forward with its forward feature collectives,
 # its backward with its backward ones
 _AXES = ("tp", "cp", "ep")  # the axes of feature collectives (ir.graph.Comm; pp's are the pipeline sends)
+_NOT_REBUILT = (-np.inf,) * len(RECOMPUTE_CODES)  # what a layer that is not a block rebuilds: never the largest
 _FEATURE_AT = 6
 _KEPT_AT = _FEATURE_AT + len(_AXES)
 _PARAMS_AT = _KEPT_AT + 3
@@ -1016,14 +1034,14 @@ class _ComboTable:
     """The combos as arrays: per combo its distinct rows (R columns, padded) and their first stages, made per
     template (layouts) and taken per combo (kind: its template's number)."""
 
-    def __init__(self, first_rows: list[int], kinds: list[int], layouts: list[_Template]) -> None:
+    def __init__(self, first_rows: "array[int]", kinds: "array[int]", layouts: list[_Template]) -> None:
         distinct = max(len(layout.heads) for layout in layouts)
-        self.kind = np.array(kinds, dtype=np.int64)
+        self.kind = _int_array(kinds)
         self.layouts = layouts
         heads = _rows([layout.heads + (0,) * (distinct - len(layout.heads)) for layout in layouts], distinct,
                       np.int64)[self.kind]
         count = np.array([len(layout.heads) for layout in layouts], dtype=np.int64)[self.kind]
-        self.first_row = np.array(first_rows, dtype=np.int64)
+        self.first_row = _int_array(first_rows)
         self.valid_rows = np.arange(distinct)[None, :] < count[:, None]
         self.safe_rows = np.where(self.valid_rows, self.first_row[:, None] + np.arange(distinct)[None, :], 0)
         self.heads = heads
@@ -1048,10 +1066,10 @@ class _ComboTable:
 class _RowTable:
     """The stage rows as columns (each a content's, with the row's pipeline sends after its feature axes)."""
 
-    def __init__(self, columns: dict[str, Floats], row_content: list[int], row_sends_s: list[float],
-                 row_fsdp_s: list[list[float]], row_chain_s: list[float]) -> None:
-        index = np.array(row_content, dtype=np.int64)
-        sends = np.array(row_sends_s, dtype=np.float64)
+    def __init__(self, columns: dict[str, Floats], row_content: "array[int]", row_sends_s: "array[float]",
+                 row_fsdp_s: "array[float]", row_chain_s: "array[float]") -> None:
+        index = _int_array(row_content)
+        sends = _float_array(row_sends_s)
         self.compute = columns["compute"][index]
         self.forward = columns["forward"][index]
         self.backward = columns["backward"][index]
@@ -1060,8 +1078,8 @@ class _RowTable:
         self.comm[np.arange(len(index)), columns["features"][index].astype(np.int64)] = sends  # 0 where pp = 1
         self.comm_total = columns["feature_total"][index] + sends  # sum(feature_s + (sends,)): x + 0.0 is x
         self.recompute = columns["recompute"][index]
-        self.fsdp = np.array(row_fsdp_s, dtype=np.float64).reshape(len(row_fsdp_s), len(RECOMPUTE_CODES))
-        self.chain = np.array(row_chain_s, dtype=np.float64)
+        self.fsdp = _float_array(row_fsdp_s).reshape(len(index), len(RECOMPUTE_CODES))
+        self.chain = _float_array(row_chain_s)
         self.overhead = columns["overhead"][index]
         self.params = columns["params"][index]
         self.saved = columns["saved"][index]
@@ -1110,11 +1128,36 @@ class _QueueTable:
         self.gather_overlaps = queues[0].gather_overlaps
 
 
+def _on(plans: Sequence[tuple[Job, OpGraph]], cluster: object, stack: object) -> bool:
+    """Whether every plan's job is on this cluster object and stack object (a plain loop: ~2.5x the speed of
+    all() over a generator here)."""
+    on = True
+    for job, _ in plans:
+        if job.cluster is not cluster or job.stack is not stack:
+            on = False
+            break
+    return on
+
+
 def _rows(rows: Sequence[Sequence[float]], width: int, dtype: type[np.float64] | type[np.int64]) -> NDArray:
     """np.array(rows, dtype) of rows each `width` long (a 2-d table), from the rows' entries in one flat pass: the
     same numbers (numpy converts each entry alone either way), without numpy's walk of a nested list."""
     flat = np.fromiter(chain.from_iterable(rows), dtype, count=len(rows) * width)
     return flat.reshape(len(rows), width)
+
+
+def _int_array(values: "array[int]") -> Ints:
+    """A copy of a typed array's numbers as a numpy array (one copy of its buffer; the array may grow later)."""
+    return np.array(values, dtype=np.int64)
+
+
+def _float_array(values: "array[float]") -> Floats:
+    return np.array(values, dtype=np.float64)
+
+
+def _extend(values: "array[float]", numbers: Floats) -> None:
+    """values += numbers' entries in row-major order, bit for bit."""
+    values.frombytes(np.ascontiguousarray(numbers, dtype=np.float64).tobytes())
 
 
 def _row_codes(columns: Ints) -> Ints:

@@ -4,6 +4,10 @@ A plan is refused when make_job (or the estimator) raises a TrainsimError, count
 (ConfigError) or reason (InfeasiblePlanError); a plan whose predicted peak memory exceeds the device is
 counted as "out of memory". The feasible plans are ranked by tokens/s, ties broken by lower peak memory,
 then by the enumeration order, so the ranking is deterministic.
+
+A refused plan's error is kept without its traceback: the traceback's frames hold the dict the error is kept in
+(and the whole grid of jobs and graphs beside it), a reference cycle that only the collector's full pass would
+free, tens of thousands of objects a search.
 """
 
 import heapq
@@ -95,7 +99,7 @@ def build_plans(model: ModelSpec, cluster: ClusterSpec, plans: Sequence[Parallel
             job = make_job(model, cluster, parallel, stack)
             jobs.append((job, graphs.get(job)))
         except TrainsimError as exc:
-            refused[at] = exc
+            refused[at] = exc.with_traceback(None)  # NB: without its frames (module doc)
             continue
         index.append(at)
     return BuiltPlans(jobs, index, refused)
@@ -190,7 +194,7 @@ class Planner:
             try:
                 result = self.estimator.estimate(job, graph)
             except TrainsimError as exc:
-                refused_by[built_index[at]] = exc
+                refused_by[built_index[at]] = exc.with_traceback(None)  # NB: see build_plans
                 out.append((0.0, 0.0, True))
                 continue
             out.append((result.tokens_per_s, result.peak_memory_bytes, result.oom))

@@ -141,7 +141,27 @@ def test_build_plans_keeps_the_accepted_plans_in_order(cluster8: ClusterSpec) ->
         with pytest.raises(type(exc)) as raised:
             make_job(model, cluster8, plans[at], space.stack)
         assert str(raised.value) == str(exc)
+        # kept without its traceback: its frames would hold `refused` and the grid in a reference cycle
+        assert exc.__traceback__ is None
     assert calls[0] == (0, len(plans)) and [done for done, _ in calls] == sorted(done for done, _ in calls)
+
+
+def test_a_search_leaves_no_cyclic_garbage(cluster8: ClusterSpec) -> None:
+    """The refused plans' errors, kept with their tracebacks, made the refusals, the jobs and the graphs of a
+    search a reference cycle the collector's full pass had to find (~55,000 objects for LLaMA-3.1-70B on 1,024
+    GPUs); without them a search frees its grid as it ends."""
+    model, space = tiny_model(), SearchSpace(global_batch=16, seq_len=128)
+    Planner().search(model, cluster8, space, top_k=1)  # NB: the first search also builds what later ones reuse
+    collecting = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        report = Planner().search(model, cluster8, space, top_k=1)
+        unreachable = gc.collect()
+    finally:
+        if collecting:
+            gc.enable()
+    assert report.infeasible and unreachable < 50
 
 
 def test_bad_space_and_top_k(cluster8: ClusterSpec) -> None:

@@ -24,7 +24,7 @@ from plan_quality import GLOBAL_BATCH, MICRO_BATCHES, MODELS, SEQ_LEN, load1, me
 from trainsim.catalog import load_model
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.measure.stage import measure_stages
-from trainsim.strategy.stage_plan import IntraPlan, Mesh, StageSpec
+from trainsim.strategy.stage_plan import IntraPlan, Mesh, StageSpec, pipeline_time_s
 
 PLAN_STAGE = re.compile(r"(\d+)-(\d+)@1x(\d+)dp(\d+)")
 STAGE = re.compile(r"(\d+)-(\d+)@1x(\d+)")
@@ -54,6 +54,24 @@ def stage_of(label: str) -> StageSpec:
     return StageSpec(first, end, Mesh(1, m), IntraPlan(1, m))
 
 
+def round_table(rows: list[dict[str, Any]], plans: list[str]) -> list[dict[str, Any]]:
+    """Per round: each plan's wall median and busiest-rank CPU time from its run, and eq. 4 over that round's stages
+    measured alone (None where a stage of the plan was not measured), each against the first plan's."""
+    out = []
+    for r in sorted({row.get("repeat", row.get("round")) for row in rows}):
+        stages = {row["stage"]: row["latency_ms"] for row in rows if row["kind"] == "stage" and row["round"] == r}
+        runs = {row["plan"]: row for row in rows if row["kind"] == "plan" and row["repeat"] == r}
+        entry: dict[str, Any] = {"round": r}
+        for label in plans:
+            parts = [f"{a}-{b}@1x{m}" for a, b, m, _ in (map(int, g.groups()) for g in PLAN_STAGE.finditer(label))]
+            eq4 = (pipeline_time_s([stages[p] for p in parts], MICRO_BATCHES) if all(p in stages for p in parts)
+                   else None)
+            run = runs.get(label, {})
+            entry[label] = {"wall_s": run.get("median_s"), "cpu_s": run.get("rank_cpu_max_s"), "eq4_ms": eq4}
+        out.append(entry)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--case", choices=list(MODELS), default="moe")
@@ -64,7 +82,23 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--stage-iterations", type=int, default=4)  # the exhaustive planner's median of 4
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--summary", action="store_true", help="print the rounds already in --out (nothing run)")
     args = parser.parse_args()
+    if args.summary:
+        rows = [json.loads(line) for line in args.out.read_text().splitlines() if line.strip()]
+        first, *rest = args.plans
+        for entry in round_table(rows, args.plans):
+            base = entry[first]
+            cells = [f"round {entry['round']}: {first} wall {base['wall_s']:.3f} s, CPU {base['cpu_s']:.3f} s, "
+                     f"eq. 4 {base['eq4_ms'] or float('nan'):.1f} ms"]
+            for label in rest:
+                e = entry[label]
+                cells.append(f"{label}: wall {100 * (e['wall_s'] / base['wall_s'] - 1):+.1f}%, CPU "
+                             f"{100 * (e['cpu_s'] / base['cpu_s'] - 1):+.1f}%, eq. 4 "
+                             + (f"{100 * (e['eq4_ms'] / base['eq4_ms'] - 1):+.1f}%" if e["eq4_ms"] and base["eq4_ms"]
+                                else "-"))
+            print("; ".join(cells))
+        return
     model = load_model(str(MODELS[args.case]))
     assert isinstance(model, TransformerSpec)
     args.out.parent.mkdir(parents=True, exist_ok=True)

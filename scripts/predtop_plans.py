@@ -80,6 +80,10 @@ CASES = {  # the CPU plan-quality cases of docs/planning.md; the H100 stages (1 
     # of equal meshes with dp inside a stage (what one ParallelSpec runs)
     "pq-moe": Case(ROOT / "data/stages/models/moe-small.yaml", ROOT / "data/plan_quality/moe/stages/exhaustive.sqlite",
                    4, 64, 1, CPU_MESHES, 4, "local-cpu", equal_meshes=True),
+    # the tenth session's exhaustive table, each stage measured in 3 passes in rotated order (measured_rounds)
+    "pq-moe-r3": Case(ROOT / "data/stages/models/moe-small.yaml",
+                      ROOT / "data/plan_quality/moe-v10r/stages/exhaustive.sqlite", 4, 64, 1, CPU_MESHES, 4,
+                      "local-cpu", equal_meshes=True),
     "pq-gpt": Case(ROOT / "data/stages/models/gpt-heavy-head.yaml",
                    ROOT / "data/plan_quality/gpt/stages/exhaustive.sqlite", 4, 64, 1, CPU_MESHES, 4, "local-cpu",
                    equal_meshes=True),
@@ -136,7 +140,8 @@ def run_case(name: str, samplers: list[str], seeds: list[int], epochs: int, pati
     units = num_units(model)
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "stages.db"
-        shutil.copy(case.db, copy)
+        for part in case.db.parent.glob(case.db.name + "*"):  # the database and its write-ahead log, if any
+            shutil.copyfile(part, Path(tmp) / ("stages.db" + part.name.removeprefix(case.db.name)))
         db = StageDatabase(copy)
         truth = MeasuredStageCosts(model, case.micro_batch, case.seq_len, db, threads=case.threads)
         cluster = load_cluster(case.cluster).with_num_gpus(case.devices).on_one_node()

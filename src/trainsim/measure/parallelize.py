@@ -23,7 +23,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job
-from trainsim.measure.model import Block, TransformerChunk, build_chunk, lm_loss, split_layers
+from trainsim.measure.model import Block, MoE, TransformerChunk, build_chunk, lm_loss, split_layers
 from trainsim.strategy.stages import virtual_stage_blocks
 
 LEARNING_RATE = 1e-4
@@ -125,7 +125,11 @@ def wrap_data_parallel(chunk: TransformerChunk, job: Job, topo: Topology) -> nn.
         return chunk
     from torch.nn.parallel import DistributedDataParallel
 
-    return DistributedDataParallel(chunk, process_group=topo.group("dp"))
+    # top-k routing can leave an expert with no token on a rank (one sequence of 64 tokens per rank, 4 experts,
+    # top 1: the MoE job's even dp-4 split failed so); DDP then waits for a gradient that never comes unless told
+    # to look for unused parameters (torch.nn.parallel.DistributedDataParallel, find_unused_parameters)
+    routed = any(isinstance(module, MoE) for module in chunk.modules())
+    return DistributedDataParallel(chunk, process_group=topo.group("dp"), find_unused_parameters=routed)
 
 
 def all_reduce_grads(params: list[nn.Parameter], group: dist.ProcessGroup, size: int) -> None:

@@ -10,13 +10,18 @@ collection loses at most the batch in flight and a rerun measures only what is m
 import hashlib
 import json
 import sqlite3
+import statistics
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.strategy.stage_plan import StageEstimate, StageSpec
+
+if TYPE_CHECKING:
+    from trainsim.measure.stage import StageTiming
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS stage_times (
@@ -73,6 +78,33 @@ class StageDatabase:
         return int(self.conn.execute("SELECT COUNT(*) FROM stage_times WHERE model=?", (model,)).fetchone()[0])
 
 
+# Passes over a batch of stages. In one pass (the stages in unit order, 5 iterations each) the MoE job's same-DAG
+# stages came out up to 71% apart on 1 rank (median 48%), slower the later they were measured: the machine's load
+# rose during the pass, and the exhaustive plan took the stages measured first (docs/planning.md, tenth session).
+# Three passes in rotated order put every stage early, midway and late; 3 is the fewest with a median.
+MEASURE_ROUNDS = 3
+
+
+def measured_rounds(batch: list[StageSpec], rounds: int,
+                    measure: Callable[[list[StageSpec]], list["StageTiming"]]) -> list["StageTiming"]:
+    """`measure` the batch `rounds` times, pass r starting r / rounds of the way along (rotated), and give each
+    stage the median of its passes' latencies (states and activations from the first pass; every sample kept)."""
+    if rounds < 1:
+        raise ValueError(f"rounds={rounds}: must be at least 1")
+    passes: dict[StageSpec, list[StageTiming]] = {stage: [] for stage in batch}
+    for r in range(rounds):
+        shift = r * len(batch) // rounds
+        order = batch[shift:] + batch[:shift]
+        for stage, timing in zip(order, measure(order), strict=True):
+            passes[stage].append(timing)
+    out = []
+    for stage in batch:
+        done = passes[stage]
+        out.append(replace(done[0], latency_s=statistics.median(t.latency_s for t in done),
+                           samples_s=tuple(s for t in done for s in t.samples_s)))
+    return out
+
+
 @dataclass(slots=True)
 class MeasuredStageCosts:
     """Stage estimates measured for real (measure.stage), kept in the database; `profiled_configurations`
@@ -85,6 +117,8 @@ class MeasuredStageCosts:
     warmup: int = 2
     iterations: int = 5
     threads: int = 1
+    # passes over a batch, each in another order, a stage's latency the median of its passes' (measured_rounds)
+    rounds: int = MEASURE_ROUNDS
     measured_now: int = 0
     measure_wall_s: float = 0.0  # wall time spent measuring (rank start-up included)
     _seen: dict[StageSpec, StageEstimate | None] = field(default_factory=dict)
@@ -121,8 +155,9 @@ class MeasuredStageCosts:
         for size in sorted(missing):
             batch = missing[size]
             start = time.perf_counter()
-            timings = measure_stages(self.model, batch, self.micro_batch, self.seq_len, self.warmup,
-                                     self.iterations, threads=self.threads)
+            timings = measured_rounds(batch, self.rounds, lambda order: measure_stages(
+                self.model, order, self.micro_batch, self.seq_len, self.warmup, self.iterations,
+                threads=self.threads))
             self.measure_wall_s += time.perf_counter() - start
             for stage, timing in zip(batch, timings, strict=True):
                 estimate = StageEstimate(timing.latency_s, timing.state_bytes, timing.activation_bytes)

@@ -219,6 +219,14 @@ def test_moe_runs_measure_and_agree(tmp_path: Path) -> None:
     assert all(len(run.iteration_times_s) == 2 for run in (dp, pp))
 
 
+def test_moe_data_parallel_runs_when_an_expert_gets_no_token_on_a_rank(tmp_path: Path) -> None:
+    """One token per rank, top 1 of 4 experts: three experts get no token on each rank, and DDP must not wait for
+    their gradients (it failed so on the MoE job's even dp-4 split)."""
+    pytest.importorskip("torch")
+    run = _measure(tiny_job(2, model=MEASURED_MOE, dp=2, seq_len=1, micro_batch=1, global_batch=2), tmp_path)
+    assert len(run.iteration_times_s) == 2 and run.final_loss is not None
+
+
 def test_tensor_parallel_and_fsdp_agree(tmp_path: Path) -> None:
     """LLaMA (GQA, RoPE, SwiGLU) in bf16 autocast: tp=2 with sequence parallelism and FSDP2 (zero=3) on dp=2."""
     pytest.importorskip("torch")

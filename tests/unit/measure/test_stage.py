@@ -47,3 +47,51 @@ def test_database_resumes(tmp_path):
     assert again.estimate(StageSpec(1, 3, Mesh(1, 2), IntraPlan(2, 1))) is None
     assert again.estimate(StageSpec(1, 3, Mesh(1, 4), IntraPlan(1, 4))) is None
     db.close()
+
+
+def test_rounds_in_rotated_order_cancel_a_drift_over_the_pass():
+    """Three stages of equal cost measured while the machine slows (+1 ms per place in the pass): one pass prices
+    them 10, 11 and 12 ms by the order alone; three rotated passes give each 10, 11 and 12 ms once, median 11."""
+    from trainsim.measure.stage import StageTiming
+    from trainsim.measure.stage_db import measured_rounds
+
+    batch = [StageSpec(a, a + 1, ONE, IntraPlan()) for a in (1, 2, 3)]
+    orders: list[list[StageSpec]] = []
+
+    def drifting(order: list[StageSpec]) -> list[StageTiming]:
+        orders.append(order)
+        return [StageTiming(0.010 + 0.001 * place, 100.0, 7.0, (0.010 + 0.001 * place,)) for place in range(3)]
+
+    one = measured_rounds(batch, 1, drifting)
+    assert [t.latency_s for t in one] == pytest.approx([0.010, 0.011, 0.012])
+    orders.clear()
+    three = measured_rounds(batch, 3, drifting)
+    assert orders == [batch, batch[1:] + batch[:1], batch[2:] + batch[:2]]
+    assert [t.latency_s for t in three] == pytest.approx([0.011] * 3)
+    assert [sorted(t.samples_s) for t in three] == [pytest.approx([0.010, 0.011, 0.012])] * 3
+    assert all((t.state_bytes, t.activation_bytes) == (100.0, 7.0) for t in three)
+    with pytest.raises(ValueError, match="rounds=0"):
+        measured_rounds(batch, 0, drifting)
+
+
+def test_measured_stage_costs_measure_each_batch_in_every_round(tmp_path, monkeypatch):
+    """The measured source runs its batch `rounds` times and keeps the median; a rerun reads the database."""
+    import trainsim.measure.stage as stage_module
+    from trainsim.measure.stage import StageTiming
+
+    calls: list[int] = []
+
+    def fake(model, stages, micro_batch, seq_len, warmup, iterations, threads=1):
+        calls.append(len(stages))
+        return [StageTiming(0.001 * len(calls), 1.0, 1.0, (0.001 * len(calls),)) for _ in stages]
+
+    monkeypatch.setattr(stage_module, "measure_stages", fake)
+    db = StageDatabase(tmp_path / "profile.sqlite")
+    source = MeasuredStageCosts(DENSE, 2, 16, db, rounds=3)
+    source.prefetch([StageSpec(1, 2, ONE, IntraPlan()), StageSpec(2, 3, ONE, IntraPlan())])
+    assert calls == [2, 2, 2] and source.measured_now == 2
+    assert source.estimate(StageSpec(1, 2, ONE, IntraPlan())).latency_s == pytest.approx(0.002)  # type: ignore[union-attr]
+    again = MeasuredStageCosts(DENSE, 2, 16, db, rounds=3)
+    assert again.estimate(StageSpec(2, 3, ONE, IntraPlan())).latency_s == pytest.approx(0.002)  # type: ignore[union-attr]
+    assert calls == [2, 2, 2]
+    db.close()

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from trainsim.errors import ConfigError
+from trainsim.errors import ConfigError, TrainsimError
 from trainsim.profile.database import Environment, ProfileDB, TimingStats
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv")
@@ -59,6 +59,31 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def next_rank_message(results: Any, procs: list[Any], deadline: float, timeout_s: float, what: str) -> tuple[Any, ...]:
+    """The next result a probe's rank processes put on `results` (a tuple; ("error", rank, text) from a rank that
+    failed); `what` (the probe) names it in the errors: past the deadline, a rank that died, a rank's error."""
+    while True:
+        try:
+            message = results.get(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+        except queue.Empty:
+            if time.monotonic() > deadline:
+                raise TrainsimError(f"{what} did not finish in {timeout_s:.0f} s") from None
+            if any(p.exitcode not in (None, 0) for p in procs):
+                raise TrainsimError(f"{what}: a rank died") from None
+            continue
+        if message[0] == "error":
+            raise TrainsimError(f"{what} failed on rank {message[1]}: {message[2]}")
+        return message
+
+
+def join_ranks(procs: list[Any]) -> None:
+    """Wait for a probe's rank processes (10 s each), then stop any still running."""
+    for proc in procs:
+        proc.join(timeout=10)
+        if proc.is_alive():
+            proc.terminate()
 
 
 def _collective_fn(collective: str, message_bytes: int, rank: int, world_size: int) -> Callable[[], object]:

@@ -10,16 +10,15 @@ after). gamma = median(overlapped) / median(plain) - 1, at least 0, the slowest 
 
 import contextlib
 import multiprocessing
-import queue
 import statistics
 import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from trainsim.errors import ConfigError, TrainsimError
+from trainsim.errors import ConfigError
 from trainsim.ir.model_spec import ModelSpec, TransformerSpec
-from trainsim.profile.collectives import BACKEND, _free_port
+from trainsim.profile.collectives import BACKEND, _free_port, join_ranks, next_rank_message
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,21 +109,7 @@ def measure_overlap(model: ModelSpec, *, micro_batch: int, seq_len: int, world_s
         proc.start()
     deadline = time.monotonic() + timeout_s
     try:
-        while True:
-            try:
-                message = results.get(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
-            except queue.Empty:
-                if time.monotonic() > deadline:
-                    raise TrainsimError(f"overlap measurement did not finish in {timeout_s:.0f} s") from None
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    raise TrainsimError("an overlap measurement rank died") from None
-                continue
-            if message[0] == "error":
-                raise TrainsimError(f"overlap measurement failed on rank {message[1]}: {message[2]}")
-            plain, overlapped = message[1], message[2]
-            return OverlapMeasurement(statistics.median(plain), statistics.median(overlapped), world_size, repeats)
+        _, plain, overlapped = next_rank_message(results, procs, deadline, timeout_s, "overlap measurement")
+        return OverlapMeasurement(statistics.median(plain), statistics.median(overlapped), world_size, repeats)
     finally:
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.terminate()
+        join_ranks(procs)

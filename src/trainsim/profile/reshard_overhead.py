@@ -17,7 +17,6 @@ backward call less the start of the autograd engine (one per training step, not 
 
 import contextlib
 import multiprocessing
-import queue
 import statistics
 import time
 from collections.abc import Callable
@@ -25,8 +24,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from trainsim.errors import ConfigError, TrainsimError
-from trainsim.profile.collectives import BACKEND, _collective_fn, _free_port
+from trainsim.errors import ConfigError
+from trainsim.profile.collectives import BACKEND, _collective_fn, _free_port, join_ranks, next_rank_message
 from trainsim.profile.database import Environment, ProfileDB
 from trainsim.profile.ops import OVERHEAD_SIGNATURE_KIND, OpSignature
 
@@ -175,22 +174,10 @@ def measure_reshard_overhead(world_size: int = 2, elements: int = 1024, calls: i
     per_rank: dict[int, dict[tuple[str, str], tuple[float, float, float, float]]] = {}
     try:
         while len(per_rank) < world_size:
-            try:
-                message = results.get(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
-            except queue.Empty:
-                if time.monotonic() > deadline:
-                    raise TrainsimError(f"reshard overhead probe did not finish in {timeout_s:.0f} s") from None
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    raise TrainsimError("a reshard overhead probe rank died") from None
-                continue
-            if message[0] == "error":
-                raise TrainsimError(f"reshard overhead probe failed on rank {message[1]}: {message[2]}")
-            per_rank[message[1]] = message[2]
+            _, rank, figures = next_rank_message(results, procs, deadline, timeout_s, "reshard overhead probe")
+            per_rank[rank] = figures
     finally:
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.terminate()
+        join_ranks(procs)
     keys = [(c, p) for c in RESHARD_COLLECTIVES for p in PHASES]
     ranks = sorted(per_rank)
     return ReshardOverhead({key: [per_rank[r][key][0] for r in ranks] for key in keys},

@@ -24,7 +24,8 @@ from typing import Literal
 from trainsim.errors import ConfigError
 from trainsim.strategy.placement import DIMS, Placement
 
-__all__ = ["DIMS", "Placement", "ReshardStep", "divisible", "local_bytes", "reshard", "with_degree"]
+__all__ = ["DIMS", "Placement", "ReshardMove", "ReshardStep", "divisible", "local_bytes", "reshard",
+           "reshard_moves", "with_degree"]
 
 Collective = Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv"]
 
@@ -41,6 +42,69 @@ def local_bytes(p: Placement, full_bytes: float) -> float:
     return full_bytes / (p.batch * p.seq * p.feature)
 
 
+Move = Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "slice"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReshardMove:
+    """One pattern of the walk from one placement to another (the module doc's order): its kind (a collective, or
+    a local slice), the ranks it spans (a slice: its split factor), the parts of the tensor a device holds before
+    and after it (its bytes: the tensor's over them; local_bytes) and the dimensions it gathers and splits (None
+    where it does neither)."""
+
+    kind: Move
+    ranks: int
+    parts_before: int
+    parts_after: int
+    gathered: str | None
+    split: str | None
+
+    def bytes_before(self, full_bytes: float) -> float:
+        return full_bytes / self.parts_before
+
+    def bytes_after(self, full_bytes: float) -> float:
+        return full_bytes / self.parts_after
+
+
+def _parts(p: Placement) -> int:
+    return p.batch * p.seq * p.feature
+
+
+def reshard_moves(src: Placement, dst: Placement) -> tuple[ReshardMove, ...]:
+    """The patterns that turn src into dst, in order; src and dst divisible (divisible()), in one group."""
+    moves: list[ReshardMove] = []
+    cur = src
+    if cur.partial > dst.partial:
+        factor = cur.partial // dst.partial
+        grow = next((dim for dim in DIMS if dst.degree(dim) >= cur.degree(dim) * factor), None)
+        after = with_degree(cur, grow, cur.degree(grow) * factor if grow else 0, partial=dst.partial)
+        moves.append(ReshardMove("reduce-scatter" if grow else "all-reduce", factor, _parts(cur), _parts(after),
+                                 None, grow))
+        cur = after
+    gathers = {dim: cur.degree(dim) // dst.degree(dim) for dim in DIMS if cur.degree(dim) > dst.degree(dim)}
+    splits = {dim: dst.degree(dim) // cur.degree(dim) for dim in DIMS if dst.degree(dim) > cur.degree(dim)}
+    for g_dim, g in list(gathers.items()):
+        for s_dim, s in list(splits.items()):
+            k = gcd(g, s)
+            if k > 1:
+                after = with_degree(with_degree(cur, g_dim, cur.degree(g_dim) // k), s_dim, cur.degree(s_dim) * k)
+                moves.append(ReshardMove("all-to-all", k, _parts(cur), _parts(after), g_dim, s_dim))
+                cur = after
+                g //= k
+                gathers[g_dim], splits[s_dim] = g, s // k
+    for g_dim, g in gathers.items():
+        if g > 1:
+            after = with_degree(cur, g_dim, cur.degree(g_dim) // g)
+            moves.append(ReshardMove("all-gather", g, _parts(cur), _parts(after), g_dim, None))
+            cur = after
+    parts = _parts(cur)  # what remains split further is a local slice of what a device holds
+    for s_dim, s in splits.items():
+        if s > 1:
+            moves.append(ReshardMove("slice", s, parts, parts * s, None, s_dim))
+            parts *= s
+    return tuple(moves)
+
+
 def reshard(src: Placement, dst: Placement, full_bytes: float) -> tuple[ReshardStep, ...]:
     """The collectives that turn src into dst for a tensor of full_bytes (the whole tensor over the group)."""
     if src.group != dst.group:
@@ -49,34 +113,10 @@ def reshard(src: Placement, dst: Placement, full_bytes: float) -> tuple[ReshardS
         return ()
     if not divisible(src, dst):
         return (ReshardStep("send-recv", 2, local_bytes(dst, full_bytes)),)
-    steps: list[ReshardStep] = []
-    cur = src
-    if cur.partial > dst.partial:
-        factor = cur.partial // dst.partial
-        grow = next((dim for dim in DIMS if dst.degree(dim) >= cur.degree(dim) * factor), None)
-        here = local_bytes(cur, full_bytes)
-        if grow is not None:
-            steps.append(ReshardStep("reduce-scatter", factor, here))
-            cur = with_degree(cur, grow, cur.degree(grow) * factor, partial=dst.partial)
-        else:
-            steps.append(ReshardStep("all-reduce", factor, here))
-            cur = with_degree(cur, None, 0, partial=dst.partial)
-    gathers = {dim: cur.degree(dim) // dst.degree(dim) for dim in DIMS if cur.degree(dim) > dst.degree(dim)}
-    splits = {dim: dst.degree(dim) // cur.degree(dim) for dim in DIMS if dst.degree(dim) > cur.degree(dim)}
-    for g_dim, g in list(gathers.items()):
-        for s_dim, s in list(splits.items()):
-            k = gcd(g, s)
-            if k > 1:
-                steps.append(ReshardStep("all-to-all", k, local_bytes(cur, full_bytes)))
-                cur = with_degree(with_degree(cur, g_dim, cur.degree(g_dim) // k), s_dim, cur.degree(s_dim) * k)
-                g //= k
-                gathers[g_dim], splits[s_dim] = g, s // k
-    for g_dim, g in gathers.items():
-        if g > 1:
-            cur = with_degree(cur, g_dim, cur.degree(g_dim) // g)
-            steps.append(ReshardStep("all-gather", g, local_bytes(cur, full_bytes)))
-    # what remains split further is a local slice of what a device holds
-    return tuple(steps)
+    # all-gather takes the gathered bytes; the others a rank's bytes before the step (module doc)
+    return tuple(ReshardStep(move.kind, move.ranks, move.bytes_after(full_bytes) if move.kind == "all-gather"
+                             else move.bytes_before(full_bytes))
+                 for move in reshard_moves(src, dst) if move.kind != "slice")
 
 
 def divisible(src: Placement, dst: Placement) -> bool:

@@ -27,10 +27,9 @@ Bytes are what one device copies (each byte read once and written once: an op of
 """
 
 from dataclasses import dataclass
-from math import gcd
 
-from trainsim.strategy.placement import DIMS, Placement
-from trainsim.strategy.reshard import divisible, local_bytes, with_degree
+from trainsim.strategy.placement import Placement
+from trainsim.strategy.reshard import ReshardMove, divisible, local_bytes, reshard_moves
 
 LEADING_DIM = "batch"  # dimension 0 of every tensor the executor reshards: its parts are contiguous views
 
@@ -53,44 +52,32 @@ def _cut(dim: str, bytes_: float) -> float:
 
 def reshard_copies(src: Placement, dst: Placement, full_bytes: float) -> ReshardCopies:
     """The host copies of turning src into dst for a tensor of full_bytes (the module doc's rules, per step of
-    strategy.reshard.reshard). Degrees that do not divide each other (a point-to-point exchange) copy nothing
+    strategy.reshard.reshard_moves). Degrees that do not divide each other (a point-to-point exchange) copy nothing
     beyond the transfer."""
     if src == dst or not divisible(src, dst):
         return ReshardCopies()
     total = ReshardCopies()
-    cur = src
-    if cur.partial > dst.partial:
-        factor = cur.partial // dst.partial
-        grow = next((dim for dim in DIMS if dst.degree(dim) >= cur.degree(dim) * factor), None)
-        here = local_bytes(cur, full_bytes)
-        if grow is not None:
-            total += ReshardCopies(_cut(grow, here) + here, here)
-            cur = with_degree(cur, grow, cur.degree(grow) * factor, partial=dst.partial)
-        else:
-            total += ReshardCopies(here, 0.0)
-            cur = with_degree(cur, None, 0, partial=dst.partial)
-    gathers = {dim: cur.degree(dim) // dst.degree(dim) for dim in DIMS if cur.degree(dim) > dst.degree(dim)}
-    splits = {dim: dst.degree(dim) // cur.degree(dim) for dim in DIMS if dst.degree(dim) > cur.degree(dim)}
-    for g_dim, g in list(gathers.items()):
-        for s_dim, s in list(splits.items()):
-            k = gcd(g, s)
-            if k > 1:
-                here = local_bytes(cur, full_bytes)
-                total += ReshardCopies(_cut(s_dim, here) + here, _cut(g_dim, here) + here)
-                cur = with_degree(with_degree(cur, g_dim, cur.degree(g_dim) // k), s_dim, cur.degree(s_dim) * k)
-                g //= k
-                gathers[g_dim], splits[s_dim] = g, s // k
-    for g_dim, g in gathers.items():
-        if g > 1:
-            cur = with_degree(cur, g_dim, cur.degree(g_dim) // g)
-            gathered = local_bytes(cur, full_bytes)
-            total += ReshardCopies(gathered, _cut(g_dim, gathered) + gathered)
-    for s_dim, s in splits.items():
-        if s > 1:
-            whole = local_bytes(cur, full_bytes)
-            cur = with_degree(cur, s_dim, cur.degree(s_dim) * s)
-            total += ReshardCopies(_cut(s_dim, whole / s), whole)
+    for move in reshard_moves(src, dst):
+        total += _move_copies(move, move.bytes_before(full_bytes), move.bytes_after(full_bytes))
     return total
+
+
+def _move_copies(move: ReshardMove, before_bytes: float, after_bytes: float) -> ReshardCopies:
+    """One move's copies (the module doc's rules); before_bytes / after_bytes: a device's part before and after."""
+    if move.kind == "reduce-scatter":
+        assert move.split is not None
+        return ReshardCopies(_cut(move.split, before_bytes) + before_bytes, before_bytes)
+    if move.kind == "all-reduce":
+        return ReshardCopies(before_bytes, 0.0)
+    if move.kind == "all-to-all":
+        assert move.split is not None and move.gathered is not None
+        return ReshardCopies(_cut(move.split, before_bytes) + before_bytes,
+                             _cut(move.gathered, before_bytes) + before_bytes)
+    if move.kind == "all-gather":
+        assert move.gathered is not None
+        return ReshardCopies(after_bytes, _cut(move.gathered, after_bytes) + after_bytes)
+    assert move.split is not None  # a local slice
+    return ReshardCopies(_cut(move.split, before_bytes / move.ranks), before_bytes)
 
 
 def reduce_gradients_copy_bytes(need: Placement, full_bytes: float) -> float:

@@ -32,7 +32,7 @@ from trainsim.cost.step import StepCosts
 from trainsim.hardware.cluster import ClusterSpec, GroupLayout
 from trainsim.hardware.device import DeviceSpec
 from trainsim.ir.graph import Op, OpGraph
-from trainsim.profile.database import CollectiveRow, OpRow, ProfileDB
+from trainsim.profile.database import CollectiveRow, OpRow, OpSignature, ProfileDB
 from trainsim.profile.executor_overhead import executor_signature
 from trainsim.profile.framework import framework_signature, frameworks_for
 from trainsim.profile.ops import (
@@ -219,31 +219,32 @@ class ProfiledCosts:
                                   "fp32"))
         return curve.interpolate(float(round(params))) if curve is not None else None
 
+    def _measured_s(self, device_name: str, sig: OpSignature) -> float | None:
+        """The database's exact figure for a signature that is not an op (a per-op or per-step cost), or None."""
+        return self._exact.get((self.device_name or device_name, sig.kind, sig.impl, sig.phase, sig.dtype,
+                                sig.shape))
+
     def framework_overhead_per_layer_s(self, device_name: str, framework: str, precision: Precision) -> float | None:
         """Measured cost of a framework (profile/framework.py) per transformer layer and micro-batch, or None."""
         sig = framework_signature(framework, precision)
-        return self._exact.get((self.device_name or device_name, sig.kind, sig.impl, sig.phase, sig.dtype,
-                                sig.shape))
+        return self._measured_s(device_name, sig)
 
     def overhead_per_op_s(self, device_name: str) -> float | None:
         """Measured framework cost per graph op (autograd recording and engine) beyond the op kernels."""
         sig = overhead_signature()
-        return self._exact.get((self.device_name or device_name, sig.kind, sig.impl, sig.phase, sig.dtype,
-                                sig.shape))
+        return self._measured_s(device_name, sig)
 
     def executor_per_op_s(self, device_name: str, family: str, phase: str) -> float | None:
         """Measured split executor's cost per graph op of `phase` for a model family, or None
         (profile/executor_overhead.py)."""
         sig = executor_signature(family, phase)
-        return self._exact.get((self.device_name or device_name, sig.kind, sig.impl, sig.phase, sig.dtype,
-                                sig.shape))
+        return self._measured_s(device_name, sig)
 
     def executor_reshard_s(self, device_name: str, collective: str, phase: str) -> float | None:
         """Measured split executor's cost per reshard step running `collective` in `phase`, or None
         (profile/reshard_overhead.py)."""
         sig = reshard_signature(collective, phase)
-        return self._exact.get((self.device_name or device_name, sig.kind, sig.impl, sig.phase, sig.dtype,
-                                sig.shape))
+        return self._measured_s(device_name, sig)
 
     def source_counts(self) -> dict[str, int]:
         """How many op lookups each source answered: exact, interpolated, scaled, fallback."""

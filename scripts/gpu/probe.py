@@ -2,7 +2,8 @@
 
     python scripts/gpu/probe.py JOBS.txt OUT_DIR --cluster dgx-h100-80gb [--device cuda|cpu] [--budget-s 150]
 
-JOBS.txt: one job per line, "model seq_len micro_batch precision recompute" (# comments). Each job runs through
+JOBS.txt: one job per line, "model seq_len micro_batch precision recompute [attention]" (# comments; attention
+flash2, the default, or math: Megatron's unfused attention, measure/unfused_attention.py). Each job runs through
 `trainsim measure`'s own loop (measure.worker) on one rank: `warmup` untimed and `iterations` timed steps; the
 result lands in OUT_DIR/measured/RUN_ID.json as `trainsim measure` writes it (so `trainsim validate` scores
 it). A job that runs out of device memory is recorded, not fatal: every job's verdict (fits / oom), CUDA's
@@ -24,9 +25,9 @@ def read_jobs(path: Path) -> list[dict[str, object]]:
     for line in path.read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
-            model, seq, mb, precision, recompute = line.split()
+            model, seq, mb, precision, recompute, *attention = line.split()
             jobs.append({"model": model, "seq_len": int(seq), "micro_batch": int(mb), "global_batch": int(mb),
-                         "precision": precision, "recompute": recompute})
+                         "precision": precision, "recompute": recompute, "attention": "".join(attention) or "flash2"})
     return jobs
 
 
@@ -66,6 +67,7 @@ def main() -> None:
                 break
             job = job_from_flags(None, dict(flags, cluster=args.cluster, num_gpus=1))
             run_id = "{model}-s{seq_len}-mb{micro_batch}-{precision}-rc{recompute}".format(**flags)
+            run_id += "-math" if flags["attention"] == "math" else ""
             record: dict[str, object] = {"run_id": run_id, **flags, "cluster": args.cluster,
                                          "device_capacity_bytes": capacity,
                                          "predicted_peak_bytes": predict(job).peak_memory_bytes}

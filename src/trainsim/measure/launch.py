@@ -28,7 +28,7 @@ from trainsim.errors import MAX_NAME_CHARS, ConfigError, TrainsimError, check_na
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job
 from trainsim.measure.results import job_to_dict, result_path
-from trainsim.strategy.parallel import OptimizerImpl, Schedule
+from trainsim.strategy.parallel import AttentionKernel, OptimizerImpl, Schedule
 
 Device = Literal["cpu", "cuda"]
 FAULT_ENV = "TRAINSIM_MEASURE_FAULT"  # test only: "crash:RANK" or "hang:RANK" (see worker.inject_fault)
@@ -39,6 +39,8 @@ MEASURED_PRECISIONS: dict[Device, tuple[str, ...]] = {"cpu": ("fp32", "amp-bf16"
                                                        "cuda": ("fp32", "tf32", "amp-bf16")}
 # the subset of strategy.parallel.SCHEDULES that torch.distributed.pipelining runs here (no zero-bubble split)
 MEASURED_SCHEDULES: tuple[Schedule, ...] = ("gpipe", "1f1b", "interleaved-1f1b")
+# flash2: torch SDPA (its fused kernel on a GPU); math: Megatron's unfused CoreAttention (measure/unfused_attention.py)
+MEASURED_ATTENTION: tuple[AttentionKernel, ...] = ("flash2", "math")
 POLL_S = 0.02
 MAX_ITERATIONS = 1_000_000
 MAX_TIMEOUT_S = 7 * 86400.0
@@ -156,6 +158,8 @@ def check_supported(job: Job, device: Device, tree: bool = False) -> None:
                                   f"{', '.join(MEASURED_PRECISIONS[device])}{hint}")
     if p.pp > 1 and p.schedule not in MEASURED_SCHEDULES:
         raise unsupported(f"schedule={p.schedule} is not measured; choose one of {', '.join(MEASURED_SCHEDULES)}")
+    if p.attention not in MEASURED_ATTENTION:
+        raise unsupported(f"attention={p.attention} is not measured; choose one of {', '.join(MEASURED_ATTENTION)}")
     if p.tp > 1:
         _check_tp(model, job)
     if p.tp > 1 and p.dp > 1 and p.zero < 2:

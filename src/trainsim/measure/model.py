@@ -22,10 +22,15 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from trainsim.ir.model_spec import TransformerSpec
-from trainsim.strategy.parallel import Recompute
+from trainsim.measure.launch import MEASURED_ATTENTION
+from trainsim.measure.unfused_attention import unfused_attention
+from trainsim.strategy.parallel import AttentionKernel, Recompute
 from trainsim.strategy.stage_plan import unit_kind
 
 INIT_STD = 0.02  # GPT-2 / Megatron init of every weight matrix
+# Megatron's attention dropout (megatron-core 0.9.0 transformer_config.py: attention_dropout = 0.1; Megatron-LM's
+# --attention-dropout default), applied to the probabilities by its unfused CoreAttention
+MATH_ATTENTION_DROPOUT = 0.1
 ROPE_THETA = 10000.0
 
 
@@ -77,9 +82,12 @@ class Attention(nn.Module):
     sin: torch.Tensor
     slopes: torch.Tensor  # alibi buffer [num_heads]
 
-    def __init__(self, spec: TransformerSpec, recompute: Recompute) -> None:
+    def __init__(self, spec: TransformerSpec, recompute: Recompute, kernel: AttentionKernel = "flash2") -> None:
         super().__init__()
+        if kernel not in MEASURED_ATTENTION:
+            raise ValueError(f"attention kernel {kernel!r} is not measured ({', '.join(MEASURED_ATTENTION)} are)")
         hd = spec.head_dim
+        self.kernel = kernel
         self.head_dim = hd
         self.q = nn.Linear(spec.hidden, spec.num_heads * hd, bias=spec.bias)
         self.k = nn.Linear(spec.hidden, spec.kv_heads * hd, bias=spec.bias)
@@ -114,6 +122,9 @@ class Attention(nn.Module):
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         gqa = q.shape[1] != k.shape[1]
+        if self.kernel == "math":
+            bias = self._alibi(q) if self.position == "alibi" else None
+            return unfused_attention(q, k, v, self.causal, bias, MATH_ATTENTION_DROPOUT if self.training else 0.0)
         if self.position != "alibi":
             return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=gqa)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=self._alibi(q), enable_gqa=gqa)
@@ -171,10 +182,11 @@ class MoE(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer layer; with `experts` the MLP is a mixture of experts (MoE)."""
 
-    def __init__(self, spec: TransformerSpec, recompute: Recompute, experts: bool = False) -> None:
+    def __init__(self, spec: TransformerSpec, recompute: Recompute, experts: bool = False,
+                 attention: AttentionKernel = "flash2") -> None:
         super().__init__()
         self.attn_norm = _norm(spec)
-        self.attn = Attention(spec, recompute)
+        self.attn = Attention(spec, recompute, attention)
         self.mlp_norm = _norm(spec)
         self.mlp: nn.Module = MoE(spec) if experts else MLP(spec)
 
@@ -232,10 +244,11 @@ class TransformerChunk(nn.Module):
     MLP, seeded with the rest of their layer; without, every layer is dense (measure.stage swaps its own in)."""
 
     def __init__(self, spec: TransformerSpec, plan: ChunkPlan, recompute: Recompute, seed: int = 0,
-                 experts: bool = False) -> None:
+                 experts: bool = False, attention: AttentionKernel = "flash2") -> None:
         super().__init__()
         self.embed = Embedding(spec) if plan.has_embedding else None
-        self.layers = nn.ModuleDict({str(i): Block(spec, recompute, experts and unit_kind(spec, i + 1) == "moe_block")
+        self.layers = nn.ModuleDict({str(i): Block(spec, recompute, experts and unit_kind(spec, i + 1) == "moe_block",
+                                                   attention)
                                      for i in range(plan.first_layer, plan.end_layer)})
         tied = self.embed.tok if (spec.tied_embeddings and self.embed is not None) else None
         self.head = Head(spec, tied) if plan.has_head else None
@@ -301,14 +314,14 @@ def _init_normal(root: nn.Module, gen: torch.Generator) -> None:
 
 
 def build_chunk(spec: TransformerSpec, plan: ChunkPlan, recompute: Recompute = "none",
-                seed: int = 0, experts: bool = False) -> TransformerChunk:
-    return TransformerChunk(spec, plan, recompute, seed, experts)
+                seed: int = 0, experts: bool = False, attention: AttentionKernel = "flash2") -> TransformerChunk:
+    return TransformerChunk(spec, plan, recompute, seed, experts, attention)
 
 
 def build_model(spec: TransformerSpec, recompute: Recompute = "none", seed: int = 0,
-                experts: bool = False) -> TransformerChunk:
+                experts: bool = False, attention: AttentionKernel = "flash2") -> TransformerChunk:
     """The whole model as one chunk."""
-    return TransformerChunk(spec, ChunkPlan(0, spec.num_layers, True, True), recompute, seed, experts)
+    return TransformerChunk(spec, ChunkPlan(0, spec.num_layers, True, True), recompute, seed, experts, attention)
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

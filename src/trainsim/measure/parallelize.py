@@ -233,7 +233,8 @@ class Trainer:
         chunks = []
         with torch.device(self.device):
             for index in self.stage_indices:
-                chunk = build_chunk(spec, plans[index], p.recompute, self.seed, experts=spec.is_moe)
+                chunk = build_chunk(spec, plans[index], p.recompute, self.seed, experts=spec.is_moe,
+                                    attention=p.attention)
                 if p.tp > 1:
                     apply_tp(chunk, spec, self.topo, p.sp)
                 chunks.append(chunk)

@@ -1,0 +1,58 @@
+"""Unfused ("math") attention as Megatron's CoreAttention runs it: the s x s scores go through memory.
+
+megatron-core 0.9.0, transformer/dot_product_attention.py (DotProductAttention.forward; Megatron-LM's and
+Megatron-DeepSpeed's CoreAttention is the same algorithm): key and value heads repeated for grouped-query
+attention, scores = baddbmm(q, k^T, alpha = 1/sqrt(d)) into a [b*h, sq, sk] buffer, FusedScaleMaskSoftmax (one
+kernel reading the scores and writing the probabilities; fusions/fused_softmax.py, for sk <= 4096), attention
+dropout on the probabilities, context = bmm(probs, v). The fused softmax's backward is one kernel too (reads the
+incoming gradient and the probabilities). Imported only where torch is available (measure workers).
+"""
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+class _MaskedSoftmax(torch.autograd.Function):
+    """Causal softmax over the last dimension in one pass each way, as Megatron's ScaledUpperTriangMaskedSoftmax:
+    forward reads the scores and writes the probabilities (torch's fused masked softmax, the mask broadcast over
+    batch and heads); backward reads the gradient and the probabilities and writes the scores' gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        probs = torch._masked_softmax(scores, mask, -1, 0)  # mask_type 0: one [sq, sk] mask for every head
+        ctx.save_for_backward(probs)
+        return probs
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (probs,) = ctx.saved_tensors
+        return torch._softmax_backward_data(grads[0], probs, -1, probs.dtype), None
+
+
+def causal_mask(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
+    """True where a query may not attend: keys after it (the upper triangle, aligned at the end)."""
+    rows = torch.arange(q_len, device=device)[:, None] + (kv_len - q_len)
+    return torch.arange(kv_len, device=device)[None, :] > rows
+
+
+def unfused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                      bias: torch.Tensor | None, dropout_p: float) -> torch.Tensor:
+    """q [b, h, sq, d], k and v [b, h_kv, sk, d] -> [b, h, sq, d]. bias: an additive [1, h, sq, sk] score bias
+    (ALiBi, carrying the causal mask itself) that the scores' GEMM adds, as Megatron-DeepSpeed's ALiBi path does."""
+    batch, heads, q_len, _ = q.shape
+    if k.shape[1] != heads:  # grouped-query attention: Megatron repeats the key and value heads
+        k = k.repeat_interleave(heads // k.shape[1], dim=1)
+        v = v.repeat_interleave(heads // v.shape[1], dim=1)
+    kv_len = k.shape[2]
+    start = q.new_zeros(()) if bias is None else bias.expand(batch, -1, -1, -1).flatten(0, 1)
+    scores = torch.baddbmm(start, q.flatten(0, 1), k.flatten(0, 1).transpose(1, 2),
+                           beta=0.0 if bias is None else 1.0, alpha=q.shape[-1] ** -0.5)
+    scores = scores.view(batch, heads, q_len, kv_len)
+    if causal and bias is None:
+        probs = _MaskedSoftmax.apply(scores, causal_mask(q_len, kv_len, q.device))
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    probs = F.dropout(probs, dropout_p, training=dropout_p > 0.0)
+    return torch.matmul(probs, v)

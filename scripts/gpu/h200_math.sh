@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on a lent H200: the attention core fused against unfused (scripts/gpu/math_attention.py), then
 # single-GPU training steps of GPT shapes with torch SDPA and with Megatron's unfused attention
-# (scripts/gpu/h200_math_jobs.txt through probe.py). Packed into $OUT/h200m.tar.gz. Needs .whl (pydantic).
+# (scripts/gpu/h200_math_jobs.txt through probe.py), and the kernels of one step of each (math_profile.py). Packed into $OUT/h200m.tar.gz. Needs .whl (pydantic).
 set -u
 source scripts/gpu/env.sh
 O=${OUT:-/tmp/gpu-out}; W=$O/h200m; mkdir -p "$W"
@@ -11,6 +11,8 @@ O=${OUT:-/tmp/gpu-out}; W=$O/h200m; mkdir -p "$W"
 cat "$W/machine.txt"
 timeout 100 python3 scripts/gpu/math_attention.py --out "$W/math_attention.json" > "$W/kernels.log" 2>&1
 echo "kernels rc=$?"; cut -c1-220 "$W/kernels.log" | tail -16
+timeout 120 python3 scripts/gpu/math_profile.py --out "$W/math_profile.json" > "$W/profile.log" 2>&1
+echo "profile rc=$?"; grep -v Warn "$W/profile.log" | cut -c1-160 | head -45
 pack() { tar -czf "$O/h200m.tar.gz" -C "$W" .; }
 pack
 timeout 300 python3 scripts/gpu/probe.py scripts/gpu/h200_math_jobs.txt "$W" --cluster dgx-h200 \

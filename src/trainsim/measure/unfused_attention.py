@@ -5,7 +5,10 @@ Megatron-DeepSpeed's CoreAttention is the same algorithm): key and value heads r
 attention, scores = baddbmm(q, k^T, alpha = 1/sqrt(d)) into a [b*h, sq, sk] buffer, FusedScaleMaskSoftmax (one
 kernel reading the scores and writing the probabilities; fusions/fused_softmax.py, for sk <= 4096), attention
 dropout on the probabilities, context = bmm(probs, v). The fused softmax's backward is one kernel too (reads the
-incoming gradient and the probabilities). Imported only where torch is available (measure workers).
+incoming gradient and the probabilities). Megatron runs it in the model's 16-bit dtype, not under autocast
+(whose fp32 policy would cast the scores to fp32 for softmax and dropout, doubling their traffic: measured on an
+H200, scripts/gpu/math_profile.py), so it runs with autocast off, in the dtype of q. Imported only where torch is
+available (measure workers).
 """
 
 from typing import Any
@@ -41,6 +44,13 @@ def unfused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
                       bias: torch.Tensor | None, dropout_p: float) -> torch.Tensor:
     """q [b, h, sq, d], k and v [b, h_kv, sk, d] -> [b, h, sq, d]. bias: an additive [1, h, sq, sk] score bias
     (ALiBi, carrying the causal mask itself) that the scores' GEMM adds, as Megatron-DeepSpeed's ALiBi path does."""
+    with torch.autocast(q.device.type, enabled=False):
+        return _unfused(q, k.to(q.dtype), v.to(q.dtype), causal, None if bias is None else bias.to(q.dtype),
+                        dropout_p)
+
+
+def _unfused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+             bias: torch.Tensor | None, dropout_p: float) -> torch.Tensor:
     batch, heads, q_len, _ = q.shape
     if k.shape[1] != heads:  # grouped-query attention: Megatron repeats the key and value heads
         k = k.repeat_interleave(heads // k.shape[1], dim=1)

@@ -44,12 +44,16 @@ def core(case: str) -> Any:
 
     from trainsim.measure.unfused_attention import causal_mask, unfused_attention
 
+    def sdpa(q: Any, k: Any, v: Any) -> Any:  # [s, b, h, d] -> [b, h, s, d] views
+        return F.scaled_dot_product_attention(*(t.permute(1, 2, 0, 3) for t in (q, k, v)), is_causal=True)
+
     def eager(q: Any, k: Any, v: Any) -> Any:
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))
         scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5
         scores = scores.masked_fill_(causal_mask(q.shape[2], k.shape[2], q.device), float("-inf"))
         return torch.matmul(F.dropout(torch.softmax(scores, dim=-1), 0.1), v)
 
-    return {"sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+    return {"sdpa": sdpa,
             "math": lambda q, k, v: unfused_attention(q, k, v, True, None, 0.1),
             "math-nodrop": lambda q, k, v: unfused_attention(q, k, v, True, None, 0.0),
             "math-eager": eager}[case]
@@ -68,11 +72,10 @@ def case_row(case: str, seq: int, warmup: int, repeats: int) -> dict[str, Any]:
             row["ms"] = timed_ms(lambda: dst.copy_(src), warmup, repeats)
             row["bytes_per_s"] = 2 * src.numel() * 2 / (row["ms"] / 1e3)
             return row
-        shape = (batch, seq, heads, HEAD_DIM)
-        q, k, v = (torch.randn(shape, dtype=torch.bfloat16, device="cuda").transpose(1, 2).requires_grad_()
-                   for _ in range(3))
+        shape = (seq, batch, heads, HEAD_DIM)  # Megatron's layout
+        q, k, v = (torch.randn(shape, dtype=torch.bfloat16, device="cuda").requires_grad_() for _ in range(3))
         fn = core(case)
-        grad = torch.randn(batch, heads, seq, HEAD_DIM, dtype=torch.bfloat16, device="cuda")
+        grad = torch.randn_like(fn(q, k, v))
         row["fwd_ms"] = timed_ms(lambda: fn(q, k, v), warmup, repeats)
         row["fwd_bwd_ms"] = timed_ms(lambda: torch.autograd.backward(fn(q, k, v), grad), warmup, repeats)
     except Exception as exc:  # recorded, never dropped (out of memory, a kernel not built for this GPU)

@@ -52,8 +52,8 @@ def core_autocast() -> list[dict[str, Any]]:
 
     rows = []
     for autocast in (False, True):
-        q, k, v = (torch.randn(8, 1024, 16, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-                   .requires_grad_() for _ in range(3))
+        q, k, v = (torch.randn(1024, 8, 16, 128, device="cuda", dtype=torch.bfloat16).requires_grad_()
+                   for _ in range(3))
 
         def run(q: Any = q, k: Any = k, v: Any = v, autocast: bool = autocast) -> None:
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):

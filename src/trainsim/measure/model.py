@@ -106,6 +106,8 @@ class Attention(nn.Module):
             self.register_buffer("slopes", alibi_slopes(spec.num_heads), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel == "math":
+            return self._forward_unfused(x)
         b, s, _ = x.shape
         q = self.q(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         k = self.k(x).view(b, s, -1, self.head_dim).transpose(1, 2)
@@ -122,22 +124,42 @@ class Attention(nn.Module):
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         gqa = q.shape[1] != k.shape[1]
-        if self.kernel == "math":
-            bias = self._alibi(q) if self.position == "alibi" else None
-            return unfused_attention(q, k, v, self.causal, bias, MATH_ATTENTION_DROPOUT if self.training else 0.0)
         if self.position != "alibi":
             return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=gqa)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=self._alibi(q), enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self._alibi(q.shape[1], q.shape[2], q)[None],
+                                              enable_gqa=gqa)
 
-    def _alibi(self, q: torch.Tensor) -> torch.Tensor:
-        heads, s = q.shape[1], q.shape[2]
-        slopes = self.slopes[self.head_offset:self.head_offset + heads].to(q.dtype)
-        pos = torch.arange(s, device=q.device)
-        distance = (pos[None, :] - pos[:, None]).to(q.dtype)  # j - i: <= 0 at and below the diagonal
+    def _forward_unfused(self, x: torch.Tensor) -> torch.Tensor:
+        """Megatron's unfused core in its [s, b, heads, d] layout (megatron-core 0.9.0 attention.py), where the
+        heads' batched GEMMs read q, k and v in place; x is turned to [s, b, h] once (Megatron runs in it)."""
+        b, s, _ = x.shape
+        xt = x.transpose(0, 1).contiguous()
+        q = self.q(xt).view(s, b, -1, self.head_dim)
+        k = self.k(xt).view(s, b, -1, self.head_dim)
+        v = self.v(xt).view(s, b, -1, self.head_dim)
+        if self.position == "rope":
+            cos, sin = self.cos[:s, None, None].to(q.dtype), self.sin[:s, None, None].to(q.dtype)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        if self.selective:
+            y = checkpoint(self._unfused_core, q, k, v, use_reentrant=False)
+        else:
+            y = self._unfused_core(q, k, v)
+        assert isinstance(y, torch.Tensor)
+        return self.o(y)
+
+    def _unfused_core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        bias = self._alibi(q.shape[2], q.shape[0], q) if self.position == "alibi" else None
+        return unfused_attention(q, k, v, self.causal, bias, MATH_ATTENTION_DROPOUT if self.training else 0.0)
+
+    def _alibi(self, heads: int, s: int, like: torch.Tensor) -> torch.Tensor:
+        """[heads, s, s] ALiBi score bias of this rank's heads, with the causal mask in it."""
+        slopes = self.slopes[self.head_offset:self.head_offset + heads].to(like.dtype)
+        pos = torch.arange(s, device=like.device)
+        distance = (pos[None, :] - pos[:, None]).to(like.dtype)  # j - i: <= 0 at and below the diagonal
         bias = slopes[:, None, None] * distance[None]
         if self.causal:
             bias = bias.masked_fill(pos[None, :] > pos[:, None], float("-inf"))
-        return bias[None]
+        return bias
 
 
 class MLP(nn.Module):

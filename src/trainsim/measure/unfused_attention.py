@@ -42,8 +42,9 @@ def causal_mask(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
 
 def unfused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                       bias: torch.Tensor | None, dropout_p: float) -> torch.Tensor:
-    """q [b, h, sq, d], k and v [b, h_kv, sk, d] -> [b, h, sq, d]. bias: an additive [1, h, sq, sk] score bias
-    (ALiBi, carrying the causal mask itself) that the scores' GEMM adds, as Megatron-DeepSpeed's ALiBi path does."""
+    """Megatron's layout: q [sq, b, heads, d], k and v [sk, b, kv heads, d] -> the context [b, sq, heads * d]
+    (what the output projection reads). bias: an additive [heads, sq, sk] score bias (ALiBi, carrying the causal
+    mask itself) that the scores' GEMM adds, as Megatron-DeepSpeed's ALiBi path does."""
     with torch.autocast(q.device.type, enabled=False):
         return _unfused(q, k.to(q.dtype), v.to(q.dtype), causal, None if bias is None else bias.to(q.dtype),
                         dropout_p)
@@ -51,18 +52,20 @@ def unfused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
 
 def _unfused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
              bias: torch.Tensor | None, dropout_p: float) -> torch.Tensor:
-    batch, heads, q_len, _ = q.shape
-    if k.shape[1] != heads:  # grouped-query attention: Megatron repeats the key and value heads
-        k = k.repeat_interleave(heads // k.shape[1], dim=1)
-        v = v.repeat_interleave(heads // v.shape[1], dim=1)
-    kv_len = k.shape[2]
-    start = q.new_zeros(()) if bias is None else bias.expand(batch, -1, -1, -1).flatten(0, 1)
-    scores = torch.baddbmm(start, q.flatten(0, 1), k.flatten(0, 1).transpose(1, 2),
-                           beta=0.0 if bias is None else 1.0, alpha=q.shape[-1] ** -0.5)
-    scores = scores.view(batch, heads, q_len, kv_len)
+    q_len, batch, heads, head_dim = q.shape
+    if k.shape[2] != heads:  # grouped-query attention: Megatron repeats the key and value heads
+        k = k.repeat_interleave(heads // k.shape[2], dim=2)
+        v = v.repeat_interleave(heads // v.shape[2], dim=2)
+    kv_len = k.shape[0]
+    # [s, b * heads, d] viewed as b * heads strided matrices: no copy
+    q3, k3, v3 = (t.reshape(t.shape[0], batch * heads, head_dim).transpose(0, 1) for t in (q, k, v))
+    start = q.new_zeros(()) if bias is None else bias.expand(batch, -1, -1, -1).reshape(batch * heads, q_len, kv_len)
+    scores = torch.baddbmm(start, q3, k3.transpose(1, 2), beta=0.0 if bias is None else 1.0,
+                           alpha=head_dim ** -0.5).view(batch, heads, q_len, kv_len)
     if causal and bias is None:
         probs = _MaskedSoftmax.apply(scores, causal_mask(q_len, kv_len, q.device))
     else:
         probs = torch.softmax(scores, dim=-1)
     probs = F.dropout(probs, dropout_p, training=dropout_p > 0.0)
-    return torch.matmul(probs, v)
+    context = torch.bmm(probs.view(batch * heads, q_len, kv_len), v3)  # [b * heads, sq, d]
+    return context.view(batch, heads, q_len, head_dim).transpose(1, 2).reshape(batch, q_len, heads * head_dim)

@@ -53,6 +53,14 @@ def test_a_math_run_records_its_kernel(tmp_path: Path) -> None:
     assert run.make_job().parallel.attention == "math" and len(run.iteration_times_s) == 2
 
 
+def test_a_tensor_parallel_math_run_trains(tmp_path: Path) -> None:
+    """tp=2 with sequence parallelism: each rank's unfused core runs on its local heads (LLaMA: GQA and RoPE)."""
+    pytest.importorskip("torch")
+    job = tiny_job(2, MEASURED_LLAMA, tp=2, sp=True, global_batch=4, precision="amp-bf16", attention="math")
+    run = load_run(launch(make_spec(job, tmp_path, iterations=2, warmup=1, timeout_s=90.0), 2))
+    assert run.final_loss is not None and len(run.iteration_times_s) == 2
+
+
 def test_flash3_is_refused() -> None:
     with pytest.raises(Exception, match="attention=flash3 is not measured; choose one of flash2, math"):
         check_supported(tiny_job(1, attention="flash3"), "cpu")

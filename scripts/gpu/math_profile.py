@@ -20,9 +20,11 @@ def step_kernels(model_name: str, attention: str, micro_batch: int, seq_len: int
     from torch.profiler import ProfilerActivity, profile
 
     from trainsim.catalog import load_model
+    from trainsim.ir.model_spec import TransformerSpec
     from trainsim.measure.model import build_model, lm_loss
 
     spec = load_model(model_name)
+    assert isinstance(spec, TransformerSpec)
     with torch.device("cuda"):
         model = build_model(spec, attention=attention)  # type: ignore[arg-type]
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)

@@ -24,14 +24,14 @@ class _MaskedSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        probs = torch._masked_softmax(scores, mask, -1, 0)  # mask_type 0: one [sq, sk] mask for every head
+        probs = torch.ops.aten._masked_softmax(scores, mask, -1, 0)  # mask_type 0: one [sq, sk] mask for every head
         ctx.save_for_backward(probs)
         return probs
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor, None]:
         (probs,) = ctx.saved_tensors
-        return torch._softmax_backward_data(grads[0], probs, -1, probs.dtype), None
+        return torch.ops.aten._softmax_backward_data(grads[0], probs, -1, probs.dtype), None
 
 
 def causal_mask(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:

@@ -29,7 +29,8 @@ def test_predict_takes_every_field_search_and_measure_their_subsets() -> None:
     predict, search, measure = _options("predict"), _options("search"), _options("measure")
     assert set(ALL_FIELDS) <= set(predict)
     assert set(SEARCH_FIELDS) <= set(search) and not (set(ALL_FIELDS) - set(SEARCH_FIELDS)) & set(search)
-    assert set(MEASURE_FIELDS) <= set(measure) and "attention" not in measure
+    assert set(MEASURE_FIELDS) <= set(measure) and "attention" in measure  # flash2 (SDPA) or math (unfused)
+    assert "Megatron's unfused" in (measure["attention"].help or "")
     assert predict["micro_batch"].opts == ["--micro-batch"]
     assert predict["optimizer_impl"].opts == ["--optimizer-impl"]
     assert predict["sp"].opts == ["--sp"] and predict["sp"].secondary_opts == ["--no-sp"]

@@ -66,7 +66,8 @@ def main() -> None:
                 print("probe: out of time, stopping before", flags, flush=True)
                 break
             job = job_from_flags(None, dict(flags, cluster=args.cluster, num_gpus=1))
-            run_id = "{model}-s{seq_len}-mb{micro_batch}-{precision}-rc{recompute}".format(**flags)
+            run_id = "{model}-s{seq_len}-mb{micro_batch}-{precision}-rc{recompute}".format(
+                **dict(flags, model=Path(str(flags["model"])).stem))  # a model file: its name
             run_id += "-math" if flags["attention"] == "math" else ""
             record: dict[str, object] = {"run_id": run_id, **flags, "cluster": args.cluster,
                                          "device_capacity_bytes": capacity,

@@ -31,6 +31,11 @@ def read_jobs(path: Path) -> list[dict[str, object]]:
     return jobs
 
 
+def _model_name(model: str) -> str:
+    """A catalog name as it is; a model file (YAML or JSON) by its file name."""
+    return Path(model).stem if model.endswith((".yaml", ".yml", ".json")) else model
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("jobs", type=Path)
@@ -67,7 +72,7 @@ def main() -> None:
                 break
             job = job_from_flags(None, dict(flags, cluster=args.cluster, num_gpus=1))
             run_id = "{model}-s{seq_len}-mb{micro_batch}-{precision}-rc{recompute}".format(
-                **dict(flags, model=Path(str(flags["model"])).stem))  # a model file: its name
+                **dict(flags, model=_model_name(str(flags["model"]))))
             run_id += "-math" if flags["attention"] == "math" else ""
             record: dict[str, object] = {"run_id": run_id, **flags, "cluster": args.cluster,
                                          "device_capacity_bytes": capacity,

@@ -28,7 +28,7 @@ WRAPPED = ("all_gather", "reduce_scatter_tensor", "all_to_all", "all_reduce", "b
 SITECUSTOMIZE = f'''
 import os
 if os.environ.get("{ENV}"):
-    import json, threading, time
+    import json, sys, threading, time
     _calls, _last = [], []
     def _wrap(mod, name):
         orig = getattr(mod, name)
@@ -51,7 +51,6 @@ if os.environ.get("{ENV}"):
     _import = builtins.__import__
     def _hook(name, *a, **k):
         module = _import(name, *a, **k)
-        import sys
         dist = sys.modules.get("torch.distributed")
         if dist is not None and hasattr(dist, "all_gather") and not getattr(dist, "_trace_wrapped", False):
             dist._trace_wrapped = True
@@ -125,6 +124,8 @@ def main() -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join([str(site), str(table4.ROOT / "src")])
     load = [Path("/proc/loadavg").read_text().split()[:3]]
     run = table4.measure(args.model, args.strategy, args.ranks, args.out, args.iterations, 1)
+    if "error" in run:
+        raise SystemExit(f"the run failed: {run['error']}")
     load.append(Path("/proc/loadavg").read_text().split()[:3])
     ranks = [per_function(steps_of(json.loads(p.read_text()))) for p in sorted(args.out.glob("trace-*.json"))]
     record = {"cell": f"{args.model}/{args.strategy}/g{args.ranks}", "load_average_before_after": load,

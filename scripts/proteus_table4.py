@@ -17,7 +17,9 @@ The CPU columns (the busiest rank's process CPU seconds, less the harness' barri
 the CPU clock and sum each device's streams (predict). After the campaigns, each under the lock:
 `--cpu-profile --ranks 2`, `--cpu-profile --ranks 4 --models $M1`, `--cpu-collectives`, `--executor-overhead`;
 then `--repredict --ranks 2`, `--repredict --ranks 4`, `--summary` (results/proteus_table4_v3 is that sequence,
-with --iterations 6).
+with --iterations 6). `--cpu-collectives` times each call after COLLECTIVE_GAP_S of compute on the calling thread
+(the executor calls them between ops) and appends the sweep to OUT/collective-sweeps.json; `--pool-collectives
+SWEEPS` then prices with the median over several such sweeps (one sweep moves with the machine's load).
 
 The optimizer states the runs leave at zero (ReLUs dead for the whole batch, untouched table rows) are counted
 once per campaign, no clock, no lock: `python scripts/proteus_table4.py --state-census --iterations 6 --out OUT`

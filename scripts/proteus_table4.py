@@ -17,7 +17,9 @@ The CPU columns (the busiest rank's process CPU seconds, less the harness' barri
 the CPU clock and sum each device's streams (predict). After the campaigns, each under the lock:
 `--cpu-profile --ranks 2`, `--cpu-profile --ranks 4 --models $M1`, `--cpu-collectives`, `--executor-overhead`;
 then `--repredict --ranks 2`, `--repredict --ranks 4`, `--summary` (results/proteus_table4_v3 is that sequence,
-with --iterations 6).
+with --iterations 6). `--cpu-collectives` times each call after COLLECTIVE_GAP_S of compute on the calling thread
+(the executor calls them between ops) and appends the sweep to OUT/collective-sweeps.json; `--pool-collectives
+SWEEPS` then prices with the median over several such sweeps (one sweep moves with the machine's load).
 
 The optimizer states the runs leave at zero (ReLUs dead for the whole batch, untouched table rows) are counted
 once per campaign, no clock, no lock: `python scripts/proteus_table4.py --state-census --iterations 6 --out OUT`
@@ -58,6 +60,10 @@ STRATEGIES = ("s1", "s2")
 BUCKET_PARAMS = 262144  # measure/split_model.BUCKET_PARAMS
 COLLECTIVE_SIZES = (1024, 16384, 131072, 1048576, 4194304)
 CPU_CALLS_PER_SAMPLE = 16  # profile.collectives: one call in ~6 costs ~10x more on the CPU clock; samples of 16
+# Compute on the calling thread before each collective of the CPU-clock sweep: a rank of these plans computes 2.1
+# to 48 ms per collective (the simulated timelines: compute tasks over comm tasks, Inception-v3 S2 the least),
+# and a call's CPU is the same after 2 and after 8 ms of compute (docs/strategy-tree.md, eleventh session)
+COLLECTIVE_GAP_S = 0.002
 
 
 def settings(model: str, ranks: int) -> dict[str, Any]:
@@ -171,7 +177,8 @@ def profile_model(db_path: Path, model: str, ranks: int, repeats: int, wall: boo
                 proc.kill()
 
 
-def profile_collectives(db_path: Path, ranks: int, clock: str = "wall", repeats: int = 5, calls: int = 1) -> None:
+def profile_collectives(db_path: Path, ranks: int, clock: str = "wall", repeats: int = 5, calls: int = 1,
+                        gap_s: float = 0.0) -> None:
     import torch
 
     from trainsim.profile.collectives import profile_collectives as run
@@ -183,23 +190,69 @@ def profile_collectives(db_path: Path, ranks: int, clock: str = "wall", repeats:
         env = local_environment("cpu-local", "cpu")
         for size in sorted({2, ranks}):
             run(db, env, sizes=COLLECTIVE_SIZES, world_size=size, warmup=2, repeats=repeats, timeout_s=240.0,
-                clock=clock, calls_per_sample=calls)
+                clock=clock, calls_per_sample=calls, gap_s=gap_s)
 
 
-def profile_cpu_collectives(out: Path, repeats: int = 9, calls: int = CPU_CALLS_PER_SAMPLE) -> dict[str, Any]:
+def profile_cpu_collectives(out: Path, repeats: int = 9, calls: int = CPU_CALLS_PER_SAMPLE,
+                            gap_s: float = 0.0) -> dict[str, Any]:
     """The collectives on the CPU clock (profile.collectives' "cpu": the busiest rank's process CPU seconds, gloo's
     threads included, waits left out; a sample the mean of `calls` calls, as an iteration pays the mean of its
-    many) into OUT/profile-cpu.db, replacing the wall-clock rows copied there before: the clock of the runs'
-    cpu_s_per_rank, against which the CPU columns are compared."""
+    many) into OUT/profile-cpu.db, replacing the rows there before: the clock of the runs' cpu_s_per_rank,
+    against which the CPU columns are compared. gap_s > 0: each call after that much compute on the calling
+    thread, as the executor issues them (COLLECTIVE_GAP_S)."""
     import sqlite3
 
     db_path = out / "profile-cpu.db"
     with sqlite3.connect(db_path) as db:
         db.execute("DELETE FROM collective_times")
     load = [Path("/proc/loadavg").read_text().split()[:3]]
-    profile_collectives(db_path, 4, clock="cpu", repeats=repeats, calls=calls)
+    began = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    profile_collectives(db_path, 4, clock="cpu", repeats=repeats, calls=calls, gap_s=gap_s)
     load.append(Path("/proc/loadavg").read_text().split()[:3])
-    record = {"load_average_before_after": load, "clock": "cpu", "repeats": repeats, "calls_per_sample": calls}
+    record = {"load_average_before_after": load, "clock": "cpu", "repeats": repeats, "calls_per_sample": calls,
+              "gap_s": gap_s, "began_utc": began}
+    (out / "cpu-collectives.json").write_text(json.dumps(record, indent=1) + "\n")
+    _append_sweep(out / "collective-sweeps.json", record, db_path)
+    return record
+
+
+def _append_sweep(path: Path, record: dict[str, Any], db_path: Path) -> None:
+    """Keep the sweep's rows (environment, collective, ranks, bytes, median, p10, p90, repeats) in OUT's list of
+    sweeps, which --pool-collectives reads."""
+    from trainsim.profile.database import ProfileDB
+
+    with ProfileDB.open(db_path) as db:
+        rows = [[r.env.device, r.env.versions, r.env.threads, r.env.hardware, r.backend, r.collective, r.world_size,
+                 r.message_bytes, r.stats.median_s, r.stats.p10_s, r.stats.p90_s, r.stats.repeats]
+                for r in db.collective_rows()]
+    sweeps = json.loads(path.read_text()) if path.exists() else []
+    sweeps.append({**record, "rows": rows})
+    path.write_text(json.dumps(sweeps, indent=1) + "\n")
+
+
+def pool_cpu_collectives(out: Path, sweeps_path: Path, gap_s: float) -> dict[str, Any]:
+    """OUT/profile-cpu.db's collectives replaced by the median over the sweeps of `sweeps_path` taken with `gap_s`
+    (profile.collectives.pooled_stats: one sweep's small messages move by up to 2x with the machine's load)."""
+    import sqlite3
+
+    from trainsim.profile.collectives import pooled_stats
+    from trainsim.profile.database import Environment, ProfileDB, TimingStats
+
+    sweeps = [s for s in json.loads(sweeps_path.read_text()) if abs(s["gap_s"] - gap_s) < 1e-9]
+    if not sweeps:
+        raise SystemExit(f"--pool-collectives: no sweep in {sweeps_path} was taken with gap_s={gap_s}")
+    points: dict[tuple[Any, ...], list[TimingStats]] = {}
+    for sweep in sweeps:
+        for *key, median, p10, p90, repeats in sweep["rows"]:
+            points.setdefault(tuple(key), []).append(TimingStats(median, p10, p90, repeats))
+    with sqlite3.connect(out / "profile-cpu.db") as conn:
+        conn.execute("DELETE FROM collective_times")
+    with ProfileDB.open(out / "profile-cpu.db") as db:
+        for (device, versions, threads, hardware, backend, collective, world, size), stats in points.items():
+            db.put_collective(Environment(device, versions, threads, hardware), backend, collective, world, size,
+                              pooled_stats(stats))
+    record = {"pooled_from": str(sweeps_path), "gap_s": gap_s, "clock": "cpu",
+              "sweeps": [{k: v for k, v in s.items() if k != "rows"} for s in sweeps]}
     (out / "cpu-collectives.json").write_text(json.dumps(record, indent=1) + "\n")
     return record
 
@@ -473,6 +526,13 @@ def main() -> None:
                         "reshard step into OUT's databases (no runs)")
     parser.add_argument("--cpu-collectives", action="store_true", help="profile the collectives of 2 and 4 "
                         "ranks on the CPU clock into OUT/profile-cpu.db (replaces its collectives; no runs)")
+    parser.add_argument("--collective-gap-ms", type=float, default=COLLECTIVE_GAP_S * 1e3, help="with "
+                        "--cpu-collectives: compute before each call (0: back to back, the sweep before)")
+    parser.add_argument("--collective-repeats", type=int, default=9, help="with --cpu-collectives: samples of "
+                        "16 calls per collective and size (their median)")
+    parser.add_argument("--pool-collectives", type=Path, metavar="SWEEPS", help="replace OUT/profile-cpu.db's "
+                        "collectives by the median over the sweeps in SWEEPS (a collective-sweeps.json) taken with "
+                        "--collective-gap-ms (no timing)")
     parser.add_argument("--state-census", action="store_true", help="count the optimizer states the runs leave "
                         "at zero (one process, no clock) into OUT's databases (--iterations, --warmup: the runs')")
     parser.add_argument("--cpu-profile", action="store_true", help="profile every cell's ops on thread CPU time "
@@ -486,7 +546,11 @@ def main() -> None:
         print(json.dumps(profile_executor(args.out), indent=1))
         return
     if args.cpu_collectives:
-        print(json.dumps(profile_cpu_collectives(args.out), indent=1))
+        print(json.dumps(profile_cpu_collectives(args.out, args.collective_repeats,
+                                                    gap_s=args.collective_gap_ms / 1e3), indent=1))
+        return
+    if args.pool_collectives:
+        print(json.dumps(pool_cpu_collectives(args.out, args.pool_collectives, args.collective_gap_ms / 1e3), indent=1))
         return
     if args.reshard_overhead:
         print(json.dumps(profile_reshards(args.out), indent=1))

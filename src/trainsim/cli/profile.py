@@ -28,6 +28,7 @@ from trainsim.profile.collectives import (
     COLLECTIVES,
     DEFAULT_SIZES,
     MAX_CALLS_PER_SAMPLE,
+    MAX_GAP_S,
     CollectiveSummary,
     profile_collectives,
 )
@@ -60,6 +61,7 @@ class ProfileRequest:
     stop_after: int | None
     collective_clock: str = "wall"  # profile.collectives.CLOCKS
     calls_per_sample: int = 1
+    collective_gap_s: float = 0.0  # compute on the calling thread before each call (profile.collectives)
 
 
 def _torch() -> Any:
@@ -168,7 +170,8 @@ def run_profile(request: ProfileRequest, console: Console) -> dict[str, Any]:
                                         world_size=request.world_size, warmup=max(1, request.warmup // 2),
                                         repeats=request.repeats, timeout_s=request.timeout_s, progress=comm_done,
                                         plan=lambda n: bar.update(ctask, total=n),
-                                        clock=request.collective_clock, calls_per_sample=request.calls_per_sample)
+                                        clock=request.collective_clock, calls_per_sample=request.calls_per_sample,
+                                        gap_s=request.collective_gap_s)
         rows = db.count("op_times")
         collective_rows = db.count("collective_times")
     return profile_summary(request.db_path, env, request.model.name, request.shape, ops, comms, rows,
@@ -202,6 +205,9 @@ def profile(
                                                   "time per iteration pays; keep it in its own --db)")] = "wall",
     calls_per_sample: Annotated[int, typer.Option(help="collective calls back to back per sample (their "
                                                   "mean; gloo's CPU cost per call is bimodal)")] = 1,
+    collective_gap_ms: Annotated[float, typer.Option(help="with --collective-clock cpu: compute this long on "
+                                                     "the calling thread before each call, as an executor "
+                                                     "runs ops between its collectives (0: back to back)")] = 0.0,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     overlap: Annotated[bool, typer.Option("--overlap", help="measure the overlap factor gamma instead: the "
                                           "backward pass with and without overlapping gradient all-reduces on "
@@ -240,6 +246,10 @@ def profile(
     check_choice("collective_clock", collective_clock, CLOCKS)
     if not 1 <= calls_per_sample <= MAX_CALLS_PER_SAMPLE:
         raise ConfigError("calls_per_sample", calls_per_sample, f"must be 1 to {MAX_CALLS_PER_SAMPLE}")
+    if not 0.0 <= collective_gap_ms <= MAX_GAP_S * 1e3:
+        raise ConfigError("collective_gap_ms", collective_gap_ms, f"must be 0 to {MAX_GAP_S * 1e3:.0f} ms")
+    if collective_gap_ms > 0.0 and collective_clock != "cpu":
+        raise ConfigError("collective_gap_ms", collective_gap_ms, "needs --collective-clock cpu")
     spec = load_model(model)
     if zero not in (0, 1, 2, 3):
         raise ConfigError("zero", zero, "0, 1, 2 or 3")
@@ -253,7 +263,7 @@ def profile(
     request = ProfileRequest(spec, shape, dev, device_name or _default_device_name(dev, torch),
                              db or default_db_path(), threads, max(0, warmup), repeats, ops, optimizer,
                              COLLECTIVES if collectives else (), _parse_sizes(sizes), world_size, timeout_s,
-                             _stop_after(), collective_clock, calls_per_sample)
+                             _stop_after(), collective_clock, calls_per_sample, collective_gap_ms / 1e3)
     started = time.perf_counter()
     summary = run_profile(request, Console(stderr=True))
     if as_json:

@@ -20,6 +20,18 @@ call in five gloo's transport thread (gloo_tcp_loop, per-thread schedstat) takes
 the mean over its many collectives, so a sample there times `calls_per_sample` calls back to back and divides
 (the median of such samples is near the mean of one call, as profile.ops.time_callable's inner loop does for
 short ops).
+
+Back to back is not how an executor issues them: between two blocking collectives its training thread runs ops
+(the split executor's reshards, measure/split_model.py; a data-parallel bucket launched from a gradient hook).
+`gap_s` > 0 times that pattern on the CPU clock: every call is preceded by `gap_s` of compute on the calling
+thread (GAP_MATRIX_SIZE matrix products until its thread CPU time has advanced by gap_s), and a sample is the
+process CPU over the calls and their gaps less the calling thread's CPU in the gaps (interleaved_call_cost_s):
+what gloo's threads do while the caller computes stays the collective's. NB, why it costs more here: the rank
+then has three runnable threads (the caller, gloo's worker, its transport loop) on a machine with fewer cores
+than runnable threads, and gloo's transport thread, which handles a socket event only if it can take the pair's
+lock (tcp::Pair::handleEvents, try_lock), spins on epoll_wait while a preempted thread holds it (perf: its time
+in ep_send_events, tcp_poll, epoll_wait and pthread_mutex_trylock); back to back, the caller sleeps in the call
+and the two gloo threads rarely wait for a core.
 """
 
 import contextlib
@@ -42,6 +54,8 @@ DEFAULT_SIZES = tuple(1024 * 4**i for i in range(8))  # 1 KiB ... 16 MiB
 BACKEND = "gloo"
 CLOCKS = ("wall", "cpu")
 MAX_CALLS_PER_SAMPLE = 10_000
+MAX_GAP_S = 1.0
+GAP_MATRIX_SIZE = 64  # the gap's compute: fp32 products of 64 x 64 matrices (the busy thread is the point)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,16 +128,34 @@ def _collective_fn(collective: str, message_bytes: int, rank: int, world_size: i
     raise AssertionError(f"unknown collective {collective}")
 
 
+def interleaved_call_cost_s(process_s: float, gap_thread_s: float, calls: int) -> float:
+    """One call's CPU seconds in a sample of `calls` calls each preceded by compute on the calling thread: the
+    process CPU over the sample less the calling thread's CPU in the gaps (gloo's threads' work during a gap
+    stays the collective's)."""
+    return (process_s - gap_thread_s) / calls
+
+
+def _compute_for(thread_s: float, a: Any, b: Any) -> float:
+    """Run matrix products on the calling thread until its CPU time has advanced by `thread_s`; return it."""
+    import torch
+
+    begun = time.thread_time()
+    while time.thread_time() - begun < thread_s:
+        torch.mm(a, b)
+    return time.thread_time() - begun
+
+
 def _worker(rank: int, world_size: int, port: int, todo: list[tuple[str, int]], warmup: int, repeats: int,
             threads: int, timeout_s: float, parent_pid: int, results: Any, clock: str = "wall",
-            calls_per_sample: int = 1) -> None:
+            calls_per_sample: int = 1, gap_s: float = 0.0) -> None:
     """One rank: time each pending (collective, size) on `clock` (CLOCKS), a sample being the mean of
-    `calls_per_sample` calls back to back; rank 0 reports the per-repeat maximum over ranks."""
+    `calls_per_sample` calls, back to back or (gap_s > 0) each after gap_s of compute; rank 0 reports."""
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(threads)
     read = time.process_time if clock == "cpu" else time.perf_counter
+    a, b = torch.randn(GAP_MATRIX_SIZE, GAP_MATRIX_SIZE), torch.randn(GAP_MATRIX_SIZE, GAP_MATRIX_SIZE)
     try:
         dist.init_process_group(BACKEND, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))
@@ -138,10 +170,12 @@ def _worker(rank: int, world_size: int, port: int, todo: list[tuple[str, int]], 
             samples = []
             for index in range(warmup + repeats):
                 dist.barrier()
-                start = read()
+                start, gaps = read(), 0.0
                 for _ in range(calls_per_sample):
+                    if gap_s > 0.0:
+                        gaps += _compute_for(gap_s, a, b)
                     fn()
-                elapsed = (read() - start) / calls_per_sample
+                elapsed = interleaved_call_cost_s(read() - start, gaps, calls_per_sample)
                 if index >= warmup:
                     samples.append(elapsed)
             reported = _reported_samples(torch.tensor(samples, dtype=torch.float64), clock, world_size)
@@ -172,6 +206,17 @@ def _reported_samples(samples: Any, clock: str, world_size: int) -> list[float]:
     return [float(x) for x in busiest_rank_samples([s.tolist() for s in every])]
 
 
+def pooled_stats(sweeps: list[TimingStats]) -> TimingStats:
+    """One (collective, size)'s times over several sweeps taken at different moments: the median of their medians
+    (and of their deciles), their samples counted together. On the CPU clock the machine's load moves a sweep's
+    small-message costs by up to 2x within minutes (gloo's transport thread spins while a preempted thread holds
+    its pair's lock), which the median over sweeps resists."""
+    if not sweeps:
+        raise ConfigError("sweeps", 0, "at least one sweep to pool")
+    return TimingStats(statistics.median(s.median_s for s in sweeps), statistics.median(s.p10_s for s in sweeps),
+                       statistics.median(s.p90_s for s in sweeps), sum(s.repeats for s in sweeps))
+
+
 def busiest_rank_samples(per_rank: list[list[float]]) -> list[float]:
     """Of each rank's samples, those of the rank with the highest median (the first such rank)."""
     return max(per_rank, key=statistics.median)
@@ -181,13 +226,15 @@ def profile_collectives(db: ProfileDB, env: Environment, *, collectives: tuple[s
                         sizes: tuple[int, ...] = DEFAULT_SIZES, world_size: int = 2, warmup: int = 2,
                         repeats: int = 10, timeout_s: float = 300.0, progress: CollectiveProgress | None = None,
                         plan: Callable[[int], None] | None = None, clock: str = "wall",
-                        calls_per_sample: int = 1) -> CollectiveSummary:
+                        calls_per_sample: int = 1, gap_s: float = 0.0) -> CollectiveSummary:
     """Time the (collective, size) pairs `db` lacks for `env` with `world_size` local gloo processes, on `clock`
-    (CLOCKS; the database's clock: a database holds one), each sample the mean of `calls_per_sample` calls."""
+    (CLOCKS; the database's clock: a database holds one), each sample the mean of `calls_per_sample` calls, each
+    call after `gap_s` of compute on the calling thread (CPU clock only; 0: back to back)."""
     if clock not in CLOCKS:
         raise ConfigError("clock", clock, " or ".join(CLOCKS))
     if not 1 <= calls_per_sample <= MAX_CALLS_PER_SAMPLE:
         raise ConfigError("calls_per_sample", calls_per_sample, f"must be 1 to {MAX_CALLS_PER_SAMPLE}")
+    check_gap(gap_s, clock)
     pairs = [(c, int(s)) for c in collectives for s in sizes]
     if plan is not None:
         plan(len(pairs))
@@ -206,7 +253,7 @@ def profile_collectives(db: ProfileDB, env: Environment, *, collectives: tuple[s
     port = _free_port()
     procs = [ctx.Process(target=_worker, daemon=True,
                          args=(rank, world_size, port, todo, warmup, repeats, env.threads, timeout_s, os.getpid(),
-                               results, clock, calls_per_sample))
+                               results, clock, calls_per_sample, gap_s))
              for rank in range(world_size)]
     for proc in procs:
         proc.start()
@@ -240,6 +287,15 @@ def profile_collectives(db: ProfileDB, env: Environment, *, collectives: tuple[s
     finally:
         _stop(procs)
     return CollectiveSummary(len(pairs), measured, stored, failure)
+
+
+def check_gap(gap_s: float, clock: str) -> None:
+    """A gap is 0 to MAX_GAP_S seconds, and only on the CPU clock (on the wall clock the gap's own time would be
+    the caller's, not the collective's)."""
+    if not 0.0 <= gap_s <= MAX_GAP_S:
+        raise ConfigError("gap_s", gap_s, f"must be 0 to {MAX_GAP_S} s")
+    if gap_s > 0.0 and clock != "cpu":
+        raise ConfigError("gap_s", gap_s, f"needs the cpu clock (clock is {clock}); 0 on the wall clock")
 
 
 def _stop(procs: list[Any]) -> None:

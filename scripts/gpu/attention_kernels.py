@@ -14,30 +14,14 @@ A case that fails (out of memory, backend not built for this GPU) is recorded wi
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
+
+from cuda_timing import timed_ms
 
 TOKENS, HIDDEN = 16_384, 4_096
 SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
 MATH_MAX_SEQ = 4096  # the unfused path holds b * h * s^2 scores: 4.3 GB at 4,096 tokens a sequence here
-
-
-def timed_ms(fn, warmup: int, repeats: int) -> float:
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def gemm_cases(warmup: int, repeats: int) -> list[dict]:

@@ -10,30 +10,14 @@ timed repeats; TFLOP/s = 2 * tokens * hidden * vocab / time.
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 from typing import Any
+
+from cuda_timing import timed_ms
 
 TOKENS = (8192, 16384)
 HIDDEN = (768, 2048, 4096)
 VOCAB = (50257, 50304, 32000, 32001, 128256, 128257)  # GPT-2 as stated / padded to 128; LLaMA 2, 3; +1 unaligned
-
-
-def timed_ms(fn: Any, warmup: int, repeats: int) -> float:
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def row(tokens: int, hidden: int, vocab: int, warmup: int, repeats: int) -> dict[str, Any]:

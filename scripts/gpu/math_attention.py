@@ -13,29 +13,13 @@ events: warm-up, then the median of the timed repeats; a case that fails is reco
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 from typing import Any
 
+from cuda_timing import timed_ms
+
 TOKENS, HIDDEN, HEAD_DIM = 16_384, 2_048, 128
 SEQ_LENS = (1024, 2048, 4096)
-
-
-def timed_ms(fn: Any, warmup: int, repeats: int) -> float:
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def core(case: str) -> Any:

@@ -147,7 +147,7 @@ def train(kind: str, dags: list[StageDag], latencies_s: list[float], validation:
     batches = _batches(predictor.normalised(dags), targets, device)
     val_batch = make_batch(predictor.normalised(validation[0])).to(device)
     val_targets = torch.tensor([predictor.to_target(y) for y in validation[1]], dtype=torch.float32).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE, betas=(0.9, 0.999))
+    optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE, betas=(0.9, 0.999), foreach=True)
     rng = random.Random(seed)
     best_loss, best_state, since, ran = math.inf, None, 0, 0
     for epoch in range(epochs):

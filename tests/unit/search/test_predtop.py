@@ -23,10 +23,12 @@ from trainsim.search.predtop.experiment import Corpus, Setting, alpa_layers, wit
 from trainsim.search.predtop.models import (  # noqa: E402
     MODEL_KINDS,
     DagAttentionLayer,
+    attention_bias,
+    depth_encoding,
     make_batch,
     make_model,
 )
-from trainsim.search.predtop.train import mre_percent, split, train  # noqa: E402
+from trainsim.search.predtop.train import flat_parameters, mre_percent, split, train  # noqa: E402
 from trainsim.strategy.stage_plan import IntraPlan, Mesh  # noqa: E402
 
 MODEL = TransformerSpec(name="tiny", arch="gpt", num_layers=3, hidden=16, ffn_hidden=32, num_heads=2, vocab=64,
@@ -149,12 +151,91 @@ def test_masked_attention_is_equation_1():
     attended = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(1, 4, 8)
     h = layer.norm1(x + layer.out(attended))
     manual = layer.norm2(h + layer.ffn(h))
+    bias = attention_bias(reach)
     with torch.no_grad():
-        assert torch.allclose(layer(x, reach), manual, atol=1e-6)
+        assert torch.allclose(layer(x, bias), manual, atol=1e-6)
         moved = x.clone()
         moved[0, 2] += 5.0  # node 2 is not reachable from node 1
-        assert torch.allclose(layer(moved, reach)[0, 1], layer(x, reach)[0, 1], atol=1e-6)
-        assert not torch.allclose(layer(moved, reach)[0, 0], layer(x, reach)[0, 0], atol=1e-3)
+        assert torch.allclose(layer(moved, bias)[0, 1], layer(x, bias)[0, 1], atol=1e-6)
+        assert not torch.allclose(layer(moved, bias)[0, 0], layer(x, bias)[0, 0], atol=1e-3)
+
+
+def test_attention_bias_exact():
+    """Eq. 1's M for a 3-node chain 0 -> 1 and a lone node 2: 0 on the reachable pairs, -inf elsewhere, one
+    [B, 1, N, N] for all heads."""
+    reach = torch.tensor([[[1, 1, 0], [1, 1, 0], [0, 0, 1]]], dtype=torch.bool)
+    inf = float("-inf")
+    assert attention_bias(reach).tolist() == [[[[0.0, 0.0, inf], [0.0, 0.0, inf], [inf, inf, 0.0]]]]
+
+
+def test_attention_bias_gives_the_boolean_masks_attention_bit_for_bit():
+    """The bias made once per batch and the boolean mask torch converts on every call give the same layer output,
+    forward and gradients, to the bit (the fits are unchanged by building it once)."""
+    torch.manual_seed(1)
+    layer = DagAttentionLayer(8, 2)
+    reach = torch.rand(3, 5, 5) < 0.5
+    reach |= torch.eye(5, dtype=torch.bool)
+    x = torch.randn(3, 5, 8, requires_grad=True)
+    outputs = []
+    for mask in (reach[:, None], attention_bias(reach)):
+        layer.zero_grad()
+        x.grad = None
+        out = layer(x, mask)
+        out.square().sum().backward()
+        assert x.grad is not None and layer.qkv.weight.grad is not None
+        outputs.append((out.detach(), x.grad.clone(), layer.qkv.weight.grad.clone()))
+    assert all(torch.equal(a, b) for a, b in zip(*outputs, strict=True))
+
+
+def test_flat_parameters_are_views_and_keep_the_values():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+    before = [p.detach().clone() for p in model.parameters()]
+    flat = flat_parameters(model)
+    assert flat.shape == (3 * 2 + 2 + 2 * 1 + 1,) and flat.is_leaf and flat.requires_grad
+    assert torch.equal(flat.detach(), torch.cat([b.reshape(-1) for b in before]))
+    with torch.no_grad():
+        flat[0] = 7.0
+        flat.grad[-1] = 5.0  # type: ignore[index]
+    assert model[0].weight[0, 0].item() == 7.0
+    assert model[1].bias.grad is not None and model[1].bias.grad.tolist() == [5.0]
+
+
+def test_adam_on_flat_parameters_equals_adam_per_parameter_bit_for_bit():
+    """Three steps of Adam on the DAG Transformer, per parameter tensor (torch's default on a CPU) and on the flat
+    tensor with gradients accumulated into its views: the same weights to the bit."""
+    builder = DagBuilder(MODEL, 2, 8)
+    batch = make_batch([builder.stage(1, 2), builder.stage(0, 3)])
+    weights = []
+    for flat in (False, True):
+        torch.manual_seed(0)
+        model = make_model("transformer")
+        params = [flat_parameters(model)] if flat else list(model.parameters())
+        optimizer = torch.optim.Adam(params, lr=1e-3, betas=(0.9, 0.999), foreach=False)
+        for _ in range(3):
+            optimizer.zero_grad(set_to_none=not flat)
+            model(batch).square().sum().backward()
+            optimizer.step()
+        weights.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*weights, strict=True))
+    torch.manual_seed(0)
+    initial = [p.detach() for p in make_model("transformer").parameters()]
+    assert not any(torch.equal(a, b) for a, b in zip(initial, weights[1], strict=True))  # every tensor was updated
+
+
+def test_flat_parameters_refuses_mixed_dtypes():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).double())
+    with pytest.raises(ValueError, match="dtype or device"):
+        flat_parameters(model)
+
+
+def test_batch_depth_code_is_made_once():
+    builder = DagBuilder(MODEL, 2, 8)
+    batch = make_batch([builder.stage(1, 2), builder.stage(0, 3)])
+    code = batch.depth_code(8)
+    assert torch.equal(code, depth_encoding(batch.depth, 8))
+    assert batch.depth_code(8) is code
+    assert batch.depth_code(4).shape == (2, batch.depth.shape[1], 4)
 
 
 def test_alpa_layers_exact():

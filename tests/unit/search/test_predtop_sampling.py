@@ -118,7 +118,7 @@ def fit_kind_sum(kind, ranges, latencies, validation, **_):
     names = sorted(UNIT_S)
     rows = [[sum(unit_kind(TINY, u) == k for u in range(a, b)) for k in names] for a, b in ranges]
     solution = np.linalg.lstsq(np.array(rows, float), np.array(latencies), rcond=None)[0]
-    return KindSumPredictor(dict(zip(names, map(float, solution), strict=True)))
+    return KindSumPredictor(dict(zip(names, map(float, solution), strict=True)), epochs_run=len(ranges))
 
 
 def sampled(sampler: str, seed: int) -> list[StageSpec]:
@@ -326,4 +326,6 @@ def test_cost_detail_counts_the_meshes_fitted_and_measured_whole():
     alpa_dp(source, 6, [ONE, TWO], {ONE: [IntraPlan()], TWO: [IntraPlan(1, 2)]}, 2, B, capacity_bytes=1.0)
     detail = source.cost_detail()
     assert detail["meshes_trained"] == 1 and detail["meshes_measured_whole"] == 1  # ONE fitted, TWO: [0,6) only
+    trained = sum(role == "train" for role in source.roles(ONE, IntraPlan()).values())  # the stub's epochs_run
+    assert trained > 0 and detail["epochs_run"] == {f"{ONE.describe()}/{IntraPlan().describe()}": trained}
     assert source.profiled_configurations == 9 + 1

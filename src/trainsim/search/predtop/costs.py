@@ -156,10 +156,13 @@ class PredTopStageCosts:
         return len(self.profiled)
 
     def cost_detail(self) -> dict[str, object]:
-        """What the search's optimisation cost went to: the fits (wall and CPU time) and the stage measurements
-        (the measured source's), the meshes fitted and those measured whole."""
+        """What the search's optimisation cost went to: the fits (wall and CPU time; the epochs each ran, which
+        early stopping sets from the measured labels, so that fits of two searches compare per epoch) and the stage
+        measurements (the measured source's), the meshes fitted and those measured whole."""
         detail = dict(getattr(self.measured, "cost_detail", dict)())
         detail.update(train_wall_s=self.train_time_s, train_cpu_s=self.train_cpu_s,
+                      epochs_run={f"{mesh.describe()}/{intra.describe()}": p.epochs_run
+                                  for (mesh, intra), p in self.predictors.items() if p is not None},
                       meshes_trained=sum(p is not None for p in self.predictors.values()),
                       meshes_measured_whole=sum(p is None for p in self.predictors.values()))
         return detail

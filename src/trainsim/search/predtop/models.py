@@ -12,7 +12,7 @@ torch-geometric is not needed: graphs of a few hundred nodes are batched as dens
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -25,17 +25,35 @@ MODEL_KINDS = ("transformer", "gcn", "gat")
 
 @dataclass(frozen=True, slots=True)
 class Batch:
+    """Padded DAGs, built once per batch of graphs and reused every epoch: the attention bias and the depth
+    encodings (constants of the batch) are made here, not in every forward."""
+
     features: torch.Tensor  # [B, N, F]
     mask: torch.Tensor  # [B, N] real nodes
     reach: torch.Tensor  # [B, N, N] DAG Transformer attention
     adjacency: torch.Tensor  # [B, N, N] undirected edges + self loops
     depth: torch.Tensor  # [B, N]
+    attention_bias: torch.Tensor  # [B, 1, N, N] eq. 1's M: 0 where reach, -inf elsewhere
+    _depth_codes: dict[int, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     def to(self, device: str) -> "Batch":
         if device == "cpu":
             return self
         return Batch(self.features.to(device), self.mask.to(device), self.reach.to(device),
-                     self.adjacency.to(device), self.depth.to(device))
+                     self.adjacency.to(device), self.depth.to(device), self.attention_bias.to(device))
+
+    def depth_code(self, width: int) -> torch.Tensor:
+        """depth_encoding(depth, width), computed on the first call and kept (no gradient flows into it)."""
+        if width not in self._depth_codes:
+            self._depth_codes[width] = depth_encoding(self.depth, width)
+        return self._depth_codes[width]
+
+
+def attention_bias(reach: torch.Tensor) -> torch.Tensor:
+    """Eq. 1's additive mask M for reachability `reach` [B, N, N]: [B, 1, N, N] (one for all heads), 0 where
+    reach, -inf elsewhere: what scaled_dot_product_attention makes of a boolean mask on every call (torch
+    2.x, convert_boolean_attn_mask), made once per batch."""
+    return torch.where(reach[:, None].logical_not(), float("-inf"), 0.0)
 
 
 def make_batch(dags: list[StageDag]) -> Batch:
@@ -59,8 +77,9 @@ def make_batch(dags: list[StageDag]) -> Batch:
         pad = np.arange(dags[i].num_nodes, n)
         reach[i, pad, pad] = True
         adjacency[i, pad, pad] = 1.0
-    return Batch(torch.from_numpy(features), torch.from_numpy(mask), torch.from_numpy(reach),
-                 torch.from_numpy(adjacency), torch.from_numpy(depth))
+    reach_tensor = torch.from_numpy(reach)
+    return Batch(torch.from_numpy(features), torch.from_numpy(mask), reach_tensor, torch.from_numpy(adjacency),
+                 torch.from_numpy(depth), attention_bias(reach_tensor))
 
 
 def _pool(x: torch.Tensor, batch: Batch, scale: torch.Tensor) -> torch.Tensor:
@@ -96,11 +115,12 @@ class DagAttentionLayer(nn.Module):
         self.norm1 = nn.LayerNorm(width)
         self.norm2 = nn.LayerNorm(width)
 
-    def forward(self, x: torch.Tensor, reach: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """x [B, N, width]; bias [B, 1, N, N]: attention_bias(reach) (or the boolean reach[:, None])."""
         b, n, w = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
         # softmax(QK^T / sqrt(d_k) + M) V with M = 0 where reach, -inf elsewhere (eq. 1), in one fused kernel
-        attended = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=reach[:, None])
+        attended = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
         attended = attended.transpose(1, 2).reshape(b, n, w)
         x = self.norm1(x + self.out(attended))
         return self.norm2(x + self.ffn(x))
@@ -118,9 +138,9 @@ class DagTransformer(nn.Module):
         self.register_buffer("pool_scale", torch.tensor(1.0))
 
     def forward(self, batch: Batch) -> torch.Tensor:
-        x = self.embed(batch.features) + depth_encoding(batch.depth, self.width)
+        x = self.embed(batch.features) + batch.depth_code(self.width)
         for layer in self.layers:
-            x = layer(x, batch.reach)
+            x = layer(x, batch.attention_bias)
         return self.head(_pool(x, batch, self.pool_scale)).squeeze(-1)
 
 

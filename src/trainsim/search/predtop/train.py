@@ -107,6 +107,29 @@ def _batches(dags: list[StageDag], targets: torch.Tensor, device: str) -> list[t
             for s in range(0, len(order), size)]
 
 
+def flat_parameters(model: nn.Module) -> torch.Tensor:
+    """One leaf tensor holding every parameter of `model`, with its gradient: each parameter and its .grad become
+    views of the two, so that Adam updates them all in a few kernels instead of about eight per parameter tensor
+    (the DAG Transformer has 56; one tensor at a time that was about a fifth of a training step on this CPU). The
+    updates are the same element by element; gradients accumulate into the views, so zero them with
+    set_to_none=False. Every parameter must have one dtype and device."""
+    params = list(model.parameters())
+    if len({(p.dtype, p.device) for p in params}) != 1:
+        raise ValueError("flat_parameters: the parameters differ in dtype or device")
+    flat = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+    grad = torch.zeros_like(flat)
+    offset = 0
+    for p in params:
+        view = slice(offset, offset + p.numel())
+        flat[view].copy_(p.detach().reshape(-1))
+        p.data = flat[view].view_as(p)
+        p.grad = grad[view].view_as(p)
+        offset += p.numel()
+    flat.requires_grad_(True)
+    flat.grad = grad
+    return flat
+
+
 def _softplus(value: float) -> float:
     return value + math.log1p(math.exp(-value)) if value > 0 else math.log1p(math.exp(value))
 
@@ -147,7 +170,8 @@ def train(kind: str, dags: list[StageDag], latencies_s: list[float], validation:
     batches = _batches(predictor.normalised(dags), targets, device)
     val_batch = make_batch(predictor.normalised(validation[0])).to(device)
     val_targets = torch.tensor([predictor.to_target(y) for y in validation[1]], dtype=torch.float32).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE, betas=(0.9, 0.999))
+    # one flat tensor (flat_parameters): the same Adam, a handful of kernels per step
+    optimizer = torch.optim.Adam([flat_parameters(model)], lr=LEARNING_RATE, betas=(0.9, 0.999), foreach=False)
     rng = random.Random(seed)
     best_loss, best_state, since, ran = math.inf, None, 0, 0
     for epoch in range(epochs):
@@ -157,7 +181,7 @@ def train(kind: str, dags: list[StageDag], latencies_s: list[float], validation:
         model.train()
         rng.shuffle(batches)
         for batch, y in batches:
-            optimizer.zero_grad()
+            optimizer.zero_grad(set_to_none=False)
             loss = _loss(model(batch), y, target)
             loss.backward()
             optimizer.step()

@@ -8,12 +8,10 @@ gradient (wgrad), as torch.nn.functional.linear and its backward run them. CUDA 
 timed repeats; TFLOP/s = 2 * tokens * hidden * vocab / time.
 """
 
-import argparse
 import json
-from pathlib import Path
 from typing import Any
 
-from cuda_timing import timed_ms
+from cuda_timing import timed_ms, timing_arguments
 
 TOKENS = (8192, 16384)
 HIDDEN = (768, 2048, 4096)
@@ -36,11 +34,7 @@ def row(tokens: int, hidden: int, vocab: int, warmup: int, repeats: int) -> dict
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=10)
-    args = parser.parse_args()
+    args = timing_arguments()
     import torch
 
     rows = []

@@ -11,12 +11,10 @@ matrix's size: bytes read + written per second, the memory rate a score pass run
 events: warm-up, then the median of the timed repeats; a case that fails is recorded with its error.
 """
 
-import argparse
 import json
-from pathlib import Path
 from typing import Any
 
-from cuda_timing import timed_ms
+from cuda_timing import timed_ms, timing_arguments
 
 TOKENS, HIDDEN, HEAD_DIM = 16_384, 2_048, 128
 SEQ_LENS = (1024, 2048, 4096)
@@ -70,11 +68,7 @@ def case_row(case: str, seq: int, warmup: int, repeats: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=10)
-    args = parser.parse_args()
+    args = timing_arguments()
     import torch
 
     rows = [case_row(case, seq, args.warmup, args.repeats) for seq in SEQ_LENS

@@ -41,10 +41,12 @@ def main() -> None:
     while time.perf_counter() - begun < args.seconds:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        count = 0
-        while count < 20:
-            torch.mm(a, b)
-            count += 1
+        count, second = 0, time.perf_counter()
+        while time.perf_counter() - second < 1.0:  # ~1 s of products per row, queued ahead of the GPU
+            for _ in range(10):
+                torch.mm(a, b)
+            count += 10
+            torch.cuda.synchronize()
         end.record()
         torch.cuda.synchronize()
         ms = start.elapsed_time(end)

@@ -28,8 +28,8 @@ from trainsim.profile.collectives import (
     COLLECTIVES,
     DEFAULT_SIZES,
     MAX_CALLS_PER_SAMPLE,
-    MAX_GAP_S,
     CollectiveSummary,
+    check_gap,
     profile_collectives,
 )
 from trainsim.profile.database import STOP_AFTER_ENV, OpSignature, ProfileDB, default_db_path
@@ -246,10 +246,7 @@ def profile(
     check_choice("collective_clock", collective_clock, CLOCKS)
     if not 1 <= calls_per_sample <= MAX_CALLS_PER_SAMPLE:
         raise ConfigError("calls_per_sample", calls_per_sample, f"must be 1 to {MAX_CALLS_PER_SAMPLE}")
-    if not 0.0 <= collective_gap_ms <= MAX_GAP_S * 1e3:
-        raise ConfigError("collective_gap_ms", collective_gap_ms, f"must be 0 to {MAX_GAP_S * 1e3:.0f} ms")
-    if collective_gap_ms > 0.0 and collective_clock != "cpu":
-        raise ConfigError("collective_gap_ms", collective_gap_ms, "needs --collective-clock cpu")
+    check_gap(collective_gap_ms, collective_clock, "collective_gap_ms", 1e-3, "ms")
     spec = load_model(model)
     if zero not in (0, 1, 2, 3):
         raise ConfigError("zero", zero, "0, 1, 2 or 3")

@@ -109,9 +109,7 @@ class Attention(nn.Module):
         if self.kernel == "math":
             return self._forward_unfused(x)
         b, s, _ = x.shape
-        q = self.q(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        k = self.k(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        v = self.v(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        q, k, v = (t.transpose(1, 2) for t in self._qkv(x))
         if self.position == "rope":
             cos, sin = self.cos[:s].to(q.dtype), self.sin[:s].to(q.dtype)
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
@@ -121,6 +119,12 @@ class Attention(nn.Module):
             y = self._core(q, k, v)
         assert isinstance(y, torch.Tensor)
         return self.o(y.transpose(1, 2).reshape(b, s, -1))
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [d0, d1, hidden] -> q, k, v [d0, d1, heads, head_dim] (this rank's heads), in x's leading layout."""
+        d0, d1, _ = x.shape
+        q, k, v = (proj(x).view(d0, d1, -1, self.head_dim) for proj in (self.q, self.k, self.v))
+        return q, k, v
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         gqa = q.shape[1] != k.shape[1]
@@ -132,11 +136,8 @@ class Attention(nn.Module):
     def _forward_unfused(self, x: torch.Tensor) -> torch.Tensor:
         """Megatron's unfused core in its [s, b, heads, d] layout (megatron-core 0.9.0 attention.py), where the
         heads' batched GEMMs read q, k and v in place; x is turned to [s, b, h] once (Megatron runs in it)."""
-        b, s, _ = x.shape
-        xt = x.transpose(0, 1).contiguous()
-        q = self.q(xt).view(s, b, -1, self.head_dim)
-        k = self.k(xt).view(s, b, -1, self.head_dim)
-        v = self.v(xt).view(s, b, -1, self.head_dim)
+        s = x.shape[1]
+        q, k, v = self._qkv(x.transpose(0, 1).contiguous())
         if self.position == "rope":
             cos, sin = self.cos[:s, None, None].to(q.dtype), self.sin[:s, None, None].to(q.dtype)
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)

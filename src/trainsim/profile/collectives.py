@@ -289,13 +289,13 @@ def profile_collectives(db: ProfileDB, env: Environment, *, collectives: tuple[s
     return CollectiveSummary(len(pairs), measured, stored, failure)
 
 
-def check_gap(gap_s: float, clock: str) -> None:
+def check_gap(gap: float, clock: str, field: str = "gap_s", unit_s: float = 1.0, unit: str = "s") -> None:
     """A gap is 0 to MAX_GAP_S seconds, and only on the CPU clock (on the wall clock the gap's own time would be
-    the caller's, not the collective's)."""
-    if not 0.0 <= gap_s <= MAX_GAP_S:
-        raise ConfigError("gap_s", gap_s, f"must be 0 to {MAX_GAP_S} s")
-    if gap_s > 0.0 and clock != "cpu":
-        raise ConfigError("gap_s", gap_s, f"needs the cpu clock (clock is {clock}); 0 on the wall clock")
+    the caller's, not the collective's). `gap` is in `unit` (`unit_s` seconds each), as the field named states it."""
+    if not 0.0 <= gap * unit_s <= MAX_GAP_S:
+        raise ConfigError(field, gap, f"must be 0 to {MAX_GAP_S / unit_s:g} {unit}")
+    if gap > 0.0 and clock != "cpu":
+        raise ConfigError(field, gap, f"needs the cpu clock (clock is {clock}); 0 on the wall clock")
 
 
 def _stop(procs: list[Any]) -> None:

@@ -30,17 +30,16 @@ class Batch:
 
     features: torch.Tensor  # [B, N, F]
     mask: torch.Tensor  # [B, N] real nodes
-    reach: torch.Tensor  # [B, N, N] DAG Transformer attention
     adjacency: torch.Tensor  # [B, N, N] undirected edges + self loops
     depth: torch.Tensor  # [B, N]
-    attention_bias: torch.Tensor  # [B, 1, N, N] eq. 1's M: 0 where reach, -inf elsewhere
+    attention_bias: torch.Tensor  # [B, 1, N, N] eq. 1's M from reachability: 0 where reach, -inf elsewhere
     _depth_codes: dict[int, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     def to(self, device: str) -> "Batch":
         if device == "cpu":
             return self
-        return Batch(self.features.to(device), self.mask.to(device), self.reach.to(device),
-                     self.adjacency.to(device), self.depth.to(device), self.attention_bias.to(device))
+        return Batch(self.features.to(device), self.mask.to(device), self.adjacency.to(device),
+                     self.depth.to(device), self.attention_bias.to(device))
 
     def depth_code(self, width: int) -> torch.Tensor:
         """depth_encoding(depth, width), computed on the first call and kept (no gradient flows into it)."""
@@ -77,9 +76,8 @@ def make_batch(dags: list[StageDag]) -> Batch:
         pad = np.arange(dags[i].num_nodes, n)
         reach[i, pad, pad] = True
         adjacency[i, pad, pad] = 1.0
-    reach_tensor = torch.from_numpy(reach)
-    return Batch(torch.from_numpy(features), torch.from_numpy(mask), reach_tensor, torch.from_numpy(adjacency),
-                 torch.from_numpy(depth), attention_bias(reach_tensor))
+    return Batch(torch.from_numpy(features), torch.from_numpy(mask), torch.from_numpy(adjacency),
+                 torch.from_numpy(depth), attention_bias(torch.from_numpy(reach)))
 
 
 def _pool(x: torch.Tensor, batch: Batch, scale: torch.Tensor) -> torch.Tensor:

@@ -281,8 +281,6 @@ class Trainer:
 
     def step(self) -> float:
         self.optimizer.zero_grad(set_to_none=True)
-        if self.main_params:
-            self.main_params.zero_model_grads()
         loss = self._pipeline_step() if self.schedule is not None else self._local_step()
         if self.manual_grad_sync:
             all_reduce_grads(self.params, self.topo.group("dp"), self.job.parallel.dp)
@@ -351,13 +349,12 @@ class MainParams:
         self.model = params
         self.main = [nn.Parameter(p.detach().float()) for p in params]
 
-    def zero_model_grads(self) -> None:
-        for param in self.model:
-            param.grad = None
-
     def grads_to_main(self) -> None:
+        """Each 16-bit gradient is freed as its fp32 copy is made: at most one tensor's worth over Megatron's
+        18 bytes a parameter (its fp32 main_grad buffer takes the gradients directly)."""
         for main, param in zip(self.main, self.model, strict=True):
             main.grad = None if param.grad is None else param.grad.float()
+            param.grad = None
 
     @torch.no_grad()
     def main_to_model(self) -> None:

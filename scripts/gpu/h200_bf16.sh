@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on a lent H200: single-GPU training steps of 16-bit models with fp32 main parameters (bf16, the way
 # Megatron and FSDP2 hold their weights) beside autocast twins (scripts/gpu/h200_bf16_jobs.txt through probe.py),
-# then one long run with nvidia-smi sampled every 0.5 s (does a step slow down at the power cap?).
+# then one long run with nvidia-smi sampled every 0.5 s (does a step slow down at the power cap?); SUSTAINED=0
+# skips the long run.
 # Packed into $OUT/h200b.tar.gz. Needs .whl (pydantic).
 set -u
 source scripts/gpu/env.sh
@@ -16,6 +17,7 @@ timeout 330 python3 scripts/gpu/probe.py scripts/gpu/h200_bf16_jobs.txt "$W/step
 echo "probe rc=$?"; grep '^probe:' "$W/probe.log" | cut -c1-90; grep -i "error\|Traceback" "$W/probe.log" | head -5
 for f in "$W"/steps/measured/*.json; do python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['run_id'], round(d['iteration_time_s']['median_s']*1e3,2), 'ms')" "$f"; done
 pack
+[ "${SUSTAINED:-1}" = 1 ] || { echo "done in $SECONDS s (SUSTAINED=0: no long run)"; exit 0; }
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active \
   --format=csv,noheader -lms 500 > "$W/smi.csv" 2>&1 &
 SMI=$!

@@ -61,7 +61,7 @@ from trainsim.cost.stack_effects import (
 from trainsim.cost.step import FittedStepCosts, StepCosts
 from trainsim.hardware.cluster import ClusterSpec, GroupLayout
 from trainsim.hardware.device import DeviceSpec
-from trainsim.ir.graph import Layer, Op, OpGraph
+from trainsim.ir.graph import Comm, Layer, Op, OpGraph
 from trainsim.ir.model_spec import DlrmSpec
 from trainsim.job import Job
 from trainsim.profile.paths import default_db_path
@@ -370,7 +370,12 @@ class Pricer:
     def axis_collective_s(self, collective: str, buffer_bytes: float, axis: str, job: Job) -> float:
         """A collective over the group of `axis` (tp, cp, dp, ep, pp, or grad: the gradient group); once per
         (collective, bytes, the group's size and stride, cluster)."""
-        group, cluster_key = axis_group(axis, job.parallel), self._cluster_key(job.cluster)
+        return self._group_collective_s(collective, buffer_bytes, axis, axis_group(axis, job.parallel),
+                                        self._cluster_key(job.cluster), job)
+
+    def _group_collective_s(self, collective: str, buffer_bytes: float, axis: str, group: tuple[int, int],
+                            cluster_key: int, job: Job) -> float:
+        """axis_collective_s given the group of `axis` (axis_group) and the cluster's key (_cluster_key)."""
         key = (collective, buffer_bytes, *group, cluster_key)
         seconds = self._axis_collectives.get(key)
         if seconds is None:
@@ -403,9 +408,18 @@ class Pricer:
 
     def _price_layer(self, layer: Layer, job: Job) -> LayerCost:
         totals = {axis: {"fwd": 0.0, "bwd": 0.0} for axis in ("tp", "cp")}
-        # each feature collective priced once (the pipeline's are the stage's sends)
-        priced = [(c, self.axis_collective_s(c.collective, c.buffer_bytes, c.axis, job))
-                  for c in layer.comms if c.axis != "pp"]
+        # each feature collective priced once (the pipeline's are the stage's sends); each axis's group once
+        par, cluster_key = job.parallel, self._cluster_key(job.cluster)
+        groups: dict[str, tuple[int, int]] = {}
+        priced: list[tuple[Comm, float]] = []
+        for c in layer.comms:
+            axis = c.axis
+            if axis == "pp":
+                continue
+            group = groups.get(axis)
+            if group is None:
+                group = groups[axis] = axis_group(axis, par)
+            priced.append((c, self._group_collective_s(c.collective, c.buffer_bytes, axis, group, cluster_key, job)))
         for c, seconds in priced:
             if c.axis in totals:
                 totals[c.axis][c.phase] += seconds

@@ -91,6 +91,7 @@ class _Shape:
 
     stages: list[list[StagePart]]
     template: _Template
+    layout: int  # the template's number (_Shared.layouts)
 
 
 def _signature(graph: OpGraph) -> tuple[object, ...]:
@@ -249,6 +250,7 @@ class _Shared:
     content_blocks: list[dict[str, Floats]] = field(default_factory=list)
     # (id of a graph, pp) -> its even partition's distinct stages, the stage map and the largest parameters
     shapes: dict[tuple[int, int], "_Shape | None"] = field(default_factory=dict)
+    plan_shapes: dict[tuple[int, int, int], "_Shape | None"] = field(default_factory=dict)  # (graph, pp, vpp): _shape
     # what an even partition reads of a graph (_signature) -> per pp the partition's template (None: not the
     # even split's), and per (signature, pp, vpp) whether the plan's split is the even one (Pricer.plan_split)
     signatures: dict[int, int] = field(default_factory=dict)  # id of a graph -> the number of its signature
@@ -346,9 +348,8 @@ class _Batch:
         self._price_ops([plans[at][1] for at in new.values()])
         width = len(_SLOW_GROUP)
         for key, at in new.items():
-            job, graph = plans[at]
             group_of[key] = len(groups) // width
-            groups.extend(_SLOW_GROUP if any(key[1 + _SPLIT_AT:]) else self._group(job, graph, key[1:]))
+            groups.extend(_SLOW_GROUP if any(key[1 + _SPLIT_AT:]) else self._group(plans[at], key))
         if self.new_rows or self.new_blocks or self.new_by_dp:
             self._finish()
         local = np.array([group_of[key] for key in keys], dtype=np.int64)[numbers]
@@ -430,51 +431,52 @@ class _Batch:
             self.precisions.append(precision)
         return self.precisions.index(precision)
 
-    def _group(self, job: Job, graph: OpGraph, settings: tuple[object, ...]) -> tuple[int, ...]:
+    def _group(self, plan: tuple[Job, OpGraph], key: tuple[object, ...]) -> tuple[int, ...]:
         """The settings a new group of plans shares: its combo (-1 where the plain engine must price the plan: an
         uneven split, a graph whose partition or prices raise, a step-cost model whose overhead reads the plan),
-        pp, vpp, dp x cp, the codes of its schedule, optimizer and precision, tp and dp. settings: the plans'
-        _KEY_FIELDS."""
-        tp, cp, ep, dp, pp, vpp, sp, precision, schedule, optimizer = settings[:_SPLIT_AT]
+        pp, vpp, dp x cp, the codes of its schedule, optimizer and precision, tp and dp. key: the plans' group key
+        (id of their graph, *_KEY_FIELDS), whose first 9 entries (graph, tp, cp, ep, dp, pp, vpp, sp, precision)
+        are what the combo reads."""
+        _, tp, cp, ep, dp, pp, vpp, sp, precision, schedule, optimizer = key[:1 + _SPLIT_AT]
         assert isinstance(tp, int) and isinstance(cp, int) and isinstance(dp, int) and isinstance(pp, int) \
             and isinstance(vpp, int)
+        job, graph = plan
         self.engine.pin(graph)
-        key = (id(graph), tp, cp, ep, dp, pp, vpp, sp, precision)
-        combo = self.shared.combo_of.get(key)
+        combo_key = key[:9]
+        combo = self.shared.combo_of.get(combo_key)
         if combo is None:
             try:
-                combo = self._new_combo(job, graph)
+                combo = self._new_combo(job, graph, (tp, cp, ep, sp, precision), dp, pp, vpp)
             except TrainsimError:
                 combo = -1
-            self.shared.combo_of[key] = combo
+            self.shared.combo_of[combo_key] = combo
         return (combo, pp, vpp, dp * cp, SCHEDULE_CODES[schedule], OPTIMIZER_CODES[optimizer],  # type: ignore[index]
                 self._precision(precision), tp, dp)  # type: ignore[arg-type]
 
-    def _new_combo(self, job: Job, graph: OpGraph) -> int:
-        par = job.parallel
+    def _new_combo(self, job: Job, graph: OpGraph, context: tuple[object, ...], dp: int, pp: int, vpp: int) -> int:
+        """context: the plan's layer context (tp, cp, ep, sp, precision); dp, pp, vpp: its."""
         if not self.fitted_overhead:
             return -1
-        shape = self._shape(job, graph)
+        shared = self.shared
+        shape_key = (id(graph), pp, vpp)  # graph: pinned (_group)
+        shape = shared.plan_shapes.get(shape_key, False)
+        if shape is False:
+            shape = shared.plan_shapes[shape_key] = self._shape(job, graph)
         if shape is None:
             return -1
-        shared = self.shared
-        context = (par.tp, par.cp, par.ep, par.sp, par.precision)
-        rows_key = (id(shape), context, par.dp)  # shape: kept (_Shared.shapes)
+        rows_key = (id(shape), context, dp)  # shape: kept (_Shared.shapes)
         rows = shared.shape_rows.get(rows_key)
         if rows is None:  # NB: the vpp of one partition share its rows' contents, ZeRO-3 exposure and hops
             terms, collectives = self._graph_terms(graph, job, context), self._graph_collectives(graph, job)
             rows = shared.shape_rows[rows_key] = self._shape_rows(shape, graph, job, context, terms, collectives)
         first_content, first_by_dp = rows
         distinct = len(shape.stages)
-        shared.combo_rows.append(len(shared.row_content))
+        combo_rows = shared.combo_rows
+        combo_rows.append(len(shared.row_content))
         shared.row_content.extend(range(first_content, first_content + distinct))
-        self.new_rows.append((first_content, first_by_dp, distinct, par.pp, par.vpp))
-        layout = shared.layout_of.get(id(shape.template))
-        if layout is None:  # NB: the template is kept (_Shared.templates)
-            layout = shared.layout_of[id(shape.template)] = len(shared.layouts)
-            shared.layouts.append(shape.template)
-        shared.combo_layouts.append(layout)
-        return len(shared.combo_rows) - 1
+        self.new_rows.append((first_content, first_by_dp, distinct, pp, vpp))
+        shared.combo_layouts.append(shape.layout)
+        return len(combo_rows) - 1
 
     def _shape(self, job: Job, graph: OpGraph) -> "_Shape | None":
         """The graph's even partition over the plan's pp (its distinct stages, with the graph's layers), or None
@@ -502,6 +504,10 @@ class _Batch:
         if template is None:
             shared.shapes[key] = None
             return None
+        layout = shared.layout_of.get(id(template))
+        if layout is None:  # NB: the template is kept (_Shared.templates)
+            layout = shared.layout_of[id(template)] = len(shared.layouts)
+            shared.layouts.append(template)
         parts = shared.parts.get(id(graph))
         if parts is None:
             parts = shared.parts[id(graph)] = {}
@@ -509,7 +515,8 @@ class _Batch:
             for part in stage:
                 if part not in parts:
                     parts[part] = StagePart(graph.layers[part[0]], part[1])
-        shape = shared.shapes[key] = _Shape([[parts[part] for part in stage] for stage in template.stages], template)
+        shape = shared.shapes[key] = _Shape([[parts[part] for part in stage] for stage in template.stages], template,
+                                            layout)
         return shape
 
     def _shape_rows(self, shape: _Shape, graph: OpGraph, job: Job, context: tuple[object, ...],

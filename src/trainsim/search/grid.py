@@ -374,8 +374,9 @@ class _Batch:
         """Each plan's fields read once, in comprehensions: its key and its zero, recompute, global batch,
         micro-batch and sequence length; a local group per distinct key (numbered as first seen)."""
         fields = [job.parallel.__dict__ for job, _ in plans]  # NB: a pydantic model's fields; ~2x getattr's speed
-        keys: list[tuple[object, ...]] = [(id(graph), *_KEY_FIELDS(values))
-                                                      for (_, graph), values in zip(plans, fields, strict=True)]
+        # NB: (id,) + fields makes the same tuple as (id, *fields) in ~0.9x the time
+        keys: list[tuple[object, ...]] = [(id(graph),) + _KEY_FIELDS(values)  # noqa: RUF005
+                                          for (_, graph), values in zip(plans, fields, strict=True)]
         local: dict[tuple[object, ...], int] = {}
         numbers = np.array([local.setdefault(key, len(local)) for key in keys], dtype=np.int64)  # first seen, first
         _, first = np.unique(numbers, return_index=True)
@@ -390,17 +391,18 @@ class _Batch:
         the group's key, global batch, micro-batch and sequence length; each plan's zero and recompute from its
         variant. Where a plan's graph is not its base's first plan's (columns of other plans), every plan is
         read (_read_plans)."""
-        base = np.array(columns.base, dtype=np.int64)
-        variant = np.array(columns.variant, dtype=np.int64)
+        base = np.fromiter(columns.base, np.int64, len(columns.base))
+        variant = np.fromiter(columns.variant, np.int64, len(columns.variant))
         if not isinstance(candidates, range):
             base, variant = base[candidates], variant[candidates]
-        _, first_array, numbers = np.unique(base, return_index=True, return_inverse=True)
+        first_array, numbers = _first_and_numbers(base)
         first = first_array.tolist()
         heads = [plans[at][1] for at in first]
         if not all(map(is_, map(itemgetter(1), plans), map(heads.__getitem__, numbers.tolist()))):
             return self._read_plans(plans)
         fields = [plans[at][0].parallel.__dict__ for at in first]
-        keys = [(id(graph), *_KEY_FIELDS(values)) for graph, values in zip(heads, fields, strict=True)]
+        keys = [(id(graph),) + _KEY_FIELDS(values)  # noqa: RUF005 (as in _read_plans)
+                for graph, values in zip(heads, fields, strict=True)]
         global_batch, micro_batch, seq_len = (np.array([values[name] for values in fields], dtype=np.int64)[numbers]
                                               for name in ("global_batch", "micro_batch", "seq_len"))
         variants = np.array([(RECOMPUTE_CODES[recompute], zero) for recompute, zero in columns.variants],
@@ -1174,6 +1176,18 @@ def _row_codes(columns: Ints) -> Ints:
     for column in columns.T:
         codes = codes * (int(column.max()) + 1) + column
     return codes
+
+
+def _first_and_numbers(values: Ints) -> tuple[Ints, Ints]:
+    """np.unique(values, return_index=True, return_inverse=True)'s first indices and inverse; for values in
+    non-decreasing order (the enumeration's bases) from where they change, without a sort."""
+    if len(values) and bool((values[1:] >= values[:-1]).all()):
+        change = np.flatnonzero(values[1:] != values[:-1]) + 1
+        numbers = np.zeros(len(values), dtype=np.int64)
+        numbers[change] = 1
+        return np.concatenate([np.zeros(1, dtype=np.int64), change]), np.cumsum(numbers)
+    _, first, numbers = np.unique(values, return_index=True, return_inverse=True)
+    return first, numbers
 
 
 def _offsets(lengths: Ints) -> Ints:

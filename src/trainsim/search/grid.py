@@ -353,21 +353,21 @@ class _Batch:
         if self.new_rows or self.new_blocks or self.new_by_dp:
             self._finish()
         local = np.array([group_of[key] for key in keys], dtype=np.int64)[numbers]
-        columns = np.take(_int_array(groups).reshape(-1, width), local, axis=0)
-        fast = columns[:, 0] >= 0
+        # NB: one row per setting, each contiguous (the groups' settings transposed before the plans' are taken)
+        columns = np.take(_int_array(groups).reshape(-1, width).T, local, axis=1)
+        fast = columns[0] >= 0
         if not fast.all():
             where = np.array(candidates, dtype=np.int64)
             slow = sorted([*slow, *where[~fast].tolist()])
             if not fast.any():
                 return None, slow
         zero, recompute, global_batch, micro_batch, seq_len = per_plan
-        m = global_batch // (columns[:, 8] * micro_batch)
-        plan_columns = np.stack([zero, m, recompute, global_batch * seq_len], axis=1)
-        table = np.concatenate([columns[:, :8], plan_columns], axis=1)
+        m = global_batch // (columns[8] * micro_batch)
+        table = np.concatenate([columns[:8], np.stack([zero, m, recompute, global_batch * seq_len])])
         index = np.arange(len(candidates)) if isinstance(candidates, range) else \
             np.array(candidates, dtype=np.int64)  # NB: candidates is range(len(plans)) or a list of indices
         if not fast.all():
-            index, table = index[fast], table[fast]
+            index, table = index[fast], table[:, fast]
         return _Fast(self, index, table), slow
 
     def _read_plans(self, plans: Sequence[tuple[Job, OpGraph]]) -> "_PlanReads":
@@ -470,7 +470,8 @@ class _Batch:
         rows = shared.shape_rows.get(rows_key)
         if rows is None:  # NB: the vpp of one partition share its rows' contents, ZeRO-3 exposure and hops
             terms, collectives = self._graph_terms(graph, job, context), self._graph_collectives(graph, job)
-            rows = shared.shape_rows[rows_key] = self._shape_rows(shape, graph, job, context, terms, collectives)
+            rows = shared.shape_rows[rows_key] = self._shape_rows(shape, graph, job, context, dp, pp, terms,
+                                                                  collectives)
         first_content, first_by_dp = rows
         distinct = len(shape.stages)
         combo_rows = shared.combo_rows
@@ -521,14 +522,14 @@ class _Batch:
                                             layout)
         return shape
 
-    def _shape_rows(self, shape: _Shape, graph: OpGraph, job: Job, context: tuple[object, ...],
+    def _shape_rows(self, shape: _Shape, graph: OpGraph, job: Job, context: tuple[object, ...], dp: int, pp: int,
                     terms: "list[_LayerTerms]", collectives: list[tuple[float, float]]) -> tuple[int, int]:
         """The shape's first content under the context (its distinct stages' contents, shared by every dp and
         vpp of the partition) and first (content, dp) (their ZeRO-3 exposures and pipeline hops: the gradient and
         pipeline groups' strides read dp), registered where new; each vpp's row adds its pipeline sends
         (_finish). What may refuse the plans (the layers' and collectives' prices, the hops) is priced before
         (_graph_terms, _graph_collectives) or here; the sums are made for all new rows at once (_finish).
-        context: tp, cp, ep, sp and precision; terms and collectives: of the graph's layers."""
+        context: tp, cp, ep, sp and precision; dp, pp: the plan's; terms and collectives: of the graph's layers."""
         shared = self.shared
         key = (id(shape), context)  # shape: kept (_Shared.shapes)
         first = shared.block_of.get(key)
@@ -536,23 +537,22 @@ class _Batch:
             first = shared.block_of[key] = len(shared.content_stages)
             shared.content_stages += shape.stages
             self.new_blocks.append((first, shape, graph, job, terms))
-        dp_key = (first, job.parallel.dp)
+        dp_key = (first, dp)
         start = shared.by_dp_of.get(dp_key)
         if start is None:
-            hops = [self._hop_s(stage, job) for stage in shape.stages]
+            tp, cp, _, sp, _ = context
+            hops = [0.0] * len(shape.stages) if pp == 1 else \
+                [self._hop_s(max([part.layer.output_bytes for part in stage]), (tp, cp, dp, sp), job)
+                 for stage in shape.stages]
             start = shared.by_dp_of[dp_key] = shared.by_dp_count
             shared.by_dp_count += len(shape.stages)
             self.new_by_dp.append((start, first, shape, job, collectives, terms, hops))
         return first, start
 
-    def _hop_s(self, stage: list[StagePart], job: Job) -> float:
-        """Pricer.pipeline_hop_s of the stage's largest output (0 for pp = 1), once per what it reads: the bytes,
-        tp, sp and the pipeline group (2 ranks, stride tp x cp x dp)."""
-        par = job.parallel
-        if par.pp == 1:
-            return 0.0
-        out_bytes = max([part.layer.output_bytes for part in stage])
-        key = (out_bytes, par.tp, par.cp, par.dp, par.sp)
+    def _hop_s(self, out_bytes: float, settings: tuple[object, ...], job: Job) -> float:
+        """Pricer.pipeline_hop_s of a stage's largest output (pp > 1), once per what it reads: the bytes, tp, sp
+        and the pipeline group (2 ranks, stride tp x cp x dp). settings: the job's tp, cp, dp and sp."""
+        key = (out_bytes, *settings)
         seconds = self.shared.hops.get(key)
         if seconds is None:
             seconds = self.shared.hops[key] = self.pricer.pipeline_hop_s(out_bytes, job)
@@ -820,10 +820,11 @@ class _Fast:
     """The fast plans as arrays (one entry per plan) and the closed form over them."""
 
     def __init__(self, batch: _Batch, index: Ints, columns: Ints) -> None:
+        """columns: one row per setting (_Batch.split), one entry per plan."""
         self.batch = batch
         self.index = index
         (self.combo, self.pp, self.vpp, self.shards_dp, self.schedule, self.optimizer, self.precision, self.tp,
-         self.zero, self.m, self.recompute, self.tokens) = columns.T.copy()  # NB: each column contiguous
+         self.zero, self.m, self.recompute, self.tokens) = columns  # NB: each row contiguous
         policies = [policy_for(name) for name in batch.precisions]
         self.weight_bytes = np.array([policy.weight_bytes for policy in policies], dtype=np.float64)[self.precision]
         self.grad_bytes = np.array([policy.grad_bytes for policy in policies], dtype=np.float64)[self.precision]

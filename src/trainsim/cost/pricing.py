@@ -404,7 +404,7 @@ class Pricer:
         if axes is None:
             axes = self._layer_axes[self._pin(layer)] = tuple(sorted({c.axis for c in layer.comms
                                                                        if c.axis != "pp"}))
-        return tuple(axis_group(axis, par) for axis in axes)
+        return tuple([axis_group(axis, par) for axis in axes])
 
     def _price_layer(self, layer: Layer, job: Job) -> LayerCost:
         totals = {axis: {"fwd": 0.0, "bwd": 0.0} for axis in ("tp", "cp")}

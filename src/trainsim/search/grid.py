@@ -1019,9 +1019,12 @@ class _Fast:
         working = np.where(zero >= 3, working + 2 * max_layer_params * weight_bytes, working)
         working = working + table.head_saved[rows]  # 0 where the stage has no head: x + 0.0 is x
         impl = self.optimizer[:, None]
-        step = np.where(impl == OPTIMIZER_CODES["foreach"], 4.0 * params / opt_shards,
-                        np.where(impl == OPTIMIZER_CODES["loop"], 4.0 * max_layer_params / opt_shards,
-                                 0.0))
+        if (self.optimizer == OPTIMIZER_CODES["fused"]).all():  # no step temporaries (the search's default)
+            step = np.zeros_like(params)
+        else:
+            step = np.where(impl == OPTIMIZER_CODES["foreach"], 4.0 * params / opt_shards,
+                            np.where(impl == OPTIMIZER_CODES["loop"], 4.0 * max_layer_params / opt_shards,
+                                     0.0))
         # micro-batches each stage holds at its peak (strategy.stages.in_flight_micro_batches)
         stage = np.take(combos.heads, self.combo, axis=0)
         pp, vpp, m = self.pp[:, None], self.vpp[:, None], self.m[:, None]

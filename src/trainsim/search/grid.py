@@ -911,20 +911,17 @@ class _Fast:
         chosen = np.flatnonzero(((self.shards_dp > 1) & (self.zero < 3))[plan])  # else no reduction
         if chosen.size:
             plan, rows, recompute = plan[chosen], rows[chosen], recompute[chosen]
-            zero = self.zero[plan] > 0
-            # NB: a queue's key (the row's param_layers, ZeRO > 0, precision, dp x cp, tp) reads the row and ZeRO > 0
-            # only: a row is its combo's, whose plans share precision, dp x cp and tp
-            _, first, inverse = np.unique(rows * 2 + zero, return_index=True, return_inverse=True)
-            param_layers, flags = table.param_layers[rows[first]].tolist(), zero[first].tolist()
-            precision, shards, tp = (values[plan[first]].tolist()
-                                     for values in (self.precision, self.shards_dp, self.tp))
-            numbers = [self._queue((param_layers[k], int(flags[k]), precision[k], shards[k], tp[k]), int(plan[at]),
-                                   int(rows[at])) for k, at in enumerate(first.tolist())]
+            keys = np.stack([table.param_layers[rows], (self.zero[plan] > 0).astype(np.int64), self.precision[plan],
+                             self.shards_dp[plan], self.tp[plan]], axis=1)
+            _, first, inverse = np.unique(_row_codes(keys), return_index=True, return_inverse=True)
+            numbers = [self._queue(tuple(key), int(plan[at]), int(rows[at]))
+                       for key, at in zip(keys[first].tolist(), first.tolist(), strict=True)]
             queue = np.array(numbers, dtype=np.int64)[inverse]
             queues = self.batch.shared.queue_arrays()
             backward = table.backward[rows] + recompute + table.feature_bwd[rows]
             forward = table.forward[rows] + table.feature_fwd[rows]
             gamma = self.batch.pricer.cal.runtime.overlap_slowdown
+            zero = self.zero[plan] > 0
 
             def exposed(scale: Floats, at: Ints) -> Floats:  # of the entries `at`, element by element
                 seconds = queues.reduce.exposed_s(queue[at], backward[at] * scale, gamma) \

@@ -409,6 +409,12 @@ class Pricer:
                                                                        if c.axis != "pp"}))
         return tuple([axis_group(axis, par) for axis in axes])
 
+    def new_layer_cost(self, layer: Layer, job: Job) -> LayerCost:
+        """layer_cost made anew and not kept: for a caller that keeps its own table of the layers it priced (the
+        search's grid engine, once per layer and layer context), whose keys the Pricer's would only repeat."""
+        self._pin(layer)
+        return self._price_layer(layer, job)
+
     def _price_layer(self, layer: Layer, job: Job) -> LayerCost:
         totals = {axis: {"fwd": 0.0, "bwd": 0.0} for axis in ("tp", "cp")}
         # each feature collective priced once (the pipeline's are the stage's sends); each axis's group once
@@ -855,6 +861,11 @@ class Pricer:
         if queues is None:
             queues = self._grad_queues[key] = self._gradient_queues(layers, job)
         return queues
+
+    def new_gradient_queues(self, stage: list[StagePart], job: Job) -> "GradientQueues":
+        """gradient_queues made anew and not kept: for a caller that keeps its own table (the search's grid
+        engine, once per its key of what the queues read)."""
+        return self._gradient_queues(tuple([(part.layer.param_count, part.count) for part in stage]), job)
 
     def _gradient_queues(self, layers: tuple[tuple[float, float], ...], job: Job) -> "GradientQueues":
         par = job.parallel

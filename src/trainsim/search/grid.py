@@ -772,7 +772,7 @@ class _Batch:
         key = (id(layer), context)  # layer: of a pinned graph
         terms = self.shared.layer_terms.get(key)
         if terms is None:
-            cost = self.pricer.layer_cost(layer, job)
+            cost = self.pricer.new_layer_cost(layer, job)  # NB: kept here (layer_terms), once per key
             stack, kind, comm = job.stack, layer.kind, cost.comm_s
             is_head = kind == "head"
             kept = [kept_bytes(layer, saved_key(mode, stack)) for mode in RECOMPUTE_CODES]
@@ -954,7 +954,7 @@ class _Fast:
             job = self.batch.plans[int(self.index[plan])][0]
             stage = shared.content_stages[shared.row_content[row]]
             number = shared.queue_of[key] = len(shared.queues)
-            shared.queues.append(self.batch.pricer.gradient_queues(stage, job))
+            shared.queues.append(self.batch.pricer.new_gradient_queues(stage, job))  # NB: kept here, once per key
         return number
 
     def _optimizer_s(self, max_params: Floats) -> Floats:

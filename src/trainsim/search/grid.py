@@ -461,8 +461,9 @@ class _Batch:
             return -1
         shared = self.shared
         shape_key = (id(graph), pp, vpp)  # graph: pinned (_group)
-        shape = shared.plan_shapes.get(shape_key, False)
-        if shape is False:
+        if shape_key in shared.plan_shapes:
+            shape = shared.plan_shapes[shape_key]
+        else:
             shape = shared.plan_shapes[shape_key] = self._shape(job, graph)
         if shape is None:
             return -1

@@ -23,6 +23,7 @@ from trainsim.catalog.calibration import Calibration
 from trainsim.cost.memory import MemoryEstimate
 from trainsim.cost.pricing import Partition, Pricer, StageCost
 from trainsim.cost.rank_classes import DeviceClass, uniform
+from trainsim.estimate.interleaved_rounds import flow_shop_extra_s, steady_excess_s
 from trainsim.estimate.result import Result, iteration_time_s, make_result, tokens_per_s
 from trainsim.ir.graph import OpGraph
 from trainsim.job import Job
@@ -72,7 +73,9 @@ def uneven_bubble_s(schedule: str, totals: list[float], forward: Sequence[float]
     chunk through the later stages, less the w_k forwards (backwards) of chunk size it runs meanwhile,
     w_k = p - k - 1 for 1F1B, 2 (p - k - 1) for interleaved 1F1B (Megatron-LM's warm-up count); t_ic = t_i x
     chunk c's share (chunk_shares; 1 for 1F1B). For equal stages it is (p - 1) t / v (Narayanan et al. 2021).
-    forward: per stage, the forward pass's share of its time."""
+    Interleaved, with chunks that differ (estimate.interleaved_rounds): the first chunk's fill and drain as a
+    flow shop of p micro-batches, and m / p steady rounds each longer than p t_k by k's longest wait on a
+    neighbour. forward: per stage, the forward pass's share of its time."""
     p = len(totals)
     if schedule == "gpipe":
         return sum(totals) - max(totals)
@@ -84,6 +87,7 @@ def uneven_bubble_s(schedule: str, totals: list[float], forward: Sequence[float]
     later = [0.0] * p  # later[k] = sum of last[k + 1:]
     for k in range(p - 2, -1, -1):
         later[k] = later[k + 1] + last[k + 1]
+    extra = _chunk_extra_s(totals, forward, m, chunk_shares) if interleaved else None
     bubble = fill = 0.0
     # NB: comparisons, not max(): a search prices this for every uneven plan
     for k in range(p):
@@ -91,6 +95,8 @@ def uneven_bubble_s(schedule: str, totals: list[float], forward: Sequence[float]
         warm = (p - k - 1) * per_warm_up
         fwd = forward[k] * last[k]
         idle = fill + m * (totals[k] - slowest)
+        if extra is not None:
+            idle += extra[k]
         stall = round_trip - warm * fwd
         if stall > 0.0:
             idle += stall
@@ -101,6 +107,21 @@ def uneven_bubble_s(schedule: str, totals: list[float], forward: Sequence[float]
             bubble = idle
         fill += first[k]
     return bubble
+
+
+def _chunk_extra_s(totals: list[float], forward: Sequence[float], m: int,
+                   chunk_shares: tuple[tuple[float, ...], ...]) -> list[float] | None:
+    """Per stage, what chunks that differ add to its idle time under interleaved 1F1B: the first chunk's flow
+    shop and m / p steady rounds' excess (estimate.interleaved_rounds); None where every stage's chunks are
+    equal (the even-chunk form is exact there)."""
+    if all(max(shares) == min(shares) for shares in chunk_shares):
+        return None
+    fwd = [[t * f * share for share in shares] for t, f, shares in zip(totals, forward, chunk_shares, strict=True)]
+    bwd = [[t * (1.0 - f) * share for share in shares]
+           for t, f, shares in zip(totals, forward, chunk_shares, strict=True)]
+    rounds = m // len(totals)
+    return [shop + rounds * steady for shop, steady in
+            zip(flow_shop_extra_s(fwd, bwd), steady_excess_s(fwd, bwd, totals), strict=True)]
 
 
 class AnalyticalEstimator:

@@ -1,0 +1,162 @@
+"""What an interleaved 1F1B pipeline whose model chunks differ in cost waits for beyond the even-chunk bubble.
+
+Interleaved 1F1B (Narayanan et al. 2021, sec. 2.2.2, in Megatron-LM's order: compile.schedules) runs on rank r,
+after its warm-up of w_r = 2 (p - r - 1) + (v - 1) p forwards, the steady pairs "forward k + w_r, backward k"
+(slot k). Micro-batches go through the chunks in groups of p, so a rank's slots change chunk every p slots:
+the last rank runs p slots of its last chunk (the LM head), then p of its first, and so on. Two effects follow
+that equal chunks do not have (f_rc, b_rc: rank r's forward and backward of chunk c, one micro-batch):
+
+- The fill and drain of chunk 0 are a flow shop of p identical micro-batches (Huang et al. 2019, GPipe): rank R
+  ends its first p chunk-0 forwards no earlier than sum_{i<=R} f_i0 + (p - 1) max_{i<=R} f_i0, and the drain of
+  its last p chunk-0 backwards takes sum_{i<=R} b_i0 + (p - 1) max_{i<=R} b_i0: beyond what the even form
+  charges, (p - 1) (max_{i<=R} f_i0 - f_R0 + max_{i<=R} b_i0 - b_R0) (flow_shop_extra_s).
+- In the steady state the slot k + 2 forward of rank R waits for the slot k forward of rank R - 1, and the
+  slot k backward of R - 1 for that of R (the wrap from rank p - 1 to rank 0 moves p slots). While R runs
+  light slots (a chunk cheaper than its neighbour's), its neighbour's chain from the data R last sent to the
+  data R needs next is longer than R's own slots between them: R idles. Per round of p micro-batches R takes
+  p t_R plus its longest such stall (steady_stall_s): one excursion to a neighbour per round, the maximum over
+  the windows of the chain less R's own slots. The rank whose round is longest sets the steady state.
+
+The steady stall is checked against exact schedules of per-chunk costs (tests/golden/test_interleaved_rounds.py
+and tests/validation/test_uneven_pipelines.py, against the simulator).
+"""
+
+from collections.abc import Sequence
+
+ChunkTimes = Sequence[Sequence[float]]  # [rank][chunk] seconds, one micro-batch
+
+
+def forward_chunk(p: int, v: int, rank: int, slot: int) -> int:
+    """The chunk of rank's forward in steady slot `slot` (Megatron-LM's get_model_chunk_id of forward
+    slot + w_rank)."""
+    return ((slot + 2 * (p - 1 - rank) - p) % (p * v)) // p
+
+
+def backward_chunk(p: int, v: int, slot: int) -> int:
+    """The chunk of every rank's backward in steady slot `slot` (backward chunks run v - 1 down to 0)."""
+    return v - 1 - (slot % (p * v)) // p
+
+
+def flow_shop_extra_s(fwd: ChunkTimes, bwd: ChunkTimes) -> list[float]:
+    """Per rank R, (p - 1) (max_{i<=R} f_i0 - f_R0 + max_{i<=R} b_i0 - b_R0): the first chunk's fill and drain
+    as a flow shop of p micro-batches, beyond the even form's one micro-batch through the earlier ranks."""
+    p = len(fwd)
+    extra = [0.0] * p
+    most_f = most_b = 0.0
+    for rank in range(p):
+        f0, b0 = fwd[rank][0], bwd[rank][0]
+        if f0 > most_f:
+            most_f = f0
+        if b0 > most_b:
+            most_b = b0
+        extra[rank] = (p - 1) * (most_f - f0 + most_b - b0)
+    return extra
+
+
+def _slots(fwd: ChunkTimes, bwd: ChunkTimes, rank: int) -> tuple[list[float], list[float]]:
+    """Rank's forward and backward seconds in each steady slot of one period (p v slots)."""
+    p, v = len(fwd), len(fwd[0])
+    f_r, b_r = fwd[rank], bwd[rank]
+    return ([f_r[forward_chunk(p, v, rank, k)] for k in range(p * v)],
+            [b_r[backward_chunk(p, v, k)] for k in range(p * v)])
+
+
+def _window_max(x: list[float], y: list[float], n: int, shortest: int) -> float:
+    """max over s in [n, 2n) and k in [s - n, s - shortest] of x[s - n] - y[k] (a sliding minimum)."""
+    best = float("-inf")
+    window: list[int] = []  # indices of y, increasing values (a monotone queue); head at window[head]
+    head = 0
+    nxt = 0
+    for index in range(n):
+        s = n + index
+        while nxt <= s - shortest:
+            value = y[nxt]
+            while len(window) > head and y[window[-1]] >= value:
+                window.pop()
+            window.append(nxt)
+            nxt += 1
+        while window[head] < s - n:
+            head += 1
+        gap = x[index] - y[window[head]]
+        if gap > best:
+            best = gap
+    return best
+
+
+def _forward_feed_stall_s(fwd: ChunkTimes, bwd: ChunkTimes, rank: int) -> float:
+    """Rank's longest steady wait for its forward input: from its backward of slot k to its forward of slot
+    s, the neighbour N (rank - 1; rank p - 1, p slots on, for rank 0) runs b_N(k) .. f_N(s - 2), rank itself
+    slots k + 1 .. s - 1. stall = sum_{k<j<s} (a_N - a_R)(j) + b_N(k) - b_N(s - 2) - a_N(s - 1), a = f + b."""
+    p, v = len(fwd), len(fwd[0])
+    n = p * v
+    wrap = rank == 0
+    f_r, b_r = _slots(fwd, bwd, rank)
+    f_n, b_n = _slots(fwd, bwd, p - 1 if wrap else rank - 1)
+    shift = p if wrap else 0
+    prefix = [0.0] * (2 * n + 1)
+    for j in range(2 * n):
+        i, m = j % n, (j + shift) % n
+        prefix[j + 1] = prefix[j] + f_n[m] + b_n[m] - f_r[i] - b_r[i]
+    y = [prefix[k + 1] - b_n[(k + shift) % n] for k in range(2 * n)]
+    x = []
+    for s in range(n, 2 * n):
+        if wrap and forward_chunk(p, v, p - 1, s + p - 2) == v - 1:
+            x.append(float("-inf"))  # rank 0's chunk 0 reads the data loader, not rank p - 1
+            continue
+        m2, m1 = (s - 2 + shift) % n, (s - 1 + shift) % n
+        x.append(prefix[s] - b_n[m2] - f_n[m1] - b_n[m1])
+    return _window_max(x, y, n, 3)
+
+
+def _backward_feed_stall_s(fwd: ChunkTimes, bwd: ChunkTimes, rank: int) -> float:
+    """Rank's longest steady wait for its backward input: from its forward of slot k to its backward of slot
+    s, the neighbour N (rank + 1; rank 0, p slots back, for rank p - 1) runs slots k + 2 .. s, rank itself
+    b_R(k), slots k + 1 .. s - 1 and f_R(s). stall = sum_{k<j<s} (a_N - a_R)(j) - a_N(k + 1) + a_N(s) - b_R(k)
+    - f_R(s)."""
+    p, v = len(fwd), len(fwd[0])
+    n = p * v
+    wrap = rank == p - 1
+    f_r, b_r = _slots(fwd, bwd, rank)
+    f_n, b_n = _slots(fwd, bwd, 0 if wrap else rank + 1)
+    shift = -p if wrap else 0
+    prefix = [0.0] * (2 * n + 1)
+    for j in range(2 * n):
+        i, m = j % n, (j + shift) % n
+        prefix[j + 1] = prefix[j] + f_n[m] + b_n[m] - f_r[i] - b_r[i]
+    y = []
+    for k in range(2 * n):
+        m = (k + 1 + shift) % n
+        y.append(prefix[k + 1] + f_n[m] + b_n[m] + b_r[k % n])
+    x = []
+    for s in range(n, 2 * n):
+        if wrap and backward_chunk(p, v, s - p) == 0:
+            x.append(float("-inf"))  # the last chunk's backward follows its own forward, not rank 0
+            continue
+        m = (s + shift) % n
+        x.append(prefix[s] + f_n[m] + b_n[m] - f_r[s % n])
+    return _window_max(x, y, n, 2)
+
+
+def steady_excess_s(fwd: ChunkTimes, bwd: ChunkTimes, totals: Sequence[float]) -> list[float]:
+    """Per rank R, what one steady round of p micro-batches takes beyond p x the slowest stage:
+    max(0, p t_R + stall_R - p t_max), stall_R its longest wait on either neighbour (0 where even that could
+    not lift its round above p t_max: the bound (p v) max(0, largest slot difference) + the neighbour's
+    largest slot)."""
+    p, v = len(fwd), len(fwd[0])
+    if p < 2:
+        return [0.0] * p
+    slowest = max(totals)
+    excess = [0.0] * p
+    for rank in range(p):
+        below = p * (slowest - totals[rank])
+        lo_f, lo_b = min(fwd[rank]), min(bwd[rank])
+        for neighbour in ((rank - 1) % p, (rank + 1) % p):
+            hi_f, hi_b = max(fwd[neighbour]), max(bwd[neighbour])
+            if p * v * max(0.0, hi_f + hi_b - lo_f - lo_b) + hi_f + hi_b > below:
+                break
+        else:
+            continue
+        stall = max(_forward_feed_stall_s(fwd, bwd, rank), _backward_feed_stall_s(fwd, bwd, rank))
+        if stall > below:
+            excess[rank] = stall - below
+    return excess

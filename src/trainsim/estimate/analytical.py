@@ -23,7 +23,7 @@ from trainsim.catalog.calibration import Calibration
 from trainsim.cost.memory import MemoryEstimate
 from trainsim.cost.pricing import Partition, Pricer, StageCost
 from trainsim.cost.rank_classes import DeviceClass, uniform
-from trainsim.estimate.interleaved_rounds import flow_shop_extra_s, steady_excess_s
+from trainsim.estimate.interleaved_rounds import fill_drain_extra_s, stall_bound_s, steady_stall_s
 from trainsim.estimate.result import Result, iteration_time_s, make_result, tokens_per_s
 from trainsim.ir.graph import OpGraph
 from trainsim.job import Job
@@ -73,9 +73,11 @@ def uneven_bubble_s(schedule: str, totals: list[float], forward: Sequence[float]
     chunk through the later stages, less the w_k forwards (backwards) of chunk size it runs meanwhile,
     w_k = p - k - 1 for 1F1B, 2 (p - k - 1) for interleaved 1F1B (Megatron-LM's warm-up count); t_ic = t_i x
     chunk c's share (chunk_shares; 1 for 1F1B). For equal stages it is (p - 1) t / v (Narayanan et al. 2021).
-    Interleaved, with chunks that differ (estimate.interleaved_rounds): the first chunk's fill and drain as a
-    flow shop of p micro-batches, and m / p steady rounds each longer than p t_k by k's longest wait on a
-    neighbour. forward: per stage, the forward pass's share of its time."""
+    Interleaved (estimate.interleaved_rounds): k enters the pipeline at the first forward of the chunk whose
+    warm-up path is longest and leaves it after the last backward of the chunk whose drain is longest
+    (fill_drain_extra_s, 0 for equal stages), and each of the m / p - 1 steady rounds after the first waits
+    for k's longest stall on a neighbour no slower than itself (steady_stall_s, 0 for equal chunks).
+    forward: per stage, the forward pass's share of its time."""
     p = len(totals)
     if schedule == "gpipe":
         return sum(totals) - max(totals)
@@ -87,7 +89,9 @@ def uneven_bubble_s(schedule: str, totals: list[float], forward: Sequence[float]
     later = [0.0] * p  # later[k] = sum of last[k + 1:]
     for k in range(p - 2, -1, -1):
         later[k] = later[k + 1] + last[k + 1]
-    extra = _chunk_extra_s(totals, forward, m, chunk_shares) if interleaved else None
+    chunks = _chunk_times_s(totals, forward, chunk_shares) if interleaved else None
+    extra = fill_drain_extra_s(*chunks) if chunks is not None else None
+    idles = [0.0] * p
     bubble = fill = 0.0
     # NB: comparisons, not max(): a search prices this for every uneven plan
     for k in range(p):
@@ -103,25 +107,37 @@ def uneven_bubble_s(schedule: str, totals: list[float], forward: Sequence[float]
         stall = round_trip - warm * (last[k] - fwd)
         if stall > 0.0:
             idle += stall
+        idles[k] = idle
         if idle > bubble:
             bubble = idle
         fill += first[k]
+    if chunks is not None and m > p:
+        bubble = _with_steady_stalls_s(bubble, idles, chunks, totals, m // p - 1)
     return bubble
 
 
-def _chunk_extra_s(totals: list[float], forward: Sequence[float], m: int,
-                   chunk_shares: tuple[tuple[float, ...], ...]) -> list[float] | None:
-    """Per stage, what chunks that differ add to its idle time under interleaved 1F1B: the first chunk's flow
-    shop and m / p steady rounds' excess (estimate.interleaved_rounds); None where every stage's chunks are
-    equal (the even-chunk form is exact there)."""
-    if all(max(shares) == min(shares) for shares in chunk_shares):
-        return None
+def _chunk_times_s(totals: list[float], forward: Sequence[float],
+                   chunk_shares: tuple[tuple[float, ...], ...]) -> tuple[list[list[float]], list[list[float]]]:
+    """Per stage and model chunk, one micro-batch's forward and backward seconds: the stage's time x the
+    chunk's share x the stage's forward (backward) fraction."""
     fwd = [[t * f * share for share in shares] for t, f, shares in zip(totals, forward, chunk_shares, strict=True)]
     bwd = [[t * (1.0 - f) * share for share in shares]
            for t, f, shares in zip(totals, forward, chunk_shares, strict=True)]
-    rounds = m // len(totals)
-    return [shop + rounds * steady for shop, steady in
-            zip(flow_shop_extra_s(fwd, bwd), steady_excess_s(fwd, bwd, totals), strict=True)]
+    return fwd, bwd
+
+
+def _with_steady_stalls_s(bubble: float, idles: list[float], chunks: tuple[list[list[float]], list[list[float]]],
+                          totals: list[float], rounds: int) -> float:
+    """The bubble with each stage's steady stalls (interleaved_rounds.steady_stall_s, `rounds` of them) added
+    to its idle time; a stage whose stalls could not lift it above the bubble (stall_bound_s) is skipped."""
+    fwd, bwd = chunks
+    for k, idle in enumerate(idles):
+        if idle + rounds * stall_bound_s(fwd, bwd, k) <= bubble:
+            continue
+        idle += rounds * steady_stall_s(fwd, bwd, totals, k)
+        if idle > bubble:
+            bubble = idle
+    return bubble
 
 
 class AnalyticalEstimator:

@@ -37,19 +37,52 @@ def backward_chunk(p: int, v: int, slot: int) -> int:
     return v - 1 - (slot % (p * v)) // p
 
 
-def flow_shop_extra_s(fwd: ChunkTimes, bwd: ChunkTimes) -> list[float]:
-    """Per rank R, (p - 1) (max_{i<=R} f_i0 - f_R0 + max_{i<=R} b_i0 - b_R0): the first chunk's fill and drain
-    as a flow shop of p micro-batches, beyond the even form's one micro-batch through the earlier ranks."""
-    p = len(fwd)
+def _longest_to_first(times: list[float], p: int) -> list[float]:
+    """Per virtual stage u, the longest path of the warm-up (each rank runs p micro-batches of chunk c, then of
+    chunk c + 1) from the pipeline's first forward to micro-batch 0's forward at u, both included: one
+    micro-batch down the stages, or all p of them through one stage (a flow shop's staircase, Huang et al.
+    2019) and from its last on to the same rank's next chunk (u + p). times: per virtual stage u = c p + r."""
+    first = [0.0] * len(times)  # micro-batch 0 at u
+    last = [0.0] * len(times)  # micro-batch p - 1 at u
+    for u, seconds in enumerate(times):
+        before = first[u - 1] if u else 0.0
+        if u >= p and last[u - p] > before:
+            before = last[u - p]
+        first[u] = before + seconds
+        through = first[u] + (p - 1) * seconds
+        if u and last[u - 1] + seconds > through:
+            through = last[u - 1] + seconds
+        last[u] = through
+    return first
+
+
+def fill_drain_extra_s(fwd: ChunkTimes, bwd: ChunkTimes) -> list[float]:
+    """Per rank R, how much longer than sum_{i<R} (f_i0 + b_i0) (one micro-batch's chunk 0 through the earlier
+    ranks, the even form's fill and drain) the pipeline takes before R's first forward of some chunk c plus
+    after its last backward of some chunk c', less R's own forwards (backwards) of the first (last) group's
+    chunks below c (c'): the longest entry and exit over the chunks. The drain is the fill's mirror (the last
+    group's backwards run chunk v - 1 down to 0 per rank, the data from stage u to u - 1)."""
+    p, v = len(fwd), len(fwd[0])
+    entry = _longest_to_first([fwd[u % p][u // p] for u in range(p * v)], p)
+    exit_ = _longest_to_first([bwd[u % p][u // p] for u in range(p * v)], p)
     extra = [0.0] * p
-    most_f = most_b = 0.0
+    one = 0.0  # sum_{i<R} (f_i0 + b_i0)
     for rank in range(p):
-        f0, b0 = fwd[rank][0], bwd[rank][0]
-        if f0 > most_f:
-            most_f = f0
-        if b0 > most_b:
-            most_b = b0
-        extra[rank] = (p - 1) * (most_f - f0 + most_b - b0)
+        f_r, b_r = fwd[rank], bwd[rank]
+        best_in = best_out = float("-inf")
+        before_f = before_b = 0.0  # R's own chunks below c, p micro-batches each
+        for chunk in range(v):
+            u = chunk * p + rank
+            start = entry[u] - f_r[chunk] - before_f
+            if start > best_in:
+                best_in = start
+            end = exit_[u] - b_r[chunk] - before_b
+            if end > best_out:
+                best_out = end
+            before_f += p * f_r[chunk]
+            before_b += p * b_r[chunk]
+        extra[rank] = best_in + best_out - one
+        one += f_r[0] + b_r[0]
     return extra
 
 
@@ -137,26 +170,25 @@ def _backward_feed_stall_s(fwd: ChunkTimes, bwd: ChunkTimes, rank: int) -> float
     return _window_max(x, y, n, 2)
 
 
-def steady_excess_s(fwd: ChunkTimes, bwd: ChunkTimes, totals: Sequence[float]) -> list[float]:
-    """Per rank R, what one steady round of p micro-batches takes beyond p x the slowest stage:
-    max(0, p t_R + stall_R - p t_max), stall_R its longest wait on either neighbour (0 where even that could
-    not lift its round above p t_max: the bound (p v) max(0, largest slot difference) + the neighbour's
-    largest slot)."""
+def steady_stall_s(fwd: ChunkTimes, bwd: ChunkTimes, totals: Sequence[float], rank: int) -> float:
+    """Rank's longest wait per steady round on a neighbour no slower than itself (a slower neighbour paces the
+    rank: that wait is the slower stage's m t, not the rank's schedule); 0 if none."""
+    p = len(fwd)
+    stall = 0.0
+    if totals[(rank - 1) % p] <= totals[rank]:
+        stall = _forward_feed_stall_s(fwd, bwd, rank)
+    if totals[(rank + 1) % p] <= totals[rank]:
+        stall = max(stall, _backward_feed_stall_s(fwd, bwd, rank))
+    return max(stall, 0.0)
+
+
+def stall_bound_s(fwd: ChunkTimes, bwd: ChunkTimes, rank: int) -> float:
+    """An upper bound on steady_stall_s without the slot sums: p v slots of the largest difference between a
+    neighbour's slot and the rank's, plus a neighbour's largest slot (the windows' ends)."""
     p, v = len(fwd), len(fwd[0])
-    if p < 2:
-        return [0.0] * p
-    slowest = max(totals)
-    excess = [0.0] * p
-    for rank in range(p):
-        below = p * (slowest - totals[rank])
-        lo_f, lo_b = min(fwd[rank]), min(bwd[rank])
-        for neighbour in ((rank - 1) % p, (rank + 1) % p):
-            hi_f, hi_b = max(fwd[neighbour]), max(bwd[neighbour])
-            if p * v * max(0.0, hi_f + hi_b - lo_f - lo_b) + hi_f + hi_b > below:
-                break
-        else:
-            continue
-        stall = max(_forward_feed_stall_s(fwd, bwd, rank), _backward_feed_stall_s(fwd, bwd, rank))
-        if stall > below:
-            excess[rank] = stall - below
-    return excess
+    low = min(fwd[rank]) + min(bwd[rank])
+    bound = 0.0
+    for neighbour in ((rank - 1) % p, (rank + 1) % p):
+        high = max(fwd[neighbour]) + max(bwd[neighbour])
+        bound = max(bound, p * v * max(0.0, high - low) + high)
+    return bound

@@ -63,7 +63,7 @@ class PlanPrice:
 
 
 def uneven_bubble_s(schedule: str, totals: list[float], forward: Sequence[float], m: int,
-                    chunk_shares: tuple[tuple[float, ...], ...] = ()) -> float:
+                    chunk_shares: tuple[tuple[float, ...], ...] = (), sends: Sequence[float] = ()) -> float:
     """The pipeline's idle time on its bottleneck beyond m x the slowest stage, for stages of unequal times.
 
     GPipe: (sum_i t_i - max_j t_j) (a flow shop of identical jobs, forward then backward). 1F1B and its
@@ -77,7 +77,9 @@ def uneven_bubble_s(schedule: str, totals: list[float], forward: Sequence[float]
     warm-up path is longest and leaves it after the last backward of the chunk whose drain is longest
     (fill_drain_extra_s, 0 for equal stages), and each of the m / p - 1 steady rounds after the first waits
     for k's longest stall on a neighbour no slower than itself (steady_stall_s, 0 for equal chunks).
-    forward: per stage, the forward pass's share of its time."""
+    forward: per stage, the forward pass's share of its time; sends: per stage, its pipeline sends (in totals;
+    each chunk sends once forward and once backward: an even share per chunk, not the chunk's compute share).
+    """
     p = len(totals)
     if schedule == "gpipe":
         return sum(totals) - max(totals)
@@ -89,7 +91,7 @@ def uneven_bubble_s(schedule: str, totals: list[float], forward: Sequence[float]
     later = [0.0] * p  # later[k] = sum of last[k + 1:]
     for k in range(p - 2, -1, -1):
         later[k] = later[k + 1] + last[k + 1]
-    chunks = _chunk_times_s(totals, forward, chunk_shares) if interleaved else None
+    chunks = _chunk_times_s(totals, forward, chunk_shares, sends) if interleaved else None
     extra = fill_drain_extra_s(*chunks) if chunks is not None else None
     idles = [0.0] * p
     bubble = fill = 0.0
@@ -116,13 +118,17 @@ def uneven_bubble_s(schedule: str, totals: list[float], forward: Sequence[float]
     return bubble
 
 
-def _chunk_times_s(totals: list[float], forward: Sequence[float],
-                   chunk_shares: tuple[tuple[float, ...], ...]) -> tuple[list[list[float]], list[list[float]]]:
-    """Per stage and model chunk, one micro-batch's forward and backward seconds: the stage's time x the
-    chunk's share x the stage's forward (backward) fraction."""
-    fwd = [[t * f * share for share in shares] for t, f, shares in zip(totals, forward, chunk_shares, strict=True)]
-    bwd = [[t * (1.0 - f) * share for share in shares]
-           for t, f, shares in zip(totals, forward, chunk_shares, strict=True)]
+def _chunk_times_s(totals: list[float], forward: Sequence[float], chunk_shares: tuple[tuple[float, ...], ...],
+                   sends: Sequence[float]) -> tuple[list[list[float]], list[list[float]]]:
+    """Per stage and model chunk, one micro-batch's forward and backward seconds: the stage's time less its
+    sends x the chunk's share x the stage's forward (backward) fraction, plus one send."""
+    fwd: list[list[float]] = []
+    bwd: list[list[float]] = []
+    for stage, (total, fraction, shares) in enumerate(zip(totals, forward, chunk_shares, strict=True)):
+        send = sends[stage] / (2 * len(shares)) if sends else 0.0
+        work = total - 2 * len(shares) * send
+        fwd.append([work * fraction * share + send for share in shares])
+        bwd.append([work * (1.0 - fraction) * share + send for share in shares])
     return fwd, bwd
 
 
@@ -206,7 +212,8 @@ class AnalyticalEstimator:
         if pricer.plan_split(graph, par) is not None:
             # an uneven split (strategy.stages): the stalls of the warm-up and cool-down, stage by stage
             bubble = uneven_bubble_s(par.schedule, totals, pricer.forward_fractions(partition, job), m,
-                                     pricer.chunk_time_shares(partition, job)) + slow.pp_chain_s
+                                     pricer.chunk_time_shares(partition, job),
+                                     [cost.comm_s.get("pp", 0.0) for cost in costs]) + slow.pp_chain_s
         elif by_class and max(totals) > min(totals):
             # an even split whose stages differ by their ranks (a straggler's stage): the same stalls
             shares = ((1.0 / par.vpp,) * par.vpp,) * len(totals) if par.vpp > 1 else ()

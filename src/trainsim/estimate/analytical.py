@@ -23,7 +23,7 @@ from trainsim.catalog.calibration import Calibration
 from trainsim.cost.memory import MemoryEstimate
 from trainsim.cost.pricing import Partition, Pricer, StageCost
 from trainsim.cost.rank_classes import DeviceClass, uniform
-from trainsim.estimate.interleaved_rounds import fill_drain_extra_s, stall_bound_s, steady_stall_s
+from trainsim.estimate.interleaved_rounds import fill_drain_extra_s, stall_bounds_s, steady_stall_s
 from trainsim.estimate.result import Result, iteration_time_s, make_result, tokens_per_s
 from trainsim.ir.graph import OpGraph
 from trainsim.job import Job
@@ -135,10 +135,11 @@ def _chunk_times_s(totals: list[float], forward: Sequence[float], chunk_shares: 
 def _with_steady_stalls_s(bubble: float, idles: list[float], chunks: tuple[list[list[float]], list[list[float]]],
                           totals: list[float], rounds: int) -> float:
     """The bubble with each stage's steady stalls (interleaved_rounds.steady_stall_s, `rounds` of them) added
-    to its idle time; a stage whose stalls could not lift it above the bubble (stall_bound_s) is skipped."""
+    to its idle time; a stage whose stalls could not lift it above the bubble (stall_bounds_s) is skipped."""
     fwd, bwd = chunks
-    for k, idle in enumerate(idles):
-        if idle + rounds * stall_bound_s(fwd, bwd, k) <= bubble:
+    for k, bound in enumerate(stall_bounds_s(fwd, bwd, totals)):
+        idle = idles[k]
+        if idle + rounds * bound <= bubble:
             continue
         idle += rounds * steady_stall_s(fwd, bwd, totals, k)
         if idle > bubble:
@@ -218,7 +219,7 @@ class AnalyticalEstimator:
             # an even split whose stages differ by their ranks (a straggler's stage): the same stalls
             shares = ((1.0 / par.vpp,) * par.vpp,) * len(totals) if par.vpp > 1 else ()
             bubble = uneven_bubble_s(par.schedule, totals, [_forward_fraction(cost) for cost in costs], m,
-                                     shares) + slow.pp_chain_s
+                                     shares, [cost.comm_s.get("pp", 0.0) for cost in costs]) + slow.pp_chain_s
         else:
             bubble = (sum(totals) - slow.total_s) / par.vpp + slow.pp_chain_s  # the interleaved hops waited for
         if par.schedule == "zb-h1":

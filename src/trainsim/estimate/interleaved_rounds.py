@@ -29,19 +29,35 @@ The stalls and the bubble are checked against the exact schedule of per-chunk ti
 """
 
 from collections.abc import Sequence
+from itertools import accumulate
+from operator import sub
 
 ChunkTimes = Sequence[Sequence[float]]  # [rank][chunk] seconds, one micro-batch
 
 
-def forward_chunk(p: int, v: int, rank: int, slot: int) -> int:
-    """The chunk of rank's forward in steady slot `slot` (Megatron-LM's get_model_chunk_id of forward
-    slot + w_rank)."""
-    return ((slot + 2 * (p - 1 - rank) - p) % (p * v)) // p
+def _forward_slots(f_r: Sequence[float], p: int, rank: int, start: int, length: int) -> list[float]:
+    """Rank's forward seconds in steady slots start .. start + length - 1 (length <= 2 p v). Slot k runs the
+    forward k + w_rank, of chunk ((k + w_rank) mod p v) // p (Megatron-LM's get_model_chunk_id); w_rank = p v
+    - p + 2 (p - 1 - rank) = 2 (p - 1 - rank) - p (mod p v)."""
+    n = p * len(f_r)
+    blocks: list[float] = []
+    for seconds in f_r:
+        blocks += [seconds] * p
+    blocks *= 3
+    first = (start + 2 * (p - 1 - rank) - p) % n
+    return blocks[first:first + length]
 
 
-def backward_chunk(p: int, v: int, slot: int) -> int:
-    """The chunk of every rank's backward in steady slot `slot` (backward chunks run v - 1 down to 0)."""
-    return v - 1 - (slot % (p * v)) // p
+def _backward_slots(b_r: Sequence[float], p: int, start: int, length: int) -> list[float]:
+    """Rank's backward seconds in steady slots start .. start + length - 1 (length <= 2 p v): slot k runs
+    backward k, of chunk v - 1 - (k mod p v) // p (the same on every rank)."""
+    n = p * len(b_r)
+    blocks: list[float] = []
+    for seconds in reversed(b_r):
+        blocks += [seconds] * p
+    blocks *= 3
+    first = start % n
+    return blocks[first:first + length]
 
 
 def _longest_to_first(times: list[float], p: int) -> list[float]:
@@ -93,58 +109,36 @@ def fill_drain_extra_s(fwd: ChunkTimes, bwd: ChunkTimes) -> list[float]:
     return extra
 
 
-def _slots(fwd: ChunkTimes, bwd: ChunkTimes, rank: int) -> tuple[list[float], list[float]]:
-    """Rank's forward and backward seconds in each steady slot of one period (p v slots)."""
-    p, v = len(fwd), len(fwd[0])
-    f_r, b_r = fwd[rank], bwd[rank]
-    return ([f_r[forward_chunk(p, v, rank, k)] for k in range(p * v)],
-            [b_r[backward_chunk(p, v, k)] for k in range(p * v)])
-
-
 def _window_max(x: list[float], y: list[float], n: int, shortest: int) -> float:
-    """max over s in [n, 2n) and k in [s - n, s - shortest] of x[s - n] - y[k] (a sliding minimum)."""
-    best = float("-inf")
-    window: list[int] = []  # indices of y, increasing values (a monotone queue); head at window[head]
-    head = 0
-    nxt = 0
-    for index in range(n):
-        s = n + index
-        while nxt <= s - shortest:
-            value = y[nxt]
-            while len(window) > head and y[window[-1]] >= value:
-                window.pop()
-            window.append(nxt)
-            nxt += 1
-        while window[head] < s - n:
-            head += 1
-        gap = x[index] - y[window[head]]
-        if gap > best:
-            best = gap
-    return best
+    """max over s in [n, 2n) and k in [s - n, s - shortest] of x[s - n] - y[k] (y: 2n values). The minimum of y
+    over the window of s = n + i is that of the suffix of y's first n from i and the prefix of its last n up
+    to i - shortest (for i >= shortest; the first windows lie in y's first n)."""
+    low = y[:n]
+    suffix = list(accumulate(reversed(low), min))[::-1]
+    prefix = list(accumulate(y[n:], min))
+    least = [min(low[i:i + n - shortest + 1]) for i in range(shortest)]
+    least += map(min, suffix[shortest:], prefix[:n - shortest])
+    return max(map(sub, x, least))
 
 
 def _forward_feed_stall_s(fwd: ChunkTimes, bwd: ChunkTimes, rank: int) -> float:
     """Rank's longest steady wait for its forward input: from its backward of slot k to its forward of slot
     s, the neighbour N (rank - 1; rank p - 1, p slots on, for rank 0) runs b_N(k) .. f_N(s - 2), rank itself
-    slots k + 1 .. s - 1. stall = sum_{k<j<s} (a_N - a_R)(j) + b_N(k) - b_N(s - 2) - a_N(s - 1), a = f + b."""
+    slots k + 1 .. s - 1. stall = sum_{k<j<s} (a_N - a_R)(j) + b_N(k) - b_N(s - 2) - a_N(s - 1), a = f + b;
+    over one period of s and windows of up to p v slots."""
     p, v = len(fwd), len(fwd[0])
     n = p * v
     wrap = rank == 0
-    f_r, b_r = _slots(fwd, bwd, rank)
-    f_n, b_n = _slots(fwd, bwd, p - 1 if wrap else rank - 1)
-    shift = p if wrap else 0
-    prefix = [0.0] * (2 * n + 1)
-    for j in range(2 * n):
-        i, m = j % n, (j + shift) % n
-        prefix[j + 1] = prefix[j] + f_n[m] + b_n[m] - f_r[i] - b_r[i]
-    y = [prefix[k + 1] - b_n[(k + shift) % n] for k in range(2 * n)]
-    x = []
-    for s in range(n, 2 * n):
-        if wrap and forward_chunk(p, v, p - 1, s + p - 2) == v - 1:
-            x.append(float("-inf"))  # rank 0's chunk 0 reads the data loader, not rank p - 1
-            continue
-        m2, m1 = (s - 2 + shift) % n, (s - 1 + shift) % n
-        x.append(prefix[s] - b_n[m2] - f_n[m1] - b_n[m1])
+    neighbour, shift = (p - 1, p) if wrap else (rank - 1, 0)
+    f_r, b_r = _forward_slots(fwd[rank], p, rank, 0, 2 * n), _backward_slots(bwd[rank], p, 0, 2 * n)
+    f_n, b_n = _forward_slots(fwd[neighbour], p, neighbour, shift, 2 * n), _backward_slots(bwd[neighbour], p, shift,
+                                                                                            2 * n)
+    prefix = [0.0, *accumulate([fn + bn - fr - br for fn, bn, fr, br in zip(f_n, b_n, f_r, b_r, strict=True)])]
+    y = [total - bn for total, bn in zip(prefix[1:], b_n, strict=True)]
+    # NB: over the wrap, rank 0's first-chunk forwards read the data loader, not rank p - 1 ((s - 2) mod n in
+    # rank p - 1's last chunk)
+    x = [prefix[s] - b_n[s - 2] - f_n[s - 1] - b_n[s - 1] if not wrap or (s - 2) % n < n - p else float("-inf")
+         for s in range(n, 2 * n)]
     return _window_max(x, y, n, 3)
 
 
@@ -156,24 +150,16 @@ def _backward_feed_stall_s(fwd: ChunkTimes, bwd: ChunkTimes, rank: int) -> float
     p, v = len(fwd), len(fwd[0])
     n = p * v
     wrap = rank == p - 1
-    f_r, b_r = _slots(fwd, bwd, rank)
-    f_n, b_n = _slots(fwd, bwd, 0 if wrap else rank + 1)
-    shift = -p if wrap else 0
-    prefix = [0.0] * (2 * n + 1)
-    for j in range(2 * n):
-        i, m = j % n, (j + shift) % n
-        prefix[j + 1] = prefix[j] + f_n[m] + b_n[m] - f_r[i] - b_r[i]
-    y = []
-    for k in range(2 * n):
-        m = (k + 1 + shift) % n
-        y.append(prefix[k + 1] + f_n[m] + b_n[m] + b_r[k % n])
-    x = []
-    for s in range(n, 2 * n):
-        if wrap and backward_chunk(p, v, s - p) == 0:
-            x.append(float("-inf"))  # the last chunk's backward follows its own forward, not rank 0
-            continue
-        m = (s + shift) % n
-        x.append(prefix[s] + f_n[m] + b_n[m] - f_r[s % n])
+    neighbour, shift = (0, -p) if wrap else (rank + 1, 0)
+    f_r, b_r = _forward_slots(fwd[rank], p, rank, 0, 2 * n), _backward_slots(bwd[rank], p, 0, 2 * n)
+    f_n = _forward_slots(fwd[neighbour], p, neighbour, shift, 2 * n + 1)
+    b_n = _backward_slots(bwd[neighbour], p, shift, 2 * n + 1)
+    prefix = [0.0, *accumulate([fn + bn - fr - br for fn, bn, fr, br in zip(f_n, b_n, f_r, b_r, strict=False)])]
+    y = [total + fn + bn + br for total, fn, bn, br in zip(prefix[1:], f_n[1:], b_n[1:], b_r, strict=True)]
+    # NB: over the wrap, the last chunk's backward follows rank p - 1's own forward, not rank 0 (slot s - p's
+    # backward chunk 0: (s - p) mod n in the last p slots of a period)
+    x = [prefix[s] + f_n[s] + b_n[s] - f_r[s] if not wrap or (s - p) % n < n - p else float("-inf")
+         for s in range(n, 2 * n)]
     return _window_max(x, y, n, 2)
 
 
@@ -189,13 +175,21 @@ def steady_stall_s(fwd: ChunkTimes, bwd: ChunkTimes, totals: Sequence[float], ra
     return max(stall, 0.0)
 
 
-def stall_bound_s(fwd: ChunkTimes, bwd: ChunkTimes, rank: int) -> float:
-    """An upper bound on steady_stall_s without the slot sums: p v slots of the largest difference between a
-    neighbour's slot and the rank's, plus a neighbour's largest slot (the windows' ends)."""
+def stall_bounds_s(fwd: ChunkTimes, bwd: ChunkTimes, totals: Sequence[float]) -> list[float]:
+    """Per rank, an upper bound on steady_stall_s in O(v): 0 where the rank's chunks and those of each
+    neighbour it waits on are equal (every slot the neighbour's is no longer: each window's sum is <= 0, its
+    ends < 0); else p v slots of the largest difference between a neighbour's slot and the rank's, plus the
+    neighbour's largest slot (the windows' ends)."""
     p, v = len(fwd), len(fwd[0])
-    low = min(fwd[rank]) + min(bwd[rank])
-    bound = 0.0
-    for neighbour in ((rank - 1) % p, (rank + 1) % p):
-        high = max(fwd[neighbour]) + max(bwd[neighbour])
-        bound = max(bound, p * v * max(0.0, high - low) + high)
-    return bound
+    top = [max(f) + max(b) for f, b in zip(fwd, bwd, strict=True)]
+    low = [min(f) + min(b) for f, b in zip(fwd, bwd, strict=True)]
+    even = [max(f) == min(f) and max(b) == min(b) for f, b in zip(fwd, bwd, strict=True)]
+    bounds = [0.0] * p
+    for rank in range(p):
+        for neighbour in ((rank - 1) % p, (rank + 1) % p):
+            if totals[neighbour] > totals[rank] or (even[rank] and even[neighbour]):
+                continue
+            bound = p * v * max(0.0, top[neighbour] - low[rank]) + top[neighbour]
+            if bound > bounds[rank]:
+                bounds[rank] = bound
+    return bounds

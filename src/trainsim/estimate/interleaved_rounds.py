@@ -175,21 +175,37 @@ def steady_stall_s(fwd: ChunkTimes, bwd: ChunkTimes, totals: Sequence[float], ra
     return max(stall, 0.0)
 
 
+def _feed_bound_s(f_r: Sequence[float], b_r: Sequence[float], f_n: Sequence[float], b_n: Sequence[float],
+                  p: int, lead: int, forward_feed: bool) -> float:
+    """An upper bound on one feed's stall: the positive slot differences over a period (a window's sum is at
+    most theirs) plus the largest window ends. lead: +1 where the neighbour's forward chunk turns 2 slots
+    before the rank's (its forward feed), -1 where 2 slots after (its backward feed), 0 over the wrap (chunks
+    aligned anyhow: every pair bounded by the largest difference)."""
+    v = len(f_r)
+    low_f, low_b = min(f_n), min(b_n)
+    if lead:
+        positive = sum((p - 2) * max(0.0, f_n[c] - f_r[c]) + 2 * max(0.0, f_n[(c + lead) % v] - f_r[c])
+                       + p * max(0.0, b_n[c] - b_r[c]) for c in range(v))
+    else:
+        positive = p * v * max(0.0, max(f_n) + max(b_n) - min(f_r) - min(b_r))
+    if forward_feed:  # b_N(k) - b_N(s - 2) - a_N(s - 1)
+        ends = max(b_n) - 2 * low_b - low_f
+    else:  # a_N(s) - a_N(k + 1) - b_R(k) - f_R(s)
+        ends = max(f_n) + max(b_n) - low_f - low_b - min(b_r) - min(f_r)
+    return positive + ends
+
+
 def stall_bounds_s(fwd: ChunkTimes, bwd: ChunkTimes, totals: Sequence[float]) -> list[float]:
-    """Per rank, an upper bound on steady_stall_s in O(v): 0 where the rank's chunks and those of each
-    neighbour it waits on are equal (every slot the neighbour's is no longer: each window's sum is <= 0, its
-    ends < 0); else p v slots of the largest difference between a neighbour's slot and the rank's, plus the
-    neighbour's largest slot (the windows' ends)."""
-    p, v = len(fwd), len(fwd[0])
-    top = [max(f) + max(b) for f, b in zip(fwd, bwd, strict=True)]
-    low = [min(f) + min(b) for f, b in zip(fwd, bwd, strict=True)]
-    even = [max(f) == min(f) and max(b) == min(b) for f, b in zip(fwd, bwd, strict=True)]
+    """Per rank, an upper bound on steady_stall_s in O(v) (0 where no neighbour it waits on could stall it)."""
+    p = len(fwd)
     bounds = [0.0] * p
     for rank in range(p):
-        for neighbour in ((rank - 1) % p, (rank + 1) % p):
-            if totals[neighbour] > totals[rank] or (even[rank] and even[neighbour]):
-                continue
-            bound = p * v * max(0.0, top[neighbour] - low[rank]) + top[neighbour]
+        f_r, b_r = fwd[rank], bwd[rank]
+        before, after = (rank - 1) % p, (rank + 1) % p
+        if totals[before] <= totals[rank]:
+            bounds[rank] = _feed_bound_s(f_r, b_r, fwd[before], bwd[before], p, 0 if rank == 0 else 1, True)
+        if totals[after] <= totals[rank]:
+            bound = _feed_bound_s(f_r, b_r, fwd[after], bwd[after], p, 0 if rank == p - 1 else -1, False)
             if bound > bounds[rank]:
                 bounds[rank] = bound
     return bounds

@@ -23,7 +23,12 @@ from trainsim.catalog.calibration import Calibration
 from trainsim.cost.memory import MemoryEstimate
 from trainsim.cost.pricing import Partition, Pricer, StageCost
 from trainsim.cost.rank_classes import DeviceClass, uniform
-from trainsim.estimate.interleaved_rounds import fill_drain_extra_s, stall_bounds_s, steady_stall_s
+from trainsim.estimate.interleaved_rounds import (
+    backward_feed_stall_s,
+    feed_bounds_s,
+    fill_drain_extra_s,
+    forward_feed_stall_s,
+)
 from trainsim.estimate.result import Result, iteration_time_s, make_result, tokens_per_s
 from trainsim.ir.graph import OpGraph
 from trainsim.job import Job
@@ -135,15 +140,17 @@ def _chunk_times_s(totals: list[float], forward: Sequence[float], chunk_shares: 
 def _with_steady_stalls_s(bubble: float, idles: list[float], chunks: tuple[list[list[float]], list[list[float]]],
                           totals: list[float], rounds: int) -> float:
     """The bubble with each stage's steady stalls (interleaved_rounds.steady_stall_s, `rounds` of them) added
-    to its idle time; a stage whose stalls could not lift it above the bubble (stall_bounds_s) is skipped."""
+    to its idle time; a wait that could not lift its stage above the bubble (feed_bounds_s) is not priced."""
     fwd, bwd = chunks
-    for k, bound in enumerate(stall_bounds_s(fwd, bwd, totals)):
+    for k, (ahead, behind) in enumerate(feed_bounds_s(fwd, bwd, totals)):
         idle = idles[k]
-        if idle + rounds * bound <= bubble:
-            continue
-        idle += rounds * steady_stall_s(fwd, bwd, totals, k)
-        if idle > bubble:
-            bubble = idle
+        stall = 0.0
+        if idle + rounds * ahead > bubble:
+            stall = forward_feed_stall_s(fwd, bwd, k)
+        if idle + rounds * behind > bubble:
+            stall = max(stall, backward_feed_stall_s(fwd, bwd, k))
+        if idle + rounds * stall > bubble:
+            bubble = idle + rounds * stall
     return bubble
 
 

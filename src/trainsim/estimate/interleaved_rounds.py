@@ -121,7 +121,7 @@ def _window_max(x: list[float], y: list[float], n: int, shortest: int) -> float:
     return max(map(sub, x, least))
 
 
-def _forward_feed_stall_s(fwd: ChunkTimes, bwd: ChunkTimes, rank: int) -> float:
+def forward_feed_stall_s(fwd: ChunkTimes, bwd: ChunkTimes, rank: int) -> float:
     """Rank's longest steady wait for its forward input: from its backward of slot k to its forward of slot
     s, the neighbour N (rank - 1; rank p - 1, p slots on, for rank 0) runs b_N(k) .. f_N(s - 2), rank itself
     slots k + 1 .. s - 1. stall = sum_{k<j<s} (a_N - a_R)(j) + b_N(k) - b_N(s - 2) - a_N(s - 1), a = f + b;
@@ -142,7 +142,7 @@ def _forward_feed_stall_s(fwd: ChunkTimes, bwd: ChunkTimes, rank: int) -> float:
     return _window_max(x, y, n, 3)
 
 
-def _backward_feed_stall_s(fwd: ChunkTimes, bwd: ChunkTimes, rank: int) -> float:
+def backward_feed_stall_s(fwd: ChunkTimes, bwd: ChunkTimes, rank: int) -> float:
     """Rank's longest steady wait for its backward input: from its forward of slot k to its backward of slot
     s, the neighbour N (rank + 1; rank 0, p slots back, for rank p - 1) runs slots k + 2 .. s, rank itself
     b_R(k), slots k + 1 .. s - 1 and f_R(s). stall = sum_{k<j<s} (a_N - a_R)(j) - a_N(k + 1) + a_N(s) - b_R(k)
@@ -169,9 +169,9 @@ def steady_stall_s(fwd: ChunkTimes, bwd: ChunkTimes, totals: Sequence[float], ra
     p = len(fwd)
     stall = 0.0
     if totals[(rank - 1) % p] <= totals[rank]:
-        stall = _forward_feed_stall_s(fwd, bwd, rank)
+        stall = forward_feed_stall_s(fwd, bwd, rank)
     if totals[(rank + 1) % p] <= totals[rank]:
-        stall = max(stall, _backward_feed_stall_s(fwd, bwd, rank))
+        stall = max(stall, backward_feed_stall_s(fwd, bwd, rank))
     return max(stall, 0.0)
 
 
@@ -195,17 +195,23 @@ def _feed_bound_s(f_r: Sequence[float], b_r: Sequence[float], f_n: Sequence[floa
     return positive + ends
 
 
-def stall_bounds_s(fwd: ChunkTimes, bwd: ChunkTimes, totals: Sequence[float]) -> list[float]:
-    """Per rank, an upper bound on steady_stall_s in O(v) (0 where no neighbour it waits on could stall it)."""
+def feed_bounds_s(fwd: ChunkTimes, bwd: ChunkTimes, totals: Sequence[float]) -> list[tuple[float, float]]:
+    """Per rank, upper bounds in O(v) on its forward_feed_stall_s and backward_feed_stall_s as steady_stall_s
+    counts them: -inf for a neighbour slower than the rank (not counted), 0 where the rank's chunks and the
+    neighbour's are each equal (every slot the neighbour's is no longer: each window's sum is <= 0, its ends
+    < 0)."""
     p = len(fwd)
-    bounds = [0.0] * p
+    even = [max(f) == min(f) and max(b) == min(b) for f, b in zip(fwd, bwd, strict=True)]
+    bounds: list[tuple[float, float]] = []
     for rank in range(p):
         f_r, b_r = fwd[rank], bwd[rank]
         before, after = (rank - 1) % p, (rank + 1) % p
+        ahead = behind = float("-inf")
         if totals[before] <= totals[rank]:
-            bounds[rank] = _feed_bound_s(f_r, b_r, fwd[before], bwd[before], p, 0 if rank == 0 else 1, True)
+            ahead = 0.0 if even[rank] and even[before] else \
+                _feed_bound_s(f_r, b_r, fwd[before], bwd[before], p, 0 if rank == 0 else 1, True)
         if totals[after] <= totals[rank]:
-            bound = _feed_bound_s(f_r, b_r, fwd[after], bwd[after], p, 0 if rank == p - 1 else -1, False)
-            if bound > bounds[rank]:
-                bounds[rank] = bound
+            behind = 0.0 if even[rank] and even[after] else \
+                _feed_bound_s(f_r, b_r, fwd[after], bwd[after], p, 0 if rank == p - 1 else -1, False)
+        bounds.append((ahead, behind))
     return bounds

@@ -33,7 +33,7 @@ CASES: list[tuple[str, Any, int, dict[str, Any]]] = [
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="Speed of the analytical engine on uneven interleaved pipelines.")
     parser.add_argument("--repeats", type=int, default=2000, help="pricings per timing (default 2000)")
     args = parser.parse_args()
     engine = AnalyticalEstimator()

@@ -6,10 +6,10 @@ the embedding and the loss counted predicts through `trainsim predict` with both
 Interleaved pipelines whose ranks' chunks differ (a heavy LM head on the last chunk: an aligned vocabulary of
 301,824 on GPT-3 1.3B is a head of about ten layers; light first/last stages; the embedding and loss counted)
 were up to 12% slower simulated than the closed form before it modelled their warm-up, drain and steady
-rounds (estimate.interleaved_rounds); INTERLEAVED_UNEVEN holds them. What remains between the engines
-(measured maximum 1.8%, the analytical engine the slower): the split of a stage's pipeline sends and
-forward/backward time over its chunks in proportion to their compute; the engines' known differences on even
-splits (the last data-parallel bucket, one-way sends at the end stages).
+rounds (estimate.interleaved_rounds); INTERLEAVED_UNEVEN holds them. What remains between the engines on these
+cases (measured maximum 1.4%, the analytical engine the slower): a stage's forward/backward split and host
+overhead spread over its chunks by their compute (the head's forward share differs from the blocks'); the
+engines' known differences on even splits (the last data-parallel bucket, one-way sends at the end stages).
 """
 
 import json

@@ -25,6 +25,7 @@ from trainsim.cost.pricing import Partition, Pricer, StageCost
 from trainsim.cost.rank_classes import DeviceClass, uniform
 from trainsim.estimate.interleaved_rounds import (
     backward_feed_stall_s,
+    counted_stall_s,
     feed_bounds_s,
     fill_drain_extra_s,
     forward_feed_stall_s,
@@ -142,13 +143,14 @@ def _with_steady_stalls_s(bubble: float, idles: list[float], chunks: tuple[list[
     """The bubble with each stage's steady stalls (interleaved_rounds.steady_stall_s, `rounds` of them) added
     to its idle time; a wait that could not lift its stage above the bubble (feed_bounds_s) is not priced."""
     fwd, bwd = chunks
-    for k, (ahead, behind) in enumerate(feed_bounds_s(fwd, bwd, totals)):
+    p = len(totals)
+    for k, (ahead, behind) in enumerate(feed_bounds_s(fwd, bwd)):
         idle = idles[k]
         stall = 0.0
         if idle + rounds * ahead > bubble:
-            stall = forward_feed_stall_s(fwd, bwd, k)
+            stall = counted_stall_s(forward_feed_stall_s(fwd, bwd, k), totals, k, (k - 1) % p)
         if idle + rounds * behind > bubble:
-            stall = max(stall, backward_feed_stall_s(fwd, bwd, k))
+            stall = max(stall, counted_stall_s(backward_feed_stall_s(fwd, bwd, k), totals, k, (k + 1) % p))
         if idle + rounds * stall > bubble:
             bubble = idle + rounds * stall
     return bubble

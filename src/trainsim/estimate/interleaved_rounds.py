@@ -163,16 +163,19 @@ def backward_feed_stall_s(fwd: ChunkTimes, bwd: ChunkTimes, rank: int) -> float:
     return _window_max(x, y, n, 2)
 
 
+def counted_stall_s(stall: float, totals: Sequence[float], rank: int, neighbour: int) -> float:
+    """A wait on `neighbour` as steady_stall_s counts it: 0 where the neighbour's own round (p t_N) outlasts the
+    rank's round with the wait (p t_R + stall): the neighbour then paces the rank, and that is already its own
+    m t, not the rank's schedule."""
+    p = len(totals)
+    return stall if stall > 0.0 and p * totals[rank] + stall >= p * totals[neighbour] else 0.0
+
+
 def steady_stall_s(fwd: ChunkTimes, bwd: ChunkTimes, totals: Sequence[float], rank: int) -> float:
-    """Rank's longest wait per steady round on a neighbour no slower than itself (a slower neighbour paces the
-    rank: that wait is the slower stage's m t, not the rank's schedule); 0 if none."""
+    """Rank's longest counted wait per steady round on either neighbour (counted_stall_s); 0 if none."""
     p = len(fwd)
-    stall = 0.0
-    if totals[(rank - 1) % p] <= totals[rank]:
-        stall = forward_feed_stall_s(fwd, bwd, rank)
-    if totals[(rank + 1) % p] <= totals[rank]:
-        stall = max(stall, backward_feed_stall_s(fwd, bwd, rank))
-    return max(stall, 0.0)
+    ahead = counted_stall_s(forward_feed_stall_s(fwd, bwd, rank), totals, rank, (rank - 1) % p)
+    return max(ahead, counted_stall_s(backward_feed_stall_s(fwd, bwd, rank), totals, rank, (rank + 1) % p))
 
 
 def _feed_bound_s(f_r: Sequence[float], b_r: Sequence[float], f_n: Sequence[float], b_n: Sequence[float],
@@ -195,23 +198,20 @@ def _feed_bound_s(f_r: Sequence[float], b_r: Sequence[float], f_n: Sequence[floa
     return positive + ends
 
 
-def feed_bounds_s(fwd: ChunkTimes, bwd: ChunkTimes, totals: Sequence[float]) -> list[tuple[float, float]]:
-    """Per rank, upper bounds in O(v) on its forward_feed_stall_s and backward_feed_stall_s as steady_stall_s
-    counts them: -inf for a neighbour slower than the rank (not counted), 0 where the rank's chunks and the
-    neighbour's are each equal (every slot the neighbour's is no longer: each window's sum is <= 0, its ends
-    < 0)."""
+def feed_bounds_s(fwd: ChunkTimes, bwd: ChunkTimes) -> list[tuple[float, float]]:
+    """Per rank, upper bounds in O(v) on its counted waits on its forward and backward feeds: 0 where the
+    rank's chunks and the neighbour's are each equal (every slot the neighbour's is no longer: each window's sum
+    <= 0 and its ends < 0; or the neighbour is slower by a constant per slot, and at most one period of it
+    leaves the rank's round short of the neighbour's: not counted)."""
     p = len(fwd)
     even = [max(f) == min(f) and max(b) == min(b) for f, b in zip(fwd, bwd, strict=True)]
     bounds: list[tuple[float, float]] = []
     for rank in range(p):
         f_r, b_r = fwd[rank], bwd[rank]
         before, after = (rank - 1) % p, (rank + 1) % p
-        ahead = behind = float("-inf")
-        if totals[before] <= totals[rank]:
-            ahead = 0.0 if even[rank] and even[before] else \
-                _feed_bound_s(f_r, b_r, fwd[before], bwd[before], p, 0 if rank == 0 else 1, True)
-        if totals[after] <= totals[rank]:
-            behind = 0.0 if even[rank] and even[after] else \
-                _feed_bound_s(f_r, b_r, fwd[after], bwd[after], p, 0 if rank == p - 1 else -1, False)
+        ahead = 0.0 if even[rank] and even[before] else \
+            _feed_bound_s(f_r, b_r, fwd[before], bwd[before], p, 0 if rank == 0 else 1, True)
+        behind = 0.0 if even[rank] and even[after] else \
+            _feed_bound_s(f_r, b_r, fwd[after], bwd[after], p, 0 if rank == p - 1 else -1, False)
         bounds.append((ahead, behind))
     return bounds

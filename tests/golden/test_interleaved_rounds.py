@@ -88,6 +88,12 @@ EXACT_CASES = [
     ([[0.5, 0.5]] + [[1.0, 1.0]] * 6 + [[0.5, 3.0]], 32),
     ([[0.3, 1.0]] + [[1.0, 1.0]] * 2 + [[1.0, 2.5]], 8),
     ([[1.0, 1.0, 1.0, 1.0]] * 7 + [[1.0, 1.0, 1.0, 2.0]], 16),
+    # light end stages beside a middle as slow as the head's stage (t 3.0 and 3.0), or a little slower (2.0
+    # and 1.95: the last rank's waits on its slower neighbour count, its round with them outlasting the
+    # neighbour's own)
+    ([[0.4] * 3] + [[1.0] * 3] * 2 + [[0.4, 0.4, 2.2]], 8),
+    ([[0.4] * 3] + [[1.0] * 3] * 2 + [[0.4, 0.4, 2.2]], 16),
+    ([[0.5, 0.5]] + [[1.0, 1.0]] * 2 + [[0.5, 1.45]], 8),
 ]
 
 

@@ -144,7 +144,7 @@ def _with_steady_stalls_s(bubble: float, idles: list[float], chunks: tuple[list[
     to its idle time; a wait that could not lift its stage above the bubble (feed_bounds_s) is not priced."""
     fwd, bwd = chunks
     p = len(totals)
-    for k, (ahead, behind) in enumerate(feed_bounds_s(fwd, bwd)):
+    for k, (ahead, behind) in enumerate(feed_bounds_s(fwd, bwd, totals)):
         idle = idles[k]
         stall = 0.0
         if idle + rounds * ahead > bubble:

@@ -198,20 +198,25 @@ def _feed_bound_s(f_r: Sequence[float], b_r: Sequence[float], f_n: Sequence[floa
     return positive + ends
 
 
-def feed_bounds_s(fwd: ChunkTimes, bwd: ChunkTimes) -> list[tuple[float, float]]:
-    """Per rank, upper bounds in O(v) on its counted waits on its forward and backward feeds: 0 where the
-    rank's chunks and the neighbour's are each equal (every slot the neighbour's is no longer: each window's sum
-    <= 0 and its ends < 0; or the neighbour is slower by a constant per slot, and at most one period of it
-    leaves the rank's round short of the neighbour's: not counted)."""
+def feed_bounds_s(fwd: ChunkTimes, bwd: ChunkTimes, totals: Sequence[float]) -> list[tuple[float, float]]:
+    """Per rank, upper bounds in O(v) on its counted waits (counted_stall_s) on its forward and backward feeds:
+    0 where the rank's chunks and the neighbour's are each equal (every slot the neighbour's is no longer: each
+    window's sum <= 0 and its ends < 0; or the neighbour is slower by a constant per slot, and at most one
+    period of it leaves the rank's round short of the neighbour's), or where even the bound could not make up
+    a slower neighbour's round."""
     p = len(fwd)
     even = [max(f) == min(f) and max(b) == min(b) for f, b in zip(fwd, bwd, strict=True)]
     bounds: list[tuple[float, float]] = []
     for rank in range(p):
         f_r, b_r = fwd[rank], bwd[rank]
-        before, after = (rank - 1) % p, (rank + 1) % p
-        ahead = 0.0 if even[rank] and even[before] else \
-            _feed_bound_s(f_r, b_r, fwd[before], bwd[before], p, 0 if rank == 0 else 1, True)
-        behind = 0.0 if even[rank] and even[after] else \
-            _feed_bound_s(f_r, b_r, fwd[after], bwd[after], p, 0 if rank == p - 1 else -1, False)
-        bounds.append((ahead, behind))
+        pair: list[float] = []
+        for neighbour, lead, forward_feed in (((rank - 1) % p, 0 if rank == 0 else 1, True),
+                                              ((rank + 1) % p, 0 if rank == p - 1 else -1, False)):
+            bound = 0.0
+            if not (even[rank] and even[neighbour]):
+                bound = _feed_bound_s(f_r, b_r, fwd[neighbour], bwd[neighbour], p, lead, forward_feed)
+                if bound < p * (totals[neighbour] - totals[rank]):
+                    bound = 0.0
+            pair.append(bound)
+        bounds.append((pair[0], pair[1]))
     return bounds

@@ -23,13 +23,7 @@ from trainsim.catalog.calibration import Calibration
 from trainsim.cost.memory import MemoryEstimate
 from trainsim.cost.pricing import Partition, Pricer, StageCost
 from trainsim.cost.rank_classes import DeviceClass, uniform
-from trainsim.estimate.interleaved_rounds import (
-    backward_feed_stall_s,
-    counted_stall_s,
-    feed_bounds_s,
-    fill_drain_extra_s,
-    forward_feed_stall_s,
-)
+from trainsim.estimate.interleaved_rounds import interleaved_terms_s
 from trainsim.estimate.result import Result, iteration_time_s, make_result, tokens_per_s
 from trainsim.ir.graph import OpGraph
 from trainsim.job import Job
@@ -97,8 +91,8 @@ def uneven_bubble_s(schedule: str, totals: list[float], forward: Sequence[float]
     later = [0.0] * p  # later[k] = sum of last[k + 1:]
     for k in range(p - 2, -1, -1):
         later[k] = later[k + 1] + last[k + 1]
-    chunks = _chunk_times_s(totals, forward, chunk_shares, sends) if interleaved else None
-    extra = fill_drain_extra_s(*chunks) if chunks is not None else None
+    # NB: what differing chunks add depends on the stage times only, not on m: once per set of them
+    terms = interleaved_terms_s(tuple(totals), tuple(forward), chunk_shares, tuple(sends)) if interleaved else None
     idles = [0.0] * p
     bubble = fill = 0.0
     # NB: comparisons, not max(): a search prices this for every uneven plan
@@ -107,8 +101,8 @@ def uneven_bubble_s(schedule: str, totals: list[float], forward: Sequence[float]
         warm = (p - k - 1) * per_warm_up
         fwd = forward[k] * last[k]
         idle = fill + m * (totals[k] - slowest)
-        if extra is not None:
-            idle += extra[k]
+        if terms is not None:
+            idle += terms[0][k]
         stall = round_trip - warm * fwd
         if stall > 0.0:
             idle += stall
@@ -119,40 +113,11 @@ def uneven_bubble_s(schedule: str, totals: list[float], forward: Sequence[float]
         if idle > bubble:
             bubble = idle
         fill += first[k]
-    if chunks is not None and m > p:
-        bubble = _with_steady_stalls_s(bubble, idles, chunks, totals, m // p - 1)
-    return bubble
-
-
-def _chunk_times_s(totals: list[float], forward: Sequence[float], chunk_shares: tuple[tuple[float, ...], ...],
-                   sends: Sequence[float]) -> tuple[list[list[float]], list[list[float]]]:
-    """Per stage and model chunk, one micro-batch's forward and backward seconds: the stage's time less its
-    sends x the chunk's share x the stage's forward (backward) fraction, plus one send."""
-    fwd: list[list[float]] = []
-    bwd: list[list[float]] = []
-    for stage, (total, fraction, shares) in enumerate(zip(totals, forward, chunk_shares, strict=True)):
-        send = sends[stage] / (2 * len(shares)) if sends else 0.0
-        work = total - 2 * len(shares) * send
-        fwd.append([work * fraction * share + send for share in shares])
-        bwd.append([work * (1.0 - fraction) * share + send for share in shares])
-    return fwd, bwd
-
-
-def _with_steady_stalls_s(bubble: float, idles: list[float], chunks: tuple[list[list[float]], list[list[float]]],
-                          totals: list[float], rounds: int) -> float:
-    """The bubble with each stage's steady stalls (interleaved_rounds.steady_stall_s, `rounds` of them) added
-    to its idle time; a wait that could not lift its stage above the bubble (feed_bounds_s) is not priced."""
-    fwd, bwd = chunks
-    p = len(totals)
-    for k, (ahead, behind) in enumerate(feed_bounds_s(fwd, bwd, totals)):
-        idle = idles[k]
-        stall = 0.0
-        if idle + rounds * ahead > bubble:
-            stall = counted_stall_s(forward_feed_stall_s(fwd, bwd, k), totals, k, (k - 1) % p)
-        if idle + rounds * behind > bubble:
-            stall = max(stall, counted_stall_s(backward_feed_stall_s(fwd, bwd, k), totals, k, (k + 1) % p))
-        if idle + rounds * stall > bubble:
-            bubble = idle + rounds * stall
+    if terms is not None and m > p:
+        rounds = m // p - 1  # steady rounds after the first
+        for idle, stall in zip(idles, terms[1], strict=True):
+            if idle + rounds * stall > bubble:
+                bubble = idle + rounds * stall
     return bubble
 
 

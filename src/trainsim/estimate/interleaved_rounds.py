@@ -29,6 +29,7 @@ The stalls and the bubble are checked against the exact schedule of per-chunk ti
 """
 
 from collections.abc import Sequence
+from functools import lru_cache
 from itertools import accumulate
 from operator import sub
 
@@ -220,3 +221,39 @@ def feed_bounds_s(fwd: ChunkTimes, bwd: ChunkTimes, totals: Sequence[float]) -> 
             pair.append(bound)
         bounds.append((pair[0], pair[1]))
     return bounds
+
+
+def chunk_times_s(totals: Sequence[float], forward: Sequence[float], chunk_shares: tuple[tuple[float, ...], ...],
+                  sends: Sequence[float]) -> tuple[list[list[float]], list[list[float]]]:
+    """Per stage and model chunk, one micro-batch's forward and backward seconds: the stage's time less its
+    pipeline sends x the chunk's share x the stage's forward (backward) fraction, plus one send (each chunk
+    sends once forward and once backward, whatever its compute). sends: per stage, () for none."""
+    fwd: list[list[float]] = []
+    bwd: list[list[float]] = []
+    for stage, (total, fraction, shares) in enumerate(zip(totals, forward, chunk_shares, strict=True)):
+        send = sends[stage] / (2 * len(shares)) if sends else 0.0
+        work = total - 2 * len(shares) * send
+        fwd.append([work * fraction * share + send for share in shares])
+        bwd.append([work * (1.0 - fraction) * share + send for share in shares])
+    return fwd, bwd
+
+
+@lru_cache(maxsize=4096)
+def interleaved_terms_s(totals: tuple[float, ...], forward: tuple[float, ...],
+                        chunk_shares: tuple[tuple[float, ...], ...],
+                        sends: tuple[float, ...]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per stage of an interleaved pipeline, what its chunks add to its idle time that does not depend on the
+    micro-batch count: the entry and exit beyond the even form (fill_drain_extra_s), and its counted wait per
+    steady round (steady_stall_s; not computed where feed_bounds_s shows it is 0). Cached: a pure function of
+    the stage times, which a search or a calibration prices again for other batch sizes and data-parallel
+    degrees."""
+    fwd, bwd = chunk_times_s(totals, forward, chunk_shares, sends)
+    p = len(totals)
+    stalls = [0.0] * p
+    for rank, (ahead, behind) in enumerate(feed_bounds_s(fwd, bwd, totals)):
+        if ahead > 0.0:
+            stalls[rank] = counted_stall_s(forward_feed_stall_s(fwd, bwd, rank), totals, rank, (rank - 1) % p)
+        if behind > 0.0:
+            stalls[rank] = max(stalls[rank], counted_stall_s(backward_feed_stall_s(fwd, bwd, rank), totals, rank,
+                                                             (rank + 1) % p))
+    return tuple(fill_drain_extra_s(fwd, bwd)), tuple(stalls)

@@ -66,6 +66,8 @@ INTERLEAVED_UNEVEN: list[tuple[ModelSpec, int, dict[str, Any]]] = [
     (GPT_HEAD, 8, {"pp": 4, "vpp": 2, "global_batch": 32, **FIRST_LAST_4, **INTERLEAVED}),  # +6.8%
     (GPT_HEAD, 8, {"pp": 4, "vpp": 2, "global_batch": 16, **FIRST_LAST_4, **INTERLEAVED}),  # +7.8%, m = 2p
     (GPT_HEAD, 8, {"pp": 4, "vpp": 2, "global_batch": 64, **FIRST_LAST_4, **INTERLEAVED}),  # +6.3%, m = 8p
+    (GPT.model_copy(update={"vocab": 1_000_448, "name": "gpt3-1.3b-vocab-1000448"}), 8,
+     {"pp": 4, "vpp": 2, "global_batch": 32, **FIRST_LAST_4, **INTERLEAVED}),  # +2.6%: a head of ~33 layers
     (GPT_HEAD, 8, {"pp": 8, "vpp": 2, "global_batch": 64, **FIRST_LAST_2, **INTERLEAVED}),  # +4.2%
     (GPT_HEAD, 8, {"pp": 8, "vpp": 3, "global_batch": 16, **COUNTED, **INTERLEAVED}),  # +2.7%
     (GPT, 8, {"pp": 4, "vpp": 2, "global_batch": 16, "stage_layers": (6, 2, 2, 2, 2, 2, 2, 6),

@@ -85,6 +85,7 @@ def fit_micro(data_dir: Path) -> Calibration:
         comm=comm.comm,
         comm_by_generation=comm.comm_by_generation,
         comm_network=comm.comm_network,
+        comm_network_by_fabric=comm.comm_network_by_fabric,
         device_generation=dict(name_map()["device_generation"]),
     )
 
@@ -196,8 +197,8 @@ def _source_text(data_dir: Path, runs: Sequence[Path]) -> str:
     return f"trainsim calibrate on {', '.join(shown)} ({folder} for the microbenchmarks)"
 
 
-def write_calibration(cal: Calibration, path: Path = FITTED_PATH) -> None:
-    header = (f"# Written by `trainsim calibrate` on {datetime.date.today().isoformat()}: {cal.source}.\n"
+def write_calibration(cal: Calibration, path: Path = FITTED_PATH, writer: str = "`trainsim calibrate`") -> None:
+    header = (f"# Written by {writer} on {datetime.date.today().isoformat()}: {cal.source}.\n"
               "# Do not edit by hand: rerun `trainsim calibrate`.\n")
     write_text(path, header + yaml.safe_dump(_rounded(cal.model_dump(mode="json")), sort_keys=True))
 

@@ -205,17 +205,36 @@ def _fit_network(samples: list[CollectiveSample], base: Calibration) -> CommPara
     return CommParams(latency_s=float(math.exp(fit.x[0])), bw_efficiency=float(fit.x[1]))
 
 
+# NCCL's tuner model of a ring step across the network, Simple protocol: hwLatencies[NET][Ring][Simple] = 14 us
+# (src/graph/tuning.cc, ncclTunerConstantsDefaults, NCCL 2.29.7; its InfiniBand transport adds no latency of its
+# own: src/transport/net_ib/init.cc, props->latency = 0). The step latency of a fabric without measurements.
+NCCL_NET_STEP_LATENCY_S = 14e-6
+
+
 @dataclass(frozen=True)
 class CommFit:
     comm: dict[str, CommParams]  # over every system: the fallback
     comm_by_generation: dict[str, dict[str, CommParams]]
-    comm_network: CommParams
+    comm_network: CommParams  # a fabric without measurements
+    comm_network_by_fabric: dict[str, CommParams]
+
+
+def fit_networks(across: list[CollectiveSample], base: Calibration) -> tuple[CommParams, dict[str, CommParams]]:
+    """The network's step latency and achieved / NIC bandwidth per fabric with measurements across NVLink
+    domains; for any other fabric NCCL's own step latency and the measured fabrics' mean bandwidth efficiency
+    (the only measurement of how much of a NIC's line rate a ring reaches)."""
+    by_fabric = {fabric: _fit_network([s for s in across if s.cluster.inter_node.kind == fabric], base)
+                 for fabric in sorted({s.cluster.inter_node.kind for s in across})}
+    efficiency = float(np.mean([p.bw_efficiency for p in by_fabric.values()])) if by_fabric \
+        else CommParams().bw_efficiency
+    return CommParams(latency_s=NCCL_NET_STEP_LATENCY_S, bw_efficiency=efficiency), by_fabric
 
 
 def fit_collectives(collectives_csv: Path) -> CommFit:
     """Per collective: extra latency per algorithm step and achieved / link bandwidth (and NVLS efficiency),
     fitted in log space over the measurements inside one NVLink domain, once over every system (the fallback)
-    and once per GPU generation; then the network's latency and efficiency over the rows across domains."""
+    and once per GPU generation; then the network's latency and efficiency over the rows across domains, per
+    fabric (fit_networks)."""
     samples = collective_samples(collectives_csv)
     inside = [s for s in samples if s.layout.num_domains == 1]
     across = [s for s in samples if s.layout.num_domains > 1]
@@ -230,8 +249,8 @@ def fit_collectives(collectives_csv: Path) -> CommFit:
             by_generation.setdefault(generation, {})[collective] = _fit_one(collective, group, prior)
     base = Calibration(comm=overall, comm_by_generation=by_generation,
                        device_generation=dict(name_map()["device_generation"]))
-    network = _fit_network(across, base) if across else prior
-    return CommFit(overall, by_generation, network)
+    network, by_fabric = fit_networks(across, base)
+    return CommFit(overall, by_generation, network, by_fabric)
 
 
 SIZE_BANDS = (("< 1 MB", 0.0, 1e6), ("1-64 MB", 1e6, 64e6), ("> 64 MB", 64e6, math.inf))

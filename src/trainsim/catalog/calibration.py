@@ -81,7 +81,11 @@ class Calibration(Spec):
     comm: dict[Collective, CommParams] = {}  # fitted over every system: the fallback
     # generation -> collective -> params, fitted on that generation's systems alone
     comm_by_generation: dict[str, dict[Collective, CommParams]] = {}
-    comm_network: CommParams = CommParams()  # the scale-out network, fitted on the multi-node measurements
+    # The scale-out network per fabric (a LinkSpec kind: efa, infiniband, ...), fitted on the multi-node
+    # measurements of that fabric; `comm_network` serves a fabric without measurements (calibrate.microbenchmarks:
+    # NCCL's own per-step network latency, the measured fabrics' bandwidth efficiency).
+    comm_network_by_fabric: dict[str, CommParams] = {}
+    comm_network: CommParams = CommParams()
     runtime: RuntimeParams = RuntimeParams()
     # The simulator's runtime behaviours, fitted through the simulator (None: use `runtime`).
     sim_runtime: RuntimeParams | None = None
@@ -104,6 +108,10 @@ class Calibration(Spec):
         if dtype in ("fp16", "tf32") and "bf16" in per_dtype:
             return per_dtype["bf16"]
         return self.default_matmul_max_efficiency
+
+    def network_params(self, fabric: str) -> CommParams:
+        """The scale-out network's corrections on a fabric (a LinkSpec kind)."""
+        return self.comm_network_by_fabric.get(fabric, self.comm_network)
 
     def comm_params(self, collective: Collective, device_name: str = "") -> CommParams:
         own = self.comm_by_generation.get(self.device_generation.get(device_name, ""), {})

@@ -34,8 +34,9 @@ across domains among the ranks of one local index, then inside again) is what hy
 
 Every algorithm but NVLS starts with the collective's start-up latency (NCCL's baseLat per algorithm and
 protocol; here one fitted figure per collective). The per-collective bandwidth efficiency, start-up and step
-latency, the NVLS efficiency and the network's efficiency and
-step latency are fitted on collectives.csv (calibrate/microbenchmarks.py).
+latency and the NVLS efficiency are fitted on collectives.csv (calibrate/microbenchmarks.py); so are the
+network's efficiency and step latency, per fabric: a fabric without multi-node measurements (InfiniBand, RoCE,
+...) takes NCCL's own step latency (calibrate.microbenchmarks.NCCL_NET_STEP_LATENCY_S).
 """
 
 import math
@@ -57,7 +58,7 @@ class _Links:
 
     def __init__(self, collective: str, layout: GroupLayout, cluster: ClusterSpec, cal: Calibration) -> None:
         params: CommParams = cal.comm_params(collective, cluster.device.name)
-        network = cal.comm_network
+        network = cal.network_params(cluster.inter_node.kind)
         self.base_lat = params.base_latency_s
         self.intra_bw = cluster.intra_node.bw_bytes_per_s * params.bw_efficiency
         self.intra_lat = cluster.intra_node.latency_s + params.latency_s

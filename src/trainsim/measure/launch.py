@@ -35,8 +35,9 @@ FAULT_ENV = "TRAINSIM_MEASURE_FAULT"  # test only: "crash:RANK" or "hang:RANK" (
 PARENT_ENV = "TRAINSIM_MEASURE_PARENT"
 # rank 0's inherited listening socket for the rendezvous store (the launcher binds it on loopback and holds it)
 STORE_FD_ENV = "TRAINSIM_MEASURE_STORE_FD"
-MEASURED_PRECISIONS: dict[Device, tuple[str, ...]] = {"cpu": ("fp32", "amp-bf16"),
-                                                       "cuda": ("fp32", "tf32", "amp-bf16")}
+# bf16: a 16-bit model with fp32 main parameters in the optimizer (parallelize.MainParams), one rank only
+MEASURED_PRECISIONS: dict[Device, tuple[str, ...]] = {"cpu": ("fp32", "amp-bf16", "bf16"),
+                                                       "cuda": ("fp32", "tf32", "amp-bf16", "bf16")}
 # the subset of strategy.parallel.SCHEDULES that torch.distributed.pipelining runs here (no zero-bubble split)
 MEASURED_SCHEDULES: tuple[Schedule, ...] = ("gpipe", "1f1b", "interleaved-1f1b")
 # flash2: torch SDPA (its fused kernel on a GPU); math: Megatron's unfused CoreAttention (measure/unfused_attention.py)
@@ -152,10 +153,11 @@ def check_supported(job: Job, device: Device, tree: bool = False) -> None:
         if value > 1:
             raise unsupported(f"{axis}={value} is not measured (supported axes: dp, tp with sp, pp)")
     if p.precision not in MEASURED_PRECISIONS[device]:
-        hint = " (bf16 mixed precision is measured as amp-bf16: torch.autocast over fp32 weights)" \
-            if p.precision in ("bf16", "fp16") else ""
+        hint = " (16-bit mixed precision is measured as bf16 or amp-bf16)" if p.precision == "fp16" else ""
         raise unsupported(f"precision={p.precision} is not measured on {device}; choose one of "
                                   f"{', '.join(MEASURED_PRECISIONS[device])}{hint}")
+    if p.precision == "bf16" and job.num_gpus > 1:
+        raise unsupported(f"precision=bf16 is measured on one rank (got {job.num_gpus}); amp-bf16 runs on more")
     if p.pp > 1 and p.schedule not in MEASURED_SCHEDULES:
         raise unsupported(f"schedule={p.schedule} is not measured; choose one of {', '.join(MEASURED_SCHEDULES)}")
     if p.attention not in MEASURED_ATTENTION:

@@ -7,7 +7,8 @@
   per chunk (zero=2 keeps parameters gathered after forward, zero=3 reshards them);
 - pp: torch.distributed.pipelining PipelineStage + ScheduleGPipe / Schedule1F1B / ScheduleInterleaved1F1B;
   a tied embedding's gradient is all-reduced between the first and the last stage (Megatron);
-- precision: torch.autocast for amp-bf16 over fp32 weights; recompute: torch.utils.checkpoint (model.py);
+- precision: torch.autocast for amp-bf16 over fp32 weights; bf16: a 16-bit model whose optimizer steps fp32 main
+  copies (MainParams, one rank); recompute: torch.utils.checkpoint (model.py);
 - gradient accumulation over the micro-batches of a step without pp (DDP no_sync, FSDP2 gradient sync off).
 """
 
@@ -207,7 +208,9 @@ class Trainer:
         self.chunks = self._build_chunks()
         self.modules = [wrap_data_parallel(chunk, job, topo) for chunk in self.chunks]
         params = [p for m in self.modules for p in m.parameters()]
-        self.optimizer = make_optimizer(params, job, topo)
+        self.main_params = MainParams(params) if job.parallel.precision == "bf16" else None
+        self.optimizer = make_optimizer(self.main_params.main if self.main_params else params, job, topo)
+        self.loss_fn = fp32_loss if self.main_params else lm_loss
         self.embedding_group = self._embedding_group()
         self.schedule = self._schedule() if job.parallel.pp > 1 else None
         p = job.parallel
@@ -237,6 +240,8 @@ class Trainer:
                                     attention=p.attention)
                 if p.tp > 1:
                     apply_tp(chunk, spec, self.topo, p.sp)
+                if p.precision == "bf16":
+                    chunk.to(torch.bfloat16)
                 chunks.append(chunk)
         return chunks
 
@@ -280,7 +285,11 @@ class Trainer:
         if self.manual_grad_sync:
             all_reduce_grads(self.params, self.topo.group("dp"), self.job.parallel.dp)
         self._sync_tied_embedding()
+        if self.main_params:
+            self.main_params.grads_to_main()
         self.optimizer.step()
+        if self.main_params:
+            self.main_params.main_to_model()
         return loss
 
     def _local_step(self) -> float:
@@ -290,7 +299,7 @@ class Trainer:
         for i, (tokens, labels) in enumerate(zip(self.batch.tokens, self.batch.labels, strict=True)):
             with _grad_sync(module, last=i == n - 1), self.loss_context():
                 with self.autocast():
-                    loss = lm_loss(module(tokens), labels) / n
+                    loss = self.loss_fn(module(tokens), labels) / n
                 loss.backward()
             losses.append(_local(loss.detach()))
         return float(torch.stack(losses).sum())  # one device sync per step, after the backward passes
@@ -327,6 +336,35 @@ class Trainer:
                 grad = grad.redistribute(placements=weight.placements)
                 weight.grad = grad
             dist.all_reduce(_local(grad), group=self.embedding_group)
+
+
+class MainParams:
+    """fp32 main copies of a 16-bit model's parameters, as Megatron-LM's mixed-precision optimizer keeps them
+    (megatron/core/optimizer/optimizer.py, Float16OptimizerWithFloat16Params, megatron-core 0.9.0): the
+    optimizer steps the fp32 copies; before the step each 16-bit gradient becomes its main parameter's fp32
+    gradient (_copy_model_grads_to_main_grads), after it the main parameters are copied back into the model in
+    one multi-tensor copy (_copy_main_params_to_model_params)."""
+
+    def __init__(self, params: list[nn.Parameter]) -> None:
+        self.model = params
+        self.main = [nn.Parameter(p.detach().float()) for p in params]
+
+    def grads_to_main(self) -> None:
+        """Each 16-bit gradient is freed as its fp32 copy is made: at most one tensor's worth over Megatron's
+        18 bytes a parameter (its fp32 main_grad buffer takes the gradients directly)."""
+        for main, param in zip(self.main, self.model, strict=True):
+            main.grad = None if param.grad is None else param.grad.float()
+            param.grad = None
+
+    @torch.no_grad()
+    def main_to_model(self) -> None:
+        copy = torch._foreach_copy_  # pyright: ignore[reportPrivateImportUsage]  # NB: multi-tensor copy, as Megatron's
+        copy([p.data for p in self.model], [p.data for p in self.main])
+
+
+def fp32_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The loss of a 16-bit model on fp32 logits (Megatron-LM's default: no --fp16-lm-cross-entropy)."""
+    return lm_loss(logits.float(), labels)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -43,12 +43,13 @@ EXACT = Calibration(comm={name: CommParams(latency_s=0.0, bw_efficiency=1.0, nvl
 
 def _cluster(num_nodes: int = 4, **extra: object) -> ClusterSpec:
     multicast = bool(extra.pop("multicast", False))
+    inter = extra.pop("inter_node", LinkSpec(name="inter", kind="infiniband", bw_bytes_per_s=NIC_BW,
+                                             latency_s=INTER_LAT))
     return ClusterSpec(
         name="test", device=load_device("a100-sxm4-80gb"), gpus_per_node=GPUS_PER_NODE, num_nodes=num_nodes,
         intra_node=LinkSpec(name="intra", kind="nvswitch", bw_bytes_per_s=INTRA_BW, latency_s=INTRA_LAT,
                             multicast=multicast),
-        inter_node=LinkSpec(name="inter", kind="infiniband", bw_bytes_per_s=NIC_BW, latency_s=INTER_LAT),
-        nics_per_node=NICS_PER_NODE, **extra,  # type: ignore[arg-type]
+        inter_node=inter, nics_per_node=NICS_PER_NODE, **extra,  # type: ignore[arg-type]
     )
 
 
@@ -238,3 +239,20 @@ def test_the_comm_model_equals_the_module_function_and_its_chosen_algorithm() ->
                                                            hierarchical=False)
                             if size > 1 and buffer_bytes > 0:
                                 assert flat == choose_algorithm(collective, buffer_bytes, layout, cluster, cal)[1]
+
+
+def test_the_network_step_latency_is_the_fabrics() -> None:
+    """A fabric with its own network fit (EFA, the measured one) uses it; any other fabric the shared
+    `comm_network`. The same 16-rank ring all-reduce over 2 servers, 2 network steps: only those move."""
+    efa_extra, other_extra = 70e-6, 14e-6
+    cal = EXACT.model_copy(update={"comm_network": CommParams(latency_s=other_extra, bw_efficiency=1.0),
+                                   "comm_network_by_fabric": {"efa": CommParams(latency_s=efa_extra,
+                                                                                bw_efficiency=1.0)}})
+    efa = _cluster(inter_node=LinkSpec(name="inter", kind="efa", bw_bytes_per_s=NIC_BW, latency_s=INTER_LAT))
+    assert cal.network_params("efa").latency_s == efa_extra
+    assert cal.network_params("infiniband").latency_s == other_extra
+    bandwidth_s = 2 * 15 / 16 * S / 100e9
+    assert _time("all-reduce", 16, 1, cal=cal) == pytest.approx(
+        28 * INTRA_LAT + 2 * (INTER_LAT + other_extra) + bandwidth_s, rel=1e-12)
+    assert _time("all-reduce", 16, 1, cal=cal, cluster=efa) == pytest.approx(
+        28 * INTRA_LAT + 2 * (INTER_LAT + efa_extra) + bandwidth_s, rel=1e-12)

@@ -68,7 +68,8 @@ def test_a_file_that_is_not_a_run_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("job", "message"), [
     (lambda: tiny_job(2, cp=2), "cp=2 is not measured"),
-    (lambda: tiny_job(1, precision="bf16"), "amp-bf16"),
+    (lambda: tiny_job(1, precision="fp16"), "bf16 or amp-bf16"),
+    (lambda: tiny_job(2, dp=2, precision="bf16"), "bf16 is measured on one rank"),
     (lambda: tiny_job(4, tp=2, dp=2), "FSDP2 only"),
     (lambda: tiny_job(2, model={**MEASURED_GPT, "vocab": 511}, tp=2), "vocab=511"),
     (lambda: tiny_job(2, pp=2, schedule="zb-h1", global_batch=4), "schedule=zb-h1"),

@@ -41,8 +41,15 @@ def test_interleaved_equal_chunks_give_p_minus_1_chunk_times() -> None:
     assert uneven_bubble_s("interleaved-1f1b", [4.0] * 4, [THIRD] * 4, 8, shares) == pytest.approx(6.0, rel=1e-12)
 
 
-def test_interleaved_a_small_first_chunk_shortens_the_fill() -> None:
-    # the first stage's chunk 0 takes 1 of its 4 (the embedding counted as a layer), the rest 2 of 4; the last
-    # stage is the bottleneck: fill = 1 + 2 + 2.
+def test_interleaved_a_small_first_chunk_moves_work_to_the_second() -> None:
+    # the first stage's chunk 0 takes 1 of its 4 (the embedding counted as a layer), its chunk 1 the other 3;
+    # the rest 2 of 4 (f = 1/3). The last stage sets the bubble: one micro-batch's chunk 0 through the stages
+    # before it, 1 + 2 + 2 = 5 (the even form's). It enters at its first chunk-1 forward (micro-batch 0
+    # through the 7 virtual stages before it, 14/3) less its own 4 chunk-0 forwards (8/3): 2 where the even
+    # form has 5/3; it leaves after its last chunk-1 backward (the last micro-batch's backward through the 7
+    # after it, 28/3) less its own 4 chunk-0 backwards (16/3): 4 where the even form has 10/3; its one steady
+    # round (m / p - 1) waits 2/3 on rank 0's heavy chunk 1. 5 + 1/3 + 2/3 + 2/3 = 20/3, the exact schedule's
+    # (tests/golden/test_interleaved_rounds.py evaluates it).
     shares = ((0.25, 0.75), (0.5, 0.5), (0.5, 0.5), (0.5, 0.5))
-    assert uneven_bubble_s("interleaved-1f1b", [4.0] * 4, [THIRD] * 4, 8, shares) == pytest.approx(5.0, rel=1e-12)
+    assert uneven_bubble_s("interleaved-1f1b", [4.0] * 4, [THIRD] * 4, 8, shares) == pytest.approx(20.0 / 3.0,
+                                                                                                  rel=1e-12)

@@ -23,6 +23,7 @@ from trainsim.catalog.calibration import Calibration
 from trainsim.cost.memory import MemoryEstimate
 from trainsim.cost.pricing import Partition, Pricer, StageCost
 from trainsim.cost.rank_classes import DeviceClass, uniform
+from trainsim.estimate.interleaved_rounds import interleaved_terms_s
 from trainsim.estimate.result import Result, iteration_time_s, make_result, tokens_per_s
 from trainsim.ir.graph import OpGraph
 from trainsim.job import Job
@@ -62,7 +63,7 @@ class PlanPrice:
 
 
 def uneven_bubble_s(schedule: str, totals: list[float], forward: Sequence[float], m: int,
-                    chunk_shares: tuple[tuple[float, ...], ...] = ()) -> float:
+                    chunk_shares: tuple[tuple[float, ...], ...] = (), sends: Sequence[float] = ()) -> float:
     """The pipeline's idle time on its bottleneck beyond m x the slowest stage, for stages of unequal times.
 
     GPipe: (sum_i t_i - max_j t_j) (a flow shop of identical jobs, forward then backward). 1F1B and its
@@ -72,7 +73,13 @@ def uneven_bubble_s(schedule: str, totals: list[float], forward: Sequence[float]
     chunk through the later stages, less the w_k forwards (backwards) of chunk size it runs meanwhile,
     w_k = p - k - 1 for 1F1B, 2 (p - k - 1) for interleaved 1F1B (Megatron-LM's warm-up count); t_ic = t_i x
     chunk c's share (chunk_shares; 1 for 1F1B). For equal stages it is (p - 1) t / v (Narayanan et al. 2021).
-    forward: per stage, the forward pass's share of its time."""
+    Interleaved (estimate.interleaved_rounds): k enters the pipeline at the first forward of the chunk whose
+    warm-up path is longest and leaves it after the last backward of the chunk whose drain is longest
+    (fill_drain_extra_s, 0 for equal stages), and each of the m / p - 1 steady rounds after the first waits
+    for k's longest stall on a neighbour no slower than itself (steady_stall_s, 0 for equal chunks).
+    forward: per stage, the forward pass's share of its time; sends: per stage, its pipeline sends (in totals;
+    each chunk sends once forward and once backward: an even share per chunk, not the chunk's compute share).
+    """
     p = len(totals)
     if schedule == "gpipe":
         return sum(totals) - max(totals)
@@ -84,6 +91,9 @@ def uneven_bubble_s(schedule: str, totals: list[float], forward: Sequence[float]
     later = [0.0] * p  # later[k] = sum of last[k + 1:]
     for k in range(p - 2, -1, -1):
         later[k] = later[k + 1] + last[k + 1]
+    # NB: what differing chunks add depends on the stage times only, not on m: once per set of them
+    terms = interleaved_terms_s(tuple(totals), tuple(forward), chunk_shares, tuple(sends)) if interleaved else None
+    idles = [0.0] * p
     bubble = fill = 0.0
     # NB: comparisons, not max(): a search prices this for every uneven plan
     for k in range(p):
@@ -91,15 +101,23 @@ def uneven_bubble_s(schedule: str, totals: list[float], forward: Sequence[float]
         warm = (p - k - 1) * per_warm_up
         fwd = forward[k] * last[k]
         idle = fill + m * (totals[k] - slowest)
+        if terms is not None:
+            idle += terms[0][k]
         stall = round_trip - warm * fwd
         if stall > 0.0:
             idle += stall
         stall = round_trip - warm * (last[k] - fwd)
         if stall > 0.0:
             idle += stall
+        idles[k] = idle
         if idle > bubble:
             bubble = idle
         fill += first[k]
+    if terms is not None and m > p:
+        rounds = m // p - 1  # steady rounds after the first
+        for idle, stall in zip(idles, terms[1], strict=True):
+            if idle + rounds * stall > bubble:
+                bubble = idle + rounds * stall
     return bubble
 
 
@@ -169,12 +187,13 @@ class AnalyticalEstimator:
         if pricer.plan_split(graph, par) is not None:
             # an uneven split (strategy.stages): the stalls of the warm-up and cool-down, stage by stage
             bubble = uneven_bubble_s(par.schedule, totals, pricer.forward_fractions(partition, job), m,
-                                     pricer.chunk_time_shares(partition, job)) + slow.pp_chain_s
+                                     pricer.chunk_time_shares(partition, job),
+                                     [cost.comm_s.get("pp", 0.0) for cost in costs]) + slow.pp_chain_s
         elif by_class and max(totals) > min(totals):
             # an even split whose stages differ by their ranks (a straggler's stage): the same stalls
             shares = ((1.0 / par.vpp,) * par.vpp,) * len(totals) if par.vpp > 1 else ()
             bubble = uneven_bubble_s(par.schedule, totals, [_forward_fraction(cost) for cost in costs], m,
-                                     shares) + slow.pp_chain_s
+                                     shares, [cost.comm_s.get("pp", 0.0) for cost in costs]) + slow.pp_chain_s
         else:
             bubble = (sum(totals) - slow.total_s) / par.vpp + slow.pp_chain_s  # the interleaved hops waited for
         if par.schedule == "zb-h1":

@@ -36,35 +36,60 @@ Every algorithm but NVLS starts with the collective's start-up latency (NCCL's b
 protocol; here one fitted figure per collective). The per-collective bandwidth efficiency, start-up and step
 latency and the NVLS efficiency are fitted on collectives.csv (calibrate/microbenchmarks.py); so are the
 network's efficiency and step latency, per fabric: a fabric without multi-node measurements (InfiniBand, RoCE,
-...) takes NCCL's own step latency (calibrate.microbenchmarks.NCCL_NET_STEP_LATENCY_S).
+...) takes NCCL's own step latency (no fitted extra: calibrate.microbenchmarks.NCCL_NET_EXTRA_STEP_LATENCY_S).
 """
 
 import math
 from typing import Protocol
 
 from trainsim.catalog.calibration import Calibration, CommParams
+from trainsim.comm import nccl_tuning as nccl
+from trainsim.comm.nccl_tuning import LL, LL128, PROTOCOLS, SIMPLE
 from trainsim.hardware.cluster import ClusterSpec, GroupLayout
 
 _TRAFFIC_FACTOR = {"all-reduce": 2.0, "all-gather": 1.0, "reduce-scatter": 1.0, "all-to-all": 1.0}
-TREE_BW_FACTOR = 0.92  # NCCL src/graph/tuning.cc: tree all-reduce bus bandwidth = 0.92 x the channels' bandwidth
-NVLS_LATENCY_S = 25e-6  # NCCL src/graph/tuning.cc hwLat[NCCL_HW_NVLINK][NCCL_ALGO_NVLS][NCCL_PROTO_SIMPLE], 25 us
-COLLNET_PER_RANK_LATENCY_S = 0.4e-6  # NCCL src/graph/tuning.cc CollNetDirect: 0.4 us per local rank
+_NVLINK_KINDS = ("nvlink", "nvswitch", "nvlink-bridge")
+
+
+def _shifted(nccl_s: tuple[float, float, float], extra_s: float) -> tuple[float, float, float]:
+    return (nccl_s[LL] + extra_s, nccl_s[LL128] + extra_s, nccl_s[SIMPLE] + extra_s)
 
 
 class _Links:
-    """The bandwidths and per-step latencies one collective sees on one cluster (calibration applied)."""
+    """The bandwidths and per-protocol latencies one collective sees on one cluster (calibration applied): NCCL's
+    constants (comm/nccl_tuning.py) plus the fitted start-up and step latency, the links' bandwidths times the
+    fitted efficiencies."""
 
-    __slots__ = ("base_lat", "intra_bw", "intra_lat", "multicast", "net_lat", "nic_bw", "nvls_bw", "sharp")
+    __slots__ = ("base_extra", "collnet_intra", "collnet_net", "intra_bw", "ll_cap_one_domain", "multicast",
+                 "nic_bw", "nvls_bw", "p2p_intra_lat", "pat_base", "protocols", "ring_base", "ring_intra",
+                 "ring_net", "sharp", "tree_base", "tree_intra", "tree_net")
 
     def __init__(self, collective: str, layout: GroupLayout, cluster: ClusterSpec, cal: Calibration) -> None:
         params: CommParams = cal.comm_params(collective, cluster.device.name)
         network = cal.network_params(cluster.inter_node.kind)
-        self.base_lat = params.base_latency_s
+        nvlink = cluster.intra_node.kind in _NVLINK_KINDS
+        step = params.latency_s
+        self.base_extra = params.base_latency_s
+        self.ring_base = _shifted(nccl.RING_BASE_LATENCY_S, self.base_extra)
+        self.tree_base = _shifted(nccl.TREE_BASE_LATENCY_S, self.base_extra)
+        self.pat_base = nccl.PAT_BASE_LATENCY_S + self.base_extra
+        self.ring_intra = _shifted(nccl.NVLINK_RING_STEP_S if nvlink else nccl.PCI_RING_STEP_S, step)
+        self.tree_intra = _shifted(nccl.NVLINK_TREE_STEP_S if nvlink else nccl.PCI_TREE_STEP_S, step)
+        # NB: the fabric's own latency on every network step (NCCL: interLat += the net transport's latency)
+        fabric = cluster.inter_node.latency_s + network.latency_s
+        self.ring_net = _shifted(nccl.NET_RING_STEP_S, fabric)
+        self.tree_net = _shifted(nccl.NET_TREE_STEP_S, fabric)
+        self.collnet_intra = nccl.NVLINK_COLLNET_DIRECT_STEP_S + step
+        self.collnet_net = nccl.NET_COLLNET_DIRECT_STEP_S + fabric
+        self.p2p_intra_lat = cluster.intra_node.latency_s + step
+        # LL128 only where the GPUs talk over NVLink (ncclTopoTuneModel: typeIntra <= PATH_NVB); the NIC is taken
+        # as behind a PCIe switch, where NCCL allows it across servers too (typeInter <= PATH_PXB).
+        self.protocols = (LL, LL128, SIMPLE) if nvlink else (LL, SIMPLE)
+        generation = cal.device_generation.get(cluster.device.name, "")
+        self.ll_cap_one_domain = nccl.ll_max_bw_bytes_per_s(generation, 1)
         self.intra_bw = cluster.intra_node.bw_bytes_per_s * params.bw_efficiency
-        self.intra_lat = cluster.intra_node.latency_s + params.latency_s
         oversubscription = cluster.leaf_oversubscription if layout.num_leaves > 1 else 1.0
         self.nic_bw = cluster.nic_bw_per_gpu_bytes_per_s * network.bw_efficiency / oversubscription
-        self.net_lat = cluster.inter_node.latency_s + network.latency_s
         self.nvls_bw = cluster.intra_node.bw_bytes_per_s * params.nvls_bw_efficiency
         self.multicast = cluster.intra_node.multicast
         self.sharp = cluster.in_network_reduction
@@ -76,75 +101,95 @@ class _Links:
             return self.intra_bw
         return min(self.intra_bw, layout.ranks_per_domain * self.nic_bw)
 
+    def ll_cap(self, num_domains: int) -> float:
+        """NCCL's LL bus bandwidth cap (llMaxBws) for a group over num_domains NVLink domains."""
+        return self.ll_cap_one_domain if num_domains == 1 else nccl.ll_max_bw_bytes_per_s("", num_domains)
 
-def _ring_s(collective: str, size_bytes: float, layout: GroupLayout, links: _Links) -> float:
+
+def _ring_s(protocol: int, collective: str, size_bytes: float, layout: GroupLayout, links: _Links) -> float:
     n, domains = layout.size, layout.num_domains
     factor = _TRAFFIC_FACTOR[collective]
     steps = factor * (n - 1)
     net_steps = factor * (domains - 1)
-    latency = links.base_lat + (steps - net_steps) * links.intra_lat + net_steps * links.net_lat
-    return latency + factor * (n - 1) / n * size_bytes / links.ring_bw(layout)
+    # NB: at one rank per domain NCCL charges the tree's network step (ncclTopoTuneModel: ppn == 1)
+    net = links.tree_net if layout.ranks_per_domain == 1 else links.ring_net
+    latency = (links.ring_base[protocol] + (steps - net_steps) * links.ring_intra[protocol]
+               + net_steps * net[protocol])
+    bus_bw = links.ring_bw(layout)
+    if protocol == LL:
+        bus_bw = min(links.ll_cap(domains), nccl.RING_LL_BW_FACTOR * bus_bw)
+    elif protocol == LL128:
+        bus_bw *= nccl.RING_LL128_BW_FACTOR
+    return latency + factor * (n - 1) / n * size_bytes / bus_bw
 
 
-def _tree_s(size_bytes: float, layout: GroupLayout, links: _Links) -> float:
+def _tree_s(protocol: int, size_bytes: float, layout: GroupLayout, links: _Links) -> float:
     local = layout.ranks_per_domain
-    latency = links.base_lat + 2.0 * ((local - 1) * links.intra_lat
-                                      + math.ceil(math.log2(layout.num_domains)) * links.net_lat)
-    return latency + 2.0 * size_bytes / (TREE_BW_FACTOR * links.ring_bw(layout))
+    latency = links.tree_base[protocol] + 2.0 * (
+        (local - 1) * links.tree_intra[protocol]
+        + math.ceil(math.log2(layout.num_domains)) * links.tree_net[protocol])
+    bus_bw = nccl.TREE_BW_FACTOR * links.ring_bw(layout)
+    if protocol == LL:
+        bus_bw = min(bus_bw / nccl.TREE_LL_DIVISOR, links.ll_cap(layout.num_domains))
+    elif protocol == LL128:
+        bus_bw *= nccl.TREE_LL128_MULTI_NODE_FACTOR  # NB: tree runs across domains only here
+    return latency + 2.0 * size_bytes / (bus_bw * nccl.tree_correction(protocol, size_bytes))
 
 
 def _nvls_s(size_bytes: float, links: _Links) -> float:
-    return NVLS_LATENCY_S + size_bytes / links.nvls_bw
+    return links.base_extra + nccl.NVLS_LATENCY_S + size_bytes / links.nvls_bw
 
 
 def _collnet_s(size_bytes: float, layout: GroupLayout, links: _Links) -> float:
     local = layout.ranks_per_domain
-    latency = links.base_lat + 2.0 * (min(1, local - 1) * links.intra_lat
-                                      + (local - 1) * COLLNET_PER_RANK_LATENCY_S) + links.net_lat
+    latency = links.base_extra + 2.0 * (min(1, local - 1) * links.collnet_intra
+                                        + (local - 1) * nccl.COLLNET_PER_RANK_LATENCY_S) + links.collnet_net
     inside = 2.0 * (local - 1) / local * size_bytes / links.intra_bw
     return latency + max(inside, size_bytes / (local * links.nic_bw))
 
 
-def _pat_s(collective: str, size_bytes: float, layout: GroupLayout, links: _Links) -> float:
+def _pat_s(size_bytes: float, layout: GroupLayout, links: _Links) -> float:
     n = layout.size
-    return links.base_lat + math.ceil(math.log2(n)) * links.net_lat + (n - 1) / n * size_bytes / links.ring_bw(layout)
+    return (links.pat_base + math.ceil(math.log2(n)) * links.tree_net[SIMPLE]
+            + (n - 1) / n * size_bytes / links.ring_bw(layout))
 
 
 def _all_to_all_s(size_bytes: float, layout: GroupLayout, links: _Links) -> float:
     n, local = layout.size, layout.ranks_per_domain
     steps = math.ceil(math.log2(n))  # NB: the peers' sends of one grouped call overlap (see the module doc)
     if layout.num_domains == 1:
-        return links.base_lat + steps * links.intra_lat + (n - 1) / n * size_bytes / links.intra_bw
+        return links.ring_base[SIMPLE] + steps * links.p2p_intra_lat + (n - 1) / n * size_bytes / links.intra_bw
     cross = (n - local) / n * size_bytes / links.nic_bw
     inside = (local - 1) / n * size_bytes / links.intra_bw
-    return links.base_lat + steps * links.net_lat + max(cross, inside)
+    return links.ring_base[SIMPLE] + steps * links.ring_net[SIMPLE] + max(cross, inside)
 
 
 def _send_recv_s(size_bytes: float, layout: GroupLayout, links: _Links) -> float:
     if layout.num_domains == 1:
-        return links.base_lat + links.intra_lat + size_bytes / links.intra_bw
-    return links.base_lat + links.net_lat + size_bytes / links.nic_bw
+        return links.ring_base[SIMPLE] + links.p2p_intra_lat + size_bytes / links.intra_bw
+    return links.ring_base[SIMPLE] + links.ring_net[SIMPLE] + size_bytes / links.nic_bw
 
 
 def algorithm_times_s(collective: str, size_bytes: float, layout: GroupLayout, cluster: ClusterSpec,
                       cal: Calibration) -> dict[str, float]:
-    """Seconds of every algorithm NCCL could run for this collective on this group (the enabled ones only)."""
+    """Seconds of every (algorithm, protocol) NCCL could run for this collective on this group (the enabled ones
+    only), keyed "algorithm/protocol"; "p2p" for NCCL's grouped sends and receives."""
     links = _Links(collective, layout, cluster, cal)
     if collective == "send-recv":
         return {"p2p": _send_recv_s(size_bytes, layout, links)}
     if collective == "all-to-all":
         return {"p2p": _all_to_all_s(size_bytes, layout, links)}
-    times = {"ring": _ring_s(collective, size_bytes, layout, links)}
+    times = {f"ring/{PROTOCOLS[p]}": _ring_s(p, collective, size_bytes, layout, links) for p in links.protocols}
     crosses = layout.num_domains > 1
     if collective == "all-reduce":
         if crosses:
-            times["tree"] = _tree_s(size_bytes, layout, links)
+            times.update({f"tree/{PROTOCOLS[p]}": _tree_s(p, size_bytes, layout, links) for p in links.protocols})
             if links.sharp:
-                times["collnet"] = _collnet_s(size_bytes, layout, links)
+                times["collnet/Simple"] = _collnet_s(size_bytes, layout, links)
         elif links.multicast and layout.size > 2:
-            times["nvls"] = _nvls_s(size_bytes, links)
+            times["nvls/Simple"] = _nvls_s(size_bytes, links)
     elif crosses and layout.ranks_per_domain == 1:
-        times["pat"] = _pat_s(collective, size_bytes, layout, links)
+        times["pat/Simple"] = _pat_s(size_bytes, layout, links)
     return times
 
 
@@ -155,23 +200,27 @@ def _fastest_s(collective: str, size_bytes: float, layout: GroupLayout, links: _
         return _send_recv_s(size_bytes, layout, links)
     if collective == "all-to-all":
         return _all_to_all_s(size_bytes, layout, links)
-    seconds = _ring_s(collective, size_bytes, layout, links)
+    seconds = math.inf
+    for protocol in links.protocols:
+        seconds = min(seconds, _ring_s(protocol, collective, size_bytes, layout, links))
     crosses = layout.num_domains > 1
     if collective == "all-reduce":
         if crosses:
-            seconds = min(seconds, _tree_s(size_bytes, layout, links))
+            for protocol in links.protocols:
+                seconds = min(seconds, _tree_s(protocol, size_bytes, layout, links))
             if links.sharp:
                 seconds = min(seconds, _collnet_s(size_bytes, layout, links))
         elif links.multicast and layout.size > 2:
             seconds = min(seconds, _nvls_s(size_bytes, links))
     elif crosses and layout.ranks_per_domain == 1:
-        seconds = min(seconds, _pat_s(collective, size_bytes, layout, links))
+        seconds = min(seconds, _pat_s(size_bytes, layout, links))
     return seconds
 
 
 def choose_algorithm(collective: str, size_bytes: float, layout: GroupLayout, cluster: ClusterSpec,
                      cal: Calibration) -> tuple[str, float]:
-    """The algorithm NCCL's tuner would pick (the fastest by its model) and its seconds."""
+    """The algorithm and protocol NCCL's tuner would pick (the fastest by its model, "algorithm/protocol") and
+    its seconds."""
     times = algorithm_times_s(collective, size_bytes, layout, cluster, cal)
     name = min(times, key=times.__getitem__)
     return name, times[name]

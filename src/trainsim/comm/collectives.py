@@ -1,9 +1,14 @@
-"""Collective times as NCCL runs them: per collective, buffer and group, the algorithm NCCL's tuner would pick
-and its bandwidth and latency over the cluster's topology.
+"""Collective times as NCCL runs them: per collective, buffer and group, the algorithm and protocol NCCL's tuner
+would pick and its bandwidth and latency over the cluster's topology.
 
-The shape follows NCCL's own cost model (src/graph/tuning.cc, ncclTopoTuneModel, NCCL 2.19-2.27): each
-algorithm's time is latency + bytes / bandwidth, and NCCL runs the fastest enabled one (ncclTopoGetAlgoTime).
-For n ranks in a group with l ranks on each of D NVLink domains and a buffer of S bytes (the full buffer):
+The shape follows NCCL's own cost model (src/graph/tuning.cc, ncclTopoTuneModel, NCCL 2.19-2.29): each
+(algorithm, protocol)'s time is latency + bytes / bandwidth, and NCCL runs the fastest enabled one
+(ncclTopoGetAlgoTime). Each algorithm runs under up to three protocols (comm/nccl_tuning.py, NCCL 2.29.7's
+constants): LL (the least start-up and step latency, half the bandwidth, at most NCCL's llMaxBw), LL128
+(0.92 of the bandwidth; NVLink systems only) and Simple (the full bandwidth, the most latency); NVLS, CollNet
+and PAT run Simple only. Small buffers go LL, large ones Simple. The step and start-up latencies below are the
+protocol's; for n ranks in a group with l ranks on each of D NVLink domains and a buffer of S bytes (the full
+buffer):
 
 - ring (every collective): 2(n-1) steps for all-reduce, n-1 for all-gather / reduce-scatter, each step a
   per-hop latency; the steps that cross domains pay the network's latency (NCCL: nInterSteps x interLat). The
@@ -12,13 +17,13 @@ For n ranks in a group with l ranks on each of D NVLink domains and a buffer of 
   its own NIC; each NCCL channel crosses a domain through one NIC), never more than the NVLink.
 - tree (all-reduce across domains): NCCL's double binary tree, a chain inside each domain: latency
   2((l-1) intra + log2(D) inter); bandwidth 0.92 of the ring's bus bandwidth for 2 S per rank (tuning.cc:
-  busBw * .92 for Tree, algorithm bandwidth busBw / 2).
+  busBw * .92 for Tree, algorithm bandwidth busBw / 2), times NCCL's correction by size and protocol.
 - nvls (all-reduce inside one domain on a multicast NVSwitch, Hopper and later): the switch reduces and
   multicasts, so each GPU sends and receives S once: S / (link bw x fitted NVLS efficiency), after NCCL's
-  NVLS hardware latency (tuning.cc hwLat[NVLINK][NVLS][Simple] = 25 us).
+  NVLS hardware latency (tuning.cc hwLat[NVLINK][NVLS][Simple] = 25 us) and the fitted extra start-up.
 - collnet (all-reduce across domains where the switches reduce: InfiniBand SHARP): reduce-scatter and
   all-gather inside the domain, S / l per GPU to and from the switch (tuning.cc CollNetDirect latency:
-  2 (min(1, l-1) intra + 0.4 us (l-1)) + inter).
+  2 (min(1, l-1) intra + 0.4 us (l-1)) + inter, its own step latencies: 3.7 us NVLink, 31 us network).
 - pat (all-gather / reduce-scatter at one rank per domain, NCCL >= 2.23's Parallel Aggregated Trees):
   log2(n) network steps at the ring's bandwidth.
 - all-to-all (NCCL's grouped send/recv): (n-1)/n S per rank; across domains the (n-l)/n S bound for other
@@ -32,11 +37,15 @@ cluster's leaf oversubscription. Hierarchical all-reduce / all-gather / reduce-s
 across domains among the ranks of one local index, then inside again) is what hybrid-sharded stacks run
 (PyTorch FSDP HYBRID_SHARD, DeepSpeed hpZ / MiCS); NCCL itself does not: `hierarchical=True` asks for it.
 
-Every algorithm but NVLS starts with the collective's start-up latency (NCCL's baseLat per algorithm and
-protocol; here one fitted figure per collective). The per-collective bandwidth efficiency, start-up and step
-latency and the NVLS efficiency are fitted on collectives.csv (calibrate/microbenchmarks.py); so are the
-network's efficiency and step latency, per fabric: a fabric without multi-node measurements (InfiniBand, RoCE,
-...) takes NCCL's own step latency (no fitted extra: calibrate.microbenchmarks.NCCL_NET_EXTRA_STEP_LATENCY_S).
+Every algorithm but NVLS starts with NCCL's start-up latency (baseLat per algorithm and protocol); the fitted
+corrections extend NCCL's constants rather than replace them: a per-collective extra start-up (on every
+algorithm: what NCCL's model leaves out, the host side and the kernel launch) and extra step latency, and the
+bandwidth efficiency that scales the bus bandwidth before the protocol's factor; the NVLS efficiency; and per
+fabric the network's efficiency and extra step latency (over NCCL's hwLatencies[NET] and the link's latency).
+They are fitted on collectives.csv (calibrate/microbenchmarks.py); a fabric without multi-node measurements
+(InfiniBand, RoCE, ...) takes NCCL's own step latency (no fitted extra:
+calibrate.microbenchmarks.NCCL_NET_EXTRA_STEP_LATENCY_S). Grouped sends and receives (all-to-all, send-recv)
+are priced as before, Simple only, with the link's latency per step (NB: NCCL runs p2p under LL below 16 KiB).
 """
 
 import math
@@ -44,7 +53,7 @@ from typing import Protocol
 
 from trainsim.catalog.calibration import Calibration, CommParams
 from trainsim.comm import nccl_tuning as nccl
-from trainsim.comm.nccl_tuning import LL, LL128, PROTOCOLS, SIMPLE
+from trainsim.comm.nccl_tuning import LL, LL128, SIMPLE
 from trainsim.hardware.cluster import ClusterSpec, GroupLayout
 
 _TRAFFIC_FACTOR = {"all-reduce": 2.0, "all-gather": 1.0, "reduce-scatter": 1.0, "all-to-all": 1.0}
@@ -60,9 +69,26 @@ class _Links:
     constants (comm/nccl_tuning.py) plus the fitted start-up and step latency, the links' bandwidths times the
     fitted efficiencies."""
 
-    __slots__ = ("base_extra", "collnet_intra", "collnet_net", "intra_bw", "ll_cap_one_domain", "multicast",
-                 "nic_bw", "nvls_bw", "p2p_intra_lat", "pat_base", "protocols", "ring_base", "ring_intra",
-                 "ring_net", "sharp", "tree_base", "tree_intra", "tree_net")
+    __slots__ = (
+        "base_extra",
+        "collnet_intra",
+        "collnet_net",
+        "intra_bw",
+        "ll128",
+        "ll_cap_one_domain",
+        "multicast",
+        "nic_bw",
+        "nvls_bw",
+        "p2p_intra_lat",
+        "pat_base",
+        "ring_base",
+        "ring_intra",
+        "ring_net",
+        "sharp",
+        "tree_base",
+        "tree_intra",
+        "tree_net",
+    )
 
     def __init__(self, collective: str, layout: GroupLayout, cluster: ClusterSpec, cal: Calibration) -> None:
         params: CommParams = cal.comm_params(collective, cluster.device.name)
@@ -84,7 +110,7 @@ class _Links:
         self.p2p_intra_lat = cluster.intra_node.latency_s + step
         # LL128 only where the GPUs talk over NVLink (ncclTopoTuneModel: typeIntra <= PATH_NVB); the NIC is taken
         # as behind a PCIe switch, where NCCL allows it across servers too (typeInter <= PATH_PXB).
-        self.protocols = (LL, LL128, SIMPLE) if nvlink else (LL, SIMPLE)
+        self.ll128 = nvlink
         generation = cal.device_generation.get(cluster.device.name, "")
         self.ll_cap_one_domain = nccl.ll_max_bw_bytes_per_s(generation, 1)
         self.intra_bw = cluster.intra_node.bw_bytes_per_s * params.bw_efficiency
@@ -103,37 +129,62 @@ class _Links:
 
     def ll_cap(self, num_domains: int) -> float:
         """NCCL's LL bus bandwidth cap (llMaxBws) for a group over num_domains NVLink domains."""
-        return self.ll_cap_one_domain if num_domains == 1 else nccl.ll_max_bw_bytes_per_s("", num_domains)
+        if num_domains == 1:
+            return self.ll_cap_one_domain
+        return nccl.LL_MAX_BW_TWO_NODES_BYTES_PER_S if num_domains == 2 else nccl.LL_MAX_BW_MORE_NODES_BYTES_PER_S
 
 
-def _ring_s(protocol: int, collective: str, size_bytes: float, layout: GroupLayout, links: _Links) -> float:
+def _ring_s(collective: str, size_bytes: float, layout: GroupLayout, links: _Links,
+            times: dict[str, float] | None = None) -> float:
+    """The fastest protocol's seconds of a ring; each enabled protocol's into `times` when given (the protocols
+    written out: the engines price a collective this way per call)."""
     n, domains = layout.size, layout.num_domains
     factor = _TRAFFIC_FACTOR[collective]
-    steps = factor * (n - 1)
     net_steps = factor * (domains - 1)
+    intra_steps = factor * (n - 1) - net_steps
     # NB: at one rank per domain NCCL charges the tree's network step (ncclTopoTuneModel: ppn == 1)
     net = links.tree_net if layout.ranks_per_domain == 1 else links.ring_net
-    latency = (links.ring_base[protocol] + (steps - net_steps) * links.ring_intra[protocol]
-               + net_steps * net[protocol])
+    base, intra = links.ring_base, links.ring_intra
+    traffic_bytes = factor * (n - 1) / n * size_bytes
     bus_bw = links.ring_bw(layout)
-    if protocol == LL:
-        bus_bw = min(links.ll_cap(domains), nccl.RING_LL_BW_FACTOR * bus_bw)
-    elif protocol == LL128:
-        bus_bw *= nccl.RING_LL128_BW_FACTOR
-    return latency + factor * (n - 1) / n * size_bytes / bus_bw
+    ll = (base[LL] + intra_steps * intra[LL] + net_steps * net[LL]
+          + traffic_bytes / min(links.ll_cap(domains), nccl.RING_LL_BW_FACTOR * bus_bw))
+    simple = base[SIMPLE] + intra_steps * intra[SIMPLE] + net_steps * net[SIMPLE] + traffic_bytes / bus_bw
+    best = min(ll, simple)
+    if links.ll128:
+        ll128 = (base[LL128] + intra_steps * intra[LL128] + net_steps * net[LL128]
+                 + traffic_bytes / (nccl.RING_LL128_BW_FACTOR * bus_bw))
+        best = min(best, ll128)
+        if times is not None:
+            times["ring/LL128"] = ll128
+    if times is not None:
+        times["ring/LL"], times["ring/Simple"] = ll, simple
+    return best
 
 
-def _tree_s(protocol: int, size_bytes: float, layout: GroupLayout, links: _Links) -> float:
-    local = layout.ranks_per_domain
-    latency = links.tree_base[protocol] + 2.0 * (
-        (local - 1) * links.tree_intra[protocol]
-        + math.ceil(math.log2(layout.num_domains)) * links.tree_net[protocol])
+def _tree_s(size_bytes: float, layout: GroupLayout, links: _Links, times: dict[str, float] | None = None) -> float:
+    """The fastest protocol's seconds of NCCL's tree all-reduce; each enabled protocol's into `times` when
+    given."""
+    intra_steps = 2.0 * (layout.ranks_per_domain - 1)
+    net_steps = 2.0 * math.ceil(math.log2(layout.num_domains))
+    base, intra, net = links.tree_base, links.tree_intra, links.tree_net
     bus_bw = nccl.TREE_BW_FACTOR * links.ring_bw(layout)
-    if protocol == LL:
-        bus_bw = min(bus_bw / nccl.TREE_LL_DIVISOR, links.ll_cap(layout.num_domains))
-    elif protocol == LL128:
-        bus_bw *= nccl.TREE_LL128_MULTI_NODE_FACTOR  # NB: tree runs across domains only here
-    return latency + 2.0 * size_bytes / (bus_bw * nccl.tree_correction(protocol, size_bytes))
+    ll_bw = min(bus_bw / nccl.TREE_LL_DIVISOR, links.ll_cap(layout.num_domains))
+    ll = (base[LL] + intra_steps * intra[LL] + net_steps * net[LL]
+          + 2.0 * size_bytes / (ll_bw * nccl.tree_correction(LL, size_bytes)))
+    simple = (base[SIMPLE] + intra_steps * intra[SIMPLE] + net_steps * net[SIMPLE]
+              + 2.0 * size_bytes / (bus_bw * nccl.tree_correction(SIMPLE, size_bytes)))
+    best = min(ll, simple)
+    if links.ll128:  # NB: tree runs across domains only here, so LL128 takes NCCL's multi-node factor
+        ll128_bw = bus_bw * nccl.TREE_LL128_MULTI_NODE_FACTOR
+        ll128 = (base[LL128] + intra_steps * intra[LL128] + net_steps * net[LL128]
+                 + 2.0 * size_bytes / (ll128_bw * nccl.tree_correction(LL128, size_bytes)))
+        best = min(best, ll128)
+        if times is not None:
+            times["tree/LL128"] = ll128
+    if times is not None:
+        times["tree/LL"], times["tree/Simple"] = ll, simple
+    return best
 
 
 def _nvls_s(size_bytes: float, links: _Links) -> float:
@@ -179,11 +230,12 @@ def algorithm_times_s(collective: str, size_bytes: float, layout: GroupLayout, c
         return {"p2p": _send_recv_s(size_bytes, layout, links)}
     if collective == "all-to-all":
         return {"p2p": _all_to_all_s(size_bytes, layout, links)}
-    times = {f"ring/{PROTOCOLS[p]}": _ring_s(p, collective, size_bytes, layout, links) for p in links.protocols}
+    times: dict[str, float] = {}
+    _ring_s(collective, size_bytes, layout, links, times)
     crosses = layout.num_domains > 1
     if collective == "all-reduce":
         if crosses:
-            times.update({f"tree/{PROTOCOLS[p]}": _tree_s(p, size_bytes, layout, links) for p in links.protocols})
+            _tree_s(size_bytes, layout, links, times)
             if links.sharp:
                 times["collnet/Simple"] = _collnet_s(size_bytes, layout, links)
         elif links.multicast and layout.size > 2:
@@ -200,14 +252,11 @@ def _fastest_s(collective: str, size_bytes: float, layout: GroupLayout, links: _
         return _send_recv_s(size_bytes, layout, links)
     if collective == "all-to-all":
         return _all_to_all_s(size_bytes, layout, links)
-    seconds = math.inf
-    for protocol in links.protocols:
-        seconds = min(seconds, _ring_s(protocol, collective, size_bytes, layout, links))
+    seconds = _ring_s(collective, size_bytes, layout, links)
     crosses = layout.num_domains > 1
     if collective == "all-reduce":
         if crosses:
-            for protocol in links.protocols:
-                seconds = min(seconds, _tree_s(protocol, size_bytes, layout, links))
+            seconds = min(seconds, _tree_s(size_bytes, layout, links))
             if links.sharp:
                 seconds = min(seconds, _collnet_s(size_bytes, layout, links))
         elif links.multicast and layout.size > 2:

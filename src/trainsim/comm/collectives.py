@@ -69,26 +69,9 @@ class _Links:
     constants (comm/nccl_tuning.py) plus the fitted start-up and step latency, the links' bandwidths times the
     fitted efficiencies."""
 
-    __slots__ = (
-        "base_extra",
-        "collnet_intra",
-        "collnet_net",
-        "intra_bw",
-        "ll128",
-        "ll_cap_one_domain",
-        "multicast",
-        "nic_bw",
-        "nvls_bw",
-        "p2p_intra_lat",
-        "pat_base",
-        "ring_base",
-        "ring_intra",
-        "ring_net",
-        "sharp",
-        "tree_base",
-        "tree_intra",
-        "tree_net",
-    )
+    __slots__ = ("base_extra", "collnet_intra", "collnet_net", "intra_bw", "ll128", "ll_cap_one_domain",
+                 "multicast", "nic_bw", "nvls_bw", "p2p_intra_lat", "pat_base", "ring_base", "ring_intra",
+                 "ring_net", "ring_terms", "sharp", "tree_base", "tree_intra", "tree_net")
 
     def __init__(self, collective: str, layout: GroupLayout, cluster: ClusterSpec, cal: Calibration) -> None:
         params: CommParams = cal.comm_params(collective, cluster.device.name)
@@ -119,6 +102,8 @@ class _Links:
         self.nvls_bw = cluster.intra_node.bw_bytes_per_s * params.nvls_bw_efficiency
         self.multicast = cluster.intra_node.multicast
         self.sharp = cluster.in_network_reduction
+        # (size, domains, ranks per domain) -> _ring_terms; NB: a _Links is made per collective and leaf span
+        self.ring_terms: dict[tuple[int, int, int], tuple[float, ...]] = {}
 
     def ring_bw(self, layout: GroupLayout) -> float:
         """Bus bandwidth of a ring: NVLink inside a domain; across domains the NICs of the group's ranks in a
@@ -134,32 +119,41 @@ class _Links:
         return nccl.LL_MAX_BW_TWO_NODES_BYTES_PER_S if num_domains == 2 else nccl.LL_MAX_BW_MORE_NODES_BYTES_PER_S
 
 
-def _ring_s(collective: str, size_bytes: float, layout: GroupLayout, links: _Links,
-            times: dict[str, float] | None = None) -> float:
-    """The fastest protocol's seconds of a ring; each enabled protocol's into `times` when given (the protocols
-    written out: the engines price a collective this way per call)."""
+def _ring_terms(collective: str, layout: GroupLayout, links: _Links) -> tuple[float, ...]:
+    """A ring's per-protocol latencies and bus bandwidths on this group (LL, LL128, Simple; LL128 at an infinite
+    latency where it is off) and the bytes each rank moves per byte of buffer, made once per group shape."""
+    key = (layout.size, layout.num_domains, layout.ranks_per_domain)
+    known = links.ring_terms.get(key)
+    if known is not None:
+        return known
     n, domains = layout.size, layout.num_domains
     factor = _TRAFFIC_FACTOR[collective]
     net_steps = factor * (domains - 1)
     intra_steps = factor * (n - 1) - net_steps
     # NB: at one rank per domain NCCL charges the tree's network step (ncclTopoTuneModel: ppn == 1)
     net = links.tree_net if layout.ranks_per_domain == 1 else links.ring_net
-    base, intra = links.ring_base, links.ring_intra
-    traffic_bytes = factor * (n - 1) / n * size_bytes
+    latency = [links.ring_base[p] + intra_steps * links.ring_intra[p] + net_steps * net[p] for p in (LL, LL128, SIMPLE)]
+    if not links.ll128:
+        latency[LL128] = math.inf
     bus_bw = links.ring_bw(layout)
-    ll = (base[LL] + intra_steps * intra[LL] + net_steps * net[LL]
-          + traffic_bytes / min(links.ll_cap(domains), nccl.RING_LL_BW_FACTOR * bus_bw))
-    simple = base[SIMPLE] + intra_steps * intra[SIMPLE] + net_steps * net[SIMPLE] + traffic_bytes / bus_bw
-    best = min(ll, simple)
-    if links.ll128:
-        ll128 = (base[LL128] + intra_steps * intra[LL128] + net_steps * net[LL128]
-                 + traffic_bytes / (nccl.RING_LL128_BW_FACTOR * bus_bw))
-        best = min(best, ll128)
-        if times is not None:
-            times["ring/LL128"] = ll128
+    terms = (*latency, min(links.ll_cap(domains), nccl.RING_LL_BW_FACTOR * bus_bw),
+             nccl.RING_LL128_BW_FACTOR * bus_bw, bus_bw, factor * (n - 1) / n)
+    links.ring_terms[key] = terms
+    return terms
+
+
+def _ring_s(collective: str, size_bytes: float, layout: GroupLayout, links: _Links,
+            times: dict[str, float] | None = None) -> float:
+    """The fastest protocol's seconds of a ring; each enabled protocol's into `times` when given."""
+    ll_lat, ll128_lat, simple_lat, ll_bw, ll128_bw, simple_bw, share = _ring_terms(collective, layout, links)
+    traffic_bytes = share * size_bytes
+    ll, simple = ll_lat + traffic_bytes / ll_bw, simple_lat + traffic_bytes / simple_bw
+    ll128 = ll128_lat + traffic_bytes / ll128_bw
     if times is not None:
         times["ring/LL"], times["ring/Simple"] = ll, simple
-    return best
+        if links.ll128:
+            times["ring/LL128"] = ll128
+    return min(ll, ll128, simple)
 
 
 def _tree_s(size_bytes: float, layout: GroupLayout, links: _Links, times: dict[str, float] | None = None) -> float:

@@ -15,7 +15,9 @@ engine alone. Prints medians over the repeats of:
 - engine plans/s, warm: the same grid again on the same GridEngine (what a second search over the same graphs
   costs: another global batch, other ZeRO stages or recompute modes);
 - plain engine plans/s: the same plans one by one through a fresh AnalyticalEstimator.price (the engine before
-  the grid engine; the figures the grid engine must equal).
+  the grid engine; the figures the grid engine must equal);
+- figures: a digest of the grid's figures (iteration time, peak memory, OOM per plan), for telling two trees'
+  figures equal bit for bit.
 
 Both in wall time and in CPU time (time.process_time: this process's CPU seconds, so waiting for a core on a
 loaded machine does not count). The CPU-time figure is the nearest to "plans/s on one idle core": the process
@@ -26,6 +28,7 @@ compare figures taken at different loads by it.
 
 import argparse
 import cProfile
+import hashlib
 import os
 import pstats
 import statistics
@@ -66,6 +69,16 @@ def priced_grid(model: ModelSpec, cluster: ClusterSpec,
     plans, columns = plan_grid(model, cluster, space)
     grid = build_plans(model, cluster, plans, space.stack)
     return grid.jobs, columns.take(grid.index)
+
+
+def figures_digest(jobs: list[tuple[Job, OpGraph]], columns: PlanColumns) -> str:
+    """The first 12 hex digits of the sha256 of a fresh GridEngine's iteration times, peak memories and OOM
+    verdicts of the plans (their bytes, in order): equal digests, bit-identical figures (compare two trees)."""
+    prices = GridEngine().price(jobs, columns)
+    digest = hashlib.sha256()
+    for values in (prices.iteration_time_s, prices.peak_memory_bytes, prices.oom):
+        digest.update(values.tobytes())
+    return digest.hexdigest()[:12]
 
 
 def price_one_by_one(jobs: list[tuple[Job, OpGraph]]) -> int:
@@ -122,6 +135,7 @@ def main() -> None:
           f"global batch {space.global_batch} x {space.seq_len}")
     print(f"plans evaluated {report.tried} ({report.feasible} feasible; "
           + ", ".join(f"{reason}: {count}" for reason, count in report.infeasible.items()) + ")")
+    print(f"figures         sha256 {figures_digest(jobs, columns)} (iteration times, peaks, OOM of the grid's plans)")
     print(f"repeats         {args.repeats} (medians; CPU = time.process_time, wall = time.perf_counter)")
     reference_us = min(timeit.repeat("sum(range(100))", number=20000, repeat=3)) / 20000 * 1e6
     print(f"reference loop  sum(range(100)) takes {reference_us:.2f} us of CPU here")

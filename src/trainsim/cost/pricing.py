@@ -61,7 +61,7 @@ from trainsim.cost.stack_effects import (
 from trainsim.cost.step import FittedStepCosts, StepCosts
 from trainsim.hardware.cluster import ClusterSpec, GroupLayout
 from trainsim.hardware.device import DeviceSpec
-from trainsim.ir.graph import Layer, Op, OpGraph
+from trainsim.ir.graph import Comm, Layer, Op, OpGraph
 from trainsim.ir.model_spec import DlrmSpec
 from trainsim.job import Job
 from trainsim.profile.paths import default_db_path
@@ -370,13 +370,21 @@ class Pricer:
     def axis_collective_s(self, collective: str, buffer_bytes: float, axis: str, job: Job) -> float:
         """A collective over the group of `axis` (tp, cp, dp, ep, pp, or grad: the gradient group); once per
         (collective, bytes, the group's size and stride, cluster)."""
-        group, cluster_key = axis_group(axis, job.parallel), self._cluster_key(job.cluster)
+        return self._group_collective_s(collective, buffer_bytes, axis, axis_group(axis, job.parallel),
+                                        self._cluster_key(job.cluster), job)
+
+    def _group_collective_s(self, collective: str, buffer_bytes: float, axis: str, group: tuple[int, int],
+                            cluster_key: int, job: Job) -> float:
+        """axis_collective_s given the group of `axis` (axis_group) and the cluster's key (_cluster_key). NB: a
+        new one goes to the comm model directly, not through collective_s's cache by layout: groups of one key
+        share a layout, and few of a search's (size, stride) groups share another's (24 of 272 on LLaMA-3.1-70B x
+        1,024 H100), so that cache cost more than it saved; the same seconds either way."""
         key = (collective, buffer_bytes, *group, cluster_key)
         seconds = self._axis_collectives.get(key)
         if seconds is None:
-            layout = self._layouts.get((group, cluster_key))  # self.layout(axis, job) where made
-            seconds = self._axis_collectives[key] = self.collective_s(collective, buffer_bytes,
-                                                                      layout or self.layout(axis, job), job)
+            layout = self._layouts.get((group, cluster_key)) or self.layout(axis, job)
+            seconds = self._axis_collectives[key] = self.comm_costs.collective_time_s(collective, buffer_bytes,
+                                                                                      layout, job.cluster)
         return seconds
 
     # --- layers and stages ---
@@ -399,13 +407,28 @@ class Pricer:
         if axes is None:
             axes = self._layer_axes[self._pin(layer)] = tuple(sorted({c.axis for c in layer.comms
                                                                        if c.axis != "pp"}))
-        return tuple(axis_group(axis, par) for axis in axes)
+        return tuple([axis_group(axis, par) for axis in axes])
+
+    def new_layer_cost(self, layer: Layer, job: Job) -> LayerCost:
+        """layer_cost made anew and not kept: for a caller that keeps its own table of the layers it priced (the
+        search's grid engine, once per layer and layer context), whose keys the Pricer's would only repeat."""
+        self._pin(layer)
+        return self._price_layer(layer, job)
 
     def _price_layer(self, layer: Layer, job: Job) -> LayerCost:
         totals = {axis: {"fwd": 0.0, "bwd": 0.0} for axis in ("tp", "cp")}
-        # each feature collective priced once (the pipeline's are the stage's sends)
-        priced = [(c, self.axis_collective_s(c.collective, c.buffer_bytes, c.axis, job))
-                  for c in layer.comms if c.axis != "pp"]
+        # each feature collective priced once (the pipeline's are the stage's sends); each axis's group once
+        par, cluster_key = job.parallel, self._cluster_key(job.cluster)
+        groups: dict[str, tuple[int, int]] = {}
+        priced: list[tuple[Comm, float]] = []
+        for c in layer.comms:
+            axis = c.axis
+            if axis == "pp":
+                continue
+            group = groups.get(axis)
+            if group is None:
+                group = groups[axis] = axis_group(axis, par)
+            priced.append((c, self._group_collective_s(c.collective, c.buffer_bytes, axis, group, cluster_key, job)))
         for c, seconds in priced:
             if c.axis in totals:
                 totals[c.axis][c.phase] += seconds
@@ -838,6 +861,11 @@ class Pricer:
         if queues is None:
             queues = self._grad_queues[key] = self._gradient_queues(layers, job)
         return queues
+
+    def new_gradient_queues(self, stage: list[StagePart], job: Job) -> "GradientQueues":
+        """gradient_queues made anew and not kept: for a caller that keeps its own table (the search's grid
+        engine, once per its key of what the queues read)."""
+        return self._gradient_queues(tuple([(part.layer.param_count, part.count) for part in stage]), job)
 
     def _gradient_queues(self, layers: tuple[tuple[float, float], ...], job: Job) -> "GradientQueues":
         par = job.parallel

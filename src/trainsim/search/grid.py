@@ -91,6 +91,7 @@ class _Shape:
 
     stages: list[list[StagePart]]
     template: _Template
+    layout: int  # the template's number (_Shared.layouts)
 
 
 def _signature(graph: OpGraph) -> tuple[object, ...]:
@@ -249,6 +250,7 @@ class _Shared:
     content_blocks: list[dict[str, Floats]] = field(default_factory=list)
     # (id of a graph, pp) -> its even partition's distinct stages, the stage map and the largest parameters
     shapes: dict[tuple[int, int], "_Shape | None"] = field(default_factory=dict)
+    plan_shapes: dict[tuple[int, int, int], "_Shape | None"] = field(default_factory=dict)  # (graph, pp, vpp): _shape
     # what an even partition reads of a graph (_signature) -> per pp the partition's template (None: not the
     # even split's), and per (signature, pp, vpp) whether the plan's split is the even one (Pricer.plan_split)
     signatures: dict[int, int] = field(default_factory=dict)  # id of a graph -> the number of its signature
@@ -346,35 +348,35 @@ class _Batch:
         self._price_ops([plans[at][1] for at in new.values()])
         width = len(_SLOW_GROUP)
         for key, at in new.items():
-            job, graph = plans[at]
             group_of[key] = len(groups) // width
-            groups.extend(_SLOW_GROUP if any(key[1 + _SPLIT_AT:]) else self._group(job, graph, key[1:]))
+            groups.extend(_SLOW_GROUP if any(key[1 + _SPLIT_AT:]) else self._group(plans[at], key))
         if self.new_rows or self.new_blocks or self.new_by_dp:
             self._finish()
         local = np.array([group_of[key] for key in keys], dtype=np.int64)[numbers]
-        columns = np.take(_int_array(groups).reshape(-1, width), local, axis=0)
-        fast = columns[:, 0] >= 0
+        # NB: one row per setting, each contiguous (the groups' settings transposed before the plans' are taken)
+        columns = np.take(_int_array(groups).reshape(-1, width).T, local, axis=1)
+        fast = columns[0] >= 0
         if not fast.all():
             where = np.array(candidates, dtype=np.int64)
             slow = sorted([*slow, *where[~fast].tolist()])
             if not fast.any():
                 return None, slow
         zero, recompute, global_batch, micro_batch, seq_len = per_plan
-        m = global_batch // (columns[:, 8] * micro_batch)
-        plan_columns = np.stack([zero, m, recompute, global_batch * seq_len], axis=1)
-        table = np.concatenate([columns[:, :8], plan_columns], axis=1)
+        m = global_batch // (columns[8] * micro_batch)
+        table = np.concatenate([columns[:8], np.stack([zero, m, recompute, global_batch * seq_len])])
         index = np.arange(len(candidates)) if isinstance(candidates, range) else \
             np.array(candidates, dtype=np.int64)  # NB: candidates is range(len(plans)) or a list of indices
         if not fast.all():
-            index, table = index[fast], table[fast]
+            index, table = index[fast], table[:, fast]
         return _Fast(self, index, table), slow
 
     def _read_plans(self, plans: Sequence[tuple[Job, OpGraph]]) -> "_PlanReads":
         """Each plan's fields read once, in comprehensions: its key and its zero, recompute, global batch,
         micro-batch and sequence length; a local group per distinct key (numbered as first seen)."""
         fields = [job.parallel.__dict__ for job, _ in plans]  # NB: a pydantic model's fields; ~2x getattr's speed
-        keys: list[tuple[object, ...]] = [(id(graph), *_KEY_FIELDS(values))
-                                                      for (_, graph), values in zip(plans, fields, strict=True)]
+        # NB: (id,) + fields makes the same tuple as (id, *fields) in ~0.9x the time
+        keys: list[tuple[object, ...]] = [(id(graph),) + _KEY_FIELDS(values)  # noqa: RUF005
+                                          for (_, graph), values in zip(plans, fields, strict=True)]
         local: dict[tuple[object, ...], int] = {}
         numbers = np.array([local.setdefault(key, len(local)) for key in keys], dtype=np.int64)  # first seen, first
         _, first = np.unique(numbers, return_index=True)
@@ -389,17 +391,18 @@ class _Batch:
         the group's key, global batch, micro-batch and sequence length; each plan's zero and recompute from its
         variant. Where a plan's graph is not its base's first plan's (columns of other plans), every plan is
         read (_read_plans)."""
-        base = np.array(columns.base, dtype=np.int64)
-        variant = np.array(columns.variant, dtype=np.int64)
+        base = np.fromiter(columns.base, np.int64, len(columns.base))
+        variant = np.fromiter(columns.variant, np.int64, len(columns.variant))
         if not isinstance(candidates, range):
             base, variant = base[candidates], variant[candidates]
-        _, first_array, numbers = np.unique(base, return_index=True, return_inverse=True)
+        first_array, numbers = _first_and_numbers(base)
         first = first_array.tolist()
         heads = [plans[at][1] for at in first]
         if not all(map(is_, map(itemgetter(1), plans), map(heads.__getitem__, numbers.tolist()))):
             return self._read_plans(plans)
         fields = [plans[at][0].parallel.__dict__ for at in first]
-        keys = [(id(graph), *_KEY_FIELDS(values)) for graph, values in zip(heads, fields, strict=True)]
+        keys = [(id(graph),) + _KEY_FIELDS(values)  # noqa: RUF005 (as in _read_plans)
+                for graph, values in zip(heads, fields, strict=True)]
         global_batch, micro_batch, seq_len = (np.array([values[name] for values in fields], dtype=np.int64)[numbers]
                                               for name in ("global_batch", "micro_batch", "seq_len"))
         variants = np.array([(RECOMPUTE_CODES[recompute], zero) for recompute, zero in columns.variants],
@@ -430,51 +433,54 @@ class _Batch:
             self.precisions.append(precision)
         return self.precisions.index(precision)
 
-    def _group(self, job: Job, graph: OpGraph, settings: tuple[object, ...]) -> tuple[int, ...]:
+    def _group(self, plan: tuple[Job, OpGraph], key: tuple[object, ...]) -> tuple[int, ...]:
         """The settings a new group of plans shares: its combo (-1 where the plain engine must price the plan: an
         uneven split, a graph whose partition or prices raise, a step-cost model whose overhead reads the plan),
-        pp, vpp, dp x cp, the codes of its schedule, optimizer and precision, tp and dp. settings: the plans'
-        _KEY_FIELDS."""
-        tp, cp, ep, dp, pp, vpp, sp, precision, schedule, optimizer = settings[:_SPLIT_AT]
+        pp, vpp, dp x cp, the codes of its schedule, optimizer and precision, tp and dp. key: the plans' group key
+        (id of their graph, *_KEY_FIELDS), whose first 9 entries (graph, tp, cp, ep, dp, pp, vpp, sp, precision)
+        are what the combo reads."""
+        _, tp, cp, ep, dp, pp, vpp, sp, precision, schedule, optimizer = key[:1 + _SPLIT_AT]
         assert isinstance(tp, int) and isinstance(cp, int) and isinstance(dp, int) and isinstance(pp, int) \
             and isinstance(vpp, int)
+        job, graph = plan
         self.engine.pin(graph)
-        key = (id(graph), tp, cp, ep, dp, pp, vpp, sp, precision)
-        combo = self.shared.combo_of.get(key)
+        combo_key = key[:9]
+        combo = self.shared.combo_of.get(combo_key)
         if combo is None:
             try:
-                combo = self._new_combo(job, graph)
+                combo = self._new_combo(job, graph, (tp, cp, ep, sp, precision), dp, pp, vpp)
             except TrainsimError:
                 combo = -1
-            self.shared.combo_of[key] = combo
+            self.shared.combo_of[combo_key] = combo
         return (combo, pp, vpp, dp * cp, SCHEDULE_CODES[schedule], OPTIMIZER_CODES[optimizer],  # type: ignore[index]
                 self._precision(precision), tp, dp)  # type: ignore[arg-type]
 
-    def _new_combo(self, job: Job, graph: OpGraph) -> int:
-        par = job.parallel
+    def _new_combo(self, job: Job, graph: OpGraph, context: tuple[object, ...], dp: int, pp: int, vpp: int) -> int:
+        """context: the plan's layer context (tp, cp, ep, sp, precision); dp, pp, vpp: its."""
         if not self.fitted_overhead:
             return -1
-        shape = self._shape(job, graph)
+        shared = self.shared
+        shape_key = (id(graph), pp, vpp)  # graph: pinned (_group)
+        if shape_key in shared.plan_shapes:
+            shape = shared.plan_shapes[shape_key]
+        else:
+            shape = shared.plan_shapes[shape_key] = self._shape(job, graph)
         if shape is None:
             return -1
-        shared = self.shared
-        context = (par.tp, par.cp, par.ep, par.sp, par.precision)
-        rows_key = (id(shape), context, par.dp)  # shape: kept (_Shared.shapes)
+        rows_key = (id(shape), context, dp)  # shape: kept (_Shared.shapes)
         rows = shared.shape_rows.get(rows_key)
         if rows is None:  # NB: the vpp of one partition share its rows' contents, ZeRO-3 exposure and hops
             terms, collectives = self._graph_terms(graph, job, context), self._graph_collectives(graph, job)
-            rows = shared.shape_rows[rows_key] = self._shape_rows(shape, graph, job, context, terms, collectives)
+            rows = shared.shape_rows[rows_key] = self._shape_rows(shape, graph, job, context, dp, pp, terms,
+                                                                  collectives)
         first_content, first_by_dp = rows
         distinct = len(shape.stages)
-        shared.combo_rows.append(len(shared.row_content))
+        combo_rows = shared.combo_rows
+        combo_rows.append(len(shared.row_content))
         shared.row_content.extend(range(first_content, first_content + distinct))
-        self.new_rows.append((first_content, first_by_dp, distinct, par.pp, par.vpp))
-        layout = shared.layout_of.get(id(shape.template))
-        if layout is None:  # NB: the template is kept (_Shared.templates)
-            layout = shared.layout_of[id(shape.template)] = len(shared.layouts)
-            shared.layouts.append(shape.template)
-        shared.combo_layouts.append(layout)
-        return len(shared.combo_rows) - 1
+        self.new_rows.append((first_content, first_by_dp, distinct, pp, vpp))
+        shared.combo_layouts.append(shape.layout)
+        return len(combo_rows) - 1
 
     def _shape(self, job: Job, graph: OpGraph) -> "_Shape | None":
         """The graph's even partition over the plan's pp (its distinct stages, with the graph's layers), or None
@@ -502,6 +508,10 @@ class _Batch:
         if template is None:
             shared.shapes[key] = None
             return None
+        layout = shared.layout_of.get(id(template))
+        if layout is None:  # NB: the template is kept (_Shared.templates)
+            layout = shared.layout_of[id(template)] = len(shared.layouts)
+            shared.layouts.append(template)
         parts = shared.parts.get(id(graph))
         if parts is None:
             parts = shared.parts[id(graph)] = {}
@@ -509,17 +519,18 @@ class _Batch:
             for part in stage:
                 if part not in parts:
                     parts[part] = StagePart(graph.layers[part[0]], part[1])
-        shape = shared.shapes[key] = _Shape([[parts[part] for part in stage] for stage in template.stages], template)
+        shape = shared.shapes[key] = _Shape([[parts[part] for part in stage] for stage in template.stages], template,
+                                            layout)
         return shape
 
-    def _shape_rows(self, shape: _Shape, graph: OpGraph, job: Job, context: tuple[object, ...],
+    def _shape_rows(self, shape: _Shape, graph: OpGraph, job: Job, context: tuple[object, ...], dp: int, pp: int,
                     terms: "list[_LayerTerms]", collectives: list[tuple[float, float]]) -> tuple[int, int]:
         """The shape's first content under the context (its distinct stages' contents, shared by every dp and
         vpp of the partition) and first (content, dp) (their ZeRO-3 exposures and pipeline hops: the gradient and
         pipeline groups' strides read dp), registered where new; each vpp's row adds its pipeline sends
         (_finish). What may refuse the plans (the layers' and collectives' prices, the hops) is priced before
         (_graph_terms, _graph_collectives) or here; the sums are made for all new rows at once (_finish).
-        context: tp, cp, ep, sp and precision; terms and collectives: of the graph's layers."""
+        context: tp, cp, ep, sp and precision; dp, pp: the plan's; terms and collectives: of the graph's layers."""
         shared = self.shared
         key = (id(shape), context)  # shape: kept (_Shared.shapes)
         first = shared.block_of.get(key)
@@ -527,23 +538,22 @@ class _Batch:
             first = shared.block_of[key] = len(shared.content_stages)
             shared.content_stages += shape.stages
             self.new_blocks.append((first, shape, graph, job, terms))
-        dp_key = (first, job.parallel.dp)
+        dp_key = (first, dp)
         start = shared.by_dp_of.get(dp_key)
         if start is None:
-            hops = [self._hop_s(stage, job) for stage in shape.stages]
+            tp, cp, _, sp, _ = context
+            hops = [0.0] * len(shape.stages) if pp == 1 else \
+                [self._hop_s(max([part.layer.output_bytes for part in stage]), (tp, cp, dp, sp), job)
+                 for stage in shape.stages]
             start = shared.by_dp_of[dp_key] = shared.by_dp_count
             shared.by_dp_count += len(shape.stages)
             self.new_by_dp.append((start, first, shape, job, collectives, terms, hops))
         return first, start
 
-    def _hop_s(self, stage: list[StagePart], job: Job) -> float:
-        """Pricer.pipeline_hop_s of the stage's largest output (0 for pp = 1), once per what it reads: the bytes,
-        tp, sp and the pipeline group (2 ranks, stride tp x cp x dp)."""
-        par = job.parallel
-        if par.pp == 1:
-            return 0.0
-        out_bytes = max([part.layer.output_bytes for part in stage])
-        key = (out_bytes, par.tp, par.cp, par.dp, par.sp)
+    def _hop_s(self, out_bytes: float, settings: tuple[object, ...], job: Job) -> float:
+        """Pricer.pipeline_hop_s of a stage's largest output (pp > 1), once per what it reads: the bytes, tp, sp
+        and the pipeline group (2 ranks, stride tp x cp x dp). settings: the job's tp, cp, dp and sp."""
+        key = (out_bytes, *settings)
         seconds = self.shared.hops.get(key)
         if seconds is None:
             seconds = self.shared.hops[key] = self.pricer.pipeline_hop_s(out_bytes, job)
@@ -763,7 +773,7 @@ class _Batch:
         key = (id(layer), context)  # layer: of a pinned graph
         terms = self.shared.layer_terms.get(key)
         if terms is None:
-            cost = self.pricer.layer_cost(layer, job)
+            cost = self.pricer.new_layer_cost(layer, job)  # NB: kept here (layer_terms), once per key
             stack, kind, comm = job.stack, layer.kind, cost.comm_s
             is_head = kind == "head"
             kept = [kept_bytes(layer, saved_key(mode, stack)) for mode in RECOMPUTE_CODES]
@@ -811,10 +821,11 @@ class _Fast:
     """The fast plans as arrays (one entry per plan) and the closed form over them."""
 
     def __init__(self, batch: _Batch, index: Ints, columns: Ints) -> None:
+        """columns: one row per setting (_Batch.split), one entry per plan."""
         self.batch = batch
         self.index = index
         (self.combo, self.pp, self.vpp, self.shards_dp, self.schedule, self.optimizer, self.precision, self.tp,
-         self.zero, self.m, self.recompute, self.tokens) = columns.T.copy()  # NB: each column contiguous
+         self.zero, self.m, self.recompute, self.tokens) = columns  # NB: each row contiguous
         policies = [policy_for(name) for name in batch.precisions]
         self.weight_bytes = np.array([policy.weight_bytes for policy in policies], dtype=np.float64)[self.precision]
         self.grad_bytes = np.array([policy.grad_bytes for policy in policies], dtype=np.float64)[self.precision]
@@ -944,7 +955,7 @@ class _Fast:
             job = self.batch.plans[int(self.index[plan])][0]
             stage = shared.content_stages[shared.row_content[row]]
             number = shared.queue_of[key] = len(shared.queues)
-            shared.queues.append(self.batch.pricer.gradient_queues(stage, job))
+            shared.queues.append(self.batch.pricer.new_gradient_queues(stage, job))  # NB: kept here, once per key
         return number
 
     def _optimizer_s(self, max_params: Floats) -> Floats:
@@ -1009,9 +1020,12 @@ class _Fast:
         working = np.where(zero >= 3, working + 2 * max_layer_params * weight_bytes, working)
         working = working + table.head_saved[rows]  # 0 where the stage has no head: x + 0.0 is x
         impl = self.optimizer[:, None]
-        step = np.where(impl == OPTIMIZER_CODES["foreach"], 4.0 * params / opt_shards,
-                        np.where(impl == OPTIMIZER_CODES["loop"], 4.0 * max_layer_params / opt_shards,
-                                 0.0))
+        if (self.optimizer == OPTIMIZER_CODES["fused"]).all():  # no step temporaries (the search's default)
+            step = np.zeros_like(params)
+        else:
+            step = np.where(impl == OPTIMIZER_CODES["foreach"], 4.0 * params / opt_shards,
+                            np.where(impl == OPTIMIZER_CODES["loop"], 4.0 * max_layer_params / opt_shards,
+                                     0.0))
         # micro-batches each stage holds at its peak (strategy.stages.in_flight_micro_batches)
         stage = np.take(combos.heads, self.combo, axis=0)
         pp, vpp, m = self.pp[:, None], self.vpp[:, None], self.m[:, None]
@@ -1167,6 +1181,18 @@ def _row_codes(columns: Ints) -> Ints:
     for column in columns.T:
         codes = codes * (int(column.max()) + 1) + column
     return codes
+
+
+def _first_and_numbers(values: Ints) -> tuple[Ints, Ints]:
+    """np.unique(values, return_index=True, return_inverse=True)'s first indices and inverse; for values in
+    non-decreasing order (the enumeration's bases) from where they change, without a sort."""
+    if len(values) and bool((values[1:] >= values[:-1]).all()):
+        change = np.flatnonzero(values[1:] != values[:-1]) + 1
+        numbers = np.zeros(len(values), dtype=np.int64)
+        numbers[change] = 1
+        return np.concatenate([np.zeros(1, dtype=np.int64), change]), np.cumsum(numbers)
+    _, first, numbers = np.unique(values, return_index=True, return_inverse=True)
+    return first, numbers
 
 
 def _offsets(lengths: Ints) -> Ints:

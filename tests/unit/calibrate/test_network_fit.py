@@ -7,6 +7,7 @@ import pytest
 
 from trainsim.calibrate.microbenchmarks import (
     NCCL_NET_EXTRA_STEP_LATENCY_S,
+    CollectiveSample,
     collective_samples,
     fit_collectives,
     fit_networks,
@@ -15,14 +16,17 @@ from trainsim.catalog.calibration import MEASUREMENTS_DIR, Calibration, load_cal
 from trainsim.comm import nccl_tuning as nccl
 
 
-def test_only_efa_is_measured_across_servers() -> None:
-    across = [s for s in collective_samples(MEASUREMENTS_DIR / "collectives.csv") if s.layout.num_domains > 1]
+@pytest.fixture(scope="module")
+def across() -> list[CollectiveSample]:
+    """The collectives.csv rows whose group crosses NVLink domains."""
+    return [s for s in collective_samples(MEASUREMENTS_DIR / "collectives.csv") if s.layout.num_domains > 1]
+
+
+def test_only_efa_is_measured_across_servers(across: list[CollectiveSample]) -> None:
     assert len(across) == 20 and {s.cluster.inter_node.kind for s in across} == {"efa"}
 
 
-def test_a_fabric_without_measurements_takes_nccls_step_latency() -> None:
-    samples = collective_samples(MEASUREMENTS_DIR / "collectives.csv")
-    across = [s for s in samples if s.layout.num_domains > 1]
+def test_a_fabric_without_measurements_takes_nccls_step_latency(across: list[CollectiveSample]) -> None:
     default, by_fabric = fit_networks(across, Calibration())
     assert set(by_fabric) == {"efa"}
     assert default.latency_s == NCCL_NET_EXTRA_STEP_LATENCY_S == 0.0

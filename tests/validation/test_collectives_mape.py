@@ -1,9 +1,11 @@
 """Validation of the collective model on every row of shared/data/calibration/collectives.csv (README "Accuracy":
 the collectives table, from scripts/collectives_mape.py), with the committed fit.
 
-Tolerances sit a little above the measured figures (in brackets) and well below today's alpha-beta model before
-the NCCL algorithms and NVLink domains (in braces, main at 94f6044), so the test fails if the fit or the model
-regresses: all rows 34.0% [alpha-beta 48.8%], multi-node all-reduce 18.5% [59.4%], NVL72 rack 41.8% [79.1%].
+Tolerances sit at the measured figures rounded up to the next whole percent (in brackets, with NCCL's three
+protocols, branch nccl12p; in parentheses the one-protocol model before it, main at 35fcd67), so the test fails
+if the fit or the model regresses; in braces today's alpha-beta model before the NCCL algorithms and NVLink
+domains (main at 94f6044): all rows [28.0%] (34.0%) {48.8%}, below 1 MB [35.7%] (58.2%), multi-node all-reduce
+[18.4%] (18.5%) {59.4%}, NVL72 rack [25.5%] (41.8%) {79.1%}. Multi-node all-reduce above 64 MB went 5.0 -> 5.1%.
 """
 
 import math
@@ -46,18 +48,19 @@ def test_every_row_is_predicted(samples: list[CollectiveSample]) -> None:
 
 
 @pytest.mark.parametrize(("key", "tolerance_pct"), [
-    (("all", "all", "all"), 36.0),
-    (("all", "single node", "all"), 32.0),
-    (("all", "NVL72 rack", "all"), 44.0),
-    (("all-reduce", "multi-node", "all"), 22.0),
-    (("all-reduce", "multi-node", "> 64 MB"), 10.0),
-    (("all-reduce", "NVL72 rack", "all"), 35.0),
-    (("all-reduce", "all", "all"), 32.0),
-    (("all-gather", "all", "all"), 44.0),
-    (("reduce-scatter", "all", "all"), 42.0),
-    (("all-to-all", "all", "all"), 40.0),
-    (("send-recv", "all", "all"), 63.0),
-    (("all", "all", "> 64 MB"), 28.0),
+    (("all", "all", "all"), 29.0),
+    (("all", "all", "< 1 MB"), 36.0),
+    (("all", "single node", "all"), 30.0),
+    (("all", "NVL72 rack", "all"), 26.0),
+    (("all-reduce", "multi-node", "all"), 19.0),
+    (("all-reduce", "multi-node", "> 64 MB"), 6.0),
+    (("all-reduce", "NVL72 rack", "all"), 23.0),
+    (("all-reduce", "all", "all"), 29.0),
+    (("all-gather", "all", "all"), 14.0),
+    (("reduce-scatter", "all", "all"), 15.0),
+    (("all-to-all", "all", "all"), 37.0),
+    (("send-recv", "all", "all"), 60.0),
+    (("all", "all", "> 64 MB"), 27.0),
 ])
 def test_collective_mape_within_tolerance(table: dict[tuple[str, str, str], tuple[int, float]],
                                           key: tuple[str, str, str], tolerance_pct: float) -> None:

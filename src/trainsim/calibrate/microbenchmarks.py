@@ -162,8 +162,9 @@ def predict_sample(sample: CollectiveSample, cal: Calibration) -> float:
 
 def _fit_one(collective: str, samples: list[CollectiveSample], network: CommParams) -> CommParams:
     """Least squares in log space (soft_l1: a few first-call outliers in the sweeps) of the collective model over
-    one collective's single-domain measurements: start-up and per-step latency, NVLink bandwidth efficiency, and
-    the NVLS efficiency where the rows ran on a multicast NVSwitch."""
+    one collective's single-domain measurements: the start-up and per-step latency added to NCCL's per protocol
+    (comm/nccl_tuning.py), the NVLink bandwidth efficiency, and the NVLS efficiency where the rows ran on a
+    multicast NVSwitch."""
     from scipy.optimize import least_squares
 
     nvls = collective == "all-reduce" and any(s.cluster.intra_node.multicast and s.layout.size > 2 for s in samples)
@@ -187,8 +188,8 @@ def _fit_one(collective: str, samples: list[CollectiveSample], network: CommPara
 
 
 def _fit_network(samples: list[CollectiveSample], base: Calibration) -> CommParams:
-    """The scale-out network's extra latency per step and achieved / NIC bandwidth, on the measurements that
-    cross NVLink domains, with the per-collective parameters fixed."""
+    """The scale-out network's extra latency per step (over NCCL's hwLatencies[NET] and the link's) and achieved /
+    NIC bandwidth, on the measurements that cross NVLink domains, with the per-collective parameters fixed."""
     from scipy.optimize import least_squares
 
     measured = np.log(np.array([s.time_s for s in samples]))
@@ -205,10 +206,10 @@ def _fit_network(samples: list[CollectiveSample], base: Calibration) -> CommPara
     return CommParams(latency_s=float(math.exp(fit.x[0])), bw_efficiency=float(fit.x[1]))
 
 
-# NCCL's tuner model of a ring step across the network, Simple protocol: hwLatencies[NET][Ring][Simple] = 14 us
-# (src/graph/tuning.cc, ncclTunerConstantsDefaults, NCCL 2.29.7; its InfiniBand transport adds no latency of its
-# own: src/transport/net_ib/init.cc, props->latency = 0). The step latency of a fabric without measurements.
-NCCL_NET_STEP_LATENCY_S = 14e-6
+# The network step latency of a fabric without measurements is NCCL's own (comm/nccl_tuning.py: hwLatencies[NET]
+# per algorithm and protocol, e.g. 14 us a Simple ring step; NCCL 2.29.7 src/graph/tuning.cc) and the link's
+# latency: no fitted extra on top.
+NCCL_NET_EXTRA_STEP_LATENCY_S = 0.0
 
 
 @dataclass(frozen=True)
@@ -220,14 +221,14 @@ class CommFit:
 
 
 def fit_networks(across: list[CollectiveSample], base: Calibration) -> tuple[CommParams, dict[str, CommParams]]:
-    """The network's step latency and achieved / NIC bandwidth per fabric with measurements across NVLink
-    domains; for any other fabric NCCL's own step latency and the measured fabrics' mean bandwidth efficiency
-    (the only measurement of how much of a NIC's line rate a ring reaches)."""
+    """The network's extra step latency (over NCCL's) and achieved / NIC bandwidth per fabric with measurements
+    across NVLink domains; for any other fabric NCCL's own step latency (no extra) and the measured fabrics' mean
+    bandwidth efficiency (the only measurement of how much of a NIC's line rate a ring reaches)."""
     by_fabric = {fabric: _fit_network([s for s in across if s.cluster.inter_node.kind == fabric], base)
                  for fabric in sorted({s.cluster.inter_node.kind for s in across})}
     efficiency = float(np.mean([p.bw_efficiency for p in by_fabric.values()])) if by_fabric \
         else CommParams().bw_efficiency
-    return CommParams(latency_s=NCCL_NET_STEP_LATENCY_S, bw_efficiency=efficiency), by_fabric
+    return CommParams(latency_s=NCCL_NET_EXTRA_STEP_LATENCY_S, bw_efficiency=efficiency), by_fabric
 
 
 def fit_collectives(collectives_csv: Path) -> CommFit:

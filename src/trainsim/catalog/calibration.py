@@ -47,16 +47,18 @@ class ComputeParams(Spec):
 
 
 class CommParams(Spec):
-    """Correction of one collective's algorithm model (comm.collectives): start-up, extra latency per step and
-    achieved / link bandwidth of its ring (or tree) over the NVLink fabric; nvls_bw_efficiency: achieved / link
-    bandwidth of NVLink SHARP (all-reduce on a multicast NVSwitch). As `comm_network`: the extra latency per
-    step that crosses NVLink domains and the achieved / NIC bandwidth."""
+    """Correction of one collective's algorithm model (comm.collectives), on top of NCCL's own constants per
+    algorithm and protocol (comm/nccl_tuning.py): extra start-up of a call, extra latency per step and achieved /
+    link bandwidth of its ring (or tree) over the NVLink fabric; nvls_bw_efficiency: achieved / link bandwidth of
+    NVLink SHARP (all-reduce on a multicast NVSwitch). As `comm_network`: the extra latency per step that crosses
+    NVLink domains (over NCCL's and the link's) and the achieved / NIC bandwidth."""
 
     latency_s: float = Field(default=5.0e-6, ge=0)
     bw_efficiency: float = Field(default=0.8, gt=0, le=1.5)
     nvls_bw_efficiency: float = Field(default=0.6, gt=0, le=1.5)
-    # Start-up of one call whatever its steps (NCCL's baseLat; the prior: tuning.cc's 8.4 us for Ring/Simple).
-    base_latency_s: float = Field(default=8.4e-6, ge=0)
+    # Start-up of one call beyond NCCL's baseLat per algorithm and protocol (what NCCL's model leaves out: the
+    # host side and the kernel launch); the prior: none.
+    base_latency_s: float = Field(default=0.0, ge=0)
 
 
 class RuntimeParams(Spec):

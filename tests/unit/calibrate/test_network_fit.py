@@ -1,17 +1,19 @@
 """The scale-out network's fit per fabric (calibrate.microbenchmarks.fit_networks): the fabrics with multi-node
-measurements get their own step latency and bandwidth efficiency; every other fabric NCCL's own step latency and
-the measured fabrics' bandwidth efficiency. The package's collectives.csv has multi-node rows on EFA only."""
+measurements get their own extra step latency (over NCCL's hwLatencies[NET] and the link's) and bandwidth
+efficiency; every other fabric NCCL's own step latency (no extra) and the measured fabrics' bandwidth efficiency.
+The package's collectives.csv has multi-node rows on EFA only."""
 
 import pytest
 
 from trainsim.calibrate.microbenchmarks import (
-    NCCL_NET_STEP_LATENCY_S,
+    NCCL_NET_EXTRA_STEP_LATENCY_S,
     CollectiveSample,
     collective_samples,
     fit_collectives,
     fit_networks,
 )
 from trainsim.catalog.calibration import MEASUREMENTS_DIR, Calibration, load_calibration
+from trainsim.comm import nccl_tuning as nccl
 
 
 @pytest.fixture(scope="module")
@@ -27,11 +29,12 @@ def test_only_efa_is_measured_across_servers(across: list[CollectiveSample]) -> 
 def test_a_fabric_without_measurements_takes_nccls_step_latency(across: list[CollectiveSample]) -> None:
     default, by_fabric = fit_networks(across, Calibration())
     assert set(by_fabric) == {"efa"}
-    assert default.latency_s == NCCL_NET_STEP_LATENCY_S == 14e-6
+    assert default.latency_s == NCCL_NET_EXTRA_STEP_LATENCY_S == 0.0
     assert default.bw_efficiency == by_fabric["efa"].bw_efficiency
-    assert by_fabric["efa"].latency_s > 3 * NCCL_NET_STEP_LATENCY_S  # EFA's measured steps are far slower
+    # EFA's measured steps are far slower than NCCL's 14 us Simple ring step over the network
+    assert by_fabric["efa"].latency_s > 3 * nccl.NET_RING_STEP_S[nccl.SIMPLE]
     none, nothing = fit_networks([], Calibration())
-    assert nothing == {} and none.latency_s == NCCL_NET_STEP_LATENCY_S
+    assert nothing == {} and none.latency_s == NCCL_NET_EXTRA_STEP_LATENCY_S
 
 
 def test_the_package_fit_holds_the_collective_fit() -> None:

@@ -10,6 +10,7 @@ from conftest import a100_cluster
 from trainsim.catalog import load_cluster, load_model
 from trainsim.catalog.calibration import Calibration
 from trainsim.catalog.model_files import parse_model
+from trainsim.comm import nccl_tuning as nccl
 from trainsim.comm.collectives import collective_time_s
 from trainsim.compile.build import compile_job
 from trainsim.compile.context import SpecBlock, StageWriter, TaskLevel
@@ -136,7 +137,8 @@ def test_gradient_buckets_without_overlap_follow_the_backward_pass() -> None:
     params = graph_for(job).param_count()
     whole = collective_time_s("all-reduce", params * 2, layout, job.cluster, cal)
     params_ar = cal.comm_params("all-reduce")
-    ring_latency = params_ar.base_latency_s + 2 * 3 * (job.cluster.intra_node.latency_s + params_ar.latency_s)
+    ring_latency = nccl.RING_BASE_LATENCY_S[nccl.SIMPLE] + params_ar.base_latency_s + 2 * 3 * (
+        nccl.NVLINK_RING_STEP_S[nccl.SIMPLE] + params_ar.latency_s)  # large buckets: NCCL's Simple protocol
     assert comm == pytest.approx(whole + (len(buckets) - 1) * ring_latency, rel=1e-9)
     assert 2 <= len(buckets) <= params / stack.grad_bucket_params + 1
 

@@ -7,10 +7,7 @@
 set -u
 source scripts/gpu/env.sh
 O=${OUT:-/tmp/gpu-out}; W=$O/h200b; mkdir -p "$W"
-{ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv
-  python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda, torch.cuda.get_device_name())'
-} > "$W/machine.txt" 2>&1
-cat "$W/machine.txt"
+record_machine "$W"
 pack() { tar -czf "$O/h200b.tar.gz" -C "$W" .; }
 timeout 330 python3 scripts/gpu/probe.py scripts/gpu/h200_bf16_jobs.txt "$W/steps" --cluster dgx-h200 \
   --iterations 10 --warmup 3 --budget-s 300 > "$W/probe.log" 2>&1

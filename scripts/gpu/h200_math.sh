@@ -5,10 +5,7 @@
 set -u
 source scripts/gpu/env.sh
 O=${OUT:-/tmp/gpu-out}; W=$O/h200m; mkdir -p "$W"
-{ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv
-  python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda, torch.cuda.get_device_name())'
-} > "$W/machine.txt" 2>&1
-cat "$W/machine.txt"
+record_machine "$W"
 timeout 100 python3 scripts/gpu/math_attention.py --out "$W/math_attention.json" > "$W/kernels.log" 2>&1
 echo "kernels rc=$?"; cut -c1-220 "$W/kernels.log" | tail -16
 timeout 120 python3 scripts/gpu/math_profile.py --out "$W/math_profile.json" > "$W/profile.log" 2>&1

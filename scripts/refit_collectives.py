@@ -28,8 +28,8 @@ def main() -> None:
                                          "comm_network": comm.comm_network,
                                          "comm_network_by_fabric": comm.comm_network_by_fabric, "source": source})
     write_calibration(updated, args.fit, writer="scripts/refit_collectives.py")
-    print(f"wrote {args.fit}: network by fabric {sorted(comm.comm_network_by_fabric)}, "
-          f"elsewhere {comm.comm_network.latency_s * 1e6:.1f} us a step")
+    print(f"wrote {args.fit}: network fitted for {sorted(comm.comm_network_by_fabric)}; any other fabric "
+          f"{comm.comm_network.latency_s * 1e6:.1f} us a step beyond NCCL's own")
 
 
 if __name__ == "__main__":

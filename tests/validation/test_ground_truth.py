@@ -5,6 +5,7 @@ measured figures rounded up, so a change that makes any engine worse fails here.
 profiled costs on the local suite) is met since ranks sharing cores are modeled; the README says where single
 jobs still fall short and why."""
 
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -100,6 +101,7 @@ BF16_BOUNDS = {  # folder -> (steps, {(engine, metric): bound})
 }
 
 
+@cache  # NB: both bf16 tests of a folder read the same predictions
 def _bf16_predictions(folder: str) -> dict[str, list[RowPrediction]]:
     return compare(read_measured(DATA / folder), engine_choices("analytical,sim", "roofline"), None)
 

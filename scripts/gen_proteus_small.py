@@ -15,6 +15,7 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "data" / "strategies" / "proteus" / "small"
@@ -103,12 +104,8 @@ class NarrowNet(gen.Net):
 
 def _build(builder, hw: tuple[int, int]) -> "NarrowNet":
     """Run one of gen_cnn_catalog's builders on a NarrowNet of input hw (its Net swapped in for the call)."""
-    original = gen.Net
-    gen.Net = lambda channels, _hw: NarrowNet(hw)
-    try:
+    with mock.patch.object(gen, "Net", lambda channels, _hw: NarrowNet(hw)):
         net = builder()
-    finally:
-        gen.Net = original
     # gen_cnn_catalog's bottleneck compares the block's (narrowed) input with an unnarrowed width, so it adds a
     # projection shortcut to every block: keep only those that change the shape (stride or channels)
     identity = {str(r["name"]).rsplit(".", 1)[0] for r in net.rows if str(r["name"]).endswith("downsample.0")

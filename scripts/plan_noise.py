@@ -58,7 +58,8 @@ def round_table(rows: list[dict[str, Any]], plans: list[str]) -> list[dict[str, 
     """Per round: each plan's wall median and busiest-rank CPU time from its run, and eq. 4 over that round's stages
     measured alone (None where a stage of the plan was not measured), each against the first plan's."""
     out = []
-    for r in sorted({row.get("repeat", row.get("round")) for row in rows}):
+    rounds = {row.get("repeat", row.get("round")) for row in rows}
+    for r in sorted(r for r in rounds if r is not None):
         stages = {row["stage"]: row["latency_ms"] for row in rows if row["kind"] == "stage" and row["round"] == r}
         runs = {row["plan"]: row for row in rows if row["kind"] == "plan" and row["repeat"] == r}
         entry: dict[str, Any] = {"round": r}

@@ -101,6 +101,7 @@ def compiled_collectives(model: str, strategy: str, ranks: int, db: Path) -> dic
 
     job, graph, plan = table4.job_and_plan(model, strategy, ranks)
     result = make_engine("sim", "profiled", db, "op", load_calibration()).estimate(job, graph, plan)
+    assert result.timeline is not None  # the simulator always returns its timeline
     columns = result.timeline.exec_graph.columns()
     return dict(collections.Counter(name.split(" ")[0] for name, kind, device in
                                     zip(columns.name, columns.kind, columns.device, strict=True)

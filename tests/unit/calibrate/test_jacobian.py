@@ -16,7 +16,7 @@ def test_parallel_columns_equal_scipys_two_point_jacobian() -> None:
 
     x = np.array([0.7, -2.0, 2.95])
     lower, upper = np.array([-5.0, -5.0, 0.0]), np.array([5.0, 5.0, 2.951])  # x[2]'s forward step leaves
-    expected = approx_derivative(_residuals, x, method="2-point", rel_step=1e-3, bounds=(lower, upper))
+    expected = np.asarray(approx_derivative(_residuals, x, method="2-point", rel_step=1e-3, bounds=(lower, upper)))
     counted: list[int] = []
     with ParallelJacobian(_residuals, (lower, upper), 1e-3, 2, lambda: counted.append(1)) as jac:
         f0 = jac.value(x)

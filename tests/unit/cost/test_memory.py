@@ -180,7 +180,7 @@ def _working(recompute: str, attention: str) -> tuple[float, dict[str, float]]:
     from trainsim.strategy.stages import StagePart
 
     spec = _gpt3_175b()
-    dev = DeviceSlice(B, S, policy_for("bf16"), attention=attention)
+    dev = DeviceSlice(B, S, policy_for("bf16"), attention=attention)  # type: ignore[arg-type]
     block = next(layer for layer in build_transformer(spec, dev).layers if layer.kind == "block")
     par = ParallelSpec(recompute=recompute)  # type: ignore[arg-type]
     return _working_bytes([StagePart(block, 1)], par), block.saved_bytes

@@ -20,7 +20,7 @@ def test_unfused_model_computes_what_the_fused_one_does(data: dict[str, Any]) ->
     """Causal GPT, grouped-query LLaMA and ALiBi BLOOM: the math model's logits and weight gradients equal the
     SDPA model's (same seed, eval mode: no attention dropout)."""
     torch = pytest.importorskip("torch")
-    from trainsim.measure.model import build_model, lm_loss
+    from trainsim.measure.model import Block, build_model, lm_loss
 
     spec = TransformerSpec.model_validate({**data, "num_layers": 2})
     tokens = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(0))
@@ -29,7 +29,9 @@ def test_unfused_model_computes_what_the_fused_one_does(data: dict[str, Any]) ->
         model = build_model(spec, seed=3, attention=kernel).eval()
         logits = model(tokens)
         lm_loss(logits, tokens).backward()
-        grads.append((logits, model.layers["0"].attn.q.weight.grad))
+        block = model.layers["0"]
+        assert isinstance(block, Block)
+        grads.append((logits, block.attn.q.weight.grad))
     torch.testing.assert_close(grads[1][0], grads[0][0], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(grads[1][1], grads[0][1], rtol=1e-4, atol=1e-6)
 

@@ -16,7 +16,7 @@ INSTALL_HINT = "--ray needs Ray: pip install 'trainsim[ray]'"
 
 def _ray() -> Any:
     try:
-        import ray
+        import ray  # pyright: ignore[reportMissingImports]  (the optional `ray` extra)
     except ImportError:
         raise TrainsimError(INSTALL_HINT) from None
     return ray

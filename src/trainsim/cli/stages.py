@@ -23,10 +23,12 @@ from trainsim.cli.errors import handles_errors
 from trainsim.errors import ConfigError, TrainsimError
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.search.predtop.experiment import (
+    CHUNK,
     DAG_SOURCES,
     FRACTIONS,
     KINDS,
     LAYERINGS,
+    MAX_CHUNK,
     Corpus,
     LocalRunner,
     PoolRunner,
@@ -102,11 +104,15 @@ def collect(
     warmup: Annotated[int, typer.Option(help="untimed runs of each stage")] = 2,
     iterations: Annotated[int, typer.Option(help="timed runs of each stage (median)")] = 6,
     threads: Annotated[int, typer.Option(help="torch threads per rank")] = 1,
+    chunk: Annotated[int, typer.Option(help="stages per measuring call: one set of gloo ranks started per call, "
+                                       "the database committed after each")] = CHUNK,
     layers: LayersOpt = "units", ray: RayOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Measure every stage of MODEL on each setting into the stage database (only what it lacks)."""
     from trainsim.search.predtop.experiment import collect as run_collect
 
+    if not 1 <= chunk <= MAX_CHUNK:
+        raise ConfigError("chunk", chunk, f"must be 1 to {MAX_CHUNK} stages per call")
     corpus = _corpus(model, micro_batch, seq_len, threads, layers)
     settings = parse_settings(meshes, plans)
     runner = _runner(ray, 1)
@@ -122,7 +128,7 @@ def collect(
             bar.update(tasks[label], completed=done)
 
         report = run_collect(database, corpus, settings, warmup=warmup, iterations=iterations, runner=runner,
-                             progress=progress)
+                             progress=progress, chunk=chunk)
     out = {"db": str(db), "model": corpus.key, **report.to_dict(), "seconds": time.perf_counter() - started}
     database.close()
     if as_json:

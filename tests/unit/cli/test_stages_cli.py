@@ -43,7 +43,7 @@ def _collect(model: Path, db: Path, *extra: str) -> dict:
 
 def test_collect_train_evaluate_end_to_end(model: Path, tmp_path: Path) -> None:
     db = tmp_path / "stages.sqlite"
-    first = _collect(model, db)
+    first = _collect(model, db, "--chunk", "3")  # 4 measuring calls
     assert first["settings"]["1x1/tp1-dp1"]["stages"] == 10  # 4 units: 4 * 5 / 2 ranges
     assert first["settings"]["1x1/tp1-dp1"]["measured_now"] == 10
     again = _collect(model, db)  # resumable: nothing is measured twice
@@ -90,6 +90,7 @@ def test_collect_train_evaluate_end_to_end(model: Path, tmp_path: Path) -> None:
     (["evaluate", "--layers", "ops"], "layers"),
     (["evaluate", "--threads", "-1"], "threads"),
     (["collect", "--threads", "0"], "threads"),
+    (["collect", "--chunk", "0"], "chunk"),
     (["train", "--out", "p.pt", "--fraction", "0.95"], "fractions"),
 ])
 def test_bad_inputs_exit_2(model: Path, tmp_path: Path, args: list[str], field: str) -> None:

@@ -28,6 +28,7 @@ MAX_UNITS = 130  # 8,515 stages per setting: far more than any collection here w
 MAX_EPOCHS = 100_000
 MAX_ITERATIONS = 10_000
 CHUNK = 8  # stages measured per call (one set of gloo ranks per call; the database commits after each)
+MAX_CHUNK = 10_000
 
 
 @dataclass(frozen=True, slots=True)

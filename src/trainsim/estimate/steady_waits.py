@@ -1,0 +1,164 @@
+"""Every rank's longest steady wait on its neighbours in interleaved 1F1B, all ranks and both feeds at once.
+
+In the steady state of interleaved 1F1B (Narayanan et al. 2021, sec. 2.2.2, Megatron-LM's order) rank R's
+slot k runs "forward k + w_R, backward k"; its slot-s forward waits for R - 1's slot s - 2 forward (its
+forward feed), R - 1's slot-k backward for R's (R's backward feed; ranks 0 and p - 1 meet over the wrap, p
+slots apart). With a = f + b per slot and N the feed's neighbour, a window from R's slot k to its slot s waits
+
+    forward feed:  sum_{k<j<s} (a_N - a_R)(j) + b_N(k) - b_N(s - 2) - a_N(s - 1),    k <= s - 3
+    backward feed: sum_{k<j<s} (a_N - a_R)(j) - a_N(k + 1) + a_N(s) - b_R(k) - f_R(s),  k <= s - 2
+
+and the feed's stall is the longest over one period of s (p v slots) and windows of up to p v slots. Written
+with prefix sums c(j) = sum_{i<=j} (a_N - a_R)(i) as x(s) - y(k): a sliding minimum of y per s (the minimum
+over the suffix of one period and the prefix of the next). The slot tables are gathers from one flat table
+of the chunk times and their negatives, at indices that depend on (p, v) only (cached), so every rank's two
+feeds take the same few array operations; each sum is formed in the order of the per-slot form (a - b as
+a + (-b), exact in IEEE arithmetic), so the waits are those of the per-rank evaluation bit for bit.
+"""
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+FEEDS = 2  # 0: the forward feed (rank R - 1), 1: the backward feed (rank R + 1)
+SLOT_TABLES = 10  # 4 terms of the slot difference, 3 of y, 3 of x (see _SlotLayout)
+
+
+@dataclass(frozen=True, slots=True)
+class _SlotLayout:
+    """Where each (table, feed, rank, slot) reads its seconds in the flat table [f, b, -f, -b, 0, -inf] (f, b:
+    [rank][chunk] flattened). Tables: 0-3 the slot difference's terms f_N, b_N, -f_R, -b_R (k = 0 .. 2n - 1);
+    4-6 y's terms after the prefix sum (forward feed: -b_N(k), 0, 0; backward: f_N(k + 1), b_N(k + 1), b_R(k));
+    7-9 x's terms after the prefix sum at k = s - 1 (forward: -b_N(s - 2), -f_N(s - 1), -b_N(s - 1); backward:
+    f_N(s), b_N(s), -f_R(s)), -inf where the wrap's data comes from the loader (rank 0's first-chunk forwards)
+    or the rank's own forward (rank p - 1's last chunk), 0 outside s = n .. 2n - 1. neighbours: per feed and
+    rank, the neighbour's rank."""
+
+    index: np.ndarray  # (SLOT_TABLES, FEEDS, p, 2n) int
+    neighbours: np.ndarray  # (FEEDS, p) int
+
+
+def _forward_chunk(p: int, v: int, rank: int, slot: int) -> int:
+    """The chunk of rank's forward in steady slot `slot`: forward slot + w_rank, w_rank = p v - p + 2 (p - 1 -
+    rank) (Megatron-LM's warm-up count), chunk (k mod p v) // p (Megatron-LM's get_model_chunk_id)."""
+    return ((slot + 2 * (p - 1 - rank) - p) % (p * v)) // p
+
+
+def _backward_chunk(p: int, v: int, slot: int) -> int:
+    """The chunk of any rank's backward in steady slot `slot`: v - 1 - (slot mod p v) // p."""
+    return v - 1 - (slot % (p * v)) // p
+
+
+def _feed_rows(p: int, v: int, feed: int, rank: int) -> list[list[int]]:
+    """The ten tables' flat indices for one feed of one rank (see _SlotLayout)."""
+    n = p * v
+    f_neg, zero, closed, opened_inf = 2 * n, 4 * n, 4 * n + 1, 4 * n + 2  # -f at f_neg + i, -b at f_neg + n + i
+    wrap = rank == (0 if feed == 0 else p - 1)
+    neighbour = (rank - 1) % p if feed == 0 else (rank + 1) % p
+    shift = (p if feed == 0 else -p) if wrap else 0
+
+    def f_n(k: int) -> int:
+        return neighbour * v + _forward_chunk(p, v, neighbour, k + shift)
+
+    def b_n(k: int) -> int:
+        return n + neighbour * v + _backward_chunk(p, v, k + shift)
+
+    def f_r(k: int) -> int:
+        return rank * v + _forward_chunk(p, v, rank, k)
+
+    def b_r(k: int) -> int:
+        return n + rank * v + _backward_chunk(p, v, k)
+
+    slots = range(2 * n)
+    pad = [zero] * (_table_width(n) - 2 * n)
+    rows = [[f_n(k) for k in slots], [b_n(k) for k in slots], [f_neg + f_r(k) for k in slots],
+            [f_neg + b_r(k) for k in slots]]
+    if feed == 0:
+        rows += [[f_neg + b_n(k) for k in slots], [zero] * (2 * n), [zero] * (2 * n)]
+    else:
+        rows += [[f_n(k + 1) for k in slots], [b_n(k + 1) for k in slots], [b_r(k) for k in slots]]
+    rows = [row + pad for row in rows]
+    rows[6][2 * n:] = [opened_inf] * len(pad)  # y beyond the windows: never a minimum
+    ends: list[list[int]] = [[zero] * _table_width(n) for _ in range(3)]
+    for s in range(n, 2 * n):
+        if feed == 0:
+            opened = not wrap or (s - 2) % n < n - p
+            terms = (f_neg + b_n(s - 2), f_neg + f_n(s - 1), f_neg + b_n(s - 1) if opened else closed)
+        else:
+            opened = not wrap or (s - p) % n < n - p
+            terms = (f_n(s), b_n(s), f_neg + f_r(s) if opened else closed)
+        for table, flat in zip(ends, terms, strict=True):
+            table[s - 1] = flat
+    return rows + ends
+
+
+def _table_width(n: int) -> int:
+    """Slots per table: the 2n of two periods, or the 3 (n - 2) + 1 that _least_in_windows's three blocks of a
+    window's length and the backward feed's pairwise minimum read, if more."""
+    return max(2 * n, 3 * (n - 2) + 1)
+
+
+@lru_cache(maxsize=64)
+def slot_layout(p: int, v: int) -> _SlotLayout:
+    """The gather indices of a pipeline of p ranks and v chunks each (cached: a pure function of the shape)."""
+    rows = [[_feed_rows(p, v, feed, rank) for rank in range(p)] for feed in range(FEEDS)]
+    index = np.array(rows, dtype=np.intp).transpose(2, 0, 1, 3)
+    neighbours = np.array([[(rank - 1) % p for rank in range(p)], [(rank + 1) % p for rank in range(p)]])
+    return _SlotLayout(np.ascontiguousarray(index), neighbours)
+
+
+def flat_chunk_table(fwd: np.ndarray, bwd: np.ndarray) -> np.ndarray:
+    """[f, b, -f, -b, 0, -inf, inf] flattened, the table slot_layout's indices read (fwd, bwd: [rank][chunk])."""
+    n = fwd.size
+    flat = np.empty(4 * n + 3)
+    flat[:n] = fwd.ravel()
+    flat[n:2 * n] = bwd.ravel()
+    np.negative(flat[:2 * n], out=flat[2 * n:4 * n])
+    flat[4 * n:] = (0.0, -np.inf, np.inf)
+    return flat
+
+
+def _least_in_windows(y: np.ndarray, n: int) -> np.ndarray:
+    """min of y over slots s - n .. s - 3 for s = n .. 2n - 1, per leading index (y: (..., 3 (n - 2)), inf past
+    2n - 4): van Herk's sliding minimum over blocks of the window's length L = n - 2, each window the suffix
+    of one block from its start and the prefix of the next up to its end (one minimum-accumulate each way)."""
+    length = n - 2
+    shape = (*y.shape[:-1], 3, length)
+    suffix = np.minimum.accumulate(y[..., ::-1].reshape(shape), axis=-1).reshape(y.shape)[..., ::-1]
+    prefix = np.minimum.accumulate(y.reshape(shape), axis=-1).reshape(y.shape)
+    return np.minimum(suffix[..., :n], prefix[..., length - 1:length - 1 + n])
+
+
+def feed_stalls_s(flat: np.ndarray, p: int, v: int) -> np.ndarray:
+    """(FEEDS, p): each rank's longest steady wait on its forward feed and on its backward feed (may be <= 0: no
+    wait). flat: flat_chunk_table of the chunk times."""
+    n = p * v
+    blocks = 3 * (n - 2)
+    tables = flat.take(slot_layout(p, v).index)
+    prefix = np.add.accumulate(tables[0] + tables[1] + tables[2] + tables[3], axis=-1)
+    y = prefix + tables[4] + tables[5] + tables[6]
+    ends = slice(n - 1, 2 * n - 1)
+    x = prefix[..., ends] + tables[7, ..., ends] + tables[8, ..., ends] + tables[9, ..., ends]
+    windows = y[..., :blocks]
+    # the backward feed's windows reach one slot further (k <= s - 2): one pairwise minimum brings them to the
+    # forward feed's (k <= s - 3)
+    windows[1] = np.minimum(y[1, :, :blocks], y[1, :, 1:blocks + 1])
+    return (x - _least_in_windows(windows, n)).max(axis=-1)
+
+
+def counted_stalls_s(stalls: np.ndarray, totals: np.ndarray, neighbours: np.ndarray) -> np.ndarray:
+    """Per rank, its longest wait that counts: a wait on a neighbour counts where the rank's round with it (p t_R
+    + stall) is no shorter than the neighbour's own round (p t_N); otherwise the neighbour paces the rank, and
+    that is already its own m t, not the rank's schedule. 0 where no wait counts."""
+    rounds_s = len(totals) * totals
+    counts = (stalls > 0.0) & (rounds_s + stalls >= rounds_s.take(neighbours))
+    return np.where(counts, stalls, 0.0).max(axis=0)
+
+
+def steady_stalls_s(fwd: np.ndarray, bwd: np.ndarray, totals: np.ndarray) -> list[float]:
+    """Per rank, its counted wait per steady round on either neighbour (fwd, bwd: [rank][chunk] seconds of one
+    micro-batch; totals: per rank, its stage time)."""
+    p, v = fwd.shape
+    stalls = feed_stalls_s(flat_chunk_table(fwd, bwd), p, v)
+    return counted_stalls_s(stalls, totals, slot_layout(p, v).neighbours).tolist()

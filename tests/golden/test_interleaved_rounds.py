@@ -4,7 +4,6 @@ of Megatron-LM's order (compile.schedules) with per-chunk forward and backward t
 below (every step starts when its rank's previous step and its input are done; no communication).
 """
 
-import numpy as np
 import pytest
 
 from trainsim.compile.schedules import interleaved_one_f_one_b
@@ -65,7 +64,7 @@ def test_a_heavy_last_chunk_by_hand() -> None:
     # 1.5) while its next heavy forward waits for rank 0's B1.1 and F2.1 (3): a stall of 1.5, once
     # (m / p - 1 rounds). Iteration 51 + 3 + 1.5 + 3 + 1.5 = 60.
     assert fill_drain_extra_s(HEAD_FWD, HEAD_BWD) == pytest.approx([0.0, 4.5], abs=1e-12)
-    assert steady_stalls_s(np.array(HEAD_FWD), np.array(HEAD_BWD), np.array([6.0, 12.75]))[1] == pytest.approx(
+    assert steady_stalls_s(HEAD_FWD, HEAD_BWD, [6.0, 12.75])[1] == pytest.approx(
         1.5, rel=1e-12)
     assert _bubble(HEAD_FWD, HEAD_BWD, 4) == pytest.approx(9.0, rel=1e-12)
     assert _makespan(HEAD_FWD, HEAD_BWD, 4) == pytest.approx(60.0, rel=1e-12)

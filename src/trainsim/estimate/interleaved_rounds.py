@@ -31,11 +31,7 @@ The stalls and the bubble are checked against the exact schedule of per-chunk ti
 from collections.abc import Sequence
 from functools import lru_cache
 
-import numpy as np
-
-from trainsim.estimate.steady_waits import steady_stalls_s
-
-ChunkTimes = Sequence[Sequence[float]]  # [rank][chunk] seconds, one micro-batch
+from trainsim.estimate.steady_waits import ChunkTimes, steady_stalls_s
 
 
 def _longest_entries_s(times: list[float], p: int) -> list[float]:
@@ -45,58 +41,55 @@ def _longest_entries_s(times: list[float], p: int) -> list[float]:
     c. A path runs one micro-batch down the stages, or all p of them through one stage (a flow shop's
     staircase, Huang et al. 2019) and from its last on to the same rank's next chunk (u + p). times: per
     virtual stage u, one micro-batch's seconds."""
-    first = [0.0] * len(times)  # the end of micro-batch 0 at u
-    last = [0.0] * len(times)  # the end of micro-batch p - 1 at u
+    first_s, last_s = 0.0, float("-inf")  # the ends of micro-batches 0 and p - 1 at u - 1 (none before u = 0)
+    last_by_rank = [float("-inf")] * p  # the end of micro-batch p - 1 at u - p (none before u = p)
     own = [0.0] * p  # the rank's p micro-batches of each chunk so far
     best = [float("-inf")] * p
-    for u, seconds in enumerate(times):
-        before = first[u - 1] if u else 0.0
-        if u >= p and last[u - p] > before:
-            before = last[u - p]
-        first[u] = before + seconds
-        through = first[u] + (p - 1) * seconds
-        if u and last[u - 1] + seconds > through:
-            through = last[u - 1] + seconds
-        last[u] = through
-        rank = u % p
-        start = first[u] - seconds - own[rank]
+    rank = 0
+    for seconds in times:
+        before = last_by_rank[rank] if last_by_rank[rank] > first_s else first_s
+        first_s = before + seconds
+        through = first_s + (p - 1) * seconds
+        if last_s + seconds > through:
+            through = last_s + seconds
+        last_s = last_by_rank[rank] = through
+        start = first_s - seconds - own[rank]
         if start > best[rank]:
             best[rank] = start
         own[rank] += p * seconds
+        rank = rank + 1 if rank < p - 1 else 0
     return best
 
 
-def fill_drain_extra_s(fwd: ChunkTimes | np.ndarray, bwd: ChunkTimes | np.ndarray) -> list[float]:
+def fill_drain_extra_s(fwd: ChunkTimes, bwd: ChunkTimes) -> list[float]:
     """Per rank R, how much longer than sum_{i<R} (f_i0 + b_i0) (one micro-batch's chunk 0 through the earlier
     ranks, the even form's fill and drain) the pipeline takes before R's first forward of some chunk c plus
     after its last backward of some chunk c', less R's own forwards (backwards) of the first (last) group's
     chunks below c (c'): the longest entry and exit over the chunks. The drain is the fill's mirror (the last
     group's backwards run chunk v - 1 down to 0 per rank, the data from stage u to u - 1)."""
-    fwd, bwd = np.asarray(fwd), np.asarray(bwd)
-    p = len(fwd)
-    entries = _longest_entries_s(fwd.T.ravel().tolist(), p)
-    exits = _longest_entries_s(bwd.T.ravel().tolist(), p)
+    p, chunks = len(fwd), range(len(fwd[0]))
+    entries = _longest_entries_s([row[chunk] for chunk in chunks for row in fwd], p)
+    exits = _longest_entries_s([row[chunk] for chunk in chunks for row in bwd], p)
     extra = [0.0] * p
     one = 0.0  # sum_{i<R} (f_i0 + b_i0)
-    for rank, (entry, exit_, f_0, b_0) in enumerate(zip(entries, exits, fwd[:, 0].tolist(), bwd[:, 0].tolist(),
-                                                        strict=True)):
+    for rank, (entry, exit_, f_r, b_r) in enumerate(zip(entries, exits, fwd, bwd, strict=True)):
         extra[rank] = entry + exit_ - one
-        one += f_0 + b_0
+        one += f_r[0] + b_r[0]
     return extra
 
 
 def chunk_times_s(totals: Sequence[float], forward: Sequence[float], chunk_shares: tuple[tuple[float, ...], ...],
-                  sends: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
-    """Per stage and model chunk ([rank][chunk]), one micro-batch's forward and backward seconds: the stage's time
-    less its pipeline sends x the chunk's share x the stage's forward (backward) fraction, plus one send (each
-    chunk sends once forward and once backward, whatever its compute). sends: per stage, () for none."""
-    shares = np.array(chunk_shares)
-    chunks = shares.shape[1]
-    send_s = np.array(sends) / (2 * chunks) if sends else np.zeros(len(totals))
-    work_s = np.array(totals) - (2 * chunks) * send_s
-    fraction = np.array(forward)
-    fwd = (work_s * fraction)[:, None] * shares + send_s[:, None]
-    bwd = (work_s * (1.0 - fraction))[:, None] * shares + send_s[:, None]
+                  sends: Sequence[float]) -> tuple[list[list[float]], list[list[float]]]:
+    """Per stage and model chunk, one micro-batch's forward and backward seconds: the stage's time less its
+    pipeline sends x the chunk's share x the stage's forward (backward) fraction, plus one send (each chunk
+    sends once forward and once backward, whatever its compute). sends: per stage, () for none."""
+    fwd: list[list[float]] = []
+    bwd: list[list[float]] = []
+    for stage, (total, fraction, shares) in enumerate(zip(totals, forward, chunk_shares, strict=True)):
+        send = sends[stage] / (2 * len(shares)) if sends else 0.0
+        work = total - 2 * len(shares) * send
+        fwd.append([work * fraction * share + send for share in shares])
+        bwd.append([work * (1.0 - fraction) * share + send for share in shares])
     return fwd, bwd
 
 
@@ -109,5 +102,4 @@ def interleaved_terms_s(totals: tuple[float, ...], forward: tuple[float, ...],
     steady round (steady_waits.steady_stalls_s). Cached: a pure function of the stage times, which a search or
     a calibration prices again for other batch sizes and data-parallel degrees."""
     fwd, bwd = chunk_times_s(totals, forward, chunk_shares, sends)
-    stalls = steady_stalls_s(fwd, bwd, np.array(totals))
-    return tuple(fill_drain_extra_s(fwd, bwd)), tuple(stalls)
+    return tuple(fill_drain_extra_s(fwd, bwd)), tuple(steady_stalls_s(fwd, bwd, totals))

@@ -16,24 +16,27 @@ feeds take the same few array operations; each sum is formed in the order of the
 a + (-b), exact in IEEE arithmetic), so the waits are those of the per-rank evaluation bit for bit.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
+ChunkTimes = Sequence[Sequence[float]]  # [rank][chunk] seconds, one micro-batch
+
 FEEDS = 2  # 0: the forward feed (rank R - 1), 1: the backward feed (rank R + 1)
-SLOT_TABLES = 10  # 4 terms of the slot difference, 3 of y, 3 of x (see _SlotLayout)
+SLOT_TABLES = 10  # the slot difference's 4 terms, y's 3 after its prefix sum, x's 3 after it
 
 
 @dataclass(frozen=True, slots=True)
 class _SlotLayout:
-    """Where each (table, feed, rank, slot) reads its seconds in the flat table [f, b, -f, -b, 0, -inf] (f, b:
-    [rank][chunk] flattened). Tables: 0-3 the slot difference's terms f_N, b_N, -f_R, -b_R (k = 0 .. 2n - 1);
-    4-6 y's terms after the prefix sum (forward feed: -b_N(k), 0, 0; backward: f_N(k + 1), b_N(k + 1), b_R(k));
-    7-9 x's terms after the prefix sum at k = s - 1 (forward: -b_N(s - 2), -f_N(s - 1), -b_N(s - 1); backward:
-    f_N(s), b_N(s), -f_R(s)), -inf where the wrap's data comes from the loader (rank 0's first-chunk forwards)
-    or the rank's own forward (rank p - 1's last chunk), 0 outside s = n .. 2n - 1. neighbours: per feed and
-    rank, the neighbour's rank."""
+    """Where each (table, feed, rank, slot) reads its seconds in the flat table [f, b, -f, -b, 0, -inf] (f,
+    b: [rank][chunk] flattened). Tables: 0-3 the slot difference's terms f_N, b_N, -f_R, -b_R (k = 0 .. 2n -
+    1); 4-6 y's terms after its prefix sum (forward feed: -b_N(k), 0, 0; backward: f_N(k + 1), b_N(k + 1),
+    b_R(k)); 7-9 x's terms after the prefix sum at k = s - 1
+    (forward: -b_N(s - 2), -f_N(s - 1), -b_N(s - 1); backward: f_N(s), b_N(s), -f_R(s)), -inf where the wrap's
+    data comes from the loader (rank 0's first-chunk forwards) or the rank's own forward (rank p - 1's last
+    chunk), 0 outside s = n .. 2n - 1. neighbours: per feed and rank, the neighbour's rank."""
 
     index: np.ndarray  # (SLOT_TABLES, FEEDS, p, 2n) int
     neighbours: np.ndarray  # (FEEDS, p) int
@@ -53,7 +56,7 @@ def _backward_chunk(p: int, v: int, slot: int) -> int:
 def _feed_rows(p: int, v: int, feed: int, rank: int) -> list[list[int]]:
     """The ten tables' flat indices for one feed of one rank (see _SlotLayout)."""
     n = p * v
-    f_neg, zero, closed, opened_inf = 2 * n, 4 * n, 4 * n + 1, 4 * n + 2  # -f at f_neg + i, -b at f_neg + n + i
+    f_neg, zero, closed = 2 * n, 4 * n, 4 * n + 1  # -f at f_neg + i, -b at f_neg + n + i
     wrap = rank == (0 if feed == 0 else p - 1)
     neighbour = (rank - 1) % p if feed == 0 else (rank + 1) % p
     shift = (p if feed == 0 else -p) if wrap else 0
@@ -71,16 +74,13 @@ def _feed_rows(p: int, v: int, feed: int, rank: int) -> list[list[int]]:
         return n + rank * v + _backward_chunk(p, v, k)
 
     slots = range(2 * n)
-    pad = [zero] * (_table_width(n) - 2 * n)
     rows = [[f_n(k) for k in slots], [b_n(k) for k in slots], [f_neg + f_r(k) for k in slots],
             [f_neg + b_r(k) for k in slots]]
     if feed == 0:
         rows += [[f_neg + b_n(k) for k in slots], [zero] * (2 * n), [zero] * (2 * n)]
     else:
         rows += [[f_n(k + 1) for k in slots], [b_n(k + 1) for k in slots], [b_r(k) for k in slots]]
-    rows = [row + pad for row in rows]
-    rows[6][2 * n:] = [opened_inf] * len(pad)  # y beyond the windows: never a minimum
-    ends: list[list[int]] = [[zero] * _table_width(n) for _ in range(3)]
+    ends: list[list[int]] = [[zero] * (2 * n) for _ in range(3)]
     for s in range(n, 2 * n):
         if feed == 0:
             opened = not wrap or (s - 2) % n < n - p
@@ -93,12 +93,6 @@ def _feed_rows(p: int, v: int, feed: int, rank: int) -> list[list[int]]:
     return rows + ends
 
 
-def _table_width(n: int) -> int:
-    """Slots per table: the 2n of two periods, or the 3 (n - 2) + 1 that _least_in_windows's three blocks of a
-    window's length and the backward feed's pairwise minimum read, if more."""
-    return max(2 * n, 3 * (n - 2) + 1)
-
-
 @lru_cache(maxsize=64)
 def slot_layout(p: int, v: int) -> _SlotLayout:
     """The gather indices of a pipeline of p ranks and v chunks each (cached: a pure function of the shape)."""
@@ -108,57 +102,51 @@ def slot_layout(p: int, v: int) -> _SlotLayout:
     return _SlotLayout(np.ascontiguousarray(index), neighbours)
 
 
-def flat_chunk_table(fwd: np.ndarray, bwd: np.ndarray) -> np.ndarray:
-    """[f, b, -f, -b, 0, -inf, inf] flattened, the table slot_layout's indices read (fwd, bwd: [rank][chunk])."""
-    n = fwd.size
-    flat = np.empty(4 * n + 3)
-    flat[:n] = fwd.ravel()
-    flat[n:2 * n] = bwd.ravel()
-    np.negative(flat[:2 * n], out=flat[2 * n:4 * n])
-    flat[4 * n:] = (0.0, -np.inf, np.inf)
-    return flat
+def flat_chunk_table(fwd: ChunkTimes, bwd: ChunkTimes) -> np.ndarray:
+    """[f, b, -f, -b, 0, -inf] flattened, the table slot_layout's indices read (fwd, bwd: [rank][chunk])."""
+    times = [seconds for rows in (fwd, bwd) for row in rows for seconds in row]
+    return np.array([*times, *[-seconds for seconds in times], 0.0, -np.inf])
 
 
 def _least_in_windows(y: np.ndarray, n: int) -> np.ndarray:
-    """min of y over slots s - n .. s - 3 for s = n .. 2n - 1, per leading index (y: (..., 3 (n - 2)), inf past
-    2n - 4): van Herk's sliding minimum over blocks of the window's length L = n - 2, each window the suffix
-    of one block from its start and the prefix of the next up to its end (one minimum-accumulate each way)."""
-    length = n - 2
-    shape = (*y.shape[:-1], 3, length)
-    suffix = np.minimum.accumulate(y[..., ::-1].reshape(shape), axis=-1).reshape(y.shape)[..., ::-1]
-    prefix = np.minimum.accumulate(y.reshape(shape), axis=-1).reshape(y.shape)
-    return np.minimum(suffix[..., :n], prefix[..., length - 1:length - 1 + n])
+    """(FEEDS, p, n): per feed and rank, the minimum of y over the window of slots s - n .. s - 3 (forward feed)
+    or s - n .. s - 2 (backward feed) for s = n .. 2n - 1 (y: (FEEDS, p, 2n)), from a sparse
+    table: minima over 2, 4, .. 2^j slots by pairs of the level below, then each window as the minimum of the
+    2^j from its first slot and the 2^j up to its last (2^j <= n - 2 < 2^(j + 1))."""
+    span = 1
+    while 2 * span <= n - 2:
+        y = np.minimum(y[..., :-span], y[..., span:])
+        span *= 2
+    least = np.minimum(y[..., :n], y[..., n - 2 - span:2 * n - 2 - span])
+    least[1] = np.minimum(y[1, :, :n], y[1, :, n - 1 - span:2 * n - 1 - span])
+    return least
 
 
 def feed_stalls_s(flat: np.ndarray, p: int, v: int) -> np.ndarray:
     """(FEEDS, p): each rank's longest steady wait on its forward feed and on its backward feed (may be <= 0: no
     wait). flat: flat_chunk_table of the chunk times."""
     n = p * v
-    blocks = 3 * (n - 2)
+    ends = slice(n - 1, 2 * n - 1)
     tables = flat.take(slot_layout(p, v).index)
     prefix = np.add.accumulate(tables[0] + tables[1] + tables[2] + tables[3], axis=-1)
     y = prefix + tables[4] + tables[5] + tables[6]
-    ends = slice(n - 1, 2 * n - 1)
     x = prefix[..., ends] + tables[7, ..., ends] + tables[8, ..., ends] + tables[9, ..., ends]
-    windows = y[..., :blocks]
-    # the backward feed's windows reach one slot further (k <= s - 2): one pairwise minimum brings them to the
-    # forward feed's (k <= s - 3)
-    windows[1] = np.minimum(y[1, :, :blocks], y[1, :, 1:blocks + 1])
-    return (x - _least_in_windows(windows, n)).max(axis=-1)
+    return (x - _least_in_windows(y, n)).max(axis=-1)
 
 
-def counted_stalls_s(stalls: np.ndarray, totals: np.ndarray, neighbours: np.ndarray) -> np.ndarray:
+def counted_stalls_s(stalls: np.ndarray, totals: Sequence[float], neighbours: np.ndarray) -> list[float]:
     """Per rank, its longest wait that counts: a wait on a neighbour counts where the rank's round with it (p t_R
     + stall) is no shorter than the neighbour's own round (p t_N); otherwise the neighbour paces the rank, and
     that is already its own m t, not the rank's schedule. 0 where no wait counts."""
-    rounds_s = len(totals) * totals
+    rounds_s = len(totals) * np.array(totals)
     counts = (stalls > 0.0) & (rounds_s + stalls >= rounds_s.take(neighbours))
-    return np.where(counts, stalls, 0.0).max(axis=0)
+    counted = np.where(counts, stalls, 0.0)
+    return np.maximum(counted[0], counted[1]).tolist()
 
 
-def steady_stalls_s(fwd: np.ndarray, bwd: np.ndarray, totals: np.ndarray) -> list[float]:
+def steady_stalls_s(fwd: ChunkTimes, bwd: ChunkTimes, totals: Sequence[float]) -> list[float]:
     """Per rank, its counted wait per steady round on either neighbour (fwd, bwd: [rank][chunk] seconds of one
     micro-batch; totals: per rank, its stage time)."""
-    p, v = fwd.shape
+    p, v = len(fwd), len(fwd[0])
     stalls = feed_stalls_s(flat_chunk_table(fwd, bwd), p, v)
-    return counted_stalls_s(stalls, totals, slot_layout(p, v).neighbours).tolist()
+    return counted_stalls_s(stalls, totals, slot_layout(p, v).neighbours)

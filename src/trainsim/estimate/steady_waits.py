@@ -17,7 +17,6 @@ a + (-b), exact in IEEE arithmetic), so the waits are those of the per-rank eval
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -25,21 +24,13 @@ import numpy as np
 ChunkTimes = Sequence[Sequence[float]]  # [rank][chunk] seconds, one micro-batch
 
 FEEDS = 2  # 0: the forward feed (rank R - 1), 1: the backward feed (rank R + 1)
-SLOT_TABLES = 10  # the slot difference's 4 terms, y's 3 after its prefix sum, x's 3 after it
-
-
-@dataclass(frozen=True, slots=True)
-class _SlotLayout:
-    """Where each (table, feed, rank, slot) reads its seconds in the flat table [f, b, -f, -b, 0, -inf] (f,
-    b: [rank][chunk] flattened). Tables: 0-3 the slot difference's terms f_N, b_N, -f_R, -b_R (k = 0 .. 2n -
-    1); 4-6 y's terms after its prefix sum (forward feed: -b_N(k), 0, 0; backward: f_N(k + 1), b_N(k + 1),
-    b_R(k)); 7-9 x's terms after the prefix sum at k = s - 1
-    (forward: -b_N(s - 2), -f_N(s - 1), -b_N(s - 1); backward: f_N(s), b_N(s), -f_R(s)), -inf where the wrap's
-    data comes from the loader (rank 0's first-chunk forwards) or the rank's own forward (rank p - 1's last
-    chunk), 0 outside s = n .. 2n - 1. neighbours: per feed and rank, the neighbour's rank."""
-
-    index: np.ndarray  # (SLOT_TABLES, FEEDS, p, 2n) int
-    neighbours: np.ndarray  # (FEEDS, p) int
+# The tables each feed gathers from the flat table [f, b, -f, -b, 0, -inf] (f, b: [rank][chunk] flattened), per
+# slot k = 0 .. 2n - 1: 0-3 the slot difference's terms f_N, b_N, -f_R, -b_R; 4-6 y's terms after its prefix sum
+# (forward feed: -b_N(k), 0, 0; backward: f_N(k + 1), b_N(k + 1), b_R(k)); 7-9 x's terms after the prefix sum
+# at k = s - 1 (forward: -b_N(s - 2), -f_N(s - 1), -b_N(s - 1); backward: f_N(s), b_N(s), -f_R(s)), -inf where
+# the wrap's data comes from the loader (rank 0's first-chunk forwards) or the rank's own forward (rank p - 1's
+# last chunk), 0 outside s = n .. 2n - 1.
+SLOT_TABLES = 10
 
 
 def _forward_chunk(p: int, v: int, rank: int, slot: int) -> int:
@@ -54,7 +45,7 @@ def _backward_chunk(p: int, v: int, slot: int) -> int:
 
 
 def _feed_rows(p: int, v: int, feed: int, rank: int) -> list[list[int]]:
-    """The ten tables' flat indices for one feed of one rank (see _SlotLayout)."""
+    """The ten tables' flat indices for one feed of one rank (SLOT_TABLES)."""
     n = p * v
     f_neg, zero, closed = 2 * n, 4 * n, 4 * n + 1  # -f at f_neg + i, -b at f_neg + n + i
     wrap = rank == (0 if feed == 0 else p - 1)
@@ -93,13 +84,31 @@ def _feed_rows(p: int, v: int, feed: int, rank: int) -> list[list[int]]:
     return rows + ends
 
 
-@lru_cache(maxsize=64)
-def slot_layout(p: int, v: int) -> _SlotLayout:
-    """The gather indices of a pipeline of p ranks and v chunks each (cached: a pure function of the shape)."""
-    rows = [[_feed_rows(p, v, feed, rank) for rank in range(p)] for feed in range(FEEDS)]
-    index = np.array(rows, dtype=np.intp).transpose(2, 0, 1, 3)
-    neighbours = np.array([[(rank - 1) % p for rank in range(p)], [(rank + 1) % p for rank in range(p)]])
-    return _SlotLayout(np.ascontiguousarray(index), neighbours)
+Feed = tuple[int, int]  # (feed, rank): 0 the forward feed (from rank - 1), 1 the backward feed (from rank + 1)
+
+
+def feed_neighbour(feed: Feed, p: int) -> int:
+    """The rank a feed's data comes from."""
+    return (feed[1] - 1) % p if feed[0] == 0 else (feed[1] + 1) % p
+
+
+def uneven_feeds(fwd: ChunkTimes, bwd: ChunkTimes) -> tuple[Feed, ...]:
+    """The feeds that can wait, forward feeds first: those whose rank or neighbour has chunks that differ. Where
+    both have equal chunks the wait is never counted: with equal slots every window's sum is 0 and its ends
+    negative; a neighbour slower by a constant per slot makes up at most one period of it (its round exceeds the
+    rank's by that period, more than the wait); a faster one leaves every window negative."""
+    p = len(fwd)
+    even = [max(f) == min(f) and max(b) == min(b) for f, b in zip(fwd, bwd, strict=True)]
+    feeds = [(feed, rank) for feed in range(FEEDS) for rank in range(p)]
+    return tuple(pair for pair in feeds if not (even[pair[1]] and even[feed_neighbour(pair, p)]))
+
+
+@lru_cache(maxsize=256)
+def slot_layout(p: int, v: int, feeds: tuple[Feed, ...]) -> np.ndarray:
+    """(SLOT_TABLES, len(feeds), 2n): the gather indices of these feeds of a pipeline of p ranks and v chunks each
+    (cached: a pure function of the shape and the feeds)."""
+    rows = [_feed_rows(p, v, feed, rank) for feed, rank in feeds]
+    return np.ascontiguousarray(np.array(rows, dtype=np.intp).transpose(1, 0, 2))
 
 
 def flat_chunk_table(fwd: ChunkTimes, bwd: ChunkTimes) -> np.ndarray:
@@ -108,45 +117,46 @@ def flat_chunk_table(fwd: ChunkTimes, bwd: ChunkTimes) -> np.ndarray:
     return np.array([*times, *[-seconds for seconds in times], 0.0, -np.inf])
 
 
-def _least_in_windows(y: np.ndarray, n: int) -> np.ndarray:
-    """(FEEDS, p, n): per feed and rank, the minimum of y over the window of slots s - n .. s - 3 (forward feed)
-    or s - n .. s - 2 (backward feed) for s = n .. 2n - 1 (y: (FEEDS, p, 2n)), from a sparse
+def _least_in_windows(y: np.ndarray, n: int, forward_feeds: int) -> np.ndarray:
+    """(feeds, n): per feed, the minimum of y over the window of slots s - n .. s - 3 (a forward feed) or s - n ..
+    s - 2 (a backward feed, after the first forward_feeds) for s = n .. 2n - 1 (y: (feeds, 2n)), from a sparse
     table: minima over 2, 4, .. 2^j slots by pairs of the level below, then each window as the minimum of the
     2^j from its first slot and the 2^j up to its last (2^j <= n - 2 < 2^(j + 1))."""
     span = 1
     while 2 * span <= n - 2:
-        y = np.minimum(y[..., :-span], y[..., span:])
+        y = np.minimum(y[:, :-span], y[:, span:])
         span *= 2
-    least = np.minimum(y[..., :n], y[..., n - 2 - span:2 * n - 2 - span])
-    least[1] = np.minimum(y[1, :, :n], y[1, :, n - 1 - span:2 * n - 1 - span])
+    least = np.minimum(y[:, :n], y[:, n - 2 - span:2 * n - 2 - span])
+    backward = y[forward_feeds:]
+    least[forward_feeds:] = np.minimum(backward[:, :n], backward[:, n - 1 - span:2 * n - 1 - span])
     return least
 
 
-def feed_stalls_s(flat: np.ndarray, p: int, v: int) -> np.ndarray:
-    """(FEEDS, p): each rank's longest steady wait on its forward feed and on its backward feed (may be <= 0: no
-    wait). flat: flat_chunk_table of the chunk times."""
+def feed_stalls_s(fwd: ChunkTimes, bwd: ChunkTimes, feeds: tuple[Feed, ...]) -> list[float]:
+    """Per feed, its longest steady wait (may be <= 0: none)."""
+    p, v = len(fwd), len(fwd[0])
     n = p * v
     ends = slice(n - 1, 2 * n - 1)
-    tables = flat.take(slot_layout(p, v).index)
+    tables = flat_chunk_table(fwd, bwd).take(slot_layout(p, v, feeds))
     prefix = np.add.accumulate(tables[0] + tables[1] + tables[2] + tables[3], axis=-1)
     y = prefix + tables[4] + tables[5] + tables[6]
-    x = prefix[..., ends] + tables[7, ..., ends] + tables[8, ..., ends] + tables[9, ..., ends]
-    return (x - _least_in_windows(y, n)).max(axis=-1)
-
-
-def counted_stalls_s(stalls: np.ndarray, totals: Sequence[float], neighbours: np.ndarray) -> list[float]:
-    """Per rank, its longest wait that counts: a wait on a neighbour counts where the rank's round with it (p t_R
-    + stall) is no shorter than the neighbour's own round (p t_N); otherwise the neighbour paces the rank, and
-    that is already its own m t, not the rank's schedule. 0 where no wait counts."""
-    rounds_s = len(totals) * np.array(totals)
-    counts = (stalls > 0.0) & (rounds_s + stalls >= rounds_s.take(neighbours))
-    counted = np.where(counts, stalls, 0.0)
-    return np.maximum(counted[0], counted[1]).tolist()
+    x = prefix[:, ends] + tables[7, :, ends] + tables[8, :, ends] + tables[9, :, ends]
+    forward_feeds = sum(1 for feed, _ in feeds if feed == 0)
+    return (x - _least_in_windows(y, n, forward_feeds)).max(axis=-1).tolist()
 
 
 def steady_stalls_s(fwd: ChunkTimes, bwd: ChunkTimes, totals: Sequence[float]) -> list[float]:
-    """Per rank, its counted wait per steady round on either neighbour (fwd, bwd: [rank][chunk] seconds of one
-    micro-batch; totals: per rank, its stage time)."""
-    p, v = len(fwd), len(fwd[0])
-    stalls = feed_stalls_s(flat_chunk_table(fwd, bwd), p, v)
-    return counted_stalls_s(stalls, totals, slot_layout(p, v).neighbours)
+    """Per rank, its longest wait per steady round that counts (fwd, bwd: [rank][chunk] seconds of one
+    micro-batch; totals: per rank, its stage time). A wait on a neighbour counts where the rank's round with it
+    (p t_R + stall) is no shorter than the neighbour's own round (p t_N); otherwise the neighbour paces the rank,
+    and that is already its own m t, not the rank's schedule. 0 where no wait counts."""
+    p = len(fwd)
+    counted = [0.0] * p
+    feeds = uneven_feeds(fwd, bwd)
+    if not feeds:
+        return counted
+    for feed, stall in zip(feeds, feed_stalls_s(fwd, bwd, feeds), strict=True):
+        rank = feed[1]
+        if stall > counted[rank] and p * totals[rank] + stall >= p * totals[feed_neighbour(feed, p)]:
+            counted[rank] = stall
+    return counted

@@ -25,11 +25,11 @@ ChunkTimes = Sequence[Sequence[float]]  # [rank][chunk] seconds, one micro-batch
 
 FEEDS = 2  # 0: the forward feed (rank R - 1), 1: the backward feed (rank R + 1)
 # The tables each feed gathers from the flat table [f, b, -f, -b, 0, -inf] (f, b: [rank][chunk] flattened), per
-# slot k = 0 .. 2n - 1: 0-3 the slot difference's terms f_N, b_N, -f_R, -b_R; 4-6 y's terms after its prefix sum
-# (forward feed: -b_N(k), 0, 0; backward: f_N(k + 1), b_N(k + 1), b_R(k)); 7-9 x's terms after the prefix sum
-# at k = s - 1 (forward: -b_N(s - 2), -f_N(s - 1), -b_N(s - 1); backward: f_N(s), b_N(s), -f_R(s)), -inf where
-# the wrap's data comes from the loader (rank 0's first-chunk forwards) or the rank's own forward (rank p - 1's
-# last chunk), 0 outside s = n .. 2n - 1.
+# slot k = 0 .. 2n - 1: 0-3 the slot difference's terms f_N, b_N, -f_R, -b_R; then, alternating, y's 3 terms
+# after its prefix sum (forward feed: -b_N(k), 0, 0; backward: f_N(k + 1), b_N(k + 1), b_R(k)) and x's 3 after
+# the prefix sum at k = s - 1 (forward: -b_N(s - 2), -f_N(s - 1), -b_N(s - 1); backward: f_N(s), b_N(s),
+# -f_R(s)), -inf where the wrap's data comes from the loader (rank 0's first-chunk forwards) or the rank's own
+# forward (rank p - 1's last chunk), 0 outside s = n .. 2n - 1.
 SLOT_TABLES = 10
 
 
@@ -81,7 +81,8 @@ def _feed_rows(p: int, v: int, feed: int, rank: int) -> list[list[int]]:
             terms = (f_n(s), b_n(s), f_neg + f_r(s) if opened else closed)
         for table, flat in zip(ends, terms, strict=True):
             table[s - 1] = flat
-    return rows + ends
+    # y's and x's terms interleaved: the sums after the prefix sum run on both at once
+    return [*rows[:4], rows[4], ends[0], rows[5], ends[1], rows[6], ends[2]]
 
 
 Feed = tuple[int, int]  # (feed, rank): 0 the forward feed (from rank - 1), 1 the backward feed (from rank + 1)
@@ -139,8 +140,9 @@ def feed_stalls_s(fwd: ChunkTimes, bwd: ChunkTimes, feeds: tuple[Feed, ...]) -> 
     ends = slice(n - 1, 2 * n - 1)
     tables = flat_chunk_table(fwd, bwd).take(slot_layout(p, v, feeds))
     prefix = np.add.accumulate(tables[0] + tables[1] + tables[2] + tables[3], axis=-1)
-    y = prefix + tables[4] + tables[5] + tables[6]
-    x = prefix[:, ends] + tables[7, :, ends] + tables[8, :, ends] + tables[9, :, ends]
+    after = tables[4:].reshape(3, 2, len(feeds), 2 * n)  # [term][y, x]
+    y, x = prefix + after[0] + after[1] + after[2]
+    x = x[:, ends]
     forward_feeds = sum(1 for feed, _ in feeds if feed == 0)
     return (x - _least_in_windows(y, n, forward_feeds)).max(axis=-1).tolist()
 

@@ -45,19 +45,17 @@ def _longest_entries_s(times: list[float], p: int) -> list[float]:
     last_by_rank = [float("-inf")] * p  # the end of micro-batch p - 1 at u - p (none before u = p)
     own = [0.0] * p  # the rank's p micro-batches of each chunk so far
     best = [float("-inf")] * p
-    rank = 0
-    for seconds in times:
-        before = last_by_rank[rank] if last_by_rank[rank] > first_s else first_s
-        first_s = before + seconds
-        through = first_s + (p - 1) * seconds
-        if last_s + seconds > through:
-            through = last_s + seconds
-        last_s = last_by_rank[rank] = through
-        start = first_s - seconds - own[rank]
-        if start > best[rank]:
-            best[rank] = start
-        own[rank] += p * seconds
-        rank = rank + 1 if rank < p - 1 else 0
+    for chunk_start in range(0, len(times), p):
+        for rank, seconds in enumerate(times[chunk_start:chunk_start + p]):
+            before = last_by_rank[rank]
+            first_s = (before if before > first_s else first_s) + seconds
+            through = first_s + (p - 1) * seconds
+            last_s += seconds
+            last_s = last_by_rank[rank] = last_s if last_s > through else through
+            start = first_s - seconds - own[rank]
+            if start > best[rank]:
+                best[rank] = start
+            own[rank] += p * seconds
     return best
 
 

@@ -98,10 +98,14 @@ def uneven_feeds(fwd: ChunkTimes, bwd: ChunkTimes) -> tuple[Feed, ...]:
     both have equal chunks the wait is never counted: with equal slots every window's sum is 0 and its ends
     negative; a neighbour slower by a constant per slot makes up at most one period of it (its round exceeds the
     rank's by that period, more than the wait); a faster one leaves every window negative."""
-    p = len(fwd)
-    even = [max(f) == min(f) and max(b) == min(b) for f, b in zip(fwd, bwd, strict=True)]
-    feeds = [(feed, rank) for feed in range(FEEDS) for rank in range(p)]
-    return tuple(pair for pair in feeds if not (even[pair[1]] and even[feed_neighbour(pair, p)]))
+    chunks = len(fwd[0])
+    even = [f.count(f[0]) == chunks and b.count(b[0]) == chunks for f, b in zip(fwd, bwd, strict=True)]
+    if all(even):
+        return ()
+    # rank r's forward feed comes from r - 1, its backward feed from r + 1 (both around the ring)
+    from_before, from_after = even[-1:] + even[:-1], even[1:] + even[:1]
+    return (*((0, rank) for rank, pair in enumerate(zip(even, from_before, strict=True)) if not all(pair)),
+            *((1, rank) for rank, pair in enumerate(zip(even, from_after, strict=True)) if not all(pair)))
 
 
 @lru_cache(maxsize=256)

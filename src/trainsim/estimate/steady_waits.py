@@ -33,56 +33,51 @@ FEEDS = 2  # 0: the forward feed (rank R - 1), 1: the backward feed (rank R + 1)
 SLOT_TABLES = 10
 
 
-def _forward_chunk(p: int, v: int, rank: int, slot: int) -> int:
+def _forward_chunk(p: int, v: int, rank: int, slot: np.ndarray) -> np.ndarray:
     """The chunk of rank's forward in steady slot `slot`: forward slot + w_rank, w_rank = p v - p + 2 (p - 1 -
     rank) (Megatron-LM's warm-up count), chunk (k mod p v) // p (Megatron-LM's get_model_chunk_id)."""
     return ((slot + 2 * (p - 1 - rank) - p) % (p * v)) // p
 
 
-def _backward_chunk(p: int, v: int, slot: int) -> int:
+def _backward_chunk(p: int, v: int, slot: np.ndarray) -> np.ndarray:
     """The chunk of any rank's backward in steady slot `slot`: v - 1 - (slot mod p v) // p."""
     return v - 1 - (slot % (p * v)) // p
 
 
-def _feed_rows(p: int, v: int, feed: int, rank: int) -> list[list[int]]:
-    """The ten tables' flat indices for one feed of one rank (SLOT_TABLES)."""
+def _feed_rows(p: int, v: int, feed: int, rank: int) -> np.ndarray:
+    """(SLOT_TABLES, 2n): the ten tables' flat indices for one feed of one rank."""
     n = p * v
     f_neg, zero, closed = 2 * n, 4 * n, 4 * n + 1  # -f at f_neg + i, -b at f_neg + n + i
     wrap = rank == (0 if feed == 0 else p - 1)
     neighbour = (rank - 1) % p if feed == 0 else (rank + 1) % p
     shift = (p if feed == 0 else -p) if wrap else 0
 
-    def f_n(k: int) -> int:
+    def f_n(k: np.ndarray) -> np.ndarray:
         return neighbour * v + _forward_chunk(p, v, neighbour, k + shift)
 
-    def b_n(k: int) -> int:
+    def b_n(k: np.ndarray) -> np.ndarray:
         return n + neighbour * v + _backward_chunk(p, v, k + shift)
 
-    def f_r(k: int) -> int:
+    def f_r(k: np.ndarray) -> np.ndarray:
         return rank * v + _forward_chunk(p, v, rank, k)
 
-    def b_r(k: int) -> int:
+    def b_r(k: np.ndarray) -> np.ndarray:
         return n + rank * v + _backward_chunk(p, v, k)
 
-    slots = range(2 * n)
-    rows = [[f_n(k) for k in slots], [b_n(k) for k in slots], [f_neg + f_r(k) for k in slots],
-            [f_neg + b_r(k) for k in slots]]
+    slots = np.arange(2 * n)
+    tables = np.full((SLOT_TABLES, 2 * n), zero, dtype=np.intp)
+    tables[:4] = f_n(slots), b_n(slots), f_neg + f_r(slots), f_neg + b_r(slots)
+    s = np.arange(n, 2 * n)  # x at k = s - 1
     if feed == 0:
-        rows += [[f_neg + b_n(k) for k in slots], [zero] * (2 * n), [zero] * (2 * n)]
+        tables[4] = f_neg + b_n(slots)
+        opened = (s - 2) % n < n - p if wrap else True
+        tables[5::2, n - 1:2 * n - 1] = (f_neg + b_n(s - 2), f_neg + f_n(s - 1),
+                                         np.where(opened, f_neg + b_n(s - 1), closed))
     else:
-        rows += [[f_n(k + 1) for k in slots], [b_n(k + 1) for k in slots], [b_r(k) for k in slots]]
-    ends: list[list[int]] = [[zero] * (2 * n) for _ in range(3)]
-    for s in range(n, 2 * n):
-        if feed == 0:
-            opened = not wrap or (s - 2) % n < n - p
-            terms = (f_neg + b_n(s - 2), f_neg + f_n(s - 1), f_neg + b_n(s - 1) if opened else closed)
-        else:
-            opened = not wrap or (s - p) % n < n - p
-            terms = (f_n(s), b_n(s), f_neg + f_r(s) if opened else closed)
-        for table, flat in zip(ends, terms, strict=True):
-            table[s - 1] = flat
-    # y's and x's terms interleaved: the sums after the prefix sum run on both at once
-    return [*rows[:4], rows[4], ends[0], rows[5], ends[1], rows[6], ends[2]]
+        tables[4::2] = f_n(slots + 1), b_n(slots + 1), b_r(slots)
+        opened = (s - p) % n < n - p if wrap else True
+        tables[5::2, n - 1:2 * n - 1] = f_n(s), b_n(s), np.where(opened, f_neg + f_r(s), closed)
+    return tables
 
 
 Feed = tuple[int, int]  # (feed, rank): 0 the forward feed (from rank - 1), 1 the backward feed (from rank + 1)
@@ -108,12 +103,18 @@ def uneven_feeds(fwd: ChunkTimes, bwd: ChunkTimes) -> tuple[Feed, ...]:
             *((1, rank) for rank, pair in enumerate(zip(even, from_after, strict=True)) if not all(pair)))
 
 
+@lru_cache(maxsize=64)
+def _all_feeds_layout(p: int, v: int) -> np.ndarray:
+    """(SLOT_TABLES, 2p, 2n): the gather indices of every feed, (feed, rank) at feed p + rank (cached: a pure
+    function of the shape)."""
+    return np.stack([_feed_rows(p, v, feed, rank) for feed in range(FEEDS) for rank in range(p)], axis=1)
+
+
 @lru_cache(maxsize=256)
 def slot_layout(p: int, v: int, feeds: tuple[Feed, ...]) -> np.ndarray:
     """(SLOT_TABLES, len(feeds), 2n): the gather indices of these feeds of a pipeline of p ranks and v chunks each
     (cached: a pure function of the shape and the feeds)."""
-    rows = [_feed_rows(p, v, feed, rank) for feed, rank in feeds]
-    return np.ascontiguousarray(np.array(rows, dtype=np.intp).transpose(1, 0, 2))
+    return _all_feeds_layout(p, v)[:, [feed * p + rank for feed, rank in feeds]]
 
 
 def flat_chunk_table(fwd: ChunkTimes, bwd: ChunkTimes) -> np.ndarray:

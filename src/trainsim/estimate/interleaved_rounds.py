@@ -17,8 +17,9 @@ that equal chunks do not have (f_rc, b_rc: rank r's forward and backward of chun
   R - 1's slot-k backward for R's slot-k one (rank 0 and rank p - 1 meet over the wrap, p slots apart).
   While R runs light slots (a chunk cheaper than its neighbour's), the neighbour's chain from the data R last
   sent to the data R needs next is longer than R's own slots between them: R idles. Per round of p
-  micro-batches R takes p t_R plus its longest such wait (steady_stall_s: the maximum over windows of the
-  neighbour's chain less R's slots, a sliding minimum over one period of p v slots). max_R (p t_R + R's
+  micro-batches R takes p t_R plus its longest such wait (steady_waits.steady_stalls_s: the maximum over windows
+  of the neighbour's chain less R's slots, a sliding minimum over one period of p v slots, every rank's feeds
+  at once in numpy). max_R (p t_R + R's
   longest wait on either neighbour) was the exact schedule's steady period on all of 60 random cases (p 2-5,
   v 2-3, chunk times 0.2-3 apart), to 1e-14. Each round after the first
   adds one stall to R's idle time (the first round's is in its entry). A neighbour slower than R paces it

@@ -33,7 +33,7 @@ FEEDS = 2  # 0: the forward feed (rank R - 1), 1: the backward feed (rank R + 1)
 SLOT_TABLES = 10
 
 
-def _forward_chunk(p: int, v: int, rank: int, slot: np.ndarray) -> np.ndarray:
+def _forward_chunk(p: int, v: int, rank: np.ndarray, slot: np.ndarray) -> np.ndarray:
     """The chunk of rank's forward in steady slot `slot`: forward slot + w_rank, w_rank = p v - p + 2 (p - 1 -
     rank) (Megatron-LM's warm-up count), chunk (k mod p v) // p (Megatron-LM's get_model_chunk_id)."""
     return ((slot + 2 * (p - 1 - rank) - p) % (p * v)) // p
@@ -44,13 +44,14 @@ def _backward_chunk(p: int, v: int, slot: np.ndarray) -> np.ndarray:
     return v - 1 - (slot % (p * v)) // p
 
 
-def _feed_rows(p: int, v: int, feed: int, rank: int) -> np.ndarray:
-    """(SLOT_TABLES, 2n): the ten tables' flat indices for one feed of one rank."""
+def _feed_rows(p: int, v: int, feed: int) -> np.ndarray:
+    """(SLOT_TABLES, p, 2n): the ten tables' flat indices for one feed of every rank."""
     n = p * v
     f_neg, zero, closed = 2 * n, 4 * n, 4 * n + 1  # -f at f_neg + i, -b at f_neg + n + i
+    rank = np.arange(p)[:, None]
     wrap = rank == (0 if feed == 0 else p - 1)
     neighbour = (rank - 1) % p if feed == 0 else (rank + 1) % p
-    shift = (p if feed == 0 else -p) if wrap else 0
+    shift = np.where(wrap, p if feed == 0 else -p, 0)
 
     def f_n(k: np.ndarray) -> np.ndarray:
         return neighbour * v + _forward_chunk(p, v, neighbour, k + shift)
@@ -65,18 +66,18 @@ def _feed_rows(p: int, v: int, feed: int, rank: int) -> np.ndarray:
         return n + rank * v + _backward_chunk(p, v, k)
 
     slots = np.arange(2 * n)
-    tables = np.full((SLOT_TABLES, 2 * n), zero, dtype=np.intp)
+    tables = np.full((SLOT_TABLES, p, 2 * n), zero, dtype=np.intp)
     tables[:4] = f_n(slots), b_n(slots), f_neg + f_r(slots), f_neg + b_r(slots)
     s = np.arange(n, 2 * n)  # x at k = s - 1
     if feed == 0:
         tables[4] = f_neg + b_n(slots)
-        opened = (s - 2) % n < n - p if wrap else True
-        tables[5::2, n - 1:2 * n - 1] = (f_neg + b_n(s - 2), f_neg + f_n(s - 1),
-                                         np.where(opened, f_neg + b_n(s - 1), closed))
+        opened = ~wrap | ((s - 2) % n < n - p)
+        tables[5::2, :, n - 1:2 * n - 1] = (f_neg + b_n(s - 2), f_neg + f_n(s - 1),
+                                            np.where(opened, f_neg + b_n(s - 1), closed))
     else:
         tables[4::2] = f_n(slots + 1), b_n(slots + 1), b_r(slots)
-        opened = (s - p) % n < n - p if wrap else True
-        tables[5::2, n - 1:2 * n - 1] = f_n(s), b_n(s), np.where(opened, f_neg + f_r(s), closed)
+        opened = ~wrap | ((s - p) % n < n - p)
+        tables[5::2, :, n - 1:2 * n - 1] = f_n(s), b_n(s), np.where(opened, f_neg + f_r(s), closed)
     return tables
 
 
@@ -107,7 +108,7 @@ def uneven_feeds(fwd: ChunkTimes, bwd: ChunkTimes) -> tuple[Feed, ...]:
 def _all_feeds_layout(p: int, v: int) -> np.ndarray:
     """(SLOT_TABLES, 2p, 2n): the gather indices of every feed, (feed, rank) at feed p + rank (cached: a pure
     function of the shape)."""
-    return np.stack([_feed_rows(p, v, feed, rank) for feed in range(FEEDS) for rank in range(p)], axis=1)
+    return np.concatenate([_feed_rows(p, v, feed) for feed in range(FEEDS)], axis=1)
 
 
 @lru_cache(maxsize=256)
@@ -115,6 +116,12 @@ def slot_layout(p: int, v: int, feeds: tuple[Feed, ...]) -> np.ndarray:
     """(SLOT_TABLES, len(feeds), 2n): the gather indices of these feeds of a pipeline of p ranks and v chunks each
     (cached: a pure function of the shape and the feeds)."""
     return _all_feeds_layout(p, v)[:, [feed * p + rank for feed, rank in feeds]]
+
+
+def clear_layouts() -> None:
+    """Forget the cached gather indices (benchmarks: the cost of a pipeline shape seen for the first time)."""
+    _all_feeds_layout.cache_clear()
+    slot_layout.cache_clear()
 
 
 def flat_chunk_table(fwd: ChunkTimes, bwd: ChunkTimes) -> np.ndarray:

@@ -9,11 +9,11 @@ slots apart). With a = f + b per slot and N the feed's neighbour, a window from 
     backward feed: sum_{k<j<s} (a_N - a_R)(j) - a_N(k + 1) + a_N(s) - b_R(k) - f_R(s),  k <= s - 2
 
 and the feed's stall is the longest over one period of s (p v slots) and windows of up to p v slots. Written
-with prefix sums c(j) = sum_{i<=j} (a_N - a_R)(i) as x(s) - y(k): a sliding minimum of y per s (the minimum
-over the suffix of one period and the prefix of the next). The slot tables are gathers from one flat table
-of the chunk times and their negatives, at indices that depend on (p, v) only (cached), so every rank's two
-feeds take the same few array operations; each sum is formed in the order of the per-slot form (a - b as
-a + (-b), exact in IEEE arithmetic), so the waits are those of the per-rank evaluation bit for bit.
+with prefix sums c(j) = sum_{i<=j} (a_N - a_R)(i) as x(s) - y(k): a sliding minimum of y per s (from a sparse
+table of pairwise minima). The slot tables are gathers from one flat table of the chunk times and their
+negatives, at indices that depend on the shape only (cached), so all the feeds that can wait (uneven_feeds)
+take the same few array operations; each sum is formed in the order of the per-slot form (a - b as a + (-b),
+exact in IEEE arithmetic), so the waits are those of a per-rank, per-slot evaluation bit for bit.
 """
 
 from collections.abc import Sequence

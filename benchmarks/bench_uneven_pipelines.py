@@ -2,7 +2,9 @@
 microseconds per plan priced (AnalyticalEstimator.price), its caches warm (what another pricing of the same
 stages costs: another batch size or data-parallel degree), and with the chunks' terms recomputed
 (estimate.interleaved_rounds.interleaved_terms_s's cache cleared before each pricing: a plan whose stage times
-are new); in CPU time (time.process_time, this process only), the best of 5 repeats.
+are new), and with the gather indices of its pipeline shape rebuilt too (estimate.steady_waits's caches
+cleared: the first plan of a shape, p, v and the ranks whose chunks differ; a twentieth of the repeats); in CPU
+time (time.process_time, this process only), the best of 5 repeats.
 
     python benchmarks/bench_uneven_pipelines.py [--repeats N]
 """
@@ -15,6 +17,7 @@ from typing import Any
 from trainsim.catalog import load_cluster, load_model
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.estimate.interleaved_rounds import interleaved_terms_s
+from trainsim.estimate.steady_waits import clear_layouts
 from trainsim.job import make_job
 from trainsim.pipeline import graph_for
 from trainsim.strategy.parallel import ParallelSpec
@@ -48,9 +51,14 @@ def main() -> None:
         warm = timeit.Timer(lambda job=job, graph=graph: engine.price(job, graph), timer=time.process_time)
         fresh = timeit.Timer(lambda job=job, graph=graph: (interleaved_terms_s.cache_clear(), engine.price(job, graph)),
                              timer=time.process_time)
+        shape = timeit.Timer(lambda job=job, graph=graph: (interleaved_terms_s.cache_clear(), clear_layouts(),
+                                                           engine.price(job, graph)), timer=time.process_time)
         warm_s = min(warm.repeat(5, args.repeats)) / args.repeats
         fresh_s = min(fresh.repeat(5, args.repeats)) / args.repeats
-        print(f"{warm_s * 1e6:8.1f} us/plan warm {fresh_s * 1e6:8.1f} us/plan terms recomputed  {label}")
+        shape_repeats = max(1, args.repeats // 20)
+        shape_s = min(shape.repeat(5, shape_repeats)) / shape_repeats
+        print(f"{warm_s * 1e6:8.1f} us/plan warm {fresh_s * 1e6:8.1f} us/plan terms recomputed "
+              f"{shape_s * 1e6:8.1f} us/plan new shape  {label}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ import pytest
 
 from trainsim.compile.schedules import interleaved_one_f_one_b
 from trainsim.estimate.analytical import uneven_bubble_s
-from trainsim.estimate.interleaved_rounds import fill_drain_extra_s, steady_stall_s
+from trainsim.estimate.interleaved_rounds import fill_drain_extra_s
+from trainsim.estimate.steady_waits import steady_stalls_s
 
 THIRD = 1.0 / 3.0
 
@@ -63,7 +64,8 @@ def test_a_heavy_last_chunk_by_hand() -> None:
     # 1.5) while its next heavy forward waits for rank 0's B1.1 and F2.1 (3): a stall of 1.5, once
     # (m / p - 1 rounds). Iteration 51 + 3 + 1.5 + 3 + 1.5 = 60.
     assert fill_drain_extra_s(HEAD_FWD, HEAD_BWD) == pytest.approx([0.0, 4.5], abs=1e-12)
-    assert steady_stall_s(HEAD_FWD, HEAD_BWD, [6.0, 12.75], 1) == pytest.approx(1.5, rel=1e-12)
+    assert steady_stalls_s(HEAD_FWD, HEAD_BWD, [6.0, 12.75])[1] == pytest.approx(
+        1.5, rel=1e-12)
     assert _bubble(HEAD_FWD, HEAD_BWD, 4) == pytest.approx(9.0, rel=1e-12)
     assert _makespan(HEAD_FWD, HEAD_BWD, 4) == pytest.approx(60.0, rel=1e-12)
 

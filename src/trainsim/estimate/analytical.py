@@ -76,7 +76,7 @@ def uneven_bubble_s(schedule: str, totals: list[float], forward: Sequence[float]
     Interleaved (estimate.interleaved_rounds): k enters the pipeline at the first forward of the chunk whose
     warm-up path is longest and leaves it after the last backward of the chunk whose drain is longest
     (fill_drain_extra_s, 0 for equal stages), and each of the m / p - 1 steady rounds after the first waits
-    for k's longest stall on a neighbour no slower than itself (steady_stall_s, 0 for equal chunks).
+    for k's longest stall on a neighbour no slower than itself (steady_waits.steady_stalls_s, 0 for equal chunks).
     forward: per stage, the forward pass's share of its time; sends: per stage, its pipeline sends (in totals;
     each chunk sends once forward and once backward: an even share per chunk, not the chunk's compute share).
     """

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from trainsim.calibrate.fit import fit_micro
 from trainsim.catalog import load_cluster, load_model
-from trainsim.catalog.calibration import load_calibration
+from trainsim.catalog.calibration import MEASUREMENTS_DIR, Calibration, load_calibration
 from trainsim.catalog.model_files import parse_model
 from trainsim.cost.pricing import Pricer
 from trainsim.estimate.analytical import AnalyticalEstimator
@@ -91,6 +92,13 @@ class ConstantCosts:
 def cluster8() -> ClusterSpec:
     """One DGX A100-80GB node: 8 GPUs."""
     return a100_cluster(8)
+
+
+@pytest.fixture(scope="session")
+def package_micro_fit() -> Calibration:
+    """The GEMM and collective fits on the package's measurements (calibrate.fit.fit_micro; seconds of least
+    squares), which the tests of the committed fit compare with fitted.yaml."""
+    return fit_micro(MEASUREMENTS_DIR)
 
 
 # --- the scale-agreement tests' ladder of GPU counts and the walk up it ---

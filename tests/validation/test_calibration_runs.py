@@ -8,8 +8,7 @@ source (README "Accuracy" has the measured figures: 7.45% over 1,606 runs, the w
 
 import pytest
 
-from trainsim.calibrate.fit import fit_micro
-from trainsim.catalog.calibration import FITTED_PATH, MEASUREMENTS_DIR, load_calibration
+from trainsim.catalog.calibration import FITTED_PATH, MEASUREMENTS_DIR, Calibration, load_calibration
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.validate.predict_runs import predict_rows, summarize
 from trainsim.validate.runs import read_runs
@@ -36,11 +35,11 @@ def test_iteration_time_mape_per_source(summary: dict[tuple[str, str], dict[str,
         assert mape <= 15.0, (source, mape)
 
 
-def test_committed_fit_matches_the_microbenchmark_fit() -> None:
+def test_committed_fit_matches_the_microbenchmark_fit(package_micro_fit: Calibration) -> None:
     """fitted.yaml is what `trainsim calibrate` computes: rerunning the GEMM and collective fits reproduces
     the committed numbers (to the 6 significant digits the file keeps)."""
     committed = load_calibration(FITTED_PATH)
-    fresh = fit_micro(MEASUREMENTS_DIR)
+    fresh = package_micro_fit
     assert fresh.matmul_max_efficiency == committed.matmul_max_efficiency
     assert fresh.comm_by_generation.keys() == committed.comm_by_generation.keys()
     for name, params in fresh.comm.items():

@@ -6,13 +6,15 @@ cases. The two tiny GPTs differ on purpose: each keeps the numbers its tests wer
 """
 
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from trainsim.calibrate.fit import fit_micro
 from trainsim.catalog import load_cluster, load_model
-from trainsim.catalog.calibration import load_calibration
+from trainsim.catalog.calibration import MEASUREMENTS_DIR, Calibration, load_calibration
 from trainsim.catalog.model_files import parse_model
 from trainsim.cost.pricing import Pricer
 from trainsim.estimate.analytical import AnalyticalEstimator
@@ -22,9 +24,10 @@ from trainsim.hardware.device import DeviceSpec
 from trainsim.ir.graph import Op
 from trainsim.job import Job, make_job
 from trainsim.measure.results import MeasuredRun, job_to_dict
-from trainsim.pipeline import graph_for
+from trainsim.pipeline import GraphCache, graph_for
 from trainsim.profile.database import Environment
 from trainsim.strategy.parallel import ParallelSpec
+from trainsim.validate.runs import RunRow, job_from_row, read_runs
 
 if TYPE_CHECKING:
     from trainsim.frontends.catalog.sharded_dlrm import ShardedDlrmJob
@@ -91,6 +94,35 @@ class ConstantCosts:
 def cluster8() -> ClusterSpec:
     """One DGX A100-80GB node: 8 GPUs."""
     return a100_cluster(8)
+
+
+@pytest.fixture(scope="session")
+def package_micro_fit() -> Calibration:
+    """The GEMM and collective fits on the package's measurements (calibrate.fit.fit_micro; seconds of least
+    squares), which the tests of the committed fit compare with fitted.yaml."""
+    return fit_micro(MEASUREMENTS_DIR)
+
+
+@dataclass(frozen=True)
+class CalibrationRuns:
+    """The package's runs.csv as the validation tests predict it with several engines: every row carrying its
+    run's job (job_from_row, once per run; rows whose job cannot be built keep none, and predict_rows gives their
+    reason), and the jobs' OpGraphs and parameter counts, built once for all engines (validate.predict_runs)."""
+
+    rows: list[RunRow]
+    graphs: GraphCache
+    params_by_run: dict[str, float]
+
+
+@pytest.fixture(scope="session")
+def calibration_runs() -> CalibrationRuns:
+    jobs: dict[str, Job | None] = {}
+    rows = []
+    for row in read_runs(MEASUREMENTS_DIR / "runs.csv"):
+        if row.run_id not in jobs:
+            jobs[row.run_id] = job_from_row(row.fields).job
+        rows.append(replace(row, job=jobs[row.run_id]))
+    return CalibrationRuns(rows, GraphCache(), {})
 
 
 # --- the scale-agreement tests' ladder of GPU counts and the walk up it ---

@@ -8,17 +8,16 @@ source (README "Accuracy" has the measured figures: 7.45% over 1,606 runs, the w
 
 import pytest
 
-from trainsim.calibrate.fit import fit_micro
-from trainsim.catalog.calibration import FITTED_PATH, MEASUREMENTS_DIR, load_calibration
+from conftest import CalibrationRuns
+from trainsim.catalog.calibration import FITTED_PATH, Calibration, load_calibration
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.validate.predict_runs import predict_rows, summarize
-from trainsim.validate.runs import read_runs
 
 
 @pytest.fixture(scope="module")
-def summary() -> dict[tuple[str, str], dict[str, object]]:
-    rows = read_runs(MEASUREMENTS_DIR / "runs.csv")
-    predictions = predict_rows(rows, AnalyticalEstimator())
+def summary(calibration_runs: CalibrationRuns) -> dict[tuple[str, str], dict[str, object]]:
+    runs = calibration_runs
+    predictions = predict_rows(runs.rows, AnalyticalEstimator(), params_by_run=runs.params_by_run, graphs=runs.graphs)
     return {(str(s["source"]), str(s["metric"])): s for s in summarize(predictions)}
 
 
@@ -36,11 +35,11 @@ def test_iteration_time_mape_per_source(summary: dict[tuple[str, str], dict[str,
         assert mape <= 15.0, (source, mape)
 
 
-def test_committed_fit_matches_the_microbenchmark_fit() -> None:
+def test_committed_fit_matches_the_microbenchmark_fit(package_micro_fit: Calibration) -> None:
     """fitted.yaml is what `trainsim calibrate` computes: rerunning the GEMM and collective fits reproduces
     the committed numbers (to the 6 significant digits the file keeps)."""
     committed = load_calibration(FITTED_PATH)
-    fresh = fit_micro(MEASUREMENTS_DIR)
+    fresh = package_micro_fit
     assert fresh.matmul_max_efficiency == committed.matmul_max_efficiency
     assert fresh.comm_by_generation.keys() == committed.comm_by_generation.keys()
     for name, params in fresh.comm.items():
@@ -49,13 +48,15 @@ def test_committed_fit_matches_the_microbenchmark_fit() -> None:
 
 
 def test_simulator_is_as_accurate_as_the_analytical_engine(
-        summary: dict[tuple[str, str], dict[str, object]]) -> None:
+        summary: dict[tuple[str, str], dict[str, object]], calibration_runs: CalibrationRuns) -> None:
     """The simulator (overlap slow-down and bandwidth sharing on, its runtime behaviours fitted through it)
     against the same runs. Measured: 7.46% vs 7.46% (README); allowed: within half a point, and <= 10%."""
     from trainsim.estimate.simulation import SimEstimator
 
-    rows = [row for row in read_runs(MEASUREMENTS_DIR / "runs.csv") if row.metric == "iteration_time_s"]
-    sim = {str(s["source"]): float(s["mape_pct"]) for s in summarize(predict_rows(rows, SimEstimator()))}  # type: ignore[arg-type]
+    runs = calibration_runs
+    rows = [row for row in runs.rows if row.metric == "iteration_time_s"]
+    predictions = predict_rows(rows, SimEstimator(), params_by_run=runs.params_by_run, graphs=runs.graphs)
+    sim = {str(s["source"]): float(s["mape_pct"]) for s in summarize(predictions)}  # type: ignore[arg-type]
     analytical = float(summary[("ALL", "iteration_time_s")]["mape_pct"])  # type: ignore[arg-type]
     assert sim["ALL"] <= 10.0
     assert sim["ALL"] <= analytical + 0.5, (sim["ALL"], analytical)

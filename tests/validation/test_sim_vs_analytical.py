@@ -10,10 +10,9 @@ schedule. What remains between them, by design (measured maximum 1.6%, on pp=1 d
 - ZeRO-3 and the data-parallel window: edge effects of one layer-phase at the ends of a stage's work.
 """
 
-
-
+from conftest import CalibrationRuns
 from trainsim.catalog import load_cluster, load_model
-from trainsim.catalog.calibration import MEASUREMENTS_DIR, load_calibration
+from trainsim.catalog.calibration import load_calibration
 from trainsim.cost.pricing import Pricer
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.estimate.simulation import SimEstimator
@@ -22,22 +21,21 @@ from trainsim.pipeline import graph_for
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import Precision
 from trainsim.strategy.stack import load_stack
-from trainsim.validate.runs import job_from_row, read_runs
 
 TOLERANCE = 0.02
 
 
-def _jobs() -> list[Job]:
+def _jobs(runs: CalibrationRuns) -> list[Job]:
     jobs: dict[str, Job] = {}
-    for row in read_runs(MEASUREMENTS_DIR / "runs.csv"):
-        job = job_from_row(row.fields).job
+    for row in runs.rows:
+        job = row.job
         if job is not None:  # rows of the same job differ only in the metric measured
             jobs.setdefault(f"{job.model!r} {job.cluster!r} {job.parallel!r}", job)
     return list(jobs.values())
 
 
-def test_sim_agrees_with_analytical_on_every_calibration_run() -> None:
-    jobs = _jobs()
+def test_sim_agrees_with_analytical_on_every_calibration_run(calibration_runs: CalibrationRuns) -> None:
+    jobs = _jobs(calibration_runs)
     assert len(jobs) >= 1500
     # Same costs and the same runtime parameters (not the simulator's own fit), the overlap slow-down off in both
     # engines (the analytical engine applies the fitted one to overlapped gathers and reductions): they must agree.
@@ -48,8 +46,9 @@ def test_sim_agrees_with_analytical_on_every_calibration_run() -> None:
     sim = SimEstimator(pricer, overlap=False, sharing=False)
     worst: list[tuple[float, str, float, float]] = []
     for job in jobs:
-        expected = analytical.estimate(job, graph_for(job)).iteration_time_s
-        got = sim.estimate(job, graph_for(job)).iteration_time_s
+        graph = calibration_runs.graphs.get(job)  # the job's OpGraph (graph_for), built once for every engine
+        expected = analytical.estimate(job, graph).iteration_time_s
+        got = sim.estimate(job, graph).iteration_time_s
         worst.append((abs(got / expected - 1.0), job.describe(), got, expected))
     worst.sort(reverse=True)
     failures = [w for w in worst if w[0] > TOLERANCE]

@@ -121,7 +121,9 @@ def _measured_time_s(row: dict[str, str], collective: str, ranks: int, size: flo
     return None
 
 
-def _row_sample(row: dict[str, str], names: dict[str, Any]) -> CollectiveSample | None:
+def _row_sample(row: dict[str, str], names: dict[str, Any],
+                clusters: dict[str, ClusterSpec]) -> CollectiveSample | None:
+    """clusters: the catalog clusters loaded so far, by name (thousands of rows name a dozen systems)."""
     system = names["collective_system_by_system"].get(row["system"]) or names["collective_system"].get(row["gpu"])
     collective = names["collective_name"].get(row["collective"])
     if system is None or collective is None:
@@ -131,7 +133,9 @@ def _row_sample(row: dict[str, str], names: dict[str, Any]) -> CollectiveSample 
     seconds = _measured_time_s(row, collective, ranks, size)
     if seconds is None or seconds <= 0 or size <= 0:
         return None
-    base = load_cluster(system)
+    base = clusters.get(system)
+    if base is None:
+        base = clusters[system] = load_cluster(system)
     groups = _GROUPS.search(row["notes"]) or _GROUPS.search(row["algorithm_or_variant"])
     total = int(groups.group(3)) if groups else ranks
     nodes = int(row["num_nodes"] or 1)
@@ -146,9 +150,10 @@ def collective_samples(collectives_csv: Path) -> list[CollectiveSample]:
     """Every row of collectives.csv with a collective trainsim prices and a system in the catalog (name_map)."""
     names = name_map()
     samples = []
+    clusters: dict[str, ClusterSpec] = {}
     for row in _read_csv(collectives_csv):
         try:
-            sample = _row_sample(row, names)
+            sample = _row_sample(row, names, clusters)
         except TrainsimError:
             continue
         if sample is not None:

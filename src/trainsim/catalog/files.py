@@ -12,6 +12,7 @@ import os
 import stat
 import tempfile
 import zlib
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -274,4 +275,10 @@ def files_naming(folder: str, name: str) -> list[Path]:
     entry of that name, so a lookup parses them alone (start-up: `trainsim predict` reads one model file of
     twelve, not the CNN files of thousands of YAML nodes)."""
     wanted = name.casefold()
-    return [path for path in catalog_files(folder) if wanted in read_text(path).casefold()]
+    return [path for path in catalog_files(folder) if wanted in _folded_text(path)]
+
+
+@cache
+def _folded_text(path: Path) -> str:
+    """A catalog file's text, case-folded, read once per process (as the loader parses each file once)."""
+    return read_text(path).casefold()

@@ -9,7 +9,6 @@ from trainsim.calibrate.microbenchmarks import (
     NCCL_NET_EXTRA_STEP_LATENCY_S,
     CollectiveSample,
     collective_samples,
-    fit_collectives,
     fit_networks,
 )
 from trainsim.catalog.calibration import MEASUREMENTS_DIR, Calibration, load_calibration
@@ -37,10 +36,10 @@ def test_a_fabric_without_measurements_takes_nccls_step_latency(across: list[Col
     assert nothing == {} and none.latency_s == NCCL_NET_EXTRA_STEP_LATENCY_S
 
 
-def test_the_package_fit_holds_the_collective_fit() -> None:
+def test_the_package_fit_holds_the_collective_fit(package_micro_fit: Calibration) -> None:
     """fitted.yaml's collective parameters are what fit_collectives gives today (scripts/refit_collectives.py
-    wrote them), to the six digits the file keeps."""
-    fit, package = fit_collectives(MEASUREMENTS_DIR / "collectives.csv"), load_calibration()
+    wrote them), to the six digits the file keeps (fit_micro's collective parameters are fit_collectives')."""
+    fit, package = package_micro_fit, load_calibration()
     assert package.comm_network.latency_s == pytest.approx(fit.comm_network.latency_s, rel=1e-5)
     assert package.comm_network.bw_efficiency == pytest.approx(fit.comm_network.bw_efficiency, rel=1e-5)
     assert set(package.comm_network_by_fabric) == set(fit.comm_network_by_fabric) == {"efa"}

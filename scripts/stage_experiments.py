@@ -16,6 +16,7 @@ import json
 import statistics
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from trainsim.catalog import load_cluster
 from trainsim.ir.model_spec import TransformerSpec
@@ -136,7 +137,7 @@ MPE_SETTINGS = [(Mesh(1, 1), IntraPlan()), (Mesh(1, 2), IntraPlan(1, 2)), (Mesh(
 
 def mpe(db_path: Path) -> None:
     db = StageDatabase(db_path)
-    out: dict[str, object] = {}
+    out: dict[str, dict[str, object]] = {}
     for name in MODELS:
         for mesh, intra in MPE_SETTINGS:
             truth = table_costs(db, name)
@@ -192,6 +193,14 @@ def paper_counts() -> dict[str, object]:
 PLAN_MESHES = [Mesh(1, 1), Mesh(1, 2), Mesh(1, 4)]
 
 
+def _measured_latency_s(truth: FunctionStageCosts, stage: dict[str, Any]) -> float:
+    """A plan's stage (its JSON form) as the measured table prices it."""
+    estimate = truth.estimate(StageSpec(stage["units"][0], stage["units"][1], Mesh(*map(int, stage["mesh"].split("x"))),
+                                        IntraPlan(stage["tp"], stage["dp"])))
+    assert estimate is not None, f"stage {stage} is not in the measured table"
+    return estimate.latency_s
+
+
 def plans(db_path: Path, epochs: int, patience: int, fraction: float, only: list[str]) -> None:
     """Each planner on 4 ranks (dp-only intra plans); every chosen plan timed by eq. 4 over its stages' measured
     latencies (the database's exhaustive table). MPE and PredTOP measure their stages afresh here;
@@ -239,10 +248,7 @@ def plans(db_path: Path, epochs: int, patience: int, fraction: float, only: list
         base = pipeline_time_s([e.latency_s for e in exhaustive.plan.estimates], MICRO_BATCHES)
         for key, row in rows.items():
             stages = row["plan"]["stages"]  # type: ignore[index]
-            measured_s = pipeline_time_s([truth.estimate(StageSpec(s["units"][0], s["units"][1],
-                                                                   Mesh(*map(int, s["mesh"].split("x"))),
-                                                                   IntraPlan(s["tp"], s["dp"]))).latency_s
-                                          for s in stages], MICRO_BATCHES)
+            measured_s = pipeline_time_s([_measured_latency_s(truth, s) for s in stages], MICRO_BATCHES)
             row["measured_s"] = measured_s
             row["vs_exhaustive"] = measured_s / base - 1.0
             print(name, key, {k: v for k, v in row.items() if k != "plan"},

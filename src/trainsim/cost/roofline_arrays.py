@@ -14,7 +14,7 @@ import numpy as np
 
 from trainsim.catalog.calibration import Calibration
 from trainsim.cost.compute import _floor, attention_efficiency
-from trainsim.hardware.device import DeviceSpec
+from trainsim.hardware.device import DeviceSpec, DType
 from trainsim.ir.graph import Op
 
 GEMM_KINDS = ("matmul", "attention", "conv")
@@ -31,8 +31,8 @@ def op_times_s(ops: Sequence[Op], device: DeviceSpec, cal: Calibration) -> list[
         return out.tolist()
     gemms = [ops[index] for index in gemm]
     # per (dtype, kernel): the peak, the best efficiency and the attention kernel's factor (1 for a GEMM)
-    constants: dict[tuple[str, str, bool], tuple[float, float, float]] = {}
-    keys = [(op.dtype, op.kernel, op.kind == "attention") for op in gemms]
+    constants: dict[tuple[DType, str, bool], tuple[float, float, float]] = {}
+    keys: list[tuple[DType, str, bool]] = [(op.dtype, op.kernel, op.kind == "attention") for op in gemms]
     for key in keys:
         if key not in constants:
             dtype, kernel, attends = key

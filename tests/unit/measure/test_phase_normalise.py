@@ -107,3 +107,15 @@ def test_collect_phase_normalise_stores_raw_and_normalised(tmp_path: Path):
         runs, probes = json.loads(samples), json.loads(references)
         assert sorted(runs)[1] == pytest.approx(raw)  # the raw median of 3 runs
         assert latency == pytest.approx(phase_normalised_s(runs, probes, fast))
+
+
+def test_two_ranks_report_the_probe_too():
+    pytest.importorskip("torch")
+    from trainsim.ir.model_spec import TransformerSpec
+    from trainsim.measure.stage import measure_stages
+
+    model = TransformerSpec(name="tiny", arch="gpt", num_layers=2, hidden=16, ffn_hidden=32, num_heads=2, vocab=64,
+                            max_seq_len=8)
+    timing = measure_stages(model, [StageSpec(1, 3, Mesh(1, 2), IntraPlan(1, 2))], 2, 8, warmup=0, iterations=2,
+                            probe=True)[0]
+    assert len(timing.reference_s) == 2 and all(r > 0 for r in timing.reference_s)

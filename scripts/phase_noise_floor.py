@@ -14,6 +14,7 @@ import statistics
 from pathlib import Path
 
 from trainsim.catalog import load_model
+from trainsim.ir.model_spec import TransformerSpec
 from trainsim.measure.stage_db import StageDatabase
 from trainsim.search.predtop.experiment import (
     Corpus,
@@ -35,7 +36,7 @@ def raw_data(db: StageDatabase, corpus: Corpus, data: SettingData, setting_key: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="The same-DAG noise floor, raw and phase-normalised.")
     parser.add_argument("--model", required=True)
     parser.add_argument("--db", type=Path, required=True)
     parser.add_argument("--other", type=Path)
@@ -44,7 +45,10 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--layers", default="alpa")
     args = parser.parse_args()
-    corpus = with_layers(Corpus(load_model(args.model), args.micro_batch, args.seq_len, 1), args.layers)
+    spec = load_model(args.model)
+    if not isinstance(spec, TransformerSpec):
+        raise SystemExit(f"model: {spec.name} is not a transformer")
+    corpus = with_layers(Corpus(spec, args.micro_batch, args.seq_len, 1), args.layers)
     builder = dag_builder(corpus)
     for setting in parse_settings(args.meshes, "dp"):
         db = StageDatabase(args.db)

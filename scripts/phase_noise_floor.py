@@ -6,11 +6,13 @@ latencies (stage_times), per setting; `--other DB` adds another database's floor
         --db data/stages/cpu/stages_cpu_deep_phase.db --meshes 1x1 --layers alpa \
         --other data/stages/cpu/stages_cpu_deep.db
 
-Reads the databases only (nothing is measured).
+Reads the databases only (nothing is measured; --other is read from a copy).
 """
 
 import argparse
+import shutil
 import statistics
+import tempfile
 from pathlib import Path
 
 from trainsim.catalog import load_model
@@ -62,9 +64,11 @@ def main() -> None:
               f"{min(ratio):.3f}-{max(ratio):.3f})")
         db.close()
         if args.other is not None:
-            other = StageDatabase(args.other)
-            print(f"  {args.other}: noise floor {noise_floor(setting_data(other, corpus, setting, builder)):.2f}%")
-            other.close()
+            with tempfile.TemporaryDirectory() as tmp:  # a copy: StageDatabase opens files for writing
+                copy = Path(shutil.copy(args.other, Path(tmp) / args.other.name))
+                other = StageDatabase(copy)
+                print(f"  {args.other}: noise floor {noise_floor(setting_data(other, corpus, setting, builder)):.2f}%")
+                other.close()
 
 
 if __name__ == "__main__":

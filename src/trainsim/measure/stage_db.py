@@ -32,6 +32,8 @@ CREATE TABLE IF NOT EXISTS stage_times (
     measured_at REAL NOT NULL,
     PRIMARY KEY (model, micro_batch, seq_len, threads, first, end_unit, nodes, devices_per_node, tp, dp, sp)
 );
+"""
+_PHASE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS stage_phase (
     model TEXT NOT NULL, micro_batch INTEGER NOT NULL, seq_len INTEGER NOT NULL, threads INTEGER NOT NULL,
     first INTEGER NOT NULL, end_unit INTEGER NOT NULL, nodes INTEGER NOT NULL, devices_per_node INTEGER NOT NULL,
@@ -41,7 +43,8 @@ CREATE TABLE IF NOT EXISTS stage_phase (
 );
 """
 # stage_phase: for stages collected with a reference probe (`trainsim stages collect --phase-normalise`), the raw
-# median and the probe's time around each run; stage_times' latency_s is then the phase-normalised latency.
+# median and the probe's time around each run; stage_times' latency_s is then the phase-normalised latency. Made
+# on the first probed stage, so databases collected without the probe are left as they were.
 
 
 def model_key(model: TransformerSpec) -> str:
@@ -126,6 +129,7 @@ class StageDatabase:
 
     def put_phase(self, model: str, micro_batch: int, seq_len: int, threads: int, stage: StageSpec,
                   raw_latency_s: float, references_s: Iterable[float]) -> None:
+        self.conn.executescript(_PHASE_SCHEMA)
         with self.conn:
             self.conn.execute("INSERT OR REPLACE INTO stage_phase VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                               (model, micro_batch, seq_len, threads, *_stage_key(stage), raw_latency_s,
@@ -133,6 +137,8 @@ class StageDatabase:
 
     def phase_rows(self, model: str, micro_batch: int, seq_len: int, threads: int) -> list[PhaseRow]:
         """Every probed stage of a model and shape: its key, raw median, runs and the probe around each run."""
+        if self.conn.execute("SELECT 1 FROM sqlite_master WHERE name='stage_phase'").fetchone() is None:
+            return []
         rows = self.conn.execute(
             "SELECT p.first, p.end_unit, p.nodes, p.devices_per_node, p.tp, p.dp, p.sp, p.raw_latency_s, "
             "p.references_s, t.samples FROM stage_phase p JOIN stage_times t USING (model, micro_batch, seq_len, "

@@ -107,6 +107,9 @@ def collect(
     chunk: Annotated[int, typer.Option(help="stages per measuring call: one set of gloo ranks started per call, "
                                        "the database committed after each")] = CHUNK,
     layers: LayersOpt = "units", ray: RayOpt = None, as_json: JsonOpt = False,
+    phase_normalise: Annotated[bool, typer.Option(
+        "--phase-normalise", help="time a fixed reference workload around every run and store each stage's "
+        "latency as it would be in the machine's fast phase (raw medians kept in the stage_phase table)")] = False,
 ) -> None:
     """Measure every stage of MODEL on each setting into the stage database (only what it lacks)."""
     from trainsim.search.predtop.experiment import collect as run_collect
@@ -128,7 +131,7 @@ def collect(
             bar.update(tasks[label], completed=done)
 
         report = run_collect(database, corpus, settings, warmup=warmup, iterations=iterations, runner=runner,
-                             progress=progress, chunk=chunk)
+                             progress=progress, chunk=chunk, phase_normalise=phase_normalise)
     out = {"db": str(db), "model": corpus.key, **report.to_dict(), "seconds": time.perf_counter() - started}
     database.close()
     if as_json:

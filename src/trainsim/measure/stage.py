@@ -40,6 +40,7 @@ from torch import nn
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.measure.model import Block, ChunkPlan, MoE, TransformerChunk, build_chunk
 from trainsim.measure.parallelize import _local
+from trainsim.measure.phase import ReferenceProbe
 from trainsim.strategy.stage_plan import StageSpec, unit_kind
 
 ADAM_FP32_BYTES_PER_PARAM = 16  # fp32 weight + gradient + exp_avg + exp_avg_sq (torch.optim.Adam)
@@ -65,6 +66,9 @@ class StageTiming:
     state_bytes: float
     activation_bytes: float
     samples_s: tuple[float, ...]
+    # with a ReferenceProbe: the probe's thread CPU time around each timed run (the mean of the one just before
+    # and the one just after, the slowest rank's), for measure.phase.phase_normalised_s; else empty
+    reference_s: tuple[float, ...] = ()
 
 
 def _saved_bytes(step: Any) -> tuple[Any, float]:
@@ -145,34 +149,38 @@ CLOCKS = ("cpu", "wall", "cuda")
 
 
 def time_stage(runner: _StageRunner, warmup: int, iterations: int, group: Any = None,
-               clock: str = "cpu") -> StageTiming:
+               clock: str = "cpu", probe: ReferenceProbe | None = None) -> StageTiming:
     """The median over `iterations` of one forward and backward, on the slowest rank. clock "cpu": the
     process's CPU time (time.process_time); "wall": wall-clock time. On a CPU shared with other processes the
     wall clock counts the waits for a core, which drift with the machine's load (measured here: the same block
     2.5x slower minutes later); CPU time does not. Stages whose ranks wait on each other (tp) need "wall".
-    "cuda": wall-clock time with the device synchronised before and after the step (a stage on one GPU)."""
+    "cuda": wall-clock time with the device synchronised before and after the step (a stage on one GPU).
+    With a probe, it is timed just before and just after each run (outside the run's timing)."""
     read = time.process_time if clock == "cpu" else time.perf_counter
     sync = torch.cuda.synchronize if clock == "cuda" else (lambda: None)
     for _ in range(warmup):
         runner.step()
     _, saved = _saved_bytes(runner.forward)
-    samples = []
+    samples, references = [], []
     for _ in range(iterations):
         if group is not None:
             dist.barrier(group)
+        before = probe.time_s() if probe is not None else 0.0
         sync()
         start = read()
         runner.step()
         sync()
         elapsed = read() - start
+        reference = (before + probe.time_s()) / 2 if probe is not None else 0.0
         if group is not None:
-            slowest = torch.tensor([elapsed])
+            slowest = torch.tensor([elapsed, reference])
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
-            elapsed = float(slowest.item())
+            elapsed, reference = (float(v) for v in slowest.tolist())
         samples.append(elapsed)
+        references.append(reference)
     local_params = runner.params
     return StageTiming(statistics.median(samples), float(ADAM_FP32_BYTES_PER_PARAM * local_params), saved,
-                       tuple(samples))
+                       tuple(samples), tuple(references) if probe is not None else ())
 
 
 def _stage_to_json(stage: StageSpec) -> dict[str, Any]:
@@ -190,16 +198,18 @@ def _stage_from_json(data: dict[str, Any]) -> StageSpec:
 
 def measure_stages_local(model: TransformerSpec, stages: list[StageSpec], micro_batch: int, seq_len: int,
                          warmup: int = 2, iterations: int = 5, seed: int = 0, threads: int = 1,
-                         clock: str = "cpu", device: str = "cpu") -> list[StageTiming]:
+                         clock: str = "cpu", device: str = "cpu", probe: bool = False) -> list[StageTiming]:
     """Stages on one rank (their meshes must be one device), in this process; on a GPU (device "cuda") they
-    are timed with the "cuda" clock."""
+    are timed with the "cuda" clock. probe: time measure.phase's reference probe around each run."""
     torch.set_num_threads(threads)
+    reference = ReferenceProbe() if probe else None
     results = []
     for stage in stages:
         if stage.mesh.size != 1:
             raise ValueError("measure_stages_local runs one-device stages; use measure_stages")
         runner = _StageRunner(model, stage, micro_batch, seq_len, seed, device=device)
-        results.append(time_stage(runner, warmup, iterations, clock="cuda" if device == "cuda" else clock))
+        results.append(time_stage(runner, warmup, iterations, clock="cuda" if device == "cuda" else clock,
+                                  probe=reference))
         del runner  # its module and inputs go before the next stage is built
     return results
 
@@ -208,6 +218,7 @@ def _worker(rank: int, world: int, port: int, payload: dict[str, Any], out_path:
     torch.set_num_threads(payload["threads"])
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     model = TransformerSpec.model_validate(payload["model"])
+    probe = ReferenceProbe() if payload.get("probe") else None
     results = []
     try:
         for data in payload["stages"]:
@@ -220,9 +231,10 @@ def _worker(rank: int, world: int, port: int, payload: dict[str, Any], out_path:
                                                        mesh_dim_names=("dp", "tp")))
             runner = _StageRunner(model, stage, payload["micro_batch"], payload["seq_len"], payload["seed"], tp_mesh)
             clock = "wall" if stage.intra.tp > 1 else payload["clock"]
-            timing = time_stage(runner, payload["warmup"], payload["iterations"], dist.group.WORLD, clock)
+            timing = time_stage(runner, payload["warmup"], payload["iterations"], dist.group.WORLD, clock, probe)
             results.append({"latency_s": timing.latency_s, "state_bytes": timing.state_bytes,
-                            "activation_bytes": timing.activation_bytes, "samples_s": list(timing.samples_s)})
+                            "activation_bytes": timing.activation_bytes, "samples_s": list(timing.samples_s),
+                            "reference_s": list(timing.reference_s)})
     finally:
         if rank == 0:
             Path(out_path).write_text(json.dumps(results))
@@ -242,8 +254,9 @@ class _TpTopology:
 
 def measure_stages(model: TransformerSpec, stages: list[StageSpec], micro_batch: int, seq_len: int,
                    warmup: int = 2, iterations: int = 5, seed: int = 0, threads: int = 1,
-                   timeout_s: float = 600.0, clock: str = "cpu") -> list[StageTiming]:
-    """Stages of one mesh size: in this process for one device, else on mesh-size local gloo ranks."""
+                   timeout_s: float = 600.0, clock: str = "cpu", probe: bool = False) -> list[StageTiming]:
+    """Stages of one mesh size: in this process for one device, else on mesh-size local gloo ranks. probe: time
+    measure.phase's reference probe around each run (StageTiming.reference_s)."""
     if not stages:
         return []
     sizes = {stage.mesh.size for stage in stages}
@@ -251,10 +264,11 @@ def measure_stages(model: TransformerSpec, stages: list[StageSpec], micro_batch:
         raise ValueError("measure_stages takes stages of one mesh size at a time")
     world = sizes.pop()
     if world == 1:
-        return measure_stages_local(model, stages, micro_batch, seq_len, warmup, iterations, seed, threads, clock)
+        return measure_stages_local(model, stages, micro_batch, seq_len, warmup, iterations, seed, threads, clock,
+                                    probe=probe)
     payload = {"model": model.model_dump(), "stages": [_stage_to_json(s) for s in stages], "micro_batch": micro_batch,
                "seq_len": seq_len, "warmup": warmup, "iterations": iterations, "seed": seed, "threads": threads,
-               "clock": clock}
+               "clock": clock, "probe": probe}
     with tempfile.TemporaryDirectory() as tmp:
         spec, out = os.path.join(tmp, "stages.json"), os.path.join(tmp, "timings.json")
         Path(spec).write_text(json.dumps(payload))
@@ -271,8 +285,8 @@ def measure_stages(model: TransformerSpec, stages: list[StageSpec], micro_batch:
         data = json.loads(Path(out).read_text())
     if len(data) != len(stages):
         raise RuntimeError(f"stage measurement stopped after {len(data)} of {len(stages)} stages")
-    return [StageTiming(d["latency_s"], d["state_bytes"], d["activation_bytes"], tuple(d["samples_s"]))
-            for d in data]
+    return [StageTiming(d["latency_s"], d["state_bytes"], d["activation_bytes"], tuple(d["samples_s"]),
+                        tuple(d["reference_s"])) for d in data]
 
 
 def _free_port() -> int:

@@ -33,6 +33,18 @@ CREATE TABLE IF NOT EXISTS stage_times (
     PRIMARY KEY (model, micro_batch, seq_len, threads, first, end_unit, nodes, devices_per_node, tp, dp, sp)
 );
 """
+_PHASE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS stage_phase (
+    model TEXT NOT NULL, micro_batch INTEGER NOT NULL, seq_len INTEGER NOT NULL, threads INTEGER NOT NULL,
+    first INTEGER NOT NULL, end_unit INTEGER NOT NULL, nodes INTEGER NOT NULL, devices_per_node INTEGER NOT NULL,
+    tp INTEGER NOT NULL, dp INTEGER NOT NULL, sp INTEGER NOT NULL,
+    raw_latency_s REAL NOT NULL, references_s TEXT NOT NULL,
+    PRIMARY KEY (model, micro_batch, seq_len, threads, first, end_unit, nodes, devices_per_node, tp, dp, sp)
+);
+"""
+# stage_phase: for stages collected with a reference probe (`trainsim stages collect --phase-normalise`), the raw
+# median and the probe's time around each run; stage_times' latency_s is then the phase-normalised latency. Made
+# on the first probed stage, so databases collected without the probe are left as they were.
 
 
 def model_key(model: TransformerSpec) -> str:
@@ -44,6 +56,47 @@ def model_key(model: TransformerSpec) -> str:
 def _stage_key(stage: StageSpec) -> tuple[int, ...]:
     return (stage.first, stage.end, stage.mesh.nodes, stage.mesh.devices_per_node, stage.intra.tp, stage.intra.dp,
             int(stage.intra.sp))
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseRow:
+    key: tuple[int, ...]  # first, end, nodes, devices_per_node, tp, dp, sp
+    raw_latency_s: float
+    samples_s: list[float]
+    references_s: list[float]
+
+
+FAST_PHASE_QUANTILE = 0.05  # the reference probe's fast-phase time: this low quantile of its timings in a run
+
+
+def fast_reference_s(references_s: list[float]) -> float:
+    """The reference probe's fast-phase time: the FAST_PHASE_QUANTILE quantile of its timings (nearest rank)."""
+    if not references_s:
+        raise ValueError("no reference timings")
+    ordered = sorted(references_s)
+    return ordered[min(len(ordered) - 1, int(FAST_PHASE_QUANTILE * len(ordered)))]
+
+
+def phase_normalised_s(samples_s: list[float], references_s: list[float], fast_s: float) -> float:
+    """The median over a stage's runs of run time x (fast-phase reference / the probe's time around that run):
+    each run as it would have taken in the fast phase (measure.phase)."""
+    if len(samples_s) != len(references_s) or not samples_s:
+        raise ValueError(f"{len(samples_s)} runs and {len(references_s)} reference timings: one per run")
+    return statistics.median(s * fast_s / r for s, r in zip(samples_s, references_s, strict=True))
+
+
+def normalise_phases(db: "StageDatabase", model: str, micro_batch: int, seq_len: int, threads: int) -> float:
+    """Set every probed stage's latency_s to its phase-normalised latency, the fast-phase reference taken over
+    all probed stages of the model and shape (so a resumed collection is normalised as a whole); returns that
+    fast-phase reference time (NaN when nothing was probed)."""
+    rows = db.phase_rows(model, micro_batch, seq_len, threads)
+    if not rows:
+        return float("nan")
+    fast_s = fast_reference_s([r for row in rows for r in row.references_s])
+    for row in rows:
+        db.set_latency(model, micro_batch, seq_len, threads, row.key,
+                       phase_normalised_s(row.samples_s, row.references_s, fast_s))
+    return fast_s
 
 
 class StageDatabase:
@@ -73,6 +126,33 @@ class StageDatabase:
                               (model, micro_batch, seq_len, threads, *_stage_key(stage), estimate.latency_s,
                                estimate.state_bytes, estimate.activation_bytes, json.dumps(list(samples)),
                                time.time()))
+
+    def put_phase(self, model: str, micro_batch: int, seq_len: int, threads: int, stage: StageSpec,
+                  raw_latency_s: float, references_s: Iterable[float]) -> None:
+        self.conn.executescript(_PHASE_SCHEMA)
+        with self.conn:
+            self.conn.execute("INSERT OR REPLACE INTO stage_phase VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                              (model, micro_batch, seq_len, threads, *_stage_key(stage), raw_latency_s,
+                               json.dumps(list(references_s))))
+
+    def phase_rows(self, model: str, micro_batch: int, seq_len: int, threads: int) -> list[PhaseRow]:
+        """Every probed stage of a model and shape: its key, raw median, runs and the probe around each run."""
+        if self.conn.execute("SELECT 1 FROM sqlite_master WHERE name='stage_phase'").fetchone() is None:
+            return []
+        rows = self.conn.execute(
+            "SELECT p.first, p.end_unit, p.nodes, p.devices_per_node, p.tp, p.dp, p.sp, p.raw_latency_s, "
+            "p.references_s, t.samples FROM stage_phase p JOIN stage_times t USING (model, micro_batch, seq_len, "
+            "threads, first, end_unit, nodes, devices_per_node, tp, dp, sp) WHERE p.model=? AND p.micro_batch=? "
+            "AND p.seq_len=? AND p.threads=?", (model, micro_batch, seq_len, threads)).fetchall()
+        return [PhaseRow(tuple(r[:7]), r[7], json.loads(r[9]), json.loads(r[8])) for r in rows]
+
+    def set_latency(self, model: str, micro_batch: int, seq_len: int, threads: int, key: tuple[int, ...],
+                    latency_s: float) -> None:
+        with self.conn:
+            self.conn.execute(
+                "UPDATE stage_times SET latency_s=? WHERE model=? AND micro_batch=? AND seq_len=? AND threads=? AND "
+                "first=? AND end_unit=? AND nodes=? AND devices_per_node=? AND tp=? AND dp=? AND sp=?",
+                (latency_s, model, micro_batch, seq_len, threads, *key))
 
     def count(self, model: str) -> int:
         return int(self.conn.execute("SELECT COUNT(*) FROM stage_times WHERE model=?", (model,)).fetchone()[0])

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from trainsim.errors import ConfigError
 from trainsim.ir.model_spec import TransformerSpec
-from trainsim.measure.stage_db import StageDatabase, model_key
+from trainsim.measure.stage_db import StageDatabase, model_key, normalise_phases
 from trainsim.strategy.stage_plan import IntraPlan, Mesh, StageEstimate, StageSpec, num_units
 
 KINDS = ("transformer", "gcn", "gat")
@@ -208,16 +208,18 @@ class Measured:
     stage: StageSpec
     estimate: StageEstimate
     samples_s: tuple[float, ...]
+    reference_s: tuple[float, ...] = ()  # the reference probe's time around each run (measure.phase), if probed
 
 
-def measure_chunk(corpus: Corpus, stages: list[StageSpec], warmup: int, iterations: int) -> list[Measured]:
+def measure_chunk(corpus: Corpus, stages: list[StageSpec], warmup: int, iterations: int,
+                  probe: bool = False) -> list[Measured]:
     """Measure stages of one mesh size for real (measure.stage); a Ray task or a local call."""
     from trainsim.measure.stage import measure_stages
 
     timings = measure_stages(corpus.model, stages, corpus.micro_batch, corpus.seq_len, warmup, iterations,
-                             threads=corpus.threads)
-    return [Measured(stage, StageEstimate(t.latency_s, t.state_bytes, t.activation_bytes), tuple(t.samples_s))
-            for stage, t in zip(stages, timings, strict=True)]
+                             threads=corpus.threads, probe=probe)
+    return [Measured(stage, StageEstimate(t.latency_s, t.state_bytes, t.activation_bytes), tuple(t.samples_s),
+                     tuple(t.reference_s)) for stage, t in zip(stages, timings, strict=True)]
 
 
 def missing(db: StageDatabase, corpus: Corpus, stages: Iterable[StageSpec]) -> list[StageSpec]:
@@ -227,16 +229,23 @@ def missing(db: StageDatabase, corpus: Corpus, stages: Iterable[StageSpec]) -> l
 @dataclass(slots=True)
 class CollectReport:
     settings: dict[str, dict[str, float]] = field(default_factory=dict)  # label -> stages, measured_now, seconds
+    fast_reference_s: float | None = None  # with phase_normalise: the probe's fast-phase time
 
     def to_dict(self) -> dict[str, Any]:
-        return {"settings": self.settings}
+        out: dict[str, Any] = {"settings": self.settings}
+        if self.fast_reference_s is not None:
+            out["fast_reference_s"] = self.fast_reference_s
+        return out
 
 
 def collect(db: StageDatabase, corpus: Corpus, settings: list[Setting], *, warmup: int = 2, iterations: int = 6,
             runner: Runner | None = None, progress: Callable[[str, int, int], None] | None = None,
-            chunk: int = CHUNK) -> CollectReport:
+            chunk: int = CHUNK, phase_normalise: bool = False) -> CollectReport:
     """Measure every stage of every setting that the database lacks (resumable: each chunk is committed as it
-    arrives, and a rerun measures only what is missing). progress(label, done, total) after each chunk."""
+    arrives, and a rerun measures only what is missing). progress(label, done, total) after each chunk.
+    phase_normalise: time measure.phase's reference probe around every run, keep the raw median and the probe's
+    timings in the stage_phase table and make latency_s the phase-normalised latency (stage_db.normalise_phases,
+    over every probed stage of the model and shape, once all chunks are in)."""
     check_corpus(corpus)
     if corpus.threads == 0:
         raise ConfigError("threads", 0, "1 or more: collection times stages on this machine's CPU ranks (0 marks "
@@ -257,21 +266,27 @@ def collect(db: StageDatabase, corpus: Corpus, settings: list[Setting], *, warmu
         report.settings[setting.label] = {"stages": len(stages), "measured_now": 0, "seconds": 0.0}
         todo[setting.label] = len(absent)
         for start in range(0, len(absent), chunk):
-            items.append((corpus, absent[start:start + chunk], warmup, iterations))
+            items.append((corpus, absent[start:start + chunk], warmup, iterations, phase_normalise))
             owner.append(setting.label)
     done: dict[str, int] = dict.fromkeys(todo, 0)
     started = time.perf_counter()
-    cpus = [float(chunk_stages[0].mesh.size) for _, chunk_stages, _, _ in items]
+    cpus = [float(item[1][0].mesh.size) for item in items]
     for index, results in runner.map(measure_chunk, items, cpus):
         label = owner[index]
         for m in results:
             db.put(corpus.key, corpus.micro_batch, corpus.seq_len, corpus.threads, m.stage, m.estimate, m.samples_s)
+            if phase_normalise:
+                db.put_phase(corpus.key, corpus.micro_batch, corpus.seq_len, corpus.threads, m.stage,
+                             m.estimate.latency_s, m.reference_s)
         done[label] += len(results)
         row = report.settings[label]
         row["measured_now"] = done[label]
         row["seconds"] = time.perf_counter() - started  # when its last chunk arrived
         if progress is not None:
             progress(label, done[label], todo[label])
+    if phase_normalise:
+        report.fast_reference_s = normalise_phases(db, corpus.key, corpus.micro_batch, corpus.seq_len,
+                                                   corpus.threads)
     return report
 
 

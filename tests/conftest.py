@@ -46,6 +46,16 @@ MEASURED_LLAMA: dict[str, Any] = {"name": "tiny-llama", "arch": "llama", "num_la
                                   "num_heads": 4, "num_kv_heads": 2, "ffn_hidden": 192, "vocab": 512,
                                   "max_seq_len": 32, "mlp": "swiglu", "norm": "rmsnorm", "position": "rope",
                                   "bias": False, "tied_embeddings": False}
+# The smallest GPT whose stages `trainsim stages collect` measures on local CPU ranks (a model file's text).
+STAGE_GPT_YAML = """name: {name}
+arch: gpt
+num_layers: 2
+hidden: 16
+ffn_hidden: 32
+num_heads: 2
+vocab: 64
+max_seq_len: 8
+"""
 
 # Where hand-filled profile measurements are filed: this machine's CPU, one thread.
 PROFILE_ENV = Environment("cpu-local", "torch test", 1, "test cpu")

@@ -7,20 +7,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from conftest import STAGE_GPT_YAML
 from trainsim.cli.main import app
 
 torch = pytest.importorskip("torch")
 
 RUNNER = CliRunner()
-MODEL_YAML = """name: stages-tiny
-arch: gpt
-num_layers: 2
-hidden: 16
-ffn_hidden: 32
-num_heads: 2
-vocab: 64
-max_seq_len: 8
-"""
+MODEL_YAML = STAGE_GPT_YAML.format(name="stages-tiny")
 
 
 @pytest.fixture()

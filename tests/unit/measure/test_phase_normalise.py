@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from conftest import STAGE_GPT_YAML
 from trainsim.measure.stage_db import (
     StageDatabase,
     fast_reference_s,
@@ -67,15 +68,7 @@ def test_measured_stages_carry_the_probe_around_each_run():
     assert measure_stages(model, stages, 2, 8, warmup=0, iterations=2)[0].reference_s == ()
 
 
-MODEL_YAML = """name: phase-tiny
-arch: gpt
-num_layers: 2
-hidden: 16
-ffn_hidden: 32
-num_heads: 2
-vocab: 64
-max_seq_len: 8
-"""
+MODEL_YAML = STAGE_GPT_YAML.format(name="phase-tiny")
 
 
 def _collect(model: Path, db: Path, *extra: str) -> dict:

@@ -86,17 +86,20 @@ def phase_normalised_s(samples_s: list[float], references_s: list[float], fast_s
 
 
 def normalise_phases(db: "StageDatabase", model: str, micro_batch: int, seq_len: int, threads: int) -> float:
-    """Set every probed stage's latency_s to its phase-normalised latency, the fast-phase reference taken over
-    all probed stages of the model and shape (so a resumed collection is normalised as a whole); returns that
-    fast-phase reference time (NaN when nothing was probed)."""
-    rows = db.phase_rows(model, micro_batch, seq_len, threads)
-    if not rows:
-        return float("nan")
-    fast_s = fast_reference_s([r for row in rows for r in row.references_s])
-    for row in rows:
-        db.set_latency(model, micro_batch, seq_len, threads, row.key,
-                       phase_normalised_s(row.samples_s, row.references_s, fast_s))
-    return fast_s
+    """Set every probed stage's latency_s to its phase-normalised latency, the fast-phase reference taken per mesh
+    over all its probed stages of the model and shape (so a resumed collection is normalised as a whole; on
+    several ranks the probe is the slowest rank's, slower than one rank's, so meshes do not share it); returns
+    the fast-phase reference of the first mesh in key order (NaN when nothing was probed)."""
+    by_mesh: dict[tuple[int, ...], list[PhaseRow]] = {}
+    for row in db.phase_rows(model, micro_batch, seq_len, threads):
+        by_mesh.setdefault(row.key[2:], []).append(row)  # key[2:]: nodes, devices_per_node, tp, dp, sp
+    fast_by_mesh = {mesh: fast_reference_s([r for row in rows for r in row.references_s])
+                    for mesh, rows in by_mesh.items()}
+    for mesh, rows in by_mesh.items():
+        for row in rows:
+            db.set_latency(model, micro_batch, seq_len, threads, row.key,
+                           phase_normalised_s(row.samples_s, row.references_s, fast_by_mesh[mesh]))
+    return fast_by_mesh[min(fast_by_mesh)] if fast_by_mesh else float("nan")
 
 
 class StageDatabase:

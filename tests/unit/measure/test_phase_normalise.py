@@ -55,6 +55,22 @@ def test_normalise_phases_rewrites_probed_stages_only(tmp_path: Path):
     db.close()
 
 
+def test_each_mesh_takes_its_own_fast_phase_reference(tmp_path: Path):
+    """Two ranks report the slower rank's probe: a 2-rank stage whose probe always reads 2 ms is in its fast phase,
+    not twice as slow as a 1-rank stage probed at 1 ms."""
+    db = StageDatabase(tmp_path / "stages.sqlite")
+    one, two = StageSpec(0, 2, ONE, IntraPlan()), StageSpec(0, 2, Mesh(1, 2), IntraPlan(1, 2))
+    db.put("m", 2, 8, 1, one, StageEstimate(0.010, 1.0, 2.0), [0.010, 0.010])
+    db.put_phase("m", 2, 8, 1, one, 0.010, [0.001, 0.001])
+    db.put("m", 2, 8, 1, two, StageEstimate(0.006, 1.0, 2.0), [0.006, 0.006])
+    db.put_phase("m", 2, 8, 1, two, 0.006, [0.002, 0.002])
+    assert normalise_phases(db, "m", 2, 8, 1) == 0.001  # the first mesh in key order: one device
+    got_one, got_two = db.get("m", 2, 8, 1, one), db.get("m", 2, 8, 1, two)
+    assert got_one is not None and got_one.latency_s == pytest.approx(0.010)
+    assert got_two is not None and got_two.latency_s == pytest.approx(0.006)
+    db.close()
+
+
 def test_measured_stages_carry_the_probe_around_each_run():
     pytest.importorskip("torch")
     from trainsim.ir.model_spec import TransformerSpec

@@ -179,7 +179,7 @@ class BuildContext:
         model chunk per stage where stages differ in size): the pipeline group's; where the plan gives the stages
         their own device counts, the farthest pair of the two stages' blocks of ranks (the first rank of the one,
         the last of the other: a transfer between them crosses a server if any of it does)."""
-        if not self.plan.stage_ranks:
+        if not self.plan.stage_ranks or boundary + 1 >= len(self.plan.stage_ranks):  # (past the last: no transfer)
             return self.layout("pp")
         first, _ = self.plan.stage_block(boundary)
         start, count = self.plan.stage_block(boundary + 1)

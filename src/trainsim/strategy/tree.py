@@ -469,10 +469,10 @@ class StrategyTree:
         and ep are the job's. Raises ConfigError where a stage's mesh cannot hold the job's stage, or the stages'
         devices do not sum to the job's GPUs."""
         per_stage: dict[int, tuple[int, int, str]] = {}
-        foreign_dp = self._dp_from_other_stages(assignments)
+        foreign = {key: self._from_other_stages(assignments, key) for key in ("tp", "dp")}
         for a, path in zip(assignments, self.layer_paths, strict=True):
             row = self._resolved[path]
-            if a.index in foreign_dp:  # a dp that reached this stage along data dependencies does not size it
+            if a.index in foreign["dp"]:  # a dp that reached this stage along data dependencies does not size it
                 row = {key: value for key, value in row.items() if key != "dp"}
             for axis in ("cp", "ep"):
                 if axis in row and row[axis].value != getattr(par, axis):
@@ -483,7 +483,7 @@ class StrategyTree:
                 tp, dp = par.tp, par.dp
             else:
                 _require_dp(par, "mapping a subtree to its own mesh")
-                tp, dp = self._mesh_of(par, path, row)
+                tp, dp = self._mesh_of(par, path, row, a.index not in foreign["tp"])
             seen = per_stage.setdefault(a.stage, (tp, dp, path))
             if seen[:2] != (tp, dp):
                 raise ConfigError("map.tp", tp, f"{path} runs tp={tp} dp={dp} but {seen[2]} on the same stage "
@@ -502,14 +502,15 @@ class StrategyTree:
             out.append(StageMesh(stage, tp, dp, par.micro_batch * par.dp // dp))
         return tuple(out), stage_ranks
 
-    def _dp_from_other_stages(self, assignments: list[LayerAssignment]) -> set[int]:
-        """The layers whose dp came along data dependencies from a layer on another stage (the layers before the
-        first mapped one take its dp: a stage's own device count stays on its own stage)."""
+    def _from_other_stages(self, assignments: list[LayerAssignment], key: str) -> set[int]:
+        """The layers whose `key` (tp, dp) came along data dependencies from a layer on another stage (the layers
+        before the first mapped one take its value): such a dp does not size the stage (a stage's own device count
+        stays on it), and such a tp does not re-split the stage's dp."""
         rows = [self._resolved[path] for path in self.layer_paths]
-        own = [i for i, row in enumerate(rows) if "dp" in row and row["dp"].how != "data-dep"]
+        own = [i for i, row in enumerate(rows) if key in row and row[key].how != "data-dep"]
         out: set[int] = set()
         for i, row in enumerate(rows):
-            if "dp" in row and row["dp"].how == "data-dep" and own:
+            if key in row and row[key].how == "data-dep" and own:
                 source = max((j for j in own if j < i), default=None)
                 source = min(j for j in own if j > i) if source is None else source
                 if assignments[source].stage != assignments[i].stage:
@@ -537,14 +538,15 @@ class StrategyTree:
         return ranks
 
     @staticmethod
-    def _mesh_of(par: ParallelSpec, path: str, row: Mapping[str, Sourced]) -> tuple[int, int]:
-        """A layer's (tp, dp): tp as set (else the job's); dp as set, unless tp was set below the node that set dp
-        (the stage then splits its devices anew: dp is what the job's devices per stage, tp x dp x cp, leave). A
-        dp as set may give the stage its own device count (_stage_ranks checks the sum)."""
+    def _mesh_of(par: ParallelSpec, path: str, row: Mapping[str, Sourced], tp_own: bool) -> tuple[int, int]:
+        """A layer's (tp, dp): tp as set (else the job's); dp as set, unless tp was set on its stage below the
+        node that set dp (the stage then splits its devices anew: dp is what the job's devices per stage, tp x dp x
+        cp, leave). A dp as set may give the stage its own device count (_stage_ranks checks the sum). tp_own:
+        the tp was not taken along data dependencies from another stage."""
         devices = par.tp * par.dp * par.cp
         tp = int(row["tp"].value) if "tp" in row else par.tp
         given = row.get("dp")
-        if given is not None and not ("tp" in row and _below(row["tp"].origin, given.origin)):
+        if given is not None and not (tp_own and "tp" in row and _below(row["tp"].origin, given.origin)):
             return tp, int(given.value)
         if devices % (tp * par.cp):
             raise ConfigError("map.tp", tp, f"{_whose(path, row, 'tp')}: tp x cp = {tp} x {par.cp} must divide the "

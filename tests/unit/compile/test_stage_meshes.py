@@ -327,3 +327,29 @@ def test_a_stage_of_its_own_size_keeps_its_dp_off_the_stages_before_it() -> None
             .map("head", {"stage": 2}))
     plan = tree.lower(job.parallel)
     assert plan.stage_ranks == (2, 1, 3)
+
+
+def test_a_stage_of_three_devices_at_tp_3() -> None:
+    """A 12-head GPT (hidden 768, vocabulary 32,004 = 3 x 10,668) on 4 A100s, pp 2 at dp 2 x micro-batch 1: stage 0
+    on rank 0 (tp 1, dp 1: micro-batch 2), stage 1 on ranks 1-3 at tp 3 (dp 1, micro-batch 2). Stage 1's tasks are
+    those of the plain tp 3 x pp 2 job's stage 1; its attention and MLP all-reduces move 2 x 1024 x 768 bf16 over
+    the 3 GPUs of one node."""
+    model = parse_model({"name": "twelve-head-gpt", "num_layers": 4, "hidden": 768, "ffn_hidden": 3072,
+                         "num_heads": 12, "vocab": 32004, "max_seq_len": 1024})
+    par = ParallelSpec.parse({"micro_batch": 1, "seq_len": 1024, "tp": 1, "pp": 2, "global_batch": 8})
+    job = make_job(model, a100_cluster(4), par)
+    tree = (StrategyTree.from_graph(graph_for(job)).map("", {"stage": 0, "tp": 1, "dp": 1})
+            .map("blocks.2-3", {"stage": 1, "tp": 3, "dp": 1}).map("head", {"stage": 1, "tp": 3, "dp": 1}))
+    plan = tree.lower(job.parallel)
+    assert (plan.stage_meshes, plan.stage_ranks) == ((StageMesh(0, 1, 1, 2), StageMesh(1, 3, 1, 2)), (1, 3))
+    pricer = Pricer(Calibration())
+    graph = compile_job(job, plan, pricer, "op")
+    plain = make_job(model, a100_cluster(6), par.replaced(tp=3, dp=1, micro_batch=2))
+    alone = compile_job(plain, default_plan(graph_for(plain), plain.parallel), pricer, "op")
+    assert _stage(graph, 1, pp=False) == _stage(alone, 1, pp=False)
+    mesh_job = job_of_mesh(job, plan.stage_meshes[1], (1, 3))
+    all_reduce = pricer.collective_s("all-reduce", 2 * 1024 * 768 * BF16, job.cluster.ranks_layout([1, 2, 3]),
+                                     mesh_job)
+    block = [(t.name, t.duration_s) for t in graph.tasks if t.device == 1 and t.category == "tp_comm"
+             and t.micro_batch == 0 and t.layer == "L3.block"]
+    assert block == [(f"{site}.ar all-reduce mb0 L3.block", all_reduce) for site in ("attn", "mlp", "mlp", "attn")]

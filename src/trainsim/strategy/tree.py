@@ -290,12 +290,14 @@ class StrategyTree:
 
     # --- lowering ---
 
-    def lower(self, par: ParallelSpec) -> LoweredPlan:
+    def lower(self, par: ParallelSpec, *, num_gpus: int | None = None) -> LoweredPlan:
         """The LoweredPlan the compiler consumes. What the tree leaves unspecified comes from par (schedule
         kind, micro-batches, recompute); stage and chunk default to 0. Computation splits become the plan's
         op_splits (see the module doc). Raises ConfigError where the plan cannot hold the tree: two schedules,
         recompute that differs inside a layer, a mesh shape other than the job's, stages past pp or against model
-        order."""
+        order, stage device counts that do not sum to the job's GPUs. num_gpus: the job's GPUs where they are
+        not par's pp stages of tp x dp x cp (a job made with make_job(..., num_gpus=...) for a plan whose stages
+        have their own device counts, as the stage planner's re-check makes it); default tp x dp x cp x pp."""
         self._check_recompute_inside_layers()
         kind, micro_batches, max_in_flight = self._one_schedule(par)
         if par.vpp > 1 and kind != "interleaved-1f1b":
@@ -320,7 +322,7 @@ class StrategyTree:
             last = (position, path)
             recompute = cast(Recompute, row["recompute"].value) if "recompute" in row else par.recompute
             assignments.append(LayerAssignment(index, layer, stage, chunk, recompute))
-        meshes, stage_ranks = self._stage_meshes(par, assignments)
+        meshes, stage_ranks = self._stage_meshes(par, assignments, num_gpus or par.num_gpus)
         op_splits = self._op_splits()
         if meshes and op_splits:
             raise ConfigError("split.compute", op_splits[0].module_path, "computation configs over dp are not "
@@ -462,7 +464,7 @@ class StrategyTree:
                 layer = self.layer_paths[self.nodes[path].layer_index]
                 raise ConfigError(f"{where}.path", path, f"{why}: set it on {layer} or an ancestor, not inside a layer")
 
-    def _stage_meshes(self, par: ParallelSpec, assignments: list[LayerAssignment]
+    def _stage_meshes(self, par: ParallelSpec, assignments: list[LayerAssignment], num_gpus: int
                       ) -> tuple[tuple[StageMesh, ...], tuple[int, ...]]:
         """The stages whose layers map to a mesh of their own (Proteus Sec. IV-B), and the devices of every stage
         where they differ (() where each holds the job's tp x dp x cp). The layers of one stage share its mesh; cp
@@ -488,7 +490,7 @@ class StrategyTree:
             if seen[:2] != (tp, dp):
                 raise ConfigError("map.tp", tp, f"{path} runs tp={tp} dp={dp} but {seen[2]} on the same stage "
                                   f"{a.stage} runs tp={seen[0]} dp={seen[1]}; the layers of a stage share its mesh")
-        stage_ranks = self._stage_ranks(par, per_stage)
+        stage_ranks = self._stage_ranks(par, per_stage, num_gpus)
         out: list[StageMesh] = []
         for stage, (tp, dp, path) in sorted(per_stage.items()):
             if (tp, dp) == (par.tp, par.dp):
@@ -518,23 +520,24 @@ class StrategyTree:
         return out
 
     @staticmethod
-    def _stage_ranks(par: ParallelSpec, per_stage: Mapping[int, tuple[int, int, str]]) -> tuple[int, ...]:
+    def _stage_ranks(par: ParallelSpec, per_stage: Mapping[int, tuple[int, int, str]],
+                     job_gpus: int) -> tuple[int, ...]:
         """Devices per stage (tp x dp x cp; a stage without layers: the job's), () where all are the job's. They
-        must sum to the job's GPUs (tp x dp x cp x pp): ConfigError naming the first stage that differs."""
+        must sum to the job's GPUs: ConfigError naming the first stage that differs from the job's."""
         devices = par.tp * par.dp * par.cp
         ranks = tuple(per_stage[s][0] * per_stage[s][1] * par.cp if s in per_stage else devices
                       for s in range(par.pp))
-        if all(count == devices for count in ranks):
+        total = sum(ranks)
+        if all(count == devices for count in ranks) and total == job_gpus:
             return ()
-        total, job_gpus = sum(ranks), devices * par.pp
         if total != job_gpus:
-            stage = next(s for s, count in enumerate(ranks) if count != devices)
-            tp, dp, path = per_stage[stage]
+            stage = next((s for s, count in enumerate(ranks) if count != devices), 0)
+            tp, dp, path = per_stage.get(stage, (par.tp, par.dp, "<model>"))
             raise ConfigError("map.dp", dp, f"{path}: stage {stage} on tp x dp x cp = {tp} x {dp} x {par.cp} = "
                               f"{ranks[stage]} devices, and the stages' devices {' + '.join(map(str, ranks))} = "
-                              f"{total} must sum to the job's {job_gpus} GPUs (pp={par.pp} x tp x dp x cp = {par.tp} "
-                              f"x {par.dp} x {par.cp}); a stage mapped by tp alone, or not mapped, must be the job's "
-                              f"{devices} devices per stage")
+                              f"{total} must sum to the job's {job_gpus} GPUs; a stage mapped by tp alone, or not "
+                              f"mapped, must be the job's {devices} devices per stage (tp x dp x cp = {par.tp} x "
+                              f"{par.dp} x {par.cp})")
         return ranks
 
     @staticmethod

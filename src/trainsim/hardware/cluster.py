@@ -10,6 +10,7 @@ network may be oversubscribed (`leaf_oversubscription` = leaf down-links / up-li
 """
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -220,7 +221,7 @@ class ClusterSpec(Spec):
         assert worst is not None
         return worst
 
-    def ranks_layout(self, ranks: "range | list[int]") -> GroupLayout:
+    def ranks_layout(self, ranks: Sequence[int]) -> GroupLayout:
         """The layout of a group of these ranks: the servers, NVLink domains and leaves they span, and the fewest
         of its ranks on any server (domain) it spans. NB: a group spread unevenly (3 ranks over two servers, 2 and
         1) is taken at its narrowest server's share of the NICs, which bounds a ring through it."""

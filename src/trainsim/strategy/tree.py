@@ -530,9 +530,13 @@ class StrategyTree:
         total = sum(ranks)
         if all(count == devices for count in ranks) and total == job_gpus:
             return ()
+        if total != job_gpus and all(count == devices for count in ranks):
+            raise ConfigError("dp", par.dp, f"the {par.pp} stages hold the job's tp x dp x cp = {par.tp} x {par.dp} x "
+                              f"{par.cp} devices each, {total} of its {job_gpus} GPUs; map stages to device counts of "
+                              f"their own (dp) that sum to {job_gpus}, or give a dp that fills the GPUs")
         if total != job_gpus:
-            stage = next((s for s, count in enumerate(ranks) if count != devices), 0)
-            tp, dp, path = per_stage.get(stage, (par.tp, par.dp, "<model>"))
+            stage = next(s for s, count in enumerate(ranks) if count != devices)
+            tp, dp, path = per_stage[stage]
             raise ConfigError("map.dp", dp, f"{path}: stage {stage} on tp x dp x cp = {tp} x {dp} x {par.cp} = "
                               f"{ranks[stage]} devices, and the stages' devices {' + '.join(map(str, ranks))} = "
                               f"{total} must sum to the job's {job_gpus} GPUs; a stage mapped by tp alone, or not "

@@ -230,9 +230,10 @@ class ClusterSpec(Spec):
             return GroupLayout(max(size, 1), 1, 1, 1, 1, 1)
         per_node: dict[int, int] = {}
         per_domain: dict[int, int] = {}
+        node_gpus, domain_gpus = self.gpus_per_node, self.gpus_per_domain
         for rank in ranks:
-            per_node[rank // self.gpus_per_node] = per_node.get(rank // self.gpus_per_node, 0) + 1
-            per_domain[rank // self.gpus_per_domain] = per_domain.get(rank // self.gpus_per_domain, 0) + 1
+            per_node[rank // node_gpus] = per_node.get(rank // node_gpus, 0) + 1
+            per_domain[rank // domain_gpus] = per_domain.get(rank // domain_gpus, 0) + 1
         leaves = 1
         if len(per_domain) > 1 and self.nodes_per_leaf is not None:
             leaves = len({node // self.nodes_per_leaf for node in per_node})

@@ -29,6 +29,7 @@ def test_presets_state_their_frameworks_defaults() -> None:
     assert core.grad_reduce_overlap and core.param_gather_overlap and core.tp_comm_overlap
     assert core.attention == "flash3" and core.grad_bucket_params == 128 * 1024 * 1024
     assert load_stack("megatron-lm").pp_scatter_gather
+    assert load_stack("megatron-deepspeed").pp_scatter_gather  # DeepSpeed pipe_partitioned=True by default
     # torchtitan's op-level selective checkpointing; Megatron's recomputes the attention core
     assert load_stack("fsdp2").selective_recompute == load_stack("fsdp2-compile").selective_recompute == "op"
     assert load_stack("megatron-core").selective_recompute == "attention"

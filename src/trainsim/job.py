@@ -39,10 +39,13 @@ def default_seq_len(model: ModelSpec) -> int:
     return default
 
 
-def make_job(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelSpec, stack: StackSpec | None = None) -> Job:
+def make_job(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelSpec, stack: StackSpec | None = None, *,
+             num_gpus: int | None = None) -> Job:
     """Infer dp and the global batch where left out, then refuse every inconsistent combination. stack: the
-    training software (default: generic)."""
-    par = _resolve_dp(parallel, cluster.num_gpus)
+    training software (default: generic). num_gpus: the GPUs the strategy fills (default: the cluster's; fewer
+    where the job is one pipeline stage's view of a plan whose stages have their own device counts,
+    compile/stage_meshes.py)."""
+    par = _resolve_dp(parallel, cluster.num_gpus if num_gpus is None else num_gpus)
     if par.global_batch == 0:
         par = par.replaced(global_batch=par.dp * par.micro_batch)
     _check_batch(par)

@@ -91,10 +91,12 @@ def model_source(settings: dict[str, Any]) -> ModelSource:
     return ModelSource(str(settings.get("model") or DEFAULT_MODEL), str(settings.get("frontend") or "catalog"))
 
 
-def job_from_settings(settings: dict[str, Any]) -> Job:
+def job_from_settings(settings: dict[str, Any], *, tree_sizes_stages: bool = False) -> Job:
     """settings: job-file keys merged with the flags that were given (None = not given). `model` may be a
     ModelSpec and `cluster` a ClusterSpec (the Python API passes objects through); `stack_overrides` (behaviour
-    -> value, from the flags) apply on top of the stack the settings name."""
+    -> value, from the flags) apply on top of the stack the settings name. tree_sizes_stages: a strategy tree
+    comes with the job, whose maps may give stages their own device counts: a dp given need not fill the GPUs
+    (tp x dp x cp x pp), the tree's stages must (StrategyTree.lower with the job's GPUs)."""
     given = {key: value for key, value in settings.items() if value is not None}
     stack = make_stack(given.pop("stack", None), given.pop("stack_overrides", None))
     check_choice("precision", given.get("precision"), PRECISIONS)
@@ -128,4 +130,5 @@ def job_from_settings(settings: dict[str, Any]) -> Job:
     if given.get("vpp", 1) > 1 and "schedule" not in given:
         given["schedule"] = "interleaved-1f1b"
     parallel = ParallelSpec.parse(given, "strategy")
-    return make_job(model, cluster, parallel, stack)
+    fills = parallel.num_gpus if tree_sizes_stages and parallel.dp > 0 else None
+    return make_job(model, cluster, parallel, stack, num_gpus=fills)

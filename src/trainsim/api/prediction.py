@@ -103,7 +103,7 @@ def predict(model: ModelArg | None = None, cluster: ClusterArg | None = None, nu
     if stack is not None:
         settings["stack"] = stack
     settings["stack_overrides"] = dict(stack_overrides or {})
-    job = _job_naming_lines(settings, job_file, given)
+    job = _job_naming_lines(settings, job_file, given, tree is not None)
     cal = read_calibration(Path(calibration) if calibration is not None else settings.get("calibration"))
     estimator = make_engine(engine, costs, Path(db) if db is not None else None, task_level, cal)
     source = None if isinstance(settings.get("model"), MODEL_SPEC_TYPES) else model_source(settings)
@@ -112,17 +112,18 @@ def predict(model: ModelArg | None = None, cluster: ClusterArg | None = None, nu
     if tree is not None:
         from trainsim.strategy.tree_yaml import load_tree_yaml  # NB: loaded for a tree only (start-up)
 
-        plan = load_tree_yaml(Path(tree), graph).lower(job.parallel)
+        plan = load_tree_yaml(Path(tree), graph).lower(job.parallel, num_gpus=job.num_gpus)
     result = estimator.estimate(job, graph, plan)
     if costs == "profiled" and not entry.replays_traces:
         result = replace(result, notes=[*result.notes, *profile_coverage_notes(job, graph, db, cal)])
     return Prediction.of(result, job)
 
 
-def _job_naming_lines(settings: dict[str, Any], job_file: str | Path | None, given: Mapping[str, Any]) -> Job:
+def _job_naming_lines(settings: dict[str, Any], job_file: str | Path | None, given: Mapping[str, Any],
+                      tree_sizes_stages: bool = False) -> Job:
     """job_from_settings; a bad value that came from the job file names the file and its line."""
     try:
-        return job_from_settings(settings)
+        return job_from_settings(settings, tree_sizes_stages=tree_sizes_stages)
     except ConfigError as exc:
         if job_file is None or given.get(exc.field) is not None:
             raise

@@ -129,6 +129,9 @@ def _split_run(tree: Path | None, memory_cap_gib: float, model: str | None, job:
     from trainsim.strategy.tree_yaml import load_tree_yaml
 
     plan = load_tree_yaml(tree, build_graph(job.model, DeviceSlice.of(job.parallel))).lower(job.parallel)
+    if plan.stage_meshes:
+        raise ConfigError("tree", str(tree), "maps a stage to a mesh of its own (map tp / dp): `trainsim measure` "
+                          "runs the job's one mesh; predict it with --engine sim")
     configs = {f"{index}:{name}": [c.batch, c.seq, c.out, c.reduce]
                for index, split in plan_splits(plan, job.parallel.dp).items() for name, c in split.configs.items()}
     extra.update(tree_yaml=tree.read_text(), dataflow=dataflow_beside(model) if model else None, op_configs=configs)

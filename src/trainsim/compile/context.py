@@ -174,6 +174,22 @@ class BuildContext:
                                             if axis == "split" else axis_layout(axis, par, self.job.cluster))
         return layout
 
+    def hop_layout(self, boundary: int) -> GroupLayout:
+        """The layout of a pipeline transfer across `boundary` (between stages boundary and boundary + 1, one
+        model chunk per stage where stages differ in size): the pipeline group's; where the plan gives the stages
+        their own device counts, the farthest pair of the two stages' blocks of ranks (the first rank of the one,
+        the last of the other: a transfer between them crosses a server if any of it does)."""
+        if not self.plan.stage_ranks or boundary + 1 >= len(self.plan.stage_ranks):  # (past the last: no transfer)
+            return self.layout("pp")
+        first, _ = self.plan.stage_block(boundary)
+        start, count = self.plan.stage_block(boundary + 1)
+        return self.job.cluster.ranks_layout([first, start + count - 1])
+
+    def pipeline_hop_s(self, boundary: int, out_bytes: float) -> float:
+        """One activation (or gradient) of out_bytes across `boundary` (Pricer.pipeline_hop_s over hop_layout)."""
+        layout = self.hop_layout(boundary) if self.plan.stage_ranks else None
+        return self.pricer.pipeline_hop_s(out_bytes, self.job, layout)
+
     def reshard_s(self, step: ReshardStep) -> float:
         """A reshard collective (compile.splits) over `step.ranks` neighbouring data-parallel ranks."""
         par = self.job.parallel

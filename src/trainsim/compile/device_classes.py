@@ -25,7 +25,8 @@ With every rank alike the graph is returned as it was: the same tasks and the sa
 
 import dataclasses
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from itertools import accumulate
 
 from trainsim.cost.rank_classes import DeviceClass, RankKind, default_kind, device_classes, rank_device, uniform
 from trainsim.errors import ConfigError
@@ -104,15 +105,17 @@ def _device_index(stage: int, c: int, num_stages: int, count: int) -> int:
     return stage if c == 0 else num_stages + stage * (count - 1) + c - 1
 
 
-def device_rank_blocks(job: Job, num_stages: int) -> list[tuple[tuple[int, int], ...]]:
+def device_rank_blocks(job: Job, num_stages: int, stage_ranks: Sequence[int] = ()) -> list[tuple[tuple[int, int], ...]]:
     """Per simulated device (split_device_classes' numbering), the ranks it stands for as (first rank, count) runs
-    (ranks numbered tp fastest, then cp, dp and pp)."""
+    (ranks numbered tp fastest, then cp, dp and pp). stage_ranks: each stage's ranks where the ranks are alike
+    (the stages' blocks follow one another; default: the job's tp x dp x cp each)."""
     par = job.parallel
     group = par.tp * par.cp
     per_stage = group * par.dp
     classes = device_classes(job)
     if uniform(classes):
-        return [((stage * per_stage, per_stage),) for stage in range(num_stages)]
+        sizes = list(stage_ranks) or [per_stage] * num_stages
+        return [((first, size),) for first, size in zip(accumulate(sizes, initial=0), sizes, strict=False)]
     out: list[tuple[tuple[int, int], ...]] = [()] * (num_stages * len(classes))
     for stage in range(num_stages):
         for c, cls in enumerate(classes):

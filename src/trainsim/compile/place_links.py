@@ -55,7 +55,7 @@ def place_links(job: Job, graph: ExecGraph) -> ExecGraph:
               if (m := _TOKEN.match(name)) is not None and m[2] in shared_levels}
     if not tokens:
         return graph
-    blocks = device_rank_blocks(job, len({d.stage for d in graph.devices}))
+    blocks = device_rank_blocks(job, len({d.stage for d in graph.devices}), [d.ranks for d in graph.devices])
     physical: dict[str, dict[str, int]] = {}  # token -> physical link -> shares
     for token in sorted(tokens):
         m = _TOKEN.match(token)

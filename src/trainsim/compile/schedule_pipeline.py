@@ -11,6 +11,7 @@ from typing import NamedTuple
 from trainsim.compile.context import BuildContext
 from trainsim.compile.in_flight import limit_in_flight
 from trainsim.compile.schedules import Step, schedule_order
+from trainsim.hardware.cluster import GroupLayout
 from trainsim.strategy.lowered import LayerAssignment, LoweredPlan
 
 
@@ -62,7 +63,7 @@ def _transfers(ctx: BuildContext, programs: list[list[Step]]) -> list[_Transfer]
     # NB: plain tuples (phase, micro-batch, chunk) look the Step keys up (a NamedTuple equals and hashes as its tuple)
     index: list[dict[tuple[str, int, int], int]] = [{step: i for i, step in enumerate(program)}
                                                    for program in programs]
-    one_way = {vs: ctx.pricer.pipeline_hop_s(size, ctx.job) for vs, size in boundary_bytes(plan).items()}
+    one_way = {vs: ctx.pipeline_hop_s(vs, size) for vs, size in boundary_bytes(plan).items()}
     sides = [(vs, one_way.get(vs, 0.0), vs % p, vs // p, index[vs % p], (vs + 1) % p, (vs + 1) // p,
               index[(vs + 1) % p]) for vs in range(p * v - 1)]  # (stage, chunk) on each side
     out: list[_Transfer] = []
@@ -105,7 +106,7 @@ def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
         for t in transfers:
             between.setdefault((t[_SRC], t[_SRC_INDEX], t[_DST], t[_DST_INDEX]), []).append(t)
     merged: set[int] = set()
-    layout = ctx.layout("pp")
+    layouts: dict[int, GroupLayout] = {}  # boundary -> its transfers' layout (BuildContext.hop_layout)
     columns = ctx.graph.writable_columns()
     deps = columns.deps
     # NB: the transfers' tasks as rows of _ROW_FIELDS (the others are _ROW_CONSTANTS), added to the columns at the
@@ -130,7 +131,8 @@ def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
                     break
         if partner is not None:
             both = (src, dst) if src != dst else (src,)
-            resources = ctx.link_resources(layout, both)
+            resources = ctx.link_resources(layouts.get(boundary) or layouts.setdefault(
+                boundary, ctx.hop_layout(boundary)), both)
             merged.update((id(t), id(partner)))
             key = f"pp.exchange.{what}{micro_batch}.vs{boundary}.{partner[0]}{partner[1]}"
             name = f"exchange {what} mb{micro_batch} vs{boundary} / {partner[0]} mb{partner[1]} vs{partner[2]}"
@@ -146,6 +148,7 @@ def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
         one_way = one_way_sends.get((what, boundary))  # (a direction and boundary gives the sender and receiver)
         if one_way is None:
             arrow = "->" if what == "act" else "<-"
+            layout = ctx.hop_layout(boundary)
             one_way = one_way_sends[(what, boundary)] = (ctx.link_resources(layout, (src,), (dst,)),
                                                          ((f"send {what} mb", f" vs{boundary}{arrow}"),))
         resources, around = one_way

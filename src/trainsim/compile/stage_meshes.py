@@ -40,12 +40,14 @@ _BOUNDARY = re.compile(r"\bvs(\d+)\b")
 def compile_stage_meshes(job: Job, plan: LoweredPlan, compile_stages: CompileStages) -> ExecGraph:
     """The plan's stages compiled each on its own mesh (one device per stage); `compile_stages(job, plan)`
     compiles every stage of a job. Without stage meshes: the job's graph as compile_stages gives it."""
-    base = compile_stages(job, plan)
     if not plan.stage_meshes:
-        return base
+        return compile_stages(job, plan)
     if not uniform(device_classes(job)):
         raise ConfigError("map.tp", plan.stage_meshes[0].tp, "a stage with its own mesh needs ranks that are "
                           "alike (rank_devices and compute_slowdown are not combined with stage meshes)")
+    if plan.stage_ranks:
+        return _splice(_stage_sources(job, plan, compile_stages))
+    base = compile_stages(job, plan)
     compiled: dict[tuple[int, int], ExecGraph] = {(job.parallel.tp, job.parallel.dp): base}
     sources = [base] * plan.num_stages
     for mesh in plan.stage_meshes:
@@ -57,12 +59,38 @@ def compile_stage_meshes(job: Job, plan: LoweredPlan, compile_stages: CompileSta
     return _splice(sources)
 
 
-def job_of_mesh(job: Job, mesh: StageMesh) -> Job:
+def _stage_sources(job: Job, plan: LoweredPlan, compile_stages: CompileStages) -> list[ExecGraph]:
+    """Stages of their own device counts (plan.stage_ranks): each stage's compilation, the job on that stage's
+    mesh and block of ranks (its groups laid out from their ranks: ClusterSpec.submesh). Stages of one mesh
+    and block share one."""
+    meshes = {mesh.stage: mesh for mesh in plan.stage_meshes}
+    par = job.parallel
+    compiled: dict[tuple[int, int, tuple[int, int]], ExecGraph] = {}
+    sources: list[ExecGraph] = []
+    for stage in range(plan.num_stages):
+        mesh = meshes.get(stage, StageMesh(stage, par.tp, par.dp, par.micro_batch))
+        block = plan.stage_block(stage)
+        key = (mesh.tp, mesh.dp, block)
+        if key not in compiled:
+            mesh_job = job_of_mesh(job, mesh, block)
+            own = (mesh.tp, mesh.dp) == (par.tp, par.dp)  # the job's mesh: its layers as they are
+            mesh_plan = dataclasses.replace(plan, stage_meshes=()) if own else plan_of_mesh(plan, mesh_job)
+            compiled[key] = compile_stages(mesh_job, mesh_plan)
+        sources.append(compiled[key])
+    return sources
+
+
+def job_of_mesh(job: Job, mesh: StageMesh, block: tuple[int, int] | None = None) -> Job:
     """The job as a stage of this mesh runs it: its tp and dp, its replicas' micro-batch, the same global batch
-    (make_job checks the mesh against the model: heads divisible by tp, ...)."""
+    (make_job checks the mesh against the model: heads divisible by tp, ...). block: the stage's (first rank,
+    ranks) where stages differ in size: the job then fills pp stages of that mesh, on the cluster seen from that
+    block (ClusterSpec.submesh)."""
     par = job.parallel.replaced(tp=mesh.tp, dp=mesh.dp, micro_batch=mesh.micro_batch,
                                 sp=job.parallel.sp and mesh.tp > 1)
-    return make_job(job.model, job.cluster, par, job.stack)
+    if block is None:
+        return make_job(job.model, job.cluster, par, job.stack)
+    cluster = job.cluster.model_copy(update={"submesh": block})
+    return make_job(job.model, cluster, par, job.stack, num_gpus=par.num_gpus)
 
 
 def plan_of_mesh(plan: LoweredPlan, mesh_job: Job) -> LoweredPlan:

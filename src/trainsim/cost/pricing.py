@@ -690,16 +690,18 @@ class Pricer:
             one = overlapped_s(one, compute_s / (2.0 * par.vpp), self.overlap_slowdown(job))
         return 2.0 * par.vpp * one + self.cal.runtime.pipeline_overhead_per_micro_batch_s
 
-    def pipeline_hop_s(self, out_bytes: float, job: Job) -> float:
+    def pipeline_hop_s(self, out_bytes: float, job: Job, layout: GroupLayout | None = None) -> float:
         """One activation (or gradient) of out_bytes crossing a pipeline boundary. Megatron-LM's scatter-gather
         (pp_scatter_gather; not with sequence parallelism, whose activations are already split) sends 1/tp of
         it from each tensor-parallel rank and all-gathers it over the tensor-parallel group at the receiver
-        (megatron/p2p_communication.py, Megatron-LM v3.0)."""
+        (megatron/p2p_communication.py, Megatron-LM v3.0). layout: the boundary's pair of ranks where the stages
+        differ in size (ClusterSpec.ranks_layout); default: the pipeline group's (axis pp)."""
         par = job.parallel
-        if job.stack.pp_scatter_gather and par.tp > 1 and not par.sp:
-            return self.axis_collective_s("send-recv", out_bytes / par.tp, "pp", job) + \
-                self.axis_collective_s("all-gather", out_bytes, "tp", job)
-        return self.axis_collective_s("send-recv", out_bytes, "pp", job)
+        scatter = job.stack.pp_scatter_gather and par.tp > 1 and not par.sp
+        sent = out_bytes / par.tp if scatter else out_bytes
+        seconds = self.axis_collective_s("send-recv", sent, "pp", job) if layout is None else \
+            self.collective_s("send-recv", sent, layout, job)
+        return seconds + self.axis_collective_s("all-gather", out_bytes, "tp", job) if scatter else seconds
 
     # --- overlap and exposed gradient communication ---
 

@@ -10,6 +10,7 @@ network may be oversubscribed (`leaf_oversubscription` = leaf down-links / up-li
 """
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -73,6 +74,11 @@ class GroupLayout:
             object.__setattr__(self, "num_domains", self.num_nodes)
 
 
+def _spread(layout: GroupLayout) -> tuple[int, ...]:
+    """How spread a group's ranks are: domains, leaves, servers; then the fewer ranks per domain and server."""
+    return (layout.num_domains, layout.num_leaves, layout.num_nodes, -layout.ranks_per_domain, -layout.ranks_per_node)
+
+
 def _per_block(block: int, size: int, stride: int) -> int:
     """Ranks of a group (size ranks, stride apart, numbered block-major) inside one block of `block` ranks."""
     per_block = max(1, block // stride) if stride < block else 1
@@ -102,6 +108,11 @@ class ClusterSpec(Spec):
     # do not take part in it.
     rank_devices: dict[int, DeviceSpec] = Field(default_factory=dict)
     compute_slowdown: dict[int, float] = Field(default_factory=dict)
+    # The block of the cluster's ranks a job runs on where it is one pipeline stage on a submesh of its own (Alpa,
+    # Zheng et al. 2022, Sec. 5: a stage's devices are a contiguous block; compile/stage_meshes.py): (first rank,
+    # ranks). Its groups are then laid out from their actual ranks (group_layout). None: the job's ranks are the
+    # cluster's from rank 0.
+    submesh: tuple[int, int] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "ClusterSpec":
@@ -116,6 +127,11 @@ class ClusterSpec(Spec):
         for rank, factor in self.compute_slowdown.items():
             if not (math.isfinite(factor) and 0.0 < factor <= MAX_SLOWDOWN):
                 raise ValueError(f"compute_slowdown[{rank}]={factor} must be finite, > 0 and at most {MAX_SLOWDOWN:g}")
+        if self.submesh is not None:
+            first, count = self.submesh
+            if first < 0 or count <= 0 or first + count > self.num_gpus:
+                raise ValueError(f"submesh {self.submesh} must be (first rank >= 0, ranks > 0) inside the cluster's "
+                                 f"{self.num_gpus} GPUs")
         if self.num_gpus > MAX_GPUS:
             raise ValueError(f"gpus_per_node x num_nodes = {self.gpus_per_node} x {self.num_nodes} must be at most "
                              f"{MAX_GPUS}")
@@ -170,9 +186,12 @@ class ClusterSpec(Spec):
 
     def group_layout(self, size: int, stride: int) -> GroupLayout:
         """Layout of a group of `size` ranks spaced `stride` apart (ranks are numbered server-major, servers
-        domain-major: consecutive trays of a rack)."""
+        domain-major: consecutive trays of a rack). On a submesh: the most spread of the block's groups of that
+        shape (submesh_layout)."""
         if size <= 1:
             return GroupLayout(max(size, 1), 1, 1, 1, 1, 1)
+        if self.submesh is not None:
+            return self.submesh_layout(size, stride)
         gpus_per_node = self.gpus_per_node
         per_node = _per_block(gpus_per_node, size, stride)
         per_domain = per_node if self.nvlink_domain_gpus is None else _per_block(self.gpus_per_domain, size, stride)
@@ -184,6 +203,43 @@ class ClusterSpec(Spec):
             leaves = math.ceil(span_nodes / self.nodes_per_leaf)
         return GroupLayout(size, per_node, num_nodes, per_domain, num_domains, leaves)
 
+    def submesh_layout(self, size: int, stride: int) -> GroupLayout:
+        """The groups of `size` ranks `stride` apart that tile the submesh's block (first rank f, n ranks: the
+        groups starting at f + j + m x size x stride, j < stride), each laid out from its ranks (ranks_layout); the
+        most spread of them (most domains, then leaves, then nodes; then the fewest ranks per domain and node): the
+        stage's collective over that axis ends when its slowest group's does. A group longer than the block runs
+        on past it (ranks past the cluster's count as further servers)."""
+        assert self.submesh is not None
+        first, count = self.submesh
+        period = size * stride
+        worst: GroupLayout | None = None
+        for base in range(first, first + max(count, period), period):
+            for lane in range(min(stride, count)):
+                layout = self.ranks_layout(range(base + lane, base + lane + period, stride))
+                if worst is None or _spread(layout) > _spread(worst):
+                    worst = layout
+        assert worst is not None
+        return worst
+
+    def ranks_layout(self, ranks: Sequence[int]) -> GroupLayout:
+        """The layout of a group of these ranks: the servers, NVLink domains and leaves they span, and the fewest
+        of its ranks on any server (domain) it spans. NB: a group spread unevenly (3 ranks over two servers, 2 and
+        1) is taken at its narrowest server's share of the NICs, which bounds a ring through it."""
+        size = len(ranks)
+        if size <= 1:
+            return GroupLayout(max(size, 1), 1, 1, 1, 1, 1)
+        per_node: dict[int, int] = {}
+        per_domain: dict[int, int] = {}
+        node_gpus, domain_gpus = self.gpus_per_node, self.gpus_per_domain
+        for rank in ranks:
+            per_node[rank // node_gpus] = per_node.get(rank // node_gpus, 0) + 1
+            per_domain[rank // domain_gpus] = per_domain.get(rank // domain_gpus, 0) + 1
+        leaves = 1
+        if len(per_domain) > 1 and self.nodes_per_leaf is not None:
+            leaves = len({node // self.nodes_per_leaf for node in per_node})
+        return GroupLayout(size, min(per_node.values()), len(per_node), min(per_domain.values()), len(per_domain),
+                           leaves)
+
     @property
     def nic_bw_per_gpu_bytes_per_s(self) -> float:
         """Scale-out bandwidth a GPU gets when all GPUs of its server send at once (rail-optimized: each GPU
@@ -193,4 +249,5 @@ class ClusterSpec(Spec):
     @property
     def fabric_key(self) -> tuple[object, ...]:
         """Everything of the topology a price reads beyond the device, links and shape (for cache keys)."""
-        return (self.nvlink_domain_gpus, self.nodes_per_leaf, self.leaf_oversubscription, self.in_network_reduction)
+        return (self.nvlink_domain_gpus, self.nodes_per_leaf, self.leaf_oversubscription, self.in_network_reduction,
+                self.submesh)

@@ -12,9 +12,9 @@ ranges allowed: what one ParallelSpec expresses and `trainsim measure --stage-la
 only the intra plans of that tensor-parallel degree. profiled_configurations counts the stages run for real;
 stage_evaluations the stage estimates the planner read.
 
-The simulator re-checks a plan it can express: stages on equal meshes with equal intra plans are a ParallelSpec
-(tp, dp, pp, and the per-stage layer counts where the split is uneven) run through `predict(engine="sim")`; a
-plan whose stages differ in mesh or intra plan is reported as not re-checked.
+The simulator re-checks the plan: stages on equal meshes with equal intra plans are a ParallelSpec (tp, dp, pp,
+and the per-stage layer counts where the split is uneven) run through `predict(engine="sim")`; a plan whose
+stages differ in mesh or intra plan is a strategy tree of stages on their own submeshes (search.stage_tree).
 """
 
 import time
@@ -27,7 +27,7 @@ from trainsim.errors import ConfigError, TrainsimError
 from trainsim.hardware.cluster import ClusterSpec
 from trainsim.ir.model_spec import ModelSpec, TransformerSpec
 from trainsim.job import make_job
-from trainsim.pipeline import GraphCache, predict
+from trainsim.pipeline import GraphCache, graph_for, predict
 from trainsim.profile.paths import default_db_path
 from trainsim.search.stage_costs import CountedStageCosts, PricedStageCosts, StageCosts, StageJob
 from trainsim.search.stage_dp import (
@@ -38,6 +38,7 @@ from trainsim.search.stage_dp import (
     uniform_search,
     usable_filter,
 )
+from trainsim.search.stage_tree import stage_plan_job, stage_plan_lowered
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import Precision
 from trainsim.strategy.stage_plan import IntraPlan, Mesh, StagePlan, intra_plans, num_units, submeshes
@@ -223,10 +224,26 @@ def sim_recheck(plan: StagePlan, model: TransformerSpec, cluster: ClusterSpec,
                 settings: StageSearchSettings) -> tuple[float | None, str]:
     parallel = plan_parallel(plan, settings)
     if parallel is None:
-        return None, "not re-checked: the stages differ in mesh shape or intra plan (one ParallelSpec has one)"
+        return _tree_recheck(plan, model, cluster, settings)
     try:
         job = make_job(model, cluster.with_num_gpus(plan.devices), parallel)
         result = predict(job, "sim", graphs=GraphCache())
     except TrainsimError as exc:
         return None, f"not re-checked: {exc}"
     return result.iteration_time_s, f"sim engine on {parallel.describe()} (whole iteration: optimizer included)"
+
+
+def _tree_recheck(plan: StagePlan, model: TransformerSpec, cluster: ClusterSpec,
+                  settings: StageSearchSettings) -> tuple[float | None, str]:
+    """A plan whose stages differ in mesh or intra plan, simulated as a strategy tree of stages on their own
+    submeshes (search.stage_tree)."""
+    try:
+        job = stage_plan_job(plan, model, cluster, global_batch=settings.global_batch, seq_len=settings.seq_len,
+                             precision=settings.precision)
+        graph = graph_for(job)
+        result = predict(job, "sim", graph=graph, plan=stage_plan_lowered(plan, job, graph))
+    except TrainsimError as exc:
+        return None, f"not re-checked: {exc}"
+    meshes = " + ".join(f"{s.mesh.size} ({s.intra.describe()})" for s in plan.stages)
+    return result.iteration_time_s, (f"sim engine on a strategy tree of stages on their own submeshes: {meshes} "
+                                     "devices (whole iteration: optimizer included)")

@@ -58,9 +58,10 @@ class MeshSplit:
 
 @dataclass(frozen=True, slots=True)
 class StageMesh:
-    """A pipeline stage whose subtree maps to its own mesh (Proteus Sec. IV-B, map): its own tensor-parallel
-    degree over the stage's devices, and the data-parallel degree and micro-batch that leaves (the stage holds
-    as many devices as the job's others, and every stage runs the same micro-batches of the global batch)."""
+    """A pipeline stage whose subtree maps to its own mesh (Proteus Sec. IV-B, map): its own tensor- and
+    data-parallel degrees, and the micro-batch of each of its replicas (every stage runs the same micro-batches
+    of the global batch). Its devices (tp x dp x cp) are the job's per stage, or its own count where the plan's
+    stages differ in size (LoweredPlan.stage_ranks)."""
 
     stage: int
     tp: int
@@ -79,6 +80,13 @@ class LoweredPlan:
     op_splits: tuple[OpSplit, ...] = ()  # computation configs of a tree's split(..., "compute", ...)
     mesh_splits: tuple[MeshSplit, ...] = ()  # computation configs over tp, cp, ep (every op of every layer)
     stage_meshes: tuple[StageMesh, ...] = ()  # stages whose mesh differs from the job's (compile.stage_meshes)
+    # devices per stage, in stage order, where they differ between stages (each stage a contiguous block of ranks,
+    # Alpa's submesh); (): every stage holds the job's tp x dp x cp
+    stage_ranks: tuple[int, ...] = ()
+
+    def stage_block(self, stage: int) -> tuple[int, int]:
+        """(first rank, ranks) of a stage's block where stage_ranks gives the stages' sizes."""
+        return sum(self.stage_ranks[:stage]), self.stage_ranks[stage]
 
 
 def expand_layers(graph: OpGraph) -> list[Layer]:

@@ -290,12 +290,14 @@ class StrategyTree:
 
     # --- lowering ---
 
-    def lower(self, par: ParallelSpec) -> LoweredPlan:
+    def lower(self, par: ParallelSpec, *, num_gpus: int | None = None) -> LoweredPlan:
         """The LoweredPlan the compiler consumes. What the tree leaves unspecified comes from par (schedule
         kind, micro-batches, recompute); stage and chunk default to 0. Computation splits become the plan's
         op_splits (see the module doc). Raises ConfigError where the plan cannot hold the tree: two schedules,
         recompute that differs inside a layer, a mesh shape other than the job's, stages past pp or against model
-        order."""
+        order, stage device counts that do not sum to the job's GPUs. num_gpus: the job's GPUs where they are
+        not par's pp stages of tp x dp x cp (a job made with make_job(..., num_gpus=...) for a plan whose stages
+        have their own device counts, as the stage planner's re-check makes it); default tp x dp x cp x pp."""
         self._check_recompute_inside_layers()
         kind, micro_batches, max_in_flight = self._one_schedule(par)
         if par.vpp > 1 and kind != "interleaved-1f1b":
@@ -320,13 +322,13 @@ class StrategyTree:
             last = (position, path)
             recompute = cast(Recompute, row["recompute"].value) if "recompute" in row else par.recompute
             assignments.append(LayerAssignment(index, layer, stage, chunk, recompute))
-        meshes = self._stage_meshes(par, assignments)
+        meshes, stage_ranks = self._stage_meshes(par, assignments, num_gpus or par.num_gpus)
         op_splits = self._op_splits()
         if meshes and op_splits:
             raise ConfigError("split.compute", op_splits[0].module_path, "computation configs over dp are not "
                               "combined with stages of their own mesh (map tp / dp); give one or the other")
         return LoweredPlan(tuple(assignments), par.pp, par.vpp, micro_batches, kind, max_in_flight,
-                           op_splits, self._mesh_splits(par, bool(meshes)), meshes)
+                           op_splits, self._mesh_splits(par, bool(meshes)), meshes, stage_ranks)
 
     def _op_splits(self) -> tuple[OpSplit, ...]:
         """The computation configs (split item "compute") and weight memory configs (item "weight", dims out and
@@ -462,13 +464,18 @@ class StrategyTree:
                 layer = self.layer_paths[self.nodes[path].layer_index]
                 raise ConfigError(f"{where}.path", path, f"{why}: set it on {layer} or an ancestor, not inside a layer")
 
-    def _stage_meshes(self, par: ParallelSpec, assignments: list[LayerAssignment]) -> tuple[StageMesh, ...]:
-        """The stages whose layers map to a mesh of their own (Proteus Sec. IV-B): their tp, and the dp that
-        leaves of the job's devices per stage (tp x dp x cp). The layers of one stage share its mesh; cp and ep
-        are the job's. Raises ConfigError where a stage's mesh cannot hold the job's stage."""
+    def _stage_meshes(self, par: ParallelSpec, assignments: list[LayerAssignment], num_gpus: int
+                      ) -> tuple[tuple[StageMesh, ...], tuple[int, ...]]:
+        """The stages whose layers map to a mesh of their own (Proteus Sec. IV-B), and the devices of every stage
+        where they differ (() where each holds the job's tp x dp x cp). The layers of one stage share its mesh; cp
+        and ep are the job's. Raises ConfigError where a stage's mesh cannot hold the job's stage, or the stages'
+        devices do not sum to the job's GPUs."""
         per_stage: dict[int, tuple[int, int, str]] = {}
+        foreign = {key: self._from_other_stages(assignments, key) for key in ("tp", "dp")}
         for a, path in zip(assignments, self.layer_paths, strict=True):
             row = self._resolved[path]
+            if a.index in foreign["dp"]:  # a dp that reached this stage along data dependencies does not size it
+                row = {key: value for key, value in row.items() if key != "dp"}
             for axis in ("cp", "ep"):
                 if axis in row and row[axis].value != getattr(par, axis):
                     raise ConfigError(f"map.{axis}", row[axis].value, f"{_whose(path, row, axis)} asks {axis}="
@@ -478,11 +485,12 @@ class StrategyTree:
                 tp, dp = par.tp, par.dp
             else:
                 _require_dp(par, "mapping a subtree to its own mesh")
-                tp, dp = self._mesh_of(par, path, row)
+                tp, dp = self._mesh_of(par, path, row, a.index not in foreign["tp"])
             seen = per_stage.setdefault(a.stage, (tp, dp, path))
             if seen[:2] != (tp, dp):
                 raise ConfigError("map.tp", tp, f"{path} runs tp={tp} dp={dp} but {seen[2]} on the same stage "
                                   f"{a.stage} runs tp={seen[0]} dp={seen[1]}; the layers of a stage share its mesh")
+        stage_ranks = self._stage_ranks(par, per_stage, num_gpus)
         out: list[StageMesh] = []
         for stage, (tp, dp, path) in sorted(per_stage.items()):
             if (tp, dp) == (par.tp, par.dp):
@@ -494,28 +502,63 @@ class StrategyTree:
                 raise ConfigError("map.dp", dp, f"{path}: the job's micro-batch x dp = {par.micro_batch} x "
                                   f"{par.dp} samples must split evenly over dp={dp} replicas")
             out.append(StageMesh(stage, tp, dp, par.micro_batch * par.dp // dp))
-        return tuple(out)
+        return tuple(out), stage_ranks
+
+    def _from_other_stages(self, assignments: list[LayerAssignment], key: str) -> set[int]:
+        """The layers whose `key` (tp, dp) came along data dependencies from a layer on another stage (the layers
+        before the first mapped one take its value): such a dp does not size the stage (a stage's own device count
+        stays on it), and such a tp does not re-split the stage's dp."""
+        rows = [self._resolved[path] for path in self.layer_paths]
+        own = [i for i, row in enumerate(rows) if key in row and row[key].how != "data-dep"]
+        out: set[int] = set()
+        for i, row in enumerate(rows):
+            if key in row and row[key].how == "data-dep" and own:
+                source = max((j for j in own if j < i), default=None)
+                source = min(j for j in own if j > i) if source is None else source
+                if assignments[source].stage != assignments[i].stage:
+                    out.add(i)
+        return out
 
     @staticmethod
-    def _mesh_of(par: ParallelSpec, path: str, row: Mapping[str, Sourced]) -> tuple[int, int]:
-        """A layer's (tp, dp): tp as set (else the job's); dp as set on the node that set tp (or alone), else what
-        the stage's devices leave (tp x dp x cp = the job's tp x dp x cp)."""
+    def _stage_ranks(par: ParallelSpec, per_stage: Mapping[int, tuple[int, int, str]],
+                     job_gpus: int) -> tuple[int, ...]:
+        """Devices per stage (tp x dp x cp; a stage without layers: the job's), () where all are the job's. They
+        must sum to the job's GPUs: ConfigError naming the first stage that differs from the job's."""
+        devices = par.tp * par.dp * par.cp
+        ranks = tuple(per_stage[s][0] * per_stage[s][1] * par.cp if s in per_stage else devices
+                      for s in range(par.pp))
+        total = sum(ranks)
+        if all(count == devices for count in ranks) and total == job_gpus:
+            return ()
+        if total != job_gpus and all(count == devices for count in ranks):
+            raise ConfigError("dp", par.dp, f"the {par.pp} stages hold the job's tp x dp x cp = {par.tp} x {par.dp} x "
+                              f"{par.cp} devices each, {total} of its {job_gpus} GPUs; map stages to device counts of "
+                              f"their own (dp) that sum to {job_gpus}, or give a dp that fills the GPUs")
+        if total != job_gpus:
+            stage = next(s for s, count in enumerate(ranks) if count != devices)
+            tp, dp, path = per_stage[stage]
+            raise ConfigError("map.dp", dp, f"{path}: stage {stage} on tp x dp x cp = {tp} x {dp} x {par.cp} = "
+                              f"{ranks[stage]} devices, and the stages' devices {' + '.join(map(str, ranks))} = "
+                              f"{total} must sum to the job's {job_gpus} GPUs; a stage mapped by tp alone, or not "
+                              f"mapped, must be the job's {devices} devices per stage (tp x dp x cp = {par.tp} x "
+                              f"{par.dp} x {par.cp})")
+        return ranks
+
+    @staticmethod
+    def _mesh_of(par: ParallelSpec, path: str, row: Mapping[str, Sourced], tp_own: bool) -> tuple[int, int]:
+        """A layer's (tp, dp): tp as set (else the job's); dp as set, unless tp was set on its stage below the
+        node that set dp (the stage then splits its devices anew: dp is what the job's devices per stage, tp x dp x
+        cp, leave). A dp as set may give the stage its own device count (_stage_ranks checks the sum). tp_own:
+        the tp was not taken along data dependencies from another stage."""
         devices = par.tp * par.dp * par.cp
         tp = int(row["tp"].value) if "tp" in row else par.tp
         given = row.get("dp")
-        together = given is not None and "tp" in row and given.origin == row["tp"].origin
-        if given is not None and (together or "tp" not in row):
-            dp = int(given.value)
-        elif devices % (tp * par.cp):
+        if given is not None and not (tp_own and "tp" in row and _below(row["tp"].origin, given.origin)):
+            return tp, int(given.value)
+        if devices % (tp * par.cp):
             raise ConfigError("map.tp", tp, f"{_whose(path, row, 'tp')}: tp x cp = {tp} x {par.cp} must divide the "
                               f"job's {devices} devices per stage (tp x dp x cp)")
-        else:
-            dp = devices // (tp * par.cp)
-        if tp * dp * par.cp != devices:
-            raise ConfigError("map.dp" if given is not None else "map.tp", dp if given is not None else tp,
-                              f"{path}: tp x dp x cp = {tp} x {dp} x {par.cp} must be the job's {devices} devices "
-                              f"per stage ({par.tp} x {par.dp} x {par.cp}); a stage's own mesh splits them anew")
-        return tp, dp
+        return tp, devices // (tp * par.cp)
 
     def _check_recompute_inside_layers(self) -> None:
         for path, row in self.explicit.items():
@@ -773,6 +816,11 @@ def _require_dp(par: ParallelSpec, doing: str) -> None:
 def _whose(path: str, row: Mapping[str, Sourced], key: str) -> str:
     origin = row[key].origin
     return path if origin == path else f"{path} (its {key} comes from {origin or '<model>'})"
+
+
+def _below(path: str, ancestor: str) -> bool:
+    """Whether node `path` lies strictly below node `ancestor` ("" is the root)."""
+    return path != ancestor and (ancestor == "" or path.startswith(ancestor + "."))
 
 
 def _int(row: Mapping[str, Sourced], key: str) -> int:

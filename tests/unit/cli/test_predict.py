@@ -60,3 +60,57 @@ def test_unknown_cost_model_is_refused() -> None:
     result = RUNNER.invoke(app, ["predict", "--costs", "guess"])
     assert result.exit_code == 2
     assert "costs='guess'" in result.stderr and "roofline" in result.stderr
+
+
+def test_stages_of_their_own_device_counts_from_the_shipped_tree_file(tmp_path: Path) -> None:
+    """data/strategies/megatron/gpt3-1.3b-stages-4-12.yaml (stage 0 on 4 GPUs, stage 1 on 12) against the same
+    layers on 8 + 8: the larger stage on more GPUs is faster."""
+    root = Path(__file__).resolve().parents[3]
+    args = ["predict", "--model", "gpt3-1.3b", "--num-gpus", "16", "--tp", "2", "--pp", "2", "--micro-batch", "3",
+            "--global-batch", "96", "--seq-len", "2048", "--engine", "sim", "--json", "--tree"]
+    sized = RUNNER.invoke(app, [*args, str(root / "data" / "strategies" / "megatron" / "gpt3-1.3b-stages-4-12.yaml")])
+    assert sized.exit_code == 0, sized.output
+    equal = tmp_path / "equal.yaml"  # the same layers, each stage on the job's 8 GPUs
+    equal.write_text("strategy_tree:\n  map:\n    - {stage: 0}\n    - {path: blocks.6-23, stage: 1}\n"
+                     "    - {path: head, stage: 1}\n")
+    even = RUNNER.invoke(app, [*args, str(equal)])
+    assert even.exit_code == 0, even.output
+    assert json.loads(sized.stdout)["iteration_time_s"] < 0.8 * json.loads(even.stdout)["iteration_time_s"]
+
+
+def test_stage_sizes_that_do_not_sum_to_the_jobs_gpus_are_refused(tmp_path: Path) -> None:
+    tree = tmp_path / "tree.yaml"
+    tree.write_text("strategy_tree:\n  map:\n    - {stage: 0}\n    - {path: blocks.6-11, stage: 1, dp: 3}\n"
+                    "    - {path: head, stage: 1, dp: 3}\n")
+    result = RUNNER.invoke(app, [*ARGS, "--tree", str(tree)])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "map.dp=3 is invalid" in lines[0] and "must sum to the job's 8 GPUs" in lines[0]
+
+
+def test_three_stages_on_1_1_and_2_of_4_gpus_with_dp_given() -> None:
+    """data/strategies/megatron/gpt3-125m-stages-1-1-2.yaml: pp 3 does not divide 4 GPUs; with --dp 1 and a tree
+    whose stages sum to 4 the job runs; without the tree, or with a tree that sizes no stage, it is refused."""
+    root = Path(__file__).resolve().parents[3]
+    args = ["predict", "--model", "gpt3-125m", "--num-gpus", "4", "--pp", "3", "--dp", "1", "--micro-batch", "2",
+            "--global-batch", "16", "--seq-len", "1024", "--engine", "sim"]
+    sized = RUNNER.invoke(app, [*args, "--json", "--tree",
+                                str(root / "data" / "strategies" / "megatron" / "gpt3-125m-stages-1-1-2.yaml")])
+    assert sized.exit_code == 0, sized.output
+    out = json.loads(sized.stdout)
+    assert out["num_gpus"] == 4 and out["iteration_time_s"] > 0
+    plain = RUNNER.invoke(app, args)
+    assert plain.exit_code == 2 and "tp*pp*dp*cp=3 is invalid: must equal the number of GPUs (4)" in plain.stderr
+
+
+def test_a_tree_that_sizes_no_stage_must_fill_the_gpus(tmp_path: Path) -> None:
+    tree = tmp_path / "tree.yaml"
+    tree.write_text("strategy_tree:\n  map:\n    - {stage: 0}\n    - {path: blocks.4-7, stage: 1}\n"
+                    "    - {path: blocks.8-11, stage: 2}\n    - {path: head, stage: 2}\n")
+    result = RUNNER.invoke(app, ["predict", "--model", "gpt3-125m", "--num-gpus", "4", "--pp", "3", "--dp", "1",
+                                 "--micro-batch", "2", "--global-batch", "16", "--seq-len", "1024", "--engine", "sim",
+                                 "--tree", str(tree)])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == ("error: dp=1 is invalid: the 3 stages hold the job's tp x dp x cp = 1 x 1 x 1 "
+                                     "devices each, 3 of its 4 GPUs; map stages to device counts of their own (dp) "
+                                     "that sum to 4, or give a dp that fills the GPUs")

@@ -166,3 +166,190 @@ def test_the_shipped_tree_file_puts_stage_1_on_tp_4() -> None:
     plan = load_tree_yaml(path, graph_for(job)).lower(job.parallel)
     assert plan.stage_meshes == (StageMesh(stage=1, tp=4, dp=2, micro_batch=2),)
     assert [a.stage for a in plan.layers] == [0] * 13 + [1] * 13
+
+
+# --- stages of their own device counts (Alpa's submeshes: a stage's devices are a contiguous block of ranks) ---
+
+
+def _sized_job(num_gpus: int, **strategy: object) -> Job:
+    """tp 1, pp 2 on `num_gpus` A100s (8 per node): micro-batch 3 per replica, 4 micro-batches."""
+    par = ParallelSpec.parse({"micro_batch": 3, "seq_len": 1024, "tp": 1, "pp": 2, **strategy})
+    return make_job(FOUR_BLOCKS, a100_cluster(num_gpus), par)
+
+
+def _sized_stages(job: Job, first: dict[str, int], second: dict[str, int]) -> StrategyTree:
+    """Stage 0 (embedding, blocks 0-1) on mesh `first` (set on the root), stage 1 (blocks 2-3, head) on `second`."""
+    return (StrategyTree.from_graph(graph_for(job)).map("", {"stage": 0, **first})
+            .map("blocks.2-3", {"stage": 1, **second}).map("head", {"stage": 1, **second}))
+
+
+def _plain_stage(job: Job, stage: int, pricer: Pricer, **mesh: int) -> list[tuple[str, str, float]]:
+    """The tasks of `stage` (pipeline transfers aside) in the plain job of that mesh at pp 2 (its own cluster of
+    tp x dp x 2 GPUs on one node), 4 micro-batches of the same 6 samples."""
+    par = job.parallel.replaced(**mesh, micro_batch=6 // mesh["dp"])
+    plain = make_job(FOUR_BLOCKS, a100_cluster(2 * par.tp * par.dp), par)
+    return _stage(compile_job(plain, default_plan(graph_for(plain), plain.parallel), pricer), stage, pp=False)
+
+
+def test_stages_of_one_and_three_devices_compile_as_the_jobs_of_their_meshes() -> None:
+    """4 A100s, pp 2 (the job's 2 GPUs per stage, dp 2 x micro-batch 3 = 6 samples per micro-batch): stage 0 on 1
+    device (dp 1, micro-batch 6), stage 1 on 3 (dp 3, micro-batch 2), ranks 0 and 1-3. Each stage's tasks are
+    those of the plain pp 2 job of its mesh; stage 1 syncs its gradients over its 3 replicas, stage 0 not at all;
+    each device stands for its own ranks; the transfer is priced on both sides' volumes (the longer)."""
+    job = _sized_job(4, global_batch=24)
+    plan = _sized_stages(job, {"dp": 1}, {"dp": 3}).lower(job.parallel)
+    assert plan.stage_meshes == (StageMesh(0, 1, 1, 6), StageMesh(1, 1, 3, 2))
+    assert plan.stage_ranks == (1, 3)
+    assert (plan.stage_block(0), plan.stage_block(1)) == ((0, 1), (1, 3))
+    pricer = Pricer(Calibration())
+    graph = compile_job(job, plan, pricer)
+    assert [d.ranks for d in graph.devices] == [1, 3]
+    assert _stage(graph, 0, pp=False) == _plain_stage(job, 0, pricer, dp=1)
+    assert _stage(graph, 1, pp=False) == _plain_stage(job, 1, pricer, dp=3)
+    assert not any(t.device == 0 and t.category == "dp_comm" for t in graph.tasks)
+    assert any(t.device == 1 and t.category == "dp_comm" for t in graph.tasks)
+    # the boundary: 6 x 1024 x 1024 bf16 on stage 0's side, 2 x 1024 x 1024 on stage 1's; ranks 0 and 3 of one node
+    pair = job.cluster.ranks_layout([0, 3])
+    assert (pair.num_nodes, pair.size) == (1, 2)
+    one = {mb: pricer.pipeline_hop_s(mb * 1024 * 1024 * BF16, job_of_mesh(job, StageMesh(0, 1, 1, mb), (0, 1)),
+                                     pair) for mb in (6, 2)}
+    sends = [t for t in graph.tasks if t.category == "pp_comm" and t.stream == "feature"]
+    assert sends and all(t.duration_s == max(one.values()) == one[6] for t in sends)
+    assert simulate(graph, SimOptions()).makespan_s > 0.0
+
+
+def test_a_stage_on_the_jobs_mesh_at_another_block_of_ranks() -> None:
+    """6 A100s at pp 3 (2 GPUs per stage): stages of 1, 2 and 3 devices. Stage 1 keeps the job's mesh (dp 2) at
+    ranks 1-2 instead of 2-3 (set on it: the root's dp 1 is stage 0's): its tasks are those of the same layers on
+    the plain job's stage 1 (one node: the same layouts)."""
+    par = ParallelSpec.parse({"micro_batch": 3, "seq_len": 1024, "tp": 1, "pp": 3, "global_batch": 24})
+    job = make_job(FOUR_BLOCKS, a100_cluster(6), par)
+    tree = (StrategyTree.from_graph(graph_for(job)).map("", {"stage": 0, "dp": 1})
+            .map("blocks.1-2", {"stage": 1, "dp": 2}).map("blocks.3", {"stage": 2, "dp": 3})
+            .map("head", {"stage": 2, "dp": 3}))
+    plan = tree.lower(job.parallel)
+    assert plan.stage_ranks == (1, 2, 3)
+    assert [m.stage for m in plan.stage_meshes] == [0, 2]
+    pricer = Pricer(Calibration())
+    graph = compile_job(job, plan, pricer)
+    same_layers = (StrategyTree.from_graph(graph_for(job)).map("", {"stage": 0}).map("blocks.1-2", {"stage": 1})
+                   .map("blocks.3", {"stage": 2}).map("head", {"stage": 2}))  # the job's mesh on every stage
+    plain = compile_job(job, same_layers.lower(job.parallel), pricer)
+    assert [d.ranks for d in graph.devices] == [1, 2, 3]
+    assert _stage(graph, 1, pp=False) == _stage(plain, 1, pp=False)
+    assert simulate(graph, SimOptions()).makespan_s > 0.0
+
+
+def test_a_stage_across_a_node_boundary_pays_the_inter_node_link() -> None:
+    """16 A100s on 2 nodes, pp 2: stage 0 on ranks 0-3 (dp 4), stage 1 on ranks 4-15 (dp 12: 4 on node 0, 8 on node
+    1). Stage 1's gradient all-reduce runs over 12 ranks on 2 nodes at the narrower node's 4 (its NICs);
+    stage 0's inside node 0; the transfer between them (ranks 0 and 15) crosses the nodes."""
+    job = _sized_job(16, global_batch=96)
+    plan = _sized_stages(job, {"dp": 4}, {"dp": 12}).lower(job.parallel)
+    assert plan.stage_ranks == (4, 12)
+    pricer = Pricer(Calibration())
+    graph = compile_job(job, plan, pricer)
+    cluster = job.cluster
+    across = cluster.ranks_layout(range(4, 16))
+    assert (across.size, across.num_nodes, across.ranks_per_node) == (12, 2, 4)
+    inside = cluster.ranks_layout(range(4))
+    # the two stages' buckets: one each here (the whole gradient of their layers), all-reduced
+    stage_params = {s: sum(a.layer.param_count for a in plan.layers if a.stage == s) for s in (0, 1)}
+    grads = {t.device: t for t in graph.tasks if t.category == "dp_comm"}
+    assert len([t for t in graph.tasks if t.category == "dp_comm"]) == 2
+    for stage, layout in ((0, inside), (1, across)):
+        sync = grads[stage]
+        assert sync.name.startswith("dp all-reduce")
+        assert sync.duration_s == pricer.collective_s("all-reduce", stage_params[stage] * BF16, layout, job)
+    assert any(".nic" in link for link in grads[1].resources)
+    assert not any(".nic" in link for link in grads[0].resources)
+    hop = cluster.ranks_layout([0, 15])
+    assert (hop.num_nodes, hop.ranks_per_node) == (2, 1)
+    send = _by_name(graph, 0)["send act mb0 vs0->"]
+    mesh_job = job_of_mesh(job, StageMesh(0, 1, 4, 6), (0, 4))
+    assert send.duration_s == pricer.pipeline_hop_s(6 * 1024 * 1024 * BF16, mesh_job, hop)
+    assert any(".nic" in link for link in send.resources)
+
+
+def test_the_same_stages_on_equal_blocks_compile_as_today() -> None:
+    """Stage meshes that keep the job's devices per stage carry no stage_ranks: the plan and its graph are as
+    before this change (the tests above this section hold them)."""
+    job = _sized_job(4, global_batch=24)
+    plan = _sized_stages(job, {"dp": 2}, {"dp": 2}).lower(job.parallel)
+    assert (plan.stage_meshes, plan.stage_ranks) == ((), ())
+
+
+def test_the_memory_of_each_stage_is_its_own_meshs() -> None:
+    """Peak memory per stage device: stage 0 on 1 device at micro-batch 6 holds what the plain dp 1 job's stage 0
+    holds, stage 1 what the dp 3 job's stage 1 holds; the OOM verdict is per device."""
+    job = _sized_job(4, global_batch=24)
+    pricer = Pricer(Calibration())
+    outcome = simulate(compile_job(job, _sized_stages(job, {"dp": 1}, {"dp": 3}).lower(job.parallel), pricer),
+                       SimOptions())
+    for stage, dp in ((0, 1), (1, 3)):
+        par = job.parallel.replaced(dp=dp, micro_batch=6 // dp)
+        plain = make_job(FOUR_BLOCKS, a100_cluster(2 * dp), par)
+        alone = simulate(compile_job(plain, default_plan(graph_for(plain), plain.parallel), pricer), SimOptions())
+        assert outcome.memory[stage].peak_bytes == alone.memory[stage].peak_bytes
+        assert outcome.memory[stage].oom == alone.memory[stage].oom is False
+
+
+@pytest.mark.parametrize(("first", "second", "micro_batch", "says"), [
+    ({"dp": 1}, {"dp": 2}, 3, "map.dp=1 is invalid: embedding: stage 0 on tp x dp x cp = 1 x 1 x 1 = 1 devices, and "
+     "the stages' devices 1 + 2 = 3 must sum to the job's 4 GPUs"),
+    ({"dp": 2}, {"dp": 4}, 3, "map.dp=4 is invalid: blocks.2: stage 1 on tp x dp x cp = 1 x 4 x 1 = 4 devices, and "
+     "the stages' devices 2 + 4 = 6 must sum to the job's 4 GPUs"),
+    ({"dp": 1}, {"dp": 3}, 2, "map.dp=3 is invalid: blocks.2: the job's micro-batch x dp = 2 x 2 samples must "
+     "split evenly over dp=3 replicas"),
+    ({"dp": 1}, {"tp": 3}, 3, "map.tp=3 is invalid: blocks.2: tp x cp = 3 x 1 must divide the job's 2 devices"),
+])
+def test_stage_sizes_that_do_not_fill_the_job_are_refused(first: dict[str, int], second: dict[str, int],
+                                                         micro_batch: int, says: str) -> None:
+    """The stages' devices must sum to the job's GPUs (a stage not mapped, or mapped by tp alone, holds the job's
+    per stage); the job's samples per micro-batch must split over each stage's replicas."""
+    job = _sized_job(4, micro_batch=micro_batch, global_batch=24)
+    with pytest.raises(ConfigError) as error:
+        _sized_stages(job, first, second).lower(job.parallel)
+    assert str(error.value).startswith(says)
+
+
+def test_a_stages_tp_from_another_stage_does_not_resize_it() -> None:
+    """The root's dp 1 sizes stage 0 although stage 1's tp 1 reaches stage 0's layers along data dependencies."""
+    job = _sized_job(4, global_batch=24)
+    assert _sized_stages(job, {"dp": 1}, {"dp": 3, "tp": 1}).lower(job.parallel).stage_ranks == (1, 3)
+
+
+def test_a_stage_of_its_own_size_keeps_its_dp_off_the_stages_before_it() -> None:
+    """Stage 1's dp 3 does not reach stage 0 along data dependencies (stage 0 takes the job's mesh)."""
+    job = _sized_job(6, pp=3, global_batch=24)
+    tree = (StrategyTree.from_graph(graph_for(job)).map("", {"stage": 0})
+            .map("blocks.1-2", {"stage": 1, "dp": 1}).map("blocks.3", {"stage": 2, "dp": 3})
+            .map("head", {"stage": 2}))
+    plan = tree.lower(job.parallel)
+    assert plan.stage_ranks == (2, 1, 3)
+
+
+def test_a_stage_of_three_devices_at_tp_3() -> None:
+    """A 12-head GPT (hidden 768, vocabulary 32,004 = 3 x 10,668) on 4 A100s, pp 2 at dp 2 x micro-batch 1: stage 0
+    on rank 0 (tp 1, dp 1: micro-batch 2), stage 1 on ranks 1-3 at tp 3 (dp 1, micro-batch 2). Stage 1's tasks are
+    those of the plain tp 3 x pp 2 job's stage 1; its attention and MLP all-reduces move 2 x 1024 x 768 bf16 over
+    the 3 GPUs of one node."""
+    model = parse_model({"name": "twelve-head-gpt", "num_layers": 4, "hidden": 768, "ffn_hidden": 3072,
+                         "num_heads": 12, "vocab": 32004, "max_seq_len": 1024})
+    par = ParallelSpec.parse({"micro_batch": 1, "seq_len": 1024, "tp": 1, "pp": 2, "global_batch": 8})
+    job = make_job(model, a100_cluster(4), par)
+    tree = (StrategyTree.from_graph(graph_for(job)).map("", {"stage": 0, "tp": 1, "dp": 1})
+            .map("blocks.2-3", {"stage": 1, "tp": 3, "dp": 1}).map("head", {"stage": 1, "tp": 3, "dp": 1}))
+    plan = tree.lower(job.parallel)
+    assert (plan.stage_meshes, plan.stage_ranks) == ((StageMesh(0, 1, 1, 2), StageMesh(1, 3, 1, 2)), (1, 3))
+    pricer = Pricer(Calibration())
+    graph = compile_job(job, plan, pricer, "op")
+    plain = make_job(model, a100_cluster(6), par.replaced(tp=3, dp=1, micro_batch=2))
+    alone = compile_job(plain, default_plan(graph_for(plain), plain.parallel), pricer, "op")
+    assert _stage(graph, 1, pp=False) == _stage(alone, 1, pp=False)
+    mesh_job = job_of_mesh(job, plan.stage_meshes[1], (1, 3))
+    all_reduce = pricer.collective_s("all-reduce", 2 * 1024 * 768 * BF16, job.cluster.ranks_layout([1, 2, 3]),
+                                     mesh_job)
+    block = [(t.name, t.duration_s) for t in graph.tasks if t.device == 1 and t.category == "tp_comm"
+             and t.micro_batch == 0 and t.layer == "L3.block"]
+    assert block == [(f"{site}.ar all-reduce mb0 L3.block", all_reduce) for site in ("attn", "mlp", "mlp", "attn")]

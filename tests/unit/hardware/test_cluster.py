@@ -47,6 +47,27 @@ def test_groups_beyond_a_scalable_unit_cross_leaves() -> None:
     assert pod.group_layout(8, 1).num_leaves == 1  # inside a server
 
 
+def test_a_submesh_lays_its_groups_out_from_their_ranks() -> None:
+    """A pipeline stage on ranks 6-11 of two 8-GPU servers (tp 2 x dp 3): its tp groups {6,7} {8,9} {10,11} stay
+    inside a server; its dp groups {6,8,10} and {7,9,11} span both, at 1 rank on the narrower; a tp group of ranks
+    5-6 (a block starting at 5) crosses."""
+    stage = load_cluster("dgx-h100-80gb").with_num_gpus(16).model_copy(update={"submesh": (6, 6)})
+    assert stage.group_layout(2, 1) == GroupLayout(2, 2, 1, 2, 1, 1)
+    assert stage.group_layout(3, 2) == GroupLayout(3, 1, 2, 1, 2, 1)
+    assert stage.group_layout(6, 1) == GroupLayout(6, 2, 2, 2, 2, 1)
+    shifted = stage.model_copy(update={"submesh": (5, 6)})
+    assert shifted.group_layout(2, 1) == GroupLayout(2, 1, 2, 1, 2, 1)
+    aligned = stage.model_copy(update={"submesh": (8, 8)})  # a whole server: as the cluster's own formula
+    whole = load_cluster("dgx-h100-80gb").with_num_gpus(8)
+    for size, stride in ((2, 1), (4, 2), (8, 1)):
+        assert aligned.group_layout(size, stride) == whole.group_layout(size, stride)
+
+
+def test_a_submesh_past_the_cluster_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"submesh \(12, 8\) must be .* inside the cluster's 16 GPUs"):
+        cluster_from_mapping({**BASE, "num_nodes": 2, "submesh": (12, 8)})
+
+
 @pytest.mark.parametrize("num_gpus", [6, 74, 258])
 def test_nvl72_refuses_partial_trays(num_gpus: int) -> None:
     message = r"^num_gpus=\d+ is invalid: must be at most or a multiple of gpus_per_node=4"

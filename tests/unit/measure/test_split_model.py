@@ -96,3 +96,14 @@ def test_bad_split_run_flags_are_one_line(flags: list[str], field: str) -> None:
                                  *flags])
     assert result.exit_code == 2
     assert field in result.output and "Traceback" not in result.output
+
+
+def test_a_tree_with_a_stage_on_its_own_mesh_is_refused(tmp_path: Path) -> None:
+    """`trainsim measure` runs one mesh per job: stage 1 at tp 2 of a tp 1 x dp 2 x pp 2 job is predicted, not run."""
+    tree = tmp_path / "stage1-tp2.yaml"
+    tree.write_text("strategy_tree:\n  map:\n    - {stage: 0, tp: 1}\n    - {path: blocks.6-11, stage: 1, tp: 2}\n"
+                    "    - {path: head, stage: 1, tp: 2}\n")
+    result = runner.invoke(app, ["measure", "--model", "gpt3-125m", "--num-gpus", "4", "--pp", "2",
+                                 "--precision", "fp32", "--tree", str(tree)])
+    assert result.exit_code == 2
+    assert "maps a stage to a mesh of its own" in result.output and "Traceback" not in result.output

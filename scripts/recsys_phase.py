@@ -2,10 +2,12 @@
 scripts/recsys_quiet.py measured with RECSYS_PHASE=1 (every rank timed measure.dlrm_probe's probes around each
 iteration):
 
-  python scripts/recsys_phase.py normalise A,B,C [e2e|sharding] [reference|gather]
+  python scripts/recsys_phase.py normalise A,B,C [e2e|sharding] [reference|gather] [fast|median]
       # one fast-phase reference over every probed iteration of the sets (per rank count); writes each set's
-      # normalised copy <experiment>_<set>-ph.csv / -gph.csv (gather probe) and its traces, which every
-      # recsys_quiet command (passes, pool, predict, errors, predict-sharding) reads as it reads a raw set
+      # normalised copy <experiment>_<set>-ph.csv / -gph.csv (gather probe) and its traces (the spans scaled
+      # by the visit's factor), which every recsys_quiet command (passes, pool, predict, errors,
+      # predict-sharding) reads as it reads a raw set. "median": scaled to the probes' median instead of their
+      # fast phase (the typical speed, the scale of inputs profiled without a probe): -phm / -gphm
   python scripts/recsys_phase.py premise A,B,C [e2e|sharding]
       # does the probe track the iteration? per probe: pass-to-pass spread raw against normalised, and the
       # correlation of the probe with the iteration inside a visit and between visits
@@ -48,15 +50,15 @@ def _references(trace: dict, probe: str) -> list[float]:
     return iteration_references_s(trace["probe_s"][probe])
 
 
-def normalise(sets: list[str], experiment: str = "e2e", probe: str = "reference") -> None:
+def normalise(sets: list[str], experiment: str = "e2e", probe: str = "reference", at: str = "fast") -> None:
     loaded = {name: _load(name, experiment) for name in sets}
     fast: dict[str, float] = {}
     for ranks in sorted({k[0] for _, traces in loaded.values() for k in traces}):
-        fast[ranks] = campaign_fast_reference_s([_references(t, probe) for _, traces in loaded.values()
-                                                 for k, t in traces.items() if k[0] == ranks])
-        print(f"{ranks} ranks: fast-phase {probe} probe {fast[ranks] * 1e3:.3f} ms over {', '.join(sets)}")
+        refs = [_references(t, probe) for _, traces in loaded.values() for k, t in traces.items() if k[0] == ranks]
+        fast[ranks] = campaign_fast_reference_s(refs) if at == "fast" else float(np.median(np.concatenate(refs)))
+        print(f"{ranks} ranks: {at}-phase {probe} probe {fast[ranks] * 1e3:.3f} ms over {', '.join(sets)}")
     for name, (rows, traces) in loaded.items():
-        target = f"{name}{SUFFIX[probe]}"
+        target = f"{name}{SUFFIX[probe]}{'' if at == 'fast' else 'm'}"
         with (OUT / f"{experiment}_{target}.csv").open("w", newline="") as f, \
                 (OUT / f"{experiment}_{target}_traces.jsonl").open("w") as out:
             writer = csv.DictWriter(f, fieldnames=FIELDS)
@@ -65,11 +67,21 @@ def normalise(sets: list[str], experiment: str = "e2e", probe: str = "reference"
                 t = traces[k]
                 refs = _references(t, probe)
                 normal = normalised_iterations_s(t["iterations_s"], refs, fast[k[0]])
+                scale = fast[k[0]] / float(np.median(refs))
                 writer.writerow({**row, "measured_s": float(np.median(normal)), "fastest_s": min(normal)})
-                out.write(json.dumps({**{f: v for f, v in t.items() if f != "probe_s"}, "iterations_s": normal,
-                                      "raw_iterations_s": t["iterations_s"], "references_s": refs,
-                                      "fast_reference_s": fast[k[0]], "probe": probe}) + "\n")
+                out.write(json.dumps({**{f: v for f, v in t.items() if f != "probe_s"}, **_scaled_spans(t, scale),
+                                      "iterations_s": normal, "raw_iterations_s": t["iterations_s"],
+                                      "references_s": refs, "fast_reference_s": fast[k[0]], "probe": probe,
+                                      "span_scale": scale}) + "\n")
         print(f"{len(rows)} configs of {name} -> {experiment}_{target}.csv")
+
+
+def _scaled_spans(trace: dict, scale: float) -> dict:
+    """The median iteration's spans (start, end) and the spans' median thread CPU times, scaled as the visit's
+    iterations were: by the fast-phase reference over the visit's median reference (the spans carry no probe of
+    their own: measure.dlrm_rank)."""
+    return {"events": [[[name, start * scale, end * scale] for name, start, end in rank] for rank in trace["events"]],
+            "cpu_s": [[c * scale for c in rank] for rank in trace["cpu_s"]]}
 
 
 def _spread(medians: dict[str, list[float]]) -> tuple[float, float]:
@@ -142,7 +154,8 @@ if __name__ == "__main__":
     command, names = sys.argv[1], sys.argv[2].split(",")
     experiment_arg = sys.argv[3] if len(sys.argv) > 3 else "e2e"
     if command == "normalise":
-        normalise(names, experiment_arg, sys.argv[4] if len(sys.argv) > 4 else "reference")
+        normalise(names, experiment_arg, sys.argv[4] if len(sys.argv) > 4 else "reference",
+                  sys.argv[5] if len(sys.argv) > 5 else "fast")
     elif command == "premise":
         premise(names, experiment_arg)
     else:

@@ -7,7 +7,8 @@ iteration):
       # normalised copy <experiment>_<set>-ph.csv / -gph.csv (gather probe) and its traces (the spans scaled
       # by the visit's factor), which every recsys_quiet command (passes, pool, predict, errors,
       # predict-sharding) reads as it reads a raw set. "median": scaled to the probes' median instead of their
-      # fast phase (the typical speed, the scale of inputs profiled without a probe): -phm / -gphm
+      # fast phase (the typical speed, the scale of inputs profiled without a probe): -phm / -gphm.
+      # $PHASE_REFERENCE_S: scale to this reference instead (another campaign's, so that two experiments share it)
   python scripts/recsys_phase.py premise A,B,C [e2e|sharding]
       # does the probe track the iteration? per probe: pass-to-pass spread raw against normalised, and the
       # correlation of the probe with the iteration inside a visit and between visits
@@ -18,6 +19,7 @@ docs/recommendation.md, fourteenth session (branch phase14r).
 import csv
 import itertools
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -56,6 +58,10 @@ def normalise(sets: list[str], experiment: str = "e2e", probe: str = "reference"
     for ranks in sorted({k[0] for _, traces in loaded.values() for k in traces}):
         refs = [_references(t, probe) for _, traces in loaded.values() for k, t in traces.items() if k[0] == ranks]
         fast[ranks] = campaign_fast_reference_s(refs) if at == "fast" else float(np.median(np.concatenate(refs)))
+        if "PHASE_REFERENCE_S" in os.environ:  # another campaign's reference (e.g. the e2e sets' for the sharding set)
+            print(f"{ranks} ranks: {at}-phase {probe} probe of these sets {fast[ranks] * 1e3:.3f} ms; given "
+                  f"{float(os.environ['PHASE_REFERENCE_S']) * 1e3:.3f} ms")
+            fast[ranks] = float(os.environ["PHASE_REFERENCE_S"])
         print(f"{ranks} ranks: {at}-phase {probe} probe {fast[ranks] * 1e3:.3f} ms over {', '.join(sets)}")
     for name, (rows, traces) in loaded.items():
         target = f"{name}{SUFFIX[probe]}{'' if at == 'fast' else 'm'}"
@@ -105,7 +111,7 @@ def premise(sets: list[str], experiment: str = "e2e") -> None:
         print(f"{experiment}, {ranks} ranks, {len(keys)} configs in {len(sets)} visits ({', '.join(sets)})")
         raw = {k: [float(np.median(loaded[s][k]["iterations_s"])) for s in sets] for k in keys}
         diff, sd = _spread(raw)
-        print(f"  raw:                       pass to pass {diff * 100:5.1f}%, SD of log median between visits "
+        print(f"  {'raw:':<33}pass to pass {diff * 100:5.1f}%, SD of log median between visits "
               f"{sd:.3f}")
         for probe in probes:
             _premise_probe(loaded, sets, keys, probe)
@@ -119,7 +125,7 @@ def _premise_probe(loaded: dict[str, dict], sets: list[str], keys: list[tuple[st
     own = {k: [_own_rank_median(loaded[s][k], probe, fast) for s in sets] for k in keys}
     for label, medians in ((f"{probe} (slowest rank's probe)", normal), (f"{probe} (each rank's own)", own)):
         diff, sd = _spread(medians)
-        print(f"  {label:<27}pass to pass {diff * 100:5.1f}%, SD of log median between visits {sd:.3f}")
+        print(f"  {label:<33}pass to pass {diff * 100:5.1f}%, SD of log median between visits {sd:.3f}")
     # inside a visit: log iteration against log reference, each centred on its config-visit mean
     it_dev, ref_dev = [], []
     for s in sets:

@@ -167,7 +167,10 @@ BEFORE = ("roofline_alpha_beta_s", "mlp_sigmoid_s", "max_sum_s", "trace_predicte
 AFTER = ("fixed_s", "fixed_max_sum_s", "fixed_trace_predicted_s")
 # With the dense part's host cost per op (fit-host: fitted on the sharding set's traces, applied to the e2e set).
 HOST = ("host_s", "host_sim_s", "host_trace_predicted_s")
-DENSE_HOST = OUT / "dense_host.json"
+# $DENSE_HOST / $DENSE_HOST_E2E: another fit (e.g. one on phase-normalised traces, scripts/recsys_phase.py), for
+# fit-host to write and predict / predict-sharding to read.
+DENSE_HOST = Path(os.environ.get("DENSE_HOST", OUT / "dense_host.json"))
+DENSE_HOST_E2E = Path(os.environ.get("DENSE_HOST_E2E", OUT / "dense_host_e2e.json"))
 # With the host cost and the lookups' in-situ factors (fit-lookup, fitted on the sharding set's traces), first with
 # the loaded sweep's collective curves (collectives.db), then with the sweep taken at priority (collectives_quiet.db,
 # the conditions of the quiet set).
@@ -350,7 +353,7 @@ def fit_host(experiment: str = "sharding") -> None:
     lookups = MlpLookup.load(Path(os.environ.get("LOOKUP_MODEL", OUT / "lookup_mlp_cold.json")))
     comm, dense_db = local_curves(), Path(os.environ.get("DENSE_DB", OUT / "dense_ops.db"))
     source = OUT / f"{experiment}_{SET}_traces.jsonl"
-    target = DENSE_HOST if experiment == "sharding" else OUT / f"dense_host_{experiment}.json"
+    target = DENSE_HOST if experiment == "sharding" else DENSE_HOST_E2E
     samples = []
     for t, plan, sjob, it in _traced_configs(source, lookups, comm, dense_db):
         samples += samples_from_trace(t["events"], t["cpu_s"], it, dense_op_counts(sjob.graph, plan))
@@ -447,7 +450,7 @@ def predict_sharding() -> None:
     before_lookups = MlpLookup.load(OUT / "lookup_mlp.json")
     after_lookups = MlpLookup.load(Path(os.environ.get("LOOKUP_MODEL", OUT / "lookup_mlp_cold.json")))
     comm, dense_db = local_curves(), Path(os.environ.get("DENSE_DB", OUT / "dense_ops.db"))
-    host_path = OUT / "dense_host_e2e.json"  # fitted on the e2e set: the sharding set is held out
+    host_path = DENSE_HOST_E2E  # fitted on the e2e set: the sharding set is held out
     host = load_dense_host(host_path) if host_path.exists() else NO_HOST_COST
     # fitted on the e2e set too: 'lookup' adds them to 'host', 'insitu' also takes the quiet sweep's curves
     in_situ = load_lookup_in_situ(Path(os.environ.get("LOOKUP_IN_SITU", OUT / "lookup_in_situ_e2e.json")),

@@ -103,6 +103,8 @@ def _spread(medians: dict[str, list[float]]) -> tuple[float, float]:
 
 
 def premise(sets: list[str], experiment: str = "e2e") -> None:
+    if len(sets) < 2:
+        raise SystemExit(f"premise compares visits: give 2 or more sets, not {sets}")
     loaded = {name: _load(name, experiment)[1] for name in sets}
     common = sorted(set.intersection(*(set(t) for t in loaded.values())))
     probes = sorted(next(iter(loaded[sets[0]].values()))["probe_s"])

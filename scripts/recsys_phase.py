@@ -90,7 +90,7 @@ def _scaled_spans(trace: dict, scale: float) -> dict:
             "cpu_s": [[c * scale for c in rank] for rank in trace["cpu_s"]]}
 
 
-def _spread(medians: dict[str, list[float]]) -> tuple[float, float]:
+def _spread(medians: dict[tuple[str, ...], list[float]]) -> tuple[float, float]:
     """Over configs: the geomean |difference| of one visit's median against another's (every pair of visits),
     and the SD of the log medians between visits (pooled over configs)."""
     diffs, devs = [], []

@@ -43,8 +43,10 @@ class GatherProbe:
     def run(self) -> None:
         out = self.bag(self.indices, self.offsets)
         out.backward(self.grad)
+        grad = self.bag.weight.grad
+        assert grad is not None  # backward just set it
         with torch.no_grad():
-            self.bag.weight.add_(self.bag.weight.grad, alpha=-GATHER_LR)
+            self.bag.weight.add_(grad, alpha=-GATHER_LR)
         self.bag.weight.grad = None
 
     def time_s(self) -> float:

@@ -39,12 +39,16 @@ sys.path.insert(0, str(Path(__file__).parent))
 from recsys_experiments import BATCHES, CAP, OUT, dense, task
 
 from trainsim.embedding.sharders import shard
-from trainsim.measure.dlrm import DlrmConfig, measure_dlrm
+from trainsim.measure.dlrm import DlrmConfig, DlrmMeasurement, measure_dlrm
+from trainsim.measure.dlrm_phase import PROBES as PHASE_PROBES
 
 ITERATIONS = int(os.environ.get("RECSYS_ITERATIONS", "5"))  # measured iterations per config
 WARMUP = int(os.environ.get("RECSYS_WARMUP", "1"))  # untimed iterations first
 # The ranks' malloc policy (measure.allocator): "keep" since the tenth session; the sets before it ran "system".
 ALLOCATOR = os.environ.get("RECSYS_ALLOCATOR", "keep")
+# RECSYS_PHASE=1: every rank times measure.dlrm_probe's probes around each iteration (the traces carry them;
+# scripts/recsys_phase.py normalises a campaign's sets to the fast phase and checks the premise).
+PROBES = PHASE_PROBES if os.environ.get("RECSYS_PHASE", "0") == "1" else ()
 FIELDS = ("experiment", "ranks", "task", "kind", "seed", "tables", "sharder", "local_batch", "measured_s",
           "fastest_s", "load_before", "load_after")
 SHARDER = "size-lookup-greedy"
@@ -90,7 +94,7 @@ def measure(budget_s: float, rank_counts: tuple[int, ...]) -> None:
                     return
                 start = time.monotonic()
                 measured = measure_dlrm(configs, iterations=ITERATIONS, warmup=WARMUP, timeout_s=600,
-                                        allocator=ALLOCATOR)
+                                        allocator=ALLOCATOR, probes=PROBES)
                 print(f"{model.name}: {len(configs)} configs in {time.monotonic() - start:.0f} s, load "
                       f"{measured[0].load_avg[0]:.2f} -> {measured[0].load_avg[1]:.2f}", flush=True)
                 for c, m in zip(configs, measured, strict=True):
@@ -103,10 +107,17 @@ def measure(budget_s: float, rank_counts: tuple[int, ...]) -> None:
                                              "ranks": ranks, "iterations_s": m.iterations_s,
                                              "events": m.rank_events, "cpu_s": m.rank_cpu_s,
                                              "faults": m.rank_faults, "load": m.load_avg,
-                                             "allocator": m.allocator, "warmup": WARMUP}) + "\n")
+                                             "allocator": m.allocator, "warmup": WARMUP, **_probed(m)}) + "\n")
                 f.flush()
                 traces.flush()
 
+
+def _probed(m: DlrmMeasurement) -> dict:
+    """A probed run's trace fields: each rank's iterations and probe timings (per probe, rank, iteration:
+    before, after); nothing for a run without probes."""
+    if not m.rank_probe_s:
+        return {}
+    return {"rank_iterations_s": m.rank_iterations_s, "probe_s": m.rank_probe_s}
 
 
 def measure_sharding(budget_s: float, ranks: int = 2, batch: int = 128) -> None:
@@ -131,7 +142,7 @@ def measure_sharding(budget_s: float, ranks: int = 2, batch: int = 128) -> None:
                                   batch, dense(model), seed=1) for name in SHARDERS]
             start = time.monotonic()
             measured = measure_dlrm(configs, iterations=ITERATIONS, warmup=WARMUP, timeout_s=600,
-                                    allocator=ALLOCATOR, group=len(SHARDERS))
+                                    allocator=ALLOCATOR, group=len(SHARDERS), probes=PROBES)
             print(f"{model.name}: {len(configs)} plans in {time.monotonic() - start:.0f} s, load "
                   f"{measured[0].load_avg[0]:.2f} -> {measured[0].load_avg[1]:.2f}", flush=True)
             for name, m in zip(SHARDERS, measured, strict=True):
@@ -143,7 +154,7 @@ def measure_sharding(budget_s: float, ranks: int = 2, batch: int = 128) -> None:
                                          "iterations_s": m.iterations_s, "events": m.rank_events,
                                          "cpu_s": m.rank_cpu_s, "faults": m.rank_faults,
                                          "load": m.load_avg, "allocator": m.allocator,
-                                         "warmup": WARMUP}) + "\n")
+                                         "warmup": WARMUP, **_probed(m)}) + "\n")
             f.flush()
             traces.flush()
 
@@ -156,7 +167,10 @@ BEFORE = ("roofline_alpha_beta_s", "mlp_sigmoid_s", "max_sum_s", "trace_predicte
 AFTER = ("fixed_s", "fixed_max_sum_s", "fixed_trace_predicted_s")
 # With the dense part's host cost per op (fit-host: fitted on the sharding set's traces, applied to the e2e set).
 HOST = ("host_s", "host_sim_s", "host_trace_predicted_s")
-DENSE_HOST = OUT / "dense_host.json"
+# $DENSE_HOST / $DENSE_HOST_E2E: another fit (e.g. one on phase-normalised traces, scripts/recsys_phase.py), for
+# fit-host to write and predict / predict-sharding to read.
+DENSE_HOST = Path(os.environ.get("DENSE_HOST", OUT / "dense_host.json"))
+DENSE_HOST_E2E = Path(os.environ.get("DENSE_HOST_E2E", OUT / "dense_host_e2e.json"))
 # With the host cost and the lookups' in-situ factors (fit-lookup, fitted on the sharding set's traces), first with
 # the loaded sweep's collective curves (collectives.db), then with the sweep taken at priority (collectives_quiet.db,
 # the conditions of the quiet set).
@@ -339,7 +353,7 @@ def fit_host(experiment: str = "sharding") -> None:
     lookups = MlpLookup.load(Path(os.environ.get("LOOKUP_MODEL", OUT / "lookup_mlp_cold.json")))
     comm, dense_db = local_curves(), Path(os.environ.get("DENSE_DB", OUT / "dense_ops.db"))
     source = OUT / f"{experiment}_{SET}_traces.jsonl"
-    target = DENSE_HOST if experiment == "sharding" else OUT / f"dense_host_{experiment}.json"
+    target = DENSE_HOST if experiment == "sharding" else DENSE_HOST_E2E
     samples = []
     for t, plan, sjob, it in _traced_configs(source, lookups, comm, dense_db):
         samples += samples_from_trace(t["events"], t["cpu_s"], it, dense_op_counts(sjob.graph, plan))
@@ -436,7 +450,7 @@ def predict_sharding() -> None:
     before_lookups = MlpLookup.load(OUT / "lookup_mlp.json")
     after_lookups = MlpLookup.load(Path(os.environ.get("LOOKUP_MODEL", OUT / "lookup_mlp_cold.json")))
     comm, dense_db = local_curves(), Path(os.environ.get("DENSE_DB", OUT / "dense_ops.db"))
-    host_path = OUT / "dense_host_e2e.json"  # fitted on the e2e set: the sharding set is held out
+    host_path = DENSE_HOST_E2E  # fitted on the e2e set: the sharding set is held out
     host = load_dense_host(host_path) if host_path.exists() else NO_HOST_COST
     # fitted on the e2e set too: 'lookup' adds them to 'host', 'insitu' also takes the quiet sweep's curves
     in_situ = load_lookup_in_situ(Path(os.environ.get("LOOKUP_IN_SITU", OUT / "lookup_in_situ_e2e.json")),

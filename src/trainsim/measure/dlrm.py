@@ -7,7 +7,9 @@ from the barrier to the end of its step. The per-rank spans of the median iterat
 per-rank traces the predictive trace simulation reads. Beside them, per rank and span, the median over the
 iterations of the span's thread CPU time (measure.dlrm_rank: the compute's work without the time other processes
 held the cores), and the host's 1-minute load average before and after the run, so that every measured figure
-says how loaded the host was. Each rank sets its malloc policy (measure.allocator) before torch loads.
+says how loaded the host was. Each rank sets its malloc policy (measure.allocator) before torch loads. With
+probes (measure.dlrm_probe), each rank's probe timings around every iteration come back too, and the run file
+carries them with the phase-normalised iteration (measure.dlrm_phase) beside the raw one.
 """
 
 import contextlib
@@ -16,7 +18,7 @@ import os
 import queue
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -25,6 +27,12 @@ import numpy as np
 from trainsim.embedding.sharding import ShardingPlan
 from trainsim.errors import ConfigError, TrainsimError
 from trainsim.measure.allocator import DEFAULT_POLICY, apply_policy, check_policy
+from trainsim.measure.dlrm_phase import (
+    campaign_fast_reference_s,
+    check_probes,
+    iteration_references_s,
+    phase_normalised_iteration_s,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +54,14 @@ class DlrmMeasurement:
     load_avg: tuple[float, float] = (0.0, 0.0)  # the host's 1-minute load average before and after the run
     rank_faults: tuple[tuple[float, ...], ...] = ()  # per rank, per span: median minor page faults over iterations
     allocator: str = "system"  # the ranks' allocator policy (measure.allocator), as applied on every rank
+    # per probe name (measure.dlrm_probe), per rank, per measured iteration: its thread CPU seconds just before the
+    # iteration's barrier and just after its last step; empty when measured without probes
+    rank_probe_s: dict[str, tuple[tuple[tuple[float, float], ...], ...]] = field(default_factory=dict)
+    rank_iterations_s: tuple[tuple[float, ...], ...] = ()  # per rank, per measured iteration (wall seconds)
+
+    def references_s(self, probe: str) -> list[float]:
+        """Per iteration, the probe's reference (measure.dlrm_phase.iteration_references_s)."""
+        return iteration_references_s(self.rank_probe_s[probe])
 
 
 def check_dense(plan: ShardingPlan, dense: dict[str, Any]) -> None:
@@ -72,7 +88,23 @@ def measurement_to_dict(m: DlrmMeasurement) -> dict[str, Any]:
             "sharder": m.config.plan.sharder, "load_avg": list(m.load_avg),
             "rank_events": [[list(e) for e in rank] for rank in m.rank_events],
             "rank_cpu_s": [list(c) for c in m.rank_cpu_s], "rank_faults": [list(f) for f in m.rank_faults],
-            "allocator": m.allocator}
+            "allocator": m.allocator, **_phase_dict(m)}
+
+
+def _phase_dict(m: DlrmMeasurement) -> dict[str, Any]:
+    """With probes: every probe timing (per probe, rank, iteration: before, after), each iteration's reference,
+    and per probe the phase-normalised iteration (median) against this run's own fast-phase reference (a campaign
+    of many runs takes one reference over all of them instead: measure.dlrm_phase.campaign_fast_reference_s)."""
+    if not m.rank_probe_s:
+        return {}
+    references = {name: m.references_s(name) for name in m.rank_probe_s}
+    fast = {name: campaign_fast_reference_s([refs]) for name, refs in references.items()}
+    return {"rank_iterations_s": [list(r) for r in m.rank_iterations_s],
+            "probe_s": {name: [[list(pair) for pair in rank] for rank in ranks]
+                        for name, ranks in m.rank_probe_s.items()},
+            "probe_reference_s": references, "fast_probe_s": fast,
+            "phase_iteration_s": {name: phase_normalised_iteration_s(m.iterations_s, references[name], fast[name])
+                                  for name in references}}
 
 
 def _free_port() -> int:
@@ -82,21 +114,24 @@ def _free_port() -> int:
 
 
 def _worker(rank: int, world: int, port: int, configs: list[DlrmConfig], iterations: int, warmup: int,
-            timeout_s: float, out: Any, group: int = 1, allocator: str = DEFAULT_POLICY) -> None:
+            timeout_s: float, out: Any, group: int = 1, allocator: str = DEFAULT_POLICY,
+            probe_names: tuple[str, ...] = ()) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     applied = apply_policy(allocator)  # before torch loads and allocates
     import torch
     import torch.distributed as dist
 
+    from trainsim.measure.dlrm_probe import make_probes
     from trainsim.measure.dlrm_rank import run_interleaved
 
     torch.set_num_threads(1)
+    probes = make_probes(probe_names) if probe_names else {}
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
         for start in range(0, len(configs), group):
             block = [(c.plan, c.dense, c.local_batch, c.seed) for c in configs[start:start + group]]
-            for index, result in enumerate(run_interleaved(torch, dist, rank, world, block, iterations, warmup),
-                                           start):
+            for index, result in enumerate(run_interleaved(torch, dist, rank, world, block, iterations, warmup,
+                                                           probes), start):
                 out.put((index, rank, {**result, "allocator": allocator if applied else "system"}))
         dist.destroy_process_group()
     except Exception as exc:  # reported to the parent, which fails the run with it
@@ -104,11 +139,14 @@ def _worker(rank: int, world: int, port: int, configs: list[DlrmConfig], iterati
 
 
 def measure_dlrm(configs: list[DlrmConfig], *, iterations: int = 5, warmup: int = 2,
-                 timeout_s: float = 1800.0, group: int = 1, allocator: str = DEFAULT_POLICY) -> list[DlrmMeasurement]:
+                 timeout_s: float = 1800.0, group: int = 1, allocator: str = DEFAULT_POLICY,
+                 probes: tuple[str, ...] = ()) -> list[DlrmMeasurement]:
     """group > 1: consecutive blocks of `group` configs are measured interleaved (one iteration of each in turn,
     measure.dlrm_rank.run_interleaved), so configs meant to be compared see the same host load. allocator: the
-    ranks' allocator policy (measure.allocator; "keep" holds freed memory as a GPU's caching allocator does)."""
+    ranks' allocator policy (measure.allocator; "keep" holds freed memory as a GPU's caching allocator does).
+    probes: measure.dlrm_phase.PROBES to time around every iteration on every rank (none: no probe runs)."""
     check_policy(allocator)
+    check_probes(probes)
     if group < 1:
         raise ConfigError("group", group, "must be a positive integer")
     if not configs:
@@ -126,7 +164,7 @@ def measure_dlrm(configs: list[DlrmConfig], *, iterations: int = 5, warmup: int 
     port = _free_port()
     load_before = os.getloadavg()[0]
     procs = [ctx.Process(target=_worker, args=(r, world, port, configs, iterations, warmup, timeout_s, out, group,
-                                               allocator)) for r in range(world)]
+                                               allocator, tuple(probes))) for r in range(world)]
     for p in procs:
         p.start()
     results: dict[int, dict[int, Any]] = {}
@@ -161,4 +199,9 @@ def _summarize(config: DlrmConfig, by_rank: dict[int, Any], world: int,
                          for r in range(world)) for key in ("cpu_s", "faults"))
     policies = {str(by_rank[r].get("allocator", "system")) for r in range(world)}
     allocator = policies.pop() if len(policies) == 1 else "mixed"
-    return DlrmMeasurement(config, float(np.median(slowest)), tuple(slowest), events, cpu, load, faults, allocator)
+    probed = records[0][0].get("probe_s", {}) if records[0] else {}
+    probes = {name: tuple(tuple((float(rec["probe_s"][name][0]), float(rec["probe_s"][name][1]))
+                                for rec in records[r]) for r in range(world)) for name in probed}
+    per_rank = tuple(tuple(float(rec["iteration_s"]) for rec in records[r]) for r in range(world))
+    return DlrmMeasurement(config, float(np.median(slowest)), tuple(slowest), events, cpu, load, faults, allocator,
+                           probes, per_rank)

@@ -18,7 +18,10 @@ host-side packing: gloo moves the data on its own threads, and the wait is off-C
 minor page faults the thread took in it (getrusage(RUSAGE_THREAD)): a fresh multi-megabyte buffer (the sparse
 gradient of a lookup's backward) faults its pages in on first touch, which its thread CPU time includes; with the
 harness's allocator policy (measure.allocator, "keep") freed buffers are reused, so after a few warm-up
-iterations the spans fault no more.
+iterations the spans fault no more. Given probes (measure.dlrm_probe), a rank times each just before the barrier
+that opens an iteration and just after its last step, outside the iteration's timing, for the phase
+normalisation of measure.dlrm_phase (no probe between the spans: it would sit inside the windows where the
+asynchronous collectives overlap the compute, and change the iteration it measures).
 """
 
 import itertools
@@ -92,18 +95,19 @@ def _piece_input(piece: ShardPiece, group: tuple[int, ...], lengths: Any, indice
 def run_config(torch: Any, dist: Any, rank: int, world: int, plan: ShardingPlan, dense: dict[str, Any],
                local_batch: int, iterations: int, warmup: int, seed: int) -> dict[str, Any]:
     """Train `warmup + iterations` iterations of the config; return this rank's times and op spans."""
-    steps = config_iterations(torch, dist, rank, world, plan, dense, local_batch, seed)
+    steps = config_iterations(torch, dist, rank, world, plan, dense, local_batch, seed, {})
     records = [next(steps) for _ in range(warmup + iterations)][warmup:]
     return {"rank": rank, "records": records}
 
 
 def run_interleaved(torch: Any, dist: Any, rank: int, world: int, configs: list[tuple[ShardingPlan, dict[str, Any],
-                    int, int]], iterations: int, warmup: int) -> list[dict[str, Any]]:
+                    int, int]], iterations: int, warmup: int,
+                    probes: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Several configs (plan, dense, local_batch, seed) trained side by side, one iteration of each in turn
     (round robin), so that a change in the host's load over the measurement falls on all of them alike: what a
     comparison of configs (the sharders of one task) needs on a shared host. One result per config, as
-    run_config's."""
-    steps = [config_iterations(torch, dist, rank, world, *config) for config in configs]
+    run_config's. probes: name -> a probe with time_s() (measure.dlrm_probe), timed around every iteration."""
+    steps = [config_iterations(torch, dist, rank, world, *config, probes or {}) for config in configs]
     records: list[list[dict[str, Any]]] = [[] for _ in configs]
     for it in range(warmup + iterations):
         for out, step in zip(records, steps, strict=True):
@@ -114,8 +118,9 @@ def run_interleaved(torch: Any, dist: Any, rank: int, world: int, configs: list[
 
 
 def config_iterations(torch: Any, dist: Any, rank: int, world: int, plan: ShardingPlan, dense: dict[str, Any],
-                      local_batch: int, seed: int) -> Iterator[dict[str, Any]]:
-    """The config's iterations, one per next(): this rank's iteration time and op spans. The model and tables are
+                      local_batch: int, seed: int, probes: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The config's iterations, one per next(): this rank's iteration time and op spans (and, with probes, each
+    probe's thread CPU time just before the barrier and just after the last step). The model and tables are
     built on the first next() and live as long as the iterator."""
     torch.manual_seed(seed)
     groups = {s.table.index: s.ranks for s in plan.shards}
@@ -136,6 +141,7 @@ def config_iterations(torch: Any, dist: Any, rank: int, world: int, plan: Shardi
         batches = [_batch(tables, local_batch, seed * 1_000_003 + it * 1009 + r, cdfs) for r in range(world)]
         dense_x = torch.randn(local_batch, dense["dense_features"])
         labels = torch.randint(0, 2, (local_batch, 1)).float()
+        before = {name: probe.time_s() for name, probe in probes.items()}
         dist.barrier()
         clock = _Clock()
         t = time.perf_counter()
@@ -249,8 +255,11 @@ def config_iterations(torch: Any, dist: Any, rank: int, world: int, plan: Shardi
                 b.weight.grad = None
                 offset += n
         clock.span("optimizer step", t)
-        yield {"iteration_s": clock.events[-1][2], "events": clock.events, "cpu_s": clock.cpu_s,
-               "faults": clock.faults}
+        record = {"iteration_s": clock.events[-1][2], "events": clock.events, "cpu_s": clock.cpu_s,
+                  "faults": clock.faults}
+        if probes:
+            record["probe_s"] = {name: (before[name], probe.time_s()) for name, probe in probes.items()}
+        yield record
 
 
 def _assemble(torch: Any, plan: ShardingPlan, all_pieces: list[list[ShardPiece]], received: Any, batch: int,

@@ -9,6 +9,7 @@ every epoch (for diagnosis only: the epoch kept is still the one with the lowest
     python scripts/predtop_split_errors.py ... --kind none      # the split's make-up only, nothing trained
 
 Reads the database only; a stage "with the head" ends at the last unit, one "with the embedding" starts at 0.
+For reference it also scores a four-number additive model (additive_baseline) fitted to the same training stages.
 """
 
 import argparse
@@ -79,6 +80,25 @@ def errors_by(data: SettingData, test: list[int], predicted: list[float], units:
     return {"all": summary(rows), "by_group": by_group, "by_layers": by_length, "worst": worst}
 
 
+def additive_baseline(data: SettingData, parts: Split, units: int) -> dict[str, Any]:
+    """A four-number white-box reference: latency = c + blocks x b + embedding x e + head x h, fitted to the
+    training stages (least squares on relative error) and scored (MRE, eq. 5) on the test stages."""
+    import numpy as np
+
+    def row(stage: tuple[int, int]) -> list[float]:
+        first, end = stage
+        return [1.0, float(min(end, units - 1) - max(first, 1)), float(first == 0), float(end == units)]
+
+    x_train = np.array([row(data.ranges[i]) for i in parts.train])
+    y_train = np.array([data.latencies_s[i] for i in parts.train])
+    coef, *_ = np.linalg.lstsq(x_train / y_train[:, None], np.ones(len(y_train)), rcond=None)
+    predicted = np.array([row(data.ranges[i]) for i in parts.test]) @ coef
+    measured = np.array([data.latencies_s[i] for i in parts.test])
+    return {"coef_ms": {k: 1e3 * float(v) for k, v in zip(("const", "block", "embedding", "head"), coef,
+                                                           strict=True)},
+            "test_mre": float(100.0 * np.mean(np.abs(predicted - measured) / measured))}
+
+
 def fit(data: SettingData, parts: Split, args: argparse.Namespace) -> tuple[Any, list[dict[str, float]]]:
     """fit_one's training on the split, with the test MRE traced after every epoch when asked."""
     train_dags = [data.dags[i] for i in parts.train]
@@ -136,7 +156,8 @@ def main() -> None:
     bounds = corpus.layer_boundaries
     out: dict[str, Any] = {"setting": data.label, "seed": args.seed, "kind": args.kind, "epochs": args.epochs,
                            "patience": args.patience, "batch_size": args.batch_size,
-                           "make_up": make_up(data, parts, corpus.units, bounds)}
+                           "make_up": make_up(data, parts, corpus.units, bounds),
+                           "additive_baseline": additive_baseline(data, parts, corpus.units)}
     if args.kind != "none":
         started = time.perf_counter()
         predictor, trace = fit(data, parts, args)

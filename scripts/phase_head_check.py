@@ -62,7 +62,7 @@ def main() -> None:
     db = StageDatabase(args.db)
     rows = db.phase_rows(key, args.micro_batch, args.seq_len, 1)
     for mesh in sorted({row.key[2:] for row in rows}):
-        mine = {row.key[:2]: row for row in rows if row.key[2:] == mesh}
+        mine = {(row.key[0], row.key[1]): row for row in rows if row.key[2:] == mesh}
         normalised = {}
         for stage in mine:
             found = db.conn.execute(

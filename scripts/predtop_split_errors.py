@@ -117,7 +117,7 @@ def fit(data: SettingData, parts: Split, args: argparse.Namespace) -> tuple[Any,
     predictor = train(args.kind, train_dags, train_y,
                       ([data.dags[i] for i in parts.validation], [data.latencies_s[i] for i in parts.validation]),
                       epochs=args.epochs, patience=args.patience, seed=args.seed, target=args.target,
-                      batch=args.batch_size, on_epoch=on_epoch if args.trace else None)
+                      batch_graphs=args.batch_size, on_epoch=on_epoch if args.trace else None)
     return predictor, trace
 
 

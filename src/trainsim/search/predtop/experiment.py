@@ -348,7 +348,7 @@ def fit_one(kind: str, dags: list[Any], latencies_s: list[float], fraction: floa
     predictor = train(kind, [dags[i] for i in parts.train], [latencies_s[i] for i in parts.train],
                       ([dags[i] for i in parts.validation], [latencies_s[i] for i in parts.validation]),
                       epochs=options.epochs, patience=options.patience, seed=seed, target=options.target,
-                      device=options.device, batch=options.batch_size)
+                      device=options.device, batch_graphs=options.batch_size)
     predicted = predictor.predict_s([dags[i] for i in parts.test])
     return {"kind": kind, "fraction": fraction, "seed": seed, "train": len(parts.train),
             "validation": len(parts.validation), "test": len(parts.test),
@@ -365,7 +365,7 @@ def fit_predictor(kind: str, dags: list[Any], latencies_s: list[float], fraction
     return train(kind, [dags[i] for i in parts.train], [latencies_s[i] for i in parts.train],
                  ([dags[i] for i in parts.validation], [latencies_s[i] for i in parts.validation]),
                  epochs=options.epochs, patience=options.patience, seed=seed, target=options.target,
-                 device=options.device, batch=options.batch_size)
+                 device=options.device, batch_graphs=options.batch_size)
 
 
 @dataclass(frozen=True, slots=True)

@@ -163,10 +163,10 @@ def prepare(dags: list[StageDag], latencies_s: list[float], kind: str, target: s
 
 def train(kind: str, dags: list[StageDag], latencies_s: list[float], validation: tuple[list[StageDag], list[float]],
           *, epochs: int = 500, patience: int = 200, seed: int = 0, target: str = "log",
-          device: str = "cpu", batch: int = 0,
+          device: str = "cpu", batch_graphs: int = 0,
           on_epoch: Callable[[int, float, nn.Module], None] | None = None) -> Predictor:
     """Fit a model of `kind` (transformer | gcn | gat) to the stages' latencies (Adam, cosine decay, MAE, early
-    stopping on the validation stages' loss, the best weights kept). batch: graphs per step (0: batch_size's
+    stopping on the validation stages' loss, the best weights kept). batch_graphs: graphs per step (0: batch_size's
     rule). on_epoch(epoch, validation loss, model) after each epoch's validation, for diagnostics (it must leave
     the model as it found it)."""
     torch.manual_seed(seed)
@@ -175,7 +175,7 @@ def train(kind: str, dags: list[StageDag], latencies_s: list[float], validation:
     predictor = prepare(dags, latencies_s, kind, target)
     model = predictor.model.to(device)
     targets = torch.tensor([predictor.to_target(y) for y in latencies_s], dtype=torch.float32)
-    batches = _batches(predictor.normalised(dags), targets, device, batch)
+    batches = _batches(predictor.normalised(dags), targets, device, batch_graphs)
     val_batch = make_batch(predictor.normalised(validation[0])).to(device)
     val_targets = torch.tensor([predictor.to_target(y) for y in validation[1]], dtype=torch.float32).to(device)
     # one flat tensor (flat_parameters): the same Adam, a handful of kernels per step

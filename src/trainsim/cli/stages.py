@@ -49,6 +49,8 @@ SeqOpt = Annotated[int, typer.Option(help="tokens per sequence")]
 RayOpt = Annotated[str | None, typer.Option("--ray", help="run the settings as Ray tasks on this cluster "
                                             "(ray://HOST:PORT, auto, or local); needs trainsim[ray]")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object")]
+BatchOpt = Annotated[int, typer.Option(help="graphs per optimizer step (sec. IV-B6: 32); 0: 32, fewer where the "
+                                       "training set is under 128 so that an epoch takes 4 steps")]
 LayersOpt = Annotated[str, typer.Option(help="stages made of: units (every range of embedding, blocks, head) | "
                                         "alpa (Alpa's layer clustering, PredTOP's stages: the embedding joins the "
                                         "first block)")]
@@ -183,7 +185,7 @@ def train(
     seed: Annotated[int, typer.Option(help="split and initialisation seed")] = 0,
     dag_source: Annotated[str, typer.Option(help="stage DAGs from: torch | jax")] = "torch",
     target: Annotated[str, typer.Option(help="loss target: log | relative | absolute (the paper's MAE)")] = "log",
-    layers: LayersOpt = "units", ray: RayOpt = None, as_json: JsonOpt = False,
+    batch_size: BatchOpt = 0, layers: LayersOpt = "units", ray: RayOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Train one predictor per setting on its collected stages and save them."""
     from trainsim.search.predtop.experiment import MIN_STAGES, fit_predictor, save_predictors
@@ -192,7 +194,7 @@ def train(
     settings = parse_settings(meshes, plans)
     chosen = _kinds(kinds)
     parse_fractions(str(fraction))
-    options = TrainOptions(epochs, patience, target)
+    options = TrainOptions(epochs, patience, target, batch_size=batch_size)
     options.check()
     if seed < 0:
         raise ConfigError("seed", seed, "must be a non-negative integer")
@@ -215,7 +217,7 @@ def train(
             bar.update(task, advance=1)
     save_predictors(out, corpus, predictors, {"fraction": fraction, "seed": seed, "epochs": epochs,
                                               "patience": patience, "dag_source": dag_source, "target": target,
-                                              "layers": layers})
+                                              "layers": layers, "batch_size": batch_size})
     summary = {"out": str(out), "seconds": time.perf_counter() - started,
                "settings": {label: {kind: {"epochs_run": p.epochs_run, "train_s": p.train_time_s,
                                            "validation_loss": p.best_validation_loss}
@@ -242,6 +244,7 @@ def evaluate(
     dag_source: Annotated[str, typer.Option(help="stage DAGs from: torch | jax")] = "torch",
     workers: Annotated[int, typer.Option(help="local processes training at once")] = 1,
     target: Annotated[str, typer.Option(help="loss target: log | relative | absolute (the paper's MAE)")] = "log",
+    batch_size: BatchOpt = 0,
     layers: LayersOpt = "units",
     runs: Annotated[Path | None, typer.Option(help="JSON-lines file of the fits: each appended as it finishes, "
                                               "and fits already there (same options) not run again")] = None,
@@ -254,13 +257,15 @@ def evaluate(
     corpus = _corpus(model, micro_batch, seq_len, threads, layers)
     settings = parse_settings(meshes, plans)
     chosen, chosen_fractions, chosen_seeds = _kinds(kinds), parse_fractions(fractions), _seeds(seeds)
-    options = TrainOptions(epochs, patience, target)
+    options = TrainOptions(epochs, patience, target, batch_size=batch_size)
     options.check()
     runner = _runner(ray, workers)
     _torch()
     identity = {"model": corpus.key, "micro_batch": corpus.micro_batch, "seq_len": corpus.seq_len,
                 "threads": corpus.threads, "layers": layers, "dag_source": dag_source, "target": target,
                 "max_epochs": epochs, "patience": patience}
+    if batch_size:  # only where set, so that the runs files of the default rule still resume
+        identity["batch_size"] = batch_size
     previous = _previous_runs(runs, identity)
     data = _data(db, corpus, settings, dag_source)
     started = time.perf_counter()

@@ -80,6 +80,7 @@ def test_collect_train_evaluate_end_to_end(model: Path, tmp_path: Path) -> None:
     (["evaluate", "--dag-source", "onnx"], "dag_source"),
     (["evaluate", "--workers", "0"], "workers"),
     (["evaluate", "--target", "mse"], "target"),
+    (["evaluate", "--batch-size", "-1"], "batch_size"),
     (["evaluate", "--layers", "ops"], "layers"),
     (["evaluate", "--threads", "-1"], "threads"),
     (["collect", "--threads", "0"], "threads"),

@@ -28,7 +28,14 @@ from trainsim.search.predtop.models import (  # noqa: E402
     make_batch,
     make_model,
 )
-from trainsim.search.predtop.train import flat_parameters, mre_percent, split, train  # noqa: E402
+from trainsim.search.predtop.train import (  # noqa: E402
+    _batches,
+    batch_size,
+    flat_parameters,
+    mre_percent,
+    split,
+    train,
+)
 from trainsim.strategy.stage_plan import IntraPlan, Mesh  # noqa: E402
 
 MODEL = TransformerSpec(name="tiny", arch="gpt", num_layers=3, hidden=16, ffn_hidden=32, num_heads=2, vocab=64,
@@ -90,6 +97,26 @@ def test_predictors_train_deterministically(kind):
     two = train(kind, dags[3:], ys[3:], val, epochs=4, patience=2, seed=1)
     assert one.predict_s(dags) == two.predict_s(dags)
     assert all(v == v for v in one.predict_s(dags))  # no NaN (padded nodes included)
+
+
+def test_batch_size_fixed_or_four_steps_an_epoch():
+    assert batch_size(83) == 21 and batch_size(200) == 32 and batch_size(83, 32) == 32
+    builder = DagBuilder(MODEL, 2, 8)
+    dags = [builder.stage(a, b) for a in range(5) for b in range(a + 1, 6)]  # 15 graphs
+    sizes = [len(y) for _, y in _batches(dags, torch.ones(len(dags)), "cpu", 6)]
+    assert sorted(sizes) == [3, 6, 6]
+
+
+def test_on_epoch_sees_every_epoch_and_the_validation_loss():
+    builder = DagBuilder(MODEL, 2, 8)
+    ranges = [(a, b) for a in range(5) for b in range(a + 1, 6)]
+    dags = [builder.stage(a, b) for a, b in ranges]
+    ys = [0.01 * (b - a) for a, b in ranges]
+    seen: list[tuple[int, float]] = []
+    predictor = train("gcn", dags[3:], ys[3:], (dags[:3], ys[:3]), epochs=5, patience=5, seed=0,
+                      on_epoch=lambda epoch, loss, model: seen.append((epoch, loss)))
+    assert [e for e, _ in seen] == list(range(predictor.epochs_run))
+    assert min(loss for _, loss in seen) == predictor.best_validation_loss
 
 
 def test_batch_pads_and_masks():

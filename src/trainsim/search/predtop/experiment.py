@@ -27,6 +27,7 @@ DAG_SOURCES = ("torch", "jax")
 MAX_UNITS = 130  # 8,515 stages per setting: far more than any collection here would run
 MAX_EPOCHS = 100_000
 MAX_ITERATIONS = 10_000
+MAX_BATCH = 4096
 CHUNK = 8  # stages measured per call (one set of gloo ranks per call; the database commits after each)
 MAX_CHUNK = 10_000
 
@@ -322,12 +323,15 @@ class TrainOptions:
     patience: int = 200  # sec. IV-B8
     target: str = "log"
     device: str = "cpu"  # where the models train (cuda on a GPU machine)
+    batch_size: int = 0  # graphs per optimizer step (sec. IV-B6: 32); 0: train.batch_size's rule
 
     def check(self) -> None:
         if not 1 <= self.epochs <= MAX_EPOCHS:
             raise ConfigError("epochs", self.epochs, f"must be 1 to {MAX_EPOCHS}")
         if not 1 <= self.patience <= MAX_EPOCHS:
             raise ConfigError("patience", self.patience, f"must be 1 to {MAX_EPOCHS}")
+        if not 0 <= self.batch_size <= MAX_BATCH:
+            raise ConfigError("batch_size", self.batch_size, f"must be 0 (32, fewer for small sets) to {MAX_BATCH}")
         from trainsim.search.predtop.train import TARGETS
 
         if self.target not in TARGETS:
@@ -344,7 +348,7 @@ def fit_one(kind: str, dags: list[Any], latencies_s: list[float], fraction: floa
     predictor = train(kind, [dags[i] for i in parts.train], [latencies_s[i] for i in parts.train],
                       ([dags[i] for i in parts.validation], [latencies_s[i] for i in parts.validation]),
                       epochs=options.epochs, patience=options.patience, seed=seed, target=options.target,
-                 device=options.device)
+                      device=options.device, batch_graphs=options.batch_size)
     predicted = predictor.predict_s([dags[i] for i in parts.test])
     return {"kind": kind, "fraction": fraction, "seed": seed, "train": len(parts.train),
             "validation": len(parts.validation), "test": len(parts.test),
@@ -361,7 +365,7 @@ def fit_predictor(kind: str, dags: list[Any], latencies_s: list[float], fraction
     return train(kind, [dags[i] for i in parts.train], [latencies_s[i] for i in parts.train],
                  ([dags[i] for i in parts.validation], [latencies_s[i] for i in parts.validation]),
                  epochs=options.epochs, patience=options.patience, seed=seed, target=options.target,
-                 device=options.device)
+                 device=options.device, batch_graphs=options.batch_size)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ for testing; MRE (eq. 5) on the test part.
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -34,9 +35,12 @@ BATCH_SIZE = 32
 STEPS_PER_EPOCH = 4  # the paper's: 30% of 409 GPT-3 stages in batches of 32
 
 
-def batch_size(count: int) -> int:
-    """32 as the paper, smaller when the training set is small, so that an epoch still takes STEPS_PER_EPOCH
-    optimizer steps (16 samples in one batch of 32 gave 38 steps in all before early stopping: underfit)."""
+def batch_size(count: int, fixed: int = 0) -> int:
+    """`fixed` graphs per step where given (the paper's 32: sec. IV-B6); by default 32, smaller when the training
+    set is small, so that an epoch still takes STEPS_PER_EPOCH optimizer steps (16 samples in one batch of 32
+    gave 38 steps in all before early stopping: underfit)."""
+    if fixed > 0:
+        return fixed
     return max(1, min(BATCH_SIZE, math.ceil(count / STEPS_PER_EPOCH)))
 VALIDATION_FRACTION = 0.1
 TARGETS = ("log", "relative", "absolute")
@@ -98,11 +102,12 @@ class Predictor:
         return out
 
 
-def _batches(dags: list[StageDag], targets: torch.Tensor, device: str) -> list[tuple[Batch, torch.Tensor]]:
+def _batches(dags: list[StageDag], targets: torch.Tensor, device: str,
+             fixed: int = 0) -> list[tuple[Batch, torch.Tensor]]:
     """Batches of graphs of similar size (less padding): sorted by size and cut into batches of batch_size,
     built once and kept on the device; train() shuffles their order every epoch."""
     order = sorted(range(len(dags)), key=lambda i: (dags[i].num_nodes, i))
-    size = batch_size(len(dags))
+    size = batch_size(len(dags), fixed)
     return [(make_batch([dags[i] for i in order[s:s + size]]).to(device), targets[order[s:s + size]].to(device))
             for s in range(0, len(order), size)]
 
@@ -158,16 +163,19 @@ def prepare(dags: list[StageDag], latencies_s: list[float], kind: str, target: s
 
 def train(kind: str, dags: list[StageDag], latencies_s: list[float], validation: tuple[list[StageDag], list[float]],
           *, epochs: int = 500, patience: int = 200, seed: int = 0, target: str = "log",
-          device: str = "cpu") -> Predictor:
+          device: str = "cpu", batch_graphs: int = 0,
+          on_epoch: Callable[[int, float, nn.Module], None] | None = None) -> Predictor:
     """Fit a model of `kind` (transformer | gcn | gat) to the stages' latencies (Adam, cosine decay, MAE, early
-    stopping on the validation stages' loss, the best weights kept)."""
+    stopping on the validation stages' loss, the best weights kept). batch_graphs: graphs per step (0: batch_size's
+    rule). on_epoch(epoch, validation loss, model) after each epoch's validation, for diagnostics (it must leave
+    the model as it found it)."""
     torch.manual_seed(seed)
     torch.set_num_threads(1)
     start, cpu_start = time.perf_counter(), time.thread_time()
     predictor = prepare(dags, latencies_s, kind, target)
     model = predictor.model.to(device)
     targets = torch.tensor([predictor.to_target(y) for y in latencies_s], dtype=torch.float32)
-    batches = _batches(predictor.normalised(dags), targets, device)
+    batches = _batches(predictor.normalised(dags), targets, device, batch_graphs)
     val_batch = make_batch(predictor.normalised(validation[0])).to(device)
     val_targets = torch.tensor([predictor.to_target(y) for y in validation[1]], dtype=torch.float32).to(device)
     # one flat tensor (flat_parameters): the same Adam, a handful of kernels per step
@@ -188,6 +196,8 @@ def train(kind: str, dags: list[StageDag], latencies_s: list[float], validation:
         model.eval()
         with torch.no_grad():
             val_loss = float(_loss(model(val_batch), val_targets, target))
+        if on_epoch is not None:
+            on_epoch(epoch, val_loss, model)
         if val_loss < best_loss:
             best_loss, since = val_loss, 0
             best_state = {k: v.clone() for k, v in model.state_dict().items()}

@@ -140,10 +140,13 @@ def _shadow(graphs: list[Any], hints: Any, stop: Any) -> None:
                     profile_graph(db, env, graph, hints, "cpu", warmup=0, repeats=repeats, optimizer=False)
 
 
-def profile_model(db_path: Path, model: str, ranks: int, repeats: int, wall: bool = True) -> None:
+def profile_model(db_path: Path, model: str, ranks: int, repeats: int, wall: bool = True, probe: bool = False) -> None:
+    """The ops both plans of the model run, beside ranks - 1 sibling processes; probe: the reference probe
+    (measure/phase.py) timed around every sample, its timings stored beside the raw samples (op_phase)."""
     import torch
 
     import trainsim.profile.ops as ops
+    from trainsim.measure.phase import ProbeLog, ReferenceProbe
     from trainsim.profile.database import ProfileDB
     from trainsim.profile.job import hints_for
     from trainsim.strategy.device_slice import DeviceSlice
@@ -163,11 +166,12 @@ def profile_model(db_path: Path, model: str, ranks: int, repeats: int, wall: boo
     original = ops.clock_for
     if wall:
         ops.clock_for = _wall_clock  # NB: thread CPU time would leave out the siblings' share of the cores
+    log = ProbeLog(ReferenceProbe()) if probe else None
     try:
         with ProfileDB.open(db_path) as db:
             env = ops.local_environment("cpu-local", "cpu")
             for graph in graphs:
-                ops.profile_graph(db, env, graph, hints, "cpu", warmup=1, repeats=repeats)
+                ops.profile_graph(db, env, graph, hints, "cpu", warmup=1, repeats=repeats, probe=log)
     finally:
         ops.clock_for = original
         stop.set()
@@ -257,14 +261,16 @@ def pool_cpu_collectives(out: Path, sweeps_path: Path, gap_s: float) -> dict[str
     return record
 
 
-def measure(model: str, strategy: str, ranks: int, out: Path, iterations: int, warmup: int) -> dict[str, Any]:
+def measure(model: str, strategy: str, ranks: int, out: Path, iterations: int, warmup: int,
+            phase_normalise: bool = False, run_id: str = "") -> dict[str, Any]:
     s = settings(model, ranks)
-    run_id = f"{model}-{strategy}-g{ranks}"
+    run_id = run_id or f"{model}-{strategy}-g{ranks}"
     cmd = [sys.executable, "-m", "trainsim", "measure", "--model", s["model"], "--num-gpus", str(ranks),
            "--micro-batch", str(s["micro_batch"]), "--global-batch", str(s["global_batch"]),
            "--seq-len", str(s["seq_len"]), "--precision", "fp32", "--optimizer-impl", "loop",
            "--tree", str(tree_path(model, strategy, ranks)), "--iterations", str(iterations),
-           "--warmup", str(warmup), "--threads", "1", "--out", str(out / "runs"), "--run-id", run_id, "--json"]
+           "--warmup", str(warmup), "--threads", "1", "--out", str(out / "runs"), "--run-id", run_id, "--json",
+           *(["--phase-normalise"] if phase_normalise else [])]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
     if done.returncode != 0:
         return {"error": (done.stderr or done.stdout)[-400:]}
@@ -273,7 +279,16 @@ def measure(model: str, strategy: str, ranks: int, out: Path, iterations: int, w
     cpu = busiest_cpu_s(run["settings"], len(times))
     return {"median_s": statistics.median(times), "times_s": times, "cpu_s": cpu, "final_loss": run["final_loss"],
             "cpu_with_barriers_s": max(run["settings"]["cpu_s_per_rank"]) / len(times),
-            "load_average_1m": run["settings"].get("load_average_1m")}
+            "load_average_1m": run["settings"].get("load_average_1m"),
+            **({"phase": phase_record(run["settings"])} if phase_normalise else {})}
+
+
+def phase_record(settings: dict[str, Any]) -> dict[str, Any]:
+    """A probed run's per-rank step CPU and probe pairs (trainsim measure --phase-normalise), which the campaign
+    normalises against the fast-phase probe of all its runs and op samples."""
+    return {"step_cpu_s_per_rank": settings["step_cpu_s_per_rank"],
+            "phase_probe_s_per_rank": settings["phase_probe_s_per_rank"],
+            "run_fast_probe_s": settings["phase_normalised"]["fast_probe_s"]}
 
 
 def busiest_cpu_s(settings: dict[str, Any], iterations: int) -> float:
@@ -324,6 +339,26 @@ def predict(model: str, strategy: str, ranks: int, db_path: Path, wall: bool = T
     return out
 
 
+def phase_campaign(ranks: int, out: Path, iterations: int, warmup: int, repeats: int, models: list[str]) -> None:
+    """The CPU columns with the reference probe on both sides: per model, its ops profiled on thread CPU time
+    with the probe around every sample into OUT/profile-cpu.db (PHASE_OP_REPEATS samples), then both plans
+    measured with `trainsim measure --phase-normalise`. No wall-clock columns. Then --repredict --phase-normalise."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"table4-g{ranks}.json"
+    cells: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    started = time.time()
+    for model in models:
+        profile_model(out / "profile-cpu.db", model, ranks, repeats, wall=False, probe=True)
+        print(f"{model}: ops profiled with the probe ({time.time() - started:.0f} s)", flush=True)
+        for strategy in STRATEGIES:
+            load = Path("/proc/loadavg").read_text().split()[:3]
+            measured = measure(model, strategy, ranks, out, iterations, warmup, phase_normalise=True)
+            cells[f"{model}/{strategy}"] = {"measured": {**measured, "load_before": load}}
+            print(f"{model} {strategy}: {measured.get('cpu_s')} s CPU per step, load {load} "
+                  f"({time.time() - started:.0f} s)", flush=True)
+            path.write_text(json.dumps(cells, indent=1) + "\n")
+
+
 def campaign(ranks: int, out: Path, iterations: int, warmup: int, repeats: int, models: list[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     db = out / f"profile-g{ranks}.db"
@@ -343,9 +378,13 @@ def campaign(ranks: int, out: Path, iterations: int, warmup: int, repeats: int, 
     repredict(path, ranks, db)
 
 
-def repredict(path: Path, ranks: int, db: Path, cpu_db: Path | None = None) -> None:
-    """Simulate every measured cell of a campaign file with the campaign's profile database (no timing), and
-    with the CPU-time database where there is one."""
+def repredict(path: Path, ranks: int, db: Path, cpu_db: Path | None = None, phase_db: Path | None = None,
+              fast_s: float = 0.0) -> None:
+    """Simulate every measured cell of a campaign file with the campaign's profile database (no timing), with
+    the CPU-time database where there is one, and with the phase-normalised one (phase_profile) for the cells
+    measured with the probe, whose runs are normalised against the same fast-phase probe fast_s."""
+    from trainsim.measure.phase import busiest_phase_normalised_s
+
     cells = json.loads(path.read_text())
     for key, cell in cells.items():
         model, strategy = key.split("/")
@@ -353,10 +392,48 @@ def repredict(path: Path, ranks: int, db: Path, cpu_db: Path | None = None) -> N
         if "cpu_s" not in cell["measured"] and run_file.exists():  # cells measured before cpu_s was kept
             run = json.loads(run_file.read_text())
             cell["measured"]["cpu_s"] = busiest_cpu_s(run["settings"], len(run["iteration_times_s"]))
-        cell["predicted"] = predict(model, strategy, ranks, db)
+        if db.exists():  # a phase campaign has no wall-clock database
+            cell["predicted"] = predict(model, strategy, ranks, db)
         if cpu_db is not None and cpu_db.exists():
             cell["predicted_cpu"] = predict(model, strategy, ranks, cpu_db, wall=False)
+        phase = cell["measured"].get("phase")
+        if phase is not None and phase_db is not None:
+            cell["measured"]["cpu_phase_s"] = busiest_phase_normalised_s(
+                phase["step_cpu_s_per_rank"], phase["phase_probe_s_per_rank"], fast_s)
+            cell["predicted_cpu_phase"] = predict(model, strategy, ranks, phase_db, wall=False)
     path.write_text(json.dumps(cells, indent=1) + "\n")
+
+
+def phase_profile(out: Path) -> tuple[Path, float]:
+    """OUT/profile-cpu-phase.db: OUT/profile-cpu.db with every probed op's samples phase-normalised, against one
+    fast-phase probe (the low quantile of every probe timing of the campaign: its op samples and its runs on 2 and
+    4 ranks), so the op costs and the runs' steps are scaled alike. Returns the database and that probe."""
+    import sqlite3
+
+    from trainsim.measure.phase import fast_reference_s
+    from trainsim.profile.database import ProfileDB
+
+    timings: list[float] = []
+    for ranks in (2, 4):
+        cells_path = out / f"table4-g{ranks}.json"
+        if cells_path.exists():
+            for cell in json.loads(cells_path.read_text()).values():
+                phase = cell["measured"].get("phase")
+                if phase is not None:
+                    timings += [t for pairs in phase["phase_probe_s_per_rank"] for pair in pairs for t in pair]
+    with ProfileDB.open(out / "profile-cpu.db") as db:
+        timings += db.probe_timings_s()
+    fast_s = fast_reference_s(timings)
+    phase_db = out / "profile-cpu-phase.db"
+    phase_db.unlink(missing_ok=True)
+    with sqlite3.connect(out / "profile-cpu.db") as source, sqlite3.connect(phase_db) as copy:
+        source.backup(copy)  # a consistent copy of the WAL database
+    with ProfileDB.open(phase_db) as db:
+        rewritten = db.normalise_op_phases(fast_s)
+    record = {"fast_probe_s": fast_s, "probe_timings": len(timings), "ops_normalised": rewritten}
+    (out / "phase.json").write_text(json.dumps(record, indent=1) + "\n")
+    print(json.dumps(record), flush=True)
+    return phase_db, fast_s
 
 
 def profile_cpu(out: Path, models: list[str], ranks_list: tuple[int, ...] = (2, 4)) -> None:
@@ -456,7 +533,8 @@ def summary(out: Path) -> dict[str, Any]:
             continue
         for key, cell in json.loads(path.read_text()).items():
             for clock, measured_key, predicted_key in (("wall", "median_s", "predicted"),
-                                                       ("cpu", "cpu_s", "predicted_cpu")):
+                                                       ("cpu", "cpu_s", "predicted_cpu"),
+                                                       ("cpu-phase", "cpu_phase_s", "predicted_cpu_phase")):
                 measured = cell["measured"].get(measured_key)
                 if not measured or predicted_key not in cell:
                     continue
@@ -471,7 +549,7 @@ def summary(out: Path) -> dict[str, Any]:
                            "maximum": max(r[f"{b}_error"] for r in rows if r["clock"] == clock)}
                        for b in ("proteus", "plain", "flexflow", "serial")
                        if all(f"{b}_error" in r for r in rows if r["clock"] == clock)}
-               for clock in ("wall", "cpu") if any(r["clock"] == clock for r in rows)}
+               for clock in ("wall", "cpu", "cpu-phase") if any(r["clock"] == clock for r in rows)}
     result = {"cells": rows, "overall": overall}
     (out / "table4-summary.json").write_text(json.dumps(result, indent=1) + "\n")
     print(f"{'clock':<6}{'model':<20}{'plan':<5}{'ranks':>6}{'measured':>10}{'proteus':>9}{'plain':>9}{'flexflow':>9}"
@@ -484,7 +562,47 @@ def summary(out: Path) -> dict[str, Any]:
         for b, v in per.items():
             print(f"{clock} {b}: average {v['average'] * 100:.1f}%, maximum {v['maximum'] * 100:.1f}%")
     (out / "table4.md").write_text(markdown(rows, overall))
+    if "cpu-phase" in overall:
+        (out / "table4-phase.md").write_text(phase_markdown(rows))
     return result
+
+
+def inherit_facts(out: Path, source: Path) -> dict[str, Any]:
+    """Copy the machine facts measured once (the split executor's cost per op and per reshard step, op kind
+    "overhead" with impl split-executor*, and the census of zero optimizer states) from the CPU-time database
+    `source` into OUT/profile-cpu.db (no timing): a phase campaign re-profiles the ops, not these."""
+    import sqlite3
+
+    from trainsim.profile.database import ProfileDB
+
+    with ProfileDB.open(out / "profile-cpu.db"):
+        pass  # the schema
+    with sqlite3.connect(out / "profile-cpu.db") as db:
+        db.execute("ATTACH DATABASE ? AS src", (str(source),))
+        ops = db.execute("INSERT OR REPLACE INTO op_times SELECT * FROM src.op_times WHERE kind='overhead' AND "
+                         "impl LIKE 'split-executor%'").rowcount
+        census = db.execute("INSERT OR REPLACE INTO state_census SELECT * FROM src.state_census").rowcount
+    record = {"from": str(source), "executor_rows": ops, "census_rows": census}
+    (out / "inherited-facts.json").write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def phase_markdown(rows: list[dict[str, Any]]) -> str:
+    """A phase campaign's cells: measured raw -> normalised, each column's signed error raw -> normalised."""
+    keyed = {(r["model"], r["strategy"], r["ranks"], r["clock"]): r for r in rows}
+    lines = ["| cell | measured raw -> normalised | proteus | plain | flexflow |", "|---|---:|---:|---:|---:|"]
+    for model, strategy, ranks in dict.fromkeys((r["model"], r["strategy"], r["ranks"]) for r in rows):
+        raw, phase = keyed.get((model, strategy, ranks, "cpu")), keyed.get((model, strategy, ranks, "cpu-phase"))
+        if raw is None or phase is None:
+            continue
+        errors = [f"{signed(raw, b):+.1f}% -> {signed(phase, b):+.1f}%" for b in ("proteus", "plain", "flexflow")]
+        lines.append(f"| {model} {strategy.upper()} g{ranks} | {raw['measured_s'] * 1e3:.1f} -> "
+                     f"{phase['measured_s'] * 1e3:.1f} ms | " + " | ".join(errors) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def signed(row: dict[str, Any], column: str) -> float:
+    return (row[f"{column}_s"] - row["measured_s"]) / row["measured_s"] * 100
 
 
 def markdown(rows: list[dict[str, Any]], overall: dict[str, Any]) -> str:
@@ -535,12 +653,20 @@ def main() -> None:
                         "--collective-gap-ms (no timing)")
     parser.add_argument("--state-census", action="store_true", help="count the optimizer states the runs leave "
                         "at zero (one process, no clock) into OUT's databases (--iterations, --warmup: the runs')")
+    parser.add_argument("--phase-normalise", action="store_true", help="with --ranks: a campaign of the CPU "
+                        "columns with the reference probe around every op sample and every step (phase_campaign); "
+                        "with --repredict: also predict from the phase-normalised ops against the normalised runs")
+    parser.add_argument("--inherit-facts", type=Path, metavar="CPU_DB", help="copy the split executor's per-op "
+                        "and per-reshard costs and the zero-state census from CPU_DB into OUT/profile-cpu.db")
     parser.add_argument("--cpu-profile", action="store_true", help="profile every cell's ops on thread CPU time "
                         "into OUT/profile-cpu.db (load-independent; no runs)")
     args = parser.parse_args()
     os.environ.setdefault("PYTHONPATH", str(ROOT / "src"))
     if args.summary:
         summary(args.out)
+        return
+    if args.inherit_facts:
+        print(json.dumps(inherit_facts(args.out, args.inherit_facts), indent=1))
         return
     if args.executor_overhead:
         print(json.dumps(profile_executor(args.out), indent=1))
@@ -565,8 +691,12 @@ def main() -> None:
     if args.ranks is None:
         parser.error("--ranks 2 or 4 (or --summary)")
     if args.repredict:
+        phase_db, fast_s = phase_profile(args.out) if args.phase_normalise else (None, 0.0)
         repredict(args.out / f"table4-g{args.ranks}.json", args.ranks, args.out / f"profile-g{args.ranks}.db",
-                  args.out / "profile-cpu.db")
+                  args.out / "profile-cpu.db", phase_db, fast_s)
+        return
+    if args.phase_normalise:
+        phase_campaign(args.ranks, args.out, args.iterations, args.warmup, args.repeats, args.models.split(","))
         return
     campaign(args.ranks, args.out, args.iterations, args.warmup, args.repeats, args.models.split(","))
 

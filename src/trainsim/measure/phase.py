@@ -116,8 +116,14 @@ def pair_means_s(pairs_s: Sequence[Sequence[float]]) -> list[float]:
 
 
 def busiest_phase_normalised_s(steps_s_per_rank: Sequence[Sequence[float]],
-                               pairs_s_per_rank: Sequence[Sequence[Sequence[float]]], fast_s: float) -> float:
+                               pairs_s_per_rank: Sequence[Sequence[Sequence[float]]], fast_s: float,
+                               kept_s_per_rank: Sequence[Sequence[float]] | None = None) -> float:
     """The busiest rank's mean step time, each step of each rank scaled by its own rank's probes around it
-    (phase_scaled_s): the figure a run's per-rank CPU seconds per step become in the fast phase."""
-    return max(statistics.fmean(phase_scaled_s(steps, pair_means_s(pairs), fast_s))
-               for steps, pairs in zip(steps_s_per_rank, pairs_s_per_rank, strict=True))
+    (phase_scaled_s): the figure a run's per-rank CPU seconds per step become in the fast phase. kept: the part
+    of each step that does not follow the phases, left as measured (only the rest is scaled)."""
+    kept_per_rank = kept_s_per_rank or [[0.0] * len(steps) for steps in steps_s_per_rank]
+    means = []
+    for steps, pairs, kept in zip(steps_s_per_rank, pairs_s_per_rank, kept_per_rank, strict=True):
+        scaled = phase_scaled_s([s - k for s, k in zip(steps, kept, strict=True)], pair_means_s(pairs), fast_s)
+        means.append(statistics.fmean(s + k for s, k in zip(scaled, kept, strict=True)))
+    return max(means)

@@ -146,17 +146,19 @@ def _measure(spec: MeasureSpec, job: Any, device: Any, rank: int, world_size: in
     load_before, cpu_before, thread_before = os.getloadavg()[0], time.process_time(), time.thread_time()
     barrier_cpu_s = 0.0  # the process CPU of the harness' own barriers, which cpu_s includes and no training has
     step_cpu_s: list[float] = []  # each timed step's process CPU, barriers and probes left out
+    step_thread_cpu_s: list[float] = []  # and its training thread's alone (no gloo threads)
     for _ in range(spec.iterations if not cap.over else 0):
         if probes is not None:
             probes.before()
         barrier_cpu_s -= time.process_time()
         dist.barrier()
-        step_began = time.process_time()
+        step_began, thread_began = time.process_time(), time.thread_time()
         barrier_cpu_s += step_began
         start = time.perf_counter()
         loss = trainer.step()
         sync()
         ended = time.process_time()
+        step_thread_cpu_s.append(time.thread_time() - thread_began)
         step_cpu_s.append(ended - step_began)
         dist.barrier()
         barrier_cpu_s += time.process_time() - ended
@@ -179,6 +181,7 @@ def _measure(spec: MeasureSpec, job: Any, device: Any, rank: int, world_size: in
             "cpu_s": cpu_s, "thread_cpu_s": thread_cpu_s, "barrier_cpu_s": barrier_cpu_s,
             "load": [load_before, os.getloadavg()[0]], "oom": cap.over,
             "phase_cpu_s": dict(getattr(trainer, "phase_cpu_s", {})), "step_cpu_s": step_cpu_s,
+            "step_thread_cpu_s": step_thread_cpu_s,
             "probe_pairs_s": probes.pairs_s if probes else None,
             "probe_cpu_s": probes.process_cpu_s if probes else None,
             "capped_peak": cap.used() if cap.cap > 0 else None}
@@ -335,8 +338,8 @@ def _write_result(spec: MeasureSpec, job: Any, times: list[float], ranks: list[A
                 "memory_cap_bytes": spec.memory_cap_bytes,
                 "capped_peak_bytes": [r.get("capped_peak") for r in ranks]}
     if spec.phase_probe and all(r["probe_pairs_s"] for r in ranks):  # none when the cap stopped the warm-up
-        settings.update(_phase_settings([r["step_cpu_s"] for r in ranks], [r["probe_pairs_s"] for r in ranks],
-                                        [r["probe_cpu_s"] for r in ranks], times))
+        settings.update(_phase_settings([r["step_cpu_s"] for r in ranks], [r["step_thread_cpu_s"] for r in ranks],
+                                        [r["probe_pairs_s"] for r in ranks], [r["probe_cpu_s"] for r in ranks], times))
     if spec.tree_yaml:
         settings["tree"] = spec.tree_yaml
     if spec.device == "cuda":
@@ -353,23 +356,29 @@ def _write_result(spec: MeasureSpec, job: Any, times: list[float], ranks: list[A
     log(f"wrote {path}")
 
 
-def _phase_settings(steps_s: list[list[float]], pairs_s: list[list[list[float]]], probe_cpu_s: list[float],
-                    times: list[float]) -> dict[str, Any]:
-    """What a probed run records: per rank each timed step's process CPU (barriers and probes left out) and the
-    probe's thread CPU time just before and after it; the run's fast-phase probe (the low quantile of all its
-    probe timings) and its busiest rank's CPU seconds per step and median iteration, raw and phase-normalised
-    (measure.phase; the iteration against the slower rank's probes)."""
+def _phase_settings(steps_s: list[list[float]], threads_s: list[list[float]], pairs_s: list[list[list[float]]],
+                    probe_cpu_s: list[float], times: list[float]) -> dict[str, Any]:
+    """What a probed run records: per rank each timed step's process CPU (barriers and probes left out), its
+    training thread's part, and the probe's thread CPU time just before and after it; the run's fast-phase probe
+    (the low quantile of all its probe timings) and its busiest rank's CPU seconds per step and median iteration,
+    raw and phase-normalised (measure.phase; the iteration against the slower rank's probes). The CPU per step is
+    normalised two ways: whole, and with only the training thread scaled (gloo's threads' CPU, which does not
+    follow the probe, kept as measured: docs/strategy-tree.md, fourteenth session)."""
     from trainsim.measure.phase import busiest_phase_normalised_s, fast_reference_s, pair_means_s, phase_scaled_s
 
     fast_s = fast_reference_s([t for pairs in pairs_s for pair in pairs for t in pair])
     slowest_s = [max(column) for column in zip(*(pair_means_s(pairs) for pairs in pairs_s), strict=True)]
     raw_cpu_s = max(sum(steps) / len(steps) for steps in steps_s)
+    kept_s = [[s - t for s, t in zip(steps, threads, strict=True)] for steps, threads in zip(steps_s, threads_s,
+                                                                                               strict=True)]
     return {"step_cpu_s_per_rank": [[round(t, 6) for t in steps] for steps in steps_s],
+            "step_thread_cpu_s_per_rank": [[round(t, 6) for t in threads] for threads in threads_s],
             "phase_probe_s_per_rank": [[[round(t, 7) for t in pair] for pair in pairs] for pairs in pairs_s],
             "probe_cpu_s_per_rank": [round(c, 4) for c in probe_cpu_s],
             "phase_normalised": {
                 "fast_probe_s": fast_s, "busiest_step_cpu_s": raw_cpu_s,
                 "busiest_step_cpu_normalised_s": busiest_phase_normalised_s(steps_s, pairs_s, fast_s),
+                "busiest_step_cpu_thread_normalised_s": busiest_phase_normalised_s(steps_s, pairs_s, fast_s, kept_s),
                 "median_iteration_s": statistics.median(times),
                 "median_iteration_normalised_s": statistics.median(phase_scaled_s(times, slowest_s, fast_s))}}
 

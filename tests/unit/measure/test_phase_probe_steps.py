@@ -107,7 +107,7 @@ def test_a_probed_two_rank_tree_run_records_the_probe_around_every_step(tmp_path
     assert all(t > 0 for p in pairs for pair in p for t in pair) and all(len(pair) == 2 for p in pairs for pair in p)
     phase = settings["phase_normalised"]
     fast = fast_reference_s([t for p in pairs for pair in p for t in pair])
-    assert phase["fast_probe_s"] == pytest.approx(fast)
+    assert phase["fast_probe_s"] == pytest.approx(fast, rel=1e-4)  # NB: the file rounds the timings
     assert phase["busiest_step_cpu_normalised_s"] == pytest.approx(busiest_phase_normalised_s(steps, pairs, fast),
                                                                     rel=1e-4)  # NB: the file rounds to 1 us
     assert phase["busiest_step_cpu_s"] == pytest.approx(max(sum(s) / 2 for s in steps), rel=1e-4)

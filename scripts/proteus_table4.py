@@ -410,6 +410,43 @@ def repredict(path: Path, ranks: int, db: Path, cpu_db: Path | None = None, phas
     path.write_text(json.dumps(cells, indent=1) + "\n")
 
 
+def _normalise_overheads(out: Path, db: Any, fast_s: float) -> dict[str, list[float]]:
+    """The split executor's per-op and per-reshard costs measured with the probe (--executor-overhead and
+    --reshard-overhead with --phase-normalise), each rank's figure scaled to the fast phase: per op by the rank's
+    steps (sum of training-thread CPU x fast / probe over the sum of the CPU), per reshard step by fast / the
+    mean probe of its rounds. Returns the factors by signature impl; none without probed figures."""
+    from trainsim.measure.phase import pair_means_s
+    from trainsim.profile.executor_overhead import executor_signature
+    from trainsim.profile.reshard_overhead import PHASES, reshard_signature
+
+    factors: dict[Any, list[float]] = {}
+    executor = out / "executor-overhead.json"
+    if executor.exists():
+        for family, figures in json.loads(executor.read_text())["families"].items():
+            if "phase" not in figures:
+                continue
+            phase = figures["phase"]
+            per_rank = [sum(t * fast_s / p for t, p in zip(steps, pair_means_s(pairs), strict=True)) / sum(steps)
+                        for steps, pairs in zip(phase["step_thread_cpu_s_per_rank"], phase["phase_probe_s_per_rank"],
+                                                strict=True)]
+            for step_phase in ("fwd", "bwd"):
+                factors[executor_signature(family, step_phase)] = per_rank
+    reshard = out / "reshard-overhead.json"
+    if reshard.exists() and "probe_s_per_rank" in (record := json.loads(reshard.read_text())):
+        per_rank = [fast_s / p for p in record["probe_s_per_rank"]]
+        for key in record["per_step_s"]:
+            collective, step_phase = key.rsplit(" ", 1)
+            assert step_phase in PHASES, key
+            factors[reshard_signature(collective, step_phase)] = per_rank
+    for row in list(db.op_rows()):
+        if row.signature in factors:
+            key = (row.env.device, row.env.versions, row.env.threads, *dataclasses.astuple(row.signature)[:4],
+                   row.signature.shape_text)
+            samples = db.op_samples(key)
+            db.replace_op_samples(key, [s * f for s, f in zip(samples, factors[row.signature], strict=True)])
+    return {sig.impl + " " + sig.phase: f for sig, f in factors.items()}
+
+
 def phase_profile(out: Path) -> tuple[Path, float]:
     """OUT/profile-cpu-phase.db: OUT/profile-cpu.db with every probed op's samples phase-normalised, against one
     fast-phase probe (the low quantile of every probe timing of the campaign: its op samples and its runs on 2 and
@@ -436,7 +473,9 @@ def phase_profile(out: Path) -> tuple[Path, float]:
         source.backup(copy)  # a consistent copy of the WAL database
     with ProfileDB.open(phase_db) as db:
         rewritten = db.normalise_op_phases(fast_s)
-    record = {"fast_probe_s": fast_s, "probe_timings": len(timings), "ops_normalised": rewritten}
+        overheads = _normalise_overheads(out, db, fast_s)
+    record = {"fast_probe_s": fast_s, "probe_timings": len(timings), "ops_normalised": rewritten,
+              "overhead_factors": overheads}
     (out / "phase.json").write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps(record), flush=True)
     return phase_db, fast_s
@@ -454,7 +493,7 @@ def profile_cpu(out: Path, models: list[str], ranks_list: tuple[int, ...] = (2, 
             print(f"cpu-time profile: {model} on {ranks} ranks", flush=True)
 
 
-def profile_executor(out: Path, ranks: int = 2) -> dict[str, Any]:
+def profile_executor(out: Path, ranks: int = 2, probe: bool = False) -> dict[str, Any]:
     """The split executor's own cost per op and phase (profile/executor_overhead.py: a negligible model of each
     family through `trainsim measure --tree` on `ranks` gloo ranks, thread CPU time), into every database of
     the campaign (the same machine fact for the wall and the CPU-time predictions)."""
@@ -463,23 +502,35 @@ def profile_executor(out: Path, ranks: int = 2) -> dict[str, Any]:
     from trainsim.profile.ops import local_environment
 
     load = [Path("/proc/loadavg").read_text().split()[:3]]
-    results = [measure_executor_overhead(family, world_size=ranks, iterations=20) for family in FAMILIES]
+    results = [measure_executor_overhead(family, world_size=ranks, iterations=20, phase_probe=probe)
+               for family in FAMILIES]
     load.append(Path("/proc/loadavg").read_text().split()[:3])
     env = local_environment("cpu-local", "cpu")
     for name in ("profile-cpu.db", "profile-g2.db", "profile-g4.db"):
         if (out / name).exists():
+            if probe:  # the probed figures replace any stored (inherited) ones rather than merge with them
+                _delete_overhead_rows(out / name, "split-executor-cnn", "split-executor-transformer",
+                                      "split-executor-dlrm")
             with ProfileDB.open(out / name) as db:
                 for result in results:
                     store_executor_overhead(db, env, result)
     record = {"load_average_before_after": load, "world_size": ranks,
               "families": {r.family: {"per_op_s": r.per_op_s, "ops": r.ops, "kernel_s": r.kernel_s,
-                                      "autograd_per_op_s": r.autograd_per_op_s, "iterations": r.iterations}
+                                      "autograd_per_op_s": r.autograd_per_op_s, "iterations": r.iterations,
+                                      **({"phase": r.probed_steps} if r.probed_steps else {})}
                            for r in results}}
     (out / "executor-overhead.json").write_text(json.dumps(record, indent=1) + "\n")
     return record
 
 
-def profile_reshards(out: Path, ranks: int = 2) -> dict[str, Any]:
+def _delete_overhead_rows(db_path: Path, *impls: str) -> None:
+    import sqlite3
+
+    with sqlite3.connect(db_path) as db:
+        db.executemany("DELETE FROM op_times WHERE kind='overhead' AND impl=?", [(impl,) for impl in impls])
+
+
+def profile_reshards(out: Path, ranks: int = 2, probe: bool = False) -> dict[str, Any]:
     """The split executor's host cost per reshard step (profile/reshard_overhead.py: each collective's autograd
     function against its flat-buffer call on `ranks` gloo ranks, thread CPU time), into every database of the
     campaign (a machine fact, as the executor's cost per op)."""
@@ -487,21 +538,29 @@ def profile_reshards(out: Path, ranks: int = 2) -> dict[str, Any]:
 
     from trainsim.profile.database import ProfileDB
     from trainsim.profile.ops import local_environment
-    from trainsim.profile.reshard_overhead import measure_reshard_overhead, store_reshard_overhead
+    from trainsim.profile.reshard_overhead import (
+        RESHARD_COLLECTIVES,
+        RESHARD_IMPL,
+        measure_reshard_overhead,
+        store_reshard_overhead,
+    )
 
     torch.set_num_threads(1)  # the environment recorded: the probe's ranks run one thread, as the measured ranks
     load = [Path("/proc/loadavg").read_text().split()[:3]]
-    result = measure_reshard_overhead(world_size=ranks)
+    result = measure_reshard_overhead(world_size=ranks, probed=probe)
     load.append(Path("/proc/loadavg").read_text().split()[:3])
     env = local_environment("cpu-local", "cpu")
     for name in ("profile-cpu.db", "profile-g2.db", "profile-g4.db"):
         if (out / name).exists():
+            if probe:
+                _delete_overhead_rows(out / name, *(f"{RESHARD_IMPL}-{c}" for c in RESHARD_COLLECTIVES))
             with ProfileDB.open(out / name) as db:
                 store_reshard_overhead(db, env, result)
     record = {"load_average_before_after": load, "world_size": ranks, "elements": result.elements,
               "calls": result.calls, "rounds": result.rounds,
               "per_step_s": {f"{c} {p}": v for (c, p), v in result.per_step_s.items()},
-              "executor_bare_start_s": {f"{c} {p}": v for (c, p), v in result.calls_s.items()}}
+              "executor_bare_start_s": {f"{c} {p}": v for (c, p), v in result.calls_s.items()},
+              **({"probe_s_per_rank": result.probe_s} if result.probe_s else {})}
     (out / "reshard-overhead.json").write_text(json.dumps(record, indent=1) + "\n")
     return record
 
@@ -677,7 +736,7 @@ def main() -> None:
         print(json.dumps(inherit_facts(args.out, args.inherit_facts), indent=1))
         return
     if args.executor_overhead:
-        print(json.dumps(profile_executor(args.out), indent=1))
+        print(json.dumps(profile_executor(args.out, probe=args.phase_normalise), indent=1))
         return
     if args.cpu_collectives:
         print(json.dumps(profile_cpu_collectives(args.out, args.collective_repeats,
@@ -687,7 +746,7 @@ def main() -> None:
         print(json.dumps(pool_cpu_collectives(args.out, args.pool_collectives, args.collective_gap_ms / 1e3), indent=1))
         return
     if args.reshard_overhead:
-        print(json.dumps(profile_reshards(args.out), indent=1))
+        print(json.dumps(profile_reshards(args.out, probe=args.phase_normalise), indent=1))
         return
     if args.state_census:
         state_census(args.out, args.models.split(","), (args.ranks,) if args.ranks else (2, 4),

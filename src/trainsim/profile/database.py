@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from trainsim.catalog.files import shown_path
 from trainsim.errors import InputFileError
@@ -283,7 +284,14 @@ class ProfileDB:
         """Every probe timing of the op_phase table."""
         return [t for _, _, pairs in self.op_phase_rows() for pair in pairs for t in pair]
 
-    def replace_op_samples(self, key: tuple[str, ...], samples: list[float]) -> None:
+    def op_samples(self, key: tuple[Any, ...]) -> list[float]:
+        """One op's stored samples (op_times key: device, versions, threads, kind, impl, phase, dtype, shape)."""
+        row = self._conn.execute(
+            "SELECT samples FROM op_times WHERE device=? AND versions=? AND threads=? AND kind=? AND impl=? AND "
+            "phase=? AND dtype=? AND shape=?", key).fetchone()
+        return json.loads(row[0]) if row is not None else []
+
+    def replace_op_samples(self, key: tuple[Any, ...], samples: list[float]) -> None:
         """Set one op's stored samples (and its median and deciles) to `samples`."""
         stats = TimingStats.of(samples)
         with self._conn:

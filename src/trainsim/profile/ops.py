@@ -719,7 +719,7 @@ def measure_optimizer(tensor_sizes: list[int], device: str, warmup: int, repeats
     else:
         samples, detail, pairs = _adam_samples(*args)
     if probe is not None:  # the probe ran in the process that timed the step
-        probe.pairs_s.extend(tuple(pair) for pair in pairs)
+        probe.pairs_s.extend((before, after) for before, after in pairs)
     if scale > 1.0:
         samples = [sample * scale for sample in samples]
         detail += f"; measured on 1/{scale:.3g} of the parameters, scaled back"

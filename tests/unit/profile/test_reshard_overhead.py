@@ -41,7 +41,8 @@ def test_bad_probe_settings_are_refused(field: str, kwargs: dict[str, int]) -> N
 
 
 def test_a_real_two_rank_probe_prices_every_collective_and_phase_and_stores_them(tmp_path: Path) -> None:
-    result = measure_reshard_overhead(world_size=2, elements=64, calls=2, rounds=1, timeout_s=120.0)
+    result = measure_reshard_overhead(world_size=2, elements=64, calls=2, rounds=1, timeout_s=120.0, probed=True)
+    assert result.probe_s is not None and len(result.probe_s) == 2 and all(p > 0.0 for p in result.probe_s)
     keys = [(c, p) for c in RESHARD_COLLECTIVES for p in PHASES]
     assert sorted(result.per_step_s) == sorted(keys)
     assert all(len(v) == 2 and all(x >= 0.0 for x in v) for v in result.per_step_s.values())

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proteus_table4 import measure
+from proteus_table4 import measure, pearson, slope
 
 from trainsim.measure.phase import busiest_phase_normalised_s, fast_reference_s, pair_means_s
 
@@ -43,13 +43,6 @@ def visit(out: Path, number: int, iterations: int, warmup: int) -> None:
         record.setdefault(f"{model}/{strategy}", {})[str(number)] = {"began_utc": began, "load_before": load, **cell}
         print(f"visit {number} {model} {strategy}: {cell.get('cpu_s')} s CPU per step, load {load}", flush=True)
         path.write_text(json.dumps(record, indent=1) + "\n")
-
-
-def pearson(xs: list[float], ys: list[float]) -> float:
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
-    sxx, syy = sum((x - mx) ** 2 for x in xs), sum((y - my) ** 2 for y in ys)
-    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else float("nan")
 
 
 def spread(values: list[float]) -> tuple[float, float]:
@@ -80,6 +73,7 @@ def analyse(out: Path) -> dict[str, Any]:
             "raw_s": raw, "normalised_s": normalised, "mean_probe_s": visit_probe,
             "raw_spread": spread(raw), "normalised_spread": spread(normalised),
             "corr_log_step_log_probe_steps": pearson(log_step, log_probe),
+            "slope_log_step_log_probe_steps": slope(log_probe, log_step),
             "corr_log_visit_log_probe_visits": pearson([math.log(v) for v in raw],
                                                        [math.log(p) for p in visit_probe])}
     (out / "premise-analysis.json").write_text(json.dumps(result, indent=1) + "\n")

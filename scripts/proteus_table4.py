@@ -40,6 +40,7 @@ same microbenchmarks (the contention a rank sees from the others); collectives a
 import argparse
 import dataclasses
 import json
+import math
 import multiprocessing
 import os
 import statistics
@@ -405,6 +406,7 @@ def repredict(path: Path, ranks: int, db: Path, cpu_db: Path | None = None, phas
             # the training thread scaled, gloo's threads (whose collectives do not follow the probe) as measured
             cell["measured"]["cpu_phase_s"] = busiest_phase_normalised_s(steps, pairs, fast_s, gloo)
             cell["measured"]["cpu_phase_whole_s"] = busiest_phase_normalised_s(steps, pairs, fast_s)
+            cell["measured"]["phase_fit"] = phase_slope(phase)
             cell["predicted_cpu_phase_whole"] = cell["predicted_cpu_phase"] = predict(model, strategy, ranks, phase_db,
                                                                                       wall=False)
     path.write_text(json.dumps(cells, indent=1) + "\n")
@@ -447,13 +449,39 @@ def _normalise_overheads(out: Path, db: Any, fast_s: float) -> dict[str, list[fl
     return {sig.impl + " " + sig.phase: f for sig, f in factors.items()}
 
 
-def phase_profile(out: Path) -> tuple[Path, float]:
+def pearson(xs: list[float], ys: list[float]) -> float:
+    """The correlation coefficient of xs and ys (NaN when either is constant)."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    sxx, syy = sum((x - mx) ** 2 for x in xs), sum((y - my) ** 2 for y in ys)
+    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else float("nan")
+
+
+def slope(xs: list[float], ys: list[float]) -> float:
+    """The least-squares slope of ys on xs (with logs: how many percent the step moves per percent of probe;
+    phase normalisation assumes 1)."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx > 0 else float("nan")
+
+
+def phase_slope(phase: dict[str, Any]) -> dict[str, float]:
+    """Over a probed run's steps (every rank's), the correlation of log training-thread CPU with log probe and
+    the least-squares slope (phase normalisation scales by the probe, i.e. assumes a slope of 1)."""
+    from trainsim.measure.phase import pair_means_s
+
+    log_probe = [math.log(p) for pairs in phase["phase_probe_s_per_rank"] for p in pair_means_s(pairs)]
+    log_step = [math.log(t) for steps in phase["step_thread_cpu_s_per_rank"] for t in steps]
+    return {"corr": pearson(log_probe, log_step), "slope": slope(log_probe, log_step)}
+
+
+def phase_profile(out: Path, quantile: float) -> tuple[Path, float]:
     """OUT/profile-cpu-phase.db: OUT/profile-cpu.db with every probed op's samples phase-normalised, against one
     fast-phase probe (the low quantile of every probe timing of the campaign: its op samples and its runs on 2 and
     4 ranks), so the op costs and the runs' steps are scaled alike. Returns the database and that probe."""
     import sqlite3
 
-    from trainsim.measure.phase import fast_reference_s
+    from trainsim.measure.phase import FAST_PHASE_QUANTILE, fast_reference_s
     from trainsim.profile.database import ProfileDB
 
     timings: list[float] = []
@@ -465,8 +493,10 @@ def phase_profile(out: Path) -> tuple[Path, float]:
                 if phase is not None:
                     timings += [t for pairs in phase["phase_probe_s_per_rank"] for pair in pairs for t in pair]
     with ProfileDB.open(out / "profile-cpu.db") as db:
-        timings += db.probe_timings_s()
-    fast_s = fast_reference_s(timings)
+        db_timings = db.probe_timings_s()
+    timings += db_timings
+    fast_s = sorted(timings)[min(len(timings) - 1, int(quantile * len(timings)))] if quantile != FAST_PHASE_QUANTILE \
+        else fast_reference_s(timings)
     phase_db = out / "profile-cpu-phase.db"
     phase_db.unlink(missing_ok=True)
     with sqlite3.connect(out / "profile-cpu.db") as source, sqlite3.connect(phase_db) as copy:
@@ -474,7 +504,9 @@ def phase_profile(out: Path) -> tuple[Path, float]:
     with ProfileDB.open(phase_db) as db:
         rewritten = db.normalise_op_phases(fast_s)
         overheads = _normalise_overheads(out, db, fast_s)
-    record = {"fast_probe_s": fast_s, "probe_timings": len(timings), "ops_normalised": rewritten,
+    record = {"reference_probe_s": fast_s, "quantile": quantile, "probe_timings": len(timings),
+              "op_probe_median_s": statistics.median(db_timings) if db_timings else None,
+              "ops_normalised": rewritten,
               "overhead_factors": overheads}
     (out / "phase.json").write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps(record), flush=True)
@@ -723,6 +755,9 @@ def main() -> None:
     parser.add_argument("--phase-normalise", action="store_true", help="with --ranks: a campaign of the CPU "
                         "columns with the reference probe around every op sample and every step (phase_campaign); "
                         "with --repredict: also predict from the phase-normalised ops against the normalised runs")
+    parser.add_argument("--phase-quantile", type=float, default=0.05, help="with --repredict --phase-normalise: "
+                        "the quantile of the campaign's probe timings both sides are scaled to (0.05: measure.phase's "
+                        "fast phase; 0.5: the campaign's median probe)")
     parser.add_argument("--inherit-facts", type=Path, metavar="CPU_DB", help="copy the split executor's per-op "
                         "and per-reshard costs and the zero-state census from CPU_DB into OUT/profile-cpu.db")
     parser.add_argument("--cpu-profile", action="store_true", help="profile every cell's ops on thread CPU time "
@@ -758,7 +793,7 @@ def main() -> None:
     if args.ranks is None:
         parser.error("--ranks 2 or 4 (or --summary)")
     if args.repredict:
-        phase_db, fast_s = phase_profile(args.out) if args.phase_normalise else (None, 0.0)
+        phase_db, fast_s = phase_profile(args.out, args.phase_quantile) if args.phase_normalise else (None, 0.0)
         repredict(args.out / f"table4-g{args.ranks}.json", args.ranks, args.out / f"profile-g{args.ranks}.db",
                   args.out / "profile-cpu.db", phase_db, fast_s)
         return

@@ -381,7 +381,7 @@ def campaign(ranks: int, out: Path, iterations: int, warmup: int, repeats: int, 
 
 
 def repredict(path: Path, ranks: int, db: Path, cpu_db: Path | None = None, phase_db: Path | None = None,
-              fast_s: float = 0.0) -> None:
+              fast_s: float = 0.0, reference: str = "mean") -> None:
     """Simulate every measured cell of a campaign file with the campaign's profile database (no timing), with
     the CPU-time database where there is one, and with the phase-normalised one (phase_profile) for the cells
     measured with the probe, whose runs are normalised against the same fast-phase probe fast_s."""
@@ -404,15 +404,16 @@ def repredict(path: Path, ranks: int, db: Path, cpu_db: Path | None = None, phas
             gloo = [[s - t for s, t in zip(rank_steps, rank_threads, strict=True)]
                     for rank_steps, rank_threads in zip(steps, phase["step_thread_cpu_s_per_rank"], strict=True)]
             # the training thread scaled, gloo's threads (whose collectives do not follow the probe) as measured
-            cell["measured"]["cpu_phase_s"] = busiest_phase_normalised_s(steps, pairs, fast_s, gloo)
-            cell["measured"]["cpu_phase_whole_s"] = busiest_phase_normalised_s(steps, pairs, fast_s)
-            cell["measured"]["phase_fit"] = phase_slope(phase)
+            cell["measured"]["cpu_phase_s"] = busiest_phase_normalised_s(steps, pairs, fast_s, gloo, reference)
+            cell["measured"]["cpu_phase_whole_s"] = busiest_phase_normalised_s(steps, pairs, fast_s,
+                                                                                reference=reference)
+            cell["measured"]["phase_fit"] = phase_slope(phase, reference)
             cell["predicted_cpu_phase_whole"] = cell["predicted_cpu_phase"] = predict(model, strategy, ranks, phase_db,
                                                                                       wall=False)
     path.write_text(json.dumps(cells, indent=1) + "\n")
 
 
-def _normalise_overheads(out: Path, db: Any, fast_s: float) -> dict[str, list[float]]:
+def _normalise_overheads(out: Path, db: Any, fast_s: float, reference: str) -> dict[str, list[float]]:
     """The split executor's per-op and per-reshard costs measured with the probe (--executor-overhead and
     --reshard-overhead with --phase-normalise), each rank's figure scaled to the fast phase: per op by the rank's
     steps (sum of training-thread CPU x fast / probe over the sum of the CPU), per reshard step by fast / the
@@ -428,7 +429,8 @@ def _normalise_overheads(out: Path, db: Any, fast_s: float) -> dict[str, list[fl
             if "phase" not in figures:
                 continue
             phase = figures["phase"]
-            per_rank = [sum(t * fast_s / p for t, p in zip(steps, pair_means_s(pairs), strict=True)) / sum(steps)
+            per_rank = [sum(t * fast_s / p for t, p in zip(steps, pair_means_s(pairs, reference), strict=True))
+                        / sum(steps)
                         for steps, pairs in zip(phase["step_thread_cpu_s_per_rank"], phase["phase_probe_s_per_rank"],
                                                 strict=True)]
             for step_phase in ("fwd", "bwd"):
@@ -465,17 +467,17 @@ def slope(xs: list[float], ys: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx > 0 else float("nan")
 
 
-def phase_slope(phase: dict[str, Any]) -> dict[str, float]:
+def phase_slope(phase: dict[str, Any], reference: str = "mean") -> dict[str, float]:
     """Over a probed run's steps (every rank's), the correlation of log training-thread CPU with log probe and
     the least-squares slope (phase normalisation scales by the probe, i.e. assumes a slope of 1)."""
     from trainsim.measure.phase import pair_means_s
 
-    log_probe = [math.log(p) for pairs in phase["phase_probe_s_per_rank"] for p in pair_means_s(pairs)]
+    log_probe = [math.log(p) for pairs in phase["phase_probe_s_per_rank"] for p in pair_means_s(pairs, reference)]
     log_step = [math.log(t) for steps in phase["step_thread_cpu_s_per_rank"] for t in steps]
     return {"corr": pearson(log_probe, log_step), "slope": slope(log_probe, log_step)}
 
 
-def phase_profile(out: Path, quantile: float) -> tuple[Path, float]:
+def phase_profile(out: Path, quantile: float, reference: str = "mean") -> tuple[Path, float]:
     """OUT/profile-cpu-phase.db: OUT/profile-cpu.db with every probed op's samples phase-normalised, against one
     fast-phase probe (the low quantile of every probe timing of the campaign: its op samples and its runs on 2 and
     4 ranks), so the op costs and the runs' steps are scaled alike. Returns the database and that probe."""
@@ -502,9 +504,10 @@ def phase_profile(out: Path, quantile: float) -> tuple[Path, float]:
     with sqlite3.connect(out / "profile-cpu.db") as source, sqlite3.connect(phase_db) as copy:
         source.backup(copy)  # a consistent copy of the WAL database
     with ProfileDB.open(phase_db) as db:
-        rewritten = db.normalise_op_phases(fast_s)
-        overheads = _normalise_overheads(out, db, fast_s)
-    record = {"reference_probe_s": fast_s, "quantile": quantile, "probe_timings": len(timings),
+        rewritten = db.normalise_op_phases(fast_s, reference)
+        overheads = _normalise_overheads(out, db, fast_s, reference)
+    record = {"reference_probe_s": fast_s, "quantile": quantile, "probe_reference": reference,
+              "probe_timings": len(timings),
               "op_probe_median_s": statistics.median(db_timings) if db_timings else None,
               "ops_normalised": rewritten,
               "overhead_factors": overheads}
@@ -758,6 +761,9 @@ def main() -> None:
     parser.add_argument("--phase-quantile", type=float, default=0.05, help="with --repredict --phase-normalise: "
                         "the quantile of the campaign's probe timings both sides are scaled to (0.05: measure.phase's "
                         "fast phase; 0.5: the campaign's median probe)")
+    parser.add_argument("--phase-reference", choices=("mean", "before"), default="mean", help="with --repredict "
+                        "--phase-normalise: a step's or sample's probe: the mean of the two around it, or the one "
+                        "before it alone (measure.phase.pair_means_s)")
     parser.add_argument("--inherit-facts", type=Path, metavar="CPU_DB", help="copy the split executor's per-op "
                         "and per-reshard costs and the zero-state census from CPU_DB into OUT/profile-cpu.db")
     parser.add_argument("--cpu-profile", action="store_true", help="profile every cell's ops on thread CPU time "
@@ -793,9 +799,10 @@ def main() -> None:
     if args.ranks is None:
         parser.error("--ranks 2 or 4 (or --summary)")
     if args.repredict:
-        phase_db, fast_s = phase_profile(args.out, args.phase_quantile) if args.phase_normalise else (None, 0.0)
+        phase_db, fast_s = (phase_profile(args.out, args.phase_quantile, args.phase_reference)
+                            if args.phase_normalise else (None, 0.0))
         repredict(args.out / f"table4-g{args.ranks}.json", args.ranks, args.out / f"profile-g{args.ranks}.db",
-                  args.out / "profile-cpu.db", phase_db, fast_s)
+                  args.out / "profile-cpu.db", phase_db, fast_s, args.phase_reference)
         return
     if args.phase_normalise:
         phase_campaign(args.ranks, args.out, args.iterations, args.warmup, args.repeats, args.models.split(","))

@@ -110,20 +110,30 @@ class ProbeLog:
         self._before_s = None
 
 
-def pair_means_s(pairs_s: Sequence[Sequence[float]]) -> list[float]:
-    """A step's reference: the mean of the probe just before it and the one just after."""
-    return [sum(pair) / len(pair) for pair in pairs_s]
+PROBE_REFERENCES = ("mean", "before")
+
+
+def pair_means_s(pairs_s: Sequence[Sequence[float]], reference: str = "mean") -> list[float]:
+    """A step's reference: the mean of the probe just before it and the one just after ("mean"), or the one
+    just before alone ("before": in a gloo run the probe right after a step and its barrier is slower than the
+    one before the next step, which op samples do not show; docs/strategy-tree.md, fourteenth session)."""
+    if reference not in PROBE_REFERENCES:
+        raise ValueError(f"reference {reference!r}: one of {', '.join(PROBE_REFERENCES)}")
+    return [sum(pair) / len(pair) if reference == "mean" else pair[0] for pair in pairs_s]
 
 
 def busiest_phase_normalised_s(steps_s_per_rank: Sequence[Sequence[float]],
                                pairs_s_per_rank: Sequence[Sequence[Sequence[float]]], fast_s: float,
-                               kept_s_per_rank: Sequence[Sequence[float]] | None = None) -> float:
+                               kept_s_per_rank: Sequence[Sequence[float]] | None = None,
+                               reference: str = "mean") -> float:
     """The busiest rank's mean step time, each step of each rank scaled by its own rank's probes around it
     (phase_scaled_s): the figure a run's per-rank CPU seconds per step become in the fast phase. kept: the part
-    of each step that does not follow the phases, left as measured (only the rest is scaled)."""
+    of each step that does not follow the phases, left as measured (only the rest is scaled); reference: which
+    probes of a pair stand for the step (pair_means_s)."""
     kept_per_rank = kept_s_per_rank or [[0.0] * len(steps) for steps in steps_s_per_rank]
     means = []
     for steps, pairs, kept in zip(steps_s_per_rank, pairs_s_per_rank, kept_per_rank, strict=True):
-        scaled = phase_scaled_s([s - k for s, k in zip(steps, kept, strict=True)], pair_means_s(pairs), fast_s)
+        scaled = phase_scaled_s([s - k for s, k in zip(steps, kept, strict=True)], pair_means_s(pairs, reference),
+                                fast_s)
         means.append(statistics.fmean(s + k for s, k in zip(scaled, kept, strict=True)))
     return max(means)

@@ -301,9 +301,10 @@ class ProfileDB:
                 "versions=? AND threads=? AND kind=? AND impl=? AND phase=? AND dtype=? AND shape=?",
                 (stats.median_s, stats.p10_s, stats.p90_s, stats.repeats, json.dumps(samples), *key))
 
-    def normalise_op_phases(self, fast_s: float) -> int:
+    def normalise_op_phases(self, fast_s: float, reference: str = "mean") -> int:
         """Rewrite every probed op's samples as phase-normalised ones (measure.phase.phase_scaled_s: each sample x
-        fast_s / the mean of the probe just before and just after it); returns the ops rewritten. An op whose
+        fast_s / the mean of the probe just before and just after it, or the one before: measure.phase.
+        pair_means_s's reference); returns the ops rewritten. An op whose
         stored samples are not all probed (op_times holds more than op_phase) is refused."""
         rewritten = 0
         for key, samples, pairs in self.op_phase_rows():
@@ -314,7 +315,7 @@ class ProfileDB:
                 continue
             if int(stored[0]) != len(samples):
                 raise ValueError(f"op {key}: {stored[0]} samples stored, {len(samples)} of them probed")
-            self.replace_op_samples(key, phase_scaled_s(samples, pair_means_s(pairs), fast_s))
+            self.replace_op_samples(key, phase_scaled_s(samples, pair_means_s(pairs, reference), fast_s))
             rewritten += 1
         return rewritten
 

@@ -37,6 +37,19 @@ def test_two_ranks_steps_scale_by_their_own_probes_and_the_busiest_rank_is_taken
         phase_scaled_s([0.01], [0.0], 0.001)
 
 
+def test_the_probe_before_a_step_can_stand_for_it_alone():
+    """Rank 0's second step with its probe before (1.4 ms) alone: 15 ms x 1 / 1.4 = 10.714 ms; mean (10 +
+    10.714) / 2. The gloo threads' 2 ms of each step kept as measured: (8 x 1 / 1 + 2 + 13 / 1.4 + 2) / 2."""
+    steps, pairs = [[0.010, 0.015]], [[(0.001, 0.001), (0.0014, 0.0016)]]
+    assert pair_means_s(pairs[0], "before") == [0.001, 0.0014]
+    assert busiest_phase_normalised_s(steps, pairs, 0.001, reference="before") == pytest.approx(
+        (0.010 + 0.015 / 1.4) / 2)
+    assert busiest_phase_normalised_s(steps, pairs, 0.001, [[0.002, 0.002]], "before") == pytest.approx(
+        (0.008 + 0.002 + 0.013 / 1.4 + 0.002) / 2)
+    with pytest.raises(ValueError, match="reference 'after'"):
+        pair_means_s(pairs[0], "after")
+
+
 class _CountingProbe:
     """A stand-in probe: its n-th timing is n ms, and it burns no CPU."""
 

@@ -51,19 +51,20 @@ def spread(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(abs(v - mid) for v in values) / mid, (max(values) - min(values)) / mid
 
 
-def analyse(out: Path) -> dict[str, Any]:
+def analyse(out: Path, reference: str = "mean") -> dict[str, Any]:
     record = json.loads((out / "premise.json").read_text())
     probes = [t for cell in record.values() for run in cell.values() for pairs in
               run["phase"]["phase_probe_s_per_rank"] for pair in pairs for t in pair]
     fast_s = fast_reference_s(probes)
-    result: dict[str, Any] = {"fast_probe_s": fast_s, "probe_timings": len(probes), "cells": {}}
+    result: dict[str, Any] = {"fast_probe_s": fast_s, "probe_timings": len(probes), "reference": reference,
+                              "cells": {}}
     for key, cell in record.items():
         raw, normalised, log_step, log_probe, visit_probe = [], [], [], [], []
         for run in cell.values():
             steps, pairs = run["phase"]["step_cpu_s_per_rank"], run["phase"]["phase_probe_s_per_rank"]
             raw.append(max(statistics.fmean(s) for s in steps))
-            normalised.append(busiest_phase_normalised_s(steps, pairs, fast_s))
-            means = [pair_means_s(p) for p in pairs]
+            normalised.append(busiest_phase_normalised_s(steps, pairs, fast_s, reference=reference))
+            means = [pair_means_s(p, reference) for p in pairs]
             visit_probe.append(statistics.fmean(m for rank in means for m in rank))
             for rank_steps, rank_means in zip(steps, means, strict=True):
                 log_step += [math.log(s) for s in rank_steps]
@@ -76,7 +77,7 @@ def analyse(out: Path) -> dict[str, Any]:
             "slope_log_step_log_probe_steps": slope(log_probe, log_step),
             "corr_log_visit_log_probe_visits": pearson([math.log(v) for v in raw],
                                                        [math.log(p) for p in visit_probe])}
-    (out / "premise-analysis.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / f"premise-analysis-{reference}.json").write_text(json.dumps(result, indent=1) + "\n")
     return result
 
 
@@ -85,13 +86,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--visit", type=int, help="measure both cells once (a visit number)")
     parser.add_argument("--analyse", action="store_true")
+    parser.add_argument("--reference", choices=("mean", "before"), default="mean", help="a step's probe: the mean "
+                        "of the two around it, or the one before it (measure.phase.pair_means_s)")
     parser.add_argument("--iterations", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
     args = parser.parse_args()
     if args.visit is not None:
         visit(args.out, args.visit, args.iterations, args.warmup)
     if args.analyse:
-        print(json.dumps(analyse(args.out), indent=1))
+        print(json.dumps(analyse(args.out, args.reference), indent=1))
 
 
 if __name__ == "__main__":

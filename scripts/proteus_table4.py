@@ -467,6 +467,26 @@ def slope(xs: list[float], ys: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx > 0 else float("nan")
 
 
+def op_phase_fit(db: Any, reference: str) -> dict[str, dict[str, float]]:
+    """Per op kind (and over all), how op samples follow the probe around them: the correlation and the
+    least-squares slope of log sample on log probe, each op's logs taken about their own means (within-op)."""
+    from trainsim.measure.phase import pair_means_s
+
+    by_kind: dict[str, tuple[list[float], list[float]]] = {}
+    for key, samples, pairs in db.op_phase_rows():
+        if len(samples) < 3 or min(samples) <= 0:
+            continue
+        log_probe = [math.log(p) for p in pair_means_s(pairs, reference)]
+        log_sample = [math.log(v) for v in samples]
+        mean_probe, mean_sample = statistics.fmean(log_probe), statistics.fmean(log_sample)
+        for kind in (key[3], "all"):
+            xs, ys = by_kind.setdefault(kind, ([], []))
+            xs += [x - mean_probe for x in log_probe]
+            ys += [y - mean_sample for y in log_sample]
+    return {kind: {"samples": len(xs), "corr": pearson(xs, ys), "slope": slope(xs, ys)}
+            for kind, (xs, ys) in sorted(by_kind.items())}
+
+
 def phase_slope(phase: dict[str, Any], reference: str = "mean") -> dict[str, float]:
     """Over a probed run's steps (every rank's), the correlation of log training-thread CPU with log probe and
     the least-squares slope (phase normalisation scales by the probe, i.e. assumes a slope of 1)."""
@@ -496,6 +516,7 @@ def phase_profile(out: Path, quantile: float, reference: str = "mean") -> tuple[
                     timings += [t for pairs in phase["phase_probe_s_per_rank"] for pair in pairs for t in pair]
     with ProfileDB.open(out / "profile-cpu.db") as db:
         db_timings = db.probe_timings_s()
+        op_fit = op_phase_fit(db, reference)
     timings += db_timings
     fast_s = sorted(timings)[min(len(timings) - 1, int(quantile * len(timings)))] if quantile != FAST_PHASE_QUANTILE \
         else fast_reference_s(timings)
@@ -510,7 +531,7 @@ def phase_profile(out: Path, quantile: float, reference: str = "mean") -> tuple[
               "probe_timings": len(timings),
               "op_probe_median_s": statistics.median(db_timings) if db_timings else None,
               "ops_normalised": rewritten,
-              "overhead_factors": overheads}
+              "overhead_factors": overheads, "op_fit": op_fit}
     (out / "phase.json").write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps(record), flush=True)
     return phase_db, fast_s

@@ -40,6 +40,7 @@ same microbenchmarks (the contention a rank sees from the others); collectives a
 import argparse
 import dataclasses
 import json
+import math
 import multiprocessing
 import os
 import statistics
@@ -140,10 +141,13 @@ def _shadow(graphs: list[Any], hints: Any, stop: Any) -> None:
                     profile_graph(db, env, graph, hints, "cpu", warmup=0, repeats=repeats, optimizer=False)
 
 
-def profile_model(db_path: Path, model: str, ranks: int, repeats: int, wall: bool = True) -> None:
+def profile_model(db_path: Path, model: str, ranks: int, repeats: int, wall: bool = True, probe: bool = False) -> None:
+    """The ops both plans of the model run, beside ranks - 1 sibling processes; probe: the reference probe
+    (measure/phase.py) timed around every sample, its timings stored beside the raw samples (op_phase)."""
     import torch
 
     import trainsim.profile.ops as ops
+    from trainsim.measure.phase import ProbeLog, ReferenceProbe
     from trainsim.profile.database import ProfileDB
     from trainsim.profile.job import hints_for
     from trainsim.strategy.device_slice import DeviceSlice
@@ -163,11 +167,12 @@ def profile_model(db_path: Path, model: str, ranks: int, repeats: int, wall: boo
     original = ops.clock_for
     if wall:
         ops.clock_for = _wall_clock  # NB: thread CPU time would leave out the siblings' share of the cores
+    log = ProbeLog(ReferenceProbe()) if probe else None
     try:
         with ProfileDB.open(db_path) as db:
             env = ops.local_environment("cpu-local", "cpu")
             for graph in graphs:
-                ops.profile_graph(db, env, graph, hints, "cpu", warmup=1, repeats=repeats)
+                ops.profile_graph(db, env, graph, hints, "cpu", warmup=1, repeats=repeats, probe=log)
     finally:
         ops.clock_for = original
         stop.set()
@@ -257,14 +262,16 @@ def pool_cpu_collectives(out: Path, sweeps_path: Path, gap_s: float) -> dict[str
     return record
 
 
-def measure(model: str, strategy: str, ranks: int, out: Path, iterations: int, warmup: int) -> dict[str, Any]:
+def measure(model: str, strategy: str, ranks: int, out: Path, iterations: int, warmup: int,
+            phase_normalise: bool = False, run_id: str = "") -> dict[str, Any]:
     s = settings(model, ranks)
-    run_id = f"{model}-{strategy}-g{ranks}"
+    run_id = run_id or f"{model}-{strategy}-g{ranks}"
     cmd = [sys.executable, "-m", "trainsim", "measure", "--model", s["model"], "--num-gpus", str(ranks),
            "--micro-batch", str(s["micro_batch"]), "--global-batch", str(s["global_batch"]),
            "--seq-len", str(s["seq_len"]), "--precision", "fp32", "--optimizer-impl", "loop",
            "--tree", str(tree_path(model, strategy, ranks)), "--iterations", str(iterations),
-           "--warmup", str(warmup), "--threads", "1", "--out", str(out / "runs"), "--run-id", run_id, "--json"]
+           "--warmup", str(warmup), "--threads", "1", "--out", str(out / "runs"), "--run-id", run_id, "--json",
+           *(["--phase-normalise"] if phase_normalise else [])]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
     if done.returncode != 0:
         return {"error": (done.stderr or done.stdout)[-400:]}
@@ -273,7 +280,17 @@ def measure(model: str, strategy: str, ranks: int, out: Path, iterations: int, w
     cpu = busiest_cpu_s(run["settings"], len(times))
     return {"median_s": statistics.median(times), "times_s": times, "cpu_s": cpu, "final_loss": run["final_loss"],
             "cpu_with_barriers_s": max(run["settings"]["cpu_s_per_rank"]) / len(times),
-            "load_average_1m": run["settings"].get("load_average_1m")}
+            "load_average_1m": run["settings"].get("load_average_1m"),
+            **({"phase": phase_record(run["settings"])} if phase_normalise else {})}
+
+
+def phase_record(settings: dict[str, Any]) -> dict[str, Any]:
+    """A probed run's per-rank step CPU and probe pairs (trainsim measure --phase-normalise), which the campaign
+    normalises against the fast-phase probe of all its runs and op samples."""
+    return {"step_cpu_s_per_rank": settings["step_cpu_s_per_rank"],
+            "step_thread_cpu_s_per_rank": settings["step_thread_cpu_s_per_rank"],
+            "phase_probe_s_per_rank": settings["phase_probe_s_per_rank"],
+            "run_fast_probe_s": settings["phase_normalised"]["fast_probe_s"]}
 
 
 def busiest_cpu_s(settings: dict[str, Any], iterations: int) -> float:
@@ -324,6 +341,26 @@ def predict(model: str, strategy: str, ranks: int, db_path: Path, wall: bool = T
     return out
 
 
+def phase_campaign(ranks: int, out: Path, iterations: int, warmup: int, repeats: int, models: list[str]) -> None:
+    """The CPU columns with the reference probe on both sides: per model, its ops profiled on thread CPU time
+    with the probe around every sample into OUT/profile-cpu.db (PHASE_OP_REPEATS samples), then both plans
+    measured with `trainsim measure --phase-normalise`. No wall-clock columns. Then --repredict --phase-normalise."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"table4-g{ranks}.json"
+    cells: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    started = time.time()
+    for model in models:
+        profile_model(out / "profile-cpu.db", model, ranks, repeats, wall=False, probe=True)
+        print(f"{model}: ops profiled with the probe ({time.time() - started:.0f} s)", flush=True)
+        for strategy in STRATEGIES:
+            load = Path("/proc/loadavg").read_text().split()[:3]
+            measured = measure(model, strategy, ranks, out, iterations, warmup, phase_normalise=True)
+            cells[f"{model}/{strategy}"] = {"measured": {**measured, "load_before": load}}
+            print(f"{model} {strategy}: {measured.get('cpu_s')} s CPU per step, load {load} "
+                  f"({time.time() - started:.0f} s)", flush=True)
+            path.write_text(json.dumps(cells, indent=1) + "\n")
+
+
 def campaign(ranks: int, out: Path, iterations: int, warmup: int, repeats: int, models: list[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     db = out / f"profile-g{ranks}.db"
@@ -343,9 +380,13 @@ def campaign(ranks: int, out: Path, iterations: int, warmup: int, repeats: int, 
     repredict(path, ranks, db)
 
 
-def repredict(path: Path, ranks: int, db: Path, cpu_db: Path | None = None) -> None:
-    """Simulate every measured cell of a campaign file with the campaign's profile database (no timing), and
-    with the CPU-time database where there is one."""
+def repredict(path: Path, ranks: int, db: Path, cpu_db: Path | None = None, phase_db: Path | None = None,
+              fast_s: float = 0.0, reference: str = "mean") -> None:
+    """Simulate every measured cell of a campaign file with the campaign's profile database (no timing), with
+    the CPU-time database where there is one, and with the phase-normalised one (phase_profile) for the cells
+    measured with the probe, whose runs are normalised against the same fast-phase probe fast_s."""
+    from trainsim.measure.phase import busiest_phase_normalised_s
+
     cells = json.loads(path.read_text())
     for key, cell in cells.items():
         model, strategy = key.split("/")
@@ -353,10 +394,147 @@ def repredict(path: Path, ranks: int, db: Path, cpu_db: Path | None = None) -> N
         if "cpu_s" not in cell["measured"] and run_file.exists():  # cells measured before cpu_s was kept
             run = json.loads(run_file.read_text())
             cell["measured"]["cpu_s"] = busiest_cpu_s(run["settings"], len(run["iteration_times_s"]))
-        cell["predicted"] = predict(model, strategy, ranks, db)
+        if db.exists():  # a phase campaign has no wall-clock database
+            cell["predicted"] = predict(model, strategy, ranks, db)
         if cpu_db is not None and cpu_db.exists():
             cell["predicted_cpu"] = predict(model, strategy, ranks, cpu_db, wall=False)
+        phase = cell["measured"].get("phase")
+        if phase is not None and phase_db is not None:
+            steps, pairs = phase["step_cpu_s_per_rank"], phase["phase_probe_s_per_rank"]
+            gloo = [[s - t for s, t in zip(rank_steps, rank_threads, strict=True)]
+                    for rank_steps, rank_threads in zip(steps, phase["step_thread_cpu_s_per_rank"], strict=True)]
+            # the training thread scaled, gloo's threads (whose collectives do not follow the probe) as measured
+            cell["measured"]["cpu_phase_s"] = busiest_phase_normalised_s(steps, pairs, fast_s, gloo, reference)
+            cell["measured"]["cpu_phase_whole_s"] = busiest_phase_normalised_s(steps, pairs, fast_s,
+                                                                                reference=reference)
+            cell["measured"]["phase_fit"] = phase_slope(phase, reference)
+            cell["predicted_cpu_phase_whole"] = cell["predicted_cpu_phase"] = predict(model, strategy, ranks, phase_db,
+                                                                                      wall=False)
     path.write_text(json.dumps(cells, indent=1) + "\n")
+
+
+def _normalise_overheads(out: Path, db: Any, fast_s: float, reference: str) -> dict[str, list[float]]:
+    """The split executor's per-op and per-reshard costs measured with the probe (--executor-overhead and
+    --reshard-overhead with --phase-normalise), each rank's figure scaled to the fast phase: per op by the rank's
+    steps (sum of training-thread CPU x fast / probe over the sum of the CPU), per reshard step by fast / the
+    mean probe of its rounds. Returns the factors by signature impl; none without probed figures."""
+    from trainsim.measure.phase import pair_means_s
+    from trainsim.profile.executor_overhead import executor_signature
+    from trainsim.profile.reshard_overhead import PHASES, reshard_signature
+
+    factors: dict[Any, list[float]] = {}
+    executor = out / "executor-overhead.json"
+    if executor.exists():
+        for family, figures in json.loads(executor.read_text())["families"].items():
+            if "phase" not in figures:
+                continue
+            phase = figures["phase"]
+            per_rank = [sum(t * fast_s / p for t, p in zip(steps, pair_means_s(pairs, reference), strict=True))
+                        / sum(steps)
+                        for steps, pairs in zip(phase["step_thread_cpu_s_per_rank"], phase["phase_probe_s_per_rank"],
+                                                strict=True)]
+            for step_phase in ("fwd", "bwd"):
+                factors[executor_signature(family, step_phase)] = per_rank
+    reshard = out / "reshard-overhead.json"
+    if reshard.exists() and "probe_s_per_rank" in (record := json.loads(reshard.read_text())):
+        per_rank = [fast_s / p for p in record["probe_s_per_rank"]]
+        for key in record["per_step_s"]:
+            collective, step_phase = key.rsplit(" ", 1)
+            assert step_phase in PHASES, key
+            factors[reshard_signature(collective, step_phase)] = per_rank
+    for row in list(db.op_rows()):
+        if row.signature in factors:
+            key = (row.env.device, row.env.versions, row.env.threads, *dataclasses.astuple(row.signature)[:4],
+                   row.signature.shape_text)
+            samples = db.op_samples(key)
+            db.replace_op_samples(key, [s * f for s, f in zip(samples, factors[row.signature], strict=True)])
+    return {sig.impl + " " + sig.phase: f for sig, f in factors.items()}
+
+
+def pearson(xs: list[float], ys: list[float]) -> float:
+    """The correlation coefficient of xs and ys (NaN when either is constant)."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    sxx, syy = sum((x - mx) ** 2 for x in xs), sum((y - my) ** 2 for y in ys)
+    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else float("nan")
+
+
+def slope(xs: list[float], ys: list[float]) -> float:
+    """The least-squares slope of ys on xs (with logs: how many percent the step moves per percent of probe;
+    phase normalisation assumes 1)."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx > 0 else float("nan")
+
+
+def op_phase_fit(db: Any, reference: str) -> dict[str, dict[str, float]]:
+    """Per op kind (and over all), how op samples follow the probe around them: the correlation and the
+    least-squares slope of log sample on log probe, each op's logs taken about their own means (within-op)."""
+    from trainsim.measure.phase import pair_means_s
+
+    by_kind: dict[str, tuple[list[float], list[float]]] = {}
+    for key, samples, pairs in db.op_phase_rows():
+        if len(samples) < 3 or min(samples) <= 0:
+            continue
+        log_probe = [math.log(p) for p in pair_means_s(pairs, reference)]
+        log_sample = [math.log(v) for v in samples]
+        mean_probe, mean_sample = statistics.fmean(log_probe), statistics.fmean(log_sample)
+        for kind in (key[3], "all"):
+            xs, ys = by_kind.setdefault(kind, ([], []))
+            xs += [x - mean_probe for x in log_probe]
+            ys += [y - mean_sample for y in log_sample]
+    return {kind: {"samples": len(xs), "corr": pearson(xs, ys), "slope": slope(xs, ys)}
+            for kind, (xs, ys) in sorted(by_kind.items())}
+
+
+def phase_slope(phase: dict[str, Any], reference: str = "mean") -> dict[str, float]:
+    """Over a probed run's steps (every rank's), the correlation of log training-thread CPU with log probe and
+    the least-squares slope (phase normalisation scales by the probe, i.e. assumes a slope of 1)."""
+    from trainsim.measure.phase import pair_means_s
+
+    log_probe = [math.log(p) for pairs in phase["phase_probe_s_per_rank"] for p in pair_means_s(pairs, reference)]
+    log_step = [math.log(t) for steps in phase["step_thread_cpu_s_per_rank"] for t in steps]
+    return {"corr": pearson(log_probe, log_step), "slope": slope(log_probe, log_step)}
+
+
+def phase_profile(out: Path, quantile: float, reference: str = "mean") -> tuple[Path, float]:
+    """OUT/profile-cpu-phase.db: OUT/profile-cpu.db with every probed op's samples phase-normalised, against one
+    fast-phase probe (the low quantile of every probe timing of the campaign: its op samples and its runs on 2 and
+    4 ranks), so the op costs and the runs' steps are scaled alike. Returns the database and that probe."""
+    import sqlite3
+
+    from trainsim.measure.phase import FAST_PHASE_QUANTILE, fast_reference_s
+    from trainsim.profile.database import ProfileDB
+
+    timings: list[float] = []
+    for ranks in (2, 4):
+        cells_path = out / f"table4-g{ranks}.json"
+        if cells_path.exists():
+            for cell in json.loads(cells_path.read_text()).values():
+                phase = cell["measured"].get("phase")
+                if phase is not None:
+                    timings += [t for pairs in phase["phase_probe_s_per_rank"] for pair in pairs for t in pair]
+    with ProfileDB.open(out / "profile-cpu.db") as db:
+        db_timings = db.probe_timings_s()
+        op_fit = op_phase_fit(db, reference)
+    timings += db_timings
+    fast_s = sorted(timings)[min(len(timings) - 1, int(quantile * len(timings)))] if quantile != FAST_PHASE_QUANTILE \
+        else fast_reference_s(timings)
+    phase_db = out / "profile-cpu-phase.db"
+    phase_db.unlink(missing_ok=True)
+    with sqlite3.connect(out / "profile-cpu.db") as source, sqlite3.connect(phase_db) as copy:
+        source.backup(copy)  # a consistent copy of the WAL database
+    with ProfileDB.open(phase_db) as db:
+        rewritten = db.normalise_op_phases(fast_s, reference)
+        overheads = _normalise_overheads(out, db, fast_s, reference)
+    record = {"reference_probe_s": fast_s, "quantile": quantile, "probe_reference": reference,
+              "probe_timings": len(timings),
+              "op_probe_median_s": statistics.median(db_timings) if db_timings else None,
+              "ops_normalised": rewritten,
+              "overhead_factors": overheads, "op_fit": op_fit}
+    (out / "phase.json").write_text(json.dumps(record, indent=1) + "\n")
+    print(json.dumps(record), flush=True)
+    return phase_db, fast_s
 
 
 def profile_cpu(out: Path, models: list[str], ranks_list: tuple[int, ...] = (2, 4)) -> None:
@@ -371,7 +549,7 @@ def profile_cpu(out: Path, models: list[str], ranks_list: tuple[int, ...] = (2, 
             print(f"cpu-time profile: {model} on {ranks} ranks", flush=True)
 
 
-def profile_executor(out: Path, ranks: int = 2) -> dict[str, Any]:
+def profile_executor(out: Path, ranks: int = 2, probe: bool = False) -> dict[str, Any]:
     """The split executor's own cost per op and phase (profile/executor_overhead.py: a negligible model of each
     family through `trainsim measure --tree` on `ranks` gloo ranks, thread CPU time), into every database of
     the campaign (the same machine fact for the wall and the CPU-time predictions)."""
@@ -380,23 +558,35 @@ def profile_executor(out: Path, ranks: int = 2) -> dict[str, Any]:
     from trainsim.profile.ops import local_environment
 
     load = [Path("/proc/loadavg").read_text().split()[:3]]
-    results = [measure_executor_overhead(family, world_size=ranks, iterations=20) for family in FAMILIES]
+    results = [measure_executor_overhead(family, world_size=ranks, iterations=20, phase_probe=probe)
+               for family in FAMILIES]
     load.append(Path("/proc/loadavg").read_text().split()[:3])
     env = local_environment("cpu-local", "cpu")
     for name in ("profile-cpu.db", "profile-g2.db", "profile-g4.db"):
         if (out / name).exists():
+            if probe:  # the probed figures replace any stored (inherited) ones rather than merge with them
+                _delete_overhead_rows(out / name, "split-executor-cnn", "split-executor-transformer",
+                                      "split-executor-dlrm")
             with ProfileDB.open(out / name) as db:
                 for result in results:
                     store_executor_overhead(db, env, result)
     record = {"load_average_before_after": load, "world_size": ranks,
               "families": {r.family: {"per_op_s": r.per_op_s, "ops": r.ops, "kernel_s": r.kernel_s,
-                                      "autograd_per_op_s": r.autograd_per_op_s, "iterations": r.iterations}
+                                      "autograd_per_op_s": r.autograd_per_op_s, "iterations": r.iterations,
+                                      **({"phase": r.probed_steps} if r.probed_steps else {})}
                            for r in results}}
     (out / "executor-overhead.json").write_text(json.dumps(record, indent=1) + "\n")
     return record
 
 
-def profile_reshards(out: Path, ranks: int = 2) -> dict[str, Any]:
+def _delete_overhead_rows(db_path: Path, *impls: str) -> None:
+    import sqlite3
+
+    with sqlite3.connect(db_path) as db:
+        db.executemany("DELETE FROM op_times WHERE kind='overhead' AND impl=?", [(impl,) for impl in impls])
+
+
+def profile_reshards(out: Path, ranks: int = 2, probe: bool = False) -> dict[str, Any]:
     """The split executor's host cost per reshard step (profile/reshard_overhead.py: each collective's autograd
     function against its flat-buffer call on `ranks` gloo ranks, thread CPU time), into every database of the
     campaign (a machine fact, as the executor's cost per op)."""
@@ -404,21 +594,29 @@ def profile_reshards(out: Path, ranks: int = 2) -> dict[str, Any]:
 
     from trainsim.profile.database import ProfileDB
     from trainsim.profile.ops import local_environment
-    from trainsim.profile.reshard_overhead import measure_reshard_overhead, store_reshard_overhead
+    from trainsim.profile.reshard_overhead import (
+        RESHARD_COLLECTIVES,
+        RESHARD_IMPL,
+        measure_reshard_overhead,
+        store_reshard_overhead,
+    )
 
     torch.set_num_threads(1)  # the environment recorded: the probe's ranks run one thread, as the measured ranks
     load = [Path("/proc/loadavg").read_text().split()[:3]]
-    result = measure_reshard_overhead(world_size=ranks)
+    result = measure_reshard_overhead(world_size=ranks, probed=probe)
     load.append(Path("/proc/loadavg").read_text().split()[:3])
     env = local_environment("cpu-local", "cpu")
     for name in ("profile-cpu.db", "profile-g2.db", "profile-g4.db"):
         if (out / name).exists():
+            if probe:
+                _delete_overhead_rows(out / name, *(f"{RESHARD_IMPL}-{c}" for c in RESHARD_COLLECTIVES))
             with ProfileDB.open(out / name) as db:
                 store_reshard_overhead(db, env, result)
     record = {"load_average_before_after": load, "world_size": ranks, "elements": result.elements,
               "calls": result.calls, "rounds": result.rounds,
               "per_step_s": {f"{c} {p}": v for (c, p), v in result.per_step_s.items()},
-              "executor_bare_start_s": {f"{c} {p}": v for (c, p), v in result.calls_s.items()}}
+              "executor_bare_start_s": {f"{c} {p}": v for (c, p), v in result.calls_s.items()},
+              **({"probe_s_per_rank": result.probe_s} if result.probe_s else {})}
     (out / "reshard-overhead.json").write_text(json.dumps(record, indent=1) + "\n")
     return record
 
@@ -456,7 +654,10 @@ def summary(out: Path) -> dict[str, Any]:
             continue
         for key, cell in json.loads(path.read_text()).items():
             for clock, measured_key, predicted_key in (("wall", "median_s", "predicted"),
-                                                       ("cpu", "cpu_s", "predicted_cpu")):
+                                                       ("cpu", "cpu_s", "predicted_cpu"),
+                                                       ("cpu-phase", "cpu_phase_s", "predicted_cpu_phase"),
+                                                       ("cpu-phase-whole", "cpu_phase_whole_s",
+                                                        "predicted_cpu_phase_whole")):
                 measured = cell["measured"].get(measured_key)
                 if not measured or predicted_key not in cell:
                     continue
@@ -471,7 +672,7 @@ def summary(out: Path) -> dict[str, Any]:
                            "maximum": max(r[f"{b}_error"] for r in rows if r["clock"] == clock)}
                        for b in ("proteus", "plain", "flexflow", "serial")
                        if all(f"{b}_error" in r for r in rows if r["clock"] == clock)}
-               for clock in ("wall", "cpu") if any(r["clock"] == clock for r in rows)}
+               for clock in ("wall", "cpu", "cpu-phase", "cpu-phase-whole") if any(r["clock"] == clock for r in rows)}
     result = {"cells": rows, "overall": overall}
     (out / "table4-summary.json").write_text(json.dumps(result, indent=1) + "\n")
     print(f"{'clock':<6}{'model':<20}{'plan':<5}{'ranks':>6}{'measured':>10}{'proteus':>9}{'plain':>9}{'flexflow':>9}"
@@ -484,7 +685,47 @@ def summary(out: Path) -> dict[str, Any]:
         for b, v in per.items():
             print(f"{clock} {b}: average {v['average'] * 100:.1f}%, maximum {v['maximum'] * 100:.1f}%")
     (out / "table4.md").write_text(markdown(rows, overall))
+    if "cpu-phase" in overall:
+        (out / "table4-phase.md").write_text(phase_markdown(rows))
     return result
+
+
+def inherit_facts(out: Path, source: Path) -> dict[str, Any]:
+    """Copy the machine facts measured once (the split executor's cost per op and per reshard step, op kind
+    "overhead" with impl split-executor*, and the census of zero optimizer states) from the CPU-time database
+    `source` into OUT/profile-cpu.db (no timing): a phase campaign re-profiles the ops, not these."""
+    import sqlite3
+
+    from trainsim.profile.database import ProfileDB
+
+    with ProfileDB.open(out / "profile-cpu.db"):
+        pass  # the schema
+    with sqlite3.connect(out / "profile-cpu.db") as db:
+        db.execute("ATTACH DATABASE ? AS src", (str(source),))
+        ops = db.execute("INSERT OR REPLACE INTO op_times SELECT * FROM src.op_times WHERE kind='overhead' AND "
+                         "impl LIKE 'split-executor%'").rowcount
+        census = db.execute("INSERT OR REPLACE INTO state_census SELECT * FROM src.state_census").rowcount
+    record = {"from": str(source), "executor_rows": ops, "census_rows": census}
+    (out / "inherited-facts.json").write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def phase_markdown(rows: list[dict[str, Any]]) -> str:
+    """A phase campaign's cells: measured raw -> normalised, each column's signed error raw -> normalised."""
+    keyed = {(r["model"], r["strategy"], r["ranks"], r["clock"]): r for r in rows}
+    lines = ["| cell | measured raw -> normalised | proteus | plain | flexflow |", "|---|---:|---:|---:|---:|"]
+    for model, strategy, ranks in dict.fromkeys((r["model"], r["strategy"], r["ranks"]) for r in rows):
+        raw, phase = keyed.get((model, strategy, ranks, "cpu")), keyed.get((model, strategy, ranks, "cpu-phase"))
+        if raw is None or phase is None:
+            continue
+        errors = [f"{signed(raw, b):+.1f}% -> {signed(phase, b):+.1f}%" for b in ("proteus", "plain", "flexflow")]
+        lines.append(f"| {model} {strategy.upper()} g{ranks} | {raw['measured_s'] * 1e3:.1f} -> "
+                     f"{phase['measured_s'] * 1e3:.1f} ms | " + " | ".join(errors) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def signed(row: dict[str, Any], column: str) -> float:
+    return (row[f"{column}_s"] - row["measured_s"]) / row["measured_s"] * 100
 
 
 def markdown(rows: list[dict[str, Any]], overall: dict[str, Any]) -> str:
@@ -535,6 +776,17 @@ def main() -> None:
                         "--collective-gap-ms (no timing)")
     parser.add_argument("--state-census", action="store_true", help="count the optimizer states the runs leave "
                         "at zero (one process, no clock) into OUT's databases (--iterations, --warmup: the runs')")
+    parser.add_argument("--phase-normalise", action="store_true", help="with --ranks: a campaign of the CPU "
+                        "columns with the reference probe around every op sample and every step (phase_campaign); "
+                        "with --repredict: also predict from the phase-normalised ops against the normalised runs")
+    parser.add_argument("--phase-quantile", type=float, default=0.05, help="with --repredict --phase-normalise: "
+                        "the quantile of the campaign's probe timings both sides are scaled to (0.05: measure.phase's "
+                        "fast phase; 0.5: the campaign's median probe)")
+    parser.add_argument("--phase-reference", choices=("mean", "before"), default="mean", help="with --repredict "
+                        "--phase-normalise: a step's or sample's probe: the mean of the two around it, or the one "
+                        "before it alone (measure.phase.pair_means_s)")
+    parser.add_argument("--inherit-facts", type=Path, metavar="CPU_DB", help="copy the split executor's per-op "
+                        "and per-reshard costs and the zero-state census from CPU_DB into OUT/profile-cpu.db")
     parser.add_argument("--cpu-profile", action="store_true", help="profile every cell's ops on thread CPU time "
                         "into OUT/profile-cpu.db (load-independent; no runs)")
     args = parser.parse_args()
@@ -542,8 +794,11 @@ def main() -> None:
     if args.summary:
         summary(args.out)
         return
+    if args.inherit_facts:
+        print(json.dumps(inherit_facts(args.out, args.inherit_facts), indent=1))
+        return
     if args.executor_overhead:
-        print(json.dumps(profile_executor(args.out), indent=1))
+        print(json.dumps(profile_executor(args.out, probe=args.phase_normalise), indent=1))
         return
     if args.cpu_collectives:
         print(json.dumps(profile_cpu_collectives(args.out, args.collective_repeats,
@@ -553,7 +808,7 @@ def main() -> None:
         print(json.dumps(pool_cpu_collectives(args.out, args.pool_collectives, args.collective_gap_ms / 1e3), indent=1))
         return
     if args.reshard_overhead:
-        print(json.dumps(profile_reshards(args.out), indent=1))
+        print(json.dumps(profile_reshards(args.out, probe=args.phase_normalise), indent=1))
         return
     if args.state_census:
         state_census(args.out, args.models.split(","), (args.ranks,) if args.ranks else (2, 4),
@@ -565,8 +820,13 @@ def main() -> None:
     if args.ranks is None:
         parser.error("--ranks 2 or 4 (or --summary)")
     if args.repredict:
+        phase_db, fast_s = (phase_profile(args.out, args.phase_quantile, args.phase_reference)
+                            if args.phase_normalise else (None, 0.0))
         repredict(args.out / f"table4-g{args.ranks}.json", args.ranks, args.out / f"profile-g{args.ranks}.db",
-                  args.out / "profile-cpu.db")
+                  args.out / "profile-cpu.db", phase_db, fast_s, args.phase_reference)
+        return
+    if args.phase_normalise:
+        phase_campaign(args.ranks, args.out, args.iterations, args.warmup, args.repeats, args.models.split(","))
         return
     campaign(args.ranks, args.out, args.iterations, args.warmup, args.repeats, args.models.split(","))
 

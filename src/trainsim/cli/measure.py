@@ -76,6 +76,10 @@ def measure(
     allocator: Annotated[str | None, typer.Option(help="DLRM: the ranks' malloc policy: keep (freed memory stays "
                                                   "in the process, as a GPU's caching allocator; the default) | "
                                                   "system (the C library's defaults)")] = None,
+    phase_normalise: Annotated[bool, typer.Option(
+        "--phase-normalise", help="time a fixed reference workload (measure/phase.py) on every rank just before "
+        "and after every timed step; the run records the probe timings and each step's CPU seconds, and reports "
+        "its step time scaled to the machine's fast speed phase beside the raw one")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     """Run a training job for real (torch.distributed: gloo on CPUs, NCCL on GPUs) and record its iteration
@@ -86,7 +90,8 @@ def measure(
 
         refuse_unsupported({"suite": suite, "tree": tree, "threads": threads, "profile": profile,
                             "execution_trace": execution_trace, "memory_cap_gib": memory_cap_gib,
-                            "list": list_suite, "repeats": repeats if repeats != 1 else None})
+                            "list": list_suite, "repeats": repeats if repeats != 1 else None,
+                            "phase_normalise": phase_normalise})
         measure_sharded(job_file, flags, sharder, sharding, iterations=iterations, warmup=warmup,
                         timeout_s=timeout_s, out=out, run_id=run_id, as_json=as_json, seed=seed,
                         allocator=allocator)
@@ -95,6 +100,8 @@ def measure(
         raise ConfigError("seed" if seed != 0 else "allocator", seed if seed != 0 else allocator,
                           "applies to --sharder/--sharding only")
     if suite is not None:
+        if phase_normalise:
+            raise ConfigError("phase_normalise", True, "applies to one run, not to --suite")
         given = [f"--{k.replace('_', '-')}" for k, v in flags.items() if v is not None]
         if job_file is not None or given or run_id is not None:
             raise ConfigError("suite", suite, f"measures its own jobs; drop the job file and {' '.join(given)}"
@@ -105,7 +112,7 @@ def measure(
         raise ConfigError("repeats" if repeats != 1 else "list", repeats if repeats != 1 else True,
                           "applies to --suite only")
     job = job_from_flags(job_file, flags)
-    extra = _split_run(tree, memory_cap_gib, model, job)
+    extra = {**_split_run(tree, memory_cap_gib, model, job), "phase_probe": phase_normalise}
     _measure_one(job, out, run_id, iterations, warmup, timeout_s, threads, profile, execution_trace, as_json,
                  extra)
 

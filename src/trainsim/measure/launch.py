@@ -87,6 +87,9 @@ class MeasureSpec:
     # a per-rank memory cap (bytes above the rank's resident memory before the model is built; 0: none): a rank
     # that goes past it stops the run, which records outcome "oom" instead of failing
     memory_cap_bytes: int = 0
+    # time measure.phase's reference probe just before and just after every timed step, on every rank (outside
+    # the step's timing and CPU figures): the run then reports its phase-normalised step time beside the raw one
+    phase_probe: bool = False
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -200,7 +203,7 @@ def make_spec(job: Job, out_dir: Path, *, run_id: str | None = None, iterations:
               profile: bool = False, execution_trace: bool = False,
               labels: dict[str, str] | None = None, tree_yaml: str = "",
               dataflow: dict[str, list[str]] | None = None, memory_cap_bytes: int = 0,
-              op_configs: dict[str, list[int]] | None = None) -> MeasureSpec:
+              op_configs: dict[str, list[int]] | None = None, phase_probe: bool = False) -> MeasureSpec:
     """Check the job and the loop settings; pick the device and the threads per rank (cores / ranks)."""
     import importlib.util
 
@@ -225,7 +228,7 @@ def make_spec(job: Job, out_dir: Path, *, run_id: str | None = None, iterations:
     return MeasureSpec(run_id or default_run_id(job)[:MAX_NAME_CHARS], job_to_dict(job), str(out_dir), iterations,
                        warmup, timeout_s, threads, chosen, profile, execution_trace, labels=labels or {},
                        tree_yaml=tree_yaml, dataflow=dataflow, memory_cap_bytes=memory_cap_bytes,
-                       op_configs=op_configs)
+                       op_configs=op_configs, phase_probe=phase_probe)
 
 
 def _store_socket() -> socket.socket:

@@ -67,7 +67,7 @@ class StageTiming:
     activation_bytes: float
     samples_s: tuple[float, ...]
     # with a ReferenceProbe: the probe's thread CPU time around each timed run (the mean of the one just before
-    # and the one just after, the slowest rank's), for measure.stage_db.phase_normalised_s; else empty
+    # and the one just after, the slowest rank's), for measure.phase.phase_normalised_s; else empty
     reference_s: tuple[float, ...] = ()
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainsim.ir.model_spec import TransformerSpec
+from trainsim.measure.phase import fast_reference_s, phase_normalised_s
 from trainsim.strategy.stage_plan import StageEstimate, StageSpec
 
 if TYPE_CHECKING:
@@ -64,25 +65,6 @@ class PhaseRow:
     raw_latency_s: float
     samples_s: list[float]
     references_s: list[float]
-
-
-FAST_PHASE_QUANTILE = 0.05  # the reference probe's fast-phase time: this low quantile of its timings in a run
-
-
-def fast_reference_s(references_s: list[float]) -> float:
-    """The reference probe's fast-phase time: the FAST_PHASE_QUANTILE quantile of its timings (nearest rank)."""
-    if not references_s:
-        raise ValueError("no reference timings")
-    ordered = sorted(references_s)
-    return ordered[min(len(ordered) - 1, int(FAST_PHASE_QUANTILE * len(ordered)))]
-
-
-def phase_normalised_s(samples_s: list[float], references_s: list[float], fast_s: float) -> float:
-    """The median over a stage's runs of run time x (fast-phase reference / the probe's time around that run):
-    each run as it would have taken in the fast phase (measure.phase)."""
-    if len(samples_s) != len(references_s) or not samples_s:
-        raise ValueError(f"{len(samples_s)} runs and {len(references_s)} reference timings: one per run")
-    return statistics.median(s * fast_s / r for s, r in zip(samples_s, references_s, strict=True))
 
 
 def normalise_phases(db: "StageDatabase", model: str, micro_batch: int, seq_len: int, threads: int) -> float:

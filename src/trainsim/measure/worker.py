@@ -18,6 +18,7 @@ the timings.
 import argparse
 import json
 import os
+import statistics
 import sys
 import threading
 import time
@@ -141,23 +142,35 @@ def _measure(spec: MeasureSpec, job: Any, device: Any, rank: int, world_size: in
     loss = float("nan")
     if hasattr(trainer, "reset_phases"):
         trainer.reset_phases()  # the timed steps' phases only
+    probes = _probe_log(spec)
     load_before, cpu_before, thread_before = os.getloadavg()[0], time.process_time(), time.thread_time()
     barrier_cpu_s = 0.0  # the process CPU of the harness' own barriers, which cpu_s includes and no training has
+    step_cpu_s: list[float] = []  # each timed step's process CPU, barriers and probes left out
+    step_thread_cpu_s: list[float] = []  # and its training thread's alone (no gloo threads)
     for _ in range(spec.iterations if not cap.over else 0):
+        if probes is not None:
+            probes.before()
         barrier_cpu_s -= time.process_time()
         dist.barrier()
-        barrier_cpu_s += time.process_time()
+        step_began, thread_began = time.process_time(), time.thread_time()
+        barrier_cpu_s += step_began
         start = time.perf_counter()
         loss = trainer.step()
         sync()
         ended = time.process_time()
+        step_thread_cpu_s.append(time.thread_time() - thread_began)
+        step_cpu_s.append(ended - step_began)
         dist.barrier()
         barrier_cpu_s += time.process_time() - ended
         times.append(time.perf_counter() - start)
+        if probes is not None:
+            probes.after()
         if cap.exceeded():
             break
-    cpu_s = time.process_time() - cpu_before
-    thread_cpu_s = time.thread_time() - thread_before  # the training thread alone: no gloo or sampler threads
+    # the probes are the harness', not the training's: left out of both CPU figures
+    cpu_s = time.process_time() - cpu_before - (probes.process_cpu_s if probes else 0.0)
+    # the training thread alone: no gloo or sampler threads
+    thread_cpu_s = time.thread_time() - thread_before - (probes.thread_cpu_s if probes else 0.0)
     if times:
         log(f"timed {len(times)} iterations: median {sorted(times)[len(times) // 2]:.4f} s")
     peak = _peak_memory_bytes(device)
@@ -167,13 +180,25 @@ def _measure(spec: MeasureSpec, job: Any, device: Any, rank: int, world_size: in
             "threads": torch.get_num_threads(), "traces": traces, "host": machine()["host_sha256"],
             "cpu_s": cpu_s, "thread_cpu_s": thread_cpu_s, "barrier_cpu_s": barrier_cpu_s,
             "load": [load_before, os.getloadavg()[0]], "oom": cap.over,
-            "phase_cpu_s": dict(getattr(trainer, "phase_cpu_s", {})),
+            "phase_cpu_s": dict(getattr(trainer, "phase_cpu_s", {})), "step_cpu_s": step_cpu_s,
+            "step_thread_cpu_s": step_thread_cpu_s,
+            "probe_pairs_s": probes.pairs_s if probes else None,
+            "probe_cpu_s": probes.process_cpu_s if probes else None,
             "capped_peak": cap.used() if cap.cap > 0 else None}
     gathered: list[Any] = [None] * world_size
     dist.all_gather_object(gathered, info)
     if rank == 0:
         _write_result(spec, job, times or warm_times[-1:], gathered, started, device)  # oom: the last step
     dist.barrier()  # no rank tears down its connections while another still uses them
+
+
+def _probe_log(spec: MeasureSpec) -> Any:
+    """A log of measure.phase's reference probe around every timed step (None without --phase-normalise)."""
+    if not spec.phase_probe:
+        return None
+    from trainsim.measure.phase import ProbeLog, ReferenceProbe
+
+    return ProbeLog(ReferenceProbe())
 
 
 def _split_trainer(spec: MeasureSpec, job: Any, rank: int, world_size: int) -> Any:
@@ -312,6 +337,9 @@ def _write_result(spec: MeasureSpec, job: Any, times: list[float], ranks: list[A
                 "outcome": "oom" if any(r.get("oom") for r in ranks) else "ok",
                 "memory_cap_bytes": spec.memory_cap_bytes,
                 "capped_peak_bytes": [r.get("capped_peak") for r in ranks]}
+    if spec.phase_probe and all(r["probe_pairs_s"] for r in ranks):  # none when the cap stopped the warm-up
+        settings.update(_phase_settings([r["step_cpu_s"] for r in ranks], [r["step_thread_cpu_s"] for r in ranks],
+                                        [r["probe_pairs_s"] for r in ranks], [r["probe_cpu_s"] for r in ranks], times))
     if spec.tree_yaml:
         settings["tree"] = spec.tree_yaml
     if spec.device == "cuda":
@@ -326,6 +354,33 @@ def _write_result(spec: MeasureSpec, job: Any, times: list[float], ranks: list[A
         labels=spec.labels, traces=[t for r in ranks for t in r["traces"]])
     path = save_run(run, Path(spec.out_dir))
     log(f"wrote {path}")
+
+
+def _phase_settings(steps_s: list[list[float]], threads_s: list[list[float]], pairs_s: list[list[list[float]]],
+                    probe_cpu_s: list[float], times: list[float]) -> dict[str, Any]:
+    """What a probed run records: per rank each timed step's process CPU (barriers and probes left out), its
+    training thread's part, and the probe's thread CPU time just before and after it; the run's fast-phase probe
+    (the low quantile of all its probe timings) and its busiest rank's CPU seconds per step and median iteration,
+    raw and phase-normalised (measure.phase; the iteration against the slower rank's probes). The CPU per step is
+    normalised two ways: whole, and with only the training thread scaled (gloo's threads' CPU, which does not
+    follow the probe, kept as measured: docs/strategy-tree.md, fourteenth session)."""
+    from trainsim.measure.phase import busiest_phase_normalised_s, fast_reference_s, pair_means_s, phase_scaled_s
+
+    fast_s = fast_reference_s([t for pairs in pairs_s for pair in pairs for t in pair])
+    slowest_s = [max(column) for column in zip(*(pair_means_s(pairs) for pairs in pairs_s), strict=True)]
+    raw_cpu_s = max(sum(steps) / len(steps) for steps in steps_s)
+    kept_s = [[s - t for s, t in zip(steps, threads, strict=True)] for steps, threads in zip(steps_s, threads_s,
+                                                                                               strict=True)]
+    return {"step_cpu_s_per_rank": [[round(t, 6) for t in steps] for steps in steps_s],
+            "step_thread_cpu_s_per_rank": [[round(t, 6) for t in threads] for threads in threads_s],
+            "phase_probe_s_per_rank": [[[round(t, 7) for t in pair] for pair in pairs] for pairs in pairs_s],
+            "probe_cpu_s_per_rank": [round(c, 4) for c in probe_cpu_s],
+            "phase_normalised": {
+                "fast_probe_s": fast_s, "busiest_step_cpu_s": raw_cpu_s,
+                "busiest_step_cpu_normalised_s": busiest_phase_normalised_s(steps_s, pairs_s, fast_s),
+                "busiest_step_cpu_thread_normalised_s": busiest_phase_normalised_s(steps_s, pairs_s, fast_s, kept_s),
+                "median_iteration_s": statistics.median(times),
+                "median_iteration_normalised_s": statistics.median(phase_scaled_s(times, slowest_s, fast_s))}}
 
 
 def _record_error(spec: MeasureSpec, exc: BaseException) -> None:

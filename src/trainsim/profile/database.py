@@ -16,9 +16,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from trainsim.catalog.files import shown_path
 from trainsim.errors import InputFileError
+from trainsim.measure.phase import pair_means_s, phase_scaled_s
 from trainsim.profile.paths import default_db_path
 
 SCHEMA_VERSION = "1"
@@ -41,6 +43,12 @@ CREATE TABLE IF NOT EXISTS collective_times (
     median_s REAL NOT NULL, p10_s REAL NOT NULL, p90_s REAL NOT NULL, repeats INTEGER NOT NULL,
     hardware TEXT NOT NULL, measured_at REAL NOT NULL,
     PRIMARY KEY (device, versions, threads, backend, collective, world_size, message_bytes)
+);
+CREATE TABLE IF NOT EXISTS op_phase (
+    device TEXT NOT NULL, versions TEXT NOT NULL, threads INTEGER NOT NULL,
+    kind TEXT NOT NULL, impl TEXT NOT NULL, phase TEXT NOT NULL, dtype TEXT NOT NULL, shape TEXT NOT NULL,
+    samples TEXT NOT NULL, probe_pairs TEXT NOT NULL,
+    PRIMARY KEY (device, versions, threads, kind, impl, phase, dtype, shape)
 );
 CREATE TABLE IF NOT EXISTS state_census (
     model TEXT NOT NULL, samples INTEGER NOT NULL, layer INTEGER NOT NULL,
@@ -246,6 +254,71 @@ class ProfileDB:
         self._stored()
         return stats
 
+    def add_op_probes(self, env: Environment, sig: OpSignature, samples: list[float],
+                      pairs_s: list[tuple[float, float]]) -> None:
+        """The raw samples of one op measured with the reference probe (measure.phase) and the probe's thread CPU
+        time just before and just after each, merged with the ones stored (op_phase: made by every open, filled
+        only by a probed profile)."""
+        if len(samples) != len(pairs_s):
+            raise ValueError(f"{len(samples)} samples and {len(pairs_s)} probe pairs: one per sample")
+        key = (env.device, env.versions, env.threads, sig.kind, sig.impl, sig.phase, sig.dtype, sig.shape_text)
+        with self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            row = self._conn.execute(
+                "SELECT samples, probe_pairs FROM op_phase WHERE device=? AND versions=? AND threads=? AND kind=? "
+                "AND impl=? AND phase=? AND dtype=? AND shape=?", key).fetchone()
+            old_samples, old_pairs = (json.loads(row[0]), json.loads(row[1])) if row is not None else ([], [])
+            self._conn.execute("INSERT OR REPLACE INTO op_phase VALUES (?,?,?,?,?,?,?,?,?,?)",
+                               (*key, json.dumps(old_samples + list(samples)),
+                                json.dumps(old_pairs + [list(p) for p in pairs_s])))
+
+    def op_phase_rows(self) -> list[tuple[tuple[str, ...], list[float], list[list[float]]]]:
+        """(op_times key, raw samples, probe pairs) of every op profiled with the probe."""
+        try:
+            rows = self._conn.execute("SELECT * FROM op_phase").fetchall()
+        except sqlite3.OperationalError:  # a read-only database from before the table
+            return []
+        return [(tuple(row[:8]), json.loads(row[8]), json.loads(row[9])) for row in rows]
+
+    def probe_timings_s(self) -> list[float]:
+        """Every probe timing of the op_phase table."""
+        return [t for _, _, pairs in self.op_phase_rows() for pair in pairs for t in pair]
+
+    def op_samples(self, key: tuple[Any, ...]) -> list[float]:
+        """One op's stored samples (op_times key: device, versions, threads, kind, impl, phase, dtype, shape)."""
+        row = self._conn.execute(
+            "SELECT samples FROM op_times WHERE device=? AND versions=? AND threads=? AND kind=? AND impl=? AND "
+            "phase=? AND dtype=? AND shape=?", key).fetchone()
+        return json.loads(row[0]) if row is not None else []
+
+    def replace_op_samples(self, key: tuple[Any, ...], samples: list[float]) -> None:
+        """Set one op's stored samples (and its median and deciles) to `samples`."""
+        stats = TimingStats.of(samples)
+        with self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._conn.execute(
+                "UPDATE op_times SET median_s=?, p10_s=?, p90_s=?, repeats=?, samples=? WHERE device=? AND "
+                "versions=? AND threads=? AND kind=? AND impl=? AND phase=? AND dtype=? AND shape=?",
+                (stats.median_s, stats.p10_s, stats.p90_s, stats.repeats, json.dumps(samples), *key))
+
+    def normalise_op_phases(self, fast_s: float, reference: str = "mean") -> int:
+        """Rewrite every probed op's samples as phase-normalised ones (measure.phase.phase_scaled_s: each sample x
+        fast_s / the mean of the probe just before and just after it, or the one before: measure.phase.
+        pair_means_s's reference); returns the ops rewritten. An op whose
+        stored samples are not all probed (op_times holds more than op_phase) is refused."""
+        rewritten = 0
+        for key, samples, pairs in self.op_phase_rows():
+            stored = self._conn.execute(
+                "SELECT repeats FROM op_times WHERE device=? AND versions=? AND threads=? AND kind=? AND impl=? "
+                "AND phase=? AND dtype=? AND shape=?", key).fetchone()
+            if stored is None:
+                continue
+            if int(stored[0]) != len(samples):
+                raise ValueError(f"op {key}: {stored[0]} samples stored, {len(samples)} of them probed")
+            self.replace_op_samples(key, phase_scaled_s(samples, pair_means_s(pairs, reference), fast_s))
+            rewritten += 1
+        return rewritten
+
     def has_collective(self, env: Environment, backend: str, collective: str, world_size: int,
                        message_bytes: int) -> bool:
         row = self._conn.execute(
@@ -317,3 +390,4 @@ class ProfileDB:
     def count(self, table: str = "op_times") -> int:
         assert table in ("op_times", "collective_times"), table
         return int(self._conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+

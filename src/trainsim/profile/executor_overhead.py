@@ -71,6 +71,9 @@ class ExecutorOverhead:
     autograd_per_op_s: float  # subtracted (profile.ops.measure_overhead, median)
     world_size: int
     iterations: int
+    # with the reference probe around every step (trainsim measure --phase-normalise): per rank, each step's
+    # training-thread CPU and the probe pairs around it, for a phase-normalised copy (proteus_table4.py)
+    probed_steps: dict[str, Any] | None = None
 
 
 def per_op_of(phase_cpu_s: dict[str, float], steps: int, ops: dict[str, int], kernel_s: dict[str, float],
@@ -105,9 +108,9 @@ def probe_kernels_s(graph: Any, hints: Any, repeats: int = 5) -> dict[str, float
 
 
 def measure_executor_overhead(family: str, world_size: int = 2, iterations: int = 20,
-                              timeout_s: float = 300.0) -> ExecutorOverhead:
+                              timeout_s: float = 300.0, phase_probe: bool = False) -> ExecutorOverhead:
     """Run the family's negligible model through `trainsim measure --tree` (the split executor, data-parallel) on
-    `world_size` local gloo ranks."""
+    `world_size` local gloo ranks (phase_probe: with `--phase-normalise`)."""
     import statistics
 
     from trainsim.frontends.catalog.build import build_graph
@@ -119,7 +122,7 @@ def measure_executor_overhead(family: str, world_size: int = 2, iterations: int 
         raise ConfigError("family", family, f"must be one of {', '.join(FAMILIES)}")
     job, run = run_negligible(NEGLIGIBLE_MODELS[family], world_size=world_size, iterations=iterations, warmup=2,
                               seq_len=_SEQ_LEN if family == "transformer" else 1, run_id="executor-overhead",
-                              timeout_s=timeout_s)
+                              timeout_s=timeout_s, phase_probe=phase_probe)
     phases = run.settings.get("phase_thread_cpu_s_per_rank")
     if not phases:
         raise TrainsimError("the executor-overhead run recorded no CPU time per phase")
@@ -134,8 +137,10 @@ def measure_executor_overhead(family: str, world_size: int = 2, iterations: int 
            "bwd": sum(layer.count * len(layer.bwd) for layer in graph.layers)}
     steps = len(run.iteration_times_s)  # one micro-batch per step
     per_rank = [per_op_of(rank, steps, ops, kernels, autograd) for rank in phases]
+    probed = ({key: run.settings[key] for key in ("step_thread_cpu_s_per_rank", "phase_probe_s_per_rank")}
+              if phase_probe else None)
     return ExecutorOverhead(family, {phase: [r[phase] for r in per_rank] for phase in EXECUTOR_PHASES}, ops,
-                            kernels, autograd, world_size, steps)
+                            kernels, autograd, world_size, steps, probed)
 
 
 def store_executor_overhead(db: ProfileDB, env: Environment, result: ExecutorOverhead) -> None:

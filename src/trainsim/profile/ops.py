@@ -29,6 +29,7 @@ from typing import Any
 
 from trainsim.hardware.device import BYTES_PER_DTYPE
 from trainsim.ir.graph import COPY_OP, Op, OpGraph
+from trainsim.measure.phase import ProbeLog, ReferenceProbe
 from trainsim.profile.database import Environment, OpSignature, ProfileDB
 
 NO_BIAS_MATMULS = ("router",)  # the MoE router has no bias
@@ -278,10 +279,11 @@ def clock_for(device: str) -> tuple[Clock, str]:
 
 def time_callable(fn: Callable[[], object], sync: Callable[[], None], warmup: int, repeats: int,
                   min_sample_s: float = 2e-4, max_inner: int = 64, clock: Clock = time.perf_counter,
-                  flush: Callable[[], None] | None = None) -> list[float]:
+                  flush: Callable[[], None] | None = None, probe: "ProbeLog | None" = None) -> list[float]:
     """`repeats` samples of seconds per call after `warmup` calls. A sample averages enough back-to-back calls
     to last min_sample_s, so microsecond ops are not all timer resolution and Python overhead. flush runs
-    (untimed) before each sample: it evicts the caches, so the op starts cold as inside a training step."""
+    (untimed) before each sample: it evicts the caches, so the op starts cold as inside a training step. probe:
+    the reference probe timed just before (ahead of the flush) and just after each sample (measure.phase)."""
     for _ in range(max(warmup, 1)):
         fn()
     sync()
@@ -292,6 +294,8 @@ def time_callable(fn: Callable[[], object], sync: Callable[[], None], warmup: in
     inner = min(max_inner, max(1, math.ceil(min_sample_s / one)))
     samples: list[float] = []
     for _ in range(max(repeats, 1)):
+        if probe is not None:
+            probe.before()
         if flush is not None:
             flush()
             sync()
@@ -300,6 +304,8 @@ def time_callable(fn: Callable[[], object], sync: Callable[[], None], warmup: in
             fn()
         sync()
         samples.append((clock() - start) / inner)
+        if probe is not None:
+            probe.after()
     return samples
 
 
@@ -624,7 +630,7 @@ Measurement = tuple[list[float], str]  # samples (seconds per call), what was ru
 
 
 def measure_op(sig: OpSignature, hints: KernelHints, device: str, warmup: int, repeats: int,
-               cold: bool = True) -> Measurement:
+               cold: bool = True, probe: ProbeLog | None = None) -> Measurement:
     """Samples of one op's kernel; cold: after a cache flush (starts_cold says when)."""
     import torch
 
@@ -635,7 +641,7 @@ def measure_op(sig: OpSignature, hints: KernelHints, device: str, warmup: int, r
     try:
         clock, clock_name = clock_for(device)
         flush = cache_flusher(device) if cold else None
-        samples = time_callable(fn, _sync_for(device), warmup, repeats, clock=clock, flush=flush)
+        samples = time_callable(fn, _sync_for(device), warmup, repeats, clock=clock, flush=flush, probe=probe)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
     return samples, f"{detail}; {hints.describe()}; {clock_name}, {'cold' if cold else 'warm'} cache"
@@ -653,7 +659,8 @@ def footprints(graph: OpGraph) -> dict[OpSignature, float]:
 
 
 def _adam_samples(tensor_sizes: list[int], device: str, warmup: int, repeats: int, threads: int,
-                  zero_state: bool = False) -> Measurement:
+                  zero_state: bool = False, probed: bool = False) -> tuple[list[float], str, list[tuple[float, float]]]:
+    """Samples, what was run, and (probed) the reference probe's pairs around them, timed in this process."""
     import torch
 
     torch.set_num_threads(threads)
@@ -664,10 +671,12 @@ def _adam_samples(tensor_sizes: list[int], device: str, warmup: int, repeats: in
     # decoupled weight decay (torch's default 0.01), one more pass over the weights than torch.optim.Adam
     optimizer = torch.optim.AdamW(params, lr=1e-4)
     clock, clock_name = clock_for(device)
+    probe = ProbeLog(ReferenceProbe()) if probed else None
     samples = time_callable(optimizer.step, _sync_for(device), warmup, repeats, min_sample_s=0.0, max_inner=1,
-                            clock=clock)
+                            clock=clock, probe=probe)
     grads = "all-zero gradients (zero state)" if zero_state else "random gradients"
-    return samples, f"torch.optim.AdamW over {len(tensor_sizes)} tensors, {grads}; {clock_name}"
+    return (samples, f"torch.optim.AdamW over {len(tensor_sizes)} tensors, {grads}; {clock_name}",
+            probe.pairs_s if probe is not None else [])
 
 
 def _free_memory_bytes(device: str) -> float:
@@ -685,7 +694,7 @@ ADAM_BYTES_PER_PARAM = 24  # fp32 weight, gradient, two moments and two paramete
 
 
 def measure_optimizer(tensor_sizes: list[int], device: str, warmup: int, repeats: int,
-                      zero_state: bool = False) -> Measurement:
+                      zero_state: bool = False, probe: ProbeLog | None = None) -> Measurement:
     """One torch.optim.Adam step (its default implementation for the device) over fp32 parameters, with random
     gradients, or with all-zero ones (`zero_state`: the moments stay zero, cost/optimizer_zeros.py).
 
@@ -701,21 +710,24 @@ def measure_optimizer(tensor_sizes: list[int], device: str, warmup: int, repeats
     budget = 0.25 * _free_memory_bytes(device) / ADAM_BYTES_PER_PARAM
     sizes = tensor_sizes if total <= budget else [max(1, int(size * budget / total)) for size in tensor_sizes]
     scale = total / max(sum(sizes), 1)
-    args = (sizes, device, warmup, repeats, torch.get_num_threads(), zero_state)
+    args = (sizes, device, warmup, repeats, torch.get_num_threads(), zero_state, probe is not None)
     if device == "cpu":
         import multiprocessing
 
         with multiprocessing.get_context("spawn").Pool(1) as pool:
-            samples, detail = pool.apply(_adam_samples, args)
+            samples, detail, pairs = pool.apply(_adam_samples, args)
     else:
-        samples, detail = _adam_samples(*args)
+        samples, detail, pairs = _adam_samples(*args)
+    if probe is not None:  # the probe ran in the process that timed the step
+        probe.pairs_s.extend((before, after) for before, after in pairs)
     if scale > 1.0:
         samples = [sample * scale for sample in samples]
         detail += f"; measured on 1/{scale:.3g} of the parameters, scaled back"
     return samples, detail
 
 
-def measure_grad_copies(tensor_sizes: list[int], device: str, warmup: int, repeats: int) -> Measurement:
+def measure_grad_copies(tensor_sizes: list[int], device: str, warmup: int, repeats: int,
+                        probe: ProbeLog | None = None) -> Measurement:
     """The host side of a gradient sync that copies: the gradients concatenated into a flat bucket, the bucket
     divided by the ranks, each gradient copied back from it (torch DDP with gradient_as_bucket_view=False, its
     default: torch/csrc/distributed/c10d/reducer.cpp, torch 2.x; measure/split_model.GradientSync). The bucket is
@@ -734,14 +746,17 @@ def measure_grad_copies(tensor_sizes: list[int], device: str, warmup: int, repea
             offset += n
 
     clock, clock_name = clock_for(device)
-    samples = time_callable(copies, _sync_for(device), warmup, repeats, min_sample_s=0.0, max_inner=1, clock=clock)
+    samples = time_callable(copies, _sync_for(device), warmup, repeats, min_sample_s=0.0, max_inner=1, clock=clock,
+                            probe=probe)
     return samples, f"gradient bucket copies over {len(tensor_sizes)} tensors; {clock_name}"
 
 
-def measure_overhead(device: str, warmup: int, repeats: int, chain: int = 200) -> Measurement:
+def measure_overhead(device: str, warmup: int, repeats: int, chain: int = 200,
+                     probe: ProbeLog | None = None) -> Measurement:
     """Per graph op, what autograd adds to the calls the microbenchmarks time: a chain of `chain` tiny
     multiplies run forward with autograd recording and backward through the engine, minus the same kernels
-    called directly (forward, and the backward's multiplies), over 2 x chain graph ops (forward + backward)."""
+    called directly (forward, and the backward's multiplies), over 2 x chain graph ops (forward + backward).
+    probe: a sample's probe pair is the recorded run's before and the direct run's after."""
     import torch
 
     x0 = torch.randn(8, device=device, requires_grad=True)
@@ -762,8 +777,13 @@ def measure_overhead(device: str, warmup: int, repeats: int, chain: int = 200) -
 
     clock, clock_name = clock_for(device)
     sync = _sync_for(device)
-    with_autograd = time_callable(recorded, sync, warmup, repeats, min_sample_s=0.0, max_inner=1, clock=clock)
-    plain = time_callable(direct, sync, warmup, repeats, min_sample_s=0.0, max_inner=1, clock=clock)
+    first = len(probe.pairs_s) if probe is not None else 0
+    with_autograd = time_callable(recorded, sync, warmup, repeats, min_sample_s=0.0, max_inner=1, clock=clock,
+                                  probe=probe)
+    plain = time_callable(direct, sync, warmup, repeats, min_sample_s=0.0, max_inner=1, clock=clock, probe=probe)
+    if probe is not None:  # one pair per sample of the difference
+        pairs = probe.pairs_s[first:]
+        probe.pairs_s[first:] = [(a[0], b[1]) for a, b in zip(pairs[:len(plain)], pairs[len(plain):], strict=True)]
     samples = [max(0.0, a - b) / (2.0 * chain) for a, b in zip(with_autograd, plain, strict=True)]
     return samples, f"autograd record + engine per op, chain of {chain} multiplies; {clock_name}"
 
@@ -784,13 +804,15 @@ ProgressFn = Callable[[OpSignature, str], None]  # (signature, "measured" | "sto
 
 def profile_graph(db: ProfileDB, env: Environment, graph: OpGraph, hints: KernelHints, device: str, *,
                   warmup: int, repeats: int, optimizer: bool = True, progress: ProgressFn | None = None,
-                  plan: Callable[[int], None] | None = None) -> OpProfileSummary:
+                  plan: Callable[[int], None] | None = None, probe: ProbeLog | None = None) -> OpProfileSummary:
     """Bring every unique op signature of `graph` (plus the Adam step over its parameters and the framework
     overhead) to `repeats` stored samples for `env`: signatures that have them are skipped, the others get the
     missing samples, each signature committed as soon as it is measured. plan(n) is told the total first.
 
     Calling it again with a higher `repeats` adds samples spread over time (the acceptance benchmark
-    interleaves such passes with the real steps it compares against, so both see the same machine load)."""
+    interleaves such passes with the real steps it compares against, so both see the same machine load).
+    probe: the reference probe timed around every sample, its timings stored beside the raw samples
+    (ProfileDB.add_op_probes) for a phase-normalised copy of the database (profile.database.normalise_op_phases)."""
     signatures, unsupported = unique_signatures(graph)
     if optimizer:
         signatures.append(optimizer_signature(sum(parameter_tensors(graph, hints))))
@@ -811,16 +833,20 @@ def profile_graph(db: ProfileDB, env: Environment, graph: OpGraph, hints: Kernel
             if progress is not None:
                 progress(sig, "stored")
             continue
+        first = len(probe.pairs_s) if probe is not None else 0
         if sig.kind == OPTIMIZER_SIGNATURE_KIND:
             samples, detail = measure_optimizer(parameter_tensors(graph, hints), device, warmup, missing,
-                                                zero_state=sig.impl == ZERO_STATE_ADAM_IMPL)
+                                                zero_state=sig.impl == ZERO_STATE_ADAM_IMPL, probe=probe)
         elif sig.kind == OVERHEAD_SIGNATURE_KIND:
-            samples, detail = measure_overhead(device, warmup, missing)
+            samples, detail = measure_overhead(device, warmup, missing, probe=probe)
         elif sig.kind == GRAD_COPY_SIGNATURE_KIND:
-            samples, detail = measure_grad_copies(parameter_tensors(graph, hints), device, warmup, missing)
+            samples, detail = measure_grad_copies(parameter_tensors(graph, hints), device, warmup, missing,
+                                                  probe=probe)
         else:
             cold = starts_cold(device, sizes.get(sig, math.inf), share)
-            samples, detail = measure_op(sig, hints, device, warmup, missing, cold)
+            samples, detail = measure_op(sig, hints, device, warmup, missing, cold, probe=probe)
+        if probe is not None:
+            db.add_op_probes(env, sig, samples, probe.pairs_s[first:])
         db.add_op_samples(env, sig, samples, detail)
         measured += 1
         if progress is not None:

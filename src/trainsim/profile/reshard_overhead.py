@@ -51,6 +51,9 @@ class ReshardOverhead:
     elements: int
     calls: int
     rounds: int
+    # with the reference probe (measure.phase) around every round: per rank, the mean of its timings, against
+    # which a phase-normalised copy scales per_step_s (proteus_table4.py --phase-normalise)
+    probe_s: list[float] | None = None
 
 
 def excess_s(executor_s: list[float], bare_s: list[float], start_s: list[float] | None = None) -> float:
@@ -117,11 +120,14 @@ def _executor_call(collective: str, phase: str, group: Any, world: int, elements
 
 
 def _worker(rank: int, world: int, port: int, elements: int, calls: int, rounds: int, timeout_s: float,
-            results: Any) -> None:
+            results: Any, probed: bool = False) -> None:
     import torch
     import torch.distributed as dist
 
+    from trainsim.measure.phase import ProbeLog, ReferenceProbe, pair_means_s
+
     torch.set_num_threads(1)
+    probe = ProbeLog(ReferenceProbe()) if probed else None
     try:
         dist.init_process_group(BACKEND, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout_s))
@@ -136,6 +142,8 @@ def _worker(rank: int, world: int, port: int, elements: int, calls: int, rounds:
                     warm_up()
                 executor_s, bare_s, start_s = [], [], []
                 for _ in range(rounds):
+                    if probe is not None:
+                        probe.before()
                     dist.barrier()
                     executor_s.append(sum(executor() for _ in range(calls)) / calls)
                     dist.barrier()
@@ -144,10 +152,12 @@ def _worker(rank: int, world: int, port: int, elements: int, calls: int, rounds:
                         bare()
                     bare_s.append((time.thread_time() - begun) / calls)
                     start_s.append(sum(start() for _ in range(calls)) / calls)
+                    if probe is not None:
+                        probe.after()
                 out[(collective, phase)] = (excess_s(executor_s, bare_s, start_s if phase == "bwd" else None),
                                             statistics.median(executor_s), statistics.median(bare_s),
                                             statistics.median(start_s))
-        results.put(("result", rank, out))
+        results.put(("result", rank, (out, statistics.fmean(pair_means_s(probe.pairs_s)) if probe else None)))
     except Exception as exc:  # reported to the parent, which decides
         results.put(("error", rank, f"{type(exc).__name__}: {exc}"))
     finally:
@@ -156,8 +166,9 @@ def _worker(rank: int, world: int, port: int, elements: int, calls: int, rounds:
 
 
 def measure_reshard_overhead(world_size: int = 2, elements: int = 1024, calls: int = 100, rounds: int = 7,
-                             timeout_s: float = 300.0) -> ReshardOverhead:
-    """Run the probe on `world_size` local gloo ranks (one thread each, as the measured ranks)."""
+                             timeout_s: float = 300.0, probed: bool = False) -> ReshardOverhead:
+    """Run the probe on `world_size` local gloo ranks (one thread each, as the measured ranks); probed: time the
+    reference probe (measure.phase) around every round (ReshardOverhead.probe_s)."""
     for name, value in (("world_size", world_size - 1), ("elements", elements), ("calls", calls),
                         ("rounds", rounds)):
         if value < 1:
@@ -167,22 +178,25 @@ def measure_reshard_overhead(world_size: int = 2, elements: int = 1024, calls: i
     results = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_worker, daemon=True, args=(rank, world_size, port, elements, calls, rounds,
-                                                             timeout_s, results)) for rank in range(world_size)]
+                                                             timeout_s, results, probed))
+             for rank in range(world_size)]
     for proc in procs:
         proc.start()
     deadline = time.monotonic() + timeout_s
     per_rank: dict[int, dict[tuple[str, str], tuple[float, float, float, float]]] = {}
+    probes: dict[int, float | None] = {}
     try:
         while len(per_rank) < world_size:
-            _, rank, figures = next_rank_message(results, procs, deadline, timeout_s, "reshard overhead probe")
-            per_rank[rank] = figures
+            _, rank, (figures, probe) = next_rank_message(results, procs, deadline, timeout_s,
+                                                          "reshard overhead probe")
+            per_rank[rank], probes[rank] = figures, probe
     finally:
         join_ranks(procs)
     keys = [(c, p) for c in RESHARD_COLLECTIVES for p in PHASES]
     ranks = sorted(per_rank)
     return ReshardOverhead({key: [per_rank[r][key][0] for r in ranks] for key in keys},
                            {key: [per_rank[r][key][1:] for r in ranks] for key in keys}, world_size, elements,
-                           calls, rounds)
+                           calls, rounds, [p for r in ranks if (p := probes[r]) is not None] if probed else None)
 
 
 def store_reshard_overhead(db: ProfileDB, env: Environment, result: ReshardOverhead) -> None:

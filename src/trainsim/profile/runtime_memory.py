@@ -42,7 +42,8 @@ class RuntimeMemory:
 
 
 def run_negligible(model: dict[str, Any], *, world_size: int, iterations: int, warmup: int, seq_len: int,
-                   run_id: str, timeout_s: float, memory_cap_bytes: int = 0) -> tuple["Job", "MeasuredRun"]:
+                   run_id: str, timeout_s: float, memory_cap_bytes: int = 0,
+                   phase_probe: bool = False) -> tuple["Job", "MeasuredRun"]:
     """Train a negligible model data-parallel on `world_size` local gloo ranks through `trainsim measure --tree`
     (the split executor, one micro-batch a step, fp32, the optimizer's loop) and read its run back: the probes of
     a runtime's own memory and of the executor's own cost per op."""
@@ -64,7 +65,7 @@ def run_negligible(model: dict[str, Any], *, world_size: int, iterations: int, w
         job = replace(job, cluster=job.cluster.on_one_node())
         spec = make_spec(job, out, run_id=run_id, iterations=iterations, warmup=warmup, timeout_s=timeout_s,
                          threads=1, device="cpu", tree_yaml="strategy_tree:\n  schedule: {micro_batches: 1}\n",
-                         memory_cap_bytes=memory_cap_bytes, op_configs={})
+                         memory_cap_bytes=memory_cap_bytes, op_configs={}, phase_probe=phase_probe)
         return job, load_run(launch(spec, world_size))
 
 

@@ -20,7 +20,14 @@ def render_run(run: "MeasuredRun", terminal: bool = False) -> str:
     stats = run.stats
     table.add_row(run.run_id, str(run.world_size), f"{stats.median_s:.4f}", f"{stats.p10_s:.4f}",
                   f"{stats.p90_s:.4f}", f"{run.tokens_per_s:,.0f}", format_bytes_gib(run.max_peak_memory_bytes))
-    return to_text(table, terminal=terminal)
+    text = to_text(table, terminal=terminal)
+    phase = run.settings.get("phase_normalised")
+    if phase:  # `trainsim measure --phase-normalise`
+        text += (f"phase-normalised (fast-phase probe {phase['fast_probe_s'] * 1e3:.3f} ms): median iteration "
+                 f"{phase['median_iteration_s']:.4f} -> {phase['median_iteration_normalised_s']:.4f} s, busiest "
+                 f"rank's CPU per step {phase['busiest_step_cpu_s']:.4f} -> "
+                 f"{phase['busiest_step_cpu_normalised_s']:.4f} s\n")
+    return text
 
 
 def suite_to_dict(name: str, out: Path, summary: "list[JobSummary]") -> dict[str, Any]:

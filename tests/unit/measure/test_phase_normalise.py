@@ -9,12 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import STAGE_GPT_YAML
-from trainsim.measure.stage_db import (
-    StageDatabase,
-    fast_reference_s,
-    normalise_phases,
-    phase_normalised_s,
-)
+from trainsim.measure.phase import fast_reference_s, phase_normalised_s
+from trainsim.measure.stage_db import StageDatabase, normalise_phases
 from trainsim.strategy.stage_plan import IntraPlan, Mesh, StageEstimate, StageSpec
 
 ONE = Mesh(1, 1)

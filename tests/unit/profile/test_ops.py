@@ -55,7 +55,7 @@ def test_the_zero_state_optimizer_probe_steps_over_all_zero_gradients() -> None:
     from trainsim.profile.ops import _adam_samples
 
     threads = torch.get_num_threads()
-    samples, detail = _adam_samples([64, 8], "cpu", 0, 2, threads, zero_state=True)
+    samples, detail, _ = _adam_samples([64, 8], "cpu", 0, 2, threads, zero_state=True)
     assert len(samples) == 2 and all(s > 0 for s in samples)
     assert "all-zero gradients" in detail
     assert "random gradients" in _adam_samples([64, 8], "cpu", 0, 1, threads)[1]

@@ -1,6 +1,7 @@
 """The split executor's cost per reshard step beyond its collective (profile/reshard_overhead.py)."""
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,13 +36,14 @@ def test_rounds_must_pair_up() -> None:
 
 @pytest.mark.parametrize(("field", "kwargs"), [("world_size", {"world_size": 1}), ("calls", {"calls": 0}),
                                                ("rounds", {"rounds": 0}), ("elements", {"elements": 0})])
-def test_bad_probe_settings_are_refused(field: str, kwargs: dict[str, int]) -> None:
+def test_bad_probe_settings_are_refused(field: str, kwargs: dict[str, Any]) -> None:
     with pytest.raises(ConfigError, match=field):
         measure_reshard_overhead(**kwargs)
 
 
 def test_a_real_two_rank_probe_prices_every_collective_and_phase_and_stores_them(tmp_path: Path) -> None:
-    result = measure_reshard_overhead(world_size=2, elements=64, calls=2, rounds=1, timeout_s=120.0)
+    result = measure_reshard_overhead(world_size=2, elements=64, calls=2, rounds=1, timeout_s=120.0, probed=True)
+    assert result.probe_s is not None and len(result.probe_s) == 2 and all(p > 0.0 for p in result.probe_s)
     keys = [(c, p) for c in RESHARD_COLLECTIVES for p in PHASES]
     assert sorted(result.per_step_s) == sorted(keys)
     assert all(len(v) == 2 and all(x >= 0.0 for x in v) for v in result.per_step_s.values())

@@ -90,11 +90,10 @@ def measure(
 
         refuse_unsupported({"suite": suite, "tree": tree, "threads": threads, "profile": profile,
                             "execution_trace": execution_trace, "memory_cap_gib": memory_cap_gib,
-                            "list": list_suite, "repeats": repeats if repeats != 1 else None,
-                            "phase_normalise": phase_normalise})
+                            "list": list_suite, "repeats": repeats if repeats != 1 else None})
         measure_sharded(job_file, flags, sharder, sharding, iterations=iterations, warmup=warmup,
                         timeout_s=timeout_s, out=out, run_id=run_id, as_json=as_json, seed=seed,
-                        allocator=allocator)
+                        allocator=allocator, phase_normalise=phase_normalise)
         return
     if seed != 0 or allocator is not None:
         raise ConfigError("seed" if seed != 0 else "allocator", seed if seed != 0 else allocator,

@@ -39,7 +39,9 @@ def refuse_unsupported(options: dict[str, Any]) -> None:
 
 def measure_sharded(job_file: Path | None, given: dict[str, Any], sharder: str | None, sharding: Path | None, *,
                     iterations: int, warmup: int, timeout_s: float, out: Path, run_id: str | None,
-                    as_json: bool, seed: int = 0, allocator: str | None = None) -> None:
+                    as_json: bool, seed: int = 0, allocator: str | None = None, phase_normalise: bool = False) -> None:
+    """phase_normalise: the reference probe timed around every iteration on every rank (measure.dlrm_phase);
+    the run file then holds the phase-normalised iteration beside the raw one."""
     from trainsim.cli.shard import sharded_plan
     from trainsim.embedding.plan_file import plan_to_mapping
     from trainsim.measure.allocator import DEFAULT_POLICY, check_policy
@@ -68,7 +70,8 @@ def measure_sharded(job_file: Path | None, given: dict[str, Any], sharder: str |
     config = DlrmConfig(model.name, plan, job.parallel.micro_batch, dense, seed=seed)
     if not as_json and sys.stderr.isatty():
         print(f"measuring {model.name} ({plan.sharder}) on {plan.num_ranks} gloo ranks ...", file=sys.stderr)
-    measured = measure_dlrm([config], iterations=iterations, warmup=warmup, timeout_s=timeout_s, allocator=policy)[0]
+    measured = measure_dlrm([config], iterations=iterations, warmup=warmup, timeout_s=timeout_s, allocator=policy,
+                            probes=("reference",) if phase_normalise else ())[0]
     default = f"dlrm-{model.name}-{plan.sharder}-r{plan.num_ranks}-b{config.local_batch}"
     name = run_id or re.sub(r"[^A-Za-z0-9._\-+=@]", "_", default).lstrip(".")[:MAX_NAME_CHARS]
     record = {"kind": "sharded-dlrm", "run_id": name, "model": model.name, "cluster": job.cluster.name,

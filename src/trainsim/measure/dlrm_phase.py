@@ -5,15 +5,14 @@ Each rank times its probes (measure.dlrm_probe) just before the barrier that ope
 the iteration's last step, in the thread's CPU time. An iteration's reference is the slowest rank's mean of its
 two probes (the iteration's time is the slowest rank's, as in measure.dlrm); its normalised time is its time x
 (fast-phase reference / its reference), the fast-phase reference being a low quantile of the references of a
-whole campaign (measure.stage_db.fast_reference_s), so that every run of the campaign is scaled to the same
+whole campaign (measure.phase.fast_reference_s), so that every run of the campaign is scaled to the same
 speed. Torch-free: the parent process and the campaign scripts read it.
 """
 
-import statistics
 from collections.abc import Sequence
 
 from trainsim.errors import ConfigError
-from trainsim.measure.stage_db import fast_reference_s
+from trainsim.measure.phase import fast_reference_s, phase_normalised_s, phase_scaled_s
 
 PROBES = ("reference", "gather")  # measure.dlrm_probe's probes: measure.phase's mix, an EmbeddingBag step
 
@@ -39,16 +38,15 @@ def iteration_references_s(rank_probes: RankProbes) -> list[float]:
 
 def normalised_iterations_s(iterations_s: Sequence[float], references_s: Sequence[float],
                             fast_s: float) -> list[float]:
-    """Each iteration as it would have taken in the fast phase: time x fast_s / its reference."""
-    if len(iterations_s) != len(references_s) or not iterations_s:
-        raise ValueError(f"{len(iterations_s)} iterations and {len(references_s)} references: one per iteration")
-    return [t * fast_s / r for t, r in zip(iterations_s, references_s, strict=True)]
+    """Each iteration as it would have taken in the fast phase: time x fast_s / its reference
+    (measure.phase.phase_scaled_s)."""
+    return phase_scaled_s(iterations_s, references_s, fast_s)
 
 
 def phase_normalised_iteration_s(iterations_s: Sequence[float], references_s: Sequence[float],
                                  fast_s: float) -> float:
     """The median of the normalised iterations (a config's phase-normalised iteration time)."""
-    return statistics.median(normalised_iterations_s(iterations_s, references_s, fast_s))
+    return phase_normalised_s(iterations_s, references_s, fast_s)
 
 
 def campaign_fast_reference_s(references_s: Sequence[Sequence[float]]) -> float:

@@ -101,11 +101,13 @@ def _predict(model: Path, sharding: Path) -> dict:
 def test_measure_runs_a_sharders_plan_and_prints_the_spans(tmp_path: Path) -> None:
     out = runner.invoke(app, ["measure", "--model", str(_model(tmp_path)), "--num-gpus", "2", "--micro-batch", "2",
                               "--sharder", "size-lookup-greedy", "--iterations", "1", "--warmup", "0", "--out",
-                              str(tmp_path)])
+                              str(tmp_path), "--phase-normalise"])
     assert out.exit_code == 0, out.output
     assert "tiny-dlrm: size-lookup-greedy on 2 ranks, local batch 2" in out.output
     assert all(span in out.output for span in SPANS)
-    assert (tmp_path / "dlrm-tiny-dlrm-size-lookup-greedy-r2-b2.json").exists()
+    record = json.loads((tmp_path / "dlrm-tiny-dlrm-size-lookup-greedy-r2-b2.json").read_text())
+    # --phase-normalise: the reference probe around the iteration on both ranks, its normalised time beside the raw
+    assert set(record["phase_iteration_s"]) == {"reference"} and record["phase_iteration_s"]["reference"] > 0
 
 
 @pytest.mark.parametrize(("args", "message"), [

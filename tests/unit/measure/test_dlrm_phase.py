@@ -35,7 +35,7 @@ def test_iterations_are_scaled_to_the_fast_phase_reference_exactly() -> None:
     assert fast == 0.002
     assert normalised_iterations_s(iterations, references, fast) == pytest.approx([0.030, 0.030, 0.032])
     assert phase_normalised_iteration_s(iterations, references, fast) == pytest.approx(0.030)
-    with pytest.raises(ValueError, match="one per iteration"):
+    with pytest.raises(ValueError, match="one per run"):
         normalised_iterations_s(iterations, references[:2], fast)
 
 

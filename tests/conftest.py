@@ -57,6 +57,24 @@ vocab: 64
 max_seq_len: 8
 """
 
+# a 2-block GPT as a model file (`trainsim measure --model FILE` builds it on gloo ranks in seconds)
+TINY_GPT_MODEL_YAML = """\
+kind: transformer
+name: tiny-gpt
+arch: gpt
+mlp: gelu
+norm: layernorm
+position: learned
+bias: true
+tied_embeddings: true
+vocab: 256
+max_seq_len: 32
+num_layers: 2
+hidden: 32
+num_heads: 4
+ffn_hidden: 128
+"""
+
 # Where hand-filled profile measurements are filed: this machine's CPU, one thread.
 PROFILE_ENV = Environment("cpu-local", "torch test", 1, "test cpu")
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from conftest import TINY_GPT_MODEL_YAML
 from trainsim.cli.main import app
 from trainsim.measure.phase import (
     ProbeLog,
@@ -79,22 +80,6 @@ def test_phase_normalise_is_refused_with_a_suite():
     assert len(result.output.strip().splitlines()) == 1
 
 
-TINY_GPT = """\
-kind: transformer
-name: tiny-gpt
-arch: gpt
-mlp: gelu
-norm: layernorm
-position: learned
-bias: true
-tied_embeddings: true
-vocab: 256
-max_seq_len: 32
-num_layers: 2
-hidden: 32
-num_heads: 4
-ffn_hidden: 128
-"""
 PAIRS = """\
 strategy_tree:
   schedule: {micro_batches: 1}
@@ -107,7 +92,7 @@ strategy_tree:
 def test_a_probed_two_rank_tree_run_records_the_probe_around_every_step(tmp_path: Path):
     pytest.importorskip("torch")
     model, tree = tmp_path / "tiny-gpt.yaml", tmp_path / "pairs.yaml"
-    model.write_text(TINY_GPT)
+    model.write_text(TINY_GPT_MODEL_YAML)
     tree.write_text(PAIRS)
     result = runner.invoke(app, ["measure", "--model", str(model), "--num-gpus", "2", "--micro-batch", "2",
                                  "--global-batch", "4", "--seq-len", "16", "--precision", "fp32", "--tree", str(tree),

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from conftest import TINY_GPT_MODEL_YAML
 from trainsim.cli.main import app
 from trainsim.strategy.placement import Placement
 
@@ -17,22 +18,6 @@ from trainsim.measure.split_model import coords, members  # noqa: E402
 
 runner = CliRunner()
 
-TINY_GPT = """\
-kind: transformer
-name: tiny-gpt
-arch: gpt
-mlp: gelu
-norm: layernorm
-position: learned
-bias: true
-tied_embeddings: true
-vocab: 256
-max_seq_len: 32
-num_layers: 2
-hidden: 32
-num_heads: 4
-ffn_hidden: 128
-"""
 
 PAIRS = """\
 strategy_tree:
@@ -66,7 +51,7 @@ def test_a_collectives_group_is_one_shard_of_the_coarser_placement() -> None:
 
 def _run(tmp_path: Path, tree: str, name: str, *extra: str) -> dict[str, object]:
     model = tmp_path / "tiny-gpt.yaml"
-    model.write_text(TINY_GPT)
+    model.write_text(TINY_GPT_MODEL_YAML)
     tree_file = tmp_path / f"{name}.yaml"
     tree_file.write_text(tree)
     result = runner.invoke(app, ["measure", "--model", str(model), "--num-gpus", "2", "--micro-batch", "2",

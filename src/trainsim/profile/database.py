@@ -390,4 +390,3 @@ class ProfileDB:
     def count(self, table: str = "op_times") -> int:
         assert table in ("op_times", "collective_times"), table
         return int(self._conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
-

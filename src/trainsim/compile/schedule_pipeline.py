@@ -107,6 +107,12 @@ def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
             between.setdefault((t[_SRC], t[_SRC_INDEX], t[_DST], t[_DST_INDEX]), []).append(t)
     merged: set[int] = set()
     layouts: dict[int, GroupLayout] = {}  # boundary -> its transfers' layout (BuildContext.hop_layout)
+
+    def hop_layout(boundary: int) -> GroupLayout:
+        if boundary not in layouts:
+            layouts[boundary] = ctx.hop_layout(boundary)
+        return layouts[boundary]
+
     columns = ctx.graph.writable_columns()
     deps = columns.deps
     # NB: the transfers' tasks as rows of _ROW_FIELDS (the others are _ROW_CONSTANTS), added to the columns at the
@@ -131,8 +137,7 @@ def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
                     break
         if partner is not None:
             both = (src, dst) if src != dst else (src,)
-            resources = ctx.link_resources(layouts.get(boundary) or layouts.setdefault(
-                boundary, ctx.hop_layout(boundary)), both)
+            resources = ctx.link_resources(hop_layout(boundary), both)
             merged.update((id(t), id(partner)))
             key = f"pp.exchange.{what}{micro_batch}.vs{boundary}.{partner[0]}{partner[1]}"
             name = f"exchange {what} mb{micro_batch} vs{boundary} / {partner[0]} mb{partner[1]} vs{partner[2]}"
@@ -148,8 +153,7 @@ def insert_transfers(ctx: BuildContext, programs: list[list[Step]],
         one_way = one_way_sends.get((what, boundary))  # (a direction and boundary gives the sender and receiver)
         if one_way is None:
             arrow = "->" if what == "act" else "<-"
-            layout = ctx.hop_layout(boundary)
-            one_way = one_way_sends[(what, boundary)] = (ctx.link_resources(layout, (src,), (dst,)),
+            one_way = one_way_sends[(what, boundary)] = (ctx.link_resources(hop_layout(boundary), (src,), (dst,)),
                                                          ((f"send {what} mb", f" vs{boundary}{arrow}"),))
         resources, around = one_way
         named.append((send, around, micro_batch))  # "send act mb3 vs5->"

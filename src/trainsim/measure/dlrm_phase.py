@@ -12,7 +12,7 @@ speed. Torch-free: the parent process and the campaign scripts read it.
 from collections.abc import Sequence
 
 from trainsim.errors import ConfigError
-from trainsim.measure.phase import fast_reference_s, phase_normalised_s, phase_scaled_s
+from trainsim.measure.phase import fast_reference_s, phase_normalised_s, phase_scaled_s, slowest_rank_references_s
 
 PROBES = ("reference", "gather")  # measure.dlrm_probe's probes: measure.phase's mix, an EmbeddingBag step
 
@@ -33,7 +33,7 @@ def iteration_references_s(rank_probes: RankProbes) -> list[float]:
     if not rank_probes or len({len(rank) for rank in rank_probes}) != 1:
         raise ValueError(f"probe timings of {[len(rank) for rank in rank_probes]} iterations per rank: need "
                          "one pair per iteration on every rank")
-    return [max((rank[i][0] + rank[i][1]) / 2 for rank in rank_probes) for i in range(len(rank_probes[0]))]
+    return slowest_rank_references_s(rank_probes)
 
 
 def normalised_iterations_s(iterations_s: Sequence[float], references_s: Sequence[float],

@@ -7,12 +7,10 @@ the lookups' kind of work can be checked against the reference (docs/recommendat
 Imported only where torch is available (a rank's process).
 """
 
-import time
-
 import torch
 
 from trainsim.measure.dlrm_phase import check_probes
-from trainsim.measure.phase import ReferenceProbe
+from trainsim.measure.phase import ReferenceProbe, TimedProbe
 
 # NB: our choice, sized to take about as long as the reference probe (~1-2 ms of thread CPU time on this
 # machine's 2-vCPU EPYC guest: 1 MiB L2 per core, 32 MiB L3): a 100,000 x 64 fp32 table (25.6 MB, beyond L2),
@@ -26,7 +24,7 @@ GATHER_SKEW = 1.05  # exponent of the rows' power law (embedding/synthetic.py's 
 GATHER_LR = 1e-6  # a tiny step: the update's work without drifting the table
 
 
-class GatherProbe:
+class GatherProbe(TimedProbe):
     """A fixed EmbeddingBag step (seeded, so every probe gathers and scatters the same rows)."""
 
     def __init__(self, seed: int = 0) -> None:
@@ -49,17 +47,11 @@ class GatherProbe:
             self.bag.weight.add_(grad, alpha=-GATHER_LR)
         self.bag.weight.grad = None
 
-    def time_s(self) -> float:
-        """One run's thread CPU time."""
-        start = time.thread_time()
-        self.run()
-        return time.thread_time() - start
 
-
-def make_probes(names: tuple[str, ...]) -> dict[str, ReferenceProbe | GatherProbe]:
+def make_probes(names: tuple[str, ...]) -> dict[str, TimedProbe]:
     """The named probes (measure.dlrm_phase.PROBES), each built and run once (its first run pays the
     allocations)."""
-    made: dict[str, ReferenceProbe | GatherProbe] = {}
+    made: dict[str, TimedProbe] = {}
     for name in check_probes(names):
         made[name] = ReferenceProbe() if name == "reference" else GatherProbe()
         made[name].time_s()

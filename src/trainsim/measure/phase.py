@@ -25,7 +25,26 @@ FAST_PHASE_QUANTILE = 0.05  # the reference probe's fast-phase time: this low qu
 T = TypeVar("T")
 
 
-class ReferenceProbe:
+class TimedProbe:
+    """A fixed workload (run()) timed in the calling thread's CPU time."""
+
+    def run(self) -> Any:
+        raise NotImplementedError
+
+    def time_s(self) -> float:
+        """One run's thread CPU time."""
+        start = time.thread_time()
+        self.run()
+        return time.thread_time() - start
+
+    def around(self, fn: Callable[[], T]) -> tuple[T, float, float]:
+        """fn's result with the probe's thread CPU time just before and just after it."""
+        before = self.time_s()
+        result = fn()
+        return result, before, self.time_s()
+
+
+class ReferenceProbe(TimedProbe):
     """The fixed workload (seeded, so every probe does the same arithmetic)."""
 
     def __init__(self, seed: int = 0) -> None:
@@ -46,18 +65,6 @@ class ReferenceProbe:
         for step in range(PROBE_PY_STEPS):
             total += step
         return x
-
-    def time_s(self) -> float:
-        """One run's thread CPU time."""
-        start = time.thread_time()
-        self.run()
-        return time.thread_time() - start
-
-    def around(self, fn: Callable[[], T]) -> tuple[T, float, float]:
-        """fn's result with the probe's thread CPU time just before and just after it."""
-        before = self.time_s()
-        result = fn()
-        return result, before, self.time_s()
 
 
 def fast_reference_s(references_s: Sequence[float]) -> float:
@@ -120,6 +127,14 @@ def pair_means_s(pairs_s: Sequence[Sequence[float]], reference: str = "mean") ->
     if reference not in PROBE_REFERENCES:
         raise ValueError(f"reference {reference!r}: one of {', '.join(PROBE_REFERENCES)}")
     return [sum(pair) / len(pair) if reference == "mean" else pair[0] for pair in pairs_s]
+
+
+def slowest_rank_references_s(pairs_s_per_rank: Sequence[Sequence[Sequence[float]]],
+                              reference: str = "mean") -> list[float]:
+    """Per step, the slowest rank's reference (pair_means_s of its probe pair around that step): the reference of
+    a step whose time is the slowest rank's."""
+    return [max(column) for column in zip(*(pair_means_s(pairs, reference) for pairs in pairs_s_per_rank),
+                                          strict=True)]
 
 
 def busiest_phase_normalised_s(steps_s_per_rank: Sequence[Sequence[float]],

@@ -364,10 +364,15 @@ def _phase_settings(steps_s: list[list[float]], threads_s: list[list[float]], pa
     raw and phase-normalised (measure.phase; the iteration against the slower rank's probes). The CPU per step is
     normalised two ways: whole, and with only the training thread scaled (gloo's threads' CPU, which does not
     follow the probe, kept as measured: docs/strategy-tree.md, fourteenth session)."""
-    from trainsim.measure.phase import busiest_phase_normalised_s, fast_reference_s, pair_means_s, phase_scaled_s
+    from trainsim.measure.phase import (
+        busiest_phase_normalised_s,
+        fast_reference_s,
+        phase_scaled_s,
+        slowest_rank_references_s,
+    )
 
     fast_s = fast_reference_s([t for pairs in pairs_s for pair in pairs for t in pair])
-    slowest_s = [max(column) for column in zip(*(pair_means_s(pairs) for pairs in pairs_s), strict=True)]
+    slowest_s = slowest_rank_references_s(pairs_s)
     raw_cpu_s = max(sum(steps) / len(steps) for steps in steps_s)
     kept_s = [[s - t for s, t in zip(steps, threads, strict=True)] for steps, threads in zip(steps_s, threads_s,
                                                                                                strict=True)]

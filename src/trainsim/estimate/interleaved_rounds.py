@@ -29,10 +29,14 @@ The stalls and the bubble are checked against the exact schedule of per-chunk ti
 (tests/golden/test_interleaved_rounds.py) and against the simulator (tests/validation/test_uneven_pipelines.py).
 """
 
+from __future__ import annotations
+
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-from trainsim.estimate.steady_waits import ChunkTimes, steady_stalls_s
+if TYPE_CHECKING:
+    from trainsim.estimate.steady_waits import ChunkTimes
 
 
 def _longest_entries_s(times: list[float], p: int) -> list[float]:
@@ -100,5 +104,7 @@ def interleaved_terms_s(totals: tuple[float, ...], forward: tuple[float, ...],
     micro-batch count: the entry and exit beyond the even form (fill_drain_extra_s), and its counted wait per
     steady round (steady_waits.steady_stalls_s). Cached: a pure function of the stage times, which a search or
     a calibration prices again for other batch sizes and data-parallel degrees."""
+    from trainsim.estimate.steady_waits import steady_stalls_s  # numpy: ~0.1 s a process only these need
+
     fwd, bwd = chunk_times_s(totals, forward, chunk_shares, sends)
     return tuple(fill_drain_extra_s(fwd, bwd)), tuple(steady_stalls_s(fwd, bwd, totals))

@@ -54,6 +54,7 @@ _SHORT = {"all-reduce": "ar", "all-gather": "ag", "reduce-scatter": "rs", "all-t
 _STATISTICS = ("max", "target", "sum_exp")  # the vocab-parallel cross-entropy's all-reduces, in its order
 _Found = tuple[str, ReshardStep]  # (collective's name, step)
 Configs = Mapping[tuple[str, Axis], OpConfig]  # (op module path, axis) -> the op's config (a tree's)
+UNSPLIT = OpConfig(1, 1, 1, 1)
 
 
 def axis_sizes(kind: LayerKind, dev: DeviceSlice) -> dict[Axis, int]:
@@ -62,9 +63,13 @@ def axis_sizes(kind: LayerKind, dev: DeviceSlice) -> dict[Axis, int]:
     return {axis: sizes[axis] for axis in AXES if sizes[axis] > 1}
 
 
-def op_config(axis: Axis, op: Op, dev: DeviceSlice) -> OpConfig:
-    """The computation config of forward op `op` over `axis` (module doc)."""
+def op_config(axis: Axis, op: Op, dev: DeviceSlice, replicated: frozenset[str] = frozenset()) -> OpConfig:
+    """The computation config of forward op `op` over `axis` (module doc). replicated: the modules of a block
+    (attn, mlp: replicable_module) whose ops hold their tensors whole over tp, each tp rank running the whole
+    module (no split)."""
     if axis == "tp":
+        if replicated and replicable_module(op) in replicated:
+            return UNSPLIT
         t, seq = dev.tp, dev.tp if dev.sp else 1
         if op.name in COLUMN or op.name in FEATURE:
             return OpConfig(1, 1, t, 1)
@@ -74,6 +79,29 @@ def op_config(axis: Axis, op: Op, dev: DeviceSlice) -> OpConfig:
     if axis == "cp":
         return OpConfig(1, dev.cp, 1, 1)
     return OpConfig(1, 1, dev.ep, 1) if _expert(op) else OpConfig(dev.ep, 1, 1, 1)
+
+
+def replicable_module(op: Op) -> str:
+    """The module of a block whose ops may all hold their tensors whole over tp instead of Megatron's split:
+    "attn" (qkv, rope, the attention core, softmax, the projection) or "mlp" (a dense block's MLP; not an MoE's
+    experts or router); "" for any other op (norms, residual adds: Megatron's configs always)."""
+    parts = op.module_path.split(".")
+    if "attn" in parts:
+        return "attn"
+    return "mlp" if "mlp" in parts and "moe" not in parts else ""
+
+
+def replicated_modules(kind: LayerKind, fwd: Sequence[Op], config_of: Callable[[Op], OpConfig]) -> frozenset[str]:
+    """The modules of a block layer (replicable_module) whose every op is unsplit over tp under config_of (the
+    ops' configs over tp): those the tp ranks each run whole. Empty for the embedding and the head."""
+    if kind not in ("block", "moe_block"):
+        return frozenset()
+    whole: dict[str, bool] = {}
+    for op in fwd:
+        module = replicable_module(op)
+        if module:
+            whole[module] = whole.get(module, True) and config_of(op) == UNSPLIT
+    return frozenset(module for module, unsplit in whole.items() if unsplit)
 
 
 def handed_on(axis: Axis, dev: DeviceSlice) -> Placement:
@@ -96,7 +124,7 @@ def layer_comms(spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: S
         def config_of(op: Op, axis: Axis = axis) -> OpConfig:
             if configs is None:
                 return op_config(axis, op, dev)
-            return configs.get((op.module_path, axis), OpConfig(1, 1, 1, 1))
+            return configs.get((op.module_path, axis), UNSPLIT)
 
         forward, backward = _walk(axis, size, spec, dev, kind, fwd, config_of)
         sites = {_site(op): i for i, op in reversed(list(enumerate(fwd)))}

@@ -41,7 +41,14 @@ from trainsim.strategy.lowered import (
     expand_layers,
     megatron_splits,
 )
-from trainsim.strategy.megatron import UNSPLIT, axis_sizes, op_config, replicable_module, replicated_modules
+from trainsim.strategy.megatron import (
+    UNSPLIT,
+    Axis,
+    axis_sizes,
+    op_config,
+    replicable_module,
+    replicated_modules,
+)
 from trainsim.strategy.parallel import RECOMPUTES, ParallelSpec, Recompute, Schedule
 from trainsim.strategy.placement import OpConfig
 
@@ -369,8 +376,8 @@ class StrategyTree:
             raise ConfigError("split.axis", "tp | cp | ep", "model-parallel computation configs apply to "
                               "transformers; split a CNN's or DLRM's ops over dp")
         dev = DeviceSlice.of(par)
-        given: dict[tuple[int, str, str], OpConfig] = {}  # (layer index, op module path, axis) -> the tree's
-        op_nodes: list[tuple[str, TreeNode, dict[str, int]]] = []
+        given: dict[tuple[int, str, Axis], OpConfig] = {}  # (layer index, op module path, axis) -> the tree's
+        op_nodes: list[tuple[str, TreeNode, dict[Axis, int]]] = []
         for path, node in self.nodes.items():
             if not node.fwd or node.layer_index < 0:
                 continue
@@ -400,7 +407,7 @@ class StrategyTree:
                     out.append(MeshSplit(node.layer_index, op.module_path, axis, expected))
         return tuple(dict.fromkeys(out))
 
-    def _replicated(self, layers: list[Layer], given: Mapping[tuple[int, str, str], OpConfig],
+    def _replicated(self, layers: list[Layer], given: Mapping[tuple[int, str, Axis], OpConfig],
                     par: ParallelSpec) -> dict[int, frozenset[str]]:
         """Per layer index, the block modules (attn, mlp) the tree leaves unsplit over tp on every op; refused
         with cp > 1 (the context split's keys and values are priced per tp rank's heads)."""

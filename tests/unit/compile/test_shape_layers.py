@@ -24,6 +24,7 @@ from trainsim.errors import ConfigError
 from trainsim.frontends.catalog.transformer import build_transformer
 from trainsim.ir.exec_graph import ExecGraph
 from trainsim.ir.graph import Comm, Layer, OpGraph
+from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job, make_job
 from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.lowered import LoweredPlan, default_plan
@@ -42,6 +43,7 @@ VOCAB = [("embedding.tokens", "reduce"), ("head.proj", "out"), ("head.loss", "ou
 
 def _tiny(tp: int = 2, dp: int = 4, **strategy: object) -> tuple[Job, OpGraph]:
     spec = parse_model(yaml.safe_load(TINY_GPT_MODEL_YAML))
+    assert isinstance(spec, TransformerSpec)
     par = ParallelSpec.parse({"micro_batch": 2, "seq_len": 32, "global_batch": 2 * dp * 2, "tp": tp, "dp": dp,
                               **strategy})
     job = make_job(spec, a100_cluster(tp * dp * par.cp), par)
@@ -200,7 +202,8 @@ def test_the_shipped_attention_only_tree_pays_half_the_tp_collectives() -> None:
     par = ParallelSpec.parse({"micro_batch": 4, "seq_len": 1024, "global_batch": 64, "tp": 2})
     job = make_job(spec, a100_cluster(8), par)
     graph = build_transformer(spec, DeviceSlice.of(job.parallel))  # type: ignore[arg-type]
-    plan = load_tree_yaml(ROOT / "data" / "strategies" / "megatron" / "gpt-tp2-attn-only.yaml", graph).lower(job.parallel)
+    tree_file = ROOT / "data" / "strategies" / "megatron" / "gpt-tp2-attn-only.yaml"
+    plan = load_tree_yaml(tree_file, graph).lower(job.parallel)
     shaped = shape_layers(job, plan)
     blocks = [a.layer for a in shaped.layers if a.layer.kind == "block"]
     assert len(blocks) == 12 and all(b is blocks[0] for b in blocks)

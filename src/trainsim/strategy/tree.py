@@ -816,9 +816,10 @@ def _mismatch(op: Op, axis: str, size: int, dev: DeviceSlice, given: OpConfig, e
         axis == "tp" and not dev.sp and given.seq > 1) else ""
     module = replicable_module(op) if axis == "tp" else ""
     if module:  # the module's node: the op node's parent ("blocks.3.attn" of "blocks.3.attn.qkv")
-        hint += f"; or no tp split on any op of {path.rpartition('.')[0]} (the {module} run whole on each tp rank)"
-    return (f"over {mesh} an op takes Megatron's split (a block's attention or MLP: on all its ops, or on none): "
-            f"{op.name} splits {_config_text(expected)} over {axis}; give that, or no {axis} splits{hint}")
+        whole = {"attn": "attention", "mlp": "MLP"}[module]
+        hint += f"; or none on any op of {path.rpartition('.')[0]} (the {whole} whole on each tp rank)"
+    return (f"ops take Megatron's splits over {mesh}: {op.name} splits {_config_text(expected)} over {axis}; "
+            f"give that, or no {axis} splits{hint}")
 
 
 def _config_text(config: OpConfig) -> str:

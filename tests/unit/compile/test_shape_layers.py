@@ -184,8 +184,8 @@ def test_a_module_split_on_some_ops_only_is_refused_in_one_line() -> None:
     job, graph = _tiny()
     partial = [("blocks.*.attn.qkv", "out"), ("blocks.*.attn.out", "reduce")]
     with pytest.raises(ConfigError, match=r"blocks.0.attn.core split.compute@tp='nothing' is invalid: .* attention "
-                                          r"splits out=2 over tp; give that, or no tp splits; or no tp split on any "
-                                          r"op of blocks.0.attn") as info:
+                                          r"splits out=2 over tp; give that, or no tp splits; or none on any op of "
+                                          r"blocks.0.attn \(the attention whole on each tp rank\)") as info:
         _tree(graph, VOCAB + partial).lower(job.parallel)
     assert "\n" not in str(info.value)
     cp_job, cp_graph = _tiny(tp=2, dp=2, cp=2)

@@ -126,7 +126,7 @@ def layer_comms(spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: S
                 return op_config(axis, op, dev)
             return configs.get((op.module_path, axis), UNSPLIT)
 
-        forward, backward = _walk(axis, size, spec, dev, kind, fwd, config_of)
+        forward, backward = _walk(axis, size, spec, dev, kind, fwd, config_of, _heads_parts(fwd, dev, configs))
         sites = {_site(op): i for i, op in reversed(list(enumerate(fwd)))}
         backward.sort(key=lambda found: sites.get(found[0].split(".")[0], len(sites)))
         comms += [Comm(name, step.collective, axis, "fwd", step.buffer_bytes) for name, step in forward]
@@ -137,9 +137,9 @@ def layer_comms(spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: S
 
 
 def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: Sequence[Op],
-          config_of: Callable[[Op], OpConfig]) -> tuple[list[_Found], list[_Found]]:
+          config_of: Callable[[Op], OpConfig], heads_parts: int) -> tuple[list[_Found], list[_Found]]:
     """(forward, backward) reshards of the layer's op chain over one axis; the backward's in the order the
-    backward pass meets them."""
+    backward pass meets them. heads_parts: the parts the attention's heads are split into over tp."""
     full = _tensor_bytes(axis, spec, dev)
     handed = handed_on(axis, dev)
     forward: list[_Found] = []
@@ -156,7 +156,7 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
             grad = input_grad_placement(need, config, contracting)
             backward += _named(site, axis, reshard(grad, output_grad_placement(placement), full))
         if axis == "cp" and op.kind == "attention":  # keys and values of the whole sequence
-            kv = _kv_bytes(spec, dev)
+            kv = _kv_bytes(spec, dev, heads_parts)
             forward += _named("kv", axis, reshard(Placement(size, seq=size), Placement(size), kv))
             backward += _named("kv", axis, reshard(Placement(size, partial=size), Placement(size, seq=size), kv))
         placement, producer = output_placement(config, size, contracting), op
@@ -222,7 +222,16 @@ def _tensor_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice) -> float:
     return hidden * spec.top_k * dev.ep if axis == "ep" else hidden
 
 
-def _kv_bytes(spec: TransformerSpec, dev: DeviceSlice) -> float:
-    """Keys and values of the whole sequence of a micro-batch, of this tp rank's heads."""
+def _kv_bytes(spec: TransformerSpec, dev: DeviceSlice, heads_parts: int) -> float:
+    """Keys and values of the whole sequence of a micro-batch, of this tp rank's heads (split heads_parts ways)."""
     act = BYTES_PER_DTYPE[dev.precision.activation_dtype]
-    return float(2 * dev.micro_batch * dev.seq_len * spec.kv_heads * spec.head_dim // dev.tp * act)
+    return float(2 * dev.micro_batch * dev.seq_len * spec.kv_heads * spec.head_dim // heads_parts * act)
+
+
+def _heads_parts(fwd: Sequence[Op], dev: DeviceSlice, configs: Configs | None) -> int:
+    """The parts the layer's attention heads are split into over tp: Megatron's tp, or the attention op's
+    config's (1 where a tree runs the attention whole on each tp rank)."""
+    core = next((op for op in fwd if op.kind == "attention"), None)
+    if configs is None or core is None or dev.tp == 1:
+        return dev.tp
+    return configs.get((core.module_path, "tp"), UNSPLIT).out

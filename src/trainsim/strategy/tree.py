@@ -393,7 +393,7 @@ class StrategyTree:
                         int(row[key].value) if (key := f"split.compute.{dim}@{axis}") in row else 1
                         for dim in COMPUTE_DIMS))
             op_nodes.append((path, node, sizes))
-        replicated = self._replicated(layers, given, par) if "tp" in given_axes and par.tp > 1 else {}
+        replicated = self._replicated(layers, given) if "tp" in given_axes and par.tp > 1 else {}
         out: list[MeshSplit] = []
         for path, node, sizes in op_nodes:
             whole = replicated.get(node.layer_index, frozenset())
@@ -407,18 +407,13 @@ class StrategyTree:
                     out.append(MeshSplit(node.layer_index, op.module_path, axis, expected))
         return tuple(dict.fromkeys(out))
 
-    def _replicated(self, layers: list[Layer], given: Mapping[tuple[int, str, Axis], OpConfig],
-                    par: ParallelSpec) -> dict[int, frozenset[str]]:
-        """Per layer index, the block modules (attn, mlp) the tree leaves unsplit over tp on every op; refused
-        with cp > 1 (the context split's keys and values are priced per tp rank's heads)."""
+    def _replicated(self, layers: list[Layer], given: Mapping[tuple[int, str, Axis], OpConfig]) -> dict[
+            int, frozenset[str]]:
+        """Per layer index, the block modules (attn, mlp) the tree leaves unsplit over tp on every op."""
         out: dict[int, frozenset[str]] = {}
         for index, layer in enumerate(layers):
             whole = replicated_modules(layer.kind, layer.fwd,
                                        lambda op, i=index: given.get((i, op.module_path, "tp"), UNSPLIT))
-            if whole and par.cp > 1:
-                raise ConfigError(f"{self.layer_paths[index]}.{sorted(whole)[0]} split.compute@tp", "nothing",
-                                  f"a block's attention or MLP run whole on every tp rank is not combined with "
-                                  f"cp={par.cp}; split it as Megatron does, or use cp=1")
             if whole:
                 out[index] = whole
         return out

@@ -116,11 +116,11 @@ def test_a_tree_that_sizes_no_stage_must_fill_the_gpus(tmp_path: Path) -> None:
                                      "that sum to 4, or give a dp that fills the GPUs")
 
 
-def test_attention_only_tp_from_the_shipped_tree_file_lands_between_tp2_and_tp1() -> None:
+def test_attention_only_tp_from_the_shipped_tree_file_lands_between_tp2_and_tp1(tmp_path: Path) -> None:
     """data/strategies/megatron/gpt-tp2-attn-only.yaml (the MLP whole on each of the 2 tp ranks): more compute
     than plain tp 2, less than tp 1 on the same data-parallel degree (each rank the whole model), and half the
-    tensor-parallel communication of plain tp 2 (one all-reduce pair per block instead of two); with cp 2 it is
-    refused in one line, exit 2."""
+    tensor-parallel communication of plain tp 2 (one all-reduce pair per block instead of two). A module split
+    on some of its ops only is refused in one line, exit 2."""
     root = Path(__file__).resolve().parents[3]
     args = ["predict", "--model", "gpt3-125m", "--micro-batch", "4", "--global-batch", "64", "--seq-len", "1024",
             "--engine", "sim", "--json"]
@@ -135,7 +135,12 @@ def test_attention_only_tp_from_the_shipped_tree_file_lands_between_tp2_and_tp1(
     assert out["attn"]["breakdown"]["tp_comm"] < 0.6 * out["tp2"]["breakdown"]["tp_comm"]
     assert out["tp2"]["memory_breakdown"]["weights"] < out["attn"]["memory_breakdown"]["weights"] \
         < out["tp1"]["memory_breakdown"]["weights"]
-    broken = RUNNER.invoke(app, [*args, "--num-gpus", "8", "--tp", "2", "--tree", tree, "--cp", "2"])
+    bad = tmp_path / "bad.yaml"  # the attention split on qkv and the projection, not on the core
+    bad.write_text("strategy_tree:\n  split:\n" + "".join(
+        f"    - {{path: {path}, item: compute, dim: {dim}, parts: 2, axis: tp}}\n" for path, dim in (
+            ("embedding.tokens", "reduce"), ("blocks.*.attn.qkv", "out"), ("blocks.*.attn.out", "reduce"),
+            ("head.proj", "out"), ("head.loss", "out"))))
+    broken = RUNNER.invoke(app, [*args, "--num-gpus", "8", "--tp", "2", "--tree", str(bad)])
     assert broken.exit_code == 2
     lines = broken.stderr.strip().splitlines()
-    assert len(lines) == 1 and "not combined with cp=2" in lines[0]
+    assert len(lines) == 1 and "blocks.0.attn.core split.compute@tp='nothing' is invalid" in lines[0]

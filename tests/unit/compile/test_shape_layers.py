@@ -19,6 +19,7 @@ from trainsim.catalog.loader import load_model
 from trainsim.catalog.model_files import parse_model
 from trainsim.compile.build import compile_job
 from trainsim.compile.shape_layers import shape_layers
+from trainsim.compile.splits import plan_mesh_comms
 from trainsim.cost.pricing import Pricer, axis_layout
 from trainsim.errors import ConfigError
 from trainsim.frontends.catalog.transformer import build_transformer
@@ -86,6 +87,7 @@ def test_attention_only_tp_pays_one_all_reduce_pair_per_block() -> None:
     assert block.comms == (Comm("attn.ar", "all-reduce", "tp", "fwd", HIDDEN_BYTES),
                            Comm("attn.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES))
     assert _block(plan, 2) is block  # one rebuilt layer for the instances with the same modules whole
+    assert plan_mesh_comms(plan, job.model, job.parallel)[2] == block.comms  # the compiler's, the layer's own
     megatron = [c.name for c in graph.layers[1].comms]
     assert megatron == ["attn.ar", "mlp.ar", "attn.ar", "mlp.ar"]  # two pairs per block under Megatron's splits
     pricer = Pricer(Calibration())
@@ -188,11 +190,18 @@ def test_a_module_split_on_some_ops_only_is_refused_in_one_line() -> None:
                                           r"blocks.0.attn \(the attention whole on each tp rank\)") as info:
         _tree(graph, VOCAB + partial).lower(job.parallel)
     assert "\n" not in str(info.value)
-    cp_job, cp_graph = _tiny(tp=2, dp=2, cp=2)
-    with pytest.raises(ConfigError, match=r"blocks.0.mlp split.compute@tp='nothing' is invalid: .* not combined "
-                                          r"with cp=2") as info:
-        _tree(cp_graph, VOCAB + MEGATRON_ATTN).lower(cp_job.parallel)
-    assert "\n" not in str(info.value)
+
+
+def test_a_whole_attention_under_context_parallelism_gathers_all_heads_keys_and_values() -> None:
+    """cp 2: the attention reads the keys and values of the whole sequence, all-gathered over cp (backward: their
+    gradient reduce-scattered). Whole on each tp rank, it gathers all 4 heads': 2 (k, v) x 2 samples x 32 tokens
+    x 4 heads x 8 x 2 bytes = 8192 bytes; under Megatron's split its 2 heads': 4096."""
+    job, graph = _tiny(tp=2, dp=2, cp=2)
+    plan = shape_layers(job, _tree(graph, VOCAB + MEGATRON_MLP).lower(job.parallel))
+    kv = [(c.name, c.collective, c.phase, c.buffer_bytes) for c in _block(plan, 1).comms if c.axis == "cp"]
+    assert kv == [("kv.ag", "all-gather", "fwd", 8192.0), ("kv.rs", "reduce-scatter", "bwd", 8192.0)]
+    assert [c.buffer_bytes for c in graph.layers[1].comms if c.axis == "cp"] == [4096.0, 4096.0]
+    assert plan_mesh_comms(plan, job.model, job.parallel)[1] == _block(plan, 1).comms  # the compiler's, the layer's
 
 
 def test_the_shipped_attention_only_tree_pays_half_the_tp_collectives() -> None:

@@ -19,7 +19,7 @@ from trainsim.ir.flops import (
 from trainsim.ir.graph import Layer, LayerKind, Op, OpGraph
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.strategy.device_slice import DeviceSlice
-from trainsim.strategy.megatron import Configs, layer_comms, op_config
+from trainsim.strategy.megatron import Configs, axis_sizes, layer_comms, op_config
 
 
 def build_transformer(spec: TransformerSpec, dev: DeviceSlice) -> OpGraph:
@@ -123,8 +123,8 @@ def block_layer(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool,
         fwd.extend(_mlp_ops(spec, dev, path, tokens, 1, t_mlp))
     fwd.append(pointwise_op("residual2", "elementwise", f"{path}.residual2", act, rep * h, reads=2.0))
     kind: LayerKind = "moe_block" if moe else "block"
-    configs: Configs | None = {(op.module_path, "tp"): op_config("tp", op, dev, replicated)
-                               for op in fwd} if replicated else None
+    configs: Configs | None = {(op.module_path, axis): op_config(axis, op, dev, replicated) for op in fwd
+                               for axis in axis_sizes(kind, dev)} if replicated else None
     comms = layer_comms(spec, dev, kind, fwd, configs)
     fwd_ops, bwd_ops = _with_backward(fwd)
     attn_params, mlp_params = _block_params(spec, moe)

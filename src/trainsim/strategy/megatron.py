@@ -15,6 +15,11 @@ split-tree form of Megatron's patterns (Shoeybi et al. 2019, Sec. 3; Korthikanti
   (a device holds the tokens routed to its experts; a Placement carries it in its feature slot, and an expert's
   output is whole, not a partial sum), every other op the batch.
 
+A strategy tree may leave a block's attention or its (dense) MLP unsplit over tp on all of the module's ops
+(replicated_modules): each tp rank then runs that module whole (op_config's `replicated`), the catalog builder
+shapes its ops at tp 1 (frontends.catalog.transformer.block_layer, compile.shape_layers), and the resharding
+below inserts what that layout needs: a whole attention beside a split MLP pays only the MLP's all-reduce pair.
+
 layer_comms walks a layer's ops in order per axis, as compile.splits walks a tree's computation configs: where
 what an op reads differs from how its producer left it, strategy.reshard's pattern matching gives the collective
 (partial sums -> all-reduce, or reduce-scatter where the reader splits the sequence; a sequence split read whole

@@ -13,7 +13,9 @@ mapped one take the first mapped one's). Setting one node twice to different val
 lower() turns the tree into the LoweredPlan of compile.plan (stage, chunk and recompute per layer, one
 schedule). The splits the plain strategy implies (from_parallel: tp, sp, cp, ep, dp, ZeRO) are what the
 DeviceSlice the graph was built with applied already; their computation configs over tp, cp and ep (Megatron's,
-strategy.megatron) go into the plan as MeshSplits, from which the compiler derives the feature collectives.
+strategy.megatron) go into the plan as MeshSplits, from which the compiler derives the feature collectives. A tree
+may leave a block's attention or MLP unsplit over tp on all its ops: the compiler then rebuilds that block with
+the module whole on each tp rank (compile.shape_layers).
 Computation configs over dp (item "compute": batch, seq, out, reduce) go into the plan as OpSplits, which
 compile.splits applies with the resharding they need.
 """

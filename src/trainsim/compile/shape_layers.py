@@ -19,7 +19,7 @@ from trainsim.ir.graph import Layer
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job
 from trainsim.strategy.device_slice import DeviceSlice
-from trainsim.strategy.lowered import LoweredPlan
+from trainsim.strategy.lowered import LayerAssignment, LoweredPlan
 from trainsim.strategy.megatron import UNSPLIT, replicated_modules
 from trainsim.strategy.placement import OpConfig
 
@@ -57,3 +57,23 @@ def _rebuilt(spec: TransformerSpec, dev: DeviceSlice, layer: Layer, whole: froze
                           f"the plan's {layer.name}; running a block's {' and '.join(sorted(whole))} whole on "
                           "each tp rank needs the catalog front-end's graph")
     return rebuilt
+
+
+def repeated_flops(job: Job, plan: LoweredPlan) -> float:
+    """The FLOPs one device runs per micro-batch beyond its share of the model's: the modules a plan runs whole
+    on every tp rank, forward, backward and what recompute repeats of them (hardware FLOPs, HFU, count them; model
+    FLOPs, MFU, do not). 0 for a plan with Megatron's splits everywhere."""
+    shaped = shape_layers(job, plan)
+    if shaped is plan:
+        return 0.0
+    return sum(_run_flops(new) - _run_flops(old) for old, new in zip(plan.layers, shaped.layers, strict=True)
+               if new.layer is not old.layer)
+
+
+def _run_flops(a: LayerAssignment) -> float:
+    """One micro-batch through a layer instance: forward, backward and its recompute (as
+    estimate.result.recompute_flops counts it)."""
+    layer = a.layer
+    again = layer.flops("fwd") if a.recompute == "full" else sum(
+        op.flops for op in layer.fwd if op.recompute_selective) if a.recompute == "selective" else 0.0
+    return layer.flops("fwd") + layer.flops("bwd") + again

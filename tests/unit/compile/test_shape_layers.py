@@ -18,10 +18,11 @@ from trainsim.catalog.calibration import Calibration
 from trainsim.catalog.loader import load_model
 from trainsim.catalog.model_files import parse_model
 from trainsim.compile.build import compile_job
-from trainsim.compile.shape_layers import shape_layers
+from trainsim.compile.shape_layers import repeated_flops, shape_layers
 from trainsim.compile.splits import plan_mesh_comms
 from trainsim.cost.pricing import Pricer, axis_layout
 from trainsim.errors import ConfigError
+from trainsim.estimate.simulation import SimEstimator
 from trainsim.frontends.catalog.transformer import build_transformer
 from trainsim.ir.exec_graph import ExecGraph
 from trainsim.ir.graph import Comm, Layer, OpGraph
@@ -131,6 +132,23 @@ def test_the_unsplit_mlp_is_priced_as_the_tp1_mlp() -> None:
     split_fc1 = next(op for op in graph.layers[1].fwd if op.name == "fc1")
     assert fc1 == [pricer.op_time_s(whole_fc1, job)]
     assert pricer.op_time_s(whole_fc1, job) > pricer.op_time_s(split_fc1, job)
+
+
+def test_the_repeated_mlp_counts_in_hardware_flops_not_model_flops() -> None:
+    """Each tp rank runs the whole MLP: per micro-batch and block it repeats the half it would not run under
+    Megatron's split, whose GEMMs are 3 x 2 x 64 x 128 x 32 / 2 = 1572864 FLOPs (fc1 and fc2, forward, input and
+    weight gradients). HFU counts the repeat, MFU (the model's FLOPs) does not."""
+    job, graph = _tiny()
+    _, whole = _tiny(tp=1)
+    plan = _tree(graph, VOCAB + MEGATRON_ATTN).lower(job.parallel)
+    per_block = sum(op.flops for op in _mlp(whole.layers[1])) - sum(op.flops for op in _mlp(graph.layers[1]))
+    gemms = [op for op in _mlp(whole.layers[1]) if op.kind == "matmul"]
+    assert sum(op.flops for op in gemms) / 2 == 6 * 2 * 64 * 128 * 32 / 2 == 1572864
+    assert repeated_flops(job, plan) == 2 * per_block
+    assert repeated_flops(job, default_plan(graph, job.parallel)) == 0.0
+    result = SimEstimator(Pricer(Calibration())).estimate(job, graph, plan)
+    per_micro_batch = graph.total_flops("fwd") + graph.total_flops("bwd")
+    assert result.hfu / result.mfu == pytest.approx(1.0 + 2 * per_block / per_micro_batch, rel=1e-12)
 
 
 def test_mlp_only_tp_and_a_split_that_differs_between_blocks() -> None:

@@ -25,7 +25,7 @@ from trainsim.errors import ConfigError
 from trainsim.estimate.simulation import SimEstimator
 from trainsim.frontends.catalog.transformer import build_transformer
 from trainsim.ir.exec_graph import ExecGraph
-from trainsim.ir.graph import Comm, Layer, OpGraph
+from trainsim.ir.graph import Comm, Layer, Op, OpGraph
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job, make_job
 from trainsim.strategy.device_slice import DeviceSlice
@@ -69,11 +69,11 @@ def _tp_tasks(graph: ExecGraph, layer: str) -> list[tuple[str, float]]:
             if t.category == "tp_comm" and t.micro_batch == 0 and t.layer == layer]
 
 
-def _mlp(layer: Layer) -> list[object]:
+def _mlp(layer: Layer) -> list[Op]:
     return [op for op in layer.fwd + layer.bwd if ".mlp." in op.module_path]
 
 
-def _attn(layer: Layer) -> list[object]:
+def _attn(layer: Layer) -> list[Op]:
     return [op for op in layer.fwd + layer.bwd if ".attn." in op.module_path]
 
 

@@ -6,6 +6,7 @@ the schedule's order (schedules.py), each step (F, B or W of one micro-batch on 
 layers' layer-phases: compute on the compute stream and the feature collectives that block it on the feature
 stream, in one dependency chain per stage (the critical path the analytical engine adds up). The passes:
 
+- shape_layers: a block whose attention or MLP the plan leaves unsplit over tp rebuilt with that module whole;
 - schedule_pipeline: step order per stage, send/recv between virtual stages (pp_comm);
 - lower_layers: layer-phases (one task per layer, or per op at task_level="op") with their memory;
 - apply_recompute: recompute before the backward (full or selective);
@@ -42,6 +43,7 @@ from trainsim.compile.lower_layers import Cut, Unit, UnitMemory, emit_unit, step
 from trainsim.compile.place_links import place_links
 from trainsim.compile.schedule_pipeline import StepTids, chunk_layers, insert_transfers, stage_programs
 from trainsim.compile.schedules import Step, splits_backward
+from trainsim.compile.shape_layers import shape_layers
 from trainsim.compile.splits import plan_mesh_comms, plan_splits
 from trainsim.compile.stage_meshes import compile_stage_meshes
 from trainsim.cost.memory import optimizer_step_bytes
@@ -68,6 +70,7 @@ def compile_job(job: Job, plan: LoweredPlan, pricer: Pricer,
     """The iteration of `job` placed by `plan` as per-device tasks, priced by `pricer`: one device per stage (on
     its own mesh where the plan gives it one: stage_meshes), and one per stage and device class where the
     cluster's ranks differ (device_classes)."""
+    plan = shape_layers(job, plan)
     graph = compile_stage_meshes(job, plan, lambda mesh_job, mesh_plan: _compile_stages(
         mesh_job, mesh_plan, pricer, task_level))
     graph = split_device_classes(job, graph, lambda device: _compile_stages(

@@ -124,10 +124,12 @@ def _plain(value: Any) -> Any:
 
 def make_result(engine: str, job: Job, graph: OpGraph, breakdown: dict[str, float], memory: MemoryEstimate, *,
                 notes: list[str] | None = None, timeline: Timeline | None = None,
-                calibration: Calibration | None = None) -> Result:
+                calibration: Calibration | None = None, repeated_flops: float = 0.0) -> Result:
     """The Result of an engine's breakdown (seconds per BREAKDOWN_KEYS entry) and memory estimate for `job`,
     whose per-device graph is `graph`: iteration time, throughput, FLOPs, MFU and HFU follow from them.
-    calibration: the fit the engine priced with, whose held-out errors give the band (None: no band)."""
+    calibration: the fit the engine priced with, whose held-out errors give the band (None: no band).
+    repeated_flops: FLOPs one device runs per micro-batch beyond its share of the model's (a module a strategy
+    tree runs whole on every tp rank: compile.shape_layers.repeated_flops), counted in HFU, not in MFU."""
     unknown = set(breakdown) - set(BREAKDOWN_KEYS)
     assert not unknown, f"breakdown keys outside BREAKDOWN_KEYS: {sorted(unknown)}"
     par = job.parallel
@@ -138,7 +140,7 @@ def make_result(engine: str, job: Job, graph: OpGraph, breakdown: dict[str, floa
     shards = par.tp * par.cp
     scale = shards * par.global_batch / par.micro_batch
     model_flops = full_graph_flops * scale
-    hardware_flops = model_flops + recompute_flops(graph, par.recompute) * scale
+    hardware_flops = model_flops + (recompute_flops(graph, par.recompute) + repeated_flops) * scale
     peak = job.cluster.device.peak_for(policy_for(par.precision).linear_dtype)
     if not (math.isfinite(iteration) and iteration > 0 and math.isfinite(model_flops) and
             math.isfinite(memory.peak_bytes)):

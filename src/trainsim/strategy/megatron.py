@@ -15,6 +15,11 @@ split-tree form of Megatron's patterns (Shoeybi et al. 2019, Sec. 3; Korthikanti
   (a device holds the tokens routed to its experts; a Placement carries it in its feature slot, and an expert's
   output is whole, not a partial sum), every other op the batch.
 
+A strategy tree may leave a block's attention or its (dense) MLP unsplit over tp on all of the module's ops
+(replicated_modules): each tp rank then runs that module whole (op_config's `replicated`), the catalog builder
+shapes its ops at tp 1 (frontends.catalog.transformer.block_layer, compile.shape_layers), and the resharding
+below inserts what that layout needs: a whole attention beside a split MLP pays only the MLP's all-reduce pair.
+
 layer_comms walks a layer's ops in order per axis, as compile.splits walks a tree's computation configs: where
 what an op reads differs from how its producer left it, strategy.reshard's pattern matching gives the collective
 (partial sums -> all-reduce, or reduce-scatter where the reader splits the sequence; a sequence split read whole
@@ -54,6 +59,7 @@ _SHORT = {"all-reduce": "ar", "all-gather": "ag", "reduce-scatter": "rs", "all-t
 _STATISTICS = ("max", "target", "sum_exp")  # the vocab-parallel cross-entropy's all-reduces, in its order
 _Found = tuple[str, ReshardStep]  # (collective's name, step)
 Configs = Mapping[tuple[str, Axis], OpConfig]  # (op module path, axis) -> the op's config (a tree's)
+UNSPLIT = OpConfig(1, 1, 1, 1)
 
 
 def axis_sizes(kind: LayerKind, dev: DeviceSlice) -> dict[Axis, int]:
@@ -62,9 +68,13 @@ def axis_sizes(kind: LayerKind, dev: DeviceSlice) -> dict[Axis, int]:
     return {axis: sizes[axis] for axis in AXES if sizes[axis] > 1}
 
 
-def op_config(axis: Axis, op: Op, dev: DeviceSlice) -> OpConfig:
-    """The computation config of forward op `op` over `axis` (module doc)."""
+def op_config(axis: Axis, op: Op, dev: DeviceSlice, replicated: frozenset[str] = frozenset()) -> OpConfig:
+    """The computation config of forward op `op` over `axis` (module doc). replicated: the modules of a block
+    (attn, mlp: replicable_module) whose ops hold their tensors whole over tp, each tp rank running the whole
+    module (no split)."""
     if axis == "tp":
+        if replicated and replicable_module(op) in replicated:
+            return UNSPLIT
         t, seq = dev.tp, dev.tp if dev.sp else 1
         if op.name in COLUMN or op.name in FEATURE:
             return OpConfig(1, 1, t, 1)
@@ -74,6 +84,29 @@ def op_config(axis: Axis, op: Op, dev: DeviceSlice) -> OpConfig:
     if axis == "cp":
         return OpConfig(1, dev.cp, 1, 1)
     return OpConfig(1, 1, dev.ep, 1) if _expert(op) else OpConfig(dev.ep, 1, 1, 1)
+
+
+def replicable_module(op: Op) -> str:
+    """The module of a block whose ops may all hold their tensors whole over tp instead of Megatron's split:
+    "attn" (qkv, rope, the attention core, softmax, the projection) or "mlp" (a dense block's MLP; not an MoE's
+    experts or router); "" for any other op (norms, residual adds: Megatron's configs always)."""
+    parts = op.module_path.split(".")
+    if "attn" in parts:
+        return "attn"
+    return "mlp" if "mlp" in parts and "moe" not in parts else ""
+
+
+def replicated_modules(kind: LayerKind, fwd: Sequence[Op], config_of: Callable[[Op], OpConfig]) -> frozenset[str]:
+    """The modules of a block layer (replicable_module) whose every op is unsplit over tp under config_of (the
+    ops' configs over tp): those the tp ranks each run whole. Empty for the embedding and the head."""
+    if kind not in ("block", "moe_block"):
+        return frozenset()
+    whole: dict[str, bool] = {}
+    for op in fwd:
+        module = replicable_module(op)
+        if module:
+            whole[module] = whole.get(module, True) and config_of(op) == UNSPLIT
+    return frozenset(module for module, unsplit in whole.items() if unsplit)
 
 
 def handed_on(axis: Axis, dev: DeviceSlice) -> Placement:
@@ -96,9 +129,9 @@ def layer_comms(spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: S
         def config_of(op: Op, axis: Axis = axis) -> OpConfig:
             if configs is None:
                 return op_config(axis, op, dev)
-            return configs.get((op.module_path, axis), OpConfig(1, 1, 1, 1))
+            return configs.get((op.module_path, axis), UNSPLIT)
 
-        forward, backward = _walk(axis, size, spec, dev, kind, fwd, config_of)
+        forward, backward = _walk(axis, size, spec, dev, kind, fwd, config_of, _heads_parts(fwd, dev, configs))
         sites = {_site(op): i for i, op in reversed(list(enumerate(fwd)))}
         backward.sort(key=lambda found: sites.get(found[0].split(".")[0], len(sites)))
         comms += [Comm(name, step.collective, axis, "fwd", step.buffer_bytes) for name, step in forward]
@@ -109,9 +142,9 @@ def layer_comms(spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: S
 
 
 def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: Sequence[Op],
-          config_of: Callable[[Op], OpConfig]) -> tuple[list[_Found], list[_Found]]:
+          config_of: Callable[[Op], OpConfig], heads_parts: int) -> tuple[list[_Found], list[_Found]]:
     """(forward, backward) reshards of the layer's op chain over one axis; the backward's in the order the
-    backward pass meets them."""
+    backward pass meets them. heads_parts: the parts the attention's heads are split into over tp."""
     full = _tensor_bytes(axis, spec, dev)
     handed = handed_on(axis, dev)
     forward: list[_Found] = []
@@ -128,7 +161,7 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
             grad = input_grad_placement(need, config, contracting)
             backward += _named(site, axis, reshard(grad, output_grad_placement(placement), full))
         if axis == "cp" and op.kind == "attention":  # keys and values of the whole sequence
-            kv = _kv_bytes(spec, dev)
+            kv = _kv_bytes(spec, dev, heads_parts)
             forward += _named("kv", axis, reshard(Placement(size, seq=size), Placement(size), kv))
             backward += _named("kv", axis, reshard(Placement(size, partial=size), Placement(size, seq=size), kv))
         placement, producer = output_placement(config, size, contracting), op
@@ -194,7 +227,16 @@ def _tensor_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice) -> float:
     return hidden * spec.top_k * dev.ep if axis == "ep" else hidden
 
 
-def _kv_bytes(spec: TransformerSpec, dev: DeviceSlice) -> float:
-    """Keys and values of the whole sequence of a micro-batch, of this tp rank's heads."""
+def _kv_bytes(spec: TransformerSpec, dev: DeviceSlice, heads_parts: int) -> float:
+    """Keys and values of the whole sequence of a micro-batch, of this tp rank's heads (split heads_parts ways)."""
     act = BYTES_PER_DTYPE[dev.precision.activation_dtype]
-    return float(2 * dev.micro_batch * dev.seq_len * spec.kv_heads * spec.head_dim // dev.tp * act)
+    return float(2 * dev.micro_batch * dev.seq_len * spec.kv_heads * spec.head_dim // heads_parts * act)
+
+
+def _heads_parts(fwd: Sequence[Op], dev: DeviceSlice, configs: Configs | None) -> int:
+    """The parts the layer's attention heads are split into over tp: Megatron's tp, or the attention op's
+    config's (1 where a tree runs the attention whole on each tp rank)."""
+    core = next((op for op in fwd if op.kind == "attention"), None)
+    if configs is None or core is None or dev.tp == 1:
+        return dev.tp
+    return configs.get((core.module_path, "tp"), UNSPLIT).out

@@ -13,7 +13,9 @@ mapped one take the first mapped one's). Setting one node twice to different val
 lower() turns the tree into the LoweredPlan of compile.plan (stage, chunk and recompute per layer, one
 schedule). The splits the plain strategy implies (from_parallel: tp, sp, cp, ep, dp, ZeRO) are what the
 DeviceSlice the graph was built with applied already; their computation configs over tp, cp and ep (Megatron's,
-strategy.megatron) go into the plan as MeshSplits, from which the compiler derives the feature collectives.
+strategy.megatron) go into the plan as MeshSplits, from which the compiler derives the feature collectives. A tree
+may leave a block's attention or MLP unsplit over tp on all its ops: the compiler then rebuilds that block with
+the module whole on each tp rank (compile.shape_layers).
 Computation configs over dp (item "compute": batch, seq, out, reduce) go into the plan as OpSplits, which
 compile.splits applies with the resharding they need.
 """
@@ -41,7 +43,14 @@ from trainsim.strategy.lowered import (
     expand_layers,
     megatron_splits,
 )
-from trainsim.strategy.megatron import axis_sizes, op_config
+from trainsim.strategy.megatron import (
+    UNSPLIT,
+    Axis,
+    axis_sizes,
+    op_config,
+    replicable_module,
+    replicated_modules,
+)
 from trainsim.strategy.parallel import RECOMPUTES, ParallelSpec, Recompute, Schedule
 from trainsim.strategy.placement import OpConfig
 
@@ -354,9 +363,10 @@ class StrategyTree:
 
     def _mesh_splits(self, par: ParallelSpec, stage_meshes: bool = False) -> tuple[MeshSplit, ...]:
         """The computation configs over tp, cp and ep of every op: Megatron's (lowered.megatron_splits) where
-        the tree sets none over an axis. The graph's ops are one device's under Megatron's splits (the
-        DeviceSlice it was built with), so an axis the tree splits must be split that way on every op:
-        ConfigError naming the first op that differs."""
+        the tree sets none over an axis. An axis the tree splits must be split as Megatron does on every op,
+        except that a block's attention or MLP may be left unsplit over tp on all of its ops (the tp ranks each
+        run that module whole: strategy.megatron.replicated_modules; the compiler shapes its ops from these
+        configs, compile.shape_layers): ConfigError naming the first op that differs."""
         layers = expand_layers(self.graph)
         given_axes = {key.partition("@")[2] for row in self.explicit.values() for key in row if "@" in key}
         if not given_axes:
@@ -368,7 +378,8 @@ class StrategyTree:
             raise ConfigError("split.axis", "tp | cp | ep", "model-parallel computation configs apply to "
                               "transformers; split a CNN's or DLRM's ops over dp")
         dev = DeviceSlice.of(par)
-        out: list[MeshSplit] = []
+        given: dict[tuple[int, str, Axis], OpConfig] = {}  # (layer index, op module path, axis) -> the tree's
+        op_nodes: list[tuple[str, TreeNode, dict[Axis, int]]] = []
         for path, node in self.nodes.items():
             if not node.fwd or node.layer_index < 0:
                 continue
@@ -380,14 +391,34 @@ class StrategyTree:
                                       f"this layer (tp={par.tp} cp={par.cp} ep={par.ep}; ep splits MoE blocks)")
             for op in node.fwd:
                 for axis in sizes:
-                    expected = op_config(axis, op, dev)
-                    given = OpConfig(*(int(row[key].value) if (key := f"split.compute.{dim}@{axis}") in row else 1
-                                       for dim in COMPUTE_DIMS))
-                    if axis in given_axes and given != expected:
-                        raise ConfigError(f"{path} split.compute@{axis}", _config_text(given),
-                                          _mismatch(op.name, axis, sizes[axis], dev, given, expected))
+                    given[(node.layer_index, op.module_path, axis)] = OpConfig(*(
+                        int(row[key].value) if (key := f"split.compute.{dim}@{axis}") in row else 1
+                        for dim in COMPUTE_DIMS))
+            op_nodes.append((path, node, sizes))
+        replicated = self._replicated(layers, given) if "tp" in given_axes and par.tp > 1 else {}
+        out: list[MeshSplit] = []
+        for path, node, sizes in op_nodes:
+            whole = replicated.get(node.layer_index, frozenset())
+            for op in node.fwd:
+                for axis in sizes:
+                    expected = op_config(axis, op, dev, whole)
+                    config = given[(node.layer_index, op.module_path, axis)]
+                    if axis in given_axes and config != expected:
+                        raise ConfigError(f"{path} split.compute@{axis}", _config_text(config),
+                                          _mismatch(op, axis, sizes[axis], dev, config, expected, path))
                     out.append(MeshSplit(node.layer_index, op.module_path, axis, expected))
         return tuple(dict.fromkeys(out))
+
+    def _replicated(self, layers: list[Layer], given: Mapping[tuple[int, str, Axis], OpConfig]) -> dict[
+            int, frozenset[str]]:
+        """Per layer index, the block modules (attn, mlp) the tree leaves unsplit over tp on every op."""
+        out: dict[int, frozenset[str]] = {}
+        for index, layer in enumerate(layers):
+            whole = replicated_modules(layer.kind, layer.fwd,
+                                       lambda op, i=index: given.get((i, op.module_path, "tp"), UNSPLIT))
+            if whole:
+                out[index] = whole
+        return out
 
     # --- printing ---
 
@@ -775,12 +806,17 @@ def _megatron_splits(nodes: Mapping[str, TreeNode], path: str, layer: Layer,
     return out
 
 
-def _mismatch(op: str, axis: str, size: int, dev: DeviceSlice, given: OpConfig, expected: OpConfig) -> str:
+def _mismatch(op: Op, axis: str, size: int, dev: DeviceSlice, given: OpConfig, expected: OpConfig,
+              path: str) -> str:
     mesh = f"{axis}={size}" + (" with sp" if axis == "tp" and dev.sp else "")
     hint = "; a sequence split over tp is sequence parallelism (--sp)" if (
         axis == "tp" and not dev.sp and given.seq > 1) else ""
-    return (f"the graph's ops are one device's under Megatron's splits for {mesh}: {op} splits "
-            f"{_config_text(expected)} over {axis}; give that, or no {axis} splits{hint}")
+    module = replicable_module(op) if axis == "tp" else ""
+    if module:  # the module's node: the op node's parent ("blocks.3.attn" of "blocks.3.attn.qkv")
+        whole = {"attn": "attention", "mlp": "MLP"}[module]
+        hint += f"; or none on any op of {path.rpartition('.')[0]} (the {whole} whole on each tp rank)"
+    return (f"ops take Megatron's splits over {mesh}: {op.name} splits {_config_text(expected)} over {axis}; "
+            f"give that, or no {axis} splits{hint}")
 
 
 def _config_text(config: OpConfig) -> str:

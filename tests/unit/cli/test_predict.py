@@ -114,3 +114,33 @@ def test_a_tree_that_sizes_no_stage_must_fill_the_gpus(tmp_path: Path) -> None:
     assert result.stderr.strip() == ("error: dp=1 is invalid: the 3 stages hold the job's tp x dp x cp = 1 x 1 x 1 "
                                      "devices each, 3 of its 4 GPUs; map stages to device counts of their own (dp) "
                                      "that sum to 4, or give a dp that fills the GPUs")
+
+
+def test_attention_only_tp_from_the_shipped_tree_file_lands_between_tp2_and_tp1(tmp_path: Path) -> None:
+    """data/strategies/megatron/gpt-tp2-attn-only.yaml (the MLP whole on each of the 2 tp ranks): more compute
+    than plain tp 2, less than tp 1 on the same data-parallel degree (each rank the whole model), and half the
+    tensor-parallel communication of plain tp 2 (one all-reduce pair per block instead of two). A module split
+    on some of its ops only is refused in one line, exit 2."""
+    root = Path(__file__).resolve().parents[3]
+    args = ["predict", "--model", "gpt3-125m", "--micro-batch", "4", "--global-batch", "64", "--seq-len", "1024",
+            "--engine", "sim", "--json"]
+    tree = str(root / "data" / "strategies" / "megatron" / "gpt-tp2-attn-only.yaml")
+    runs = {name: RUNNER.invoke(app, [*args, *extra]) for name, extra in (
+        ("attn", ["--num-gpus", "8", "--tp", "2", "--tree", tree]), ("tp2", ["--num-gpus", "8", "--tp", "2"]),
+        ("tp1", ["--num-gpus", "4", "--tp", "1"]))}
+    assert all(run.exit_code == 0 for run in runs.values()), [run.output for run in runs.values()]
+    out = {name: json.loads(run.stdout) for name, run in runs.items()}
+    compute = {name: data["breakdown"]["compute"] for name, data in out.items()}
+    assert compute["tp2"] < compute["attn"] < compute["tp1"]
+    assert out["attn"]["breakdown"]["tp_comm"] < 0.6 * out["tp2"]["breakdown"]["tp_comm"]
+    assert out["tp2"]["memory_breakdown"]["weights"] < out["attn"]["memory_breakdown"]["weights"] \
+        < out["tp1"]["memory_breakdown"]["weights"]
+    bad = tmp_path / "bad.yaml"  # the attention split on qkv and the projection, not on the core
+    bad.write_text("strategy_tree:\n  split:\n" + "".join(
+        f"    - {{path: {path}, item: compute, dim: {dim}, parts: 2, axis: tp}}\n" for path, dim in (
+            ("embedding.tokens", "reduce"), ("blocks.*.attn.qkv", "out"), ("blocks.*.attn.out", "reduce"),
+            ("head.proj", "out"), ("head.loss", "out"))))
+    broken = RUNNER.invoke(app, [*args, "--num-gpus", "8", "--tp", "2", "--tree", str(bad)])
+    assert broken.exit_code == 2
+    lines = broken.stderr.strip().splitlines()
+    assert len(lines) == 1 and "blocks.0.attn.core split.compute@tp='nothing' is invalid" in lines[0]

@@ -1,7 +1,11 @@
 """Analytic builder: TransformerSpec + DeviceSlice -> OpGraph (per device, forward and backward).
 
 The feature collectives of TP, SP, CP and EP are not written here: strategy.megatron derives them from the
-splits those axes make of each layer's ops (the resharding between ops' computation configs)."""
+splits those axes make of each layer's ops (the resharding between ops' computation configs).
+
+A block's attention and MLP are shaped by their own tensor-parallel degree: the job's tp (Megatron's split), or 1
+where a strategy tree holds the module whole on every tp rank (block_layer's `replicated`: the tp ranks each run
+the whole module and hold its whole weights; strategy.megatron.replicated_modules)."""
 
 from trainsim.hardware.device import BYTES_PER_DTYPE
 from trainsim.ir.flops import (
@@ -15,16 +19,16 @@ from trainsim.ir.flops import (
 from trainsim.ir.graph import Layer, LayerKind, Op, OpGraph
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.strategy.device_slice import DeviceSlice
-from trainsim.strategy.megatron import layer_comms
+from trainsim.strategy.megatron import Configs, axis_sizes, layer_comms, op_config
 
 
 def build_transformer(spec: TransformerSpec, dev: DeviceSlice) -> OpGraph:
     layers: list[Layer] = [_embedding(spec, dev)]
     dense_count = spec.num_layers - spec.num_moe_layers
     if dense_count:
-        layers.append(_block(spec, dev, dense_count, moe=False))
+        layers.append(block_layer(spec, dev, dense_count, moe=False))
     if spec.num_moe_layers:
-        layers.append(_block(spec, dev, spec.num_moe_layers, moe=True))
+        layers.append(block_layer(spec, dev, spec.num_moe_layers, moe=True))
     layers.append(_head(spec, dev))
     return OpGraph(spec.name, tuple(layers), dev.local_tokens, dev.micro_batch)
 
@@ -63,8 +67,9 @@ def _block_params(spec: TransformerSpec, moe: bool) -> tuple[float, float]:
     return attn + norms, mlp
 
 
-def _attention_ops(spec: TransformerSpec, dev: DeviceSlice, path: str) -> list[Op]:
-    t, tokens, rep = dev.tp, dev.local_tokens, _replicated_tokens(dev)
+def _attention_ops(spec: TransformerSpec, dev: DeviceSlice, path: str, t: int) -> list[Op]:
+    """norm1, the attention module split over t tensor-parallel ranks (1: whole), residual1."""
+    tokens, rep = dev.local_tokens, _replicated_tokens(dev)
     act, lin, h, d = dev.precision.activation_dtype, dev.precision.linear_dtype, spec.hidden, spec.head_dim
     heads, kv_heads = spec.num_heads // t, max(1, spec.kv_heads // t)
     ops = [pointwise_op("norm1", "norm", f"{path}.norm1", act, rep * h, flops_per_element=5.0),
@@ -82,9 +87,11 @@ def _attention_ops(spec: TransformerSpec, dev: DeviceSlice, path: str) -> list[O
     return ops
 
 
-def _mlp_ops(spec: TransformerSpec, dev: DeviceSlice, path: str, tokens: int, experts_local: int) -> list[Op]:
+def _mlp_ops(spec: TransformerSpec, dev: DeviceSlice, path: str, tokens: int, experts_local: int,
+             t: int) -> list[Op]:
+    """The MLP (or each local expert's) split over t tensor-parallel ranks (1: whole)."""
     lin, act, h = dev.precision.linear_dtype, dev.precision.activation_dtype, spec.hidden
-    f = spec.ffn_hidden // dev.tp
+    f = spec.ffn_hidden // t
     routed = tokens * experts_local  # tokens processed by this device's experts (balanced routing)
     if spec.mlp == "swiglu":
         return [matmul_op("gate_up", f"{path}.mlp.gate_up", lin, routed, 2 * f, h),
@@ -96,42 +103,55 @@ def _mlp_ops(spec: TransformerSpec, dev: DeviceSlice, path: str, tokens: int, ex
             matmul_op("fc2", f"{path}.mlp.fc2", lin, routed, h, f)]
 
 
-def _block(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool) -> Layer:
+def block_layer(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool,
+                replicated: frozenset[str] = frozenset()) -> Layer:
+    """`count` dense (or MoE) blocks as one device runs them: attention and MLP split over the slice's tp
+    (Megatron's), except the modules in `replicated` ("attn", "mlp": strategy.megatron.replicable_module), which
+    every tp rank runs whole (the tp=1 module's ops and weights), their collectives derived from those configs."""
     name = "moe_block" if moe else "block"
     path = f"blocks.{name}"
     act, h = dev.precision.activation_dtype, spec.hidden
     tokens, rep = dev.local_tokens, _replicated_tokens(dev)
-    fwd = _attention_ops(spec, dev, path)
+    t_attn = 1 if "attn" in replicated else dev.tp
+    t_mlp = 1 if "mlp" in replicated and not moe else dev.tp
+    fwd = _attention_ops(spec, dev, path, t_attn)
     fwd.append(pointwise_op("norm2", "norm", f"{path}.norm2", act, rep * h, flops_per_element=5.0))
     if moe:
         fwd.append(matmul_op("router", f"{path}.moe.router", act, tokens, spec.num_experts, h))
-        fwd.extend(_mlp_ops(spec, dev, f"{path}.moe", tokens, spec.top_k))
+        fwd.extend(_mlp_ops(spec, dev, f"{path}.moe", tokens, spec.top_k, t_mlp))
     else:
-        fwd.extend(_mlp_ops(spec, dev, path, tokens, 1))
+        fwd.extend(_mlp_ops(spec, dev, path, tokens, 1, t_mlp))
     fwd.append(pointwise_op("residual2", "elementwise", f"{path}.residual2", act, rep * h, reads=2.0))
     kind: LayerKind = "moe_block" if moe else "block"
-    comms = layer_comms(spec, dev, kind, fwd)
+    configs: Configs | None = {(op.module_path, axis): op_config(axis, op, dev, replicated) for op in fwd
+                               for axis in axis_sizes(kind, dev)} if replicated else None
+    comms = layer_comms(spec, dev, kind, fwd, configs)
     fwd_ops, bwd_ops = _with_backward(fwd)
     attn_params, mlp_params = _block_params(spec, moe)
-    local_mlp = mlp_params / dev.tp / (dev.ep if moe else 1)
+    local_mlp = mlp_params / t_mlp / (dev.ep if moe else 1)
     return Layer(name, kind, count, fwd_ops, bwd_ops, comms,
-                 attn_params / dev.tp + local_mlp, attn_params + mlp_params,
-                 _block_saved_bytes(spec, dev, moe), rep * h * _act_bytes(dev))
+                 attn_params / t_attn + local_mlp, attn_params + mlp_params,
+                 _block_saved_bytes(spec, dev, moe, t_attn, t_mlp), rep * h * _act_bytes(dev))
 
 
-def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool) -> dict[str, float]:
+def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool, t_attn: int,
+                       t_mlp: int) -> dict[str, float]:
     """Activations one block keeps for its backward pass, per micro-batch.
 
     Korthikanti et al. 2022 (eq. 1-5) generalized to any ffn size, grouped-query heads, SwiGLU and flash
     attention: for GPT with unfused attention it reduces to sbh(34 + 5as/h) (t=1),
-    sbh(10 + 24/t + 5as/(ht)) (TP), and sbh/t(34 + 5as/h) (TP + SP).
+    sbh(10 + 24/t + 5as/(ht)) (TP), and sbh/t(34 + 5as/h) (TP + SP). t_attn, t_mlp: the tensor-parallel
+    degree of the attention and the MLP (1: the module runs whole on every tp rank; under SP it then keeps its
+    gathered input, all local tokens, rather than the sequence share Megatron-LM re-gathers in the backward).
     """
-    a2, t, h = _act_bytes(dev), dev.tp, spec.hidden
+    a2, h = _act_bytes(dev), spec.hidden
     tokens, rep = dev.local_tokens, _replicated_tokens(dev)
-    heads, kv = spec.num_heads // t, max(1, spec.kv_heads // t)
+    heads, kv = spec.num_heads // t_attn, max(1, spec.kv_heads // t_attn)
     mask = 1.0 if spec.arch in ("gpt", "bert", "bloom") else 0.0  # dropout masks, one byte per element
-    f_local = spec.ffn_hidden // t * (spec.top_k if moe else 1)
-    replicated = rep * h * (4 * a2 + 2 * mask)  # two norm inputs, qkv input, mlp input, two dropout masks
+    f_local = spec.ffn_hidden // t_mlp * (spec.top_k if moe else 1)
+    whole_inputs = (t_attn < dev.tp) + (t_mlp < dev.tp) if dev.sp else 0  # modules reading gathered inputs
+    # two norm inputs, qkv input, mlp input, two dropout masks
+    replicated = rep * h * (4 * a2 + 2 * mask) + (tokens - rep) * h * a2 * whole_inputs
     qkv = tokens * (heads + 2 * kv) * spec.head_dim * a2
     out_in = tokens * heads * spec.head_dim * a2
     if spec.mlp == "swiglu":

@@ -1,0 +1,79 @@
+"""Pass: shape each layer instance's ops from its computation configs over tp (Proteus Sec. IV-B: a split on any
+op takes effect; Sec. V-A: an op's cost follows its partition).
+
+The OpGraph's ops are one device's under Megatron's tensor split. A strategy tree may leave a block's attention
+or MLP unsplit over tp on all of its ops (strategy.megatron.replicated_modules): every tp rank then runs that
+module whole, so the layer instance is rebuilt by the catalog builder with that module at tp 1
+(frontends.catalog.transformer.block_layer): its ops do the whole module's FLOPs, its weights (and with them the
+gradients, optimizer states and the data-parallel gradient volume) are held whole on every tp rank, its saved
+activations are the whole module's, and its collectives are those the resharding between the configs inserts
+(compile.splits.plan_mesh_comms). Instances with the same modules unsplit share one rebuilt layer; a plan whose
+configs are Megatron's everywhere is returned as it is.
+"""
+
+import dataclasses
+
+from trainsim.errors import ConfigError
+from trainsim.frontends.catalog.transformer import block_layer
+from trainsim.ir.graph import Layer
+from trainsim.ir.model_spec import TransformerSpec
+from trainsim.job import Job
+from trainsim.strategy.device_slice import DeviceSlice
+from trainsim.strategy.lowered import LayerAssignment, LoweredPlan
+from trainsim.strategy.megatron import UNSPLIT, replicated_modules
+from trainsim.strategy.placement import OpConfig
+
+
+def shape_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
+    """The plan with every layer instance whose attention or MLP is unsplit over tp rebuilt for that (module
+    doc); the plan itself where there is none."""
+    if job.parallel.tp == 1 or not plan.mesh_splits or not isinstance(job.model, TransformerSpec):
+        return plan
+    configs: dict[int, dict[str, OpConfig]] = {}  # layer index -> op module path -> its config over tp
+    for s in plan.mesh_splits:
+        if s.axis == "tp":
+            configs.setdefault(s.layer, {})[s.module_path] = s.config
+    dev = DeviceSlice.of(job.parallel)
+    built: dict[tuple[int, frozenset[str]], Layer] = {}
+    assignments = list(plan.layers)
+    for position, a in enumerate(plan.layers):
+        given = configs.get(a.index, {})
+        whole = replicated_modules(a.layer.kind, a.layer.fwd, lambda op, g=given: g.get(op.module_path, UNSPLIT))
+        if not whole:
+            continue
+        key = (id(a.layer), whole)
+        layer = built.get(key)
+        if layer is None:
+            layer = built[key] = _rebuilt(job.model, dev, a.layer, whole)
+        assignments[position] = dataclasses.replace(a, layer=layer)
+    return dataclasses.replace(plan, layers=tuple(assignments)) if built else plan
+
+
+def _rebuilt(spec: TransformerSpec, dev: DeviceSlice, layer: Layer, whole: frozenset[str]) -> Layer:
+    """The block with the modules in `whole` at tp 1, checked to hold the same ops as the plan's."""
+    rebuilt = block_layer(spec, dev, layer.count, layer.kind == "moe_block", whole)
+    if [op.name for op in rebuilt.fwd] != [op.name for op in layer.fwd]:
+        raise ConfigError("split.compute@tp", "nothing", f"the catalog block of {spec.name} has other ops than "
+                          f"the plan's {layer.name}; running a block's {' and '.join(sorted(whole))} whole on "
+                          "each tp rank needs the catalog front-end's graph")
+    return rebuilt
+
+
+def repeated_flops(job: Job, plan: LoweredPlan) -> float:
+    """The FLOPs one device runs per micro-batch beyond its share of the model's: the modules a plan runs whole
+    on every tp rank, forward, backward and what recompute repeats of them (hardware FLOPs, HFU, count them; model
+    FLOPs, MFU, do not). 0 for a plan with Megatron's splits everywhere."""
+    shaped = shape_layers(job, plan)
+    if shaped is plan:
+        return 0.0
+    return sum(_run_flops(new) - _run_flops(old) for old, new in zip(plan.layers, shaped.layers, strict=True)
+               if new.layer is not old.layer)
+
+
+def _run_flops(a: LayerAssignment) -> float:
+    """One micro-batch through a layer instance: forward, backward and its recompute (as
+    estimate.result.recompute_flops counts it)."""
+    layer = a.layer
+    again = layer.flops("fwd") if a.recompute == "full" else sum(
+        op.flops for op in layer.fwd if op.recompute_selective) if a.recompute == "selective" else 0.0
+    return layer.flops("fwd") + layer.flops("bwd") + again

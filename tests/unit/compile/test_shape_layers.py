@@ -1,0 +1,241 @@
+"""A block's attention or MLP unsplit over tp in a strategy tree (compile.shape_layers): its ops shaped whole on
+each tp rank, the collectives the resharding between the configs inserts, and the memory that follows.
+
+The tiny GPT (tests/conftest.py: hidden 32, 4 heads of 8, ffn 128, vocab 256, 2 blocks, tied embeddings,
+learned positions, biases) at micro-batch 2 x 32 tokens in bf16 on 8 A100s, tp 2 x dp 4: a hidden state of the
+micro-batch is 64 tokens x 32 x 2 bytes = 4096 bytes. Parameters: a block's attention and norms
+32 x 96 + 32 x 32 + 96 + 32 (biases) + 2 x 2 x 32 (two LayerNorms) = 4352, its MLP 2 x 32 x 128 + 128 + 32 =
+8352; the embedding 256 x 32 + 32 x 32 = 9216 (vocab-parallel: 4608 per tp rank); the head's final norm 64.
+"""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import TINY_GPT_MODEL_YAML, a100_cluster
+from trainsim.catalog.calibration import Calibration
+from trainsim.catalog.loader import load_model
+from trainsim.catalog.model_files import parse_model
+from trainsim.compile.build import compile_job
+from trainsim.compile.shape_layers import repeated_flops, shape_layers
+from trainsim.compile.splits import plan_mesh_comms
+from trainsim.cost.pricing import Pricer, axis_layout
+from trainsim.errors import ConfigError
+from trainsim.estimate.simulation import SimEstimator
+from trainsim.frontends.catalog.transformer import build_transformer
+from trainsim.ir.exec_graph import ExecGraph
+from trainsim.ir.graph import Comm, Layer, Op, OpGraph
+from trainsim.ir.model_spec import TransformerSpec
+from trainsim.job import Job, make_job
+from trainsim.strategy.device_slice import DeviceSlice
+from trainsim.strategy.lowered import LoweredPlan, default_plan
+from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.precision import policy_for
+from trainsim.strategy.tree import StrategyTree
+from trainsim.strategy.tree_yaml import load_tree_yaml
+
+HIDDEN_BYTES = 64 * 32 * 2  # a micro-batch's hidden state: 2 x 32 tokens x hidden 32, bf16
+ATTN_PARAMS, MLP_PARAMS, EMBED_PER_RANK, HEAD_PARAMS = 4352, 8352, 4608, 64
+ROOT = Path(__file__).resolve().parents[3]
+MEGATRON_ATTN = [("blocks.*.attn.qkv", "out"), ("blocks.*.attn.core", "out"), ("blocks.*.attn.out", "reduce")]
+MEGATRON_MLP = [("blocks.*.mlp.fc1", "out"), ("blocks.*.mlp.act", "out"), ("blocks.*.mlp.fc2", "reduce")]
+VOCAB = [("embedding.tokens", "reduce"), ("head.proj", "out"), ("head.loss", "out")]
+
+
+def _tiny(tp: int = 2, dp: int = 4, **strategy: object) -> tuple[Job, OpGraph]:
+    spec = parse_model(yaml.safe_load(TINY_GPT_MODEL_YAML))
+    assert isinstance(spec, TransformerSpec)
+    par = ParallelSpec.parse({"micro_batch": 2, "seq_len": 32, "global_batch": 2 * dp * 2, "tp": tp, "dp": dp,
+                              **strategy})
+    job = make_job(spec, a100_cluster(tp * dp * par.cp), par)
+    return job, build_transformer(spec, DeviceSlice.of(job.parallel))
+
+
+def _tree(graph: OpGraph, splits: list[tuple[str, str]]) -> StrategyTree:
+    tree = StrategyTree.from_graph(graph)
+    for path, dim in splits:
+        tree = tree.split(path, "compute", dim, 2, axis="tp")
+    return tree
+
+
+def _block(plan: LoweredPlan, index: int) -> Layer:
+    return plan.layers[index].layer
+
+
+def _tp_tasks(graph: ExecGraph, layer: str) -> list[tuple[str, float]]:
+    """The tp collectives of micro-batch 0 on a layer, in task order (its forward's before its backward's)."""
+    return [(t.name.split(" mb")[0], t.duration_s) for t in graph.tasks
+            if t.category == "tp_comm" and t.micro_batch == 0 and t.layer == layer]
+
+
+def _mlp(layer: Layer) -> list[Op]:
+    return [op for op in layer.fwd + layer.bwd if ".mlp." in op.module_path]
+
+
+def _attn(layer: Layer) -> list[Op]:
+    return [op for op in layer.fwd + layer.bwd if ".attn." in op.module_path]
+
+
+def test_attention_only_tp_pays_one_all_reduce_pair_per_block() -> None:
+    """qkv column parallel, the core by heads, the projection row parallel; the MLP and norms unsplit. Forward:
+    the projection's partial sums are all-reduced before the residual add (4096 bytes); nothing before fc1,
+    whose input is whole on both ranks, nor after fc2, which makes whole sums. Backward: qkv's input gradient is
+    partial over the 2 ranks (each holds dY W of its heads): all-reduced before norm1's backward."""
+    job, graph = _tiny()
+    plan = shape_layers(job, _tree(graph, VOCAB + MEGATRON_ATTN).lower(job.parallel))
+    block = _block(plan, 1)
+    assert block.comms == (Comm("attn.ar", "all-reduce", "tp", "fwd", HIDDEN_BYTES),
+                           Comm("attn.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES))
+    assert _block(plan, 2) is block  # one rebuilt layer for the instances with the same modules whole
+    assert plan_mesh_comms(plan, job.model, job.parallel)[2] == block.comms  # the compiler's, the layer's own
+    megatron = [c.name for c in graph.layers[1].comms]
+    assert megatron == ["attn.ar", "mlp.ar", "attn.ar", "mlp.ar"]  # two pairs per block under Megatron's splits
+    pricer = Pricer(Calibration())
+    all_reduce_s = pricer.collective_s("all-reduce", HIDDEN_BYTES, axis_layout("tp", job.parallel, job.cluster), job)
+    for level in ("op", "layer"):
+        compiled = compile_job(job, plan, pricer, level)  # type: ignore[arg-type]
+        names = ["attn.ar all-reduce", "attn.ar all-reduce"] if level == "op" else ["tp comm", "tp comm"]
+        for layer in ("L1.block", "L2.block"):
+            assert _tp_tasks(compiled, layer) == [(names[0], all_reduce_s), (names[1], all_reduce_s)]
+
+
+def test_the_unsplit_mlp_runs_the_tp1_mlp_and_holds_its_weights() -> None:
+    """Each tp rank runs the whole MLP: its ops (forward and backward) are the tp=1 graph's, fc1 2 x 64 x 128 x 32
+    FLOPs; the attention's are the tp=2 graph's. A rank holds the attention's half, the whole MLP: 4352 / 2 +
+    8352 = 10528 parameters per block, 4608 + 2 x 10528 + 64 = 25728 in all (plain tp 2: 17376), and its model
+    states follow (bf16 weights, 2 bytes each)."""
+    job, graph = _tiny()
+    _, whole = _tiny(tp=1)
+    plan = shape_layers(job, _tree(graph, VOCAB + MEGATRON_ATTN).lower(job.parallel))
+    block = _block(plan, 1)
+    assert _mlp(block) == _mlp(whole.layers[1]) and _mlp(block) != _mlp(graph.layers[1])
+    assert _attn(block) == _attn(graph.layers[1])
+    fc1 = next(op for op in block.fwd if op.name == "fc1")
+    assert fc1.flops == 2 * 64 * 128 * 32 and fc1.shape == (1, 64, 128, 32)
+    assert block.param_count == ATTN_PARAMS / 2 + MLP_PARAMS == 10528
+    held = sum(a.layer.param_count for a in plan.layers)
+    assert held == EMBED_PER_RANK + 2 * 10528 + HEAD_PARAMS == 25728
+    assert sum(a.layer.param_count for a in default_plan(graph, job.parallel).layers) == 17376
+    device = compile_job(job, plan, Pricer(Calibration()), "op").devices[0]
+    assert device.static_breakdown["weights"] == 25728 * policy_for("bf16").weight_bytes == 25728 * 2
+
+
+def test_the_unsplit_mlp_is_priced_as_the_tp1_mlp() -> None:
+    """At op level the compute tasks of fc1 (forward) are the tp=1 fc1's op time, not the tp=2 one's."""
+    job, graph = _tiny()
+    _, whole = _tiny(tp=1)
+    pricer = Pricer(Calibration())
+    compiled = compile_job(job, _tree(graph, VOCAB + MEGATRON_ATTN).lower(job.parallel), pricer, "op")
+    fc1 = [t.duration_s for t in compiled.tasks if t.name == "F0 L1.block fc1"]
+    whole_fc1 = next(op for op in whole.layers[1].fwd if op.name == "fc1")
+    split_fc1 = next(op for op in graph.layers[1].fwd if op.name == "fc1")
+    assert fc1 == [pricer.op_time_s(whole_fc1, job)]
+    assert pricer.op_time_s(whole_fc1, job) > pricer.op_time_s(split_fc1, job)
+
+
+def test_the_repeated_mlp_counts_in_hardware_flops_not_model_flops() -> None:
+    """Each tp rank runs the whole MLP: per micro-batch and block it repeats the half it would not run under
+    Megatron's split, whose GEMMs are 3 x 2 x 64 x 128 x 32 / 2 = 1572864 FLOPs (fc1 and fc2, forward, input and
+    weight gradients). HFU counts the repeat, MFU (the model's FLOPs) does not."""
+    job, graph = _tiny()
+    _, whole = _tiny(tp=1)
+    plan = _tree(graph, VOCAB + MEGATRON_ATTN).lower(job.parallel)
+    per_block = sum(op.flops for op in _mlp(whole.layers[1])) - sum(op.flops for op in _mlp(graph.layers[1]))
+    gemms = [op for op in _mlp(whole.layers[1]) if op.kind == "matmul"]
+    assert sum(op.flops for op in gemms) / 2 == 6 * 2 * 64 * 128 * 32 / 2 == 1572864
+    assert repeated_flops(job, plan) == 2 * per_block
+    assert repeated_flops(job, default_plan(graph, job.parallel)) == 0.0
+    result = SimEstimator(Pricer(Calibration())).estimate(job, graph, plan)
+    per_micro_batch = graph.total_flops("fwd") + graph.total_flops("bwd")
+    assert result.hfu / result.mfu == pytest.approx(1.0 + 2 * per_block / per_micro_batch, rel=1e-12)
+
+
+def test_mlp_only_tp_and_a_split_that_differs_between_blocks() -> None:
+    """The converse (the MLP split, attention whole): one all-reduce pair after fc2 and before norm2's backward.
+    Block 0 Megatron, block 1 whole on every rank (no tp split on any of its ops): block 1 pays nothing over
+    tp and runs the tp=1 block."""
+    job, graph = _tiny()
+    _, whole = _tiny(tp=1)
+    mlp_only = shape_layers(job, _tree(graph, VOCAB + MEGATRON_MLP).lower(job.parallel))
+    assert _block(mlp_only, 1).comms == (Comm("mlp.ar", "all-reduce", "tp", "fwd", HIDDEN_BYTES),
+                                         Comm("mlp.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES))
+    assert _attn(_block(mlp_only, 1)) == _attn(whole.layers[1])
+    assert _block(mlp_only, 1).param_count == ATTN_PARAMS + MLP_PARAMS / 2
+    first = [(path.replace("blocks.*", "blocks.0"), dim) for path, dim in MEGATRON_ATTN + MEGATRON_MLP]
+    per_block = shape_layers(job, _tree(graph, VOCAB + first).lower(job.parallel))
+    assert _block(per_block, 1) is graph.layers[1]
+    assert _block(per_block, 2).comms == ()
+    assert _block(per_block, 2).fwd == whole.layers[1].fwd and _block(per_block, 2).bwd == whole.layers[1].bwd
+    compiled = compile_job(job, per_block, Pricer(Calibration()), "op")
+    assert len(_tp_tasks(compiled, "L1.block")) == 4 and _tp_tasks(compiled, "L2.block") == []
+
+
+def test_an_unsplit_mlp_under_sequence_parallelism_gathers_its_input() -> None:
+    """With sp the hidden state is split by sequence between the blocks. The MLP whole: forward, an all-gather
+    of norm2's output before fc1 (4096 bytes gathered), fc2's whole output sliced for residual2 (no
+    collective); backward, residual2's gradient (a sequence share) all-gathered for fc2's backward, fc1's
+    input gradient (whole) sliced for norm2's. The attention keeps Megatron-LM's all-gather and reduce-scatter
+    pairs."""
+    job, graph = _tiny(sp=True)
+    seq = [("embedding.positions", "seq"), ("blocks.*.norm?", "seq"), ("blocks.*.residual?", "seq"),
+           ("head.norm", "seq")]
+    plan = shape_layers(job, _tree(graph, VOCAB + seq + MEGATRON_ATTN).lower(job.parallel))
+    assert [(c.name, c.collective, c.phase, c.buffer_bytes) for c in _block(plan, 1).comms] == [
+        ("attn.ag", "all-gather", "fwd", HIDDEN_BYTES), ("attn.rs", "reduce-scatter", "fwd", HIDDEN_BYTES),
+        ("mlp.ag", "all-gather", "fwd", HIDDEN_BYTES),
+        ("attn.ag", "all-gather", "bwd", HIDDEN_BYTES), ("attn.rs", "reduce-scatter", "bwd", HIDDEN_BYTES),
+        ("mlp.ag", "all-gather", "bwd", HIDDEN_BYTES)]
+    # the whole MLP keeps its gathered input (64 tokens, not the 32 of its sequence share)
+    assert _block(plan, 1).saved_bytes["none"] - graph.layers[1].saved_bytes["none"] == pytest.approx(
+        32 * 32 * 2 + 64 * (128 - 64) * 2 * 2)
+
+
+def test_megatrons_splits_keep_the_plan_and_its_layers() -> None:
+    """A plan whose configs are Megatron's everywhere (default_plan, from_parallel) is not rebuilt."""
+    job, graph = _tiny(sp=True)
+    plan = default_plan(graph, job.parallel)
+    assert shape_layers(job, plan) is plan
+    tree_plan = StrategyTree.from_parallel(graph, job.parallel).lower(job.parallel)
+    assert shape_layers(job, tree_plan) is tree_plan
+
+
+def test_a_module_split_on_some_ops_only_is_refused_in_one_line() -> None:
+    job, graph = _tiny()
+    partial = [("blocks.*.attn.qkv", "out"), ("blocks.*.attn.out", "reduce")]
+    with pytest.raises(ConfigError, match=r"blocks.0.attn.core split.compute@tp='nothing' is invalid: .* attention "
+                                          r"splits out=2 over tp; give that, or no tp splits; or none on any op of "
+                                          r"blocks.0.attn \(the attention whole on each tp rank\)") as info:
+        _tree(graph, VOCAB + partial).lower(job.parallel)
+    assert "\n" not in str(info.value)
+
+
+def test_a_whole_attention_under_context_parallelism_gathers_all_heads_keys_and_values() -> None:
+    """cp 2: the attention reads the keys and values of the whole sequence, all-gathered over cp (backward: their
+    gradient reduce-scattered). Whole on each tp rank, it gathers all 4 heads': 2 (k, v) x 2 samples x 32 tokens
+    x 4 heads x 8 x 2 bytes = 8192 bytes; under Megatron's split its 2 heads': 4096."""
+    job, graph = _tiny(tp=2, dp=2, cp=2)
+    plan = shape_layers(job, _tree(graph, VOCAB + MEGATRON_MLP).lower(job.parallel))
+    kv = [(c.name, c.collective, c.phase, c.buffer_bytes) for c in _block(plan, 1).comms if c.axis == "cp"]
+    assert kv == [("kv.ag", "all-gather", "fwd", 8192.0), ("kv.rs", "reduce-scatter", "bwd", 8192.0)]
+    assert [c.buffer_bytes for c in graph.layers[1].comms if c.axis == "cp"] == [4096.0, 4096.0]
+    assert plan_mesh_comms(plan, job.model, job.parallel)[1] == _block(plan, 1).comms  # the compiler's, the layer's
+
+
+def test_the_shipped_attention_only_tree_pays_half_the_tp_collectives() -> None:
+    """data/strategies/megatron/gpt-tp2-attn-only.yaml on GPT-3 125M: per block one all-reduce pair over tp
+    instead of two, the MLP's weights whole."""
+    spec = load_model("gpt3-125m")
+    par = ParallelSpec.parse({"micro_batch": 4, "seq_len": 1024, "global_batch": 64, "tp": 2})
+    job = make_job(spec, a100_cluster(8), par)
+    graph = build_transformer(spec, DeviceSlice.of(job.parallel))  # type: ignore[arg-type]
+    tree_file = ROOT / "data" / "strategies" / "megatron" / "gpt-tp2-attn-only.yaml"
+    plan = load_tree_yaml(tree_file, graph).lower(job.parallel)
+    shaped = shape_layers(job, plan)
+    blocks = [a.layer for a in shaped.layers if a.layer.kind == "block"]
+    assert len(blocks) == 12 and all(b is blocks[0] for b in blocks)
+    assert [c.name for c in blocks[0].comms] == ["attn.ar", "attn.ar"]
+    hidden = 768
+    assert blocks[0].comms[0].buffer_bytes == 4 * 1024 * hidden * 2
+    assert blocks[0].param_count - graph.layers[1].param_count == pytest.approx((2 * hidden * 4 * hidden + 4 * hidden
+                                                                                 + hidden) / 2)

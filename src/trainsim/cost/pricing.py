@@ -864,10 +864,11 @@ class Pricer:
             queues = self._grad_queues[key] = self._gradient_queues(layers, job)
         return queues
 
-    def new_gradient_queues(self, stage: list[StagePart], job: Job) -> "GradientQueues":
-        """gradient_queues made anew and not kept: for a caller that keeps its own table (the search's grid
-        engine, once per its key of what the queues read)."""
-        return self._gradient_queues(tuple([(part.layer.param_count, part.count) for part in stage]), job)
+    def new_gradient_queues(self, layers: tuple[tuple[float, float], ...], job: Job) -> "GradientQueues":
+        """gradient_queues made anew and not kept, of a stage whose layers' (parameters, count) are `layers` in
+        the stage's order: for a caller that keeps its own table (the search's grid engine, once per its key of
+        what the queues read)."""
+        return self._gradient_queues(layers, job)
 
     def _gradient_queues(self, layers: tuple[tuple[float, float], ...], job: Job) -> "GradientQueues":
         par = job.parallel

@@ -87,11 +87,13 @@ class _Template:
 
 @dataclass(frozen=True, slots=True)
 class _Shape:
-    """A graph's even partition over one pp: its template's distinct stages made of the graph's layers."""
+    """A graph's even partition over one pp: its template's distinct stages made of the graph's layers (their
+    StageParts made only where a price reads a stage: _Batch._stage)."""
 
-    stages: list[list[StagePart]]
+    graph: OpGraph
     template: _Template
     layout: int  # the template's number (_Shared.layouts)
+    distinct: int  # the template's distinct stages
 
 
 def _signature(graph: OpGraph) -> tuple[object, ...]:
@@ -219,7 +221,8 @@ class _Shared:
     # a content: one distinct stage of a shape under one layer context but dp; a shape's contents under one
     # context are numbered in a row, from the first (block_of: (id of a kept shape, layer context) -> its first)
     block_of: dict[tuple[object, ...], int] = field(default_factory=dict)
-    content_stages: list[list[StagePart]] = field(default_factory=list)  # the stage, for the gradient queues
+    content_shapes: list[_Shape] = field(default_factory=list)  # the shape, for its stage (_Batch._stage)
+    content_stage: "array[int]" = field(default_factory=_ints)  # which of the shape's distinct stages
     content_compute_s: "array[float]" = field(default_factory=_floats)  # forward + backward (_Batch._contents)
     # a (content, dp): its ZeRO-3 exposure per RECOMPUTE_CODES and pipeline hop (Pricer.pipeline_hop_s of its
     # largest output; 0 for pp = 1), a block's contents' in a row from the first (by_dp_of: (first content, dp)
@@ -236,7 +239,7 @@ class _Shared:
     graph_terms: dict[tuple[object, ...], "list[_LayerTerms]"] = field(default_factory=dict)
     graph_collectives: dict[tuple[object, ...], list[tuple[float, float]]] = field(default_factory=dict)
     hops: dict[tuple[object, ...], float] = field(default_factory=dict)  # _Batch._hop_s
-    # id of a graph -> per (position of a layer, count) its StagePart, for the shapes; and its layers' parameters
+    # id of a graph -> per (position of a layer, count) its StagePart (_Batch._stage); and its layers' parameters
     parts: dict[int, dict[tuple[int, float], StagePart]] = field(default_factory=dict)
     graph_params: dict[int, tuple[float, ...]] = field(default_factory=dict)
     # (id of a kept shape, layer context, dp) -> its first content and first (content, dp) (_Batch._new_combo)
@@ -248,9 +251,8 @@ class _Shared:
     layers_of: dict[tuple[object, ...], list[int]] = field(default_factory=dict)
     # the contents' figures (_Batch._contents), per name an array over a batch's new contents
     content_blocks: list[dict[str, Floats]] = field(default_factory=list)
-    # (id of a graph, pp) -> its even partition's distinct stages, the stage map and the largest parameters
+    # (id of a graph, pp) -> its even partition (_Batch._shape; None: not a template's)
     shapes: dict[tuple[int, int], "_Shape | None"] = field(default_factory=dict)
-    plan_shapes: dict[tuple[int, int, int], "_Shape | None"] = field(default_factory=dict)  # (graph, pp, vpp): _shape
     # what an even partition reads of a graph (_signature) -> per pp the partition's template (None: not the
     # even split's), and per (signature, pp, vpp) whether the plan's split is the even one (Pricer.plan_split)
     signatures: dict[int, int] = field(default_factory=dict)  # id of a graph -> the number of its signature
@@ -270,6 +272,7 @@ class _Shared:
     groups: "array[int]" = field(default_factory=_ints)
     precisions: list[Precision] = field(default_factory=list)  # the precisions of the plans, each once
     param_layers: dict[tuple[tuple[float, float], ...], int] = field(default_factory=dict)
+    param_layer_list: list[tuple[tuple[float, float], ...]] = field(default_factory=list)  # param_layers' keys
     layer_terms: dict[tuple[object, ...], "_LayerTerms"] = field(default_factory=dict)
     term_rows: list[tuple[float, ...]] = field(default_factory=list)  # per layer terms (_Batch._layer_terms)
     # the gradient reduction's queues (Pricer.gradient_queues) per (param_layers, ZeRO > 0, precision code,
@@ -460,11 +463,7 @@ class _Batch:
         if not self.fitted_overhead:
             return -1
         shared = self.shared
-        shape_key = (id(graph), pp, vpp)  # graph: pinned (_group)
-        if shape_key in shared.plan_shapes:
-            shape = shared.plan_shapes[shape_key]
-        else:
-            shape = shared.plan_shapes[shape_key] = self._shape(job, graph)
+        shape = self._shape(job, graph, pp, vpp)
         if shape is None:
             return -1
         rows_key = (id(shape), context, dp)  # shape: kept (_Shared.shapes)
@@ -474,7 +473,7 @@ class _Batch:
             rows = shared.shape_rows[rows_key] = self._shape_rows(shape, graph, job, context, dp, pp, terms,
                                                                   collectives)
         first_content, first_by_dp = rows
-        distinct = len(shape.stages)
+        distinct = shape.distinct
         combo_rows = shared.combo_rows
         combo_rows.append(len(shared.row_content))
         shared.row_content.extend(range(first_content, first_content + distinct))
@@ -482,28 +481,28 @@ class _Batch:
         shared.combo_layouts.append(shape.layout)
         return len(combo_rows) - 1
 
-    def _shape(self, job: Job, graph: OpGraph) -> "_Shape | None":
-        """The graph's even partition over the plan's pp (its distinct stages, with the graph's layers), or None
-        where the plan's split is not the even one (Pricer.plan_split). The partition is made once per what it
-        reads of a graph (_signature: the layers' kinds and counts) and pp, as a template of layer positions
-        and counts: the search's graphs of one model (one per tp, sp and micro-batch) share it."""
-        shared, par = self.shared, job.parallel
+    def _shape(self, job: Job, graph: OpGraph, pp: int, vpp: int) -> "_Shape | None":
+        """The graph's even partition over the plan's pp, or None where the plan's split (pp, vpp: the job's) is
+        not the even one (Pricer.plan_split). The partition is made once per what it reads of a graph
+        (_signature: the layers' kinds and counts) and pp, as a template of layer positions and counts: the
+        search's graphs of one model (one per tp, sp and micro-batch) share it."""
+        shared = self.shared
         signature = shared.signatures.get(id(graph))
         if signature is None:  # a number per distinct signature (cheaper keys below)
             signature = shared.signatures[id(graph)] = shared.signature_numbers.setdefault(
                 _signature(graph), len(shared.signature_numbers))
-        even_key = (signature, par.pp, par.vpp)
+        even_key = (signature, pp, vpp)
         even = shared.even.get(even_key)
         if even is None:
-            even = shared.even[even_key] = self.pricer.plan_split(graph, par) is None
+            even = shared.even[even_key] = self.pricer.plan_split(graph, job.parallel) is None
         if not even:
             return None
-        key = (id(graph), par.pp)
+        key = (id(graph), pp)
         if key in shared.shapes:
             return shared.shapes[key]
-        template_key = (signature, par.pp)
+        template_key = (signature, pp)
         if template_key not in shared.templates:
-            shared.templates[template_key] = _template(self.pricer.partition(graph, par.pp), graph)
+            shared.templates[template_key] = _template(self.pricer.partition(graph, pp), graph)
         template = shared.templates[template_key]
         if template is None:
             shared.shapes[key] = None
@@ -512,16 +511,23 @@ class _Batch:
         if layout is None:  # NB: the template is kept (_Shared.templates)
             layout = shared.layout_of[id(template)] = len(shared.layouts)
             shared.layouts.append(template)
-        parts = shared.parts.get(id(graph))
-        if parts is None:
-            parts = shared.parts[id(graph)] = {}
-        for stage in template.stages:  # NB: frozen; one object per (graph, layer, count), as partition_stages does
-            for part in stage:
-                if part not in parts:
-                    parts[part] = StagePart(graph.layers[part[0]], part[1])
-        shape = shared.shapes[key] = _Shape([[parts[part] for part in stage] for stage in template.stages], template,
-                                            layout)
+        shape = shared.shapes[key] = _Shape(graph, template, layout, len(template.stages))
         return shape
+
+    def _stage(self, shape: _Shape, index: int) -> list[StagePart]:
+        """The shape's distinct stage `index` as the partition's StageParts: one object per (graph, layer, count),
+        as partition_stages makes them, kept per graph."""
+        graph = shape.graph
+        parts = self.shared.parts.get(id(graph))  # graph: pinned (_group)
+        if parts is None:
+            parts = self.shared.parts[id(graph)] = {}
+        stage: list[StagePart] = []
+        for part in shape.template.stages[index]:
+            made = parts.get(part)
+            if made is None:
+                made = parts[part] = StagePart(graph.layers[part[0]], part[1])
+            stage.append(made)
+        return stage
 
     def _shape_rows(self, shape: _Shape, graph: OpGraph, job: Job, context: tuple[object, ...], dp: int, pp: int,
                     terms: "list[_LayerTerms]", collectives: list[tuple[float, float]]) -> tuple[int, int]:
@@ -535,18 +541,20 @@ class _Batch:
         key = (id(shape), context)  # shape: kept (_Shared.shapes)
         first = shared.block_of.get(key)
         if first is None:
-            first = shared.block_of[key] = len(shared.content_stages)
-            shared.content_stages += shape.stages
+            first = shared.block_of[key] = len(shared.content_shapes)
+            shared.content_shapes += [shape] * shape.distinct
+            shared.content_stage.extend(range(shape.distinct))
             self.new_blocks.append((first, shape, graph, job, terms))
         dp_key = (first, dp)
         start = shared.by_dp_of.get(dp_key)
         if start is None:
             tp, cp, _, sp, _ = context
-            hops = [0.0] * len(shape.stages) if pp == 1 else \
-                [self._hop_s(max([part.layer.output_bytes for part in stage]), (tp, cp, dp, sp), job)
-                 for stage in shape.stages]
+            layers = graph.layers
+            hops = [0.0] * shape.distinct if pp == 1 else \
+                [self._hop_s(max([layers[position].output_bytes for position, _ in parts]), (tp, cp, dp, sp), job)
+                 for parts in shape.template.stages]
             start = shared.by_dp_of[dp_key] = shared.by_dp_count
-            shared.by_dp_count += len(shape.stages)
+            shared.by_dp_count += shape.distinct
             self.new_by_dp.append((start, first, shape, job, collectives, terms, hops))
         return first, start
 
@@ -675,7 +683,8 @@ class _Batch:
                 fsdp[starts + stage] = seconds
         by_mode = [fsdp] * len(RECOMPUTE_CODES)
         if bucketed:  # the backward pass's stream, per recompute mode (the Pricer's, cached)
-            stages = [(stage, job) for _, _, shape, job, _, _, _ in new for stage in shape.stages]
+            stages = [(self._stage(shape, index), job) for _, _, shape, job, _, _, _ in new
+                      for index in range(shape.distinct)]
             by_mode = [fsdp + np.array([pricer.fsdp_bucketed_backward_s(stage, job, mode) for stage, job in stages],
                                        dtype=np.float64) for mode in RECOMPUTE_CODES]
         _extend(shared.by_dp_fsdp_s, np.stack(by_mode, axis=1))
@@ -693,7 +702,7 @@ class _Batch:
         pricer, shared = self.pricer, self.shared
         new = self.new_blocks
         base = new[0][0]
-        n = len(shared.content_stages) - base  # the batch's new contents, numbered in a row
+        n = len(shared.content_shapes) - base  # the batch's new contents, numbered in a row
         sums = np.zeros((n, _TERM_SUMS))
         most = np.full((n, 4), -np.inf)  # what it rebuilds per RECOMPUTE_CODES, its largest layer's parameters
         head = np.zeros(n)
@@ -738,7 +747,7 @@ class _Batch:
             "feature_fwd": feature_fwd, "feature_bwd": total - feature_fwd, "feature": feature,
             "features": features, "feature_total": total,
             "recompute": np.stack([np.zeros(n), sums[:, 4], sums[:, 5]], axis=1),
-            "overhead": np.full(n, pricer.micro_batch_overhead_s(shape.stages[0], job)),  # see fitted_overhead
+            "overhead": np.full(n, pricer.micro_batch_overhead_s(self._stage(shape, 0), job)),  # see fitted_overhead
             "params": sums[:, _PARAMS_AT], "saved": sums[:, _KEPT_AT:_KEPT_AT + 3], "working": working,
             "max_layer_params": most[:, 3], "head_saved": head,
             "param_layers": np.array(layer_numbers, dtype=np.float64)})
@@ -760,12 +769,19 @@ class _Batch:
         key = (id(template), params)  # template: kept (_Shared.templates)
         numbers = self.shared.layers_of.get(key)
         if numbers is None:
-            param_layers = self.shared.param_layers
             numbers = self.shared.layers_of[key] = [
-                param_layers.setdefault(layers, len(param_layers))
-                for layers in (tuple([(params[position], count) for position, count in parts])
-                               for parts in template.stages)]
+                self._param_layer_number(tuple([(params[position], count) for position, count in parts]))
+                for parts in template.stages]
         return numbers
+
+    def _param_layer_number(self, layers: tuple[tuple[float, float], ...]) -> int:
+        """The number of a stage's layers' (parameters, count) in _Shared.param_layers, made where new."""
+        param_layers = self.shared.param_layers
+        number = param_layers.get(layers)
+        if number is None:
+            number = param_layers[layers] = len(param_layers)
+            self.shared.param_layer_list.append(layers)
+        return number
 
     def _layer_terms(self, layer: Layer, job: Job, context: tuple[object, ...]) -> "_LayerTerms":
         """A layer's part of its stages' prices under the job's layer context but dp (what _contents sums): its
@@ -915,8 +931,8 @@ class _Fast:
             keys = np.stack([table.param_layers[rows], (self.zero[plan] > 0).astype(np.int64), self.precision[plan],
                              self.shards_dp[plan], self.tp[plan]], axis=1)
             _, first, inverse = np.unique(_row_codes(keys), return_index=True, return_inverse=True)
-            numbers = [self._queue(tuple(key), int(plan[at]), int(rows[at]))
-                       for key, at in zip(keys[first].tolist(), first.tolist(), strict=True)]
+            numbers = [self._queue(tuple(key), int(plan[at])) for key, at in zip(keys[first].tolist(), first.tolist(),
+                                                                                  strict=True)]
             queue = np.array(numbers, dtype=np.int64)[inverse]
             queues = self.batch.shared.queue_arrays()
             backward = table.backward[rows] + recompute + table.feature_bwd[rows]
@@ -946,16 +962,16 @@ class _Fast:
             out[chosen] = scaled
         return np.maximum(out[:n], out[n:])
 
-    def _queue(self, key: tuple[int, ...], plan: int, row: int) -> int:
-        """The number of the gradient queues of a key of _grad_exposed, made with the plan's job and the row's
-        stage where new."""
+    def _queue(self, key: tuple[int, ...], plan: int) -> int:
+        """The number of the gradient queues of a key of _grad_exposed, made with the plan's job and the stage's
+        layers' (parameters, count) (key[0]: their number in _Shared.param_layers) where new."""
         shared = self.batch.shared
         number = shared.queue_of.get(key)
         if number is None:
             job = self.batch.plans[int(self.index[plan])][0]
-            stage = shared.content_stages[shared.row_content[row]]
+            layers = shared.param_layer_list[key[0]]
             number = shared.queue_of[key] = len(shared.queues)
-            shared.queues.append(self.batch.pricer.new_gradient_queues(stage, job))  # NB: kept here, once per key
+            shared.queues.append(self.batch.pricer.new_gradient_queues(layers, job))  # NB: kept, once per key
         return number
 
     def _optimizer_s(self, max_params: Floats) -> Floats:

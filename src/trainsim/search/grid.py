@@ -888,7 +888,7 @@ class _Fast:
 
         # --- the exposed gradient reduction of the bottleneck and of the first stage ---
         grad = self._grad_exposed(table, slow_row, slow_recompute, first_row,
-                                  table.recompute.ravel()[first_row * 3 + recompute_code])
+                                  table.recompute.ravel()[first_row * 3 + recompute_code], code)
 
         # --- the optimizer step and the host overheads ---
         # the stage with the most parameters (Pricer.optimizer_step_s; stage_params: the contents' params)
@@ -916,51 +916,66 @@ class _Fast:
         oom_out[self.index] = peak > capacity
 
     def _grad_exposed(self, table: "_RowTable", slow_row: Ints, slow_recompute: Floats, first_row: Ints,
-                      first_recompute: Floats) -> Floats:
+                      first_recompute: Floats, variant: Ints) -> Floats:
         """Pricer.gradient_sync_exposed_s per plan, of the bottleneck stage and of the first, the larger: the
         Pricer's queues of buckets (gradient_queues, once per distinct queue) over the plans' windows as arrays
-        (stack_effects.queue_tail_s, the plain engine's formula; the sum as Pricer._gradient_sync_windows_s)."""
+        (stack_effects.queue_tail_s, the plain engine's formula; the sum as Pricer._gradient_sync_windows_s).
+        Priced once per what it reads of a plan that reduces its gradients (dp x cp > 1, ZeRO < 3): its variant
+        (combo, recompute, ZeRO-3 or not: its rows and recompute seconds), ZeRO > 0 or not, and whether its
+        schedule is interleaved; the combo gives the rest (precision, dp x cp, tp, pp, vpp)."""
         n = len(self.index)
-        plan = np.concatenate([np.arange(n), np.arange(n)])
+        out = np.zeros(n)
+        reduces = np.flatnonzero((self.shards_dp > 1) & (self.zero < 3))  # else no reduction
+        if not reduces.size:
+            return out
+        interleaved = self.schedule == SCHEDULE_CODES["interleaved-1f1b"]
+        what = (variant * 2 + (self.zero > 0)) * 2 + interleaved
+        _, first_of, priced_as = np.unique(what[reduces], return_index=True, return_inverse=True)
+        ours = reduces[first_of]  # one plan of each
+        out[reduces] = self._grad_exposed_of(table, ours, slow_row[ours], slow_recompute[ours], first_row[ours],
+                                             first_recompute[ours])[priced_as]
+        return out
+
+    def _grad_exposed_of(self, table: "_RowTable", ours: Ints, slow_row: Ints, slow_recompute: Floats,
+                         first_row: Ints, first_recompute: Floats) -> Floats:
+        """_grad_exposed of the plans `ours` (each reduces its gradients), of their bottleneck stages (slow_row)
+        and first stages (first_row), element by element."""
+        n = len(ours)
+        plan = np.concatenate([ours, ours])
         rows = np.concatenate([slow_row, first_row])
         recompute = np.concatenate([slow_recompute, first_recompute])
-        out = np.zeros(2 * n)
-        chosen = np.flatnonzero(((self.shards_dp > 1) & (self.zero < 3))[plan])  # else no reduction
-        if chosen.size:
-            plan, rows, recompute = plan[chosen], rows[chosen], recompute[chosen]
-            keys = np.stack([table.param_layers[rows], (self.zero[plan] > 0).astype(np.int64), self.precision[plan],
-                             self.shards_dp[plan], self.tp[plan]], axis=1)
-            _, first, inverse = np.unique(_row_codes(keys), return_index=True, return_inverse=True)
-            numbers = [self._queue(tuple(key), int(plan[at])) for key, at in zip(keys[first].tolist(), first.tolist(),
-                                                                                  strict=True)]
-            queue = np.array(numbers, dtype=np.int64)[inverse]
-            queues = self.batch.shared.queue_arrays()
-            backward = table.backward[rows] + recompute + table.feature_bwd[rows]
-            forward = table.forward[rows] + table.feature_fwd[rows]
-            gamma = self.batch.pricer.cal.runtime.overlap_slowdown
-            zero = self.zero[plan] > 0
+        keys = np.stack([table.param_layers[rows], (self.zero[plan] > 0).astype(np.int64), self.precision[plan],
+                         self.shards_dp[plan], self.tp[plan]], axis=1)
+        _, first, inverse = np.unique(_row_codes(keys), return_index=True, return_inverse=True)
+        numbers = [self._queue(tuple(key), int(plan[at])) for key, at in zip(keys[first].tolist(), first.tolist(),
+                                                                              strict=True)]
+        queue = np.array(numbers, dtype=np.int64)[inverse]
+        queues = self.batch.shared.queue_arrays()
+        backward = table.backward[rows] + recompute + table.feature_bwd[rows]
+        forward = table.forward[rows] + table.feature_fwd[rows]
+        gamma = self.batch.pricer.cal.runtime.overlap_slowdown
+        zero = self.zero[plan] > 0
 
-            def exposed(scale: Floats, at: Ints) -> Floats:  # of the entries `at`, element by element
-                seconds = queues.reduce.exposed_s(queue[at], backward[at] * scale, gamma) \
-                    if queues.reduce_overlaps else queues.reduce.total_s[queue[at]]
-                gathers = np.flatnonzero(zero[at])  # ZeRO >= 1 adds the parameters' gathers
-                if gathers.size:
-                    ours = at[gathers]
-                    gather = queues.gather.exposed_s(queue[ours], forward[ours] * scale[gathers], gamma) \
-                        if queues.gather_overlaps else queues.gather.total_s[queue[ours]]
-                    seconds[gathers] = seconds[gathers] + gather
-                return seconds
+        def exposed(scale: Floats, at: Ints) -> Floats:  # of the entries `at`, element by element
+            seconds = queues.reduce.exposed_s(queue[at], backward[at] * scale, gamma) \
+                if queues.reduce_overlaps else queues.reduce.total_s[queue[at]]
+            gathers = np.flatnonzero(zero[at])  # ZeRO >= 1 adds the parameters' gathers
+            if gathers.size:
+                entries = at[gathers]
+                gather = queues.gather.exposed_s(queue[entries], forward[entries] * scale[gathers], gamma) \
+                    if queues.gather_overlaps else queues.gather.total_s[queue[entries]]
+                seconds[gathers] = seconds[gathers] + gather
+            return seconds
 
-            # Pricer._gradient_sync_s: the interleaved schedule's windows (stack_effects.window_micro_batches);
-            # the one-chunk window only where the schedule is interleaved
-            interleaved = self.schedule[plan] == SCHEDULE_CODES["interleaved-1f1b"]
-            scaled = exposed(np.where(interleaved, self.pp[plan], 1.0), np.arange(len(plan)))
-            where = np.flatnonzero(interleaved)
-            if where.size:
-                vpp = self.vpp[plan[where]].astype(np.float64)
-                scaled[where] = np.maximum(scaled[where], exposed(1.0 / vpp, where) / vpp)
-            out[chosen] = scaled
-        return np.maximum(out[:n], out[n:])
+        # Pricer._gradient_sync_s: the interleaved schedule's windows (stack_effects.window_micro_batches);
+        # the one-chunk window only where the schedule is interleaved
+        interleaved = self.schedule[plan] == SCHEDULE_CODES["interleaved-1f1b"]
+        scaled = exposed(np.where(interleaved, self.pp[plan], 1.0), np.arange(len(plan)))
+        where = np.flatnonzero(interleaved)
+        if where.size:
+            vpp = self.vpp[plan[where]].astype(np.float64)
+            scaled[where] = np.maximum(scaled[where], exposed(1.0 / vpp, where) / vpp)
+        return np.maximum(scaled[:n], scaled[n:])
 
     def _queue(self, key: tuple[int, ...], plan: int) -> int:
         """The number of the gradient queues of a key of _grad_exposed, made with the plan's job and the stage's

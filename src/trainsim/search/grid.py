@@ -344,18 +344,25 @@ class _Batch:
         numbers, keys, first, per_plan = self._read_plans(plans) if self.columns is None else \
             self._read_columns(plans, candidates, self.columns)
         group_of, groups = self.shared.group_of, self.shared.groups
-        new: dict[tuple[object, ...], int] = {}
-        for key, at in zip(keys, first, strict=True):
-            if key not in group_of and key not in new:
-                new[key] = at
-        self._price_ops([plans[at][1] for at in new.values()])
         width = len(_SLOW_GROUP)
+        count = len(groups) // width
+        new: dict[tuple[object, ...], int] = {}  # the new groups' keys and first plans, numbered in a row
+        known: list[int] = []  # per local group its group
+        for key, at in zip(keys, first, strict=True):
+            number = group_of.get(key)
+            if number is None:
+                number = new.get(key)
+                if number is None:
+                    number = count + len(new)
+                    new[key] = at
+            known.append(number)
+        self._price_ops([plans[at][1] for at in new.values()])
         for key, at in new.items():
-            group_of[key] = len(groups) // width
             groups.extend(_SLOW_GROUP if any(key[1 + _SPLIT_AT:]) else self._group(plans[at], key))
+        group_of.update(zip(new, range(count, count + len(new)), strict=True))
         if self.new_rows or self.new_blocks or self.new_by_dp:
             self._finish()
-        local = np.array([group_of[key] for key in keys], dtype=np.int64)[numbers]
+        local = np.array(known, dtype=np.int64)[numbers]
         # NB: one row per setting, each contiguous (the groups' settings transposed before the plans' are taken)
         columns = np.take(_int_array(groups).reshape(-1, width).T, local, axis=1)
         fast = columns[0] >= 0

@@ -864,28 +864,30 @@ class Pricer:
             queues = self._grad_queues[key] = self._gradient_queues(layers, job)
         return queues
 
-    def new_gradient_queues(self, layers: tuple[tuple[float, float], ...], job: Job) -> "GradientQueues":
-        """gradient_queues made anew and not kept, of a stage whose layers' (parameters, count) are `layers` in
-        the stage's order: for a caller that keeps its own table (the search's grid engine, once per its key of
-        what the queues read)."""
-        return self._gradient_queues(layers, job)
-
-    def _gradient_queues(self, layers: tuple[tuple[float, float], ...], job: Job) -> "GradientQueues":
+    def new_gradient_runs_s(self, layers: tuple[tuple[float, float], ...],
+                            job: Job) -> tuple[list[tuple[float, int]], list[tuple[float, int]]]:
+        """The runs of buckets (seconds of one bucket, how many in a row, in sending order) of gradient_queues'
+        two queues (the reduction's, the parameter gathers') of a stage whose layers' (parameters, count) are
+        `layers` in the stage's order, made anew and not kept: for a caller that keeps its own table (the
+        search's grid engine, once per its key of what the queues read)."""
         par = job.parallel
         policy = self.policy(par.precision)
         reduce = self._bucket_seconds("all-reduce" if par.zero == 0 else "reduce-scatter", policy.grad_bytes,
                                       self._bucket_runs(layers, job, False), job)
-        gather_overlaps = self.overlaps("param_gather_overlap", job)
         gather: list[tuple[float, int]] = []
-        if par.zero > 0 and gather_overlaps:
+        if par.zero > 0 and self.overlaps("param_gather_overlap", job):
             # the first bucket the forward pass needs waits first: the backward's queue, mirrored
             gather = self._bucket_seconds("all-gather", policy.weight_bytes,
                                           self._bucket_runs(layers, job, True), job)[::-1]
         elif par.zero > 0:
             gather = self._bucket_seconds("all-gather", policy.weight_bytes, self._bucket_runs(layers, job, False),
                                           job)
-        return GradientQueues(bucket_queue(reduce), bucket_queue(gather),
-                              self.overlaps("grad_reduce_overlap", job), gather_overlaps)
+        return reduce, gather
+
+    def _gradient_queues(self, layers: tuple[tuple[float, float], ...], job: Job) -> "GradientQueues":
+        reduce, gather = self.new_gradient_runs_s(layers, job)
+        return GradientQueues(bucket_queue(reduce), bucket_queue(gather), self.overlaps("grad_reduce_overlap", job),
+                              self.overlaps("param_gather_overlap", job))
 
     def grad_bucket_runs(self, stage: list[StagePart], job: Job, forward: bool = False) -> BucketRuns:
         """The stage's gradient buckets (stack_effects.bucket_runs), filled in the order the backward pass

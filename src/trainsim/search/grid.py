@@ -42,10 +42,10 @@ from numpy.typing import NDArray
 from trainsim.collector import collector_paused
 from trainsim.cost.compute import RooflineCosts
 from trainsim.cost.memory import kept_bytes, loss_grad_bytes, rebuilt_bytes, saved_key
-from trainsim.cost.pricing import GradientQueues, LayerCost, Partition, Pricer
+from trainsim.cost.pricing import LayerCost, Partition, Pricer
 from trainsim.cost.rank_classes import ranks_differ
 from trainsim.cost.roofline_arrays import op_times_s
-from trainsim.cost.stack_effects import BucketQueue, queue_tail_s
+from trainsim.cost.stack_effects import queue_tail_s
 from trainsim.cost.step import FittedStepCosts
 from trainsim.errors import TrainsimError
 from trainsim.estimate.analytical import AnalyticalEstimator, PlanPrice
@@ -58,6 +58,7 @@ from trainsim.strategy.stages import BLOCK_KINDS, StagePart
 
 Floats = NDArray[np.float64]
 Ints = NDArray[np.int64]
+_Runs = list[tuple[float, int]]  # runs of buckets: (seconds of one bucket, how many in a row), in sending order
 # what _Batch reads of its plans: per plan its local group, per local group its key and first plan, and per plan
 # its zero, recompute code, global batch, micro-batch and sequence length
 _PlanReads = tuple[Ints, list[tuple[object, ...]], list[int], tuple[Ints, Ints, Ints, Ints, Ints]]
@@ -278,14 +279,16 @@ class _Shared:
     # the gradient reduction's queues (Pricer.gradient_queues) per (param_layers, ZeRO > 0, precision code,
     # dp x cp, tp), and their arrays (_QueueTable) made when queues were added
     queue_of: dict[tuple[int, ...], int] = field(default_factory=dict)
-    queues: list[GradientQueues] = field(default_factory=list)
+    queue_runs: list[tuple[_Runs, _Runs]] = field(default_factory=list)  # Pricer.new_gradient_runs_s
     queue_table: "_QueueTable | None" = None
     tables: "tuple[_RowTable, _ComboTable] | None" = None
     tables_rows: int = 0  # the combos the tables hold
 
-    def queue_arrays(self) -> "_QueueTable":
-        if self.queue_table is None or self.queue_table.size != len(self.queues):
-            self.queue_table = _QueueTable(self.queues)
+    def queue_arrays(self, pricer: Pricer, job: Job) -> "_QueueTable":
+        """The queues as arrays (job: of the cluster and stack: their overlaps)."""
+        if self.queue_table is None or self.queue_table.size != len(self.queue_runs):
+            self.queue_table = _QueueTable(self.queue_runs, pricer.overlaps("grad_reduce_overlap", job),
+                                           pricer.overlaps("param_gather_overlap", job))
         return self.queue_table
 
     def arrays(self) -> "tuple[_RowTable, _ComboTable]":
@@ -957,7 +960,7 @@ class _Fast:
         numbers = [self._queue(tuple(key), int(plan[at])) for key, at in zip(keys[first].tolist(), first.tolist(),
                                                                               strict=True)]
         queue = np.array(numbers, dtype=np.int64)[inverse]
-        queues = self.batch.shared.queue_arrays()
+        queues = self.batch.shared.queue_arrays(self.batch.pricer, self.batch.job0)
         backward = table.backward[rows] + recompute + table.feature_bwd[rows]
         forward = table.forward[rows] + table.feature_fwd[rows]
         gamma = self.batch.pricer.cal.runtime.overlap_slowdown
@@ -992,8 +995,8 @@ class _Fast:
         if number is None:
             job = self.batch.plans[int(self.index[plan])][0]
             layers = shared.param_layer_list[key[0]]
-            number = shared.queue_of[key] = len(shared.queues)
-            shared.queues.append(self.batch.pricer.new_gradient_queues(layers, job))  # NB: kept, once per key
+            number = shared.queue_of[key] = len(shared.queue_runs)
+            shared.queue_runs.append(self.batch.pricer.new_gradient_runs_s(layers, job))  # NB: kept, once per key
         return number
 
     def _optimizer_s(self, max_params: Floats) -> Floats:
@@ -1145,19 +1148,37 @@ class _RowTable:
 
 
 class _Queues:
-    """Queues of buckets (stack_effects.BucketQueue) as arrays, one column per queue, the candidates padded (peaks
-    -inf, lags 0: never the largest). A candidate's row over the queues is contiguous, so the plans' rows are one
-    take each (numpy gathers rows of a 2-d table several times slower)."""
+    """Queues of buckets as arrays (stack_effects.bucket_queue's terms of each: count, total_s, peaks_s, lags),
+    one column per queue, the candidates padded (peaks -inf, lags 0: never the largest). A candidate's row over
+    the queues is contiguous, so the plans' rows are one take each (numpy gathers rows of a 2-d table several
+    times slower)."""
 
-    def __init__(self, queues: list[BucketQueue]) -> None:
-        width = max(1, max(len(queue.peaks_s) for queue in queues))
-        self.count = np.array([queue.count for queue in queues], dtype=np.float64)
-        self.total_s = np.array([queue.total_s for queue in queues], dtype=np.float64)
-        self.peaks_s = np.full((width, len(queues)), -np.inf)  # candidate x queue
-        self.lags = np.zeros((width, len(queues)))
-        for number, queue in enumerate(queues):
-            self.peaks_s[:len(queue.peaks_s), number] = queue.peaks_s
-            self.lags[:len(queue.lags), number] = queue.lags
+    def __init__(self, runs: Sequence[_Runs]) -> None:
+        """runs: per queue its runs of buckets (seconds of one bucket, how many in a row) in sending order. The
+        terms are bucket_queue's, over arrays with the same operations in the same order: the total a sum
+        from the first run (Python's sum from 0: 0 + x is x; a padded run adds 0.0), the peaks and lags from
+        the last run back, `later` the seconds of the runs after (a running sum from 0.0, as bucket_queue's)."""
+        lengths = np.fromiter(map(len, runs), np.int64, len(runs))
+        depth = max(1, int(lengths.max()) if len(runs) else 1)
+        queue = np.repeat(np.arange(len(runs)), lengths)
+        position = _offsets(lengths)
+        flat = _rows(list(chain.from_iterable(runs)), 2, np.float64)  # (seconds, count) per run
+        seconds, counts = np.zeros((len(runs), depth)), np.zeros((len(runs), depth))
+        seconds[queue, position], counts[queue, position] = flat[:, 0], flat[:, 1]
+        self.count = counts.sum(axis=1)  # whole numbers: exact in any order
+        self.total_s = np.cumsum(seconds * counts, axis=1)[:, -1]
+        back = lengths[queue] - 1 - position  # the run's place counted from the last
+        seconds, counts = np.zeros((len(runs), depth)), np.zeros((len(runs), depth))
+        seconds[queue, back], counts[queue, back] = flat[:, 0], flat[:, 1]
+        run_s = counts * seconds
+        later = np.concatenate([np.zeros((len(runs), 1)), np.cumsum(run_s, axis=1)[:, :-1]], axis=1)
+        after = np.concatenate([np.zeros((len(runs), 1)), np.cumsum(counts, axis=1)[:, :-1]], axis=1)
+        real = np.arange(depth)[None, :] < lengths[:, None]
+        peaks = np.stack([later + seconds, later + run_s], axis=2).reshape(len(runs), 2 * depth)
+        lags = np.stack([after, after + counts - 1], axis=2).reshape(len(runs), 2 * depth)
+        real = np.repeat(real, 2, axis=1)
+        self.peaks_s = np.ascontiguousarray(np.where(real, peaks, -np.inf).T)  # candidate x queue
+        self.lags = np.ascontiguousarray(np.where(real, lags, 0.0).T)
 
     def exposed_s(self, queue: Ints, window_s: Floats, gamma: float) -> Floats:
         """stack_effects.queue_exposed_s of queue[i] over window_s[i]."""
@@ -1169,15 +1190,15 @@ class _Queues:
 
 
 class _QueueTable:
-    """The gradient queues of a _Shared (Pricer.gradient_queues) as arrays. The overlaps are the stack's and
-    the cluster's: one for all."""
+    """The gradient queues of a _Shared (Pricer.new_gradient_runs_s: the reduction's and the parameter
+    gathers') as arrays. The overlaps are the stack's and the cluster's: one for all."""
 
-    def __init__(self, queues: list[GradientQueues]) -> None:
-        self.size = len(queues)
-        self.reduce = _Queues([queue.reduce for queue in queues])
-        self.gather = _Queues([queue.gather for queue in queues])
-        self.reduce_overlaps = queues[0].reduce_overlaps
-        self.gather_overlaps = queues[0].gather_overlaps
+    def __init__(self, runs: list[tuple[_Runs, _Runs]], reduce_overlaps: bool, gather_overlaps: bool) -> None:
+        self.size = len(runs)
+        self.reduce = _Queues([reduce for reduce, _ in runs])
+        self.gather = _Queues([gather for _, gather in runs])
+        self.reduce_overlaps = reduce_overlaps
+        self.gather_overlaps = gather_overlaps
 
 
 def _on(plans: Sequence[tuple[Job, OpGraph]], cluster: object, stack: object) -> bool:

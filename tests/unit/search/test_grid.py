@@ -22,6 +22,7 @@ from conftest import ConstantCosts
 from trainsim.catalog.loader import load_cluster
 from trainsim.catalog.model_files import parse_model
 from trainsim.cost.pricing import Pricer, StageCost
+from trainsim.cost.stack_effects import bucket_queue
 from trainsim.errors import TrainsimError
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.hardware.cluster import ClusterSpec
@@ -30,7 +31,7 @@ from trainsim.ir.model_spec import ModelSpec, TransformerSpec
 from trainsim.job import Job, make_job
 from trainsim.pipeline import GraphCache, graph_for
 from trainsim.search import Planner, SearchSpace, enumerate_plans
-from trainsim.search.grid import GridEngine, GridPrices, _rows
+from trainsim.search.grid import GridEngine, GridPrices, _Queues, _rows
 from trainsim.search.planner import OUT_OF_MEMORY, build_plans, refusal_reason
 from trainsim.search.space import PlanColumns, plan_grid
 from trainsim.strategy.parallel import ParallelSpec
@@ -346,6 +347,24 @@ def test_the_flat_row_tables_are_numpys_nested_ones() -> None:
     flat = _rows([([value for pair in row for value in pair] + [0.0, 0.0] * 5)[:10] for row in pairs], 10,
                  np.float64).reshape(len(pairs), 5, 2)
     assert flat.tobytes() == nested.tobytes()
+
+
+def test_the_queue_tables_are_bucket_queues_terms() -> None:
+    """grid._Queues (the queues' terms over arrays, made from their runs of buckets) == stack_effects.bucket_queue
+    of each queue, bit for bit: count, total, peaks and lags in order, the padding -inf and 0; for empty queues,
+    one run, and up to 60 runs of up to 40 equal buckets (the running sums made in bucket_queue's order)."""
+    rng = random.Random(11)
+    for _ in range(200):
+        runs = [[(rng.choice((rng.random() * 10.0 ** rng.randint(-6, 2), 1e-3, 0.1 + 0.2)), rng.randint(1, 40))
+                 for _ in range(rng.randint(0, 60))] for _ in range(rng.randint(1, 12))]
+        table = _Queues(runs)
+        for number, queue_runs in enumerate(runs):
+            queue = bucket_queue(queue_runs)
+            width = len(queue.peaks_s)
+            assert (table.count[number], table.total_s[number]) == (queue.count, queue.total_s)
+            assert table.peaks_s[:width, number].tolist() == list(queue.peaks_s)
+            assert table.lags[:width, number].tolist() == [float(lag) for lag in queue.lags]
+            assert (table.peaks_s[width:, number] == -np.inf).all() and (table.lags[width:, number] == 0.0).all()
 
 
 def test_interleaved_plans_whose_one_chunk_window_exposes_more(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,7 +13,7 @@ formula reads.
 """
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -181,6 +181,8 @@ def _layout_key(job: Job) -> tuple[object, ...]:
     return (par.tp, par.cp, par.dp, par.ep, par.pp, cluster.gpus_per_node, cluster.num_nodes)
 
 
+# the exposed fractions of a layer's tp and cp collectives (forward, backward) where no stack overlap applies
+_NOT_OVERLAPPED = ((1.0, 1.0), (1.0, 1.0))
 StageKey = tuple[tuple[int, float], ...]  # (id of a pinned layer, count) per part: what a stage holds
 
 
@@ -416,7 +418,6 @@ class Pricer:
         return self._price_layer(layer, job)
 
     def _price_layer(self, layer: Layer, job: Job) -> LayerCost:
-        totals = {axis: {"fwd": 0.0, "bwd": 0.0} for axis in ("tp", "cp")}
         # each feature collective priced once (the pipeline's are the stage's sends); each axis's group once
         par, cluster_key = job.parallel, self._cluster_key(job.cluster)
         groups: dict[str, tuple[int, int]] = {}
@@ -429,34 +430,47 @@ class Pricer:
             if group is None:
                 group = groups[axis] = axis_group(axis, par)
             priced.append((c, self._group_collective_s(c.collective, c.buffer_bytes, axis, group, cluster_key, job)))
-        for c, seconds in priced:
-            if c.axis in totals:
-                totals[c.axis][c.phase] += seconds
-        fractions = {"tp": self.tp_exposed_fraction(layer, totals["tp"], job),
-                     "cp": self.cp_exposed_fraction(layer, totals["cp"], job)}
+        tp_fraction, cp_fraction = fractions = self._exposed_fractions(layer, priced, job)
+        scaled = fractions is not _NOT_OVERLAPPED  # NB: else every fraction is 1.0, and x * 1.0 is x
         comm: dict[str, float] = {}
         comm_fwd = 0.0
         for c, comm_s in priced:
-            if c.axis in fractions:
-                comm_s *= fractions[c.axis][0 if c.phase == "fwd" else 1]
+            if scaled and c.axis in ("tp", "cp"):
+                comm_s *= (tp_fraction if c.axis == "tp" else cp_fraction)[0 if c.phase == "fwd" else 1]
             comm[c.axis] = comm.get(c.axis, 0.0) + comm_s
             if c.phase == "fwd":
                 comm_fwd += comm_s
-        ops = layer.fwd + layer.bwd
         known = self._op_times.get((id(layer), id(job.cluster.device)))
+        seconds: Sequence[float]
         if known is None:
+            ops = layer.fwd + layer.bwd
             times = {id(op): self.op_time_s(op, job) for op in ops}  # each op priced once
             seconds = [times[id(op)] for op in ops]
         else:
             stack, device = job.stack, job.cluster.device
             fp8 = self.policy(job.parallel.precision).linear_dtype == "fp8"
-            seconds = list(known) if fuses_every_op(stack, fp8) else \
-                [self._unfused_s(op, op_s, stack, fp8, device) for op, op_s in zip(ops, known, strict=True)]
+            seconds = known if fuses_every_op(stack, fp8) else \
+                [self._unfused_s(op, op_s, stack, fp8, device) for op, op_s in zip(layer.fwd + layer.bwd, known,
+                                                                                     strict=True)]
         forward, backward = seconds[:len(layer.fwd)], seconds[len(layer.fwd):]
         selective = sum([op_s for op, op_s in zip(layer.fwd, forward, strict=True) if op.recompute_selective])
         wgrad = sum([op_s for op, op_s in zip(layer.bwd, backward, strict=True) if op.name.endswith(".wgrad")])
-        return LayerCost(sum(forward), sum(backward), selective, comm, comm_fwd, wgrad, fractions["tp"],
-                         fractions["cp"])
+        return LayerCost(sum(forward), sum(backward), selective, comm, comm_fwd, wgrad, tp_fraction, cp_fraction)
+
+    def _exposed_fractions(self, layer: Layer, priced: list[tuple[Comm, float]],
+                           job: Job) -> tuple[tuple[float, float], tuple[float, float]]:
+        """tp_exposed_fraction and cp_exposed_fraction of the layer's priced feature collectives; the phases'
+        totals summed only where the stack overlaps the layer's tp or cp collectives (else _NOT_OVERLAPPED: all
+        1.0, as the two give then)."""
+        par = job.parallel
+        if not ((par.sp and par.tp > 1 and self.overlaps("tp_comm_overlap", job))
+                or (par.cp > 1 and self.overlaps("cp_comm_overlap", job))):
+            return _NOT_OVERLAPPED
+        totals = {axis: {"fwd": 0.0, "bwd": 0.0} for axis in ("tp", "cp")}
+        for c, seconds in priced:
+            if c.axis in totals:
+                totals[c.axis][c.phase] += seconds
+        return (self.tp_exposed_fraction(layer, totals["tp"], job), self.cp_exposed_fraction(layer, totals["cp"], job))
 
     def tp_exposed_fraction(self, layer: Layer, tp_s: dict[str, float], job: Job) -> tuple[float, float]:
         """Of the tensor-parallel collectives of forward and backward (tp_s: phase -> seconds), the fraction

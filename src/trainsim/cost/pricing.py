@@ -13,8 +13,10 @@ formula reads.
 """
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import reduce
+from operator import add
 from pathlib import Path
 from typing import Literal
 
@@ -149,6 +151,12 @@ class GradientQueues:
     gather_overlaps: bool
 
 
+def ordered_sum(values: Iterable[float]) -> float:
+    """The values added one by one from the first, from 0 (Python 3.11's sum() of floats; 3.12's compensates the
+    rounding): the same bits as a running sum over arrays in the same order (the search's grid engine)."""
+    return reduce(add, values, 0)
+
+
 def axis_group(axis: str, par: ParallelSpec) -> tuple[int, int]:
     """(size, stride) of the group of `axis`. Ranks are ordered tp (fastest), cp, dp, pp; ep groups are made of
     data-parallel ranks; "grad" is the data-parallel gradient group (dp x cp ranks, stride tp)."""
@@ -181,6 +189,9 @@ def _layout_key(job: Job) -> tuple[object, ...]:
     return (par.tp, par.cp, par.dp, par.ep, par.pp, cluster.gpus_per_node, cluster.num_nodes)
 
 
+# a layer's feature communication (Pricer.layer_comm_s): per axis its exposed seconds (in the order its comms first
+# name the axes), the forward's, and the tp and cp exposed fractions (forward, backward)
+LayerComm = tuple[dict[str, float], float, tuple[float, float], tuple[float, float]]
 # the exposed fractions of a layer's tp and cp collectives (forward, backward) where no stack overlap applies
 _NOT_OVERLAPPED = ((1.0, 1.0), (1.0, 1.0))
 StageKey = tuple[tuple[int, float], ...]  # (id of a pinned layer, count) per part: what a stage holds
@@ -418,7 +429,13 @@ class Pricer:
         return self._price_layer(layer, job)
 
     def _price_layer(self, layer: Layer, job: Job) -> LayerCost:
-        # each feature collective priced once (the pipeline's are the stage's sends); each axis's group once
+        comm, comm_fwd, tp_fraction, cp_fraction = self.layer_comm_s(layer, job)
+        forward, backward, selective, wgrad = self._layer_op_sums_s(layer, job)
+        return LayerCost(forward, backward, selective, comm, comm_fwd, wgrad, tp_fraction, cp_fraction)
+
+    def layer_comm_s(self, layer: Layer, job: Job) -> LayerComm:
+        """A layer's feature communication (its LayerCost's comm_s, comm_fwd_s and exposed fractions): each
+        feature collective priced once (the pipeline's are the stage's sends), each axis's group once."""
         par, cluster_key = job.parallel, self._cluster_key(job.cluster)
         groups: dict[str, tuple[int, int]] = {}
         priced: list[tuple[Comm, float]] = []
@@ -440,6 +457,11 @@ class Pricer:
             comm[c.axis] = comm.get(c.axis, 0.0) + comm_s
             if c.phase == "fwd":
                 comm_fwd += comm_s
+        return comm, comm_fwd, tp_fraction, cp_fraction
+
+    def _layer_op_sums_s(self, layer: Layer, job: Job) -> tuple[float, float, float, float]:
+        """A layer's forward, backward, selective-recompute and weight-gradient seconds: its ops' times (each op
+        priced once) summed in order (ordered_sum)."""
         known = self._op_times.get((id(layer), id(job.cluster.device)))
         seconds: Sequence[float]
         if known is None:
@@ -453,9 +475,15 @@ class Pricer:
                 [self._unfused_s(op, op_s, stack, fp8, device) for op, op_s in zip(layer.fwd + layer.bwd, known,
                                                                                      strict=True)]
         forward, backward = seconds[:len(layer.fwd)], seconds[len(layer.fwd):]
-        selective = sum([op_s for op, op_s in zip(layer.fwd, forward, strict=True) if op.recompute_selective])
-        wgrad = sum([op_s for op, op_s in zip(layer.bwd, backward, strict=True) if op.name.endswith(".wgrad")])
-        return LayerCost(sum(forward), sum(backward), selective, comm, comm_fwd, wgrad, tp_fraction, cp_fraction)
+        return (ordered_sum(forward), ordered_sum(backward),
+                ordered_sum([op_s for op, op_s in zip(layer.fwd, forward, strict=True) if op.recompute_selective]),
+                ordered_sum([op_s for op, op_s in zip(layer.bwd, backward, strict=True)
+                             if op.name.endswith(".wgrad")]))
+
+    def fuses_every_op(self, job: Job) -> bool:
+        """Whether the job's stack runs every op of its precision as the graph prices it (no unfused traffic:
+        stack_effects.fuses_every_op): its layers' op times are then the op costs' own."""
+        return fuses_every_op(job.stack, self.policy(job.parallel.precision).linear_dtype == "fp8")
 
     def _exposed_fractions(self, layer: Layer, priced: list[tuple[Comm, float]],
                            job: Job) -> tuple[tuple[float, float], tuple[float, float]]:

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import is_, itemgetter
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -42,7 +42,7 @@ from numpy.typing import NDArray
 from trainsim.collector import collector_paused
 from trainsim.cost.compute import RooflineCosts
 from trainsim.cost.memory import kept_bytes, loss_grad_bytes, rebuilt_bytes, saved_key
-from trainsim.cost.pricing import LayerCost, Partition, Pricer
+from trainsim.cost.pricing import Partition, Pricer
 from trainsim.cost.rank_classes import ranks_differ
 from trainsim.cost.roofline_arrays import op_times_s
 from trainsim.cost.stack_effects import queue_tail_s
@@ -275,7 +275,9 @@ class _Shared:
     param_layers: dict[tuple[tuple[float, float], ...], int] = field(default_factory=dict)
     param_layer_list: list[tuple[tuple[float, float], ...]] = field(default_factory=list)  # param_layers' keys
     layer_terms: dict[tuple[object, ...], "_LayerTerms"] = field(default_factory=dict)
-    term_rows: list[tuple[float, ...]] = field(default_factory=list)  # per layer terms (_Batch._layer_terms)
+    # per layer terms a row (_Batch._layer_terms; the batch's new rows made into the table by _Batch._terms)
+    term_table: Floats = field(default_factory=lambda: np.zeros((0, _TERM_COLUMNS)))
+    term_count: int = 0  # numbered, including those a batch has yet to add
     # the gradient reduction's queues (Pricer.gradient_queues) per (param_layers, ZeRO > 0, precision code,
     # dp x cp, tp), and their arrays (_QueueTable) made when queues were added
     queue_of: dict[tuple[int, ...], int] = field(default_factory=dict)
@@ -323,6 +325,13 @@ class _Batch:
         self.new_by_dp: list[tuple[int, int, _Shape, Job, list[tuple[float, float]], list[_LayerTerms],
                                    list[float]]] = []
         self.new_rows: list[tuple[int, int, int, int, int]] = []
+        # the new layers' terms (_layer_terms): their rows, and those whose op sums _terms fills from op_sums
+        # (number, op sums' row, whether a block, forward and backward feature seconds)
+        self.term_rows: list[tuple[float, ...]] = []
+        self.op_terms: list[tuple[int, int, bool, float, float]] = []
+        # per layer whose ops this batch priced (_price_ops) the row of its op sums (_sum_ops)
+        self.op_sum_of: dict[int, int] = {}
+        self.op_sums: Floats = np.zeros((0, 4))
 
     def split(self) -> tuple["_Fast | None", list[int]]:
         """The fast plans' settings as arrays, and the indices of the plans left to the plain engine. The plans
@@ -363,7 +372,7 @@ class _Batch:
         for key, at in new.items():
             groups.extend(_SLOW_GROUP if any(key[1 + _SPLIT_AT:]) else self._group(plans[at], key))
         group_of.update(zip(new, range(count, count + len(new)), strict=True))
-        if self.new_rows or self.new_blocks or self.new_by_dp:
+        if self.new_rows or self.new_blocks or self.new_by_dp or self.term_rows:
             self._finish()
         local = np.array(known, dtype=np.int64)[numbers]
         # NB: one row per setting, each contiguous (the groups' settings transposed before the plans' are taken)
@@ -440,6 +449,35 @@ class _Batch:
         for layer, layer_ops in zip(layers, ops, strict=True):
             pricer.add_op_times(layer, device, tuple(seconds[start:start + len(layer_ops)]))
             start += len(layer_ops)
+        self._sum_ops(layers, seconds)
+
+    def _sum_ops(self, layers: list[Layer], seconds: list[float]) -> None:
+        """Per layer (the ops' seconds: per layer its forward ops' then its backward ops', in order) what
+        Pricer._layer_op_sums_s sums of its known op times where the stack fuses every op: forward, backward,
+        selective recompute's and weight-gradient seconds, each a running sum from 0 in the ops' order
+        (pricing.ordered_sum) as column adds over the layers' ops, padded with 0.0 where a layer has fewer ops or
+        the op is not summed (s + 0.0 is s: the sums are never -0.0)."""
+        forward = np.array([len(layer.fwd) for layer in layers], dtype=np.int64)
+        backward = np.array([len(layer.bwd) for layer in layers], dtype=np.int64)
+        starts = np.cumsum(forward + backward) - (forward + backward)
+        op_s = np.array(seconds, dtype=np.float64)
+        selective = np.array([op.recompute_selective for layer in layers for op in layer.fwd], dtype=np.bool_)
+        wgrad = np.array([op.name.endswith(".wgrad") for layer in layers for op in layer.bwd], dtype=np.bool_)
+
+        def summed(lengths: Ints, offsets: Ints, kept: NDArray[np.bool_]) -> Floats:
+            """Per layer its ops' seconds summed, and those kept summed (2 x layers)."""
+            layer, column = np.repeat(np.arange(len(layers)), lengths), _offsets(lengths)
+            values = op_s[np.repeat(offsets, lengths) + column]
+            table = np.zeros((2, len(layers), max(1, int(lengths.max()))))
+            table[0, layer, column], table[1, layer, column] = values, np.where(kept, values, 0.0)
+            total = np.zeros((2, len(layers)))
+            for position in range(table.shape[2]):
+                total = total + table[:, :, position]
+            return total
+
+        (fwd, chosen), (bwd, wgrad_s) = summed(forward, starts, selective), summed(backward, starts + forward, wgrad)
+        self.op_sums = np.stack([fwd, bwd, chosen, wgrad_s], axis=1)
+        self.op_sum_of = {id(layer): number for number, layer in enumerate(layers)}
 
     def _precision(self, precision: Precision) -> int:
         if precision not in self.precisions:
@@ -624,8 +662,9 @@ class _Batch:
         pipeline sends (Pricer.pipeline_sends_s over arrays: 2 vpp hops a micro-batch, each overlapped with one
         chunk's forward and backward where the stack overlaps p2p and vpp > 1, and the fitted overhead)."""
         pricer, shared = self.pricer, self.shared
-        term_rows = shared.term_rows  # NB: complete here (_graph_terms); one table for both
-        term_table = _rows(term_rows, len(term_rows[0]), np.float64) if term_rows else np.zeros((0, _FSDP_AT + 2))
+        if self.term_rows:
+            self._terms()
+        term_table = shared.term_table  # NB: complete here (_graph_terms); one table for both
         if self.new_blocks:
             self._contents(term_table)
         if self.new_by_dp:
@@ -652,6 +691,21 @@ class _Batch:
             _extend(shared.row_sends_s, sends)
             _extend(shared.row_chain_s, chain)
         self.new_blocks, self.new_by_dp, self.new_rows = [], [], []
+
+    def _terms(self) -> None:
+        """The new layers' term rows into _Shared.term_table, with the op sums of those priced from this batch's
+        op times (op_terms: their forward, backward, weight-gradient and selective seconds, what full recompute
+        repeats and the windows of their ZeRO-3 gathers, the same additions as _layer_terms's rows)."""
+        rows = _rows(self.term_rows, _TERM_COLUMNS, np.float64)
+        if self.op_terms:
+            number, at, block, comm_fwd, comm_bwd = (np.array(column) for column in zip(*self.op_terms, strict=True))
+            local = number - (self.shared.term_count - len(rows))
+            forward, backward, selective, wgrad = self.op_sums[at].T
+            rows[local, 0], rows[local, 1], rows[local, 2], rows[local, 4] = forward, backward, wgrad, selective
+            rows[local, 5] = np.where(block, forward + comm_fwd, 0.0)
+            rows[local, _FSDP_AT], rows[local, _FSDP_AT + 1] = forward + comm_fwd, backward + comm_bwd
+        self.shared.term_table = np.concatenate([self.shared.term_table, rows])
+        self.term_rows, self.op_terms = [], []
 
     def _by_dp(self, term_table: Floats) -> None:
         """The new (content, dp)'s ZeRO-3 exposure over arrays: Pricer.zero3_exposed_s, i.e. the sum over the
@@ -795,25 +849,43 @@ class _Batch:
 
     def _layer_terms(self, layer: Layer, job: Job, context: tuple[object, ...]) -> "_LayerTerms":
         """A layer's part of its stages' prices under the job's layer context but dp (what _contents sums): its
-        feature collectives run over the tp, cp and ep groups only (ir.graph.Comm), none of which reads dp."""
+        feature collectives run over the tp, cp and ep groups only (ir.graph.Comm), none of which reads dp. Its
+        LayerCost's figures (Pricer.layer_cost), the op sums made over arrays (_sum_ops, filled in by _terms)
+        where this batch priced its ops and the stack fuses every op, else by Pricer.new_layer_cost."""
         key = (id(layer), context)  # layer: of a pinned graph
         terms = self.shared.layer_terms.get(key)
-        if terms is None:
-            cost = self.pricer.new_layer_cost(layer, job)  # NB: kept here (layer_terms), once per key
-            stack, kind, comm = job.stack, layer.kind, cost.comm_s
-            is_head = kind == "head"
-            kept = [kept_bytes(layer, saved_key(mode, stack)) for mode in RECOMPUTE_CODES]
-            rebuilt = [rebuilt_bytes(layer, mode, stack) for mode in RECOMPUTE_CODES] if kind in BLOCK_KINDS else \
-                _NOT_REBUILT
-            full = cost.fwd_s + cost.comm_fwd_s if kind not in ("embedding", "head") else 0.0
-            terms = self.shared.layer_terms[key] = _LayerTerms(cost, len(self.shared.term_rows), tuple(comm))
-            params = float(layer.param_count)
-            self.shared.term_rows.append(
-                (cost.fwd_s, cost.bwd_s, cost.wgrad_s, cost.comm_fwd_s, cost.selective_s, full,
-                 *[comm.get(axis, 0.0) for axis in _AXES], *kept, params, *rebuilt, params, float(is_head),
-                 loss_grad_bytes(layer, stack) if is_head else 0.0,
-                 cost.fwd_s + cost.comm_fwd_s, cost.bwd_s + (sum(comm.values()) - cost.comm_fwd_s)))
+        if terms is not None:
+            return terms
+        pricer, number = self.pricer, self.shared.term_count
+        at = self.op_sum_of.get(id(layer))
+        if at is not None and pricer.fuses_every_op(job):
+            comm, comm_fwd, _, _ = pricer.layer_comm_s(layer, job)
+            is_block = layer.kind not in ("embedding", "head")
+            self.op_terms.append((number, at, is_block, comm_fwd, sum(comm.values()) - comm_fwd))
+            ops = (_LATER, _LATER, _LATER, comm_fwd, _LATER, _LATER)  # _terms fills them
+            windows = (_LATER, _LATER)
+        else:
+            cost = pricer.new_layer_cost(layer, job)  # NB: kept here (layer_terms), once per key
+            comm, comm_fwd = cost.comm_s, cost.comm_fwd_s
+            full = cost.fwd_s + comm_fwd if layer.kind not in ("embedding", "head") else 0.0
+            ops = (cost.fwd_s, cost.bwd_s, cost.wgrad_s, comm_fwd, cost.selective_s, full)
+            windows = (cost.fwd_s + comm_fwd, cost.bwd_s + (sum(comm.values()) - comm_fwd))
+        self.term_rows.append((*ops, *[comm.get(axis, 0.0) for axis in _AXES], *self._memory_terms(layer, job),
+                               *windows))
+        self.shared.term_count += 1
+        terms = self.shared.layer_terms[key] = _LayerTerms(number, tuple(comm))
         return terms
+
+    def _memory_terms(self, layer: Layer, job: Job) -> tuple[float, ...]:
+        """What a layer keeps per RECOMPUTE_CODES, its parameters, what it rebuilds per RECOMPUTE_CODES (a block;
+        else never the largest), its parameters, whether it is a head and the loss's gradient buffers."""
+        stack, kind = job.stack, layer.kind
+        is_head = kind == "head"
+        kept = [kept_bytes(layer, saved_key(mode, stack)) for mode in RECOMPUTE_CODES]
+        rebuilt = [rebuilt_bytes(layer, mode, stack) for mode in RECOMPUTE_CODES] if kind in BLOCK_KINDS else \
+            _NOT_REBUILT
+        params = float(layer.param_count)
+        return (*kept, params, *rebuilt, params, float(is_head), loss_grad_bytes(layer, stack) if is_head else 0.0)
 
 
 # the columns of a layer's terms (_Shared.term_rows): first what a stage sums (count x each): forward, backward,
@@ -831,14 +903,14 @@ _PARAMS_AT = _KEPT_AT + 3
 _TERM_SUMS = _PARAMS_AT + 1
 _HEAD_AT = _TERM_SUMS + 4
 _FSDP_AT = _HEAD_AT + 2
+_TERM_COLUMNS = _FSDP_AT + 2
+_LATER = float("nan")  # a term row's op sum _Batch._terms fills in
 
 
-@dataclass(frozen=True, slots=True)
-class _LayerTerms:
-    """A layer's terms of its stages' prices under one layer context: its LayerCost, the number of its row of
-    _Shared.term_rows and the axes of its feature collectives (in LayerCost.comm_s's order)."""
+class _LayerTerms(NamedTuple):
+    """A layer's terms of its stages' prices under one layer context: the number of its row of
+    _Shared.term_table and the axes of its feature collectives (in LayerCost.comm_s's order)."""
 
-    cost: LayerCost
     number: int
     axes: tuple[str, ...]
 

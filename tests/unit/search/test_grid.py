@@ -31,7 +31,7 @@ from trainsim.ir.model_spec import ModelSpec, TransformerSpec
 from trainsim.job import Job, make_job
 from trainsim.pipeline import GraphCache, graph_for
 from trainsim.search import Planner, SearchSpace, enumerate_plans
-from trainsim.search.grid import GridEngine, GridPrices, _Queues, _rows
+from trainsim.search.grid import GridEngine, GridPrices, _Batch, _Queues, _rows
 from trainsim.search.planner import OUT_OF_MEMORY, build_plans, refusal_reason
 from trainsim.search.space import PlanColumns, plan_grid
 from trainsim.strategy.parallel import ParallelSpec
@@ -347,6 +347,25 @@ def test_the_flat_row_tables_are_numpys_nested_ones() -> None:
     flat = _rows([([value for pair in row for value in pair] + [0.0, 0.0] * 5)[:10] for row in pairs], 10,
                  np.float64).reshape(len(pairs), 5, 2)
     assert flat.tobytes() == nested.tobytes()
+
+
+@pytest.mark.parametrize("model", [DENSE, MOE], ids=["dense", "moe"])
+def test_the_layers_op_sums_over_arrays_are_the_pricers(model: ModelSpec) -> None:
+    """grid._Batch._sum_ops (per layer its forward, backward, selective-recompute and weight-gradient seconds as
+    column adds over its ops' roofline times) == the Pricer's LayerCost of each layer of the grid's graphs (its
+    op times summed one by one: pricing.ordered_sum), bit for bit, on a stack that fuses every op."""
+    cluster = load_cluster("dgx-a100-80gb").with_num_gpus(16)
+    space = SearchSpace(global_batch=64, seq_len=512, max_micro_batch=2, max_vpp=2)
+    plans = grid_of(model, cluster, space)
+    batch = _Batch(GridEngine(), plans, None)
+    batch._price_ops([graph for _, graph in plans])
+    layers = {id(layer): (layer, job) for job, graph in plans for layer in graph.layers}
+    assert len(batch.op_sum_of) == len(layers) > 10
+    for key, (layer, job) in layers.items():
+        assert batch.pricer.fuses_every_op(job)
+        cost = Pricer().new_layer_cost(layer, job)
+        sums = batch.op_sums[batch.op_sum_of[key]].tolist()
+        assert sums == [cost.fwd_s, cost.bwd_s, cost.selective_s, cost.wgrad_s], layer.name
 
 
 def test_the_queue_tables_are_bucket_queues_terms() -> None:

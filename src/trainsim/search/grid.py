@@ -278,8 +278,8 @@ class _Shared:
     # per layer terms a row (_Batch._layer_terms; the batch's new rows made into the table by _Batch._terms)
     term_table: Floats = field(default_factory=lambda: np.zeros((0, _TERM_COLUMNS)))
     term_count: int = 0  # numbered, including those a batch has yet to add
-    # the gradient reduction's queues (Pricer.gradient_queues) per (param_layers, ZeRO > 0, precision code,
-    # dp x cp, tp), and their arrays (_QueueTable) made when queues were added
+    # the gradient reduction's queues (Pricer.gradient_queues' runs of buckets: Pricer.new_gradient_runs_s) per
+    # (param_layers, ZeRO > 0, precision code, dp x cp, tp), and their arrays (_QueueTable) made when queues were added
     queue_of: dict[tuple[int, ...], int] = field(default_factory=dict)
     queue_runs: list[tuple[_Runs, _Runs]] = field(default_factory=list)  # Pricer.new_gradient_runs_s
     queue_table: "_QueueTable | None" = None
@@ -888,7 +888,7 @@ class _Batch:
         return (*kept, params, *rebuilt, params, float(is_head), loss_grad_bytes(layer, stack) if is_head else 0.0)
 
 
-# the columns of a layer's terms (_Shared.term_rows): first what a stage sums (count x each): forward, backward,
+# the columns of a layer's terms (_Shared.term_table): first what a stage sums (count x each): forward, backward,
 # weight-gradient, forward feature communication, what selective and full recompute repeat (0 for the
 # embedding and the head), the feature communication per _AXES, what it keeps per RECOMPUTE_CODES, its
 # parameters; then what a stage takes the largest of: what it rebuilds per RECOMPUTE_CODES (-inf: not a block),

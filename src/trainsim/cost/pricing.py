@@ -13,8 +13,10 @@ formula reads.
 """
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import reduce
+from operator import add
 from pathlib import Path
 from typing import Literal
 
@@ -149,6 +151,12 @@ class GradientQueues:
     gather_overlaps: bool
 
 
+def ordered_sum(values: Iterable[float]) -> float:
+    """The values added one by one from the first, from 0 (Python 3.11's sum() of floats; 3.12's compensates the
+    rounding): the same bits as a running sum over arrays in the same order (the search's grid engine)."""
+    return reduce(add, values, 0)
+
+
 def axis_group(axis: str, par: ParallelSpec) -> tuple[int, int]:
     """(size, stride) of the group of `axis`. Ranks are ordered tp (fastest), cp, dp, pp; ep groups are made of
     data-parallel ranks; "grad" is the data-parallel gradient group (dp x cp ranks, stride tp)."""
@@ -181,6 +189,11 @@ def _layout_key(job: Job) -> tuple[object, ...]:
     return (par.tp, par.cp, par.dp, par.ep, par.pp, cluster.gpus_per_node, cluster.num_nodes)
 
 
+# a layer's feature communication (Pricer.layer_comm_s): per axis its exposed seconds (in the order its comms first
+# name the axes), the forward's, and the tp and cp exposed fractions (forward, backward)
+LayerComm = tuple[dict[str, float], float, tuple[float, float], tuple[float, float]]
+# the exposed fractions of a layer's tp and cp collectives (forward, backward) where no stack overlap applies
+_NOT_OVERLAPPED = ((1.0, 1.0), (1.0, 1.0))
 StageKey = tuple[tuple[int, float], ...]  # (id of a pinned layer, count) per part: what a stage holds
 
 
@@ -416,8 +429,13 @@ class Pricer:
         return self._price_layer(layer, job)
 
     def _price_layer(self, layer: Layer, job: Job) -> LayerCost:
-        totals = {axis: {"fwd": 0.0, "bwd": 0.0} for axis in ("tp", "cp")}
-        # each feature collective priced once (the pipeline's are the stage's sends); each axis's group once
+        comm, comm_fwd, tp_fraction, cp_fraction = self.layer_comm_s(layer, job)
+        forward, backward, selective, wgrad = self._layer_op_sums_s(layer, job)
+        return LayerCost(forward, backward, selective, comm, comm_fwd, wgrad, tp_fraction, cp_fraction)
+
+    def layer_comm_s(self, layer: Layer, job: Job) -> LayerComm:
+        """A layer's feature communication (its LayerCost's comm_s, comm_fwd_s and exposed fractions): each
+        feature collective priced once (the pipeline's are the stage's sends), each axis's group once."""
         par, cluster_key = job.parallel, self._cluster_key(job.cluster)
         groups: dict[str, tuple[int, int]] = {}
         priced: list[tuple[Comm, float]] = []
@@ -429,34 +447,58 @@ class Pricer:
             if group is None:
                 group = groups[axis] = axis_group(axis, par)
             priced.append((c, self._group_collective_s(c.collective, c.buffer_bytes, axis, group, cluster_key, job)))
-        for c, seconds in priced:
-            if c.axis in totals:
-                totals[c.axis][c.phase] += seconds
-        fractions = {"tp": self.tp_exposed_fraction(layer, totals["tp"], job),
-                     "cp": self.cp_exposed_fraction(layer, totals["cp"], job)}
+        tp_fraction, cp_fraction = fractions = self._exposed_fractions(layer, priced, job)
+        scaled = fractions is not _NOT_OVERLAPPED  # NB: else every fraction is 1.0, and x * 1.0 is x
         comm: dict[str, float] = {}
         comm_fwd = 0.0
         for c, comm_s in priced:
-            if c.axis in fractions:
-                comm_s *= fractions[c.axis][0 if c.phase == "fwd" else 1]
+            if scaled and c.axis in ("tp", "cp"):
+                comm_s *= (tp_fraction if c.axis == "tp" else cp_fraction)[0 if c.phase == "fwd" else 1]
             comm[c.axis] = comm.get(c.axis, 0.0) + comm_s
             if c.phase == "fwd":
                 comm_fwd += comm_s
-        ops = layer.fwd + layer.bwd
+        return comm, comm_fwd, tp_fraction, cp_fraction
+
+    def _layer_op_sums_s(self, layer: Layer, job: Job) -> tuple[float, float, float, float]:
+        """A layer's forward, backward, selective-recompute and weight-gradient seconds: its ops' times (each op
+        priced once) summed in order (ordered_sum)."""
         known = self._op_times.get((id(layer), id(job.cluster.device)))
+        seconds: Sequence[float]
         if known is None:
+            ops = layer.fwd + layer.bwd
             times = {id(op): self.op_time_s(op, job) for op in ops}  # each op priced once
             seconds = [times[id(op)] for op in ops]
         else:
             stack, device = job.stack, job.cluster.device
             fp8 = self.policy(job.parallel.precision).linear_dtype == "fp8"
-            seconds = list(known) if fuses_every_op(stack, fp8) else \
-                [self._unfused_s(op, op_s, stack, fp8, device) for op, op_s in zip(ops, known, strict=True)]
+            seconds = known if fuses_every_op(stack, fp8) else \
+                [self._unfused_s(op, op_s, stack, fp8, device) for op, op_s in zip(layer.fwd + layer.bwd, known,
+                                                                                     strict=True)]
         forward, backward = seconds[:len(layer.fwd)], seconds[len(layer.fwd):]
-        selective = sum([op_s for op, op_s in zip(layer.fwd, forward, strict=True) if op.recompute_selective])
-        wgrad = sum([op_s for op, op_s in zip(layer.bwd, backward, strict=True) if op.name.endswith(".wgrad")])
-        return LayerCost(sum(forward), sum(backward), selective, comm, comm_fwd, wgrad, fractions["tp"],
-                         fractions["cp"])
+        return (ordered_sum(forward), ordered_sum(backward),
+                ordered_sum([op_s for op, op_s in zip(layer.fwd, forward, strict=True) if op.recompute_selective]),
+                ordered_sum([op_s for op, op_s in zip(layer.bwd, backward, strict=True)
+                             if op.name.endswith(".wgrad")]))
+
+    def fuses_every_op(self, job: Job) -> bool:
+        """Whether the job's stack runs every op of its precision as the graph prices it (no unfused traffic:
+        stack_effects.fuses_every_op): its layers' op times are then the op costs' own."""
+        return fuses_every_op(job.stack, self.policy(job.parallel.precision).linear_dtype == "fp8")
+
+    def _exposed_fractions(self, layer: Layer, priced: list[tuple[Comm, float]],
+                           job: Job) -> tuple[tuple[float, float], tuple[float, float]]:
+        """tp_exposed_fraction and cp_exposed_fraction of the layer's priced feature collectives; the phases'
+        totals summed only where the stack overlaps the layer's tp or cp collectives (else _NOT_OVERLAPPED: all
+        1.0, as the two give then)."""
+        par = job.parallel
+        if not ((par.sp and par.tp > 1 and self.overlaps("tp_comm_overlap", job))
+                or (par.cp > 1 and self.overlaps("cp_comm_overlap", job))):
+            return _NOT_OVERLAPPED
+        totals = {axis: {"fwd": 0.0, "bwd": 0.0} for axis in ("tp", "cp")}
+        for c, seconds in priced:
+            if c.axis in totals:
+                totals[c.axis][c.phase] += seconds
+        return (self.tp_exposed_fraction(layer, totals["tp"], job), self.cp_exposed_fraction(layer, totals["cp"], job))
 
     def tp_exposed_fraction(self, layer: Layer, tp_s: dict[str, float], job: Job) -> tuple[float, float]:
         """Of the tensor-parallel collectives of forward and backward (tp_s: phase -> seconds), the fraction
@@ -864,27 +906,30 @@ class Pricer:
             queues = self._grad_queues[key] = self._gradient_queues(layers, job)
         return queues
 
-    def new_gradient_queues(self, stage: list[StagePart], job: Job) -> "GradientQueues":
-        """gradient_queues made anew and not kept: for a caller that keeps its own table (the search's grid
-        engine, once per its key of what the queues read)."""
-        return self._gradient_queues(tuple([(part.layer.param_count, part.count) for part in stage]), job)
-
-    def _gradient_queues(self, layers: tuple[tuple[float, float], ...], job: Job) -> "GradientQueues":
+    def new_gradient_runs_s(self, layers: tuple[tuple[float, float], ...],
+                            job: Job) -> tuple[list[tuple[float, int]], list[tuple[float, int]]]:
+        """The runs of buckets (seconds of one bucket, how many in a row, in sending order) of gradient_queues'
+        two queues (the reduction's, the parameter gathers') of a stage whose layers' (parameters, count) are
+        `layers` in the stage's order, made anew and not kept: for a caller that keeps its own table (the
+        search's grid engine, once per its key of what the queues read)."""
         par = job.parallel
         policy = self.policy(par.precision)
         reduce = self._bucket_seconds("all-reduce" if par.zero == 0 else "reduce-scatter", policy.grad_bytes,
                                       self._bucket_runs(layers, job, False), job)
-        gather_overlaps = self.overlaps("param_gather_overlap", job)
         gather: list[tuple[float, int]] = []
-        if par.zero > 0 and gather_overlaps:
+        if par.zero > 0 and self.overlaps("param_gather_overlap", job):
             # the first bucket the forward pass needs waits first: the backward's queue, mirrored
             gather = self._bucket_seconds("all-gather", policy.weight_bytes,
                                           self._bucket_runs(layers, job, True), job)[::-1]
         elif par.zero > 0:
             gather = self._bucket_seconds("all-gather", policy.weight_bytes, self._bucket_runs(layers, job, False),
                                           job)
-        return GradientQueues(bucket_queue(reduce), bucket_queue(gather),
-                              self.overlaps("grad_reduce_overlap", job), gather_overlaps)
+        return reduce, gather
+
+    def _gradient_queues(self, layers: tuple[tuple[float, float], ...], job: Job) -> "GradientQueues":
+        reduce, gather = self.new_gradient_runs_s(layers, job)
+        return GradientQueues(bucket_queue(reduce), bucket_queue(gather), self.overlaps("grad_reduce_overlap", job),
+                              self.overlaps("param_gather_overlap", job))
 
     def grad_bucket_runs(self, stage: list[StagePart], job: Job, forward: bool = False) -> BucketRuns:
         """The stage's gradient buckets (stack_effects.bucket_runs), filled in the order the backward pass

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import is_, itemgetter
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -42,10 +42,10 @@ from numpy.typing import NDArray
 from trainsim.collector import collector_paused
 from trainsim.cost.compute import RooflineCosts
 from trainsim.cost.memory import kept_bytes, loss_grad_bytes, rebuilt_bytes, saved_key
-from trainsim.cost.pricing import GradientQueues, LayerCost, Partition, Pricer
+from trainsim.cost.pricing import Partition, Pricer
 from trainsim.cost.rank_classes import ranks_differ
 from trainsim.cost.roofline_arrays import op_times_s
-from trainsim.cost.stack_effects import BucketQueue, queue_tail_s
+from trainsim.cost.stack_effects import queue_tail_s
 from trainsim.cost.step import FittedStepCosts
 from trainsim.errors import TrainsimError
 from trainsim.estimate.analytical import AnalyticalEstimator, PlanPrice
@@ -58,6 +58,7 @@ from trainsim.strategy.stages import BLOCK_KINDS, StagePart
 
 Floats = NDArray[np.float64]
 Ints = NDArray[np.int64]
+_Runs = list[tuple[float, int]]  # runs of buckets: (seconds of one bucket, how many in a row), in sending order
 # what _Batch reads of its plans: per plan its local group, per local group its key and first plan, and per plan
 # its zero, recompute code, global batch, micro-batch and sequence length
 _PlanReads = tuple[Ints, list[tuple[object, ...]], list[int], tuple[Ints, Ints, Ints, Ints, Ints]]
@@ -87,11 +88,13 @@ class _Template:
 
 @dataclass(frozen=True, slots=True)
 class _Shape:
-    """A graph's even partition over one pp: its template's distinct stages made of the graph's layers."""
+    """A graph's even partition over one pp: its template's distinct stages made of the graph's layers (their
+    StageParts made only where a price reads a stage: _Batch._stage)."""
 
-    stages: list[list[StagePart]]
+    graph: OpGraph
     template: _Template
     layout: int  # the template's number (_Shared.layouts)
+    distinct: int  # the template's distinct stages
 
 
 def _signature(graph: OpGraph) -> tuple[object, ...]:
@@ -219,7 +222,8 @@ class _Shared:
     # a content: one distinct stage of a shape under one layer context but dp; a shape's contents under one
     # context are numbered in a row, from the first (block_of: (id of a kept shape, layer context) -> its first)
     block_of: dict[tuple[object, ...], int] = field(default_factory=dict)
-    content_stages: list[list[StagePart]] = field(default_factory=list)  # the stage, for the gradient queues
+    content_shapes: list[_Shape] = field(default_factory=list)  # the shape, for its stage (_Batch._stage)
+    content_stage: "array[int]" = field(default_factory=_ints)  # which of the shape's distinct stages
     content_compute_s: "array[float]" = field(default_factory=_floats)  # forward + backward (_Batch._contents)
     # a (content, dp): its ZeRO-3 exposure per RECOMPUTE_CODES and pipeline hop (Pricer.pipeline_hop_s of its
     # largest output; 0 for pp = 1), a block's contents' in a row from the first (by_dp_of: (first content, dp)
@@ -236,7 +240,7 @@ class _Shared:
     graph_terms: dict[tuple[object, ...], "list[_LayerTerms]"] = field(default_factory=dict)
     graph_collectives: dict[tuple[object, ...], list[tuple[float, float]]] = field(default_factory=dict)
     hops: dict[tuple[object, ...], float] = field(default_factory=dict)  # _Batch._hop_s
-    # id of a graph -> per (position of a layer, count) its StagePart, for the shapes; and its layers' parameters
+    # id of a graph -> per (position of a layer, count) its StagePart (_Batch._stage); and its layers' parameters
     parts: dict[int, dict[tuple[int, float], StagePart]] = field(default_factory=dict)
     graph_params: dict[int, tuple[float, ...]] = field(default_factory=dict)
     # (id of a kept shape, layer context, dp) -> its first content and first (content, dp) (_Batch._new_combo)
@@ -248,9 +252,8 @@ class _Shared:
     layers_of: dict[tuple[object, ...], list[int]] = field(default_factory=dict)
     # the contents' figures (_Batch._contents), per name an array over a batch's new contents
     content_blocks: list[dict[str, Floats]] = field(default_factory=list)
-    # (id of a graph, pp) -> its even partition's distinct stages, the stage map and the largest parameters
+    # (id of a graph, pp) -> its even partition (_Batch._shape; None: not a template's)
     shapes: dict[tuple[int, int], "_Shape | None"] = field(default_factory=dict)
-    plan_shapes: dict[tuple[int, int, int], "_Shape | None"] = field(default_factory=dict)  # (graph, pp, vpp): _shape
     # what an even partition reads of a graph (_signature) -> per pp the partition's template (None: not the
     # even split's), and per (signature, pp, vpp) whether the plan's split is the even one (Pricer.plan_split)
     signatures: dict[int, int] = field(default_factory=dict)  # id of a graph -> the number of its signature
@@ -270,19 +273,24 @@ class _Shared:
     groups: "array[int]" = field(default_factory=_ints)
     precisions: list[Precision] = field(default_factory=list)  # the precisions of the plans, each once
     param_layers: dict[tuple[tuple[float, float], ...], int] = field(default_factory=dict)
+    param_layer_list: list[tuple[tuple[float, float], ...]] = field(default_factory=list)  # param_layers' keys
     layer_terms: dict[tuple[object, ...], "_LayerTerms"] = field(default_factory=dict)
-    term_rows: list[tuple[float, ...]] = field(default_factory=list)  # per layer terms (_Batch._layer_terms)
-    # the gradient reduction's queues (Pricer.gradient_queues) per (param_layers, ZeRO > 0, precision code,
-    # dp x cp, tp), and their arrays (_QueueTable) made when queues were added
+    # per layer terms a row (_Batch._layer_terms; the batch's new rows made into the table by _Batch._terms)
+    term_table: Floats = field(default_factory=lambda: np.zeros((0, _TERM_COLUMNS)))
+    term_count: int = 0  # numbered, including those a batch has yet to add
+    # the gradient reduction's queues (Pricer.gradient_queues' runs of buckets: Pricer.new_gradient_runs_s) per
+    # (param_layers, ZeRO > 0, precision code, dp x cp, tp), and their arrays (_QueueTable) made when queues were added
     queue_of: dict[tuple[int, ...], int] = field(default_factory=dict)
-    queues: list[GradientQueues] = field(default_factory=list)
+    queue_runs: list[tuple[_Runs, _Runs]] = field(default_factory=list)  # Pricer.new_gradient_runs_s
     queue_table: "_QueueTable | None" = None
     tables: "tuple[_RowTable, _ComboTable] | None" = None
     tables_rows: int = 0  # the combos the tables hold
 
-    def queue_arrays(self) -> "_QueueTable":
-        if self.queue_table is None or self.queue_table.size != len(self.queues):
-            self.queue_table = _QueueTable(self.queues)
+    def queue_arrays(self, pricer: Pricer, job: Job) -> "_QueueTable":
+        """The queues as arrays (job: of the cluster and stack: their overlaps)."""
+        if self.queue_table is None or self.queue_table.size != len(self.queue_runs):
+            self.queue_table = _QueueTable(self.queue_runs, pricer.overlaps("grad_reduce_overlap", job),
+                                           pricer.overlaps("param_gather_overlap", job))
         return self.queue_table
 
     def arrays(self) -> "tuple[_RowTable, _ComboTable]":
@@ -317,6 +325,13 @@ class _Batch:
         self.new_by_dp: list[tuple[int, int, _Shape, Job, list[tuple[float, float]], list[_LayerTerms],
                                    list[float]]] = []
         self.new_rows: list[tuple[int, int, int, int, int]] = []
+        # the new layers' terms (_layer_terms): their rows, and those whose op sums _terms fills from op_sums
+        # (number, op sums' row, whether a block, forward and backward feature seconds)
+        self.term_rows: list[tuple[float, ...]] = []
+        self.op_terms: list[tuple[int, int, bool, float, float]] = []
+        # per layer whose ops this batch priced (_price_ops) the row of its op sums (_sum_ops)
+        self.op_sum_of: dict[int, int] = {}
+        self.op_sums: Floats = np.zeros((0, 4))
 
     def split(self) -> tuple["_Fast | None", list[int]]:
         """The fast plans' settings as arrays, and the indices of the plans left to the plain engine. The plans
@@ -341,18 +356,25 @@ class _Batch:
         numbers, keys, first, per_plan = self._read_plans(plans) if self.columns is None else \
             self._read_columns(plans, candidates, self.columns)
         group_of, groups = self.shared.group_of, self.shared.groups
-        new: dict[tuple[object, ...], int] = {}
-        for key, at in zip(keys, first, strict=True):
-            if key not in group_of and key not in new:
-                new[key] = at
-        self._price_ops([plans[at][1] for at in new.values()])
         width = len(_SLOW_GROUP)
+        count = len(groups) // width
+        new: dict[tuple[object, ...], int] = {}  # the new groups' keys and first plans, numbered in a row
+        known: list[int] = []  # per local group its group
+        for key, at in zip(keys, first, strict=True):
+            number = group_of.get(key)
+            if number is None:
+                number = new.get(key)
+                if number is None:
+                    number = count + len(new)
+                    new[key] = at
+            known.append(number)
+        self._price_ops([plans[at][1] for at in new.values()])
         for key, at in new.items():
-            group_of[key] = len(groups) // width
             groups.extend(_SLOW_GROUP if any(key[1 + _SPLIT_AT:]) else self._group(plans[at], key))
-        if self.new_rows or self.new_blocks or self.new_by_dp:
+        group_of.update(zip(new, range(count, count + len(new)), strict=True))
+        if self.new_rows or self.new_blocks or self.new_by_dp or self.term_rows:
             self._finish()
-        local = np.array([group_of[key] for key in keys], dtype=np.int64)[numbers]
+        local = np.array(known, dtype=np.int64)[numbers]
         # NB: one row per setting, each contiguous (the groups' settings transposed before the plans' are taken)
         columns = np.take(_int_array(groups).reshape(-1, width).T, local, axis=1)
         fast = columns[0] >= 0
@@ -427,6 +449,35 @@ class _Batch:
         for layer, layer_ops in zip(layers, ops, strict=True):
             pricer.add_op_times(layer, device, tuple(seconds[start:start + len(layer_ops)]))
             start += len(layer_ops)
+        self._sum_ops(layers, seconds)
+
+    def _sum_ops(self, layers: list[Layer], seconds: list[float]) -> None:
+        """Per layer (the ops' seconds: per layer its forward ops' then its backward ops', in order) what
+        Pricer._layer_op_sums_s sums of its known op times where the stack fuses every op: forward, backward,
+        selective recompute's and weight-gradient seconds, each a running sum from 0 in the ops' order
+        (pricing.ordered_sum) as column adds over the layers' ops, padded with 0.0 where a layer has fewer ops or
+        the op is not summed (s + 0.0 is s: the sums are never -0.0)."""
+        forward = np.array([len(layer.fwd) for layer in layers], dtype=np.int64)
+        backward = np.array([len(layer.bwd) for layer in layers], dtype=np.int64)
+        starts = np.cumsum(forward + backward) - (forward + backward)
+        op_s = np.array(seconds, dtype=np.float64)
+        selective = np.array([op.recompute_selective for layer in layers for op in layer.fwd], dtype=np.bool_)
+        wgrad = np.array([op.name.endswith(".wgrad") for layer in layers for op in layer.bwd], dtype=np.bool_)
+
+        def summed(lengths: Ints, offsets: Ints, kept: NDArray[np.bool_]) -> Floats:
+            """Per layer its ops' seconds summed, and those kept summed (2 x layers)."""
+            layer, column = np.repeat(np.arange(len(layers)), lengths), _offsets(lengths)
+            values = op_s[np.repeat(offsets, lengths) + column]
+            table = np.zeros((2, len(layers), max(1, int(lengths.max()))))
+            table[0, layer, column], table[1, layer, column] = values, np.where(kept, values, 0.0)
+            total = np.zeros((2, len(layers)))
+            for position in range(table.shape[2]):
+                total = total + table[:, :, position]
+            return total
+
+        (fwd, chosen), (bwd, wgrad_s) = summed(forward, starts, selective), summed(backward, starts + forward, wgrad)
+        self.op_sums = np.stack([fwd, bwd, chosen, wgrad_s], axis=1)
+        self.op_sum_of = {id(layer): number for number, layer in enumerate(layers)}
 
     def _precision(self, precision: Precision) -> int:
         if precision not in self.precisions:
@@ -460,11 +511,7 @@ class _Batch:
         if not self.fitted_overhead:
             return -1
         shared = self.shared
-        shape_key = (id(graph), pp, vpp)  # graph: pinned (_group)
-        if shape_key in shared.plan_shapes:
-            shape = shared.plan_shapes[shape_key]
-        else:
-            shape = shared.plan_shapes[shape_key] = self._shape(job, graph)
+        shape = self._shape(job, graph, pp, vpp)
         if shape is None:
             return -1
         rows_key = (id(shape), context, dp)  # shape: kept (_Shared.shapes)
@@ -474,7 +521,7 @@ class _Batch:
             rows = shared.shape_rows[rows_key] = self._shape_rows(shape, graph, job, context, dp, pp, terms,
                                                                   collectives)
         first_content, first_by_dp = rows
-        distinct = len(shape.stages)
+        distinct = shape.distinct
         combo_rows = shared.combo_rows
         combo_rows.append(len(shared.row_content))
         shared.row_content.extend(range(first_content, first_content + distinct))
@@ -482,28 +529,28 @@ class _Batch:
         shared.combo_layouts.append(shape.layout)
         return len(combo_rows) - 1
 
-    def _shape(self, job: Job, graph: OpGraph) -> "_Shape | None":
-        """The graph's even partition over the plan's pp (its distinct stages, with the graph's layers), or None
-        where the plan's split is not the even one (Pricer.plan_split). The partition is made once per what it
-        reads of a graph (_signature: the layers' kinds and counts) and pp, as a template of layer positions
-        and counts: the search's graphs of one model (one per tp, sp and micro-batch) share it."""
-        shared, par = self.shared, job.parallel
+    def _shape(self, job: Job, graph: OpGraph, pp: int, vpp: int) -> "_Shape | None":
+        """The graph's even partition over the plan's pp, or None where the plan's split (pp, vpp: the job's) is
+        not the even one (Pricer.plan_split). The partition is made once per what it reads of a graph
+        (_signature: the layers' kinds and counts) and pp, as a template of layer positions and counts: the
+        search's graphs of one model (one per tp, sp and micro-batch) share it."""
+        shared = self.shared
         signature = shared.signatures.get(id(graph))
         if signature is None:  # a number per distinct signature (cheaper keys below)
             signature = shared.signatures[id(graph)] = shared.signature_numbers.setdefault(
                 _signature(graph), len(shared.signature_numbers))
-        even_key = (signature, par.pp, par.vpp)
+        even_key = (signature, pp, vpp)
         even = shared.even.get(even_key)
         if even is None:
-            even = shared.even[even_key] = self.pricer.plan_split(graph, par) is None
+            even = shared.even[even_key] = self.pricer.plan_split(graph, job.parallel) is None
         if not even:
             return None
-        key = (id(graph), par.pp)
+        key = (id(graph), pp)
         if key in shared.shapes:
             return shared.shapes[key]
-        template_key = (signature, par.pp)
+        template_key = (signature, pp)
         if template_key not in shared.templates:
-            shared.templates[template_key] = _template(self.pricer.partition(graph, par.pp), graph)
+            shared.templates[template_key] = _template(self.pricer.partition(graph, pp), graph)
         template = shared.templates[template_key]
         if template is None:
             shared.shapes[key] = None
@@ -512,16 +559,23 @@ class _Batch:
         if layout is None:  # NB: the template is kept (_Shared.templates)
             layout = shared.layout_of[id(template)] = len(shared.layouts)
             shared.layouts.append(template)
-        parts = shared.parts.get(id(graph))
-        if parts is None:
-            parts = shared.parts[id(graph)] = {}
-        for stage in template.stages:  # NB: frozen; one object per (graph, layer, count), as partition_stages does
-            for part in stage:
-                if part not in parts:
-                    parts[part] = StagePart(graph.layers[part[0]], part[1])
-        shape = shared.shapes[key] = _Shape([[parts[part] for part in stage] for stage in template.stages], template,
-                                            layout)
+        shape = shared.shapes[key] = _Shape(graph, template, layout, len(template.stages))
         return shape
+
+    def _stage(self, shape: _Shape, index: int) -> list[StagePart]:
+        """The shape's distinct stage `index` as the partition's StageParts: one object per (graph, layer, count),
+        as partition_stages makes them, kept per graph."""
+        graph = shape.graph
+        parts = self.shared.parts.get(id(graph))  # graph: pinned (_group)
+        if parts is None:
+            parts = self.shared.parts[id(graph)] = {}
+        stage: list[StagePart] = []
+        for part in shape.template.stages[index]:
+            made = parts.get(part)
+            if made is None:
+                made = parts[part] = StagePart(graph.layers[part[0]], part[1])
+            stage.append(made)
+        return stage
 
     def _shape_rows(self, shape: _Shape, graph: OpGraph, job: Job, context: tuple[object, ...], dp: int, pp: int,
                     terms: "list[_LayerTerms]", collectives: list[tuple[float, float]]) -> tuple[int, int]:
@@ -535,18 +589,20 @@ class _Batch:
         key = (id(shape), context)  # shape: kept (_Shared.shapes)
         first = shared.block_of.get(key)
         if first is None:
-            first = shared.block_of[key] = len(shared.content_stages)
-            shared.content_stages += shape.stages
+            first = shared.block_of[key] = len(shared.content_shapes)
+            shared.content_shapes += [shape] * shape.distinct
+            shared.content_stage.extend(range(shape.distinct))
             self.new_blocks.append((first, shape, graph, job, terms))
         dp_key = (first, dp)
         start = shared.by_dp_of.get(dp_key)
         if start is None:
             tp, cp, _, sp, _ = context
-            hops = [0.0] * len(shape.stages) if pp == 1 else \
-                [self._hop_s(max([part.layer.output_bytes for part in stage]), (tp, cp, dp, sp), job)
-                 for stage in shape.stages]
+            layers = graph.layers
+            hops = [0.0] * shape.distinct if pp == 1 else \
+                [self._hop_s(max([layers[position].output_bytes for position, _ in parts]), (tp, cp, dp, sp), job)
+                 for parts in shape.template.stages]
             start = shared.by_dp_of[dp_key] = shared.by_dp_count
-            shared.by_dp_count += len(shape.stages)
+            shared.by_dp_count += shape.distinct
             self.new_by_dp.append((start, first, shape, job, collectives, terms, hops))
         return first, start
 
@@ -606,8 +662,9 @@ class _Batch:
         pipeline sends (Pricer.pipeline_sends_s over arrays: 2 vpp hops a micro-batch, each overlapped with one
         chunk's forward and backward where the stack overlaps p2p and vpp > 1, and the fitted overhead)."""
         pricer, shared = self.pricer, self.shared
-        term_rows = shared.term_rows  # NB: complete here (_graph_terms); one table for both
-        term_table = _rows(term_rows, len(term_rows[0]), np.float64) if term_rows else np.zeros((0, _FSDP_AT + 2))
+        if self.term_rows:
+            self._terms()
+        term_table = shared.term_table  # NB: complete here (_graph_terms); one table for both
         if self.new_blocks:
             self._contents(term_table)
         if self.new_by_dp:
@@ -634,6 +691,21 @@ class _Batch:
             _extend(shared.row_sends_s, sends)
             _extend(shared.row_chain_s, chain)
         self.new_blocks, self.new_by_dp, self.new_rows = [], [], []
+
+    def _terms(self) -> None:
+        """The new layers' term rows into _Shared.term_table, with the op sums of those priced from this batch's
+        op times (op_terms: their forward, backward, weight-gradient and selective seconds, what full recompute
+        repeats and the windows of their ZeRO-3 gathers, the same additions as _layer_terms's rows)."""
+        rows = _rows(self.term_rows, _TERM_COLUMNS, np.float64)
+        if self.op_terms:
+            number, at, block, comm_fwd, comm_bwd = (np.array(column) for column in zip(*self.op_terms, strict=True))
+            local = number - (self.shared.term_count - len(rows))
+            forward, backward, selective, wgrad = self.op_sums[at].T
+            rows[local, 0], rows[local, 1], rows[local, 2], rows[local, 4] = forward, backward, wgrad, selective
+            rows[local, 5] = np.where(block, forward + comm_fwd, 0.0)
+            rows[local, _FSDP_AT], rows[local, _FSDP_AT + 1] = forward + comm_fwd, backward + comm_bwd
+        self.shared.term_table = np.concatenate([self.shared.term_table, rows])
+        self.term_rows, self.op_terms = [], []
 
     def _by_dp(self, term_table: Floats) -> None:
         """The new (content, dp)'s ZeRO-3 exposure over arrays: Pricer.zero3_exposed_s, i.e. the sum over the
@@ -675,7 +747,8 @@ class _Batch:
                 fsdp[starts + stage] = seconds
         by_mode = [fsdp] * len(RECOMPUTE_CODES)
         if bucketed:  # the backward pass's stream, per recompute mode (the Pricer's, cached)
-            stages = [(stage, job) for _, _, shape, job, _, _, _ in new for stage in shape.stages]
+            stages = [(self._stage(shape, index), job) for _, _, shape, job, _, _, _ in new
+                      for index in range(shape.distinct)]
             by_mode = [fsdp + np.array([pricer.fsdp_bucketed_backward_s(stage, job, mode) for stage, job in stages],
                                        dtype=np.float64) for mode in RECOMPUTE_CODES]
         _extend(shared.by_dp_fsdp_s, np.stack(by_mode, axis=1))
@@ -693,7 +766,7 @@ class _Batch:
         pricer, shared = self.pricer, self.shared
         new = self.new_blocks
         base = new[0][0]
-        n = len(shared.content_stages) - base  # the batch's new contents, numbered in a row
+        n = len(shared.content_shapes) - base  # the batch's new contents, numbered in a row
         sums = np.zeros((n, _TERM_SUMS))
         most = np.full((n, 4), -np.inf)  # what it rebuilds per RECOMPUTE_CODES, its largest layer's parameters
         head = np.zeros(n)
@@ -738,7 +811,7 @@ class _Batch:
             "feature_fwd": feature_fwd, "feature_bwd": total - feature_fwd, "feature": feature,
             "features": features, "feature_total": total,
             "recompute": np.stack([np.zeros(n), sums[:, 4], sums[:, 5]], axis=1),
-            "overhead": np.full(n, pricer.micro_batch_overhead_s(shape.stages[0], job)),  # see fitted_overhead
+            "overhead": np.full(n, pricer.micro_batch_overhead_s(self._stage(shape, 0), job)),  # see fitted_overhead
             "params": sums[:, _PARAMS_AT], "saved": sums[:, _KEPT_AT:_KEPT_AT + 3], "working": working,
             "max_layer_params": most[:, 3], "head_saved": head,
             "param_layers": np.array(layer_numbers, dtype=np.float64)})
@@ -760,37 +833,62 @@ class _Batch:
         key = (id(template), params)  # template: kept (_Shared.templates)
         numbers = self.shared.layers_of.get(key)
         if numbers is None:
-            param_layers = self.shared.param_layers
             numbers = self.shared.layers_of[key] = [
-                param_layers.setdefault(layers, len(param_layers))
-                for layers in (tuple([(params[position], count) for position, count in parts])
-                               for parts in template.stages)]
+                self._param_layer_number(tuple([(params[position], count) for position, count in parts]))
+                for parts in template.stages]
         return numbers
+
+    def _param_layer_number(self, layers: tuple[tuple[float, float], ...]) -> int:
+        """The number of a stage's layers' (parameters, count) in _Shared.param_layers, made where new."""
+        param_layers = self.shared.param_layers
+        number = param_layers.get(layers)
+        if number is None:
+            number = param_layers[layers] = len(param_layers)
+            self.shared.param_layer_list.append(layers)
+        return number
 
     def _layer_terms(self, layer: Layer, job: Job, context: tuple[object, ...]) -> "_LayerTerms":
         """A layer's part of its stages' prices under the job's layer context but dp (what _contents sums): its
-        feature collectives run over the tp, cp and ep groups only (ir.graph.Comm), none of which reads dp."""
+        feature collectives run over the tp, cp and ep groups only (ir.graph.Comm), none of which reads dp. Its
+        LayerCost's figures (Pricer.layer_cost), the op sums made over arrays (_sum_ops, filled in by _terms)
+        where this batch priced its ops and the stack fuses every op, else by Pricer.new_layer_cost."""
         key = (id(layer), context)  # layer: of a pinned graph
         terms = self.shared.layer_terms.get(key)
-        if terms is None:
-            cost = self.pricer.new_layer_cost(layer, job)  # NB: kept here (layer_terms), once per key
-            stack, kind, comm = job.stack, layer.kind, cost.comm_s
-            is_head = kind == "head"
-            kept = [kept_bytes(layer, saved_key(mode, stack)) for mode in RECOMPUTE_CODES]
-            rebuilt = [rebuilt_bytes(layer, mode, stack) for mode in RECOMPUTE_CODES] if kind in BLOCK_KINDS else \
-                _NOT_REBUILT
-            full = cost.fwd_s + cost.comm_fwd_s if kind not in ("embedding", "head") else 0.0
-            terms = self.shared.layer_terms[key] = _LayerTerms(cost, len(self.shared.term_rows), tuple(comm))
-            params = float(layer.param_count)
-            self.shared.term_rows.append(
-                (cost.fwd_s, cost.bwd_s, cost.wgrad_s, cost.comm_fwd_s, cost.selective_s, full,
-                 *[comm.get(axis, 0.0) for axis in _AXES], *kept, params, *rebuilt, params, float(is_head),
-                 loss_grad_bytes(layer, stack) if is_head else 0.0,
-                 cost.fwd_s + cost.comm_fwd_s, cost.bwd_s + (sum(comm.values()) - cost.comm_fwd_s)))
+        if terms is not None:
+            return terms
+        pricer, number = self.pricer, self.shared.term_count
+        at = self.op_sum_of.get(id(layer))
+        if at is not None and pricer.fuses_every_op(job):
+            comm, comm_fwd, _, _ = pricer.layer_comm_s(layer, job)
+            is_block = layer.kind not in ("embedding", "head")
+            self.op_terms.append((number, at, is_block, comm_fwd, sum(comm.values()) - comm_fwd))
+            ops = (_LATER, _LATER, _LATER, comm_fwd, _LATER, _LATER)  # _terms fills them
+            windows = (_LATER, _LATER)
+        else:
+            cost = pricer.new_layer_cost(layer, job)  # NB: kept here (layer_terms), once per key
+            comm, comm_fwd = cost.comm_s, cost.comm_fwd_s
+            full = cost.fwd_s + comm_fwd if layer.kind not in ("embedding", "head") else 0.0
+            ops = (cost.fwd_s, cost.bwd_s, cost.wgrad_s, comm_fwd, cost.selective_s, full)
+            windows = (cost.fwd_s + comm_fwd, cost.bwd_s + (sum(comm.values()) - comm_fwd))
+        self.term_rows.append((*ops, *[comm.get(axis, 0.0) for axis in _AXES], *self._memory_terms(layer, job),
+                               *windows))
+        self.shared.term_count += 1
+        terms = self.shared.layer_terms[key] = _LayerTerms(number, tuple(comm))
         return terms
 
+    def _memory_terms(self, layer: Layer, job: Job) -> tuple[float, ...]:
+        """What a layer keeps per RECOMPUTE_CODES, its parameters, what it rebuilds per RECOMPUTE_CODES (a block;
+        else never the largest), its parameters, whether it is a head and the loss's gradient buffers."""
+        stack, kind = job.stack, layer.kind
+        is_head = kind == "head"
+        kept = [kept_bytes(layer, saved_key(mode, stack)) for mode in RECOMPUTE_CODES]
+        rebuilt = [rebuilt_bytes(layer, mode, stack) for mode in RECOMPUTE_CODES] if kind in BLOCK_KINDS else \
+            _NOT_REBUILT
+        params = float(layer.param_count)
+        return (*kept, params, *rebuilt, params, float(is_head), loss_grad_bytes(layer, stack) if is_head else 0.0)
 
-# the columns of a layer's terms (_Shared.term_rows): first what a stage sums (count x each): forward, backward,
+
+# the columns of a layer's terms (_Shared.term_table): first what a stage sums (count x each): forward, backward,
 # weight-gradient, forward feature communication, what selective and full recompute repeat (0 for the
 # embedding and the head), the feature communication per _AXES, what it keeps per RECOMPUTE_CODES, its
 # parameters; then what a stage takes the largest of: what it rebuilds per RECOMPUTE_CODES (-inf: not a block),
@@ -805,14 +903,14 @@ _PARAMS_AT = _KEPT_AT + 3
 _TERM_SUMS = _PARAMS_AT + 1
 _HEAD_AT = _TERM_SUMS + 4
 _FSDP_AT = _HEAD_AT + 2
+_TERM_COLUMNS = _FSDP_AT + 2
+_LATER = float("nan")  # a term row's op sum _Batch._terms fills in
 
 
-@dataclass(frozen=True, slots=True)
-class _LayerTerms:
-    """A layer's terms of its stages' prices under one layer context: its LayerCost, the number of its row of
-    _Shared.term_rows and the axes of its feature collectives (in LayerCost.comm_s's order)."""
+class _LayerTerms(NamedTuple):
+    """A layer's terms of its stages' prices under one layer context: the number of its row of
+    _Shared.term_table and the axes of its feature collectives (in LayerCost.comm_s's order)."""
 
-    cost: LayerCost
     number: int
     axes: tuple[str, ...]
 
@@ -872,7 +970,7 @@ class _Fast:
 
         # --- the exposed gradient reduction of the bottleneck and of the first stage ---
         grad = self._grad_exposed(table, slow_row, slow_recompute, first_row,
-                                  table.recompute.ravel()[first_row * 3 + recompute_code])
+                                  table.recompute.ravel()[first_row * 3 + recompute_code], code)
 
         # --- the optimizer step and the host overheads ---
         # the stage with the most parameters (Pricer.optimizer_step_s; stage_params: the contents' params)
@@ -900,62 +998,77 @@ class _Fast:
         oom_out[self.index] = peak > capacity
 
     def _grad_exposed(self, table: "_RowTable", slow_row: Ints, slow_recompute: Floats, first_row: Ints,
-                      first_recompute: Floats) -> Floats:
+                      first_recompute: Floats, variant: Ints) -> Floats:
         """Pricer.gradient_sync_exposed_s per plan, of the bottleneck stage and of the first, the larger: the
         Pricer's queues of buckets (gradient_queues, once per distinct queue) over the plans' windows as arrays
-        (stack_effects.queue_tail_s, the plain engine's formula; the sum as Pricer._gradient_sync_windows_s)."""
+        (stack_effects.queue_tail_s, the plain engine's formula; the sum as Pricer._gradient_sync_windows_s).
+        Priced once per what it reads of a plan that reduces its gradients (dp x cp > 1, ZeRO < 3): its variant
+        (combo, recompute, ZeRO-3 or not: its rows and recompute seconds), ZeRO > 0 or not, and whether its
+        schedule is interleaved; the combo gives the rest (precision, dp x cp, tp, pp, vpp)."""
         n = len(self.index)
-        plan = np.concatenate([np.arange(n), np.arange(n)])
+        out = np.zeros(n)
+        reduces = np.flatnonzero((self.shards_dp > 1) & (self.zero < 3))  # else no reduction
+        if not reduces.size:
+            return out
+        interleaved = self.schedule == SCHEDULE_CODES["interleaved-1f1b"]
+        what = (variant * 2 + (self.zero > 0)) * 2 + interleaved
+        _, first_of, priced_as = np.unique(what[reduces], return_index=True, return_inverse=True)
+        ours = reduces[first_of]  # one plan of each
+        out[reduces] = self._grad_exposed_of(table, ours, slow_row[ours], slow_recompute[ours], first_row[ours],
+                                             first_recompute[ours])[priced_as]
+        return out
+
+    def _grad_exposed_of(self, table: "_RowTable", ours: Ints, slow_row: Ints, slow_recompute: Floats,
+                         first_row: Ints, first_recompute: Floats) -> Floats:
+        """_grad_exposed of the plans `ours` (each reduces its gradients), of their bottleneck stages (slow_row)
+        and first stages (first_row), element by element."""
+        n = len(ours)
+        plan = np.concatenate([ours, ours])
         rows = np.concatenate([slow_row, first_row])
         recompute = np.concatenate([slow_recompute, first_recompute])
-        out = np.zeros(2 * n)
-        chosen = np.flatnonzero(((self.shards_dp > 1) & (self.zero < 3))[plan])  # else no reduction
-        if chosen.size:
-            plan, rows, recompute = plan[chosen], rows[chosen], recompute[chosen]
-            keys = np.stack([table.param_layers[rows], (self.zero[plan] > 0).astype(np.int64), self.precision[plan],
-                             self.shards_dp[plan], self.tp[plan]], axis=1)
-            _, first, inverse = np.unique(_row_codes(keys), return_index=True, return_inverse=True)
-            numbers = [self._queue(tuple(key), int(plan[at]), int(rows[at]))
-                       for key, at in zip(keys[first].tolist(), first.tolist(), strict=True)]
-            queue = np.array(numbers, dtype=np.int64)[inverse]
-            queues = self.batch.shared.queue_arrays()
-            backward = table.backward[rows] + recompute + table.feature_bwd[rows]
-            forward = table.forward[rows] + table.feature_fwd[rows]
-            gamma = self.batch.pricer.cal.runtime.overlap_slowdown
-            zero = self.zero[plan] > 0
+        keys = np.stack([table.param_layers[rows], (self.zero[plan] > 0).astype(np.int64), self.precision[plan],
+                         self.shards_dp[plan], self.tp[plan]], axis=1)
+        _, first, inverse = np.unique(_row_codes(keys), return_index=True, return_inverse=True)
+        numbers = [self._queue(tuple(key), int(plan[at])) for key, at in zip(keys[first].tolist(), first.tolist(),
+                                                                              strict=True)]
+        queue = np.array(numbers, dtype=np.int64)[inverse]
+        queues = self.batch.shared.queue_arrays(self.batch.pricer, self.batch.job0)
+        backward = table.backward[rows] + recompute + table.feature_bwd[rows]
+        forward = table.forward[rows] + table.feature_fwd[rows]
+        gamma = self.batch.pricer.cal.runtime.overlap_slowdown
+        zero = self.zero[plan] > 0
 
-            def exposed(scale: Floats, at: Ints) -> Floats:  # of the entries `at`, element by element
-                seconds = queues.reduce.exposed_s(queue[at], backward[at] * scale, gamma) \
-                    if queues.reduce_overlaps else queues.reduce.total_s[queue[at]]
-                gathers = np.flatnonzero(zero[at])  # ZeRO >= 1 adds the parameters' gathers
-                if gathers.size:
-                    ours = at[gathers]
-                    gather = queues.gather.exposed_s(queue[ours], forward[ours] * scale[gathers], gamma) \
-                        if queues.gather_overlaps else queues.gather.total_s[queue[ours]]
-                    seconds[gathers] = seconds[gathers] + gather
-                return seconds
+        def exposed(scale: Floats, at: Ints) -> Floats:  # of the entries `at`, element by element
+            seconds = queues.reduce.exposed_s(queue[at], backward[at] * scale, gamma) \
+                if queues.reduce_overlaps else queues.reduce.total_s[queue[at]]
+            gathers = np.flatnonzero(zero[at])  # ZeRO >= 1 adds the parameters' gathers
+            if gathers.size:
+                entries = at[gathers]
+                gather = queues.gather.exposed_s(queue[entries], forward[entries] * scale[gathers], gamma) \
+                    if queues.gather_overlaps else queues.gather.total_s[queue[entries]]
+                seconds[gathers] = seconds[gathers] + gather
+            return seconds
 
-            # Pricer._gradient_sync_s: the interleaved schedule's windows (stack_effects.window_micro_batches);
-            # the one-chunk window only where the schedule is interleaved
-            interleaved = self.schedule[plan] == SCHEDULE_CODES["interleaved-1f1b"]
-            scaled = exposed(np.where(interleaved, self.pp[plan], 1.0), np.arange(len(plan)))
-            where = np.flatnonzero(interleaved)
-            if where.size:
-                vpp = self.vpp[plan[where]].astype(np.float64)
-                scaled[where] = np.maximum(scaled[where], exposed(1.0 / vpp, where) / vpp)
-            out[chosen] = scaled
-        return np.maximum(out[:n], out[n:])
+        # Pricer._gradient_sync_s: the interleaved schedule's windows (stack_effects.window_micro_batches);
+        # the one-chunk window only where the schedule is interleaved
+        interleaved = self.schedule[plan] == SCHEDULE_CODES["interleaved-1f1b"]
+        scaled = exposed(np.where(interleaved, self.pp[plan], 1.0), np.arange(len(plan)))
+        where = np.flatnonzero(interleaved)
+        if where.size:
+            vpp = self.vpp[plan[where]].astype(np.float64)
+            scaled[where] = np.maximum(scaled[where], exposed(1.0 / vpp, where) / vpp)
+        return np.maximum(scaled[:n], scaled[n:])
 
-    def _queue(self, key: tuple[int, ...], plan: int, row: int) -> int:
-        """The number of the gradient queues of a key of _grad_exposed, made with the plan's job and the row's
-        stage where new."""
+    def _queue(self, key: tuple[int, ...], plan: int) -> int:
+        """The number of the gradient queues of a key of _grad_exposed, made with the plan's job and the stage's
+        layers' (parameters, count) (key[0]: their number in _Shared.param_layers) where new."""
         shared = self.batch.shared
         number = shared.queue_of.get(key)
         if number is None:
             job = self.batch.plans[int(self.index[plan])][0]
-            stage = shared.content_stages[shared.row_content[row]]
-            number = shared.queue_of[key] = len(shared.queues)
-            shared.queues.append(self.batch.pricer.new_gradient_queues(stage, job))  # NB: kept here, once per key
+            layers = shared.param_layer_list[key[0]]
+            number = shared.queue_of[key] = len(shared.queue_runs)
+            shared.queue_runs.append(self.batch.pricer.new_gradient_runs_s(layers, job))  # NB: kept, once per key
         return number
 
     def _optimizer_s(self, max_params: Floats) -> Floats:
@@ -1107,19 +1220,37 @@ class _RowTable:
 
 
 class _Queues:
-    """Queues of buckets (stack_effects.BucketQueue) as arrays, one column per queue, the candidates padded (peaks
-    -inf, lags 0: never the largest). A candidate's row over the queues is contiguous, so the plans' rows are one
-    take each (numpy gathers rows of a 2-d table several times slower)."""
+    """Queues of buckets as arrays (stack_effects.bucket_queue's terms of each: count, total_s, peaks_s, lags),
+    one column per queue, the candidates padded (peaks -inf, lags 0: never the largest). A candidate's row over
+    the queues is contiguous, so the plans' rows are one take each (numpy gathers rows of a 2-d table several
+    times slower)."""
 
-    def __init__(self, queues: list[BucketQueue]) -> None:
-        width = max(1, max(len(queue.peaks_s) for queue in queues))
-        self.count = np.array([queue.count for queue in queues], dtype=np.float64)
-        self.total_s = np.array([queue.total_s for queue in queues], dtype=np.float64)
-        self.peaks_s = np.full((width, len(queues)), -np.inf)  # candidate x queue
-        self.lags = np.zeros((width, len(queues)))
-        for number, queue in enumerate(queues):
-            self.peaks_s[:len(queue.peaks_s), number] = queue.peaks_s
-            self.lags[:len(queue.lags), number] = queue.lags
+    def __init__(self, runs: Sequence[_Runs]) -> None:
+        """runs: per queue its runs of buckets (seconds of one bucket, how many in a row) in sending order. The
+        terms are bucket_queue's, over arrays with the same operations in the same order: the total a sum
+        from the first run (Python's sum from 0: 0 + x is x; a padded run adds 0.0), the peaks and lags from
+        the last run back, `later` the seconds of the runs after (a running sum from 0.0, as bucket_queue's)."""
+        lengths = np.fromiter(map(len, runs), np.int64, len(runs))
+        depth = max(1, int(lengths.max()) if len(runs) else 1)
+        queue = np.repeat(np.arange(len(runs)), lengths)
+        position = _offsets(lengths)
+        flat = _rows(list(chain.from_iterable(runs)), 2, np.float64)  # (seconds, count) per run
+        seconds, counts = np.zeros((len(runs), depth)), np.zeros((len(runs), depth))
+        seconds[queue, position], counts[queue, position] = flat[:, 0], flat[:, 1]
+        self.count = counts.sum(axis=1)  # whole numbers: exact in any order
+        self.total_s = np.cumsum(seconds * counts, axis=1)[:, -1]
+        back = lengths[queue] - 1 - position  # the run's place counted from the last
+        seconds, counts = np.zeros((len(runs), depth)), np.zeros((len(runs), depth))
+        seconds[queue, back], counts[queue, back] = flat[:, 0], flat[:, 1]
+        run_s = counts * seconds
+        later = np.concatenate([np.zeros((len(runs), 1)), np.cumsum(run_s, axis=1)[:, :-1]], axis=1)
+        after = np.concatenate([np.zeros((len(runs), 1)), np.cumsum(counts, axis=1)[:, :-1]], axis=1)
+        real = np.arange(depth)[None, :] < lengths[:, None]
+        peaks = np.stack([later + seconds, later + run_s], axis=2).reshape(len(runs), 2 * depth)
+        lags = np.stack([after, after + counts - 1], axis=2).reshape(len(runs), 2 * depth)
+        real = np.repeat(real, 2, axis=1)
+        self.peaks_s = np.ascontiguousarray(np.where(real, peaks, -np.inf).T)  # candidate x queue
+        self.lags = np.ascontiguousarray(np.where(real, lags, 0.0).T)
 
     def exposed_s(self, queue: Ints, window_s: Floats, gamma: float) -> Floats:
         """stack_effects.queue_exposed_s of queue[i] over window_s[i]."""
@@ -1131,15 +1262,15 @@ class _Queues:
 
 
 class _QueueTable:
-    """The gradient queues of a _Shared (Pricer.gradient_queues) as arrays. The overlaps are the stack's and
-    the cluster's: one for all."""
+    """The gradient queues of a _Shared (Pricer.new_gradient_runs_s: the reduction's and the parameter
+    gathers') as arrays. The overlaps are the stack's and the cluster's: one for all."""
 
-    def __init__(self, queues: list[GradientQueues]) -> None:
-        self.size = len(queues)
-        self.reduce = _Queues([queue.reduce for queue in queues])
-        self.gather = _Queues([queue.gather for queue in queues])
-        self.reduce_overlaps = queues[0].reduce_overlaps
-        self.gather_overlaps = queues[0].gather_overlaps
+    def __init__(self, runs: list[tuple[_Runs, _Runs]], reduce_overlaps: bool, gather_overlaps: bool) -> None:
+        self.size = len(runs)
+        self.reduce = _Queues([reduce for reduce, _ in runs])
+        self.gather = _Queues([gather for _, gather in runs])
+        self.reduce_overlaps = reduce_overlaps
+        self.gather_overlaps = gather_overlaps
 
 
 def _on(plans: Sequence[tuple[Job, OpGraph]], cluster: object, stack: object) -> bool:

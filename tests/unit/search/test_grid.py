@@ -22,6 +22,7 @@ from conftest import ConstantCosts
 from trainsim.catalog.loader import load_cluster
 from trainsim.catalog.model_files import parse_model
 from trainsim.cost.pricing import Pricer, StageCost
+from trainsim.cost.stack_effects import bucket_queue
 from trainsim.errors import TrainsimError
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.hardware.cluster import ClusterSpec
@@ -30,7 +31,7 @@ from trainsim.ir.model_spec import ModelSpec, TransformerSpec
 from trainsim.job import Job, make_job
 from trainsim.pipeline import GraphCache, graph_for
 from trainsim.search import Planner, SearchSpace, enumerate_plans
-from trainsim.search.grid import GridEngine, GridPrices, _rows
+from trainsim.search.grid import GridEngine, GridPrices, _Batch, _Queues, _rows
 from trainsim.search.planner import OUT_OF_MEMORY, build_plans, refusal_reason
 from trainsim.search.space import PlanColumns, plan_grid
 from trainsim.strategy.parallel import ParallelSpec
@@ -346,6 +347,43 @@ def test_the_flat_row_tables_are_numpys_nested_ones() -> None:
     flat = _rows([([value for pair in row for value in pair] + [0.0, 0.0] * 5)[:10] for row in pairs], 10,
                  np.float64).reshape(len(pairs), 5, 2)
     assert flat.tobytes() == nested.tobytes()
+
+
+@pytest.mark.parametrize("model", [DENSE, MOE], ids=["dense", "moe"])
+def test_the_layers_op_sums_over_arrays_are_the_pricers(model: ModelSpec) -> None:
+    """grid._Batch._sum_ops (per layer its forward, backward, selective-recompute and weight-gradient seconds as
+    column adds over its ops' roofline times) == the Pricer's LayerCost of each layer of the grid's graphs (its
+    op times summed one by one: pricing.ordered_sum), bit for bit, on a stack that fuses every op."""
+    cluster = load_cluster("dgx-a100-80gb").with_num_gpus(16)
+    space = SearchSpace(global_batch=64, seq_len=512, max_micro_batch=2, max_vpp=2)
+    plans = grid_of(model, cluster, space)
+    batch = _Batch(GridEngine(), plans, None)
+    batch._price_ops([graph for _, graph in plans])
+    layers = {id(layer): (layer, job) for job, graph in plans for layer in graph.layers}
+    assert len(batch.op_sum_of) == len(layers) > 10
+    for key, (layer, job) in layers.items():
+        assert batch.pricer.fuses_every_op(job)
+        cost = Pricer().new_layer_cost(layer, job)
+        sums = batch.op_sums[batch.op_sum_of[key]].tolist()
+        assert sums == [cost.fwd_s, cost.bwd_s, cost.selective_s, cost.wgrad_s], layer.name
+
+
+def test_the_queue_tables_are_bucket_queues_terms() -> None:
+    """grid._Queues (the queues' terms over arrays, made from their runs of buckets) == stack_effects.bucket_queue
+    of each queue, bit for bit: count, total, peaks and lags in order, the padding -inf and 0; for empty queues,
+    one run, and up to 60 runs of up to 40 equal buckets (the running sums made in bucket_queue's order)."""
+    rng = random.Random(11)
+    for _ in range(200):
+        runs = [[(rng.choice((rng.random() * 10.0 ** rng.randint(-6, 2), 1e-3, 0.1 + 0.2)), rng.randint(1, 40))
+                 for _ in range(rng.randint(0, 60))] for _ in range(rng.randint(1, 12))]
+        table = _Queues(runs)
+        for number, queue_runs in enumerate(runs):
+            queue = bucket_queue(queue_runs)
+            width = len(queue.peaks_s)
+            assert (table.count[number], table.total_s[number]) == (queue.count, queue.total_s)
+            assert table.peaks_s[:width, number].tolist() == list(queue.peaks_s)
+            assert table.lags[:width, number].tolist() == [float(lag) for lag in queue.lags]
+            assert (table.peaks_s[width:, number] == -np.inf).all() and (table.lags[width:, number] == 0.0).all()
 
 
 def test_interleaved_plans_whose_one_chunk_window_exposes_more(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -98,6 +98,7 @@ def test_a_real_two_rank_dlrm_run_times_both_probes_around_every_iteration() -> 
         assert all(len(pair) == 2 and all(0 < t < 1 for t in pair) for rank in timings for pair in rank)
         assert d["probe_reference_s"][probe] == pytest.approx(iteration_references_s(timings))
         normal = d["phase_iteration_s"][probe]
-        assert math.isfinite(normal) and 0 < normal <= d["iteration_s"]  # every iteration scaled by <= 1
+        # every iteration scaled by <= 1 (a scale of exactly 1 may round the last bit the other way)
+        assert math.isfinite(normal) and 0 < normal <= d["iteration_s"] * (1 + 1e-12)
     assert [len(r) for r in d["rank_iterations_s"]] == [3, 3]
     assert d["iterations_s"] == [max(a, b) for a, b in zip(*d["rank_iterations_s"], strict=True)]

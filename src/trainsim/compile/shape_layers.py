@@ -1,13 +1,13 @@
 """Pass: shape each layer instance's ops from its computation configs over tp (Proteus Sec. IV-B: a split on any
 op takes effect; Sec. V-A: an op's cost follows its partition).
 
-The OpGraph's ops are one device's under Megatron's tensor split. A strategy tree may leave a block's attention
-or MLP unsplit over tp on all of its ops (strategy.megatron.replicated_modules): every tp rank then runs that
-module whole, so the layer instance is rebuilt by the catalog builder with that module at tp 1
-(frontends.catalog.transformer.block_layer): its ops do the whole module's FLOPs, its weights (and with them the
-gradients, optimizer states and the data-parallel gradient volume) are held whole on every tp rank, its saved
-activations are the whole module's, and its collectives are those the resharding between the configs inserts
-(compile.splits.plan_mesh_comms). Instances with the same modules unsplit share one rebuilt layer; a plan whose
+The OpGraph's ops are one device's under Megatron's tensor split. A strategy tree may leave any op of a block's
+attention or MLP unsplit over tp (strategy.megatron.whole_ops): every tp rank then runs that op whole, so the
+layer instance is rebuilt by the catalog builder with that op at tp 1
+(frontends.catalog.transformer.block_layer): it does the whole op's FLOPs, its weight (and with it the gradient,
+optimizer states and the data-parallel gradient volume) is held whole on every tp rank, the activations kept
+for its backward are whole, and the block's collectives are those the resharding between the configs inserts
+(compile.splits.plan_mesh_comms). Instances with the same ops unsplit share one rebuilt layer; a plan whose
 configs are Megatron's everywhere is returned as it is.
 """
 
@@ -20,13 +20,13 @@ from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job
 from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.lowered import LayerAssignment, LoweredPlan
-from trainsim.strategy.megatron import UNSPLIT, replicated_modules
+from trainsim.strategy.megatron import UNSPLIT, whole_ops
 from trainsim.strategy.placement import OpConfig
 
 
 def shape_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
-    """The plan with every layer instance whose attention or MLP is unsplit over tp rebuilt for that (module
-    doc); the plan itself where there is none."""
+    """The plan with every layer instance some of whose attention or MLP ops are unsplit over tp rebuilt for
+    that (module doc); the plan itself where there is none."""
     if job.parallel.tp == 1 or not plan.mesh_splits or not isinstance(job.model, TransformerSpec):
         return plan
     configs: dict[int, dict[str, OpConfig]] = {}  # layer index -> op module path -> its config over tp
@@ -38,7 +38,7 @@ def shape_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
     assignments = list(plan.layers)
     for position, a in enumerate(plan.layers):
         given = configs.get(a.index, {})
-        whole = replicated_modules(a.layer.kind, a.layer.fwd, lambda op, g=given: g.get(op.module_path, UNSPLIT))
+        whole = whole_ops(a.layer.kind, a.layer.fwd, lambda op, g=given: g.get(op.module_path, UNSPLIT))
         if not whole:
             continue
         key = (id(a.layer), whole)
@@ -50,11 +50,11 @@ def shape_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
 
 
 def _rebuilt(spec: TransformerSpec, dev: DeviceSlice, layer: Layer, whole: frozenset[str]) -> Layer:
-    """The block with the modules in `whole` at tp 1, checked to hold the same ops as the plan's."""
+    """The block with the ops named in `whole` at tp 1, checked to hold the same ops as the plan's."""
     rebuilt = block_layer(spec, dev, layer.count, layer.kind == "moe_block", whole)
     if [op.name for op in rebuilt.fwd] != [op.name for op in layer.fwd]:
         raise ConfigError("split.compute@tp", "nothing", f"the catalog block of {spec.name} has other ops than "
-                          f"the plan's {layer.name}; running a block's {' and '.join(sorted(whole))} whole on "
+                          f"the plan's {layer.name}; running a block's {', '.join(sorted(whole))} whole on "
                           "each tp rank needs the catalog front-end's graph")
     return rebuilt
 

@@ -15,21 +15,23 @@ split-tree form of Megatron's patterns (Shoeybi et al. 2019, Sec. 3; Korthikanti
   (a device holds the tokens routed to its experts; a Placement carries it in its feature slot, and an expert's
   output is whole, not a partial sum), every other op the batch.
 
-A strategy tree may leave a block's attention or its (dense) MLP unsplit over tp on all of the module's ops
-(replicated_modules): each tp rank then runs that module whole (op_config's `replicated`), the catalog builder
-shapes its ops at tp 1 (frontends.catalog.transformer.block_layer, compile.shape_layers), and the resharding
-below inserts what that layout needs: a whole attention beside a split MLP pays only the MLP's all-reduce pair.
+A strategy tree may leave any op of a block's attention or its (dense) MLP unsplit over tp (whole_ops): each tp
+rank then runs that op whole (op_config's `whole`), the catalog builder shapes it at tp 1
+(frontends.catalog.transformer.block_layer, compile.shape_layers), and the resharding below inserts what the
+layout changes need: a whole attention beside a split MLP pays only the MLP's all-reduce pair; qkv split by heads
+before a whole attention core all-gathers q, k and v; fc1 split before a whole fc2 all-gathers the ffn features.
 
 layer_comms walks a layer's ops in order per axis, as compile.splits walks a tree's computation configs: where
 what an op reads differs from how its producer left it, strategy.reshard's pattern matching gives the collective
 (partial sums -> all-reduce, or reduce-scatter where the reader splits the sequence; a sequence split read whole
 -> all-gather; a batch split read as an expert split -> all-to-all), and the backward pass the gradient's
 conjugate. A layer hands on the hidden state as the next layer reads it (split by sequence over tp under SP and
-over cp, by batch over ep); the embedding's lookup reads token ids, which every rank holds. Every TP collective
-moves a hidden state (local tokens x hidden): the inputs of qkv and fc1, the outputs of the projections, the
-input of the logits. The vocab-parallel cross-entropy reads the class dimension split: its three per-token
-statistics (max logit, target logit, sum of exponentials) are partial over tp, one fp32 all-reduce each
-(megatron/core/tensor_parallel/cross_entropy.py, megatron-core 0.9).
+over cp, by batch over ep); the embedding's lookup reads token ids, which every rank holds. Under Megatron's
+splits every TP collective moves a hidden state (local tokens x hidden): the inputs of qkv and fc1, the outputs
+of the projections, the input of the logits; a reshard inside a module moves the tensor its reader reads
+(_read_bytes: q, k and v, the ffn features). The vocab-parallel cross-entropy reads the class dimension split:
+its three per-token statistics (max logit, target logit, sum of exponentials) are partial over tp, one fp32
+all-reduce each (megatron/core/tensor_parallel/cross_entropy.py, megatron-core 0.9).
 """
 
 from collections.abc import Callable, Mapping, Sequence
@@ -68,12 +70,12 @@ def axis_sizes(kind: LayerKind, dev: DeviceSlice) -> dict[Axis, int]:
     return {axis: sizes[axis] for axis in AXES if sizes[axis] > 1}
 
 
-def op_config(axis: Axis, op: Op, dev: DeviceSlice, replicated: frozenset[str] = frozenset()) -> OpConfig:
-    """The computation config of forward op `op` over `axis` (module doc). replicated: the modules of a block
-    (attn, mlp: replicable_module) whose ops hold their tensors whole over tp, each tp rank running the whole
-    module (no split)."""
+def op_config(axis: Axis, op: Op, dev: DeviceSlice, whole: frozenset[str] = frozenset()) -> OpConfig:
+    """The computation config of forward op `op` over `axis` (module doc). whole: the names of a block's ops
+    (those of its attention and dense MLP: replicable_module) that hold their tensors whole over tp, each tp rank
+    running the whole op (no split)."""
     if axis == "tp":
-        if replicated and replicable_module(op) in replicated:
+        if whole and op.name in whole and replicable_module(op):
             return UNSPLIT
         t, seq = dev.tp, dev.tp if dev.sp else 1
         if op.name in COLUMN or op.name in FEATURE:
@@ -96,17 +98,23 @@ def replicable_module(op: Op) -> str:
     return "mlp" if "mlp" in parts and "moe" not in parts else ""
 
 
-def replicated_modules(kind: LayerKind, fwd: Sequence[Op], config_of: Callable[[Op], OpConfig]) -> frozenset[str]:
-    """The modules of a block layer (replicable_module) whose every op is unsplit over tp under config_of (the
-    ops' configs over tp): those the tp ranks each run whole. Empty for the embedding and the head."""
+def whole_ops(kind: LayerKind, fwd: Sequence[Op], config_of: Callable[[Op], OpConfig]) -> frozenset[str]:
+    """The names of a block layer's ops of its attention or dense MLP (replicable_module) that are unsplit over
+    tp under config_of (the ops' configs over tp): those the tp ranks each run whole. Empty for the embedding and
+    the head."""
     if kind not in ("block", "moe_block"):
         return frozenset()
-    whole: dict[str, bool] = {}
+    return frozenset(op.name for op in fwd if replicable_module(op) and config_of(op) == UNSPLIT)
+
+
+def whole_modules(fwd: Sequence[Op], whole: frozenset[str]) -> frozenset[str]:
+    """The modules (attn, mlp) of a block whose every op is in `whole` (run whole on each tp rank)."""
+    modules: dict[str, bool] = {}
     for op in fwd:
         module = replicable_module(op)
         if module:
-            whole[module] = whole.get(module, True) and config_of(op) == UNSPLIT
-    return frozenset(module for module, unsplit in whole.items() if unsplit)
+            modules[module] = modules.get(module, True) and op.name in whole
+    return frozenset(module for module, all_whole in modules.items() if all_whole)
 
 
 def handed_on(axis: Axis, dev: DeviceSlice) -> Placement:
@@ -156,10 +164,10 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
         contracting = _contracting(axis, op)
         need = input_placement(config, size, contracting)
         if placement is not None:
-            site = _namer(axis, kind, producer, op)
-            forward += _named(site, axis, reshard(placement, need, full))
+            site, read = _namer(axis, kind, producer, op), _read_bytes(axis, spec, dev, op, full)
+            forward += _named(site, axis, reshard(placement, need, read))
             grad = input_grad_placement(need, config, contracting)
-            backward += _named(site, axis, reshard(grad, output_grad_placement(placement), full))
+            backward += _named(site, axis, reshard(grad, output_grad_placement(placement), read))
         if axis == "cp" and op.kind == "attention":  # keys and values of the whole sequence
             kv = _kv_bytes(spec, dev, heads_parts)
             forward += _named("kv", axis, reshard(Placement(size, seq=size), Placement(size), kv))
@@ -225,6 +233,27 @@ def _tensor_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice) -> float:
     every rank of the group."""
     hidden = float(dev.local_tokens * spec.hidden * BYTES_PER_DTYPE[dev.precision.activation_dtype])
     return hidden * spec.top_k * dev.ep if axis == "ep" else hidden
+
+
+def _read_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, consumer: Op, hidden: float) -> float:
+    """The whole tensor (over tp) that `consumer` reads from the op before it, the buffer a reshard over tp
+    moves: q, k and v for the rope and the attention core, the scores for an unfused softmax, the attention's
+    output for the projection, the ffn features (the routed tokens' in an MoE) for the activation and the second
+    matmul, the logits for the cross-entropy; the hidden state for every other op (hidden: its bytes). Over cp
+    and ep: `hidden` (_tensor_bytes)."""
+    if axis != "tp":
+        return hidden
+    act, d, f = BYTES_PER_DTYPE[dev.precision.activation_dtype], spec.head_dim, spec.ffn_hidden
+    tokens = dev.local_tokens * (spec.top_k if "moe" in consumer.module_path.split(".") else 1)
+    elements = {
+        "rope": tokens * (spec.num_heads + 2 * spec.kv_heads) * d,
+        "attention": tokens * (spec.num_heads + 2 * spec.kv_heads) * d,
+        "softmax": tokens * spec.num_heads * dev.seq_len,
+        "out_proj": tokens * spec.num_heads * d,
+        "gelu": tokens * f, "fc2": tokens * f, "down": tokens * f, "swiglu": tokens * 2 * f,
+        "cross_entropy": tokens * spec.vocab,
+    }.get(consumer.name)
+    return hidden if elements is None else float(elements * act)
 
 
 def _kv_bytes(spec: TransformerSpec, dev: DeviceSlice, heads_parts: int) -> float:

@@ -73,6 +73,10 @@ def _mlp(layer: Layer) -> list[Op]:
     return [op for op in layer.fwd + layer.bwd if ".mlp." in op.module_path]
 
 
+def _op(layer: Layer, name: str) -> Op:
+    return next(op for op in layer.fwd if op.name == name)
+
+
 def _attn(layer: Layer) -> list[Op]:
     return [op for op in layer.fwd + layer.bwd if ".attn." in op.module_path]
 
@@ -200,13 +204,101 @@ def test_megatrons_splits_keep_the_plan_and_its_layers() -> None:
     assert shape_layers(job, tree_plan) is tree_plan
 
 
-def test_a_module_split_on_some_ops_only_is_refused_in_one_line() -> None:
+def test_qkv_split_before_a_whole_attention_core_gathers_q_k_and_v() -> None:
+    """qkv column parallel (out 2: 2 of the 4 heads' q, k, v per rank), the attention core and the projection
+    whole, the MLP Megatron's. Forward: the core reads q, k and v of all heads: an all-gather of qkv's output,
+    64 tokens x 96 x 2 bytes = 12288 bytes gathered; the projection makes whole sums (nothing before the residual
+    add). Backward: each rank computes the core's whole input gradient and keeps its heads' slice (no
+    collective); qkv's input gradient is partial over the 2 ranks: all-reduced (4096 bytes). Per block a rank
+    holds qkv's half with the norms, (32 x 96 + 96 + 128) / 2 = 1648, the projection whole, 32 x 32 + 32 = 1056,
+    and the MLP's half, 4176: 6880 parameters."""
     job, graph = _tiny()
-    partial = [("blocks.*.attn.qkv", "out"), ("blocks.*.attn.out", "reduce")]
-    with pytest.raises(ConfigError, match=r"blocks.0.attn.core split.compute@tp='nothing' is invalid: .* attention "
-                                          r"splits out=2 over tp; give that, or no tp splits; or none on any op of "
-                                          r"blocks.0.attn \(the attention whole on each tp rank\)") as info:
-        _tree(graph, VOCAB + partial).lower(job.parallel)
+    _, whole = _tiny(tp=1)
+    splits = [*VOCAB, ("blocks.*.attn.qkv", "out"), *MEGATRON_MLP]
+    plan = shape_layers(job, _tree(graph, splits).lower(job.parallel))
+    block = _block(plan, 1)
+    qkv_bytes = 64 * 96 * 2
+    assert block.comms == (Comm("attn.ag", "all-gather", "tp", "fwd", qkv_bytes),
+                           Comm("mlp.ar", "all-reduce", "tp", "fwd", HIDDEN_BYTES),
+                           Comm("attn.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES),
+                           Comm("mlp.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES))
+    assert plan_mesh_comms(plan, job.model, job.parallel)[1] == block.comms  # the compiler's, the layer's own
+    ops = {op.name: op for op in block.fwd}
+    assert ops["qkv"] == _op(graph.layers[1], "qkv") and ops["qkv"].flops == 2 * 64 * 48 * 32
+    assert ops["attention"] == _op(whole.layers[1], "attention")
+    assert ops["out_proj"] == _op(whole.layers[1], "out_proj") and ops["out_proj"].flops == 2 * 64 * 32 * 32
+    assert _mlp(block) == _mlp(graph.layers[1])
+    assert block.param_count == (32 * 96 + 96 + 128) / 2 + 32 * 32 + 32 + MLP_PARAMS / 2 == 6880
+    # kept for the backward beyond Megatron's: q, k, v whole (+6144), the core's output whole (+2048), the
+    # core's log-sum-exp of all 4 heads (2 x 4 x 32 x 4 bytes, +512)
+    assert block.saved_bytes["none"] - graph.layers[1].saved_bytes["none"] == 6144 + 2048 + 512
+    pricer = Pricer(Calibration())
+    layout = axis_layout("tp", job.parallel, job.cluster)
+    gather_s = pricer.collective_s("all-gather", qkv_bytes, layout, job)
+    reduce_s = pricer.collective_s("all-reduce", HIDDEN_BYTES, layout, job)
+    assert gather_s > 0.0 and reduce_s > 0.0 and gather_s != reduce_s
+    compiled = compile_job(job, plan, pricer, "op")
+    assert _tp_tasks(compiled, "L1.block") == [("attn.ag all-gather", gather_s), ("mlp.ar all-reduce", reduce_s),
+                                               ("mlp.ar all-reduce", reduce_s), ("attn.ar all-reduce", reduce_s)]
+
+
+def test_the_attention_core_split_before_a_whole_projection_gathers_its_output() -> None:
+    """qkv and the core split by heads, the projection whole: the projection reads the core's output whole, an
+    all-gather of 64 tokens x 32 x 2 bytes = 4096 bytes; backward as above (the core's output gradient is
+    whole on every rank, sliced)."""
+    job, graph = _tiny()
+    splits = [*VOCAB, ("blocks.*.attn.qkv", "out"), ("blocks.*.attn.core", "out"), *MEGATRON_MLP]
+    block = _block(shape_layers(job, _tree(graph, splits).lower(job.parallel)), 1)
+    assert [(c.name, c.collective, c.phase, c.buffer_bytes) for c in block.comms] == [
+        ("attn.ag", "all-gather", "fwd", 64 * 32 * 2), ("mlp.ar", "all-reduce", "fwd", HIDDEN_BYTES),
+        ("attn.ar", "all-reduce", "bwd", HIDDEN_BYTES), ("mlp.ar", "all-reduce", "bwd", HIDDEN_BYTES)]
+    assert _op(block, "attention") == _op(graph.layers[1], "attention")
+
+
+def test_fc1_split_before_a_whole_fc2_gathers_the_ffn_features() -> None:
+    """fc1 column parallel and GELU on its 64 features per rank, fc2 whole; the attention Megatron's. Forward:
+    fc2 reads all 128 ffn features: an all-gather of 64 tokens x 128 x 2 bytes = 16384 bytes gathered, and fc2
+    makes whole sums (nothing before residual2). Backward: fc2's input gradient is whole on every rank, sliced
+    for GELU's; fc1's input gradient is partial: all-reduced (4096 bytes). A rank holds fc1's half,
+    (32 x 128 + 128) / 2 = 2112, and fc2 whole, 128 x 32 + 32 = 4128: 8416 parameters with the attention's half."""
+    job, graph = _tiny()
+    _, whole = _tiny(tp=1)
+    splits = VOCAB + MEGATRON_ATTN + [("blocks.*.mlp.fc1", "out"), ("blocks.*.mlp.act", "out")]
+    plan = shape_layers(job, _tree(graph, splits).lower(job.parallel))
+    block = _block(plan, 1)
+    ffn_bytes = 64 * 128 * 2
+    assert block.comms == (Comm("attn.ar", "all-reduce", "tp", "fwd", HIDDEN_BYTES),
+                           Comm("mlp.ag", "all-gather", "tp", "fwd", ffn_bytes),
+                           Comm("attn.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES),
+                           Comm("mlp.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES))
+    assert _op(block, "fc1") == _op(graph.layers[1], "fc1") and _op(block, "gelu") == _op(graph.layers[1], "gelu")
+    assert _op(block, "fc2") == _op(whole.layers[1], "fc2") and _op(block, "fc2").flops == 2 * 64 * 32 * 128
+    assert _attn(block) == _attn(graph.layers[1])
+    assert block.param_count == ATTN_PARAMS / 2 + (32 * 128 + 128) / 2 + 128 * 32 + 32 == 8416
+    pricer = Pricer(Calibration())
+    gather_s = pricer.collective_s("all-gather", ffn_bytes, axis_layout("tp", job.parallel, job.cluster), job)
+    assert ("mlp.ag all-gather", gather_s) in _tp_tasks(compile_job(job, plan, pricer, "op"), "L2.block")
+
+
+def test_a_whole_fc1_before_a_row_split_fc2_gathers_the_gradient_backward() -> None:
+    """fc1 and GELU whole, fc2 row parallel (reduce 2): forward, fc2 slices its half of the whole features (no
+    collective) and its partial sums are all-reduced; backward, fc2's input gradient holds half the features
+    and GELU's backward reads them all: the conjugate of the slice, an all-gather of 16384 bytes."""
+    job, graph = _tiny()
+    splits = VOCAB + MEGATRON_ATTN + [("blocks.*.mlp.fc2", "reduce")]
+    block = _block(shape_layers(job, _tree(graph, splits).lower(job.parallel)), 1)
+    assert [(c.name, c.collective, c.phase, c.buffer_bytes) for c in block.comms] == [
+        ("attn.ar", "all-reduce", "fwd", HIDDEN_BYTES), ("mlp.ar", "all-reduce", "fwd", HIDDEN_BYTES),
+        ("attn.ar", "all-reduce", "bwd", HIDDEN_BYTES), ("mlp.ag", "all-gather", "bwd", 64 * 128 * 2)]
+
+
+def test_an_op_split_neither_megatrons_way_nor_whole_is_refused_in_one_line() -> None:
+    job, graph = _tiny()
+    splits = [*VOCAB, ("blocks.*.attn.qkv", "reduce"), *MEGATRON_MLP]
+    with pytest.raises(ConfigError, match=r"blocks.0.attn.qkv split.compute@tp='reduce=2' is invalid: ops take "
+                                          r"Megatron's splits over tp=2: qkv splits out=2 over tp; give that, or no "
+                                          r"tp splits; or none \(the qkv whole on each tp rank\)") as info:
+        _tree(graph, splits).lower(job.parallel)
     assert "\n" not in str(info.value)
 
 

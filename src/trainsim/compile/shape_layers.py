@@ -2,9 +2,10 @@
 op takes effect; Sec. V-A: an op's cost follows its partition).
 
 The OpGraph's ops are one device's under Megatron's tensor split. A strategy tree may leave any op of a block's
-attention or MLP unsplit over tp (strategy.megatron.whole_ops): every tp rank then runs that op whole, so the
-layer instance is rebuilt by the catalog builder with that op at tp 1
-(frontends.catalog.transformer.block_layer): it does the whole op's FLOPs, its weight (and with it the gradient,
+attention or MLP, the embedding's lookup, the head's vocabulary projection or its cross-entropy unsplit over tp
+(strategy.megatron.whole_ops): every tp rank then runs that op whole, so the layer instance is rebuilt by the
+catalog builder with that op at tp 1 (frontends.catalog.transformer block_layer, embedding_layer,
+head_layer): it does the whole op's FLOPs, its weight (and with it the gradient,
 optimizer states and the data-parallel gradient volume) is held whole on every tp rank, the activations kept
 for its backward are whole, and the block's collectives are those the resharding between the configs inserts
 (compile.splits.plan_mesh_comms). Instances with the same ops unsplit share one rebuilt layer; a plan whose
@@ -14,7 +15,7 @@ configs are Megatron's everywhere is returned as it is.
 import dataclasses
 
 from trainsim.errors import ConfigError
-from trainsim.frontends.catalog.transformer import block_layer
+from trainsim.frontends.catalog.transformer import block_layer, embedding_layer, head_layer
 from trainsim.ir.graph import Layer
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job
@@ -25,8 +26,8 @@ from trainsim.strategy.placement import OpConfig
 
 
 def shape_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
-    """The plan with every layer instance some of whose attention or MLP ops are unsplit over tp rebuilt for
-    that (module doc); the plan itself where there is none."""
+    """The plan with every layer instance some of whose attention, MLP, lookup or vocabulary ops are unsplit
+    over tp rebuilt for that (module doc); the plan itself where there is none."""
     if job.parallel.tp == 1 or not plan.mesh_splits or not isinstance(job.model, TransformerSpec):
         return plan
     configs: dict[int, dict[str, OpConfig]] = {}  # layer index -> op module path -> its config over tp
@@ -38,7 +39,7 @@ def shape_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
     assignments = list(plan.layers)
     for position, a in enumerate(plan.layers):
         given = configs.get(a.index, {})
-        whole = whole_ops(a.layer.kind, a.layer.fwd, lambda op, g=given: g.get(op.module_path, UNSPLIT))
+        whole = whole_ops(a.layer.fwd, lambda op, g=given: g.get(op.module_path, UNSPLIT))
         if not whole:
             continue
         key = (id(a.layer), whole)
@@ -46,16 +47,34 @@ def shape_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
         if layer is None:
             layer = built[key] = _rebuilt(job.model, dev, a.layer, whole)
         assignments[position] = dataclasses.replace(a, layer=layer)
+    _check_tied(job.model, built)
     return dataclasses.replace(plan, layers=tuple(assignments)) if built else plan
 
 
+def _check_tied(spec: TransformerSpec, built: dict[tuple[int, frozenset[str]], Layer]) -> None:
+    """A model whose head projects with the embedding's table (tied embeddings) holds that table one way: the
+    lookup and the vocabulary projection both split over tp (Megatron's vocab-parallel table) or both whole."""
+    if not spec.tied_embeddings:
+        return
+    whole = {layer.kind: names for (_, names), layer in built.items() if layer.kind in ("embedding", "head")}
+    lookup, logits = "lookup" in whole.get("embedding", ()), "logits" in whole.get("head", ())
+    if lookup != logits:
+        raise ConfigError("split.compute@tp", "nothing", f"{spec.name} ties its embedding table to the head's "
+                          "projection: split embedding.tokens (reduce) and head.proj (out) over tp, or neither")
+
+
 def _rebuilt(spec: TransformerSpec, dev: DeviceSlice, layer: Layer, whole: frozenset[str]) -> Layer:
-    """The block with the ops named in `whole` at tp 1, checked to hold the same ops as the plan's."""
-    rebuilt = block_layer(spec, dev, layer.count, layer.kind == "moe_block", whole)
+    """The layer with the ops named in `whole` at tp 1, checked to hold the same ops as the plan's."""
+    if layer.kind == "embedding":
+        rebuilt = embedding_layer(spec, dev, whole)
+    elif layer.kind == "head":
+        rebuilt = head_layer(spec, dev, whole)
+    else:
+        rebuilt = block_layer(spec, dev, layer.count, layer.kind == "moe_block", whole)
     if [op.name for op in rebuilt.fwd] != [op.name for op in layer.fwd]:
-        raise ConfigError("split.compute@tp", "nothing", f"the catalog block of {spec.name} has other ops than "
-                          f"the plan's {layer.name}; running a block's {', '.join(sorted(whole))} whole on "
-                          "each tp rank needs the catalog front-end's graph")
+        raise ConfigError("split.compute@tp", "nothing", f"the catalog {layer.kind} of {spec.name} has other ops "
+                          f"than the plan's {layer.name}; running its {', '.join(sorted(whole))} whole on each "
+                          "tp rank needs the catalog front-end's graph")
     return rebuilt
 
 

@@ -89,32 +89,24 @@ def op_config(axis: Axis, op: Op, dev: DeviceSlice, whole: frozenset[str] = froz
 
 
 def replicable_module(op: Op) -> str:
-    """The module of a block whose ops may all hold their tensors whole over tp instead of Megatron's split:
-    "attn" (qkv, rope, the attention core, softmax, the projection) or "mlp" (a dense block's MLP; not an MoE's
-    experts or router); "" for any other op (norms, residual adds: Megatron's configs always)."""
+    """The part of the model whose op may hold its tensors whole over tp instead of Megatron's split: "attn" (qkv,
+    rope, the attention core, softmax, the projection), "mlp" (a dense block's MLP; not an MoE's experts or
+    router), "embed" (the token lookup) or "head" (the vocabulary projection and the cross-entropy); "" for any
+    other op (norms, residual adds, positions: Megatron's configs always)."""
     parts = op.module_path.split(".")
     if "attn" in parts:
         return "attn"
-    return "mlp" if "mlp" in parts and "moe" not in parts else ""
+    if "mlp" in parts and "moe" not in parts:
+        return "mlp"
+    if op.kind == "embedding":
+        return "embed"
+    return "head" if op.name in ("logits", "cross_entropy") else ""
 
 
-def whole_ops(kind: LayerKind, fwd: Sequence[Op], config_of: Callable[[Op], OpConfig]) -> frozenset[str]:
-    """The names of a block layer's ops of its attention or dense MLP (replicable_module) that are unsplit over
-    tp under config_of (the ops' configs over tp): those the tp ranks each run whole. Empty for the embedding and
-    the head."""
-    if kind not in ("block", "moe_block"):
-        return frozenset()
+def whole_ops(fwd: Sequence[Op], config_of: Callable[[Op], OpConfig]) -> frozenset[str]:
+    """The names of a layer's replicable ops (replicable_module) that are unsplit over tp under config_of (the
+    ops' configs over tp): those the tp ranks each run whole."""
     return frozenset(op.name for op in fwd if replicable_module(op) and config_of(op) == UNSPLIT)
-
-
-def whole_modules(fwd: Sequence[Op], whole: frozenset[str]) -> frozenset[str]:
-    """The modules (attn, mlp) of a block whose every op is in `whole` (run whole on each tp rank)."""
-    modules: dict[str, bool] = {}
-    for op in fwd:
-        module = replicable_module(op)
-        if module:
-            modules[module] = modules.get(module, True) and op.name in whole
-    return frozenset(module for module, all_whole in modules.items() if all_whole)
 
 
 def handed_on(axis: Axis, dev: DeviceSlice) -> Placement:

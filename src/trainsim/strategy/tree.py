@@ -414,7 +414,7 @@ class StrategyTree:
         """Per layer index, the names of the block's attention and MLP ops the tree leaves unsplit over tp."""
         out: dict[int, frozenset[str]] = {}
         for index, layer in enumerate(layers):
-            whole = whole_ops(layer.kind, layer.fwd,
+            whole = whole_ops(layer.fwd,
                                        lambda op, i=index: given.get((i, op.module_path, "tp"), UNSPLIT))
             if whole:
                 out[index] = whole

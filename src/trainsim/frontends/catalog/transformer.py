@@ -25,13 +25,13 @@ from trainsim.strategy.megatron import Configs, axis_sizes, layer_comms, op_conf
 
 
 def build_transformer(spec: TransformerSpec, dev: DeviceSlice) -> OpGraph:
-    layers: list[Layer] = [_embedding(spec, dev)]
+    layers: list[Layer] = [embedding_layer(spec, dev)]
     dense_count = spec.num_layers - spec.num_moe_layers
     if dense_count:
         layers.append(block_layer(spec, dev, dense_count, moe=False))
     if spec.num_moe_layers:
         layers.append(block_layer(spec, dev, spec.num_moe_layers, moe=True))
-    layers.append(_head(spec, dev))
+    layers.append(head_layer(spec, dev))
     return OpGraph(spec.name, tuple(layers), dev.local_tokens, dev.micro_batch)
 
 
@@ -135,9 +135,7 @@ def block_layer(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool,
         fwd.extend(_mlp_ops(spec, dev, path, dev.local_tokens, 1, t))
     fwd.append(pointwise_op("residual2", "elementwise", f"{path}.residual2", act, rep * h, reads=2.0))
     kind: LayerKind = "moe_block" if moe else "block"
-    configs: Configs | None = {(op.module_path, axis): op_config(axis, op, dev, whole) for op in fwd
-                               for axis in axis_sizes(kind, dev)} if whole else None
-    comms = layer_comms(spec, dev, kind, fwd, configs)
+    comms = layer_comms(spec, dev, kind, fwd, _configs(kind, fwd, dev, whole))
     fwd_ops, bwd_ops = _with_backward(fwd)
     return Layer(name, kind, count, fwd_ops, bwd_ops, comms, _block_local_params(spec, dev, moe, t),
                  sum(_block_params(spec, moe)), _block_saved_bytes(spec, dev, moe, t), rep * h * _act_bytes(dev))
@@ -206,7 +204,15 @@ def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool, t: Ma
     return {"none": base + core, "selective": base, "full": rep * h * a2, "selective_op": op_level}
 
 
-def _embedding(spec: TransformerSpec, dev: DeviceSlice) -> Layer:
+def _configs(kind: LayerKind, fwd: list[Op], dev: DeviceSlice, whole: frozenset[str]) -> Configs | None:
+    """The ops' configs over the model-parallel axes with the ops in `whole` unsplit over tp (None: Megatron's)."""
+    return {(op.module_path, axis): op_config(axis, op, dev, whole) for op in fwd
+            for axis in axis_sizes(kind, dev)} if whole else None
+
+
+def embedding_layer(spec: TransformerSpec, dev: DeviceSlice, whole: frozenset[str] = frozenset()) -> Layer:
+    """The embedding as one device runs it: the lookup vocab-parallel over tp (Megatron's: the table's rows
+    split, partial sums), or the whole table on every tp rank where `whole` names the lookup."""
     act, h, tokens = dev.precision.activation_dtype, spec.hidden, dev.local_tokens
     fwd = [pointwise_op("lookup", "embedding", "embed.tokens", act, tokens * h, reads=1.0)]
     params = spec.vocab * h
@@ -217,16 +223,20 @@ def _embedding(spec: TransformerSpec, dev: DeviceSlice) -> Layer:
         fwd += [pointwise_op("type_add", "elementwise", "embed.token_types", act, tokens * h, reads=2.0),
                 pointwise_op("norm", "norm", "embed.norm", act, tokens * h, flops_per_element=5.0)]
         params += 2 * h + 2 * h
+    comms = layer_comms(spec, dev, "embedding", fwd, _configs("embedding", fwd, dev, whole))
     fwd_ops, bwd_ops = _with_backward(fwd)
     out = _replicated_tokens(dev) * h * _act_bytes(dev)
-    comms = layer_comms(spec, dev, "embedding", fwd)
-    return Layer("embedding", "embedding", 1, fwd_ops, bwd_ops, comms, params / dev.tp, params,
+    t = 1 if "lookup" in whole else dev.tp
+    return Layer("embedding", "embedding", 1, fwd_ops, bwd_ops, comms, params / t, params,
                  dict.fromkeys(("none", "selective", "full", "selective_op"), out), out)
 
 
-def _head(spec: TransformerSpec, dev: DeviceSlice) -> Layer:
-    """Final norm, vocabulary projection (vocab-parallel under TP) and fp32 cross-entropy."""
-    act, h, tokens, v = dev.precision.activation_dtype, spec.hidden, dev.local_tokens, spec.vocab // dev.tp
+def head_layer(spec: TransformerSpec, dev: DeviceSlice, whole: frozenset[str] = frozenset()) -> Layer:
+    """Final norm, vocabulary projection and fp32 cross-entropy: vocab-parallel under TP (Megatron's), the
+    projection (its whole weight) or the cross-entropy (all logits) whole on every tp rank where `whole` names
+    it (logits, cross_entropy)."""
+    act, h, tokens = dev.precision.activation_dtype, spec.hidden, dev.local_tokens
+    t_logits, t_loss = (1 if name in whole else dev.tp for name in ("logits", "cross_entropy"))
     fwd: list[Op] = []
     extra_params = 0
     if spec.arch == "bert":  # the masked-LM transform (dense + GELU + LayerNorm) and the decoder bias
@@ -236,13 +246,14 @@ def _head(spec: TransformerSpec, dev: DeviceSlice) -> Layer:
         extra_params = h * h + h + spec.vocab
     fwd += [pointwise_op("final_norm", "norm", "head.norm", act, _replicated_tokens(dev) * h,
                          flops_per_element=5.0),
-            matmul_op("logits", "head.proj", dev.precision.linear_dtype, tokens, v, h),
-           pointwise_op("cross_entropy", "loss", "head.loss", "fp32", tokens * v, reads=1.0, writes=1.0,
-                        flops_per_element=4.0)]
+            matmul_op("logits", "head.proj", dev.precision.linear_dtype, tokens, spec.vocab // t_logits, h),
+            pointwise_op("cross_entropy", "loss", "head.loss", "fp32", tokens * (spec.vocab // t_loss), reads=1.0,
+                         writes=1.0, flops_per_element=4.0)]
+    comms = layer_comms(spec, dev, "head", fwd, _configs("head", fwd, dev, whole))
     fwd_ops, bwd_ops = _with_backward(fwd)
     norm_params = h * (2 if spec.norm == "layernorm" else 1) + extra_params
     proj_params = 0 if spec.tied_embeddings else spec.vocab * h
-    saved = _replicated_tokens(dev) * h * _act_bytes(dev) + tokens * v * 4.0  # norm input, fp32 softmax
-    comms = layer_comms(spec, dev, "head", fwd)
-    return Layer("head", "head", 1, fwd_ops, bwd_ops, comms, norm_params + proj_params / dev.tp,
+    saved = _replicated_tokens(dev) * h * _act_bytes(dev) + tokens * (spec.vocab // t_loss) * 4.0  # norm input,
+    # the fp32 softmax
+    return Layer("head", "head", 1, fwd_ops, bwd_ops, comms, norm_params + proj_params / t_logits,
                  norm_params + proj_params, dict.fromkeys(("none", "selective", "full", "selective_op"), saved), 0.0)

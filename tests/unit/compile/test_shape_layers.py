@@ -43,8 +43,9 @@ MEGATRON_MLP = [("blocks.*.mlp.fc1", "out"), ("blocks.*.mlp.act", "out"), ("bloc
 VOCAB = [("embedding.tokens", "reduce"), ("head.proj", "out"), ("head.loss", "out")]
 
 
-def _tiny(tp: int = 2, dp: int = 4, **strategy: object) -> tuple[Job, OpGraph]:
-    spec = parse_model(yaml.safe_load(TINY_GPT_MODEL_YAML))
+def _tiny(tp: int = 2, dp: int = 4, tied: bool = True, **strategy: object) -> tuple[Job, OpGraph]:
+    text = TINY_GPT_MODEL_YAML.replace("tied_embeddings: true", f"tied_embeddings: {str(tied).lower()}")
+    spec = parse_model(yaml.safe_load(text))
     assert isinstance(spec, TransformerSpec)
     par = ParallelSpec.parse({"micro_batch": 2, "seq_len": 32, "global_batch": 2 * dp * 2, "tp": tp, "dp": dp,
                               **strategy})
@@ -331,3 +332,99 @@ def test_the_shipped_attention_only_tree_pays_half_the_tp_collectives() -> None:
     assert blocks[0].comms[0].buffer_bytes == 4 * 1024 * hidden * 2
     assert blocks[0].param_count - graph.layers[1].param_count == pytest.approx((2 * hidden * 4 * hidden + 4 * hidden
                                                                                  + hidden) / 2)
+
+
+LOGITS_BYTES = 64 * 256 * 2  # a micro-batch's logits: 64 tokens x vocab 256, bf16
+
+
+def _vocab_tasks(graph: ExecGraph) -> list[str]:
+    return [name for layer in ("L0.embedding", "L3.head") for name, _ in _tp_tasks(graph, layer)]
+
+
+def test_the_embedding_and_the_head_whole_on_each_tp_rank() -> None:
+    """No tp split on the lookup, the vocabulary projection or the cross-entropy (the tied table whole on both
+    ranks; the blocks Megatron's): no collective on the embedding (Megatron's: an all-reduce of the partial
+    lookups, 4096 bytes) nor on the head (Megatron's: the all-reduce of the projection's input gradient and the
+    three fp32 statistics of 64 tokens x 4 bytes). Each rank holds the whole table, 256 x 32 + 32 x 32 = 9216
+    parameters (Megatron's: 4608), and computes all logits: 2 x 64 x 256 x 32 FLOPs, the fp32 softmax of
+    64 x 256 x 4 bytes kept."""
+    job, graph = _tiny()
+    plan = shape_layers(job, _tree(graph, MEGATRON_ATTN + MEGATRON_MLP).lower(job.parallel))
+    embedding, head = _block(plan, 0), _block(plan, 3)
+    assert graph.layers[0].comms == (Comm("embed.ar", "all-reduce", "tp", "fwd", HIDDEN_BYTES),)
+    assert [(c.name, c.buffer_bytes) for c in graph.layers[-1].comms] == [
+        ("logits.ar", HIDDEN_BYTES), ("loss.max", 256.0), ("loss.target", 256.0), ("loss.sum_exp", 256.0)]
+    assert embedding.comms == () and head.comms == ()
+    assert embedding.param_count == 256 * 32 + 32 * 32 == 2 * EMBED_PER_RANK
+    assert head.param_count == HEAD_PARAMS  # tied: the projection's weight is the embedding's table
+    assert _op(head, "logits").flops == 2 * 64 * 256 * 32 and _op(head, "logits").shape == (1, 64, 256, 32)
+    assert head.saved_bytes["none"] == HIDDEN_BYTES + 64 * 256 * 4
+    assert _block(plan, 1) is graph.layers[1]  # the blocks keep Megatron's layer
+    compiled = compile_job(job, plan, Pricer(Calibration()), "op")
+    assert _vocab_tasks(compiled) == []
+    assert _vocab_tasks(compile_job(job, default_plan(graph, job.parallel), Pricer(Calibration()), "op")) == [
+        "embed.ar all-reduce", "loss.max all-reduce", "loss.target all-reduce", "loss.sum_exp all-reduce",
+        "logits.ar all-reduce"]
+    # HFU counts the half of the head each rank repeats: the projection's forward and two gradients, 3 x 2 x 64 x
+    # 128 x 32 FLOPs, and the cross-entropy's other half (the tp=1 head's ops less the tp=2 head's)
+    _, whole = _tiny(tp=1)
+    head_ops = [op for op in whole.layers[-1].fwd + whole.layers[-1].bwd if "head.proj" in op.module_path]
+    split_ops = [op for op in graph.layers[-1].fwd + graph.layers[-1].bwd if "head.proj" in op.module_path]
+    assert sum(op.flops for op in head_ops) - sum(op.flops for op in split_ops) == 3 * 2 * 64 * 128 * 32
+    repeat = sum(op.flops for op in whole.layers[-1].fwd + whole.layers[-1].bwd) - sum(
+        op.flops for op in graph.layers[-1].fwd + graph.layers[-1].bwd)
+    assert repeated_flops(job, _tree(graph, MEGATRON_ATTN + MEGATRON_MLP).lower(job.parallel)) == repeat
+
+
+def test_logits_split_before_a_whole_cross_entropy_gathers_the_logits() -> None:
+    """An untied head: the projection column parallel (128 of the 256 classes per rank), the cross-entropy
+    whole: forward, an all-gather of the logits, 64 x 256 x 2 = 32768 bytes gathered, and no statistics
+    all-reduced; backward, the loss gradient of all classes is sliced to the rank's half, and the projection's
+    input gradient, partial over the ranks, all-reduced (4096 bytes). The rank holds half the projection:
+    64 + 256 x 32 / 2 = 4160 parameters."""
+    job, graph = _tiny(tied=False)
+    splits = [("embedding.tokens", "reduce"), ("head.proj", "out"), *MEGATRON_ATTN, *MEGATRON_MLP]
+    plan = shape_layers(job, _tree(graph, splits).lower(job.parallel))
+    head = _block(plan, 3)
+    assert head.comms == (Comm("logits.ag", "all-gather", "tp", "fwd", LOGITS_BYTES),
+                          Comm("logits.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES))
+    assert head.param_count == HEAD_PARAMS + 256 * 32 / 2 == graph.layers[-1].param_count == 4160
+    assert _op(head, "logits") == _op(graph.layers[-1], "logits")
+    assert _op(head, "cross_entropy").flops == 2 * _op(graph.layers[-1], "cross_entropy").flops
+    assert _block(plan, 0) is graph.layers[0]
+    pricer = Pricer(Calibration())
+    gather_s = pricer.collective_s("all-gather", LOGITS_BYTES, axis_layout("tp", job.parallel, job.cluster), job)
+    assert ("logits.ag all-gather", gather_s) in _tp_tasks(compile_job(job, plan, pricer, "op"), "L3.head")
+
+
+def test_an_untied_embedding_whole_beside_a_vocab_parallel_head() -> None:
+    """The untied lookup whole: no all-reduce of partial lookups, the whole table (9216 parameters); the head
+    keeps Megatron's collectives."""
+    job, graph = _tiny(tied=False)
+    splits = [("head.proj", "out"), ("head.loss", "out"), *MEGATRON_ATTN, *MEGATRON_MLP]
+    plan = shape_layers(job, _tree(graph, splits).lower(job.parallel))
+    assert _block(plan, 0).comms == () and _block(plan, 0).param_count == 9216
+    assert _block(plan, 3) is graph.layers[-1]
+
+
+def test_a_tied_table_split_one_way_and_whole_the_other_is_refused() -> None:
+    job, graph = _tiny()
+    splits = [("embedding.tokens", "reduce"), *MEGATRON_ATTN, *MEGATRON_MLP]
+    with pytest.raises(ConfigError, match=r"tiny-gpt ties its embedding table to the head's projection: split "
+                                          r"embedding.tokens \(reduce\) and head.proj \(out\) over tp, or neither"):
+        shape_layers(job, _tree(graph, splits).lower(job.parallel))
+
+
+def test_the_embedding_and_the_head_whole_under_sequence_parallelism() -> None:
+    """With sp the blocks read the hidden state split by sequence. The lookup whole: its whole output is sliced
+    for the positions' sequence split (Megatron's: a reduce-scatter of partial lookups); backward, the sequence
+    shares of its output gradient are all-gathered for the whole table's gradient (4096 bytes). The head whole:
+    the final norm's sequence shares all-gathered before the projection, as Megatron's; backward, its whole
+    input gradient sliced (Megatron's: a reduce-scatter of partial sums)."""
+    job, graph = _tiny(tied=False, sp=True)
+    seq = [("embedding.positions", "seq"), ("blocks.*.norm?", "seq"), ("blocks.*.residual?", "seq"),
+           ("head.norm", "seq")]
+    plan = shape_layers(job, _tree(graph, seq + MEGATRON_ATTN + MEGATRON_MLP).lower(job.parallel))
+    assert _block(plan, 0).comms == (Comm("embed.ag", "all-gather", "tp", "bwd", HIDDEN_BYTES),)
+    assert _block(plan, 3).comms == (Comm("logits.ag", "all-gather", "tp", "fwd", HIDDEN_BYTES),)
+    assert [c.name for c in graph.layers[0].comms] == ["embed.rs", "embed.ag"]

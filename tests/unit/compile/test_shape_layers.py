@@ -428,3 +428,27 @@ def test_the_embedding_and_the_head_whole_under_sequence_parallelism() -> None:
     assert _block(plan, 0).comms == (Comm("embed.ag", "all-gather", "tp", "bwd", HIDDEN_BYTES),)
     assert _block(plan, 3).comms == (Comm("logits.ag", "all-gather", "tp", "fwd", HIDDEN_BYTES),)
     assert [c.name for c in graph.layers[0].comms] == ["embed.rs", "embed.ag"]
+
+
+def _shipped(name: str) -> tuple[OpGraph, LoweredPlan]:
+    spec = load_model("gpt3-125m")
+    par = ParallelSpec.parse({"micro_batch": 4, "seq_len": 1024, "global_batch": 64, "tp": 2})
+    job = make_job(spec, a100_cluster(8), par)
+    graph = build_transformer(spec, DeviceSlice.of(job.parallel))  # type: ignore[arg-type]
+    plan = load_tree_yaml(ROOT / "data" / "strategies" / "megatron" / name, graph).lower(job.parallel)
+    return graph, shape_layers(job, plan)
+
+
+def test_the_shipped_qkv_gather_and_vocab_whole_trees() -> None:
+    """gpt-tp2-qkv-gather.yaml on GPT-3 125M (4 x 1024 tokens, hidden 768, 12 heads): per block an all-gather of
+    q, k and v, 4096 x 3 x 768 x 2 bytes, in place of the projection's all-reduce; gpt-tp2-vocab-whole.yaml: the
+    blocks Megatron's (the graph's layer), no tp collective on the embedding or the head."""
+    graph, qkv = _shipped("gpt-tp2-qkv-gather.yaml")
+    block = qkv.layers[1].layer
+    assert [(c.name, c.collective, c.phase) for c in block.comms] == [
+        ("attn.ag", "all-gather", "fwd"), ("mlp.ar", "all-reduce", "fwd"), ("attn.ar", "all-reduce", "bwd"),
+        ("mlp.ar", "all-reduce", "bwd")]
+    assert block.comms[0].buffer_bytes == 4096 * 3 * 768 * 2
+    graph, vocab = _shipped("gpt-tp2-vocab-whole.yaml")
+    assert vocab.layers[0].layer.comms == () and vocab.layers[-1].layer.comms == ()
+    assert all(a.layer is graph.layers[1] for a in vocab.layers[1:-1])

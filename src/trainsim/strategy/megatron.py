@@ -15,11 +15,13 @@ split-tree form of Megatron's patterns (Shoeybi et al. 2019, Sec. 3; Korthikanti
   (a device holds the tokens routed to its experts; a Placement carries it in its feature slot, and an expert's
   output is whole, not a partial sum), every other op the batch.
 
-A strategy tree may leave any op of a block's attention or its (dense) MLP unsplit over tp (whole_ops): each tp
-rank then runs that op whole (op_config's `whole`), the catalog builder shapes it at tp 1
-(frontends.catalog.transformer.block_layer, compile.shape_layers), and the resharding below inserts what the
-layout changes need: a whole attention beside a split MLP pays only the MLP's all-reduce pair; qkv split by heads
-before a whole attention core all-gathers q, k and v; fc1 split before a whole fc2 all-gathers the ffn features.
+A strategy tree may leave any op of a block's attention or its (dense) MLP, the embedding's lookup, the head's
+vocabulary projection or its cross-entropy unsplit over tp (whole_ops): each tp rank then runs that op whole
+(op_config's `whole`), the catalog builders shape it at tp 1 (frontends.catalog.transformer block_layer,
+embedding_layer, head_layer; compile.shape_layers), and the resharding below inserts what the layout changes
+need: a whole attention beside a split MLP pays only the MLP's all-reduce pair; qkv split by heads before a whole
+attention core all-gathers q, k and v; fc1 split before a whole fc2 all-gathers the ffn features; a whole head
+pays no vocab-parallel statistics.
 
 layer_comms walks a layer's ops in order per axis, as compile.splits walks a tree's computation configs: where
 what an op reads differs from how its producer left it, strategy.reshard's pattern matching gives the collective
@@ -71,9 +73,9 @@ def axis_sizes(kind: LayerKind, dev: DeviceSlice) -> dict[Axis, int]:
 
 
 def op_config(axis: Axis, op: Op, dev: DeviceSlice, whole: frozenset[str] = frozenset()) -> OpConfig:
-    """The computation config of forward op `op` over `axis` (module doc). whole: the names of a block's ops
-    (those of its attention and dense MLP: replicable_module) that hold their tensors whole over tp, each tp rank
-    running the whole op (no split)."""
+    """The computation config of forward op `op` over `axis` (module doc). whole: the names of a layer's ops
+    (replicable_module: of a block's attention and dense MLP, the lookup, the logits and the cross-entropy) that
+    hold their tensors whole over tp, each tp rank running the whole op (no split)."""
     if axis == "tp":
         if whole and op.name in whole and replicable_module(op):
             return UNSPLIT

@@ -14,8 +14,9 @@ lower() turns the tree into the LoweredPlan of compile.plan (stage, chunk and re
 schedule). The splits the plain strategy implies (from_parallel: tp, sp, cp, ep, dp, ZeRO) are what the
 DeviceSlice the graph was built with applied already; their computation configs over tp, cp and ep (Megatron's,
 strategy.megatron) go into the plan as MeshSplits, from which the compiler derives the feature collectives. A tree
-may leave any op of a block's attention or MLP unsplit over tp: the compiler then rebuilds that block with the
-op whole on each tp rank and reshards between the ops' configs (compile.shape_layers).
+may leave any op of a block's attention or MLP, the embedding's lookup or the head's projection or cross-entropy
+unsplit over tp: the compiler then rebuilds that layer with the op whole on each tp rank and reshards between the
+ops' configs (compile.shape_layers).
 Computation configs over dp (item "compute": batch, seq, out, reduce) go into the plan as OpSplits, which
 compile.splits applies with the resharding they need.
 """
@@ -364,9 +365,10 @@ class StrategyTree:
     def _mesh_splits(self, par: ParallelSpec, stage_meshes: bool = False) -> tuple[MeshSplit, ...]:
         """The computation configs over tp, cp and ep of every op: Megatron's (lowered.megatron_splits) where
         the tree sets none over an axis. An axis the tree splits must be split as Megatron does on every op,
-        except that any op of a block's attention or MLP may be left unsplit over tp (the tp ranks each run that
-        op whole: strategy.megatron.whole_ops; the compiler shapes the ops from these configs and reshards
-        between them, compile.shape_layers): ConfigError naming the first op that differs."""
+        except that any op of a block's attention or MLP, the lookup, the logits or the cross-entropy may be
+        left unsplit over tp (the tp ranks each run that op whole: strategy.megatron.whole_ops; the compiler
+        shapes the ops from these configs and reshards between them, compile.shape_layers): ConfigError naming
+        the first op that differs."""
         layers = expand_layers(self.graph)
         given_axes = {key.partition("@")[2] for row in self.explicit.values() for key in row if "@" in key}
         if not given_axes:
@@ -411,7 +413,8 @@ class StrategyTree:
 
     def _replicated(self, layers: list[Layer], given: Mapping[tuple[int, str, Axis], OpConfig]) -> dict[
             int, frozenset[str]]:
-        """Per layer index, the names of the block's attention and MLP ops the tree leaves unsplit over tp."""
+        """Per layer index, the names of the replicable ops (strategy.megatron.replicable_module) the tree leaves
+        unsplit over tp."""
         out: dict[int, frozenset[str]] = {}
         for index, layer in enumerate(layers):
             whole = whole_ops(layer.fwd,

@@ -15,9 +15,11 @@ split-tree form of Megatron's patterns (Shoeybi et al. 2019, Sec. 3; Korthikanti
   (a device holds the tokens routed to its experts; a Placement carries it in its feature slot, and an expert's
   output is whole, not a partial sum), every other op the batch.
 
-A strategy tree may leave any op of a block's attention or its (dense) MLP, the embedding's lookup, the head's
-vocabulary projection or its cross-entropy unsplit over tp (whole_ops): each tp rank then runs that op whole
-(op_config's `whole`), the catalog builders shape it at tp 1 (frontends.catalog.transformer block_layer,
+A strategy tree may split any op of a block's attention or its (dense) MLP, the embedding's lookup, the head's
+vocabulary projection or its cross-entropy Megatron's way over fewer ranks d dividing tp, or leave it unsplit
+(d = 1; op_degrees): each group of d consecutive tp ranks then runs that op split d ways, each rank 1/d of it
+(op_config's `degrees`; a collective over such a split spans the d ranks, ir.graph.Comm.ranks), the catalog
+builders shape it at degree d (frontends.catalog.transformer block_layer,
 embedding_layer, head_layer; compile.shape_layers), and the resharding below inserts what the layout changes
 need: a whole attention beside a split MLP pays only the MLP's all-reduce pair; qkv split by heads before a whole
 attention core all-gathers q, k and v; fc1 split before a whole fc2 all-gathers the ffn features; a whole head
@@ -64,6 +66,7 @@ _STATISTICS = ("max", "target", "sum_exp")  # the vocab-parallel cross-entropy's
 _Found = tuple[str, ReshardStep]  # (collective's name, step)
 Configs = Mapping[tuple[str, Axis], OpConfig]  # (op module path, axis) -> the op's config (a tree's)
 UNSPLIT = OpConfig(1, 1, 1, 1)
+Degrees = frozenset[tuple[str, int]]  # (op name, its tp degree) where it is not the job's tp (op_degrees)
 
 
 def axis_sizes(kind: LayerKind, dev: DeviceSlice) -> dict[Axis, int]:
@@ -72,14 +75,13 @@ def axis_sizes(kind: LayerKind, dev: DeviceSlice) -> dict[Axis, int]:
     return {axis: sizes[axis] for axis in AXES if sizes[axis] > 1}
 
 
-def op_config(axis: Axis, op: Op, dev: DeviceSlice, whole: frozenset[str] = frozenset()) -> OpConfig:
-    """The computation config of forward op `op` over `axis` (module doc). whole: the names of a layer's ops
-    (replicable_module: of a block's attention and dense MLP, the lookup, the logits and the cross-entropy) that
-    hold their tensors whole over tp, each tp rank running the whole op (no split)."""
+def op_config(axis: Axis, op: Op, dev: DeviceSlice, degrees: Degrees = frozenset()) -> OpConfig:
+    """The computation config of forward op `op` over `axis` (module doc). degrees: (op name, tp degree) of the
+    replicable ops (replicable_module) split over fewer ranks than tp, Megatron's way (1: whole on each tp rank,
+    no split)."""
     if axis == "tp":
-        if whole and op.name in whole and replicable_module(op):
-            return UNSPLIT
-        t, seq = dev.tp, dev.tp if dev.sp else 1
+        t = dict(degrees).get(op.name, dev.tp) if degrees and replicable_module(op) else dev.tp
+        seq = dev.tp if dev.sp else 1
         if op.name in COLUMN or op.name in FEATURE:
             return OpConfig(1, 1, t, 1)
         if op.name in ROW or op.kind == "embedding":
@@ -105,10 +107,20 @@ def replicable_module(op: Op) -> str:
     return "head" if op.name in ("logits", "cross_entropy") else ""
 
 
-def whole_ops(fwd: Sequence[Op], config_of: Callable[[Op], OpConfig]) -> frozenset[str]:
-    """The names of a layer's replicable ops (replicable_module) that are unsplit over tp under config_of (the
-    ops' configs over tp): those the tp ranks each run whole."""
-    return frozenset(op.name for op in fwd if replicable_module(op) and config_of(op) == UNSPLIT)
+def op_degrees(fwd: Sequence[Op], dev: DeviceSlice, config_of: Callable[[Op], OpConfig]) -> Degrees:
+    """(op name, tp degree) of a layer's replicable ops (replicable_module) whose config over tp under config_of
+    is Megatron's split over fewer ranks d dividing tp (d = 1: unsplit, the op whole on each tp rank); an op with
+    any other config is left out (it must take Megatron's)."""
+    out: list[tuple[str, int]] = []
+    for op in fwd:
+        if not replicable_module(op):
+            continue
+        config = config_of(op)
+        degree = next((d for d in range(1, dev.tp) if dev.tp % d == 0
+                       and config == op_config("tp", op, dev, frozenset({(op.name, d)}))), 0)
+        if degree:
+            out.append((op.name, degree))
+    return frozenset(out)
 
 
 def handed_on(axis: Axis, dev: DeviceSlice) -> Placement:
@@ -136,8 +148,10 @@ def layer_comms(spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: S
         forward, backward = _walk(axis, size, spec, dev, kind, fwd, config_of, _heads_parts(fwd, dev, configs))
         sites = {_site(op): i for i, op in reversed(list(enumerate(fwd)))}
         backward.sort(key=lambda found: sites.get(found[0].split(".")[0], len(sites)))
-        comms += [Comm(name, step.collective, axis, "fwd", step.buffer_bytes) for name, step in forward]
-        comms += [Comm(name, step.collective, axis, "bwd", step.buffer_bytes) for name, step in backward]
+        comms += [Comm(name, step.collective, axis, "fwd", step.buffer_bytes, _sub(step, size))
+                  for name, step in forward]
+        comms += [Comm(name, step.collective, axis, "bwd", step.buffer_bytes, _sub(step, size))
+                  for name, step in backward]
         if axis == "tp":
             comms += _loss_statistics(fwd, dev, config_of)
     return tuple(comms)
@@ -179,9 +193,15 @@ def _loss_statistics(fwd: Sequence[Op], dev: DeviceSlice, config_of: Callable[[O
     loss = next((op for op in fwd if op.name == "cross_entropy"), None)
     if loss is None or config_of(loss).out == 1:
         return []
-    steps = reshard(Placement(dev.tp, partial=dev.tp), Placement(dev.tp), dev.local_tokens * 4.0)  # fp32
-    return [Comm(f"loss.{name}", step.collective, "tp", "fwd", step.buffer_bytes)
+    parts = config_of(loss).out
+    steps = reshard(Placement(dev.tp, partial=parts), Placement(dev.tp), dev.local_tokens * 4.0)  # fp32
+    return [Comm(f"loss.{name}", step.collective, "tp", "fwd", step.buffer_bytes, _sub(step, dev.tp))
             for name in _STATISTICS for step in steps]
+
+
+def _sub(step: ReshardStep, size: int) -> int:
+    """The sub-group a collective spans (ir.graph.Comm.ranks): its ranks where fewer than the axis' `size`."""
+    return step.ranks if step.collective != "send-recv" and step.ranks < size else 0
 
 
 def _namer(axis: Axis, kind: LayerKind, producer: Op | None, consumer: Op | None) -> str:

@@ -47,10 +47,11 @@ from trainsim.strategy.lowered import (
 from trainsim.strategy.megatron import (
     UNSPLIT,
     Axis,
+    Degrees,
     axis_sizes,
     op_config,
+    op_degrees,
     replicable_module,
-    whole_ops,
 )
 from trainsim.strategy.parallel import RECOMPUTES, ParallelSpec, Recompute, Schedule
 from trainsim.strategy.placement import OpConfig
@@ -366,9 +367,9 @@ class StrategyTree:
         """The computation configs over tp, cp and ep of every op: Megatron's (lowered.megatron_splits) where
         the tree sets none over an axis. An axis the tree splits must be split as Megatron does on every op,
         except that any op of a block's attention or MLP, the lookup, the logits or the cross-entropy may be
-        left unsplit over tp (the tp ranks each run that op whole: strategy.megatron.whole_ops; the compiler
-        shapes the ops from these configs and reshards between them, compile.shape_layers): ConfigError naming
-        the first op that differs."""
+        split that way over fewer ranks d dividing tp, or left unsplit (d = 1: strategy.megatron.op_degrees;
+        the compiler shapes the ops from these configs and reshards between them, compile.shape_layers):
+        ConfigError naming the first op that differs."""
         layers = expand_layers(self.graph)
         given_axes = {key.partition("@")[2] for row in self.explicit.values() for key in row if "@" in key}
         if not given_axes:
@@ -397,7 +398,7 @@ class StrategyTree:
                         int(row[key].value) if (key := f"split.compute.{dim}@{axis}") in row else 1
                         for dim in COMPUTE_DIMS))
             op_nodes.append((path, node, sizes))
-        replicated = self._replicated(layers, given) if "tp" in given_axes and par.tp > 1 else {}
+        replicated = self._replicated(layers, dev, given) if "tp" in given_axes and par.tp > 1 else {}
         out: list[MeshSplit] = []
         for path, node, sizes in op_nodes:
             whole = replicated.get(node.layer_index, frozenset())
@@ -411,14 +412,14 @@ class StrategyTree:
                     out.append(MeshSplit(node.layer_index, op.module_path, axis, expected))
         return tuple(dict.fromkeys(out))
 
-    def _replicated(self, layers: list[Layer], given: Mapping[tuple[int, str, Axis], OpConfig]) -> dict[
-            int, frozenset[str]]:
-        """Per layer index, the names of the replicable ops (strategy.megatron.replicable_module) the tree leaves
-        unsplit over tp."""
-        out: dict[int, frozenset[str]] = {}
+    def _replicated(self, layers: list[Layer], dev: DeviceSlice,
+                    given: Mapping[tuple[int, str, Axis], OpConfig]) -> dict[int, Degrees]:
+        """Per layer index, the replicable ops (strategy.megatron.replicable_module) the tree splits over fewer
+        tp ranks than tp (1: unsplit), with their degrees."""
+        out: dict[int, Degrees] = {}
         for index, layer in enumerate(layers):
-            whole = whole_ops(layer.fwd,
-                                       lambda op, i=index: given.get((i, op.module_path, "tp"), UNSPLIT))
+            whole = op_degrees(layer.fwd, dev,
+                               lambda op, i=index: given.get((i, op.module_path, "tp"), UNSPLIT))
             if whole:
                 out[index] = whole
         return out
@@ -815,7 +816,8 @@ def _mismatch(op: Op, axis: str, size: int, dev: DeviceSlice, given: OpConfig, e
     hint = "; a sequence split over tp is sequence parallelism (--sp)" if (
         axis == "tp" and not dev.sp and given.seq > 1) else ""
     if axis == "tp" and replicable_module(op):
-        hint += f"; or none (the {op.name} whole on each tp rank)"
+        fewer = f"that split over fewer ranks dividing {size}, or " if size > 2 else ""
+        hint += f"; or {fewer}none (the {op.name} whole on each tp rank)"
     return (f"ops take Megatron's splits over {mesh}: {op.name} splits {_config_text(expected)} over {axis}; "
             f"give that, or no {axis} splits{hint}")
 

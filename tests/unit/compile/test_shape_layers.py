@@ -411,7 +411,8 @@ def test_a_tied_table_split_one_way_and_whole_the_other_is_refused() -> None:
     job, graph = _tiny()
     splits = [("embedding.tokens", "reduce"), *MEGATRON_ATTN, *MEGATRON_MLP]
     with pytest.raises(ConfigError, match=r"tiny-gpt ties its embedding table to the head's projection: split "
-                                          r"embedding.tokens \(reduce\) and head.proj \(out\) over tp, or neither"):
+                                          r"embedding.tokens \(reduce\) and head.proj \(out\) over tp alike, or "
+                                          r"neither"):
         shape_layers(job, _tree(graph, splits).lower(job.parallel))
 
 
@@ -452,3 +453,72 @@ def test_the_shipped_qkv_gather_and_vocab_whole_trees() -> None:
     graph, vocab = _shipped("gpt-tp2-vocab-whole.yaml")
     assert vocab.layers[0].layer.comms == () and vocab.layers[-1].layer.comms == ()
     assert all(a.layer is graph.layers[1] for a in vocab.layers[1:-1])
+
+
+def _tree4(graph: OpGraph, splits: list[tuple[str, str, int]]) -> StrategyTree:
+    tree = StrategyTree.from_graph(graph)
+    for path, dim, parts in splits:
+        tree = tree.split(path, "compute", dim, parts, axis="tp")
+    return tree
+
+
+VOCAB4 = [("embedding.tokens", "reduce", 4), ("head.proj", "out", 4), ("head.loss", "out", 4)]
+ATTN4 = [("blocks.*.attn.qkv", "out", 4), ("blocks.*.attn.core", "out", 4), ("blocks.*.attn.out", "reduce", 4)]
+MLP2 = [("blocks.*.mlp.fc1", "out", 2), ("blocks.*.mlp.act", "out", 2), ("blocks.*.mlp.fc2", "reduce", 2)]
+
+
+def test_an_mlp_split_over_2_of_4_tp_ranks_all_reduces_over_2() -> None:
+    """tp 4 x dp 2: the attention split 4 ways (Megatron's), the MLP 2 ways, Megatron's pattern over each pair of
+    consecutive tp ranks (ranks 0-1 and 2-3 each hold one copy of the MLP, split in two). fc2's partial sums are
+    all-reduced over the 2 ranks of a pair (4096 bytes), and so is fc1's input gradient; the attention's pair
+    spans the 4. A rank runs fc1 on 64 of the 128 ffn features (2 x 64 x 64 x 32 FLOPs) and holds 4352 / 4 +
+    8352 / 2 = 5264 parameters per block (Megatron's tp 4: 3176). Compiled at op level, the MLP's collectives
+    take the Pricer's all-reduce time over 2 ranks, the attention's over 4."""
+    job, graph = _tiny(tp=4, dp=2)
+    plan = shape_layers(job, _tree4(graph, VOCAB4 + ATTN4 + MLP2).lower(job.parallel))
+    block = _block(plan, 1)
+    assert block.comms == (Comm("attn.ar", "all-reduce", "tp", "fwd", HIDDEN_BYTES),
+                           Comm("mlp.ar", "all-reduce", "tp", "fwd", HIDDEN_BYTES, ranks=2),
+                           Comm("attn.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES),
+                           Comm("mlp.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES, ranks=2))
+    assert _op(block, "fc1").flops == 2 * 64 * 64 * 32 and _attn(block) == _attn(graph.layers[1])
+    assert block.param_count == ATTN_PARAMS / 4 + MLP_PARAMS / 2 == 5264
+    assert graph.layers[1].param_count == 3176
+    pricer = Pricer(Calibration())
+    pair_s = pricer.collective_s("all-reduce", HIDDEN_BYTES, job.cluster.group_layout(2, 1), job)
+    four_s = pricer.collective_s("all-reduce", HIDDEN_BYTES, axis_layout("tp", job.parallel, job.cluster), job)
+    assert pair_s != four_s
+    assert _tp_tasks(compile_job(job, plan, pricer, "op"), "L1.block") == [
+        ("attn.ar all-reduce", four_s), ("mlp.ar all-reduce", pair_s), ("mlp.ar all-reduce", pair_s),
+        ("attn.ar all-reduce", four_s)]
+
+
+def test_heads_split_4_ways_then_2_gather_over_pairs() -> None:
+    """qkv split 4 ways (1 head per rank), the core and the projection 2 ways (2 heads per rank): the core reads
+    its pair's heads: an all-gather over 2 ranks of 12288 / 2 = 6144 bytes gathered; the projection's partial
+    sums are all-reduced over the pair; backward, the core's input gradient (2 heads) is sliced to qkv's one
+    head, and qkv's input gradient all-reduced over all 4 ranks."""
+    job, graph = _tiny(tp=4, dp=2)
+    attn = [("blocks.*.attn.qkv", "out", 4), ("blocks.*.attn.core", "out", 2), ("blocks.*.attn.out", "reduce", 2)]
+    block = _block(shape_layers(job, _tree4(graph, VOCAB4 + attn + MLP2).lower(job.parallel)), 1)
+    assert [(c.name, c.collective, c.phase, c.buffer_bytes, c.ranks) for c in block.comms] == [
+        ("attn.ag", "all-gather", "fwd", 6144.0, 2), ("attn.ar", "all-reduce", "fwd", HIDDEN_BYTES, 2),
+        ("mlp.ar", "all-reduce", "fwd", HIDDEN_BYTES, 2), ("attn.ar", "all-reduce", "bwd", HIDDEN_BYTES, 0),
+        ("mlp.ar", "all-reduce", "bwd", HIDDEN_BYTES, 2)]
+
+
+def test_a_vocabulary_split_over_2_of_4_tp_ranks() -> None:
+    """The tied table and the logits split over pairs of tp ranks: the lookups' partial sums, the projection's
+    input gradient and the three cross-entropy statistics all-reduced over 2 ranks; half the table per rank,
+    9216 / 2 = 4608 parameters. A split 3 ways of 4 is refused."""
+    job, graph = _tiny(tp=4, dp=2)
+    vocab = [("embedding.tokens", "reduce", 2), ("head.proj", "out", 2), ("head.loss", "out", 2)]
+    plan = shape_layers(job, _tree4(graph, vocab + ATTN4 + MLP2).lower(job.parallel))
+    assert _block(plan, 0).comms == (Comm("embed.ar", "all-reduce", "tp", "fwd", HIDDEN_BYTES, ranks=2),)
+    assert _block(plan, 0).param_count == 4608
+    assert {(c.name, c.ranks) for c in _block(plan, 3).comms} == {
+        ("logits.ar", 2), ("loss.max", 2), ("loss.target", 2), ("loss.sum_exp", 2)}
+    with pytest.raises(ConfigError, match=r"blocks.0.mlp.fc1 split.compute@tp='out=3' is invalid: .* fc1 splits "
+                                          r"out=4 over tp; give that, or no tp splits; or that split over fewer "
+                                          r"ranks dividing 4, or none \(the fc1 whole on each tp rank\)"):
+        _tree4(graph, [*VOCAB4, *ATTN4, ("blocks.*.mlp.fc1", "out", 3)]).lower(job.parallel)

@@ -3,9 +3,10 @@
 The feature collectives of TP, SP, CP and EP are not written here: strategy.megatron derives them from the
 splits those axes make of each layer's ops (the resharding between ops' computation configs).
 
-Each op of a block's attention and MLP is shaped by its own tensor-parallel degree: the job's tp (Megatron's
-split), or 1 where a strategy tree holds the op whole on every tp rank (block_layer's `whole`: the tp ranks each
-run the whole op and hold its whole weight; strategy.megatron.whole_ops)."""
+Each op of a block's attention and MLP, the lookup, the logits and the cross-entropy is shaped by its own
+tensor-parallel degree: the job's tp (Megatron's split), or the degree d dividing tp a strategy tree gives it
+(the builders' `degrees`: each rank runs 1/d of the op and holds 1/d of its weight; d = 1: the whole op on every
+tp rank; strategy.megatron.op_degrees)."""
 
 from collections.abc import Mapping
 
@@ -21,7 +22,7 @@ from trainsim.ir.flops import (
 from trainsim.ir.graph import Layer, LayerKind, Op, OpGraph
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.strategy.device_slice import DeviceSlice
-from trainsim.strategy.megatron import Configs, axis_sizes, layer_comms, op_config
+from trainsim.strategy.megatron import Configs, Degrees, axis_sizes, layer_comms, op_config
 
 
 def build_transformer(spec: TransformerSpec, dev: DeviceSlice) -> OpGraph:
@@ -116,16 +117,17 @@ _MLP_OPS = ("fc1", "gelu", "fc2", "gate_up", "swiglu", "down")
 
 
 def block_layer(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool,
-                whole: frozenset[str] = frozenset()) -> Layer:
+                degrees: Degrees = frozenset()) -> Layer:
     """`count` dense (or MoE) blocks as one device runs them: attention and MLP split over the slice's tp
-    (Megatron's), except the ops named in `whole` (of the attention or a dense MLP:
-    strategy.megatron.replicable_module), which every tp rank runs whole (the tp=1 op and its weight), the
-    block's collectives derived from those configs."""
+    (Megatron's), except the ops in `degrees` (of the attention or a dense MLP:
+    strategy.megatron.replicable_module), split over their own degree d (1: every tp rank runs the whole op and
+    holds its weight), the block's collectives derived from those configs."""
     name = "moe_block" if moe else "block"
     path = f"blocks.{name}"
     act, h = dev.precision.activation_dtype, spec.hidden
     rep = _replicated_tokens(dev)
-    t = {op: 1 if op in whole and not (moe and op in _MLP_OPS) else dev.tp for op in _ATTN_OPS + _MLP_OPS}
+    given = dict(degrees)
+    t = {op: dev.tp if moe and op in _MLP_OPS else given.get(op, dev.tp) for op in _ATTN_OPS + _MLP_OPS}
     fwd = _attention_ops(spec, dev, path, t)
     fwd.append(pointwise_op("norm2", "norm", f"{path}.norm2", act, rep * h, flops_per_element=5.0))
     if moe:
@@ -135,7 +137,7 @@ def block_layer(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool,
         fwd.extend(_mlp_ops(spec, dev, path, dev.local_tokens, 1, t))
     fwd.append(pointwise_op("residual2", "elementwise", f"{path}.residual2", act, rep * h, reads=2.0))
     kind: LayerKind = "moe_block" if moe else "block"
-    comms = layer_comms(spec, dev, kind, fwd, _configs(kind, fwd, dev, whole))
+    comms = layer_comms(spec, dev, kind, fwd, _configs(kind, fwd, dev, degrees))
     fwd_ops, bwd_ops = _with_backward(fwd)
     return Layer(name, kind, count, fwd_ops, bwd_ops, comms, _block_local_params(spec, dev, moe, t),
                  sum(_block_params(spec, moe)), _block_saved_bytes(spec, dev, moe, t), rep * h * _act_bytes(dev))
@@ -204,15 +206,16 @@ def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool, t: Ma
     return {"none": base + core, "selective": base, "full": rep * h * a2, "selective_op": op_level}
 
 
-def _configs(kind: LayerKind, fwd: list[Op], dev: DeviceSlice, whole: frozenset[str]) -> Configs | None:
-    """The ops' configs over the model-parallel axes with the ops in `whole` unsplit over tp (None: Megatron's)."""
-    return {(op.module_path, axis): op_config(axis, op, dev, whole) for op in fwd
-            for axis in axis_sizes(kind, dev)} if whole else None
+def _configs(kind: LayerKind, fwd: list[Op], dev: DeviceSlice, degrees: Degrees) -> Configs | None:
+    """The ops' configs over the model-parallel axes with the ops in `degrees` split over their own degree of tp
+    (None: Megatron's)."""
+    return {(op.module_path, axis): op_config(axis, op, dev, degrees) for op in fwd
+            for axis in axis_sizes(kind, dev)} if degrees else None
 
 
-def embedding_layer(spec: TransformerSpec, dev: DeviceSlice, whole: frozenset[str] = frozenset()) -> Layer:
+def embedding_layer(spec: TransformerSpec, dev: DeviceSlice, degrees: Degrees = frozenset()) -> Layer:
     """The embedding as one device runs it: the lookup vocab-parallel over tp (Megatron's: the table's rows
-    split, partial sums), or the whole table on every tp rank where `whole` names the lookup."""
+    split, partial sums), or over the lookup's degree in `degrees` (1: the whole table on every tp rank)."""
     act, h, tokens = dev.precision.activation_dtype, spec.hidden, dev.local_tokens
     fwd = [pointwise_op("lookup", "embedding", "embed.tokens", act, tokens * h, reads=1.0)]
     params = spec.vocab * h
@@ -223,20 +226,21 @@ def embedding_layer(spec: TransformerSpec, dev: DeviceSlice, whole: frozenset[st
         fwd += [pointwise_op("type_add", "elementwise", "embed.token_types", act, tokens * h, reads=2.0),
                 pointwise_op("norm", "norm", "embed.norm", act, tokens * h, flops_per_element=5.0)]
         params += 2 * h + 2 * h
-    comms = layer_comms(spec, dev, "embedding", fwd, _configs("embedding", fwd, dev, whole))
+    comms = layer_comms(spec, dev, "embedding", fwd, _configs("embedding", fwd, dev, degrees))
     fwd_ops, bwd_ops = _with_backward(fwd)
     out = _replicated_tokens(dev) * h * _act_bytes(dev)
-    t = 1 if "lookup" in whole else dev.tp
+    t = dict(degrees).get("lookup", dev.tp)
     return Layer("embedding", "embedding", 1, fwd_ops, bwd_ops, comms, params / t, params,
                  dict.fromkeys(("none", "selective", "full", "selective_op"), out), out)
 
 
-def head_layer(spec: TransformerSpec, dev: DeviceSlice, whole: frozenset[str] = frozenset()) -> Layer:
-    """Final norm, vocabulary projection and fp32 cross-entropy: vocab-parallel under TP (Megatron's), the
-    projection (its whole weight) or the cross-entropy (all logits) whole on every tp rank where `whole` names
-    it (logits, cross_entropy)."""
+def head_layer(spec: TransformerSpec, dev: DeviceSlice, degrees: Degrees = frozenset()) -> Layer:
+    """Final norm, vocabulary projection and fp32 cross-entropy: vocab-parallel under TP (Megatron's), or the
+    projection or the cross-entropy over its degree in `degrees` (logits, cross_entropy; 1: the whole weight, all
+    logits, on every tp rank)."""
     act, h, tokens = dev.precision.activation_dtype, spec.hidden, dev.local_tokens
-    t_logits, t_loss = (1 if name in whole else dev.tp for name in ("logits", "cross_entropy"))
+    given = dict(degrees)
+    t_logits, t_loss = (given.get(name, dev.tp) for name in ("logits", "cross_entropy"))
     fwd: list[Op] = []
     extra_params = 0
     if spec.arch == "bert":  # the masked-LM transform (dense + GELU + LayerNorm) and the decoder bias
@@ -249,7 +253,7 @@ def head_layer(spec: TransformerSpec, dev: DeviceSlice, whole: frozenset[str] = 
             matmul_op("logits", "head.proj", dev.precision.linear_dtype, tokens, spec.vocab // t_logits, h),
             pointwise_op("cross_entropy", "loss", "head.loss", "fp32", tokens * (spec.vocab // t_loss), reads=1.0,
                          writes=1.0, flops_per_element=4.0)]
-    comms = layer_comms(spec, dev, "head", fwd, _configs("head", fwd, dev, whole))
+    comms = layer_comms(spec, dev, "head", fwd, _configs("head", fwd, dev, degrees))
     fwd_ops, bwd_ops = _with_backward(fwd)
     norm_params = h * (2 if spec.norm == "layernorm" else 1) + extra_params
     proj_params = 0 if spec.tied_embeddings else spec.vocab * h

@@ -113,13 +113,11 @@ def op_degrees(fwd: Sequence[Op], dev: DeviceSlice, config_of: Callable[[Op], Op
     any other config is left out (it must take Megatron's)."""
     out: list[tuple[str, int]] = []
     for op in fwd:
-        if not replicable_module(op):
-            continue
         config = config_of(op)
-        degree = next((d for d in range(1, dev.tp) if dev.tp % d == 0
-                       and config == op_config("tp", op, dev, frozenset({(op.name, d)}))), 0)
-        if degree:
-            out.append((op.name, degree))
+        d = max(config.out, config.reduce)  # Megatron's split of a replicable op is one of the two
+        if d < dev.tp and dev.tp % d == 0 and replicable_module(op) and config == op_config(
+                "tp", op, dev, frozenset({(op.name, d)})):
+            out.append((op.name, d))
     return frozenset(out)
 
 

@@ -12,7 +12,7 @@ from typing import Literal
 
 from trainsim.catalog.calibration import Calibration
 from trainsim.compile.splits import LayerSplit
-from trainsim.cost.pricing import Pricer, axis_layout
+from trainsim.cost.pricing import Pricer, axis_group, axis_layout, sub_group
 from trainsim.hardware.cluster import GroupLayout
 from trainsim.ir.exec_graph import ExecGraph, Phase, Stream, TaskKind, TemplateRun
 from trainsim.ir.graph import Comm, Layer, Op
@@ -220,8 +220,11 @@ class BuildContext:
         split = self.splits.get(index)
         return params if split is None else split.held_params
 
-    def collective_s(self, collective: str, buffer_bytes: float, axis: str) -> float:
-        return self.pricer.collective_s(collective, buffer_bytes, self.layout(axis), self.job)
+    def collective_s(self, collective: str, buffer_bytes: float, axis: str, ranks: int = 0) -> float:
+        """A collective over the group of `axis`, or over `ranks` consecutive ranks of it (ir.graph.Comm)."""
+        layout = self.layout(axis) if not ranks else self.pricer.group_layout(
+            sub_group(axis_group(axis, self.job.parallel), ranks), self.job)
+        return self.pricer.collective_s(collective, buffer_bytes, layout, self.job)
 
     def link_resources(self, layout: GroupLayout, senders: tuple[int, ...],
                        receivers: tuple[int, ...] | None = None) -> tuple[str, ...]:
@@ -255,7 +258,7 @@ class BuildContext:
         for c in layer_comms:
             if c.axis == "pp":
                 continue  # pipeline transfers are the schedule pass's
-            seconds = self.collective_s(c.collective, c.buffer_bytes, c.axis)
+            seconds = self.collective_s(c.collective, c.buffer_bytes, c.axis, c.ranks)
             if c.axis == "tp":  # the part a stack that overlaps it with the GEMMs leaves exposed (pricing)
                 seconds *= cost.tp_exposed_fraction[0 if c.phase == "fwd" else 1]
             elif c.axis == "cp":  # the part ring attention leaves exposed (pricing)

@@ -1,32 +1,34 @@
 """Pass: shape each layer instance's ops from its computation configs over tp (Proteus Sec. IV-B: a split on any
 op takes effect; Sec. V-A: an op's cost follows its partition).
 
-The OpGraph's ops are one device's under Megatron's tensor split. A strategy tree may leave a block's attention
-or MLP unsplit over tp on all of its ops (strategy.megatron.replicated_modules): every tp rank then runs that
-module whole, so the layer instance is rebuilt by the catalog builder with that module at tp 1
-(frontends.catalog.transformer.block_layer): its ops do the whole module's FLOPs, its weights (and with them the
-gradients, optimizer states and the data-parallel gradient volume) are held whole on every tp rank, its saved
-activations are the whole module's, and its collectives are those the resharding between the configs inserts
-(compile.splits.plan_mesh_comms). Instances with the same modules unsplit share one rebuilt layer; a plan whose
-configs are Megatron's everywhere is returned as it is.
+The OpGraph's ops are one device's under Megatron's tensor split. A strategy tree may split any op of a block's
+attention or MLP, the embedding's lookup, the head's vocabulary projection or its cross-entropy Megatron's way
+over fewer ranks d dividing tp, or leave it unsplit (d = 1; strategy.megatron.op_degrees): each rank then runs 1/d
+of that op, so the layer instance is rebuilt by the catalog builders with that op at degree d
+(frontends.catalog.transformer block_layer, embedding_layer, head_layer): it does 1/d of the op's FLOPs, holds
+1/d of its weight (and with it of the gradient, optimizer states and data-parallel gradient volume), keeps the
+activations of its backward at that share, and the layer's collectives are those the resharding between the
+configs inserts (compile.splits.plan_mesh_comms; over a sub-group of d ranks where the layout change spans it).
+Instances with the same degrees share one rebuilt layer; a plan whose configs are Megatron's everywhere is
+returned as it is.
 """
 
 import dataclasses
 
 from trainsim.errors import ConfigError
-from trainsim.frontends.catalog.transformer import block_layer
+from trainsim.frontends.catalog.transformer import block_layer, embedding_layer, head_layer
 from trainsim.ir.graph import Layer
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job
 from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.lowered import LayerAssignment, LoweredPlan
-from trainsim.strategy.megatron import UNSPLIT, replicated_modules
+from trainsim.strategy.megatron import UNSPLIT, Degrees, op_degrees
 from trainsim.strategy.placement import OpConfig
 
 
 def shape_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
-    """The plan with every layer instance whose attention or MLP is unsplit over tp rebuilt for that (module
-    doc); the plan itself where there is none."""
+    """The plan with every layer instance some of whose attention, MLP, lookup or vocabulary ops take their own
+    tp degree rebuilt for that (module doc); the plan itself where there is none."""
     if job.parallel.tp == 1 or not plan.mesh_splits or not isinstance(job.model, TransformerSpec):
         return plan
     configs: dict[int, dict[str, OpConfig]] = {}  # layer index -> op module path -> its config over tp
@@ -34,28 +36,47 @@ def shape_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
         if s.axis == "tp":
             configs.setdefault(s.layer, {})[s.module_path] = s.config
     dev = DeviceSlice.of(job.parallel)
-    built: dict[tuple[int, frozenset[str]], Layer] = {}
+    built: dict[tuple[int, Degrees], Layer] = {}
     assignments = list(plan.layers)
     for position, a in enumerate(plan.layers):
         given = configs.get(a.index, {})
-        whole = replicated_modules(a.layer.kind, a.layer.fwd, lambda op, g=given: g.get(op.module_path, UNSPLIT))
-        if not whole:
+        degrees = op_degrees(a.layer.fwd, dev, lambda op, g=given: g.get(op.module_path, UNSPLIT))
+        if not degrees:
             continue
-        key = (id(a.layer), whole)
+        key = (id(a.layer), degrees)
         layer = built.get(key)
         if layer is None:
-            layer = built[key] = _rebuilt(job.model, dev, a.layer, whole)
+            layer = built[key] = _rebuilt(job.model, dev, a.layer, degrees)
         assignments[position] = dataclasses.replace(a, layer=layer)
+    _check_tied(job.model, dev, built)
     return dataclasses.replace(plan, layers=tuple(assignments)) if built else plan
 
 
-def _rebuilt(spec: TransformerSpec, dev: DeviceSlice, layer: Layer, whole: frozenset[str]) -> Layer:
-    """The block with the modules in `whole` at tp 1, checked to hold the same ops as the plan's."""
-    rebuilt = block_layer(spec, dev, layer.count, layer.kind == "moe_block", whole)
+def _check_tied(spec: TransformerSpec, dev: DeviceSlice, built: dict[tuple[int, Degrees], Layer]) -> None:
+    """A model whose head projects with the embedding's table (tied embeddings) holds that table one way: the
+    lookup and the vocabulary projection over one tp degree (Megatron's vocab-parallel table: tp; 1: whole)."""
+    if not spec.tied_embeddings:
+        return
+    given = {layer.kind: dict(degrees) for (_, degrees), layer in built.items()}
+    lookup, logits = given.get("embedding", {}).get("lookup", dev.tp), given.get("head", {}).get("logits", dev.tp)
+    if lookup != logits:
+        raise ConfigError("split.compute@tp", "nothing", f"{spec.name} ties its embedding table to the head's "
+                          "projection: split embedding.tokens (reduce) and head.proj (out) over tp alike, or "
+                          "neither")
+
+
+def _rebuilt(spec: TransformerSpec, dev: DeviceSlice, layer: Layer, degrees: Degrees) -> Layer:
+    """The layer with the ops in `degrees` at their own tp degrees, checked to hold the same ops as the plan's."""
+    if layer.kind == "embedding":
+        rebuilt = embedding_layer(spec, dev, degrees)
+    elif layer.kind == "head":
+        rebuilt = head_layer(spec, dev, degrees)
+    else:
+        rebuilt = block_layer(spec, dev, layer.count, layer.kind == "moe_block", degrees)
     if [op.name for op in rebuilt.fwd] != [op.name for op in layer.fwd]:
-        raise ConfigError("split.compute@tp", "nothing", f"the catalog block of {spec.name} has other ops than "
-                          f"the plan's {layer.name}; running a block's {' and '.join(sorted(whole))} whole on "
-                          "each tp rank needs the catalog front-end's graph")
+        raise ConfigError("split.compute@tp", "nothing", f"the catalog {layer.kind} of {spec.name} has other ops "
+                          f"than the plan's {layer.name}; running its {', '.join(sorted(n for n, _ in degrees))} at "
+                          "their own tp degrees needs the catalog front-end's graph")
     return rebuilt
 
 

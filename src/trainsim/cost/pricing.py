@@ -175,6 +175,11 @@ def axis_group(axis: str, par: ParallelSpec) -> tuple[int, int]:
     raise KeyError(axis)
 
 
+def sub_group(group: tuple[int, int], ranks: int) -> tuple[int, int]:
+    """(size, stride) of `ranks` consecutive ranks of a group (a Comm's sub-group); the group where ranks is 0."""
+    return (ranks, group[1]) if ranks else group
+
+
 def axis_layout(axis: str, par: ParallelSpec, cluster: ClusterSpec) -> GroupLayout:
     """Where the ranks of the group of `axis` sit (axis_group)."""
     return cluster.group_layout(*axis_group(axis, par))
@@ -214,7 +219,7 @@ class Pricer:
         self._layer_costs: dict[tuple[object, ...], LayerCost] = {}
         # (id of a layer, id of a device) -> op_costs' seconds of its ops (add_op_times)
         self._op_times: dict[tuple[int, int], tuple[float, ...]] = {}
-        self._layer_axes: dict[int, tuple[str, ...]] = {}  # id of a layer -> the axes of its feature collectives
+        self._layer_axes: dict[int, tuple[tuple[str, int], ...]] = {}  # id of a layer -> (axis, sub-group ranks)
         self._layouts: dict[tuple[object, ...], GroupLayout] = {}
         self._collectives: dict[tuple[object, ...], float] = {}
         self._axis_collectives: dict[tuple[object, ...], float] = {}
@@ -373,7 +378,10 @@ class Pricer:
 
     def layout(self, axis: str, job: Job) -> GroupLayout:
         """axis_layout(axis, job.parallel, job.cluster), made once per (group size and stride, cluster)."""
-        group = axis_group(axis, job.parallel)
+        return self.group_layout(axis_group(axis, job.parallel), job)
+
+    def group_layout(self, group: tuple[int, int], job: Job) -> GroupLayout:
+        """The layout of a group of (size, stride) ranks on the job's cluster, made once per cluster."""
         key = (group, self._cluster_key(job.cluster))
         layout = self._layouts.get(key)
         if layout is None:
@@ -395,7 +403,7 @@ class Pricer:
         key = (collective, buffer_bytes, *group, cluster_key)
         seconds = self._axis_collectives.get(key)
         if seconds is None:
-            layout = self._layouts.get((group, cluster_key)) or self.layout(axis, job)
+            layout = self._layouts.get((group, cluster_key)) or self.group_layout(group, job)
             seconds = self._axis_collectives[key] = self.comm_costs.collective_time_s(collective, buffer_bytes,
                                                                                       layout, job.cluster)
         return seconds
@@ -418,9 +426,9 @@ class Pricer:
         pp): with tp, sp, the cluster, the stack and the precision, all of the plan its price reads."""
         axes = self._layer_axes.get(id(layer))
         if axes is None:
-            axes = self._layer_axes[self._pin(layer)] = tuple(sorted({c.axis for c in layer.comms
+            axes = self._layer_axes[self._pin(layer)] = tuple(sorted({(c.axis, c.ranks) for c in layer.comms
                                                                        if c.axis != "pp"}))
-        return tuple([axis_group(axis, par) for axis in axes])
+        return tuple([sub_group(axis_group(axis, par), ranks) for axis, ranks in axes])
 
     def new_layer_cost(self, layer: Layer, job: Job) -> LayerCost:
         """layer_cost made anew and not kept: for a caller that keeps its own table of the layers it priced (the
@@ -446,7 +454,8 @@ class Pricer:
             group = groups.get(axis)
             if group is None:
                 group = groups[axis] = axis_group(axis, par)
-            priced.append((c, self._group_collective_s(c.collective, c.buffer_bytes, axis, group, cluster_key, job)))
+            priced.append((c, self._group_collective_s(c.collective, c.buffer_bytes, axis, sub_group(group, c.ranks),
+                                                       cluster_key, job)))
         tp_fraction, cp_fraction = fractions = self._exposed_fractions(layer, priced, job)
         scaled = fractions is not _NOT_OVERLAPPED  # NB: else every fraction is 1.0, and x * 1.0 is x
         comm: dict[str, float] = {}

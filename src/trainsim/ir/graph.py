@@ -46,7 +46,8 @@ class Comm:
     """A collective a layer issues on the critical path (feature communication), per micro-batch.
 
     axis: which parallel group carries it; bytes_per_rank: the buffer each rank contributes (all-reduce),
-    or the full gathered buffer size for all-gather / reduce-scatter.
+    or the full gathered buffer size for all-gather / reduce-scatter; ranks: the ranks of a sub-group of the
+    axis' group it spans (consecutive ranks: an op split over fewer ranks than the axis has), 0: the whole group.
     """
 
     name: str
@@ -54,6 +55,7 @@ class Comm:
     axis: Literal["tp", "cp", "ep", "pp"]
     phase: Phase
     buffer_bytes: float
+    ranks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +113,7 @@ class OpGraph:
         for layer in self.layers:
             lines.append(f"  {layer.name} x{layer.count} ({layer.kind}, {layer.param_count:.4g} params/device)")
             lines += [f"    {op.describe()}" for op in layer.fwd + layer.bwd]
-            lines += [f"    comm {c.phase} {c.collective} over {c.axis}: {c.buffer_bytes / 1e6:.3f} MB"
+            lines += [f"    comm {c.phase} {c.collective} over {c.axis}{f' ({c.ranks} ranks)' if c.ranks else ''}: "
+                      f"{c.buffer_bytes / 1e6:.3f} MB"
                       for c in layer.comms]
         return "\n".join(lines)

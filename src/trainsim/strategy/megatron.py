@@ -15,21 +15,27 @@ split-tree form of Megatron's patterns (Shoeybi et al. 2019, Sec. 3; Korthikanti
   (a device holds the tokens routed to its experts; a Placement carries it in its feature slot, and an expert's
   output is whole, not a partial sum), every other op the batch.
 
-A strategy tree may leave a block's attention or its (dense) MLP unsplit over tp on all of the module's ops
-(replicated_modules): each tp rank then runs that module whole (op_config's `replicated`), the catalog builder
-shapes its ops at tp 1 (frontends.catalog.transformer.block_layer, compile.shape_layers), and the resharding
-below inserts what that layout needs: a whole attention beside a split MLP pays only the MLP's all-reduce pair.
+A strategy tree may split any op of a block's attention or its (dense) MLP, the embedding's lookup, the head's
+vocabulary projection or its cross-entropy Megatron's way over fewer ranks d dividing tp, or leave it unsplit
+(d = 1; op_degrees): each group of d consecutive tp ranks then runs that op split d ways, each rank 1/d of it
+(op_config's `degrees`; a collective over such a split spans the d ranks, ir.graph.Comm.ranks), the catalog
+builders shape it at degree d (frontends.catalog.transformer block_layer,
+embedding_layer, head_layer; compile.shape_layers), and the resharding below inserts what the layout changes
+need: a whole attention beside a split MLP pays only the MLP's all-reduce pair; qkv split by heads before a whole
+attention core all-gathers q, k and v; fc1 split before a whole fc2 all-gathers the ffn features; a whole head
+pays no vocab-parallel statistics.
 
 layer_comms walks a layer's ops in order per axis, as compile.splits walks a tree's computation configs: where
 what an op reads differs from how its producer left it, strategy.reshard's pattern matching gives the collective
 (partial sums -> all-reduce, or reduce-scatter where the reader splits the sequence; a sequence split read whole
 -> all-gather; a batch split read as an expert split -> all-to-all), and the backward pass the gradient's
 conjugate. A layer hands on the hidden state as the next layer reads it (split by sequence over tp under SP and
-over cp, by batch over ep); the embedding's lookup reads token ids, which every rank holds. Every TP collective
-moves a hidden state (local tokens x hidden): the inputs of qkv and fc1, the outputs of the projections, the
-input of the logits. The vocab-parallel cross-entropy reads the class dimension split: its three per-token
-statistics (max logit, target logit, sum of exponentials) are partial over tp, one fp32 all-reduce each
-(megatron/core/tensor_parallel/cross_entropy.py, megatron-core 0.9).
+over cp, by batch over ep); the embedding's lookup reads token ids, which every rank holds. Under Megatron's
+splits every TP collective moves a hidden state (local tokens x hidden): the inputs of qkv and fc1, the outputs
+of the projections, the input of the logits; a reshard inside a module moves the tensor its reader reads
+(_read_bytes: q, k and v, the ffn features). The vocab-parallel cross-entropy reads the class dimension split:
+its three per-token statistics (max logit, target logit, sum of exponentials) are partial over tp, one fp32
+all-reduce each (megatron/core/tensor_parallel/cross_entropy.py, megatron-core 0.9).
 """
 
 from collections.abc import Callable, Mapping, Sequence
@@ -60,6 +66,7 @@ _STATISTICS = ("max", "target", "sum_exp")  # the vocab-parallel cross-entropy's
 _Found = tuple[str, ReshardStep]  # (collective's name, step)
 Configs = Mapping[tuple[str, Axis], OpConfig]  # (op module path, axis) -> the op's config (a tree's)
 UNSPLIT = OpConfig(1, 1, 1, 1)
+Degrees = frozenset[tuple[str, int]]  # (op name, its tp degree) where it is not the job's tp (op_degrees)
 
 
 def axis_sizes(kind: LayerKind, dev: DeviceSlice) -> dict[Axis, int]:
@@ -68,14 +75,13 @@ def axis_sizes(kind: LayerKind, dev: DeviceSlice) -> dict[Axis, int]:
     return {axis: sizes[axis] for axis in AXES if sizes[axis] > 1}
 
 
-def op_config(axis: Axis, op: Op, dev: DeviceSlice, replicated: frozenset[str] = frozenset()) -> OpConfig:
-    """The computation config of forward op `op` over `axis` (module doc). replicated: the modules of a block
-    (attn, mlp: replicable_module) whose ops hold their tensors whole over tp, each tp rank running the whole
-    module (no split)."""
+def op_config(axis: Axis, op: Op, dev: DeviceSlice, degrees: Degrees = frozenset()) -> OpConfig:
+    """The computation config of forward op `op` over `axis` (module doc). degrees: (op name, tp degree) of the
+    replicable ops (replicable_module) split over fewer ranks than tp, Megatron's way (1: whole on each tp rank,
+    no split)."""
     if axis == "tp":
-        if replicated and replicable_module(op) in replicated:
-            return UNSPLIT
-        t, seq = dev.tp, dev.tp if dev.sp else 1
+        t = dict(degrees).get(op.name, dev.tp) if degrees and replicable_module(op) else dev.tp
+        seq = dev.tp if dev.sp else 1
         if op.name in COLUMN or op.name in FEATURE:
             return OpConfig(1, 1, t, 1)
         if op.name in ROW or op.kind == "embedding":
@@ -87,26 +93,32 @@ def op_config(axis: Axis, op: Op, dev: DeviceSlice, replicated: frozenset[str] =
 
 
 def replicable_module(op: Op) -> str:
-    """The module of a block whose ops may all hold their tensors whole over tp instead of Megatron's split:
-    "attn" (qkv, rope, the attention core, softmax, the projection) or "mlp" (a dense block's MLP; not an MoE's
-    experts or router); "" for any other op (norms, residual adds: Megatron's configs always)."""
+    """The part of the model whose op may hold its tensors whole over tp instead of Megatron's split: "attn" (qkv,
+    rope, the attention core, softmax, the projection), "mlp" (a dense block's MLP; not an MoE's experts or
+    router), "embed" (the token lookup) or "head" (the vocabulary projection and the cross-entropy); "" for any
+    other op (norms, residual adds, positions: Megatron's configs always)."""
     parts = op.module_path.split(".")
     if "attn" in parts:
         return "attn"
-    return "mlp" if "mlp" in parts and "moe" not in parts else ""
+    if "mlp" in parts and "moe" not in parts:
+        return "mlp"
+    if op.kind == "embedding":
+        return "embed"
+    return "head" if op.name in ("logits", "cross_entropy") else ""
 
 
-def replicated_modules(kind: LayerKind, fwd: Sequence[Op], config_of: Callable[[Op], OpConfig]) -> frozenset[str]:
-    """The modules of a block layer (replicable_module) whose every op is unsplit over tp under config_of (the
-    ops' configs over tp): those the tp ranks each run whole. Empty for the embedding and the head."""
-    if kind not in ("block", "moe_block"):
-        return frozenset()
-    whole: dict[str, bool] = {}
+def op_degrees(fwd: Sequence[Op], dev: DeviceSlice, config_of: Callable[[Op], OpConfig]) -> Degrees:
+    """(op name, tp degree) of a layer's replicable ops (replicable_module) whose config over tp under config_of
+    is Megatron's split over fewer ranks d dividing tp (d = 1: unsplit, the op whole on each tp rank); an op with
+    any other config is left out (it must take Megatron's)."""
+    out: list[tuple[str, int]] = []
     for op in fwd:
-        module = replicable_module(op)
-        if module:
-            whole[module] = whole.get(module, True) and config_of(op) == UNSPLIT
-    return frozenset(module for module, unsplit in whole.items() if unsplit)
+        config = config_of(op)
+        d = max(config.out, config.reduce)  # Megatron's split of a replicable op is one of the two
+        if d < dev.tp and dev.tp % d == 0 and replicable_module(op) and config == op_config(
+                "tp", op, dev, frozenset({(op.name, d)})):
+            out.append((op.name, d))
+    return frozenset(out)
 
 
 def handed_on(axis: Axis, dev: DeviceSlice) -> Placement:
@@ -134,8 +146,10 @@ def layer_comms(spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: S
         forward, backward = _walk(axis, size, spec, dev, kind, fwd, config_of, _heads_parts(fwd, dev, configs))
         sites = {_site(op): i for i, op in reversed(list(enumerate(fwd)))}
         backward.sort(key=lambda found: sites.get(found[0].split(".")[0], len(sites)))
-        comms += [Comm(name, step.collective, axis, "fwd", step.buffer_bytes) for name, step in forward]
-        comms += [Comm(name, step.collective, axis, "bwd", step.buffer_bytes) for name, step in backward]
+        comms += [Comm(name, step.collective, axis, "fwd", step.buffer_bytes, _sub(step, size))
+                  for name, step in forward]
+        comms += [Comm(name, step.collective, axis, "bwd", step.buffer_bytes, _sub(step, size))
+                  for name, step in backward]
         if axis == "tp":
             comms += _loss_statistics(fwd, dev, config_of)
     return tuple(comms)
@@ -156,10 +170,10 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
         contracting = _contracting(axis, op)
         need = input_placement(config, size, contracting)
         if placement is not None:
-            site = _namer(axis, kind, producer, op)
-            forward += _named(site, axis, reshard(placement, need, full))
+            site, read = _namer(axis, kind, producer, op), _read_bytes(axis, spec, dev, op, full)
+            forward += _named(site, axis, reshard(placement, need, read))
             grad = input_grad_placement(need, config, contracting)
-            backward += _named(site, axis, reshard(grad, output_grad_placement(placement), full))
+            backward += _named(site, axis, reshard(grad, output_grad_placement(placement), read))
         if axis == "cp" and op.kind == "attention":  # keys and values of the whole sequence
             kv = _kv_bytes(spec, dev, heads_parts)
             forward += _named("kv", axis, reshard(Placement(size, seq=size), Placement(size), kv))
@@ -177,9 +191,15 @@ def _loss_statistics(fwd: Sequence[Op], dev: DeviceSlice, config_of: Callable[[O
     loss = next((op for op in fwd if op.name == "cross_entropy"), None)
     if loss is None or config_of(loss).out == 1:
         return []
-    steps = reshard(Placement(dev.tp, partial=dev.tp), Placement(dev.tp), dev.local_tokens * 4.0)  # fp32
-    return [Comm(f"loss.{name}", step.collective, "tp", "fwd", step.buffer_bytes)
+    parts = config_of(loss).out
+    steps = reshard(Placement(dev.tp, partial=parts), Placement(dev.tp), dev.local_tokens * 4.0)  # fp32
+    return [Comm(f"loss.{name}", step.collective, "tp", "fwd", step.buffer_bytes, _sub(step, dev.tp))
             for name in _STATISTICS for step in steps]
+
+
+def _sub(step: ReshardStep, size: int) -> int:
+    """The sub-group a collective spans (ir.graph.Comm.ranks): its ranks where fewer than the axis' `size`."""
+    return step.ranks if step.collective != "send-recv" and step.ranks < size else 0
 
 
 def _namer(axis: Axis, kind: LayerKind, producer: Op | None, consumer: Op | None) -> str:
@@ -225,6 +245,27 @@ def _tensor_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice) -> float:
     every rank of the group."""
     hidden = float(dev.local_tokens * spec.hidden * BYTES_PER_DTYPE[dev.precision.activation_dtype])
     return hidden * spec.top_k * dev.ep if axis == "ep" else hidden
+
+
+def _read_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, consumer: Op, hidden: float) -> float:
+    """The whole tensor (over tp) that `consumer` reads from the op before it, the buffer a reshard over tp
+    moves: q, k and v for the rope and the attention core, the scores for an unfused softmax, the attention's
+    output for the projection, the ffn features (the routed tokens' in an MoE) for the activation and the second
+    matmul, the logits for the cross-entropy; the hidden state for every other op (hidden: its bytes). Over cp
+    and ep: `hidden` (_tensor_bytes)."""
+    if axis != "tp":
+        return hidden
+    act, d, f = BYTES_PER_DTYPE[dev.precision.activation_dtype], spec.head_dim, spec.ffn_hidden
+    tokens = dev.local_tokens * (spec.top_k if "moe" in consumer.module_path.split(".") else 1)
+    elements = {
+        "rope": tokens * (spec.num_heads + 2 * spec.kv_heads) * d,
+        "attention": tokens * (spec.num_heads + 2 * spec.kv_heads) * d,
+        "softmax": tokens * spec.num_heads * dev.seq_len,
+        "out_proj": tokens * spec.num_heads * d,
+        "gelu": tokens * f, "fc2": tokens * f, "down": tokens * f, "swiglu": tokens * 2 * f,
+        "cross_entropy": tokens * spec.vocab,
+    }.get(consumer.name)
+    return hidden if elements is None else float(elements * act)
 
 
 def _kv_bytes(spec: TransformerSpec, dev: DeviceSlice, heads_parts: int) -> float:

@@ -14,8 +14,9 @@ lower() turns the tree into the LoweredPlan of compile.plan (stage, chunk and re
 schedule). The splits the plain strategy implies (from_parallel: tp, sp, cp, ep, dp, ZeRO) are what the
 DeviceSlice the graph was built with applied already; their computation configs over tp, cp and ep (Megatron's,
 strategy.megatron) go into the plan as MeshSplits, from which the compiler derives the feature collectives. A tree
-may leave a block's attention or MLP unsplit over tp on all its ops: the compiler then rebuilds that block with
-the module whole on each tp rank (compile.shape_layers).
+may leave any op of a block's attention or MLP, the embedding's lookup or the head's projection or cross-entropy
+unsplit over tp: the compiler then rebuilds that layer with the op whole on each tp rank and reshards between the
+ops' configs (compile.shape_layers).
 Computation configs over dp (item "compute": batch, seq, out, reduce) go into the plan as OpSplits, which
 compile.splits applies with the resharding they need.
 """
@@ -46,10 +47,11 @@ from trainsim.strategy.lowered import (
 from trainsim.strategy.megatron import (
     UNSPLIT,
     Axis,
+    Degrees,
     axis_sizes,
     op_config,
+    op_degrees,
     replicable_module,
-    replicated_modules,
 )
 from trainsim.strategy.parallel import RECOMPUTES, ParallelSpec, Recompute, Schedule
 from trainsim.strategy.placement import OpConfig
@@ -364,9 +366,10 @@ class StrategyTree:
     def _mesh_splits(self, par: ParallelSpec, stage_meshes: bool = False) -> tuple[MeshSplit, ...]:
         """The computation configs over tp, cp and ep of every op: Megatron's (lowered.megatron_splits) where
         the tree sets none over an axis. An axis the tree splits must be split as Megatron does on every op,
-        except that a block's attention or MLP may be left unsplit over tp on all of its ops (the tp ranks each
-        run that module whole: strategy.megatron.replicated_modules; the compiler shapes its ops from these
-        configs, compile.shape_layers): ConfigError naming the first op that differs."""
+        except that any op of a block's attention or MLP, the lookup, the logits or the cross-entropy may be
+        split that way over fewer ranks d dividing tp, or left unsplit (d = 1: strategy.megatron.op_degrees;
+        the compiler shapes the ops from these configs and reshards between them, compile.shape_layers):
+        ConfigError naming the first op that differs."""
         layers = expand_layers(self.graph)
         given_axes = {key.partition("@")[2] for row in self.explicit.values() for key in row if "@" in key}
         if not given_axes:
@@ -395,7 +398,7 @@ class StrategyTree:
                         int(row[key].value) if (key := f"split.compute.{dim}@{axis}") in row else 1
                         for dim in COMPUTE_DIMS))
             op_nodes.append((path, node, sizes))
-        replicated = self._replicated(layers, given) if "tp" in given_axes and par.tp > 1 else {}
+        replicated = self._replicated(layers, dev, given) if "tp" in given_axes and par.tp > 1 else {}
         out: list[MeshSplit] = []
         for path, node, sizes in op_nodes:
             whole = replicated.get(node.layer_index, frozenset())
@@ -409,13 +412,14 @@ class StrategyTree:
                     out.append(MeshSplit(node.layer_index, op.module_path, axis, expected))
         return tuple(dict.fromkeys(out))
 
-    def _replicated(self, layers: list[Layer], given: Mapping[tuple[int, str, Axis], OpConfig]) -> dict[
-            int, frozenset[str]]:
-        """Per layer index, the block modules (attn, mlp) the tree leaves unsplit over tp on every op."""
-        out: dict[int, frozenset[str]] = {}
+    def _replicated(self, layers: list[Layer], dev: DeviceSlice,
+                    given: Mapping[tuple[int, str, Axis], OpConfig]) -> dict[int, Degrees]:
+        """Per layer index, the replicable ops (strategy.megatron.replicable_module) the tree splits over fewer
+        tp ranks than tp (1: unsplit), with their degrees."""
+        out: dict[int, Degrees] = {}
         for index, layer in enumerate(layers):
-            whole = replicated_modules(layer.kind, layer.fwd,
-                                       lambda op, i=index: given.get((i, op.module_path, "tp"), UNSPLIT))
+            whole = op_degrees(layer.fwd, dev,
+                               lambda op, i=index: given.get((i, op.module_path, "tp"), UNSPLIT))
             if whole:
                 out[index] = whole
         return out
@@ -811,10 +815,9 @@ def _mismatch(op: Op, axis: str, size: int, dev: DeviceSlice, given: OpConfig, e
     mesh = f"{axis}={size}" + (" with sp" if axis == "tp" and dev.sp else "")
     hint = "; a sequence split over tp is sequence parallelism (--sp)" if (
         axis == "tp" and not dev.sp and given.seq > 1) else ""
-    module = replicable_module(op) if axis == "tp" else ""
-    if module:  # the module's node: the op node's parent ("blocks.3.attn" of "blocks.3.attn.qkv")
-        whole = {"attn": "attention", "mlp": "MLP"}[module]
-        hint += f"; or none on any op of {path.rpartition('.')[0]} (the {whole} whole on each tp rank)"
+    if axis == "tp" and replicable_module(op):
+        fewer = f"that split over fewer ranks dividing {size}, or " if size > 2 else ""
+        hint += f"; or {fewer}none (the {op.name} whole on each tp rank)"
     return (f"ops take Megatron's splits over {mesh}: {op.name} splits {_config_text(expected)} over {axis}; "
             f"give that, or no {axis} splits{hint}")
 

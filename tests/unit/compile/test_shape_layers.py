@@ -43,8 +43,9 @@ MEGATRON_MLP = [("blocks.*.mlp.fc1", "out"), ("blocks.*.mlp.act", "out"), ("bloc
 VOCAB = [("embedding.tokens", "reduce"), ("head.proj", "out"), ("head.loss", "out")]
 
 
-def _tiny(tp: int = 2, dp: int = 4, **strategy: object) -> tuple[Job, OpGraph]:
-    spec = parse_model(yaml.safe_load(TINY_GPT_MODEL_YAML))
+def _tiny(tp: int = 2, dp: int = 4, tied: bool = True, **strategy: object) -> tuple[Job, OpGraph]:
+    text = TINY_GPT_MODEL_YAML.replace("tied_embeddings: true", f"tied_embeddings: {str(tied).lower()}")
+    spec = parse_model(yaml.safe_load(text))
     assert isinstance(spec, TransformerSpec)
     par = ParallelSpec.parse({"micro_batch": 2, "seq_len": 32, "global_batch": 2 * dp * 2, "tp": tp, "dp": dp,
                               **strategy})
@@ -71,6 +72,10 @@ def _tp_tasks(graph: ExecGraph, layer: str) -> list[tuple[str, float]]:
 
 def _mlp(layer: Layer) -> list[Op]:
     return [op for op in layer.fwd + layer.bwd if ".mlp." in op.module_path]
+
+
+def _op(layer: Layer, name: str) -> Op:
+    return next(op for op in layer.fwd if op.name == name)
 
 
 def _attn(layer: Layer) -> list[Op]:
@@ -200,13 +205,101 @@ def test_megatrons_splits_keep_the_plan_and_its_layers() -> None:
     assert shape_layers(job, tree_plan) is tree_plan
 
 
-def test_a_module_split_on_some_ops_only_is_refused_in_one_line() -> None:
+def test_qkv_split_before_a_whole_attention_core_gathers_q_k_and_v() -> None:
+    """qkv column parallel (out 2: 2 of the 4 heads' q, k, v per rank), the attention core and the projection
+    whole, the MLP Megatron's. Forward: the core reads q, k and v of all heads: an all-gather of qkv's output,
+    64 tokens x 96 x 2 bytes = 12288 bytes gathered; the projection makes whole sums (nothing before the residual
+    add). Backward: each rank computes the core's whole input gradient and keeps its heads' slice (no
+    collective); qkv's input gradient is partial over the 2 ranks: all-reduced (4096 bytes). Per block a rank
+    holds qkv's half with the norms, (32 x 96 + 96 + 128) / 2 = 1648, the projection whole, 32 x 32 + 32 = 1056,
+    and the MLP's half, 4176: 6880 parameters."""
     job, graph = _tiny()
-    partial = [("blocks.*.attn.qkv", "out"), ("blocks.*.attn.out", "reduce")]
-    with pytest.raises(ConfigError, match=r"blocks.0.attn.core split.compute@tp='nothing' is invalid: .* attention "
-                                          r"splits out=2 over tp; give that, or no tp splits; or none on any op of "
-                                          r"blocks.0.attn \(the attention whole on each tp rank\)") as info:
-        _tree(graph, VOCAB + partial).lower(job.parallel)
+    _, whole = _tiny(tp=1)
+    splits = [*VOCAB, ("blocks.*.attn.qkv", "out"), *MEGATRON_MLP]
+    plan = shape_layers(job, _tree(graph, splits).lower(job.parallel))
+    block = _block(plan, 1)
+    qkv_bytes = 64 * 96 * 2
+    assert block.comms == (Comm("attn.ag", "all-gather", "tp", "fwd", qkv_bytes),
+                           Comm("mlp.ar", "all-reduce", "tp", "fwd", HIDDEN_BYTES),
+                           Comm("attn.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES),
+                           Comm("mlp.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES))
+    assert plan_mesh_comms(plan, job.model, job.parallel)[1] == block.comms  # the compiler's, the layer's own
+    ops = {op.name: op for op in block.fwd}
+    assert ops["qkv"] == _op(graph.layers[1], "qkv") and ops["qkv"].flops == 2 * 64 * 48 * 32
+    assert ops["attention"] == _op(whole.layers[1], "attention")
+    assert ops["out_proj"] == _op(whole.layers[1], "out_proj") and ops["out_proj"].flops == 2 * 64 * 32 * 32
+    assert _mlp(block) == _mlp(graph.layers[1])
+    assert block.param_count == (32 * 96 + 96 + 128) / 2 + 32 * 32 + 32 + MLP_PARAMS / 2 == 6880
+    # kept for the backward beyond Megatron's: q, k, v whole (+6144), the core's output whole (+2048), the
+    # core's log-sum-exp of all 4 heads (2 x 4 x 32 x 4 bytes, +512)
+    assert block.saved_bytes["none"] - graph.layers[1].saved_bytes["none"] == 6144 + 2048 + 512
+    pricer = Pricer(Calibration())
+    layout = axis_layout("tp", job.parallel, job.cluster)
+    gather_s = pricer.collective_s("all-gather", qkv_bytes, layout, job)
+    reduce_s = pricer.collective_s("all-reduce", HIDDEN_BYTES, layout, job)
+    assert gather_s > 0.0 and reduce_s > 0.0 and gather_s != reduce_s
+    compiled = compile_job(job, plan, pricer, "op")
+    assert _tp_tasks(compiled, "L1.block") == [("attn.ag all-gather", gather_s), ("mlp.ar all-reduce", reduce_s),
+                                               ("mlp.ar all-reduce", reduce_s), ("attn.ar all-reduce", reduce_s)]
+
+
+def test_the_attention_core_split_before_a_whole_projection_gathers_its_output() -> None:
+    """qkv and the core split by heads, the projection whole: the projection reads the core's output whole, an
+    all-gather of 64 tokens x 32 x 2 bytes = 4096 bytes; backward as above (the core's output gradient is
+    whole on every rank, sliced)."""
+    job, graph = _tiny()
+    splits = [*VOCAB, ("blocks.*.attn.qkv", "out"), ("blocks.*.attn.core", "out"), *MEGATRON_MLP]
+    block = _block(shape_layers(job, _tree(graph, splits).lower(job.parallel)), 1)
+    assert [(c.name, c.collective, c.phase, c.buffer_bytes) for c in block.comms] == [
+        ("attn.ag", "all-gather", "fwd", 64 * 32 * 2), ("mlp.ar", "all-reduce", "fwd", HIDDEN_BYTES),
+        ("attn.ar", "all-reduce", "bwd", HIDDEN_BYTES), ("mlp.ar", "all-reduce", "bwd", HIDDEN_BYTES)]
+    assert _op(block, "attention") == _op(graph.layers[1], "attention")
+
+
+def test_fc1_split_before_a_whole_fc2_gathers_the_ffn_features() -> None:
+    """fc1 column parallel and GELU on its 64 features per rank, fc2 whole; the attention Megatron's. Forward:
+    fc2 reads all 128 ffn features: an all-gather of 64 tokens x 128 x 2 bytes = 16384 bytes gathered, and fc2
+    makes whole sums (nothing before residual2). Backward: fc2's input gradient is whole on every rank, sliced
+    for GELU's; fc1's input gradient is partial: all-reduced (4096 bytes). A rank holds fc1's half,
+    (32 x 128 + 128) / 2 = 2112, and fc2 whole, 128 x 32 + 32 = 4128: 8416 parameters with the attention's half."""
+    job, graph = _tiny()
+    _, whole = _tiny(tp=1)
+    splits = VOCAB + MEGATRON_ATTN + [("blocks.*.mlp.fc1", "out"), ("blocks.*.mlp.act", "out")]
+    plan = shape_layers(job, _tree(graph, splits).lower(job.parallel))
+    block = _block(plan, 1)
+    ffn_bytes = 64 * 128 * 2
+    assert block.comms == (Comm("attn.ar", "all-reduce", "tp", "fwd", HIDDEN_BYTES),
+                           Comm("mlp.ag", "all-gather", "tp", "fwd", ffn_bytes),
+                           Comm("attn.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES),
+                           Comm("mlp.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES))
+    assert _op(block, "fc1") == _op(graph.layers[1], "fc1") and _op(block, "gelu") == _op(graph.layers[1], "gelu")
+    assert _op(block, "fc2") == _op(whole.layers[1], "fc2") and _op(block, "fc2").flops == 2 * 64 * 32 * 128
+    assert _attn(block) == _attn(graph.layers[1])
+    assert block.param_count == ATTN_PARAMS / 2 + (32 * 128 + 128) / 2 + 128 * 32 + 32 == 8416
+    pricer = Pricer(Calibration())
+    gather_s = pricer.collective_s("all-gather", ffn_bytes, axis_layout("tp", job.parallel, job.cluster), job)
+    assert ("mlp.ag all-gather", gather_s) in _tp_tasks(compile_job(job, plan, pricer, "op"), "L2.block")
+
+
+def test_a_whole_fc1_before_a_row_split_fc2_gathers_the_gradient_backward() -> None:
+    """fc1 and GELU whole, fc2 row parallel (reduce 2): forward, fc2 slices its half of the whole features (no
+    collective) and its partial sums are all-reduced; backward, fc2's input gradient holds half the features
+    and GELU's backward reads them all: the conjugate of the slice, an all-gather of 16384 bytes."""
+    job, graph = _tiny()
+    splits = VOCAB + MEGATRON_ATTN + [("blocks.*.mlp.fc2", "reduce")]
+    block = _block(shape_layers(job, _tree(graph, splits).lower(job.parallel)), 1)
+    assert [(c.name, c.collective, c.phase, c.buffer_bytes) for c in block.comms] == [
+        ("attn.ar", "all-reduce", "fwd", HIDDEN_BYTES), ("mlp.ar", "all-reduce", "fwd", HIDDEN_BYTES),
+        ("attn.ar", "all-reduce", "bwd", HIDDEN_BYTES), ("mlp.ag", "all-gather", "bwd", 64 * 128 * 2)]
+
+
+def test_an_op_split_neither_megatrons_way_nor_whole_is_refused_in_one_line() -> None:
+    job, graph = _tiny()
+    splits = [*VOCAB, ("blocks.*.attn.qkv", "reduce"), *MEGATRON_MLP]
+    with pytest.raises(ConfigError, match=r"blocks.0.attn.qkv split.compute@tp='reduce=2' is invalid: ops take "
+                                          r"Megatron's splits over tp=2: qkv splits out=2 over tp; give that, or no "
+                                          r"tp splits; or none \(the qkv whole on each tp rank\)") as info:
+        _tree(graph, splits).lower(job.parallel)
     assert "\n" not in str(info.value)
 
 
@@ -239,3 +332,193 @@ def test_the_shipped_attention_only_tree_pays_half_the_tp_collectives() -> None:
     assert blocks[0].comms[0].buffer_bytes == 4 * 1024 * hidden * 2
     assert blocks[0].param_count - graph.layers[1].param_count == pytest.approx((2 * hidden * 4 * hidden + 4 * hidden
                                                                                  + hidden) / 2)
+
+
+LOGITS_BYTES = 64 * 256 * 2  # a micro-batch's logits: 64 tokens x vocab 256, bf16
+
+
+def _vocab_tasks(graph: ExecGraph) -> list[str]:
+    return [name for layer in ("L0.embedding", "L3.head") for name, _ in _tp_tasks(graph, layer)]
+
+
+def test_the_embedding_and_the_head_whole_on_each_tp_rank() -> None:
+    """No tp split on the lookup, the vocabulary projection or the cross-entropy (the tied table whole on both
+    ranks; the blocks Megatron's): no collective on the embedding (Megatron's: an all-reduce of the partial
+    lookups, 4096 bytes) nor on the head (Megatron's: the all-reduce of the projection's input gradient and the
+    three fp32 statistics of 64 tokens x 4 bytes). Each rank holds the whole table, 256 x 32 + 32 x 32 = 9216
+    parameters (Megatron's: 4608), and computes all logits: 2 x 64 x 256 x 32 FLOPs, the fp32 softmax of
+    64 x 256 x 4 bytes kept."""
+    job, graph = _tiny()
+    plan = shape_layers(job, _tree(graph, MEGATRON_ATTN + MEGATRON_MLP).lower(job.parallel))
+    embedding, head = _block(plan, 0), _block(plan, 3)
+    assert graph.layers[0].comms == (Comm("embed.ar", "all-reduce", "tp", "fwd", HIDDEN_BYTES),)
+    assert [(c.name, c.buffer_bytes) for c in graph.layers[-1].comms] == [
+        ("logits.ar", HIDDEN_BYTES), ("loss.max", 256.0), ("loss.target", 256.0), ("loss.sum_exp", 256.0)]
+    assert embedding.comms == () and head.comms == ()
+    assert embedding.param_count == 256 * 32 + 32 * 32 == 2 * EMBED_PER_RANK
+    assert head.param_count == HEAD_PARAMS  # tied: the projection's weight is the embedding's table
+    assert _op(head, "logits").flops == 2 * 64 * 256 * 32 and _op(head, "logits").shape == (1, 64, 256, 32)
+    assert head.saved_bytes["none"] == HIDDEN_BYTES + 64 * 256 * 4
+    assert _block(plan, 1) is graph.layers[1]  # the blocks keep Megatron's layer
+    compiled = compile_job(job, plan, Pricer(Calibration()), "op")
+    assert _vocab_tasks(compiled) == []
+    assert _vocab_tasks(compile_job(job, default_plan(graph, job.parallel), Pricer(Calibration()), "op")) == [
+        "embed.ar all-reduce", "loss.max all-reduce", "loss.target all-reduce", "loss.sum_exp all-reduce",
+        "logits.ar all-reduce"]
+    # HFU counts the half of the head each rank repeats: the projection's forward and two gradients, 3 x 2 x 64 x
+    # 128 x 32 FLOPs, and the cross-entropy's other half (the tp=1 head's ops less the tp=2 head's)
+    _, whole = _tiny(tp=1)
+    head_ops = [op for op in whole.layers[-1].fwd + whole.layers[-1].bwd if "head.proj" in op.module_path]
+    split_ops = [op for op in graph.layers[-1].fwd + graph.layers[-1].bwd if "head.proj" in op.module_path]
+    assert sum(op.flops for op in head_ops) - sum(op.flops for op in split_ops) == 3 * 2 * 64 * 128 * 32
+    repeat = sum(op.flops for op in whole.layers[-1].fwd + whole.layers[-1].bwd) - sum(
+        op.flops for op in graph.layers[-1].fwd + graph.layers[-1].bwd)
+    assert repeated_flops(job, _tree(graph, MEGATRON_ATTN + MEGATRON_MLP).lower(job.parallel)) == repeat
+
+
+def test_logits_split_before_a_whole_cross_entropy_gathers_the_logits() -> None:
+    """An untied head: the projection column parallel (128 of the 256 classes per rank), the cross-entropy
+    whole: forward, an all-gather of the logits, 64 x 256 x 2 = 32768 bytes gathered, and no statistics
+    all-reduced; backward, the loss gradient of all classes is sliced to the rank's half, and the projection's
+    input gradient, partial over the ranks, all-reduced (4096 bytes). The rank holds half the projection:
+    64 + 256 x 32 / 2 = 4160 parameters."""
+    job, graph = _tiny(tied=False)
+    splits = [("embedding.tokens", "reduce"), ("head.proj", "out"), *MEGATRON_ATTN, *MEGATRON_MLP]
+    plan = shape_layers(job, _tree(graph, splits).lower(job.parallel))
+    head = _block(plan, 3)
+    assert head.comms == (Comm("logits.ag", "all-gather", "tp", "fwd", LOGITS_BYTES),
+                          Comm("logits.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES))
+    assert head.param_count == HEAD_PARAMS + 256 * 32 / 2 == graph.layers[-1].param_count == 4160
+    assert _op(head, "logits") == _op(graph.layers[-1], "logits")
+    assert _op(head, "cross_entropy").flops == 2 * _op(graph.layers[-1], "cross_entropy").flops
+    assert _block(plan, 0) is graph.layers[0]
+    pricer = Pricer(Calibration())
+    gather_s = pricer.collective_s("all-gather", LOGITS_BYTES, axis_layout("tp", job.parallel, job.cluster), job)
+    assert ("logits.ag all-gather", gather_s) in _tp_tasks(compile_job(job, plan, pricer, "op"), "L3.head")
+
+
+def test_an_untied_embedding_whole_beside_a_vocab_parallel_head() -> None:
+    """The untied lookup whole: no all-reduce of partial lookups, the whole table (9216 parameters); the head
+    keeps Megatron's collectives."""
+    job, graph = _tiny(tied=False)
+    splits = [("head.proj", "out"), ("head.loss", "out"), *MEGATRON_ATTN, *MEGATRON_MLP]
+    plan = shape_layers(job, _tree(graph, splits).lower(job.parallel))
+    assert _block(plan, 0).comms == () and _block(plan, 0).param_count == 9216
+    assert _block(plan, 3) is graph.layers[-1]
+
+
+def test_a_tied_table_split_one_way_and_whole_the_other_is_refused() -> None:
+    job, graph = _tiny()
+    splits = [("embedding.tokens", "reduce"), *MEGATRON_ATTN, *MEGATRON_MLP]
+    with pytest.raises(ConfigError, match=r"tiny-gpt ties its embedding table to the head's projection: split "
+                                          r"embedding.tokens \(reduce\) and head.proj \(out\) over tp alike, or "
+                                          r"neither"):
+        shape_layers(job, _tree(graph, splits).lower(job.parallel))
+
+
+def test_the_embedding_and_the_head_whole_under_sequence_parallelism() -> None:
+    """With sp the blocks read the hidden state split by sequence. The lookup whole: its whole output is sliced
+    for the positions' sequence split (Megatron's: a reduce-scatter of partial lookups); backward, the sequence
+    shares of its output gradient are all-gathered for the whole table's gradient (4096 bytes). The head whole:
+    the final norm's sequence shares all-gathered before the projection, as Megatron's; backward, its whole
+    input gradient sliced (Megatron's: a reduce-scatter of partial sums)."""
+    job, graph = _tiny(tied=False, sp=True)
+    seq = [("embedding.positions", "seq"), ("blocks.*.norm?", "seq"), ("blocks.*.residual?", "seq"),
+           ("head.norm", "seq")]
+    plan = shape_layers(job, _tree(graph, seq + MEGATRON_ATTN + MEGATRON_MLP).lower(job.parallel))
+    assert _block(plan, 0).comms == (Comm("embed.ag", "all-gather", "tp", "bwd", HIDDEN_BYTES),)
+    assert _block(plan, 3).comms == (Comm("logits.ag", "all-gather", "tp", "fwd", HIDDEN_BYTES),)
+    assert [c.name for c in graph.layers[0].comms] == ["embed.rs", "embed.ag"]
+
+
+def _shipped(name: str) -> tuple[OpGraph, LoweredPlan]:
+    spec = load_model("gpt3-125m")
+    par = ParallelSpec.parse({"micro_batch": 4, "seq_len": 1024, "global_batch": 64, "tp": 2})
+    job = make_job(spec, a100_cluster(8), par)
+    graph = build_transformer(spec, DeviceSlice.of(job.parallel))  # type: ignore[arg-type]
+    plan = load_tree_yaml(ROOT / "data" / "strategies" / "megatron" / name, graph).lower(job.parallel)
+    return graph, shape_layers(job, plan)
+
+
+def test_the_shipped_qkv_gather_and_vocab_whole_trees() -> None:
+    """gpt-tp2-qkv-gather.yaml on GPT-3 125M (4 x 1024 tokens, hidden 768, 12 heads): per block an all-gather of
+    q, k and v, 4096 x 3 x 768 x 2 bytes, in place of the projection's all-reduce; gpt-tp2-vocab-whole.yaml: the
+    blocks Megatron's (the graph's layer), no tp collective on the embedding or the head."""
+    graph, qkv = _shipped("gpt-tp2-qkv-gather.yaml")
+    block = qkv.layers[1].layer
+    assert [(c.name, c.collective, c.phase) for c in block.comms] == [
+        ("attn.ag", "all-gather", "fwd"), ("mlp.ar", "all-reduce", "fwd"), ("attn.ar", "all-reduce", "bwd"),
+        ("mlp.ar", "all-reduce", "bwd")]
+    assert block.comms[0].buffer_bytes == 4096 * 3 * 768 * 2
+    graph, vocab = _shipped("gpt-tp2-vocab-whole.yaml")
+    assert vocab.layers[0].layer.comms == () and vocab.layers[-1].layer.comms == ()
+    assert all(a.layer is graph.layers[1] for a in vocab.layers[1:-1])
+
+
+def _tree4(graph: OpGraph, splits: list[tuple[str, str, int]]) -> StrategyTree:
+    tree = StrategyTree.from_graph(graph)
+    for path, dim, parts in splits:
+        tree = tree.split(path, "compute", dim, parts, axis="tp")
+    return tree
+
+
+VOCAB4 = [("embedding.tokens", "reduce", 4), ("head.proj", "out", 4), ("head.loss", "out", 4)]
+ATTN4 = [("blocks.*.attn.qkv", "out", 4), ("blocks.*.attn.core", "out", 4), ("blocks.*.attn.out", "reduce", 4)]
+MLP2 = [("blocks.*.mlp.fc1", "out", 2), ("blocks.*.mlp.act", "out", 2), ("blocks.*.mlp.fc2", "reduce", 2)]
+
+
+def test_an_mlp_split_over_2_of_4_tp_ranks_all_reduces_over_2() -> None:
+    """tp 4 x dp 2: the attention split 4 ways (Megatron's), the MLP 2 ways, Megatron's pattern over each pair of
+    consecutive tp ranks (ranks 0-1 and 2-3 each hold one copy of the MLP, split in two). fc2's partial sums are
+    all-reduced over the 2 ranks of a pair (4096 bytes), and so is fc1's input gradient; the attention's pair
+    spans the 4. A rank runs fc1 on 64 of the 128 ffn features (2 x 64 x 64 x 32 FLOPs) and holds 4352 / 4 +
+    8352 / 2 = 5264 parameters per block (Megatron's tp 4: 3176). Compiled at op level, the MLP's collectives
+    take the Pricer's all-reduce time over 2 ranks, the attention's over 4."""
+    job, graph = _tiny(tp=4, dp=2)
+    plan = shape_layers(job, _tree4(graph, VOCAB4 + ATTN4 + MLP2).lower(job.parallel))
+    block = _block(plan, 1)
+    assert block.comms == (Comm("attn.ar", "all-reduce", "tp", "fwd", HIDDEN_BYTES),
+                           Comm("mlp.ar", "all-reduce", "tp", "fwd", HIDDEN_BYTES, ranks=2),
+                           Comm("attn.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES),
+                           Comm("mlp.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES, ranks=2))
+    assert _op(block, "fc1").flops == 2 * 64 * 64 * 32 and _attn(block) == _attn(graph.layers[1])
+    assert block.param_count == ATTN_PARAMS / 4 + MLP_PARAMS / 2 == 5264
+    assert graph.layers[1].param_count == 3176
+    pricer = Pricer(Calibration())
+    pair_s = pricer.collective_s("all-reduce", HIDDEN_BYTES, job.cluster.group_layout(2, 1), job)
+    four_s = pricer.collective_s("all-reduce", HIDDEN_BYTES, axis_layout("tp", job.parallel, job.cluster), job)
+    assert pair_s != four_s
+    assert _tp_tasks(compile_job(job, plan, pricer, "op"), "L1.block") == [
+        ("attn.ar all-reduce", four_s), ("mlp.ar all-reduce", pair_s), ("mlp.ar all-reduce", pair_s),
+        ("attn.ar all-reduce", four_s)]
+
+
+def test_heads_split_4_ways_then_2_gather_over_pairs() -> None:
+    """qkv split 4 ways (1 head per rank), the core and the projection 2 ways (2 heads per rank): the core reads
+    its pair's heads: an all-gather over 2 ranks of 12288 / 2 = 6144 bytes gathered; the projection's partial
+    sums are all-reduced over the pair; backward, the core's input gradient (2 heads) is sliced to qkv's one
+    head, and qkv's input gradient all-reduced over all 4 ranks."""
+    job, graph = _tiny(tp=4, dp=2)
+    attn = [("blocks.*.attn.qkv", "out", 4), ("blocks.*.attn.core", "out", 2), ("blocks.*.attn.out", "reduce", 2)]
+    block = _block(shape_layers(job, _tree4(graph, VOCAB4 + attn + MLP2).lower(job.parallel)), 1)
+    assert [(c.name, c.collective, c.phase, c.buffer_bytes, c.ranks) for c in block.comms] == [
+        ("attn.ag", "all-gather", "fwd", 6144.0, 2), ("attn.ar", "all-reduce", "fwd", HIDDEN_BYTES, 2),
+        ("mlp.ar", "all-reduce", "fwd", HIDDEN_BYTES, 2), ("attn.ar", "all-reduce", "bwd", HIDDEN_BYTES, 0),
+        ("mlp.ar", "all-reduce", "bwd", HIDDEN_BYTES, 2)]
+
+
+def test_a_vocabulary_split_over_2_of_4_tp_ranks() -> None:
+    """The tied table and the logits split over pairs of tp ranks: the lookups' partial sums, the projection's
+    input gradient and the three cross-entropy statistics all-reduced over 2 ranks; half the table per rank,
+    9216 / 2 = 4608 parameters. A split 3 ways of 4 is refused."""
+    job, graph = _tiny(tp=4, dp=2)
+    vocab = [("embedding.tokens", "reduce", 2), ("head.proj", "out", 2), ("head.loss", "out", 2)]
+    plan = shape_layers(job, _tree4(graph, vocab + ATTN4 + MLP2).lower(job.parallel))
+    assert _block(plan, 0).comms == (Comm("embed.ar", "all-reduce", "tp", "fwd", HIDDEN_BYTES, ranks=2),)
+    assert _block(plan, 0).param_count == 4608
+    assert {(c.name, c.ranks) for c in _block(plan, 3).comms} == {
+        ("logits.ar", 2), ("loss.max", 2), ("loss.target", 2), ("loss.sum_exp", 2)}
+    with pytest.raises(ConfigError, match=r"blocks.0.mlp.fc1 split.compute@tp='out=3' is invalid: .* fc1 splits "
+                                          r"out=4 over tp; give that, or no tp splits; or that split over fewer "
+                                          r"ranks dividing 4, or none \(the fc1 whole on each tp rank\)"):
+        _tree4(graph, [*VOCAB4, *ATTN4, ("blocks.*.mlp.fc1", "out", 3)]).lower(job.parallel)

@@ -283,8 +283,10 @@ def test_tree_splits_other_than_the_graphs_are_refused_in_one_line() -> None:
                                           r"sequence split over tp is sequence parallelism \(--sp\)"):
         load_tree_yaml(TREE_FILE, graph).lower(job.parallel)
     tree = StrategyTree.from_graph(graph).split("blocks.*.mlp.fc2", "compute", "out", 2, axis="tp")
-    with pytest.raises(ConfigError, match=r"embedding.tokens split.compute@tp='nothing' is invalid: .* lookup "
-                                          r"splits reduce=2 over tp") as info:
+    # the lookup and every other op left without a tp split run whole on each rank; fc2 split by out is neither
+    with pytest.raises(ConfigError, match=r"blocks.0.mlp.fc2 split.compute@tp='out=2' is invalid: .* fc2 "
+                                          r"splits reduce=2 over tp; give that, or no tp splits; or none \(the fc2 "
+                                          r"whole on each tp rank\)") as info:
         tree.lower(job.parallel)
     assert "\n" not in str(info.value)
     full = StrategyTree.from_parallel(graph, job.parallel)

@@ -3,9 +3,12 @@
 The feature collectives of TP, SP, CP and EP are not written here: strategy.megatron derives them from the
 splits those axes make of each layer's ops (the resharding between ops' computation configs).
 
-A block's attention and MLP are shaped by their own tensor-parallel degree: the job's tp (Megatron's split), or 1
-where a strategy tree holds the module whole on every tp rank (block_layer's `replicated`: the tp ranks each run
-the whole module and hold its whole weights; strategy.megatron.replicated_modules)."""
+Each op of a block's attention and MLP, the lookup, the logits and the cross-entropy is shaped by its own
+tensor-parallel degree: the job's tp (Megatron's split), or the degree d dividing tp a strategy tree gives it
+(the builders' `degrees`: each rank runs 1/d of the op and holds 1/d of its weight; d = 1: the whole op on every
+tp rank; strategy.megatron.op_degrees)."""
+
+from collections.abc import Mapping
 
 from trainsim.hardware.device import BYTES_PER_DTYPE
 from trainsim.ir.flops import (
@@ -19,17 +22,17 @@ from trainsim.ir.flops import (
 from trainsim.ir.graph import Layer, LayerKind, Op, OpGraph
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.strategy.device_slice import DeviceSlice
-from trainsim.strategy.megatron import Configs, axis_sizes, layer_comms, op_config
+from trainsim.strategy.megatron import Configs, Degrees, axis_sizes, layer_comms, op_config
 
 
 def build_transformer(spec: TransformerSpec, dev: DeviceSlice) -> OpGraph:
-    layers: list[Layer] = [_embedding(spec, dev)]
+    layers: list[Layer] = [embedding_layer(spec, dev)]
     dense_count = spec.num_layers - spec.num_moe_layers
     if dense_count:
         layers.append(block_layer(spec, dev, dense_count, moe=False))
     if spec.num_moe_layers:
         layers.append(block_layer(spec, dev, spec.num_moe_layers, moe=True))
-    layers.append(_head(spec, dev))
+    layers.append(head_layer(spec, dev))
     return OpGraph(spec.name, tuple(layers), dev.local_tokens, dev.micro_batch)
 
 
@@ -67,97 +70,127 @@ def _block_params(spec: TransformerSpec, moe: bool) -> tuple[float, float]:
     return attn + norms, mlp
 
 
-def _attention_ops(spec: TransformerSpec, dev: DeviceSlice, path: str, t: int) -> list[Op]:
-    """norm1, the attention module split over t tensor-parallel ranks (1: whole), residual1."""
+def _attention_ops(spec: TransformerSpec, dev: DeviceSlice, path: str, t: Mapping[str, int]) -> list[Op]:
+    """norm1, the attention module with each op split over its t[name] tensor-parallel ranks (1: whole),
+    residual1."""
     tokens, rep = dev.local_tokens, _replicated_tokens(dev)
     act, lin, h, d = dev.precision.activation_dtype, dev.precision.linear_dtype, spec.hidden, spec.head_dim
-    heads, kv_heads = spec.num_heads // t, max(1, spec.kv_heads // t)
+
+    def heads(name: str) -> tuple[int, int]:
+        return spec.num_heads // t[name], max(1, spec.kv_heads // t[name])
+
+    q, kv = heads("qkv")
     ops = [pointwise_op("norm1", "norm", f"{path}.norm1", act, rep * h, flops_per_element=5.0),
-           matmul_op("qkv", f"{path}.attn.qkv", lin, tokens, (heads + 2 * kv_heads) * d, h)]
+           matmul_op("qkv", f"{path}.attn.qkv", lin, tokens, (q + 2 * kv) * d, h)]
     if spec.position == "rope":
-        ops.append(pointwise_op("rope", "elementwise", f"{path}.attn.rope", act, tokens * (heads + kv_heads) * d))
-    ops.append(attention_op(f"{path}.attn.core", dev.precision.matmul_dtype, dev.micro_batch * heads,
+        q, kv = heads("rope")
+        ops.append(pointwise_op("rope", "elementwise", f"{path}.attn.rope", act, tokens * (q + kv) * d))
+    ops.append(attention_op(f"{path}.attn.core", dev.precision.matmul_dtype, dev.micro_batch * heads("attention")[0],
                             tokens // dev.micro_batch, dev.seq_len, d, spec.causal, dev.attention))
     if not dev.fused_attention:
         ops.append(pointwise_op("softmax", "softmax", f"{path}.attn.softmax", act,
-                                dev.micro_batch * heads * (tokens // dev.micro_batch) * dev.seq_len,
+                                dev.micro_batch * heads("softmax")[0] * (tokens // dev.micro_batch) * dev.seq_len,
                                 flops_per_element=5.0, selective=True))
-    ops.append(matmul_op("out_proj", f"{path}.attn.out", lin, tokens, h, heads * d))
+    ops.append(matmul_op("out_proj", f"{path}.attn.out", lin, tokens, h, heads("out_proj")[0] * d))
     ops.append(pointwise_op("residual1", "elementwise", f"{path}.residual1", act, rep * h, reads=2.0))
     return ops
 
 
 def _mlp_ops(spec: TransformerSpec, dev: DeviceSlice, path: str, tokens: int, experts_local: int,
-             t: int) -> list[Op]:
-    """The MLP (or each local expert's) split over t tensor-parallel ranks (1: whole)."""
-    lin, act, h = dev.precision.linear_dtype, dev.precision.activation_dtype, spec.hidden
-    f = spec.ffn_hidden // t
+             t: Mapping[str, int]) -> list[Op]:
+    """The MLP (or each local expert's) with each op split over its t[name] tensor-parallel ranks (1: whole)."""
+    lin, act, h, f = dev.precision.linear_dtype, dev.precision.activation_dtype, spec.hidden, spec.ffn_hidden
     routed = tokens * experts_local  # tokens processed by this device's experts (balanced routing)
     if spec.mlp == "swiglu":
-        return [matmul_op("gate_up", f"{path}.mlp.gate_up", lin, routed, 2 * f, h),
-                pointwise_op("swiglu", "elementwise", f"{path}.mlp.act", act, routed * f, reads=2.0,
-                             flops_per_element=4.0),
-                matmul_op("down", f"{path}.mlp.down", lin, routed, h, f)]
-    return [matmul_op("fc1", f"{path}.mlp.fc1", lin, routed, f, h),
-            pointwise_op("gelu", "elementwise", f"{path}.mlp.act", act, routed * f, flops_per_element=8.0),
-            matmul_op("fc2", f"{path}.mlp.fc2", lin, routed, h, f)]
+        return [matmul_op("gate_up", f"{path}.mlp.gate_up", lin, routed, 2 * (f // t["gate_up"]), h),
+                pointwise_op("swiglu", "elementwise", f"{path}.mlp.act", act, routed * (f // t["swiglu"]),
+                             reads=2.0, flops_per_element=4.0),
+                matmul_op("down", f"{path}.mlp.down", lin, routed, h, f // t["down"])]
+    return [matmul_op("fc1", f"{path}.mlp.fc1", lin, routed, f // t["fc1"], h),
+            pointwise_op("gelu", "elementwise", f"{path}.mlp.act", act, routed * (f // t["gelu"]),
+                         flops_per_element=8.0),
+            matmul_op("fc2", f"{path}.mlp.fc2", lin, routed, h, f // t["fc2"])]
+
+
+_ATTN_OPS = ("qkv", "rope", "attention", "softmax", "out_proj")
+_MLP_OPS = ("fc1", "gelu", "fc2", "gate_up", "swiglu", "down")
 
 
 def block_layer(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool,
-                replicated: frozenset[str] = frozenset()) -> Layer:
+                degrees: Degrees = frozenset()) -> Layer:
     """`count` dense (or MoE) blocks as one device runs them: attention and MLP split over the slice's tp
-    (Megatron's), except the modules in `replicated` ("attn", "mlp": strategy.megatron.replicable_module), which
-    every tp rank runs whole (the tp=1 module's ops and weights), their collectives derived from those configs."""
+    (Megatron's), except the ops in `degrees` (of the attention or a dense MLP:
+    strategy.megatron.replicable_module), split over their own degree d (1: every tp rank runs the whole op and
+    holds its weight), the block's collectives derived from those configs."""
     name = "moe_block" if moe else "block"
     path = f"blocks.{name}"
     act, h = dev.precision.activation_dtype, spec.hidden
-    tokens, rep = dev.local_tokens, _replicated_tokens(dev)
-    t_attn = 1 if "attn" in replicated else dev.tp
-    t_mlp = 1 if "mlp" in replicated and not moe else dev.tp
-    fwd = _attention_ops(spec, dev, path, t_attn)
+    rep = _replicated_tokens(dev)
+    given = dict(degrees)
+    t = {op: dev.tp if moe and op in _MLP_OPS else given.get(op, dev.tp) for op in _ATTN_OPS + _MLP_OPS}
+    fwd = _attention_ops(spec, dev, path, t)
     fwd.append(pointwise_op("norm2", "norm", f"{path}.norm2", act, rep * h, flops_per_element=5.0))
     if moe:
-        fwd.append(matmul_op("router", f"{path}.moe.router", act, tokens, spec.num_experts, h))
-        fwd.extend(_mlp_ops(spec, dev, f"{path}.moe", tokens, spec.top_k, t_mlp))
+        fwd.append(matmul_op("router", f"{path}.moe.router", act, dev.local_tokens, spec.num_experts, h))
+        fwd.extend(_mlp_ops(spec, dev, f"{path}.moe", dev.local_tokens, spec.top_k, t))
     else:
-        fwd.extend(_mlp_ops(spec, dev, path, tokens, 1, t_mlp))
+        fwd.extend(_mlp_ops(spec, dev, path, dev.local_tokens, 1, t))
     fwd.append(pointwise_op("residual2", "elementwise", f"{path}.residual2", act, rep * h, reads=2.0))
     kind: LayerKind = "moe_block" if moe else "block"
-    configs: Configs | None = {(op.module_path, axis): op_config(axis, op, dev, replicated) for op in fwd
-                               for axis in axis_sizes(kind, dev)} if replicated else None
-    comms = layer_comms(spec, dev, kind, fwd, configs)
+    comms = layer_comms(spec, dev, kind, fwd, _configs(kind, fwd, dev, degrees))
     fwd_ops, bwd_ops = _with_backward(fwd)
+    return Layer(name, kind, count, fwd_ops, bwd_ops, comms, _block_local_params(spec, dev, moe, t),
+                 sum(_block_params(spec, moe)), _block_saved_bytes(spec, dev, moe, t), rep * h * _act_bytes(dev))
+
+
+def _block_local_params(spec: TransformerSpec, dev: DeviceSlice, moe: bool, t: Mapping[str, int]) -> float:
+    """The parameters one tp rank holds of a block: each matmul's weight (and bias) divided by its op's degree;
+    the norms' with qkv's (as Megatron-LM's builders here always counted them: divided by tp). A module whose
+    ops share one degree divides its count as a whole (the same figure, to the last bit, as before)."""
     attn_params, mlp_params = _block_params(spec, moe)
-    local_mlp = mlp_params / t_mlp / (dev.ep if moe else 1)
-    return Layer(name, kind, count, fwd_ops, bwd_ops, comms,
-                 attn_params / t_attn + local_mlp, attn_params + mlp_params,
-                 _block_saved_bytes(spec, dev, moe, t_attn, t_mlp), rep * h * _act_bytes(dev))
+    first, second = ("gate_up", "down") if spec.mlp == "swiglu" else ("fc1", "fc2")
+    if t["qkv"] == t["out_proj"]:
+        attn = attn_params / t["qkv"]
+    else:
+        out_params = spec.num_heads * spec.head_dim * spec.hidden + (spec.hidden if spec.bias else 0)
+        attn = (attn_params - out_params) / t["qkv"] + out_params / t["out_proj"]
+    if moe or t[first] == t[second]:
+        mlp = mlp_params / t[first] / (dev.ep if moe else 1)
+    else:
+        second_params = spec.ffn_hidden * spec.hidden + (spec.hidden if spec.bias else 0)
+        mlp = (mlp_params - second_params) / t[first] + second_params / t[second]
+    return attn + mlp
 
 
-def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool, t_attn: int,
-                       t_mlp: int) -> dict[str, float]:
+def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool, t: Mapping[str, int]) -> dict[str, float]:
     """Activations one block keeps for its backward pass, per micro-batch.
 
     Korthikanti et al. 2022 (eq. 1-5) generalized to any ffn size, grouped-query heads, SwiGLU and flash
     attention: for GPT with unfused attention it reduces to sbh(34 + 5as/h) (t=1),
-    sbh(10 + 24/t + 5as/(ht)) (TP), and sbh/t(34 + 5as/h) (TP + SP). t_attn, t_mlp: the tensor-parallel
-    degree of the attention and the MLP (1: the module runs whole on every tp rank; under SP it then keeps its
-    gathered input, all local tokens, rather than the sequence share Megatron-LM re-gathers in the backward).
+    sbh(10 + 24/t + 5as/(ht)) (TP), and sbh/t(34 + 5as/h) (TP + SP). t: each op's tensor-parallel degree (1: the
+    op runs whole on every tp rank); a tensor is kept as the op that reads it in the backward holds it (q, k and
+    v as the attention core, its output as the projection, the ffn features as the activation and the second
+    matmul). Under SP a module whose first matmul runs whole keeps its gathered input, all local tokens, rather
+    than the sequence share Megatron-LM re-gathers in the backward.
     """
     a2, h = _act_bytes(dev), spec.hidden
     tokens, rep = dev.local_tokens, _replicated_tokens(dev)
-    heads, kv = spec.num_heads // t_attn, max(1, spec.kv_heads // t_attn)
+    heads, kv = spec.num_heads // t["attention"], max(1, spec.kv_heads // t["attention"])
     mask = 1.0 if spec.arch in ("gpt", "bert", "bloom") else 0.0  # dropout masks, one byte per element
-    f_local = spec.ffn_hidden // t_mlp * (spec.top_k if moe else 1)
-    whole_inputs = (t_attn < dev.tp) + (t_mlp < dev.tp) if dev.sp else 0  # modules reading gathered inputs
+    first, act, second = ("gate_up", "swiglu", "down") if spec.mlp == "swiglu" else ("fc1", "gelu", "fc2")
+
+    def f_local(op: str) -> int:
+        return spec.ffn_hidden // t[op] * (spec.top_k if moe else 1)
+
+    whole_inputs = (t["qkv"] < dev.tp) + (t[first] < dev.tp) if dev.sp else 0  # modules reading gathered inputs
     # two norm inputs, qkv input, mlp input, two dropout masks
     replicated = rep * h * (4 * a2 + 2 * mask) + (tokens - rep) * h * a2 * whole_inputs
     qkv = tokens * (heads + 2 * kv) * spec.head_dim * a2
-    out_in = tokens * heads * spec.head_dim * a2
+    out_in = tokens * (spec.num_heads // t["out_proj"]) * spec.head_dim * a2
     if spec.mlp == "swiglu":
-        mlp = tokens * (3 * f_local) * a2  # gate and up outputs, the product
+        mlp = tokens * (2 * f_local(act) + f_local(second)) * a2  # gate and up outputs, the product
     else:
-        mlp = tokens * (2 * f_local) * a2  # fc1 output, gelu output
+        mlp = tokens * (f_local(act) + f_local(second)) * a2  # fc1 output, gelu output
     scores = dev.micro_batch * heads * (tokens // dev.micro_batch) * dev.seq_len * (2 * a2 + 1)
     lse = dev.micro_batch * heads * (tokens // dev.micro_batch) * 4.0
     core = lse if dev.fused_attention else scores
@@ -168,12 +201,21 @@ def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool, t_att
     # GPT's wq wk wv wo fc1 fc2: wq, wv, fc1) are kept, everything else is recomputed
     q_out = tokens * heads * spec.head_dim * a2
     v_out = tokens * kv * spec.head_dim * a2
-    mlp_kept = tokens * f_local * a2 + (tokens * h * a2 if spec.mlp == "swiglu" else 0.0)
+    mlp_kept = tokens * f_local(first) * a2 + (tokens * h * a2 if spec.mlp == "swiglu" else 0.0)
     op_level = rep * h * a2 + q_out + v_out + out_in + lse + mlp_kept
     return {"none": base + core, "selective": base, "full": rep * h * a2, "selective_op": op_level}
 
 
-def _embedding(spec: TransformerSpec, dev: DeviceSlice) -> Layer:
+def _configs(kind: LayerKind, fwd: list[Op], dev: DeviceSlice, degrees: Degrees) -> Configs | None:
+    """The ops' configs over the model-parallel axes with the ops in `degrees` split over their own degree of tp
+    (None: Megatron's)."""
+    return {(op.module_path, axis): op_config(axis, op, dev, degrees) for op in fwd
+            for axis in axis_sizes(kind, dev)} if degrees else None
+
+
+def embedding_layer(spec: TransformerSpec, dev: DeviceSlice, degrees: Degrees = frozenset()) -> Layer:
+    """The embedding as one device runs it: the lookup vocab-parallel over tp (Megatron's: the table's rows
+    split, partial sums), or over the lookup's degree in `degrees` (1: the whole table on every tp rank)."""
     act, h, tokens = dev.precision.activation_dtype, spec.hidden, dev.local_tokens
     fwd = [pointwise_op("lookup", "embedding", "embed.tokens", act, tokens * h, reads=1.0)]
     params = spec.vocab * h
@@ -184,16 +226,21 @@ def _embedding(spec: TransformerSpec, dev: DeviceSlice) -> Layer:
         fwd += [pointwise_op("type_add", "elementwise", "embed.token_types", act, tokens * h, reads=2.0),
                 pointwise_op("norm", "norm", "embed.norm", act, tokens * h, flops_per_element=5.0)]
         params += 2 * h + 2 * h
+    comms = layer_comms(spec, dev, "embedding", fwd, _configs("embedding", fwd, dev, degrees))
     fwd_ops, bwd_ops = _with_backward(fwd)
     out = _replicated_tokens(dev) * h * _act_bytes(dev)
-    comms = layer_comms(spec, dev, "embedding", fwd)
-    return Layer("embedding", "embedding", 1, fwd_ops, bwd_ops, comms, params / dev.tp, params,
+    t = dict(degrees).get("lookup", dev.tp)
+    return Layer("embedding", "embedding", 1, fwd_ops, bwd_ops, comms, params / t, params,
                  dict.fromkeys(("none", "selective", "full", "selective_op"), out), out)
 
 
-def _head(spec: TransformerSpec, dev: DeviceSlice) -> Layer:
-    """Final norm, vocabulary projection (vocab-parallel under TP) and fp32 cross-entropy."""
-    act, h, tokens, v = dev.precision.activation_dtype, spec.hidden, dev.local_tokens, spec.vocab // dev.tp
+def head_layer(spec: TransformerSpec, dev: DeviceSlice, degrees: Degrees = frozenset()) -> Layer:
+    """Final norm, vocabulary projection and fp32 cross-entropy: vocab-parallel under TP (Megatron's), or the
+    projection or the cross-entropy over its degree in `degrees` (logits, cross_entropy; 1: the whole weight, all
+    logits, on every tp rank)."""
+    act, h, tokens = dev.precision.activation_dtype, spec.hidden, dev.local_tokens
+    given = dict(degrees)
+    t_logits, t_loss = (given.get(name, dev.tp) for name in ("logits", "cross_entropy"))
     fwd: list[Op] = []
     extra_params = 0
     if spec.arch == "bert":  # the masked-LM transform (dense + GELU + LayerNorm) and the decoder bias
@@ -203,13 +250,14 @@ def _head(spec: TransformerSpec, dev: DeviceSlice) -> Layer:
         extra_params = h * h + h + spec.vocab
     fwd += [pointwise_op("final_norm", "norm", "head.norm", act, _replicated_tokens(dev) * h,
                          flops_per_element=5.0),
-            matmul_op("logits", "head.proj", dev.precision.linear_dtype, tokens, v, h),
-           pointwise_op("cross_entropy", "loss", "head.loss", "fp32", tokens * v, reads=1.0, writes=1.0,
-                        flops_per_element=4.0)]
+            matmul_op("logits", "head.proj", dev.precision.linear_dtype, tokens, spec.vocab // t_logits, h),
+            pointwise_op("cross_entropy", "loss", "head.loss", "fp32", tokens * (spec.vocab // t_loss), reads=1.0,
+                         writes=1.0, flops_per_element=4.0)]
+    comms = layer_comms(spec, dev, "head", fwd, _configs("head", fwd, dev, degrees))
     fwd_ops, bwd_ops = _with_backward(fwd)
     norm_params = h * (2 if spec.norm == "layernorm" else 1) + extra_params
     proj_params = 0 if spec.tied_embeddings else spec.vocab * h
-    saved = _replicated_tokens(dev) * h * _act_bytes(dev) + tokens * v * 4.0  # norm input, fp32 softmax
-    comms = layer_comms(spec, dev, "head", fwd)
-    return Layer("head", "head", 1, fwd_ops, bwd_ops, comms, norm_params + proj_params / dev.tp,
+    saved = _replicated_tokens(dev) * h * _act_bytes(dev) + tokens * (spec.vocab // t_loss) * 4.0  # norm input,
+    # the fp32 softmax
+    return Layer("head", "head", 1, fwd_ops, bwd_ops, comms, norm_params + proj_params / t_logits,
                  norm_params + proj_params, dict.fromkeys(("none", "selective", "full", "selective_op"), saved), 0.0)

@@ -92,9 +92,5 @@ def repeated_flops(job: Job, plan: LoweredPlan) -> float:
 
 
 def _run_flops(a: LayerAssignment) -> float:
-    """One micro-batch through a layer instance: forward, backward and its recompute (as
-    estimate.result.recompute_flops counts it)."""
-    layer = a.layer
-    again = layer.flops("fwd") if a.recompute == "full" else sum(
-        op.flops for op in layer.fwd if op.recompute_selective) if a.recompute == "selective" else 0.0
-    return layer.flops("fwd") + layer.flops("bwd") + again
+    """One micro-batch through a layer instance: forward, backward and its recompute."""
+    return a.layer.flops("fwd") + a.layer.flops("bwd") + a.layer.recomputed_flops(a.recompute)

@@ -170,8 +170,7 @@ def recompute_flops(graph: OpGraph, recompute: str) -> float:
     if recompute == "full":
         return graph.total_flops("fwd")
     if recompute == "selective":
-        return sum(layer.count * sum(op.flops for op in layer.fwd if op.recompute_selective)
-                   for layer in graph.layers)
+        return sum(layer.count * layer.recomputed_flops(recompute) for layer in graph.layers)
     return 0.0
 
 

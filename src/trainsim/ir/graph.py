@@ -74,6 +74,15 @@ class Layer:
     def flops(self, phase: Phase) -> float:
         return sum(op.flops for op in (self.fwd if phase == "fwd" else self.bwd))
 
+    def recomputed_flops(self, recompute: str) -> float:
+        """The FLOPs one instance runs again in the backward pass: its whole forward under full recompute, its
+        ops marked recompute_selective under selective recompute (Korthikanti et al. 2022), else none."""
+        if recompute == "full":
+            return self.flops("fwd")
+        if recompute == "selective":
+            return sum(op.flops for op in self.fwd if op.recompute_selective)
+        return 0.0
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MeasuredTrace:

@@ -398,13 +398,13 @@ class StrategyTree:
                         int(row[key].value) if (key := f"split.compute.{dim}@{axis}") in row else 1
                         for dim in COMPUTE_DIMS))
             op_nodes.append((path, node, sizes))
-        replicated = self._replicated(layers, dev, given) if "tp" in given_axes and par.tp > 1 else {}
+        degrees_of = self._op_degrees(layers, dev, given) if "tp" in given_axes and par.tp > 1 else {}
         out: list[MeshSplit] = []
         for path, node, sizes in op_nodes:
-            whole = replicated.get(node.layer_index, frozenset())
+            degrees = degrees_of.get(node.layer_index, frozenset())
             for op in node.fwd:
                 for axis in sizes:
-                    expected = op_config(axis, op, dev, whole)
+                    expected = op_config(axis, op, dev, degrees)
                     config = given[(node.layer_index, op.module_path, axis)]
                     if axis in given_axes and config != expected:
                         raise ConfigError(f"{path} split.compute@{axis}", _config_text(config),
@@ -412,16 +412,16 @@ class StrategyTree:
                     out.append(MeshSplit(node.layer_index, op.module_path, axis, expected))
         return tuple(dict.fromkeys(out))
 
-    def _replicated(self, layers: list[Layer], dev: DeviceSlice,
+    def _op_degrees(self, layers: list[Layer], dev: DeviceSlice,
                     given: Mapping[tuple[int, str, Axis], OpConfig]) -> dict[int, Degrees]:
         """Per layer index, the replicable ops (strategy.megatron.replicable_module) the tree splits over fewer
         tp ranks than tp (1: unsplit), with their degrees."""
         out: dict[int, Degrees] = {}
         for index, layer in enumerate(layers):
-            whole = op_degrees(layer.fwd, dev,
-                               lambda op, i=index: given.get((i, op.module_path, "tp"), UNSPLIT))
-            if whole:
-                out[index] = whole
+            degrees = op_degrees(layer.fwd, dev,
+                                 lambda op, i=index: given.get((i, op.module_path, "tp"), UNSPLIT))
+            if degrees:
+                out[index] = degrees
         return out
 
     # --- printing ---

@@ -116,6 +116,11 @@ _ATTN_OPS = ("qkv", "rope", "attention", "softmax", "out_proj")
 _MLP_OPS = ("fc1", "gelu", "fc2", "gate_up", "swiglu", "down")
 
 
+def _mlp_op_names(spec: TransformerSpec) -> tuple[str, str, str]:
+    """The MLP's first matmul, activation and second matmul, as _mlp_ops names them."""
+    return ("gate_up", "swiglu", "down") if spec.mlp == "swiglu" else ("fc1", "gelu", "fc2")
+
+
 def block_layer(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool,
                 degrees: Degrees = frozenset()) -> Layer:
     """`count` dense (or MoE) blocks as one device runs them: attention and MLP split over the slice's tp
@@ -148,7 +153,7 @@ def _block_local_params(spec: TransformerSpec, dev: DeviceSlice, moe: bool, t: M
     the norms' with qkv's (as Megatron-LM's builders here always counted them: divided by tp). A module whose
     ops share one degree divides its count as a whole (the same figure, to the last bit, as before)."""
     attn_params, mlp_params = _block_params(spec, moe)
-    first, second = ("gate_up", "down") if spec.mlp == "swiglu" else ("fc1", "fc2")
+    first, _, second = _mlp_op_names(spec)
     if t["qkv"] == t["out_proj"]:
         attn = attn_params / t["qkv"]
     else:
@@ -177,7 +182,7 @@ def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool, t: Ma
     tokens, rep = dev.local_tokens, _replicated_tokens(dev)
     heads, kv = spec.num_heads // t["attention"], max(1, spec.kv_heads // t["attention"])
     mask = 1.0 if spec.arch in ("gpt", "bert", "bloom") else 0.0  # dropout masks, one byte per element
-    first, act, second = ("gate_up", "swiglu", "down") if spec.mlp == "swiglu" else ("fc1", "gelu", "fc2")
+    first, act, second = _mlp_op_names(spec)
 
     def f_local(op: str) -> int:
         return spec.ffn_hidden // t[op] * (spec.top_k if moe else 1)

@@ -14,9 +14,10 @@ lower() turns the tree into the LoweredPlan of compile.plan (stage, chunk and re
 schedule). The splits the plain strategy implies (from_parallel: tp, sp, cp, ep, dp, ZeRO) are what the
 DeviceSlice the graph was built with applied already; their computation configs over tp, cp and ep (Megatron's,
 strategy.megatron) go into the plan as MeshSplits, from which the compiler derives the feature collectives. A tree
-may leave any op of a block's attention or MLP, the embedding's lookup or the head's projection or cross-entropy
-unsplit over tp: the compiler then rebuilds that layer with the op whole on each tp rank and reshards between the
-ops' configs (compile.shape_layers).
+may give any op of a block's attention or MLP or the head's projection or cross-entropy a config of its own over
+tp (batch, seq, out, reduce parts dividing tp; none: whole on each tp rank), the embedding's lookup Megatron's
+split over fewer ranks or none: the compiler then rebuilds that layer with the op at its config and reshards
+between the ops' configs (compile.shape_layers).
 Computation configs over dp (item "compute": batch, seq, out, reduce) go into the plan as OpSplits, which
 compile.splits applies with the resharding they need.
 """
@@ -47,11 +48,12 @@ from trainsim.strategy.lowered import (
 from trainsim.strategy.megatron import (
     UNSPLIT,
     Axis,
-    Degrees,
+    TpConfigs,
     axis_sizes,
     op_config,
-    op_degrees,
+    own_configs,
     replicable_module,
+    tp_config_problem,
 )
 from trainsim.strategy.parallel import RECOMPUTES, ParallelSpec, Recompute, Schedule
 from trainsim.strategy.placement import OpConfig
@@ -366,10 +368,9 @@ class StrategyTree:
     def _mesh_splits(self, par: ParallelSpec, stage_meshes: bool = False) -> tuple[MeshSplit, ...]:
         """The computation configs over tp, cp and ep of every op: Megatron's (lowered.megatron_splits) where
         the tree sets none over an axis. An axis the tree splits must be split as Megatron does on every op,
-        except that any op of a block's attention or MLP, the lookup, the logits or the cross-entropy may be
-        split that way over fewer ranks d dividing tp, or left unsplit (d = 1: strategy.megatron.op_degrees;
-        the compiler shapes the ops from these configs and reshards between them, compile.shape_layers):
-        ConfigError naming the first op that differs."""
+        except that any op of a block's attention or MLP, the lookup, the logits or the cross-entropy may take a
+        config of its own over tp (strategy.megatron.own_configs; the compiler shapes the ops from these configs
+        and reshards between them, compile.shape_layers): ConfigError naming the first op that differs."""
         layers = expand_layers(self.graph)
         given_axes = {key.partition("@")[2] for row in self.explicit.values() for key in row if "@" in key}
         if not given_axes:
@@ -398,13 +399,13 @@ class StrategyTree:
                         int(row[key].value) if (key := f"split.compute.{dim}@{axis}") in row else 1
                         for dim in COMPUTE_DIMS))
             op_nodes.append((path, node, sizes))
-        degrees_of = self._op_degrees(layers, dev, given) if "tp" in given_axes and par.tp > 1 else {}
+        own_of = self._own_configs(layers, dev, given) if "tp" in given_axes and par.tp > 1 else {}
         out: list[MeshSplit] = []
         for path, node, sizes in op_nodes:
-            degrees = degrees_of.get(node.layer_index, frozenset())
+            own = own_of.get(node.layer_index, frozenset())
             for op in node.fwd:
                 for axis in sizes:
-                    expected = op_config(axis, op, dev, degrees)
+                    expected = op_config(axis, op, dev, own)
                     config = given[(node.layer_index, op.module_path, axis)]
                     if axis in given_axes and config != expected:
                         raise ConfigError(f"{path} split.compute@{axis}", _config_text(config),
@@ -412,16 +413,15 @@ class StrategyTree:
                     out.append(MeshSplit(node.layer_index, op.module_path, axis, expected))
         return tuple(dict.fromkeys(out))
 
-    def _op_degrees(self, layers: list[Layer], dev: DeviceSlice,
-                    given: Mapping[tuple[int, str, Axis], OpConfig]) -> dict[int, Degrees]:
-        """Per layer index, the replicable ops (strategy.megatron.replicable_module) the tree splits over fewer
-        tp ranks than tp (1: unsplit), with their degrees."""
-        out: dict[int, Degrees] = {}
+    def _own_configs(self, layers: list[Layer], dev: DeviceSlice,
+                     given: Mapping[tuple[int, str, Axis], OpConfig]) -> dict[int, TpConfigs]:
+        """Per layer index, the replicable ops (strategy.megatron.replicable_module) the tree gives a config of
+        their own over tp, with those configs."""
+        out: dict[int, TpConfigs] = {}
         for index, layer in enumerate(layers):
-            degrees = op_degrees(layer.fwd, dev,
-                                 lambda op, i=index: given.get((i, op.module_path, "tp"), UNSPLIT))
-            if degrees:
-                out[index] = degrees
+            own = own_configs(layer.fwd, dev, lambda op, i=index: given.get((i, op.module_path, "tp"), UNSPLIT))
+            if own:
+                out[index] = own
         return out
 
     # --- printing ---
@@ -814,10 +814,9 @@ def _mismatch(op: Op, axis: str, size: int, dev: DeviceSlice, given: OpConfig, e
               path: str) -> str:
     mesh = f"{axis}={size}" + (" with sp" if axis == "tp" and dev.sp else "")
     hint = "; a sequence split over tp is sequence parallelism (--sp)" if (
-        axis == "tp" and not dev.sp and given.seq > 1) else ""
+        axis == "tp" and not dev.sp and given.seq > 1 and not replicable_module(op)) else ""
     if axis == "tp" and replicable_module(op):
-        fewer = f"that split over fewer ranks dividing {size}, or " if size > 2 else ""
-        hint += f"; or {fewer}none (the {op.name} whole on each tp rank)"
+        hint += f"; or {tp_config_problem(op, given, dev)}"
     return (f"ops take Megatron's splits over {mesh}: {op.name} splits {_config_text(expected)} over {axis}; "
             f"give that, or no {axis} splits{hint}")
 

@@ -135,12 +135,13 @@ def test_attention_only_tp_from_the_shipped_tree_file_lands_between_tp2_and_tp1(
     assert out["attn"]["breakdown"]["tp_comm"] < 0.6 * out["tp2"]["breakdown"]["tp_comm"]
     assert out["tp2"]["memory_breakdown"]["weights"] < out["attn"]["memory_breakdown"]["weights"] \
         < out["tp1"]["memory_breakdown"]["weights"]
-    bad = tmp_path / "bad.yaml"  # qkv split by its reduction dimension: neither Megatron's split nor whole
+    bad = tmp_path / "bad.yaml"  # the attention core split by a reduction dimension it does not have
     bad.write_text("strategy_tree:\n  split:\n" + "".join(
         f"    - {{path: {path}, item: compute, dim: {dim}, parts: 2, axis: tp}}\n" for path, dim in (
-            ("embedding.tokens", "reduce"), ("blocks.*.attn.qkv", "reduce"), ("blocks.*.attn.out", "reduce"),
-            ("head.proj", "out"), ("head.loss", "out"))))
+            ("embedding.tokens", "reduce"), ("blocks.*.attn.qkv", "out"), ("blocks.*.attn.core", "reduce"),
+            ("blocks.*.attn.out", "reduce"), ("head.proj", "out"), ("head.loss", "out"))))
     broken = RUNNER.invoke(app, [*args, "--num-gpus", "8", "--tp", "2", "--tree", str(bad)])
     assert broken.exit_code == 2
     lines = broken.stderr.strip().splitlines()
-    assert len(lines) == 1 and "blocks.0.attn.qkv split.compute@tp='reduce=2' is invalid" in lines[0]
+    assert len(lines) == 1 and "blocks.0.attn.core split.compute@tp='reduce=2' is invalid" in lines[0]
+    assert "any split of its batch, seq, out whose parts divide 2" in lines[0]

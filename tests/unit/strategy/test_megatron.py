@@ -282,11 +282,12 @@ def test_tree_splits_other_than_the_graphs_are_refused_in_one_line() -> None:
     with pytest.raises(ConfigError, match=r"pos_add splits nothing over tp; give that, or no tp splits; a "
                                           r"sequence split over tp is sequence parallelism \(--sp\)"):
         load_tree_yaml(TREE_FILE, graph).lower(job.parallel)
-    tree = StrategyTree.from_graph(graph).split("blocks.*.mlp.fc2", "compute", "out", 2, axis="tp")
-    # the lookup and every other op left without a tp split run whole on each rank; fc2 split by out is neither
-    with pytest.raises(ConfigError, match=r"blocks.0.mlp.fc2 split.compute@tp='out=2' is invalid: .* fc2 "
-                                          r"splits reduce=2 over tp; give that, or no tp splits; or none \(the fc2 "
-                                          r"whole on each tp rank\)") as info:
+    tree = StrategyTree.from_graph(graph).split("blocks.*.mlp.act", "compute", "reduce", 2, axis="tp")
+    # the lookup and every other op left without a tp split run whole on each rank; GELU has no reduction dim
+    with pytest.raises(ConfigError, match=r"blocks.0.mlp.act split.compute@tp='reduce=2' is invalid: .* gelu "
+                                          r"splits out=2 over tp; give that, or no tp splits; or any split of its "
+                                          r"batch, seq, out whose parts divide 2, or none \(the gelu whole on each "
+                                          r"tp rank\)") as info:
         tree.lower(job.parallel)
     assert "\n" not in str(info.value)
     full = StrategyTree.from_parallel(graph, job.parallel)

@@ -125,6 +125,8 @@ class BuildContext:
     splits: dict[int, LayerSplit] = field(default_factory=dict)  # layer index -> its computation configs
     mesh_comms: dict[int, tuple[Comm, ...]] = field(default_factory=dict)  # layer index -> its configs' tp/cp/ep
     # collectives (compile.splits.plan_mesh_comms), where the plan carries configs over those axes
+    tp_token_params: dict[int, dict[int, float]] = field(default_factory=dict)  # layer index -> {k: parameters
+    # whose gradient k tp ranks make from their own tokens} (compile.splits.plan_tp_token_params)
     split_timings: dict[tuple[object, ...], LayerTiming] = field(default_factory=dict)
     # (layer instance index, F | B | W) -> the chain tasks of that layer-phase (lower_layers.unit_specs), where
     # no pass cuts into it
@@ -204,16 +206,32 @@ class BuildContext:
 
     def grad_params_by_ranks(self, index: int, params: float) -> dict[int, float]:
         """Of grad_params, how many parameters are summed over how many data-parallel ranks (compile.splits:
-        a split weight's part only over the ranks holding it; the whole group, dp ranks, otherwise)."""
+        a split weight's part only over the ranks holding it; the whole group, dp ranks, otherwise; a weight
+        whose matmul splits its tokens k ways over tp: over the dp x k ranks that hold it,
+        strategy.megatron.token_split_params)."""
         split = self.splits.get(index)
-        return {self.job.parallel.dp: params} if split is None else split.grad_params_by_ranks
+        if split is not None:
+            return split.grad_params_by_ranks
+        dp = self.job.parallel.dp
+        shared = self.tp_token_params.get(index)
+        if not shared:
+            return {dp: params}
+        out = {dp: params - sum(shared.values())}
+        for parts, count in shared.items():
+            out[dp * parts] = out.get(dp * parts, 0.0) + count
+        return out
 
     def sync_layout(self, ranks: int) -> GroupLayout:
         """The layout of a gradient sync over `ranks` of the data-parallel group: the group's own ("grad"), or
         for a split weight's part the ranks holding it. NB: taken as neighbouring ranks (as reshard_s); on one
-        node the layout is the same whichever ranks they are."""
+        node the layout is the same whichever ranks they are. More ranks than dp (dp x k: a weight k tp ranks
+        hold whole, grad_params_by_ranks): taken at a stride of tp x cp / k (exact where k = tp)."""
         par = self.job.parallel
-        return self.layout("grad") if ranks == par.dp else self.job.cluster.group_layout(ranks, par.tp * par.cp)
+        if ranks == par.dp:
+            return self.layout("grad")
+        if ranks > par.dp:  # the dp replicas of k tp ranks splitting a matmul's tokens (grad_params_by_ranks)
+            return self.job.cluster.group_layout(ranks, max(1, par.tp * par.cp // (ranks // par.dp)))
+        return self.job.cluster.group_layout(ranks, par.tp * par.cp)
 
     def held_params(self, index: int, params: float) -> float:
         """Parameters a device stores for layer instance `index` (compile.splits: split and sharded weights)."""

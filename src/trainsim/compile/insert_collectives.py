@@ -99,7 +99,7 @@ def insert_gradient_sync(ctx: BuildContext, stage: int, grads: Grads, end_tid: i
     Each sync group fills its own buckets (torch DDP's and the split executor's buckets hold parameters of one
     process group); a part that one rank alone holds (1 rank) is not communicated."""
     par = ctx.par
-    if par.dp * par.cp == 1 or par.zero >= 3 or not grads:
+    if (par.dp * par.cp == 1 and not ctx.tp_token_params) or par.zero >= 3 or not grads:
         return []
     out: list[int] = []
     for tid, params, ranks, name in _synced_buckets(ctx, grads):

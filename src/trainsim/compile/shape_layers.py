@@ -56,13 +56,13 @@ def shape_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
 def _check_tied(spec: TransformerSpec, dev: DeviceSlice, built: dict[tuple[int, TpConfigs], Layer]) -> None:
     """A model whose head projects with the embedding's table (tied embeddings) holds that table one way: the
     lookup's rows and the projection's output (the vocabulary) split over one tp degree, the projection's
-    reduction (the hidden features) not (Megatron's vocab-parallel table: tp; 1: whole)."""
+    reduction (the hidden features) and tokens not (Megatron's vocab-parallel table: tp; 1: whole)."""
     if not spec.tied_embeddings:
         return
     given = {layer.kind: dict(own) for (_, own), layer in built.items()}
     lookup = given.get("embedding", {}).get("lookup", OpConfig(1, 1, 1, dev.tp))
     logits = given.get("head", {}).get("logits", OpConfig(1, 1, dev.tp, 1))
-    if (lookup.reduce, 1) != (logits.out, logits.reduce):
+    if logits != OpConfig(1, 1, lookup.reduce, 1):
         raise ConfigError("split.compute@tp", "nothing", f"{spec.name} ties its embedding table to the head's "
                           "projection: split embedding.tokens (reduce) and head.proj (out) over tp alike, or "
                           "neither")

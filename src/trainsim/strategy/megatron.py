@@ -21,7 +21,8 @@ effect): any of (batch, seq, out, reduce) parts, their product dividing tp, redu
 split over fewer ranks d (each group of d consecutive tp ranks runs the op split d ways), none (the op whole on
 each tp rank), a matmul split by its reduction dimension (input features sliced, partial sums out) or by its
 output dimension where Megatron splits the reduction, an op split by sequence (query rows for the attention core,
-tokens for a matmul, whose weight each rank then holds whole). The embedding's lookup takes Megatron's split over
+tokens for a matmul, whose weight each rank then holds whole, its gradient summed over those ranks with the
+data-parallel reduction: token_split_params). The embedding's lookup takes Megatron's split over
 d dividing tp, or none. The catalog builders shape each op at its config (frontends.catalog.transformer
 block_layer, embedding_layer, head_layer; compile.shape_layers); a collective over a split of fewer ranks than tp
 spans them (ir.graph.Comm.ranks), and the resharding below inserts what the layout changes need: a whole
@@ -29,8 +30,7 @@ attention beside a split MLP pays only the MLP's all-reduce pair; qkv split by h
 core all-gathers q, k and v; qkv split by its reduction dimension before a whole core all-reduces them (before a
 core split by heads: a reduce-scatter); a core split by sequence after qkv split by heads exchanges q, k and v by
 all-to-all and all-gathers the keys and values of the whole sequence (as cp does; their gradient
-reduce-scattered); a matmul split by tokens sums its weight's gradient over the ranks that split them (an
-all-reduce, `<site>.wgrad.ar`, in the backward); a whole head pays no vocab-parallel statistics.
+reduce-scattered); a whole head pays no vocab-parallel statistics.
 
 layer_comms walks a layer's ops in order per axis, as compile.splits walks a tree's computation configs: where
 what an op reads differs from how its producer left it, strategy.reshard's pattern matching gives the collective
@@ -211,11 +211,6 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
             forward_kv, backward_kv = _tp_kv_gathers(spec, dev, config)
             forward += forward_kv
             backward += backward_kv
-        if contracting and config.batch * config.seq > 1 and replicable_module(op):  # a weight's gradient from
-            # each rank's tokens only (NB: Megatron's own token-split weights, an MoE router or a BERT transform
-            # under sp, leave theirs uncounted, as before)
-            backward.append((f"{_namer(axis, kind, None, op)}.wgrad.ar",
-                             ReshardStep("all-reduce", config.batch * config.seq, _weight_grad_bytes(spec, dev, op))))
         placement, producer = output_placement(config, size, contracting), op
     if placement is not None and kind != "head":  # the head hands on the loss
         site = _namer(axis, kind, producer, None)
@@ -321,11 +316,24 @@ def _tp_kv_gathers(spec: TransformerSpec, dev: DeviceSlice, config: OpConfig) ->
             _named("attn.kv", "tp", reshard(partial, split, kv)))
 
 
-def _weight_grad_bytes(spec: TransformerSpec, dev: DeviceSlice, op: Op) -> float:
-    """The gradient of a matmul's weight (and a block's bias) as one rank holds it (op.shape: batch, m, n, k)."""
-    _, _, n, k = op.shape
-    bias = n if spec.bias and replicable_module(op) in ("attn", "mlp") else 0
-    return float((n * k + bias) * dev.precision.grad_bytes)
+def token_split_params(spec: TransformerSpec, fwd: Sequence[Op], config_of: Callable[[Op], OpConfig]
+                       ) -> dict[int, float]:
+    """{k: parameters} of a layer's matmuls whose config over tp splits their tokens k = batch x seq ways: each of
+    those k tp ranks holds the weight part whole and makes its gradient from its own tokens, so the gradient is
+    summed over them as well as over the data-parallel ranks, once per iteration (with the data-parallel
+    gradient reduction, as Megatron-LM sums the gradients of the weights sequence parallelism replicates,
+    finalize_model_grads, megatron-core 0.9). A matmul's parameters as one rank holds them: its local weight
+    (op.shape: batch, m, n, k) and a block's bias. NB: Megatron's own token-split weights (an MoE router, a BERT
+    transform under sp) are left out, as before."""
+    out: dict[int, float] = {}
+    for op in fwd:
+        config = config_of(op)
+        parts = config.batch * config.seq
+        if op.kind == "matmul" and parts > 1 and replicable_module(op):
+            _, _, n, k = op.shape
+            bias = n if spec.bias and replicable_module(op) in ("attn", "mlp") else 0
+            out[parts] = out.get(parts, 0.0) + float(n * k + bias)
+    return out
 
 
 def _kv_bytes(spec: TransformerSpec, dev: DeviceSlice, heads_parts: int) -> float:

@@ -132,28 +132,34 @@ def test_the_attention_core_split_by_sequence_gathers_keys_and_values() -> None:
     assert tasks["attn.kv.rs reduce-scatter"] == pricer.collective_s("reduce-scatter", KV_BYTES, layout, job)
 
 
-def test_an_mlp_split_by_tokens_holds_its_weights_whole_and_sums_their_gradients() -> None:
+def test_an_mlp_split_by_tokens_holds_its_weights_whole_and_sums_their_gradients_over_dp_and_tp() -> None:
     """fc1, GELU and fc2 on half the tokens each, their weights whole on both tp ranks: forward, fc1 slices its
-    tokens (no collective) and fc2's output is all-gathered (4096 bytes); backward, each rank's weight gradients
-    come from its tokens only: fc2's (32 x 128 + 32) and fc1's (128 x 32 + 128) bf16 gradients all-reduced over
-    the pair, then fc1's input gradient all-gathered. A rank holds the attention's half and the whole MLP:
-    4352 / 2 + 8352 = 10528 parameters per block; its weight memory follows."""
+    tokens (no collective) and fc2's output is all-gathered (4096 bytes); backward, fc1's input gradient is
+    all-gathered. A rank holds the attention's half and the whole MLP: 4352 / 2 + 8352 = 10528 parameters per
+    block; its weight memory follows. Each rank makes the MLP's weight gradients from its own tokens, so they are
+    summed over the 2 tp ranks as well as the 4 dp ranks, once per iteration: the gradient sync holds a bucket of
+    the two MLPs' 2 x 8352 parameters over 8 ranks, the rest (4608 + 2 x 2176 + 64) over the dp group's 4."""
     job, graph = _tiny()
     tokens = [("blocks.*.mlp.fc1", "seq"), ("blocks.*.mlp.act", "seq"), ("blocks.*.mlp.fc2", "seq")]
     attention = [*QKV_CORE, ("blocks.*.attn.out", "reduce")]
     plan = _plan(job, graph, [*VOCAB, *attention, *tokens])
     block = plan.layers[1].layer
-    grad = policy_for("bf16").grad_bytes
     assert [c for c in _comms(block) if c[0].startswith("mlp")] == [
-        ("mlp.ag", "all-gather", "fwd", HIDDEN_BYTES), ("mlp.wgrad.ar", "all-reduce", "bwd", (32 * 128 + 32) * grad),
-        ("mlp.wgrad.ar", "all-reduce", "bwd", (128 * 32 + 128) * grad), ("mlp.ag", "all-gather", "bwd", HIDDEN_BYTES)]
-    assert all(c.ranks == 0 for c in block.comms)  # the pair is the whole tp group
+        ("mlp.ag", "all-gather", "fwd", HIDDEN_BYTES), ("mlp.ag", "all-gather", "bwd", HIDDEN_BYTES)]
     assert _op(block, "fc1").shape == (1, 32, 128, 32)
     assert block.param_count == 4352 / 2 + 8352 == 10528
     held = sum(a.layer.param_count for a in plan.layers)
     assert held == 4608 + 2 * 10528 + 64
-    device = compile_job(job, plan, Pricer(Calibration()), "op").devices[0]
-    assert device.static_breakdown["weights"] == held * policy_for("bf16").weight_bytes
+    pricer = Pricer(Calibration())
+    compiled = compile_job(job, plan, pricer, "layer")
+    assert compiled.devices[0].static_breakdown["weights"] == held * policy_for("bf16").weight_bytes
+    grad = policy_for("bf16").grad_bytes
+    synced = [(t.name, t.duration_s) for t in compiled.tasks if t.category == "dp_comm"]
+    assert synced == [
+        ("dp all-reduce bucket0 L2.block..L1.block",
+         pricer.collective_s("all-reduce", 2 * 8352 * grad, job.cluster.group_layout(8, 1), job)),
+        ("dp all-reduce bucket1 L3.head..L0.embedding",
+         pricer.collective_s("all-reduce", (4608 + 2 * 2176 + 64) * grad, pricer.layout("grad", job), job))]
 
 
 def test_the_projection_split_by_its_output_gathers_its_input_and_output() -> None:

@@ -118,7 +118,8 @@ def insert_gathers_after_step(ctx: BuildContext, stage: int, grads: Grads, step_
     overlap_param_gather) and DeepSpeed ZeRO 1-2 too (deepspeed/runtime/zero/stage_1_and_2.py, 0.12.6: step()
     ends with all_gather_dp_groups). Returns their tids."""
     par = ctx.par
-    if par.dp * par.cp == 1 or par.zero not in (1, 2) or _gathers_overlap(ctx) or not grads:
+    if (par.dp * par.cp == 1 and not ctx.tp_token_params) or par.zero not in (1, 2) or _gathers_overlap(ctx) \
+            or not grads:
         return []
     out: list[int] = []
     deps = (step_tid,)

@@ -22,14 +22,16 @@ split over fewer ranks d (each group of d consecutive tp ranks runs the op split
 each tp rank), a matmul split by its reduction dimension (input features sliced, partial sums out) or by its
 output dimension where Megatron splits the reduction, an op split by sequence (query rows for the attention core,
 tokens for a matmul, whose weight each rank then holds whole, its gradient summed over those ranks with the
-data-parallel reduction: token_split_params). The embedding's lookup takes Megatron's split over
-d dividing tp, or none. The catalog builders shape each op at its config (frontends.catalog.transformer
-block_layer, embedding_layer, head_layer; compile.shape_layers); a collective over a split of fewer ranks than tp
-spans them (ir.graph.Comm.ranks), and the resharding below inserts what the layout changes need: a whole
-attention beside a split MLP pays only the MLP's all-reduce pair; qkv split by heads before a whole attention
-core all-gathers q, k and v; qkv split by its reduction dimension before a whole core all-reduces them (before a
-core split by heads: a reduce-scatter); a core split by sequence after qkv split by heads exchanges q, k and v by
-all-to-all and all-gathers the keys and values of the whole sequence (as cp does; their gradient
+data-parallel reduction: token_split_params). The embedding's lookup takes Megatron's split over d dividing tp,
+or none; the norms, residual adds, positions and an MoE's experts and router take Megatron's only
+(tp_config_problem says what an op can take). The catalog builders shape each op at its config
+(frontends.catalog.transformer block_layer, embedding_layer, head_layer; compile.shape_layers); a collective over
+a split of fewer ranks than tp spans them (ir.graph.Comm.ranks), and the resharding below inserts what the layout
+changes need: a whole attention beside a split MLP pays only the MLP's all-reduce pair; qkv split by heads
+before a whole attention core all-gathers q, k and v; qkv split by its reduction dimension before a whole core
+all-reduces them (before a core split by heads: a reduce-scatter); a core split by sequence after qkv split by
+heads exchanges q, k and v by all-to-all and all-gathers the keys and values of the whole sequence (as cp does;
+their gradient
 reduce-scattered); a whole head pays no vocab-parallel statistics.
 
 layer_comms walks a layer's ops in order per axis, as compile.splits walks a tree's computation configs: where

@@ -145,3 +145,26 @@ def test_attention_only_tp_from_the_shipped_tree_file_lands_between_tp2_and_tp1(
     lines = broken.stderr.strip().splitlines()
     assert len(lines) == 1 and "blocks.0.attn.core split.compute@tp='reduce=2' is invalid" in lines[0]
     assert "any split of its batch, seq, out whose parts divide 2" in lines[0]
+
+
+def test_trees_with_splits_other_than_megatrons_run_and_move_what_their_layouts_need() -> None:
+    """data/strategies/megatron/gpt-tp2-qkv-reduce.yaml, gpt-tp2-attn-seq.yaml and gpt-tp2-mlp-tokens.yaml at
+    both task levels: each rank does plain tp 2's FLOPs; qkv by its reduction dimension moves more than Megatron's
+    column split (a reduce-scatter and an all-gather of q, k and v), the core by query rows more still (two
+    all-to-alls each way and the key/value gathers), the MLP by tokens less (all-gathers of a hidden state in
+    place of all-reduces) for the whole MLP's weights on each rank."""
+    root = Path(__file__).resolve().parents[3]
+    args = ["predict", "--model", "gpt3-125m", "--num-gpus", "8", "--tp", "2", "--micro-batch", "4",
+            "--global-batch", "64", "--seq-len", "1024", "--engine", "sim", "--json"]
+    for level in ("layer", "op"):
+        runs = {name: RUNNER.invoke(app, [*args, "--task-level", level, *(
+            ["--tree", str(root / "data" / "strategies" / "megatron" / f"gpt-tp2-{name}.yaml")] if name else [])])
+            for name in ("", "qkv-reduce", "attn-seq", "mlp-tokens")}
+        assert all(run.exit_code == 0 for run in runs.values()), [run.output for run in runs.values()]
+        out = {name: json.loads(run.stdout) for name, run in runs.items()}
+        compute = {name: data["breakdown"]["compute"] for name, data in out.items()}
+        assert all(abs(value / compute[""] - 1.0) < 1e-3 for value in compute.values())
+        tp = {name: data["breakdown"]["tp_comm"] for name, data in out.items()}
+        assert tp["mlp-tokens"] < tp[""] < tp["qkv-reduce"] < tp["attn-seq"]
+        weights = {name: data["memory_breakdown"]["weights"] for name, data in out.items()}
+        assert weights[""] == weights["qkv-reduce"] == weights["attn-seq"] < weights["mlp-tokens"]

@@ -38,11 +38,11 @@ MEGATRON_MLP = [("blocks.*.mlp.fc1", "out"), ("blocks.*.mlp.act", "out"), ("bloc
 QKV_CORE = [("blocks.*.attn.qkv", "out"), ("blocks.*.attn.core", "out")]
 
 
-def _tiny() -> tuple[Job, OpGraph]:
+def _tiny(dp: int = 4) -> tuple[Job, OpGraph]:
     spec = parse_model(yaml.safe_load(TINY_GPT_MODEL_YAML))
     assert isinstance(spec, TransformerSpec)
-    par = ParallelSpec.parse({"micro_batch": 2, "seq_len": 32, "global_batch": 16, "tp": 2, "dp": 4})
-    job = make_job(spec, a100_cluster(8), par)
+    par = ParallelSpec.parse({"micro_batch": 2, "seq_len": 32, "global_batch": 4 * dp, "tp": 2, "dp": dp})
+    job = make_job(spec, a100_cluster(2 * dp), par)
     return job, build_transformer(spec, DeviceSlice.of(job.parallel))
 
 
@@ -160,6 +160,21 @@ def test_an_mlp_split_by_tokens_holds_its_weights_whole_and_sums_their_gradients
          pricer.collective_s("all-reduce", 2 * 8352 * grad, job.cluster.group_layout(8, 1), job)),
         ("dp all-reduce bucket1 L3.head..L0.embedding",
          pricer.collective_s("all-reduce", (4608 + 2 * 2176 + 64) * grad, pricer.layout("grad", job), job))]
+
+
+def test_without_data_parallelism_a_token_split_weight_is_still_summed_over_its_tp_ranks() -> None:
+    """dp 1: the plain plan syncs no gradient; the MLP split by tokens sums its 2 x 8352 parameters' gradients
+    over the tp pair, once per iteration."""
+    job, graph = _tiny(dp=1)
+    tokens = [("blocks.*.mlp.fc1", "seq"), ("blocks.*.mlp.act", "seq"), ("blocks.*.mlp.fc2", "seq")]
+    pricer = Pricer(Calibration())
+    megatron = _plan(job, graph, [*VOCAB, *QKV_CORE, ("blocks.*.attn.out", "reduce"), *MEGATRON_MLP])
+    plan = _plan(job, graph, [*VOCAB, *QKV_CORE, ("blocks.*.attn.out", "reduce"), *tokens])
+    assert [t for t in compile_job(job, megatron, pricer, "layer").tasks if t.category == "dp_comm"] == []
+    synced = [(t.name, t.duration_s) for t in compile_job(job, plan, pricer, "layer").tasks
+              if t.category == "dp_comm"]
+    assert synced == [("dp all-reduce bucket0 L2.block..L1.block", pricer.collective_s(
+        "all-reduce", 2 * 8352 * policy_for("bf16").grad_bytes, job.cluster.group_layout(2, 1), job))]
 
 
 def test_the_projection_split_by_its_output_gathers_its_input_and_output() -> None:

@@ -9,6 +9,7 @@ state of the micro-batch is 64 tokens x 32 x 2 bytes = 4096 bytes; q, k and v of
 bytes; k and v of the whole sequence 2 x 64 x 4 heads x 8 x 2 = 8192 bytes.
 """
 
+import pytest
 import yaml
 
 from conftest import TINY_GPT_MODEL_YAML, a100_cluster
@@ -19,6 +20,7 @@ from trainsim.compile.build import compile_job
 from trainsim.compile.shape_layers import shape_layers
 from trainsim.compile.splits import plan_mesh_comms
 from trainsim.cost.pricing import Pricer, axis_layout
+from trainsim.errors import ConfigError
 from trainsim.frontends.catalog.transformer import build_transformer
 from trainsim.ir.exec_graph import ExecGraph
 from trainsim.ir.graph import Comm, Layer, Op, OpGraph
@@ -38,8 +40,9 @@ MEGATRON_MLP = [("blocks.*.mlp.fc1", "out"), ("blocks.*.mlp.act", "out"), ("bloc
 QKV_CORE = [("blocks.*.attn.qkv", "out"), ("blocks.*.attn.core", "out")]
 
 
-def _tiny(dp: int = 4) -> tuple[Job, OpGraph]:
-    spec = parse_model(yaml.safe_load(TINY_GPT_MODEL_YAML))
+def _tiny(dp: int = 4, tied: bool = True) -> tuple[Job, OpGraph]:
+    text = TINY_GPT_MODEL_YAML.replace("tied_embeddings: true", f"tied_embeddings: {str(tied).lower()}")
+    spec = parse_model(yaml.safe_load(text))
     assert isinstance(spec, TransformerSpec)
     par = ParallelSpec.parse({"micro_batch": 2, "seq_len": 32, "global_batch": 4 * dp, "tp": 2, "dp": dp})
     job = make_job(spec, a100_cluster(2 * dp), par)
@@ -188,3 +191,26 @@ def test_the_projection_split_by_its_output_gathers_its_input_and_output() -> No
         ("attn.rs", "reduce-scatter", "bwd", HIDDEN_BYTES), ("attn.ar", "all-reduce", "bwd", HIDDEN_BYTES)]
     assert _op(block, "out_proj").shape == (1, 64, 16, 32)
     assert block.comms[0] == Comm("attn.ag", "all-gather", "tp", "fwd", HIDDEN_BYTES)
+
+
+def test_the_head_projection_split_by_its_reduction_dimension_reduce_scatters_the_logits() -> None:
+    """An untied head's projection on half the hidden features: its partial logits (64 x 256 x 2 = 32768 bytes)
+    are reduce-scattered onto the vocab-parallel cross-entropy's classes (forward; its three statistics
+    all-reduced as Megatron's); backward, the conjugates: the logits' gradient, split by classes, all-gathered
+    (each rank's dX = dY W^T of its features needs all of dY), then the projection's input gradient (half the
+    features) all-gathered. A rank holds half the 256 x 32 projection. A tied table's projection takes the lookup's split only."""
+    job, graph = _tiny(tied=False)
+    attention = [*QKV_CORE, ("blocks.*.attn.out", "reduce")]
+    head = [("embedding.tokens", "reduce"), ("head.proj", "reduce"), ("head.loss", "out")]
+    plan = _plan(job, graph, [*head, *attention, *MEGATRON_MLP])
+    layer = plan.layers[3].layer
+    assert _comms(layer) == [("logits.rs", "reduce-scatter", "fwd", 64 * 256 * 2),
+                             ("logits.ag", "all-gather", "bwd", 64 * 256 * 2),
+                             ("logits.ag", "all-gather", "bwd", HIDDEN_BYTES),
+                             ("loss.max", "all-reduce", "fwd", 64 * 4), ("loss.target", "all-reduce", "fwd", 64 * 4),
+                             ("loss.sum_exp", "all-reduce", "fwd", 64 * 4)]
+    assert _op(layer, "logits").shape == (1, 64, 256, 16)
+    assert layer.param_count == 64 + 256 * 32 / 2
+    job, graph = _tiny()
+    with pytest.raises(ConfigError, match=r"tiny-gpt ties its embedding table to the head's projection"):
+        _plan(job, graph, [*head, *attention, *MEGATRON_MLP])

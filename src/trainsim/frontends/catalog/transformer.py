@@ -23,7 +23,7 @@ from trainsim.ir.flops import (
 from trainsim.ir.graph import Layer, LayerKind, Op, OpGraph
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.strategy.device_slice import DeviceSlice
-from trainsim.strategy.megatron import Configs, TpConfigs, axis_sizes, layer_comms, op_config
+from trainsim.strategy.megatron import ROW, Configs, TpConfigs, axis_sizes, layer_comms, op_config
 from trainsim.strategy.placement import OpConfig
 
 
@@ -169,7 +169,7 @@ def block_layer(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool,
 def _megatron(name: str, tp: int) -> OpConfig:
     """Megatron's config over tp of a block's attention or MLP op (strategy.megatron.megatron_tp): the
     row-parallel matmuls split their reduction dimension, every other op its features."""
-    return OpConfig(1, 1, 1, tp) if name in ("out_proj", "fc2", "down") else OpConfig(1, 1, tp, 1)
+    return OpConfig(1, 1, 1, tp) if name in ROW else OpConfig(1, 1, tp, 1)
 
 
 def _weight_parts(config: OpConfig) -> int:

@@ -198,7 +198,8 @@ def test_the_head_projection_split_by_its_reduction_dimension_reduce_scatters_th
     are reduce-scattered onto the vocab-parallel cross-entropy's classes (forward; its three statistics
     all-reduced as Megatron's); backward, the conjugates: the logits' gradient, split by classes, all-gathered
     (each rank's dX = dY W^T of its features needs all of dY), then the projection's input gradient (half the
-    features) all-gathered. A rank holds half the 256 x 32 projection. A tied table's projection takes the lookup's split only."""
+    features) all-gathered. A rank holds half the 256 x 32 projection. A tied table's projection takes the
+    lookup's split only."""
     job, graph = _tiny(tied=False)
     attention = [*QKV_CORE, ("blocks.*.attn.out", "reduce")]
     head = [("embedding.tokens", "reduce"), ("head.proj", "reduce"), ("head.loss", "out")]

@@ -322,9 +322,10 @@ def token_split_params(spec: TransformerSpec, fwd: Sequence[Op], config_of: Call
                        ) -> dict[int, float]:
     """{k: parameters} of a layer's matmuls whose config over tp splits their tokens k = batch x seq ways: each of
     those k tp ranks holds the weight part whole and makes its gradient from its own tokens, so the gradient is
-    summed over them as well as over the data-parallel ranks, once per iteration (with the data-parallel
-    gradient reduction, as Megatron-LM sums the gradients of the weights sequence parallelism replicates,
-    finalize_model_grads, megatron-core 0.9). A matmul's parameters as one rank holds them: its local weight
+    summed over them as well as over the data-parallel ranks, once per iteration, in the data-parallel
+    gradient reduction (Megatron-LM sums the gradients of the weights sequence parallelism replicates over tp
+    once per iteration too, finalize_model_grads, megatron-core 0.9, by an all-reduce of its own). A matmul's
+    parameters as one rank holds them: its local weight
     (op.shape: batch, m, n, k) and a block's bias. NB: Megatron's own token-split weights (an MoE router, a BERT
     transform under sp) are left out, as before."""
     out: dict[int, float] = {}

@@ -12,12 +12,14 @@ work priced as a memory-bound op by the op-cost model, and so is the split execu
 level), or after the phase's compute (layer level).
 """
 
+import dataclasses
+
 from trainsim.compile.context import BuildContext, CommWork, LayerTiming, Work
 from trainsim.compile.splits import LayerSplit, config_of, scaled_op
 from trainsim.ir.graph import Op
 from trainsim.strategy.lowered import LayerAssignment
 
-SPLIT_AXIS = "split"  # CommWork axis of reshard collectives (their layout: BuildContext.layout)
+SPLIT_AXIS = "split"  # CommWork axis of reshard collectives (their layout: BuildContext.comm_layout)
 
 
 def timing_for(ctx: BuildContext, a: LayerAssignment) -> LayerTiming:
@@ -42,7 +44,7 @@ def _timing(ctx: BuildContext, a: LayerAssignment, split: LayerSplit, base: Laye
         return pricer.op_time_s(scaled_op(op, config, group) if config is not None else op, job)
 
     comms = {phase: [CommWork(f"{s.step.collective} x{s.step.ranks} {s.tensor}", SPLIT_AXIS,
-                              ctx.reshard_s(s.step), s.after)
+                              ctx.reshard_s(s.step), s.after, s.step.ranks)
                      for s in split.comms if s.phase == phase] for phase in ("fwd", "bwd")}
     copies = {phase: _host_works(ctx, split, phase) for phase in ("fwd", "bwd")}
     if ctx.level == "op":
@@ -105,5 +107,5 @@ def _resite(comms: tuple[CommWork, ...], ops: tuple[Op, ...], sites: dict[str, s
     out = []
     for c in comms:
         names = [op.name for op in ops if sites.get(op.name) == c.site] if c.site else []
-        out.append(CommWork(c.name, c.axis, c.seconds, names[-1] if names else ""))
+        out.append(dataclasses.replace(c, site=names[-1] if names else ""))
     return tuple(out)

@@ -3,6 +3,7 @@ different communication groups and devices that cross one NIC share it in the si
 fill their nodes simulate as with links of their own, and the resources do not grow with dp."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -18,9 +19,11 @@ from trainsim.pipeline import graph_for
 from trainsim.sim import SimOptions, simulate
 from trainsim.strategy.lowered import default_plan
 from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.tree_yaml import load_tree_yaml
 
 GPT = load_model("gpt3-125m")
 PRICER = Pricer(Calibration())
+ROOT = Path(__file__).resolve().parents[3]
 SHARING = SimOptions(overlap_slowdown=0.0, bandwidth_sharing=True, launch_overhead_s=0.0)
 
 
@@ -110,6 +113,31 @@ def test_the_tp_and_dp_groups_of_a_hybrid_plan_share_the_nic_they_cross() -> Non
     assert {r for r in tp.resources if ".nic." in r} == {r for r in dp.resources if ".nic." in r}
     out = simulate(_alone_together(graph, [tp, dp]), SHARING)
     short, long = sorted((tp.duration_s, dp.duration_s))
+    assert sorted(out.end_s) == pytest.approx([2 * short, long + short], rel=1e-12)
+
+
+def test_a_sub_group_collective_takes_only_the_links_of_its_ranks() -> None:
+    """tp 4 over nodes of 2 GPUs with one NIC, dp 2, the MLP over pairs of tp ranks
+    (data/strategies/megatron/gpt-tp4-mlp-tp2.yaml): each tp group spans 2 nodes, its pairs (ranks 0-1, 2-3) one
+    node each. The MLP's all-reduce over a pair is one task for both pairs of a group (the device stands for every
+    rank; SPMD: the pairs run at once): it crosses only the NVLink ports of its ranks, no NIC, so beside a gradient
+    bucket (which crosses each node's NIC with all its ranks) both run at full speed. The attention's all-reduce
+    over the whole group of 4 crosses the NICs: beside the bucket each runs at half speed. (Before, the pair's
+    all-reduce named the whole group's links and slowed the bucket as the attention's does.)"""
+    cluster = a100_cluster(8).model_copy(update={"gpus_per_node": 2, "num_nodes": 4, "nics_per_node": 1})
+    job = _job(cluster, tp=4, dp=2)
+    tree = load_tree_yaml(ROOT / "data" / "strategies" / "megatron" / "gpt-tp4-mlp-tp2.yaml", graph_for(job))
+    graph = compile_job(job, tree.lower(job.parallel), PRICER, "op")
+    pair = _first(graph, 0, "mlp.ar all-reduce")
+    whole = _first(graph, 0, "attn.ar all-reduce")
+    bucket = _first(graph, 0, "dp all-reduce bucket0")
+    assert pair.resources == ("stage0.fabric.tx", "stage0.fabric.rx") and pair.link_shares == ()
+    assert {r for r in whole.resources if ".nic." in r} == {r for r in bucket.resources if ".nic." in r} != set()
+    assert pair.duration_s == PRICER.collective_s("all-reduce", 512 * 768 * 2, cluster.group_layout(2, 1), job)
+    assert whole.duration_s == PRICER.collective_s("all-reduce", 512 * 768 * 2, cluster.group_layout(4, 1), job)
+    assert simulate(_alone_together(graph, [pair, bucket]), SHARING).end_s == [pair.duration_s, bucket.duration_s]
+    out = simulate(_alone_together(graph, [whole, bucket]), SHARING)
+    short, long = sorted((whole.duration_s, bucket.duration_s))
     assert sorted(out.end_s) == pytest.approx([2 * short, long + short], rel=1e-12)
 
 

@@ -82,8 +82,11 @@ def _timing(ctx: BuildContext, a: LayerAssignment, split: LayerSplit, base: Laye
 
     merged_l: dict[str, tuple[CommWork, ...]] = {}
     for phase in ("fwd", "bwd"):
-        total = sum(c.seconds for c in comms[phase])
-        extra = (CommWork(f"{SPLIT_AXIS} comm", SPLIT_AXIS, total),) if total > 0.0 else ()
+        per_group: dict[int, float] = {}  # ranks a reshard spans -> its seconds (each group on its own links)
+        for c in comms[phase]:
+            per_group[c.ranks] = per_group.get(c.ranks, 0.0) + c.seconds
+        extra = tuple(CommWork(f"{SPLIT_AXIS} comm" + (f" x{ranks}" if len(per_group) > 1 else ""), SPLIT_AXIS,
+                               seconds, "", ranks) for ranks, seconds in per_group.items() if seconds > 0.0)
         merged_l[phase] = base.comms[phase] + extra
     return LayerTiming(scale(base.fwd, fwd_r, "fwd"), scale(base.bwd, bwd_r, "bwd"), scale(base.dgrad, dgrad_r, "bwd"),
                        scale(base.wgrad, wgrad_r), scale(base.selective, sel_r), merged_l)

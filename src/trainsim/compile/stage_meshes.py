@@ -8,8 +8,12 @@ ops are one of its devices' under its own tp (the catalog graph builder shapes t
 and its collectives (tp, the data-parallel gradient buckets over its dp, ZeRO) are priced over its own groups.
 
 Compiling: the job is compiled once per distinct mesh (the job with that stage's tp, dp and micro-batch; the
-plan's layers rebuilt for it, with Megatron's computation configs for its tp), and each stage's tasks are taken
-from the compilation of its own mesh. The stages still meet where they did: the pipeline transfers (a send's
+plan's layers rebuilt for it), and each stage's tasks are taken from the compilation of its own mesh. A mesh's
+compilation carries the plan's computation configs of its own stages' layers: over tp those the tree read
+against the stage's tp (Megatron's, or an op over fewer ranks or whole: compile.shape_layers shapes them for the
+mesh), over dp those carved from the stage's dp ranks (compile.splits; the placements enter and leave the stage
+in the plain batch split); the other stages' layers take Megatron's configs over its tp and no dp configs (their
+tasks come from their own compilations). The stages still meet where they did: the pipeline transfers (a send's
 receiver, a batched exchange's partner) and the optimizer barrier, matched by name between the compilations.
 
 The pipeline transfer across a boundary between two meshes is a point-to-point reshard: a receiving rank needs

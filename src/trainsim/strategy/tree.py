@@ -19,6 +19,8 @@ unsplit over tp: the compiler then rebuilds that layer with the op whole on each
 ops' configs (compile.shape_layers).
 Computation configs over dp (item "compute": batch, seq, out, reduce) go into the plan as OpSplits, which
 compile.splits applies with the resharding they need.
+A stage mapped to its own mesh (map tp / dp on its layers: StageMesh) reads both against its own mesh: its ops'
+configs over tp against its tp, its configs over dp carved from its dp ranks (compile.stage_meshes).
 """
 
 import fnmatch

@@ -19,6 +19,7 @@ from trainsim.pipeline import graph_for
 from trainsim.sim import SimOptions, simulate
 from trainsim.strategy.lowered import default_plan
 from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.tree import StrategyTree
 from trainsim.strategy.tree_yaml import load_tree_yaml
 
 GPT = load_model("gpt3-125m")
@@ -139,6 +140,21 @@ def test_a_sub_group_collective_takes_only_the_links_of_its_ranks() -> None:
     out = simulate(_alone_together(graph, [whole, bucket]), SHARING)
     short, long = sorted((whole.duration_s, bucket.duration_s))
     assert sorted(out.end_s) == pytest.approx([2 * short, long + short], rel=1e-12)
+
+
+@pytest.mark.parametrize("level", ["op", "layer"])
+def test_a_reshard_over_neighbouring_data_parallel_ranks_takes_only_their_links(level: str) -> None:
+    """dp 4 over nodes of 2 GPUs with one NIC, blocks.0's MLP carved from pairs of data-parallel ranks (fc1 split
+    by outputs, fc2 by its reduction dimension, 2 ways): the reshards between them span a pair of neighbouring
+    ranks inside a node, so they name no NIC (the gradient buckets over all 4 ranks do)."""
+    cluster = a100_cluster(8).model_copy(update={"gpus_per_node": 2, "num_nodes": 2, "nics_per_node": 1})
+    job = _job(cluster, dp=4)
+    tree = (StrategyTree.from_graph(graph_for(job)).split("blocks.0.mlp.fc1", "compute", "out", 2)
+            .split("blocks.0.mlp.fc2", "compute", "reduce", 2))
+    graph = compile_job(job, tree.lower(job.parallel), PRICER, level)  # type: ignore[arg-type]
+    reshards = [t for t in graph.tasks if t.category == "comm" and t.layer == "L1.block"]
+    assert reshards and all(t.resources == ("stage0.fabric.tx", "stage0.fabric.rx") for t in reshards)
+    assert any(".nic." in r for r in _first(graph, 0, "dp all-reduce bucket0").resources)
 
 
 def _per_device(graph: ExecGraph) -> ExecGraph:

@@ -118,9 +118,9 @@ def mesh_plan(plan: LoweredPlan, mesh_job: Job, stages: frozenset[int], *, rebui
     mesh_splits = sorted([s for s in plan.mesh_splits if s.layer in mine]
                          + [s for s in megatron_splits(layers, mesh_job.parallel) if s.layer not in mine],
                          key=lambda s: s.layer)
-    assignments = tuple(dataclasses.replace(a, layer=layer) for a, layer in zip(plan.layers, layers, strict=True))
-    return dataclasses.replace(plan, layers=assignments if rebuild else plan.layers,
-                               op_splits=tuple(s for s in plan.op_splits if s.layer in mine),
+    assignments = tuple(dataclasses.replace(a, layer=layer) for a, layer in zip(plan.layers, layers, strict=True)) \
+        if rebuild else plan.layers
+    return dataclasses.replace(plan, layers=assignments, op_splits=tuple(s for s in plan.op_splits if s.layer in mine),
                                mesh_splits=tuple(mesh_splits), stage_meshes=())
 
 

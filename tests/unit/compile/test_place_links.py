@@ -142,6 +142,22 @@ def test_a_sub_group_collective_takes_only_the_links_of_its_ranks() -> None:
     assert sorted(out.end_s) == pytest.approx([2 * short, long + short], rel=1e-12)
 
 
+def test_at_layer_level_a_layers_collectives_merge_per_sub_group() -> None:
+    """The same plan at task level "layer": a block's tp collectives merge into one task per axis and sub-group,
+    the pairs' ("tp comm x2") on the NVLink ports only, the whole group's ("tp comm") across the NICs."""
+    cluster = a100_cluster(8).model_copy(update={"gpus_per_node": 2, "num_nodes": 4, "nics_per_node": 1})
+    job = _job(cluster, tp=4, dp=2)
+    tree = load_tree_yaml(ROOT / "data" / "strategies" / "megatron" / "gpt-tp4-mlp-tp2.yaml", graph_for(job))
+    graph = compile_job(job, tree.lower(job.parallel), PRICER, "layer")
+    block = [t for t in graph.tasks if t.device == 0 and t.micro_batch == 0 and t.layer == "L1.block"
+             and t.category == "tp_comm"]
+    assert [t.name for t in block] == ["tp comm mb0 L1.block", "tp comm x2 mb0 L1.block"] * 2  # forward, backward
+    pairs, whole = block[1], block[0]
+    assert pairs.resources == ("stage0.fabric.tx", "stage0.fabric.rx")
+    assert any(".nic." in r for r in whole.resources)
+    assert pairs.duration_s == PRICER.collective_s("all-reduce", 512 * 768 * 2, cluster.group_layout(2, 1), job)
+
+
 @pytest.mark.parametrize("level", ["op", "layer"])
 def test_a_reshard_over_neighbouring_data_parallel_ranks_takes_only_their_links(level: str) -> None:
     """dp 4 over nodes of 2 GPUs with one NIC, blocks.0's MLP carved from pairs of data-parallel ranks (fc1 split

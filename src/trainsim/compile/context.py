@@ -41,12 +41,15 @@ class Work:
 
 @dataclass(frozen=True, slots=True)
 class CommWork:
-    """A feature collective of one layer-phase (merged per axis at task_level="layer")."""
+    """A feature collective of one layer-phase (merged per axis and sub-group at task_level="layer"). ranks: the
+    sub-group of the axis' group it spans (ir.graph.Comm.ranks; over "split", the data-parallel ranks of a
+    reshard: compile.splits), 0: the whole group; its links are the sub-group's (BuildContext.comm_layout)."""
 
     name: str
     axis: str
     seconds: float
     site: str = ""
+    ranks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,9 +243,16 @@ class BuildContext:
 
     def collective_s(self, collective: str, buffer_bytes: float, axis: str, ranks: int = 0) -> float:
         """A collective over the group of `axis`, or over `ranks` consecutive ranks of it (ir.graph.Comm)."""
-        layout = self.layout(axis) if not ranks else self.pricer.group_layout(
-            sub_group(axis_group(axis, self.job.parallel), ranks), self.job)
-        return self.pricer.collective_s(collective, buffer_bytes, layout, self.job)
+        return self.pricer.collective_s(collective, buffer_bytes, self.comm_layout(axis, ranks), self.job)
+
+    def comm_layout(self, axis: str, ranks: int = 0) -> GroupLayout:
+        """The layout of a collective over the group of `axis` (layout), or over `ranks` consecutive ranks of it
+        (a sub-group: ir.graph.Comm.ranks; over "split", neighbouring data-parallel ranks, as reshard_s)."""
+        if not ranks:
+            return self.layout(axis)
+        if axis == "split":
+            return self.job.cluster.group_layout(ranks, self.job.parallel.tp * self.job.parallel.cp)
+        return self.pricer.group_layout(sub_group(axis_group(axis, self.job.parallel), ranks), self.job)
 
     def link_resources(self, layout: GroupLayout, senders: tuple[int, ...],
                        receivers: tuple[int, ...] | None = None) -> tuple[str, ...]:
@@ -282,7 +292,8 @@ class BuildContext:
             elif c.axis == "cp":  # the part ring attention leaves exposed (pricing)
                 seconds *= cost.cp_exposed_fraction[0 if c.phase == "fwd" else 1]
             if seconds > 0.0:
-                comms[c.phase].append(CommWork(f"{c.name} {c.collective}", c.axis, seconds, _comm_site(c.name)))
+                comms[c.phase].append(CommWork(f"{c.name} {c.collective}", c.axis, seconds, _comm_site(c.name),
+                                               c.ranks))
         if self.level == "op":
             pricer, job = self.pricer, self.job
 
@@ -297,10 +308,11 @@ class BuildContext:
         wgrad_s = cost.wgrad_s
         merged: dict[str, tuple[CommWork, ...]] = {}
         for phase, items in comms.items():
-            per_axis: dict[str, float] = {}
+            per_group: dict[tuple[str, int], float] = {}  # (axis, sub-group ranks) -> seconds
             for item in items:
-                per_axis[item.axis] = per_axis.get(item.axis, 0.0) + item.seconds
-            merged[phase] = tuple(CommWork(f"{axis} comm", axis, seconds) for axis, seconds in per_axis.items())
+                per_group[(item.axis, item.ranks)] = per_group.get((item.axis, item.ranks), 0.0) + item.seconds
+            merged[phase] = tuple(CommWork(f"{axis} comm" + (f" x{ranks}" if ranks else ""), axis, seconds, "", ranks)
+                                  for (axis, ranks), seconds in per_group.items())
         return LayerTiming((Work("fwd", cost.fwd_s),), (Work("bwd", cost.bwd_s),),
                            (Work("dgrad", max(0.0, cost.bwd_s - wgrad_s)),), (Work("wgrad", wgrad_s),),
                            (Work("selective", cost.selective_s),) if cost.selective_s > 0.0 else (), merged)

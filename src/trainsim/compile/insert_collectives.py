@@ -22,10 +22,11 @@ MIN_PARAMS = 0.5  # under one parameter left of a sync group's share (float sums
 
 
 def feature_comm_spec(ctx: BuildContext, stage: int, comm: CommWork, *, layer: str, category: str = "") -> TaskSpec:
-    """A feature collective of one layer-phase, in the stage's chain on the feature stream."""
+    """A feature collective of one layer-phase, in the stage's chain on the feature stream, on the links of the
+    ranks it spans (its sub-group's where it spans one: a rank pair's inside a node crosses no NIC)."""
     return TaskSpec(f"{comm.name} mb", f" {layer}", "feature", "comm", comm.seconds, "comm",
                     category or _CATEGORY.get(comm.axis, f"{comm.axis}_comm"), layer,
-                    resources=ctx.link_resources(ctx.layout(comm.axis), (stage,)))
+                    resources=ctx.link_resources(ctx.comm_layout(comm.axis, comm.ranks), (stage,)))
 
 
 def emit_feature_comm(w: StageWriter, comm: CommWork, *, layer: str, micro_batch: int, category: str = "") -> None:

@@ -15,6 +15,7 @@ returned as it is.
 """
 
 import dataclasses
+from collections.abc import Container
 
 from trainsim.errors import ConfigError
 from trainsim.frontends.catalog.transformer import block_layer, embedding_layer, head_layer
@@ -29,8 +30,10 @@ from trainsim.strategy.placement import OpConfig
 
 def shape_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
     """The plan with every layer instance some of whose attention, MLP, lookup or vocabulary ops take their own
-    config over tp rebuilt for that (module doc); the plan itself where there is none."""
-    if job.parallel.tp == 1 or not plan.mesh_splits or not isinstance(job.model, TransformerSpec):
+    config over tp rebuilt for that (module doc); the plan itself where there is none, and where stages run their
+    own meshes (each stage's layers are shaped for its mesh: compile.stage_meshes)."""
+    if job.parallel.tp == 1 or not plan.mesh_splits or not isinstance(job.model, TransformerSpec) \
+            or plan.stage_meshes:
         return plan
     configs: dict[int, dict[str, OpConfig]] = {}  # layer index -> op module path -> its config over tp
     for s in plan.mesh_splits:
@@ -86,12 +89,17 @@ def _rebuilt(spec: TransformerSpec, dev: DeviceSlice, layer: Layer, own: TpConfi
 def repeated_flops(job: Job, plan: LoweredPlan) -> float:
     """The FLOPs one device runs per micro-batch beyond its share of the model's: the modules a plan runs whole
     on every tp rank, forward, backward and what recompute repeats of them (hardware FLOPs, HFU, count them; model
-    FLOPs, MFU, do not). 0 for a plan with Megatron's splits everywhere."""
-    shaped = shape_layers(job, plan)
+    FLOPs, MFU, do not). 0 for a plan with Megatron's splits everywhere. (A plan with stage meshes:
+    compile.stage_meshes.stage_repeated_flops.)"""
+    return added_flops(plan, shape_layers(job, plan))
+
+
+def added_flops(plan: LoweredPlan, shaped: LoweredPlan, stages: Container[int] | None = None) -> float:
+    """What the shaped plan's layer instances (on `stages`; None: all) run per micro-batch beyond the plan's."""
     if shaped is plan:
         return 0.0
     return sum(_run_flops(new) - _run_flops(old) for old, new in zip(plan.layers, shaped.layers, strict=True)
-               if new.layer is not old.layer)
+               if new.layer is not old.layer and (stages is None or old.stage in stages))
 
 
 def _run_flops(a: LayerAssignment) -> float:

@@ -20,6 +20,8 @@ split over fewer ranks or none: the compiler then rebuilds that layer with the o
 between the ops' configs (compile.shape_layers).
 Computation configs over dp (item "compute": batch, seq, out, reduce) go into the plan as OpSplits, which
 compile.splits applies with the resharding they need.
+A stage mapped to its own mesh (map tp / dp on its layers: StageMesh) reads both against its own mesh: its ops'
+configs over tp against its tp, its configs over dp carved from its dp ranks (compile.stage_meshes).
 """
 
 import fnmatch
@@ -44,6 +46,7 @@ from trainsim.strategy.lowered import (
     default_plan,
     expand_layers,
     megatron_splits,
+    stage_megatron_splits,
 )
 from trainsim.strategy.megatron import (
     UNSPLIT,
@@ -336,12 +339,9 @@ class StrategyTree:
             recompute = cast(Recompute, row["recompute"].value) if "recompute" in row else par.recompute
             assignments.append(LayerAssignment(index, layer, stage, chunk, recompute))
         meshes, stage_ranks = self._stage_meshes(par, assignments, num_gpus or par.num_gpus)
-        op_splits = self._op_splits()
-        if meshes and op_splits:
-            raise ConfigError("split.compute", op_splits[0].module_path, "computation configs over dp are not "
-                              "combined with stages of their own mesh (map tp / dp); give one or the other")
         return LoweredPlan(tuple(assignments), par.pp, par.vpp, micro_batches, kind, max_in_flight,
-                           op_splits, self._mesh_splits(par, bool(meshes)), meshes, stage_ranks)
+                           self._op_splits(), self._mesh_splits(par, _layer_parallels(par, assignments, meshes)),
+                           meshes, stage_ranks)
 
     def _op_splits(self) -> tuple[OpSplit, ...]:
         """The computation configs (split item "compute") and weight memory configs (item "weight", dims out and
@@ -365,61 +365,65 @@ class StrategyTree:
                     out.append(OpSplit(node.layer_index, module_path, **parts, **memory))
         return tuple(out)
 
-    def _mesh_splits(self, par: ParallelSpec, stage_meshes: bool = False) -> tuple[MeshSplit, ...]:
-        """The computation configs over tp, cp and ep of every op: Megatron's (lowered.megatron_splits) where
-        the tree sets none over an axis. An axis the tree splits must be split as Megatron does on every op,
-        except that any op of a block's attention or MLP, the lookup, the logits or the cross-entropy may take a
-        config of its own over tp (strategy.megatron.own_configs; the compiler shapes the ops from these configs
+    def _mesh_splits(self, par: ParallelSpec, pars: list[ParallelSpec]) -> tuple[MeshSplit, ...]:
+        """The computation configs over tp, cp and ep of every op, each over its own stage's mesh (pars: per
+        layer instance, the job's strategy or its stage mesh's): Megatron's (lowered.megatron_splits) where the
+        tree sets none over an axis. An axis the tree splits must be split as Megatron does on every op, except
+        that any op of a block's attention or MLP, the lookup, the logits or the cross-entropy may take a config of
+        its own over its stage's tp (strategy.megatron.own_configs; the compiler shapes the ops from these configs
         and reshards between them, compile.shape_layers): ConfigError naming the first op that differs."""
         layers = expand_layers(self.graph)
         given_axes = {key.partition("@")[2] for row in self.explicit.values() for key in row if "@" in key}
         if not given_axes:
-            return megatron_splits(layers, par)
-        if stage_meshes:
-            raise ConfigError("split.axis", sorted(given_axes)[0], "a tree with stages of their own mesh takes "
-                              "Megatron's splits over tp (each stage's for its tp); write no tp, cp or ep splits")
+            return megatron_splits(layers, par) if all(p is par for p in pars) else stage_megatron_splits(layers, pars)
         if not any(layer.kind in _BLOCK_KINDS for layer in layers):
             raise ConfigError("split.axis", "tp | cp | ep", "model-parallel computation configs apply to "
                               "transformers; split a CNN's or DLRM's ops over dp")
-        dev = DeviceSlice.of(par)
+        slices = {id(p): DeviceSlice.of(p) for p in pars}
+        devs = [slices[id(p)] for p in pars]  # per layer instance, its stage's device slice
         given: dict[tuple[int, str, Axis], OpConfig] = {}  # (layer index, op module path, axis) -> the tree's
         op_nodes: list[tuple[str, TreeNode, dict[Axis, int]]] = []
         for path, node in self.nodes.items():
             if not node.fwd or node.layer_index < 0:
                 continue
-            row = self._resolved[path]
+            row, dev = self._resolved[path], devs[node.layer_index]
             sizes = axis_sizes(layers[node.layer_index].kind, dev)
             for key in row:
                 if "@" in key and key.partition("@")[2] not in sizes:
                     raise ConfigError(f"{path}.{key}", row[key].value, f"{key.partition('@')[2]} does not split "
-                                      f"this layer (tp={par.tp} cp={par.cp} ep={par.ep}; ep splits MoE blocks)")
+                                      f"this layer (tp={dev.tp} cp={dev.cp} ep={dev.ep}{_on_stage(pars, par, node)}"
+                                      "; ep splits MoE blocks)")
             for op in node.fwd:
                 for axis in sizes:
                     given[(node.layer_index, op.module_path, axis)] = OpConfig(*(
                         int(row[key].value) if (key := f"split.compute.{dim}@{axis}") in row else 1
                         for dim in COMPUTE_DIMS))
             op_nodes.append((path, node, sizes))
-        own_of = self._own_configs(layers, dev, given) if "tp" in given_axes and par.tp > 1 else {}
+        own_of = self._own_configs(layers, devs, given) if "tp" in given_axes else {}
         out: list[MeshSplit] = []
         for path, node, sizes in op_nodes:
-            own = own_of.get(node.layer_index, frozenset())
+            own, dev = own_of.get(node.layer_index, frozenset()), devs[node.layer_index]
             for op in node.fwd:
                 for axis in sizes:
                     expected = op_config(axis, op, dev, own)
                     config = given[(node.layer_index, op.module_path, axis)]
                     if axis in given_axes and config != expected:
                         raise ConfigError(f"{path} split.compute@{axis}", _config_text(config),
-                                          _mismatch(op, axis, sizes[axis], dev, config, expected, path))
+                                          _mismatch(op, axis, sizes[axis], dev, config, expected, path)
+                                          + _on_stage(pars, par, node))
                     out.append(MeshSplit(node.layer_index, op.module_path, axis, expected))
         return tuple(dict.fromkeys(out))
 
-    def _own_configs(self, layers: list[Layer], dev: DeviceSlice,
+    def _own_configs(self, layers: list[Layer], devs: list[DeviceSlice],
                      given: Mapping[tuple[int, str, Axis], OpConfig]) -> dict[int, TpConfigs]:
         """Per layer index, the replicable ops (strategy.megatron.replicable_module) the tree gives a config of
-        their own over tp, with those configs."""
+        their own over its stage's tp, with those configs."""
         out: dict[int, TpConfigs] = {}
         for index, layer in enumerate(layers):
-            own = own_configs(layer.fwd, dev, lambda op, i=index: given.get((i, op.module_path, "tp"), UNSPLIT))
+            if devs[index].tp == 1:
+                continue
+            own = own_configs(layer.fwd, devs[index],
+                              lambda op, i=index: given.get((i, op.module_path, "tp"), UNSPLIT))
             if own:
                 out[index] = own
         return out
@@ -808,6 +812,20 @@ def _megatron_splits(nodes: Mapping[str, TreeNode], path: str, layer: Layer,
             out += [(node.path, Split(item="compute", dim=dim, parts=parts, axis=axis)) for dim in COMPUTE_DIMS
                     if (parts := int(getattr(config, dim))) > 1]
     return out
+
+
+def _layer_parallels(par: ParallelSpec, assignments: list[LayerAssignment],
+                     meshes: tuple[StageMesh, ...]) -> list[ParallelSpec]:
+    """Per layer instance, the strategy its stage runs: its stage mesh's (StageMesh.parallel_of), else the job's
+    (par itself)."""
+    own = {mesh.stage: mesh.parallel_of(par) for mesh in meshes}
+    return [own.get(a.stage, par) for a in assignments]
+
+
+def _on_stage(pars: list[ParallelSpec], par: ParallelSpec, node: TreeNode) -> str:
+    """Where a layer's stage has its own mesh, the words saying so (the degrees an error names are its)."""
+    mine = pars[node.layer_index]
+    return "" if mine is par else f" (the layer's stage runs its own mesh: tp={mine.tp} dp={mine.dp})"
 
 
 def _mismatch(op: Op, axis: str, size: int, dev: DeviceSlice, given: OpConfig, expected: OpConfig,

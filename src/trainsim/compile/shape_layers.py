@@ -16,31 +16,25 @@ returned as it is.
 import dataclasses
 
 from trainsim.errors import ConfigError
-from trainsim.frontends.catalog.transformer import block_layer, embedding_layer, head_layer
+from trainsim.frontends.catalog.transformer import block_layer, embedding_layer, expert_params, head_layer
 from trainsim.ir.graph import Layer
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job
 from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.lowered import LayerAssignment, LoweredPlan
-from trainsim.strategy.megatron import UNSPLIT, Degrees, op_degrees
+from trainsim.strategy.megatron import UNSPLIT, Degrees, op_degrees, replicable_module
 from trainsim.strategy.placement import OpConfig
 
 
 def shape_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
-    """The plan with every layer instance some of whose attention, MLP, lookup or vocabulary ops take their own
-    tp degree rebuilt for that (module doc); the plan itself where there is none."""
+    """The plan with every layer instance some of whose attention, MLP, expert, lookup or vocabulary ops take
+    their own tp degree rebuilt for that (module doc); the plan itself where there is none."""
     if job.parallel.tp == 1 or not plan.mesh_splits or not isinstance(job.model, TransformerSpec):
         return plan
-    configs: dict[int, dict[str, OpConfig]] = {}  # layer index -> op module path -> its config over tp
-    for s in plan.mesh_splits:
-        if s.axis == "tp":
-            configs.setdefault(s.layer, {})[s.module_path] = s.config
     dev = DeviceSlice.of(job.parallel)
     built: dict[tuple[int, Degrees], Layer] = {}
     assignments = list(plan.layers)
-    for position, a in enumerate(plan.layers):
-        given = configs.get(a.index, {})
-        degrees = op_degrees(a.layer.fwd, dev, lambda op, g=given: g.get(op.module_path, UNSPLIT))
+    for position, (a, degrees) in enumerate(zip(plan.layers, _layer_degrees(plan, dev), strict=True)):
         if not degrees:
             continue
         key = (id(a.layer), degrees)
@@ -50,6 +44,50 @@ def shape_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
         assignments[position] = dataclasses.replace(a, layer=layer)
     _check_tied(job.model, dev, built)
     return dataclasses.replace(plan, layers=tuple(assignments)) if built else plan
+
+
+def _layer_degrees(plan: LoweredPlan, dev: DeviceSlice) -> list[Degrees]:
+    """Per layer instance of the plan (in its order), the ops its configs over tp split over fewer ranks than tp
+    (strategy.megatron.op_degrees)."""
+    configs: dict[int, dict[str, OpConfig]] = {}  # layer index -> op module path -> its config over tp
+    for s in plan.mesh_splits:
+        if s.axis == "tp":
+            configs.setdefault(s.layer, {})[s.module_path] = s.config
+    out: list[Degrees] = []
+    for a in plan.layers:
+        given = configs.get(a.index, {})
+        out.append(op_degrees(a.layer.fwd, dev, lambda op, g=given: g.get(op.module_path, UNSPLIT)))
+    return out
+
+
+def expert_grad_groups(job: Job, plan: LoweredPlan) -> dict[int, tuple[float, tuple[int, ...]]]:
+    """Per layer index of an MoE block whose experts a tree splits over d < tp ranks under sp: the expert
+    parameters one rank holds (the builder's count, router included) and the ranks that sum their gradient,
+    rank 0's: Megatron-Core's expert data-parallel group, the ranks holding the same expert shard (world / (etp x
+    ep x pp) of them: initialize_model_parallel, megatron/core/parallel_state.py, megatron-core 0.16.1): the
+    tp / d expert tp groups of a tp group (each ran other tokens, its own sequence shares), every cp rank, and
+    the dp / ep data-parallel ranks holding that ep shard (ep groups are consecutive dp ranks, cost.pricing
+    axis_group). Without sp the tp / d groups ran the same tokens and hold the same gradient: the job's
+    data-parallel group sums it, as every weight's. NB: under Megatron's split (d = tp) the expert gradients
+    are summed over the whole data-parallel group (dp x cp ranks), as trainsim always did, not over the dp x cp
+    / ep ranks of Megatron-Core's expert data-parallel group."""
+    par = job.parallel
+    if par.tp == 1 or not par.sp or not plan.mesh_splits or not isinstance(job.model, TransformerSpec):
+        return {}
+    dev = DeviceSlice.of(par)
+    out: dict[int, tuple[float, tuple[int, ...]]] = {}
+    for a, degrees in zip(plan.layers, _layer_degrees(plan, dev), strict=True):
+        d = next((d for name, d in degrees for op in a.layer.fwd
+                  if op.name == name and replicable_module(op) == "experts"), par.tp)
+        if d == par.tp:
+            continue
+        if any(s.layer == a.index for s in plan.op_splits):
+            raise ConfigError("split.compute@tp", d, f"layer {a.index} ({a.layer.name}): an MoE's experts at their "
+                              "own tp degree and computation configs over dp in one layer are not combined")
+        ranks = tuple(j * d + c * par.tp + k * par.ep * par.tp * par.cp for k in range(par.dp // par.ep)
+                      for c in range(par.cp) for j in range(par.tp // d))
+        out[a.index] = (expert_params(job.model, dev, d), ranks)
+    return out
 
 
 def _check_tied(spec: TransformerSpec, dev: DeviceSlice, built: dict[tuple[int, Degrees], Layer]) -> None:

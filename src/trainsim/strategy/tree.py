@@ -421,6 +421,7 @@ class StrategyTree:
             degrees = op_degrees(layer.fwd, dev,
                                  lambda op, i=index: given.get((i, op.module_path, "tp"), UNSPLIT))
             if degrees:
+                _check_experts_alike(layer, dev, degrees, self.layer_paths[index])
                 out[index] = degrees
         return out
 
@@ -815,11 +816,27 @@ def _mismatch(op: Op, axis: str, size: int, dev: DeviceSlice, given: OpConfig, e
     mesh = f"{axis}={size}" + (" with sp" if axis == "tp" and dev.sp else "")
     hint = "; a sequence split over tp is sequence parallelism (--sp)" if (
         axis == "tp" and not dev.sp and given.seq > 1) else ""
-    if axis == "tp" and replicable_module(op):
+    if axis == "tp" and replicable_module(op) == "experts":
+        fewer = f"that split over fewer ranks d dividing {size}{' (and seq=tp/d)' if dev.sp else ''}, or " \
+            if size > 2 else ""
+        whole = _config_text(op_config("tp", op, dev, frozenset({(op.name, 1)})))
+        hint += f"; or {fewer}{whole} (the experts whole on each tp rank: expert tensor parallelism 1)"
+    elif axis == "tp" and replicable_module(op):
         fewer = f"that split over fewer ranks dividing {size}, or " if size > 2 else ""
         hint += f"; or {fewer}none (the {op.name} whole on each tp rank)"
     return (f"ops take Megatron's splits over {mesh}: {op.name} splits {_config_text(expected)} over {axis}; "
             f"give that, or no {axis} splits{hint}")
+
+
+def _check_experts_alike(layer: Layer, dev: DeviceSlice, degrees: Degrees, path: str) -> None:
+    """An MoE block's expert ops share one tp degree (Megatron-Core's one expert_tensor_parallel_size for every
+    expert matmul, megatron/core/model_parallel_config.py, megatron-core 0.16.1)."""
+    given = dict(degrees)
+    found = {op.name: given.get(op.name, dev.tp) for op in layer.fwd if replicable_module(op) == "experts"}
+    if len(set(found.values())) > 1:
+        listed = ", ".join(f"{name} {d}" for name, d in found.items())
+        raise ConfigError(f"{path} split.compute@tp", listed, "an MoE's expert ops take one tp degree (Megatron-"
+                          "Core's expert tensor parallel size): split its matmuls and activation alike")
 
 
 def _config_text(config: OpConfig) -> str:

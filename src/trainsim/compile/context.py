@@ -228,12 +228,18 @@ class BuildContext:
         a split weight's part only over the ranks holding it; the whole group, dp ranks, otherwise); an MoE's
         experts that a tree splits over fewer tp ranks than tp, over their ExpertReplicas (expert_grads)."""
         split = self.splits.get(index)
+        by_ranks: dict[SyncGroup, float] = {}
         if split is not None:
-            return dict(split.grad_params_by_ranks)
+            for ranks, part in split.grad_params_by_ranks.items():
+                by_ranks[ranks] = part
+            return by_ranks
         experts = self.expert_grads.get(index)
         if experts is None:
-            return {self.job.parallel.dp: params}
-        return {self.job.parallel.dp: params - experts[0], experts[1]: experts[0]}
+            by_ranks[self.job.parallel.dp] = params
+            return by_ranks
+        by_ranks[self.job.parallel.dp] = params - experts[0]
+        by_ranks[experts[1]] = experts[0]
+        return by_ranks
 
     def sync_layout(self, ranks: SyncGroup) -> GroupLayout:
         """The layout of a gradient sync over `ranks` of the data-parallel group: the group's own ("grad"), or

@@ -11,17 +11,22 @@ activations of its backward at that share, and the layer's collectives are those
 configs inserts (compile.splits.plan_mesh_comms; over a sub-group of d ranks where the layout change spans it).
 Instances with the same degrees share one rebuilt layer; a plan whose configs are Megatron's everywhere is
 returned as it is.
+
+An MoE's experts (strategy.megatron: Megatron-Core's expert tensor parallelism) at degree d run the routed
+copies of their d ranks' tokens under sp (all the micro-batch's without sp), hold 1/d of each of their ep
+share of experts, and under sp, where the tp / d groups of a tp group ran other tokens through the same
+experts, sum the experts' gradient over Megatron-Core's expert data-parallel ranks (expert_grad_groups).
 """
 
 import dataclasses
 
 from trainsim.errors import ConfigError
 from trainsim.frontends.catalog.transformer import block_layer, embedding_layer, expert_params, head_layer
-from trainsim.ir.graph import Layer
+from trainsim.ir.graph import Layer, OpGraph
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job
 from trainsim.strategy.device_slice import DeviceSlice
-from trainsim.strategy.lowered import LayerAssignment, LoweredPlan
+from trainsim.strategy.lowered import LayerAssignment, LoweredPlan, default_plan
 from trainsim.strategy.megatron import UNSPLIT, Degrees, op_degrees, replicable_module
 from trainsim.strategy.placement import OpConfig
 
@@ -44,6 +49,28 @@ def shape_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
         assignments[position] = dataclasses.replace(a, layer=layer)
     _check_tied(job.model, dev, built)
     return dataclasses.replace(plan, layers=tuple(assignments)) if built else plan
+
+
+def shaped_graph(job: Job, graph: OpGraph, plan: LoweredPlan) -> OpGraph:
+    """The graph with its layers as the plan's configs over tp shape them (shape_layers), for the closed-form
+    engine, which places layers evenly and prices each layer once for all its instances: the plan must be the
+    strategy's default plan but for its ops' configs over tp, and give every instance of a layer the same.
+    NB: the closed form sums every gradient over the data-parallel group, an MoE's experts split over fewer tp
+    ranks than tp included (the simulator sums those over their expert data-parallel ranks: expert_grad_groups)."""
+    default = default_plan(graph, job.parallel)
+    if dataclasses.replace(plan, mesh_splits=default.mesh_splits) != default:
+        raise ConfigError("engine", "analytical", "places layers, schedules, recomputes and splits over dp as the "
+                          "strategy does; a tree that sets any of those needs --engine sim (the analytical engine "
+                          "takes a tree's ops' configs over tp)")
+    shaped = shape_layers(job, plan)
+    if shaped is plan:
+        return graph
+    by_layer: dict[int, Layer] = {}  # id of a graph layer -> its instances' shaped layer
+    for old, new in zip(plan.layers, shaped.layers, strict=True):
+        if by_layer.setdefault(id(old.layer), new.layer) is not new.layer:
+            raise ConfigError("engine", "analytical", f"prices each layer once for all its instances; the tree "
+                              f"splits the instances of {old.layer.name} over tp differently: use --engine sim")
+    return dataclasses.replace(graph, layers=tuple(by_layer.get(id(layer), layer) for layer in graph.layers))
 
 
 def _layer_degrees(plan: LoweredPlan, dev: DeviceSlice) -> list[Degrees]:

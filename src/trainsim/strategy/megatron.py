@@ -25,6 +25,21 @@ need: a whole attention beside a split MLP pays only the MLP's all-reduce pair; 
 attention core all-gathers q, k and v; fc1 split before a whole fc2 all-gathers the ffn features; a whole head
 pays no vocab-parallel statistics.
 
+An MoE's experts (their matmuls and activation, all at one degree) may take Megatron's split over d dividing tp
+too: Megatron-Core's expert tensor parallelism (expert_tensor_parallel_size, megatron/core/
+model_parallel_config.py and parallel_state.py, megatron-core 0.16.1: the experts' own tp groups of d ranks, ep
+groups and expert data-parallel groups of world / (d x ep x pp) ranks). Under sp an expert op at degree d keeps
+the sequence split of its d ranks' tokens (config seq = tp / d; d = 1: seq = tp, each rank's experts whole on
+its own sequence share); without sp every d-group runs all the micro-batch's tokens. Where d < tp the token
+dispatch follows Megatron-Core's MoEAlltoAllTokenDispatcher (megatron/core/transformer/moe/token_dispatcher.py,
+0.16.1): the all-to-all over ep moves the routed copies of the tokens a rank holds, then the routed tokens are
+all-gathered over the d ranks and reduce-scattered after the experts (none at d = 1); trainsim's Megatron
+split (d = tp) keeps its own order, the hidden state gathered over tp before dispatching all local tokens
+(_read_bytes, _tensor_bytes). The router has no other config: Megatron-Core's TopKRouter holds its weight
+whole on every tp rank and runs it on the rank's tokens (its sequence share under sp, its gradient then summed
+over tp as the norms' are: the weight's `sequence_parallel` attribute, megatron/core/transformer/moe/router.py
+and megatron/core/distributed/finalize_model_grads.py, 0.16.1), as the norms' config here says.
+
 layer_comms walks a layer's ops in order per axis, as compile.splits walks a tree's computation configs: where
 what an op reads differs from how its producer left it, strategy.reshard's pattern matching gives the collective
 (partial sums -> all-reduce, or reduce-scatter where the reader splits the sequence; a sequence split read whole

@@ -14,9 +14,9 @@ lower() turns the tree into the LoweredPlan of compile.plan (stage, chunk and re
 schedule). The splits the plain strategy implies (from_parallel: tp, sp, cp, ep, dp, ZeRO) are what the
 DeviceSlice the graph was built with applied already; their computation configs over tp, cp and ep (Megatron's,
 strategy.megatron) go into the plan as MeshSplits, from which the compiler derives the feature collectives. A tree
-may leave any op of a block's attention or MLP, the embedding's lookup or the head's projection or cross-entropy
-unsplit over tp: the compiler then rebuilds that layer with the op whole on each tp rank and reshards between the
-ops' configs (compile.shape_layers).
+may leave any op of a block's attention, MLP or experts, the embedding's lookup or the head's projection or
+cross-entropy unsplit over tp, or split it over fewer tp ranks: the compiler then rebuilds that layer with the op
+at its degree and reshards between the ops' configs (compile.shape_layers).
 Computation configs over dp (item "compute": batch, seq, out, reduce) go into the plan as OpSplits, which
 compile.splits applies with the resharding they need.
 """
@@ -366,8 +366,8 @@ class StrategyTree:
     def _mesh_splits(self, par: ParallelSpec, stage_meshes: bool = False) -> tuple[MeshSplit, ...]:
         """The computation configs over tp, cp and ep of every op: Megatron's (lowered.megatron_splits) where
         the tree sets none over an axis. An axis the tree splits must be split as Megatron does on every op,
-        except that any op of a block's attention or MLP, the lookup, the logits or the cross-entropy may be
-        split that way over fewer ranks d dividing tp, or left unsplit (d = 1: strategy.megatron.op_degrees;
+        except that any op of a block's attention, MLP or experts, the lookup, the logits or the cross-entropy
+        may be split that way over fewer ranks d dividing tp, or left unsplit (d = 1: strategy.megatron.op_degrees;
         the compiler shapes the ops from these configs and reshards between them, compile.shape_layers):
         ConfigError naming the first op that differs."""
         layers = expand_layers(self.graph)

@@ -16,10 +16,11 @@ from conftest import TINY_GPT_MODEL_YAML, a100_cluster
 from trainsim.catalog.calibration import Calibration
 from trainsim.catalog.model_files import parse_model
 from trainsim.compile.build import compile_job
-from trainsim.compile.shape_layers import expert_grad_groups, shape_layers
+from trainsim.compile.shape_layers import expert_grad_groups, shape_layers, shaped_graph
 from trainsim.compile.splits import plan_mesh_comms
 from trainsim.cost.pricing import Pricer
 from trainsim.errors import ConfigError
+from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.frontends.catalog.transformer import build_transformer
 from trainsim.ir.graph import Comm, Layer, OpGraph
 from trainsim.ir.model_spec import TransformerSpec
@@ -177,3 +178,28 @@ def test_experts_at_tp_compile_to_the_plain_plans_tasks(tp: int, sp: bool) -> No
     tree_tasks = compile_job(job, plan, pricer).tasks
     plain_tasks = compile_job(job, default_plan(graph, job.parallel), pricer).tasks
     assert [(t.name, t.duration_s, t.deps) for t in tree_tasks] == [(t.name, t.duration_s, t.deps) for t in plain_tasks]
+
+
+def test_the_closed_form_prices_the_shaped_layers() -> None:
+    """The analytical engine takes a tree's configs over tp (compile.shape_layers.shaped_graph): the graph's
+    MoE block becomes the rebuilt one (its FLOPs, weights and collectives), every other layer stays, and the
+    engine prices that graph; instances of a layer split differently, or a tree that places layers, are refused
+    there (the simulator takes both)."""
+    job, graph = _tiny()
+    plan = _experts_over(job, graph, 1).lower(job.parallel)
+    shaped = shaped_graph(job, graph, plan)
+    assert shaped.layers[1] == shape_layers(job, plan).layers[1].layer and shaped.layers[1].param_count == 18560
+    assert [layer for i, layer in enumerate(shaped.layers) if i != 1] == \
+        [layer for i, layer in enumerate(graph.layers) if i != 1]
+    estimator = AnalyticalEstimator(Pricer(Calibration()))
+    assert estimator.estimate(job, graph, plan) == estimator.price(job, shaped).result()
+    assert shaped_graph(job, graph, default_plan(graph, job.parallel)) is graph
+    tree = StrategyTree.from_parallel(graph, job.parallel)
+    for path in ("blocks.0.moe.mlp.fc1", "blocks.0.moe.mlp.act", "blocks.0.moe.mlp.fc2"):
+        dim = "reduce" if path.endswith("fc2") else "out"
+        tree = tree.split(path, "compute", "seq", 2, axis="tp", override=True).split(
+            path, "compute", dim, 1, axis="tp", override=True)
+    with pytest.raises(ConfigError, match=r"splits the instances of moe_block over tp differently"):
+        shaped_graph(job, graph, tree.lower(job.parallel))
+    with pytest.raises(ConfigError, match=r"a tree that sets any of those needs --engine sim"):
+        shaped_graph(job, graph, _experts_over(job, graph, 1).recompute("blocks.0", "full").lower(job.parallel))

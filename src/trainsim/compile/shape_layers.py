@@ -104,15 +104,16 @@ def expert_grad_groups(job: Job, plan: LoweredPlan) -> dict[int, tuple[float, tu
     dev = DeviceSlice.of(par)
     out: dict[int, tuple[float, tuple[int, ...]]] = {}
     for a, degrees in zip(plan.layers, _layer_degrees(plan, dev), strict=True):
-        d = next((d for name, d in degrees for op in a.layer.fwd
-                  if op.name == name and replicable_module(op) == "experts"), par.tp)
+        experts = {op.name for op in a.layer.fwd if replicable_module(op) == "experts"}
+        d = next((degree for name, degree in degrees if name in experts), par.tp)
         if d == par.tp:
             continue
         if any(s.layer == a.index for s in plan.op_splits):
             raise ConfigError("split.compute@tp", d, f"layer {a.index} ({a.layer.name}): an MoE's experts at their "
                               "own tp degree and computation configs over dp in one layer are not combined")
-        ranks = tuple(j * d + c * par.tp + k * par.ep * par.tp * par.cp for k in range(par.dp // par.ep)
-                      for c in range(par.cp) for j in range(par.tp // d))
+        # rank r: tp index r % tp, data-parallel index r // (tp cp); rank 0's slice of its experts and ep shard
+        ranks = tuple(r for r in range(par.tp * par.cp * par.dp)
+                      if r % par.tp % d == 0 and r // (par.tp * par.cp) % par.ep == 0)
         out[a.index] = (expert_params(job.model, dev, d), ranks)
     return out
 

@@ -9,6 +9,8 @@ routing makes 64 routed copies of them (128 of the micro-batch's 64 tokens), 64 
 states (8192 for all 128).
 """
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -29,6 +31,7 @@ from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.lowered import default_plan
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.tree import StrategyTree
+from trainsim.strategy.tree_yaml import load_tree_yaml
 
 TINY_MOE_YAML = (TINY_GPT_MODEL_YAML.replace("name: tiny-gpt", "name: tiny-moe").replace("bias: true", "bias: false")
                  + "num_experts: 4\ntop_k: 2\nmoe_every: 1\n")
@@ -203,3 +206,27 @@ def test_the_closed_form_prices_the_shaped_layers() -> None:
         shaped_graph(job, graph, tree.lower(job.parallel))
     with pytest.raises(ConfigError, match=r"a tree that sets any of those needs --engine sim"):
         shaped_graph(job, graph, _experts_over(job, graph, 1).recompute("blocks.0", "full").lower(job.parallel))
+
+
+@pytest.mark.parametrize(("name", "tp", "expert_comms"), [
+    ("mixtral-tp2-ep2-experts-whole.yaml", 2, []),
+    ("mixtral-tp4-ep2-experts-tp2.yaml", 4, [("mlp.ag", 2), ("mlp.rs", 2), ("mlp.ag", 2), ("mlp.rs", 2)]),
+])
+def test_the_shipped_mixtral_trees(name: str, tp: int, expert_comms: list[tuple[str, int]]) -> None:
+    """data/strategies/megatron/mixtral-*.yaml on Mixtral 8x7B's block (8 layers, micro-batch 1 x 4096 tokens,
+    sp): experts whole at tp 2 (no expert tp collective), over pairs at tp 4 (gather and scatter over 2 ranks of
+    4096 / 4 x 2 tokens x 2 x 4096 x 2 = 33554432 bytes), the all-to-alls of the rank's own 4096 / tp tokens'
+    2 routed copies each; every MoE block rebuilt alike."""
+    root = Path(__file__).resolve().parents[3] / "data" / "strategies" / "megatron"
+    spec = parse_model(yaml.safe_load((root / "models" / "mixtral-8x7b-l8.yaml").read_text()))
+    assert isinstance(spec, TransformerSpec)
+    par = ParallelSpec.parse({"micro_batch": 1, "seq_len": 4096, "global_batch": 64, "tp": tp, "ep": 2, "sp": True})
+    job = make_job(spec, a100_cluster(8), par)
+    graph = build_transformer(spec, DeviceSlice.of(job.parallel))
+    plan = shape_layers(job, load_tree_yaml(root / name, graph).lower(job.parallel))
+    blocks = {id(a.layer) for a in plan.layers if a.layer.kind == "moe_block"}
+    assert len(blocks) == 1
+    block = plan.layers[1].layer
+    assert [(c.name, c.ranks) for c in block.comms if c.name.startswith("mlp")] == expert_comms
+    assert {c.buffer_bytes for c in block.comms if c.name.startswith("mlp")} <= {33554432.0}
+    assert [c.buffer_bytes for c in block.comms if c.axis == "ep"] == [4096 // tp * 2 * 4096 * 2.0] * 4

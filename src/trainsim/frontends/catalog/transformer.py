@@ -3,10 +3,11 @@
 The feature collectives of TP, SP, CP and EP are not written here: strategy.megatron derives them from the
 splits those axes make of each layer's ops (the resharding between ops' computation configs).
 
-Each op of a block's attention and MLP, the lookup, the logits and the cross-entropy is shaped by its own
-tensor-parallel degree: the job's tp (Megatron's split), or the degree d dividing tp a strategy tree gives it
-(the builders' `degrees`: each rank runs 1/d of the op and holds 1/d of its weight; d = 1: the whole op on every
-tp rank; strategy.megatron.op_degrees)."""
+Each op of a block's attention and MLP (or an MoE's experts), the lookup, the logits and the cross-entropy is
+shaped by its own tensor-parallel degree: the job's tp (Megatron's split), or the degree d dividing tp a strategy
+tree gives it (the builders' `degrees`: each rank runs 1/d of the op and holds 1/d of its weight; d = 1: the whole
+op on every tp rank; an expert runs the routed copies of its d ranks' tokens under sp: _expert_tokens;
+strategy.megatron.op_degrees)."""
 
 from collections.abc import Mapping
 

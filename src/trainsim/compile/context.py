@@ -114,6 +114,25 @@ class TaskSpec:
     resources: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class ExpertReplicas:
+    """The ranks (rank 0's) that hold the same shard of an MoE block's experts and sum its gradient, where they
+    are not the data-parallel group (compile.shape_layers.expert_grad_groups)."""
+
+    ranks: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+
+SyncGroup = int | ExpertReplicas  # a gradient's sync group: that many ranks of the data-parallel group, or those
+
+
+def sync_size(group: SyncGroup) -> int:
+    return group.size if isinstance(group, ExpertReplicas) else group
+
+
 @dataclass(slots=True)
 class BuildContext:
     job: Job
@@ -128,6 +147,8 @@ class BuildContext:
     splits: dict[int, LayerSplit] = field(default_factory=dict)  # layer index -> its computation configs
     mesh_comms: dict[int, tuple[Comm, ...]] = field(default_factory=dict)  # layer index -> its configs' tp/cp/ep
     # collectives (compile.splits.plan_mesh_comms), where the plan carries configs over those axes
+    expert_grads: dict[int, tuple[float, ExpertReplicas]] = field(default_factory=dict)  # layer index -> its
+    # experts' parameters per rank and the ranks summing their gradient, where not the data-parallel group
     split_timings: dict[tuple[object, ...], LayerTiming] = field(default_factory=dict)
     # (layer instance index, F | B | W) -> the chain tasks of that layer-phase (lower_layers.unit_specs), where
     # no pass cuts into it
@@ -205,17 +226,31 @@ class BuildContext:
         split = self.splits.get(index)
         return params if split is None else split.grad_params
 
-    def grad_params_by_ranks(self, index: int, params: float) -> dict[int, float]:
+    def grad_params_by_ranks(self, index: int, params: float) -> dict[SyncGroup, float]:
         """Of grad_params, how many parameters are summed over how many data-parallel ranks (compile.splits:
-        a split weight's part only over the ranks holding it; the whole group, dp ranks, otherwise)."""
+        a split weight's part only over the ranks holding it; the whole group, dp ranks, otherwise); an MoE's
+        experts that a tree splits over fewer tp ranks than tp, over their ExpertReplicas (expert_grads)."""
         split = self.splits.get(index)
-        return {self.job.parallel.dp: params} if split is None else split.grad_params_by_ranks
+        by_ranks: dict[SyncGroup, float] = {}
+        if split is not None:
+            for ranks, part in split.grad_params_by_ranks.items():
+                by_ranks[ranks] = part
+            return by_ranks
+        experts = self.expert_grads.get(index)
+        if experts is None:
+            by_ranks[self.job.parallel.dp] = params
+            return by_ranks
+        by_ranks[self.job.parallel.dp] = params - experts[0]
+        by_ranks[experts[1]] = experts[0]
+        return by_ranks
 
-    def sync_layout(self, ranks: int) -> GroupLayout:
+    def sync_layout(self, ranks: SyncGroup) -> GroupLayout:
         """The layout of a gradient sync over `ranks` of the data-parallel group: the group's own ("grad"), or
-        for a split weight's part the ranks holding it. NB: taken as neighbouring ranks (as reshard_s); on one
-        node the layout is the same whichever ranks they are."""
+        for a split weight's part the ranks holding it; an ExpertReplicas' from its ranks. NB: taken as
+        neighbouring ranks (as reshard_s); on one node the layout is the same whichever ranks they are."""
         par = self.job.parallel
+        if isinstance(ranks, ExpertReplicas):
+            return self.job.cluster.ranks_layout(ranks.ranks)
         return self.layout("grad") if ranks == par.dp else self.job.cluster.group_layout(ranks, par.tp * par.cp)
 
     def held_params(self, index: int, params: float) -> float:

@@ -14,9 +14,9 @@ lower() turns the tree into the LoweredPlan of compile.plan (stage, chunk and re
 schedule). The splits the plain strategy implies (from_parallel: tp, sp, cp, ep, dp, ZeRO) are what the
 DeviceSlice the graph was built with applied already; their computation configs over tp, cp and ep (Megatron's,
 strategy.megatron) go into the plan as MeshSplits, from which the compiler derives the feature collectives. A tree
-may leave any op of a block's attention or MLP, the embedding's lookup or the head's projection or cross-entropy
-unsplit over tp: the compiler then rebuilds that layer with the op whole on each tp rank and reshards between the
-ops' configs (compile.shape_layers).
+may leave any op of a block's attention, MLP or experts, the embedding's lookup or the head's projection or
+cross-entropy unsplit over tp, or split it over fewer tp ranks: the compiler then rebuilds that layer with the op
+at its degree and reshards between the ops' configs (compile.shape_layers).
 Computation configs over dp (item "compute": batch, seq, out, reduce) go into the plan as OpSplits, which
 compile.splits applies with the resharding they need.
 A stage mapped to its own mesh (map tp / dp on its layers: StageMesh) reads both against its own mesh: its ops'
@@ -367,9 +367,10 @@ class StrategyTree:
         """The computation configs over tp, cp and ep of every op, each over its own stage's mesh (pars: per
         layer instance, the job's strategy or its stage mesh's): Megatron's (lowered.megatron_splits) where the
         tree sets none over an axis. An axis the tree splits must be split as Megatron does on every op, except
-        that any op of a block's attention or MLP, the lookup, the logits or the cross-entropy may be split that
-        way over fewer ranks d dividing its stage's tp, or left unsplit (d = 1: strategy.megatron.op_degrees; the
-        compiler shapes the ops from these configs and reshards between them, compile.shape_layers):
+        that any op of a block's attention, MLP or experts, the lookup, the logits or the cross-entropy may be
+        split that way over fewer ranks d dividing its stage's tp, or left unsplit (d = 1:
+        strategy.megatron.op_degrees; the compiler shapes the ops from these configs and reshards between them,
+        compile.shape_layers):
         ConfigError naming the first op that differs."""
         layers = expand_layers(self.graph)
         given_axes = {key.partition("@")[2] for row in self.explicit.values() for key in row if "@" in key}
@@ -424,6 +425,7 @@ class StrategyTree:
             degrees = op_degrees(layer.fwd, devs[index],
                                  lambda op, i=index: given.get((i, op.module_path, "tp"), UNSPLIT))
             if degrees:
+                _check_experts_alike(layer, devs[index], degrees, self.layer_paths[index])
                 out[index] = degrees
         return out
 
@@ -832,11 +834,27 @@ def _mismatch(op: Op, axis: str, size: int, dev: DeviceSlice, given: OpConfig, e
     mesh = f"{axis}={size}" + (" with sp" if axis == "tp" and dev.sp else "")
     hint = "; a sequence split over tp is sequence parallelism (--sp)" if (
         axis == "tp" and not dev.sp and given.seq > 1) else ""
-    if axis == "tp" and replicable_module(op):
+    if axis == "tp" and replicable_module(op) == "experts":
+        fewer = f"that split over fewer ranks d dividing {size}{' (and seq=tp/d)' if dev.sp else ''}, or " \
+            if size > 2 else ""
+        whole = _config_text(op_config("tp", op, dev, frozenset({(op.name, 1)})))
+        hint += f"; or {fewer}{whole} (the experts whole on each tp rank: expert tensor parallelism 1)"
+    elif axis == "tp" and replicable_module(op):
         fewer = f"that split over fewer ranks dividing {size}, or " if size > 2 else ""
         hint += f"; or {fewer}none (the {op.name} whole on each tp rank)"
     return (f"ops take Megatron's splits over {mesh}: {op.name} splits {_config_text(expected)} over {axis}; "
             f"give that, or no {axis} splits{hint}")
+
+
+def _check_experts_alike(layer: Layer, dev: DeviceSlice, degrees: Degrees, path: str) -> None:
+    """An MoE block's expert ops share one tp degree (Megatron-Core's one expert_tensor_parallel_size for every
+    expert matmul, megatron/core/model_parallel_config.py, megatron-core 0.16.1)."""
+    given = dict(degrees)
+    found = {op.name: given.get(op.name, dev.tp) for op in layer.fwd if replicable_module(op) == "experts"}
+    if len(set(found.values())) > 1:
+        listed = ", ".join(f"{name} {d}" for name, d in found.items())
+        raise ConfigError(f"{path} split.compute@tp", listed, "an MoE's expert ops take one tp degree (Megatron-"
+                          "Core's expert tensor parallel size): split its matmuls and activation alike")
 
 
 def _config_text(config: OpConfig) -> str:

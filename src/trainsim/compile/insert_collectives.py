@@ -14,7 +14,7 @@ the start of the iteration, bucket by bucket in forward order, each bucket's lay
 it (insert_param_gathers; Megatron-Core's overlap_param_gather gathers for the next iteration's forward).
 """
 
-from trainsim.compile.context import BuildContext, CommWork, StageWriter, TaskSpec
+from trainsim.compile.context import BuildContext, CommWork, StageWriter, SyncGroup, TaskSpec, sync_size
 from trainsim.strategy.lowered import LayerAssignment
 
 _CATEGORY = {"split": "comm"}  # reshard collectives of computation configs (compile.splits): general comm
@@ -54,10 +54,12 @@ def _gathers_overlap(ctx: BuildContext) -> bool:
     return par.zero in (1, 2) and ctx.pricer.overlaps("param_gather_overlap", ctx.job)
 
 
-Grads = list[tuple[int, dict[int, float], str]]  # (tid finishing a layer's gradient, params by ranks, label)
+Grads = list[tuple[int, dict[SyncGroup, float], str]]  # (tid finishing a layer's gradient, params by the ranks
+# that sum them, label)
+Bucket = tuple[int, float, SyncGroup, str]  # (tid of its last gradient, its parameters, its ranks, its name)
 
 
-def _group_buckets(grads: Grads, bucket_params: float, par_dp: int) -> list[tuple[int, float, int, str]]:
+def _group_buckets(grads: Grads, bucket_params: float, par_dp: int) -> list[Bucket]:
     """The gradient buckets as the stack sends them: each sync group (the number of ranks that sum a part) fills
     its own buckets of bucket_params, whole layers, in the order the gradients become final; a bucket is sent
     once it holds that many or at its group's last layer (the whole group's: the stage's last layer). Per
@@ -65,8 +67,8 @@ def _group_buckets(grads: Grads, bucket_params: float, par_dp: int) -> list[tupl
     last_position = {ranks: position for position, (_, by_ranks, _) in enumerate(grads)
                      for ranks, params in by_ranks.items() if params >= MIN_PARAMS}
     last_position[par_dp] = len(grads) - 1
-    open_buckets: dict[int, tuple[float, str]] = {}  # ranks -> (parameters so far, first layer's label)
-    out: list[tuple[int, float, int, str]] = []
+    open_buckets: dict[SyncGroup, tuple[float, str]] = {}  # ranks -> (parameters so far, first layer's label)
+    out: list[Bucket] = []
     for position, (tid, by_ranks, label) in enumerate(grads):
         for ranks, params in by_ranks.items():
             if params < MIN_PARAMS and ranks != par_dp:
@@ -81,13 +83,13 @@ def _group_buckets(grads: Grads, bucket_params: float, par_dp: int) -> list[tupl
     return out
 
 
-def _synced_buckets(ctx: BuildContext, grads: Grads) -> list[tuple[int, float, int, str]]:
+def _synced_buckets(ctx: BuildContext, grads: Grads) -> list[Bucket]:
     """_group_buckets that ranks communicate: a part that one rank alone holds is not sent (unless context
     parallelism sums it), numbered in sending order."""
     par = ctx.par
     kept = [(tid, params, ranks, label) for tid, params, ranks, label
             in _group_buckets(grads, ctx.job.stack.grad_bucket_params, par.dp)
-            if ranks > 1 or (ranks == par.dp and par.cp > 1)]
+            if sync_size(ranks) > 1 or (ranks == par.dp and par.cp > 1)]
     return [(tid, params, ranks, f"bucket{number} {label}") for number, (tid, params, ranks, label)
             in enumerate(kept)]
 
@@ -134,8 +136,8 @@ def _overlaps(ctx: BuildContext) -> bool:
     return ctx.pricer.overlaps("grad_reduce_overlap", ctx.job)
 
 
-def _sync_collective(ctx: BuildContext, stage: int, collective: str, name: str, size_bytes: float, ranks: int,
-                     deps: tuple[int, ...]) -> int:
+def _sync_collective(ctx: BuildContext, stage: int, collective: str, name: str, size_bytes: float,
+                     ranks: SyncGroup, deps: tuple[int, ...]) -> int:
     """One bucket's collective over the `ranks` ranks that hold its parameters (BuildContext.sync_layout)."""
     layout = ctx.sync_layout(ranks)
     return ctx.add(name=f"dp {collective} {name}", device=stage, stream="gradient", kind="comm",

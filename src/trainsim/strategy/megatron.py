@@ -15,24 +15,38 @@ split-tree form of Megatron's patterns (Shoeybi et al. 2019, Sec. 3; Korthikanti
   (a device holds the tokens routed to its experts; a Placement carries it in its feature slot, and an expert's
   output is whole, not a partial sum), every other op the batch.
 
-A strategy tree may give any op of a block's attention or its (dense) MLP, the head's vocabulary projection
-or its cross-entropy a config of its own over tp (own_configs; Proteus Sec. IV-B: a split on any op takes
-effect): any of (batch, seq, out, reduce) parts, their product dividing tp, reduce on a matmul only: Megatron's
-split over fewer ranks d (each group of d consecutive tp ranks runs the op split d ways), none (the op whole on
-each tp rank), a matmul split by its reduction dimension (input features sliced, partial sums out) or by its
-output dimension where Megatron splits the reduction, an op split by sequence (query rows for the attention core,
-tokens for a matmul, whose weight each rank then holds whole, its gradient summed over those ranks with the
-data-parallel reduction: token_split_params). The embedding's lookup takes Megatron's split over d dividing tp,
-or none; the norms, residual adds, positions and an MoE's experts and router take Megatron's only
-(tp_config_problem says what an op can take). The catalog builders shape each op at its config
-(frontends.catalog.transformer block_layer, embedding_layer, head_layer; compile.shape_layers); a collective over
-a split of fewer ranks than tp spans them (ir.graph.Comm.ranks), and the resharding below inserts what the layout
-changes need: a whole attention beside a split MLP pays only the MLP's all-reduce pair; qkv split by heads
-before a whole attention core all-gathers q, k and v; qkv split by its reduction dimension before a whole core
-all-reduces them (before a core split by heads: a reduce-scatter); a core split by sequence after qkv split by
-heads exchanges q, k and v by all-to-all and all-gathers the keys and values of the whole sequence (as cp does;
-their gradient
+A strategy tree may give any op of a block's attention or its (dense) MLP, the head's vocabulary projection or its
+cross-entropy a config of its own over tp (own_configs; Proteus Sec. IV-B: a split on any op takes effect): any of
+(batch, seq, out, reduce) parts, their product dividing tp, reduce on a matmul only: Megatron's split over fewer
+ranks d (each group of d consecutive tp ranks runs the op split d ways), none (the op whole on each tp rank), a
+matmul split by its reduction dimension (input features sliced, partial sums out) or by its output dimension where
+Megatron splits the reduction, an op split by sequence (query rows for the attention core, tokens for a matmul,
+whose weight each rank then holds whole, its gradient summed over those ranks with the data-parallel reduction:
+token_split_params). The embedding's lookup takes Megatron's split over d dividing tp, or none, and an MoE's experts
+Megatron's split over d or none (below); the norms, residual adds, positions and an MoE's router take Megatron's
+only (tp_config_problem says what an op can take). The catalog builders shape each op at its config
+(frontends.catalog.transformer block_layer, embedding_layer, head_layer; compile.shape_layers); a collective over a
+split of fewer ranks than tp spans them (ir.graph.Comm.ranks), and the resharding below inserts what the layout
+changes need: a whole attention beside a split MLP pays only the MLP's all-reduce pair; qkv split by heads before a
+whole attention core all-gathers q, k and v; qkv split by its reduction dimension before a whole core all-reduces
+them (before a core split by heads: a reduce-scatter); a core split by sequence after qkv split by heads exchanges
+q, k and v by all-to-all and all-gathers the keys and values of the whole sequence (as cp does; their gradient
 reduce-scattered); a whole head pays no vocab-parallel statistics.
+
+An MoE's experts (their matmuls and activation, all at one degree) may take Megatron's split over d dividing tp
+too: Megatron-Core's expert tensor parallelism (expert_tensor_parallel_size, megatron/core/
+model_parallel_config.py and parallel_state.py, megatron-core 0.16.1: the experts' own tp groups of d ranks, ep
+groups and expert data-parallel groups of world / (d x ep x pp) ranks). Under sp an expert op at degree d keeps
+the sequence split of its d ranks' tokens (config seq = tp / d; d = 1: seq = tp, each rank's experts whole on
+its own sequence share); without sp every d-group runs all the micro-batch's tokens. Where d < tp the token
+dispatch follows Megatron-Core's MoEAlltoAllTokenDispatcher (megatron/core/transformer/moe/token_dispatcher.py,
+0.16.1): the all-to-all over ep moves the routed copies of the tokens a rank holds, then the routed tokens are
+all-gathered over the d ranks and reduce-scattered after the experts (none at d = 1); trainsim's Megatron
+split (d = tp) keeps its own order, the hidden state gathered over tp before dispatching all local tokens
+(_read_bytes, _tensor_bytes). The router has no other config: Megatron-Core's TopKRouter holds its weight
+whole on every tp rank and runs it on the rank's tokens (its sequence share under sp, its gradient then summed
+over tp as the norms' are: the weight's `sequence_parallel` attribute, megatron/core/transformer/moe/router.py
+and megatron/core/distributed/finalize_model_grads.py, 0.16.1), as the norms' config here says.
 
 layer_comms walks a layer's ops in order per axis, as compile.splits walks a tree's computation configs: where
 what an op reads differs from how its producer left it, strategy.reshard's pattern matching gives the collective
@@ -97,22 +111,28 @@ def op_config(axis: Axis, op: Op, dev: DeviceSlice, own: TpConfigs = frozenset()
 
 
 def megatron_tp(op: Op, dev: DeviceSlice, degree: int) -> OpConfig:
-    """Megatron's config of `op` over tp, its split made over `degree` ranks (module doc)."""
+    """Megatron's config of `op` over tp, its split made over `degree` ranks (module doc); an expert op at degree
+    d keeps, under sp, the tokens of its d ranks (the sequence split tp / d ways: Megatron-Core's expert tensor
+    parallelism, _expert_tp)."""
+    token_parts = dev.tp // degree if dev.sp and _expert(op) else 1
     if op.name in COLUMN or op.name in FEATURE:
-        return OpConfig(1, 1, degree, 1)
+        return OpConfig(1, token_parts, degree, 1)
     if op.name in ROW or op.kind == "embedding":
-        return OpConfig(1, 1, 1, degree)
+        return OpConfig(1, token_parts, 1, degree)
     return OpConfig(1, dev.tp if dev.sp else 1, 1, 1)
 
 
 def replicable_module(op: Op) -> str:
     """The part of the model whose op may take a config of its own over tp instead of Megatron's: "attn" (qkv,
-    rope, the attention core, softmax, the projection), "mlp" (a dense block's MLP; not an MoE's experts or
-    router), "embed" (the token lookup) or "head" (the vocabulary projection and the cross-entropy); "" for any
-    other op (norms, residual adds, positions: Megatron's configs always)."""
+    rope, the attention core, softmax, the projection), "mlp" (a dense block's MLP), "experts" (an MoE's expert
+    matmuls and activation: Megatron-Core's expert tensor parallelism), "embed" (the token lookup) or "head"
+    (the vocabulary projection and the cross-entropy); "" for any other op (norms, residual adds, positions and
+    an MoE's router: Megatron's configs always)."""
     parts = op.module_path.split(".")
     if "attn" in parts:
         return "attn"
+    if _expert(op):
+        return "experts"
     if "mlp" in parts and "moe" not in parts:
         return "mlp"
     if op.kind == "embedding":
@@ -123,10 +143,20 @@ def replicable_module(op: Op) -> str:
 def tp_config_problem(op: Op, config: OpConfig, dev: DeviceSlice) -> str:
     """Why a replicable op (replicable_module) cannot take `config` over tp ("" where it can): the parts must
     divide tp, the micro-batch and the sequence; reduce splits a matmul's reduction dimension only; the lookup
-    takes Megatron's split (reduce) over d dividing tp, or none."""
+    takes Megatron's split (reduce) over d dividing tp, or none; an MoE's expert op Megatron's split over d
+    dividing tp (under sp with seq = tp / d), or none (expert tensor parallelism 1)."""
     if op.kind == "embedding":
         if config != megatron_tp(op, dev, config.reduce) or dev.tp % config.reduce:
             return f"that split over fewer ranks dividing {dev.tp}, or none (the {op.name} whole on each tp rank)"
+        return ""
+    if replicable_module(op) == "experts":
+        d = max(config.out, config.reduce)
+        if dev.tp % d or config != megatron_tp(op, dev, d):
+            whole = " ".join(f"{dim}={getattr(megatron_tp(op, dev, 1), dim)}" for dim in COMPUTE_PARTS
+                             if getattr(megatron_tp(op, dev, 1), dim) > 1) or "nothing"
+            fewer = f"that split over fewer ranks d dividing {dev.tp}{' (and seq=tp/d)' if dev.sp else ''}, or " \
+                if dev.tp > 2 else ""
+            return f"{fewer}{whole} (the experts whole on each tp rank: expert tensor parallelism 1)"
         return ""
     dims = COMPUTE_PARTS if op.kind in CONTRACTING else COMPUTE_PARTS[:3]
     allowed = f"any split of its {', '.join(dims)} whose parts divide {dev.tp}, or none (the {op.name} whole on " \
@@ -174,7 +204,8 @@ def layer_comms(spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: S
                 return op_config(axis, op, dev)
             return configs.get((op.module_path, axis), UNSPLIT)
 
-        forward, backward = _walk(axis, size, spec, dev, kind, fwd, config_of, _heads_parts(fwd, dev, configs))
+        forward, backward = _walk(axis, size, spec, dev, kind, fwd, config_of,
+                                  (_heads_parts(fwd, dev, configs), _expert_tp(fwd, dev, configs)))
         sites = {_site(op): i for i, op in reversed(list(enumerate(fwd)))}
         backward.sort(key=lambda found: sites.get(found[0].split(".")[0], len(sites)))
         comms += [Comm(name, step.collective, axis, "fwd", step.buffer_bytes, _sub(step, size))
@@ -187,10 +218,13 @@ def layer_comms(spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: S
 
 
 def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: Sequence[Op],
-          config_of: Callable[[Op], OpConfig], heads_parts: int) -> tuple[list[_Found], list[_Found]]:
+          config_of: Callable[[Op], OpConfig], parts: tuple[int, int]) -> tuple[list[_Found], list[_Found]]:
     """(forward, backward) reshards of the layer's op chain over one axis; the backward's in the order the
-    backward pass meets them. heads_parts: the parts the attention's heads are split into over tp."""
-    full = _tensor_bytes(axis, spec, dev)
+    backward pass meets them. parts: the parts the attention's heads are split into over tp, and the tp degree
+    of the experts (_expert_tp; below tp: Megatron-Core's dispatch order, _read_bytes)."""
+    heads_parts, expert_tp = parts
+    dispatch_first = expert_tp < dev.tp
+    full = _tensor_bytes(axis, spec, dev, dispatch_first)
     handed = handed_on(axis, dev)
     forward: list[_Found] = []
     backward: list[_Found] = []
@@ -201,7 +235,8 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
         contracting = _contracting(axis, op)
         need = input_placement(config, size, contracting)
         if placement is not None:
-            site, read = _namer(axis, kind, producer, op), _read_bytes(axis, spec, dev, op, full)
+            routed = dispatch_first and (_expert(op) or (producer is not None and _expert(producer)))
+            site, read = _namer(axis, kind, producer, op), _read_bytes(axis, spec, dev, op, full, routed)
             forward += _named(site, axis, reshard(placement, need, read))
             grad = input_grad_placement(need, config, contracting)
             backward += _named(site, axis, reshard(grad, output_grad_placement(placement), read))
@@ -276,24 +311,40 @@ def _contracting(axis: Axis, op: Op) -> bool:
     return axis == "tp" and (op.kind in CONTRACTING or op.kind == "embedding")
 
 
-def _tensor_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice) -> float:
+def _tensor_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, own_tokens: bool = False) -> float:
     """The whole tensor a reshard over `axis` moves: the hidden state of the micro-batch's local tokens over
     tp (over cp the attention's keys and values, _kv_bytes); over ep the tokens routed to top_k experts on
-    every rank of the group."""
+    every rank of the group: of all the micro-batch's local tokens (the hidden state gathered over tp before
+    the dispatch), or with own_tokens of those the rank holds (its sequence share under sp: Megatron-Core's
+    order where the experts' tp degree is below tp, _read_bytes)."""
     hidden = float(dev.local_tokens * spec.hidden * BYTES_PER_DTYPE[dev.precision.activation_dtype])
+    if axis == "ep" and own_tokens and dev.sp:
+        own = float(dev.local_tokens // dev.tp * spec.hidden * BYTES_PER_DTYPE[dev.precision.activation_dtype])
+        return own * spec.top_k * dev.ep
     return hidden * spec.top_k * dev.ep if axis == "ep" else hidden
 
 
-def _read_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, consumer: Op, hidden: float) -> float:
+def _read_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, consumer: Op, hidden: float,
+                routed: bool = False) -> float:
     """The whole tensor (over tp) that `consumer` reads from the op before it, the buffer a reshard over tp
     moves: q, k and v for the rope and the attention core, the scores for an unfused softmax, the attention's
     output for the projection, the ffn features (the routed tokens' in an MoE) for the activation and the second
-    matmul, the logits for the cross-entropy; the hidden state for every other op (hidden: its bytes). Over cp
-    and ep: `hidden` (_tensor_bytes)."""
+    matmul, the logits for the cross-entropy; the hidden state for every other op (hidden: its bytes), or with
+    `routed` the routed tokens' hidden states (top_k per token). Over cp and ep: `hidden` (_tensor_bytes).
+
+    routed: a reshard into an expert's first matmul or out of its last where the experts' tp degree d is below
+    tp. Megatron-Core's all-to-all dispatcher then runs the all-to-all over ep first, then the all-gather of
+    the routed tokens over the d ranks of the expert tp group (and the reduce-scatter before the combine's
+    all-to-all): MoEAlltoAllTokenDispatcher dispatch_postprocess / combine_preprocess,
+    megatron/core/transformer/moe/token_dispatcher.py, megatron-core 0.16.1. NB: under Megatron's split (d =
+    tp) trainsim keeps its order, the hidden state gathered over tp before the dispatch (hidden bytes here, all
+    local tokens over ep: _tensor_bytes)."""
     if axis != "tp":
         return hidden
     act, d, f = BYTES_PER_DTYPE[dev.precision.activation_dtype], spec.head_dim, spec.ffn_hidden
     tokens = dev.local_tokens * (spec.top_k if "moe" in consumer.module_path.split(".") else 1)
+    if routed and consumer.name not in ("gelu", "fc2", "down", "swiglu"):
+        return float(dev.local_tokens * spec.top_k * spec.hidden * act)
     elements = {
         "rope": tokens * (spec.num_heads + 2 * spec.kv_heads) * d,
         "attention": tokens * (spec.num_heads + 2 * spec.kv_heads) * d,
@@ -332,11 +383,22 @@ def token_split_params(spec: TransformerSpec, fwd: Sequence[Op], config_of: Call
     for op in fwd:
         config = config_of(op)
         parts = config.batch * config.seq
-        if op.kind == "matmul" and parts > 1 and replicable_module(op):
+        if op.kind == "matmul" and parts > 1 and replicable_module(op) in ("attn", "mlp", "head"):
             _, _, n, k = op.shape
             bias = n if spec.bias and replicable_module(op) in ("attn", "mlp") else 0
             out[parts] = out.get(parts, 0.0) + float(n * k + bias)
     return out
+
+
+def _expert_tp(fwd: Sequence[Op], dev: DeviceSlice, configs: Configs | None) -> int:
+    """The tp degree d of the layer's experts: Megatron's tp, or the degree their configs split the experts'
+    features over (d < tp: Megatron-Core's expert_tensor_parallel_size, megatron/core/model_parallel_config.py,
+    megatron-core 0.16.1); tp for a layer without experts."""
+    expert = next((op for op in fwd if _expert(op)), None)
+    if configs is None or expert is None or dev.tp == 1:
+        return dev.tp
+    config = configs.get((expert.module_path, "tp"), UNSPLIT)
+    return max(config.out, config.reduce)
 
 
 def _kv_bytes(spec: TransformerSpec, dev: DeviceSlice, heads_parts: int) -> float:

@@ -18,6 +18,7 @@ may give any op of a block's attention or MLP or the head's projection or cross-
 tp (batch, seq, out, reduce parts dividing tp; none: whole on each tp rank), the embedding's lookup Megatron's
 split over fewer ranks or none: the compiler then rebuilds that layer with the op at its config and reshards
 between the ops' configs (compile.shape_layers).
+An MoE's experts may take Megatron's split over fewer tp ranks, or none (strategy.megatron).
 Computation configs over dp (item "compute": batch, seq, out, reduce) go into the plan as OpSplits, which
 compile.splits applies with the resharding they need.
 A stage mapped to its own mesh (map tp / dp on its layers: StageMesh) reads both against its own mesh: its ops'
@@ -425,6 +426,7 @@ class StrategyTree:
             own = own_configs(layer.fwd, devs[index],
                               lambda op, i=index: given.get((i, op.module_path, "tp"), UNSPLIT))
             if own:
+                _check_experts_alike(layer, devs[index], own, self.layer_paths[index])
                 out[index] = own
         return out
 
@@ -832,11 +834,22 @@ def _mismatch(op: Op, axis: str, size: int, dev: DeviceSlice, given: OpConfig, e
               path: str) -> str:
     mesh = f"{axis}={size}" + (" with sp" if axis == "tp" and dev.sp else "")
     hint = "; a sequence split over tp is sequence parallelism (--sp)" if (
-        axis == "tp" and not dev.sp and given.seq > 1 and not replicable_module(op)) else ""
+        axis == "tp" and not dev.sp and given.seq > 1 and replicable_module(op) in ("", "experts")) else ""
     if axis == "tp" and replicable_module(op):
         hint += f"; or {tp_config_problem(op, given, dev)}"
     return (f"ops take Megatron's splits over {mesh}: {op.name} splits {_config_text(expected)} over {axis}; "
             f"give that, or no {axis} splits{hint}")
+
+
+def _check_experts_alike(layer: Layer, dev: DeviceSlice, own: TpConfigs, path: str) -> None:
+    """An MoE block's expert ops share one tp degree (Megatron-Core's one expert_tensor_parallel_size for every
+    expert matmul, megatron/core/model_parallel_config.py, megatron-core 0.16.1)."""
+    given = {name: max(config.out, config.reduce) for name, config in own}
+    found = {op.name: given.get(op.name, dev.tp) for op in layer.fwd if replicable_module(op) == "experts"}
+    if len(set(found.values())) > 1:
+        listed = ", ".join(f"{name} {d}" for name, d in found.items())
+        raise ConfigError(f"{path} split.compute@tp", listed, "an MoE's expert ops take one tp degree (Megatron-"
+                          "Core's expert tensor parallel size): split its matmuls and activation alike")
 
 
 def _config_text(config: OpConfig) -> str:

@@ -211,3 +211,35 @@ def test_stages_on_their_own_meshes_with_their_own_op_configs(tmp_path: Path) ->
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "ops take Megatron's splits over tp=2: fc1 splits out=2" in lines[0]
+
+
+def test_mixtral_tree_with_whole_experts_in_both_engines() -> None:
+    """data/strategies/megatron/mixtral-tp2-ep2-experts-whole.yaml (Megatron-Core's expert tensor parallelism 1
+    at tp 2 x ep 2 with sp) on Mixtral 8x7B's block, 8 layers, against the plain plan, in the simulator and the
+    closed form: no expert all-gather or reduce-scatter (less tp time), all-to-alls of half the tokens (less ep
+    time), the experts' weights twice over (more weight memory), the same model FLOPs."""
+    root = Path(__file__).resolve().parents[3]
+    args = ["predict", "--model", str(root / "data" / "strategies" / "megatron" / "models" / "mixtral-8x7b-l8.yaml"),
+            "--num-gpus", "8", "--tp", "2", "--ep", "2", "--sp", "--micro-batch", "1", "--seq-len", "1024",
+            "--global-batch", "16", "--json"]
+    tree = str(root / "data" / "strategies" / "megatron" / "mixtral-tp2-ep2-experts-whole.yaml")
+    for engine in ("sim", "analytical"):
+        plain = RUNNER.invoke(app, [*args, "--engine", engine])
+        whole = RUNNER.invoke(app, [*args, "--engine", engine, "--tree", tree])
+        assert plain.exit_code == 0 and whole.exit_code == 0, whole.output
+        before, after = json.loads(plain.stdout), json.loads(whole.stdout)
+        assert after["engine"] == engine
+        assert after["breakdown"]["tp_comm"] < 0.7 * before["breakdown"]["tp_comm"]
+        assert after["breakdown"]["ep_comm"] < 0.8 * before["breakdown"]["ep_comm"]
+        assert after["memory_breakdown"]["weights"] > 1.8 * before["memory_breakdown"]["weights"]
+        assert after["model_flops_per_iteration"] == before["model_flops_per_iteration"]
+
+
+def test_the_analytical_engine_refuses_a_tree_that_places_layers() -> None:
+    root = Path(__file__).resolve().parents[3]
+    result = RUNNER.invoke(app, ["predict", "--model", "gpt3-125m", "--num-gpus", "4", "--pp", "3", "--dp", "1",
+                                 "--micro-batch", "2", "--global-batch", "16", "--seq-len", "1024", "--tree",
+                                 str(root / "data" / "strategies" / "megatron" / "gpt3-125m-stages-1-1-2.yaml")])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "engine='analytical' is invalid" in lines[0] and "needs --engine sim" in lines[0]

@@ -7,7 +7,9 @@ Each op of a block's attention and MLP, the lookup, the logits and the cross-ent
 computation config over tp: Megatron's split over the job's tp, or the config a strategy tree gives it (the
 builders' `own`, strategy.megatron.own_configs): (batch, seq, out, reduce) parts, each rank running the op on
 1/(batch x seq) of the tokens, 1/out of its output features and 1/reduce of its reduction dimension, and holding
-1/(out x reduce) of its weight (a config of none: the whole op on every tp rank)."""
+1/(out x reduce) of its weight (a config of none: the whole op on every tp rank). An MoE's experts take Megatron's
+split over a degree d dividing tp, or none, and run the routed copies of their d ranks' tokens under sp
+(_expert_tokens)."""
 
 from collections.abc import Mapping
 
@@ -139,6 +141,14 @@ def _mlp_op_names(spec: TransformerSpec) -> tuple[str, str, str]:
     return ("gate_up", "swiglu", "down") if spec.mlp == "swiglu" else ("fc1", "gelu", "fc2")
 
 
+def _expert_tokens(dev: DeviceSlice, d: int) -> int:
+    """The tokens whose routed copies a rank's experts at tp degree d run: under sp the sequence shares of the d
+    ranks of its expert tp group (Megatron-Core's expert tensor parallelism gathers them over those ranks after
+    the dispatch: MoEAlltoAllTokenDispatcher, megatron/core/transformer/moe/token_dispatcher.py, megatron-core
+    0.16.1), all the micro-batch's local tokens at d = tp (Megatron's split) or without sp."""
+    return dev.local_tokens * d // dev.tp if dev.sp else dev.local_tokens
+
+
 def block_layer(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool,
                 own: TpConfigs = frozenset()) -> Layer:
     """`count` dense (or MoE) blocks as one device runs them: attention and MLP split over the slice's tp
@@ -149,13 +159,13 @@ def block_layer(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool,
     act, h = dev.precision.activation_dtype, spec.hidden
     rep = _replicated_tokens(dev)
     given = dict(own)
-    c = {op: _megatron(op, dev.tp) if moe and op in _MLP_OPS else given.get(op, _megatron(op, dev.tp))
-         for op in _ATTN_OPS + _MLP_OPS}
+    c = {op: given.get(op, _megatron(op, dev.tp)) for op in _ATTN_OPS + _MLP_OPS}
     fwd = _attention_ops(spec, dev, path, c)
     fwd.append(pointwise_op("norm2", "norm", f"{path}.norm2", act, rep * h, flops_per_element=5.0))
     if moe:
         fwd.append(matmul_op("router", f"{path}.moe.router", act, dev.local_tokens, spec.num_experts, h))
-        fwd.extend(_mlp_ops(spec, dev, f"{path}.moe", dev.local_tokens, spec.top_k, c))
+        d = _weight_parts(c[_mlp_op_names(spec)[0]])  # the experts' tp degree (strategy.megatron._expert_tp)
+        fwd.extend(_mlp_ops(spec, dev, f"{path}.moe", _expert_tokens(dev, d), spec.top_k, _features_only(c)))
     else:
         fwd.extend(_mlp_ops(spec, dev, path, dev.local_tokens, 1, c))
     fwd.append(pointwise_op("residual2", "elementwise", f"{path}.residual2", act, rep * h, reads=2.0))
@@ -170,6 +180,17 @@ def _megatron(name: str, tp: int) -> OpConfig:
     """Megatron's config over tp of a block's attention or MLP op (strategy.megatron.megatron_tp): the
     row-parallel matmuls split their reduction dimension, every other op its features."""
     return OpConfig(1, 1, 1, tp) if name in ROW else OpConfig(1, 1, tp, 1)
+
+
+def _features_only(c: Mapping[str, OpConfig]) -> dict[str, OpConfig]:
+    """The configs with their token parts left out (an MoE's experts: their tokens are _expert_tokens)."""
+    return {name: OpConfig(1, 1, config.out, config.reduce) for name, config in c.items()}
+
+
+def expert_params(spec: TransformerSpec, dev: DeviceSlice, d: int) -> float:
+    """The parameters one rank holds of an MoE block's experts (with the router's, as this builder counts them):
+    its ep share of the experts, each split over the experts' tp degree d."""
+    return _block_params(spec, True)[1] / d / dev.ep
 
 
 def _weight_parts(config: OpConfig) -> int:
@@ -190,8 +211,10 @@ def _block_local_params(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: M
     else:
         out_params = spec.num_heads * spec.head_dim * spec.hidden + (spec.hidden if spec.bias else 0)
         attn = (attn_params - out_params) / w["qkv"] + out_params / w["out_proj"]
-    if moe or w[first] == w[second]:
-        mlp = mlp_params / w[first] / (dev.ep if moe else 1)
+    if moe:
+        mlp = expert_params(spec, dev, w[first])
+    elif w[first] == w[second]:
+        mlp = mlp_params / w[first]
     else:
         second_params = spec.ffn_hidden * spec.hidden + (spec.hidden if spec.bias else 0)
         mlp = (mlp_params - second_params) / w[first] + second_params / w[second]
@@ -220,9 +243,10 @@ def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool,
     mask = 1.0 if spec.arch in ("gpt", "bert", "bloom") else 0.0  # dropout masks, one byte per element
     first, act, second = _mlp_op_names(spec)
     experts = spec.top_k if moe else 1
+    expert_tokens = _expert_tokens(dev, _weight_parts(c[first])) if moe else tokens
 
-    def rows(op: str) -> int:
-        return tokens // _token_parts(c[op])
+    def rows(op: str) -> int:  # tokens an op runs (an MoE's experts: their _expert_tokens)
+        return expert_tokens if moe and op in _MLP_OPS else tokens // _token_parts(c[op])
 
     def f_out(op: str) -> int:  # ffn features an op writes
         return spec.ffn_hidden // c[op].out * experts
@@ -230,8 +254,10 @@ def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool,
     def f_in(op: str) -> int:  # ffn features a matmul reads
         return spec.ffn_hidden // c[op].reduce * experts
 
+    # modules reading gathered inputs (NB: an MoE's experts at their own tp degree keep their routed tokens'
+    # features, not their input, as Megatron's split of the experts is counted)
     own_inputs = sum(max(0, rows(op) * (h // c[op].reduce) - rep * h) for op in ("qkv", first)
-                     if c[op] != _megatron(op, dev.tp)) if dev.sp else 0  # modules reading gathered inputs
+                     if c[op] != _megatron(op, dev.tp) and not (moe and op == first)) if dev.sp else 0
     # two norm inputs, qkv input, mlp input, two dropout masks
     replicated = rep * h * (4 * a2 + 2 * mask) + own_inputs * a2
     qkv = core_tokens * (heads + 2 * kv) * spec.head_dim * a2

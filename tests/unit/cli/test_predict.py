@@ -150,10 +150,11 @@ def test_attention_only_tp_from_the_shipped_tree_file_lands_between_tp2_and_tp1(
 
 def test_trees_with_splits_other_than_megatrons_run_and_move_what_their_layouts_need() -> None:
     """data/strategies/megatron/gpt-tp2-qkv-reduce.yaml, gpt-tp2-attn-seq.yaml and gpt-tp2-mlp-tokens.yaml in the
-    simulator at both task levels and in the analytical engine: each rank does plain tp 2's FLOPs; qkv by its reduction dimension moves more than Megatron's
-    column split (a reduce-scatter and an all-gather of q, k and v), the core by query rows more still (two
-    all-to-alls each way and the key/value gathers), the MLP by tokens less (all-gathers of a hidden state in
-    place of all-reduces) for the whole MLP's weights on each rank."""
+    simulator at both task levels and in the analytical engine: each rank does plain tp 2's FLOPs; qkv by its
+    reduction dimension moves more than Megatron's column split (a reduce-scatter and an all-gather of q, k and
+    v), the core by query rows more still (two all-to-alls each way and the key/value gathers), the MLP by
+    tokens less (all-gathers of a hidden state in place of all-reduces) for the whole MLP's weights on each
+    rank."""
     root = Path(__file__).resolve().parents[3]
     args = ["predict", "--model", "gpt3-125m", "--num-gpus", "8", "--tp", "2", "--micro-batch", "4",
             "--global-batch", "64", "--seq-len", "1024", "--json"]

@@ -120,8 +120,11 @@ def _column(module: nn.Module, names: list[str], meshes: Meshes, degree: int, re
         out = Replicate() if read_at == 1 else Shard(-1)  # Replicate: an all-gather, its backward a slice
         parallelize_module(module, meshes[degree], {name: ColwiseParallel(output_layouts=out) for name in names})
     elif read_at > 1:
+        def sliced(_module: nn.Module, _inputs: Any, y: torch.Tensor) -> torch.Tensor:
+            return meshes.slice(y, read_at)
+
         for name in names:
-            module.get_submodule(name).register_forward_hook(lambda _m, _i, y: meshes.slice(y, read_at))
+            module.get_submodule(name).register_forward_hook(sliced)
 
 
 def _row(linear: nn.Module, parent: nn.Module, name: str, meshes: Meshes, degree: int, read_from: int) -> None:

@@ -93,10 +93,14 @@ def busiest_cpu_s(run: dict[str, Any]) -> float:
     return max(c - b for c, b in zip(s["cpu_s_per_rank"], s["barrier_cpu_s_per_rank"], strict=True)) / steps
 
 
-def predicted_s(tp: int, tree: str | None, costs: list[str]) -> float:
+def predicted(tp: int, tree: str | None, costs: list[str]) -> dict[str, Any]:
     tree_flags = ["--tree", str(TREES / tree)] if tree else []
-    result = json.loads(trainsim("predict", *job_flags(tp), "--engine", "sim", *tree_flags, *costs, "--json"))
-    return float(result["iteration_time_s"])
+    return json.loads(trainsim("predict", *job_flags(tp), "--engine", "sim", *tree_flags, *costs, "--json"))
+
+
+def thread_cpu_s(run: dict[str, Any]) -> float:
+    """The busiest rank's training thread alone per step (no gloo threads)."""
+    return max(run["settings"]["thread_cpu_s_per_rank"]) / len(run["iteration_times_s"])
 
 
 def summary(out: Path) -> list[dict[str, Any]]:
@@ -105,14 +109,19 @@ def summary(out: Path) -> list[dict[str, Any]]:
         runs = _runs(out, plan)
         if not runs:
             continue
+        cpu = predicted(tp, tree, ["--costs", "profiled", "--db", str(out / "profile-cpu.db")])
         rows.append({
             "plan": plan, "runs": len(runs),
             "wall_s": statistics.median(statistics.median(r["iteration_times_s"]) for r in runs),
             "cpu_s": statistics.median(busiest_cpu_s(r) for r in runs),
+            "cpu_s_per_run": [round(busiest_cpu_s(r), 4) for r in runs],
+            "thread_cpu_s": statistics.median(thread_cpu_s(r) for r in runs),
             "load": [round(r["settings"]["load_average_1m"][0], 1) for r in runs],
-            "predicted_cpu_s": predicted_s(tp, tree, ["--costs", "profiled", "--db", str(out / "profile-cpu.db")]),
-            "predicted_wall_s": predicted_s(tp, tree, ["--costs", "profiled", "--db", str(out / "profile-wall.db")]),
-            "predicted_default_s": predicted_s(tp, tree, []),
+            "predicted_cpu_s": cpu["iteration_time_s"],
+            "predicted_tp_comm_cpu_s": cpu["breakdown"]["tp_comm"],
+            "predicted_wall_s": predicted(tp, tree, ["--costs", "profiled", "--db", str(out / "profile-wall.db")])[
+                "iteration_time_s"],
+            "predicted_default_s": predicted(tp, tree, [])["iteration_time_s"],
         })
     return rows
 
@@ -123,14 +132,18 @@ def _order(rows: list[dict[str, Any]], key: str) -> list[str]:
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = ["| plan | runs | measured wall (median) | predicted, wall db | error | measured CPU/step (busiest "
-             "rank) | predicted, CPU db | error | predicted, default costs | load (1 min) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "rank; min-max over runs) | predicted, CPU db | error | training thread / predicted less tp_comm | "
+             "predicted, default costs | load (1 min) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         wall_err = r["predicted_wall_s"] / r["wall_s"] - 1
         cpu_err = r["predicted_cpu_s"] / r["cpu_s"] - 1
+        spread = f"{min(r['cpu_s_per_run']) * 1e3:.0f}-{max(r['cpu_s_per_run']) * 1e3:.0f}"
+        compute_s = r["predicted_cpu_s"] - r["predicted_tp_comm_cpu_s"]
         lines.append(f"| {r['plan']} | {r['runs']} | {r['wall_s'] * 1e3:.1f} ms | {r['predicted_wall_s'] * 1e3:.1f} ms"
-                     f" | {wall_err:+.1%} | {r['cpu_s'] * 1e3:.1f} ms | {r['predicted_cpu_s'] * 1e3:.1f} ms | "
-                     f"{cpu_err:+.1%} | {r['predicted_default_s'] * 1e3:.1f} ms | {', '.join(map(str, r['load']))} |")
+                     f" | {wall_err:+.1%} | {r['cpu_s'] * 1e3:.1f} ms ({spread}) | {r['predicted_cpu_s'] * 1e3:.1f} ms"
+                     f" | {cpu_err:+.1%} | {r['thread_cpu_s'] * 1e3:.1f} / {compute_s * 1e3:.1f} ms | "
+                     f"{r['predicted_default_s'] * 1e3:.1f} ms | {', '.join(map(str, r['load']))} |")
     for ranks in ("tp2", "tp4"):
         group = [r for r in rows if r["plan"].startswith(ranks)]
         for measured, predicted in (("wall_s", "predicted_wall_s"), ("cpu_s", "predicted_cpu_s"),
@@ -141,12 +154,48 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def dtensor_overhead(calls: int = 200) -> dict[str, float]:
+    """Thread CPU seconds of one forward and backward of the plans' matmul shapes (a [4, 128, 256] input) as a
+    plain nn.Linear and as torch.distributed.tensor.parallel's ColwiseParallel / RowwiseParallel module over a
+    1-rank mesh (the same local matmul: what the DTensor wrapping adds per module), medians of `calls`."""
+    import tempfile
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.set_num_threads(1)
+    with tempfile.NamedTemporaryFile() as handle:
+        dist.init_process_group("gloo", store=dist.FileStore(handle.name, 1), rank=0, world_size=1)
+        try:
+            mesh = init_device_mesh("cpu", (1,))
+            x = torch.randn(MICRO_BATCH, SEQ_LEN, 256, requires_grad=True)
+            out: dict[str, float] = {}
+            for name, style in (("plain", None), ("colwise", ColwiseParallel()), ("rowwise", RowwiseParallel())):
+                holder = torch.nn.Sequential(torch.nn.Linear(256, 256))
+                if style is not None:
+                    parallelize_module(holder, mesh, {"0": style})
+                samples = []
+                for i in range(calls + 20):
+                    began = time.thread_time()
+                    holder(x).sum().backward()
+                    if i >= 20:
+                        samples.append(time.thread_time() - began)
+                out[name] = statistics.median(samples)
+            return out
+        finally:
+            dist.destroy_process_group()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "op_tp_ground_truth")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--measure", action="store_true")
     parser.add_argument("--summary", action="store_true")
+    parser.add_argument("--dtensor-overhead", action="store_true", help="time a matmul's forward and backward "
+                        "plain and as a DTensor-parallel module on one rank (thread CPU)")
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     args = parser.parse_args()
@@ -154,6 +203,9 @@ def main() -> None:
         profile(args.out)
     if args.measure:
         measure(args.out, args.iterations, args.warmup)
+    if args.dtensor_overhead:
+        print(json.dumps({k: round(v * 1e6, 1) for k, v in dtensor_overhead().items()}) + " (us per forward and "
+              "backward, thread CPU)")
     if args.summary:
         rows = summary(args.out)
         (args.out / "summary.json").write_text(json.dumps(rows, indent=1))

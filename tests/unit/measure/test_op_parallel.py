@@ -41,22 +41,32 @@ PAIRS4 = _tree(4, "embedding.tokens reduce 2", "blocks.*.attn.qkv out 2", "block
                "blocks.*.mlp.act out 2", "blocks.*.mlp.fc2 reduce 2", "head.proj out 2")
 
 
-def _settings(tmp_path: Path, ranks: int) -> list[str]:
-    model = tmp_path / "tiny-gpt.yaml"
-    model.write_text(TINY_GPT_MODEL_YAML)
+TINY_LLAMA_MODEL_YAML = TINY_GPT_MODEL_YAML.replace("name: tiny-gpt", "name: tiny-llama").replace(
+    "mlp: gelu", "mlp: swiglu").replace("norm: layernorm", "norm: rmsnorm").replace(
+    "position: learned", "position: rope").replace("bias: true", "bias: false").replace(
+    "tied_embeddings: true", "tied_embeddings: false") + "num_kv_heads: 2\n"
+# LLaMA: q, k and v (grouped, 2 kv heads) of a split qkv gathered into a whole rope and core, the SwiGLU's split
+# gate and up into a whole activation, an untied head's split logits into a whole loss beside a whole lookup
+LLAMA_GATHERS = _tree(2, "blocks.*.attn.qkv out 2", "blocks.*.mlp.gate_up out 2", "head.proj out 2")
+
+
+def _settings(tmp_path: Path, ranks: int, model_yaml: str = TINY_GPT_MODEL_YAML) -> list[str]:
+    model = tmp_path / "tiny-model.yaml"
+    model.write_text(model_yaml)
     return ["--model", str(model), "--micro-batch", "2", "--global-batch", "2", "--seq-len", "16", "--precision",
             "fp32", *(["--tp", str(ranks)] if ranks > 1 else ["--num-gpus", "1"])]
 
 
-def _loss(tmp_path: Path, ranks: int, tree: str | Path | None, name: str) -> float:
+def _loss(tmp_path: Path, ranks: int, tree: str | Path | None, name: str,
+          model_yaml: str = TINY_GPT_MODEL_YAML) -> float:
     flags = []
     if tree is not None:
         path = tree if isinstance(tree, Path) else tmp_path / f"{name}.yaml"
         if not isinstance(tree, Path):
             path.write_text(tree)
         flags = ["--tree", str(path)]
-    result = runner.invoke(app, ["measure", *_settings(tmp_path, ranks), *flags, "--iterations", "1", "--warmup",
-                                 "2", "--out", str(tmp_path / "runs"), "--run-id", name, "--json"])
+    result = runner.invoke(app, ["measure", *_settings(tmp_path, ranks, model_yaml), *flags, "--iterations", "1",
+                                 "--warmup", "2", "--out", str(tmp_path / "runs"), "--run-id", name, "--json"])
     assert result.exit_code == 0, result.output
     run = json.loads(result.output)
     assert run["settings"]["world_size"] == ranks
@@ -77,6 +87,13 @@ def unsplit_loss(tmp_path_factory: pytest.TempPathFactory) -> float:
 def test_per_op_tp_configs_compute_the_unsplit_models_loss(tmp_path: Path, unsplit_loss: float, ranks: int,
                                                            tree: str | Path) -> None:
     assert _loss(tmp_path, ranks, tree, "tree") == pytest.approx(unsplit_loss, rel=1e-5)
+
+
+def test_a_llama_with_gathers_computes_its_unsplit_loss(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    unsplit = _loss(tmp_path, 1, None, "llama-unsplit", TINY_LLAMA_MODEL_YAML)
+    assert _loss(tmp_path, 2, LLAMA_GATHERS, "llama-gathers", TINY_LLAMA_MODEL_YAML) == pytest.approx(unsplit,
+                                                                                                        rel=1e-5)
 
 
 def _degrees(tmp_path: Path, tree: str, tp: int) -> dict[str, dict[str, int]]:

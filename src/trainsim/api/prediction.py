@@ -77,11 +77,11 @@ def predict(model: ModelArg | None = None, cluster: ClusterArg | None = None, nu
     the cluster. job_file: a job YAML whose keys the other arguments override. strategy: a ParallelSpec or a
     mapping of its fields; `flags` (tp=2, micro_batch=4, ...) override it. engine: analytical, sim,
     precision-aware, replay; costs: roofline or profiled (with db, a `trainsim profile` database);
-    tree: a strategy-tree YAML (engine sim); calibration: a file written by `trainsim calibrate --output` (default:
-    the job file's `calibration:`, else the package's fit); stack: the training stack (a preset name such as
-    megatron-core or fsdp2, a mapping {preset: NAME, behaviour: value ...}, or a StackSpec; default: the job
-    file's, else generic), stack_overrides: behaviour -> value on top of it. Defaults are the command line's:
-    gpt3-1.3b on dgx-a100-80gb.
+    tree: a strategy-tree YAML (engine sim; analytical: its ops' tp configs only); calibration: a file written by
+    `trainsim calibrate --output` (default: the job file's `calibration:`, else the package's fit); stack: the
+    training stack (a preset name such as megatron-core or fsdp2, a mapping {preset: NAME, behaviour: value ...},
+    or a StackSpec; default: the job file's, else generic), stack_overrides: behaviour -> value on top of it.
+    Defaults are the command line's: gpt3-1.3b on dgx-a100-80gb.
 
     >>> import trainsim
     >>> r = trainsim.predict(model="gpt3-125m", num_gpus=8, tp=2, global_batch=64, seq_len=1024)
@@ -93,7 +93,7 @@ def predict(model: ModelArg | None = None, cluster: ClusterArg | None = None, nu
     entry = ENGINES.get(engine)
     if tree is not None and not entry.takes_plan:
         takes = [name for name in ENGINES.names() if ENGINES.get(name).takes_plan]
-        raise ConfigError("engine", engine, f"a strategy tree needs a simulator engine: {', '.join(takes)}")
+        raise ConfigError("engine", engine, f"a strategy tree needs an engine that reads it: {', '.join(takes)}")
     settings = read_job_file(Path(job_file) if job_file is not None else None)
     settings.update(_strategy_settings(strategy))
     given: dict[str, Any] = {"model": model, "frontend": frontend, "cluster": cluster, "num_gpus": num_gpus,

@@ -42,7 +42,8 @@ def predict(
     explain: Annotated[bool, typer.Option("--explain", help="the MFU formula, and with sim or replay the critical "
                                           "path and exposed communication")] = False,
     tree: Annotated[Path | None, typer.Option(help="strategy-tree YAML with per-layer placement and recompute "
-                                              "(needs --engine sim; docs/strategy-tree.md)")] = None,
+                                              "(--engine sim; analytical: its ops' tp configs only; "
+                                              "docs/strategy-tree.md)")] = None,
     task_level: Annotated[str, typer.Option(help="simulated task granularity: layer | op")] = "layer",
     costs: Annotated[str, typer.Option(help="op costs: " + " | ".join(COSTS.names()) + " (profiled: trainsim "
                                        "profile)")] = "roofline",
@@ -74,7 +75,7 @@ def predict(
     if trace and not entry.timeline:
         raise ConfigError("engine", engine, "--trace needs --engine sim (or replay, for traces)")
     if tree and not entry.takes_plan:
-        raise ConfigError("engine", engine, "--tree needs --engine sim")
+        raise ConfigError("engine", engine, "--tree needs --engine sim (or analytical, for a tree's tp configs)")
     for flag, path in (("trace", trace), ("html", html)):
         if path is not None:
             check_output_file(path, flag)  # before any work: a simulation is not run to be thrown away

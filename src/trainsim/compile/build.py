@@ -6,7 +6,9 @@ the schedule's order (schedules.py), each step (F, B or W of one micro-batch on 
 layers' layer-phases: compute on the compute stream and the feature collectives that block it on the feature
 stream, in one dependency chain per stage (the critical path the analytical engine adds up). The passes:
 
-- shape_layers: a block whose attention or MLP the plan leaves unsplit over tp rebuilt with that module whole;
+- shape_layers: a block whose attention, MLP or experts the plan splits over fewer tp ranks than tp (or leaves
+  unsplit) rebuilt with those ops at their degree; an MoE's experts so split under sp sum their gradient over
+  their expert data-parallel ranks (expert_grad_groups);
 - schedule_pipeline: step order per stage, send/recv between virtual stages (pp_comm);
 - lower_layers: layer-phases (one task per layer, or per op at task_level="op") with their memory;
 - apply_recompute: recompute before the backward (full or selective);
@@ -31,7 +33,15 @@ applies the overlap slow-down itself (sim/engine.py).
 from dataclasses import dataclass
 
 from trainsim.compile.apply_zero import FsdpChain, FsdpNeed, fsdp_enabled, stage_model_state
-from trainsim.compile.context import TASK_LEVELS, BuildContext, SpecBlock, StageWriter, TaskLevel, TaskSpec
+from trainsim.compile.context import (
+    TASK_LEVELS,
+    BuildContext,
+    ExpertReplicas,
+    SpecBlock,
+    StageWriter,
+    TaskLevel,
+    TaskSpec,
+)
 from trainsim.compile.device_classes import split_device_classes
 from trainsim.compile.insert_collectives import (
     Grads,
@@ -43,7 +53,7 @@ from trainsim.compile.lower_layers import Cut, Unit, UnitMemory, emit_unit, step
 from trainsim.compile.place_links import place_links
 from trainsim.compile.schedule_pipeline import StepTids, chunk_layers, insert_transfers, stage_programs
 from trainsim.compile.schedules import Step, splits_backward
-from trainsim.compile.shape_layers import shape_layers
+from trainsim.compile.shape_layers import expert_grad_groups, shape_layers
 from trainsim.compile.splits import plan_mesh_comms, plan_splits
 from trainsim.compile.stage_meshes import compile_stage_meshes
 from trainsim.cost.memory import optimizer_step_bytes
@@ -88,6 +98,8 @@ def _compile_stages(job: Job, plan: LoweredPlan, pricer: Pricer, task_level: Tas
     ctx = BuildContext(job, plan, pricer, task_level, graph)
     ctx.splits = plan_splits(plan, job.parallel.dp)
     ctx.mesh_comms = plan_mesh_comms(plan, job.model, job.parallel)
+    ctx.expert_grads = {index: (params, ExpertReplicas(ranks))
+                        for index, (params, ranks) in expert_grad_groups(job, plan).items()}
     ranks = job.parallel.dp * job.parallel.tp * job.parallel.cp
     for stage in range(plan.num_stages):
         states = stage_model_state(ctx, stage)

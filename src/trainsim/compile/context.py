@@ -41,12 +41,15 @@ class Work:
 
 @dataclass(frozen=True, slots=True)
 class CommWork:
-    """A feature collective of one layer-phase (merged per axis at task_level="layer")."""
+    """A feature collective of one layer-phase (merged per axis and sub-group at task_level="layer"). ranks: the
+    sub-group of the axis' group it spans (ir.graph.Comm.ranks; over "split", the data-parallel ranks of a
+    reshard: compile.splits), 0: the whole group; its links are the sub-group's (BuildContext.comm_layout)."""
 
     name: str
     axis: str
     seconds: float
     site: str = ""
+    ranks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +114,25 @@ class TaskSpec:
     resources: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class ExpertReplicas:
+    """The ranks (rank 0's) that hold the same shard of an MoE block's experts and sum its gradient, where they
+    are not the data-parallel group (compile.shape_layers.expert_grad_groups)."""
+
+    ranks: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+
+SyncGroup = int | ExpertReplicas  # a gradient's sync group: that many ranks of the data-parallel group, or those
+
+
+def sync_size(group: SyncGroup) -> int:
+    return group.size if isinstance(group, ExpertReplicas) else group
+
+
 @dataclass(slots=True)
 class BuildContext:
     job: Job
@@ -125,6 +147,8 @@ class BuildContext:
     splits: dict[int, LayerSplit] = field(default_factory=dict)  # layer index -> its computation configs
     mesh_comms: dict[int, tuple[Comm, ...]] = field(default_factory=dict)  # layer index -> its configs' tp/cp/ep
     # collectives (compile.splits.plan_mesh_comms), where the plan carries configs over those axes
+    expert_grads: dict[int, tuple[float, ExpertReplicas]] = field(default_factory=dict)  # layer index -> its
+    # experts' parameters per rank and the ranks summing their gradient, where not the data-parallel group
     split_timings: dict[tuple[object, ...], LayerTiming] = field(default_factory=dict)
     # (layer instance index, F | B | W) -> the chain tasks of that layer-phase (lower_layers.unit_specs), where
     # no pass cuts into it
@@ -202,17 +226,31 @@ class BuildContext:
         split = self.splits.get(index)
         return params if split is None else split.grad_params
 
-    def grad_params_by_ranks(self, index: int, params: float) -> dict[int, float]:
+    def grad_params_by_ranks(self, index: int, params: float) -> dict[SyncGroup, float]:
         """Of grad_params, how many parameters are summed over how many data-parallel ranks (compile.splits:
-        a split weight's part only over the ranks holding it; the whole group, dp ranks, otherwise)."""
+        a split weight's part only over the ranks holding it; the whole group, dp ranks, otherwise); an MoE's
+        experts that a tree splits over fewer tp ranks than tp, over their ExpertReplicas (expert_grads)."""
         split = self.splits.get(index)
-        return {self.job.parallel.dp: params} if split is None else split.grad_params_by_ranks
+        by_ranks: dict[SyncGroup, float] = {}
+        if split is not None:
+            for ranks, part in split.grad_params_by_ranks.items():
+                by_ranks[ranks] = part
+            return by_ranks
+        experts = self.expert_grads.get(index)
+        if experts is None:
+            by_ranks[self.job.parallel.dp] = params
+            return by_ranks
+        by_ranks[self.job.parallel.dp] = params - experts[0]
+        by_ranks[experts[1]] = experts[0]
+        return by_ranks
 
-    def sync_layout(self, ranks: int) -> GroupLayout:
+    def sync_layout(self, ranks: SyncGroup) -> GroupLayout:
         """The layout of a gradient sync over `ranks` of the data-parallel group: the group's own ("grad"), or
-        for a split weight's part the ranks holding it. NB: taken as neighbouring ranks (as reshard_s); on one
-        node the layout is the same whichever ranks they are."""
+        for a split weight's part the ranks holding it; an ExpertReplicas' from its ranks. NB: taken as
+        neighbouring ranks (as reshard_s); on one node the layout is the same whichever ranks they are."""
         par = self.job.parallel
+        if isinstance(ranks, ExpertReplicas):
+            return self.job.cluster.ranks_layout(ranks.ranks)
         return self.layout("grad") if ranks == par.dp else self.job.cluster.group_layout(ranks, par.tp * par.cp)
 
     def held_params(self, index: int, params: float) -> float:
@@ -222,9 +260,16 @@ class BuildContext:
 
     def collective_s(self, collective: str, buffer_bytes: float, axis: str, ranks: int = 0) -> float:
         """A collective over the group of `axis`, or over `ranks` consecutive ranks of it (ir.graph.Comm)."""
-        layout = self.layout(axis) if not ranks else self.pricer.group_layout(
-            sub_group(axis_group(axis, self.job.parallel), ranks), self.job)
-        return self.pricer.collective_s(collective, buffer_bytes, layout, self.job)
+        return self.pricer.collective_s(collective, buffer_bytes, self.comm_layout(axis, ranks), self.job)
+
+    def comm_layout(self, axis: str, ranks: int = 0) -> GroupLayout:
+        """The layout of a collective over the group of `axis` (layout), or over `ranks` consecutive ranks of it
+        (a sub-group: ir.graph.Comm.ranks; over "split", neighbouring data-parallel ranks, as reshard_s)."""
+        if not ranks:
+            return self.layout(axis)
+        if axis == "split":
+            return self.job.cluster.group_layout(ranks, self.job.parallel.tp * self.job.parallel.cp)
+        return self.pricer.group_layout(sub_group(axis_group(axis, self.job.parallel), ranks), self.job)
 
     def link_resources(self, layout: GroupLayout, senders: tuple[int, ...],
                        receivers: tuple[int, ...] | None = None) -> tuple[str, ...]:
@@ -264,7 +309,8 @@ class BuildContext:
             elif c.axis == "cp":  # the part ring attention leaves exposed (pricing)
                 seconds *= cost.cp_exposed_fraction[0 if c.phase == "fwd" else 1]
             if seconds > 0.0:
-                comms[c.phase].append(CommWork(f"{c.name} {c.collective}", c.axis, seconds, _comm_site(c.name)))
+                comms[c.phase].append(CommWork(f"{c.name} {c.collective}", c.axis, seconds, _comm_site(c.name),
+                                               c.ranks))
         if self.level == "op":
             pricer, job = self.pricer, self.job
 
@@ -279,10 +325,11 @@ class BuildContext:
         wgrad_s = cost.wgrad_s
         merged: dict[str, tuple[CommWork, ...]] = {}
         for phase, items in comms.items():
-            per_axis: dict[str, float] = {}
+            per_group: dict[tuple[str, int], float] = {}  # (axis, sub-group ranks) -> seconds
             for item in items:
-                per_axis[item.axis] = per_axis.get(item.axis, 0.0) + item.seconds
-            merged[phase] = tuple(CommWork(f"{axis} comm", axis, seconds) for axis, seconds in per_axis.items())
+                per_group[(item.axis, item.ranks)] = per_group.get((item.axis, item.ranks), 0.0) + item.seconds
+            merged[phase] = tuple(CommWork(f"{axis} comm" + (f" x{ranks}" if ranks else ""), axis, seconds, "", ranks)
+                                  for (axis, ranks), seconds in per_group.items())
         return LayerTiming((Work("fwd", cost.fwd_s),), (Work("bwd", cost.bwd_s),),
                            (Work("dgrad", max(0.0, cost.bwd_s - wgrad_s)),), (Work("wgrad", wgrad_s),),
                            (Work("selective", cost.selective_s),) if cost.selective_s > 0.0 else (), merged)

@@ -14,7 +14,7 @@ the start of the iteration, bucket by bucket in forward order, each bucket's lay
 it (insert_param_gathers; Megatron-Core's overlap_param_gather gathers for the next iteration's forward).
 """
 
-from trainsim.compile.context import BuildContext, CommWork, StageWriter, TaskSpec
+from trainsim.compile.context import BuildContext, CommWork, StageWriter, SyncGroup, TaskSpec, sync_size
 from trainsim.strategy.lowered import LayerAssignment
 
 _CATEGORY = {"split": "comm"}  # reshard collectives of computation configs (compile.splits): general comm
@@ -22,10 +22,11 @@ MIN_PARAMS = 0.5  # under one parameter left of a sync group's share (float sums
 
 
 def feature_comm_spec(ctx: BuildContext, stage: int, comm: CommWork, *, layer: str, category: str = "") -> TaskSpec:
-    """A feature collective of one layer-phase, in the stage's chain on the feature stream."""
+    """A feature collective of one layer-phase, in the stage's chain on the feature stream, on the links of the
+    ranks it spans (its sub-group's where it spans one: a rank pair's inside a node crosses no NIC)."""
     return TaskSpec(f"{comm.name} mb", f" {layer}", "feature", "comm", comm.seconds, "comm",
                     category or _CATEGORY.get(comm.axis, f"{comm.axis}_comm"), layer,
-                    resources=ctx.link_resources(ctx.layout(comm.axis), (stage,)))
+                    resources=ctx.link_resources(ctx.comm_layout(comm.axis, comm.ranks), (stage,)))
 
 
 def emit_feature_comm(w: StageWriter, comm: CommWork, *, layer: str, micro_batch: int, category: str = "") -> None:
@@ -53,10 +54,12 @@ def _gathers_overlap(ctx: BuildContext) -> bool:
     return par.zero in (1, 2) and ctx.pricer.overlaps("param_gather_overlap", ctx.job)
 
 
-Grads = list[tuple[int, dict[int, float], str]]  # (tid finishing a layer's gradient, params by ranks, label)
+Grads = list[tuple[int, dict[SyncGroup, float], str]]  # (tid finishing a layer's gradient, params by the ranks
+# that sum them, label)
+Bucket = tuple[int, float, SyncGroup, str]  # (tid of its last gradient, its parameters, its ranks, its name)
 
 
-def _group_buckets(grads: Grads, bucket_params: float, par_dp: int) -> list[tuple[int, float, int, str]]:
+def _group_buckets(grads: Grads, bucket_params: float, par_dp: int) -> list[Bucket]:
     """The gradient buckets as the stack sends them: each sync group (the number of ranks that sum a part) fills
     its own buckets of bucket_params, whole layers, in the order the gradients become final; a bucket is sent
     once it holds that many or at its group's last layer (the whole group's: the stage's last layer). Per
@@ -64,8 +67,8 @@ def _group_buckets(grads: Grads, bucket_params: float, par_dp: int) -> list[tupl
     last_position = {ranks: position for position, (_, by_ranks, _) in enumerate(grads)
                      for ranks, params in by_ranks.items() if params >= MIN_PARAMS}
     last_position[par_dp] = len(grads) - 1
-    open_buckets: dict[int, tuple[float, str]] = {}  # ranks -> (parameters so far, first layer's label)
-    out: list[tuple[int, float, int, str]] = []
+    open_buckets: dict[SyncGroup, tuple[float, str]] = {}  # ranks -> (parameters so far, first layer's label)
+    out: list[Bucket] = []
     for position, (tid, by_ranks, label) in enumerate(grads):
         for ranks, params in by_ranks.items():
             if params < MIN_PARAMS and ranks != par_dp:
@@ -80,13 +83,13 @@ def _group_buckets(grads: Grads, bucket_params: float, par_dp: int) -> list[tupl
     return out
 
 
-def _synced_buckets(ctx: BuildContext, grads: Grads) -> list[tuple[int, float, int, str]]:
+def _synced_buckets(ctx: BuildContext, grads: Grads) -> list[Bucket]:
     """_group_buckets that ranks communicate: a part that one rank alone holds is not sent (unless context
     parallelism sums it), numbered in sending order."""
     par = ctx.par
     kept = [(tid, params, ranks, label) for tid, params, ranks, label
             in _group_buckets(grads, ctx.job.stack.grad_bucket_params, par.dp)
-            if ranks > 1 or (ranks == par.dp and par.cp > 1)]
+            if sync_size(ranks) > 1 or (ranks == par.dp and par.cp > 1)]
     return [(tid, params, ranks, f"bucket{number} {label}") for number, (tid, params, ranks, label)
             in enumerate(kept)]
 
@@ -132,8 +135,8 @@ def _overlaps(ctx: BuildContext) -> bool:
     return ctx.pricer.overlaps("grad_reduce_overlap", ctx.job)
 
 
-def _sync_collective(ctx: BuildContext, stage: int, collective: str, name: str, size_bytes: float, ranks: int,
-                     deps: tuple[int, ...]) -> int:
+def _sync_collective(ctx: BuildContext, stage: int, collective: str, name: str, size_bytes: float,
+                     ranks: SyncGroup, deps: tuple[int, ...]) -> int:
     """One bucket's collective over the `ranks` ranks that hold its parameters (BuildContext.sync_layout)."""
     layout = ctx.sync_layout(ranks)
     return ctx.add(name=f"dp {collective} {name}", device=stage, stream="gradient", kind="comm",

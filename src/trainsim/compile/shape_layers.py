@@ -11,36 +11,38 @@ activations of its backward at that share, and the layer's collectives are those
 configs inserts (compile.splits.plan_mesh_comms; over a sub-group of d ranks where the layout change spans it).
 Instances with the same degrees share one rebuilt layer; a plan whose configs are Megatron's everywhere is
 returned as it is.
+
+An MoE's experts (strategy.megatron: Megatron-Core's expert tensor parallelism) at degree d run the routed
+copies of their d ranks' tokens under sp (all the micro-batch's without sp), hold 1/d of each of their ep
+share of experts, and under sp, where the tp / d groups of a tp group ran other tokens through the same
+experts, sum the experts' gradient over Megatron-Core's expert data-parallel ranks (expert_grad_groups).
 """
 
 import dataclasses
+from collections.abc import Container
 
 from trainsim.errors import ConfigError
-from trainsim.frontends.catalog.transformer import block_layer, embedding_layer, head_layer
-from trainsim.ir.graph import Layer
+from trainsim.frontends.catalog.transformer import block_layer, embedding_layer, expert_params, head_layer
+from trainsim.ir.graph import Layer, OpGraph
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job
 from trainsim.strategy.device_slice import DeviceSlice
-from trainsim.strategy.lowered import LayerAssignment, LoweredPlan
-from trainsim.strategy.megatron import UNSPLIT, Degrees, op_degrees
+from trainsim.strategy.lowered import LayerAssignment, LoweredPlan, default_plan
+from trainsim.strategy.megatron import UNSPLIT, Degrees, op_degrees, replicable_module
 from trainsim.strategy.placement import OpConfig
 
 
 def shape_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
-    """The plan with every layer instance some of whose attention, MLP, lookup or vocabulary ops take their own
-    tp degree rebuilt for that (module doc); the plan itself where there is none."""
-    if job.parallel.tp == 1 or not plan.mesh_splits or not isinstance(job.model, TransformerSpec):
+    """The plan with every layer instance some of whose attention, MLP, expert, lookup or vocabulary ops take
+    their own tp degree rebuilt for that (module doc); the plan itself where there is none, and where stages run
+    their own meshes (each stage's layers are shaped for its mesh: compile.stage_meshes)."""
+    if job.parallel.tp == 1 or not plan.mesh_splits or not isinstance(job.model, TransformerSpec) \
+            or plan.stage_meshes:
         return plan
-    configs: dict[int, dict[str, OpConfig]] = {}  # layer index -> op module path -> its config over tp
-    for s in plan.mesh_splits:
-        if s.axis == "tp":
-            configs.setdefault(s.layer, {})[s.module_path] = s.config
     dev = DeviceSlice.of(job.parallel)
     built: dict[tuple[int, Degrees], Layer] = {}
     assignments = list(plan.layers)
-    for position, a in enumerate(plan.layers):
-        given = configs.get(a.index, {})
-        degrees = op_degrees(a.layer.fwd, dev, lambda op, g=given: g.get(op.module_path, UNSPLIT))
+    for position, (a, degrees) in enumerate(zip(plan.layers, _layer_degrees(plan, dev), strict=True)):
         if not degrees:
             continue
         key = (id(a.layer), degrees)
@@ -50,6 +52,73 @@ def shape_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
         assignments[position] = dataclasses.replace(a, layer=layer)
     _check_tied(job.model, dev, built)
     return dataclasses.replace(plan, layers=tuple(assignments)) if built else plan
+
+
+def shaped_graph(job: Job, graph: OpGraph, plan: LoweredPlan) -> OpGraph:
+    """The graph with its layers as the plan's configs over tp shape them (shape_layers), for the closed-form
+    engine, which places layers evenly and prices each layer once for all its instances: the plan must be the
+    strategy's default plan but for its ops' configs over tp, and give every instance of a layer the same.
+    NB: the closed form sums every gradient over the data-parallel group, an MoE's experts split over fewer tp
+    ranks than tp included (the simulator sums those over their expert data-parallel ranks: expert_grad_groups)."""
+    default = default_plan(graph, job.parallel)
+    if dataclasses.replace(plan, mesh_splits=default.mesh_splits) != default:
+        raise ConfigError("engine", "analytical", "places layers, schedules, recomputes and splits over dp as the "
+                          "strategy does; a tree that sets any of those needs --engine sim (the analytical engine "
+                          "takes a tree's ops' configs over tp)")
+    shaped = shape_layers(job, plan)
+    if shaped is plan:
+        return graph
+    by_layer: dict[int, Layer] = {}  # id of a graph layer -> its instances' shaped layer
+    for old, new in zip(plan.layers, shaped.layers, strict=True):
+        if by_layer.setdefault(id(old.layer), new.layer) is not new.layer:
+            raise ConfigError("engine", "analytical", f"prices each layer once for all its instances; the tree "
+                              f"splits the instances of {old.layer.name} over tp differently: use --engine sim")
+    return dataclasses.replace(graph, layers=tuple(by_layer.get(id(layer), layer) for layer in graph.layers))
+
+
+def _layer_degrees(plan: LoweredPlan, dev: DeviceSlice) -> list[Degrees]:
+    """Per layer instance of the plan (in its order), the ops its configs over tp split over fewer ranks than tp
+    (strategy.megatron.op_degrees)."""
+    configs: dict[int, dict[str, OpConfig]] = {}  # layer index -> op module path -> its config over tp
+    for s in plan.mesh_splits:
+        if s.axis == "tp":
+            configs.setdefault(s.layer, {})[s.module_path] = s.config
+    out: list[Degrees] = []
+    for a in plan.layers:
+        given = configs.get(a.index, {})
+        out.append(op_degrees(a.layer.fwd, dev, lambda op, g=given: g.get(op.module_path, UNSPLIT)))
+    return out
+
+
+def expert_grad_groups(job: Job, plan: LoweredPlan) -> dict[int, tuple[float, tuple[int, ...]]]:
+    """Per layer index of an MoE block whose experts a tree splits over d < tp ranks under sp: the expert
+    parameters one rank holds (the builder's count, router included) and the ranks that sum their gradient,
+    rank 0's: Megatron-Core's expert data-parallel group, the ranks holding the same expert shard (world / (etp x
+    ep x pp) of them: initialize_model_parallel, megatron/core/parallel_state.py, megatron-core 0.16.1): the
+    tp / d expert tp groups of a tp group (each ran other tokens, its own sequence shares), every cp rank, and
+    the dp / ep data-parallel ranks holding that ep shard (ep groups are consecutive dp ranks, cost.pricing
+    axis_group). Without sp the tp / d groups ran the same tokens and hold the same gradient: the job's
+    data-parallel group sums it, as every weight's. NB: under Megatron's split (d = tp) the expert gradients
+    are summed over the whole data-parallel group (dp x cp ranks), as trainsim always did, not over the dp x cp
+    / ep ranks of Megatron-Core's expert data-parallel group."""
+    par = job.parallel
+    if par.tp == 1 or not par.sp or not plan.mesh_splits or not isinstance(job.model, TransformerSpec):
+        return {}
+    dev = DeviceSlice.of(par)
+    out: dict[int, tuple[float, tuple[int, ...]]] = {}
+    for a, degrees in zip(plan.layers, _layer_degrees(plan, dev), strict=True):
+        experts = {op.name for op in a.layer.fwd if replicable_module(op) == "experts"}
+        d = next((degree for name, degree in degrees if name in experts), par.tp)
+        if d == par.tp:
+            continue
+        if any(s.layer == a.index for s in plan.op_splits):
+            raise ConfigError("split.compute@tp", d, f"layer {a.index} ({a.layer.name}): an MoE's experts at their "
+                              "own tp degree and computation configs over dp in one layer are not combined")
+        # rank r: tp index r % tp, data-parallel index r // (tp cp); rank 0's slice of its experts and ep shard
+        ranks = tuple(r for r in range(par.tp * par.cp * par.dp)
+                      if r % par.tp % d == 0 and r // (par.tp * par.cp) % par.ep == 0)
+        out[a.index] = (expert_params(job.model, dev, d), ranks)
+    return out
 
 
 def _check_tied(spec: TransformerSpec, dev: DeviceSlice, built: dict[tuple[int, Degrees], Layer]) -> None:
@@ -83,12 +152,17 @@ def _rebuilt(spec: TransformerSpec, dev: DeviceSlice, layer: Layer, degrees: Deg
 def repeated_flops(job: Job, plan: LoweredPlan) -> float:
     """The FLOPs one device runs per micro-batch beyond its share of the model's: the modules a plan runs whole
     on every tp rank, forward, backward and what recompute repeats of them (hardware FLOPs, HFU, count them; model
-    FLOPs, MFU, do not). 0 for a plan with Megatron's splits everywhere."""
-    shaped = shape_layers(job, plan)
+    FLOPs, MFU, do not). 0 for a plan with Megatron's splits everywhere. (A plan with stage meshes:
+    compile.stage_meshes.stage_repeated_flops.)"""
+    return added_flops(plan, shape_layers(job, plan))
+
+
+def added_flops(plan: LoweredPlan, shaped: LoweredPlan, stages: Container[int] | None = None) -> float:
+    """What the shaped plan's layer instances (on `stages`; None: all) run per micro-batch beyond the plan's."""
     if shaped is plan:
         return 0.0
     return sum(_run_flops(new) - _run_flops(old) for old, new in zip(plan.layers, shaped.layers, strict=True)
-               if new.layer is not old.layer)
+               if new.layer is not old.layer and (stages is None or old.stage in stages))
 
 
 def _run_flops(a: LayerAssignment) -> float:

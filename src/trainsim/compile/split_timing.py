@@ -12,12 +12,14 @@ work priced as a memory-bound op by the op-cost model, and so is the split execu
 level), or after the phase's compute (layer level).
 """
 
+import dataclasses
+
 from trainsim.compile.context import BuildContext, CommWork, LayerTiming, Work
 from trainsim.compile.splits import LayerSplit, config_of, scaled_op
 from trainsim.ir.graph import Op
 from trainsim.strategy.lowered import LayerAssignment
 
-SPLIT_AXIS = "split"  # CommWork axis of reshard collectives (their layout: BuildContext.layout)
+SPLIT_AXIS = "split"  # CommWork axis of reshard collectives (their layout: BuildContext.comm_layout)
 
 
 def timing_for(ctx: BuildContext, a: LayerAssignment) -> LayerTiming:
@@ -42,7 +44,7 @@ def _timing(ctx: BuildContext, a: LayerAssignment, split: LayerSplit, base: Laye
         return pricer.op_time_s(scaled_op(op, config, group) if config is not None else op, job)
 
     comms = {phase: [CommWork(f"{s.step.collective} x{s.step.ranks} {s.tensor}", SPLIT_AXIS,
-                              ctx.reshard_s(s.step), s.after)
+                              ctx.reshard_s(s.step), s.after, s.step.ranks)
                      for s in split.comms if s.phase == phase] for phase in ("fwd", "bwd")}
     copies = {phase: _host_works(ctx, split, phase) for phase in ("fwd", "bwd")}
     if ctx.level == "op":
@@ -80,8 +82,11 @@ def _timing(ctx: BuildContext, a: LayerAssignment, split: LayerSplit, base: Laye
 
     merged_l: dict[str, tuple[CommWork, ...]] = {}
     for phase in ("fwd", "bwd"):
-        total = sum(c.seconds for c in comms[phase])
-        extra = (CommWork(f"{SPLIT_AXIS} comm", SPLIT_AXIS, total),) if total > 0.0 else ()
+        per_group: dict[int, float] = {}  # ranks a reshard spans -> its seconds (each group on its own links)
+        for c in comms[phase]:
+            per_group[c.ranks] = per_group.get(c.ranks, 0.0) + c.seconds
+        extra = tuple(CommWork(f"{SPLIT_AXIS} comm" + (f" x{ranks}" if len(per_group) > 1 else ""), SPLIT_AXIS,
+                               seconds, "", ranks) for ranks, seconds in per_group.items() if seconds > 0.0)
         merged_l[phase] = base.comms[phase] + extra
     return LayerTiming(scale(base.fwd, fwd_r, "fwd"), scale(base.bwd, bwd_r, "bwd"), scale(base.dgrad, dgrad_r, "bwd"),
                        scale(base.wgrad, wgrad_r), scale(base.selective, sel_r), merged_l)
@@ -105,5 +110,5 @@ def _resite(comms: tuple[CommWork, ...], ops: tuple[Op, ...], sites: dict[str, s
     out = []
     for c in comms:
         names = [op.name for op in ops if sites.get(op.name) == c.site] if c.site else []
-        out.append(CommWork(c.name, c.axis, c.seconds, names[-1] if names else ""))
+        out.append(dataclasses.replace(c, site=names[-1] if names else ""))
     return tuple(out)

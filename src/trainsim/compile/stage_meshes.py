@@ -8,8 +8,12 @@ ops are one of its devices' under its own tp (the catalog graph builder shapes t
 and its collectives (tp, the data-parallel gradient buckets over its dp, ZeRO) are priced over its own groups.
 
 Compiling: the job is compiled once per distinct mesh (the job with that stage's tp, dp and micro-batch; the
-plan's layers rebuilt for it, with Megatron's computation configs for its tp), and each stage's tasks are taken
-from the compilation of its own mesh. The stages still meet where they did: the pipeline transfers (a send's
+plan's layers rebuilt for it), and each stage's tasks are taken from the compilation of its own mesh. A mesh's
+compilation carries the plan's computation configs of its own stages' layers: over tp those the tree read
+against the stage's tp (Megatron's, or an op over fewer ranks or whole: compile.shape_layers shapes them for the
+mesh), over dp those carved from the stage's dp ranks (compile.splits; the placements enter and leave the stage
+in the plain batch split); the other stages' layers take Megatron's configs over its tp and no dp configs (their
+tasks come from their own compilations). The stages still meet where they did: the pipeline transfers (a send's
 receiver, a batched exchange's partner) and the optimizer barrier, matched by name between the compilations.
 
 The pipeline transfer across a boundary between two meshes is a point-to-point reshard: a receiving rank needs
@@ -25,10 +29,12 @@ import re
 from collections.abc import Callable
 
 from trainsim.compile.device_classes import device_classes
+from trainsim.compile.shape_layers import added_flops, repeated_flops, shape_layers
 from trainsim.cost.rank_classes import uniform
 from trainsim.errors import ConfigError
 from trainsim.frontends.catalog.build import build_graph
 from trainsim.ir.exec_graph import ExecGraph, Task
+from trainsim.ir.graph import Layer
 from trainsim.job import Job, make_job
 from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.lowered import LoweredPlan, StageMesh, expand_layers, megatron_splits
@@ -45,39 +51,49 @@ def compile_stage_meshes(job: Job, plan: LoweredPlan, compile_stages: CompileSta
     if not uniform(device_classes(job)):
         raise ConfigError("map.tp", plan.stage_meshes[0].tp, "a stage with its own mesh needs ranks that are "
                           "alike (rank_devices and compute_slowdown are not combined with stage meshes)")
-    if plan.stage_ranks:
-        return _splice(_stage_sources(job, plan, compile_stages))
-    base = compile_stages(job, plan)
-    compiled: dict[tuple[int, int], ExecGraph] = {(job.parallel.tp, job.parallel.dp): base}
-    sources = [base] * plan.num_stages
-    for mesh in plan.stage_meshes:
-        key = (mesh.tp, mesh.dp)
-        if key not in compiled:
-            mesh_job = job_of_mesh(job, mesh)
-            compiled[key] = compile_stages(mesh_job, plan_of_mesh(plan, mesh_job))
-        sources[mesh.stage] = compiled[key]
-    return _splice(sources)
+    compilations, source_of = stage_compilations(job, plan)
+    compiled = [compile_stages(mesh_job, shape_layers(mesh_job, mesh_plan)) for mesh_job, mesh_plan in compilations]
+    return _splice([compiled[source_of[stage]] for stage in range(plan.num_stages)])
 
 
-def _stage_sources(job: Job, plan: LoweredPlan, compile_stages: CompileStages) -> list[ExecGraph]:
-    """Stages of their own device counts (plan.stage_ranks): each stage's compilation, the job on that stage's
-    mesh and block of ranks (its groups laid out from their ranks: ClusterSpec.submesh). Stages of one mesh
-    and block share one."""
+def stage_repeated_flops(job: Job, plan: LoweredPlan) -> float:
+    """compile.shape_layers.repeated_flops of any plan, in the job's units (per device of the job's tp and per
+    micro-batch of its replicas): a stage on its own mesh repeats its shaped modules on each of its tp_s ranks
+    for each of its micro-batches of micro_batch_s samples, so its FLOPs count tp_s / tp x micro_batch /
+    micro_batch_s times."""
+    if not plan.stage_meshes:
+        return repeated_flops(job, plan)
+    compilations, source_of = stage_compilations(job, plan)
+    par = job.parallel
+    total = 0.0
+    for index, (mesh_job, mesh_plan) in enumerate(compilations):
+        stages = {stage for stage, source in enumerate(source_of) if source == index}
+        mesh = mesh_job.parallel
+        added = added_flops(mesh_plan, shape_layers(mesh_job, mesh_plan), stages)
+        total += added * mesh.tp * par.micro_batch / (par.tp * mesh.micro_batch)
+    return total
+
+
+def stage_compilations(job: Job, plan: LoweredPlan) -> tuple[list[tuple[Job, LoweredPlan]], list[int]]:
+    """The distinct compilations a plan with stage meshes takes (the job on a mesh, with the plan for it:
+    mesh_plan), and per stage the index of its own. Stages of one mesh share one; where the stages differ in
+    size (plan.stage_ranks), one per mesh and block of ranks (the job on that block: ClusterSpec.submesh)."""
     meshes = {mesh.stage: mesh for mesh in plan.stage_meshes}
     par = job.parallel
-    compiled: dict[tuple[int, int, tuple[int, int]], ExecGraph] = {}
-    sources: list[ExecGraph] = []
+    keys: dict[tuple[int, int, tuple[int, int] | None], list[int]] = {}  # (tp, dp, block) -> its stages
     for stage in range(plan.num_stages):
         mesh = meshes.get(stage, StageMesh(stage, par.tp, par.dp, par.micro_batch))
-        block = plan.stage_block(stage)
-        key = (mesh.tp, mesh.dp, block)
-        if key not in compiled:
-            mesh_job = job_of_mesh(job, mesh, block)
-            own = (mesh.tp, mesh.dp) == (par.tp, par.dp)  # the job's mesh: its layers as they are
-            mesh_plan = dataclasses.replace(plan, stage_meshes=()) if own else plan_of_mesh(plan, mesh_job)
-            compiled[key] = compile_stages(mesh_job, mesh_plan)
-        sources.append(compiled[key])
-    return sources
+        keys.setdefault((mesh.tp, mesh.dp, plan.stage_block(stage) if plan.stage_ranks else None), []).append(stage)
+    compilations: list[tuple[Job, LoweredPlan]] = []
+    source_of = [0] * plan.num_stages
+    for (tp, dp, block), stages in keys.items():
+        mesh = meshes.get(stages[0], StageMesh(stages[0], tp, dp, par.micro_batch))
+        own = (tp, dp) == (par.tp, par.dp)  # the job's mesh: its layers as they are
+        mesh_job = job if own and block is None else job_of_mesh(job, mesh, block)
+        for stage in stages:
+            source_of[stage] = len(compilations)
+        compilations.append((mesh_job, mesh_plan(plan, mesh_job, frozenset(stages), rebuild=not own)))
+    return compilations, source_of
 
 
 def job_of_mesh(job: Job, mesh: StageMesh, block: tuple[int, int] | None = None) -> Job:
@@ -85,25 +101,38 @@ def job_of_mesh(job: Job, mesh: StageMesh, block: tuple[int, int] | None = None)
     (make_job checks the mesh against the model: heads divisible by tp, ...). block: the stage's (first rank,
     ranks) where stages differ in size: the job then fills pp stages of that mesh, on the cluster seen from that
     block (ClusterSpec.submesh)."""
-    par = job.parallel.replaced(tp=mesh.tp, dp=mesh.dp, micro_batch=mesh.micro_batch,
-                                sp=job.parallel.sp and mesh.tp > 1)
+    par = mesh.parallel_of(job.parallel)
     if block is None:
         return make_job(job.model, job.cluster, par, job.stack)
     cluster = job.cluster.model_copy(update={"submesh": block})
     return make_job(job.model, cluster, par, job.stack, num_gpus=par.num_gpus)
 
 
-def plan_of_mesh(plan: LoweredPlan, mesh_job: Job) -> LoweredPlan:
-    """The plan with its layers' ops shaped for the mesh's devices (the catalog builder over the mesh's slice)
-    and Megatron's computation configs over its tp."""
+def mesh_plan(plan: LoweredPlan, mesh_job: Job, stages: frozenset[int], *, rebuild: bool = True) -> LoweredPlan:
+    """The plan as the compilation of `mesh_job` for `stages` takes it: its layers' ops shaped for the mesh's
+    devices (rebuild: by the catalog builder over the mesh's slice; else the plan's, on the job's own mesh), the
+    plan's computation configs on the layers of `stages` (over tp: the tree's for their mesh; over dp: over its
+    dp ranks) and Megatron's over the mesh's tp on every other layer (their tasks are another compilation's)."""
+    layers = _mesh_layers(plan, mesh_job) if rebuild else [a.layer for a in plan.layers]
+    mine = {a.index for a in plan.layers if a.stage in stages}
+    mesh_splits = sorted([s for s in plan.mesh_splits if s.layer in mine]
+                         + [s for s in megatron_splits(layers, mesh_job.parallel) if s.layer not in mine],
+                         key=lambda s: s.layer)
+    assignments = tuple(dataclasses.replace(a, layer=layer) for a, layer in zip(plan.layers, layers, strict=True)) \
+        if rebuild else plan.layers
+    return dataclasses.replace(plan, layers=assignments, op_splits=tuple(s for s in plan.op_splits if s.layer in mine),
+                               mesh_splits=tuple(mesh_splits), stage_meshes=())
+
+
+def _mesh_layers(plan: LoweredPlan, mesh_job: Job) -> list[Layer]:
+    """The plan's layer instances as the catalog builder shapes them over the mesh's slice (the ops one device's
+    under Megatron's splits over its tp)."""
     layers = expand_layers(build_graph(mesh_job.model, DeviceSlice.of(mesh_job.parallel)))
     if [layer.name for layer in layers] != [a.layer.name for a in plan.layers]:
         raise ConfigError("map.tp", mesh_job.parallel.tp, f"the catalog graph of {mesh_job.model.name} at tp="
                           f"{mesh_job.parallel.tp} has other layers than the plan's; stage meshes need the catalog "
                           "front-end's graph")
-    assignments = tuple(dataclasses.replace(a, layer=layer) for a, layer in zip(plan.layers, layers, strict=True))
-    return dataclasses.replace(plan, layers=assignments, mesh_splits=megatron_splits(layers, mesh_job.parallel),
-                               stage_meshes=())
+    return layers
 
 
 def _splice(sources: list[ExecGraph]) -> ExecGraph:

@@ -131,7 +131,13 @@ class AnalyticalEstimator:
         self.pricer = pricer or Pricer()
 
     def estimate(self, job: Job, graph: OpGraph, plan: "LoweredPlan | None" = None) -> Result:
-        """plan: ignored (the closed form places layers evenly, as the strategy's default plan does)."""
+        """plan: a strategy tree's that places layers as the strategy's default plan does (the closed form's
+        even placement) and may give ops their own configs over tp: its layers shaped by them
+        (compile.shape_layers.shaped_graph; ConfigError for a plan that places, schedules or splits otherwise)."""
+        if plan is not None:
+            from trainsim.compile.shape_layers import shaped_graph  # NB: loaded for a tree only (start-up)
+
+            graph = shaped_graph(job, graph, plan)
         return self.price(job, graph).result()
 
     def price(self, job: Job, graph: OpGraph) -> PlanPrice:

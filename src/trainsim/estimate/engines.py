@@ -44,7 +44,8 @@ class EngineOptions:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineEntry:
     """One rung of the ladder: how to build it and what it can do. timeline: its Results carry the simulated
-    iteration (a trace, the critical path); takes_plan: it places layers by a lowered plan (a strategy tree);
+    iteration (a trace, the critical path); takes_plan: it reads a lowered plan (a strategy tree: the simulators
+    place layers by it, the analytical engine takes its ops' configs over tp, compile.shape_layers.shaped_graph);
     replays_traces: it predicts a traced run from the OpGraph's measured trace (the execution-trace front-end),
     not from a model's shapes alone; baseline: an ablation of another engine for the paper comparisons (Proteus
     Table IV and Fig. 9), left out of "every engine" (shape_engines)."""
@@ -103,7 +104,7 @@ def _replay(options: EngineOptions) -> Estimator:
 
 # NB: each engine's module is imported when the engine is built, so a prediction loads its own engine only.
 ENGINES: Registry[EngineEntry] = Registry("engine")
-ENGINES.add("analytical", EngineEntry(build=_analytical))
+ENGINES.add("analytical", EngineEntry(build=_analytical, takes_plan=True))  # its ops' tp configs only
 ENGINES.add("precision-aware", EngineEntry(build=_precision_aware))
 ENGINES.add("sim", EngineEntry(build=_sim, timeline=True, takes_plan=True))
 ENGINES.add("replay", EngineEntry(build=_replay, timeline=True, replays_traces=True))

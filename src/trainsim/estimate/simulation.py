@@ -20,7 +20,7 @@ from trainsim.catalog.overlap import load_overlap_factors, model_family
 from trainsim.collector import collector_paused
 from trainsim.compile.build import compile_job
 from trainsim.compile.context import TASK_LEVELS, TaskLevel
-from trainsim.compile.shape_layers import repeated_flops
+from trainsim.compile.stage_meshes import stage_repeated_flops
 from trainsim.cost.memory import MemoryEstimate
 from trainsim.cost.pricing import Pricer
 from trainsim.errors import ConfigError
@@ -127,7 +127,7 @@ class SimEstimator:
             notes.append(f"out of memory on stage {_peak_device(run.outcome)}: peak "
                          f"{memory.peak_bytes / 2**30:.2f} GiB > {memory.capacity_bytes / 2**30:.2f} GiB")
         return make_result(self.name, job, graph, breakdown, memory, notes=notes, timeline=timeline,
-                           calibration=self.pricer.cal, repeated_flops=repeated_flops(job, run.plan))
+                           calibration=self.pricer.cal, repeated_flops=stage_repeated_flops(job, run.plan))
 
 
 def busy_by_device(graph: ExecGraph, outcome: SimOutcome) -> list[dict[str, float]]:

@@ -68,6 +68,10 @@ class StageMesh:
     dp: int
     micro_batch: int  # samples per replica and micro-batch: the job's micro_batch x the job's dp / dp
 
+    def parallel_of(self, par: ParallelSpec) -> ParallelSpec:
+        """The job's strategy as this stage runs it: its tp, dp and replicas' micro-batch (sp where its tp splits)."""
+        return par.replaced(tp=self.tp, dp=self.dp, micro_batch=self.micro_batch, sp=par.sp and self.tp > 1)
+
 
 @dataclass(frozen=True, slots=True)
 class LoweredPlan:
@@ -77,8 +81,11 @@ class LoweredPlan:
     num_micro_batches: int
     schedule: Schedule | str  # a name of strategy.parallel.SCHEDULES
     max_in_flight: int = 0  # 0 = what the schedule implies
-    op_splits: tuple[OpSplit, ...] = ()  # computation configs of a tree's split(..., "compute", ...)
-    mesh_splits: tuple[MeshSplit, ...] = ()  # computation configs over tp, cp, ep (every op of every layer)
+    # computation configs of a tree's split(..., "compute", ...), over the data-parallel ranks of the op's stage
+    op_splits: tuple[OpSplit, ...] = ()
+    # computation configs over tp, cp, ep (every op of every layer), each over its stage's mesh (its StageMesh's tp
+    # where it has one)
+    mesh_splits: tuple[MeshSplit, ...] = ()
     stage_meshes: tuple[StageMesh, ...] = ()  # stages whose mesh differs from the job's (compile.stage_meshes)
     # devices per stage, in stage order, where they differ between stages (each stage a contiguous block of ranks,
     # Alpa's submesh); (): every stage holds the job's tp x dp x cp
@@ -146,3 +153,14 @@ def megatron_splits(layers: Sequence[Layer], par: ParallelSpec) -> tuple[MeshSpl
                 (op.module_path, axis, op_config(axis, op, dev)) for op in layer.fwd for axis in sizes))
         out += [MeshSplit(index, path, axis, config) for path, axis, config in items]
     return tuple(out)
+
+
+def stage_megatron_splits(layers: Sequence[Layer], pars: Sequence[ParallelSpec]) -> tuple[MeshSplit, ...]:
+    """megatron_splits with each layer instance's configs over its own stage's strategy (pars[i]: the job's, or
+    its stage mesh's: StageMesh.parallel_of), in layer order (a layer's own in megatron_splits' order)."""
+    per_par: dict[int, tuple[MeshSplit, ...]] = {}
+    for par in pars:
+        if id(par) not in per_par:
+            per_par[id(par)] = megatron_splits(layers, par)
+    mine = (s for key, splits in per_par.items() for s in splits if id(pars[s.layer]) == key)
+    return tuple(sorted(mine, key=lambda s: s.layer))

@@ -25,6 +25,21 @@ need: a whole attention beside a split MLP pays only the MLP's all-reduce pair; 
 attention core all-gathers q, k and v; fc1 split before a whole fc2 all-gathers the ffn features; a whole head
 pays no vocab-parallel statistics.
 
+An MoE's experts (their matmuls and activation, all at one degree) may take Megatron's split over d dividing tp
+too: Megatron-Core's expert tensor parallelism (expert_tensor_parallel_size, megatron/core/
+model_parallel_config.py and parallel_state.py, megatron-core 0.16.1: the experts' own tp groups of d ranks, ep
+groups and expert data-parallel groups of world / (d x ep x pp) ranks). Under sp an expert op at degree d keeps
+the sequence split of its d ranks' tokens (config seq = tp / d; d = 1: seq = tp, each rank's experts whole on
+its own sequence share); without sp every d-group runs all the micro-batch's tokens. Where d < tp the token
+dispatch follows Megatron-Core's MoEAlltoAllTokenDispatcher (megatron/core/transformer/moe/token_dispatcher.py,
+0.16.1): the all-to-all over ep moves the routed copies of the tokens a rank holds, then the routed tokens are
+all-gathered over the d ranks and reduce-scattered after the experts (none at d = 1); trainsim's Megatron
+split (d = tp) keeps its own order, the hidden state gathered over tp before dispatching all local tokens
+(_read_bytes, _tensor_bytes). The router has no other config: Megatron-Core's TopKRouter holds its weight
+whole on every tp rank and runs it on the rank's tokens (its sequence share under sp, its gradient then summed
+over tp as the norms' are: the weight's `sequence_parallel` attribute, megatron/core/transformer/moe/router.py
+and megatron/core/distributed/finalize_model_grads.py, 0.16.1), as the norms' config here says.
+
 layer_comms walks a layer's ops in order per axis, as compile.splits walks a tree's computation configs: where
 what an op reads differs from how its producer left it, strategy.reshard's pattern matching gives the collective
 (partial sums -> all-reduce, or reduce-scatter where the reader splits the sequence; a sequence split read whole
@@ -78,14 +93,16 @@ def axis_sizes(kind: LayerKind, dev: DeviceSlice) -> dict[Axis, int]:
 def op_config(axis: Axis, op: Op, dev: DeviceSlice, degrees: Degrees = frozenset()) -> OpConfig:
     """The computation config of forward op `op` over `axis` (module doc). degrees: (op name, tp degree) of the
     replicable ops (replicable_module) split over fewer ranks than tp, Megatron's way (1: whole on each tp rank,
-    no split)."""
+    no split); an expert op at degree d keeps, under sp, the tokens of its d ranks (the sequence split tp / d
+    ways: Megatron-Core's expert tensor parallelism, _expert_tp)."""
     if axis == "tp":
         t = dict(degrees).get(op.name, dev.tp) if degrees and replicable_module(op) else dev.tp
         seq = dev.tp if dev.sp else 1
+        token_parts = seq // t if dev.sp and _expert(op) else 1
         if op.name in COLUMN or op.name in FEATURE:
-            return OpConfig(1, 1, t, 1)
+            return OpConfig(1, token_parts, t, 1)
         if op.name in ROW or op.kind == "embedding":
-            return OpConfig(1, 1, 1, t)
+            return OpConfig(1, token_parts, 1, t)
         return OpConfig(1, seq, 1, 1)
     if axis == "cp":
         return OpConfig(1, dev.cp, 1, 1)
@@ -94,12 +111,15 @@ def op_config(axis: Axis, op: Op, dev: DeviceSlice, degrees: Degrees = frozenset
 
 def replicable_module(op: Op) -> str:
     """The part of the model whose op may hold its tensors whole over tp instead of Megatron's split: "attn" (qkv,
-    rope, the attention core, softmax, the projection), "mlp" (a dense block's MLP; not an MoE's experts or
-    router), "embed" (the token lookup) or "head" (the vocabulary projection and the cross-entropy); "" for any
-    other op (norms, residual adds, positions: Megatron's configs always)."""
+    rope, the attention core, softmax, the projection), "mlp" (a dense block's MLP), "experts" (an MoE's expert
+    matmuls and activation: Megatron-Core's expert tensor parallelism), "embed" (the token lookup) or "head"
+    (the vocabulary projection and the cross-entropy); "" for any other op (norms, residual adds, positions and
+    an MoE's router: Megatron's configs always)."""
     parts = op.module_path.split(".")
     if "attn" in parts:
         return "attn"
+    if _expert(op):
+        return "experts"
     if "mlp" in parts and "moe" not in parts:
         return "mlp"
     if op.kind == "embedding":
@@ -114,7 +134,8 @@ def op_degrees(fwd: Sequence[Op], dev: DeviceSlice, config_of: Callable[[Op], Op
     out: list[tuple[str, int]] = []
     for op in fwd:
         config = config_of(op)
-        d = max(config.out, config.reduce)  # Megatron's split of a replicable op is one of the two
+        d = max(config.out, config.reduce)  # Megatron's split of a replicable op is one of the two (an expert's
+    # sequence split under sp follows from d: op_config)
         if d < dev.tp and dev.tp % d == 0 and replicable_module(op) and config == op_config(
                 "tp", op, dev, frozenset({(op.name, d)})):
             out.append((op.name, d))
@@ -143,7 +164,8 @@ def layer_comms(spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: S
                 return op_config(axis, op, dev)
             return configs.get((op.module_path, axis), UNSPLIT)
 
-        forward, backward = _walk(axis, size, spec, dev, kind, fwd, config_of, _heads_parts(fwd, dev, configs))
+        forward, backward = _walk(axis, size, spec, dev, kind, fwd, config_of,
+                                  (_heads_parts(fwd, dev, configs), _expert_tp(fwd, dev, configs)))
         sites = {_site(op): i for i, op in reversed(list(enumerate(fwd)))}
         backward.sort(key=lambda found: sites.get(found[0].split(".")[0], len(sites)))
         comms += [Comm(name, step.collective, axis, "fwd", step.buffer_bytes, _sub(step, size))
@@ -156,10 +178,13 @@ def layer_comms(spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: S
 
 
 def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: Sequence[Op],
-          config_of: Callable[[Op], OpConfig], heads_parts: int) -> tuple[list[_Found], list[_Found]]:
+          config_of: Callable[[Op], OpConfig], parts: tuple[int, int]) -> tuple[list[_Found], list[_Found]]:
     """(forward, backward) reshards of the layer's op chain over one axis; the backward's in the order the
-    backward pass meets them. heads_parts: the parts the attention's heads are split into over tp."""
-    full = _tensor_bytes(axis, spec, dev)
+    backward pass meets them. parts: the parts the attention's heads are split into over tp, and the tp degree
+    of the experts (_expert_tp; below tp: Megatron-Core's dispatch order, _read_bytes)."""
+    heads_parts, expert_tp = parts
+    dispatch_first = expert_tp < dev.tp
+    full = _tensor_bytes(axis, spec, dev, dispatch_first)
     handed = handed_on(axis, dev)
     forward: list[_Found] = []
     backward: list[_Found] = []
@@ -170,7 +195,8 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
         contracting = _contracting(axis, op)
         need = input_placement(config, size, contracting)
         if placement is not None:
-            site, read = _namer(axis, kind, producer, op), _read_bytes(axis, spec, dev, op, full)
+            routed = dispatch_first and (_expert(op) or (producer is not None and _expert(producer)))
+            site, read = _namer(axis, kind, producer, op), _read_bytes(axis, spec, dev, op, full, routed)
             forward += _named(site, axis, reshard(placement, need, read))
             grad = input_grad_placement(need, config, contracting)
             backward += _named(site, axis, reshard(grad, output_grad_placement(placement), read))
@@ -239,24 +265,40 @@ def _contracting(axis: Axis, op: Op) -> bool:
     return axis == "tp" and (op.kind in CONTRACTING or op.kind == "embedding")
 
 
-def _tensor_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice) -> float:
+def _tensor_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, own_tokens: bool = False) -> float:
     """The whole tensor a reshard over `axis` moves: the hidden state of the micro-batch's local tokens over
     tp (over cp the attention's keys and values, _kv_bytes); over ep the tokens routed to top_k experts on
-    every rank of the group."""
+    every rank of the group: of all the micro-batch's local tokens (the hidden state gathered over tp before
+    the dispatch), or with own_tokens of those the rank holds (its sequence share under sp: Megatron-Core's
+    order where the experts' tp degree is below tp, _read_bytes)."""
     hidden = float(dev.local_tokens * spec.hidden * BYTES_PER_DTYPE[dev.precision.activation_dtype])
+    if axis == "ep" and own_tokens and dev.sp:
+        own = float(dev.local_tokens // dev.tp * spec.hidden * BYTES_PER_DTYPE[dev.precision.activation_dtype])
+        return own * spec.top_k * dev.ep
     return hidden * spec.top_k * dev.ep if axis == "ep" else hidden
 
 
-def _read_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, consumer: Op, hidden: float) -> float:
+def _read_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, consumer: Op, hidden: float,
+                routed: bool = False) -> float:
     """The whole tensor (over tp) that `consumer` reads from the op before it, the buffer a reshard over tp
     moves: q, k and v for the rope and the attention core, the scores for an unfused softmax, the attention's
     output for the projection, the ffn features (the routed tokens' in an MoE) for the activation and the second
-    matmul, the logits for the cross-entropy; the hidden state for every other op (hidden: its bytes). Over cp
-    and ep: `hidden` (_tensor_bytes)."""
+    matmul, the logits for the cross-entropy; the hidden state for every other op (hidden: its bytes), or with
+    `routed` the routed tokens' hidden states (top_k per token). Over cp and ep: `hidden` (_tensor_bytes).
+
+    routed: a reshard into an expert's first matmul or out of its last where the experts' tp degree d is below
+    tp. Megatron-Core's all-to-all dispatcher then runs the all-to-all over ep first, then the all-gather of
+    the routed tokens over the d ranks of the expert tp group (and the reduce-scatter before the combine's
+    all-to-all): MoEAlltoAllTokenDispatcher dispatch_postprocess / combine_preprocess,
+    megatron/core/transformer/moe/token_dispatcher.py, megatron-core 0.16.1. NB: under Megatron's split (d =
+    tp) trainsim keeps its order, the hidden state gathered over tp before the dispatch (hidden bytes here, all
+    local tokens over ep: _tensor_bytes)."""
     if axis != "tp":
         return hidden
     act, d, f = BYTES_PER_DTYPE[dev.precision.activation_dtype], spec.head_dim, spec.ffn_hidden
     tokens = dev.local_tokens * (spec.top_k if "moe" in consumer.module_path.split(".") else 1)
+    if routed and consumer.name not in ("gelu", "fc2", "down", "swiglu"):
+        return float(dev.local_tokens * spec.top_k * spec.hidden * act)
     elements = {
         "rope": tokens * (spec.num_heads + 2 * spec.kv_heads) * d,
         "attention": tokens * (spec.num_heads + 2 * spec.kv_heads) * d,
@@ -266,6 +308,17 @@ def _read_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, consumer: O
         "cross_entropy": tokens * spec.vocab,
     }.get(consumer.name)
     return hidden if elements is None else float(elements * act)
+
+
+def _expert_tp(fwd: Sequence[Op], dev: DeviceSlice, configs: Configs | None) -> int:
+    """The tp degree d of the layer's experts: Megatron's tp, or the degree their configs split the experts'
+    features over (d < tp: Megatron-Core's expert_tensor_parallel_size, megatron/core/model_parallel_config.py,
+    megatron-core 0.16.1); tp for a layer without experts."""
+    expert = next((op for op in fwd if _expert(op)), None)
+    if configs is None or expert is None or dev.tp == 1:
+        return dev.tp
+    config = configs.get((expert.module_path, "tp"), UNSPLIT)
+    return max(config.out, config.reduce)
 
 
 def _kv_bytes(spec: TransformerSpec, dev: DeviceSlice, heads_parts: int) -> float:

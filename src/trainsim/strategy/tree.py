@@ -14,11 +14,13 @@ lower() turns the tree into the LoweredPlan of compile.plan (stage, chunk and re
 schedule). The splits the plain strategy implies (from_parallel: tp, sp, cp, ep, dp, ZeRO) are what the
 DeviceSlice the graph was built with applied already; their computation configs over tp, cp and ep (Megatron's,
 strategy.megatron) go into the plan as MeshSplits, from which the compiler derives the feature collectives. A tree
-may leave any op of a block's attention or MLP, the embedding's lookup or the head's projection or cross-entropy
-unsplit over tp: the compiler then rebuilds that layer with the op whole on each tp rank and reshards between the
-ops' configs (compile.shape_layers).
+may leave any op of a block's attention, MLP or experts, the embedding's lookup or the head's projection or
+cross-entropy unsplit over tp, or split it over fewer tp ranks: the compiler then rebuilds that layer with the op
+at its degree and reshards between the ops' configs (compile.shape_layers).
 Computation configs over dp (item "compute": batch, seq, out, reduce) go into the plan as OpSplits, which
 compile.splits applies with the resharding they need.
+A stage mapped to its own mesh (map tp / dp on its layers: StageMesh) reads both against its own mesh: its ops'
+configs over tp against its tp, its configs over dp carved from its dp ranks (compile.stage_meshes).
 """
 
 import fnmatch
@@ -43,6 +45,7 @@ from trainsim.strategy.lowered import (
     default_plan,
     expand_layers,
     megatron_splits,
+    stage_megatron_splits,
 )
 from trainsim.strategy.megatron import (
     UNSPLIT,
@@ -334,12 +337,9 @@ class StrategyTree:
             recompute = cast(Recompute, row["recompute"].value) if "recompute" in row else par.recompute
             assignments.append(LayerAssignment(index, layer, stage, chunk, recompute))
         meshes, stage_ranks = self._stage_meshes(par, assignments, num_gpus or par.num_gpus)
-        op_splits = self._op_splits()
-        if meshes and op_splits:
-            raise ConfigError("split.compute", op_splits[0].module_path, "computation configs over dp are not "
-                              "combined with stages of their own mesh (map tp / dp); give one or the other")
         return LoweredPlan(tuple(assignments), par.pp, par.vpp, micro_batches, kind, max_in_flight,
-                           op_splits, self._mesh_splits(par, bool(meshes)), meshes, stage_ranks)
+                           self._op_splits(), self._mesh_splits(par, _layer_parallels(par, assignments, meshes)),
+                           meshes, stage_ranks)
 
     def _op_splits(self) -> tuple[OpSplit, ...]:
         """The computation configs (split item "compute") and weight memory configs (item "weight", dims out and
@@ -363,64 +363,69 @@ class StrategyTree:
                     out.append(OpSplit(node.layer_index, module_path, **parts, **memory))
         return tuple(out)
 
-    def _mesh_splits(self, par: ParallelSpec, stage_meshes: bool = False) -> tuple[MeshSplit, ...]:
-        """The computation configs over tp, cp and ep of every op: Megatron's (lowered.megatron_splits) where
-        the tree sets none over an axis. An axis the tree splits must be split as Megatron does on every op,
-        except that any op of a block's attention or MLP, the lookup, the logits or the cross-entropy may be
-        split that way over fewer ranks d dividing tp, or left unsplit (d = 1: strategy.megatron.op_degrees;
-        the compiler shapes the ops from these configs and reshards between them, compile.shape_layers):
+    def _mesh_splits(self, par: ParallelSpec, pars: list[ParallelSpec]) -> tuple[MeshSplit, ...]:
+        """The computation configs over tp, cp and ep of every op, each over its own stage's mesh (pars: per
+        layer instance, the job's strategy or its stage mesh's): Megatron's (lowered.megatron_splits) where the
+        tree sets none over an axis. An axis the tree splits must be split as Megatron does on every op, except
+        that any op of a block's attention, MLP or experts, the lookup, the logits or the cross-entropy may be
+        split that way over fewer ranks d dividing its stage's tp, or left unsplit (d = 1:
+        strategy.megatron.op_degrees; the compiler shapes the ops from these configs and reshards between them,
+        compile.shape_layers):
         ConfigError naming the first op that differs."""
         layers = expand_layers(self.graph)
         given_axes = {key.partition("@")[2] for row in self.explicit.values() for key in row if "@" in key}
         if not given_axes:
-            return megatron_splits(layers, par)
-        if stage_meshes:
-            raise ConfigError("split.axis", sorted(given_axes)[0], "a tree with stages of their own mesh takes "
-                              "Megatron's splits over tp (each stage's for its tp); write no tp, cp or ep splits")
+            return megatron_splits(layers, par) if all(p is par for p in pars) else stage_megatron_splits(layers, pars)
         if not any(layer.kind in _BLOCK_KINDS for layer in layers):
             raise ConfigError("split.axis", "tp | cp | ep", "model-parallel computation configs apply to "
                               "transformers; split a CNN's or DLRM's ops over dp")
-        dev = DeviceSlice.of(par)
+        slices = {id(p): DeviceSlice.of(p) for p in pars}
+        devs = [slices[id(p)] for p in pars]  # per layer instance, its stage's device slice
         given: dict[tuple[int, str, Axis], OpConfig] = {}  # (layer index, op module path, axis) -> the tree's
         op_nodes: list[tuple[str, TreeNode, dict[Axis, int]]] = []
         for path, node in self.nodes.items():
             if not node.fwd or node.layer_index < 0:
                 continue
-            row = self._resolved[path]
+            row, dev = self._resolved[path], devs[node.layer_index]
             sizes = axis_sizes(layers[node.layer_index].kind, dev)
             for key in row:
                 if "@" in key and key.partition("@")[2] not in sizes:
                     raise ConfigError(f"{path}.{key}", row[key].value, f"{key.partition('@')[2]} does not split "
-                                      f"this layer (tp={par.tp} cp={par.cp} ep={par.ep}; ep splits MoE blocks)")
+                                      f"this layer (tp={dev.tp} cp={dev.cp} ep={dev.ep}{_on_stage(pars, par, node)}"
+                                      "; ep splits MoE blocks)")
             for op in node.fwd:
                 for axis in sizes:
                     given[(node.layer_index, op.module_path, axis)] = OpConfig(*(
                         int(row[key].value) if (key := f"split.compute.{dim}@{axis}") in row else 1
                         for dim in COMPUTE_DIMS))
             op_nodes.append((path, node, sizes))
-        degrees_of = self._op_degrees(layers, dev, given) if "tp" in given_axes and par.tp > 1 else {}
+        degrees_of = self._op_degrees(layers, devs, given) if "tp" in given_axes else {}
         out: list[MeshSplit] = []
         for path, node, sizes in op_nodes:
-            degrees = degrees_of.get(node.layer_index, frozenset())
+            degrees, dev = degrees_of.get(node.layer_index, frozenset()), devs[node.layer_index]
             for op in node.fwd:
                 for axis in sizes:
                     expected = op_config(axis, op, dev, degrees)
                     config = given[(node.layer_index, op.module_path, axis)]
                     if axis in given_axes and config != expected:
                         raise ConfigError(f"{path} split.compute@{axis}", _config_text(config),
-                                          _mismatch(op, axis, sizes[axis], dev, config, expected, path))
+                                          _mismatch(op, axis, sizes[axis], dev, config, expected, path)
+                                          + _on_stage(pars, par, node))
                     out.append(MeshSplit(node.layer_index, op.module_path, axis, expected))
         return tuple(dict.fromkeys(out))
 
-    def _op_degrees(self, layers: list[Layer], dev: DeviceSlice,
+    def _op_degrees(self, layers: list[Layer], devs: list[DeviceSlice],
                     given: Mapping[tuple[int, str, Axis], OpConfig]) -> dict[int, Degrees]:
         """Per layer index, the replicable ops (strategy.megatron.replicable_module) the tree splits over fewer
-        tp ranks than tp (1: unsplit), with their degrees."""
+        tp ranks than its stage's tp (1: unsplit), with their degrees."""
         out: dict[int, Degrees] = {}
         for index, layer in enumerate(layers):
-            degrees = op_degrees(layer.fwd, dev,
+            if devs[index].tp == 1:
+                continue
+            degrees = op_degrees(layer.fwd, devs[index],
                                  lambda op, i=index: given.get((i, op.module_path, "tp"), UNSPLIT))
             if degrees:
+                _check_experts_alike(layer, devs[index], degrees, self.layer_paths[index])
                 out[index] = degrees
         return out
 
@@ -810,16 +815,46 @@ def _megatron_splits(nodes: Mapping[str, TreeNode], path: str, layer: Layer,
     return out
 
 
+def _layer_parallels(par: ParallelSpec, assignments: list[LayerAssignment],
+                     meshes: tuple[StageMesh, ...]) -> list[ParallelSpec]:
+    """Per layer instance, the strategy its stage runs: its stage mesh's (StageMesh.parallel_of), else the job's
+    (par itself)."""
+    own = {mesh.stage: mesh.parallel_of(par) for mesh in meshes}
+    return [own.get(a.stage, par) for a in assignments]
+
+
+def _on_stage(pars: list[ParallelSpec], par: ParallelSpec, node: TreeNode) -> str:
+    """Where a layer's stage has its own mesh, the words saying so (the degrees an error names are its)."""
+    mine = pars[node.layer_index]
+    return "" if mine is par else f" (the layer's stage runs its own mesh: tp={mine.tp} dp={mine.dp})"
+
+
 def _mismatch(op: Op, axis: str, size: int, dev: DeviceSlice, given: OpConfig, expected: OpConfig,
               path: str) -> str:
     mesh = f"{axis}={size}" + (" with sp" if axis == "tp" and dev.sp else "")
     hint = "; a sequence split over tp is sequence parallelism (--sp)" if (
         axis == "tp" and not dev.sp and given.seq > 1) else ""
-    if axis == "tp" and replicable_module(op):
+    if axis == "tp" and replicable_module(op) == "experts":
+        fewer = f"that split over fewer ranks d dividing {size}{' (and seq=tp/d)' if dev.sp else ''}, or " \
+            if size > 2 else ""
+        whole = _config_text(op_config("tp", op, dev, frozenset({(op.name, 1)})))
+        hint += f"; or {fewer}{whole} (the experts whole on each tp rank: expert tensor parallelism 1)"
+    elif axis == "tp" and replicable_module(op):
         fewer = f"that split over fewer ranks dividing {size}, or " if size > 2 else ""
         hint += f"; or {fewer}none (the {op.name} whole on each tp rank)"
     return (f"ops take Megatron's splits over {mesh}: {op.name} splits {_config_text(expected)} over {axis}; "
             f"give that, or no {axis} splits{hint}")
+
+
+def _check_experts_alike(layer: Layer, dev: DeviceSlice, degrees: Degrees, path: str) -> None:
+    """An MoE block's expert ops share one tp degree (Megatron-Core's one expert_tensor_parallel_size for every
+    expert matmul, megatron/core/model_parallel_config.py, megatron-core 0.16.1)."""
+    given = dict(degrees)
+    found = {op.name: given.get(op.name, dev.tp) for op in layer.fwd if replicable_module(op) == "experts"}
+    if len(set(found.values())) > 1:
+        listed = ", ".join(f"{name} {d}" for name, d in found.items())
+        raise ConfigError(f"{path} split.compute@tp", listed, "an MoE's expert ops take one tp degree (Megatron-"
+                          "Core's expert tensor parallel size): split its matmuls and activation alike")
 
 
 def _config_text(config: OpConfig) -> str:

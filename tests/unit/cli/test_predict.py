@@ -2,6 +2,7 @@
 
 import json
 from pathlib import Path
+from typing import Any
 
 from typer.testing import CliRunner
 
@@ -144,3 +145,76 @@ def test_attention_only_tp_from_the_shipped_tree_file_lands_between_tp2_and_tp1(
     assert broken.exit_code == 2
     lines = broken.stderr.strip().splitlines()
     assert len(lines) == 1 and "blocks.0.attn.qkv split.compute@tp='reduce=2' is invalid" in lines[0]
+
+
+def test_stages_on_their_own_meshes_with_their_own_op_configs(tmp_path: Path) -> None:
+    """The shipped GPT-3 1.3B trees whose stage 1 runs tp 4 x dp 2 beside stage 0's tp 2 x dp 4
+    (data/strategies/megatron/gpt3-1.3b-stage1-tp4*.yaml): with its attention whole, or its MLP over pairs, stage 1
+    computes more and communicates less over tp than with Megatron's splits on both meshes (the attention's
+    repeats the most), and the HFU counts the repeated modules. gpt3-1.3b-stage1-dp-mlp-split.yaml splits stage
+    1's MLP over pairs of its 8 data-parallel ranks: stage 1 holds less weight than without the splits. A config
+    that is not its stage's is refused in one line, exit 2."""
+    root = Path(__file__).resolve().parents[3] / "data" / "strategies" / "megatron"
+    args = ["predict", "--model", "gpt3-1.3b", "--num-gpus", "16", "--tp", "2", "--pp", "2", "--global-batch", "64",
+            "--seq-len", "2048", "--engine", "sim", "--json", "--tree"]
+
+    def run(tree: Path, micro_batch: int = 1) -> dict[str, Any]:
+        result = RUNNER.invoke(app, [*args, str(tree), "--micro-batch", str(micro_batch)])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    def stage1(out: dict[str, Any], what: str) -> float:
+        return sum(t["end_s"] - t["start_s"] for t in out["timeline"]["tasks"] if t["device"] == 1
+                   and t["category"] == what and (what != "compute" or t["stream"] == "compute"))
+
+    out = {name: run(root / f"gpt3-1.3b-stage1-tp4{name}.yaml") for name in ("", "-attn-whole", "-mlp-pairs")}
+    plain, whole, pairs = out[""], out["-attn-whole"], out["-mlp-pairs"]
+    assert stage1(plain, "compute") < stage1(pairs, "compute") < stage1(whole, "compute")
+    assert stage1(whole, "tp_comm") < stage1(pairs, "tp_comm") < stage1(plain, "tp_comm")
+    assert plain["hfu"] == plain["mfu"] and whole["hfu"] > pairs["hfu"] > pairs["mfu"] > whole["mfu"]
+    split = run(root / "gpt3-1.3b-stage1-dp-mlp-split.yaml", micro_batch=2)
+    bare = tmp_path / "bare.yaml"  # the same meshes without the splits
+    bare.write_text("strategy_tree:\n  map:\n    - {stage: 0, tp: 2}\n"
+                    "    - {path: blocks.12-23, stage: 1, tp: 1, dp: 8}\n    - {path: head, stage: 1, tp: 1, dp: 8}\n")
+    weights = [data["timeline"]["devices"][1]["breakdown_at_peak"]["weights"] for data in (run(bare, 2), split)]
+    assert weights[1] < 0.7 * weights[0]  # the MLP (2/3 of a block's weights) in halves
+    bad = tmp_path / "bad.yaml"  # fc1 over 4 ranks on stage 0, whose mesh is tp 2
+    bad.write_text((root / "gpt3-1.3b-stage1-tp4-mlp-pairs.yaml").read_text().replace(
+        '{path: "blocks.*.mlp.fc1", item: compute, dim: out, parts: 2', '{path: "blocks.*.mlp.fc1", item: compute, '
+        'dim: out, parts: 4'))
+    result = RUNNER.invoke(app, [*args, str(bad), "--micro-batch", "1"])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "ops take Megatron's splits over tp=2: fc1 splits out=2" in lines[0]
+
+
+def test_mixtral_tree_with_whole_experts_in_both_engines() -> None:
+    """data/strategies/megatron/mixtral-tp2-ep2-experts-whole.yaml (Megatron-Core's expert tensor parallelism 1
+    at tp 2 x ep 2 with sp) on Mixtral 8x7B's block, 8 layers, against the plain plan, in the simulator and the
+    closed form: no expert all-gather or reduce-scatter (less tp time), all-to-alls of half the tokens (less ep
+    time), the experts' weights twice over (more weight memory), the same model FLOPs."""
+    root = Path(__file__).resolve().parents[3]
+    args = ["predict", "--model", str(root / "data" / "strategies" / "megatron" / "models" / "mixtral-8x7b-l8.yaml"),
+            "--num-gpus", "8", "--tp", "2", "--ep", "2", "--sp", "--micro-batch", "1", "--seq-len", "1024",
+            "--global-batch", "16", "--json"]
+    tree = str(root / "data" / "strategies" / "megatron" / "mixtral-tp2-ep2-experts-whole.yaml")
+    for engine in ("sim", "analytical"):
+        plain = RUNNER.invoke(app, [*args, "--engine", engine])
+        whole = RUNNER.invoke(app, [*args, "--engine", engine, "--tree", tree])
+        assert plain.exit_code == 0 and whole.exit_code == 0, whole.output
+        before, after = json.loads(plain.stdout), json.loads(whole.stdout)
+        assert after["engine"] == engine
+        assert after["breakdown"]["tp_comm"] < 0.7 * before["breakdown"]["tp_comm"]
+        assert after["breakdown"]["ep_comm"] < 0.8 * before["breakdown"]["ep_comm"]
+        assert after["memory_breakdown"]["weights"] > 1.8 * before["memory_breakdown"]["weights"]
+        assert after["model_flops_per_iteration"] == before["model_flops_per_iteration"]
+
+
+def test_the_analytical_engine_refuses_a_tree_that_places_layers() -> None:
+    root = Path(__file__).resolve().parents[3]
+    result = RUNNER.invoke(app, ["predict", "--model", "gpt3-125m", "--num-gpus", "4", "--pp", "3", "--dp", "1",
+                                 "--micro-batch", "2", "--global-batch", "16", "--seq-len", "1024", "--tree",
+                                 str(root / "data" / "strategies" / "megatron" / "gpt3-125m-stages-1-1-2.yaml")])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "engine='analytical' is invalid" in lines[0] and "needs --engine sim" in lines[0]

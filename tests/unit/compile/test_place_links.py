@@ -3,6 +3,7 @@ different communication groups and devices that cross one NIC share it in the si
 fill their nodes simulate as with links of their own, and the resources do not grow with dp."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -18,9 +19,12 @@ from trainsim.pipeline import graph_for
 from trainsim.sim import SimOptions, simulate
 from trainsim.strategy.lowered import default_plan
 from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.tree import StrategyTree
+from trainsim.strategy.tree_yaml import load_tree_yaml
 
 GPT = load_model("gpt3-125m")
 PRICER = Pricer(Calibration())
+ROOT = Path(__file__).resolve().parents[3]
 SHARING = SimOptions(overlap_slowdown=0.0, bandwidth_sharing=True, launch_overhead_s=0.0)
 
 
@@ -111,6 +115,62 @@ def test_the_tp_and_dp_groups_of_a_hybrid_plan_share_the_nic_they_cross() -> Non
     out = simulate(_alone_together(graph, [tp, dp]), SHARING)
     short, long = sorted((tp.duration_s, dp.duration_s))
     assert sorted(out.end_s) == pytest.approx([2 * short, long + short], rel=1e-12)
+
+
+def test_a_sub_group_collective_takes_only_the_links_of_its_ranks() -> None:
+    """tp 4 over nodes of 2 GPUs with one NIC, dp 2, the MLP over pairs of tp ranks
+    (data/strategies/megatron/gpt-tp4-mlp-tp2.yaml): each tp group spans 2 nodes, its pairs (ranks 0-1, 2-3) one
+    node each. The MLP's all-reduce over a pair is one task for both pairs of a group (the device stands for every
+    rank; SPMD: the pairs run at once): it crosses only the NVLink ports of its ranks, no NIC, so beside a gradient
+    bucket (which crosses each node's NIC with all its ranks) both run at full speed. The attention's all-reduce
+    over the whole group of 4 crosses the NICs: beside the bucket each runs at half speed. (Before, the pair's
+    all-reduce named the whole group's links and slowed the bucket as the attention's does.)"""
+    cluster = a100_cluster(8).model_copy(update={"gpus_per_node": 2, "num_nodes": 4, "nics_per_node": 1})
+    job = _job(cluster, tp=4, dp=2)
+    tree = load_tree_yaml(ROOT / "data" / "strategies" / "megatron" / "gpt-tp4-mlp-tp2.yaml", graph_for(job))
+    graph = compile_job(job, tree.lower(job.parallel), PRICER, "op")
+    pair = _first(graph, 0, "mlp.ar all-reduce")
+    whole = _first(graph, 0, "attn.ar all-reduce")
+    bucket = _first(graph, 0, "dp all-reduce bucket0")
+    assert pair.resources == ("stage0.fabric.tx", "stage0.fabric.rx") and pair.link_shares == ()
+    assert {r for r in whole.resources if ".nic." in r} == {r for r in bucket.resources if ".nic." in r} != set()
+    assert pair.duration_s == PRICER.collective_s("all-reduce", 512 * 768 * 2, cluster.group_layout(2, 1), job)
+    assert whole.duration_s == PRICER.collective_s("all-reduce", 512 * 768 * 2, cluster.group_layout(4, 1), job)
+    assert simulate(_alone_together(graph, [pair, bucket]), SHARING).end_s == [pair.duration_s, bucket.duration_s]
+    out = simulate(_alone_together(graph, [whole, bucket]), SHARING)
+    short, long = sorted((whole.duration_s, bucket.duration_s))
+    assert sorted(out.end_s) == pytest.approx([2 * short, long + short], rel=1e-12)
+
+
+def test_at_layer_level_a_layers_collectives_merge_per_sub_group() -> None:
+    """The same plan at task level "layer": a block's tp collectives merge into one task per axis and sub-group,
+    the pairs' ("tp comm x2") on the NVLink ports only, the whole group's ("tp comm") across the NICs."""
+    cluster = a100_cluster(8).model_copy(update={"gpus_per_node": 2, "num_nodes": 4, "nics_per_node": 1})
+    job = _job(cluster, tp=4, dp=2)
+    tree = load_tree_yaml(ROOT / "data" / "strategies" / "megatron" / "gpt-tp4-mlp-tp2.yaml", graph_for(job))
+    graph = compile_job(job, tree.lower(job.parallel), PRICER, "layer")
+    block = [t for t in graph.tasks if t.device == 0 and t.micro_batch == 0 and t.layer == "L1.block"
+             and t.category == "tp_comm"]
+    assert [t.name for t in block] == ["tp comm mb0 L1.block", "tp comm x2 mb0 L1.block"] * 2  # forward, backward
+    pairs, whole = block[1], block[0]
+    assert pairs.resources == ("stage0.fabric.tx", "stage0.fabric.rx")
+    assert any(".nic." in r for r in whole.resources)
+    assert pairs.duration_s == PRICER.collective_s("all-reduce", 512 * 768 * 2, cluster.group_layout(2, 1), job)
+
+
+@pytest.mark.parametrize("level", ["op", "layer"])
+def test_a_reshard_over_neighbouring_data_parallel_ranks_takes_only_their_links(level: str) -> None:
+    """dp 4 over nodes of 2 GPUs with one NIC, blocks.0's MLP carved from pairs of data-parallel ranks (fc1 split
+    by outputs, fc2 by its reduction dimension, 2 ways): the reshards between them span a pair of neighbouring
+    ranks inside a node, so they name no NIC (the gradient buckets over all 4 ranks do)."""
+    cluster = a100_cluster(8).model_copy(update={"gpus_per_node": 2, "num_nodes": 2, "nics_per_node": 1})
+    job = _job(cluster, dp=4)
+    tree = (StrategyTree.from_graph(graph_for(job)).split("blocks.0.mlp.fc1", "compute", "out", 2)
+            .split("blocks.0.mlp.fc2", "compute", "reduce", 2))
+    graph = compile_job(job, tree.lower(job.parallel), PRICER, level)  # type: ignore[arg-type]
+    reshards = [t for t in graph.tasks if t.category == "comm" and t.layer == "L1.block"]
+    assert reshards and all(t.resources == ("stage0.fabric.tx", "stage0.fabric.rx") for t in reshards)
+    assert any(".nic." in r for r in _first(graph, 0, "dp all-reduce bucket0").resources)
 
 
 def _per_device(graph: ExecGraph) -> ExecGraph:

@@ -10,7 +10,7 @@ from trainsim.catalog import load_model
 from trainsim.catalog.calibration import Calibration
 from trainsim.catalog.model_files import parse_model
 from trainsim.compile.build import compile_job
-from trainsim.compile.stage_meshes import job_of_mesh
+from trainsim.compile.stage_meshes import job_of_mesh, stage_repeated_flops
 from trainsim.cost.pricing import Pricer
 from trainsim.errors import ConfigError
 from trainsim.ir.exec_graph import ExecGraph, Task
@@ -19,6 +19,7 @@ from trainsim.pipeline import graph_for
 from trainsim.sim import SimOptions, simulate
 from trainsim.strategy.lowered import StageMesh, default_plan
 from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.placement import OpConfig
 from trainsim.strategy.tree import StrategyTree
 from trainsim.strategy.tree_yaml import load_tree_yaml
 
@@ -144,11 +145,7 @@ def test_layers_of_one_stage_on_two_meshes_are_refused() -> None:
         tree.lower(job.parallel)
 
 
-def test_stage_meshes_refuse_dp_computation_configs_and_interleaving() -> None:
-    job = _job()
-    tree = _second_stage_on(job, tp=4).split("blocks.0.mlp.fc1", "compute", "out", 2)
-    with pytest.raises(ConfigError, match="not combined with stages of their own mesh"):
-        tree.lower(job.parallel)
+def test_stage_meshes_refuse_interleaving() -> None:
     interleaved = _job(vpp=2, schedule="interleaved-1f1b", global_batch=16)
     tree = (StrategyTree.from_graph(graph_for(interleaved)).map("", {"tp": 2})
             .map("embedding", {"stage": 0, "chunk": 0}).map("blocks.1", {"stage": 1, "chunk": 0, "tp": 4})
@@ -166,6 +163,133 @@ def test_the_shipped_tree_file_puts_stage_1_on_tp_4() -> None:
     plan = load_tree_yaml(path, graph_for(job)).lower(job.parallel)
     assert plan.stage_meshes == (StageMesh(stage=1, tp=4, dp=2, micro_batch=2),)
     assert [a.stage for a in plan.layers] == [0] * 13 + [1] * 13
+
+
+# --- per-op configs on a stage's own mesh: over its tp (each op Megatron's split, over fewer ranks, or none) and
+# over its dp (computation configs carved from its data-parallel ranks) ---
+
+ATTN = [("attn.qkv", "out"), ("attn.core", "out"), ("attn.out", "reduce")]
+MLP = [("mlp.fc1", "out"), ("mlp.act", "out"), ("mlp.fc2", "reduce")]
+
+
+def _tp_splits(tree: StrategyTree, blocks: str, splits: list[tuple[str, str]], parts: int) -> StrategyTree:
+    for op, dim in splits:
+        tree = tree.split(f"blocks.{blocks}.{op}", "compute", dim, parts, axis="tp")
+    return tree
+
+
+def _stage_configs(tree: StrategyTree, stage0_tp: int, stage1_tp: int, stage1_mlp: int) -> StrategyTree:
+    """Megatron's splits over stage 0's tp on its embedding and blocks 0-1; over stage 1's tp on its attention
+    and head, its MLP over `stage1_mlp` ranks."""
+    tree = tree.split("embedding.tokens", "compute", "reduce", stage0_tp, axis="tp")
+    tree = _tp_splits(_tp_splits(tree, "0-1", ATTN + MLP, stage0_tp), "2-3", ATTN, stage1_tp)
+    tree = _tp_splits(tree, "2-3", MLP, stage1_mlp)
+    return tree.split("head.proj", "compute", "out", stage1_tp, axis="tp").split("head.loss", "compute", "out",
+                                                                                 stage1_tp, axis="tp")
+
+
+def test_a_stage_on_tp_4_runs_its_mlp_over_pairs_beside_a_stage_on_tp_2() -> None:
+    """Stage 0 on the job's tp 2 x dp 2 with Megatron's splits; stage 1 on tp 4 x dp 1 (micro-batch 2) with its
+    attention and head at tp 4 and its MLP over pairs of tp ranks. Each op's config is checked against its own
+    stage's tp (fc1's out=2 is Megatron's on stage 0, a pair split on stage 1). Stage 0's tasks are the plain
+    job's; stage 1's are those of the tp 4 x dp 1 job compiled with the same configs (its MLP all-reduces of the
+    2 x 1024 x 1024 bf16 block output over 2 ranks, its attention's over 4)."""
+    job = _job()
+    tree = _stage_configs(_second_stage_on(job, tp=4), 2, 4, 2)
+    plan = tree.lower(job.parallel)
+    fc1 = {s.layer: s.config for s in plan.mesh_splits if s.module_path.endswith("mlp.fc1")}
+    assert fc1 == {1: OpConfig(1, 1, 2, 1), 2: OpConfig(1, 1, 2, 1), 3: OpConfig(1, 1, 2, 1),
+                   4: OpConfig(1, 1, 2, 1)}
+    qkv = {s.layer: s.config.out for s in plan.mesh_splits if s.module_path.endswith("attn.qkv")}
+    assert qkv == {1: 2, 2: 2, 3: 4, 4: 4}
+    pricer = Pricer(Calibration())
+    graph = compile_job(job, plan, pricer, "op")
+    plain = compile_job(job, default_plan(graph_for(job), job.parallel), pricer, "op")
+    mesh_job = job_of_mesh(job, StageMesh(1, 4, 1, 2))
+    alone_tree = _stage_configs(StrategyTree.from_graph(graph_for(mesh_job)).map("", {"stage": 0})
+                                .map("blocks.2-3", {"stage": 1}).map("head", {"stage": 1}), 4, 4, 2)
+    alone = compile_job(mesh_job, alone_tree.lower(mesh_job.parallel), pricer, "op")
+    assert _stage(graph, 0, pp=False) == _stage(plain, 0, pp=False)
+    assert _stage(graph, 1, pp=False) == _stage(alone, 1, pp=False)
+    out_bytes = 2 * 1024 * 1024 * BF16
+    pair, four = (pricer.collective_s("all-reduce", out_bytes, job.cluster.group_layout(n, 1), mesh_job)
+                  for n in (2, 4))
+    block = [(t.name, t.duration_s) for t in graph.tasks if t.device == 1 and t.category == "tp_comm"
+             and t.micro_batch == 0 and t.layer == "L3.block"]
+    assert block == [("attn.ar all-reduce mb0 L3.block", four), ("mlp.ar all-reduce mb0 L3.block", pair),
+                     ("mlp.ar all-reduce mb0 L3.block", pair), ("attn.ar all-reduce mb0 L3.block", four)]
+    simulate(graph, SimOptions())
+
+
+def test_a_stage_on_tp_4_with_its_attention_whole() -> None:
+    """Stage 1 (tp 4) runs its attention whole on each tp rank (no attention splits written for blocks 2-3):
+    its blocks hold the whole attention and pay only the MLP's all-reduce pair; the HFU counts the repeated
+    attention (stage_repeated_flops: stage 1's repeated FLOPs, scaled to the job's tp 2 and micro-batch 1)."""
+    job = _job()
+    tree = _second_stage_on(job, tp=4).split("embedding.tokens", "compute", "reduce", 2, axis="tp")
+    tree = _tp_splits(_tp_splits(tree, "0-1", ATTN + MLP, 2), "2-3", MLP, 4)
+    tree = tree.split("head.proj", "compute", "out", 4, axis="tp").split("head.loss", "compute", "out", 4, axis="tp")
+    plan = tree.lower(job.parallel)
+    assert {s.config for s in plan.mesh_splits if s.layer in (3, 4) and ".attn." in s.module_path} == {
+        OpConfig(1, 1, 1, 1)}
+    graph = compile_job(job, plan, Pricer(Calibration()), "op")
+    names = [t.name for t in graph.tasks if t.device == 1 and t.category == "tp_comm" and t.micro_batch == 0
+             and t.layer == "L3.block"]
+    assert names == ["mlp.ar all-reduce mb0 L3.block", "mlp.ar all-reduce mb0 L3.block"]
+    mesh_job = job_of_mesh(job, StageMesh(1, 4, 1, 2))
+    whole = next(layer for layer in graph_for(job_of_mesh(job, StageMesh(1, 1, 4, 1))).layers
+                 if layer.kind == "block")  # (the tp 1 block at micro-batch 1, the whole attention)
+    quarter = next(layer for layer in graph_for(mesh_job).layers if layer.kind == "block")
+    attn = [op for op in whole.fwd + whole.bwd if ".attn." in op.module_path]
+    split = [op for op in quarter.fwd + quarter.bwd if ".attn." in op.module_path]
+    per_device = sum(op.flops for op in attn) * 2 - sum(op.flops for op in split)  # micro-batch 2, tp 4
+    # two blocks on stage 1, 4 tp ranks of micro-batch 2 against the job's 2 of micro-batch 1
+    assert stage_repeated_flops(job, plan) == pytest.approx(2 * per_device * 4 * 1 / (2 * 2), rel=1e-12)
+    assert stage_repeated_flops(job, _second_stage_on(job, tp=4).lower(job.parallel)) == 0.0
+
+
+def test_a_config_is_checked_against_its_own_stages_tp() -> None:
+    """out=4 on a stage-0 op (tp 2) and out=3 on a stage-1 op (tp 4) are refused, naming the stage's tp; a tp
+    split on a stage of tp 1 splits nothing."""
+    job = _job()
+    base = _stage_configs(_second_stage_on(job, tp=4), 2, 4, 2)
+    with pytest.raises(ConfigError, match=r"over tp=2: fc1 splits out=2") as error:
+        base.split("blocks.0.mlp.fc1", "compute", "out", 4, axis="tp", override=True).lower(job.parallel)
+    assert "tp=4" not in str(error.value)
+    with pytest.raises(ConfigError, match=r"over tp=4: fc1 splits out=4 .* own mesh: tp=4 dp=1"):
+        base.split("blocks.2.mlp.fc1", "compute", "out", 3, axis="tp", override=True).lower(job.parallel)
+    two = _job(micro_batch=2, global_batch=32)
+    on_tp1 = _tp_splits(_second_stage_on(two, tp=1), "2", [("mlp.fc1", "out")], 2)
+    with pytest.raises(ConfigError, match=r"tp does not split this layer \(tp=1 .*own mesh: tp=1 dp=4"):
+        on_tp1.lower(two.parallel)
+
+
+def _dp_split_tree(job: Job, **mesh: int) -> StrategyTree:
+    return _second_stage_on(job, **mesh).split("blocks.2.mlp.fc1", "compute", "out", 4)
+
+
+def test_a_computation_config_over_a_stages_own_dp() -> None:
+    """Stage 1 on tp 1 x dp 4 (micro-batch 1) splits blocks.2's fc1 4 ways over its 4 data-parallel ranks: its
+    tasks are those of the tp 1 x dp 4 job with that split (the all-gather before fc1, fc1 at a quarter of its
+    outputs, ...); stage 0 keeps the plain job's. The same split on a stage of dp 2 is refused against 2 ranks."""
+    job = _job(micro_batch=2, global_batch=32)
+    plan = _dp_split_tree(job, tp=1, dp=4).lower(job.parallel)
+    assert [(s.layer, s.out) for s in plan.op_splits] == [(3, 4)]
+    pricer = Pricer(Calibration())
+    graph = compile_job(job, plan, pricer, "op")
+    plain = compile_job(job, default_plan(graph_for(job), job.parallel), pricer, "op")
+    mesh_job = job_of_mesh(job, StageMesh(1, 1, 4, 1))
+    alone_tree = (StrategyTree.from_graph(graph_for(mesh_job)).map("", {"stage": 0})
+                  .map("blocks.2-3", {"stage": 1}).map("head", {"stage": 1})
+                  .split("blocks.2.mlp.fc1", "compute", "out", 4))
+    alone = compile_job(mesh_job, alone_tree.lower(mesh_job.parallel), pricer, "op")
+    assert _stage(graph, 0, pp=False) == _stage(plain, 0, pp=False)
+    assert _stage(graph, 1, pp=False) == _stage(alone, 1, pp=False)
+    assert any(t.device == 1 and "x4" in t.name and "fc1" in t.name for t in graph.tasks)
+    simulate(graph, SimOptions())
+    with pytest.raises(ConfigError, match="divide the data-parallel group of 2 ranks"):
+        compile_job(job, _second_stage_on(job, tp=4).split("blocks.0.mlp.fc1", "compute", "out", 4)
+                    .lower(job.parallel), pricer, "op")
 
 
 # --- stages of their own device counts (Alpa's submeshes: a stage's devices are a contiguous block of ranks) ---

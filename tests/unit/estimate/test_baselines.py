@@ -116,6 +116,6 @@ def test_flexflow_drops_the_in_flight_limit() -> None:
 def test_a_tree_needs_an_engine_that_takes_a_plan() -> None:
     from trainsim.api.prediction import predict as api_predict
 
-    with pytest.raises(ConfigError, match="flexflow-sim, sim, sim-plain"):
-        api_predict(model="gpt3-125m", num_gpus=2, global_batch=4, seq_len=128, engine="analytical",
+    with pytest.raises(ConfigError, match="needs an engine that reads it: analytical, flexflow-sim, sim, sim-plain"):
+        api_predict(model="gpt3-125m", num_gpus=2, global_batch=4, seq_len=128, engine="precision-aware",
                     tree="any.yaml")

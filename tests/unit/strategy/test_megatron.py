@@ -25,7 +25,7 @@ from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job, make_job
 from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.lowered import default_plan
-from trainsim.strategy.megatron import layer_comms, op_config
+from trainsim.strategy.megatron import layer_comms, op_config, op_degrees, replicable_module
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.placement import OpConfig
 from trainsim.strategy.precision import policy_for
@@ -296,3 +296,30 @@ def test_tree_splits_other_than_the_graphs_are_refused_in_one_line() -> None:
         full.split("blocks.3.mlp.fc1", "compute", "out", 2, axis="ep").lower(job.parallel)
     with pytest.raises(ConfigError, match=r"axis tp takes a computation config"):
         full.split("blocks.3.attn", "weight", "heads", 2, axis="tp")
+
+
+@pytest.mark.parametrize(("tp", "sp", "d", "column", "row"), [
+    (2, True, 1, OpConfig(1, 2, 1, 1), OpConfig(1, 2, 1, 1)),
+    (2, False, 1, OpConfig(1, 1, 1, 1), OpConfig(1, 1, 1, 1)),
+    (4, True, 2, OpConfig(1, 2, 2, 1), OpConfig(1, 2, 1, 2)),
+    (4, True, 4, OpConfig(1, 1, 4, 1), OpConfig(1, 1, 1, 4)),
+])
+def test_expert_configs_over_fewer_tp_ranks_keep_their_ranks_tokens(tp: int, sp: bool, d: int, column: OpConfig,
+                                                                   row: OpConfig) -> None:
+    """An MoE's expert ops at tp degree d (Megatron-Core's expert tensor parallelism): gate_up and the SwiGLU split
+    out d ways, down reduce d ways, and under sp the tokens of their d ranks (the sequence split tp / d ways; d = 1:
+    the norms' config); the router is no replicable op and keeps the norms' config whatever the degrees."""
+    spec = load_model("mixtral-8x7b")
+    assert isinstance(spec, TransformerSpec)
+    dev = _slice(tp, sp, 1, 2)
+    moe = next(layer for layer in build_transformer(spec, dev).layers if layer.kind == "moe_block")
+    ops = {op.name: op for op in moe.fwd}
+    degrees = frozenset({("gate_up", d), ("swiglu", d), ("down", d), ("router", d)})
+    assert [replicable_module(ops[name]) for name in ("router", "gate_up", "swiglu", "down")] == \
+        ["", "experts", "experts", "experts"]
+    assert op_config("tp", ops["gate_up"], dev, degrees) == op_config("tp", ops["swiglu"], dev, degrees) == column
+    assert op_config("tp", ops["down"], dev, degrees) == row
+    assert op_config("tp", ops["router"], dev, degrees) == op_config("tp", ops["norm2"], dev) == \
+        OpConfig(1, tp if sp else 1, 1, 1)
+    assert op_degrees(moe.fwd, dev, lambda op: op_config("tp", op, dev, degrees)) == (
+        frozenset({("gate_up", d), ("swiglu", d), ("down", d)}) if d < tp else frozenset())

@@ -3,10 +3,11 @@
 The feature collectives of TP, SP, CP and EP are not written here: strategy.megatron derives them from the
 splits those axes make of each layer's ops (the resharding between ops' computation configs).
 
-Each op of a block's attention and MLP, the lookup, the logits and the cross-entropy is shaped by its own
-tensor-parallel degree: the job's tp (Megatron's split), or the degree d dividing tp a strategy tree gives it
-(the builders' `degrees`: each rank runs 1/d of the op and holds 1/d of its weight; d = 1: the whole op on every
-tp rank; strategy.megatron.op_degrees)."""
+Each op of a block's attention and MLP (or an MoE's experts), the lookup, the logits and the cross-entropy is
+shaped by its own tensor-parallel degree: the job's tp (Megatron's split), or the degree d dividing tp a strategy
+tree gives it (the builders' `degrees`: each rank runs 1/d of the op and holds 1/d of its weight; d = 1: the whole
+op on every tp rank; an expert runs the routed copies of its d ranks' tokens under sp: _expert_tokens;
+strategy.megatron.op_degrees)."""
 
 from collections.abc import Mapping
 
@@ -121,23 +122,33 @@ def _mlp_op_names(spec: TransformerSpec) -> tuple[str, str, str]:
     return ("gate_up", "swiglu", "down") if spec.mlp == "swiglu" else ("fc1", "gelu", "fc2")
 
 
+def _expert_tokens(dev: DeviceSlice, d: int) -> int:
+    """The tokens whose routed copies a rank's experts at tp degree d run: under sp the sequence shares of the d
+    ranks of its expert tp group (Megatron-Core's expert tensor parallelism gathers them over those ranks after
+    the dispatch: MoEAlltoAllTokenDispatcher, megatron/core/transformer/moe/token_dispatcher.py, megatron-core
+    0.16.1), all the micro-batch's local tokens at d = tp (Megatron's split) or without sp."""
+    return dev.local_tokens * d // dev.tp if dev.sp else dev.local_tokens
+
+
 def block_layer(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool,
                 degrees: Degrees = frozenset()) -> Layer:
     """`count` dense (or MoE) blocks as one device runs them: attention and MLP split over the slice's tp
-    (Megatron's), except the ops in `degrees` (of the attention or a dense MLP:
+    (Megatron's), except the ops in `degrees` (of the attention, a dense MLP or an MoE's experts:
     strategy.megatron.replicable_module), split over their own degree d (1: every tp rank runs the whole op and
-    holds its weight), the block's collectives derived from those configs."""
+    holds its weight; an expert runs the routed copies of its d ranks' tokens, _expert_tokens), the block's
+    collectives derived from those configs."""
     name = "moe_block" if moe else "block"
     path = f"blocks.{name}"
     act, h = dev.precision.activation_dtype, spec.hidden
     rep = _replicated_tokens(dev)
     given = dict(degrees)
-    t = {op: dev.tp if moe and op in _MLP_OPS else given.get(op, dev.tp) for op in _ATTN_OPS + _MLP_OPS}
+    t = {op: given.get(op, dev.tp) for op in _ATTN_OPS + _MLP_OPS}
     fwd = _attention_ops(spec, dev, path, t)
     fwd.append(pointwise_op("norm2", "norm", f"{path}.norm2", act, rep * h, flops_per_element=5.0))
     if moe:
         fwd.append(matmul_op("router", f"{path}.moe.router", act, dev.local_tokens, spec.num_experts, h))
-        fwd.extend(_mlp_ops(spec, dev, f"{path}.moe", dev.local_tokens, spec.top_k, t))
+        fwd.extend(_mlp_ops(spec, dev, f"{path}.moe", _expert_tokens(dev, t[_mlp_op_names(spec)[0]]), spec.top_k,
+                            t))
     else:
         fwd.extend(_mlp_ops(spec, dev, path, dev.local_tokens, 1, t))
     fwd.append(pointwise_op("residual2", "elementwise", f"{path}.residual2", act, rep * h, reads=2.0))
@@ -146,6 +157,12 @@ def block_layer(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool,
     fwd_ops, bwd_ops = _with_backward(fwd)
     return Layer(name, kind, count, fwd_ops, bwd_ops, comms, _block_local_params(spec, dev, moe, t),
                  sum(_block_params(spec, moe)), _block_saved_bytes(spec, dev, moe, t), rep * h * _act_bytes(dev))
+
+
+def expert_params(spec: TransformerSpec, dev: DeviceSlice, d: int) -> float:
+    """The parameters one rank holds of an MoE block's experts (with the router's, as this builder counts them):
+    its ep share of the experts, each split over the experts' tp degree d."""
+    return _block_params(spec, True)[1] / d / dev.ep
 
 
 def _block_local_params(spec: TransformerSpec, dev: DeviceSlice, moe: bool, t: Mapping[str, int]) -> float:
@@ -159,8 +176,10 @@ def _block_local_params(spec: TransformerSpec, dev: DeviceSlice, moe: bool, t: M
     else:
         out_params = spec.num_heads * spec.head_dim * spec.hidden + (spec.hidden if spec.bias else 0)
         attn = (attn_params - out_params) / t["qkv"] + out_params / t["out_proj"]
-    if moe or t[first] == t[second]:
-        mlp = mlp_params / t[first] / (dev.ep if moe else 1)
+    if moe:
+        mlp = expert_params(spec, dev, t[first])
+    elif t[first] == t[second]:
+        mlp = mlp_params / t[first]
     else:
         second_params = spec.ffn_hidden * spec.hidden + (spec.hidden if spec.bias else 0)
         mlp = (mlp_params - second_params) / t[first] + second_params / t[second]
@@ -184,18 +203,22 @@ def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool, t: Ma
     mask = 1.0 if spec.arch in ("gpt", "bert", "bloom") else 0.0  # dropout masks, one byte per element
     first, act, second = _mlp_op_names(spec)
 
+    mlp_tokens = _expert_tokens(dev, t[first]) if moe else tokens
+
     def f_local(op: str) -> int:
         return spec.ffn_hidden // t[op] * (spec.top_k if moe else 1)
 
-    whole_inputs = (t["qkv"] < dev.tp) + (t[first] < dev.tp) if dev.sp else 0  # modules reading gathered inputs
+    # modules reading gathered inputs (NB: an MoE's experts at tp degree d keep their routed tokens' features,
+    # not their input, as Megatron's split of the experts is counted)
+    whole_inputs = (t["qkv"] < dev.tp) + (t[first] < dev.tp and not moe) if dev.sp else 0
     # two norm inputs, qkv input, mlp input, two dropout masks
     replicated = rep * h * (4 * a2 + 2 * mask) + (tokens - rep) * h * a2 * whole_inputs
     qkv = tokens * (heads + 2 * kv) * spec.head_dim * a2
     out_in = tokens * (spec.num_heads // t["out_proj"]) * spec.head_dim * a2
     if spec.mlp == "swiglu":
-        mlp = tokens * (2 * f_local(act) + f_local(second)) * a2  # gate and up outputs, the product
+        mlp = mlp_tokens * (2 * f_local(act) + f_local(second)) * a2  # gate and up outputs, the product
     else:
-        mlp = tokens * (f_local(act) + f_local(second)) * a2  # fc1 output, gelu output
+        mlp = mlp_tokens * (f_local(act) + f_local(second)) * a2  # fc1 output, gelu output
     scores = dev.micro_batch * heads * (tokens // dev.micro_batch) * dev.seq_len * (2 * a2 + 1)
     lse = dev.micro_batch * heads * (tokens // dev.micro_batch) * 4.0
     core = lse if dev.fused_attention else scores
@@ -206,7 +229,7 @@ def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool, t: Ma
     # GPT's wq wk wv wo fc1 fc2: wq, wv, fc1) are kept, everything else is recomputed
     q_out = tokens * heads * spec.head_dim * a2
     v_out = tokens * kv * spec.head_dim * a2
-    mlp_kept = tokens * f_local(first) * a2 + (tokens * h * a2 if spec.mlp == "swiglu" else 0.0)
+    mlp_kept = mlp_tokens * f_local(first) * a2 + (tokens * h * a2 if spec.mlp == "swiglu" else 0.0)
     op_level = rep * h * a2 + q_out + v_out + out_in + lse + mlp_kept
     return {"none": base + core, "selective": base, "full": rep * h * a2, "selective_op": op_level}
 

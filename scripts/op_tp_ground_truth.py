@@ -158,34 +158,32 @@ def dtensor_overhead(calls: int = 200) -> dict[str, float]:
     """Thread CPU seconds of one forward and backward of the plans' matmul shapes (a [4, 128, 256] input) as a
     plain nn.Linear and as torch.distributed.tensor.parallel's ColwiseParallel / RowwiseParallel module over a
     1-rank mesh (the same local matmul: what the DTensor wrapping adds per module), medians of `calls`."""
-    import tempfile
-
     import torch
     import torch.distributed as dist
+    from torch.distributed import HashStore  # pyright: ignore[reportPrivateImportUsage]  # NB: public, torch 2.x docs
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     torch.set_num_threads(1)
-    with tempfile.NamedTemporaryFile() as handle:
-        dist.init_process_group("gloo", store=dist.FileStore(handle.name, 1), rank=0, world_size=1)
-        try:
-            mesh = init_device_mesh("cpu", (1,))
-            x = torch.randn(MICRO_BATCH, SEQ_LEN, 256, requires_grad=True)
-            out: dict[str, float] = {}
-            for name, style in (("plain", None), ("colwise", ColwiseParallel()), ("rowwise", RowwiseParallel())):
-                holder = torch.nn.Sequential(torch.nn.Linear(256, 256))
-                if style is not None:
-                    parallelize_module(holder, mesh, {"0": style})
-                samples = []
-                for i in range(calls + 20):
-                    began = time.thread_time()
-                    holder(x).sum().backward()
-                    if i >= 20:
-                        samples.append(time.thread_time() - began)
-                out[name] = statistics.median(samples)
-            return out
-        finally:
-            dist.destroy_process_group()
+    dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        x = torch.randn(MICRO_BATCH, SEQ_LEN, 256, requires_grad=True)
+        out: dict[str, float] = {}
+        for name, style in (("plain", None), ("colwise", ColwiseParallel()), ("rowwise", RowwiseParallel())):
+            holder = torch.nn.Sequential(torch.nn.Linear(256, 256))
+            if style is not None:
+                parallelize_module(holder, mesh, {"0": style})
+            samples = []
+            for i in range(calls + 20):
+                began = time.thread_time()
+                holder(x).sum().backward()
+                if i >= 20:
+                    samples.append(time.thread_time() - began)
+            out[name] = statistics.median(samples)
+        return out
+    finally:
+        dist.destroy_process_group()
 
 
 def main() -> None:

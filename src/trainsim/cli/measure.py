@@ -62,7 +62,8 @@ def measure(
                                               "collectives into OUT/profile.db (profiled costs for validate)")]
     = True,
     tree: Annotated[Path | None, typer.Option(help="strategy-tree YAML: run its computation configs (op splits "
-                                              "with resharding collectives) on data-parallel ranks, fp32")] = None,
+                                              "with resharding collectives) on data-parallel ranks, or with "
+                                              "--tp its per-op tp configs on the tp ranks; fp32")] = None,
     memory_cap_gib: Annotated[float, typer.Option("--memory-cap-gib", help="per-rank memory cap the harness "
                                                   "enforces (GiB above the rank's baseline); over it the run "
                                                   "records outcome oom (0: none)")] = 0.0,
@@ -138,10 +139,27 @@ def _split_run(tree: Path | None, memory_cap_gib: float, model: str | None, job:
     if plan.stage_meshes:
         raise ConfigError("tree", str(tree), "maps a stage to a mesh of its own (map tp / dp): `trainsim measure` "
                           "runs the job's one mesh; predict it with --engine sim")
+    extra["tree_yaml"] = tree.read_text()
+    if job.parallel.tp > 1:  # the tree's per-op tp configs, run by the job's tp Trainer (measure/op_parallel.py)
+        extra["tp_degrees"] = _tp_degrees(tree, plan, job)
+        return extra
     configs = {f"{index}:{name}": [c.batch, c.seq, c.out, c.reduce]
                for index, split in plan_splits(plan, job.parallel.dp).items() for name, c in split.configs.items()}
-    extra.update(tree_yaml=tree.read_text(), dataflow=dataflow_beside(model) if model else None, op_configs=configs)
+    extra.update(dataflow=dataflow_beside(model) if model else None, op_configs=configs)
     return extra
+
+
+def _tp_degrees(tree: Path, plan: Any, job: Job) -> dict[str, dict[str, int]]:
+    """Each op's tp degree where the tree's configs are not Megatron's over tp (measure.tp_degrees), after the
+    compiler's own checks of them (shape_layers: a tied table at one degree)."""
+    from trainsim.compile.shape_layers import shape_layers
+    from trainsim.measure.tp_degrees import plan_tp_degrees
+
+    if plan.op_splits:
+        raise ConfigError("tree", str(tree), "splits ops over dp and over tp: `trainsim measure` runs one or the "
+                          "other; predict it with --engine sim")
+    shape_layers(job, plan)
+    return plan_tp_degrees(plan, job.parallel)
 
 
 def job_from_flags(job_file: Path | None, flags: dict[str, Any]) -> Job:

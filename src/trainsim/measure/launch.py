@@ -84,6 +84,9 @@ class MeasureSpec:
     # "layer index:op name" -> the op's computation config [batch, seq, out, reduce] (compile.splits.plan_splits,
     # computed by the command, which sits above the compiler)
     op_configs: dict[str, list[int]] | None = None
+    # a tree's per-op tp configs (tp > 1): model part -> op name -> its tp degree where it is not tp
+    # (measure.tp_degrees, computed by the command); the job's Trainer runs them (measure/op_parallel.py)
+    tp_degrees: dict[str, dict[str, int]] | None = None
     # a per-rank memory cap (bytes above the rank's resident memory before the model is built; 0: none): a rank
     # that goes past it stops the run, which records outcome "oom" instead of failing
     memory_cap_bytes: int = 0
@@ -176,17 +179,26 @@ def check_supported(job: Job, device: Device, tree: bool = False) -> None:
 
 
 def _check_split_run(job: Job) -> None:
-    """What the split executor (measure/split_model.py) runs: data-parallel ranks carved by the tree's
-    computation configs, fp32, no pipeline."""
+    """What a tree runs on: the split executor (measure/split_model.py) carves data-parallel ranks by the tree's
+    computation configs; with tp > 1 the job's tp Trainer runs its per-op tp configs (measure/op_parallel.py) on
+    tp ranks alone, without sp; fp32, no pipeline either way."""
     p = job.parallel
-    for axis in ("tp", "pp", "cp", "ep"):
+    others = ("dp", "pp", "cp", "ep") if p.tp > 1 else ("pp", "cp", "ep")
+    for axis in others:
         if getattr(p, axis) > 1:
-            raise unsupported(f"{axis}={getattr(p, axis)} with --tree is not measured (the tree's splits carve the "
-                              "data-parallel ranks)")
+            why = (f"with a tree's tp configs (tp={p.tp}) the ranks are the tp group" if p.tp > 1
+                   else "the tree's splits carve the data-parallel ranks")
+            raise unsupported(f"{axis}={getattr(p, axis)} with --tree is not measured ({why})")
+    if p.tp > 1 and p.sp:
+        raise unsupported("sp with a tree's tp configs is not measured (a whole op reads the whole sequence)")
     if p.precision != "fp32" or p.zero:
         raise unsupported("--tree is measured in fp32 without ZeRO")
     if getattr(job.model, "is_moe", False):
         raise unsupported("--tree is not measured for a mixture of experts")
+    if p.tp > 1:
+        if not isinstance(job.model, TransformerSpec):
+            raise unsupported(f"tp={p.tp} with --tree is measured for transformers, not {job.model.name}")
+        _check_tp(job.model, job)
 
 
 def _check_tp(model: TransformerSpec, job: Job) -> None:
@@ -203,7 +215,8 @@ def make_spec(job: Job, out_dir: Path, *, run_id: str | None = None, iterations:
               profile: bool = False, execution_trace: bool = False,
               labels: dict[str, str] | None = None, tree_yaml: str = "",
               dataflow: dict[str, list[str]] | None = None, memory_cap_bytes: int = 0,
-              op_configs: dict[str, list[int]] | None = None, phase_probe: bool = False) -> MeasureSpec:
+              op_configs: dict[str, list[int]] | None = None, phase_probe: bool = False,
+              tp_degrees: dict[str, dict[str, int]] | None = None) -> MeasureSpec:
     """Check the job and the loop settings; pick the device and the threads per rank (cores / ranks)."""
     import importlib.util
 
@@ -228,7 +241,7 @@ def make_spec(job: Job, out_dir: Path, *, run_id: str | None = None, iterations:
     return MeasureSpec(run_id or default_run_id(job)[:MAX_NAME_CHARS], job_to_dict(job), str(out_dir), iterations,
                        warmup, timeout_s, threads, chosen, profile, execution_trace, labels=labels or {},
                        tree_yaml=tree_yaml, dataflow=dataflow, memory_cap_bytes=memory_cap_bytes,
-                       op_configs=op_configs, phase_probe=phase_probe)
+                       op_configs=op_configs, phase_probe=phase_probe, tp_degrees=tp_degrees)
 
 
 def _store_socket() -> socket.socket:

@@ -2,7 +2,8 @@
 
 - ranks: a DeviceMesh (pp, dp, tp), tp fastest and pp slowest, as ParallelSpec orders them (Megatron-LM);
 - tp (+sp): torch.distributed.tensor.parallel (ColwiseParallel / RowwiseParallel / SequenceParallel) as
-  torchtitan applies it; a vocab-parallel output head and loss (loss_parallel), as Megatron's;
+  torchtitan applies it; a vocab-parallel output head and loss (loss_parallel), as Megatron's; a strategy tree's
+  per-op tp configs (each op split over its own degree, or whole) by measure/op_parallel.py;
 - dp: DistributedDataParallel (zero=0), + ZeroRedundancyOptimizer (zero=1), FSDP2 fully_shard per layer and
   per chunk (zero=2 keeps parameters gathered after forward, zero=3 reshards them);
 - pp: torch.distributed.pipelining PipelineStage + ScheduleGPipe / Schedule1F1B / ScheduleInterleaved1F1B;
@@ -25,6 +26,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job
 from trainsim.measure.model import Block, MoE, TransformerChunk, build_chunk, lm_loss, split_layers
+from trainsim.measure.op_parallel import apply_op_tp
+from trainsim.measure.tp_degrees import TpDegrees
 from trainsim.strategy.stages import virtual_stage_blocks
 
 LEARNING_RATE = 1e-4
@@ -197,8 +200,10 @@ class Trainer:
     reductions of the strategy, and the optimizer step. step() returns this rank's loss (nan where the rank
     computes none: the pipeline's non-last stages)."""
 
-    def __init__(self, job: Job, topo: Topology, device: torch.device, seed: int = 0) -> None:
+    def __init__(self, job: Job, topo: Topology, device: torch.device, seed: int = 0,
+                 tp_degrees: TpDegrees | None = None) -> None:
         self.job = job
+        self.tp_degrees = tp_degrees  # a strategy tree's per-op tp degrees (measure/op_parallel.py); None: Megatron's
         self.topo = topo
         self.device = device
         self.seed = seed
@@ -238,7 +243,9 @@ class Trainer:
             for index in self.stage_indices:
                 chunk = build_chunk(spec, plans[index], p.recompute, self.seed, experts=spec.is_moe,
                                     attention=p.attention)
-                if p.tp > 1:
+                if p.tp > 1 and self.tp_degrees is not None:
+                    apply_op_tp(chunk, spec, self.topo.mesh["tp"], self.tp_degrees)
+                elif p.tp > 1:
                     apply_tp(chunk, spec, self.topo, p.sp)
                 if p.precision == "bf16":
                     chunk.to(torch.bfloat16)

@@ -120,10 +120,10 @@ def _measure(spec: MeasureSpec, job: Any, device: Any, rank: int, world_size: in
     started = datetime.now(UTC).isoformat(timespec="seconds")
     torch.manual_seed(spec.seed)
     baseline = _resident_bytes() if device.type == "cpu" else 0
-    if spec.tree_yaml:
+    if spec.tree_yaml and spec.tp_degrees is None:
         trainer: Any = _split_trainer(spec, job, rank, world_size)
-    else:
-        trainer = Trainer(job, make_topology(job, device.type), device, spec.seed)
+    else:  # a tree's per-op tp configs run in the job's own tp Trainer
+        trainer = Trainer(job, make_topology(job, device.type), device, spec.seed, tp_degrees=spec.tp_degrees)
     log(f"built {job.describe()}; stages {trainer.stage_indices}")
     cap = _MemoryCap(spec.memory_cap_bytes, baseline, device)
     inject_fault(rank)

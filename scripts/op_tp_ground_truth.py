@@ -1,0 +1,216 @@
+"""Per-op tp plans of a small GPT measured on this machine's gloo ranks against `trainsim predict --tree F --engine
+sim` (docs/strategy-tree.md, "Model-parallel splits other than Megatron's", sixteenth session).
+
+The model is the Table IV analogue's GPT-2 (data/strategies/proteus/small/models/gpt2-small.yaml: 4 layers of 256,
+4 heads, vocabulary 4096, tied), micro-batch 4 x 128 tokens, fp32, one intra-op thread per rank. The plans: plain
+Megatron tp 2 (`--tp 2`, no tree) and the trees data/strategies/megatron/gpt-small-tp2-*.yaml on 2 ranks, plain
+tp 4 and gpt-small-tp4-mlp-tp2.yaml on 4. Steps, each timed one under the timing lock:
+
+    flock /tmp/trainsim-timing.lock python scripts/op_tp_ground_truth.py --profile --out OUT     # ops, collectives
+    flock /tmp/trainsim-timing.lock python scripts/op_tp_ground_truth.py --measure --out OUT     # one pass; repeat
+    python scripts/op_tp_ground_truth.py --summary --out OUT                                      # predict, compare
+
+--profile: `trainsim profile` of the model's ops at tp 1, 2 and 4 (every per-op shape the plans run: an op at
+degree d has the tp=d graph's shape) on thread CPU time, the Adam step at those three sizes, and the gloo
+collectives of 2 and 4 ranks twice: on the busiest rank's process CPU (calls of 16 after 2 ms of compute, the Table
+IV sweep's settings) into OUT/profile-cpu.db, and on the wall clock into OUT/profile-wall.db (the same ops).
+--measure: every plan once (`trainsim measure`, --iterations after --warmup), appended to OUT/runs/.
+--summary: per plan the medians over its runs of the median iteration (rank 0's wall clock between barriers) and
+of the busiest rank's process CPU per step (less the harness' barriers), against `trainsim predict --engine sim`
+with profiled costs (CPU database against CPU, wall database against wall) and with the default costs.
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / "data" / "strategies" / "proteus" / "small" / "models" / "gpt2-small.yaml"
+TREES = ROOT / "data" / "strategies" / "megatron"
+MICRO_BATCH, SEQ_LEN = 4, 128
+# plan -> (tp, tree file or None: plain Megatron tp)
+PLANS: dict[str, tuple[int, str | None]] = {
+    "tp2 plain": (2, None), "tp2 attn-only": (2, "gpt-small-tp2-attn-only.yaml"),
+    "tp2 mlp-only": (2, "gpt-small-tp2-mlp-only.yaml"), "tp2 qkv-gather": (2, "gpt-small-tp2-qkv-gather.yaml"),
+    "tp2 vocab-whole": (2, "gpt-small-tp2-vocab-whole.yaml"),
+    "tp4 plain": (4, None), "tp4 mlp-tp2": (4, "gpt-small-tp4-mlp-tp2.yaml"),
+}
+SIZES = "1KiB,16KiB,128KiB,512KiB,1MiB,2MiB,4MiB,8MiB,16MiB"  # the plans move 2 KiB (statistics) to 8 MiB (logits)
+
+
+def job_flags(tp: int) -> list[str]:
+    return ["--model", str(MODEL), "--cluster", "local-cpu", "--tp", str(tp), "--num-gpus", str(tp),
+            "--micro-batch", str(MICRO_BATCH), "--global-batch", str(MICRO_BATCH), "--seq-len", str(SEQ_LEN),
+            "--precision", "fp32"]
+
+
+def trainsim(*args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "trainsim", *args], capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise SystemExit(f"trainsim {' '.join(args)} failed: {done.stderr.strip()[-400:]}")
+    return done.stdout
+
+
+def profile(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for db in ("profile-cpu.db", "profile-wall.db"):
+        for tp in (1, 2, 4):
+            trainsim("profile", "--model", str(MODEL), "--precision", "fp32", "--micro-batch", str(MICRO_BATCH),
+                     "--seq-len", str(SEQ_LEN), "--tp", str(tp), "--threads", "1", "--device", "cpu",
+                     "--no-collectives", "--db", str(out / db))
+    for ranks in (2, 4):
+        trainsim("profile", "--no-ops", "--no-optimizer", "--world-size", str(ranks), "--sizes", SIZES, "--threads",
+                 "1", "--device", "cpu", "--collective-clock", "cpu", "--calls-per-sample", "16",
+                 "--collective-gap-ms", "2", "--db", str(out / "profile-cpu.db"))
+        trainsim("profile", "--no-ops", "--no-optimizer", "--world-size", str(ranks), "--sizes", SIZES, "--threads",
+                 "1", "--device", "cpu", "--db", str(out / "profile-wall.db"))
+
+
+def measure(out: Path, iterations: int, warmup: int) -> None:
+    runs = out / "runs"
+    for plan, (tp, tree) in PLANS.items():
+        run_id = f"{plan.replace(' ', '-')}-{time.strftime('%H%M%S')}"
+        tree_flags = ["--tree", str(TREES / tree)] if tree else []
+        trainsim("measure", *job_flags(tp), *tree_flags, "--iterations", str(iterations), "--warmup", str(warmup),
+                 "--out", str(runs), "--run-id", run_id, "--json")
+        print(f"measured {run_id}", file=sys.stderr)
+
+
+def _runs(out: Path, plan: str) -> list[dict[str, Any]]:
+    prefix = plan.replace(" ", "-") + "-"
+    return [json.loads(p.read_text()) for p in sorted((out / "runs").glob(f"{prefix}*.json"))
+            if p.stem[len(prefix):].isdigit()]
+
+
+def busiest_cpu_s(run: dict[str, Any]) -> float:
+    s = run["settings"]
+    steps = len(run["iteration_times_s"])
+    return max(c - b for c, b in zip(s["cpu_s_per_rank"], s["barrier_cpu_s_per_rank"], strict=True)) / steps
+
+
+def predicted(tp: int, tree: str | None, costs: list[str]) -> dict[str, Any]:
+    tree_flags = ["--tree", str(TREES / tree)] if tree else []
+    return json.loads(trainsim("predict", *job_flags(tp), "--engine", "sim", *tree_flags, *costs, "--json"))
+
+
+def thread_cpu_s(run: dict[str, Any]) -> float:
+    """The busiest rank's training thread alone per step (no gloo threads)."""
+    return max(run["settings"]["thread_cpu_s_per_rank"]) / len(run["iteration_times_s"])
+
+
+def summary(out: Path) -> list[dict[str, Any]]:
+    rows = []
+    for plan, (tp, tree) in PLANS.items():
+        runs = _runs(out, plan)
+        if not runs:
+            continue
+        cpu = predicted(tp, tree, ["--costs", "profiled", "--db", str(out / "profile-cpu.db")])
+        rows.append({
+            "plan": plan, "runs": len(runs),
+            "wall_s": statistics.median(statistics.median(r["iteration_times_s"]) for r in runs),
+            "cpu_s": statistics.median(busiest_cpu_s(r) for r in runs),
+            "cpu_s_per_run": [round(busiest_cpu_s(r), 4) for r in runs],
+            "thread_cpu_s": statistics.median(thread_cpu_s(r) for r in runs),
+            "load": [round(r["settings"]["load_average_1m"][0], 1) for r in runs],
+            "predicted_cpu_s": cpu["iteration_time_s"],
+            "predicted_tp_comm_cpu_s": cpu["breakdown"]["tp_comm"],
+            "predicted_wall_s": predicted(tp, tree, ["--costs", "profiled", "--db", str(out / "profile-wall.db")])[
+                "iteration_time_s"],
+            "predicted_default_s": predicted(tp, tree, [])["iteration_time_s"],
+        })
+    return rows
+
+
+def _order(rows: list[dict[str, Any]], key: str) -> list[str]:
+    return [r["plan"] for r in sorted(rows, key=lambda r: r[key])]
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    lines = ["| plan | runs | measured wall (median) | predicted, wall db | error | measured CPU/step (busiest "
+             "rank; min-max over runs) | predicted, CPU db | error | training thread / predicted less tp_comm | "
+             "predicted, default costs | load (1 min) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        wall_err = r["predicted_wall_s"] / r["wall_s"] - 1
+        cpu_err = r["predicted_cpu_s"] / r["cpu_s"] - 1
+        spread = f"{min(r['cpu_s_per_run']) * 1e3:.0f}-{max(r['cpu_s_per_run']) * 1e3:.0f}"
+        compute_s = r["predicted_cpu_s"] - r["predicted_tp_comm_cpu_s"]
+        lines.append(f"| {r['plan']} | {r['runs']} | {r['wall_s'] * 1e3:.1f} ms | {r['predicted_wall_s'] * 1e3:.1f} ms"
+                     f" | {wall_err:+.1%} | {r['cpu_s'] * 1e3:.1f} ms ({spread}) | {r['predicted_cpu_s'] * 1e3:.1f} ms"
+                     f" | {cpu_err:+.1%} | {r['thread_cpu_s'] * 1e3:.1f} / {compute_s * 1e3:.1f} ms | "
+                     f"{r['predicted_default_s'] * 1e3:.1f} ms | {', '.join(map(str, r['load']))} |")
+    for ranks in ("tp2", "tp4"):
+        group = [r for r in rows if r["plan"].startswith(ranks)]
+        for measured, predicted in (("wall_s", "predicted_wall_s"), ("cpu_s", "predicted_cpu_s"),
+                                    ("cpu_s", "predicted_default_s")):
+            same = _order(group, measured) == _order(group, predicted)
+            lines.append(f"\n{ranks} order by {measured}: {' < '.join(_order(group, measured))}; by {predicted}: "
+                         f"{' < '.join(_order(group, predicted))} ({'same' if same else 'differs'})")
+    return "\n".join(lines) + "\n"
+
+
+def dtensor_overhead(calls: int = 200) -> dict[str, float]:
+    """Thread CPU seconds of one forward and backward of the plans' matmul shapes (a [4, 128, 256] input) as a
+    plain nn.Linear and as torch.distributed.tensor.parallel's ColwiseParallel / RowwiseParallel module over a
+    1-rank mesh (the same local matmul: what the DTensor wrapping adds per module), medians of `calls`."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import HashStore  # pyright: ignore[reportPrivateImportUsage]  # NB: public, torch 2.x docs
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        x = torch.randn(MICRO_BATCH, SEQ_LEN, 256, requires_grad=True)
+        out: dict[str, float] = {}
+        for name, style in (("plain", None), ("colwise", ColwiseParallel()), ("rowwise", RowwiseParallel())):
+            holder = torch.nn.Sequential(torch.nn.Linear(256, 256))
+            if style is not None:
+                parallelize_module(holder, mesh, {"0": style})
+            samples = []
+            for i in range(calls + 20):
+                began = time.thread_time()
+                holder(x).sum().backward()
+                if i >= 20:
+                    samples.append(time.thread_time() - began)
+            out[name] = statistics.median(samples)
+        return out
+    finally:
+        dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "op_tp_ground_truth")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--measure", action="store_true")
+    parser.add_argument("--summary", action="store_true")
+    parser.add_argument("--dtensor-overhead", action="store_true", help="time a matmul's forward and backward "
+                        "plain and as a DTensor-parallel module on one rank (thread CPU)")
+    parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    args = parser.parse_args()
+    if args.profile:
+        profile(args.out)
+    if args.measure:
+        measure(args.out, args.iterations, args.warmup)
+    if args.dtensor_overhead:
+        print(json.dumps({k: round(v * 1e6, 1) for k, v in dtensor_overhead().items()}) + " (us per forward and "
+              "backward, thread CPU)")
+    if args.summary:
+        rows = summary(args.out)
+        (args.out / "summary.json").write_text(json.dumps(rows, indent=1))
+        text = markdown(rows)
+        (args.out / "summary.md").write_text(text)
+        print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""Tensor parallelism op by op: a strategy tree's per-op tp configs applied to the measured transformer (Proteus
+Sec. IV-B: a split on any op takes effect), the way measure/parallelize.apply_tp applies Megatron's.
+
+Each op runs at its tp degree d (measure/tp_degrees.py): d = tp is Megatron-LM's split over the tp group
+(Shoeybi et al. 2019, Sec. 3), 1 < d < tp the same split over the d consecutive tp ranks of a sub-group (a
+DeviceMesh of shape (tp / d, d), its "part" dimension: ranks r with the same r // d hold one copy, rank r its part
+r % d), d = 1 the op whole on every tp rank. The split matmuls, the vocab-parallel lookup and the vocab-parallel
+head are torch.distributed.tensor.parallel's (ColwiseParallel, RowwiseParallel, loss_parallel) over the op's
+(sub-)mesh; a whole op is the plain module. Between two stages of a module at different degrees (one of them
+whole) the tensor is resharded as the predicted plan reshards it: a split read whole is all-gathered over the
+split's ranks (its backward keeps this rank's part of the whole gradient), a whole tensor read split is sliced
+(its backward all-gathers the parts' gradients); q, k and v of a split qkv read by a whole core, the ffn features
+of a split fc1 read by a whole fc2, the logits of a split projection read by a whole cross-entropy (no
+vocab-parallel statistics). A whole op's inputs and output gradients are the same on every tp rank (no sequence
+split is measured), so its weight's gradient is complete on each: it is not summed over the tp group.
+Imported only inside measure workers (torch).
+"""
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from trainsim.ir.model_spec import TransformerSpec
+from trainsim.measure.model import Attention, Block, Embedding, Head, TransformerChunk
+from trainsim.measure.tp_degrees import TpDegrees
+
+
+class _Gather(torch.autograd.Function):
+    """All-gather the last dimension over a group; the backward keeps this rank's part (a slice)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any, size: int, index: int) -> torch.Tensor:
+        ctx.args = (size, index)
+        parts = [torch.empty_like(x) for _ in range(size)]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx: Any, *grad_outputs: Any) -> Any:
+        size, index = ctx.args
+        return grad_outputs[0].chunk(size, dim=-1)[index].contiguous(), None, None, None
+
+
+class _Slice(torch.autograd.Function):
+    """Keep this rank's part of the last dimension; the backward all-gathers the gradient's parts."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any, size: int, index: int) -> torch.Tensor:
+        ctx.args = (group, size)
+        return x.chunk(size, dim=-1)[index].contiguous()
+
+    @staticmethod
+    def backward(ctx: Any, *grad_outputs: Any) -> Any:
+        group, size = ctx.args
+        grad = grad_outputs[0].contiguous()
+        parts = [torch.empty_like(grad) for _ in range(size)]
+        dist.all_gather(parts, grad, group=group)
+        return torch.cat(parts, dim=-1), None, None, None
+
+
+class Meshes:
+    """The tp mesh and, per degree 1 < d < tp, the sub-mesh of d consecutive tp ranks holding this rank's copy.
+    Every rank builds the same sub-meshes in the same order (torch.distributed.new_group's rule). The job's ranks
+    are its tp group (the command measures per-op tp configs with dp = pp = 1)."""
+
+    def __init__(self, tp_mesh: DeviceMesh, degrees: set[int]) -> None:
+        self.tp = tp_mesh.size()
+        self.by_degree: dict[int, DeviceMesh] = {self.tp: tp_mesh}
+        ranks = tp_mesh.mesh
+        for d in sorted(degrees):
+            if 1 < d < self.tp:
+                grid = DeviceMesh(tp_mesh.device_type, ranks.view(self.tp // d, d), mesh_dim_names=("copy", "part"))
+                self.by_degree[d] = grid["part"]
+
+    def __getitem__(self, degree: int) -> DeviceMesh:
+        return self.by_degree[degree]
+
+    def gather(self, x: torch.Tensor, degree: int) -> torch.Tensor:
+        mesh = self[degree]
+        return _Gather.apply(x, mesh.get_group(), degree, mesh.get_local_rank())  # type: ignore[no-any-return]
+
+    def slice(self, x: torch.Tensor, degree: int) -> torch.Tensor:
+        mesh = self[degree]
+        return _Slice.apply(x, mesh.get_group(), degree, mesh.get_local_rank())  # type: ignore[no-any-return]
+
+    def part_index(self, degree: int) -> int:
+        return 0 if degree == 1 else self[degree].get_local_rank()
+
+
+def apply_op_tp(chunk: TransformerChunk, spec: TransformerSpec, tp_mesh: DeviceMesh, degrees: TpDegrees) -> None:
+    """Shard the chunk's ops over tp at their own degrees (module doc); degrees: measure.tp_degrees's, the ops
+    it leaves out at tp (Megatron's)."""
+    tp = tp_mesh.size()
+    meshes = Meshes(tp_mesh, {d for ops in degrees.values() for d in ops.values()})
+    if chunk.embed is not None:
+        _embedding(chunk.embed, meshes, degrees.get("embed", {}).get("lookup", tp))
+    for index, block in enumerate(chunk.layers.values()):
+        assert isinstance(block, Block)
+        ops = degrees.get(f"block:{index}", {})
+        _attention(block.attn, spec, meshes, ops)
+        _mlp(block.mlp, meshes, ops)
+    if chunk.head is not None:
+        ops = degrees.get("head", {})
+        _head(chunk.head, meshes, ops.get("logits", tp), ops.get("cross_entropy", tp))
+
+
+def _degree(ops: Mapping[str, int], names: tuple[str, ...], tp: int) -> int:
+    return min((ops.get(name, tp) for name in names), default=tp)  # measure.tp_degrees: one degree per stage
+
+
+def _column(module: nn.Module, names: list[str], meshes: Meshes, degree: int, read_at: int) -> None:
+    """Column-parallel matmuls at `degree`, read by a stage at `read_at` (equal, or one of the two whole)."""
+    if degree > 1:
+        out = Replicate() if read_at == 1 else Shard(-1)  # Replicate: an all-gather, its backward a slice
+        parallelize_module(module, meshes[degree], {name: ColwiseParallel(output_layouts=out) for name in names})
+    elif read_at > 1:
+        def sliced(_module: nn.Module, _inputs: Any, y: torch.Tensor) -> torch.Tensor:
+            return meshes.slice(y, read_at)
+
+        for name in names:
+            module.get_submodule(name).register_forward_hook(sliced)
+
+
+def _row(linear: nn.Module, parent: nn.Module, name: str, meshes: Meshes, degree: int, read_from: int) -> None:
+    """A row-parallel matmul at `degree` reading a stage at `read_from`; its partial sums all-reduced."""
+    if degree > 1:
+        parallelize_module(parent, meshes[degree], {name: RowwiseParallel(output_layouts=Replicate())})
+        if read_from == 1:  # before RowwiseParallel's own hook takes the local input as its shard
+            linear.register_forward_pre_hook(lambda _m, args: (meshes.slice(args[0], degree),), prepend=True)
+    elif read_from > 1:
+        linear.register_forward_pre_hook(lambda _m, args: (meshes.gather(args[0], read_from),))
+
+
+def _attention(attn: Attention, spec: TransformerSpec, meshes: Meshes, ops: Mapping[str, int]) -> None:
+    tp = meshes.tp
+    qkv, core, out = (_degree(ops, names, tp) for names in (("qkv",), ("rope", "attention", "softmax"),
+                                                              ("out_proj",)))
+    _column(attn, ["q", "k", "v"], meshes, qkv, core)
+    _row(attn.o, attn, "o", meshes, out, core)
+    attn.head_offset = meshes.part_index(core) * spec.num_heads // core  # places ALiBi slopes
+
+
+def _mlp(mlp: nn.Module, meshes: Meshes, ops: Mapping[str, int]) -> None:
+    tp = meshes.tp
+    first, act, second = (_degree(ops, names, tp) for names in (("fc1", "gate_up"), ("gelu", "swiglu"),
+                                                                 ("fc2", "down")))
+    columns = ["up"] + (["gate"] if getattr(mlp, "gate", None) is not None else [])
+    _column(mlp, columns, meshes, first, act)
+    _row(mlp.get_submodule("down"), mlp, "down", meshes, second, act)
+
+
+def _embedding(embed: Embedding, meshes: Meshes, degree: int) -> None:
+    """Megatron's vocab-parallel lookup over the degree's ranks (partial lookups all-reduced), or whole."""
+    if degree > 1:
+        parallelize_module(embed, meshes[degree], {"tok": RowwiseParallel(input_layouts=Replicate(),
+                                                                          output_layouts=Replicate())})
+
+
+def _head(head: Head, meshes: Meshes, logits: int, loss: int) -> None:
+    """The vocabulary projection at `logits`, the cross-entropy at `loss`: vocab-parallel (loss_parallel) where
+    split; a split projection read by a whole loss all-gathers the logits, a whole one read split slices them. A
+    tied head reads the embedding's table, sharded as the lookup is (the tree gives both one degree)."""
+    if head.weight is not None and logits > 1:
+        sharded = distribute_tensor(head.weight.data, meshes[logits], [Shard(0)])
+        head.register_parameter("weight", nn.Parameter(sharded))
+    if logits > 1 and loss == 1:
+        head.register_forward_hook(lambda _m, _i, y: y.redistribute(placements=[Replicate()]).to_local())
+    elif logits == 1 and loss > 1:
+        head.register_forward_hook(lambda _m, _i, y: DTensor.from_local(
+            y, meshes[loss], [Replicate()], run_check=False).redistribute(placements=[Shard(-1)]))

@@ -54,7 +54,7 @@ from trainsim.compile.place_links import place_links
 from trainsim.compile.schedule_pipeline import StepTids, chunk_layers, insert_transfers, stage_programs
 from trainsim.compile.schedules import Step, splits_backward
 from trainsim.compile.shape_layers import expert_grad_groups, shape_layers
-from trainsim.compile.splits import plan_mesh_comms, plan_splits
+from trainsim.compile.splits import plan_mesh_comms, plan_splits, plan_tp_token_params
 from trainsim.compile.stage_meshes import compile_stage_meshes
 from trainsim.cost.memory import optimizer_step_bytes
 from trainsim.cost.pricing import Pricer
@@ -100,6 +100,7 @@ def _compile_stages(job: Job, plan: LoweredPlan, pricer: Pricer, task_level: Tas
     ctx.mesh_comms = plan_mesh_comms(plan, job.model, job.parallel)
     ctx.expert_grads = {index: (params, ExpertReplicas(ranks))
                         for index, (params, ranks) in expert_grad_groups(job, plan).items()}
+    ctx.tp_token_params = plan_tp_token_params(plan, job.model, job.parallel)
     ranks = job.parallel.dp * job.parallel.tp * job.parallel.cp
     for stage in range(plan.num_stages):
         states = stage_model_state(ctx, stage)

@@ -149,6 +149,8 @@ class BuildContext:
     # collectives (compile.splits.plan_mesh_comms), where the plan carries configs over those axes
     expert_grads: dict[int, tuple[float, ExpertReplicas]] = field(default_factory=dict)  # layer index -> its
     # experts' parameters per rank and the ranks summing their gradient, where not the data-parallel group
+    tp_token_params: dict[int, dict[int, float]] = field(default_factory=dict)  # layer index -> {k: parameters
+    # whose gradient k tp ranks make from their own tokens} (compile.splits.plan_tp_token_params)
     split_timings: dict[tuple[object, ...], LayerTiming] = field(default_factory=dict)
     # (layer instance index, F | B | W) -> the chain tasks of that layer-phase (lower_layers.unit_specs), where
     # no pass cuts into it
@@ -229,29 +231,40 @@ class BuildContext:
     def grad_params_by_ranks(self, index: int, params: float) -> dict[SyncGroup, float]:
         """Of grad_params, how many parameters are summed over how many data-parallel ranks (compile.splits:
         a split weight's part only over the ranks holding it; the whole group, dp ranks, otherwise); an MoE's
-        experts that a tree splits over fewer tp ranks than tp, over their ExpertReplicas (expert_grads)."""
+        experts that a tree splits over fewer tp ranks than tp, over their ExpertReplicas (expert_grads); a weight
+        whose matmul splits its tokens k ways over tp, over the dp x k ranks that hold it (tp_token_params,
+        strategy.megatron.token_split_params)."""
         split = self.splits.get(index)
         by_ranks: dict[SyncGroup, float] = {}
         if split is not None:
             for ranks, part in split.grad_params_by_ranks.items():
                 by_ranks[ranks] = part
             return by_ranks
+        dp = self.job.parallel.dp
         experts = self.expert_grads.get(index)
-        if experts is None:
-            by_ranks[self.job.parallel.dp] = params
-            return by_ranks
-        by_ranks[self.job.parallel.dp] = params - experts[0]
-        by_ranks[experts[1]] = experts[0]
+        shared = self.tp_token_params.get(index, {})
+        by_ranks[dp] = params - (experts[0] if experts is not None else 0.0) - sum(shared.values()) \
+            if experts is not None or shared else params
+        if experts is not None:
+            by_ranks[experts[1]] = experts[0]
+        for parts, count in shared.items():
+            by_ranks[dp * parts] = by_ranks.get(dp * parts, 0.0) + count
         return by_ranks
 
     def sync_layout(self, ranks: SyncGroup) -> GroupLayout:
         """The layout of a gradient sync over `ranks` of the data-parallel group: the group's own ("grad"), or
         for a split weight's part the ranks holding it; an ExpertReplicas' from its ranks. NB: taken as
-        neighbouring ranks (as reshard_s); on one node the layout is the same whichever ranks they are."""
+        neighbouring ranks (as reshard_s); on one node the layout is the same whichever ranks they are. More ranks
+        than dp (dp x k: a weight k tp ranks hold whole, grad_params_by_ranks): taken at a stride of tp x cp / k
+        (exact where k = tp)."""
         par = self.job.parallel
         if isinstance(ranks, ExpertReplicas):
             return self.job.cluster.ranks_layout(ranks.ranks)
-        return self.layout("grad") if ranks == par.dp else self.job.cluster.group_layout(ranks, par.tp * par.cp)
+        if ranks == par.dp:
+            return self.layout("grad")
+        if ranks > par.dp:  # the dp replicas of k tp ranks splitting a matmul's tokens (grad_params_by_ranks)
+            return self.job.cluster.group_layout(ranks, max(1, par.tp * par.cp // (ranks // par.dp)))
+        return self.job.cluster.group_layout(ranks, par.tp * par.cp)
 
     def held_params(self, index: int, params: float) -> float:
         """Parameters a device stores for layer instance `index` (compile.splits: split and sharded weights)."""

@@ -102,7 +102,7 @@ def insert_gradient_sync(ctx: BuildContext, stage: int, grads: Grads, end_tid: i
     Each sync group fills its own buckets (torch DDP's and the split executor's buckets hold parameters of one
     process group); a part that one rank alone holds (1 rank) is not communicated."""
     par = ctx.par
-    if par.dp * par.cp == 1 or par.zero >= 3 or not grads:
+    if (par.dp * par.cp == 1 and not ctx.tp_token_params) or par.zero >= 3 or not grads:
         return []
     out: list[int] = []
     for tid, params, ranks, name in _synced_buckets(ctx, grads):
@@ -121,7 +121,8 @@ def insert_gathers_after_step(ctx: BuildContext, stage: int, grads: Grads, step_
     overlap_param_gather) and DeepSpeed ZeRO 1-2 too (deepspeed/runtime/zero/stage_1_and_2.py, 0.12.6: step()
     ends with all_gather_dp_groups). Returns their tids."""
     par = ctx.par
-    if par.dp * par.cp == 1 or par.zero not in (1, 2) or _gathers_overlap(ctx) or not grads:
+    if (par.dp * par.cp == 1 and not ctx.tp_token_params) or par.zero not in (1, 2) or _gathers_overlap(ctx) \
+            or not grads:
         return []
     out: list[int] = []
     deps = (step_tid,)

@@ -1,15 +1,16 @@
 """Pass: shape each layer instance's ops from its computation configs over tp (Proteus Sec. IV-B: a split on any
 op takes effect; Sec. V-A: an op's cost follows its partition).
 
-The OpGraph's ops are one device's under Megatron's tensor split. A strategy tree may split any op of a block's
-attention or MLP, the embedding's lookup, the head's vocabulary projection or its cross-entropy Megatron's way
-over fewer ranks d dividing tp, or leave it unsplit (d = 1; strategy.megatron.op_degrees): each rank then runs 1/d
-of that op, so the layer instance is rebuilt by the catalog builders with that op at degree d
-(frontends.catalog.transformer block_layer, embedding_layer, head_layer): it does 1/d of the op's FLOPs, holds
-1/d of its weight (and with it of the gradient, optimizer states and data-parallel gradient volume), keeps the
-activations of its backward at that share, and the layer's collectives are those the resharding between the
-configs inserts (compile.splits.plan_mesh_comms; over a sub-group of d ranks where the layout change spans it).
-Instances with the same degrees share one rebuilt layer; a plan whose configs are Megatron's everywhere is
+The OpGraph's ops are one device's under Megatron's tensor split. A strategy tree may give any op of a block's
+attention or MLP, the head's vocabulary projection or its cross-entropy a config of its own over tp ((batch, seq,
+out, reduce) parts dividing tp), and the embedding's lookup Megatron's split over fewer ranks d dividing tp, or
+none (strategy.megatron.own_configs): the layer instance is rebuilt by the catalog builders with each such op at
+its config (frontends.catalog.transformer block_layer, embedding_layer, head_layer): it runs the op on its share
+of the tokens and features (its FLOPs and bytes), holds 1/(out x reduce) of its weight (and with it of the
+gradient, optimizer states and data-parallel gradient volume), keeps the activations of its backward at that
+share, and the layer's collectives are those the resharding between the configs inserts
+(compile.splits.plan_mesh_comms; over a sub-group of ranks where the layout change spans fewer than tp).
+Instances with the same configs share one rebuilt layer; a plan whose configs are Megatron's everywhere is
 returned as it is.
 
 An MoE's experts (strategy.megatron: Megatron-Core's expert tensor parallelism) at degree d run the routed
@@ -28,27 +29,27 @@ from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job
 from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.lowered import LayerAssignment, LoweredPlan, default_plan
-from trainsim.strategy.megatron import UNSPLIT, Degrees, op_degrees, replicable_module
+from trainsim.strategy.megatron import UNSPLIT, TpConfigs, own_configs, replicable_module
 from trainsim.strategy.placement import OpConfig
 
 
 def shape_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
     """The plan with every layer instance some of whose attention, MLP, expert, lookup or vocabulary ops take
-    their own tp degree rebuilt for that (module doc); the plan itself where there is none, and where stages run
-    their own meshes (each stage's layers are shaped for its mesh: compile.stage_meshes)."""
+    their own config over tp rebuilt for that (module doc); the plan itself where there is none, and where stages
+    run their own meshes (each stage's layers are shaped for its mesh: compile.stage_meshes)."""
     if job.parallel.tp == 1 or not plan.mesh_splits or not isinstance(job.model, TransformerSpec) \
             or plan.stage_meshes:
         return plan
     dev = DeviceSlice.of(job.parallel)
-    built: dict[tuple[int, Degrees], Layer] = {}
+    built: dict[tuple[int, TpConfigs], Layer] = {}
     assignments = list(plan.layers)
-    for position, (a, degrees) in enumerate(zip(plan.layers, _layer_degrees(plan, dev), strict=True)):
-        if not degrees:
+    for position, (a, own) in enumerate(zip(plan.layers, _layer_configs(plan, dev), strict=True)):
+        if not own:
             continue
-        key = (id(a.layer), degrees)
+        key = (id(a.layer), own)
         layer = built.get(key)
         if layer is None:
-            layer = built[key] = _rebuilt(job.model, dev, a.layer, degrees)
+            layer = built[key] = _rebuilt(job.model, dev, a.layer, own)
         assignments[position] = dataclasses.replace(a, layer=layer)
     _check_tied(job.model, dev, built)
     return dataclasses.replace(plan, layers=tuple(assignments)) if built else plan
@@ -59,7 +60,9 @@ def shaped_graph(job: Job, graph: OpGraph, plan: LoweredPlan) -> OpGraph:
     engine, which places layers evenly and prices each layer once for all its instances: the plan must be the
     strategy's default plan but for its ops' configs over tp, and give every instance of a layer the same.
     NB: the closed form sums every gradient over the data-parallel group, an MoE's experts split over fewer tp
-    ranks than tp included (the simulator sums those over their expert data-parallel ranks: expert_grad_groups)."""
+    ranks than tp included (the simulator sums those over their expert data-parallel ranks: expert_grad_groups),
+    and the weights of matmuls split by tokens over tp too (the simulator sums those over dp x their token parts:
+    compile.splits.plan_tp_token_params)."""
     default = default_plan(graph, job.parallel)
     if dataclasses.replace(plan, mesh_splits=default.mesh_splits) != default:
         raise ConfigError("engine", "analytical", "places layers, schedules, recomputes and splits over dp as the "
@@ -76,17 +79,17 @@ def shaped_graph(job: Job, graph: OpGraph, plan: LoweredPlan) -> OpGraph:
     return dataclasses.replace(graph, layers=tuple(by_layer.get(id(layer), layer) for layer in graph.layers))
 
 
-def _layer_degrees(plan: LoweredPlan, dev: DeviceSlice) -> list[Degrees]:
-    """Per layer instance of the plan (in its order), the ops its configs over tp split over fewer ranks than tp
-    (strategy.megatron.op_degrees)."""
+def _layer_configs(plan: LoweredPlan, dev: DeviceSlice) -> list[TpConfigs]:
+    """Per layer instance of the plan (in its order), the ops its configs over tp give a config of their own
+    (strategy.megatron.own_configs)."""
     configs: dict[int, dict[str, OpConfig]] = {}  # layer index -> op module path -> its config over tp
     for s in plan.mesh_splits:
         if s.axis == "tp":
             configs.setdefault(s.layer, {})[s.module_path] = s.config
-    out: list[Degrees] = []
+    out: list[TpConfigs] = []
     for a in plan.layers:
         given = configs.get(a.index, {})
-        out.append(op_degrees(a.layer.fwd, dev, lambda op, g=given: g.get(op.module_path, UNSPLIT)))
+        out.append(own_configs(a.layer.fwd, dev, lambda op, g=given: g.get(op.module_path, UNSPLIT)))
     return out
 
 
@@ -106,9 +109,9 @@ def expert_grad_groups(job: Job, plan: LoweredPlan) -> dict[int, tuple[float, tu
         return {}
     dev = DeviceSlice.of(par)
     out: dict[int, tuple[float, tuple[int, ...]]] = {}
-    for a, degrees in zip(plan.layers, _layer_degrees(plan, dev), strict=True):
+    for a, own in zip(plan.layers, _layer_configs(plan, dev), strict=True):
         experts = {op.name for op in a.layer.fwd if replicable_module(op) == "experts"}
-        d = next((degree for name, degree in degrees if name in experts), par.tp)
+        d = next((max(config.out, config.reduce) for name, config in own if name in experts), par.tp)
         if d == par.tp:
             continue
         if any(s.layer == a.index for s in plan.op_splits):
@@ -121,31 +124,33 @@ def expert_grad_groups(job: Job, plan: LoweredPlan) -> dict[int, tuple[float, tu
     return out
 
 
-def _check_tied(spec: TransformerSpec, dev: DeviceSlice, built: dict[tuple[int, Degrees], Layer]) -> None:
+def _check_tied(spec: TransformerSpec, dev: DeviceSlice, built: dict[tuple[int, TpConfigs], Layer]) -> None:
     """A model whose head projects with the embedding's table (tied embeddings) holds that table one way: the
-    lookup and the vocabulary projection over one tp degree (Megatron's vocab-parallel table: tp; 1: whole)."""
+    lookup's rows and the projection's output (the vocabulary) split over one tp degree, the projection's
+    reduction (the hidden features) and tokens not (Megatron's vocab-parallel table: tp; 1: whole)."""
     if not spec.tied_embeddings:
         return
-    given = {layer.kind: dict(degrees) for (_, degrees), layer in built.items()}
-    lookup, logits = given.get("embedding", {}).get("lookup", dev.tp), given.get("head", {}).get("logits", dev.tp)
-    if lookup != logits:
+    given = {layer.kind: dict(own) for (_, own), layer in built.items()}
+    lookup = given.get("embedding", {}).get("lookup", OpConfig(1, 1, 1, dev.tp))
+    logits = given.get("head", {}).get("logits", OpConfig(1, 1, dev.tp, 1))
+    if logits != OpConfig(1, 1, lookup.reduce, 1):
         raise ConfigError("split.compute@tp", "nothing", f"{spec.name} ties its embedding table to the head's "
                           "projection: split embedding.tokens (reduce) and head.proj (out) over tp alike, or "
                           "neither")
 
 
-def _rebuilt(spec: TransformerSpec, dev: DeviceSlice, layer: Layer, degrees: Degrees) -> Layer:
-    """The layer with the ops in `degrees` at their own tp degrees, checked to hold the same ops as the plan's."""
+def _rebuilt(spec: TransformerSpec, dev: DeviceSlice, layer: Layer, own: TpConfigs) -> Layer:
+    """The layer with the ops in `own` at their own configs over tp, checked to hold the same ops as the plan's."""
     if layer.kind == "embedding":
-        rebuilt = embedding_layer(spec, dev, degrees)
+        rebuilt = embedding_layer(spec, dev, own)
     elif layer.kind == "head":
-        rebuilt = head_layer(spec, dev, degrees)
+        rebuilt = head_layer(spec, dev, own)
     else:
-        rebuilt = block_layer(spec, dev, layer.count, layer.kind == "moe_block", degrees)
+        rebuilt = block_layer(spec, dev, layer.count, layer.kind == "moe_block", own)
     if [op.name for op in rebuilt.fwd] != [op.name for op in layer.fwd]:
         raise ConfigError("split.compute@tp", "nothing", f"the catalog {layer.kind} of {spec.name} has other ops "
-                          f"than the plan's {layer.name}; running its {', '.join(sorted(n for n, _ in degrees))} at "
-                          "their own tp degrees needs the catalog front-end's graph")
+                          f"than the plan's {layer.name}; running its {', '.join(sorted(n for n, _ in own))} at "
+                          "their own configs over tp needs the catalog front-end's graph")
     return rebuilt
 
 

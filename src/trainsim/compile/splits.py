@@ -44,7 +44,7 @@ from trainsim.ir.graph import COPY_OP, Comm, Layer, Op, Phase
 from trainsim.ir.model_spec import ModelSpec, TransformerSpec
 from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.lowered import LayerAssignment, LoweredPlan, OpSplit
-from trainsim.strategy.megatron import Axis, layer_comms
+from trainsim.strategy.megatron import UNSPLIT, Axis, layer_comms, token_split_params
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.placement import (
     CONTRACTING,
@@ -178,6 +178,24 @@ def plan_mesh_comms(plan: LoweredPlan, model: ModelSpec, par: ParallelSpec) -> d
         if comms is None:
             comms = derived[key] = layer_comms(model, dev, a.layer.kind, a.layer.fwd, given)
         out[a.index] = comms
+    return out
+
+
+def plan_tp_token_params(plan: LoweredPlan, model: ModelSpec, par: ParallelSpec) -> dict[int, dict[int, float]]:
+    """Per expanded layer index, {k: parameters} of its matmuls whose config over tp splits their tokens k ways
+    (strategy.megatron.token_split_params: their gradient is summed over those k tp ranks too); {} where none."""
+    if par.tp == 1 or not plan.mesh_splits or not isinstance(model, TransformerSpec):
+        return {}
+    configs: dict[int, dict[str, OpConfig]] = {}
+    for s in plan.mesh_splits:
+        if s.axis == "tp":
+            configs.setdefault(s.layer, {})[s.module_path] = s.config
+    out: dict[int, dict[int, float]] = {}
+    for a in plan.layers:
+        given = configs.get(a.index, {})
+        shared = token_split_params(model, a.layer.fwd, lambda op, g=given: g.get(op.module_path, UNSPLIT))
+        if shared:
+            out[a.index] = shared
     return out
 
 

@@ -15,15 +15,23 @@ split-tree form of Megatron's patterns (Shoeybi et al. 2019, Sec. 3; Korthikanti
   (a device holds the tokens routed to its experts; a Placement carries it in its feature slot, and an expert's
   output is whole, not a partial sum), every other op the batch.
 
-A strategy tree may split any op of a block's attention or its (dense) MLP, the embedding's lookup, the head's
-vocabulary projection or its cross-entropy Megatron's way over fewer ranks d dividing tp, or leave it unsplit
-(d = 1; op_degrees): each group of d consecutive tp ranks then runs that op split d ways, each rank 1/d of it
-(op_config's `degrees`; a collective over such a split spans the d ranks, ir.graph.Comm.ranks), the catalog
-builders shape it at degree d (frontends.catalog.transformer block_layer,
-embedding_layer, head_layer; compile.shape_layers), and the resharding below inserts what the layout changes
-need: a whole attention beside a split MLP pays only the MLP's all-reduce pair; qkv split by heads before a whole
-attention core all-gathers q, k and v; fc1 split before a whole fc2 all-gathers the ffn features; a whole head
-pays no vocab-parallel statistics.
+A strategy tree may give any op of a block's attention or its (dense) MLP, the head's vocabulary projection or its
+cross-entropy a config of its own over tp (own_configs; Proteus Sec. IV-B: a split on any op takes effect): any of
+(batch, seq, out, reduce) parts, their product dividing tp, reduce on a matmul only: Megatron's split over fewer
+ranks d (each group of d consecutive tp ranks runs the op split d ways), none (the op whole on each tp rank), a
+matmul split by its reduction dimension (input features sliced, partial sums out) or by its output dimension where
+Megatron splits the reduction, an op split by sequence (query rows for the attention core, tokens for a matmul,
+whose weight each rank then holds whole, its gradient summed over those ranks with the data-parallel reduction:
+token_split_params). The embedding's lookup takes Megatron's split over d dividing tp, or none, and an MoE's experts
+Megatron's split over d or none (below); the norms, residual adds, positions and an MoE's router take Megatron's
+only (tp_config_problem says what an op can take). The catalog builders shape each op at its config
+(frontends.catalog.transformer block_layer, embedding_layer, head_layer; compile.shape_layers); a collective over a
+split of fewer ranks than tp spans them (ir.graph.Comm.ranks), and the resharding below inserts what the layout
+changes need: a whole attention beside a split MLP pays only the MLP's all-reduce pair; qkv split by heads before a
+whole attention core all-gathers q, k and v; qkv split by its reduction dimension before a whole core all-reduces
+them (before a core split by heads: a reduce-scatter); a core split by sequence after qkv split by heads exchanges
+q, k and v by all-to-all and all-gathers the keys and values of the whole sequence (as cp does; their gradient
+reduce-scattered); a whole head pays no vocab-parallel statistics.
 
 An MoE's experts (their matmuls and activation, all at one degree) may take Megatron's split over d dividing tp
 too: Megatron-Core's expert tensor parallelism (expert_tensor_parallel_size, megatron/core/
@@ -81,7 +89,8 @@ _STATISTICS = ("max", "target", "sum_exp")  # the vocab-parallel cross-entropy's
 _Found = tuple[str, ReshardStep]  # (collective's name, step)
 Configs = Mapping[tuple[str, Axis], OpConfig]  # (op module path, axis) -> the op's config (a tree's)
 UNSPLIT = OpConfig(1, 1, 1, 1)
-Degrees = frozenset[tuple[str, int]]  # (op name, its tp degree) where it is not the job's tp (op_degrees)
+COMPUTE_PARTS = ("batch", "seq", "out", "reduce")  # an OpConfig's parts, in its order
+TpConfigs = frozenset[tuple[str, OpConfig]]  # (op name, its config over tp) where not Megatron's (own_configs)
 
 
 def axis_sizes(kind: LayerKind, dev: DeviceSlice) -> dict[Axis, int]:
@@ -90,27 +99,31 @@ def axis_sizes(kind: LayerKind, dev: DeviceSlice) -> dict[Axis, int]:
     return {axis: sizes[axis] for axis in AXES if sizes[axis] > 1}
 
 
-def op_config(axis: Axis, op: Op, dev: DeviceSlice, degrees: Degrees = frozenset()) -> OpConfig:
-    """The computation config of forward op `op` over `axis` (module doc). degrees: (op name, tp degree) of the
-    replicable ops (replicable_module) split over fewer ranks than tp, Megatron's way (1: whole on each tp rank,
-    no split); an expert op at degree d keeps, under sp, the tokens of its d ranks (the sequence split tp / d
-    ways: Megatron-Core's expert tensor parallelism, _expert_tp)."""
+def op_config(axis: Axis, op: Op, dev: DeviceSlice, own: TpConfigs = frozenset()) -> OpConfig:
+    """The computation config of forward op `op` over `axis` (module doc). own: (op name, config over tp) of the
+    replicable ops (replicable_module) a tree configures other than Megatron's (own_configs)."""
     if axis == "tp":
-        t = dict(degrees).get(op.name, dev.tp) if degrees and replicable_module(op) else dev.tp
-        seq = dev.tp if dev.sp else 1
-        token_parts = seq // t if dev.sp and _expert(op) else 1
-        if op.name in COLUMN or op.name in FEATURE:
-            return OpConfig(1, token_parts, t, 1)
-        if op.name in ROW or op.kind == "embedding":
-            return OpConfig(1, token_parts, 1, t)
-        return OpConfig(1, seq, 1, 1)
+        given = dict(own).get(op.name) if own and replicable_module(op) else None
+        return given or megatron_tp(op, dev, dev.tp)
     if axis == "cp":
         return OpConfig(1, dev.cp, 1, 1)
     return OpConfig(1, 1, dev.ep, 1) if _expert(op) else OpConfig(dev.ep, 1, 1, 1)
 
 
+def megatron_tp(op: Op, dev: DeviceSlice, degree: int) -> OpConfig:
+    """Megatron's config of `op` over tp, its split made over `degree` ranks (module doc); an expert op at degree
+    d keeps, under sp, the tokens of its d ranks (the sequence split tp / d ways: Megatron-Core's expert tensor
+    parallelism, _expert_tp)."""
+    token_parts = dev.tp // degree if dev.sp and _expert(op) else 1
+    if op.name in COLUMN or op.name in FEATURE:
+        return OpConfig(1, token_parts, degree, 1)
+    if op.name in ROW or op.kind == "embedding":
+        return OpConfig(1, token_parts, 1, degree)
+    return OpConfig(1, dev.tp if dev.sp else 1, 1, 1)
+
+
 def replicable_module(op: Op) -> str:
-    """The part of the model whose op may hold its tensors whole over tp instead of Megatron's split: "attn" (qkv,
+    """The part of the model whose op may take a config of its own over tp instead of Megatron's: "attn" (qkv,
     rope, the attention core, softmax, the projection), "mlp" (a dense block's MLP), "experts" (an MoE's expert
     matmuls and activation: Megatron-Core's expert tensor parallelism), "embed" (the token lookup) or "head"
     (the vocabulary projection and the cross-entropy); "" for any other op (norms, residual adds, positions and
@@ -127,18 +140,45 @@ def replicable_module(op: Op) -> str:
     return "head" if op.name in ("logits", "cross_entropy") else ""
 
 
-def op_degrees(fwd: Sequence[Op], dev: DeviceSlice, config_of: Callable[[Op], OpConfig]) -> Degrees:
-    """(op name, tp degree) of a layer's replicable ops (replicable_module) whose config over tp under config_of
-    is Megatron's split over fewer ranks d dividing tp (d = 1: unsplit, the op whole on each tp rank); an op with
-    any other config is left out (it must take Megatron's)."""
-    out: list[tuple[str, int]] = []
+def tp_config_problem(op: Op, config: OpConfig, dev: DeviceSlice) -> str:
+    """Why a replicable op (replicable_module) cannot take `config` over tp ("" where it can): the parts must
+    divide tp, the micro-batch and the sequence; reduce splits a matmul's reduction dimension only; the lookup
+    takes Megatron's split (reduce) over d dividing tp, or none; an MoE's expert op Megatron's split over d
+    dividing tp (under sp with seq = tp / d), or none (expert tensor parallelism 1)."""
+    if op.kind == "embedding":
+        if config != megatron_tp(op, dev, config.reduce) or dev.tp % config.reduce:
+            return f"that split over fewer ranks dividing {dev.tp}, or none (the {op.name} whole on each tp rank)"
+        return ""
+    if replicable_module(op) == "experts":
+        d = max(config.out, config.reduce)
+        if dev.tp % d or config != megatron_tp(op, dev, d):
+            whole = " ".join(f"{dim}={getattr(megatron_tp(op, dev, 1), dim)}" for dim in COMPUTE_PARTS
+                             if getattr(megatron_tp(op, dev, 1), dim) > 1) or "nothing"
+            fewer = f"that split over fewer ranks d dividing {dev.tp}{' (and seq=tp/d)' if dev.sp else ''}, or " \
+                if dev.tp > 2 else ""
+            return f"{fewer}{whole} (the experts whole on each tp rank: expert tensor parallelism 1)"
+        return ""
+    dims = COMPUTE_PARTS if op.kind in CONTRACTING else COMPUTE_PARTS[:3]
+    allowed = f"any split of its {', '.join(dims)} whose parts divide {dev.tp}, or none (the {op.name} whole on " \
+        "each tp rank)"
+    if dev.tp % config.parts or (config.reduce > 1 and op.kind not in CONTRACTING):
+        return allowed
+    sequence = dev.local_tokens // dev.micro_batch
+    if dev.micro_batch % config.batch or sequence % config.seq:
+        return f"batch and seq parts dividing the micro-batch ({dev.micro_batch} x {sequence} tokens)"
+    return ""
+
+
+def own_configs(fwd: Sequence[Op], dev: DeviceSlice, config_of: Callable[[Op], OpConfig]) -> TpConfigs:
+    """(op name, config over tp) of a layer's replicable ops (replicable_module) whose config under config_of is
+    not Megatron's and one they can take (tp_config_problem); an op with any other config is left out (it must
+    take Megatron's)."""
+    out: list[tuple[str, OpConfig]] = []
     for op in fwd:
         config = config_of(op)
-        d = max(config.out, config.reduce)  # Megatron's split of a replicable op is one of the two (an expert's
-    # sequence split under sp follows from d: op_config)
-        if d < dev.tp and dev.tp % d == 0 and replicable_module(op) and config == op_config(
-                "tp", op, dev, frozenset({(op.name, d)})):
-            out.append((op.name, d))
+        if replicable_module(op) and config != megatron_tp(op, dev, dev.tp) and not tp_config_problem(
+                op, config, dev):
+            out.append((op.name, config))
     return frozenset(out)
 
 
@@ -204,6 +244,10 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
             kv = _kv_bytes(spec, dev, heads_parts)
             forward += _named("kv", axis, reshard(Placement(size, seq=size), Placement(size), kv))
             backward += _named("kv", axis, reshard(Placement(size, partial=size), Placement(size, seq=size), kv))
+        if axis == "tp" and op.kind == "attention" and config.seq > 1:  # query rows split: keys, values whole
+            forward_kv, backward_kv = _tp_kv_gathers(spec, dev, config)
+            forward += forward_kv
+            backward += backward_kv
         placement, producer = output_placement(config, size, contracting), op
     if placement is not None and kind != "head":  # the head hands on the loss
         site = _namer(axis, kind, producer, None)
@@ -217,8 +261,10 @@ def _loss_statistics(fwd: Sequence[Op], dev: DeviceSlice, config_of: Callable[[O
     loss = next((op for op in fwd if op.name == "cross_entropy"), None)
     if loss is None or config_of(loss).out == 1:
         return []
-    parts = config_of(loss).out
-    steps = reshard(Placement(dev.tp, partial=parts), Placement(dev.tp), dev.local_tokens * 4.0)  # fp32
+    config = config_of(loss)
+    whole = Placement(dev.tp, config.batch, config.seq)  # each statistic of the op's tokens
+    steps = reshard(Placement(dev.tp, config.batch, config.seq, partial=config.out), whole,
+                    dev.local_tokens * 4.0)  # fp32
     return [Comm(f"loss.{name}", step.collective, "tp", "fwd", step.buffer_bytes, _sub(step, dev.tp))
             for name in _STATISTICS for step in steps]
 
@@ -308,6 +354,40 @@ def _read_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, consumer: O
         "cross_entropy": tokens * spec.vocab,
     }.get(consumer.name)
     return hidden if elements is None else float(elements * act)
+
+
+def _tp_kv_gathers(spec: TransformerSpec, dev: DeviceSlice, config: OpConfig) -> tuple[list[_Found], list[_Found]]:
+    """An attention core splitting its query rows (seq parts) over tp reads the keys and values of the whole
+    sequence, of its heads (out parts): all-gathered over the seq parts; in the backward their gradient,
+    partial over those ranks, reduce-scattered (as context parallelism does; Proteus Sec. V-B's patterns)."""
+    act = BYTES_PER_DTYPE[dev.precision.activation_dtype]
+    kv = float(2 * dev.local_tokens * spec.kv_heads * spec.head_dim * act)  # all heads: the tensor over tp
+    split = Placement(dev.tp, config.batch, config.seq, config.out)
+    whole = Placement(dev.tp, config.batch, 1, config.out)
+    partial = Placement(dev.tp, config.batch, 1, config.out, config.seq)
+    return (_named("attn.kv", "tp", reshard(split, whole, kv)),
+            _named("attn.kv", "tp", reshard(partial, split, kv)))
+
+
+def token_split_params(spec: TransformerSpec, fwd: Sequence[Op], config_of: Callable[[Op], OpConfig]
+                       ) -> dict[int, float]:
+    """{k: parameters} of a layer's matmuls whose config over tp splits their tokens k = batch x seq ways: each of
+    those k tp ranks holds the weight part whole and makes its gradient from its own tokens, so the gradient is
+    summed over them as well as over the data-parallel ranks, once per iteration, in the data-parallel
+    gradient reduction (Megatron-LM sums the gradients of the weights sequence parallelism replicates over tp
+    once per iteration too, finalize_model_grads, megatron-core 0.9, by an all-reduce of its own). A matmul's
+    parameters as one rank holds them: its local weight
+    (op.shape: batch, m, n, k) and a block's bias. NB: Megatron's own token-split weights (an MoE router, a BERT
+    transform under sp) are left out, as before."""
+    out: dict[int, float] = {}
+    for op in fwd:
+        config = config_of(op)
+        parts = config.batch * config.seq
+        if op.kind == "matmul" and parts > 1 and replicable_module(op) in ("attn", "mlp", "head"):
+            _, _, n, k = op.shape
+            bias = n if spec.bias and replicable_module(op) in ("attn", "mlp") else 0
+            out[parts] = out.get(parts, 0.0) + float(n * k + bias)
+    return out
 
 
 def _expert_tp(fwd: Sequence[Op], dev: DeviceSlice, configs: Configs | None) -> int:

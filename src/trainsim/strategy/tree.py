@@ -14,9 +14,11 @@ lower() turns the tree into the LoweredPlan of compile.plan (stage, chunk and re
 schedule). The splits the plain strategy implies (from_parallel: tp, sp, cp, ep, dp, ZeRO) are what the
 DeviceSlice the graph was built with applied already; their computation configs over tp, cp and ep (Megatron's,
 strategy.megatron) go into the plan as MeshSplits, from which the compiler derives the feature collectives. A tree
-may leave any op of a block's attention, MLP or experts, the embedding's lookup or the head's projection or
-cross-entropy unsplit over tp, or split it over fewer tp ranks: the compiler then rebuilds that layer with the op
-at its degree and reshards between the ops' configs (compile.shape_layers).
+may give any op of a block's attention or MLP or the head's projection or cross-entropy a config of its own over
+tp (batch, seq, out, reduce parts dividing tp; none: whole on each tp rank), the embedding's lookup Megatron's
+split over fewer ranks or none: the compiler then rebuilds that layer with the op at its config and reshards
+between the ops' configs (compile.shape_layers).
+An MoE's experts may take Megatron's split over fewer tp ranks, or none (strategy.megatron).
 Computation configs over dp (item "compute": batch, seq, out, reduce) go into the plan as OpSplits, which
 compile.splits applies with the resharding they need.
 A stage mapped to its own mesh (map tp / dp on its layers: StageMesh) reads both against its own mesh: its ops'
@@ -50,11 +52,12 @@ from trainsim.strategy.lowered import (
 from trainsim.strategy.megatron import (
     UNSPLIT,
     Axis,
-    Degrees,
+    TpConfigs,
     axis_sizes,
     op_config,
-    op_degrees,
+    own_configs,
     replicable_module,
+    tp_config_problem,
 )
 from trainsim.strategy.parallel import RECOMPUTES, ParallelSpec, Recompute, Schedule
 from trainsim.strategy.placement import OpConfig
@@ -367,11 +370,9 @@ class StrategyTree:
         """The computation configs over tp, cp and ep of every op, each over its own stage's mesh (pars: per
         layer instance, the job's strategy or its stage mesh's): Megatron's (lowered.megatron_splits) where the
         tree sets none over an axis. An axis the tree splits must be split as Megatron does on every op, except
-        that any op of a block's attention, MLP or experts, the lookup, the logits or the cross-entropy may be
-        split that way over fewer ranks d dividing its stage's tp, or left unsplit (d = 1:
-        strategy.megatron.op_degrees; the compiler shapes the ops from these configs and reshards between them,
-        compile.shape_layers):
-        ConfigError naming the first op that differs."""
+        that any op of a block's attention or MLP, the lookup, the logits or the cross-entropy may take a config of
+        its own over its stage's tp (strategy.megatron.own_configs; the compiler shapes the ops from these configs
+        and reshards between them, compile.shape_layers): ConfigError naming the first op that differs."""
         layers = expand_layers(self.graph)
         given_axes = {key.partition("@")[2] for row in self.explicit.values() for key in row if "@" in key}
         if not given_axes:
@@ -399,13 +400,13 @@ class StrategyTree:
                         int(row[key].value) if (key := f"split.compute.{dim}@{axis}") in row else 1
                         for dim in COMPUTE_DIMS))
             op_nodes.append((path, node, sizes))
-        degrees_of = self._op_degrees(layers, devs, given) if "tp" in given_axes else {}
+        own_of = self._own_configs(layers, devs, given) if "tp" in given_axes else {}
         out: list[MeshSplit] = []
         for path, node, sizes in op_nodes:
-            degrees, dev = degrees_of.get(node.layer_index, frozenset()), devs[node.layer_index]
+            own, dev = own_of.get(node.layer_index, frozenset()), devs[node.layer_index]
             for op in node.fwd:
                 for axis in sizes:
-                    expected = op_config(axis, op, dev, degrees)
+                    expected = op_config(axis, op, dev, own)
                     config = given[(node.layer_index, op.module_path, axis)]
                     if axis in given_axes and config != expected:
                         raise ConfigError(f"{path} split.compute@{axis}", _config_text(config),
@@ -414,19 +415,19 @@ class StrategyTree:
                     out.append(MeshSplit(node.layer_index, op.module_path, axis, expected))
         return tuple(dict.fromkeys(out))
 
-    def _op_degrees(self, layers: list[Layer], devs: list[DeviceSlice],
-                    given: Mapping[tuple[int, str, Axis], OpConfig]) -> dict[int, Degrees]:
-        """Per layer index, the replicable ops (strategy.megatron.replicable_module) the tree splits over fewer
-        tp ranks than its stage's tp (1: unsplit), with their degrees."""
-        out: dict[int, Degrees] = {}
+    def _own_configs(self, layers: list[Layer], devs: list[DeviceSlice],
+                     given: Mapping[tuple[int, str, Axis], OpConfig]) -> dict[int, TpConfigs]:
+        """Per layer index, the replicable ops (strategy.megatron.replicable_module) the tree gives a config of
+        their own over its stage's tp, with those configs."""
+        out: dict[int, TpConfigs] = {}
         for index, layer in enumerate(layers):
             if devs[index].tp == 1:
                 continue
-            degrees = op_degrees(layer.fwd, devs[index],
-                                 lambda op, i=index: given.get((i, op.module_path, "tp"), UNSPLIT))
-            if degrees:
-                _check_experts_alike(layer, devs[index], degrees, self.layer_paths[index])
-                out[index] = degrees
+            own = own_configs(layer.fwd, devs[index],
+                              lambda op, i=index: given.get((i, op.module_path, "tp"), UNSPLIT))
+            if own:
+                _check_experts_alike(layer, devs[index], own, self.layer_paths[index])
+                out[index] = own
         return out
 
     # --- printing ---
@@ -833,23 +834,17 @@ def _mismatch(op: Op, axis: str, size: int, dev: DeviceSlice, given: OpConfig, e
               path: str) -> str:
     mesh = f"{axis}={size}" + (" with sp" if axis == "tp" and dev.sp else "")
     hint = "; a sequence split over tp is sequence parallelism (--sp)" if (
-        axis == "tp" and not dev.sp and given.seq > 1) else ""
-    if axis == "tp" and replicable_module(op) == "experts":
-        fewer = f"that split over fewer ranks d dividing {size}{' (and seq=tp/d)' if dev.sp else ''}, or " \
-            if size > 2 else ""
-        whole = _config_text(op_config("tp", op, dev, frozenset({(op.name, 1)})))
-        hint += f"; or {fewer}{whole} (the experts whole on each tp rank: expert tensor parallelism 1)"
-    elif axis == "tp" and replicable_module(op):
-        fewer = f"that split over fewer ranks dividing {size}, or " if size > 2 else ""
-        hint += f"; or {fewer}none (the {op.name} whole on each tp rank)"
+        axis == "tp" and not dev.sp and given.seq > 1 and replicable_module(op) in ("", "experts")) else ""
+    if axis == "tp" and replicable_module(op):
+        hint += f"; or {tp_config_problem(op, given, dev)}"
     return (f"ops take Megatron's splits over {mesh}: {op.name} splits {_config_text(expected)} over {axis}; "
             f"give that, or no {axis} splits{hint}")
 
 
-def _check_experts_alike(layer: Layer, dev: DeviceSlice, degrees: Degrees, path: str) -> None:
+def _check_experts_alike(layer: Layer, dev: DeviceSlice, own: TpConfigs, path: str) -> None:
     """An MoE block's expert ops share one tp degree (Megatron-Core's one expert_tensor_parallel_size for every
     expert matmul, megatron/core/model_parallel_config.py, megatron-core 0.16.1)."""
-    given = dict(degrees)
+    given = {name: max(config.out, config.reduce) for name, config in own}
     found = {op.name: given.get(op.name, dev.tp) for op in layer.fwd if replicable_module(op) == "experts"}
     if len(set(found.values())) > 1:
         listed = ", ".join(f"{name} {d}" for name, d in found.items())

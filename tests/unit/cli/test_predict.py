@@ -136,15 +136,42 @@ def test_attention_only_tp_from_the_shipped_tree_file_lands_between_tp2_and_tp1(
     assert out["attn"]["breakdown"]["tp_comm"] < 0.6 * out["tp2"]["breakdown"]["tp_comm"]
     assert out["tp2"]["memory_breakdown"]["weights"] < out["attn"]["memory_breakdown"]["weights"] \
         < out["tp1"]["memory_breakdown"]["weights"]
-    bad = tmp_path / "bad.yaml"  # qkv split by its reduction dimension: neither Megatron's split nor whole
+    bad = tmp_path / "bad.yaml"  # the attention core split by a reduction dimension it does not have
     bad.write_text("strategy_tree:\n  split:\n" + "".join(
         f"    - {{path: {path}, item: compute, dim: {dim}, parts: 2, axis: tp}}\n" for path, dim in (
-            ("embedding.tokens", "reduce"), ("blocks.*.attn.qkv", "reduce"), ("blocks.*.attn.out", "reduce"),
-            ("head.proj", "out"), ("head.loss", "out"))))
+            ("embedding.tokens", "reduce"), ("blocks.*.attn.qkv", "out"), ("blocks.*.attn.core", "reduce"),
+            ("blocks.*.attn.out", "reduce"), ("head.proj", "out"), ("head.loss", "out"))))
     broken = RUNNER.invoke(app, [*args, "--num-gpus", "8", "--tp", "2", "--tree", str(bad)])
     assert broken.exit_code == 2
     lines = broken.stderr.strip().splitlines()
-    assert len(lines) == 1 and "blocks.0.attn.qkv split.compute@tp='reduce=2' is invalid" in lines[0]
+    assert len(lines) == 1 and "blocks.0.attn.core split.compute@tp='reduce=2' is invalid" in lines[0]
+    assert "any split of its batch, seq, out whose parts divide 2" in lines[0]
+
+
+def test_trees_with_splits_other_than_megatrons_run_and_move_what_their_layouts_need() -> None:
+    """data/strategies/megatron/gpt-tp2-qkv-reduce.yaml, gpt-tp2-attn-seq.yaml and gpt-tp2-mlp-tokens.yaml in the
+    simulator at both task levels and in the analytical engine: each rank does plain tp 2's FLOPs; qkv by its
+    reduction dimension moves more than Megatron's column split (a reduce-scatter and an all-gather of q, k and
+    v), the core by query rows more still (two all-to-alls each way and the key/value gathers), the MLP by
+    tokens less (all-gathers of a hidden state in place of all-reduces) for the whole MLP's weights on each
+    rank."""
+    root = Path(__file__).resolve().parents[3]
+    args = ["predict", "--model", "gpt3-125m", "--num-gpus", "8", "--tp", "2", "--micro-batch", "4",
+            "--global-batch", "64", "--seq-len", "1024", "--json"]
+    for engine in (["--engine", "sim", "--task-level", "layer"], ["--engine", "sim", "--task-level", "op"],
+                   ["--engine", "analytical"]):
+        runs = {name: RUNNER.invoke(app, [*args, *engine, *(
+            ["--tree", str(root / "data" / "strategies" / "megatron" / f"gpt-tp2-{name}.yaml")] if name else [])])
+            for name in ("", "qkv-reduce", "attn-seq", "mlp-tokens")}
+        assert all(run.exit_code == 0 for run in runs.values()), [run.output for run in runs.values()]
+        out = {name: json.loads(run.stdout) for name, run in runs.items()}
+        compute = {name: data["breakdown"]["compute"] for name, data in out.items()}
+        assert all(abs(value / compute[""] - 1.0) < 1e-3 for value in compute.values())
+        tp = {name: data["breakdown"]["tp_comm"] for name, data in out.items()}
+        assert tp["mlp-tokens"] < tp[""] < tp["qkv-reduce"] < tp["attn-seq"]
+        weights = {name: data["memory_breakdown"]["weights"] for name, data in out.items()}
+        assert weights[""] == weights["qkv-reduce"] == weights["attn-seq"] < weights["mlp-tokens"]
+
 
 
 def test_stages_on_their_own_meshes_with_their_own_op_configs(tmp_path: Path) -> None:

@@ -293,14 +293,21 @@ def test_a_whole_fc1_before_a_row_split_fc2_gathers_the_gradient_backward() -> N
         ("attn.ar", "all-reduce", "bwd", HIDDEN_BYTES), ("mlp.ag", "all-gather", "bwd", 64 * 128 * 2)]
 
 
-def test_an_op_split_neither_megatrons_way_nor_whole_is_refused_in_one_line() -> None:
+def test_a_split_an_op_cannot_take_is_refused_in_one_line() -> None:
+    """The attention core has no reduction dimension; the lookup takes Megatron's split (reduce) or none."""
     job, graph = _tiny()
-    splits = [*VOCAB, ("blocks.*.attn.qkv", "reduce"), *MEGATRON_MLP]
-    with pytest.raises(ConfigError, match=r"blocks.0.attn.qkv split.compute@tp='reduce=2' is invalid: ops take "
-                                          r"Megatron's splits over tp=2: qkv splits out=2 over tp; give that, or no "
-                                          r"tp splits; or none \(the qkv whole on each tp rank\)") as info:
+    splits = [*VOCAB, ("blocks.*.attn.core", "reduce"), *MEGATRON_MLP]
+    with pytest.raises(ConfigError, match=r"blocks.0.attn.core split.compute@tp='reduce=2' is invalid: ops take "
+                                          r"Megatron's splits over tp=2: attention splits out=2 over tp; give that, "
+                                          r"or no tp splits; or any split of its batch, seq, out whose parts divide "
+                                          r"2, or none \(the attention whole on each tp rank\)") as info:
         _tree(graph, splits).lower(job.parallel)
     assert "\n" not in str(info.value)
+    lookup_by_seq = [("embedding.tokens", "seq"), *VOCAB[1:], *MEGATRON_ATTN, *MEGATRON_MLP]
+    with pytest.raises(ConfigError, match=r"embedding.tokens split.compute@tp='seq=2' is invalid: .* lookup splits "
+                                          r"reduce=2 over tp; give that, or no tp splits; or that split over fewer "
+                                          r"ranks dividing 2, or none \(the lookup whole on each tp rank\)"):
+        _tree(graph, lookup_by_seq).lower(job.parallel)
 
 
 def test_a_whole_attention_under_context_parallelism_gathers_all_heads_keys_and_values() -> None:
@@ -519,6 +526,7 @@ def test_a_vocabulary_split_over_2_of_4_tp_ranks() -> None:
     assert {(c.name, c.ranks) for c in _block(plan, 3).comms} == {
         ("logits.ar", 2), ("loss.max", 2), ("loss.target", 2), ("loss.sum_exp", 2)}
     with pytest.raises(ConfigError, match=r"blocks.0.mlp.fc1 split.compute@tp='out=3' is invalid: .* fc1 splits "
-                                          r"out=4 over tp; give that, or no tp splits; or that split over fewer "
-                                          r"ranks dividing 4, or none \(the fc1 whole on each tp rank\)"):
+                                          r"out=4 over tp; give that, or no tp splits; or any split of its batch, "
+                                          r"seq, out, reduce whose parts divide 4, or none \(the fc1 whole on each "
+                                          r"tp rank\)"):
         _tree4(graph, [*VOCAB4, *ATTN4, ("blocks.*.mlp.fc1", "out", 3)]).lower(job.parallel)

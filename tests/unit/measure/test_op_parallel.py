@@ -126,6 +126,8 @@ def test_the_ranks_get_each_ops_degree_where_it_is_not_megatrons(tmp_path: Path)
      "qkv over 4, attention over 2"),
     ((MEGATRON / "gpt-tp2-attn-only.yaml").read_text(), ["--tp", "2", "--dp", "2", "--global-batch", "4"],
      "dp=2 with --tree"),
+    ((MEGATRON / "gpt-tp2-qkv-reduce.yaml").read_text(), ["--tp", "2", "--global-batch", "2"],
+     "qkv batch=1 seq=1 out=1 reduce=2' is invalid: measured where an op takes Megatron's split"),
     ((MEGATRON / "gpt-tp2-attn-only.yaml").read_text(), ["--tp", "2", "--global-batch", "2", "--precision",
                                                          "amp-bf16"], "fp32")])
 def test_per_op_tp_layouts_not_measured_are_one_line(tmp_path: Path, tree: str, flags: list[str],

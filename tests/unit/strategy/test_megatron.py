@@ -25,7 +25,7 @@ from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job, make_job
 from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.lowered import default_plan
-from trainsim.strategy.megatron import layer_comms, op_config, op_degrees, replicable_module
+from trainsim.strategy.megatron import layer_comms, megatron_tp, op_config, own_configs, replicable_module
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.placement import OpConfig
 from trainsim.strategy.precision import policy_for
@@ -282,11 +282,12 @@ def test_tree_splits_other_than_the_graphs_are_refused_in_one_line() -> None:
     with pytest.raises(ConfigError, match=r"pos_add splits nothing over tp; give that, or no tp splits; a "
                                           r"sequence split over tp is sequence parallelism \(--sp\)"):
         load_tree_yaml(TREE_FILE, graph).lower(job.parallel)
-    tree = StrategyTree.from_graph(graph).split("blocks.*.mlp.fc2", "compute", "out", 2, axis="tp")
-    # the lookup and every other op left without a tp split run whole on each rank; fc2 split by out is neither
-    with pytest.raises(ConfigError, match=r"blocks.0.mlp.fc2 split.compute@tp='out=2' is invalid: .* fc2 "
-                                          r"splits reduce=2 over tp; give that, or no tp splits; or none \(the fc2 "
-                                          r"whole on each tp rank\)") as info:
+    tree = StrategyTree.from_graph(graph).split("blocks.*.mlp.act", "compute", "reduce", 2, axis="tp")
+    # the lookup and every other op left without a tp split run whole on each rank; GELU has no reduction dim
+    with pytest.raises(ConfigError, match=r"blocks.0.mlp.act split.compute@tp='reduce=2' is invalid: .* gelu "
+                                          r"splits out=2 over tp; give that, or no tp splits; or any split of its "
+                                          r"batch, seq, out whose parts divide 2, or none \(the gelu whole on each "
+                                          r"tp rank\)") as info:
         tree.lower(job.parallel)
     assert "\n" not in str(info.value)
     full = StrategyTree.from_parallel(graph, job.parallel)
@@ -314,12 +315,12 @@ def test_expert_configs_over_fewer_tp_ranks_keep_their_ranks_tokens(tp: int, sp:
     dev = _slice(tp, sp, 1, 2)
     moe = next(layer for layer in build_transformer(spec, dev).layers if layer.kind == "moe_block")
     ops = {op.name: op for op in moe.fwd}
-    degrees = frozenset({("gate_up", d), ("swiglu", d), ("down", d), ("router", d)})
+    own = frozenset((name, megatron_tp(ops[name], dev, d)) for name in ("gate_up", "swiglu", "down", "router"))
     assert [replicable_module(ops[name]) for name in ("router", "gate_up", "swiglu", "down")] == \
         ["", "experts", "experts", "experts"]
-    assert op_config("tp", ops["gate_up"], dev, degrees) == op_config("tp", ops["swiglu"], dev, degrees) == column
-    assert op_config("tp", ops["down"], dev, degrees) == row
-    assert op_config("tp", ops["router"], dev, degrees) == op_config("tp", ops["norm2"], dev) == \
+    assert op_config("tp", ops["gate_up"], dev, own) == op_config("tp", ops["swiglu"], dev, own) == column
+    assert op_config("tp", ops["down"], dev, own) == row
+    assert op_config("tp", ops["router"], dev, own) == op_config("tp", ops["norm2"], dev) == \
         OpConfig(1, tp if sp else 1, 1, 1)
-    assert op_degrees(moe.fwd, dev, lambda op: op_config("tp", op, dev, degrees)) == (
-        frozenset({("gate_up", d), ("swiglu", d), ("down", d)}) if d < tp else frozenset())
+    assert own_configs(moe.fwd, dev, lambda op: op_config("tp", op, dev, own)) == (
+        frozenset({("gate_up", column), ("swiglu", column), ("down", row)}) if d < tp else frozenset())

@@ -3,11 +3,13 @@
 The feature collectives of TP, SP, CP and EP are not written here: strategy.megatron derives them from the
 splits those axes make of each layer's ops (the resharding between ops' computation configs).
 
-Each op of a block's attention and MLP (or an MoE's experts), the lookup, the logits and the cross-entropy is
-shaped by its own tensor-parallel degree: the job's tp (Megatron's split), or the degree d dividing tp a strategy
-tree gives it (the builders' `degrees`: each rank runs 1/d of the op and holds 1/d of its weight; d = 1: the whole
-op on every tp rank; an expert runs the routed copies of its d ranks' tokens under sp: _expert_tokens;
-strategy.megatron.op_degrees)."""
+Each op of a block's attention and MLP, the lookup, the logits and the cross-entropy is shaped by its own
+computation config over tp: Megatron's split over the job's tp, or the config a strategy tree gives it (the
+builders' `own`, strategy.megatron.own_configs): (batch, seq, out, reduce) parts, each rank running the op on
+1/(batch x seq) of the tokens, 1/out of its output features and 1/reduce of its reduction dimension, and holding
+1/(out x reduce) of its weight (a config of none: the whole op on every tp rank). An MoE's experts take Megatron's
+split over a degree d dividing tp, or none, and run the routed copies of their d ranks' tokens under sp
+(_expert_tokens)."""
 
 from collections.abc import Mapping
 
@@ -23,7 +25,8 @@ from trainsim.ir.flops import (
 from trainsim.ir.graph import Layer, LayerKind, Op, OpGraph
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.strategy.device_slice import DeviceSlice
-from trainsim.strategy.megatron import Configs, Degrees, axis_sizes, layer_comms, op_config
+from trainsim.strategy.megatron import ROW, Configs, TpConfigs, axis_sizes, layer_comms, op_config
+from trainsim.strategy.placement import OpConfig
 
 
 def build_transformer(spec: TransformerSpec, dev: DeviceSlice) -> OpGraph:
@@ -71,46 +74,62 @@ def _block_params(spec: TransformerSpec, moe: bool) -> tuple[float, float]:
     return attn + norms, mlp
 
 
-def _attention_ops(spec: TransformerSpec, dev: DeviceSlice, path: str, t: Mapping[str, int]) -> list[Op]:
-    """norm1, the attention module with each op split over its t[name] tensor-parallel ranks (1: whole),
-    residual1."""
+def _attention_ops(spec: TransformerSpec, dev: DeviceSlice, path: str, c: Mapping[str, OpConfig]) -> list[Op]:
+    """norm1, the attention module with each op shaped at its config c[name] over tp, residual1."""
     tokens, rep = dev.local_tokens, _replicated_tokens(dev)
     act, lin, h, d = dev.precision.activation_dtype, dev.precision.linear_dtype, spec.hidden, spec.head_dim
+    mb = dev.micro_batch
 
     def heads(name: str) -> tuple[int, int]:
-        return spec.num_heads // t[name], max(1, spec.kv_heads // t[name])
+        return spec.num_heads // c[name].out, max(1, spec.kv_heads // c[name].out)
 
     q, kv = heads("qkv")
     ops = [pointwise_op("norm1", "norm", f"{path}.norm1", act, rep * h, flops_per_element=5.0),
-           matmul_op("qkv", f"{path}.attn.qkv", lin, tokens, (q + 2 * kv) * d, h)]
+           matmul_op("qkv", f"{path}.attn.qkv", lin, tokens // _token_parts(c["qkv"]), (q + 2 * kv) * d,
+                     h // c["qkv"].reduce)]
     if spec.position == "rope":
         q, kv = heads("rope")
-        ops.append(pointwise_op("rope", "elementwise", f"{path}.attn.rope", act, tokens * (q + kv) * d))
-    ops.append(attention_op(f"{path}.attn.core", dev.precision.matmul_dtype, dev.micro_batch * heads("attention")[0],
-                            tokens // dev.micro_batch, dev.seq_len, d, spec.causal, dev.attention))
+        ops.append(pointwise_op("rope", "elementwise", f"{path}.attn.rope", act,
+                                tokens // _token_parts(c["rope"]) * (q + kv) * d))
+    core = c["attention"]  # NB: a causal core split by query rows is taken as load-balanced (zig-zag rows)
+    ops.append(attention_op(f"{path}.attn.core", dev.precision.matmul_dtype,
+                            mb // core.batch * heads("attention")[0], tokens // mb // core.seq, dev.seq_len, d,
+                            spec.causal, dev.attention))
     if not dev.fused_attention:
+        soft = c["softmax"]
         ops.append(pointwise_op("softmax", "softmax", f"{path}.attn.softmax", act,
-                                dev.micro_batch * heads("softmax")[0] * (tokens // dev.micro_batch) * dev.seq_len,
+                                mb // soft.batch * heads("softmax")[0] * (tokens // mb // soft.seq) * dev.seq_len,
                                 flops_per_element=5.0, selective=True))
-    ops.append(matmul_op("out_proj", f"{path}.attn.out", lin, tokens, h, heads("out_proj")[0] * d))
+    ops.append(matmul_op("out_proj", f"{path}.attn.out", lin, tokens // _token_parts(c["out_proj"]),
+                         h // c["out_proj"].out, spec.num_heads // c["out_proj"].reduce * d))
     ops.append(pointwise_op("residual1", "elementwise", f"{path}.residual1", act, rep * h, reads=2.0))
     return ops
 
 
+def _token_parts(config: OpConfig) -> int:
+    """The parts an op's config splits the tokens into (a device runs 1/parts of them)."""
+    return config.batch * config.seq
+
+
 def _mlp_ops(spec: TransformerSpec, dev: DeviceSlice, path: str, tokens: int, experts_local: int,
-             t: Mapping[str, int]) -> list[Op]:
-    """The MLP (or each local expert's) with each op split over its t[name] tensor-parallel ranks (1: whole)."""
+             c: Mapping[str, OpConfig]) -> list[Op]:
+    """The MLP (or each local expert's) with each op shaped at its config c[name] over tp."""
     lin, act, h, f = dev.precision.linear_dtype, dev.precision.activation_dtype, spec.hidden, spec.ffn_hidden
     routed = tokens * experts_local  # tokens processed by this device's experts (balanced routing)
+
+    def rows(name: str) -> int:
+        return routed // _token_parts(c[name])
+
     if spec.mlp == "swiglu":
-        return [matmul_op("gate_up", f"{path}.mlp.gate_up", lin, routed, 2 * (f // t["gate_up"]), h),
-                pointwise_op("swiglu", "elementwise", f"{path}.mlp.act", act, routed * (f // t["swiglu"]),
+        return [matmul_op("gate_up", f"{path}.mlp.gate_up", lin, rows("gate_up"), 2 * (f // c["gate_up"].out),
+                          h // c["gate_up"].reduce),
+                pointwise_op("swiglu", "elementwise", f"{path}.mlp.act", act, rows("swiglu") * (f // c["swiglu"].out),
                              reads=2.0, flops_per_element=4.0),
-                matmul_op("down", f"{path}.mlp.down", lin, routed, h, f // t["down"])]
-    return [matmul_op("fc1", f"{path}.mlp.fc1", lin, routed, f // t["fc1"], h),
-            pointwise_op("gelu", "elementwise", f"{path}.mlp.act", act, routed * (f // t["gelu"]),
+                matmul_op("down", f"{path}.mlp.down", lin, rows("down"), h // c["down"].out, f // c["down"].reduce)]
+    return [matmul_op("fc1", f"{path}.mlp.fc1", lin, rows("fc1"), f // c["fc1"].out, h // c["fc1"].reduce),
+            pointwise_op("gelu", "elementwise", f"{path}.mlp.act", act, rows("gelu") * (f // c["gelu"].out),
                          flops_per_element=8.0),
-            matmul_op("fc2", f"{path}.mlp.fc2", lin, routed, h, f // t["fc2"])]
+            matmul_op("fc2", f"{path}.mlp.fc2", lin, rows("fc2"), h // c["fc2"].out, f // c["fc2"].reduce)]
 
 
 _ATTN_OPS = ("qkv", "rope", "attention", "softmax", "out_proj")
@@ -131,32 +150,41 @@ def _expert_tokens(dev: DeviceSlice, d: int) -> int:
 
 
 def block_layer(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool,
-                degrees: Degrees = frozenset()) -> Layer:
+                own: TpConfigs = frozenset()) -> Layer:
     """`count` dense (or MoE) blocks as one device runs them: attention and MLP split over the slice's tp
-    (Megatron's), except the ops in `degrees` (of the attention, a dense MLP or an MoE's experts:
-    strategy.megatron.replicable_module), split over their own degree d (1: every tp rank runs the whole op and
-    holds its weight; an expert runs the routed copies of its d ranks' tokens, _expert_tokens), the block's
-    collectives derived from those configs."""
+    (Megatron's), except the ops in `own` (of the attention or a dense MLP: strategy.megatron.replicable_module),
+    shaped at their own configs over tp (module doc), the block's collectives derived from those configs."""
     name = "moe_block" if moe else "block"
     path = f"blocks.{name}"
     act, h = dev.precision.activation_dtype, spec.hidden
     rep = _replicated_tokens(dev)
-    given = dict(degrees)
-    t = {op: given.get(op, dev.tp) for op in _ATTN_OPS + _MLP_OPS}
-    fwd = _attention_ops(spec, dev, path, t)
+    given = dict(own)
+    c = {op: given.get(op, _megatron(op, dev.tp)) for op in _ATTN_OPS + _MLP_OPS}
+    fwd = _attention_ops(spec, dev, path, c)
     fwd.append(pointwise_op("norm2", "norm", f"{path}.norm2", act, rep * h, flops_per_element=5.0))
     if moe:
         fwd.append(matmul_op("router", f"{path}.moe.router", act, dev.local_tokens, spec.num_experts, h))
-        fwd.extend(_mlp_ops(spec, dev, f"{path}.moe", _expert_tokens(dev, t[_mlp_op_names(spec)[0]]), spec.top_k,
-                            t))
+        d = _weight_parts(c[_mlp_op_names(spec)[0]])  # the experts' tp degree (strategy.megatron._expert_tp)
+        fwd.extend(_mlp_ops(spec, dev, f"{path}.moe", _expert_tokens(dev, d), spec.top_k, _features_only(c)))
     else:
-        fwd.extend(_mlp_ops(spec, dev, path, dev.local_tokens, 1, t))
+        fwd.extend(_mlp_ops(spec, dev, path, dev.local_tokens, 1, c))
     fwd.append(pointwise_op("residual2", "elementwise", f"{path}.residual2", act, rep * h, reads=2.0))
     kind: LayerKind = "moe_block" if moe else "block"
-    comms = layer_comms(spec, dev, kind, fwd, _configs(kind, fwd, dev, degrees))
+    comms = layer_comms(spec, dev, kind, fwd, _configs(kind, fwd, dev, own))
     fwd_ops, bwd_ops = _with_backward(fwd)
-    return Layer(name, kind, count, fwd_ops, bwd_ops, comms, _block_local_params(spec, dev, moe, t),
-                 sum(_block_params(spec, moe)), _block_saved_bytes(spec, dev, moe, t), rep * h * _act_bytes(dev))
+    return Layer(name, kind, count, fwd_ops, bwd_ops, comms, _block_local_params(spec, dev, moe, c),
+                 sum(_block_params(spec, moe)), _block_saved_bytes(spec, dev, moe, c), rep * h * _act_bytes(dev))
+
+
+def _megatron(name: str, tp: int) -> OpConfig:
+    """Megatron's config over tp of a block's attention or MLP op (strategy.megatron.megatron_tp): the
+    row-parallel matmuls split their reduction dimension, every other op its features."""
+    return OpConfig(1, 1, 1, tp) if name in ROW else OpConfig(1, 1, tp, 1)
+
+
+def _features_only(c: Mapping[str, OpConfig]) -> dict[str, OpConfig]:
+    """The configs with their token parts left out (an MoE's experts: their tokens are _expert_tokens)."""
+    return {name: OpConfig(1, 1, config.out, config.reduce) for name, config in c.items()}
 
 
 def expert_params(spec: TransformerSpec, dev: DeviceSlice, d: int) -> float:
@@ -165,85 +193,106 @@ def expert_params(spec: TransformerSpec, dev: DeviceSlice, d: int) -> float:
     return _block_params(spec, True)[1] / d / dev.ep
 
 
-def _block_local_params(spec: TransformerSpec, dev: DeviceSlice, moe: bool, t: Mapping[str, int]) -> float:
-    """The parameters one tp rank holds of a block: each matmul's weight (and bias) divided by its op's degree;
-    the norms' with qkv's (as Megatron-LM's builders here always counted them: divided by tp). A module whose
-    ops share one degree divides its count as a whole (the same figure, to the last bit, as before)."""
+def _weight_parts(config: OpConfig) -> int:
+    """The parts a matmul's config splits its weight into (a device holds 1/parts of it)."""
+    return config.out * config.reduce
+
+
+def _block_local_params(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: Mapping[str, OpConfig]) -> float:
+    """The parameters one tp rank holds of a block: each matmul's weight (and bias) divided by its config's weight
+    parts (out x reduce; a matmul split by tokens holds it whole); the norms' with qkv's (as Megatron-LM's
+    builders here always counted them: divided by tp). A module whose matmuls share one divisor divides its count
+    as a whole (the same figure, to the last bit, as before)."""
     attn_params, mlp_params = _block_params(spec, moe)
     first, _, second = _mlp_op_names(spec)
-    if t["qkv"] == t["out_proj"]:
-        attn = attn_params / t["qkv"]
+    w = {name: _weight_parts(c[name]) for name in ("qkv", "out_proj", first, second)}
+    if w["qkv"] == w["out_proj"]:
+        attn = attn_params / w["qkv"]
     else:
         out_params = spec.num_heads * spec.head_dim * spec.hidden + (spec.hidden if spec.bias else 0)
-        attn = (attn_params - out_params) / t["qkv"] + out_params / t["out_proj"]
+        attn = (attn_params - out_params) / w["qkv"] + out_params / w["out_proj"]
     if moe:
-        mlp = expert_params(spec, dev, t[first])
-    elif t[first] == t[second]:
-        mlp = mlp_params / t[first]
+        mlp = expert_params(spec, dev, w[first])
+    elif w[first] == w[second]:
+        mlp = mlp_params / w[first]
     else:
         second_params = spec.ffn_hidden * spec.hidden + (spec.hidden if spec.bias else 0)
-        mlp = (mlp_params - second_params) / t[first] + second_params / t[second]
+        mlp = (mlp_params - second_params) / w[first] + second_params / w[second]
     return attn + mlp
 
 
-def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool, t: Mapping[str, int]) -> dict[str, float]:
+def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool,
+                       c: Mapping[str, OpConfig]) -> dict[str, float]:
     """Activations one block keeps for its backward pass, per micro-batch.
 
     Korthikanti et al. 2022 (eq. 1-5) generalized to any ffn size, grouped-query heads, SwiGLU and flash
     attention: for GPT with unfused attention it reduces to sbh(34 + 5as/h) (t=1),
-    sbh(10 + 24/t + 5as/(ht)) (TP), and sbh/t(34 + 5as/h) (TP + SP). t: each op's tensor-parallel degree (1: the
-    op runs whole on every tp rank); a tensor is kept as the op that reads it in the backward holds it (q, k and
-    v as the attention core, its output as the projection, the ffn features as the activation and the second
-    matmul). Under SP a module whose first matmul runs whole keeps its gathered input, all local tokens, rather
-    than the sequence share Megatron-LM re-gathers in the backward.
+    sbh(10 + 24/t + 5as/(ht)) (TP), and sbh/t(34 + 5as/h) (TP + SP). c: each op's config over tp (Megatron's, or
+    a tree's: its tokens, output and reduction features split as it says); a tensor is kept as the op that reads
+    it in the backward holds it (q, k and v as the attention core, NB: its rows only where the core splits the
+    sequence, the gathered keys and values gathered again; its output as the projection, the ffn features as the
+    activation and the second matmul). Under SP a module whose first matmul does not take Megatron's split keeps
+    its input as it reads it (all local tokens where it splits none), rather than the sequence share Megatron-LM
+    re-gathers in the backward.
     """
     a2, h = _act_bytes(dev), spec.hidden
     tokens, rep = dev.local_tokens, _replicated_tokens(dev)
-    heads, kv = spec.num_heads // t["attention"], max(1, spec.kv_heads // t["attention"])
+    core = c["attention"]
+    heads, kv = spec.num_heads // core.out, max(1, spec.kv_heads // core.out)
+    core_tokens = tokens // _token_parts(core)
     mask = 1.0 if spec.arch in ("gpt", "bert", "bloom") else 0.0  # dropout masks, one byte per element
     first, act, second = _mlp_op_names(spec)
+    experts = spec.top_k if moe else 1
+    expert_tokens = _expert_tokens(dev, _weight_parts(c[first])) if moe else tokens
 
-    mlp_tokens = _expert_tokens(dev, t[first]) if moe else tokens
+    def rows(op: str) -> int:  # tokens an op runs (an MoE's experts: their _expert_tokens)
+        return expert_tokens if moe and op in _MLP_OPS else tokens // _token_parts(c[op])
 
-    def f_local(op: str) -> int:
-        return spec.ffn_hidden // t[op] * (spec.top_k if moe else 1)
+    def f_out(op: str) -> int:  # ffn features an op writes
+        return spec.ffn_hidden // c[op].out * experts
 
-    # modules reading gathered inputs (NB: an MoE's experts at tp degree d keep their routed tokens' features,
-    # not their input, as Megatron's split of the experts is counted)
-    whole_inputs = (t["qkv"] < dev.tp) + (t[first] < dev.tp and not moe) if dev.sp else 0
+    def f_in(op: str) -> int:  # ffn features a matmul reads
+        return spec.ffn_hidden // c[op].reduce * experts
+
+    # modules reading gathered inputs (NB: an MoE's experts at their own tp degree keep their routed tokens'
+    # features, not their input, as Megatron's split of the experts is counted)
+    own_inputs = sum(max(0, rows(op) * (h // c[op].reduce) - rep * h) for op in ("qkv", first)
+                     if c[op] != _megatron(op, dev.tp) and not (moe and op == first)) if dev.sp else 0
     # two norm inputs, qkv input, mlp input, two dropout masks
-    replicated = rep * h * (4 * a2 + 2 * mask) + (tokens - rep) * h * a2 * whole_inputs
-    qkv = tokens * (heads + 2 * kv) * spec.head_dim * a2
-    out_in = tokens * (spec.num_heads // t["out_proj"]) * spec.head_dim * a2
+    replicated = rep * h * (4 * a2 + 2 * mask) + own_inputs * a2
+    qkv = core_tokens * (heads + 2 * kv) * spec.head_dim * a2
+    out_in = rows("out_proj") * (spec.num_heads // c["out_proj"].reduce) * spec.head_dim * a2
     if spec.mlp == "swiglu":
-        mlp = mlp_tokens * (2 * f_local(act) + f_local(second)) * a2  # gate and up outputs, the product
+        mlp = (rows(act) * 2 * f_out(act) + rows(second) * f_in(second)) * a2  # gate and up outputs, the product
     else:
-        mlp = mlp_tokens * (f_local(act) + f_local(second)) * a2  # fc1 output, gelu output
-    scores = dev.micro_batch * heads * (tokens // dev.micro_batch) * dev.seq_len * (2 * a2 + 1)
-    lse = dev.micro_batch * heads * (tokens // dev.micro_batch) * 4.0
-    core = lse if dev.fused_attention else scores
+        mlp = (rows(act) * f_out(act) + rows(second) * f_in(second)) * a2  # fc1 output, gelu output
+    scores = dev.micro_batch // core.batch * heads * (tokens // dev.micro_batch // core.seq) * dev.seq_len * (
+        2 * a2 + 1)
+    lse = dev.micro_batch // core.batch * heads * (tokens // dev.micro_batch // core.seq) * 4.0
+    attn_core = lse if dev.fused_attention else scores
     base = replicated + qkv + out_in + mlp
     # torchtitan's op-level selective checkpointing (torchtitan/models/llama3/infra/parallelize.py, torchtitan
     # 0.1.0, _save_list and _get_custom_policy): the block input (the checkpoint's) and the outputs of the
     # attention kernel and of every other matmul in the block's order (wq wk wv wo w1 w3 w2: wq, wv, w1, w2;
     # GPT's wq wk wv wo fc1 fc2: wq, wv, fc1) are kept, everything else is recomputed
-    q_out = tokens * heads * spec.head_dim * a2
-    v_out = tokens * kv * spec.head_dim * a2
-    mlp_kept = mlp_tokens * f_local(first) * a2 + (tokens * h * a2 if spec.mlp == "swiglu" else 0.0)
+    q_out = core_tokens * heads * spec.head_dim * a2
+    v_out = core_tokens * kv * spec.head_dim * a2
+    mlp_kept = rows(first) * f_out(first) * a2 + (tokens * h * a2 if spec.mlp == "swiglu" else 0.0)
     op_level = rep * h * a2 + q_out + v_out + out_in + lse + mlp_kept
-    return {"none": base + core, "selective": base, "full": rep * h * a2, "selective_op": op_level}
+    return {"none": base + attn_core, "selective": base, "full": rep * h * a2, "selective_op": op_level}
 
 
-def _configs(kind: LayerKind, fwd: list[Op], dev: DeviceSlice, degrees: Degrees) -> Configs | None:
-    """The ops' configs over the model-parallel axes with the ops in `degrees` split over their own degree of tp
-    (None: Megatron's)."""
-    return {(op.module_path, axis): op_config(axis, op, dev, degrees) for op in fwd
-            for axis in axis_sizes(kind, dev)} if degrees else None
+def _configs(kind: LayerKind, fwd: list[Op], dev: DeviceSlice, own: TpConfigs) -> Configs | None:
+    """The ops' configs over the model-parallel axes with the ops in `own` at their own configs over tp (None:
+    Megatron's)."""
+    return {(op.module_path, axis): op_config(axis, op, dev, own) for op in fwd
+            for axis in axis_sizes(kind, dev)} if own else None
 
 
-def embedding_layer(spec: TransformerSpec, dev: DeviceSlice, degrees: Degrees = frozenset()) -> Layer:
+def embedding_layer(spec: TransformerSpec, dev: DeviceSlice, own: TpConfigs = frozenset()) -> Layer:
     """The embedding as one device runs it: the lookup vocab-parallel over tp (Megatron's: the table's rows
-    split, partial sums), or over the lookup's degree in `degrees` (1: the whole table on every tp rank)."""
+    split, partial sums), or over the rows its config in `own` splits (reduce; 1: the whole table on every tp
+    rank)."""
     act, h, tokens = dev.precision.activation_dtype, spec.hidden, dev.local_tokens
     fwd = [pointwise_op("lookup", "embedding", "embed.tokens", act, tokens * h, reads=1.0)]
     params = spec.vocab * h
@@ -254,21 +303,21 @@ def embedding_layer(spec: TransformerSpec, dev: DeviceSlice, degrees: Degrees = 
         fwd += [pointwise_op("type_add", "elementwise", "embed.token_types", act, tokens * h, reads=2.0),
                 pointwise_op("norm", "norm", "embed.norm", act, tokens * h, flops_per_element=5.0)]
         params += 2 * h + 2 * h
-    comms = layer_comms(spec, dev, "embedding", fwd, _configs("embedding", fwd, dev, degrees))
+    comms = layer_comms(spec, dev, "embedding", fwd, _configs("embedding", fwd, dev, own))
     fwd_ops, bwd_ops = _with_backward(fwd)
     out = _replicated_tokens(dev) * h * _act_bytes(dev)
-    t = dict(degrees).get("lookup", dev.tp)
+    t = dict(own)["lookup"].reduce if own else dev.tp
     return Layer("embedding", "embedding", 1, fwd_ops, bwd_ops, comms, params / t, params,
                  dict.fromkeys(("none", "selective", "full", "selective_op"), out), out)
 
 
-def head_layer(spec: TransformerSpec, dev: DeviceSlice, degrees: Degrees = frozenset()) -> Layer:
+def head_layer(spec: TransformerSpec, dev: DeviceSlice, own: TpConfigs = frozenset()) -> Layer:
     """Final norm, vocabulary projection and fp32 cross-entropy: vocab-parallel under TP (Megatron's), or the
-    projection or the cross-entropy over its degree in `degrees` (logits, cross_entropy; 1: the whole weight, all
+    projection or the cross-entropy at its config in `own` (logits, cross_entropy; none: the whole weight, all
     logits, on every tp rank)."""
     act, h, tokens = dev.precision.activation_dtype, spec.hidden, dev.local_tokens
-    given = dict(degrees)
-    t_logits, t_loss = (given.get(name, dev.tp) for name in ("logits", "cross_entropy"))
+    given = dict(own)
+    proj, loss = (given.get(name, OpConfig(1, 1, dev.tp, 1)) for name in ("logits", "cross_entropy"))
     fwd: list[Op] = []
     extra_params = 0
     if spec.arch == "bert":  # the masked-LM transform (dense + GELU + LayerNorm) and the decoder bias
@@ -278,14 +327,16 @@ def head_layer(spec: TransformerSpec, dev: DeviceSlice, degrees: Degrees = froze
         extra_params = h * h + h + spec.vocab
     fwd += [pointwise_op("final_norm", "norm", "head.norm", act, _replicated_tokens(dev) * h,
                          flops_per_element=5.0),
-            matmul_op("logits", "head.proj", dev.precision.linear_dtype, tokens, spec.vocab // t_logits, h),
-            pointwise_op("cross_entropy", "loss", "head.loss", "fp32", tokens * (spec.vocab // t_loss), reads=1.0,
-                         writes=1.0, flops_per_element=4.0)]
-    comms = layer_comms(spec, dev, "head", fwd, _configs("head", fwd, dev, degrees))
+            matmul_op("logits", "head.proj", dev.precision.linear_dtype, tokens // _token_parts(proj),
+                      spec.vocab // proj.out, h // proj.reduce),
+            pointwise_op("cross_entropy", "loss", "head.loss", "fp32",
+                         tokens // _token_parts(loss) * (spec.vocab // loss.out), reads=1.0, writes=1.0,
+                         flops_per_element=4.0)]
+    comms = layer_comms(spec, dev, "head", fwd, _configs("head", fwd, dev, own))
     fwd_ops, bwd_ops = _with_backward(fwd)
     norm_params = h * (2 if spec.norm == "layernorm" else 1) + extra_params
     proj_params = 0 if spec.tied_embeddings else spec.vocab * h
-    saved = _replicated_tokens(dev) * h * _act_bytes(dev) + tokens * (spec.vocab // t_loss) * 4.0  # norm input,
-    # the fp32 softmax
-    return Layer("head", "head", 1, fwd_ops, bwd_ops, comms, norm_params + proj_params / t_logits,
+    saved = _replicated_tokens(dev) * h * _act_bytes(dev) + tokens // _token_parts(loss) * (
+        spec.vocab // loss.out) * 4.0  # norm input, the fp32 softmax
+    return Layer("head", "head", 1, fwd_ops, bwd_ops, comms, norm_params + proj_params / _weight_parts(proj),
                  norm_params + proj_params, dict.fromkeys(("none", "selective", "full", "selective_op"), saved), 0.0)

@@ -126,8 +126,9 @@ def replicable_module(op: Op) -> str:
     """The part of the model whose op may take a config of its own over tp instead of Megatron's: "attn" (qkv,
     rope, the attention core, softmax, the projection), "mlp" (a dense block's MLP), "experts" (an MoE's expert
     matmuls and activation: Megatron-Core's expert tensor parallelism), "embed" (the token lookup) or "head"
-    (the vocabulary projection and the cross-entropy); "" for any other op (norms, residual adds, positions and
-    an MoE's router: Megatron's configs always)."""
+    (the vocabulary projection and the cross-entropy), "tokens" (a dense block's norms and residual adds: a batch
+    or sequence split); "" for any other op (the head's norm, the embedding's positions, an MoE block's norms,
+    residual adds and router: Megatron's configs always)."""
     parts = op.module_path.split(".")
     if "attn" in parts:
         return "attn"
@@ -137,6 +138,8 @@ def replicable_module(op: Op) -> str:
         return "mlp"
     if op.kind == "embedding":
         return "embed"
+    if op.kind in ("norm", "elementwise") and parts[:2] == ["blocks", "block"] and len(parts) == 3:
+        return "tokens"
     return "head" if op.name in ("logits", "cross_entropy") else ""
 
 
@@ -158,10 +161,12 @@ def tp_config_problem(op: Op, config: OpConfig, dev: DeviceSlice) -> str:
                 if dev.tp > 2 else ""
             return f"{fewer}{whole} (the experts whole on each tp rank: expert tensor parallelism 1)"
         return ""
-    dims = COMPUTE_PARTS if op.kind in CONTRACTING else COMPUTE_PARTS[:3]
+    tokens_only = replicable_module(op) == "tokens"  # a norm's statistics span the hidden features
+    dims = COMPUTE_PARTS[:2] if tokens_only else COMPUTE_PARTS if op.kind in CONTRACTING else COMPUTE_PARTS[:3]
     allowed = f"any split of its {', '.join(dims)} whose parts divide {dev.tp}, or none (the {op.name} whole on " \
         "each tp rank)"
-    if dev.tp % config.parts or (config.reduce > 1 and op.kind not in CONTRACTING):
+    if dev.tp % config.parts or (config.reduce > 1 and op.kind not in CONTRACTING) or (
+            tokens_only and config.out * config.reduce > 1):
         return allowed
     sequence = dev.local_tokens // dev.micro_batch
     if dev.micro_batch % config.batch or sequence % config.seq:
@@ -298,7 +303,9 @@ def _site(op: Op) -> str:
 
 
 def _layer_site(kind: LayerKind) -> str:
-    return {"embedding": "embed", "head": "logits"}.get(kind, "")
+    """A block's own site: a reshard between its norms and residual adds and the hidden state it reads or hands
+    on (block.ag: a block whose residual adds split the sequence without sp gathers what it hands on)."""
+    return {"embedding": "embed", "head": "logits"}.get(kind, "block")
 
 
 def _expert(op: Op) -> bool:
@@ -369,25 +376,36 @@ def _tp_kv_gathers(spec: TransformerSpec, dev: DeviceSlice, config: OpConfig) ->
             _named("attn.kv", "tp", reshard(partial, split, kv)))
 
 
-def token_split_params(spec: TransformerSpec, fwd: Sequence[Op], config_of: Callable[[Op], OpConfig]
-                       ) -> dict[int, float]:
-    """{k: parameters} of a layer's matmuls whose config over tp splits their tokens k = batch x seq ways: each of
-    those k tp ranks holds the weight part whole and makes its gradient from its own tokens, so the gradient is
-    summed over them as well as over the data-parallel ranks, once per iteration, in the data-parallel
-    gradient reduction (Megatron-LM sums the gradients of the weights sequence parallelism replicates over tp
-    once per iteration too, finalize_model_grads, megatron-core 0.9, by an all-reduce of its own). A matmul's
-    parameters as one rank holds them: its local weight
-    (op.shape: batch, m, n, k) and a block's bias. NB: Megatron's own token-split weights (an MoE router, a BERT
-    transform under sp) are left out, as before."""
+def token_split_params(spec: TransformerSpec, fwd: Sequence[Op], config_of: Callable[[Op], OpConfig],
+                       dev: DeviceSlice | None = None) -> dict[int, float]:
+    """{k: parameters} of a layer's matmuls (and, given the slice `dev`, its norms) whose config over tp splits
+    their tokens k = batch x seq ways: each of those k tp ranks holds the weight part whole and makes its
+    gradient from its own tokens, so the gradient is summed over them as well as over the data-parallel ranks,
+    once per iteration, in the data-parallel gradient reduction (Megatron-LM sums the gradients of the weights
+    sequence parallelism replicates over tp once per iteration too, finalize_model_grads, megatron-core 0.9, by
+    an all-reduce of its own). A matmul's parameters as one rank holds them: its local weight (op.shape: batch,
+    m, n, k) and a block's bias; a norm's: its gain (and a LayerNorm's bias), whole, where its config is not
+    Megatron's. NB: Megatron's own token-split weights (the norms and an MoE router under sp, a BERT transform
+    under sp) are left out, as before."""
     out: dict[int, float] = {}
     for op in fwd:
         config = config_of(op)
         parts = config.batch * config.seq
-        if op.kind == "matmul" and parts > 1 and replicable_module(op) in ("attn", "mlp", "head"):
+        if parts == 1:
+            continue
+        if op.kind == "matmul" and replicable_module(op) in ("attn", "mlp", "head"):
             _, _, n, k = op.shape
             bias = n if spec.bias and replicable_module(op) in ("attn", "mlp") else 0
             out[parts] = out.get(parts, 0.0) + float(n * k + bias)
+        elif op.kind == "norm" and replicable_module(op) == "tokens" and dev is not None and (
+                config != megatron_tp(op, dev, dev.tp)):
+            out[parts] = out.get(parts, 0.0) + float(norm_params(spec))
     return out
+
+
+def norm_params(spec: TransformerSpec) -> int:
+    """The parameters of one norm: its gain over the hidden features, and a LayerNorm's bias."""
+    return spec.hidden * (2 if spec.norm == "layernorm" else 1)
 
 
 def _expert_tp(fwd: Sequence[Op], dev: DeviceSlice, configs: Configs | None) -> int:

@@ -22,11 +22,17 @@ ranks d (each group of d consecutive tp ranks runs the op split d ways), none (t
 matmul split by its reduction dimension (input features sliced, partial sums out) or by its output dimension where
 Megatron splits the reduction, an op split by sequence (query rows for the attention core, tokens for a matmul,
 whose weight each rank then holds whole, its gradient summed over those ranks with the data-parallel reduction:
-token_split_params). The embedding's lookup takes Megatron's split over d dividing tp, or none, and an MoE's experts
-Megatron's split over d or none (below); the norms, residual adds, positions and an MoE's router take Megatron's
-only (tp_config_problem says what an op can take). The catalog builders shape each op at its config
-(frontends.catalog.transformer block_layer, embedding_layer, head_layer; compile.shape_layers); a collective over a
-split of fewer ranks than tp spans them (ir.graph.Comm.ranks), and the resharding below inserts what the layout
+token_split_params). A dense block's norms and residual adds may take any batch or sequence split whose parts
+divide tp (replicable_module "tokens"; not their hidden features, which a norm's statistics span): split by
+sequence without sp (per-op sequence parallelism; the block then hands on the whole hidden state, its last add's
+halves all-gathered: block.ag), or whole under sp; a norm's gain (and bias) is held whole and, where its tokens
+are split other than Megatron's way, its gradient summed over those ranks as a token-split matmul's is
+(Megatron-LM sums the sequence-parallel norms' gradients over tp: finalize_model_grads, megatron-core 0.9). The
+embedding's lookup takes Megatron's split over d dividing tp, or none, and an MoE's experts Megatron's split over
+d or none (below); the head's norm, the embedding's positions, an MoE block's norms and residual adds and its
+router take Megatron's only (tp_config_problem says what an op can take). The catalog builders shape each op at its
+config (frontends.catalog.transformer block_layer, embedding_layer, head_layer; compile.shape_layers); a collective
+over a split of fewer ranks than tp spans them (ir.graph.Comm.ranks), and the resharding below inserts what the layout
 changes need: a whole attention beside a split MLP pays only the MLP's all-reduce pair; qkv split by heads before a
 whole attention core all-gathers q, k and v; qkv split by its reduction dimension before a whole core all-reduces
 them (before a core split by heads: a reduce-scatter); a core split by sequence after qkv split by heads exchanges

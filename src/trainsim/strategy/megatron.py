@@ -155,8 +155,13 @@ def tp_config_problem(op: Op, config: OpConfig, dev: DeviceSlice) -> str:
     takes Megatron's split (reduce) over d dividing tp, or none; an MoE's expert op Megatron's split over d
     dividing tp (under sp with seq = tp / d), or none (expert tensor parallelism 1)."""
     if op.kind == "embedding":
-        if config != megatron_tp(op, dev, config.reduce) or dev.tp % config.reduce:
-            return f"that split over fewer ranks dividing {dev.tp}, or none (the {op.name} whole on each tp rank)"
+        by_tokens = config.out == config.reduce == 1 and config.parts > 1
+        if not by_tokens and (config != megatron_tp(op, dev, config.reduce) or dev.tp % config.reduce):
+            return f"that split over fewer ranks dividing {dev.tp}, a batch or seq split whose parts divide " \
+                f"{dev.tp} (each rank its own tokens from the whole table), or none (the {op.name} whole on each " \
+                "tp rank)"
+        if by_tokens:
+            return _token_problem(config, dev)
         return ""
     if replicable_module(op) == "experts":
         d = max(config.out, config.reduce)
@@ -174,6 +179,13 @@ def tp_config_problem(op: Op, config: OpConfig, dev: DeviceSlice) -> str:
     if dev.tp % config.parts or (config.reduce > 1 and op.kind not in CONTRACTING) or (
             tokens_only and config.out * config.reduce > 1):
         return allowed
+    return _token_problem(config, dev)
+
+
+def _token_problem(config: OpConfig, dev: DeviceSlice) -> str:
+    """Why a config's parts do not fit tp and the micro-batch ("" where they do)."""
+    if dev.tp % config.parts:
+        return f"parts whose product divides {dev.tp}"
     sequence = dev.local_tokens // dev.micro_batch
     if dev.micro_batch % config.batch or sequence % config.seq:
         return f"batch and seq parts dividing the micro-batch ({dev.micro_batch} x {sequence} tokens)"
@@ -384,14 +396,15 @@ def _tp_kv_gathers(spec: TransformerSpec, dev: DeviceSlice, config: OpConfig) ->
 
 def token_split_params(spec: TransformerSpec, fwd: Sequence[Op], config_of: Callable[[Op], OpConfig],
                        dev: DeviceSlice | None = None) -> dict[int, float]:
-    """{k: parameters} of a layer's matmuls (and, given the slice `dev`, its norms) whose config over tp splits
-    their tokens k = batch x seq ways: each of those k tp ranks holds the weight part whole and makes its
+    """{k: parameters} of a layer's matmuls, its lookup (and, given the slice `dev`, its norms) whose config over
+    tp splits their tokens k = batch x seq ways: each of those k tp ranks holds the weight part whole and makes its
     gradient from its own tokens, so the gradient is summed over them as well as over the data-parallel ranks,
     once per iteration, in the data-parallel gradient reduction (Megatron-LM sums the gradients of the weights
     sequence parallelism replicates over tp once per iteration too, finalize_model_grads, megatron-core 0.9, by
     an all-reduce of its own). A matmul's parameters as one rank holds them: its local weight (op.shape: batch,
     m, n, k) and a block's bias; a norm's: its gain (and a LayerNorm's bias), whole, where its config is not
-    Megatron's. NB: Megatron's own token-split weights (the norms and an MoE router under sp, a BERT transform
+    Megatron's; the lookup's (by tokens, its own config): the whole token table (vocab x hidden; not the
+    positions'). NB: Megatron's own token-split weights (the norms and an MoE router under sp, a BERT transform
     under sp) are left out, as before."""
     out: dict[int, float] = {}
     for op in fwd:
@@ -406,6 +419,8 @@ def token_split_params(spec: TransformerSpec, fwd: Sequence[Op], config_of: Call
         elif op.kind == "norm" and replicable_module(op) == "tokens" and dev is not None and (
                 config != megatron_tp(op, dev, dev.tp)):
             out[parts] = out.get(parts, 0.0) + float(norm_params(spec))
+        elif op.kind == "embedding":  # the lookup by tokens: the whole table on each of those ranks
+            out[parts] = out.get(parts, 0.0) + float(spec.vocab * spec.hidden)
     return out
 
 

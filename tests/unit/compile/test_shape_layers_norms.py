@@ -1,12 +1,14 @@
-"""A dense block's norms and residual adds at configs over tp other than Megatron's (compile.shape_layers,
-strategy.megatron replicable_module "tokens"): split by sequence without sp (per-op sequence parallelism), or
-whole under sp. Each shaped at its config, the collectives resharding inserts around them (the layer's hand-on
-included), a norm's weights held whole and their gradient summed over the tp ranks that split its tokens.
+"""A dense block's norms and residual adds, and the embedding's lookup, at configs over tp other than Megatron's
+(compile.shape_layers, strategy.megatron replicable_module "tokens" and "embed"): the norms split by sequence
+without sp (per-op sequence parallelism), or whole under sp; the lookup by tokens (each rank its own tokens from
+the whole table). Each shaped at its config, the collectives resharding inserts around them (the layer's hand-on
+included), the weights held whole and their gradient summed over the tp ranks that split their tokens.
 
 The tiny GPT (tests/conftest.py: hidden 32, 4 heads of 8, ffn 128, vocab 256, tied embeddings, biases,
 LayerNorm) at micro-batch 2 x 32 tokens in bf16 on 8 A100s, tp 2 x dp 4: a hidden state of the micro-batch is
 64 tokens x 32 x 2 bytes = 4096 bytes; a LayerNorm holds a gain and a bias of 32 each (64 parameters); Megatron's
-block holds 6352 parameters per tp rank (its two norms counted divided by tp, as the builder always has).
+block holds 6352 parameters per tp rank (its two norms counted divided by tp, as the builder always has); the
+embedding a table of 256 x 32 = 8192 and positions of 32 x 32 = 1024 parameters.
 """
 
 import pytest
@@ -36,16 +38,20 @@ MEGATRON_BLOCK_PARAMS = 6352
 TOKEN_OPS = ("blocks.*.norm1", "blocks.*.residual1", "blocks.*.norm2", "blocks.*.residual2")
 
 
-def _job(sp: bool) -> Job:
-    spec = parse_model(yaml.safe_load(TINY_GPT_MODEL_YAML))
+def _job(sp: bool, tied: bool = True) -> Job:
+    text = TINY_GPT_MODEL_YAML.replace("tied_embeddings: true", f"tied_embeddings: {str(tied).lower()}")
+    spec = parse_model(yaml.safe_load(text))
     assert isinstance(spec, TransformerSpec)
     par = ParallelSpec.parse({"micro_batch": 2, "seq_len": 32, "global_batch": 16, "tp": 2, "dp": 4, "sp": sp})
     return make_job(spec, a100_cluster(8), par)
 
 
-def _plan(job: Job, seq_parts: dict[str, int]) -> LoweredPlan:
-    """Megatron's splits, the ops in seq_parts split that many ways by sequence over tp instead."""
+def _plan(job: Job, seq_parts: dict[str, int], whole: tuple[tuple[str, str], ...] = ()) -> LoweredPlan:
+    """Megatron's splits, the ops in seq_parts split that many ways by sequence over tp instead (the (path, dim)
+    in `whole` not split along dim)."""
     tree = StrategyTree.from_parallel(build_transformer(job.model, DeviceSlice.of(job.parallel)), job.parallel)
+    for path, dim in whole:
+        tree = tree.split(path, "compute", dim, 1, axis="tp", override=True)
     for path, parts in seq_parts.items():
         tree = tree.split(path, "compute", "seq", parts, axis="tp", override=True)
     return shape_layers(job, tree.lower(job.parallel))
@@ -147,13 +153,58 @@ def test_megatron_s_own_norm_splits_compile_to_the_plain_plan() -> None:
                          r"tp is sequence parallelism \(--sp\)"),
     ("embedding.positions", "seq", r"pos_add splits nothing over tp"),
     ("embedding.tokens", "seq", r"lookup splits reduce=2 over tp; give that, or no tp splits; or that split over "
-                                r"fewer ranks dividing 2, or none"),
+                                r"fewer ranks dividing 2, a batch or seq split whose parts divide 2 \(each rank its "
+                                r"own tokens from the whole table\), or none"),
 ])
 def test_the_splits_still_refused_name_what_the_op_can_take(path: str, dim: str, message: str) -> None:
     """A norm split by its hidden features (its statistics span them), the head's norm, the positions and the
-    lookup by tokens stay refused, in one line."""
+    lookup split both by tokens and by rows stay refused, in one line."""
     job = _job(sp=False)
     tree = StrategyTree.from_parallel(build_transformer(job.model, DeviceSlice.of(job.parallel)), job.parallel)
     with pytest.raises(ConfigError, match=message) as info:
         tree.split(path, "compute", dim, 2, axis="tp", override=True).lower(job.parallel)
     assert "\n" not in str(info.value)
+
+
+def test_the_lookup_by_tokens_holds_the_whole_table_and_sums_its_gradient_over_its_tp_ranks() -> None:
+    """An untied GPT without sp, the lookup by sequence over the tp pair: each rank looks up its 32 of the 64
+    tokens in the whole table (no partial sums: Megatron's reduce-scatter or all-reduce gone), and the positions'
+    add, whole, reads the lookup's halves all-gathered (embed.ag, 4096 bytes). A rank holds the whole table
+    (8192 + 1024 parameters, not half the table) and its gradient, made from its own tokens, is summed over the 2
+    tp ranks with the 4 dp ranks: a bucket of 8192 parameters over 8 ranks. The head keeps Megatron's split."""
+    job = _job(sp=False, tied=False)
+    plan = _plan(job, {"embedding.tokens": 2}, whole=(("embedding.tokens", "reduce"),))
+    embedding = plan.layers[0].layer
+    assert _comms(embedding) == [("embed.ag", "all-gather", "fwd", HIDDEN_BYTES)]
+    assert [op.shape for op in embedding.fwd] == [(32 * 32,), (64 * 32,)]
+    assert embedding.param_count == 8192 + 1024
+    assert _plan(job, {}).layers[0].layer.param_count == (8192 + 1024) / 2
+    assert plan_tp_token_params(plan, job.model, job.parallel) == {0: {2: 8192.0}}
+    pricer = Pricer(Calibration())
+    compiled = compile_job(job, plan, pricer, "layer")
+    grad = policy_for("bf16").grad_bytes
+    synced = dict((t.name, t.duration_s) for t in compiled.tasks if t.category == "dp_comm")
+    assert synced["dp all-reduce bucket1 L0.embedding..L0.embedding"] == pricer.collective_s(
+        "all-reduce", 8192 * grad, job.cluster.group_layout(8, 1), job)
+
+
+def test_the_lookup_by_tokens_under_sp_hands_on_its_sequence_share_without_a_collective() -> None:
+    """With sp the lookup's sequence halves are what the positions' add and the first block read: no collective
+    at all (Megatron's vocab-parallel lookup reduce-scatters its partial sums)."""
+    job = _job(sp=True, tied=False)
+    assert _comms(_plan(job, {}).layers[0].layer) == [
+        ("embed.rs", "reduce-scatter", "fwd", HIDDEN_BYTES), ("embed.ag", "all-gather", "bwd", HIDDEN_BYTES)]
+    assert _comms(_plan(job, {"embedding.tokens": 2}, whole=(("embedding.tokens", "reduce"),)).layers[0].layer) == []
+
+
+def test_a_tied_table_split_by_tokens_needs_a_whole_projection() -> None:
+    """The tiny GPT ties its table to the head: the lookup by tokens holds the table whole, so the projection
+    must too (out 1); with Megatron's vocab-parallel projection the tree is refused in one line."""
+    job = _job(sp=False)
+    with pytest.raises(ConfigError, match=r"ties its embedding table to the head's projection") as info:
+        _plan(job, {"embedding.tokens": 2}, whole=(("embedding.tokens", "reduce"),))
+    assert "\n" not in str(info.value)
+    plan = _plan(job, {"embedding.tokens": 2}, whole=(("embedding.tokens", "reduce"), ("head.proj", "out")))
+    assert plan.layers[0].layer.param_count == 8192 + 1024
+    assert plan_tp_token_params(plan, job.model, job.parallel) == {0: {2: 8192.0}}
+

@@ -315,9 +315,10 @@ def _configs(kind: LayerKind, fwd: list[Op], dev: DeviceSlice, own: TpConfigs) -
 def embedding_layer(spec: TransformerSpec, dev: DeviceSlice, own: TpConfigs = frozenset()) -> Layer:
     """The embedding as one device runs it: the lookup vocab-parallel over tp (Megatron's: the table's rows
     split, partial sums), or over the rows its config in `own` splits (reduce; 1: the whole table on every tp
-    rank)."""
+    rank), or by tokens (batch, seq: each rank looks up its own tokens in the whole table)."""
     act, h, tokens = dev.precision.activation_dtype, spec.hidden, dev.local_tokens
-    fwd = [pointwise_op("lookup", "embedding", "embed.tokens", act, tokens * h, reads=1.0)]
+    lookup = dict(own).get("lookup", OpConfig(1, 1, 1, dev.tp))
+    fwd = [pointwise_op("lookup", "embedding", "embed.tokens", act, tokens // _token_parts(lookup) * h, reads=1.0)]
     params = spec.vocab * h
     if spec.position == "learned":
         fwd.append(pointwise_op("pos_add", "elementwise", "embed.positions", act, tokens * h, reads=2.0))
@@ -329,8 +330,7 @@ def embedding_layer(spec: TransformerSpec, dev: DeviceSlice, own: TpConfigs = fr
     comms = layer_comms(spec, dev, "embedding", fwd, _configs("embedding", fwd, dev, own))
     fwd_ops, bwd_ops = _with_backward(fwd)
     out = _replicated_tokens(dev) * h * _act_bytes(dev)
-    t = dict(own)["lookup"].reduce if own else dev.tp
-    return Layer("embedding", "embedding", 1, fwd_ops, bwd_ops, comms, params / t, params,
+    return Layer("embedding", "embedding", 1, fwd_ops, bwd_ops, comms, params / lookup.reduce, params,
                  dict.fromkeys(("none", "selective", "full", "selective_op"), out), out)
 
 

@@ -28,8 +28,10 @@ sequence without sp (per-op sequence parallelism; the block then hands on the wh
 halves all-gathered: block.ag), or whole under sp; a norm's gain (and bias) is held whole and, where its tokens
 are split other than Megatron's way, its gradient summed over those ranks as a token-split matmul's is
 (Megatron-LM sums the sequence-parallel norms' gradients over tp: finalize_model_grads, megatron-core 0.9). The
-embedding's lookup takes Megatron's split over d dividing tp, or none, and an MoE's experts Megatron's split over
-d or none (below); the head's norm, the embedding's positions, an MoE block's norms and residual adds and its
+embedding's lookup takes Megatron's split over d dividing tp, none, or a batch or sequence split whose parts
+divide tp (each rank looks up its own tokens in the whole table, whose gradient is then summed over those ranks;
+a tied table then needs the head's projection whole), and an MoE's experts Megatron's split over d or none
+(below); the head's norm, the embedding's positions, an MoE block's norms and residual adds and its
 router take Megatron's only (tp_config_problem says what an op can take). The catalog builders shape each op at its
 config (frontends.catalog.transformer block_layer, embedding_layer, head_layer; compile.shape_layers); a collective
 over a split of fewer ranks than tp spans them (ir.graph.Comm.ranks), and the resharding below inserts what the layout

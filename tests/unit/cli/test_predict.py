@@ -179,7 +179,9 @@ def test_a_tree_splitting_the_norms_by_sequence_without_sp_runs_in_both_engines(
     adds on half the tokens (less compute than plain tp 2, a little more than
     with sp, which splits the embedding's positions and the head's norm too), moves
     more over tp (each module's all-reduce becomes a reduce-scatter and an all-gather, and the block hands on the
-    whole hidden state: one all-gather more each way) and holds the norms whole (more weights)."""
+    whole hidden state: one all-gather more each way) and holds the norms whole (more weights).
+    gpt-tp2-lookup-tokens.yaml (the tied lookup by tokens, the projection whole) holds the table whole and
+    computes all the logits on each rank."""
     root = Path(__file__).resolve().parents[3]
     tree = str(root / "data" / "strategies" / "megatron" / "gpt-tp2-norms-seq.yaml")
     args = ["predict", "--model", "gpt3-125m", "--num-gpus", "8", "--tp", "2", "--micro-batch", "4",
@@ -195,6 +197,11 @@ def test_a_tree_splitting_the_norms_by_sequence_without_sp_runs_in_both_engines(
         assert tp["plain"] < tp["norms"]
         weights = {name: data["memory_breakdown"]["weights"] for name, data in out.items()}
         assert weights["plain"] == weights["sp"] < weights["norms"]
+        lookup = RUNNER.invoke(app, [*args, "--engine", engine, "--tree", tree.replace("norms-seq", "lookup-tokens")])
+        assert lookup.exit_code == 0, lookup.output
+        by_tokens = json.loads(lookup.stdout)  # the tied table whole: every rank computes all the logits
+        assert by_tokens["memory_breakdown"]["weights"] > weights["plain"]
+        assert by_tokens["breakdown"]["compute"] > compute["plain"]
 
 
 

@@ -127,7 +127,8 @@ def expert_grad_groups(job: Job, plan: LoweredPlan) -> dict[int, tuple[float, tu
 def _check_tied(spec: TransformerSpec, dev: DeviceSlice, built: dict[tuple[int, TpConfigs], Layer]) -> None:
     """A model whose head projects with the embedding's table (tied embeddings) holds that table one way: the
     lookup's rows and the projection's output (the vocabulary) split over one tp degree, the projection's
-    reduction (the hidden features) and tokens not (Megatron's vocab-parallel table: tp; 1: whole)."""
+    reduction (the hidden features) and tokens not (Megatron's vocab-parallel table: tp; 1: whole, as a lookup by
+    tokens holds it)."""
     if not spec.tied_embeddings:
         return
     given = {layer.kind: dict(own) for (_, own), layer in built.items()}
@@ -136,7 +137,7 @@ def _check_tied(spec: TransformerSpec, dev: DeviceSlice, built: dict[tuple[int, 
     if logits != OpConfig(1, 1, lookup.reduce, 1):
         raise ConfigError("split.compute@tp", "nothing", f"{spec.name} ties its embedding table to the head's "
                           "projection: split embedding.tokens (reduce) and head.proj (out) over tp alike, or "
-                          "neither")
+                          "neither (a lookup by tokens holds the whole table: head.proj whole)")
 
 
 def _rebuilt(spec: TransformerSpec, dev: DeviceSlice, layer: Layer, own: TpConfigs) -> Layer:

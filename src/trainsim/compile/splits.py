@@ -193,7 +193,8 @@ def plan_tp_token_params(plan: LoweredPlan, model: ModelSpec, par: ParallelSpec)
     out: dict[int, dict[int, float]] = {}
     for a in plan.layers:
         given = configs.get(a.index, {})
-        shared = token_split_params(model, a.layer.fwd, lambda op, g=given: g.get(op.module_path, UNSPLIT))
+        shared = token_split_params(model, a.layer.fwd, lambda op, g=given: g.get(op.module_path, UNSPLIT),
+                                    DeviceSlice.of(par))
         if shared:
             out[a.index] = shared
     return out

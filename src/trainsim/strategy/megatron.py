@@ -22,11 +22,19 @@ ranks d (each group of d consecutive tp ranks runs the op split d ways), none (t
 matmul split by its reduction dimension (input features sliced, partial sums out) or by its output dimension where
 Megatron splits the reduction, an op split by sequence (query rows for the attention core, tokens for a matmul,
 whose weight each rank then holds whole, its gradient summed over those ranks with the data-parallel reduction:
-token_split_params). The embedding's lookup takes Megatron's split over d dividing tp, or none, and an MoE's experts
-Megatron's split over d or none (below); the norms, residual adds, positions and an MoE's router take Megatron's
-only (tp_config_problem says what an op can take). The catalog builders shape each op at its config
-(frontends.catalog.transformer block_layer, embedding_layer, head_layer; compile.shape_layers); a collective over a
-split of fewer ranks than tp spans them (ir.graph.Comm.ranks), and the resharding below inserts what the layout
+token_split_params). A dense block's norms and residual adds may take any batch or sequence split whose parts
+divide tp (replicable_module "tokens"; not their hidden features, which a norm's statistics span): split by
+sequence without sp (per-op sequence parallelism; the block then hands on the whole hidden state, its last add's
+halves all-gathered: block.ag), or whole under sp; a norm's gain (and bias) is held whole and, where its tokens
+are split other than Megatron's way, its gradient summed over those ranks as a token-split matmul's is
+(Megatron-LM sums the sequence-parallel norms' gradients over tp: finalize_model_grads, megatron-core 0.9). The
+embedding's lookup takes Megatron's split over d dividing tp, none, or a batch or sequence split whose parts
+divide tp (each rank looks up its own tokens in the whole table, whose gradient is then summed over those ranks;
+a tied table then needs the head's projection whole), and an MoE's experts Megatron's split over d or none
+(below); the head's norm, the embedding's positions, an MoE block's norms and residual adds and its
+router take Megatron's only (tp_config_problem says what an op can take). The catalog builders shape each op at its
+config (frontends.catalog.transformer block_layer, embedding_layer, head_layer; compile.shape_layers); a collective
+over a split of fewer ranks than tp spans them (ir.graph.Comm.ranks), and the resharding below inserts what the layout
 changes need: a whole attention beside a split MLP pays only the MLP's all-reduce pair; qkv split by heads before a
 whole attention core all-gathers q, k and v; qkv split by its reduction dimension before a whole core all-reduces
 them (before a core split by heads: a reduce-scatter); a core split by sequence after qkv split by heads exchanges
@@ -126,8 +134,9 @@ def replicable_module(op: Op) -> str:
     """The part of the model whose op may take a config of its own over tp instead of Megatron's: "attn" (qkv,
     rope, the attention core, softmax, the projection), "mlp" (a dense block's MLP), "experts" (an MoE's expert
     matmuls and activation: Megatron-Core's expert tensor parallelism), "embed" (the token lookup) or "head"
-    (the vocabulary projection and the cross-entropy); "" for any other op (norms, residual adds, positions and
-    an MoE's router: Megatron's configs always)."""
+    (the vocabulary projection and the cross-entropy), "tokens" (a dense block's norms and residual adds: a batch
+    or sequence split); "" for any other op (the head's norm, the embedding's positions, an MoE block's norms,
+    residual adds and router: Megatron's configs always)."""
     parts = op.module_path.split(".")
     if "attn" in parts:
         return "attn"
@@ -137,6 +146,8 @@ def replicable_module(op: Op) -> str:
         return "mlp"
     if op.kind == "embedding":
         return "embed"
+    if op.kind in ("norm", "elementwise") and parts[:2] == ["blocks", "block"] and len(parts) == 3:
+        return "tokens"
     return "head" if op.name in ("logits", "cross_entropy") else ""
 
 
@@ -146,8 +157,13 @@ def tp_config_problem(op: Op, config: OpConfig, dev: DeviceSlice) -> str:
     takes Megatron's split (reduce) over d dividing tp, or none; an MoE's expert op Megatron's split over d
     dividing tp (under sp with seq = tp / d), or none (expert tensor parallelism 1)."""
     if op.kind == "embedding":
-        if config != megatron_tp(op, dev, config.reduce) or dev.tp % config.reduce:
-            return f"that split over fewer ranks dividing {dev.tp}, or none (the {op.name} whole on each tp rank)"
+        by_tokens = config.out == config.reduce == 1 and config.parts > 1
+        if not by_tokens and (config != megatron_tp(op, dev, config.reduce) or dev.tp % config.reduce):
+            return f"that split over fewer ranks dividing {dev.tp}, a batch or seq split whose parts divide " \
+                f"{dev.tp} (each rank its own tokens from the whole table), or none (the {op.name} whole on each " \
+                "tp rank)"
+        if by_tokens:
+            return _token_problem(config, dev)
         return ""
     if replicable_module(op) == "experts":
         d = max(config.out, config.reduce)
@@ -158,11 +174,20 @@ def tp_config_problem(op: Op, config: OpConfig, dev: DeviceSlice) -> str:
                 if dev.tp > 2 else ""
             return f"{fewer}{whole} (the experts whole on each tp rank: expert tensor parallelism 1)"
         return ""
-    dims = COMPUTE_PARTS if op.kind in CONTRACTING else COMPUTE_PARTS[:3]
+    tokens_only = replicable_module(op) == "tokens"  # a norm's statistics span the hidden features
+    dims = COMPUTE_PARTS[:2] if tokens_only else COMPUTE_PARTS if op.kind in CONTRACTING else COMPUTE_PARTS[:3]
     allowed = f"any split of its {', '.join(dims)} whose parts divide {dev.tp}, or none (the {op.name} whole on " \
         "each tp rank)"
-    if dev.tp % config.parts or (config.reduce > 1 and op.kind not in CONTRACTING):
+    if dev.tp % config.parts or (config.reduce > 1 and op.kind not in CONTRACTING) or (
+            tokens_only and config.out * config.reduce > 1):
         return allowed
+    return _token_problem(config, dev)
+
+
+def _token_problem(config: OpConfig, dev: DeviceSlice) -> str:
+    """Why a config's parts do not fit tp and the micro-batch ("" where they do)."""
+    if dev.tp % config.parts:
+        return f"parts whose product divides {dev.tp}"
     sequence = dev.local_tokens // dev.micro_batch
     if dev.micro_batch % config.batch or sequence % config.seq:
         return f"batch and seq parts dividing the micro-batch ({dev.micro_batch} x {sequence} tokens)"
@@ -298,7 +323,9 @@ def _site(op: Op) -> str:
 
 
 def _layer_site(kind: LayerKind) -> str:
-    return {"embedding": "embed", "head": "logits"}.get(kind, "")
+    """A block's own site: a reshard between its norms and residual adds and the hidden state it reads or hands
+    on (block.ag: a block whose residual adds split the sequence without sp gathers what it hands on)."""
+    return {"embedding": "embed", "head": "logits"}.get(kind, "block")
 
 
 def _expert(op: Op) -> bool:
@@ -369,25 +396,39 @@ def _tp_kv_gathers(spec: TransformerSpec, dev: DeviceSlice, config: OpConfig) ->
             _named("attn.kv", "tp", reshard(partial, split, kv)))
 
 
-def token_split_params(spec: TransformerSpec, fwd: Sequence[Op], config_of: Callable[[Op], OpConfig]
-                       ) -> dict[int, float]:
-    """{k: parameters} of a layer's matmuls whose config over tp splits their tokens k = batch x seq ways: each of
-    those k tp ranks holds the weight part whole and makes its gradient from its own tokens, so the gradient is
-    summed over them as well as over the data-parallel ranks, once per iteration, in the data-parallel
-    gradient reduction (Megatron-LM sums the gradients of the weights sequence parallelism replicates over tp
-    once per iteration too, finalize_model_grads, megatron-core 0.9, by an all-reduce of its own). A matmul's
-    parameters as one rank holds them: its local weight
-    (op.shape: batch, m, n, k) and a block's bias. NB: Megatron's own token-split weights (an MoE router, a BERT
-    transform under sp) are left out, as before."""
+def token_split_params(spec: TransformerSpec, fwd: Sequence[Op], config_of: Callable[[Op], OpConfig],
+                       dev: DeviceSlice | None = None) -> dict[int, float]:
+    """{k: parameters} of a layer's matmuls, its lookup (and, given the slice `dev`, its norms) whose config over
+    tp splits their tokens k = batch x seq ways: each of those k tp ranks holds the weight part whole and makes its
+    gradient from its own tokens, so the gradient is summed over them as well as over the data-parallel ranks,
+    once per iteration, in the data-parallel gradient reduction (Megatron-LM sums the gradients of the weights
+    sequence parallelism replicates over tp once per iteration too, finalize_model_grads, megatron-core 0.9, by
+    an all-reduce of its own). A matmul's parameters as one rank holds them: its local weight (op.shape: batch,
+    m, n, k) and a block's bias; a norm's: its gain (and a LayerNorm's bias), whole, where its config is not
+    Megatron's; the lookup's (by tokens, its own config): the whole token table (vocab x hidden; not the
+    positions'). NB: Megatron's own token-split weights (the norms and an MoE router under sp, a BERT transform
+    under sp) are left out, as before."""
     out: dict[int, float] = {}
     for op in fwd:
         config = config_of(op)
         parts = config.batch * config.seq
-        if op.kind == "matmul" and parts > 1 and replicable_module(op) in ("attn", "mlp", "head"):
+        if parts == 1:
+            continue
+        if op.kind == "matmul" and replicable_module(op) in ("attn", "mlp", "head"):
             _, _, n, k = op.shape
             bias = n if spec.bias and replicable_module(op) in ("attn", "mlp") else 0
             out[parts] = out.get(parts, 0.0) + float(n * k + bias)
+        elif op.kind == "norm" and replicable_module(op) == "tokens" and dev is not None and (
+                config != megatron_tp(op, dev, dev.tp)):
+            out[parts] = out.get(parts, 0.0) + float(norm_params(spec))
+        elif op.kind == "embedding":  # the lookup by tokens: the whole table on each of those ranks
+            out[parts] = out.get(parts, 0.0) + float(spec.vocab * spec.hidden)
     return out
+
+
+def norm_params(spec: TransformerSpec) -> int:
+    """The parameters of one norm: its gain over the hidden features, and a LayerNorm's bias."""
+    return spec.hidden * (2 if spec.norm == "layernorm" else 1)
 
 
 def _expert_tp(fwd: Sequence[Op], dev: DeviceSlice, configs: Configs | None) -> int:

@@ -173,6 +173,37 @@ def test_trees_with_splits_other_than_megatrons_run_and_move_what_their_layouts_
         assert weights[""] == weights["qkv-reduce"] == weights["attn-seq"] < weights["mlp-tokens"]
 
 
+def test_a_tree_splitting_the_norms_by_sequence_without_sp_runs_in_both_engines() -> None:
+    """data/strategies/megatron/gpt-tp2-norms-seq.yaml (a block's norms and residual adds by sequence over the tp
+    pair, the job without sp) in the simulator and the analytical engine: each rank runs the norms and residual
+    adds on half the tokens (less compute than plain tp 2, a little more than
+    with sp, which splits the embedding's positions and the head's norm too), moves
+    more over tp (each module's all-reduce becomes a reduce-scatter and an all-gather, and the block hands on the
+    whole hidden state: one all-gather more each way) and holds the norms whole (more weights).
+    gpt-tp2-lookup-tokens.yaml (the tied lookup by tokens, the projection whole) holds the table whole and
+    computes all the logits on each rank."""
+    root = Path(__file__).resolve().parents[3]
+    tree = str(root / "data" / "strategies" / "megatron" / "gpt-tp2-norms-seq.yaml")
+    args = ["predict", "--model", "gpt3-125m", "--num-gpus", "8", "--tp", "2", "--micro-batch", "4",
+            "--global-batch", "64", "--seq-len", "1024", "--json"]
+    for engine in ("sim", "analytical"):
+        runs = {name: RUNNER.invoke(app, [*args, "--engine", engine, *extra]) for name, extra in (
+            ("plain", []), ("sp", ["--sp"]), ("norms", ["--tree", tree]))}
+        assert all(run.exit_code == 0 for run in runs.values()), [run.output for run in runs.values()]
+        out = {name: json.loads(run.stdout) for name, run in runs.items()}
+        compute = {name: data["breakdown"]["compute"] for name, data in out.items()}
+        assert compute["sp"] < compute["norms"] < compute["plain"]
+        tp = {name: data["breakdown"]["tp_comm"] for name, data in out.items()}
+        assert tp["plain"] < tp["norms"]
+        weights = {name: data["memory_breakdown"]["weights"] for name, data in out.items()}
+        assert weights["plain"] == weights["sp"] < weights["norms"]
+        lookup = RUNNER.invoke(app, [*args, "--engine", engine, "--tree", tree.replace("norms-seq", "lookup-tokens")])
+        assert lookup.exit_code == 0, lookup.output
+        by_tokens = json.loads(lookup.stdout)  # the tied table whole: every rank computes all the logits
+        assert by_tokens["memory_breakdown"]["weights"] > weights["plain"]
+        assert by_tokens["breakdown"]["compute"] > compute["plain"]
+
+
 
 def test_stages_on_their_own_meshes_with_their_own_op_configs(tmp_path: Path) -> None:
     """The shipped GPT-3 1.3B trees whose stage 1 runs tp 4 x dp 2 beside stage 0's tp 2 x dp 4

@@ -294,7 +294,8 @@ def test_a_whole_fc1_before_a_row_split_fc2_gathers_the_gradient_backward() -> N
 
 
 def test_a_split_an_op_cannot_take_is_refused_in_one_line() -> None:
-    """The attention core has no reduction dimension; the lookup takes Megatron's split (reduce) or none."""
+    """The attention core has no reduction dimension; the lookup takes Megatron's split (reduce), a split by
+    tokens, or none, not both at once; a tied table looked up by tokens needs a whole projection."""
     job, graph = _tiny()
     splits = [*VOCAB, ("blocks.*.attn.core", "reduce"), *MEGATRON_MLP]
     with pytest.raises(ConfigError, match=r"blocks.0.attn.core split.compute@tp='reduce=2' is invalid: ops take "
@@ -303,11 +304,16 @@ def test_a_split_an_op_cannot_take_is_refused_in_one_line() -> None:
                                           r"2, or none \(the attention whole on each tp rank\)") as info:
         _tree(graph, splits).lower(job.parallel)
     assert "\n" not in str(info.value)
+    lookup_by_seq_and_rows = [("embedding.tokens", "seq"), *VOCAB, *MEGATRON_ATTN, *MEGATRON_MLP]
+    with pytest.raises(ConfigError, match=r"embedding.tokens split.compute@tp='seq=2 reduce=2' is invalid: .* lookup "
+                                          r"splits reduce=2 over tp; give that, or no tp splits; or that split over "
+                                          r"fewer ranks dividing 2, a batch or seq split whose parts divide 2 \(each "
+                                          r"rank its own tokens from the whole table\), or none \(the lookup whole on "
+                                          r"each tp rank\)"):
+        _tree(graph, lookup_by_seq_and_rows).lower(job.parallel)
     lookup_by_seq = [("embedding.tokens", "seq"), *VOCAB[1:], *MEGATRON_ATTN, *MEGATRON_MLP]
-    with pytest.raises(ConfigError, match=r"embedding.tokens split.compute@tp='seq=2' is invalid: .* lookup splits "
-                                          r"reduce=2 over tp; give that, or no tp splits; or that split over fewer "
-                                          r"ranks dividing 2, or none \(the lookup whole on each tp rank\)"):
-        _tree(graph, lookup_by_seq).lower(job.parallel)
+    with pytest.raises(ConfigError, match=r"ties its embedding table to the head's projection"):  # tied, by tokens
+        shape_layers(job, _tree(graph, lookup_by_seq).lower(job.parallel))
 
 
 def test_a_whole_attention_under_context_parallelism_gathers_all_heads_keys_and_values() -> None:

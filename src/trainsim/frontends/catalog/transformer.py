@@ -3,13 +3,13 @@
 The feature collectives of TP, SP, CP and EP are not written here: strategy.megatron derives them from the
 splits those axes make of each layer's ops (the resharding between ops' computation configs).
 
-Each op of a block's attention and MLP, the lookup, the logits and the cross-entropy is shaped by its own
-computation config over tp: Megatron's split over the job's tp, or the config a strategy tree gives it (the
-builders' `own`, strategy.megatron.own_configs): (batch, seq, out, reduce) parts, each rank running the op on
-1/(batch x seq) of the tokens, 1/out of its output features and 1/reduce of its reduction dimension, and holding
-1/(out x reduce) of its weight (a config of none: the whole op on every tp rank). An MoE's experts take Megatron's
-split over a degree d dividing tp, or none, and run the routed copies of their d ranks' tokens under sp
-(_expert_tokens)."""
+Each op of a block's attention and MLP, a dense block's norms and residual adds, the lookup, the logits and the
+cross-entropy is shaped by its own computation config over tp: Megatron's split over the job's tp, or the config a
+strategy tree gives it (the builders' `own`, strategy.megatron.own_configs): (batch, seq, out, reduce) parts, each
+rank running the op on 1/(batch x seq) of the tokens, 1/out of its output features and 1/reduce of its reduction
+dimension, and holding 1/(out x reduce) of its weight (a config of none: the whole op on every tp rank). An MoE's
+experts take Megatron's split over a degree d dividing tp, or none, and run the routed copies of their d ranks'
+tokens under sp (_expert_tokens)."""
 
 from collections.abc import Mapping
 
@@ -25,7 +25,7 @@ from trainsim.ir.flops import (
 from trainsim.ir.graph import Layer, LayerKind, Op, OpGraph
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.strategy.device_slice import DeviceSlice
-from trainsim.strategy.megatron import ROW, Configs, TpConfigs, axis_sizes, layer_comms, op_config
+from trainsim.strategy.megatron import ROW, Configs, TpConfigs, axis_sizes, layer_comms, norm_params, op_config
 from trainsim.strategy.placement import OpConfig
 
 
@@ -74,9 +74,11 @@ def _block_params(spec: TransformerSpec, moe: bool) -> tuple[float, float]:
     return attn + norms, mlp
 
 
-def _attention_ops(spec: TransformerSpec, dev: DeviceSlice, path: str, c: Mapping[str, OpConfig]) -> list[Op]:
-    """norm1, the attention module with each op shaped at its config c[name] over tp, residual1."""
-    tokens, rep = dev.local_tokens, _replicated_tokens(dev)
+def _attention_ops(spec: TransformerSpec, dev: DeviceSlice, path: str, c: Mapping[str, OpConfig],
+                   rows: Mapping[str, int]) -> list[Op]:
+    """norm1, the attention module with each op shaped at its config c[name] over tp, residual1 (the norm and
+    the residual add on rows[name] tokens: _token_rows)."""
+    tokens = dev.local_tokens
     act, lin, h, d = dev.precision.activation_dtype, dev.precision.linear_dtype, spec.hidden, spec.head_dim
     mb = dev.micro_batch
 
@@ -84,7 +86,7 @@ def _attention_ops(spec: TransformerSpec, dev: DeviceSlice, path: str, c: Mappin
         return spec.num_heads // c[name].out, max(1, spec.kv_heads // c[name].out)
 
     q, kv = heads("qkv")
-    ops = [pointwise_op("norm1", "norm", f"{path}.norm1", act, rep * h, flops_per_element=5.0),
+    ops = [pointwise_op("norm1", "norm", f"{path}.norm1", act, rows["norm1"] * h, flops_per_element=5.0),
            matmul_op("qkv", f"{path}.attn.qkv", lin, tokens // _token_parts(c["qkv"]), (q + 2 * kv) * d,
                      h // c["qkv"].reduce)]
     if spec.position == "rope":
@@ -102,7 +104,7 @@ def _attention_ops(spec: TransformerSpec, dev: DeviceSlice, path: str, c: Mappin
                                 flops_per_element=5.0, selective=True))
     ops.append(matmul_op("out_proj", f"{path}.attn.out", lin, tokens // _token_parts(c["out_proj"]),
                          h // c["out_proj"].out, spec.num_heads // c["out_proj"].reduce * d))
-    ops.append(pointwise_op("residual1", "elementwise", f"{path}.residual1", act, rep * h, reads=2.0))
+    ops.append(pointwise_op("residual1", "elementwise", f"{path}.residual1", act, rows["residual1"] * h, reads=2.0))
     return ops
 
 
@@ -157,23 +159,36 @@ def block_layer(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool,
     name = "moe_block" if moe else "block"
     path = f"blocks.{name}"
     act, h = dev.precision.activation_dtype, spec.hidden
-    rep = _replicated_tokens(dev)
     given = dict(own)
     c = {op: given.get(op, _megatron(op, dev.tp)) for op in _ATTN_OPS + _MLP_OPS}
-    fwd = _attention_ops(spec, dev, path, c)
-    fwd.append(pointwise_op("norm2", "norm", f"{path}.norm2", act, rep * h, flops_per_element=5.0))
+    rows = _token_rows(dev, given if not moe else {})
+    own_norms = sum(1 for name in ("norm1", "norm2") if name in given and not moe)
+    fwd = _attention_ops(spec, dev, path, c, rows)
+    fwd.append(pointwise_op("norm2", "norm", f"{path}.norm2", act, rows["norm2"] * h, flops_per_element=5.0))
     if moe:
         fwd.append(matmul_op("router", f"{path}.moe.router", act, dev.local_tokens, spec.num_experts, h))
         d = _weight_parts(c[_mlp_op_names(spec)[0]])  # the experts' tp degree (strategy.megatron._expert_tp)
         fwd.extend(_mlp_ops(spec, dev, f"{path}.moe", _expert_tokens(dev, d), spec.top_k, _features_only(c)))
     else:
         fwd.extend(_mlp_ops(spec, dev, path, dev.local_tokens, 1, c))
-    fwd.append(pointwise_op("residual2", "elementwise", f"{path}.residual2", act, rep * h, reads=2.0))
+    fwd.append(pointwise_op("residual2", "elementwise", f"{path}.residual2", act, rows["residual2"] * h, reads=2.0))
     kind: LayerKind = "moe_block" if moe else "block"
     comms = layer_comms(spec, dev, kind, fwd, _configs(kind, fwd, dev, own))
     fwd_ops, bwd_ops = _with_backward(fwd)
-    return Layer(name, kind, count, fwd_ops, bwd_ops, comms, _block_local_params(spec, dev, moe, c),
-                 sum(_block_params(spec, moe)), _block_saved_bytes(spec, dev, moe, c), rep * h * _act_bytes(dev))
+    return Layer(name, kind, count, fwd_ops, bwd_ops, comms, _block_local_params(spec, dev, moe, c, own_norms),
+                 sum(_block_params(spec, moe)), _block_saved_bytes(spec, dev, moe, c, rows),
+                 _replicated_tokens(dev) * h * _act_bytes(dev))
+
+
+_TOKEN_OPS = ("norm1", "residual1", "norm2", "residual2")  # a dense block's ops outside attention and MLP
+
+
+def _token_rows(dev: DeviceSlice, given: Mapping[str, OpConfig]) -> dict[str, int]:
+    """The tokens each of a block's norms and residual adds runs: Megatron's (its sequence share under sp, all
+    local tokens without), or 1/(batch x seq) of the local tokens at its config in `given` (a norm split by
+    sequence without sp: per-op sequence parallelism; a norm whole under sp)."""
+    return {name: dev.local_tokens // _token_parts(given[name]) if name in given else _replicated_tokens(dev)
+            for name in _TOKEN_OPS}
 
 
 def _megatron(name: str, tp: int) -> OpConfig:
@@ -198,11 +213,14 @@ def _weight_parts(config: OpConfig) -> int:
     return config.out * config.reduce
 
 
-def _block_local_params(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: Mapping[str, OpConfig]) -> float:
+def _block_local_params(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: Mapping[str, OpConfig],
+                        own_norms: int = 0) -> float:
     """The parameters one tp rank holds of a block: each matmul's weight (and bias) divided by its config's weight
     parts (out x reduce; a matmul split by tokens holds it whole); the norms' with qkv's (as Megatron-LM's
-    builders here always counted them: divided by tp). A module whose matmuls share one divisor divides its count
-    as a whole (the same figure, to the last bit, as before)."""
+    builders here always counted them: divided by tp), except the `own_norms` norms a tree gives a config of their
+    own (strategy.megatron.replicable_module "tokens"), each held whole (its gradient summed over the tp ranks
+    that split its tokens: strategy.megatron.token_split_params). A module whose matmuls share one divisor divides
+    its count as a whole (the same figure, to the last bit, as before)."""
     attn_params, mlp_params = _block_params(spec, moe)
     first, _, second = _mlp_op_names(spec)
     w = {name: _weight_parts(c[name]) for name in ("qkv", "out_proj", first, second)}
@@ -211,6 +229,8 @@ def _block_local_params(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: M
     else:
         out_params = spec.num_heads * spec.head_dim * spec.hidden + (spec.hidden if spec.bias else 0)
         attn = (attn_params - out_params) / w["qkv"] + out_params / w["out_proj"]
+    if own_norms:
+        attn += own_norms * (norm_params(spec) - norm_params(spec) / w["qkv"])
     if moe:
         mlp = expert_params(spec, dev, w[first])
     elif w[first] == w[second]:
@@ -221,8 +241,8 @@ def _block_local_params(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: M
     return attn + mlp
 
 
-def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool,
-                       c: Mapping[str, OpConfig]) -> dict[str, float]:
+def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: Mapping[str, OpConfig],
+                       token_rows: Mapping[str, int]) -> dict[str, float]:
     """Activations one block keeps for its backward pass, per micro-batch.
 
     Korthikanti et al. 2022 (eq. 1-5) generalized to any ffn size, grouped-query heads, SwiGLU and flash
@@ -233,7 +253,9 @@ def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool,
     sequence, the gathered keys and values gathered again; its output as the projection, the ffn features as the
     activation and the second matmul). Under SP a module whose first matmul does not take Megatron's split keeps
     its input as it reads it (all local tokens where it splits none), rather than the sequence share Megatron-LM
-    re-gathers in the backward.
+    re-gathers in the backward. token_rows: the tokens each norm runs (_token_rows), its input kept as it holds
+    it (NB: the dropout masks, the qkv and MLP inputs kept as Megatron's split keeps them whatever the norms'
+    configs).
     """
     a2, h = _act_bytes(dev), spec.hidden
     tokens, rep = dev.local_tokens, _replicated_tokens(dev)
@@ -259,7 +281,8 @@ def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool,
     own_inputs = sum(max(0, rows(op) * (h // c[op].reduce) - rep * h) for op in ("qkv", first)
                      if c[op] != _megatron(op, dev.tp) and not (moe and op == first)) if dev.sp else 0
     # two norm inputs, qkv input, mlp input, two dropout masks
-    replicated = rep * h * (4 * a2 + 2 * mask) + own_inputs * a2
+    norms_own = (token_rows["norm1"] + token_rows["norm2"] - 2 * rep) * h * a2  # 0 at Megatron's configs
+    replicated = rep * h * (4 * a2 + 2 * mask) + norms_own + own_inputs * a2
     qkv = core_tokens * (heads + 2 * kv) * spec.head_dim * a2
     out_in = rows("out_proj") * (spec.num_heads // c["out_proj"].reduce) * spec.head_dim * a2
     if spec.mlp == "swiglu":
@@ -292,9 +315,10 @@ def _configs(kind: LayerKind, fwd: list[Op], dev: DeviceSlice, own: TpConfigs) -
 def embedding_layer(spec: TransformerSpec, dev: DeviceSlice, own: TpConfigs = frozenset()) -> Layer:
     """The embedding as one device runs it: the lookup vocab-parallel over tp (Megatron's: the table's rows
     split, partial sums), or over the rows its config in `own` splits (reduce; 1: the whole table on every tp
-    rank)."""
+    rank), or by tokens (batch, seq: each rank looks up its own tokens in the whole table)."""
     act, h, tokens = dev.precision.activation_dtype, spec.hidden, dev.local_tokens
-    fwd = [pointwise_op("lookup", "embedding", "embed.tokens", act, tokens * h, reads=1.0)]
+    lookup = dict(own).get("lookup", OpConfig(1, 1, 1, dev.tp))
+    fwd = [pointwise_op("lookup", "embedding", "embed.tokens", act, tokens // _token_parts(lookup) * h, reads=1.0)]
     params = spec.vocab * h
     if spec.position == "learned":
         fwd.append(pointwise_op("pos_add", "elementwise", "embed.positions", act, tokens * h, reads=2.0))
@@ -306,8 +330,7 @@ def embedding_layer(spec: TransformerSpec, dev: DeviceSlice, own: TpConfigs = fr
     comms = layer_comms(spec, dev, "embedding", fwd, _configs("embedding", fwd, dev, own))
     fwd_ops, bwd_ops = _with_backward(fwd)
     out = _replicated_tokens(dev) * h * _act_bytes(dev)
-    t = dict(own)["lookup"].reduce if own else dev.tp
-    return Layer("embedding", "embedding", 1, fwd_ops, bwd_ops, comms, params / t, params,
+    return Layer("embedding", "embedding", 1, fwd_ops, bwd_ops, comms, params / lookup.reduce, params,
                  dict.fromkeys(("none", "selective", "full", "selective_op"), out), out)
 
 

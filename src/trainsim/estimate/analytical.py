@@ -133,12 +133,19 @@ class AnalyticalEstimator:
     def estimate(self, job: Job, graph: OpGraph, plan: "LoweredPlan | None" = None) -> Result:
         """plan: a strategy tree's that places layers as the strategy's default plan does (the closed form's
         even placement) and may give ops their own configs over tp: its layers shaped by them
-        (compile.shape_layers.shaped_graph; ConfigError for a plan that places, schedules or splits otherwise)."""
-        if plan is not None:
-            from trainsim.compile.shape_layers import shaped_graph  # NB: loaded for a tree only (start-up)
+        (compile.shape_layers.shaped_graph; ConfigError for a plan that places, schedules or splits otherwise).
+        The model FLOPs (MFU) are the unshaped graph's; what the shaped ops repeat on several tp ranks counts in
+        HFU only (compile.shape_layers.repeated_flops), as in the simulator."""
+        if plan is None:
+            return self.price(job, graph).result()
+        from trainsim.compile.shape_layers import repeated_flops, shaped_graph  # NB: loaded for a tree only
 
-            graph = shaped_graph(job, graph, plan)
-        return self.price(job, graph).result()
+        shaped = shaped_graph(job, graph, plan)
+        price = self.price(job, shaped)
+        if shaped is graph:
+            return price.result()
+        return make_result(self.name, job, graph, price.breakdown, price.memory, calibration=price.calibration,
+                           repeated_flops=repeated_flops(job, plan))
 
     def price(self, job: Job, graph: OpGraph) -> PlanPrice:
         """The closed form for one plan; the Result waits for PlanPrice.result()."""

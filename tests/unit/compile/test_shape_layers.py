@@ -22,6 +22,7 @@ from trainsim.compile.shape_layers import repeated_flops, shape_layers
 from trainsim.compile.splits import plan_mesh_comms
 from trainsim.cost.pricing import Pricer, axis_layout
 from trainsim.errors import ConfigError
+from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.estimate.simulation import SimEstimator
 from trainsim.frontends.catalog.transformer import build_transformer
 from trainsim.ir.exec_graph import ExecGraph
@@ -154,6 +155,9 @@ def test_the_repeated_mlp_counts_in_hardware_flops_not_model_flops() -> None:
     result = SimEstimator(Pricer(Calibration())).estimate(job, graph, plan)
     per_micro_batch = graph.total_flops("fwd") + graph.total_flops("bwd")
     assert result.hfu / result.mfu == pytest.approx(1.0 + 2 * per_block / per_micro_batch, rel=1e-12)
+    closed = AnalyticalEstimator(Pricer(Calibration())).estimate(job, graph, plan)
+    assert closed.model_flops_per_iteration == result.model_flops_per_iteration
+    assert closed.hfu / closed.mfu == pytest.approx(result.hfu / result.mfu, rel=1e-12)
 
 
 def test_mlp_only_tp_and_a_split_that_differs_between_blocks() -> None:

@@ -82,10 +82,7 @@ def shaped_graph(job: Job, graph: OpGraph, plan: LoweredPlan) -> OpGraph:
 def _layer_configs(plan: LoweredPlan, dev: DeviceSlice) -> list[TpConfigs]:
     """Per layer instance of the plan (in its order), the ops its configs over tp give a config of their own
     (strategy.megatron.own_configs)."""
-    configs: dict[int, dict[str, OpConfig]] = {}  # layer index -> op module path -> its config over tp
-    for s in plan.mesh_splits:
-        if s.axis == "tp":
-            configs.setdefault(s.layer, {})[s.module_path] = s.config
+    configs = plan.tp_configs()
     out: list[TpConfigs] = []
     for a in plan.layers:
         given = configs.get(a.index, {})

@@ -186,15 +186,11 @@ def plan_tp_token_params(plan: LoweredPlan, model: ModelSpec, par: ParallelSpec)
     (strategy.megatron.token_split_params: their gradient is summed over those k tp ranks too); {} where none."""
     if par.tp == 1 or not plan.mesh_splits or not isinstance(model, TransformerSpec):
         return {}
-    configs: dict[int, dict[str, OpConfig]] = {}
-    for s in plan.mesh_splits:
-        if s.axis == "tp":
-            configs.setdefault(s.layer, {})[s.module_path] = s.config
+    configs, dev = plan.tp_configs(), DeviceSlice.of(par)
     out: dict[int, dict[int, float]] = {}
     for a in plan.layers:
         given = configs.get(a.index, {})
-        shared = token_split_params(model, a.layer.fwd, lambda op, g=given: g.get(op.module_path, UNSPLIT),
-                                    DeviceSlice.of(par))
+        shared = token_split_params(model, a.layer.fwd, lambda op, g=given: g.get(op.module_path, UNSPLIT), dev)
         if shared:
             out[a.index] = shared
     return out

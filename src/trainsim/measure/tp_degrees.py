@@ -37,10 +37,7 @@ def plan_tp_degrees(plan: LoweredPlan, par: ParallelSpec) -> TpDegrees:
     fewer ranks than tp, or leave whole (1); {} where every op takes Megatron's split. Refuses, in one line, a
     layout change between two degrees above 1 inside a module."""
     dev = DeviceSlice.of(par)
-    given: dict[int, dict[str, OpConfig]] = {}
-    for s in plan.mesh_splits:
-        if s.axis == "tp":
-            given.setdefault(s.layer, {})[s.module_path] = s.config
+    given = plan.tp_configs()
     out: TpDegrees = {}
     blocks = 0
     for a in plan.layers:

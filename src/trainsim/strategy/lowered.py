@@ -91,6 +91,14 @@ class LoweredPlan:
     # Alpa's submesh); (): every stage holds the job's tp x dp x cp
     stage_ranks: tuple[int, ...] = ()
 
+    def tp_configs(self) -> dict[int, dict[str, OpConfig]]:
+        """Per layer index, each op's computation config over tp (by op module path) from mesh_splits."""
+        out: dict[int, dict[str, OpConfig]] = {}
+        for s in self.mesh_splits:
+            if s.axis == "tp":
+                out.setdefault(s.layer, {})[s.module_path] = s.config
+        return out
+
     def stage_block(self, stage: int) -> tuple[int, int]:
         """(first rank, ranks) of a stage's block where stage_ranks gives the stages' sizes."""
         return sum(self.stage_ranks[:stage]), self.stage_ranks[stage]

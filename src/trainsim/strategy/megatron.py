@@ -121,7 +121,7 @@ def op_config(axis: Axis, op: Op, dev: DeviceSlice, own: TpConfigs = frozenset()
 def megatron_tp(op: Op, dev: DeviceSlice, degree: int) -> OpConfig:
     """Megatron's config of `op` over tp, its split made over `degree` ranks (module doc); an expert op at degree
     d keeps, under sp, the tokens of its d ranks (the sequence split tp / d ways: Megatron-Core's expert tensor
-    parallelism, _expert_tp)."""
+    parallelism, dispatch_layout)."""
     token_parts = dev.tp // degree if dev.sp and _expert(op) else 1
     if op.name in COLUMN or op.name in FEATURE:
         return OpConfig(1, token_parts, degree, 1)
@@ -134,19 +134,21 @@ def replicable_module(op: Op) -> str:
     """The part of the model whose op may take a config of its own over tp instead of Megatron's: "attn" (qkv,
     rope, the attention core, softmax, the projection), "mlp" (a dense block's MLP), "experts" (an MoE's expert
     matmuls and activation: Megatron-Core's expert tensor parallelism), "embed" (the token lookup) or "head"
-    (the vocabulary projection and the cross-entropy), "tokens" (a dense block's norms and residual adds: a batch
-    or sequence split); "" for any other op (the head's norm, the embedding's positions, an MoE block's norms,
-    residual adds and router: Megatron's configs always)."""
+    (the vocabulary projection and the cross-entropy), "tokens" (a block's norms and residual adds, dense or MoE:
+    a batch or sequence split), "router" (an MoE's gating matmul: a batch or sequence split, its weight whole);
+    "" for any other op (the head's norm, the embedding's positions: Megatron's configs always)."""
     parts = op.module_path.split(".")
     if "attn" in parts:
         return "attn"
     if _expert(op):
         return "experts"
-    if "mlp" in parts and "moe" not in parts:
+    if "moe" in parts:
+        return "router"
+    if "mlp" in parts:
         return "mlp"
     if op.kind == "embedding":
         return "embed"
-    if op.kind in ("norm", "elementwise") and parts[:2] == ["blocks", "block"] and len(parts) == 3:
+    if op.kind in ("norm", "elementwise") and len(parts) == 3 and parts[:2] in (["blocks", "block"], ["blocks", "moe_block"]):
         return "tokens"
     return "head" if op.name in ("logits", "cross_entropy") else ""
 
@@ -174,7 +176,8 @@ def tp_config_problem(op: Op, config: OpConfig, dev: DeviceSlice) -> str:
                 if dev.tp > 2 else ""
             return f"{fewer}{whole} (the experts whole on each tp rank: expert tensor parallelism 1)"
         return ""
-    tokens_only = replicable_module(op) == "tokens"  # a norm's statistics span the hidden features
+    # a norm's statistics span the hidden features, the router's top-k its experts: tokens only
+    tokens_only = replicable_module(op) in ("tokens", "router")
     dims = COMPUTE_PARTS[:2] if tokens_only else COMPUTE_PARTS if op.kind in CONTRACTING else COMPUTE_PARTS[:3]
     allowed = f"any split of its {', '.join(dims)} whose parts divide {dev.tp}, or none (the {op.name} whole on " \
         "each tp rank)"
@@ -230,7 +233,7 @@ def layer_comms(spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: S
             return configs.get((op.module_path, axis), UNSPLIT)
 
         forward, backward = _walk(axis, size, spec, dev, kind, fwd, config_of,
-                                  (_heads_parts(fwd, dev, configs), _expert_tp(fwd, dev, configs)))
+                                  (_heads_parts(fwd, dev, configs), dispatch_layout(fwd, dev, configs)))
         sites = {_site(op): i for i, op in reversed(list(enumerate(fwd)))}
         backward.sort(key=lambda found: sites.get(found[0].split(".")[0], len(sites)))
         comms += [Comm(name, step.collective, axis, "fwd", step.buffer_bytes, _sub(step, size))
@@ -243,13 +246,17 @@ def layer_comms(spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: S
 
 
 def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: Sequence[Op],
-          config_of: Callable[[Op], OpConfig], parts: tuple[int, int]) -> tuple[list[_Found], list[_Found]]:
+          config_of: Callable[[Op], OpConfig], parts: tuple[int, Placement | None]
+          ) -> tuple[list[_Found], list[_Found]]:
     """(forward, backward) reshards of the layer's op chain over one axis; the backward's in the order the
-    backward pass meets them. parts: the parts the attention's heads are split into over tp, and the tp degree
-    of the experts (_expert_tp; below tp: Megatron-Core's dispatch order, _read_bytes)."""
-    heads_parts, expert_tp = parts
-    dispatch_first = expert_tp < dev.tp
-    full = _tensor_bytes(axis, spec, dev, dispatch_first)
+    backward pass meets them. parts: the parts the attention's heads are split into over tp, and the layout over
+    tp of the tokens each rank dispatches (dispatch_layout; None: trainsim's Megatron order, the hidden state
+    gathered over tp before the dispatch). Where there is one, the reshard into the experts' first op goes
+    through it: from the router's layout with the hidden state's bytes (a slice), then onto the experts' with the
+    routed tokens' (_read_bytes); out of the experts' last op the same way back (Megatron-Core's order)."""
+    heads_parts, dispatch = parts
+    dispatch_first = dispatch is not None
+    full = _tensor_bytes(axis, spec, dev, dispatch)
     handed = handed_on(axis, dev)
     forward: list[_Found] = []
     backward: list[_Found] = []
@@ -262,9 +269,18 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
         if placement is not None:
             routed = dispatch_first and (_expert(op) or (producer is not None and _expert(producer)))
             site, read = _namer(axis, kind, producer, op), _read_bytes(axis, spec, dev, op, full, routed)
-            forward += _named(site, axis, reshard(placement, need, read))
             grad = input_grad_placement(need, config, contracting)
-            backward += _named(site, axis, reshard(grad, output_grad_placement(placement), read))
+            boundary = producer is not None and _expert(op) != _expert(producer)
+            if axis == "tp" and dispatch is not None and boundary:  # through the dispatched tokens' layout
+                first, then = (full, read) if _expert(op) else (read, full)
+                mid, mid_grad = _through(dispatch, placement), _through(dispatch, grad)
+                forward += _named(site, axis, reshard(placement, mid, first))
+                forward += _named(site, axis, reshard(mid, need, then))
+                backward += _named(site, axis, reshard(mid_grad, output_grad_placement(placement), first))
+                backward += _named(site, axis, reshard(grad, mid_grad, then))
+            else:
+                forward += _named(site, axis, reshard(placement, need, read))
+                backward += _named(site, axis, reshard(grad, output_grad_placement(placement), read))
         if axis == "cp" and op.kind == "attention":  # keys and values of the whole sequence
             kv = _kv_bytes(spec, dev, heads_parts)
             forward += _named("kv", axis, reshard(Placement(size, seq=size), Placement(size), kv))
@@ -279,6 +295,15 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
         forward += _named(site, axis, reshard(placement, handed, full))
         backward += _named(site, axis, reshard(handed, output_grad_placement(placement), full))
     return forward, backward[::-1]
+
+
+def _through(dispatch: Placement, held: Placement) -> Placement:
+    """The dispatched tokens' layout as the all-to-alls over ep carry a tensor `held` over tp: its partial sums
+    (the experts' output or input gradient, partial over their tp ranks) travel through them unreduced where the
+    tokens are split alike (the reduction then moves the hidden state: trainsim's order), else are reduced onto
+    the dispatched tokens before (the routed tokens: Megatron-Core's reduce-scatter before the combine)."""
+    alike = (held.batch, held.seq) == (dispatch.batch, dispatch.seq)
+    return Placement(dispatch.group, dispatch.batch, dispatch.seq, partial=held.partial if alike else 1)
 
 
 def _loss_statistics(fwd: Sequence[Op], dev: DeviceSlice, config_of: Callable[[Op], OpConfig]) -> list[Comm]:
@@ -338,15 +363,16 @@ def _contracting(axis: Axis, op: Op) -> bool:
     return axis == "tp" and (op.kind in CONTRACTING or op.kind == "embedding")
 
 
-def _tensor_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, own_tokens: bool = False) -> float:
+def _tensor_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, dispatch: Placement | None = None) -> float:
     """The whole tensor a reshard over `axis` moves: the hidden state of the micro-batch's local tokens over
     tp (over cp the attention's keys and values, _kv_bytes); over ep the tokens routed to top_k experts on
     every rank of the group: of all the micro-batch's local tokens (the hidden state gathered over tp before
-    the dispatch), or with own_tokens of those the rank holds (its sequence share under sp: Megatron-Core's
-    order where the experts' tp degree is below tp, _read_bytes)."""
+    the dispatch), or, given the layout over tp of the tokens a rank dispatches (dispatch_layout), of those
+    (its router's tokens, or its experts' where they run fewer: Megatron-Core's order, _read_bytes)."""
     hidden = float(dev.local_tokens * spec.hidden * BYTES_PER_DTYPE[dev.precision.activation_dtype])
-    if axis == "ep" and own_tokens and dev.sp:
-        own = float(dev.local_tokens // dev.tp * spec.hidden * BYTES_PER_DTYPE[dev.precision.activation_dtype])
+    parts = 1 if dispatch is None else dispatch.batch * dispatch.seq
+    if axis == "ep" and parts > 1:
+        own = float(dev.local_tokens // parts * spec.hidden * BYTES_PER_DTYPE[dev.precision.activation_dtype])
         return own * spec.top_k * dev.ep
     return hidden * spec.top_k * dev.ep if axis == "ep" else hidden
 
@@ -360,12 +386,13 @@ def _read_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, consumer: O
     `routed` the routed tokens' hidden states (top_k per token). Over cp and ep: `hidden` (_tensor_bytes).
 
     routed: a reshard into an expert's first matmul or out of its last where the experts' tp degree d is below
-    tp. Megatron-Core's all-to-all dispatcher then runs the all-to-all over ep first, then the all-gather of
-    the routed tokens over the d ranks of the expert tp group (and the reduce-scatter before the combine's
-    all-to-all): MoEAlltoAllTokenDispatcher dispatch_postprocess / combine_preprocess,
-    megatron/core/transformer/moe/token_dispatcher.py, megatron-core 0.16.1. NB: under Megatron's split (d =
-    tp) trainsim keeps its order, the hidden state gathered over tp before the dispatch (hidden bytes here, all
-    local tokens over ep: _tensor_bytes)."""
+    tp or the router takes a config of its own (dispatch_layout). Megatron-Core's all-to-all dispatcher then
+    runs the all-to-all over ep first, then the all-gather of the routed tokens over the ranks of the expert tp
+    group that dispatched other tokens (and the reduce-scatter before the combine's all-to-all):
+    MoEAlltoAllTokenDispatcher dispatch_postprocess / combine_preprocess,
+    megatron/core/transformer/moe/token_dispatcher.py, megatron-core 0.16.1. NB: under Megatron's configs of
+    the router and the experts trainsim keeps its order, the hidden state gathered over tp before the dispatch
+    (hidden bytes here, all local tokens over ep: _tensor_bytes)."""
     if axis != "tp":
         return hidden
     act, d, f = BYTES_PER_DTYPE[dev.precision.activation_dtype], spec.head_dim, spec.ffn_hidden
@@ -398,16 +425,17 @@ def _tp_kv_gathers(spec: TransformerSpec, dev: DeviceSlice, config: OpConfig) ->
 
 def token_split_params(spec: TransformerSpec, fwd: Sequence[Op], config_of: Callable[[Op], OpConfig],
                        dev: DeviceSlice | None = None) -> dict[int, float]:
-    """{k: parameters} of a layer's matmuls, its lookup (and, given the slice `dev`, its norms) whose config over
-    tp splits their tokens k = batch x seq ways: each of those k tp ranks holds the weight part whole and makes its
-    gradient from its own tokens, so the gradient is summed over them as well as over the data-parallel ranks,
-    once per iteration, in the data-parallel gradient reduction (Megatron-LM sums the gradients of the weights
-    sequence parallelism replicates over tp once per iteration too, finalize_model_grads, megatron-core 0.9, by
-    an all-reduce of its own). A matmul's parameters as one rank holds them: its local weight (op.shape: batch,
+    """{k: parameters} of a layer's matmuls, its lookup (and, given the slice `dev`, its norms and router) whose
+    config over tp splits their tokens k = batch x seq ways: each of those k tp ranks holds the weight part whole
+    and makes its gradient from its own tokens, so the gradient is summed over them as well as over the
+    data-parallel ranks, once per iteration, in the data-parallel gradient reduction (Megatron-LM sums the
+    gradients of the weights sequence parallelism replicates over tp once per iteration too,
+    finalize_model_grads, megatron-core 0.9, by an all-reduce of its own). A matmul's parameters as one rank holds them: its local weight (op.shape: batch,
     m, n, k) and a block's bias; a norm's: its gain (and a LayerNorm's bias), whole, where its config is not
-    Megatron's; the lookup's (by tokens, its own config): the whole token table (vocab x hidden; not the
-    positions'). NB: Megatron's own token-split weights (the norms and an MoE router under sp, a BERT transform
-    under sp) are left out, as before."""
+    Megatron's; an MoE router's: its whole gating weight, where its config is not Megatron's; the lookup's (by
+    tokens, its own config): the whole token table (vocab x hidden; not the positions'). NB: Megatron's own
+    token-split weights (the norms and an MoE router under sp, a BERT transform under sp) are left out, as
+    before."""
     out: dict[int, float] = {}
     for op in fwd:
         config = config_of(op)
@@ -421,9 +449,16 @@ def token_split_params(spec: TransformerSpec, fwd: Sequence[Op], config_of: Call
         elif op.kind == "norm" and replicable_module(op) == "tokens" and dev is not None and (
                 config != megatron_tp(op, dev, dev.tp)):
             out[parts] = out.get(parts, 0.0) + float(norm_params(spec))
+        elif replicable_module(op) == "router" and dev is not None and config != megatron_tp(op, dev, dev.tp):
+            out[parts] = out.get(parts, 0.0) + float(router_params(spec))
         elif op.kind == "embedding":  # the lookup by tokens: the whole table on each of those ranks
             out[parts] = out.get(parts, 0.0) + float(spec.vocab * spec.hidden)
     return out
+
+
+def router_params(spec: TransformerSpec) -> int:
+    """The parameters of an MoE's router: its gating weight, hidden features x experts (no bias)."""
+    return spec.hidden * spec.num_experts
 
 
 def norm_params(spec: TransformerSpec) -> int:
@@ -431,15 +466,45 @@ def norm_params(spec: TransformerSpec) -> int:
     return spec.hidden * (2 if spec.norm == "layernorm" else 1)
 
 
-def _expert_tp(fwd: Sequence[Op], dev: DeviceSlice, configs: Configs | None) -> int:
-    """The tp degree d of the layer's experts: Megatron's tp, or the degree their configs split the experts'
-    features over (d < tp: Megatron-Core's expert_tensor_parallel_size, megatron/core/model_parallel_config.py,
-    megatron-core 0.16.1); tp for a layer without experts."""
+def dispatch_layout(fwd: Sequence[Op], dev: DeviceSlice, configs: Configs | None) -> Placement | None:
+    """How the tp ranks hold the tokens each dispatches to the experts (Placement over tp: batch and seq parts),
+    or None for trainsim's order under Megatron's configs of the router and the experts (the hidden state
+    gathered over tp before the dispatch, every rank dispatching all its local tokens). Where the experts take
+    a tp degree d < tp (Megatron-Core's expert_tensor_parallel_size, megatron/core/model_parallel_config.py,
+    megatron-core 0.16.1) or the router a config of its own, each rank dispatches the tokens its router routed,
+    as Megatron-Core's MoEAlltoAllTokenDispatcher does (megatron/core/transformer/moe/token_dispatcher.py,
+    0.16.1), sliced to its experts' tokens where the router ran more (a router whole beside experts on their
+    ranks' sequence shares): the finer of the two token splits (dispatch_problem refuses splits that do not
+    nest). None for a layer without experts."""
+    router = next((op for op in fwd if replicable_module(op) == "router"), None)
     expert = next((op for op in fwd if _expert(op)), None)
-    if configs is None or expert is None or dev.tp == 1:
-        return dev.tp
-    config = configs.get((expert.module_path, "tp"), UNSPLIT)
-    return max(config.out, config.reduce)
+    if configs is None or router is None or expert is None or dev.tp == 1:
+        return None
+    gate, first = configs.get((router.module_path, "tp"), UNSPLIT), configs.get((expert.module_path, "tp"), UNSPLIT)
+    if max(first.out, first.reduce) == dev.tp and gate == megatron_tp(router, dev, dev.tp):
+        return None
+    if first.batch * first.seq > gate.batch * gate.seq:
+        return Placement(dev.tp, first.batch, first.seq)
+    return Placement(dev.tp, gate.batch, gate.seq)
+
+
+def dispatch_problem(fwd: Sequence[Op], dev: DeviceSlice, own: TpConfigs) -> str:
+    """Why the layer's router and experts at their configs over tp (own: a tree's, own_configs) cannot be priced
+    exactly ("" where they can): the tokens a rank dispatches (dispatch_layout) must be its router's or its
+    experts', one split holding the other's parts whole: a router split by batch beside experts split by sequence
+    (their d < tp ranks' sequence shares under sp), or token parts that do not divide each other, are not."""
+    router = next((op for op in fwd if replicable_module(op) == "router"), None)
+    expert = next((op for op in fwd if _expert(op)), None)
+    if router is None or expert is None:
+        return ""
+    gate, first = (op_config("tp", op, dev, own) for op in (router, expert))
+    routed, run = gate.batch * gate.seq, first.batch * first.seq
+    if (gate.batch > 1 and first.seq > 1) or max(routed, run) % min(routed, run):
+        return f"the router split {routed} ways by {'batch' if gate.batch > 1 else 'seq'} beside experts split " \
+            f"{run} ways by seq (their tp degree below {dev.tp} under sp): each rank dispatches the tokens it " \
+            "routed, which must hold its experts' tokens or lie within them; split the router by seq into parts " \
+            f"dividing or divided by {run}"
+    return ""
 
 
 def _kv_bytes(spec: TransformerSpec, dev: DeviceSlice, heads_parts: int) -> float:

@@ -54,6 +54,7 @@ from trainsim.strategy.megatron import (
     Axis,
     TpConfigs,
     axis_sizes,
+    dispatch_problem,
     op_config,
     own_configs,
     replicable_module,
@@ -428,6 +429,10 @@ class StrategyTree:
                               lambda op, i=index: given.get((i, op.module_path, "tp"), UNSPLIT))
             if own:
                 _check_experts_alike(layer, devs[index], own, self.layer_paths[index])
+                if problem := dispatch_problem(layer.fwd, devs[index], own):
+                    router = dict(own).get("router", UNSPLIT)
+                    raise ConfigError(f"{self.layer_paths[index]}.moe.router split.compute@tp",
+                                      _config_text(router), problem)
                 out[index] = own
         return out
 

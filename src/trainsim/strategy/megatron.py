@@ -148,7 +148,8 @@ def replicable_module(op: Op) -> str:
         return "mlp"
     if op.kind == "embedding":
         return "embed"
-    if op.kind in ("norm", "elementwise") and len(parts) == 3 and parts[:2] in (["blocks", "block"], ["blocks", "moe_block"]):
+    if op.kind in ("norm", "elementwise") and len(parts) == 3 and parts[:2] in (
+            ["blocks", "block"], ["blocks", "moe_block"]):
         return "tokens"
     return "head" if op.name in ("logits", "cross_entropy") else ""
 
@@ -430,12 +431,12 @@ def token_split_params(spec: TransformerSpec, fwd: Sequence[Op], config_of: Call
     and makes its gradient from its own tokens, so the gradient is summed over them as well as over the
     data-parallel ranks, once per iteration, in the data-parallel gradient reduction (Megatron-LM sums the
     gradients of the weights sequence parallelism replicates over tp once per iteration too,
-    finalize_model_grads, megatron-core 0.9, by an all-reduce of its own). A matmul's parameters as one rank holds them: its local weight (op.shape: batch,
-    m, n, k) and a block's bias; a norm's: its gain (and a LayerNorm's bias), whole, where its config is not
-    Megatron's; an MoE router's: its whole gating weight, where its config is not Megatron's; the lookup's (by
-    tokens, its own config): the whole token table (vocab x hidden; not the positions'). NB: Megatron's own
-    token-split weights (the norms and an MoE router under sp, a BERT transform under sp) are left out, as
-    before."""
+    finalize_model_grads, megatron-core 0.9, by an all-reduce of its own). A matmul's parameters as one rank
+    holds them: its local weight (op.shape: batch, m, n, k) and a block's bias; a norm's: its gain (and a
+    LayerNorm's bias), whole, where its config is not Megatron's; an MoE router's: its whole gating weight,
+    where its config is not Megatron's; the lookup's (by tokens, its own config): the whole token table (vocab x
+    hidden; not the positions'). NB: Megatron's own token-split weights (the norms and an MoE router under sp, a
+    BERT transform under sp) are left out, as before."""
     out: dict[int, float] = {}
     for op in fwd:
         config = config_of(op)

@@ -4,12 +4,13 @@ The feature collectives of TP, SP, CP and EP are not written here: strategy.mega
 splits those axes make of each layer's ops (the resharding between ops' computation configs).
 
 Each op of a block's attention and MLP, a block's norms and residual adds (dense or MoE), an MoE's router, the
-lookup, the logits and the cross-entropy is shaped by its own computation config over tp: Megatron's split over the job's tp, or the config a
-strategy tree gives it (the builders' `own`, strategy.megatron.own_configs): (batch, seq, out, reduce) parts, each
-rank running the op on 1/(batch x seq) of the tokens, 1/out of its output features and 1/reduce of its reduction
-dimension, and holding 1/(out x reduce) of its weight (a config of none: the whole op on every tp rank). An MoE's
-experts take Megatron's split over a degree d dividing tp, or none, and run the routed copies of their d ranks'
-tokens under sp (_expert_tokens)."""
+lookup, the logits and the cross-entropy is shaped by its own computation config over tp: Megatron's split over
+the job's tp, or the config a strategy tree gives it (the builders' `own`, strategy.megatron.own_configs):
+(batch, seq, out, reduce) parts, each rank running the op on 1/(batch x seq) of the tokens, 1/out of its output
+features and 1/reduce of its reduction dimension, and holding 1/(out x reduce) of its weight (a config of none:
+the whole op on every tp rank; the router, split by tokens or none, holds its weight whole). An MoE's experts
+take Megatron's split over a degree d dividing tp, or none, and run the routed copies of their d ranks' tokens
+under sp (_expert_tokens)."""
 
 from collections.abc import Mapping
 
@@ -272,8 +273,8 @@ def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: Ma
     activation and the second matmul). Under SP a module whose first matmul does not take Megatron's split keeps
     its input as it reads it (all local tokens where it splits none), rather than the sequence share Megatron-LM
     re-gathers in the backward. token_rows: the tokens each norm (and an MoE router at its own config) runs
-    (_token_rows), its input kept as it holds it (NB: the dropout masks, the qkv and MLP inputs kept as Megatron's split keeps them whatever the norms'
-    configs).
+    (_token_rows), its input kept as it holds it (NB: the dropout masks, the qkv and MLP inputs kept as
+    Megatron's split keeps them whatever the norms' configs).
     """
     a2, h = _act_bytes(dev), spec.hidden
     tokens, rep = dev.local_tokens, _replicated_tokens(dev)

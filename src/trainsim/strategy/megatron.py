@@ -22,17 +22,17 @@ ranks d (each group of d consecutive tp ranks runs the op split d ways), none (t
 matmul split by its reduction dimension (input features sliced, partial sums out) or by its output dimension where
 Megatron splits the reduction, an op split by sequence (query rows for the attention core, tokens for a matmul,
 whose weight each rank then holds whole, its gradient summed over those ranks with the data-parallel reduction:
-token_split_params). A dense block's norms and residual adds may take any batch or sequence split whose parts
-divide tp (replicable_module "tokens"; not their hidden features, which a norm's statistics span): split by
+token_split_params). A block's norms and residual adds (dense or MoE) may take any batch or sequence split whose
+parts divide tp (replicable_module "tokens"; not their hidden features, which a norm's statistics span): split by
 sequence without sp (per-op sequence parallelism; the block then hands on the whole hidden state, its last add's
 halves all-gathered: block.ag), or whole under sp; a norm's gain (and bias) is held whole and, where its tokens
 are split other than Megatron's way, its gradient summed over those ranks as a token-split matmul's is
 (Megatron-LM sums the sequence-parallel norms' gradients over tp: finalize_model_grads, megatron-core 0.9). The
 embedding's lookup takes Megatron's split over d dividing tp, none, or a batch or sequence split whose parts
 divide tp (each rank looks up its own tokens in the whole table, whose gradient is then summed over those ranks;
-a tied table then needs the head's projection whole), and an MoE's experts Megatron's split over d or none
-(below); the head's norm, the embedding's positions, an MoE block's norms and residual adds and its
-router take Megatron's only (tp_config_problem says what an op can take). The catalog builders shape each op at its
+a tied table then needs the head's projection whole), an MoE's experts Megatron's split over d or none and its
+router a batch or sequence split whose parts divide tp, or none (below); the head's norm and the embedding's
+positions take Megatron's only (tp_config_problem says what an op can take). The catalog builders shape each op at its
 config (frontends.catalog.transformer block_layer, embedding_layer, head_layer; compile.shape_layers); a collective
 over a split of fewer ranks than tp spans them (ir.graph.Comm.ranks), and the resharding below inserts what the layout
 changes need: a whole attention beside a split MLP pays only the MLP's all-reduce pair; qkv split by heads before a
@@ -51,10 +51,22 @@ dispatch follows Megatron-Core's MoEAlltoAllTokenDispatcher (megatron/core/trans
 0.16.1): the all-to-all over ep moves the routed copies of the tokens a rank holds, then the routed tokens are
 all-gathered over the d ranks and reduce-scattered after the experts (none at d = 1); trainsim's Megatron
 split (d = tp) keeps its own order, the hidden state gathered over tp before dispatching all local tokens
-(_read_bytes, _tensor_bytes). The router has no other config: Megatron-Core's TopKRouter holds its weight
-whole on every tp rank and runs it on the rank's tokens (its sequence share under sp, its gradient then summed
-over tp as the norms' are: the weight's `sequence_parallel` attribute, megatron/core/transformer/moe/router.py
-and megatron/core/distributed/finalize_model_grads.py, 0.16.1), as the norms' config here says.
+(_read_bytes, _tensor_bytes). Megatron-Core's TopKRouter holds its weight whole on every tp rank and runs it on
+the rank's tokens (its sequence share under sp, its gradient then summed over tp as the norms' are: the
+weight's `sequence_parallel` attribute, megatron/core/transformer/moe/router.py and
+megatron/core/distributed/finalize_model_grads.py, 0.16.1): Megatron's config here is the norms'. A tree may
+give the router a batch or sequence split whose parts divide tp, or none (replicable_module "router"; not its
+experts, which its top-k spans): its weight whole on each rank, its gradient summed over the ranks that split its
+tokens where the split is not Megatron's (token_split_params). The dispatch then starts from the tokens each rank
+routed (dispatch_layout; as wherever the experts take d < tp): the all-to-all over ep moves those tokens' routed
+copies (sliced first to the experts' tokens where the router ran more), the routed tokens are all-gathered over
+the ranks whose experts read them (and reduce-scattered back before the combine); where the experts' tokens are
+split as the dispatched ones, the experts' partial sums travel through the combine and are reduced as the hidden
+state onto the next op's layout (trainsim's order). A router split by batch beside experts split by sequence, or
+token parts that do not divide each other, are refused (dispatch_problem). NB: the op chain carries the router's
+output as the hidden state the experts read (a norm2 whole before a sequence-split router is gathered again
+before the experts; the routing decisions' own bytes are not priced, as under Megatron's configs), and
+Megatron's router is shaped on all local tokens under sp too, as before.
 
 layer_comms walks a layer's ops in order per axis, as compile.splits walks a tree's computation configs: where
 what an op reads differs from how its producer left it, strategy.reshard's pattern matching gives the collective

@@ -26,7 +26,7 @@ from trainsim.cost.pricing import Pricer
 from trainsim.errors import ConfigError
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.frontends.catalog.transformer import build_transformer
-from trainsim.ir.graph import Comm, Layer
+from trainsim.ir.graph import Comm, Layer, OpGraph
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job, make_job
 from trainsim.strategy.device_slice import DeviceSlice
@@ -50,9 +50,14 @@ def _job(tp: int = 2, sp: bool = False) -> Job:
     return make_job(spec, a100_cluster(8), par)
 
 
+def _graph(job: Job) -> OpGraph:
+    assert isinstance(job.model, TransformerSpec)
+    return build_transformer(job.model, DeviceSlice.of(job.parallel))
+
+
 def _tree(job: Job, splits: list[tuple[str, str, int]]) -> StrategyTree:
     """Megatron's splits, each (path, dim, parts) in `splits` over tp instead."""
-    tree = StrategyTree.from_parallel(build_transformer(job.model, DeviceSlice.of(job.parallel)), job.parallel)
+    tree = StrategyTree.from_parallel(_graph(job), job.parallel)
     for path, dim, parts in splits:
         tree = tree.split(path, "compute", dim, parts, axis="tp", override=True)
     return tree
@@ -213,7 +218,7 @@ def test_megatron_s_own_router_and_norm_configs_compile_to_the_plain_plan(sp: bo
     job = _job(sp=sp)
     parts = 2 if sp else 1
     plan = _tree(job, [(path, "seq", parts) for path in (*TOKEN_OPS, ROUTER)]).lower(job.parallel)
-    graph = build_transformer(job.model, DeviceSlice.of(job.parallel))
+    graph = _graph(job)
     assert plan == default_plan(graph, job.parallel) and shape_layers(job, plan) is plan
 
 
@@ -242,7 +247,7 @@ def test_the_closed_form_prices_the_router_s_shaped_block() -> None:
     """The analytical engine prices the graph whose MoE block is the one shaped for a router by sequence (its time,
     memory and hardware FLOPs); its model FLOPs (MFU) stay the model's, the unshaped graph's."""
     job = _job()
-    graph = build_transformer(job.model, DeviceSlice.of(job.parallel))
+    graph = _graph(job)
     tree = StrategyTree.from_parallel(graph, job.parallel).split(ROUTER, "compute", "seq", 2, axis="tp",
                                                                    override=True)
     plan = tree.lower(job.parallel)

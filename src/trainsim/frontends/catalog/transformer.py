@@ -179,7 +179,7 @@ def block_layer(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool,
         # NB: Megatron's router is shaped on all local tokens, under sp too, as before
         router_tokens = dev.local_tokens // _token_parts(given["router"]) if "router" in given else dev.local_tokens
         fwd.append(matmul_op("router", f"{path}.moe.router", act, router_tokens, spec.num_experts, h))
-        d = _weight_parts(c[_mlp_op_names(spec)[0]])  # the experts' tp degree (strategy.megatron._expert_tp)
+        d = _weight_parts(c[_mlp_op_names(spec)[0]])  # the experts' tp degree (strategy.megatron.dispatch_layout)
         fwd.extend(_mlp_ops(spec, dev, f"{path}.moe", _expert_tokens(dev, d), spec.top_k, _features_only(c)))
     else:
         fwd.extend(_mlp_ops(spec, dev, path, dev.local_tokens, 1, c))

@@ -20,7 +20,7 @@ from conftest import TINY_GPT_MODEL_YAML, a100_cluster
 from trainsim.catalog.calibration import Calibration
 from trainsim.catalog.model_files import parse_model
 from trainsim.compile.build import compile_job
-from trainsim.compile.shape_layers import shape_layers, shaped_graph
+from trainsim.compile.shape_layers import expert_grad_groups, shape_layers, shaped_graph
 from trainsim.compile.splits import plan_mesh_comms, plan_tp_token_params
 from trainsim.cost.pricing import Pricer
 from trainsim.errors import ConfigError
@@ -196,6 +196,9 @@ def test_a_router_split_as_the_experts_over_pairs_skips_their_gather() -> None:
     assert _ep(_block(job, _plan(job, _experts_over_pairs()))) == [2048.0] * 4
     assert block.param_count == 4224 / 4 + 32896 / 4 - ROUTER_PARAMS / 4 + ROUTER_PARAMS == 9376
     assert plan_tp_token_params(plan, job.model, job.parallel) == {1: {2: 128.0}, 2: {2: 128.0}}
+    # the experts' gradient over their expert data-parallel ranks (tp ranks 0 and 2 of dp rank 0), the router's
+    # share no longer counted with them: 32896 / 4 - 128 / 4 = 8192 parameters
+    assert expert_grad_groups(job, plan) == {1: (8192.0, (0, 2)), 2: (8192.0, (0, 2))}
 
 
 def test_experts_over_pairs_without_sp_all_reduce_the_combined_hidden_state() -> None:

@@ -99,6 +99,11 @@ Configs = Mapping[tuple[str, Axis], OpConfig]  # (op module path, axis) -> the o
 UNSPLIT = OpConfig(1, 1, 1, 1)
 COMPUTE_PARTS = ("batch", "seq", "out", "reduce")  # an OpConfig's parts, in its order
 TpConfigs = frozenset[tuple[str, OpConfig]]  # (op name, its config over tp) where not Megatron's (own_configs)
+TOKEN_PATHS = ("head.norm", "embed.positions")  # replicable "tokens" outside a dense block (replicable_module)
+_NORM_STATISTICS = {  # a norm split by its features: per-token partial sums, (forward, backward) (_norm_statistics)
+    "layernorm": (("sum", "sum_sq"), ("sum_dy", "sum_dy_xhat")),
+    "rmsnorm": (("sum_sq",), ("sum_dy_xhat",)),
+}
 
 
 def axis_sizes(kind: LayerKind, dev: DeviceSlice) -> dict[Axis, int]:
@@ -134,9 +139,10 @@ def replicable_module(op: Op) -> str:
     """The part of the model whose op may take a config of its own over tp instead of Megatron's: "attn" (qkv,
     rope, the attention core, softmax, the projection), "mlp" (a dense block's MLP), "experts" (an MoE's expert
     matmuls and activation: Megatron-Core's expert tensor parallelism), "embed" (the token lookup) or "head"
-    (the vocabulary projection and the cross-entropy), "tokens" (a dense block's norms and residual adds: a batch
-    or sequence split); "" for any other op (the head's norm, the embedding's positions, an MoE block's norms,
-    residual adds and router: Megatron's configs always)."""
+    (the vocabulary projection and the cross-entropy), "tokens" (a dense block's norms and residual adds, the
+    head's norm and the embedding's positions: a batch or sequence split, a norm's features too); "" for any other
+    op (BERT's token types and embedding norm, an MoE block's norms, residual adds and router: Megatron's configs
+    always)."""
     parts = op.module_path.split(".")
     if "attn" in parts:
         return "attn"
@@ -147,6 +153,8 @@ def replicable_module(op: Op) -> str:
     if op.kind == "embedding":
         return "embed"
     if op.kind in ("norm", "elementwise") and parts[:2] == ["blocks", "block"] and len(parts) == 3:
+        return "tokens"
+    if op.module_path in TOKEN_PATHS:
         return "tokens"
     return "head" if op.name in ("logits", "cross_entropy") else ""
 
@@ -174,12 +182,12 @@ def tp_config_problem(op: Op, config: OpConfig, dev: DeviceSlice) -> str:
                 if dev.tp > 2 else ""
             return f"{fewer}{whole} (the experts whole on each tp rank: expert tensor parallelism 1)"
         return ""
-    tokens_only = replicable_module(op) == "tokens"  # a norm's statistics span the hidden features
+    tokens_only = replicable_module(op) == "tokens" and op.kind != "norm"  # a norm's features too (statistics)
     dims = COMPUTE_PARTS[:2] if tokens_only else COMPUTE_PARTS if op.kind in CONTRACTING else COMPUTE_PARTS[:3]
     allowed = f"any split of its {', '.join(dims)} whose parts divide {dev.tp}, or none (the {op.name} whole on " \
         "each tp rank)"
     if dev.tp % config.parts or (config.reduce > 1 and op.kind not in CONTRACTING) or (
-            tokens_only and config.out * config.reduce > 1):
+            tokens_only and config.out > 1):
         return allowed
     return _token_problem(config, dev)
 
@@ -273,6 +281,10 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
             forward_kv, backward_kv = _tp_kv_gathers(spec, dev, config)
             forward += forward_kv
             backward += backward_kv
+        if axis == "tp" and op.kind == "norm" and config.out > 1:  # statistics over split features
+            forward_stats, backward_stats = _norm_statistics(spec, dev, op, config)
+            forward += forward_stats
+            backward += backward_stats[::-1]  # the backward list is reversed below
         placement, producer = output_placement(config, size, contracting), op
     if placement is not None and kind != "head":  # the head hands on the loss
         site = _namer(axis, kind, producer, None)
@@ -292,6 +304,25 @@ def _loss_statistics(fwd: Sequence[Op], dev: DeviceSlice, config_of: Callable[[O
                     dev.local_tokens * 4.0)  # fp32
     return [Comm(f"loss.{name}", step.collective, "tp", "fwd", step.buffer_bytes, _sub(step, dev.tp))
             for name in _STATISTICS for step in steps]
+
+
+def _norm_statistics(spec: TransformerSpec, dev: DeviceSlice, op: Op, config: OpConfig
+                     ) -> tuple[list[_Found], list[_Found]]:
+    """(forward, backward) all-reduces of a norm splitting its hidden features `out` ways over tp: each rank
+    normalises its h / out features of its tokens (1 / (batch x seq) of the local tokens), so every per-token sum
+    over the hidden features is partial over the out ranks: one fp32 all-reduce each (_NORM_STATISTICS, in the
+    order the pass needs them). LayerNorm: the sums of x and of x^2 (mean and variance), in the backward the sums
+    of dy' = dy * gain and of dy' * xhat (dx = rstd (dy' - mean(dy') - xhat mean(dy' xhat))): Colossal-AI's 2D
+    LayerNorm (colossalai/legacy/nn/layer/parallel_2d/layers.py LayerNorm2D.forward and _operation.py
+    _Layernorm_2D.backward, colossalai 0.5.0: two all-reduces each way over the row group). RMSNorm: derived, the
+    same with the mean terms dropped (dx = rrms (dy' - xhat mean(dy' xhat))): the sum of x^2, then of dy' xhat.
+    NB: fp32, as PyTorch's layer_norm keeps its statistics in the accumulation type for half inputs; a fused
+    kernel could all-reduce a token's two statistics in one collective (half the latency terms)."""
+    split = Placement(dev.tp, config.batch, config.seq, partial=config.out)
+    steps = reshard(split, Placement(dev.tp, config.batch, config.seq), dev.local_tokens * 4.0)  # fp32
+    forward_names, backward_names = _NORM_STATISTICS[spec.norm]
+    return ([(f"{op.name}.{name}", step) for name in forward_names for step in steps],
+            [(f"{op.name}.{name}", step) for name in backward_names for step in steps])
 
 
 def _sub(step: ReshardStep, size: int) -> int:
@@ -420,7 +451,9 @@ def token_split_params(spec: TransformerSpec, fwd: Sequence[Op], config_of: Call
             out[parts] = out.get(parts, 0.0) + float(n * k + bias)
         elif op.kind == "norm" and replicable_module(op) == "tokens" and dev is not None and (
                 config != megatron_tp(op, dev, dev.tp)):
-            out[parts] = out.get(parts, 0.0) + float(norm_params(spec))
+            out[parts] = out.get(parts, 0.0) + float(norm_params(spec)) / config.out
+        elif op.module_path == "embed.positions" and dev is not None and config != megatron_tp(op, dev, dev.tp):
+            out[parts] = out.get(parts, 0.0) + float(spec.max_seq_len * spec.hidden)
         elif op.kind == "embedding":  # the lookup by tokens: the whole table on each of those ranks
             out[parts] = out.get(parts, 0.0) + float(spec.vocab * spec.hidden)
     return out

@@ -22,16 +22,24 @@ ranks d (each group of d consecutive tp ranks runs the op split d ways), none (t
 matmul split by its reduction dimension (input features sliced, partial sums out) or by its output dimension where
 Megatron splits the reduction, an op split by sequence (query rows for the attention core, tokens for a matmul,
 whose weight each rank then holds whole, its gradient summed over those ranks with the data-parallel reduction:
-token_split_params). A dense block's norms and residual adds may take any batch or sequence split whose parts
-divide tp (replicable_module "tokens"; not their hidden features, which a norm's statistics span): split by
-sequence without sp (per-op sequence parallelism; the block then hands on the whole hidden state, its last add's
-halves all-gathered: block.ag), or whole under sp; a norm's gain (and bias) is held whole and, where its tokens
-are split other than Megatron's way, its gradient summed over those ranks as a token-split matmul's is
-(Megatron-LM sums the sequence-parallel norms' gradients over tp: finalize_model_grads, megatron-core 0.9). The
-embedding's lookup takes Megatron's split over d dividing tp, none, or a batch or sequence split whose parts
-divide tp (each rank looks up its own tokens in the whole table, whose gradient is then summed over those ranks;
-a tied table then needs the head's projection whole), and an MoE's experts Megatron's split over d or none
-(below); the head's norm, the embedding's positions, an MoE block's norms and residual adds and its
+token_split_params). A dense block's norms and residual adds, the head's final norm and the embedding's learned
+positions may take any batch or sequence split whose parts divide tp (replicable_module "tokens"): split by
+sequence without sp (per-op sequence parallelism; a block then hands on the whole hidden state, its last add's
+halves all-gathered: block.ag), or whole under sp; a norm's gain (and bias), like the position table, is held
+whole and, where its tokens are split other than Megatron's way, its gradient summed over those ranks as a
+token-split matmul's is (Megatron-LM sums the sequence-parallel norms' gradients over tp: finalize_model_grads,
+megatron-core 0.9); the positions' add looks up each rank's own positions in the whole table. A norm (a block's or
+the head's) may split its hidden features too (out, with or without batch and sequence parts): each rank
+normalises its h / out slice of each of its tokens and holds that slice of the gain and bias (no gradient sum for
+it over tp); the per-token statistics over the features are partial over the out ranks, one fp32 all-reduce
+each: a LayerNorm's sums of x and x^2 forward, of dy' and dy' xhat backward, an RMSNorm's sum of x^2 and of
+dy' xhat (_norm_statistics: Colossal-AI's 2D LayerNorm; RMSNorm's derived); the layout changes around it (its
+input sliced or exchanged by all-to-all from a sequence split, its output gathered for a reader of whole
+features, the gradients' conjugates) come out of the walk below like any op's. The embedding's lookup takes
+Megatron's split over d dividing tp, none, or a batch or sequence split whose parts divide tp (each rank looks up
+its own tokens in the whole table, whose gradient is then summed over those ranks; a tied table then needs the
+head's projection whole), and an MoE's experts Megatron's split over d or none (below); a residual add or the
+positions split by features, BERT's token types and embedding norm, an MoE block's norms and residual adds and its
 router take Megatron's only (tp_config_problem says what an op can take). The catalog builders shape each op at its
 config (frontends.catalog.transformer block_layer, embedding_layer, head_layer; compile.shape_layers); a collective
 over a split of fewer ranks than tp spans them (ir.graph.Comm.ranks), and the resharding below inserts what the layout
@@ -66,7 +74,10 @@ splits every TP collective moves a hidden state (local tokens x hidden): the inp
 of the projections, the input of the logits; a reshard inside a module moves the tensor its reader reads
 (_read_bytes: q, k and v, the ffn features). The vocab-parallel cross-entropy reads the class dimension split:
 its three per-token statistics (max logit, target logit, sum of exponentials) are partial over tp, one fp32
-all-reduce each (megatron/core/tensor_parallel/cross_entropy.py, megatron-core 0.9).
+all-reduce each (megatron/core/tensor_parallel/cross_entropy.py, megatron-core 0.9); a norm reading its
+features split all-reduces its statistics likewise (_norm_statistics), in the forward list as the walk meets it
+and in the backward as the backward pass does (named after the norm: norm1.sum, final_norm.sum_dy_xhat; the
+compiler places them, as every collective outside the attention and MLP, after the layer-phase's last op).
 """
 
 from collections.abc import Callable, Mapping, Sequence
@@ -161,7 +172,9 @@ def replicable_module(op: Op) -> str:
 
 def tp_config_problem(op: Op, config: OpConfig, dev: DeviceSlice) -> str:
     """Why a replicable op (replicable_module) cannot take `config` over tp ("" where it can): the parts must
-    divide tp, the micro-batch and the sequence; reduce splits a matmul's reduction dimension only; the lookup
+    divide tp, the micro-batch and the sequence; reduce splits a matmul's reduction dimension only; out an
+    attention or MLP op's, the head's projection or loss, or a norm's features (not a residual add's or the
+    positions'); the lookup
     takes Megatron's split (reduce) over d dividing tp, or none; an MoE's expert op Megatron's split over d
     dividing tp (under sp with seq = tp / d), or none (expert tensor parallelism 1)."""
     if op.kind == "embedding":
@@ -429,15 +442,16 @@ def _tp_kv_gathers(spec: TransformerSpec, dev: DeviceSlice, config: OpConfig) ->
 
 def token_split_params(spec: TransformerSpec, fwd: Sequence[Op], config_of: Callable[[Op], OpConfig],
                        dev: DeviceSlice | None = None) -> dict[int, float]:
-    """{k: parameters} of a layer's matmuls, its lookup (and, given the slice `dev`, its norms) whose config over
-    tp splits their tokens k = batch x seq ways: each of those k tp ranks holds the weight part whole and makes its
-    gradient from its own tokens, so the gradient is summed over them as well as over the data-parallel ranks,
-    once per iteration, in the data-parallel gradient reduction (Megatron-LM sums the gradients of the weights
-    sequence parallelism replicates over tp once per iteration too, finalize_model_grads, megatron-core 0.9, by
-    an all-reduce of its own). A matmul's parameters as one rank holds them: its local weight (op.shape: batch,
-    m, n, k) and a block's bias; a norm's: its gain (and a LayerNorm's bias), whole, where its config is not
-    Megatron's; the lookup's (by tokens, its own config): the whole token table (vocab x hidden; not the
-    positions'). NB: Megatron's own token-split weights (the norms and an MoE router under sp, a BERT transform
+    """{k: parameters} of a layer's matmuls, its lookup (and, given the slice `dev`, its norms and positions) whose
+    config over tp splits their tokens k = batch x seq ways: each of those k tp ranks holds the weight part whole
+    and makes its gradient from its own tokens, so the gradient is summed over them as well as over the
+    data-parallel ranks, once per iteration, in the data-parallel gradient reduction (Megatron-LM sums the gradients
+    of the weights sequence parallelism replicates over tp once per iteration too, finalize_model_grads,
+    megatron-core 0.9, by an all-reduce of its own). A matmul's parameters as one rank holds them: its local weight
+    (op.shape: batch, m, n, k) and a block's bias; a norm's (a block's or the head's): its gain (and a LayerNorm's
+    bias), the 1/out of it the rank holds, where its config is not Megatron's; the lookup's (by tokens, its own
+    config): the whole token table (vocab x hidden); the positions' (by tokens, their own config): the whole
+    position table. NB: Megatron's own token-split weights (the norms and an MoE router under sp, a BERT transform
     under sp) are left out, as before."""
     out: dict[int, float] = {}
     for op in fwd:

@@ -174,9 +174,8 @@ def tp_config_problem(op: Op, config: OpConfig, dev: DeviceSlice) -> str:
     """Why a replicable op (replicable_module) cannot take `config` over tp ("" where it can): the parts must
     divide tp, the micro-batch and the sequence; reduce splits a matmul's reduction dimension only; out an
     attention or MLP op's, the head's projection or loss, or a norm's features (not a residual add's or the
-    positions'); the lookup
-    takes Megatron's split (reduce) over d dividing tp, or none; an MoE's expert op Megatron's split over d
-    dividing tp (under sp with seq = tp / d), or none (expert tensor parallelism 1)."""
+    positions'); the lookup takes Megatron's split (reduce) over d dividing tp, or none; an MoE's expert op
+    Megatron's split over d dividing tp (under sp with seq = tp / d), or none (expert tensor parallelism 1)."""
     if op.kind == "embedding":
         by_tokens = config.out == config.reduce == 1 and config.parts > 1
         if not by_tokens and (config != megatron_tp(op, dev, config.reduce) or dev.tp % config.reduce):

@@ -47,9 +47,14 @@ def _job(sp: bool, tp: int = 2, norm: str = "layernorm") -> Job:
     return make_job(spec, a100_cluster(8), par)
 
 
+def _spec(job: Job) -> TransformerSpec:
+    assert isinstance(job.model, TransformerSpec)
+    return job.model
+
+
 def _plan(job: Job, splits: list[tuple[str, str, int]]) -> LoweredPlan:
     """Megatron's splits, with each (path, dim, parts) of `splits` set over tp in its place."""
-    tree = StrategyTree.from_parallel(build_transformer(job.model, DeviceSlice.of(job.parallel)), job.parallel)
+    tree = StrategyTree.from_parallel(build_transformer(_spec(job), DeviceSlice.of(job.parallel)), job.parallel)
     for path, dim, parts in splits:
         tree = tree.split(path, "compute", dim, parts, axis="tp", override=True)
     return shape_layers(job, tree.lower(job.parallel))

@@ -46,10 +46,15 @@ def _job(sp: bool, tied: bool = True) -> Job:
     return make_job(spec, a100_cluster(8), par)
 
 
+def _spec(job: Job) -> TransformerSpec:
+    assert isinstance(job.model, TransformerSpec)
+    return job.model
+
+
 def _plan(job: Job, seq_parts: dict[str, int], whole: tuple[tuple[str, str], ...] = ()) -> LoweredPlan:
     """Megatron's splits, the ops in seq_parts split that many ways by sequence over tp instead (the (path, dim)
     in `whole` not split along dim)."""
-    tree = StrategyTree.from_parallel(build_transformer(job.model, DeviceSlice.of(job.parallel)), job.parallel)
+    tree = StrategyTree.from_parallel(build_transformer(_spec(job), DeviceSlice.of(job.parallel)), job.parallel)
     for path, dim in whole:
         tree = tree.split(path, "compute", dim, 1, axis="tp", override=True)
     for path, parts in seq_parts.items():
@@ -162,7 +167,7 @@ def test_the_splits_still_refused_name_what_the_op_can_take(path: str, dim: str,
     the lookup split both by tokens and by rows stay refused, in one line (a norm split by features, the head's
     norm and the positions by tokens are taken: test_shape_layers_norm_features.py)."""
     job = _job(sp=False)
-    tree = StrategyTree.from_parallel(build_transformer(job.model, DeviceSlice.of(job.parallel)), job.parallel)
+    tree = StrategyTree.from_parallel(build_transformer(_spec(job), DeviceSlice.of(job.parallel)), job.parallel)
     with pytest.raises(ConfigError, match=message) as info:
         tree.split(path, "compute", dim, 2, axis="tp", override=True).lower(job.parallel)
     assert "\n" not in str(info.value)

@@ -223,3 +223,18 @@ def test_a_norm_split_by_features_and_sequence_over_tp_4_all_reduces_over_its_fe
     assert _op(block, "norm2").shape == (32 * 16,)
     assert plan_tp_token_params(plan, job.model, job.parallel) == {1: {2: NORM_PARAMS / 2},
                                                                    2: {2: NORM_PARAMS / 2}}
+
+
+def test_a_norm_split_by_features_under_sp_reads_the_sequence_split_by_all_to_all() -> None:
+    """With sp the block's input arrives split by sequence; norm1 split by features (sequence whole) reads it by
+    an all-to-all over the pair (block.a2a: a rank's 2048 bytes), and in the backward its input gradient goes
+    back the same way. The rest as Megatron's sp: qkv all-gathers, the projection reduce-scatters."""
+    job = _job(sp=True)
+    plan = _plan(job, [("blocks.*.norm1", "seq", 1), ("blocks.*.norm1", "out", 2)])
+    block = plan.layers[1].layer
+    assert _comms(block)[:5] == [
+        ("block.a2a", "all-to-all", "fwd", HIDDEN_BYTES / 2),
+        ("norm1.sum", "all-reduce", "fwd", STATISTIC_BYTES), ("norm1.sum_sq", "all-reduce", "fwd", STATISTIC_BYTES),
+        ("attn.ag", "all-gather", "fwd", HIDDEN_BYTES), ("attn.rs", "reduce-scatter", "fwd", HIDDEN_BYTES)]
+    assert ("block.a2a", "all-to-all", "bwd", HIDDEN_BYTES / 2) in _comms(block)
+    assert _op(block, "norm1").shape == (64 * 16,)

@@ -22,24 +22,32 @@ ranks d (each group of d consecutive tp ranks runs the op split d ways), none (t
 matmul split by its reduction dimension (input features sliced, partial sums out) or by its output dimension where
 Megatron splits the reduction, an op split by sequence (query rows for the attention core, tokens for a matmul,
 whose weight each rank then holds whole, its gradient summed over those ranks with the data-parallel reduction:
-token_split_params). A block's norms and residual adds (dense or MoE) may take any batch or sequence split whose
-parts divide tp (replicable_module "tokens"; not their hidden features, which a norm's statistics span): split by
-sequence without sp (per-op sequence parallelism; the block then hands on the whole hidden state, its last add's
-halves all-gathered: block.ag), or whole under sp; a norm's gain (and bias) is held whole and, where its tokens
-are split other than Megatron's way, its gradient summed over those ranks as a token-split matmul's is
-(Megatron-LM sums the sequence-parallel norms' gradients over tp: finalize_model_grads, megatron-core 0.9). The
-embedding's lookup takes Megatron's split over d dividing tp, none, or a batch or sequence split whose parts
-divide tp (each rank looks up its own tokens in the whole table, whose gradient is then summed over those ranks;
-a tied table then needs the head's projection whole), an MoE's experts Megatron's split over d or none and its
-router a batch or sequence split whose parts divide tp, or none (below); the head's norm and the embedding's
-positions take Megatron's only (tp_config_problem says what an op can take). The catalog builders shape each op at its
-config (frontends.catalog.transformer block_layer, embedding_layer, head_layer; compile.shape_layers); a collective
-over a split of fewer ranks than tp spans them (ir.graph.Comm.ranks), and the resharding below inserts what the layout
-changes need: a whole attention beside a split MLP pays only the MLP's all-reduce pair; qkv split by heads before a
-whole attention core all-gathers q, k and v; qkv split by its reduction dimension before a whole core all-reduces
-them (before a core split by heads: a reduce-scatter); a core split by sequence after qkv split by heads exchanges
-q, k and v by all-to-all and all-gathers the keys and values of the whole sequence (as cp does; their gradient
-reduce-scattered); a whole head pays no vocab-parallel statistics.
+token_split_params). A block's norms and residual adds (dense or MoE), the head's final norm and the embedding's
+learned positions may take any batch or sequence split whose parts divide tp (replicable_module "tokens"): split
+by sequence without sp (per-op sequence parallelism; a block then hands on the whole hidden state, its last add's
+halves all-gathered: block.ag), or whole under sp; a norm's gain (and bias), like the position table, is held
+whole and, where its tokens are split other than Megatron's way, its gradient summed over those ranks as a
+token-split matmul's is (Megatron-LM sums the sequence-parallel norms' gradients over tp: finalize_model_grads,
+megatron-core 0.9); the positions' add looks up each rank's own positions in the whole table. A norm (a block's or
+the head's) may split its hidden features too (out, with or without batch and sequence parts): each rank
+normalises its h / out slice of each of its tokens and holds that slice of the gain and bias (no gradient sum for
+it over tp); the per-token statistics over the features are partial over the out ranks, one fp32 all-reduce
+each: a LayerNorm's sums of x and x^2 forward, of dy' and dy' xhat backward, an RMSNorm's sum of x^2 and of
+dy' xhat (_norm_statistics: Colossal-AI's 2D LayerNorm; RMSNorm's derived); the layout changes around it (its
+input sliced or exchanged by all-to-all from a sequence split, its output gathered for a reader of whole
+features, the gradients' conjugates) come out of the walk below like any op's. The embedding's lookup takes
+Megatron's split over d dividing tp, none, or a batch or sequence split whose parts divide tp (each rank looks up
+its own tokens in the whole table, whose gradient is then summed over those ranks; a tied table then needs the
+head's projection whole), an MoE's experts Megatron's split over d or none and its router a batch or sequence
+split whose parts divide tp, or none (below); a residual add or the positions split by features, BERT's token
+types and embedding norm take Megatron's only (tp_config_problem says what an op can take). The catalog builders
+shape each op at its config (frontends.catalog.transformer block_layer, embedding_layer, head_layer;
+compile.shape_layers); a collective over a split of fewer ranks than tp spans them (ir.graph.Comm.ranks), and the
+resharding below inserts what the layout changes need: a whole attention beside a split MLP pays only the MLP's
+all-reduce pair; qkv split by heads before a whole attention core all-gathers q, k and v; qkv split by its reduction
+dimension before a whole core all-reduces them (before a core split by heads: a reduce-scatter); a core split by
+sequence after qkv split by heads exchanges q, k and v by all-to-all and all-gathers the keys and values of the
+whole sequence (as cp does; their gradient reduce-scattered); a whole head pays no vocab-parallel statistics.
 
 An MoE's experts (their matmuls and activation, all at one degree) may take Megatron's split over d dividing tp
 too: Megatron-Core's expert tensor parallelism (expert_tensor_parallel_size, megatron/core/
@@ -78,7 +86,10 @@ splits every TP collective moves a hidden state (local tokens x hidden): the inp
 of the projections, the input of the logits; a reshard inside a module moves the tensor its reader reads
 (_read_bytes: q, k and v, the ffn features). The vocab-parallel cross-entropy reads the class dimension split:
 its three per-token statistics (max logit, target logit, sum of exponentials) are partial over tp, one fp32
-all-reduce each (megatron/core/tensor_parallel/cross_entropy.py, megatron-core 0.9).
+all-reduce each (megatron/core/tensor_parallel/cross_entropy.py, megatron-core 0.9); a norm reading its
+features split all-reduces its statistics likewise (_norm_statistics), in the forward list as the walk meets it
+and in the backward as the backward pass does (named after the norm: norm1.sum, final_norm.sum_dy_xhat; the
+compiler places them, as every collective outside the attention and MLP, after the layer-phase's last op).
 """
 
 from collections.abc import Callable, Mapping, Sequence
@@ -111,6 +122,11 @@ Configs = Mapping[tuple[str, Axis], OpConfig]  # (op module path, axis) -> the o
 UNSPLIT = OpConfig(1, 1, 1, 1)
 COMPUTE_PARTS = ("batch", "seq", "out", "reduce")  # an OpConfig's parts, in its order
 TpConfigs = frozenset[tuple[str, OpConfig]]  # (op name, its config over tp) where not Megatron's (own_configs)
+TOKEN_PATHS = ("head.norm", "embed.positions")  # replicable "tokens" outside a dense block (replicable_module)
+_NORM_STATISTICS = {  # a norm split by its features: per-token partial sums, (forward, backward) (_norm_statistics)
+    "layernorm": (("sum", "sum_sq"), ("sum_dy", "sum_dy_xhat")),
+    "rmsnorm": (("sum_sq",), ("sum_dy_xhat",)),
+}
 
 
 def axis_sizes(kind: LayerKind, dev: DeviceSlice) -> dict[Axis, int]:
@@ -146,9 +162,10 @@ def replicable_module(op: Op) -> str:
     """The part of the model whose op may take a config of its own over tp instead of Megatron's: "attn" (qkv,
     rope, the attention core, softmax, the projection), "mlp" (a dense block's MLP), "experts" (an MoE's expert
     matmuls and activation: Megatron-Core's expert tensor parallelism), "embed" (the token lookup) or "head"
-    (the vocabulary projection and the cross-entropy), "tokens" (a block's norms and residual adds, dense or MoE:
-    a batch or sequence split), "router" (an MoE's gating matmul: a batch or sequence split, its weight whole);
-    "" for any other op (the head's norm, the embedding's positions: Megatron's configs always)."""
+    (the vocabulary projection and the cross-entropy), "tokens" (a block's norms and residual adds, dense or MoE,
+    the head's norm and the embedding's positions: a batch or sequence split, a norm's features too), "router"
+    (an MoE's gating matmul: a batch or sequence split, its weight whole); "" for any other op (BERT's token types
+    and embedding norm: Megatron's configs always)."""
     parts = op.module_path.split(".")
     if "attn" in parts:
         return "attn"
@@ -163,14 +180,17 @@ def replicable_module(op: Op) -> str:
     if op.kind in ("norm", "elementwise") and len(parts) == 3 and parts[:2] in (
             ["blocks", "block"], ["blocks", "moe_block"]):
         return "tokens"
+    if op.module_path in TOKEN_PATHS:
+        return "tokens"
     return "head" if op.name in ("logits", "cross_entropy") else ""
 
 
 def tp_config_problem(op: Op, config: OpConfig, dev: DeviceSlice) -> str:
     """Why a replicable op (replicable_module) cannot take `config` over tp ("" where it can): the parts must
-    divide tp, the micro-batch and the sequence; reduce splits a matmul's reduction dimension only; the lookup
-    takes Megatron's split (reduce) over d dividing tp, or none; an MoE's expert op Megatron's split over d
-    dividing tp (under sp with seq = tp / d), or none (expert tensor parallelism 1)."""
+    divide tp, the micro-batch and the sequence; reduce splits a matmul's reduction dimension only; out an
+    attention or MLP op's, the head's projection or loss, or a norm's features (not a residual add's or the
+    positions'); the lookup takes Megatron's split (reduce) over d dividing tp, or none; an MoE's expert op
+    Megatron's split over d dividing tp (under sp with seq = tp / d), or none (expert tensor parallelism 1)."""
     if op.kind == "embedding":
         by_tokens = config.out == config.reduce == 1 and config.parts > 1
         if not by_tokens and (config != megatron_tp(op, dev, config.reduce) or dev.tp % config.reduce):
@@ -189,8 +209,9 @@ def tp_config_problem(op: Op, config: OpConfig, dev: DeviceSlice) -> str:
                 if dev.tp > 2 else ""
             return f"{fewer}{whole} (the experts whole on each tp rank: expert tensor parallelism 1)"
         return ""
-    # a norm's statistics span the hidden features, the router's top-k its experts: tokens only
-    tokens_only = replicable_module(op) in ("tokens", "router")
+    # a residual add's and the positions' tokens only (a norm's features too: statistics); the router's top-k
+    # spans its experts: its tokens only
+    tokens_only = replicable_module(op) == "router" or (replicable_module(op) == "tokens" and op.kind != "norm")
     dims = COMPUTE_PARTS[:2] if tokens_only else COMPUTE_PARTS if op.kind in CONTRACTING else COMPUTE_PARTS[:3]
     allowed = f"any split of its {', '.join(dims)} whose parts divide {dev.tp}, or none (the {op.name} whole on " \
         "each tp rank)"
@@ -302,6 +323,10 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
             forward_kv, backward_kv = _tp_kv_gathers(spec, dev, config)
             forward += forward_kv
             backward += backward_kv
+        if axis == "tp" and op.kind == "norm" and config.out > 1:  # statistics over split features
+            forward_stats, backward_stats = _norm_statistics(spec, dev, op, config)
+            forward += forward_stats
+            backward += backward_stats[::-1]  # the backward list is reversed below
         placement, producer = output_placement(config, size, contracting), op
     if placement is not None and kind != "head":  # the head hands on the loss
         site = _namer(axis, kind, producer, None)
@@ -330,6 +355,25 @@ def _loss_statistics(fwd: Sequence[Op], dev: DeviceSlice, config_of: Callable[[O
                     dev.local_tokens * 4.0)  # fp32
     return [Comm(f"loss.{name}", step.collective, "tp", "fwd", step.buffer_bytes, _sub(step, dev.tp))
             for name in _STATISTICS for step in steps]
+
+
+def _norm_statistics(spec: TransformerSpec, dev: DeviceSlice, op: Op, config: OpConfig
+                     ) -> tuple[list[_Found], list[_Found]]:
+    """(forward, backward) all-reduces of a norm splitting its hidden features `out` ways over tp: each rank
+    normalises its h / out features of its tokens (1 / (batch x seq) of the local tokens), so every per-token sum
+    over the hidden features is partial over the out ranks: one fp32 all-reduce each (_NORM_STATISTICS, in the
+    order the pass needs them). LayerNorm: the sums of x and of x^2 (mean and variance), in the backward the sums
+    of dy' = dy * gain and of dy' * xhat (dx = rstd (dy' - mean(dy') - xhat mean(dy' xhat))): Colossal-AI's 2D
+    LayerNorm (colossalai/legacy/nn/layer/parallel_2d/layers.py LayerNorm2D.forward and _operation.py
+    _Layernorm_2D.backward, colossalai 0.5.0: two all-reduces each way over the row group). RMSNorm: derived, the
+    same with the mean terms dropped (dx = rrms (dy' - xhat mean(dy' xhat))): the sum of x^2, then of dy' xhat.
+    NB: fp32, as PyTorch's layer_norm keeps its statistics in the accumulation type for half inputs; a fused
+    kernel could all-reduce a token's two statistics in one collective (half the latency terms)."""
+    split = Placement(dev.tp, config.batch, config.seq, partial=config.out)
+    steps = reshard(split, Placement(dev.tp, config.batch, config.seq), dev.local_tokens * 4.0)  # fp32
+    forward_names, backward_names = _NORM_STATISTICS[spec.norm]
+    return ([(f"{op.name}.{name}", step) for name in forward_names for step in steps],
+            [(f"{op.name}.{name}", step) for name in backward_names for step in steps])
 
 
 def _sub(step: ReshardStep, size: int) -> int:
@@ -438,17 +482,18 @@ def _tp_kv_gathers(spec: TransformerSpec, dev: DeviceSlice, config: OpConfig) ->
 
 def token_split_params(spec: TransformerSpec, fwd: Sequence[Op], config_of: Callable[[Op], OpConfig],
                        dev: DeviceSlice | None = None) -> dict[int, float]:
-    """{k: parameters} of a layer's matmuls, its lookup (and, given the slice `dev`, its norms and router) whose
-    config over tp splits their tokens k = batch x seq ways: each of those k tp ranks holds the weight part whole
-    and makes its gradient from its own tokens, so the gradient is summed over them as well as over the
-    data-parallel ranks, once per iteration, in the data-parallel gradient reduction (Megatron-LM sums the
-    gradients of the weights sequence parallelism replicates over tp once per iteration too,
-    finalize_model_grads, megatron-core 0.9, by an all-reduce of its own). A matmul's parameters as one rank
-    holds them: its local weight (op.shape: batch, m, n, k) and a block's bias; a norm's: its gain (and a
-    LayerNorm's bias), whole, where its config is not Megatron's; an MoE router's: its whole gating weight,
-    where its config is not Megatron's; the lookup's (by tokens, its own config): the whole token table (vocab x
-    hidden; not the positions'). NB: Megatron's own token-split weights (the norms and an MoE router under sp, a
-    BERT transform under sp) are left out, as before."""
+    """{k: parameters} of a layer's matmuls, its lookup (and, given the slice `dev`, its norms, positions and MoE
+    router) whose config over tp splits their tokens k = batch x seq ways: each of those k tp ranks holds the
+    weight part whole and makes its gradient from its own tokens, so the gradient is summed over them as well as
+    over the data-parallel ranks, once per iteration, in the data-parallel gradient reduction (Megatron-LM sums
+    the gradients of the weights sequence parallelism replicates over tp once per iteration too,
+    finalize_model_grads, megatron-core 0.9, by an all-reduce of its own). A matmul's parameters as one rank holds
+    them: its local weight (op.shape: batch, m, n, k) and a block's bias; a norm's (a block's or the head's): its
+    gain (and a LayerNorm's bias), the 1/out of it the rank holds, where its config is not Megatron's; an MoE
+    router's: its whole gating weight, where its config is not Megatron's; the lookup's (by tokens, its own
+    config): the whole token table (vocab x hidden); the positions' (by tokens, their own config): the whole
+    position table. NB: Megatron's own token-split weights (the norms and an MoE router under sp, a BERT transform
+    under sp) are left out, as before."""
     out: dict[int, float] = {}
     for op in fwd:
         config = config_of(op)
@@ -461,9 +506,11 @@ def token_split_params(spec: TransformerSpec, fwd: Sequence[Op], config_of: Call
             out[parts] = out.get(parts, 0.0) + float(n * k + bias)
         elif op.kind == "norm" and replicable_module(op) == "tokens" and dev is not None and (
                 config != megatron_tp(op, dev, dev.tp)):
-            out[parts] = out.get(parts, 0.0) + float(norm_params(spec))
+            out[parts] = out.get(parts, 0.0) + float(norm_params(spec)) / config.out
         elif replicable_module(op) == "router" and dev is not None and config != megatron_tp(op, dev, dev.tp):
             out[parts] = out.get(parts, 0.0) + float(router_params(spec))
+        elif op.module_path == "embed.positions" and dev is not None and config != megatron_tp(op, dev, dev.tp):
+            out[parts] = out.get(parts, 0.0) + float(spec.max_seq_len * spec.hidden)
         elif op.kind == "embedding":  # the lookup by tokens: the whole table on each of those ranks
             out[parts] = out.get(parts, 0.0) + float(spec.vocab * spec.hidden)
     return out

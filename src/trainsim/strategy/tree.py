@@ -372,9 +372,9 @@ class StrategyTree:
         layer instance, the job's strategy or its stage mesh's): Megatron's (lowered.megatron_splits) where the
         tree sets none over an axis. An axis the tree splits must be split as Megatron does on every op, except
         that any op of a block's attention or MLP, a block's norms and residual adds, an MoE's router, the lookup,
-        the logits or the cross-entropy may take a config of its own over its stage's tp
-        (strategy.megatron.own_configs; the compiler shapes the ops from these configs and reshards between them,
-        compile.shape_layers): ConfigError naming the first op that differs."""
+        the positions, the head's norm, the logits or the cross-entropy may take a config of its own over its
+        stage's tp (strategy.megatron.own_configs; the compiler shapes the ops from these configs and reshards
+        between them, compile.shape_layers): ConfigError naming the first op that differs."""
         layers = expand_layers(self.graph)
         given_axes = {key.partition("@")[2] for row in self.explicit.values() for key in row if "@" in key}
         if not given_axes:

@@ -119,6 +119,25 @@ def test_moe_norms_and_residual_adds_by_sequence_without_sp_reshard_around_them(
     assert plan_tp_token_params(plan, job.model, job.parallel) == {1: {2: 128.0}, 2: {2: 128.0}}
 
 
+def test_an_moe_norm_split_by_its_features_all_reduces_its_statistics() -> None:
+    """tp 2 x ep 2 without sp, the MoE block's norm2 split by its hidden features (as a dense block's may be): its
+    two LayerNorm statistics per token (64 x 4 bytes, fp32) all-reduced forward and its two gradient statistics
+    backward; the router, whole, reads its feature halves all-gathered (mlp.ag, H), and in the backward norm2's
+    input gradient halves are gathered for residual1's whole one (block.ag, H). The norm holds its half of the
+    gain and bias (32, as Megatron's count divided by tp): 10336 parameters, nothing summed over tp."""
+    job = _job()
+    plan = _plan(job, [("blocks.*.norm2", "out", 2)])
+    block = _block(job, plan)
+    assert [c for c in _tp(block) if not c[0].startswith("attn")] == [
+        ("norm2.sum", "all-reduce", "fwd", 256.0, 0), ("norm2.sum_sq", "all-reduce", "fwd", 256.0, 0),
+        ("mlp.ag", "all-gather", "fwd", H, 0), ("mlp.ar", "all-reduce", "fwd", H, 0),
+        ("norm2.sum_dy", "all-reduce", "bwd", 256.0, 0), ("norm2.sum_dy_xhat", "all-reduce", "bwd", 256.0, 0),
+        ("block.ag", "all-gather", "bwd", H, 0), ("mlp.ar", "all-reduce", "bwd", H, 0)]
+    assert _shape(block, "norm2") == (64 * 16,)
+    assert block.param_count == MEGATRON_BLOCK_PARAMS
+    assert plan_tp_token_params(plan, job.model, job.parallel) == {}
+
+
 def test_a_router_whole_under_sp_dispatches_all_its_tokens() -> None:
     """tp 2 x ep 2 with sp, the router whole on each tp rank: it reads norm2's halves gathered (mlp.ag, H) and
     routes all 64 tokens, so each rank dispatches all their routed copies (R per all-to-all, as Megatron's) with no
@@ -229,17 +248,17 @@ def test_megatron_s_own_router_and_norm_configs_compile_to_the_plain_plan(sp: bo
     (4, [*_experts_over_pairs(), (ROUTER, "batch", 2), (ROUTER, "seq", 1)],
      r"blocks.0.moe.router split.compute@tp='batch=2' is invalid: the router split 2 ways by batch beside experts "
      r"split 2 ways by seq .*each rank dispatches the tokens it routed"),
-    (2, [("blocks.*.norm2", "out", 2)],
-     r"blocks.0.norm2 split.compute@tp='seq=2 out=2' is invalid: .*or any split of its batch, seq whose parts "
-     r"divide 2, or none \(the norm2 whole on each tp rank\)"),
+    (2, [("blocks.*.residual2", "out", 2)],
+     r"blocks.0.residual2 split.compute@tp='seq=2 out=2' is invalid: .*or any split of its batch, seq whose parts "
+     r"divide 2, or none \(the residual2 whole on each tp rank\)"),
     (2, [(ROUTER, "out", 2)], r"router split.compute@tp='seq=2 out=2' is invalid: .*or any split of its batch, "
                               r"seq whose parts divide 2, or none \(the router whole on each tp rank\)"),
 ])
 def test_the_configs_still_refused_say_why_in_one_line(tp: int, splits: list[tuple[str, str, int]],
                                                         message: str) -> None:
     """A router split by batch beside experts on their pair's sequence shares (the tokens a rank routed neither
-    hold its experts' nor lie within them: not priced), a norm split by its hidden features, the router by its
-    experts: refused, in one line."""
+    hold its experts' nor lie within them: not priced), a residual add split by its hidden features, the router
+    by its experts: refused, in one line."""
     job = _job(tp=tp, sp=True)
     with pytest.raises(ConfigError, match=message) as info:
         _tree(job, splits).lower(job.parallel)

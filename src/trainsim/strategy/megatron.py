@@ -22,9 +22,9 @@ ranks d (each group of d consecutive tp ranks runs the op split d ways), none (t
 matmul split by its reduction dimension (input features sliced, partial sums out) or by its output dimension where
 Megatron splits the reduction, an op split by sequence (query rows for the attention core, tokens for a matmul,
 whose weight each rank then holds whole, its gradient summed over those ranks with the data-parallel reduction:
-token_split_params). A dense block's norms and residual adds, the head's final norm and the embedding's learned
-positions may take any batch or sequence split whose parts divide tp (replicable_module "tokens"): split by
-sequence without sp (per-op sequence parallelism; a block then hands on the whole hidden state, its last add's
+token_split_params). A block's norms and residual adds (dense or MoE), the head's final norm and the embedding's
+learned positions may take any batch or sequence split whose parts divide tp (replicable_module "tokens"): split
+by sequence without sp (per-op sequence parallelism; a block then hands on the whole hidden state, its last add's
 halves all-gathered: block.ag), or whole under sp; a norm's gain (and bias), like the position table, is held
 whole and, where its tokens are split other than Megatron's way, its gradient summed over those ranks as a
 token-split matmul's is (Megatron-LM sums the sequence-parallel norms' gradients over tp: finalize_model_grads,
@@ -38,16 +38,16 @@ input sliced or exchanged by all-to-all from a sequence split, its output gather
 features, the gradients' conjugates) come out of the walk below like any op's. The embedding's lookup takes
 Megatron's split over d dividing tp, none, or a batch or sequence split whose parts divide tp (each rank looks up
 its own tokens in the whole table, whose gradient is then summed over those ranks; a tied table then needs the
-head's projection whole), and an MoE's experts Megatron's split over d or none (below); a residual add or the
-positions split by features, BERT's token types and embedding norm, an MoE block's norms and residual adds and its
-router take Megatron's only (tp_config_problem says what an op can take). The catalog builders shape each op at its
-config (frontends.catalog.transformer block_layer, embedding_layer, head_layer; compile.shape_layers); a collective
-over a split of fewer ranks than tp spans them (ir.graph.Comm.ranks), and the resharding below inserts what the layout
-changes need: a whole attention beside a split MLP pays only the MLP's all-reduce pair; qkv split by heads before a
-whole attention core all-gathers q, k and v; qkv split by its reduction dimension before a whole core all-reduces
-them (before a core split by heads: a reduce-scatter); a core split by sequence after qkv split by heads exchanges
-q, k and v by all-to-all and all-gathers the keys and values of the whole sequence (as cp does; their gradient
-reduce-scattered); a whole head pays no vocab-parallel statistics.
+head's projection whole), an MoE's experts Megatron's split over d or none and its router a batch or sequence
+split whose parts divide tp, or none (below); a residual add or the positions split by features, BERT's token
+types and embedding norm take Megatron's only (tp_config_problem says what an op can take). The catalog builders
+shape each op at its config (frontends.catalog.transformer block_layer, embedding_layer, head_layer;
+compile.shape_layers); a collective over a split of fewer ranks than tp spans them (ir.graph.Comm.ranks), and the
+resharding below inserts what the layout changes need: a whole attention beside a split MLP pays only the MLP's
+all-reduce pair; qkv split by heads before a whole attention core all-gathers q, k and v; qkv split by its reduction
+dimension before a whole core all-reduces them (before a core split by heads: a reduce-scatter); a core split by
+sequence after qkv split by heads exchanges q, k and v by all-to-all and all-gathers the keys and values of the
+whole sequence (as cp does; their gradient reduce-scattered); a whole head pays no vocab-parallel statistics.
 
 An MoE's experts (their matmuls and activation, all at one degree) may take Megatron's split over d dividing tp
 too: Megatron-Core's expert tensor parallelism (expert_tensor_parallel_size, megatron/core/
@@ -59,10 +59,22 @@ dispatch follows Megatron-Core's MoEAlltoAllTokenDispatcher (megatron/core/trans
 0.16.1): the all-to-all over ep moves the routed copies of the tokens a rank holds, then the routed tokens are
 all-gathered over the d ranks and reduce-scattered after the experts (none at d = 1); trainsim's Megatron
 split (d = tp) keeps its own order, the hidden state gathered over tp before dispatching all local tokens
-(_read_bytes, _tensor_bytes). The router has no other config: Megatron-Core's TopKRouter holds its weight
-whole on every tp rank and runs it on the rank's tokens (its sequence share under sp, its gradient then summed
-over tp as the norms' are: the weight's `sequence_parallel` attribute, megatron/core/transformer/moe/router.py
-and megatron/core/distributed/finalize_model_grads.py, 0.16.1), as the norms' config here says.
+(_read_bytes, _tensor_bytes). Megatron-Core's TopKRouter holds its weight whole on every tp rank and runs it on
+the rank's tokens (its sequence share under sp, its gradient then summed over tp as the norms' are: the
+weight's `sequence_parallel` attribute, megatron/core/transformer/moe/router.py and
+megatron/core/distributed/finalize_model_grads.py, 0.16.1): Megatron's config here is the norms'. A tree may
+give the router a batch or sequence split whose parts divide tp, or none (replicable_module "router"; not its
+experts, which its top-k spans): its weight whole on each rank, its gradient summed over the ranks that split its
+tokens where the split is not Megatron's (token_split_params). The dispatch then starts from the tokens each rank
+routed (dispatch_layout; as wherever the experts take d < tp): the all-to-all over ep moves those tokens' routed
+copies (sliced first to the experts' tokens where the router ran more), the routed tokens are all-gathered over
+the ranks whose experts read them (and reduce-scattered back before the combine); where the experts' tokens are
+split as the dispatched ones, the experts' partial sums travel through the combine and are reduced as the hidden
+state onto the next op's layout (trainsim's order). A router split by batch beside experts split by sequence, or
+token parts that do not divide each other, are refused (dispatch_problem). NB: the op chain carries the router's
+output as the hidden state the experts read (a norm2 whole before a sequence-split router is gathered again
+before the experts; the routing decisions' own bytes are not priced, as under Megatron's configs), and
+Megatron's router is shaped on all local tokens under sp too, as before.
 
 layer_comms walks a layer's ops in order per axis, as compile.splits walks a tree's computation configs: where
 what an op reads differs from how its producer left it, strategy.reshard's pattern matching gives the collective
@@ -137,7 +149,7 @@ def op_config(axis: Axis, op: Op, dev: DeviceSlice, own: TpConfigs = frozenset()
 def megatron_tp(op: Op, dev: DeviceSlice, degree: int) -> OpConfig:
     """Megatron's config of `op` over tp, its split made over `degree` ranks (module doc); an expert op at degree
     d keeps, under sp, the tokens of its d ranks (the sequence split tp / d ways: Megatron-Core's expert tensor
-    parallelism, _expert_tp)."""
+    parallelism, dispatch_layout)."""
     token_parts = dev.tp // degree if dev.sp and _expert(op) else 1
     if op.name in COLUMN or op.name in FEATURE:
         return OpConfig(1, token_parts, degree, 1)
@@ -150,20 +162,23 @@ def replicable_module(op: Op) -> str:
     """The part of the model whose op may take a config of its own over tp instead of Megatron's: "attn" (qkv,
     rope, the attention core, softmax, the projection), "mlp" (a dense block's MLP), "experts" (an MoE's expert
     matmuls and activation: Megatron-Core's expert tensor parallelism), "embed" (the token lookup) or "head"
-    (the vocabulary projection and the cross-entropy), "tokens" (a dense block's norms and residual adds, the
-    head's norm and the embedding's positions: a batch or sequence split, a norm's features too); "" for any other
-    op (BERT's token types and embedding norm, an MoE block's norms, residual adds and router: Megatron's configs
-    always)."""
+    (the vocabulary projection and the cross-entropy), "tokens" (a block's norms and residual adds, dense or MoE,
+    the head's norm and the embedding's positions: a batch or sequence split, a norm's features too), "router"
+    (an MoE's gating matmul: a batch or sequence split, its weight whole); "" for any other op (BERT's token types
+    and embedding norm: Megatron's configs always)."""
     parts = op.module_path.split(".")
     if "attn" in parts:
         return "attn"
     if _expert(op):
         return "experts"
-    if "mlp" in parts and "moe" not in parts:
+    if "moe" in parts:
+        return "router"
+    if "mlp" in parts:
         return "mlp"
     if op.kind == "embedding":
         return "embed"
-    if op.kind in ("norm", "elementwise") and parts[:2] == ["blocks", "block"] and len(parts) == 3:
+    if op.kind in ("norm", "elementwise") and len(parts) == 3 and parts[:2] in (
+            ["blocks", "block"], ["blocks", "moe_block"]):
         return "tokens"
     if op.module_path in TOKEN_PATHS:
         return "tokens"
@@ -194,12 +209,14 @@ def tp_config_problem(op: Op, config: OpConfig, dev: DeviceSlice) -> str:
                 if dev.tp > 2 else ""
             return f"{fewer}{whole} (the experts whole on each tp rank: expert tensor parallelism 1)"
         return ""
-    tokens_only = replicable_module(op) == "tokens" and op.kind != "norm"  # a norm's features too (statistics)
+    # a residual add's and the positions' tokens only (a norm's features too: statistics); the router's top-k
+    # spans its experts: its tokens only
+    tokens_only = replicable_module(op) == "router" or (replicable_module(op) == "tokens" and op.kind != "norm")
     dims = COMPUTE_PARTS[:2] if tokens_only else COMPUTE_PARTS if op.kind in CONTRACTING else COMPUTE_PARTS[:3]
     allowed = f"any split of its {', '.join(dims)} whose parts divide {dev.tp}, or none (the {op.name} whole on " \
         "each tp rank)"
     if dev.tp % config.parts or (config.reduce > 1 and op.kind not in CONTRACTING) or (
-            tokens_only and config.out > 1):
+            tokens_only and config.out * config.reduce > 1):
         return allowed
     return _token_problem(config, dev)
 
@@ -250,7 +267,7 @@ def layer_comms(spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: S
             return configs.get((op.module_path, axis), UNSPLIT)
 
         forward, backward = _walk(axis, size, spec, dev, kind, fwd, config_of,
-                                  (_heads_parts(fwd, dev, configs), _expert_tp(fwd, dev, configs)))
+                                  (_heads_parts(fwd, dev, configs), dispatch_layout(fwd, dev, configs)))
         sites = {_site(op): i for i, op in reversed(list(enumerate(fwd)))}
         backward.sort(key=lambda found: sites.get(found[0].split(".")[0], len(sites)))
         comms += [Comm(name, step.collective, axis, "fwd", step.buffer_bytes, _sub(step, size))
@@ -263,13 +280,17 @@ def layer_comms(spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: S
 
 
 def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: Sequence[Op],
-          config_of: Callable[[Op], OpConfig], parts: tuple[int, int]) -> tuple[list[_Found], list[_Found]]:
+          config_of: Callable[[Op], OpConfig], parts: tuple[int, Placement | None]
+          ) -> tuple[list[_Found], list[_Found]]:
     """(forward, backward) reshards of the layer's op chain over one axis; the backward's in the order the
-    backward pass meets them. parts: the parts the attention's heads are split into over tp, and the tp degree
-    of the experts (_expert_tp; below tp: Megatron-Core's dispatch order, _read_bytes)."""
-    heads_parts, expert_tp = parts
-    dispatch_first = expert_tp < dev.tp
-    full = _tensor_bytes(axis, spec, dev, dispatch_first)
+    backward pass meets them. parts: the parts the attention's heads are split into over tp, and the layout over
+    tp of the tokens each rank dispatches (dispatch_layout; None: trainsim's Megatron order, the hidden state
+    gathered over tp before the dispatch). Where there is one, the reshard into the experts' first op goes
+    through it: from the router's layout with the hidden state's bytes (a slice), then onto the experts' with the
+    routed tokens' (_read_bytes); out of the experts' last op the same way back (Megatron-Core's order)."""
+    heads_parts, dispatch = parts
+    dispatch_first = dispatch is not None
+    full = _tensor_bytes(axis, spec, dev, dispatch)
     handed = handed_on(axis, dev)
     forward: list[_Found] = []
     backward: list[_Found] = []
@@ -282,9 +303,18 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
         if placement is not None:
             routed = dispatch_first and (_expert(op) or (producer is not None and _expert(producer)))
             site, read = _namer(axis, kind, producer, op), _read_bytes(axis, spec, dev, op, full, routed)
-            forward += _named(site, axis, reshard(placement, need, read))
             grad = input_grad_placement(need, config, contracting)
-            backward += _named(site, axis, reshard(grad, output_grad_placement(placement), read))
+            boundary = producer is not None and _expert(op) != _expert(producer)
+            if axis == "tp" and dispatch is not None and boundary:  # through the dispatched tokens' layout
+                first, then = (full, read) if _expert(op) else (read, full)
+                mid, mid_grad = _through(dispatch, placement), _through(dispatch, grad)
+                forward += _named(site, axis, reshard(placement, mid, first))
+                forward += _named(site, axis, reshard(mid, need, then))
+                backward += _named(site, axis, reshard(mid_grad, output_grad_placement(placement), first))
+                backward += _named(site, axis, reshard(grad, mid_grad, then))
+            else:
+                forward += _named(site, axis, reshard(placement, need, read))
+                backward += _named(site, axis, reshard(grad, output_grad_placement(placement), read))
         if axis == "cp" and op.kind == "attention":  # keys and values of the whole sequence
             kv = _kv_bytes(spec, dev, heads_parts)
             forward += _named("kv", axis, reshard(Placement(size, seq=size), Placement(size), kv))
@@ -303,6 +333,15 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
         forward += _named(site, axis, reshard(placement, handed, full))
         backward += _named(site, axis, reshard(handed, output_grad_placement(placement), full))
     return forward, backward[::-1]
+
+
+def _through(dispatch: Placement, held: Placement) -> Placement:
+    """The dispatched tokens' layout as the all-to-alls over ep carry a tensor `held` over tp: its partial sums
+    (the experts' output or input gradient, partial over their tp ranks) travel through them unreduced where the
+    tokens are split alike (the reduction then moves the hidden state: trainsim's order), else are reduced onto
+    the dispatched tokens before (the routed tokens: Megatron-Core's reduce-scatter before the combine)."""
+    alike = (held.batch, held.seq) == (dispatch.batch, dispatch.seq)
+    return Placement(dispatch.group, dispatch.batch, dispatch.seq, partial=held.partial if alike else 1)
 
 
 def _loss_statistics(fwd: Sequence[Op], dev: DeviceSlice, config_of: Callable[[Op], OpConfig]) -> list[Comm]:
@@ -381,15 +420,16 @@ def _contracting(axis: Axis, op: Op) -> bool:
     return axis == "tp" and (op.kind in CONTRACTING or op.kind == "embedding")
 
 
-def _tensor_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, own_tokens: bool = False) -> float:
+def _tensor_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, dispatch: Placement | None = None) -> float:
     """The whole tensor a reshard over `axis` moves: the hidden state of the micro-batch's local tokens over
     tp (over cp the attention's keys and values, _kv_bytes); over ep the tokens routed to top_k experts on
     every rank of the group: of all the micro-batch's local tokens (the hidden state gathered over tp before
-    the dispatch), or with own_tokens of those the rank holds (its sequence share under sp: Megatron-Core's
-    order where the experts' tp degree is below tp, _read_bytes)."""
+    the dispatch), or, given the layout over tp of the tokens a rank dispatches (dispatch_layout), of those
+    (its router's tokens, or its experts' where they run fewer: Megatron-Core's order, _read_bytes)."""
     hidden = float(dev.local_tokens * spec.hidden * BYTES_PER_DTYPE[dev.precision.activation_dtype])
-    if axis == "ep" and own_tokens and dev.sp:
-        own = float(dev.local_tokens // dev.tp * spec.hidden * BYTES_PER_DTYPE[dev.precision.activation_dtype])
+    parts = 1 if dispatch is None else dispatch.batch * dispatch.seq
+    if axis == "ep" and parts > 1:
+        own = float(dev.local_tokens // parts * spec.hidden * BYTES_PER_DTYPE[dev.precision.activation_dtype])
         return own * spec.top_k * dev.ep
     return hidden * spec.top_k * dev.ep if axis == "ep" else hidden
 
@@ -403,12 +443,13 @@ def _read_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, consumer: O
     `routed` the routed tokens' hidden states (top_k per token). Over cp and ep: `hidden` (_tensor_bytes).
 
     routed: a reshard into an expert's first matmul or out of its last where the experts' tp degree d is below
-    tp. Megatron-Core's all-to-all dispatcher then runs the all-to-all over ep first, then the all-gather of
-    the routed tokens over the d ranks of the expert tp group (and the reduce-scatter before the combine's
-    all-to-all): MoEAlltoAllTokenDispatcher dispatch_postprocess / combine_preprocess,
-    megatron/core/transformer/moe/token_dispatcher.py, megatron-core 0.16.1. NB: under Megatron's split (d =
-    tp) trainsim keeps its order, the hidden state gathered over tp before the dispatch (hidden bytes here, all
-    local tokens over ep: _tensor_bytes)."""
+    tp or the router takes a config of its own (dispatch_layout). Megatron-Core's all-to-all dispatcher then
+    runs the all-to-all over ep first, then the all-gather of the routed tokens over the ranks of the expert tp
+    group that dispatched other tokens (and the reduce-scatter before the combine's all-to-all):
+    MoEAlltoAllTokenDispatcher dispatch_postprocess / combine_preprocess,
+    megatron/core/transformer/moe/token_dispatcher.py, megatron-core 0.16.1. NB: under Megatron's configs of
+    the router and the experts trainsim keeps its order, the hidden state gathered over tp before the dispatch
+    (hidden bytes here, all local tokens over ep: _tensor_bytes)."""
     if axis != "tp":
         return hidden
     act, d, f = BYTES_PER_DTYPE[dev.precision.activation_dtype], spec.head_dim, spec.ffn_hidden
@@ -441,14 +482,15 @@ def _tp_kv_gathers(spec: TransformerSpec, dev: DeviceSlice, config: OpConfig) ->
 
 def token_split_params(spec: TransformerSpec, fwd: Sequence[Op], config_of: Callable[[Op], OpConfig],
                        dev: DeviceSlice | None = None) -> dict[int, float]:
-    """{k: parameters} of a layer's matmuls, its lookup (and, given the slice `dev`, its norms and positions) whose
-    config over tp splits their tokens k = batch x seq ways: each of those k tp ranks holds the weight part whole
-    and makes its gradient from its own tokens, so the gradient is summed over them as well as over the
-    data-parallel ranks, once per iteration, in the data-parallel gradient reduction (Megatron-LM sums the gradients
-    of the weights sequence parallelism replicates over tp once per iteration too, finalize_model_grads,
-    megatron-core 0.9, by an all-reduce of its own). A matmul's parameters as one rank holds them: its local weight
-    (op.shape: batch, m, n, k) and a block's bias; a norm's (a block's or the head's): its gain (and a LayerNorm's
-    bias), the 1/out of it the rank holds, where its config is not Megatron's; the lookup's (by tokens, its own
+    """{k: parameters} of a layer's matmuls, its lookup (and, given the slice `dev`, its norms, positions and MoE
+    router) whose config over tp splits their tokens k = batch x seq ways: each of those k tp ranks holds the
+    weight part whole and makes its gradient from its own tokens, so the gradient is summed over them as well as
+    over the data-parallel ranks, once per iteration, in the data-parallel gradient reduction (Megatron-LM sums
+    the gradients of the weights sequence parallelism replicates over tp once per iteration too,
+    finalize_model_grads, megatron-core 0.9, by an all-reduce of its own). A matmul's parameters as one rank holds
+    them: its local weight (op.shape: batch, m, n, k) and a block's bias; a norm's (a block's or the head's): its
+    gain (and a LayerNorm's bias), the 1/out of it the rank holds, where its config is not Megatron's; an MoE
+    router's: its whole gating weight, where its config is not Megatron's; the lookup's (by tokens, its own
     config): the whole token table (vocab x hidden); the positions' (by tokens, their own config): the whole
     position table. NB: Megatron's own token-split weights (the norms and an MoE router under sp, a BERT transform
     under sp) are left out, as before."""
@@ -465,6 +507,8 @@ def token_split_params(spec: TransformerSpec, fwd: Sequence[Op], config_of: Call
         elif op.kind == "norm" and replicable_module(op) == "tokens" and dev is not None and (
                 config != megatron_tp(op, dev, dev.tp)):
             out[parts] = out.get(parts, 0.0) + float(norm_params(spec)) / config.out
+        elif replicable_module(op) == "router" and dev is not None and config != megatron_tp(op, dev, dev.tp):
+            out[parts] = out.get(parts, 0.0) + float(router_params(spec))
         elif op.module_path == "embed.positions" and dev is not None and config != megatron_tp(op, dev, dev.tp):
             out[parts] = out.get(parts, 0.0) + float(spec.max_seq_len * spec.hidden)
         elif op.kind == "embedding":  # the lookup by tokens: the whole table on each of those ranks
@@ -472,20 +516,55 @@ def token_split_params(spec: TransformerSpec, fwd: Sequence[Op], config_of: Call
     return out
 
 
+def router_params(spec: TransformerSpec) -> int:
+    """The parameters of an MoE's router: its gating weight, hidden features x experts (no bias)."""
+    return spec.hidden * spec.num_experts
+
+
 def norm_params(spec: TransformerSpec) -> int:
     """The parameters of one norm: its gain over the hidden features, and a LayerNorm's bias."""
     return spec.hidden * (2 if spec.norm == "layernorm" else 1)
 
 
-def _expert_tp(fwd: Sequence[Op], dev: DeviceSlice, configs: Configs | None) -> int:
-    """The tp degree d of the layer's experts: Megatron's tp, or the degree their configs split the experts'
-    features over (d < tp: Megatron-Core's expert_tensor_parallel_size, megatron/core/model_parallel_config.py,
-    megatron-core 0.16.1); tp for a layer without experts."""
+def dispatch_layout(fwd: Sequence[Op], dev: DeviceSlice, configs: Configs | None) -> Placement | None:
+    """How the tp ranks hold the tokens each dispatches to the experts (Placement over tp: batch and seq parts),
+    or None for trainsim's order under Megatron's configs of the router and the experts (the hidden state
+    gathered over tp before the dispatch, every rank dispatching all its local tokens). Where the experts take
+    a tp degree d < tp (Megatron-Core's expert_tensor_parallel_size, megatron/core/model_parallel_config.py,
+    megatron-core 0.16.1) or the router a config of its own, each rank dispatches the tokens its router routed,
+    as Megatron-Core's MoEAlltoAllTokenDispatcher does (megatron/core/transformer/moe/token_dispatcher.py,
+    0.16.1), sliced to its experts' tokens where the router ran more (a router whole beside experts on their
+    ranks' sequence shares): the finer of the two token splits (dispatch_problem refuses splits that do not
+    nest). None for a layer without experts."""
+    router = next((op for op in fwd if replicable_module(op) == "router"), None)
     expert = next((op for op in fwd if _expert(op)), None)
-    if configs is None or expert is None or dev.tp == 1:
-        return dev.tp
-    config = configs.get((expert.module_path, "tp"), UNSPLIT)
-    return max(config.out, config.reduce)
+    if configs is None or router is None or expert is None or dev.tp == 1:
+        return None
+    gate, first = configs.get((router.module_path, "tp"), UNSPLIT), configs.get((expert.module_path, "tp"), UNSPLIT)
+    if max(first.out, first.reduce) == dev.tp and gate == megatron_tp(router, dev, dev.tp):
+        return None
+    if first.batch * first.seq > gate.batch * gate.seq:
+        return Placement(dev.tp, first.batch, first.seq)
+    return Placement(dev.tp, gate.batch, gate.seq)
+
+
+def dispatch_problem(fwd: Sequence[Op], dev: DeviceSlice, own: TpConfigs) -> str:
+    """Why the layer's router and experts at their configs over tp (own: a tree's, own_configs) cannot be priced
+    exactly ("" where they can): the tokens a rank dispatches (dispatch_layout) must be its router's or its
+    experts', one split holding the other's parts whole: a router split by batch beside experts split by sequence
+    (their d < tp ranks' sequence shares under sp), or token parts that do not divide each other, are not."""
+    router = next((op for op in fwd if replicable_module(op) == "router"), None)
+    expert = next((op for op in fwd if _expert(op)), None)
+    if router is None or expert is None:
+        return ""
+    gate, first = (op_config("tp", op, dev, own) for op in (router, expert))
+    routed, run = gate.batch * gate.seq, first.batch * first.seq
+    if (gate.batch > 1 and first.seq > 1) or max(routed, run) % min(routed, run):
+        return f"the router split {routed} ways by {'batch' if gate.batch > 1 else 'seq'} beside experts split " \
+            f"{run} ways by seq (their tp degree below {dev.tp} under sp): each rank dispatches the tokens it " \
+            "routed, which must hold its experts' tokens or lie within them; split the router by seq into parts " \
+            f"dividing or divided by {run}"
+    return ""
 
 
 def _kv_bytes(spec: TransformerSpec, dev: DeviceSlice, heads_parts: int) -> float:

@@ -54,6 +54,7 @@ from trainsim.strategy.megatron import (
     Axis,
     TpConfigs,
     axis_sizes,
+    dispatch_problem,
     op_config,
     own_configs,
     replicable_module,
@@ -370,10 +371,10 @@ class StrategyTree:
         """The computation configs over tp, cp and ep of every op, each over its own stage's mesh (pars: per
         layer instance, the job's strategy or its stage mesh's): Megatron's (lowered.megatron_splits) where the
         tree sets none over an axis. An axis the tree splits must be split as Megatron does on every op, except
-        that any op of a block's attention or MLP, a dense block's norms and residual adds, the lookup, the
-        positions, the head's norm, the logits or the cross-entropy may take a config of its own over its stage's tp
-        (strategy.megatron.own_configs; the compiler shapes the ops from these configs and reshards between them,
-        compile.shape_layers): ConfigError naming the first op that differs."""
+        that any op of a block's attention or MLP, a block's norms and residual adds, an MoE's router, the lookup,
+        the positions, the head's norm, the logits or the cross-entropy may take a config of its own over its
+        stage's tp (strategy.megatron.own_configs; the compiler shapes the ops from these configs and reshards
+        between them, compile.shape_layers): ConfigError naming the first op that differs."""
         layers = expand_layers(self.graph)
         given_axes = {key.partition("@")[2] for row in self.explicit.values() for key in row if "@" in key}
         if not given_axes:
@@ -428,6 +429,10 @@ class StrategyTree:
                               lambda op, i=index: given.get((i, op.module_path, "tp"), UNSPLIT))
             if own:
                 _check_experts_alike(layer, devs[index], own, self.layer_paths[index])
+                if problem := dispatch_problem(layer.fwd, devs[index], own):
+                    router = dict(own).get("router", UNSPLIT)
+                    raise ConfigError(f"{self.layer_paths[index]}.moe.router split.compute@tp",
+                                      _config_text(router), problem)
                 out[index] = own
         return out
 

@@ -294,6 +294,29 @@ def test_mixtral_tree_with_whole_experts_in_both_engines() -> None:
         assert after["model_flops_per_iteration"] == before["model_flops_per_iteration"]
 
 
+def test_mixtral_tree_with_the_norms_and_router_by_sequence_in_both_engines() -> None:
+    """data/strategies/megatron/mixtral-tp2-ep2-norms-router-seq.yaml (tp 2 x ep 2 without sp, each MoE block's
+    norms, residual adds and router on half the sequence) against the plain plan, in the simulator and the closed
+    form: each rank dispatches its own half of the tokens (half the all-to-all bytes: less ep time), gathers the
+    routed tokens over the pair and reduce-scatters them back (more tp time), runs the norms and the router on
+    half the tokens (less compute) and holds the norms and the router whole (more weight memory)."""
+    root = Path(__file__).resolve().parents[3]
+    args = ["predict", "--model", str(root / "data" / "strategies" / "megatron" / "models" / "mixtral-8x7b-l8.yaml"),
+            "--num-gpus", "8", "--tp", "2", "--ep", "2", "--micro-batch", "1", "--seq-len", "1024",
+            "--global-batch", "16", "--json"]
+    tree = str(root / "data" / "strategies" / "megatron" / "mixtral-tp2-ep2-norms-router-seq.yaml")
+    for engine in ("sim", "analytical"):
+        plain = RUNNER.invoke(app, [*args, "--engine", engine])
+        split = RUNNER.invoke(app, [*args, "--engine", engine, "--tree", tree])
+        assert plain.exit_code == 0 and split.exit_code == 0, split.output
+        before, after = json.loads(plain.stdout), json.loads(split.stdout)
+        assert after["engine"] == engine
+        assert after["breakdown"]["ep_comm"] < 0.7 * before["breakdown"]["ep_comm"]  # half the bytes, and latency
+        assert after["breakdown"]["tp_comm"] > before["breakdown"]["tp_comm"]
+        assert after["breakdown"]["compute"] < before["breakdown"]["compute"]
+        assert after["memory_breakdown"]["weights"] > before["memory_breakdown"]["weights"]
+
+
 def test_the_analytical_engine_refuses_a_tree_that_places_layers() -> None:
     root = Path(__file__).resolve().parents[3]
     result = RUNNER.invoke(app, ["predict", "--model", "gpt3-125m", "--num-gpus", "4", "--pp", "3", "--dp", "1",

@@ -155,7 +155,8 @@ def test_whole_experts_sum_their_gradient_over_their_expert_data_parallel_ranks(
 
 def test_expert_configs_other_than_megatron_core_s_are_refused_in_one_line() -> None:
     """Under sp the experts' tokens stay split: `out=1` without the sequence split would run every rank's
-    experts on gathered tokens, which Megatron-Core has no setting for; the expert ops take one degree."""
+    experts on gathered tokens, which Megatron-Core has no setting for; the expert ops take one degree; the
+    router splits tokens only (its top-k spans the experts), not its experts (out)."""
     job, graph = _tiny()
     tree = StrategyTree.from_parallel(graph, job.parallel)
     with pytest.raises(ConfigError, match=r"blocks.0.moe.mlp.fc1 split.compute@tp='nothing' is invalid: .*fc1 "
@@ -166,8 +167,9 @@ def test_expert_configs_other_than_megatron_core_s_are_refused_in_one_line() -> 
     with pytest.raises(ConfigError, match=r"fc1 1, gelu 2, fc2 2.* an MoE's expert ops take one tp degree"):
         tree.split("blocks.*.moe.mlp.fc1", "compute", "seq", 2, axis="tp", override=True).split(
             "blocks.*.moe.mlp.fc1", "compute", "out", 1, axis="tp", override=True).lower(job.parallel)
-    with pytest.raises(ConfigError, match=r"router splits seq=2 over tp"):
-        tree.split("blocks.*.moe.router", "compute", "seq", 1, axis="tp", override=True).lower(job.parallel)
+    with pytest.raises(ConfigError, match=r"router split.compute@tp='seq=2 out=2' is invalid: .*router splits "
+                                          r"seq=2 over tp; .*or any split of its batch, seq whose parts divide 2"):
+        tree.split("blocks.*.moe.router", "compute", "out", 2, axis="tp", override=True).lower(job.parallel)
 
 
 @pytest.mark.parametrize(("tp", "sp"), [(2, True), (2, False), (4, True)])

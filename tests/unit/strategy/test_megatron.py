@@ -313,7 +313,8 @@ def test_expert_configs_over_fewer_tp_ranks_keep_their_ranks_tokens(tp: int, sp:
                                                                    row: OpConfig) -> None:
     """An MoE's expert ops at tp degree d (Megatron-Core's expert tensor parallelism): gate_up and the SwiGLU split
     out d ways, down reduce d ways, and under sp the tokens of their d ranks (the sequence split tp / d ways; d = 1:
-    the norms' config); the router is no replicable op and keeps the norms' config whatever the degrees."""
+    the norms' config); the router, at the norms' config (Megatron's), is none of the layer's own configs,
+    whatever the experts' degree."""
     spec = load_model("mixtral-8x7b")
     assert isinstance(spec, TransformerSpec)
     dev = _slice(tp, sp, 1, 2)
@@ -321,7 +322,7 @@ def test_expert_configs_over_fewer_tp_ranks_keep_their_ranks_tokens(tp: int, sp:
     ops = {op.name: op for op in moe.fwd}
     own = frozenset((name, megatron_tp(ops[name], dev, d)) for name in ("gate_up", "swiglu", "down", "router"))
     assert [replicable_module(ops[name]) for name in ("router", "gate_up", "swiglu", "down")] == \
-        ["", "experts", "experts", "experts"]
+        ["router", "experts", "experts", "experts"]
     assert op_config("tp", ops["gate_up"], dev, own) == op_config("tp", ops["swiglu"], dev, own) == column
     assert op_config("tp", ops["down"], dev, own) == row
     assert op_config("tp", ops["router"], dev, own) == op_config("tp", ops["norm2"], dev) == \

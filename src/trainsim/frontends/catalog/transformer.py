@@ -3,14 +3,15 @@
 The feature collectives of TP, SP, CP and EP are not written here: strategy.megatron derives them from the
 splits those axes make of each layer's ops (the resharding between ops' computation configs).
 
-Each op of a block's attention and MLP, a dense block's norms and residual adds, the lookup and the learned
-positions, the head's norm, the logits and the cross-entropy is shaped by its own computation config over tp:
-Megatron's split over the job's tp, or the config a strategy tree gives it (the builders' `own`,
-strategy.megatron.own_configs): (batch, seq, out, reduce) parts, each rank running the op on 1/(batch x seq) of the
-tokens, 1/out of its output features and 1/reduce of its reduction dimension, and holding 1/(out x reduce) of its
-weight (a config of none: the whole op on every tp rank; a norm split by its features, out, runs and holds 1/out of
-them). An MoE's experts take Megatron's split over a degree d dividing tp, or none, and run the routed copies of
-their d ranks' tokens under sp (_expert_tokens)."""
+Each op of a block's attention and MLP, a block's norms and residual adds (dense or MoE), an MoE's router, the
+lookup and the learned positions, the head's norm, the logits and the cross-entropy is shaped by its own
+computation config over tp: Megatron's split over the job's tp, or the config a strategy tree gives it (the
+builders' `own`, strategy.megatron.own_configs): (batch, seq, out, reduce) parts, each rank running the op on
+1/(batch x seq) of the tokens, 1/out of its output features and 1/reduce of its reduction dimension, and holding
+1/(out x reduce) of its weight (a config of none: the whole op on every tp rank; a norm split by its features,
+out, runs and holds 1/out of them; the router, split by tokens or none, holds its weight whole). An MoE's experts
+take Megatron's split over a degree d dividing tp, or none, and run the routed copies of their d ranks' tokens
+under sp (_expert_tokens)."""
 
 from collections.abc import Mapping
 
@@ -26,7 +27,16 @@ from trainsim.ir.flops import (
 from trainsim.ir.graph import Layer, LayerKind, Op, OpGraph
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.strategy.device_slice import DeviceSlice
-from trainsim.strategy.megatron import ROW, Configs, TpConfigs, axis_sizes, layer_comms, norm_params, op_config
+from trainsim.strategy.megatron import (
+    ROW,
+    Configs,
+    TpConfigs,
+    axis_sizes,
+    layer_comms,
+    norm_params,
+    op_config,
+    router_params,
+)
 from trainsim.strategy.placement import OpConfig
 
 
@@ -163,15 +173,17 @@ def block_layer(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool,
     act, h = dev.precision.activation_dtype, spec.hidden
     given = dict(own)
     c = {op: given.get(op, _megatron(op, dev.tp)) for op in _ATTN_OPS + _MLP_OPS}
-    rows = _token_rows(dev, given if not moe else {})
-    widths = _norm_widths(spec, given if not moe else {})
-    own_norms = tuple(given[name].out for name in ("norm1", "norm2") if name in given and not moe)
+    rows = _token_rows(dev, given)
+    widths = _norm_widths(spec, given)
+    own_norms = tuple(given[name].out for name in ("norm1", "norm2") if name in given)
     fwd = _attention_ops(spec, dev, path, c, rows, widths)
     fwd.append(pointwise_op("norm2", "norm", f"{path}.norm2", act, rows["norm2"] * widths["norm2"],
                             flops_per_element=5.0))
     if moe:
-        fwd.append(matmul_op("router", f"{path}.moe.router", act, dev.local_tokens, spec.num_experts, h))
-        d = _weight_parts(c[_mlp_op_names(spec)[0]])  # the experts' tp degree (strategy.megatron._expert_tp)
+        # NB: Megatron's router is shaped on all local tokens, under sp too, as before
+        router_tokens = dev.local_tokens // _token_parts(given["router"]) if "router" in given else dev.local_tokens
+        fwd.append(matmul_op("router", f"{path}.moe.router", act, router_tokens, spec.num_experts, h))
+        d = _weight_parts(c[_mlp_op_names(spec)[0]])  # the experts' tp degree (strategy.megatron.dispatch_layout)
         fwd.extend(_mlp_ops(spec, dev, f"{path}.moe", _expert_tokens(dev, d), spec.top_k, _features_only(c)))
     else:
         fwd.extend(_mlp_ops(spec, dev, path, dev.local_tokens, 1, c))
@@ -179,12 +191,15 @@ def block_layer(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool,
     kind: LayerKind = "moe_block" if moe else "block"
     comms = layer_comms(spec, dev, kind, fwd, _configs(kind, fwd, dev, own))
     fwd_ops, bwd_ops = _with_backward(fwd)
-    return Layer(name, kind, count, fwd_ops, bwd_ops, comms, _block_local_params(spec, dev, moe, c, own_norms),
+    if "router" in given:  # its input kept as it runs it
+        rows["router"] = next(op.shape[1] for op in fwd if op.name == "router")
+    return Layer(name, kind, count, fwd_ops, bwd_ops, comms,
+                 _block_local_params(spec, dev, moe, c, own_norms, "router" in given),
                  sum(_block_params(spec, moe)), _block_saved_bytes(spec, dev, moe, c, (rows, widths)),
                  _replicated_tokens(dev) * h * _act_bytes(dev))
 
 
-_TOKEN_OPS = ("norm1", "residual1", "norm2", "residual2")  # a dense block's ops outside attention and MLP
+_TOKEN_OPS = ("norm1", "residual1", "norm2", "residual2")  # a block's ops outside attention, MLP and router
 
 
 def _token_rows(dev: DeviceSlice, given: Mapping[str, OpConfig]) -> dict[str, int]:
@@ -224,14 +239,16 @@ def _weight_parts(config: OpConfig) -> int:
 
 
 def _block_local_params(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: Mapping[str, OpConfig],
-                        own_norms: tuple[int, ...] = ()) -> float:
+                        own_norms: tuple[int, ...] = (), own_router: bool = False) -> float:
     """The parameters one tp rank holds of a block: each matmul's weight (and bias) divided by its config's weight
     parts (out x reduce; a matmul split by tokens holds it whole); the norms' with qkv's (as Megatron-LM's
     builders here always counted them: divided by tp), except the norms a tree gives a config of their own
     (strategy.megatron.replicable_module "tokens"; own_norms: the parts each splits its features into), each held
     whole or, split by its features, 1/out of it (its gradient summed over the tp ranks that split its tokens:
-    strategy.megatron.token_split_params). A module whose matmuls share one divisor divides
-    its count as a whole (the same figure, to the last bit, as before)."""
+    strategy.megatron.token_split_params); an MoE's router with the experts (divided by their tp degree and ep,
+    as the builder always counted it), or held whole where a tree gives it a config of its own (own_router). A
+    module whose matmuls share one divisor divides its count as a whole (the same figure, to the last bit, as
+    before)."""
     attn_params, mlp_params = _block_params(spec, moe)
     first, _, second = _mlp_op_names(spec)
     w = {name: _weight_parts(c[name]) for name in ("qkv", "out_proj", first, second)}
@@ -244,6 +261,8 @@ def _block_local_params(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: M
         attn += sum(norm_params(spec) / out - norm_params(spec) / w["qkv"] for out in own_norms)
     if moe:
         mlp = expert_params(spec, dev, w[first])
+        if own_router:
+            mlp += router_params(spec) - router_params(spec) / w[first] / dev.ep
     elif w[first] == w[second]:
         mlp = mlp_params / w[first]
     else:
@@ -265,8 +284,9 @@ def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: Ma
     activation and the second matmul). Under SP a module whose first matmul does not take Megatron's split keeps
     its input as it reads it (all local tokens where it splits none), rather than the sequence share Megatron-LM
     re-gathers in the backward. norms: the tokens and features each norm runs (_token_rows, _norm_widths), its
-    input kept as it holds it (NB: the dropout masks, the qkv and MLP inputs kept as Megatron's split keeps them
-    whatever the norms' configs).
+    input kept as it holds it, and the tokens an MoE router at its own config runs (token_rows["router"]), its
+    input kept so (NB: the dropout masks, the qkv and MLP inputs kept as Megatron's split keeps them whatever the
+    norms' configs).
     """
     a2, h = _act_bytes(dev), spec.hidden
     tokens, rep = dev.local_tokens, _replicated_tokens(dev)
@@ -292,9 +312,10 @@ def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: Ma
     own_inputs = sum(max(0, rows(op) * (h // c[op].reduce) - rep * h) for op in ("qkv", first)
                      if c[op] != _megatron(op, dev.tp) and not (moe and op == first)) if dev.sp else 0
     # two norm inputs, qkv input, mlp input, two dropout masks
+    # 0 at Megatron's configs; an MoE's router at its own config keeps its input as it runs it (the MLP input)
     token_rows, widths = norms
-    norms_own = (token_rows["norm1"] * widths["norm1"] + token_rows["norm2"] * widths["norm2"] - 2 * rep * h
-                 ) * a2  # 0 at Megatron's configs
+    norms_own = (token_rows["norm1"] * widths["norm1"] + token_rows["norm2"] * widths["norm2"]
+                 + token_rows.get("router", rep) * h - 3 * rep * h) * a2
     replicated = rep * h * (4 * a2 + 2 * mask) + norms_own + own_inputs * a2
     qkv = core_tokens * (heads + 2 * kv) * spec.head_dim * a2
     out_in = rows("out_proj") * (spec.num_heads // c["out_proj"].reduce) * spec.head_dim * a2

@@ -181,11 +181,13 @@ def _splice(sources: list[ExecGraph]) -> ExecGraph:
 
 
 def _neighbour_source(task: Task, sources: list[ExecGraph]) -> ExecGraph | None:
-    """The source of the stage a pipeline transfer joins task's stage to: boundary vs{b} lies between stages b
-    and b + 1 (one model chunk per stage); None for a task that names no boundary (the pipeline overhead)."""
+    """The source of the stage a pipeline transfer joins task's stage to: boundary vs{b} lies between virtual
+    stages b and b + 1, held by pipeline ranks b mod p and (b + 1) mod p (Megatron-LM's interleaved placement:
+    model chunk c of rank r is virtual stage c x p + r; with one chunk per stage, stages b and b + 1); None for a
+    task that names no boundary (the pipeline overhead)."""
     match = _BOUNDARY.search(task.name)
     if match is None:
         return None
     boundary = int(match[1])
-    other = boundary + 1 if task.device == boundary else boundary
-    return sources[other] if 0 <= other < len(sources) else None
+    lower, upper = boundary % len(sources), (boundary + 1) % len(sources)
+    return sources[upper if task.device == lower else lower]

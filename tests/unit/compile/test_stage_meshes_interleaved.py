@@ -106,8 +106,9 @@ def test_interleaved_stages_compile_on_their_meshes_and_cross_meshes_as_at_vpp_1
 
 
 def test_the_interleaved_order_and_each_ranks_memory_are_its_meshs() -> None:
-    """Simulated: each rank runs the interleaved schedule's steps in the plain job's order; rank 0's peak memory
-    is the plain interleaved job's rank 0's, rank 1's the tp 4 x dp 1 interleaved job's rank 1's."""
+    """Simulated: each rank runs the interleaved schedule's steps in the plain job's order (and rank 1 in the tp 4
+    job's); rank 0's peak memory is the plain interleaved job's rank 0's, rank 1's the tp 4 x dp 1 interleaved
+    job's rank 1's."""
     job = _job()
     mesh_job = job_of_mesh(job, StageMesh(1, 4, 1, 2))
     plan, plain_plan, mesh_plan = _plans(job, mesh_job)
@@ -117,6 +118,7 @@ def test_the_interleaved_order_and_each_ranks_memory_are_its_meshs() -> None:
     (graph, plain, mesh), (outcome, plain_out, mesh_out) = graphs, outcomes
     for stage in (0, 1):
         assert _order(graph, outcome, stage) == _order(plain, plain_out, stage)
+    assert _order(graph, outcome, 1) == _order(mesh, mesh_out, 1)
     assert _order(graph, outcome, 0)[:4] == [("fwd", 0, "L0.embedding"), ("fwd", 0, "L1.block"),
                                              ("fwd", 1, "L0.embedding"), ("fwd", 1, "L1.block")]
     assert outcome.memory[0].peak_bytes == plain_out.memory[0].peak_bytes

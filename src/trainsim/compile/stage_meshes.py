@@ -25,6 +25,7 @@ sample once across the tp ranks of the side that holds copies.
 """
 
 import dataclasses
+import itertools
 import re
 from collections.abc import Callable
 
@@ -121,7 +122,18 @@ def mesh_plan(plan: LoweredPlan, mesh_job: Job, stages: frozenset[int], *, rebui
     assignments = tuple(dataclasses.replace(a, layer=layer) for a, layer in zip(plan.layers, layers, strict=True)) \
         if rebuild else plan.layers
     return dataclasses.replace(plan, layers=assignments, op_splits=tuple(s for s in plan.op_splits if s.layer in mine),
-                               mesh_splits=tuple(mesh_splits), stage_meshes=())
+                               mesh_splits=tuple(mesh_splits), stage_meshes=(), chain_starts=_entered(plan, mine))
+
+
+def _entered(plan: LoweredPlan, mine: set[int]) -> frozenset[int]:
+    """Of the layers `mine`, those that follow in model order a layer compiled on another mesh (the first layer of
+    a model chunk after another stage's chunk, under interleaved 1F1B): the pipeline transfer into it is the
+    cross-mesh reshard, which hands each replica its whole micro-batch, so its chain of dp placements starts there
+    in the plain batch split. (With one chunk per stage, the stages before a stage hold no configs in its
+    compilation, so its chain enters in that split anyway.)"""
+    indices = [a.index for a in plan.layers]
+    return frozenset(index for before, index in itertools.pairwise(indices)
+                     if index in mine and before not in mine)
 
 
 def _mesh_layers(plan: LoweredPlan, mesh_job: Job) -> list[Layer]:

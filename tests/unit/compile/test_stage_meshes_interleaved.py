@@ -143,6 +143,30 @@ def test_rank_meshes_of_their_own_sizes_cross_at_the_farthest_pair_at_every_chun
     assert all(t.duration_s == longer and any(".nic" in link for link in t.resources) for t in transfers)
 
 
+def _by_layer(graph: ExecGraph, stage: int) -> dict[str, list[tuple[str, float]]]:
+    out: dict[str, list[tuple[str, float]]] = {}
+    for t in graph.tasks:
+        if t.device == stage and t.category != "pp_comm":
+            out.setdefault(t.layer, []).append((t.name, t.duration_s))
+    return out
+
+
+def test_a_chunk_entered_from_another_mesh_starts_its_dp_placements_afresh() -> None:
+    """Rank 1 on tp 1 x dp 4 (micro-batch 1 of the job's 2 x 2 samples) splits its chunk 0's fc1 (block 1) over
+    pairs of its data-parallel ranks, which leaves each pair holding both its samples. Its chunk 1 (block 3,
+    head) is entered across the cross-mesh transfer from rank 0, which hands each replica its own sample: its
+    tasks are those of the same tree without the split (in rank 1's compilation the chain would otherwise carry
+    the pair's gathered batch through rank 0's chunk into it)."""
+    job = _job(micro_batch=2, global_batch=32)
+    pricer = Pricer(Calibration())
+    bare = _chunks(job, {"tp": 2}, {"tp": 1, "dp": 4})
+    split = bare.split("blocks.1.mlp.fc1", "compute", "out", 2)
+    graphs = [_by_layer(compile_job(job, tree.lower(job.parallel), pricer, "op"), 1) for tree in (bare, split)]
+    assert graphs[0]["L2.block"] != graphs[1]["L2.block"]  # block 1, where the split is
+    for layer in ("L4.block", "L5.head"):
+        assert graphs[0][layer] == graphs[1][layer]
+
+
 def test_two_chunks_of_one_rank_on_two_meshes_are_refused() -> None:
     """Rank 1's chunk 0 at tp 4 and its chunk 1 at the job's tp 2: one line naming both chunks."""
     job = _job()

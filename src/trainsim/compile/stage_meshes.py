@@ -22,6 +22,10 @@ is priced at the larger per-device volume of the two sides (each compilation pri
 volume: the longer of the two). NB: Megatron-LM has no such transfer (one mesh per job); this is Proteus'
 strategy transformation between two device groups of equal size, without an optimisation that sends each
 sample once across the tp ranks of the side that holds copies.
+
+Under interleaved 1F1B a stage's mesh holds every model chunk of its pipeline rank (Megatron-LM's virtual pipeline:
+chunk c of rank r is virtual stage c x pp + r), so a boundary vs{b} joins ranks b mod pp and (b + 1) mod pp, and a
+chunk entered from another mesh starts its chain of dp placements in the plain batch split (LoweredPlan.chain_starts).
 """
 
 import dataclasses

@@ -238,16 +238,13 @@ class BuildContext:
         whose matmul splits its tokens k ways over tp, over the dp x k ranks that hold it (tp_token_params,
         strategy.megatron.token_split_params)."""
         split = self.splits.get(index)
-        by_ranks: dict[SyncGroup, float] = {}
         if split is not None:
-            for ranks, part in split.grad_params_by_ranks.items():
-                by_ranks[ranks] = part
-            return by_ranks
+            return dict(split.grad_params_by_ranks)
         dp = self.job.parallel.dp
         experts = self.expert_grads.get(index)
         shared = self.tp_token_params.get(index, {})
-        by_ranks[dp] = params - (experts[0] if experts is not None else 0.0) - sum(shared.values()) \
-            if experts is not None or shared else params
+        by_ranks: dict[SyncGroup, float] = {
+            dp: params - (experts[0] if experts is not None else 0.0) - sum(shared.values())}
         if experts is not None:
             by_ranks[experts[1]] = experts[0]
         for parts, count in shared.items():

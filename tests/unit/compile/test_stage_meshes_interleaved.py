@@ -141,6 +141,8 @@ def test_rank_meshes_of_their_own_sizes_cross_at_the_farthest_pair_at_every_chun
     transfers = [t for t in graph.tasks if t.category == "pp_comm" and t.stream == "feature"]
     assert {word[:3] for t in transfers for word in t.name.split() if word.startswith("vs")} == {"vs0", "vs1", "vs2"}
     assert all(t.duration_s == longer and any(".nic" in link for link in t.resources) for t in transfers)
+    assert [d.ranks for d in graph.devices] == [4, 12]
+    assert simulate(graph, SimOptions()).makespan_s > 0.0  # runs to the end on the placed links
 
 
 def _by_layer(graph: ExecGraph, stage: int) -> dict[str, list[tuple[str, float]]]:

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from trainsim.cli.main import app
@@ -270,6 +271,51 @@ def test_stages_on_their_own_meshes_with_their_own_op_configs(tmp_path: Path) ->
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "ops take Megatron's splits over tp=2: fc1 splits out=2" in lines[0]
+
+
+def test_a_stage_on_its_own_mesh_under_interleaving(tmp_path: Path) -> None:
+    """data/strategies/megatron/gpt3-1.3b-vpp2-stage1-tp4.yaml: GPT-3 1.3B at pp 2 x vpp 2, pipeline rank 1 (both
+    its chunks) on tp 4 x dp 2 beside rank 0's tp 2 x dp 4. Rank 1 computes and communicates over tp what the
+    same layers do on stage 1 at vpp 1 (gpt3-1.3b-stage1-tp4.yaml) and holds the same weights, more activations
+    (interleaving keeps more in flight), and each of its pipeline transfers (three chunk boundaries crossing the two
+    meshes instead of one) lasts what vpp 1's does.
+    The analytical engine refuses the tree as it does at vpp 1; a tree giving rank 1's two chunks two meshes is
+    refused in one line, exit 2."""
+    root = Path(__file__).resolve().parents[3] / "data" / "strategies" / "megatron"
+    args = ["predict", "--model", "gpt3-1.3b", "--num-gpus", "16", "--tp", "2", "--pp", "2", "--global-batch", "64",
+            "--seq-len", "2048", "--micro-batch", "1"]
+    interleaved = ["--vpp", "2", "--schedule", "interleaved-1f1b"]
+
+    def run(tree: Path, *more: str) -> dict[str, Any]:
+        result = RUNNER.invoke(app, [*args, *more, "--engine", "sim", "--json", "--tree", str(tree)])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    def rank1(out: dict[str, Any], what: str) -> float:
+        return sum(t["end_s"] - t["start_s"] for t in out["timeline"]["tasks"] if t["device"] == 1
+                   and t["category"] == what and (what != "compute" or t["stream"] == "compute"))
+
+    vpp1 = run(root / "gpt3-1.3b-stage1-tp4.yaml")
+    vpp2 = run(root / "gpt3-1.3b-vpp2-stage1-tp4.yaml", *interleaved)
+    for what in ("compute", "tp_comm"):
+        assert rank1(vpp2, what) == pytest.approx(rank1(vpp1, what), rel=1e-9)
+    hops = [{round(t["end_s"] - t["start_s"], 12) for t in out["timeline"]["tasks"] if t["category"] == "pp_comm"
+             and t["stream"] == "feature"} for out in (vpp1, vpp2)]
+    assert len(hops[0]) == 1 and hops[1] == hops[0]  # every chunk boundary's transfer priced as vpp 1's one
+    at_peak = [out["timeline"]["devices"][1]["breakdown_at_peak"] for out in (vpp1, vpp2)]
+    assert at_peak[1]["weights"] == at_peak[0]["weights"]
+    assert at_peak[1]["activations"] > at_peak[0]["activations"]
+    analytical = [RUNNER.invoke(app, [*args, *more, "--tree", str(root / name)]) for name, more in (
+        ("gpt3-1.3b-stage1-tp4.yaml", []), ("gpt3-1.3b-vpp2-stage1-tp4.yaml", interleaved))]
+    assert [r.exit_code for r in analytical] == [2, 2]
+    assert analytical[0].stderr == analytical[1].stderr and len(analytical[1].stderr.strip().splitlines()) == 1
+    bad = tmp_path / "bad.yaml"  # rank 1's chunk 1 back on the job's tp 2
+    bad.write_text((root / "gpt3-1.3b-vpp2-stage1-tp4.yaml").read_text().replace(
+        '{path: "blocks.18-23", stage: 1, chunk: 1, tp: 4}', '{path: "blocks.18-23", stage: 1, chunk: 1, tp: 2}'))
+    result = RUNNER.invoke(app, [*args, *interleaved, "--engine", "sim", "--tree", str(bad)])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "a stage's mesh holds every model chunk of that rank" in lines[0]
 
 
 def test_mixtral_tree_with_whole_experts_in_both_engines() -> None:

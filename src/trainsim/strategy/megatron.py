@@ -117,7 +117,7 @@ ROW = ("out_proj", "fc2", "down")  # split the reduction dimension over tp
 FEATURE = ("rope", "attention", "softmax", "gelu", "swiglu", "cross_entropy")  # split the features over tp
 _SHORT = {"all-reduce": "ar", "all-gather": "ag", "reduce-scatter": "rs", "all-to-all": "a2a", "send-recv": "p2p"}
 _STATISTICS = ("max", "target", "sum_exp")  # the vocab-parallel cross-entropy's all-reduces, in its order
-_Found = tuple[str, ReshardStep]  # (collective's name, step)
+_Found = tuple[str, ReshardStep, str]  # (collective's name, step, the column-parallel matmul it feeds: Comm)
 Configs = Mapping[tuple[str, Axis], OpConfig]  # (op module path, axis) -> the op's config (a tree's)
 UNSPLIT = OpConfig(1, 1, 1, 1)
 COMPUTE_PARTS = ("batch", "seq", "out", "reduce")  # an OpConfig's parts, in its order
@@ -270,10 +270,10 @@ def layer_comms(spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: S
                                   (_heads_parts(fwd, dev, configs), dispatch_layout(fwd, dev, configs)))
         sites = {_site(op): i for i, op in reversed(list(enumerate(fwd)))}
         backward.sort(key=lambda found: sites.get(found[0].split(".")[0], len(sites)))
-        comms += [Comm(name, step.collective, axis, "fwd", step.buffer_bytes, _sub(step, size))
-                  for name, step in forward]
-        comms += [Comm(name, step.collective, axis, "bwd", step.buffer_bytes, _sub(step, size))
-                  for name, step in backward]
+        comms += [Comm(name, step.collective, axis, "fwd", step.buffer_bytes, _sub(step, size), column)
+                  for name, step, column in forward]
+        comms += [Comm(name, step.collective, axis, "bwd", step.buffer_bytes, _sub(step, size), column)
+                  for name, step, column in backward]
         if axis == "tp":
             comms += _loss_statistics(fwd, dev, config_of)
     return tuple(comms)
@@ -313,8 +313,9 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
                 backward += _named(site, axis, reshard(mid_grad, output_grad_placement(placement), first))
                 backward += _named(site, axis, reshard(grad, mid_grad, then))
             else:
-                forward += _named(site, axis, reshard(placement, need, read))
-                backward += _named(site, axis, reshard(grad, output_grad_placement(placement), read))
+                column = op.name if _megatron_column(axis, op, config, size) else ""
+                forward += _named(site, axis, reshard(placement, need, read), column)
+                backward += _named(site, axis, reshard(grad, output_grad_placement(placement), read), column)
         if axis == "cp" and op.kind == "attention":  # keys and values of the whole sequence
             kv = _kv_bytes(spec, dev, heads_parts)
             forward += _named("kv", axis, reshard(Placement(size, seq=size), Placement(size), kv))
@@ -372,8 +373,8 @@ def _norm_statistics(spec: TransformerSpec, dev: DeviceSlice, op: Op, config: Op
     split = Placement(dev.tp, config.batch, config.seq, partial=config.out)
     steps = reshard(split, Placement(dev.tp, config.batch, config.seq), dev.local_tokens * 4.0)  # fp32
     forward_names, backward_names = _NORM_STATISTICS[spec.norm]
-    return ([(f"{op.name}.{name}", step) for name in forward_names for step in steps],
-            [(f"{op.name}.{name}", step) for name in backward_names for step in steps])
+    return ([(f"{op.name}.{name}", step, "") for name in forward_names for step in steps],
+            [(f"{op.name}.{name}", step, "") for name in backward_names for step in steps])
 
 
 def _sub(step: ReshardStep, size: int) -> int:
@@ -390,9 +391,18 @@ def _namer(axis: Axis, kind: LayerKind, producer: Op | None, consumer: Op | None
     return next((s for s in (_site(op) for op in ops) if s), _layer_site(kind))
 
 
-def _named(site: str, axis: Axis, steps: tuple[ReshardStep, ...]) -> list[_Found]:
-    """Collectives named site.kind (attn.ag, mlp.rs, kv.ag); over ep the site alone."""
-    return [(site if axis == "ep" else f"{site}.{_SHORT[step.collective]}", step) for step in steps]
+def _named(site: str, axis: Axis, steps: tuple[ReshardStep, ...], column: str = "") -> list[_Found]:
+    """Collectives named site.kind (attn.ag, mlp.rs, kv.ag); over ep the site alone. column: the column-parallel
+    matmul whose input they reshard (ir.graph.Comm.column_input), '' for none."""
+    return [(site if axis == "ep" else f"{site}.{_SHORT[step.collective]}", step, column) for step in steps]
+
+
+def _megatron_column(axis: Axis, op: Op, config: OpConfig, size: int) -> bool:
+    """Whether `op` is a column-parallel matmul at Megatron's split over the whole tp group (qkv, fc1, gate_up, the
+    vocabulary projection; not an MoE's experts, which Megatron-Core runs as grouped GEMMs of their own):
+    the ColumnParallelLinear whose backward Megatron overlaps with its collectives (ir.graph.Comm.column_input)."""
+    return (axis == "tp" and op.kind == "matmul" and op.name in COLUMN and not _expert(op)
+            and config == OpConfig(1, 1, size, 1))
 
 
 def _site(op: Op) -> str:

@@ -87,8 +87,10 @@ def test_experts_whole_over_tp2_with_sp_pay_no_expert_tp_collective() -> None:
     assert block.comms == (
         Comm("dispatch", "all-to-all", "ep", "fwd", 4096.0), Comm("combine", "all-to-all", "ep", "fwd", 4096.0),
         Comm("combine", "all-to-all", "ep", "bwd", 4096.0), Comm("dispatch", "all-to-all", "ep", "bwd", 4096.0),
-        Comm("attn.ag", "all-gather", "tp", "fwd", 4096.0), Comm("attn.rs", "reduce-scatter", "tp", "fwd", 4096.0),
-        Comm("attn.ag", "all-gather", "tp", "bwd", 4096.0), Comm("attn.rs", "reduce-scatter", "tp", "bwd", 4096.0))
+        Comm("attn.ag", "all-gather", "tp", "fwd", 4096.0, 0, "qkv"),
+        Comm("attn.rs", "reduce-scatter", "tp", "fwd", 4096.0),
+        Comm("attn.ag", "all-gather", "tp", "bwd", 4096.0),
+        Comm("attn.rs", "reduce-scatter", "tp", "bwd", 4096.0, 0, "qkv"))
     assert [c.name for c in megatron.comms if c.axis == "tp"] == ["attn.ag", "attn.rs", "mlp.ag", "mlp.rs"] * 2
     assert [c.buffer_bytes for c in megatron.comms if c.axis == "ep"] == [8192.0] * 4
     assert _flops(block, "fc1") == _flops(megatron, "fc1") == 2 * 64 * 128 * 32

@@ -39,18 +39,23 @@ def _act_bytes(dev: DeviceSlice) -> int:
     return BYTES_PER_DTYPE[dev.precision.activation_dtype]
 
 
-def _tp_comms(spec: TransformerSpec, dev: DeviceSlice) -> list[Comm]:
+def _tp_comms(spec: TransformerSpec, dev: DeviceSlice, moe: bool = False) -> list[Comm]:
+    """Megatron's pattern; each collective at a column-parallel linear's input names it (an MoE's experts none):
+    its forward all-gather under sp, its input gradient's all-reduce or reduce-scatter in backward."""
     if dev.tp == 1:
         return []
     buffer = dev.local_tokens * spec.hidden * _act_bytes(dev)
+    columns = {"attn": "qkv", "mlp": "" if moe else "gate_up" if spec.mlp == "swiglu" else "fc1"}
     comms: list[Comm] = []
     for phase in ("fwd", "bwd"):
         for site in ("attn", "mlp"):
+            column = columns[site]
             if dev.sp:
-                comms += [Comm(f"{site}.ag", "all-gather", "tp", phase, buffer),
-                          Comm(f"{site}.rs", "reduce-scatter", "tp", phase, buffer)]
+                comms += [Comm(f"{site}.ag", "all-gather", "tp", phase, buffer, 0, column if phase == "fwd" else ""),
+                          Comm(f"{site}.rs", "reduce-scatter", "tp", phase, buffer, 0,
+                               column if phase == "bwd" else "")]
             else:
-                comms.append(Comm(f"{site}.ar", "all-reduce", "tp", phase, buffer))
+                comms.append(Comm(f"{site}.ar", "all-reduce", "tp", phase, buffer, 0, column if phase == "bwd" else ""))
     return comms
 
 
@@ -78,10 +83,10 @@ def _head_comms(spec: TransformerSpec, dev: DeviceSlice) -> list[Comm]:
     tokens = dev.local_tokens
     hidden = tokens * spec.hidden * _act_bytes(dev)
     if dev.sp:
-        comms = [Comm("logits.ag", "all-gather", "tp", "fwd", hidden),
-                 Comm("logits.rs", "reduce-scatter", "tp", "bwd", hidden)]
+        comms = [Comm("logits.ag", "all-gather", "tp", "fwd", hidden, 0, "logits"),
+                 Comm("logits.rs", "reduce-scatter", "tp", "bwd", hidden, 0, "logits")]
     else:
-        comms = [Comm("logits.ar", "all-reduce", "tp", "bwd", hidden)]
+        comms = [Comm("logits.ar", "all-reduce", "tp", "bwd", hidden, 0, "logits")]
     return [*comms, *(Comm(f"loss.{name}", "all-reduce", "tp", "fwd", tokens * 4.0)
                       for name in ("max", "target", "sum_exp"))]
 
@@ -98,7 +103,7 @@ def _pattern_comms(spec: TransformerSpec, dev: DeviceSlice, layer: Layer) -> tup
     if layer.kind == "head":
         return tuple(_head_comms(spec, dev))
     moe = _moe_comms(spec, dev) if layer.kind == "moe_block" else []
-    return tuple(moe + _tp_comms(spec, dev) + _cp_comms(spec, dev))
+    return tuple(moe + _tp_comms(spec, dev, bool(moe)) + _cp_comms(spec, dev))
 
 
 def _ep_backward(spec: TransformerSpec, dev: DeviceSlice) -> tuple[Comm, ...]:

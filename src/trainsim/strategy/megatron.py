@@ -122,7 +122,10 @@ Configs = Mapping[tuple[str, Axis], OpConfig]  # (op module path, axis) -> the o
 UNSPLIT = OpConfig(1, 1, 1, 1)
 COMPUTE_PARTS = ("batch", "seq", "out", "reduce")  # an OpConfig's parts, in its order
 TpConfigs = frozenset[tuple[str, OpConfig]]  # (op name, its config over tp) where not Megatron's (own_configs)
-TOKEN_PATHS = ("head.norm", "embed.positions")  # replicable "tokens" outside a dense block (replicable_module)
+# replicable "tokens" outside a block (replicable_module): the head's norm, the positions, BERT's token types and
+# embedding norm
+TOKEN_PATHS = ("head.norm", "embed.positions", "embed.token_types", "embed.norm")
+_SKIPS = {"residual1": "norm1", "residual2": "norm2"}  # a block's residual add -> the norm reading its skip input
 _NORM_STATISTICS = {  # a norm split by its features: per-token partial sums, (forward, backward) (_norm_statistics)
     "layernorm": (("sum", "sum_sq"), ("sum_dy", "sum_dy_xhat")),
     "rmsnorm": (("sum_sq",), ("sum_dy_xhat",)),
@@ -209,9 +212,9 @@ def tp_config_problem(op: Op, config: OpConfig, dev: DeviceSlice) -> str:
                 if dev.tp > 2 else ""
             return f"{fewer}{whole} (the experts whole on each tp rank: expert tensor parallelism 1)"
         return ""
-    # a residual add's and the positions' tokens only (a norm's features too: statistics); the router's top-k
-    # spans its experts: its tokens only
-    tokens_only = replicable_module(op) == "router" or (replicable_module(op) == "tokens" and op.kind != "norm")
+    # the router's top-k spans its experts: its tokens only; a norm, a residual add, the positions and BERT's
+    # token types their tokens and hidden features (a norm's statistics all-reduced: _norm_statistics)
+    tokens_only = replicable_module(op) == "router"
     dims = COMPUTE_PARTS[:2] if tokens_only else COMPUTE_PARTS if op.kind in CONTRACTING else COMPUTE_PARTS[:3]
     allowed = f"any split of its {', '.join(dims)} whose parts divide {dev.tp}, or none (the {op.name} whole on " \
         "each tp rank)"
@@ -296,10 +299,18 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
     backward: list[_Found] = []
     placement: Placement | None = None if kind == "embedding" else handed  # the lookup reads token ids
     producer: Op | None = None
+    forks: dict[str, tuple[Placement, Placement, Placement]] = {}  # a norm's input, its need and its gradient's
     for op in fwd:
         config = config_of(op)
         contracting = _contracting(axis, op)
         need = input_placement(config, size, contracting)
+        if op.name in _SKIPS.values() and placement is not None and kind in ("block", "moe_block"):
+            forks[op.name] = (placement, need, input_grad_placement(need, config, contracting))
+        if op.name in _SKIPS and _SKIPS[op.name] in forks:  # the add's other input: the norm's
+            forward_skip, backward_skip = _skip_reshards(forks[_SKIPS[op.name]], need,
+                                                         input_grad_placement(need, config, contracting), full)
+            forward += _named(_layer_site(kind), axis, forward_skip)
+            backward += _named(_layer_site(kind), axis, backward_skip)
         if placement is not None:
             routed = dispatch_first and (_expert(op) or (producer is not None and _expert(producer)))
             site, read = _namer(axis, kind, producer, op), _read_bytes(axis, spec, dev, op, full, routed)
@@ -334,6 +345,19 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
         forward += _named(site, axis, reshard(placement, handed, full))
         backward += _named(site, axis, reshard(handed, output_grad_placement(placement), full))
     return forward, backward[::-1]
+
+
+def _skip_reshards(fork: tuple[Placement, Placement, Placement], need: Placement, grad: Placement, full: float
+                   ) -> tuple[tuple[ReshardStep, ...], tuple[ReshardStep, ...]]:
+    """(forward, backward) reshards of a residual add's skip input (the tensor its norm reads: fork = the tensor's
+    layout, the norm's input layout and its input gradient's) onto the add's layout `need` (its input gradient's:
+    `grad`). Forward: none where the add reads it as the norm does (the norm's reshard made it), else from the
+    tensor's layout. Backward: none where the add's input gradient lies as the norm's (they are summed, then
+    resharded once: the walk's), else onto the tensor's gradient layout."""
+    held, norm_need, norm_grad = fork
+    forward = () if need == norm_need else reshard(held, need, full)
+    backward = () if grad == norm_grad else reshard(grad, output_grad_placement(held), full)
+    return forward, backward
 
 
 def _through(dispatch: Placement, held: Placement) -> Placement:
@@ -519,11 +543,17 @@ def token_split_params(spec: TransformerSpec, fwd: Sequence[Op], config_of: Call
             out[parts] = out.get(parts, 0.0) + float(norm_params(spec)) / config.out
         elif replicable_module(op) == "router" and dev is not None and config != megatron_tp(op, dev, dev.tp):
             out[parts] = out.get(parts, 0.0) + float(router_params(spec))
-        elif op.module_path == "embed.positions" and dev is not None and config != megatron_tp(op, dev, dev.tp):
-            out[parts] = out.get(parts, 0.0) + float(spec.max_seq_len * spec.hidden)
+        elif op.module_path in _TABLES and dev is not None and config != megatron_tp(op, dev, dev.tp):
+            out[parts] = out.get(parts, 0.0) + float(_TABLES[op.module_path](spec)) / config.out
         elif op.kind == "embedding":  # the lookup by tokens: the whole table on each of those ranks
             out[parts] = out.get(parts, 0.0) + float(spec.vocab * spec.hidden)
     return out
+
+
+_TABLES: dict[str, Callable[[TransformerSpec], int]] = {  # the embedding's tables added to the tokens' vectors
+    "embed.positions": lambda spec: spec.max_seq_len * spec.hidden,
+    "embed.token_types": lambda spec: 2 * spec.hidden,  # BERT's two token types
+}
 
 
 def router_params(spec: TransformerSpec) -> int:

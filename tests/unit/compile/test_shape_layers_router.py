@@ -249,16 +249,16 @@ def test_megatron_s_own_router_and_norm_configs_compile_to_the_plain_plan(sp: bo
      r"blocks.0.moe.router split.compute@tp='batch=2' is invalid: the router split 2 ways by batch beside experts "
      r"split 2 ways by seq .*each rank dispatches the tokens it routed"),
     (2, [("blocks.*.residual2", "out", 2)],
-     r"blocks.0.residual2 split.compute@tp='seq=2 out=2' is invalid: .*or any split of its batch, seq whose parts "
-     r"divide 2, or none \(the residual2 whole on each tp rank\)"),
+     r"blocks.0.residual2 split.compute@tp='seq=2 out=2' is invalid: .*or any split of its batch, seq, out whose "
+     r"parts divide 2, or none \(the residual2 whole on each tp rank\)"),
     (2, [(ROUTER, "out", 2)], r"router split.compute@tp='seq=2 out=2' is invalid: .*or any split of its batch, "
                               r"seq whose parts divide 2, or none \(the router whole on each tp rank\)"),
 ])
 def test_the_configs_still_refused_say_why_in_one_line(tp: int, splits: list[tuple[str, str, int]],
                                                         message: str) -> None:
     """A router split by batch beside experts on their pair's sequence shares (the tokens a rank routed neither
-    hold its experts' nor lie within them: not priced), a residual add split by its hidden features, the router
-    by its experts: refused, in one line."""
+    hold its experts' nor lie within them: not priced), a residual add split by sequence and by its hidden
+    features into more parts than tp, the router by its experts: refused, in one line."""
     job = _job(tp=tp, sp=True)
     with pytest.raises(ConfigError, match=message) as info:
         _tree(job, splits).lower(job.parallel)

@@ -22,8 +22,9 @@ ranks d (each group of d consecutive tp ranks runs the op split d ways), none (t
 matmul split by its reduction dimension (input features sliced, partial sums out) or by its output dimension where
 Megatron splits the reduction, an op split by sequence (query rows for the attention core, tokens for a matmul,
 whose weight each rank then holds whole, its gradient summed over those ranks with the data-parallel reduction:
-token_split_params). A block's norms and residual adds (dense or MoE), the head's final norm and the embedding's
-learned positions may take any batch or sequence split whose parts divide tp (replicable_module "tokens"): split
+token_split_params). A block's norms and residual adds (dense or MoE), the head's final norm, the embedding's
+learned positions and BERT's token types and embedding norm may take any batch or sequence split whose parts
+divide tp (replicable_module "tokens"): split
 by sequence without sp (per-op sequence parallelism; a block then hands on the whole hidden state, its last add's
 halves all-gathered: block.ag), or whole under sp; a norm's gain (and bias), like the position table, is held
 whole and, where its tokens are split other than Megatron's way, its gradient summed over those ranks as a
@@ -35,12 +36,20 @@ it over tp); the per-token statistics over the features are partial over the out
 each: a LayerNorm's sums of x and x^2 forward, of dy' and dy' xhat backward, an RMSNorm's sum of x^2 and of
 dy' xhat (_norm_statistics: Colossal-AI's 2D LayerNorm; RMSNorm's derived); the layout changes around it (its
 input sliced or exchanged by all-to-all from a sequence split, its output gathered for a reader of whole
-features, the gradients' conjugates) come out of the walk below like any op's. The embedding's lookup takes
+features, the gradients' conjugates) come out of the walk below like any op's. A residual add, the positions and
+BERT's token types may split the hidden features too (out, with or without token parts): each rank adds its h / out
+slice of each of its tokens (no statistics); a table (the positions', the token types') is held 1/out on each rank,
+no gradient summed for it over tp unless its tokens are split too (that slice's, over those ranks). A residual
+add's second input, the skip connection, is the tensor its block's norm reads (the block's input for residual1,
+residual1's sum for residual2): where the add reads it otherwise than the norm does, it is resharded from the
+tensor's layout (block.a2a, a slice), and where the add's input gradient lies otherwise than the norm's, that
+gradient is resharded back before the two are summed (block.ag: _skip_reshards); alike, they are summed first and
+resharded once (the walk's). The embedding's lookup takes
 Megatron's split over d dividing tp, none, or a batch or sequence split whose parts divide tp (each rank looks up
 its own tokens in the whole table, whose gradient is then summed over those ranks; a tied table then needs the
 head's projection whole), an MoE's experts Megatron's split over d or none and its router a batch or sequence
-split whose parts divide tp, or none (below); a residual add or the positions split by features, BERT's token
-types and embedding norm take Megatron's only (tp_config_problem says what an op can take). The catalog builders
+split whose parts divide tp, or none (below); no op takes a split of a reduction dimension it has not
+(tp_config_problem says what an op can take). The catalog builders
 shape each op at its config (frontends.catalog.transformer block_layer, embedding_layer, head_layer;
 compile.shape_layers); a collective over a split of fewer ranks than tp spans them (ir.graph.Comm.ranks), and the
 resharding below inserts what the layout changes need: a whole attention beside a split MLP pays only the MLP's
@@ -166,9 +175,9 @@ def replicable_module(op: Op) -> str:
     rope, the attention core, softmax, the projection), "mlp" (a dense block's MLP), "experts" (an MoE's expert
     matmuls and activation: Megatron-Core's expert tensor parallelism), "embed" (the token lookup) or "head"
     (the vocabulary projection and the cross-entropy), "tokens" (a block's norms and residual adds, dense or MoE,
-    the head's norm and the embedding's positions: a batch or sequence split, a norm's features too), "router"
-    (an MoE's gating matmul: a batch or sequence split, its weight whole); "" for any other op (BERT's token types
-    and embedding norm: Megatron's configs always)."""
+    the head's norm, the embedding's positions and BERT's token types and embedding norm: a batch, sequence or
+    hidden-feature split), "router" (an MoE's gating matmul: a batch or sequence split, its weight whole); "" for
+    any other op (BERT's head transform: Megatron's configs always)."""
     parts = op.module_path.split(".")
     if "attn" in parts:
         return "attn"
@@ -191,9 +200,10 @@ def replicable_module(op: Op) -> str:
 def tp_config_problem(op: Op, config: OpConfig, dev: DeviceSlice) -> str:
     """Why a replicable op (replicable_module) cannot take `config` over tp ("" where it can): the parts must
     divide tp, the micro-batch and the sequence; reduce splits a matmul's reduction dimension only; out an
-    attention or MLP op's, the head's projection or loss, or a norm's features (not a residual add's or the
-    positions'); the lookup takes Megatron's split (reduce) over d dividing tp, or none; an MoE's expert op
-    Megatron's split over d dividing tp (under sp with seq = tp / d), or none (expert tensor parallelism 1)."""
+    attention or MLP op's, the head's projection or loss, or the hidden features of a norm, a residual add, the
+    positions or BERT's token types (not the router's); the lookup takes Megatron's split (reduce) over d
+    dividing tp, or none; an MoE's expert op Megatron's split over d dividing tp (under sp with seq = tp / d), or
+    none (expert tensor parallelism 1)."""
     if op.kind == "embedding":
         by_tokens = config.out == config.reduce == 1 and config.parts > 1
         if not by_tokens and (config != megatron_tp(op, dev, config.reduce) or dev.tp % config.reduce):

@@ -4,12 +4,14 @@ The feature collectives of TP, SP, CP and EP are not written here: strategy.mega
 splits those axes make of each layer's ops (the resharding between ops' computation configs).
 
 Each op of a block's attention and MLP, a block's norms and residual adds (dense or MoE), an MoE's router, the
-lookup and the learned positions, the head's norm, the logits and the cross-entropy is shaped by its own
+lookup, the learned positions, BERT's token types and embedding norm, the head's norm, the logits and the
+cross-entropy is shaped by its own
 computation config over tp: Megatron's split over the job's tp, or the config a strategy tree gives it (the
 builders' `own`, strategy.megatron.own_configs): (batch, seq, out, reduce) parts, each rank running the op on
 1/(batch x seq) of the tokens, 1/out of its output features and 1/reduce of its reduction dimension, and holding
 1/(out x reduce) of its weight (a config of none: the whole op on every tp rank; a norm split by its features,
-out, runs and holds 1/out of them; the router, split by tokens or none, holds its weight whole). An MoE's experts
+out, runs and holds 1/out of them, as a residual add runs and the positions' or token types' table is held
+split by features; the router, split by tokens or none, holds its weight whole). An MoE's experts
 take Megatron's split over a degree d dividing tp, or none, and run the routed copies of their d ranks' tokens
 under sp (_expert_tokens)."""
 

@@ -233,6 +233,25 @@ def test_experts_over_pairs_without_sp_all_reduce_the_combined_hidden_state() ->
     assert _ep(block) == [R] * 4
 
 
+def test_an_moe_block_s_last_add_by_features_under_sp_exchanges_its_skip_input_by_all_to_all() -> None:
+    """With sp, the MoE block's residual2 adds its half of the features (sequence whole): the experts' partial sums
+    are reduce-scattered onto those features (mlp.rs, as Megatron's onto the sequence), its skip input (residual1's
+    sequence half) exchanged by all-to-all (block.a2a, a rank's H / 2) and the block hands on the sequence split
+    by all-to-all again; backward both exchanges back. residual2 runs 64 x 16 elements; parameters unchanged."""
+    job = _job(sp=True)
+    plan = _plan(job, [("blocks.*.residual2", "seq", 1), ("blocks.*.residual2", "out", 2)])
+    block = _block(job, plan)
+    tp = [(c.name, c.collective, c.phase, c.buffer_bytes) for c in block.comms if c.axis == "tp"]
+    assert tp == [("attn.ag", "all-gather", "fwd", H), ("attn.rs", "reduce-scatter", "fwd", H),
+                  ("mlp.ag", "all-gather", "fwd", H), ("block.a2a", "all-to-all", "fwd", H / 2),
+                  ("mlp.rs", "reduce-scatter", "fwd", H), ("block.a2a", "all-to-all", "fwd", H / 2),
+                  ("attn.ag", "all-gather", "bwd", H), ("attn.rs", "reduce-scatter", "bwd", H),
+                  ("block.a2a", "all-to-all", "bwd", H / 2), ("block.a2a", "all-to-all", "bwd", H / 2),
+                  ("mlp.ag", "all-gather", "bwd", H), ("mlp.rs", "reduce-scatter", "bwd", H)]
+    assert next(op for op in block.fwd if op.name == "residual2").shape == (64 * 16,)
+    assert block.param_count == MEGATRON_BLOCK_PARAMS
+
+
 @pytest.mark.parametrize("sp", [True, False])
 def test_megatron_s_own_router_and_norm_configs_compile_to_the_plain_plan(sp: bool) -> None:
     """A tree writing Megatron's configs of the MoE block's norms, residual adds and router (the sequence split

@@ -368,7 +368,8 @@ def embedding_layer(spec: TransformerSpec, dev: DeviceSlice, own: TpConfigs = fr
     if spec.position == "learned":
         others.append(("pos_add", "elementwise", "embed.positions", spec.max_seq_len * h))
     if spec.arch == "bert":  # token-type embeddings (2 types) and the embedding LayerNorm
-        others += [("type_add", "elementwise", "embed.token_types", 2 * h), ("norm", "norm", "embed.norm", 2 * h)]
+        others.append(("type_add", "elementwise", "embed.token_types", 2 * h))
+        others.append(("norm", "norm", "embed.norm", 2 * h))
     for name, kind, module_path, count in others:
         config = given.get(name)
         elements = tokens * h if config is None else tokens // _token_parts(config) * (h // config.out)

@@ -39,6 +39,9 @@ PLANS: dict[str, tuple[int, str | None]] = {
     "tp2 mlp-only": (2, "gpt-small-tp2-mlp-only.yaml"), "tp2 qkv-gather": (2, "gpt-small-tp2-qkv-gather.yaml"),
     "tp2 vocab-whole": (2, "gpt-small-tp2-vocab-whole.yaml"),
     "tp4 plain": (4, None), "tp4 mlp-tp2": (4, "gpt-small-tp4-mlp-tp2.yaml"),
+    # seventeenth session: the splits other than Megatron's (measure/op_splits.py)
+    "tp2 qkv-reduce": (2, "gpt-small-tp2-qkv-reduce.yaml"), "tp2 attn-seq": (2, "gpt-small-tp2-attn-seq.yaml"),
+    "tp2 mlp-tokens": (2, "gpt-small-tp2-mlp-tokens.yaml"), "tp2 norms-seq": (2, "gpt-small-tp2-norms-seq.yaml"),
 }
 SIZES = "1KiB,16KiB,128KiB,512KiB,1MiB,2MiB,4MiB,8MiB,16MiB"  # the plans move 2 KiB (statistics) to 8 MiB (logits)
 
@@ -71,9 +74,10 @@ def profile(out: Path) -> None:
                  "1", "--device", "cpu", "--db", str(out / "profile-wall.db"))
 
 
-def measure(out: Path, iterations: int, warmup: int) -> None:
+def measure(out: Path, iterations: int, warmup: int, plans: list[str]) -> None:
     runs = out / "runs"
-    for plan, (tp, tree) in PLANS.items():
+    for plan in plans:
+        tp, tree = PLANS[plan]
         run_id = f"{plan.replace(' ', '-')}-{time.strftime('%H%M%S')}"
         tree_flags = ["--tree", str(TREES / tree)] if tree else []
         trainsim("measure", *job_flags(tp), *tree_flags, "--iterations", str(iterations), "--warmup", str(warmup),
@@ -194,13 +198,18 @@ def main() -> None:
     parser.add_argument("--summary", action="store_true")
     parser.add_argument("--dtensor-overhead", action="store_true", help="time a matmul's forward and backward "
                         "plain and as a DTensor-parallel module on one rank (thread CPU)")
+    parser.add_argument("--plans", default=",".join(PLANS), help="the plans --measure runs, comma-separated "
+                        f"(default all: {', '.join(PLANS)})")
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     args = parser.parse_args()
     if args.profile:
         profile(args.out)
     if args.measure:
-        measure(args.out, args.iterations, args.warmup)
+        plans = args.plans.split(",")
+        if unknown := [p for p in plans if p not in PLANS]:
+            raise SystemExit(f"--plans: {', '.join(unknown)} unknown; choose from {', '.join(PLANS)}")
+        measure(args.out, args.iterations, args.warmup, plans)
     if args.dtensor_overhead:
         print(json.dumps({k: round(v * 1e6, 1) for k, v in dtensor_overhead().items()}) + " (us per forward and "
               "backward, thread CPU)")

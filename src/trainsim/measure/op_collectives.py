@@ -112,13 +112,22 @@ def exchange(x: torch.Tensor, group: Group, split_dim: int, gather_dim: int) -> 
 
 
 def sum_grads(params: list[torch.nn.Parameter], group: Group) -> None:
-    """Sum the gradients of weights held whole by ranks that split their tokens, in one flat all-reduce."""
+    """Sum the gradients of weights held whole by ranks that split their tokens, in one flat all-reduce. A
+    DTensor's gradient (a sequence-parallel norm's: partial sums) becomes the replicated sum it stands for."""
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+    from torch.distributed.tensor import DTensor, Replicate
 
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
+    held = [p for p in params if p.grad is not None]
+    if not held:
         return
+    grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in held]
     flat = _flatten_dense_tensors(grads)
     dist.all_reduce(flat, group=group.handle)
-    for grad, summed in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
-        grad.copy_(summed)
+    for param, summed in zip(held, _unflatten_dense_tensors(flat, grads), strict=True):
+        grad = param.grad
+        if isinstance(grad, DTensor):
+            assert grad.placements[0].is_partial(), grad.placements  # else DTensor summed it already
+            param.grad = DTensor.from_local(summed, grad.device_mesh, [Replicate()], run_check=False)
+        else:
+            assert grad is not None
+            grad.copy_(summed)

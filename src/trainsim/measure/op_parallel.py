@@ -87,7 +87,7 @@ def apply_op_tp(chunk: TransformerChunk, spec: TransformerSpec, tp_mesh: DeviceM
         if split.get("norm1") == "seq":  # measure.tp_degrees: the block's other ops then take Megatron's
             block_by_tokens(block, tp_mesh, meshes.group(tp))
             block.attn.head_offset = meshes.part_index(tp) * spec.num_heads // tp
-            token_splits.append(([block.attn_norm.weight, block.mlp_norm.weight], meshes.group(tp)))
+            token_splits.append(([*block.attn_norm.parameters(), *block.mlp_norm.parameters()], meshes.group(tp)))
             continue
         _attention(block.attn, spec, meshes, ops, split)
         token_splits += _mlp(block.mlp, meshes, ops, split)

@@ -60,8 +60,8 @@ TINY_LLAMA_MODEL_YAML = TINY_GPT_MODEL_YAML.replace("name: tiny-gpt", "name: tin
 LLAMA_GATHERS = _tree(2, "blocks.*.attn.qkv out 2", "blocks.*.mlp.gate_up out 2", "head.proj out 2")
 # LLaMA: the core (rope, grouped keys and values) by query rows, the SwiGLU MLP by tokens
 LLAMA_ROWS_TOKENS = _tree(2, "blocks.*.attn.qkv out 2", "blocks.*.attn.rope seq 2", "blocks.*.attn.core seq 2",
-                          "blocks.*.attn.out reduce 2", "blocks.*.mlp.gate_up seq 2", "blocks.*.mlp.act seq 2", "blocks.*.mlp.down seq 2",
-                          "head.proj out 2", "head.loss out 2")
+                          "blocks.*.attn.out reduce 2", "blocks.*.mlp.gate_up seq 2", "blocks.*.mlp.act seq 2",
+                          "blocks.*.mlp.down seq 2", "head.proj out 2", "head.loss out 2")
 
 
 def _settings(tmp_path: Path, ranks: int, model_yaml: str = TINY_GPT_MODEL_YAML) -> list[str]:

@@ -11,8 +11,11 @@ whole) the tensor is resharded as the predicted plan reshards it: a split read w
 split's ranks (its backward keeps this rank's part of the whole gradient), a whole tensor read split is sliced
 (its backward all-gathers the parts' gradients); q, k and v of a split qkv read by a whole core, the ffn features
 of a split fc1 read by a whole fc2, the logits of a split projection read by a whole cross-entropy (no
-vocab-parallel statistics). A whole op's inputs and output gradients are the same on every tp rank (no sequence
-split is measured), so its weight's gradient is complete on each: it is not summed over the tp group.
+vocab-parallel statistics). A whole op's inputs and output gradients are the same on every tp rank, so its
+weight's gradient is complete on each: it is not summed over the tp group. The splits other than Megatron's (a
+column matmul by its reduction dimension, the core by query rows, a dense MLP or a block's norms by tokens) are
+measure/op_splits.py's; the weights a split by tokens holds whole on each rank have their gradients summed over
+its ranks after the backward (apply_op_tp returns them; the Trainer sums them before the optimizer step).
 Imported only inside measure workers (torch).
 """
 

@@ -77,28 +77,34 @@ def attention_by_rows(attn: Attention, group: Group) -> None:
     attn.forward = lambda x: _rows_forward(attn, group, x)  # type: ignore[method-assign]
 
 
-def zigzag_rows(seq_len: int, parts: int, device: torch.device) -> torch.Tensor:
-    """The sequence's positions ordered so that rank r's rows (chunks r and 2 parts - 1 - r) are its r-th part."""
-    chunks = torch.arange(seq_len, device=device).chunk(2 * parts)
-    return torch.cat([torch.cat((chunks[r], chunks[2 * parts - 1 - r])) for r in range(parts)])
+def zigzag_chunks(parts: int) -> list[int]:
+    """The sequence's 2 parts chunks in the order that makes rank r's rows (chunks r and 2 parts - 1 - r) its
+    r-th part."""
+    return [c for r in range(parts) for c in (r, 2 * parts - 1 - r)]
+
+
+def _reorder(x: torch.Tensor, dim: int, chunks: list[int]) -> torch.Tensor:
+    """x's `dim` cut into len(chunks) equal chunks, concatenated in that order (its backward slices: no scatter)."""
+    parts = x.chunk(len(chunks), dim=dim)
+    return torch.cat([parts[c] for c in chunks], dim=dim)
 
 
 def _rows_forward(attn: Attention, group: Group, x: torch.Tensor) -> torch.Tensor:
     b, s, _ = x.shape
-    order = zigzag_rows(s, group.size, x.device)
-    rows = order.chunk(group.size)[group.index]
-    q, k, v = (exchange(t[:, order], group, 1, 2).transpose(1, 2) for t in attn._qkv(x))  # [b, heads, rows, hd]
-    if attn.position == "rope":
+    order = zigzag_chunks(group.size)
+    inverse = sorted(range(len(order)), key=order.__getitem__)
+    rows = _reorder(torch.arange(s, device=x.device), 0, order).chunk(group.size)[group.index]
+    q, k, v = (exchange(_reorder(t, 1, order), group, 1, 2).transpose(1, 2) for t in attn._qkv(x))
+    if attn.position == "rope":  # q, k, v: [b, heads, this rank's rows, hd]
         cos, sin = attn.cos[rows].to(q.dtype), attn.sin[rows].to(q.dtype)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-    inverse = torch.argsort(order)
-    k, v = (gather_sum(t, group, 2)[:, :, inverse] for t in (k, v))  # the whole sequence, in order
+    k, v = (_reorder(gather_sum(t, group, 2), 2, inverse) for t in (k, v))  # the whole sequence, in order
     if attn.selective:  # Korthikanti et al. 2022, sec. 4.2: recompute the attention core only
         y = checkpoint(_rows_core, attn, q, k, v, rows, use_reentrant=False)
     else:
         y = _rows_core(attn, q, k, v, rows)
     assert isinstance(y, torch.Tensor)
-    y = exchange(y.transpose(1, 2), group, 2, 1)[:, inverse]  # [b, s, this rank's heads, hd]
+    y = _reorder(exchange(y.transpose(1, 2), group, 2, 1), 1, inverse)  # [b, s, this rank's heads, hd]
     return attn.o(y.reshape(b, s, -1))
 
 

@@ -237,7 +237,8 @@ def dtensor_overhead(calls: int = 200) -> dict[str, float]:
     from torch.distributed.tensor import Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    from trainsim.measure.op_collectives import Group, gather, slice_part
+    from trainsim.measure.op_collectives import Group, slice_part
+    from trainsim.measure.op_splits import gather_output
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
@@ -255,7 +256,7 @@ def dtensor_overhead(calls: int = 200) -> dict[str, float]:
                 parallelize_module(holder, mesh, {"0": style})
             elif style == "explicit":
                 holder.register_forward_pre_hook(lambda _m, args: (slice_part(args[0], group, 1),))
-                holder.register_forward_hook(lambda _m, _i, y: gather(y, group, 1))
+                holder.register_forward_hook(gather_output(group))
             elif style == "f":
                 holder.register_forward_pre_hook(lambda _m, args: (copy_to.apply(args[0]),))
             elif style == "g":

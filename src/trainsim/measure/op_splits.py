@@ -19,6 +19,7 @@ torch.distributed.tensor.parallel's modules where they already express the split
 Imported only inside measure workers (torch).
 """
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -52,8 +53,16 @@ def column_by_reduce(parent: nn.Module, names: list[str], mesh: DeviceMesh, grou
 def mlp_by_tokens(mlp: nn.Module, group: Group) -> TokenSplit:
     """The whole MLP on this rank's tokens; its weights' gradients summed over the group (sum_grads)."""
     mlp.register_forward_pre_hook(lambda _m, args: (slice_part(args[0], group, 1),))
-    mlp.register_forward_hook(lambda _m, _i, y: gather(y, group, 1))
+    mlp.register_forward_hook(gather_output(group))
     return list(mlp.parameters()), group
+
+
+def gather_output(group: Group) -> Callable[[nn.Module, Any, torch.Tensor], torch.Tensor]:
+    """A forward hook all-gathering a module's output over the group's token slices (backward: a slice)."""
+    def hook(_module: nn.Module, _inputs: Any, y: torch.Tensor) -> torch.Tensor:
+        return gather(y, group, 1)
+
+    return hook
 
 
 def block_by_tokens(block: Block, mesh: DeviceMesh, group: Group) -> None:
@@ -68,7 +77,7 @@ def block_by_tokens(block: Block, mesh: DeviceMesh, group: Group) -> None:
         plan[sub] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
     parallelize_module(block, mesh, plan)
     block.register_forward_pre_hook(lambda _m, args: (slice_part(args[0], group, 1),))
-    block.register_forward_hook(lambda _m, _i, y: gather(y, group, 1))
+    block.register_forward_hook(gather_output(group))
 
 
 def attention_by_rows(attn: Attention, group: Group) -> None:

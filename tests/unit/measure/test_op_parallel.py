@@ -13,7 +13,7 @@ from conftest import REPO_DIR, TINY_GPT_MODEL_YAML
 from trainsim.cli.main import app
 from trainsim.frontends.catalog.build import build_graph
 from trainsim.jobfile import job_from_settings
-from trainsim.measure.tp_degrees import plan_tp_degrees
+from trainsim.measure.tp_degrees import plan_tp_degrees, plan_tp_layout
 from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.tree_yaml import load_tree_yaml
 
@@ -116,7 +116,7 @@ def test_a_llama_with_gathers_rows_and_tokens_computes_its_unsplit_loss(tmp_path
         unsplit, rel=1e-5)
 
 
-def _degrees(tmp_path: Path, tree: str, tp: int) -> dict[str, dict[str, int]]:
+def _layout(tmp_path: Path, tree: str, tp: int) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, str]]]:
     model = tmp_path / "tiny-gpt.yaml"
     model.write_text(TINY_GPT_MODEL_YAML)
     job = job_from_settings({"model": str(model), "tp": tp, "num_gpus": tp, "micro_batch": 2, "global_batch": 2,
@@ -124,7 +124,11 @@ def _degrees(tmp_path: Path, tree: str, tp: int) -> dict[str, dict[str, int]]:
     path = tmp_path / "tree.yaml"
     path.write_text(tree)
     plan = load_tree_yaml(path, build_graph(job.model, DeviceSlice.of(job.parallel))).lower(job.parallel)
-    return plan_tp_degrees(plan, job.parallel)
+    return plan_tp_degrees(plan, job.parallel), plan_tp_layout(plan, job.parallel)[1]
+
+
+def _degrees(tmp_path: Path, tree: str, tp: int) -> dict[str, dict[str, int]]:
+    return _layout(tmp_path, tree, tp)[0]
 
 
 def test_the_ranks_get_each_ops_degree_where_it_is_not_megatrons(tmp_path: Path) -> None:
@@ -138,6 +142,20 @@ def test_the_ranks_get_each_ops_degree_where_it_is_not_megatrons(tmp_path: Path)
                      "blocks.*.attn.out reduce 2", "blocks.*.mlp.fc1 out 2", "blocks.*.mlp.act out 2",
                      "blocks.*.mlp.fc2 reduce 2", "head.proj out 2", "head.loss out 2")
     assert _degrees(tmp_path, megatron, 2) == {}
+
+
+def test_the_ranks_get_each_split_that_is_not_megatrons(tmp_path: Path) -> None:
+    blocks = ("block:0", "block:1")
+    cases = {"gpt-tp2-qkv-reduce.yaml": ({"qkv": 2}, {"qkv": "reduce"}),
+             "gpt-tp2-attn-seq.yaml": ({"attention": 2}, {"attention": "seq"}),
+             "gpt-tp2-mlp-tokens.yaml": ({name: 2 for name in ("fc1", "gelu", "fc2")},
+                                         {name: "seq" for name in ("fc1", "gelu", "fc2")}),
+             "gpt-tp2-norms-seq.yaml": ({name: 2 for name in ("norm1", "residual1", "norm2", "residual2")},
+                                        {name: "seq" for name in ("norm1", "residual1", "norm2", "residual2")})}
+    for name, (degrees, dims) in cases.items():
+        assert _layout(tmp_path, (MEGATRON / name).read_text(), 2) == (
+            {b: degrees for b in blocks}, {b: dims for b in blocks}), name
+    assert _layout(tmp_path, REDUCE4, 4)[1] == {b: {"qkv": "reduce", "fc1": "reduce"} for b in blocks}
 
 
 @pytest.mark.parametrize(("tree", "flags", "words"), [

@@ -70,7 +70,7 @@ def plan_tp_layout(plan: LoweredPlan, par: ParallelSpec) -> tuple[TpDegrees, TpD
         found, split = _splits(part, a.layer.fwd, dev, own)
         if found:
             _check_stages(part, a.layer.fwd, found, split, par.tp)
-            _check_splits(part, found, split, dev)
+            _check_splits(part, found, split, dev, {op.name for op in a.layer.fwd})
             degrees[part] = found
         if split:
             _check_kernel(part, split, par)
@@ -151,7 +151,8 @@ def _check_change(part: str, before: tuple[str, int, str], after: tuple[str, int
                           "measured where the two degrees are equal or one of them is 1 (whole)")
 
 
-def _check_splits(part: str, degrees: dict[str, int], dims: dict[str, str], dev: DeviceSlice) -> None:
+def _check_splits(part: str, degrees: dict[str, int], dims: dict[str, str], dev: DeviceSlice,
+                  present: set[str]) -> None:
     """The splits by seq the ranks run: the core with its qkv and projection Megatron's over its d (and s a
     multiple of 2 d: zig-zag rows), a dense MLP all at one d, the norms and residual adds all over tp."""
     seq = {name for name, dim in dims.items() if dim == "seq"}
@@ -165,8 +166,7 @@ def _check_splits(part: str, degrees: dict[str, int], dims: dict[str, str], dev:
             raise ConfigError(f"{_WHERE} ({part})", f"attention by seq over {d}, qkv over {others['qkv']}, "
                               f"out_proj over {others['out_proj']}", f"measured with qkv and out_proj Megatron's "
                               f"over the same {d} ranks and seq_len a multiple of {2 * d} (zig-zag rows)")
-    if mlp and (len({degrees[name] for name in mlp}) > 1 or any(
-            name not in mlp for name in degrees if name in sum(MLP_STAGES, ()))):
+    if mlp and (len({degrees[name] for name in mlp}) > 1 or mlp != present & set(sum(MLP_STAGES, ()))):
         raise ConfigError(f"{_WHERE} ({part})", {name: degrees[name] for name in sorted(degrees)},
                           "measured where every op of the MLP is split by seq over the same ranks")
     if tokens and (tokens != set(TOKEN_OPS) or set(degrees) != tokens or degrees["norm1"] != dev.tp):

@@ -171,6 +171,8 @@ def test_the_ranks_get_each_split_that_is_not_megatrons(tmp_path: Path) -> None:
     (_tree(2, "blocks.*.attn.qkv out 2", "blocks.*.attn.core seq 2", "blocks.*.attn.out reduce 2",
            "blocks.*.mlp.fc1 seq 2", "blocks.*.mlp.act seq 2"), ["--tp", "2", "--global-batch", "2"],
      "measured where every op of the MLP is split by seq over the same ranks"),
+    (_tree(2, "blocks.*.mlp.fc1 seq 2", "blocks.*.mlp.act seq 2", "blocks.*.mlp.fc2 reduce 2"),
+     ["--tp", "2", "--global-batch", "2"], "measured where every op of the MLP is split by seq over the same ranks"),
     (_tree(2, "blocks.*.norm1 seq 2", "blocks.*.attn.qkv out 2", "blocks.*.attn.core out 2",
            "blocks.*.attn.out reduce 2", "blocks.*.mlp.fc1 out 2", "blocks.*.mlp.act out 2",
            "blocks.*.mlp.fc2 reduce 2"), ["--tp", "2", "--global-batch", "2"],

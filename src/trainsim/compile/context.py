@@ -201,14 +201,17 @@ class BuildContext:
         return layout
 
     def hop_layout(self, boundary: int) -> GroupLayout:
-        """The layout of a pipeline transfer across `boundary` (between stages boundary and boundary + 1, one
-        model chunk per stage where stages differ in size): the pipeline group's; where the plan gives the stages
-        their own device counts, the farthest pair of the two stages' blocks of ranks (the first rank of the one,
-        the last of the other: a transfer between them crosses a server if any of it does)."""
-        if not self.plan.stage_ranks or boundary + 1 >= len(self.plan.stage_ranks):  # (past the last: no transfer)
+        """The layout of a pipeline transfer across `boundary` (between virtual stages boundary and boundary + 1,
+        on pipeline ranks boundary mod p and (boundary + 1) mod p: Megatron-LM's interleaved placement): the
+        pipeline group's; where the plan gives the stages their own device counts, the farthest pair of the two
+        stages' blocks of ranks (the first rank of the earlier block, the last of the later one: a transfer
+        between them crosses a server if any of it does)."""
+        stages = self.plan.num_stages
+        if not self.plan.stage_ranks or boundary + 1 >= stages * self.plan.num_chunks:  # (past the last: none)
             return self.layout("pp")
-        first, _ = self.plan.stage_block(boundary)
-        start, count = self.plan.stage_block(boundary + 1)
+        lower, upper = sorted((boundary % stages, (boundary + 1) % stages))
+        first, _ = self.plan.stage_block(lower)
+        start, count = self.plan.stage_block(upper)
         return self.job.cluster.ranks_layout([first, start + count - 1])
 
     def pipeline_hop_s(self, boundary: int, out_bytes: float) -> float:
@@ -235,16 +238,13 @@ class BuildContext:
         whose matmul splits its tokens k ways over tp, over the dp x k ranks that hold it (tp_token_params,
         strategy.megatron.token_split_params)."""
         split = self.splits.get(index)
-        by_ranks: dict[SyncGroup, float] = {}
         if split is not None:
-            for ranks, part in split.grad_params_by_ranks.items():
-                by_ranks[ranks] = part
-            return by_ranks
+            return dict(split.grad_params_by_ranks)
         dp = self.job.parallel.dp
         experts = self.expert_grads.get(index)
         shared = self.tp_token_params.get(index, {})
-        by_ranks[dp] = params - (experts[0] if experts is not None else 0.0) - sum(shared.values()) \
-            if experts is not None or shared else params
+        by_ranks: dict[SyncGroup, float] = {
+            dp: params - (experts[0] if experts is not None else 0.0) - sum(shared.values())}
         if experts is not None:
             by_ranks[experts[1]] = experts[0]
         for parts, count in shared.items():

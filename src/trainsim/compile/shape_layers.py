@@ -3,15 +3,15 @@ op takes effect; Sec. V-A: an op's cost follows its partition).
 
 The OpGraph's ops are one device's under Megatron's tensor split. A strategy tree may give any op of a block's
 attention or MLP, the head's vocabulary projection or its cross-entropy a config of its own over tp ((batch, seq,
-out, reduce) parts dividing tp), and the embedding's lookup Megatron's split over fewer ranks d dividing tp, or
-none (strategy.megatron.own_configs): the layer instance is rebuilt by the catalog builders with each such op at
-its config (frontends.catalog.transformer block_layer, embedding_layer, head_layer): it runs the op on its share
-of the tokens and features (its FLOPs and bytes), holds 1/(out x reduce) of its weight (and with it of the
-gradient, optimizer states and data-parallel gradient volume), keeps the activations of its backward at that
-share, and the layer's collectives are those the resharding between the configs inserts
-(compile.splits.plan_mesh_comms; over a sub-group of ranks where the layout change spans fewer than tp).
-Instances with the same configs share one rebuilt layer; a plan whose configs are Megatron's everywhere is
-returned as it is.
+out, reduce) parts dividing tp), a dense block's norms and residual adds, the head's norm and the learned positions
+a batch or sequence split (a norm its features too), and the embedding's lookup Megatron's split over fewer ranks d
+dividing tp, by tokens, or none (strategy.megatron.own_configs): the layer instance is rebuilt by the catalog
+builders with each such op at its config (frontends.catalog.transformer block_layer, embedding_layer, head_layer):
+it runs the op on its share of the tokens and features (its FLOPs and bytes), holds 1/(out x reduce) of its weight
+(and with it of the gradient, optimizer states and data-parallel gradient volume), keeps the activations of its
+backward at that share, and the layer's collectives are those the resharding between the configs inserts
+(compile.splits.plan_mesh_comms; over a sub-group of ranks where the layout change spans fewer than tp). Instances
+with the same configs share one rebuilt layer; a plan whose configs are Megatron's everywhere is returned as it is.
 
 An MoE's experts (strategy.megatron: Megatron-Core's expert tensor parallelism) at degree d run the routed
 copies of their d ranks' tokens under sp (all the micro-batch's without sp), hold 1/d of each of their ep
@@ -29,7 +29,7 @@ from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job
 from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.lowered import LayerAssignment, LoweredPlan, default_plan
-from trainsim.strategy.megatron import UNSPLIT, TpConfigs, own_configs, replicable_module
+from trainsim.strategy.megatron import UNSPLIT, TpConfigs, own_configs, replicable_module, router_params
 from trainsim.strategy.placement import OpConfig
 
 
@@ -100,7 +100,8 @@ def expert_grad_groups(job: Job, plan: LoweredPlan) -> dict[int, tuple[float, tu
     axis_group). Without sp the tp / d groups ran the same tokens and hold the same gradient: the job's
     data-parallel group sums it, as every weight's. NB: under Megatron's split (d = tp) the expert gradients
     are summed over the whole data-parallel group (dp x cp ranks), as trainsim always did, not over the dp x cp
-    / ep ranks of Megatron-Core's expert data-parallel group."""
+    / ep ranks of Megatron-Core's expert data-parallel group. A router at a config of its own (held whole:
+    strategy.megatron.token_split_params) is left out of the experts' parameters."""
     par = job.parallel
     if par.tp == 1 or not par.sp or not plan.mesh_splits or not isinstance(job.model, TransformerSpec):
         return {}
@@ -117,7 +118,9 @@ def expert_grad_groups(job: Job, plan: LoweredPlan) -> dict[int, tuple[float, tu
         # rank r: tp index r % tp, data-parallel index r // (tp cp); rank 0's slice of its experts and ep shard
         ranks = tuple(r for r in range(par.tp * par.cp * par.dp)
                       if r % par.tp % d == 0 and r // (par.tp * par.cp) % par.ep == 0)
-        out[a.index] = (expert_params(job.model, dev, d), ranks)
+        # a router at its own config is held whole, its gradient summed with the dp (and its token-split tp) ranks
+        router = router_params(job.model) / d / par.ep if any(name == "router" for name, _ in own) else 0.0
+        out[a.index] = (expert_params(job.model, dev, d) - router, ranks)
     return out
 
 

@@ -124,6 +124,8 @@ def plan_splits(plan: LoweredPlan, group: int) -> dict[int, LayerSplit]:
     in_bytes = 0.0
     previous: tuple[LayerSplit, str] | None = None  # the instance and op before the next op
     for a in plan.layers:
+        if a.index in plan.chain_starts:  # entered across a cross-mesh transfer: each replica's whole samples
+            placement = Placement(group, batch=group)
         split = out[a.index] = LayerSplit(grad_params=a.layer.param_count, held_params=a.layer.param_count,
                                           grad_params_by_ranks={group: a.layer.param_count})
         for op in a.layer.fwd:

@@ -22,9 +22,14 @@ is priced at the larger per-device volume of the two sides (each compilation pri
 volume: the longer of the two). NB: Megatron-LM has no such transfer (one mesh per job); this is Proteus'
 strategy transformation between two device groups of equal size, without an optimisation that sends each
 sample once across the tp ranks of the side that holds copies.
+
+Under interleaved 1F1B a stage's mesh holds every model chunk of its pipeline rank (Megatron-LM's virtual pipeline:
+chunk c of rank r is virtual stage c x pp + r), so a boundary vs{b} joins ranks b mod pp and (b + 1) mod pp, and a
+chunk entered from another mesh starts its chain of dp placements in the plain batch split (LoweredPlan.chain_starts).
 """
 
 import dataclasses
+import itertools
 import re
 from collections.abc import Callable
 
@@ -121,7 +126,18 @@ def mesh_plan(plan: LoweredPlan, mesh_job: Job, stages: frozenset[int], *, rebui
     assignments = tuple(dataclasses.replace(a, layer=layer) for a, layer in zip(plan.layers, layers, strict=True)) \
         if rebuild else plan.layers
     return dataclasses.replace(plan, layers=assignments, op_splits=tuple(s for s in plan.op_splits if s.layer in mine),
-                               mesh_splits=tuple(mesh_splits), stage_meshes=())
+                               mesh_splits=tuple(mesh_splits), stage_meshes=(), chain_starts=_entered(plan, mine))
+
+
+def _entered(plan: LoweredPlan, mine: set[int]) -> frozenset[int]:
+    """Of the layers `mine`, those that follow in model order a layer compiled on another mesh (the first layer of
+    a model chunk after another stage's chunk, under interleaved 1F1B): the pipeline transfer into it is the
+    cross-mesh reshard, which hands each replica its whole micro-batch, so its chain of dp placements starts there
+    in the plain batch split. (With one chunk per stage, the stages before a stage hold no configs in its
+    compilation, so its chain enters in that split anyway.)"""
+    indices = [a.index for a in plan.layers]
+    return frozenset(index for before, index in itertools.pairwise(indices)
+                     if index in mine and before not in mine)
 
 
 def _mesh_layers(plan: LoweredPlan, mesh_job: Job) -> list[Layer]:
@@ -181,11 +197,13 @@ def _splice(sources: list[ExecGraph]) -> ExecGraph:
 
 
 def _neighbour_source(task: Task, sources: list[ExecGraph]) -> ExecGraph | None:
-    """The source of the stage a pipeline transfer joins task's stage to: boundary vs{b} lies between stages b
-    and b + 1 (one model chunk per stage); None for a task that names no boundary (the pipeline overhead)."""
+    """The source of the stage a pipeline transfer joins task's stage to: boundary vs{b} lies between virtual
+    stages b and b + 1, held by pipeline ranks b mod p and (b + 1) mod p (Megatron-LM's interleaved placement:
+    model chunk c of rank r is virtual stage c x p + r; with one chunk per stage, stages b and b + 1); None for a
+    task that names no boundary (the pipeline overhead)."""
     match = _BOUNDARY.search(task.name)
     if match is None:
         return None
     boundary = int(match[1])
-    other = boundary + 1 if task.device == boundary else boundary
-    return sources[other] if 0 <= other < len(sources) else None
+    lower, upper = boundary % len(sources), (boundary + 1) % len(sources)
+    return sources[upper if task.device == lower else lower]

@@ -54,6 +54,7 @@ from trainsim.cost.stack_effects import (
     bucket_runs,
     bucketed_backward_s,
     bucketed_s,
+    column_backward_s,
     fuses_every_op,
     overlapped_s,
     queue_exposed_s,
@@ -80,8 +81,8 @@ from trainsim.strategy.stages import (
     virtual_stage_blocks,
 )
 
-Overlapped = Literal["grad_reduce_overlap", "param_gather_overlap", "tp_comm_overlap", "cp_comm_overlap",
-                     "pp_comm_overlap"]
+Overlapped = Literal["grad_reduce_overlap", "param_gather_overlap", "tp_comm_overlap", "tp_dgrad_overlap",
+                     "cp_comm_overlap", "pp_comm_overlap"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -500,14 +501,57 @@ class Pricer:
         totals summed only where the stack overlaps the layer's tp or cp collectives (else _NOT_OVERLAPPED: all
         1.0, as the two give then)."""
         par = job.parallel
-        if not ((par.sp and par.tp > 1 and self.overlaps("tp_comm_overlap", job))
+        dgrad = self.overlaps_dgrad(job)
+        if not ((par.sp and par.tp > 1 and self.overlaps("tp_comm_overlap", job)) or dgrad
                 or (par.cp > 1 and self.overlaps("cp_comm_overlap", job))):
             return _NOT_OVERLAPPED
         totals = {axis: {"fwd": 0.0, "bwd": 0.0} for axis in ("tp", "cp")}
         for c, seconds in priced:
             if c.axis in totals:
                 totals[c.axis][c.phase] += seconds
-        return (self.tp_exposed_fraction(layer, totals["tp"], job), self.cp_exposed_fraction(layer, totals["cp"], job))
+        tp_fraction = self.dgrad_exposed_fraction(layer, priced, totals["tp"]["bwd"], job) if dgrad else \
+            self.tp_exposed_fraction(layer, totals["tp"], job)
+        return (tp_fraction, self.cp_exposed_fraction(layer, totals["cp"], job))
+
+    def overlaps_dgrad(self, job: Job) -> bool:
+        """Whether the job's column-parallel linears overlap their backward collectives with their own GEMMs
+        (StackSpec.tp_dgrad_overlap, at tp > 1), where userbuffers (tp_comm_overlap, under sp) do not already
+        pipeline every tp collective with the GEMMs."""
+        par = job.parallel
+        return (par.tp > 1 and self.overlaps("tp_dgrad_overlap", job)
+                and not (par.sp and self.overlaps("tp_comm_overlap", job)))
+
+    def dgrad_exposed_fraction(self, layer: Layer, priced: list[tuple[Comm, float]], bwd_tp_s: float,
+                               job: Job) -> tuple[float, float]:
+        """(forward, backward) exposed fractions of the layer's tp collectives (bwd_tp_s: the backward's seconds)
+        where each column-parallel linear overlaps its backward collectives with its own GEMMs (overlaps_dgrad):
+        Megatron's LinearWithGradAccumulationAndAsyncCommunication.backward (megatron/core/tensor_parallel/
+        layers.py, megatron-core 0.1.0 and 0.9.0) issues the input gradient's all-reduce (reduce-scatter under
+        sp) with async_op=True before the weight-gradient GEMM and waits after it; under sp it first all-gathers
+        the saved input again for that GEMM, async, beside the input-gradient GEMM. Each pair is priced as
+        overlapped (stack_effects.column_backward_s); the re-gather, which the graph does not carry (a forward
+        all-gather of the same input: ir.graph.Comm.column_input), adds its exposed part, so under sp the
+        fraction may exceed 1. The forward's collectives stay exposed."""
+        if bwd_tp_s <= 0.0:
+            return (1.0, 1.0)
+        per_column: dict[str, list[float]] = {}  # column matmul -> [its input gradient's seconds, re-gather's]
+        for c, seconds in priced:
+            if c.axis != "tp" or not c.column_input:
+                continue
+            if c.phase == "bwd" and c.collective in ("all-reduce", "reduce-scatter"):
+                per_column.setdefault(c.column_input, [0.0, 0.0])[0] += seconds
+            elif c.phase == "fwd" and c.collective == "all-gather" and job.parallel.sp:
+                per_column.setdefault(c.column_input, [0.0, 0.0])[1] += seconds
+        gemms = {op.name: op for op in layer.bwd if op.kind == "matmul"}
+        gamma = self.overlap_slowdown(job)
+        exposed = bwd_tp_s
+        for column, (dgrad_comm, regather) in per_column.items():
+            wgrad, dgrad = gemms.get(column + ".wgrad"), gemms.get(column + ".dgrad")
+            if wgrad is None or dgrad is None or dgrad_comm <= 0.0:
+                continue
+            exposed += column_backward_s(dgrad_comm, self.op_time_s(wgrad, job), regather,
+                                         self.op_time_s(dgrad, job), gamma) - dgrad_comm
+        return (1.0, exposed / bwd_tp_s)
 
     def tp_exposed_fraction(self, layer: Layer, tp_s: dict[str, float], job: Job) -> tuple[float, float]:
         """Of the tensor-parallel collectives of forward and backward (tp_s: phase -> seconds), the fraction

@@ -47,6 +47,16 @@ def overlapped_s(total_s: float, window_s: float, gamma: float) -> float:
     return max(0.0, total_s - window_s) + gamma * min(total_s, window_s)
 
 
+def column_backward_s(dgrad_comm_s: float, wgrad_s: float, regather_s: float, dgrad_s: float,
+                      gamma: float) -> float:
+    """Exposed seconds of one column-parallel linear's backward collectives where Megatron overlaps them with its
+    GEMMs (LinearWithGradAccumulationAndAsyncCommunication, megatron/core/tensor_parallel/layers.py, megatron-core
+    0.1.0 and 0.9.0): the input gradient's all-reduce / reduce-scatter (dgrad_comm_s) beside the weight-gradient
+    GEMM (wgrad_s), and under sequence parallelism the all-gather of the saved input (regather_s; 0 without sp)
+    beside the input-gradient GEMM (dgrad_s); each pair as overlapped_s."""
+    return overlapped_s(dgrad_comm_s, wgrad_s, gamma) + overlapped_s(regather_s, dgrad_s, gamma)
+
+
 def bucketed_s(total_s: float, window_s: float, buckets: float, gamma: float) -> float:
     """Exposed seconds of total_s sent in `buckets` equal buckets that become ready evenly over window_s."""
     if total_s <= 0.0:

@@ -47,7 +47,11 @@ class Comm:
 
     axis: which parallel group carries it; bytes_per_rank: the buffer each rank contributes (all-reduce),
     or the full gathered buffer size for all-gather / reduce-scatter; ranks: the ranks of a sub-group of the
-    axis' group it spans (consecutive ranks: an op split over fewer ranks than the axis has), 0: the whole group.
+    axis' group it spans (consecutive ranks: an op split over fewer ranks than the axis has), 0: the whole group;
+    column_input: the name of the column-parallel matmul (Megatron's split: output features over the whole tp
+    group) whose input this tp collective reshards, '' for any other: in backward its input gradient's all-reduce
+    (or reduce-scatter under sp), in forward under sp the all-gather of its input (which Megatron's backward
+    repeats for the weight gradient); what a stack overlaps them with is the pricing's (StackSpec.tp_dgrad_overlap).
     """
 
     name: str
@@ -56,6 +60,7 @@ class Comm:
     phase: Phase
     buffer_bytes: float
     ranks: int = 0
+    column_input: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -90,6 +90,9 @@ class LoweredPlan:
     # devices per stage, in stage order, where they differ between stages (each stage a contiguous block of ranks,
     # Alpa's submesh); (): every stage holds the job's tp x dp x cp
     stage_ranks: tuple[int, ...] = ()
+    # layer indices where the chain of placements of the computation configs over dp starts again in the plain
+    # batch split: a model chunk entered from a stage on another mesh (compile.stage_meshes); (): one chain
+    chain_starts: frozenset[int] = frozenset()
 
     def tp_configs(self) -> dict[int, dict[str, OpConfig]]:
         """Per layer index, each op's computation config over tp (by op module path) from mesh_splits."""

@@ -22,24 +22,32 @@ ranks d (each group of d consecutive tp ranks runs the op split d ways), none (t
 matmul split by its reduction dimension (input features sliced, partial sums out) or by its output dimension where
 Megatron splits the reduction, an op split by sequence (query rows for the attention core, tokens for a matmul,
 whose weight each rank then holds whole, its gradient summed over those ranks with the data-parallel reduction:
-token_split_params). A dense block's norms and residual adds may take any batch or sequence split whose parts
-divide tp (replicable_module "tokens"; not their hidden features, which a norm's statistics span): split by
-sequence without sp (per-op sequence parallelism; the block then hands on the whole hidden state, its last add's
-halves all-gathered: block.ag), or whole under sp; a norm's gain (and bias) is held whole and, where its tokens
-are split other than Megatron's way, its gradient summed over those ranks as a token-split matmul's is
-(Megatron-LM sums the sequence-parallel norms' gradients over tp: finalize_model_grads, megatron-core 0.9). The
-embedding's lookup takes Megatron's split over d dividing tp, none, or a batch or sequence split whose parts
-divide tp (each rank looks up its own tokens in the whole table, whose gradient is then summed over those ranks;
-a tied table then needs the head's projection whole), and an MoE's experts Megatron's split over d or none
-(below); the head's norm, the embedding's positions, an MoE block's norms and residual adds and its
-router take Megatron's only (tp_config_problem says what an op can take). The catalog builders shape each op at its
-config (frontends.catalog.transformer block_layer, embedding_layer, head_layer; compile.shape_layers); a collective
-over a split of fewer ranks than tp spans them (ir.graph.Comm.ranks), and the resharding below inserts what the layout
-changes need: a whole attention beside a split MLP pays only the MLP's all-reduce pair; qkv split by heads before a
-whole attention core all-gathers q, k and v; qkv split by its reduction dimension before a whole core all-reduces
-them (before a core split by heads: a reduce-scatter); a core split by sequence after qkv split by heads exchanges
-q, k and v by all-to-all and all-gathers the keys and values of the whole sequence (as cp does; their gradient
-reduce-scattered); a whole head pays no vocab-parallel statistics.
+token_split_params). A block's norms and residual adds (dense or MoE), the head's final norm and the embedding's
+learned positions may take any batch or sequence split whose parts divide tp (replicable_module "tokens"): split
+by sequence without sp (per-op sequence parallelism; a block then hands on the whole hidden state, its last add's
+halves all-gathered: block.ag), or whole under sp; a norm's gain (and bias), like the position table, is held
+whole and, where its tokens are split other than Megatron's way, its gradient summed over those ranks as a
+token-split matmul's is (Megatron-LM sums the sequence-parallel norms' gradients over tp: finalize_model_grads,
+megatron-core 0.9); the positions' add looks up each rank's own positions in the whole table. A norm (a block's or
+the head's) may split its hidden features too (out, with or without batch and sequence parts): each rank
+normalises its h / out slice of each of its tokens and holds that slice of the gain and bias (no gradient sum for
+it over tp); the per-token statistics over the features are partial over the out ranks, one fp32 all-reduce
+each: a LayerNorm's sums of x and x^2 forward, of dy' and dy' xhat backward, an RMSNorm's sum of x^2 and of
+dy' xhat (_norm_statistics: Colossal-AI's 2D LayerNorm; RMSNorm's derived); the layout changes around it (its
+input sliced or exchanged by all-to-all from a sequence split, its output gathered for a reader of whole
+features, the gradients' conjugates) come out of the walk below like any op's. The embedding's lookup takes
+Megatron's split over d dividing tp, none, or a batch or sequence split whose parts divide tp (each rank looks up
+its own tokens in the whole table, whose gradient is then summed over those ranks; a tied table then needs the
+head's projection whole), an MoE's experts Megatron's split over d or none and its router a batch or sequence
+split whose parts divide tp, or none (below); a residual add or the positions split by features, BERT's token
+types and embedding norm take Megatron's only (tp_config_problem says what an op can take). The catalog builders
+shape each op at its config (frontends.catalog.transformer block_layer, embedding_layer, head_layer;
+compile.shape_layers); a collective over a split of fewer ranks than tp spans them (ir.graph.Comm.ranks), and the
+resharding below inserts what the layout changes need: a whole attention beside a split MLP pays only the MLP's
+all-reduce pair; qkv split by heads before a whole attention core all-gathers q, k and v; qkv split by its reduction
+dimension before a whole core all-reduces them (before a core split by heads: a reduce-scatter); a core split by
+sequence after qkv split by heads exchanges q, k and v by all-to-all and all-gathers the keys and values of the
+whole sequence (as cp does; their gradient reduce-scattered); a whole head pays no vocab-parallel statistics.
 
 An MoE's experts (their matmuls and activation, all at one degree) may take Megatron's split over d dividing tp
 too: Megatron-Core's expert tensor parallelism (expert_tensor_parallel_size, megatron/core/
@@ -51,10 +59,22 @@ dispatch follows Megatron-Core's MoEAlltoAllTokenDispatcher (megatron/core/trans
 0.16.1): the all-to-all over ep moves the routed copies of the tokens a rank holds, then the routed tokens are
 all-gathered over the d ranks and reduce-scattered after the experts (none at d = 1); trainsim's Megatron
 split (d = tp) keeps its own order, the hidden state gathered over tp before dispatching all local tokens
-(_read_bytes, _tensor_bytes). The router has no other config: Megatron-Core's TopKRouter holds its weight
-whole on every tp rank and runs it on the rank's tokens (its sequence share under sp, its gradient then summed
-over tp as the norms' are: the weight's `sequence_parallel` attribute, megatron/core/transformer/moe/router.py
-and megatron/core/distributed/finalize_model_grads.py, 0.16.1), as the norms' config here says.
+(_read_bytes, _tensor_bytes). Megatron-Core's TopKRouter holds its weight whole on every tp rank and runs it on
+the rank's tokens (its sequence share under sp, its gradient then summed over tp as the norms' are: the
+weight's `sequence_parallel` attribute, megatron/core/transformer/moe/router.py and
+megatron/core/distributed/finalize_model_grads.py, 0.16.1): Megatron's config here is the norms'. A tree may
+give the router a batch or sequence split whose parts divide tp, or none (replicable_module "router"; not its
+experts, which its top-k spans): its weight whole on each rank, its gradient summed over the ranks that split its
+tokens where the split is not Megatron's (token_split_params). The dispatch then starts from the tokens each rank
+routed (dispatch_layout; as wherever the experts take d < tp): the all-to-all over ep moves those tokens' routed
+copies (sliced first to the experts' tokens where the router ran more), the routed tokens are all-gathered over
+the ranks whose experts read them (and reduce-scattered back before the combine); where the experts' tokens are
+split as the dispatched ones, the experts' partial sums travel through the combine and are reduced as the hidden
+state onto the next op's layout (trainsim's order). A router split by batch beside experts split by sequence, or
+token parts that do not divide each other, are refused (dispatch_problem). NB: the op chain carries the router's
+output as the hidden state the experts read (a norm2 whole before a sequence-split router is gathered again
+before the experts; the routing decisions' own bytes are not priced, as under Megatron's configs), and
+Megatron's router is shaped on all local tokens under sp too, as before.
 
 layer_comms walks a layer's ops in order per axis, as compile.splits walks a tree's computation configs: where
 what an op reads differs from how its producer left it, strategy.reshard's pattern matching gives the collective
@@ -66,7 +86,10 @@ splits every TP collective moves a hidden state (local tokens x hidden): the inp
 of the projections, the input of the logits; a reshard inside a module moves the tensor its reader reads
 (_read_bytes: q, k and v, the ffn features). The vocab-parallel cross-entropy reads the class dimension split:
 its three per-token statistics (max logit, target logit, sum of exponentials) are partial over tp, one fp32
-all-reduce each (megatron/core/tensor_parallel/cross_entropy.py, megatron-core 0.9).
+all-reduce each (megatron/core/tensor_parallel/cross_entropy.py, megatron-core 0.9); a norm reading its
+features split all-reduces its statistics likewise (_norm_statistics), in the forward list as the walk meets it
+and in the backward as the backward pass does (named after the norm: norm1.sum, final_norm.sum_dy_xhat; the
+compiler places them, as every collective outside the attention and MLP, after the layer-phase's last op).
 """
 
 from collections.abc import Callable, Mapping, Sequence
@@ -94,11 +117,16 @@ ROW = ("out_proj", "fc2", "down")  # split the reduction dimension over tp
 FEATURE = ("rope", "attention", "softmax", "gelu", "swiglu", "cross_entropy")  # split the features over tp
 _SHORT = {"all-reduce": "ar", "all-gather": "ag", "reduce-scatter": "rs", "all-to-all": "a2a", "send-recv": "p2p"}
 _STATISTICS = ("max", "target", "sum_exp")  # the vocab-parallel cross-entropy's all-reduces, in its order
-_Found = tuple[str, ReshardStep]  # (collective's name, step)
+_Found = tuple[str, ReshardStep, str]  # (collective's name, step, the column-parallel matmul it feeds: Comm)
 Configs = Mapping[tuple[str, Axis], OpConfig]  # (op module path, axis) -> the op's config (a tree's)
 UNSPLIT = OpConfig(1, 1, 1, 1)
 COMPUTE_PARTS = ("batch", "seq", "out", "reduce")  # an OpConfig's parts, in its order
 TpConfigs = frozenset[tuple[str, OpConfig]]  # (op name, its config over tp) where not Megatron's (own_configs)
+TOKEN_PATHS = ("head.norm", "embed.positions")  # replicable "tokens" outside a dense block (replicable_module)
+_NORM_STATISTICS = {  # a norm split by its features: per-token partial sums, (forward, backward) (_norm_statistics)
+    "layernorm": (("sum", "sum_sq"), ("sum_dy", "sum_dy_xhat")),
+    "rmsnorm": (("sum_sq",), ("sum_dy_xhat",)),
+}
 
 
 def axis_sizes(kind: LayerKind, dev: DeviceSlice) -> dict[Axis, int]:
@@ -121,7 +149,7 @@ def op_config(axis: Axis, op: Op, dev: DeviceSlice, own: TpConfigs = frozenset()
 def megatron_tp(op: Op, dev: DeviceSlice, degree: int) -> OpConfig:
     """Megatron's config of `op` over tp, its split made over `degree` ranks (module doc); an expert op at degree
     d keeps, under sp, the tokens of its d ranks (the sequence split tp / d ways: Megatron-Core's expert tensor
-    parallelism, _expert_tp)."""
+    parallelism, dispatch_layout)."""
     token_parts = dev.tp // degree if dev.sp and _expert(op) else 1
     if op.name in COLUMN or op.name in FEATURE:
         return OpConfig(1, token_parts, degree, 1)
@@ -134,28 +162,35 @@ def replicable_module(op: Op) -> str:
     """The part of the model whose op may take a config of its own over tp instead of Megatron's: "attn" (qkv,
     rope, the attention core, softmax, the projection), "mlp" (a dense block's MLP), "experts" (an MoE's expert
     matmuls and activation: Megatron-Core's expert tensor parallelism), "embed" (the token lookup) or "head"
-    (the vocabulary projection and the cross-entropy), "tokens" (a dense block's norms and residual adds: a batch
-    or sequence split); "" for any other op (the head's norm, the embedding's positions, an MoE block's norms,
-    residual adds and router: Megatron's configs always)."""
+    (the vocabulary projection and the cross-entropy), "tokens" (a block's norms and residual adds, dense or MoE,
+    the head's norm and the embedding's positions: a batch or sequence split, a norm's features too), "router"
+    (an MoE's gating matmul: a batch or sequence split, its weight whole); "" for any other op (BERT's token types
+    and embedding norm: Megatron's configs always)."""
     parts = op.module_path.split(".")
     if "attn" in parts:
         return "attn"
     if _expert(op):
         return "experts"
-    if "mlp" in parts and "moe" not in parts:
+    if "moe" in parts:
+        return "router"
+    if "mlp" in parts:
         return "mlp"
     if op.kind == "embedding":
         return "embed"
-    if op.kind in ("norm", "elementwise") and parts[:2] == ["blocks", "block"] and len(parts) == 3:
+    if op.kind in ("norm", "elementwise") and len(parts) == 3 and parts[:2] in (
+            ["blocks", "block"], ["blocks", "moe_block"]):
+        return "tokens"
+    if op.module_path in TOKEN_PATHS:
         return "tokens"
     return "head" if op.name in ("logits", "cross_entropy") else ""
 
 
 def tp_config_problem(op: Op, config: OpConfig, dev: DeviceSlice) -> str:
     """Why a replicable op (replicable_module) cannot take `config` over tp ("" where it can): the parts must
-    divide tp, the micro-batch and the sequence; reduce splits a matmul's reduction dimension only; the lookup
-    takes Megatron's split (reduce) over d dividing tp, or none; an MoE's expert op Megatron's split over d
-    dividing tp (under sp with seq = tp / d), or none (expert tensor parallelism 1)."""
+    divide tp, the micro-batch and the sequence; reduce splits a matmul's reduction dimension only; out an
+    attention or MLP op's, the head's projection or loss, or a norm's features (not a residual add's or the
+    positions'); the lookup takes Megatron's split (reduce) over d dividing tp, or none; an MoE's expert op
+    Megatron's split over d dividing tp (under sp with seq = tp / d), or none (expert tensor parallelism 1)."""
     if op.kind == "embedding":
         by_tokens = config.out == config.reduce == 1 and config.parts > 1
         if not by_tokens and (config != megatron_tp(op, dev, config.reduce) or dev.tp % config.reduce):
@@ -174,7 +209,9 @@ def tp_config_problem(op: Op, config: OpConfig, dev: DeviceSlice) -> str:
                 if dev.tp > 2 else ""
             return f"{fewer}{whole} (the experts whole on each tp rank: expert tensor parallelism 1)"
         return ""
-    tokens_only = replicable_module(op) == "tokens"  # a norm's statistics span the hidden features
+    # a residual add's and the positions' tokens only (a norm's features too: statistics); the router's top-k
+    # spans its experts: its tokens only
+    tokens_only = replicable_module(op) == "router" or (replicable_module(op) == "tokens" and op.kind != "norm")
     dims = COMPUTE_PARTS[:2] if tokens_only else COMPUTE_PARTS if op.kind in CONTRACTING else COMPUTE_PARTS[:3]
     allowed = f"any split of its {', '.join(dims)} whose parts divide {dev.tp}, or none (the {op.name} whole on " \
         "each tp rank)"
@@ -230,26 +267,30 @@ def layer_comms(spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: S
             return configs.get((op.module_path, axis), UNSPLIT)
 
         forward, backward = _walk(axis, size, spec, dev, kind, fwd, config_of,
-                                  (_heads_parts(fwd, dev, configs), _expert_tp(fwd, dev, configs)))
+                                  (_heads_parts(fwd, dev, configs), dispatch_layout(fwd, dev, configs)))
         sites = {_site(op): i for i, op in reversed(list(enumerate(fwd)))}
         backward.sort(key=lambda found: sites.get(found[0].split(".")[0], len(sites)))
-        comms += [Comm(name, step.collective, axis, "fwd", step.buffer_bytes, _sub(step, size))
-                  for name, step in forward]
-        comms += [Comm(name, step.collective, axis, "bwd", step.buffer_bytes, _sub(step, size))
-                  for name, step in backward]
+        comms += [Comm(name, step.collective, axis, "fwd", step.buffer_bytes, _sub(step, size), column)
+                  for name, step, column in forward]
+        comms += [Comm(name, step.collective, axis, "bwd", step.buffer_bytes, _sub(step, size), column)
+                  for name, step, column in backward]
         if axis == "tp":
             comms += _loss_statistics(fwd, dev, config_of)
     return tuple(comms)
 
 
 def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: Sequence[Op],
-          config_of: Callable[[Op], OpConfig], parts: tuple[int, int]) -> tuple[list[_Found], list[_Found]]:
+          config_of: Callable[[Op], OpConfig], parts: tuple[int, Placement | None]
+          ) -> tuple[list[_Found], list[_Found]]:
     """(forward, backward) reshards of the layer's op chain over one axis; the backward's in the order the
-    backward pass meets them. parts: the parts the attention's heads are split into over tp, and the tp degree
-    of the experts (_expert_tp; below tp: Megatron-Core's dispatch order, _read_bytes)."""
-    heads_parts, expert_tp = parts
-    dispatch_first = expert_tp < dev.tp
-    full = _tensor_bytes(axis, spec, dev, dispatch_first)
+    backward pass meets them. parts: the parts the attention's heads are split into over tp, and the layout over
+    tp of the tokens each rank dispatches (dispatch_layout; None: trainsim's Megatron order, the hidden state
+    gathered over tp before the dispatch). Where there is one, the reshard into the experts' first op goes
+    through it: from the router's layout with the hidden state's bytes (a slice), then onto the experts' with the
+    routed tokens' (_read_bytes); out of the experts' last op the same way back (Megatron-Core's order)."""
+    heads_parts, dispatch = parts
+    dispatch_first = dispatch is not None
+    full = _tensor_bytes(axis, spec, dev, dispatch)
     handed = handed_on(axis, dev)
     forward: list[_Found] = []
     backward: list[_Found] = []
@@ -262,9 +303,19 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
         if placement is not None:
             routed = dispatch_first and (_expert(op) or (producer is not None and _expert(producer)))
             site, read = _namer(axis, kind, producer, op), _read_bytes(axis, spec, dev, op, full, routed)
-            forward += _named(site, axis, reshard(placement, need, read))
             grad = input_grad_placement(need, config, contracting)
-            backward += _named(site, axis, reshard(grad, output_grad_placement(placement), read))
+            boundary = producer is not None and _expert(op) != _expert(producer)
+            if axis == "tp" and dispatch is not None and boundary:  # through the dispatched tokens' layout
+                first, then = (full, read) if _expert(op) else (read, full)
+                mid, mid_grad = _through(dispatch, placement), _through(dispatch, grad)
+                forward += _named(site, axis, reshard(placement, mid, first))
+                forward += _named(site, axis, reshard(mid, need, then))
+                backward += _named(site, axis, reshard(mid_grad, output_grad_placement(placement), first))
+                backward += _named(site, axis, reshard(grad, mid_grad, then))
+            else:
+                column = op.name if _megatron_column(axis, op, config, size) else ""
+                forward += _named(site, axis, reshard(placement, need, read), column)
+                backward += _named(site, axis, reshard(grad, output_grad_placement(placement), read), column)
         if axis == "cp" and op.kind == "attention":  # keys and values of the whole sequence
             kv = _kv_bytes(spec, dev, heads_parts)
             forward += _named("kv", axis, reshard(Placement(size, seq=size), Placement(size), kv))
@@ -273,12 +324,25 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
             forward_kv, backward_kv = _tp_kv_gathers(spec, dev, config)
             forward += forward_kv
             backward += backward_kv
+        if axis == "tp" and op.kind == "norm" and config.out > 1:  # statistics over split features
+            forward_stats, backward_stats = _norm_statistics(spec, dev, op, config)
+            forward += forward_stats
+            backward += backward_stats[::-1]  # the backward list is reversed below
         placement, producer = output_placement(config, size, contracting), op
     if placement is not None and kind != "head":  # the head hands on the loss
         site = _namer(axis, kind, producer, None)
         forward += _named(site, axis, reshard(placement, handed, full))
         backward += _named(site, axis, reshard(handed, output_grad_placement(placement), full))
     return forward, backward[::-1]
+
+
+def _through(dispatch: Placement, held: Placement) -> Placement:
+    """The dispatched tokens' layout as the all-to-alls over ep carry a tensor `held` over tp: its partial sums
+    (the experts' output or input gradient, partial over their tp ranks) travel through them unreduced where the
+    tokens are split alike (the reduction then moves the hidden state: trainsim's order), else are reduced onto
+    the dispatched tokens before (the routed tokens: Megatron-Core's reduce-scatter before the combine)."""
+    alike = (held.batch, held.seq) == (dispatch.batch, dispatch.seq)
+    return Placement(dispatch.group, dispatch.batch, dispatch.seq, partial=held.partial if alike else 1)
 
 
 def _loss_statistics(fwd: Sequence[Op], dev: DeviceSlice, config_of: Callable[[Op], OpConfig]) -> list[Comm]:
@@ -292,6 +356,25 @@ def _loss_statistics(fwd: Sequence[Op], dev: DeviceSlice, config_of: Callable[[O
                     dev.local_tokens * 4.0)  # fp32
     return [Comm(f"loss.{name}", step.collective, "tp", "fwd", step.buffer_bytes, _sub(step, dev.tp))
             for name in _STATISTICS for step in steps]
+
+
+def _norm_statistics(spec: TransformerSpec, dev: DeviceSlice, op: Op, config: OpConfig
+                     ) -> tuple[list[_Found], list[_Found]]:
+    """(forward, backward) all-reduces of a norm splitting its hidden features `out` ways over tp: each rank
+    normalises its h / out features of its tokens (1 / (batch x seq) of the local tokens), so every per-token sum
+    over the hidden features is partial over the out ranks: one fp32 all-reduce each (_NORM_STATISTICS, in the
+    order the pass needs them). LayerNorm: the sums of x and of x^2 (mean and variance), in the backward the sums
+    of dy' = dy * gain and of dy' * xhat (dx = rstd (dy' - mean(dy') - xhat mean(dy' xhat))): Colossal-AI's 2D
+    LayerNorm (colossalai/legacy/nn/layer/parallel_2d/layers.py LayerNorm2D.forward and _operation.py
+    _Layernorm_2D.backward, colossalai 0.5.0: two all-reduces each way over the row group). RMSNorm: derived, the
+    same with the mean terms dropped (dx = rrms (dy' - xhat mean(dy' xhat))): the sum of x^2, then of dy' xhat.
+    NB: fp32, as PyTorch's layer_norm keeps its statistics in the accumulation type for half inputs; a fused
+    kernel could all-reduce a token's two statistics in one collective (half the latency terms)."""
+    split = Placement(dev.tp, config.batch, config.seq, partial=config.out)
+    steps = reshard(split, Placement(dev.tp, config.batch, config.seq), dev.local_tokens * 4.0)  # fp32
+    forward_names, backward_names = _NORM_STATISTICS[spec.norm]
+    return ([(f"{op.name}.{name}", step, "") for name in forward_names for step in steps],
+            [(f"{op.name}.{name}", step, "") for name in backward_names for step in steps])
 
 
 def _sub(step: ReshardStep, size: int) -> int:
@@ -308,9 +391,18 @@ def _namer(axis: Axis, kind: LayerKind, producer: Op | None, consumer: Op | None
     return next((s for s in (_site(op) for op in ops) if s), _layer_site(kind))
 
 
-def _named(site: str, axis: Axis, steps: tuple[ReshardStep, ...]) -> list[_Found]:
-    """Collectives named site.kind (attn.ag, mlp.rs, kv.ag); over ep the site alone."""
-    return [(site if axis == "ep" else f"{site}.{_SHORT[step.collective]}", step) for step in steps]
+def _named(site: str, axis: Axis, steps: tuple[ReshardStep, ...], column: str = "") -> list[_Found]:
+    """Collectives named site.kind (attn.ag, mlp.rs, kv.ag); over ep the site alone. column: the column-parallel
+    matmul whose input they reshard (ir.graph.Comm.column_input), '' for none."""
+    return [(site if axis == "ep" else f"{site}.{_SHORT[step.collective]}", step, column) for step in steps]
+
+
+def _megatron_column(axis: Axis, op: Op, config: OpConfig, size: int) -> bool:
+    """Whether `op` is a column-parallel matmul at Megatron's split over the whole tp group (qkv, fc1, gate_up, the
+    vocabulary projection; not an MoE's experts, which Megatron-Core runs as grouped GEMMs of their own):
+    the ColumnParallelLinear whose backward Megatron overlaps with its collectives (ir.graph.Comm.column_input)."""
+    return (axis == "tp" and op.kind == "matmul" and op.name in COLUMN and not _expert(op)
+            and config == OpConfig(1, 1, size, 1))
 
 
 def _site(op: Op) -> str:
@@ -338,15 +430,16 @@ def _contracting(axis: Axis, op: Op) -> bool:
     return axis == "tp" and (op.kind in CONTRACTING or op.kind == "embedding")
 
 
-def _tensor_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, own_tokens: bool = False) -> float:
+def _tensor_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, dispatch: Placement | None = None) -> float:
     """The whole tensor a reshard over `axis` moves: the hidden state of the micro-batch's local tokens over
     tp (over cp the attention's keys and values, _kv_bytes); over ep the tokens routed to top_k experts on
     every rank of the group: of all the micro-batch's local tokens (the hidden state gathered over tp before
-    the dispatch), or with own_tokens of those the rank holds (its sequence share under sp: Megatron-Core's
-    order where the experts' tp degree is below tp, _read_bytes)."""
+    the dispatch), or, given the layout over tp of the tokens a rank dispatches (dispatch_layout), of those
+    (its router's tokens, or its experts' where they run fewer: Megatron-Core's order, _read_bytes)."""
     hidden = float(dev.local_tokens * spec.hidden * BYTES_PER_DTYPE[dev.precision.activation_dtype])
-    if axis == "ep" and own_tokens and dev.sp:
-        own = float(dev.local_tokens // dev.tp * spec.hidden * BYTES_PER_DTYPE[dev.precision.activation_dtype])
+    parts = 1 if dispatch is None else dispatch.batch * dispatch.seq
+    if axis == "ep" and parts > 1:
+        own = float(dev.local_tokens // parts * spec.hidden * BYTES_PER_DTYPE[dev.precision.activation_dtype])
         return own * spec.top_k * dev.ep
     return hidden * spec.top_k * dev.ep if axis == "ep" else hidden
 
@@ -360,12 +453,13 @@ def _read_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, consumer: O
     `routed` the routed tokens' hidden states (top_k per token). Over cp and ep: `hidden` (_tensor_bytes).
 
     routed: a reshard into an expert's first matmul or out of its last where the experts' tp degree d is below
-    tp. Megatron-Core's all-to-all dispatcher then runs the all-to-all over ep first, then the all-gather of
-    the routed tokens over the d ranks of the expert tp group (and the reduce-scatter before the combine's
-    all-to-all): MoEAlltoAllTokenDispatcher dispatch_postprocess / combine_preprocess,
-    megatron/core/transformer/moe/token_dispatcher.py, megatron-core 0.16.1. NB: under Megatron's split (d =
-    tp) trainsim keeps its order, the hidden state gathered over tp before the dispatch (hidden bytes here, all
-    local tokens over ep: _tensor_bytes)."""
+    tp or the router takes a config of its own (dispatch_layout). Megatron-Core's all-to-all dispatcher then
+    runs the all-to-all over ep first, then the all-gather of the routed tokens over the ranks of the expert tp
+    group that dispatched other tokens (and the reduce-scatter before the combine's all-to-all):
+    MoEAlltoAllTokenDispatcher dispatch_postprocess / combine_preprocess,
+    megatron/core/transformer/moe/token_dispatcher.py, megatron-core 0.16.1. NB: under Megatron's configs of
+    the router and the experts trainsim keeps its order, the hidden state gathered over tp before the dispatch
+    (hidden bytes here, all local tokens over ep: _tensor_bytes)."""
     if axis != "tp":
         return hidden
     act, d, f = BYTES_PER_DTYPE[dev.precision.activation_dtype], spec.head_dim, spec.ffn_hidden
@@ -398,15 +492,17 @@ def _tp_kv_gathers(spec: TransformerSpec, dev: DeviceSlice, config: OpConfig) ->
 
 def token_split_params(spec: TransformerSpec, fwd: Sequence[Op], config_of: Callable[[Op], OpConfig],
                        dev: DeviceSlice | None = None) -> dict[int, float]:
-    """{k: parameters} of a layer's matmuls, its lookup (and, given the slice `dev`, its norms) whose config over
-    tp splits their tokens k = batch x seq ways: each of those k tp ranks holds the weight part whole and makes its
-    gradient from its own tokens, so the gradient is summed over them as well as over the data-parallel ranks,
-    once per iteration, in the data-parallel gradient reduction (Megatron-LM sums the gradients of the weights
-    sequence parallelism replicates over tp once per iteration too, finalize_model_grads, megatron-core 0.9, by
-    an all-reduce of its own). A matmul's parameters as one rank holds them: its local weight (op.shape: batch,
-    m, n, k) and a block's bias; a norm's: its gain (and a LayerNorm's bias), whole, where its config is not
-    Megatron's; the lookup's (by tokens, its own config): the whole token table (vocab x hidden; not the
-    positions'). NB: Megatron's own token-split weights (the norms and an MoE router under sp, a BERT transform
+    """{k: parameters} of a layer's matmuls, its lookup (and, given the slice `dev`, its norms, positions and MoE
+    router) whose config over tp splits their tokens k = batch x seq ways: each of those k tp ranks holds the
+    weight part whole and makes its gradient from its own tokens, so the gradient is summed over them as well as
+    over the data-parallel ranks, once per iteration, in the data-parallel gradient reduction (Megatron-LM sums
+    the gradients of the weights sequence parallelism replicates over tp once per iteration too,
+    finalize_model_grads, megatron-core 0.9, by an all-reduce of its own). A matmul's parameters as one rank holds
+    them: its local weight (op.shape: batch, m, n, k) and a block's bias; a norm's (a block's or the head's): its
+    gain (and a LayerNorm's bias), the 1/out of it the rank holds, where its config is not Megatron's; an MoE
+    router's: its whole gating weight, where its config is not Megatron's; the lookup's (by tokens, its own
+    config): the whole token table (vocab x hidden); the positions' (by tokens, their own config): the whole
+    position table. NB: Megatron's own token-split weights (the norms and an MoE router under sp, a BERT transform
     under sp) are left out, as before."""
     out: dict[int, float] = {}
     for op in fwd:
@@ -420,10 +516,19 @@ def token_split_params(spec: TransformerSpec, fwd: Sequence[Op], config_of: Call
             out[parts] = out.get(parts, 0.0) + float(n * k + bias)
         elif op.kind == "norm" and replicable_module(op) == "tokens" and dev is not None and (
                 config != megatron_tp(op, dev, dev.tp)):
-            out[parts] = out.get(parts, 0.0) + float(norm_params(spec))
+            out[parts] = out.get(parts, 0.0) + float(norm_params(spec)) / config.out
+        elif replicable_module(op) == "router" and dev is not None and config != megatron_tp(op, dev, dev.tp):
+            out[parts] = out.get(parts, 0.0) + float(router_params(spec))
+        elif op.module_path == "embed.positions" and dev is not None and config != megatron_tp(op, dev, dev.tp):
+            out[parts] = out.get(parts, 0.0) + float(spec.max_seq_len * spec.hidden)
         elif op.kind == "embedding":  # the lookup by tokens: the whole table on each of those ranks
             out[parts] = out.get(parts, 0.0) + float(spec.vocab * spec.hidden)
     return out
+
+
+def router_params(spec: TransformerSpec) -> int:
+    """The parameters of an MoE's router: its gating weight, hidden features x experts (no bias)."""
+    return spec.hidden * spec.num_experts
 
 
 def norm_params(spec: TransformerSpec) -> int:
@@ -431,15 +536,45 @@ def norm_params(spec: TransformerSpec) -> int:
     return spec.hidden * (2 if spec.norm == "layernorm" else 1)
 
 
-def _expert_tp(fwd: Sequence[Op], dev: DeviceSlice, configs: Configs | None) -> int:
-    """The tp degree d of the layer's experts: Megatron's tp, or the degree their configs split the experts'
-    features over (d < tp: Megatron-Core's expert_tensor_parallel_size, megatron/core/model_parallel_config.py,
-    megatron-core 0.16.1); tp for a layer without experts."""
+def dispatch_layout(fwd: Sequence[Op], dev: DeviceSlice, configs: Configs | None) -> Placement | None:
+    """How the tp ranks hold the tokens each dispatches to the experts (Placement over tp: batch and seq parts),
+    or None for trainsim's order under Megatron's configs of the router and the experts (the hidden state
+    gathered over tp before the dispatch, every rank dispatching all its local tokens). Where the experts take
+    a tp degree d < tp (Megatron-Core's expert_tensor_parallel_size, megatron/core/model_parallel_config.py,
+    megatron-core 0.16.1) or the router a config of its own, each rank dispatches the tokens its router routed,
+    as Megatron-Core's MoEAlltoAllTokenDispatcher does (megatron/core/transformer/moe/token_dispatcher.py,
+    0.16.1), sliced to its experts' tokens where the router ran more (a router whole beside experts on their
+    ranks' sequence shares): the finer of the two token splits (dispatch_problem refuses splits that do not
+    nest). None for a layer without experts."""
+    router = next((op for op in fwd if replicable_module(op) == "router"), None)
     expert = next((op for op in fwd if _expert(op)), None)
-    if configs is None or expert is None or dev.tp == 1:
-        return dev.tp
-    config = configs.get((expert.module_path, "tp"), UNSPLIT)
-    return max(config.out, config.reduce)
+    if configs is None or router is None or expert is None or dev.tp == 1:
+        return None
+    gate, first = configs.get((router.module_path, "tp"), UNSPLIT), configs.get((expert.module_path, "tp"), UNSPLIT)
+    if max(first.out, first.reduce) == dev.tp and gate == megatron_tp(router, dev, dev.tp):
+        return None
+    if first.batch * first.seq > gate.batch * gate.seq:
+        return Placement(dev.tp, first.batch, first.seq)
+    return Placement(dev.tp, gate.batch, gate.seq)
+
+
+def dispatch_problem(fwd: Sequence[Op], dev: DeviceSlice, own: TpConfigs) -> str:
+    """Why the layer's router and experts at their configs over tp (own: a tree's, own_configs) cannot be priced
+    exactly ("" where they can): the tokens a rank dispatches (dispatch_layout) must be its router's or its
+    experts', one split holding the other's parts whole: a router split by batch beside experts split by sequence
+    (their d < tp ranks' sequence shares under sp), or token parts that do not divide each other, are not."""
+    router = next((op for op in fwd if replicable_module(op) == "router"), None)
+    expert = next((op for op in fwd if _expert(op)), None)
+    if router is None or expert is None:
+        return ""
+    gate, first = (op_config("tp", op, dev, own) for op in (router, expert))
+    routed, run = gate.batch * gate.seq, first.batch * first.seq
+    if (gate.batch > 1 and first.seq > 1) or max(routed, run) % min(routed, run):
+        return f"the router split {routed} ways by {'batch' if gate.batch > 1 else 'seq'} beside experts split " \
+            f"{run} ways by seq (their tp degree below {dev.tp} under sp): each rank dispatches the tokens it " \
+            "routed, which must hold its experts' tokens or lie within them; split the router by seq into parts " \
+            f"dividing or divided by {run}"
+    return ""
 
 
 def _kv_bytes(spec: TransformerSpec, dev: DeviceSlice, heads_parts: int) -> float:

@@ -42,6 +42,15 @@ class StackSpec(Spec):
                                        "all-gather overlapped with the next forward pass (else after the step)")
     tp_comm_overlap: bool = Field(default=False, description="tensor-parallel collectives overlapped with the "
                                   "GEMMs (Megatron-Core / TransformerEngine userbuffers)")
+    # Megatron's ColumnParallelLinear backward (LinearWithGradAccumulationAndAsyncCommunication,
+    # megatron/core/tensor_parallel/layers.py, megatron-core 0.1.0 and 0.9.0): the input gradient's all-reduce
+    # (reduce-scatter under sp) is launched async before the weight-gradient GEMM and waited after it; under sp
+    # the input's all-gather (repeated for the weight gradient) likewise runs beside the input-gradient GEMM
+    tp_dgrad_overlap: bool = Field(default=False, description="each column-parallel linear's backward "
+                                   "tensor-parallel collectives overlapped with its GEMMs: the input-gradient "
+                                   "all-reduce / reduce-scatter with the weight-gradient GEMM and, under sequence "
+                                   "parallelism, the re-gather of its input with the input-gradient GEMM "
+                                   "(Megatron's async tensor-parallel all-reduce)")
     cp_comm_overlap: bool = Field(default=False, description="context-parallel key/value exchange overlapped "
                                   "with the attention kernels (TransformerEngine's ring attention)")
     pp_comm_overlap: bool = Field(default=False, description="pipeline send/recv overlapped with compute in "

@@ -54,6 +54,7 @@ from trainsim.strategy.megatron import (
     Axis,
     TpConfigs,
     axis_sizes,
+    dispatch_problem,
     op_config,
     own_configs,
     replicable_module,
@@ -370,10 +371,10 @@ class StrategyTree:
         """The computation configs over tp, cp and ep of every op, each over its own stage's mesh (pars: per
         layer instance, the job's strategy or its stage mesh's): Megatron's (lowered.megatron_splits) where the
         tree sets none over an axis. An axis the tree splits must be split as Megatron does on every op, except
-        that any op of a block's attention or MLP, a dense block's norms and residual adds, the lookup, the logits
-        or the cross-entropy may take a config of its own over its stage's tp (strategy.megatron.own_configs; the
-        compiler shapes the ops from these configs and reshards between them, compile.shape_layers): ConfigError
-        naming the first op that differs."""
+        that any op of a block's attention or MLP, a block's norms and residual adds, an MoE's router, the lookup,
+        the positions, the head's norm, the logits or the cross-entropy may take a config of its own over its
+        stage's tp (strategy.megatron.own_configs; the compiler shapes the ops from these configs and reshards
+        between them, compile.shape_layers): ConfigError naming the first op that differs."""
         layers = expand_layers(self.graph)
         given_axes = {key.partition("@")[2] for row in self.explicit.values() for key in row if "@" in key}
         if not given_axes:
@@ -428,6 +429,10 @@ class StrategyTree:
                               lambda op, i=index: given.get((i, op.module_path, "tp"), UNSPLIT))
             if own:
                 _check_experts_alike(layer, devs[index], own, self.layer_paths[index])
+                if problem := dispatch_problem(layer.fwd, devs[index], own):
+                    router = dict(own).get("router", UNSPLIT)
+                    raise ConfigError(f"{self.layer_paths[index]}.moe.router split.compute@tp",
+                                      _config_text(router), problem)
                 out[index] = own
         return out
 
@@ -509,10 +514,12 @@ class StrategyTree:
     def _stage_meshes(self, par: ParallelSpec, assignments: list[LayerAssignment], num_gpus: int
                       ) -> tuple[tuple[StageMesh, ...], tuple[int, ...]]:
         """The stages whose layers map to a mesh of their own (Proteus Sec. IV-B), and the devices of every stage
-        where they differ (() where each holds the job's tp x dp x cp). The layers of one stage share its mesh; cp
-        and ep are the job's. Raises ConfigError where a stage's mesh cannot hold the job's stage, or the stages'
-        devices do not sum to the job's GPUs."""
+        where they differ (() where each holds the job's tp x dp x cp). The layers of one stage share its mesh, in
+        every model chunk it holds under interleaved 1F1B (its devices run them all); cp and ep are the job's.
+        Raises ConfigError where a stage's mesh cannot hold the job's stage, or the stages' devices do not sum to
+        the job's GPUs."""
         per_stage: dict[int, tuple[int, int, str]] = {}
+        chunks: dict[int, int] = {}  # stage -> the chunk of its first layer (interleaved 1F1B: vpp chunks per stage)
         foreign = {key: self._from_other_stages(assignments, key) for key in ("tp", "dp")}
         for a, path in zip(assignments, self.layer_paths, strict=True):
             row = self._resolved[path]
@@ -530,16 +537,13 @@ class StrategyTree:
                 tp, dp = self._mesh_of(par, path, row, a.index not in foreign["tp"])
             seen = per_stage.setdefault(a.stage, (tp, dp, path))
             if seen[:2] != (tp, dp):
-                raise ConfigError("map.tp", tp, f"{path} runs tp={tp} dp={dp} but {seen[2]} on the same stage "
-                                  f"{a.stage} runs tp={seen[0]} dp={seen[1]}; the layers of a stage share its mesh")
+                _refuse_two_meshes(a, (tp, dp, path), seen, chunks[a.stage])
+            chunks.setdefault(a.stage, a.chunk)
         stage_ranks = self._stage_ranks(par, per_stage, num_gpus)
         out: list[StageMesh] = []
         for stage, (tp, dp, path) in sorted(per_stage.items()):
             if (tp, dp) == (par.tp, par.dp):
                 continue
-            if par.vpp > 1:
-                raise ConfigError("map.tp", tp, f"{path}: a stage of its own mesh needs one model chunk per stage "
-                                  f"(vpp=1, not {par.vpp})")
             if (par.micro_batch * par.dp) % dp:
                 raise ConfigError("map.dp", dp, f"{path}: the job's micro-batch x dp = {par.micro_batch} x "
                                   f"{par.dp} samples must split evenly over dp={dp} replicas")
@@ -815,6 +819,20 @@ def _megatron_splits(nodes: Mapping[str, TreeNode], path: str, layer: Layer,
             out += [(node.path, Split(item="compute", dim=dim, parts=parts, axis=axis)) for dim in COMPUTE_DIMS
                     if (parts := int(getattr(config, dim))) > 1]
     return out
+
+
+def _refuse_two_meshes(layer: LayerAssignment, mine: tuple[int, int, str], seen: tuple[int, int, str],
+                       seen_chunk: int) -> None:
+    """ConfigError: a layer (tp, dp, path: mine) on another mesh than an earlier layer of its stage (seen, on model
+    chunk seen_chunk). Under interleaved 1F1B a pipeline rank's devices run each of its model chunks (Megatron-LM's
+    virtual pipeline: chunk c of rank r is virtual stage c x pp + r), so one mesh holds them all."""
+    tp, dp, path = mine
+    if seen_chunk != layer.chunk:
+        raise ConfigError("map.tp", tp, f"{path} (chunk {layer.chunk}) runs tp={tp} dp={dp} but {seen[2]} (chunk "
+                          f"{seen_chunk}) on the same pipeline rank {layer.stage} runs tp={seen[0]} dp={seen[1]}; a "
+                          "stage's mesh holds every model chunk of that rank: give its chunks one mesh")
+    raise ConfigError("map.tp", tp, f"{path} runs tp={tp} dp={dp} but {seen[2]} on the same stage {layer.stage} runs "
+                      f"tp={seen[0]} dp={seen[1]}; the layers of a stage share its mesh")
 
 
 def _layer_parallels(par: ParallelSpec, assignments: list[LayerAssignment],

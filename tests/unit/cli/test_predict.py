@@ -4,9 +4,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from trainsim.cli.main import app
+from trainsim.strategy.precision import policy_for
 
 RUNNER = CliRunner()
 ARGS = ["predict", "--engine", "sim", "--pp", "2", "--tp", "2", "--global-batch", "16", "--model", "gpt3-125m"]
@@ -205,6 +207,31 @@ def test_a_tree_splitting_the_norms_by_sequence_without_sp_runs_in_both_engines(
 
 
 
+def test_a_tree_splitting_the_norms_by_features_runs_in_both_engines() -> None:
+    """data/strategies/megatron/gpt-tp2-norms-features.yaml (each block's norms and the head's norm split by their
+    hidden features over the tp pair, the job without sp) in the simulator and the analytical engine: each rank
+    runs the norms on half the features (less compute than plain tp 2), moves more over tp (the norms' outputs
+    all-gathered for qkv, fc1 and the projection, and each norm's statistics all-reduced) and holds half the
+    head norm's gain and bias (768 parameters of gpt3-125m fewer than plain tp 2, which counts it whole; the
+    blocks' norms as plain tp 2 counts them, divided by tp). The engines agree within 1%."""
+    root = Path(__file__).resolve().parents[3]
+    tree = str(root / "data" / "strategies" / "megatron" / "gpt-tp2-norms-features.yaml")
+    args = ["predict", "--model", "gpt3-125m", "--num-gpus", "8", "--tp", "2", "--micro-batch", "4",
+            "--global-batch", "64", "--seq-len", "1024", "--json"]
+    iteration: dict[str, float] = {}
+    for engine in ("sim", "analytical"):
+        runs = {name: RUNNER.invoke(app, [*args, "--engine", engine, *extra]) for name, extra in (
+            ("plain", []), ("features", ["--tree", tree]))}
+        assert all(run.exit_code == 0 for run in runs.values()), [run.output for run in runs.values()]
+        out = {name: json.loads(run.stdout) for name, run in runs.items()}
+        assert out["features"]["breakdown"]["compute"] < out["plain"]["breakdown"]["compute"]
+        assert out["features"]["breakdown"]["tp_comm"] > out["plain"]["breakdown"]["tp_comm"]
+        weights = {name: data["memory_breakdown"]["weights"] for name, data in out.items()}
+        assert weights["plain"] - weights["features"] == 768 * policy_for("bf16").weight_bytes
+        iteration[engine] = out["features"]["iteration_time_s"]
+    assert abs(iteration["analytical"] / iteration["sim"] - 1.0) < 0.01
+
+
 def test_stages_on_their_own_meshes_with_their_own_op_configs(tmp_path: Path) -> None:
     """The shipped GPT-3 1.3B trees whose stage 1 runs tp 4 x dp 2 beside stage 0's tp 2 x dp 4
     (data/strategies/megatron/gpt3-1.3b-stage1-tp4*.yaml): with its attention whole, or its MLP over pairs, stage 1
@@ -246,6 +273,51 @@ def test_stages_on_their_own_meshes_with_their_own_op_configs(tmp_path: Path) ->
     assert len(lines) == 1 and "ops take Megatron's splits over tp=2: fc1 splits out=2" in lines[0]
 
 
+def test_a_stage_on_its_own_mesh_under_interleaving(tmp_path: Path) -> None:
+    """data/strategies/megatron/gpt3-1.3b-vpp2-stage1-tp4.yaml: GPT-3 1.3B at pp 2 x vpp 2, pipeline rank 1 (both
+    its chunks) on tp 4 x dp 2 beside rank 0's tp 2 x dp 4. Rank 1 computes and communicates over tp what the
+    same layers do on stage 1 at vpp 1 (gpt3-1.3b-stage1-tp4.yaml) and holds the same weights, more activations
+    (interleaving keeps more in flight), and each of its pipeline transfers (three chunk boundaries crossing the two
+    meshes instead of one) lasts what vpp 1's does.
+    The analytical engine refuses the tree as it does at vpp 1; a tree giving rank 1's two chunks two meshes is
+    refused in one line, exit 2."""
+    root = Path(__file__).resolve().parents[3] / "data" / "strategies" / "megatron"
+    args = ["predict", "--model", "gpt3-1.3b", "--num-gpus", "16", "--tp", "2", "--pp", "2", "--global-batch", "64",
+            "--seq-len", "2048", "--micro-batch", "1"]
+    interleaved = ["--vpp", "2", "--schedule", "interleaved-1f1b"]
+
+    def run(tree: Path, *more: str) -> dict[str, Any]:
+        result = RUNNER.invoke(app, [*args, *more, "--engine", "sim", "--json", "--tree", str(tree)])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    def rank1(out: dict[str, Any], what: str) -> float:
+        return sum(t["end_s"] - t["start_s"] for t in out["timeline"]["tasks"] if t["device"] == 1
+                   and t["category"] == what and (what != "compute" or t["stream"] == "compute"))
+
+    vpp1 = run(root / "gpt3-1.3b-stage1-tp4.yaml")
+    vpp2 = run(root / "gpt3-1.3b-vpp2-stage1-tp4.yaml", *interleaved)
+    for what in ("compute", "tp_comm"):
+        assert rank1(vpp2, what) == pytest.approx(rank1(vpp1, what), rel=1e-9)
+    hops = [{round(t["end_s"] - t["start_s"], 12) for t in out["timeline"]["tasks"] if t["category"] == "pp_comm"
+             and t["stream"] == "feature"} for out in (vpp1, vpp2)]
+    assert len(hops[0]) == 1 and hops[1] == hops[0]  # every chunk boundary's transfer priced as vpp 1's one
+    at_peak = [out["timeline"]["devices"][1]["breakdown_at_peak"] for out in (vpp1, vpp2)]
+    assert at_peak[1]["weights"] == at_peak[0]["weights"]
+    assert at_peak[1]["activations"] > at_peak[0]["activations"]
+    analytical = [RUNNER.invoke(app, [*args, *more, "--tree", str(root / name)]) for name, more in (
+        ("gpt3-1.3b-stage1-tp4.yaml", []), ("gpt3-1.3b-vpp2-stage1-tp4.yaml", interleaved))]
+    assert [r.exit_code for r in analytical] == [2, 2]
+    assert analytical[0].stderr == analytical[1].stderr and len(analytical[1].stderr.strip().splitlines()) == 1
+    bad = tmp_path / "bad.yaml"  # rank 1's chunk 1 back on the job's tp 2
+    bad.write_text((root / "gpt3-1.3b-vpp2-stage1-tp4.yaml").read_text().replace(
+        '{path: "blocks.18-23", stage: 1, chunk: 1, tp: 4}', '{path: "blocks.18-23", stage: 1, chunk: 1, tp: 2}'))
+    result = RUNNER.invoke(app, [*args, *interleaved, "--engine", "sim", "--tree", str(bad)])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "a stage's mesh holds every model chunk of that rank" in lines[0]
+
+
 def test_mixtral_tree_with_whole_experts_in_both_engines() -> None:
     """data/strategies/megatron/mixtral-tp2-ep2-experts-whole.yaml (Megatron-Core's expert tensor parallelism 1
     at tp 2 x ep 2 with sp) on Mixtral 8x7B's block, 8 layers, against the plain plan, in the simulator and the
@@ -266,6 +338,29 @@ def test_mixtral_tree_with_whole_experts_in_both_engines() -> None:
         assert after["breakdown"]["ep_comm"] < 0.8 * before["breakdown"]["ep_comm"]
         assert after["memory_breakdown"]["weights"] > 1.8 * before["memory_breakdown"]["weights"]
         assert after["model_flops_per_iteration"] == before["model_flops_per_iteration"]
+
+
+def test_mixtral_tree_with_the_norms_and_router_by_sequence_in_both_engines() -> None:
+    """data/strategies/megatron/mixtral-tp2-ep2-norms-router-seq.yaml (tp 2 x ep 2 without sp, each MoE block's
+    norms, residual adds and router on half the sequence) against the plain plan, in the simulator and the closed
+    form: each rank dispatches its own half of the tokens (half the all-to-all bytes: less ep time), gathers the
+    routed tokens over the pair and reduce-scatters them back (more tp time), runs the norms and the router on
+    half the tokens (less compute) and holds the norms and the router whole (more weight memory)."""
+    root = Path(__file__).resolve().parents[3]
+    args = ["predict", "--model", str(root / "data" / "strategies" / "megatron" / "models" / "mixtral-8x7b-l8.yaml"),
+            "--num-gpus", "8", "--tp", "2", "--ep", "2", "--micro-batch", "1", "--seq-len", "1024",
+            "--global-batch", "16", "--json"]
+    tree = str(root / "data" / "strategies" / "megatron" / "mixtral-tp2-ep2-norms-router-seq.yaml")
+    for engine in ("sim", "analytical"):
+        plain = RUNNER.invoke(app, [*args, "--engine", engine])
+        split = RUNNER.invoke(app, [*args, "--engine", engine, "--tree", tree])
+        assert plain.exit_code == 0 and split.exit_code == 0, split.output
+        before, after = json.loads(plain.stdout), json.loads(split.stdout)
+        assert after["engine"] == engine
+        assert after["breakdown"]["ep_comm"] < 0.7 * before["breakdown"]["ep_comm"]  # half the bytes, and latency
+        assert after["breakdown"]["tp_comm"] > before["breakdown"]["tp_comm"]
+        assert after["breakdown"]["compute"] < before["breakdown"]["compute"]
+        assert after["memory_breakdown"]["weights"] > before["memory_breakdown"]["weights"]
 
 
 def test_the_analytical_engine_refuses_a_tree_that_places_layers() -> None:

@@ -92,7 +92,7 @@ def test_attention_only_tp_pays_one_all_reduce_pair_per_block() -> None:
     plan = shape_layers(job, _tree(graph, VOCAB + MEGATRON_ATTN).lower(job.parallel))
     block = _block(plan, 1)
     assert block.comms == (Comm("attn.ar", "all-reduce", "tp", "fwd", HIDDEN_BYTES),
-                           Comm("attn.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES))
+                           Comm("attn.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES, 0, "qkv"))
     assert _block(plan, 2) is block  # one rebuilt layer for the instances with the same modules whole
     assert plan_mesh_comms(plan, job.model, job.parallel)[2] == block.comms  # the compiler's, the layer's own
     megatron = [c.name for c in graph.layers[1].comms]
@@ -168,7 +168,7 @@ def test_mlp_only_tp_and_a_split_that_differs_between_blocks() -> None:
     _, whole = _tiny(tp=1)
     mlp_only = shape_layers(job, _tree(graph, VOCAB + MEGATRON_MLP).lower(job.parallel))
     assert _block(mlp_only, 1).comms == (Comm("mlp.ar", "all-reduce", "tp", "fwd", HIDDEN_BYTES),
-                                         Comm("mlp.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES))
+                                         Comm("mlp.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES, 0, "fc1"))
     assert _attn(_block(mlp_only, 1)) == _attn(whole.layers[1])
     assert _block(mlp_only, 1).param_count == ATTN_PARAMS + MLP_PARAMS / 2
     first = [(path.replace("blocks.*", "blocks.0"), dim) for path, dim in MEGATRON_ATTN + MEGATRON_MLP]
@@ -225,8 +225,8 @@ def test_qkv_split_before_a_whole_attention_core_gathers_q_k_and_v() -> None:
     qkv_bytes = 64 * 96 * 2
     assert block.comms == (Comm("attn.ag", "all-gather", "tp", "fwd", qkv_bytes),
                            Comm("mlp.ar", "all-reduce", "tp", "fwd", HIDDEN_BYTES),
-                           Comm("attn.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES),
-                           Comm("mlp.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES))
+                           Comm("attn.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES, 0, "qkv"),
+                           Comm("mlp.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES, 0, "fc1"))
     assert plan_mesh_comms(plan, job.model, job.parallel)[1] == block.comms  # the compiler's, the layer's own
     ops = {op.name: op for op in block.fwd}
     assert ops["qkv"] == _op(graph.layers[1], "qkv") and ops["qkv"].flops == 2 * 64 * 48 * 32
@@ -274,8 +274,8 @@ def test_fc1_split_before_a_whole_fc2_gathers_the_ffn_features() -> None:
     ffn_bytes = 64 * 128 * 2
     assert block.comms == (Comm("attn.ar", "all-reduce", "tp", "fwd", HIDDEN_BYTES),
                            Comm("mlp.ag", "all-gather", "tp", "fwd", ffn_bytes),
-                           Comm("attn.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES),
-                           Comm("mlp.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES))
+                           Comm("attn.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES, 0, "qkv"),
+                           Comm("mlp.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES, 0, "fc1"))
     assert _op(block, "fc1") == _op(graph.layers[1], "fc1") and _op(block, "gelu") == _op(graph.layers[1], "gelu")
     assert _op(block, "fc2") == _op(whole.layers[1], "fc2") and _op(block, "fc2").flops == 2 * 64 * 32 * 128
     assert _attn(block) == _attn(graph.layers[1])
@@ -404,7 +404,7 @@ def test_logits_split_before_a_whole_cross_entropy_gathers_the_logits() -> None:
     plan = shape_layers(job, _tree(graph, splits).lower(job.parallel))
     head = _block(plan, 3)
     assert head.comms == (Comm("logits.ag", "all-gather", "tp", "fwd", LOGITS_BYTES),
-                          Comm("logits.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES))
+                          Comm("logits.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES, 0, "logits"))
     assert head.param_count == HEAD_PARAMS + 256 * 32 / 2 == graph.layers[-1].param_count == 4160
     assert _op(head, "logits") == _op(graph.layers[-1], "logits")
     assert _op(head, "cross_entropy").flops == 2 * _op(graph.layers[-1], "cross_entropy").flops
@@ -496,7 +496,7 @@ def test_an_mlp_split_over_2_of_4_tp_ranks_all_reduces_over_2() -> None:
     block = _block(plan, 1)
     assert block.comms == (Comm("attn.ar", "all-reduce", "tp", "fwd", HIDDEN_BYTES),
                            Comm("mlp.ar", "all-reduce", "tp", "fwd", HIDDEN_BYTES, ranks=2),
-                           Comm("attn.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES),
+                           Comm("attn.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES, 0, "qkv"),
                            Comm("mlp.ar", "all-reduce", "tp", "bwd", HIDDEN_BYTES, ranks=2))
     assert _op(block, "fc1").flops == 2 * 64 * 64 * 32 and _attn(block) == _attn(graph.layers[1])
     assert block.param_count == ATTN_PARAMS / 4 + MLP_PARAMS / 2 == 5264

@@ -87,8 +87,10 @@ def test_experts_whole_over_tp2_with_sp_pay_no_expert_tp_collective() -> None:
     assert block.comms == (
         Comm("dispatch", "all-to-all", "ep", "fwd", 4096.0), Comm("combine", "all-to-all", "ep", "fwd", 4096.0),
         Comm("combine", "all-to-all", "ep", "bwd", 4096.0), Comm("dispatch", "all-to-all", "ep", "bwd", 4096.0),
-        Comm("attn.ag", "all-gather", "tp", "fwd", 4096.0), Comm("attn.rs", "reduce-scatter", "tp", "fwd", 4096.0),
-        Comm("attn.ag", "all-gather", "tp", "bwd", 4096.0), Comm("attn.rs", "reduce-scatter", "tp", "bwd", 4096.0))
+        Comm("attn.ag", "all-gather", "tp", "fwd", 4096.0, 0, "qkv"),
+        Comm("attn.rs", "reduce-scatter", "tp", "fwd", 4096.0),
+        Comm("attn.ag", "all-gather", "tp", "bwd", 4096.0),
+        Comm("attn.rs", "reduce-scatter", "tp", "bwd", 4096.0, 0, "qkv"))
     assert [c.name for c in megatron.comms if c.axis == "tp"] == ["attn.ag", "attn.rs", "mlp.ag", "mlp.rs"] * 2
     assert [c.buffer_bytes for c in megatron.comms if c.axis == "ep"] == [8192.0] * 4
     assert _flops(block, "fc1") == _flops(megatron, "fc1") == 2 * 64 * 128 * 32
@@ -155,7 +157,8 @@ def test_whole_experts_sum_their_gradient_over_their_expert_data_parallel_ranks(
 
 def test_expert_configs_other_than_megatron_core_s_are_refused_in_one_line() -> None:
     """Under sp the experts' tokens stay split: `out=1` without the sequence split would run every rank's
-    experts on gathered tokens, which Megatron-Core has no setting for; the expert ops take one degree."""
+    experts on gathered tokens, which Megatron-Core has no setting for; the expert ops take one degree; the
+    router splits tokens only (its top-k spans the experts), not its experts (out)."""
     job, graph = _tiny()
     tree = StrategyTree.from_parallel(graph, job.parallel)
     with pytest.raises(ConfigError, match=r"blocks.0.moe.mlp.fc1 split.compute@tp='nothing' is invalid: .*fc1 "
@@ -166,8 +169,9 @@ def test_expert_configs_other_than_megatron_core_s_are_refused_in_one_line() -> 
     with pytest.raises(ConfigError, match=r"fc1 1, gelu 2, fc2 2.* an MoE's expert ops take one tp degree"):
         tree.split("blocks.*.moe.mlp.fc1", "compute", "seq", 2, axis="tp", override=True).split(
             "blocks.*.moe.mlp.fc1", "compute", "out", 1, axis="tp", override=True).lower(job.parallel)
-    with pytest.raises(ConfigError, match=r"router splits seq=2 over tp"):
-        tree.split("blocks.*.moe.router", "compute", "seq", 1, axis="tp", override=True).lower(job.parallel)
+    with pytest.raises(ConfigError, match=r"router split.compute@tp='seq=2 out=2' is invalid: .*router splits "
+                                          r"seq=2 over tp; .*or any split of its batch, seq whose parts divide 2"):
+        tree.split("blocks.*.moe.router", "compute", "out", 2, axis="tp", override=True).lower(job.parallel)
 
 
 @pytest.mark.parametrize(("tp", "sp"), [(2, True), (2, False), (4, True)])

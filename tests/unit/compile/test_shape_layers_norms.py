@@ -46,10 +46,15 @@ def _job(sp: bool, tied: bool = True) -> Job:
     return make_job(spec, a100_cluster(8), par)
 
 
+def _spec(job: Job) -> TransformerSpec:
+    assert isinstance(job.model, TransformerSpec)
+    return job.model
+
+
 def _plan(job: Job, seq_parts: dict[str, int], whole: tuple[tuple[str, str], ...] = ()) -> LoweredPlan:
     """Megatron's splits, the ops in seq_parts split that many ways by sequence over tp instead (the (path, dim)
     in `whole` not split along dim)."""
-    tree = StrategyTree.from_parallel(build_transformer(job.model, DeviceSlice.of(job.parallel)), job.parallel)
+    tree = StrategyTree.from_parallel(build_transformer(_spec(job), DeviceSlice.of(job.parallel)), job.parallel)
     for path, dim in whole:
         tree = tree.split(path, "compute", dim, 1, axis="tp", override=True)
     for path, parts in seq_parts.items():
@@ -147,20 +152,22 @@ def test_megatron_s_own_norm_splits_compile_to_the_plain_plan() -> None:
 
 
 @pytest.mark.parametrize(("path", "dim", "message"), [
-    ("blocks.*.norm1", "out", r"norm1 split.compute@tp='out=2' is invalid: .*or any split of its batch, seq "
-                              r"whose parts divide 2, or none \(the norm1 whole on each tp rank\)"),
-    ("head.norm", "seq", r"final_norm splits nothing over tp; give that, or no tp splits; a sequence split over "
-                         r"tp is sequence parallelism \(--sp\)"),
-    ("embedding.positions", "seq", r"pos_add splits nothing over tp"),
+    ("blocks.*.residual1", "out", r"residual1 split.compute@tp='out=2' is invalid: .*or any split of its batch, "
+                                  r"seq whose parts divide 2, or none \(the residual1 whole on each tp rank\)"),
+    ("embedding.positions", "out", r"pos_add splits nothing over tp; give that, or no tp splits; or any split of "
+                                   r"its batch, seq whose parts divide 2, or none"),
+    ("head.norm", "reduce", r"final_norm splits nothing over tp; give that, or no tp splits; or any split of its "
+                            r"batch, seq, out whose parts divide 2, or none"),
     ("embedding.tokens", "seq", r"lookup splits reduce=2 over tp; give that, or no tp splits; or that split over "
                                 r"fewer ranks dividing 2, a batch or seq split whose parts divide 2 \(each rank its "
                                 r"own tokens from the whole table\), or none"),
 ])
 def test_the_splits_still_refused_name_what_the_op_can_take(path: str, dim: str, message: str) -> None:
-    """A norm split by its hidden features (its statistics span them), the head's norm, the positions and the
-    lookup split both by tokens and by rows stay refused, in one line."""
+    """A residual add or the positions split by hidden features, a norm by a reduction dimension it has not, and
+    the lookup split both by tokens and by rows stay refused, in one line (a norm split by features, the head's
+    norm and the positions by tokens are taken: test_shape_layers_norm_features.py)."""
     job = _job(sp=False)
-    tree = StrategyTree.from_parallel(build_transformer(job.model, DeviceSlice.of(job.parallel)), job.parallel)
+    tree = StrategyTree.from_parallel(build_transformer(_spec(job), DeviceSlice.of(job.parallel)), job.parallel)
     with pytest.raises(ConfigError, match=message) as info:
         tree.split(path, "compute", dim, 2, axis="tp", override=True).lower(job.parallel)
     assert "\n" not in str(info.value)

@@ -145,16 +145,6 @@ def test_layers_of_one_stage_on_two_meshes_are_refused() -> None:
         tree.lower(job.parallel)
 
 
-def test_stage_meshes_refuse_interleaving() -> None:
-    interleaved = _job(vpp=2, schedule="interleaved-1f1b", global_batch=16)
-    tree = (StrategyTree.from_graph(graph_for(interleaved)).map("", {"tp": 2})
-            .map("embedding", {"stage": 0, "chunk": 0}).map("blocks.1", {"stage": 1, "chunk": 0, "tp": 4})
-            .map("blocks.2", {"stage": 0, "chunk": 1}).map("blocks.3", {"stage": 1, "chunk": 1, "tp": 4})
-            .map("head", {"stage": 1, "chunk": 1, "tp": 4}))
-    with pytest.raises(ConfigError, match="needs one model chunk per stage"):
-        tree.lower(interleaved.parallel)
-
-
 def test_the_shipped_tree_file_puts_stage_1_on_tp_4() -> None:
     """data/strategies/megatron/gpt3-1.3b-stage1-tp4.yaml on its command's job (16 A100s, tp 2, pp 2, dp 4)."""
     path = Path(__file__).resolve().parents[3] / "data" / "strategies" / "megatron" / "gpt3-1.3b-stage1-tp4.yaml"

@@ -39,18 +39,23 @@ def _act_bytes(dev: DeviceSlice) -> int:
     return BYTES_PER_DTYPE[dev.precision.activation_dtype]
 
 
-def _tp_comms(spec: TransformerSpec, dev: DeviceSlice) -> list[Comm]:
+def _tp_comms(spec: TransformerSpec, dev: DeviceSlice, moe: bool = False) -> list[Comm]:
+    """Megatron's pattern; each collective at a column-parallel linear's input names it (an MoE's experts none):
+    its forward all-gather under sp, its input gradient's all-reduce or reduce-scatter in backward."""
     if dev.tp == 1:
         return []
     buffer = dev.local_tokens * spec.hidden * _act_bytes(dev)
+    columns = {"attn": "qkv", "mlp": "" if moe else "gate_up" if spec.mlp == "swiglu" else "fc1"}
     comms: list[Comm] = []
     for phase in ("fwd", "bwd"):
         for site in ("attn", "mlp"):
+            column = columns[site]
             if dev.sp:
-                comms += [Comm(f"{site}.ag", "all-gather", "tp", phase, buffer),
-                          Comm(f"{site}.rs", "reduce-scatter", "tp", phase, buffer)]
+                comms += [Comm(f"{site}.ag", "all-gather", "tp", phase, buffer, 0, column if phase == "fwd" else ""),
+                          Comm(f"{site}.rs", "reduce-scatter", "tp", phase, buffer, 0,
+                               column if phase == "bwd" else "")]
             else:
-                comms.append(Comm(f"{site}.ar", "all-reduce", "tp", phase, buffer))
+                comms.append(Comm(f"{site}.ar", "all-reduce", "tp", phase, buffer, 0, column if phase == "bwd" else ""))
     return comms
 
 
@@ -78,10 +83,10 @@ def _head_comms(spec: TransformerSpec, dev: DeviceSlice) -> list[Comm]:
     tokens = dev.local_tokens
     hidden = tokens * spec.hidden * _act_bytes(dev)
     if dev.sp:
-        comms = [Comm("logits.ag", "all-gather", "tp", "fwd", hidden),
-                 Comm("logits.rs", "reduce-scatter", "tp", "bwd", hidden)]
+        comms = [Comm("logits.ag", "all-gather", "tp", "fwd", hidden, 0, "logits"),
+                 Comm("logits.rs", "reduce-scatter", "tp", "bwd", hidden, 0, "logits")]
     else:
-        comms = [Comm("logits.ar", "all-reduce", "tp", "bwd", hidden)]
+        comms = [Comm("logits.ar", "all-reduce", "tp", "bwd", hidden, 0, "logits")]
     return [*comms, *(Comm(f"loss.{name}", "all-reduce", "tp", "fwd", tokens * 4.0)
                       for name in ("max", "target", "sum_exp"))]
 
@@ -98,7 +103,7 @@ def _pattern_comms(spec: TransformerSpec, dev: DeviceSlice, layer: Layer) -> tup
     if layer.kind == "head":
         return tuple(_head_comms(spec, dev))
     moe = _moe_comms(spec, dev) if layer.kind == "moe_block" else []
-    return tuple(moe + _tp_comms(spec, dev) + _cp_comms(spec, dev))
+    return tuple(moe + _tp_comms(spec, dev, bool(moe)) + _cp_comms(spec, dev))
 
 
 def _ep_backward(spec: TransformerSpec, dev: DeviceSlice) -> tuple[Comm, ...]:
@@ -279,9 +284,13 @@ def test_tree_file_round_trips_with_axes() -> None:
 
 def test_tree_splits_other_than_the_graphs_are_refused_in_one_line() -> None:
     job, _, graph = _job("gpt3-125m", {"tp": 2})
-    with pytest.raises(ConfigError, match=r"pos_add splits nothing over tp; give that, or no tp splits; a "
-                                          r"sequence split over tp is sequence parallelism \(--sp\)"):
-        load_tree_yaml(TREE_FILE, graph).lower(job.parallel)
+    # Megatron's sp written out, on a job without sp: every op it splits by sequence takes that split (per-op
+    # sequence parallelism: the positions, the norms and residual adds), the positions' add split by features not
+    assert load_tree_yaml(TREE_FILE, graph).lower(job.parallel).tp_configs()
+    with pytest.raises(ConfigError, match=r"pos_add splits nothing over tp; give that, or no tp splits; or any "
+                                          r"split of its batch, seq whose parts divide 2, or none"):
+        StrategyTree.from_graph(graph).split("embedding.positions", "compute", "out", 2, axis="tp").lower(
+            job.parallel)
     tree = StrategyTree.from_graph(graph).split("blocks.*.mlp.act", "compute", "reduce", 2, axis="tp")
     # the lookup and every other op left without a tp split run whole on each rank; GELU has no reduction dim
     with pytest.raises(ConfigError, match=r"blocks.0.mlp.act split.compute@tp='reduce=2' is invalid: .* gelu "
@@ -309,7 +318,8 @@ def test_expert_configs_over_fewer_tp_ranks_keep_their_ranks_tokens(tp: int, sp:
                                                                    row: OpConfig) -> None:
     """An MoE's expert ops at tp degree d (Megatron-Core's expert tensor parallelism): gate_up and the SwiGLU split
     out d ways, down reduce d ways, and under sp the tokens of their d ranks (the sequence split tp / d ways; d = 1:
-    the norms' config); the router is no replicable op and keeps the norms' config whatever the degrees."""
+    the norms' config); the router, at the norms' config (Megatron's), is none of the layer's own configs,
+    whatever the experts' degree."""
     spec = load_model("mixtral-8x7b")
     assert isinstance(spec, TransformerSpec)
     dev = _slice(tp, sp, 1, 2)
@@ -317,7 +327,7 @@ def test_expert_configs_over_fewer_tp_ranks_keep_their_ranks_tokens(tp: int, sp:
     ops = {op.name: op for op in moe.fwd}
     own = frozenset((name, megatron_tp(ops[name], dev, d)) for name in ("gate_up", "swiglu", "down", "router"))
     assert [replicable_module(ops[name]) for name in ("router", "gate_up", "swiglu", "down")] == \
-        ["", "experts", "experts", "experts"]
+        ["router", "experts", "experts", "experts"]
     assert op_config("tp", ops["gate_up"], dev, own) == op_config("tp", ops["swiglu"], dev, own) == column
     assert op_config("tp", ops["down"], dev, own) == row
     assert op_config("tp", ops["router"], dev, own) == op_config("tp", ops["norm2"], dev) == \

@@ -40,6 +40,10 @@ def test_presets_state_their_frameworks_defaults() -> None:
     assert not colossal.param_gather_overlap and colossal.pp_comm_overlap and not colossal.fused_bias_activation
     nanotron = load_stack("nanotron")  # torch DDP over fp32 accumulators, plain TP collectives, flash-attn
     assert nanotron.grad_bucket_params == 25 * 1024 * 1024 / 4 and not nanotron.tp_comm_overlap
+    # the column-parallel linears' async input-gradient all-reduce: Megatron's (and Colossal-AI's Linear1D_Col),
+    # not nanotron's (tp_linear_async_communication=False), DTensor's or the stacks without tensor parallelism
+    overlapping = {name for name in stack_names() if load_stack(name).tp_dgrad_overlap}
+    assert overlapping == {"megatron-lm", "megatron-core", "megatron-deepspeed", "colossalai"}
     assert nanotron.attention == "flash2" and not nanotron.fused_cross_entropy
 
 
@@ -90,6 +94,12 @@ def test_cli_stack_flags_and_unknown_name_exit_2() -> None:
         assert run.exit_code == 0, run.output
         peaks.append(json.loads(run.output)["peak_memory_bytes"])
     assert peaks[1] < peaks[0]  # the op-level policy keeps less
+    times = []
+    for flag in ("--tp-dgrad-overlap", "--no-tp-dgrad-overlap"):
+        run = runner.invoke(app, ["predict", "--num-gpus", "8", "--tp", "8", "--json", flag])
+        assert run.exit_code == 0, run.output
+        times.append(json.loads(run.output)["iteration_time_s"])
+    assert times[0] < times[1]  # the input gradients' all-reduces hide behind the weight-gradient GEMMs
     bad = runner.invoke(app, ["predict", "--selective-recompute", "layer"])
     assert bad.exit_code == 2 and "selective_recompute" in bad.output and "Traceback" not in bad.output
     assert "cuda_graphs" in BEHAVIOURS and "name" not in BEHAVIOURS

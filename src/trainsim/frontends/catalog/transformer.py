@@ -3,13 +3,15 @@
 The feature collectives of TP, SP, CP and EP are not written here: strategy.megatron derives them from the
 splits those axes make of each layer's ops (the resharding between ops' computation configs).
 
-Each op of a block's attention and MLP, a dense block's norms and residual adds, the lookup, the logits and the
-cross-entropy is shaped by its own computation config over tp: Megatron's split over the job's tp, or the config a
-strategy tree gives it (the builders' `own`, strategy.megatron.own_configs): (batch, seq, out, reduce) parts, each
-rank running the op on 1/(batch x seq) of the tokens, 1/out of its output features and 1/reduce of its reduction
-dimension, and holding 1/(out x reduce) of its weight (a config of none: the whole op on every tp rank). An MoE's
-experts take Megatron's split over a degree d dividing tp, or none, and run the routed copies of their d ranks'
-tokens under sp (_expert_tokens)."""
+Each op of a block's attention and MLP, a block's norms and residual adds (dense or MoE), an MoE's router, the
+lookup and the learned positions, the head's norm, the logits and the cross-entropy is shaped by its own
+computation config over tp: Megatron's split over the job's tp, or the config a strategy tree gives it (the
+builders' `own`, strategy.megatron.own_configs): (batch, seq, out, reduce) parts, each rank running the op on
+1/(batch x seq) of the tokens, 1/out of its output features and 1/reduce of its reduction dimension, and holding
+1/(out x reduce) of its weight (a config of none: the whole op on every tp rank; a norm split by its features,
+out, runs and holds 1/out of them; the router, split by tokens or none, holds its weight whole). An MoE's experts
+take Megatron's split over a degree d dividing tp, or none, and run the routed copies of their d ranks' tokens
+under sp (_expert_tokens)."""
 
 from collections.abc import Mapping
 
@@ -25,7 +27,16 @@ from trainsim.ir.flops import (
 from trainsim.ir.graph import Layer, LayerKind, Op, OpGraph
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.strategy.device_slice import DeviceSlice
-from trainsim.strategy.megatron import ROW, Configs, TpConfigs, axis_sizes, layer_comms, norm_params, op_config
+from trainsim.strategy.megatron import (
+    ROW,
+    Configs,
+    TpConfigs,
+    axis_sizes,
+    layer_comms,
+    norm_params,
+    op_config,
+    router_params,
+)
 from trainsim.strategy.placement import OpConfig
 
 
@@ -75,9 +86,9 @@ def _block_params(spec: TransformerSpec, moe: bool) -> tuple[float, float]:
 
 
 def _attention_ops(spec: TransformerSpec, dev: DeviceSlice, path: str, c: Mapping[str, OpConfig],
-                   rows: Mapping[str, int]) -> list[Op]:
+                   rows: Mapping[str, int], widths: Mapping[str, int]) -> list[Op]:
     """norm1, the attention module with each op shaped at its config c[name] over tp, residual1 (the norm and
-    the residual add on rows[name] tokens: _token_rows)."""
+    the residual add on rows[name] tokens: _token_rows; the norm on widths[name] features: _norm_widths)."""
     tokens = dev.local_tokens
     act, lin, h, d = dev.precision.activation_dtype, dev.precision.linear_dtype, spec.hidden, spec.head_dim
     mb = dev.micro_batch
@@ -86,7 +97,8 @@ def _attention_ops(spec: TransformerSpec, dev: DeviceSlice, path: str, c: Mappin
         return spec.num_heads // c[name].out, max(1, spec.kv_heads // c[name].out)
 
     q, kv = heads("qkv")
-    ops = [pointwise_op("norm1", "norm", f"{path}.norm1", act, rows["norm1"] * h, flops_per_element=5.0),
+    ops = [pointwise_op("norm1", "norm", f"{path}.norm1", act, rows["norm1"] * widths["norm1"],
+                        flops_per_element=5.0),
            matmul_op("qkv", f"{path}.attn.qkv", lin, tokens // _token_parts(c["qkv"]), (q + 2 * kv) * d,
                      h // c["qkv"].reduce)]
     if spec.position == "rope":
@@ -161,13 +173,17 @@ def block_layer(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool,
     act, h = dev.precision.activation_dtype, spec.hidden
     given = dict(own)
     c = {op: given.get(op, _megatron(op, dev.tp)) for op in _ATTN_OPS + _MLP_OPS}
-    rows = _token_rows(dev, given if not moe else {})
-    own_norms = sum(1 for name in ("norm1", "norm2") if name in given and not moe)
-    fwd = _attention_ops(spec, dev, path, c, rows)
-    fwd.append(pointwise_op("norm2", "norm", f"{path}.norm2", act, rows["norm2"] * h, flops_per_element=5.0))
+    rows = _token_rows(dev, given)
+    widths = _norm_widths(spec, given)
+    own_norms = tuple(given[name].out for name in ("norm1", "norm2") if name in given)
+    fwd = _attention_ops(spec, dev, path, c, rows, widths)
+    fwd.append(pointwise_op("norm2", "norm", f"{path}.norm2", act, rows["norm2"] * widths["norm2"],
+                            flops_per_element=5.0))
     if moe:
-        fwd.append(matmul_op("router", f"{path}.moe.router", act, dev.local_tokens, spec.num_experts, h))
-        d = _weight_parts(c[_mlp_op_names(spec)[0]])  # the experts' tp degree (strategy.megatron._expert_tp)
+        # NB: Megatron's router is shaped on all local tokens, under sp too, as before
+        router_tokens = dev.local_tokens // _token_parts(given["router"]) if "router" in given else dev.local_tokens
+        fwd.append(matmul_op("router", f"{path}.moe.router", act, router_tokens, spec.num_experts, h))
+        d = _weight_parts(c[_mlp_op_names(spec)[0]])  # the experts' tp degree (strategy.megatron.dispatch_layout)
         fwd.extend(_mlp_ops(spec, dev, f"{path}.moe", _expert_tokens(dev, d), spec.top_k, _features_only(c)))
     else:
         fwd.extend(_mlp_ops(spec, dev, path, dev.local_tokens, 1, c))
@@ -175,12 +191,15 @@ def block_layer(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool,
     kind: LayerKind = "moe_block" if moe else "block"
     comms = layer_comms(spec, dev, kind, fwd, _configs(kind, fwd, dev, own))
     fwd_ops, bwd_ops = _with_backward(fwd)
-    return Layer(name, kind, count, fwd_ops, bwd_ops, comms, _block_local_params(spec, dev, moe, c, own_norms),
-                 sum(_block_params(spec, moe)), _block_saved_bytes(spec, dev, moe, c, rows),
+    if "router" in given:  # its input kept as it runs it
+        rows["router"] = next(op.shape[1] for op in fwd if op.name == "router")
+    return Layer(name, kind, count, fwd_ops, bwd_ops, comms,
+                 _block_local_params(spec, dev, moe, c, own_norms, "router" in given),
+                 sum(_block_params(spec, moe)), _block_saved_bytes(spec, dev, moe, c, (rows, widths)),
                  _replicated_tokens(dev) * h * _act_bytes(dev))
 
 
-_TOKEN_OPS = ("norm1", "residual1", "norm2", "residual2")  # a dense block's ops outside attention and MLP
+_TOKEN_OPS = ("norm1", "residual1", "norm2", "residual2")  # a block's ops outside attention, MLP and router
 
 
 def _token_rows(dev: DeviceSlice, given: Mapping[str, OpConfig]) -> dict[str, int]:
@@ -189,6 +208,12 @@ def _token_rows(dev: DeviceSlice, given: Mapping[str, OpConfig]) -> dict[str, in
     sequence without sp: per-op sequence parallelism; a norm whole under sp)."""
     return {name: dev.local_tokens // _token_parts(given[name]) if name in given else _replicated_tokens(dev)
             for name in _TOKEN_OPS}
+
+
+def _norm_widths(spec: TransformerSpec, given: Mapping[str, OpConfig]) -> dict[str, int]:
+    """The hidden features each of a block's norms runs: all of them (Megatron's), or 1/out of them at its config
+    in `given` (a norm split by its features: its statistics all-reduced, strategy.megatron._norm_statistics)."""
+    return {name: spec.hidden // given[name].out if name in given else spec.hidden for name in ("norm1", "norm2")}
 
 
 def _megatron(name: str, tp: int) -> OpConfig:
@@ -214,13 +239,16 @@ def _weight_parts(config: OpConfig) -> int:
 
 
 def _block_local_params(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: Mapping[str, OpConfig],
-                        own_norms: int = 0) -> float:
+                        own_norms: tuple[int, ...] = (), own_router: bool = False) -> float:
     """The parameters one tp rank holds of a block: each matmul's weight (and bias) divided by its config's weight
     parts (out x reduce; a matmul split by tokens holds it whole); the norms' with qkv's (as Megatron-LM's
-    builders here always counted them: divided by tp), except the `own_norms` norms a tree gives a config of their
-    own (strategy.megatron.replicable_module "tokens"), each held whole (its gradient summed over the tp ranks
-    that split its tokens: strategy.megatron.token_split_params). A module whose matmuls share one divisor divides
-    its count as a whole (the same figure, to the last bit, as before)."""
+    builders here always counted them: divided by tp), except the norms a tree gives a config of their own
+    (strategy.megatron.replicable_module "tokens"; own_norms: the parts each splits its features into), each held
+    whole or, split by its features, 1/out of it (its gradient summed over the tp ranks that split its tokens:
+    strategy.megatron.token_split_params); an MoE's router with the experts (divided by their tp degree and ep,
+    as the builder always counted it), or held whole where a tree gives it a config of its own (own_router). A
+    module whose matmuls share one divisor divides its count as a whole (the same figure, to the last bit, as
+    before)."""
     attn_params, mlp_params = _block_params(spec, moe)
     first, _, second = _mlp_op_names(spec)
     w = {name: _weight_parts(c[name]) for name in ("qkv", "out_proj", first, second)}
@@ -230,9 +258,11 @@ def _block_local_params(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: M
         out_params = spec.num_heads * spec.head_dim * spec.hidden + (spec.hidden if spec.bias else 0)
         attn = (attn_params - out_params) / w["qkv"] + out_params / w["out_proj"]
     if own_norms:
-        attn += own_norms * (norm_params(spec) - norm_params(spec) / w["qkv"])
+        attn += sum(norm_params(spec) / out - norm_params(spec) / w["qkv"] for out in own_norms)
     if moe:
         mlp = expert_params(spec, dev, w[first])
+        if own_router:
+            mlp += router_params(spec) - router_params(spec) / w[first] / dev.ep
     elif w[first] == w[second]:
         mlp = mlp_params / w[first]
     else:
@@ -242,7 +272,7 @@ def _block_local_params(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: M
 
 
 def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: Mapping[str, OpConfig],
-                       token_rows: Mapping[str, int]) -> dict[str, float]:
+                       norms: tuple[Mapping[str, int], Mapping[str, int]]) -> dict[str, float]:
     """Activations one block keeps for its backward pass, per micro-batch.
 
     Korthikanti et al. 2022 (eq. 1-5) generalized to any ffn size, grouped-query heads, SwiGLU and flash
@@ -253,9 +283,10 @@ def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: Ma
     sequence, the gathered keys and values gathered again; its output as the projection, the ffn features as the
     activation and the second matmul). Under SP a module whose first matmul does not take Megatron's split keeps
     its input as it reads it (all local tokens where it splits none), rather than the sequence share Megatron-LM
-    re-gathers in the backward. token_rows: the tokens each norm runs (_token_rows), its input kept as it holds
-    it (NB: the dropout masks, the qkv and MLP inputs kept as Megatron's split keeps them whatever the norms'
-    configs).
+    re-gathers in the backward. norms: the tokens and features each norm runs (_token_rows, _norm_widths), its
+    input kept as it holds it, and the tokens an MoE router at its own config runs (token_rows["router"]), its
+    input kept so (NB: the dropout masks, the qkv and MLP inputs kept as Megatron's split keeps them whatever the
+    norms' configs).
     """
     a2, h = _act_bytes(dev), spec.hidden
     tokens, rep = dev.local_tokens, _replicated_tokens(dev)
@@ -281,7 +312,10 @@ def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: Ma
     own_inputs = sum(max(0, rows(op) * (h // c[op].reduce) - rep * h) for op in ("qkv", first)
                      if c[op] != _megatron(op, dev.tp) and not (moe and op == first)) if dev.sp else 0
     # two norm inputs, qkv input, mlp input, two dropout masks
-    norms_own = (token_rows["norm1"] + token_rows["norm2"] - 2 * rep) * h * a2  # 0 at Megatron's configs
+    # 0 at Megatron's configs; an MoE's router at its own config keeps its input as it runs it (the MLP input)
+    token_rows, widths = norms
+    norms_own = (token_rows["norm1"] * widths["norm1"] + token_rows["norm2"] * widths["norm2"]
+                 + token_rows.get("router", rep) * h - 3 * rep * h) * a2
     replicated = rep * h * (4 * a2 + 2 * mask) + norms_own + own_inputs * a2
     qkv = core_tokens * (heads + 2 * kv) * spec.head_dim * a2
     out_in = rows("out_proj") * (spec.num_heads // c["out_proj"].reduce) * spec.head_dim * a2
@@ -315,13 +349,18 @@ def _configs(kind: LayerKind, fwd: list[Op], dev: DeviceSlice, own: TpConfigs) -
 def embedding_layer(spec: TransformerSpec, dev: DeviceSlice, own: TpConfigs = frozenset()) -> Layer:
     """The embedding as one device runs it: the lookup vocab-parallel over tp (Megatron's: the table's rows
     split, partial sums), or over the rows its config in `own` splits (reduce; 1: the whole table on every tp
-    rank), or by tokens (batch, seq: each rank looks up its own tokens in the whole table)."""
+    rank), or by tokens (batch, seq: each rank looks up its own tokens in the whole table). The learned positions
+    at a config of their own in `own` (pos_add: by tokens, or none) add the rows of the whole position table (held
+    whole; by tokens, its gradient summed over those tp ranks: strategy.megatron.token_split_params) to their
+    1/(batch x seq) of the tokens."""
     act, h, tokens = dev.precision.activation_dtype, spec.hidden, dev.local_tokens
     lookup = dict(own).get("lookup", OpConfig(1, 1, 1, dev.tp))
+    positions = dict(own).get("pos_add")
     fwd = [pointwise_op("lookup", "embedding", "embed.tokens", act, tokens // _token_parts(lookup) * h, reads=1.0)]
     params = spec.vocab * h
     if spec.position == "learned":
-        fwd.append(pointwise_op("pos_add", "elementwise", "embed.positions", act, tokens * h, reads=2.0))
+        rows = tokens if positions is None else tokens // _token_parts(positions)
+        fwd.append(pointwise_op("pos_add", "elementwise", "embed.positions", act, rows * h, reads=2.0))
         params += spec.max_seq_len * h
     if spec.arch == "bert":  # token-type embeddings (2 types) and the embedding LayerNorm
         fwd += [pointwise_op("type_add", "elementwise", "embed.token_types", act, tokens * h, reads=2.0),
@@ -330,17 +369,23 @@ def embedding_layer(spec: TransformerSpec, dev: DeviceSlice, own: TpConfigs = fr
     comms = layer_comms(spec, dev, "embedding", fwd, _configs("embedding", fwd, dev, own))
     fwd_ops, bwd_ops = _with_backward(fwd)
     out = _replicated_tokens(dev) * h * _act_bytes(dev)
-    return Layer("embedding", "embedding", 1, fwd_ops, bwd_ops, comms, params / lookup.reduce, params,
+    held = params / lookup.reduce if positions is None else (
+        (params - spec.max_seq_len * h) / lookup.reduce + spec.max_seq_len * h)
+    return Layer("embedding", "embedding", 1, fwd_ops, bwd_ops, comms, held, params,
                  dict.fromkeys(("none", "selective", "full", "selective_op"), out), out)
 
 
 def head_layer(spec: TransformerSpec, dev: DeviceSlice, own: TpConfigs = frozenset()) -> Layer:
     """Final norm, vocabulary projection and fp32 cross-entropy: vocab-parallel under TP (Megatron's), or the
-    projection or the cross-entropy at its config in `own` (logits, cross_entropy; none: the whole weight, all
-    logits, on every tp rank)."""
+    norm, the projection or the cross-entropy at its config in `own` (final_norm: its tokens and features split
+    as it says, its weights 1/out of them; logits, cross_entropy; none: the whole weight, all logits, on every tp
+    rank)."""
     act, h, tokens = dev.precision.activation_dtype, spec.hidden, dev.local_tokens
     given = dict(own)
     proj, loss = (given.get(name, OpConfig(1, 1, dev.tp, 1)) for name in ("logits", "cross_entropy"))
+    norm = given.get("final_norm")
+    norm_rows, norm_width = (_replicated_tokens(dev), h) if norm is None else (
+        tokens // _token_parts(norm), h // norm.out)
     fwd: list[Op] = []
     extra_params = 0
     if spec.arch == "bert":  # the masked-LM transform (dense + GELU + LayerNorm) and the decoder bias
@@ -348,8 +393,7 @@ def head_layer(spec: TransformerSpec, dev: DeviceSlice, own: TpConfigs = frozens
                 pointwise_op("transform_act", "elementwise", "head.transform.act", act, tokens * h,
                              flops_per_element=8.0)]
         extra_params = h * h + h + spec.vocab
-    fwd += [pointwise_op("final_norm", "norm", "head.norm", act, _replicated_tokens(dev) * h,
-                         flops_per_element=5.0),
+    fwd += [pointwise_op("final_norm", "norm", "head.norm", act, norm_rows * norm_width, flops_per_element=5.0),
             matmul_op("logits", "head.proj", dev.precision.linear_dtype, tokens // _token_parts(proj),
                       spec.vocab // proj.out, h // proj.reduce),
             pointwise_op("cross_entropy", "loss", "head.loss", "fp32",
@@ -357,9 +401,10 @@ def head_layer(spec: TransformerSpec, dev: DeviceSlice, own: TpConfigs = frozens
                          flops_per_element=4.0)]
     comms = layer_comms(spec, dev, "head", fwd, _configs("head", fwd, dev, own))
     fwd_ops, bwd_ops = _with_backward(fwd)
-    norm_params = h * (2 if spec.norm == "layernorm" else 1) + extra_params
+    own_params = norm_params(spec) + extra_params
+    held = own_params if norm is None else norm_params(spec) / norm.out + extra_params
     proj_params = 0 if spec.tied_embeddings else spec.vocab * h
-    saved = _replicated_tokens(dev) * h * _act_bytes(dev) + tokens // _token_parts(loss) * (
+    saved = norm_rows * norm_width * _act_bytes(dev) + tokens // _token_parts(loss) * (
         spec.vocab // loss.out) * 4.0  # norm input, the fp32 softmax
-    return Layer("head", "head", 1, fwd_ops, bwd_ops, comms, norm_params + proj_params / _weight_parts(proj),
-                 norm_params + proj_params, dict.fromkeys(("none", "selective", "full", "selective_op"), saved), 0.0)
+    return Layer("head", "head", 1, fwd_ops, bwd_ops, comms, held + proj_params / _weight_parts(proj),
+                 own_params + proj_params, dict.fromkeys(("none", "selective", "full", "selective_op"), saved), 0.0)

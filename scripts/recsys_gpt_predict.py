@@ -14,9 +14,9 @@ after an iteration, the campaign reference the median of every size's untraced o
 size, the traced iteration's inflation over the untraced median and the part the probe ascribes to the host's
 phase.
 
-    python scripts/recsys_gpt_predict.py [ROOT [MEASURED]]   # reads ROOT/*/ (default data/recsys/cpu/gpt); the
-                                                             # measured iterations from MEASURED/*/measured.json
-                                                             # (a second pass of the same configs) if given
+    python scripts/recsys_gpt_predict.py [ROOT [MEASURED[,MEASURED...]]]   # reads ROOT/*/ (default
+        # data/recsys/cpu/gpt); the measured iteration from MEASURED/*/measured.json (other passes of the same
+        # configs) if given: the median of every listed pass's iterations (slowest rank) pooled
 """
 
 import json
@@ -110,19 +110,31 @@ def table(title: str, traces: dict[str, list[RankTrace]], measured: dict[str, fl
         for c, v in errors.items()))
 
 
-def main(root: Path = ROOT, measured_root: Path | None = None) -> None:
+def slowest_rank_s(record: dict) -> list[float]:
+    return [max(ranks) for ranks in zip(*record["rank_iterations_s"], strict=True)]
+
+
+def pooled_median_s(records: list[dict], scales: list[float]) -> float:
+    """The median (upper, as recsys_gpt_trace.py's) of the passes' slowest-rank iterations, each pass's times
+    by its scale."""
+    pooled = sorted(t * scale for r, scale in zip(records, scales, strict=True) for t in slowest_rank_s(r))
+    return pooled[len(pooled) // 2]
+
+
+def main(root: Path = ROOT, measured_roots: list[Path] | None = None) -> None:
     dirs = sorted(d for d in root.iterdir() if (d / "measured.json").exists())
     records = {d.name: json.loads((d / "measured.json").read_text()) for d in dirs}
     traces = {d.name: load_trace_directory(d) for d in dirs}
     measured = {name: r["iteration_s"] for name, r in records.items()}
     # the profiler's cost is fitted against the traced pass's own untraced iterations; the errors against
-    # `target` (a second pass, when given)
-    second = None if measured_root is None else {
-        name: json.loads((measured_root / name / "measured.json").read_text()) for name in records}
-    target = measured if second is None else {name: r["iteration_s"] for name, r in second.items()}
+    # `target` (other passes, pooled, when given)
+    second = None if not measured_roots else {
+        name: [json.loads((m / name / "measured.json").read_text()) for m in measured_roots] for name in records}
+    target = measured if second is None else {name: pooled_median_s(rs, [1.0] * len(rs)) for name, rs in
+                                              second.items()}
     if second is not None:
         gaps = [abs(np.log(target[name] / measured[name])) for name in records]
-        print("pass to pass (the second pass's untraced median over the first's): " + ", ".join(
+        print("pass to pass (the measured passes' untraced median over the traced pass's): " + ", ".join(
             f"{name} {target[name] / measured[name] - 1.0:+.1%}" for name in records)
               + f"; geomean |log ratio| {float(np.exp(np.mean(np.log(gaps)))):.2%}, max {max(gaps):.2%}\n")
     table("raw: traces as recorded, the untraced median as measured", traces, measured, target)
@@ -143,10 +155,11 @@ def main(root: Path = ROOT, measured_root: Path | None = None) -> None:
         dilate_traces(traces[name], reference / traced_reference_s(r))
     scaled = {name: measured[name] * reference / untraced[name] for name in records}
     scaled_target = scaled if second is None else {
-        name: r["iteration_s"] * reference / untraced_reference_s(r) for name, r in second.items()}
+        name: pooled_median_s(rs, [reference / untraced_reference_s(r) for r in rs]) for name, rs in second.items()}
     table("\nphase-normalised: traces and untraced medians at the campaign's probe speed", traces, scaled,
           scaled_target)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT, Path(sys.argv[2]) if len(sys.argv) > 2 else None)
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT,
+         [Path(m) for m in sys.argv[2].split(",")] if len(sys.argv) > 2 else None)

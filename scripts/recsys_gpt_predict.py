@@ -151,6 +151,9 @@ def main(root: Path = ROOT, measured_roots: list[Path] | None = None) -> None:
     inflation = [np.log(max(r["rank_traced_s"]) / r["iteration_s"]) for r in records.values()]
     probe_ratio = [np.log(traced_reference_s(r) / untraced[name]) for name, r in records.items()]
     print(f"  corr(log inflation, log probe ratio) over sizes: {np.corrcoef(inflation, probe_ratio)[0, 1]:+.2f}")
+    pairs = [pair for r in records.values() for rank in r["rank_probes_s"] for pair in rank]
+    print(f"  untraced iterations' probes, median: {statistics.median(p[0] for p in pairs) * 1e3:.3f} ms before the "
+          f"barrier, {statistics.median(p[1] for p in pairs) * 1e3:.3f} ms after the step")
     for name, r in records.items():
         dilate_traces(traces[name], reference / traced_reference_s(r))
     scaled = {name: measured[name] * reference / untraced[name] for name in records}

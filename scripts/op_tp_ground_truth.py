@@ -1,10 +1,12 @@
 """Per-op tp plans of a small GPT measured on this machine's gloo ranks against `trainsim predict --tree F --engine
-sim` (docs/strategy-tree.md, "Model-parallel splits other than Megatron's", sixteenth session).
+sim` (docs/strategy-tree.md, "Model-parallel splits other than Megatron's", sixteenth and seventeenth sessions).
 
 The model is the Table IV analogue's GPT-2 (data/strategies/proteus/small/models/gpt2-small.yaml: 4 layers of 256,
 4 heads, vocabulary 4096, tied), micro-batch 4 x 128 tokens, fp32, one intra-op thread per rank. The plans: plain
 Megatron tp 2 (`--tp 2`, no tree) and the trees data/strategies/megatron/gpt-small-tp2-*.yaml on 2 ranks, plain
-tp 4 and gpt-small-tp4-mlp-tp2.yaml on 4. Steps, each timed one under the timing lock:
+tp 4 and gpt-small-tp4-mlp-tp2.yaml on 4; the seventeenth session's splits other than Megatron's
+(gpt-small-tp2-{qkv-reduce,attn-seq,mlp-tokens,norms-seq}.yaml, measure/op_splits.py) on 2. Steps, each timed
+one under the timing lock:
 
     flock /tmp/trainsim-timing.lock python scripts/op_tp_ground_truth.py --profile --out OUT     # ops, collectives
     flock /tmp/trainsim-timing.lock python scripts/op_tp_ground_truth.py --measure --out OUT     # one pass; repeat
@@ -14,10 +16,13 @@ tp 4 and gpt-small-tp4-mlp-tp2.yaml on 4. Steps, each timed one under the timing
 degree d has the tp=d graph's shape) on thread CPU time, the Adam step at those three sizes, and the gloo
 collectives of 2 and 4 ranks twice: on the busiest rank's process CPU (calls of 16 after 2 ms of compute, the Table
 IV sweep's settings) into OUT/profile-cpu.db, and on the wall clock into OUT/profile-wall.db (the same ops).
---measure: every plan once (`trainsim measure`, --iterations after --warmup), appended to OUT/runs/.
+--measure: every plan of --plans once, in order (`trainsim measure`, --iterations after --warmup), appended to
+OUT/runs/ as "<plan>-HHMMSS".
 --summary: per plan the medians over its runs of the median iteration (rank 0's wall clock between barriers) and
 of the busiest rank's process CPU per step (less the harness' barriers), against `trainsim predict --engine sim`
-with profiled costs (CPU database against CPU, wall database against wall) and with the default costs.
+with profiled costs (CPU database against CPU, wall database against wall) and with the default costs; per
+plan its CPU over that of the plain run of the same pass. --after HHMMSS keeps the runs stamped from then on,
+--suffix names the summary files. --dtensor-overhead and --core-costs time single modules (thread CPU).
 """
 
 import argparse
@@ -39,6 +44,9 @@ PLANS: dict[str, tuple[int, str | None]] = {
     "tp2 mlp-only": (2, "gpt-small-tp2-mlp-only.yaml"), "tp2 qkv-gather": (2, "gpt-small-tp2-qkv-gather.yaml"),
     "tp2 vocab-whole": (2, "gpt-small-tp2-vocab-whole.yaml"),
     "tp4 plain": (4, None), "tp4 mlp-tp2": (4, "gpt-small-tp4-mlp-tp2.yaml"),
+    # seventeenth session: the splits other than Megatron's (measure/op_splits.py)
+    "tp2 qkv-reduce": (2, "gpt-small-tp2-qkv-reduce.yaml"), "tp2 attn-seq": (2, "gpt-small-tp2-attn-seq.yaml"),
+    "tp2 mlp-tokens": (2, "gpt-small-tp2-mlp-tokens.yaml"), "tp2 norms-seq": (2, "gpt-small-tp2-norms-seq.yaml"),
 }
 SIZES = "1KiB,16KiB,128KiB,512KiB,1MiB,2MiB,4MiB,8MiB,16MiB"  # the plans move 2 KiB (statistics) to 8 MiB (logits)
 
@@ -71,9 +79,10 @@ def profile(out: Path) -> None:
                  "1", "--device", "cpu", "--db", str(out / "profile-wall.db"))
 
 
-def measure(out: Path, iterations: int, warmup: int) -> None:
+def measure(out: Path, iterations: int, warmup: int, plans: list[str]) -> None:
     runs = out / "runs"
-    for plan, (tp, tree) in PLANS.items():
+    for plan in plans:
+        tp, tree = PLANS[plan]
         run_id = f"{plan.replace(' ', '-')}-{time.strftime('%H%M%S')}"
         tree_flags = ["--tree", str(TREES / tree)] if tree else []
         trainsim("measure", *job_flags(tp), *tree_flags, "--iterations", str(iterations), "--warmup", str(warmup),
@@ -81,10 +90,24 @@ def measure(out: Path, iterations: int, warmup: int) -> None:
         print(f"measured {run_id}", file=sys.stderr)
 
 
-def _runs(out: Path, plan: str) -> list[dict[str, Any]]:
+def _runs(out: Path, plan: str, after: str = "") -> list[dict[str, Any]]:
+    """The plan's runs (run id "<plan>-HHMMSS"), those stamped at or after `after` (HHMMSS) where given."""
     prefix = plan.replace(" ", "-") + "-"
     return [json.loads(p.read_text()) for p in sorted((out / "runs").glob(f"{prefix}*.json"))
-            if p.stem[len(prefix):].isdigit()]
+            if p.stem[len(prefix):].isdigit() and p.stem[len(prefix):] >= after]
+
+
+def ratios_to_plain(out: Path, plan: str, after: str = "") -> list[float]:
+    """Per run of the plan, its busiest rank's CPU per step over that of the plain run of its tp measured last
+    before it (the same pass: --measure runs plain first)."""
+    tp = PLANS[plan][0]
+    plain = {r["run_id"]: r for r in _runs(out, f"tp{tp} plain", after)}
+    out_ratios = []
+    for run in _runs(out, plan, after):
+        before = [k for k in plain if k[-6:] <= run["run_id"][-6:]]
+        if before:
+            out_ratios.append(busiest_cpu_s(run) / busiest_cpu_s(plain[max(before, key=lambda k: k[-6:])]))
+    return out_ratios
 
 
 def busiest_cpu_s(run: dict[str, Any]) -> float:
@@ -103,14 +126,17 @@ def thread_cpu_s(run: dict[str, Any]) -> float:
     return max(run["settings"]["thread_cpu_s_per_rank"]) / len(run["iteration_times_s"])
 
 
-def summary(out: Path) -> list[dict[str, Any]]:
+def summary(out: Path, after: str = "") -> list[dict[str, Any]]:
     rows = []
     for plan, (tp, tree) in PLANS.items():
-        runs = _runs(out, plan)
+        runs = _runs(out, plan, after)
         if not runs:
             continue
         cpu = predicted(tp, tree, ["--costs", "profiled", "--db", str(out / "profile-cpu.db")])
+        ratios = ratios_to_plain(out, plan, after)
         rows.append({
+            "cpu_ratio_to_plain": statistics.median(ratios) if ratios else None,
+            "cpu_ratios_to_plain": [round(r, 3) for r in ratios],
             "plan": plan, "runs": len(runs),
             "wall_s": statistics.median(statistics.median(r["iteration_times_s"]) for r in runs),
             "cpu_s": statistics.median(busiest_cpu_s(r) for r in runs),
@@ -144,6 +170,15 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                      f" | {wall_err:+.1%} | {r['cpu_s'] * 1e3:.1f} ms ({spread}) | {r['predicted_cpu_s'] * 1e3:.1f} ms"
                      f" | {cpu_err:+.1%} | {r['thread_cpu_s'] * 1e3:.1f} / {compute_s * 1e3:.1f} ms | "
                      f"{r['predicted_default_s'] * 1e3:.1f} ms | {', '.join(map(str, r['load']))} |")
+    lines += ["", "| plan | measured CPU / plain's, same pass (median; min-max) | predicted / plain's (CPU db) |",
+              "|---|---:|---:|"]
+    plains = {r["plan"].split()[0]: r for r in rows if r["plan"].endswith("plain")}
+    for r in rows:
+        plain = plains.get(r["plan"].split()[0])
+        if plain is None or r is plain or not r["cpu_ratios_to_plain"]:
+            continue
+        lines.append(f"| {r['plan']} | {r['cpu_ratio_to_plain']:.3f} ({min(r['cpu_ratios_to_plain']):.2f}-"
+                     f"{max(r['cpu_ratios_to_plain']):.2f}) | {r['predicted_cpu_s'] / plain['predicted_cpu_s']:.3f} |")
     for ranks in ("tp2", "tp4"):
         group = [r for r in rows if r["plan"].startswith(ranks)]
         for measured, predicted in (("wall_s", "predicted_wall_s"), ("cpu_s", "predicted_cpu_s"),
@@ -154,36 +189,132 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _megatron_mappings() -> tuple[Any, Any]:
+    """Megatron-LM's explicit f and g operators (megatron/core/tensor_parallel/mappings.py, copy_to / reduce_from
+    the tensor-parallel region; Shoeybi et al. 2019, Sec. 3): identity forward and all-reduce backward, and the
+    converse, on the default group."""
+    import torch
+    import torch.distributed as dist
+
+    class CopyToRegion(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x
+
+        @staticmethod
+        def backward(ctx: Any, *grads: Any) -> Any:
+            grad = grads[0].contiguous()
+            dist.all_reduce(grad)
+            return grad
+
+    class ReduceFromRegion(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            x = x.contiguous()
+            dist.all_reduce(x)
+            return x
+
+        @staticmethod
+        def backward(ctx: Any, *grads: Any) -> Any:
+            return grads[0]
+
+    return CopyToRegion, ReduceFromRegion
+
+
 def dtensor_overhead(calls: int = 200) -> dict[str, float]:
     """Thread CPU seconds of one forward and backward of the plans' matmul shapes (a [4, 128, 256] input) as a
-    plain nn.Linear and as torch.distributed.tensor.parallel's ColwiseParallel / RowwiseParallel module over a
-    1-rank mesh (the same local matmul: what the DTensor wrapping adds per module), medians of `calls`."""
+    plain nn.Linear, as torch.distributed.tensor.parallel's ColwiseParallel / RowwiseParallel module (and the
+    RowwiseParallel of a qkv split by reduce: input and output Shard(-1)) over a 1-rank mesh (the same local
+    matmul: what the DTensor wrapping adds per module), and on the explicit collectives of measure/op_collectives.py
+    over a 1-rank group (a slice before it and an all-gather after it, as an MLP split by tokens runs: what
+    autograd functions and plain gloo calls add) and as Megatron-LM's explicit column / row parallel linear (the f
+    operator before it, the g operator after it: one all-reduce each, as ColwiseParallel and RowwiseParallel
+    have), medians of `calls` taken round robin, on that input and on a [1, 1, 256] one (the fixed cost)."""
     import torch
     import torch.distributed as dist
     from torch.distributed import HashStore  # pyright: ignore[reportPrivateImportUsage]  # NB: public, torch 2.x docs
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from trainsim.measure.op_collectives import Group, slice_part
+    from trainsim.measure.op_splits import gather_output
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
     try:
         mesh = init_device_mesh("cpu", (1,))
-        x = torch.randn(MICRO_BATCH, SEQ_LEN, 256, requires_grad=True)
-        out: dict[str, float] = {}
-        for name, style in (("plain", None), ("colwise", ColwiseParallel()), ("rowwise", RowwiseParallel())):
+        group = Group(mesh.get_group(), 1, 0)
+        copy_to, reduce_from = _megatron_mappings()
+        styles = {"plain": None, "colwise": ColwiseParallel(), "rowwise": RowwiseParallel(),
+                  "rowwise_shard": RowwiseParallel(input_layouts=Shard(-1), output_layouts=Shard(-1)),
+                  "explicit": "explicit", "colwise_explicit": "f", "rowwise_explicit": "g"}
+        holders = {}
+        for name, style in styles.items():
             holder = torch.nn.Sequential(torch.nn.Linear(256, 256))
-            if style is not None:
+            if isinstance(style, (ColwiseParallel, RowwiseParallel)):
                 parallelize_module(holder, mesh, {"0": style})
-            samples = []
-            for i in range(calls + 20):
-                began = time.thread_time()
-                holder(x).sum().backward()
-                if i >= 20:
-                    samples.append(time.thread_time() - began)
-            out[name] = statistics.median(samples)
+            elif style == "explicit":
+                holder.register_forward_pre_hook(lambda _m, args: (slice_part(args[0], group, 1),))
+                holder.register_forward_hook(gather_output(group))
+            elif style == "f":
+                holder.register_forward_pre_hook(lambda _m, args: (copy_to.apply(args[0]),))
+            elif style == "g":
+                holder.register_forward_hook(lambda _m, _i, y: reduce_from.apply(y))
+            holders[name] = holder
+        out: dict[str, float] = {}
+        for shape in ((MICRO_BATCH, SEQ_LEN, 256), (1, 1, 256)):
+            x = torch.randn(*shape, requires_grad=True)
+            samples: dict[str, list[float]] = {name: [] for name in holders}
+            for i in range(calls + 20):  # round robin: the machine's drift touches every variant alike
+                for name, holder in holders.items():
+                    began = time.thread_time()
+                    holder(x).sum().backward()
+                    if i >= 20:
+                        samples[name].append(time.thread_time() - began)
+            out.update({f"{name}[{'x'.join(map(str, shape))}]": statistics.median(v) for name, v in samples.items()})
         return out
     finally:
         dist.destroy_process_group()
+
+
+def core_costs(calls: int = 100) -> dict[str, float]:
+    """Thread CPU seconds of one forward and backward of the small GPT's attention core per rank (4 heads of 64, 128
+    tokens, micro-batch 4, causal): plain tp 2's (2 heads, the whole sequence, is_causal) against the core by query
+    rows on 2 ranks (4 heads, each zig-zag row chunk against the keys up to its last row under a boolean mask,
+    measure/op_splits.py) for rank 0 (chunks 0 and 3) and rank 1 (chunks 1 and 2), medians of `calls`."""
+    import torch
+
+    from trainsim.measure.model import Attention
+    from trainsim.measure.op_splits import _rows_core
+
+    torch.set_num_threads(1)
+    batch, heads, head_dim = MICRO_BATCH, 4, 64
+    attn = Attention.__new__(Attention)  # only the flags _rows_core reads
+    object.__setattr__(attn, "causal", True)
+    object.__setattr__(attn, "position", "learned")
+
+    def heads_split() -> None:
+        q, k, v = (torch.randn(batch, heads // 2, SEQ_LEN, head_dim, requires_grad=True) for _ in range(3))
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+
+    def rows(rank: int) -> None:
+        chunk = SEQ_LEN // 4
+        mine = torch.cat([torch.arange(chunk) + chunk * rank, torch.arange(chunk) + chunk * (3 - rank)])
+        q = torch.randn(batch, heads, 2 * chunk, head_dim, requires_grad=True)
+        k, v = (torch.randn(batch, heads, SEQ_LEN, head_dim, requires_grad=True) for _ in range(2))
+        _rows_core(attn, q, k, v, mine).sum().backward()
+
+    out: dict[str, float] = {}
+    for name, fn in (("heads_split", heads_split), ("rows_rank0", lambda: rows(0)), ("rows_rank1", lambda: rows(1))):
+        samples = []
+        for i in range(calls + 10):
+            began = time.thread_time()
+            fn()
+            if i >= 10:
+                samples.append(time.thread_time() - began)
+        out[name] = statistics.median(samples)
+    return out
 
 
 def main() -> None:
@@ -194,21 +325,33 @@ def main() -> None:
     parser.add_argument("--summary", action="store_true")
     parser.add_argument("--dtensor-overhead", action="store_true", help="time a matmul's forward and backward "
                         "plain and as a DTensor-parallel module on one rank (thread CPU)")
+    parser.add_argument("--plans", default=",".join(PLANS), help="the plans --measure runs, comma-separated "
+                        f"(default all: {', '.join(PLANS)})")
+    parser.add_argument("--core-costs", action="store_true", help="time the attention core's forward and "
+                        "backward heads-split (plain tp 2) and by query rows (thread CPU)")
+    parser.add_argument("--after", default="", help="--summary of the runs stamped at or after HHMMSS only")
+    parser.add_argument("--suffix", default="", help="--summary writes summary<SUFFIX>.md and .json")
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     args = parser.parse_args()
     if args.profile:
         profile(args.out)
     if args.measure:
-        measure(args.out, args.iterations, args.warmup)
+        plans = args.plans.split(",")
+        if unknown := [p for p in plans if p not in PLANS]:
+            raise SystemExit(f"--plans: {', '.join(unknown)} unknown; choose from {', '.join(PLANS)}")
+        measure(args.out, args.iterations, args.warmup, plans)
     if args.dtensor_overhead:
         print(json.dumps({k: round(v * 1e6, 1) for k, v in dtensor_overhead().items()}) + " (us per forward and "
               "backward, thread CPU)")
+    if args.core_costs:
+        print(json.dumps({k: round(v * 1e6, 1) for k, v in core_costs().items()}) + " (us per forward and backward, "
+              "thread CPU)")
     if args.summary:
-        rows = summary(args.out)
-        (args.out / "summary.json").write_text(json.dumps(rows, indent=1))
+        rows = summary(args.out, args.after)
+        (args.out / f"summary{args.suffix}.json").write_text(json.dumps(rows, indent=1))
         text = markdown(rows)
-        (args.out / "summary.md").write_text(text)
+        (args.out / f"summary{args.suffix}.md").write_text(text)
         print(text)
 
 

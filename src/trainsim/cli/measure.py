@@ -141,7 +141,7 @@ def _split_run(tree: Path | None, memory_cap_gib: float, model: str | None, job:
                           "runs the job's one mesh; predict it with --engine sim")
     extra["tree_yaml"] = tree.read_text()
     if job.parallel.tp > 1:  # the tree's per-op tp configs, run by the job's tp Trainer (measure/op_parallel.py)
-        extra["tp_degrees"] = _tp_degrees(tree, plan, job)
+        extra["tp_degrees"], extra["tp_dims"] = _tp_layout(tree, plan, job)
         return extra
     configs = {f"{index}:{name}": [c.batch, c.seq, c.out, c.reduce]
                for index, split in plan_splits(plan, job.parallel.dp).items() for name, c in split.configs.items()}
@@ -149,17 +149,17 @@ def _split_run(tree: Path | None, memory_cap_gib: float, model: str | None, job:
     return extra
 
 
-def _tp_degrees(tree: Path, plan: Any, job: Job) -> dict[str, dict[str, int]]:
-    """Each op's tp degree where the tree's configs are not Megatron's over tp (measure.tp_degrees), after the
-    compiler's own checks of them (shape_layers: a tied table at one degree)."""
+def _tp_layout(tree: Path, plan: Any, job: Job) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, str]]]:
+    """Each op's tp degree and split where the tree's configs are not Megatron's over tp (measure.tp_degrees),
+    after the compiler's own checks of them (shape_layers: a tied table at one degree)."""
     from trainsim.compile.shape_layers import shape_layers
-    from trainsim.measure.tp_degrees import plan_tp_degrees
+    from trainsim.measure.tp_degrees import plan_tp_layout
 
     if plan.op_splits:
         raise ConfigError("tree", str(tree), "splits ops over dp and over tp: `trainsim measure` runs one or the "
                           "other; predict it with --engine sim")
     shape_layers(job, plan)
-    return plan_tp_degrees(plan, job.parallel)
+    return plan_tp_layout(plan, job.parallel)
 
 
 def job_from_flags(job_file: Path | None, flags: dict[str, Any]) -> Job:

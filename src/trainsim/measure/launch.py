@@ -87,6 +87,8 @@ class MeasureSpec:
     # a tree's per-op tp configs (tp > 1): model part -> op name -> its tp degree where it is not tp
     # (measure.tp_degrees, computed by the command); the job's Trainer runs them (measure/op_parallel.py)
     tp_degrees: dict[str, dict[str, int]] | None = None
+    # and the split of those ops that is not Megatron's: part -> op name -> "reduce" or "seq" (measure/op_splits.py)
+    tp_dims: dict[str, dict[str, str]] | None = None
     # a per-rank memory cap (bytes above the rank's resident memory before the model is built; 0: none): a rank
     # that goes past it stops the run, which records outcome "oom" instead of failing
     memory_cap_bytes: int = 0
@@ -216,7 +218,8 @@ def make_spec(job: Job, out_dir: Path, *, run_id: str | None = None, iterations:
               labels: dict[str, str] | None = None, tree_yaml: str = "",
               dataflow: dict[str, list[str]] | None = None, memory_cap_bytes: int = 0,
               op_configs: dict[str, list[int]] | None = None, phase_probe: bool = False,
-              tp_degrees: dict[str, dict[str, int]] | None = None) -> MeasureSpec:
+              tp_degrees: dict[str, dict[str, int]] | None = None,
+              tp_dims: dict[str, dict[str, str]] | None = None) -> MeasureSpec:
     """Check the job and the loop settings; pick the device and the threads per rank (cores / ranks)."""
     import importlib.util
 
@@ -241,7 +244,8 @@ def make_spec(job: Job, out_dir: Path, *, run_id: str | None = None, iterations:
     return MeasureSpec(run_id or default_run_id(job)[:MAX_NAME_CHARS], job_to_dict(job), str(out_dir), iterations,
                        warmup, timeout_s, threads, chosen, profile, execution_trace, labels=labels or {},
                        tree_yaml=tree_yaml, dataflow=dataflow, memory_cap_bytes=memory_cap_bytes,
-                       op_configs=op_configs, phase_probe=phase_probe, tp_degrees=tp_degrees)
+                       op_configs=op_configs, phase_probe=phase_probe, tp_degrees=tp_degrees,
+                       tp_dims=tp_dims)
 
 
 def _store_socket() -> socket.socket:

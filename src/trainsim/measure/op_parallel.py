@@ -11,8 +11,11 @@ whole) the tensor is resharded as the predicted plan reshards it: a split read w
 split's ranks (its backward keeps this rank's part of the whole gradient), a whole tensor read split is sliced
 (its backward all-gathers the parts' gradients); q, k and v of a split qkv read by a whole core, the ffn features
 of a split fc1 read by a whole fc2, the logits of a split projection read by a whole cross-entropy (no
-vocab-parallel statistics). A whole op's inputs and output gradients are the same on every tp rank (no sequence
-split is measured), so its weight's gradient is complete on each: it is not summed over the tp group.
+vocab-parallel statistics). A whole op's inputs and output gradients are the same on every tp rank, so its
+weight's gradient is complete on each: it is not summed over the tp group. The splits other than Megatron's (a
+column matmul by its reduction dimension, the core by query rows, a dense MLP or a block's norms by tokens) are
+measure/op_splits.py's; the weights a split by tokens holds whole on each rank have their gradients summed over
+its ranks after the backward (apply_op_tp returns them; the Trainer sums them before the optimizer step).
 Imported only inside measure workers (torch).
 """
 
@@ -20,7 +23,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
@@ -28,40 +30,15 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.measure.model import Attention, Block, Embedding, Head, TransformerChunk
-from trainsim.measure.tp_degrees import TpDegrees
-
-
-class _Gather(torch.autograd.Function):
-    """All-gather the last dimension over a group; the backward keeps this rank's part (a slice)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any, size: int, index: int) -> torch.Tensor:
-        ctx.args = (size, index)
-        parts = [torch.empty_like(x) for _ in range(size)]
-        dist.all_gather(parts, x.contiguous(), group=group)
-        return torch.cat(parts, dim=-1)
-
-    @staticmethod
-    def backward(ctx: Any, *grad_outputs: Any) -> Any:
-        size, index = ctx.args
-        return grad_outputs[0].chunk(size, dim=-1)[index].contiguous(), None, None, None
-
-
-class _Slice(torch.autograd.Function):
-    """Keep this rank's part of the last dimension; the backward all-gathers the gradient's parts."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any, size: int, index: int) -> torch.Tensor:
-        ctx.args = (group, size)
-        return x.chunk(size, dim=-1)[index].contiguous()
-
-    @staticmethod
-    def backward(ctx: Any, *grad_outputs: Any) -> Any:
-        group, size = ctx.args
-        grad = grad_outputs[0].contiguous()
-        parts = [torch.empty_like(grad) for _ in range(size)]
-        dist.all_gather(parts, grad, group=group)
-        return torch.cat(parts, dim=-1), None, None, None
+from trainsim.measure.op_collectives import Group, gather, slice_part
+from trainsim.measure.op_splits import (
+    TokenSplit,
+    attention_by_rows,
+    block_by_tokens,
+    column_by_reduce,
+    mlp_by_tokens,
+)
+from trainsim.measure.tp_degrees import TpDegrees, TpDims
 
 
 class Meshes:
@@ -81,33 +58,46 @@ class Meshes:
     def __getitem__(self, degree: int) -> DeviceMesh:
         return self.by_degree[degree]
 
-    def gather(self, x: torch.Tensor, degree: int) -> torch.Tensor:
+    def group(self, degree: int) -> Group:
         mesh = self[degree]
-        return _Gather.apply(x, mesh.get_group(), degree, mesh.get_local_rank())  # type: ignore[no-any-return]
+        return Group(mesh.get_group(), degree, mesh.get_local_rank())
+
+    def gather(self, x: torch.Tensor, degree: int) -> torch.Tensor:
+        return gather(x, self.group(degree), -1)
 
     def slice(self, x: torch.Tensor, degree: int) -> torch.Tensor:
-        mesh = self[degree]
-        return _Slice.apply(x, mesh.get_group(), degree, mesh.get_local_rank())  # type: ignore[no-any-return]
+        return slice_part(x, self.group(degree), -1)
 
     def part_index(self, degree: int) -> int:
         return 0 if degree == 1 else self[degree].get_local_rank()
 
 
-def apply_op_tp(chunk: TransformerChunk, spec: TransformerSpec, tp_mesh: DeviceMesh, degrees: TpDegrees) -> None:
-    """Shard the chunk's ops over tp at their own degrees (module doc); degrees: measure.tp_degrees's, the ops
-    it leaves out at tp (Megatron's)."""
+def apply_op_tp(chunk: TransformerChunk, spec: TransformerSpec, tp_mesh: DeviceMesh, degrees: TpDegrees,
+                dims: TpDims | None = None) -> list[TokenSplit]:
+    """Shard the chunk's ops over tp at their own degrees and splits (module doc); degrees and dims:
+    measure.tp_degrees's, the ops they leave out at Megatron's split over tp. Returns the weights held whole by
+    ranks that split their tokens, whose gradients the step sums over those ranks (op_collectives.sum_grads)."""
     tp = tp_mesh.size()
+    dims = dims or {}
     meshes = Meshes(tp_mesh, {d for ops in degrees.values() for d in ops.values()})
+    token_splits: list[TokenSplit] = []
     if chunk.embed is not None:
         _embedding(chunk.embed, meshes, degrees.get("embed", {}).get("lookup", tp))
     for index, block in enumerate(chunk.layers.values()):
         assert isinstance(block, Block)
         ops = degrees.get(f"block:{index}", {})
-        _attention(block.attn, spec, meshes, ops)
-        _mlp(block.mlp, meshes, ops)
+        split = dims.get(f"block:{index}", {})
+        if split.get("norm1") == "seq":  # measure.tp_degrees: the block's other ops then take Megatron's
+            block_by_tokens(block, tp_mesh, meshes.group(tp))
+            block.attn.head_offset = meshes.part_index(tp) * spec.num_heads // tp
+            token_splits.append(([*block.attn_norm.parameters(), *block.mlp_norm.parameters()], meshes.group(tp)))
+            continue
+        _attention(block.attn, spec, meshes, ops, split)
+        token_splits += _mlp(block.mlp, meshes, ops, split)
     if chunk.head is not None:
         ops = degrees.get("head", {})
         _head(chunk.head, meshes, ops.get("logits", tp), ops.get("cross_entropy", tp))
+    return token_splits
 
 
 def _degree(ops: Mapping[str, int], names: tuple[str, ...], tp: int) -> int:
@@ -137,22 +127,37 @@ def _row(linear: nn.Module, parent: nn.Module, name: str, meshes: Meshes, degree
         linear.register_forward_pre_hook(lambda _m, args: (meshes.gather(args[0], read_from),))
 
 
-def _attention(attn: Attention, spec: TransformerSpec, meshes: Meshes, ops: Mapping[str, int]) -> None:
+def _attention(attn: Attention, spec: TransformerSpec, meshes: Meshes, ops: Mapping[str, int],
+               split: Mapping[str, str]) -> None:
     tp = meshes.tp
     qkv, core, out = (_degree(ops, names, tp) for names in (("qkv",), ("rope", "attention", "softmax"),
                                                               ("out_proj",)))
-    _column(attn, ["q", "k", "v"], meshes, qkv, core)
+    if split.get("attention") == "seq":  # measure.tp_degrees: qkv and out_proj Megatron's over the same ranks
+        parallelize_module(attn, meshes[core], {"q": ColwiseParallel(), "k": ColwiseParallel(),
+                                                "v": ColwiseParallel(), "o": RowwiseParallel()})
+        attention_by_rows(attn, meshes.group(core))
+        return
+    if split.get("qkv") == "reduce":
+        column_by_reduce(attn, ["q", "k", "v"], meshes[qkv], meshes.group(qkv), core)
+    else:
+        _column(attn, ["q", "k", "v"], meshes, qkv, core)
     _row(attn.o, attn, "o", meshes, out, core)
     attn.head_offset = meshes.part_index(core) * spec.num_heads // core  # places ALiBi slopes
 
 
-def _mlp(mlp: nn.Module, meshes: Meshes, ops: Mapping[str, int]) -> None:
+def _mlp(mlp: nn.Module, meshes: Meshes, ops: Mapping[str, int], split: Mapping[str, str]) -> list[TokenSplit]:
     tp = meshes.tp
     first, act, second = (_degree(ops, names, tp) for names in (("fc1", "gate_up"), ("gelu", "swiglu"),
                                                                  ("fc2", "down")))
+    if split.get("fc1", split.get("gate_up")) == "seq":  # measure.tp_degrees: every op of the MLP by seq
+        return [mlp_by_tokens(mlp, meshes.group(first))]
     columns = ["up"] + (["gate"] if getattr(mlp, "gate", None) is not None else [])
-    _column(mlp, columns, meshes, first, act)
+    if split.get("fc1", split.get("gate_up")) == "reduce":
+        column_by_reduce(mlp, columns, meshes[first], meshes.group(first), act)
+    else:
+        _column(mlp, columns, meshes, first, act)
     _row(mlp.get_submodule("down"), mlp, "down", meshes, second, act)
+    return []
 
 
 def _embedding(embed: Embedding, meshes: Meshes, degree: int) -> None:

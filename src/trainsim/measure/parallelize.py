@@ -26,8 +26,10 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job
 from trainsim.measure.model import Block, MoE, TransformerChunk, build_chunk, lm_loss, split_layers
+from trainsim.measure.op_collectives import sum_grads
 from trainsim.measure.op_parallel import apply_op_tp
-from trainsim.measure.tp_degrees import TpDegrees
+from trainsim.measure.op_splits import TokenSplit
+from trainsim.measure.tp_degrees import TpDegrees, TpDims
 from trainsim.strategy.stages import virtual_stage_blocks
 
 LEARNING_RATE = 1e-4
@@ -201,9 +203,11 @@ class Trainer:
     computes none: the pipeline's non-last stages)."""
 
     def __init__(self, job: Job, topo: Topology, device: torch.device, seed: int = 0,
-                 tp_degrees: TpDegrees | None = None) -> None:
+                 tp_degrees: TpDegrees | None = None, tp_dims: TpDims | None = None) -> None:
         self.job = job
         self.tp_degrees = tp_degrees  # a strategy tree's per-op tp degrees (measure/op_parallel.py); None: Megatron's
+        self.tp_dims = tp_dims  # and the splits of those ops that are not Megatron's (measure/op_splits.py)
+        self.token_splits: list[TokenSplit] = []  # weights whose gradients are summed over their token-split ranks
         self.topo = topo
         self.device = device
         self.seed = seed
@@ -244,7 +248,8 @@ class Trainer:
                 chunk = build_chunk(spec, plans[index], p.recompute, self.seed, experts=spec.is_moe,
                                     attention=p.attention)
                 if p.tp > 1 and self.tp_degrees is not None:
-                    apply_op_tp(chunk, spec, self.topo.mesh["tp"], self.tp_degrees)
+                    self.token_splits += apply_op_tp(chunk, spec, self.topo.mesh["tp"], self.tp_degrees,
+                                                     self.tp_dims)
                 elif p.tp > 1:
                     apply_tp(chunk, spec, self.topo, p.sp)
                 if p.precision == "bf16":
@@ -289,6 +294,8 @@ class Trainer:
     def step(self) -> float:
         self.optimizer.zero_grad(set_to_none=True)
         loss = self._pipeline_step() if self.schedule is not None else self._local_step()
+        for params, group in self.token_splits:
+            sum_grads(params, group)
         if self.manual_grad_sync:
             all_reduce_grads(self.params, self.topo.group("dp"), self.job.parallel.dp)
         self._sync_tied_embedding()

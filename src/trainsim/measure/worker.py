@@ -123,7 +123,8 @@ def _measure(spec: MeasureSpec, job: Any, device: Any, rank: int, world_size: in
     if spec.tree_yaml and spec.tp_degrees is None:
         trainer: Any = _split_trainer(spec, job, rank, world_size)
     else:  # a tree's per-op tp configs run in the job's own tp Trainer
-        trainer = Trainer(job, make_topology(job, device.type), device, spec.seed, tp_degrees=spec.tp_degrees)
+        trainer = Trainer(job, make_topology(job, device.type), device, spec.seed, tp_degrees=spec.tp_degrees,
+                          tp_dims=spec.tp_dims)
     log(f"built {job.describe()}; stages {trainer.stage_indices}")
     cap = _MemoryCap(spec.memory_cap_bytes, baseline, device)
     inject_fault(rank)

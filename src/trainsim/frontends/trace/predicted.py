@@ -142,6 +142,23 @@ def deduct_profiler(graph: ExecGraph, traces: Sequence[RankTrace], op_s: float) 
     return graph
 
 
+def dilate_traces(traces: Sequence[RankTrace], factor: float) -> None:
+    """Stretch the traced ranks' time axis by `factor` about their earliest start, in place: every op's start and
+    duration and every collective's execution record, on all ranks alike (so the ranks stay aligned on their
+    shared clock). Puts a trace taken in one speed phase of the host at another (a reference probe's ratio,
+    measure.phase; docs/recommendation.md, fourteenth session)."""
+    if not factor > 0.0:
+        raise ConfigError("factor", factor, "a positive time scale")
+    ops = [op for trace in traces for op in trace.ops.values()]
+    origin = min((op.start_s for op in ops if op.measured), default=0.0)
+    for op in ops:
+        op.start_s = origin + (op.start_s - origin) * factor
+        op.duration_s *= factor
+        if op.collective is not None:
+            op.collective.exec_start_s = origin + (op.collective.exec_start_s - origin) * factor
+            op.collective.exec_duration_s *= factor
+
+
 CollectiveSeconds = Callable[[str, float, int], float]  # (kind, bytes, ranks) -> seconds
 
 

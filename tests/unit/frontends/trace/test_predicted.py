@@ -13,6 +13,7 @@ from trainsim.frontends.trace.predicted import (
     KernelModels,
     OpSample,
     deduct_profiler,
+    dilate_traces,
     host_overheads,
     op_samples,
     op_work,
@@ -92,3 +93,18 @@ def test_deducting_the_profiler_shortens_op_tasks_only_and_never_below_zero() ->
     gone = deduct_profiler(to_exec_graph(traces, start_offsets="zero"), traces, 1.0)
     assert all(t.duration_s == 0.0 for t in gone.tasks
                if t.kind != "comm" and t.category != "overhead" and t.name.rsplit("#", 1)[-1].split(" ")[0].isdigit())
+
+
+def test_dilating_the_traces_stretches_every_duration_and_the_replayed_iteration_alike() -> None:
+    traces = load_trace_directory(EXEC_TRACES)
+    replay = to_exec_graph(traces, start_offsets="zero")
+    dilate_traces(traces, 1.5)
+    stretched = to_exec_graph(traces, start_offsets="zero")
+    assert [t.name for t in stretched.tasks] == [t.name for t in replay.tasks]
+    for before, after in zip(replay.tasks, stretched.tasks, strict=True):
+        # host gaps are differences of Kineto's absolute times (~4.8e6 s here, a double's step ~1e-9 s): a few
+        # of those steps, far below the trace's 1 us resolution
+        assert after.duration_s == pytest.approx(before.duration_s * 1.5, rel=1e-6, abs=5e-9)
+    assert iteration_s(stretched) == pytest.approx(1.5 * iteration_s(replay), rel=1e-6)
+    with pytest.raises(ConfigError, match="factor"):
+        dilate_traces(traces, 0.0)

@@ -1,0 +1,133 @@
+"""Autograd-aware collectives over a tp (sub-)group on plain tensors, each with the conjugate its backward needs
+(Shoeybi et al. 2019, Sec. 3, the f / g operators; Korthikanti et al. 2022, Sec. 4.2.2, g and g-bar of sequence
+parallelism; Jacobs et al. 2023, DeepSpeed-Ulysses, Sec. 3, the all-to-all between heads and sequence):
+
+- slice: keep this rank's part of a dimension; backward all-gathers the parts' gradients;
+- gather: all-gather a dimension's parts; backward keeps this rank's part (the gradient is the same on every rank);
+- gather_sum: all-gather a dimension's parts; backward reduce-scatters (each rank's gradient is partial: keys and
+  values read by every rank's query rows);
+- exchange: all-to-all, one dimension split, another gathered; backward the inverse all-to-all.
+Imported only inside measure workers (torch).
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """A tp (sub-)group of `size` ranks and this rank's index in it."""
+
+    handle: Any  # torch.distributed.ProcessGroup
+    size: int
+    index: int
+
+
+def _all_gather(x: torch.Tensor, group: Group, dim: int) -> torch.Tensor:
+    parts = [torch.empty_like(x) for _ in range(group.size)]
+    dist.all_gather(parts, x.contiguous(), group=group.handle)
+    return torch.cat(parts, dim=dim)
+
+
+def _reduce_scatter(x: torch.Tensor, group: Group, dim: int) -> torch.Tensor:
+    parts = [part.contiguous() for part in x.chunk(group.size, dim=dim)]
+    out = torch.empty_like(parts[group.index])
+    dist.reduce_scatter(out, parts, group=group.handle)
+    return out
+
+
+def _all_to_all(x: torch.Tensor, group: Group, split_dim: int, gather_dim: int) -> torch.Tensor:
+    """Part j of split_dim goes to rank j; the parts received are concatenated along gather_dim in rank order."""
+    send = torch.stack(x.chunk(group.size, dim=split_dim)).contiguous()
+    received = torch.empty_like(send)
+    dist.all_to_all_single(received, send, group=group.handle)
+    return torch.cat(received.unbind(0), dim=gather_dim)
+
+
+class _Slice(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Group, dim: int) -> torch.Tensor:
+        ctx.args = (group, dim)
+        return x.chunk(group.size, dim=dim)[group.index].contiguous()
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        group, dim = ctx.args
+        return _all_gather(grads[0], group, dim), None, None
+
+
+class _Gather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Group, dim: int) -> torch.Tensor:
+        ctx.args = (group, dim)
+        return _all_gather(x, group, dim)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        group, dim = ctx.args
+        return grads[0].chunk(group.size, dim=dim)[group.index].contiguous(), None, None
+
+
+class _GatherSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Group, dim: int) -> torch.Tensor:
+        ctx.args = (group, dim)
+        return _all_gather(x, group, dim)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        group, dim = ctx.args
+        return _reduce_scatter(grads[0], group, dim), None, None
+
+
+class _Exchange(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Group, split_dim: int, gather_dim: int) -> torch.Tensor:
+        ctx.args = (group, split_dim, gather_dim)
+        return _all_to_all(x, group, split_dim, gather_dim)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        group, split_dim, gather_dim = ctx.args
+        return _all_to_all(grads[0], group, gather_dim, split_dim), None, None, None
+
+
+def slice_part(x: torch.Tensor, group: Group, dim: int) -> torch.Tensor:
+    return _Slice.apply(x, group, dim)  # type: ignore[no-any-return]
+
+
+def gather(x: torch.Tensor, group: Group, dim: int) -> torch.Tensor:
+    return _Gather.apply(x, group, dim)  # type: ignore[no-any-return]
+
+
+def gather_sum(x: torch.Tensor, group: Group, dim: int) -> torch.Tensor:
+    return _GatherSum.apply(x, group, dim)  # type: ignore[no-any-return]
+
+
+def exchange(x: torch.Tensor, group: Group, split_dim: int, gather_dim: int) -> torch.Tensor:
+    return _Exchange.apply(x, group, split_dim, gather_dim)  # type: ignore[no-any-return]
+
+
+def sum_grads(params: list[torch.nn.Parameter], group: Group) -> None:
+    """Sum the gradients of weights held whole by ranks that split their tokens, in one flat all-reduce. A
+    DTensor's gradient (a sequence-parallel norm's: partial sums) becomes the replicated sum it stands for."""
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+    from torch.distributed.tensor import DTensor, Replicate
+
+    held = [p for p in params if p.grad is not None]
+    if not held:
+        return
+    grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in held]
+    flat = _flatten_dense_tensors(grads)
+    dist.all_reduce(flat, group=group.handle)
+    for param, summed in zip(held, _unflatten_dense_tensors(flat, grads), strict=True):
+        grad = param.grad
+        if isinstance(grad, DTensor):
+            assert grad.placements[0].is_partial(), grad.placements  # else DTensor summed it already
+            param.grad = DTensor.from_local(summed, grad.device_mesh, [Replicate()], run_check=False)
+        else:
+            assert grad is not None
+            grad.copy_(summed)

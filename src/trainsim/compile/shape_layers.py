@@ -1,17 +1,17 @@
 """Pass: shape each layer instance's ops from its computation configs over tp (Proteus Sec. IV-B: a split on any
 op takes effect; Sec. V-A: an op's cost follows its partition).
 
-The OpGraph's ops are one device's under Megatron's tensor split. A strategy tree may give any op of a block's
-attention or MLP, the head's vocabulary projection or its cross-entropy a config of its own over tp ((batch, seq,
-out, reduce) parts dividing tp), a dense block's norms and residual adds, the head's norm and the learned positions
-a batch or sequence split (a norm its features too), and the embedding's lookup Megatron's split over fewer ranks d
-dividing tp, by tokens, or none (strategy.megatron.own_configs): the layer instance is rebuilt by the catalog
-builders with each such op at its config (frontends.catalog.transformer block_layer, embedding_layer, head_layer):
-it runs the op on its share of the tokens and features (its FLOPs and bytes), holds 1/(out x reduce) of its weight
-(and with it of the gradient, optimizer states and data-parallel gradient volume), keeps the activations of its
-backward at that share, and the layer's collectives are those the resharding between the configs inserts
-(compile.splits.plan_mesh_comms; over a sub-group of ranks where the layout change spans fewer than tp). Instances
-with the same configs share one rebuilt layer; a plan whose configs are Megatron's everywhere is returned as it is.
+The OpGraph's ops are one device's under Megatron's tensor split. A strategy tree may give any op of a block's attention
+or MLP, the head's vocabulary projection or its cross-entropy a config of its own over tp ((batch, seq, out, reduce)
+parts dividing tp), a block's norms and residual adds, the head's norm, the learned positions and BERT's token types and
+embedding norm a batch, sequence or hidden-feature split, and the embedding's lookup Megatron's split over fewer ranks d
+dividing tp, by tokens, or none (strategy.megatron.own_configs): the layer instance is rebuilt by the catalog builders
+with each such op at its config (frontends.catalog.transformer block_layer, embedding_layer, head_layer): it runs the op
+on its share of the tokens and features (its FLOPs and bytes), holds 1/(out x reduce) of its weight (and with it of the
+gradient, optimizer states and data-parallel gradient volume), keeps the activations of its backward at that share, and
+the layer's collectives are those the resharding between the configs inserts (compile.splits.plan_mesh_comms; over a
+sub-group of ranks where the layout change spans fewer than tp). Instances with the same configs share one rebuilt
+layer; a plan whose configs are Megatron's everywhere is returned as it is.
 
 An MoE's experts (strategy.megatron: Megatron-Core's expert tensor parallelism) at degree d run the routed
 copies of their d ranks' tokens under sp (all the micro-batch's without sp), hold 1/d of each of their ep

@@ -22,8 +22,9 @@ ranks d (each group of d consecutive tp ranks runs the op split d ways), none (t
 matmul split by its reduction dimension (input features sliced, partial sums out) or by its output dimension where
 Megatron splits the reduction, an op split by sequence (query rows for the attention core, tokens for a matmul,
 whose weight each rank then holds whole, its gradient summed over those ranks with the data-parallel reduction:
-token_split_params). A block's norms and residual adds (dense or MoE), the head's final norm and the embedding's
-learned positions may take any batch or sequence split whose parts divide tp (replicable_module "tokens"): split
+token_split_params). A block's norms and residual adds (dense or MoE), the head's final norm, the embedding's
+learned positions and BERT's token types and embedding norm may take any batch or sequence split whose parts
+divide tp (replicable_module "tokens"): split
 by sequence without sp (per-op sequence parallelism; a block then hands on the whole hidden state, its last add's
 halves all-gathered: block.ag), or whole under sp; a norm's gain (and bias), like the position table, is held
 whole and, where its tokens are split other than Megatron's way, its gradient summed over those ranks as a
@@ -35,12 +36,20 @@ it over tp); the per-token statistics over the features are partial over the out
 each: a LayerNorm's sums of x and x^2 forward, of dy' and dy' xhat backward, an RMSNorm's sum of x^2 and of
 dy' xhat (_norm_statistics: Colossal-AI's 2D LayerNorm; RMSNorm's derived); the layout changes around it (its
 input sliced or exchanged by all-to-all from a sequence split, its output gathered for a reader of whole
-features, the gradients' conjugates) come out of the walk below like any op's. The embedding's lookup takes
+features, the gradients' conjugates) come out of the walk below like any op's. A residual add, the positions and
+BERT's token types may split the hidden features too (out, with or without token parts): each rank adds its h / out
+slice of each of its tokens (no statistics); a table (the positions', the token types') is held 1/out on each rank,
+no gradient summed for it over tp unless its tokens are split too (that slice's, over those ranks). A residual
+add's second input, the skip connection, is the tensor its block's norm reads (the block's input for residual1,
+residual1's sum for residual2): where the add reads it otherwise than the norm does, it is resharded from the
+tensor's layout (block.a2a, a slice), and where the add's input gradient lies otherwise than the norm's, that
+gradient is resharded back before the two are summed (block.ag: _skip_reshards); alike, they are summed first and
+resharded once (the walk's). The embedding's lookup takes
 Megatron's split over d dividing tp, none, or a batch or sequence split whose parts divide tp (each rank looks up
 its own tokens in the whole table, whose gradient is then summed over those ranks; a tied table then needs the
 head's projection whole), an MoE's experts Megatron's split over d or none and its router a batch or sequence
-split whose parts divide tp, or none (below); a residual add or the positions split by features, BERT's token
-types and embedding norm take Megatron's only (tp_config_problem says what an op can take). The catalog builders
+split whose parts divide tp, or none (below); no op takes a split of a reduction dimension it has not
+(tp_config_problem says what an op can take). The catalog builders
 shape each op at its config (frontends.catalog.transformer block_layer, embedding_layer, head_layer;
 compile.shape_layers); a collective over a split of fewer ranks than tp spans them (ir.graph.Comm.ranks), and the
 resharding below inserts what the layout changes need: a whole attention beside a split MLP pays only the MLP's
@@ -122,7 +131,10 @@ Configs = Mapping[tuple[str, Axis], OpConfig]  # (op module path, axis) -> the o
 UNSPLIT = OpConfig(1, 1, 1, 1)
 COMPUTE_PARTS = ("batch", "seq", "out", "reduce")  # an OpConfig's parts, in its order
 TpConfigs = frozenset[tuple[str, OpConfig]]  # (op name, its config over tp) where not Megatron's (own_configs)
-TOKEN_PATHS = ("head.norm", "embed.positions")  # replicable "tokens" outside a dense block (replicable_module)
+# replicable "tokens" outside a block (replicable_module): the head's norm, the positions, BERT's token types and
+# embedding norm
+TOKEN_PATHS = ("head.norm", "embed.positions", "embed.token_types", "embed.norm")
+_SKIPS = {"residual1": "norm1", "residual2": "norm2"}  # a block's residual add -> the norm reading its skip input
 _NORM_STATISTICS = {  # a norm split by its features: per-token partial sums, (forward, backward) (_norm_statistics)
     "layernorm": (("sum", "sum_sq"), ("sum_dy", "sum_dy_xhat")),
     "rmsnorm": (("sum_sq",), ("sum_dy_xhat",)),
@@ -163,9 +175,9 @@ def replicable_module(op: Op) -> str:
     rope, the attention core, softmax, the projection), "mlp" (a dense block's MLP), "experts" (an MoE's expert
     matmuls and activation: Megatron-Core's expert tensor parallelism), "embed" (the token lookup) or "head"
     (the vocabulary projection and the cross-entropy), "tokens" (a block's norms and residual adds, dense or MoE,
-    the head's norm and the embedding's positions: a batch or sequence split, a norm's features too), "router"
-    (an MoE's gating matmul: a batch or sequence split, its weight whole); "" for any other op (BERT's token types
-    and embedding norm: Megatron's configs always)."""
+    the head's norm, the embedding's positions and BERT's token types and embedding norm: a batch, sequence or
+    hidden-feature split), "router" (an MoE's gating matmul: a batch or sequence split, its weight whole); "" for
+    any other op (BERT's head transform: Megatron's configs always)."""
     parts = op.module_path.split(".")
     if "attn" in parts:
         return "attn"
@@ -188,9 +200,10 @@ def replicable_module(op: Op) -> str:
 def tp_config_problem(op: Op, config: OpConfig, dev: DeviceSlice) -> str:
     """Why a replicable op (replicable_module) cannot take `config` over tp ("" where it can): the parts must
     divide tp, the micro-batch and the sequence; reduce splits a matmul's reduction dimension only; out an
-    attention or MLP op's, the head's projection or loss, or a norm's features (not a residual add's or the
-    positions'); the lookup takes Megatron's split (reduce) over d dividing tp, or none; an MoE's expert op
-    Megatron's split over d dividing tp (under sp with seq = tp / d), or none (expert tensor parallelism 1)."""
+    attention or MLP op's, the head's projection or loss, or the hidden features of a norm, a residual add, the
+    positions or BERT's token types (not the router's); the lookup takes Megatron's split (reduce) over d
+    dividing tp, or none; an MoE's expert op Megatron's split over d dividing tp (under sp with seq = tp / d), or
+    none (expert tensor parallelism 1)."""
     if op.kind == "embedding":
         by_tokens = config.out == config.reduce == 1 and config.parts > 1
         if not by_tokens and (config != megatron_tp(op, dev, config.reduce) or dev.tp % config.reduce):
@@ -209,9 +222,9 @@ def tp_config_problem(op: Op, config: OpConfig, dev: DeviceSlice) -> str:
                 if dev.tp > 2 else ""
             return f"{fewer}{whole} (the experts whole on each tp rank: expert tensor parallelism 1)"
         return ""
-    # a residual add's and the positions' tokens only (a norm's features too: statistics); the router's top-k
-    # spans its experts: its tokens only
-    tokens_only = replicable_module(op) == "router" or (replicable_module(op) == "tokens" and op.kind != "norm")
+    # the router's top-k spans its experts: its tokens only; a norm, a residual add, the positions and BERT's
+    # token types their tokens and hidden features (a norm's statistics all-reduced: _norm_statistics)
+    tokens_only = replicable_module(op) == "router"
     dims = COMPUTE_PARTS[:2] if tokens_only else COMPUTE_PARTS if op.kind in CONTRACTING else COMPUTE_PARTS[:3]
     allowed = f"any split of its {', '.join(dims)} whose parts divide {dev.tp}, or none (the {op.name} whole on " \
         "each tp rank)"
@@ -296,10 +309,18 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
     backward: list[_Found] = []
     placement: Placement | None = None if kind == "embedding" else handed  # the lookup reads token ids
     producer: Op | None = None
+    forks: dict[str, tuple[Placement, Placement, Placement]] = {}  # a norm's input, its need and its gradient's
     for op in fwd:
         config = config_of(op)
         contracting = _contracting(axis, op)
         need = input_placement(config, size, contracting)
+        if op.name in _SKIPS.values() and placement is not None and kind in ("block", "moe_block"):
+            forks[op.name] = (placement, need, input_grad_placement(need, config, contracting))
+        if op.name in _SKIPS and _SKIPS[op.name] in forks:  # the add's other input: the norm's
+            forward_skip, backward_skip = _skip_reshards(forks[_SKIPS[op.name]], need,
+                                                         input_grad_placement(need, config, contracting), full)
+            forward += _named(_layer_site(kind), axis, forward_skip)
+            backward += _named(_layer_site(kind), axis, backward_skip)
         if placement is not None:
             routed = dispatch_first and (_expert(op) or (producer is not None and _expert(producer)))
             site, read = _namer(axis, kind, producer, op), _read_bytes(axis, spec, dev, op, full, routed)
@@ -334,6 +355,19 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
         forward += _named(site, axis, reshard(placement, handed, full))
         backward += _named(site, axis, reshard(handed, output_grad_placement(placement), full))
     return forward, backward[::-1]
+
+
+def _skip_reshards(fork: tuple[Placement, Placement, Placement], need: Placement, grad: Placement, full: float
+                   ) -> tuple[tuple[ReshardStep, ...], tuple[ReshardStep, ...]]:
+    """(forward, backward) reshards of a residual add's skip input (the tensor its norm reads: fork = the tensor's
+    layout, the norm's input layout and its input gradient's) onto the add's layout `need` (its input gradient's:
+    `grad`). Forward: none where the add reads it as the norm does (the norm's reshard made it), else from the
+    tensor's layout. Backward: none where the add's input gradient lies as the norm's (they are summed, then
+    resharded once: the walk's), else onto the tensor's gradient layout."""
+    held, norm_need, norm_grad = fork
+    forward = () if need == norm_need else reshard(held, need, full)
+    backward = () if grad == norm_grad else reshard(grad, output_grad_placement(held), full)
+    return forward, backward
 
 
 def _through(dispatch: Placement, held: Placement) -> Placement:
@@ -519,11 +553,17 @@ def token_split_params(spec: TransformerSpec, fwd: Sequence[Op], config_of: Call
             out[parts] = out.get(parts, 0.0) + float(norm_params(spec)) / config.out
         elif replicable_module(op) == "router" and dev is not None and config != megatron_tp(op, dev, dev.tp):
             out[parts] = out.get(parts, 0.0) + float(router_params(spec))
-        elif op.module_path == "embed.positions" and dev is not None and config != megatron_tp(op, dev, dev.tp):
-            out[parts] = out.get(parts, 0.0) + float(spec.max_seq_len * spec.hidden)
+        elif op.module_path in _TABLES and dev is not None and config != megatron_tp(op, dev, dev.tp):
+            out[parts] = out.get(parts, 0.0) + float(_TABLES[op.module_path](spec)) / config.out
         elif op.kind == "embedding":  # the lookup by tokens: the whole table on each of those ranks
             out[parts] = out.get(parts, 0.0) + float(spec.vocab * spec.hidden)
     return out
+
+
+_TABLES: dict[str, Callable[[TransformerSpec], int]] = {  # the embedding's tables added to the tokens' vectors
+    "embed.positions": lambda spec: spec.max_seq_len * spec.hidden,
+    "embed.token_types": lambda spec: 2 * spec.hidden,  # BERT's two token types
+}
 
 
 def router_params(spec: TransformerSpec) -> int:

@@ -152,10 +152,11 @@ def test_megatron_s_own_norm_splits_compile_to_the_plain_plan() -> None:
 
 
 @pytest.mark.parametrize(("path", "dim", "message"), [
-    ("blocks.*.residual1", "out", r"residual1 split.compute@tp='out=2' is invalid: .*or any split of its batch, "
-                                  r"seq whose parts divide 2, or none \(the residual1 whole on each tp rank\)"),
-    ("embedding.positions", "out", r"pos_add splits nothing over tp; give that, or no tp splits; or any split of "
-                                   r"its batch, seq whose parts divide 2, or none"),
+    ("blocks.*.residual1", "reduce", r"residual1 split.compute@tp='reduce=2' is invalid: .*or any split of its "
+                                     r"batch, seq, out whose parts divide 2, or none \(the residual1 whole on each "
+                                     r"tp rank\)"),
+    ("embedding.positions", "reduce", r"pos_add splits nothing over tp; give that, or no tp splits; or any split "
+                                      r"of its batch, seq, out whose parts divide 2, or none"),
     ("head.norm", "reduce", r"final_norm splits nothing over tp; give that, or no tp splits; or any split of its "
                             r"batch, seq, out whose parts divide 2, or none"),
     ("embedding.tokens", "seq", r"lookup splits reduce=2 over tp; give that, or no tp splits; or that split over "
@@ -163,9 +164,10 @@ def test_megatron_s_own_norm_splits_compile_to_the_plain_plan() -> None:
                                 r"own tokens from the whole table\), or none"),
 ])
 def test_the_splits_still_refused_name_what_the_op_can_take(path: str, dim: str, message: str) -> None:
-    """A residual add or the positions split by hidden features, a norm by a reduction dimension it has not, and
-    the lookup split both by tokens and by rows stay refused, in one line (a norm split by features, the head's
-    norm and the positions by tokens are taken: test_shape_layers_norm_features.py)."""
+    """A residual add, the positions or a norm split by a reduction dimension they have not, and the lookup split
+    both by tokens and by rows stay refused, in one line (a norm, a residual add or the positions split by
+    features, the head's norm and the positions by tokens are taken: test_shape_layers_norm_features.py,
+    test_shape_layers_add_features.py)."""
     job = _job(sp=False)
     tree = StrategyTree.from_parallel(build_transformer(_spec(job), DeviceSlice.of(job.parallel)), job.parallel)
     with pytest.raises(ConfigError, match=message) as info:

@@ -233,6 +233,25 @@ def test_experts_over_pairs_without_sp_all_reduce_the_combined_hidden_state() ->
     assert _ep(block) == [R] * 4
 
 
+def test_an_moe_block_s_last_add_by_features_under_sp_exchanges_its_skip_input_by_all_to_all() -> None:
+    """With sp, the MoE block's residual2 adds its half of the features (sequence whole): the experts' partial sums
+    are reduce-scattered onto those features (mlp.rs, as Megatron's onto the sequence), its skip input (residual1's
+    sequence half) exchanged by all-to-all (block.a2a, a rank's H / 2) and the block hands on the sequence split
+    by all-to-all again; backward both exchanges back. residual2 runs 64 x 16 elements; parameters unchanged."""
+    job = _job(sp=True)
+    plan = _plan(job, [("blocks.*.residual2", "seq", 1), ("blocks.*.residual2", "out", 2)])
+    block = _block(job, plan)
+    tp = [(c.name, c.collective, c.phase, c.buffer_bytes) for c in block.comms if c.axis == "tp"]
+    assert tp == [("attn.ag", "all-gather", "fwd", H), ("attn.rs", "reduce-scatter", "fwd", H),
+                  ("mlp.ag", "all-gather", "fwd", H), ("block.a2a", "all-to-all", "fwd", H / 2),
+                  ("mlp.rs", "reduce-scatter", "fwd", H), ("block.a2a", "all-to-all", "fwd", H / 2),
+                  ("attn.ag", "all-gather", "bwd", H), ("attn.rs", "reduce-scatter", "bwd", H),
+                  ("block.a2a", "all-to-all", "bwd", H / 2), ("block.a2a", "all-to-all", "bwd", H / 2),
+                  ("mlp.ag", "all-gather", "bwd", H), ("mlp.rs", "reduce-scatter", "bwd", H)]
+    assert next(op for op in block.fwd if op.name == "residual2").shape == (64 * 16,)
+    assert block.param_count == MEGATRON_BLOCK_PARAMS
+
+
 @pytest.mark.parametrize("sp", [True, False])
 def test_megatron_s_own_router_and_norm_configs_compile_to_the_plain_plan(sp: bool) -> None:
     """A tree writing Megatron's configs of the MoE block's norms, residual adds and router (the sequence split
@@ -249,16 +268,16 @@ def test_megatron_s_own_router_and_norm_configs_compile_to_the_plain_plan(sp: bo
      r"blocks.0.moe.router split.compute@tp='batch=2' is invalid: the router split 2 ways by batch beside experts "
      r"split 2 ways by seq .*each rank dispatches the tokens it routed"),
     (2, [("blocks.*.residual2", "out", 2)],
-     r"blocks.0.residual2 split.compute@tp='seq=2 out=2' is invalid: .*or any split of its batch, seq whose parts "
-     r"divide 2, or none \(the residual2 whole on each tp rank\)"),
+     r"blocks.0.residual2 split.compute@tp='seq=2 out=2' is invalid: .*or any split of its batch, seq, out whose "
+     r"parts divide 2, or none \(the residual2 whole on each tp rank\)"),
     (2, [(ROUTER, "out", 2)], r"router split.compute@tp='seq=2 out=2' is invalid: .*or any split of its batch, "
                               r"seq whose parts divide 2, or none \(the router whole on each tp rank\)"),
 ])
 def test_the_configs_still_refused_say_why_in_one_line(tp: int, splits: list[tuple[str, str, int]],
                                                         message: str) -> None:
     """A router split by batch beside experts on their pair's sequence shares (the tokens a rank routed neither
-    hold its experts' nor lie within them: not priced), a residual add split by its hidden features, the router
-    by its experts: refused, in one line."""
+    hold its experts' nor lie within them: not priced), a residual add split by sequence and by its hidden
+    features into more parts than tp, the router by its experts: refused, in one line."""
     job = _job(tp=tp, sp=True)
     with pytest.raises(ConfigError, match=message) as info:
         _tree(job, splits).lower(job.parallel)

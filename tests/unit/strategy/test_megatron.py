@@ -285,11 +285,12 @@ def test_tree_file_round_trips_with_axes() -> None:
 def test_tree_splits_other_than_the_graphs_are_refused_in_one_line() -> None:
     job, _, graph = _job("gpt3-125m", {"tp": 2})
     # Megatron's sp written out, on a job without sp: every op it splits by sequence takes that split (per-op
-    # sequence parallelism: the positions, the norms and residual adds), the positions' add split by features not
+    # sequence parallelism: the positions, the norms and residual adds), the positions' add split by a reduction
+    # dimension it has not: refused
     assert load_tree_yaml(TREE_FILE, graph).lower(job.parallel).tp_configs()
     with pytest.raises(ConfigError, match=r"pos_add splits nothing over tp; give that, or no tp splits; or any "
-                                          r"split of its batch, seq whose parts divide 2, or none"):
-        StrategyTree.from_graph(graph).split("embedding.positions", "compute", "out", 2, axis="tp").lower(
+                                          r"split of its batch, seq, out whose parts divide 2, or none"):
+        StrategyTree.from_graph(graph).split("embedding.positions", "compute", "reduce", 2, axis="tp").lower(
             job.parallel)
     tree = StrategyTree.from_graph(graph).split("blocks.*.mlp.act", "compute", "reduce", 2, axis="tp")
     # the lookup and every other op left without a tp split run whole on each rank; GELU has no reduction dim

@@ -4,12 +4,14 @@ The feature collectives of TP, SP, CP and EP are not written here: strategy.mega
 splits those axes make of each layer's ops (the resharding between ops' computation configs).
 
 Each op of a block's attention and MLP, a block's norms and residual adds (dense or MoE), an MoE's router, the
-lookup and the learned positions, the head's norm, the logits and the cross-entropy is shaped by its own
+lookup, the learned positions, BERT's token types and embedding norm, the head's norm, the logits and the
+cross-entropy is shaped by its own
 computation config over tp: Megatron's split over the job's tp, or the config a strategy tree gives it (the
 builders' `own`, strategy.megatron.own_configs): (batch, seq, out, reduce) parts, each rank running the op on
 1/(batch x seq) of the tokens, 1/out of its output features and 1/reduce of its reduction dimension, and holding
 1/(out x reduce) of its weight (a config of none: the whole op on every tp rank; a norm split by its features,
-out, runs and holds 1/out of them; the router, split by tokens or none, holds its weight whole). An MoE's experts
+out, runs and holds 1/out of them, as a residual add runs and the positions' or token types' table is held
+split by features; the router, split by tokens or none, holds its weight whole). An MoE's experts
 take Megatron's split over a degree d dividing tp, or none, and run the routed copies of their d ranks' tokens
 under sp (_expert_tokens)."""
 
@@ -24,7 +26,7 @@ from trainsim.ir.flops import (
     pointwise_backward,
     pointwise_op,
 )
-from trainsim.ir.graph import Layer, LayerKind, Op, OpGraph
+from trainsim.ir.graph import Layer, LayerKind, Op, OpGraph, OpKind
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.megatron import (
@@ -88,7 +90,7 @@ def _block_params(spec: TransformerSpec, moe: bool) -> tuple[float, float]:
 def _attention_ops(spec: TransformerSpec, dev: DeviceSlice, path: str, c: Mapping[str, OpConfig],
                    rows: Mapping[str, int], widths: Mapping[str, int]) -> list[Op]:
     """norm1, the attention module with each op shaped at its config c[name] over tp, residual1 (the norm and
-    the residual add on rows[name] tokens: _token_rows; the norm on widths[name] features: _norm_widths)."""
+    the residual add on rows[name] tokens: _token_rows, and widths[name] features: _norm_widths)."""
     tokens = dev.local_tokens
     act, lin, h, d = dev.precision.activation_dtype, dev.precision.linear_dtype, spec.hidden, spec.head_dim
     mb = dev.micro_batch
@@ -116,7 +118,8 @@ def _attention_ops(spec: TransformerSpec, dev: DeviceSlice, path: str, c: Mappin
                                 flops_per_element=5.0, selective=True))
     ops.append(matmul_op("out_proj", f"{path}.attn.out", lin, tokens // _token_parts(c["out_proj"]),
                          h // c["out_proj"].out, spec.num_heads // c["out_proj"].reduce * d))
-    ops.append(pointwise_op("residual1", "elementwise", f"{path}.residual1", act, rows["residual1"] * h, reads=2.0))
+    ops.append(pointwise_op("residual1", "elementwise", f"{path}.residual1", act,
+                            rows["residual1"] * widths["residual1"], reads=2.0))
     return ops
 
 
@@ -187,7 +190,8 @@ def block_layer(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool,
         fwd.extend(_mlp_ops(spec, dev, f"{path}.moe", _expert_tokens(dev, d), spec.top_k, _features_only(c)))
     else:
         fwd.extend(_mlp_ops(spec, dev, path, dev.local_tokens, 1, c))
-    fwd.append(pointwise_op("residual2", "elementwise", f"{path}.residual2", act, rows["residual2"] * h, reads=2.0))
+    fwd.append(pointwise_op("residual2", "elementwise", f"{path}.residual2", act,
+                            rows["residual2"] * widths["residual2"], reads=2.0))
     kind: LayerKind = "moe_block" if moe else "block"
     comms = layer_comms(spec, dev, kind, fwd, _configs(kind, fwd, dev, own))
     fwd_ops, bwd_ops = _with_backward(fwd)
@@ -211,9 +215,10 @@ def _token_rows(dev: DeviceSlice, given: Mapping[str, OpConfig]) -> dict[str, in
 
 
 def _norm_widths(spec: TransformerSpec, given: Mapping[str, OpConfig]) -> dict[str, int]:
-    """The hidden features each of a block's norms runs: all of them (Megatron's), or 1/out of them at its config
-    in `given` (a norm split by its features: its statistics all-reduced, strategy.megatron._norm_statistics)."""
-    return {name: spec.hidden // given[name].out if name in given else spec.hidden for name in ("norm1", "norm2")}
+    """The hidden features each of a block's norms and residual adds runs: all of them (Megatron's), or 1/out of
+    them at its config in `given` (a norm split by its features: its statistics all-reduced,
+    strategy.megatron._norm_statistics; a residual add: each rank adds its slice)."""
+    return {name: spec.hidden // given[name].out if name in given else spec.hidden for name in _TOKEN_OPS}
 
 
 def _megatron(name: str, tp: int) -> OpConfig:
@@ -349,29 +354,35 @@ def _configs(kind: LayerKind, fwd: list[Op], dev: DeviceSlice, own: TpConfigs) -
 def embedding_layer(spec: TransformerSpec, dev: DeviceSlice, own: TpConfigs = frozenset()) -> Layer:
     """The embedding as one device runs it: the lookup vocab-parallel over tp (Megatron's: the table's rows
     split, partial sums), or over the rows its config in `own` splits (reduce; 1: the whole table on every tp
-    rank), or by tokens (batch, seq: each rank looks up its own tokens in the whole table). The learned positions
-    at a config of their own in `own` (pos_add: by tokens, or none) add the rows of the whole position table (held
-    whole; by tokens, its gradient summed over those tp ranks: strategy.megatron.token_split_params) to their
-    1/(batch x seq) of the tokens."""
+    rank), or by tokens (batch, seq: each rank looks up its own tokens in the whole table). The learned positions,
+    BERT's token types and its embedding norm at a config of their own in `own` (pos_add, type_add, norm: by
+    tokens, by hidden features, both, or none) run on their 1/(batch x seq) of the tokens and 1/out of the
+    features, and hold 1/out of their table (the position table, the 2 token types) or gain and bias (by tokens,
+    that share's gradient summed over those tp ranks: strategy.megatron.token_split_params)."""
     act, h, tokens = dev.precision.activation_dtype, spec.hidden, dev.local_tokens
-    lookup = dict(own).get("lookup", OpConfig(1, 1, 1, dev.tp))
-    positions = dict(own).get("pos_add")
+    given = dict(own)
+    lookup = given.get("lookup", OpConfig(1, 1, 1, dev.tp))
     fwd = [pointwise_op("lookup", "embedding", "embed.tokens", act, tokens // _token_parts(lookup) * h, reads=1.0)]
-    params = spec.vocab * h
+    params, shared, own_held = spec.vocab * h, spec.vocab * h, 0.0  # shared: split as the lookup's rows
+    others: list[tuple[str, OpKind, str, int]] = []  # (name, kind, module path, parameters) after the lookup
     if spec.position == "learned":
-        rows = tokens if positions is None else tokens // _token_parts(positions)
-        fwd.append(pointwise_op("pos_add", "elementwise", "embed.positions", act, rows * h, reads=2.0))
-        params += spec.max_seq_len * h
+        others.append(("pos_add", "elementwise", "embed.positions", spec.max_seq_len * h))
     if spec.arch == "bert":  # token-type embeddings (2 types) and the embedding LayerNorm
-        fwd += [pointwise_op("type_add", "elementwise", "embed.token_types", act, tokens * h, reads=2.0),
-                pointwise_op("norm", "norm", "embed.norm", act, tokens * h, flops_per_element=5.0)]
-        params += 2 * h + 2 * h
+        others.append(("type_add", "elementwise", "embed.token_types", 2 * h))
+        others.append(("norm", "norm", "embed.norm", 2 * h))
+    for name, kind, module_path, count in others:
+        config = given.get(name)
+        elements = tokens * h if config is None else tokens // _token_parts(config) * (h // config.out)
+        norm = kind == "norm"
+        fwd.append(pointwise_op(name, kind, module_path, act, elements, reads=1.0 if norm else 2.0,
+                                flops_per_element=5.0 if norm else 1.0))
+        params += count
+        shared += count if config is None else 0
+        own_held += 0.0 if config is None else count / config.out
     comms = layer_comms(spec, dev, "embedding", fwd, _configs("embedding", fwd, dev, own))
     fwd_ops, bwd_ops = _with_backward(fwd)
     out = _replicated_tokens(dev) * h * _act_bytes(dev)
-    held = params / lookup.reduce if positions is None else (
-        (params - spec.max_seq_len * h) / lookup.reduce + spec.max_seq_len * h)
-    return Layer("embedding", "embedding", 1, fwd_ops, bwd_ops, comms, held, params,
+    return Layer("embedding", "embedding", 1, fwd_ops, bwd_ops, comms, shared / lookup.reduce + own_held, params,
                  dict.fromkeys(("none", "selective", "full", "selective_op"), out), out)
 
 

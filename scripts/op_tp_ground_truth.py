@@ -145,6 +145,7 @@ def summary(out: Path, after: str = "") -> list[dict[str, Any]]:
             "load": [round(r["settings"]["load_average_1m"][0], 1) for r in runs],
             "predicted_cpu_s": cpu["iteration_time_s"],
             "predicted_tp_comm_cpu_s": cpu["breakdown"]["tp_comm"],
+            "predicted_overhead_cpu_s": cpu["breakdown"]["overhead"],  # DTensor's per-layer cost (profile/framework)
             "predicted_wall_s": predicted(tp, tree, ["--costs", "profiled", "--db", str(out / "profile-wall.db")])[
                 "iteration_time_s"],
             "predicted_default_s": predicted(tp, tree, [])["iteration_time_s"],
@@ -159,8 +160,8 @@ def _order(rows: list[dict[str, Any]], key: str) -> list[str]:
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = ["| plan | runs | measured wall (median) | predicted, wall db | error | measured CPU/step (busiest "
              "rank; min-max over runs) | predicted, CPU db | error | training thread / predicted less tp_comm | "
-             "predicted, default costs | load (1 min) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "of which host overhead (DTensor per layer) | predicted, default costs | load (1 min) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         wall_err = r["predicted_wall_s"] / r["wall_s"] - 1
         cpu_err = r["predicted_cpu_s"] / r["cpu_s"] - 1
@@ -169,6 +170,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         lines.append(f"| {r['plan']} | {r['runs']} | {r['wall_s'] * 1e3:.1f} ms | {r['predicted_wall_s'] * 1e3:.1f} ms"
                      f" | {wall_err:+.1%} | {r['cpu_s'] * 1e3:.1f} ms ({spread}) | {r['predicted_cpu_s'] * 1e3:.1f} ms"
                      f" | {cpu_err:+.1%} | {r['thread_cpu_s'] * 1e3:.1f} / {compute_s * 1e3:.1f} ms | "
+                     f"{r.get('predicted_overhead_cpu_s', 0.0) * 1e3:.1f} ms | "
                      f"{r['predicted_default_s'] * 1e3:.1f} ms | {', '.join(map(str, r['load']))} |")
     lines += ["", "| plan | measured CPU / plain's, same pass (median; min-max) | predicted / plain's (CPU db) |",
               "|---|---:|---:|"]

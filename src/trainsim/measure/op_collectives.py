@@ -7,6 +7,7 @@ parallelism; Jacobs et al. 2023, DeepSpeed-Ulysses, Sec. 3, the all-to-all betwe
 - gather_sum: all-gather a dimension's parts; backward reduce-scatters (each rank's gradient is partial: keys and
   values read by every rank's query rows);
 - exchange: all-to-all, one dimension split, another gathered; backward the inverse all-to-all.
+Slice, gather_sum and exchange are the split executor's autograd collectives (measure/split_model.py) on a Group.
 Imported only inside measure workers (torch).
 """
 
@@ -15,6 +16,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from trainsim.measure.split_model import AllGather, AllToAll, Slice, all_gather_parts
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,44 +29,13 @@ class Group:
     index: int
 
 
-def _all_gather(x: torch.Tensor, group: Group, dim: int) -> torch.Tensor:
-    parts = [torch.empty_like(x) for _ in range(group.size)]
-    dist.all_gather(parts, x.contiguous(), group=group.handle)
-    return torch.cat(parts, dim=dim)
-
-
-def _reduce_scatter(x: torch.Tensor, group: Group, dim: int) -> torch.Tensor:
-    parts = [part.contiguous() for part in x.chunk(group.size, dim=dim)]
-    out = torch.empty_like(parts[group.index])
-    dist.reduce_scatter(out, parts, group=group.handle)
-    return out
-
-
-def _all_to_all(x: torch.Tensor, group: Group, split_dim: int, gather_dim: int) -> torch.Tensor:
-    """Part j of split_dim goes to rank j; the parts received are concatenated along gather_dim in rank order."""
-    send = torch.stack(x.chunk(group.size, dim=split_dim)).contiguous()
-    received = torch.empty_like(send)
-    dist.all_to_all_single(received, send, group=group.handle)
-    return torch.cat(received.unbind(0), dim=gather_dim)
-
-
-class _Slice(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Group, dim: int) -> torch.Tensor:
-        ctx.args = (group, dim)
-        return x.chunk(group.size, dim=dim)[group.index].contiguous()
-
-    @staticmethod
-    def backward(ctx: Any, *grads: Any) -> Any:
-        group, dim = ctx.args
-        return _all_gather(grads[0], group, dim), None, None
-
-
 class _Gather(torch.autograd.Function):
+    """All-gather forward; the backward keeps this rank's part (the gradient is the same on every rank)."""
+
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: Group, dim: int) -> torch.Tensor:
         ctx.args = (group, dim)
-        return _all_gather(x, group, dim)
+        return all_gather_parts(x, dim, group.handle, group.size)
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:
@@ -71,32 +43,8 @@ class _Gather(torch.autograd.Function):
         return grads[0].chunk(group.size, dim=dim)[group.index].contiguous(), None, None
 
 
-class _GatherSum(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Group, dim: int) -> torch.Tensor:
-        ctx.args = (group, dim)
-        return _all_gather(x, group, dim)
-
-    @staticmethod
-    def backward(ctx: Any, *grads: Any) -> Any:
-        group, dim = ctx.args
-        return _reduce_scatter(grads[0], group, dim), None, None
-
-
-class _Exchange(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Group, split_dim: int, gather_dim: int) -> torch.Tensor:
-        ctx.args = (group, split_dim, gather_dim)
-        return _all_to_all(x, group, split_dim, gather_dim)
-
-    @staticmethod
-    def backward(ctx: Any, *grads: Any) -> Any:
-        group, split_dim, gather_dim = ctx.args
-        return _all_to_all(grads[0], group, gather_dim, split_dim), None, None, None
-
-
 def slice_part(x: torch.Tensor, group: Group, dim: int) -> torch.Tensor:
-    return _Slice.apply(x, group, dim)  # type: ignore[no-any-return]
+    return Slice.apply(x, dim, group.size, group.index, group.handle)  # type: ignore[no-any-return]
 
 
 def gather(x: torch.Tensor, group: Group, dim: int) -> torch.Tensor:
@@ -104,11 +52,12 @@ def gather(x: torch.Tensor, group: Group, dim: int) -> torch.Tensor:
 
 
 def gather_sum(x: torch.Tensor, group: Group, dim: int) -> torch.Tensor:
-    return _GatherSum.apply(x, group, dim)  # type: ignore[no-any-return]
+    return AllGather.apply(x, dim, group.handle, group.size)  # type: ignore[no-any-return]
 
 
 def exchange(x: torch.Tensor, group: Group, split_dim: int, gather_dim: int) -> torch.Tensor:
-    return _Exchange.apply(x, group, split_dim, gather_dim)  # type: ignore[no-any-return]
+    """Part j of split_dim goes to rank j; the parts received are concatenated along gather_dim in rank order."""
+    return AllToAll.apply(x, split_dim, gather_dim, group.handle, group.size)  # type: ignore[no-any-return]
 
 
 def sum_grads(params: list[torch.nn.Parameter], group: Group) -> None:

@@ -95,7 +95,8 @@ def members(a: Placement, b: Placement, rank: int) -> tuple[int, ...]:
 # --- collectives as autograd functions ---
 
 
-def _gather(x: torch.Tensor, dim: int, group: Any, size: int) -> torch.Tensor:
+def all_gather_parts(x: torch.Tensor, dim: int, group: Any, size: int) -> torch.Tensor:
+    """The `size` ranks' parts of x concatenated along dim, in rank order."""
     parts = [torch.empty_like(x) for _ in range(size)]
     dist.all_gather(parts, x.contiguous(), group=group)
     return torch.cat(parts, dim=dim)
@@ -120,7 +121,7 @@ class AllGather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, dim: int, group: Any, size: int) -> torch.Tensor:
         ctx.args = (dim, group, size)
-        return _gather(x, dim, group, size)
+        return all_gather_parts(x, dim, group, size)
 
     @staticmethod
     def backward(ctx: Any, *grad_outputs: Any) -> Any:
@@ -137,7 +138,7 @@ class ReduceScatter(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grad_outputs: Any) -> Any:
         grad = grad_outputs[0]
-        return _gather(grad, *ctx.args), None, None, None
+        return all_gather_parts(grad, *ctx.args), None, None, None
 
 
 class AllReduce(torch.autograd.Function):
@@ -194,7 +195,7 @@ class Slice(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grad_outputs: Any) -> Any:
         grad = grad_outputs[0]
-        return _gather(grad, *ctx.args), None, None, None, None
+        return all_gather_parts(grad, *ctx.args), None, None, None, None
 
 
 def _with(p: Placement, **values: int) -> Placement:

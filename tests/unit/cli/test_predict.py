@@ -207,15 +207,21 @@ def test_a_tree_splitting_the_norms_by_sequence_without_sp_runs_in_both_engines(
 
 
 
-def test_a_tree_splitting_the_norms_by_features_runs_in_both_engines() -> None:
+@pytest.mark.parametrize(("tree_name", "head_norm_params_fewer"), [
+    ("gpt-tp2-norms-features.yaml", 768), ("gpt-tp2-adds-features.yaml", 0)])
+def test_a_tree_splitting_norms_or_adds_by_features_runs_in_both_engines(tree_name: str,
+                                                                         head_norm_params_fewer: int) -> None:
     """data/strategies/megatron/gpt-tp2-norms-features.yaml (each block's norms and the head's norm split by their
-    hidden features over the tp pair, the job without sp) in the simulator and the analytical engine: each rank
-    runs the norms on half the features (less compute than plain tp 2), moves more over tp (the norms' outputs
-    all-gathered for qkv, fc1 and the projection, and each norm's statistics all-reduced) and holds half the
-    head norm's gain and bias (768 parameters of gpt3-125m fewer than plain tp 2, which counts it whole; the
-    blocks' norms as plain tp 2 counts them, divided by tp). The engines agree within 1%."""
+    hidden features over the tp pair) and gpt-tp2-adds-features.yaml (each block's residual adds and the
+    positions split so), the job without sp, in the simulator and the analytical engine: each rank runs those ops
+    on half the features (less compute than plain tp 2) and moves more over tp (the norms' outputs all-gathered
+    for qkv, fc1 and the projection and each norm's statistics all-reduced; the row-parallel partial sums
+    reduce-scattered, the sums all-gathered for norm2 and the next block, the skip inputs' gradients gathered).
+    The norms tree holds half the head norm's gain and bias (768 parameters of gpt3-125m fewer than plain tp 2,
+    which counts it whole; the blocks' norms as plain tp 2 counts them, divided by tp); the adds tree the weights
+    plain tp 2 holds (half the position table: plain tp 2 divides it by tp too). The engines agree within 1%."""
     root = Path(__file__).resolve().parents[3]
-    tree = str(root / "data" / "strategies" / "megatron" / "gpt-tp2-norms-features.yaml")
+    tree = str(root / "data" / "strategies" / "megatron" / tree_name)
     args = ["predict", "--model", "gpt3-125m", "--num-gpus", "8", "--tp", "2", "--micro-batch", "4",
             "--global-batch", "64", "--seq-len", "1024", "--json"]
     iteration: dict[str, float] = {}
@@ -227,32 +233,7 @@ def test_a_tree_splitting_the_norms_by_features_runs_in_both_engines() -> None:
         assert out["features"]["breakdown"]["compute"] < out["plain"]["breakdown"]["compute"]
         assert out["features"]["breakdown"]["tp_comm"] > out["plain"]["breakdown"]["tp_comm"]
         weights = {name: data["memory_breakdown"]["weights"] for name, data in out.items()}
-        assert weights["plain"] - weights["features"] == 768 * policy_for("bf16").weight_bytes
-        iteration[engine] = out["features"]["iteration_time_s"]
-    assert abs(iteration["analytical"] / iteration["sim"] - 1.0) < 0.01
-
-
-def test_a_tree_splitting_the_residual_adds_and_positions_by_features_runs_in_both_engines() -> None:
-    """data/strategies/megatron/gpt-tp2-adds-features.yaml (each block's residual adds and the positions split by
-    their hidden features over the tp pair, the job without sp) in the simulator and the analytical engine: each
-    rank adds half the features (less compute than plain tp 2), moves more over tp (the row-parallel partial sums
-    reduce-scattered, the sums all-gathered for norm2 and the next block, the skip inputs' gradients gathered)
-    and holds the weights plain tp 2 holds (half the position table: plain tp 2 divides it by tp too). The
-    engines agree within 1%."""
-    root = Path(__file__).resolve().parents[3]
-    tree = str(root / "data" / "strategies" / "megatron" / "gpt-tp2-adds-features.yaml")
-    args = ["predict", "--model", "gpt3-125m", "--num-gpus", "8", "--tp", "2", "--micro-batch", "4",
-            "--global-batch", "64", "--seq-len", "1024", "--json"]
-    iteration: dict[str, float] = {}
-    for engine in ("sim", "analytical"):
-        runs = {name: RUNNER.invoke(app, [*args, "--engine", engine, *extra]) for name, extra in (
-            ("plain", []), ("features", ["--tree", tree]))}
-        assert all(run.exit_code == 0 for run in runs.values()), [run.output for run in runs.values()]
-        out = {name: json.loads(run.stdout) for name, run in runs.items()}
-        assert out["features"]["breakdown"]["compute"] < out["plain"]["breakdown"]["compute"]
-        assert out["features"]["breakdown"]["tp_comm"] > out["plain"]["breakdown"]["tp_comm"]
-        weights = {name: data["memory_breakdown"]["weights"] for name, data in out.items()}
-        assert weights["plain"] == weights["features"]
+        assert weights["plain"] - weights["features"] == head_norm_params_fewer * policy_for("bf16").weight_bytes
         iteration[engine] = out["features"]["iteration_time_s"]
     assert abs(iteration["analytical"] / iteration["sim"] - 1.0) < 0.01
 

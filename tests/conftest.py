@@ -21,7 +21,7 @@ from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.estimate.simulation import SimEstimator
 from trainsim.hardware.cluster import ClusterSpec
 from trainsim.hardware.device import DeviceSpec
-from trainsim.ir.graph import Op
+from trainsim.ir.graph import Layer, Op
 from trainsim.job import Job, make_job
 from trainsim.measure.results import MeasuredRun, job_to_dict
 from trainsim.pipeline import GraphCache, graph_for
@@ -31,6 +31,7 @@ from trainsim.validate.runs import RunRow, job_from_row, read_runs
 
 if TYPE_CHECKING:
     from trainsim.frontends.catalog.sharded_dlrm import ShardedDlrmJob
+    from trainsim.strategy.lowered import LoweredPlan
 
 TESTS_DIR = Path(__file__).resolve().parent  # tests/: unit/ mirrors src/trainsim, then golden/, validation/
 REPO_DIR = TESTS_DIR.parent
@@ -87,6 +88,31 @@ def a100_cluster(num_gpus: int) -> ClusterSpec:
 def local_cluster(ranks: int) -> ClusterSpec:
     """`ranks` processes of this machine's CPU, all on one node."""
     return load_cluster("local-cpu").with_num_gpus(ranks).on_one_node()
+
+
+def tp_split_plan(job: Job, splits: list[tuple[str, str, int]]) -> "LoweredPlan":
+    """The job's plan shaped (compile.shape_layers) with Megatron's splits, each (path, dim, parts) of `splits` set
+    over tp in its place."""
+    from trainsim.compile.shape_layers import shape_layers
+    from trainsim.frontends.catalog.transformer import build_transformer
+    from trainsim.ir.model_spec import TransformerSpec
+    from trainsim.strategy.device_slice import DeviceSlice
+    from trainsim.strategy.tree import StrategyTree
+
+    assert isinstance(job.model, TransformerSpec)
+    tree = StrategyTree.from_parallel(build_transformer(job.model, DeviceSlice.of(job.parallel)), job.parallel)
+    for path, dim, parts in splits:
+        tree = tree.split(path, "compute", dim, parts, axis="tp", override=True)
+    return shape_layers(job, tree.lower(job.parallel))
+
+
+def comm_rows(layer: Layer) -> list[tuple[str, str, str, float]]:
+    """(name, collective, phase, buffer bytes) of each of the layer's collectives, in order."""
+    return [(c.name, c.collective, c.phase, c.buffer_bytes) for c in layer.comms]
+
+
+def forward_op(layer: Layer, name: str) -> Op:
+    return next(op for op in layer.fwd if op.name == name)
 
 
 def tiny_job(ranks: int, model: dict[str, Any] | None = None, **strategy: Any) -> Job:

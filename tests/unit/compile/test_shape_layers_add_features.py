@@ -15,20 +15,17 @@ BERT's embedding (2 token types of 32, a LayerNorm of 64 parameters).
 import pytest
 import yaml
 
-from conftest import TINY_GPT_MODEL_YAML, a100_cluster
+from conftest import TINY_GPT_MODEL_YAML, a100_cluster, comm_rows, forward_op, tp_split_plan
 from trainsim.catalog.calibration import Calibration
 from trainsim.catalog.model_files import parse_model
 from trainsim.compile.build import compile_job
-from trainsim.compile.shape_layers import shape_layers
 from trainsim.compile.splits import plan_mesh_comms, plan_tp_token_params
 from trainsim.cost.pricing import Pricer, axis_layout
 from trainsim.errors import ConfigError
 from trainsim.frontends.catalog.transformer import build_transformer
-from trainsim.ir.graph import Layer, Op
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job, make_job
 from trainsim.strategy.device_slice import DeviceSlice
-from trainsim.strategy.lowered import LoweredPlan
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import policy_for
 from trainsim.strategy.tree import StrategyTree
@@ -48,23 +45,6 @@ def _job(sp: bool, tp: int = 2, arch: str = "gpt") -> Job:
     return make_job(spec, a100_cluster(8), par)
 
 
-def _plan(job: Job, splits: list[tuple[str, str, int]]) -> LoweredPlan:
-    """Megatron's splits, with each (path, dim, parts) of `splits` set over tp in its place."""
-    assert isinstance(job.model, TransformerSpec)
-    tree = StrategyTree.from_parallel(build_transformer(job.model, DeviceSlice.of(job.parallel)), job.parallel)
-    for path, dim, parts in splits:
-        tree = tree.split(path, "compute", dim, parts, axis="tp", override=True)
-    return shape_layers(job, tree.lower(job.parallel))
-
-
-def _comms(layer: Layer) -> list[tuple[str, str, str, float]]:
-    return [(c.name, c.collective, c.phase, c.buffer_bytes) for c in layer.comms]
-
-
-def _op(layer: Layer, name: str) -> Op:
-    return next(op for op in layer.fwd if op.name == name)
-
-
 def test_the_last_residual_add_split_by_features_reduce_scatters_fc2_and_gathers_what_the_block_hands_on() -> None:
     """tp 2 without sp, residual2 adding its half of each token's features: fc2's partial sums are
     reduce-scattered onto those features (mlp.rs, not Megatron's all-reduce), its skip input (residual1's whole
@@ -73,17 +53,17 @@ def test_the_last_residual_add_split_by_features_reduce_scatters_fc2_and_gathers
     is the skip's gradient before it is summed with norm2's whole input gradient (block.ag). residual2 runs
     64 x 16 elements; no weights, no gradient summed over tp."""
     job = _job(sp=False)
-    plan = _plan(job, [("blocks.*.residual2", "out", 2)])
+    plan = tp_split_plan(job, [("blocks.*.residual2", "out", 2)])
     block = plan.layers[1].layer
-    assert _comms(block) == [
+    assert comm_rows(block) == [
         ("attn.ar", "all-reduce", "fwd", HIDDEN_BYTES), ("mlp.rs", "reduce-scatter", "fwd", HIDDEN_BYTES),
         ("block.ag", "all-gather", "fwd", HIDDEN_BYTES),
         ("attn.ar", "all-reduce", "bwd", HIDDEN_BYTES), ("block.ag", "all-gather", "bwd", HIDDEN_BYTES),
         ("mlp.ag", "all-gather", "bwd", HIDDEN_BYTES), ("mlp.ar", "all-reduce", "bwd", HIDDEN_BYTES)]
     assert all(c.ranks == 0 for c in block.comms)  # over the whole tp pair
     assert plan_mesh_comms(plan, job.model, job.parallel)[1] == block.comms
-    assert _op(block, "residual2").shape == (64 * 16,)
-    assert _op(block, "residual1").shape == (64 * 32,)
+    assert forward_op(block, "residual2").shape == (64 * 16,)
+    assert forward_op(block, "residual1").shape == (64 * 32,)
     assert block.param_count == MEGATRON_BLOCK_PARAMS
     assert plan_tp_token_params(plan, job.model, job.parallel) == {}
     graph = compile_job(job, plan, Pricer(Calibration()), "op")
@@ -100,13 +80,13 @@ def test_the_first_residual_add_split_by_features_gathers_for_norm2_and_the_skip
     (attn.ag), the skip's half gradient all-gathered before the sum with norm1's whole input gradient
     (block.ag)."""
     job = _job(sp=False)
-    block = _plan(job, [("blocks.*.residual1", "out", 2)]).layers[1].layer
-    assert _comms(block) == [
+    block = tp_split_plan(job, [("blocks.*.residual1", "out", 2)]).layers[1].layer
+    assert comm_rows(block) == [
         ("attn.rs", "reduce-scatter", "fwd", HIDDEN_BYTES), ("block.ag", "all-gather", "fwd", HIDDEN_BYTES),
         ("mlp.ar", "all-reduce", "fwd", HIDDEN_BYTES),
         ("attn.ag", "all-gather", "bwd", HIDDEN_BYTES), ("attn.ar", "all-reduce", "bwd", HIDDEN_BYTES),
         ("block.ag", "all-gather", "bwd", HIDDEN_BYTES), ("mlp.ar", "all-reduce", "bwd", HIDDEN_BYTES)]
-    assert _op(block, "residual1").shape == (64 * 16,)
+    assert forward_op(block, "residual1").shape == (64 * 16,)
 
 
 def test_a_residual_add_split_by_features_under_sp_exchanges_its_skip_input_by_all_to_all() -> None:
@@ -115,8 +95,8 @@ def test_a_residual_add_split_by_features_under_sp_exchanges_its_skip_input_by_a
     2048 bytes), and the block hands on the sequence split by all-to-all again; backward the same two exchanges
     back, fc2's output gradient all-gathered from the halves (mlp.ag, as Megatron's sp)."""
     job = _job(sp=True)
-    block = _plan(job, [("blocks.*.residual2", "seq", 1), ("blocks.*.residual2", "out", 2)]).layers[1].layer
-    assert _comms(block) == [
+    block = tp_split_plan(job, [("blocks.*.residual2", "seq", 1), ("blocks.*.residual2", "out", 2)]).layers[1].layer
+    assert comm_rows(block) == [
         ("attn.ag", "all-gather", "fwd", HIDDEN_BYTES), ("attn.rs", "reduce-scatter", "fwd", HIDDEN_BYTES),
         ("mlp.ag", "all-gather", "fwd", HIDDEN_BYTES), ("block.a2a", "all-to-all", "fwd", HIDDEN_BYTES / 2),
         ("mlp.rs", "reduce-scatter", "fwd", HIDDEN_BYTES), ("block.a2a", "all-to-all", "fwd", HIDDEN_BYTES / 2),
@@ -130,8 +110,8 @@ def test_norms_and_adds_split_alike_pay_no_skip_collective() -> None:
     does, so no collective moves it (the walk's gathers only: qkv's and fc1's inputs, the hand-on)."""
     job = _job(sp=False)
     paths = ("blocks.*.norm1", "blocks.*.residual1", "blocks.*.norm2", "blocks.*.residual2")
-    block = _plan(job, [(path, "out", 2) for path in paths]).layers[1].layer
-    assert [(name, phase) for name, _, phase, _ in _comms(block) if name.startswith("block.")] == [
+    block = tp_split_plan(job, [(path, "out", 2) for path in paths]).layers[1].layer
+    assert [(name, phase) for name, _, phase, _ in comm_rows(block) if name.startswith("block.")] == [
         ("block.ag", "fwd"), ("block.ag", "bwd")]
 
 
@@ -144,19 +124,19 @@ def test_the_positions_split_by_features_hold_their_table_slice_and_sum_no_gradi
     half the position table (512 parameters; Megatron's count: a quarter, 256): 256 parameters more weight memory;
     no gradient summed over tp (plan_tp_token_params empty), the dp gradient bucket as large as a rank holds."""
     job = _job(sp=False, tp=4)
-    plan = _plan(job, [("embedding.positions", "out", 2)])
+    plan = tp_split_plan(job, [("embedding.positions", "out", 2)])
     embedding = plan.layers[0].layer
-    assert _comms(embedding) == [("embed.ar", "all-reduce", "fwd", HIDDEN_BYTES),
+    assert comm_rows(embedding) == [("embed.ar", "all-reduce", "fwd", HIDDEN_BYTES),
                                  ("embed.ag", "all-gather", "fwd", HIDDEN_BYTES),
                                  ("embed.ag", "all-gather", "bwd", HIDDEN_BYTES)]
     assert [c.ranks for c in embedding.comms] == [0, 2, 2]  # over tp 4, then the feature halves' pairs
-    assert _op(embedding, "pos_add").shape == (64 * 16,)
+    assert forward_op(embedding, "pos_add").shape == (64 * 16,)
     assert embedding.param_count == TABLE_PARAMS / 4 + POSITION_PARAMS / 2 == 2560
-    assert _plan(job, []).layers[0].layer.param_count == (TABLE_PARAMS + POSITION_PARAMS) / 4 == 2304
+    assert tp_split_plan(job, []).layers[0].layer.param_count == (TABLE_PARAMS + POSITION_PARAMS) / 4 == 2304
     assert plan_tp_token_params(plan, job.model, job.parallel) == {}
     pricer = Pricer(Calibration())
     compiled = compile_job(job, plan, pricer, "layer")
-    plain = compile_job(job, _plan(job, []), pricer, "layer")
+    plain = compile_job(job, tp_split_plan(job, []), pricer, "layer")
     weight = policy_for("bf16").weight_bytes
     assert compiled.devices[0].static_breakdown["weights"] - plain.devices[0].static_breakdown["weights"] == (
         (2560 - 2304) * weight)
@@ -166,8 +146,8 @@ def test_the_positions_by_tokens_and_features_sum_their_slice_over_the_token_ran
     """tp 4 without sp, the positions split 2 ways by sequence and 2 by features: each rank holds half the table
     (512 parameters), its gradient summed over the 2 sequence ranks with the dp ranks."""
     job = _job(sp=False, tp=4)
-    plan = _plan(job, [("embedding.positions", "seq", 2), ("embedding.positions", "out", 2)])
-    assert _op(plan.layers[0].layer, "pos_add").shape == (32 * 16,)
+    plan = tp_split_plan(job, [("embedding.positions", "seq", 2), ("embedding.positions", "out", 2)])
+    assert forward_op(plan.layers[0].layer, "pos_add").shape == (32 * 16,)
     assert plan_tp_token_params(plan, job.model, job.parallel) == {0: {2: POSITION_PARAMS / 2}}
 
 
@@ -178,14 +158,14 @@ def test_bert_token_types_and_embedding_norm_split_by_features() -> None:
     holds half its parameters (the 64 of the token types, the norm's 64: Megatron's count too); no gradient
     summed over tp. By sequence, the norm holds its gain and bias whole, their gradient summed over the pair."""
     job = _job(sp=False, arch="bert")
-    megatron = _plan(job, []).layers[0].layer
-    types = _plan(job, [("embedding.token_types", "out", 2)])
-    assert _comms(types.layers[0].layer) == [
+    megatron = tp_split_plan(job, []).layers[0].layer
+    types = tp_split_plan(job, [("embedding.token_types", "out", 2)])
+    assert comm_rows(types.layers[0].layer) == [
         ("embed.ar", "all-reduce", "fwd", HIDDEN_BYTES), ("embed.ag", "all-gather", "fwd", HIDDEN_BYTES),
         ("embed.ag", "all-gather", "bwd", HIDDEN_BYTES)]
-    assert _op(types.layers[0].layer, "type_add").shape == (64 * 16,)
-    norm = _plan(job, [("embedding.norm", "out", 2)])
-    assert _comms(norm.layers[0].layer) == [
+    assert forward_op(types.layers[0].layer, "type_add").shape == (64 * 16,)
+    norm = tp_split_plan(job, [("embedding.norm", "out", 2)])
+    assert comm_rows(norm.layers[0].layer) == [
         ("embed.ar", "all-reduce", "fwd", HIDDEN_BYTES),
         ("norm.sum", "all-reduce", "fwd", STATISTIC_BYTES), ("norm.sum_sq", "all-reduce", "fwd", STATISTIC_BYTES),
         ("embed.ag", "all-gather", "fwd", HIDDEN_BYTES),
@@ -196,7 +176,7 @@ def test_bert_token_types_and_embedding_norm_split_by_features() -> None:
         TABLE_PARAMS + POSITION_PARAMS + 64 + 64) / 2
     assert plan_tp_token_params(types, job.model, job.parallel) == plan_tp_token_params(
         norm, job.model, job.parallel) == {}
-    by_tokens = _plan(job, [("embedding.norm", "seq", 2)])
+    by_tokens = tp_split_plan(job, [("embedding.norm", "seq", 2)])
     assert by_tokens.layers[0].layer.param_count == megatron.param_count + 64 / 2
     assert plan_tp_token_params(by_tokens, job.model, job.parallel) == {0: {2: 64.0}}
 

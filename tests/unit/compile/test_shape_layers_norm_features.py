@@ -12,22 +12,17 @@ token table 256 x 32 = 8192; Megatron's embedding holds half of both (4608), its
 
 import yaml
 
-from conftest import TINY_GPT_MODEL_YAML, a100_cluster
+from conftest import TINY_GPT_MODEL_YAML, a100_cluster, comm_rows, forward_op, tp_split_plan
 from trainsim.catalog.calibration import Calibration
 from trainsim.catalog.model_files import parse_model
 from trainsim.compile.build import compile_job
-from trainsim.compile.shape_layers import shape_layers
 from trainsim.compile.splits import plan_mesh_comms, plan_tp_token_params
 from trainsim.cost.pricing import Pricer, axis_layout
-from trainsim.frontends.catalog.transformer import build_transformer
-from trainsim.ir.graph import Layer, Op
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job, make_job
-from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.lowered import LoweredPlan
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import policy_for
-from trainsim.strategy.tree import StrategyTree
 
 HIDDEN_BYTES = 64 * 32 * 2
 STATISTIC_BYTES = 64 * 4
@@ -52,22 +47,6 @@ def _spec(job: Job) -> TransformerSpec:
     return job.model
 
 
-def _plan(job: Job, splits: list[tuple[str, str, int]]) -> LoweredPlan:
-    """Megatron's splits, with each (path, dim, parts) of `splits` set over tp in its place."""
-    tree = StrategyTree.from_parallel(build_transformer(_spec(job), DeviceSlice.of(job.parallel)), job.parallel)
-    for path, dim, parts in splits:
-        tree = tree.split(path, "compute", dim, parts, axis="tp", override=True)
-    return shape_layers(job, tree.lower(job.parallel))
-
-
-def _comms(layer: Layer) -> list[tuple[str, str, str, float]]:
-    return [(c.name, c.collective, c.phase, c.buffer_bytes) for c in layer.comms]
-
-
-def _op(layer: Layer, name: str) -> Op:
-    return next(op for op in layer.fwd if op.name == name)
-
-
 def _tp_task_s(job: Job, plan: LoweredPlan, layer: str, name: str) -> float:
     """The duration of micro-batch 0's tp collective task `name` of `layer`, compiled at op level."""
     graph = compile_job(job, plan, Pricer(Calibration()), "op")
@@ -83,17 +62,17 @@ def test_the_head_norm_split_by_sequence_without_sp_gathers_the_logits_input() -
     keeps its input at half the tokens (2048 bytes fewer), is held whole (64 parameters, as the head always holds
     it) and its gradient is summed over the tp pair with the dp ranks."""
     job = _job(sp=False)
-    megatron = _plan(job, []).layers[3].layer
-    plan = _plan(job, [("head.norm", "seq", 2)])
+    megatron = tp_split_plan(job, []).layers[3].layer
+    plan = tp_split_plan(job, [("head.norm", "seq", 2)])
     head = plan.layers[3].layer
-    assert _comms(megatron) == [("logits.ar", "all-reduce", "bwd", HIDDEN_BYTES), *LOSS]
-    assert _comms(head) == [
+    assert comm_rows(megatron) == [("logits.ar", "all-reduce", "bwd", HIDDEN_BYTES), *LOSS]
+    assert comm_rows(head) == [
         ("logits.ag", "all-gather", "fwd", HIDDEN_BYTES),
         ("logits.rs", "reduce-scatter", "bwd", HIDDEN_BYTES), ("logits.ag", "all-gather", "bwd", HIDDEN_BYTES),
         *LOSS]
     assert plan_mesh_comms(plan, job.model, job.parallel)[3] == head.comms
-    assert _op(head, "final_norm").shape == (32 * 32,)
-    assert _op(megatron, "final_norm").shape == (64 * 32,)
+    assert forward_op(head, "final_norm").shape == (32 * 32,)
+    assert forward_op(megatron, "final_norm").shape == (64 * 32,)
     assert megatron.saved_bytes["none"] - head.saved_bytes["none"] == 32 * 32 * 2 == 2048
     assert head.param_count == megatron.param_count == NORM_PARAMS
     assert plan_tp_token_params(plan, job.model, job.parallel) == {3: {2: float(NORM_PARAMS)}}
@@ -109,13 +88,13 @@ def test_the_head_norm_whole_under_sp_all_reduces_the_logits_input_gradient() ->
     partial input gradient is all-reduced onto the whole norm and the head's input gradient sliced. Both ranks run
     the same 64 tokens: no gradient summed over tp."""
     job = _job(sp=True)
-    assert _comms(_plan(job, []).layers[3].layer)[:2] == [
+    assert comm_rows(tp_split_plan(job, []).layers[3].layer)[:2] == [
         ("logits.ag", "all-gather", "fwd", HIDDEN_BYTES), ("logits.rs", "reduce-scatter", "bwd", HIDDEN_BYTES)]
-    plan = _plan(job, [("head.norm", "seq", 1)])
+    plan = tp_split_plan(job, [("head.norm", "seq", 1)])
     head = plan.layers[3].layer
-    assert _comms(head) == [("logits.ag", "all-gather", "fwd", HIDDEN_BYTES),
+    assert comm_rows(head) == [("logits.ag", "all-gather", "fwd", HIDDEN_BYTES),
                             ("logits.ar", "all-reduce", "bwd", HIDDEN_BYTES), *LOSS]
-    assert _op(head, "final_norm").shape == (64 * 32,)
+    assert forward_op(head, "final_norm").shape == (64 * 32,)
     assert plan_tp_token_params(plan, job.model, job.parallel) == {}
 
 
@@ -127,18 +106,18 @@ def test_the_positions_by_tokens_hold_the_whole_table_and_sum_its_gradient_over_
     Megatron's), its gradient summed over the 2 tp ranks with the 4 dp ranks: a bucket of 1024 parameters over 8
     ranks; the weight memory holds 512 parameters more than Megatron's."""
     job = _job(sp=False)
-    plan = _plan(job, [("embedding.positions", "seq", 2)])
+    plan = tp_split_plan(job, [("embedding.positions", "seq", 2)])
     embedding = plan.layers[0].layer
-    assert _comms(embedding) == [("embed.rs", "reduce-scatter", "fwd", HIDDEN_BYTES),
+    assert comm_rows(embedding) == [("embed.rs", "reduce-scatter", "fwd", HIDDEN_BYTES),
                                  ("embed.ag", "all-gather", "fwd", HIDDEN_BYTES),
                                  ("embed.ag", "all-gather", "bwd", HIDDEN_BYTES)]
     assert [op.shape for op in embedding.fwd] == [(64 * 32,), (32 * 32,)]
     assert embedding.param_count == TABLE_PARAMS / 2 + POSITION_PARAMS == 5120
-    assert _plan(job, []).layers[0].layer.param_count == (TABLE_PARAMS + POSITION_PARAMS) / 2 == 4608
+    assert tp_split_plan(job, []).layers[0].layer.param_count == (TABLE_PARAMS + POSITION_PARAMS) / 2 == 4608
     assert plan_tp_token_params(plan, job.model, job.parallel) == {0: {2: float(POSITION_PARAMS)}}
     pricer = Pricer(Calibration())
     compiled = compile_job(job, plan, pricer, "layer")
-    plain = compile_job(job, _plan(job, []), pricer, "layer")
+    plain = compile_job(job, tp_split_plan(job, []), pricer, "layer")
     weight = policy_for("bf16").weight_bytes
     assert compiled.devices[0].static_breakdown["weights"] - plain.devices[0].static_breakdown["weights"] == (
         POSITION_PARAMS / 2 * weight)
@@ -152,9 +131,9 @@ def test_the_positions_whole_under_sp_read_the_lookup_all_reduced() -> None:
     all-reduced (embed.ar, not Megatron's reduce-scatter) and the whole sum sliced for the first block; backward,
     the block's input gradient all-gathered (embed.ag). The table is held whole, no gradient summed over tp."""
     job = _job(sp=True)
-    plan = _plan(job, [("embedding.positions", "seq", 1)])
+    plan = tp_split_plan(job, [("embedding.positions", "seq", 1)])
     embedding = plan.layers[0].layer
-    assert _comms(embedding) == [("embed.ar", "all-reduce", "fwd", HIDDEN_BYTES),
+    assert comm_rows(embedding) == [("embed.ar", "all-reduce", "fwd", HIDDEN_BYTES),
                                  ("embed.ag", "all-gather", "bwd", HIDDEN_BYTES)]
     assert embedding.param_count == TABLE_PARAMS / 2 + POSITION_PARAMS
     assert plan_tp_token_params(plan, job.model, job.parallel) == {}
@@ -169,9 +148,9 @@ def test_a_block_norm_split_by_features_all_reduces_its_statistics() -> None:
     gradient all-gathered from the feature halves (block.ag). norm1 runs 64 x 16 elements and holds half its gain
     and bias (the block's 6352 parameters, as Megatron's count); nothing is summed over tp."""
     job = _job(sp=False)
-    plan = _plan(job, [("blocks.*.norm1", "out", 2)])
+    plan = tp_split_plan(job, [("blocks.*.norm1", "out", 2)])
     block = plan.layers[1].layer
-    assert _comms(block) == [
+    assert comm_rows(block) == [
         ("norm1.sum", "all-reduce", "fwd", STATISTIC_BYTES), ("norm1.sum_sq", "all-reduce", "fwd", STATISTIC_BYTES),
         ("attn.ag", "all-gather", "fwd", HIDDEN_BYTES), ("attn.ar", "all-reduce", "fwd", HIDDEN_BYTES),
         ("mlp.ar", "all-reduce", "fwd", HIDDEN_BYTES),
@@ -182,10 +161,10 @@ def test_a_block_norm_split_by_features_all_reduces_its_statistics() -> None:
         ("mlp.ar", "all-reduce", "bwd", HIDDEN_BYTES)]
     assert all(c.ranks == 0 for c in block.comms)  # over the whole tp pair
     assert plan_mesh_comms(plan, job.model, job.parallel)[1] == block.comms
-    assert _op(block, "norm1").shape == (64 * 16,)
+    assert forward_op(block, "norm1").shape == (64 * 16,)
     assert block.param_count == MEGATRON_BLOCK_PARAMS
     assert plan_tp_token_params(plan, job.model, job.parallel) == {}
-    megatron = _plan(job, []).layers[1].layer
+    megatron = tp_split_plan(job, []).layers[1].layer
     assert megatron.saved_bytes["none"] - block.saved_bytes["none"] == 64 * 16 * 2  # norm1's input, half of it
     layout = axis_layout("tp", job.parallel, job.cluster)
     assert _tp_task_s(job, plan, "L1.block", "norm1.sum_sq all-reduce") == Pricer(Calibration()).collective_s(
@@ -198,9 +177,9 @@ def test_an_rmsnorm_split_by_features_all_reduces_one_statistic_each_way() -> No
     its input sliced, its output all-gathered (logits.ag), the gradient reduce-scattered (logits.rs) and the head's
     input gradient all-gathered; the norm holds half its gain (16 of 32 parameters)."""
     job = _job(sp=False, norm="rmsnorm")
-    plan = _plan(job, [("head.norm", "out", 2)])
+    plan = tp_split_plan(job, [("head.norm", "out", 2)])
     head = plan.layers[3].layer
-    assert _comms(head) == [
+    assert comm_rows(head) == [
         ("final_norm.sum_sq", "all-reduce", "fwd", STATISTIC_BYTES), ("logits.ag", "all-gather", "fwd", HIDDEN_BYTES),
         ("logits.rs", "reduce-scatter", "bwd", HIDDEN_BYTES),
         ("final_norm.sum_dy_xhat", "all-reduce", "bwd", STATISTIC_BYTES),
@@ -215,12 +194,12 @@ def test_a_norm_split_by_features_and_sequence_over_tp_4_all_reduces_over_its_fe
     2 ranks of one value per token of the rank's 32 (128 bytes). Its half gain and bias (32 parameters) are
     summed over the 2 sequence ranks with the dp ranks."""
     job = _job(sp=False, tp=4)
-    plan = _plan(job, [("blocks.*.norm2", "seq", 2), ("blocks.*.norm2", "out", 2)])
+    plan = tp_split_plan(job, [("blocks.*.norm2", "seq", 2), ("blocks.*.norm2", "out", 2)])
     block = plan.layers[1].layer
     stats = [(c.name, c.phase, c.buffer_bytes, c.ranks) for c in block.comms if c.name.startswith("norm2.")]
     assert stats == [("norm2.sum", "fwd", 32 * 4, 2), ("norm2.sum_sq", "fwd", 32 * 4, 2),
                      ("norm2.sum_dy", "bwd", 32 * 4, 2), ("norm2.sum_dy_xhat", "bwd", 32 * 4, 2)]
-    assert _op(block, "norm2").shape == (32 * 16,)
+    assert forward_op(block, "norm2").shape == (32 * 16,)
     assert plan_tp_token_params(plan, job.model, job.parallel) == {1: {2: NORM_PARAMS / 2},
                                                                    2: {2: NORM_PARAMS / 2}}
 
@@ -230,11 +209,11 @@ def test_a_norm_split_by_features_under_sp_reads_the_sequence_split_by_all_to_al
     an all-to-all over the pair (block.a2a: a rank's 2048 bytes), and in the backward its input gradient goes
     back the same way. The rest as Megatron's sp: qkv all-gathers, the projection reduce-scatters."""
     job = _job(sp=True)
-    plan = _plan(job, [("blocks.*.norm1", "seq", 1), ("blocks.*.norm1", "out", 2)])
+    plan = tp_split_plan(job, [("blocks.*.norm1", "seq", 1), ("blocks.*.norm1", "out", 2)])
     block = plan.layers[1].layer
-    assert _comms(block)[:5] == [
+    assert comm_rows(block)[:5] == [
         ("block.a2a", "all-to-all", "fwd", HIDDEN_BYTES / 2),
         ("norm1.sum", "all-reduce", "fwd", STATISTIC_BYTES), ("norm1.sum_sq", "all-reduce", "fwd", STATISTIC_BYTES),
         ("attn.ag", "all-gather", "fwd", HIDDEN_BYTES), ("attn.rs", "reduce-scatter", "fwd", HIDDEN_BYTES)]
-    assert ("block.a2a", "all-to-all", "bwd", HIDDEN_BYTES / 2) in _comms(block)
-    assert _op(block, "norm1").shape == (64 * 16,)
+    assert ("block.a2a", "all-to-all", "bwd", HIDDEN_BYTES / 2) in comm_rows(block)
+    assert forward_op(block, "norm1").shape == (64 * 16,)

@@ -1159,7 +1159,8 @@ class Pricer:
             counts = self._stage_ops[key] = (round(ops), round(layers), round(fwd))
         if job.stack.cuda_graphs:  # one graph launch replaces the micro-batch's kernel launches
             return 0.0
-        host = self.step_costs.micro_batch_overhead_s(counts[0], counts[1], job.parallel, job.cluster.device)
+        host = self.step_costs.micro_batch_overhead_s(counts[0], counts[1], job.parallel, job.cluster.device,
+                                                      job.stack.tp_module_wrappers)
         if job.stack.split_executor:  # trainsim measure's split executor: Python per op (profile/executor_overhead)
             host += self.step_costs.executor_overhead_s(job.model.kind, counts[2], counts[0] - counts[2],
                                                         job.cluster.device)

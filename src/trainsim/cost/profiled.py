@@ -390,13 +390,15 @@ class ProfiledStepCosts:
         return measured if measured is not None else self.fallback.executor_reshard_s(collective, phase, device)
 
     def micro_batch_overhead_s(self, num_ops: int, num_layers: int, par: ParallelSpec,
-                               device: DeviceSpec) -> float:
-        """The measured per-op cost x the ops, plus the measured per-layer cost of DTensor (tensor parallelism)
-        and FSDP2 (ZeRO-2/3) x the layers (profile/framework.py; none where the database lacks it)."""
+                               device: DeviceSpec, tp_module_wrappers: bool = True) -> float:
+        """The measured per-op cost x the ops, plus the measured per-layer cost of DTensor (tensor parallelism,
+        where the stack wraps its modules in it: `tp_module_wrappers`) and FSDP2 (ZeRO-2/3) x the layers
+        (profile/framework.py; none where the database lacks it)."""
         per_op = self.profiled.overhead_per_op_s(device.name)
         if per_op is None:
-            return self.fallback.micro_batch_overhead_s(num_ops, num_layers, par, device)
-        frameworks = frameworks_for(par.tp, par.sp, par.zero if par.dp * par.cp > 1 else 0)
+            return self.fallback.micro_batch_overhead_s(num_ops, num_layers, par, device, tp_module_wrappers)
+        wrapped_tp = par.tp if tp_module_wrappers else 1  # a stack's own tp layers pay no DTensor cost
+        frameworks = frameworks_for(wrapped_tp, par.sp, par.zero if par.dp * par.cp > 1 else 0)
         per_layer = sum(self.profiled.framework_overhead_per_layer_s(device.name, framework, par.precision) or 0.0
                         for framework in frameworks)
         return per_op * num_ops + per_layer * num_layers

@@ -48,9 +48,10 @@ class StepCosts(Protocol):
         ...
 
     def micro_batch_overhead_s(self, num_ops: int, num_layers: int, par: ParallelSpec,
-                               device: DeviceSpec) -> float:
+                               device: DeviceSpec, tp_module_wrappers: bool = True) -> float:
         """Host-side cost of one micro-batch of a stage that runs `num_ops` graph ops (forward and backward) in
-        `num_layers` transformer layers under the strategy `par`."""
+        `num_layers` transformer layers under the strategy `par`; `tp_module_wrappers`: the stack's tensor
+        parallelism wraps the modules in torch's DTensor classes (StackSpec.tp_module_wrappers)."""
         ...
 
 
@@ -90,5 +91,5 @@ class FittedStepCosts:
         return 0.0
 
     def micro_batch_overhead_s(self, num_ops: int, num_layers: int, par: ParallelSpec,
-                               device: DeviceSpec) -> float:
+                               device: DeviceSpec, tp_module_wrappers: bool = True) -> float:
         return self.cal.runtime.micro_batch_overhead_s

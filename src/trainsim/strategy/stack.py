@@ -51,6 +51,12 @@ class StackSpec(Spec):
                                    "all-reduce / reduce-scatter with the weight-gradient GEMM and, under sequence "
                                    "parallelism, the re-gather of its input with the input-gradient GEMM "
                                    "(Megatron's async tensor-parallel all-reduce)")
+    # torch's tensor parallelism: parallelize_module with ColwiseParallel / RowwiseParallel (torch/distributed/
+    # tensor/parallel/style.py, torch 2.x) swaps each linear's weights for DTensors and hooks its inputs and
+    # outputs; its host cost per layer is measured by `trainsim profile --tp` (profile/framework.py)
+    tp_module_wrappers: bool = Field(default=True, description="tensor parallelism wraps the modules in torch's "
+                                     "DTensor classes (parallelize_module), a host cost per layer, profiled "
+                                     "(else the stack's own tensor-parallel layers)")
     cp_comm_overlap: bool = Field(default=False, description="context-parallel key/value exchange overlapped "
                                   "with the attention kernels (TransformerEngine's ring attention)")
     pp_comm_overlap: bool = Field(default=False, description="pipeline send/recv overlapped with compute in "

@@ -265,6 +265,29 @@ def test_framework_overheads_are_added_per_layer_where_they_apply(db_path: Path)
     assert steps.micro_batch_overhead_s(100, 4, sp, DEVICE) == pytest.approx(1e-3)  # tp + sp not measured
 
 
+def test_dtensor_overhead_is_paid_only_by_stacks_that_wrap_their_modules_in_it(tmp_path: Path) -> None:
+    """A tp-2 job whose profile holds DTensor's per-layer cost pays it under generic (torch's parallelize_module)
+    and not under megatron-core (its own tp layers), in both engines alike: per-op cost x ops, plus 2 ms x the 2
+    transformer layers where the stack wraps its modules (StackSpec.tp_module_wrappers)."""
+    from trainsim.profile.framework import framework_signature
+    from trainsim.strategy.stack import make_stack
+
+    path = tmp_path / "p.sqlite"
+    with ProfileDB.open(path) as db:
+        db.add_op_samples(PROFILE_ENV, overhead_signature(), [1e-6])
+        db.add_op_samples(PROFILE_ENV, framework_signature("dtensor-tp", "fp32"), [2e-3])
+    par = ParallelSpec(tp=2, micro_batch=2, seq_len=16, precision="fp32")
+    expected = {"generic": 2 * 2e-3, "megatron-core": 0.0}
+    for stack, dtensor_s in expected.items():
+        job = make_job(parse_model(TINY_GPT), local_cluster(2), par, make_stack(stack))
+        graph = graph_for(job)
+        ops = sum(layer.count * (len(layer.fwd) + len(layer.bwd)) for layer in graph.layers)
+        overheads = [make_engine(engine, "profiled", path).estimate(job, graph).breakdown["overhead"]
+                     for engine in ("analytical", "sim")]
+        assert overheads[0] == pytest.approx(ops * 1e-6 + dtensor_s, rel=1e-9), stack
+        assert overheads[1] == pytest.approx(overheads[0], rel=1e-9), stack
+
+
 def test_measured_gradient_bucket_copies_answer_inside_their_range_and_the_roofline_outside(db_path: Path) -> None:
     """The copies measured over 1e6 and 4e6 gradients: exact at those, log-log interpolated between; outside the
     measured range the fitted step costs' three memory-bound passes (no extrapolation)."""

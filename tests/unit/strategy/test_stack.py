@@ -45,6 +45,10 @@ def test_presets_state_their_frameworks_defaults() -> None:
     # the Megatron-LM 2020-2022 and Megatron-DeepSpeed presets leave it off (stacks.yaml says why)
     overlapping = {name for name in stack_names() if load_stack(name).tp_dgrad_overlap}
     assert overlapping == {"megatron-core", "colossalai"}
+    # DTensor's module wrappers (parallelize_module): torch's own stacks and trainsim measure's; the others bring
+    # their own tensor-parallel layers (or none)
+    wrapping = {name for name in stack_names() if load_stack(name).tp_module_wrappers}
+    assert wrapping == {"generic", "ddp", "fsdp", "fsdp2", "fsdp2-compile"}
     assert nanotron.attention == "flash2" and not nanotron.fused_cross_entropy
 
 

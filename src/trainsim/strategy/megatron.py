@@ -337,24 +337,33 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
                 column = op.name if _megatron_column(axis, op, config, size) else ""
                 forward += _named(site, axis, reshard(placement, need, read), column)
                 backward += _named(site, axis, reshard(grad, output_grad_placement(placement), read), column)
-        if axis == "cp" and op.kind == "attention":  # keys and values of the whole sequence
-            kv = _kv_bytes(spec, dev, heads_parts)
-            forward += _named("kv", axis, reshard(Placement(size, seq=size), Placement(size), kv))
-            backward += _named("kv", axis, reshard(Placement(size, partial=size), Placement(size, seq=size), kv))
-        if axis == "tp" and op.kind == "attention" and config.seq > 1:  # query rows split: keys, values whole
-            forward_kv, backward_kv = _tp_kv_gathers(spec, dev, config)
-            forward += forward_kv
-            backward += backward_kv
-        if axis == "tp" and op.kind == "norm" and config.out > 1:  # statistics over split features
-            forward_stats, backward_stats = _norm_statistics(spec, dev, op, config)
-            forward += forward_stats
-            backward += backward_stats[::-1]  # the backward list is reversed below
+        forward_extra, backward_extra = _op_collectives(axis, size, spec, dev, op, config, heads_parts)
+        forward += forward_extra
+        backward += backward_extra
         placement, producer = output_placement(config, size, contracting), op
     if placement is not None and kind != "head":  # the head hands on the loss
         site = _namer(axis, kind, producer, None)
         forward += _named(site, axis, reshard(placement, handed, full))
         backward += _named(site, axis, reshard(handed, output_grad_placement(placement), full))
     return forward, backward[::-1]
+
+
+def _op_collectives(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, op: Op, config: OpConfig,
+                    heads_parts: int) -> tuple[list[_Found], list[_Found]]:
+    """(forward, backward) collectives an op needs inside itself, beyond the reshard of its input (the backward's
+    in the reverse of the order the backward pass meets them, as _walk collects them): over cp the attention's
+    keys and values of the whole sequence; over tp an attention core split by query rows gathers the keys and
+    values (_tp_kv_gathers), a norm split by its features all-reduces its statistics (_norm_statistics)."""
+    if axis == "cp" and op.kind == "attention":
+        kv = _kv_bytes(spec, dev, heads_parts)
+        return (_named("kv", axis, reshard(Placement(size, seq=size), Placement(size), kv)),
+                _named("kv", axis, reshard(Placement(size, partial=size), Placement(size, seq=size), kv)))
+    if axis == "tp" and op.kind == "attention" and config.seq > 1:
+        return _tp_kv_gathers(spec, dev, config)
+    if axis == "tp" and op.kind == "norm" and config.out > 1:
+        forward_stats, backward_stats = _norm_statistics(spec, dev, op, config)
+        return forward_stats, backward_stats[::-1]
+    return [], []
 
 
 def _skip_reshards(fork: tuple[Placement, Placement, Placement], need: Placement, grad: Placement, full: float

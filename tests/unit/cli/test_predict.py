@@ -324,22 +324,28 @@ def test_a_stage_on_its_own_mesh_under_interleaving(tmp_path: Path) -> None:
     assert len(lines) == 1 and "a stage's mesh holds every model chunk of that rank" in lines[0]
 
 
+def _mixtral_plain_and_tree(tree_name: str, engine: str, extra: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`predict --json` of Mixtral 8x7B's block, 8 layers, at tp 2 x ep 2 (and `extra`), plain and with the tree
+    data/strategies/megatron/TREE_NAME, in `engine`."""
+    root = Path(__file__).resolve().parents[3]
+    args = ["predict", "--model", str(root / "data" / "strategies" / "megatron" / "models" / "mixtral-8x7b-l8.yaml"),
+            "--num-gpus", "8", "--tp", "2", "--ep", "2", *extra, "--micro-batch", "1", "--seq-len", "1024",
+            "--global-batch", "16", "--json", "--engine", engine]
+    plain = RUNNER.invoke(app, args)
+    with_tree = RUNNER.invoke(app, [*args, "--tree", str(root / "data" / "strategies" / "megatron" / tree_name)])
+    assert plain.exit_code == 0 and with_tree.exit_code == 0, with_tree.output
+    after = json.loads(with_tree.stdout)
+    assert after["engine"] == engine
+    return json.loads(plain.stdout), after
+
+
 def test_mixtral_tree_with_whole_experts_in_both_engines() -> None:
     """data/strategies/megatron/mixtral-tp2-ep2-experts-whole.yaml (Megatron-Core's expert tensor parallelism 1
     at tp 2 x ep 2 with sp) on Mixtral 8x7B's block, 8 layers, against the plain plan, in the simulator and the
     closed form: no expert all-gather or reduce-scatter (less tp time), all-to-alls of half the tokens (less ep
     time), the experts' weights twice over (more weight memory), the same model FLOPs."""
-    root = Path(__file__).resolve().parents[3]
-    args = ["predict", "--model", str(root / "data" / "strategies" / "megatron" / "models" / "mixtral-8x7b-l8.yaml"),
-            "--num-gpus", "8", "--tp", "2", "--ep", "2", "--sp", "--micro-batch", "1", "--seq-len", "1024",
-            "--global-batch", "16", "--json"]
-    tree = str(root / "data" / "strategies" / "megatron" / "mixtral-tp2-ep2-experts-whole.yaml")
     for engine in ("sim", "analytical"):
-        plain = RUNNER.invoke(app, [*args, "--engine", engine])
-        whole = RUNNER.invoke(app, [*args, "--engine", engine, "--tree", tree])
-        assert plain.exit_code == 0 and whole.exit_code == 0, whole.output
-        before, after = json.loads(plain.stdout), json.loads(whole.stdout)
-        assert after["engine"] == engine
+        before, after = _mixtral_plain_and_tree("mixtral-tp2-ep2-experts-whole.yaml", engine, ["--sp"])
         assert after["breakdown"]["tp_comm"] < 0.7 * before["breakdown"]["tp_comm"]
         assert after["breakdown"]["ep_comm"] < 0.8 * before["breakdown"]["ep_comm"]
         assert after["memory_breakdown"]["weights"] > 1.8 * before["memory_breakdown"]["weights"]
@@ -352,17 +358,8 @@ def test_mixtral_tree_with_the_norms_and_router_by_sequence_in_both_engines() ->
     form: each rank dispatches its own half of the tokens (half the all-to-all bytes: less ep time), gathers the
     routed tokens over the pair and reduce-scatters them back (more tp time), runs the norms and the router on
     half the tokens (less compute) and holds the norms and the router whole (more weight memory)."""
-    root = Path(__file__).resolve().parents[3]
-    args = ["predict", "--model", str(root / "data" / "strategies" / "megatron" / "models" / "mixtral-8x7b-l8.yaml"),
-            "--num-gpus", "8", "--tp", "2", "--ep", "2", "--micro-batch", "1", "--seq-len", "1024",
-            "--global-batch", "16", "--json"]
-    tree = str(root / "data" / "strategies" / "megatron" / "mixtral-tp2-ep2-norms-router-seq.yaml")
     for engine in ("sim", "analytical"):
-        plain = RUNNER.invoke(app, [*args, "--engine", engine])
-        split = RUNNER.invoke(app, [*args, "--engine", engine, "--tree", tree])
-        assert plain.exit_code == 0 and split.exit_code == 0, split.output
-        before, after = json.loads(plain.stdout), json.loads(split.stdout)
-        assert after["engine"] == engine
+        before, after = _mixtral_plain_and_tree("mixtral-tp2-ep2-norms-router-seq.yaml", engine, [])
         assert after["breakdown"]["ep_comm"] < 0.7 * before["breakdown"]["ep_comm"]  # half the bytes, and latency
         assert after["breakdown"]["tp_comm"] > before["breakdown"]["tp_comm"]
         assert after["breakdown"]["compute"] < before["breakdown"]["compute"]

@@ -90,6 +90,20 @@ def local_cluster(ranks: int) -> ClusterSpec:
     return load_cluster("local-cpu").with_num_gpus(ranks).on_one_node()
 
 
+def tiny_tp_job(sp: bool, tp: int = 2, **model: Any) -> Job:
+    """The tiny GPT (TINY_GPT_MODEL_YAML, its keys overridden by `model`: arch, norm ...) on 8 A100s at tp x
+    8 / tp dp, 2 sequences of 32 tokens a micro-batch, 16 a step."""
+    import yaml
+
+    from trainsim.ir.model_spec import TransformerSpec
+
+    spec = parse_model({**yaml.safe_load(TINY_GPT_MODEL_YAML), **model})
+    assert isinstance(spec, TransformerSpec)
+    par = ParallelSpec.parse({"micro_batch": 2, "seq_len": 32, "global_batch": 16, "tp": tp, "dp": 8 // tp,
+                              "sp": sp})
+    return make_job(spec, a100_cluster(8), par)
+
+
 def tp_split_plan(job: Job, splits: list[tuple[str, str, int]]) -> "LoweredPlan":
     """The job's plan shaped (compile.shape_layers) with Megatron's splits, each (path, dim, parts) of `splits` set
     over tp in its place."""

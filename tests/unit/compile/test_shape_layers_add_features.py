@@ -13,20 +13,16 @@ BERT's embedding (2 token types of 32, a LayerNorm of 64 parameters).
 """
 
 import pytest
-import yaml
 
-from conftest import TINY_GPT_MODEL_YAML, a100_cluster, comm_rows, forward_op, tp_split_plan
+from conftest import comm_rows, forward_op, tiny_tp_job, tp_split_plan
 from trainsim.catalog.calibration import Calibration
-from trainsim.catalog.model_files import parse_model
 from trainsim.compile.build import compile_job
 from trainsim.compile.splits import plan_mesh_comms, plan_tp_token_params
 from trainsim.cost.pricing import Pricer, axis_layout
 from trainsim.errors import ConfigError
 from trainsim.frontends.catalog.transformer import build_transformer
 from trainsim.ir.model_spec import TransformerSpec
-from trainsim.job import Job, make_job
 from trainsim.strategy.device_slice import DeviceSlice
-from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import policy_for
 from trainsim.strategy.tree import StrategyTree
 
@@ -37,14 +33,6 @@ TABLE_PARAMS = 256 * 32
 MEGATRON_BLOCK_PARAMS = 6352
 
 
-def _job(sp: bool, tp: int = 2, arch: str = "gpt") -> Job:
-    spec = parse_model(yaml.safe_load(TINY_GPT_MODEL_YAML.replace("arch: gpt", f"arch: {arch}")))
-    assert isinstance(spec, TransformerSpec)
-    par = ParallelSpec.parse({"micro_batch": 2, "seq_len": 32, "global_batch": 16, "tp": tp, "dp": 8 // tp,
-                              "sp": sp})
-    return make_job(spec, a100_cluster(8), par)
-
-
 def test_the_last_residual_add_split_by_features_reduce_scatters_fc2_and_gathers_what_the_block_hands_on() -> None:
     """tp 2 without sp, residual2 adding its half of each token's features: fc2's partial sums are
     reduce-scattered onto those features (mlp.rs, not Megatron's all-reduce), its skip input (residual1's whole
@@ -52,7 +40,7 @@ def test_the_last_residual_add_split_by_features_reduce_scatters_fc2_and_gathers
     the handed gradient is sliced; fc2's output gradient is all-gathered from the add's halves (mlp.ag), and so
     is the skip's gradient before it is summed with norm2's whole input gradient (block.ag). residual2 runs
     64 x 16 elements; no weights, no gradient summed over tp."""
-    job = _job(sp=False)
+    job = tiny_tp_job(sp=False)
     plan = tp_split_plan(job, [("blocks.*.residual2", "out", 2)])
     block = plan.layers[1].layer
     assert comm_rows(block) == [
@@ -79,7 +67,7 @@ def test_the_first_residual_add_split_by_features_gathers_for_norm2_and_the_skip
     norm2 reads it (no collective). Backward: the projection's output gradient all-gathered from the add's halves
     (attn.ag), the skip's half gradient all-gathered before the sum with norm1's whole input gradient
     (block.ag)."""
-    job = _job(sp=False)
+    job = tiny_tp_job(sp=False)
     block = tp_split_plan(job, [("blocks.*.residual1", "out", 2)]).layers[1].layer
     assert comm_rows(block) == [
         ("attn.rs", "reduce-scatter", "fwd", HIDDEN_BYTES), ("block.ag", "all-gather", "fwd", HIDDEN_BYTES),
@@ -94,7 +82,7 @@ def test_a_residual_add_split_by_features_under_sp_exchanges_its_skip_input_by_a
     (mlp.rs), its skip input (residual1's output, split by sequence) exchanged by all-to-all (block.a2a: a rank's
     2048 bytes), and the block hands on the sequence split by all-to-all again; backward the same two exchanges
     back, fc2's output gradient all-gathered from the halves (mlp.ag, as Megatron's sp)."""
-    job = _job(sp=True)
+    job = tiny_tp_job(sp=True)
     block = tp_split_plan(job, [("blocks.*.residual2", "seq", 1), ("blocks.*.residual2", "out", 2)]).layers[1].layer
     assert comm_rows(block) == [
         ("attn.ag", "all-gather", "fwd", HIDDEN_BYTES), ("attn.rs", "reduce-scatter", "fwd", HIDDEN_BYTES),
@@ -108,7 +96,7 @@ def test_a_residual_add_split_by_features_under_sp_exchanges_its_skip_input_by_a
 def test_norms_and_adds_split_alike_pay_no_skip_collective() -> None:
     """tp 2 without sp, both norms and both adds by features: each add reads its skip input as its block's norm
     does, so no collective moves it (the walk's gathers only: qkv's and fc1's inputs, the hand-on)."""
-    job = _job(sp=False)
+    job = tiny_tp_job(sp=False)
     paths = ("blocks.*.norm1", "blocks.*.residual1", "blocks.*.norm2", "blocks.*.residual2")
     block = tp_split_plan(job, [(path, "out", 2) for path in paths]).layers[1].layer
     assert [(name, phase) for name, _, phase, _ in comm_rows(block) if name.startswith("block.")] == [
@@ -123,7 +111,7 @@ def test_the_positions_split_by_features_hold_their_table_slice_and_sum_no_gradi
     for the lookup. Each rank holds
     half the position table (512 parameters; Megatron's count: a quarter, 256): 256 parameters more weight memory;
     no gradient summed over tp (plan_tp_token_params empty), the dp gradient bucket as large as a rank holds."""
-    job = _job(sp=False, tp=4)
+    job = tiny_tp_job(sp=False, tp=4)
     plan = tp_split_plan(job, [("embedding.positions", "out", 2)])
     embedding = plan.layers[0].layer
     assert comm_rows(embedding) == [("embed.ar", "all-reduce", "fwd", HIDDEN_BYTES),
@@ -145,7 +133,7 @@ def test_the_positions_split_by_features_hold_their_table_slice_and_sum_no_gradi
 def test_the_positions_by_tokens_and_features_sum_their_slice_over_the_token_ranks() -> None:
     """tp 4 without sp, the positions split 2 ways by sequence and 2 by features: each rank holds half the table
     (512 parameters), its gradient summed over the 2 sequence ranks with the dp ranks."""
-    job = _job(sp=False, tp=4)
+    job = tiny_tp_job(sp=False, tp=4)
     plan = tp_split_plan(job, [("embedding.positions", "seq", 2), ("embedding.positions", "out", 2)])
     assert forward_op(plan.layers[0].layer, "pos_add").shape == (32 * 16,)
     assert plan_tp_token_params(plan, job.model, job.parallel) == {0: {2: POSITION_PARAMS / 2}}
@@ -157,7 +145,7 @@ def test_bert_token_types_and_embedding_norm_split_by_features() -> None:
     all-reduces its LayerNorm statistics (norm.sum, norm.sum_sq; backward norm.sum_dy, norm.sum_dy_xhat). Each
     holds half its parameters (the 64 of the token types, the norm's 64: Megatron's count too); no gradient
     summed over tp. By sequence, the norm holds its gain and bias whole, their gradient summed over the pair."""
-    job = _job(sp=False, arch="bert")
+    job = tiny_tp_job(sp=False, arch="bert")
     megatron = tp_split_plan(job, []).layers[0].layer
     types = tp_split_plan(job, [("embedding.token_types", "out", 2)])
     assert comm_rows(types.layers[0].layer) == [
@@ -192,7 +180,7 @@ def test_bert_token_types_and_embedding_norm_split_by_features() -> None:
 def test_an_add_or_a_norm_split_by_a_reduction_dimension_is_refused(arch: str, path: str, dim: str,
                                                                      message: str) -> None:
     """An add or a norm has no reduction dimension to split: refused in one line naming what it can take."""
-    job = _job(sp=False, arch=arch)
+    job = tiny_tp_job(sp=False, arch=arch)
     assert isinstance(job.model, TransformerSpec)
     tree = StrategyTree.from_parallel(build_transformer(job.model, DeviceSlice.of(job.parallel)), job.parallel)
     with pytest.raises(ConfigError, match=message) as info:

@@ -10,18 +10,15 @@ LayerNorm holds a gain and a bias of 32 each (64 parameters); the position table
 token table 256 x 32 = 8192; Megatron's embedding holds half of both (4608), its block 6352 parameters per tp rank.
 """
 
-import yaml
 
-from conftest import TINY_GPT_MODEL_YAML, a100_cluster, comm_rows, forward_op, tp_split_plan
+from conftest import comm_rows, forward_op, tiny_tp_job, tp_split_plan
 from trainsim.catalog.calibration import Calibration
-from trainsim.catalog.model_files import parse_model
 from trainsim.compile.build import compile_job
 from trainsim.compile.splits import plan_mesh_comms, plan_tp_token_params
 from trainsim.cost.pricing import Pricer, axis_layout
 from trainsim.ir.model_spec import TransformerSpec
-from trainsim.job import Job, make_job
+from trainsim.job import Job
 from trainsim.strategy.lowered import LoweredPlan
-from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import policy_for
 
 HIDDEN_BYTES = 64 * 32 * 2
@@ -32,14 +29,6 @@ TABLE_PARAMS = 256 * 32
 MEGATRON_BLOCK_PARAMS = 6352
 LOSS = [("loss.max", "all-reduce", "fwd", STATISTIC_BYTES), ("loss.target", "all-reduce", "fwd", STATISTIC_BYTES),
         ("loss.sum_exp", "all-reduce", "fwd", STATISTIC_BYTES)]
-
-
-def _job(sp: bool, tp: int = 2, norm: str = "layernorm") -> Job:
-    spec = parse_model(yaml.safe_load(TINY_GPT_MODEL_YAML.replace("norm: layernorm", f"norm: {norm}")))
-    assert isinstance(spec, TransformerSpec)
-    par = ParallelSpec.parse({"micro_batch": 2, "seq_len": 32, "global_batch": 16, "tp": tp, "dp": 8 // tp,
-                              "sp": sp})
-    return make_job(spec, a100_cluster(8), par)
 
 
 def _spec(job: Job) -> TransformerSpec:
@@ -61,7 +50,7 @@ def test_the_head_norm_split_by_sequence_without_sp_gathers_the_logits_input() -
     Megatron's all-reduce) and the head's input gradient all-gathered (logits.ag). The norm runs 32 x 32 elements,
     keeps its input at half the tokens (2048 bytes fewer), is held whole (64 parameters, as the head always holds
     it) and its gradient is summed over the tp pair with the dp ranks."""
-    job = _job(sp=False)
+    job = tiny_tp_job(sp=False)
     megatron = tp_split_plan(job, []).layers[3].layer
     plan = tp_split_plan(job, [("head.norm", "seq", 2)])
     head = plan.layers[3].layer
@@ -87,7 +76,7 @@ def test_the_head_norm_whole_under_sp_all_reduces_the_logits_input_gradient() ->
     it and the projection reads it whole (Megatron's all-gather moves before the norm); backward, the projection's
     partial input gradient is all-reduced onto the whole norm and the head's input gradient sliced. Both ranks run
     the same 64 tokens: no gradient summed over tp."""
-    job = _job(sp=True)
+    job = tiny_tp_job(sp=True)
     assert comm_rows(tp_split_plan(job, []).layers[3].layer)[:2] == [
         ("logits.ag", "all-gather", "fwd", HIDDEN_BYTES), ("logits.rs", "reduce-scatter", "bwd", HIDDEN_BYTES)]
     plan = tp_split_plan(job, [("head.norm", "seq", 1)])
@@ -105,7 +94,7 @@ def test_the_positions_by_tokens_hold_the_whole_table_and_sum_its_gradient_over_
     (embed.ag). Each rank holds the whole position table (1024 parameters; the token table's half, 4096, as
     Megatron's), its gradient summed over the 2 tp ranks with the 4 dp ranks: a bucket of 1024 parameters over 8
     ranks; the weight memory holds 512 parameters more than Megatron's."""
-    job = _job(sp=False)
+    job = tiny_tp_job(sp=False)
     plan = tp_split_plan(job, [("embedding.positions", "seq", 2)])
     embedding = plan.layers[0].layer
     assert comm_rows(embedding) == [("embed.rs", "reduce-scatter", "fwd", HIDDEN_BYTES),
@@ -130,7 +119,7 @@ def test_the_positions_whole_under_sp_read_the_lookup_all_reduced() -> None:
     """With sp, the positions' add whole on both ranks (a config of none): the lookup's partial sums are
     all-reduced (embed.ar, not Megatron's reduce-scatter) and the whole sum sliced for the first block; backward,
     the block's input gradient all-gathered (embed.ag). The table is held whole, no gradient summed over tp."""
-    job = _job(sp=True)
+    job = tiny_tp_job(sp=True)
     plan = tp_split_plan(job, [("embedding.positions", "seq", 1)])
     embedding = plan.layers[0].layer
     assert comm_rows(embedding) == [("embed.ar", "all-reduce", "fwd", HIDDEN_BYTES),
@@ -147,7 +136,7 @@ def test_a_block_norm_split_by_features_all_reduces_its_statistics() -> None:
     features (attn.rs), the norm's two backward sums (of dy' and dy' x xhat) all-reduced, and the block's input
     gradient all-gathered from the feature halves (block.ag). norm1 runs 64 x 16 elements and holds half its gain
     and bias (the block's 6352 parameters, as Megatron's count); nothing is summed over tp."""
-    job = _job(sp=False)
+    job = tiny_tp_job(sp=False)
     plan = tp_split_plan(job, [("blocks.*.norm1", "out", 2)])
     block = plan.layers[1].layer
     assert comm_rows(block) == [
@@ -176,7 +165,7 @@ def test_an_rmsnorm_split_by_features_all_reduces_one_statistic_each_way() -> No
     mean terms dropped): one all-reduce each way. The head's norm split by features, read whole by the projection:
     its input sliced, its output all-gathered (logits.ag), the gradient reduce-scattered (logits.rs) and the head's
     input gradient all-gathered; the norm holds half its gain (16 of 32 parameters)."""
-    job = _job(sp=False, norm="rmsnorm")
+    job = tiny_tp_job(sp=False, norm="rmsnorm")
     plan = tp_split_plan(job, [("head.norm", "out", 2)])
     head = plan.layers[3].layer
     assert comm_rows(head) == [
@@ -193,7 +182,7 @@ def test_a_norm_split_by_features_and_sequence_over_tp_4_all_reduces_over_its_fe
     features; the statistics are partial over the 2 ranks of a feature pair only: all-reduces over a sub-group of
     2 ranks of one value per token of the rank's 32 (128 bytes). Its half gain and bias (32 parameters) are
     summed over the 2 sequence ranks with the dp ranks."""
-    job = _job(sp=False, tp=4)
+    job = tiny_tp_job(sp=False, tp=4)
     plan = tp_split_plan(job, [("blocks.*.norm2", "seq", 2), ("blocks.*.norm2", "out", 2)])
     block = plan.layers[1].layer
     stats = [(c.name, c.phase, c.buffer_bytes, c.ranks) for c in block.comms if c.name.startswith("norm2.")]
@@ -208,7 +197,7 @@ def test_a_norm_split_by_features_under_sp_reads_the_sequence_split_by_all_to_al
     """With sp the block's input arrives split by sequence; norm1 split by features (sequence whole) reads it by
     an all-to-all over the pair (block.a2a: a rank's 2048 bytes), and in the backward its input gradient goes
     back the same way. The rest as Megatron's sp: qkv all-gathers, the projection reduce-scatters."""
-    job = _job(sp=True)
+    job = tiny_tp_job(sp=True)
     plan = tp_split_plan(job, [("blocks.*.norm1", "seq", 1), ("blocks.*.norm1", "out", 2)])
     block = plan.layers[1].layer
     assert comm_rows(block)[:5] == [

@@ -41,10 +41,10 @@ BERT's token types may split the hidden features too (out, with or without token
 slice of each of its tokens (no statistics); a table (the positions', the token types') is held 1/out on each rank,
 no gradient summed for it over tp unless its tokens are split too (that slice's, over those ranks). A residual
 add's second input, the skip connection, is the tensor its block's norm reads (the block's input for residual1,
-residual1's sum for residual2): where the add reads it otherwise than the norm does, it is resharded from the
-tensor's layout (block.a2a, a slice), and where the add's input gradient lies otherwise than the norm's, that
-gradient is resharded back before the two are summed (block.ag: _skip_reshards); alike, they are summed first and
-resharded once (the walk's). The embedding's lookup takes
+residual1's sum for residual2): where the add, split by tokens or by features or whole, reads it otherwise than
+the norm does, it is resharded from the tensor's layout (block.a2a, block.ag, a slice), and where the add's input
+gradient lies otherwise than the norm's, that gradient is resharded back before the two are summed (block.ag:
+_skip_reshards); alike, they are summed first and resharded once (the walk's). The embedding's lookup takes
 Megatron's split over d dividing tp, none, or a batch or sequence split whose parts divide tp (each rank looks up
 its own tokens in the whole table, whose gradient is then summed over those ranks; a tied table then needs the
 head's projection whole), an MoE's experts Megatron's split over d or none and its router a batch or sequence

@@ -238,6 +238,29 @@ def test_a_tree_splitting_norms_or_adds_by_features_runs_in_both_engines(tree_na
     assert abs(iteration["analytical"] / iteration["sim"] - 1.0) < 0.01
 
 
+def test_a_tree_splitting_the_residual_adds_by_sequence_beside_whole_norms_runs_in_both_engines() -> None:
+    """data/strategies/megatron/gpt-tp2-adds-seq.yaml (each block's residual adds split by sequence over the tp
+    pair, its norms whole: the job has no sp) in the simulator and the analytical engine: each rank adds half the
+    tokens (less compute than plain tp 2) and moves more over tp (the row-parallel partial sums reduce-scattered,
+    the sums all-gathered for norm2 and the next block, the skip inputs' gradient halves gathered:
+    test_shape_layers_add_tokens.py); the adds hold no weights (as plain tp 2). The engines agree within 1%."""
+    root = Path(__file__).resolve().parents[3]
+    tree = str(root / "data" / "strategies" / "megatron" / "gpt-tp2-adds-seq.yaml")
+    args = ["predict", "--model", "gpt3-125m", "--num-gpus", "8", "--tp", "2", "--micro-batch", "4",
+            "--global-batch", "64", "--seq-len", "1024", "--json"]
+    iteration: dict[str, float] = {}
+    for engine in ("sim", "analytical"):
+        runs = {name: RUNNER.invoke(app, [*args, "--engine", engine, *extra]) for name, extra in (
+            ("plain", []), ("tokens", ["--tree", tree]))}
+        assert all(run.exit_code == 0 for run in runs.values()), [run.output for run in runs.values()]
+        out = {name: json.loads(run.stdout) for name, run in runs.items()}
+        assert out["tokens"]["breakdown"]["compute"] < out["plain"]["breakdown"]["compute"]
+        assert out["tokens"]["breakdown"]["tp_comm"] > out["plain"]["breakdown"]["tp_comm"]
+        assert out["tokens"]["memory_breakdown"]["weights"] == out["plain"]["memory_breakdown"]["weights"]
+        iteration[engine] = out["tokens"]["iteration_time_s"]
+    assert abs(iteration["analytical"] / iteration["sim"] - 1.0) < 0.01
+
+
 def test_stages_on_their_own_meshes_with_their_own_op_configs(tmp_path: Path) -> None:
     """The shipped GPT-3 1.3B trees whose stage 1 runs tp 4 x dp 2 beside stage 0's tp 2 x dp 4
     (data/strategies/megatron/gpt3-1.3b-stage1-tp4*.yaml): with its attention whole, or its MLP over pairs, stage 1

@@ -206,9 +206,8 @@ def test_a_tree_splitting_the_norms_by_sequence_without_sp_runs_in_both_engines(
         assert by_tokens["breakdown"]["compute"] > compute["plain"]
 
 
-
 @pytest.mark.parametrize(("tree_name", "head_norm_params_fewer"), [
-    ("gpt-tp2-norms-features.yaml", 768), ("gpt-tp2-adds-features.yaml", 0)])
+    ("gpt-tp2-norms-features.yaml", 768), ("gpt-tp2-adds-features.yaml", 0), ("gpt-tp2-adds-seq.yaml", 0)])
 def test_a_tree_splitting_norms_or_adds_by_features_runs_in_both_engines(tree_name: str,
                                                                          head_norm_params_fewer: int) -> None:
     """data/strategies/megatron/gpt-tp2-norms-features.yaml (each block's norms and the head's norm split by their
@@ -219,7 +218,9 @@ def test_a_tree_splitting_norms_or_adds_by_features_runs_in_both_engines(tree_na
     reduce-scattered, the sums all-gathered for norm2 and the next block, the skip inputs' gradients gathered).
     The norms tree holds half the head norm's gain and bias (768 parameters of gpt3-125m fewer than plain tp 2,
     which counts it whole; the blocks' norms as plain tp 2 counts them, divided by tp); the adds tree the weights
-    plain tp 2 holds (half the position table: plain tp 2 divides it by tp too). The engines agree within 1%."""
+    plain tp 2 holds (half the position table: plain tp 2 divides it by tp too). gpt-tp2-adds-seq.yaml splits the
+    adds by sequence beside whole norms instead: half the tokens, the skip inputs' gradient halves gathered
+    (test_shape_layers_add_tokens.py), no weights of their own. The engines agree within 1%."""
     root = Path(__file__).resolve().parents[3]
     tree = str(root / "data" / "strategies" / "megatron" / tree_name)
     args = ["predict", "--model", "gpt3-125m", "--num-gpus", "8", "--tp", "2", "--micro-batch", "4",
@@ -235,29 +236,6 @@ def test_a_tree_splitting_norms_or_adds_by_features_runs_in_both_engines(tree_na
         weights = {name: data["memory_breakdown"]["weights"] for name, data in out.items()}
         assert weights["plain"] - weights["features"] == head_norm_params_fewer * policy_for("bf16").weight_bytes
         iteration[engine] = out["features"]["iteration_time_s"]
-    assert abs(iteration["analytical"] / iteration["sim"] - 1.0) < 0.01
-
-
-def test_a_tree_splitting_the_residual_adds_by_sequence_beside_whole_norms_runs_in_both_engines() -> None:
-    """data/strategies/megatron/gpt-tp2-adds-seq.yaml (each block's residual adds split by sequence over the tp
-    pair, its norms whole: the job has no sp) in the simulator and the analytical engine: each rank adds half the
-    tokens (less compute than plain tp 2) and moves more over tp (the row-parallel partial sums reduce-scattered,
-    the sums all-gathered for norm2 and the next block, the skip inputs' gradient halves gathered:
-    test_shape_layers_add_tokens.py); the adds hold no weights (as plain tp 2). The engines agree within 1%."""
-    root = Path(__file__).resolve().parents[3]
-    tree = str(root / "data" / "strategies" / "megatron" / "gpt-tp2-adds-seq.yaml")
-    args = ["predict", "--model", "gpt3-125m", "--num-gpus", "8", "--tp", "2", "--micro-batch", "4",
-            "--global-batch", "64", "--seq-len", "1024", "--json"]
-    iteration: dict[str, float] = {}
-    for engine in ("sim", "analytical"):
-        runs = {name: RUNNER.invoke(app, [*args, "--engine", engine, *extra]) for name, extra in (
-            ("plain", []), ("tokens", ["--tree", tree]))}
-        assert all(run.exit_code == 0 for run in runs.values()), [run.output for run in runs.values()]
-        out = {name: json.loads(run.stdout) for name, run in runs.items()}
-        assert out["tokens"]["breakdown"]["compute"] < out["plain"]["breakdown"]["compute"]
-        assert out["tokens"]["breakdown"]["tp_comm"] > out["plain"]["breakdown"]["tp_comm"]
-        assert out["tokens"]["memory_breakdown"]["weights"] == out["plain"]["memory_breakdown"]["weights"]
-        iteration[engine] = out["tokens"]["iteration_time_s"]
     assert abs(iteration["analytical"] / iteration["sim"] - 1.0) < 0.01
 
 

@@ -12,49 +12,14 @@ The tiny GPT (tests/conftest.py: hidden 32, 4 heads, ffn 128, LayerNorm, biases)
 bf16 on 8 A100s, tp 2 x dp 4: a hidden state of the micro-batch is 64 tokens x 32 x 2 bytes = 4096 bytes (H).
 """
 
-import yaml
 
-from conftest import TINY_GPT_MODEL_YAML, a100_cluster
+from conftest import comm_rows, forward_op, tiny_tp_job, tp_split_plan
 from trainsim.catalog.calibration import Calibration
-from trainsim.catalog.model_files import parse_model
 from trainsim.compile.build import compile_job
-from trainsim.compile.shape_layers import shape_layers
 from trainsim.compile.splits import plan_mesh_comms
 from trainsim.cost.pricing import Pricer, axis_layout
-from trainsim.frontends.catalog.transformer import build_transformer
-from trainsim.ir.graph import Layer, Op
-from trainsim.ir.model_spec import TransformerSpec
-from trainsim.job import Job, make_job
-from trainsim.strategy.device_slice import DeviceSlice
-from trainsim.strategy.lowered import LoweredPlan
-from trainsim.strategy.parallel import ParallelSpec
-from trainsim.strategy.tree import StrategyTree
 
 H = 64 * 32 * 2.0
-
-
-def _job(sp: bool) -> Job:
-    spec = parse_model(yaml.safe_load(TINY_GPT_MODEL_YAML))
-    assert isinstance(spec, TransformerSpec)
-    par = ParallelSpec.parse({"micro_batch": 2, "seq_len": 32, "global_batch": 16, "tp": 2, "dp": 4, "sp": sp})
-    return make_job(spec, a100_cluster(8), par)
-
-
-def _plan(job: Job, splits: list[tuple[str, str, int]]) -> LoweredPlan:
-    """Megatron's splits, with each (path, dim, parts) of `splits` set over tp in its place."""
-    assert isinstance(job.model, TransformerSpec)
-    tree = StrategyTree.from_parallel(build_transformer(job.model, DeviceSlice.of(job.parallel)), job.parallel)
-    for path, dim, parts in splits:
-        tree = tree.split(path, "compute", dim, parts, axis="tp", override=True)
-    return shape_layers(job, tree.lower(job.parallel))
-
-
-def _comms(layer: Layer) -> list[tuple[str, str, str, float]]:
-    return [(c.name, c.collective, c.phase, c.buffer_bytes) for c in layer.comms]
-
-
-def _op(layer: Layer, name: str) -> Op:
-    return next(op for op in layer.fwd if op.name == name)
 
 
 def test_the_last_add_by_sequence_beside_a_whole_norm_gathers_its_skip_gradient() -> None:
@@ -64,18 +29,18 @@ def test_the_last_add_by_sequence_beside_a_whole_norm_gathers_its_skip_gradient(
     sliced; fc2's output gradient gathered from the add's halves (mlp.ag) and so is the skip's: one all-gather of
     H (block.ag, bwd) before it is summed with norm2's whole input gradient. The op-level task of that gather
     takes the Pricer's all-gather time of H over the tp pair."""
-    job = _job(sp=False)
-    plan = _plan(job, [("blocks.*.residual2", "seq", 2)])
+    job = tiny_tp_job(sp=False)
+    plan = tp_split_plan(job, [("blocks.*.residual2", "seq", 2)])
     block = plan.layers[1].layer
-    assert _comms(block) == [
+    assert comm_rows(block) == [
         ("attn.ar", "all-reduce", "fwd", H), ("mlp.rs", "reduce-scatter", "fwd", H),
         ("block.ag", "all-gather", "fwd", H),
         ("attn.ar", "all-reduce", "bwd", H), ("block.ag", "all-gather", "bwd", H),
         ("mlp.ag", "all-gather", "bwd", H), ("mlp.ar", "all-reduce", "bwd", H)]
     assert all(c.ranks == 0 for c in block.comms)  # over the whole tp pair
     assert plan_mesh_comms(plan, job.model, job.parallel)[1] == block.comms
-    assert _op(block, "residual2").shape == (32 * 32,)
-    assert _op(block, "norm2").shape == (64 * 32,)
+    assert forward_op(block, "residual2").shape == (32 * 32,)
+    assert forward_op(block, "norm2").shape == (64 * 32,)
     pricer = Pricer(Calibration())
     tasks = [t for t in compile_job(job, plan, pricer, "op").tasks
              if t.micro_batch == 0 and t.layer == "L1.block" and t.category == "tp_comm"]
@@ -90,9 +55,9 @@ def test_the_first_add_by_sequence_gathers_the_skip_gradient_for_norm1() -> None
     sliced forward; backward its half gradient all-gathered (block.ag, H) before the sum with norm1's whole one,
     besides the walk's: the projection's partial sums reduce-scattered (attn.rs), norm2's whole read gathered
     (block.ag, fwd), the projection's output gradient gathered (attn.ag)."""
-    job = _job(sp=False)
-    block = _plan(job, [("blocks.*.residual1", "seq", 2)]).layers[1].layer
-    assert _comms(block) == [
+    job = tiny_tp_job(sp=False)
+    block = tp_split_plan(job, [("blocks.*.residual1", "seq", 2)]).layers[1].layer
+    assert comm_rows(block) == [
         ("attn.rs", "reduce-scatter", "fwd", H), ("block.ag", "all-gather", "fwd", H),
         ("mlp.ar", "all-reduce", "fwd", H),
         ("attn.ag", "all-gather", "bwd", H), ("attn.ar", "all-reduce", "bwd", H),
@@ -104,9 +69,9 @@ def test_a_whole_add_under_sp_gathers_its_skip_input_forward() -> None:
     halves) all-gathered forward (block.ag, fwd, H) for the add; backward its whole gradient sliced onto the
     halves (no collective). fc2's partial sums all-reduced onto the whole add (mlp.ar); the hand-on slices; its
     gradient gathered (block.ag, bwd)."""
-    job = _job(sp=True)
-    block = _plan(job, [("blocks.*.residual2", "seq", 1)]).layers[1].layer
-    assert _comms(block) == [
+    job = tiny_tp_job(sp=True)
+    block = tp_split_plan(job, [("blocks.*.residual2", "seq", 1)]).layers[1].layer
+    assert comm_rows(block) == [
         ("attn.ag", "all-gather", "fwd", H), ("attn.rs", "reduce-scatter", "fwd", H),
         ("mlp.ag", "all-gather", "fwd", H), ("block.ag", "all-gather", "fwd", H),
         ("mlp.ar", "all-reduce", "fwd", H),
@@ -118,11 +83,11 @@ def test_an_add_by_batch_beside_a_norm_by_sequence_gathers_each_gradient_once() 
     """tp 2 without sp, norm2 on half the sequence, residual2 on half the batch: the skip input (residual1's
     whole output) is sliced both ways forward; backward the add's batch-half gradient is gathered (block.ag) and
     so is norm2's sequence-half one (block.ag, the walk's) before they are summed: two all-gathers of H."""
-    job = _job(sp=False)
-    block = _plan(job, [("blocks.*.norm2", "seq", 2), ("blocks.*.residual2", "batch", 2)]).layers[1].layer
-    assert [(name, phase) for name, _, phase, _ in _comms(block) if name.startswith("block.")] == [
+    job = tiny_tp_job(sp=False)
+    block = tp_split_plan(job, [("blocks.*.norm2", "seq", 2), ("blocks.*.residual2", "batch", 2)]).layers[1].layer
+    assert [(name, phase) for name, _, phase, _ in comm_rows(block) if name.startswith("block.")] == [
         ("block.ag", "fwd"), ("block.ag", "bwd"), ("block.ag", "bwd")]
-    assert {size for name, _, _, size in _comms(block) if name.startswith("block.")} == {H}
+    assert {size for name, _, _, size in comm_rows(block) if name.startswith("block.")} == {H}
 
 
 def test_adds_and_norms_split_alike_by_sequence_pay_no_skip_collective() -> None:
@@ -130,8 +95,8 @@ def test_adds_and_norms_split_alike_by_sequence_pay_no_skip_collective() -> None
     each add reads its skip input as its norm does, so no collective moves it: the block collectives are the
     walk's, the hand-on's halves gathered forward and, backward, norm1's and residual1's summed gradient halves
     gathered once for the block's whole input."""
-    job = _job(sp=False)
+    job = tiny_tp_job(sp=False)
     paths = ("blocks.*.norm1", "blocks.*.residual1", "blocks.*.norm2", "blocks.*.residual2")
-    block = _plan(job, [(path, "seq", 2) for path in paths]).layers[1].layer
-    assert [(name, phase) for name, _, phase, _ in _comms(block) if name.startswith("block.")] == [
+    block = tp_split_plan(job, [(path, "seq", 2) for path in paths]).layers[1].layer
+    assert [(name, phase) for name, _, phase, _ in comm_rows(block) if name.startswith("block.")] == [
         ("block.ag", "fwd"), ("block.ag", "bwd")]

@@ -239,7 +239,7 @@ class BuildContext:
         strategy.megatron.token_split_params)."""
         split = self.splits.get(index)
         if split is not None:
-            return dict(split.grad_params_by_ranks)
+            return {ranks: part for ranks, part in split.grad_params_by_ranks.items()}  # int keys as SyncGroup
         dp = self.job.parallel.dp
         experts = self.expert_grads.get(index)
         shared = self.tp_token_params.get(index, {})

@@ -56,13 +56,18 @@ def shape_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
 
 
 def shaped_graph(job: Job, graph: OpGraph, plan: LoweredPlan) -> OpGraph:
+    """shaped_graph_and_repeated_flops's graph."""
+    return shaped_graph_and_repeated_flops(job, graph, plan)[0]
+
+
+def shaped_graph_and_repeated_flops(job: Job, graph: OpGraph, plan: LoweredPlan) -> tuple[OpGraph, float]:
     """The graph with its layers as the plan's configs over tp shape them (shape_layers), for the closed-form
     engine, which places layers evenly and prices each layer once for all its instances: the plan must be the
     strategy's default plan but for its ops' configs over tp, and give every instance of a layer the same.
     NB: the closed form sums every gradient over the data-parallel group, an MoE's experts split over fewer tp
     ranks than tp included (the simulator sums those over their expert data-parallel ranks: expert_grad_groups),
     and the weights of matmuls split by tokens over tp too (the simulator sums those over dp x their token parts:
-    compile.splits.plan_tp_token_params)."""
+    compile.splits.plan_tp_token_params). With it, the plan's repeated_flops (the layers shaped once for both)."""
     default = default_plan(graph, job.parallel)
     if dataclasses.replace(plan, mesh_splits=default.mesh_splits) != default:
         raise ConfigError("engine", "analytical", "places layers, schedules, recomputes and splits over dp as the "
@@ -70,13 +75,14 @@ def shaped_graph(job: Job, graph: OpGraph, plan: LoweredPlan) -> OpGraph:
                           "takes a tree's ops' configs over tp)")
     shaped = shape_layers(job, plan)
     if shaped is plan:
-        return graph
+        return graph, 0.0
     by_layer: dict[int, Layer] = {}  # id of a graph layer -> its instances' shaped layer
     for old, new in zip(plan.layers, shaped.layers, strict=True):
         if by_layer.setdefault(id(old.layer), new.layer) is not new.layer:
             raise ConfigError("engine", "analytical", f"prices each layer once for all its instances; the tree "
                               f"splits the instances of {old.layer.name} over tp differently: use --engine sim")
-    return dataclasses.replace(graph, layers=tuple(by_layer.get(id(layer), layer) for layer in graph.layers))
+    return (dataclasses.replace(graph, layers=tuple(by_layer.get(id(layer), layer) for layer in graph.layers)),
+            added_flops(plan, shaped))
 
 
 def _layer_configs(plan: LoweredPlan, dev: DeviceSlice) -> list[TpConfigs]:

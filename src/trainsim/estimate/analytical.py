@@ -135,17 +135,17 @@ class AnalyticalEstimator:
         even placement) and may give ops their own configs over tp: its layers shaped by them
         (compile.shape_layers.shaped_graph; ConfigError for a plan that places, schedules or splits otherwise).
         The model FLOPs (MFU) are the unshaped graph's; what the shaped ops repeat on several tp ranks counts in
-        HFU only (compile.shape_layers.repeated_flops), as in the simulator."""
+        HFU only (compile.shape_layers.repeated_flops, from the same shaping), as in the simulator."""
         if plan is None:
             return self.price(job, graph).result()
-        from trainsim.compile.shape_layers import repeated_flops, shaped_graph  # NB: loaded for a tree only
+        from trainsim.compile.shape_layers import shaped_graph_and_repeated_flops  # NB: loaded for a tree only
 
-        shaped = shaped_graph(job, graph, plan)
+        shaped, repeated = shaped_graph_and_repeated_flops(job, graph, plan)
         price = self.price(job, shaped)
         if shaped is graph:
             return price.result()
         return make_result(self.name, job, graph, price.breakdown, price.memory, calibration=price.calibration,
-                           repeated_flops=repeated_flops(job, plan))
+                           repeated_flops=repeated)
 
     def price(self, job: Job, graph: OpGraph) -> PlanPrice:
         """The closed form for one plan; the Result waits for PlanPrice.result()."""

@@ -30,6 +30,12 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.measure.model import Attention, Block, Embedding, Head, TransformerChunk
+from trainsim.measure.feature_splits import (
+    FEATURES,
+    block_by_features,
+    head_norm_by_features,
+    positions_by_features,
+)
 from trainsim.measure.op_collectives import Group, gather, slice_part
 from trainsim.measure.op_splits import (
     TokenSplit,
@@ -94,9 +100,15 @@ def apply_op_tp(chunk: TransformerChunk, spec: TransformerSpec, tp_mesh: DeviceM
             continue
         _attention(block.attn, spec, meshes, ops, split)
         token_splits += _mlp(block.mlp, meshes, ops, split)
+        if FEATURES in split.values():  # measure.tp_degrees: over tp, beside Megatron's qkv / fc1 / projections
+            block_by_features(block, tp_mesh, meshes.group(tp), split)
+    if chunk.embed is not None and dims.get("embed", {}).get("pos_add") == FEATURES:
+        positions_by_features(chunk.embed, tp_mesh, meshes.group(tp))
     if chunk.head is not None:
         ops = degrees.get("head", {})
         _head(chunk.head, meshes, ops.get("logits", tp), ops.get("cross_entropy", tp))
+        if dims.get("head", {}).get("final_norm") == FEATURES:  # measure.tp_degrees: the logits over tp
+            head_norm_by_features(chunk.head, tp_mesh, meshes.group(tp))
     return token_splits
 
 
@@ -117,10 +129,13 @@ def _column(module: nn.Module, names: list[str], meshes: Meshes, degree: int, re
             module.get_submodule(name).register_forward_hook(sliced)
 
 
-def _row(linear: nn.Module, parent: nn.Module, name: str, meshes: Meshes, degree: int, read_from: int) -> None:
-    """A row-parallel matmul at `degree` reading a stage at `read_from`; its partial sums all-reduced."""
+def _row(linear: nn.Module, parent: nn.Module, name: str, meshes: Meshes, degree: int, read_from: int,
+         onto_features: bool = False) -> None:
+    """A row-parallel matmul at `degree` reading a stage at `read_from`; its partial sums all-reduced, or
+    reduce-scattered onto the features where the residual add after it is split by them (feature_splits)."""
     if degree > 1:
-        parallelize_module(parent, meshes[degree], {name: RowwiseParallel(output_layouts=Replicate())})
+        out = Shard(-1) if onto_features else Replicate()
+        parallelize_module(parent, meshes[degree], {name: RowwiseParallel(output_layouts=out)})
         if read_from == 1:  # before RowwiseParallel's own hook takes the local input as its shard
             linear.register_forward_pre_hook(lambda _m, args: (meshes.slice(args[0], degree),), prepend=True)
     elif read_from > 1:
@@ -141,7 +156,7 @@ def _attention(attn: Attention, spec: TransformerSpec, meshes: Meshes, ops: Mapp
         column_by_reduce(attn, ["q", "k", "v"], meshes[qkv], meshes.group(qkv), core)
     else:
         _column(attn, ["q", "k", "v"], meshes, qkv, core)
-    _row(attn.o, attn, "o", meshes, out, core)
+    _row(attn.o, attn, "o", meshes, out, core, split.get("residual1") == FEATURES)
     attn.head_offset = meshes.part_index(core) * spec.num_heads // core  # places ALiBi slopes
 
 
@@ -156,7 +171,7 @@ def _mlp(mlp: nn.Module, meshes: Meshes, ops: Mapping[str, int], split: Mapping[
         column_by_reduce(mlp, columns, meshes[first], meshes.group(first), act)
     else:
         _column(mlp, columns, meshes, first, act)
-    _row(mlp.get_submodule("down"), mlp, "down", meshes, second, act)
+    _row(mlp.get_submodule("down"), mlp, "down", meshes, second, act, split.get("residual2") == FEATURES)
     return []
 
 

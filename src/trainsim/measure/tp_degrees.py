@@ -41,10 +41,12 @@ HEAD_STAGES: tuple[tuple[str, ...], ...] = (("logits",), ("cross_entropy",))
 EMBED_STAGES: tuple[tuple[str, ...], ...] = (("lookup",),)
 TOKEN_OPS = ("norm1", "residual1", "norm2", "residual2")  # a dense block's norms and residual adds
 PART_OF_KIND = {"embedding": "embed", "head": "head"}  # a block's part is "block:<its index among the blocks>"
-SPLIT_DIMS = ("reduce", "seq")  # the splits other than Megatron's that the ranks run (module doc)
+# the ops that may be split by their hidden features over tp (measure/feature_splits.py)
+FEATURE_OPS = (*TOKEN_OPS, "final_norm", "pos_add")
+SPLIT_DIMS = ("reduce", "seq", "features")  # the splits other than Megatron's that the ranks run (module doc)
 
 TpDegrees = dict[str, dict[str, int]]  # model part -> op name -> its tp degree (ops at the job's tp left out)
-TpDims = dict[str, dict[str, str]]  # model part -> op name -> its split where not Megatron's ("reduce", "seq")
+TpDims = dict[str, dict[str, str]]  # model part -> op name -> its split where not Megatron's (SPLIT_DIMS)
 _WHERE = "split.compute@tp"
 
 
@@ -97,7 +99,8 @@ def _splits(part: str, fwd: Sequence[Op], dev: DeviceSlice,
             raise ConfigError(f"{_WHERE} ({part})", f"{name} batch={config.batch} seq={config.seq} "
                               f"out={config.out} reduce={config.reduce}", "measured where an op takes Megatron's "
                               "split over d dividing tp, or none; qkv/fc1 by reduce, the core, a dense MLP or "
-                              "the norms by seq; predict prices the other configs")
+                              "the norms by seq; the norms, adds and positions by out (features); predict "
+                              "prices the other configs")
         degrees[name] = d
         if dim != "megatron":
             dims[name] = dim
@@ -109,7 +112,11 @@ def _dim(op: Op, config: OpConfig, dev: DeviceSlice) -> str | None:
     d = config.parts
     if config == megatron_tp(op, dev, d):
         return "megatron"
-    if dev.sp or config.parts != max(config.reduce, config.seq):
+    if dev.sp:
+        return None
+    if config == OpConfig(1, 1, d, 1) and op.name in FEATURE_OPS:
+        return "features"
+    if config.parts != max(config.reduce, config.seq):
         return None
     if config.reduce > 1:
         return "reduce" if op.name in COLUMN and op.name != "logits" else None
@@ -173,3 +180,11 @@ def _check_splits(part: str, degrees: dict[str, int], dims: dict[str, str], dev:
         raise ConfigError(f"{_WHERE} ({part})", {name: degrees[name] for name in sorted(degrees)},
                           f"measured where norm1, residual1, norm2 and residual2 are all split by seq over "
                           f"tp={dev.tp} and the block's other ops take Megatron's split")
+    features = {name for name, dim in dims.items() if dim == "features"}
+    if features and (any(degrees[name] != dev.tp for name in features) or set(degrees) - features - {"lookup"}
+                     or "router" in present):
+        raise ConfigError(f"{_WHERE} ({part})", {name: f"{dims.get(name, 'megatron')} {degrees[name]}"
+                                                 for name in sorted(degrees)},
+                          f"measured where the norms, adds and positions split by features are split over "
+                          f"tp={dev.tp} and the other ops of their block (or head) take Megatron's split over tp, "
+                          f"in a dense block")

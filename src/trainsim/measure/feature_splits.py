@@ -1,0 +1,145 @@
+"""The tp splits by hidden features that a strategy tree may give a block's norms and residual adds, the head's final
+norm and the embedding's learned positions (measure/tp_degrees.py, "features"), applied to the measured
+transformer on plain tensors and the explicit autograd collectives of measure/op_collectives.py:
+
+- a norm by features: each rank normalises its slice of every token's features; a LayerNorm's per-token sums (of
+  x, then of the centred squares) are partial over the ranks, one fp32 all-reduce each in the forward and, by
+  autograd, one each in the backward (an RMSNorm's sum of squares alone) (Colossal-AI's 2D LayerNorm,
+  colossalai/nn/layer/parallel_2d/_operation.py, does the same; Wang et al. 2021, Sec. 3.2). Each rank holds its
+  slice of the gain and bias (a DTensor sharded by features: no gradient summed over tp). The norm slices the
+  whole hidden state (the backward all-gathers the input gradient); the module reading its output (the attention,
+  the MLP, the vocabulary projection) all-gathers it, once (torch's PrepareModuleInput, or the head's DTensor
+  redistribute), and in the backward reduce-scatters the partial input gradient onto the features;
+- a residual add by features: each rank adds its slice of the features; the projection before it
+  reduce-scatters its partial sums onto the slices (RowwiseParallel onto Shard(-1)) instead of all-reducing; the
+  skip input is read as the block's hidden state is held (sliced from a whole one: its gradient slices
+  all-gathered in the backward), and a reader of the whole sum (the next norm split otherwise, the next block)
+  all-gathers it (the backward keeps this rank's slice: the whole sum's gradient is the same on every rank);
+- the learned positions by features: each rank holds its slice of the table's columns and adds it to its slice
+  of the lookup's output; the embedding hands on the whole hidden state (all-gathered).
+The hidden state between the ops of a block is whole or a feature slice as the ops leave it (_Hidden); a slice and
+a whole copy are each made at most once, so a norm and an add split alike share one slice (no skip collective).
+Imported only inside measure workers (torch).
+"""
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import PrepareModuleInput, parallelize_module
+
+from trainsim.measure.model import Block, Embedding, Head
+from trainsim.measure.op_collectives import Group, gather, slice_part
+from trainsim.measure.split_model import AllReduce, ReduceGradients
+
+FEATURES = "features"
+
+
+def block_by_features(block: Block, mesh: DeviceMesh, group: Group, split: Mapping[str, str]) -> None:
+    """The block's norms and residual adds that `split` gives "features" (module doc), over the whole tp mesh; the
+    attention's and MLP's own splits are applied already (their projections' outputs onto Shard(-1) where the
+    add after them is split: measure/op_parallel.py)."""
+    for norm, reader in (("norm1", "attn"), ("norm2", "mlp")):
+        if split.get(norm) == FEATURES:
+            module = block.attn_norm if norm == "norm1" else block.mlp_norm
+            norm_by_features(module, mesh, group)
+            parallelize_module(block, mesh, {reader: PrepareModuleInput(input_layouts=(Shard(-1),),
+                                                                        desired_input_layouts=(Replicate(),))})
+    by = {name: split.get(name) == FEATURES for name in ("norm1", "residual1", "norm2", "residual2")}
+    block.forward = lambda x: _features_forward(block, group, by, x)  # type: ignore[method-assign]
+
+
+def norm_by_features(norm: nn.Module, mesh: DeviceMesh, group: Group) -> None:
+    """The norm on this rank's slice of the features (its input), statistics all-reduced in fp32 (module doc)."""
+    for name, param in list(norm.named_parameters(recurse=False)):
+        norm.register_parameter(name, nn.Parameter(distribute_tensor(param.data, mesh, [Shard(0)])))
+    norm.forward = lambda x: _feature_norm(norm, group, x)  # type: ignore[method-assign]
+
+
+def head_norm_by_features(head: Head, mesh: DeviceMesh, group: Group) -> None:
+    """The head's final norm by features: it slices the last block's whole output, and hands its slice on as a
+    DTensor sharded by features, which the vocab-parallel projection all-gathers (Head.forward's redistribute)."""
+    norm_by_features(head.norm, mesh, group)
+    head.norm.register_forward_pre_hook(lambda _m, args: (slice_part(args[0], group, -1),))
+    head.norm.register_forward_hook(lambda _m, _i, y: DTensor.from_local(y, mesh, [Shard(-1)], run_check=False))
+
+
+def positions_by_features(embed: Embedding, mesh: DeviceMesh, group: Group) -> None:
+    """The position table's columns split over the group; the sum all-gathered (module doc)."""
+    assert embed.pos is not None
+    embed.pos.register_parameter("weight", nn.Parameter(distribute_tensor(embed.pos.weight.data, mesh, [Shard(1)])))
+    embed.forward = lambda tokens: _positions_forward(embed, group, tokens)  # type: ignore[method-assign]
+
+
+def _positions_forward(embed: Embedding, group: Group, tokens: torch.Tensor) -> torch.Tensor:
+    assert embed.pos is not None
+    table = embed.pos.weight
+    local = table.to_local() if isinstance(table, DTensor) else table
+    part = slice_part(embed.tok(tokens), group, -1) + local[: tokens.shape[1]]
+    return gather(part, group, -1)
+
+
+def _all_reduce_both_ways(x: torch.Tensor, group: Group) -> torch.Tensor:
+    """A per-token partial sum all-reduced; its gradient, partial on each rank too, all-reduced in the backward
+    (ReduceGradients' backward, then AllReduce's forward)."""
+    return AllReduce.apply(ReduceGradients.apply(x, group.handle), group.handle)  # type: ignore[no-any-return]
+
+
+def _feature_norm(norm: nn.Module, group: Group, x: torch.Tensor) -> torch.Tensor:
+    """LayerNorm (or RMSNorm) of x's last dimension, split over the group's ranks (module doc)."""
+    width = x.shape[-1] * group.size
+    xf = x.float()
+    if isinstance(norm, nn.RMSNorm):
+        mean_sq = _all_reduce_both_ways(xf.pow(2).sum(-1, keepdim=True), group) / width
+        eps = norm.eps if norm.eps is not None else torch.finfo(xf.dtype).eps
+        y = xf * torch.rsqrt(mean_sq + eps)
+    else:
+        assert isinstance(norm, nn.LayerNorm)
+        mean = _all_reduce_both_ways(xf.sum(-1, keepdim=True), group) / width
+        centred = xf - mean
+        var = _all_reduce_both_ways(centred.pow(2).sum(-1, keepdim=True), group) / width
+        y = centred * torch.rsqrt(var + norm.eps)
+    weight, bias = (_local(getattr(norm, name, None)) for name in ("weight", "bias"))
+    y = y.to(x.dtype)
+    if weight is not None:
+        y = y * weight
+    return y + bias if bias is not None else y
+
+
+def _local(param: torch.Tensor | None) -> torch.Tensor | None:
+    return param.to_local() if isinstance(param, DTensor) else param
+
+
+class _Hidden:
+    """The block's hidden state, whole or this rank's feature slice, each made from the other at most once."""
+
+    def __init__(self, group: Group, whole: torch.Tensor | None = None, part: torch.Tensor | None = None) -> None:
+        self.group = group
+        self._whole = whole
+        self._part = part
+
+    def get(self, part: bool) -> torch.Tensor:
+        if part and self._part is None:
+            assert self._whole is not None
+            self._part = slice_part(self._whole, self.group, -1)
+        if not part and self._whole is None:
+            assert self._part is not None
+            self._whole = gather(self._part, self.group, -1)
+        value = self._part if part else self._whole
+        assert value is not None
+        return value
+
+    def add(self, y: torch.Tensor, part: bool) -> "_Hidden":
+        """The residual add: y (whole, or this rank's slice where the add is split) plus the skip read alike."""
+        total = self.get(part) + y
+        return _Hidden(self.group, part=total) if part else _Hidden(self.group, whole=total)
+
+
+def _features_forward(block: Block, group: Group, by: Mapping[str, bool], x: torch.Tensor) -> torch.Tensor:
+    hidden = _Hidden(group, whole=x)
+    hidden = hidden.add(block.attn(block.attn_norm(hidden.get(by["norm1"]))), by["residual1"])
+    hidden = hidden.add(block.mlp(block.mlp_norm(hidden.get(by["norm2"]))), by["residual2"])
+    return hidden.get(False)

@@ -23,9 +23,9 @@ Imported only inside measure workers (torch).
 """
 
 from collections.abc import Mapping
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
@@ -64,7 +64,10 @@ def head_norm_by_features(head: Head, mesh: DeviceMesh, group: Group) -> None:
     DTensor sharded by features, which the vocab-parallel projection all-gathers (Head.forward's redistribute)."""
     norm_by_features(head.norm, mesh, group)
     head.norm.register_forward_pre_hook(lambda _m, args: (slice_part(args[0], group, -1),))
-    head.norm.register_forward_hook(lambda _m, _i, y: DTensor.from_local(y, mesh, [Shard(-1)], run_check=False))
+    def handed_on(_module: nn.Module, _inputs: Any, y: torch.Tensor) -> DTensor:
+        return DTensor.from_local(y, mesh, [Shard(-1)], run_check=False)
+
+    head.norm.register_forward_hook(handed_on)
 
 
 def positions_by_features(embed: Embedding, mesh: DeviceMesh, group: Group) -> None:

@@ -29,13 +29,13 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from trainsim.ir.model_spec import TransformerSpec
-from trainsim.measure.model import Attention, Block, Embedding, Head, TransformerChunk
 from trainsim.measure.feature_splits import (
     FEATURES,
     block_by_features,
     head_norm_by_features,
     positions_by_features,
 )
+from trainsim.measure.model import Attention, Block, Embedding, Head, TransformerChunk
 from trainsim.measure.op_collectives import Group, gather, slice_part
 from trainsim.measure.op_splits import (
     TokenSplit,

@@ -8,21 +8,34 @@ scale). Imported by the tests (and by the ranks they spawn)."""
 from pathlib import Path
 from typing import Any
 
+from conftest import TINY_GPT_MODEL_YAML
+
+TINY_LLAMA_MODEL_YAML = TINY_GPT_MODEL_YAML.replace("name: tiny-gpt", "name: tiny-llama").replace(
+    "mlp: gelu", "mlp: swiglu").replace("norm: layernorm", "norm: rmsnorm").replace(
+    "position: learned", "position: rope").replace("bias: true", "bias: false").replace(
+    "tied_embeddings: true", "tied_embeddings: false") + "num_kv_heads: 2\n"
 RTOL = 1e-4  # fp32: the split run sums in another order (reduce-scatters, statistics all-reduced)
 ATOL = 1e-6  # of the largest gradient: a gradient that is zero in exact arithmetic (a key's bias) is rounding
+
+
+def tree_yaml(tp: int, *splits: str) -> str:
+    """A strategy tree over tp from "path dim parts" rows (the rest Megatron's)."""
+    rows = "".join(f"    - {{path: \"{path}\", item: compute, dim: {dim}, parts: {parts}, axis: tp}}\n"
+                   for path, dim, parts in (s.split() for s in splits))
+    return f"strategy_tree:\n  map:\n    - {{tp: {tp}}}\n  split:\n{rows}"
 
 
 def compare_gradients(model_yaml: str, tree_yaml: str, tmp_path: Path, tp: int = 2,
                       settings: dict[str, Any] | None = None) -> None:
     """Spawn `tp` ranks; each raises (and the spawn re-raises) where a loss or a gradient differs."""
-    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import spawn
 
     model, tree = tmp_path / "model.yaml", tmp_path / "tree.yaml"
     model.write_text(model_yaml)
     tree.write_text(tree_yaml)
     job = {"model": str(model), "tp": tp, "num_gpus": tp, "micro_batch": 2, "global_batch": 4, "seq_len": 16,
            "precision": "fp32", "cluster": "local-cpu", **(settings or {})}
-    mp.spawn(_rank, args=(tp, str(tmp_path / "store"), job, str(tree)), nprocs=tp, join=True)
+    spawn(_rank, args=(tp, str(tmp_path / "store"), job, str(tree)), nprocs=tp, join=True)
 
 
 def _rank(rank: int, world: int, store: str, settings: dict[str, Any], tree: str) -> None:

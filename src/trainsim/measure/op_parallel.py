@@ -29,10 +29,11 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from trainsim.ir.model_spec import TransformerSpec
-from trainsim.measure.feature_splits import (
+from trainsim.measure.hidden_splits import (
     FEATURES,
-    block_by_features,
+    block_by_hidden_splits,
     head_norm_by_features,
+    part_dim,
     positions_by_features,
 )
 from trainsim.measure.model import Attention, Block, Embedding, Head, TransformerChunk
@@ -44,7 +45,7 @@ from trainsim.measure.op_splits import (
     column_by_reduce,
     mlp_by_tokens,
 )
-from trainsim.measure.tp_degrees import TpDegrees, TpDims
+from trainsim.measure.tp_degrees import TOKEN_OPS, TpDegrees, TpDims
 
 
 class Meshes:
@@ -100,8 +101,8 @@ def apply_op_tp(chunk: TransformerChunk, spec: TransformerSpec, tp_mesh: DeviceM
             continue
         _attention(block.attn, spec, meshes, ops, split)
         token_splits += _mlp(block.mlp, meshes, ops, split)
-        if FEATURES in split.values():  # measure.tp_degrees: over tp, beside Megatron's qkv / fc1 / projections
-            block_by_features(block, tp_mesh, meshes.group(tp), split)
+        if any(part_dim(split.get(name)) is not None for name in TOKEN_OPS):  # measure.tp_degrees: over tp,
+            block_by_hidden_splits(block, tp_mesh, meshes.group(tp), split)  # the other ops Megatron's
     if chunk.embed is not None and dims.get("embed", {}).get("pos_add") == FEATURES:
         positions_by_features(chunk.embed, tp_mesh, meshes.group(tp))
     if chunk.head is not None:
@@ -130,11 +131,11 @@ def _column(module: nn.Module, names: list[str], meshes: Meshes, degree: int, re
 
 
 def _row(linear: nn.Module, parent: nn.Module, name: str, meshes: Meshes, degree: int, read_from: int,
-         onto_features: bool = False) -> None:
+         onto: int | None = None) -> None:
     """A row-parallel matmul at `degree` reading a stage at `read_from`; its partial sums all-reduced, or
-    reduce-scattered onto the features where the residual add after it is split by them (feature_splits)."""
+    reduce-scattered onto dimension `onto` where the residual add after it is split (hidden_splits)."""
     if degree > 1:
-        out = Shard(-1) if onto_features else Replicate()
+        out = Replicate() if onto is None else Shard(onto)
         parallelize_module(parent, meshes[degree], {name: RowwiseParallel(output_layouts=out)})
         if read_from == 1:  # before RowwiseParallel's own hook takes the local input as its shard
             linear.register_forward_pre_hook(lambda _m, args: (meshes.slice(args[0], degree),), prepend=True)
@@ -156,7 +157,7 @@ def _attention(attn: Attention, spec: TransformerSpec, meshes: Meshes, ops: Mapp
         column_by_reduce(attn, ["q", "k", "v"], meshes[qkv], meshes.group(qkv), core)
     else:
         _column(attn, ["q", "k", "v"], meshes, qkv, core)
-    _row(attn.o, attn, "o", meshes, out, core, split.get("residual1") == FEATURES)
+    _row(attn.o, attn, "o", meshes, out, core, part_dim(split.get("residual1")))
     attn.head_offset = meshes.part_index(core) * spec.num_heads // core  # places ALiBi slopes
 
 
@@ -171,7 +172,7 @@ def _mlp(mlp: nn.Module, meshes: Meshes, ops: Mapping[str, int], split: Mapping[
         column_by_reduce(mlp, columns, meshes[first], meshes.group(first), act)
     else:
         _column(mlp, columns, meshes, first, act)
-    _row(mlp.get_submodule("down"), mlp, "down", meshes, second, act, split.get("residual2") == FEATURES)
+    _row(mlp.get_submodule("down"), mlp, "down", meshes, second, act, part_dim(split.get("residual2")))
     return []
 
 

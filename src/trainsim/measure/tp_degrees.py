@@ -1,6 +1,6 @@
 """The tp split of each op of a strategy tree's per-op tp configs, as `trainsim measure --tree` hands them to the
-ranks (measure/op_parallel.py and measure/op_splits.py run them; no torch here: the command checks a plan before
-any rank starts).
+ranks (measure/op_parallel.py, measure/op_splits.py and measure/hidden_splits.py run them; no torch here: the
+command checks a plan before any rank starts).
 
 A tree may give an op Megatron's split over d consecutive tp ranks, d dividing tp, or none (d = 1: whole on each tp
 rank; strategy.megatron.own_configs, Proteus Sec. IV-B), and these other splits over d ranks (its "dim"):
@@ -14,7 +14,13 @@ rank; strategy.megatron.own_configs, Proteus Sec. IV-B), and these other splits 
   the MLP's weights' gradients are summed over the d ranks;
 - "seq" on a block's norms and residual adds (all four, over tp, the attention and MLP Megatron's): Megatron's
   sequence parallelism inside the block, the block's input sliced and its output all-gathered; the norms'
-  gradients summed over tp.
+  gradients summed over tp; or on the residual adds alone (over tp, the norms whole): each rank adds its tokens,
+  the projections reduce-scattered onto them (measure/hidden_splits.py);
+- "features" (an `out` split) on a block's norms and residual adds, the head's final norm and the learned
+  positions (over tp, the other ops of the block or head Megatron's): each rank normalises or adds its slice of
+  the hidden features, a norm's statistics all-reduced in fp32, the projections before a split add
+  reduce-scattered onto its slices, the modules reading a split norm all-gathering its output
+  (measure/hidden_splits.py).
 Any other config a tree may give an op (a batch split, a lookup by tokens, a row matmul by its output, mixes of
 the above inside a module) is priced by predict, not measured: refused here in one line. The measured model runs
 each module's ops as a chain of stages of one split each: the attention's projections (qkv), its core (rope, the
@@ -41,7 +47,7 @@ HEAD_STAGES: tuple[tuple[str, ...], ...] = (("logits",), ("cross_entropy",))
 EMBED_STAGES: tuple[tuple[str, ...], ...] = (("lookup",),)
 TOKEN_OPS = ("norm1", "residual1", "norm2", "residual2")  # a dense block's norms and residual adds
 PART_OF_KIND = {"embedding": "embed", "head": "head"}  # a block's part is "block:<its index among the blocks>"
-# the ops that may be split by their hidden features over tp (measure/feature_splits.py)
+# the ops that may be split by their hidden features over tp (measure/hidden_splits.py)
 FEATURE_OPS = (*TOKEN_OPS, "final_norm", "pos_add")
 SPLIT_DIMS = ("reduce", "seq", "features")  # the splits other than Megatron's that the ranks run (module doc)
 
@@ -176,10 +182,13 @@ def _check_splits(part: str, degrees: dict[str, int], dims: dict[str, str], dev:
     if mlp and (len({degrees[name] for name in mlp}) > 1 or mlp != present & set(sum(MLP_STAGES, ()))):
         raise ConfigError(f"{_WHERE} ({part})", {name: degrees[name] for name in sorted(degrees)},
                           "measured where every op of the MLP is split by seq over the same ranks")
-    if tokens and (tokens != set(TOKEN_OPS) or set(degrees) != tokens or degrees["norm1"] != dev.tp):
+    adds = {"residual1", "residual2"}
+    if tokens and (not (tokens == set(TOKEN_OPS) or tokens <= adds) or set(degrees) != tokens
+                   or any(degrees[name] != dev.tp for name in tokens) or "router" in present):
         raise ConfigError(f"{_WHERE} ({part})", {name: degrees[name] for name in sorted(degrees)},
                           f"measured where norm1, residual1, norm2 and residual2 are all split by seq over "
-                          f"tp={dev.tp} and the block's other ops take Megatron's split")
+                          f"tp={dev.tp}, or the residual adds alone, and the block's other ops take Megatron's "
+                          f"split, in a dense block")
     features = {name for name, dim in dims.items() if dim == "features"}
     if features and (any(degrees[name] != dev.tp for name in features) or set(degrees) - features - {"lookup"}
                      or "router" in present):

@@ -1,6 +1,7 @@
-"""The tp splits by hidden features that a strategy tree may give a block's norms and residual adds, the head's final
-norm and the embedding's learned positions (measure/tp_degrees.py, "features"), applied to the measured
-transformer on plain tensors and the explicit autograd collectives of measure/op_collectives.py:
+"""The tp splits of the hidden state that a strategy tree may give a block's norms and residual adds, the head's
+final norm and the embedding's learned positions by features, and a block's residual adds by tokens
+(measure/tp_degrees.py, "features" and "seq"), applied to the measured transformer on plain tensors and the
+explicit autograd collectives of measure/op_collectives.py:
 
 - a norm by features: each rank normalises its slice of every token's features; a LayerNorm's per-token sums (of
   x, then of the centred squares) are partial over the ranks, one fp32 all-reduce each in the forward and, by
@@ -10,15 +11,16 @@ transformer on plain tensors and the explicit autograd collectives of measure/op
   whole hidden state (the backward all-gathers the input gradient); the module reading its output (the attention,
   the MLP, the vocabulary projection) all-gathers it, once (torch's PrepareModuleInput, or the head's DTensor
   redistribute), and in the backward reduce-scatters the partial input gradient onto the features;
-- a residual add by features: each rank adds its slice of the features; the projection before it
-  reduce-scatters its partial sums onto the slices (RowwiseParallel onto Shard(-1)) instead of all-reducing; the
-  skip input is read as the block's hidden state is held (sliced from a whole one: its gradient slices
-  all-gathered in the backward), and a reader of the whole sum (the next norm split otherwise, the next block)
-  all-gathers it (the backward keeps this rank's slice: the whole sum's gradient is the same on every rank);
+- a residual add by features (or by tokens, its norms whole: the same with the sequence's slices): each rank adds
+  its slice; the projection before it reduce-scatters its partial sums onto the slices (RowwiseParallel onto
+  Shard(-1), Shard(1)) instead of all-reducing; the skip input is read as the block's hidden state is held
+  (sliced from a whole one: its gradient slices all-gathered in the backward), and a reader of the whole sum (the
+  next norm where whole, the next block) all-gathers it (the backward keeps this rank's slice: the whole sum's
+  gradient is the same on every rank);
 - the learned positions by features: each rank holds its slice of the table's columns and adds it to its slice
   of the lookup's output; the embedding hands on the whole hidden state (all-gathered).
-The hidden state between the ops of a block is whole or a feature slice as the ops leave it (_Hidden); a slice and
-a whole copy are each made at most once, so a norm and an add split alike share one slice (no skip collective).
+The hidden state between the ops of a block is whole or a slice as the ops leave it (_Hidden); a slice and a whole
+copy are each made at most once, so a norm and an add split alike share one slice (no skip collective).
 Imported only inside measure workers (torch).
 """
 
@@ -38,18 +40,23 @@ from trainsim.measure.split_model import AllReduce, ReduceGradients
 FEATURES = "features"
 
 
-def block_by_features(block: Block, mesh: DeviceMesh, group: Group, split: Mapping[str, str]) -> None:
-    """The block's norms and residual adds that `split` gives "features" (module doc), over the whole tp mesh; the
-    attention's and MLP's own splits are applied already (their projections' outputs onto Shard(-1) where the
-    add after them is split: measure/op_parallel.py)."""
+def block_by_hidden_splits(block: Block, mesh: DeviceMesh, group: Group, split: Mapping[str, str]) -> None:
+    """The block's norms and residual adds that `split` gives "features", or its adds "seq" (module doc), over the
+    whole tp mesh; the attention's and MLP's own splits are applied already (their projections' outputs onto the
+    add's slices where it is split: measure/op_parallel.py)."""
     for norm, reader in (("norm1", "attn"), ("norm2", "mlp")):
         if split.get(norm) == FEATURES:
             module = block.attn_norm if norm == "norm1" else block.mlp_norm
             norm_by_features(module, mesh, group)
             parallelize_module(block, mesh, {reader: PrepareModuleInput(input_layouts=(Shard(-1),),
                                                                         desired_input_layouts=(Replicate(),))})
-    by = {name: split.get(name) == FEATURES for name in ("norm1", "residual1", "norm2", "residual2")}
-    block.forward = lambda x: _features_forward(block, group, by, x)  # type: ignore[method-assign]
+    dims = {name: part_dim(split.get(name)) for name in ("norm1", "residual1", "norm2", "residual2")}
+    block.forward = lambda x: _split_forward(block, group, dims, x)  # type: ignore[method-assign]
+
+
+def part_dim(split: str | None) -> int | None:
+    """The dimension of a [batch, seq, hidden] hidden state an op's split slices ("features", "seq"), or None."""
+    return {FEATURES: -1, "seq": 1}.get(split or "")
 
 
 def norm_by_features(norm: nn.Module, mesh: DeviceMesh, group: Group) -> None:
@@ -117,32 +124,35 @@ def _local(param: torch.Tensor | None) -> torch.Tensor | None:
 
 
 class _Hidden:
-    """The block's hidden state, whole or this rank's feature slice, each made from the other at most once."""
+    """The block's hidden state, whole or this rank's slice along one dimension, each made from the other at most
+    once."""
 
-    def __init__(self, group: Group, whole: torch.Tensor | None = None, part: torch.Tensor | None = None) -> None:
+    def __init__(self, group: Group, whole: torch.Tensor | None = None, part: torch.Tensor | None = None,
+                 dim: int | None = None) -> None:
         self.group = group
         self._whole = whole
         self._part = part
+        self._dim = dim
 
-    def get(self, part: bool) -> torch.Tensor:
-        if part and self._part is None:
-            assert self._whole is not None
-            self._part = slice_part(self._whole, self.group, -1)
-        if not part and self._whole is None:
-            assert self._part is not None
-            self._whole = gather(self._part, self.group, -1)
-        value = self._part if part else self._whole
-        assert value is not None
-        return value
+    def get(self, dim: int | None) -> torch.Tensor:
+        """Whole (dim None) or this rank's slice along dim."""
+        if dim is None:
+            if self._whole is None:
+                assert self._part is not None and self._dim is not None
+                self._whole = gather(self._part, self.group, self._dim)
+            return self._whole
+        if self._part is None or self._dim != dim:
+            self._part, self._dim = slice_part(self.get(None), self.group, dim), dim
+        return self._part
 
-    def add(self, y: torch.Tensor, part: bool) -> "_Hidden":
+    def add(self, y: torch.Tensor, dim: int | None) -> "_Hidden":
         """The residual add: y (whole, or this rank's slice where the add is split) plus the skip read alike."""
-        total = self.get(part) + y
-        return _Hidden(self.group, part=total) if part else _Hidden(self.group, whole=total)
+        total = self.get(dim) + y
+        return _Hidden(self.group, whole=total) if dim is None else _Hidden(self.group, part=total, dim=dim)
 
 
-def _features_forward(block: Block, group: Group, by: Mapping[str, bool], x: torch.Tensor) -> torch.Tensor:
+def _split_forward(block: Block, group: Group, dims: Mapping[str, int | None], x: torch.Tensor) -> torch.Tensor:
     hidden = _Hidden(group, whole=x)
-    hidden = hidden.add(block.attn(block.attn_norm(hidden.get(by["norm1"]))), by["residual1"])
-    hidden = hidden.add(block.mlp(block.mlp_norm(hidden.get(by["norm2"]))), by["residual2"])
-    return hidden.get(False)
+    hidden = hidden.add(block.attn(block.attn_norm(hidden.get(dims["norm1"]))), dims["residual1"])
+    hidden = hidden.add(block.mlp(block.mlp_norm(hidden.get(dims["norm2"]))), dims["residual2"])
+    return hidden.get(None)

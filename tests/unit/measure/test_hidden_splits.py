@@ -1,7 +1,7 @@
-"""The norms, residual adds, final norm and positions split by hidden features over tp (measure/feature_splits.py)
-run for real on gloo ranks: the loss and every parameter's gradient equal the unsplit model's (tp_gradients: a
-gradient comparison, not a loss after AdamW steps); `trainsim measure --tree` runs them; the layouts handed to the
-ranks; what stays refused is one line."""
+"""The norms, residual adds, final norm and positions split by hidden features over tp, and the adds by tokens
+(measure/hidden_splits.py), run for real on gloo ranks: the loss and every parameter's gradient equal the unsplit
+model's (tp_gradients: a gradient comparison, not a loss after AdamW steps); `trainsim measure --tree` runs them;
+the layouts handed to the ranks; what stays refused is one line."""
 
 import json
 from pathlib import Path
@@ -38,12 +38,16 @@ LLAMA_ROWS = ("blocks.*.attn.qkv out 2", "blocks.*.attn.rope out 2", "blocks.*.a
 LLAMA_FEATURES = tree_yaml(2, *LLAMA_ROWS, "head.norm out 2",
                            *(f"blocks.*.{name} out 2" for name in ("norm1", "residual1", "norm2", "residual2")))
 
+# residual2 alone by tokens: residual1 whole, sliced as residual2's skip
+ADD2_SEQ = tree_yaml(2, *_MEGATRON_ROWS, "blocks.*.residual2 seq 2")
+
 
 @pytest.mark.parametrize(("model", "tree"), [
     (TINY_GPT_MODEL_YAML, (MEGATRON / "gpt-tp2-norms-features.yaml").read_text()),
     (TINY_GPT_MODEL_YAML, (MEGATRON / "gpt-tp2-adds-features.yaml").read_text()),
-    (TINY_GPT_MODEL_YAML, ALL_FEATURES), (TINY_GPT_MODEL_YAML, MIXED), (TINY_LLAMA_MODEL_YAML, LLAMA_FEATURES)],
-    ids=["norms-features", "adds-features", "all-features", "mixed", "llama"])
+    (TINY_GPT_MODEL_YAML, ALL_FEATURES), (TINY_GPT_MODEL_YAML, MIXED), (TINY_LLAMA_MODEL_YAML, LLAMA_FEATURES),
+    (TINY_GPT_MODEL_YAML, (MEGATRON / "gpt-tp2-adds-seq.yaml").read_text()), (TINY_GPT_MODEL_YAML, ADD2_SEQ)],
+    ids=["norms-features", "adds-features", "all-features", "mixed", "llama", "adds-seq", "add2-seq"])
 def test_a_split_by_features_computes_the_unsplit_gradients(tmp_path: Path, model: str, tree: str) -> None:
     pytest.importorskip("torch")
     compare_gradients(model, tree, tmp_path)
@@ -89,6 +93,7 @@ def test_the_ranks_get_each_split_by_features(tmp_path: Path) -> None:
                                                "block:0": block, "block:1": block}
     assert _layout(tmp_path, MIXED) == {f"block:{i}": {"norm1": "features", "residual2": "features"}
                                         for i in (0, 1)}
+    assert _layout(tmp_path, ADD2_SEQ) == {f"block:{i}": {"residual2": "seq"} for i in (0, 1)}
 
 
 @pytest.mark.parametrize(("tree", "words"), [
@@ -96,6 +101,8 @@ def test_the_ranks_get_each_split_by_features(tmp_path: Path) -> None:
      "measured where the norms, adds and positions split by features are split over tp=2 and the other ops"),
     (tree_yaml(2, *_MEGATRON_ROWS, "blocks.*.residual1 out 2", "blocks.*.norm2 seq 2"),
      "measured where norm1, residual1, norm2 and residual2 are all split by seq"),
+    (tree_yaml(2, *_MEGATRON_ROWS, "blocks.*.residual1 out 2", "blocks.*.residual2 seq 2"),
+     "or the residual adds alone, and the block's other ops take Megatron's split"),
     (tree_yaml(2, "head.norm out 2", "head.proj out 1"),
      "measured where the norms, adds and positions split by features"),
     (tree_yaml(2, "blocks.*.residual1 reduce 2"), "residual1 split.compute@tp='reduce=2' is invalid")])

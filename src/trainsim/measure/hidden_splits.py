@@ -1,7 +1,7 @@
 """The tp splits of the hidden state that a strategy tree may give a block's norms and residual adds, the head's
-final norm and the embedding's learned positions by features, and a block's residual adds by tokens
-(measure/tp_degrees.py, "features" and "seq"), applied to the measured transformer on plain tensors and the
-explicit autograd collectives of measure/op_collectives.py:
+final norm and the embedding's learned positions by features, and a block's residual adds, the final norm and the
+positions by tokens (measure/tp_degrees.py, "features" and "seq"), applied to the measured transformer on plain
+tensors and the explicit autograd collectives of measure/op_collectives.py:
 
 - a norm by features: each rank normalises its slice of every token's features; a LayerNorm's per-token sums (of
   x, then of the centred squares) are partial over the ranks, one fp32 all-reduce each in the forward and, by
@@ -18,7 +18,9 @@ explicit autograd collectives of measure/op_collectives.py:
   next norm where whole, the next block) all-gathers it (the backward keeps this rank's slice: the whole sum's
   gradient is the same on every rank);
 - the learned positions by features: each rank holds its slice of the table's columns and adds it to its slice
-  of the lookup's output; the embedding hands on the whole hidden state (all-gathered).
+  of the lookup's output; the embedding hands on the whole hidden state (all-gathered). By tokens: the table held
+  whole, each rank adding its tokens' rows, its gradient summed over the ranks after the backward; the head's final
+  norm by tokens likewise (its gain and bias whole, their gradients summed).
 The hidden state between the ops of a block is whole or a slice as the ops leave it (_Hidden); a slice and a whole
 copy are each made at most once, so a norm and an add split alike share one slice (no skip collective).
 Imported only inside measure workers (torch).
@@ -35,6 +37,7 @@ from torch.distributed.tensor.parallel import PrepareModuleInput, parallelize_mo
 
 from trainsim.measure.model import Block, Embedding, Head
 from trainsim.measure.op_collectives import Group, gather, slice_part
+from trainsim.measure.op_splits import TokenSplit
 from trainsim.measure.split_model import AllReduce, ReduceGradients
 
 FEATURES = "features"
@@ -66,30 +69,46 @@ def norm_by_features(norm: nn.Module, mesh: DeviceMesh, group: Group) -> None:
     norm.forward = lambda x: _feature_norm(norm, group, x)  # type: ignore[method-assign]
 
 
-def head_norm_by_features(head: Head, mesh: DeviceMesh, group: Group) -> None:
-    """The head's final norm by features: it slices the last block's whole output, and hands its slice on as a
-    DTensor sharded by features, which the vocab-parallel projection all-gathers (Head.forward's redistribute)."""
-    norm_by_features(head.norm, mesh, group)
-    head.norm.register_forward_pre_hook(lambda _m, args: (slice_part(args[0], group, -1),))
+def head_norm_split(head: Head, mesh: DeviceMesh, group: Group, split: str) -> list[TokenSplit]:
+    """The head's final norm by features or by tokens: it slices the last block's whole output and hands its slice
+    on as a DTensor sharded alike, which the vocab-parallel projection all-gathers (Head.forward's redistribute;
+    the backward reduce-scatters the partial gradient). By tokens the gain and bias are whole on each rank, their
+    gradients summed over the group (returned, as op_splits.mlp_by_tokens returns its weights)."""
+    dim = part_dim(split)
+    assert dim is not None
+    if split == FEATURES:
+        norm_by_features(head.norm, mesh, group)
+    head.norm.register_forward_pre_hook(lambda _m, args: (slice_part(args[0], group, dim),))
+
     def handed_on(_module: nn.Module, _inputs: Any, y: torch.Tensor) -> DTensor:
-        return DTensor.from_local(y, mesh, [Shard(-1)], run_check=False)
+        return DTensor.from_local(y, mesh, [Shard(dim)], run_check=False)
 
     head.norm.register_forward_hook(handed_on)
+    return [] if split == FEATURES else [(list(head.norm.parameters()), group)]
 
 
-def positions_by_features(embed: Embedding, mesh: DeviceMesh, group: Group) -> None:
-    """The position table's columns split over the group; the sum all-gathered (module doc)."""
+def positions_split(embed: Embedding, mesh: DeviceMesh, group: Group, split: str) -> list[TokenSplit]:
+    """The learned positions by features (each rank holds its columns of the table) or by tokens (the table whole,
+    each rank adding its rows, the table's gradient summed over the group: returned); the sum all-gathered."""
     assert embed.pos is not None
-    embed.pos.register_parameter("weight", nn.Parameter(distribute_tensor(embed.pos.weight.data, mesh, [Shard(1)])))
-    embed.forward = lambda tokens: _positions_forward(embed, group, tokens)  # type: ignore[method-assign]
+    dim = part_dim(split)
+    assert dim is not None
+    if split == FEATURES:
+        sharded = distribute_tensor(embed.pos.weight.data, mesh, [Shard(1)])
+        embed.pos.register_parameter("weight", nn.Parameter(sharded))
+    embed.forward = lambda tokens: _positions_forward(embed, group, dim, tokens)  # type: ignore[method-assign]
+    return [] if split == FEATURES else [(list(embed.pos.parameters()), group)]
 
 
-def _positions_forward(embed: Embedding, group: Group, tokens: torch.Tensor) -> torch.Tensor:
+def _positions_forward(embed: Embedding, group: Group, dim: int, tokens: torch.Tensor) -> torch.Tensor:
     assert embed.pos is not None
-    table = embed.pos.weight
-    local = table.to_local() if isinstance(table, DTensor) else table
-    part = slice_part(embed.tok(tokens), group, -1) + local[: tokens.shape[1]]
-    return gather(part, group, -1)
+    table = _local(embed.pos.weight)
+    assert table is not None
+    rows = table[: tokens.shape[1]]
+    if dim == 1:  # this rank's tokens' rows
+        rows = rows.chunk(group.size, dim=0)[group.index]
+    part = slice_part(embed.tok(tokens), group, dim) + rows
+    return gather(part, group, dim)
 
 
 def _all_reduce_both_ways(x: torch.Tensor, group: Group) -> torch.Tensor:

@@ -30,11 +30,10 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.measure.hidden_splits import (
-    FEATURES,
     block_by_hidden_splits,
-    head_norm_by_features,
+    head_norm_split,
     part_dim,
-    positions_by_features,
+    positions_split,
 )
 from trainsim.measure.model import Attention, Block, Embedding, Head, TransformerChunk
 from trainsim.measure.op_collectives import Group, gather, slice_part
@@ -103,13 +102,13 @@ def apply_op_tp(chunk: TransformerChunk, spec: TransformerSpec, tp_mesh: DeviceM
         token_splits += _mlp(block.mlp, meshes, ops, split)
         if any(part_dim(split.get(name)) is not None for name in TOKEN_OPS):  # measure.tp_degrees: over tp,
             block_by_hidden_splits(block, tp_mesh, meshes.group(tp), split)  # the other ops Megatron's
-    if chunk.embed is not None and dims.get("embed", {}).get("pos_add") == FEATURES:
-        positions_by_features(chunk.embed, tp_mesh, meshes.group(tp))
+    if chunk.embed is not None and (positions := dims.get("embed", {}).get("pos_add")):
+        token_splits += positions_split(chunk.embed, tp_mesh, meshes.group(tp), positions)
     if chunk.head is not None:
         ops = degrees.get("head", {})
         _head(chunk.head, meshes, ops.get("logits", tp), ops.get("cross_entropy", tp))
-        if dims.get("head", {}).get("final_norm") == FEATURES:  # measure.tp_degrees: the logits over tp
-            head_norm_by_features(chunk.head, tp_mesh, meshes.group(tp))
+        if final_norm := dims.get("head", {}).get("final_norm"):  # measure.tp_degrees: the logits over tp
+            token_splits += head_norm_split(chunk.head, tp_mesh, meshes.group(tp), final_norm)
     return token_splits
 
 

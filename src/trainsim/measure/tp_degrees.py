@@ -19,8 +19,9 @@ rank; strategy.megatron.own_configs, Proteus Sec. IV-B), and these other splits 
 - "features" (an `out` split) on a block's norms and residual adds, the head's final norm and the learned
   positions (over tp, the other ops of the block or head Megatron's): each rank normalises or adds its slice of
   the hidden features, a norm's statistics all-reduced in fp32, the projections before a split add
-  reduce-scattered onto its slices, the modules reading a split norm all-gathering its output
-  (measure/hidden_splits.py).
+  reduce-scattered onto its slices, the modules reading a split norm all-gathering its output; "seq" on the final
+  norm or the positions (over tp): each rank on its tokens, the gain and bias or the table whole, their gradients
+  summed over tp (measure/hidden_splits.py).
 Any other config a tree may give an op (a batch split, a lookup by tokens, a row matmul by its output, mixes of
 the above inside a module) is priced by predict, not measured: refused here in one line. The measured model runs
 each module's ops as a chain of stages of one split each: the attention's projections (qkv), its core (rope, the
@@ -127,7 +128,7 @@ def _dim(op: Op, config: OpConfig, dev: DeviceSlice) -> str | None:
     if config.reduce > 1:
         return "reduce" if op.name in COLUMN and op.name != "logits" else None
     dense_mlp = op.name in sum(MLP_STAGES, ()) and "moe" not in op.module_path.split(".")
-    return "seq" if op.name in ("attention", "rope", "softmax", *TOKEN_OPS) or dense_mlp else None
+    return "seq" if op.name in ("attention", "rope", "softmax", *FEATURE_OPS) or dense_mlp else None
 
 
 def _check_stages(part: str, fwd: Sequence[Op], degrees: dict[str, int], dims: dict[str, str], tp: int) -> None:
@@ -189,11 +190,11 @@ def _check_splits(part: str, degrees: dict[str, int], dims: dict[str, str], dev:
                           f"measured where norm1, residual1, norm2 and residual2 are all split by seq over "
                           f"tp={dev.tp}, or the residual adds alone, and the block's other ops take Megatron's "
                           f"split, in a dense block")
-    features = {name for name, dim in dims.items() if dim == "features"}
+    features = {name for name, dim in dims.items() if dim == "features" or name in ("final_norm", "pos_add")}
     if features and (any(degrees[name] != dev.tp for name in features) or set(degrees) - features - {"lookup"}
                      or "router" in present):
         raise ConfigError(f"{_WHERE} ({part})", {name: f"{dims.get(name, 'megatron')} {degrees[name]}"
                                                  for name in sorted(degrees)},
-                          f"measured where the norms, adds and positions split by features are split over "
-                          f"tp={dev.tp} and the other ops of their block (or head) take Megatron's split over tp, "
-                          f"in a dense block")
+                          f"measured where the norms, adds and positions split by features (the final norm and "
+                          f"the positions by seq too) are split over tp={dev.tp} and the other ops of their block "
+                          f"(or head) take Megatron's split over tp, in a dense block")

@@ -1,7 +1,7 @@
-"""The norms, residual adds, final norm and positions split by hidden features over tp, and the adds by tokens
-(measure/hidden_splits.py), run for real on gloo ranks: the loss and every parameter's gradient equal the unsplit
-model's (tp_gradients: a gradient comparison, not a loss after AdamW steps); `trainsim measure --tree` runs them;
-the layouts handed to the ranks; what stays refused is one line."""
+"""The norms, residual adds, final norm and positions split by hidden features over tp, and the adds, final norm
+and positions by tokens (measure/hidden_splits.py), run for real on gloo ranks: the loss and every parameter's
+gradient equal the unsplit model's (tp_gradients: a gradient comparison, not a loss after AdamW steps); `trainsim
+measure --tree` runs them; the layouts handed to the ranks; what stays refused is one line."""
 
 import json
 from pathlib import Path
@@ -40,14 +40,17 @@ LLAMA_FEATURES = tree_yaml(2, *LLAMA_ROWS, "head.norm out 2",
 
 # residual2 alone by tokens: residual1 whole, sliced as residual2's skip
 ADD2_SEQ = tree_yaml(2, *_MEGATRON_ROWS, "blocks.*.residual2 seq 2")
+# the positions and the final norm by tokens: the table and the gain whole, their gradients summed over tp
+ENDS_SEQ = tree_yaml(2, *_MEGATRON_ROWS, "embedding.positions seq 2", "head.norm seq 2")
 
 
 @pytest.mark.parametrize(("model", "tree"), [
     (TINY_GPT_MODEL_YAML, (MEGATRON / "gpt-tp2-norms-features.yaml").read_text()),
     (TINY_GPT_MODEL_YAML, (MEGATRON / "gpt-tp2-adds-features.yaml").read_text()),
     (TINY_GPT_MODEL_YAML, ALL_FEATURES), (TINY_GPT_MODEL_YAML, MIXED), (TINY_LLAMA_MODEL_YAML, LLAMA_FEATURES),
-    (TINY_GPT_MODEL_YAML, (MEGATRON / "gpt-tp2-adds-seq.yaml").read_text()), (TINY_GPT_MODEL_YAML, ADD2_SEQ)],
-    ids=["norms-features", "adds-features", "all-features", "mixed", "llama", "adds-seq", "add2-seq"])
+    (TINY_GPT_MODEL_YAML, (MEGATRON / "gpt-tp2-adds-seq.yaml").read_text()), (TINY_GPT_MODEL_YAML, ADD2_SEQ),
+    (TINY_GPT_MODEL_YAML, ENDS_SEQ)],
+    ids=["norms-features", "adds-features", "all-features", "mixed", "llama", "adds-seq", "add2-seq", "ends-seq"])
 def test_a_split_by_features_computes_the_unsplit_gradients(tmp_path: Path, model: str, tree: str) -> None:
     pytest.importorskip("torch")
     compare_gradients(model, tree, tmp_path)
@@ -94,11 +97,13 @@ def test_the_ranks_get_each_split_by_features(tmp_path: Path) -> None:
     assert _layout(tmp_path, MIXED) == {f"block:{i}": {"norm1": "features", "residual2": "features"}
                                         for i in (0, 1)}
     assert _layout(tmp_path, ADD2_SEQ) == {f"block:{i}": {"residual2": "seq"} for i in (0, 1)}
+    assert _layout(tmp_path, ENDS_SEQ) == {"embed": {"pos_add": "seq"}, "head": {"final_norm": "seq"}}
 
 
 @pytest.mark.parametrize(("tree", "words"), [
     (tree_yaml(2, "blocks.*.norm1 out 2", "blocks.*.attn.qkv reduce 2"),
-     "measured where the norms, adds and positions split by features are split over tp=2 and the other ops"),
+     "measured where the norms, adds and positions split by features (the final norm and the positions by seq "
+     "too) are split over tp=2 and the other ops"),
     (tree_yaml(2, *_MEGATRON_ROWS, "blocks.*.residual1 out 2", "blocks.*.norm2 seq 2"),
      "measured where norm1, residual1, norm2 and residual2 are all split by seq"),
     (tree_yaml(2, *_MEGATRON_ROWS, "blocks.*.residual1 out 2", "blocks.*.residual2 seq 2"),

@@ -56,6 +56,12 @@ def test_a_split_by_features_computes_the_unsplit_gradients(tmp_path: Path, mode
     compare_gradients(model, tree, tmp_path)
 
 
+def test_splits_by_features_under_full_recompute_compute_the_unsplit_gradients(tmp_path: Path) -> None:
+    # the block's forward, collectives included, runs again inside the backward (torch.utils.checkpoint)
+    pytest.importorskip("torch")
+    compare_gradients(TINY_GPT_MODEL_YAML, ALL_FEATURES, tmp_path, settings={"recompute": "full"})
+
+
 def test_norms_by_features_over_four_ranks_compute_the_unsplit_gradients(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     rows = [row.replace(" 2", " 4") for row in _MEGATRON_ROWS]

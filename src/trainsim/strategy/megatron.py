@@ -348,6 +348,27 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
     return forward, backward[::-1]
 
 
+def reshard_tp(kind: LayerKind, producer: Op | None, consumer: Op | None, steps: tuple[ReshardStep, ...],
+               column: str = "") -> list[_Found]:
+    """A reshard over tp between two ops of a layer, named as layer_comms names it (site.kind: attn.ar, mlp.ag,
+    block.ag, at the reader's site, else the producer's, else the layer's)."""
+    return _named(_namer("tp", kind, producer, consumer), "tp", steps, column)
+
+
+def op_tp_collectives(spec: TransformerSpec, dev: DeviceSlice, op: Op, config: OpConfig
+                      ) -> tuple[list[_Found], list[_Found]]:
+    """(forward, backward) collectives an op at `config` over tp needs inside itself (_op_collectives): an
+    attention core split by query rows gathers the keys and values, a norm split by its features all-reduces
+    its statistics."""
+    return _op_collectives("tp", dev.tp, spec, dev, op, config, dev.tp)
+
+
+def tp_comms(found: Sequence[_Found], phase: Literal["fwd", "bwd"], size: int) -> list[Comm]:
+    """Found collectives over tp (reshard_tp, op_tp_collectives) as a layer's Comms."""
+    return [Comm(name, step.collective, "tp", phase, step.buffer_bytes, _sub(step, size), column)
+            for name, step, column in found]
+
+
 def _op_collectives(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, op: Op, config: OpConfig,
                     heads_parts: int) -> tuple[list[_Found], list[_Found]]:
     """(forward, backward) collectives an op needs inside itself, beyond the reshard of its input (the backward's

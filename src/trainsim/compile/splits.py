@@ -188,10 +188,10 @@ def plan_tp_token_params(plan: LoweredPlan, model: ModelSpec, par: ParallelSpec)
     (strategy.megatron.token_split_params: their gradient is summed over those k tp ranks too); {} where none.
     A captured graph's shaped plan carries its own (compile.shape_front_end)."""
     if plan.front_end_token_params:
-        shared: dict[int, dict[int, float]] = {}
+        captured: dict[int, dict[int, float]] = {}
         for index, parts, params in plan.front_end_token_params:
-            shared.setdefault(index, {})[parts] = params
-        return shared
+            captured.setdefault(index, {})[parts] = params
+        return captured
     if par.tp == 1 or not plan.mesh_splits or not isinstance(model, TransformerSpec):
         return {}
     configs, dev = plan.tp_configs(), DeviceSlice.of(par)

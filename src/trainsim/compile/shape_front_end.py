@@ -40,6 +40,7 @@ from trainsim.ir.graph import Layer, Op
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job
 from trainsim.strategy.device_slice import DeviceSlice
+from trainsim.strategy.front_end_splits import config_text, refuse_whole_model_tp
 from trainsim.strategy.lowered import LoweredPlan
 from trainsim.strategy.megatron import UNSPLIT, norm_params, op_tp_collectives, reshard_tp, tp_comms
 from trainsim.strategy.placement import (
@@ -68,8 +69,7 @@ def shape_front_end_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
                           "front-end")
     configs = plan.tp_configs()
     if not configs:
-        raise ConfigError("tp", tp, f"{where} is one device's whole model: give a strategy tree that splits its "
-                          "ops over tp (--tree, split item compute, axis tp), or use tp=1")
+        refuse_whole_model_tp(plan.frontend, tp)
     dev = DeviceSlice.of(job.parallel)
     built: dict[tuple[int, frozenset[tuple[str, OpConfig]]], Layer] = {}
     assignments = list(plan.layers)
@@ -129,7 +129,7 @@ class _Walk:
     def step(self, op: Op, config: OpConfig | None) -> None:
         where = f"split.compute@tp on {self.layer.name} {op.module_path or '<root>'} ({op.name})"
         if config is not None and op.kind not in _SHAPED_KINDS:
-            raise ConfigError(where, _text(config), f"a {op.kind} op is not shaped on a captured graph; give "
+            raise ConfigError(where, config_text(config), f"a {op.kind} op is not shaped on a captured graph; give "
                               "configs to matmuls, attention, norms and element-wise ops (the lookup runs whole)")
         if config is None and not self._on_chain(op):
             return  # off the chain (a mask, a lookup of positions): runs whole, the chain tensor unchanged
@@ -181,13 +181,13 @@ class _Walk:
 
     def _check(self, op: Op, config: OpConfig, where: str) -> None:
         if op.kind == "loss" and config.out > 1:
-            raise ConfigError(where, _text(config), "a loss split by its classes needs its statistics all-reduced, "
-                              "not shaped on a captured graph: split its batch or seq, or give the projection "
-                              "before it whole")
+            raise ConfigError(where, config_text(config), "a loss split by its classes needs its statistics "
+                              "all-reduced, not shaped on a captured graph: split its batch or seq, or give the "
+                              "projection before it whole")
 
     def _spec(self, op: Op, config: OpConfig, where: str) -> TransformerSpec:
         if not isinstance(self.job.model, TransformerSpec):
-            raise ConfigError(where, _text(config), f"a {op.kind} op split over tp needs the model's shape (a "
+            raise ConfigError(where, config_text(config), f"a {op.kind} op split over tp needs the model's shape (a "
                               "Hugging Face config), which this graph has not")
         return self.job.model
 
@@ -304,9 +304,3 @@ def _matmul_params(op: Op) -> tuple[float, float]:
     b, m, n, k = op.shape
     operands = float(b * m * k + n * k + b * m * n) * BYTES_PER_DTYPE[op.dtype]
     return float(n * k), float(n) if op.bytes_moved >= operands + n * BYTES_PER_DTYPE[op.dtype] else 0.0
-
-
-def _text(config: OpConfig) -> str:
-    return " ".join(f"{dim}={getattr(config, dim)}" for dim in ("batch", "seq", "out", "reduce")
-                    if getattr(config, dim) > 1) or "nothing"
-

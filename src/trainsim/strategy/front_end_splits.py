@@ -15,9 +15,8 @@ from typing import Protocol
 from trainsim.errors import ConfigError
 from trainsim.ir.graph import Op
 from trainsim.strategy.lowered import MeshSplit
+from trainsim.strategy.megatron import COMPUTE_PARTS
 from trainsim.strategy.placement import CONTRACTING, OpConfig
-
-COMPUTE_PARTS = ("batch", "seq", "out", "reduce")  # an OpConfig's parts, in its order
 
 
 class _Value(Protocol):
@@ -31,6 +30,16 @@ class _Node(Protocol):
 
     @property
     def fwd(self) -> tuple[Op, ...]: ...
+
+
+def refuse_whole_model_tp(frontend: str, tp: int, engine: str = "") -> None:
+    """A captured graph at tp > 1 is priced only through a strategy tree's configs over tp (an engine that places
+    no plan, or no tree, would price one device's whole model as each tp rank's share): ConfigError."""
+    if frontend == "catalog" or tp == 1:
+        return
+    needs = f"the {engine} engine takes no tree: use --engine sim or analytical with " if engine else "give "
+    raise ConfigError("tp", tp, f"the {frontend} front-end's graph is one device's whole model: {needs}a strategy "
+                      "tree that splits its ops over tp (--tree, split item compute, axis tp), or use tp=1")
 
 
 def front_end_mesh_splits(nodes: Mapping[str, _Node], resolved: Mapping[str, Mapping[str, _Value]],
@@ -54,14 +63,16 @@ def front_end_mesh_splits(nodes: Mapping[str, _Node], resolved: Mapping[str, Map
         config = OpConfig(*(int(str(row[key].value)) if key in row else 1 for key in keys))
         tp = tps[node.layer_index]
         if tp % config.parts:
-            raise ConfigError(f"{path} split.compute@tp", _text(config), f"the parts' product must divide tp={tp}")
+            raise ConfigError(f"{path} split.compute@tp", config_text(config),
+                              f"the parts' product must divide tp={tp}")
         for op in node.fwd:
             if config.reduce > 1 and op.kind not in CONTRACTING:
-                raise ConfigError(f"{path} split.compute@tp", _text(config), f"{op.name} is a {op.kind} op, with no "
-                                  "reduction dimension: split its batch, seq or out, or reduce on a matmul")
+                raise ConfigError(f"{path} split.compute@tp", config_text(config), f"{op.name} is a {op.kind} op, "
+                                  "with no reduction dimension: split its batch, seq or out, or reduce on a matmul")
             out.append(MeshSplit(node.layer_index, op.module_path, "tp", config))
     return tuple(dict.fromkeys(out))
 
 
-def _text(config: OpConfig) -> str:
+def config_text(config: OpConfig) -> str:
+    """A config's parts above 1, as a tree writes them ("out=2 reduce=2"; "nothing")."""
     return " ".join(f"{dim}={getattr(config, dim)}" for dim in COMPUTE_PARTS if getattr(config, dim) > 1) or "nothing"

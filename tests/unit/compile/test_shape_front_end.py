@@ -179,6 +179,13 @@ def test_bad_configs_are_refused_in_one_line(captured: OpGraph, splits: list[tup
 
 
 def test_tp_without_a_tree_is_refused(captured: OpGraph) -> None:
+    """No engine prices one device's whole model as a tp rank's share: the compiler without a tree, the
+    analytical engine without a plan, the precision-aware engine (which takes none) at all."""
     job = _job()
     with pytest.raises(ConfigError, match="give a strategy tree that splits its ops over tp"):
         shape_layers(job, default_plan(captured, job.parallel))
+    for engine in ("sim", "analytical"):
+        with pytest.raises(ConfigError, match="give a strategy tree"):
+            predict(job, engine, graph=captured)
+    with pytest.raises(ConfigError, match="the precision-aware engine takes no tree"):
+        predict(job, "precision-aware", graph=captured, plan=_tree_plan(job, captured, ATTN))

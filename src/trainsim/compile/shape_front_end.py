@@ -42,7 +42,7 @@ from trainsim.job import Job
 from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.front_end_splits import config_text, refuse_whole_model_tp
 from trainsim.strategy.lowered import LoweredPlan
-from trainsim.strategy.megatron import UNSPLIT, norm_params, op_tp_collectives, reshard_tp, tp_comms
+from trainsim.strategy.megatron import UNSPLIT, layer_site, norm_params, op_tp_collectives, reshard_tp, tp_comms
 from trainsim.strategy.placement import (
     CONTRACTING,
     OpConfig,
@@ -142,10 +142,10 @@ class _Walk:
         if self.placement is not None:
             column = op.module_path if contracting and config == OpConfig(1, 1, self.dev.tp, 1) else ""
             grad = input_grad_placement(need, config, contracting)
-            self.forward += reshard_tp(self.layer.kind, self.producer, op,
-                                       reshard(self.placement, need, self.full_bytes), column)
-            self.backward += reshard_tp(self.layer.kind, self.producer, op,
-                                        reshard(grad, output_grad_placement(self.placement), self.full_bytes), column)
+            site = self._site(op)
+            self.forward += reshard_tp(site, reshard(self.placement, need, self.full_bytes), column)
+            self.backward += reshard_tp(site, reshard(grad, output_grad_placement(self.placement), self.full_bytes),
+                                        column)
         if (op.kind == "attention" and config.seq > 1) or (op.kind == "norm" and config.out > 1):
             forward, backward = op_tp_collectives(self._spec(op, config, where), self.dev, op, config)
             self.forward += forward
@@ -153,17 +153,30 @@ class _Walk:
         self.configs[id(op)] = config
         self.shed_params += self._shed(op, config)
         self.placement, self.producer = output_placement(config, self.dev.tp, contracting), op
-        self.full_bytes, self.features = op_output_bytes(op), _out_dim(op, self.dev.micro_batch)
+        # the hidden state travels in the activation dtype (a fused norm group may be labelled fp32)
+        elements = op_output_bytes(op) / BYTES_PER_DTYPE[op.dtype]
+        self.full_bytes = elements * BYTES_PER_DTYPE[self.dev.precision.activation_dtype]
+        self.features = _out_dim(op, self.dev.micro_batch)
 
     def hand_on(self) -> None:
         """The layer hands on the whole hidden state (the head: the loss, nothing)."""
         if self.placement is None or self.layer.kind == "head":
             return
         whole = Placement(self.dev.tp)
-        self.forward += reshard_tp(self.layer.kind, self.producer, None,
-                                   reshard(self.placement, whole, self.full_bytes))
-        self.backward += reshard_tp(self.layer.kind, self.producer, None,
-                                    reshard(whole, output_grad_placement(self.placement), self.full_bytes))
+        site = self._site(None)
+        self.forward += reshard_tp(site, reshard(self.placement, whole, self.full_bytes))
+        self.backward += reshard_tp(site, reshard(whole, output_grad_placement(self.placement), self.full_bytes))
+
+    def _site(self, reader: Op | None) -> str:
+        """Where a reshard into `reader` runs: the reader's module's attention or MLP, else the producer's, else
+        the layer's (the compiler places a collective after its site's last op)."""
+        for op in (reader, self.producer):
+            for part in op.module_path.split(".") if op is not None else ():
+                if "attn" in part or "attention" in part:
+                    return "attn"
+                if "mlp" in part or "ffn" in part or "feed_forward" in part:
+                    return "mlp"
+        return layer_site(self.layer.kind)
 
     def _on_chain(self, op: Op) -> bool:
         """Whether op reads the chain tensor: a lookup reads token ids (whole); a matmul, attention, conv or pool

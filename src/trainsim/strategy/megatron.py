@@ -319,8 +319,8 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
         if op.name in _SKIPS and _SKIPS[op.name] in forks:  # the add's other input: the norm's
             forward_skip, backward_skip = _skip_reshards(forks[_SKIPS[op.name]], need,
                                                          input_grad_placement(need, config, contracting), full)
-            forward += _named(_layer_site(kind), axis, forward_skip)
-            backward += _named(_layer_site(kind), axis, backward_skip)
+            forward += _named(layer_site(kind), axis, forward_skip)
+            backward += _named(layer_site(kind), axis, backward_skip)
         if placement is not None:
             routed = dispatch_first and (_expert(op) or (producer is not None and _expert(producer)))
             site, read = _namer(axis, kind, producer, op), _read_bytes(axis, spec, dev, op, full, routed)
@@ -348,11 +348,10 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
     return forward, backward[::-1]
 
 
-def reshard_tp(kind: LayerKind, producer: Op | None, consumer: Op | None, steps: tuple[ReshardStep, ...],
-               column: str = "") -> list[_Found]:
-    """A reshard over tp between two ops of a layer, named as layer_comms names it (site.kind: attn.ar, mlp.ag,
-    block.ag, at the reader's site, else the producer's, else the layer's)."""
-    return _named(_namer("tp", kind, producer, consumer), "tp", steps, column)
+def reshard_tp(site: str, steps: tuple[ReshardStep, ...], column: str = "") -> list[_Found]:
+    """A reshard over tp between two ops of a layer at `site` (attn, mlp, or the layer's: layer_site), named as
+    layer_comms names it (site.kind: attn.ar, mlp.ag, block.ag)."""
+    return _named(site, "tp", steps, column)
 
 
 def op_tp_collectives(spec: TransformerSpec, dev: DeviceSlice, op: Op, config: OpConfig
@@ -452,7 +451,7 @@ def _namer(axis: Axis, kind: LayerKind, producer: Op | None, consumer: Op | None
     if axis == "ep":
         return "dispatch" if consumer is not None and _expert(consumer) else "combine"
     ops = [op for op in (consumer, producer) if op is not None]
-    return next((s for s in (_site(op) for op in ops) if s), _layer_site(kind))
+    return next((s for s in (_site(op) for op in ops) if s), layer_site(kind))
 
 
 def _named(site: str, axis: Axis, steps: tuple[ReshardStep, ...], column: str = "") -> list[_Found]:
@@ -478,7 +477,7 @@ def _site(op: Op) -> str:
     return ""
 
 
-def _layer_site(kind: LayerKind) -> str:
+def layer_site(kind: LayerKind) -> str:
     """A block's own site: a reshard between its norms and residual adds and the hidden state it reads or hands
     on (block.ag: a block whose residual adds split the sequence without sp gathers what it hands on)."""
     return {"embedding": "embed", "head": "logits"}.get(kind, "block")

@@ -76,17 +76,17 @@ def _comm_keys(comms: tuple[Comm, ...]) -> list[tuple[str, str, str, float, int,
 
 
 def _relative(layer: Layer, path: str) -> str:
-    """A captured block op's module path below its block (transformer.h.<i>.)."""
+    """A captured block op's module path below its block (transformer.h.<i>., model.layers.<i>.)."""
     parts = path.split(".")
-    return ".".join(parts[3:]) if parts[:2] == ["transformer", "h"] else path
+    return ".".join(parts[3:]) if len(parts) > 2 and parts[2].isdigit() else path
 
 
-def _bwd_matmul_flops(layer: Layer, catalog: bool) -> dict[str, float]:
+def _bwd_matmul_flops(layer: Layer, catalog: bool, same: dict[str, str] = SAME_OP) -> dict[str, float]:
     out: dict[str, float] = {}
     for op in layer.bwd:
         if op.kind != "matmul":
             continue
-        name = op.name.split(".")[0] if catalog else SAME_OP.get(_relative(layer, op.module_path), "")
+        name = op.name.split(".")[0] if catalog else same.get(_relative(layer, op.module_path), "")
         out[name] = out.get(name, 0.0) + op.flops
     return out
 
@@ -189,3 +189,45 @@ def test_tp_without_a_tree_is_refused(captured: OpGraph) -> None:
             predict(job, engine, graph=captured)
     with pytest.raises(ConfigError, match="the precision-aware engine takes no tree"):
         predict(job, "precision-aware", graph=captured, plan=_tree_plan(job, captured, ATTN))
+
+
+LLAMA: dict[str, Any] = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 176,
+                         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+                         "max_position_embeddings": 64}
+LLAMA_SAME_OP = {"self_attn": "qkv", "self_attn.o_proj": "out_proj", "mlp": "gate_up", "mlp.down_proj": "down"}
+
+
+def test_captured_llama_megatron_split_matches_the_catalog_llama() -> None:
+    """A LLaMA block (GQA, RoPE, SwiGLU, RMSNorm) as torch.fuse leaves it: q, k and v one GEMM, gate and up one,
+    each with the rope or SiLU under the same module (self_attn, mlp). The tree splits those modules by out and
+    writes o_proj and down_proj by reduce (their inherited out set back to 1): the catalog LLaMA's Megatron
+    attention and MLP, matmul and core FLOPs and collectives equal (the hidden state moves in bf16 though the
+    fused RMSNorm group is labelled fp32); 64 parameters more than the catalog's (its norms' gains divided by
+    tp)."""
+    from trainsim.frontends.torch.hf import graph_from_hf_config
+
+    graph = graph_from_hf_config(LLAMA, micro_batch=2, seq_len=32, precision="bf16", fused=True)
+    spec = model_from_hf_config(LLAMA, name="llama-tiny")
+    par = ParallelSpec.parse({"micro_batch": 2, "seq_len": 32, "global_batch": 8, "tp": 2, "dp": 4,
+                              "precision": "bf16"})
+    job = make_job(spec, a100_cluster(8), par)
+    tree = StrategyTree.from_graph(graph)
+    for path, dim, parts in [("blocks.*.*.self_attn", "out", 2), ("blocks.*.*.self_attn.o_proj", "out", 1),
+                             ("blocks.*.*.self_attn.o_proj", "reduce", 2), ("blocks.*.*.mlp", "out", 2),
+                             ("blocks.*.*.mlp.down_proj", "out", 1), ("blocks.*.*.mlp.down_proj", "reduce", 2)]:
+        tree = tree.split(path, "compute", dim, parts, axis="tp")
+    shaped = shape_layers(job, tree.lower(par))
+    reference, reference_comms = _catalog(job, [
+        ("blocks.*.attn.qkv", "out"), ("blocks.*.attn.rope", "out"), ("blocks.*.attn.core", "out"),
+        ("blocks.*.attn.out", "reduce"), ("blocks.*.mlp.gate_up", "out"), ("blocks.*.mlp.act", "out"),
+        ("blocks.*.mlp.down", "reduce")])
+    for mine, theirs in zip(shaped.layers, reference.layers, strict=True):
+        assert _comm_keys(mine.layer.comms) == _comm_keys(reference_comms.get(theirs.index, ())), mine.layer.name
+        if mine.layer.kind != "block":
+            continue
+        ours = {LLAMA_SAME_OP[_relative(mine.layer, op.module_path)]: op.flops for op in mine.layer.fwd
+                if op.kind == "matmul"}
+        ours["attention"] = next(op.flops for op in mine.layer.fwd if op.kind == "attention")
+        assert ours == {op.name: op.flops for op in theirs.layer.fwd if op.name in ours}
+        assert _bwd_matmul_flops(mine.layer, False, LLAMA_SAME_OP) == _bwd_matmul_flops(theirs.layer, True)
+        assert mine.layer.param_count == theirs.layer.param_count + 64

@@ -14,16 +14,19 @@ any other op's batch, seq and out parts its leading, second and last dims; FLOPs
 (the busiest part where they do not divide). Where a producer's placement differs from its reader's,
 strategy.reshard's pattern matching gives the collective (strategy.megatron.reshard_tp names it as the catalog's:
 attn.ar, mlp.ag, block.ag), and the backward the gradient's conjugate; an attention split by query rows gathers its
-keys and values and a norm split by features all-reduces its statistics (strategy.megatron.op_tp_collectives). A
-layer reads and hands on the whole hidden state (no sequence parallelism); the embedding's first op reads token ids.
+keys and values, a norm split by features all-reduces its statistics (strategy.megatron.op_tp_collectives) and a
+loss split by its classes its three statistics (strategy.megatron.loss_statistics). A layer reads and hands on the
+whole hidden state (no sequence parallelism); the embedding's first op reads token ids.
 
 A split matmul holds 1/(out x reduce) of its weight (n x k of its shape) and 1/out of its bias (its bytes beyond
 its three operands); split by tokens, it holds the weight whole and sums its gradient over those tp ranks too
-(front_end_token_params). A norm split by features holds 1/out of its gain and bias (the model's norm size).
+(front_end_token_params). A norm split by features holds 1/out of its gain and bias (the model's norm size). A
+matmul whose weight the layer does not hold (GPT-2's head, tied to the embedding's table) sheds nothing: the table
+stays whole where the lookup holds it.
 
-Refused in one line: a config on an op whose dims the pass cannot shape (a lookup, a convolution, a pool), a loss
-split by its classes (its statistics), an attention or norm split needing the model's shape where the graph has
-none, stage meshes, and tp > 1 without any config from a tree (the graph is one device's whole model).
+Refused in one line: a config on an op whose dims the pass cannot shape (a lookup, a convolution, a pool), an
+attention or norm split needing the model's shape where the graph has none, stage meshes, and tp > 1 without any
+config from a tree (the graph is one device's whole model).
 NB: ops are a chain in forward order: an element-wise op whose last dim is not the chain tensor's features (a mask
 built beside the attention) is taken as off the chain and runs whole; a residual add's skip input is not resharded
 (the catalog's _skip_reshards); saved activations keep the whole model's bytes (memory is an over-estimate for a
@@ -36,13 +39,21 @@ from collections.abc import Mapping
 from trainsim.compile.splits import ceil_part, inferred_config, op_output_bytes
 from trainsim.errors import ConfigError
 from trainsim.hardware.device import BYTES_PER_DTYPE
-from trainsim.ir.graph import Layer, Op
+from trainsim.ir.graph import Comm, Layer, Op
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job
 from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.front_end_splits import config_text, refuse_whole_model_tp
 from trainsim.strategy.lowered import LoweredPlan
-from trainsim.strategy.megatron import UNSPLIT, layer_site, norm_params, op_tp_collectives, reshard_tp, tp_comms
+from trainsim.strategy.megatron import (
+    UNSPLIT,
+    layer_site,
+    loss_statistics,
+    norm_params,
+    op_tp_collectives,
+    reshard_tp,
+    tp_comms,
+)
 from trainsim.strategy.placement import (
     CONTRACTING,
     OpConfig,
@@ -106,7 +117,8 @@ def shape_front_end_layer(job: Job, dev: DeviceSlice, layer: Layer, given: Mappi
     fwd = tuple(front_end_op(op, walk.configs.get(id(op), UNSPLIT)) for op in layer.fwd)
     bwd = tuple(front_end_op(op, _backward_config(op, layer.fwd, walk.configs, dev.micro_batch),
                              _forward_of(op, layer.fwd)) for op in layer.bwd)
-    comms = tuple(tp_comms(walk.forward, "fwd", dev.tp) + tp_comms(walk.backward[::-1], "bwd", dev.tp))
+    comms = tuple(tp_comms(walk.forward, "fwd", dev.tp) + tp_comms(walk.backward[::-1], "bwd", dev.tp)
+                  + walk.statistics)
     return dataclasses.replace(layer, fwd=fwd, bwd=bwd, comms=comms,
                                param_count=layer.param_count - walk.shed_params)
 
@@ -120,7 +132,9 @@ class _Walk:
         self.placement: Placement | None = None if layer.kind == "embedding" else Placement(dev.tp)
         self.producer: Op | None = None
         self.features = 0  # the last dim of the chain tensor (0: not known yet)
-        self.full_bytes = 0.0  # the chain tensor's whole bytes
+        self.elements = 0.0  # the chain tensor's whole elements
+        self.statistics: list[Comm] = []  # a loss split by classes: its statistics' all-reduces (listed last)
+        self.unclaimed_params = layer.full_param_count  # parameters of this layer no split op has claimed yet
         self.configs: dict[int, OpConfig] = {}  # id(op) -> its config over tp
         self.forward: list[tuple[str, ReshardStep, str]] = []  # (name, step, column-parallel matmul: Comm)
         self.backward: list[tuple[str, ReshardStep, str]] = []
@@ -138,34 +152,40 @@ class _Walk:
             config, need = self._inferred(op)
         else:
             need = input_placement(config, self.dev.tp, contracting)
-        self._check(op, config, where)
         if self.placement is not None:
             column = op.module_path if contracting and config == OpConfig(1, 1, self.dev.tp, 1) else ""
             grad = input_grad_placement(need, config, contracting)
-            site = self._site(op)
-            self.forward += reshard_tp(site, reshard(self.placement, need, self.full_bytes), column)
-            self.backward += reshard_tp(site, reshard(grad, output_grad_placement(self.placement), self.full_bytes),
-                                        column)
+            site, tensor = self._site(op), self._tensor_bytes(op)
+            self.forward += reshard_tp(site, reshard(self.placement, need, tensor), column)
+            self.backward += reshard_tp(site, reshard(grad, output_grad_placement(self.placement), tensor), column)
         if (op.kind == "attention" and config.seq > 1) or (op.kind == "norm" and config.out > 1):
             forward, backward = op_tp_collectives(self._spec(op, config, where), self.dev, op, config)
             self.forward += forward
             self.backward += backward
+        if op.kind == "loss" and config.out > 1:
+            self.statistics += loss_statistics(config, self.dev)
         self.configs[id(op)] = config
         self.shed_params += self._shed(op, config)
         self.placement, self.producer = output_placement(config, self.dev.tp, contracting), op
-        # the hidden state travels in the activation dtype (a fused norm group may be labelled fp32)
-        elements = op_output_bytes(op) / BYTES_PER_DTYPE[op.dtype]
-        self.full_bytes = elements * BYTES_PER_DTYPE[self.dev.precision.activation_dtype]
+        self.elements = op_output_bytes(op) / BYTES_PER_DTYPE[op.dtype]
         self.features = _out_dim(op, self.dev.micro_batch)
 
     def hand_on(self) -> None:
         """The layer hands on the whole hidden state (the head: the loss, nothing)."""
         if self.placement is None or self.layer.kind == "head":
             return
-        whole = Placement(self.dev.tp)
-        site = self._site(None)
-        self.forward += reshard_tp(site, reshard(self.placement, whole, self.full_bytes))
-        self.backward += reshard_tp(site, reshard(whole, output_grad_placement(self.placement), self.full_bytes))
+        whole, site, tensor = Placement(self.dev.tp), self._site(None), self._tensor_bytes(None)
+        self.forward += reshard_tp(site, reshard(self.placement, whole, tensor))
+        self.backward += reshard_tp(site, reshard(whole, output_grad_placement(self.placement), tensor))
+
+    def _tensor_bytes(self, reader: Op | None) -> float:
+        """The chain tensor's whole bytes as it moves between its writer and `reader`: at the narrower of their
+        dtypes (a fused group is labelled by its first op: an RMSNorm group casting to fp32 and back hands on
+        the activation dtype; the fp32 copy of the logits reaches the loss in fp32); handed on, at the narrower
+        of the writer's and the activation dtype."""
+        ends = [self.producer.dtype if self.producer is not None else self.dev.precision.activation_dtype,
+                reader.dtype if reader is not None else self.dev.precision.activation_dtype]
+        return self.elements * min(BYTES_PER_DTYPE[dtype] for dtype in ends)
 
     def _site(self, reader: Op | None) -> str:
         """Where a reshard into `reader` runs: the reader's module's attention or MLP, else the producer's, else
@@ -192,12 +212,6 @@ class _Walk:
         config, need, _ = inferred_config(op, held, self.dev.tp)
         return config, need
 
-    def _check(self, op: Op, config: OpConfig, where: str) -> None:
-        if op.kind == "loss" and config.out > 1:
-            raise ConfigError(where, config_text(config), "a loss split by its classes needs its statistics "
-                              "all-reduced, not shaped on a captured graph: split its batch or seq, or give the "
-                              "projection before it whole")
-
     def _spec(self, op: Op, config: OpConfig, where: str) -> TransformerSpec:
         if not isinstance(self.job.model, TransformerSpec):
             raise ConfigError(where, config_text(config), f"a {op.kind} op split over tp needs the model's shape (a "
@@ -206,8 +220,11 @@ class _Walk:
 
     def _shed(self, op: Op, config: OpConfig) -> float:
         """Parameters one rank no longer holds: a split matmul's (weight and bias) parts, a norm's by features."""
-        if op.kind == "matmul" and len(op.shape) == 4 and config.out * config.reduce > 1:
+        if op.kind == "matmul" and len(op.shape) == 4:
             weight, bias = _matmul_params(op)
+            if weight + bias > self.unclaimed_params:  # a weight tied to another layer's (GPT-2's head): held there
+                return 0.0
+            self.unclaimed_params -= weight + bias
             return weight * (1.0 - 1.0 / (config.out * config.reduce)) + bias * (1.0 - 1.0 / config.out)
         if op.kind == "norm" and config.out > 1 and isinstance(self.job.model, TransformerSpec):
             return norm_params(self.job.model) * (1.0 - 1.0 / config.out)
@@ -231,6 +248,8 @@ def front_end_token_params(job: Job, plan: LoweredPlan) -> dict[int, dict[int, f
             parts = config.batch * config.seq
             if op.kind == "matmul" and len(op.shape) == 4:
                 weight, bias = _matmul_params(op)
+                if weight + bias > layer.full_param_count:  # tied to another layer's weight (held there)
+                    continue
                 held = weight / (config.out * config.reduce) + bias / config.out
             elif op.kind == "norm" and spec is not None:
                 held = norm_params(spec) / config.out

@@ -413,7 +413,13 @@ def _loss_statistics(fwd: Sequence[Op], dev: DeviceSlice, config_of: Callable[[O
     loss = next((op for op in fwd if op.name == "cross_entropy"), None)
     if loss is None or config_of(loss).out == 1:
         return []
-    config = config_of(loss)
+    return loss_statistics(config_of(loss), dev)
+
+
+def loss_statistics(config: OpConfig, dev: DeviceSlice) -> list[Comm]:
+    """A loss at `config` over tp reading its class dimension split config.out ways: its three per-token
+    statistics (max logit, target logit, sum of exponentials) partial over those ranks, one fp32 all-reduce each
+    (megatron/core/tensor_parallel/cross_entropy.py, megatron-core 0.9)."""
     whole = Placement(dev.tp, config.batch, config.seq)  # each statistic of the op's tokens
     steps = reshard(Placement(dev.tp, config.batch, config.seq, partial=config.out), whole,
                     dev.local_tokens * 4.0)  # fp32

@@ -167,7 +167,9 @@ def test_sim_and_analytical_agree_and_mfu_counts_the_model_once(captured: OpGrap
     ([("blocks.*.*.ln_1", "reduce")], 2, "ln_1 split.compute@tp", "no reduction dimension"),
     ([("blocks.*.*.attn.c_attn", "out")], 4, "c_attn split.compute@tp", "must divide tp=2"),
     ([("embedding.transformer.wte", "out")], 2, "wte", "embedding op is not shaped"),
-    ([("head.lm_head", "out"), ("head", "out")], 2, "", "loss split by its classes"),
+    # attn's out inherited by c_proj beside its own reduce: out=2 reduce=2, 4 parts on 2 ranks
+    ([("blocks.*.*.attn", "out"), ("blocks.*.*.attn.c_proj", "reduce")], 2, "c_proj split.compute@tp",
+     "must divide tp=2"),
 ])
 def test_bad_configs_are_refused_in_one_line(captured: OpGraph, splits: list[tuple[str, str]], parts: int,
                                              field: str, words: str) -> None:
@@ -231,3 +233,28 @@ def test_captured_llama_megatron_split_matches_the_catalog_llama() -> None:
         assert ours == {op.name: op.flops for op in theirs.layer.fwd if op.name in ours}
         assert _bwd_matmul_flops(mine.layer, False, LLAMA_SAME_OP) == _bwd_matmul_flops(theirs.layer, True)
         assert mine.layer.param_count == theirs.layer.param_count + 64
+
+
+def test_captured_head_split_by_vocabulary_matches_the_catalog_head() -> None:
+    """An untied GPT-2's head at Megatron's vocab-parallel split: lm_head by out, the loss by its classes (the
+    cast to fp32 between them inferred), ln_f written whole. As the catalog's head.proj and head.loss: the
+    projection's input gradient all-reduced (logits.ar, 8192 bytes, column input) and the loss's three fp32
+    statistics (64 tokens x 4 bytes each); the head holds half its 512 x 64 projection."""
+    from trainsim.frontends.torch.hf import graph_from_hf_config
+
+    untied = {**CONFIG, "tie_word_embeddings": False}
+    graph = graph_from_hf_config(untied, micro_batch=2, seq_len=32, precision="bf16", fused=True)
+    spec = model_from_hf_config(untied, name="gpt2-untied")
+    par = ParallelSpec.parse({"micro_batch": 2, "seq_len": 32, "global_batch": 8, "tp": 2, "dp": 4,
+                              "precision": "bf16"})
+    job = make_job(spec, a100_cluster(8), par)
+    tree = StrategyTree.from_graph(graph).split("head", "compute", "out", 2, axis="tp")
+    tree = tree.split("head.transformer.ln_f", "compute", "out", 1, axis="tp")
+    head = shape_layers(job, tree.lower(par)).layers[-1].layer
+    reference, reference_comms = _catalog(job, [("head.proj", "out"), ("head.loss", "out")])
+    assert _comm_keys(head.comms) == _comm_keys(reference_comms[reference.layers[-1].index])
+    assert [(c.name, c.buffer_bytes) for c in head.comms] == [
+        ("logits.ar", HIDDEN_BYTES), ("loss.max", 256.0), ("loss.target", 256.0), ("loss.sum_exp", 256.0)]
+    assert head.param_count == 128 + 512 * 64 / 2
+    logits = next(op for op in head.fwd if op.kind == "matmul")
+    assert logits.flops == next(op.flops for op in reference.layers[-1].layer.fwd if op.name == "logits")

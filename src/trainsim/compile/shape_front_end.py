@@ -38,7 +38,7 @@ from collections.abc import Mapping
 
 from trainsim.compile.splits import ceil_part, inferred_config, op_output_bytes
 from trainsim.errors import ConfigError
-from trainsim.hardware.device import BYTES_PER_DTYPE
+from trainsim.hardware.device import BYTES_PER_DTYPE, DType
 from trainsim.ir.graph import Comm, Layer, Op
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job
@@ -183,8 +183,9 @@ class _Walk:
         dtypes (a fused group is labelled by its first op: an RMSNorm group casting to fp32 and back hands on
         the activation dtype; the fp32 copy of the logits reaches the loss in fp32); handed on, at the narrower
         of the writer's and the activation dtype."""
-        ends = [self.producer.dtype if self.producer is not None else self.dev.precision.activation_dtype,
-                reader.dtype if reader is not None else self.dev.precision.activation_dtype]
+        activation: DType = self.dev.precision.activation_dtype
+        ends: list[DType] = [self.producer.dtype if self.producer is not None else activation,
+                             reader.dtype if reader is not None else activation]
         return self.elements * min(BYTES_PER_DTYPE[dtype] for dtype in ends)
 
     def _site(self, reader: Op | None) -> str:

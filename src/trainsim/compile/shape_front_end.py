@@ -142,9 +142,6 @@ class _Walk:
 
     def step(self, op: Op, config: OpConfig | None) -> None:
         where = f"split.compute@tp on {self.layer.name} {op.module_path or '<root>'} ({op.name})"
-        if config is not None and op.kind not in _SHAPED_KINDS:
-            raise ConfigError(where, config_text(config), f"a {op.kind} op is not shaped on a captured graph; give "
-                              "configs to matmuls, attention, norms and element-wise ops (the lookup runs whole)")
         if config is None and not self._on_chain(op):
             return  # off the chain (a mask, a lookup of positions): runs whole, the chain tensor unchanged
         contracting = op.kind in CONTRACTING
@@ -152,6 +149,9 @@ class _Walk:
             config, need = self._inferred(op)
         else:
             need = input_placement(config, self.dev.tp, contracting)
+        if config != UNSPLIT and op.kind not in _SHAPED_KINDS:  # given, or inferred from a split input
+            raise ConfigError(where, config_text(config), f"a {op.kind} op is not shaped on a captured graph; give "
+                              "configs to matmuls, attention, norms and element-wise ops (the lookup runs whole)")
         if self.placement is not None:
             column = op.module_path if contracting and config == OpConfig(1, 1, self.dev.tp, 1) else ""
             grad = input_grad_placement(need, config, contracting)

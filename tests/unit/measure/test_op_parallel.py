@@ -1,7 +1,8 @@
 """A strategy tree's per-op tp configs run for real (measure/op_parallel.py, measure/tp_degrees.py): every op at its
 own degree over consecutive tp ranks, or whole, on 2 and 4 gloo ranks, computes what the unsplit model computes
-(the loss after two optimizer steps, so the gradients of every layout count); the degrees handed to the ranks;
-the layouts not measured are refused in one line."""
+(the loss after two optimizer steps; and, for the splits other than Megatron's, every gradient of one step,
+tp_gradients, which an AdamW loss cannot check for scale); the degrees handed to the ranks; the layouts not
+measured are refused in one line."""
 
 import json
 from pathlib import Path

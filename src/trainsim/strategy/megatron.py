@@ -597,10 +597,15 @@ def dispatch_layout(fwd: Sequence[Op], dev: DeviceSlice, configs: Configs | None
     nest). None for a layer without experts."""
     router = next((op for op in fwd if replicable_module(op) == "router"), None)
     expert = next((op for op in fwd if _expert(op)), None)
-    if configs is None or router is None or expert is None or dev.tp == 1:
+    if router is None or expert is None or dev.tp == 1:
         return None
-    gate, first = configs.get((router.module_path, "tp"), UNSPLIT), configs.get((expert.module_path, "tp"), UNSPLIT)
-    if max(first.out, first.reduce) == dev.tp and gate == megatron_tp(router, dev, dev.tp):
+    if configs is None:
+        gate, first = megatron_tp(router, dev, dev.tp), megatron_tp(expert, dev, dev.tp)
+    else:
+        gate = configs.get((router.module_path, "tp"), UNSPLIT)
+        first = configs.get((expert.module_path, "tp"), UNSPLIT)
+    if max(first.out, first.reduce) == dev.tp and gate == megatron_tp(router, dev, dev.tp) and not (
+            dev.sp and dev.ep > 1):
         return None
     if first.batch * first.seq > gate.batch * gate.seq:
         return Placement(dev.tp, first.batch, first.seq)

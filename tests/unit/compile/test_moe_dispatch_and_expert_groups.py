@@ -12,16 +12,18 @@ A block holds 32896 / (tp ep) = 8224 parameters of experts and router at Megatro
 
 import pytest
 
-from conftest import a100_cluster
-from test_shape_layers_experts import _tiny
+from conftest import a100_cluster, tiny_moe_job
 from trainsim.catalog.calibration import Calibration
 from trainsim.compile.build import compile_job
 from trainsim.cost.memory import model_state_bytes, owned_params
 from trainsim.cost.pricing import Pricer
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.estimate.simulation import SimEstimator
-from trainsim.ir.graph import ExpertShard
-from trainsim.job import make_job
+from trainsim.frontends.catalog.transformer import build_transformer
+from trainsim.ir.graph import ExpertShard, OpGraph
+from trainsim.ir.model_spec import TransformerSpec
+from trainsim.job import Job, make_job
+from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.expert_groups import expert_data_ranks, expert_data_size, experts_own_group
 from trainsim.strategy.lowered import default_plan
 from trainsim.strategy.parallel import ParallelSpec
@@ -30,13 +32,19 @@ ROUTED_OWN, ROUTED_PAIR = 4096.0, 8192.0  # the rank's own routed copies; the tp
 EXPERT_PARAMS = 8192.0  # per rank and block at Megatron's split
 
 
+def _tiny(tp: int = 2, ep: int = 2, sp: bool = True, zero: int = 0) -> tuple[Job, OpGraph]:
+    job = tiny_moe_job(tp, ep, sp, zero=zero)
+    assert isinstance(job.model, TransformerSpec)
+    return job, build_transformer(job.model, DeviceSlice.of(job.parallel))
+
+
 def test_megatron_split_under_sp_dispatches_each_rank_s_own_tokens_then_gathers_them_over_tp() -> None:
     """Megatron-Core's all-to-all dispatcher under sp: each tp rank routes its own 32 tokens, the all-to-all over
     ep moves their 64 routed copies (T k h / tp = 4096 bytes per rank, not the 8192 of all 64 local tokens), then
     the pair's routed copies are all-gathered over tp (an 8192-byte buffer: each rank receives the other's 4096)
     and reduce-scattered after the experts; the combine's all-to-all moves 4096 again. Backward: the conjugates,
     the same bytes. The attention keeps Megatron's pair of hidden-state collectives (64 x 32 x 2 = 4096)."""
-    job, graph = _tiny()
+    _, graph = _tiny()
     block = graph.layers[1]
     assert [(c.name, c.collective, c.phase, c.buffer_bytes) for c in block.comms if c.axis == "ep"] == [
         ("dispatch", "all-to-all", "fwd", ROUTED_OWN), ("combine", "all-to-all", "fwd", ROUTED_OWN),
@@ -74,7 +82,7 @@ def test_expert_data_parallel_group_is_megatron_core_s(settings: dict[str, objec
     """Rank 0's expert data-parallel group: world / (etp x ep x pp) ranks (megatron-core 0.16.1's
     initialize_model_parallel) with etp = tp / (tp / d under sp), the ranks holding rank 0's expert shard."""
     par = ParallelSpec.parse({"micro_batch": 2, "seq_len": 32, "global_batch": 32, **settings})
-    par = make_job(_tiny()[0].model, a100_cluster(8), par).parallel
+    par = make_job(tiny_moe_job().model, a100_cluster(8), par).parallel
     assert expert_data_ranks(par, expert_tp) == ranks
     assert expert_data_size(par, expert_tp) == len(ranks)
     assert experts_own_group(par, expert_tp) == (ranks != tuple(range(0, 8, par.tp)))
@@ -104,9 +112,7 @@ def test_expert_states_are_sharded_over_their_expert_data_parallel_group(zero: i
     parameters over the 2 ranks of their group, the rest over dp 4; ZeRO-2 the bf16 gradients too, ZeRO-3 the
     weights. The closed form's memory and the simulator's resident states agree; the optimizer step steps the
     parameters a GPU owns: (held - 16384) / 4 + 16384 / 2."""
-    job, graph = _tiny()
-    job = make_job(job.model, job.cluster, ParallelSpec.parse(
-        {"micro_batch": 2, "seq_len": 32, "global_batch": 32, "tp": 2, "ep": 2, "sp": True, "zero": zero}))
+    job, graph = _tiny(zero=zero)
     held = sum(layer.count * layer.param_count for layer in graph.layers)
     experts = 2 * EXPERT_PARAMS
     expected = {"weights": (held - experts) * 2 / (4 if zero >= 3 else 1) + experts * 2 / (2 if zero >= 3 else 1),
@@ -139,9 +145,7 @@ def test_the_experts_keep_their_routed_input_for_the_weight_gradient() -> None:
                                                      (1, 2, False, 2), (2, 2, False, 1)])
 def test_engines_agree_on_moe_jobs_with_runtime_effects_off(tp: int, ep: int, sp: bool, zero: int) -> None:
     """The simulator without the overlap slow-down and link sharing against the closed form: within 2%."""
-    job, graph = _tiny(tp=tp, ep=ep, sp=sp)
-    job = make_job(job.model, job.cluster, ParallelSpec.parse(
-        {"micro_batch": 2, "seq_len": 32, "global_batch": 32, "tp": tp, "ep": ep, "sp": sp, "zero": zero}))
+    job, graph = _tiny(tp=tp, ep=ep, sp=sp, zero=zero)
     analytical = AnalyticalEstimator(Pricer(Calibration())).estimate(job, graph)
     sim = SimEstimator(Pricer(Calibration()), overlap=False, sharing=False).estimate(job, graph)
     assert sim.iteration_time_s == pytest.approx(analytical.iteration_time_s, rel=0.02)

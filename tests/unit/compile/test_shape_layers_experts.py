@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import TINY_GPT_MODEL_YAML, a100_cluster
+from conftest import a100_cluster, tiny_moe_job
 from trainsim.catalog.calibration import Calibration
 from trainsim.catalog.model_files import parse_model
 from trainsim.compile.build import compile_job
@@ -33,18 +33,14 @@ from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.tree import StrategyTree
 from trainsim.strategy.tree_yaml import load_tree_yaml
 
-TINY_MOE_YAML = (TINY_GPT_MODEL_YAML.replace("name: tiny-gpt", "name: tiny-moe").replace("bias: true", "bias: false")
-                 + "num_experts: 4\ntop_k: 2\nmoe_every: 1\n")
 ATTN_PARAMS, EXPERT_PARAMS = 4224, 32896
 EXPERTS = ("blocks.*.moe.mlp.fc1", "blocks.*.moe.mlp.act", "blocks.*.moe.mlp.fc2")
 
 
 def _tiny(tp: int = 2, ep: int = 2, sp: bool = True) -> tuple[Job, OpGraph]:
-    spec = parse_model(yaml.safe_load(TINY_MOE_YAML))
-    assert isinstance(spec, TransformerSpec)
-    par = ParallelSpec.parse({"micro_batch": 2, "seq_len": 32, "global_batch": 32, "tp": tp, "ep": ep, "sp": sp})
-    job = make_job(spec, a100_cluster(8), par)
-    return job, build_transformer(spec, DeviceSlice.of(job.parallel))
+    job = tiny_moe_job(tp, ep, sp)
+    assert isinstance(job.model, TransformerSpec)
+    return job, build_transformer(job.model, DeviceSlice.of(job.parallel))
 
 
 def _experts_over(job: Job, graph: OpGraph, d: int) -> StrategyTree:

@@ -14,9 +14,10 @@ sub-group of ranks where the layout change spans fewer than tp). Instances with 
 layer; a plan whose configs are Megatron's everywhere is returned as it is.
 
 An MoE's experts (strategy.megatron: Megatron-Core's expert tensor parallelism) at degree d run the routed
-copies of their d ranks' tokens under sp (all the micro-batch's without sp), hold 1/d of each of their ep
-share of experts, and under sp, where the tp / d groups of a tp group ran other tokens through the same
-experts, sum the experts' gradient over Megatron-Core's expert data-parallel ranks (expert_grad_groups).
+copies of their d ranks' tokens under sp (all the micro-batch's without sp) and hold 1/d of each of their ep
+share of experts. Every MoE layer's experts (at d = tp too) sum their gradient over Megatron-Core's expert
+data-parallel ranks where those are not the data-parallel group (ep > 1, or d < tp under sp, where the tp / d
+groups of a tp group ran other tokens through the same experts: expert_grad_groups, strategy.expert_groups).
 """
 
 import dataclasses
@@ -65,10 +66,9 @@ def shaped_graph_and_repeated_flops(job: Job, graph: OpGraph, plan: LoweredPlan)
     """The graph with its layers as the plan's configs over tp shape them (shape_layers), for the closed-form
     engine, which places layers evenly and prices each layer once for all its instances: the plan must be the
     strategy's default plan but for its ops' configs over tp, and give every instance of a layer the same.
-    NB: the closed form sums every gradient over the data-parallel group, an MoE's experts split over fewer tp
-    ranks than tp included (the simulator sums those over their expert data-parallel ranks: expert_grad_groups),
-    and the weights of matmuls split by tokens over tp too (the simulator sums those over dp x their token parts:
-    compile.splits.plan_tp_token_params). With it, the plan's repeated_flops (the layers shaped once for both)."""
+    NB: the closed form sums an MoE's experts' gradient over their expert data-parallel group, as the simulator
+    (Layer.experts: Pricer.gradient_queues), but the weights of matmuls split by tokens over tp over the
+    data-parallel group (the simulator sums those over dp x their token parts: compile.splits.plan_tp_token_params). With it, the plan's repeated_flops (the layers shaped once for both)."""
     default = default_plan(graph, job.parallel)
     if dataclasses.replace(plan, mesh_splits=default.mesh_splits) != default:
         raise ConfigError("engine", "analytical", "places layers, schedules, recomputes and splits over dp as the "

@@ -71,7 +71,8 @@ def shaped_graph_and_repeated_flops(job: Job, graph: OpGraph, plan: LoweredPlan)
     strategy's default plan but for its ops' configs over tp, and give every instance of a layer the same.
     NB: the closed form sums an MoE's experts' gradient over their expert data-parallel group, as the simulator
     (Layer.experts: Pricer.gradient_queues), but the weights of matmuls split by tokens over tp over the
-    data-parallel group (the simulator sums those over dp x their token parts: compile.splits.plan_tp_token_params). With it, the plan's repeated_flops (the layers shaped once for both)."""
+    data-parallel group (the simulator sums those over dp x their token parts:
+    compile.splits.plan_tp_token_params). With it, the plan's repeated_flops (the layers shaped once for both)."""
     default = default_plan(graph, job.parallel)
     if dataclasses.replace(plan, mesh_splits=default.mesh_splits) != default:
         raise ConfigError("engine", "analytical", "places layers, schedules, recomputes and splits over dp as the "

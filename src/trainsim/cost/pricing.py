@@ -1276,7 +1276,7 @@ def _expert_parts(stage: list[StagePart], par: ParallelSpec) -> tuple[tuple[floa
     group is not the data-parallel group ((0.0, 0) else: strategy.expert_groups); () where no part has any."""
     parts = tuple((part.layer.experts.params, part.layer.experts.tp_degree)
                   if part.layer.experts is not None and experts_own_group(par, part.layer.experts.tp_degree)
-                  and expert_data_size(par, part.layer.experts.tp_degree) > 1 else (0.0, 0) for part in stage)
+                  else (0.0, 0) for part in stage)
     return parts if any(degree for _, degree in parts) else ()
 
 
@@ -1284,10 +1284,11 @@ def _grouped_buckets(layers: tuple[tuple[float, float], ...], experts: tuple[tup
                      bucket_params: float, par: ParallelSpec) -> list[tuple[float, int]]:
     """The buckets of Pricer._grouped_gradient_queues in sending order, (parameters, expert tp degree: 0 for the
     data-parallel group's), layers and experts in the order the buckets fill: per group, stack_effects.
-    bucket_closes over the layers up to the group's last (the data-parallel group's: all of them)."""
+    bucket_closes over the layers up to the group's last (the data-parallel group's: all of them). An expert
+    group of one rank (its experts held by no other) sends nothing."""
     groups: dict[int, list[tuple[float, float]]] = {0: [(params - shard, count) for (params, count), (shard, _)
                                                         in zip(layers, experts, strict=True)]}
-    for degree in dict.fromkeys(degree for _, degree in experts if degree):
+    for degree in dict.fromkeys(degree for _, degree in experts if degree and expert_data_size(par, degree) > 1):
         shares = [((shard if d == degree else 0.0), count) for (_, count), (shard, d) in zip(layers, experts,
                                                                                              strict=True)]
         last = max(i for i, (shard, _) in enumerate(shares) if shard > 0.0)

@@ -150,3 +150,20 @@ def test_engines_agree_on_moe_jobs_with_runtime_effects_off(tp: int, ep: int, sp
     sim = SimEstimator(Pricer(Calibration()), overlap=False, sharing=False).estimate(job, graph)
     assert sim.iteration_time_s == pytest.approx(analytical.iteration_time_s, rel=0.02)
     assert sim.peak_memory_bytes == pytest.approx(analytical.peak_memory_bytes, rel=0.02)
+
+
+def test_experts_no_other_rank_holds_send_no_gradient_in_either_engine() -> None:
+    """tp 2 x ep 4 x dp 4, sp: each rank's experts (one of the 4) are held by no other rank (expert data-parallel
+    group of dp / ep = 1), so their 2 x (32896 - 128) / (tp ep) = 2 x 4096 parameters are reduced nowhere: the
+    simulator's one bucket and the closed form's queue hold every other parameter, over the dp group."""
+    job, graph = _tiny(ep=4)
+    pricer = Pricer(Calibration())
+    plan = default_plan(graph, job.parallel)
+    assert [layer.experts for layer in graph.layers if layer.experts] == [ExpertShard(4096.0, 2)]
+    dense = sum(a.layer.param_count for a in plan.layers) - 2 * 4096.0
+    dense_s = pricer.collective_s("all-reduce", dense * 2.0, pricer.layout("grad", job), job)
+    compiled = compile_job(job, plan, pricer)
+    assert [(t.name, t.duration_s) for t in compiled.tasks if t.category == "dp_comm"] == [
+        ("dp all-reduce bucket0 L3.head..L0.embedding", dense_s)]
+    stage = pricer.partition(graph, 1).stages[0]
+    assert pricer.gradient_queues(stage, job).reduce.total_s == pytest.approx(dense_s, rel=1e-12)

@@ -3,7 +3,10 @@ the span-based one, on a campaign that `trainsim measure --generated N ... --exe
 
     python scripts/recsys_trace_path.py data/recsys/cpu/et18
 
-Per config (leave one config out: every fit on the OTHER configs' traces only):
+Each rank's traced iteration starts where it left the barrier that follows the profiler's start
+(dlrm_predicted.realign_after_barrier), and an op waits for the collectives that ended just before it
+(to_exec_graph's blocking_waits: gloo's waits are no ops in the trace). Per config (leave one config out: every
+fit on the OTHER configs' traces only):
 - trace: the config's PyTorch execution traces (one traced iteration per rank after the timed ones) through
   frontends.trace.predicted: the EmbeddingBag ops from the lookup model (frontends.trace.dlrm_predicted; $LOOKUP_MODEL,
   default lookup_mlp_cold.json), every other op from per-op kernel models (power laws fitted on the other configs'
@@ -36,7 +39,7 @@ from trainsim.cost.embedding_lookup import MlpLookup
 from trainsim.embedding.sharders import shard
 from trainsim.estimate.sharded_dlrm import traced_result
 from trainsim.estimate.trace_predict import iteration_s, simulate_trace
-from trainsim.frontends.trace.dlrm_predicted import lookup_op_seconds
+from trainsim.frontends.trace.dlrm_predicted import lookup_op_seconds, realign_after_barrier
 from trainsim.frontends.trace.load import load_trace_directory
 from trainsim.frontends.trace.predicted import (
     KernelModels,
@@ -68,8 +71,9 @@ def load(root: Path) -> list[dict]:
         if not t.get("trace_dir"):
             continue
         row = rows[(t["task"], t["sharder"], str(t["local_batch"]))]
-        configs.append({**t, "row": row, "measured_s": float(row["measured_s"]),
-                        "traces": load_trace_directory(t["trace_dir"])})
+        traces = load_trace_directory(t["trace_dir"])
+        realign_after_barrier(traces)
+        configs.append({**t, "row": row, "measured_s": float(row["measured_s"]), "traces": traces})
     return configs
 
 
@@ -80,13 +84,14 @@ def predict(config: dict, others: list[dict], lookups: MlpLookup, dense_db: Path
     sjob, _, it = fixed_pricing(model, plan, batch, ranks, lookups, COMM, dense_db)
     traces = config["traces"]
     kernels = KernelModels.fit(op_samples([t for o in others for t in o["traces"]]))
-    overheads = host_overheads([to_exec_graph(o["traces"]) for o in others])
+    overheads = host_overheads([to_exec_graph(o["traces"], blocking_waits=True) for o in others])
     per_op = profiler_op_s([(o["traces"], o["measured_s"]) for o in others])
     lookup_s = lookup_op_seconds(traces, lookups, plan.pieces(batch))
-    graph = predicted_trace_graph(traces, kernels, overheads, collective_s, lookup_s)
+    graph = predicted_trace_graph(traces, kernels, overheads, collective_s, lookup_s, blocking_waits=True)
     result = traced_result(sjob.job, sjob.graph, it, deduct_profiler(graph, traces, per_op, keep=lookup_s))
-    kernels_only = deduct_profiler(predicted_trace_graph(traces, kernels, overheads, collective_s), traces, per_op)
-    replay = deduct_profiler(to_exec_graph(traces, start_offsets="zero"), traces, per_op)
+    kernels_only = deduct_profiler(predicted_trace_graph(traces, kernels, overheads, collective_s,
+                                                         blocking_waits=True), traces, per_op)
+    replay = deduct_profiler(to_exec_graph(traces, start_offsets="zero", blocking_waits=True), traces, per_op)
     cpu_overheads = host_cpu_means(others, ("index-a2a launch", "pooled-a2a-bwd launch", "grad-allreduce launch"))
     return {"trace": result.iteration_time_s, "trace-kernels": iteration_s(kernels_only),
             "replay-prof": iteration_s(replay), "spans": simulate_trace(config["events"], it, cpu_overheads),

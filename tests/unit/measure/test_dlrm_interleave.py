@@ -14,7 +14,7 @@ def test_configs_take_one_iteration_each_in_turn(monkeypatch: pytest.MonkeyPatch
     order: list[tuple[str, int]] = []
 
     def fake(torch: Any, dist: Any, rank: int, world: int, plan: Any, dense: Any, batch: int,
-             seed: int, probes: Any) -> Iterator[dict[str, Any]]:
+             seed: int, probes: Any, hooks: Any = None) -> Iterator[dict[str, Any]]:
         for it in range(100):
             order.append((plan, it))
             yield {"iteration_s": float(it), "events": [], "plan": plan}

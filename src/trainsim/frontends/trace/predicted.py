@@ -169,11 +169,12 @@ CollectiveSeconds = Callable[[str, float, int], float]  # (kind, bytes, ranks) -
 
 def predicted_trace_graph(traces: Sequence[RankTrace], kernels: KernelModels, overheads: dict[str, float],
                           collective_s: CollectiveSeconds,
-                          op_seconds: Sequence[dict[int, float]] | None = None) -> ExecGraph:
+                          op_seconds: Sequence[dict[int, float]] | None = None, *,
+                          blocking_waits: bool = False) -> ExecGraph:
     """The traced ranks' ExecGraph (every rank starting together) with every duration predicted. op_seconds: per
     rank, node id -> seconds of the ops another model prices (a DLRM's lookups: frontends.trace.dlrm_predicted),
-    in place of the kernel models."""
-    graph = to_exec_graph(traces, start_offsets="zero")
+    in place of the kernel models. blocking_waits: as to_exec_graph's."""
+    graph = to_exec_graph(traces, start_offsets="zero", blocking_waits=blocking_waits)
     ops = [{op.node_id: op for op in trace.ops.values()} for trace in traces]
     fallback = float(np.mean(list(overheads.values()))) if overheads else 0.0
     for task in graph.tasks:

@@ -208,6 +208,6 @@ def _summarize(config: DlrmConfig, by_rank: dict[int, Any], world: int,
     probes = {name: tuple(tuple((float(rec["probe_s"][name][0]), float(rec["probe_s"][name][1]))
                                 for rec in records[r]) for r in range(world)) for name in probed}
     per_rank = tuple(tuple(float(rec["iteration_s"]) for rec in records[r]) for r in range(world))
-    traced = tuple(float(by_rank[r]["traced_s"]) for r in range(world)) if config.trace_dir else ()
+    traced = tuple(float(by_rank[r]["traced_s"]) for r in range(world) if "traced_s" in by_rank[r])
     return DlrmMeasurement(config, float(np.median(slowest)), tuple(slowest), events, cpu, load, faults, allocator,
                            probes, per_rank, traced)

@@ -1,6 +1,7 @@
 """A DLRM's execution traces through Algorithm 1 (frontends.trace.dlrm_predicted + predicted): a hand-made 2-rank
 trace with an EmbeddingBag forward, a synchronous all-to-all, the EmbeddingBag backward with its sparse update and
-a dense op, predicted with known kernel times; exact start and end times by hand."""
+a dense op, predicted with known kernel times; exact start and end times by hand. Also the realignment after the
+barrier and to_exec_graph's blocking waits on hand-made traces."""
 
 import math
 
@@ -17,9 +18,10 @@ from trainsim.errors import ConfigError
 from trainsim.estimate.sharded_dlrm import traced_result
 from trainsim.estimate.trace_predict import iteration_s
 from trainsim.frontends.catalog.sharded_dlrm import dlrm_model, sharded_job
-from trainsim.frontends.trace.dlrm_predicted import lookup_op_seconds, piece_from_op
+from trainsim.frontends.trace.dlrm_predicted import lookup_op_seconds, piece_from_op, realign_after_barrier
 from trainsim.frontends.trace.predicted import KernelModels, deduct_profiler, predicted_trace_graph
 from trainsim.frontends.trace.rank_trace import Collective, RankTrace, TensorRef, TraceOp
+from trainsim.frontends.trace.to_exec_graph import to_exec_graph
 from trainsim.ir.model_spec import EmbeddingTable
 
 MS = 1e-3
@@ -130,3 +132,37 @@ def test_traced_result_is_the_engines_result_of_the_simulated_trace() -> None:
     assert result.breakdown["comm"] == pytest.approx(2.2 * MS)
     assert result.peak_memory_bytes == max(m.total_bytes for m in it.memory)
     assert result.timeline is not None
+
+
+def _async_collective(node: int, kind: str, start_ms: float, exec_start_ms: float, exec_ms: float) -> TraceOp:
+    op = _op(node, f"c10d::{kind}", start_ms, 0.1, (), role="collective")
+    op.collective = Collective(kind, "0", 0, 4.0, exec_node=99, exec_start_s=exec_start_ms * MS,
+                               exec_duration_s=exec_ms * MS)
+    return op
+
+
+def test_realign_starts_the_step_where_the_rank_left_the_barrier() -> None:
+    step = _op(0, "ProfilerStep#1", 0.0, 10.0, (), role="container")
+    barrier = _async_collective(1, "barrier", 0.1, 0.15, 2.0)
+    barrier.collective = Collective("barrier", "0", 0, 0.0, exec_node=99, exec_start_s=0.15 * MS,
+                                    exec_duration_s=2.0 * MS)
+    trace = RankTrace(0, "r0", {0: step, 1: barrier}, {}, step=0)
+    realign_after_barrier([trace])
+    assert trace.step_window_s() == pytest.approx((2.15 * MS, 10 * MS))
+    untouched = RankTrace(0, "r0", {0: _op(0, "ProfilerStep#1", 0.0, 10.0, (), role="container")}, {}, step=0)
+    realign_after_barrier([untouched])
+    assert untouched.step_window_s() == pytest.approx((0.0, 10 * MS))
+
+
+def test_blocking_waits_make_an_op_wait_for_a_collective_that_ended_before_it() -> None:
+    """relu 0-1 ms; an all-to-all called at 1.0-1.1 ms whose execution ran 1.1-3.1 ms; detach 3.5-4.0 ms, which
+    reads nothing the all-to-all wrote (gloo's wait is no op in the trace)."""
+    ops = [_op(1, "aten::relu", 0.0, 1.0, ()), _async_collective(2, "alltoall_base_", 1.0, 1.1, 2.0),
+           _op(3, "aten::detach", 3.5, 0.5, ())]
+    trace = RankTrace(0, "r0", {op.node_id: op for op in ops}, {}, world_size=1)
+    for blocking, gap_ms, waits_comm in ((False, 2.4, False), (True, 0.4, True)):
+        graph = to_exec_graph([trace], start_offsets="zero", blocking_waits=blocking)
+        comm = next(t.tid for t in graph.tasks if t.kind == "comm")
+        gap = next(t for t in graph.tasks if t.name == "r0:host gap before aten::detach")
+        assert gap.duration_s == pytest.approx(gap_ms * MS) and (comm in gap.deps) == waits_comm
+        assert iteration_s(graph) == pytest.approx(4.0 * MS)

@@ -2,6 +2,7 @@
 group (with measure.dlrm stubbed: no rank starts here), and `trainsim measure --generated/--dlrm-tasks`'s
 one-line refusals."""
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -152,3 +153,19 @@ def test_measure_refuses_bad_campaign_flags(tmp_path: Path, monkeypatch: pytest.
     assert out.exit_code == 2, out.output
     assert message in out.output and "Traceback" not in out.output
     assert len(out.output.strip().splitlines()) == 1
+
+
+def test_measure_command_runs_a_campaign_and_resumes_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    calls: list[tuple[list[str], int]] = []
+    monkeypatch.setattr(dlrm_campaign, "measure_dlrm", _stub_measure(calls))
+    args = ["measure", "--generated", "2", "--ranks", "2", "--batch", "8,16", "--sharder", "all", "--iterations",
+            "3", "--warmup", "0", "--out", str(tmp_path)]
+    out = runner.invoke(app, [*args, "--json"])
+    assert out.exit_code == 0, out.output
+    record = json.loads(out.output)
+    assert len(record["rows"]) == 2 * 6 * 2 and {r["experiment"] for r in record["rows"]} == {"sharding"}
+    assert [len(names) for names, _ in calls] == [12, 12] and {group for _, group in calls} == {12}
+    again = runner.invoke(app, args)  # resumed: every config is in the CSV, nothing measured; the table printed
+    assert again.exit_code == 0, again.output
+    assert len(calls) == 2 and "heavy0-r2" in again.output and "size-lookup-greedy" in again.output
+    assert (tmp_path / "dlrm_campaign.csv").exists() and (tmp_path / "dlrm_campaign_traces.jsonl").exists()

@@ -93,6 +93,9 @@ def measure(
                                               "2,4)")] = None,
     no_interleave: Annotated[bool, typer.Option("--no-interleave", help="DLRM campaign: a task's configs one after "
                                                 "another (default: one iteration of each in turn)")] = False,
+    traced_iterations: Annotated[int | None, typer.Option(help="DLRM campaign with --execution-trace: traced "
+                                                          "iterations per config (default 1; more: OUT/traces/"
+                                                          "<config>/t0, t1, ...)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     """Run a training job for real (torch.distributed: gloo on CPUs, NCCL on GPUs) and record its iteration
@@ -115,10 +118,12 @@ def measure(
 
         refuse_unsupported(refuse_campaign, "a DLRM campaign (--generated/--dlrm-tasks)")
         measure_campaign(CampaignFlags(dlrm_tasks, generated, task_kind, batch, ranks, sharder, iterations, warmup,
-                                       timeout_s, allocator, not no_interleave, execution_trace, phase_normalise),
+                                       timeout_s, allocator, not no_interleave, execution_trace, phase_normalise,
+                                       traced_iterations),
                          out, as_json)
         return
-    campaign_only = {"task_kind": task_kind, "batch": batch, "ranks": ranks, "no_interleave": no_interleave}
+    campaign_only = {"task_kind": task_kind, "batch": batch, "ranks": ranks, "no_interleave": no_interleave,
+                     "traced_iterations": traced_iterations}
     for name, value in campaign_only.items():
         if value not in (None, False):
             raise ConfigError(name, value, "applies to a DLRM campaign (--generated/--dlrm-tasks) only")

@@ -134,6 +134,7 @@ class CampaignFlags:
     interleave: bool
     execution_trace: bool
     phase_normalise: bool
+    traced_iterations: int | None = None
 
 
 CAMPAIGN_CSV = "dlrm_campaign.csv"
@@ -165,6 +166,8 @@ def parse_campaign(flags: CampaignFlags) -> Any:
     if not 1 <= flags.iterations <= MAX_ITERATIONS or not 0 <= flags.warmup <= MAX_ITERATIONS:
         raise ConfigError("iterations/warmup", (flags.iterations, flags.warmup),
                           f"need iterations 1 to {MAX_ITERATIONS} and warmup 0 to {MAX_ITERATIONS}")
+    if flags.traced_iterations is not None and not flags.execution_trace:
+        raise ConfigError("traced_iterations", flags.traced_iterations, "applies with --execution-trace only")
     if not 0.0 < flags.timeout_s <= MAX_TIMEOUT_S:  # NB: also refuses NaN
         raise ConfigError("timeout_s", flags.timeout_s, f"must be a positive number of seconds, at most "
                           f"{MAX_TIMEOUT_S:g}")
@@ -173,7 +176,8 @@ def parse_campaign(flags: CampaignFlags) -> Any:
                     sharders=sharders_from(flags.sharder or "size-lookup-greedy"), iterations=flags.iterations,
                     warmup=flags.warmup, allocator=check_policy(flags.allocator or DEFAULT_POLICY),
                     probes=PROBES if flags.phase_normalise else (), interleave=flags.interleave,
-                    experiment="sharding" if flags.sharder == "all" else "e2e", timeout_s=flags.timeout_s)
+                    experiment="sharding" if flags.sharder == "all" else "e2e", timeout_s=flags.timeout_s,
+                    traced_iterations=1 if flags.traced_iterations is None else flags.traced_iterations)
 
 
 def measure_campaign(flags: CampaignFlags, out: Path, as_json: bool) -> None:

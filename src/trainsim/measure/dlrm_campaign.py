@@ -27,7 +27,7 @@ from trainsim.embedding.synthetic import TaskKind, generate_task
 from trainsim.embedding.tables import Table
 from trainsim.errors import ConfigError
 from trainsim.ir.model_spec import DlrmSpec, EmbeddingTable
-from trainsim.measure.dlrm import DlrmConfig, DlrmMeasurement, measure_dlrm
+from trainsim.measure.dlrm import MAX_TRACED_ITERATIONS, DlrmConfig, DlrmMeasurement, measure_dlrm
 
 FIELDS = ("experiment", "ranks", "task", "kind", "seed", "tables", "sharder", "local_batch", "measured_s",
           "fastest_s", "load_before", "load_after")
@@ -113,6 +113,7 @@ class Campaign:
     experiment: str = "e2e"  # the CSV's experiment column
     cap_fraction: float = MEMORY_CAP_FRACTION  # the sharders' per-rank memory cap, a share of the device's
     timeout_s: float = 600.0  # per process group
+    traced_iterations: int = 1  # with a trace root: traced iterations per config (measure.dlrm.DlrmConfig)
 
     def __post_init__(self) -> None:
         if not self.tasks:
@@ -124,6 +125,9 @@ class Campaign:
                 raise ConfigError("sharder", name, f"choose one of: {', '.join(SHARDERS)}, or all")
         if not self.sharders or len(set(self.sharders)) != len(self.sharders):
             raise ConfigError("sharder", list(self.sharders), "one or more distinct sharders")
+        if not 1 <= self.traced_iterations <= MAX_TRACED_ITERATIONS:
+            raise ConfigError("traced_iterations", self.traced_iterations,
+                              f"an integer from 1 to {MAX_TRACED_ITERATIONS}")
         if self.iterations < 1 or self.warmup < 0:
             raise ConfigError("iterations/warmup", (self.iterations, self.warmup),
                               "need iterations >= 1 and warmup >= 0")
@@ -174,7 +178,8 @@ def planned_configs(campaign: Campaign, task: CampaignTask, ranks: int, trace_ro
                    "seed": task.seed, "tables": len(tables), "sharder": sharder, "local_batch": batch}
             folder = "" if trace_root is None else str(trace_root / f"{model.name}-{sharder}-b{batch}")
             out.append(PlannedConfig(row, DlrmConfig(f"{model.name}/{sharder}/{batch}", plan, batch, dense,
-                                                     seed=1, trace_dir=folder)))
+                                                     seed=1, trace_dir=folder,
+                                                     traced_iterations=campaign.traced_iterations)))
     return out
 
 
@@ -232,7 +237,8 @@ def trace_record(planned: PlannedConfig, m: DlrmMeasurement, warmup: int) -> dic
     if m.rank_probe_s:
         record.update(rank_iterations_s=m.rank_iterations_s, probe_s=m.rank_probe_s)
     if planned.config.trace_dir:
-        record.update(trace_dir=planned.config.trace_dir, rank_traced_s=m.rank_traced_s,
+        record.update(trace_dir=planned.config.trace_dir, traced_iterations=planned.config.traced_iterations,
+                      rank_traced_s=m.rank_traced_s,
                       rank_iterations_s=m.rank_iterations_s)
     return record
 

@@ -115,14 +115,14 @@ def _nothing() -> None:
 
 def run_interleaved(torch: Any, dist: Any, rank: int, world: int, configs: list[tuple[ShardingPlan, dict[str, Any],
                     int, int]], iterations: int, warmup: int, probes: dict[str, Any] | None = None,
-                    trace_dirs: list[str] | None = None) -> list[dict[str, Any]]:
+                    trace_dirs: list[tuple[str, int]] | None = None) -> list[dict[str, Any]]:
     """Several configs (plan, dense, local_batch, seed) trained side by side, one iteration of each in turn
     (round robin), so that a change in the host's load over the measurement falls on all of them alike: what a
     comparison of configs (the sharders of one task) needs on a shared host. One result per config, as
     run_config's. probes: name -> a probe with time_s() (measure.dlrm_probe), timed around every iteration.
-    trace_dirs: per config, a folder ("" for none) where one more iteration, after the measured ones, is
-    recorded as this rank's PyTorch execution trace and Kineto trace (measure.dlrm_trace); its wall time comes
-    back as the result's traced_s."""
+    trace_dirs: per config, a folder ("" for none) and a count: that many more iterations, after the measured
+    ones, are recorded as this rank's PyTorch execution trace and Kineto trace (measure.dlrm_trace), in the folder
+    (one) or in its subfolders t0, t1, ... (more); their wall times come back as the result's traced_s."""
     hooks = [IterationHooks() for _ in configs]
     steps = [config_iterations(torch, dist, rank, world, *config, probes or {}, hook)
              for config, hook in zip(configs, hooks, strict=True)]
@@ -133,11 +133,13 @@ def run_interleaved(torch: Any, dist: Any, rank: int, world: int, configs: list[
             if it >= warmup:
                 out.append(record)
     results: list[dict[str, Any]] = [{"rank": rank, "records": out} for out in records]
-    for result, step, hook, folder in zip(results, steps, hooks, trace_dirs or [""] * len(configs), strict=True):
+    for result, step, hook, (folder, count) in zip(results, steps, hooks, trace_dirs or [("", 0)] * len(configs),
+                                                   strict=True):
         if folder:
             from trainsim.measure.dlrm_trace import traced_iteration
 
-            result["traced_s"] = traced_iteration(step, hook, rank, folder, dist.barrier)["iteration_s"]
+            result["traced_s"] = [traced_iteration(step, hook, rank, folder if count == 1 else f"{folder}/t{k}",
+                                                   dist.barrier)["iteration_s"] for k in range(count)]
     return results
 
 

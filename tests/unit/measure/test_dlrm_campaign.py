@@ -125,6 +125,10 @@ def test_a_failed_group_leaves_the_files_as_after_the_last_group(monkeypatch: py
     assert [r["task"] for r in kept.rows] == ["heavy0-r2"] and len(kept.trace_lines) == 1
 
 
+def _refuse_to_measure(configs: list[DlrmConfig], **kwargs: Any) -> list[DlrmMeasurement]:
+    raise AssertionError("a refused campaign measured")
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--generated", "0"], "generated"),
     (["--generated", "2", "--batch", "32,x"], "batch"),
@@ -143,11 +147,14 @@ def test_a_failed_group_leaves_the_files_as_after_the_last_group(monkeypatch: py
     (["--batch", "32"], "campaign"),
     (["--ranks", "2", "--sharder", "naive", "--model", "x.yaml"], "campaign"),
     (["--no-interleave"], "campaign"),
+    (["--generated", "2", "--traced-iterations", "3"], "--execution-trace"),
+    (["--generated", "2", "--execution-trace", "--traced-iterations", "0"], "traced_iterations"),
     (["--dlrm-tasks", "missing.yaml"], "missing.yaml"),
 ])
 def test_measure_refuses_bad_campaign_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str],
                                             message: str) -> None:
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(dlrm_campaign, "measure_dlrm", _refuse_to_measure)  # a refusal never starts a rank
     (tmp_path / "tasks.yaml").write_text("tasks:\n  - {kind: heavy, seed: 0}\n")
     out = runner.invoke(app, ["measure", *args, "--out", str(tmp_path / "out")])
     assert out.exit_code == 2, out.output

@@ -64,6 +64,17 @@ class Comm:
 
 
 @dataclass(frozen=True, slots=True)
+class ExpertShard:
+    """The part of an MoE layer's parameters one device holds that are its experts': its ep share of the experts,
+    each split over `tp_degree` tensor-parallel ranks (Megatron-Core's expert_tensor_parallel_size). Their
+    gradients and optimizer states belong to the expert data-parallel group, not the data-parallel one
+    (strategy.expert_groups)."""
+
+    params: float
+    tp_degree: int
+
+
+@dataclass(frozen=True, slots=True)
 class Layer:
     name: str
     kind: LayerKind
@@ -75,6 +86,7 @@ class Layer:
     full_param_count: float  # parameters of the layer before sharding
     saved_bytes: dict[str, float] = field(default_factory=dict)  # recompute mode -> activation bytes kept
     output_bytes: float = 0.0  # activation passed to the next layer (pipeline send size)
+    experts: ExpertShard | None = None  # an MoE layer's experts among param_count (None: no experts)
 
     def flops(self, phase: Phase) -> float:
         return sum(op.flops for op in (self.fwd if phase == "fwd" else self.bwd))
@@ -104,13 +116,16 @@ class MeasuredTrace:
 @dataclass(frozen=True, slots=True)
 class OpGraph:
     """measured: set by the execution-trace front-end (what the traced run did), None for a model built from
-    shapes alone."""
+    shapes alone. frontend: the front-end that built the layers: "catalog" (per-device shapes, Megatron's splits
+    applied by the builder) or a capturing front-end ("torch": one device's whole model, split over tp by a
+    strategy tree's configs, compile.shape_front_end)."""
 
     model_name: str
     layers: tuple[Layer, ...]
     tokens_per_micro_batch: int  # per device, after the context split
     samples_per_micro_batch: int
     measured: MeasuredTrace | None = None
+    frontend: str = "catalog"
 
     @property
     def num_ops(self) -> int:

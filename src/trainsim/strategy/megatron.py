@@ -63,12 +63,18 @@ too: Megatron-Core's expert tensor parallelism (expert_tensor_parallel_size, meg
 model_parallel_config.py and parallel_state.py, megatron-core 0.16.1: the experts' own tp groups of d ranks, ep
 groups and expert data-parallel groups of world / (d x ep x pp) ranks). Under sp an expert op at degree d keeps
 the sequence split of its d ranks' tokens (config seq = tp / d; d = 1: seq = tp, each rank's experts whole on
-its own sequence share); without sp every d-group runs all the micro-batch's tokens. Where d < tp the token
-dispatch follows Megatron-Core's MoEAlltoAllTokenDispatcher (megatron/core/transformer/moe/token_dispatcher.py,
-0.16.1): the all-to-all over ep moves the routed copies of the tokens a rank holds, then the routed tokens are
-all-gathered over the d ranks and reduce-scattered after the experts (none at d = 1); trainsim's Megatron
-split (d = tp) keeps its own order, the hidden state gathered over tp before dispatching all local tokens
-(_read_bytes, _tensor_bytes). Megatron-Core's TopKRouter holds its weight whole on every tp rank and runs it on
+its own sequence share); without sp every d-group runs all the micro-batch's tokens. Where d < tp, and at
+Megatron's split (d = tp) under sp at ep > 1, the token dispatch follows Megatron-Core's
+MoEAlltoAllTokenDispatcher (megatron/core/transformer/moe/token_dispatcher.py, token_permutation in 0.9.0,
+dispatch_postprocess in 0.16.1: the same order): each rank dispatches its own tokens, the all-to-all over ep
+moves their routed copies (T k h / tp per rank under sp), then the routed tokens are all-gathered over the d
+ranks (gather_from_sequence_parallel_region over the expert tp group) and reduce-scattered after the experts
+(none at d = 1). Without sp (which Megatron-Core refuses for MoE training at tp > 1: moe_layer.py) and at ep = 1
+trainsim keeps its order, the hidden state gathered over tp before the experts, every rank dispatching all its
+local tokens (_read_bytes, _tensor_bytes): at ep = 1 the volumes of Megatron-Core's all-gather dispatcher
+(MoEAllGatherTokenDispatcher, the default dispatcher type of 0.9.0). NB: 0.16.1 also moves the routing
+probabilities through the all-to-all and the gather (T k fp32 values per rank, 2 / h of the tokens' bytes),
+not priced. Megatron-Core's TopKRouter holds its weight whole on every tp rank and runs it on
 the rank's tokens (its sequence share under sp, its gradient then summed over tp as the norms' are: the
 weight's `sequence_parallel` attribute, megatron/core/transformer/moe/router.py and
 megatron/core/distributed/finalize_model_grads.py, 0.16.1): Megatron's config here is the norms'. A tree may
@@ -319,8 +325,8 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
         if op.name in _SKIPS and _SKIPS[op.name] in forks:  # the add's other input: the norm's
             forward_skip, backward_skip = _skip_reshards(forks[_SKIPS[op.name]], need,
                                                          input_grad_placement(need, config, contracting), full)
-            forward += _named(_layer_site(kind), axis, forward_skip)
-            backward += _named(_layer_site(kind), axis, backward_skip)
+            forward += _named(layer_site(kind), axis, forward_skip)
+            backward += _named(layer_site(kind), axis, backward_skip)
         if placement is not None:
             routed = dispatch_first and (_expert(op) or (producer is not None and _expert(producer)))
             site, read = _namer(axis, kind, producer, op), _read_bytes(axis, spec, dev, op, full, routed)
@@ -346,6 +352,26 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
         forward += _named(site, axis, reshard(placement, handed, full))
         backward += _named(site, axis, reshard(handed, output_grad_placement(placement), full))
     return forward, backward[::-1]
+
+
+def reshard_tp(site: str, steps: tuple[ReshardStep, ...], column: str = "") -> list[_Found]:
+    """A reshard over tp between two ops of a layer at `site` (attn, mlp, or the layer's: layer_site), named as
+    layer_comms names it (site.kind: attn.ar, mlp.ag, block.ag)."""
+    return _named(site, "tp", steps, column)
+
+
+def op_tp_collectives(spec: TransformerSpec, dev: DeviceSlice, op: Op, config: OpConfig
+                      ) -> tuple[list[_Found], list[_Found]]:
+    """(forward, backward) collectives an op at `config` over tp needs inside itself (_op_collectives): an
+    attention core split by query rows gathers the keys and values, a norm split by its features all-reduces
+    its statistics."""
+    return _op_collectives("tp", dev.tp, spec, dev, op, config, dev.tp)
+
+
+def tp_comms(found: Sequence[_Found], phase: Literal["fwd", "bwd"], size: int) -> list[Comm]:
+    """Found collectives over tp (reshard_tp, op_tp_collectives) as a layer's Comms."""
+    return [Comm(name, step.collective, "tp", phase, step.buffer_bytes, _sub(step, size), column)
+            for name, step, column in found]
 
 
 def _op_collectives(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, op: Op, config: OpConfig,
@@ -393,7 +419,13 @@ def _loss_statistics(fwd: Sequence[Op], dev: DeviceSlice, config_of: Callable[[O
     loss = next((op for op in fwd if op.name == "cross_entropy"), None)
     if loss is None or config_of(loss).out == 1:
         return []
-    config = config_of(loss)
+    return loss_statistics(config_of(loss), dev)
+
+
+def loss_statistics(config: OpConfig, dev: DeviceSlice) -> list[Comm]:
+    """A loss at `config` over tp reading its class dimension split config.out ways: its three per-token
+    statistics (max logit, target logit, sum of exponentials) partial over those ranks, one fp32 all-reduce each
+    (megatron/core/tensor_parallel/cross_entropy.py, megatron-core 0.9)."""
     whole = Placement(dev.tp, config.batch, config.seq)  # each statistic of the op's tokens
     steps = reshard(Placement(dev.tp, config.batch, config.seq, partial=config.out), whole,
                     dev.local_tokens * 4.0)  # fp32
@@ -431,7 +463,7 @@ def _namer(axis: Axis, kind: LayerKind, producer: Op | None, consumer: Op | None
     if axis == "ep":
         return "dispatch" if consumer is not None and _expert(consumer) else "combine"
     ops = [op for op in (consumer, producer) if op is not None]
-    return next((s for s in (_site(op) for op in ops) if s), _layer_site(kind))
+    return next((s for s in (_site(op) for op in ops) if s), layer_site(kind))
 
 
 def _named(site: str, axis: Axis, steps: tuple[ReshardStep, ...], column: str = "") -> list[_Found]:
@@ -457,7 +489,7 @@ def _site(op: Op) -> str:
     return ""
 
 
-def _layer_site(kind: LayerKind) -> str:
+def layer_site(kind: LayerKind) -> str:
     """A block's own site: a reshard between its norms and residual adds and the hidden state it reads or hands
     on (block.ag: a block whose residual adds split the sequence without sp gathers what it hands on)."""
     return {"embedding": "embed", "head": "logits"}.get(kind, "block")
@@ -500,9 +532,10 @@ def _read_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, consumer: O
     runs the all-to-all over ep first, then the all-gather of the routed tokens over the ranks of the expert tp
     group that dispatched other tokens (and the reduce-scatter before the combine's all-to-all):
     MoEAlltoAllTokenDispatcher dispatch_postprocess / combine_preprocess,
-    megatron/core/transformer/moe/token_dispatcher.py, megatron-core 0.16.1. NB: under Megatron's configs of
-    the router and the experts trainsim keeps its order, the hidden state gathered over tp before the dispatch
-    (hidden bytes here, all local tokens over ep: _tensor_bytes)."""
+    megatron/core/transformer/moe/token_dispatcher.py, megatron-core 0.16.1; and so at Megatron's configs of the
+    router and the experts under sp at ep > 1 (dispatch_layout). NB: at those configs without sp or at ep 1
+    trainsim keeps its order, the hidden state gathered over tp before the dispatch (hidden bytes here, all
+    local tokens over ep: _tensor_bytes)."""
     if axis != "tp":
         return hidden
     act, d, f = BYTES_PER_DTYPE[dev.precision.activation_dtype], spec.head_dim, spec.ffn_hidden
@@ -587,20 +620,26 @@ def norm_params(spec: TransformerSpec) -> int:
 
 def dispatch_layout(fwd: Sequence[Op], dev: DeviceSlice, configs: Configs | None) -> Placement | None:
     """How the tp ranks hold the tokens each dispatches to the experts (Placement over tp: batch and seq parts),
-    or None for trainsim's order under Megatron's configs of the router and the experts (the hidden state
-    gathered over tp before the dispatch, every rank dispatching all its local tokens). Where the experts take
-    a tp degree d < tp (Megatron-Core's expert_tensor_parallel_size, megatron/core/model_parallel_config.py,
-    megatron-core 0.16.1) or the router a config of its own, each rank dispatches the tokens its router routed,
+    or None for trainsim's order under Megatron's configs of the router and the experts without sp or at ep 1
+    (the hidden state gathered over tp before the dispatch, every rank dispatching all its local tokens). Where
+    the experts take a tp degree d < tp (Megatron-Core's expert_tensor_parallel_size, megatron/core/
+    model_parallel_config.py, megatron-core 0.16.1), the router a config of its own, or under sp at ep > 1
+    Megatron's (module doc), each rank dispatches the tokens its router routed,
     as Megatron-Core's MoEAlltoAllTokenDispatcher does (megatron/core/transformer/moe/token_dispatcher.py,
     0.16.1), sliced to its experts' tokens where the router ran more (a router whole beside experts on their
     ranks' sequence shares): the finer of the two token splits (dispatch_problem refuses splits that do not
     nest). None for a layer without experts."""
     router = next((op for op in fwd if replicable_module(op) == "router"), None)
     expert = next((op for op in fwd if _expert(op)), None)
-    if configs is None or router is None or expert is None or dev.tp == 1:
+    if router is None or expert is None or dev.tp == 1:
         return None
-    gate, first = configs.get((router.module_path, "tp"), UNSPLIT), configs.get((expert.module_path, "tp"), UNSPLIT)
-    if max(first.out, first.reduce) == dev.tp and gate == megatron_tp(router, dev, dev.tp):
+    if configs is None:
+        gate, first = megatron_tp(router, dev, dev.tp), megatron_tp(expert, dev, dev.tp)
+    else:
+        gate = configs.get((router.module_path, "tp"), UNSPLIT)
+        first = configs.get((expert.module_path, "tp"), UNSPLIT)
+    if max(first.out, first.reduce) == dev.tp and gate == megatron_tp(router, dev, dev.tp) and not (
+            dev.sp and dev.ep > 1):
         return None
     if first.batch * first.seq > gate.batch * gate.seq:
         return Placement(dev.tp, first.batch, first.seq)

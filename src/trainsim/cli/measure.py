@@ -235,7 +235,7 @@ def _has_cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def _progress(as_json: bool, total: int | None) -> Progress:
+def measure_progress(as_json: bool, total: int | None) -> Progress:
     columns: list[Any] = [SpinnerColumn(), TextColumn("{task.description}")]
     if total is not None:
         columns += [BarColumn(), MofNCompleteColumn()]
@@ -253,7 +253,7 @@ def _measure_one(job: Job, out: Path, run_id: str | None, iterations: int, warmu
     spec = make_spec(job, out, run_id=run_id, iterations=iterations, warmup=warmup, timeout_s=timeout_s,
                      threads=threads, profile=profile, execution_trace=execution_trace, **(extra or {}))
     _check_memory(job, spec.device)
-    with _progress(as_json, None) as bar:
+    with measure_progress(as_json, None) as bar:
         task = bar.add_task(f"measuring {spec.run_id} on {job.num_gpus} rank(s) ({spec.device})", total=None)
         try:
             path = launch(spec, job.num_gpus, on_tick=lambda: bar.advance(task, 0))
@@ -288,7 +288,7 @@ def _measure_suite(name: str, out: Path, repeats: int, iterations: int, warmup: 
         typer.echo(render_suite_jobs(describe_suite(name)))
         return
     total = len(suite_jobs(name)) * repeats
-    with _progress(as_json, total) as bar:
+    with measure_progress(as_json, total) as bar:
         task = bar.add_task(f"suite {name}", total=total)
 
         def advanced(rid: str, skipped: bool) -> None:

@@ -183,7 +183,7 @@ def parse_campaign(flags: CampaignFlags) -> Any:
 def measure_campaign(flags: CampaignFlags, out: Path, as_json: bool) -> None:
     """Parse the flags -> run the campaign (measure.dlrm_campaign, resumable: configs already in OUT's CSV are
     skipped) with a progress bar -> render what OUT's CSV holds for the campaign's configs."""
-    from trainsim.cli.measure import _progress
+    from trainsim.cli.measure import measure_progress
     from trainsim.measure.dlrm_campaign import CampaignFiles, campaign_size, run_campaign
 
     campaign = parse_campaign(flags)
@@ -191,7 +191,7 @@ def measure_campaign(flags: CampaignFlags, out: Path, as_json: bool) -> None:
     files = CampaignFiles.open(out / CAMPAIGN_CSV, out / CAMPAIGN_TRACES)
     total = campaign_size(campaign)
     kept = total - _remaining(campaign, files)
-    with _progress(as_json, total) as bar:
+    with measure_progress(as_json, total) as bar:
         task = bar.add_task(f"DLRM campaign: {kept} of {total} configs already in {out / CAMPAIGN_CSV}",
                             total=total, completed=kept)
 

@@ -12,10 +12,11 @@ the device memory.
 from collections.abc import Callable
 
 from trainsim.compile.lower_sharded_dlrm import closed_form_ends_s, lower_sharded_iteration, rank_compute_s
-from trainsim.cost.embedding_lookup import LookupCostModel, RooflineLookup
+from trainsim.cost.embedding_lookup import RooflineLookup
 from trainsim.cost.memory import MemoryEstimate
 from trainsim.cost.pricing import Pricer
 from trainsim.cost.sharded_dlrm import NO_HOST_COST, DenseHostCost, ShardedIteration, price_sharded_iteration
+from trainsim.embedding.lookup_model import LookupCostModel
 from trainsim.embedding.sharding import Optimizer, ShardingPlan
 from trainsim.estimate.result import Result, Timeline, make_result
 from trainsim.ir.exec_graph import ExecGraph

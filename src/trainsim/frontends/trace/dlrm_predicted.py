@@ -19,7 +19,7 @@ from the op's shapes (rows x dim of the weight, samples = the offsets, L = indic
 import math
 from collections.abc import Sequence
 
-from trainsim.cost.embedding_lookup import LookupCostModel
+from trainsim.embedding.lookup_model import LookupCostModel
 from trainsim.embedding.sharding import ShardPiece
 from trainsim.embedding.tables import Table
 from trainsim.errors import ConfigError

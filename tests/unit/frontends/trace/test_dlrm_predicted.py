@@ -8,9 +8,10 @@ import math
 import pytest
 
 from trainsim.catalog import load_cluster
-from trainsim.cost.embedding_lookup import LookupPhase, RooflineLookup
+from trainsim.cost.embedding_lookup import RooflineLookup
 from trainsim.cost.pricing import Pricer
 from trainsim.cost.sharded_dlrm import price_sharded_iteration
+from trainsim.embedding.lookup_model import LookupPhase
 from trainsim.embedding.sharders import shard
 from trainsim.embedding.sharding import ShardPiece
 from trainsim.embedding.tables import Table

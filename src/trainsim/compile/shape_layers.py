@@ -22,6 +22,7 @@ experts, sum the experts' gradient over Megatron-Core's expert data-parallel ran
 import dataclasses
 from collections.abc import Container
 
+from trainsim.compile.shape_front_end import front_end_repeated_flops, shape_front_end_layers
 from trainsim.errors import ConfigError
 from trainsim.frontends.catalog.transformer import block_layer, embedding_layer, expert_params, head_layer
 from trainsim.ir.graph import Layer, OpGraph
@@ -37,6 +38,8 @@ def shape_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
     """The plan with every layer instance some of whose attention, MLP, expert, lookup or vocabulary ops take
     their own config over tp rebuilt for that (module doc); the plan itself where there is none, and where stages
     run their own meshes (each stage's layers are shaped for its mesh: compile.stage_meshes)."""
+    if plan.frontend != "catalog":  # a captured graph: one device's whole model, shaped generically
+        return shape_front_end_layers(job, plan)
     if job.parallel.tp == 1 or not plan.mesh_splits or not isinstance(job.model, TransformerSpec) \
             or plan.stage_meshes:
         return plan
@@ -82,7 +85,7 @@ def shaped_graph_and_repeated_flops(job: Job, graph: OpGraph, plan: LoweredPlan)
             raise ConfigError("engine", "analytical", f"prices each layer once for all its instances; the tree "
                               f"splits the instances of {old.layer.name} over tp differently: use --engine sim")
     return (dataclasses.replace(graph, layers=tuple(by_layer.get(id(layer), layer) for layer in graph.layers)),
-            added_flops(plan, shaped))
+            _repeated(job, plan, shaped))
 
 
 def _layer_configs(plan: LoweredPlan, dev: DeviceSlice) -> list[TpConfigs]:
@@ -166,7 +169,13 @@ def repeated_flops(job: Job, plan: LoweredPlan) -> float:
     on every tp rank, forward, backward and what recompute repeats of them (hardware FLOPs, HFU, count them; model
     FLOPs, MFU, do not). 0 for a plan with Megatron's splits everywhere. (A plan with stage meshes:
     compile.stage_meshes.stage_repeated_flops.)"""
-    return added_flops(plan, shape_layers(job, plan))
+    return _repeated(job, plan, shape_layers(job, plan))
+
+
+def _repeated(job: Job, plan: LoweredPlan, shaped: LoweredPlan) -> float:
+    if plan.frontend != "catalog":
+        return front_end_repeated_flops(plan, shaped, job.parallel.tp)
+    return added_flops(plan, shaped)
 
 
 def added_flops(plan: LoweredPlan, shaped: LoweredPlan, stages: Container[int] | None = None) -> float:

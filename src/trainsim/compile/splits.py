@@ -149,7 +149,7 @@ def plan_splits(plan: LoweredPlan, group: int) -> dict[int, LayerSplit]:
             if op_split is not None and (op_split.weight_out or op_split.weight_reduce):
                 _weight_memory(op, config, op_split, group, a, split, previous)
             split.modules.setdefault(op.module_path, config)
-            placement, in_bytes = produced, _output_bytes(op)
+            placement, in_bytes = produced, op_output_bytes(op)
             previous = (split, op.name)
         split.grad_params -= _table_share(a.layer, split)
         split.held_params -= _table_share(a.layer, split)
@@ -185,7 +185,13 @@ def plan_mesh_comms(plan: LoweredPlan, model: ModelSpec, par: ParallelSpec) -> d
 
 def plan_tp_token_params(plan: LoweredPlan, model: ModelSpec, par: ParallelSpec) -> dict[int, dict[int, float]]:
     """Per expanded layer index, {k: parameters} of its matmuls whose config over tp splits their tokens k ways
-    (strategy.megatron.token_split_params: their gradient is summed over those k tp ranks too); {} where none."""
+    (strategy.megatron.token_split_params: their gradient is summed over those k tp ranks too); {} where none.
+    A captured graph's shaped plan carries its own (compile.shape_front_end)."""
+    if plan.front_end_token_params:
+        captured: dict[int, dict[int, float]] = {}
+        for index, parts, params in plan.front_end_token_params:
+            captured.setdefault(index, {})[parts] = params
+        return captured
     if par.tp == 1 or not plan.mesh_splits or not isinstance(model, TransformerSpec):
         return {}
     configs, dev = plan.tp_configs(), DeviceSlice.of(par)
@@ -207,12 +213,7 @@ def _op_config(op: Op, placement: Placement, given: OpSplit | None, group: int,
     """(the op's config, the input placement it needs, the output placement it makes)."""
     contracting = op.kind in CONTRACTING
     if given is None:
-        feature = 1 if op.kind in WHOLE_FEATURE and not _per_channel(op) else placement.feature
-        need = Placement(group, placement.batch, placement.seq, feature)
-        if contracting:
-            config = OpConfig(need.batch, need.seq, 1, need.feature)
-            return config, need, Placement(group, need.batch, need.seq, 1, need.feature)
-        return OpConfig(need.batch, need.seq, need.feature, 1), need, need
+        return inferred_config(op, placement, group)
     where = f"split.compute at layer {a.index} ({a.layer.name}) {op.module_path}"
     if given.reduce > 1 and not contracting:
         raise ConfigError(f"{where}.reduce", given.reduce, f"a {op.kind} op has no reduction dimension; "
@@ -228,6 +229,19 @@ def _op_config(op: Op, placement: Placement, given: OpSplit | None, group: int,
         raise ConfigError(where, f"batch={batch} seq={seq} out={out} reduce={red}",
                           f"the parts must divide the data-parallel group of {group} ranks")
     return config, input_placement(config, group, contracting), output_placement(config, group, contracting)
+
+
+def inferred_config(op: Op, placement: Placement, group: int) -> tuple[OpConfig, Placement, Placement]:
+    """(config, input placement it needs, output placement it makes) of an op without a config, from its input's
+    placement (Proteus Sec. VII; module doc): batch, sequence and feature splits kept, a matmul or conv reading
+    split features splits its reduction, partial sums added up first, norms (not BatchNorm) and the loss read
+    whole features."""
+    feature = 1 if op.kind in WHOLE_FEATURE and not _per_channel(op) else placement.feature
+    need = Placement(group, placement.batch, placement.seq, feature)
+    if op.kind in CONTRACTING:
+        config = OpConfig(need.batch, need.seq, 1, need.feature)
+        return config, need, Placement(group, need.batch, need.seq, 1, need.feature)
+    return OpConfig(need.batch, need.seq, need.feature, 1), need, need
 
 
 def _add_copies(op: Op, config: OpConfig, placement: Placement, need: Placement, full_in: float, split: LayerSplit,
@@ -332,7 +346,7 @@ def _elem(op: Op) -> int:
     return BYTES_PER_DTYPE[op.dtype]
 
 
-def _output_bytes(op: Op) -> float:
+def op_output_bytes(op: Op) -> float:
     """Bytes of the tensor an op writes on one device of the plain graph."""
     s = op.shape
     if op.kind == "matmul" and len(s) == 4:
@@ -349,7 +363,7 @@ def _input_bytes(op: Op) -> float:
     s = op.shape
     if op.kind == "matmul" and len(s) == 4:
         return float(s[0] * s[1] * s[3]) * _elem(op)
-    return _output_bytes(op)
+    return op_output_bytes(op)
 
 
 def _weight_params(op: Op) -> float:
@@ -358,7 +372,7 @@ def _weight_params(op: Op) -> float:
     s = op.shape
     if op.kind == "matmul" and len(s) == 4:
         return float(s[2] * s[3])
-    outputs = _output_bytes(op) / _elem(op)
+    outputs = op_output_bytes(op) / _elem(op)
     per_output = op.flops / (2.0 * outputs) if outputs > 0 else 0.0
     return per_output * s[1] if op.kind == "conv" and len(s) == 4 else per_output
 
@@ -376,27 +390,27 @@ def scaled_op(op: Op, config: OpConfig, group: int) -> Op:
         dims = {"m": config.seq, "n": config.out, "k": config.reduce}
         order = ("m", "k", "n") if op.name.endswith(".dgrad") else ("k", "n", "m") if op.name.endswith(".wgrad") \
             else ("m", "n", "k")
-        parts = [_part(shape[i + 1], dims[d]) for i, d in enumerate(order)]
+        parts = [ceil_part(shape[i + 1], dims[d]) for i, d in enumerate(order)]
         shape = [max(1, round(shape[0] * batch_scale))] + [part for part, _ in parts]
         for _, excess in parts:
             uneven *= excess
     elif op.kind == "attention" and len(shape) == 4:  # (batch x heads, q, kv, head dim): heads split by out
-        shape[0], uneven = _part(max(1, round(shape[0] * batch_scale)), config.out)
+        shape[0], uneven = ceil_part(max(1, round(shape[0] * batch_scale)), config.out)
     elif op.kind == "conv" and len(shape) == 4:  # (batch, out channels, h, w); in channels follow the FLOPs
         shape[0] = max(1, round(shape[0] * batch_scale))
-        shape[1], uneven = _part(shape[1], config.out)
+        shape[1], uneven = ceil_part(shape[1], config.out)
     elif len(shape) == 1:  # a pointwise op's elements: its share of the batch and of the features
         shape[0] = max(1, round(shape[0] * factor))
     elif shape:  # (batch, ..., features), a lookup's
         shape[0] = max(1, round(shape[0] * batch_scale))
-        shape[-1], uneven = _part(shape[-1], config.out)
+        shape[-1], uneven = ceil_part(shape[-1], config.out)
     if factor == 1.0 and config.parts == group and uneven == 1.0:
         return op  # NB: the graph's op as it was (its shape too) where every part is an even share
     factor *= uneven
     return dataclasses.replace(op, flops=op.flops * factor, bytes_moved=op.bytes_moved * factor, shape=tuple(shape))
 
 
-def _part(size: int, parts: int) -> tuple[int, float]:
+def ceil_part(size: int, parts: int) -> tuple[int, float]:
     """The largest of `parts` near-equal parts of `size` (the ceiling), and its ratio to the even share size /
     parts (1.0 exactly where parts divide size)."""
     if parts <= 1 or size <= 0:

@@ -27,6 +27,7 @@ from trainsim.estimate.interleaved_rounds import interleaved_terms_s
 from trainsim.estimate.result import Result, iteration_time_s, make_result, tokens_per_s
 from trainsim.ir.graph import OpGraph
 from trainsim.job import Job
+from trainsim.strategy.front_end_splits import refuse_whole_model_tp
 
 if TYPE_CHECKING:  # NB: lowered plans (strategy trees) load with the engines that place layers
     from trainsim.strategy.lowered import LoweredPlan
@@ -137,6 +138,7 @@ class AnalyticalEstimator:
         The model FLOPs (MFU) are the unshaped graph's; what the shaped ops repeat on several tp ranks counts in
         HFU only (compile.shape_layers.repeated_flops, from the same shaping), as in the simulator."""
         if plan is None:
+            refuse_whole_model_tp(graph.frontend, job.parallel.tp)
             return self.price(job, graph).result()
         from trainsim.compile.shape_layers import shaped_graph_and_repeated_flops  # NB: loaded for a tree only
 

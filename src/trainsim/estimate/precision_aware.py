@@ -38,6 +38,7 @@ from trainsim.estimate.result import Result, make_result
 from trainsim.hardware.device import BYTES_PER_DTYPE, DeviceSpec
 from trainsim.ir.graph import Layer, OpGraph
 from trainsim.job import Job
+from trainsim.strategy.front_end_splits import refuse_whole_model_tp
 from trainsim.strategy.lowered import LoweredPlan
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.stages import StagePart, plan_stages
@@ -133,6 +134,7 @@ class PrecisionAwareEstimator:
         """graph: the job's per-device graph with per-op precision from the job's precision policy; plan:
         ignored (Algorithm 1 splits the layers evenly)."""
         par = job.parallel
+        refuse_whole_model_tp(graph.frontend, par.tp, self.name)
         subgraphs = partition(graph, par)
         kinds = _stage_kinds(job)
         per_stage: dict[int, float] = {}

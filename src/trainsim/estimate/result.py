@@ -136,11 +136,13 @@ def make_result(engine: str, job: Job, graph: OpGraph, breakdown: dict[str, floa
     iteration = iteration_time_s(job, breakdown)
     breakdown = with_shared_cores(breakdown, job.cluster.device.compute_share)
     full_graph_flops = graph.total_flops("fwd") + graph.total_flops("bwd")
-    # The graph is one device's share of one micro-batch: scale to the whole iteration.
-    shards = par.tp * par.cp
+    # The graph is one device's share of one micro-batch: scale to the whole iteration. A captured graph (not the
+    # catalog's) is the whole model: its tp ranks' shares are in it already.
+    shards = par.tp * par.cp if graph.frontend == "catalog" else 1
     scale = shards * par.global_batch / par.micro_batch
+    per_device_scale = par.tp * par.cp * par.global_batch / par.micro_batch
     model_flops = full_graph_flops * scale
-    hardware_flops = model_flops + (recompute_flops(graph, par.recompute) + repeated_flops) * scale
+    hardware_flops = model_flops + recompute_flops(graph, par.recompute) * scale + repeated_flops * per_device_scale
     peak = job.cluster.device.peak_for(policy_for(par.precision).linear_dtype)
     if not (math.isfinite(iteration) and iteration > 0 and math.isfinite(model_flops) and
             math.isfinite(memory.peak_bytes)):

@@ -104,13 +104,16 @@ class MeasuredTrace:
 @dataclass(frozen=True, slots=True)
 class OpGraph:
     """measured: set by the execution-trace front-end (what the traced run did), None for a model built from
-    shapes alone."""
+    shapes alone. frontend: the front-end that built the layers: "catalog" (per-device shapes, Megatron's splits
+    applied by the builder) or a capturing front-end ("torch": one device's whole model, split over tp by a
+    strategy tree's configs, compile.shape_front_end)."""
 
     model_name: str
     layers: tuple[Layer, ...]
     tokens_per_micro_batch: int  # per device, after the context split
     samples_per_micro_batch: int
     measured: MeasuredTrace | None = None
+    frontend: str = "catalog"
 
     @property
     def num_ops(self) -> int:

@@ -93,6 +93,12 @@ class LoweredPlan:
     # layer indices where the chain of placements of the computation configs over dp starts again in the plain
     # batch split: a model chunk entered from a stage on another mesh (compile.stage_meshes); (): one chain
     chain_starts: frozenset[int] = frozenset()
+    # the front-end that built the layers (ir.graph.OpGraph.frontend): a capturing front-end's layers are one
+    # device's whole model, shaped over tp from mesh_splits by compile.shape_front_end
+    frontend: str = "catalog"
+    # a captured graph's layers once shaped (compile.shape_front_end): (layer index, k, parameters) of its matmuls
+    # and norms whose tp config splits their tokens k ways (their gradient summed over those ranks too)
+    front_end_token_params: tuple[tuple[int, int, float], ...] = ()
 
     def tp_configs(self) -> dict[int, dict[str, OpConfig]]:
         """Per layer index, each op's computation config over tp (by op module path) from mesh_splits."""
@@ -142,6 +148,9 @@ def default_plan(graph: OpGraph, par: ParallelSpec) -> LoweredPlan:
             global_chunk = index * chunks // len(layers)
         assignments.append(LayerAssignment(index, layer, global_chunk % par.pp, global_chunk // par.pp,
                                            par.recompute))
+    if graph.frontend != "catalog":  # no op of a captured graph is split unless a tree says so
+        return LoweredPlan(tuple(assignments), par.pp, par.vpp, par.num_micro_batches, par.schedule,
+                           frontend=graph.frontend)
     return LoweredPlan(tuple(assignments), par.pp, par.vpp, par.num_micro_batches, par.schedule,
                        mesh_splits=megatron_splits(layers, par))
 

@@ -319,8 +319,8 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
         if op.name in _SKIPS and _SKIPS[op.name] in forks:  # the add's other input: the norm's
             forward_skip, backward_skip = _skip_reshards(forks[_SKIPS[op.name]], need,
                                                          input_grad_placement(need, config, contracting), full)
-            forward += _named(_layer_site(kind), axis, forward_skip)
-            backward += _named(_layer_site(kind), axis, backward_skip)
+            forward += _named(layer_site(kind), axis, forward_skip)
+            backward += _named(layer_site(kind), axis, backward_skip)
         if placement is not None:
             routed = dispatch_first and (_expert(op) or (producer is not None and _expert(producer)))
             site, read = _namer(axis, kind, producer, op), _read_bytes(axis, spec, dev, op, full, routed)
@@ -346,6 +346,26 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
         forward += _named(site, axis, reshard(placement, handed, full))
         backward += _named(site, axis, reshard(handed, output_grad_placement(placement), full))
     return forward, backward[::-1]
+
+
+def reshard_tp(site: str, steps: tuple[ReshardStep, ...], column: str = "") -> list[_Found]:
+    """A reshard over tp between two ops of a layer at `site` (attn, mlp, or the layer's: layer_site), named as
+    layer_comms names it (site.kind: attn.ar, mlp.ag, block.ag)."""
+    return _named(site, "tp", steps, column)
+
+
+def op_tp_collectives(spec: TransformerSpec, dev: DeviceSlice, op: Op, config: OpConfig
+                      ) -> tuple[list[_Found], list[_Found]]:
+    """(forward, backward) collectives an op at `config` over tp needs inside itself (_op_collectives): an
+    attention core split by query rows gathers the keys and values, a norm split by its features all-reduces
+    its statistics."""
+    return _op_collectives("tp", dev.tp, spec, dev, op, config, dev.tp)
+
+
+def tp_comms(found: Sequence[_Found], phase: Literal["fwd", "bwd"], size: int) -> list[Comm]:
+    """Found collectives over tp (reshard_tp, op_tp_collectives) as a layer's Comms."""
+    return [Comm(name, step.collective, "tp", phase, step.buffer_bytes, _sub(step, size), column)
+            for name, step, column in found]
 
 
 def _op_collectives(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, op: Op, config: OpConfig,
@@ -393,7 +413,13 @@ def _loss_statistics(fwd: Sequence[Op], dev: DeviceSlice, config_of: Callable[[O
     loss = next((op for op in fwd if op.name == "cross_entropy"), None)
     if loss is None or config_of(loss).out == 1:
         return []
-    config = config_of(loss)
+    return loss_statistics(config_of(loss), dev)
+
+
+def loss_statistics(config: OpConfig, dev: DeviceSlice) -> list[Comm]:
+    """A loss at `config` over tp reading its class dimension split config.out ways: its three per-token
+    statistics (max logit, target logit, sum of exponentials) partial over those ranks, one fp32 all-reduce each
+    (megatron/core/tensor_parallel/cross_entropy.py, megatron-core 0.9)."""
     whole = Placement(dev.tp, config.batch, config.seq)  # each statistic of the op's tokens
     steps = reshard(Placement(dev.tp, config.batch, config.seq, partial=config.out), whole,
                     dev.local_tokens * 4.0)  # fp32
@@ -431,7 +457,7 @@ def _namer(axis: Axis, kind: LayerKind, producer: Op | None, consumer: Op | None
     if axis == "ep":
         return "dispatch" if consumer is not None and _expert(consumer) else "combine"
     ops = [op for op in (consumer, producer) if op is not None]
-    return next((s for s in (_site(op) for op in ops) if s), _layer_site(kind))
+    return next((s for s in (_site(op) for op in ops) if s), layer_site(kind))
 
 
 def _named(site: str, axis: Axis, steps: tuple[ReshardStep, ...], column: str = "") -> list[_Found]:
@@ -457,7 +483,7 @@ def _site(op: Op) -> str:
     return ""
 
 
-def _layer_site(kind: LayerKind) -> str:
+def layer_site(kind: LayerKind) -> str:
     """A block's own site: a reshard between its norms and residual adds and the hidden state it reads or hands
     on (block.ag: a block whose residual adds split the sequence without sp gathers what it hands on)."""
     return {"embedding": "embed", "head": "logits"}.get(kind, "block")

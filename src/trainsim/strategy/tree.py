@@ -38,6 +38,7 @@ from trainsim.errors import ConfigError
 from trainsim.ir.graph import Layer, Op, OpGraph
 from trainsim.specbase import Spec
 from trainsim.strategy.device_slice import DeviceSlice
+from trainsim.strategy.front_end_splits import front_end_mesh_splits
 from trainsim.strategy.lowered import (
     LayerAssignment,
     LoweredPlan,
@@ -343,7 +344,7 @@ class StrategyTree:
         meshes, stage_ranks = self._stage_meshes(par, assignments, num_gpus or par.num_gpus)
         return LoweredPlan(tuple(assignments), par.pp, par.vpp, micro_batches, kind, max_in_flight,
                            self._op_splits(), self._mesh_splits(par, _layer_parallels(par, assignments, meshes)),
-                           meshes, stage_ranks)
+                           meshes, stage_ranks, frontend=self.graph.frontend)
 
     def _op_splits(self) -> tuple[OpSplit, ...]:
         """The computation configs (split item "compute") and weight memory configs (item "weight", dims out and
@@ -375,6 +376,8 @@ class StrategyTree:
         the positions, the head's norm, the logits or the cross-entropy may take a config of its own over its
         stage's tp (strategy.megatron.own_configs; the compiler shapes the ops from these configs and reshards
         between them, compile.shape_layers): ConfigError naming the first op that differs."""
+        if self.graph.frontend != "catalog":  # a captured graph: the tree's configs only (strategy.front_end_splits)
+            return front_end_mesh_splits(self.nodes, self._resolved, [p.tp for p in pars], self.graph.frontend)
         layers = expand_layers(self.graph)
         given_axes = {key.partition("@")[2] for row in self.explicit.values() for key in row if "@" in key}
         if not given_axes:

@@ -161,7 +161,7 @@ def test_torch_fused_graph_keeps_flops_and_fuses_projections(tmp_path: Path) -> 
     assert block.count == 2 and graph.param_count() == catalog.param_count()
 
 
-@pytest.mark.parametrize(("strategy", "field"), [({"tp": 2}, "tp=2"), ({"cp": 2}, "cp=2"),
+@pytest.mark.parametrize(("strategy", "field"), [({"tp": 2, "sp": True}, "sp=True"), ({"cp": 2}, "cp=2"),
                                                   ({"attention": "math"}, "attention='math'")])
 def test_torch_refuses_what_it_cannot_split(tmp_path: Path, strategy: dict[str, object], field: str) -> None:
     path = str(_config(tmp_path, TINY_LLAMA))
@@ -169,6 +169,17 @@ def test_torch_refuses_what_it_cannot_split(tmp_path: Path, strategy: dict[str, 
     with pytest.raises(ConfigError, match=field):
         FRONTENDS.get("torch").graph(path, _job(spec, 2 if "attention" not in strategy else 1, seq_len=64,
                                                 **strategy))
+
+
+def test_torch_graph_at_tp_2_is_the_whole_model(tmp_path: Path) -> None:
+    """tp > 1 captures one device's whole model (OpGraph.frontend "torch"): a strategy tree's configs over tp
+    shape it (compile.shape_front_end; without one the compiler refuses)."""
+    path = str(_config(tmp_path, TINY_LLAMA))
+    frontend = FRONTENDS.get("torch")
+    spec = frontend.model_spec(path)
+    whole = frontend.graph(path, _job(spec, 1, seq_len=64))
+    split = frontend.graph(path, _job(spec, 2, seq_len=64, tp=2))
+    assert split.frontend == "torch" and split.total_flops("fwd") == whole.total_flops("fwd")
 
 
 def test_torch_refuses_a_cnn() -> None:

@@ -100,7 +100,7 @@ def graph_from_module(model: ModuleOrFactory, example_inputs: Mapping[str, Input
         fuse_log(capture.log)
     layers = build_layers(capture.log, capture.container, capture.model, capture.params, repeat_count)
     label = name or type(capture.model).__name__
-    return OpGraph(label, layers, mb * seq, mb)
+    return OpGraph(label, layers, mb * seq, mb, frontend="torch")
 
 
 def capture_step(model: ModuleOrFactory, example_inputs: Mapping[str, InputSpec] | Sequence[InputSpec], *,

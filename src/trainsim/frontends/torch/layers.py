@@ -117,6 +117,10 @@ def _blocks(log: OpLog, container: Container, module: nn.Module, params: dict[st
             count = len(container.children) if container.truncated else len(members)
             if repeat_count is not None and len(groups) == 1:
                 count = repeat_count
+            elif repeat_count is not None and index == 0 and repeat_count > len(container.traced):
+                # the traced blocks differ (the last one's backward reads the head's gradient): the blocks not
+                # traced repeat the first
+                count += repeat_count - len(container.traced)
             name = "block" if len(groups) == 1 else f"block.{index}"
             kind: LayerKind = "block"
         else:

@@ -1,0 +1,78 @@
+"""A strategy tree's computation configs over tp on a capturing front-end's graph (Proteus Sec. IV-B: a split on
+any op takes effect).
+
+A captured graph (the torch front-end's: ir.graph.OpGraph.frontend) is one device's whole model, its ops named as
+the framework's kernels (addmm, native_layer_norm, fused element-wise groups) under their module paths, with no
+Megatron vocabulary to place splits by. The tree gives an op a config over tp where a split item "compute" with
+axis tp reaches its node (set there or inherited from an ancestor; parts 1 sets "whole" explicitly); every other
+op is left to the compiler, which infers its config from its input along the op chain (Proteus Sec. VII;
+compile.shape_front_end). Only tp splits a captured graph: cp and ep are refused by the front-end.
+"""
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from trainsim.errors import ConfigError
+from trainsim.ir.graph import Op
+from trainsim.strategy.lowered import MeshSplit
+from trainsim.strategy.megatron import COMPUTE_PARTS
+from trainsim.strategy.placement import CONTRACTING, OpConfig
+
+
+class _Value(Protocol):
+    @property
+    def value(self) -> object: ...
+
+
+class _Node(Protocol):
+    @property
+    def layer_index(self) -> int: ...
+
+    @property
+    def fwd(self) -> tuple[Op, ...]: ...
+
+
+def refuse_whole_model_tp(frontend: str, tp: int, engine: str = "") -> None:
+    """A captured graph at tp > 1 is priced only through a strategy tree's configs over tp (an engine that places
+    no plan, or no tree, would price one device's whole model as each tp rank's share): ConfigError."""
+    if frontend == "catalog" or tp == 1:
+        return
+    needs = f"the {engine} engine takes no tree: use --engine sim or analytical with " if engine else "give "
+    raise ConfigError("tp", tp, f"the {frontend} front-end's graph is one device's whole model: {needs}a strategy "
+                      "tree that splits its ops over tp (--tree, split item compute, axis tp), or use tp=1")
+
+
+def front_end_mesh_splits(nodes: Mapping[str, _Node], resolved: Mapping[str, Mapping[str, _Value]],
+                          tps: Sequence[int], frontend: str) -> tuple[MeshSplit, ...]:
+    """The tp configs a tree gives the ops of a captured graph (module doc), in node order. tps: per layer
+    instance, its stage's tp. ConfigError for a split over another axis, parts whose product does not divide tp,
+    or a reduce split of an op without a reduction dimension."""
+    out: list[MeshSplit] = []
+    for path, node in nodes.items():
+        if not node.fwd or node.layer_index < 0:
+            continue
+        row = resolved[path]
+        for key in row:
+            axis = key.partition("@")[2]
+            if axis and axis != "tp":
+                raise ConfigError(f"{path}.{key}", row[key].value, f"the {frontend} front-end's graph splits over "
+                                  "tp only (cp and ep need the catalog front-end)")
+        keys = [f"split.compute.{dim}@tp" for dim in COMPUTE_PARTS]
+        if not any(key in row for key in keys):
+            continue
+        config = OpConfig(*(int(str(row[key].value)) if key in row else 1 for key in keys))
+        tp = tps[node.layer_index]
+        if tp % config.parts:
+            raise ConfigError(f"{path} split.compute@tp", config_text(config),
+                              f"the parts' product must divide tp={tp}")
+        for op in node.fwd:
+            if config.reduce > 1 and op.kind not in CONTRACTING:
+                raise ConfigError(f"{path} split.compute@tp", config_text(config), f"{op.name} is a {op.kind} op, "
+                                  "with no reduction dimension: split its batch, seq or out, or reduce on a matmul")
+            out.append(MeshSplit(node.layer_index, op.module_path, "tp", config))
+    return tuple(dict.fromkeys(out))
+
+
+def config_text(config: OpConfig) -> str:
+    """A config's parts above 1, as a tree writes them ("out=2 reduce=2"; "nothing")."""
+    return " ".join(f"{dim}={getattr(config, dim)}" for dim in COMPUTE_PARTS if getattr(config, dim) > 1) or "nothing"

@@ -1,0 +1,260 @@
+"""Splits over tp on the torch front-end's captured graph (compile.shape_front_end, strategy.front_end_splits):
+a tiny Hugging Face GPT-2 (2 blocks, hidden 64, 4 heads of 16, ffn 256, vocab 512) at micro-batch 2 x 32 tokens
+in bf16, tp 2 x dp 4 on A100s, against the catalog GPT of the same shape (differential), plus exact cases and the
+one-line refusals.
+
+A hidden state of the micro-batch: 64 tokens x 64 x 2 bytes = 8192 bytes. A block's parameters: qkv 64 x 192 +
+192 = 12480, the projection 64 x 64 + 64 = 4160, fc1 64 x 256 + 256 = 16640, fc2 256 x 64 + 64 = 16448, two
+LayerNorms 2 x 128: 49984.
+"""
+
+from typing import Any
+
+import pytest
+
+from conftest import a100_cluster
+from trainsim.catalog.hf_config import model_from_hf_config
+from trainsim.compile.shape_layers import shape_layers
+from trainsim.compile.splits import plan_mesh_comms
+from trainsim.errors import ConfigError
+from trainsim.frontends.catalog.transformer import build_transformer
+from trainsim.ir.graph import Comm, Layer, OpGraph
+from trainsim.ir.model_spec import TransformerSpec
+from trainsim.job import Job, make_job
+from trainsim.pipeline import predict
+from trainsim.strategy.device_slice import DeviceSlice
+from trainsim.strategy.lowered import LoweredPlan, default_plan
+from trainsim.strategy.parallel import ParallelSpec
+from trainsim.strategy.tree import StrategyTree
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+CONFIG: dict[str, Any] = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 512,
+                          "n_positions": 64, "bos_token_id": None, "eos_token_id": None}
+HIDDEN_BYTES = 64 * 64 * 2
+BLOCK_PARAMS = 49984
+ATTN = [("blocks.*.*.attn.c_attn", "out"), ("blocks.*.*.attn.c_proj", "reduce")]
+MLP = [("blocks.*.*.mlp.c_fc", "out"), ("blocks.*.*.mlp.c_proj", "reduce")]
+CATALOG_ATTN = [("blocks.*.attn.qkv", "out"), ("blocks.*.attn.core", "out"), ("blocks.*.attn.out", "reduce")]
+CATALOG_MLP = [("blocks.*.mlp.fc1", "out"), ("blocks.*.mlp.act", "out"), ("blocks.*.mlp.fc2", "reduce")]
+# captured module path (relative to the block) -> the catalog op of the same matmul or core
+SAME_OP = {"attn.c_attn": "qkv", "attn": "attention", "attn.c_proj": "out_proj", "mlp.c_fc": "fc1",
+           "mlp.c_proj": "fc2"}
+
+
+@pytest.fixture(scope="module")
+def captured() -> OpGraph:
+    from trainsim.frontends.torch.hf import graph_from_hf_config
+
+    return graph_from_hf_config(CONFIG, micro_batch=2, seq_len=32, precision="bf16", fused=True)
+
+
+def _job(tp: int = 2, dp: int = 4) -> Job:
+    spec = model_from_hf_config(CONFIG, name="gpt2-tiny")
+    assert isinstance(spec, TransformerSpec)
+    par = ParallelSpec.parse({"micro_batch": 2, "seq_len": 32, "global_batch": 2 * dp, "tp": tp, "dp": dp,
+                              "precision": "bf16"})
+    return make_job(spec, a100_cluster(tp * dp), par)
+
+
+def _tree_plan(job: Job, graph: OpGraph, splits: list[tuple[str, str]], parts: int = 2) -> LoweredPlan:
+    tree = StrategyTree.from_graph(graph)
+    for path, dim in splits:
+        tree = tree.split(path, "compute", dim, parts, axis="tp")
+    return tree.lower(job.parallel)
+
+
+def _catalog(job: Job, splits: list[tuple[str, str]]) -> tuple[LoweredPlan, dict[int, tuple[Comm, ...]]]:
+    graph = build_transformer(job.model, DeviceSlice.of(job.parallel))  # type: ignore[arg-type]
+    plan = shape_layers(job, _tree_plan(job, graph, splits))
+    return plan, plan_mesh_comms(plan, job.model, job.parallel)
+
+
+def _comm_keys(comms: tuple[Comm, ...]) -> list[tuple[str, str, str, float, int, bool]]:
+    return sorted((c.name, c.collective, c.phase, c.buffer_bytes, c.ranks, bool(c.column_input)) for c in comms)
+
+
+def _relative(layer: Layer, path: str) -> str:
+    """A captured block op's module path below its block (transformer.h.<i>., model.layers.<i>.)."""
+    parts = path.split(".")
+    return ".".join(parts[3:]) if len(parts) > 2 and parts[2].isdigit() else path
+
+
+def _bwd_matmul_flops(layer: Layer, catalog: bool, same: dict[str, str] = SAME_OP) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for op in layer.bwd:
+        if op.kind != "matmul":
+            continue
+        name = op.name.split(".")[0] if catalog else same.get(_relative(layer, op.module_path), "")
+        out[name] = out.get(name, 0.0) + op.flops
+    return out
+
+
+@pytest.mark.parametrize(("traced", "catalog"), [(ATTN, CATALOG_ATTN), (ATTN + MLP, CATALOG_ATTN + CATALOG_MLP)],
+                         ids=["attention", "attention+mlp"])
+def test_captured_gpt2_split_matches_the_catalog_gpt(captured: OpGraph, traced: list[tuple[str, str]],
+                                                     catalog: list[tuple[str, str]]) -> None:
+    """The same split on both front-ends: each matmul's and the core's forward FLOPs, the backward matmuls'
+    FLOPs per module, and every layer's collectives (name, kind, phase, bytes, ranks) agree exactly."""
+    job = _job()
+    shaped = shape_layers(job, _tree_plan(job, captured, traced))
+    reference, reference_comms = _catalog(job, catalog)
+    assert len(shaped.layers) == len(reference.layers) == 4
+    for mine, theirs in zip(shaped.layers, reference.layers, strict=True):
+        assert _comm_keys(mine.layer.comms) == _comm_keys(reference_comms.get(theirs.index, ())), mine.layer.name
+        if mine.layer.kind != "block":
+            continue
+        ours = {SAME_OP[_relative(mine.layer, op.module_path)]: op.flops for op in mine.layer.fwd
+                if _relative(mine.layer, op.module_path) in SAME_OP and op.kind in ("matmul", "attention")}
+        assert ours == {op.name: op.flops for op in theirs.layer.fwd if op.name in ours}
+        assert _bwd_matmul_flops(mine.layer, False) == _bwd_matmul_flops(theirs.layer, True)
+    assert not shaped.mesh_splits  # the collectives travel in the shaped layers
+
+
+def test_attention_split_exact_collectives_and_weights(captured: OpGraph) -> None:
+    """c_attn by out, c_proj by reduce: one all-reduce of the hidden state each way per block (attn.ar), qkv's
+    input gradient as the column-parallel one (its backward overlap); qkv holds half its weight and bias, the
+    projection half its weight and its whole bias, the norms whole: 49984 - (6144 + 96) - 2048 = 41696 (the
+    catalog counts 41536: it divides the norms and the projection's bias by tp too, 160 fewer)."""
+    job = _job()
+    plan = shape_layers(job, _tree_plan(job, captured, ATTN))
+    block = plan.layers[1].layer
+    assert [(c.name, c.collective, c.phase, c.buffer_bytes, c.ranks) for c in block.comms] == [
+        ("attn.ar", "all-reduce", "fwd", HIDDEN_BYTES, 0), ("attn.ar", "all-reduce", "bwd", HIDDEN_BYTES, 0)]
+    assert block.comms[1].column_input == "transformer.h.0.attn.c_attn" and not block.comms[0].column_input
+    assert block.param_count == BLOCK_PARAMS - (6144 + 96) - 2048 == 41696
+    assert _catalog(job, CATALOG_ATTN)[0].layers[1].layer.param_count == 41696 - 160
+    qkv = next(op for op in block.fwd if op.module_path.endswith("attn.c_attn"))
+    core = next(op for op in block.fwd if op.kind == "attention")
+    assert (qkv.shape, qkv.flops) == ((1, 64, 96, 64), 2 * 64 * 96 * 64)
+    assert core.shape == (4, 32, 32, 16)  # 2 samples x 2 of 4 heads
+    mask = next(op for op in block.fwd if op.module_path.endswith("attn") and op.kind == "elementwise")
+    assert mask.shape == (2, 1, 32, 32)  # off the chain (its last dim is not the features): whole
+
+
+def test_matmul_split_by_tokens_holds_its_weight_and_sums_its_gradient(captured: OpGraph) -> None:
+    """c_fc by seq 2: its FLOPs halve, it holds its whole weight (no parameter shed) and sums its gradient over
+    the 2 tp ranks (16640 parameters); the activation and c_proj keep the sequence split (inferred), the block
+    hands on the whole hidden state: block.ag forward, mlp.ag of c_fc's input gradient backward."""
+    job = _job()
+    plan = shape_layers(job, _tree_plan(job, captured, [("blocks.*.*.mlp.c_fc", "seq")]))
+    block = plan.layers[1].layer
+    fc1 = next(op for op in block.fwd if op.module_path.endswith("mlp.c_fc"))
+    fc2 = next(op for op in block.fwd if op.module_path.endswith("mlp.c_proj"))
+    assert (fc1.shape, fc1.flops) == ((1, 32, 256, 64), 2 * 32 * 256 * 64)
+    assert (fc2.shape, fc2.flops) == ((1, 32, 64, 256), 2 * 32 * 64 * 256)
+    assert block.param_count == BLOCK_PARAMS
+    assert (1, 2, 16640.0) in plan.front_end_token_params and (2, 2, 16640.0) in plan.front_end_token_params
+    assert [(c.name, c.collective, c.phase, c.buffer_bytes) for c in block.comms] == [
+        ("block.ag", "all-gather", "fwd", HIDDEN_BYTES), ("mlp.ag", "all-gather", "bwd", HIDDEN_BYTES)]
+
+
+def test_sim_and_analytical_agree_and_mfu_counts_the_model_once(captured: OpGraph) -> None:
+    """Both engines price the shaped graph; MFU's model FLOPs are the captured (whole) graph's, not tp times
+    them: the same as the catalog's at tp 1 over the same GPUs."""
+    job = _job()
+    plan = _tree_plan(job, captured, ATTN + MLP)
+    sim = predict(job, "sim", graph=captured, plan=plan)
+    closed = predict(job, "analytical", graph=captured, plan=plan)
+    assert sim.iteration_time_s == pytest.approx(closed.iteration_time_s, rel=1e-6)
+    whole = captured.total_flops("fwd") + captured.total_flops("bwd")
+    assert sim.model_flops_per_iteration == pytest.approx(whole * job.parallel.global_batch / 2)
+    assert sim.hfu > sim.mfu  # the embedding and head run whole on both tp ranks
+
+
+@pytest.mark.parametrize(("splits", "parts", "field", "words"), [
+    ([("blocks.*.*.ln_1", "reduce")], 2, "ln_1 split.compute@tp", "no reduction dimension"),
+    ([("blocks.*.*.attn.c_attn", "out")], 4, "c_attn split.compute@tp", "must divide tp=2"),
+    ([("embedding.transformer.wte", "out")], 2, "wte", "embedding op is not shaped"),
+    # attn's out inherited by c_proj beside its own reduce: out=2 reduce=2, 4 parts on 2 ranks
+    ([("blocks.*.*.attn", "out"), ("blocks.*.*.attn.c_proj", "reduce")], 2, "c_proj split.compute@tp",
+     "must divide tp=2"),
+])
+def test_bad_configs_are_refused_in_one_line(captured: OpGraph, splits: list[tuple[str, str]], parts: int,
+                                             field: str, words: str) -> None:
+    job = _job()
+    with pytest.raises(ConfigError) as info:
+        shape_layers(job, _tree_plan(job, captured, splits, parts))
+    message = str(info.value)
+    assert "\n" not in message and words in message and field in message
+
+
+def test_tp_without_a_tree_is_refused(captured: OpGraph) -> None:
+    """No engine prices one device's whole model as a tp rank's share: the compiler without a tree, the
+    analytical engine without a plan, the precision-aware engine (which takes none) at all."""
+    job = _job()
+    with pytest.raises(ConfigError, match="give a strategy tree that splits its ops over tp"):
+        shape_layers(job, default_plan(captured, job.parallel))
+    for engine in ("sim", "analytical"):
+        with pytest.raises(ConfigError, match="give a strategy tree"):
+            predict(job, engine, graph=captured)
+    with pytest.raises(ConfigError, match="the precision-aware engine takes no tree"):
+        predict(job, "precision-aware", graph=captured, plan=_tree_plan(job, captured, ATTN))
+
+
+LLAMA: dict[str, Any] = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 176,
+                         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+                         "max_position_embeddings": 64}
+LLAMA_SAME_OP = {"self_attn": "qkv", "self_attn.o_proj": "out_proj", "mlp": "gate_up", "mlp.down_proj": "down"}
+
+
+def test_captured_llama_megatron_split_matches_the_catalog_llama() -> None:
+    """A LLaMA block (GQA, RoPE, SwiGLU, RMSNorm) as torch.fuse leaves it: q, k and v one GEMM, gate and up one,
+    each with the rope or SiLU under the same module (self_attn, mlp). The tree splits those modules by out and
+    writes o_proj and down_proj by reduce (their inherited out set back to 1): the catalog LLaMA's Megatron
+    attention and MLP, matmul and core FLOPs and collectives equal (the hidden state moves in bf16 though the
+    fused RMSNorm group is labelled fp32); 64 parameters more than the catalog's (its norms' gains divided by
+    tp)."""
+    from trainsim.frontends.torch.hf import graph_from_hf_config
+
+    graph = graph_from_hf_config(LLAMA, micro_batch=2, seq_len=32, precision="bf16", fused=True)
+    spec = model_from_hf_config(LLAMA, name="llama-tiny")
+    par = ParallelSpec.parse({"micro_batch": 2, "seq_len": 32, "global_batch": 8, "tp": 2, "dp": 4,
+                              "precision": "bf16"})
+    job = make_job(spec, a100_cluster(8), par)
+    tree = StrategyTree.from_graph(graph)
+    for path, dim, parts in [("blocks.*.*.self_attn", "out", 2), ("blocks.*.*.self_attn.o_proj", "out", 1),
+                             ("blocks.*.*.self_attn.o_proj", "reduce", 2), ("blocks.*.*.mlp", "out", 2),
+                             ("blocks.*.*.mlp.down_proj", "out", 1), ("blocks.*.*.mlp.down_proj", "reduce", 2)]:
+        tree = tree.split(path, "compute", dim, parts, axis="tp")
+    shaped = shape_layers(job, tree.lower(par))
+    reference, reference_comms = _catalog(job, [
+        ("blocks.*.attn.qkv", "out"), ("blocks.*.attn.rope", "out"), ("blocks.*.attn.core", "out"),
+        ("blocks.*.attn.out", "reduce"), ("blocks.*.mlp.gate_up", "out"), ("blocks.*.mlp.act", "out"),
+        ("blocks.*.mlp.down", "reduce")])
+    for mine, theirs in zip(shaped.layers, reference.layers, strict=True):
+        assert _comm_keys(mine.layer.comms) == _comm_keys(reference_comms.get(theirs.index, ())), mine.layer.name
+        if mine.layer.kind != "block":
+            continue
+        ours = {LLAMA_SAME_OP[_relative(mine.layer, op.module_path)]: op.flops for op in mine.layer.fwd
+                if op.kind == "matmul"}
+        ours["attention"] = next(op.flops for op in mine.layer.fwd if op.kind == "attention")
+        assert ours == {op.name: op.flops for op in theirs.layer.fwd if op.name in ours}
+        assert _bwd_matmul_flops(mine.layer, False, LLAMA_SAME_OP) == _bwd_matmul_flops(theirs.layer, True)
+        assert mine.layer.param_count == theirs.layer.param_count + 64
+
+
+def test_captured_head_split_by_vocabulary_matches_the_catalog_head() -> None:
+    """An untied GPT-2's head at Megatron's vocab-parallel split: lm_head by out, the loss by its classes (the
+    cast to fp32 between them inferred), ln_f written whole. As the catalog's head.proj and head.loss: the
+    projection's input gradient all-reduced (logits.ar, 8192 bytes, column input) and the loss's three fp32
+    statistics (64 tokens x 4 bytes each); the head holds half its 512 x 64 projection."""
+    from trainsim.frontends.torch.hf import graph_from_hf_config
+
+    untied = {**CONFIG, "tie_word_embeddings": False}
+    graph = graph_from_hf_config(untied, micro_batch=2, seq_len=32, precision="bf16", fused=True)
+    spec = model_from_hf_config(untied, name="gpt2-untied")
+    par = ParallelSpec.parse({"micro_batch": 2, "seq_len": 32, "global_batch": 8, "tp": 2, "dp": 4,
+                              "precision": "bf16"})
+    job = make_job(spec, a100_cluster(8), par)
+    tree = StrategyTree.from_graph(graph).split("head", "compute", "out", 2, axis="tp")
+    tree = tree.split("head.transformer.ln_f", "compute", "out", 1, axis="tp")
+    head = shape_layers(job, tree.lower(par)).layers[-1].layer
+    reference, reference_comms = _catalog(job, [("head.proj", "out"), ("head.loss", "out")])
+    assert _comm_keys(head.comms) == _comm_keys(reference_comms[reference.layers[-1].index])
+    assert [(c.name, c.buffer_bytes) for c in head.comms] == [
+        ("logits.ar", HIDDEN_BYTES), ("loss.max", 256.0), ("loss.target", 256.0), ("loss.sum_exp", 256.0)]
+    assert head.param_count == 128 + 512 * 64 / 2
+    logits = next(op for op in head.fwd if op.kind == "matmul")
+    assert logits.flops == next(op.flops for op in reference.layers[-1].layer.fwd if op.name == "logits")

@@ -1,12 +1,13 @@
 """Per-op tp plans of a small GPT measured on this machine's gloo ranks against `trainsim predict --tree F --engine
-sim` (docs/strategy-tree.md, "Model-parallel splits other than Megatron's", sixteenth and seventeenth sessions).
+sim` (docs/strategy-tree.md, "Model-parallel splits other than Megatron's", sixteenth to eighteenth sessions).
 
 The model is the Table IV analogue's GPT-2 (data/strategies/proteus/small/models/gpt2-small.yaml: 4 layers of 256,
 4 heads, vocabulary 4096, tied), micro-batch 4 x 128 tokens, fp32, one intra-op thread per rank. The plans: plain
 Megatron tp 2 (`--tp 2`, no tree) and the trees data/strategies/megatron/gpt-small-tp2-*.yaml on 2 ranks, plain
 tp 4 and gpt-small-tp4-mlp-tp2.yaml on 4; the seventeenth session's splits other than Megatron's
-(gpt-small-tp2-{qkv-reduce,attn-seq,mlp-tokens,norms-seq}.yaml, measure/op_splits.py) on 2. Steps, each timed
-one under the timing lock:
+(gpt-small-tp2-{qkv-reduce,attn-seq,mlp-tokens,norms-seq}.yaml, measure/op_splits.py) on 2; the eighteenth's
+norms and adds by features and adds by tokens (gpt-small-tp2-{norms-features,adds-features,adds-seq}.yaml,
+measure/hidden_splits.py) on 2. Steps, each timed one under the timing lock:
 
     flock /tmp/trainsim-timing.lock python scripts/op_tp_ground_truth.py --profile --out OUT     # ops, collectives
     flock /tmp/trainsim-timing.lock python scripts/op_tp_ground_truth.py --measure --out OUT     # one pass; repeat
@@ -47,6 +48,9 @@ PLANS: dict[str, tuple[int, str | None]] = {
     # seventeenth session: the splits other than Megatron's (measure/op_splits.py)
     "tp2 qkv-reduce": (2, "gpt-small-tp2-qkv-reduce.yaml"), "tp2 attn-seq": (2, "gpt-small-tp2-attn-seq.yaml"),
     "tp2 mlp-tokens": (2, "gpt-small-tp2-mlp-tokens.yaml"), "tp2 norms-seq": (2, "gpt-small-tp2-norms-seq.yaml"),
+    # eighteenth session: the norms and the adds by features, the adds by tokens (measure/hidden_splits.py)
+    "tp2 norms-features": (2, "gpt-small-tp2-norms-features.yaml"),
+    "tp2 adds-features": (2, "gpt-small-tp2-adds-features.yaml"), "tp2 adds-seq": (2, "gpt-small-tp2-adds-seq.yaml"),
 }
 SIZES = "1KiB,16KiB,128KiB,512KiB,1MiB,2MiB,4MiB,8MiB,16MiB"  # the plans move 2 KiB (statistics) to 8 MiB (logits)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import yaml
 
 from trainsim.calibrate.fit import fit_micro
 from trainsim.catalog import load_cluster, load_model
@@ -75,6 +76,20 @@ hidden: 32
 num_heads: 4
 ffn_hidden: 128
 """
+
+# the tiny GPT without biases, every block a mixture of 4 experts, top-2
+TINY_MOE_MODEL_YAML = (TINY_GPT_MODEL_YAML.replace("name: tiny-gpt", "name: tiny-moe")
+                       .replace("bias: true", "bias: false") + "num_experts: 4\ntop_k: 2\nmoe_every: 1\n")
+
+
+def tiny_moe_job(tp: int = 2, ep: int = 2, sp: bool = True, **settings: Any) -> Job:
+    """The tiny MoE (TINY_MOE_MODEL_YAML) on 8 A100s at tp x ep x dp (8 / tp), 2 sequences of 32 tokens a
+    micro-batch, 32 a step; `settings`: more ParallelSpec keys (zero, cp ...)."""
+    spec = parse_model(yaml.safe_load(TINY_MOE_MODEL_YAML))
+    par = ParallelSpec.parse({"micro_batch": 2, "seq_len": 32, "global_batch": 32, "tp": tp, "ep": ep, "sp": sp,
+                              **settings})
+    return make_job(spec, a100_cluster(8), par)
+
 
 # Where hand-filled profile measurements are filed: this machine's CPU, one thread.
 PROFILE_ENV = Environment("cpu-local", "torch test", 1, "test cpu")

@@ -50,6 +50,9 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter("compute", "matmul_training_factor", 1.0, 0.3, 1.3),
     Parameter("compute", "attention_efficiency", 0.5, 0.1, 1.5),
     Parameter("compute", "flash3_attention_efficiency", 0.9, 0.1, 1.5),
+    # the prior: FlashAttention-2's and cuDNN's forward + backward on an H100 reach half their long-sequence rate
+    # near a thousand keys (data/ground-truth/h100-kernels; cost.compute.key_loop_efficiency)
+    Parameter("compute", "attention_half_kv_tokens", 1024.0, 16.0, 16384.0, log=True),
     Parameter("compute", "memory_efficiency", 0.8, 0.2, 1.0),
     Parameter("compute", "kernel_overhead_s", 4e-6, 1e-7, 1e-4, log=True),
     Parameter("runtime", "overlap_slowdown", 0.1, 0.0, 1.0),
@@ -111,6 +114,13 @@ def _start(param: Parameter, base: Calibration) -> float:
     return float(getattr(getattr(base, param.section), param.name))
 
 
+def _start_value(param: Parameter, start: Calibration, base: Calibration) -> float:
+    """`start`'s value of a parameter; a log-space parameter at 0 there (a fit written before the parameter was
+    priced: its "no such cost") starts from its own start instead."""
+    value = float(getattr(getattr(start, param.section), param.name))
+    return _start(param, base) if param.log and value <= 0.0 else value
+
+
 def fit_runtime(base: Calibration, samples: Sequence[FitSample], progress: Callable[[], None] | None = None,
                 start: Calibration | None = None, tolerance: float = 1e-8, workers: int = 1) -> Calibration:
     """progress: called once per evaluation of the residuals (each predicts every sample once). start: a fit to
@@ -135,7 +145,7 @@ def fit_runtime(base: Calibration, samples: Sequence[FitSample], progress: Calla
     low = np.array([to_raw(p.low, p) for p in PARAMETERS] + [math.log(0.5)] * extra)
     high = np.array([to_raw(p.high, p) for p in PARAMETERS] + [math.log(2.0)] * extra)
     if start is not None:
-        values = [float(getattr(getattr(start, p.section), p.name)) for p in PARAMETERS]
+        values = [_start_value(p, start, base) for p in PARAMETERS]
         raw = [to_raw(max(v, p.low), p) for v, p in zip(values, PARAMETERS, strict=True)]
         x0 = np.clip(np.array(raw + [math.log(start.generation_factor.get(g, 1.0)) for g in generations]), low, high)
 

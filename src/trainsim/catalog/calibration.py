@@ -42,6 +42,10 @@ class ComputeParams(Spec):
     # Hopper-native fused attention (FlashAttention-3, cuDNN), of the matmul efficiency. The prior: FlashAttention-3
     # (Shah et al. 2024) reports about 1.5-2x FlashAttention-2's throughput on H100.
     flash3_attention_efficiency: float = Field(default=0.9, gt=0)
+    # NB: a fused attention kernel's fixed cost per query tile, amortised over its key loop: its rate at kv keys is
+    # kv / (kv + this) of its long-sequence rate (cost.compute.key_loop_efficiency). 0: no such cost (the priors,
+    # and fits written before it was priced).
+    attention_half_kv_tokens: float = Field(default=0.0, ge=0)
     memory_efficiency: float = Field(default=0.8, gt=0, le=1.0)
     kernel_overhead_s: float = Field(default=4.0e-6, ge=0)
 

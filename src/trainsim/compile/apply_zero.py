@@ -1,7 +1,7 @@
 """Pass: ZeRO model states and ZeRO-3 / FSDP parameter gathers.
 
 Model states (weights, gradients, Adam states) are resident for the whole iteration, sharded over the dp x cp
-ranks by ZeRO stage (cost.memory.model_state_bytes).
+ranks by ZeRO stage, an MoE's experts' over their expert data-parallel ranks (cost.memory.model_state_bytes).
 
 ZeRO-3 / FSDP: every layer-phase that uses a layer's weights (forward; recompute + backward) needs them
 all-gathered first, and every backward's gradients are reduce-scattered after it, on the gradient stream.
@@ -35,8 +35,10 @@ from trainsim.cost.memory import model_state_bytes
 
 
 def stage_model_state(ctx: BuildContext, stage: int) -> dict[str, float]:
+    """The stage's resident model states: its held parameters', the MoE experts' sharded over their expert
+    data-parallel ranks (BuildContext.stage_expert_params)."""
     params = sum(ctx.held_params(a.index, a.layer.param_count) for a in ctx.plan.layers if a.stage == stage)
-    states = model_state_bytes(params, ctx.par)
+    states = model_state_bytes(params, ctx.par, ctx.stage_expert_params(stage))
     states["runtime_reserved"] = ctx.job.cluster.device.runtime_reserved_bytes
     return states
 

@@ -7,8 +7,9 @@ layers' layer-phases: compute on the compute stream and the feature collectives 
 stream, in one dependency chain per stage (the critical path the analytical engine adds up). The passes:
 
 - shape_layers: a block whose attention, MLP or experts the plan splits over fewer tp ranks than tp (or leaves
-  unsplit) rebuilt with those ops at their degree; an MoE's experts so split under sp sum their gradient over
-  their expert data-parallel ranks (expert_grad_groups);
+  unsplit) rebuilt with those ops at their degree; an MoE's experts sum their gradient (and shard their ZeRO
+  states) over their expert data-parallel ranks where those are not the data-parallel group
+  (expert_grad_groups);
 - schedule_pipeline: step order per stage, send/recv between virtual stages (pp_comm);
 - lower_layers: layer-phases (one task per layer, or per op at task_level="op") with their memory;
 - apply_recompute: recompute before the backward (full or selective);
@@ -273,7 +274,7 @@ def _emit_step_end(ctx: BuildContext, tails: list[_StageTail]) -> None:
                     for a in ctx.plan.layers if a.stage == stage)  # zero optimizer states (optimizer_zeros, census)
         if (ctx.splits or zeros > 0.0) and parts:  # a device steps the weights it holds: split and sharded ones
             held = sum(ctx.held_params(a.index, a.layer.param_count) for a in ctx.plan.layers if a.stage == stage)
-            seconds = ctx.pricer.optimizer_step_of_params_s(held, job, zeros)
+            seconds = ctx.pricer.optimizer_step_of_params_s(held, job, zeros, ctx.stage_expert_params(stage))
         temporary = optimizer_step_bytes(parts, job.parallel)
         synced = sum(ctx.grad_params(a.index, a.layer.param_count) for a in ctx.plan.layers if a.stage == stage)
         copies = ctx.pricer.grad_copies_s(synced, job)

@@ -251,6 +251,16 @@ class BuildContext:
             by_ranks[dp * parts] = by_ranks.get(dp * parts, 0.0) + count
         return by_ranks
 
+    def stage_expert_params(self, stage: int) -> dict[int, float]:
+        """{ranks: parameters} of the MoE experts on `stage` whose gradient an expert data-parallel group of that
+        many ranks sums (expert_grads; cost.memory.model_state_bytes shards their states over it)."""
+        out: dict[int, float] = {}
+        for a in self.plan.layers:
+            experts = self.expert_grads.get(a.index) if a.stage == stage else None
+            if experts is not None:
+                out[experts[1].size] = out.get(experts[1].size, 0.0) + experts[0]
+        return out
+
     def sync_layout(self, ranks: SyncGroup) -> GroupLayout:
         """The layout of a gradient sync over `ranks` of the data-parallel group: the group's own ("grad"), or
         for a split weight's part the ranks holding it; an ExpertReplicas' from its ranks. NB: taken as

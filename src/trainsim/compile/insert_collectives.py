@@ -148,7 +148,9 @@ def _sync_collective(ctx: BuildContext, stage: int, collective: str, name: str, 
 def insert_param_gathers(ctx: BuildContext, stage: int, forward: list[LayerAssignment]) -> dict[int, int]:
     """The distributed optimizer's parameter all-gathers overlapped with the forward pass (ZeRO 1-2 with
     param_gather_overlap): buckets of grad_bucket_params in the order `forward` (the stage's forward layer
-    instances, in schedule order) first uses the layers. Returns layer index -> its bucket's gather tid."""
+    instances, in schedule order) first uses the layers, each sync group its own (an MoE's experts over their
+    expert data-parallel ranks: BuildContext.expert_grads; Megatron-Core's expert parameter buffers). Returns
+    layer index -> the gather tid its first forward waits for (its last bucket's: one stream runs them in order)."""
     par = ctx.par
     if par.dp * par.cp == 1 or not _gathers_overlap(ctx):
         return {}
@@ -156,20 +158,33 @@ def insert_param_gathers(ctx: BuildContext, stage: int, forward: list[LayerAssig
     for assignment in forward:
         seen.setdefault(assignment.index, assignment)
     order = list(seen.values())
-    resources = ctx.link_resources(ctx.layout("grad"), (stage,))
+    parts = [_gather_parts(ctx, a) for a in order]
+    last = {group: position for position, by_group in enumerate(parts) for group in by_group}
     bucket_size = ctx.job.stack.grad_bucket_params
     out: dict[int, int] = {}
-    members: list[LayerAssignment] = []
-    params = 0.0
-    for position, assignment in enumerate(order):
-        members.append(assignment)
-        params += assignment.layer.param_count
-        if params < bucket_size and position < len(order) - 1:
-            continue
-        seconds = ctx.collective_s("all-gather", params * ctx.policy.weight_bytes, "grad")
-        tid = ctx.add(name=f"dp all-gather params {members[0].layer.name}..{assignment.layer.name}",
-                       device=stage, stream="gradient", kind="comm", duration_s=seconds, phase="comm",
-                       category="dp_comm", resources=resources)
-        out.update({member.index: tid for member in members})
-        members, params = [], 0.0
+    open_buckets: dict[SyncGroup, tuple[list[LayerAssignment], float]] = {}
+    for position, (assignment, by_group) in enumerate(zip(order, parts, strict=True)):
+        for group, count in by_group.items():
+            members, params = open_buckets.pop(group, ([], 0.0))
+            members, params = [*members, assignment], params + count
+            if params < bucket_size and position < last[group]:
+                open_buckets[group] = (members, params)
+                continue
+            layout = ctx.sync_layout(group)
+            seconds = ctx.pricer.collective_s("all-gather", params * ctx.policy.weight_bytes, layout, ctx.job)
+            tid = ctx.add(name=f"dp all-gather params {members[0].layer.name}..{assignment.layer.name}",
+                          device=stage, stream="gradient", kind="comm", duration_s=seconds, phase="comm",
+                          category="dp_comm", resources=ctx.link_resources(layout, (stage,)))
+            out.update({member.index: max(tid, out.get(member.index, tid)) for member in members})
     return out
+
+
+def _gather_parts(ctx: BuildContext, assignment: LayerAssignment) -> dict[SyncGroup, float]:
+    """A layer's parameters by the group that gathers them: the data-parallel group's (dp) and its MoE experts'
+    over their expert data-parallel ranks (BuildContext.expert_grads) where more than one rank holds them."""
+    params = assignment.layer.param_count
+    experts = ctx.expert_grads.get(assignment.index)
+    if experts is None:
+        return {ctx.par.dp: params}
+    own = {experts[1]: experts[0]} if experts[1].size > 1 else {}  # one rank alone holds them: no gather
+    return {ctx.par.dp: params - experts[0], **own}

@@ -14,9 +14,10 @@ sub-group of ranks where the layout change spans fewer than tp). Instances with 
 layer; a plan whose configs are Megatron's everywhere is returned as it is.
 
 An MoE's experts (strategy.megatron: Megatron-Core's expert tensor parallelism) at degree d run the routed
-copies of their d ranks' tokens under sp (all the micro-batch's without sp), hold 1/d of each of their ep
-share of experts, and under sp, where the tp / d groups of a tp group ran other tokens through the same
-experts, sum the experts' gradient over Megatron-Core's expert data-parallel ranks (expert_grad_groups).
+copies of their d ranks' tokens under sp (all the micro-batch's without sp) and hold 1/d of each of their ep
+share of experts. Every MoE layer's experts (at d = tp too) sum their gradient over Megatron-Core's expert
+data-parallel ranks where those are not the data-parallel group (ep > 1, or d < tp under sp, where the tp / d
+groups of a tp group ran other tokens through the same experts: expert_grad_groups, strategy.expert_groups).
 """
 
 import dataclasses
@@ -24,13 +25,14 @@ from collections.abc import Container
 
 from trainsim.compile.shape_front_end import front_end_repeated_flops, shape_front_end_layers
 from trainsim.errors import ConfigError
-from trainsim.frontends.catalog.transformer import block_layer, embedding_layer, expert_params, head_layer
+from trainsim.frontends.catalog.transformer import block_layer, embedding_layer, head_layer
 from trainsim.ir.graph import Layer, OpGraph
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job
 from trainsim.strategy.device_slice import DeviceSlice
+from trainsim.strategy.expert_groups import expert_data_ranks, experts_own_group
 from trainsim.strategy.lowered import LayerAssignment, LoweredPlan, default_plan
-from trainsim.strategy.megatron import UNSPLIT, TpConfigs, own_configs, replicable_module, router_params
+from trainsim.strategy.megatron import UNSPLIT, TpConfigs, own_configs
 from trainsim.strategy.placement import OpConfig
 
 
@@ -67,9 +69,9 @@ def shaped_graph_and_repeated_flops(job: Job, graph: OpGraph, plan: LoweredPlan)
     """The graph with its layers as the plan's configs over tp shape them (shape_layers), for the closed-form
     engine, which places layers evenly and prices each layer once for all its instances: the plan must be the
     strategy's default plan but for its ops' configs over tp, and give every instance of a layer the same.
-    NB: the closed form sums every gradient over the data-parallel group, an MoE's experts split over fewer tp
-    ranks than tp included (the simulator sums those over their expert data-parallel ranks: expert_grad_groups),
-    and the weights of matmuls split by tokens over tp too (the simulator sums those over dp x their token parts:
+    NB: the closed form sums an MoE's experts' gradient over their expert data-parallel group, as the simulator
+    (Layer.experts: Pricer.gradient_queues), but the weights of matmuls split by tokens over tp over the
+    data-parallel group (the simulator sums those over dp x their token parts:
     compile.splits.plan_tp_token_params). With it, the plan's repeated_flops (the layers shaped once for both)."""
     default = default_plan(graph, job.parallel)
     if dataclasses.replace(plan, mesh_splits=default.mesh_splits) != default:
@@ -100,36 +102,22 @@ def _layer_configs(plan: LoweredPlan, dev: DeviceSlice) -> list[TpConfigs]:
 
 
 def expert_grad_groups(job: Job, plan: LoweredPlan) -> dict[int, tuple[float, tuple[int, ...]]]:
-    """Per layer index of an MoE block whose experts a tree splits over d < tp ranks under sp: the expert
-    parameters one rank holds (the builder's count, router included) and the ranks that sum their gradient,
-    rank 0's: Megatron-Core's expert data-parallel group, the ranks holding the same expert shard (world / (etp x
-    ep x pp) of them: initialize_model_parallel, megatron/core/parallel_state.py, megatron-core 0.16.1): the
-    tp / d expert tp groups of a tp group (each ran other tokens, its own sequence shares), every cp rank, and
-    the dp / ep data-parallel ranks holding that ep shard (ep groups are consecutive dp ranks, cost.pricing
-    axis_group). Without sp the tp / d groups ran the same tokens and hold the same gradient: the job's
-    data-parallel group sums it, as every weight's. NB: under Megatron's split (d = tp) the expert gradients
-    are summed over the whole data-parallel group (dp x cp ranks), as trainsim always did, not over the dp x cp
-    / ep ranks of Megatron-Core's expert data-parallel group. A router at a config of its own (held whole:
-    strategy.megatron.token_split_params) is left out of the experts' parameters."""
+    """Per layer index of an MoE block whose experts' expert data-parallel group is not the data-parallel group
+    (strategy.expert_groups: ep > 1, or experts a tree splits over d < tp ranks under sp): the expert parameters
+    one rank holds (Layer.experts: the router's share left out, its gradient summed over the data-parallel group)
+    and rank 0's expert data-parallel group, the ranks that sum their gradient (world / (etp x ep x pp) of them:
+    initialize_model_parallel, megatron/core/parallel_state.py, megatron-core 0.16.1)."""
     par = job.parallel
-    if par.tp == 1 or not par.sp or not plan.mesh_splits or not isinstance(job.model, TransformerSpec):
-        return {}
-    dev = DeviceSlice.of(par)
     out: dict[int, tuple[float, tuple[int, ...]]] = {}
-    for a, own in zip(plan.layers, _layer_configs(plan, dev), strict=True):
-        experts = {op.name for op in a.layer.fwd if replicable_module(op) == "experts"}
-        d = next((max(config.out, config.reduce) for name, config in own if name in experts), par.tp)
-        if d == par.tp:
+    for a in plan.layers:
+        experts = a.layer.experts
+        if experts is None or not experts_own_group(par, experts.tp_degree):
             continue
         if any(s.layer == a.index for s in plan.op_splits):
-            raise ConfigError("split.compute@tp", d, f"layer {a.index} ({a.layer.name}): an MoE's experts at their "
-                              "own tp degree and computation configs over dp in one layer are not combined")
-        # rank r: tp index r % tp, data-parallel index r // (tp cp); rank 0's slice of its experts and ep shard
-        ranks = tuple(r for r in range(par.tp * par.cp * par.dp)
-                      if r % par.tp % d == 0 and r // (par.tp * par.cp) % par.ep == 0)
-        # a router at its own config is held whole, its gradient summed with the dp (and its token-split tp) ranks
-        router = router_params(job.model) / d / par.ep if any(name == "router" for name, _ in own) else 0.0
-        out[a.index] = (expert_params(job.model, dev, d) - router, ranks)
+            raise ConfigError("split.compute@tp", experts.tp_degree, f"layer {a.index} ({a.layer.name}): an MoE's "
+                              "experts in their own expert data-parallel group and computation configs over dp in "
+                              "one layer are not combined")
+        out[a.index] = (experts.params, expert_data_ranks(par, experts.tp_degree))
     return out
 
 

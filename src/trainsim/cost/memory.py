@@ -1,10 +1,11 @@
 """Peak memory per GPU: model states by precision and ZeRO stage, activations by recompute and schedule."""
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from trainsim.hardware.device import DeviceSpec
 from trainsim.ir.graph import Layer
+from trainsim.strategy.expert_groups import expert_data_size, experts_own_group
 from trainsim.strategy.parallel import ParallelSpec, Recompute
 from trainsim.strategy.precision import policy_for
 from trainsim.strategy.stack import StackSpec
@@ -28,19 +29,55 @@ def optimizer_shards(par: ParallelSpec) -> int:
     return par.dp * par.cp if par.zero >= 1 else 1
 
 
-def model_state_bytes(params: float, par: ParallelSpec) -> dict[str, float]:
+ExpertParams = Mapping[int, float]  # {ranks of an expert data-parallel group: MoE expert parameters it shards}
+
+
+def model_state_bytes(params: float, par: ParallelSpec, experts: ExpertParams | None = None) -> dict[str, float]:
     """Weights, gradients and optimizer states (Adam: fp32 master + two moments) of `params` parameters.
 
     ZeRO (Rajbhandari et al. 2020): stage 1 shards optimizer states, 2 also gradients, 3 also weights, over
-    the data-parallel ranks (dp x cp, as Megatron-LM's distributed optimizer does).
+    the data-parallel ranks (dp x cp, as Megatron-LM's distributed optimizer does). experts: of `params`, the MoE
+    experts' sharded over their expert data-parallel group instead (stage_expert_params; Megatron-Core's
+    distributed optimizer shards the expert parameters' states over it: megatron/core/optimizer/__init__.py,
+    megatron-core 0.16.1).
     """
     policy = policy_for(par.precision)
     shards = par.dp * par.cp
-    return {
+    states = {
         "weights": params * policy.weight_bytes / (shards if par.zero >= 3 else 1),
         "gradients": params * policy.grad_bytes / (shards if par.zero >= 2 else 1),
         "optimizer": params * (policy.master_bytes + policy.optimizer_state_bytes) / optimizer_shards(par),
     }
+    if not experts:
+        return states
+    dense = params - sum(experts.values())
+    per_param = {"weights": (policy.weight_bytes, 3), "gradients": (policy.grad_bytes, 2),
+                 "optimizer": (policy.master_bytes + policy.optimizer_state_bytes, 1)}
+    return {name: dense * size / (shards if par.zero >= stage else 1)
+            + sum(count * size / (ranks if par.zero >= stage else 1) for ranks, count in experts.items())
+            for name, (size, stage) in per_param.items()}
+
+
+def owned_params(params: float, par: ParallelSpec, experts: ExpertParams | None = None) -> float:
+    """The parameters of `params` whose optimizer state one GPU owns and steps: all of them, or from ZeRO-1 on
+    1 / (dp x cp) of them and 1 / ranks of the experts' (model_state_bytes)."""
+    if not experts:
+        return params / optimizer_shards(par)
+    shared = par.zero >= 1
+    return (params - sum(experts.values())) / optimizer_shards(par) + sum(
+        count / (ranks if shared else 1) for ranks, count in experts.items())
+
+
+def stage_expert_params(stage: Iterable[StagePart], par: ParallelSpec) -> dict[int, float]:
+    """{ranks: parameters} of the stage's MoE experts (Layer.experts) whose expert data-parallel group is not the
+    data-parallel group (strategy.expert_groups), by the size of that group; {} for a stage without."""
+    out: dict[int, float] = {}
+    for part in stage:
+        experts = part.layer.experts
+        if experts is not None and experts_own_group(par, experts.tp_degree):
+            ranks = expert_data_size(par, experts.tp_degree)
+            out[ranks] = out.get(ranks, 0.0) + part.count * experts.params
+    return out
 
 
 def optimizer_step_bytes(stage: list[StagePart], par: ParallelSpec) -> float:
@@ -49,9 +86,12 @@ def optimizer_step_bytes(stage: list[StagePart], par: ParallelSpec) -> float:
     at a time under loop, bounded here by the largest layer."""
     if par.optimizer_impl == "fused" or not stage:
         return 0.0
+    experts = stage_expert_params(stage, par)
     if par.optimizer_impl == "foreach":
-        return 4.0 * sum(part.count * part.layer.param_count for part in stage) / optimizer_shards(par)
-    return 4.0 * max(part.layer.param_count for part in stage) / optimizer_shards(par)
+        return 4.0 * owned_params(sum(part.count * part.layer.param_count for part in stage), par, experts)
+    largest = max(stage, key=lambda part: part.layer.param_count)
+    return 4.0 * owned_params(largest.layer.param_count, par, stage_expert_params([StagePart(largest.layer, 1.0)],
+                                                                                    par))
 
 
 def saved_key(recompute: Recompute, stack: StackSpec | None) -> str:
@@ -93,7 +133,7 @@ def memory_key(par: ParallelSpec, stack: StackSpec | None = None) -> tuple[objec
     """Every field of the strategy (and stack) stage_memory_base reads: stages of the same layers and equal
     keys need the same memory (the pricing service caches by it)."""
     return (par.precision, par.dp, par.cp, par.zero, saved_key(par.recompute, stack), par.optimizer_impl,
-            _loss_grad_buffers(stack))
+            _loss_grad_buffers(stack), par.tp, par.sp, par.ep)  # tp, sp, ep: the experts' groups
 
 
 def _loss_grad_buffers(stack: StackSpec | None) -> float:
@@ -104,7 +144,7 @@ def stage_memory_base(stage: list[StagePart], par: ParallelSpec, stack: StackSpe
     """stack: what selective recompute keeps (saved_key) and the loss's gradient buffers; None: Megatron's
     policy and one buffer."""
     params = sum(part.count * part.layer.param_count for part in stage)
-    states = model_state_bytes(params, par)
+    states = model_state_bytes(params, par, stage_expert_params(stage, par))
     return StageMemoryBase((states["weights"], states["gradients"], states["optimizer"]),
                            stage_kept_bytes(stage, par.recompute, stack),
                            _working_bytes(stage, par, stack), optimizer_step_bytes(stage, par))

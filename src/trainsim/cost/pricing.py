@@ -24,6 +24,7 @@ from trainsim.catalog.calibration import Calibration, load_calibration
 from trainsim.comm.collectives import CommCostModel, NcclComm
 from trainsim.cost.compute import OpCostModel, RooflineCosts
 from trainsim.cost.memory import (
+    ExpertParams,
     MemoryEstimate,
     StageMemoryBase,
     chunk_shares,
@@ -31,7 +32,9 @@ from trainsim.cost.memory import (
     memory_estimate,
     memory_key,
     optimizer_shards,
+    owned_params,
     saved_key,
+    stage_expert_params,
     stage_in_flight,
     stage_memory_base,
 )
@@ -69,6 +72,7 @@ from trainsim.ir.model_spec import DlrmSpec
 from trainsim.job import Job
 from trainsim.profile.paths import default_db_path
 from trainsim.registry import Registry
+from trainsim.strategy.expert_groups import expert_data_ranks, expert_data_size, experts_own_group
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import Precision, PrecisionPolicy, policy_for
 from trainsim.strategy.stack import BEHAVIOURS, StackSpec
@@ -952,12 +956,52 @@ class Pricer:
         gradient group, cluster, stack, ZeRO 0 or not, precision): what the queues read."""
         par = job.parallel
         layers = tuple([(part.layer.param_count, part.count) for part in stage])
+        experts = _expert_parts(stage, par)
         key = ("queues", layers, axis_group("grad", par), self._cluster_key(job.cluster), self._stack_key(job.stack),
-               par.zero > 0, par.precision)
+               par.zero > 0, par.precision) + ((experts, par.tp, par.sp, par.ep) if experts else ())
         queues = self._grad_queues.get(key)
         if queues is None:
-            queues = self._grad_queues[key] = self._gradient_queues(layers, job)
+            queues = self._grad_queues[key] = self._gradient_queues(layers, job) if not experts else \
+                self._grouped_gradient_queues(layers, experts, job)
         return queues
+
+    def _grouped_gradient_queues(self, layers: tuple[tuple[float, float], ...],
+                                 experts: tuple[tuple[float, int], ...], job: Job) -> "GradientQueues":
+        """gradient_queues of a stage whose MoE experts sum their gradient over their expert data-parallel group
+        (strategy.expert_groups): as the simulator's buckets (compile/insert_collectives.py), each group fills
+        buckets of its own (Megatron-Core's expert parameter buffers: megatron/core/distributed/
+        distributed_data_parallel.py, megatron-core 0.16.1), whole layers in the order the gradients become
+        final, a bucket sent once it holds grad_bucket_params or at its group's last layer; one queue of them
+        in closing order (the data-parallel group's first where both close at one layer). experts: per layer of
+        `layers`, its experts' parameters and tp degree ((0.0, 0) for none)."""
+        par = job.parallel
+        policy = self.policy(par.precision)
+        backward = _grouped_buckets(layers[::-1], experts[::-1], job.stack.grad_bucket_params, par)
+        reduce = self._grouped_seconds("all-reduce" if par.zero == 0 else "reduce-scatter", policy.grad_bytes,
+                                       backward, job)
+        gather: list[tuple[float, int]] = []
+        if par.zero > 0 and self.overlaps("param_gather_overlap", job):
+            forward = _grouped_buckets(layers, experts, job.stack.grad_bucket_params, par)
+            gather = self._grouped_seconds("all-gather", policy.weight_bytes, forward, job)[::-1]
+        elif par.zero > 0:
+            gather = self._grouped_seconds("all-gather", policy.weight_bytes, backward, job)
+        return GradientQueues(bucket_queue(reduce), bucket_queue(gather), self.overlaps("grad_reduce_overlap", job),
+                              self.overlaps("param_gather_overlap", job))
+
+    def _grouped_seconds(self, collective: str, bytes_per_param: float, buckets: list[tuple[float, int]],
+                         job: Job) -> list[tuple[float, int]]:
+        """Runs of (seconds of one bucket, how many in a row) of buckets of (parameters, expert tp degree: 0 for
+        the data-parallel group's), each over its group."""
+        runs: list[tuple[float, int]] = []
+        for params, degree in buckets:
+            layout = self.layout("grad", job) if degree == 0 else job.cluster.ranks_layout(
+                expert_data_ranks(job.parallel, degree))
+            seconds = self.collective_s(collective, params * bytes_per_param, layout, job)
+            if runs and runs[-1][0] == seconds:
+                runs[-1] = (seconds, runs[-1][1] + 1)
+            else:
+                runs.append((seconds, 1))
+        return runs
 
     def new_gradient_runs_s(self, layers: tuple[tuple[float, float], ...],
                             job: Job) -> tuple[list[tuple[float, int]], list[tuple[float, int]]]:
@@ -1100,8 +1144,14 @@ class Pricer:
         return params
 
     def optimizer_step_s(self, stages: list[list[StagePart]], job: Job) -> float:
-        """The optimizer step of the stage with the most parameters, over the parameters one GPU owns."""
-        return self.optimizer_step_of_params_s(self.max_stage_params(stages), job)
+        """The optimizer step of the stage with the most parameters, over the parameters one GPU owns; with MoE
+        experts in their own expert data-parallel group, of the stage whose GPU owns the most
+        (cost.memory.owned_params)."""
+        experts = [stage_expert_params(stage, job.parallel) for stage in stages]
+        if not any(experts):
+            return self.optimizer_step_of_params_s(self.max_stage_params(stages), job)
+        return max(self.optimizer_step_of_params_s(self.stage_params(stage), job, 0.0, shares)
+                   for stage, shares in zip(stages, experts, strict=True))
 
     def step_overhead_s(self, stages: list[list[StagePart]], job: Job) -> float:
         """The host and memory-bound work of the step beside the optimizer: the iteration's fixed overhead and
@@ -1126,13 +1176,15 @@ class Pricer:
             return 0.0
         return self.step_costs.grad_copies_s(params, job.cluster.device)
 
-    def optimizer_step_of_params_s(self, params: float, job: Job, zero_state_params: float = 0.0) -> float:
+    def optimizer_step_of_params_s(self, params: float, job: Job, zero_state_params: float = 0.0,
+                                   experts: ExpertParams | None = None) -> float:
         """The optimizer step over `params` parameters held by one device (its ZeRO shard of them), of which
-        `zero_state_params` keep a zero optimizer state (zero_state_params_of)."""
+        `zero_state_params` keep a zero optimizer state (zero_state_params_of) and `experts` are MoE experts'
+        sharded over their expert data-parallel ranks (cost.memory.owned_params)."""
         par = job.parallel
         shards = optimizer_shards(par)
-        return self.step_costs.optimizer_step_s(params / shards, par.precision, job.cluster.device,
-                                                zero_state_params / shards)
+        return self.step_costs.optimizer_step_s(owned_params(params, par, experts), par.precision,
+                                                job.cluster.device, zero_state_params / shards)
 
     def zero_state_params_of(self, layer: Layer, held_params: float, job: Job, index: int = -1) -> float:
         """Of the `held_params` a device holds of `layer` (layer instance `index` of the op graph), those whose
@@ -1217,6 +1269,36 @@ class Pricer:
             return ()
         classes = self.device_classes(job)
         return () if uniform(classes) else stage_capacities(job, classes)
+
+
+def _expert_parts(stage: list[StagePart], par: ParallelSpec) -> tuple[tuple[float, int], ...]:
+    """Per part of the stage, its layer's experts' parameters and tp degree where their expert data-parallel
+    group is not the data-parallel group ((0.0, 0) else: strategy.expert_groups); () where no part has any."""
+    parts = tuple((part.layer.experts.params, part.layer.experts.tp_degree)
+                  if part.layer.experts is not None and experts_own_group(par, part.layer.experts.tp_degree)
+                  else (0.0, 0) for part in stage)
+    return parts if any(degree for _, degree in parts) else ()
+
+
+def _grouped_buckets(layers: tuple[tuple[float, float], ...], experts: tuple[tuple[float, int], ...],
+                     bucket_params: float, par: ParallelSpec) -> list[tuple[float, int]]:
+    """The buckets of Pricer._grouped_gradient_queues in sending order, (parameters, expert tp degree: 0 for the
+    data-parallel group's), layers and experts in the order the buckets fill: per group, stack_effects.
+    bucket_closes over the layers up to the group's last (the data-parallel group's: all of them). An expert
+    group of one rank (its experts held by no other) sends nothing."""
+    groups: dict[int, list[tuple[float, float]]] = {0: [(params - shard, count) for (params, count), (shard, _)
+                                                        in zip(layers, experts, strict=True)]}
+    for degree in dict.fromkeys(degree for _, degree in experts if degree and expert_data_size(par, degree) > 1):
+        shares = [((shard if d == degree else 0.0), count) for (_, count), (shard, d) in zip(layers, experts,
+                                                                                             strict=True)]
+        last = max(i for i, (shard, _) in enumerate(shares) if shard > 0.0)
+        groups[degree] = shares[:last + 1]
+    closes = {degree: bucket_closes(group, bucket_params) for degree, group in groups.items()}
+    out: list[tuple[float, int]] = []
+    for position in range(len(closes[0])):
+        out += [(group[position][1], degree) for degree, group in closes.items()
+                if position < len(group) and group[position][1] > 0.0]
+    return out
 
 
 # --- the cost choices: one table ---

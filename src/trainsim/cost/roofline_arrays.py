@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from trainsim.catalog.calibration import Calibration
-from trainsim.cost.compute import _floor, attention_efficiency
+from trainsim.cost.compute import _floor, attention_efficiency, key_loop_efficiency
 from trainsim.hardware.device import DeviceSpec, DType
 from trainsim.ir.graph import Op
 
@@ -43,6 +43,8 @@ def op_times_s(ops: Sequence[Op], device: DeviceSpec, cal: Calibration) -> list[
     flops = np.array([op.flops for op in gemms], dtype=np.float64)
     min_dim = [float(min(op.shape[1:])) if op.kind != "conv" and len(op.shape) == 4 else 0.0 for op in gemms]
     is_attention = np.array([op.kind == "attention" for op in gemms], dtype=np.bool_)
+    key_loop = np.array([key_loop_efficiency(op, cal) if op.kind == "attention" else 1.0 for op in gemms],
+                        dtype=np.float64)
 
     # compute.matmul_efficiency
     exponent = params.matmul_exponent
@@ -57,7 +59,7 @@ def op_times_s(ops: Sequence[Op], device: DeviceSpec, cal: Calibration) -> list[
                            for dim in min_dim], dtype=np.float64)
         scaled_time = np.where(np.array(min_dim) > 0, scaled_time + work * skinny, scaled_time)
     eff = max_eff * work / scaled_time * cal.training_factor(device.name)
-    eff = np.where(is_attention, np.minimum(eff * attention, max_eff), eff)
+    eff = np.where(is_attention, np.minimum(eff * attention * key_loop, max_eff), eff)
     compute = flops / (peak * eff)
     out[gemm] = np.maximum(compute, memory[gemm]) + params.kernel_overhead_s
     return out.tolist()

@@ -64,6 +64,17 @@ class Comm:
 
 
 @dataclass(frozen=True, slots=True)
+class ExpertShard:
+    """The part of an MoE layer's parameters one device holds that are its experts': its ep share of the experts,
+    each split over `tp_degree` tensor-parallel ranks (Megatron-Core's expert_tensor_parallel_size). Their
+    gradients and optimizer states belong to the expert data-parallel group, not the data-parallel one
+    (strategy.expert_groups)."""
+
+    params: float
+    tp_degree: int
+
+
+@dataclass(frozen=True, slots=True)
 class Layer:
     name: str
     kind: LayerKind
@@ -75,6 +86,7 @@ class Layer:
     full_param_count: float  # parameters of the layer before sharding
     saved_bytes: dict[str, float] = field(default_factory=dict)  # recompute mode -> activation bytes kept
     output_bytes: float = 0.0  # activation passed to the next layer (pipeline send size)
+    experts: ExpertShard | None = None  # an MoE layer's experts among param_count (None: no experts)
 
     def flops(self, phase: Phase) -> float:
         return sum(op.flops for op in (self.fwd if phase == "fwd" else self.bwd))

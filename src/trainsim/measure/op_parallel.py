@@ -29,6 +29,12 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from trainsim.ir.model_spec import TransformerSpec
+from trainsim.measure.hidden_splits import (
+    block_by_hidden_splits,
+    head_norm_split,
+    part_dim,
+    positions_split,
+)
 from trainsim.measure.model import Attention, Block, Embedding, Head, TransformerChunk
 from trainsim.measure.op_collectives import Group, gather, slice_part
 from trainsim.measure.op_splits import (
@@ -38,7 +44,7 @@ from trainsim.measure.op_splits import (
     column_by_reduce,
     mlp_by_tokens,
 )
-from trainsim.measure.tp_degrees import TpDegrees, TpDims
+from trainsim.measure.tp_degrees import TOKEN_OPS, TpDegrees, TpDims
 
 
 class Meshes:
@@ -94,9 +100,15 @@ def apply_op_tp(chunk: TransformerChunk, spec: TransformerSpec, tp_mesh: DeviceM
             continue
         _attention(block.attn, spec, meshes, ops, split)
         token_splits += _mlp(block.mlp, meshes, ops, split)
+        if any(part_dim(split.get(name)) is not None for name in TOKEN_OPS):  # measure.tp_degrees: over tp,
+            block_by_hidden_splits(block, tp_mesh, meshes.group(tp), split)  # the other ops Megatron's
+    if chunk.embed is not None and (positions := dims.get("embed", {}).get("pos_add")):
+        token_splits += positions_split(chunk.embed, tp_mesh, meshes.group(tp), positions)
     if chunk.head is not None:
         ops = degrees.get("head", {})
         _head(chunk.head, meshes, ops.get("logits", tp), ops.get("cross_entropy", tp))
+        if final_norm := dims.get("head", {}).get("final_norm"):  # measure.tp_degrees: the logits over tp
+            token_splits += head_norm_split(chunk.head, tp_mesh, meshes.group(tp), final_norm)
     return token_splits
 
 
@@ -117,10 +129,13 @@ def _column(module: nn.Module, names: list[str], meshes: Meshes, degree: int, re
             module.get_submodule(name).register_forward_hook(sliced)
 
 
-def _row(linear: nn.Module, parent: nn.Module, name: str, meshes: Meshes, degree: int, read_from: int) -> None:
-    """A row-parallel matmul at `degree` reading a stage at `read_from`; its partial sums all-reduced."""
+def _row(linear: nn.Module, parent: nn.Module, name: str, meshes: Meshes, degree: int, read_from: int,
+         onto: int | None = None) -> None:
+    """A row-parallel matmul at `degree` reading a stage at `read_from`; its partial sums all-reduced, or
+    reduce-scattered onto dimension `onto` where the residual add after it is split (hidden_splits)."""
     if degree > 1:
-        parallelize_module(parent, meshes[degree], {name: RowwiseParallel(output_layouts=Replicate())})
+        out = Replicate() if onto is None else Shard(onto)
+        parallelize_module(parent, meshes[degree], {name: RowwiseParallel(output_layouts=out)})
         if read_from == 1:  # before RowwiseParallel's own hook takes the local input as its shard
             linear.register_forward_pre_hook(lambda _m, args: (meshes.slice(args[0], degree),), prepend=True)
     elif read_from > 1:
@@ -141,7 +156,7 @@ def _attention(attn: Attention, spec: TransformerSpec, meshes: Meshes, ops: Mapp
         column_by_reduce(attn, ["q", "k", "v"], meshes[qkv], meshes.group(qkv), core)
     else:
         _column(attn, ["q", "k", "v"], meshes, qkv, core)
-    _row(attn.o, attn, "o", meshes, out, core)
+    _row(attn.o, attn, "o", meshes, out, core, part_dim(split.get("residual1")))
     attn.head_offset = meshes.part_index(core) * spec.num_heads // core  # places ALiBi slopes
 
 
@@ -156,7 +171,7 @@ def _mlp(mlp: nn.Module, meshes: Meshes, ops: Mapping[str, int], split: Mapping[
         column_by_reduce(mlp, columns, meshes[first], meshes.group(first), act)
     else:
         _column(mlp, columns, meshes, first, act)
-    _row(mlp.get_submodule("down"), mlp, "down", meshes, second, act)
+    _row(mlp.get_submodule("down"), mlp, "down", meshes, second, act, part_dim(split.get("residual2")))
     return []
 
 

@@ -292,6 +292,18 @@ class Trainer:
         return cls(stages[0], n_microbatches=n, loss_fn=lm_loss)
 
     def step(self) -> float:
+        loss = self.gradients()
+        if self.main_params:
+            self.main_params.grads_to_main()
+        self.optimizer.step()
+        if self.main_params:
+            self.main_params.main_to_model()
+        return loss
+
+    def gradients(self) -> float:
+        """The step up to the optimizer: forward and backward over every micro-batch and the gradient reductions
+        (the weights held whole by token-split ranks, dp, the tied embedding's stages); returns the loss. Each
+        parameter's .grad is then its gradient of the step's loss (the numerics tests compare them)."""
         self.optimizer.zero_grad(set_to_none=True)
         loss = self._pipeline_step() if self.schedule is not None else self._local_step()
         for params, group in self.token_splits:
@@ -299,11 +311,6 @@ class Trainer:
         if self.manual_grad_sync:
             all_reduce_grads(self.params, self.topo.group("dp"), self.job.parallel.dp)
         self._sync_tied_embedding()
-        if self.main_params:
-            self.main_params.grads_to_main()
-        self.optimizer.step()
-        if self.main_params:
-            self.main_params.main_to_model()
         return loss
 
     def _local_step(self) -> float:

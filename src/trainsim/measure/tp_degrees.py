@@ -1,6 +1,6 @@
 """The tp split of each op of a strategy tree's per-op tp configs, as `trainsim measure --tree` hands them to the
-ranks (measure/op_parallel.py and measure/op_splits.py run them; no torch here: the command checks a plan before
-any rank starts).
+ranks (measure/op_parallel.py, measure/op_splits.py and measure/hidden_splits.py run them; no torch here: the
+command checks a plan before any rank starts).
 
 A tree may give an op Megatron's split over d consecutive tp ranks, d dividing tp, or none (d = 1: whole on each tp
 rank; strategy.megatron.own_configs, Proteus Sec. IV-B), and these other splits over d ranks (its "dim"):
@@ -14,7 +14,14 @@ rank; strategy.megatron.own_configs, Proteus Sec. IV-B), and these other splits 
   the MLP's weights' gradients are summed over the d ranks;
 - "seq" on a block's norms and residual adds (all four, over tp, the attention and MLP Megatron's): Megatron's
   sequence parallelism inside the block, the block's input sliced and its output all-gathered; the norms'
-  gradients summed over tp.
+  gradients summed over tp; or on the residual adds alone (over tp, the norms whole): each rank adds its tokens,
+  the projections reduce-scattered onto them (measure/hidden_splits.py);
+- "features" (an `out` split) on a block's norms and residual adds, the head's final norm and the learned
+  positions (over tp, the other ops of the block or head Megatron's): each rank normalises or adds its slice of
+  the hidden features, a norm's statistics all-reduced in fp32, the projections before a split add
+  reduce-scattered onto its slices, the modules reading a split norm all-gathering its output; "seq" on the final
+  norm or the positions (over tp): each rank on its tokens, the gain and bias or the table whole, their gradients
+  summed over tp (measure/hidden_splits.py).
 Any other config a tree may give an op (a batch split, a lookup by tokens, a row matmul by its output, mixes of
 the above inside a module) is priced by predict, not measured: refused here in one line. The measured model runs
 each module's ops as a chain of stages of one split each: the attention's projections (qkv), its core (rope, the
@@ -41,10 +48,12 @@ HEAD_STAGES: tuple[tuple[str, ...], ...] = (("logits",), ("cross_entropy",))
 EMBED_STAGES: tuple[tuple[str, ...], ...] = (("lookup",),)
 TOKEN_OPS = ("norm1", "residual1", "norm2", "residual2")  # a dense block's norms and residual adds
 PART_OF_KIND = {"embedding": "embed", "head": "head"}  # a block's part is "block:<its index among the blocks>"
-SPLIT_DIMS = ("reduce", "seq")  # the splits other than Megatron's that the ranks run (module doc)
+# the ops that may be split by their hidden features over tp (measure/hidden_splits.py)
+FEATURE_OPS = (*TOKEN_OPS, "final_norm", "pos_add")
+SPLIT_DIMS = ("reduce", "seq", "features")  # the splits other than Megatron's that the ranks run (module doc)
 
 TpDegrees = dict[str, dict[str, int]]  # model part -> op name -> its tp degree (ops at the job's tp left out)
-TpDims = dict[str, dict[str, str]]  # model part -> op name -> its split where not Megatron's ("reduce", "seq")
+TpDims = dict[str, dict[str, str]]  # model part -> op name -> its split where not Megatron's (SPLIT_DIMS)
 _WHERE = "split.compute@tp"
 
 
@@ -97,7 +106,8 @@ def _splits(part: str, fwd: Sequence[Op], dev: DeviceSlice,
             raise ConfigError(f"{_WHERE} ({part})", f"{name} batch={config.batch} seq={config.seq} "
                               f"out={config.out} reduce={config.reduce}", "measured where an op takes Megatron's "
                               "split over d dividing tp, or none; qkv/fc1 by reduce, the core, a dense MLP or "
-                              "the norms by seq; predict prices the other configs")
+                              "the norms by seq; the norms, adds and positions by out (features); predict "
+                              "prices the other configs")
         degrees[name] = d
         if dim != "megatron":
             dims[name] = dim
@@ -109,12 +119,16 @@ def _dim(op: Op, config: OpConfig, dev: DeviceSlice) -> str | None:
     d = config.parts
     if config == megatron_tp(op, dev, d):
         return "megatron"
-    if dev.sp or config.parts != max(config.reduce, config.seq):
+    if dev.sp:
+        return None
+    if config == OpConfig(1, 1, d, 1) and op.name in FEATURE_OPS:
+        return "features"
+    if config.parts != max(config.reduce, config.seq):
         return None
     if config.reduce > 1:
         return "reduce" if op.name in COLUMN and op.name != "logits" else None
     dense_mlp = op.name in sum(MLP_STAGES, ()) and "moe" not in op.module_path.split(".")
-    return "seq" if op.name in ("attention", "rope", "softmax", *TOKEN_OPS) or dense_mlp else None
+    return "seq" if op.name in ("attention", "rope", "softmax", *FEATURE_OPS) or dense_mlp else None
 
 
 def _check_stages(part: str, fwd: Sequence[Op], degrees: dict[str, int], dims: dict[str, str], tp: int) -> None:
@@ -169,7 +183,18 @@ def _check_splits(part: str, degrees: dict[str, int], dims: dict[str, str], dev:
     if mlp and (len({degrees[name] for name in mlp}) > 1 or mlp != present & set(sum(MLP_STAGES, ()))):
         raise ConfigError(f"{_WHERE} ({part})", {name: degrees[name] for name in sorted(degrees)},
                           "measured where every op of the MLP is split by seq over the same ranks")
-    if tokens and (tokens != set(TOKEN_OPS) or set(degrees) != tokens or degrees["norm1"] != dev.tp):
+    adds = {"residual1", "residual2"}
+    if tokens and (not (tokens == set(TOKEN_OPS) or tokens <= adds) or set(degrees) != tokens
+                   or any(degrees[name] != dev.tp for name in tokens) or "router" in present):
         raise ConfigError(f"{_WHERE} ({part})", {name: degrees[name] for name in sorted(degrees)},
                           f"measured where norm1, residual1, norm2 and residual2 are all split by seq over "
-                          f"tp={dev.tp} and the block's other ops take Megatron's split")
+                          f"tp={dev.tp}, or the residual adds alone, and the block's other ops take Megatron's "
+                          f"split, in a dense block")
+    features = {name for name, dim in dims.items() if dim == "features" or name in ("final_norm", "pos_add")}
+    if features and (any(degrees[name] != dev.tp for name in features) or set(degrees) - features - {"lookup"}
+                     or "router" in present):
+        raise ConfigError(f"{_WHERE} ({part})", {name: f"{dims.get(name, 'megatron')} {degrees[name]}"
+                                                 for name in sorted(degrees)},
+                          f"measured where the norms, adds and positions split by features (the final norm and "
+                          f"the positions by seq too) are split over tp={dev.tp} and the other ops of their block "
+                          f"(or head) take Megatron's split over tp, in a dense block")

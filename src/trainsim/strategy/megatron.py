@@ -63,12 +63,18 @@ too: Megatron-Core's expert tensor parallelism (expert_tensor_parallel_size, meg
 model_parallel_config.py and parallel_state.py, megatron-core 0.16.1: the experts' own tp groups of d ranks, ep
 groups and expert data-parallel groups of world / (d x ep x pp) ranks). Under sp an expert op at degree d keeps
 the sequence split of its d ranks' tokens (config seq = tp / d; d = 1: seq = tp, each rank's experts whole on
-its own sequence share); without sp every d-group runs all the micro-batch's tokens. Where d < tp the token
-dispatch follows Megatron-Core's MoEAlltoAllTokenDispatcher (megatron/core/transformer/moe/token_dispatcher.py,
-0.16.1): the all-to-all over ep moves the routed copies of the tokens a rank holds, then the routed tokens are
-all-gathered over the d ranks and reduce-scattered after the experts (none at d = 1); trainsim's Megatron
-split (d = tp) keeps its own order, the hidden state gathered over tp before dispatching all local tokens
-(_read_bytes, _tensor_bytes). Megatron-Core's TopKRouter holds its weight whole on every tp rank and runs it on
+its own sequence share); without sp every d-group runs all the micro-batch's tokens. Where d < tp, and at
+Megatron's split (d = tp) under sp at ep > 1, the token dispatch follows Megatron-Core's
+MoEAlltoAllTokenDispatcher (megatron/core/transformer/moe/token_dispatcher.py, token_permutation in 0.9.0,
+dispatch_postprocess in 0.16.1: the same order): each rank dispatches its own tokens, the all-to-all over ep
+moves their routed copies (T k h / tp per rank under sp), then the routed tokens are all-gathered over the d
+ranks (gather_from_sequence_parallel_region over the expert tp group) and reduce-scattered after the experts
+(none at d = 1). Without sp (which Megatron-Core refuses for MoE training at tp > 1: moe_layer.py) and at ep = 1
+trainsim keeps its order, the hidden state gathered over tp before the experts, every rank dispatching all its
+local tokens (_read_bytes, _tensor_bytes): at ep = 1 the volumes of Megatron-Core's all-gather dispatcher
+(MoEAllGatherTokenDispatcher, the default dispatcher type of 0.9.0). NB: 0.16.1 also moves the routing
+probabilities through the all-to-all and the gather (T k fp32 values per rank, 2 / h of the tokens' bytes),
+not priced. Megatron-Core's TopKRouter holds its weight whole on every tp rank and runs it on
 the rank's tokens (its sequence share under sp, its gradient then summed over tp as the norms' are: the
 weight's `sequence_parallel` attribute, megatron/core/transformer/moe/router.py and
 megatron/core/distributed/finalize_model_grads.py, 0.16.1): Megatron's config here is the norms'. A tree may
@@ -526,9 +532,10 @@ def _read_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, consumer: O
     runs the all-to-all over ep first, then the all-gather of the routed tokens over the ranks of the expert tp
     group that dispatched other tokens (and the reduce-scatter before the combine's all-to-all):
     MoEAlltoAllTokenDispatcher dispatch_postprocess / combine_preprocess,
-    megatron/core/transformer/moe/token_dispatcher.py, megatron-core 0.16.1. NB: under Megatron's configs of
-    the router and the experts trainsim keeps its order, the hidden state gathered over tp before the dispatch
-    (hidden bytes here, all local tokens over ep: _tensor_bytes)."""
+    megatron/core/transformer/moe/token_dispatcher.py, megatron-core 0.16.1; and so at Megatron's configs of the
+    router and the experts under sp at ep > 1 (dispatch_layout). NB: at those configs without sp or at ep 1
+    trainsim keeps its order, the hidden state gathered over tp before the dispatch (hidden bytes here, all
+    local tokens over ep: _tensor_bytes)."""
     if axis != "tp":
         return hidden
     act, d, f = BYTES_PER_DTYPE[dev.precision.activation_dtype], spec.head_dim, spec.ffn_hidden
@@ -613,20 +620,26 @@ def norm_params(spec: TransformerSpec) -> int:
 
 def dispatch_layout(fwd: Sequence[Op], dev: DeviceSlice, configs: Configs | None) -> Placement | None:
     """How the tp ranks hold the tokens each dispatches to the experts (Placement over tp: batch and seq parts),
-    or None for trainsim's order under Megatron's configs of the router and the experts (the hidden state
-    gathered over tp before the dispatch, every rank dispatching all its local tokens). Where the experts take
-    a tp degree d < tp (Megatron-Core's expert_tensor_parallel_size, megatron/core/model_parallel_config.py,
-    megatron-core 0.16.1) or the router a config of its own, each rank dispatches the tokens its router routed,
+    or None for trainsim's order under Megatron's configs of the router and the experts without sp or at ep 1
+    (the hidden state gathered over tp before the dispatch, every rank dispatching all its local tokens). Where
+    the experts take a tp degree d < tp (Megatron-Core's expert_tensor_parallel_size, megatron/core/
+    model_parallel_config.py, megatron-core 0.16.1), the router a config of its own, or under sp at ep > 1
+    Megatron's (module doc), each rank dispatches the tokens its router routed,
     as Megatron-Core's MoEAlltoAllTokenDispatcher does (megatron/core/transformer/moe/token_dispatcher.py,
     0.16.1), sliced to its experts' tokens where the router ran more (a router whole beside experts on their
     ranks' sequence shares): the finer of the two token splits (dispatch_problem refuses splits that do not
     nest). None for a layer without experts."""
     router = next((op for op in fwd if replicable_module(op) == "router"), None)
     expert = next((op for op in fwd if _expert(op)), None)
-    if configs is None or router is None or expert is None or dev.tp == 1:
+    if router is None or expert is None or dev.tp == 1:
         return None
-    gate, first = configs.get((router.module_path, "tp"), UNSPLIT), configs.get((expert.module_path, "tp"), UNSPLIT)
-    if max(first.out, first.reduce) == dev.tp and gate == megatron_tp(router, dev, dev.tp):
+    if configs is None:
+        gate, first = megatron_tp(router, dev, dev.tp), megatron_tp(expert, dev, dev.tp)
+    else:
+        gate = configs.get((router.module_path, "tp"), UNSPLIT)
+        first = configs.get((expert.module_path, "tp"), UNSPLIT)
+    if max(first.out, first.reduce) == dev.tp and gate == megatron_tp(router, dev, dev.tp) and not (
+            dev.sp and dev.ep > 1):
         return None
     if first.batch * first.seq > gate.batch * gate.seq:
         return Placement(dev.tp, first.batch, first.seq)

@@ -343,12 +343,15 @@ def _mixtral_plain_and_tree(tree_name: str, engine: str, extra: list[str]) -> tu
 def test_mixtral_tree_with_whole_experts_in_both_engines() -> None:
     """data/strategies/megatron/mixtral-tp2-ep2-experts-whole.yaml (Megatron-Core's expert tensor parallelism 1
     at tp 2 x ep 2 with sp) on Mixtral 8x7B's block, 8 layers, against the plain plan, in the simulator and the
-    closed form: no expert all-gather or reduce-scatter (less tp time), all-to-alls of half the tokens (less ep
-    time), the experts' weights twice over (more weight memory), the same model FLOPs."""
+    closed form: no expert all-gather or reduce-scatter (less tp time), all-to-alls of the rank's own tokens as
+    the plain plan's (Megatron-Core's all-to-all dispatcher under sp: the same ep time in the closed form; the
+    simulator shares the links with the larger expert gradient reduction), the experts' weights twice over (more
+    weight memory), the same model FLOPs."""
     for engine in ("sim", "analytical"):
         before, after = _mixtral_plain_and_tree("mixtral-tp2-ep2-experts-whole.yaml", engine, ["--sp"])
         assert after["breakdown"]["tp_comm"] < 0.7 * before["breakdown"]["tp_comm"]
-        assert after["breakdown"]["ep_comm"] < 0.8 * before["breakdown"]["ep_comm"]
+        ep_before, ep_after = before["breakdown"]["ep_comm"], after["breakdown"]["ep_comm"]
+        assert ep_after == ep_before if engine == "analytical" else abs(ep_after / ep_before - 1.0) < 0.2
         assert after["memory_breakdown"]["weights"] > 1.8 * before["memory_breakdown"]["weights"]
         assert after["model_flops_per_iteration"] == before["model_flops_per_iteration"]
 

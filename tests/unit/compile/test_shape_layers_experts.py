@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import TINY_GPT_MODEL_YAML, a100_cluster
+from conftest import a100_cluster, tiny_moe_job
 from trainsim.catalog.calibration import Calibration
 from trainsim.catalog.model_files import parse_model
 from trainsim.compile.build import compile_job
@@ -33,18 +33,14 @@ from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.tree import StrategyTree
 from trainsim.strategy.tree_yaml import load_tree_yaml
 
-TINY_MOE_YAML = (TINY_GPT_MODEL_YAML.replace("name: tiny-gpt", "name: tiny-moe").replace("bias: true", "bias: false")
-                 + "num_experts: 4\ntop_k: 2\nmoe_every: 1\n")
 ATTN_PARAMS, EXPERT_PARAMS = 4224, 32896
 EXPERTS = ("blocks.*.moe.mlp.fc1", "blocks.*.moe.mlp.act", "blocks.*.moe.mlp.fc2")
 
 
 def _tiny(tp: int = 2, ep: int = 2, sp: bool = True) -> tuple[Job, OpGraph]:
-    spec = parse_model(yaml.safe_load(TINY_MOE_YAML))
-    assert isinstance(spec, TransformerSpec)
-    par = ParallelSpec.parse({"micro_batch": 2, "seq_len": 32, "global_batch": 32, "tp": tp, "ep": ep, "sp": sp})
-    job = make_job(spec, a100_cluster(8), par)
-    return job, build_transformer(spec, DeviceSlice.of(job.parallel))
+    job = tiny_moe_job(tp, ep, sp)
+    assert isinstance(job.model, TransformerSpec)
+    return job, build_transformer(job.model, DeviceSlice.of(job.parallel))
 
 
 def _experts_over(job: Job, graph: OpGraph, d: int) -> StrategyTree:
@@ -80,7 +76,9 @@ def test_experts_whole_over_tp2_with_sp_pay_no_expert_tp_collective() -> None:
     split, which gathers the hidden state over tp first, dispatches all 128: 8192). fc1 runs 64 rows x 128 ffn
     features x 32: 2 x 64 x 128 x 32 = 524288 FLOPs, as many as Megatron's 128 rows x 64 features. A rank holds
     its 2 experts whole: 32896 / 2 = 16448 parameters, twice Megatron's 32896 / 4 = 8224; with the attention's
-    4224 / 2: 18560 per block."""
+    4224 / 2: 18560 per block. Megatron's split (d = tp) dispatches the rank's own 64 routed copies too
+    (Megatron-Core's all-to-all dispatcher under sp), then gathers the pair's 128 over tp (8192 bytes) and
+    reduce-scatters them after the experts."""
     job, graph = _tiny()
     block = _moe(job, _experts_over(job, graph, 1))
     megatron = graph.layers[1]
@@ -91,8 +89,9 @@ def test_experts_whole_over_tp2_with_sp_pay_no_expert_tp_collective() -> None:
         Comm("attn.rs", "reduce-scatter", "tp", "fwd", 4096.0),
         Comm("attn.ag", "all-gather", "tp", "bwd", 4096.0),
         Comm("attn.rs", "reduce-scatter", "tp", "bwd", 4096.0, 0, "qkv"))
-    assert [c.name for c in megatron.comms if c.axis == "tp"] == ["attn.ag", "attn.rs", "mlp.ag", "mlp.rs"] * 2
-    assert [c.buffer_bytes for c in megatron.comms if c.axis == "ep"] == [8192.0] * 4
+    assert [(c.name, c.buffer_bytes) for c in megatron.comms if c.axis == "tp"] == [
+        ("attn.ag", 4096.0), ("attn.rs", 4096.0), ("mlp.ag", 8192.0), ("mlp.rs", 8192.0)] * 2
+    assert [c.buffer_bytes for c in megatron.comms if c.axis == "ep"] == [4096.0] * 4
     assert _flops(block, "fc1") == _flops(megatron, "fc1") == 2 * 64 * 128 * 32
     assert _flops(block, "fc2") == 2 * 64 * 32 * 128 and _flops(block, "gelu") == 8 * 64 * 128
     assert next(op for op in block.fwd if op.name == "fc1").shape == (1, 64, 128, 32)
@@ -106,14 +105,17 @@ def test_experts_whole_without_sp_run_all_tokens_on_each_tp_rank() -> None:
     """Without sp every tp rank holds all 64 tokens: the experts whole run all 128 routed copies on each rank
     (2 x 128 x 128 x 32 = 1048576 FLOPs for fc1, twice Megatron's), with no tp collective and all-to-alls of
     8192 bytes, as Megatron's split moves. (Megatron-Core refuses MoE with tp > 1 and no sp in training,
-    moe_layer.py, megatron-core 0.16.1; trainsim prices it, as it prices Megatron's split without sp.)"""
+    moe_layer.py, megatron-core 0.16.1; trainsim prices it, as it prices Megatron's split without sp.) Both tp
+    ranks ran the same tokens: the experts' gradient (16448 less the router's 128 / 2) is summed over the dp / ep
+    = 2 data-parallel ranks holding those experts at tp index 0, ranks 0 and 4, once."""
     job, graph = _tiny(sp=False)
     block = _moe(job, _experts_over(job, graph, 1))
     assert [(c.name, c.axis) for c in block.comms if c.axis == "tp"] == [("attn.ar", "tp")] * 2
     assert [c.buffer_bytes for c in block.comms if c.axis == "ep"] == [8192.0] * 4
     assert _flops(block, "fc1") == 2 * _flops(graph.layers[1], "fc1") == 2 * 128 * 128 * 32
     assert block.param_count == 18560
-    assert expert_grad_groups(job, shape_layers(job, _experts_over(job, graph, 1).lower(job.parallel))) == {}
+    assert expert_grad_groups(job, shape_layers(job, _experts_over(job, graph, 1).lower(job.parallel))) == {
+        1: (16384.0, (0, 4)), 2: (16384.0, (0, 4))}
 
 
 def test_experts_over_pairs_of_tp4_gather_the_routed_tokens_over_2_ranks() -> None:
@@ -136,23 +138,30 @@ def test_whole_experts_sum_their_gradient_over_their_expert_data_parallel_ranks(
     """tp 2 x ep 2 x dp 4 with sp, experts whole: the 2 tp ranks ran other tokens through the same experts, so
     their expert gradients are summed with each other's and with the dp / ep = 2 data-parallel ranks holding
     the same experts: ranks 0, 1, 4 and 5 (Megatron-Core's expert data-parallel group, world / (etp x ep) = 4).
-    The simulator's gradient buckets: the experts' 2 x 16448 parameters over those 4 ranks, every other
-    parameter over the dp group, each bucket its all-reduce of bf16 gradients (2 bytes) on its ranks' layout."""
+    The simulator's gradient buckets: the experts' 2 x 16384 parameters (16448 less the router's 128 / 2,
+    summed with the dp group) over those 4 ranks, every other parameter over the dp group, each bucket its
+    all-reduce of bf16 gradients (2 bytes) on its ranks' layout. Megatron's split (d = tp = 2): each rank holds
+    32896 / 4 - 32 = 8192 expert parameters, summed over the dp / ep = 2 ranks at its tp index: 0 and 4."""
     job, graph = _tiny()
     plan = _experts_over(job, graph, 1).lower(job.parallel)
     groups = expert_grad_groups(job, shape_layers(job, plan))
-    assert groups == {1: (16448.0, (0, 1, 4, 5)), 2: (16448.0, (0, 1, 4, 5))}
-    assert expert_grad_groups(job, default_plan(graph, job.parallel)) == {}
+    assert groups == {1: (16384.0, (0, 1, 4, 5)), 2: (16384.0, (0, 1, 4, 5))}
+    assert expert_grad_groups(job, default_plan(graph, job.parallel)) == {1: (8192.0, (0, 4)), 2: (8192.0, (0, 4))}
     pricer = Pricer(Calibration())
     compiled = compile_job(job, plan, pricer)
-    others = sum(a.layer.param_count for a in shape_layers(job, plan).layers) - 2 * 16448
-    expert_s = pricer.collective_s("all-reduce", 2 * 16448 * 2.0, job.cluster.ranks_layout((0, 1, 4, 5)), job)
+    others = sum(a.layer.param_count for a in shape_layers(job, plan).layers) - 2 * 16384
+    expert_s = pricer.collective_s("all-reduce", 2 * 16384 * 2.0, job.cluster.ranks_layout((0, 1, 4, 5)), job)
     dense_s = pricer.collective_s("all-reduce", others * 2.0, job.cluster.group_layout(4, 2), job)
     assert [(t.name, t.duration_s) for t in compiled.tasks if t.category == "dp_comm"] == [
         ("dp all-reduce bucket0 L2.moe_block..L1.moe_block", expert_s),
         ("dp all-reduce bucket1 L3.head..L0.embedding", dense_s)]
     plain = compile_job(job, default_plan(graph, job.parallel), pricer)
-    assert [t.name for t in plain.tasks if t.category == "dp_comm"] == ["dp all-reduce bucket0 L3.head..L0.embedding"]
+    assert [(t.name, t.duration_s) for t in plain.tasks if t.category == "dp_comm"] == [
+        ("dp all-reduce bucket0 L2.moe_block..L1.moe_block",
+         pricer.collective_s("all-reduce", 2 * 8192 * 2.0, job.cluster.ranks_layout((0, 4)), job)),
+        ("dp all-reduce bucket1 L3.head..L0.embedding", pricer.collective_s(
+            "all-reduce", (sum(a.layer.param_count for a in default_plan(graph, job.parallel).layers) - 2 * 8192)
+            * 2.0, job.cluster.group_layout(4, 2), job))]
 
 
 def test_expert_configs_other_than_megatron_core_s_are_refused_in_one_line() -> None:

@@ -167,7 +167,8 @@ def test_a_router_by_sequence_without_sp_dispatches_its_own_tokens() -> None:
     experts' input gradient reduce-scattered (R), norm2's gradient gathered from the router's halves (H). The
     router (32 rows) is held whole and its gradient summed over the pair with the dp ranks: a bucket of the two
     blocks' 2 x 128 router parameters over 8 ranks, the rest over the dp group of 4, each its all-reduce of bf16
-    gradients."""
+    gradients; before them the experts' 2 x (32896 / 4 - 128 / 4) = 2 x 8192 over their expert data-parallel
+    ranks (tp index 0 of the dp / ep = 2 ranks holding those experts: 0 and 4)."""
     job = _job()
     plan = _plan(job, [(ROUTER, "seq", 2)])
     block = _block(job, plan)
@@ -188,11 +189,14 @@ def test_a_router_by_sequence_without_sp_dispatches_its_own_tokens() -> None:
     assert held == 4608 + 2 * 10432 + 64
     assert compiled.devices[0].static_breakdown["weights"] == held * policy_for("bf16").weight_bytes
     grad = policy_for("bf16").grad_bytes
+    assert expert_grad_groups(job, plan) == {1: (8192.0, (0, 4)), 2: (8192.0, (0, 4))}
     assert [(t.name, t.duration_s) for t in compiled.tasks if t.category == "dp_comm"] == [
         ("dp all-reduce bucket0 L2.moe_block..L1.moe_block",
+         pricer.collective_s("all-reduce", 2 * 8192 * grad, job.cluster.ranks_layout((0, 4)), job)),
+        ("dp all-reduce bucket1 L2.moe_block..L1.moe_block",
          pricer.collective_s("all-reduce", 2 * ROUTER_PARAMS * grad, job.cluster.group_layout(8, 1), job)),
-        ("dp all-reduce bucket1 L3.head..L0.embedding",
-         pricer.collective_s("all-reduce", (held - 2 * ROUTER_PARAMS) * grad, pricer.layout("grad", job), job))]
+        ("dp all-reduce bucket2 L3.head..L0.embedding", pricer.collective_s(
+            "all-reduce", (held - 2 * ROUTER_PARAMS - 2 * 8192) * grad, pricer.layout("grad", job), job))]
 
 
 def test_a_router_split_as_the_experts_over_pairs_skips_their_gather() -> None:
@@ -234,20 +238,24 @@ def test_experts_over_pairs_without_sp_all_reduce_the_combined_hidden_state() ->
 
 
 def test_an_moe_block_s_last_add_by_features_under_sp_exchanges_its_skip_input_by_all_to_all() -> None:
-    """With sp, the MoE block's residual2 adds its half of the features (sequence whole): the experts' partial sums
-    are reduce-scattered onto those features (mlp.rs, as Megatron's onto the sequence), its skip input (residual1's
-    sequence half) exchanged by all-to-all (block.a2a, a rank's H / 2) and the block hands on the sequence split
-    by all-to-all again; backward both exchanges back. residual2 runs 64 x 16 elements; parameters unchanged."""
+    """With sp, the MoE block's residual2 adds its half of the features (sequence whole): the experts' routed
+    tokens are gathered over the pair (mlp.ag, R) and their partial sums reduce-scattered back onto the tokens
+    each rank dispatched (mlp.rs, R: Megatron-Core's all-to-all dispatcher under sp at ep > 1), the combined
+    sequence half exchanged by all-to-all onto the feature half (mlp.a2a, H / 2), its skip input (residual1's
+    sequence half) likewise (block.a2a, H / 2) and the block hands on the sequence split by all-to-all again;
+    backward each exchange back. residual2 runs 64 x 16 elements; parameters unchanged."""
     job = _job(sp=True)
     plan = _plan(job, [("blocks.*.residual2", "seq", 1), ("blocks.*.residual2", "out", 2)])
     block = _block(job, plan)
     tp = [(c.name, c.collective, c.phase, c.buffer_bytes) for c in block.comms if c.axis == "tp"]
     assert tp == [("attn.ag", "all-gather", "fwd", H), ("attn.rs", "reduce-scatter", "fwd", H),
-                  ("mlp.ag", "all-gather", "fwd", H), ("block.a2a", "all-to-all", "fwd", H / 2),
-                  ("mlp.rs", "reduce-scatter", "fwd", H), ("block.a2a", "all-to-all", "fwd", H / 2),
+                  ("mlp.ag", "all-gather", "fwd", R), ("block.a2a", "all-to-all", "fwd", H / 2),
+                  ("mlp.rs", "reduce-scatter", "fwd", R), ("mlp.a2a", "all-to-all", "fwd", H / 2),
+                  ("block.a2a", "all-to-all", "fwd", H / 2),
                   ("attn.ag", "all-gather", "bwd", H), ("attn.rs", "reduce-scatter", "bwd", H),
                   ("block.a2a", "all-to-all", "bwd", H / 2), ("block.a2a", "all-to-all", "bwd", H / 2),
-                  ("mlp.ag", "all-gather", "bwd", H), ("mlp.rs", "reduce-scatter", "bwd", H)]
+                  ("mlp.a2a", "all-to-all", "bwd", H / 2),
+                  ("mlp.ag", "all-gather", "bwd", R), ("mlp.rs", "reduce-scatter", "bwd", R)]
     assert next(op for op in block.fwd if op.name == "residual2").shape == (64 * 16,)
     assert block.param_count == MEGATRON_BLOCK_PARAMS
 

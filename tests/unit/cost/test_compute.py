@@ -66,6 +66,35 @@ def test_no_attention_kernel_beats_the_devices_best_gemm() -> None:
     assert _attention_seconds("h100-sxm5-80gb", "flash3", cal) == pytest.approx(op.flops / (peak * 0.8), rel=1e-9)
 
 
+def _with_half(cal: Calibration, half_kv_tokens: float) -> Calibration:
+    return cal.model_copy(update={"compute": cal.compute.model_copy(
+        update={"attention_half_kv_tokens": half_kv_tokens})})
+
+
+@pytest.mark.parametrize("kv_tokens, half, expected", [(1024, 1024.0, 0.5), (3072, 1024.0, 0.75),
+                                                        (4096, 0.0, 1.0), (512, 1536.0, 0.25)])
+def test_key_loop_efficiency_is_kv_over_kv_plus_half(kv_tokens: int, half: float, expected: float) -> None:
+    from trainsim.cost.compute import key_loop_efficiency
+    from trainsim.ir.flops import attention_op
+
+    cal = _with_half(FLASH_CAL, half)
+    for kernel in ("flash2", "flash3"):
+        op = attention_op("block.attn.core", "bf16", 32, kv_tokens, kv_tokens, 128, causal=True, kernel=kernel)
+        assert key_loop_efficiency(op, cal) == expected
+    math_op = attention_op("block.attn.core", "bf16", 32, kv_tokens, kv_tokens, 128, causal=True, kernel="math")
+    assert key_loop_efficiency(math_op, cal) == 1.0  # unfused: GEMMs priced as GEMMs
+
+
+def test_a_fused_kernel_at_its_half_point_takes_twice_as_long() -> None:
+    """4,096 keys with the half point at 4,096: the kernel's rate halves, its time doubles (compute-bound, no
+    overhead, far below the MAMF cap); the unfused kernel is unchanged."""
+    for device, kernel in (("h100-sxm5-80gb", "flash2"), ("h100-sxm5-80gb", "flash3"), ("a100-sxm4-80gb", "flash2"),
+                           ("a100-sxm4-80gb", "math")):
+        plain = _attention_seconds(device, kernel, FLASH_CAL)
+        halved = _attention_seconds(device, kernel, _with_half(FLASH_CAL, 4096.0))
+        assert halved == pytest.approx(plain * (1.0 if kernel == "math" else 2.0), rel=1e-12), (device, kernel)
+
+
 def test_a_kernel_the_device_lacks_is_said_in_the_result() -> None:
     from trainsim.catalog import load_cluster, load_model
     from trainsim.estimate.analytical import AnalyticalEstimator

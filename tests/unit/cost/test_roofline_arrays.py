@@ -43,9 +43,13 @@ def _hand_made() -> list[Op]:
     return ops
 
 
+@pytest.mark.parametrize("half_kv_tokens", [None, 1100.0])  # None: the package fit's
 @pytest.mark.parametrize("cluster", CLUSTERS)
-def test_every_op_as_op_time_s(cluster: str) -> None:
+def test_every_op_as_op_time_s(cluster: str, half_kv_tokens: float | None) -> None:
     device, cal = load_cluster(cluster).device, load_calibration()
+    if half_kv_tokens is not None:  # a fused kernel's key loop priced (cost.compute.key_loop_efficiency)
+        cal = cal.model_copy(update={"compute": cal.compute.model_copy(
+            update={"attention_half_kv_tokens": half_kv_tokens})})
     ops = (_hand_made() + _ops("gpt3-1.3b", cluster, tp=2, sp=True) + _ops("llama3.1-8b", cluster, precision="fp8")
            + _ops("llama3.1-8b", cluster, attention="math") + _ops("mixtral-8x7b", cluster, ep=2)
            + _ops("resnet50", cluster) + _ops("dlrm-mlperf-terabyte", cluster))

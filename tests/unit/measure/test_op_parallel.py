@@ -1,12 +1,15 @@
 """A strategy tree's per-op tp configs run for real (measure/op_parallel.py, measure/tp_degrees.py): every op at its
 own degree over consecutive tp ranks, or whole, on 2 and 4 gloo ranks, computes what the unsplit model computes
-(the loss after two optimizer steps, so the gradients of every layout count); the degrees handed to the ranks;
-the layouts not measured are refused in one line."""
+(the loss after two optimizer steps; and, for the splits other than Megatron's, every gradient of one step,
+tp_gradients, which an AdamW loss cannot check for scale); the degrees handed to the ranks; the layouts not
+measured are refused in one line."""
 
 import json
 from pathlib import Path
 
 import pytest
+from tp_gradients import TINY_LLAMA_MODEL_YAML, compare_gradients
+from tp_gradients import tree_yaml as _tree
 from typer.testing import CliRunner
 
 from conftest import REPO_DIR, TINY_GPT_MODEL_YAML
@@ -19,12 +22,6 @@ from trainsim.strategy.tree_yaml import load_tree_yaml
 
 runner = CliRunner()
 MEGATRON = REPO_DIR / "data" / "strategies" / "megatron"
-
-
-def _tree(tp: int, *splits: str) -> str:
-    rows = "".join(f"    - {{path: \"{path}\", item: compute, dim: {dim}, parts: {parts}, axis: tp}}\n"
-                   for path, dim, parts in (s.split() for s in splits))
-    return f"strategy_tree:\n  map:\n    - {{tp: {tp}}}\n  split:\n{rows}"
 
 
 # a split read whole: q, k, v into a whole projection (core split), the ffn features into a whole activation, the
@@ -51,10 +48,6 @@ ROWS_TOKENS4 = _tree(4, "embedding.tokens reduce 4", "blocks.*.attn.qkv out 2", 
                      "blocks.*.mlp.fc2 seq 2", "head.proj out 4", "head.loss out 4")
 
 
-TINY_LLAMA_MODEL_YAML = TINY_GPT_MODEL_YAML.replace("name: tiny-gpt", "name: tiny-llama").replace(
-    "mlp: gelu", "mlp: swiglu").replace("norm: layernorm", "norm: rmsnorm").replace(
-    "position: learned", "position: rope").replace("bias: true", "bias: false").replace(
-    "tied_embeddings: true", "tied_embeddings: false") + "num_kv_heads: 2\n"
 # LLaMA: q, k and v (grouped, 2 kv heads) of a split qkv gathered into a whole rope and core, the SwiGLU's split
 # gate and up into a whole activation, an untied head's split logits into a whole loss beside a whole lookup
 LLAMA_GATHERS = _tree(2, "blocks.*.attn.qkv out 2", "blocks.*.mlp.gate_up out 2", "head.proj out 2")
@@ -194,3 +187,11 @@ def test_per_op_tp_layouts_not_measured_are_one_line(tmp_path: Path, tree: str, 
                                  "--precision", "fp32", "--tree", str(path), *flags])
     assert result.exit_code == 2, result.output
     assert words in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("name", ["gpt-tp2-qkv-reduce", "gpt-tp2-attn-seq", "gpt-tp2-mlp-tokens",
+                                  "gpt-tp2-norms-seq", "gpt-tp2-qkv-gather"])
+def test_the_splits_compute_the_unsplit_gradients(tmp_path: Path, name: str) -> None:
+    # the losses above come after AdamW steps, which barely see a gradient scaled: here every gradient is compared
+    pytest.importorskip("torch")
+    compare_gradients(TINY_GPT_MODEL_YAML, (MEGATRON / f"{name}.yaml").read_text(), tmp_path)

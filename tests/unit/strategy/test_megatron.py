@@ -45,14 +45,17 @@ def _tp_comms(spec: TransformerSpec, dev: DeviceSlice, moe: bool = False) -> lis
     if dev.tp == 1:
         return []
     buffer = dev.local_tokens * spec.hidden * _act_bytes(dev)
+    # Megatron-Core's all-to-all dispatcher gathers the routed tokens (top_k per token) over tp after the dispatch
+    routed = buffer * spec.top_k if moe and _alltoall_order(dev) else buffer
     columns = {"attn": "qkv", "mlp": "" if moe else "gate_up" if spec.mlp == "swiglu" else "fc1"}
     comms: list[Comm] = []
     for phase in ("fwd", "bwd"):
         for site in ("attn", "mlp"):
             column = columns[site]
+            size = routed if site == "mlp" else buffer
             if dev.sp:
-                comms += [Comm(f"{site}.ag", "all-gather", "tp", phase, buffer, 0, column if phase == "fwd" else ""),
-                          Comm(f"{site}.rs", "reduce-scatter", "tp", phase, buffer, 0,
+                comms += [Comm(f"{site}.ag", "all-gather", "tp", phase, size, 0, column if phase == "fwd" else ""),
+                          Comm(f"{site}.rs", "reduce-scatter", "tp", phase, size, 0,
                                column if phase == "bwd" else "")]
             else:
                 comms.append(Comm(f"{site}.ar", "all-reduce", "tp", phase, buffer, 0, column if phase == "bwd" else ""))
@@ -91,8 +94,19 @@ def _head_comms(spec: TransformerSpec, dev: DeviceSlice) -> list[Comm]:
                       for name in ("max", "target", "sum_exp"))]
 
 
+def _alltoall_order(dev: DeviceSlice) -> bool:
+    """Megatron-Core's MoEAlltoAllTokenDispatcher's order (megatron/core/transformer/moe/token_dispatcher.py,
+    megatron-core 0.9.0 and 0.16.1): under sp at tp > 1 and ep > 1 each tp rank dispatches its own sequence share."""
+    return dev.sp and dev.tp > 1 and dev.ep > 1
+
+
+def _a2a_bytes(spec: TransformerSpec, dev: DeviceSlice) -> int:
+    tokens = dev.local_tokens // dev.tp if _alltoall_order(dev) else dev.local_tokens
+    return tokens * spec.top_k * spec.hidden * _act_bytes(dev)
+
+
 def _moe_comms(spec: TransformerSpec, dev: DeviceSlice) -> list[Comm]:
-    a2a_bytes = dev.local_tokens * spec.top_k * spec.hidden * _act_bytes(dev)
+    a2a_bytes = _a2a_bytes(spec, dev)
     return [Comm("dispatch", "all-to-all", "ep", "fwd", a2a_bytes),
             Comm("combine", "all-to-all", "ep", "fwd", a2a_bytes)]
 
@@ -108,7 +122,7 @@ def _pattern_comms(spec: TransformerSpec, dev: DeviceSlice, layer: Layer) -> tup
 
 def _ep_backward(spec: TransformerSpec, dev: DeviceSlice) -> tuple[Comm, ...]:
     """The conjugates of dispatch and combine in the backward pass, which the fixed pattern left out."""
-    a2a_bytes = dev.local_tokens * spec.top_k * spec.hidden * _act_bytes(dev)
+    a2a_bytes = _a2a_bytes(spec, dev)
     return (Comm("combine", "all-to-all", "ep", "bwd", a2a_bytes),
             Comm("dispatch", "all-to-all", "ep", "bwd", a2a_bytes))
 

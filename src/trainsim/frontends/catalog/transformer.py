@@ -26,7 +26,7 @@ from trainsim.ir.flops import (
     pointwise_backward,
     pointwise_op,
 )
-from trainsim.ir.graph import Layer, LayerKind, Op, OpGraph, OpKind
+from trainsim.ir.graph import ExpertShard, Layer, LayerKind, Op, OpGraph, OpKind
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.megatron import (
@@ -182,11 +182,11 @@ def block_layer(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool,
     fwd = _attention_ops(spec, dev, path, c, rows, widths)
     fwd.append(pointwise_op("norm2", "norm", f"{path}.norm2", act, rows["norm2"] * widths["norm2"],
                             flops_per_element=5.0))
+    d = _weight_parts(c[_mlp_op_names(spec)[0]])  # the experts' tp degree (strategy.megatron.dispatch_layout)
     if moe:
         # NB: Megatron's router is shaped on all local tokens, under sp too, as before
         router_tokens = dev.local_tokens // _token_parts(given["router"]) if "router" in given else dev.local_tokens
         fwd.append(matmul_op("router", f"{path}.moe.router", act, router_tokens, spec.num_experts, h))
-        d = _weight_parts(c[_mlp_op_names(spec)[0]])  # the experts' tp degree (strategy.megatron.dispatch_layout)
         fwd.extend(_mlp_ops(spec, dev, f"{path}.moe", _expert_tokens(dev, d), spec.top_k, _features_only(c)))
     else:
         fwd.extend(_mlp_ops(spec, dev, path, dev.local_tokens, 1, c))
@@ -200,7 +200,7 @@ def block_layer(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool,
     return Layer(name, kind, count, fwd_ops, bwd_ops, comms,
                  _block_local_params(spec, dev, moe, c, own_norms, "router" in given),
                  sum(_block_params(spec, moe)), _block_saved_bytes(spec, dev, moe, c, (rows, widths)),
-                 _replicated_tokens(dev) * h * _act_bytes(dev))
+                 _replicated_tokens(dev) * h * _act_bytes(dev), expert_shard(spec, dev, d) if moe else None)
 
 
 _TOKEN_OPS = ("norm1", "residual1", "norm2", "residual2")  # a block's ops outside attention, MLP and router
@@ -236,6 +236,13 @@ def expert_params(spec: TransformerSpec, dev: DeviceSlice, d: int) -> float:
     """The parameters one rank holds of an MoE block's experts (with the router's, as this builder counts them):
     its ep share of the experts, each split over the experts' tp degree d."""
     return _block_params(spec, True)[1] / d / dev.ep
+
+
+def expert_shard(spec: TransformerSpec, dev: DeviceSlice, d: int) -> ExpertShard:
+    """The experts' part of the parameters one rank holds of an MoE block at expert tp degree d (expert_params
+    less the router's share the builder counts with them: Megatron-Core's router weight is no expert parameter,
+    its gradient is summed over the data-parallel group: megatron/core/transformer/moe/router.py, 0.16.1)."""
+    return ExpertShard(expert_params(spec, dev, d) - router_params(spec) / d / dev.ep, d)
 
 
 def _weight_parts(config: OpConfig) -> int:
@@ -332,7 +339,11 @@ def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: Ma
         2 * a2 + 1)
     lse = dev.micro_batch // core.batch * heads * (tokens // dev.micro_batch // core.seq) * 4.0
     attn_core = lse if dev.fused_attention else scores
-    base = replicated + qkv + out_in + mlp
+    # an MoE's experts keep the routed tokens their first matmul reads for its weight gradient (Megatron-Core's
+    # grouped GEMM saves its input: the dispatched, and over the expert tp group gathered, tokens; TEGroupedMLP,
+    # megatron/core/transformer/moe/experts.py, megatron-core 0.16.1), top_k copies of the expert tokens
+    routed = rows(first) * spec.top_k * (h // c[first].reduce) * a2 if moe else 0.0
+    base = replicated + qkv + out_in + mlp + routed
     # torchtitan's op-level selective checkpointing (torchtitan/models/llama3/infra/parallelize.py, torchtitan
     # 0.1.0, _save_list and _get_custom_policy): the block input (the checkpoint's) and the outputs of the
     # attention kernel and of every other matmul in the block's order (wq wk wv wo w1 w3 w2: wq, wv, w1, w2;

@@ -1,0 +1,98 @@
+"""A gradient comparison for per-op tp configs (measure/op_parallel.py): `world` gloo ranks each build the job's tp
+Trainer for a strategy tree, run one step up to the optimizer (Trainer.gradients: forward, backward and the
+gradient reductions), and compare the loss and every parameter's whole gradient (a DTensor's gathered; a weight
+held whole, as it is) with the unsplit model's on the same batch. A gradient counted twice, or summed where it
+should not be, fails here, where a loss after AdamW steps barely moves (Adam's update is invariant to a gradient's
+scale). Imported by the tests (and by the ranks they spawn)."""
+
+from pathlib import Path
+from typing import Any
+
+from conftest import TINY_GPT_MODEL_YAML
+
+TINY_LLAMA_MODEL_YAML = TINY_GPT_MODEL_YAML.replace("name: tiny-gpt", "name: tiny-llama").replace(
+    "mlp: gelu", "mlp: swiglu").replace("norm: layernorm", "norm: rmsnorm").replace(
+    "position: learned", "position: rope").replace("bias: true", "bias: false").replace(
+    "tied_embeddings: true", "tied_embeddings: false") + "num_kv_heads: 2\n"
+RTOL = 1e-4  # fp32: the split run sums in another order (reduce-scatters, statistics all-reduced)
+ATOL = 1e-6  # of the largest gradient: a gradient that is zero in exact arithmetic (a key's bias) is rounding
+
+
+def tree_yaml(tp: int, *splits: str) -> str:
+    """A strategy tree over tp from "path dim parts" rows (the rest Megatron's)."""
+    rows = "".join(f"    - {{path: \"{path}\", item: compute, dim: {dim}, parts: {parts}, axis: tp}}\n"
+                   for path, dim, parts in (s.split() for s in splits))
+    return f"strategy_tree:\n  map:\n    - {{tp: {tp}}}\n  split:\n{rows}"
+
+
+def compare_gradients(model_yaml: str, tree_yaml: str, tmp_path: Path, tp: int = 2,
+                      settings: dict[str, Any] | None = None) -> None:
+    """Spawn `tp` ranks; each raises (and the spawn re-raises) where a loss or a gradient differs."""
+    from torch.multiprocessing.spawn import spawn
+
+    model, tree = tmp_path / "model.yaml", tmp_path / "tree.yaml"
+    model.write_text(model_yaml)
+    tree.write_text(tree_yaml)
+    job = {"model": str(model), "tp": tp, "num_gpus": tp, "micro_batch": 2, "global_batch": 4, "seq_len": 16,
+           "precision": "fp32", "cluster": "local-cpu", **(settings or {})}
+    spawn(_rank, args=(tp, str(tmp_path / "store"), job, str(tree)), nprocs=tp, join=True)
+
+
+def _rank(rank: int, world: int, store: str, settings: dict[str, Any], tree: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        _check(settings, Path(tree))
+    finally:
+        dist.destroy_process_group()
+
+
+def _check(settings: dict[str, Any], tree: Path) -> None:
+    import torch
+
+    from trainsim.frontends.catalog.build import build_graph
+    from trainsim.jobfile import job_from_settings
+    from trainsim.measure.model import build_model, lm_loss
+    from trainsim.measure.parallelize import Trainer, make_topology
+    from trainsim.measure.tp_degrees import plan_tp_layout
+    from trainsim.strategy.device_slice import DeviceSlice
+    from trainsim.strategy.tree_yaml import load_tree_yaml
+
+    job = job_from_settings(settings)
+    plan = load_tree_yaml(tree, build_graph(job.model, DeviceSlice.of(job.parallel))).lower(job.parallel)
+    degrees, dims = plan_tp_layout(plan, job.parallel)
+    trainer = Trainer(job, make_topology(job, "cpu"), torch.device("cpu"), 0, tp_degrees=degrees, tp_dims=dims)
+    loss = trainer.gradients()
+    whole = build_model(job.model, seed=0, attention=job.parallel.attention)  # type: ignore[arg-type]
+    n = len(trainer.batch.tokens)
+    reference = 0.0
+    for tokens, labels in zip(trainer.batch.tokens, trainer.batch.labels, strict=True):
+        part = lm_loss(whole(tokens), labels) / n
+        part.backward()
+        reference += float(part.detach())
+    if trainer.computes_loss:
+        assert abs(loss - reference) <= 1e-5 * abs(reference), (loss, reference)
+    expected = dict(whole.named_parameters())
+    scale = max(float(p.grad.abs().max()) for p in expected.values() if p.grad is not None)
+    (chunk,) = trainer.chunks
+    wrong = []
+    for name, param in chunk.named_parameters():  # the same order on every rank: full_tensor is a collective
+        got = _whole_gradient(param.grad)
+        want = expected[name].grad
+        assert want is not None and got is not None, name
+        if not torch.allclose(got, want, rtol=RTOL, atol=ATOL * scale):
+            wrong.append(f"{name}: max |diff| {float((got - want).abs().max()):.3g}, max |want| "
+                         f"{float(want.abs().max()):.3g}")
+    assert not wrong, "; ".join(wrong)
+
+
+def _whole_gradient(grad: Any) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(grad, DTensor):
+        return grad
+    assert not any(p.is_partial() for p in grad.placements), grad.placements  # a sum left undone
+    return grad.full_tensor()

@@ -16,7 +16,7 @@
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -26,11 +26,11 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job
 from trainsim.measure.model import Block, MoE, TransformerChunk, build_chunk, lm_loss, split_layers
-from trainsim.measure.op_collectives import sum_grads
-from trainsim.measure.op_parallel import apply_op_tp
-from trainsim.measure.op_splits import TokenSplit
 from trainsim.measure.tp_degrees import TpDegrees, TpDims
 from trainsim.strategy.stages import virtual_stage_blocks
+
+if TYPE_CHECKING:  # torch.distributed.tensor takes seconds to import: only plans with tp load it
+    from trainsim.measure.op_splits import TokenSplit
 
 LEARNING_RATE = 1e-4
 DDP_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel's default bucket_cap_mb=25
@@ -248,6 +248,8 @@ class Trainer:
                 chunk = build_chunk(spec, plans[index], p.recompute, self.seed, experts=spec.is_moe,
                                     attention=p.attention)
                 if p.tp > 1 and self.tp_degrees is not None:
+                    from trainsim.measure.op_parallel import apply_op_tp
+
                     self.token_splits += apply_op_tp(chunk, spec, self.topo.mesh["tp"], self.tp_degrees,
                                                      self.tp_dims)
                 elif p.tp > 1:
@@ -306,8 +308,11 @@ class Trainer:
         parameter's .grad is then its gradient of the step's loss (the numerics tests compare them)."""
         self.optimizer.zero_grad(set_to_none=True)
         loss = self._pipeline_step() if self.schedule is not None else self._local_step()
-        for params, group in self.token_splits:
-            sum_grads(params, group)
+        if self.token_splits:  # a strategy tree's tp splits by tokens only
+            from trainsim.measure.op_collectives import sum_grads
+
+            for params, group in self.token_splits:
+                sum_grads(params, group)
         if self.manual_grad_sync:
             all_reduce_grads(self.params, self.topo.group("dp"), self.job.parallel.dp)
         self._sync_tied_embedding()

@@ -72,7 +72,7 @@ def _rank(rank: int, world: int, store: str, jobs: list[tuple[dict[str, Any], st
     torch.set_num_threads(1)
     # a case that fails on one rank inside a collective times the others out instead of hanging them
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120))
+                            timeout=timedelta(seconds=300))
     try:
         for settings, tree in jobs:
             try:

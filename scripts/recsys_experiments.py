@@ -20,11 +20,9 @@ from trainsim.comm.sigmoid import SigmoidComm, fit_sigmoid
 from trainsim.cost.embedding_lookup import MlpLookup, RooflineLookup
 from trainsim.cost.pricing import Pricer
 from trainsim.embedding.sharders import MEMORY_CAP_FRACTION, SHARDERS, shard
-from trainsim.embedding.synthetic import generate_task
 from trainsim.estimate.sharded_dlrm import estimate_sharded
-from trainsim.frontends.catalog.sharded_dlrm import dlrm_model, sharded_job
-from trainsim.ir.model_spec import EmbeddingTable
-from trainsim.measure.dlrm import DlrmConfig, measure_dlrm
+from trainsim.frontends.catalog.sharded_dlrm import sharded_job
+from trainsim.measure.dlrm_campaign import Campaign, CampaignFiles, CampaignTask, run_campaign
 from trainsim.profile.database import ProfileDB
 
 OUT = Path("data/recsys/cpu")
@@ -53,10 +51,8 @@ def local_curves(path: Path | None = None) -> SigmoidComm:
 
 
 def task(kind: str, ranks: int, seed: int):
-    tables = generate_task(kind, ranks, seed)  # type: ignore[arg-type]
-    specs = tuple(EmbeddingTable(rows=t.rows, dim=t.dim, pooling_factor=t.pooling, zipf_alpha=t.zipf_alpha)
-                  for t in tables)
-    return dlrm_model(f"{kind}{seed}-r{ranks}", specs), tables
+    """The generated task's DLRM on `ranks` ranks and its tables (measure.dlrm_campaign.CampaignTask)."""
+    return CampaignTask(kind, seed).model(ranks)  # type: ignore[arg-type]
 
 
 def dense(model) -> dict:
@@ -89,57 +85,20 @@ def predictions(model, plan, batch: int, lookups_mlp: MlpLookup, comm: SigmoidCo
     return out
 
 
-def done_keys(path: Path) -> set[tuple[str, ...]]:
-    if not path.exists():
-        return set()
-    with path.open() as f:
-        return {(r["experiment"], r["ranks"], r["task"], r["sharder"], r["local_batch"]) for r in csv.DictReader(f)}
-
-
 def run(experiment: str, heavy_tasks: int = 10, only_ranks: int = 0) -> None:
-    path = OUT / f"{experiment}.csv"
-    seen = done_keys(path)
-    jobs = []  # (ranks, name, kind, model, tables, sharder, plan, batch)
-    rank_counts = (only_ranks,) if only_ranks else (2, 4)
-    for ranks in rank_counts:
-        kinds = [("heavy", s) for s in range(heavy_tasks)] + ([("normal", 100 + s) for s in range(10)]
-                                                     if experiment == "e2e" else [])
-        for kind, seed in kinds:
-            model, tables = task(kind, ranks, seed)
-            sharders = ("size-lookup-greedy",) if experiment == "e2e" else SHARDERS
-            batches = BATCHES if experiment == "e2e" else (BATCHES[-1],)
-            for name in sharders:
-                plan = shard(tables, name, ranks, cap_bytes=CAP, seed=seed)
-                for batch in batches:
-                    key = (experiment, str(ranks), model.name, name, str(batch))
-                    if key not in seen:
-                        jobs.append((ranks, model.name, kind, model, tables, name, plan, batch, seed))
-    new_file = not path.exists()
-    traces = (OUT / f"{experiment}_traces.jsonl").open("a")
-    with path.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        if new_file:
-            writer.writeheader()
-        for ranks in rank_counts:
-            mine = [j for j in jobs if j[0] == ranks]
-            # sharding: a task's six plans are measured interleaved (one iteration of each in turn), so that the
-            # host's changing load falls on all of them alike; chunks hold whole tasks
-            group = len(SHARDERS) if experiment == "sharding" else 1
-            size = 2 * group if experiment == "sharding" else 10
-            for start in range(0, len(mine), size):
-                chunk = mine[start:start + size]
-                configs = [DlrmConfig(f"{j[1]}/{j[5]}/{j[7]}", j[6], j[7], dense(j[3]), seed=1) for j in chunk]
-                began = time.time()
-                measured = measure_dlrm(configs, iterations=ITERATIONS, warmup=1, timeout_s=1500, group=group)
-                print(f"{ranks} ranks: measured {len(chunk)} configs in {time.time() - began:.0f} s", flush=True)
-                for j, m in zip(chunk, measured, strict=True):
-                    writer.writerow({"experiment": experiment, "ranks": ranks, "task": j[1], "kind": j[2],
-                                     "seed": j[8], "tables": len(j[4]), "sharder": j[5], "local_batch": j[7],
-                                     "measured_s": m.iteration_s})
-                    traces.write(json.dumps({"task": j[1], "sharder": j[5], "local_batch": j[7], "ranks": ranks,
-                                             "iterations_s": m.iterations_s, "events": m.rank_events}) + "\n")
-                f.flush()
-                traces.flush()
+    """The campaign through measure.dlrm_campaign (resumable: configs already in OUT/<experiment>.csv are
+    skipped): e2e = `heavy_tasks` heavy + 10 normal tasks x BATCHES with size-lookup-greedy, each config alone;
+    sharding = the heavy tasks x the six sharders at the last batch, a task's six plans interleaved."""
+    tasks = [CampaignTask("heavy", s) for s in range(heavy_tasks)]
+    if experiment == "e2e":
+        tasks += [CampaignTask("normal", 100 + s) for s in range(10)]
+    sharding = experiment == "sharding"
+    campaign = Campaign(tuple(tasks), batches=(BATCHES[-1],) if sharding else BATCHES,
+                        ranks=(only_ranks,) if only_ranks else (2, 4),
+                        sharders=SHARDERS if sharding else ("size-lookup-greedy",), iterations=ITERATIONS, warmup=1,
+                        interleave=sharding, experiment=experiment, timeout_s=1500)
+    files = CampaignFiles.open(OUT / f"{experiment}.csv", OUT / f"{experiment}_traces.jsonl")
+    run_campaign(campaign, files, progress=lambda what, count: print(f"{what} ({count} measured)", flush=True))
 
 
 def predict_all(experiments: tuple[str, ...] = ("e2e", "sharding")) -> None:

@@ -36,10 +36,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from recsys_experiments import BATCHES, CAP, OUT, dense, task
+from recsys_experiments import BATCHES, CAP, OUT, task
 
 from trainsim.embedding.sharders import shard
-from trainsim.measure.dlrm import DlrmConfig, DlrmMeasurement, measure_dlrm
+from trainsim.measure.dlrm_campaign import FIELDS, Campaign, CampaignFiles, generated_tasks, run_campaign
 from trainsim.measure.dlrm_phase import PROBES as PHASE_PROBES
 
 ITERATIONS = int(os.environ.get("RECSYS_ITERATIONS", "5"))  # measured iterations per config
@@ -49,114 +49,37 @@ ALLOCATOR = os.environ.get("RECSYS_ALLOCATOR", "keep")
 # RECSYS_PHASE=1: every rank times measure.dlrm_probe's probes around each iteration (the traces carry them;
 # scripts/recsys_phase.py normalises a campaign's sets to the fast phase and checks the premise).
 PROBES = PHASE_PROBES if os.environ.get("RECSYS_PHASE", "0") == "1" else ()
-FIELDS = ("experiment", "ranks", "task", "kind", "seed", "tables", "sharder", "local_batch", "measured_s",
-          "fastest_s", "load_before", "load_after")
 SHARDER = "size-lookup-greedy"
 # Which measured set the files hold: "quiet" (the ranks given the host's cores: see the module docstring) or
 # "loaded" (the same campaign at the host's load, no priority).
 SET = os.environ.get("RECSYS_SET", "quiet")
 
 
-def order() -> list[tuple[str, int]]:
-    """Heavy and normal tasks alternated, so a partial campaign covers both."""
-    out = []
-    for i in range(10):
-        out += [("heavy", i), ("normal", 100 + i)]
-    return out
-
-
-def _done(path: Path, key: tuple[str, ...]) -> tuple[set[tuple[str, ...]], bool]:
-    """The keys of the rows a resumed campaign already has in `path`, and whether the file is new."""
-    if not path.exists():
-        return set(), True
-    with path.open(newline="") as handle:
-        return {tuple(row[k] for k in key) for row in csv.DictReader(handle)}, False
+def _campaign(experiment: str, tasks, batches: tuple[int, ...], ranks: tuple[int, ...], sharders: tuple[str, ...],
+              budget_s: float) -> None:
+    """One campaign through measure.dlrm_campaign into OUT/<experiment>_<set>.csv and its traces JSONL
+    (resumable; no new group starts once `budget_s` is spent)."""
+    campaign = Campaign(tuple(tasks), batches=batches, ranks=ranks, sharders=sharders, iterations=ITERATIONS,
+                        warmup=WARMUP, allocator=ALLOCATOR, probes=PROBES, interleave=experiment == "sharding",
+                        experiment=experiment, timeout_s=600)
+    files = CampaignFiles.open(OUT / f"{experiment}_{SET}.csv", OUT / f"{experiment}_{SET}_traces.jsonl")
+    began = time.monotonic()
+    run_campaign(campaign, files, budget_s=budget_s,
+                 progress=lambda what, count: print(f"{what} ({count} measured, {time.monotonic() - began:.0f} s)",
+                                                    flush=True))
 
 
 def measure(budget_s: float, rank_counts: tuple[int, ...]) -> None:
-    path, traces_path = OUT / f"e2e_{SET}.csv", OUT / f"e2e_{SET}_traces.jsonl"
-    seen, new_file = _done(path, ("ranks", "task", "local_batch"))
-    began = time.monotonic()
-    with path.open("a", newline="") as f, traces_path.open("a") as traces:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        if new_file:
-            writer.writeheader()
-        for kind, seed in order():  # each task on 2 then 4 ranks, so a partial campaign covers both
-            for ranks in rank_counts:
-                model, tables = task(kind, ranks, seed)
-                plan = shard(tables, SHARDER, ranks, cap_bytes=CAP, seed=seed)
-                configs = [DlrmConfig(f"{model.name}/{b}", plan, b, dense(model), seed=1) for b in BATCHES
-                           if (str(ranks), model.name, str(b)) not in seen]
-                if not configs:
-                    continue
-                if time.monotonic() - began > budget_s:
-                    print(f"budget of {budget_s:.0f} s spent", flush=True)
-                    return
-                start = time.monotonic()
-                measured = measure_dlrm(configs, iterations=ITERATIONS, warmup=WARMUP, timeout_s=600,
-                                        allocator=ALLOCATOR, probes=PROBES)
-                print(f"{model.name}: {len(configs)} configs in {time.monotonic() - start:.0f} s, load "
-                      f"{measured[0].load_avg[0]:.2f} -> {measured[0].load_avg[1]:.2f}", flush=True)
-                for c, m in zip(configs, measured, strict=True):
-                    writer.writerow({"experiment": "e2e", "ranks": ranks, "task": model.name, "kind": kind,
-                                     "seed": seed, "tables": len(tables), "sharder": SHARDER,
-                                     "local_batch": c.local_batch, "measured_s": m.iteration_s,
-                                     "fastest_s": min(m.iterations_s), "load_before": m.load_avg[0],
-                                     "load_after": m.load_avg[1]})
-                    traces.write(json.dumps({"task": model.name, "sharder": SHARDER, "local_batch": c.local_batch,
-                                             "ranks": ranks, "iterations_s": m.iterations_s,
-                                             "events": m.rank_events, "cpu_s": m.rank_cpu_s,
-                                             "faults": m.rank_faults, "load": m.load_avg,
-                                             "allocator": m.allocator, "warmup": WARMUP, **_probed(m)}) + "\n")
-                f.flush()
-                traces.flush()
-
-
-def _probed(m: DlrmMeasurement) -> dict:
-    """A probed run's trace fields: each rank's iterations and probe timings (per probe, rank, iteration:
-    before, after); nothing for a run without probes."""
-    if not m.rank_probe_s:
-        return {}
-    return {"rank_iterations_s": m.rank_iterations_s, "probe_s": m.rank_probe_s}
+    """The 20 tasks (heavy and normal alternated, so a partial campaign covers both) x BATCHES, each task on every
+    number of ranks, with size-lookup-greedy."""
+    _campaign("e2e", generated_tasks(20, "mixed"), BATCHES, rank_counts, (SHARDER,), budget_s)
 
 
 def measure_sharding(budget_s: float, ranks: int = 2, batch: int = 128) -> None:
     """The 10 heavy tasks x the six sharders, a task's six plans interleaved (one iteration of each in turn)."""
     from trainsim.embedding.sharders import SHARDERS
 
-    path, traces_path = OUT / f"sharding_{SET}.csv", OUT / f"sharding_{SET}_traces.jsonl"
-    seen, new_file = _done(path, ("ranks", "task"))
-    began = time.monotonic()
-    with path.open("a", newline="") as f, traces_path.open("a") as traces:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        if new_file:
-            writer.writeheader()
-        for seed in range(10):
-            model, tables = task("heavy", ranks, seed)
-            if (str(ranks), model.name) in seen:
-                continue
-            if time.monotonic() - began > budget_s:
-                print(f"budget of {budget_s:.0f} s spent", flush=True)
-                return
-            configs = [DlrmConfig(f"{model.name}/{name}", shard(tables, name, ranks, cap_bytes=CAP, seed=seed),
-                                  batch, dense(model), seed=1) for name in SHARDERS]
-            start = time.monotonic()
-            measured = measure_dlrm(configs, iterations=ITERATIONS, warmup=WARMUP, timeout_s=600,
-                                    allocator=ALLOCATOR, group=len(SHARDERS), probes=PROBES)
-            print(f"{model.name}: {len(configs)} plans in {time.monotonic() - start:.0f} s, load "
-                  f"{measured[0].load_avg[0]:.2f} -> {measured[0].load_avg[1]:.2f}", flush=True)
-            for name, m in zip(SHARDERS, measured, strict=True):
-                writer.writerow({"experiment": "sharding", "ranks": ranks, "task": model.name, "kind": "heavy",
-                                 "seed": seed, "tables": len(tables), "sharder": name, "local_batch": batch,
-                                 "measured_s": m.iteration_s, "fastest_s": min(m.iterations_s),
-                                 "load_before": m.load_avg[0], "load_after": m.load_avg[1]})
-                traces.write(json.dumps({"task": model.name, "sharder": name, "local_batch": batch, "ranks": ranks,
-                                         "iterations_s": m.iterations_s, "events": m.rank_events,
-                                         "cpu_s": m.rank_cpu_s, "faults": m.rank_faults,
-                                         "load": m.load_avg, "allocator": m.allocator,
-                                         "warmup": WARMUP, **_probed(m)}) + "\n")
-            f.flush()
-            traces.flush()
+    _campaign("sharding", generated_tasks(10, "heavy"), (batch,), (ranks,), SHARDERS, budget_s)
 
 # --- prediction and the comparison ---
 

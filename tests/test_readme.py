@@ -4,8 +4,8 @@ through the command line, in a sandbox folder where the README's example inputs 
 The sandbox stands in for a user's folder: `job.yaml`, `path/to/config.json` (a two-layer GPT-2 config),
 `my_model.py:build` (an nn.Module factory), `traces/` (the 2-rank DDP trace of tests/fixtures),
 `data/ground-truth/h200` with the first RUNS of the repository's measured runs (without their profile database)
-and `../shared/data/calibration/runs.csv`, the package's `measurements/runs.csv` and `my_runs.csv` with the first
-ROWS runs of the real file, so the commands over
+and `../shared/data/calibration/runs.csv` and the package's `measurements/runs.csv` with the first ROWS runs of the
+real file, `my_runs.csv` with its first CALIBRATE_ROWS, so the commands over
 thousands of runs finish in seconds. The set-up commands (pip install, pytest) are not run
 here - `.ci/run` runs them - but the extras they name must exist.
 """
@@ -25,6 +25,7 @@ from trainsim.cli.main import app
 README = REPO_DIR / "README.md"
 SHARED = REPO_DIR.parent / "shared"
 ROWS = 24
+CALIBRATE_ROWS = 12  # the calibrate example's own runs: its fits and 5-fold cross-validation predict each run
 RUNS = 3
 GPT2_CONFIG = ('{"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_ctx": 2048, "n_embd": 64, '
                '"n_head": 4, "n_inner": null, "n_layer": 2, "n_positions": 2048, "vocab_size": 512, '
@@ -73,7 +74,8 @@ def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     rows = shipped.joinpath("runs.csv").read_text().splitlines(keepends=True)[:ROWS + 1]
     (work / "src" / "trainsim" / "catalog" / "data" / "measurements").mkdir(parents=True)
     (work / "src" / "trainsim" / "catalog" / "data" / "measurements" / "runs.csv").write_text("".join(rows))
-    (work / "my_runs.csv").write_text("".join(rows))  # a user's own measured runs (the calibrate example)
+    # a user's own measured runs (the calibrate example)
+    (work / "my_runs.csv").write_text("".join(rows[:CALIBRATE_ROWS + 1]))
     shutil.copy(REPO_DIR / "src" / "trainsim" / "catalog" / "data" / "calibration" / "fitted.yaml",
                 work / "my_cluster.yaml")  # what that example writes (each command runs in a fresh sandbox)
     runs = SHARED / "data" / "calibration" / "runs.csv"

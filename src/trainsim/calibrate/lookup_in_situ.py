@@ -17,8 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainsim.cost.embedding_lookup import InSituLookup, LookupCostModel
+from trainsim.cost.embedding_lookup import InSituLookup
 from trainsim.cost.sharded_dlrm import ShardedIteration
+from trainsim.embedding.lookup_model import LookupCostModel
 from trainsim.errors import ConfigError, InputFileError
 
 # measure.dlrm_rank's lookup spans -> (RankWork field, InSituLookup field)

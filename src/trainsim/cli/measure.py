@@ -81,11 +81,52 @@ def measure(
         "--phase-normalise", help="time a fixed reference workload (measure/phase.py) on every rank just before "
         "and after every timed step; the run records the probe timings and each step's CPU seconds, and reports "
         "its step time scaled to the machine's fast speed phase beside the raw one")] = False,
+    dlrm_tasks: Annotated[Path | None, typer.Option("--dlrm-tasks", help="DLRM campaign: a YAML file of generated "
+                                                    "tasks (tasks: [{kind: heavy|normal, seed: N}, ...])")] = None,
+    generated: Annotated[int | None, typer.Option(help="DLRM campaign: this many generated tasks (Lin et al. Sec. "
+                                                  "IV-B1; --task-kind)")] = None,
+    task_kind: Annotated[str | None, typer.Option(help="DLRM campaign, with --generated: mixed (heavy and normal "
+                                                  "alternated; the default) | heavy | normal")] = None,
+    batch: Annotated[str | None, typer.Option(help="DLRM campaign: local batch sizes, comma-separated (default "
+                                              "32,128)")] = None,
+    ranks: Annotated[str | None, typer.Option(help="DLRM campaign: gloo rank counts, comma-separated (default "
+                                              "2,4)")] = None,
+    no_interleave: Annotated[bool, typer.Option("--no-interleave", help="DLRM campaign: a task's configs one after "
+                                                "another (default: one iteration of each in turn)")] = False,
+    traced_iterations: Annotated[int | None, typer.Option(help="DLRM campaign with --execution-trace: traced "
+                                                          "iterations per config (default 1; more: OUT/traces/"
+                                                          "<config>/t0, t1, ...)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     """Run a training job for real (torch.distributed: gloo on CPUs, NCCL on GPUs) and record its iteration
-    time (median, p10, p90), peak memory per rank and throughput in OUT/RUN_ID.json."""
+    time (median, p10, p90), peak memory per rank and throughput in OUT/RUN_ID.json. With --generated or
+    --dlrm-tasks: a resumable DLRM campaign (tasks x --batch x --ranks x --sharder) into OUT/dlrm_campaign.csv."""
     flags = dict(model=model, cluster=cluster, num_gpus=num_gpus, **strategy_flags)
+    if dlrm_tasks is not None or generated is not None:  # a DLRM campaign (cli.measure_dlrm)
+        from trainsim.cli.measure_dlrm import CampaignFlags, measure_campaign
+
+        given = [f"--{k.replace('_', '-')}" for k, v in flags.items() if v is not None]
+        if job_file is not None or given or run_id is not None or sharding is not None:
+            raise ConfigError("generated" if generated is not None else "dlrm_tasks",
+                              generated if generated is not None else str(dlrm_tasks),
+                              "a campaign builds its own DLRMs; drop the job file, --sharding, --run-id and "
+                              + (" ".join(given) or "the model flags"))
+        refuse_campaign = {"suite": suite, "tree": tree, "threads": threads, "profile": profile,
+                           "memory_cap_gib": memory_cap_gib, "list": list_suite,
+                           "repeats": repeats if repeats != 1 else None}
+        from trainsim.cli.measure_dlrm import refuse_unsupported
+
+        refuse_unsupported(refuse_campaign, "a DLRM campaign (--generated/--dlrm-tasks)")
+        measure_campaign(CampaignFlags(dlrm_tasks, generated, task_kind, batch, ranks, sharder, iterations, warmup,
+                                       timeout_s, allocator, not no_interleave, execution_trace, phase_normalise,
+                                       traced_iterations),
+                         out, as_json)
+        return
+    campaign_only = {"task_kind": task_kind, "batch": batch, "ranks": ranks, "no_interleave": no_interleave,
+                     "traced_iterations": traced_iterations}
+    for name, value in campaign_only.items():
+        if value not in (None, False):
+            raise ConfigError(name, value, "applies to a DLRM campaign (--generated/--dlrm-tasks) only")
     if sharder is not None or sharding is not None:  # a DLRM with sharded tables (cli.measure_dlrm)
         from trainsim.cli.measure_dlrm import measure_sharded, refuse_unsupported
 
@@ -194,7 +235,7 @@ def _has_cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def _progress(as_json: bool, total: int | None) -> Progress:
+def measure_progress(as_json: bool, total: int | None) -> Progress:
     columns: list[Any] = [SpinnerColumn(), TextColumn("{task.description}")]
     if total is not None:
         columns += [BarColumn(), MofNCompleteColumn()]
@@ -212,7 +253,7 @@ def _measure_one(job: Job, out: Path, run_id: str | None, iterations: int, warmu
     spec = make_spec(job, out, run_id=run_id, iterations=iterations, warmup=warmup, timeout_s=timeout_s,
                      threads=threads, profile=profile, execution_trace=execution_trace, **(extra or {}))
     _check_memory(job, spec.device)
-    with _progress(as_json, None) as bar:
+    with measure_progress(as_json, None) as bar:
         task = bar.add_task(f"measuring {spec.run_id} on {job.num_gpus} rank(s) ({spec.device})", total=None)
         try:
             path = launch(spec, job.num_gpus, on_tick=lambda: bar.advance(task, 0))
@@ -247,7 +288,7 @@ def _measure_suite(name: str, out: Path, repeats: int, iterations: int, warmup: 
         typer.echo(render_suite_jobs(describe_suite(name)))
         return
     total = len(suite_jobs(name)) * repeats
-    with _progress(as_json, total) as bar:
+    with measure_progress(as_json, total) as bar:
         task = bar.add_task(f"suite {name}", total=total)
 
         def advanced(rid: str, skipped: bool) -> None:

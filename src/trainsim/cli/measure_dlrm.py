@@ -13,6 +13,7 @@ predicts the same plan.
 import json
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -29,12 +30,12 @@ LOCAL_CLUSTER = "local-cpu"
 PRECISION = "fp32"  # measure.dlrm_rank trains the dense part and the tables in fp32 (torch's default)
 
 
-def refuse_unsupported(options: dict[str, Any]) -> None:
+def refuse_unsupported(options: dict[str, Any], what: str = "a sharded DLRM run (--sharder/--sharding)") -> None:
     """options: the measure flags a DLRM run does not take, by name, with the value given (None or False = not
     given)."""
     for name, value in options.items():
         if value not in (None, False, 0.0):
-            raise ConfigError(name, value, "does not apply to a sharded DLRM run (--sharder/--sharding)")
+            raise ConfigError(name, value, f"does not apply to {what}")
 
 
 def measure_sharded(job_file: Path | None, given: dict[str, Any], sharder: str | None, sharding: Path | None, *,
@@ -114,3 +115,113 @@ def _check_memory(job: Job, plan: ShardingPlan) -> None:
     iteration = price_sharded_iteration(sjob.graph, plan, sjob.job, Pricer(), RooflineLookup(job.cluster.device))
     check_fits(max(m.total_bytes for m in iteration.memory), plan.num_ranks, "cpu")
 
+
+
+@dataclass(frozen=True, slots=True)
+class CampaignFlags:
+    """The flags of `trainsim measure --generated N | --dlrm-tasks FILE`, as given (None: not given)."""
+
+    tasks_file: Path | None
+    generated: int | None
+    task_kind: str | None
+    batch: str | None
+    ranks: str | None
+    sharder: str | None
+    iterations: int
+    warmup: int
+    timeout_s: float
+    allocator: str | None
+    interleave: bool
+    execution_trace: bool
+    phase_normalise: bool
+    traced_iterations: int | None = None
+
+
+CAMPAIGN_CSV = "dlrm_campaign.csv"
+CAMPAIGN_TRACES = "dlrm_campaign_traces.jsonl"
+CAMPAIGN_ET_DIR = "traces"  # OUT/traces/<config>/rank<R>.{et,kineto}.json.gz with --execution-trace
+
+
+def parse_campaign(flags: CampaignFlags) -> Any:
+    """The measure.dlrm_campaign.Campaign of the flags; every refusal names its flag."""
+    from trainsim.measure.allocator import DEFAULT_POLICY, check_policy
+    from trainsim.measure.dlrm_campaign import (
+        Campaign,
+        generated_tasks,
+        parse_int_list,
+        read_task_file,
+        sharders_from,
+    )
+    from trainsim.measure.dlrm_phase import PROBES
+    from trainsim.measure.launch import MAX_ITERATIONS, MAX_TIMEOUT_S
+
+    if (flags.tasks_file is None) == (flags.generated is None):
+        raise ConfigError("generated", flags.generated, "give one of --generated N and --dlrm-tasks FILE, not both")
+    if flags.tasks_file is not None:
+        if flags.task_kind is not None:
+            raise ConfigError("task_kind", flags.task_kind, "applies to --generated only (the file names each kind)")
+        tasks = read_task_file(flags.tasks_file)
+    else:
+        tasks = generated_tasks(cast(int, flags.generated), flags.task_kind or "mixed")
+    if not 1 <= flags.iterations <= MAX_ITERATIONS or not 0 <= flags.warmup <= MAX_ITERATIONS:
+        raise ConfigError("iterations/warmup", (flags.iterations, flags.warmup),
+                          f"need iterations 1 to {MAX_ITERATIONS} and warmup 0 to {MAX_ITERATIONS}")
+    if flags.traced_iterations is not None and not flags.execution_trace:
+        raise ConfigError("traced_iterations", flags.traced_iterations, "applies with --execution-trace only")
+    if not 0.0 < flags.timeout_s <= MAX_TIMEOUT_S:  # NB: also refuses NaN
+        raise ConfigError("timeout_s", flags.timeout_s, f"must be a positive number of seconds, at most "
+                          f"{MAX_TIMEOUT_S:g}")
+    return Campaign(tuple(tasks), batches=parse_int_list("batch", flags.batch or "32,128"),
+                    ranks=parse_int_list("ranks", flags.ranks or "2,4"),
+                    sharders=sharders_from(flags.sharder or "size-lookup-greedy"), iterations=flags.iterations,
+                    warmup=flags.warmup, allocator=check_policy(flags.allocator or DEFAULT_POLICY),
+                    probes=PROBES if flags.phase_normalise else (), interleave=flags.interleave,
+                    experiment="sharding" if flags.sharder == "all" else "e2e", timeout_s=flags.timeout_s,
+                    traced_iterations=1 if flags.traced_iterations is None else flags.traced_iterations)
+
+
+def measure_campaign(flags: CampaignFlags, out: Path, as_json: bool) -> None:
+    """Parse the flags -> run the campaign (measure.dlrm_campaign, resumable: configs already in OUT's CSV are
+    skipped) with a progress bar -> render what OUT's CSV holds for the campaign's configs."""
+    from trainsim.cli.measure import measure_progress
+    from trainsim.measure.dlrm_campaign import CampaignFiles, campaign_size, run_campaign
+
+    campaign = parse_campaign(flags)
+    out.mkdir(parents=True, exist_ok=True)
+    files = CampaignFiles.open(out / CAMPAIGN_CSV, out / CAMPAIGN_TRACES)
+    total = campaign_size(campaign)
+    kept = total - _remaining(campaign, files)
+    with measure_progress(as_json, total) as bar:
+        task = bar.add_task(f"DLRM campaign: {kept} of {total} configs already in {out / CAMPAIGN_CSV}",
+                            total=total, completed=kept)
+
+        def advanced(what: str, measured: int) -> None:
+            bar.update(task, completed=kept + measured, description=f"DLRM campaign: {what}")
+
+        run_campaign(campaign, files, trace_root=out / CAMPAIGN_ET_DIR if flags.execution_trace else None,
+                     progress=advanced)
+    rows = _campaign_rows(campaign, files)
+    if as_json:
+        typer.echo(json.dumps({"csv": str(out / CAMPAIGN_CSV), "traces": str(out / CAMPAIGN_TRACES),
+                               "rows": rows}, indent=1))
+        return
+    from trainsim.report.dlrm_run import render_campaign
+
+    typer.echo(render_campaign(rows), nl=False)
+    typer.echo(f"results: {out / CAMPAIGN_CSV} (per-rank spans: {out / CAMPAIGN_TRACES})", err=True)
+
+
+def _campaign_keys(campaign: Any) -> set[tuple[str, ...]]:
+    return {(str(r), t.model(r)[0].name, s, str(b)) for t in campaign.tasks for r in campaign.ranks
+            for s in campaign.sharders for b in campaign.batches}
+
+
+def _remaining(campaign: Any, files: Any) -> int:
+    return len(_campaign_keys(campaign) - files.done())
+
+
+def _campaign_rows(campaign: Any, files: Any) -> list[dict[str, str]]:
+    from trainsim.measure.dlrm_campaign import KEY
+
+    keys = _campaign_keys(campaign)
+    return [row for row in files.rows if tuple(row[k] for k in KEY) in keys]

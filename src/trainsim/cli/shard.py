@@ -15,9 +15,10 @@ from rich.console import Console
 from trainsim.api.results import Prediction
 from trainsim.catalog import load_cluster, load_model
 from trainsim.cli.errors import handles_errors
-from trainsim.cost.embedding_lookup import LookupCostModel, MlpLookup, RooflineLookup
+from trainsim.cost.embedding_lookup import MlpLookup, RooflineLookup
 from trainsim.cost.pricing import Pricer
 from trainsim.cost.sharded_dlrm import NO_HOST_COST, DenseHostCost
+from trainsim.embedding.lookup_model import LookupCostModel
 from trainsim.embedding.plan_file import read_plan
 from trainsim.embedding.sharders import MEMORY_CAP_FRACTION, SHARDERS
 from trainsim.embedding.sharders import shard as shard_tables

@@ -13,19 +13,18 @@ The reuse factors of a piece come from a batch drawn from its table's index dist
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
 from trainsim.cost.lookup_mlp import Mlp
 from trainsim.embedding.indices import RF_BINS, popularity_cdf, reuse_factors, sample_batch
+from trainsim.embedding.lookup_model import LookupCostModel, LookupPhase
 from trainsim.embedding.sharding import ShardPiece
 from trainsim.embedding.tables import INDEX_BYTES, WEIGHT_BYTES, Table
 from trainsim.errors import ConfigError, InputFileError
 from trainsim.hardware.device import DeviceSpec
 
-LookupPhase = Literal["fwd", "bwd"]
 _VALUES_READ_FEATURE = 5  # log2(lookups x D) in lookup_features
 MAX_IN_SITU_SCALE = 100.0  # a bound on a fitted in-situ factor, so a broken fit is refused, not used
 
@@ -50,12 +49,6 @@ def lookup_features(rows: int, dim: int, pooling: float, samples: int, rf: NDArr
     derived = np.log2([distinct, distinct * max(dim, 1), lookups * np.log2(lookups + 1.0)])
     return np.concatenate([head, rf, derived])
 
-
-class LookupCostModel(Protocol):
-    @property
-    def name(self) -> str: ...
-
-    def lookup_s(self, piece: ShardPiece, phase: LookupPhase) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,8 +15,8 @@ the alpha-beta convention (a rank moves (n-1)/n of the buffer).
 
 from dataclasses import dataclass
 
-from trainsim.cost.embedding_lookup import LookupCostModel
 from trainsim.cost.pricing import Pricer
+from trainsim.embedding.lookup_model import LookupCostModel
 from trainsim.embedding.sharding import Optimizer, ShardingPlan, message_bytes
 from trainsim.embedding.tables import WEIGHT_BYTES
 from trainsim.errors import ConfigError

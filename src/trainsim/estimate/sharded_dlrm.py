@@ -12,12 +12,14 @@ the device memory.
 from collections.abc import Callable
 
 from trainsim.compile.lower_sharded_dlrm import closed_form_ends_s, lower_sharded_iteration, rank_compute_s
-from trainsim.cost.embedding_lookup import LookupCostModel, RooflineLookup
+from trainsim.cost.embedding_lookup import RooflineLookup
 from trainsim.cost.memory import MemoryEstimate
 from trainsim.cost.pricing import Pricer
 from trainsim.cost.sharded_dlrm import NO_HOST_COST, DenseHostCost, ShardedIteration, price_sharded_iteration
+from trainsim.embedding.lookup_model import LookupCostModel
 from trainsim.embedding.sharding import Optimizer, ShardingPlan
 from trainsim.estimate.result import Result, Timeline, make_result
+from trainsim.ir.exec_graph import ExecGraph
 from trainsim.ir.graph import OpGraph
 from trainsim.job import Job
 from trainsim.registry import Registry
@@ -80,3 +82,30 @@ def estimate_sharded(job: Job, graph: OpGraph, plan: ShardingPlan, engine: str =
     pricer = pricer or Pricer()
     lookups = lookups or RooflineLookup(job.cluster.device)
     return run(job, graph, price_sharded_iteration(graph, plan, job, pricer, lookups, optimizer, host))
+
+
+def traced_result(job: Job, graph: OpGraph, iteration: ShardedIteration, exec_graph: ExecGraph) -> Result:
+    """The Result of a DLRM's per-rank trace graph (Lin et al. Algorithm 1: frontends.trace.predicted with the
+    lookups from the lookup model, or the replay of the trace), simulated like the engines' graphs: the
+    iteration is the last rank's end; the breakdown the slowest rank's compute-stream work (its optimizer-phase
+    tasks as `optimizer`, the rest of its compute stream as `compute`) and the remainder as `comm` (exposed
+    collectives, waiting at them); memory and OOM from the priced iteration (`iteration`: the plan's pieces on
+    job's cluster), as the engines report them."""
+    from trainsim.sim import SimOptions, simulate
+
+    outcome = simulate(exec_graph, SimOptions(memory_timeline=False))
+    ends = [0.0] * len(exec_graph.devices)
+    busy = [{"compute": 0.0, "optimizer": 0.0} for _ in exec_graph.devices]
+    for task in exec_graph.tasks:
+        ends[task.device] = max(ends[task.device], outcome.end_s[task.tid])
+        if task.stream == "compute" and task.kind != "comm":
+            busy[task.device]["optimizer" if task.category == "optimizer" else "compute"] += task.duration_s
+    slowest = max(range(len(ends)), key=lambda r: (ends[r], -r))
+    compute, optimizer = busy[slowest]["compute"], busy[slowest]["optimizer"]
+    breakdown = {"compute": compute, "optimizer": optimizer,
+                 "comm": max(0.0, ends[slowest] - compute - optimizer)}
+    notes = [f"predictive trace simulation of {len(ends)} traced ranks ({iteration.plan.sharder}); slowest rank "
+             f"{slowest}; rank ends (ms) " + ", ".join(f"{e * 1e3:.3f}" for e in ends)]
+    timeline = Timeline(exec_graph=exec_graph, outcome=outcome,
+                        device_names=tuple(f"rank {r}" for r in range(len(ends))))
+    return make_result("trace", job, graph, breakdown, _memory(iteration), notes=notes, timeline=timeline)

@@ -34,6 +34,8 @@ from trainsim.measure.dlrm_phase import (
     phase_normalised_iteration_s,
 )
 
+MAX_TRACED_ITERATIONS = 20
+
 
 @dataclass(frozen=True, slots=True)
 class DlrmConfig:
@@ -42,6 +44,9 @@ class DlrmConfig:
     local_batch: int
     dense: dict[str, Any]  # dense_features, bottom_mlp (ending at the tables' dim), top_mlp
     seed: int = 0
+    # a folder: one more iteration after the measured ones is traced there on every rank (measure.dlrm_trace)
+    trace_dir: str = ""
+    traced_iterations: int = 1  # with trace_dir: this many traced iterations, in trace_dir/t<k> when more than 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +63,7 @@ class DlrmMeasurement:
     # iteration's barrier and just after its last step; empty when measured without probes
     rank_probe_s: dict[str, tuple[tuple[tuple[float, float], ...], ...]] = field(default_factory=dict)
     rank_iterations_s: tuple[tuple[float, ...], ...] = ()  # per rank, per measured iteration (wall seconds)
+    rank_traced_s: tuple[tuple[float, ...], ...] = ()  # per rank, per traced iteration: wall seconds (trace_dir)
 
     def references_s(self, probe: str) -> list[float]:
         """Per iteration, the probe's reference (measure.dlrm_phase.iteration_references_s)."""
@@ -129,9 +135,11 @@ def _worker(rank: int, world: int, port: int, configs: list[DlrmConfig], iterati
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
         for start in range(0, len(configs), group):
-            block = [(c.plan, c.dense, c.local_batch, c.seed) for c in configs[start:start + group]]
+            chosen = configs[start:start + group]
+            block = [(c.plan, c.dense, c.local_batch, c.seed) for c in chosen]
+            folders = [(c.trace_dir, c.traced_iterations) for c in chosen]
             for index, result in enumerate(run_interleaved(torch, dist, rank, world, block, iterations, warmup,
-                                                           probes), start):
+                                                           probes, folders), start):
                 out.put((index, rank, {**result, "allocator": allocator if applied else "system"}))
         dist.destroy_process_group()
     except Exception as exc:  # reported to the parent, which fails the run with it
@@ -159,6 +167,9 @@ def measure_dlrm(configs: list[DlrmConfig], *, iterations: int = 5, warmup: int 
     world = worlds.pop()
     for config in configs:
         check_dense(config.plan, config.dense)
+        if not 1 <= config.traced_iterations <= MAX_TRACED_ITERATIONS:
+            raise ConfigError("traced_iterations", config.traced_iterations,
+                              f"an integer from 1 to {MAX_TRACED_ITERATIONS}")
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
@@ -203,5 +214,6 @@ def _summarize(config: DlrmConfig, by_rank: dict[int, Any], world: int,
     probes = {name: tuple(tuple((float(rec["probe_s"][name][0]), float(rec["probe_s"][name][1]))
                                 for rec in records[r]) for r in range(world)) for name in probed}
     per_rank = tuple(tuple(float(rec["iteration_s"]) for rec in records[r]) for r in range(world))
+    traced = tuple(tuple(float(t) for t in by_rank[r]["traced_s"]) for r in range(world) if "traced_s" in by_rank[r])
     return DlrmMeasurement(config, float(np.median(slowest)), tuple(slowest), events, cpu, load, faults, allocator,
-                           probes, per_rank)
+                           probes, per_rank, traced)

@@ -27,7 +27,7 @@ asynchronous collectives overlap the compute, and change the iteration it measur
 import itertools
 import resource
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -100,28 +100,57 @@ def run_config(torch: Any, dist: Any, rank: int, world: int, plan: ShardingPlan,
     return {"rank": rank, "records": records}
 
 
+class IterationHooks:
+    """Called on every rank just after the barrier that opens an iteration (start) and just after its last step
+    (end); no-ops unless a caller sets them (measure.dlrm_trace: the profiler's step boundaries)."""
+
+    def __init__(self) -> None:
+        self.start: Callable[[], None] = _nothing
+        self.end: Callable[[], None] = _nothing
+
+
+def _nothing() -> None:
+    return None
+
+
 def run_interleaved(torch: Any, dist: Any, rank: int, world: int, configs: list[tuple[ShardingPlan, dict[str, Any],
-                    int, int]], iterations: int, warmup: int,
-                    probes: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+                    int, int]], iterations: int, warmup: int, probes: dict[str, Any] | None = None,
+                    trace_dirs: list[tuple[str, int]] | None = None) -> list[dict[str, Any]]:
     """Several configs (plan, dense, local_batch, seed) trained side by side, one iteration of each in turn
     (round robin), so that a change in the host's load over the measurement falls on all of them alike: what a
     comparison of configs (the sharders of one task) needs on a shared host. One result per config, as
-    run_config's. probes: name -> a probe with time_s() (measure.dlrm_probe), timed around every iteration."""
-    steps = [config_iterations(torch, dist, rank, world, *config, probes or {}) for config in configs]
+    run_config's. probes: name -> a probe with time_s() (measure.dlrm_probe), timed around every iteration.
+    trace_dirs: per config, a folder ("" for none) and a count: that many more iterations, after the measured
+    ones, are recorded as this rank's PyTorch execution trace and Kineto trace (measure.dlrm_trace), in the folder
+    (one) or in its subfolders t0, t1, ... (more); their wall times come back as the result's traced_s."""
+    hooks = [IterationHooks() for _ in configs]
+    steps = [config_iterations(torch, dist, rank, world, *config, probes or {}, hook)
+             for config, hook in zip(configs, hooks, strict=True)]
     records: list[list[dict[str, Any]]] = [[] for _ in configs]
     for it in range(warmup + iterations):
         for out, step in zip(records, steps, strict=True):
             record = next(step)
             if it >= warmup:
                 out.append(record)
-    return [{"rank": rank, "records": out} for out in records]
+    results: list[dict[str, Any]] = [{"rank": rank, "records": out} for out in records]
+    for result, step, hook, (folder, count) in zip(results, steps, hooks, trace_dirs or [("", 0)] * len(configs),
+                                                   strict=True):
+        if folder:
+            from trainsim.measure.dlrm_trace import traced_iteration
+
+            result["traced_s"] = [traced_iteration(step, hook, rank, folder if count == 1 else f"{folder}/t{k}",
+                                                   dist.barrier)["iteration_s"] for k in range(count)]
+    return results
 
 
 def config_iterations(torch: Any, dist: Any, rank: int, world: int, plan: ShardingPlan, dense: dict[str, Any],
-                      local_batch: int, seed: int, probes: dict[str, Any]) -> Iterator[dict[str, Any]]:
+                      local_batch: int, seed: int, probes: dict[str, Any],
+                      hooks: IterationHooks | None = None) -> Iterator[dict[str, Any]]:
     """The config's iterations, one per next(): this rank's iteration time and op spans (and, with probes, each
     probe's thread CPU time just before the barrier and just after the last step). The model and tables are
-    built on the first next() and live as long as the iterator."""
+    built on the first next() and live as long as the iterator. hooks: called after the barrier and after the
+    last step of every iteration (IterationHooks)."""
+    hooks = hooks or IterationHooks()
     torch.manual_seed(seed)
     groups = {s.table.index: s.ranks for s in plan.shards}
     tables = tuple(s.table for s in plan.shards)
@@ -143,6 +172,7 @@ def config_iterations(torch: Any, dist: Any, rank: int, world: int, plan: Shardi
         labels = torch.randint(0, 2, (local_batch, 1)).float()
         before = {name: probe.time_s() for name, probe in probes.items()}
         dist.barrier()
+        hooks.start()
         clock = _Clock()
         t = time.perf_counter()
         # index all-to-all: every rank's lengths + indices for the pieces each rank looks up
@@ -255,6 +285,7 @@ def config_iterations(torch: Any, dist: Any, rank: int, world: int, plan: Shardi
                 b.weight.grad = None
                 offset += n
         clock.span("optimizer step", t)
+        hooks.end()
         record = {"iteration_s": clock.events[-1][2], "events": clock.events, "cpu_s": clock.cpu_s,
                   "faults": clock.faults}
         if probes:

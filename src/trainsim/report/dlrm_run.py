@@ -20,3 +20,14 @@ def render_dlrm_run(record: dict[str, Any]) -> str:
             cells.append(f"{(end - start) * ms:8.3f} / {rank_cpu[index] * ms:7.3f}")
         lines.append(f"{name:<28} " + "  ".join(cells))
     return "\n".join(lines) + "\n"
+
+
+def render_campaign(rows: list[dict[str, Any]]) -> str:
+    """A DLRM campaign's configs (`trainsim measure --generated/--dlrm-tasks`): per config the median and fastest
+    iteration of the slowest rank and the host's 1-minute load before and after its group."""
+    lines = [f"{'task':<16} {'ranks':>5} {'sharder':<20} {'batch':>6} {'median ms':>10} {'fastest ms':>10}  load"]
+    for row in rows:
+        lines.append(f"{row['task']:<16} {row['ranks']:>5} {row['sharder']:<20} {row['local_batch']:>6} "
+                     f"{float(row['measured_s']) * 1e3:10.2f} {float(row['fastest_s']) * 1e3:10.2f}  "
+                     f"{float(row['load_before']):.1f}->{float(row['load_after']):.1f}")
+    return "\n".join(lines) + "\n"

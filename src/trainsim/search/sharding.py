@@ -6,9 +6,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from trainsim.cost.embedding_lookup import LookupCostModel
 from trainsim.cost.pricing import Pricer
 from trainsim.cost.sharded_dlrm import NO_HOST_COST, DenseHostCost
+from trainsim.embedding.lookup_model import LookupCostModel
 from trainsim.embedding.sharders import MEMORY_CAP_FRACTION, SHARDERS, shard
 from trainsim.embedding.sharding import Optimizer, ShardingPlan
 from trainsim.embedding.tables import tables_from_spec

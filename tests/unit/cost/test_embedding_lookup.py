@@ -30,7 +30,7 @@ def test_mlp_fits_a_power_law_and_round_trips(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     x = rng.uniform(0, 10, (200, 3))
     y = np.stack([0.5 * x[:, 0] - 0.2 * x[:, 1], np.sin(x[:, 2])], 1)
-    mlp = fit_mlp(x, y, epochs=1500)
+    mlp = fit_mlp(x, y, epochs=800)  # mean errors 0.021 and 0.094: half the bounds (1,500 epochs: 0.015, 0.078)
     assert np.abs(mlp.predict(x)[:, 0] - y[:, 0]).mean() < 0.05  # the linear part carries it
     assert np.abs(mlp.predict(x)[:, 1] - y[:, 1]).mean() < 0.2  # the network learns the rest
     path = tmp_path / "m.json"

@@ -14,7 +14,7 @@ def test_configs_take_one_iteration_each_in_turn(monkeypatch: pytest.MonkeyPatch
     order: list[tuple[str, int]] = []
 
     def fake(torch: Any, dist: Any, rank: int, world: int, plan: Any, dense: Any, batch: int,
-             seed: int, probes: Any) -> Iterator[dict[str, Any]]:
+             seed: int, probes: Any, hooks: Any = None) -> Iterator[dict[str, Any]]:
         for it in range(100):
             order.append((plan, it))
             yield {"iteration_s": float(it), "events": [], "plan": plan}
@@ -31,3 +31,30 @@ def test_configs_take_one_iteration_each_in_turn(monkeypatch: pytest.MonkeyPatch
 def test_measure_refuses_a_bad_group() -> None:
     with pytest.raises(ConfigError, match="group"):
         measure_dlrm([], group=0)
+
+
+def test_traced_iterations_follow_the_measured_ones_in_their_folders(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainsim.measure import dlrm_trace
+
+    traced: list[tuple[str, str]] = []
+
+    def fake(torch: Any, dist: Any, rank: int, world: int, plan: Any, dense: Any, batch: int,
+             seed: int, probes: Any, hooks: Any = None) -> Iterator[dict[str, Any]]:
+        for it in range(100):
+            yield {"iteration_s": float(it), "events": [], "plan": plan}
+
+    def fake_trace(step: Any, hooks: Any, rank: int, folder: str, barrier: Any) -> dict[str, Any]:
+        record = next(step)
+        traced.append((folder, record["plan"]))
+        return record
+
+    class Dist:
+        barrier = None
+
+    monkeypatch.setattr(dlrm_rank, "config_iterations", fake)
+    monkeypatch.setattr(dlrm_trace, "traced_iteration", fake_trace)
+    configs: list[Any] = [("a", {}, 8, 0), ("b", {}, 8, 0), ("c", {}, 8, 0)]
+    out = dlrm_rank.run_interleaved(None, Dist(), 0, 2, configs, iterations=2, warmup=0,
+                                    trace_dirs=[("A", 1), ("", 0), ("C", 2)])
+    assert traced == [("A", "a"), ("C/t0", "c"), ("C/t1", "c")]
+    assert [o.get("traced_s") for o in out] == [[2.0], None, [2.0, 3.0]]  # after the 2 measured iterations

@@ -4,7 +4,8 @@ Differential: for grids of plans (a dense and a mixture-of-experts model, severa
 pp and interleaved vpp, every recompute mode) and hand-picked plans the search never makes (cp, ep, gpipe,
 zb-h1, fp8, foreach and loop optimizers, uneven pipeline splits, a cluster that shares its cores, a mix of
 clusters and stacks in one call), each plan's iteration time, tokens/s, peak memory and out-of-memory verdict
-equal, to 1e-9 relative, what a fresh AnalyticalEstimator.price gives on a freshly built graph; so do random
+equal, to 1e-9 relative, what a fresh AnalyticalEstimator.price gives on a freshly built graph (graph_for, once
+per model and device slice: the catalog builders read nothing else, build_graph(model, DeviceSlice)); so do random
 plans (ZeRO 0-3, groups within one node and across nodes, stacks with and without overlapped gradient
 reduction and parameter gathers, many buckets and one), and grids under op costs other than the roofline and on a
 CUDA-graphs stack; and the planner's ranking, counts and priced plans equal the ranking of the plain engine's
@@ -34,6 +35,7 @@ from trainsim.search import Planner, SearchSpace, enumerate_plans
 from trainsim.search.grid import GridEngine, GridPrices, _Batch, _Queues, _rows
 from trainsim.search.planner import OUT_OF_MEMORY, build_plans, refusal_reason
 from trainsim.search.space import PlanColumns, plan_grid
+from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import Precision
 from trainsim.strategy.stack import StackSpec, load_stack
@@ -52,12 +54,22 @@ def built(model: ModelSpec, cluster: ClusterSpec, plans: list[ParallelSpec],
     return build_plans(model, cluster, plans, stack).jobs
 
 
+def fresh_graph(job: Job, built: dict[tuple[int, DeviceSlice], OpGraph]) -> OpGraph:
+    """graph_for(job), built once per model and device slice (what graph_for builds from) into `built`, never
+    taken from the graphs the grid engine is given."""
+    key = (id(job.model), DeviceSlice.of(job.parallel))
+    if key not in built:
+        built[key] = graph_for(job)
+    return built[key]
+
+
 def check_grid(plans: list[tuple[Job, OpGraph]], engine: GridEngine | None = None) -> None:
     engine = engine or GridEngine()
     prices = engine.price(plans)
     assert not prices.errors
+    graphs: dict[tuple[int, DeviceSlice], OpGraph] = {}
     for index, (job, _) in enumerate(plans):
-        plain = AnalyticalEstimator().price(job, graph_for(job))
+        plain = AnalyticalEstimator().price(job, fresh_graph(job, graphs))
         assert prices.iteration_time_s[index] == pytest.approx(plain.iteration_time_s, rel=REL, abs=0.0)
         assert prices.tokens_per_s[index] == pytest.approx(plain.tokens_per_s, rel=REL, abs=0.0)
         assert prices.peak_memory_bytes[index] == pytest.approx(plain.peak_memory_bytes, rel=REL, abs=0.0)
@@ -207,10 +219,11 @@ def plain_search(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace,
     ranked: list[tuple[float, float, int, ParallelSpec]] = []
     refused: dict[str, int] = {}
     priced = []
+    graphs: dict[tuple[int, DeviceSlice], OpGraph] = {}
     for index, parallel in enumerate(enumerate_plans(model, cluster, space)):
         try:
             job = make_job(model, cluster, parallel, space.stack)
-            price = AnalyticalEstimator().price(job, graph_for(job))
+            price = AnalyticalEstimator().price(job, fresh_graph(job, graphs))
         except TrainsimError as exc:
             refused[refusal_reason(exc)] = refused.get(refusal_reason(exc), 0) + 1
             continue

@@ -318,7 +318,7 @@ def attach_collectives(trace: RankTrace) -> None:
             continue
         kind = collective_kind(op.name) or "unknown"
         pg = _pg_from_children(trace, op) or default_pg
-        nbytes = float(max(sum(t.nbytes for t in op.inputs), sum(t.nbytes for t in op.outputs)))
+        nbytes = _collective_bytes(kind, op)
         peer = _peer(op) if kind in ("send", "recv") else None
         if peer is not None:  # point-to-point: messages are counted per direction, so both sides agree
             src, dst = (trace.rank, peer) if kind == "send" else (peer, trace.rank)
@@ -332,6 +332,15 @@ def attach_collectives(trace: RankTrace) -> None:
             op.collective.exec_node = record.node_id
             op.collective.exec_start_s = record.start_s
             op.collective.exec_duration_s = record.duration_s
+
+
+def _collective_bytes(kind: str, op: TraceOp) -> float:
+    """The collective's message: the larger of its tensor inputs and outputs, summed; for an all-to-all the
+    larger of the rank's send and receive buffers (c10d's alltoall_base_ takes both as inputs; Lin et al. Sec.
+    III-C size an all-to-all by the largest data a rank sends or receives)."""
+    if kind == "all-to-all":
+        return float(max((t.nbytes for t in (*op.inputs, *op.outputs)), default=0))
+    return float(max(sum(t.nbytes for t in op.inputs), sum(t.nbytes for t in op.outputs)))
 
 
 def _inside_collective(trace: RankTrace, op: TraceOp) -> bool:

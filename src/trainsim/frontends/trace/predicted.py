@@ -9,7 +9,7 @@ traces, collectives from a collective model. estimate.trace_predict.iteration_s 
 
 import re
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -129,13 +129,18 @@ def profiler_op_s(runs: Sequence[tuple[Sequence[RankTrace], float]]) -> float:
     return max(0.0, float(np.median(ratios)))
 
 
-def deduct_profiler(graph: ExecGraph, traces: Sequence[RankTrace], op_s: float) -> ExecGraph:
+def deduct_profiler(graph: ExecGraph, traces: Sequence[RankTrace], op_s: float,
+                    keep: Sequence[Collection[int]] | None = None) -> ExecGraph:
     """The graph of `traces` (to_exec_graph's, or predicted_trace_graph's) with each op task shortened by the
-    profiler's cost of the ops recorded for it (profiler_op_s), down to 0 at most; in place, returned."""
+    profiler's cost of the ops recorded for it (profiler_op_s), down to 0 at most; in place, returned. keep: per
+    rank, node ids left as they are (ops priced by a model of untraced runs, as predicted_trace_graph's
+    op_seconds)."""
     recorded = [recorded_per_op(trace) for trace in traces]
     for task in graph.tasks:
         match = _TASK_NAME.match(task.name)
         if task.kind == "comm" or task.category == "overhead" or match is None or not match["node"]:
+            continue
+        if keep is not None and int(match["node"]) in keep[task.device]:
             continue
         count = recorded[task.device].get(int(match["node"]), 0)
         task.duration_s = max(0.0, task.duration_s - count * op_s)
@@ -163,9 +168,13 @@ CollectiveSeconds = Callable[[str, float, int], float]  # (kind, bytes, ranks) -
 
 
 def predicted_trace_graph(traces: Sequence[RankTrace], kernels: KernelModels, overheads: dict[str, float],
-                          collective_s: CollectiveSeconds) -> ExecGraph:
-    """The traced ranks' ExecGraph (every rank starting together) with every duration predicted."""
-    graph = to_exec_graph(traces, start_offsets="zero")
+                          collective_s: CollectiveSeconds,
+                          op_seconds: Sequence[dict[int, float]] | None = None, *,
+                          blocking_waits: bool = False) -> ExecGraph:
+    """The traced ranks' ExecGraph (every rank starting together) with every duration predicted. op_seconds: per
+    rank, node id -> seconds of the ops another model prices (a DLRM's lookups: frontends.trace.dlrm_predicted),
+    in place of the kernel models. blocking_waits: as to_exec_graph's."""
+    graph = to_exec_graph(traces, start_offsets="zero", blocking_waits=blocking_waits)
     ops = [{op.node_id: op for op in trace.ops.values()} for trace in traces]
     fallback = float(np.mean(list(overheads.values()))) if overheads else 0.0
     for task in graph.tasks:
@@ -177,7 +186,23 @@ def predicted_trace_graph(traces: Sequence[RankTrace], kernels: KernelModels, ov
         elif task.category == "overhead":
             key = _overhead_key(task.name)
             task.duration_s = 0.0 if key == "start offset" else overheads.get(key, fallback)
+        elif op is not None and op_seconds is not None and op.node_id in op_seconds[task.device]:
+            task.duration_s = op_seconds[task.device][op.node_id]
         elif op is not None:
             task.duration_s = kernels.seconds(op.name, op_work(traces[task.device], op))
+    _longest_member(graph)
     return graph
+
+
+def _longest_member(graph: ExecGraph) -> None:
+    """Every member of a collective (one sync key) takes the longest of the members' predicted times: ranks of
+    an all-to-all send and receive different amounts, and the collective ends for all when the largest is
+    moved (Lin et al. Sec. III-C price it by the largest)."""
+    longest: dict[str, float] = {}
+    for task in graph.tasks:
+        if task.kind == "comm" and task.sync_key:
+            longest[task.sync_key] = max(longest.get(task.sync_key, 0.0), task.duration_s)
+    for task in graph.tasks:
+        if task.kind == "comm" and task.sync_key:
+            task.duration_s = longest[task.sync_key]
 

@@ -39,8 +39,11 @@ CommTiming = Literal["auto", "overlap", "min"]
 
 
 def to_exec_graph(rank_traces: Sequence[RankTrace], *, start_offsets: StartOffsets = "measured",
-                  cpu_gaps: bool = True, comm_timing: CommTiming = "auto") -> ExecGraph:
-    """The ExecGraph of one iteration of the traced ranks (device i is rank_traces[i])."""
+                  cpu_gaps: bool = True, comm_timing: CommTiming = "auto", blocking_waits: bool = False) -> ExecGraph:
+    """The ExecGraph of one iteration of the traced ranks (device i is rank_traces[i]). blocking_waits: an op
+    also waits for every collective whose execution ended between the previous op's end and its start (the rank
+    was blocked in a wait the trace records no op for: work.wait(), a synchronous collective's wait in gloo),
+    so that the wait is left to the simulation and not counted as a host gap."""
     if start_offsets not in ("measured", "zero"):
         raise ConfigError("start_offsets", start_offsets, "choose one of: measured, zero")
     if comm_timing not in ("auto", "overlap", "min"):
@@ -54,7 +57,7 @@ def to_exec_graph(rank_traces: Sequence[RankTrace], *, start_offsets: StartOffse
     measured_comm: dict[int, tuple[float, float]] = {}
     for device, trace in enumerate(rank_traces):
         offset = starts[device] - origin if start_offsets == "measured" and not math.isnan(origin) else 0.0
-        _RankLowering(graph, device, trace, cpu_gaps, measured_comm).lower(offset)
+        _RankLowering(graph, device, trace, cpu_gaps, measured_comm, blocking_waits).lower(offset)
     hosts = {trace.host for trace in rank_traces}
     shared_clock = comm_timing == "overlap" or (comm_timing == "auto" and len(hosts) == 1 and "" not in hosts)
     _set_collective_durations(graph, measured_comm, shared_clock)
@@ -65,8 +68,9 @@ class _RankLowering:
     """Adds one rank's tasks to the graph; see the module docstring."""
 
     def __init__(self, graph: ExecGraph, device: int, trace: RankTrace, cpu_gaps: bool,
-                 measured_comm: dict[int, tuple[float, float]]) -> None:
+                 measured_comm: dict[int, tuple[float, float]], blocking_waits: bool = False) -> None:
         self.graph, self.device, self.trace, self.cpu_gaps = graph, device, trace, cpu_gaps
+        self.blocking_waits = blocking_waits
         self.measured_comm = measured_comm  # comm tid -> (start, duration) measured on this rank
         self.cursor = -1  # the last task on the compute stream (program order)
         self.comm_writer: dict[int, int] = {}  # storage id -> the comm task that last wrote it
@@ -80,6 +84,9 @@ class _RankLowering:
         prev_end = start
         for op in self.trace.top_level():
             waits = self._waits(op)
+            if self.blocking_waits and op.measured and not math.isnan(prev_end):
+                blocked = {t for t, end in self.comm_end.items() if prev_end < end <= op.start_s}
+                waits = tuple(sorted({*waits, *blocked}))
             if op.measured and not math.isnan(prev_end):
                 ready = max([prev_end, *(self.comm_end.get(t, -math.inf) for t in waits)])
                 gap = op.start_s - ready

@@ -27,8 +27,17 @@ from bisect import bisect_left
 from itertools import compress
 
 from trainsim.compile.device_classes import device_rank_blocks
-from trainsim.hardware.links import (FABRIC, NIC, UPLINK, fabric_shared, link_capacity, link_kind, link_name,
-                                    link_runs, link_unit)
+from trainsim.hardware.links import (
+    FABRIC,
+    NIC,
+    UPLINK,
+    fabric_shared,
+    link_capacity,
+    link_kind,
+    link_name,
+    link_runs,
+    link_unit,
+)
 from trainsim.ir.exec_graph import ExecGraph
 from trainsim.ir.template_runs import holding_resources, ordered_runs, parts
 from trainsim.job import Job

@@ -32,6 +32,7 @@ it carries. Ranks are numbered node-major (hardware.cluster).
 
 import re
 from collections.abc import Iterable, Sequence
+from itertools import pairwise
 
 from trainsim.errors import ConfigError
 from trainsim.hardware.cluster import ClusterSpec
@@ -164,7 +165,7 @@ def link_runs(blocks: Sequence[tuple[int, int]], level: str, direction: str,
     if not {NIC: True, UPLINK: uplinks_shared(cluster), FABRIC: fabric_shared(cluster)}.get(level, False):
         return []
     unit = link_unit(level, cluster)
-    ascending = all(a[0] + a[1] <= b[0] for a, b in zip(blocks, blocks[1:], strict=False))
+    ascending = all(a[0] + a[1] <= b[0] for a, b in pairwise(blocks))
     if not ascending:
         per_link: dict[int, int] = {}
         for first, count in blocks:

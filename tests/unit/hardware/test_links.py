@@ -8,8 +8,19 @@ from conftest import a100_cluster
 from trainsim.catalog import load_cluster
 from trainsim.errors import ConfigError
 from trainsim.hardware.cluster import ClusterSpec
-from trainsim.hardware.links import (FABRIC, NIC, UPLINK, group_links, link_capacity, link_name, link_runs, link_uses,
-                                    nic_rails, physical_links, shared_groups)
+from trainsim.hardware.links import (
+    FABRIC,
+    NIC,
+    UPLINK,
+    group_links,
+    link_capacity,
+    link_name,
+    link_runs,
+    link_uses,
+    nic_rails,
+    physical_links,
+    shared_groups,
+)
 from trainsim.ir.exec_graph import ExecGraph, SimDevice
 from trainsim.sim.engine import simulate
 from trainsim.sim.outcome import SimOptions

@@ -23,10 +23,21 @@ transfer, so a cluster of such devices simulates exactly as with a resource per 
 """
 
 import re
+from bisect import bisect_left
 from itertools import compress
 
 from trainsim.compile.device_classes import device_rank_blocks
-from trainsim.hardware.links import FABRIC, NIC, UPLINK, fabric_shared, link_capacity, link_kind, link_uses
+from trainsim.hardware.links import (
+    FABRIC,
+    NIC,
+    UPLINK,
+    fabric_shared,
+    link_capacity,
+    link_kind,
+    link_name,
+    link_runs,
+    link_unit,
+)
 from trainsim.ir.exec_graph import ExecGraph
 from trainsim.ir.template_runs import holding_resources, ordered_runs, parts
 from trainsim.job import Job
@@ -56,11 +67,11 @@ def place_links(job: Job, graph: ExecGraph) -> ExecGraph:
     if not tokens:
         return graph
     blocks = device_rank_blocks(job, len({d.stage for d in graph.devices}), [d.ranks for d in graph.devices])
-    physical: dict[str, dict[str, int]] = {}  # token -> physical link -> shares
+    physical: dict[str, list[tuple[int, int, int]]] = {}  # token -> runs of its level's link numbers, shares each
     for token in sorted(tokens):
         m = _TOKEN.match(token)
         assert m is not None
-        physical[token] = link_uses(blocks[int(m[1])], (m[2],), m[3], cluster)
+        physical[token] = link_runs(blocks[int(m[1])], m[2], m[3], cluster)
     merged, capacity = _merge_alike(physical, job)
     graph.resource_capacity.update(capacity)
     crossing = {key for key, names in tuples.items() if not tokens.isdisjoint(names)}
@@ -95,31 +106,57 @@ def _place(names: tuple[str, ...], device: int, merged: dict[str, dict[str, floa
     return tuple(shares), tuple(shares.values())
 
 
-def _merge_alike(physical: dict[str, dict[str, int]], job: Job) -> tuple[dict[str, dict[str, float]],
-                                                                       dict[str, float]]:
+def _merge_alike(physical: dict[str, list[tuple[int, int, int]]], job: Job) -> tuple[dict[str, dict[str, float]],
+                                                                                   dict[str, float]]:
     """Merge the links that the same tokens cross with the same shares (and of one capacity): per token its merged
-    links and shares, and each merged link's capacity."""
-    users: dict[str, list[tuple[str, int]]] = {}
-    for token, links in physical.items():
-        for link, share in links.items():
-            users.setdefault(link, []).append((token, share))
-    alike: dict[tuple[str, float, tuple[tuple[str, int], ...]], list[str]] = {}
-    # NB: a link's kind, and but for a leaf's up-links its capacity, depend only on what follows its node or leaf
-    # ("nic3.tx" of "node12.nic3.tx"): worked out once per such name (64 x 1,024 nodes' rails at dp 64)
-    kinds: dict[str, tuple[str, float]] = {}
-    for link, used in users.items():
-        rest = link.split(".", 1)[1]
-        known = kinds.get(rest)
-        if known is None:
-            known = (link_kind(link), link_capacity(link, job.cluster))
-            if f".{UPLINK}" not in link:
-                kinds[rest] = known
-        alike.setdefault((known[0], known[1], tuple(sorted(used))), []).append(link)
+    links and shares, and each merged link's capacity. A merged link is named for its first link in the order the
+    tokens (sorted) name their links, and resources come in that order too.
+
+    NB: worked out on runs of link numbers, not per link (2**20 GPUs cross 2**20 rails): a level's links are cut
+    where any token's runs start or end (and at the last leaf, whose up-links may serve fewer nodes); between two
+    cuts every link has the same users, kind and capacity."""
+    cluster = job.cluster
+    order = {token: i for i, token in enumerate(physical)}
+    cuts: dict[tuple[str, str], set[int]] = {}  # (level, direction: "" for a node's bus) -> where links change
+    for token, runs in physical.items():
+        level, direction = _level_of(token)
+        cut = cuts.setdefault((level, direction), set())
+        if level == UPLINK and cluster.nodes_per_leaf is not None:
+            cut.add(cluster.num_gpus // link_unit(UPLINK, cluster))  # the last leaf, maybe short of nodes
+        for first, end, _ in runs:
+            cut.update((first, end))
+    bounds = {key: sorted(cut) for key, cut in cuts.items()}
+    # per piece of links between two cuts (level, direction, first link): its end and its users (token, shares,
+    # and where the token first names it: the token's place in sorted order, the run's place in its list)
+    pieces: dict[tuple[str, str, int], tuple[int, list[tuple[str, int]], tuple[int, int, int]]] = {}
+    for token, runs in physical.items():
+        level, direction = _level_of(token)
+        at = bounds[(level, direction)]
+        for k, (first, end, shares) in enumerate(runs):
+            for i in range(bisect_left(at, first), bisect_left(at, end)):
+                start, stop = at[i], at[i + 1]
+                piece = pieces.setdefault((level, direction, start), (stop, [], (order[token], k, start)))
+                piece[1].append((token, shares))
+    alike: dict[tuple[str, float, tuple[tuple[str, int], ...]], tuple[tuple[int, int, int], str, int]] = {}
+    for (level, direction, start), (stop, used, first_named) in pieces.items():
+        link = link_name(level, start, direction, cluster)
+        key = (link_kind(link), link_capacity(link, cluster), tuple(sorted(used)))
+        known = alike.get(key)
+        count = stop - start + (0 if known is None else known[2])
+        alike[key] = (first_named, link, count) if known is None or first_named < known[0] else \
+            (known[0], known[1], count)
     merged: dict[str, dict[str, float]] = {token: {} for token in physical}
     capacity: dict[str, float] = {}
-    for (_, cap, used), links in alike.items():
-        name = links[0] if len(links) == 1 else f"{links[0]} (+{len(links) - 1} alike)"
+    for (_, cap, used), (_, link, count) in sorted(alike.items(), key=lambda item: item[1][0]):
+        name = link if count == 1 else f"{link} (+{count - 1} alike)"
         capacity[name] = cap
         for token, share in used:
             merged[token][name] = float(share)
     return merged, capacity
+
+
+def _level_of(token: str) -> tuple[str, str]:
+    """A shared-level token's level and direction ("" for a node's bus: one resource for sending and receiving)."""
+    m = _TOKEN.match(token)
+    assert m is not None
+    return m[2], "" if m[2] == FABRIC else m[3]

@@ -32,6 +32,7 @@ it carries. Ranks are numbered node-major (hardware.cluster).
 
 import re
 from collections.abc import Iterable, Sequence
+from itertools import pairwise
 
 from trainsim.errors import ConfigError
 from trainsim.hardware.cluster import ClusterSpec
@@ -134,6 +135,61 @@ def link_uses(blocks: Iterable[tuple[int, int]], levels: Iterable[str], directio
             name = f"leaf{_leaf_of(node, cluster)}.{UPLINK}.{direction}"
             uses[name] = uses.get(name, 0) + count
     return uses
+
+
+def link_unit(level: str, cluster: ClusterSpec) -> int:
+    """The ranks behind one link of a shared level (numbered node-major): one rail's GPUs (or the node's, on a pool
+    of NICs), a node's for its bus, a leaf's for its up-links."""
+    if level == NIC:
+        return cluster.gpus_per_node // nic_rails(cluster)
+    if level == UPLINK and cluster.nodes_per_leaf is not None:
+        return cluster.nodes_per_leaf * cluster.gpus_per_node
+    return cluster.gpus_per_node
+
+
+def link_name(level: str, index: int, direction: str, cluster: ClusterSpec) -> str:
+    """The name of a shared level's link number `index` (rank // link_unit): link_uses' names."""
+    if level == NIC:
+        rails = nic_rails(cluster)
+        return nic_name(*divmod(index, rails), direction, rails)
+    if level == FABRIC:
+        return f"node{index}.{FABRIC}"
+    return f"leaf{index}.{UPLINK}.{direction}"
+
+
+def link_runs(blocks: Sequence[tuple[int, int]], level: str, direction: str,
+              cluster: ClusterSpec) -> list[tuple[int, int, int]]:
+    """link_uses at one level without a name per link: (first link, end link, shares each) runs of link numbers
+    (link_name), in the order link_uses names them. Ranks in ascending runs are counted per run (a run's whole
+    links between its partial ends are alike), others link by link."""
+    if not {NIC: True, UPLINK: uplinks_shared(cluster), FABRIC: fabric_shared(cluster)}.get(level, False):
+        return []
+    unit = link_unit(level, cluster)
+    ascending = all(a[0] + a[1] <= b[0] for a, b in pairwise(blocks))
+    if not ascending:
+        per_link: dict[int, int] = {}
+        for first, count in blocks:
+            for rank in range(first, first + count):
+                per_link[rank // unit] = per_link.get(rank // unit, 0) + 1
+        return [(link, link + 1, count) for link, count in per_link.items()]
+    runs: list[tuple[int, int, int]] = []
+    for first, count in blocks:
+        end = first + count
+        low, high = -(-first // unit), end // unit  # the links the run fills
+        pieces = [(first // unit, first // unit + 1, count)] if low > high else [
+            *([(first // unit, low, low * unit - first)] if first % unit else []),
+            *([(low, high, unit)] if high > low else []),
+            *([(high, high + 1, end - high * unit)] if end % unit else [])]
+        for piece in pieces:
+            last = runs[-1] if runs else None
+            if last is not None and last[1] - 1 == piece[0]:  # (one link) the link the previous run ended in
+                runs[-1:] = [*([(last[0], last[1] - 1, last[2])] if last[1] - last[0] > 1 else []),
+                             (piece[0], piece[1], last[2] + piece[2])]
+            elif last is not None and last[1] == piece[0] and last[2] == piece[2]:
+                runs[-1] = (last[0], piece[1], last[2])
+            else:
+                runs.append(piece)
+    return runs
 
 
 def group_links(ranks: Sequence[int], cluster: ClusterSpec) -> dict[str, float]:

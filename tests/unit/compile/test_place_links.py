@@ -6,13 +6,17 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import a100_cluster
 from trainsim.catalog import load_cluster, load_model
 from trainsim.catalog.calibration import Calibration
 from trainsim.compile.build import compile_job
+from trainsim.compile.place_links import _merge_alike
 from trainsim.cost.pricing import Pricer
 from trainsim.hardware.cluster import ClusterSpec
+from trainsim.hardware.links import link_capacity, link_kind, link_runs, link_uses
 from trainsim.ir.exec_graph import ExecGraph, Task
 from trainsim.job import Job, make_job
 from trainsim.pipeline import graph_for
@@ -241,3 +245,62 @@ def test_template_runs_place_the_links_the_per_task_path_places(monkeypatch: pyt
     # within the runs: the tensor-parallel collectives' NICs where tp spans nodes, none where it does not
     placed_in_runs = any(t.link_shares for run in runs for t in with_runs.tasks[run.first:run.end])
     assert placed_in_runs == (gpus_per_node < int(str(strategy["tp"])))
+
+
+def _merge_link_by_link(physical: dict[str, dict[str, int]], job: Job) -> tuple[dict[str, dict[str, float]],
+                                                                              dict[str, float]]:
+    """The reference merge, a name per link: links grouped by (kind, capacity, the tokens and shares crossing
+    them) in the order the tokens (sorted) first name them, each group named for its first link."""
+    users: dict[str, list[tuple[str, int]]] = {}
+    for token, links in physical.items():
+        for link, share in links.items():
+            users.setdefault(link, []).append((token, share))
+    alike: dict[tuple[str, float, tuple[tuple[str, int], ...]], list[str]] = {}
+    for link, used in users.items():
+        alike.setdefault((link_kind(link), link_capacity(link, job.cluster), tuple(sorted(used))), []).append(link)
+    merged: dict[str, dict[str, float]] = {token: {} for token in physical}
+    capacity: dict[str, float] = {}
+    for (_, cap, used), links in alike.items():
+        name = links[0] if len(links) == 1 else f"{links[0]} (+{len(links) - 1} alike)"
+        capacity[name] = cap
+        for token, share in used:
+            merged[token][name] = float(share)
+    return merged, capacity
+
+
+_MERGE_CLUSTERS = [a100_cluster(128).model_copy(update={"nodes_per_leaf": 3, "leaf_oversubscription": 2.0}),
+                   load_cluster("dgx1-v100").with_num_gpus(128).model_copy(update={"nodes_per_leaf": 5,
+                                                                                    "leaf_oversubscription": 2.0}),
+                   load_cluster("titanxp-pcie-8").model_copy(update={"num_nodes": 16, "nodes_per_leaf": 7,
+                                                                      "leaf_oversubscription": 3.0})]
+_RUNS = st.lists(st.tuples(st.integers(0, 20), st.integers(1, 40)), min_size=1, max_size=4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(cluster=st.sampled_from(_MERGE_CLUSTERS), stages=st.lists(st.tuples(_RUNS, st.booleans()), min_size=1,
+                                                                 max_size=3),
+       levels=st.lists(st.sampled_from(["nic.tx", "nic.rx", "uplink.tx", "uplink.rx", "fabric.tx", "fabric.rx"]),
+                       min_size=1, max_size=6, unique=True))
+def test_merging_runs_of_links_is_merging_link_by_link(cluster: ClusterSpec, stages: list[tuple[list[tuple[int, int]],
+                                                                                                  bool]],
+                                                        levels: list[str]) -> None:
+    """Differential: the merge over runs of links (never a name per link) gives the reference's merged names,
+    shares, capacities and their order, for stages of ranks in order, with gaps, overlapping each other's links or
+    out of order."""
+    job = _job(cluster)
+    blocks = []
+    for gaps, reverse in stages:
+        runs, rank = [], 0
+        for gap, count in gaps:
+            runs.append((rank + gap, count))
+            rank += gap + count
+        blocks.append(runs[::-1] if reverse else runs)
+    tokens = sorted(f"stage{d}.{level}" for d in range(len(blocks)) for level in levels)
+    split = [token.split(".") for token in tokens]
+    per_link = {token: link_uses(blocks[int(d[5:])], (level,), direction, cluster)
+                for token, (d, level, direction) in zip(tokens, split, strict=True)}
+    runs_of = {token: link_runs(blocks[int(d[5:])], level, direction, cluster)
+               for token, (d, level, direction) in zip(tokens, split, strict=True)}
+    want, got = _merge_link_by_link(per_link, job), _merge_alike(runs_of, job)
+    assert [list(m.items()) for m in want[0].values()] == [list(m.items()) for m in got[0].values()]
+    assert list(want[1].items()) == list(got[1].items())

@@ -1,12 +1,26 @@
 """Link sharing between communication groups (hardware.links + the engine's bandwidth sharing): exact cases."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import a100_cluster
 from trainsim.catalog import load_cluster
 from trainsim.errors import ConfigError
 from trainsim.hardware.cluster import ClusterSpec
-from trainsim.hardware.links import group_links, link_capacity, link_uses, nic_rails, physical_links, shared_groups
+from trainsim.hardware.links import (
+    FABRIC,
+    NIC,
+    UPLINK,
+    group_links,
+    link_capacity,
+    link_name,
+    link_runs,
+    link_uses,
+    nic_rails,
+    physical_links,
+    shared_groups,
+)
 from trainsim.ir.exec_graph import ExecGraph, SimDevice
 from trainsim.sim.engine import simulate
 from trainsim.sim.outcome import SimOptions
@@ -127,3 +141,41 @@ def test_a_leaf_of_several_nodes_holds_their_gpus_and_the_last_leaf_what_is_left
     assert [link_capacity(f"leaf{leaf}.uplink.rx", cluster) for leaf in range(3)] == [16.0, 16.0, 8.0]
     assert link_uses([(0, 2), (30, 10)], ("uplink",), "rx", cluster) == {"leaf0.uplink.rx": 2, "leaf1.uplink.rx": 2,
                                                                          "leaf2.uplink.rx": 8}
+
+
+def _link_clusters() -> list[ClusterSpec]:
+    """A rail per GPU with oversubscribed leaves of 3 nodes; DGX-1 (a rail per 2 GPUs); a pool of 3 NICs; a PCIe
+    bus (shared) under leaves of 7 nodes."""
+    a100 = a100_cluster(128)
+    return [a100.model_copy(update={"nodes_per_leaf": 3, "leaf_oversubscription": 2.0}),
+            load_cluster("dgx1-v100").with_num_gpus(128),
+            a100.model_copy(update={"nics_per_node": 3}),
+            load_cluster("titanxp-pcie-8").model_copy(update={"num_nodes": 16, "nodes_per_leaf": 7,
+                                                               "leaf_oversubscription": 3.0})]
+
+
+def test_link_runs_count_a_run_s_whole_links_at_once() -> None:
+    """DGX A100 nodes: ranks 4-11 take one share of rails 4-11 (node 0's 4-7, node 1's 0-3); DGX-1 (2 GPUs a
+    rail): ranks 3-8 take 1 share of rail 1, 2 of rails 2 and 3, 1 of rail 4."""
+    assert link_runs([(4, 8)], NIC, "tx", a100_cluster(16)) == [(4, 12, 1)]
+    assert link_runs([(3, 6)], NIC, "tx", load_cluster("dgx1-v100").with_num_gpus(16)) == [(1, 2, 1), (2, 4, 2),
+                                                                                          (4, 5, 1)]
+    assert link_runs([(4, 8)], UPLINK, "tx", a100_cluster(16)) == []  # non-blocking: no shared up-links
+
+
+@settings(max_examples=300, deadline=None)
+@given(cluster=st.sampled_from(_link_clusters()), level=st.sampled_from([NIC, UPLINK, FABRIC]),
+       starts=st.lists(st.tuples(st.integers(0, 30), st.integers(1, 30)), min_size=1, max_size=5),
+       shuffle=st.booleans())
+def test_link_runs_name_what_link_uses_names_in_its_order(cluster: ClusterSpec, level: str,
+                                                           starts: list[tuple[int, int]], shuffle: bool) -> None:
+    """Differential: link_runs expanded link by link is link_uses, names, shares and order, for runs of ranks in
+    order (with gaps, or touching inside one link) and out of order."""
+    blocks, rank = [], 0
+    for gap, count in starts:
+        blocks.append((rank + gap, count))
+        rank += gap + count
+    blocks = blocks[::-1] if shuffle else blocks
+    expanded = [(link_name(level, link, "tx", cluster), shares)
+                for first, end, shares in link_runs(blocks, level, "tx", cluster) for link in range(first, end)]
+    assert expanded == list(link_uses(blocks, (level,), "tx", cluster).items())

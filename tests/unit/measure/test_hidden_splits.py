@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tp_gradients import TINY_LLAMA_MODEL_YAML, compare_gradients, tree_yaml
+from tp_gradients import TINY_LLAMA_MODEL_YAML, Case, compare_gradients, tree_yaml
 from typer.testing import CliRunner
 
 from conftest import REPO_DIR, TINY_GPT_MODEL_YAML
@@ -44,30 +44,43 @@ ADD2_SEQ = tree_yaml(2, *_MEGATRON_ROWS, "blocks.*.residual2 seq 2")
 ENDS_SEQ = tree_yaml(2, *_MEGATRON_ROWS, "embedding.positions seq 2", "head.norm seq 2")
 
 
-@pytest.mark.parametrize(("model", "tree"), [
-    (TINY_GPT_MODEL_YAML, (MEGATRON / "gpt-tp2-norms-features.yaml").read_text()),
-    (TINY_GPT_MODEL_YAML, (MEGATRON / "gpt-tp2-adds-features.yaml").read_text()),
-    (TINY_GPT_MODEL_YAML, ALL_FEATURES), (TINY_GPT_MODEL_YAML, MIXED), (TINY_LLAMA_MODEL_YAML, LLAMA_FEATURES),
-    (TINY_GPT_MODEL_YAML, (MEGATRON / "gpt-tp2-adds-seq.yaml").read_text()), (TINY_GPT_MODEL_YAML, ADD2_SEQ),
-    (TINY_GPT_MODEL_YAML, ENDS_SEQ)],
-    ids=["norms-features", "adds-features", "all-features", "mixed", "llama", "adds-seq", "add2-seq", "ends-seq"])
-def test_a_split_by_features_computes_the_unsplit_gradients(tmp_path: Path, model: str, tree: str) -> None:
+_FOUR_RANKS = tree_yaml(4, *(row.replace(" 2", " 4") for row in _MEGATRON_ROWS), "head.norm out 4",
+                        "blocks.*.norm1 out 4", "blocks.*.residual1 out 4", "blocks.*.norm2 out 4")
+FEATURE_CASES = {
+    "norms-features": Case(model_yaml=TINY_GPT_MODEL_YAML,
+                           tree_yaml=(MEGATRON / "gpt-tp2-norms-features.yaml").read_text()),
+    "adds-features": Case(model_yaml=TINY_GPT_MODEL_YAML,
+                          tree_yaml=(MEGATRON / "gpt-tp2-adds-features.yaml").read_text()),
+    "all-features": Case(model_yaml=TINY_GPT_MODEL_YAML, tree_yaml=ALL_FEATURES),
+    "mixed": Case(model_yaml=TINY_GPT_MODEL_YAML, tree_yaml=MIXED),
+    "llama": Case(model_yaml=TINY_LLAMA_MODEL_YAML, tree_yaml=LLAMA_FEATURES),
+    "adds-seq": Case(model_yaml=TINY_GPT_MODEL_YAML, tree_yaml=(MEGATRON / "gpt-tp2-adds-seq.yaml").read_text()),
+    "add2-seq": Case(model_yaml=TINY_GPT_MODEL_YAML, tree_yaml=ADD2_SEQ),
+    "ends-seq": Case(model_yaml=TINY_GPT_MODEL_YAML, tree_yaml=ENDS_SEQ)}
+# the block's forward, collectives included, runs again inside the backward (torch.utils.checkpoint)
+FULL_RECOMPUTE = Case(model_yaml=TINY_GPT_MODEL_YAML, tree_yaml=ALL_FEATURES, settings={"recompute": "full"})
+FOUR_RANKS = Case(model_yaml=TINY_GPT_MODEL_YAML, tree_yaml=_FOUR_RANKS, tp=4)
+
+
+@pytest.fixture(scope="module")
+def gradient_failures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     pytest.importorskip("torch")
-    compare_gradients(model, tree, tmp_path)
+    cases = {**FEATURE_CASES, "full-recompute": FULL_RECOMPUTE, "four-ranks": FOUR_RANKS}
+    return compare_gradients(cases, tmp_path_factory.mktemp("gradients"))
 
 
-def test_splits_by_features_under_full_recompute_compute_the_unsplit_gradients(tmp_path: Path) -> None:
-    # the block's forward, collectives included, runs again inside the backward (torch.utils.checkpoint)
-    pytest.importorskip("torch")
-    compare_gradients(TINY_GPT_MODEL_YAML, ALL_FEATURES, tmp_path, settings={"recompute": "full"})
+@pytest.mark.parametrize("name", FEATURE_CASES)
+def test_a_split_by_features_computes_the_unsplit_gradients(gradient_failures: dict[str, str], name: str) -> None:
+    assert not gradient_failures[name], gradient_failures[name]
 
 
-def test_norms_by_features_over_four_ranks_compute_the_unsplit_gradients(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
-    rows = [row.replace(" 2", " 4") for row in _MEGATRON_ROWS]
-    tree = tree_yaml(4, *rows, "head.norm out 4", "blocks.*.norm1 out 4", "blocks.*.residual1 out 4",
-                     "blocks.*.norm2 out 4")
-    compare_gradients(TINY_GPT_MODEL_YAML, tree, tmp_path, tp=4)
+def test_splits_by_features_under_full_recompute_compute_the_unsplit_gradients(
+        gradient_failures: dict[str, str]) -> None:
+    assert not gradient_failures["full-recompute"], gradient_failures["full-recompute"]
+
+
+def test_norms_by_features_over_four_ranks_compute_the_unsplit_gradients(gradient_failures: dict[str, str]) -> None:
+    assert not gradient_failures["four-ranks"], gradient_failures["four-ranks"]
 
 
 def test_measure_runs_a_tree_split_by_features(tmp_path: Path) -> None:

@@ -43,13 +43,7 @@ def model_state_bytes(params: float, par: ParallelSpec, experts: ExpertParams | 
     """
     policy = policy_for(par.precision)
     shards = par.dp * par.cp
-    states = {
-        "weights": params * policy.weight_bytes / (shards if par.zero >= 3 else 1),
-        "gradients": params * policy.grad_bytes / (shards if par.zero >= 2 else 1),
-        "optimizer": params * (policy.master_bytes + policy.optimizer_state_bytes) / optimizer_shards(par),
-    }
-    if not experts:
-        return states
+    experts = experts or {}
     dense = params - sum(experts.values())
     per_param = {"weights": (policy.weight_bytes, 3), "gradients": (policy.grad_bytes, 2),
                  "optimizer": (policy.master_bytes + policy.optimizer_state_bytes, 1)}
@@ -61,8 +55,7 @@ def model_state_bytes(params: float, par: ParallelSpec, experts: ExpertParams | 
 def owned_params(params: float, par: ParallelSpec, experts: ExpertParams | None = None) -> float:
     """The parameters of `params` whose optimizer state one GPU owns and steps: all of them, or from ZeRO-1 on
     1 / (dp x cp) of them and 1 / ranks of the experts' (model_state_bytes)."""
-    if not experts:
-        return params / optimizer_shards(par)
+    experts = experts or {}
     shared = par.zero >= 1
     return (params - sum(experts.values())) / optimizer_shards(par) + sum(
         count / (ranks if shared else 1) for ranks, count in experts.items())

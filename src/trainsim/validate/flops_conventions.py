@@ -72,11 +72,12 @@ def _megatron_per_token(model: TransformerSpec, plan: ParallelSpec, score_share:
     multiple of 128 x tp."""
     layers, hidden = model.num_layers, model.hidden
     gated = 1.5 if model.mlp == "swiglu" else 1.0
-    routed_layers = model.num_moe_layers * model.top_k + layers - model.num_moe_layers
+    ffn_widths = (model.num_moe_layers * model.top_k * model.expert_ffn
+                  + (layers - model.num_moe_layers) * model.ffn_hidden)  # an MoE block's experts at their width
     multiple = MEGATRON_VOCAB_MULTIPLE * plan.tp
     padded_vocab = -(-model.vocab // multiple) * multiple
     attention = 1.0 + model.kv_heads / model.num_heads + score_share * plan.seq_len / hidden
-    return (12.0 * routed_layers * hidden * model.ffn_hidden * gated + 12.0 * layers * hidden**2 * attention
+    return (12.0 * ffn_widths * hidden * gated + 12.0 * layers * hidden**2 * attention
             + 6.0 * hidden * padded_vocab)
 
 

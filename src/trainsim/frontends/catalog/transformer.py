@@ -17,6 +17,7 @@ under sp (_expert_tokens)."""
 
 from collections.abc import Mapping
 
+from trainsim.errors import ConfigError
 from trainsim.hardware.device import BYTES_PER_DTYPE
 from trainsim.ir.flops import (
     attention_backward,
@@ -50,7 +51,8 @@ def build_transformer(spec: TransformerSpec, dev: DeviceSlice) -> OpGraph:
     if spec.num_moe_layers:
         layers.append(block_layer(spec, dev, spec.num_moe_layers, moe=True))
     layers.append(head_layer(spec, dev))
-    return OpGraph(spec.name, tuple(layers), dev.local_tokens, dev.micro_batch)
+    return OpGraph(spec.name, tuple(layers), dev.local_tokens, dev.micro_batch,
+                   leading_dense_blocks=spec.leading_dense_layers)
 
 
 def _act_bytes(dev: DeviceSlice) -> int:
@@ -79,21 +81,83 @@ def _block_params(spec: TransformerSpec, moe: bool) -> tuple[float, float]:
     h, d = spec.hidden, spec.head_dim
     qkv_out = (spec.num_heads + 2 * spec.kv_heads) * d
     attn = h * qkv_out + spec.num_heads * d * h + ((qkv_out + h) if spec.bias else 0)
+    if spec.mla is not None:
+        attn = sum(_mla_params(spec))
     norms = 2 * h * (2 if spec.norm == "layernorm" else 1)
     mats = 3 if spec.mlp == "swiglu" else 2
-    mlp = mats * h * spec.ffn_hidden + ((spec.ffn_hidden + h) if spec.bias else 0)
+    f = spec.expert_ffn if moe else spec.ffn_hidden
+    mlp = mats * h * f + ((f + h) if spec.bias else 0)
     if moe:
         mlp = spec.num_experts * mlp + h * spec.num_experts
     return attn + norms, mlp
 
 
+def _mla_params(spec: TransformerSpec) -> tuple[int, int]:
+    """(replicated over tp, split over tp) parameters of a multi-head latent attention (ir.model_spec.MlaSpec):
+    the down-projections and the latents' norms are held whole on every tp rank (Megatron-Core's TELinear in
+    "duplicated" mode), the up-projections are column-parallel and the output projection row-parallel
+    (megatron/core/models/gpt/gpt_layer_specs.py and transformer/multi_latent_attention.py, megatron-core
+    0.16.1; no bias but the output projection's, add_bias_linear)."""
+    mla, h, heads = spec.mla, spec.hidden, spec.num_heads
+    assert mla is not None
+    gain = 2 if spec.norm == "layernorm" else 1
+    kv_down = h * (mla.kv_lora_rank + mla.qk_rope_head_dim) + gain * mla.kv_lora_rank
+    q_proj = mla.q_lora_rank * heads * mla.qk_head_dim if mla.q_lora_rank else h * heads * mla.qk_head_dim
+    q_down = h * mla.q_lora_rank + gain * mla.q_lora_rank
+    kv_up = mla.kv_lora_rank * heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+    out = heads * mla.v_head_dim * h + (h if spec.bias else 0)
+    return q_down + kv_down, q_proj + kv_up + out
+
+
+def _mla_ops(spec: TransformerSpec, dev: DeviceSlice, path: str) -> list[Op]:
+    """A multi-head latent attention at Megatron-Core's split over tp (megatron-core 0.16.1, _mla_params): the
+    down-projections (to the query latent, and to the key-value latent and the rotary key) and the latents'
+    RMSNorms run on each rank's own tokens (its sequence share under sp, else all local tokens on every tp
+    rank); the up-projections (to the queries, or one query projection without a query latent; to the keys
+    without position and the values) split the heads over tp, reading the latents gathered over tp under sp
+    (strategy.megatron: the collectives); the rotary embedding of the queries' and the shared key's rotary
+    parts, the core at the queries' and keys' head dim and the values', the output projection row-parallel."""
+    mla = spec.mla
+    assert mla is not None
+    tokens, mb, tp = dev.local_tokens, dev.micro_batch, dev.tp
+    act, lin, h = dev.precision.activation_dtype, dev.precision.linear_dtype, spec.hidden
+    own, heads = _replicated_tokens(dev), spec.num_heads // tp
+    kv_down = [matmul_op("kv_down", f"{path}.attn.kv_down", lin, own, mla.kv_lora_rank + mla.qk_rope_head_dim, h),
+               pointwise_op("kv_norm", "norm", f"{path}.attn.kv_norm", act, own * mla.kv_lora_rank,
+                            flops_per_element=5.0)]
+    if mla.q_lora_rank:
+        ops = [matmul_op("q_down", f"{path}.attn.q_down", lin, own, mla.q_lora_rank, h), kv_down[0],
+               pointwise_op("q_norm", "norm", f"{path}.attn.q_norm", act, own * mla.q_lora_rank,
+                            flops_per_element=5.0), kv_down[1],
+               matmul_op("q_up", f"{path}.attn.q_up", lin, tokens, heads * mla.qk_head_dim, mla.q_lora_rank)]
+    else:
+        ops = [*kv_down, matmul_op("q_proj", f"{path}.attn.q_proj", lin, tokens, heads * mla.qk_head_dim, h)]
+    ops += [matmul_op("kv_up", f"{path}.attn.kv_up", lin, tokens, heads * (mla.qk_nope_head_dim + mla.v_head_dim),
+                      mla.kv_lora_rank),
+            pointwise_op("rope", "elementwise", f"{path}.attn.rope", act,
+                         tokens * (heads + 1) * mla.qk_rope_head_dim),
+            attention_op(f"{path}.attn.core", dev.precision.matmul_dtype, mb * heads, tokens // mb, dev.seq_len,
+                         mla.qk_head_dim, spec.causal, dev.attention, value_dim=mla.v_head_dim)]
+    if not dev.fused_attention:
+        ops.append(pointwise_op("softmax", "softmax", f"{path}.attn.softmax", act,
+                                mb * heads * (tokens // mb) * dev.seq_len, flops_per_element=5.0, selective=True))
+    ops.append(matmul_op("out_proj", f"{path}.attn.out", lin, tokens, h, heads * mla.v_head_dim))
+    return ops
+
+
 def _attention_ops(spec: TransformerSpec, dev: DeviceSlice, path: str, c: Mapping[str, OpConfig],
                    rows: Mapping[str, int], widths: Mapping[str, int]) -> list[Op]:
-    """norm1, the attention module with each op shaped at its config c[name] over tp, residual1 (the norm and
-    the residual add on rows[name] tokens: _token_rows, and widths[name] features: _norm_widths)."""
+    """norm1, the attention module with each op shaped at its config c[name] over tp (a multi-head latent
+    attention: Megatron-Core's, _mla_ops), residual1 (the norm and the residual add on rows[name] tokens:
+    _token_rows, and widths[name] features: _norm_widths)."""
     tokens = dev.local_tokens
     act, lin, h, d = dev.precision.activation_dtype, dev.precision.linear_dtype, spec.hidden, spec.head_dim
     mb = dev.micro_batch
+    if spec.mla is not None:
+        return [pointwise_op("norm1", "norm", f"{path}.norm1", act, rows["norm1"] * widths["norm1"],
+                             flops_per_element=5.0), *_mla_ops(spec, dev, path),
+                pointwise_op("residual1", "elementwise", f"{path}.residual1", act,
+                             rows["residual1"] * widths["residual1"], reads=2.0)]
 
     def heads(name: str) -> tuple[int, int]:
         return spec.num_heads // c[name].out, max(1, spec.kv_heads // c[name].out)
@@ -130,8 +194,10 @@ def _token_parts(config: OpConfig) -> int:
 
 def _mlp_ops(spec: TransformerSpec, dev: DeviceSlice, path: str, tokens: int, experts_local: int,
              c: Mapping[str, OpConfig]) -> list[Op]:
-    """The MLP (or each local expert's) with each op shaped at its config c[name] over tp."""
-    lin, act, h, f = dev.precision.linear_dtype, dev.precision.activation_dtype, spec.hidden, spec.ffn_hidden
+    """The MLP (or each local expert's: experts_local > 1 or an MoE path) with each op shaped at its config c[name]
+    over tp, at the dense blocks' FFN width or the experts' (TransformerSpec.expert_ffn)."""
+    lin, act, h = dev.precision.linear_dtype, dev.precision.activation_dtype, spec.hidden
+    f = spec.expert_ffn if path.endswith(".moe") else spec.ffn_hidden
     routed = tokens * experts_local  # tokens processed by this device's experts (balanced routing)
 
     def rows(name: str) -> int:
@@ -174,6 +240,10 @@ def block_layer(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool,
     name = "moe_block" if moe else "block"
     path = f"blocks.{name}"
     act, h = dev.precision.activation_dtype, spec.hidden
+    if own and spec.mla is not None:
+        raise ConfigError("strategy tree", ", ".join(sorted(op for op, _ in own)), f"{spec.name} has a multi-head "
+                          "latent attention, priced at Megatron-Core's split over tp only: give its blocks' ops no "
+                          "configs of their own")
     given = dict(own)
     c = {op: given.get(op, _megatron(op, dev.tp)) for op in _ATTN_OPS + _MLP_OPS}
     rows = _token_rows(dev, given)
@@ -264,7 +334,10 @@ def _block_local_params(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: M
     attn_params, mlp_params = _block_params(spec, moe)
     first, _, second = _mlp_op_names(spec)
     w = {name: _weight_parts(c[name]) for name in ("qkv", "out_proj", first, second)}
-    if w["qkv"] == w["out_proj"]:
+    if spec.mla is not None:  # Megatron's configs only (block_layer); the norms with the split part, as above
+        replicated = _mla_params(spec)[0]
+        attn = replicated + (attn_params - replicated) / dev.tp
+    elif w["qkv"] == w["out_proj"]:
         attn = attn_params / w["qkv"]
     else:
         out_params = spec.num_heads * spec.head_dim * spec.hidden + (spec.hidden if spec.bias else 0)
@@ -308,16 +381,17 @@ def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: Ma
     mask = 1.0 if spec.arch in ("gpt", "bert", "bloom") else 0.0  # dropout masks, one byte per element
     first, act, second = _mlp_op_names(spec)
     experts = spec.top_k if moe else 1
+    ffn = spec.expert_ffn if moe else spec.ffn_hidden
     expert_tokens = _expert_tokens(dev, _weight_parts(c[first])) if moe else tokens
 
     def rows(op: str) -> int:  # tokens an op runs (an MoE's experts: their _expert_tokens)
         return expert_tokens if moe and op in _MLP_OPS else tokens // _token_parts(c[op])
 
     def f_out(op: str) -> int:  # ffn features an op writes
-        return spec.ffn_hidden // c[op].out * experts
+        return ffn // c[op].out * experts
 
     def f_in(op: str) -> int:  # ffn features a matmul reads
-        return spec.ffn_hidden // c[op].reduce * experts
+        return ffn // c[op].reduce * experts
 
     # modules reading gathered inputs (NB: an MoE's experts at their own tp degree keep their routed tokens'
     # features, not their input, as Megatron's split of the experts is counted)
@@ -331,6 +405,13 @@ def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: Ma
     replicated = rep * h * (4 * a2 + 2 * mask) + norms_own + own_inputs * a2
     qkv = core_tokens * (heads + 2 * kv) * spec.head_dim * a2
     out_in = rows("out_proj") * (spec.num_heads // c["out_proj"].reduce) * spec.head_dim * a2
+    q_out, v_out = core_tokens * heads * spec.head_dim * a2, core_tokens * kv * spec.head_dim * a2
+    if spec.mla is not None:  # the latents' norm and up-projection inputs (as the qkv input: rep), q, k, v
+        mla = spec.mla
+        replicated += rep * 2 * (mla.q_lora_rank + mla.kv_lora_rank) * a2
+        q_out, v_out = core_tokens * heads * mla.qk_head_dim * a2, core_tokens * heads * mla.v_head_dim * a2
+        qkv = 2 * q_out + v_out
+        out_in = rows("out_proj") * heads * mla.v_head_dim * a2
     if spec.mlp == "swiglu":
         mlp = (rows(act) * 2 * f_out(act) + rows(second) * f_in(second)) * a2  # gate and up outputs, the product
     else:
@@ -348,8 +429,6 @@ def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: Ma
     # 0.1.0, _save_list and _get_custom_policy): the block input (the checkpoint's) and the outputs of the
     # attention kernel and of every other matmul in the block's order (wq wk wv wo w1 w3 w2: wq, wv, w1, w2;
     # GPT's wq wk wv wo fc1 fc2: wq, wv, fc1) are kept, everything else is recomputed
-    q_out = core_tokens * heads * spec.head_dim * a2
-    v_out = core_tokens * kv * spec.head_dim * a2
     mlp_kept = rows(first) * f_out(first) * a2 + (tokens * h * a2 if spec.mlp == "swiglu" else 0.0)
     op_level = rep * h * a2 + q_out + v_out + out_in + lse + mlp_kept
     return {"none": base + attn_core, "selective": base, "full": rep * h * a2, "selective_op": op_level}

@@ -57,6 +57,9 @@ class TransformerSpec(Spec):
     moe_every: int = Field(default=1, gt=0, description="every n-th block is a mixture of experts")
     expert_ffn_hidden: int = Field(default=0, ge=0, description="one routed expert's FFN width; 0 means ffn_hidden "
                                    "(the dense blocks' width)")
+    shared_expert_ffn_hidden: int = Field(default=0, ge=0, description="the shared experts' FFN width together, "
+                                          "run on every token of an MoE block (Megatron-Core's "
+                                          "moe_shared_expert_intermediate_size); 0: none")
     leading_dense_layers: int = Field(default=0, ge=0, description="the first blocks are dense, the rest MoE "
                                       "(DeepSeek's first_k_dense_replace)")
     mla: MlaSpec | None = Field(default=None, description="multi-head latent attention; None: the heads' own "
@@ -77,6 +80,8 @@ class TransformerSpec(Spec):
             raise ValueError(f"leading_dense_layers={self.leading_dense_layers} needs num_experts > 1, moe_every=1 "
                              f"and fewer than num_layers={self.num_layers} (got num_experts={self.num_experts}, "
                              f"moe_every={self.moe_every})")
+        if self.shared_expert_ffn_hidden and not self.is_moe:
+            raise ValueError(f"shared_expert_ffn_hidden={self.shared_expert_ffn_hidden} needs num_experts > 1")
         if self.mla is not None and self.position != "rope":
             raise ValueError(f"mla needs position=rope (its decoupled rotary keys), not {self.position}")
         return self

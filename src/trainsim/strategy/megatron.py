@@ -547,9 +547,10 @@ def _read_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, consumer: O
     local tokens over ep: _tensor_bytes)."""
     if axis != "tp":
         return hidden
-    moe = "moe" in consumer.module_path.split(".")
+    parts = consumer.module_path.split(".")
+    moe = "moe" in parts
     act, d = BYTES_PER_DTYPE[dev.precision.activation_dtype], spec.head_dim
-    f = spec.expert_ffn if moe else spec.ffn_hidden
+    f = spec.expert_ffn if moe else spec.shared_expert_ffn_hidden if "shared" in parts else spec.ffn_hidden
     tokens = dev.local_tokens * (spec.top_k if moe else 1)
     if routed and consumer.name not in ("gelu", "fc2", "down", "swiglu"):
         return float(dev.local_tokens * spec.top_k * spec.hidden * act)

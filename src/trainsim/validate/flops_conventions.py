@@ -68,11 +68,11 @@ MEGATRON_VOCAB_MULTIPLE = 128  # megatron/training/arguments.py: --make-vocab-si
 
 def _megatron_per_token(model: TransformerSpec, plan: ParallelSpec, score_share: float) -> float:
     """Megatron's count per token: 12 L h ffn g k (g = 3/2 for a gated MLP, k the experts a token is routed to in
-    an MoE block, 1 in a dense one) + 12 L h^2 (1 + G/H + score_share s/h) + 6 h V_padded, with V padded to a
-    multiple of 128 x tp."""
+    an MoE block at their width, and its shared experts', 1 in a dense one) + 12 L h^2 (1 + G/H + score_share
+    s/h) + 6 h V_padded, with V padded to a multiple of 128 x tp."""
     layers, hidden = model.num_layers, model.hidden
     gated = 1.5 if model.mlp == "swiglu" else 1.0
-    ffn_widths = (model.num_moe_layers * model.top_k * model.expert_ffn
+    ffn_widths = (model.num_moe_layers * (model.top_k * model.expert_ffn + model.shared_expert_ffn_hidden)
                   + (layers - model.num_moe_layers) * model.ffn_hidden)  # an MoE block's experts at their width
     multiple = MEGATRON_VOCAB_MULTIPLE * plan.tp
     padded_vocab = -(-model.vocab // multiple) * multiple

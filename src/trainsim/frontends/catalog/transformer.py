@@ -84,12 +84,20 @@ def _block_params(spec: TransformerSpec, moe: bool) -> tuple[float, float]:
     if spec.mla is not None:
         attn = sum(_mla_params(spec))
     norms = 2 * h * (2 if spec.norm == "layernorm" else 1)
-    mats = 3 if spec.mlp == "swiglu" else 2
-    f = spec.expert_ffn if moe else spec.ffn_hidden
-    mlp = mats * h * f + ((f + h) if spec.bias else 0)
     if moe:
-        mlp = spec.num_experts * mlp + h * spec.num_experts
-    return attn + norms, mlp
+        return attn + norms, _routed_params(spec) + _mlp_params(spec, spec.shared_expert_ffn_hidden)
+    return attn + norms, _mlp_params(spec, spec.ffn_hidden)
+
+
+def _mlp_params(spec: TransformerSpec, ffn: int) -> int:
+    """One MLP's parameters at FFN width `ffn` (0: none)."""
+    mats = 3 if spec.mlp == "swiglu" else 2
+    return mats * spec.hidden * ffn + ((ffn + spec.hidden) if spec.bias and ffn else 0)
+
+
+def _routed_params(spec: TransformerSpec) -> int:
+    """An MoE block's routed experts at their width and its router (hidden x experts)."""
+    return spec.num_experts * _mlp_params(spec, spec.expert_ffn) + spec.hidden * spec.num_experts
 
 
 def _mla_params(spec: TransformerSpec) -> tuple[int, int]:
@@ -193,11 +201,9 @@ def _token_parts(config: OpConfig) -> int:
 
 
 def _mlp_ops(spec: TransformerSpec, dev: DeviceSlice, path: str, tokens: int, experts_local: int,
-             c: Mapping[str, OpConfig]) -> list[Op]:
-    """The MLP (or each local expert's: experts_local > 1 or an MoE path) with each op shaped at its config c[name]
-    over tp, at the dense blocks' FFN width or the experts' (TransformerSpec.expert_ffn)."""
+             c: Mapping[str, OpConfig], f: int) -> list[Op]:
+    """The MLP (or each local expert's) at FFN width f with each op shaped at its config c[name] over tp."""
     lin, act, h = dev.precision.linear_dtype, dev.precision.activation_dtype, spec.hidden
-    f = spec.expert_ffn if path.endswith(".moe") else spec.ffn_hidden
     routed = tokens * experts_local  # tokens processed by this device's experts (balanced routing)
 
     def rows(name: str) -> int:
@@ -240,10 +246,11 @@ def block_layer(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool,
     name = "moe_block" if moe else "block"
     path = f"blocks.{name}"
     act, h = dev.precision.activation_dtype, spec.hidden
-    if own and spec.mla is not None:
-        raise ConfigError("strategy tree", ", ".join(sorted(op for op, _ in own)), f"{spec.name} has a multi-head "
-                          "latent attention, priced at Megatron-Core's split over tp only: give its blocks' ops no "
-                          "configs of their own")
+    if own and (spec.mla is not None or spec.shared_expert_ffn_hidden):
+        what = "a multi-head latent attention" if spec.mla is not None else "shared experts"
+        raise ConfigError("strategy tree", ", ".join(sorted(op for op, _ in own)), f"{spec.name} has {what}, "
+                          "priced at Megatron-Core's split over tp only: give its blocks' ops no configs of their "
+                          "own")
     given = dict(own)
     c = {op: given.get(op, _megatron(op, dev.tp)) for op in _ATTN_OPS + _MLP_OPS}
     rows = _token_rows(dev, given)
@@ -256,10 +263,13 @@ def block_layer(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool,
     if moe:
         # NB: Megatron's router is shaped on all local tokens, under sp too, as before
         router_tokens = dev.local_tokens // _token_parts(given["router"]) if "router" in given else dev.local_tokens
+        if spec.shared_expert_ffn_hidden:  # a dense MLP on every token (Megatron-Core's SharedExpertMLP)
+            fwd.extend(_mlp_ops(spec, dev, f"{path}.shared", dev.local_tokens, 1, c, spec.shared_expert_ffn_hidden))
         fwd.append(matmul_op("router", f"{path}.moe.router", act, router_tokens, spec.num_experts, h))
-        fwd.extend(_mlp_ops(spec, dev, f"{path}.moe", _expert_tokens(dev, d), spec.top_k, _features_only(c)))
+        fwd.extend(_mlp_ops(spec, dev, f"{path}.moe", _expert_tokens(dev, d), spec.top_k, _features_only(c),
+                            spec.expert_ffn))
     else:
-        fwd.extend(_mlp_ops(spec, dev, path, dev.local_tokens, 1, c))
+        fwd.extend(_mlp_ops(spec, dev, path, dev.local_tokens, 1, c, spec.ffn_hidden))
     fwd.append(pointwise_op("residual2", "elementwise", f"{path}.residual2", act,
                             rows["residual2"] * widths["residual2"], reads=2.0))
     kind: LayerKind = "moe_block" if moe else "block"
@@ -303,9 +313,9 @@ def _features_only(c: Mapping[str, OpConfig]) -> dict[str, OpConfig]:
 
 
 def expert_params(spec: TransformerSpec, dev: DeviceSlice, d: int) -> float:
-    """The parameters one rank holds of an MoE block's experts (with the router's, as this builder counts them):
-    its ep share of the experts, each split over the experts' tp degree d."""
-    return _block_params(spec, True)[1] / d / dev.ep
+    """The parameters one rank holds of an MoE block's routed experts (with the router's, as this builder counts
+    them): its ep share of the experts, each split over the experts' tp degree d."""
+    return _routed_params(spec) / d / dev.ep
 
 
 def expert_shard(spec: TransformerSpec, dev: DeviceSlice, d: int) -> ExpertShard:
@@ -344,8 +354,8 @@ def _block_local_params(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: M
         attn = (attn_params - out_params) / w["qkv"] + out_params / w["out_proj"]
     if own_norms:
         attn += sum(norm_params(spec) / out - norm_params(spec) / w["qkv"] for out in own_norms)
-    if moe:
-        mlp = expert_params(spec, dev, w[first])
+    if moe:  # the shared experts split over tp as a dense MLP at Megatron's split (block_layer)
+        mlp = expert_params(spec, dev, w[first]) + _mlp_params(spec, spec.shared_expert_ffn_hidden) / dev.tp
         if own_router:
             mlp += router_params(spec) - router_params(spec) / w[first] / dev.ep
     elif w[first] == w[second]:
@@ -424,6 +434,9 @@ def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: Ma
     # grouped GEMM saves its input: the dispatched, and over the expert tp group gathered, tokens; TEGroupedMLP,
     # megatron/core/transformer/moe/experts.py, megatron-core 0.16.1), top_k copies of the expert tokens
     routed = rows(first) * spec.top_k * (h // c[first].reduce) * a2 if moe else 0.0
+    if moe and spec.shared_expert_ffn_hidden:  # the shared experts' MLP on every token, as a dense one's
+        shared = spec.shared_expert_ffn_hidden // dev.tp
+        mlp += tokens * shared * (3 if spec.mlp == "swiglu" else 2) * a2
     base = replicated + qkv + out_in + mlp + routed
     # torchtitan's op-level selective checkpointing (torchtitan/models/llama3/infra/parallelize.py, torchtitan
     # 0.1.0, _save_list and _get_custom_policy): the block input (the checkpoint's) and the outputs of the

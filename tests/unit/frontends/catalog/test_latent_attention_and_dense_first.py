@@ -126,13 +126,37 @@ def test_the_leading_dense_blocks_go_to_the_first_stages_in_both_engines() -> No
 @pytest.mark.parametrize("settings", [{"tp": 2, "ep": 2, "sp": True, "zero": 1},
                                       {"tp": 2, "ep": 2, "pp": 2, "sp": False},
                                       {"tp": 2, "ep": 2, "pp": 2, "vpp": 2, "sp": True, "zero": 1},
-                                      {"ep": 2, "pp": 2, "zero": 2}, {"tp": 2, "ep": 2, "cp": 2, "sp": True}])
+                                      {"ep": 2, "pp": 2, "zero": 2}, {"tp": 2, "ep": 2, "cp": 2, "sp": True},
+                                      {"tp": 2, "ep": 2, "pp": 2, "sp": True,
+                                       "model": {"shared_expert_ffn_hidden": 16, "mla": {**MLA, "q_lora_rank": 0}}}])
 def test_engines_agree_with_runtime_effects_off(settings: dict[str, Any]) -> None:
     job, graph = _job(**settings)
     analytical = AnalyticalEstimator(Pricer(Calibration())).estimate(job, graph)
     sim = SimEstimator(Pricer(Calibration()), overlap=False, sharing=False).estimate(job, graph)
     assert sim.iteration_time_s == pytest.approx(analytical.iteration_time_s, rel=0.02)
     assert sim.peak_memory_bytes == pytest.approx(analytical.peak_memory_bytes, rel=0.02)
+
+
+def test_shared_experts_run_every_token_split_over_tp_and_are_no_expert_parameters() -> None:
+    """A shared expert of width 16 (Megatron-Core's SharedExpertMLP): 3 x 32 x 16 = 1536 parameters, held split
+    over tp beside the routed experts' ep share, not among the expert shard; 2 T 32 32 + 2 T 32 16 = 196608
+    forward FLOPs on all 64 tokens. Under sp at tp 2 it gathers the hidden state before its first matmul and
+    reduce-scatters its output (64 x 32 x 2 = 4096 bytes each), before the router."""
+    shared = {"shared_expert_ffn_hidden": 16}
+    _, plain = _job(tp=2, ep=2, sp=True)
+    _, graph = _job(tp=2, ep=2, sp=True, model=shared)
+    moe, before = graph.layers[2], plain.layers[2]
+    assert moe.full_param_count == before.full_param_count + 1536
+    assert moe.param_count == before.param_count + 1536 / 2
+    assert moe.experts == before.experts
+    assert [op.module_path for op in moe.fwd if "shared" in op.module_path] == [
+        "blocks.moe_block.shared.mlp.gate_up", "blocks.moe_block.shared.mlp.act", "blocks.moe_block.shared.mlp.down"]
+    _, whole = _job(model=shared)
+    assert _flops(whole.layers[2].fwd, ("gate_up", "down")) == EXPERT_FLOPS + 196608
+    added = [(c.name, c.collective, c.phase, c.buffer_bytes) for c in moe.comms if c not in before.comms]
+    assert added == [("mlp.ag", "all-gather", "fwd", 4096.0), ("mlp.rs", "reduce-scatter", "fwd", 4096.0),
+                     ("mlp.ag", "all-gather", "bwd", 4096.0), ("mlp.rs", "reduce-scatter", "bwd", 4096.0)]
+    assert moe.saved_bytes["none"] == before.saved_bytes["none"] + 64 * 8 * 3 * 2  # gate, up, product at 16 / 2
 
 
 def test_the_spec_refuses_what_it_cannot_price() -> None:

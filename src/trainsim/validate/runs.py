@@ -128,9 +128,9 @@ def model_from_row(fields: dict[str, str]) -> dict[str, Any]:
 def moe_of_row(fields: dict[str, str]) -> dict[str, Any]:
     """The experts of a row whose notes (else run id) name a mixture-of-experts model (row_defaults.yaml
     moe_by_text): num_experts, top_k, moe_every, and where the entry states them the expert's FFN width
-    (expert_ffn_hidden: the row's ffn_hidden stays the dense blocks'), the shared experts (their widths together:
-    shared_expert_ffn_hidden), the leading dense blocks and the multi-head latent attention; {} for any other
-    row."""
+    (expert_ffn_hidden: the row's ffn_hidden stays the dense blocks', or the entry's dense_ffn), the shared
+    experts (their widths together: shared_expert_ffn_hidden), the leading dense blocks and the multi-head latent
+    attention; {} for any other row."""
     text = f"{fields.get('notes', '')} {fields.get('run_id', '')}"
     for entry in row_defaults()["moe_by_text"]:
         if re.search(entry["pattern"], text, flags=re.IGNORECASE):
@@ -143,7 +143,8 @@ def moe_of_row(fields: dict[str, str]) -> dict[str, Any]:
 
 
 # a moe_by_text entry's optional facts -> the model spec's fields
-_MOE_ENTRY_FIELDS = {"expert_ffn": "expert_ffn_hidden", "dense_layers": "leading_dense_layers", "mla": "mla"}
+_MOE_ENTRY_FIELDS = {"expert_ffn": "expert_ffn_hidden", "dense_layers": "leading_dense_layers", "mla": "mla",
+                     "dense_ffn": "ffn_hidden"}
 
 
 def _moe_stated_in(notes: str, fields: dict[str, str]) -> dict[str, Any]:

@@ -103,6 +103,8 @@ def test_a_row_naming_a_mixture_of_experts_gets_its_experts() -> None:
     assert (deepseek["num_experts"], deepseek["top_k"], deepseek["ffn_hidden"]) == (256, 8, 18432)
     assert (deepseek["expert_ffn_hidden"], deepseek["shared_expert_ffn_hidden"]) == (2048, 2048)
     assert deepseek["leading_dense_layers"] == 3
+    expert_width_printed = model_from_row(_row(arch="other", ffn_hidden="2048", notes="DeepSeek-V3 671B"))
+    assert expert_width_printed["ffn_hidden"] == 18432  # the dense blocks' width is the model's, stated
     assert deepseek["mla"] == {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
                                "qk_rope_head_dim": 64, "v_head_dim": 128}
     assert deepseek["arch"] == "llama"  # named MoEs have gated MLPs

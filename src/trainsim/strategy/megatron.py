@@ -145,7 +145,10 @@ TOKEN_PATHS = ("head.norm", "embed.positions", "embed.token_types", "embed.norm"
 # attention's key-value up-projection beside the query's: both read a latent made by the replicated
 # down-projections)
 _BESIDE = ("kv_up",)
-_SKIPS = {"residual1": "norm1", "residual2": "norm2"}  # a block's residual add -> the norm reading its skip input
+_SKIPS = {"residual1": "norm1", "residual2": "norm2"}
+# a latent attention's down-projections: whole on every tp rank, on its own tokens under sp (Megatron-Core's
+# TELinear in "duplicated" mode, its weight's gradient summed over tp as the norms' are: not priced, as theirs)
+_DUPLICATED = ("q_down", "kv_down")  # a block's residual add -> the norm reading its skip input
 _NORM_STATISTICS = {  # a norm split by its features: per-token partial sums, (forward, backward) (_norm_statistics)
     "layernorm": (("sum", "sum_sq"), ("sum_dy", "sum_dy_xhat")),
     "rmsnorm": (("sum_sq",), ("sum_dy_xhat",)),
@@ -605,12 +608,12 @@ def token_split_params(spec: TransformerSpec, fwd: Sequence[Op], config_of: Call
     router's: its whole gating weight, where its config is not Megatron's; the lookup's (by tokens, its own
     config): the whole token table (vocab x hidden); the positions' (by tokens, their own config): the whole
     position table. NB: Megatron's own token-split weights (the norms and an MoE router under sp, a BERT transform
-    under sp) are left out, as before."""
+    under sp, a latent attention's down-projections: _DUPLICATED) are left out, as before."""
     out: dict[int, float] = {}
     for op in fwd:
         config = config_of(op)
         parts = config.batch * config.seq
-        if parts == 1:
+        if parts == 1 or op.name in _DUPLICATED:
             continue
         if op.kind == "matmul" and replicable_module(op) in ("attn", "mlp", "head"):
             _, _, n, k = op.shape

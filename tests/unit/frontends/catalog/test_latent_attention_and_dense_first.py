@@ -22,6 +22,7 @@ import pytest
 
 from conftest import a100_cluster
 from trainsim.catalog.calibration import Calibration
+from trainsim.compile.splits import plan_tp_token_params
 from trainsim.cost.pricing import Pricer
 from trainsim.errors import ConfigError
 from trainsim.estimate.analytical import AnalyticalEstimator
@@ -76,8 +77,10 @@ def test_over_tp_the_down_projections_stay_whole_and_the_up_projections_split_th
     whole weights, and the up-projections on all 64 tokens for its 2 heads; the latents (16 + 10 features) are
     all-gathered over tp forward and reduce-scattered backward (q_up: 64 x 16 x 2 = 2048 bytes, kv_up: 64 x 10 x
     2 = 1280), the output projection's reduce-scatter and the MLP's pair move the hidden state (64 x 32 x 2)."""
-    _, graph = _job(tp=2, dp=4, sp=True)
+    job, graph = _job(tp=2, dp=4, sp=True)
     dense = graph.layers[1]
+    # their weights' gradient sum over tp is left out, as the norms' (strategy.megatron.token_split_params)
+    assert plan_tp_token_params(default_plan(graph, job.parallel), job.model, job.parallel) == {}
     shapes = {op.name: op.shape for op in dense.fwd if op.kind == "matmul"}
     assert shapes["q_down"] == (1, 32, 16, 32) and shapes["kv_down"] == (1, 32, 10, 32)
     assert shapes["q_up"] == (1, 64, 12, 16) and shapes["kv_up"] == (1, 64, 16, 8)

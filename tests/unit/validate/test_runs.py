@@ -111,6 +111,9 @@ def test_a_row_naming_a_mixture_of_experts_gets_its_experts() -> None:
     lite = model_from_row(_row(arch="other", notes="DeepSeek-V2-Lite pretraining"))
     assert (lite["num_experts"], lite["leading_dense_layers"], lite["mla"]["q_lora_rank"]) == (64, 1, 0)
     assert "mla" not in model_from_row(_row(arch="other", notes="Mixtral 8x22B"))
+    ernie = model_from_row(_row(arch="other", notes="ERNIE-4.5-21B-A3B"))
+    assert (ernie["num_experts"], ernie["top_k"], ernie["shared_expert_ffn_hidden"], ernie["ffn_hidden"]) == (
+        64, 6, 3072, 12288)
     maverick = model_from_row(_row(arch="other", notes="Llama-4-Maverick 400B"))
     assert (maverick["num_experts"], maverick["top_k"], maverick["moe_every"]) == (128, 1, 2)
     assert maverick["shared_expert_ffn_hidden"] == 8192

@@ -18,6 +18,7 @@ under sp (_expert_tokens)."""
 from collections.abc import Mapping
 
 from trainsim.errors import ConfigError
+from trainsim.frontends.catalog.latent_attention import mla_ops, mla_params
 from trainsim.hardware.device import BYTES_PER_DTYPE
 from trainsim.ir.flops import (
     attention_backward,
@@ -82,7 +83,7 @@ def _block_params(spec: TransformerSpec, moe: bool) -> tuple[float, float]:
     qkv_out = (spec.num_heads + 2 * spec.kv_heads) * d
     attn = h * qkv_out + spec.num_heads * d * h + ((qkv_out + h) if spec.bias else 0)
     if spec.mla is not None:
-        attn = sum(_mla_params(spec))
+        attn = sum(mla_params(spec))
     norms = 2 * h * (2 if spec.norm == "layernorm" else 1)
     if moe:
         return attn + norms, _routed_params(spec) + _mlp_params(spec, spec.shared_expert_ffn_hidden)
@@ -100,70 +101,17 @@ def _routed_params(spec: TransformerSpec) -> int:
     return spec.num_experts * _mlp_params(spec, spec.expert_ffn) + spec.hidden * spec.num_experts
 
 
-def _mla_params(spec: TransformerSpec) -> tuple[int, int]:
-    """(replicated over tp, split over tp) parameters of a multi-head latent attention (ir.model_spec.MlaSpec):
-    the down-projections and the latents' norms are held whole on every tp rank (Megatron-Core's TELinear in
-    "duplicated" mode), the up-projections are column-parallel and the output projection row-parallel
-    (megatron/core/models/gpt/gpt_layer_specs.py and transformer/multi_latent_attention.py, megatron-core
-    0.16.1; no bias but the output projection's, add_bias_linear)."""
-    mla, h, heads = spec.mla, spec.hidden, spec.num_heads
-    assert mla is not None
-    gain = 2 if spec.norm == "layernorm" else 1
-    kv_down = h * (mla.kv_lora_rank + mla.qk_rope_head_dim) + gain * mla.kv_lora_rank
-    q_proj = mla.q_lora_rank * heads * mla.qk_head_dim if mla.q_lora_rank else h * heads * mla.qk_head_dim
-    q_down = h * mla.q_lora_rank + gain * mla.q_lora_rank
-    kv_up = mla.kv_lora_rank * heads * (mla.qk_nope_head_dim + mla.v_head_dim)
-    out = heads * mla.v_head_dim * h + (h if spec.bias else 0)
-    return q_down + kv_down, q_proj + kv_up + out
-
-
-def _mla_ops(spec: TransformerSpec, dev: DeviceSlice, path: str) -> list[Op]:
-    """A multi-head latent attention at Megatron-Core's split over tp (megatron-core 0.16.1, _mla_params): the
-    down-projections (to the query latent, and to the key-value latent and the rotary key) and the latents'
-    RMSNorms run on each rank's own tokens (its sequence share under sp, else all local tokens on every tp
-    rank); the up-projections (to the queries, or one query projection without a query latent; to the keys
-    without position and the values) split the heads over tp, reading the latents gathered over tp under sp
-    (strategy.megatron: the collectives); the rotary embedding of the queries' and the shared key's rotary
-    parts, the core at the queries' and keys' head dim and the values', the output projection row-parallel."""
-    mla = spec.mla
-    assert mla is not None
-    tokens, mb, tp = dev.local_tokens, dev.micro_batch, dev.tp
-    act, lin, h = dev.precision.activation_dtype, dev.precision.linear_dtype, spec.hidden
-    own, heads = _replicated_tokens(dev), spec.num_heads // tp
-    kv_down = [matmul_op("kv_down", f"{path}.attn.kv_down", lin, own, mla.kv_lora_rank + mla.qk_rope_head_dim, h),
-               pointwise_op("kv_norm", "norm", f"{path}.attn.kv_norm", act, own * mla.kv_lora_rank,
-                            flops_per_element=5.0)]
-    if mla.q_lora_rank:
-        ops = [matmul_op("q_down", f"{path}.attn.q_down", lin, own, mla.q_lora_rank, h), kv_down[0],
-               pointwise_op("q_norm", "norm", f"{path}.attn.q_norm", act, own * mla.q_lora_rank,
-                            flops_per_element=5.0), kv_down[1],
-               matmul_op("q_up", f"{path}.attn.q_up", lin, tokens, heads * mla.qk_head_dim, mla.q_lora_rank)]
-    else:
-        ops = [*kv_down, matmul_op("q_proj", f"{path}.attn.q_proj", lin, tokens, heads * mla.qk_head_dim, h)]
-    ops += [matmul_op("kv_up", f"{path}.attn.kv_up", lin, tokens, heads * (mla.qk_nope_head_dim + mla.v_head_dim),
-                      mla.kv_lora_rank),
-            pointwise_op("rope", "elementwise", f"{path}.attn.rope", act,
-                         tokens * (heads + 1) * mla.qk_rope_head_dim),
-            attention_op(f"{path}.attn.core", dev.precision.matmul_dtype, mb * heads, tokens // mb, dev.seq_len,
-                         mla.qk_head_dim, spec.causal, dev.attention, value_dim=mla.v_head_dim)]
-    if not dev.fused_attention:
-        ops.append(pointwise_op("softmax", "softmax", f"{path}.attn.softmax", act,
-                                mb * heads * (tokens // mb) * dev.seq_len, flops_per_element=5.0, selective=True))
-    ops.append(matmul_op("out_proj", f"{path}.attn.out", lin, tokens, h, heads * mla.v_head_dim))
-    return ops
-
-
 def _attention_ops(spec: TransformerSpec, dev: DeviceSlice, path: str, c: Mapping[str, OpConfig],
                    rows: Mapping[str, int], widths: Mapping[str, int]) -> list[Op]:
     """norm1, the attention module with each op shaped at its config c[name] over tp (a multi-head latent
-    attention: Megatron-Core's, _mla_ops), residual1 (the norm and the residual add on rows[name] tokens:
-    _token_rows, and widths[name] features: _norm_widths)."""
+    attention at Megatron-Core's: latent_attention.mla_ops), residual1 (the norm and the residual add on
+    rows[name] tokens: _token_rows, and widths[name] features: _norm_widths)."""
     tokens = dev.local_tokens
     act, lin, h, d = dev.precision.activation_dtype, dev.precision.linear_dtype, spec.hidden, spec.head_dim
     mb = dev.micro_batch
     if spec.mla is not None:
         return [pointwise_op("norm1", "norm", f"{path}.norm1", act, rows["norm1"] * widths["norm1"],
-                             flops_per_element=5.0), *_mla_ops(spec, dev, path),
+                             flops_per_element=5.0), *mla_ops(spec, dev, path, _replicated_tokens(dev)),
                 pointwise_op("residual1", "elementwise", f"{path}.residual1", act,
                              rows["residual1"] * widths["residual1"], reads=2.0)]
 
@@ -345,7 +293,7 @@ def _block_local_params(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: M
     first, _, second = _mlp_op_names(spec)
     w = {name: _weight_parts(c[name]) for name in ("qkv", "out_proj", first, second)}
     if spec.mla is not None:  # Megatron's configs only (block_layer); the norms with the split part, as above
-        replicated = _mla_params(spec)[0]
+        replicated = mla_params(spec)[0]
         attn = replicated + (attn_params - replicated) / dev.tp
     elif w["qkv"] == w["out_proj"]:
         attn = attn_params / w["qkv"]

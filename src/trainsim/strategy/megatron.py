@@ -536,12 +536,15 @@ def _read_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, consumer: O
     router and the experts under sp at ep > 1 (dispatch_layout). NB: at those configs without sp or at ep 1
     trainsim keeps its order, the hidden state gathered over tp before the dispatch (hidden bytes here, all
     local tokens over ep: _tensor_bytes)."""
+    if axis == "ep" and _expert(consumer):
+        return hidden * _with_probs(spec)
     if axis != "tp":
         return hidden
     act, d, f = BYTES_PER_DTYPE[dev.precision.activation_dtype], spec.head_dim, spec.ffn_hidden
     tokens = dev.local_tokens * (spec.top_k if "moe" in consumer.module_path.split(".") else 1)
     if routed and consumer.name not in ("gelu", "fc2", "down", "swiglu"):
-        return float(dev.local_tokens * spec.top_k * spec.hidden * act)
+        routed_bytes = float(dev.local_tokens * spec.top_k * spec.hidden * act)
+        return routed_bytes * _with_probs(spec) if _expert(consumer) else routed_bytes
     elements = {
         "rope": tokens * (spec.num_heads + 2 * spec.kv_heads) * d,
         "attention": tokens * (spec.num_heads + 2 * spec.kv_heads) * d,
@@ -551,6 +554,19 @@ def _read_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, consumer: O
         "cross_entropy": tokens * spec.vocab,
     }.get(consumer.name)
     return hidden if elements is None else float(elements * act)
+
+
+def _with_probs(spec: TransformerSpec) -> float:
+    """The routed tokens' bytes with their routing probabilities as the dispatch moves them, over the tokens'
+    alone: Megatron-Core's all-to-all dispatcher sends each routed copy's probability (in the router's dtype, the
+    activations' unless moe_router_dtype asks fp32: TopKRouter.gating, megatron/core/transformer/moe/router.py)
+    through the all-to-all over ep and the all-gather over tp beside its hidden state (token_dispatch,
+    dispatch_postprocess, megatron/core/transformer/moe/token_dispatcher.py, megatron-core 0.16.1), and their
+    gradient back in the backward; the combine moves the expert outputs alone (the probabilities were applied in
+    the experts' activation). 1 + 1 / hidden. NB: one collective per pair here, where Megatron-Core issues two
+    (the probabilities' latency term is not priced). 0.9.0 sends no probabilities (its unpermute applies them
+    after the combine, keeping the combined expert outputs for their gradient)."""
+    return 1.0 + 1.0 / spec.hidden
 
 
 def _tp_kv_gathers(spec: TransformerSpec, dev: DeviceSlice, config: OpConfig) -> tuple[list[_Found], list[_Found]]:
@@ -620,11 +636,13 @@ def norm_params(spec: TransformerSpec) -> int:
 
 def dispatch_layout(fwd: Sequence[Op], dev: DeviceSlice, configs: Configs | None) -> Placement | None:
     """How the tp ranks hold the tokens each dispatches to the experts (Placement over tp: batch and seq parts),
-    or None for trainsim's order under Megatron's configs of the router and the experts without sp or at ep 1
-    (the hidden state gathered over tp before the dispatch, every rank dispatching all its local tokens). Where
-    the experts take a tp degree d < tp (Megatron-Core's expert_tensor_parallel_size, megatron/core/
-    model_parallel_config.py, megatron-core 0.16.1), the router a config of its own, or under sp at ep > 1
-    Megatron's (module doc), each rank dispatches the tokens its router routed,
+    or None for trainsim's order under Megatron's configs of the router and the experts without sp (the hidden
+    state whole on every tp rank, each dispatching all its local tokens). Where the experts take a tp degree
+    d < tp (Megatron-Core's expert_tensor_parallel_size, megatron/core/model_parallel_config.py, megatron-core
+    0.16.1), the router a config of its own, or under sp Megatron's at any ep (module doc; at ep 1 the
+    all-to-all is the identity: all_to_all in megatron/core/tensor_parallel/mappings.py returns its input on a
+    group of one, and the routed tokens are still gathered over tp), each rank dispatches the tokens its router
+    routed,
     as Megatron-Core's MoEAlltoAllTokenDispatcher does (megatron/core/transformer/moe/token_dispatcher.py,
     0.16.1), sliced to its experts' tokens where the router ran more (a router whole beside experts on their
     ranks' sequence shares): the finer of the two token splits (dispatch_problem refuses splits that do not
@@ -638,8 +656,7 @@ def dispatch_layout(fwd: Sequence[Op], dev: DeviceSlice, configs: Configs | None
     else:
         gate = configs.get((router.module_path, "tp"), UNSPLIT)
         first = configs.get((expert.module_path, "tp"), UNSPLIT)
-    if max(first.out, first.reduce) == dev.tp and gate == megatron_tp(router, dev, dev.tp) and not (
-            dev.sp and dev.ep > 1):
+    if max(first.out, first.reduce) == dev.tp and gate == megatron_tp(router, dev, dev.tp) and not dev.sp:
         return None
     if first.batch * first.seq > gate.batch * gate.seq:
         return Placement(dev.tp, first.batch, first.seq)

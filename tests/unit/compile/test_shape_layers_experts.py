@@ -105,12 +105,12 @@ def test_experts_whole_over_tp2_with_sp_pay_no_expert_tp_collective() -> None:
 
 
 def test_experts_whole_without_sp_run_all_tokens_on_each_tp_rank() -> None:
-    """Without sp every tp rank holds all 64 tokens: the experts whole run all 128 routed copies on each rank
-    (2 x 128 x 128 x 32 = 1048576 FLOPs for fc1, twice Megatron's), with no tp collective and all-to-alls of
-    8192 bytes (the dispatch's 8448 with the probabilities), as Megatron's split moves. (Megatron-Core refuses MoE with tp > 1 and no sp in training,
-    moe_layer.py, megatron-core 0.16.1; trainsim prices it, as it prices Megatron's split without sp.) Both tp
-    ranks ran the same tokens: the experts' gradient (16448 less the router's 128 / 2) is summed over the dp / ep
-    = 2 data-parallel ranks holding those experts at tp index 0, ranks 0 and 4, once."""
+    """Without sp every tp rank holds all 64 tokens: the experts whole run all 128 routed copies on each rank (2 x 128 x
+    128 x 32 = 1048576 FLOPs for fc1, twice Megatron's), with no tp collective and all-to-alls of 8192 bytes (the
+    dispatch's 8448 with the probabilities), as Megatron's split moves. (Megatron-Core refuses MoE with tp > 1 and no sp
+    in training, moe_layer.py, megatron-core 0.16.1; trainsim prices it, as it prices Megatron's split without sp.) Both
+    tp ranks ran the same tokens: the experts' gradient (16448 less the router's 128 / 2) is summed over the dp / ep = 2
+    data-parallel ranks holding those experts at tp index 0, ranks 0 and 4, once."""
     job, graph = _tiny(sp=False)
     block = _moe(job, _experts_over(job, graph, 1))
     assert [(c.name, c.axis) for c in block.comms if c.axis == "tp"] == [("attn.ar", "tp")] * 2
@@ -122,11 +122,12 @@ def test_experts_whole_without_sp_run_all_tokens_on_each_tp_rank() -> None:
 
 
 def test_experts_over_pairs_of_tp4_gather_the_routed_tokens_over_2_ranks() -> None:
-    """tp 4 x ep 2 x dp 1 (8 GPUs), sp, the experts over pairs of tp ranks (expert_tensor_parallel_size 2):
-    each rank routes its 16 tokens, the all-to-all over ep moves their 32 routed copies (2048 bytes, 2112 with
-    their probabilities), then an all-gather over the 2 ranks of the pair gathers the pair's 64 (4096 bytes, 4224
-    with their probabilities) and a reduce-scatter over them follows fc2 (4096), both conjugated backward (Megatron-Core's order: MoEAlltoAllTokenDispatcher, all-to-all over
-    ep, then all-gather over the expert tp group). fc1 on 64 rows x 64 features; 32896 / 2 / 2 parameters."""
+    """tp 4 x ep 2 x dp 1 (8 GPUs), sp, the experts over pairs of tp ranks (expert_tensor_parallel_size 2): each rank
+    routes its 16 tokens, the all-to-all over ep moves their 32 routed copies (2048 bytes, 2112 with their
+    probabilities), then an all-gather over the 2 ranks of the pair gathers the pair's 64 (4096 bytes, 4224 with their
+    probabilities) and a reduce-scatter over them follows fc2 (4096), both conjugated backward (Megatron-Core's order:
+    MoEAlltoAllTokenDispatcher, all-to-all over ep, then all-gather over the expert tp group). fc1 on 64 rows x 64
+    features; 32896 / 2 / 2 parameters."""
     job, graph = _tiny(tp=4)
     block = _moe(job, _experts_over(job, graph, 2))
     assert [c for c in block.comms if c.name.startswith("mlp")] == [

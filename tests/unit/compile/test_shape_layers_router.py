@@ -7,10 +7,10 @@ The tiny MoE (tests/conftest.py's tiny GPT without biases, every block an MoE of
 heads of 8, ffn 128, LayerNorm) at micro-batch 2 x 32 tokens in bf16 on 8 A100s, tp x ep 2 x dp. The hidden
 state of the micro-batch's 64 tokens is H = 64 x 32 x 2 = 4096 bytes; their 128 routed copies (top-2) R = 8192
 bytes; the dispatch moves each copy's bf16 routing probability beside it (megatron-core 0.16.1's all-to-all
-dispatcher), RP = 8192 + 128 x 2 = 8448 bytes, and P(x) = x (1 + 1 / 32) for the rank's own copies; the combine
-moves the hidden states alone. The router's weight is 32 x 4 = 128 parameters; Megatron's block at tp 2 x ep 2 holds 4224 / 2 + 32896 / 4
-= 10336 per rank (the builder counts the router with the experts: 128 / 4 = 32 of them, and the norms, 2 x 64,
-divided by tp).
+dispatcher), RP = 8192 + 128 x 2 = 8448 bytes, and x (1 + 1 / 32) for a rank's own copies' x bytes; the
+combine moves the hidden states alone. The router's weight is 32 x 4 = 128 parameters; Megatron's block at tp 2
+x ep 2 holds 4224 / 2 + 32896 / 4 = 10336 per rank (the builder counts the router with the experts: 128 / 4 = 32
+of them, and the norms, 2 x 64, divided by tp).
 """
 
 import dataclasses
@@ -99,13 +99,13 @@ def _shape(block: Layer, name: str) -> tuple[int, ...]:
 
 def test_moe_norms_and_residual_adds_by_sequence_without_sp_reshard_around_them() -> None:
     """tp 2 x ep 2 without sp, the MoE block's norms and residual adds on half the tokens each (per-op sequence
-    parallelism), its router (Megatron's: whole) and experts Megatron's. Forward: qkv gathers norm1's halves
-    (attn.ag), the projection's partial sums are reduce-scattered onto residual1's (attn.rs), the router gathers
-    norm2's (mlp.ag), the experts' partial sums are reduce-scattered onto residual2's (mlp.rs) and the block hands
-    on the whole hidden state (block.ag), each H. Backward: the conjugates; the experts' input gradient, partial
-    over the pair, all-reduced onto the whole router (mlp.ar), then sliced to norm2's halves. The all-to-alls over
-    ep move all 64 tokens' routed copies (R; the dispatch's RP), as Megatron's. The norms are held whole (64 parameters each, not
-    32): 10336 + 2 x 32 = 10400 per block, their 2 x 64 summed over the tp pair with the dp ranks."""
+    parallelism), its router (Megatron's: whole) and experts Megatron's. Forward: qkv gathers norm1's halves (attn.ag),
+    the projection's partial sums are reduce-scattered onto residual1's (attn.rs), the router gathers norm2's (mlp.ag),
+    the experts' partial sums are reduce-scattered onto residual2's (mlp.rs) and the block hands on the whole hidden
+    state (block.ag), each H. Backward: the conjugates; the experts' input gradient, partial over the pair, all-reduced
+    onto the whole router (mlp.ar), then sliced to norm2's halves. The all-to-alls over ep move all 64 tokens' routed
+    copies (R; the dispatch's RP), as Megatron's. The norms are held whole (64 parameters each, not 32): 10336 + 2 x 32
+    = 10400 per block, their 2 x 64 summed over the tp pair with the dp ranks."""
     job = _job()
     plan = _plan(job, [(path, "seq", 2) for path in TOKEN_OPS])
     block = _block(job, plan)
@@ -163,16 +163,16 @@ def test_a_router_whole_under_sp_dispatches_all_its_tokens() -> None:
 
 
 def test_a_router_by_sequence_without_sp_dispatches_its_own_tokens() -> None:
-    """tp 2 x ep 2 without sp, the router on half the sequence: each rank routes its 32 tokens and the all-to-all
-    over ep dispatches their 64 routed copies (4096 bytes, half Megatron's R; 4224 with their probabilities); the
-    pair's routed tokens are then all-gathered before the experts (mlp.ag, RP with their probabilities) and the experts' partial sums reduce-scattered back onto each
-    rank's own before the combine (mlp.rs, R: Megatron-Core's dispatcher order), and residual2, whole, reads the
-    combined halves gathered (mlp.ag, H). Backward, as the pass meets them: the routed gradient gathered (R), the
-    experts' input gradient and the probabilities' reduce-scattered (RP), norm2's gradient gathered from the router's halves (H). The
-    router (32 rows) is held whole and its gradient summed over the pair with the dp ranks: a bucket of the two
-    blocks' 2 x 128 router parameters over 8 ranks, the rest over the dp group of 4, each its all-reduce of bf16
-    gradients; before them the experts' 2 x (32896 / 4 - 128 / 4) = 2 x 8192 over their expert data-parallel
-    ranks (tp index 0 of the dp / ep = 2 ranks holding those experts: 0 and 4)."""
+    """tp 2 x ep 2 without sp, the router on half the sequence: each rank routes its 32 tokens and the all-to-all over
+    ep dispatches their 64 routed copies (4096 bytes, half Megatron's R; 4224 with their probabilities); the pair's
+    routed tokens are then all-gathered before the experts (mlp.ag, RP with their probabilities) and the experts'
+    partial sums reduce-scattered back onto each rank's own before the combine (mlp.rs, R: Megatron-Core's dispatcher
+    order), and residual2, whole, reads the combined halves gathered (mlp.ag, H). Backward, as the pass meets them: the
+    routed gradient gathered (R), the experts' input gradient and the probabilities' reduce-scattered (RP), norm2's
+    gradient gathered from the router's halves (H). The router (32 rows) is held whole and its gradient summed over the
+    pair with the dp ranks: a bucket of the two blocks' 2 x 128 router parameters over 8 ranks, the rest over the dp
+    group of 4, each its all-reduce of bf16 gradients; before them the experts' 2 x (32896 / 4 - 128 / 4) = 2 x 8192
+    over their expert data-parallel ranks (tp index 0 of the dp / ep = 2 ranks holding those experts: 0 and 4)."""
     job = _job()
     plan = _plan(job, [(ROUTER, "seq", 2)])
     block = _block(job, plan)

@@ -155,7 +155,7 @@ def test_the_experts_keep_their_routed_input_for_the_weight_gradient() -> None:
 
 
 @pytest.mark.parametrize(("tp", "ep", "sp", "zero"), [(2, 2, True, 1), (2, 2, True, 0), (2, 4, True, 1),
-                                                     (1, 2, False, 2), (2, 2, False, 1)])
+                                                     (1, 2, False, 2), (2, 2, False, 1), (2, 1, True, 1)])
 def test_engines_agree_on_moe_jobs_with_runtime_effects_off(tp: int, ep: int, sp: bool, zero: int) -> None:
     """The simulator without the overlap slow-down and link sharing against the closed form: within 2%."""
     job, graph = _tiny(tp=tp, ep=ep, sp=sp, zero=zero)
@@ -222,3 +222,16 @@ def test_with_cp_the_ep_group_strides_over_cp_ranks_and_its_links_are_priced() -
     analytical = AnalyticalEstimator(Pricer(Calibration())).estimate(job, graph)
     sim = SimEstimator(Pricer(Calibration()), overlap=False, sharing=False).estimate(job, graph)
     assert sim.iteration_time_s == pytest.approx(analytical.iteration_time_s, rel=0.02)
+
+
+def test_swiglu_experts_keep_only_the_probabilities_beside_their_tensors() -> None:
+    """The tiny MoE with SwiGLU experts: Megatron-Core 0.16.1 fuses the probabilities into the activation
+    (weighted_bias_swiglu_impl keeps its input and the probabilities), so the routing keeps the index (512), the
+    map (128) and the 128 copies' probabilities (256) alone; the block: 10240 + 6144 + 2048, the gate and up
+    outputs and the product (64 x 2 x 128 + 64 x 128) x 2 = 49152, the routed input 8192, and 896."""
+    job = tiny_moe_job()
+    spec = job.model
+    assert isinstance(spec, TransformerSpec)
+    swiglu = spec.model_copy(update={"mlp": "swiglu"})
+    block = build_transformer(swiglu, DeviceSlice.of(job.parallel)).layers[1]
+    assert block.saved_bytes["selective"] == 10240 + 6144 + 2048 + 49152 + ROUTED_PAIR + 512 + 128 + 256

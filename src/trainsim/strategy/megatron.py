@@ -646,11 +646,10 @@ def dispatch_layout(fwd: Sequence[Op], dev: DeviceSlice, configs: Configs | None
     0.16.1), the router a config of its own, or under sp Megatron's at any ep (module doc; at ep 1 the
     all-to-all is the identity: all_to_all in megatron/core/tensor_parallel/mappings.py returns its input on a
     group of one, and the routed tokens are still gathered over tp), each rank dispatches the tokens its router
-    routed,
-    as Megatron-Core's MoEAlltoAllTokenDispatcher does (megatron/core/transformer/moe/token_dispatcher.py,
-    0.16.1), sliced to its experts' tokens where the router ran more (a router whole beside experts on their
-    ranks' sequence shares): the finer of the two token splits (dispatch_problem refuses splits that do not
-    nest). None for a layer without experts."""
+    routed, as Megatron-Core's MoEAlltoAllTokenDispatcher does (megatron/core/transformer/moe/
+    token_dispatcher.py, 0.16.1), sliced to its experts' tokens where the router ran more (a router whole beside
+    experts on their ranks' sequence shares): the finer of the two token splits (dispatch_problem refuses splits
+    that do not nest). None for a layer without experts."""
     router = next((op for op in fwd if replicable_module(op) == "router"), None)
     expert = next((op for op in fwd if _expert(op)), None)
     if router is None or expert is None or dev.tp == 1:

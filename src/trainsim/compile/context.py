@@ -331,6 +331,8 @@ class BuildContext:
                 seconds *= cost.tp_exposed_fraction[0 if c.phase == "fwd" else 1]
             elif c.axis == "cp":  # the part ring attention leaves exposed (pricing)
                 seconds *= cost.cp_exposed_fraction[0 if c.phase == "fwd" else 1]
+            elif c.axis == "ep":  # the part another micro-batch's compute leaves exposed (pricing)
+                seconds *= cost.ep_exposed_fraction[0 if c.phase == "fwd" else 1]
             if seconds > 0.0:
                 comms[c.phase].append(CommWork(f"{c.name} {c.collective}", c.axis, seconds, _comm_site(c.name),
                                                c.ranks))

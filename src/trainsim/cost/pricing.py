@@ -58,6 +58,7 @@ from trainsim.cost.stack_effects import (
     bucketed_backward_s,
     bucketed_s,
     column_backward_s,
+    ep_overlap_share,
     fuses_every_op,
     overlapped_s,
     queue_exposed_s,
@@ -86,7 +87,7 @@ from trainsim.strategy.stages import (
 )
 
 Overlapped = Literal["grad_reduce_overlap", "param_gather_overlap", "tp_comm_overlap", "tp_dgrad_overlap",
-                     "cp_comm_overlap", "pp_comm_overlap"]
+                     "cp_comm_overlap", "pp_comm_overlap", "ep_comm_overlap"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +105,9 @@ class LayerCost:
     tp_exposed_fraction: tuple[float, float] = (1.0, 1.0)
     # the same for the context-parallel key/value exchange a stack overlaps with attention (Pricer.cp_exposed_s)
     cp_exposed_fraction: tuple[float, float] = (1.0, 1.0)
+    # the same for the expert all-to-alls a stack overlaps with another micro-batch's compute, averaged over the
+    # step's micro-batches (Pricer.ep_exposed_fraction)
+    ep_exposed_fraction: tuple[float, float] = (1.0, 1.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,13 +202,16 @@ def _stack_content(stack: StackSpec) -> tuple[object, ...]:
 
 
 def _layout_key(job: Job) -> tuple[object, ...]:
+    """The plan's groups, and the share of passes whose expert all-to-alls overlap (it reads the micro-batches)."""
     par, cluster = job.parallel, job.cluster
-    return (par.tp, par.cp, par.dp, par.ep, par.pp, cluster.gpus_per_node, cluster.num_nodes)
+    share = ep_overlap_share(job.stack, par, cluster.device.comm_overlaps_compute) if job.stack.ep_comm_overlap \
+        else 0.0
+    return (par.tp, par.cp, par.dp, par.ep, par.pp, cluster.gpus_per_node, cluster.num_nodes, share)
 
 
 # a layer's feature communication (Pricer.layer_comm_s): per axis its exposed seconds (in the order its comms first
 # name the axes), the forward's, and the tp and cp exposed fractions (forward, backward)
-LayerComm = tuple[dict[str, float], float, tuple[float, float], tuple[float, float]]
+LayerComm = tuple[dict[str, float], float, tuple[float, float], tuple[float, float], tuple[float, float]]
 # the exposed fractions of a layer's tp and cp collectives (forward, backward) where no stack overlap applies
 _NOT_OVERLAPPED = ((1.0, 1.0), (1.0, 1.0))
 StageKey = tuple[tuple[int, float], ...]  # (id of a pinned layer, count) per part: what a stage holds
@@ -423,7 +430,7 @@ class Pricer:
         precision): a layer without collectives costs the same whatever the plan's pp and dp."""
         par = job.parallel
         key = (self._pin(layer), self._cluster_key(job.cluster), self._layer_groups(layer, par), par.tp,
-               self._stack_key(job.stack), par.sp, par.precision)
+               self._stack_key(job.stack), par.sp, par.precision, self.ep_overlap_share(job))
         cost = self._layer_costs.get(key)
         if cost is None:
             cost = self._layer_costs[key] = self._price_layer(layer, job)
@@ -445,9 +452,9 @@ class Pricer:
         return self._price_layer(layer, job)
 
     def _price_layer(self, layer: Layer, job: Job) -> LayerCost:
-        comm, comm_fwd, tp_fraction, cp_fraction = self.layer_comm_s(layer, job)
+        comm, comm_fwd, tp_fraction, cp_fraction, ep_fraction = self.layer_comm_s(layer, job)
         forward, backward, selective, wgrad = self._layer_op_sums_s(layer, job)
-        return LayerCost(forward, backward, selective, comm, comm_fwd, wgrad, tp_fraction, cp_fraction)
+        return LayerCost(forward, backward, selective, comm, comm_fwd, wgrad, tp_fraction, cp_fraction, ep_fraction)
 
     def layer_comm_s(self, layer: Layer, job: Job) -> LayerComm:
         """A layer's feature communication (its LayerCost's comm_s, comm_fwd_s and exposed fractions): each
@@ -466,15 +473,18 @@ class Pricer:
                                                        cluster_key, job)))
         tp_fraction, cp_fraction = fractions = self._exposed_fractions(layer, priced, job)
         scaled = fractions is not _NOT_OVERLAPPED  # NB: else every fraction is 1.0, and x * 1.0 is x
+        ep_fraction = self.ep_exposed_fraction(layer, priced, job)
         comm: dict[str, float] = {}
         comm_fwd = 0.0
         for c, comm_s in priced:
             if scaled and c.axis in ("tp", "cp"):
                 comm_s *= (tp_fraction if c.axis == "tp" else cp_fraction)[0 if c.phase == "fwd" else 1]
+            elif c.axis == "ep" and ep_fraction != (1.0, 1.0):
+                comm_s *= ep_fraction[0 if c.phase == "fwd" else 1]
             comm[c.axis] = comm.get(c.axis, 0.0) + comm_s
             if c.phase == "fwd":
                 comm_fwd += comm_s
-        return comm, comm_fwd, tp_fraction, cp_fraction
+        return comm, comm_fwd, tp_fraction, cp_fraction, ep_fraction
 
     def _layer_op_sums_s(self, layer: Layer, job: Job) -> tuple[float, float, float, float]:
         """A layer's forward, backward, selective-recompute and weight-gradient seconds: its ops' times (each op
@@ -593,6 +603,33 @@ class Pricer:
             total = cp_s[phase]
             attention = self.ops_time_s(tuple(op for op in ops if op.kind == "attention"), job)
             out.append(overlapped_s(total, attention, gamma) / total if total > 0.0 else 1.0)
+        return (out[0], out[1])
+
+    def ep_overlap_share(self, job: Job) -> float:
+        """stack_effects.ep_overlap_share of the job (0.0 on a device whose collectives take the cores that
+        compute)."""
+        if not job.stack.ep_comm_overlap:
+            return 0.0
+        return ep_overlap_share(job.stack, job.parallel, job.cluster.device.comm_overlaps_compute)
+
+    def ep_exposed_fraction(self, layer: Layer, priced: list[tuple[Comm, float]], job: Job) -> tuple[float, float]:
+        """Of the layer's expert all-to-alls of forward and backward (priced: its feature collectives), the
+        fraction left exposed over the step. A paired forward's all-to-alls hide behind the paired backward's
+        compute of the layer and the backward's behind the forward's (combined_1f1b.py: "EP A2A in forward step is
+        hidden by the attention/mlp computation in the backward step, and vice versa"; stack_effects.overlapped_s);
+        the unpaired passes (1 - ep_overlap_share) stay exposed."""
+        share = self.ep_overlap_share(job)
+        if share <= 0.0:
+            return (1.0, 1.0)
+        ep_fwd = sum(seconds for c, seconds in priced if c.axis == "ep" and c.phase == "fwd")
+        ep_bwd = sum(seconds for c, seconds in priced if c.axis == "ep" and c.phase != "fwd")
+        if ep_fwd <= 0.0 and ep_bwd <= 0.0:
+            return (1.0, 1.0)
+        gamma = self.overlap_slowdown(job)
+        out: list[float] = []
+        for total, window in ((ep_fwd, self.ops_time_s(layer.bwd, job)), (ep_bwd, self.ops_time_s(layer.fwd, job))):
+            paired = overlapped_s(total, window, gamma) / total if total > 0.0 else 1.0
+            out.append(1.0 - share + share * paired)
         return (out[0], out[1])
 
     def stage_cost(self, stage: list[StagePart], job: Job) -> StageCost:

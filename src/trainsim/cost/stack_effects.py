@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from trainsim.ir.graph import Op
+from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.stack import StackSpec
 
 if TYPE_CHECKING:  # NB: numpy only for the types: the plain engine's pricing runs without it
@@ -214,6 +215,30 @@ def window_micro_batches(schedule: str, pp: int) -> int:
     after it in the backward order still run pp micro-batches each, so the buckets fill over pp micro-batches'
     backward passes (the simulator runs the schedule itself)."""
     return pp if schedule == "interleaved-1f1b" else 1
+
+
+def ep_overlap_share(stack: StackSpec, par: ParallelSpec, overlaps: bool = True) -> float:
+    """Of a step's forward (and backward) passes of a micro-batch through a stage, the share that runs beside
+    another micro-batch's backward (forward) where the stack overlaps the expert all-to-alls (ep_comm_overlap;
+    0.0 where it does not apply; overlaps: the device's collectives run beside its compute). Megatron-Core's
+    combined 1F1B schedule (megatron/core/pipeline_parallel/combined_1f1b.py and schedules.py, megatron-core
+    0.16.1; overlap_moe_expert_parallel_comm) pairs them in the 1F1B steady state only: at pp 1 the first forward
+    and the last backward run alone (m - 1 pairs of m micro-batches); at pp > 1 only the interleaved schedule
+    runs it (transformer_config.py asserts a virtual pipeline size), whose warm-up gains one forward:
+    (pp - rank - 1) * 2 + (vpp - 1) * pp + 1 of the m * vpp passes run alone on each side
+    (get_pp_rank_microbatches; microbatch_group_size_per_vp_stage is pp by default, model_parallel_config.py),
+    taken at rank 0, whose timeline spans the step. It needs ep > 1 and refuses full recompute
+    (transformer_config.py)."""
+    if not (stack.ep_comm_overlap and overlaps) or par.ep <= 1 or par.recompute == "full":
+        return 0.0
+    micro_batches = par.num_micro_batches
+    if micro_batches <= 0 or (par.pp > 1 and par.vpp <= 1):
+        return 0.0
+    if par.pp == 1:
+        return (micro_batches - 1) / micro_batches
+    passes = micro_batches * par.vpp
+    alone = min(passes, (par.pp - 1) * 2 + (par.vpp - 1) * par.pp + 1)
+    return (passes - alone) / passes
 
 
 def fuses_every_op(stack: StackSpec, fp8_linears: bool) -> bool:

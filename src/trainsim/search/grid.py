@@ -495,6 +495,8 @@ class _Batch:
         assert isinstance(tp, int) and isinstance(cp, int) and isinstance(dp, int) and isinstance(pp, int) \
             and isinstance(vpp, int)
         job, graph = plan
+        if job.stack.ep_comm_overlap and isinstance(ep, int) and ep > 1:
+            return _SLOW_GROUP  # the overlapped share reads the micro-batches (stack_effects.ep_overlap_share)
         self.engine.pin(graph)
         combo_key = key[:9]
         combo = self.shared.combo_of.get(combo_key)
@@ -860,7 +862,7 @@ class _Batch:
         pricer, number = self.pricer, self.shared.term_count
         at = self.op_sum_of.get(id(layer))
         if at is not None and pricer.fuses_every_op(job):
-            comm, comm_fwd, _, _ = pricer.layer_comm_s(layer, job)
+            comm, comm_fwd, _, _, _ = pricer.layer_comm_s(layer, job)
             is_block = layer.kind not in ("embedding", "head")
             self.op_terms.append((number, at, is_block, comm_fwd, sum(comm.values()) - comm_fwd))
             ops = (_LATER, _LATER, _LATER, comm_fwd, _LATER, _LATER)  # _terms fills them

@@ -61,6 +61,12 @@ class StackSpec(Spec):
                                   "with the attention kernels (TransformerEngine's ring attention)")
     pp_comm_overlap: bool = Field(default=False, description="pipeline send/recv overlapped with compute in "
                                   "interleaved schedules")
+    # megatron/core/pipeline_parallel/combined_1f1b.py (megatron-core 0.16.1, overlap_moe_expert_parallel_comm):
+    # the forward of one micro-batch runs beside the backward of another, each one's expert all-to-alls hidden
+    # behind the other's compute, in the 1F1B steady state only (pricing: Pricer.ep_overlap_share)
+    ep_comm_overlap: bool = Field(default=False, description="MoE expert-parallel all-to-alls (dispatch, combine) "
+                                  "of one micro-batch overlapped with the compute of another in the 1F1B steady "
+                                  "state (Megatron-Core's combined 1F1B schedule); pp 1, or pp > 1 interleaved")
     pp_scatter_gather: bool = Field(default=False, description="pipeline sends split over the tensor-parallel "
                                     "ranks and all-gathered over NVLink (Megatron-LM scatter-gather)")
     fsdp_prefetch_depth: int = Field(default=1, ge=0, le=64, description="ZeRO-3 / FSDP: layers whose parameter "

@@ -25,7 +25,7 @@ SMALL = yaml.safe_load(TINY_MOE_MODEL_YAML)
 WIDE = {**SMALL, "name": "wide-moe", "hidden": 4096, "ffn_hidden": 8192, "num_heads": 32, "max_seq_len": 4096}
 
 
-def _job(model: dict[str, object], stack: StackSpec, num_gpus: int = 4, **strategy: object) -> Job:
+def _job(model: dict[str, object], stack: StackSpec, num_gpus: int = 4, /, **strategy: object) -> Job:
     settings = {"micro_batch": 1, "seq_len": 32, "global_batch": 16, "ep": 2, **strategy}
     return make_job(parse_model(model), a100_cluster(num_gpus), ParallelSpec.parse(settings), stack)
 
@@ -94,7 +94,7 @@ def test_sim_agrees_with_analytical(strategy: dict[str, object]) -> None:
     on an interleaved pipeline; the overlap is faster than none."""
     pricer = Pricer(Calibration())
     settings = {"seq_len": 4096, **strategy}
-    num_gpus = int(settings.pop("num_gpus", 4))  # type: ignore[call-overload]
+    num_gpus = int(str(settings.pop("num_gpus", 4)))
     model = {**WIDE, "num_layers": 4}
     on, off = _job(model, ON, num_gpus, **settings), _job(model, OFF, num_gpus, **settings)
     assert ep_overlap_share(on.stack, on.parallel) > 0.0

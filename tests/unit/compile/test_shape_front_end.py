@@ -135,8 +135,10 @@ def test_attention_split_exact_collectives_and_weights(captured: OpGraph) -> Non
 
 def test_matmul_split_by_tokens_holds_its_weight_and_sums_its_gradient(captured: OpGraph) -> None:
     """c_fc by seq 2: its FLOPs halve, it holds its whole weight (no parameter shed) and sums its gradient over
-    the 2 tp ranks (16640 parameters); the activation and c_proj keep the sequence split (inferred), the block
-    hands on the whole hidden state: block.ag forward, mlp.ag of c_fc's input gradient backward."""
+    the 2 tp ranks; the activation and c_proj keep the sequence split (inferred), so c_proj too holds its weight
+    whole and sums its gradient over the pair: 16640 + 16448 = 33088 parameters (the catalog's token_split_params
+    for fc1, act and fc2 by seq); the block hands on the whole hidden state: block.ag forward, mlp.ag of c_fc's
+    input gradient backward."""
     job = _job()
     plan = shape_layers(job, _tree_plan(job, captured, [("blocks.*.*.mlp.c_fc", "seq")]))
     block = plan.layers[1].layer
@@ -145,7 +147,7 @@ def test_matmul_split_by_tokens_holds_its_weight_and_sums_its_gradient(captured:
     assert (fc1.shape, fc1.flops) == ((1, 32, 256, 64), 2 * 32 * 256 * 64)
     assert (fc2.shape, fc2.flops) == ((1, 32, 64, 256), 2 * 32 * 64 * 256)
     assert block.param_count == BLOCK_PARAMS
-    assert (1, 2, 16640.0) in plan.front_end_token_params and (2, 2, 16640.0) in plan.front_end_token_params
+    assert plan.front_end_token_params == ((1, 2, 33088.0), (2, 2, 33088.0))
     assert [(c.name, c.collective, c.phase, c.buffer_bytes) for c in block.comms] == [
         ("block.ag", "all-gather", "fwd", HIDDEN_BYTES), ("mlp.ag", "all-gather", "bwd", HIDDEN_BYTES)]
 

@@ -3,34 +3,41 @@ configs over tp (Proteus Sec. IV-B: a split on any op takes effect; Sec. V-B: th
 needs; Sec. VII: unspecified partitions inferred along data dependencies).
 
 A captured graph is one device's whole model, its ops the framework's kernels under their module paths
-(ir.graph.OpGraph.frontend). A tree addresses them by path (strategy.front_end_splits); each layer instance is
-walked along its forward ops as a chain (as compile.splits walks the configs over dp): an op the tree configures
-takes its config, any other infers it from the tensor it reads (compile.splits.inferred_config: batch, sequence and
-feature splits kept, a matmul reading split features splits its reduction, partial sums added up before any op that
-is not a matmul, norms and the loss read whole features). Each op is shaped generically from its kind and dims
-(front_end_op): a matmul's (batch x seq, out, reduce) parts divide its m, n and k (its backward matmuls' too, the
-same dims permuted), an attention core's batch and out parts its batch x heads and its seq parts the query rows,
-any other op's batch, seq and out parts its leading, second and last dims; FLOPs and bytes divide by the parts
-(the busiest part where they do not divide). Where a producer's placement differs from its reader's,
-strategy.reshard's pattern matching gives the collective (strategy.megatron.reshard_tp names it as the catalog's:
-attn.ar, mlp.ag, block.ag), and the backward the gradient's conjugate; an attention split by query rows gathers its
-keys and values, a norm split by features all-reduces its statistics (strategy.megatron.op_tp_collectives) and a
-loss split by its classes its three statistics (strategy.megatron.loss_statistics). A layer reads and hands on the
-whole hidden state (no sequence parallelism); the embedding's first op reads token ids.
+(ir.graph.OpGraph.frontend), each forward op with its data dependencies (ir.graph.Op.inputs: the ops whose output
+it reads, or the layer's input). A tree addresses them by path (strategy.front_end_splits); each layer instance is
+walked along its forward ops in order: an op the tree configures takes its config, any other infers it from the
+first of its inputs that is split (else its first; an op reading no activation, a mask or a lookup, runs whole)
+with compile.splits.inferred_config's rules: batch, sequence and feature splits kept, a matmul reading split
+features splits its reduction, partial sums added up before any op that is not a matmul, norms and the loss read
+whole features. Each op is shaped generically from its kind and dims (front_end_op): a matmul's (batch x seq, out,
+reduce) parts divide its m, n and k (its backward matmuls' too, the same dims permuted), an attention core's batch
+and out parts its batch x heads and its seq parts the query rows, a 4-dim element-wise op's (HF's attention layout:
+batch, heads, seq, head dim or keys; the rope) its first three dims, any other op's batch, seq and out parts its
+leading, second and last dims; FLOPs and bytes divide by the parts (the busiest part where they do not divide).
+
+Every reader's layout is compared with its own producer's: where they differ, strategy.reshard's pattern matching
+gives the collective (strategy.megatron.reshard_tp names it as the catalog's: attn.ar, mlp.ag, block.ag), and the
+backward the gradient's conjugate. A tensor read by several ops (a block's input: its first norm and the residual
+add's skip connection) is resharded once per layout its readers need, and their input gradients, summed where
+they lie alike, once per layout onto the producer's (the catalog's _skip_reshards); a tensor that carries no
+gradient (a mask, a rotary table: written by ops that read neither the layer's input nor a weight) is not resharded
+backward. An attention split by query rows gathers its keys and values, a norm split by features all-reduces its
+statistics (strategy.megatron.op_tp_collectives) and a loss split by its classes its three statistics
+(strategy.megatron.loss_statistics). A layer reads and hands on the whole hidden state (no sequence parallelism;
+Layer.hands_on names the op writing it); the embedding's first op reads token ids.
 
 A split matmul holds 1/(out x reduce) of its weight (n x k of its shape) and 1/out of its bias (its bytes beyond
-its three operands); split by tokens, it holds the weight whole and sums its gradient over those tp ranks too
-(front_end_token_params). A norm split by features holds 1/out of its gain and bias (the model's norm size). A
-matmul whose weight the layer does not hold (GPT-2's head, tied to the embedding's table) sheds nothing: the table
-stays whole where the lookup holds it.
+its three operands); a norm split by features 1/out of its gain and bias (the model's norm size); split by tokens,
+either holds its part whole and sums its gradient over those tp ranks too (LoweredPlan.front_end_token_params). A
+matmul whose weight the layer does not hold (GPT-2's head, tied to the embedding's table) holds nothing: the table
+stays whole where the lookup holds it. Each op keeps the activations it saves for its backward (Op.saved_bytes) as
+it reads them: divided by its input's parts.
 
 Refused in one line: a config on an op whose dims the pass cannot shape (a lookup, a convolution, a pool), an
 attention or norm split needing the model's shape where the graph has none, stage meshes, and tp > 1 without any
 config from a tree (the graph is one device's whole model).
-NB: ops are a chain in forward order: an element-wise op whose last dim is not the chain tensor's features (a mask
-built beside the attention) is taken as off the chain and runs whole; a residual add's skip input is not resharded
-(the catalog's _skip_reshards); saved activations keep the whole model's bytes (memory is an over-estimate for a
-split layer).
+NB: the saved activations are divided per op, not per tensor (a whole mask the attention core keeps is divided
+with its q, k and v); a tensor written in place is attributed to the op that allocated it.
 """
 
 import dataclasses

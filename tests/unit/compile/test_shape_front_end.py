@@ -260,3 +260,81 @@ def test_captured_head_split_by_vocabulary_matches_the_catalog_head() -> None:
     assert head.param_count == 128 + 512 * 64 / 2
     logits = next(op for op in head.fwd if op.kind == "matmul")
     assert logits.flops == next(op.flops for op in reference.layers[-1].layer.fwd if op.name == "logits")
+
+
+def test_residual_add_reads_its_skip_input_resharded(captured: OpGraph) -> None:
+    """The block's two fused residual groups (dropout + add + ln_2, dropout + add: the block's own ops) split by
+    seq, everything under ln_1, attn and mlp written whole. Each reader's layout is compared with its own
+    producer's (Op.inputs). The first group reads c_proj's output (whole: a slice forward, attn.ag of its
+    gradient backward) and the block's input, the skip, which ln_1 reads whole: a slice forward; backward the
+    group's sequence-split gradient of it does not lie as ln_1's (whole), so it is all-gathered onto the input's
+    layout on its own (block.ag; a chain of ops missed it). c_fc reads the group's output whole (mlp.ag). The
+    second group reads the first's sum as it lies (nothing either way) and the MLP's output (a slice; mlp.ag
+    backward); the block hands on the whole hidden state (block.ag). 8192 bytes each, by hand; the catalog GPT's
+    residual1, norm2 and residual2 by seq (its _skip_reshards) give the same collectives."""
+    job = _job()
+    tree = StrategyTree.from_graph(captured).split("blocks.*.*", "compute", "seq", 2, axis="tp")
+    for module in ("ln_1", "attn", "mlp"):
+        tree = tree.split(f"blocks.*.*.{module}", "compute", "seq", 1, axis="tp")
+    block = shape_layers(job, tree.lower(job.parallel)).layers[1].layer
+    assert [(c.name, c.collective, c.phase, c.buffer_bytes, c.ranks) for c in block.comms] == [
+        ("mlp.ag", "all-gather", "fwd", HIDDEN_BYTES, 0), ("block.ag", "all-gather", "fwd", HIDDEN_BYTES, 0),
+        ("mlp.ag", "all-gather", "bwd", HIDDEN_BYTES, 0), ("block.ag", "all-gather", "bwd", HIDDEN_BYTES, 0),
+        ("attn.ag", "all-gather", "bwd", HIDDEN_BYTES, 0)]
+    reference, reference_comms = _catalog(job, [("blocks.*.residual1", "seq"), ("blocks.*.norm2", "seq"),
+                                                ("blocks.*.residual2", "seq")])
+    assert _comm_keys(block.comms) == _comm_keys(reference_comms[reference.layers[1].index])
+
+
+def test_saved_activations_and_peak_memory_follow_the_split_as_the_catalogs(captured: OpGraph) -> None:
+    """Each op keeps what it saves for its backward as it reads it (Op.saved_bytes over its input's parts): a
+    block's activations shrink by what the catalog's shrink for the same split, plus the capture's own tensors
+    that the split divides too. The attention split: the catalog's q, k, v (24576 bytes), the core's output (8192)
+    and log-sum-exp (1024 in fp32) halve (16896 bytes fewer); the capture halves also the causal mask the core
+    keeps (2 x 32 x 32 bf16 = 4096 bytes; NB: whole on each rank, counted with the core's): 16896 + 2048. With
+    the MLP: the catalog's fc1 and GELU outputs halve (2 x 256 x 64 x 2 bytes / 2 = 32768 fewer); the capture's
+    tanh GELU keeps three intermediates more of that size, halved too (49152 more). Under full recompute a block
+    keeps its whole input, as the catalog's.
+
+    Per-rank peak memory (the simulator's), differential with a stated tolerance of 0 bytes: the captured split's
+    activations exceed the catalog's by the capture's surplus at tp 1 (its unfused kernels' extra tensors) less
+    what the split divides of it in the 2 blocks; its weights, gradients and optimizer states by the parameters
+    per block the catalog divides by tp and the capture holds whole (half of the two norms' 256 and of the row
+    parallel projections' biases, 64 each: 160 with the attention split, 192 with the MLP's too;
+    test_attention_split_exact_collectives_and_weights), 16 bytes each (bf16 weight and gradient, fp32 master
+    copy and two Adam moments) - nothing else."""
+    job, whole = _job(), _job(1, 8)
+    catalog_tp1 = build_transformer(whole.model, DeviceSlice.of(whole.parallel))  # type: ignore[arg-type]
+    tp1, mine_tp1 = catalog_tp1.layers[1].saved_bytes["none"], captured.layers[1].saved_bytes["none"]
+    surplus_tp1 = (predict(whole, "sim", graph=captured).memory_breakdown["activations"]
+                   - predict(whole, "sim").memory_breakdown["activations"])
+    ffn_tensor, mask = 64 * 256 * 2, 2 * 32 * 32 * 2
+    cases = [(ATTN, CATALOG_ATTN, mask / 2, 160),
+             (ATTN + MLP, CATALOG_ATTN + CATALOG_MLP, mask / 2 + 3 * ffn_tensor / 2, 192)]
+    for traced, catalog, extra, whole_params in cases:
+        block = shape_layers(job, _tree_plan(job, captured, traced)).layers[1].layer
+        theirs = _catalog(job, catalog)[0].layers[1].layer
+        assert mine_tp1 - block.saved_bytes["none"] == tp1 - theirs.saved_bytes["none"] + extra
+        assert block.saved_bytes["full"] == theirs.saved_bytes["full"] == HIDDEN_BYTES
+        assert block.param_count - theirs.param_count == whole_params
+        graph = build_transformer(job.model, DeviceSlice.of(job.parallel))  # type: ignore[arg-type]
+        mine = predict(job, "sim", graph=captured, plan=_tree_plan(job, captured, traced))
+        reference = predict(job, "sim", graph=graph, plan=_tree_plan(job, graph, catalog))
+        activations = mine.memory_breakdown["activations"] - reference.memory_breakdown["activations"]
+        assert activations == surplus_tp1 - 2 * extra
+        assert mine.peak_memory_bytes - reference.peak_memory_bytes == activations + 2 * whole_params * 16
+
+
+def test_rope_splits_its_heads_dim() -> None:
+    """LLaMA's fused rope group is (batch, heads, seq, head dim), HF's attention layout: split by out it runs
+    half the heads (2, 2, 32, 16), not half of each head (2, 4, 32, 8); by seq half the query rows."""
+    from trainsim.compile.shape_front_end import front_end_op
+    from trainsim.frontends.torch.hf import graph_from_hf_config
+    from trainsim.strategy.placement import OpConfig
+
+    graph = graph_from_hf_config(LLAMA, micro_batch=2, seq_len=32, precision="bf16", fused=True)
+    rope = next(op for op in graph.layers[1].fwd if op.kind == "elementwise" and op.module_path.endswith("self_attn"))
+    assert rope.shape == (2, 4, 32, 16)
+    by_heads, by_rows = front_end_op(rope, OpConfig(1, 1, 2, 1)), front_end_op(rope, OpConfig(1, 2, 1, 1))
+    assert (by_heads.shape, by_heads.flops) == ((2, 2, 32, 16), rope.flops / 2)
+    assert (by_rows.shape, by_rows.flops) == ((2, 4, 16, 16), rope.flops / 2)

@@ -117,14 +117,10 @@ def _run_flops(layer: Layer, recompute: str) -> float:
     return layer.flops("fwd") + layer.flops("bwd") + layer.recomputed_flops(recompute)
 
 
-def shape_front_end_layer(job: Job, dev: DeviceSlice, layer: Layer, given: Mapping[str, OpConfig]) -> Layer:
-    """One layer of a captured graph at its ops' configs over tp (given: by module path; the rest inferred)."""
-    return _shaped(job, dev, layer, given)[0]
-
-
 def _shaped(job: Job, dev: DeviceSlice, layer: Layer, given: Mapping[str, OpConfig]
             ) -> tuple[Layer, dict[int, float]]:
-    """shape_front_end_layer's layer, and {k: parameters} of its ops whose config splits their tokens k ways
+    """One layer of a captured graph at its ops' configs over tp (given: by module path; the rest inferred), and
+    {k: parameters} of its ops whose config splits their tokens k ways
     (each of those ranks holds its part of the weight whole and makes its gradient from its own tokens: summed
     over them with the data-parallel reduction, as strategy.megatron.token_split_params for the catalog's)."""
     walk = _Walk(job, dev, layer)
@@ -340,9 +336,9 @@ def front_end_op(op: Op, config: OpConfig, forward: Op | None = None) -> Op:
 
 
 def _backward_config(op: Op, fwd: tuple[Op, ...], configs: Mapping[int, OpConfig], micro_batch: int) -> OpConfig:
-    """A backward op's config: that of the forward op of its module on the chain (of its kind first), else of
-    the last forward op on the chain of an enclosing or enclosed module whose output's last dim is the op's;
-    whole where none is."""
+    """A backward op's config: that of the forward op of its module whose output carries a gradient (configs
+    holds those; of its kind first), else of the last such forward op of an enclosing or enclosed module whose
+    output's last dim is the op's; whole where none is."""
     same = [f for f in fwd if f.module_path == op.module_path and id(f) in configs]
     match = next((f for f in reversed(same) if f.kind == op.kind), same[-1] if same else None)
     if match is None and op.shape:

@@ -198,6 +198,9 @@ def test_tp_without_a_tree_is_refused(captured: OpGraph) -> None:
 LLAMA: dict[str, Any] = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 176,
                          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
                          "max_position_embeddings": 64}
+LLAMA_CATALOG = [("blocks.*.attn.qkv", "out"), ("blocks.*.attn.rope", "out"), ("blocks.*.attn.core", "out"),
+                 ("blocks.*.attn.out", "reduce"), ("blocks.*.mlp.gate_up", "out"), ("blocks.*.mlp.act", "out"),
+                 ("blocks.*.mlp.down", "reduce")]  # the catalog LLaMA's Megatron attention and MLP
 LLAMA_SAME_OP = {"self_attn": "qkv", "self_attn.o_proj": "out_proj", "mlp": "gate_up", "mlp.down_proj": "down"}
 
 
@@ -221,10 +224,7 @@ def test_captured_llama_megatron_split_matches_the_catalog_llama() -> None:
                              ("blocks.*.*.mlp.down_proj", "out", 1), ("blocks.*.*.mlp.down_proj", "reduce", 2)]:
         tree = tree.split(path, "compute", dim, parts, axis="tp")
     shaped = shape_layers(job, tree.lower(par))
-    reference, reference_comms = _catalog(job, [
-        ("blocks.*.attn.qkv", "out"), ("blocks.*.attn.rope", "out"), ("blocks.*.attn.core", "out"),
-        ("blocks.*.attn.out", "reduce"), ("blocks.*.mlp.gate_up", "out"), ("blocks.*.mlp.act", "out"),
-        ("blocks.*.mlp.down", "reduce")])
+    reference, reference_comms = _catalog(job, LLAMA_CATALOG)
     for mine, theirs in zip(shaped.layers, reference.layers, strict=True):
         assert _comm_keys(mine.layer.comms) == _comm_keys(reference_comms.get(theirs.index, ())), mine.layer.name
         if mine.layer.kind != "block":
@@ -235,6 +235,37 @@ def test_captured_llama_megatron_split_matches_the_catalog_llama() -> None:
         assert ours == {op.name: op.flops for op in theirs.layer.fwd if op.name in ours}
         assert _bwd_matmul_flops(mine.layer, False, LLAMA_SAME_OP) == _bwd_matmul_flops(theirs.layer, True)
         assert mine.layer.param_count == theirs.layer.param_count + 64
+
+
+def test_unfused_llama_parallel_branches_match_the_catalog_llama() -> None:
+    """The LLaMA block traced without torch.fuse: q, k and v three GEMMs reading the norm's output, gate and up two,
+    each rope an element-wise chain beside the others (parallel branches). Each GEMM reads the norm's output
+    (Op.inputs), not the GEMM before it: with the tree of the fused test, one all-reduce pair each for the
+    attention and the MLP (the three input gradients, partial alike, summed first, then all-reduced once), as the
+    catalog LLaMA's Megatron split; the same matmul FLOPs in all and 64 parameters more (the norms whole). (Read as
+    a chain, k_proj read q_proj's output and the block paid six collectives more.)"""
+    from trainsim.frontends.torch.hf import graph_from_hf_config
+
+    graph = graph_from_hf_config(LLAMA, micro_batch=2, seq_len=32, precision="bf16", fused=False)
+    par = ParallelSpec.parse({"micro_batch": 2, "seq_len": 32, "global_batch": 8, "tp": 2, "dp": 4,
+                              "precision": "bf16"})
+    job = make_job(model_from_hf_config(LLAMA, name="llama-tiny"), a100_cluster(8), par)
+    q = next(op for op in graph.layers[1].fwd if op.module_path.endswith("q_proj"))
+    k = next(op for op in graph.layers[1].fwd if op.module_path.endswith("k_proj"))
+    assert q.inputs == k.inputs and len(q.inputs or ()) == 1
+    tree = StrategyTree.from_graph(graph)
+    for path, dim, parts in [("blocks.*.*.self_attn", "out", 2), ("blocks.*.*.self_attn.o_proj", "out", 1),
+                             ("blocks.*.*.self_attn.o_proj", "reduce", 2), ("blocks.*.*.mlp", "out", 2),
+                             ("blocks.*.*.mlp.down_proj", "out", 1), ("blocks.*.*.mlp.down_proj", "reduce", 2)]:
+        tree = tree.split(path, "compute", dim, parts, axis="tp")
+    block = shape_layers(job, tree.lower(par)).layers[1].layer
+    reference, reference_comms = _catalog(job, LLAMA_CATALOG)
+    theirs = reference.layers[1].layer
+    assert _comm_keys(block.comms) == _comm_keys(reference_comms[reference.layers[1].index])
+    assert [c.collective for c in block.comms] == ["all-reduce"] * 4
+    assert sum(op.flops for op in block.fwd if op.kind == "matmul") == sum(
+        op.flops for op in theirs.fwd if op.kind == "matmul")
+    assert block.param_count == theirs.param_count + 64
 
 
 def test_captured_head_split_by_vocabulary_matches_the_catalog_head() -> None:

@@ -141,18 +141,20 @@ def _shaped(job: Job, dev: DeviceSlice, layer: Layer, given: Mapping[str, OpConf
 
 def _saved_bytes(layer: Layer, configs: list[OpConfig]) -> dict[str, float]:
     """The layer's activations kept for its backward pass, each op's (Op.saved_bytes) as it holds what it reads:
-    divided by its input's parts (batch x seq x its reduction or output features); a block's under full
-    recompute is its input, the whole hidden state (the block reads it whole). NB: per op, not per tensor (a
+    divided by its input's parts (batch x seq x its reduction or output features); a block's under selective
+    recompute less its side outputs (Op.saved_aux_bytes), under full recompute its input, the whole hidden state
+    (the block reads it whole). NB: per op, not per tensor (a
     whole mask an attention core split by heads keeps is divided with its q, k and v)."""
     shed = aux = 0.0
     for op, config in zip(layer.fwd, configs, strict=True):
         parts = config.batch * config.seq * (config.reduce if op.kind in CONTRACTING else config.out)
         shed += op.saved_bytes * (1.0 - 1.0 / parts)
         aux += op.saved_aux_bytes * (1.0 - 1.0 / parts)
+    if layer.kind != "block":  # every mode keeps what the layer saves (frontends.torch.layers)
+        return {mode: kept - shed for mode, kept in layer.saved_bytes.items()}
     out = dict(layer.saved_bytes)
-    for mode in out:
-        if not (mode == "full" and layer.kind == "block"):
-            out[mode] -= shed - (aux if mode == "selective" else 0.0)
+    out["none"] -= shed
+    out["selective"] -= shed - aux  # the aux tensors are not kept
     return out
 
 

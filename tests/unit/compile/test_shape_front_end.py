@@ -272,7 +272,8 @@ def test_captured_head_split_by_vocabulary_matches_the_catalog_head() -> None:
     """An untied GPT-2's head at Megatron's vocab-parallel split: lm_head by out, the loss by its classes (the
     cast to fp32 between them inferred), ln_f written whole. As the catalog's head.proj and head.loss: the
     projection's input gradient all-reduced (logits.ar, 8192 bytes, column input) and the loss's three fp32
-    statistics (64 tokens x 4 bytes each); the head holds half its 512 x 64 projection."""
+    statistics (64 tokens x 4 bytes each); the head holds half its 512 x 64 projection and keeps half its
+    softmax."""
     from trainsim.frontends.torch.hf import graph_from_hf_config
 
     untied = {**CONFIG, "tie_word_embeddings": False}
@@ -289,6 +290,11 @@ def test_captured_head_split_by_vocabulary_matches_the_catalog_head() -> None:
     assert [(c.name, c.buffer_bytes) for c in head.comms] == [
         ("logits.ar", HIDDEN_BYTES), ("loss.max", 256.0), ("loss.target", 256.0), ("loss.sum_exp", 256.0)]
     assert head.param_count == 128 + 512 * 64 / 2
+    # the loss keeps its fp32 softmax (64 x 512 x 4 bytes) over its half of the classes, as the catalog's; the
+    # capture keeps lm_head's input and ln_f's statistics beside them, whole: 8448 bytes more, as at tp 1
+    kept = graph.layers[-1].saved_bytes["none"] - 64 * 512 * 4 / 2
+    assert head.saved_bytes == dict.fromkeys(("none", "selective", "full"), kept)
+    assert kept - reference.layers[-1].layer.saved_bytes["none"] == 8192 + 256
     logits = next(op for op in head.fwd if op.kind == "matmul")
     assert logits.flops == next(op.flops for op in reference.layers[-1].layer.fwd if op.name == "logits")
 

@@ -201,7 +201,7 @@ class OpLog(TorchDispatchMode):
         op that reads it (this one where it is among its inputs, else the previous forward op: Op.saved_bytes);
         returns this op's (bytes, aux bytes)."""
         previous = list(self._last_outs)
-        mine = [0.0, 0.0]
+        mine_bytes = mine_aux = 0.0
         for tensor, segment in self._pending_saves:
             value = self.value(tensor)
             dtype = value.dtype
@@ -217,11 +217,11 @@ class OpLog(TorchDispatchMode):
             kept[key] = (size, value.aux)
             aux = size if value.aux else 0.0
             if any(tensor is t for t in ins) or self._last_forward is None:
-                mine = [mine[0] + size, mine[1] + aux]
+                mine_bytes, mine_aux = mine_bytes + size, mine_aux + aux
             else:
                 self._keep(self._last_forward, (size, aux))
         self._pending_saves.clear()
-        return mine[0], mine[1]
+        return mine_bytes, mine_aux
 
     @staticmethod
     def _keep(op: LoggedOp | None, saved: tuple[float, float]) -> None:

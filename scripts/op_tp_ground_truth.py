@@ -131,15 +131,18 @@ def thread_cpu_s(run: dict[str, Any]) -> float:
     return max(run["settings"]["thread_cpu_s_per_rank"]) / len(run["iteration_times_s"])
 
 
-def summary(out: Path, after: str = "", cluster: str = "local-cpu", before: str = "999999") -> list[dict[str, Any]]:
+def summary(out: Path, after: str = "", cluster: str = "local-cpu", before: str = "999999",
+            cpu_db: Path | None = None) -> list[dict[str, Any]]:
     """cluster: the one the predictions take (local-cpu: each rank a node of its own, its collectives on the
-    catalog's placeholder link; local-cpu-ranks: the ranks one node, their collectives on the profiled curves)."""
+    catalog's placeholder link; local-cpu-ranks: the ranks one node, their collectives on the profiled curves).
+    cpu_db: the CPU-clock database the predictions read (default OUT/profile-cpu.db)."""
+    cpu_db = cpu_db or out / "profile-cpu.db"
     rows = []
     for plan, (tp, tree) in PLANS.items():
         runs = _runs(out, plan, after, before)
         if not runs:
             continue
-        cpu = predicted(tp, tree, ["--costs", "profiled", "--db", str(out / "profile-cpu.db")], cluster)
+        cpu = predicted(tp, tree, ["--costs", "profiled", "--db", str(cpu_db)], cluster)
         ratios = ratios_to_plain(out, plan, after, before)
         rows.append({
             "cpu_ratio_to_plain": statistics.median(ratios) if ratios else None,
@@ -340,6 +343,8 @@ def main() -> None:
     parser.add_argument("--core-costs", action="store_true", help="time the attention core's forward and "
                         "backward heads-split (plain tp 2) and by query rows (thread CPU)")
     parser.add_argument("--after", default="", help="--summary of the runs stamped at or after HHMMSS only")
+    parser.add_argument("--cpu-db", type=Path, default=None, help="--summary predicts the CPU clock from this "
+                        "database (default OUT/profile-cpu.db)")
     parser.add_argument("--before", default="999999", help="--summary of the runs stamped before HHMMSS only")
     parser.add_argument("--suffix", default="", help="--summary writes summary<SUFFIX>.md and .json")
     parser.add_argument("--predict-cluster", default="local-cpu", help="--summary predicts on this cluster "
@@ -361,7 +366,7 @@ def main() -> None:
         print(json.dumps({k: round(v * 1e6, 1) for k, v in core_costs().items()}) + " (us per forward and backward, "
               "thread CPU)")
     if args.summary:
-        rows = summary(args.out, args.after, args.predict_cluster, args.before)
+        rows = summary(args.out, args.after, args.predict_cluster, args.before, args.cpu_db)
         (args.out / f"summary{args.suffix}.json").write_text(json.dumps(rows, indent=1))
         text = markdown(rows)
         (args.out / f"summary{args.suffix}.md").write_text(text)

@@ -164,7 +164,10 @@ def ordered_sum(values: Iterable[float]) -> float:
 
 def axis_group(axis: str, par: ParallelSpec) -> tuple[int, int]:
     """(size, stride) of the group of `axis`. Ranks are ordered tp (fastest), cp, dp, pp; ep groups are made of
-    data-parallel ranks; "grad" is the data-parallel gradient group (dp x cp ranks, stride tp)."""
+    ep consecutive (cp, dp) positions, cp fastest: Megatron-Core's expert mesh, its own order tp-ep-dp-pp over
+    the ranks with cp folded into the expert data parallelism (initialize_model_parallel's expert
+    RankGenerator, megatron/core/parallel_state.py, megatron-core 0.16.1; strategy.expert_groups); "grad" is the
+    data-parallel gradient group (dp x cp ranks, stride tp)."""
     if axis == "tp":
         return par.tp, 1
     if axis == "cp":
@@ -172,7 +175,7 @@ def axis_group(axis: str, par: ParallelSpec) -> tuple[int, int]:
     if axis == "dp":
         return par.dp, par.tp * par.cp
     if axis == "ep":
-        return par.ep, par.tp * par.cp
+        return par.ep, par.tp
     if axis == "pp":
         return min(par.pp, 2), par.tp * par.cp * par.dp
     if axis == "grad":

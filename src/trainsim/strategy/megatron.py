@@ -64,18 +64,22 @@ model_parallel_config.py and parallel_state.py, megatron-core 0.16.1: the expert
 groups and expert data-parallel groups of world / (d x ep x pp) ranks). Under sp an expert op at degree d keeps
 the sequence split of its d ranks' tokens (config seq = tp / d; d = 1: seq = tp, each rank's experts whole on
 its own sequence share); without sp every d-group runs all the micro-batch's tokens. Where d < tp, and at
-Megatron's split (d = tp) under sp at ep > 1, the token dispatch follows Megatron-Core's
+Megatron's split (d = tp) under sp at any ep, the token dispatch follows Megatron-Core's
 MoEAlltoAllTokenDispatcher (megatron/core/transformer/moe/token_dispatcher.py, token_permutation in 0.9.0,
-dispatch_postprocess in 0.16.1: the same order): each rank dispatches its own tokens, the all-to-all over ep
-moves their routed copies (T k h / tp per rank under sp), then the routed tokens are all-gathered over the d
-ranks (gather_from_sequence_parallel_region over the expert tp group) and reduce-scattered after the experts
-(none at d = 1). Without sp (which Megatron-Core refuses for MoE training at tp > 1: moe_layer.py) and at ep = 1
-trainsim keeps its order, the hidden state gathered over tp before the experts, every rank dispatching all its
-local tokens (_read_bytes, _tensor_bytes): at ep = 1 the volumes of Megatron-Core's all-gather dispatcher
-(MoEAllGatherTokenDispatcher, the default dispatcher type of 0.9.0). NB: 0.16.1 also moves the routing
-probabilities through the all-to-all and the gather (T k fp32 values per rank, 2 / h of the tokens' bytes),
-not priced. Megatron-Core's TopKRouter holds its weight whole on every tp rank and runs it on
-the rank's tokens (its sequence share under sp, its gradient then summed over tp as the norms' are: the
+dispatch_postprocess in 0.16.1: the same order; the dispatcher NeMo's MoE recipes and Megatron-LM's Mixtral
+example set): each rank dispatches its own tokens, the all-to-all over ep moves their routed copies (T k h / tp
+per rank under sp; none at ep 1, where it is the identity), then the routed tokens are all-gathered over the d
+ranks (gather_from_sequence_parallel_region over the expert tp group: T k h, k times the hidden state at ep 1
+too) and reduce-scattered after the experts (none at d = 1). The dispatch (not the combine) carries each routed
+copy's routing probability beside it, in the router's dtype (0.16.1: _with_probs). Without sp (which
+Megatron-Core refuses for MoE training at tp > 1: moe_layer.py) trainsim keeps its order, every rank
+dispatching all its local tokens (_read_bytes, _tensor_bytes). NB: Megatron-Core's default dispatcher type is
+the all-gather one (MoEAllGatherTokenDispatcher: the hidden state gathered over tp x ep, T ep h a rank), not
+priced; nor its small per-layer collectives (the all-to-all dispatcher's tokens-per-expert counts gathered over
+tp x ep, the load-balancing loss's all-reduce of E counts over tp x cp when moe_aux_loss_coeff > 0). Routing is
+dropless (moe_expert_capacity_factor None, both releases' default): the experts run all T k routed copies.
+Megatron-Core's TopKRouter holds its weight whole on every tp rank and runs it on the rank's tokens (its
+sequence share under sp, as the router op is shaped; its gradient then summed over tp as the norms' are: the
 weight's `sequence_parallel` attribute, megatron/core/transformer/moe/router.py and
 megatron/core/distributed/finalize_model_grads.py, 0.16.1): Megatron's config here is the norms'. A tree may
 give the router a batch or sequence split whose parts divide tp, or none (replicable_module "router"; not its
@@ -88,8 +92,7 @@ split as the dispatched ones, the experts' partial sums travel through the combi
 state onto the next op's layout (trainsim's order). A router split by batch beside experts split by sequence, or
 token parts that do not divide each other, are refused (dispatch_problem). NB: the op chain carries the router's
 output as the hidden state the experts read (a norm2 whole before a sequence-split router is gathered again
-before the experts; the routing decisions' own bytes are not priced, as under Megatron's configs), and
-Megatron's router is shaped on all local tokens under sp too, as before.
+before the experts; the routing decisions' own bytes are not priced, as under Megatron's configs).
 
 layer_comms walks a layer's ops in order per axis, as compile.splits walks a tree's computation configs: where
 what an op reads differs from how its producer left it, strategy.reshard's pattern matching gives the collective
@@ -560,7 +563,9 @@ def _read_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, consumer: O
     moves: q, k and v for the rope and the attention core, the scores for an unfused softmax, the attention's
     output for the projection, the ffn features (the routed tokens' in an MoE) for the activation and the second
     matmul, the logits for the cross-entropy; the hidden state for every other op (hidden: its bytes), or with
-    `routed` the routed tokens' hidden states (top_k per token). Over cp and ep: `hidden` (_tensor_bytes).
+    `routed` the routed tokens' hidden states (top_k per token). Over cp and ep: `hidden` (_tensor_bytes). The
+    dispatch into an expert (over ep, and the routed gather over tp) moves the copies' probabilities too
+    (_with_probs).
 
     routed: a reshard into an expert's first matmul or out of its last where the experts' tp degree d is below
     tp or the router takes a config of its own (dispatch_layout). Megatron-Core's all-to-all dispatcher then
@@ -568,15 +573,17 @@ def _read_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, consumer: O
     group that dispatched other tokens (and the reduce-scatter before the combine's all-to-all):
     MoEAlltoAllTokenDispatcher dispatch_postprocess / combine_preprocess,
     megatron/core/transformer/moe/token_dispatcher.py, megatron-core 0.16.1; and so at Megatron's configs of the
-    router and the experts under sp at ep > 1 (dispatch_layout). NB: at those configs without sp or at ep 1
-    trainsim keeps its order, the hidden state gathered over tp before the dispatch (hidden bytes here, all
-    local tokens over ep: _tensor_bytes)."""
+    router and the experts under sp at any ep (dispatch_layout). NB: at those configs without sp trainsim keeps
+    its order (hidden bytes here, all local tokens over ep: _tensor_bytes)."""
+    if axis == "ep" and _expert(consumer):
+        return hidden * _with_probs(spec)
     if axis != "tp":
         return hidden
     act, d, f = BYTES_PER_DTYPE[dev.precision.activation_dtype], spec.head_dim, spec.ffn_hidden
     tokens = dev.local_tokens * (spec.top_k if "moe" in consumer.module_path.split(".") else 1)
     if routed and consumer.name not in ("gelu", "fc2", "down", "swiglu"):
-        return float(dev.local_tokens * spec.top_k * spec.hidden * act)
+        routed_bytes = float(dev.local_tokens * spec.top_k * spec.hidden * act)
+        return routed_bytes * _with_probs(spec) if _expert(consumer) else routed_bytes
     elements = {
         "rope": tokens * (spec.num_heads + 2 * spec.kv_heads) * d,
         "attention": tokens * (spec.num_heads + 2 * spec.kv_heads) * d,
@@ -586,6 +593,19 @@ def _read_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, consumer: O
         "cross_entropy": tokens * spec.vocab,
     }.get(consumer.name)
     return hidden if elements is None else float(elements * act)
+
+
+def _with_probs(spec: TransformerSpec) -> float:
+    """The routed tokens' bytes with their routing probabilities as the dispatch moves them, over the tokens'
+    alone: Megatron-Core's all-to-all dispatcher sends each routed copy's probability (in the router's dtype, the
+    activations' unless moe_router_dtype asks fp32: TopKRouter.gating, megatron/core/transformer/moe/router.py)
+    through the all-to-all over ep and the all-gather over tp beside its hidden state (token_dispatch,
+    dispatch_postprocess, megatron/core/transformer/moe/token_dispatcher.py, megatron-core 0.16.1), and their
+    gradient back in the backward; the combine moves the expert outputs alone (the probabilities were applied in
+    the experts' activation). 1 + 1 / hidden. NB: one collective per pair here, where Megatron-Core issues two
+    (the probabilities' latency term is not priced). 0.9.0 sends no probabilities (its unpermute applies them
+    after the combine, keeping the combined expert outputs for their gradient)."""
+    return 1.0 + 1.0 / spec.hidden
 
 
 def _tp_kv_gathers(spec: TransformerSpec, dev: DeviceSlice, config: OpConfig) -> tuple[list[_Found], list[_Found]]:
@@ -655,15 +675,16 @@ def norm_params(spec: TransformerSpec) -> int:
 
 def dispatch_layout(fwd: Sequence[Op], dev: DeviceSlice, configs: Configs | None) -> Placement | None:
     """How the tp ranks hold the tokens each dispatches to the experts (Placement over tp: batch and seq parts),
-    or None for trainsim's order under Megatron's configs of the router and the experts without sp or at ep 1
-    (the hidden state gathered over tp before the dispatch, every rank dispatching all its local tokens). Where
-    the experts take a tp degree d < tp (Megatron-Core's expert_tensor_parallel_size, megatron/core/
-    model_parallel_config.py, megatron-core 0.16.1), the router a config of its own, or under sp at ep > 1
-    Megatron's (module doc), each rank dispatches the tokens its router routed,
-    as Megatron-Core's MoEAlltoAllTokenDispatcher does (megatron/core/transformer/moe/token_dispatcher.py,
-    0.16.1), sliced to its experts' tokens where the router ran more (a router whole beside experts on their
-    ranks' sequence shares): the finer of the two token splits (dispatch_problem refuses splits that do not
-    nest). None for a layer without experts."""
+    or None for trainsim's order under Megatron's configs of the router and the experts without sp (the hidden
+    state whole on every tp rank, each dispatching all its local tokens). Where the experts take a tp degree
+    d < tp (Megatron-Core's expert_tensor_parallel_size, megatron/core/model_parallel_config.py, megatron-core
+    0.16.1), the router a config of its own, or under sp Megatron's at any ep (module doc; at ep 1 the
+    all-to-all is the identity: all_to_all in megatron/core/tensor_parallel/mappings.py returns its input on a
+    group of one, and the routed tokens are still gathered over tp), each rank dispatches the tokens its router
+    routed, as Megatron-Core's MoEAlltoAllTokenDispatcher does (megatron/core/transformer/moe/
+    token_dispatcher.py, 0.16.1), sliced to its experts' tokens where the router ran more (a router whole beside
+    experts on their ranks' sequence shares): the finer of the two token splits (dispatch_problem refuses splits
+    that do not nest). None for a layer without experts."""
     router = next((op for op in fwd if replicable_module(op) == "router"), None)
     expert = next((op for op in fwd if _expert(op)), None)
     if router is None or expert is None or dev.tp == 1:
@@ -673,8 +694,7 @@ def dispatch_layout(fwd: Sequence[Op], dev: DeviceSlice, configs: Configs | None
     else:
         gate = configs.get((router.module_path, "tp"), UNSPLIT)
         first = configs.get((expert.module_path, "tp"), UNSPLIT)
-    if max(first.out, first.reduce) == dev.tp and gate == megatron_tp(router, dev, dev.tp) and not (
-            dev.sp and dev.ep > 1):
+    if max(first.out, first.reduce) == dev.tp and gate == megatron_tp(router, dev, dev.tp) and not dev.sp:
         return None
     if first.batch * first.seq > gate.batch * gate.seq:
         return Placement(dev.tp, first.batch, first.seq)

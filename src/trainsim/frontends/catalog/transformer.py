@@ -184,8 +184,11 @@ def block_layer(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool,
                             flops_per_element=5.0))
     d = _weight_parts(c[_mlp_op_names(spec)[0]])  # the experts' tp degree (strategy.megatron.dispatch_layout)
     if moe:
-        # NB: Megatron's router is shaped on all local tokens, under sp too, as before
-        router_tokens = dev.local_tokens // _token_parts(given["router"]) if "router" in given else dev.local_tokens
+        # Megatron's router runs the rank's own tokens: its sequence share under sp (TopKRouter.forward on the
+        # MoE layer's input, which sp leaves split: megatron/core/transformer/moe/moe_layer.py, router.py, 0.9.0
+        # and 0.16.1), all local tokens without
+        router_tokens = (dev.local_tokens // _token_parts(given["router"]) if "router" in given
+                         else _replicated_tokens(dev))
         fwd.append(matmul_op("router", f"{path}.moe.router", act, router_tokens, spec.num_experts, h))
         fwd.extend(_mlp_ops(spec, dev, f"{path}.moe", _expert_tokens(dev, d), spec.top_k, _features_only(c)))
     else:
@@ -343,6 +346,8 @@ def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: Ma
     # grouped GEMM saves its input: the dispatched, and over the expert tp group gathered, tokens; TEGroupedMLP,
     # megatron/core/transformer/moe/experts.py, megatron-core 0.16.1), top_k copies of the expert tokens
     routed = rows(first) * spec.top_k * (h // c[first].reduce) * a2 if moe else 0.0
+    if moe:
+        routed += _routing_saved_bytes(spec, dev, token_rows.get("router", rep), rows(act), f_out(act))
     base = replicated + qkv + out_in + mlp + routed
     # torchtitan's op-level selective checkpointing (torchtitan/models/llama3/infra/parallelize.py, torchtitan
     # 0.1.0, _save_list and _get_custom_policy): the block input (the checkpoint's) and the outputs of the
@@ -353,6 +358,23 @@ def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: Ma
     mlp_kept = rows(first) * f_out(first) * a2 + (tokens * h * a2 if spec.mlp == "swiglu" else 0.0)
     op_level = rep * h * a2 + q_out + v_out + out_in + lse + mlp_kept
     return {"none": base + attn_core, "selective": base, "full": rep * h * a2, "selective_op": op_level}
+
+
+def _routing_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, router_tokens: int, expert_tokens: int,
+                         act_features: int) -> float:
+    """What an MoE block keeps for its backward beyond its experts' matmul inputs and activations, per micro-batch,
+    as Megatron-Core 0.16.1 keeps it (megatron/core/transformer/moe/moe_utils.py permute / unpermute, unfused,
+    moe_permute_fusion's default; experts.py TEGroupedMLP): the permutation of the rank's routed tokens, an int64
+    index per routed copy (index_select's and the combine's scatter_add's) and the routing map, a byte per token
+    and expert (the probabilities' masked_select); the routed copies' probabilities (the router's dtype: the
+    activations') kept by the weighted activation for its input's gradient (fused SwiGLU:
+    weighted_bias_swiglu_impl, megatron/core/fusions/fused_bias_swiglu.py), and where the activation is not
+    a gated one Megatron-Core fuses with them (GeLU: `activation_func(x) * permuted_probs`) its output too,
+    which the product keeps for the probabilities' gradient. act_features: the activation's output features of
+    a token's top_k copies on this rank."""
+    probs = expert_tokens * spec.top_k * _act_bytes(dev)
+    unfused = expert_tokens * act_features * _act_bytes(dev) if spec.mlp != "swiglu" else 0.0
+    return router_tokens * spec.top_k * 8.0 + router_tokens * spec.num_experts + probs + unfused
 
 
 def _configs(kind: LayerKind, fwd: list[Op], dev: DeviceSlice, own: TpConfigs) -> Configs | None:

@@ -79,7 +79,7 @@ from trainsim.strategy.stack import BEHAVIOURS, StackSpec
 from trainsim.strategy.stages import (
     BLOCK_KINDS,
     StagePart,
-    is_even_split,
+    is_even_graph_split,
     num_blocks,
     partition_stages,
     virtual_stage_blocks,
@@ -304,7 +304,8 @@ class Pricer:
             vpp = len(virtual_blocks) // pp if virtual_blocks else 1
             per_chunk = tuple(tuple(virtual_blocks[chunk * pp + rank] for chunk in range(vpp))
                               for rank in range(pp)) if virtual_blocks else ()
-            stages = partition_stages(graph, pp, tuple(sum(chunks) for chunks in per_chunk) if per_chunk else None)
+            stages = partition_stages(graph, pp, tuple(sum(chunks) for chunks in per_chunk) if per_chunk else None,
+                                      virtual_blocks)
             first: dict[StageKey, int] = {}
             numbers: list[int] = []
             firsts: list[int] = []
@@ -331,9 +332,8 @@ class Pricer:
                  par.loss_in_split, par.stage_layers)
         key = (self._pin(graph), split)
         if key not in self._splits:
-            blocks = num_blocks(graph)
-            even = not blocks or (is_even_split(par) and blocks % (par.pp * par.vpp) == 0)
-            self._splits[key] = None if even else virtual_stage_blocks(blocks, par)
+            even = is_even_graph_split(graph, par)
+            self._splits[key] = None if even else virtual_stage_blocks(num_blocks(graph), par)
         return self._splits[key]
 
     def plan_partition(self, graph: OpGraph, par: ParallelSpec) -> Partition:

@@ -122,7 +122,9 @@ class OpGraph:
     """measured: set by the execution-trace front-end (what the traced run did), None for a model built from
     shapes alone. frontend: the front-end that built the layers: "catalog" (per-device shapes, Megatron's splits
     applied by the builder) or a capturing front-end ("torch": one device's whole model, split over tp by a
-    strategy tree's configs, compile.shape_front_end)."""
+    strategy tree's configs, compile.shape_front_end). leading_dense_blocks: the first blocks in model order are
+    the dense ones (DeepSeek's first_k_dense_replace: its `block` layer's repeats lead, its `moe_block` layer's
+    follow); 0: dense and MoE blocks interleaved evenly (strategy.lowered.expand_layers)."""
 
     model_name: str
     layers: tuple[Layer, ...]
@@ -130,6 +132,7 @@ class OpGraph:
     samples_per_micro_batch: int
     measured: MeasuredTrace | None = None
     frontend: str = "catalog"
+    leading_dense_blocks: int = 0
 
     @property
     def num_ops(self) -> int:

@@ -131,7 +131,8 @@ from trainsim.strategy.reshard import ReshardStep, reshard
 
 Axis = Literal["ep", "tp", "cp"]
 AXES: tuple[Axis, ...] = ("ep", "tp", "cp")  # the order a layer lists its collectives in
-COLUMN = ("qkv", "fc1", "gate_up", "logits")  # split the output dimension over tp
+# split the output dimension over tp (q_proj, q_up, kv_up: a multi-head latent attention's up-projections)
+COLUMN = ("qkv", "fc1", "gate_up", "logits", "q_proj", "q_up", "kv_up")
 ROW = ("out_proj", "fc2", "down")  # split the reduction dimension over tp
 FEATURE = ("rope", "attention", "softmax", "gelu", "swiglu", "cross_entropy")  # split the features over tp
 _SHORT = {"all-reduce": "ar", "all-gather": "ag", "reduce-scatter": "rs", "all-to-all": "a2a", "send-recv": "p2p"}
@@ -144,7 +145,14 @@ TpConfigs = frozenset[tuple[str, OpConfig]]  # (op name, its config over tp) whe
 # replicable "tokens" outside a block (replicable_module): the head's norm, the positions, BERT's token types and
 # embedding norm
 TOKEN_PATHS = ("head.norm", "embed.positions", "embed.token_types", "embed.norm")
-_SKIPS = {"residual1": "norm1", "residual2": "norm2"}  # a block's residual add -> the norm reading its skip input
+# an op reading not its producer's output but a tensor laid out as its producer's input (a multi-head latent
+# attention's key-value up-projection beside the query's: both read a latent made by the replicated
+# down-projections)
+_BESIDE = ("kv_up",)
+_SKIPS = {"residual1": "norm1", "residual2": "norm2"}
+# a latent attention's down-projections: whole on every tp rank, on its own tokens under sp (Megatron-Core's
+# TELinear in "duplicated" mode, its weight's gradient summed over tp as the norms' are: not priced, as theirs)
+_DUPLICATED = ("q_down", "kv_down")  # a block's residual add -> the norm reading its skip input
 _NORM_STATISTICS = {  # a norm split by its features: per-token partial sums, (forward, backward) (_norm_statistics)
     "layernorm": (("sum", "sum_sq"), ("sum_dy", "sum_dy_xhat")),
     "rmsnorm": (("sum_sq",), ("sum_dy_xhat",)),
@@ -353,8 +361,12 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
     backward: list[_Found] = []
     placement: Placement | None = None if kind == "embedding" else handed  # the lookup reads token ids
     producer: Op | None = None
+    producer_read: Placement | None = placement  # the layout of what the producer read, before its reshard
     forks: dict[str, tuple[Placement, Placement, Placement]] = {}  # a norm's input, its need and its gradient's
     for op in fwd:
+        if op.name in _BESIDE:  # it reads a tensor laid out as its producer's input was
+            placement = producer_read
+        producer_read = placement
         config = config_of(op)
         contracting = _contracting(axis, op)
         need = input_placement(config, size, contracting)
@@ -579,8 +591,11 @@ def _read_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, consumer: O
         return hidden * _with_probs(spec)
     if axis != "tp":
         return hidden
-    act, d, f = BYTES_PER_DTYPE[dev.precision.activation_dtype], spec.head_dim, spec.ffn_hidden
-    tokens = dev.local_tokens * (spec.top_k if "moe" in consumer.module_path.split(".") else 1)
+    parts = consumer.module_path.split(".")
+    moe = "moe" in parts
+    act, d = BYTES_PER_DTYPE[dev.precision.activation_dtype], spec.head_dim
+    f = spec.expert_ffn if moe else spec.shared_expert_ffn_hidden if "shared" in parts else spec.ffn_hidden
+    tokens = dev.local_tokens * (spec.top_k if moe else 1)
     if routed and consumer.name not in ("gelu", "fc2", "down", "swiglu"):
         routed_bytes = float(dev.local_tokens * spec.top_k * spec.hidden * act)
         return routed_bytes * _with_probs(spec) if _expert(consumer) else routed_bytes
@@ -589,10 +604,24 @@ def _read_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, consumer: O
         "attention": tokens * (spec.num_heads + 2 * spec.kv_heads) * d,
         "softmax": tokens * spec.num_heads * dev.seq_len,
         "out_proj": tokens * spec.num_heads * d,
+        **(_mla_reads(spec, tokens) if spec.mla is not None else {}),
         "gelu": tokens * f, "fc2": tokens * f, "down": tokens * f, "swiglu": tokens * 2 * f,
         "cross_entropy": tokens * spec.vocab,
     }.get(consumer.name)
     return hidden if elements is None else float(elements * act)
+
+
+def _mla_reads(spec: TransformerSpec, tokens: int) -> dict[str, int]:
+    """What the ops of a multi-head latent attention read (elements; module doc of ir.model_spec.MlaSpec): the
+    query latent (q_up), the key-value latent and the rotary key (kv_up: Megatron-Core gathers both over tp under
+    sp, multi_latent_attention.py get_query_key_value_tensors, megatron-core 0.16.1), the queries and keys (rope:
+    their rotary parts), the queries, keys and values (the core), the heads' values (the projection)."""
+    mla, heads = spec.mla, spec.num_heads
+    assert mla is not None
+    return {"q_up": tokens * mla.q_lora_rank, "kv_up": tokens * (mla.kv_lora_rank + mla.qk_rope_head_dim),
+            "rope": tokens * (heads + 1) * mla.qk_rope_head_dim,
+            "attention": tokens * (heads * mla.qk_head_dim + spec.kv_features),
+            "out_proj": tokens * heads * mla.v_head_dim}
 
 
 def _with_probs(spec: TransformerSpec) -> float:
@@ -613,7 +642,7 @@ def _tp_kv_gathers(spec: TransformerSpec, dev: DeviceSlice, config: OpConfig) ->
     sequence, of its heads (out parts): all-gathered over the seq parts; in the backward their gradient,
     partial over those ranks, reduce-scattered (as context parallelism does; Proteus Sec. V-B's patterns)."""
     act = BYTES_PER_DTYPE[dev.precision.activation_dtype]
-    kv = float(2 * dev.local_tokens * spec.kv_heads * spec.head_dim * act)  # all heads: the tensor over tp
+    kv = float(dev.local_tokens * spec.kv_features * act)  # all heads: the tensor over tp
     split = Placement(dev.tp, config.batch, config.seq, config.out)
     whole = Placement(dev.tp, config.batch, 1, config.out)
     partial = Placement(dev.tp, config.batch, 1, config.out, config.seq)
@@ -634,12 +663,12 @@ def token_split_params(spec: TransformerSpec, fwd: Sequence[Op], config_of: Call
     router's: its whole gating weight, where its config is not Megatron's; the lookup's (by tokens, its own
     config): the whole token table (vocab x hidden); the positions' (by tokens, their own config): the whole
     position table. NB: Megatron's own token-split weights (the norms and an MoE router under sp, a BERT transform
-    under sp) are left out, as before."""
+    under sp, a latent attention's down-projections: _DUPLICATED) are left out, as before."""
     out: dict[int, float] = {}
     for op in fwd:
         config = config_of(op)
         parts = config.batch * config.seq
-        if parts == 1:
+        if parts == 1 or op.name in _DUPLICATED:
             continue
         if op.kind == "matmul" and replicable_module(op) in ("attn", "mlp", "head"):
             _, _, n, k = op.shape
@@ -723,7 +752,7 @@ def dispatch_problem(fwd: Sequence[Op], dev: DeviceSlice, own: TpConfigs) -> str
 def _kv_bytes(spec: TransformerSpec, dev: DeviceSlice, heads_parts: int) -> float:
     """Keys and values of the whole sequence of a micro-batch, of this tp rank's heads (split heads_parts ways)."""
     act = BYTES_PER_DTYPE[dev.precision.activation_dtype]
-    return float(2 * dev.micro_batch * dev.seq_len * spec.kv_heads * spec.head_dim // heads_parts * act)
+    return float(dev.micro_batch * dev.seq_len * spec.kv_features // heads_parts * act)
 
 
 def _heads_parts(fwd: Sequence[Op], dev: DeviceSlice, configs: Configs | None) -> int:

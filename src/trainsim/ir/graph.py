@@ -63,6 +63,9 @@ class Comm:
     group) whose input this tp collective reshards, '' for any other: in backward its input gradient's all-reduce
     (or reduce-scatter under sp), in forward under sp the all-gather of its input (which Megatron's backward
     repeats for the weight gradient); what a stack overlaps them with is the pricing's (StackSpec.tp_dgrad_overlap).
+    reshard: one a strategy tree's own op configs add beyond the collectives Megatron's split of the layer issues
+    (strategy.megatron.layer_comms): a reshard the framework runs outside its tensor-parallel layers, whose host
+    cost per call the pricing adds (Pricer.reshard_host_s).
     """
 
     name: str
@@ -72,6 +75,7 @@ class Comm:
     buffer_bytes: float
     ranks: int = 0
     column_input: str = ""
+    reshard: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -249,6 +249,8 @@ class Pricer:
         self._grad_sync: dict[tuple[object, ...], float] = {}
         self._grad_queues: dict[tuple[object, ...], GradientQueues] = {}
         self._stage_ops: dict[object, tuple[int, int, int]] = {}
+        # stage key -> ((collective, phase), calls) of the reshards a tree adds (ir.graph.Comm.reshard)
+        self._stage_reshards: dict[object, tuple[tuple[tuple[str, str], float], ...]] = {}
         self._partitions: dict[tuple[object, ...], Partition] = {}
         self._splits: dict[tuple[object, ...], tuple[int, ...] | None] = {}
         self._chunk_shares: dict[tuple[object, ...], tuple[tuple[float, ...], ...]] = {}
@@ -1256,7 +1258,28 @@ class Pricer:
         if job.stack.split_executor:  # trainsim measure's split executor: Python per op (profile/executor_overhead)
             host += self.step_costs.executor_overhead_s(job.model.kind, counts[2], counts[0] - counts[2],
                                                         job.cluster.device)
-        return host
+        return host + self.reshard_host_s(stage, job, key)
+
+    def reshard_host_s(self, stage: list[StagePart], job: Job, key: object = None) -> float:
+        """The host cost of one micro-batch's reshards that a strategy tree adds beyond Megatron's collectives
+        (ir.graph.Comm.reshard): each call, forward or backward, its collective's measured host cost per reshard
+        step beyond the collective itself (StepCosts.executor_reshard_s; profile/reshard_overhead.py, on the
+        device's own profile: 0 where none measured it). The collective's own time is the layer's feature
+        communication, as before. NB: per call as an explicit autograd collective runs it; a framework that
+        reshards through heavier wrappers (DTensor's redistribute) pays more per call. key: the stage's
+        stage_key where the caller has it."""
+        key = self.stage_key(stage) if key is None else key
+        calls = self._stage_reshards.get(key)
+        if calls is None:
+            counted: dict[tuple[str, str], float] = {}
+            for part in stage:
+                for c in part.layer.comms:
+                    if c.reshard:
+                        counted[(c.collective, c.phase)] = counted.get((c.collective, c.phase), 0.0) + part.count
+            calls = self._stage_reshards[key] = tuple(sorted(counted.items()))
+        device = job.cluster.device
+        return sum(n * self.step_costs.executor_reshard_s(collective, phase, device)
+                   for (collective, phase), n in calls)
 
     def executor_reshard_s(self, collective: str, phase: str, job: Job) -> float:
         """trainsim measure's split executor's host cost per reshard step (StackSpec.split_executor; profile/

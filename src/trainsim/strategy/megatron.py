@@ -110,6 +110,7 @@ and in the backward as the backward pass does (named after the norm: norm1.sum, 
 compiler places them, as every collective outside the attention and MLP, after the layer-phase's last op).
 """
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
@@ -288,7 +289,41 @@ def layer_comms(spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: S
     """The feature collectives of one layer (per micro-batch) that resharding between its ops' configs inserts,
     per axis in AXES order: the forward's in op order, then the backward's (by site in op order, within a site
     as the backward pass meets them); the cross-entropy's statistics last. configs: the ops' configs (a
-    strategy tree's, by module path and axis; an op it leaves out is not split); default: Megatron's."""
+    strategy tree's, by module path and axis; an op it leaves out is not split); default: Megatron's. Under a
+    tree's configs, the collectives beyond those of Megatron's configs of the same ops (per axis, phase and
+    collective, in excess of Megatron's count) are marked Comm.reshard: the reshards the tree adds."""
+    comms = _axis_comms(spec, dev, kind, fwd, configs)
+    return comms if configs is None else mark_reshards(comms, _axis_comms(spec, dev, kind, fwd, None))
+
+
+def mark_reshards(comms: Sequence[Comm], megatron: Sequence[Comm]) -> tuple[Comm, ...]:
+    """`comms` with those in excess of `megatron`'s marked Comm.reshard. Each of Megatron's collectives is
+    matched by at most one of `comms` of its axis and phase: the same collective of the same name first, then one
+    at the same site (attn, mlp, logits: a tree's collective in place of Megatron's, a reduce-scatter for an
+    all-reduce, is the same module running another collective, not one more), then the same collective, then
+    any; what is left unmatched is marked."""
+    keys: tuple[Callable[[Comm], tuple[str, ...]], ...] = (
+        lambda c: (c.axis, c.phase, c.collective, c.name), lambda c: (c.axis, c.phase, _comm_site(c)),
+        lambda c: (c.axis, c.phase, c.collective), lambda c: (c.axis, c.phase))
+    matched = [False] * len(comms)
+    left = [True] * len(megatron)
+    for key in keys:
+        for i, c in enumerate(comms):
+            j = next((j for j, m in enumerate(megatron) if left[j] and key(m) == key(c)), None) \
+                if not matched[i] else None
+            if j is not None:
+                matched[i], left[j] = True, False
+    return tuple(c if m else dataclasses.replace(c, reshard=True) for c, m in zip(comms, matched, strict=True))
+
+
+def _comm_site(c: Comm) -> str:
+    """The module a collective's name places it at (attn.ar: attn)."""
+    return c.name.split(".")[0]
+
+
+def _axis_comms(spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: Sequence[Op],
+                configs: Configs | None) -> tuple[Comm, ...]:
+    """layer_comms' collectives, none marked."""
     comms: list[Comm] = []
     for axis, size in axis_sizes(kind, dev).items():
         def config_of(op: Op, axis: Axis = axis) -> OpConfig:

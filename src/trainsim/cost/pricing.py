@@ -210,7 +210,7 @@ def _layout_key(job: Job) -> tuple[object, ...]:
 
 
 # a layer's feature communication (Pricer.layer_comm_s): per axis its exposed seconds (in the order its comms first
-# name the axes), the forward's, and the tp and cp exposed fractions (forward, backward)
+# name the axes), the forward's, and the tp, cp and ep exposed fractions (forward, backward)
 LayerComm = tuple[dict[str, float], float, tuple[float, float], tuple[float, float], tuple[float, float]]
 # the exposed fractions of a layer's tp and cp collectives (forward, backward) where no stack overlap applies
 _NOT_OVERLAPPED = ((1.0, 1.0), (1.0, 1.0))

@@ -1,5 +1,8 @@
 """Error tables of the DLRM experiments (data/recsys/cpu/*_predicted.csv): geomean and max |error| per predictor,
-rank count and task kind; sharder-selection success. Usage: python scripts/recsys_summary.py"""
+rank count and task kind; sharder-selection success. Usage: python scripts/recsys_summary.py
+
+  python scripts/recsys_summary.py groups A/predicted.csv B/predicted.csv [pred_s,...]   # per ranks x kind x batch
+"""
 
 import csv
 import json
@@ -102,9 +105,40 @@ def _iteration_spreads() -> dict[tuple[str, str], float]:
     return out
 
 
+def groups(paths: list[Path], predictors: tuple[str, ...]) -> None:
+    """Predicted campaigns (scripts/recsys_quiet.py predict's *_predicted.csv) side by side: per file, rank count,
+    task kind and local batch, each predictor's geomean / max |error| against the measured median iteration and
+    its median signed error; the host's 1-minute load over the group's runs."""
+    print(f"{'ranks':<6}{'kind':<8}{'batch':>6}{'n':>4}{'load':>11}  " + "".join(f"{p[:-2]:>24}" for p in predictors))
+    for path in paths:
+        rows = list(csv.DictReader(path.open()))
+        keyed: dict[tuple[str, str, str], list[dict[str, str]]] = defaultdict(list)
+        for r in rows:
+            for kind in (r["kind"], "all"):
+                for batch in (r["local_batch"], "all"):
+                    keyed[(r["ranks"], kind, batch)].append(r)
+        print(str(path))
+        for key in sorted(keyed, key=lambda k: (k[0], k[1] == "all", k[1], k[2] == "all", k[2].zfill(6))):
+            rs, cells = keyed[key], []
+            for p in predictors:
+                errors = [float(r[p]) / float(r["measured_s"]) - 1.0 for r in rs if r.get(p)]
+                cells.append(f"{geomean([abs(e) for e in errors]) * 100:5.1f}/{max(map(abs, errors)) * 100:4.0f}% "
+                             f"({float(np.median(errors)) * 100:+4.0f})")
+            loads = [float(r[k]) for r in rs for k in ("load_before", "load_after")]
+            print(f"{key[0]:<6}{key[1]:<8}{key[2]:>6}{len(rs):>4}{min(loads):>5.1f}-{max(loads):<5.1f}  "
+                  + "".join(f"{c:>24}" for c in cells))
+
+
 if __name__ == "__main__":
     import sys
 
+    if sys.argv[1:2] == ["groups"]:
+        csvs = [Path(a) for a in sys.argv[2:] if a.endswith(".csv")]
+        named = [a for a in sys.argv[2:] if not a.endswith(".csv")]
+        groups(csvs, tuple(named[0].split(",")) if named else (
+            "roofline_alpha_beta_s", "mlp_sigmoid_s", "max_sum_s", "trace_predicted_s", "host_s", "insitu_s",
+            "insitu_trace_predicted_s", "trace_replay_s"))
+        sys.exit(0)
     if "sharding" not in sys.argv[1:]:
         e2e()
     sharding()

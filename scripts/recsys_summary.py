@@ -2,6 +2,7 @@
 rank count and task kind; sharder-selection success. Usage: python scripts/recsys_summary.py
 
   python scripts/recsys_summary.py groups A/predicted.csv B/predicted.csv [pred_s,...]   # per ranks x kind x batch
+  python scripts/recsys_summary.py load-turns A/predicted.csv B/predicted.csv   # turns by ranks or by the load
 """
 
 import csv
@@ -129,8 +130,40 @@ def groups(paths: list[Path], predictors: tuple[str, ...]) -> None:
                   + "".join(f"{c:>24}" for c in cells))
 
 
+def load_turns(paths: list[Path], predictors: tuple[str, ...] = ("host_s", "insitu_trace_predicted_s"),
+               cores: int = 2) -> None:
+    """An analysis, not a predictor: a predictor's iteration without turns on shared cores (its ranks / cores
+    stretch taken back out), then stretched by ranks / cores (what the predictors do) or by the host's measured
+    1-minute load / cores (every runnable thread taking its turn: the mean of the load before and after the run,
+    which counts the ranks themselves); geomean |error| (median signed) against the measured median iteration."""
+    for path in paths:
+        rows = list(csv.DictReader(path.open()))
+        for predictor in predictors:
+            cells, ratios, loads = [], [], []
+            for label in ("no turns", "ranks/cores", "load/cores"):
+                errors = []
+                for r in rows:
+                    share = min(1.0, cores / int(r["ranks"]))
+                    bare = float(r[predictor]) * share
+                    load = (float(r["load_before"]) + float(r["load_after"])) / 2
+                    stretch = {"no turns": 1.0, "ranks/cores": 1.0 / share, "load/cores": max(1.0, load / cores)}
+                    errors.append(bare * stretch[label] / float(r["measured_s"]) - 1.0)
+                    if label == "no turns":
+                        ratios.append(float(r["measured_s"]) / bare)
+                        loads.append(load)
+                cells.append(f"{label} {geomean([abs(e) for e in errors]) * 100:.1f}% "
+                             f"({float(np.median(errors)) * 100:+.0f}%)")
+            correlation = float(np.corrcoef(loads, ratios)[0, 1])
+            print(f"{path} {predictor}: " + ", ".join(cells) + f"; measured / no turns median "
+                  f"{float(np.median(ratios)):.2f}, its correlation with the load {correlation:.2f}")
+
+
 if __name__ == "__main__":
     import sys
+
+    if sys.argv[1:2] == ["load-turns"]:
+        load_turns([Path(a) for a in sys.argv[2:]])
+        sys.exit(0)
 
     if sys.argv[1:2] == ["groups"]:
         csvs = [Path(a) for a in sys.argv[2:] if a.endswith(".csv")]

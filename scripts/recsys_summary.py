@@ -3,6 +3,7 @@ rank count and task kind; sharder-selection success. Usage: python scripts/recsy
 
   python scripts/recsys_summary.py groups A/predicted.csv B/predicted.csv [pred_s,...]   # per ranks x kind x batch
   python scripts/recsys_summary.py load-turns A/predicted.csv B/predicted.csv   # turns by ranks or by the load
+  python scripts/recsys_summary.py shard-picks CAMPAIGN.csv SHARD_DIR   # `trainsim shard --json` picks, measured
 """
 
 import csv
@@ -158,8 +159,41 @@ def load_turns(paths: list[Path], predictors: tuple[str, ...] = ("host_s", "insi
                   f"{float(np.median(ratios)):.2f}, its correlation with the load {correlation:.2f}")
 
 
+def shard_picks(campaign_csv: Path, shard_dir: Path) -> None:
+    """`trainsim shard --synthetic heavy --seed S ... --json` outputs (SHARD_DIR/seed<S>.json) against a sharding
+    campaign's measured plans (`trainsim measure --sharder all`): per task the pick, its measured gap to the
+    measured fastest (median and fastest iteration), and the selection time the command reports."""
+    by_task: dict[str, dict[str, dict[str, str]]] = defaultdict(dict)
+    for r in csv.DictReader(campaign_csv.open()):
+        by_task[r["seed"]][r["sharder"]] = r
+    hits = {"measured_s": [0, 0], "fastest_s": [0, 0]}
+    selection_s = []
+    for seed in sorted(by_task, key=int):
+        path = shard_dir / f"seed{seed}.json"
+        if not path.exists():
+            continue
+        out = json.loads(path.read_text())
+        selection_s.append(float(out["selection_s"]))
+        cells = []
+        for target, counts in hits.items():
+            measured = {name: float(r[target]) for name, r in by_task[seed].items()}
+            gap = measured[out["best"]] / min(measured.values()) - 1.0
+            counts[0] += gap <= 0.05
+            counts[1] += gap <= 0.10
+            cells.append(f"{target[:-2]} gap {gap * 100:.1f}% (fastest {min(measured, key=lambda k: measured[k])})")
+        print(f"heavy{seed}: picks {out['best']}; " + "; ".join(cells) + f"; selection {out['selection_s']:.2f} s")
+    for target, (five, ten) in hits.items():
+        print(f"against the {target[:-2]} iteration: within 5% {five}/{len(selection_s)}, within 10% {ten}/"
+              f"{len(selection_s)}")
+    print(f"selection time (the command's own): {sum(selection_s):.1f} s for {len(selection_s)} tasks")
+
+
 if __name__ == "__main__":
     import sys
+
+    if sys.argv[1:2] == ["shard-picks"]:
+        shard_picks(Path(sys.argv[2]), Path(sys.argv[3]))
+        sys.exit(0)
 
     if sys.argv[1:2] == ["load-turns"]:
         load_turns([Path(a) for a in sys.argv[2:]])

@@ -19,16 +19,20 @@ training runs: their stacks, their range of GPU counts); the 10% and 90% quantil
 group are the bands every prediction carries (uncertainty_of).
 """
 
+import csv
+import io
 import math
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass, fields
+from pathlib import Path
 
 import numpy as np
 
 from trainsim.calibrate.runs import FitSample, fit_runtime, log_errors
 from trainsim.catalog.calibration import Calibration
 from trainsim.catalog.uncertainty import GROUPS, QUANTILES, BandRatios, Uncertainty, band_group
+from trainsim.errors import InputFileError
 from trainsim.estimate.result import stack_name_of
 from trainsim.pipeline import GraphCache
 
@@ -68,6 +72,34 @@ class HeldOut:
     def percent_error(self) -> float:
         """|predicted / measured - 1| in percent."""
         return abs(math.exp(self.log_error) - 1.0) * 100.0
+
+
+HELD_OUT_COLUMNS = tuple(f.name for f in fields(HeldOut))
+
+
+def held_out_csv(records: Sequence[HeldOut]) -> str:
+    """The held-out predictions as CSV (HELD_OUT_COLUMNS; log_error to full precision, so bands recomputed from
+    the file equal those from the records)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(HELD_OUT_COLUMNS)
+    writer.writerows([*astuple(r)[:5], repr(r.log_error), r.group] for r in records)
+    return out.getvalue()
+
+
+def read_held_out(path: Path) -> list[HeldOut]:
+    """Held-out predictions written by held_out_csv (`trainsim calibrate --held-out FILE`)."""
+    try:
+        rows = list(csv.DictReader(io.StringIO(path.read_text(), newline="")))
+        records = [HeldOut(row["scheme"], row["split"], row["run_id"], row["source"], int(row["num_gpus"]),
+                           float(row["log_error"]), row["group"]) for row in rows]
+    except (OSError, KeyError, ValueError, csv.Error) as exc:
+        raise InputFileError(f"held_out={path}: not a held-out predictions file with the columns "
+                             f"{', '.join(HELD_OUT_COLUMNS)} ({exc})") from exc
+    bad = sorted({r.group for r in records} - set(GROUPS))
+    if bad:
+        raise InputFileError(f"held_out={path}: unknown groups {', '.join(bad)}; allowed: {', '.join(GROUPS)}")
+    return records
 
 
 def stack_key(sample: FitSample) -> str:

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from trainsim.calibrate.crossval import HeldOut, Split, held_out, splits, summary, uncertainty_of
+from trainsim.calibrate.bands import HeldOut, uncertainty_of
+from trainsim.calibrate.crossval import Split, held_out, splits, summary
 from trainsim.calibrate.jacobian import can_fork
 from trainsim.calibrate.microbenchmarks import (
     fit_collectives,

@@ -21,7 +21,7 @@ from trainsim.cli.errors import handles_errors
 from trainsim.errors import ConfigError
 
 if TYPE_CHECKING:  # NB: the fitting code loads when the command runs, not when help lists the commands
-    from trainsim.calibrate.crossval import HeldOut
+    from trainsim.calibrate.bands import HeldOut
     from trainsim.calibrate.fit import FitProgress
 
 MAX_WORKERS = 64  # processes for the cross-validation splits (there are about a dozen splits)
@@ -108,7 +108,7 @@ def _show(summary: dict[str, object], report: Path | None, as_json: bool) -> Non
 
 
 def _write_held_out(records: "list[HeldOut]", path: Path | None) -> None:
-    from trainsim.calibrate.crossval import held_out_csv
+    from trainsim.calibrate.bands import held_out_csv
     from trainsim.calibrate.fit import write_text
 
     if path is not None:

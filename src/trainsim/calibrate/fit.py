@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from trainsim.calibrate.bands import HeldOut, uncertainty_of
+from trainsim.calibrate.bands import HeldOut, read_held_out, uncertainty_of
 from trainsim.calibrate.crossval import Split, held_out, splits, summary
 from trainsim.calibrate.jacobian import can_fork
 from trainsim.calibrate.microbenchmarks import (
@@ -36,6 +36,7 @@ from trainsim.catalog.calibration import (
     Calibration,
     ComputeParams,
     load_calibration,
+    read_calibration,
 )
 from trainsim.errors import InputFileError
 from trainsim.pipeline import GraphCache
@@ -169,6 +170,18 @@ def cross_validate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path]
     first = 0 if cold else 1
     records = _held_out_all(base, plan, progress, first, len(plan) + first, splits_start, workers, tolerance)
     return CrossValidated(summary(records, samples), records)
+
+
+def rebanded(fit_path: Path, held_out_path: Path, runs_files: Sequence[Path] | None = None) -> Calibration:
+    """The fit at `fit_path` with its uncertainty bands made again from stored held-out predictions
+    (`--held-out` of an earlier calibrate or cross-validation) and the runs they came from (stacks and GPU range;
+    default the package's): no fit runs, and every fitted parameter stays as it is."""
+    current = read_calibration(fit_path)
+    samples = read_samples(list(runs_files) if runs_files is not None else default_runs_files())
+    uncertainty = uncertainty_of(read_held_out(held_out_path), samples, load_calibration().uncertainty)
+    kept = [part for part in current.source.split("; ") if not part.startswith("bands made again")]
+    source = "; ".join([*kept, f"bands made again on {datetime.date.today().isoformat()} from held-out predictions"])
+    return current.model_copy(update={"uncertainty": uncertainty, "source": source})
 
 
 def _held_out_all(base: Calibration, plan: Sequence[Split], progress: FitProgress, first: int, count: int,

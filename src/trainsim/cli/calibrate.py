@@ -53,6 +53,10 @@ def calibrate(
     held_out: Annotated[Path | None, typer.Option("--held-out", help="also write every held-out prediction (CSV: "
                                                   "split, run, log(predicted / measured), band group) here")
                         ] = None,
+    bands_from: Annotated[Path | None, typer.Option("--bands-from", help="fit nothing: make the bands of the fit "
+                                                    "at --output (or the package's, --update-package) again from "
+                                                    "held-out predictions written by --held-out; its fitted "
+                                                    "parameters stay as they are")] = None,
     start: Annotated[Path | None, typer.Option(help="an earlier fit (a calibration YAML) to start the run-level "
                                                "fit from: the same fit, sooner")] = None,
     tolerance: Annotated[float | None, typer.Option(help="the run-level fit and each cross-validation split stop "
@@ -76,6 +80,8 @@ def calibrate(
     start_cal = read_calibration(start) if start is not None else None
     data_dir = data if data is not None else MEASUREMENTS_DIR
     fit.check_data_dir(data_dir)
+    if cross_validate and bands_from is not None:
+        raise ConfigError("bands_from", str(bands_from), "makes a fit's bands again; --cross-validate makes no fit")
     if cross_validate:
         with _progress() as hooks:
             validated = fit.cross_validate(data_dir, runs, folds=folds, cold=cold, progress=hooks,
@@ -84,6 +90,11 @@ def calibrate(
         _show(validated.summary, report, as_json)
         return
     target = _target(output, update_package)
+    if bands_from is not None:
+        fit.write_calibration(fit.rebanded(target, bands_from, runs), target, writer="`trainsim calibrate "
+                              "--bands-from`")
+        typer.echo(f"wrote {target}: bands from the held-out predictions in {bands_from}", err=as_json)
+        return
     with _progress() as hooks:
         fitted = fit.calibrate(data_dir, runs, sim=sim, bands=bands, folds=folds, cold=cold, progress=hooks,
                                start=start_cal, workers=workers, tolerance=tolerance)

@@ -4,10 +4,11 @@ The held-out predictions come from `trainsim calibrate --cross-validate --held-o
 makes bands); this script refits nothing, so it runs in seconds. For every source, the bands are made without
 that source's held-out runs and its runs are checked against them (calibrate.bands.new_source_coverage), under
 each rule:
-- sources: every source counts equally in a group's quantiles (the rule in use);
-- runs: every run counts equally (the rule before);
-- sources, unknown-stack from leave-one-source-out: as sources, with the unknown-stack groups' quantiles from the
-  leave-one-source-out predictions only.
+- every calibrate.bands.BandRule: symmetric or 10%-90% quantiles, every source or every run counted once (the rule
+  in use: symmetric, every source once; the rule before: quantiles, every run once);
+- quantiles, every source once, with the unknown-stack groups' quantiles from the leave-one-source-out
+  predictions only;
+- the widest of the sources' own 80% bands, per group.
 
     python scripts/band_coverage.py --runs runs.csv --runs runs_multinode.csv --held-out HELD.csv [--markdown]
 """
@@ -17,16 +18,20 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from trainsim.calibrate.bands import (
+    BAND_RULE,
+    BAND_SHAPES,
     BAND_WEIGHTS,
-    BandWeight,
+    PREVIOUS_RULE,
+    BandRule,
     HeldOut,
+    band_ratios_of,
     covered,
     read_held_out,
     uncertainty_of,
 )
 from trainsim.calibrate.fit import default_runs_files, read_samples
 from trainsim.calibrate.runs import FitSample
-from trainsim.catalog.uncertainty import GROUPS, Uncertainty
+from trainsim.catalog.uncertainty import GROUPS, BandRatios, Uncertainty
 
 Build = Callable[[Sequence[HeldOut]], Uncertainty | None]
 
@@ -35,13 +40,33 @@ def _loso_unknown(records: Sequence[HeldOut]) -> list[HeldOut]:
     return [r for r in records if r.group.startswith("known-stack") or r.scheme == "leave-one-source-out"]
 
 
-def rules(samples: Sequence[FitSample]) -> dict[str, Build]:
-    def weighted(weight: BandWeight) -> Build:
-        return lambda records: uncertainty_of(records, samples, weight=weight)
+def envelope(records: Sequence[HeldOut], samples: Sequence[FitSample]) -> Uncertainty | None:
+    """Per group, the widest of the sources' own 80% bands (the lowest 10% and the highest 90% quantile of any
+    source with 5 held-out runs or more in the group): a new source is covered as well as the worst one seen."""
+    base = uncertainty_of(records, samples, rule=BandRule("sources", "quantiles"))
+    if base is None:
+        return None
+    bands = dict(base.bands)
+    for group in GROUPS:
+        own = [r for r in records if r.group == group]
+        per_source = [band_ratios_of(mine, "own", PREVIOUS_RULE) for source in {r.source for r in own}
+                      if len(mine := [r for r in own if r.source == source]) >= 5]
+        if len(per_source) >= 2:
+            bands[group] = BandRatios(low_ratio=min(b.low_ratio for b in per_source),
+                                      high_ratio=max(b.high_ratio for b in per_source), residuals=len(own))
+    return base.model_copy(update={"bands": bands})
 
-    out = {f"every {weight[:-1]} counts once": weighted(weight) for weight in BAND_WEIGHTS}
-    out["sources; unknown-stack from leave-one-source-out only"] = (
-        lambda records: uncertainty_of(_loso_unknown(records), samples, weight="sources"))
+
+def rules(samples: Sequence[FitSample]) -> dict[str, Build]:
+    def made_by(rule: BandRule) -> Build:
+        return lambda records: uncertainty_of(records, samples, rule=rule)
+
+    out = {f"{rule.name}{' (in use)' if rule == BAND_RULE else ''}"
+           f"{' (before)' if rule == PREVIOUS_RULE else ''}": made_by(rule)
+           for rule in (BandRule(weight, shape) for shape in BAND_SHAPES for weight in BAND_WEIGHTS)}
+    out["quantiles, every source once; unknown-stack from leave-one-source-out only"] = (
+        lambda records: uncertainty_of(_loso_unknown(records), samples, rule=BandRule("sources", "quantiles")))
+    out["widest of the sources' own bands"] = lambda records: envelope(records, samples)
     return out
 
 

@@ -1,20 +1,23 @@
 """Held-out predictions and the uncertainty bands they give (catalog.uncertainty).
 
 Every prediction the cross-validation makes of a run it held out (crossval.py) is a HeldOut: the split, the run,
-log(predicted / measured) and its group of comparable jobs. Per group, the 10% and 90% quantiles of measured /
-predicted are the band every prediction of the group carries.
+log(predicted / measured) and its group of comparable jobs. Per group, the held-out runs' measured / predicted give
+the band that every prediction of the group carries, holding COVERAGE (80%) of them. How (BandRule):
 
-How the held-out runs count toward a group's quantiles (BAND_WEIGHTS):
-- "sources" (the rule in use): every source counts equally, whatever its number of runs: a run weighs one over its
-  source's runs in the group, and the quantiles are those of that weighted distribution (weighted_quantile, the
-  inverse of its cumulative distribution). The band is then the 80% band of a run drawn from a source drawn at
-  random, which is what a job on a stack the fit has not seen is: one more source, not one more run of the
-  largest source. (One source, vTrain, holds 1,440 of the package's 1,705 runs; counting runs, its errors are the
-  band of every other source.)
-- "runs": every run counts equally (numpy.quantile's default linear interpolation): the rule before, kept to
-  measure the two side by side (scripts/band_coverage.py).
-The honest measure of either is new_source_coverage: each source's held-out runs against bands made without any
-of that source's held-out runs.
+- weight "sources" (the rule in use): every source counts equally, whatever its number of runs: a run weighs one
+  over its source's runs in the group, and the quantiles are those of that weighted distribution
+  (weighted_quantile, the inverse of its cumulative distribution). A job on a stack the fit has not seen is one
+  more source, not one more run of the largest source (vTrain holds 1,440 of the package's 1,705 runs: counting
+  runs, its errors are every other source's band). weight "runs": every run counts once.
+- shape "symmetric" (the rule in use): exp(-q) to exp(q), q the COVERAGE quantile of |log(measured / predicted)|
+  (split conformal prediction's absolute-residual score; Lei et al. 2018, "Distribution-free predictive
+  inference for regression", Sec. 2.2). A new stack's error can go either way: the sources' errors do (a stack
+  that hides communication is predicted too slow, one whose collectives cross the network too fast), and which
+  way a new one goes is not known from the others'. shape "quantiles": from the 10% to the 90% quantile of
+  measured / predicted, which carries the seen sources' lean to an unseen one.
+PREVIOUS_RULE (runs, quantiles) is the rule before; scripts/band_coverage.py measures the rules side by side. The
+honest measure of any is new_source_coverage: each source's held-out runs against bands made without any of that
+source's held-out runs.
 """
 
 import csv
@@ -34,10 +37,28 @@ from trainsim.errors import InputFileError
 from trainsim.estimate.result import stack_name_of
 
 BandWeight = Literal["sources", "runs"]
+BandShape = Literal["symmetric", "quantiles"]
 BAND_WEIGHTS: tuple[BandWeight, ...] = ("sources", "runs")
-BAND_WEIGHT: BandWeight = "sources"
+BAND_SHAPES: tuple[BandShape, ...] = ("symmetric", "quantiles")
+COVERAGE = QUANTILES[1] - QUANTILES[0]  # the share of held-out runs a band holds
 MIN_GROUP_RESIDUALS = 20  # fewer held-out runs than this: the group takes the pooled quantiles of all groups
 MIN_GROUP_SOURCES = 2  # under "sources", a group whose runs come from fewer sources than this is pooled too
+
+
+@dataclass(frozen=True, slots=True)
+class BandRule:
+    """How held-out runs make a group's band: weight (how each run counts) and shape (module docstring)."""
+
+    weight: BandWeight = "sources"
+    shape: BandShape = "symmetric"
+
+    @property
+    def name(self) -> str:
+        return f"{self.shape}, every {self.weight[:-1]} once"
+
+
+BAND_RULE = BandRule()
+PREVIOUS_RULE = BandRule("runs", "quantiles")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,38 +109,41 @@ def source_weights(records: Sequence[HeldOut]) -> list[float]:
     return [1.0 / counts[r.source] for r in records]
 
 
-def band_ratios_of(records: Sequence[HeldOut], basis: str, weight: BandWeight = BAND_WEIGHT) -> BandRatios:
-    """The QUANTILES of measured / predicted over `records`, each run counted as `weight` says."""
+def band_ratios_of(records: Sequence[HeldOut], basis: str, rule: BandRule = BAND_RULE) -> BandRatios:
+    """The band of `records` under `rule`, as ratios measured / predicted."""
     log_ratios = [-r.log_error for r in records]
-    if weight == "runs":
+    weights = source_weights(records) if rule.weight == "sources" else [1.0] * len(records)
+    if rule.shape == "symmetric":
+        q = weighted_quantile([abs(v) for v in log_ratios], weights, COVERAGE)
+        low, high = -q, q
+    elif rule.weight == "runs":  # numpy's linear interpolation: the rule before
         low, high = (float(v) for v in np.quantile(np.array(log_ratios), QUANTILES))
     else:
-        weights = source_weights(records)
         low, high = (weighted_quantile(log_ratios, weights, q) for q in QUANTILES)
     return BandRatios(low_ratio=math.exp(low), high_ratio=math.exp(high), residuals=len(records),
                       basis=basis)  # type: ignore[arg-type]  # BandRatios checks it
 
 
-def _enough(records: Sequence[HeldOut], weight: BandWeight) -> bool:
+def _enough(records: Sequence[HeldOut], rule: BandRule) -> bool:
     sources = len({r.source for r in records})
-    return len(records) >= MIN_GROUP_RESIDUALS and (weight == "runs" or sources >= MIN_GROUP_SOURCES)
+    return len(records) >= MIN_GROUP_RESIDUALS and (rule.weight == "runs" or sources >= MIN_GROUP_SOURCES)
 
 
 def uncertainty_of(records: Sequence[HeldOut], samples: Sequence[FitSample], fallback: Uncertainty | None = None,
-                   weight: BandWeight = BAND_WEIGHT) -> Uncertainty | None:
+                   rule: BandRule = BAND_RULE) -> Uncertainty | None:
     """The bands of a fit on `samples`, from the held-out predictions `records`. A group with fewer than
     MIN_GROUP_RESIDUALS records (or, weighing sources, from fewer than MIN_GROUP_SOURCES sources) takes the
-    quantiles of all records together; with too few in all, the group's band of `fallback` (the package's own
-    fit), if any; else None."""
+    band of all records together; with too few in all, the group's band of `fallback` (the package's own fit),
+    if any; else None."""
     stacks = sorted({name for s in samples if (name := stack_name_of(s.job)) is not None})
     gpus = [s.job.num_gpus for s in samples]
     bands: dict[str, BandRatios] = {}
     for group in GROUPS:
         own = [r for r in records if r.group == group]
-        if _enough(own, weight):
-            bands[group] = band_ratios_of(own, "own", weight)
-        elif _enough(records, weight):
-            bands[group] = band_ratios_of(records, "pooled", weight)
+        if _enough(own, rule):
+            bands[group] = band_ratios_of(own, "own", rule)
+        elif _enough(records, rule):
+            bands[group] = band_ratios_of(records, "pooled", rule)
         elif fallback is not None:
             bands[group] = fallback.bands[group].model_copy(update={"basis": "package"})
         else:
@@ -139,7 +163,7 @@ def coverage(records: Sequence[HeldOut], uncertainty: Uncertainty) -> float:
 
 
 def new_source_coverage(records: Sequence[HeldOut], samples: Sequence[FitSample],
-                        weight: BandWeight = BAND_WEIGHT) -> dict[str, float]:
+                        rule: BandRule = BAND_RULE) -> dict[str, float]:
     """The honest coverage, in percent: each source's held-out runs against the bands made from the other
     sources' held-out runs only (the band itself held out by source). ALL: over every run; mean: the sources'
     mean, each source once."""
@@ -147,7 +171,7 @@ def new_source_coverage(records: Sequence[HeldOut], samples: Sequence[FitSample]
     hits = counted = 0
     for source in sorted({r.source for r in records}):
         own = [r for r in records if r.source == source]
-        bands = uncertainty_of([r for r in records if r.source != source], samples, weight=weight)
+        bands = uncertainty_of([r for r in records if r.source != source], samples, rule=rule)
         if bands is None:
             continue
         inside = sum(covered(r, bands) for r in own)

@@ -9,7 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainsim.calibrate.bands import (
+    BAND_RULE,
+    BAND_SHAPES,
+    BAND_WEIGHTS,
     MIN_GROUP_RESIDUALS,
+    PREVIOUS_RULE,
+    BandRule,
     HeldOut,
     held_out_csv,
     new_source_coverage,
@@ -26,6 +31,7 @@ from trainsim.errors import InputFileError
 from trainsim.estimate.result import iteration_band
 
 KNOWN_INSIDE = "known-stack/inside-scale"
+SOURCE_QUANTILES = BandRule("sources", "quantiles")
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +75,10 @@ def _two_sources() -> list[HeldOut]:
             [_record("b", 0.5, run=i) for i in range(10)])
 
 
-def test_band_counts_every_source_once(samples: list[FitSample]) -> None:
+def test_quantile_band_counts_every_source_once(samples: list[FitSample]) -> None:
     records = _two_sources()
-    by_source = uncertainty_of(records, samples, weight="sources")
-    by_run = uncertainty_of(records, samples, weight="runs")
+    by_source = uncertainty_of(records, samples, rule=SOURCE_QUANTILES)
+    by_run = uncertainty_of(records, samples, rule=PREVIOUS_RULE)
     assert by_source is not None and by_run is not None
     band = by_source.bands[KNOWN_INSIDE]
     # weights 1/20 (a) and 1/10 (b), total 2: 10% of it (0.2) is reached at a's 4th run (0.03); 90% (1.8) at b's
@@ -88,14 +94,29 @@ def test_band_counts_every_source_once(samples: list[FitSample]) -> None:
 def test_a_group_of_one_source_takes_the_pooled_band(samples: list[FitSample]) -> None:
     records = [_record("a", 0.01 * i, run=i) for i in range(MIN_GROUP_RESIDUALS)]
     records += [_record("b", 0.3, group="unknown-stack/inside-scale", run=i) for i in range(MIN_GROUP_RESIDUALS)]
-    bands = uncertainty_of(records, samples, weight="sources")
+    bands = uncertainty_of(records, samples, rule=SOURCE_QUANTILES)
     assert bands is not None
     assert {bands.bands[group].basis for group in GROUPS} == {"pooled"}
     # pooled: 20 runs of a at 1/20, 20 of b at 1/20; 10% of 2 (0.2) at a's 4th run, 90% (1.8) at b's 16th
     assert bands.bands[KNOWN_INSIDE].low_ratio == math.exp(0.03)
     assert bands.bands[KNOWN_INSIDE].high_ratio == math.exp(0.3)
-    by_run = uncertainty_of(records, samples, weight="runs")
+    by_run = uncertainty_of(records, samples, rule=PREVIOUS_RULE)
     assert by_run is not None and by_run.bands[KNOWN_INSIDE].basis == "own"
+
+
+def test_symmetric_band_is_the_80_percent_quantile_of_the_absolute_log_ratio(samples: list[FitSample]) -> None:
+    # log ratios in 64ths (exact): source a at 0, -1, ..., -19; source b, 10 runs at +3
+    records = ([_record("a", -i / 64, run=i) for i in range(20)] + [_record("b", 3 / 64, run=i) for i in range(10)])
+    band = uncertainty_of(records, samples, rule=BAND_RULE)
+    assert band is not None and (BAND_RULE.weight, BAND_RULE.shape) == ("sources", "symmetric")
+    # |log ratio| weighted 1/20 (a) and 1/10 (b), total 2: 0, 1, 2 (0.15), the eleven 3s (1.2), then 0.05 a step:
+    # 80% of 2 (1.6) at 11
+    ratios = band.bands[KNOWN_INSIDE]
+    assert (ratios.low_ratio, ratios.high_ratio) == (math.exp(-11 / 64), math.exp(11 / 64))
+    # every run once: the 24th smallest of the 30 is 13
+    by_run = uncertainty_of(records, samples, rule=BandRule("runs", "symmetric"))
+    assert by_run is not None
+    assert by_run.bands[KNOWN_INSIDE].high_ratio == math.exp(13 / 64)
 
 
 def test_new_source_coverage_holds_each_source_out_of_the_band(samples: list[FitSample]) -> None:
@@ -103,7 +124,7 @@ def test_new_source_coverage_holds_each_source_out_of_the_band(samples: list[Fit
     records = ([_record("a", (i - 10) / 64, run=i) for i in range(20)] +
                [_record("b", (i - 5) / 64, run=i) for i in range(20)] +
                [_record("c", 1.0, run=i) for i in range(20)])
-    honest = new_source_coverage(records, samples, weight="sources")
+    honest = new_source_coverage(records, samples, rule=SOURCE_QUANTILES)
     # without a: b and c at 1/20 each, total 2: 10% (0.2) at b's 4th (-2/64), 90% (1.8) at c's 1.0; a's runs
     # from -2/64 up are inside: 12 of 20
     assert honest["a"] == pytest.approx(12 / 20 * 100)
@@ -146,12 +167,12 @@ _held_out_records = st.lists(
 
 @settings(max_examples=60, deadline=None)
 @given(records=_held_out_records, point_s=st.floats(min_value=1e-6, max_value=1e4),
-       weight=st.sampled_from(["sources", "runs"]))
+       rule=st.builds(BandRule, st.sampled_from(BAND_WEIGHTS), st.sampled_from(BAND_SHAPES)))
 def test_every_band_is_finite_ordered_and_holds_the_point(samples: list[FitSample], records: list[HeldOut],
-                                                          point_s: float, weight: str) -> None:
-    uncertainty = uncertainty_of(records, samples, weight=weight)  # type: ignore[arg-type]
+                                                          point_s: float, rule: BandRule) -> None:
+    uncertainty = uncertainty_of(records, samples, rule=rule)
     if uncertainty is None:  # all records from one source: too few sources for any band
-        assert weight == "sources" and len({r.source for r in records}) == 1
+        assert rule.weight == "sources" and len({r.source for r in records}) == 1
         return
     calibration = Calibration(uncertainty=uncertainty)
     for sample in samples[:: max(1, len(samples) // 10)]:
@@ -162,3 +183,6 @@ def test_every_band_is_finite_ordered_and_holds_the_point(samples: list[FitSampl
     for group in GROUPS:
         ratios = uncertainty.bands[group]
         assert 0 < ratios.low_ratio <= ratios.high_ratio
+        assert math.isfinite(ratios.low_ratio) and math.isfinite(ratios.high_ratio)
+        if rule.shape == "symmetric":
+            assert ratios.low_ratio * ratios.high_ratio == pytest.approx(1.0, rel=1e-12)

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from trainsim.calibrate.bands import MIN_GROUP_RESIDUALS, HeldOut, coverage, uncertainty_of
+from trainsim.calibrate.bands import MIN_GROUP_RESIDUALS, PREVIOUS_RULE, HeldOut, coverage, uncertainty_of
 from trainsim.calibrate.crossval import SCALE_TEST_GPUS, SCALE_TRAIN_MAX_GPUS, splits, stack_key, summary
 from trainsim.calibrate.fit import read_samples
 from trainsim.calibrate.runs import FitSample
@@ -60,7 +60,7 @@ def test_stack_key_falls_back_to_the_source(samples: list[FitSample]) -> None:
 def test_quantiles_per_group_counting_runs(samples: list[FitSample]) -> None:
     errors = np.linspace(-0.2, 0.2, 41)  # log(predicted / measured)
     records = [_record(samples[i % len(samples)], float(e)) for i, e in enumerate(errors)]
-    uncertainty = uncertainty_of(records, samples, weight="runs")  # every run once (one source here)
+    uncertainty = uncertainty_of(records, samples, rule=PREVIOUS_RULE)  # 10%-90% quantiles, every run once
     assert uncertainty is not None
     ratios = uncertainty.bands["known-stack/inside-scale"]
     # measured / predicted = exp(-error): its 10% and 90% quantiles are exp(-0.16) and exp(0.16)

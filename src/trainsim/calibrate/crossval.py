@@ -15,8 +15,8 @@ them: cold=True (--cold) fits every split from the priors to the full fit's tole
 compares the two).
 
 Every held-out prediction lands in its group of comparable jobs (catalog.uncertainty.band_group, from the split's
-training runs: their stacks, their range of GPU counts); the 10% and 90% quantiles of measured / predicted per
-group, every source counted equally, are the bands every prediction carries (bands.uncertainty_of).
+training runs: their stacks, their range of GPU counts); per group, the band that holds 80% of measured /
+predicted, every source counted equally, is the band every prediction carries (bands.uncertainty_of, BAND_RULE).
 """
 
 import math
@@ -24,7 +24,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from trainsim.calibrate.bands import HeldOut, coverage, new_source_coverage, uncertainty_of
+from trainsim.calibrate.bands import BAND_RULE, HeldOut, coverage, new_source_coverage, uncertainty_of
 from trainsim.calibrate.runs import FitSample, fit_runtime, log_errors
 from trainsim.catalog.calibration import Calibration
 from trainsim.catalog.uncertainty import GROUPS, band_group
@@ -107,7 +107,7 @@ def summary(records: Sequence[HeldOut], samples: Sequence[FitSample]) -> dict[st
     """Iteration-time MAPE of the held-out runs per scheme and source; the bands; their coverage.
 
     coverage_pct: the share of held-out runs inside their group's band, per scheme and group (the bands come
-    from these same runs, so over all runs it is the 80% the quantiles make). coverage_new_source_pct: the honest
+    from these same runs, so over all runs it is near the 80% the rule makes). coverage_new_source_pct: the honest
     figure for a source the bands have not seen: each source's held-out runs against bands from the other
     sources' held-out runs only (bands.new_source_coverage)."""
     uncertainty = uncertainty_of(records, samples)
@@ -118,6 +118,7 @@ def summary(records: Sequence[HeldOut], samples: Sequence[FitSample]) -> dict[st
     }
     if uncertainty is None:
         return out
+    out["band_rule"] = BAND_RULE.name
     out["bands"] = {group: ratios.model_dump() for group, ratios in uncertainty.bands.items()}
     cover: dict[str, float] = {"ALL": coverage(records, uncertainty)}
     cover.update({scheme: coverage([r for r in records if r.scheme == scheme], uncertainty) for scheme in SCHEMES})

@@ -176,9 +176,10 @@ def rebanded(fit_path: Path, held_out_path: Path, runs_files: Sequence[Path] | N
     """The fit at `fit_path` with its uncertainty bands made again from stored held-out predictions
     (`--held-out` of an earlier calibrate or cross-validation) and the runs they came from (stacks and GPU range;
     default the package's): no fit runs, and every fitted parameter stays as it is."""
+    records = read_held_out(held_out_path)
     current = read_calibration(fit_path)
     samples = read_samples(list(runs_files) if runs_files is not None else default_runs_files())
-    uncertainty = uncertainty_of(read_held_out(held_out_path), samples, load_calibration().uncertainty)
+    uncertainty = uncertainty_of(records, samples, load_calibration().uncertainty)
     kept = [part for part in current.source.split("; ") if not part.startswith("bands made again")]
     source = "; ".join([*kept, f"bands made again on {datetime.date.today().isoformat()} from held-out predictions"])
     return current.model_copy(update={"uncertainty": uncertainty, "source": source})

@@ -4,20 +4,18 @@ Every prediction the cross-validation makes of a run it held out (crossval.py) i
 log(predicted / measured) and its group of comparable jobs. Per group, the held-out runs' measured / predicted give
 the band that every prediction of the group carries, holding COVERAGE (80%) of them. How (BandRule):
 
-- weight "sources" (the rule in use): every source counts equally, whatever its number of runs: a run weighs one
-  over its source's runs in the group, and the quantiles are those of that weighted distribution
-  (weighted_quantile, the inverse of its cumulative distribution). A job on a stack the fit has not seen is one
-  more source, not one more run of the largest source (vTrain holds 1,440 of the package's 1,705 runs: counting
-  runs, its errors are every other source's band). weight "runs": every run counts once.
-- shape "symmetric" (the rule in use): exp(-q) to exp(q), q the COVERAGE quantile of |log(measured / predicted)|
-  (split conformal prediction's absolute-residual score; Lei et al. 2018, "Distribution-free predictive
-  inference for regression", Sec. 2.2). A new stack's error can go either way: the sources' errors do (a stack
-  that hides communication is predicted too slow, one whose collectives cross the network too fast), and which
-  way a new one goes is not known from the others'. shape "quantiles": from the 10% to the 90% quantile of
-  measured / predicted, which carries the seen sources' lean to an unseen one.
-PREVIOUS_RULE (runs, quantiles) is the rule before; scripts/band_coverage.py measures the rules side by side. The
-honest measure of any is new_source_coverage: each source's held-out runs against bands made without any of that
-source's held-out runs.
+- shape "symmetric" (in use): exp(-q) to exp(q), q the COVERAGE quantile of |log(measured / predicted)| (split
+  conformal prediction's absolute-residual score; Lei et al. 2018, "Distribution-free predictive inference for
+  regression", Sec. 2.2). The sources' errors go both ways (a stack that hides communication is predicted too
+  slow, one whose collectives cross the network too fast), and which way a stack the fit has not seen goes is not
+  known from the others'. shape "quantiles" (the rule before): from the 10% to the 90% quantile of measured /
+  predicted, which hands the seen sources' lean to an unseen one.
+- weight "runs" (in use): every run counts once. weight "sources": every source counts once, whatever its number
+  of runs (a run weighs one over its source's runs in the group; weighted_quantile). Measured on sources held
+  out, counting sources did worse: a source of 2 or 12 runs then weighs as much as one of 1,440, and its few
+  runs' quantiles are noise (README, "Held-out runs").
+scripts/band_coverage.py measures every rule side by side, the honest way: new_source_coverage, each source's
+held-out runs against bands made without any of that source's held-out runs.
 """
 
 import csv
@@ -49,7 +47,7 @@ MIN_GROUP_SOURCES = 2  # under "sources", a group whose runs come from fewer sou
 class BandRule:
     """How held-out runs make a group's band: weight (how each run counts) and shape (module docstring)."""
 
-    weight: BandWeight = "sources"
+    weight: BandWeight = "runs"
     shape: BandShape = "symmetric"
 
     @property

@@ -16,7 +16,7 @@ compares the two).
 
 Every held-out prediction lands in its group of comparable jobs (catalog.uncertainty.band_group, from the split's
 training runs: their stacks, their range of GPU counts); per group, the band that holds 80% of measured /
-predicted, every source counted equally, is the band every prediction carries (bands.uncertainty_of, BAND_RULE).
+predicted is the band every prediction carries (bands.uncertainty_of, BAND_RULE).
 """
 
 import math

@@ -108,15 +108,15 @@ def test_symmetric_band_is_the_80_percent_quantile_of_the_absolute_log_ratio(sam
     # log ratios in 64ths (exact): source a at 0, -1, ..., -19; source b, 10 runs at +3
     records = ([_record("a", -i / 64, run=i) for i in range(20)] + [_record("b", 3 / 64, run=i) for i in range(10)])
     band = uncertainty_of(records, samples, rule=BAND_RULE)
-    assert band is not None and (BAND_RULE.weight, BAND_RULE.shape) == ("sources", "symmetric")
-    # |log ratio| weighted 1/20 (a) and 1/10 (b), total 2: 0, 1, 2 (0.15), the eleven 3s (1.2), then 0.05 a step:
-    # 80% of 2 (1.6) at 11
+    assert band is not None and (BAND_RULE.weight, BAND_RULE.shape) == ("runs", "symmetric")
+    # every run once: |log ratio| sorted 0, 1, 2, eleven 3s, 4, ...; 80% of 30 runs is the 24th, 13
     ratios = band.bands[KNOWN_INSIDE]
-    assert (ratios.low_ratio, ratios.high_ratio) == (math.exp(-11 / 64), math.exp(11 / 64))
-    # every run once: the 24th smallest of the 30 is 13
-    by_run = uncertainty_of(records, samples, rule=BandRule("runs", "symmetric"))
-    assert by_run is not None
-    assert by_run.bands[KNOWN_INSIDE].high_ratio == math.exp(13 / 64)
+    assert (ratios.low_ratio, ratios.high_ratio) == (math.exp(-13 / 64), math.exp(13 / 64))
+    # every source once: weights 1/20 (a) and 1/10 (b), total 2: 0, 1, 2 (0.15), the eleven 3s (1.2), then 0.05
+    # a step: 80% of 2 (1.6) at 11
+    by_source = uncertainty_of(records, samples, rule=BandRule("sources", "symmetric"))
+    assert by_source is not None
+    assert by_source.bands[KNOWN_INSIDE].high_ratio == math.exp(11 / 64)
 
 
 def test_new_source_coverage_holds_each_source_out_of_the_band(samples: list[FitSample]) -> None:

@@ -186,3 +186,23 @@ def test_every_band_is_finite_ordered_and_holds_the_point(samples: list[FitSampl
         assert math.isfinite(ratios.low_ratio) and math.isfinite(ratios.high_ratio)
         if rule.shape == "symmetric":
             assert ratios.low_ratio * ratios.high_ratio == pytest.approx(1.0, rel=1e-12)
+
+
+
+def test_package_bands_come_from_the_stored_held_out_predictions() -> None:
+    """The package fit's bands are the rule's on results/bands/package_held_out.csv (README, "Held-out runs"):
+    after a refit, write its --held-out file there and make the bands with `trainsim calibrate --bands-from`."""
+    from conftest import REPO_DIR
+    from trainsim.calibrate.fit import default_runs_files
+    from trainsim.catalog.calibration import load_calibration
+
+    stored = REPO_DIR / "results" / "bands" / "package_held_out.csv"
+    package = load_calibration().uncertainty
+    if package is None or not stored.is_file():
+        pytest.skip("no package bands or no stored held-out predictions")
+    expected = uncertainty_of(read_held_out(stored), read_samples(default_runs_files()))
+    assert expected is not None
+    for group in GROUPS:  # the fit file keeps 6 significant digits
+        got, want = package.bands[group], expected.bands[group]
+        assert (got.low_ratio, got.high_ratio) == pytest.approx((want.low_ratio, want.high_ratio), rel=1e-5)
+        assert (got.residuals, got.basis) == (want.residuals, want.basis)

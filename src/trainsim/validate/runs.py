@@ -13,6 +13,7 @@ from trainsim.catalog.files import DATA_DIR, read_mapping, read_text, shown_path
 from trainsim.catalog.loader import cluster_names, load_cluster, load_device
 from trainsim.catalog.model_files import parse_model
 from trainsim.errors import ConfigError, InputFileError, TrainsimError, short_repr
+from trainsim.hardware.cluster import ClusterSpec
 from trainsim.job import Job, make_job
 from trainsim.specbase import MAX_INT_FIELD
 from trainsim.strategy.parallel import ParallelSpec
@@ -239,10 +240,20 @@ def _default_micro_batch(global_batch: int, dp: int, pp: int, with_pipeline: int
 
 def _whole_micro_batches(parallel: dict[str, Any]) -> dict[str, Any]:
     """A stated global batch that is not a whole number of micro-batches per replica (a source that rounds its
-    batch, or states it in tokens) runs as the nearest whole number of micro-batches, at least one."""
-    replica_batch = parallel["dp"] * parallel["micro_batch"]
+    batch, or states it in tokens) runs as the nearest whole number of micro-batches, at least one.
+
+    Under the interleaved schedule the micro-batches per replica come in groups of pp: Megatron-LM runs no other
+    count with its default group size (megatron/core/pipeline_parallel/schedules.py,
+    forward_backward_pipelining_with_interleaving: microbatch_group_size_per_vp_stage defaults to pp, at most the
+    micro-batch count, and the count must be a multiple of it; megatron-core 0.16.1, as Megatron-LM's 2021
+    "number of microbatches is not divisible by pipeline-model-parallel-size" check). There the batch rounds to
+    the nearest whole number of groups, and an empty global batch runs one group, the fewest micro-batches the
+    schedule runs (Megatron's default global batch, dp x micro_batch, is one micro-batch and refused)."""
+    group = parallel["pp"] if parallel["schedule"] == "interleaved-1f1b" else 1
+    replica_batch = parallel["dp"] * parallel["micro_batch"] * group
     global_batch = parallel["global_batch"]
-    if global_batch <= 0 or replica_batch <= 0 or global_batch % replica_batch == 0:
+    if replica_batch <= 0 or (global_batch <= 0 and group == 1) or (global_batch > 0 and
+                                                                     global_batch % replica_batch == 0):
         return parallel
     return {**parallel, "global_batch": max(1, round(global_batch / replica_batch)) * replica_batch}
 
@@ -296,6 +307,15 @@ def _machine_named_in_notes(fields: dict[str, str]) -> dict[str, str]:
     return fields
 
 
+def _gpus_per_server(fields: dict[str, str], cluster: ClusterSpec) -> int:
+    """The GPUs per server of a row: its gpus_per_node cell, else its preset's. On a rack-scale preset a cell
+    that states the rack's NVLink domain (72 on a GB200 / GB300 NVL72; the schema leaves the cell empty there,
+    but a source may print the rack) counts the rack, not a server: the servers stay the preset's compute trays
+    (4 GPUs each, 18 trays a rack: NVIDIA GB200 NVL72 and GB300 NVL72 product pages)."""
+    stated = _int(fields, "gpus_per_node", cluster.gpus_per_node)
+    return cluster.gpus_per_node if stated == cluster.nvlink_domain_gpus else stated
+
+
 def job_from_row(fields: dict[str, str]) -> RunJob:
     fields = _machine_named_in_notes(_gpu_named_in_notes(fields))
     gpu = fields["gpu"]
@@ -309,7 +329,7 @@ def job_from_row(fields: dict[str, str]) -> RunJob:
         device = load_device(gpu)
         cluster = load_cluster(_cluster_name(fields, clusters[gpu]))
         update: dict[str, Any] = {"device": device}
-        gpus_per_node = _int(fields, "gpus_per_node", cluster.gpus_per_node)
+        gpus_per_node = _gpus_per_server(fields, cluster)
         if gpus_per_node <= 0:
             raise ConfigError("gpus_per_node", gpus_per_node, "must be a positive integer")
         update["gpus_per_node"] = gpus_per_node

@@ -119,6 +119,8 @@ def model_from_row(fields: dict[str, str]) -> dict[str, Any]:
     else:
         ffn_default = defaults["ffn_multiple"] * hidden
     seq = _int(fields, "seq_len")
+    if seq <= 0:  # named as the row's column, not as the model's max_seq_len it fills
+        raise ConfigError("seq_len", seq, "must be a positive number of tokens")
     model = {**layout, "name": f"{arch}-l{fields['num_layers']}-h{hidden}", "arch": arch,
              "num_layers": _int(fields, "num_layers"), "hidden": hidden, "num_heads": heads,
              "num_kv_heads": kv_heads, "ffn_hidden": _int(fields, "ffn_hidden", ffn_default),

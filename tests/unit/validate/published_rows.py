@@ -9,7 +9,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-# GPUs in the job: nodes x 8 as published, up to Llama 3's 16K-GPU cluster's largest reported job shape
+# GPUs in the job: servers of 8 as published, up to Llama 3's 16K-GPU cluster's largest reported job shape
 # (10,752 = 1,344 nodes x 8), and NVL72 rack counts
 NUM_GPUS = (16, 32, 48, 64, 72, 96, 128, 144, 192, 256, 384, 512, 576, 768, 1024, 1152, 1536, 2048, 2304, 3072,
             3072, 4096, 4608, 6144, 8192, 10752)
@@ -38,6 +38,10 @@ GPUS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("other", ("", "other"), "V100 32GB, Summit"),
     ("other", ("other",), "TPU v4 pod slice"),
     ("other", ("other",), "MI300X nodes"),
+    ("other", ("", "other"), "HGX B200 servers"),
+    ("other", ("other",), "Perlmutter GPU nodes"),
+    ("a100-unknown", ("other",), "64 AWS p4d.24xlarge instances"),
+    ("h100-sxm5-80gb", ("other",), "Eos, DGX H100 SuperPOD"),
 )
 # (arch cell, notes naming the model, MoE: an ep that divides its experts)
 FAMILIES: tuple[tuple[str, str, tuple[int, ...]], ...] = (
@@ -54,7 +58,7 @@ FAMILIES: tuple[tuple[str, str, tuple[int, ...]], ...] = (
 )
 STACK_NOTES = ("", "", "Megatron-LM", "Megatron-DeepSpeed", "NeMo", "PyTorch FSDP", "torchtitan", "DeepSpeed ZeRO-3",
                "MegaScale")
-METRICS = ("iteration_time_s", "tokens_per_s_per_gpu", "mfu", "tflops_per_gpu")
+METRICS = ("iteration_time_s", "tokens_per_s_per_gpu", "mfu", "tflops_per_gpu", "peak_memory_gib")
 FLOPS_CONVENTIONS = ("", "megatron-eq3", "model", "hardware", "unknown")
 
 
@@ -81,7 +85,7 @@ def model_cells(draw: st.DrawFn) -> dict[str, str]:
 @st.composite
 def machine_cells(draw: st.DrawFn) -> dict[str, str]:
     gpu, clusters, notes = draw(st.sampled_from(GPUS))
-    num_gpus = draw(st.sampled_from(NUM_GPUS))
+    num_gpus = draw(st.sampled_from(NUM_GPUS) | st.integers(2, 1344).map(lambda nodes: 8 * nodes))
     per_node = draw(st.sampled_from(["", "", "8", "4", "72"] if gpu in ("gb200", "gb300") else ["", "8", "8", "4"]))
     return {"gpu": gpu, "cluster": draw(st.sampled_from(clusters)), "num_gpus": str(num_gpus),
             "gpus_per_node": per_node, "gpu_notes": notes}
@@ -130,7 +134,7 @@ def published_rows(draw: st.DrawFn) -> dict[str, str]:
     metric = draw(st.sampled_from(METRICS))
     convention = draw(st.sampled_from(FLOPS_CONVENTIONS)) if metric in ("mfu", "tflops_per_gpu") else ""
     value = {"iteration_time_s": "12.5", "tokens_per_s_per_gpu": "3100", "mfu": "0.41",
-             "tflops_per_gpu": "400"}[metric]
+             "tflops_per_gpu": "400", "peak_memory_gib": "61.2"}[metric]
     notes = "; ".join(text for text in (model.pop("notes"), machine.pop("gpu_notes"),
                                         draw(st.sampled_from(STACK_NOTES))) if text)
     row: dict[str, Any] = {"run_id": "generated", "source": "somewhere/paper Table 1", **model, **machine, **layout,
@@ -139,11 +143,12 @@ def published_rows(draw: st.DrawFn) -> dict[str, str]:
     return row
 
 
-# One broken rule per row: (cells to replace, the field the refusal must name)
+# One broken rule per row: (cells to replace, formatted with the row's cells; the field the refusal must name)
 BROKEN_RULES: tuple[tuple[dict[str, str], str], ...] = (
     ({"dp": "3"}, "tp*pp*dp*cp"),
-    ({"tp": "3", "num_heads": "32", "num_kv_heads": ""}, "tp"),
-    ({"pp": "200", "tp": "1", "cp": "1"}, "pp"),
+    ({"tp": "8", "pp": "1", "cp": "1", "dp": "{gpus_over_8}", "hidden": "1536", "num_heads": "12",
+      "num_kv_heads": ""}, "tp"),
+    ({"pp": "{num_gpus}", "tp": "1", "cp": "1", "dp": "1", "num_layers": "8", "vpp": ""}, "pp"),
     ({"ep": "4", "notes": "a dense model"}, "ep"),
     ({"gpu": "other", "notes": "TPU v5p pod"}, "gpu"),
     ({"num_layers": "many"}, "num_layers"),
@@ -159,4 +164,5 @@ def rule_breaking_rows(draw: st.DrawFn) -> tuple[dict[str, str], str]:
     """A published row with one rule broken, and the field its refusal must name."""
     row = draw(published_rows())
     cells, field = draw(st.sampled_from(BROKEN_RULES))
-    return {**row, **cells}, field
+    values = {**row, "gpus_over_8": int(row["num_gpus"]) // 8}  # every NUM_GPUS is whole servers of 8
+    return {**row, **{key: value.format(**values) for key, value in cells.items()}}, field

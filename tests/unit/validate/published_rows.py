@@ -145,7 +145,7 @@ def published_rows(draw: st.DrawFn) -> dict[str, str]:
 
 # One broken rule per row: (cells to replace, formatted with the row's cells; the field the refusal must name)
 BROKEN_RULES: tuple[tuple[dict[str, str], str], ...] = (
-    ({"dp": "3"}, "tp*pp*dp*cp"),
+    ({"dp": "{dp_plus_1}"}, "tp*pp*dp*cp"),
     ({"tp": "8", "pp": "1", "cp": "1", "dp": "{gpus_over_8}", "hidden": "1536", "num_heads": "12",
       "num_kv_heads": ""}, "tp"),
     ({"pp": "{num_gpus}", "tp": "1", "cp": "1", "dp": "1", "num_layers": "8", "vpp": ""}, "pp"),
@@ -164,5 +164,6 @@ def rule_breaking_rows(draw: st.DrawFn) -> tuple[dict[str, str], str]:
     """A published row with one rule broken, and the field its refusal must name."""
     row = draw(published_rows())
     cells, field = draw(st.sampled_from(BROKEN_RULES))
-    values = {**row, "gpus_over_8": int(row["num_gpus"]) // 8}  # every NUM_GPUS is whole servers of 8
+    values = {**row, "gpus_over_8": int(row["num_gpus"]) // 8,  # every NUM_GPUS is whole servers of 8
+              "dp_plus_1": int(row["dp"]) + 1}
     return {**row, **{key: value.format(**values) for key, value in cells.items()}}, field

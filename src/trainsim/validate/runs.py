@@ -228,7 +228,19 @@ def parallel_from_row(fields: dict[str, str]) -> dict[str, Any]:
         "schedule": fields.get("schedule") or ("interleaved-1f1b" if vpp > 1 else "1f1b"),
         "attention": fields.get("attention") or stack.attention,
         "optimizer_impl": fields.get("optimizer_impl") or base["optimizer_impl"],
+        **_ends_counted_in_split(_int(fields, "num_layers"), pp, vpp),
     }
+
+
+def _ends_counted_in_split(num_layers: int, pp: int, vpp: int) -> dict[str, bool]:
+    """A pipeline of one or two more virtual stages than the model has layers (126 layers on pp 16 x vpp 8) runs
+    only with the embedding and the loss counted as layers of the split (Megatron-Core's
+    account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split,
+    megatron/core/transformer/transformer_config.py, megatron-core 0.16.1; Llama 3 405B's pipeline took one
+    layer off its first and last stages for them, Dubey et al. 2024, sec. 3.3.2): both set; otherwise neither
+    (the schema states no stage layout)."""
+    stages = pp * vpp
+    return {"embedding_in_split": True, "loss_in_split": True} if num_layers < stages <= num_layers + 2 else {}
 
 
 def _default_micro_batch(global_batch: int, dp: int, pp: int, with_pipeline: int) -> int:

@@ -95,7 +95,7 @@ def machine_cells(draw: st.DrawFn) -> dict[str, str]:
 def layout_cells(draw: st.DrawFn, num_gpus: int, model: dict[str, str]) -> dict[str, str]:
     """tp, pp, cp, dp with tp * pp * dp * cp = num_gpus; tp a power of two that divides the heads and divides or
     is a multiple of the kv heads (Megatron-LM's and Megatron-Core's asserts), the pipeline at most one stage per
-    layer, and room for ep in dp x cp."""
+    layer (at most two virtual stages more), and room for ep in dp x cp."""
     heads, num_layers, ep = int(model["num_heads"]), int(model["num_layers"]), int(model["ep"])
     kv_heads = int(model["num_kv_heads"] or heads)
     tp = draw(st.sampled_from([t for t in (1, 2, 4, 8, 16) if num_gpus % t == 0 and heads % t == 0
@@ -105,7 +105,8 @@ def layout_cells(draw: st.DrawFn, num_gpus: int, model: dict[str, str]) -> dict[
     rest //= pp
     cp = draw(st.sampled_from([d for d in _divisors(rest, 16) if d in (1, 2, 4, 8, 16)]))
     dp = rest // cp
-    vpp_choices = [""] + [str(v) for v in range(1, 9) if pp * v <= num_layers] if pp > 1 else ["", "1"]
+    # up to two virtual stages more than layers: the embedding and the loss counted in the split (Megatron-Core)
+    vpp_choices = [""] + [str(v) for v in range(1, 9) if pp * v <= num_layers + 2] if pp > 1 else ["", "1"]
     return {"tp": str(tp), "pp": str(pp), "dp": str(dp), "cp": str(cp),
             "ep": str(ep if (dp * cp) % ep == 0 else 1),
             "sp": draw(st.sampled_from(["", "0", "1"] if tp > 1 else ["", "0"])),

@@ -12,6 +12,7 @@ from published_rows import published_rows, rule_breaking_rows
 from trainsim.errors import MAX_MESSAGE_CHARS
 from trainsim.estimate.engines import Estimator, make_engine
 from trainsim.pipeline import GraphCache
+from trainsim.strategy.stages import virtual_stage_blocks
 from trainsim.validate.predict_runs import RowPrediction, predict_rows
 from trainsim.validate.runs import RunRow, job_from_row
 
@@ -89,6 +90,26 @@ def test_a_gpus_per_node_cell_that_states_an_nvl72_rack_keeps_the_trays() -> Non
     # other servers keep the stated count: 4-GPU servers of a DGX H100's network
     four = job_from_row(_row(num_gpus="256", dp="64", gpus_per_node="4"))
     assert four.job is not None and four.job.cluster.gpus_per_node == 4
+
+
+def test_one_or_two_virtual_stages_more_than_layers_count_the_embedding_and_the_loss() -> None:
+    def split(layers: int, pp: int, vpp: int) -> tuple[bool, bool, tuple[int, ...]]:
+        run = job_from_row(_row(num_layers=str(layers), pp=str(pp), dp=str(16 // pp), vpp=str(vpp),
+                                global_batch="64"))
+        assert run.job is not None, run.skipped
+        parallel = run.job.parallel
+        return parallel.embedding_in_split, parallel.loss_in_split, virtual_stage_blocks(layers, parallel)
+
+    # 6 layers on 8 virtual stages: embedding alone on the first, loss alone on the last (pp 4 x vpp 2)
+    assert split(6, 4, 2) == (True, True, (0, 1, 1, 1, 1, 1, 1, 0))
+    # 7 layers: 9 counted over 8 stages, the first holds two of them (the embedding and a block)
+    assert split(7, 4, 2) == (True, True, (1, 1, 1, 1, 1, 1, 1, 0))
+    # as many layers as stages, or more: the plain split
+    assert split(8, 4, 2) == (False, False, (1,) * 8)
+    assert split(9, 4, 2) == (False, False, (2, 1, 1, 1, 1, 1, 1, 1))
+    # three stages more than layers: refused, naming pp
+    run = job_from_row(_row(num_layers="5", pp="4", dp="4", vpp="2", global_batch="64"))
+    assert run.job is None and run.skipped is not None and run.skipped.startswith("pp=4 is invalid")
 
 
 def test_a_simulation_past_its_bound_refuses_that_run_and_the_others_are_predicted() -> None:

@@ -207,16 +207,20 @@ def _stack_named_in(text: str, fields: dict[str, str]) -> str | None:
 
 def parallel_from_row(fields: dict[str, str]) -> dict[str, Any]:
     base = row_defaults()["strategy"]
-    tp, pp, dp = _int(fields, "tp"), _int(fields, "pp"), _int(fields, "dp")
+    tp, pp, cp = _int(fields, "tp"), _int(fields, "pp"), _int(fields, "cp", 1)
+    dp = _int(fields, "dp", 0) or _dp_by_definition(fields, tp * pp * cp)
     global_batch = _int(fields, "global_batch", 0)
     micro = _int(fields, "micro_batch", _default_micro_batch(global_batch, dp, pp, base["micro_batch"]))
     # model chunks need a pipeline; Megatron-Core turns sequence parallelism off at tp 1 with a warning
     # (megatron/core/tensor_parallel/layers.py, RowParallelLinear, megatron-core 0.9.0)
     vpp = _int(fields, "vpp", base["vpp"]) if pp > 1 else 1
-    sp = _int(fields, "sp", int(base["sp"])) if tp > 1 else 0
+    sp = _int(fields, "sp", int(base["sp"]))
+    if sp not in (0, 1):
+        raise ConfigError("sp", sp, "must be 0 (off) or 1 (on), or empty")
+    sp = sp if tp > 1 else 0
     stack = stack_of_row(fields)
     return {
-        "tp": tp, "pp": pp, "dp": dp, "cp": _int(fields, "cp", 1),
+        "tp": tp, "pp": pp, "dp": dp, "cp": cp,
         "ep": _int(fields, "ep", 1), "vpp": vpp, "sp": bool(sp),
         "zero": _int(fields, "zero", base["zero_by_stack"].get(stack.name, base["zero"])),
         "micro_batch": micro,
@@ -228,7 +232,7 @@ def parallel_from_row(fields: dict[str, str]) -> dict[str, Any]:
         "schedule": fields.get("schedule") or ("interleaved-1f1b" if vpp > 1 else "1f1b"),
         "attention": fields.get("attention") or stack.attention,
         "optimizer_impl": fields.get("optimizer_impl") or base["optimizer_impl"],
-        **_ends_counted_in_split(_int(fields, "num_layers"), pp, vpp),
+        **(_ends_counted_in_split(_int(fields, "num_layers"), pp, vpp) if vpp > 1 else {}),
     }
 
 
@@ -241,6 +245,13 @@ def _ends_counted_in_split(num_layers: int, pp: int, vpp: int) -> dict[str, bool
     (the schema states no stage layout)."""
     stages = pp * vpp
     return {"embedding_in_split": True, "loss_in_split": True} if num_layers < stages <= num_layers + 2 else {}
+
+
+def _dp_by_definition(fields: dict[str, str], model_parallel: int) -> int:
+    """An empty dp cell: num_gpus / (tp x pp x cp), by definition (the calibration data's README, section 2);
+    0 where that is no whole number, which make_job refuses naming every degree."""
+    num_gpus = _int(fields, "num_gpus")
+    return num_gpus // model_parallel if model_parallel > 0 and num_gpus % model_parallel == 0 else 0
 
 
 def _default_micro_batch(global_batch: int, dp: int, pp: int, with_pipeline: int) -> int:

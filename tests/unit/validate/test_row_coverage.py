@@ -122,6 +122,15 @@ def test_a_simulation_past_its_bound_refuses_that_run_and_the_others_are_predict
     assert predicted.skipped is None and predicted.predicted is not None and predicted.predicted > 0
 
 
+def test_an_empty_dp_is_the_gpus_over_the_other_degrees_and_a_stated_sp_is_0_or_1() -> None:
+    run = job_from_row(_row(num_gpus="64", tp="2", pp="4", cp="2", dp="", global_batch="64"))
+    assert run.job is not None and run.job.parallel.dp == 4  # 64 / (2 x 4 x 2)
+    run = job_from_row(_row(num_gpus="24", tp="2", pp="8", dp=""))
+    assert run.skipped == "tp*pp*cp=16 is invalid: must divide the number of GPUs (24); tp=2 pp=8 cp=1"
+    run = job_from_row(_row(tp="2", pp="2", sp="2"))
+    assert run.skipped == "sp=2 is invalid: must be 0 (off) or 1 (on), or empty"
+
+
 def test_a_sequence_length_that_is_not_positive_is_refused_naming_the_column() -> None:
     for seq in ("0", "-2048"):
         run = job_from_row(_row(seq_len=seq))

@@ -58,7 +58,8 @@ FAMILIES: tuple[tuple[str, str, tuple[int, ...]], ...] = (
 )
 STACK_NOTES = ("", "", "Megatron-LM", "Megatron-DeepSpeed", "NeMo", "PyTorch FSDP", "torchtitan", "DeepSpeed ZeRO-3",
                "MegaScale")
-METRICS = ("iteration_time_s", "tokens_per_s_per_gpu", "mfu", "tflops_per_gpu", "peak_memory_gib")
+METRICS = ("iteration_time_s", "iteration_time_s", "tokens_per_s_per_gpu", "mfu", "tflops_per_gpu", "peak_memory_gib",
+           "layer_fwd_ms")
 FLOPS_CONVENTIONS = ("", "megatron-eq3", "model", "hardware", "unknown")
 
 
@@ -135,7 +136,7 @@ def published_rows(draw: st.DrawFn) -> dict[str, str]:
     metric = draw(st.sampled_from(METRICS))
     convention = draw(st.sampled_from(FLOPS_CONVENTIONS)) if metric in ("mfu", "tflops_per_gpu") else ""
     value = {"iteration_time_s": "12.5", "tokens_per_s_per_gpu": "3100", "mfu": "0.41",
-             "tflops_per_gpu": "400", "peak_memory_gib": "61.2"}[metric]
+             "tflops_per_gpu": "400", "peak_memory_gib": "61.2", "layer_fwd_ms": "8.5"}[metric]
     notes = "; ".join(text for text in (model.pop("notes"), machine.pop("gpu_notes"),
                                         draw(st.sampled_from(STACK_NOTES))) if text)
     row: dict[str, Any] = {"run_id": "generated", "source": "somewhere/paper Table 1", **model, **machine, **layout,

@@ -55,8 +55,8 @@ PLANS: dict[str, tuple[int, str | None]] = {
 SIZES = "1KiB,16KiB,128KiB,512KiB,1MiB,2MiB,4MiB,8MiB,16MiB"  # the plans move 2 KiB (statistics) to 8 MiB (logits)
 
 
-def job_flags(tp: int) -> list[str]:
-    return ["--model", str(MODEL), "--cluster", "local-cpu", "--tp", str(tp), "--num-gpus", str(tp),
+def job_flags(tp: int, cluster: str = "local-cpu") -> list[str]:
+    return ["--model", str(MODEL), "--cluster", cluster, "--tp", str(tp), "--num-gpus", str(tp),
             "--micro-batch", str(MICRO_BATCH), "--global-batch", str(MICRO_BATCH), "--seq-len", str(SEQ_LEN),
             "--precision", "fp32"]
 
@@ -94,23 +94,24 @@ def measure(out: Path, iterations: int, warmup: int, plans: list[str]) -> None:
         print(f"measured {run_id}", file=sys.stderr)
 
 
-def _runs(out: Path, plan: str, after: str = "") -> list[dict[str, Any]]:
-    """The plan's runs (run id "<plan>-HHMMSS"), those stamped at or after `after` (HHMMSS) where given."""
+def _runs(out: Path, plan: str, after: str = "", before: str = "999999") -> list[dict[str, Any]]:
+    """The plan's runs (run id "<plan>-HHMMSS"), those stamped at or after `after` and before `before` (HHMMSS)
+    where given."""
     prefix = plan.replace(" ", "-") + "-"
     return [json.loads(p.read_text()) for p in sorted((out / "runs").glob(f"{prefix}*.json"))
-            if p.stem[len(prefix):].isdigit() and p.stem[len(prefix):] >= after]
+            if p.stem[len(prefix):].isdigit() and after <= p.stem[len(prefix):] < before]
 
 
-def ratios_to_plain(out: Path, plan: str, after: str = "") -> list[float]:
+def ratios_to_plain(out: Path, plan: str, after: str = "", before: str = "999999") -> list[float]:
     """Per run of the plan, its busiest rank's CPU per step over that of the plain run of its tp measured last
     before it (the same pass: --measure runs plain first)."""
     tp = PLANS[plan][0]
-    plain = {r["run_id"]: r for r in _runs(out, f"tp{tp} plain", after)}
+    plain = {r["run_id"]: r for r in _runs(out, f"tp{tp} plain", after, before)}
     out_ratios = []
-    for run in _runs(out, plan, after):
-        before = [k for k in plain if k[-6:] <= run["run_id"][-6:]]
-        if before:
-            out_ratios.append(busiest_cpu_s(run) / busiest_cpu_s(plain[max(before, key=lambda k: k[-6:])]))
+    for run in _runs(out, plan, after, before):
+        earlier = [k for k in plain if k[-6:] <= run["run_id"][-6:]]
+        if earlier:
+            out_ratios.append(busiest_cpu_s(run) / busiest_cpu_s(plain[max(earlier, key=lambda k: k[-6:])]))
     return out_ratios
 
 
@@ -120,9 +121,9 @@ def busiest_cpu_s(run: dict[str, Any]) -> float:
     return max(c - b for c, b in zip(s["cpu_s_per_rank"], s["barrier_cpu_s_per_rank"], strict=True)) / steps
 
 
-def predicted(tp: int, tree: str | None, costs: list[str]) -> dict[str, Any]:
+def predicted(tp: int, tree: str | None, costs: list[str], cluster: str = "local-cpu") -> dict[str, Any]:
     tree_flags = ["--tree", str(TREES / tree)] if tree else []
-    return json.loads(trainsim("predict", *job_flags(tp), "--engine", "sim", *tree_flags, *costs, "--json"))
+    return json.loads(trainsim("predict", *job_flags(tp, cluster), "--engine", "sim", *tree_flags, *costs, "--json"))
 
 
 def thread_cpu_s(run: dict[str, Any]) -> float:
@@ -130,14 +131,19 @@ def thread_cpu_s(run: dict[str, Any]) -> float:
     return max(run["settings"]["thread_cpu_s_per_rank"]) / len(run["iteration_times_s"])
 
 
-def summary(out: Path, after: str = "") -> list[dict[str, Any]]:
+def summary(out: Path, after: str = "", cluster: str = "local-cpu", before: str = "999999",
+            cpu_db: Path | None = None) -> list[dict[str, Any]]:
+    """cluster: the one the predictions take (local-cpu: each rank a node of its own, its collectives on the
+    catalog's placeholder link; local-cpu-ranks: the ranks one node, their collectives on the profiled curves).
+    cpu_db: the CPU-clock database the predictions read (default OUT/profile-cpu.db)."""
+    cpu_db = cpu_db or out / "profile-cpu.db"
     rows = []
     for plan, (tp, tree) in PLANS.items():
-        runs = _runs(out, plan, after)
+        runs = _runs(out, plan, after, before)
         if not runs:
             continue
-        cpu = predicted(tp, tree, ["--costs", "profiled", "--db", str(out / "profile-cpu.db")])
-        ratios = ratios_to_plain(out, plan, after)
+        cpu = predicted(tp, tree, ["--costs", "profiled", "--db", str(cpu_db)], cluster)
+        ratios = ratios_to_plain(out, plan, after, before)
         rows.append({
             "cpu_ratio_to_plain": statistics.median(ratios) if ratios else None,
             "cpu_ratios_to_plain": [round(r, 3) for r in ratios],
@@ -149,9 +155,10 @@ def summary(out: Path, after: str = "") -> list[dict[str, Any]]:
             "load": [round(r["settings"]["load_average_1m"][0], 1) for r in runs],
             "predicted_cpu_s": cpu["iteration_time_s"],
             "predicted_tp_comm_cpu_s": cpu["breakdown"]["tp_comm"],
-            "predicted_overhead_cpu_s": cpu["breakdown"]["overhead"],  # DTensor's per-layer cost (profile/framework)
-            "predicted_wall_s": predicted(tp, tree, ["--costs", "profiled", "--db", str(out / "profile-wall.db")])[
-                "iteration_time_s"],
+            # DTensor's per-layer cost (profile/framework) and the reshards' host cost (Pricer.reshard_host_s)
+            "predicted_overhead_cpu_s": cpu["breakdown"]["overhead"],
+            "predicted_wall_s": predicted(tp, tree, ["--costs", "profiled", "--db", str(out / "profile-wall.db")],
+                                          cluster)["iteration_time_s"],
             "predicted_default_s": predicted(tp, tree, [])["iteration_time_s"],
         })
     return rows
@@ -164,7 +171,7 @@ def _order(rows: list[dict[str, Any]], key: str) -> list[str]:
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = ["| plan | runs | measured wall (median) | predicted, wall db | error | measured CPU/step (busiest "
              "rank; min-max over runs) | predicted, CPU db | error | training thread / predicted less tp_comm | "
-             "of which host overhead (DTensor per layer) | predicted, default costs | load (1 min) |",
+             "of which host overhead (DTensor per layer, reshards) | predicted, default costs | load (1 min) |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         wall_err = r["predicted_wall_s"] / r["wall_s"] - 1
@@ -336,7 +343,12 @@ def main() -> None:
     parser.add_argument("--core-costs", action="store_true", help="time the attention core's forward and "
                         "backward heads-split (plain tp 2) and by query rows (thread CPU)")
     parser.add_argument("--after", default="", help="--summary of the runs stamped at or after HHMMSS only")
+    parser.add_argument("--cpu-db", type=Path, default=None, help="--summary predicts the CPU clock from this "
+                        "database (default OUT/profile-cpu.db)")
+    parser.add_argument("--before", default="999999", help="--summary of the runs stamped before HHMMSS only")
     parser.add_argument("--suffix", default="", help="--summary writes summary<SUFFIX>.md and .json")
+    parser.add_argument("--predict-cluster", default="local-cpu", help="--summary predicts on this cluster "
+                        "(local-cpu-ranks: the ranks one node, their collectives priced by the profiled curves)")
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     args = parser.parse_args()
@@ -354,7 +366,7 @@ def main() -> None:
         print(json.dumps({k: round(v * 1e6, 1) for k, v in core_costs().items()}) + " (us per forward and backward, "
               "thread CPU)")
     if args.summary:
-        rows = summary(args.out, args.after)
+        rows = summary(args.out, args.after, args.predict_cluster, args.before, args.cpu_db)
         (args.out / f"summary{args.suffix}.json").write_text(json.dumps(rows, indent=1))
         text = markdown(rows)
         (args.out / f"summary{args.suffix}.md").write_text(text)

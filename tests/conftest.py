@@ -82,13 +82,13 @@ TINY_MOE_MODEL_YAML = (TINY_GPT_MODEL_YAML.replace("name: tiny-gpt", "name: tiny
                        .replace("bias: true", "bias: false") + "num_experts: 4\ntop_k: 2\nmoe_every: 1\n")
 
 
-def tiny_moe_job(tp: int = 2, ep: int = 2, sp: bool = True, **settings: Any) -> Job:
-    """The tiny MoE (TINY_MOE_MODEL_YAML) on 8 A100s at tp x ep x dp (8 / tp), 2 sequences of 32 tokens a
-    micro-batch, 32 a step; `settings`: more ParallelSpec keys (zero, cp ...)."""
+def tiny_moe_job(tp: int = 2, ep: int = 2, sp: bool = True, num_gpus: int = 8, **settings: Any) -> Job:
+    """The tiny MoE (TINY_MOE_MODEL_YAML) on num_gpus A100s (8 a server) at tp x ep x dp (num_gpus / tp), 2
+    sequences of 32 tokens a micro-batch, 32 a step; `settings`: more ParallelSpec keys (zero, cp ...)."""
     spec = parse_model(yaml.safe_load(TINY_MOE_MODEL_YAML))
     par = ParallelSpec.parse({"micro_batch": 2, "seq_len": 32, "global_batch": 32, "tp": tp, "ep": ep, "sp": sp,
                               **settings})
-    return make_job(spec, a100_cluster(8), par)
+    return make_job(spec, a100_cluster(num_gpus), par)
 
 
 # Where hand-filled profile measurements are filed: this machine's CPU, one thread.

@@ -128,6 +128,23 @@ def _mixtral(cfg: _Reader) -> dict[str, Any]:
     return fields
 
 
+def _deepseek(cfg: _Reader) -> dict[str, Any]:
+    """DeepSeek-V2 / V3 (transformers 5.24.0 models/deepseek_v2 and deepseek_v3 configuration files): routed
+    experts and shared ones at moe_intermediate_size, the first first_k_dense_replace blocks dense at
+    intermediate_size, every moe_layer_freq-th block after them an MoE, multi-head latent attention (q_lora_rank
+    null: the queries not compressed)."""
+    fields = _llama_like(cfg, "llama", bias=False)
+    width = cfg.integer("moe_intermediate_size")
+    fields.update(num_experts=cfg.integer("n_routed_experts"), top_k=cfg.integer("num_experts_per_tok"),
+                  moe_every=cfg.integer("moe_layer_freq", 1), expert_ffn_hidden=width,
+                  shared_expert_ffn_hidden=cfg.integer("n_shared_experts", 0) * width,
+                  leading_dense_layers=cfg.integer("first_k_dense_replace", 0),
+                  mla={"q_lora_rank": cfg.integer("q_lora_rank", 0), "kv_lora_rank": cfg.integer("kv_lora_rank"),
+                       "qk_nope_head_dim": cfg.integer("qk_nope_head_dim"),
+                       "qk_rope_head_dim": cfg.integer("qk_rope_head_dim"), "v_head_dim": cfg.integer("v_head_dim")})
+    return fields
+
+
 def _bert(cfg: _Reader) -> dict[str, Any]:
     return {
         "arch": "bert", "num_layers": cfg.integer("num_hidden_layers"), "hidden": cfg.integer("hidden_size"),
@@ -144,5 +161,7 @@ _MAPPERS: dict[str, Callable[[_Reader], dict[str, Any]]] = {
     "mistral": lambda cfg: _llama_like(cfg, "llama", bias=False),
     "qwen2": _qwen2,
     "mixtral": _mixtral,
+    "deepseek_v2": _deepseek,
+    "deepseek_v3": _deepseek,
     "bert": _bert,
 }

@@ -7,6 +7,7 @@ Rerunning the same command measures only what the database does not hold yet.
 
 import json
 import os
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, cast
@@ -223,6 +224,11 @@ def profile(
                                                     "executor's cost per op instead: a negligible model of "
                                                     "--model's family on --world-size gloo ranks for --repeats steps; "
                                                     "stored in the profile database")] = False,
+    reshard_overhead: Annotated[bool, typer.Option("--reshard-overhead", help="measure the host cost per reshard "
+                                                   "collective instead: the split executor's autograd collectives "
+                                                   "(which trainsim measure's tp splits run too) beyond the bare "
+                                                   "collective, on --world-size gloo ranks; stored in the profile "
+                                                   "database")] = False,
 ) -> None:
     """Measure the forward and backward time of every op of a job on this machine, and local collectives."""
     import time
@@ -232,6 +238,9 @@ def profile(
         return
     if executor_overhead:
         _profile_executor_overhead(model, world_size, repeats, timeout_s, device_name, db, as_json)
+        return
+    if reshard_overhead:
+        _profile_reshard_overhead(world_size, timeout_s, device_name, db, as_json)
         return
     if overlap:
         _profile_overlap(model, micro_batch, seq_len, world_size, warmup, repeats, threads, timeout_s,
@@ -345,3 +354,30 @@ def _profile_executor_overhead(model: str, world_size: int, iterations: int, tim
 
 def register(app: typer.Typer) -> None:
     app.command("profile")(profile)
+
+
+def _profile_reshard_overhead(world_size: int, timeout_s: float, device_name: str | None, db: Path | None,
+                              as_json: bool) -> None:
+    """`trainsim profile --reshard-overhead`: the host cost per reshard collective and phase beyond the bare
+    collective (profile/reshard_overhead.py), into the profile database, in the one-thread environment the ranks
+    run (and the op profiles of `--threads 1` are stored in)."""
+    from trainsim.profile.database import ProfileDB
+    from trainsim.profile.ops import local_environment
+    from trainsim.profile.reshard_overhead import measure_reshard_overhead, store_reshard_overhead
+
+    torch = _torch()
+    if not 0 < timeout_s <= 3600:  # NB: also refuses NaN
+        raise ConfigError("timeout_s", timeout_s, "must be a positive number of seconds, at most 3600")
+    result = measure_reshard_overhead(world_size=world_size, timeout_s=timeout_s)
+    torch.set_num_threads(1)  # the environment recorded: the probe's ranks run one thread, as the measured ranks
+    path = db or default_db_path()
+    env = local_environment(device_name or LOCAL_CPU_DEVICE, "cpu")
+    with ProfileDB.open(path) as database:
+        store_reshard_overhead(database, env, result)
+    per_step = {f"{collective} {phase}": statistics.median(v)
+                for (collective, phase), v in result.per_step_s.items()}
+    entry = {"device": env.device, "world_size": world_size, "elements": result.elements, "calls": result.calls,
+             "rounds": result.rounds, "per_step_s": per_step, "db": str(path)}
+    _show_entry(entry, as_json, f"{env.device}: " + ", ".join(f"{key} {seconds * 1e6:.1f} us" for key, seconds in
+                                                               per_step.items())
+                + f" per reshard collective beyond the bare call; stored in {path}")

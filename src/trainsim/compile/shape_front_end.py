@@ -3,34 +3,41 @@ configs over tp (Proteus Sec. IV-B: a split on any op takes effect; Sec. V-B: th
 needs; Sec. VII: unspecified partitions inferred along data dependencies).
 
 A captured graph is one device's whole model, its ops the framework's kernels under their module paths
-(ir.graph.OpGraph.frontend). A tree addresses them by path (strategy.front_end_splits); each layer instance is
-walked along its forward ops as a chain (as compile.splits walks the configs over dp): an op the tree configures
-takes its config, any other infers it from the tensor it reads (compile.splits.inferred_config: batch, sequence and
-feature splits kept, a matmul reading split features splits its reduction, partial sums added up before any op that
-is not a matmul, norms and the loss read whole features). Each op is shaped generically from its kind and dims
-(front_end_op): a matmul's (batch x seq, out, reduce) parts divide its m, n and k (its backward matmuls' too, the
-same dims permuted), an attention core's batch and out parts its batch x heads and its seq parts the query rows,
-any other op's batch, seq and out parts its leading, second and last dims; FLOPs and bytes divide by the parts
-(the busiest part where they do not divide). Where a producer's placement differs from its reader's,
-strategy.reshard's pattern matching gives the collective (strategy.megatron.reshard_tp names it as the catalog's:
-attn.ar, mlp.ag, block.ag), and the backward the gradient's conjugate; an attention split by query rows gathers its
-keys and values, a norm split by features all-reduces its statistics (strategy.megatron.op_tp_collectives) and a
-loss split by its classes its three statistics (strategy.megatron.loss_statistics). A layer reads and hands on the
-whole hidden state (no sequence parallelism); the embedding's first op reads token ids.
+(ir.graph.OpGraph.frontend), each forward op with its data dependencies (ir.graph.Op.inputs: the ops whose output
+it reads, or the layer's input). A tree addresses them by path (strategy.front_end_splits); each layer instance is
+walked along its forward ops in order: an op the tree configures takes its config, any other infers it from the
+first of its inputs that is split (else its first; an op reading no activation, a mask or a lookup, runs whole)
+with compile.splits.inferred_config's rules: batch, sequence and feature splits kept, a matmul reading split
+features splits its reduction, partial sums added up before any op that is not a matmul, norms and the loss read
+whole features. Each op is shaped generically from its kind and dims (front_end_op): a matmul's (batch x seq, out,
+reduce) parts divide its m, n and k (its backward matmuls' too, the same dims permuted), an attention core's batch
+and out parts its batch x heads and its seq parts the query rows, a 4-dim element-wise op's (HF's attention layout:
+batch, heads, seq, head dim or keys; the rope) its first three dims, any other op's batch, seq and out parts its
+leading, second and last dims; FLOPs and bytes divide by the parts (the busiest part where they do not divide).
+
+Every reader's layout is compared with its own producer's: where they differ, strategy.reshard's pattern matching
+gives the collective (strategy.megatron.reshard_tp names it as the catalog's: attn.ar, mlp.ag, block.ag), and the
+backward the gradient's conjugate. A tensor read by several ops (a block's input: its first norm and the residual
+add's skip connection) is resharded once per layout its readers need, and their input gradients, summed where
+they lie alike, once per layout onto the producer's (the catalog's _skip_reshards); a tensor that carries no
+gradient (a mask, a rotary table: written by ops that read neither the layer's input nor a weight) is not resharded
+backward. An attention split by query rows gathers its keys and values, a norm split by features all-reduces its
+statistics (strategy.megatron.op_tp_collectives) and a loss split by its classes its three statistics
+(strategy.megatron.loss_statistics). A layer reads and hands on the whole hidden state (no sequence parallelism;
+Layer.hands_on names the op writing it); the embedding's first op reads token ids.
 
 A split matmul holds 1/(out x reduce) of its weight (n x k of its shape) and 1/out of its bias (its bytes beyond
-its three operands); split by tokens, it holds the weight whole and sums its gradient over those tp ranks too
-(front_end_token_params). A norm split by features holds 1/out of its gain and bias (the model's norm size). A
-matmul whose weight the layer does not hold (GPT-2's head, tied to the embedding's table) sheds nothing: the table
-stays whole where the lookup holds it.
+its three operands); a norm split by features 1/out of its gain and bias (the model's norm size); split by tokens,
+either holds its part whole and sums its gradient over those tp ranks too (LoweredPlan.front_end_token_params). A
+matmul whose weight the layer does not hold (GPT-2's head, tied to the embedding's table) holds nothing: the table
+stays whole where the lookup holds it. Each op keeps the activations it saves for its backward (Op.saved_bytes) as
+it reads them: divided by its input's parts.
 
 Refused in one line: a config on an op whose dims the pass cannot shape (a lookup, a convolution, a pool), an
 attention or norm split needing the model's shape where the graph has none, stage meshes, and tp > 1 without any
 config from a tree (the graph is one device's whole model).
-NB: ops are a chain in forward order: an element-wise op whose last dim is not the chain tensor's features (a mask
-built beside the attention) is taken as off the chain and runs whole; a residual add's skip input is not resharded
-(the catalog's _skip_reshards); saved activations keep the whole model's bytes (memory is an over-estimate for a
-split layer).
+NB: the saved activations are divided per op, not per tensor (a whole mask the attention core keeps is divided
+with its q, k and v); a tensor written in place is attributed to the op that allocated it.
 """
 
 import dataclasses
@@ -70,7 +77,8 @@ _SHAPED_KINDS = ("matmul", "attention", "elementwise", "softmax", "norm", "loss"
 
 def shape_front_end_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
     """The plan with each layer instance of a captured graph shaped at its ops' configs over tp (module doc),
-    its feature collectives in Layer.comms and no mesh_splits left for the catalog's passes."""
+    its feature collectives in Layer.comms, the parameters its token-split ops sum over tp ranks in
+    front_end_token_params and no mesh_splits left for the catalog's passes."""
     tp = job.parallel.tp
     if tp == 1:
         return plan
@@ -82,18 +90,19 @@ def shape_front_end_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
     if not configs:
         refuse_whole_model_tp(plan.frontend, tp)
     dev = DeviceSlice.of(job.parallel)
-    built: dict[tuple[int, frozenset[tuple[str, OpConfig]]], Layer] = {}
+    built: dict[tuple[int, frozenset[tuple[str, OpConfig]]], tuple[Layer, dict[int, float]]] = {}
     assignments = list(plan.layers)
+    shared: list[tuple[int, int, float]] = []
     for position, a in enumerate(plan.layers):
         given = configs.get(a.index, {})
         key = (id(a.layer), frozenset(given.items()))
-        layer = built.get(key)
-        if layer is None:
-            layer = built[key] = shape_front_end_layer(job, dev, a.layer, given)
+        found = built.get(key)
+        if found is None:
+            found = built[key] = _shaped(job, dev, a.layer, given)
+        layer, token_params = found
         assignments[position] = dataclasses.replace(a, layer=layer)
-    shared = tuple((index, parts, params) for index, by_parts in front_end_token_params(job, plan).items()
-                   for parts, params in by_parts.items())
-    return dataclasses.replace(plan, layers=tuple(assignments), mesh_splits=(), front_end_token_params=shared)
+        shared += [(a.index, parts, params) for parts, params in token_params.items()]
+    return dataclasses.replace(plan, layers=tuple(assignments), mesh_splits=(), front_end_token_params=tuple(shared))
 
 
 def front_end_repeated_flops(plan: LoweredPlan, shaped: LoweredPlan, tp: int) -> float:
@@ -108,90 +117,145 @@ def _run_flops(layer: Layer, recompute: str) -> float:
     return layer.flops("fwd") + layer.flops("bwd") + layer.recomputed_flops(recompute)
 
 
-def shape_front_end_layer(job: Job, dev: DeviceSlice, layer: Layer, given: Mapping[str, OpConfig]) -> Layer:
-    """One layer of a captured graph at its ops' configs over tp (given: by module path; the rest inferred)."""
+def _shaped(job: Job, dev: DeviceSlice, layer: Layer, given: Mapping[str, OpConfig]
+            ) -> tuple[Layer, dict[int, float]]:
+    """One layer of a captured graph at its ops' configs over tp (given: by module path; the rest inferred), and
+    {k: parameters} of its ops whose config splits their tokens k ways
+    (each of those ranks holds its part of the weight whole and makes its gradient from its own tokens: summed
+    over them with the data-parallel reduction, as strategy.megatron.token_split_params for the catalog's)."""
     walk = _Walk(job, dev, layer)
-    for op in layer.fwd:
-        walk.step(op, given.get(op.module_path))
+    for position, op in enumerate(layer.fwd):
+        walk.step(position, op, given.get(op.module_path))
     walk.hand_on()
-    fwd = tuple(front_end_op(op, walk.configs.get(id(op), UNSPLIT)) for op in layer.fwd)
-    bwd = tuple(front_end_op(op, _backward_config(op, layer.fwd, walk.configs, dev.micro_batch),
+    configs = {id(op): config for position, (op, config) in enumerate(zip(layer.fwd, walk.configs, strict=True))
+               if walk.gradient[position]}  # what backward ops take their config from
+    fwd = tuple(front_end_op(op, config) for op, config in zip(layer.fwd, walk.configs, strict=True))
+    bwd = tuple(front_end_op(op, _backward_config(op, layer.fwd, configs, dev.micro_batch),
                              _forward_of(op, layer.fwd)) for op in layer.bwd)
     comms = tuple(tp_comms(walk.forward, "fwd", dev.tp) + tp_comms(walk.backward[::-1], "bwd", dev.tp)
                   + walk.statistics)
-    return dataclasses.replace(layer, fwd=fwd, bwd=bwd, comms=comms,
-                               param_count=layer.param_count - walk.shed_params)
+    shaped = dataclasses.replace(layer, fwd=fwd, bwd=bwd, comms=comms, param_count=layer.param_count - walk.shed,
+                                 saved_bytes=_saved_bytes(layer, walk.configs))
+    return shaped, walk.token_params
+
+
+def _saved_bytes(layer: Layer, configs: list[OpConfig]) -> dict[str, float]:
+    """The layer's activations kept for its backward pass, each op's (Op.saved_bytes) as it holds what it reads:
+    divided by its input's parts (batch x seq x its reduction or output features); a block's under selective
+    recompute less its side outputs (Op.saved_aux_bytes), under full recompute its input, the whole hidden state
+    (the block reads it whole). NB: per op, not per tensor (a
+    whole mask an attention core split by heads keeps is divided with its q, k and v)."""
+    shed = aux = 0.0
+    for op, config in zip(layer.fwd, configs, strict=True):
+        parts = config.batch * config.seq * (config.reduce if op.kind in CONTRACTING else config.out)
+        shed += op.saved_bytes * (1.0 - 1.0 / parts)
+        aux += op.saved_aux_bytes * (1.0 - 1.0 / parts)
+    if layer.kind != "block":  # every mode keeps what the layer saves (frontends.torch.layers)
+        return {mode: kept - shed for mode, kept in layer.saved_bytes.items()}
+    out = dict(layer.saved_bytes)
+    out["none"] -= shed
+    out["selective"] -= shed - aux  # the aux tensors are not kept
+    return out
+
+
+_WEIGHTED = ("embedding", "matmul", "norm", "conv")  # kinds whose output carries a gradient (their weight's)
 
 
 class _Walk:
-    """The chain of a layer's forward ops over tp: each op's config, the reshards between them, the parameters a
-    rank no longer holds."""
+    """A layer's forward ops over tp along their data dependencies (Op.inputs): each op's config, the reshards
+    between each producer and each of its readers, the parameters a rank no longer holds or sums over tp ranks."""
 
     def __init__(self, job: Job, dev: DeviceSlice, layer: Layer) -> None:
         self.job, self.dev, self.layer = job, dev, layer
-        self.placement: Placement | None = None if layer.kind == "embedding" else Placement(dev.tp)
-        self.producer: Op | None = None
-        self.features = 0  # the last dim of the chain tensor (0: not known yet)
-        self.elements = 0.0  # the chain tensor's whole elements
+        whole = Placement(dev.tp)
+        self.placements: dict[int, Placement] = {} if layer.kind == "embedding" else {-1: whole}  # -1: the input
+        self.gradient: dict[int, bool] = {-1: True}  # whether an op's output carries a gradient back
+        self.read_as: dict[int, list[Placement]] = {}  # per producer, the layouts its readers had it resharded to
+        self.grad_as: dict[int, list[Placement]] = {}  # per producer, its readers' input gradients' layouts
         self.statistics: list[Comm] = []  # a loss split by classes: its statistics' all-reduces (listed last)
-        self.unclaimed_params = layer.full_param_count  # parameters of this layer no split op has claimed yet
-        self.configs: dict[int, OpConfig] = {}  # id(op) -> its config over tp
+        self.unclaimed_params = layer.full_param_count  # parameters of this layer no op has claimed yet
+        self.configs: list[OpConfig] = []  # per forward op, its config over tp
         self.forward: list[tuple[str, ReshardStep, str]] = []  # (name, step, column-parallel matmul: Comm)
         self.backward: list[tuple[str, ReshardStep, str]] = []
-        self.shed_params = 0.0
+        self.shed = 0.0
+        self.token_params: dict[int, float] = {}
 
-    def step(self, op: Op, config: OpConfig | None) -> None:
+    def step(self, position: int, op: Op, config: OpConfig | None) -> None:
         where = f"split.compute@tp on {self.layer.name} {op.module_path or '<root>'} ({op.name})"
-        if config is None and not self._on_chain(op):
-            return  # off the chain (a mask, a lookup of positions): runs whole, the chain tensor unchanged
+        inputs = [p for p in self._inputs(position, op) if p in self.placements]
         contracting = op.kind in CONTRACTING
         if config is None:
-            config, need = self._inferred(op)
-        else:
-            need = input_placement(config, self.dev.tp, contracting)
+            config = self._inferred(op, inputs)
+        need = input_placement(config, self.dev.tp, contracting)
         if config != UNSPLIT and op.kind not in _SHAPED_KINDS:  # given, or inferred from a split input
             raise ConfigError(where, config_text(config), f"a {op.kind} op is not shaped on a captured graph; give "
                               "configs to matmuls, attention, norms and element-wise ops (the lookup runs whole)")
-        if self.placement is not None:
-            column = op.module_path if contracting and config == OpConfig(1, 1, self.dev.tp, 1) else ""
-            grad = input_grad_placement(need, config, contracting)
-            site, tensor = self._site(op), self._tensor_bytes(op)
-            self.forward += reshard_tp(site, reshard(self.placement, need, tensor), column)
-            self.backward += reshard_tp(site, reshard(grad, output_grad_placement(self.placement), tensor), column)
+        column = op.module_path if contracting and config == OpConfig(1, 1, self.dev.tp, 1) else ""
+        grad = input_grad_placement(need, config, contracting)
+        for producer in inputs:
+            self._reshard(producer, op, need, grad, column)
         if (op.kind == "attention" and config.seq > 1) or (op.kind == "norm" and config.out > 1):
             forward, backward = op_tp_collectives(self._spec(op, config, where), self.dev, op, config)
             self.forward += forward
             self.backward += backward
         if op.kind == "loss" and config.out > 1:
             self.statistics += loss_statistics(config, self.dev)
-        self.configs[id(op)] = config
-        self.shed_params += self._shed(op, config)
-        self.placement, self.producer = output_placement(config, self.dev.tp, contracting), op
-        self.elements = op_output_bytes(op) / BYTES_PER_DTYPE[op.dtype]
-        self.features = _out_dim(op, self.dev.micro_batch)
+        self.configs.append(config)
+        self._hold(op, config)
+        self.placements[position] = output_placement(config, self.dev.tp, contracting)
+        self.gradient[position] = op.kind in _WEIGHTED or any(self.gradient[p] for p in inputs)
 
     def hand_on(self) -> None:
         """The layer hands on the whole hidden state (the head: the loss, nothing)."""
-        if self.placement is None or self.layer.kind == "head":
+        if self.layer.kind == "head" or not self.layer.fwd:
             return
-        whole, site, tensor = Placement(self.dev.tp), self._site(None), self._tensor_bytes(None)
-        self.forward += reshard_tp(site, reshard(self.placement, whole, tensor))
-        self.backward += reshard_tp(site, reshard(whole, output_grad_placement(self.placement), tensor))
+        last = self.layer.hands_on if self.layer.hands_on is not None else len(self.layer.fwd) - 1
+        held, whole = self.placements[last], Placement(self.dev.tp)
+        site, tensor = self._site(None, last), self._tensor_bytes(last, None)
+        self.forward += reshard_tp(site, reshard(held, whole, tensor))
+        self.backward += reshard_tp(site, reshard(whole, output_grad_placement(held), tensor))
 
-    def _tensor_bytes(self, reader: Op | None) -> float:
-        """The chain tensor's whole bytes as it moves between its writer and `reader`: at the narrower of their
-        dtypes (a fused group is labelled by its first op: an RMSNorm group casting to fp32 and back hands on
-        the activation dtype; the fp32 copy of the logits reaches the loss in fp32); handed on, at the narrower
-        of the writer's and the activation dtype."""
+    def _inputs(self, position: int, op: Op) -> tuple[int, ...]:
+        """The producers an op reads (Op.inputs; without them, the op before it: a chain)."""
+        if op.inputs is not None:
+            return op.inputs
+        return (position - 1,) if position > 0 else (-1,)
+
+    def _reshard(self, producer: int, reader: Op, need: Placement, grad: Placement, column: str) -> None:
+        """The reshards between a producer's output and a reader: forward onto the layout the reader needs, unless
+        an earlier reader had it resharded to that layout already (the catalog's skip connection: its add reads
+        the tensor as its norm did); backward the reader's input gradient onto the producer's gradient layout,
+        unless an earlier reader's lies alike (they are summed first, then resharded once)."""
+        held, site, tensor = self.placements[producer], self._site(reader, producer), self._tensor_bytes(
+            producer, reader)
+        if need not in self.read_as.setdefault(producer, []):
+            self.read_as[producer].append(need)
+            self.forward += reshard_tp(site, reshard(held, need, tensor), column)
+        if self.gradient[producer] and grad not in self.grad_as.setdefault(producer, []):
+            self.grad_as[producer].append(grad)
+            self.backward += reshard_tp(site, reshard(grad, output_grad_placement(held), tensor), column)
+
+    def _tensor_bytes(self, producer: int, reader: Op | None) -> float:
+        """A producer's output, whole, as it moves to `reader`: at the narrower of their dtypes (a fused group is
+        labelled by its first op: an RMSNorm group casting to fp32 and back hands on the activation dtype; the
+        fp32 copy of the logits reaches the loss in fp32); handed on, at the narrower of the writer's and the
+        activation dtype. The layer's input (producer -1): the hidden state its reader reads."""
         activation: DType = self.dev.precision.activation_dtype
-        ends: list[DType] = [self.producer.dtype if self.producer is not None else activation,
+        writer = self.layer.fwd[producer] if producer >= 0 else None
+        ends: list[DType] = [writer.dtype if writer is not None else activation,
                              reader.dtype if reader is not None else activation]
-        return self.elements * min(BYTES_PER_DTYPE[dtype] for dtype in ends)
+        if writer is not None:
+            elements = op_output_bytes(writer) / BYTES_PER_DTYPE[writer.dtype]
+        else:
+            assert reader is not None  # the layer's input is handed on only through an op
+            elements = _read_elements(reader)
+        return elements * min(BYTES_PER_DTYPE[dtype] for dtype in ends)
 
-    def _site(self, reader: Op | None) -> str:
+    def _site(self, reader: Op | None, producer: int) -> str:
         """Where a reshard into `reader` runs: the reader's module's attention or MLP, else the producer's, else
         the layer's (the compiler places a collective after its site's last op)."""
-        for op in (reader, self.producer):
+        writer = self.layer.fwd[producer] if producer >= 0 else None
+        for op in (reader, writer):
             for part in op.module_path.split(".") if op is not None else ():
                 if "attn" in part or "attention" in part:
                     return "attn"
@@ -199,19 +263,14 @@ class _Walk:
                     return "mlp"
         return layer_site(self.layer.kind)
 
-    def _on_chain(self, op: Op) -> bool:
-        """Whether op reads the chain tensor: a lookup reads token ids (whole); a matmul, attention, conv or pool
-        does; any other op where its last dim is the chain tensor's features (or none is known yet)."""
-        if op.kind == "embedding":
-            return False
-        if op.kind in ("matmul", "attention", "conv", "pool") or self.features == 0:
-            return True
-        return bool(op.shape) and op.shape[-1] == self.features
-
-    def _inferred(self, op: Op) -> tuple[OpConfig, Placement]:
-        held = self.placement or Placement(self.dev.tp)
-        config, need, _ = inferred_config(op, held, self.dev.tp)
-        return config, need
+    def _inferred(self, op: Op, inputs: list[int]) -> OpConfig:
+        """An op the tree does not configure: its config from the first input that is split (or partial), else
+        from its first input, else (an op reading no activation: a mask, a lookup) whole."""
+        if not inputs:
+            return UNSPLIT
+        placements = [self.placements[p] for p in inputs]
+        held = next((p for p in placements if p.shards > 1), placements[0])
+        return inferred_config(op, held, self.dev.tp)[0]
 
     def _spec(self, op: Op, config: OpConfig, where: str) -> TransformerSpec:
         if not isinstance(self.job.model, TransformerSpec):
@@ -219,45 +278,32 @@ class _Walk:
                               "Hugging Face config), which this graph has not")
         return self.job.model
 
-    def _shed(self, op: Op, config: OpConfig) -> float:
-        """Parameters one rank no longer holds: a split matmul's (weight and bias) parts, a norm's by features."""
+    def _hold(self, op: Op, config: OpConfig) -> None:
+        """The op's own parameters at its config: a matmul's weight 1/(out x reduce), its bias 1/out; a norm's
+        gain and bias 1/out (the model's norm size); the rest shed, and what a rank holds summed over the ranks
+        that split its tokens. A matmul whose weight the layer does not hold (it exceeds what no other op has
+        claimed: GPT-2's head, tied to the embedding's table) holds nothing here."""
+        weight = bias = 0.0
         if op.kind == "matmul" and len(op.shape) == 4:
             weight, bias = _matmul_params(op)
-            if weight + bias > self.unclaimed_params:  # a weight tied to another layer's (GPT-2's head): held there
-                return 0.0
+            if weight + bias > self.unclaimed_params:
+                return
             self.unclaimed_params -= weight + bias
-            return weight * (1.0 - 1.0 / (config.out * config.reduce)) + bias * (1.0 - 1.0 / config.out)
-        if op.kind == "norm" and config.out > 1 and isinstance(self.job.model, TransformerSpec):
-            return norm_params(self.job.model) * (1.0 - 1.0 / config.out)
-        return 0.0
+        elif op.kind == "norm" and config != UNSPLIT and isinstance(self.job.model, TransformerSpec):
+            weight = float(norm_params(self.job.model))
+        held = weight / (config.out * config.reduce) + bias / config.out
+        self.shed += weight + bias - held
+        tokens = config.batch * config.seq
+        if tokens > 1 and held > 0.0:
+            self.token_params[tokens] = self.token_params.get(tokens, 0.0) + held
 
 
-def front_end_token_params(job: Job, plan: LoweredPlan) -> dict[int, dict[int, float]]:
-    """Per layer index, {k: parameters} of a captured layer's matmuls (weight and bias) and norms whose config
-    over tp splits their tokens k ways: each of those ranks holds its part of the weight and makes its gradient
-    from its own tokens, summed over them with the data-parallel reduction (as
-    strategy.megatron.token_split_params for the catalog's). plan: before shape_front_end_layers."""
-    out: dict[int, dict[int, float]] = {}
-    spec = job.model if isinstance(job.model, TransformerSpec) else None
-    layers = {a.index: a.layer for a in plan.layers}
-    for index, given in plan.tp_configs().items():
-        layer = layers[index]
-        for op in layer.fwd:
-            config = given.get(op.module_path)
-            if config is None or config.batch * config.seq == 1:
-                continue
-            parts = config.batch * config.seq
-            if op.kind == "matmul" and len(op.shape) == 4:
-                weight, bias = _matmul_params(op)
-                if weight + bias > layer.full_param_count:  # tied to another layer's weight (held there)
-                    continue
-                held = weight / (config.out * config.reduce) + bias / config.out
-            elif op.kind == "norm" and spec is not None:
-                held = norm_params(spec) / config.out
-            else:
-                continue
-            out.setdefault(index, {})[parts] = out.get(index, {}).get(parts, 0.0) + held
-    return out
+def _read_elements(op: Op) -> float:
+    """The elements of the activation an op reads: a matmul's m x k, any other op's output's."""
+    if op.kind == "matmul" and len(op.shape) == 4:
+        b, m, _, k = op.shape
+        return float(b * m * k)
+    return op_output_bytes(op) / BYTES_PER_DTYPE[op.dtype]
 
 
 def front_end_op(op: Op, config: OpConfig, forward: Op | None = None) -> Op:
@@ -275,6 +321,10 @@ def front_end_op(op: Op, config: OpConfig, forward: Op | None = None) -> Op:
         shape[0], excess = ceil_part(shape[0], config.batch * config.out)
         shape[1], more = ceil_part(shape[1], config.seq)
         ratio = excess * more
+    elif len(shape) == 4 and op.kind in ("elementwise", "softmax"):  # (batch, heads, seq, head dim or keys)
+        for i, parts in ((0, config.batch), (1, config.out), (2, config.seq)):
+            shape[i], excess = ceil_part(shape[i], parts)
+            ratio *= excess
     elif len(shape) >= 2:  # (batch, [seq, ...,] features)
         dims = [(0, config.batch), (1, config.seq)] if len(shape) >= 3 else [(0, tokens)]
         for i, parts in [*dims, (len(shape) - 1, config.out)]:
@@ -288,9 +338,9 @@ def front_end_op(op: Op, config: OpConfig, forward: Op | None = None) -> Op:
 
 
 def _backward_config(op: Op, fwd: tuple[Op, ...], configs: Mapping[int, OpConfig], micro_batch: int) -> OpConfig:
-    """A backward op's config: that of the forward op of its module on the chain (of its kind first), else of
-    the last forward op on the chain of an enclosing or enclosed module whose output's last dim is the op's;
-    whole where none is."""
+    """A backward op's config: that of the forward op of its module whose output carries a gradient (configs
+    holds those; of its kind first), else of the last such forward op of an enclosing or enclosed module whose
+    output's last dim is the op's; whole where none is."""
     same = [f for f in fwd if f.module_path == op.module_path and id(f) in configs]
     match = next((f for f in reversed(same) if f.kind == op.kind), same[-1] if same else None)
     if match is None and op.shape:

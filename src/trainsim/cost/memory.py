@@ -162,8 +162,9 @@ def stage_in_flight(par: ParallelSpec, index: int, shares: Sequence[float] | Non
 def chunk_shares(stage: list[StagePart], blocks_per_chunk: Sequence[int],
                  recompute: str) -> tuple[float, ...] | None:
     """Each model chunk's share of the stage's saved activations per micro-batch: its blocks' (the stage's blocks
-    of each kind in one proportion), the embedding on the first chunk, the head on the last; None when the stage
-    saves nothing. recompute: the saved_key."""
+    of each kind in one proportion; NB: also where a graph's dense blocks lead, whose first chunks hold them), the
+    embedding on the first chunk, the head on the last; None when the stage saves nothing. recompute: the
+    saved_key."""
     blocks = sum(blocks_per_chunk)
     per_chunk = [0.0] * len(blocks_per_chunk)
     for part in stage:

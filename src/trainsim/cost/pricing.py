@@ -79,7 +79,7 @@ from trainsim.strategy.stack import BEHAVIOURS, StackSpec
 from trainsim.strategy.stages import (
     BLOCK_KINDS,
     StagePart,
-    is_even_split,
+    is_even_graph_split,
     num_blocks,
     partition_stages,
     virtual_stage_blocks,
@@ -164,7 +164,10 @@ def ordered_sum(values: Iterable[float]) -> float:
 
 def axis_group(axis: str, par: ParallelSpec) -> tuple[int, int]:
     """(size, stride) of the group of `axis`. Ranks are ordered tp (fastest), cp, dp, pp; ep groups are made of
-    data-parallel ranks; "grad" is the data-parallel gradient group (dp x cp ranks, stride tp)."""
+    ep consecutive (cp, dp) positions, cp fastest: Megatron-Core's expert mesh, its own order tp-ep-dp-pp over
+    the ranks with cp folded into the expert data parallelism (initialize_model_parallel's expert
+    RankGenerator, megatron/core/parallel_state.py, megatron-core 0.16.1; strategy.expert_groups); "grad" is the
+    data-parallel gradient group (dp x cp ranks, stride tp)."""
     if axis == "tp":
         return par.tp, 1
     if axis == "cp":
@@ -172,7 +175,7 @@ def axis_group(axis: str, par: ParallelSpec) -> tuple[int, int]:
     if axis == "dp":
         return par.dp, par.tp * par.cp
     if axis == "ep":
-        return par.ep, par.tp * par.cp
+        return par.ep, par.tp
     if axis == "pp":
         return min(par.pp, 2), par.tp * par.cp * par.dp
     if axis == "grad":
@@ -239,6 +242,8 @@ class Pricer:
         self._grad_sync: dict[tuple[object, ...], float] = {}
         self._grad_queues: dict[tuple[object, ...], GradientQueues] = {}
         self._stage_ops: dict[object, tuple[int, int, int]] = {}
+        # stage key -> ((collective, phase), calls) of the reshards a tree adds (ir.graph.Comm.reshard)
+        self._stage_reshards: dict[object, tuple[tuple[tuple[str, str], float], ...]] = {}
         self._partitions: dict[tuple[object, ...], Partition] = {}
         self._splits: dict[tuple[object, ...], tuple[int, ...] | None] = {}
         self._chunk_shares: dict[tuple[object, ...], tuple[tuple[float, ...], ...]] = {}
@@ -299,7 +304,8 @@ class Pricer:
             vpp = len(virtual_blocks) // pp if virtual_blocks else 1
             per_chunk = tuple(tuple(virtual_blocks[chunk * pp + rank] for chunk in range(vpp))
                               for rank in range(pp)) if virtual_blocks else ()
-            stages = partition_stages(graph, pp, tuple(sum(chunks) for chunks in per_chunk) if per_chunk else None)
+            stages = partition_stages(graph, pp, tuple(sum(chunks) for chunks in per_chunk) if per_chunk else None,
+                                      virtual_blocks)
             first: dict[StageKey, int] = {}
             numbers: list[int] = []
             firsts: list[int] = []
@@ -326,9 +332,8 @@ class Pricer:
                  par.loss_in_split, par.stage_layers)
         key = (self._pin(graph), split)
         if key not in self._splits:
-            blocks = num_blocks(graph)
-            even = not blocks or (is_even_split(par) and blocks % (par.pp * par.vpp) == 0)
-            self._splits[key] = None if even else virtual_stage_blocks(blocks, par)
+            even = is_even_graph_split(graph, par)
+            self._splits[key] = None if even else virtual_stage_blocks(num_blocks(graph), par)
         return self._splits[key]
 
     def plan_partition(self, graph: OpGraph, par: ParallelSpec) -> Partition:
@@ -1216,7 +1221,28 @@ class Pricer:
         if job.stack.split_executor:  # trainsim measure's split executor: Python per op (profile/executor_overhead)
             host += self.step_costs.executor_overhead_s(job.model.kind, counts[2], counts[0] - counts[2],
                                                         job.cluster.device)
-        return host
+        return host + self.reshard_host_s(stage, job, key)
+
+    def reshard_host_s(self, stage: list[StagePart], job: Job, key: object = None) -> float:
+        """The host cost of one micro-batch's reshards that a strategy tree adds beyond Megatron's collectives
+        (ir.graph.Comm.reshard): each call, forward or backward, its collective's measured host cost per reshard
+        step beyond the collective itself (StepCosts.executor_reshard_s; profile/reshard_overhead.py, on the
+        device's own profile: 0 where none measured it). The collective's own time is the layer's feature
+        communication, as before. NB: per call as an explicit autograd collective runs it; a framework that
+        reshards through heavier wrappers (DTensor's redistribute) pays more per call. key: the stage's
+        stage_key where the caller has it."""
+        key = self.stage_key(stage) if key is None else key
+        calls = self._stage_reshards.get(key)
+        if calls is None:
+            counted: dict[tuple[str, str], float] = {}
+            for part in stage:
+                for c in part.layer.comms:
+                    if c.reshard:
+                        counted[(c.collective, c.phase)] = counted.get((c.collective, c.phase), 0.0) + part.count
+            calls = self._stage_reshards[key] = tuple(sorted(counted.items()))
+        device = job.cluster.device
+        return sum(n * self.step_costs.executor_reshard_s(collective, phase, device)
+                   for (collective, phase), n in calls)
 
     def executor_reshard_s(self, collective: str, phase: str, job: Job) -> float:
         """trainsim measure's split executor's host cost per reshard step (StackSpec.split_executor; profile/

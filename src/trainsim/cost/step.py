@@ -43,8 +43,9 @@ class StepCosts(Protocol):
         ...
 
     def executor_reshard_s(self, collective: str, phase: str, device: DeviceSpec) -> float:
-        """Host-side cost of one reshard step running `collective` in `phase` ("fwd" or "bwd") in trainsim
-        measure's split executor (StackSpec.split_executor), beyond the collective and the step's copies."""
+        """Host-side cost of one reshard step running `collective` in `phase` ("fwd" or "bwd") as an autograd
+        collective (trainsim measure's split executor, StackSpec.split_executor, and the reshards its tp splits
+        add), beyond the collective and the step's copies."""
         ...
 
     def micro_batch_overhead_s(self, num_ops: int, num_layers: int, par: ParallelSpec,

@@ -26,18 +26,20 @@ def matmul_backward(op: Op) -> tuple[Op, Op]:
 
 
 def attention_op(path: str, dtype: DType, batch_heads: int, q_tokens: int, kv_tokens: int, head_dim: int,
-                 causal: bool, kernel: str = "flash2") -> Op:
-    """Scores Q K^T and the weighted sum P V: 4 * q * kv * d FLOPs per head.
+                 causal: bool, kernel: str = "flash2", value_dim: int = 0) -> Op:
+    """Scores Q K^T and the weighted sum P V: 2 * q * kv * (d + dv) FLOPs per head (4 q kv d where the values
+    have the queries' and keys' head dim d; value_dim: dv where they do not, 0: d).
 
     NB: a fused (flash) kernel skips the masked half of a causal score matrix; an unfused one (kernel "math")
     computes it all and also writes the score matrix to memory twice (softmax, dropout).
     """
     fused = kernel != "math"
-    flops = 4.0 * batch_heads * q_tokens * kv_tokens * head_dim
+    dims = head_dim + (value_dim or head_dim)  # a score's reduction, and a value's features
+    flops = 2.0 * batch_heads * q_tokens * kv_tokens * dims
     if causal and fused:
         flops *= 0.5
     elem = BYTES_PER_DTYPE[dtype]
-    qkvo = batch_heads * (2 * q_tokens + 2 * kv_tokens) * head_dim * elem
+    qkvo = batch_heads * (q_tokens + kv_tokens) * dims * elem  # q and k at d, v and the output at dv
     scores = 0.0 if fused else 3.0 * batch_heads * q_tokens * kv_tokens * elem
     return Op("attention", "attention", path, "fwd", dtype, flops, qkvo + scores,
               (batch_heads, q_tokens, kv_tokens, head_dim), recompute_selective=True, kernel=kernel)

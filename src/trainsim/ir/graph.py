@@ -22,7 +22,15 @@ LayerKind = Literal["embedding", "block", "moe_block", "head", "conv_block", "ml
 @dataclass(frozen=True, slots=True)
 class Op:
     """One kernel. shape is (batch, m, n, k) for matmul and attention (m query tokens, n key tokens, k head
-    dim), the output shape otherwise."""
+    dim), the output shape otherwise.
+
+    A capturing front-end's forward op also carries its data dependencies and what it keeps for its backward
+    (the catalog's builders leave them at their defaults: their ops are a chain, their layers' activations
+    Layer.saved_bytes): inputs, the positions in its layer's forward ops of the ops whose output it reads (-1:
+    the tensor the layer reads; parameters and other layers' tensors left out; None: not known); saved_bytes, the
+    activation bytes it keeps for its backward pass (each tensor counted once per layer, with the op that reads
+    it first), of which saved_aux_bytes are side outputs selective recompute drops (an attention kernel's
+    log-sum-exp, a softmax's output)."""
 
     name: str
     kind: OpKind
@@ -34,6 +42,9 @@ class Op:
     shape: tuple[int, ...]
     recompute_selective: bool = False  # recomputed under selective recompute (the attention core)
     kernel: str = ""  # attention: the kernel family (strategy.parallel.AttentionKernel); "" elsewhere
+    inputs: tuple[int, ...] | None = None
+    saved_bytes: float = 0.0
+    saved_aux_bytes: float = 0.0
 
     def describe(self) -> str:
         dims = "x".join(str(d) for d in self.shape)
@@ -52,6 +63,9 @@ class Comm:
     group) whose input this tp collective reshards, '' for any other: in backward its input gradient's all-reduce
     (or reduce-scatter under sp), in forward under sp the all-gather of its input (which Megatron's backward
     repeats for the weight gradient); what a stack overlaps them with is the pricing's (StackSpec.tp_dgrad_overlap).
+    reshard: one a strategy tree's own op configs add beyond the collectives Megatron's split of the layer issues
+    (strategy.megatron.layer_comms): a reshard the framework runs outside its tensor-parallel layers, whose host
+    cost per call the pricing adds (Pricer.reshard_host_s).
     """
 
     name: str
@@ -61,6 +75,7 @@ class Comm:
     buffer_bytes: float
     ranks: int = 0
     column_input: str = ""
+    reshard: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +102,7 @@ class Layer:
     saved_bytes: dict[str, float] = field(default_factory=dict)  # recompute mode -> activation bytes kept
     output_bytes: float = 0.0  # activation passed to the next layer (pipeline send size)
     experts: ExpertShard | None = None  # an MoE layer's experts among param_count (None: no experts)
+    hands_on: int | None = None  # the position in fwd of the op writing output_bytes' tensor (None: the last op)
 
     def flops(self, phase: Phase) -> float:
         return sum(op.flops for op in (self.fwd if phase == "fwd" else self.bwd))
@@ -118,7 +134,9 @@ class OpGraph:
     """measured: set by the execution-trace front-end (what the traced run did), None for a model built from
     shapes alone. frontend: the front-end that built the layers: "catalog" (per-device shapes, Megatron's splits
     applied by the builder) or a capturing front-end ("torch": one device's whole model, split over tp by a
-    strategy tree's configs, compile.shape_front_end)."""
+    strategy tree's configs, compile.shape_front_end). leading_dense_blocks: the first blocks in model order are
+    the dense ones (DeepSeek's first_k_dense_replace: its `block` layer's repeats lead, its `moe_block` layer's
+    follow); 0: dense and MoE blocks interleaved evenly (strategy.lowered.expand_layers)."""
 
     model_name: str
     layers: tuple[Layer, ...]
@@ -126,6 +144,7 @@ class OpGraph:
     samples_per_micro_batch: int
     measured: MeasuredTrace | None = None
     frontend: str = "catalog"
+    leading_dense_blocks: int = 0
 
     @property
     def num_ops(self) -> int:

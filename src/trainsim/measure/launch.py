@@ -154,6 +154,7 @@ def check_supported(job: Job, device: Device, tree: bool = False) -> None:
         return
     if not isinstance(model, TransformerSpec):
         raise unsupported(f"measure builds transformer models only, not a {model.kind} model")
+    _check_built_structure(model)
     if model.is_moe and (p.tp > 1 or p.zero >= 2):
         raise unsupported(f"{model.name} is a mixture of experts (num_experts={model.num_experts}): measured with "
                           f"every expert on every rank, tp=1 and zero<2 only (got tp={p.tp}, zero={p.zero})")
@@ -178,6 +179,17 @@ def check_supported(job: Job, device: Device, tree: bool = False) -> None:
     if p.pp > 1 and p.num_micro_batches < p.pp:
         raise unsupported(f"pp={p.pp} needs at least pp micro-batches; global_batch={p.global_batch} "
                                   f"/ (dp={p.dp} x micro_batch={p.micro_batch}) = {p.num_micro_batches}")
+
+
+def _check_built_structure(model: TransformerSpec) -> None:
+    """What measure's model builder (measure/model.py) does not build: a multi-head latent attention, experts of
+    a width of their own, shared experts, leading dense blocks."""
+    for name, value in (("mla", model.mla), ("expert_ffn_hidden", model.expert_ffn_hidden),
+                        ("shared_expert_ffn_hidden", model.shared_expert_ffn_hidden),
+                        ("leading_dense_layers", model.leading_dense_layers)):
+        if value:
+            raise unsupported(f"{name} of {model.name} is not built by measure (its attention has q, k and v "
+                              "projections per head, its experts the model's ffn_hidden, every moe_every-th block)")
 
 
 def _check_split_run(job: Job) -> None:

@@ -48,9 +48,18 @@ CREATE TABLE IF NOT EXISTS stage_phase (
 # on the first probed stage, so databases collected without the probe are left as they were.
 
 
+# spec fields added after stage databases were recorded: left out of a model's key at their defaults, so a model
+# that does not use them keeps the key (and the measured rows) it had
+_LATER_FIELDS = ("expert_ffn_hidden", "shared_expert_ffn_hidden", "leading_dense_layers", "mla")
+
+
 def model_key(model: TransformerSpec) -> str:
     """The model's name and a hash of its full spec (two specs of one name never share rows)."""
-    digest = hashlib.sha256(json.dumps(model.model_dump(), sort_keys=True).encode()).hexdigest()[:12]
+    spec = model.model_dump()
+    for name in _LATER_FIELDS:
+        if spec[name] == TransformerSpec.model_fields[name].default:
+            del spec[name]
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     return f"{model.name}:{digest}"
 
 

@@ -98,11 +98,12 @@ class _Shape:
 
 
 def _signature(graph: OpGraph) -> tuple[object, ...]:
-    """What strategy.stages.partition_stages reads of a graph: its layers' kinds and counts, in order. A graph
-    that holds one layer object twice is its own (its partition's stages are told apart by layer object)."""
+    """What strategy.stages.partition_stages reads of a graph: its layers' kinds and counts, in order, and its
+    leading dense blocks. A graph that holds one layer object twice is its own (its partition's stages are told
+    apart by layer object)."""
     if len({id(layer) for layer in graph.layers}) < len(graph.layers):
         return ("graph", id(graph))
-    return tuple([(layer.kind, layer.count) for layer in graph.layers])
+    return (graph.leading_dense_blocks, *[(layer.kind, layer.count) for layer in graph.layers])
 
 
 def _template(partition: Partition, graph: OpGraph) -> _Template | None:

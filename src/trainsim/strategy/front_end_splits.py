@@ -5,8 +5,8 @@ A captured graph (the torch front-end's: ir.graph.OpGraph.frontend) is one devic
 the framework's kernels (addmm, native_layer_norm, fused element-wise groups) under their module paths, with no
 Megatron vocabulary to place splits by. The tree gives an op a config over tp where a split item "compute" with
 axis tp reaches its node (set there or inherited from an ancestor; parts 1 sets "whole" explicitly); every other
-op is left to the compiler, which infers its config from its input along the op chain (Proteus Sec. VII;
-compile.shape_front_end). Only tp splits a captured graph: cp and ep are refused by the front-end.
+op is left to the compiler, which infers its config from its inputs along the captured data dependencies (Proteus
+Sec. VII; compile.shape_front_end). Only tp splits a captured graph: cp and ep are refused by the front-end.
 """
 
 from collections.abc import Mapping, Sequence

@@ -115,10 +115,13 @@ class LoweredPlan:
 
 def expand_layers(graph: OpGraph) -> list[Layer]:
     """Repeats in model order. Dense and mixture-of-experts blocks (stored as two layers) are interleaved
-    evenly, as `moe_every` places them: block i is an MoE block when floor((i+1)k/n) > floor(ik/n)."""
+    evenly, as `moe_every` places them: block i is an MoE block when floor((i+1)k/n) > floor(ik/n); a graph
+    whose dense blocks lead (OpGraph.leading_dense_blocks) holds them first, then the MoE blocks."""
     out: list[Layer] = []
     dense = [layer for layer in graph.layers if layer.kind == "block"]
     moe = [layer for layer in graph.layers if layer.kind == "moe_block"]
+    if graph.leading_dense_blocks:  # the graph's layers are in model order
+        return [layer for layer in graph.layers for _ in range(layer.count)]
     for layer in graph.layers:
         if layer.kind == "moe_block" and dense:
             continue

@@ -64,18 +64,22 @@ model_parallel_config.py and parallel_state.py, megatron-core 0.16.1: the expert
 groups and expert data-parallel groups of world / (d x ep x pp) ranks). Under sp an expert op at degree d keeps
 the sequence split of its d ranks' tokens (config seq = tp / d; d = 1: seq = tp, each rank's experts whole on
 its own sequence share); without sp every d-group runs all the micro-batch's tokens. Where d < tp, and at
-Megatron's split (d = tp) under sp at ep > 1, the token dispatch follows Megatron-Core's
+Megatron's split (d = tp) under sp at any ep, the token dispatch follows Megatron-Core's
 MoEAlltoAllTokenDispatcher (megatron/core/transformer/moe/token_dispatcher.py, token_permutation in 0.9.0,
-dispatch_postprocess in 0.16.1: the same order): each rank dispatches its own tokens, the all-to-all over ep
-moves their routed copies (T k h / tp per rank under sp), then the routed tokens are all-gathered over the d
-ranks (gather_from_sequence_parallel_region over the expert tp group) and reduce-scattered after the experts
-(none at d = 1). Without sp (which Megatron-Core refuses for MoE training at tp > 1: moe_layer.py) and at ep = 1
-trainsim keeps its order, the hidden state gathered over tp before the experts, every rank dispatching all its
-local tokens (_read_bytes, _tensor_bytes): at ep = 1 the volumes of Megatron-Core's all-gather dispatcher
-(MoEAllGatherTokenDispatcher, the default dispatcher type of 0.9.0). NB: 0.16.1 also moves the routing
-probabilities through the all-to-all and the gather (T k fp32 values per rank, 2 / h of the tokens' bytes),
-not priced. Megatron-Core's TopKRouter holds its weight whole on every tp rank and runs it on
-the rank's tokens (its sequence share under sp, its gradient then summed over tp as the norms' are: the
+dispatch_postprocess in 0.16.1: the same order; the dispatcher NeMo's MoE recipes and Megatron-LM's Mixtral
+example set): each rank dispatches its own tokens, the all-to-all over ep moves their routed copies (T k h / tp
+per rank under sp; none at ep 1, where it is the identity), then the routed tokens are all-gathered over the d
+ranks (gather_from_sequence_parallel_region over the expert tp group: T k h, k times the hidden state at ep 1
+too) and reduce-scattered after the experts (none at d = 1). The dispatch (not the combine) carries each routed
+copy's routing probability beside it, in the router's dtype (0.16.1: _with_probs). Without sp (which
+Megatron-Core refuses for MoE training at tp > 1: moe_layer.py) trainsim keeps its order, every rank
+dispatching all its local tokens (_read_bytes, _tensor_bytes). NB: Megatron-Core's default dispatcher type is
+the all-gather one (MoEAllGatherTokenDispatcher: the hidden state gathered over tp x ep, T ep h a rank), not
+priced; nor its small per-layer collectives (the all-to-all dispatcher's tokens-per-expert counts gathered over
+tp x ep, the load-balancing loss's all-reduce of E counts over tp x cp when moe_aux_loss_coeff > 0). Routing is
+dropless (moe_expert_capacity_factor None, both releases' default): the experts run all T k routed copies.
+Megatron-Core's TopKRouter holds its weight whole on every tp rank and runs it on the rank's tokens (its
+sequence share under sp, as the router op is shaped; its gradient then summed over tp as the norms' are: the
 weight's `sequence_parallel` attribute, megatron/core/transformer/moe/router.py and
 megatron/core/distributed/finalize_model_grads.py, 0.16.1): Megatron's config here is the norms'. A tree may
 give the router a batch or sequence split whose parts divide tp, or none (replicable_module "router"; not its
@@ -88,8 +92,7 @@ split as the dispatched ones, the experts' partial sums travel through the combi
 state onto the next op's layout (trainsim's order). A router split by batch beside experts split by sequence, or
 token parts that do not divide each other, are refused (dispatch_problem). NB: the op chain carries the router's
 output as the hidden state the experts read (a norm2 whole before a sequence-split router is gathered again
-before the experts; the routing decisions' own bytes are not priced, as under Megatron's configs), and
-Megatron's router is shaped on all local tokens under sp too, as before.
+before the experts; the routing decisions' own bytes are not priced, as under Megatron's configs).
 
 layer_comms walks a layer's ops in order per axis, as compile.splits walks a tree's computation configs: where
 what an op reads differs from how its producer left it, strategy.reshard's pattern matching gives the collective
@@ -107,6 +110,7 @@ and in the backward as the backward pass does (named after the norm: norm1.sum, 
 compiler places them, as every collective outside the attention and MLP, after the layer-phase's last op).
 """
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
@@ -127,7 +131,8 @@ from trainsim.strategy.reshard import ReshardStep, reshard
 
 Axis = Literal["ep", "tp", "cp"]
 AXES: tuple[Axis, ...] = ("ep", "tp", "cp")  # the order a layer lists its collectives in
-COLUMN = ("qkv", "fc1", "gate_up", "logits")  # split the output dimension over tp
+# split the output dimension over tp (q_proj, q_up, kv_up: a multi-head latent attention's up-projections)
+COLUMN = ("qkv", "fc1", "gate_up", "logits", "q_proj", "q_up", "kv_up")
 ROW = ("out_proj", "fc2", "down")  # split the reduction dimension over tp
 FEATURE = ("rope", "attention", "softmax", "gelu", "swiglu", "cross_entropy")  # split the features over tp
 _SHORT = {"all-reduce": "ar", "all-gather": "ag", "reduce-scatter": "rs", "all-to-all": "a2a", "send-recv": "p2p"}
@@ -140,7 +145,14 @@ TpConfigs = frozenset[tuple[str, OpConfig]]  # (op name, its config over tp) whe
 # replicable "tokens" outside a block (replicable_module): the head's norm, the positions, BERT's token types and
 # embedding norm
 TOKEN_PATHS = ("head.norm", "embed.positions", "embed.token_types", "embed.norm")
-_SKIPS = {"residual1": "norm1", "residual2": "norm2"}  # a block's residual add -> the norm reading its skip input
+# an op reading not its producer's output but a tensor laid out as its producer's input (a multi-head latent
+# attention's key-value up-projection beside the query's: both read a latent made by the replicated
+# down-projections)
+_BESIDE = ("kv_up",)
+_SKIPS = {"residual1": "norm1", "residual2": "norm2"}
+# a latent attention's down-projections: whole on every tp rank, on its own tokens under sp (Megatron-Core's
+# TELinear in "duplicated" mode, its weight's gradient summed over tp as the norms' are: not priced, as theirs)
+_DUPLICATED = ("q_down", "kv_down")  # a block's residual add -> the norm reading its skip input
 _NORM_STATISTICS = {  # a norm split by its features: per-token partial sums, (forward, backward) (_norm_statistics)
     "layernorm": (("sum", "sum_sq"), ("sum_dy", "sum_dy_xhat")),
     "rmsnorm": (("sum_sq",), ("sum_dy_xhat",)),
@@ -277,7 +289,41 @@ def layer_comms(spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: S
     """The feature collectives of one layer (per micro-batch) that resharding between its ops' configs inserts,
     per axis in AXES order: the forward's in op order, then the backward's (by site in op order, within a site
     as the backward pass meets them); the cross-entropy's statistics last. configs: the ops' configs (a
-    strategy tree's, by module path and axis; an op it leaves out is not split); default: Megatron's."""
+    strategy tree's, by module path and axis; an op it leaves out is not split); default: Megatron's. Under a
+    tree's configs, the collectives beyond those of Megatron's configs of the same ops (per axis, phase and
+    collective, in excess of Megatron's count) are marked Comm.reshard: the reshards the tree adds."""
+    comms = _axis_comms(spec, dev, kind, fwd, configs)
+    return comms if configs is None else mark_reshards(comms, _axis_comms(spec, dev, kind, fwd, None))
+
+
+def mark_reshards(comms: Sequence[Comm], megatron: Sequence[Comm]) -> tuple[Comm, ...]:
+    """`comms` with those in excess of `megatron`'s marked Comm.reshard. Each of Megatron's collectives is
+    matched by at most one of `comms` of its axis and phase: the same collective of the same name first, then one
+    at the same site (attn, mlp, logits: a tree's collective in place of Megatron's, a reduce-scatter for an
+    all-reduce, is the same module running another collective, not one more), then the same collective, then
+    any; what is left unmatched is marked."""
+    keys: tuple[Callable[[Comm], tuple[str, ...]], ...] = (
+        lambda c: (c.axis, c.phase, c.collective, c.name), lambda c: (c.axis, c.phase, _comm_site(c)),
+        lambda c: (c.axis, c.phase, c.collective), lambda c: (c.axis, c.phase))
+    matched = [False] * len(comms)
+    left = [True] * len(megatron)
+    for key in keys:
+        for i, c in enumerate(comms):
+            j = next((j for j, m in enumerate(megatron) if left[j] and key(m) == key(c)), None) \
+                if not matched[i] else None
+            if j is not None:
+                matched[i], left[j] = True, False
+    return tuple(c if m else dataclasses.replace(c, reshard=True) for c, m in zip(comms, matched, strict=True))
+
+
+def _comm_site(c: Comm) -> str:
+    """The module a collective's name places it at (attn.ar: attn)."""
+    return c.name.split(".")[0]
+
+
+def _axis_comms(spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: Sequence[Op],
+                configs: Configs | None) -> tuple[Comm, ...]:
+    """layer_comms' collectives, none marked."""
     comms: list[Comm] = []
     for axis, size in axis_sizes(kind, dev).items():
         def config_of(op: Op, axis: Axis = axis) -> OpConfig:
@@ -315,8 +361,12 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
     backward: list[_Found] = []
     placement: Placement | None = None if kind == "embedding" else handed  # the lookup reads token ids
     producer: Op | None = None
+    producer_read: Placement | None = placement  # the layout of what the producer read, before its reshard
     forks: dict[str, tuple[Placement, Placement, Placement]] = {}  # a norm's input, its need and its gradient's
     for op in fwd:
+        if op.name in _BESIDE:  # it reads a tensor laid out as its producer's input was
+            placement = producer_read
+        producer_read = placement
         config = config_of(op)
         contracting = _contracting(axis, op)
         need = input_placement(config, size, contracting)
@@ -525,7 +575,9 @@ def _read_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, consumer: O
     moves: q, k and v for the rope and the attention core, the scores for an unfused softmax, the attention's
     output for the projection, the ffn features (the routed tokens' in an MoE) for the activation and the second
     matmul, the logits for the cross-entropy; the hidden state for every other op (hidden: its bytes), or with
-    `routed` the routed tokens' hidden states (top_k per token). Over cp and ep: `hidden` (_tensor_bytes).
+    `routed` the routed tokens' hidden states (top_k per token). Over cp and ep: `hidden` (_tensor_bytes). The
+    dispatch into an expert (over ep, and the routed gather over tp) moves the copies' probabilities too
+    (_with_probs).
 
     routed: a reshard into an expert's first matmul or out of its last where the experts' tp degree d is below
     tp or the router takes a config of its own (dispatch_layout). Megatron-Core's all-to-all dispatcher then
@@ -533,24 +585,56 @@ def _read_bytes(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, consumer: O
     group that dispatched other tokens (and the reduce-scatter before the combine's all-to-all):
     MoEAlltoAllTokenDispatcher dispatch_postprocess / combine_preprocess,
     megatron/core/transformer/moe/token_dispatcher.py, megatron-core 0.16.1; and so at Megatron's configs of the
-    router and the experts under sp at ep > 1 (dispatch_layout). NB: at those configs without sp or at ep 1
-    trainsim keeps its order, the hidden state gathered over tp before the dispatch (hidden bytes here, all
-    local tokens over ep: _tensor_bytes)."""
+    router and the experts under sp at any ep (dispatch_layout). NB: at those configs without sp trainsim keeps
+    its order (hidden bytes here, all local tokens over ep: _tensor_bytes)."""
+    if axis == "ep" and _expert(consumer):
+        return hidden * _with_probs(spec)
     if axis != "tp":
         return hidden
-    act, d, f = BYTES_PER_DTYPE[dev.precision.activation_dtype], spec.head_dim, spec.ffn_hidden
-    tokens = dev.local_tokens * (spec.top_k if "moe" in consumer.module_path.split(".") else 1)
+    parts = consumer.module_path.split(".")
+    moe = "moe" in parts
+    act, d = BYTES_PER_DTYPE[dev.precision.activation_dtype], spec.head_dim
+    f = spec.expert_ffn if moe else spec.shared_expert_ffn_hidden if "shared" in parts else spec.ffn_hidden
+    tokens = dev.local_tokens * (spec.top_k if moe else 1)
     if routed and consumer.name not in ("gelu", "fc2", "down", "swiglu"):
-        return float(dev.local_tokens * spec.top_k * spec.hidden * act)
+        routed_bytes = float(dev.local_tokens * spec.top_k * spec.hidden * act)
+        return routed_bytes * _with_probs(spec) if _expert(consumer) else routed_bytes
     elements = {
         "rope": tokens * (spec.num_heads + 2 * spec.kv_heads) * d,
         "attention": tokens * (spec.num_heads + 2 * spec.kv_heads) * d,
         "softmax": tokens * spec.num_heads * dev.seq_len,
         "out_proj": tokens * spec.num_heads * d,
+        **(_mla_reads(spec, tokens) if spec.mla is not None else {}),
         "gelu": tokens * f, "fc2": tokens * f, "down": tokens * f, "swiglu": tokens * 2 * f,
         "cross_entropy": tokens * spec.vocab,
     }.get(consumer.name)
     return hidden if elements is None else float(elements * act)
+
+
+def _mla_reads(spec: TransformerSpec, tokens: int) -> dict[str, int]:
+    """What the ops of a multi-head latent attention read (elements; module doc of ir.model_spec.MlaSpec): the
+    query latent (q_up), the key-value latent and the rotary key (kv_up: Megatron-Core gathers both over tp under
+    sp, multi_latent_attention.py get_query_key_value_tensors, megatron-core 0.16.1), the queries and keys (rope:
+    their rotary parts), the queries, keys and values (the core), the heads' values (the projection)."""
+    mla, heads = spec.mla, spec.num_heads
+    assert mla is not None
+    return {"q_up": tokens * mla.q_lora_rank, "kv_up": tokens * (mla.kv_lora_rank + mla.qk_rope_head_dim),
+            "rope": tokens * (heads + 1) * mla.qk_rope_head_dim,
+            "attention": tokens * (heads * mla.qk_head_dim + spec.kv_features),
+            "out_proj": tokens * heads * mla.v_head_dim}
+
+
+def _with_probs(spec: TransformerSpec) -> float:
+    """The routed tokens' bytes with their routing probabilities as the dispatch moves them, over the tokens'
+    alone: Megatron-Core's all-to-all dispatcher sends each routed copy's probability (in the router's dtype, the
+    activations' unless moe_router_dtype asks fp32: TopKRouter.gating, megatron/core/transformer/moe/router.py)
+    through the all-to-all over ep and the all-gather over tp beside its hidden state (token_dispatch,
+    dispatch_postprocess, megatron/core/transformer/moe/token_dispatcher.py, megatron-core 0.16.1), and their
+    gradient back in the backward; the combine moves the expert outputs alone (the probabilities were applied in
+    the experts' activation). 1 + 1 / hidden. NB: one collective per pair here, where Megatron-Core issues two
+    (the probabilities' latency term is not priced). 0.9.0 sends no probabilities (its unpermute applies them
+    after the combine, keeping the combined expert outputs for their gradient)."""
+    return 1.0 + 1.0 / spec.hidden
 
 
 def _tp_kv_gathers(spec: TransformerSpec, dev: DeviceSlice, config: OpConfig) -> tuple[list[_Found], list[_Found]]:
@@ -558,7 +642,7 @@ def _tp_kv_gathers(spec: TransformerSpec, dev: DeviceSlice, config: OpConfig) ->
     sequence, of its heads (out parts): all-gathered over the seq parts; in the backward their gradient,
     partial over those ranks, reduce-scattered (as context parallelism does; Proteus Sec. V-B's patterns)."""
     act = BYTES_PER_DTYPE[dev.precision.activation_dtype]
-    kv = float(2 * dev.local_tokens * spec.kv_heads * spec.head_dim * act)  # all heads: the tensor over tp
+    kv = float(dev.local_tokens * spec.kv_features * act)  # all heads: the tensor over tp
     split = Placement(dev.tp, config.batch, config.seq, config.out)
     whole = Placement(dev.tp, config.batch, 1, config.out)
     partial = Placement(dev.tp, config.batch, 1, config.out, config.seq)
@@ -579,12 +663,12 @@ def token_split_params(spec: TransformerSpec, fwd: Sequence[Op], config_of: Call
     router's: its whole gating weight, where its config is not Megatron's; the lookup's (by tokens, its own
     config): the whole token table (vocab x hidden); the positions' (by tokens, their own config): the whole
     position table. NB: Megatron's own token-split weights (the norms and an MoE router under sp, a BERT transform
-    under sp) are left out, as before."""
+    under sp, a latent attention's down-projections: _DUPLICATED) are left out, as before."""
     out: dict[int, float] = {}
     for op in fwd:
         config = config_of(op)
         parts = config.batch * config.seq
-        if parts == 1:
+        if parts == 1 or op.name in _DUPLICATED:
             continue
         if op.kind == "matmul" and replicable_module(op) in ("attn", "mlp", "head"):
             _, _, n, k = op.shape
@@ -620,15 +704,16 @@ def norm_params(spec: TransformerSpec) -> int:
 
 def dispatch_layout(fwd: Sequence[Op], dev: DeviceSlice, configs: Configs | None) -> Placement | None:
     """How the tp ranks hold the tokens each dispatches to the experts (Placement over tp: batch and seq parts),
-    or None for trainsim's order under Megatron's configs of the router and the experts without sp or at ep 1
-    (the hidden state gathered over tp before the dispatch, every rank dispatching all its local tokens). Where
-    the experts take a tp degree d < tp (Megatron-Core's expert_tensor_parallel_size, megatron/core/
-    model_parallel_config.py, megatron-core 0.16.1), the router a config of its own, or under sp at ep > 1
-    Megatron's (module doc), each rank dispatches the tokens its router routed,
-    as Megatron-Core's MoEAlltoAllTokenDispatcher does (megatron/core/transformer/moe/token_dispatcher.py,
-    0.16.1), sliced to its experts' tokens where the router ran more (a router whole beside experts on their
-    ranks' sequence shares): the finer of the two token splits (dispatch_problem refuses splits that do not
-    nest). None for a layer without experts."""
+    or None for trainsim's order under Megatron's configs of the router and the experts without sp (the hidden
+    state whole on every tp rank, each dispatching all its local tokens). Where the experts take a tp degree
+    d < tp (Megatron-Core's expert_tensor_parallel_size, megatron/core/model_parallel_config.py, megatron-core
+    0.16.1), the router a config of its own, or under sp Megatron's at any ep (module doc; at ep 1 the
+    all-to-all is the identity: all_to_all in megatron/core/tensor_parallel/mappings.py returns its input on a
+    group of one, and the routed tokens are still gathered over tp), each rank dispatches the tokens its router
+    routed, as Megatron-Core's MoEAlltoAllTokenDispatcher does (megatron/core/transformer/moe/
+    token_dispatcher.py, 0.16.1), sliced to its experts' tokens where the router ran more (a router whole beside
+    experts on their ranks' sequence shares): the finer of the two token splits (dispatch_problem refuses splits
+    that do not nest). None for a layer without experts."""
     router = next((op for op in fwd if replicable_module(op) == "router"), None)
     expert = next((op for op in fwd if _expert(op)), None)
     if router is None or expert is None or dev.tp == 1:
@@ -638,8 +723,7 @@ def dispatch_layout(fwd: Sequence[Op], dev: DeviceSlice, configs: Configs | None
     else:
         gate = configs.get((router.module_path, "tp"), UNSPLIT)
         first = configs.get((expert.module_path, "tp"), UNSPLIT)
-    if max(first.out, first.reduce) == dev.tp and gate == megatron_tp(router, dev, dev.tp) and not (
-            dev.sp and dev.ep > 1):
+    if max(first.out, first.reduce) == dev.tp and gate == megatron_tp(router, dev, dev.tp) and not dev.sp:
         return None
     if first.batch * first.seq > gate.batch * gate.seq:
         return Placement(dev.tp, first.batch, first.seq)
@@ -668,7 +752,7 @@ def dispatch_problem(fwd: Sequence[Op], dev: DeviceSlice, own: TpConfigs) -> str
 def _kv_bytes(spec: TransformerSpec, dev: DeviceSlice, heads_parts: int) -> float:
     """Keys and values of the whole sequence of a micro-batch, of this tp rank's heads (split heads_parts ways)."""
     act = BYTES_PER_DTYPE[dev.precision.activation_dtype]
-    return float(2 * dev.micro_batch * dev.seq_len * spec.kv_heads * spec.head_dim // heads_parts * act)
+    return float(dev.micro_batch * dev.seq_len * spec.kv_features // heads_parts * act)
 
 
 def _heads_parts(fwd: Sequence[Op], dev: DeviceSlice, configs: Configs | None) -> int:

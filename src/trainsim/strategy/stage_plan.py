@@ -176,14 +176,14 @@ def num_units(model: ModelSpec) -> int:
 
 
 def unit_kind(model: TransformerSpec, unit: int) -> str:
-    """embedding | block | moe_block | head (MoE every moe_every-th block, as the catalog front-end places
+    """embedding | block | moe_block | head (TransformerSpec.is_moe_block, as the catalog front-end places
     them)."""
     if unit == 0:
         return "embedding"
     if unit == model.num_layers + 1:
         return "head"
     block = unit - 1
-    if model.num_experts > 1 and block % model.moe_every == model.moe_every - 1:
+    if model.is_moe_block(block):
         return "moe_block"
     return "block"
 

@@ -154,20 +154,46 @@ def is_even_split(par: ParallelSpec) -> bool:
                 or par.stage_layers)
 
 
+def is_even_graph_split(graph: OpGraph, par: ParallelSpec) -> bool:
+    """The graph's blocks split evenly over the pp x vpp virtual stages with no split setting, and its dense and
+    MoE blocks interleaved (a graph whose dense blocks lead needs the virtual stages' blocks to place them)."""
+    blocks = num_blocks(graph)
+    return not blocks or (is_even_split(par) and blocks % (par.pp * par.vpp) == 0
+                          and not graph.leading_dense_blocks)
+
+
 def plan_stages(graph: OpGraph, par: ParallelSpec) -> list[list[StagePart]]:
     """partition_stages with the strategy's split (per rank)."""
-    blocks = num_blocks(graph)
-    if not blocks or (is_even_split(par) and blocks % (par.pp * par.vpp) == 0):
+    if is_even_graph_split(graph, par):
         return partition_stages(graph, par.pp)
-    return partition_stages(graph, par.pp, rank_blocks(blocks, par))
+    per_vs = virtual_stage_blocks(num_blocks(graph), par)
+    return partition_stages(graph, par.pp, rank_blocks(num_blocks(graph), par), per_vs)
 
 
-def partition_stages(graph: OpGraph, pp: int, blocks_per_rank: Sequence[int] | None = None) -> list[list[StagePart]]:
+def leading_dense_per_rank(leading: int, virtual_blocks: Sequence[int], pp: int) -> list[int]:
+    """The leading dense blocks (the first `leading` in model order) each pipeline rank holds, given the blocks
+    of each virtual stage (c * pp + r is chunk c of rank r, model order)."""
+    dense = [0] * pp
+    left = leading
+    for vs, blocks in enumerate(virtual_blocks):
+        taken = min(left, blocks)
+        dense[vs % pp] += taken
+        left -= taken
+    return dense
+
+
+def partition_stages(graph: OpGraph, pp: int, blocks_per_rank: Sequence[int] | None = None,
+                     virtual_blocks: Sequence[int] | None = None) -> list[list[StagePart]]:
     """Blocks split over pp stages, evenly (as Megatron-LM does) or `blocks_per_rank`; the embedding on the first
     stage, the head on the last. A rank's blocks of each kind (dense, mixture-of-experts) are in the proportion
-    of the model's. Non-block layers of CNNs and DLRMs are dealt out in order, balancing the layer count."""
+    of the model's, or, where the dense blocks lead (OpGraph.leading_dense_blocks), the leading dense blocks its
+    virtual stages hold (virtual_blocks: blocks per virtual stage; None: the ranks' blocks, one chunk each).
+    Non-block layers of CNNs and DLRMs are dealt out in order, balancing the layer count."""
     stages: list[list[StagePart]] = [[] for _ in range(pp)]
     total = num_blocks(graph)
+    if total and graph.leading_dense_blocks:
+        per_rank = list(blocks_per_rank) if blocks_per_rank is not None else deal(total, pp)
+        return _dense_first_stages(graph, per_rank, virtual_blocks or per_rank)
     if total:
         for layer in graph.layers:
             if layer.kind == "embedding":
@@ -190,6 +216,22 @@ def partition_stages(graph: OpGraph, pp: int, blocks_per_rank: Sequence[int] | N
                           "layer)")
     for index, layer in enumerate(flat):
         stages[min(pp - 1, index * pp // max(len(flat), 1))].append(StagePart(layer, 1.0))
+    return stages
+
+
+def _dense_first_stages(graph: OpGraph, per_rank: Sequence[int], virtual_blocks: Sequence[int]
+                        ) -> list[list[StagePart]]:
+    """partition_stages of a graph whose dense blocks lead: each rank's leading dense blocks
+    (leading_dense_per_rank), then its MoE blocks; the embedding on the first stage, the head on the last."""
+    pp = len(per_rank)
+    dense = leading_dense_per_rank(graph.leading_dense_blocks, virtual_blocks, pp)
+    stages: list[list[StagePart]] = [[] for _ in range(pp)]
+    for layer in graph.layers:
+        for rank, stage in enumerate(stages):
+            count = {"embedding": 1 if rank == 0 else 0, "head": 1 if rank == pp - 1 else 0,
+                     "block": dense[rank], "moe_block": per_rank[rank] - dense[rank]}[layer.kind]
+            if count:
+                stage.append(StagePart(layer, float(count)))
     return stages
 
 

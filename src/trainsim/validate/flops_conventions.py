@@ -68,16 +68,36 @@ MEGATRON_VOCAB_MULTIPLE = 128  # megatron/training/arguments.py: --make-vocab-si
 
 def _megatron_per_token(model: TransformerSpec, plan: ParallelSpec, score_share: float) -> float:
     """Megatron's count per token: 12 L h ffn g k (g = 3/2 for a gated MLP, k the experts a token is routed to in
-    an MoE block, 1 in a dense one) + 12 L h^2 (1 + G/H + score_share s/h) + 6 h V_padded, with V padded to a
-    multiple of 128 x tp."""
+    an MoE block at their width, and its shared experts', 1 in a dense one) + 12 L h^2 (1 + G/H + score_share
+    s/h) + 6 h V_padded, with V padded to a multiple of 128 x tp."""
     layers, hidden = model.num_layers, model.hidden
     gated = 1.5 if model.mlp == "swiglu" else 1.0
-    routed_layers = model.num_moe_layers * model.top_k + layers - model.num_moe_layers
+    ffn_widths = (model.num_moe_layers * (model.top_k * model.expert_ffn + model.shared_expert_ffn_hidden)
+                  + (layers - model.num_moe_layers) * model.ffn_hidden)  # an MoE block's experts at their width
     multiple = MEGATRON_VOCAB_MULTIPLE * plan.tp
     padded_vocab = -(-model.vocab // multiple) * multiple
-    attention = 1.0 + model.kv_heads / model.num_heads + score_share * plan.seq_len / hidden
-    return (12.0 * routed_layers * hidden * model.ffn_hidden * gated + 12.0 * layers * hidden**2 * attention
-            + 6.0 * hidden * padded_vocab)
+    if model.mla is not None:
+        attention_flops = _megatron_mla_per_token(model, plan, score_share)
+    else:
+        attention = 1.0 + model.kv_heads / model.num_heads + score_share * plan.seq_len / hidden
+        attention_flops = 12.0 * layers * hidden**2 * attention
+    return 12.0 * ffn_widths * hidden * gated + attention_flops + 6.0 * hidden * padded_vocab
+
+
+def _megatron_mla_per_token(model: TransformerSpec, plan: ParallelSpec, score_share: float) -> float:
+    """A multi-head latent attention's FLOPs per token in Megatron-Bridge's count (megatron/bridge/training/utils/
+    flop_utils.py, megatron-bridge 0.3.1, multi_latent_attention branch): 6 L (q_lora (h + H d_qk + 1) [h H d_qk
+    without a query latent] + kv_lora (h + H (d_nope + d_v) + 1) + h d_rope + H d_v h + share s H (d_qk + d_v)),
+    d_qk = d_nope + d_rope; its scores at half (score_share 1/2), or all of them (1). NB: no multi-token-prediction
+    layers (the count adds them where the run has them; a row states none)."""
+    mla, h, heads = model.mla, model.hidden, model.num_heads
+    assert mla is not None
+    qk = mla.qk_head_dim
+    q_term = mla.q_lora_rank * (h + heads * qk + 1) if mla.q_lora_rank else h * heads * qk
+    kv_term = mla.kv_lora_rank * (h + heads * (mla.qk_nope_head_dim + mla.v_head_dim) + 1)
+    core = score_share * plan.seq_len * heads * (qk + mla.v_head_dim)
+    per_layer = q_term + kv_term + h * mla.qk_rope_head_dim + heads * mla.v_head_dim * h + core
+    return 6.0 * model.num_layers * per_layer
 
 
 @FLOPS_CONVENTIONS.register("megatron")

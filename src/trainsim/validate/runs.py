@@ -130,15 +130,24 @@ def model_from_row(fields: dict[str, str]) -> dict[str, Any]:
 
 def moe_of_row(fields: dict[str, str]) -> dict[str, Any]:
     """The experts of a row whose notes (else run id) name a mixture-of-experts model (row_defaults.yaml
-    moe_by_text): num_experts, top_k (shared experts counted as extra routed choices), moe_every and the expert's
-    FFN width where the entry states it; {} for any other row."""
+    moe_by_text): num_experts, top_k, moe_every, and where the entry states them the expert's FFN width
+    (expert_ffn_hidden: the row's ffn_hidden stays the dense blocks', or the entry's dense_ffn), the shared
+    experts (their widths together: shared_expert_ffn_hidden), the leading dense blocks and the multi-head latent
+    attention; {} for any other row."""
     text = f"{fields.get('notes', '')} {fields.get('run_id', '')}"
     for entry in row_defaults()["moe_by_text"]:
         if re.search(entry["pattern"], text, flags=re.IGNORECASE):
-            moe = {"num_experts": entry["num_experts"], "top_k": entry["top_k"] + entry.get("shared_experts", 0),
-                   "moe_every": entry.get("moe_every", 1)}
-            return moe | ({"ffn_hidden": entry["expert_ffn"]} if "expert_ffn" in entry else {})
+            moe = {"num_experts": entry["num_experts"], "top_k": entry["top_k"], "moe_every": entry.get("moe_every", 1)}
+            stated = {key: entry[name] for name, key in _MOE_ENTRY_FIELDS.items() if name in entry}
+            width = entry.get("expert_ffn") or _int(fields, "ffn_hidden", 0)
+            shared = {"shared_expert_ffn_hidden": entry["shared_experts"] * width} if "shared_experts" in entry else {}
+            return moe | stated | shared
     return _moe_stated_in(fields.get("notes", ""), fields)
+
+
+# a moe_by_text entry's optional facts -> the model spec's fields
+_MOE_ENTRY_FIELDS = {"expert_ffn": "expert_ffn_hidden", "dense_layers": "leading_dense_layers", "mla": "mla",
+                     "dense_ffn": "ffn_hidden"}
 
 
 def _moe_stated_in(notes: str, fields: dict[str, str]) -> dict[str, Any]:

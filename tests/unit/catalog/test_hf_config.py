@@ -13,7 +13,10 @@ import pytest
 from trainsim.catalog import load_model
 from trainsim.catalog.hf_config import model_from_file
 from trainsim.errors import ConfigError, InputFileError
+from trainsim.frontends.catalog.transformer import build_transformer
 from trainsim.ir.model_spec import TransformerSpec
+from trainsim.strategy.device_slice import DeviceSlice
+from trainsim.strategy.precision import policy_for
 
 GPT2 = {  # openai-community/gpt2
     "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_ctx": 1024, "n_embd": 768, "n_head": 12,
@@ -44,6 +47,14 @@ MIXTRAL = {  # mistralai/Mixtral-8x7B-v0.1
     "intermediate_size": 14336, "max_position_embeddings": 32768, "num_attention_heads": 32,
     "num_experts_per_tok": 2, "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8,
     "tie_word_embeddings": False, "vocab_size": 32000,
+}
+DEEPSEEK_V3 = {  # transformers 5.24.0 models/deepseek_v3/configuration_deepseek_v3.py defaults
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "vocab_size": 129280,
+    "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+    "num_attention_heads": 128, "num_key_value_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256,
+    "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128,
+    "num_experts_per_tok": 8, "first_k_dense_replace": 3, "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
 }
 BERT = {  # google-bert/bert-base-uncased
     "architectures": ["BertForMaskedLM"], "model_type": "bert", "hidden_size": 768, "intermediate_size": 3072,
@@ -130,7 +141,7 @@ def test_model_type_guessed_from_architectures(tmp_path: Path) -> None:
 
 
 def test_unknown_model_type(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"model_type.*supported: bert, gpt2, llama"):
+    with pytest.raises(ConfigError, match=r"model_type.*supported: bert, deepseek_v2, deepseek_v3, gpt2, llama"):
         model_from_file(_write(tmp_path, "config.json", {**LLAMA, "model_type": "mamba"}))
 
 
@@ -187,3 +198,19 @@ def test_a_checkpoint_config_is_named_after_its_folder(tmp_path: Path) -> None:
     folder.mkdir()
     assert _spec(folder, GPT2).name == "tiny-gpt2-checkpoint"  # config.json: the folder, not "config"
     assert model_from_file(folder / "config.json").name == "tiny-gpt2-checkpoint"
+
+
+def test_deepseek_v3_is_the_catalog_s_and_counts_its_published_parameters(tmp_path: Path) -> None:
+    """DeepSeek-AI 2024, DeepSeek-V3 Technical Report, sec. 4.2: 671B parameters, 37B activated per token."""
+    spec = _spec(tmp_path, DEEPSEEK_V3)
+    assert (spec.leading_dense_layers, spec.num_moe_layers, spec.expert_ffn, spec.shared_expert_ffn_hidden) == (
+        3, 58, 2048, 2048)
+    assert spec.mla is not None and (spec.mla.q_lora_rank, spec.mla.qk_head_dim) == (1536, 192)
+    catalog = load_model("deepseek-v3")
+    different = {"name", "source", "published_params", "arch", "num_kv_heads"}  # kv heads: 128 = all of them
+    assert spec.model_dump(exclude=different) == catalog.model_dump(exclude=different)
+    assert isinstance(catalog, TransformerSpec) and spec.kv_heads == catalog.kv_heads
+    total = build_transformer(spec, DeviceSlice(micro_batch=1, seq_len=128, precision=policy_for("bf16"))
+                              ).param_count()
+    assert total == pytest.approx(671e9, rel=0.001)
+    assert total - spec.idle_expert_params == pytest.approx(37e9, rel=0.02)

@@ -135,8 +135,10 @@ def test_attention_split_exact_collectives_and_weights(captured: OpGraph) -> Non
 
 def test_matmul_split_by_tokens_holds_its_weight_and_sums_its_gradient(captured: OpGraph) -> None:
     """c_fc by seq 2: its FLOPs halve, it holds its whole weight (no parameter shed) and sums its gradient over
-    the 2 tp ranks (16640 parameters); the activation and c_proj keep the sequence split (inferred), the block
-    hands on the whole hidden state: block.ag forward, mlp.ag of c_fc's input gradient backward."""
+    the 2 tp ranks; the activation and c_proj keep the sequence split (inferred), so c_proj too holds its weight
+    whole and sums its gradient over the pair: 16640 + 16448 = 33088 parameters (the catalog's token_split_params
+    for fc1, act and fc2 by seq); the block hands on the whole hidden state: block.ag forward, mlp.ag of c_fc's
+    input gradient backward."""
     job = _job()
     plan = shape_layers(job, _tree_plan(job, captured, [("blocks.*.*.mlp.c_fc", "seq")]))
     block = plan.layers[1].layer
@@ -145,7 +147,7 @@ def test_matmul_split_by_tokens_holds_its_weight_and_sums_its_gradient(captured:
     assert (fc1.shape, fc1.flops) == ((1, 32, 256, 64), 2 * 32 * 256 * 64)
     assert (fc2.shape, fc2.flops) == ((1, 32, 64, 256), 2 * 32 * 64 * 256)
     assert block.param_count == BLOCK_PARAMS
-    assert (1, 2, 16640.0) in plan.front_end_token_params and (2, 2, 16640.0) in plan.front_end_token_params
+    assert plan.front_end_token_params == ((1, 2, 33088.0), (2, 2, 33088.0))
     assert [(c.name, c.collective, c.phase, c.buffer_bytes) for c in block.comms] == [
         ("block.ag", "all-gather", "fwd", HIDDEN_BYTES), ("mlp.ag", "all-gather", "bwd", HIDDEN_BYTES)]
 
@@ -196,6 +198,9 @@ def test_tp_without_a_tree_is_refused(captured: OpGraph) -> None:
 LLAMA: dict[str, Any] = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 176,
                          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
                          "max_position_embeddings": 64}
+LLAMA_CATALOG = [("blocks.*.attn.qkv", "out"), ("blocks.*.attn.rope", "out"), ("blocks.*.attn.core", "out"),
+                 ("blocks.*.attn.out", "reduce"), ("blocks.*.mlp.gate_up", "out"), ("blocks.*.mlp.act", "out"),
+                 ("blocks.*.mlp.down", "reduce")]  # the catalog LLaMA's Megatron attention and MLP
 LLAMA_SAME_OP = {"self_attn": "qkv", "self_attn.o_proj": "out_proj", "mlp": "gate_up", "mlp.down_proj": "down"}
 
 
@@ -219,10 +224,7 @@ def test_captured_llama_megatron_split_matches_the_catalog_llama() -> None:
                              ("blocks.*.*.mlp.down_proj", "out", 1), ("blocks.*.*.mlp.down_proj", "reduce", 2)]:
         tree = tree.split(path, "compute", dim, parts, axis="tp")
     shaped = shape_layers(job, tree.lower(par))
-    reference, reference_comms = _catalog(job, [
-        ("blocks.*.attn.qkv", "out"), ("blocks.*.attn.rope", "out"), ("blocks.*.attn.core", "out"),
-        ("blocks.*.attn.out", "reduce"), ("blocks.*.mlp.gate_up", "out"), ("blocks.*.mlp.act", "out"),
-        ("blocks.*.mlp.down", "reduce")])
+    reference, reference_comms = _catalog(job, LLAMA_CATALOG)
     for mine, theirs in zip(shaped.layers, reference.layers, strict=True):
         assert _comm_keys(mine.layer.comms) == _comm_keys(reference_comms.get(theirs.index, ())), mine.layer.name
         if mine.layer.kind != "block":
@@ -235,11 +237,43 @@ def test_captured_llama_megatron_split_matches_the_catalog_llama() -> None:
         assert mine.layer.param_count == theirs.layer.param_count + 64
 
 
+def test_unfused_llama_parallel_branches_match_the_catalog_llama() -> None:
+    """The LLaMA block traced without torch.fuse: q, k and v three GEMMs reading the norm's output, gate and up two,
+    each rope an element-wise chain beside the others (parallel branches). Each GEMM reads the norm's output
+    (Op.inputs), not the GEMM before it: with the tree of the fused test, one all-reduce pair each for the
+    attention and the MLP (the three input gradients, partial alike, summed first, then all-reduced once), as the
+    catalog LLaMA's Megatron split; the same matmul FLOPs in all and 64 parameters more (the norms whole). (Read as
+    a chain, k_proj read q_proj's output and the block paid six collectives more.)"""
+    from trainsim.frontends.torch.hf import graph_from_hf_config
+
+    graph = graph_from_hf_config(LLAMA, micro_batch=2, seq_len=32, precision="bf16", fused=False)
+    par = ParallelSpec.parse({"micro_batch": 2, "seq_len": 32, "global_batch": 8, "tp": 2, "dp": 4,
+                              "precision": "bf16"})
+    job = make_job(model_from_hf_config(LLAMA, name="llama-tiny"), a100_cluster(8), par)
+    q = next(op for op in graph.layers[1].fwd if op.module_path.endswith("q_proj"))
+    k = next(op for op in graph.layers[1].fwd if op.module_path.endswith("k_proj"))
+    assert q.inputs == k.inputs and len(q.inputs or ()) == 1
+    tree = StrategyTree.from_graph(graph)
+    for path, dim, parts in [("blocks.*.*.self_attn", "out", 2), ("blocks.*.*.self_attn.o_proj", "out", 1),
+                             ("blocks.*.*.self_attn.o_proj", "reduce", 2), ("blocks.*.*.mlp", "out", 2),
+                             ("blocks.*.*.mlp.down_proj", "out", 1), ("blocks.*.*.mlp.down_proj", "reduce", 2)]:
+        tree = tree.split(path, "compute", dim, parts, axis="tp")
+    block = shape_layers(job, tree.lower(par)).layers[1].layer
+    reference, reference_comms = _catalog(job, LLAMA_CATALOG)
+    theirs = reference.layers[1].layer
+    assert _comm_keys(block.comms) == _comm_keys(reference_comms[reference.layers[1].index])
+    assert [c.collective for c in block.comms] == ["all-reduce"] * 4
+    assert sum(op.flops for op in block.fwd if op.kind == "matmul") == sum(
+        op.flops for op in theirs.fwd if op.kind == "matmul")
+    assert block.param_count == theirs.param_count + 64
+
+
 def test_captured_head_split_by_vocabulary_matches_the_catalog_head() -> None:
     """An untied GPT-2's head at Megatron's vocab-parallel split: lm_head by out, the loss by its classes (the
     cast to fp32 between them inferred), ln_f written whole. As the catalog's head.proj and head.loss: the
     projection's input gradient all-reduced (logits.ar, 8192 bytes, column input) and the loss's three fp32
-    statistics (64 tokens x 4 bytes each); the head holds half its 512 x 64 projection."""
+    statistics (64 tokens x 4 bytes each); the head holds half its 512 x 64 projection and keeps half its
+    softmax."""
     from trainsim.frontends.torch.hf import graph_from_hf_config
 
     untied = {**CONFIG, "tie_word_embeddings": False}
@@ -256,5 +290,88 @@ def test_captured_head_split_by_vocabulary_matches_the_catalog_head() -> None:
     assert [(c.name, c.buffer_bytes) for c in head.comms] == [
         ("logits.ar", HIDDEN_BYTES), ("loss.max", 256.0), ("loss.target", 256.0), ("loss.sum_exp", 256.0)]
     assert head.param_count == 128 + 512 * 64 / 2
+    # the loss keeps its fp32 softmax (64 x 512 x 4 bytes) over its half of the classes, as the catalog's; the
+    # capture keeps lm_head's input and ln_f's statistics beside them, whole: 8448 bytes more, as at tp 1
+    kept = graph.layers[-1].saved_bytes["none"] - 64 * 512 * 4 / 2
+    assert head.saved_bytes == dict.fromkeys(("none", "selective", "full"), kept)
+    assert kept - reference.layers[-1].layer.saved_bytes["none"] == 8192 + 256
     logits = next(op for op in head.fwd if op.kind == "matmul")
     assert logits.flops == next(op.flops for op in reference.layers[-1].layer.fwd if op.name == "logits")
+
+
+def test_residual_add_reads_its_skip_input_resharded(captured: OpGraph) -> None:
+    """The block's two fused residual groups (dropout + add + ln_2, dropout + add: the block's own ops) split by
+    seq, everything under ln_1, attn and mlp written whole. Each reader's layout is compared with its own
+    producer's (Op.inputs). The first group reads c_proj's output (whole: a slice forward, attn.ag of its
+    gradient backward) and the block's input, the skip, which ln_1 reads whole: a slice forward; backward the
+    group's sequence-split gradient of it does not lie as ln_1's (whole), so it is all-gathered onto the input's
+    layout on its own (block.ag; a chain of ops missed it). c_fc reads the group's output whole (mlp.ag). The
+    second group reads the first's sum as it lies (nothing either way) and the MLP's output (a slice; mlp.ag
+    backward); the block hands on the whole hidden state (block.ag). 8192 bytes each, by hand; the catalog GPT's
+    residual1, norm2 and residual2 by seq (its _skip_reshards) give the same collectives."""
+    job = _job()
+    tree = StrategyTree.from_graph(captured).split("blocks.*.*", "compute", "seq", 2, axis="tp")
+    for module in ("ln_1", "attn", "mlp"):
+        tree = tree.split(f"blocks.*.*.{module}", "compute", "seq", 1, axis="tp")
+    block = shape_layers(job, tree.lower(job.parallel)).layers[1].layer
+    assert [(c.name, c.collective, c.phase, c.buffer_bytes, c.ranks) for c in block.comms] == [
+        ("mlp.ag", "all-gather", "fwd", HIDDEN_BYTES, 0), ("block.ag", "all-gather", "fwd", HIDDEN_BYTES, 0),
+        ("mlp.ag", "all-gather", "bwd", HIDDEN_BYTES, 0), ("block.ag", "all-gather", "bwd", HIDDEN_BYTES, 0),
+        ("attn.ag", "all-gather", "bwd", HIDDEN_BYTES, 0)]
+    reference, reference_comms = _catalog(job, [("blocks.*.residual1", "seq"), ("blocks.*.norm2", "seq"),
+                                                ("blocks.*.residual2", "seq")])
+    assert _comm_keys(block.comms) == _comm_keys(reference_comms[reference.layers[1].index])
+
+
+def test_saved_activations_and_peak_memory_follow_the_split_as_the_catalogs(captured: OpGraph) -> None:
+    """Each op keeps what it saves for its backward as it reads it (Op.saved_bytes over its input's parts): a
+    block's activations shrink by what the catalog's shrink for the same split, plus the capture's own tensors
+    that the split divides too. The attention split: the catalog's q, k, v (24576 bytes), the core's output (8192)
+    and log-sum-exp (1024 in fp32) halve (16896 bytes fewer); the capture halves also the causal mask the core
+    keeps (2 x 32 x 32 bf16 = 4096 bytes; NB: whole on each rank, counted with the core's): 16896 + 2048. With
+    the MLP: the catalog's fc1 and GELU outputs halve (2 x 256 x 64 x 2 bytes / 2 = 32768 fewer); the capture's
+    tanh GELU keeps three intermediates more of that size, halved too (49152 more). Under full recompute a block
+    keeps its whole input, as the catalog's.
+
+    Per-rank peak memory (the simulator's), differential with a stated tolerance of 0 bytes: the captured split's
+    activations exceed the catalog's by the capture's surplus at tp 1 (its unfused kernels' extra tensors) less
+    what the split divides of it in the 2 blocks; its weights, gradients and optimizer states by the parameters
+    per block the catalog divides by tp and the capture holds whole (half of the two norms' 256 and of the row
+    parallel projections' biases, 64 each: 160 with the attention split, 192 with the MLP's too;
+    test_attention_split_exact_collectives_and_weights), 16 bytes each (bf16 weight and gradient, fp32 master
+    copy and two Adam moments) - nothing else."""
+    job, whole = _job(), _job(1, 8)
+    catalog_tp1 = build_transformer(whole.model, DeviceSlice.of(whole.parallel))  # type: ignore[arg-type]
+    tp1, mine_tp1 = catalog_tp1.layers[1].saved_bytes["none"], captured.layers[1].saved_bytes["none"]
+    surplus_tp1 = (predict(whole, "sim", graph=captured).memory_breakdown["activations"]
+                   - predict(whole, "sim").memory_breakdown["activations"])
+    ffn_tensor, mask = 64 * 256 * 2, 2 * 32 * 32 * 2
+    cases = [(ATTN, CATALOG_ATTN, mask / 2, 160),
+             (ATTN + MLP, CATALOG_ATTN + CATALOG_MLP, mask / 2 + 3 * ffn_tensor / 2, 192)]
+    for traced, catalog, extra, whole_params in cases:
+        block = shape_layers(job, _tree_plan(job, captured, traced)).layers[1].layer
+        theirs = _catalog(job, catalog)[0].layers[1].layer
+        assert mine_tp1 - block.saved_bytes["none"] == tp1 - theirs.saved_bytes["none"] + extra
+        assert block.saved_bytes["full"] == theirs.saved_bytes["full"] == HIDDEN_BYTES
+        assert block.param_count - theirs.param_count == whole_params
+        graph = build_transformer(job.model, DeviceSlice.of(job.parallel))  # type: ignore[arg-type]
+        mine = predict(job, "sim", graph=captured, plan=_tree_plan(job, captured, traced))
+        reference = predict(job, "sim", graph=graph, plan=_tree_plan(job, graph, catalog))
+        activations = mine.memory_breakdown["activations"] - reference.memory_breakdown["activations"]
+        assert activations == surplus_tp1 - 2 * extra
+        assert mine.peak_memory_bytes - reference.peak_memory_bytes == activations + 2 * whole_params * 16
+
+
+def test_rope_splits_its_heads_dim() -> None:
+    """LLaMA's fused rope group is (batch, heads, seq, head dim), HF's attention layout: split by out it runs
+    half the heads (2, 2, 32, 16), not half of each head (2, 4, 32, 8); by seq half the query rows."""
+    from trainsim.compile.shape_front_end import front_end_op
+    from trainsim.frontends.torch.hf import graph_from_hf_config
+    from trainsim.strategy.placement import OpConfig
+
+    graph = graph_from_hf_config(LLAMA, micro_batch=2, seq_len=32, precision="bf16", fused=True)
+    rope = next(op for op in graph.layers[1].fwd if op.kind == "elementwise" and op.module_path.endswith("self_attn"))
+    assert rope.shape == (2, 4, 32, 16)
+    by_heads, by_rows = front_end_op(rope, OpConfig(1, 1, 2, 1)), front_end_op(rope, OpConfig(1, 2, 1, 1))
+    assert (by_heads.shape, by_heads.flops) == ((2, 2, 32, 16), rope.flops / 2)
+    assert (by_rows.shape, by_rows.flops) == ((2, 4, 16, 16), rope.flops / 2)

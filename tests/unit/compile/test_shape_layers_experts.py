@@ -6,7 +6,8 @@ heads of 8, ffn 128, vocab 256) at micro-batch 2 x 32 tokens in bf16 on 8 A100s.
 hold 32 x 96 + 32 x 32 + 2 x 2 x 32 = 4224 parameters, its experts and router 4 x 2 x 32 x 128 + 32 x 4 = 32896
 (the builder counts the router with the experts). With sp each of tp 2 ranks holds 32 of the 64 tokens; top-2
 routing makes 64 routed copies of them (128 of the micro-batch's 64 tokens), 64 x 32 x 2 = 4096 bytes of hidden
-states (8192 for all 128).
+states (8192 for all 128). The dispatch carries each copy's bf16 routing probability beside it (megatron-core
+0.16.1's all-to-all dispatcher): 4096 + 64 x 2 = 4224 bytes (8448 for 128); the combine the hidden states alone.
 """
 
 from pathlib import Path
@@ -77,21 +78,23 @@ def test_experts_whole_over_tp2_with_sp_pay_no_expert_tp_collective() -> None:
     features x 32: 2 x 64 x 128 x 32 = 524288 FLOPs, as many as Megatron's 128 rows x 64 features. A rank holds
     its 2 experts whole: 32896 / 2 = 16448 parameters, twice Megatron's 32896 / 4 = 8224; with the attention's
     4224 / 2: 18560 per block. Megatron's split (d = tp) dispatches the rank's own 64 routed copies too
-    (Megatron-Core's all-to-all dispatcher under sp), then gathers the pair's 128 over tp (8192 bytes) and
-    reduce-scatters them after the experts."""
+    (Megatron-Core's all-to-all dispatcher under sp), then gathers the pair's 128 over tp (8192 bytes, 8448 with
+    their probabilities) and reduce-scatters them after the experts. The dispatch's all-to-alls carry the
+    probabilities (4224), the combine's not."""
     job, graph = _tiny()
     block = _moe(job, _experts_over(job, graph, 1))
     megatron = graph.layers[1]
     assert block.comms == (
-        Comm("dispatch", "all-to-all", "ep", "fwd", 4096.0), Comm("combine", "all-to-all", "ep", "fwd", 4096.0),
-        Comm("combine", "all-to-all", "ep", "bwd", 4096.0), Comm("dispatch", "all-to-all", "ep", "bwd", 4096.0),
+        Comm("dispatch", "all-to-all", "ep", "fwd", 4224.0), Comm("combine", "all-to-all", "ep", "fwd", 4096.0),
+        Comm("combine", "all-to-all", "ep", "bwd", 4096.0), Comm("dispatch", "all-to-all", "ep", "bwd", 4224.0),
         Comm("attn.ag", "all-gather", "tp", "fwd", 4096.0, 0, "qkv"),
         Comm("attn.rs", "reduce-scatter", "tp", "fwd", 4096.0),
         Comm("attn.ag", "all-gather", "tp", "bwd", 4096.0),
         Comm("attn.rs", "reduce-scatter", "tp", "bwd", 4096.0, 0, "qkv"))
     assert [(c.name, c.buffer_bytes) for c in megatron.comms if c.axis == "tp"] == [
-        ("attn.ag", 4096.0), ("attn.rs", 4096.0), ("mlp.ag", 8192.0), ("mlp.rs", 8192.0)] * 2
-    assert [c.buffer_bytes for c in megatron.comms if c.axis == "ep"] == [4096.0] * 4
+        ("attn.ag", 4096.0), ("attn.rs", 4096.0), ("mlp.ag", 8448.0), ("mlp.rs", 8192.0),
+        ("attn.ag", 4096.0), ("attn.rs", 4096.0), ("mlp.ag", 8192.0), ("mlp.rs", 8448.0)]
+    assert [c.buffer_bytes for c in megatron.comms if c.axis == "ep"] == [4224.0, 4096.0, 4096.0, 4224.0]
     assert _flops(block, "fc1") == _flops(megatron, "fc1") == 2 * 64 * 128 * 32
     assert _flops(block, "fc2") == 2 * 64 * 32 * 128 and _flops(block, "gelu") == 8 * 64 * 128
     assert next(op for op in block.fwd if op.name == "fc1").shape == (1, 64, 128, 32)
@@ -102,16 +105,16 @@ def test_experts_whole_over_tp2_with_sp_pay_no_expert_tp_collective() -> None:
 
 
 def test_experts_whole_without_sp_run_all_tokens_on_each_tp_rank() -> None:
-    """Without sp every tp rank holds all 64 tokens: the experts whole run all 128 routed copies on each rank
-    (2 x 128 x 128 x 32 = 1048576 FLOPs for fc1, twice Megatron's), with no tp collective and all-to-alls of
-    8192 bytes, as Megatron's split moves. (Megatron-Core refuses MoE with tp > 1 and no sp in training,
-    moe_layer.py, megatron-core 0.16.1; trainsim prices it, as it prices Megatron's split without sp.) Both tp
-    ranks ran the same tokens: the experts' gradient (16448 less the router's 128 / 2) is summed over the dp / ep
-    = 2 data-parallel ranks holding those experts at tp index 0, ranks 0 and 4, once."""
+    """Without sp every tp rank holds all 64 tokens: the experts whole run all 128 routed copies on each rank (2 x 128 x
+    128 x 32 = 1048576 FLOPs for fc1, twice Megatron's), with no tp collective and all-to-alls of 8192 bytes (the
+    dispatch's 8448 with the probabilities), as Megatron's split moves. (Megatron-Core refuses MoE with tp > 1 and no sp
+    in training, moe_layer.py, megatron-core 0.16.1; trainsim prices it, as it prices Megatron's split without sp.) Both
+    tp ranks ran the same tokens: the experts' gradient (16448 less the router's 128 / 2) is summed over the dp / ep = 2
+    data-parallel ranks holding those experts at tp index 0, ranks 0 and 4, once."""
     job, graph = _tiny(sp=False)
     block = _moe(job, _experts_over(job, graph, 1))
     assert [(c.name, c.axis) for c in block.comms if c.axis == "tp"] == [("attn.ar", "tp")] * 2
-    assert [c.buffer_bytes for c in block.comms if c.axis == "ep"] == [8192.0] * 4
+    assert [c.buffer_bytes for c in block.comms if c.axis == "ep"] == [8448.0, 8192.0, 8192.0, 8448.0]
     assert _flops(block, "fc1") == 2 * _flops(graph.layers[1], "fc1") == 2 * 128 * 128 * 32
     assert block.param_count == 18560
     assert expert_grad_groups(job, shape_layers(job, _experts_over(job, graph, 1).lower(job.parallel))) == {
@@ -119,17 +122,18 @@ def test_experts_whole_without_sp_run_all_tokens_on_each_tp_rank() -> None:
 
 
 def test_experts_over_pairs_of_tp4_gather_the_routed_tokens_over_2_ranks() -> None:
-    """tp 4 x ep 2 x dp 1 (8 GPUs), sp, the experts over pairs of tp ranks (expert_tensor_parallel_size 2):
-    each rank routes its 16 tokens, the all-to-all over ep moves their 32 routed copies (2048 bytes), then an
-    all-gather over the 2 ranks of the pair gathers the pair's 64 (4096 bytes) and a reduce-scatter over them
-    follows fc2, both conjugated backward (Megatron-Core's order: MoEAlltoAllTokenDispatcher, all-to-all over
-    ep, then all-gather over the expert tp group). fc1 on 64 rows x 64 features; 32896 / 2 / 2 parameters."""
+    """tp 4 x ep 2 x dp 1 (8 GPUs), sp, the experts over pairs of tp ranks (expert_tensor_parallel_size 2): each rank
+    routes its 16 tokens, the all-to-all over ep moves their 32 routed copies (2048 bytes, 2112 with their
+    probabilities), then an all-gather over the 2 ranks of the pair gathers the pair's 64 (4096 bytes, 4224 with their
+    probabilities) and a reduce-scatter over them follows fc2 (4096), both conjugated backward (Megatron-Core's order:
+    MoEAlltoAllTokenDispatcher, all-to-all over ep, then all-gather over the expert tp group). fc1 on 64 rows x 64
+    features; 32896 / 2 / 2 parameters."""
     job, graph = _tiny(tp=4)
     block = _moe(job, _experts_over(job, graph, 2))
     assert [c for c in block.comms if c.name.startswith("mlp")] == [
-        Comm("mlp.ag", "all-gather", "tp", "fwd", 4096.0, 2), Comm("mlp.rs", "reduce-scatter", "tp", "fwd", 4096.0, 2),
-        Comm("mlp.ag", "all-gather", "tp", "bwd", 4096.0, 2), Comm("mlp.rs", "reduce-scatter", "tp", "bwd", 4096.0, 2)]
-    assert [c.buffer_bytes for c in block.comms if c.axis == "ep"] == [2048.0] * 4
+        Comm("mlp.ag", "all-gather", "tp", "fwd", 4224.0, 2), Comm("mlp.rs", "reduce-scatter", "tp", "fwd", 4096.0, 2),
+        Comm("mlp.ag", "all-gather", "tp", "bwd", 4096.0, 2), Comm("mlp.rs", "reduce-scatter", "tp", "bwd", 4224.0, 2)]
+    assert [c.buffer_bytes for c in block.comms if c.axis == "ep"] == [2112.0, 2048.0, 2048.0, 2112.0]
     assert _flops(block, "fc1") == 2 * 64 * 64 * 32
     assert block.param_count == ATTN_PARAMS / 4 + EXPERT_PARAMS / 2 / 2
 
@@ -228,8 +232,9 @@ def test_the_closed_form_prices_the_shaped_layers() -> None:
 def test_the_shipped_mixtral_trees(name: str, tp: int, expert_comms: list[tuple[str, int]]) -> None:
     """data/strategies/megatron/mixtral-*.yaml on Mixtral 8x7B's block (8 layers, micro-batch 1 x 4096 tokens,
     sp): experts whole at tp 2 (no expert tp collective), over pairs at tp 4 (gather and scatter over 2 ranks of
-    4096 / 4 x 2 tokens x 2 x 4096 x 2 = 33554432 bytes), the all-to-alls of the rank's own 4096 / tp tokens'
-    2 routed copies each; every MoE block rebuilt alike."""
+    4096 / 4 x 2 tokens x 2 x 4096 x 2 = 33554432 bytes, the gather's 4096 / 4 x 2 x 2 x 2 = 8192 more with
+    the probabilities), the all-to-alls of the rank's own 4096 / tp tokens' 2 routed copies each (the dispatch's
+    with their probabilities, 4096 / tp x 2 x 2 bytes more); every MoE block rebuilt alike."""
     root = Path(__file__).resolve().parents[3] / "data" / "strategies" / "megatron"
     spec = parse_model(yaml.safe_load((root / "models" / "mixtral-8x7b-l8.yaml").read_text()))
     assert isinstance(spec, TransformerSpec)
@@ -241,5 +246,7 @@ def test_the_shipped_mixtral_trees(name: str, tp: int, expert_comms: list[tuple[
     assert len(blocks) == 1
     block = plan.layers[1].layer
     assert [(c.name, c.ranks) for c in block.comms if c.name.startswith("mlp")] == expert_comms
-    assert {c.buffer_bytes for c in block.comms if c.name.startswith("mlp")} <= {33554432.0}
-    assert [c.buffer_bytes for c in block.comms if c.axis == "ep"] == [4096 // tp * 2 * 4096 * 2.0] * 4
+    assert {c.buffer_bytes for c in block.comms if c.name.startswith("mlp")} <= {33554432.0, 33562624.0}
+    routed = 4096 // tp * 2 * 4096 * 2.0
+    with_probs = routed + 4096 // tp * 2 * 2.0
+    assert [c.buffer_bytes for c in block.comms if c.axis == "ep"] == [with_probs, routed, routed, with_probs]

@@ -6,9 +6,11 @@ tp ranks that split its tokens; the token dispatch starting from the tokens each
 The tiny MoE (tests/conftest.py's tiny GPT without biases, every block an MoE of 4 experts, top-2: hidden 32, 4
 heads of 8, ffn 128, LayerNorm) at micro-batch 2 x 32 tokens in bf16 on 8 A100s, tp x ep 2 x dp. The hidden
 state of the micro-batch's 64 tokens is H = 64 x 32 x 2 = 4096 bytes; their 128 routed copies (top-2) R = 8192
-bytes. The router's weight is 32 x 4 = 128 parameters; Megatron's block at tp 2 x ep 2 holds 4224 / 2 + 32896 / 4
-= 10336 per rank (the builder counts the router with the experts: 128 / 4 = 32 of them, and the norms, 2 x 64,
-divided by tp).
+bytes; the dispatch moves each copy's bf16 routing probability beside it (megatron-core 0.16.1's all-to-all
+dispatcher), RP = 8192 + 128 x 2 = 8448 bytes, and x (1 + 1 / 32) for a rank's own copies' x bytes; the
+combine moves the hidden states alone. The router's weight is 32 x 4 = 128 parameters; Megatron's block at tp 2
+x ep 2 holds 4224 / 2 + 32896 / 4 = 10336 per rank (the builder counts the router with the experts: 128 / 4 = 32
+of them, and the norms, 2 x 64, divided by tp).
 """
 
 import dataclasses
@@ -38,6 +40,7 @@ from trainsim.strategy.tree import StrategyTree
 TINY_MOE_YAML = (TINY_GPT_MODEL_YAML.replace("name: tiny-gpt", "name: tiny-moe").replace("bias: true", "bias: false")
                  + "num_experts: 4\ntop_k: 2\nmoe_every: 1\n")
 H, R = 4096.0, 8192.0
+RP = 8448.0  # R with the routing probabilities
 ROUTER_PARAMS, MEGATRON_BLOCK_PARAMS = 128, 10336
 TOKEN_OPS = ("blocks.*.norm1", "blocks.*.residual1", "blocks.*.norm2", "blocks.*.residual2")
 ROUTER = "blocks.*.moe.router"
@@ -96,13 +99,13 @@ def _shape(block: Layer, name: str) -> tuple[int, ...]:
 
 def test_moe_norms_and_residual_adds_by_sequence_without_sp_reshard_around_them() -> None:
     """tp 2 x ep 2 without sp, the MoE block's norms and residual adds on half the tokens each (per-op sequence
-    parallelism), its router (Megatron's: whole) and experts Megatron's. Forward: qkv gathers norm1's halves
-    (attn.ag), the projection's partial sums are reduce-scattered onto residual1's (attn.rs), the router gathers
-    norm2's (mlp.ag), the experts' partial sums are reduce-scattered onto residual2's (mlp.rs) and the block hands
-    on the whole hidden state (block.ag), each H. Backward: the conjugates; the experts' input gradient, partial
-    over the pair, all-reduced onto the whole router (mlp.ar), then sliced to norm2's halves. The all-to-alls over
-    ep move all 64 tokens' routed copies (R), as Megatron's. The norms are held whole (64 parameters each, not
-    32): 10336 + 2 x 32 = 10400 per block, their 2 x 64 summed over the tp pair with the dp ranks."""
+    parallelism), its router (Megatron's: whole) and experts Megatron's. Forward: qkv gathers norm1's halves (attn.ag),
+    the projection's partial sums are reduce-scattered onto residual1's (attn.rs), the router gathers norm2's (mlp.ag),
+    the experts' partial sums are reduce-scattered onto residual2's (mlp.rs) and the block hands on the whole hidden
+    state (block.ag), each H. Backward: the conjugates; the experts' input gradient, partial over the pair, all-reduced
+    onto the whole router (mlp.ar), then sliced to norm2's halves. The all-to-alls over ep move all 64 tokens' routed
+    copies (R; the dispatch's RP), as Megatron's. The norms are held whole (64 parameters each, not 32): 10336 + 2 x 32
+    = 10400 per block, their 2 x 64 summed over the tp pair with the dp ranks."""
     job = _job()
     plan = _plan(job, [(path, "seq", 2) for path in TOKEN_OPS])
     block = _block(job, plan)
@@ -113,7 +116,7 @@ def test_moe_norms_and_residual_adds_by_sequence_without_sp_reshard_around_them(
         ("attn.ag", "all-gather", "bwd", H, 0), ("attn.rs", "reduce-scatter", "bwd", H, 0),
         ("block.ag", "all-gather", "bwd", H, 0),
         ("mlp.ag", "all-gather", "bwd", H, 0), ("mlp.ar", "all-reduce", "bwd", H, 0)]
-    assert _ep(block) == [R] * 4
+    assert _ep(block) == [RP, R, R, RP]
     assert [_shape(block, name) for name in ("norm1", "residual1", "norm2", "residual2")] == [(32 * 32,)] * 4
     assert block.param_count == MEGATRON_BLOCK_PARAMS + 2 * (64 - 32) == 10400
     assert plan_tp_token_params(plan, job.model, job.parallel) == {1: {2: 128.0}, 2: {2: 128.0}}
@@ -140,7 +143,8 @@ def test_an_moe_norm_split_by_its_features_all_reduces_its_statistics() -> None:
 
 def test_a_router_whole_under_sp_dispatches_all_its_tokens() -> None:
     """tp 2 x ep 2 with sp, the router whole on each tp rank: it reads norm2's halves gathered (mlp.ag, H) and
-    routes all 64 tokens, so each rank dispatches all their routed copies (R per all-to-all, as Megatron's) with no
+    routes all 64 tokens, so each rank dispatches all their routed copies (R per all-to-all, RP with their
+    probabilities, as Megatron's without sp) with no
     gather before the experts; the experts' partial sums travel back through the combine unreduced and are
     reduce-scattered onto residual2's halves as the hidden state (mlp.rs, H). Backward: residual2's gradient
     halves gathered (mlp.ag, H); the experts' input gradient, partial over the pair, all-reduced onto the whole
@@ -152,34 +156,34 @@ def test_a_router_whole_under_sp_dispatches_all_its_tokens() -> None:
     assert [c for c in _tp(block) if c[0].startswith("mlp")] == [
         ("mlp.ag", "all-gather", "fwd", H, 0), ("mlp.rs", "reduce-scatter", "fwd", H, 0),
         ("mlp.ag", "all-gather", "bwd", H, 0), ("mlp.ar", "all-reduce", "bwd", H, 0)]
-    assert _ep(block) == [R] * 4
+    assert _ep(block) == [RP, R, R, RP]
     assert _shape(block, "router") == (1, 64, 4, 32)
     assert block.param_count == MEGATRON_BLOCK_PARAMS - ROUTER_PARAMS / 4 + ROUTER_PARAMS == 10432
     assert plan_tp_token_params(plan, job.model, job.parallel) == {}
 
 
 def test_a_router_by_sequence_without_sp_dispatches_its_own_tokens() -> None:
-    """tp 2 x ep 2 without sp, the router on half the sequence: each rank routes its 32 tokens and the all-to-all
-    over ep dispatches their 64 routed copies (4096 bytes, half Megatron's R); the pair's routed tokens are then
-    all-gathered before the experts (mlp.ag, R) and the experts' partial sums reduce-scattered back onto each
-    rank's own before the combine (mlp.rs, R: Megatron-Core's dispatcher order), and residual2, whole, reads the
-    combined halves gathered (mlp.ag, H). Backward, as the pass meets them: the routed gradient gathered (R), the
-    experts' input gradient reduce-scattered (R), norm2's gradient gathered from the router's halves (H). The
-    router (32 rows) is held whole and its gradient summed over the pair with the dp ranks: a bucket of the two
-    blocks' 2 x 128 router parameters over 8 ranks, the rest over the dp group of 4, each its all-reduce of bf16
-    gradients; before them the experts' 2 x (32896 / 4 - 128 / 4) = 2 x 8192 over their expert data-parallel
-    ranks (tp index 0 of the dp / ep = 2 ranks holding those experts: 0 and 4)."""
+    """tp 2 x ep 2 without sp, the router on half the sequence: each rank routes its 32 tokens and the all-to-all over
+    ep dispatches their 64 routed copies (4096 bytes, half Megatron's R; 4224 with their probabilities); the pair's
+    routed tokens are then all-gathered before the experts (mlp.ag, RP with their probabilities) and the experts'
+    partial sums reduce-scattered back onto each rank's own before the combine (mlp.rs, R: Megatron-Core's dispatcher
+    order), and residual2, whole, reads the combined halves gathered (mlp.ag, H). Backward, as the pass meets them: the
+    routed gradient gathered (R), the experts' input gradient and the probabilities' reduce-scattered (RP), norm2's
+    gradient gathered from the router's halves (H). The router (32 rows) is held whole and its gradient summed over the
+    pair with the dp ranks: a bucket of the two blocks' 2 x 128 router parameters over 8 ranks, the rest over the dp
+    group of 4, each its all-reduce of bf16 gradients; before them the experts' 2 x (32896 / 4 - 128 / 4) = 2 x 8192
+    over their expert data-parallel ranks (tp index 0 of the dp / ep = 2 ranks holding those experts: 0 and 4)."""
     job = _job()
     plan = _plan(job, [(ROUTER, "seq", 2)])
     block = _block(job, plan)
     assert _tp(block) == [
         ("attn.ar", "all-reduce", "fwd", H, 0),
-        ("mlp.ag", "all-gather", "fwd", R, 0), ("mlp.rs", "reduce-scatter", "fwd", R, 0),
+        ("mlp.ag", "all-gather", "fwd", RP, 0), ("mlp.rs", "reduce-scatter", "fwd", R, 0),
         ("mlp.ag", "all-gather", "fwd", H, 0),
         ("attn.ar", "all-reduce", "bwd", H, 0),
-        ("mlp.ag", "all-gather", "bwd", R, 0), ("mlp.rs", "reduce-scatter", "bwd", R, 0),
+        ("mlp.ag", "all-gather", "bwd", R, 0), ("mlp.rs", "reduce-scatter", "bwd", RP, 0),
         ("mlp.ag", "all-gather", "bwd", H, 0)]
-    assert _ep(block) == [32 * 2 * 32 * 2.0] * 4 == [4096.0] * 4
+    assert _ep(block) == [4224.0, 4096.0, 4096.0, 4224.0] and 32 * 2 * 32 * 2.0 == 4096.0
     assert _shape(block, "router") == (1, 32, 4, 32)
     assert block.param_count == 10432
     assert plan_tp_token_params(plan, job.model, job.parallel) == {1: {2: 128.0}, 2: {2: 128.0}}
@@ -202,8 +206,9 @@ def test_a_router_by_sequence_without_sp_dispatches_its_own_tokens() -> None:
 def test_a_router_split_as_the_experts_over_pairs_skips_their_gather() -> None:
     """tp 4 x ep 2 with sp, the experts over pairs of tp ranks (on the pair's 32 tokens) and the router split by
     sequence into halves, as the experts: the router reads norm2's quarters gathered over the pair (mlp.ag: 32 x
-    32 x 2 = 2048 bytes over 2 ranks), each rank dispatches its pair's 32 tokens' 64 routed copies (4096 bytes;
-    Megatron-Core's order: its own 16 tokens', 2048, then the pair's routed tokens gathered, 4096 over 2) and the
+    32 x 2 = 2048 bytes over 2 ranks), each rank dispatches its pair's 32 tokens' 64 routed copies (4096 bytes,
+    4224 with their probabilities; Megatron-Core's order: its own 16 tokens', 2048 (2112), then the pair's routed
+    tokens gathered, 4096 over 2) and the
     experts read them with no gather; their partial sums travel back unreduced and are reduce-scattered onto
     residual2's quarters (mlp.rs: 2048 over 2). Backward: residual2's quarters gathered over the pair (2048), the
     experts' input gradient all-reduced over it onto the router's halves (2048). The router's weight whole
@@ -215,8 +220,8 @@ def test_a_router_split_as_the_experts_over_pairs_skips_their_gather() -> None:
     assert [c for c in _tp(block) if c[0].startswith("mlp")] == [
         ("mlp.ag", "all-gather", "fwd", 2048.0, 2), ("mlp.rs", "reduce-scatter", "fwd", 2048.0, 2),
         ("mlp.ag", "all-gather", "bwd", 2048.0, 2), ("mlp.ar", "all-reduce", "bwd", 2048.0, 2)]
-    assert _ep(block) == [4096.0] * 4
-    assert _ep(_block(job, _plan(job, _experts_over_pairs()))) == [2048.0] * 4
+    assert _ep(block) == [4224.0, 4096.0, 4096.0, 4224.0]
+    assert _ep(_block(job, _plan(job, _experts_over_pairs()))) == [2112.0, 2048.0, 2048.0, 2112.0]
     assert block.param_count == 4224 / 4 + 32896 / 4 - ROUTER_PARAMS / 4 + ROUTER_PARAMS == 9376
     assert plan_tp_token_params(plan, job.model, job.parallel) == {1: {2: 128.0}, 2: {2: 128.0}}
     # the experts' gradient over their expert data-parallel ranks (tp ranks 0 and 2 of dp rank 0), the router's
@@ -228,19 +233,20 @@ def test_experts_over_pairs_without_sp_all_reduce_the_combined_hidden_state() ->
     """tp 4 x ep 2 without sp, the experts over pairs (the router whole, Megatron's): every rank dispatches all
     64 tokens, so the experts' partial sums over the pair travel back through the combine and are all-reduced over
     the pair as the hidden state (H over 2 ranks), not as the 128 routed copies (R); the experts' input gradient
-    likewise in the backward."""
+    likewise in the backward. The dispatch moves the copies' probabilities too (RP)."""
     job = _job(tp=4)
     paths = ("blocks.*.moe.mlp.fc1", "blocks.*.moe.mlp.act", "blocks.*.moe.mlp.fc2")
     block = _block(job, _plan(job, [(path, "reduce" if path.endswith("fc2") else "out", 2) for path in paths]))
     assert [c for c in _tp(block) if c[0].startswith("mlp")] == [
         ("mlp.ar", "all-reduce", "fwd", H, 2), ("mlp.ar", "all-reduce", "bwd", H, 2)]
-    assert _ep(block) == [R] * 4
+    assert _ep(block) == [RP, R, R, RP]
 
 
 def test_an_moe_block_s_last_add_by_features_under_sp_exchanges_its_skip_input_by_all_to_all() -> None:
     """With sp, the MoE block's residual2 adds its half of the features (sequence whole): the experts' routed
-    tokens are gathered over the pair (mlp.ag, R) and their partial sums reduce-scattered back onto the tokens
-    each rank dispatched (mlp.rs, R: Megatron-Core's all-to-all dispatcher under sp at ep > 1), the combined
+    tokens are gathered over the pair with their probabilities (mlp.ag, RP) and their partial sums
+    reduce-scattered back onto the tokens each rank dispatched (mlp.rs, R: Megatron-Core's all-to-all dispatcher
+    under sp), the combined
     sequence half exchanged by all-to-all onto the feature half (mlp.a2a, H / 2), its skip input (residual1's
     sequence half) likewise (block.a2a, H / 2) and the block hands on the sequence split by all-to-all again;
     backward each exchange back. residual2 runs 64 x 16 elements; parameters unchanged."""
@@ -249,13 +255,13 @@ def test_an_moe_block_s_last_add_by_features_under_sp_exchanges_its_skip_input_b
     block = _block(job, plan)
     tp = [(c.name, c.collective, c.phase, c.buffer_bytes) for c in block.comms if c.axis == "tp"]
     assert tp == [("attn.ag", "all-gather", "fwd", H), ("attn.rs", "reduce-scatter", "fwd", H),
-                  ("mlp.ag", "all-gather", "fwd", R), ("block.a2a", "all-to-all", "fwd", H / 2),
+                  ("mlp.ag", "all-gather", "fwd", RP), ("block.a2a", "all-to-all", "fwd", H / 2),
                   ("mlp.rs", "reduce-scatter", "fwd", R), ("mlp.a2a", "all-to-all", "fwd", H / 2),
                   ("block.a2a", "all-to-all", "fwd", H / 2),
                   ("attn.ag", "all-gather", "bwd", H), ("attn.rs", "reduce-scatter", "bwd", H),
                   ("block.a2a", "all-to-all", "bwd", H / 2), ("block.a2a", "all-to-all", "bwd", H / 2),
                   ("mlp.a2a", "all-to-all", "bwd", H / 2),
-                  ("mlp.ag", "all-gather", "bwd", R), ("mlp.rs", "reduce-scatter", "bwd", R)]
+                  ("mlp.ag", "all-gather", "bwd", R), ("mlp.rs", "reduce-scatter", "bwd", RP)]
     assert next(op for op in block.fwd if op.name == "residual2").shape == (64 * 16,)
     assert block.param_count == MEGATRON_BLOCK_PARAMS
 
@@ -313,4 +319,4 @@ def test_the_closed_form_prices_the_router_s_shaped_block() -> None:
     saved = 3 * 2 * 32 * 4 * 32 * 2 * 4 * 8
     assert on_tree.model_flops_per_iteration - on_shaped.model_flops_per_iteration == saved == 1572864
     assert on_tree.hardware_flops_per_iteration == on_shaped.hardware_flops_per_iteration
-    assert Comm("dispatch", "all-to-all", "ep", "fwd", 4096.0) in shaped.layers[1].comms
+    assert Comm("dispatch", "all-to-all", "ep", "fwd", 4224.0) in shaped.layers[1].comms

@@ -357,3 +357,18 @@ def test_a_split_executor_stack_adds_its_per_op_cost_to_every_micro_batch(tmp_pa
     executed = make_engine(engine, "profiled", path).estimate(split, graph).iteration_time_s
     assert fwd > 0 and bwd > 0
     assert executed - plain == pytest.approx(2 * (fwd * 9e-5 + bwd * 3e-5), rel=1e-9)
+
+
+def test_local_cpu_ranks_are_one_node_so_the_measured_curve_answers(db_path: Path) -> None:
+    """local-cpu-ranks: trainsim measure's 2 gloo ranks on one node, their all-reduce from the database's curve;
+    local-cpu makes each rank a node of its own, whose pair the fallback prices."""
+    from trainsim.cost.profiled import ProfiledComm
+    from trainsim.profile.database import TimingStats
+
+    with ProfileDB.open(db_path) as db:
+        db.put_collective(PROFILE_ENV, "gloo", "all-reduce", 2, 2048, TimingStats(3e-4, 3e-4, 3e-4, 1))
+    comm = ProfiledComm(ProfiledCosts(db_path, fallback=ConstantCosts(1.0)), ConstantComm())
+    ranks, nodes = load_cluster("local-cpu-ranks").with_num_gpus(2), load_cluster("local-cpu").with_num_gpus(2)
+    assert (ranks.num_nodes, nodes.num_nodes) == (1, 2)
+    assert comm.collective_time_s("all-reduce", 2048, ranks.group_layout(2, 1), ranks) == pytest.approx(3e-4)
+    assert comm.collective_time_s("all-reduce", 2048, nodes.group_layout(2, 1), nodes) == 99.0

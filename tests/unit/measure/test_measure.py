@@ -77,6 +77,11 @@ def test_a_file_that_is_not_a_run_is_refused(tmp_path: Path) -> None:
     (lambda: tiny_job(2, model=MEASURED_MOE, tp=2), "tp=1 and zero<2 only"),
     (lambda: tiny_job(2, model=MEASURED_MOE, dp=2, zero=2), "tp=1 and zero<2 only"),
     (lambda: tiny_job(2, model=MEASURED_MOE, ep=2), "ep=2 is not measured"),
+    (lambda: tiny_job(1, model={**MEASURED_MOE, "expert_ffn_hidden": 64}),
+     "expert_ffn_hidden of tiny-moe is not built"),
+    (lambda: tiny_job(1, model={**MEASURED_LLAMA, "mla": {"kv_lora_rank": 8, "qk_nope_head_dim": 8,
+                                                          "qk_rope_head_dim": 8, "v_head_dim": 16}}),
+     "mla of tiny-llama is not built"),
 ])
 def test_unsupported_jobs_are_refused(job: Any, message: str) -> None:
     with pytest.raises(UnsupportedJobError, match=message):

@@ -53,3 +53,13 @@ def test_a_real_two_rank_probe_prices_every_collective_and_phase_and_stores_them
         store_reshard_overhead(db, PROFILE_ENV, stored)
     costs = ProfiledCosts(tmp_path / "p.sqlite", "cpu-local", ConstantCosts(1.0))
     assert costs.executor_reshard_s("cpu-local", "all-gather", "bwd") == pytest.approx(2e-4)  # the ranks' median
+
+
+def test_the_cli_refuses_a_bad_deadline_in_one_line() -> None:
+    from typer.testing import CliRunner
+
+    from trainsim.cli.main import app
+
+    result = CliRunner().invoke(app, ["profile", "--reshard-overhead", "--timeout-s", "0"])
+    assert result.exit_code == 2
+    assert "timeout_s" in result.output and "Traceback" not in result.output

@@ -45,17 +45,20 @@ def _tp_comms(spec: TransformerSpec, dev: DeviceSlice, moe: bool = False) -> lis
     if dev.tp == 1:
         return []
     buffer = dev.local_tokens * spec.hidden * _act_bytes(dev)
-    # Megatron-Core's all-to-all dispatcher gathers the routed tokens (top_k per token) over tp after the dispatch
+    # Megatron-Core's all-to-all dispatcher gathers the routed tokens (top_k per token) over tp after the dispatch,
+    # with their routing probabilities (one activation-dtype value per copy), and scatters the outputs alone back
     routed = buffer * spec.top_k if moe and _alltoall_order(dev) else buffer
+    with_probs = routed + routed // spec.hidden if moe and _alltoall_order(dev) else routed
     columns = {"attn": "qkv", "mlp": "" if moe else "gate_up" if spec.mlp == "swiglu" else "fc1"}
     comms: list[Comm] = []
     for phase in ("fwd", "bwd"):
         for site in ("attn", "mlp"):
             column = columns[site]
-            size = routed if site == "mlp" else buffer
+            gather = with_probs if site == "mlp" and phase == "fwd" else routed if site == "mlp" else buffer
+            scatter = with_probs if site == "mlp" and phase == "bwd" else routed if site == "mlp" else buffer
             if dev.sp:
-                comms += [Comm(f"{site}.ag", "all-gather", "tp", phase, size, 0, column if phase == "fwd" else ""),
-                          Comm(f"{site}.rs", "reduce-scatter", "tp", phase, size, 0,
+                comms += [Comm(f"{site}.ag", "all-gather", "tp", phase, gather, 0, column if phase == "fwd" else ""),
+                          Comm(f"{site}.rs", "reduce-scatter", "tp", phase, scatter, 0,
                                column if phase == "bwd" else "")]
             else:
                 comms.append(Comm(f"{site}.ar", "all-reduce", "tp", phase, buffer, 0, column if phase == "bwd" else ""))
@@ -96,8 +99,9 @@ def _head_comms(spec: TransformerSpec, dev: DeviceSlice) -> list[Comm]:
 
 def _alltoall_order(dev: DeviceSlice) -> bool:
     """Megatron-Core's MoEAlltoAllTokenDispatcher's order (megatron/core/transformer/moe/token_dispatcher.py,
-    megatron-core 0.9.0 and 0.16.1): under sp at tp > 1 and ep > 1 each tp rank dispatches its own sequence share."""
-    return dev.sp and dev.tp > 1 and dev.ep > 1
+    megatron-core 0.9.0 and 0.16.1): under sp at tp > 1 each tp rank dispatches its own sequence share (at ep 1
+    the all-to-all is the identity and the routed copies are still gathered over tp)."""
+    return dev.sp and dev.tp > 1
 
 
 def _a2a_bytes(spec: TransformerSpec, dev: DeviceSlice) -> int:
@@ -106,8 +110,10 @@ def _a2a_bytes(spec: TransformerSpec, dev: DeviceSlice) -> int:
 
 
 def _moe_comms(spec: TransformerSpec, dev: DeviceSlice) -> list[Comm]:
+    """The dispatch moves each routed copy's probability (one activation-dtype value) beside its hidden state
+    (megatron-core 0.16.1's token_dispatch), the combine the hidden states alone."""
     a2a_bytes = _a2a_bytes(spec, dev)
-    return [Comm("dispatch", "all-to-all", "ep", "fwd", a2a_bytes),
+    return [Comm("dispatch", "all-to-all", "ep", "fwd", a2a_bytes + a2a_bytes // spec.hidden),
             Comm("combine", "all-to-all", "ep", "fwd", a2a_bytes)]
 
 
@@ -124,7 +130,7 @@ def _ep_backward(spec: TransformerSpec, dev: DeviceSlice) -> tuple[Comm, ...]:
     """The conjugates of dispatch and combine in the backward pass, which the fixed pattern left out."""
     a2a_bytes = _a2a_bytes(spec, dev)
     return (Comm("combine", "all-to-all", "ep", "bwd", a2a_bytes),
-            Comm("dispatch", "all-to-all", "ep", "bwd", a2a_bytes))
+            Comm("dispatch", "all-to-all", "ep", "bwd", a2a_bytes + a2a_bytes // spec.hidden))
 
 
 # --- shapes ---
@@ -151,7 +157,7 @@ def test_splits_of_dense_layers_insert_the_pattern_collectives(model: str, tp: i
 
 
 @pytest.mark.parametrize(("tp", "sp", "cp", "ep"), [(1, False, 1, 2), (2, True, 1, 2), (2, False, 2, 4),
-                                                    (1, False, 1, 1)])
+                                                    (1, False, 1, 1), (2, True, 1, 1)])
 def test_expert_split_inserts_dispatch_and_combine_and_their_backward_conjugates(tp: int, sp: bool, cp: int,
                                                                                  ep: int) -> None:
     """The expert split (tokens by batch -> by expert and back) is the pattern's two all-to-alls forward; the

@@ -109,3 +109,17 @@ def test_a_mixture_of_experts_counts_the_experts_a_token_uses() -> None:
     for convention in ("megatron", "megatron-causal"):  # the routed experts' MLPs: top_k = 2 of them
         extra = convention_flops(convention, moe_job, 0.0) - convention_flops(convention, dense_job, 0.0)
         assert extra == pytest.approx(mlp_per_token * moe_job.tokens_per_iteration, rel=1e-12)
+
+
+def test_deepseek_v3_in_megatron_bridge_s_count() -> None:
+    """Megatron-Bridge 0.3.1's count (megatron/bridge/training/utils/flop_utils.py) of DeepSeek-V3 at 4,096
+    tokens, by hand: attention 6 x 61 x (1536 (7168 + 128 x 192 + 1) + 512 (7168 + 128 x 256 + 1) + 7168 x 64 +
+    128 x 128 x 7168 + 4096 x 128 x 320 / 2) = 99,183,587,328; MLPs 12 x 7168 x 3/2 x (3 x 18432 + 58 (8 x 2048 +
+    2048)) = 145,068,392,448 (3 dense blocks, 58 MoE blocks of 8 routed and 1 shared expert); logits 6 x 7168 x
+    129280 = 5,560,074,240 per token."""
+    deepseek = load_model("deepseek-v3")
+    assert isinstance(deepseek, TransformerSpec)
+    parallel = ParallelSpec(pp=16, dp=128, ep=64, micro_batch=1, global_batch=15360, seq_len=4096)
+    job = make_job(deepseek, load_cluster("hgx-h800").with_num_gpus(2048), parallel)
+    per_token = convention_flops("megatron-causal", job, 0.0) / job.tokens_per_iteration
+    assert per_token == 99_183_587_328 + 145_068_392_448 + 5_560_074_240

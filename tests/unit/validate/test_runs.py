@@ -97,12 +97,28 @@ def test_a_row_naming_a_mixture_of_experts_gets_its_experts() -> None:
     assert isinstance(model, TransformerSpec)
     assert (model.num_experts, model.top_k, model.moe_every, model.ffn_hidden) == (8, 2, 1, 700)
     assert run.job.parallel.ep == 8
-    # shared experts are extra routed choices; the entry's expert width replaces the row's (dense) FFN
+    # the entry's expert width is the experts', the row's FFN the dense blocks', the shared experts an MLP of
+    # their widths together; DeepSeek-V3's 3 leading dense blocks and its latent attention (transformers 5.24.0)
     deepseek = model_from_row(_row(arch="other", ffn_hidden="18432", notes="model=DEEPSEEK_V3"))
-    assert (deepseek["num_experts"], deepseek["top_k"], deepseek["ffn_hidden"]) == (256, 9, 2048)
+    assert (deepseek["num_experts"], deepseek["top_k"], deepseek["ffn_hidden"]) == (256, 8, 18432)
+    assert (deepseek["expert_ffn_hidden"], deepseek["shared_expert_ffn_hidden"]) == (2048, 2048)
+    assert deepseek["leading_dense_layers"] == 3
+    expert_width_printed = model_from_row(_row(arch="other", ffn_hidden="2048", notes="DeepSeek-V3 671B"))
+    assert expert_width_printed["ffn_hidden"] == 18432  # the dense blocks' width is the model's, stated
+    assert deepseek["mla"] == {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+                               "qk_rope_head_dim": 64, "v_head_dim": 128}
     assert deepseek["arch"] == "llama"  # named MoEs have gated MLPs
+    lite = model_from_row(_row(arch="other", notes="DeepSeek-V2-Lite pretraining"))
+    assert (lite["num_experts"], lite["leading_dense_layers"], lite["mla"]["q_lora_rank"]) == (64, 1, 0)
+    assert "mla" not in model_from_row(_row(arch="other", notes="Mixtral 8x22B"))
+    ernie = model_from_row(_row(arch="other", notes="ERNIE-4.5-21B-A3B"))
+    assert (ernie["num_experts"], ernie["top_k"], ernie["shared_expert_ffn_hidden"], ernie["ffn_hidden"]) == (
+        64, 6, 3072, 12288)
     maverick = model_from_row(_row(arch="other", notes="Llama-4-Maverick 400B"))
-    assert (maverick["num_experts"], maverick["top_k"], maverick["moe_every"]) == (128, 2, 2)
+    assert (maverick["num_experts"], maverick["top_k"], maverick["moe_every"]) == (128, 1, 2)
+    assert maverick["shared_expert_ffn_hidden"] == 8192
+    qwen = model_from_row(_row(arch="other", notes="Qwen1.5-MoE-A2.7B"))  # a shared expert 4 experts wide
+    assert (qwen["top_k"], qwen["expert_ffn_hidden"], qwen["shared_expert_ffn_hidden"]) == (4, 1408, 5632)
 
 
 def test_dense_rows_stay_dense_and_an_unnamed_expert_parallel_row_is_refused() -> None:

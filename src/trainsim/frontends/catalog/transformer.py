@@ -17,6 +17,8 @@ under sp (_expert_tokens)."""
 
 from collections.abc import Mapping
 
+from trainsim.errors import ConfigError
+from trainsim.frontends.catalog.latent_attention import mla_ops, mla_params
 from trainsim.hardware.device import BYTES_PER_DTYPE
 from trainsim.ir.flops import (
     attention_backward,
@@ -50,7 +52,8 @@ def build_transformer(spec: TransformerSpec, dev: DeviceSlice) -> OpGraph:
     if spec.num_moe_layers:
         layers.append(block_layer(spec, dev, spec.num_moe_layers, moe=True))
     layers.append(head_layer(spec, dev))
-    return OpGraph(spec.name, tuple(layers), dev.local_tokens, dev.micro_batch)
+    return OpGraph(spec.name, tuple(layers), dev.local_tokens, dev.micro_batch,
+                   leading_dense_blocks=spec.leading_dense_layers)
 
 
 def _act_bytes(dev: DeviceSlice) -> int:
@@ -79,21 +82,38 @@ def _block_params(spec: TransformerSpec, moe: bool) -> tuple[float, float]:
     h, d = spec.hidden, spec.head_dim
     qkv_out = (spec.num_heads + 2 * spec.kv_heads) * d
     attn = h * qkv_out + spec.num_heads * d * h + ((qkv_out + h) if spec.bias else 0)
+    if spec.mla is not None:
+        attn = sum(mla_params(spec))
     norms = 2 * h * (2 if spec.norm == "layernorm" else 1)
-    mats = 3 if spec.mlp == "swiglu" else 2
-    mlp = mats * h * spec.ffn_hidden + ((spec.ffn_hidden + h) if spec.bias else 0)
     if moe:
-        mlp = spec.num_experts * mlp + h * spec.num_experts
-    return attn + norms, mlp
+        return attn + norms, _routed_params(spec) + _mlp_params(spec, spec.shared_expert_ffn_hidden)
+    return attn + norms, _mlp_params(spec, spec.ffn_hidden)
+
+
+def _mlp_params(spec: TransformerSpec, ffn: int) -> int:
+    """One MLP's parameters at FFN width `ffn` (0: none)."""
+    mats = 3 if spec.mlp == "swiglu" else 2
+    return mats * spec.hidden * ffn + ((ffn + spec.hidden) if spec.bias and ffn else 0)
+
+
+def _routed_params(spec: TransformerSpec) -> int:
+    """An MoE block's routed experts at their width and its router (hidden x experts)."""
+    return spec.num_experts * _mlp_params(spec, spec.expert_ffn) + spec.hidden * spec.num_experts
 
 
 def _attention_ops(spec: TransformerSpec, dev: DeviceSlice, path: str, c: Mapping[str, OpConfig],
                    rows: Mapping[str, int], widths: Mapping[str, int]) -> list[Op]:
-    """norm1, the attention module with each op shaped at its config c[name] over tp, residual1 (the norm and
-    the residual add on rows[name] tokens: _token_rows, and widths[name] features: _norm_widths)."""
+    """norm1, the attention module with each op shaped at its config c[name] over tp (a multi-head latent
+    attention at Megatron-Core's: latent_attention.mla_ops), residual1 (the norm and the residual add on
+    rows[name] tokens: _token_rows, and widths[name] features: _norm_widths)."""
     tokens = dev.local_tokens
     act, lin, h, d = dev.precision.activation_dtype, dev.precision.linear_dtype, spec.hidden, spec.head_dim
     mb = dev.micro_batch
+    if spec.mla is not None:
+        return [pointwise_op("norm1", "norm", f"{path}.norm1", act, rows["norm1"] * widths["norm1"],
+                             flops_per_element=5.0), *mla_ops(spec, dev, path, _replicated_tokens(dev)),
+                pointwise_op("residual1", "elementwise", f"{path}.residual1", act,
+                             rows["residual1"] * widths["residual1"], reads=2.0)]
 
     def heads(name: str) -> tuple[int, int]:
         return spec.num_heads // c[name].out, max(1, spec.kv_heads // c[name].out)
@@ -129,9 +149,9 @@ def _token_parts(config: OpConfig) -> int:
 
 
 def _mlp_ops(spec: TransformerSpec, dev: DeviceSlice, path: str, tokens: int, experts_local: int,
-             c: Mapping[str, OpConfig]) -> list[Op]:
-    """The MLP (or each local expert's) with each op shaped at its config c[name] over tp."""
-    lin, act, h, f = dev.precision.linear_dtype, dev.precision.activation_dtype, spec.hidden, spec.ffn_hidden
+             c: Mapping[str, OpConfig], f: int) -> list[Op]:
+    """The MLP (or each local expert's) at FFN width f with each op shaped at its config c[name] over tp."""
+    lin, act, h = dev.precision.linear_dtype, dev.precision.activation_dtype, spec.hidden
     routed = tokens * experts_local  # tokens processed by this device's experts (balanced routing)
 
     def rows(name: str) -> int:
@@ -174,6 +194,11 @@ def block_layer(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool,
     name = "moe_block" if moe else "block"
     path = f"blocks.{name}"
     act, h = dev.precision.activation_dtype, spec.hidden
+    if own and (spec.mla is not None or spec.shared_expert_ffn_hidden):
+        what = "a multi-head latent attention" if spec.mla is not None else "shared experts"
+        raise ConfigError("strategy tree", ", ".join(sorted(op for op, _ in own)), f"{spec.name} has {what}, "
+                          "priced at Megatron-Core's split over tp only: give its blocks' ops no configs of their "
+                          "own")
     given = dict(own)
     c = {op: given.get(op, _megatron(op, dev.tp)) for op in _ATTN_OPS + _MLP_OPS}
     rows = _token_rows(dev, given)
@@ -184,12 +209,18 @@ def block_layer(spec: TransformerSpec, dev: DeviceSlice, count: int, moe: bool,
                             flops_per_element=5.0))
     d = _weight_parts(c[_mlp_op_names(spec)[0]])  # the experts' tp degree (strategy.megatron.dispatch_layout)
     if moe:
-        # NB: Megatron's router is shaped on all local tokens, under sp too, as before
-        router_tokens = dev.local_tokens // _token_parts(given["router"]) if "router" in given else dev.local_tokens
+        # Megatron's router runs the rank's own tokens: its sequence share under sp (TopKRouter.forward on the
+        # MoE layer's input, which sp leaves split: megatron/core/transformer/moe/moe_layer.py, router.py, 0.9.0
+        # and 0.16.1), all local tokens without
+        router_tokens = (dev.local_tokens // _token_parts(given["router"]) if "router" in given
+                         else _replicated_tokens(dev))
+        if spec.shared_expert_ffn_hidden:  # a dense MLP on every token (Megatron-Core's SharedExpertMLP)
+            fwd.extend(_mlp_ops(spec, dev, f"{path}.shared", dev.local_tokens, 1, c, spec.shared_expert_ffn_hidden))
         fwd.append(matmul_op("router", f"{path}.moe.router", act, router_tokens, spec.num_experts, h))
-        fwd.extend(_mlp_ops(spec, dev, f"{path}.moe", _expert_tokens(dev, d), spec.top_k, _features_only(c)))
+        fwd.extend(_mlp_ops(spec, dev, f"{path}.moe", _expert_tokens(dev, d), spec.top_k, _features_only(c),
+                            spec.expert_ffn))
     else:
-        fwd.extend(_mlp_ops(spec, dev, path, dev.local_tokens, 1, c))
+        fwd.extend(_mlp_ops(spec, dev, path, dev.local_tokens, 1, c, spec.ffn_hidden))
     fwd.append(pointwise_op("residual2", "elementwise", f"{path}.residual2", act,
                             rows["residual2"] * widths["residual2"], reads=2.0))
     kind: LayerKind = "moe_block" if moe else "block"
@@ -233,9 +264,9 @@ def _features_only(c: Mapping[str, OpConfig]) -> dict[str, OpConfig]:
 
 
 def expert_params(spec: TransformerSpec, dev: DeviceSlice, d: int) -> float:
-    """The parameters one rank holds of an MoE block's experts (with the router's, as this builder counts them):
-    its ep share of the experts, each split over the experts' tp degree d."""
-    return _block_params(spec, True)[1] / d / dev.ep
+    """The parameters one rank holds of an MoE block's routed experts (with the router's, as this builder counts
+    them): its ep share of the experts, each split over the experts' tp degree d."""
+    return _routed_params(spec) / d / dev.ep
 
 
 def expert_shard(spec: TransformerSpec, dev: DeviceSlice, d: int) -> ExpertShard:
@@ -264,15 +295,18 @@ def _block_local_params(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: M
     attn_params, mlp_params = _block_params(spec, moe)
     first, _, second = _mlp_op_names(spec)
     w = {name: _weight_parts(c[name]) for name in ("qkv", "out_proj", first, second)}
-    if w["qkv"] == w["out_proj"]:
+    if spec.mla is not None:  # Megatron's configs only (block_layer); the norms with the split part, as above
+        replicated = mla_params(spec)[0]
+        attn = replicated + (attn_params - replicated) / dev.tp
+    elif w["qkv"] == w["out_proj"]:
         attn = attn_params / w["qkv"]
     else:
         out_params = spec.num_heads * spec.head_dim * spec.hidden + (spec.hidden if spec.bias else 0)
         attn = (attn_params - out_params) / w["qkv"] + out_params / w["out_proj"]
     if own_norms:
         attn += sum(norm_params(spec) / out - norm_params(spec) / w["qkv"] for out in own_norms)
-    if moe:
-        mlp = expert_params(spec, dev, w[first])
+    if moe:  # the shared experts split over tp as a dense MLP at Megatron's split (block_layer)
+        mlp = expert_params(spec, dev, w[first]) + _mlp_params(spec, spec.shared_expert_ffn_hidden) / dev.tp
         if own_router:
             mlp += router_params(spec) - router_params(spec) / w[first] / dev.ep
     elif w[first] == w[second]:
@@ -308,16 +342,17 @@ def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: Ma
     mask = 1.0 if spec.arch in ("gpt", "bert", "bloom") else 0.0  # dropout masks, one byte per element
     first, act, second = _mlp_op_names(spec)
     experts = spec.top_k if moe else 1
+    ffn = spec.expert_ffn if moe else spec.ffn_hidden
     expert_tokens = _expert_tokens(dev, _weight_parts(c[first])) if moe else tokens
 
     def rows(op: str) -> int:  # tokens an op runs (an MoE's experts: their _expert_tokens)
         return expert_tokens if moe and op in _MLP_OPS else tokens // _token_parts(c[op])
 
     def f_out(op: str) -> int:  # ffn features an op writes
-        return spec.ffn_hidden // c[op].out * experts
+        return ffn // c[op].out * experts
 
     def f_in(op: str) -> int:  # ffn features a matmul reads
-        return spec.ffn_hidden // c[op].reduce * experts
+        return ffn // c[op].reduce * experts
 
     # modules reading gathered inputs (NB: an MoE's experts at their own tp degree keep their routed tokens'
     # features, not their input, as Megatron's split of the experts is counted)
@@ -331,6 +366,13 @@ def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: Ma
     replicated = rep * h * (4 * a2 + 2 * mask) + norms_own + own_inputs * a2
     qkv = core_tokens * (heads + 2 * kv) * spec.head_dim * a2
     out_in = rows("out_proj") * (spec.num_heads // c["out_proj"].reduce) * spec.head_dim * a2
+    q_out, v_out = core_tokens * heads * spec.head_dim * a2, core_tokens * kv * spec.head_dim * a2
+    if spec.mla is not None:  # the latents' norm and up-projection inputs (as the qkv input: rep), q, k, v
+        mla = spec.mla
+        replicated += rep * 2 * (mla.q_lora_rank + mla.kv_lora_rank) * a2
+        q_out, v_out = core_tokens * heads * mla.qk_head_dim * a2, core_tokens * heads * mla.v_head_dim * a2
+        qkv = 2 * q_out + v_out
+        out_in = rows("out_proj") * heads * mla.v_head_dim * a2
     if spec.mlp == "swiglu":
         mlp = (rows(act) * 2 * f_out(act) + rows(second) * f_in(second)) * a2  # gate and up outputs, the product
     else:
@@ -343,16 +385,36 @@ def _block_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, moe: bool, c: Ma
     # grouped GEMM saves its input: the dispatched, and over the expert tp group gathered, tokens; TEGroupedMLP,
     # megatron/core/transformer/moe/experts.py, megatron-core 0.16.1), top_k copies of the expert tokens
     routed = rows(first) * spec.top_k * (h // c[first].reduce) * a2 if moe else 0.0
+    if moe:
+        routed += _routing_saved_bytes(spec, dev, token_rows.get("router", rep), rows(act), f_out(act))
+    if moe and spec.shared_expert_ffn_hidden:  # the shared experts' MLP on every token, as a dense one's
+        shared = spec.shared_expert_ffn_hidden // dev.tp
+        mlp += tokens * shared * (3 if spec.mlp == "swiglu" else 2) * a2
     base = replicated + qkv + out_in + mlp + routed
     # torchtitan's op-level selective checkpointing (torchtitan/models/llama3/infra/parallelize.py, torchtitan
     # 0.1.0, _save_list and _get_custom_policy): the block input (the checkpoint's) and the outputs of the
     # attention kernel and of every other matmul in the block's order (wq wk wv wo w1 w3 w2: wq, wv, w1, w2;
     # GPT's wq wk wv wo fc1 fc2: wq, wv, fc1) are kept, everything else is recomputed
-    q_out = core_tokens * heads * spec.head_dim * a2
-    v_out = core_tokens * kv * spec.head_dim * a2
     mlp_kept = rows(first) * f_out(first) * a2 + (tokens * h * a2 if spec.mlp == "swiglu" else 0.0)
     op_level = rep * h * a2 + q_out + v_out + out_in + lse + mlp_kept
     return {"none": base + attn_core, "selective": base, "full": rep * h * a2, "selective_op": op_level}
+
+
+def _routing_saved_bytes(spec: TransformerSpec, dev: DeviceSlice, router_tokens: int, expert_tokens: int,
+                         act_features: int) -> float:
+    """What an MoE block keeps for its backward beyond its experts' matmul inputs and activations, per micro-batch,
+    as Megatron-Core 0.16.1 keeps it (megatron/core/transformer/moe/moe_utils.py permute / unpermute, unfused,
+    moe_permute_fusion's default; experts.py TEGroupedMLP): the permutation of the rank's routed tokens, an int64
+    index per routed copy (index_select's and the combine's scatter_add's) and the routing map, a byte per token
+    and expert (the probabilities' masked_select); the routed copies' probabilities (the router's dtype: the
+    activations') kept by the weighted activation for its input's gradient (fused SwiGLU:
+    weighted_bias_swiglu_impl, megatron/core/fusions/fused_bias_swiglu.py), and where the activation is not
+    a gated one Megatron-Core fuses with them (GeLU: `activation_func(x) * permuted_probs`) its output too,
+    which the product keeps for the probabilities' gradient. act_features: the activation's output features of
+    a token's top_k copies on this rank."""
+    probs = expert_tokens * spec.top_k * _act_bytes(dev)
+    unfused = expert_tokens * act_features * _act_bytes(dev) if spec.mlp != "swiglu" else 0.0
+    return router_tokens * spec.top_k * 8.0 + router_tokens * spec.num_experts + probs + unfused
 
 
 def _configs(kind: LayerKind, fwd: list[Op], dev: DeviceSlice, own: TpConfigs) -> Configs | None:

@@ -18,7 +18,8 @@ Two rewrites, each within one layer segment:
 Embedding lookups move the rows they touch: the forward gathers tokens x dim (read and write), the backward
 scatter-adds them (reads the gradient, reads and writes the rows), not the whole table.
 
-FLOPs are kept (the sum of the fused ops); what changes is the kernel count and the bytes.
+FLOPs and the activations kept for the backward pass are kept (the sums of the fused ops'); what changes is the
+kernel count and the bytes moved.
 """
 
 from collections.abc import Iterable
@@ -135,7 +136,9 @@ def _merged(members: list[LoggedOp], shape: tuple[int, int, int, int], shared_by
     paths = [lo.op.module_path for lo in members]
     moved = sum(lo.op.bytes_moved for lo in members) - (len(members) - 1) * shared_bytes
     op = replace(at.op, module_path=_common_path(paths), flops=sum(lo.op.flops for lo in members),
-                 bytes_moved=moved, shape=shape)
+                 bytes_moved=moved, shape=shape,
+                 saved_bytes=sum(lo.op.saved_bytes for lo in members),
+                 saved_aux_bytes=sum(lo.op.saved_aux_bytes for lo in members))
     reads = tuple(dict.fromkeys(v for lo in members for v in lo.reads))
     return LoggedOp(op, at.segment, reads, writes)
 
@@ -220,7 +223,8 @@ def _kernel(run: list[LoggedOp], log: OpLog, fwd_inputs: dict[int, tuple[int, ..
     name = run[0].op.name if len(run) == 1 else f"{run[0].op.name}+{len(run) - 1}"
     op = Op(name, kind, _common_path([lo.op.module_path for lo in run]), run[0].op.phase, dtype,
             sum(lo.op.flops for lo in run), moved, biggest.shape,
-            recompute_selective=all(lo.op.recompute_selective for lo in run))
+            recompute_selective=all(lo.op.recompute_selective for lo in run),
+            saved_bytes=sum(lo.op.saved_bytes for lo in run), saved_aux_bytes=sum(lo.op.saved_aux_bytes for lo in run))
     return LoggedOp(op, run[0].segment, reads, written)
 
 

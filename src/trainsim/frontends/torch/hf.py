@@ -60,6 +60,9 @@ def hf_config_from_spec(spec: TransformerSpec) -> dict[str, Any]:
     gpt -> gpt2 (learned positions, GELU, LayerNorm), llama-style (RoPE, SwiGLU, RMSNorm) -> llama, bert -> bert."""
     if spec.is_moe:
         raise ConfigError(f"model {spec.name}", "moe", "the torch front-end maps dense transformers only")
+    if spec.mla is not None:
+        raise ConfigError(f"model {spec.name}", "mla", "the torch front-end maps attention with q, k and v "
+                          "projections per head only, not a multi-head latent attention")
     if spec.mlp == "swiglu" and spec.norm == "rmsnorm" and spec.position == "rope":
         return {"model_type": "llama", "_name_or_path": spec.name, "num_hidden_layers": spec.num_layers,
                 "hidden_size": spec.hidden, "intermediate_size": spec.ffn_hidden,

@@ -6,7 +6,7 @@ names, phases, dtypes, shapes, FLOPs and module paths relative to the block) are
 Without a repeated container, each top-level child is a layer and identical neighbours merge.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -93,7 +93,8 @@ def build_layers(log: OpLog, container: Container | None, module: nn.Module, par
         layers.extend(_blocks(log, container, module, params, repeat_count))
     head = [lo for lo in log.ops if lo.segment == "head"]
     if head or params.get("head"):
-        layers.append(_layer(log, "head", "head", 1, head, params.get("head", 0), output=False))
+        last = f"block:{container.traced[-1]}" if container is not None else "embedding"
+        layers.append(_layer(log, "head", "head", 1, head, params.get("head", 0), output=False, reads=last))
     return tuple(layers)
 
 
@@ -128,7 +129,9 @@ def _blocks(log: OpLog, container: Container, module: nn.Module, params: dict[st
             name = first if count == 1 else f"{first}..{members[-1]}"
             child = container.module.get_submodule(first) if container.path else module.get_submodule(first)
             kind = "embedding" if isinstance(child, nn.Embedding | nn.EmbeddingBag) else "block"
-        layers.append(_layer(log, name, kind, count, ops, params.get(segment, 0), segment=segment))
+        before = _previous(container, first)
+        layers.append(_layer(log, name, kind, count, ops, params.get(segment, 0), segment=segment,
+                             reads=f"block:{before}" if before else "embedding"))
     return layers
 
 
@@ -138,9 +141,11 @@ def _previous(container: Container, child: str) -> str:
 
 
 def _layer(log: OpLog, name: str, kind: LayerKind, count: int, ops: list[LoggedOp], params: float,
-           segment: str | None = None, output: bool = True) -> Layer:
+           segment: str | None = None, output: bool = True, reads: str = "") -> Layer:
+    """reads: the segment whose activation the layer reads ("": none, the embedding reads token ids)."""
     segment = segment or name
-    fwd = tuple(lo.op for lo in ops if lo.op.phase == "fwd")
+    fwd, hands_on = _dataflow([lo for lo in ops if lo.op.phase == "fwd"], log.boundary_values.get(reads),
+                              log.boundary_values.get(segment))
     bwd = tuple(lo.op for lo in ops if lo.op.phase == "bwd")
     saved = log.saved.get(segment, {})
     kept = float(sum(size for size, _ in saved.values()))
@@ -151,7 +156,22 @@ def _layer(log: OpLog, name: str, kind: LayerKind, count: int, ops: list[LoggedO
         saved_bytes = {"none": kept, "selective": kept - aux, "full": out_bytes or kept}
     else:
         saved_bytes = {"none": kept, "selective": kept, "full": kept}
-    return Layer(name, kind, count, fwd, bwd, (), params, params, saved_bytes, out_bytes)
+    return Layer(name, kind, count, fwd, bwd, (), params, params, saved_bytes, out_bytes,
+                 hands_on=hands_on if output else None)
+
+
+def _dataflow(fwd: list[LoggedOp], layer_input: int | None, handed_on: int | None) -> tuple[tuple[Op, ...], int | None]:
+    """The forward ops with their data dependencies (Op.inputs: the positions of the ops that wrote what each
+    reads, -1 for the layer's input; parameters and other layers' tensors, a rotary table or a mask built before
+    the blocks, left out), and the position of the op writing the activation the layer hands on (None: not
+    found). NB: an op writing a tensor in place is not its writer (the log's writes are new tensors)."""
+    writer: dict[int, int] = {}
+    ops: list[Op] = []
+    for position, lo in enumerate(fwd):
+        inputs = tuple(dict.fromkeys(writer.get(v, -1) for v in lo.reads if v in writer or v == layer_input))
+        ops.append(replace(lo.op, inputs=inputs))
+        writer.update(dict.fromkeys(lo.writes, position))
+    return tuple(ops), writer.get(handed_on) if handed_on is not None else None
 
 
 def _params_by_segment(log: OpLog, container: Container | None,

@@ -15,7 +15,7 @@ they are the cast copies the forward saved).
 """
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -131,6 +131,8 @@ class OpLog(TorchDispatchMode):
         # segment -> (value id, dtype) -> (bytes, aux)
         self.saved: dict[str, dict[tuple[int, DType], tuple[float, bool]]] = {}
         self.boundary_bytes: dict[str, float] = {}  # segment -> activation bytes it passes on
+        self.boundary_values: dict[str, int] = {}  # segment -> the value id of that activation
+        self._last_forward: LoggedOp | None = None  # the forward op recorded last (what it saves after it ran)
         self._values: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._nodes: dict[int, NodeRecord] = {}
         self._cast_cache: dict[tuple[int, DType], None] = {}
@@ -193,10 +195,13 @@ class OpLog(TorchDispatchMode):
             return  # weights are not activations
         self._pending_saves.append((tensor, self.segments.of(self.path)))
 
-    def _settle_saves(self, ins: list[torch.Tensor], cast_to: DType | None) -> None:
+    def _settle_saves(self, ins: list[torch.Tensor], cast_to: DType | None) -> tuple[float, float]:
         """Pending saves are the previous op's outputs (saved after it ran) and this op's inputs (saved before
-        it runs): an input the op casts is kept as the cast copy."""
+        it runs): an input the op casts is kept as the cast copy. Each tensor is counted once per layer, with the
+        op that reads it (this one where it is among its inputs, else the previous forward op: Op.saved_bytes);
+        returns this op's (bytes, aux bytes)."""
         previous = list(self._last_outs)
+        mine_bytes = mine_aux = 0.0
         for tensor, segment in self._pending_saves:
             value = self.value(tensor)
             dtype = value.dtype
@@ -205,13 +210,33 @@ class OpLog(TorchDispatchMode):
             elif cast_to is not None and any(tensor is t for t in ins):
                 dtype = cast_to
             key = (value.vid, dtype)
-            self.saved.setdefault(segment, {})[key] = (value.numel * BYTES_PER_DTYPE[dtype], value.aux)
+            kept = self.saved.setdefault(segment, {})
+            if key in kept:
+                continue
+            size = float(value.numel * BYTES_PER_DTYPE[dtype])
+            kept[key] = (size, value.aux)
+            aux = size if value.aux else 0.0
+            if any(tensor is t for t in ins) or self._last_forward is None:
+                mine_bytes, mine_aux = mine_bytes + size, mine_aux + aux
+            else:
+                self._keep(self._last_forward, (size, aux))
         self._pending_saves.clear()
+        return mine_bytes, mine_aux
+
+    @staticmethod
+    def _keep(op: LoggedOp | None, saved: tuple[float, float]) -> None:
+        """Add (bytes, aux bytes) a forward op keeps for its backward to it."""
+        if op is not None and saved[0] > 0.0:
+            op.op = replace(op.op, saved_bytes=op.op.saved_bytes + saved[0],
+                            saved_aux_bytes=op.op.saved_aux_bytes + saved[1])
 
     def note_boundary(self, segment: str, tensors: Iterable[Any]) -> None:
+        """The activation a segment hands on (the embedding's: what the first block reads): its bytes and value
+        id."""
         for tensor in tensors:
             if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
                 self.boundary_bytes.setdefault(segment, self.tensor_bytes(tensor))
+                self.boundary_values.setdefault(segment, self.value(tensor).vid)
                 return
 
     # ---- dispatch ------------------------------------------------------------------------------------------
@@ -234,7 +259,7 @@ class OpLog(TorchDispatchMode):
                       and any(t.requires_grad for t in ins))
         if self.phase == "fwd" and (func.is_view or name in _ALIASING or not any(
                 t.is_floating_point() for t in ins + outs)):
-            self._settle_saves(ins, None)
+            self._keep(self._last_forward, self._settle_saves(ins, None))
             self._last_outs = outs
         if func.is_view or name in _ALIASING:
             self._view(ins, outs, makes_node, node_nr)
@@ -272,7 +297,7 @@ class OpLog(TorchDispatchMode):
         record = NodeRecord(path, segment, dtype)
         if category is not None:
             self._autocast_casts(floats_in, dtype, path, segment, record)
-        self._settle_saves(floats_in, storage_dtype(dtype) if category is not None else None)
+        saved, saved_aux = self._settle_saves(floats_in, storage_dtype(dtype) if category is not None else None)
         self._last_outs = outs
         read = sum(t.numel() * BYTES_PER_DTYPE[storage_dtype(dtype)] if category else self.tensor_bytes(t)
                    for t in floats_in)
@@ -292,8 +317,9 @@ class OpLog(TorchDispatchMode):
             dtype = widest([self.value(new_outs[0]).dtype, *in_dtypes]) or dtype
         op = Op(name, kind, path, "fwd", dtype, op_flops(name, func, args, kwargs, out, self.causal),
                 float(read + written), op_shape(name, kind, args, out),
-                recompute_selective=kind in ("attention", "softmax"))
-        self.ops.append(LoggedOp(op, segment, *self._flow(floats_in, outs)))
+                recompute_selective=kind in ("attention", "softmax"), saved_bytes=saved, saved_aux_bytes=saved_aux)
+        self._last_forward = LoggedOp(op, segment, *self._flow(floats_in, outs))
+        self.ops.append(self._last_forward)
         if makes_node:
             self._nodes[node_nr] = record
         if self.keep_calls:

@@ -91,7 +91,8 @@ def _params(model: TransformerSpec, kinds: list[str]) -> list[Any]:
         else:
             attn = {"q": lin(h, h), "k": lin(h, h), "v": lin(h, h), "o": lin(h, h)}
             e = model.num_experts
-            mlp = ({"router": a(h, e), "up": a(e, h, f), "up_b": a(e, f), "down": a(e, f, h), "down_b": a(e, h)}
+            fe = model.expert_ffn
+            mlp = ({"router": a(h, e), "up": a(e, h, fe), "up_b": a(e, fe), "down": a(e, fe, h), "down_b": a(e, h)}
                    if kind == "moe_block" else {"up": lin(h, f), "down": lin(f, h)})
             out.append({"attn_norm": norm(), "attn": attn, "mlp_norm": norm(), "mlp": mlp})
     return out

@@ -59,6 +59,29 @@ def test_hf_decoders_agree_with_the_catalog(family: str, precision: Any) -> None
     assert traced.layers[1].output_bytes > 0 and traced.layers[1].saved_bytes["none"] > 0
 
 
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("precision", ["amp-bf16", "bf16"])
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_ops_carry_their_data_dependencies_and_saved_activations(family: str, precision: Any, fused: bool) -> None:
+    """Each forward op names the ops it reads (Op.inputs: earlier positions of its layer, -1 the layer's input):
+    a block's first op reads the block's input, its residual add the input (the skip) and the projection before
+    it; every tensor the log keeps for the backward is counted with exactly one op (Op.saved_bytes sum to the
+    layer's, their side outputs to what selective recompute drops); the block hands on what its last op writes."""
+    graph = graph_from_hf_config(CONFIGS[family], micro_batch=MB, seq_len=SEQ, precision=precision, fused=fused)
+    for layer in graph.layers:
+        for position, op in enumerate(layer.fwd):
+            assert op.inputs is not None and all(-1 <= p < position for p in op.inputs), (layer.name, op)
+        assert sum(op.saved_bytes for op in layer.fwd) == layer.saved_bytes["none"]
+        if layer.kind == "block":
+            assert sum(op.saved_aux_bytes for op in layer.fwd) == layer.saved_bytes["none"] - layer.saved_bytes[
+                "selective"]
+    block = graph.layers[1]
+    assert block.fwd[0].inputs == (-1,) and block.hands_on == len(block.fwd) - 1
+    first_add = next(op for op in block.fwd if op.inputs is not None and -1 in op.inputs and op is not block.fwd[0])
+    assert len(first_add.inputs or ()) == 2  # the skip connection and the attention's projection
+    assert all(op.inputs == () for op in graph.layers[0].fwd if op.kind == "embedding")  # token ids
+
+
 def test_bert_flops_agree_with_the_catalog() -> None:
     config = CONFIGS["bert"]
     traced = graph_from_hf_config(config, micro_batch=MB, seq_len=SEQ, precision="fp32")

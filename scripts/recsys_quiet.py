@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from recsys_experiments import BATCHES, CAP, OUT, task
 
 from trainsim.embedding.sharders import shard
+from trainsim.hardware.device import core_share
 from trainsim.measure.dlrm_campaign import FIELDS, Campaign, CampaignFiles, generated_tasks, run_campaign
 from trainsim.measure.dlrm_phase import PROBES as PHASE_PROBES
 
@@ -105,10 +106,16 @@ QUIET_SWEEP = OUT / "collectives_quiet.db"
 REPLAYS = ("trace_replay_s", "trace_replay_cpu_s")
 PREDICTORS = (*BEFORE, *AFTER, *HOST, *IN_SITU, *REPLAYS)
 SHARDING_PREDICTORS = ("before", "after", "host", "lookup", "insitu")
-HOST_CORES = 2  # the cores of the host the campaign ran on (os.cpu_count() there)
+HOST_CORES = 2  # the cores of the host of the sets measured before the campaign CSV recorded them (its `cores`)
 
 
-def fixed_pricing(model, plan, batch: int, ranks: int, lookups, comm, dense_db: Path, host=None):
+def cores_of(row: dict) -> int:
+    """The usable cores of the host a campaign row was measured on: its `cores` column, else HOST_CORES."""
+    return int(row["cores"]) if row.get("cores") else HOST_CORES
+
+
+def fixed_pricing(model, plan, batch: int, ranks: int, lookups, comm, dense_db: Path, host=None,
+                  cores: int = HOST_CORES):
     """The iteration priced with this session's mechanisms: the dense part in fp32 (as measured) from the dense
     ops' microbenchmarks, the lookups from the cold thread-CPU lookup model, and the ranks' own share of the host's
     cores (4 ranks on 2 cores take turns: estimate.result.with_shared_cores)."""
@@ -120,7 +127,7 @@ def fixed_pricing(model, plan, batch: int, ranks: int, lookups, comm, dense_db: 
     from trainsim.cost.sharded_dlrm import NO_HOST_COST, price_sharded_iteration
     from trainsim.frontends.catalog.sharded_dlrm import sharded_job
 
-    device = CLUSTER.device.model_copy(update={"compute_share": min(1.0, HOST_CORES / ranks)})
+    device = CLUSTER.device.model_copy(update={"compute_share": core_share(cores, ranks)})
     cluster = CLUSTER.model_copy(update={"device": device})
     pricer = Pricer(comm_costs=comm)
     pricer = Pricer(pricer.cal, op_costs=ProfiledCosts(dense_db, fallback=RooflineCosts(pricer.cal)),
@@ -161,21 +168,24 @@ def predict() -> None:
         plan = shard(tables, SHARDER, ranks, cap_bytes=CAP, seed=seed)
         t = traces[(row["task"], row["local_batch"])]
         pred = predictions(model, plan, batch, before_lookups, comm, t["events"], overheads)
-        sjob, pricer, it = fixed_pricing(model, plan, batch, ranks, after_lookups, comm, dense_db)
+        cores = cores_of(row)
+        share = core_share(cores, ranks)
+        sjob, pricer, it = fixed_pricing(model, plan, batch, ranks, after_lookups, comm, dense_db, cores=cores)
         pred["fixed_s"] = estimate_sharded(sjob.job, sjob.graph, plan, "analytical", pricer,
                                            after_lookups).iteration_time_s
         comm_s = it.index_a2a_s + it.pooled_fwd_a2a_s + it.pooled_bwd_a2a_s + it.grad_allreduce_s
         pred["fixed_max_sum_s"] = max(max(rank_compute_s(it, r) + w.optimizer_s, comm_s)
-                                      for r, w in enumerate(it.ranks)) / min(1.0, HOST_CORES / ranks)
-        pred["fixed_trace_predicted_s"] = simulate_trace(t["events"], it, cpu_overheads) / min(1.0, HOST_CORES / ranks)
+                                      for r, w in enumerate(it.ranks)) / share
+        pred["fixed_trace_predicted_s"] = simulate_trace(t["events"], it, cpu_overheads) / share
         pred["trace_replay_cpu_s"] = simulate_trace(t["events"], it, {}, replay=True, cpu_s=t["cpu_s"])
-        hjob, hpricer, host_it = fixed_pricing(model, plan, batch, ranks, after_lookups, comm, dense_db, host)
+        hjob, hpricer, host_it = fixed_pricing(model, plan, batch, ranks, after_lookups, comm, dense_db, host,
+                                               cores=cores)
         for engine, key in (("analytical", "host_s"), ("sim", "host_sim_s")):
             pred[key] = estimate_sharded(hjob.job, hjob.graph, plan, engine, hpricer, after_lookups,
                                          host=host).iteration_time_s
-        pred["host_trace_predicted_s"] = simulate_trace(t["events"], host_it, cpu_overheads) / min(
-            1.0, HOST_CORES / ranks)
-        pred.update(_in_situ(model, plan, batch, ranks, in_situ, (comm, quiet), dense_db, host, t, cpu_overheads))
+        pred["host_trace_predicted_s"] = simulate_trace(t["events"], host_it, cpu_overheads) / share
+        pred.update(_in_situ(model, plan, batch, ranks, in_situ, (comm, quiet), dense_db, host, t, cpu_overheads,
+                             cores))
         out_rows.append({**row, **pred})
         before_it = _before_iteration(model, plan, batch, before_lookups, comm)
         for r, (spans, cpus) in enumerate(zip(t["events"], t["cpu_s"], strict=True)):
@@ -208,16 +218,16 @@ def predict() -> None:
 
 
 def _in_situ(model, plan, batch: int, ranks: int, lookups, comms, dense_db: Path, host, trace: dict,
-             cpu_overheads: dict[str, float]) -> dict[str, float]:
+             cpu_overheads: dict[str, float], cores: int = HOST_CORES) -> dict[str, float]:
     """The IN_SITU predictors of one config: the host cost and the in-situ lookups, with the loaded sweep's
     curves (comms[0]; Algorithm 1 and the analytical engine) and with the quiet sweep's (comms[1]; both engines
     and Algorithm 1)."""
     from trainsim.estimate.sharded_dlrm import estimate_sharded
     from trainsim.estimate.trace_predict import simulate_trace
 
-    share, out = min(1.0, HOST_CORES / ranks), {}
+    share, out = core_share(cores, ranks), {}
     for comm, prefix in zip(comms, ("lookup", "insitu"), strict=True):
-        sjob, pricer, it = fixed_pricing(model, plan, batch, ranks, lookups, comm, dense_db, host)
+        sjob, pricer, it = fixed_pricing(model, plan, batch, ranks, lookups, comm, dense_db, host, cores)
         out[f"{prefix}_trace_predicted_s"] = simulate_trace(trace["events"], it, cpu_overheads) / share
         for engine, key in (("analytical", f"{prefix}_s"), ("sim", f"{prefix}_sim_s")):
             if key in IN_SITU:
@@ -390,14 +400,16 @@ def predict_sharding() -> None:
         model, tables = task("heavy", ranks, seed)
         began = time.perf_counter()
         plan = shard(tables, row["sharder"], ranks, cap_bytes=CAP, seed=seed)
-        sjob, pricer, it = fixed_pricing(model, plan, batch, ranks, after_lookups, comm, dense_db)
+        sjob, pricer, it = fixed_pricing(model, plan, batch, ranks, after_lookups, comm, dense_db,
+                                         cores=cores_of(row))
         after = estimate_sharded(sjob.job, sjob.graph, plan, "analytical", pricer, after_lookups).iteration_time_s
         hosted = estimate_sharded(sjob.job, sjob.graph, plan, "analytical", pricer, after_lookups,
                                   host=host).iteration_time_s
         predict_s += time.perf_counter() - began
         priced = {}
         for name, curves in (("lookup", comm), ("insitu", quiet)):
-            ljob, lpricer, _ = fixed_pricing(model, plan, batch, ranks, in_situ, curves, dense_db, host)
+            ljob, lpricer, _ = fixed_pricing(model, plan, batch, ranks, in_situ, curves, dense_db, host,
+                                             cores_of(row))
             priced[name] = estimate_sharded(ljob.job, ljob.graph, plan, "analytical", lpricer, in_situ,
                                             host=host).iteration_time_s
         old = sharded_job(model, plan, CLUSTER, batch)

@@ -1,5 +1,10 @@
 """Error tables of the DLRM experiments (data/recsys/cpu/*_predicted.csv): geomean and max |error| per predictor,
-rank count and task kind; sharder-selection success. Usage: python scripts/recsys_summary.py"""
+rank count and task kind; sharder-selection success. Usage: python scripts/recsys_summary.py
+
+  python scripts/recsys_summary.py groups A/predicted.csv B/predicted.csv [pred_s,...]   # per ranks x kind x batch
+  python scripts/recsys_summary.py load-turns A/predicted.csv B/predicted.csv   # turns by ranks or by the load
+  python scripts/recsys_summary.py shard-picks CAMPAIGN.csv SHARD_DIR   # `trainsim shard --json` picks, measured
+"""
 
 import csv
 import json
@@ -102,9 +107,105 @@ def _iteration_spreads() -> dict[tuple[str, str], float]:
     return out
 
 
+def groups(paths: list[Path], predictors: tuple[str, ...]) -> None:
+    """Predicted campaigns (scripts/recsys_quiet.py predict's *_predicted.csv) side by side: per file, rank count,
+    task kind and local batch, each predictor's geomean / max |error| against the measured median iteration and
+    its median signed error; the host's 1-minute load over the group's runs."""
+    print(f"{'ranks':<6}{'kind':<8}{'batch':>6}{'n':>4}{'load':>11}  " + "".join(f"{p[:-2]:>24}" for p in predictors))
+    for path in paths:
+        rows = list(csv.DictReader(path.open()))
+        keyed: dict[tuple[str, str, str], list[dict[str, str]]] = defaultdict(list)
+        for r in rows:
+            for kind in (r["kind"], "all"):
+                for batch in (r["local_batch"], "all"):
+                    keyed[(r["ranks"], kind, batch)].append(r)
+        print(str(path))
+        for key in sorted(keyed, key=lambda k: (k[0], k[1] == "all", k[1], k[2] == "all", k[2].zfill(6))):
+            rs, cells = keyed[key], []
+            for p in predictors:
+                errors = [float(r[p]) / float(r["measured_s"]) - 1.0 for r in rs if r.get(p)]
+                cells.append(f"{geomean([abs(e) for e in errors]) * 100:5.1f}/{max(map(abs, errors)) * 100:4.0f}% "
+                             f"({float(np.median(errors)) * 100:+4.0f})")
+            loads = [float(r[k]) for r in rs for k in ("load_before", "load_after")]
+            print(f"{key[0]:<6}{key[1]:<8}{key[2]:>6}{len(rs):>4}{min(loads):>5.1f}-{max(loads):<5.1f}  "
+                  + "".join(f"{c:>24}" for c in cells))
+
+
+def load_turns(paths: list[Path], predictors: tuple[str, ...] = ("host_s", "insitu_trace_predicted_s"),
+               cores: int = 2) -> None:
+    """An analysis, not a predictor: a predictor's iteration without turns on shared cores (its ranks / cores
+    stretch taken back out), then stretched by ranks / cores (what the predictors do) or by the host's measured
+    1-minute load / cores (every runnable thread taking its turn: the mean of the load before and after the run,
+    which counts the ranks themselves); geomean |error| (median signed) against the measured median iteration."""
+    for path in paths:
+        rows = list(csv.DictReader(path.open()))
+        for predictor in predictors:
+            cells, ratios, loads = [], [], []
+            for label in ("no turns", "ranks/cores", "load/cores"):
+                errors = []
+                for r in rows:
+                    share = min(1.0, cores / int(r["ranks"]))
+                    bare = float(r[predictor]) * share
+                    load = (float(r["load_before"]) + float(r["load_after"])) / 2
+                    stretch = {"no turns": 1.0, "ranks/cores": 1.0 / share, "load/cores": max(1.0, load / cores)}
+                    errors.append(bare * stretch[label] / float(r["measured_s"]) - 1.0)
+                    if label == "no turns":
+                        ratios.append(float(r["measured_s"]) / bare)
+                        loads.append(load)
+                cells.append(f"{label} {geomean([abs(e) for e in errors]) * 100:.1f}% "
+                             f"({float(np.median(errors)) * 100:+.0f}%)")
+            correlation = float(np.corrcoef(loads, ratios)[0, 1])
+            print(f"{path} {predictor}: " + ", ".join(cells) + f"; measured / no turns median "
+                  f"{float(np.median(ratios)):.2f}, its correlation with the load {correlation:.2f}")
+
+
+def shard_picks(campaign_csv: Path, shard_dir: Path) -> None:
+    """`trainsim shard --synthetic heavy --seed S ... --json` outputs (SHARD_DIR/seed<S>.json) against a sharding
+    campaign's measured plans (`trainsim measure --sharder all`): per task the pick, its measured gap to the
+    measured fastest (median and fastest iteration), and the selection time the command reports."""
+    by_task: dict[str, dict[str, dict[str, str]]] = defaultdict(dict)
+    for r in csv.DictReader(campaign_csv.open()):
+        by_task[r["seed"]][r["sharder"]] = r
+    hits = {"measured_s": [0, 0], "fastest_s": [0, 0]}
+    selection_s = []
+    for seed in sorted(by_task, key=int):
+        path = shard_dir / f"seed{seed}.json"
+        if not path.exists():
+            continue
+        out = json.loads(path.read_text())
+        selection_s.append(float(out["selection_s"]))
+        cells = []
+        for target, counts in hits.items():
+            measured = {name: float(r[target]) for name, r in by_task[seed].items()}
+            gap = measured[out["best"]] / min(measured.values()) - 1.0
+            counts[0] += gap <= 0.05
+            counts[1] += gap <= 0.10
+            cells.append(f"{target[:-2]} gap {gap * 100:.1f}% (fastest {min(measured, key=lambda k: measured[k])})")
+        print(f"heavy{seed}: picks {out['best']}; " + "; ".join(cells) + f"; selection {out['selection_s']:.2f} s")
+    for target, (five, ten) in hits.items():
+        print(f"against the {target[:-2]} iteration: within 5% {five}/{len(selection_s)}, within 10% {ten}/"
+              f"{len(selection_s)}")
+    print(f"selection time (the command's own): {sum(selection_s):.1f} s for {len(selection_s)} tasks")
+
+
 if __name__ == "__main__":
     import sys
 
+    if sys.argv[1:2] == ["shard-picks"]:
+        shard_picks(Path(sys.argv[2]), Path(sys.argv[3]))
+        sys.exit(0)
+
+    if sys.argv[1:2] == ["load-turns"]:
+        load_turns([Path(a) for a in sys.argv[2:]])
+        sys.exit(0)
+
+    if sys.argv[1:2] == ["groups"]:
+        csvs = [Path(a) for a in sys.argv[2:] if a.endswith(".csv")]
+        named = [a for a in sys.argv[2:] if not a.endswith(".csv")]
+        groups(csvs, tuple(named[0].split(",")) if named else (
+            "roofline_alpha_beta_s", "mlp_sigmoid_s", "max_sum_s", "trace_predicted_s", "host_s", "insitu_s",
+            "insitu_trace_predicted_s", "trace_replay_s"))
+        sys.exit(0)
     if "sharding" not in sys.argv[1:]:
         e2e()
     sharding()

@@ -14,12 +14,16 @@ fit on the OTHER configs' traces only):
   traced ops), host gaps as their mean per op over the other configs, collectives from the local gloo sweep's
   sigmoid curves ($COLLECTIVES_DB as recsys_experiments.local_curves); the profiler's own cost per recorded op
   (profiler_op_s, fitted on the other configs' traced against untraced iterations) taken out of every kernel-model
-  op; simulated to a Result (estimate.sharded_dlrm.traced_result);
+  op; simulated to a Result (estimate.sharded_dlrm.traced_result, which adds no turns on shared cores: the
+  trace's durations hold them); where the ranks outnumber the host's cores (the campaign CSV's `cores`), each
+  lookup takes ranks / cores of its uncontended price (hardware.device.core_share);
+- trace-1core: the same with the lookups at their uncontended price (as before the stretch);
 - trace-kernels: the same with the lookups from the kernel models too (no lookup model);
 - replay-prof: the config's own trace durations with the profiler's cost taken out;
 - spans: estimate.trace_predict over the per-rank spans of the median untraced iteration (the span-based path,
   recsys_quiet.py predict's fixed_trace_predicted_s: the same lookup model, the dense ops' microbenchmarks,
-  host spans at their mean thread CPU time over the other configs).
+  host spans at their mean thread CPU time over the other configs), stretched by ranks / cores where the ranks
+  outnumber the host's cores.
 Measured: the median untraced iteration of the slowest rank.
 """
 
@@ -34,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from recsys_experiments import CAP, CLUSTER, OUT, local_curves
-from recsys_quiet import fixed_pricing, host_cpu_means
+from recsys_quiet import cores_of, fixed_pricing, host_cpu_means
 
 from trainsim.cost.embedding_lookup import MlpLookup
 from trainsim.embedding.sharders import shard
@@ -51,9 +55,10 @@ from trainsim.frontends.trace.predicted import (
     profiler_op_s,
 )
 from trainsim.frontends.trace.to_exec_graph import to_exec_graph
+from trainsim.hardware.device import core_share
 from trainsim.measure.dlrm_campaign import CampaignTask
 
-COLUMNS = ("trace", "trace-kernels", "replay-prof", "spans")
+COLUMNS = ("trace", "trace-1core", "trace-kernels", "replay-prof", "spans")
 COMM = local_curves()
 
 
@@ -98,20 +103,25 @@ def predict(config: dict, others: list[dict], lookups: MlpLookup, dense_db: Path
     row, batch, ranks = config["row"], int(config["local_batch"]), int(config["ranks"])
     model, tables = CampaignTask(row["kind"], int(row["seed"])).model(ranks)
     plan = shard(tables, row["sharder"], ranks, cap_bytes=CAP, seed=int(row["seed"]))
-    sjob, _, it = fixed_pricing(model, plan, batch, ranks, lookups, COMM, dense_db)
+    cores = cores_of(row)
+    share = core_share(cores, ranks)
+    sjob, _, it = fixed_pricing(model, plan, batch, ranks, lookups, COMM, dense_db, cores=cores)
     traces = config["traces"]
     kernels = KernelModels.fit(op_samples([t for o in others for t in o["traces"]]))
     overheads = host_overheads([to_exec_graph(o["traces"], blocking_waits=True) for o in others])
     per_op = profiler_op_s([(o["traces"], o["measured_s"]) for o in others])
-    lookup_s = lookup_op_seconds(traces, lookups, plan.pieces(batch))
-    graph = predicted_trace_graph(traces, kernels, overheads, collective_s, lookup_s, blocking_waits=True)
-    result = traced_result(sjob.job, sjob.graph, it, deduct_profiler(graph, traces, per_op, keep=lookup_s))
+    results = {}
+    for column, lookup_share in (("trace", share), ("trace-1core", 1.0)):
+        lookup_s = lookup_op_seconds(traces, lookups, plan.pieces(batch), core_share=lookup_share)
+        graph = predicted_trace_graph(traces, kernels, overheads, collective_s, lookup_s, blocking_waits=True)
+        results[column] = traced_result(sjob.job, sjob.graph, it,
+                                        deduct_profiler(graph, traces, per_op, keep=lookup_s)).iteration_time_s
     kernels_only = deduct_profiler(predicted_trace_graph(traces, kernels, overheads, collective_s,
                                                          blocking_waits=True), traces, per_op)
     replay = deduct_profiler(to_exec_graph(traces, start_offsets="zero", blocking_waits=True), traces, per_op)
     cpu_overheads = host_cpu_means(others, ("index-a2a launch", "pooled-a2a-bwd launch", "grad-allreduce launch"))
-    return {"trace": result.iteration_time_s, "trace-kernels": iteration_s(kernels_only),
-            "replay-prof": iteration_s(replay), "spans": simulate_trace(config["events"], it, cpu_overheads),
+    return {**results, "trace-kernels": iteration_s(kernels_only), "replay-prof": iteration_s(replay),
+            "spans": simulate_trace(config["events"], it, cpu_overheads) / share,
             "profiler_us": per_op * 1e6, "traced_s": config["traced_s"]}
 
 

@@ -15,8 +15,8 @@ them: cold=True (--cold) fits every split from the priors to the full fit's tole
 compares the two).
 
 Every held-out prediction lands in its group of comparable jobs (catalog.uncertainty.band_group, from the split's
-training runs: their stacks, their range of GPU counts); the 10% and 90% quantiles of measured / predicted per
-group are the bands every prediction carries (uncertainty_of).
+training runs: their stacks, their range of GPU counts); per group, the band that holds 80% of measured /
+predicted is the band every prediction carries (bands.uncertainty_of, BAND_RULE).
 """
 
 import math
@@ -24,17 +24,15 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
+from trainsim.calibrate.bands import BAND_RULE, HeldOut, coverage, new_source_coverage, uncertainty_of
 from trainsim.calibrate.runs import FitSample, fit_runtime, log_errors
 from trainsim.catalog.calibration import Calibration
-from trainsim.catalog.uncertainty import GROUPS, QUANTILES, BandRatios, Uncertainty, band_group
+from trainsim.catalog.uncertainty import GROUPS, band_group
 from trainsim.estimate.result import stack_name_of
 from trainsim.pipeline import GraphCache
 
 SCALE_TRAIN_MAX_GPUS = 64
 SCALE_TEST_GPUS = (128, 256)
-MIN_GROUP_RESIDUALS = 20  # fewer held-out runs than this: the group takes the pooled quantiles of all groups
 SCHEMES = ("k-fold", "leave-one-source-out", "scale-extrapolation")
 WARM_TOLERANCE = 1e-3  # a split's fit from the fit on all runs stops below 0.1% improvement per iteration
 
@@ -45,29 +43,6 @@ class Split:
     name: str
     train: list[FitSample]
     test: list[FitSample]
-
-
-@dataclass(frozen=True, slots=True)
-class HeldOut:
-    """One held-out prediction. log_error: log(predicted / measured); group: its band group in its split."""
-
-    scheme: str
-    split: str
-    run_id: str
-    source: str
-    num_gpus: int
-    log_error: float
-    group: str
-
-    @property
-    def ratio(self) -> float:
-        """measured / predicted."""
-        return math.exp(-self.log_error)
-
-    @property
-    def percent_error(self) -> float:
-        """|predicted / measured - 1| in percent."""
-        return abs(math.exp(self.log_error) - 1.0) * 100.0
 
 
 def stack_key(sample: FitSample) -> str:
@@ -119,45 +94,6 @@ def held_out(base: Calibration, split: Split, progress: Callable[[], None] | Non
             for s, error in zip(split.test, errors, strict=True)]
 
 
-def _ratios(records: Sequence[HeldOut], basis: str) -> BandRatios:
-    log_ratios = np.array([-r.log_error for r in records])
-    low, high = np.quantile(log_ratios, QUANTILES)
-    return BandRatios(low_ratio=float(math.exp(low)), high_ratio=float(math.exp(high)), residuals=len(records),
-                      basis=basis)  # type: ignore[arg-type]  # BandRatios checks it
-
-
-def uncertainty_of(records: Sequence[HeldOut], samples: Sequence[FitSample],
-                   fallback: Uncertainty | None = None) -> Uncertainty | None:
-    """The bands of a fit on `samples`, from the held-out predictions `records`. A group with fewer than
-    MIN_GROUP_RESIDUALS records takes the quantiles of all records together; with fewer than that in all, the
-    group's band of `fallback` (the package's own fit), if any; else None."""
-    stacks = sorted({name for s in samples if (name := stack_name_of(s.job)) is not None})
-    gpus = [s.job.num_gpus for s in samples]
-    bands: dict[str, BandRatios] = {}
-    for group in GROUPS:
-        own = [r for r in records if r.group == group]
-        if len(own) >= MIN_GROUP_RESIDUALS:
-            bands[group] = _ratios(own, "own")
-        elif len(records) >= MIN_GROUP_RESIDUALS:
-            bands[group] = _ratios(records, "pooled")
-        elif fallback is not None:
-            bands[group] = fallback.bands[group].model_copy(update={"basis": "package"})
-        else:
-            return None
-    return Uncertainty(quantiles=QUANTILES, calibrated_stacks=stacks, min_gpus=min(gpus), max_gpus=max(gpus),
-                       bands=bands)
-
-
-def covered(record: HeldOut, uncertainty: Uncertainty) -> bool:
-    """Whether the held-out run's measured time lies in the band its group gives its prediction."""
-    low, high = uncertainty.band_ratios(record.group)
-    return low <= record.ratio <= high
-
-
-def coverage(records: Sequence[HeldOut], uncertainty: Uncertainty) -> float:
-    return sum(covered(r, uncertainty) for r in records) / len(records) if records else math.nan
-
-
 def _mape(records: Sequence[HeldOut]) -> float:
     return sum(r.percent_error for r in records) / len(records) if records else math.nan
 
@@ -171,9 +107,9 @@ def summary(records: Sequence[HeldOut], samples: Sequence[FitSample]) -> dict[st
     """Iteration-time MAPE of the held-out runs per scheme and source; the bands; their coverage.
 
     coverage_pct: the share of held-out runs inside their group's band, per scheme and group (the bands come
-    from these same runs, so over all runs it is the 80% the quantiles make). coverage_new_source_pct: the honest
+    from these same runs, so over all runs it is near the 80% the rule makes). coverage_new_source_pct: the honest
     figure for a source the bands have not seen: each source's held-out runs against bands from the other
-    sources' held-out runs only."""
+    sources' held-out runs only (bands.new_source_coverage)."""
     uncertainty = uncertainty_of(records, samples)
     out: dict[str, object] = {
         "runs": {scheme: sum(r.scheme == scheme for r in records) for scheme in SCHEMES},
@@ -182,22 +118,11 @@ def summary(records: Sequence[HeldOut], samples: Sequence[FitSample]) -> dict[st
     }
     if uncertainty is None:
         return out
+    out["band_rule"] = BAND_RULE.name
     out["bands"] = {group: ratios.model_dump() for group, ratios in uncertainty.bands.items()}
     cover: dict[str, float] = {"ALL": coverage(records, uncertainty)}
     cover.update({scheme: coverage([r for r in records if r.scheme == scheme], uncertainty) for scheme in SCHEMES})
     cover.update({group: coverage([r for r in records if r.group == group], uncertainty) for group in GROUPS})
     out["coverage_pct"] = {key: value * 100.0 for key, value in cover.items()}
-    new_source: dict[str, float] = {}
-    hits = 0
-    for source in sorted({r.source for r in records}):
-        others = [r for r in records if r.source != source]
-        own = [r for r in records if r.source == source]
-        bands = uncertainty_of(others, samples)
-        if bands is None:
-            continue
-        inside = sum(covered(r, bands) for r in own)
-        hits += inside
-        new_source[source] = inside / len(own) * 100.0
-    new_source["ALL"] = hits / len(records) * 100.0
-    out["coverage_new_source_pct"] = new_source
+    out["coverage_new_source_pct"] = new_source_coverage(records, samples)
     return out

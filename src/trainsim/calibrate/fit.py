@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from trainsim.calibrate.crossval import HeldOut, Split, held_out, splits, summary, uncertainty_of
+from trainsim.calibrate.bands import HeldOut, read_held_out, uncertainty_of
+from trainsim.calibrate.crossval import Split, held_out, splits, summary
 from trainsim.calibrate.jacobian import can_fork
 from trainsim.calibrate.microbenchmarks import (
     fit_collectives,
@@ -35,6 +36,7 @@ from trainsim.catalog.calibration import (
     Calibration,
     ComputeParams,
     load_calibration,
+    read_calibration,
 )
 from trainsim.errors import InputFileError
 from trainsim.pipeline import GraphCache
@@ -102,10 +104,19 @@ def read_samples(runs_files: Sequence[Path]) -> list[FitSample]:
 
 @dataclass(frozen=True, slots=True)
 class Fitted:
-    """A fit and its cross-validation report (crossval.summary; None without bands)."""
+    """A fit and its cross-validation report (crossval.summary; None without bands) and held-out predictions."""
 
     calibration: Calibration
     cross_validation: dict[str, object] | None
+    records: list[HeldOut] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class CrossValidated:
+    """The cross-validation report (crossval.summary) and the held-out predictions it comes from."""
+
+    summary: dict[str, object]
+    records: list[HeldOut]
 
 
 def calibrate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path] | None = None, *, sim: bool = True,
@@ -138,12 +149,12 @@ def calibrate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path] | No
         report["held_out_mape_pct"] = sum(r.percent_error for r in records) / len(records)
     cal = fitted.model_copy(update={"fit_report": report, "uncertainty": uncertainty,
                                     "source": _source_text(data_dir, runs)})
-    return Fitted(cal, summary(records, samples) if records else None)
+    return Fitted(cal, summary(records, samples) if records else None, records)
 
 
 def cross_validate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path] | None = None, folds: int = 5,
                    cold: bool = False, progress: FitProgress | None = None, start: Calibration | None = None,
-                   workers: int = 1, tolerance: float | None = None) -> dict[str, object]:
+                   workers: int = 1, tolerance: float | None = None) -> CrossValidated:
     """Held-out iteration-time MAPE per scheme and source (k-fold, leave-one-source-out, scale extrapolation),
     the bands they give and the bands' coverage (crossval.summary). Each split's fit starts from the fit on all
     runs (cold=True: from the priors, and no fit on all runs); start, workers and tolerance as in calibrate."""
@@ -158,7 +169,20 @@ def cross_validate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path]
                                    tolerance=FULL_TOLERANCE if tolerance is None else tolerance)
     first = 0 if cold else 1
     records = _held_out_all(base, plan, progress, first, len(plan) + first, splits_start, workers, tolerance)
-    return summary(records, samples)
+    return CrossValidated(summary(records, samples), records)
+
+
+def rebanded(fit_path: Path, held_out_path: Path, runs_files: Sequence[Path] | None = None) -> Calibration:
+    """The fit at `fit_path` with its uncertainty bands made again from stored held-out predictions
+    (`--held-out` of an earlier calibrate or cross-validation) and the runs they came from (stacks and GPU range;
+    default the package's): no fit runs, and every fitted parameter stays as it is."""
+    records = read_held_out(held_out_path)
+    current = read_calibration(fit_path)
+    samples = read_samples(list(runs_files) if runs_files is not None else default_runs_files())
+    uncertainty = uncertainty_of(records, samples, load_calibration().uncertainty)
+    kept = [part for part in current.source.split("; ") if not part.startswith("bands made again")]
+    source = "; ".join([*kept, f"bands made again on {datetime.date.today().isoformat()} from held-out predictions"])
+    return current.model_copy(update={"uncertainty": uncertainty, "source": source})
 
 
 def _held_out_all(base: Calibration, plan: Sequence[Split], progress: FitProgress, first: int, count: int,

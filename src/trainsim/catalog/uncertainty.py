@@ -1,11 +1,12 @@
 """How far off a prediction may be: the band of iteration times a calibration's held-out errors allow.
 
 `trainsim calibrate` predicts runs the fit did not see (cross-validation: k-fold, leave-one-source-out, and
-fitting on small jobs to predict large ones) and keeps, per group of comparable jobs, the 10% and 90% quantiles
-of measured / predicted iteration time. A job's group is whether its training stack was among the calibrated
-runs' stacks, and whether its GPU count lies inside the calibrated runs' range of GPU counts (band_group).
-A prediction's band is its point times those two ratios (band_ratios): 80% of the held-out runs of the group
-fell inside it.
+fitting on small jobs to predict large ones) and keeps, per group of comparable jobs, the ratios of measured /
+predicted iteration time between which quantiles[1] - quantiles[0] (80%) of those runs fell (calibrate.bands: a
+band symmetric in log, exp(-q) to exp(q)). A job's group is whether its
+training stack was among the calibrated runs' stacks, and whether its GPU count lies inside the calibrated runs'
+range of GPU counts (band_group). A prediction's band is its point times those two ratios (band_ratios): 80% of
+the held-out runs of the group fell inside it.
 """
 
 from collections.abc import Collection
@@ -36,7 +37,7 @@ def band_group(stack_name: str | None, num_gpus: int, calibrated_stacks: Collect
 
 
 class BandRatios(Spec):
-    """The quantiles of measured / predicted iteration time over held-out runs. residuals: how many held-out
+    """The band of measured / predicted iteration time over held-out runs. residuals: how many held-out
     predictions they come from. basis: own (the group's held-out runs), pooled (the group had too few, so every
     group's together), package (the calibration had too few runs in all: the package fit's band)."""
 
@@ -55,7 +56,7 @@ class BandRatios(Spec):
 class Uncertainty(Spec):
     """What a calibration knows of its own error: the runs' stacks and GPU range, and each group's ratios."""
 
-    quantiles: tuple[float, float] = QUANTILES
+    quantiles: tuple[float, float] = QUANTILES  # the band holds quantiles[1] - quantiles[0] of the held-out runs
     calibrated_stacks: list[str] = []
     min_gpus: int = Field(ge=1)
     max_gpus: int = Field(ge=1)

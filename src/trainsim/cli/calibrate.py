@@ -21,6 +21,7 @@ from trainsim.cli.errors import handles_errors
 from trainsim.errors import ConfigError
 
 if TYPE_CHECKING:  # NB: the fitting code loads when the command runs, not when help lists the commands
+    from trainsim.calibrate.bands import HeldOut
     from trainsim.calibrate.fit import FitProgress
 
 MAX_WORKERS = 64  # processes for the cross-validation splits (there are about a dozen splits)
@@ -49,6 +50,13 @@ def calibrate(
                                        "warm splits can be optimistic: README, Validation)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the cross-validation as one JSON object")] = False,
     report: Annotated[Path | None, typer.Option(help="also write the cross-validation report (JSON) here")] = None,
+    held_out: Annotated[Path | None, typer.Option("--held-out", help="also write every held-out prediction (CSV: "
+                                                  "split, run, log(predicted / measured), band group) here")
+                        ] = None,
+    bands_from: Annotated[Path | None, typer.Option("--bands-from", help="fit nothing: make the bands of the fit "
+                                                    "at --output (or the package's, --update-package) again from "
+                                                    "held-out predictions written by --held-out; its fitted "
+                                                    "parameters stay as they are")] = None,
     start: Annotated[Path | None, typer.Option(help="an earlier fit (a calibration YAML) to start the run-level "
                                                "fit from: the same fit, sooner")] = None,
     tolerance: Annotated[float | None, typer.Option(help="the run-level fit and each cross-validation split stop "
@@ -72,17 +80,26 @@ def calibrate(
     start_cal = read_calibration(start) if start is not None else None
     data_dir = data if data is not None else MEASUREMENTS_DIR
     fit.check_data_dir(data_dir)
+    if cross_validate and bands_from is not None:
+        raise ConfigError("bands_from", str(bands_from), "makes a fit's bands again; --cross-validate makes no fit")
     if cross_validate:
         with _progress() as hooks:
-            summary = fit.cross_validate(data_dir, runs, folds=folds, cold=cold, progress=hooks, start=start_cal,
-                                         workers=workers, tolerance=tolerance)
-        _show(summary, report, as_json)
+            validated = fit.cross_validate(data_dir, runs, folds=folds, cold=cold, progress=hooks,
+                                           start=start_cal, workers=workers, tolerance=tolerance)
+        _write_held_out(validated.records, held_out)
+        _show(validated.summary, report, as_json)
         return
     target = _target(output, update_package)
+    if bands_from is not None:
+        fit.write_calibration(fit.rebanded(target, bands_from, runs), target, writer="`trainsim calibrate "
+                              "--bands-from`")
+        typer.echo(f"wrote {target}: bands from the held-out predictions in {bands_from}", err=as_json)
+        return
     with _progress() as hooks:
         fitted = fit.calibrate(data_dir, runs, sim=sim, bands=bands, folds=folds, cold=cold, progress=hooks,
                                start=start_cal, workers=workers, tolerance=tolerance)
     fit.write_calibration(fitted.calibration, target)
+    _write_held_out(fitted.records, held_out)
     figures = fitted.calibration.fit_report
     held = f", held-out {figures['held_out_mape_pct']:.2f}%" if "held_out_mape_pct" in figures else ""
     typer.echo(f"wrote {target}: iteration-time MAPE on the {figures['runs']:.0f} runs fitted "
@@ -99,6 +116,14 @@ def _show(summary: dict[str, object], report: Path | None, as_json: bool) -> Non
     if report is not None:
         write_text(report, text + "\n")
     typer.echo(text if as_json else render_cross_validation(summary), nl=as_json)
+
+
+def _write_held_out(records: "list[HeldOut]", path: Path | None) -> None:
+    from trainsim.calibrate.bands import held_out_csv
+    from trainsim.calibrate.fit import write_text
+
+    if path is not None:
+        write_text(path, held_out_csv(records))
 
 
 def _target(output: Path | None, update_package: bool) -> Path:

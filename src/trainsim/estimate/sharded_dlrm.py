@@ -10,6 +10,7 @@ the device memory.
 """
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from trainsim.compile.lower_sharded_dlrm import closed_form_ends_s, lower_sharded_iteration, rank_compute_s
 from trainsim.cost.embedding_lookup import RooflineLookup
@@ -90,8 +91,15 @@ def traced_result(job: Job, graph: OpGraph, iteration: ShardedIteration, exec_gr
     iteration is the last rank's end; the breakdown the slowest rank's compute-stream work (its optimizer-phase
     tasks as `optimizer`, the rest of its compute stream as `compute`) and the remainder as `comm` (exposed
     collectives, waiting at them); memory and OOM from the priced iteration (`iteration`: the plan's pieces on
-    job's cluster), as the engines report them."""
+    job's cluster), as the engines report them. No turns on shared cores are added (job's compute_share is
+    taken as 1): the trace was recorded with these ranks on the host, so its durations, and the kernel models
+    fitted on such traces, already hold them; a duration priced by an uncontended model takes its turns where
+    it is priced (frontends.trace.dlrm_predicted.lookup_op_seconds's core_share)."""
     from trainsim.sim import SimOptions, simulate
+
+    device = job.cluster.device
+    if device.compute_share != 1.0:
+        job = replace(job, cluster=job.cluster.replaced(device=device.replaced(compute_share=1.0)))
 
     outcome = simulate(exec_graph, SimOptions(memory_timeline=False))
     ends = [0.0] * len(exec_graph.devices)

@@ -19,6 +19,14 @@ _PEAK_FALLBACKS: dict[DType, tuple[DType, ...]] = {
 }
 
 
+def core_share(cores: int, ranks_per_host: float, threads_per_rank: int = 1) -> float:
+    """A CPU rank's share of a core (DeviceSpec.compute_share) when a host's ranks and their threads outnumber its
+    usable cores: cores / (ranks x threads), at most 1 (the scheduler takes them in turns). 0 cores (unknown): 1."""
+    if cores <= 0:
+        return 1.0
+    return min(1.0, float(cores) / (ranks_per_host * threads_per_rank))
+
+
 class DeviceSpec(Spec):
     """Dense (no sparsity) peak FLOP/s per dtype; a dtype the device lacks falls back to the next wider one."""
 

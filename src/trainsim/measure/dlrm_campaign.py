@@ -28,9 +28,12 @@ from trainsim.embedding.tables import Table
 from trainsim.errors import ConfigError
 from trainsim.ir.model_spec import DlrmSpec, EmbeddingTable
 from trainsim.measure.dlrm import MAX_TRACED_ITERATIONS, DlrmConfig, DlrmMeasurement, measure_dlrm
+from trainsim.measure.results import usable_cores
 
+# cores: the host's usable cores when measured (measure.results.usable_cores): ranks beyond them take turns on
+# them (hardware.device.core_share); empty in rows measured before it was recorded
 FIELDS = ("experiment", "ranks", "task", "kind", "seed", "tables", "sharder", "local_batch", "measured_s",
-          "fastest_s", "load_before", "load_after")
+          "fastest_s", "load_before", "load_after", "cores")
 KEY = ("ranks", "task", "sharder", "local_batch")  # a config: a CSV row is skipped on a rerun when its key is there
 TASK_KINDS = ("heavy", "normal")
 MIXES = ("mixed", "heavy", "normal")
@@ -211,7 +214,7 @@ class CampaignFiles:
     def add(self, planned: PlannedConfig, m: DlrmMeasurement, warmup: int) -> None:
         self.rows.append({k: str(v) for k, v in {
             **planned.row, "measured_s": m.iteration_s, "fastest_s": min(m.iterations_s),
-            "load_before": m.load_avg[0], "load_after": m.load_avg[1]}.items()})
+            "load_before": m.load_avg[0], "load_after": m.load_avg[1], "cores": usable_cores()}.items()})
         self.trace_lines.append(json.dumps(trace_record(planned, m, warmup)))
 
     def save(self) -> None:

@@ -253,10 +253,15 @@ def versions() -> dict[str, str]:
     return found
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity; the host's count where the OS has no affinity)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
+
+
 def machine() -> dict[str, Any]:
     """A machine description without identifying it: the hostname only as a short hash."""
     return {"cpu_model": _cpu_model(), "cpu_count": os.cpu_count() or 0,
-            "cpus_allowed": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            "cpus_allowed": usable_cores(),
             "system": f"{platform.system()} {platform.release()}", "machine": platform.machine(),
             "host_sha256": hashlib.sha256(socket.gethostname().encode()).hexdigest()[:12]}
 

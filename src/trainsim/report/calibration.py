@@ -31,7 +31,8 @@ def render_cross_validation(report: dict[str, Any], terminal: bool = False) -> s
     errors.add_row("held-out runs", *(str(report["runs"][scheme]) for scheme in mape))
     items: list[Any] = [errors]
     if "bands" in report:
-        bands = Table(title="80% bands: 10% and 90% quantiles of measured / predicted over the held-out runs")
+        rule = report.get("band_rule", "10%-90% quantiles, every run once")
+        bands = Table(title=f"80% bands of measured / predicted over the held-out runs ({rule})")
         for name, justify in (("group", "left"), ("low", "right"), ("high", "right"), ("runs", "right"),
                               ("basis", "left"), ("coverage", "right")):
             bands.add_column(name, justify=justify)  # type: ignore[arg-type]

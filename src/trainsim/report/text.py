@@ -36,7 +36,7 @@ def render_result(result: Result, model_kind: str | None = None, explain: bool =
     band = result.band
     if band is not None:
         lines.append(f"band: {band.coverage * 100:.0f}% of {band.residuals} held-out calibration runs of jobs like "
-                     f"this ({band.meaning}{'' if band.basis == 'own' else f'; {band.basis} quantiles'}) fell in "
+                     f"this ({band.meaning}{'' if band.basis == 'own' else f'; {band.basis} band'}) fell in "
                      "such a range")
     lines += [f"note: {note}" for note in result.notes]
     return "\n".join(lines)

@@ -18,6 +18,7 @@ from typing import Any
 
 from trainsim.catalog.loader import load_device
 from trainsim.errors import InputFileError, UnknownNameError
+from trainsim.hardware.device import core_share
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job
 from trainsim.measure.launch import torch_default_optimizer
@@ -78,9 +79,7 @@ def compute_share_of(run: MeasuredRun) -> float:
     nodes = run.nodes
     threads = max(run.settings.get("threads_per_rank") or [1])
     cores = run.machine.get("cpus_allowed") or run.machine.get("cpu_count") or 0
-    if not cores:
-        return 1.0
-    return min(1.0, float(cores) / (run.world_size / nodes * threads))
+    return core_share(int(cores), run.world_size / nodes, int(threads))
 
 
 def optimizer_impl_of(run: MeasuredRun) -> str:

@@ -76,10 +76,12 @@ def predict_rows(rows: Iterable[RunRow], estimator: Estimator, progress: Callabl
         if skipped is None and row.metric not in METRICS:
             skipped = f"metric {row.metric!r} is not predicted"
         convention = flops_convention_of(row.fields) if row.metric in FLOP_METRICS else None
+        if skipped is None and run.job is not None and row.run_id not in results:
+            results[row.run_id] = _estimated(estimator, run.job, graphs)
+        result = results.get(row.run_id)
+        if skipped is None and isinstance(result, str):  # this run's refusal; the other runs go on
+            skipped = result
         if skipped is None and run.job is not None:
-            if row.run_id not in results:
-                results[row.run_id] = estimator.estimate(run.job, graphs.get(run.job))
-            result = results[row.run_id]
             assert isinstance(result, Result)
             if row.run_id not in params_by_run:  # every metric row of a run needs it: build the graph once
                 params_by_run[row.run_id] = estimator_params(run.job.model)
@@ -96,6 +98,14 @@ def predict_rows(rows: Iterable[RunRow], estimator: Estimator, progress: Callabl
         if progress:
             progress()
     return out
+
+
+def _estimated(estimator: Estimator, job: Job, graphs: GraphCache) -> Result | str:
+    """The engine's result for a run's job, or its one-line refusal (a simulation past its size bound)."""
+    try:
+        return estimator.estimate(job, graphs.get(job))
+    except TrainsimError as exc:
+        return str(exc)
 
 
 def _layer_metric(metric: str, job: Job, graphs: GraphCache, estimator: Estimator) -> float:

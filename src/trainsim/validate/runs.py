@@ -13,6 +13,7 @@ from trainsim.catalog.files import DATA_DIR, read_mapping, read_text, shown_path
 from trainsim.catalog.loader import cluster_names, load_cluster, load_device
 from trainsim.catalog.model_files import parse_model
 from trainsim.errors import ConfigError, InputFileError, TrainsimError, short_repr
+from trainsim.hardware.cluster import ClusterSpec
 from trainsim.job import Job, make_job
 from trainsim.specbase import MAX_INT_FIELD
 from trainsim.strategy.parallel import ParallelSpec
@@ -118,6 +119,8 @@ def model_from_row(fields: dict[str, str]) -> dict[str, Any]:
     else:
         ffn_default = defaults["ffn_multiple"] * hidden
     seq = _int(fields, "seq_len")
+    if seq <= 0:  # named as the row's column, not as the model's max_seq_len it fills
+        raise ConfigError("seq_len", seq, "must be a positive number of tokens")
     model = {**layout, "name": f"{arch}-l{fields['num_layers']}-h{hidden}", "arch": arch,
              "num_layers": _int(fields, "num_layers"), "hidden": hidden, "num_heads": heads,
              "num_kv_heads": kv_heads, "ffn_hidden": _int(fields, "ffn_hidden", ffn_default),
@@ -213,16 +216,20 @@ def _stack_named_in(text: str, fields: dict[str, str]) -> str | None:
 
 def parallel_from_row(fields: dict[str, str]) -> dict[str, Any]:
     base = row_defaults()["strategy"]
-    tp, pp, dp = _int(fields, "tp"), _int(fields, "pp"), _int(fields, "dp")
+    tp, pp, cp = _int(fields, "tp"), _int(fields, "pp"), _int(fields, "cp", 1)
+    dp = _int(fields, "dp", 0) or _dp_by_definition(fields, tp * pp * cp)
     global_batch = _int(fields, "global_batch", 0)
     micro = _int(fields, "micro_batch", _default_micro_batch(global_batch, dp, pp, base["micro_batch"]))
     # model chunks need a pipeline; Megatron-Core turns sequence parallelism off at tp 1 with a warning
     # (megatron/core/tensor_parallel/layers.py, RowParallelLinear, megatron-core 0.9.0)
     vpp = _int(fields, "vpp", base["vpp"]) if pp > 1 else 1
-    sp = _int(fields, "sp", int(base["sp"])) if tp > 1 else 0
+    sp = _int(fields, "sp", int(base["sp"]))
+    if sp not in (0, 1):
+        raise ConfigError("sp", sp, "must be 0 (off) or 1 (on), or empty")
+    sp = sp if tp > 1 else 0
     stack = stack_of_row(fields)
     return {
-        "tp": tp, "pp": pp, "dp": dp, "cp": _int(fields, "cp", 1),
+        "tp": tp, "pp": pp, "dp": dp, "cp": cp,
         "ep": _int(fields, "ep", 1), "vpp": vpp, "sp": bool(sp),
         "zero": _int(fields, "zero", base["zero_by_stack"].get(stack.name, base["zero"])),
         "micro_batch": micro,
@@ -234,7 +241,26 @@ def parallel_from_row(fields: dict[str, str]) -> dict[str, Any]:
         "schedule": fields.get("schedule") or ("interleaved-1f1b" if vpp > 1 else "1f1b"),
         "attention": fields.get("attention") or stack.attention,
         "optimizer_impl": fields.get("optimizer_impl") or base["optimizer_impl"],
+        **(_ends_counted_in_split(_int(fields, "num_layers"), pp, vpp) if vpp > 1 else {}),
     }
+
+
+def _ends_counted_in_split(num_layers: int, pp: int, vpp: int) -> dict[str, bool]:
+    """A pipeline of one or two more virtual stages than the model has layers (126 layers on pp 16 x vpp 8) runs
+    only with the embedding and the loss counted as layers of the split (Megatron-Core's
+    account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split,
+    megatron/core/transformer/transformer_config.py, megatron-core 0.16.1; Llama 3 405B's pipeline took one
+    layer off its first and last stages for them, Dubey et al. 2024, sec. 3.3.2): both set; otherwise neither
+    (the schema states no stage layout)."""
+    stages = pp * vpp
+    return {"embedding_in_split": True, "loss_in_split": True} if num_layers < stages <= num_layers + 2 else {}
+
+
+def _dp_by_definition(fields: dict[str, str], model_parallel: int) -> int:
+    """An empty dp cell: num_gpus / (tp x pp x cp), by definition (the calibration data's README, section 2);
+    0 where that is no whole number, which make_job refuses naming every degree."""
+    num_gpus = _int(fields, "num_gpus")
+    return num_gpus // model_parallel if model_parallel > 0 and num_gpus % model_parallel == 0 else 0
 
 
 def _default_micro_batch(global_batch: int, dp: int, pp: int, with_pipeline: int) -> int:
@@ -248,10 +274,20 @@ def _default_micro_batch(global_batch: int, dp: int, pp: int, with_pipeline: int
 
 def _whole_micro_batches(parallel: dict[str, Any]) -> dict[str, Any]:
     """A stated global batch that is not a whole number of micro-batches per replica (a source that rounds its
-    batch, or states it in tokens) runs as the nearest whole number of micro-batches, at least one."""
-    replica_batch = parallel["dp"] * parallel["micro_batch"]
+    batch, or states it in tokens) runs as the nearest whole number of micro-batches, at least one.
+
+    Under the interleaved schedule the micro-batches per replica come in groups of pp: Megatron-LM runs no other
+    count with its default group size (megatron/core/pipeline_parallel/schedules.py,
+    forward_backward_pipelining_with_interleaving: microbatch_group_size_per_vp_stage defaults to pp, at most the
+    micro-batch count, and the count must be a multiple of it; megatron-core 0.16.1, as Megatron-LM's 2021
+    "number of microbatches is not divisible by pipeline-model-parallel-size" check). There the batch rounds to
+    the nearest whole number of groups, and an empty global batch runs one group, the fewest micro-batches the
+    schedule runs (Megatron's default global batch, dp x micro_batch, is one micro-batch and refused)."""
+    group = parallel["pp"] if parallel["schedule"] == "interleaved-1f1b" else 1
+    replica_batch = parallel["dp"] * parallel["micro_batch"] * group
     global_batch = parallel["global_batch"]
-    if global_batch <= 0 or replica_batch <= 0 or global_batch % replica_batch == 0:
+    if replica_batch <= 0 or (global_batch <= 0 and group == 1) or (global_batch > 0 and
+                                                                     global_batch % replica_batch == 0):
         return parallel
     return {**parallel, "global_batch": max(1, round(global_batch / replica_batch)) * replica_batch}
 
@@ -305,6 +341,15 @@ def _machine_named_in_notes(fields: dict[str, str]) -> dict[str, str]:
     return fields
 
 
+def _gpus_per_server(fields: dict[str, str], cluster: ClusterSpec) -> int:
+    """The GPUs per server of a row: its gpus_per_node cell, else its preset's. On a rack-scale preset a cell
+    that states the rack's NVLink domain (72 on a GB200 / GB300 NVL72; the schema leaves the cell empty there,
+    but a source may print the rack) counts the rack, not a server: the servers stay the preset's compute trays
+    (4 GPUs each, 18 trays a rack: NVIDIA GB200 NVL72 and GB300 NVL72 product pages)."""
+    stated = _int(fields, "gpus_per_node", cluster.gpus_per_node)
+    return cluster.gpus_per_node if stated == cluster.nvlink_domain_gpus else stated
+
+
 def job_from_row(fields: dict[str, str]) -> RunJob:
     fields = _machine_named_in_notes(_gpu_named_in_notes(fields))
     gpu = fields["gpu"]
@@ -318,7 +363,7 @@ def job_from_row(fields: dict[str, str]) -> RunJob:
         device = load_device(gpu)
         cluster = load_cluster(_cluster_name(fields, clusters[gpu]))
         update: dict[str, Any] = {"device": device}
-        gpus_per_node = _int(fields, "gpus_per_node", cluster.gpus_per_node)
+        gpus_per_node = _gpus_per_server(fields, cluster)
         if gpus_per_node <= 0:
             raise ConfigError("gpus_per_node", gpus_per_node, "must be a positive integer")
         update["gpus_per_node"] = gpus_per_node

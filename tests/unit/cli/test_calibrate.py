@@ -72,12 +72,46 @@ def tiny_fit(tmp_path_factory: pytest.TempPathFactory) -> Path:
     before = FITTED_PATH.read_bytes()
     output = folder / "sub" / "mine.yaml"
     result = RUNNER.invoke(_app(), ["calibrate", "--runs", str(_tiny_runs(folder / "mine.csv")), "--output",
-                                    str(output), "--no-sim"])
+                                    str(output), "--no-sim", "--held-out", str(folder / "held.csv")])
     assert result.exit_code == 0, (result.output, result.exception)
     assert f"wrote {output}" in result.output
     assert "[1/" in result.stderr and "run-level fit on 4 runs" in result.stderr  # progress, one line per fit
     assert FITTED_PATH.read_bytes() == before  # the package's own fit is untouched
     return output
+
+
+def test_fit_writes_its_held_out_predictions(tiny_fit: Path) -> None:
+    from trainsim.calibrate.bands import read_held_out
+
+    records = read_held_out(tiny_fit.parent.parent / "held.csv")
+    # 5-fold over 4 runs (4 folds), each source held out (2 x 2 runs), scale: none (all runs on at most 8 GPUs)
+    assert sorted({r.scheme for r in records}) == ["k-fold", "leave-one-source-out"]
+    assert len(records) == 8 and {r.num_gpus for r in records} == {2, 8}
+
+
+def test_bands_from_held_out_predictions_change_nothing_else(tmp_path: Path) -> None:
+    from trainsim.calibrate.bands import HeldOut, held_out_csv, uncertainty_of
+    from trainsim.calibrate.fit import default_runs_files, read_samples
+
+    records = [HeldOut("leave-one-source-out", "x", f"{source}-{i}", source, 8, (i - 10) / 64 * sign,
+                       group) for i in range(20) for source, sign in (("a", 1), ("b", -2)) for group in GROUPS]
+    (tmp_path / "held.csv").write_text(held_out_csv(records))
+    fit = tmp_path / "fit.yaml"
+    fit.write_bytes(FITTED_PATH.read_bytes())
+    result = RUNNER.invoke(_app(), ["calibrate", "--bands-from", str(tmp_path / "held.csv"), "--output", str(fit)])
+    assert result.exit_code == 0, (result.output, result.exception)
+    before, after = yaml.safe_load(FITTED_PATH.read_text()), yaml.safe_load(fit.read_text())
+    expected = uncertainty_of(records, read_samples(default_runs_files()))
+    written = read_calibration(fit).uncertainty
+    assert expected is not None and written is not None
+    for group in GROUPS:  # the file keeps 6 significant digits
+        got, want = written.bands[group], expected.bands[group]
+        assert (got.low_ratio, got.high_ratio) == pytest.approx((want.low_ratio, want.high_ratio), rel=1e-5)
+        assert (got.residuals, got.basis) == (want.residuals, want.basis) == (40, "own")
+    changed = {key for key in {*before, *after} if before.get(key) != after.get(key)}
+    assert changed <= {"uncertainty", "source", "compute"}
+    # a field the package file leaves at its default is written out, at that default
+    assert {k: v for k, v in after["compute"].items() if k in before["compute"]} == before["compute"]
 
 
 def test_round_trip_of_a_user_fit(tiny_fit: Path) -> None:
@@ -193,6 +227,9 @@ def test_never_overwrites_the_package_fit(tmp_path: Path) -> None:
     (["--runs", "NO_COLUMNS"], ("lacks the columns",)),
     (["--runs", "NO_RUNS"], ("no run with a metric iteration_time_s",)),
     (["--output", "FOLDER"], ("is a folder",)),
+    (["--bands-from", "MISSING"], ("held_out=", "not a file of held-out predictions")),
+    (["--bands-from", "NO_COLUMNS"], ("held_out=", "scheme, split, run_id")),
+    (["--bands-from", "NO_COLUMNS", "--cross-validate"], ("bands_from=", "--cross-validate makes no fit")),
 ])
 def test_bad_calibrate_inputs(tmp_path: Path, args: list[str], fragments: tuple[str, ...]) -> None:
     (tmp_path / "empty").mkdir()

@@ -106,6 +106,23 @@ def test_campaign_measures_each_group_interleaved_and_resumes(monkeypatch: pytes
     assert not list(tmp_path.glob(".*.tmp"))  # the atomic writes left no temporary file
 
 
+def test_rows_record_the_hosts_usable_cores_and_old_rows_keep_theirs_blank(monkeypatch: pytest.MonkeyPatch,
+                                                                          tmp_path: Path) -> None:
+    calls: list[tuple[list[str], int]] = []
+    monkeypatch.setattr(dlrm_campaign, "measure_dlrm", _stub_measure(calls))
+    monkeypatch.setattr(dlrm_campaign, "usable_cores", lambda: 3)
+    csv_path = tmp_path / "c.csv"
+    # a campaign CSV written before the column existed (its old header, one row)
+    old_fields = [f for f in dlrm_campaign.FIELDS if f != "cores"]
+    csv_path.write_text(",".join(old_fields) + "\n"
+                        + "e2e,2,heavy0-r2,heavy,0,28,naive,8,0.5,0.4,1.0,2.0\n")
+    files = CampaignFiles.open(csv_path, tmp_path / "c.jsonl")
+    campaign = Campaign(tuple(generated_tasks(1)), batches=(8, 16), ranks=(2,), sharders=("naive",))
+    assert run_campaign(campaign, files) == 1  # batch 8 was there
+    rows = CampaignFiles.open(csv_path, tmp_path / "c.jsonl").rows
+    assert [(r["local_batch"], r["cores"]) for r in rows] == [("8", ""), ("16", "3")]
+
+
 def test_a_failed_group_leaves_the_files_as_after_the_last_group(monkeypatch: pytest.MonkeyPatch,
                                                                  tmp_path: Path) -> None:
     calls: list[tuple[list[str], int]] = []

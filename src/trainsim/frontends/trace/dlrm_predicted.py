@@ -44,9 +44,16 @@ def piece_from_op(op: TraceOp, rank: int) -> ShardPiece:
 
 
 def lookup_op_seconds(traces: Sequence[RankTrace], lookups: LookupCostModel,
-                      pieces: Sequence[Sequence[ShardPiece]] | None = None) -> list[dict[int, float]]:
+                      pieces: Sequence[Sequence[ShardPiece]] | None = None,
+                      core_share: float = 1.0) -> list[dict[int, float]]:
     """Per rank, node id -> seconds of every EmbeddingBag op (forward, backward, sparse update) of its trace.
-    pieces: per rank, the pieces it looks up in the order of its bags (ShardingPlan.pieces); None: from shapes."""
+    pieces: per rank, the pieces it looks up in the order of its bags (ShardingPlan.pieces); None: from shapes.
+    core_share: a rank's share of a core where the traced ranks outnumber the host's cores
+    (hardware.device.core_share): the lookup model prices one uncontended thread, so each lookup takes
+    1 / core_share of its price (the ranks take turns on the cores); the trace's other durations hold the turns
+    already (estimate.sharded_dlrm.traced_result adds none)."""
+    if not 0.0 < core_share <= 1.0:
+        raise ConfigError("core_share", core_share, "a share of a core in (0, 1]")
     out = []
     for trace in traces:
         top = trace.top_level()
@@ -56,10 +63,11 @@ def lookup_op_seconds(traces: Sequence[RankTrace], lookups: LookupCostModel,
                               f"{LOOKUP_FWD} ops: one piece per op, in order")
         mine = [pieces[trace.rank][i] if pieces is not None else piece_from_op(op, trace.rank)
                 for i, op in enumerate(forwards)]
-        seconds = {op.node_id: lookups.lookup_s(piece, "fwd") for op, piece in zip(forwards, mine, strict=True)}
+        seconds = {op.node_id: lookups.lookup_s(piece, "fwd") / core_share
+                   for op, piece in zip(forwards, mine, strict=True)}
         weights = {op.inputs[0].storage_id for op in forwards}
         for op, piece in _backward_pieces(trace, top, forwards, mine):
-            seconds[op.node_id] = lookups.lookup_s(piece, "bwd")
+            seconds[op.node_id] = lookups.lookup_s(piece, "bwd") / core_share
         for op in top:
             if _sparse_gradient_step(op, weights):
                 seconds[op.node_id] = 0.0

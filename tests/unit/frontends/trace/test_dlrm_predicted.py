@@ -89,6 +89,16 @@ def test_lookup_ops_take_the_lookup_model_and_the_sparse_update_nothing() -> Non
         lookup_op_seconds(TRACES, PerRowLookup(), [PIECES[0] * 2, PIECES[1]])
 
 
+def test_lookups_take_turns_on_shared_cores_by_the_ranks_share() -> None:
+    # 4 ranks on 2 cores: a rank has half a core, so each priced lookup lasts twice its uncontended price; the
+    # sparse update stays at 0 s
+    assert lookup_op_seconds(TRACES, PerRowLookup(), PIECES, core_share=0.5) == [
+        {1: 2 * MS, 3: 6 * MS, 5: 0.0}, {1: 4 * MS, 3: 12 * MS, 5: 0.0}]
+    for bad in (0.0, 1.5, -0.5):
+        with pytest.raises(ConfigError, match="core_share"):
+            lookup_op_seconds(TRACES, PerRowLookup(), PIECES, core_share=bad)
+
+
 def test_predicted_dlrm_trace_has_exact_times() -> None:
     seconds = lookup_op_seconds(TRACES, PerRowLookup(), PIECES)
     graph = predicted_trace_graph(TRACES, KERNELS, {}, _collective_s, seconds)
@@ -133,6 +143,14 @@ def test_traced_result_is_the_engines_result_of_the_simulated_trace() -> None:
     assert result.breakdown["comm"] == pytest.approx(2.2 * MS)
     assert result.peak_memory_bytes == max(m.total_bytes for m in it.memory)
     assert result.timeline is not None
+    # ranks outnumbering the cores (compute_share 0.5) add no turns: the trace's durations were recorded with them
+    device = cluster.device.replaced(compute_share=0.5)
+    shared = sharded_job(model, plan, cluster.replaced(device=device), 8, precision="fp32")
+    assert shared.job.cluster.device.compute_share == 0.5
+    again = traced_result(shared.job, shared.graph, it, predicted_trace_graph(TRACES, KERNELS, {}, _collective_s,
+                                                                             seconds))
+    assert again.iteration_time_s == pytest.approx(result.iteration_time_s, rel=1e-12)
+    assert "core_sharing" not in again.breakdown
 
 
 def _async_collective(node: int, kind: str, start_ms: float, exec_start_ms: float, exec_ms: float) -> TraceOp:

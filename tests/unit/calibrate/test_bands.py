@@ -1,0 +1,208 @@
+"""The bands from held-out predictions: the source-weighted quantile rule on hand-computed cases, the honest
+(source held out) coverage, the held-out file, and properties of every band (finite, ordered, holding the point)."""
+
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trainsim.calibrate.bands import (
+    BAND_RULE,
+    BAND_SHAPES,
+    BAND_WEIGHTS,
+    MIN_GROUP_RESIDUALS,
+    PREVIOUS_RULE,
+    BandRule,
+    HeldOut,
+    held_out_csv,
+    new_source_coverage,
+    read_held_out,
+    source_weights,
+    uncertainty_of,
+    weighted_quantile,
+)
+from trainsim.calibrate.fit import read_samples
+from trainsim.calibrate.runs import FitSample
+from trainsim.catalog.calibration import MEASUREMENTS_DIR, Calibration
+from trainsim.catalog.uncertainty import GROUPS
+from trainsim.errors import InputFileError
+from trainsim.estimate.result import iteration_band
+
+KNOWN_INSIDE = "known-stack/inside-scale"
+SOURCE_QUANTILES = BandRule("sources", "quantiles")
+
+
+@pytest.fixture(scope="module")
+def samples() -> list[FitSample]:
+    return read_samples([MEASUREMENTS_DIR / "runs_multinode.csv"])
+
+
+def _record(source: str, log_ratio: float, group: str = KNOWN_INSIDE, scheme: str = "k-fold",
+            run: int = 0) -> HeldOut:
+    """A held-out prediction whose measured / predicted is exp(log_ratio)."""
+    return HeldOut(scheme, "test", f"{source}-{run}", source, 8, -log_ratio, group)
+
+
+def test_weighted_quantile_is_the_inverse_of_the_weighted_cdf() -> None:
+    # equal weights: the smallest value whose share of the runs at or below it reaches q
+    assert weighted_quantile([4.0, 1.0, 3.0, 2.0], [1, 1, 1, 1], 0.25) == 1.0
+    assert weighted_quantile([4.0, 1.0, 3.0, 2.0], [1, 1, 1, 1], 0.3) == 2.0
+    assert weighted_quantile([4.0, 1.0, 3.0, 2.0], [1, 1, 1, 1], 1.0) == 4.0
+    # weights 1/2, 1/4, 1/4 on 0, 1, 2: cumulative 1/2, 3/4, 1
+    values, weights = [2.0, 0.0, 1.0], [0.25, 0.5, 0.25]
+    assert [weighted_quantile(values, weights, q) for q in (0.1, 0.5, 0.6, 0.75, 0.9)] == [0, 0, 1, 1, 2]
+    # thirds: 1/3 + 1/3 + 1/3 reaches q = 1 despite rounding
+    assert weighted_quantile([0.0, 1.0, 2.0], [1 / 3] * 3, 1.0) == 2.0
+
+
+@pytest.mark.parametrize(("values", "weights", "q"), [([], [], 0.5), ([1.0], [1.0, 2.0], 0.5),
+                                                       ([1.0], [0.0], 0.5), ([1.0], [1.0], 1.5)])
+def test_weighted_quantile_refuses_bad_input(values: list[float], weights: list[float], q: float) -> None:
+    with pytest.raises(ValueError):
+        weighted_quantile(values, weights, q)
+
+
+def test_every_source_weighs_one() -> None:
+    records = [_record("a", 0.0, run=i) for i in range(3)] + [_record("b", 0.0)]
+    assert source_weights(records) == [1 / 3, 1 / 3, 1 / 3, 1.0]
+
+
+def _two_sources() -> list[HeldOut]:
+    """Source a: 20 runs, log ratios 0.00 ... 0.19; source b: 10 runs, all 0.5 (a source with its own bias)."""
+    return ([_record("a", 0.01 * i, run=i) for i in range(20)] +
+            [_record("b", 0.5, run=i) for i in range(10)])
+
+
+def test_quantile_band_counts_every_source_once(samples: list[FitSample]) -> None:
+    records = _two_sources()
+    by_source = uncertainty_of(records, samples, rule=SOURCE_QUANTILES)
+    by_run = uncertainty_of(records, samples, rule=PREVIOUS_RULE)
+    assert by_source is not None and by_run is not None
+    band = by_source.bands[KNOWN_INSIDE]
+    # weights 1/20 (a) and 1/10 (b), total 2: 10% of it (0.2) is reached at a's 4th run (0.03); 90% (1.8) at b's
+    # 8th (0.5)
+    assert (band.low_ratio, band.high_ratio) == (math.exp(0.03), math.exp(0.5))
+    assert (band.residuals, band.basis) == (30, "own")
+    # every run once (numpy's linear quantile of 30 values): 10% at position 2.9 (0.029), 90% at 26.1 (0.5)
+    runs = by_run.bands[KNOWN_INSIDE]
+    assert runs.low_ratio == pytest.approx(math.exp(0.029), rel=1e-12)
+    assert runs.high_ratio == pytest.approx(math.exp(0.5), rel=1e-12)
+
+
+def test_a_group_of_one_source_takes_the_pooled_band(samples: list[FitSample]) -> None:
+    records = [_record("a", 0.01 * i, run=i) for i in range(MIN_GROUP_RESIDUALS)]
+    records += [_record("b", 0.3, group="unknown-stack/inside-scale", run=i) for i in range(MIN_GROUP_RESIDUALS)]
+    bands = uncertainty_of(records, samples, rule=SOURCE_QUANTILES)
+    assert bands is not None
+    assert {bands.bands[group].basis for group in GROUPS} == {"pooled"}
+    # pooled: 20 runs of a at 1/20, 20 of b at 1/20; 10% of 2 (0.2) at a's 4th run, 90% (1.8) at b's 16th
+    assert bands.bands[KNOWN_INSIDE].low_ratio == math.exp(0.03)
+    assert bands.bands[KNOWN_INSIDE].high_ratio == math.exp(0.3)
+    by_run = uncertainty_of(records, samples, rule=PREVIOUS_RULE)
+    assert by_run is not None and by_run.bands[KNOWN_INSIDE].basis == "own"
+
+
+def test_symmetric_band_is_the_80_percent_quantile_of_the_absolute_log_ratio(samples: list[FitSample]) -> None:
+    # log ratios in 64ths (exact): source a at 0, -1, ..., -19; source b, 10 runs at +3
+    records = ([_record("a", -i / 64, run=i) for i in range(20)] + [_record("b", 3 / 64, run=i) for i in range(10)])
+    band = uncertainty_of(records, samples, rule=BAND_RULE)
+    assert band is not None and (BAND_RULE.weight, BAND_RULE.shape) == ("runs", "symmetric")
+    # every run once: |log ratio| sorted 0, 1, 2, eleven 3s, 4, ...; 80% of 30 runs is the 24th, 13
+    ratios = band.bands[KNOWN_INSIDE]
+    assert (ratios.low_ratio, ratios.high_ratio) == (math.exp(-13 / 64), math.exp(13 / 64))
+    # every source once: weights 1/20 (a) and 1/10 (b), total 2: 0, 1, 2 (0.15), the eleven 3s (1.2), then 0.05
+    # a step: 80% of 2 (1.6) at 11
+    by_source = uncertainty_of(records, samples, rule=BandRule("sources", "symmetric"))
+    assert by_source is not None
+    assert by_source.bands[KNOWN_INSIDE].high_ratio == math.exp(11 / 64)
+
+
+def test_new_source_coverage_holds_each_source_out_of_the_band(samples: list[FitSample]) -> None:
+    # three sources, 20 runs each, log ratios in 64ths (exact): a at -10 ... 9, b at -5 ... 14, c all at 64
+    records = ([_record("a", (i - 10) / 64, run=i) for i in range(20)] +
+               [_record("b", (i - 5) / 64, run=i) for i in range(20)] +
+               [_record("c", 1.0, run=i) for i in range(20)])
+    honest = new_source_coverage(records, samples, rule=SOURCE_QUANTILES)
+    # without a: b and c at 1/20 each, total 2: 10% (0.2) at b's 4th (-2/64), 90% (1.8) at c's 1.0; a's runs
+    # from -2/64 up are inside: 12 of 20
+    assert honest["a"] == pytest.approx(12 / 20 * 100)
+    # without b: [a's 4th = -7/64, 1.0]: every run of b inside
+    assert honest["b"] == pytest.approx(100.0)
+    # without c: a and b, 40 runs at 1/20: 10% at the 4th smallest (-7/64), 90% at the 36th, the 5th largest
+    # (b's 10/64): c's 1.0 outside
+    assert honest["c"] == 0.0
+    assert honest["ALL"] == pytest.approx(32 / 60 * 100)
+    assert honest["mean"] == pytest.approx((60 + 100 + 0) / 3)
+
+
+def test_held_out_file_round_trips_exactly(tmp_path: Path) -> None:
+    odd = _record("c", -1 / 3, group="unknown-stack/outside-scale", scheme="leave-one-source-out")
+    records = [*_two_sources(), odd]
+    path = tmp_path / "held.csv"
+    path.write_text(held_out_csv(records))
+    assert read_held_out(path) == records
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("scheme,split\nk-fold,x\n", "not a file of held-out predictions"),
+    ("scheme,split,run_id,source,num_gpus,log_error,group\nk-fold,x,r,s,8,0.1,elsewhere\n", "unknown groups"),
+    ("scheme,split,run_id,source,num_gpus,log_error,group\nk-fold,x,r,s,8,nan,known-stack/inside-scale\n",
+     "finite"),
+])
+def test_bad_held_out_file_is_one_line(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "held.csv"
+    path.write_text(text)
+    with pytest.raises(InputFileError, match=message):
+        read_held_out(path)
+
+
+_held_out_records = st.lists(
+    st.builds(_record, st.sampled_from(["a", "b", "c"]),
+              st.floats(min_value=-3.0, max_value=3.0, allow_nan=False), st.sampled_from(GROUPS),
+              st.sampled_from(["k-fold", "leave-one-source-out"]), st.integers(0, 1000)),
+    min_size=MIN_GROUP_RESIDUALS, max_size=120)
+
+
+@settings(max_examples=60, deadline=None)
+@given(records=_held_out_records, point_s=st.floats(min_value=1e-6, max_value=1e4),
+       rule=st.builds(BandRule, st.sampled_from(BAND_WEIGHTS), st.sampled_from(BAND_SHAPES)))
+def test_every_band_is_finite_ordered_and_holds_the_point(samples: list[FitSample], records: list[HeldOut],
+                                                          point_s: float, rule: BandRule) -> None:
+    uncertainty = uncertainty_of(records, samples, rule=rule)
+    if uncertainty is None:  # all records from one source: too few sources for any band
+        assert rule.weight == "sources" and len({r.source for r in records}) == 1
+        return
+    calibration = Calibration(uncertainty=uncertainty)
+    for sample in samples[:: max(1, len(samples) // 10)]:
+        band = iteration_band(sample.job, point_s, calibration)
+        assert band is not None
+        assert math.isfinite(band.low_s) and math.isfinite(band.high_s)
+        assert 0 < band.low_s <= point_s <= band.high_s
+    for group in GROUPS:
+        ratios = uncertainty.bands[group]
+        assert 0 < ratios.low_ratio <= ratios.high_ratio
+        assert math.isfinite(ratios.low_ratio) and math.isfinite(ratios.high_ratio)
+        if rule.shape == "symmetric":
+            assert ratios.low_ratio * ratios.high_ratio == pytest.approx(1.0, rel=1e-12)
+
+
+
+def test_package_bands_come_from_the_stored_held_out_predictions() -> None:
+    """The package fit's bands are the rule's on results/bands/package_held_out.csv (README, "Held-out runs"):
+    after a refit, write its --held-out file there and make the bands with `trainsim calibrate --bands-from`."""
+    from conftest import REPO_DIR
+    from trainsim.calibrate.fit import default_runs_files
+    from trainsim.catalog.calibration import load_calibration
+
+    stored = REPO_DIR / "results" / "bands" / "package_held_out.csv"
+    package = load_calibration().uncertainty
+    if package is None or not stored.is_file():
+        pytest.skip("no package bands or no stored held-out predictions")
+    expected = uncertainty_of(read_held_out(stored), read_samples(default_runs_files()))
+    assert expected is not None
+    for group in GROUPS:  # the fit file keeps 6 significant digits
+        got, want = package.bands[group], expected.bands[group]
+        assert (got.low_ratio, got.high_ratio) == pytest.approx((want.low_ratio, want.high_ratio), rel=1e-5)
+        assert (got.residuals, got.basis) == (want.residuals, want.basis)

@@ -45,7 +45,7 @@ class GraphCache:
         FRONTENDS.get(self.frontend)  # unknown names: one line listing the choices
 
     def get(self, job: Job) -> OpGraph:
-        dev = DeviceSlice.of(job.parallel)
+        dev = DeviceSlice.of(job.parallel, job.stack)
         key = (job.model.name, id(job.model), dev)
         entry = self._graphs.get(key)
         if entry is None:
@@ -58,7 +58,7 @@ def graph_for(job: Job, source: ModelSource | None = None) -> OpGraph:
     """The job's per-device OpGraph from `source`'s front-end (default: the catalog builders over job.model;
     uncached)."""
     if source is None:
-        return build_graph(job.model, DeviceSlice.of(job.parallel))
+        return build_graph(job.model, DeviceSlice.of(job.parallel, job.stack))
     return source.graph(job)
 
 

@@ -98,7 +98,7 @@ def _compile_stages(job: Job, plan: LoweredPlan, pricer: Pricer, task_level: Tas
     graph = ExecGraph(devices=[], columns=TaskColumns())
     ctx = BuildContext(job, plan, pricer, task_level, graph)
     ctx.splits = plan_splits(plan, job.parallel.dp)
-    ctx.mesh_comms = plan_mesh_comms(plan, job.model, job.parallel)
+    ctx.mesh_comms = plan_mesh_comms(plan, job.model, job.parallel, job.stack)
     ctx.expert_grads = {index: (params, ExpertReplicas(ranks))
                         for index, (params, ranks) in expert_grad_groups(job, plan).items()}
     ctx.tp_token_params = plan_tp_token_params(plan, job.model, job.parallel)

@@ -89,7 +89,7 @@ def shape_front_end_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
     configs = plan.tp_configs()
     if not configs:
         refuse_whole_model_tp(plan.frontend, tp)
-    dev = DeviceSlice.of(job.parallel)
+    dev = DeviceSlice.of(job.parallel, job.stack)
     built: dict[tuple[int, frozenset[tuple[str, OpConfig]]], tuple[Layer, dict[int, float]]] = {}
     assignments = list(plan.layers)
     shared: list[tuple[int, int, float]] = []

@@ -45,7 +45,7 @@ def shape_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
     if job.parallel.tp == 1 or not plan.mesh_splits or not isinstance(job.model, TransformerSpec) \
             or plan.stage_meshes:
         return plan
-    dev = DeviceSlice.of(job.parallel)
+    dev = DeviceSlice.of(job.parallel, job.stack)
     built: dict[tuple[int, TpConfigs], Layer] = {}
     assignments = list(plan.layers)
     for position, (a, own) in enumerate(zip(plan.layers, _layer_configs(plan, dev), strict=True)):

@@ -57,6 +57,7 @@ from trainsim.strategy.placement import (
 )
 from trainsim.strategy.reshard import ReshardStep, reshard
 from trainsim.strategy.reshard_copies import reduce_gradients_copy_bytes, reshard_copies
+from trainsim.strategy.stack import StackSpec
 
 WHOLE_FEATURE = ("norm", "loss")  # ops that read whole features
 
@@ -158,10 +159,12 @@ def plan_splits(plan: LoweredPlan, group: int) -> dict[int, LayerSplit]:
     return out
 
 
-def plan_mesh_comms(plan: LoweredPlan, model: ModelSpec, par: ParallelSpec) -> dict[int, tuple[Comm, ...]]:
+def plan_mesh_comms(plan: LoweredPlan, model: ModelSpec, par: ParallelSpec, stack: StackSpec | None = None
+                    ) -> dict[int, tuple[Comm, ...]]:
     """Per expanded layer index, the feature collectives that resharding between its ops' computation configs
-    over tp, cp and ep inserts (strategy.megatron.layer_comms; {} when the plan carries none). Layer instances
-    with equal configs share one tuple (BuildContext.timing caches by it)."""
+    over tp, cp and ep inserts (strategy.megatron.layer_comms; {} when the plan carries none), an MoE block's
+    token dispatch as the stack's dispatcher runs it (StackSpec.moe_dispatcher). Layer instances with equal
+    configs share one tuple (BuildContext.timing caches by it)."""
     if not plan.mesh_splits:
         return {}
     if not isinstance(model, TransformerSpec):
@@ -170,7 +173,7 @@ def plan_mesh_comms(plan: LoweredPlan, model: ModelSpec, par: ParallelSpec) -> d
     configs: dict[int, dict[tuple[str, Axis], OpConfig]] = {}
     for s in plan.mesh_splits:
         configs.setdefault(s.layer, {})[(s.module_path, s.axis)] = s.config
-    dev = DeviceSlice.of(par)
+    dev = DeviceSlice.of(par, stack)
     derived: dict[tuple[object, ...], tuple[Comm, ...]] = {}
     out: dict[int, tuple[Comm, ...]] = {}
     for a in plan.layers:

@@ -143,7 +143,7 @@ def _entered(plan: LoweredPlan, mine: set[int]) -> frozenset[int]:
 def _mesh_layers(plan: LoweredPlan, mesh_job: Job) -> list[Layer]:
     """The plan's layer instances as the catalog builder shapes them over the mesh's slice (the ops one device's
     under Megatron's splits over its tp)."""
-    layers = expand_layers(build_graph(mesh_job.model, DeviceSlice.of(mesh_job.parallel)))
+    layers = expand_layers(build_graph(mesh_job.model, DeviceSlice.of(mesh_job.parallel, mesh_job.stack)))
     if [layer.name for layer in layers] != [a.layer.name for a in plan.layers]:
         raise ConfigError("map.tp", mesh_job.parallel.tp, f"the catalog graph of {mesh_job.model.name} at tp="
                           f"{mesh_job.parallel.tp} has other layers than the plan's; stage meshes need the catalog "

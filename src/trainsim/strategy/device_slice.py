@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from trainsim.strategy.parallel import AttentionKernel, ParallelSpec
 from trainsim.strategy.precision import PrecisionPolicy, policy_for
+from trainsim.strategy.stack import MoeDispatcher, StackSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,12 +22,13 @@ class DeviceSlice:
     ep: int = 1
     attention: AttentionKernel = "flash2"
     zero: int = field(default=0, compare=False)  # ZeRO-2/3 (FSDP2) adds a per-layer framework overhead
+    moe_dispatcher: MoeDispatcher = "alltoall"  # the stack's (StackSpec.moe_dispatcher): an MoE block's collectives
 
     @classmethod
-    def of(cls, par: ParallelSpec) -> "DeviceSlice":
-        """The slice one device of a job with this strategy computes."""
+    def of(cls, par: ParallelSpec, stack: StackSpec | None = None) -> "DeviceSlice":
+        """The slice one device of a job with this strategy (and training stack: default generic) computes."""
         return cls(par.micro_batch, par.seq_len, policy_for(par.precision), par.tp, par.sp, par.cp, par.ep,
-                   par.attention, par.zero)
+                   par.attention, par.zero, stack.moe_dispatcher if stack is not None else "alltoall")
 
     @property
     def fused_attention(self) -> bool:

@@ -114,6 +114,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
+from trainsim.errors import ConfigError
 from trainsim.hardware.device import BYTES_PER_DTYPE
 from trainsim.ir.graph import Comm, LayerKind, Op
 from trainsim.ir.model_spec import TransformerSpec
@@ -150,6 +151,7 @@ TOKEN_PATHS = ("head.norm", "embed.positions", "embed.token_types", "embed.norm"
 # down-projections)
 _BESIDE = ("kv_up",)
 _SKIPS = {"residual1": "norm1", "residual2": "norm2"}
+_BOOL_BYTES = 1  # a torch.bool element (the all-gather dispatcher's routing map)
 # a latent attention's down-projections: whole on every tp rank, on its own tokens under sp (Megatron-Core's
 # TELinear in "duplicated" mode, its weight's gradient summed over tp as the norms' are: not priced, as theirs)
 _DUPLICATED = ("q_down", "kv_down")  # a block's residual add -> the norm reading its skip input
@@ -331,6 +333,8 @@ def _axis_comms(spec: TransformerSpec, dev: DeviceSlice, kind: LayerKind, fwd: S
                 return op_config(axis, op, dev)
             return configs.get((op.module_path, axis), UNSPLIT)
 
+        if kind == "moe_block" and dev.moe_dispatcher == "allgather":
+            _check_allgather_dispatcher(fwd, dev, configs)
         forward, backward = _walk(axis, size, spec, dev, kind, fwd, config_of,
                                   (_heads_parts(fwd, dev, configs), dispatch_layout(fwd, dev, configs)))
         sites = {_site(op): i for i, op in reversed(list(enumerate(fwd)))}
@@ -382,7 +386,11 @@ def _walk(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSlice, kind: 
             site, read = _namer(axis, kind, producer, op), _read_bytes(axis, spec, dev, op, full, routed)
             grad = input_grad_placement(need, config, contracting)
             boundary = producer is not None and _expert(op) != _expert(producer)
-            if axis == "tp" and dispatch is not None and boundary:  # through the dispatched tokens' layout
+            if boundary and kind == "moe_block" and dev.moe_dispatcher == "allgather":
+                forward_steps, backward_steps = _allgather_dispatcher(axis, spec, dev, _expert(op))
+                forward += _named(site, axis, forward_steps)
+                backward += _named(site, axis, backward_steps)
+            elif axis == "tp" and dispatch is not None and boundary:  # through the dispatched tokens' layout
                 first, then = (full, read) if _expert(op) else (read, full)
                 mid, mid_grad = _through(dispatch, placement), _through(dispatch, grad)
                 forward += _named(site, axis, reshard(placement, mid, first))
@@ -462,6 +470,50 @@ def _through(dispatch: Placement, held: Placement) -> Placement:
     the dispatched tokens before (the routed tokens: Megatron-Core's reduce-scatter before the combine)."""
     alike = (held.batch, held.seq) == (dispatch.batch, dispatch.seq)
     return Placement(dispatch.group, dispatch.batch, dispatch.seq, partial=held.partial if alike else 1)
+
+
+def _allgather_dispatcher(axis: Axis, spec: TransformerSpec, dev: DeviceSlice, into_experts: bool
+                          ) -> tuple[tuple[ReshardStep, ...], tuple[ReshardStep, ...]]:
+    """(forward, backward) collectives over `axis` of Megatron-Core's MoEAllGatherTokenDispatcher
+    (megatron/core/transformer/moe/token_dispatcher.py, megatron-core 0.16.1) into the experts (into_experts) or
+    out of them. token_dispatch all-gathers each rank's sequence share of the hidden state [S/tp x B, h], its
+    routing probabilities [S/tp x B, E] (the activations' dtype unless moe_router_dtype asks fp32) and, without
+    gradient, its routing map (bool) over the tp x ep group: a T ep-token buffer (T = the micro-batch's local
+    tokens), whatever the routing; every rank's experts then pick their tokens from it. token_combine
+    reduce-scatters the experts' unpermuted outputs [T ep, h] back over the same group (summing the expert tp
+    ranks' partial sums with it). The backward runs the conjugates: the gathered hidden state's and
+    probabilities' gradient reduce-scattered, the combine's gradient all-gathered. NB: one collective over
+    tp x ep ranks there (tp fastest: consecutive ranks), priced here as its two stages, over tp (a T-token
+    buffer) then over ep (T ep tokens; reduce-scatters in the reverse order): the same bytes cross each rank's
+    links in a ring, one more latency term; and the three gathers of the dispatch as one (their latency terms
+    not priced, as _with_probs)."""
+    act, h, experts = BYTES_PER_DTYPE[dev.precision.activation_dtype], spec.hidden, spec.num_experts
+    tokens = dev.local_tokens * (dev.ep if axis == "ep" else 1)  # the buffer this stage gathers
+    size = dev.ep if axis == "ep" else dev.tp
+    if into_experts:
+        hidden_probs_map = float(tokens * (h * act + experts * act + experts * _BOOL_BYTES))
+        return ((ReshardStep("all-gather", size, hidden_probs_map),),
+                (ReshardStep("reduce-scatter", size, float(tokens * (h + experts) * act)),))
+    combined = float(tokens * h * act)
+    return (ReshardStep("reduce-scatter", size, combined),), (ReshardStep("all-gather", size, combined),)
+
+
+def _check_allgather_dispatcher(fwd: Sequence[Op], dev: DeviceSlice, configs: Configs | None) -> None:
+    """The all-gather dispatcher is priced at Megatron's configs of the router and the experts, under sp at
+    tp > 1 (Megatron-Core refuses MoE training at tp > 1 without sp: MoELayer.forward, megatron/core/transformer/
+    moe/moe_layer.py, 0.16.1); one short line where not."""
+    if dev.tp == 1:
+        return
+    if not dev.sp:
+        raise ConfigError("sp", False, "moe_dispatcher allgather at tp > 1 needs sequence parallelism "
+                          "(Megatron-Core refuses MoE training at tp > 1 without it)")
+    expert = next((op for op in fwd if _expert(op)), None)
+    first = UNSPLIT if expert is None or configs is None else configs.get((expert.module_path, "tp"), UNSPLIT)
+    megatron = configs is None or (max(first.out, first.reduce) == dev.tp
+                                   and dispatch_layout(fwd, dev, configs) == Placement(dev.tp, 1, dev.tp))
+    if not megatron:
+        raise ConfigError("moe_dispatcher", "allgather", "priced at Megatron's split of the router and the "
+                          "experts over tp only; give them no configs of their own, or use alltoall")
 
 
 def _loss_statistics(fwd: Sequence[Op], dev: DeviceSlice, config_of: Callable[[Op], OpConfig]) -> list[Comm]:

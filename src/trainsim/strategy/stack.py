@@ -10,7 +10,7 @@ stack does.
 from functools import cache
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from trainsim.catalog.files import catalog_entries
 from trainsim.errors import ConfigError, UnknownNameError
@@ -18,6 +18,10 @@ from trainsim.specbase import Spec
 from trainsim.strategy.parallel import AttentionKernel
 
 GENERIC_STACK = "generic"
+# Megatron-Core's MoE token dispatchers (moe_token_dispatcher_type, megatron/core/transformer/transformer_config.py,
+# megatron-core 0.16.1: allgather | alltoall | flex; its default allgather). flex (DeepEP / HybridEP kernels) is
+# not priced.
+MoeDispatcher = Literal["alltoall", "allgather"]
 
 
 class StackSpec(Spec):
@@ -67,6 +71,10 @@ class StackSpec(Spec):
     ep_comm_overlap: bool = Field(default=False, description="MoE expert-parallel all-to-alls (dispatch, combine) "
                                   "of one micro-batch overlapped with the compute of another in the 1F1B steady "
                                   "state (Megatron-Core's combined 1F1B schedule); pp 1, or pp > 1 interleaved")
+    moe_dispatcher: MoeDispatcher = Field(
+        default="alltoall", description="MoE token dispatcher: alltoall (the routed copies all-to-all over ep, "
+        "gathered over tp: Megatron-Core's MoEAlltoAllTokenDispatcher) | allgather (the hidden state all-gathered "
+        "over tp x ep, reduce-scattered back: MoEAllGatherTokenDispatcher)")
     pp_scatter_gather: bool = Field(default=False, description="pipeline sends split over the tensor-parallel "
                                     "ranks and all-gathered over NVLink (Megatron-LM scatter-gather)")
     fsdp_prefetch_depth: int = Field(default=1, ge=0, le=64, description="ZeRO-3 / FSDP: layers whose parameter "
@@ -88,6 +96,15 @@ class StackSpec(Spec):
     selective_recompute: Literal["attention", "op"] = Field(
         default="attention", description="what selective recompute keeps: attention (Megatron: all but the "
         "attention core) | op (torchtitan's op-level policy: the attention output and every other matmul output)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "StackSpec":
+        # megatron/core/transformer/transformer_config.py (megatron-core 0.16.1): overlap_moe_expert_parallel_comm
+        # "is supported with alltoall/flex token dispatcher"
+        if self.ep_comm_overlap and self.moe_dispatcher != "alltoall":
+            raise ValueError("ep_comm_overlap needs moe_dispatcher alltoall (Megatron-Core overlaps the "
+                             "all-to-all dispatcher's collectives only)")
+        return self
 
     def describe(self) -> str:
         return self.name

@@ -39,7 +39,7 @@ class CatalogFrontend:
     def graph(self, source: str, job: Job) -> OpGraph:
         """Built from job.model (the spec model_spec(source) gave, which the job was checked against)."""
         del source
-        return build_graph(job.model, DeviceSlice.of(job.parallel))
+        return build_graph(job.model, DeviceSlice.of(job.parallel, job.stack))
 
     def inspect(self, source: str, micro_batch: int, seq_len: int, precision: Precision) -> OpGraph:
         return one_device_graph(self, source, micro_batch, seq_len, precision)

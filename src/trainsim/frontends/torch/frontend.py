@@ -60,7 +60,7 @@ class TorchFrontend:
         return spec
 
     def graph(self, source: str, job: Job) -> OpGraph:
-        dev = DeviceSlice.of(job.parallel)
+        dev = DeviceSlice.of(job.parallel, job.stack)
         _check_strategy(dev)
         try:
             traced = _trace(source, job, dev)

@@ -73,9 +73,10 @@ ranks (gather_from_sequence_parallel_region over the expert tp group: T k h, k t
 too) and reduce-scattered after the experts (none at d = 1). The dispatch (not the combine) carries each routed
 copy's routing probability beside it, in the router's dtype (0.16.1: _with_probs). Without sp (which
 Megatron-Core refuses for MoE training at tp > 1: moe_layer.py) trainsim keeps its order, every rank
-dispatching all its local tokens (_read_bytes, _tensor_bytes). NB: Megatron-Core's default dispatcher type is
-the all-gather one (MoEAllGatherTokenDispatcher: the hidden state gathered over tp x ep, T ep h a rank), not
-priced; nor its small per-layer collectives (the all-to-all dispatcher's tokens-per-expert counts gathered over
+dispatching all its local tokens (_read_bytes, _tensor_bytes). Megatron-Core's default dispatcher type is
+the all-gather one (MoEAllGatherTokenDispatcher: the hidden state gathered over tp x ep, T ep h a rank), priced
+where the stack asks it (StackSpec.moe_dispatcher, DeviceSlice.moe_dispatcher: _allgather_dispatcher). Not
+priced: the small per-layer collectives (the all-to-all dispatcher's tokens-per-expert counts gathered over
 tp x ep, the load-balancing loss's all-reduce of E counts over tp x cp when moe_aux_loss_coeff > 0). Routing is
 dropless (moe_expert_capacity_factor None, both releases' default): the experts run all T k routed copies.
 Megatron-Core's TopKRouter holds its weight whole on every tp rank and runs it on the rank's tokens (its

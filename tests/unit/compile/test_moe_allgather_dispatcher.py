@@ -13,9 +13,11 @@ The all-to-all dispatcher instead gathers the T k = 128 routed copies over tp (8
 from dataclasses import replace
 
 import pytest
+from typer.testing import CliRunner
 
 from conftest import tiny_moe_job
 from trainsim.catalog.calibration import Calibration
+from trainsim.cli.main import app
 from trainsim.cost.pricing import Pricer
 from trainsim.errors import ConfigError
 from trainsim.estimate.analytical import AnalyticalEstimator
@@ -55,7 +57,8 @@ def test_the_hidden_state_is_gathered_over_tp_then_ep(tp: int, ep: int, tp_stage
 
 def test_the_alltoall_dispatcher_is_the_default_and_unchanged() -> None:
     _, graph = _job(2, 2, "alltoall")
-    default = build_transformer(tiny_moe_job(2, 2).model, DeviceSlice.of(tiny_moe_job(2, 2).parallel))  # type: ignore[arg-type]
+    plain = tiny_moe_job(2, 2)
+    default = build_transformer(plain.model, DeviceSlice.of(plain.parallel))  # type: ignore[arg-type]
     assert graph.layers[1].comms == default.layers[1].comms
     assert _dispatch(graph.layers[1].comms, "tp")[0] == ("mlp.ag", "all-gather", "fwd", 8448.0)
     assert make_stack(None).moe_dispatcher == "alltoall"
@@ -89,3 +92,18 @@ def test_refusals_name_the_field_and_what_is_allowed() -> None:
         make_stack(None, {"moe_dispatcher": "allgather", "ep_comm_overlap": True})
     with pytest.raises(ConfigError, match="needs sequence parallelism"):
         _job(2, 2, "allgather", sp=False)
+
+
+def test_the_flag_reaches_the_price_and_a_bad_value_exits_2() -> None:
+    runner = CliRunner()
+    args = ["predict", "--model", "mixtral-8x7b", "--cluster", "dgx-h100-80gb", "--num-gpus", "64", "--tp", "2",
+            "--pp", "4", "--ep", "8", "--sp", "--recompute", "full", "--global-batch", "256", "--stack",
+            "megatron-core", "--json"]
+    figures = {}
+    for dispatcher in ("alltoall", "allgather"):
+        run = runner.invoke(app, [*args, "--moe-dispatcher", dispatcher])
+        assert run.exit_code == 0, run.output
+        figures[dispatcher] = run.output
+    assert figures["alltoall"] != figures["allgather"]
+    bad = runner.invoke(app, [*args, "--moe-dispatcher", "flex"])
+    assert bad.exit_code == 2 and "moe_dispatcher" in bad.output and "Traceback" not in bad.output

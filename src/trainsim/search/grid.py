@@ -497,9 +497,11 @@ class _Batch:
             and isinstance(vpp, int)
         job, graph = plan
         if isinstance(ep, int) and ep > 1:
-            # NB: the fast path's figures of an MoE plan at ep > 1 drift from the plain engine's (~1e-4 of the
-            # iteration on tests/unit/search/test_grid.py's tiny MoE), and with ep_comm_overlap the overlapped
-            # share reads the micro-batches (stack_effects.ep_overlap_share): the plain engine prices them
+            # NB: the arrays below read the data-parallel group alone, not the experts' own expert data-parallel
+            # group at ep > 1 (Pricer.gradient_queues' grouped buckets, optimizer_step_s and cost.memory's
+            # stage_expert_params): their gradient reduction, optimizer step and peak memory would drift from
+            # the plain engine's (~1e-4 of the iteration on tests/unit/search/test_grid.py's tiny MoE); with
+            # ep_comm_overlap the overlapped share reads the micro-batches too (stack_effects.ep_overlap_share)
             return _SLOW_GROUP
         self.engine.pin(graph)
         combo_key = key[:9]

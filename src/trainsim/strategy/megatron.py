@@ -149,10 +149,10 @@ TOKEN_PATHS = ("head.norm", "embed.positions", "embed.token_types", "embed.norm"
 # attention's key-value up-projection beside the query's: both read a latent made by the replicated
 # down-projections)
 _BESIDE = ("kv_up",)
-_SKIPS = {"residual1": "norm1", "residual2": "norm2"}
+_SKIPS = {"residual1": "norm1", "residual2": "norm2"}  # a block's residual add -> the norm reading its skip input
 # a latent attention's down-projections: whole on every tp rank, on its own tokens under sp (Megatron-Core's
 # TELinear in "duplicated" mode, its weight's gradient summed over tp as the norms' are: not priced, as theirs)
-_DUPLICATED = ("q_down", "kv_down")  # a block's residual add -> the norm reading its skip input
+_DUPLICATED = ("q_down", "kv_down")
 _NORM_STATISTICS = {  # a norm split by its features: per-token partial sums, (forward, backward) (_norm_statistics)
     "layernorm": (("sum", "sum_sq"), ("sum_dy", "sum_dy_xhat")),
     "rmsnorm": (("sum_sq",), ("sum_dy_xhat",)),

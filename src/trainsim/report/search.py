@@ -43,14 +43,16 @@ def search_to_dict(report: SearchReport) -> dict[str, Any]:
 
 def plans_table(report: SearchReport) -> Table:
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for name in ("#", "tp", "pp", "dp", "vpp", "sp", "zero", "recompute", "mb"):
+    experts = any(plan.parallel.ep > 1 for plan in report.plans)  # an ep column where a plan spreads its experts
+    for name in ("#", "tp", "pp", "dp", *(["ep"] if experts else []), "vpp", "sp", "zero", "recompute", "mb"):
         table.add_column(name, justify="left" if name == "recompute" else "right", no_wrap=True)
     for name in ("iteration", "tokens/s", "MFU", "peak GiB"):
         table.add_column(name, justify="right", no_wrap=True)
     for plan in report.plans:
         par, result = plan.parallel, plan.result
         table.add_row(
-            str(plan.rank), str(par.tp), str(par.pp), str(par.dp), str(par.vpp), "on" if par.sp else "off",
+            str(plan.rank), str(par.tp), str(par.pp), str(par.dp), *([str(par.ep)] if experts else []),
+            str(par.vpp), "on" if par.sp else "off",
             str(par.zero), par.recompute, str(par.micro_batch), format_duration(result.iteration_time_s),
             f"{result.tokens_per_s:,.0f}", f"{result.mfu * 100:.1f}%", f"{result.peak_memory_gib:.1f}",
         )
@@ -77,8 +79,8 @@ def render_search(report: SearchReport, model: ModelSpec, cluster: ClusterSpec, 
                    terminal=terminal)
 
 
-PLAN_COLUMNS = (("#", "rank"), ("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("vpp", "vpp"), ("sp", "sp"),
-                ("zero", "zero"), ("recompute", "recompute"), ("mb", "micro_batch"))
+PLAN_COLUMNS = (("#", "rank"), ("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("ep", "ep"), ("vpp", "vpp"),
+                ("sp", "sp"), ("zero", "zero"), ("recompute", "recompute"), ("mb", "micro_batch"))
 
 
 def _energy_text(kwh: float) -> str:
@@ -92,9 +94,12 @@ def rows_table(plans: list[dict[str, Any]]) -> tuple[Table, str]:
         value = plan["rank"] if key == "rank" else plan["strategy"][key]
         return ("on" if value else "off") if key == "sp" else str(value)
 
-    shared = [(name, key) for name, key in PLAN_COLUMNS[1:]
+    # ep only where a plan shown has experts over more than one rank (a dense search reads as before)
+    columns = [(name, key) for name, key in PLAN_COLUMNS
+               if key != "ep" or any(plan["strategy"].get("ep", 1) > 1 for plan in plans)]
+    shared = [(name, key) for name, key in columns[1:]
               if len(plans) > 1 and len({cell(plan, key) for plan in plans}) == 1]
-    shown = [(name, key) for name, key in PLAN_COLUMNS if (name, key) not in shared]
+    shown = [(name, key) for name, key in columns if (name, key) not in shared]
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for name, _ in shown:
         table.add_column(name, justify="left" if name == "recompute" else "right", no_wrap=True)

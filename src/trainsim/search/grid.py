@@ -25,8 +25,9 @@ the plans:
 
 The plans the fast path does not cover (an uneven pipeline split, a stage list; a cluster or stack other than
 the first plan's; a cluster whose ranks differ, rank_devices or compute_slowdown, whose device classes the plain
-engine prices; a step-cost model whose host overhead reads the plan) go to the plain engine one by one, so
-every plan gets the figures AnalyticalEstimator.price gives it: tests/unit/search/test_grid.py holds them equal.
+engine prices; a step-cost model whose host overhead reads the plan; expert parallelism above 1) go to the plain
+engine one by one, so every plan gets the figures AnalyticalEstimator.price gives it: tests/unit/search/test_grid.py
+holds them equal.
 """
 
 from array import array
@@ -495,8 +496,13 @@ class _Batch:
         assert isinstance(tp, int) and isinstance(cp, int) and isinstance(dp, int) and isinstance(pp, int) \
             and isinstance(vpp, int)
         job, graph = plan
-        if job.stack.ep_comm_overlap and isinstance(ep, int) and ep > 1:
-            return _SLOW_GROUP  # the overlapped share reads the micro-batches (stack_effects.ep_overlap_share)
+        if isinstance(ep, int) and ep > 1:
+            # NB: the arrays below read the data-parallel group alone, not the experts' own expert data-parallel
+            # group at ep > 1 (Pricer.gradient_queues' grouped buckets, optimizer_step_s and cost.memory's
+            # stage_expert_params): their gradient reduction, optimizer step and peak memory would drift from
+            # the plain engine's (~1e-4 of the iteration on tests/unit/search/test_grid.py's tiny MoE); with
+            # ep_comm_overlap the overlapped share reads the micro-batches too (stack_effects.ep_overlap_share)
+            return _SLOW_GROUP
         self.engine.pin(graph)
         combo_key = key[:9]
         combo = self.shared.combo_of.get(combo_key)

@@ -9,7 +9,12 @@ micro_batch: divisors of global_batch / dp up to max_micro_batch; when dp is not
     divide the global batch there is no valid micro-batch and the plan is tried once with micro_batch=1, so
     that make_job refuses it and the reason is counted.
 recompute: none, selective, full.  zero: 0..3.  sp: off, and on when tp > 1.
-cp and ep stay 1. Non-transformer models (CNN, DLRM) search dp, ZeRO, recompute and micro-batch only.
+ep: 1 for a dense model; for a model with experts every power of two that divides num_experts and dp (make_job's
+    rule: experts share data ranks, ep | dp x cp with cp = 1; Megatron-Core's expert mesh over the same ranks at
+    expert tp = tp, world / (tp x ep x pp) expert data-parallel ranks, initialize_model_parallel in
+    megatron/core/parallel_state.py, megatron-core 0.16.1). Folding ep over tensor-parallel ranks (an expert tp
+    apart from tp) is not a plan trainsim expresses, so it is not searched.
+cp stays 1. Non-transformer models (CNN, DLRM) search dp, ZeRO, recompute and micro-batch only.
 """
 
 import math
@@ -137,6 +142,15 @@ def pp_candidates(model: ModelSpec) -> list[int]:
     return divisors(model.num_layers)
 
 
+def ep_candidates(model: ModelSpec, num_gpus: int, model_parallel: int) -> list[int]:
+    """1, and for a model with experts the powers of two above 1 that divide num_experts and dp = num_gpus /
+    model_parallel (module doc); [1] when dp is not a whole number."""
+    if not isinstance(model, TransformerSpec) or not model.is_moe or num_gpus % model_parallel:
+        return [1]
+    dp = num_gpus // model_parallel
+    return [ep for ep in divisors(math.gcd(model.num_experts, dp)) if ep & (ep - 1) == 0]
+
+
 def vpp_candidates(model: ModelSpec, pp: int, max_vpp: int) -> list[int]:
     if pp == 1 or not isinstance(model, TransformerSpec):
         return [1]
@@ -154,7 +168,7 @@ def micro_batch_candidates(global_batch: int, num_gpus: int, model_parallel: int
 
 
 def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace) -> Iterator[ParallelSpec]:
-    """Every plan of the space, in a fixed order (tp, pp, vpp, micro-batch, sp, recompute, zero)."""
+    """Every plan of the space, in a fixed order (tp, pp, ep, vpp, micro-batch, sp, recompute, zero)."""
     variants = plan_variants(space)
     for base in _validated_bases(model, cluster, space):
         for recompute, zero in variants:
@@ -197,20 +211,21 @@ def plan_variants(space: SearchSpace) -> tuple[tuple[Recompute, int], ...]:
 
 
 def _validated_bases(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace) -> Iterator[ParallelSpec]:
-    """One validated spec per (tp, pp, vpp, micro-batch, sp), in the enumeration's order, with the space's first
+    """One validated spec per (tp, pp, ep, vpp, micro-batch, sp), in the enumeration's order, with the space's first
     recompute mode and ZeRO stage: every plan of the space copies one with its own (no ParallelSpec check reads
     them; SearchSpace checked their values), so validation runs once, not recomputes x zero stages times."""
     for tp in tp_candidates(model, cluster.gpus_per_domain):
         for pp in pp_candidates(model):
             micro_batches = micro_batch_candidates(space.global_batch, cluster.num_gpus, tp * pp,
                                                    space.max_micro_batch)
-            for vpp in vpp_candidates(model, pp, space.max_vpp):
-                schedule = "interleaved-1f1b" if vpp > 1 else "1f1b"
-                for mb in micro_batches:
-                    for sp in (False, True) if tp > 1 else (False,):
-                        yield ParallelSpec(
-                            tp=tp, pp=pp, vpp=vpp, sp=sp, zero=space.zero_stages[0],
-                            recompute=space.recomputes[0], micro_batch=mb, global_batch=space.global_batch,
-                            seq_len=space.seq_len, precision=space.precision, schedule=schedule,
-                            attention=space.attention, optimizer_impl=space.optimizer_impl,
-                        )
+            for ep in ep_candidates(model, cluster.num_gpus, tp * pp):
+                for vpp in vpp_candidates(model, pp, space.max_vpp):
+                    schedule = "interleaved-1f1b" if vpp > 1 else "1f1b"
+                    for mb in micro_batches:
+                        for sp in (False, True) if tp > 1 else (False,):
+                            yield ParallelSpec(
+                                tp=tp, pp=pp, ep=ep, vpp=vpp, sp=sp, zero=space.zero_stages[0],
+                                recompute=space.recomputes[0], micro_batch=mb, global_batch=space.global_batch,
+                                seq_len=space.seq_len, precision=space.precision, schedule=schedule,
+                                attention=space.attention, optimizer_impl=space.optimizer_impl,
+                            )

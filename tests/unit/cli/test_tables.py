@@ -30,6 +30,21 @@ def test_search_table_fits_80_columns_in_a_terminal(monkeypatch: pytest.MonkeyPa
         assert f"{name} {plans[0]['strategy'][key]}" in shared
 
 
+def test_the_ep_column_shows_only_where_a_plan_spreads_its_experts() -> None:
+    """A dense search's table and shared line name no ep; where a plan shown has ep > 1 the table gets its
+    column (the values read from each plan's strategy)."""
+    data = trainsim.search("gpt3-1.3b", num_gpus=8, global_batch=64, top_k=5).to_dict()
+    header = next(line for line in render_search_data(data).splitlines() if line.lstrip().startswith("#"))
+    assert " ep " not in f"{header} " and "ep 1" not in render_search_data(data)
+    data["plans"][1]["strategy"]["ep"] = 2
+    lines = render_search_data(data).splitlines()
+    header = next(line for line in lines if line.lstrip().startswith("#"))
+    assert re.search(r"\bep\b", header)
+    column = header.split().index("ep")
+    rows = [line.split() for line in lines[lines.index(header) + 2:] if re.match(r"\s*[1-5]\s", line)]
+    assert [row[column] for row in rows] == ["1", "2", "1", "1", "1"]
+
+
 def test_search_csv_has_a_row_per_plan(tmp_path: Path) -> None:
     out = RUNNER.invoke(app, [*SEARCH, "--json", "--csv", str(tmp_path / "plans.csv")])
     assert out.exit_code == 0, out.output

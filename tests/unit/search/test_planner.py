@@ -12,12 +12,12 @@ from trainsim.cli.main import app
 from trainsim.errors import ConfigError, TrainsimError
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.hardware.cluster import ClusterSpec
-from trainsim.ir.model_spec import ModelSpec
+from trainsim.ir.model_spec import ModelSpec, TransformerSpec
 from trainsim.job import make_job
 from trainsim.pipeline import graph_for
 from trainsim.search import OUT_OF_MEMORY, Planner, SearchSpace, enumerate_plans
 from trainsim.search.planner import build_plans, refusal_reason
-from trainsim.search.space import divisors, micro_batch_candidates, vpp_candidates
+from trainsim.search.space import divisors, ep_candidates, micro_batch_candidates, vpp_candidates
 from trainsim.strategy.parallel import ParallelSpec
 
 
@@ -247,3 +247,63 @@ def test_search_leaves_the_collector_as_it_was(cluster8: ClusterSpec, collecting
     assert seen and not any(seen)  # paused while it enumerates and prices
     assert [(plan.parallel, plan.result.iteration_time_s, plan.result.peak_memory_bytes) for plan in report.plans] \
         == [(plan.parallel, plan.result.iteration_time_s, plan.result.peak_memory_bytes) for plan in reference.plans]
+
+
+def tiny_moe(num_experts: int) -> ModelSpec:
+    return TransformerSpec(name=f"tiny-moe-{num_experts}", arch="gpt", num_layers=2, hidden=64, ffn_hidden=128,
+                           num_heads=4, vocab=1000, max_seq_len=2048, num_experts=num_experts, top_k=2)
+
+
+def test_expert_parallel_degrees_by_hand(cluster8: ClusterSpec) -> None:
+    """12 experts on 8 GPUs: ep the powers of two dividing both 12 and dp = 8 / (tp x pp), so 3, 6, 8 and 12 are
+    never tried; a dense model keeps ep 1 (space.ep_candidates)."""
+    assert ep_candidates(tiny_moe(12), 8, 1) == [1, 2, 4]  # gcd(12, 8) = 4
+    assert ep_candidates(tiny_moe(12), 24, 1) == [1, 2, 4]  # gcd(12, 24) = 12: 3, 6, 12 left out
+    assert ep_candidates(tiny_moe(16), 64, 2) == [1, 2, 4, 8, 16]
+    assert ep_candidates(tiny_moe(16), 8, 3) == [1]  # no whole dp
+    assert ep_candidates(tiny_model(), 64, 1) == [1]
+    space = SearchSpace(global_batch=16, seq_len=128, recomputes=("none",), zero_stages=(1,))
+    plans = list(enumerate_plans(tiny_moe(12), cluster8, space))
+    by_hand = {(1, 1): {1, 2, 4}, (1, 2): {1, 2, 4}, (2, 1): {1, 2, 4}, (2, 2): {1, 2}, (4, 1): {1, 2},
+               (4, 2): {1}}
+    found: dict[tuple[int, int], set[int]] = {}
+    for plan in plans:
+        found.setdefault((plan.tp, plan.pp), set()).add(plan.ep)
+    assert found == by_hand
+    # each (tp, pp, ep) carries the same micro-batch, vpp and sp choices as ep 1 does
+    at_ep1 = Counter((p.tp, p.pp) for p in plans if p.ep == 1)
+    assert Counter((p.tp, p.pp, p.ep) for p in plans) == {(tp, pp, ep): at_ep1[tp, pp]
+                                                           for (tp, pp), eps in by_hand.items() for ep in eps}
+    report = Planner().search(tiny_moe(12), cluster8, space)
+    assert "ep" not in report.infeasible  # make_job accepts every ep enumerated
+
+
+def test_a_dense_plan_set_keeps_ep_1(cluster8: ClusterSpec) -> None:
+    """A dense model's plans are those of the enumeration without an ep axis: ep 1, the same count."""
+    plans = list(enumerate_plans(tiny_model(), cluster8, SearchSpace(global_batch=16, seq_len=128)))
+    assert len(plans) == 888 and all(plan.ep == 1 for plan in plans)
+
+
+def test_the_best_moe_plan_is_the_plain_engines(cluster8: ClusterSpec) -> None:
+    """Differential: over every plan of a tiny MoE's grid (ep 1, 2, 4), the search's best plan and its figures
+    are those of the plain engine pricing each plan alone (ranked by tokens/s, then lower peak memory, then the
+    enumeration's order)."""
+    model = tiny_moe(4)
+    space = SearchSpace(global_batch=16, seq_len=128, recomputes=("none", "full"), zero_stages=(0, 3))
+    plans = list(enumerate_plans(model, cluster8, space))
+    assert {plan.ep for plan in plans} == {1, 2, 4}
+    ranked = []
+    for index, par in enumerate(plans):
+        try:
+            job = make_job(model, cluster8, par)
+            result = AnalyticalEstimator().estimate(job, graph_for(job))
+        except TrainsimError:
+            continue
+        if not result.oom:
+            ranked.append(((result.tokens_per_s, -result.peak_memory_bytes, -index), job.parallel, result))
+    ranked.sort(key=lambda entry: entry[0], reverse=True)
+    report = Planner().search(model, cluster8, space, top_k=5)
+    assert report.feasible == len(ranked)
+    assert [plan.parallel for plan in report.plans] == [par for _, par, _ in ranked[:5]]
+    assert report.plans[0].result.tokens_per_s == ranked[0][2].tokens_per_s
+    assert report.plans[0].result.peak_memory_bytes == ranked[0][2].peak_memory_bytes

@@ -57,7 +57,7 @@ def built(model: ModelSpec, cluster: ClusterSpec, plans: list[ParallelSpec],
 def fresh_graph(job: Job, built: dict[tuple[int, DeviceSlice], OpGraph]) -> OpGraph:
     """graph_for(job), built once per model and device slice (what graph_for builds from) into `built`, never
     taken from the graphs the grid engine is given."""
-    key = (id(job.model), DeviceSlice.of(job.parallel))
+    key = (id(job.model), DeviceSlice.of(job.parallel, job.stack))
     if key not in built:
         built[key] = graph_for(job)
     return built[key]

@@ -204,9 +204,12 @@ def _stack_content(stack: StackSpec) -> tuple[object, ...]:
 def _layout_key(job: Job) -> tuple[object, ...]:
     """The plan's groups, and the share of passes whose expert all-to-alls overlap (it reads the micro-batches)."""
     par, cluster = job.parallel, job.cluster
-    share = ep_overlap_share(job.stack, par, cluster.device.comm_overlaps_compute) if job.stack.ep_comm_overlap \
-        else 0.0
-    return (par.tp, par.cp, par.dp, par.ep, par.pp, cluster.gpus_per_node, cluster.num_nodes, share)
+    return (par.tp, par.cp, par.dp, par.ep, par.pp, cluster.gpus_per_node, cluster.num_nodes, _ep_overlap_share(job))
+
+
+def _ep_overlap_share(job: Job) -> float:
+    """stack_effects.ep_overlap_share of the job (0.0 on a device whose collectives take the cores that compute)."""
+    return ep_overlap_share(job.stack, job.parallel, job.cluster.device.comm_overlaps_compute)
 
 
 # a layer's feature communication (Pricer.layer_comm_s): per axis its exposed seconds (in the order its comms first
@@ -432,7 +435,7 @@ class Pricer:
         precision): a layer without collectives costs the same whatever the plan's pp and dp."""
         par = job.parallel
         key = (self._pin(layer), self._cluster_key(job.cluster), self._layer_groups(layer, par), par.tp,
-               self._stack_key(job.stack), par.sp, par.precision, self.ep_overlap_share(job))
+               self._stack_key(job.stack), par.sp, par.precision, _ep_overlap_share(job))
         cost = self._layer_costs.get(key)
         if cost is None:
             cost = self._layer_costs[key] = self._price_layer(layer, job)
@@ -607,20 +610,13 @@ class Pricer:
             out.append(overlapped_s(total, attention, gamma) / total if total > 0.0 else 1.0)
         return (out[0], out[1])
 
-    def ep_overlap_share(self, job: Job) -> float:
-        """stack_effects.ep_overlap_share of the job (0.0 on a device whose collectives take the cores that
-        compute)."""
-        if not job.stack.ep_comm_overlap:
-            return 0.0
-        return ep_overlap_share(job.stack, job.parallel, job.cluster.device.comm_overlaps_compute)
-
     def ep_exposed_fraction(self, layer: Layer, priced: list[tuple[Comm, float]], job: Job) -> tuple[float, float]:
         """Of the layer's expert all-to-alls of forward and backward (priced: its feature collectives), the
         fraction left exposed over the step. A paired forward's all-to-alls hide behind the paired backward's
         compute of the layer and the backward's behind the forward's (combined_1f1b.py: "EP A2A in forward step is
         hidden by the attention/mlp computation in the backward step, and vice versa"; stack_effects.overlapped_s);
-        the unpaired passes (1 - ep_overlap_share) stay exposed."""
-        share = self.ep_overlap_share(job)
+        the unpaired passes (1 - the ep_overlap_share) stay exposed."""
+        share = _ep_overlap_share(job)
         if share <= 0.0:
             return (1.0, 1.0)
         ep_fwd = sum(seconds for c, seconds in priced if c.axis == "ep" and c.phase == "fwd")

@@ -67,7 +67,7 @@ class StackSpec(Spec):
                                   "interleaved schedules")
     # megatron/core/pipeline_parallel/combined_1f1b.py (megatron-core 0.16.1, overlap_moe_expert_parallel_comm):
     # the forward of one micro-batch runs beside the backward of another, each one's expert all-to-alls hidden
-    # behind the other's compute, in the 1F1B steady state only (pricing: Pricer.ep_overlap_share)
+    # behind the other's compute, in the 1F1B steady state only (pricing: cost.stack_effects.ep_overlap_share)
     ep_comm_overlap: bool = Field(default=False, description="MoE expert-parallel all-to-alls (dispatch, combine) "
                                   "of one micro-batch overlapped with the compute of another in the 1F1B steady "
                                   "state (Megatron-Core's combined 1F1B schedule); pp 1, or pp > 1 interleaved")

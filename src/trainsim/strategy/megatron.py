@@ -312,8 +312,9 @@ def mark_reshards(comms: Sequence[Comm], megatron: Sequence[Comm]) -> tuple[Comm
     left = [True] * len(megatron)
     for key in keys:
         for i, c in enumerate(comms):
-            j = next((j for j, m in enumerate(megatron) if left[j] and key(m) == key(c)), None) \
-                if not matched[i] else None
+            if matched[i]:
+                continue
+            j = next((j for j, m in enumerate(megatron) if left[j] and key(m) == key(c)), None)
             if j is not None:
                 matched[i], left[j] = True, False
     return tuple(c if m else dataclasses.replace(c, reshard=True) for c, m in zip(comms, matched, strict=True))

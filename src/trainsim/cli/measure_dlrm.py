@@ -184,13 +184,13 @@ def measure_campaign(flags: CampaignFlags, out: Path, as_json: bool) -> None:
     """Parse the flags -> run the campaign (measure.dlrm_campaign, resumable: configs already in OUT's CSV are
     skipped) with a progress bar -> render what OUT's CSV holds for the campaign's configs."""
     from trainsim.cli.measure import measure_progress
-    from trainsim.measure.dlrm_campaign import CampaignFiles, campaign_size, run_campaign
+    from trainsim.measure.dlrm_campaign import CampaignFiles, campaign_keys, campaign_size, row_key, run_campaign
 
     campaign = parse_campaign(flags)
     out.mkdir(parents=True, exist_ok=True)
     files = CampaignFiles.open(out / CAMPAIGN_CSV, out / CAMPAIGN_TRACES)
-    total = campaign_size(campaign)
-    kept = total - _remaining(campaign, files)
+    total, keys = campaign_size(campaign), campaign_keys(campaign)
+    kept = total - len(keys - files.done())
     with measure_progress(as_json, total) as bar:
         task = bar.add_task(f"DLRM campaign: {kept} of {total} configs already in {out / CAMPAIGN_CSV}",
                             total=total, completed=kept)
@@ -200,7 +200,7 @@ def measure_campaign(flags: CampaignFlags, out: Path, as_json: bool) -> None:
 
         run_campaign(campaign, files, trace_root=out / CAMPAIGN_ET_DIR if flags.execution_trace else None,
                      progress=advanced)
-    rows = _campaign_rows(campaign, files)
+    rows = [row for row in files.rows if row_key(row) in keys]
     if as_json:
         typer.echo(json.dumps({"csv": str(out / CAMPAIGN_CSV), "traces": str(out / CAMPAIGN_TRACES),
                                "rows": rows}, indent=1))
@@ -210,18 +210,3 @@ def measure_campaign(flags: CampaignFlags, out: Path, as_json: bool) -> None:
     typer.echo(render_campaign(rows), nl=False)
     typer.echo(f"results: {out / CAMPAIGN_CSV} (per-rank spans: {out / CAMPAIGN_TRACES})", err=True)
 
-
-def _campaign_keys(campaign: Any) -> set[tuple[str, ...]]:
-    return {(str(r), t.model(r)[0].name, s, str(b)) for t in campaign.tasks for r in campaign.ranks
-            for s in campaign.sharders for b in campaign.batches}
-
-
-def _remaining(campaign: Any, files: Any) -> int:
-    return len(_campaign_keys(campaign) - files.done())
-
-
-def _campaign_rows(campaign: Any, files: Any) -> list[dict[str, str]]:
-    from trainsim.measure.dlrm_campaign import KEY
-
-    keys = _campaign_keys(campaign)
-    return [row for row in files.rows if tuple(row[k] for k in KEY) in keys]

@@ -16,7 +16,7 @@ import io
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,14 +57,18 @@ class CampaignTask:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
             raise ConfigError("task.seed", self.seed, f"an integer from 0 to {MAX_SEED}")
 
+    def name(self, ranks: int) -> str:
+        """The name of the task's DLRM on `ranks` ranks: <kind><seed>-r<ranks>."""
+        return f"{self.kind}{self.seed}-r{ranks}"
+
     def model(self, ranks: int) -> tuple[DlrmSpec, tuple[Table, ...]]:
-        """The task's DLRM on `ranks` ranks (named <kind><seed>-r<ranks>) and its tables."""
+        """The task's DLRM on `ranks` ranks (named as name(ranks)) and its tables."""
         from trainsim.frontends.catalog.sharded_dlrm import dlrm_model
 
         tables = generate_task(self.kind, ranks, self.seed)
         specs = tuple(EmbeddingTable(rows=t.rows, dim=t.dim, pooling_factor=t.pooling, zipf_alpha=t.zipf_alpha)
                       for t in tables)
-        return dlrm_model(f"{self.kind}{self.seed}-r{ranks}", specs), tables
+        return dlrm_model(self.name(ranks), specs), tables
 
 
 def generated_tasks(count: int, mix: str = "mixed") -> list[CampaignTask]:
@@ -161,7 +165,18 @@ class PlannedConfig:
 
     @property
     def key(self) -> tuple[str, ...]:
-        return tuple(str(self.row[k]) for k in KEY)
+        return row_key(self.row)
+
+
+def row_key(row: Mapping[str, Any]) -> tuple[str, ...]:
+    """A config's KEY fields of a CSV row (or a planned one's), as the CSV holds them."""
+    return tuple(str(row[k]) for k in KEY)
+
+
+def campaign_keys(campaign: Campaign) -> set[tuple[str, ...]]:
+    """The row_key of every config of the campaign."""
+    return {(str(r), t.name(r), s, str(b)) for t in campaign.tasks for r in campaign.ranks
+            for s in campaign.sharders for b in campaign.batches}
 
 
 def planned_configs(campaign: Campaign, task: CampaignTask, ranks: int, trace_root: Path | None = None
@@ -209,7 +224,7 @@ class CampaignFiles:
         return files
 
     def done(self) -> set[tuple[str, ...]]:
-        return {tuple(row[k] for k in KEY) for row in self.rows}
+        return {row_key(row) for row in self.rows}
 
     def add(self, planned: PlannedConfig, m: DlrmMeasurement, warmup: int) -> None:
         self.rows.append({k: str(v) for k, v in {

@@ -103,7 +103,7 @@ def measure(
     --dlrm-tasks: a resumable DLRM campaign (tasks x --batch x --ranks x --sharder) into OUT/dlrm_campaign.csv."""
     flags = dict(model=model, cluster=cluster, num_gpus=num_gpus, **strategy_flags)
     if dlrm_tasks is not None or generated is not None:  # a DLRM campaign (cli.measure_dlrm)
-        from trainsim.cli.measure_dlrm import CampaignFlags, measure_campaign
+        from trainsim.cli.measure_dlrm import CampaignFlags, measure_campaign, refuse_unsupported
 
         given = [f"--{k.replace('_', '-')}" for k, v in flags.items() if v is not None]
         if job_file is not None or given or run_id is not None or sharding is not None:
@@ -114,8 +114,6 @@ def measure(
         refuse_campaign = {"suite": suite, "tree": tree, "threads": threads, "profile": profile,
                            "memory_cap_gib": memory_cap_gib, "list": list_suite,
                            "repeats": repeats if repeats != 1 else None}
-        from trainsim.cli.measure_dlrm import refuse_unsupported
-
         refuse_unsupported(refuse_campaign, "a DLRM campaign (--generated/--dlrm-tasks)")
         measure_campaign(CampaignFlags(dlrm_tasks, generated, task_kind, batch, ranks, sharder, iterations, warmup,
                                        timeout_s, allocator, not no_interleave, execution_trace, phase_normalise,

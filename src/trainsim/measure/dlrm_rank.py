@@ -108,6 +108,10 @@ class IterationHooks:
         self.start: Callable[[], None] = _nothing
         self.end: Callable[[], None] = _nothing
 
+    def clear(self) -> None:
+        """Back to no-ops."""
+        self.start = self.end = _nothing
+
 
 def _nothing() -> None:
     return None

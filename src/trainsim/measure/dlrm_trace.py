@@ -47,7 +47,7 @@ def traced_iteration(step: Iterator[dict[str, Any]], hooks: IterationHooks, rank
         try:
             record = next(step)
         finally:
-            hooks.start = hooks.end = IterationHooks().start
+            hooks.clear()
     observer.unregister_callback()
     for path in (et_path, kineto_path):
         _compress(path)

@@ -166,8 +166,8 @@ def plan_stages(graph: OpGraph, par: ParallelSpec) -> list[list[StagePart]]:
     """partition_stages with the strategy's split (per rank)."""
     if is_even_graph_split(graph, par):
         return partition_stages(graph, par.pp)
-    per_vs = virtual_stage_blocks(num_blocks(graph), par)
-    return partition_stages(graph, par.pp, rank_blocks(num_blocks(graph), par), per_vs)
+    blocks = num_blocks(graph)
+    return partition_stages(graph, par.pp, rank_blocks(blocks, par), virtual_stage_blocks(blocks, par))
 
 
 def leading_dense_per_rank(leading: int, virtual_blocks: Sequence[int], pp: int) -> list[int]:

@@ -109,18 +109,18 @@ def _attention_ops(spec: TransformerSpec, dev: DeviceSlice, path: str, c: Mappin
     tokens = dev.local_tokens
     act, lin, h, d = dev.precision.activation_dtype, dev.precision.linear_dtype, spec.hidden, spec.head_dim
     mb = dev.micro_batch
+    norm1 = pointwise_op("norm1", "norm", f"{path}.norm1", act, rows["norm1"] * widths["norm1"],
+                         flops_per_element=5.0)
+    residual1 = pointwise_op("residual1", "elementwise", f"{path}.residual1", act,
+                             rows["residual1"] * widths["residual1"], reads=2.0)
     if spec.mla is not None:
-        return [pointwise_op("norm1", "norm", f"{path}.norm1", act, rows["norm1"] * widths["norm1"],
-                             flops_per_element=5.0), *mla_ops(spec, dev, path, _replicated_tokens(dev)),
-                pointwise_op("residual1", "elementwise", f"{path}.residual1", act,
-                             rows["residual1"] * widths["residual1"], reads=2.0)]
+        return [norm1, *mla_ops(spec, dev, path, _replicated_tokens(dev)), residual1]
 
     def heads(name: str) -> tuple[int, int]:
         return spec.num_heads // c[name].out, max(1, spec.kv_heads // c[name].out)
 
     q, kv = heads("qkv")
-    ops = [pointwise_op("norm1", "norm", f"{path}.norm1", act, rows["norm1"] * widths["norm1"],
-                        flops_per_element=5.0),
+    ops = [norm1,
            matmul_op("qkv", f"{path}.attn.qkv", lin, tokens // _token_parts(c["qkv"]), (q + 2 * kv) * d,
                      h // c["qkv"].reduce)]
     if spec.position == "rope":
@@ -138,8 +138,7 @@ def _attention_ops(spec: TransformerSpec, dev: DeviceSlice, path: str, c: Mappin
                                 flops_per_element=5.0, selective=True))
     ops.append(matmul_op("out_proj", f"{path}.attn.out", lin, tokens // _token_parts(c["out_proj"]),
                          h // c["out_proj"].out, spec.num_heads // c["out_proj"].reduce * d))
-    ops.append(pointwise_op("residual1", "elementwise", f"{path}.residual1", act,
-                            rows["residual1"] * widths["residual1"], reads=2.0))
+    ops.append(residual1)
     return ops
 
 

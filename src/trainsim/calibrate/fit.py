@@ -56,6 +56,11 @@ def default_runs_files(data_dir: Path = MEASUREMENTS_DIR) -> list[Path]:
     return [data_dir / name for name in DEFAULT_RUNS_FILES]
 
 
+def _runs_or_default(runs_files: Sequence[Path] | None) -> list[Path]:
+    """The runs files asked for, else the package's (default_runs_files)."""
+    return list(runs_files) if runs_files is not None else default_runs_files()
+
+
 def check_data_dir(data_dir: Path) -> None:
     missing = [name for name in MICROBENCHMARK_FILES if not (data_dir / name).is_file()]
     if missing:
@@ -131,7 +136,7 @@ def calibrate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path] | No
     (each split's fit in a process of its own). tolerance: the run-level fit's and each split's (default: the
     full fit's 1e-8 and crossval.WARM_TOLERANCE)."""
     progress = progress or FitProgress()
-    runs = list(runs_files) if runs_files is not None else default_runs_files()
+    runs = _runs_or_default(runs_files)
     samples = read_samples(runs)  # NB: before the microbenchmark fits, so a bad runs file fails at once
     base = fit_micro(data_dir)
     plan = splits(samples, folds) if bands else []
@@ -159,7 +164,7 @@ def cross_validate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path]
     the bands they give and the bands' coverage (crossval.summary). Each split's fit starts from the fit on all
     runs (cold=True: from the priors, and no fit on all runs); start, workers and tolerance as in calibrate."""
     progress = progress or FitProgress()
-    samples = read_samples(list(runs_files) if runs_files is not None else default_runs_files())
+    samples = read_samples(_runs_or_default(runs_files))
     base = fit_micro(data_dir)
     plan = splits(samples, folds)
     splits_start = None  # the fit on all runs that every split starts from (none when cold)
@@ -178,7 +183,7 @@ def rebanded(fit_path: Path, held_out_path: Path, runs_files: Sequence[Path] | N
     default the package's): no fit runs, and every fitted parameter stays as it is."""
     records = read_held_out(held_out_path)
     current = read_calibration(fit_path)
-    samples = read_samples(list(runs_files) if runs_files is not None else default_runs_files())
+    samples = read_samples(_runs_or_default(runs_files))
     uncertainty = uncertainty_of(records, samples, load_calibration().uncertainty)
     kept = [part for part in current.source.split("; ") if not part.startswith("bands made again")]
     source = "; ".join([*kept, f"bands made again on {datetime.date.today().isoformat()} from held-out predictions"])

@@ -3,10 +3,10 @@
 `trainsim calibrate` predicts runs the fit did not see (cross-validation: k-fold, leave-one-source-out, and
 fitting on small jobs to predict large ones) and keeps, per group of comparable jobs, the ratios of measured /
 predicted iteration time between which quantiles[1] - quantiles[0] (80%) of those runs fell (calibrate.bands: a
-band symmetric in log, exp(-q) to exp(q)). A job's group is whether its
-training stack was among the calibrated runs' stacks, and whether its GPU count lies inside the calibrated runs'
-range of GPU counts (band_group). A prediction's band is its point times those two ratios (band_ratios): 80% of
-the held-out runs of the group fell inside it.
+band symmetric in log, exp(-q) to exp(q)). A job's group is whether its training stack was among the
+calibrated runs' stacks, and whether its GPU count lies inside the calibrated runs' range of GPU counts
+(band_group). A prediction's band is its point times those two ratios (band_ratios): 80% of the held-out runs of
+the group fell inside it.
 """
 
 from collections.abc import Collection

@@ -17,6 +17,7 @@ ep: 1 for a dense model; for a model with experts every power of two that divide
 cp stays 1. Non-transformer models (CNN, DLRM) search dp, ZeRO, recompute and micro-batch only.
 """
 
+import itertools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -218,14 +219,13 @@ def _validated_bases(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace)
         for pp in pp_candidates(model):
             micro_batches = micro_batch_candidates(space.global_batch, cluster.num_gpus, tp * pp,
                                                    space.max_micro_batch)
-            for ep in ep_candidates(model, cluster.num_gpus, tp * pp):
-                for vpp in vpp_candidates(model, pp, space.max_vpp):
-                    schedule = "interleaved-1f1b" if vpp > 1 else "1f1b"
-                    for mb in micro_batches:
-                        for sp in (False, True) if tp > 1 else (False,):
-                            yield ParallelSpec(
-                                tp=tp, pp=pp, ep=ep, vpp=vpp, sp=sp, zero=space.zero_stages[0],
-                                recompute=space.recomputes[0], micro_batch=mb, global_batch=space.global_batch,
-                                seq_len=space.seq_len, precision=space.precision, schedule=schedule,
-                                attention=space.attention, optimizer_impl=space.optimizer_impl,
-                            )
+            for ep, vpp, mb, sp in itertools.product(ep_candidates(model, cluster.num_gpus, tp * pp),
+                                                     vpp_candidates(model, pp, space.max_vpp), micro_batches,
+                                                     (False, True) if tp > 1 else (False,)):
+                yield ParallelSpec(
+                    tp=tp, pp=pp, ep=ep, vpp=vpp, sp=sp, zero=space.zero_stages[0],
+                    recompute=space.recomputes[0], micro_batch=mb, global_batch=space.global_batch,
+                    seq_len=space.seq_len, precision=space.precision,
+                    schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
+                    attention=space.attention, optimizer_impl=space.optimizer_impl,
+                )

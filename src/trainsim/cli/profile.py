@@ -312,8 +312,7 @@ def _profile_runtime_memory(world_size: int, timeout_s: float, device_name: str 
     from trainsim.profile.runtime_memory import measure_runtime_memory
 
     _torch()
-    if not 0 < timeout_s <= 3600:  # NB: also refuses NaN
-        raise ConfigError("timeout_s", timeout_s, "must be a positive number of seconds, at most 3600")
+    _check_probe_timeout(timeout_s)
     result = measure_runtime_memory(world_size=world_size, timeout_s=timeout_s)
     entry = {"device": device_name or LOCAL_CPU_DEVICE, "baseline_bytes": result.baseline_bytes,
              "runtime_bytes": result.runtime_bytes, "model_bytes": result.model_bytes,
@@ -334,8 +333,7 @@ def _profile_executor_overhead(model: str, world_size: int, iterations: int, tim
     from trainsim.profile.ops import local_environment
 
     _torch()
-    if not 0 < timeout_s <= 3600:  # NB: also refuses NaN
-        raise ConfigError("timeout_s", timeout_s, "must be a positive number of seconds, at most 3600")
+    _check_probe_timeout(timeout_s)
     family = load_model(model).kind
     if family not in FAMILIES:
         raise ConfigError("model", model, f"must be a {', '.join(FAMILIES)} model (the split executor's)")
@@ -352,10 +350,6 @@ def _profile_executor_overhead(model: str, world_size: int, iterations: int, tim
                             result.per_op_s.items()) + f" beyond kernels and autograd; stored in {path}")
 
 
-def register(app: typer.Typer) -> None:
-    app.command("profile")(profile)
-
-
 def _profile_reshard_overhead(world_size: int, timeout_s: float, device_name: str | None, db: Path | None,
                               as_json: bool) -> None:
     """`trainsim profile --reshard-overhead`: the host cost per reshard collective and phase beyond the bare
@@ -366,8 +360,7 @@ def _profile_reshard_overhead(world_size: int, timeout_s: float, device_name: st
     from trainsim.profile.reshard_overhead import measure_reshard_overhead, store_reshard_overhead
 
     torch = _torch()
-    if not 0 < timeout_s <= 3600:  # NB: also refuses NaN
-        raise ConfigError("timeout_s", timeout_s, "must be a positive number of seconds, at most 3600")
+    _check_probe_timeout(timeout_s)
     result = measure_reshard_overhead(world_size=world_size, timeout_s=timeout_s)
     torch.set_num_threads(1)  # the environment recorded: the probe's ranks run one thread, as the measured ranks
     path = db or default_db_path()
@@ -381,3 +374,13 @@ def _profile_reshard_overhead(world_size: int, timeout_s: float, device_name: st
     _show_entry(entry, as_json, f"{env.device}: " + ", ".join(f"{key} {seconds * 1e6:.1f} us" for key, seconds in
                                                                per_step.items())
                 + f" per reshard collective beyond the bare call; stored in {path}")
+
+
+def _check_probe_timeout(timeout_s: float) -> None:
+    """A probe's timeout: a positive number of seconds, at most an hour."""
+    if not 0 < timeout_s <= 3600:  # NB: also refuses NaN
+        raise ConfigError("timeout_s", timeout_s, "must be a positive number of seconds, at most 3600")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("profile")(profile)

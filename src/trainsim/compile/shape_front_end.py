@@ -43,7 +43,7 @@ with its q, k and v); a tensor written in place is attributed to the op that all
 import dataclasses
 from collections.abc import Mapping
 
-from trainsim.compile.splits import ceil_part, inferred_config, op_output_bytes
+from trainsim.compile.splits import ceil_part, inferred_config, op_input_bytes, op_output_bytes
 from trainsim.errors import ConfigError
 from trainsim.hardware.device import BYTES_PER_DTYPE, DType
 from trainsim.ir.graph import Comm, Layer, Op
@@ -248,7 +248,7 @@ class _Walk:
             elements = op_output_bytes(writer) / BYTES_PER_DTYPE[writer.dtype]
         else:
             assert reader is not None  # the layer's input is handed on only through an op
-            elements = _read_elements(reader)
+            elements = op_input_bytes(reader) / BYTES_PER_DTYPE[reader.dtype]
         return elements * min(BYTES_PER_DTYPE[dtype] for dtype in ends)
 
     def _site(self, reader: Op | None, producer: int) -> str:
@@ -296,14 +296,6 @@ class _Walk:
         tokens = config.batch * config.seq
         if tokens > 1 and held > 0.0:
             self.token_params[tokens] = self.token_params.get(tokens, 0.0) + held
-
-
-def _read_elements(op: Op) -> float:
-    """The elements of the activation an op reads: a matmul's m x k, any other op's output's."""
-    if op.kind == "matmul" and len(op.shape) == 4:
-        b, m, _, k = op.shape
-        return float(b * m * k)
-    return op_output_bytes(op) / BYTES_PER_DTYPE[op.dtype]
 
 
 def front_end_op(op: Op, config: OpConfig, forward: Op | None = None) -> Op:

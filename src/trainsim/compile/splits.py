@@ -133,7 +133,7 @@ def plan_splits(plan: LoweredPlan, group: int) -> dict[int, LayerSplit]:
             op_split = given.get((a.index, op.module_path))
             compute = op_split if op_split is not None and op_split.has_compute else None
             config, need, produced = _op_config(op, placement, compute, group, a)
-            full_in = (in_bytes or _input_bytes(op)) * group
+            full_in = (in_bytes or op_input_bytes(op)) * group
             for step in reshard(placement, need, full_in):
                 if previous is not None:
                     previous[0].comms.append(SplitComm(previous[1], "fwd", step, f"into {op.name}"))
@@ -362,7 +362,9 @@ def op_output_bytes(op: Op) -> float:
     return total * _elem(op)
 
 
-def _input_bytes(op: Op) -> float:
+def op_input_bytes(op: Op) -> float:
+    """Bytes of the activation an op reads on one device of the plain graph: a matmul's m x k, any other op's
+    output's."""
     s = op.shape
     if op.kind == "matmul" and len(s) == 4:
         return float(s[0] * s[1] * s[3]) * _elem(op)

@@ -38,6 +38,7 @@ from torch.distributed.tensor.parallel import PrepareModuleInput, parallelize_mo
 from trainsim.measure.model import Block, Embedding, Head
 from trainsim.measure.op_collectives import Group, gather, slice_part
 from trainsim.measure.op_splits import TokenSplit
+from trainsim.measure.parallelize import _local
 from trainsim.measure.split_model import AllReduce, ReduceGradients
 
 FEATURES = "features"
@@ -102,9 +103,7 @@ def positions_split(embed: Embedding, mesh: DeviceMesh, group: Group, split: str
 
 def _positions_forward(embed: Embedding, group: Group, dim: int, tokens: torch.Tensor) -> torch.Tensor:
     assert embed.pos is not None
-    table = _local(embed.pos.weight)
-    assert table is not None
-    rows = table[: tokens.shape[1]]
+    rows = _local(embed.pos.weight)[: tokens.shape[1]]
     if dim == 1:  # this rank's tokens' rows
         rows = rows.chunk(group.size, dim=0)[group.index]
     part = slice_part(embed.tok(tokens), group, dim) + rows
@@ -131,15 +130,11 @@ def _feature_norm(norm: nn.Module, group: Group, x: torch.Tensor) -> torch.Tenso
         centred = xf - mean
         var = _all_reduce_both_ways(centred.pow(2).sum(-1, keepdim=True), group) / width
         y = centred * torch.rsqrt(var + norm.eps)
-    weight, bias = (_local(getattr(norm, name, None)) for name in ("weight", "bias"))
+    weight, bias = (getattr(norm, name, None) for name in ("weight", "bias"))
     y = y.to(x.dtype)
     if weight is not None:
-        y = y * weight
-    return y + bias if bias is not None else y
-
-
-def _local(param: torch.Tensor | None) -> torch.Tensor | None:
-    return param.to_local() if isinstance(param, DTensor) else param
+        y = y * _local(weight)
+    return y + _local(bias) if bias is not None else y
 
 
 class _Hidden:

@@ -38,7 +38,7 @@ from trainsim.errors import ConfigError
 from trainsim.ir.graph import Layer, Op, OpGraph
 from trainsim.specbase import Spec
 from trainsim.strategy.device_slice import DeviceSlice
-from trainsim.strategy.front_end_splits import front_end_mesh_splits
+from trainsim.strategy.front_end_splits import config_text, front_end_mesh_splits
 from trainsim.strategy.lowered import (
     LayerAssignment,
     LoweredPlan,
@@ -414,7 +414,7 @@ class StrategyTree:
                     expected = op_config(axis, op, dev, own)
                     config = given[(node.layer_index, op.module_path, axis)]
                     if axis in given_axes and config != expected:
-                        raise ConfigError(f"{path} split.compute@{axis}", _config_text(config),
+                        raise ConfigError(f"{path} split.compute@{axis}", config_text(config),
                                           _mismatch(op, axis, sizes[axis], dev, config, expected, path)
                                           + _on_stage(pars, par, node))
                     out.append(MeshSplit(node.layer_index, op.module_path, axis, expected))
@@ -435,7 +435,7 @@ class StrategyTree:
                 if problem := dispatch_problem(layer.fwd, devs[index], own):
                     router = dict(own).get("router", UNSPLIT)
                     raise ConfigError(f"{self.layer_paths[index]}.moe.router split.compute@tp",
-                                      _config_text(router), problem)
+                                      config_text(router), problem)
                 out[index] = own
         return out
 
@@ -859,7 +859,7 @@ def _mismatch(op: Op, axis: str, size: int, dev: DeviceSlice, given: OpConfig, e
         axis == "tp" and not dev.sp and given.seq > 1 and replicable_module(op) in ("", "experts")) else ""
     if axis == "tp" and replicable_module(op):
         hint += f"; or {tp_config_problem(op, given, dev)}"
-    return (f"ops take Megatron's splits over {mesh}: {op.name} splits {_config_text(expected)} over {axis}; "
+    return (f"ops take Megatron's splits over {mesh}: {op.name} splits {config_text(expected)} over {axis}; "
             f"give that, or no {axis} splits{hint}")
 
 
@@ -872,10 +872,6 @@ def _check_experts_alike(layer: Layer, dev: DeviceSlice, own: TpConfigs, path: s
         listed = ", ".join(f"{name} {d}" for name, d in found.items())
         raise ConfigError(f"{path} split.compute@tp", listed, "an MoE's expert ops take one tp degree (Megatron-"
                           "Core's expert tensor parallel size): split its matmuls and activation alike")
-
-
-def _config_text(config: OpConfig) -> str:
-    return " ".join(f"{dim}={getattr(config, dim)}" for dim in COMPUTE_DIMS if getattr(config, dim) > 1) or "nothing"
 
 
 def _model_parallel_splits(nodes: Mapping[str, TreeNode], path: str, layer: Layer, par: ParallelSpec,

@@ -217,9 +217,9 @@ def test_blocking_waits_bisect_as_the_scan_did(seed: int, monkeypatch: pytest.Mo
         ops.append(op)
     trace = RankTrace(0, "r0", {op.node_id: op for op in ops}, {}, world_size=1)
 
-    def tasks() -> list[tuple[object, ...]]:
+    def tasks() -> list[tuple[str, float, tuple[int, ...], str]]:
         graph = to_exec_graph([trace], start_offsets="zero", blocking_waits=True)
-        return [(t.name, t.duration_s, t.deps, t.stream) for t in graph.tasks]
+        return [(t.name, t.duration_s, tuple(t.deps), t.stream) for t in graph.tasks]
 
     bisected = tasks()
     monkeypatch.setattr(_RankLowering, "blocked", _scan_blocked)

@@ -106,6 +106,10 @@ def _check_non_transformer(kind: str, par: ParallelSpec) -> None:
     if not is_even_split(par):
         raise ConfigError("stage_layers", par.stage_layers or "", f"the pipeline split settings apply to "
                           f"transformers; a model of kind {kind} has its layers dealt out in order")
-    for axis, value in (("tp", par.tp), ("cp", par.cp), ("ep", par.ep)):
+    # an opaque model is a captured graph: a strategy tree's configs may split its ops over tp (the front-end and
+    # compile.shape_front_end refuse tp where they cannot)
+    axes = (("cp", par.cp), ("ep", par.ep)) if kind == "opaque" else (("tp", par.tp), ("cp", par.cp), ("ep", par.ep))
+    for axis, value in axes:
         if value != 1:
-            raise ConfigError(axis, value, f"must be 1 for a model of kind {kind} (only dp and pp apply)")
+            also = ", and tp through a strategy tree" if kind == "opaque" else ""
+            raise ConfigError(axis, value, f"must be 1 for a model of kind {kind} (only dp and pp apply{also})")

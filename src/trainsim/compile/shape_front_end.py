@@ -1,6 +1,6 @@
-"""Pass: shape a capturing front-end's layers (the torch front-end's traced graph) from a strategy tree's computation
-configs over tp (Proteus Sec. IV-B: a split on any op takes effect; Sec. V-B: the collective each layout change
-needs; Sec. VII: unspecified partitions inferred along data dependencies).
+"""Pass: shape a capturing front-end's layers (the torch front-end's traced graph, the JAX front-end's jaxpr) from
+a strategy tree's computation configs over tp (Proteus Sec. IV-B: a split on any op takes effect; Sec. V-B: the
+collective each layout change needs; Sec. VII: unspecified partitions inferred along data dependencies).
 
 A captured graph is one device's whole model, its ops the framework's kernels under their module paths
 (ir.graph.OpGraph.frontend), each forward op with its data dependencies (ir.graph.Op.inputs: the ops whose output
@@ -33,9 +33,10 @@ matmul whose weight the layer does not hold (GPT-2's head, tied to the embedding
 stays whole where the lookup holds it. Each op keeps the activations it saves for its backward (Op.saved_bytes) as
 it reads them: divided by its input's parts.
 
-Refused in one line: a config on an op whose dims the pass cannot shape (a lookup, a convolution, a pool), an
-attention or norm split needing the model's shape where the graph has none, stage meshes, and tp > 1 without any
-config from a tree (the graph is one device's whole model).
+Refused in one line: a config on an op whose dims the pass cannot shape (a lookup, a convolution, a pool, a
+batched matmul: attention written as einsums, its heads a batch dim), an attention or norm split needing the
+model's shape where the graph has none, stage meshes, and tp > 1 without any config from a tree (the graph is one
+device's whole model).
 NB: the saved activations are divided per op, not per tensor (a whole mask the attention core keeps is divided
 with its q, k and v); a tensor written in place is attributed to the op that allocated it.
 """
@@ -154,7 +155,8 @@ def _saved_bytes(layer: Layer, configs: list[OpConfig]) -> dict[str, float]:
         return {mode: kept - shed for mode, kept in layer.saved_bytes.items()}
     out = dict(layer.saved_bytes)
     out["none"] -= shed
-    out["selective"] -= shed - aux  # the aux tensors are not kept
+    if "selective" in out:  # the JAX front-end knows only "none" (the jaxpr fixes what autodiff saves)
+        out["selective"] -= shed - aux  # the aux tensors are not kept
     return out
 
 
@@ -184,12 +186,16 @@ class _Walk:
         where = f"split.compute@tp on {self.layer.name} {op.module_path or '<root>'} ({op.name})"
         inputs = [p for p in self._inputs(position, op) if p in self.placements]
         contracting = op.kind in CONTRACTING
-        if config is None:
+        if config is None or (config.reduce > 1 and not contracting):  # a reduce split reaches the matmuls only
             config = self._inferred(op, inputs)
         need = input_placement(config, self.dev.tp, contracting)
         if config != UNSPLIT and op.kind not in _SHAPED_KINDS:  # given, or inferred from a split input
             raise ConfigError(where, config_text(config), f"a {op.kind} op is not shaped on a captured graph; give "
                               "configs to matmuls, attention, norms and element-wise ops (the lookup runs whole)")
+        if op.kind == "matmul" and len(op.shape) == 4 and op.shape[0] > 1 and config != UNSPLIT:
+            raise ConfigError(where, config_text(config), "a batched matmul (attention written as einsums: its heads "
+                              "are a batch dim) is not shaped on a captured graph; give it parts 1 (it reads its "
+                              "inputs whole)")
         column = op.module_path if contracting and config == OpConfig(1, 1, self.dev.tp, 1) else ""
         grad = input_grad_placement(need, config, contracting)
         for producer in inputs:

@@ -117,8 +117,25 @@ def test_jax_refuses_a_split_and_a_bad_source() -> None:
         frontend.model_spec("no_colon_here")
     spec = frontend.model_spec(JAX_FACTORY)
     cluster = load_cluster("local-cpu").with_num_gpus(2)
-    with pytest.raises(ConfigError, match="tp=2"):  # make_job lets only dp and pp through; a Job made by hand
-        frontend.graph(JAX_FACTORY, Job(spec, cluster, ParallelSpec(tp=2, dp=1)))
+    for field, strategy in (("cp=2", {"cp": 2}), ("ep=2", {"ep": 2})):  # make_job refuses them; a Job by hand
+        with pytest.raises(ConfigError, match=field):
+            frontend.graph(JAX_FACTORY, Job(spec, cluster, ParallelSpec.model_validate({"dp": 1, **strategy})))
+    with pytest.raises(ConfigError, match="sp=True"):
+        frontend.graph(JAX_FACTORY, Job(spec, cluster, ParallelSpec(tp=2, sp=True, dp=1)))
+    with pytest.raises(ConfigError, match="cp=2"):
+        _job(spec, 2, cp=2)
+
+
+def test_an_opaque_model_takes_tp_for_a_tree_to_split() -> None:
+    """make_job lets tp through for an opaque model (a captured graph: a strategy tree's configs split its ops,
+    compile.shape_front_end); the JAX graph at tp 2 is the whole step, tagged for that pass."""
+    pytest.importorskip("jax")
+    pytest.importorskip("networkx")
+    frontend = FRONTENDS.get("jax")
+    spec = frontend.model_spec(JAX_FACTORY)
+    whole = frontend.graph(JAX_FACTORY, _job(spec, micro_batch=2, seq_len=16))
+    split = frontend.graph(JAX_FACTORY, _job(spec, 2, tp=2, micro_batch=2, seq_len=16))
+    assert split.frontend == whole.frontend == "jax" and split.total_flops("fwd") == whole.total_flops("fwd")
 
 
 # ---- torch ------------------------------------------------------------------------------------------------------

@@ -100,6 +100,20 @@ def test_trace_refuses_another_run() -> None:
         frontend.model_spec(str(FIXTURES / "missing"))
 
 
+def test_trace_refuses_tp_naming_the_module_paths_it_lacks() -> None:
+    """The execution trace holds each op's tensor shapes (a GEMM's weight dims among them), not the module paths
+    a tree's splits address: tp is refused in one line saying so, wherever the job comes from."""
+    frontend = FRONTENDS.get("trace")
+    spec = frontend.model_spec(str(FIXTURES))
+    graph = frontend.inspect(str(FIXTURES), 64, 1, "fp32")
+    assert {op.module_path.split(".")[0] for layer in graph.layers for op in layer.fwd} == {"trace"}
+    assert len(graph.layers) == 1 and any(op.kind == "matmul" and len(op.shape) == 4 for op in graph.layers[0].fwd)
+    with pytest.raises(ConfigError) as info:
+        frontend.graph(str(FIXTURES), _job(spec, 2, tp=2, micro_batch=64))
+    message = str(info.value)
+    assert message.startswith("tp=2 is invalid") and "records no module paths" in message and "\n" not in message
+
+
 # ---- jax --------------------------------------------------------------------------------------------------------
 def test_jax_graph_of_a_factory() -> None:
     pytest.importorskip("jax")

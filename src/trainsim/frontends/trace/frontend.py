@@ -5,8 +5,8 @@ graph(): the lowest rank's OpGraph (to_op_graph) with `measured` set: every rank
 the measured durations, steps and start offsets (measured.py), what trace replay reads. A trace is the run it
 recorded: the job must ask for that run (as many ranks as were traced, the traced micro-batch, no model
 split); another strategy is refused, naming the field. tp is refused for what the trace lacks (NO_MODULE_PATHS):
-it holds each op's tensor shapes and ids, not the module paths a strategy tree's splits address. The model description is opaque (frontends.opaque),
-with the parameter count the trace shows."""
+it holds each op's tensor shapes and ids, not the module paths a strategy tree's splits address. The model
+description is opaque (frontends.opaque), with the parameter count the trace shows."""
 
 from dataclasses import dataclass
 from pathlib import Path

@@ -181,8 +181,8 @@ class DlrmSpec(Spec):
 
 class OpaqueSpec(Spec):
     """A model known only through a front-end that reads no layer structure (a jax train step, an nn.Module
-    without a config, an execution trace): the OpGraph the front-end builds is the model. Only data and pipeline
-    parallelism apply to it."""
+    without a config, an execution trace): the OpGraph the front-end builds is the model. Data and pipeline
+    parallelism apply to it, and tp where a strategy tree splits the captured ops (compile.shape_front_end)."""
 
     kind: Literal["opaque"] = "opaque"
     name: str

@@ -250,7 +250,7 @@ def test_torch_factory_modules(tmp_path: Path) -> None:
     source.write_text(FACTORY + f"\nCONFIG = {config!r}\n")
     frontend = FRONTENDS.get("torch")
     mlp = frontend.model_spec(f"{source}:make")
-    assert isinstance(mlp, OpaqueSpec) and mlp.name == "make"  # no config: opaque, dp and pp only
+    assert isinstance(mlp, OpaqueSpec) and mlp.name == "make"  # no config: opaque (dp, pp; tp by a tree)
     graph = frontend.graph(f"{source}:make", _job(mlp, micro_batch=4, seq_len=8))
     assert graph.param_count() == 3 * (32 * 32 + 32) and graph.total_flops("fwd") >= 3 * 2.0 * 32 * 32 * 32
     llama = frontend.model_spec(f"{source}:make_llama")

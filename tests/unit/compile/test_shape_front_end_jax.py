@@ -1,9 +1,10 @@
 """Splits over tp on the JAX front-end's jaxpr (compile.shape_front_end through the name stacks'
-module paths): a two-Dense MLP written with jax.named_scope as Flax scopes its modules (fc1 64 -> 256 features,
-fc2 back; the bias add its own equation in the Dense's scope), micro-batch 2 x 8 tokens, fp32, tp 2 on the local
-CPU. Exact: fc1 column (out) then fc2 row (reduce) pays one all-reduce of the MLP's output forward and one of
-fc1's input gradient backward, 2 x 8 x 16 x 4 = 1024 bytes each, and halves every matmul. Differential: the same
-MLP captured by the torch front-end, split by the same tree, has the same collectives and matmul FLOPs.
+module paths): a two-Dense MLP written with jax.named_scope around each module (fc1 16 -> 64 features, fc2 back;
+the bias add its own equation in the Dense's scope), micro-batch 2 x 8 tokens, fp32, tp 2 on the local CPU, and
+causal self-attention of 2 heads written as einsums. Exact: fc1 column (out) then fc2 row (reduce) pays one
+all-reduce of the MLP's output forward and one of fc1's input gradient backward, 2 x 8 x 16 x 4 = 1024 bytes each,
+and halves every matmul. Differential: the same MLP captured by the torch front-end, split by the same tree, has
+the same collectives and matmul FLOPs.
 
 A block's parameters: fc1 16 x 64 + 64 = 1088, fc2 64 x 16 + 16 = 1040: 2128.
 """
@@ -196,17 +197,6 @@ def test_the_same_mlp_through_the_torch_front_end_pays_the_same() -> None:
     assert sum(len(a.layer.comms) for a in ours) == 4
 
 
-def _einsum_step(p: dict[str, Any], x: Any) -> Any:
-    def loss(p: dict[str, Any]) -> Any:
-        with jax.named_scope("attn"):
-            with jax.named_scope("qkv"):
-                q = (x @ p["w"]).reshape(BATCH, SEQ, 2, HIDDEN // 2)
-            scores = jnp.einsum("bqhd,bkhd->bhqk", q, q)
-        return scores.mean()
-
-    return jax.value_and_grad(loss)(p)
-
-
 @pytest.mark.parametrize(("splits", "words"), [
     ([("blocks.*.mlp", "reduce")], "no reduction dimension"),  # the GELU's equations, under mlp itself
     ([("blocks.*.mlp.fc1", "out"), ("blocks.*.mlp.fc2", "out")], None),  # allowed: gathered before fc2
@@ -222,21 +212,59 @@ def test_configs_on_jax_ops(one_mlp: OpGraph, splits: list[tuple[str, str]], wor
     assert "\n" not in str(info.value)
 
 
-def test_attention_written_as_einsums_is_refused_in_one_line() -> None:
-    """The scores' dot_general has the heads as a batch dim: its config (here inferred from qkv's split
-    features) is refused, naming the op; written whole (parts 1), its input is gathered instead."""
-    graph = graph_from_jax(_einsum_step, {"w": jax.ShapeDtypeStruct((HIDDEN, HIDDEN), jnp.float32)}, _input())
+HEADS = 2
+
+
+def attention(p: dict[str, Any], x: Any) -> Any:
+    """Causal self-attention in jax.numpy: a fused qkv Dense, the scores and the weighted sum as einsums over
+    (batch, heads), a softmax, the projection Dense and the residual add."""
+    head_dim = HIDDEN // HEADS
+    with jax.named_scope("attn"):
+        with jax.named_scope("qkv"):
+            qkv = x @ p["wqkv"] + p["bqkv"]
+        q, k, v = (t.reshape(BATCH, SEQ, HEADS, head_dim) for t in jnp.split(qkv, 3, axis=-1))
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(float(head_dim))
+        scores = jnp.where(jnp.tril(jnp.ones((SEQ, SEQ), bool)), scores, -1e9)
+        out = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v).reshape(BATCH, SEQ, HIDDEN)
+        with jax.named_scope("proj"):
+            return x + out @ p["wo"] + p["bo"]
+
+
+def attention_step(p: dict[str, Any], x: Any) -> Any:
+    return jax.value_and_grad(lambda p, x: (attention(p, x) ** 2).mean(), argnums=(0, 1))(p, x)
+
+
+@pytest.fixture(scope="module")
+def one_attention() -> OpGraph:
+    shapes = {"wqkv": (HIDDEN, 3 * HIDDEN), "bqkv": (3 * HIDDEN,), "wo": (HIDDEN, HIDDEN), "bo": (HIDDEN,)}
+    params = {key: jax.ShapeDtypeStruct(shape, jnp.float32) for key, shape in shapes.items()}
+    return graph_from_jax(attention_step, params, _input())
+
+
+def test_attention_written_as_einsums_splits_its_heads(one_attention: OpGraph) -> None:
+    """qkv by out, the projection by reduce (Megatron's attention): the einsums read q, k and v split by features
+    and keep the split as their heads, in their batch dim (2 samples x 2 heads -> 2 x 1 on each rank: half their
+    2 x 4 x 8 x 8 x 8 FLOPs, forward and the four backward); the softmax's equations run on half the scores; one
+    attn.ar all-reduce of 1024 bytes each way; each rank holds half of either weight: 1088 - 384 - 128 = 576."""
     job = _job()
-    with pytest.raises(ConfigError, match="batched matmul") as info:
-        shape_layers(job, _plan(job, graph, [("blocks.*.attn.qkv", "out")]))
+    plan = _plan(job, one_attention, [("blocks.*.attn.qkv", "out"), ("blocks.*.attn.proj", "reduce")])
+    block = shape_layers(job, plan).layers[0].layer
+    assert [(c.name, c.collective, c.phase, c.buffer_bytes, c.ranks) for c in block.comms] == [
+        ("attn.ar", "all-reduce", "fwd", OUT_BYTES, 0), ("attn.ar", "all-reduce", "bwd", OUT_BYTES, 0)]
+    einsums = [op for op in block.fwd + block.bwd if op.kind == "matmul" and op.module_path == "attn"]
+    assert len(einsums) == 6 and {(op.shape, op.flops) for op in einsums} == {((2, 8, 8, 8), 2 * 2 * 8 * 8 * 8)}
+    scores = [op for op in block.fwd if op.module_path == "attn" and op.kind == "elementwise" and op.flops > 0
+              and op.shape[:1] == (BATCH,) and len(op.shape) == 4]  # (batch, heads, queries, keys)
+    assert len(scores) > 3 and {op.shape[:3] for op in scores} == {(BATCH, 1, SEQ)}  # 1 of the 2 heads
+    assert block.param_count == 1088 - 384 - 128 == 576
+    assert block.saved_bytes["none"] == one_attention.layers[0].saved_bytes["none"] / 2  # every op split in 2
+
+
+def test_einsums_split_by_rows_are_refused_in_one_line(one_attention: OpGraph) -> None:
+    job = _job()
+    with pytest.raises(ConfigError, match="splits its batch or heads") as info:
+        shape_layers(job, _plan(job, one_attention, [("blocks.*.attn", "seq")]))
     assert "\n" not in str(info.value) and "attn attn (dot_general" in str(info.value)
-    whole = shape_layers(job, _whole_scores(job, graph)).layers[0].layer
-    assert (whole.comms[0].name, whole.comms[0].collective, whole.comms[0].phase) == ("attn.ag", "all-gather", "fwd")
-
-
-def _whole_scores(job: Job, graph: OpGraph) -> LoweredPlan:
-    tree = StrategyTree.from_graph(graph).split("blocks.*.attn.qkv", "compute", "out", 2, axis="tp")
-    return tree.split("blocks.*.attn", "compute", "out", 1, axis="tp").lower(job.parallel)
 
 
 def test_tp_without_a_tree_is_refused(one_mlp: OpGraph) -> None:

@@ -1,9 +1,10 @@
-"""`trainsim predict --frontend jax --tree FILE`: the shipped JAX train step (data/strategies/frontend/jax_mlp.py,
-4 blocks: a layer norm and a two-Dense MLP of hidden 256, ffn 1024, fp32) split over tp 2 by the shipped tree,
-and one-line refusals (exit 2).
+"""`trainsim predict --frontend jax --tree FILE`: the shipped JAX train step (data/strategies/frontend/jax_gpt.py,
+4 pre-norm GPT blocks of hidden 256, 4 heads, ffn 1024, attention as einsums, fp32) split over tp 2 by the shipped
+tree (Megatron's attention and MLP), and one-line refusals (exit 2).
 
-A block's parameters: the norm 2 x 256, fc1 256 x 1024 + 1024, fc2 1024 x 256 + 256: 526080; split as Megatron's
-MLP, a rank holds half of either weight (262144 fewer), the biases and the norm whole.
+A block's parameters: two norms 2 x 2 x 256, qkv 256 x 768 + 768, the projection 256 x 256 + 256, fc1 256 x 1024 +
+1024, fc2 1024 x 256 + 256: 789760; split as Megatron's, a rank holds half of each of the four weights (196608 +
+65536 + 262144 + 262144 = 786432, half of it fewer), the biases and the norms whole.
 """
 
 import json
@@ -17,10 +18,10 @@ pytest.importorskip("jax")
 pytest.importorskip("networkx")
 
 RUNNER = CliRunner()
-JOB = ["predict", "--frontend", "jax", "--model", "data/strategies/frontend/jax_mlp.py:train_step", "--cluster",
+JOB = ["predict", "--frontend", "jax", "--model", "data/strategies/frontend/jax_gpt.py:train_step", "--cluster",
        "local-cpu", "--micro-batch", "4", "--global-batch", "4", "--seq-len", "128", "--precision", "fp32", "--json"]
-TREE = "data/strategies/frontend/jax-mlp-tp2-megatron.yaml"
-BLOCK_PARAMS, SHED = 526080, 262144
+TREE = "data/strategies/frontend/jax-gpt-tp2-megatron.yaml"
+BLOCK_PARAMS, SHED = 789760, 786432 // 2
 
 
 def _run(*extra: str) -> dict[str, object]:
@@ -29,7 +30,9 @@ def _run(*extra: str) -> dict[str, object]:
     return json.loads(result.stdout)
 
 
-def test_the_shipped_tree_splits_the_mlps_and_both_engines_agree() -> None:
+def test_the_shipped_tree_splits_attention_and_mlp_and_both_engines_agree() -> None:
+    """The tree's paths match (block0's own equations, the residual adds, sit on blocks.0; block0/attn/qkv is
+    blocks.0.attn.qkv); both engines give the same figures; the weights are the hand count's."""
     sim, closed = (_run("--num-gpus", "2", "--tp", "2", "--tree", TREE, "--engine", engine)
                    for engine in ("sim", "analytical"))
     whole = _run("--num-gpus", "1", "--engine", "sim")

@@ -52,8 +52,14 @@ def mlp_params() -> dict[str, Any]:
 
 
 def one_mlp_step(p: dict[str, Any], x: Any) -> Any:
-    """The loss's gradient over the parameters and the input (so fc1's input gradient is computed)."""
-    return jax.value_and_grad(lambda p, x: (mlp(p, x) ** 2).mean(), argnums=(0, 1))(p, x)
+    """The loss's gradient over the parameters and the input (so fc1's input gradient is computed); the MLP in a
+    block's scope, the layer (the tree's blocks.0)."""
+    def loss(p: dict[str, Any], x: Any) -> Any:
+        with jax.named_scope("block0"):
+            y = mlp(p, x)
+        return (y**2).mean()
+
+    return jax.value_and_grad(loss, argnums=(0, 1))(p, x)
 
 
 def two_blocks_step(ps: list[dict[str, Any]], x: Any) -> Any:
@@ -107,12 +113,14 @@ def test_ops_carry_their_data_dependencies_and_what_they_keep(one_mlp: OpGraph) 
     """fc1's matmul reads the layer's input (-1), its bias add the matmul, fc2's matmul the GELU's last
     equation; the MLP hands on fc2's bias add (the loss's layer reads it); each saved tensor is counted once."""
     mlp_layer = one_mlp.layers[0]
-    assert one_mlp.frontend == "jax" and mlp_layer.name == "mlp" and mlp_layer.full_param_count == BLOCK_PARAMS
+    assert one_mlp.frontend == "jax" and mlp_layer.name == "block0" and mlp_layer.full_param_count == BLOCK_PARAMS
     ops = mlp_layer.fwd
-    fc1, fc2 = (next(i for i, op in enumerate(ops) if op.module_path == f"mlp.{name}" and op.kind == "matmul")
+    fc1, fc2 = (next(i for i, op in enumerate(ops) if op.module_path == f"block0.mlp.{name}" and op.kind == "matmul")
                 for name in ("fc1", "fc2"))
     assert ops[fc1].inputs == (-1,) and ops[fc1 + 1].inputs == (fc1,) and ops[fc2].inputs == (fc2 - 1,)
-    assert mlp_layer.hands_on == fc2 + 1 == len(ops) - 1 and ops[fc2 + 1].module_path == "mlp.fc2"
+    assert mlp_layer.hands_on == fc2 + 1 == len(ops) - 1 and ops[fc2 + 1].module_path == "block0.mlp.fc2"
+    tree = StrategyTree.from_graph(one_mlp)  # the top-level scope is the layer's node
+    assert {"blocks.0.mlp", "blocks.0.mlp.fc1", "blocks.0.mlp.fc2"} <= set(tree.nodes)
     assert sum(op.saved_bytes for op in ops) == mlp_layer.saved_bytes["none"] > 0
 
 
@@ -126,11 +134,11 @@ def test_column_then_row_pays_one_all_reduce_each_way(one_mlp: OpGraph) -> None:
     block = plan.layers[0].layer
     assert [(c.name, c.collective, c.phase, c.buffer_bytes, c.ranks) for c in block.comms] == [
         ("mlp.ar", "all-reduce", "fwd", OUT_BYTES, 0), ("mlp.ar", "all-reduce", "bwd", OUT_BYTES, 0)]
-    assert block.comms[1].column_input == "mlp.fc1" and not block.comms[0].column_input
+    assert block.comms[1].column_input == "block0.mlp.fc1" and not block.comms[0].column_input
     half = 2 * BATCH * SEQ * HIDDEN * FFN / 2
     assert [op.flops for op in block.fwd if op.kind == "matmul"] == [half, half]
     assert [op.flops for op in block.bwd if op.kind == "matmul"] == [half] * 4
-    assert {op.shape for op in block.fwd if op.module_path == "mlp"} == {(BATCH, SEQ, FFN // 2)}
+    assert {op.shape for op in block.fwd if op.module_path == "block0.mlp"} == {(BATCH, SEQ, FFN // 2)}
     assert block.param_count == BLOCK_PARAMS - HIDDEN * FFN == 1104
     assert plan.layers[1].layer.comms == ()  # the loss reads the whole output
 
@@ -231,7 +239,12 @@ def attention(p: dict[str, Any], x: Any) -> Any:
 
 
 def attention_step(p: dict[str, Any], x: Any) -> Any:
-    return jax.value_and_grad(lambda p, x: (attention(p, x) ** 2).mean(), argnums=(0, 1))(p, x)
+    def loss(p: dict[str, Any], x: Any) -> Any:
+        with jax.named_scope("block0"):
+            y = attention(p, x)
+        return (y**2).mean()
+
+    return jax.value_and_grad(loss, argnums=(0, 1))(p, x)
 
 
 @pytest.fixture(scope="module")
@@ -251,9 +264,9 @@ def test_attention_written_as_einsums_splits_its_heads(one_attention: OpGraph) -
     block = shape_layers(job, plan).layers[0].layer
     assert [(c.name, c.collective, c.phase, c.buffer_bytes, c.ranks) for c in block.comms] == [
         ("attn.ar", "all-reduce", "fwd", OUT_BYTES, 0), ("attn.ar", "all-reduce", "bwd", OUT_BYTES, 0)]
-    einsums = [op for op in block.fwd + block.bwd if op.kind == "matmul" and op.module_path == "attn"]
+    einsums = [op for op in block.fwd + block.bwd if op.kind == "matmul" and op.module_path == "block0.attn"]
     assert len(einsums) == 6 and {(op.shape, op.flops) for op in einsums} == {((2, 8, 8, 8), 2 * 2 * 8 * 8 * 8)}
-    scores = [op for op in block.fwd if op.module_path == "attn" and op.kind == "elementwise" and op.flops > 0
+    scores = [op for op in block.fwd if op.module_path == "block0.attn" and op.kind == "elementwise" and op.flops > 0
               and op.shape[:1] == (BATCH,) and len(op.shape) == 4]  # (batch, heads, queries, keys)
     assert len(scores) > 3 and {op.shape[:3] for op in scores} == {(BATCH, 1, SEQ)}  # 1 of the 2 heads
     assert block.param_count == 1088 - 384 - 128 == 576
@@ -264,7 +277,7 @@ def test_einsums_split_by_rows_are_refused_in_one_line(one_attention: OpGraph) -
     job = _job()
     with pytest.raises(ConfigError, match="splits its batch or heads") as info:
         shape_layers(job, _plan(job, one_attention, [("blocks.*.attn", "seq")]))
-    assert "\n" not in str(info.value) and "attn attn (dot_general" in str(info.value)
+    assert "\n" not in str(info.value) and "block0 block0.attn (dot_general" in str(info.value)
 
 
 def test_tp_without_a_tree_is_refused(one_mlp: OpGraph) -> None:

@@ -46,8 +46,8 @@ def front_end_mesh_splits(nodes: Mapping[str, _Node], resolved: Mapping[str, Map
                           tps: Sequence[int], frontend: str, notes: Sequence[str] = ()) -> tuple[MeshSplit, ...]:
     """The tp configs a tree gives the ops of a captured graph (module doc), in node order. tps: per layer
     instance, its stage's tp (a stage on its own mesh: its own); notes: per layer instance, the words an error
-    adds where its stage runs its own mesh. ConfigError for a split over another axis, parts whose product does not divide tp,
-    or a reduce split of an op without a reduction dimension."""
+    adds where its stage runs its own mesh. ConfigError for a split over another axis, parts whose product does
+    not divide tp, or a reduce split of an op without a reduction dimension."""
     out: list[MeshSplit] = []
     for path, node in nodes.items():
         if not node.fwd or node.layer_index < 0:

@@ -121,8 +121,8 @@ def test_a_stage_of_its_own_micro_batch_is_captured_again(gpt2: Any) -> None:
     assert [a.stage for a in plan.layers] == [0, 0, 1, 1]
     assert [mb for mb, _ in plan.captured] == [1, 2]
     one, two = (dict(plan.captured)[mb][1] for mb in (1, 2))
-    assert [op.shape for op in one.fwd if op.kind == "matmul"][0] == (1, 32, 192, 64)  # qkv of 32 tokens
-    assert [op.shape for op in two.fwd if op.kind == "matmul"][0] == (1, 64, 192, 64)
+    assert next(op.shape for op in one.fwd if op.kind == "matmul") == (1, 32, 192, 64)  # qkv of 32 tokens
+    assert next(op.shape for op in two.fwd if op.kind == "matmul") == (1, 64, 192, 64)
     assert all(op.flops * 2 == theirs.flops for op, theirs in zip(one.fwd, two.fwd, strict=True))
 
 

@@ -23,6 +23,10 @@ volume: the longer of the two). NB: Megatron-LM has no such transfer (one mesh p
 strategy transformation between two device groups of equal size, without an optimisation that sends each
 sample once across the tp ranks of the side that holds copies.
 
+A captured graph's stages (the torch front-end's) take their layers from the model captured again at each stage
+mesh's micro-batch (with_captures) and the tree's configs over their own tp (compile.front_end_meshes) instead of
+the catalog builder's layers and Megatron's configs.
+
 Under interleaved 1F1B a stage's mesh holds every model chunk of its pipeline rank (Megatron-LM's virtual pipeline:
 chunk c of rank r is virtual stage c x pp + r), so a boundary vs{b} joins ranks b mod pp and (b + 1) mod pp, and a
 chunk entered from another mesh starts its chain of dp placements in the plain batch split (LoweredPlan.chain_starts).

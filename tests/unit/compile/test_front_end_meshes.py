@@ -312,3 +312,44 @@ def test_the_analytical_engine_refuses_stage_meshes_as_on_the_catalog(gpt2: Any)
         predict(job, "analytical", graph=gpt2(job), plan=_plan(job, gpt2))
     with pytest.raises(ConfigError, match=words):
         predict(job, "analytical", graph=graph_for(job), plan=_meshes(graph_for(job), []).lower(job.parallel))
+
+
+def test_interleaved_chunks_of_a_captured_graph_compile_on_their_ranks_meshes() -> None:
+    """A 4-block captured GPT-2 under interleaved 1F1B (pp 2 x vpp 2, 8 micro-batches): rank 0 (chunk 0: the
+    embedding, block 0; chunk 1: block 2) on tp 1 x dp 2, captured again at 1 sample; rank 1 (chunk 0: block 1;
+    chunk 1: block 3, the head) on tp 2 with Megatron's splits. Rank 0's tasks are the captured tp 1 x dp 2
+    interleaved job's, rank 1's those of the captured tp 2 interleaved job split alike on every block; every
+    transfer, at each of the three chunk boundaries, lasts the tp 2 side's hop of 8192 bytes."""
+    capture = _capture({**GPT2, "n_layer": 4})
+    job = _job(dict(GPT2, n_layer=4), vpp=2, schedule="interleaved-1f1b", global_batch=16)
+    rank1 = GPT2_STAGE1 + [(path.replace("blocks.1", "blocks.3"), dim, parts) for path, dim, parts in GPT2_STAGE1
+                           if path.startswith("blocks.1")]
+
+    def chunks(graph: OpGraph, first: int, second: int, splits: list[tuple[str, str, int]]) -> StrategyTree:
+        tree = (StrategyTree.from_graph(graph).map("", {"stage": 0, "chunk": 0, "tp": first})
+                .map("blocks.1", {"stage": 1, "chunk": 0, "tp": second})
+                .map("blocks.2", {"stage": 0, "chunk": 1, "tp": first})
+                .map("blocks.3", {"stage": 1, "chunk": 1, "tp": second})
+                .map("head", {"stage": 1, "chunk": 1, "tp": second}))
+        for path, dim, parts in splits:
+            tree = tree.split(path, "compute", dim, parts, axis="tp")
+        return tree
+
+    plan = with_captures(job, chunks(capture(job), 1, 2, rank1).lower(job.parallel), capture)
+    assert plan.stage_meshes == (StageMesh(stage=0, tp=1, dp=2, micro_batch=1),)
+    assert [(a.stage, a.chunk) for a in plan.layers] == [(0, 0), (0, 0), (1, 0), (0, 1), (1, 1), (1, 1)]
+    pricer = Pricer(Calibration())
+    graph = compile_job(job, plan, pricer)
+    mesh_job = job_of_mesh(job, plan.stage_meshes[0])
+    rank0 = compile_job(mesh_job, chunks(capture(mesh_job), 1, 1, []).lower(mesh_job.parallel), pricer)
+    every = [(path.replace("blocks.1", "blocks.*"), dim, parts) for path, dim, parts in GPT2_STAGE1]
+    one_mesh = compile_job(job, chunks(capture(job), 2, 2, every).lower(job.parallel), pricer)
+    assert _stage(graph, 0, pp=False) == _stage(rank0, 0, pp=False)
+    assert _stage(graph, 1, pp=False) == _stage(one_mesh, 1, pp=False)
+    assert _stage(graph, 0, pp=False) != _stage(one_mesh, 0, pp=False)
+    hop = pricer.pipeline_hop_s(2 * TOKENS * BF16, job)
+    assert hop > pricer.pipeline_hop_s(TOKENS * BF16, mesh_job)
+    sends = [t for t in graph.tasks if t.category == "pp_comm" and t.stream == "feature"]
+    assert {f"vs{b}" for b in range(3)} <= {word for t in sends for word in t.name.replace("->", " ").split()}
+    assert sends and all(t.duration_s == hop for t in sends)
+    assert simulate(graph, SimOptions()).makespan_s > 0.0

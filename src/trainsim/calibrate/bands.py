@@ -16,13 +16,14 @@ the band that every prediction of the group carries, holding COVERAGE (80%) of t
   of runs (a run weighs one over its source's runs in the group; weighted_quantile). Measured on sources held
   out, counting sources did worse: a source of 2 or 12 runs then weighs as much as one of 1,440, and its few
   runs' quantiles are noise (README, "Held-out runs").
-- pooling "parent" (in use): a group with too few residuals (fewer than MIN_GROUP_RESIDUALS, or from fewer than
-  MIN_GROUP_SOURCES sources: one source's runs say nothing of how far another's fall) takes its parent's, the
-  residuals of every group of the same stack side (known or unknown) at either scale (basis "scales-pooled"),
-  then every residual (basis "pooled"). A job on an unknown stack thus keeps the errors of stacks their fits had
-  not seen (the leave-one-source-out predictions, nearly all of the unknown-stack groups) as long as there are
-  enough. pooling "flat" (the rule before): the group's own, else every residual; no count of sources under
-  weight "runs".
+- pooling "parent" (in use): a group with too few residuals (fewer than MIN_GROUP_RESIDUALS; for an
+  unknown-stack group, also from fewer than MIN_GROUP_SOURCES sources: one stack's errors say nothing of how far
+  another stack's fall) takes its parent's, the residuals of every group of the same stack side (known or
+  unknown) at either scale (basis "scales-pooled"), then every residual (basis "pooled"). A job on an unknown
+  stack thus keeps the errors of stacks their fits had not seen (the leave-one-source-out predictions, nearly all
+  of the unknown-stack groups) as long as there are enough; a known-stack group may come from one source (a
+  user's own cluster). pooling "flat" (the rule before): the group's own, else every residual; no count of
+  sources under weight "runs".
 scripts/band_coverage.py measures every rule side by side, the honest way: new_source_coverage, each source's
 held-out runs against bands made without any of that source's held-out runs.
 """
@@ -51,7 +52,7 @@ BAND_SHAPES: tuple[BandShape, ...] = ("conformal", "symmetric", "quantiles")
 BAND_POOLINGS: tuple[BandPooling, ...] = ("parent", "flat")
 COVERAGE = QUANTILES[1] - QUANTILES[0]  # the share of held-out runs a band holds
 MIN_GROUP_RESIDUALS = 20  # fewer held-out runs than this: the group takes its parent's residuals (module docstring)
-MIN_GROUP_SOURCES = 2  # so does a group whose runs come from fewer sources (pooling "parent", or weight "sources")
+MIN_GROUP_SOURCES = 2  # so does one whose runs come from fewer sources (unknown stack; weight "sources": any)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,9 +151,9 @@ def band_ratios_of(records: Sequence[HeldOut], basis: str, rule: BandRule = BAND
                       basis=basis)  # type: ignore[arg-type]  # BandRatios checks it
 
 
-def _enough(records: Sequence[HeldOut], rule: BandRule) -> bool:
+def _enough(records: Sequence[HeldOut], rule: BandRule, group: str) -> bool:
     sources = len({r.source for r in records})
-    counts_sources = rule.weight == "sources" or rule.pooling == "parent"
+    counts_sources = rule.weight == "sources" or (rule.pooling == "parent" and _stack_side(group) == "unknown-stack")
     return len(records) >= MIN_GROUP_RESIDUALS and (not counts_sources or sources >= MIN_GROUP_SOURCES)
 
 
@@ -178,7 +179,8 @@ def uncertainty_of(records: Sequence[HeldOut], samples: Sequence[FitSample], fal
     gpus = [s.job.num_gpus for s in samples]
     bands: dict[str, BandRatios] = {}
     for group in GROUPS:
-        usable = [(basis, level) for basis, level in pooling_levels(group, records, rule) if _enough(level, rule)]
+        levels = pooling_levels(group, records, rule)
+        usable = [(basis, level) for basis, level in levels if _enough(level, rule, group)]
         if usable:
             bands[group] = band_ratios_of(usable[0][1], usable[0][0], rule)
         elif fallback is not None:

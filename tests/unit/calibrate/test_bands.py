@@ -29,7 +29,7 @@ from trainsim.calibrate.bands import (
 from trainsim.calibrate.fit import read_samples
 from trainsim.calibrate.runs import FitSample
 from trainsim.catalog.calibration import MEASUREMENTS_DIR, Calibration
-from trainsim.catalog.uncertainty import GROUPS
+from trainsim.catalog.uncertainty import GROUPS, BandRatios, Uncertainty
 from trainsim.errors import InputFileError
 from trainsim.estimate.result import iteration_band
 
@@ -163,6 +163,22 @@ def test_a_group_of_one_source_takes_its_parent_groups_band(samples: list[FitSam
     assert (flat.bands[unknown_outside].basis, flat.bands[unknown_outside].high_ratio) == ("own", 1.0)
     assert flat.bands["known-stack/outside-scale"].basis == "pooled"
     assert flat.bands["known-stack/outside-scale"].high_ratio == math.exp(24 / 64)
+
+
+def test_one_source_of_ones_own_keeps_its_known_stack_bands(samples: list[FitSample]) -> None:
+    # a user's cluster: one source, 30 k-fold runs of its own stack at |log ratio| 1 ... 30 (64ths). The known
+    # stack's bands come from them; an unknown stack's cannot (one stack's errors), so they are the package's
+    records = [_record("mine", (-1) ** i * i / 64, run=i) for i in range(1, 31)]
+    package = Uncertainty(min_gpus=1, max_gpus=8, bands={
+        group: BandRatios(low_ratio=0.5, high_ratio=2.0, residuals=99) for group in GROUPS})
+    bands = uncertainty_of(records, samples, fallback=package)
+    assert bands is not None
+    got = {group: (ratios.basis, ratios.high_ratio) for group, ratios in bands.bands.items()}
+    # ceil(31 x 0.8) = 25th of 30: 25
+    assert got == {KNOWN_INSIDE: ("own", math.exp(25 / 64)),
+                   "known-stack/outside-scale": ("scales-pooled", math.exp(25 / 64)),
+                   "unknown-stack/inside-scale": ("package", 2.0), "unknown-stack/outside-scale": ("package", 2.0)}
+    assert uncertainty_of(records, samples) is None  # no package fit to fall back on
 
 
 def test_new_source_coverage_holds_each_source_out_of_the_band(samples: list[FitSample]) -> None:

@@ -37,8 +37,9 @@ A batched matmul (attention written as einsums: the scores and the weighted sum 
 feature split of its inputs as a split of its heads, in its batch dim (batched_matmul).
 
 Refused in one line: a config on an op whose dims the pass cannot shape (a lookup, a convolution, a pool), a
-batched matmul split by rows, an attention or norm split needing the model's shape where the graph has none,
-stage meshes, and tp > 1 without any config from a tree (the graph is one device's whole model).
+batched matmul split by rows, an attention or norm split needing the model's shape where the graph has none, and
+tp > 1 without any config from a tree (the graph is one device's whole model). A plan whose stages run their own
+meshes is shaped per mesh (compile.front_end_meshes).
 NB: the saved activations are divided per op, not per tensor (a whole mask the attention core keeps is divided
 with its q, k and v); a tensor written in place is attributed to the op that allocated it.
 """
@@ -83,12 +84,8 @@ def shape_front_end_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
     its feature collectives in Layer.comms, the parameters its token-split ops sum over tp ranks in
     front_end_token_params and no mesh_splits left for the catalog's passes."""
     tp = job.parallel.tp
-    if tp == 1:
+    if tp == 1 or plan.stage_meshes:  # stage meshes: each shaped on its own (compile.front_end_meshes)
         return plan
-    where = f"the {plan.frontend} front-end's graph"
-    if plan.stage_meshes:
-        raise ConfigError("map.tp", plan.stage_meshes[0].tp, f"{where} runs one mesh; stage meshes need the catalog "
-                          "front-end")
     configs = plan.tp_configs()
     if not configs:
         refuse_whole_model_tp(plan.frontend, tp)

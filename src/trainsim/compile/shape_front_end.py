@@ -47,6 +47,7 @@ from trainsim.compile.shape_front_end_cnn import (
     TABLE_KINDS,
     backward_pairs,
     check_image_config,
+    hold_tied_tables,
     image_op,
     input_elements,
     is_batch_norm,
@@ -84,7 +85,6 @@ from trainsim.strategy.placement import (
 from trainsim.strategy.reshard import ReshardStep, reshard
 
 
-
 def shape_front_end_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
     """The plan with each layer instance of a captured graph shaped at its ops' configs over tp (module doc),
     its feature collectives in Layer.comms, the parameters its token-split ops sum over tp ranks in
@@ -112,6 +112,7 @@ def shape_front_end_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
         layer, token_params = found
         assignments[position] = dataclasses.replace(a, layer=layer)
         shared += [(a.index, parts, params) for parts, params in token_params.items()]
+    assignments = hold_tied_tables(plan.layers, assignments, configs)
     return dataclasses.replace(plan, layers=tuple(assignments), mesh_splits=(), front_end_token_params=tuple(shared))
 
 

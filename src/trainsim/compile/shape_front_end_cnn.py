@@ -19,19 +19,24 @@ written) divide by out x reduce, bytes (the token rows added) by the tokens' and
 
 Parameters held at a config: a convolution's weight Cout x Cin x kh x kw (compile.splits.weight_params) 1/(out x
 reduce), a batch norm's gain and bias (2 per channel) 1/out, a lookup's table 1/(out x reduce).
+A table tied to a head's projection (GPT-2's lm_head reads the token table) is held at the lookup's split only
+where the tree splits that projection alike (its out, the vocabulary, as the lookup's reduce; its reduce, the
+features, as the lookup's out: Megatron-LM's vocab-parallel embedding and head); else the projection reads the
+whole table and each rank holds it whole (hold_tied_tables).
 NB: a convolution's bias is not told apart from its operands' bytes (a captured convolution's input size is not
-kept), so it is held whole; a table tied to a head's projection (GPT-2's) is held at the lookup's split (the
-head's projection holds nothing of it: compile.shape_front_end).
+kept), so it is held whole; a tied projection's config is the tree's own for it (an inferred one counts as whole).
 """
 
 import dataclasses
 import math
-from collections.abc import Container
+from collections.abc import Container, Mapping, Sequence
 
 from trainsim.compile.splits import ceil_part, op_input_bytes, weight_params
 from trainsim.errors import ConfigError
 from trainsim.hardware.device import BYTES_PER_DTYPE
 from trainsim.ir.graph import Layer, Op
+from trainsim.strategy.lowered import LayerAssignment
+from trainsim.strategy.megatron import UNSPLIT
 from trainsim.strategy.placement import OpConfig
 
 IMAGE_KINDS = ("conv", "pool", "norm")  # 4-dim ops of these kinds lie as (batch, channels, h, w)
@@ -101,6 +106,27 @@ def own_params(op: Op, layer: Layer) -> float:
     if is_batch_norm(op) and is_image_op(op):
         return 2.0 * op.shape[1]
     return 0.0
+
+
+def hold_tied_tables(whole: Sequence[LayerAssignment], shaped: list[LayerAssignment],
+                     configs: Mapping[int, Mapping[str, OpConfig]]) -> list[LayerAssignment]:
+    """The shaped layer instances with each split lookup's table held whole again where a head's projection tied
+    to it (a matmul whose n x k weight its layer does not hold and the table's size) is not split alike (module
+    doc). whole: the captured instances, in the same order."""
+    tied = [(a.index, op) for a in whole if a.layer.kind == "head" for op in a.layer.fwd
+            if op.kind == "matmul" and len(op.shape) == 4 and op.shape[2] * op.shape[3] > a.layer.full_param_count]
+    out = list(shaped)
+    for position, a in enumerate(whole):
+        for op in a.layer.fwd if a.layer.kind == "embedding" else ():
+            config, table = configs.get(a.index, {}).get(op.module_path, UNSPLIT), own_params(op, a.layer)
+            heads = [configs.get(index, {}).get(m.module_path, UNSPLIT) for index, m in tied
+                     if op.kind == "embedding" and m.shape[2] * m.shape[3] == table]
+            parts = config.out * config.reduce
+            if parts > 1 and any((h.out, h.reduce) != (config.reduce, config.out) for h in heads):
+                layer = out[position].layer
+                out[position] = dataclasses.replace(out[position], layer=dataclasses.replace(
+                    layer, param_count=layer.param_count + table * (1.0 - 1.0 / parts)))
+    return out
 
 
 def input_elements(reader: Op, layer: Layer) -> float:

@@ -157,6 +157,77 @@ def test_stem_conv_by_out_and_the_classifier(cnn: OpGraph) -> None:
     assert [op.shape for op in stem.bwd] == [(4, 3, 3, 3)]
 
 
+def _catalog_cnn() -> Any:
+    """The same CNN as a catalog CnnSpec (its convs and batch norms, ReLUs and pools as the catalog's layers)."""
+    from trainsim.catalog.model_files import parse_model
+
+    def layer(kind: str, name: str, cin: int, kernel: int, hw: int, block: str) -> dict[str, Any]:
+        return {"type": kind, "name": name, "in_channels": cin, "out_channels": 10 if kind == "fc" else 8,
+                "kernel": [kernel, kernel], "stride": 2 if kind == "pool" else 1, "out_hw": [hw, hw], "block": block}
+
+    layers = [layer("conv", "stem", 3, 3, HW, "stem")]
+    for i, hw in ((0, HW), (1, HW // 2)):
+        b = f"blocks.{i}"
+        layers += [layer("conv", f"{b}.conv1", 8, 3, hw, b), layer("norm", f"{b}.bn1", 8, 1, hw, b),
+                   layer("relu", f"{b}.relu1", 8, 1, hw, b), layer("conv", f"{b}.conv2", 8, 3, hw, b),
+                   layer("norm", f"{b}.bn2", 8, 1, hw, b), layer("relu", f"{b}.relu2", 8, 1, hw, b),
+                   layer("pool", f"{b}.pool", 8, 2, hw // 2, b)]
+    layers.append(layer("fc", "fc", 32, 1, 1, "head"))
+    return parse_model({"kind": "cnn", "name": "tiny-cnn", "input_hw": [HW, HW], "layers": layers})
+
+
+@pytest.mark.parametrize(("splits", "handed"), [([("conv1", "out")], False), ([("conv2", "out")], True),
+                                               ([("conv1", "reduce")], False),
+                                               ([("conv1", "out"), ("conv2", "reduce")], False)], ids=str)
+def test_captured_cnn_split_matches_the_catalog_cnn(cnn: OpGraph, splits: list[tuple[str, str]],
+                                                    handed: bool) -> None:
+    """The catalog's configs over dp (compile.splits) on the same CNN, its 2 data-parallel ranks carved as the
+    pair (the stem whole: batch 1, so every op after it reads the group's 4 samples whole, as each tp rank reads
+    the captured micro-batch of 4) against the captured graph's configs over tp 2: per block the same collectives
+    (kind, phase, bytes, in order) and the same FLOPs per rank for every convolution, forward and backward (the
+    catalog's dgrad and wgrad summed: torch's one convolution_backward). Residual, exact: the catalog holds a
+    batch norm's gain and bias whole under a channel split (compile.splits sheds only a conv's or matmul's
+    weight), so a block whose bn1 or bn2 runs half the channels holds 8 parameters more there. Where a block
+    ends split (conv2 by out: bn2, the ReLU and the pool follow its channels), the captured block hands on its
+    whole output, an all-gather of the pool's 2048 bytes (a captured layer reads and hands on whole tensors),
+    while the catalog's chain carries the split into the next block (its conv1 infers a reduce split there): the
+    first block is compared without that all-gather, the second not at all."""
+    from trainsim.compile.splits import config_of, plan_splits, scaled_op
+    from trainsim.frontends.catalog.build import build_graph
+
+    job = _cnn_job()
+    captured = shape_layers(job, _plan(job, cnn, [(f"blocks.*.{path}", dim) for path, dim in splits]))
+    par = ParallelSpec.parse({"micro_batch": MB // 2, "seq_len": 1, "dp": 2, "global_batch": MB,
+                              "precision": "fp32"})
+    spec = _catalog_cnn()
+    tree = StrategyTree.from_parallel(build_graph(spec, DeviceSlice.of(par)), par).split("stem", "compute",
+                                                                                          "batch", 1)
+    for path, dim in splits:
+        tree = tree.split(f"blocks.*.{path}", "compute", dim, 2)
+    plan = tree.lower(make_job(spec, a100_cluster(2), par).parallel)
+    reference = plan_splits(plan, 2)
+    for mine, theirs in zip(captured.layers[1:2 if handed else 3], plan.layers[1:2 if handed else 3], strict=True):
+        split = reference[theirs.index]
+        ours = [(c.collective, c.phase, c.buffer_bytes) for c in mine.layer.comms]
+        if handed:
+            assert ours[0] == ("all-gather", "fwd", POOL_BYTES)
+            ours = ours[1:]
+        assert ours == [(c.step.collective, c.phase, c.step.buffer_bytes) for c in split.comms
+                        if c.phase == "fwd"] + [(c.step.collective, c.phase, c.step.buffer_bytes)
+                                                for c in split.comms if c.phase == "bwd"]
+        catalog_flops: dict[tuple[str, str], float] = {}
+        for op in theirs.layer.fwd + theirs.layer.bwd:
+            if op.kind == "conv":
+                config = config_of(split, op)
+                assert config is not None
+                key = (op.module_path.rsplit(".", 1)[-1], op.phase)
+                catalog_flops[key] = catalog_flops.get(key, 0.0) + scaled_op(op, config, 2).flops
+        assert {(op.module_path.rsplit(".", 1)[-1], op.phase): op.flops for op in mine.layer.fwd + mine.layer.bwd
+                if op.kind == "conv"} == catalog_flops
+        norms_split = sum(1 for op in mine.layer.fwd if op.kind == "norm" and op.shape[1] < 8)
+        assert split.held_params - mine.layer.param_count == 8 * norms_split
+
+
 def test_sim_and_analytical_agree_on_the_split_cnn(cnn: OpGraph) -> None:
     """Both engines price the shaped graph and its collectives; the split runs less compute per rank than tp 1."""
     job = _cnn_job()

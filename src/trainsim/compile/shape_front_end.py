@@ -14,6 +14,8 @@ reduce) parts divide its m, n and k (its backward matmuls' too, the same dims pe
 and out parts its batch x heads and its seq parts the query rows, a 4-dim element-wise op's (HF's attention layout:
 batch, heads, seq, head dim or keys; the rope) its first three dims, any other op's batch, seq and out parts its
 leading, second and last dims; FLOPs and bytes divide by the parts (the busiest part where they do not divide).
+Convolutions, pools, batch norms (their tensors (batch, channels, h, w)) and token lookups (by columns or rows):
+compile.shape_front_end_cnn.
 
 Every reader's layout is compared with its own producer's: where they differ, strategy.reshard's pattern matching
 gives the collective (strategy.megatron.reshard_tp names it as the catalog's: attn.ar, mlp.ag, block.ag), and the
@@ -33,9 +35,9 @@ matmul whose weight the layer does not hold (GPT-2's head, tied to the embedding
 stays whole where the lookup holds it. Each op keeps the activations it saves for its backward (Op.saved_bytes) as
 it reads them: divided by its input's parts.
 
-Refused in one line: a config on an op whose dims the pass cannot shape (a lookup, a convolution, a pool), an
-attention or norm split needing the model's shape where the graph has none, stage meshes, and tp > 1 without any
-config from a tree (the graph is one device's whole model).
+Refused in one line: a seq split of an image op (a convolution, a pool, a batch norm), an attention or norm split
+needing the model's shape where the graph has none, stage meshes, and tp > 1 without any config from a tree (the
+graph is one device's whole model).
 NB: the saved activations are divided per op, not per tensor (a whole mask the attention core keeps is divided
 with its q, k and v); a tensor written in place is attributed to the op that allocated it.
 """

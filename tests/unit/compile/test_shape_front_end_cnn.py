@@ -12,6 +12,8 @@ The first block's tensors (fp32): its input and each conv's output 4 x 8 x 8 x 8
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import a100_cluster
 from trainsim.catalog.hf_config import model_from_hf_config
@@ -21,7 +23,6 @@ from trainsim.errors import ConfigError
 from trainsim.frontends.catalog.transformer import build_transformer
 from trainsim.frontends.opaque import opaque_spec
 from trainsim.ir.graph import Layer, OpGraph
-from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job, make_job
 from trainsim.pipeline import predict
 from trainsim.strategy.device_slice import DeviceSlice
@@ -335,10 +336,33 @@ def test_lookup_parts_must_divide_tp() -> None:
     assert "must divide tp=2" in str(info.value)
 
 
-def test_catalog_models_are_unchanged() -> None:
-    """The catalog's transformers still refuse nothing new and an opaque model without a tree-split graph keeps
-    tp = 1 (the jax and trace front-ends)."""
-    assert isinstance(model_from_hf_config(LLAMA, name="llama"), TransformerSpec)
+def test_an_opaque_model_without_module_paths_keeps_tp_1() -> None:
+    """Only the torch front-end's factory models take tp (through a tree); an opaque model from the jax front-end
+    (no module tree to address) is refused tp > 1 at the job, naming the field."""
     with pytest.raises(ConfigError, match="tp=2 is invalid: must be 1 for a model of kind opaque"):
         make_job(opaque_spec("step", "jax train step"), a100_cluster(2),
                  ParallelSpec.parse({"micro_batch": 1, "seq_len": 8, "tp": 2, "dp": 1, "precision": "fp32"}))
+
+
+@settings(max_examples=60, deadline=None)
+@given(batch=st.integers(1, 9), channels=st.integers(1, 40), hw=st.integers(1, 6), kernel=st.integers(1, 3),
+       parts=st.sampled_from([(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 1), (1, 2, 2), (4, 1, 1)]))
+def test_a_split_image_op_runs_at_least_its_share(batch: int, channels: int, hw: int, kernel: int,
+                                                  parts: tuple[int, int, int]) -> None:
+    """A convolution, pool or batch norm at any (batch, out, reduce) config: the busiest rank runs at least its even
+    share of the FLOPs, exactly it where the parts divide the dims they split, and never more than the whole."""
+    from trainsim.compile.shape_front_end_cnn import image_op
+    from trainsim.ir.graph import Op
+    from trainsim.strategy.placement import OpConfig
+
+    b, out, red = parts
+    flops = 2.0 * batch * channels * hw * hw * channels * kernel * kernel
+    for kind in ("conv", "pool", "norm"):
+        config = OpConfig(b, 1, out, red if kind == "conv" else 1)
+        op = Op(kind, kind, "m", "fwd", "fp32", flops, 4.0 * flops, (batch, channels, hw, hw))  # type: ignore[arg-type]
+        mine = image_op(op, config, None)
+        share = flops / config.parts
+        assert share * (1 - 1e-12) <= mine.flops <= flops * (1 + 1e-12)
+        if batch % b == 0 and channels % out == 0:
+            assert mine.flops == pytest.approx(share)
+            assert mine.shape == (batch // b, channels // out, hw, hw)

@@ -32,8 +32,9 @@ A split matmul holds 1/(out x reduce) of its weight (n x k of its shape) and 1/o
 its three operands); a norm split by features 1/out of its gain and bias (the model's norm size); split by tokens,
 either holds its part whole and sums its gradient over those tp ranks too (LoweredPlan.front_end_token_params). A
 matmul whose weight the layer does not hold (GPT-2's head, tied to the embedding's table) holds nothing: the table
-stays whole where the lookup holds it. Each op keeps the activations it saves for its backward (Op.saved_bytes) as
-it reads them: divided by its input's parts.
+stays where the lookup holds it (whole, or at its split where the head's projection splits alike:
+compile.shape_front_end_cnn.hold_tied_tables). Each op keeps the activations it saves for its backward
+(Op.saved_bytes) as it reads them: divided by its input's parts.
 
 Refused in one line: a seq split of an image op (a convolution, a pool, a batch norm), an attention or norm split
 needing the model's shape where the graph has none, stage meshes, and tp > 1 without any config from a tree (the
@@ -198,7 +199,7 @@ class _Walk:
     def step(self, position: int, op: Op, config: OpConfig | None) -> None:
         where = f"split.compute@tp on {self.layer.name} {op.module_path or '<root>'} ({op.name})"
         inputs = [p for p in self._inputs(position, op) if p in self.placements]
-        contracting = op.kind in TABLE_KINDS or op.kind in CONTRACTING  # a lookup's rows: partial sums
+        contracting = op.kind in CONTRACTING or op.kind in TABLE_KINDS  # and a lookup's rows: partial sums
         if config is None:
             config = self._inferred(op, inputs)
         need = input_placement(config, self.dev.tp, contracting)

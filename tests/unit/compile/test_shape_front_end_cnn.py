@@ -158,6 +158,54 @@ def test_stem_conv_by_out_and_the_classifier(cnn: OpGraph) -> None:
     assert [op.shape for op in stem.bwd] == [(4, 3, 3, 3)]
 
 
+class _Basic(nn.Module):
+    """torchvision's BasicBlock without a downsample: conv-BN-ReLU, conv-BN, the skip added, ReLU."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+        self.relu = nn.ReLU()
+
+    def forward(self, x: Any) -> Any:
+        out = self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x)))))
+        return self.relu(out + x)
+
+
+class _ResNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.layer1 = nn.Sequential(_Basic(8), _Basic(8))
+        self.fc = nn.Linear(8 * HW * HW, 10)
+
+    def forward(self, x: Any, labels: Any) -> Any:
+        return nn.functional.cross_entropy(self.fc(self.layer1(self.stem(x)).flatten(1)), labels)
+
+
+def test_residual_block_split_by_conv2_out_gathers_its_output_and_its_skip_gradient() -> None:
+    """A basic block (bn2, the skip add and the ReLU one fused group reading conv2's output and the block's input)
+    with conv2 by out: the fused group follows the channel split (the skip input sliced), the block hands on its
+    whole output (all-gather of 8192 bytes); backward, the skip's gradient lies split and the block's input
+    gradient whole (conv1 reads it whole): all-gathered, and conv2's input gradient, partial over its output
+    channels, all-reduced (8192 bytes each)."""
+    from trainsim.frontends.torch.capture import TensorSpec, graph_from_module
+
+    inputs = {"x": TensorSpec((MB, 3, HW, HW), "float32"), "labels": TensorSpec((MB,), "int64")}
+    graph = graph_from_module(_ResNet(), inputs, precision="fp32", micro_batch=MB, seq_len=1, fused=True)
+    job = _cnn_job()
+    block = next(a.layer for a in shape_layers(job, _plan(job, graph, [("blocks.*.*.conv2", "out")])).layers
+                 if a.layer.kind == "block")
+    added = block.fwd[-1]
+    assert (added.kind, added.inputs, added.shape) == ("norm", (2, -1), (MB, 4, HW, HW))
+    assert _comms(block) == [("block.ag", "all-gather", "fwd", ACT_BYTES, ""),
+                             ("block.ag", "all-gather", "bwd", ACT_BYTES, ""),
+                             ("block.ar", "all-reduce", "bwd", ACT_BYTES, "layer1.0.conv2")]
+    assert block.param_count == BLOCK_PARAMS - 288 - 8
+
+
 def _catalog_cnn() -> Any:
     """The same CNN as a catalog CnnSpec (its convs and batch norms, ReLUs and pools as the catalog's layers)."""
     from trainsim.catalog.model_files import parse_model

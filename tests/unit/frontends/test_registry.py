@@ -108,10 +108,13 @@ def test_trace_refuses_tp_naming_the_module_paths_it_lacks() -> None:
     graph = frontend.inspect(str(FIXTURES), 64, 1, "fp32")
     assert {op.module_path.split(".")[0] for layer in graph.layers for op in layer.fwd} == {"trace"}
     assert len(graph.layers) == 1 and any(op.kind == "matmul" and len(op.shape) == 4 for op in graph.layers[0].fwd)
-    with pytest.raises(ConfigError) as info:
-        frontend.graph(str(FIXTURES), _job(spec, 2, tp=2, micro_batch=64))
-    message = str(info.value)
-    assert message.startswith("tp=2 is invalid") and "records no module paths" in message and "\n" not in message
+    cluster = load_cluster("local-cpu").with_num_gpus(2)
+    for make in (lambda: _job(spec, 2, tp=2, micro_batch=64),  # make_job: the spec says why
+                 lambda: frontend.graph(str(FIXTURES), Job(spec, cluster, ParallelSpec(tp=2, dp=1, micro_batch=64)))):
+        with pytest.raises(ConfigError) as info:
+            make()
+        message = str(info.value)
+        assert message.startswith("tp=2 is invalid") and "records no module paths" in message and "\n" not in message
 
 
 # ---- jax --------------------------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ class JaxFrontend:
         location, _, attr = source.rpartition(":")
         if not location or not attr:
             raise ConfigError("model", source, "the jax front-end takes path/to/file.py:factory or module:factory")
-        return opaque_spec(attr, "jax train step")
+        return opaque_spec(attr, "jax train step", split_by_tree=True)
 
     def graph(self, source: str, job: Job) -> OpGraph:
         par = job.parallel

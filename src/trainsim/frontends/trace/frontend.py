@@ -76,7 +76,8 @@ class TraceFrontend:
         return traced
 
     def model_spec(self, source: str) -> ModelSpec:
-        return opaque_spec(Path(source).name, "execution trace", self.traced(source).first_graph.param_count())
+        return opaque_spec(Path(source).name, "execution trace", self.traced(source).first_graph.param_count(),
+                           no_tp_reason=NO_MODULE_PATHS)
 
     def job_defaults(self, source: str) -> dict[str, Any]:
         """The traced run: its ranks and its micro-batch."""

@@ -80,7 +80,8 @@ def _input() -> Any:
 def _job(tp: int = 2) -> Job:
     par = ParallelSpec.parse({"micro_batch": BATCH, "seq_len": SEQ, "global_batch": BATCH, "tp": tp, "dp": 1,
                               "precision": "fp32"})
-    return make_job(opaque_spec("mlp", "jax train step"), load_cluster("local-cpu").with_num_gpus(tp), par)
+    spec = opaque_spec("mlp", "jax train step", split_by_tree=True)  # as the JAX front-end gives it
+    return make_job(spec, load_cluster("local-cpu").with_num_gpus(tp), par)
 
 
 def _plan(job: Job, graph: OpGraph, splits: list[tuple[str, str]], parts: int = 2) -> LoweredPlan:

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from trainsim.catalog.files import write_atomic
 from trainsim.errors import MAX_NAME_CHARS, ConfigError, TrainsimError, check_name
-from trainsim.ir.model_spec import TransformerSpec
+from trainsim.ir.model_spec import DEEPSEEK_LAYOUT_FIELDS, TransformerSpec
 from trainsim.job import Job
 from trainsim.measure.results import job_to_dict, result_path
 from trainsim.strategy.parallel import AttentionKernel, OptimizerImpl, Schedule
@@ -183,11 +183,9 @@ def check_supported(job: Job, device: Device, tree: bool = False) -> None:
 
 def _check_built_structure(model: TransformerSpec) -> None:
     """What measure's model builder (measure/model.py) does not build: a multi-head latent attention, experts of
-    a width of their own, shared experts, leading dense blocks."""
-    for name, value in (("mla", model.mla), ("expert_ffn_hidden", model.expert_ffn_hidden),
-                        ("shared_expert_ffn_hidden", model.shared_expert_ffn_hidden),
-                        ("leading_dense_layers", model.leading_dense_layers)):
-        if value:
+    a width of their own, shared experts, leading dense blocks (DEEPSEEK_LAYOUT_FIELDS)."""
+    for name in DEEPSEEK_LAYOUT_FIELDS:
+        if getattr(model, name):
             raise unsupported(f"{name} of {model.name} is not built by measure (its attention has q, k and v "
                               "projections per head, its experts the model's ffn_hidden, every moe_every-th block)")
 

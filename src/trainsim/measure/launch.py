@@ -258,6 +258,14 @@ def make_spec(job: Job, out_dir: Path, *, run_id: str | None = None, iterations:
                        tp_dims=tp_dims)
 
 
+def free_port() -> int:
+    """A loopback port free now, for a local rendezvous whose ranks bind it themselves (another process may take
+    it before they do; launch's own store does not pick one: _store_socket)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def _store_socket() -> socket.socket:
     """The rendezvous store's listening socket, on loopback (every rank is local), bound and listening before any
     rank starts: rank 0 inherits it (torch.distributed.TCPStore's master_listen_fd), so no other process can

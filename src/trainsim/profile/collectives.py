@@ -38,7 +38,6 @@ import contextlib
 import multiprocessing
 import os
 import queue
-import socket
 import statistics
 import time
 from collections.abc import Callable
@@ -47,6 +46,7 @@ from datetime import timedelta
 from typing import Any
 
 from trainsim.errors import ConfigError, TrainsimError
+from trainsim.measure.launch import free_port
 from trainsim.profile.database import Environment, ProfileDB, TimingStats
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv")
@@ -67,12 +67,6 @@ class CollectiveSummary:
 
 
 CollectiveProgress = Callable[[str, int, str], None]  # (collective, message bytes, "measured" | "stored")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def next_rank_message(results: Any, procs: list[Any], deadline: float, timeout_s: float, what: str) -> tuple[Any, ...]:
@@ -250,7 +244,7 @@ def profile_collectives(db: ProfileDB, env: Environment, *, collectives: tuple[s
         return CollectiveSummary(len(pairs), 0, stored)
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_worker, daemon=True,
                          args=(rank, world_size, port, todo, warmup, repeats, env.threads, timeout_s, os.getpid(),
                                results, clock, calls_per_sample, gap_s))

@@ -18,7 +18,8 @@ from typing import Any
 
 from trainsim.errors import ConfigError
 from trainsim.ir.model_spec import ModelSpec, TransformerSpec
-from trainsim.profile.collectives import BACKEND, _free_port, join_ranks, next_rank_message
+from trainsim.measure.launch import free_port
+from trainsim.profile.collectives import BACKEND, join_ranks, next_rank_message
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +102,7 @@ def measure_overlap(model: ModelSpec, *, micro_batch: int, seq_len: int, world_s
         raise ConfigError("world_size", world_size, "must be at least 2 (gradients to all-reduce)")
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_worker, daemon=True, args=(rank, world_size, port, model, micro_batch, seq_len,
                                                              max(0, warmup), repeats, threads, timeout_s, results))
              for rank in range(world_size)]

@@ -25,7 +25,8 @@ from datetime import timedelta
 from typing import Any
 
 from trainsim.errors import ConfigError
-from trainsim.profile.collectives import BACKEND, _collective_fn, _free_port, join_ranks, next_rank_message
+from trainsim.measure.launch import free_port
+from trainsim.profile.collectives import BACKEND, _collective_fn, join_ranks, next_rank_message
 from trainsim.profile.database import Environment, ProfileDB
 from trainsim.profile.ops import OVERHEAD_SIGNATURE_KIND, OpSignature
 
@@ -176,7 +177,7 @@ def measure_reshard_overhead(world_size: int = 2, elements: int = 1024, calls: i
                               f"{2 if name == 'world_size' else 1}")
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_worker, daemon=True, args=(rank, world_size, port, elements, calls, rounds,
                                                              timeout_s, results, probed))
              for rank in range(world_size)]

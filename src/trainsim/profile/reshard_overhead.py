@@ -72,10 +72,16 @@ def _backward_start() -> Callable[[], float]:
     start, which a training step's one backward pass pays once; returns its thread CPU seconds."""
     import torch
 
-    x = torch.randn(_ROWS, 8, requires_grad=True)
+    return _timed_backward(lambda t: t * 1.0, torch.randn(_ROWS, 8, requires_grad=True))
+
+
+def _timed_backward(run: Callable[[Any], Any], x: Any) -> Callable[[], float]:
+    """A call that runs `run` on x untimed, then its backward (with a gradient of ones); returns the backward's
+    thread CPU seconds."""
+    import torch
 
     def timed() -> float:
-        y = x * 1.0
+        y = run(x)
         grad = torch.ones_like(y)
         begun = time.thread_time()
         y.backward(grad)
@@ -110,14 +116,7 @@ def _executor_call(collective: str, phase: str, group: Any, world: int, elements
     source = conjugate.get(collective)
     x = torch.randn(_ROWS, width // world if source == "all-gather" else width, requires_grad=True)
     run = forward[source] if source is not None else (lambda t: ReduceGradients.apply(t, group))
-
-    def timed_backward() -> float:
-        y = run(x)
-        grad = torch.ones_like(y)
-        begun = time.thread_time()
-        y.backward(grad)
-        return time.thread_time() - begun
-    return timed_backward
+    return _timed_backward(run, x)
 
 
 def _worker(rank: int, world: int, port: int, elements: int, calls: int, rounds: int, timeout_s: float,

@@ -69,6 +69,20 @@ class CollectiveSummary:
 CollectiveProgress = Callable[[str, int, str], None]  # (collective, message bytes, "measured" | "stored")
 
 
+def start_ranks(worker: Callable[..., None], world_size: int, *args: Any) -> tuple[Any, list[Any]]:
+    """Start a probe's `world_size` rank processes (spawned daemons), each running worker(rank, world_size, port,
+    results, *args): port a free loopback one for their rendezvous, results the queue they report on; returns
+    the queue and the processes."""
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=worker, daemon=True, args=(rank, world_size, port, results, *args))
+             for rank in range(world_size)]
+    for proc in procs:
+        proc.start()
+    return results, procs
+
+
 def next_rank_message(results: Any, procs: list[Any], deadline: float, timeout_s: float, what: str) -> tuple[Any, ...]:
     """The next result a probe's rank processes put on `results` (a tuple; ("error", rank, text) from a rank that
     failed); `what` (the probe) names it in the errors: past the deadline, a rank that died, a rank's error."""
@@ -139,8 +153,8 @@ def _compute_for(thread_s: float, a: Any, b: Any) -> float:
     return time.thread_time() - begun
 
 
-def _worker(rank: int, world_size: int, port: int, todo: list[tuple[str, int]], warmup: int, repeats: int,
-            threads: int, timeout_s: float, parent_pid: int, results: Any, clock: str = "wall",
+def _worker(rank: int, world_size: int, port: int, results: Any, todo: list[tuple[str, int]], warmup: int,
+            repeats: int, threads: int, timeout_s: float, parent_pid: int, clock: str = "wall",
             calls_per_sample: int = 1, gap_s: float = 0.0) -> None:
     """One rank: time each pending (collective, size) on `clock` (CLOCKS), a sample being the mean of
     `calls_per_sample` calls, back to back or (gap_s > 0) each after gap_s of compute; rank 0 reports."""
@@ -242,15 +256,8 @@ def profile_collectives(db: ProfileDB, env: Environment, *, collectives: tuple[s
     stored = len(pairs) - len(todo)
     if not todo:
         return CollectiveSummary(len(pairs), 0, stored)
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_worker, daemon=True,
-                         args=(rank, world_size, port, todo, warmup, repeats, env.threads, timeout_s, os.getpid(),
-                               results, clock, calls_per_sample, gap_s))
-             for rank in range(world_size)]
-    for proc in procs:
-        proc.start()
+    results, procs = start_ranks(_worker, world_size, todo, warmup, repeats, env.threads, timeout_s, os.getpid(),
+                                 clock, calls_per_sample, gap_s)
     measured, failure = 0, ""
     deadline = time.monotonic() + timeout_s
     try:

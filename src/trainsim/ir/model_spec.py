@@ -11,6 +11,9 @@ from trainsim.specbase import Spec
 MAX_LAYERS = 10_000
 
 Arch = Literal["gpt", "llama", "bert", "mpt", "bloom", "moe", "mixtral", "other"]
+# TransformerSpec's fields of DeepSeek-V2/V3's layout: a multi-head latent attention, routed experts of a width of
+# their own, shared experts, leading dense blocks; at their defaults (0 or None) a transformer has none of them
+DEEPSEEK_LAYOUT_FIELDS = ("mla", "expert_ffn_hidden", "shared_expert_ffn_hidden", "leading_dense_layers")
 
 
 class MlaSpec(Spec):

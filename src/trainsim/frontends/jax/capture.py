@@ -1,6 +1,6 @@
 """The JAX front-end: a JAX function (a training step) -> jaxpr -> a DAG of equations -> OpGraph.
 
-Follows the DAG construction of PredTOP (../shared/seeds/000_e0386a888de0bcc5.txt, sec. IV-B): a node per
+Follows the DAG construction of PredTOP (sec. IV-B): a node per
 jaxpr equation carrying its output shape and dtype, plus input, literal and output nodes (Table I's node types);
 an edge per data dependency. Call-like equations (jit/pjit, custom_jvp_call, custom_vjp_call, remat/checkpoint,
 closed_call) are inlined: their sub-jaxpr's equations become nodes. Control flow (scan, while, cond) stays one

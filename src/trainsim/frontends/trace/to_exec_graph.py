@@ -1,5 +1,5 @@
 """Lower per-rank execution traces to an ExecGraph for the trace-replay rung (L3), after Lin et al.
-(../shared/seeds/003_e7615fd9be41855d.txt): measured per-rank op durations, intra-rank program order,
+("Towards Performance Modeling of Multi-GPU Training"): measured per-rank op durations, intra-rank program order,
 inter-rank synchronisation at collectives.
 
 One simulated device per rank. Per rank, in program order:

@@ -9,7 +9,10 @@ Conventions, chosen so that the trace matches what the analytic catalog models f
 - inputs input_ids and labels of shape (micro_batch, seq_len), so the loss is part of the step;
 - SDPA attention; attention-probability dropout set to 0 (a fused kernel applies it inside, at no extra FLOPs,
   and CPU kernels would otherwise fall back to unfused math), hidden dropout kept;
-- decoders count attention as causal (a fused kernel skips the masked half) although HF passes a mask tensor.
+- decoders count attention as causal (a fused kernel skips the masked half) although HF passes a mask tensor;
+- a mixture of experts (Mixtral's num_local_experts > 1) traces its router as the model runs it and balanced
+  routing for its experts (torch.moe: every expert T k / E routed token copies, as the catalog prices), without
+  the router's auxiliary load-balancing loss (output_router_logits off, the model's default).
 """
 
 import contextlib
@@ -18,6 +21,7 @@ from typing import Any
 
 from trainsim.errors import ConfigError
 from trainsim.frontends.torch.capture import TensorSpec, graph_from_module
+from trainsim.frontends.torch.moe import is_moe_config, with_balanced_routing
 from trainsim.ir.graph import OpGraph
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.strategy.precision import Precision
@@ -48,8 +52,10 @@ def graph_from_hf_config(config: Any, *, micro_batch: int, seq_len: int, precisi
     inputs = {"input_ids": TensorSpec((micro_batch, seq_len), "int64"),
               "labels": TensorSpec((micro_batch, seq_len), "int64")}
     label = name or str(traced.get("_name_or_path") or model_type)
+    build = (lambda: with_balanced_routing(model_for(traced_config))) if is_moe_config(traced_config) else (
+        lambda: model_for(traced_config))
     with _quiet_transformers():
-        return graph_from_module(lambda: model_for(traced_config), inputs, precision=precision,
+        return graph_from_module(build, inputs, precision=precision,
                                  micro_batch=micro_batch, seq_len=seq_len, name=label,
                                  causal_attention=model_type not in _ENCODERS, repeat_count=num_layers,
                                  fused=fused)

@@ -9,10 +9,11 @@ model_spec: the TransformerSpec of the Hugging Face config (catalog.hf_config), 
 module's `config`; a module without one is opaque (frontends.opaque: dp, pp, and tp by a tree).
 graph: the traced step, lowered to the kernels a fused training stack runs (torch.fuse). The trace is one
 device's whole model (OpGraph.frontend "torch"): tensor parallelism takes a strategy tree's configs over tp on its
-ops, addressed by module path (compile.shape_front_end: tp > 1 without one is refused there); sequence, context
-and expert parallelism and the unfused "math" attention are refused, naming the field (the trace runs one
-device's whole sequence through SDPA); dp, pp, ZeRO and recompute are priced on the traced graph as the catalog's
-are.
+ops, addressed by module path (compile.shape_front_end: tp > 1 without one is refused there); a Mixtral-shaped
+mixture of experts is traced with balanced routing and split over ep at tp=1 (torch.moe: E / ep experts a rank,
+the all-to-alls over ep); sequence and context parallelism, ep with tp > 1 and the unfused "math" attention are
+refused, naming the field (the trace runs one device's whole sequence through SDPA); dp, pp, ZeRO and recompute
+are priced on the traced graph as the catalog's are.
 """
 
 from dataclasses import replace
@@ -75,8 +76,9 @@ class TorchFrontend:
 def _check_strategy(dev: DeviceSlice) -> None:
     if dev.cp != 1:
         raise ConfigError("cp", dev.cp, "the torch front-end traces the whole sequence on a device; use cp=1")
-    if dev.ep != 1:
-        raise ConfigError("ep", dev.ep, "the torch front-end maps dense transformers only; use ep=1")
+    if dev.ep != 1 and dev.tp != 1:
+        raise ConfigError("ep", dev.ep, "the torch front-end splits a captured MoE's experts over ep at tp=1 only; "
+                          "use ep=1 or tp=1")
     if not dev.fused_attention:
         raise ConfigError("attention", dev.attention, "the torch front-end traces fused SDPA attention; "
                           "choose flash2 or flash3")
@@ -98,7 +100,12 @@ def _trace(source: str, job: Job, dev: DeviceSlice) -> OpGraph:
         config = hf_config_from_spec(job.model)
     else:
         raise ConfigError("model", source, f"is a {job.model.kind}; the torch front-end takes transformers")
-    return graph_from_hf_config(config, name=job.model.name, fused=True, **shape)
+    graph = graph_from_hf_config(config, name=job.model.name, fused=True, ep=dev.ep, **shape)
+    if isinstance(job.model, TransformerSpec) and job.model.is_moe:
+        from trainsim.frontends.torch.moe import moe_layers
+
+        return moe_layers(graph, job.model, dev)
+    return graph
 
 
 def _trace_factory(source: str, job: Job) -> OpGraph:

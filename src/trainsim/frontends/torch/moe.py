@@ -45,13 +45,13 @@ class _ExpertSlot(nn.Module):
         super().__init__()
         self.index = index
 
-    def forward(self, experts: Any, hidden_states: torch.Tensor, token_idx: torch.Tensor,
-                weights: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
-        tokens = hidden_states[token_idx]
-        gate, up = nn.functional.linear(tokens, experts.gate_up_proj[self.index]).chunk(2, dim=-1)
+    def forward(self, experts: Any, weights: tuple[torch.Tensor, torch.Tensor], hidden_states: torch.Tensor,
+                token_idx: torch.Tensor, routing_weights: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+        gate_up, down = weights
+        gate, up = nn.functional.linear(hidden_states[token_idx], gate_up).chunk(2, dim=-1)
         # act_fn.forward, not act_fn(...): its ops stay on this expert's module path
-        routed = nn.functional.linear(experts.act_fn.forward(gate) * up, experts.down_proj[self.index])
-        return output.index_add_(0, token_idx, (routed * weights[:, None]).to(output.dtype))
+        routed = nn.functional.linear(experts.act_fn.forward(gate) * up, down)
+        return output.index_add_(0, token_idx, (routed * routing_weights[:, None]).to(output.dtype))
 
 
 def mixtral_config(spec: TransformerSpec) -> dict[str, Any]:
@@ -137,8 +137,11 @@ def _balanced_forward(self: Any, hidden_states: torch.Tensor, top_k_index: torch
     copies = torch.arange(tokens * top_k, device=hidden_states.device)
     token_of, slot_of = copies // top_k, copies % top_k
     output = torch.zeros_like(hidden_states)
+    # each expert's weights: views of the 3D weights made once (their gradient written once, as a grouped GEMM
+    # writes it), not HF's eager gate_up_proj[e] per expert, whose backward adds E whole-weight gradients
+    weights = list(zip(self.gate_up_proj.unbind(0), self.down_proj.unbind(0), strict=True))
     for expert, slot in enumerate(self.slots):
         token_idx = token_of[expert * rows:(expert + 1) * rows]
         slot_idx = slot_of[expert * rows:(expert + 1) * rows]
-        output = slot(self, hidden_states, token_idx, top_k_weights[token_idx, slot_idx], output)
+        output = slot(self, weights[expert], hidden_states, token_idx, top_k_weights[token_idx, slot_idx], output)
     return output

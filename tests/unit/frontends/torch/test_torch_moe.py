@@ -140,12 +140,21 @@ def test_ep_plan_prices_the_same_collectives_and_gradient_groups_as_the_catalog(
         assert catalog_s[key] <= torch_s[key] < 1.01 * catalog_s[key], key
 
 
+def _catalog_transformer(name: str) -> TransformerSpec:
+    spec = load_model(name)
+    assert isinstance(spec, TransformerSpec)
+    return spec
+
+
 def test_catalog_mixtral_maps_to_a_mixtral_config_and_other_moes_are_refused() -> None:
-    config = hf_config_from_spec(load_model("mixtral-8x7b"))
+    config = hf_config_from_spec(_catalog_transformer("mixtral-8x7b"))
     assert (config["model_type"], config["num_local_experts"], config["num_experts_per_tok"]) == ("mixtral", 8, 2)
-    assert model_from_hf_config(config, name="mixtral-8x7b").num_experts == 8
+    back, catalog = model_from_hf_config(config, name="mixtral-8x7b"), _catalog_transformer("mixtral-8x7b")
+    fields = ("num_layers", "hidden", "ffn_hidden", "num_heads", "num_kv_heads", "vocab", "mlp", "norm", "position",
+              "bias", "tied_embeddings", "num_experts", "top_k", "moe_every", "expert_ffn")
+    assert [getattr(back, f) for f in fields] == [getattr(catalog, f) for f in fields]
     with pytest.raises(ConfigError, match="Mixtral-shaped"):
-        hf_config_from_spec(load_model("deepseek-v3"))
+        hf_config_from_spec(_catalog_transformer("deepseek-v3"))
 
 
 @pytest.mark.parametrize(("change", "ep", "field"), [

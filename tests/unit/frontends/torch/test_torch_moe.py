@@ -53,16 +53,17 @@ def _block(graph: OpGraph) -> Layer:
     return next(layer for layer in graph.layers if layer.kind in ("block", "moe_block"))
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_captured_mixtral_flops_and_parameters_match_the_catalog(precision: Any) -> None:
+@pytest.mark.parametrize(("precision", "fused"), [("fp32", False), ("bf16", False), ("bf16", True)])
+def test_captured_mixtral_flops_and_parameters_match_the_catalog(precision: Any, fused: bool) -> None:
     """Matmul and attention FLOPs (the router's matmul and every expert's among them) and parameters are the
     catalog's exactly; the rest, element-wise work, differs by what each counts: the capture's aten ops (the
     router's softmax, top-k and renormalisation, each expert's gather, scaling and index_add and in the backward
     the gather's gradient written into a zero (T, h) tensor and added, E times, as HF's eager loop runs it; the
     norms' and SwiGLU's ops one by one) against the catalog's per-element FLOPs of its norms, SwiGLU and residual
     adds: under 1% of the step's FLOPs here (0.74% at fp32)."""
-    traced = graph_from_hf_config(CONFIG, micro_batch=MB, seq_len=SEQ, precision=precision)
+    traced = graph_from_hf_config(CONFIG, micro_batch=MB, seq_len=SEQ, precision=precision, fused=fused)
     analytic = build_transformer(_spec(), DeviceSlice(MB, SEQ, policy_for(precision)))
+    assert {expert_of(op.module_path) for op in _block(traced).fwd} - {None} == set(range(EXPERTS))
     assert _flops(traced, _GEMMS) == _flops(analytic, _GEMMS)
     assert traced.param_count() == analytic.param_count()
     assert _block(traced).full_param_count == _block(analytic).full_param_count

@@ -92,15 +92,16 @@ def _trace(source: str, job: Job, dev: DeviceSlice) -> OpGraph:
 
     shape = {"micro_batch": dev.micro_batch, "seq_len": dev.seq_len, "precision": job.parallel.precision}
     if is_factory_target(source):
-        return _trace_factory(source, job)
-    path = resolve_source(source)
-    if path.endswith(".json"):
-        config: dict[str, Any] = read_mapping(Path(path))
-    elif isinstance(job.model, TransformerSpec):
-        config = hf_config_from_spec(job.model)
+        graph = _trace_factory(source, job, dev.ep)
     else:
-        raise ConfigError("model", source, f"is a {job.model.kind}; the torch front-end takes transformers")
-    graph = graph_from_hf_config(config, name=job.model.name, fused=True, ep=dev.ep, **shape)
+        path = resolve_source(source)
+        if path.endswith(".json"):
+            config: dict[str, Any] = read_mapping(Path(path))
+        elif isinstance(job.model, TransformerSpec):
+            config = hf_config_from_spec(job.model)
+        else:
+            raise ConfigError("model", source, f"is a {job.model.kind}; the torch front-end takes transformers")
+        graph = graph_from_hf_config(config, name=job.model.name, fused=True, ep=dev.ep, **shape)
     if isinstance(job.model, TransformerSpec) and job.model.is_moe:
         from trainsim.frontends.torch.moe import moe_layers
 
@@ -108,11 +109,11 @@ def _trace(source: str, job: Job, dev: DeviceSlice) -> OpGraph:
     return graph
 
 
-def _trace_factory(source: str, job: Job) -> OpGraph:
+def _trace_factory(source: str, job: Job, ep: int) -> OpGraph:
     from trainsim.frontends.torch.capture import TensorSpec, graph_from_module
 
     par = job.parallel
-    made = _build_module(source, micro_batch=par.micro_batch, seq_len=par.seq_len, precision=par.precision)
+    made = _build_module(source, ep, micro_batch=par.micro_batch, seq_len=par.seq_len, precision=par.precision)
     module, inputs = made if isinstance(made, tuple) else (made, None)
     if inputs is None:
         inputs = {"input_ids": TensorSpec((par.micro_batch, par.seq_len), "int64"),
@@ -121,8 +122,9 @@ def _trace_factory(source: str, job: Job) -> OpGraph:
                              seq_len=par.seq_len, name=job.model.name, fused=True)
 
 
-def _build_module(source: str, **shape: Any) -> Any:
-    """The factory's result, built under FakeTensorMode (no weight is allocated)."""
+def _build_module(source: str, ep: int = 1, **shape: Any) -> Any:
+    """The factory's result, built under FakeTensorMode (no weight is allocated); a module with Mixtral's
+    experts traces balanced routing, E / ep of them (torch.moe)."""
     try:
         from torch._subclasses.fake_tensor import FakeTensorMode
     except ModuleNotFoundError as exc:
@@ -130,9 +132,14 @@ def _build_module(source: str, **shape: Any) -> Any:
     factory = load_factory(source, "torch")
     with FakeTensorMode(allow_non_fake_inputs=True):
         made = call_factory(factory, **shape)
-    module = made[0] if isinstance(made, tuple) else made
-    if not callable(getattr(module, "named_parameters", None)):
-        raise ConfigError("model", source, "the factory must return an nn.Module or (nn.Module, example_inputs)")
+        module = made[0] if isinstance(made, tuple) else made
+        if not callable(getattr(module, "named_parameters", None)):
+            raise ConfigError("model", source, "the factory must return an nn.Module or (nn.Module, "
+                              "example_inputs)")
+        from trainsim.frontends.torch.moe import is_moe_config, with_balanced_routing
+
+        if is_moe_config(getattr(module, "config", None)):
+            with_balanced_routing(module, ep)
     return made
 
 

@@ -178,3 +178,24 @@ def test_cli_refuses_ep_with_tp_in_one_line(tmp_path: Path) -> None:
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
     assert "ep=2 is invalid" in result.output
+
+
+def test_an_nn_module_factory_of_mixtral_is_captured_as_its_config_is(tmp_path: Path) -> None:
+    """A factory returning transformers' MixtralForCausalLM traces balanced routing too (HF's own experts
+    implementation is replaced): at ep 2 its MoE block's collectives, expert shard and GEMM FLOPs are the
+    config.json's."""
+    factory = tmp_path / "mixtral_factory.py"
+    fields = {key: value for key, value in CONFIG.items() if key not in ("model_type", "_name_or_path")}
+    factory.write_text("import transformers\n\n\ndef build():\n"
+                       f"    return transformers.MixtralForCausalLM(transformers.MixtralConfig(**{fields!r}))\n")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(CONFIG))
+    par = ParallelSpec(dp=2, ep=2, micro_batch=MB, global_batch=4, seq_len=SEQ, precision="bf16")
+    graphs = []
+    for model in (f"{factory}:build", str(config)):
+        source = ModelSource(model, frontend="torch")
+        graphs.append(graph_for(make_job(source.model_spec(), load_cluster("local-cpu"), par, num_gpus=2), source))
+    built, from_config = (_block(graph) for graph in graphs)
+    assert built.kind == from_config.kind == "moe_block"
+    assert built.comms == from_config.comms and built.experts == from_config.experts
+    assert _flops(graphs[0], _GEMMS) == _flops(graphs[1], _GEMMS)

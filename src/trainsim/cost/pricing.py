@@ -994,24 +994,23 @@ class Pricer:
         gradient group, cluster, stack, ZeRO 0 or not, precision): what the queues read."""
         par = job.parallel
         layers = tuple([(part.layer.param_count, part.count) for part in stage])
-        experts = _expert_parts(stage, par)
+        experts = expert_parts(stage, par)
         key = ("queues", layers, axis_group("grad", par), self._cluster_key(job.cluster), self._stack_key(job.stack),
                par.zero > 0, par.precision) + ((experts, par.tp, par.sp, par.ep) if experts else ())
         queues = self._grad_queues.get(key)
         if queues is None:
-            queues = self._grad_queues[key] = self._gradient_queues(layers, job) if not experts else \
-                self._grouped_gradient_queues(layers, experts, job)
+            queues = self._grad_queues[key] = self._gradient_queues(layers, job, experts)
         return queues
 
-    def _grouped_gradient_queues(self, layers: tuple[tuple[float, float], ...],
-                                 experts: tuple[tuple[float, int], ...], job: Job) -> "GradientQueues":
-        """gradient_queues of a stage whose MoE experts sum their gradient over their expert data-parallel group
-        (strategy.expert_groups): as the simulator's buckets (compile/insert_collectives.py), each group fills
-        buckets of its own (Megatron-Core's expert parameter buffers: megatron/core/distributed/
+    def _grouped_runs_s(self, layers: tuple[tuple[float, float], ...], experts: tuple[tuple[float, int], ...],
+                        job: Job) -> tuple[list[tuple[float, int]], list[tuple[float, int]]]:
+        """new_gradient_runs_s of a stage whose MoE experts sum their gradient over their expert data-parallel
+        group (strategy.expert_groups): as the simulator's buckets (compile/insert_collectives.py), each group
+        fills buckets of its own (Megatron-Core's expert parameter buffers: megatron/core/distributed/
         distributed_data_parallel.py, megatron-core 0.16.1), whole layers in the order the gradients become
         final, a bucket sent once it holds grad_bucket_params or at its group's last layer; one queue of them
         in closing order (the data-parallel group's first where both close at one layer). experts: per layer of
-        `layers`, its experts' parameters and tp degree ((0.0, 0) for none)."""
+        `layers`, its experts' parameters and tp degree ((0.0, 0) for none: expert_parts)."""
         par = job.parallel
         policy = self.policy(par.precision)
         backward = _grouped_buckets(layers[::-1], experts[::-1], job.stack.grad_bucket_params, par)
@@ -1023,8 +1022,7 @@ class Pricer:
             gather = self._grouped_seconds("all-gather", policy.weight_bytes, forward, job)[::-1]
         elif par.zero > 0:
             gather = self._grouped_seconds("all-gather", policy.weight_bytes, backward, job)
-        return GradientQueues(bucket_queue(reduce), bucket_queue(gather), self.overlaps("grad_reduce_overlap", job),
-                              self.overlaps("param_gather_overlap", job))
+        return reduce, gather
 
     def _grouped_seconds(self, collective: str, bytes_per_param: float, buckets: list[tuple[float, int]],
                          job: Job) -> list[tuple[float, int]]:
@@ -1041,12 +1039,16 @@ class Pricer:
                 runs.append((seconds, 1))
         return runs
 
-    def new_gradient_runs_s(self, layers: tuple[tuple[float, float], ...],
-                            job: Job) -> tuple[list[tuple[float, int]], list[tuple[float, int]]]:
+    def new_gradient_runs_s(self, layers: tuple[tuple[float, float], ...], job: Job,
+                            experts: tuple[tuple[float, int], ...] = ()
+                            ) -> tuple[list[tuple[float, int]], list[tuple[float, int]]]:
         """The runs of buckets (seconds of one bucket, how many in a row, in sending order) of gradient_queues'
         two queues (the reduction's, the parameter gathers') of a stage whose layers' (parameters, count) are
         `layers` in the stage's order, made anew and not kept: for a caller that keeps its own table (the
-        search's grid engine, once per its key of what the queues read)."""
+        search's grid engine, once per its key of what the queues read). experts: the stage's expert_parts
+        (() where its experts, if any, reduce over the data-parallel group)."""
+        if experts:
+            return self._grouped_runs_s(layers, experts, job)
         par = job.parallel
         policy = self.policy(par.precision)
         reduce = self._bucket_seconds("all-reduce" if par.zero == 0 else "reduce-scatter", policy.grad_bytes,
@@ -1061,8 +1063,9 @@ class Pricer:
                                           job)
         return reduce, gather
 
-    def _gradient_queues(self, layers: tuple[tuple[float, float], ...], job: Job) -> "GradientQueues":
-        reduce, gather = self.new_gradient_runs_s(layers, job)
+    def _gradient_queues(self, layers: tuple[tuple[float, float], ...], job: Job,
+                         experts: tuple[tuple[float, int], ...] = ()) -> "GradientQueues":
+        reduce, gather = self.new_gradient_runs_s(layers, job, experts)
         return GradientQueues(bucket_queue(reduce), bucket_queue(gather), self.overlaps("grad_reduce_overlap", job),
                               self.overlaps("param_gather_overlap", job))
 
@@ -1330,7 +1333,7 @@ class Pricer:
         return () if uniform(classes) else stage_capacities(job, classes)
 
 
-def _expert_parts(stage: list[StagePart], par: ParallelSpec) -> tuple[tuple[float, int], ...]:
+def expert_parts(stage: Sequence[StagePart], par: ParallelSpec) -> tuple[tuple[float, int], ...]:
     """Per part of the stage, its layer's experts' parameters and tp degree where their expert data-parallel
     group is not the data-parallel group ((0.0, 0) else: strategy.expert_groups); () where no part has any."""
     parts = tuple((part.layer.experts.params, part.layer.experts.tp_degree)

@@ -42,8 +42,8 @@ from numpy.typing import NDArray
 
 from trainsim.collector import collector_paused
 from trainsim.cost.compute import RooflineCosts
-from trainsim.cost.memory import kept_bytes, loss_grad_bytes, rebuilt_bytes, saved_key
-from trainsim.cost.pricing import Partition, Pricer
+from trainsim.cost.memory import kept_bytes, loss_grad_bytes, rebuilt_bytes, saved_key, stage_expert_params
+from trainsim.cost.pricing import Partition, Pricer, expert_parts
 from trainsim.cost.rank_classes import ranks_differ
 from trainsim.cost.roofline_arrays import op_times_s
 from trainsim.cost.stack_effects import queue_tail_s
@@ -221,6 +221,11 @@ class _Shared:
     row_fsdp_s: "array[float]" = field(default_factory=_floats)
     # Pricer.pipeline_chain_s (0 unless overlapped, vpp > 1)
     row_chain_s: "array[float]" = field(default_factory=_floats)
+    # of the row's MoE experts whose expert data-parallel group is not the data-parallel group (cost.memory.
+    # stage_expert_params: it reads dp): their parameters, and the sum of their parameters / their group's ranks
+    row_expert_params: "array[float]" = field(default_factory=_floats)
+    row_expert_owned: "array[float]" = field(default_factory=_floats)
+    has_experts: dict[int, bool] = field(default_factory=dict)  # id of a graph -> whether a layer has experts
     # a content: one distinct stage of a shape under one layer context but dp; a shape's contents under one
     # context are numbered in a row, from the first (block_of: (id of a kept shape, layer context) -> its first)
     block_of: dict[tuple[object, ...], int] = field(default_factory=dict)
@@ -274,8 +279,9 @@ class _Shared:
     group_of: dict[tuple[object, ...], int] = field(default_factory=dict)
     groups: "array[int]" = field(default_factory=_ints)
     precisions: list[Precision] = field(default_factory=list)  # the precisions of the plans, each once
-    param_layers: dict[tuple[tuple[float, float], ...], int] = field(default_factory=dict)
-    param_layer_list: list[tuple[tuple[float, float], ...]] = field(default_factory=list)  # param_layers' keys
+    # a stage's layers' (parameters, count) and what its gradient queues read of its experts (_Batch._stage_experts)
+    param_layers: dict[tuple[object, ...], int] = field(default_factory=dict)
+    param_layer_list: list[tuple[object, ...]] = field(default_factory=list)  # param_layers' keys
     layer_terms: dict[tuple[object, ...], "_LayerTerms"] = field(default_factory=dict)
     # per layer terms a row (_Batch._layer_terms; the batch's new rows made into the table by _Batch._terms)
     term_table: Floats = field(default_factory=lambda: np.zeros((0, _TERM_COLUMNS)))
@@ -299,7 +305,8 @@ class _Shared:
         if self.tables is None or self.tables_rows != len(self.combo_rows):
             columns = {name: np.concatenate([block[name] for block in self.content_blocks])
                        for name in self.content_blocks[0]}
-            self.tables = (_RowTable(columns, self.row_content, self.row_sends_s, self.row_fsdp_s, self.row_chain_s),
+            self.tables = (_RowTable(columns, self.row_content, self.row_sends_s, self.row_fsdp_s, self.row_chain_s,
+                                     self.row_expert_params, self.row_expert_owned),
                            _ComboTable(self.combo_rows, self.combo_layouts, self.layouts))
             self.tables_rows = len(self.combo_rows)
         return self.tables
@@ -496,14 +503,15 @@ class _Batch:
         assert isinstance(tp, int) and isinstance(cp, int) and isinstance(dp, int) and isinstance(pp, int) \
             and isinstance(vpp, int)
         job, graph = plan
-        if isinstance(ep, int) and ep > 1:
-            # NB: the arrays below read the data-parallel group alone, not the experts' own expert data-parallel
-            # group at ep > 1 (Pricer.gradient_queues' grouped buckets, optimizer_step_s and cost.memory's
-            # stage_expert_params): their gradient reduction, optimizer step and peak memory would drift from
-            # the plain engine's (~1e-4 of the iteration on tests/unit/search/test_grid.py's tiny MoE); with
-            # ep_comm_overlap the overlapped share reads the micro-batches too (stack_effects.ep_overlap_share)
-            return _SLOW_GROUP
         self.engine.pin(graph)
+        if isinstance(ep, int) and ep > 1 and self._ep_overlap_may_apply(job, pp, vpp):
+            # NB: with ep_comm_overlap the expert all-to-alls' exposed share reads the micro-batches and the
+            # recompute (stack_effects.ep_overlap_share), which the layer terms (one per layer context) do not
+            return _SLOW_GROUP
+        if optimizer != "fused" and self._has_experts(graph):
+            # NB: the step temporaries of an optimizer other than fused read the experts' owned shards
+            # (cost.memory.optimizer_step_bytes), which _peak_memory does not price
+            return _SLOW_GROUP
         combo_key = key[:9]
         combo = self.shared.combo_of.get(combo_key)
         if combo is None:
@@ -514,6 +522,44 @@ class _Batch:
             self.shared.combo_of[combo_key] = combo
         return (combo, pp, vpp, dp * cp, SCHEDULE_CODES[schedule], OPTIMIZER_CODES[optimizer],  # type: ignore[index]
                 self._precision(precision), tp, dp)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _ep_overlap_may_apply(job: Job, pp: int, vpp: int) -> bool:
+        """Whether stack_effects.ep_overlap_share may be above 0 for some plan of the group (ep > 1)."""
+        return job.stack.ep_comm_overlap and job.cluster.device.comm_overlaps_compute and (pp == 1 or vpp > 1)
+
+    def _has_experts(self, graph: OpGraph) -> bool:
+        has = self.shared.has_experts.get(id(graph))  # graph: pinned (_group)
+        if has is None:
+            has = self.shared.has_experts[id(graph)] = any(layer.experts is not None for layer in graph.layers)
+        return has
+
+    def _row_experts(self, shape: _Shape, job: Job) -> tuple[list[float], list[float]]:
+        """Per distinct stage of the shape under the job's plan: its experts' parameters that reduce and shard
+        over their own expert data-parallel group (cost.memory.stage_expert_params), and the sum of those
+        parameters over their group's ranks; 0.0 each for a graph without experts."""
+        if not self._has_experts(shape.graph):
+            return [0.0] * shape.distinct, [0.0] * shape.distinct
+        params: list[float] = []
+        owned: list[float] = []
+        for index in range(shape.distinct):
+            shares = stage_expert_params(self._stage(shape, index), job.parallel)
+            params.append(sum(shares.values()))
+            owned.append(sum(count / ranks for ranks, count in shares.items()))
+        return params, owned
+
+    def _stage_experts(self, shape: _Shape, job: Job) -> tuple[tuple[object, ...], ...]:
+        """Per distinct stage of the shape, what its gradient queues read of its experts: their expert_parts
+        (Pricer.gradient_queues) with the cp, ep and sp that place their groups, or () where none reduces over
+        a group of its own; () for a graph without experts."""
+        if not self._has_experts(shape.graph):
+            return ()
+        par = job.parallel
+        out: list[tuple[object, ...]] = []
+        for index in range(shape.distinct):
+            parts = expert_parts(self._stage(shape, index), par)
+            out.append((parts, par.cp, par.ep, par.sp) if parts else ())
+        return tuple(out)
 
     def _new_combo(self, job: Job, graph: OpGraph, context: tuple[object, ...], dp: int, pp: int, vpp: int) -> int:
         """context: the plan's layer context (tp, cp, ep, sp, precision); dp, pp, vpp: its."""
@@ -534,6 +580,9 @@ class _Batch:
         combo_rows = shared.combo_rows
         combo_rows.append(len(shared.row_content))
         shared.row_content.extend(range(first_content, first_content + distinct))
+        expert_params, expert_owned = self._row_experts(shape, job)
+        shared.row_expert_params.extend(expert_params)
+        shared.row_expert_owned.extend(expert_owned)
         self.new_rows.append((first_content, first_by_dp, distinct, pp, vpp))
         shared.combo_layouts.append(shape.layout)
         return len(combo_rows) - 1
@@ -551,7 +600,10 @@ class _Batch:
         even_key = (signature, pp, vpp)
         even = shared.even.get(even_key)
         if even is None:
-            even = shared.even[even_key] = self.pricer.plan_split(graph, job.parallel) is None
+            # NB: one stage (pp 1) is its own even split: a graph whose dense blocks lead (OpGraph.
+            # leading_dense_blocks) has a split there (Pricer.plan_split), but its one stage holds every layer as
+            # the even partition's does, and the uneven bubble of one stage is the even one's, 0.0
+            even = shared.even[even_key] = pp == 1 or self.pricer.plan_split(graph, job.parallel) is None
         if not even:
             return None
         key = (id(graph), pp)
@@ -786,10 +838,10 @@ class _Batch:
             layers = len(entries[0][4])
             firsts = np.array([entry[0] for entry in entries], dtype=np.int64) - base
             numbers = _rows([[term.number for term in entry[4]] for entry in entries], layers, np.int64)
-            for first, _, graph, _, terms in entries:
+            for first, shape, graph, job, terms in entries:
                 slots = self._slots(template, tuple([term.axes for term in terms]))
                 slot_rows[first - base:first - base + len(slots)] = slots
-                numbered = self._param_layers(template, self._graph_params(graph))
+                numbered = self._param_layers(template, self._graph_params(graph), self._stage_experts(shape, job))
                 layer_numbers[first - base:first - base + len(numbered)] = numbered
             for stage, parts in enumerate(template.stages):
                 stage_sums = np.zeros((len(entries), _TERM_SUMS))
@@ -836,19 +888,23 @@ class _Batch:
                 for parts in template.stages]
         return slots
 
-    def _param_layers(self, template: _Template, params: tuple[float, ...]) -> list[int]:
-        """Per distinct stage of the template the number of its layers' (parameters, count) in
-        _Shared.param_layers (what its gradient buckets read); params: the graph's layers'."""
-        key = (id(template), params)  # template: kept (_Shared.templates)
+    def _param_layers(self, template: _Template, params: tuple[float, ...],
+                      experts: tuple[tuple[object, ...], ...]) -> list[int]:
+        """Per distinct stage of the template the number of its layers' (parameters, count) and its experts'
+        groups in _Shared.param_layers (what its gradient buckets read); params: the graph's layers'; experts:
+        _stage_experts of the stages (() for none)."""
+        key = (id(template), params, experts)  # template: kept (_Shared.templates)
         numbers = self.shared.layers_of.get(key)
         if numbers is None:
             numbers = self.shared.layers_of[key] = [
-                self._param_layer_number(tuple([(params[position], count) for position, count in parts]))
-                for parts in template.stages]
+                self._param_layer_number((tuple([(params[position], count) for position, count in parts]),
+                                          experts[index] if experts else ()))
+                for index, parts in enumerate(template.stages)]
         return numbers
 
-    def _param_layer_number(self, layers: tuple[tuple[float, float], ...]) -> int:
-        """The number of a stage's layers' (parameters, count) in _Shared.param_layers, made where new."""
+    def _param_layer_number(self, layers: tuple[object, ...]) -> int:
+        """The number of a stage's (layers' (parameters, count), experts' groups) in _Shared.param_layers, made
+        where new."""
         param_layers = self.shared.param_layers
         number = param_layers.get(layers)
         if number is None:
@@ -984,7 +1040,7 @@ class _Fast:
         # --- the optimizer step and the host overheads ---
         # the stage with the most parameters (Pricer.optimizer_step_s; stage_params: the contents' params)
         max_params = np.where(combos.valid_rows, table.params[rows], -np.inf).max(axis=1)
-        optimizer = self._optimizer_s(max_params)
+        optimizer = self._optimizer_s(table, combos)
         iteration_overhead = pricer.iteration_overhead_s(job0) + self._grad_copies_s(max_params.tolist())
 
         # --- the breakdown, summed in AnalyticalEstimator.price's order (estimate.result.iteration_time_s) ---
@@ -1075,35 +1131,39 @@ class _Fast:
         number = shared.queue_of.get(key)
         if number is None:
             job = self.batch.plans[int(self.index[plan])][0]
-            layers = shared.param_layer_list[key[0]]
+            layers, experts = shared.param_layer_list[key[0]]
             number = shared.queue_of[key] = len(shared.queue_runs)
-            shared.queue_runs.append(self.batch.pricer.new_gradient_runs_s(layers, job))  # NB: kept, once per key
+            runs = self.batch.pricer.new_gradient_runs_s(layers, job, experts[0] if experts else ())  # type: ignore
+            shared.queue_runs.append(runs)  # NB: kept, once per key
         return number
 
-    def _optimizer_s(self, max_params: Floats) -> Floats:
-        """Pricer.optimizer_step_s per plan: per combo (one precision, one dp; max_params: its stage with the most
-        parameters) unsharded and sharded (ZeRO >= 1), one step-cost call per distinct (parameters, shards,
-        precision)."""
+    def _optimizer_s(self, table: "_RowTable", combos: "_ComboTable") -> Floats:
+        """Pricer.optimizer_step_s per plan: per combo (one precision, one dp) the step over the parameters one GPU
+        owns on its stage that owns the most (cost.memory.owned_params: the data-parallel group's share, 1 / (dp x
+        cp) from ZeRO-1 on, and the MoE experts' share over their expert data-parallel group), unsharded and
+        sharded (ZeRO >= 1), one step-cost call per distinct (parameters, precision). NB: the step cost grows
+        with the parameters (FittedStepCosts, the fast path's), so the stage that owns the most steps longest,
+        as the Pricer's max over the stages' steps."""
         batch = self.batch
         pricer, device = batch.pricer, batch.job0.cluster.device
         used, first_plan = np.unique(self.combo, return_index=True)
-        # per used combo and column (unsharded, sharded): its (parameters, shards, precision), each distinct once
-        # (the parameters numbered by np.unique: equal floats, one number)
-        _, params_number = np.unique(max_params[used], return_inverse=True)
-        columns = np.stack([np.concatenate([params_number, params_number]),
-                            np.concatenate([np.ones(len(used), dtype=np.int64), self.shards_dp[first_plan]]),
-                            np.concatenate([self.precision[first_plan]] * 2)], axis=1)
-        _, first, inverse = np.unique(_row_codes(columns), return_index=True, return_inverse=True)
-        entries = np.concatenate([used, used])[first].tolist()
-        shards = columns[first, 1].tolist()
-        codes = columns[first, 2].tolist()
-        params = max_params.tolist()
-        steps = np.array([pricer.step_costs.optimizer_step_s(params[number] / shards_used,
-                                                             batch.precisions[code], device)
-                          for number, shards_used, code in zip(entries, shards, codes, strict=True)],
-                         dtype=np.float64)
-        by_combo = np.zeros((len(max_params), 2))
-        by_combo[np.concatenate([used, used]), np.repeat([0, 1], len(used))] = steps[inverse]
+        rows, valid = combos.safe_rows[used], combos.valid_rows[used]
+        experts = table.expert_params[rows]
+        dense = table.params[rows] - experts  # x - 0.0 is x: a dense stage's parameters as they are
+        shards = self.shards_dp[first_plan][:, None]
+        owned = np.stack([np.where(valid, dense + experts, -np.inf).max(axis=1),
+                          np.where(valid, dense / shards + table.expert_owned[rows], -np.inf).max(axis=1)], axis=1)
+        codes = np.repeat(self.precision[first_plan], 2)
+        steps: dict[tuple[float, int], float] = {}
+        values = []
+        for params, code in zip(owned.ravel().tolist(), codes.tolist(), strict=True):
+            step = steps.get((params, code))
+            if step is None:
+                step = steps[(params, code)] = pricer.step_costs.optimizer_step_s(params, batch.precisions[code],
+                                                                                  device)
+            values.append(step)
+        by_combo = np.zeros((int(self.combo.max()) + 1, 2))
+        by_combo[used] = np.array(values, dtype=np.float64).reshape(len(used), 2)
         return by_combo.ravel()[self.combo * 2 + (self.zero >= 1)]
 
     def _grad_copies_s(self, max_params: list[float]) -> Floats | float:
@@ -1132,9 +1192,16 @@ class _Fast:
         opt_shards = np.where(self.zero >= 1, self.shards_dp, 1)[:, None]
         zero = self.zero[:, None]
         params = table.params[rows]
-        weights = params * weight_bytes / np.where(zero >= 3, shards, 1)
-        gradients = params * grad_bytes / np.where(zero >= 2, shards, 1)
-        optimizer = params * state_bytes / opt_shards
+        # cost.memory.model_state_bytes: the experts' own group shards theirs (0.0 each for a dense stage: x - 0.0
+        # and x + 0.0 are x)
+        experts = table.expert_params[rows]
+        dense = params - experts
+        experts_owned = table.expert_owned[rows]
+        weights = dense * weight_bytes / np.where(zero >= 3, shards, 1) \
+            + np.where(zero >= 3, experts_owned, experts) * weight_bytes
+        gradients = dense * grad_bytes / np.where(zero >= 2, shards, 1) \
+            + np.where(zero >= 2, experts_owned, experts) * grad_bytes
+        optimizer = dense * state_bytes / opt_shards + np.where(zero >= 1, experts_owned, experts) * state_bytes
         at = rows * 3 + self.recompute[:, None]  # the plan's recompute mode of its rows (flat index)
         per_micro_batch = table.saved.ravel()[at]
         working = table.recompute_working.ravel()[at]
@@ -1203,7 +1270,8 @@ class _RowTable:
     """The stage rows as columns (each a content's, with the row's pipeline sends after its feature axes)."""
 
     def __init__(self, columns: dict[str, Floats], row_content: "array[int]", row_sends_s: "array[float]",
-                 row_fsdp_s: "array[float]", row_chain_s: "array[float]") -> None:
+                 row_fsdp_s: "array[float]", row_chain_s: "array[float]", row_expert_params: "array[float]",
+                 row_expert_owned: "array[float]") -> None:
         index = _int_array(row_content)
         sends = _float_array(row_sends_s)
         self.compute = columns["compute"][index]
@@ -1218,6 +1286,8 @@ class _RowTable:
         self.chain = _float_array(row_chain_s)
         self.overhead = columns["overhead"][index]
         self.params = columns["params"][index]
+        self.expert_params = _float_array(row_expert_params)  # _Shared.row_expert_params
+        self.expert_owned = _float_array(row_expert_owned)
         self.saved = columns["saved"][index]
         self.recompute_working = columns["working"][index]
         self.max_layer_params = columns["max_layer_params"][index]

@@ -92,9 +92,44 @@ def test_every_plan_of_a_grid(model: ModelSpec, stack: str) -> None:
     check_grid(plans)
 
 
+@pytest.mark.parametrize("stack", STACKS)
+def test_expert_parallel_plans_on_the_fast_path(stack: str) -> None:
+    """Every plan of a tiny MoE grid at ep > 1 is priced by the grid's arrays, none left to the plain engine: the
+    expert data-parallel groups (dp / ep ranks) of its gradient buckets, its optimizer step and its peak memory
+    are the arrays' (cost.memory.stage_expert_params, Pricer.gradient_queues' grouped buckets), each plan's
+    figures equal to the plain engine's."""
+    cluster = load_cluster("dgx-a100-80gb").with_num_gpus(16)
+    space = SearchSpace(global_batch=64, seq_len=512, max_micro_batch=2, max_vpp=4, stack=load_stack(stack))
+    plans = [plan for plan in grid_of(MOE, cluster, space) if plan[0].parallel.ep > 1]
+    assert {job.parallel.ep for job, _ in plans} == {2, 4}
+    assert {job.parallel.zero for job, _ in plans} == {0, 1, 2, 3}
+    fast, slow = _Batch(GridEngine(), plans, None).split()
+    assert not slow
+    assert fast is not None and len(fast.index) == len(plans)
+    check_grid(plans)
+
+
+def test_one_stage_of_a_model_whose_dense_blocks_lead() -> None:
+    """DeepSeek's shape (dense blocks first, then MoE blocks; 7 blocks): its pp 1 plans (the one stage holds every
+    layer, no bubble) on the grid's arrays, its pp > 1 plans (an uneven split) with the plain engine, each equal to
+    the plain engine's figures."""
+    model = TransformerSpec(name="tiny-deepseek", arch="llama", num_layers=8, hidden=128, ffn_hidden=256,
+                            num_heads=8, vocab=1000, max_seq_len=2048, num_experts=4, top_k=2, moe_every=1,
+                            leading_dense_layers=2)
+    cluster = load_cluster("dgx-h100-80gb").with_num_gpus(16)
+    plans = grid_of(model, cluster, SearchSpace(global_batch=64, seq_len=512, max_micro_batch=2,
+                                                stack=load_stack("megatron-core")))
+    one_stage = [index for index, (job, _) in enumerate(plans) if job.parallel.pp == 1]
+    assert one_stage and {plans[index][0].parallel.ep for index in one_stage} == {1, 2, 4}
+    fast, slow = _Batch(GridEngine(), plans, None).split()
+    assert fast is not None and sorted(fast.index.tolist()) == one_stage
+    assert {plans[index][0].parallel.pp for index in slow} == {2, 4, 8}
+    check_grid(plans)
+
+
 def test_overlapped_expert_all_to_alls_over_the_grid() -> None:
-    """ep_comm_overlap's share of paired passes reads the micro-batches: its MoE plans at ep > 1 go to the plain
-    engine, priced as it prices them, and faster for it where it applies (pp 1, or interleaved)."""
+    """ep_comm_overlap's share of paired passes reads the micro-batches and the recompute: its MoE plans at ep > 1
+    (pp 1, or interleaved) go to the plain engine, priced as it prices them, and faster for it where it applies."""
     cluster = load_cluster("dgx-a100-80gb").with_num_gpus(16)
     moe = [ParallelSpec(tp=2, pp=p, vpp=v, ep=e, micro_batch=m, recompute=r, zero=1, sp=True, global_batch=64,
                         seq_len=512, schedule="interleaved-1f1b" if v > 1 else "1f1b")
@@ -210,6 +245,8 @@ def test_plans_outside_the_grid() -> None:
                ParallelSpec(pp=2, stage_layers=(5, 3), zero=3, global_batch=64, seq_len=512)]
     moe = [ParallelSpec(tp=2, pp=2, ep=e, zero=z, sp=True, recompute=r, global_batch=64, seq_len=512)
            for e in (1, 2, 4) for z in (1, 3) for r in ("none", "full")]
+    moe += [ParallelSpec(tp=2, pp=2, cp=2, ep=e, zero=z, sp=True, optimizer_impl=o, global_batch=64, seq_len=512)
+            for e in (2, 4) for z in (0, 2) for o in ("fused", "foreach")]  # ep groups over cp; step temporaries
     plans = (built(DENSE, a100, dense) + built(DENSE, a100, uneven, load_stack("megatron-core"))
              + built(MOE, h100, moe, load_stack("deepspeed-zero")) + built(DENSE, a100, dense[:9]))
     assert len(plans) == len(dense) + len(uneven) + len(moe) + 9

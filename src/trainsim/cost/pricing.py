@@ -1030,14 +1030,24 @@ class Pricer:
         the data-parallel group's), each over its group."""
         runs: list[tuple[float, int]] = []
         for params, degree in buckets:
-            layout = self.layout("grad", job) if degree == 0 else job.cluster.ranks_layout(
-                expert_data_ranks(job.parallel, degree))
+            layout = self.layout("grad", job) if degree == 0 else self.expert_data_layout(degree, job)
             seconds = self.collective_s(collective, params * bytes_per_param, layout, job)
             if runs and runs[-1][0] == seconds:
                 runs[-1] = (seconds, runs[-1][1] + 1)
             else:
                 runs.append((seconds, 1))
         return runs
+
+    def expert_data_layout(self, expert_tp: int, job: Job) -> GroupLayout:
+        """Where the ranks of the expert data-parallel group of experts split over expert_tp tp ranks sit
+        (strategy.expert_groups.expert_data_ranks), made once per (what the group reads of the plan, cluster):
+        the group lists its ranks, thousands of them at scale."""
+        par = job.parallel
+        key = ("experts", par.tp, par.cp, par.dp, par.ep, par.sp, expert_tp, self._cluster_key(job.cluster))
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = self._layouts[key] = job.cluster.ranks_layout(expert_data_ranks(par, expert_tp))
+        return layout
 
     def new_gradient_runs_s(self, layers: tuple[tuple[float, float], ...], job: Job,
                             experts: tuple[tuple[float, int], ...] = ()

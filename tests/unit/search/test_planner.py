@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from trainsim.catalog.model_files import parse_model
 from trainsim.cli.main import app
+from trainsim.divisors import divisors
 from trainsim.errors import ConfigError, TrainsimError
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.hardware.cluster import ClusterSpec
@@ -17,7 +18,7 @@ from trainsim.job import make_job
 from trainsim.pipeline import graph_for
 from trainsim.search import OUT_OF_MEMORY, Planner, SearchSpace, enumerate_plans
 from trainsim.search.planner import build_plans, refusal_reason
-from trainsim.search.space import divisors, ep_candidates, micro_batch_candidates, vpp_candidates
+from trainsim.search.space import ep_candidates, micro_batch_candidates, vpp_candidates
 from trainsim.strategy.parallel import ParallelSpec
 
 

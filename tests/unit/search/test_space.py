@@ -1,4 +1,4 @@
-"""search.space: divisors from the prime factorisation; the enumerated plans."""
+"""search.space: the enumerated plans; trainsim.divisors: divisors from the prime factorisation."""
 
 import math
 import random
@@ -7,8 +7,9 @@ import pytest
 
 from trainsim.catalog.loader import load_cluster
 from trainsim.catalog.model_files import parse_model
+from trainsim.divisors import divisors, prime_factors
 from trainsim.errors import ConfigError
-from trainsim.search.space import SearchSpace, divisors, enumerate_plans, plan_grid, prime_factors
+from trainsim.search.space import SearchSpace, enumerate_plans, plan_grid
 from trainsim.strategy.parallel import ParallelSpec
 
 

@@ -49,7 +49,7 @@ from trainsim.cost.roofline_arrays import op_times_s
 from trainsim.cost.stack_effects import queue_tail_s
 from trainsim.cost.step import FittedStepCosts
 from trainsim.errors import TrainsimError
-from trainsim.estimate.analytical import AnalyticalEstimator, PlanPrice
+from trainsim.estimate.analytical import AnalyticalEstimator, PlanPrice, uneven_bubble_s
 from trainsim.ir.graph import Layer, OpGraph
 from trainsim.job import Job
 from trainsim.search.space import PlanColumns
@@ -89,13 +89,14 @@ class _Template:
 
 @dataclass(frozen=True, slots=True)
 class _Shape:
-    """A graph's even partition over one pp: its template's distinct stages made of the graph's layers (their
+    """A graph's partition over one pp and split: its template's distinct stages made of the graph's layers (their
     StageParts made only where a price reads a stage: _Batch._stage)."""
 
     graph: OpGraph
     template: _Template
     layout: int  # the template's number (_Shared.layouts)
     distinct: int  # the template's distinct stages
+    uneven: bool = False  # a split other than the even one (Pricer.plan_split): the uneven bubble's
 
 
 def _signature(graph: OpGraph) -> tuple[object, ...]:
@@ -260,17 +261,18 @@ class _Shared:
     # the contents' figures (_Batch._contents), per name an array over a batch's new contents
     content_blocks: list[dict[str, Floats]] = field(default_factory=list)
     # (id of a graph, pp) -> its even partition (_Batch._shape; None: not a template's)
-    shapes: dict[tuple[int, int], "_Shape | None"] = field(default_factory=dict)
+    shapes: dict[tuple[object, ...], "_Shape | None"] = field(default_factory=dict)
     # what an even partition reads of a graph (_signature) -> per pp the partition's template (None: not the
     # even split's), and per (signature, pp, vpp) whether the plan's split is the even one (Pricer.plan_split)
     signatures: dict[int, int] = field(default_factory=dict)  # id of a graph -> the number of its signature
     signature_numbers: dict[tuple[object, ...], int] = field(default_factory=dict)
     templates: dict[tuple[object, ...], "_Template | None"] = field(default_factory=dict)
-    even: dict[tuple[object, ...], bool] = field(default_factory=dict)
+    splits: dict[tuple[object, ...], tuple[int, ...] | None] = field(default_factory=dict)
     # a combo: a partition under one layer context: the index of its first stage row and the number of its
     # partition's template (of `layouts`: how its stages map to its distinct rows)
     combo_rows: "array[int]" = field(default_factory=_ints)
     combo_layouts: "array[int]" = field(default_factory=_ints)
+    combo_uneven: "array[int]" = field(default_factory=_ints)  # 1: its partition's split is uneven (_Shape.uneven)
     layouts: list[_Template] = field(default_factory=list)
     layout_of: dict[int, int] = field(default_factory=dict)  # id of a kept template -> its number
     combo_of: dict[tuple[object, ...], int] = field(default_factory=dict)  # (graph, plan's layout) -> combo
@@ -307,7 +309,7 @@ class _Shared:
                        for name in self.content_blocks[0]}
             self.tables = (_RowTable(columns, self.row_content, self.row_sends_s, self.row_fsdp_s, self.row_chain_s,
                                      self.row_expert_params, self.row_expert_owned),
-                           _ComboTable(self.combo_rows, self.combo_layouts, self.layouts))
+                           _ComboTable(self.combo_rows, self.combo_layouts, self.layouts, self.combo_uneven))
             self.tables_rows = len(self.combo_rows)
         return self.tables
 
@@ -379,7 +381,7 @@ class _Batch:
             known.append(number)
         self._price_ops([plans[at][1] for at in new.values()])
         for key, at in new.items():
-            groups.extend(_SLOW_GROUP if any(key[1 + _SPLIT_AT:]) else self._group(plans[at], key))
+            groups.extend(self._group(plans[at], key))
         group_of.update(zip(new, range(count, count + len(new)), strict=True))
         if self.new_rows or self.new_blocks or self.new_by_dp or self.term_rows:
             self._finish()
@@ -512,7 +514,7 @@ class _Batch:
             # NB: the step temporaries of an optimizer other than fused read the experts' owned shards
             # (cost.memory.optimizer_step_bytes), which _peak_memory does not price
             return _SLOW_GROUP
-        combo_key = key[:9]
+        combo_key = key[:9] + key[1 + _SPLIT_AT:]
         combo = self.shared.combo_of.get(combo_key)
         if combo is None:
             try:
@@ -585,33 +587,38 @@ class _Batch:
         shared.row_expert_owned.extend(expert_owned)
         self.new_rows.append((first_content, first_by_dp, distinct, pp, vpp))
         shared.combo_layouts.append(shape.layout)
+        shared.combo_uneven.append(int(shape.uneven))
         return len(combo_rows) - 1
 
     def _shape(self, job: Job, graph: OpGraph, pp: int, vpp: int) -> "_Shape | None":
-        """The graph's even partition over the plan's pp, or None where the plan's split (pp, vpp: the job's) is
-        not the even one (Pricer.plan_split). The partition is made once per what it reads of a graph
-        (_signature: the layers' kinds and counts) and pp, as a template of layer positions and counts: the
-        search's graphs of one model (one per tp, sp and micro-batch) share it."""
+        """The graph's partition over the plan's pp and split (Pricer.plan_split), or None where the split is
+        uneven and interleaved (its chunks' shares of the stages' times: the plain engine's). The partition is made
+        once per what it reads of a graph (_signature: the layers' kinds and counts), pp and split, as a template
+        of layer positions and counts: the search's graphs of one model (one per tp, sp and micro-batch) share
+        it."""
         shared = self.shared
         signature = shared.signatures.get(id(graph))
         if signature is None:  # a number per distinct signature (cheaper keys below)
             signature = shared.signatures[id(graph)] = shared.signature_numbers.setdefault(
                 _signature(graph), len(shared.signature_numbers))
-        even_key = (signature, pp, vpp)
-        even = shared.even.get(even_key)
-        if even is None:
+        par = job.parallel
+        split_key = (signature, pp, vpp, par.first_stage_layers, par.last_stage_layers, par.embedding_in_split,
+                     par.loss_in_split, par.stage_layers)
+        if split_key in shared.splits:
+            split = shared.splits[split_key]
+        else:
             # NB: one stage (pp 1) is its own even split: a graph whose dense blocks lead (OpGraph.
             # leading_dense_blocks) has a split there (Pricer.plan_split), but its one stage holds every layer as
             # the even partition's does, and the uneven bubble of one stage is the even one's, 0.0
-            even = shared.even[even_key] = pp == 1 or self.pricer.plan_split(graph, job.parallel) is None
-        if not even:
+            split = shared.splits[split_key] = None if pp == 1 else self.pricer.plan_split(graph, par)
+        if split is not None and vpp > 1:
             return None
-        key = (id(graph), pp)
+        key = (id(graph), pp, split)
         if key in shared.shapes:
             return shared.shapes[key]
-        template_key = (signature, pp)
+        template_key = (signature, pp, split)
         if template_key not in shared.templates:
-            shared.templates[template_key] = _template(self.pricer.partition(graph, pp), graph)
+            shared.templates[template_key] = _template(self.pricer.partition(graph, pp, split), graph)
         template = shared.templates[template_key]
         if template is None:
             shared.shapes[key] = None
@@ -620,7 +627,7 @@ class _Batch:
         if layout is None:  # NB: the template is kept (_Shared.templates)
             layout = shared.layout_of[id(template)] = len(shared.layouts)
             shared.layouts.append(template)
-        shape = shared.shapes[key] = _Shape(graph, template, layout, len(template.stages))
+        shape = shared.shapes[key] = _Shape(graph, template, layout, len(template.stages), split is not None)
         return shape
 
     def _stage(self, shape: _Shape, index: int) -> list[StagePart]:
@@ -1028,6 +1035,10 @@ class _Fast:
 
         # --- the bubble (even split) and zero bubble ---
         bubble = (stage_sum - slow_total) / self.vpp + table.chain[slow_row]
+        uneven = combos.uneven[self.combo]
+        if uneven.any():
+            bubble = np.where(uneven, self._uneven_bubble(table, combos, variant, code, uneven) + table.chain[slow_row],
+                              bubble)
         zb = self.schedule == SCHEDULE_CODES["zb-h1"]
         if zb.any():
             factor = np.maximum(0.0, 1.0 - 2.0 * table.wgrad[slow_row] / slow_total)
@@ -1061,6 +1072,35 @@ class _Fast:
         peak, capacity = self._peak_memory(table, combos, plans)
         peak_out[self.index] = peak
         oom_out[self.index] = peak > capacity
+
+    def _uneven_bubble(self, table: "_RowTable", combos: "_ComboTable", variant: Floats, code: Ints,
+                       uneven: NDArray[np.bool_]) -> Floats:
+        """estimate.analytical.uneven_bubble_s of the plans of an uneven split (one chunk per stage: _Batch._shape),
+        once per (variant, micro-batches, schedule): each stage's one-micro-batch time (its row's of the variant),
+        its forward share (Pricer.stage_forward_fraction: the forward and its feature collectives over the
+        compute, the recompute and the feature collectives) and its pipeline sends; 0.0 for the other plans."""
+        out = np.zeros(len(self.index))
+        where = np.flatnonzero(uneven)
+        keys = np.stack([code[where], self.m[where], self.schedule[where]], axis=1)
+        _, first, inverse = np.unique(_row_codes(keys), return_index=True, return_inverse=True)
+        names = {number: name for name, number in SCHEDULE_CODES.items()}
+        width = variant.shape[-1]
+        flat = variant.reshape(-1, width)
+        values = []
+        for at in where[first].tolist():
+            combo, mode = int(self.combo[at]), int(self.recompute[at])
+            layout = combos.layouts[int(combos.kind[combo])]
+            rows = combos.first_row[combo] + np.arange(len(layout.heads))
+            times = flat[int(code[at])].tolist()
+            forward = (table.forward[rows] + table.feature_fwd[rows]).tolist()
+            whole = (table.compute[rows] + table.recompute[rows, mode] + table.feature_only[rows]).tolist()
+            fractions = [f / w if w > 0.0 else 0.0 for f, w in zip(forward, whole, strict=True)]
+            sends = table.sends[rows].tolist()
+            values.append(uneven_bubble_s(names[int(self.schedule[at])], [times[i] for i in layout.local],
+                                          [fractions[i] for i in layout.local], int(self.m[at]), (),
+                                          [sends[i] for i in layout.local]))
+        out[where] = np.array(values, dtype=np.float64)[inverse]
+        return out
 
     def _grad_exposed(self, table: "_RowTable", slow_row: Ints, slow_recompute: Floats, first_row: Ints,
                       first_recompute: Floats, variant: Ints) -> Floats:
@@ -1237,9 +1277,11 @@ class _ComboTable:
     """The combos as arrays: per combo its distinct rows (R columns, padded) and their first stages, made per
     template (layouts) and taken per combo (kind: its template's number)."""
 
-    def __init__(self, first_rows: "array[int]", kinds: "array[int]", layouts: list[_Template]) -> None:
+    def __init__(self, first_rows: "array[int]", kinds: "array[int]", layouts: list[_Template],
+                 uneven: "array[int]") -> None:
         distinct = max(len(layout.heads) for layout in layouts)
         self.kind = _int_array(kinds)
+        self.uneven = _int_array(uneven).astype(np.bool_)
         self.layouts = layouts
         heads = _rows([layout.heads + (0,) * (distinct - len(layout.heads)) for layout in layouts], distinct,
                       np.int64)[self.kind]
@@ -1286,6 +1328,8 @@ class _RowTable:
         self.chain = _float_array(row_chain_s)
         self.overhead = columns["overhead"][index]
         self.params = columns["params"][index]
+        self.sends = sends  # the pipeline sends (a stage's comm_s["pp"]; 0 for pp = 1)
+        self.feature_only = columns["feature_total"][index]  # the feature collectives without the sends
         self.expert_params = _float_array(row_expert_params)  # _Shared.row_expert_params
         self.expert_owned = _float_array(row_expert_owned)
         self.saved = columns["saved"][index]

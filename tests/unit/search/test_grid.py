@@ -109,21 +109,42 @@ def test_expert_parallel_plans_on_the_fast_path(stack: str) -> None:
     check_grid(plans)
 
 
-def test_one_stage_of_a_model_whose_dense_blocks_lead() -> None:
-    """DeepSeek's shape (dense blocks first, then MoE blocks; 7 blocks): its pp 1 plans (the one stage holds every
-    layer, no bubble) on the grid's arrays, its pp > 1 plans (an uneven split) with the plain engine, each equal to
-    the plain engine's figures."""
+def test_a_model_whose_dense_blocks_lead() -> None:
+    """DeepSeek's shape (dense blocks first, then MoE blocks; 8 blocks): its plans of one chunk per stage on the
+    grid's arrays (pp 1: one stage holding every layer, no bubble; pp > 1: its split is uneven, the dense blocks
+    on the first stages, and its bubble estimate.analytical.uneven_bubble_s), the interleaved ones (their chunks'
+    shares of the stages' times) with the plain engine, each equal to the plain engine's figures."""
     model = TransformerSpec(name="tiny-deepseek", arch="llama", num_layers=8, hidden=128, ffn_hidden=256,
                             num_heads=8, vocab=1000, max_seq_len=2048, num_experts=4, top_k=2, moe_every=1,
                             leading_dense_layers=2)
     cluster = load_cluster("dgx-h100-80gb").with_num_gpus(16)
     plans = grid_of(model, cluster, SearchSpace(global_batch=64, seq_len=512, max_micro_batch=2,
                                                 stack=load_stack("megatron-core")))
-    one_stage = [index for index, (job, _) in enumerate(plans) if job.parallel.pp == 1]
-    assert one_stage and {plans[index][0].parallel.ep for index in one_stage} == {1, 2, 4}
+    chunked = [index for index, (job, _) in enumerate(plans) if job.parallel.vpp > 1]
+    assert {plans[index][0].parallel.pp for index in range(len(plans))} == {1, 2, 4, 8}
+    assert chunked and {job.parallel.ep for job, _ in plans} == {1, 2, 4}
     fast, slow = _Batch(GridEngine(), plans, None).split()
-    assert fast is not None and sorted(fast.index.tolist()) == one_stage
-    assert {plans[index][0].parallel.pp for index in slow} == {2, 4, 8}
+    assert slow == chunked
+    assert fast is not None and len(fast.index) == len(plans) - len(chunked)
+    check_grid(plans)
+
+
+@pytest.mark.parametrize("stack", ["megatron-core", "deepspeed-zero"])
+def test_the_searchs_uneven_splits_on_the_fast_path(stack: str) -> None:
+    """13 blocks on 16 GPUs: the search adds pp 2 (the loss counted in the split) and pp 4 (2 and 3 blocks on the
+    first and last stages, 4 on each middle one) to the even pp 1 and 13; every plan on the grid's arrays, equal
+    to the plain engine's (the uneven bubble, the stages' memory and gradient reduction)."""
+    model = parse_model({"name": "tiny-13", "num_layers": 13, "hidden": 128, "ffn_hidden": 512, "num_heads": 8,
+                         "vocab": 1000})
+    cluster = load_cluster("dgx-h100-80gb").with_num_gpus(16)
+    space = SearchSpace(global_batch=64, seq_len=512, max_micro_batch=2, max_vpp=2, stack=load_stack(stack))
+    plans = grid_of(model, cluster, space)
+    splits = {(job.parallel.pp, job.parallel.vpp, job.parallel.first_stage_layers, job.parallel.last_stage_layers,
+               job.parallel.embedding_in_split, job.parallel.loss_in_split) for job, _ in plans}
+    assert splits == {(1, 1, 0, 0, False, False), (2, 1, 0, 0, False, True), (4, 1, 2, 3, False, False)}
+    fast, slow = _Batch(GridEngine(), plans, None).split()
+    assert not slow
+    assert fast is not None and len(fast.index) == len(plans)
     check_grid(plans)
 
 
@@ -228,8 +249,9 @@ def test_a_second_grid_on_the_kept_stage_rows() -> None:
 
 
 def test_plans_outside_the_grid() -> None:
-    """Plans the fast path prices (cp, ep, gpipe, zb-h1, fp8, optimizers) or leaves to the plain engine (uneven
-    splits, a stage list), several clusters and stacks in one call."""
+    """Plans the fast path prices (cp, ep, gpipe, zb-h1, fp8, optimizers, uneven splits of one chunk per stage, a
+    stage list) or leaves to the plain engine (uneven interleaved splits, non-fused optimizers of an MoE), several
+    clusters and stacks in one call."""
     a100 = load_cluster("dgx-a100-80gb").with_num_gpus(16)
     h100 = load_cluster("dgx-h100-80gb").with_num_gpus(32)
     dense = [ParallelSpec(tp=2, pp=2, cp=2, zero=z, recompute=r, schedule=s, global_batch=64, seq_len=512)
@@ -239,6 +261,8 @@ def test_plans_outside_the_grid() -> None:
               for p in ("bf16", "fp8", "fp32") for o in ("fused", "foreach", "loop") for a in ("flash3", "math")]
     uneven = [ParallelSpec(pp=2, vpp=3, schedule="interleaved-1f1b", global_batch=64, seq_len=512, recompute=r)
               for r in ("none", "full")]
+    uneven += [ParallelSpec(pp=2, loss_in_split=True, schedule=s, global_batch=64, seq_len=512, zero=z)
+               for s in ("gpipe", "zb-h1") for z in (0, 3)]
     uneven += [ParallelSpec(pp=2, first_stage_layers=3, global_batch=64, seq_len=512),
                ParallelSpec(pp=4, vpp=2, schedule="interleaved-1f1b", embedding_in_split=True, loss_in_split=True,
                             global_batch=64, seq_len=512),

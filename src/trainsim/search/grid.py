@@ -10,8 +10,9 @@ the plans:
 - the plans' settings: read once per base from the enumeration's columns where the search hands them
   (search.space.plan_grid), else from every plan's spec;
 - every op of the plans' graphs through the roofline at once (cost.roofline_arrays), for the layer prices;
-- the even partitions once per graph shape (the layers' kinds and counts) and pp, as templates the graphs of
-  one model fill with their layers;
+- the partitions once per graph shape (the layers' kinds and counts), pp and split (even, or uneven with one
+  chunk per stage: first/last stage layers, the embedding and loss counted, a stage list, dense blocks that
+  lead), as templates the graphs of one model fill with their layers;
 - once per distinct stage of a partition (graph, pp) under a layer context (tp, cp, ep, sp, precision),
   whatever the dp and vpp: its forward, backward, weight-gradient and feature-communication seconds, what its
   recompute would repeat, its host overhead, its parameters, saved activations and working buffers (Pricer's
@@ -19,15 +20,20 @@ the plans:
   per parameters and group, the exposure over arrays) and pipeline hop, once per vpp its pipeline sends. The
   engine keeps them for its later calls on the same cluster and stack;
 - once per (partition, recompute, ZeRO-3 or not): each stage's time, the bottleneck, the stages' sum;
-- per plan, as arrays: the stage times (recompute, ZeRO-3), the bottleneck stage, the bubble, the exposed
-  gradient reduction, the optimizer step, the iteration time, and each stage's memory under the schedule and
-  its peak (cost.memory's formulas).
+- per plan, as arrays: the stage times (recompute, ZeRO-3), the bottleneck stage, the bubble (an uneven
+  split's once per (partition, recompute, ZeRO-3, micro-batches, schedule): estimate.analytical.uneven_bubble_s),
+  the exposed gradient reduction, the optimizer step, the iteration time, and each stage's memory under the
+  schedule and its peak (cost.memory's formulas). At ep > 1 (or experts over fewer tp ranks than tp under sp)
+  the MoE experts' gradients reduce, and their optimizer states shard, over their own expert data-parallel
+  group (strategy.expert_groups): the gradient queues are the Pricer's grouped ones, the optimizer step and the
+  model states read each stage's experts' share (cost.memory.stage_expert_params) per combo.
 
-The plans the fast path does not cover (an uneven pipeline split, a stage list; a cluster or stack other than
-the first plan's; a cluster whose ranks differ, rank_devices or compute_slowdown, whose device classes the plain
-engine prices; a step-cost model whose host overhead reads the plan; expert parallelism above 1) go to the plain
-engine one by one, so every plan gets the figures AnalyticalEstimator.price gives it: tests/unit/search/test_grid.py
-holds them equal.
+The plans the fast path does not cover (an uneven split of several chunks per stage; a cluster or stack other
+than the first plan's; a cluster whose ranks differ, rank_devices or compute_slowdown, whose device classes the
+plain engine prices; a step-cost model whose host overhead reads the plan; expert all-to-alls a stack overlaps
+(ep_comm_overlap, whose exposed share reads the micro-batches and the recompute); an optimizer other than fused
+on a model with experts) go to the plain engine one by one, so every plan gets the figures
+AnalyticalEstimator.price gives it: tests/unit/search/test_grid.py holds them equal.
 """
 
 from array import array
@@ -60,6 +66,12 @@ from trainsim.strategy.stages import BLOCK_KINDS, StagePart
 Floats = NDArray[np.float64]
 Ints = NDArray[np.int64]
 _Runs = list[tuple[float, int]]  # runs of buckets: (seconds of one bucket, how many in a row), in sending order
+# of a stage, what its gradient queues read of its MoE experts: per part its experts' (parameters, tp degree) where
+# they reduce over a group of their own (cost.pricing.expert_parts), and the plan's (cp, ep, sp) that place it
+_StageExperts = tuple[tuple[tuple[float, int], ...], tuple[int, ...]]
+_NO_EXPERTS: _StageExperts = ((), ())
+# a stage's layers' (parameters, count), and its _StageExperts (_Shared.param_layers)
+_QueueLayers = tuple[tuple[tuple[float, float], ...], tuple[tuple[float, int], ...], tuple[int, ...]]
 # what _Batch reads of its plans: per plan its local group, per local group its key and first plan, and per plan
 # its zero, recompute code, global batch, micro-batch and sequence length
 _PlanReads = tuple[Ints, list[tuple[object, ...]], list[int], tuple[Ints, Ints, Ints, Ints, Ints]]
@@ -79,7 +91,7 @@ COMM_SLOTS = 4  # feature-communication axes of a stage (tp, cp, ep) and its pip
 
 @dataclass(frozen=True, slots=True)
 class _Template:
-    """An even partition of a graph (Pricer.partition) as positions in graph.layers: per distinct stage its parts'
+    """A partition of a graph (Pricer.partition) as positions in graph.layers: per distinct stage its parts'
     (position, count), per stage which distinct stage it is, per distinct stage its first stage."""
 
     stages: tuple[tuple[tuple[int, float], ...], ...]
@@ -109,7 +121,7 @@ def _signature(graph: OpGraph) -> tuple[object, ...]:
 
 
 def _template(partition: Partition, graph: OpGraph) -> _Template | None:
-    """The partition as a _Template (None for one of unequal model chunks: not the even split)."""
+    """The partition as a _Template (None for one of unequal model chunks: an uneven interleaved split)."""
     if partition.chunk_blocks:
         return None
     position = {id(layer): index for index, layer in enumerate(graph.layers)}
@@ -260,10 +272,10 @@ class _Shared:
     layers_of: dict[tuple[object, ...], list[int]] = field(default_factory=dict)
     # the contents' figures (_Batch._contents), per name an array over a batch's new contents
     content_blocks: list[dict[str, Floats]] = field(default_factory=list)
-    # (id of a graph, pp) -> its even partition (_Batch._shape; None: not a template's)
+    # (id of a graph, pp, split) -> its partition (_Batch._shape; None: not a template's)
     shapes: dict[tuple[object, ...], "_Shape | None"] = field(default_factory=dict)
-    # what an even partition reads of a graph (_signature) -> per pp the partition's template (None: not the
-    # even split's), and per (signature, pp, vpp) whether the plan's split is the even one (Pricer.plan_split)
+    # what a partition reads of a graph (_signature) -> per (pp, split) the partition's template (None: unequal
+    # chunks), and per (signature, pp, vpp, the plan's split settings) its split (Pricer.plan_split; None: even)
     signatures: dict[int, int] = field(default_factory=dict)  # id of a graph -> the number of its signature
     signature_numbers: dict[tuple[object, ...], int] = field(default_factory=dict)
     templates: dict[tuple[object, ...], "_Template | None"] = field(default_factory=dict)
@@ -282,8 +294,8 @@ class _Shared:
     groups: "array[int]" = field(default_factory=_ints)
     precisions: list[Precision] = field(default_factory=list)  # the precisions of the plans, each once
     # a stage's layers' (parameters, count) and what its gradient queues read of its experts (_Batch._stage_experts)
-    param_layers: dict[tuple[object, ...], int] = field(default_factory=dict)
-    param_layer_list: list[tuple[object, ...]] = field(default_factory=list)  # param_layers' keys
+    param_layers: dict["_QueueLayers", int] = field(default_factory=dict)
+    param_layer_list: list["_QueueLayers"] = field(default_factory=list)  # param_layers' keys
     layer_terms: dict[tuple[object, ...], "_LayerTerms"] = field(default_factory=dict)
     # per layer terms a row (_Batch._layer_terms; the batch's new rows made into the table by _Batch._terms)
     term_table: Floats = field(default_factory=lambda: np.zeros((0, _TERM_COLUMNS)))
@@ -550,17 +562,17 @@ class _Batch:
             owned.append(sum(count / ranks for ranks, count in shares.items()))
         return params, owned
 
-    def _stage_experts(self, shape: _Shape, job: Job) -> tuple[tuple[object, ...], ...]:
+    def _stage_experts(self, shape: _Shape, job: Job) -> tuple["_StageExperts", ...]:
         """Per distinct stage of the shape, what its gradient queues read of its experts: their expert_parts
-        (Pricer.gradient_queues) with the cp, ep and sp that place their groups, or () where none reduces over
-        a group of its own; () for a graph without experts."""
+        (Pricer.gradient_queues) and the cp, ep and sp that place their groups, or ((), ()) where none reduces
+        over a group of its own; () for a graph without experts."""
         if not self._has_experts(shape.graph):
             return ()
         par = job.parallel
-        out: list[tuple[object, ...]] = []
+        out: list[_StageExperts] = []
         for index in range(shape.distinct):
             parts = expert_parts(self._stage(shape, index), par)
-            out.append((parts, par.cp, par.ep, par.sp) if parts else ())
+            out.append((parts, (par.cp, par.ep, int(par.sp))) if parts else _NO_EXPERTS)
         return tuple(out)
 
     def _new_combo(self, job: Job, graph: OpGraph, context: tuple[object, ...], dp: int, pp: int, vpp: int) -> int:
@@ -896,7 +908,7 @@ class _Batch:
         return slots
 
     def _param_layers(self, template: _Template, params: tuple[float, ...],
-                      experts: tuple[tuple[object, ...], ...]) -> list[int]:
+                      experts: tuple[_StageExperts, ...]) -> list[int]:
         """Per distinct stage of the template the number of its layers' (parameters, count) and its experts'
         groups in _Shared.param_layers (what its gradient buckets read); params: the graph's layers'; experts:
         _stage_experts of the stages (() for none)."""
@@ -905,11 +917,11 @@ class _Batch:
         if numbers is None:
             numbers = self.shared.layers_of[key] = [
                 self._param_layer_number((tuple([(params[position], count) for position, count in parts]),
-                                          experts[index] if experts else ()))
-                for index, parts in enumerate(template.stages)]
+                                          *(experts[index] if experts else _NO_EXPERTS)))
+                for index, parts in enumerate(template.stages)]  # NB: (layers, expert parts, their group)
         return numbers
 
-    def _param_layer_number(self, layers: tuple[object, ...]) -> int:
+    def _param_layer_number(self, layers: _QueueLayers) -> int:
         """The number of a stage's (layers' (parameters, count), experts' groups) in _Shared.param_layers, made
         where new."""
         param_layers = self.shared.param_layers
@@ -1171,9 +1183,9 @@ class _Fast:
         number = shared.queue_of.get(key)
         if number is None:
             job = self.batch.plans[int(self.index[plan])][0]
-            layers, experts = shared.param_layer_list[key[0]]
+            layers, experts, _ = shared.param_layer_list[key[0]]
             number = shared.queue_of[key] = len(shared.queue_runs)
-            runs = self.batch.pricer.new_gradient_runs_s(layers, job, experts[0] if experts else ())  # type: ignore
+            runs = self.batch.pricer.new_gradient_runs_s(layers, job, experts)
             shared.queue_runs.append(runs)  # NB: kept, once per key
         return number
 

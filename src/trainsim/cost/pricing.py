@@ -204,12 +204,13 @@ def _stack_content(stack: StackSpec) -> tuple[object, ...]:
 def _layout_key(job: Job) -> tuple[object, ...]:
     """The plan's groups, and the share of passes whose expert all-to-alls overlap (it reads the micro-batches)."""
     par, cluster = job.parallel, job.cluster
-    return (par.tp, par.cp, par.dp, par.ep, par.pp, cluster.gpus_per_node, cluster.num_nodes, _ep_overlap_share(job))
+    return (par.tp, par.cp, par.dp, par.ep, par.pp, cluster.gpus_per_node, cluster.num_nodes, ep_overlap_share_of(job))
 
 
-def _ep_overlap_share(job: Job) -> float:
+def ep_overlap_share_of(job: Job) -> float:
     """stack_effects.ep_overlap_share of the job (0.0 on a device whose collectives take the cores that compute)."""
     return ep_overlap_share(job.stack, job.parallel, job.cluster.device.comm_overlaps_compute)
+
 
 
 # a layer's feature communication (Pricer.layer_comm_s): per axis its exposed seconds (in the order its comms first
@@ -435,7 +436,7 @@ class Pricer:
         precision): a layer without collectives costs the same whatever the plan's pp and dp."""
         par = job.parallel
         key = (self._pin(layer), self._cluster_key(job.cluster), self._layer_groups(layer, par), par.tp,
-               self._stack_key(job.stack), par.sp, par.precision, _ep_overlap_share(job))
+               self._stack_key(job.stack), par.sp, par.precision, ep_overlap_share_of(job))
         cost = self._layer_costs.get(key)
         if cost is None:
             cost = self._layer_costs[key] = self._price_layer(layer, job)
@@ -616,7 +617,7 @@ class Pricer:
         compute of the layer and the backward's behind the forward's (combined_1f1b.py: "EP A2A in forward step is
         hidden by the attention/mlp computation in the backward step, and vice versa"; stack_effects.overlapped_s);
         the unpaired passes (1 - the ep_overlap_share) stay exposed."""
-        share = _ep_overlap_share(job)
+        share = ep_overlap_share_of(job)
         if share <= 0.0:
             return (1.0, 1.0)
         ep_fwd = sum(seconds for c, seconds in priced if c.axis == "ep" and c.phase == "fwd")

@@ -36,6 +36,7 @@ on a model with experts) go to the plain engine one by one, so every plan gets t
 AnalyticalEstimator.price gives it: tests/unit/search/test_grid.py holds them equal.
 """
 
+import dataclasses
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -49,7 +50,7 @@ from numpy.typing import NDArray
 from trainsim.collector import collector_paused
 from trainsim.cost.compute import RooflineCosts
 from trainsim.cost.memory import kept_bytes, loss_grad_bytes, rebuilt_bytes, saved_key, stage_expert_params
-from trainsim.cost.pricing import Partition, Pricer, expert_parts
+from trainsim.cost.pricing import Partition, Pricer, ep_overlap_share_of, expert_parts
 from trainsim.cost.rank_classes import ranks_differ
 from trainsim.cost.roofline_arrays import op_times_s
 from trainsim.cost.stack_effects import queue_tail_s
@@ -79,13 +80,17 @@ _PlanReads = tuple[Ints, list[tuple[object, ...]], list[int], tuple[Ints, Ints, 
 RECOMPUTE_CODES: dict[Recompute, int] = {"none": 0, "selective": 1, "full": 2}
 SCHEDULE_CODES = {"1f1b": 0, "interleaved-1f1b": 1, "gpipe": 2, "zb-h1": 3}
 OPTIMIZER_CODES = {"fused": 0, "foreach": 1, "loop": 2}
-# of a plan's ParallelSpec: what its group reads (_Batch._group) and what sends it to the plain engine (not
-# strategy.stages.is_even_split: from _SPLIT_AT on)
+# of a plan's ParallelSpec: what its group reads (_Batch._group): its settings, its split (from _SPLIT_AT on:
+# strategy.stages.is_even_split's fields) and its global batch (the micro-batches an overlapped expert all-to-all
+# reads: stack_effects.ep_overlap_share)
 _KEY_FIELDS = itemgetter("tp", "cp", "ep", "dp", "pp", "vpp", "sp", "precision", "schedule", "optimizer_impl",
                          "stage_layers", "first_stage_layers", "last_stage_layers", "embedding_in_split",
-                         "loss_in_split")
+                         "loss_in_split", "global_batch")
 _SPLIT_AT = 10
-_SLOW_GROUP = (-1, 1, 1, 1, 0, 0, 0, 1, 1)  # a group the plain engine prices (_Batch._group's combo -1)
+_SPLIT_END = _SPLIT_AT + 5
+# a group the plain engine prices (_Batch._group's combos -1)
+_SLOW_GROUP = (-1, 1, 1, 1, 0, 0, 0, 1, 1, -1)
+_FULL_COMBO = 9  # the group's setting: the combo of its plans under full recompute (_Batch._group)
 COMM_SLOTS = 4  # feature-communication axes of a stage (tp, cp, ep) and its pipeline sends
 
 
@@ -400,13 +405,14 @@ class _Batch:
         local = np.array(known, dtype=np.int64)[numbers]
         # NB: one row per setting, each contiguous (the groups' settings transposed before the plans' are taken)
         columns = np.take(_int_array(groups).reshape(-1, width).T, local, axis=1)
+        zero, recompute, global_batch, micro_batch, seq_len = per_plan
+        columns[0] = np.where(recompute == RECOMPUTE_CODES["full"], columns[_FULL_COMBO], columns[0])
         fast = columns[0] >= 0
         if not fast.all():
             where = np.array(candidates, dtype=np.int64)
             slow = sorted([*slow, *where[~fast].tolist()])
             if not fast.any():
                 return None, slow
-        zero, recompute, global_batch, micro_batch, seq_len = per_plan
         m = global_batch // (columns[8] * micro_batch)
         table = np.concatenate([columns[:8], np.stack([zero, m, recompute, global_batch * seq_len])])
         index = np.arange(len(candidates)) if isinstance(candidates, range) else \
@@ -509,38 +515,50 @@ class _Batch:
 
     def _group(self, plan: tuple[Job, OpGraph], key: tuple[object, ...]) -> tuple[int, ...]:
         """The settings a new group of plans shares: its combo (-1 where the plain engine must price the plan: an
-        uneven split, a graph whose partition or prices raise, a step-cost model whose overhead reads the plan),
-        pp, vpp, dp x cp, the codes of its schedule, optimizer and precision, tp and dp. key: the plans' group key
-        (id of their graph, *_KEY_FIELDS), whose first 9 entries (graph, tp, cp, ep, dp, pp, vpp, sp, precision)
-        are what the combo reads."""
+        uneven interleaved split, a graph whose partition or prices raise, a step-cost model whose overhead reads
+        the plan), pp, vpp, dp x cp, the codes of its schedule, optimizer and precision, tp, dp, and its combo
+        under full recompute. The two combos differ where the stack overlaps the expert all-to-alls
+        (ep_comm_overlap): the share of passes that overlap (stack_effects.ep_overlap_share, of the group's
+        micro-batches, pp and vpp) is 0 under full recompute, which Megatron-Core refuses with it; it is part of
+        the layer context the layers' feature collectives are priced under. key: the plans' group key (id of
+        their graph, *_KEY_FIELDS), whose first 9 entries (graph, tp, cp, ep, dp, pp, vpp, sp, precision) and
+        split are what the combo reads."""
         _, tp, cp, ep, dp, pp, vpp, sp, precision, schedule, optimizer = key[:1 + _SPLIT_AT]
         assert isinstance(tp, int) and isinstance(cp, int) and isinstance(dp, int) and isinstance(pp, int) \
             and isinstance(vpp, int)
         job, graph = plan
         self.engine.pin(graph)
-        if isinstance(ep, int) and ep > 1 and self._ep_overlap_may_apply(job, pp, vpp):
-            # NB: with ep_comm_overlap the expert all-to-alls' exposed share reads the micro-batches and the
-            # recompute (stack_effects.ep_overlap_share), which the layer terms (one per layer context) do not
-            return _SLOW_GROUP
         if optimizer != "fused" and self._has_experts(graph):
             # NB: the step temporaries of an optimizer other than fused read the experts' owned shards
             # (cost.memory.optimizer_step_bytes), which _peak_memory does not price
             return _SLOW_GROUP
-        combo_key = key[:9] + key[1 + _SPLIT_AT:]
-        combo = self.shared.combo_of.get(combo_key)
-        if combo is None:
-            try:
-                combo = self._new_combo(job, graph, (tp, cp, ep, sp, precision), dp, pp, vpp)
-            except TrainsimError:
-                combo = -1
-            self.shared.combo_of[combo_key] = combo
-        return (combo, pp, vpp, dp * cp, SCHEDULE_CODES[schedule], OPTIMIZER_CODES[optimizer],  # type: ignore[index]
-                self._precision(precision), tp, dp)  # type: ignore[arg-type]
+        combo_key = key[:9] + key[1 + _SPLIT_AT:1 + _SPLIT_END]
+        jobs = self._overlap_jobs(job) if isinstance(ep, int) and ep > 1 else (job, job)
+        combos = []
+        for one in jobs:
+            share = ep_overlap_share_of(one)
+            combo = self.shared.combo_of.get((*combo_key, share))
+            if combo is None:
+                try:
+                    combo = self._new_combo(one, graph, (tp, cp, ep, sp, precision, share), dp, pp, vpp)
+                except TrainsimError:
+                    combo = -1
+                self.shared.combo_of[(*combo_key, share)] = combo
+            combos.append(combo)
+        return (combos[0], pp, vpp, dp * cp, SCHEDULE_CODES[schedule], OPTIMIZER_CODES[optimizer],  # type: ignore[index]
+                self._precision(precision), tp, dp, combos[1])  # type: ignore[arg-type]
 
     @staticmethod
-    def _ep_overlap_may_apply(job: Job, pp: int, vpp: int) -> bool:
-        """Whether stack_effects.ep_overlap_share may be above 0 for some plan of the group (ep > 1)."""
-        return job.stack.ep_comm_overlap and job.cluster.device.comm_overlaps_compute and (pp == 1 or vpp > 1)
+    def _overlap_jobs(job: Job) -> tuple[Job, Job]:
+        """The group's job as its plans without full recompute and with it run: the same, but where the stack
+        overlaps the expert all-to-alls (whose share of passes reads the recompute: stack_effects.
+        ep_overlap_share), each with its recompute."""
+        if not (job.stack.ep_comm_overlap and job.cluster.device.comm_overlaps_compute):
+            return job, job
+        par = job.parallel
+        other = par.replaced(recompute="full" if par.recompute != "full" else "none")
+        other_job = dataclasses.replace(job, parallel=other)
+        return (job, other_job) if par.recompute != "full" else (other_job, job)
 
     def _has_experts(self, graph: OpGraph) -> bool:
         has = self.shared.has_experts.get(id(graph))  # graph: pinned (_group)
@@ -676,7 +694,7 @@ class _Batch:
         dp_key = (first, dp)
         start = shared.by_dp_of.get(dp_key)
         if start is None:
-            tp, cp, _, sp, _ = context
+            tp, cp, _, sp, *_ = context
             layers = graph.layers
             hops = [0.0] * shape.distinct if pp == 1 else \
                 [self._hop_s(max([layers[position].output_bytes for position, _ in parts]), (tp, cp, dp, sp), job)

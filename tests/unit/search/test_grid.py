@@ -149,24 +149,32 @@ def test_the_searchs_uneven_splits_on_the_fast_path(stack: str) -> None:
 
 
 def test_overlapped_expert_all_to_alls_over_the_grid() -> None:
-    """ep_comm_overlap's share of paired passes reads the micro-batches and the recompute: its MoE plans at ep > 1
-    (pp 1, or interleaved) go to the plain engine, priced as it prices them, and faster for it where it applies."""
+    """ep_comm_overlap's share of paired passes reads the micro-batches, pp, vpp and the recompute (0 under full
+    recompute): each group of plans has a combo for its plans without full recompute and one for those with it,
+    each under its share; every plan on the grid's arrays (a second global batch on the same engine: other
+    micro-batches, another share), priced as the plain engine prices it, and faster for it where it applies
+    (pp 1, or interleaved; not full recompute)."""
     cluster = load_cluster("dgx-a100-80gb").with_num_gpus(16)
-    moe = [ParallelSpec(tp=2, pp=p, vpp=v, ep=e, micro_batch=m, recompute=r, zero=1, sp=True, global_batch=64,
-                        seq_len=512, schedule="interleaved-1f1b" if v > 1 else "1f1b")
-           for p, v in ((1, 1), (2, 1), (2, 2)) for e in (1, 2) for m in (1, 2) for r in ("none", "full")]
-    on = built(MOE, cluster, moe, make_stack("megatron-core", {"ep_comm_overlap": True}))
-    check_grid(on)
-    on_s = GridEngine().price(on).iteration_time_s
-    # NB: the plain engine's off figures (the grid engine hands MoE plans at ep > 1 to it as well)
-    off_s = [AnalyticalEstimator().price(*plan).iteration_time_s
-             for plan in built(MOE, cluster, moe, load_stack("megatron-core"))]
-    for index, plan in enumerate(moe):
-        applies = plan.ep > 1 and plan.recompute != "full" and (plan.pp == 1 or plan.vpp > 1)
-        if applies:
-            assert on_s[index] < off_s[index]
-        else:
-            assert on_s[index] == pytest.approx(off_s[index], rel=REL, abs=0.0)
+    engine = GridEngine()
+    for global_batch in (64, 32):
+        moe = [ParallelSpec(tp=2, pp=p, vpp=v, ep=e, micro_batch=m, recompute=r, zero=z, sp=True,
+                            global_batch=global_batch, seq_len=512, schedule="interleaved-1f1b" if v > 1 else "1f1b")
+               for p, v in ((1, 1), (2, 1), (2, 2)) for e in (1, 2) for m in (1, 2)
+               for r in ("none", "selective", "full") for z in (1, 3)]
+        on = built(MOE, cluster, moe, make_stack("megatron-core", {"ep_comm_overlap": True}))
+        fast, slow = _Batch(GridEngine(), on, None).split()
+        assert not slow and fast is not None and len(fast.index) == len(on)
+        check_grid(on, engine)
+        on_s = engine.price(on).iteration_time_s
+        # NB: the plain engine's figures without the overlap
+        off_s = [AnalyticalEstimator().price(*plan).iteration_time_s
+                 for plan in built(MOE, cluster, moe, load_stack("megatron-core"))]
+        for index, plan in enumerate(moe):
+            applies = plan.ep > 1 and plan.recompute != "full" and (plan.pp == 1 or plan.vpp > 1)
+            if applies:
+                assert on_s[index] < off_s[index]
+            else:
+                assert on_s[index] == pytest.approx(off_s[index], rel=REL, abs=0.0)
 
 
 def test_zero3_gradient_buckets_over_the_grid() -> None:

@@ -26,13 +26,15 @@ the plans:
   schedule and its peak (cost.memory's formulas). At ep > 1 (or experts over fewer tp ranks than tp under sp)
   the MoE experts' gradients reduce, and their optimizer states shard, over their own expert data-parallel
   group (strategy.expert_groups): the gradient queues are the Pricer's grouped ones, the optimizer step and the
-  model states read each stage's experts' share (cost.memory.stage_expert_params) per combo.
+  model states read each stage's experts' share (cost.memory.stage_expert_params) per combo. Where the stack
+  overlaps the expert all-to-alls, the share of passes that hide them (stack_effects.ep_overlap_share: the
+  group's micro-batches, pp, vpp; 0 under full recompute) is part of the layer context: a group has a combo
+  for its plans without full recompute and one for those with it.
 
 The plans the fast path does not cover (an uneven split of several chunks per stage; a cluster or stack other
 than the first plan's; a cluster whose ranks differ, rank_devices or compute_slowdown, whose device classes the
-plain engine prices; a step-cost model whose host overhead reads the plan; expert all-to-alls a stack overlaps
-(ep_comm_overlap, whose exposed share reads the micro-batches and the recompute); an optimizer other than fused
-on a model with experts) go to the plain engine one by one, so every plan gets the figures
+plain engine prices; a step-cost model whose host overhead reads the plan; an optimizer other than fused on a
+model with experts) go to the plain engine one by one, so every plan gets the figures
 AnalyticalEstimator.price gives it: tests/unit/search/test_grid.py holds them equal.
 """
 

@@ -37,8 +37,9 @@ divisors of GPUs / tp up to num_layers, split unevenly as Megatron-Core accepts:
 as layers, or the first and last stages' layers fixed), dp inferred (GPUs / (tp x pp)), vpp (1 with 1f1b; for
 pp > 1 the v <= 8 with num_layers % (pp x v) == 0, or with an uneven split, with interleaved-1f1b), micro-batch
 (divisors of global_batch / dp up to --max-micro-batch), recompute (none, selective, full), ZeRO 0-3, sequence
-parallelism (off; on when tp > 1), expert parallelism (1 for a dense model; for a model with experts the powers of two dividing num_experts and dp). Context parallelism stays at cp=1.
-Plans that cannot run are counted by reason; plans that do not fit in memory count as "out of memory"."""
+parallelism (off; on when tp > 1), expert parallelism (1 for a dense model; for a model with experts the powers
+of two dividing num_experts and dp). Context parallelism stays at cp=1. Plans that cannot run are counted by
+reason; plans that do not fit in memory count as "out of memory"."""
 
 
 def _run(show_progress: bool, **arguments: Any) -> api.SearchResult:

@@ -51,7 +51,14 @@ from numpy.typing import NDArray
 
 from trainsim.collector import collector_paused
 from trainsim.cost.compute import RooflineCosts
-from trainsim.cost.memory import kept_bytes, loss_grad_bytes, rebuilt_bytes, saved_key, stage_expert_params
+from trainsim.cost.memory import (
+    chunk_shares,
+    kept_bytes,
+    loss_grad_bytes,
+    rebuilt_bytes,
+    saved_key,
+    stage_expert_params,
+)
 from trainsim.cost.pricing import Partition, Pricer, ep_overlap_share_of, expert_parts
 from trainsim.cost.rank_classes import ranks_differ
 from trainsim.cost.roofline_arrays import op_times_s
@@ -64,7 +71,7 @@ from trainsim.job import Job
 from trainsim.search.space import PlanColumns
 from trainsim.strategy.parallel import Recompute
 from trainsim.strategy.precision import Precision, policy_for
-from trainsim.strategy.stages import BLOCK_KINDS, StagePart
+from trainsim.strategy.stages import BLOCK_KINDS, StagePart, in_flight_micro_batches
 
 Floats = NDArray[np.float64]
 Ints = NDArray[np.int64]
@@ -104,6 +111,9 @@ class _Template:
     stages: tuple[tuple[tuple[int, float], ...], ...]
     local: tuple[int, ...]
     heads: tuple[int, ...]
+    # per stage its blocks per model chunk, for an uneven split of several chunks per stage (Partition.
+    # chunk_blocks; else empty): stages of one content may hold their chunks apart
+    chunk_blocks: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +126,7 @@ class _Shape:
     layout: int  # the template's number (_Shared.layouts)
     distinct: int  # the template's distinct stages
     uneven: bool = False  # a split other than the even one (Pricer.plan_split): the uneven bubble's
+    split: tuple[int, ...] | None = None  # Pricer.plan_split's blocks per virtual stage (None: even)
 
 
 def _signature(graph: OpGraph) -> tuple[object, ...]:
@@ -127,14 +138,13 @@ def _signature(graph: OpGraph) -> tuple[object, ...]:
     return (graph.leading_dense_blocks, *[(layer.kind, layer.count) for layer in graph.layers])
 
 
-def _template(partition: Partition, graph: OpGraph) -> _Template | None:
-    """The partition as a _Template (None for one of unequal model chunks: an uneven interleaved split)."""
-    if partition.chunk_blocks:
-        return None
+def _template(partition: Partition, graph: OpGraph) -> _Template:
+    """The partition as a _Template."""
     position = {id(layer): index for index, layer in enumerate(graph.layers)}
     return _Template(tuple(tuple((position[id(part.layer)], part.count) for part in partition.stages[head])
                            for head in partition.distinct),
-                     tuple(partition.distinct.index(head) for head in partition.first), partition.distinct)
+                     tuple(partition.distinct.index(head) for head in partition.first), partition.distinct,
+                     partition.chunk_blocks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +302,8 @@ class _Shared:
     combo_rows: "array[int]" = field(default_factory=_ints)
     combo_layouts: "array[int]" = field(default_factory=_ints)
     combo_uneven: "array[int]" = field(default_factory=_ints)  # 1: its partition's split is uneven (_Shape.uneven)
+    combo_chunks: list[tuple[tuple[float, ...], ...]] = field(default_factory=list)  # Pricer.chunk_time_shares
+    combo_shapes: list[_Shape] = field(default_factory=list)
     layouts: list[_Template] = field(default_factory=list)
     layout_of: dict[int, int] = field(default_factory=dict)  # id of a kept template -> its number
     combo_of: dict[tuple[object, ...], int] = field(default_factory=dict)  # (graph, plan's layout) -> combo
@@ -620,6 +632,10 @@ class _Batch:
         self.new_rows.append((first_content, first_by_dp, distinct, pp, vpp))
         shared.combo_layouts.append(shape.layout)
         shared.combo_uneven.append(int(shape.uneven))
+        # an uneven interleaved split: its chunks' shares of each stage's time (the uneven bubble's)
+        shared.combo_chunks.append(self.pricer.chunk_time_shares(self.pricer.partition(graph, pp, shape.split), job)
+                                   if shape.template.chunk_blocks else ())
+        shared.combo_shapes.append(shape)
         return len(combo_rows) - 1
 
     def _shape(self, job: Job, graph: OpGraph, pp: int, vpp: int) -> "_Shape | None":
@@ -643,8 +659,6 @@ class _Batch:
             # leading_dense_blocks) has a split there (Pricer.plan_split), but its one stage holds every layer as
             # the even partition's does, and the uneven bubble of one stage is the even one's, 0.0
             split = shared.splits[split_key] = None if pp == 1 else self.pricer.plan_split(graph, par)
-        if split is not None and vpp > 1:
-            return None
         key = (id(graph), pp, split)
         if key in shared.shapes:
             return shared.shapes[key]
@@ -659,7 +673,7 @@ class _Batch:
         if layout is None:  # NB: the template is kept (_Shared.templates)
             layout = shared.layout_of[id(template)] = len(shared.layouts)
             shared.layouts.append(template)
-        shape = shared.shapes[key] = _Shape(graph, template, layout, len(template.stages), split is not None)
+        shape = shared.shapes[key] = _Shape(graph, template, layout, len(template.stages), split is not None, split)
         return shape
 
     def _stage(self, shape: _Shape, index: int) -> list[StagePart]:
@@ -1129,8 +1143,8 @@ class _Fast:
             fractions = [f / w if w > 0.0 else 0.0 for f, w in zip(forward, whole, strict=True)]
             sends = table.sends[rows].tolist()
             values.append(uneven_bubble_s(names[int(self.schedule[at])], [times[i] for i in layout.local],
-                                          [fractions[i] for i in layout.local], int(self.m[at]), (),
-                                          [sends[i] for i in layout.local]))
+                                          [fractions[i] for i in layout.local], int(self.m[at]),
+                                          self.batch.shared.combo_chunks[combo], [sends[i] for i in layout.local]))
         out[where] = np.array(values, dtype=np.float64)[inverse]
         return out
 
@@ -1297,12 +1311,55 @@ class _Fast:
                                       np.minimum(m, pp - stage).astype(np.float64)))
         activations = per_micro_batch * in_flight
         stepping = step > activations + working
+        states = weights + gradients + optimizer
+        chunked = np.flatnonzero(combos.chunked[self.combo] & (self.schedule == SCHEDULE_CODES["interleaved-1f1b"]))
+        held = (per_micro_batch[chunked], working[chunked], step[chunked])
         activations = np.where(stepping, 0.0, activations)
         working = np.where(stepping, 0.0, working)
         step = np.where(stepping, step, 0.0)
-        totals = weights + gradients + optimizer + activations + working + step + device.runtime_reserved_bytes
+        totals = states + activations + working + step + device.runtime_reserved_bytes
         totals = np.where(valid, totals, -np.inf)
-        return totals.max(axis=1), device.hbm_bytes
+        peak = totals.max(axis=1)
+        if chunked.size:
+            peak[chunked] = self._chunked_peaks(chunked, combos, states[chunked], held, device.runtime_reserved_bytes)
+        return peak, device.hbm_bytes
+
+    def _chunked_peaks(self, plans: Ints, combos: "_ComboTable", states: Floats,
+                       held: tuple[Floats, Floats, Floats], reserved_bytes: float) -> list[float]:
+        """The peak memory of interleaved plans of an uneven split (Pricer.memory with chunk_blocks): every stage
+        (stages of one content may hold their chunks apart), each holding the micro-batches of its chunks'
+        shares of its activations (cost.memory.chunk_shares, stage_in_flight), its memory stage_memory_values'.
+        states, held: the plans' rows' model states and (one micro-batch's activations, working buffers, step
+        temporaries)."""
+        batch = self.batch
+        names: dict[int, Recompute] = {code: name for name, code in RECOMPUTE_CODES.items()}
+        flights: dict[tuple[int, int, int], list[float]] = {}
+        per_micro_batch, working, step = (values.tolist() for values in held)
+        state_rows = states.tolist()
+        peaks: list[float] = []
+        for at, plan in enumerate(plans.tolist()):
+            combo, mode, m = int(self.combo[plan]), int(self.recompute[plan]), int(self.m[plan])
+            layout = combos.layouts[int(combos.kind[combo])]
+            key = (combo, mode, m)
+            flight = flights.get(key)
+            if flight is None:
+                shape = batch.shared.combo_shapes[combo]
+                saved = saved_key(names[mode], batch.job0.stack)
+                pp, vpp = int(self.pp[plan]), int(self.vpp[plan])
+                flight = flights[key] = [
+                    in_flight_micro_batches("interleaved-1f1b", stage, pp, vpp, m,
+                                            chunk_shares(batch._stage(shape, local), layout.chunk_blocks[stage], saved))
+                    for stage, local in enumerate(layout.local)]
+            peak = -np.inf
+            for stage, local in enumerate(layout.local):
+                activations = per_micro_batch[at][local] * flight[stage]
+                if step[at][local] > activations + working[at][local]:
+                    total = state_rows[at][local] + 0.0 + 0.0 + step[at][local] + reserved_bytes
+                else:
+                    total = state_rows[at][local] + activations + working[at][local] + 0.0 + reserved_bytes
+                peak = max(peak, total)
+            peaks.append(peak)
+        return peaks
 
 
 class _ComboTable:
@@ -1314,6 +1371,7 @@ class _ComboTable:
         distinct = max(len(layout.heads) for layout in layouts)
         self.kind = _int_array(kinds)
         self.uneven = _int_array(uneven).astype(np.bool_)
+        self.chunked = np.array([bool(layout.chunk_blocks) for layout in layouts], dtype=np.bool_)[self.kind]
         self.layouts = layouts
         heads = _rows([layout.heads + (0,) * (distinct - len(layout.heads)) for layout in layouts], distinct,
                       np.int64)[self.kind]

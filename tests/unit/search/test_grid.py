@@ -110,10 +110,10 @@ def test_expert_parallel_plans_on_the_fast_path(stack: str) -> None:
 
 
 def test_a_model_whose_dense_blocks_lead() -> None:
-    """DeepSeek's shape (dense blocks first, then MoE blocks; 8 blocks): its plans of one chunk per stage on the
-    grid's arrays (pp 1: one stage holding every layer, no bubble; pp > 1: its split is uneven, the dense blocks
-    on the first stages, and its bubble estimate.analytical.uneven_bubble_s), the interleaved ones (their chunks'
-    shares of the stages' times) with the plain engine, each equal to the plain engine's figures."""
+    """DeepSeek's shape (dense blocks first, then MoE blocks; 8 blocks): every plan on the grid's arrays (pp 1: one
+    stage holding every layer, no bubble; pp > 1: its split is uneven, the dense blocks on the first stages, its
+    bubble estimate.analytical.uneven_bubble_s, interleaved with its chunks' shares of the stages' times and
+    activations), each equal to the plain engine's figures."""
     model = TransformerSpec(name="tiny-deepseek", arch="llama", num_layers=8, hidden=128, ffn_hidden=256,
                             num_heads=8, vocab=1000, max_seq_len=2048, num_experts=4, top_k=2, moe_every=1,
                             leading_dense_layers=2)
@@ -124,24 +124,35 @@ def test_a_model_whose_dense_blocks_lead() -> None:
     assert {plans[index][0].parallel.pp for index in range(len(plans))} == {1, 2, 4, 8}
     assert chunked and {job.parallel.ep for job, _ in plans} == {1, 2, 4}
     fast, slow = _Batch(GridEngine(), plans, None).split()
-    assert slow == chunked
-    assert fast is not None and len(fast.index) == len(plans) - len(chunked)
+    assert not slow
+    assert fast is not None and len(fast.index) == len(plans)
     check_grid(plans)
 
 
+UNEVEN_SPLITS = {
+    # 13 blocks: pp 2 counts the loss; pp 4 puts 2 and 3 blocks on the first and last stages, 4 on each middle one
+    13: {(1, 1, 0, 0, False, False), (2, 1, 0, 0, False, True), (4, 1, 2, 3, False, False)},
+    # 14 blocks: pp 4 and 8 count the embedding and the loss (16 layers), in one chunk per stage or two; pp 4 x vpp
+    # 2 holds 1 + 2 blocks on its first stage's chunks, 2 + 1 on its last's, 2 + 2 on the middle ones
+    14: {(1, 1, 0, 0, False, False), (2, 1, 0, 0, False, False), (4, 1, 0, 0, True, True), (4, 2, 0, 0, True, True),
+         (8, 1, 0, 0, True, True), (8, 2, 0, 0, True, True)},
+}
+
+
 @pytest.mark.parametrize("stack", ["megatron-core", "deepspeed-zero"])
-def test_the_searchs_uneven_splits_on_the_fast_path(stack: str) -> None:
-    """13 blocks on 16 GPUs: the search adds pp 2 (the loss counted in the split) and pp 4 (2 and 3 blocks on the
-    first and last stages, 4 on each middle one) to the even pp 1 and 13; every plan on the grid's arrays, equal
-    to the plain engine's (the uneven bubble, the stages' memory and gradient reduction)."""
-    model = parse_model({"name": "tiny-13", "num_layers": 13, "hidden": 128, "ffn_hidden": 512, "num_heads": 8,
-                         "vocab": 1000})
+@pytest.mark.parametrize("layers", sorted(UNEVEN_SPLITS))
+def test_the_searchs_uneven_splits_on_the_fast_path(stack: str, layers: int) -> None:
+    """The pp the search adds to the even ones on 16 GPUs (UNEVEN_SPLITS); every plan on the grid's arrays, equal
+    to the plain engine's (the uneven bubble with its chunks' shares, each stage's memory with its chunks'
+    activations, the gradient reduction)."""
+    model = parse_model({"name": f"tiny-{layers}", "num_layers": layers, "hidden": 128, "ffn_hidden": 512,
+                         "num_heads": 8, "vocab": 1000})
     cluster = load_cluster("dgx-h100-80gb").with_num_gpus(16)
     space = SearchSpace(global_batch=64, seq_len=512, max_micro_batch=2, max_vpp=2, stack=load_stack(stack))
     plans = grid_of(model, cluster, space)
     splits = {(job.parallel.pp, job.parallel.vpp, job.parallel.first_stage_layers, job.parallel.last_stage_layers,
                job.parallel.embedding_in_split, job.parallel.loss_in_split) for job, _ in plans}
-    assert splits == {(1, 1, 0, 0, False, False), (2, 1, 0, 0, False, True), (4, 1, 2, 3, False, False)}
+    assert splits == UNEVEN_SPLITS[layers]
     fast, slow = _Batch(GridEngine(), plans, None).split()
     assert not slow
     assert fast is not None and len(fast.index) == len(plans)

@@ -10,9 +10,9 @@ the plans:
 - the plans' settings: read once per base from the enumeration's columns where the search hands them
   (search.space.plan_grid), else from every plan's spec;
 - every op of the plans' graphs through the roofline at once (cost.roofline_arrays), for the layer prices;
-- the partitions once per graph shape (the layers' kinds and counts), pp and split (even, or uneven with one
-  chunk per stage: first/last stage layers, the embedding and loss counted, a stage list, dense blocks that
-  lead), as templates the graphs of one model fill with their layers;
+- the partitions once per graph shape (the layers' kinds and counts), pp and split (even, or uneven: first/last
+  stage layers, the embedding and loss counted, a stage list, layers pp x vpp does not divide, dense blocks
+  that lead), as templates the graphs of one model fill with their layers;
 - once per distinct stage of a partition (graph, pp) under a layer context (tp, cp, ep, sp, precision),
   whatever the dp and vpp: its forward, backward, weight-gradient and feature-communication seconds, what its
   recompute would repeat, its host overhead, its parameters, saved activations and working buffers (Pricer's
@@ -21,9 +21,11 @@ the plans:
   engine keeps them for its later calls on the same cluster and stack;
 - once per (partition, recompute, ZeRO-3 or not): each stage's time, the bottleneck, the stages' sum;
 - per plan, as arrays: the stage times (recompute, ZeRO-3), the bottleneck stage, the bubble (an uneven
-  split's once per (partition, recompute, ZeRO-3, micro-batches, schedule): estimate.analytical.uneven_bubble_s),
+  split's once per (partition, recompute, ZeRO-3, micro-batches, schedule): estimate.analytical.uneven_bubble_s,
+  with its chunks' shares of each stage's time where interleaved, Pricer.chunk_time_shares),
   the exposed gradient reduction, the optimizer step, the iteration time, and each stage's memory under the
-  schedule and its peak (cost.memory's formulas). At ep > 1 (or experts over fewer tp ranks than tp under sp)
+  schedule and its peak (cost.memory's formulas; an uneven interleaved split's stage by stage, each with its
+  chunks' shares of its activations). At ep > 1 (or experts over fewer tp ranks than tp under sp)
   the MoE experts' gradients reduce, and their optimizer states shard, over their own expert data-parallel
   group (strategy.expert_groups): the gradient queues are the Pricer's grouped ones, the optimizer step and the
   model states read each stage's experts' share (cost.memory.stage_expert_params) per combo. Where the stack
@@ -31,11 +33,10 @@ the plans:
   group's micro-batches, pp, vpp; 0 under full recompute) is part of the layer context: a group has a combo
   for its plans without full recompute and one for those with it.
 
-The plans the fast path does not cover (an uneven split of several chunks per stage; a cluster or stack other
-than the first plan's; a cluster whose ranks differ, rank_devices or compute_slowdown, whose device classes the
-plain engine prices; a step-cost model whose host overhead reads the plan; an optimizer other than fused on a
-model with experts) go to the plain engine one by one, so every plan gets the figures
-AnalyticalEstimator.price gives it: tests/unit/search/test_grid.py holds them equal.
+The plans the fast path does not cover (a cluster or stack other than the first plan's; a cluster whose ranks
+differ, rank_devices or compute_slowdown, whose device classes the plain engine prices; a step-cost model whose host
+overhead reads the plan; an optimizer other than fused on a model with experts) go to the plain engine one by one,
+so every plan gets the figures AnalyticalEstimator.price gives it: tests/unit/search/test_grid.py holds them equal.
 """
 
 import dataclasses

@@ -1,9 +1,10 @@
-"""Speed and best plans of `trainsim search` on two mixture-of-experts cases (the expert-parallel degree searched):
+"""Speed and best plans of `trainsim search` on two mixture-of-experts cases (the expert-parallel degree searched)
+and a dense model whose layers the pipeline degrees do not divide (uneven splits searched):
 
-    python benchmarks/bench_moe_search.py [--repeats R] [--top T]
+    python benchmarks/bench_moe_search.py [--repeats R] [--top T] [--check-every K] [--models NAME ...]
 
-Mixtral 8x7B on 64 H100 (global batch 256 x 4,096) and DeepSeek-V3 on 2,048 H100 (4,096 x 4,096), both on
-dgx-h100-80gb with the default stack. Each repeat is one whole search with a fresh Planner (enumeration, make_job,
+Mixtral 8x7B on 64 H100 (global batch 256 x 4,096) and DeepSeek-V3 on 2,048 H100 (4,096 x 4,096), the default
+models; LLaMA-3.1-405B on 1,024 H100 (1,024 x 8,192); all on dgx-h100-80gb with the default stack. Each repeat is one whole search with a fresh Planner (enumeration, make_job,
 the analytical engine over the grid; imports and catalog loading excluded). Prints, per case: the plans tried and
 how many were priced at ep > 1, the median wall and CPU seconds, and the best plans with their tokens/s and peak
 memory to the digit, for comparing two trees' rankings. With --check-every K: the largest relative difference
@@ -24,7 +25,7 @@ from trainsim.search.grid import GridEngine
 from trainsim.search.planner import build_plans
 from trainsim.search.space import plan_grid
 
-CASES = (("mixtral-8x7b", 64, 256), ("deepseek-v3", 2048, 4096))
+CASES = {"mixtral-8x7b": (64, 256, 4096), "deepseek-v3": (2048, 4096, 4096), "llama3.1-405b": (1024, 1024, 8192)}
 
 
 def check(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, every: int) -> str:
@@ -50,11 +51,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--top", type=int, default=5)
     parser.add_argument("--check-every", type=int, default=0, help="compare every K-th plan with the plain engine")
+    parser.add_argument("--models", nargs="+", choices=sorted(CASES), default=["mixtral-8x7b", "deepseek-v3"])
     args = parser.parse_args()
-    for name, gpus, global_batch in CASES:
+    for name in args.models:
+        gpus, global_batch, seq_len = CASES[name]
         model = load_model(name)
         cluster = load_cluster("dgx-h100-80gb").with_num_gpus(gpus)
-        space = SearchSpace(global_batch=global_batch, seq_len=4096)
+        space = SearchSpace(global_batch=global_batch, seq_len=seq_len)
         runs: list[tuple[SearchReport, float, float]] = []
         for _ in range(args.repeats):
             wall, cpu = time.perf_counter(), time.process_time()

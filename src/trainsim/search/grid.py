@@ -640,8 +640,7 @@ class _Batch:
         return len(combo_rows) - 1
 
     def _shape(self, job: Job, graph: OpGraph, pp: int, vpp: int) -> "_Shape | None":
-        """The graph's partition over the plan's pp and split (Pricer.plan_split), or None where the split is
-        uneven and interleaved (its chunks' shares of the stages' times: the plain engine's). The partition is made
+        """The graph's partition over the plan's pp and split (Pricer.plan_split). The partition is made
         once per what it reads of a graph (_signature: the layers' kinds and counts), pp and split, as a template
         of layer positions and counts: the search's graphs of one model (one per tp, sp and micro-batch) share
         it."""
@@ -1122,10 +1121,11 @@ class _Fast:
 
     def _uneven_bubble(self, table: "_RowTable", combos: "_ComboTable", variant: Floats, code: Ints,
                        uneven: NDArray[np.bool_]) -> Floats:
-        """estimate.analytical.uneven_bubble_s of the plans of an uneven split (one chunk per stage: _Batch._shape),
-        once per (variant, micro-batches, schedule): each stage's one-micro-batch time (its row's of the variant),
-        its forward share (Pricer.stage_forward_fraction: the forward and its feature collectives over the
-        compute, the recompute and the feature collectives) and its pipeline sends; 0.0 for the other plans."""
+        """estimate.analytical.uneven_bubble_s of the plans of an uneven split, once per (variant, micro-batches,
+        schedule): each stage's one-micro-batch time (its row's of the variant), its forward share (Pricer.
+        stage_forward_fraction: the forward and its feature collectives over the compute, the recompute and the
+        feature collectives), its chunks' shares of its time where interleaved (Pricer.chunk_time_shares, per
+        combo) and its pipeline sends; 0.0 for the other plans."""
         out = np.zeros(len(self.index))
         where = np.flatnonzero(uneven)
         keys = np.stack([code[where], self.m[where], self.schedule[where]], axis=1)

@@ -7,9 +7,10 @@ Mixtral 8x7B on 64 H100 (global batch 256 x 4,096) and DeepSeek-V3 on 2,048 H100
 models; LLaMA-3.1-405B on 1,024 H100 (1,024 x 8,192); all on dgx-h100-80gb with the default stack. Each repeat is
 one whole search with a fresh Planner (enumeration, make_job, the analytical engine over the grid; imports and
 catalog loading excluded). Prints, per case: the plans tried and how many were priced at ep > 1, the median wall
-and CPU seconds, and the best plans with their tokens/s and peak memory to the digit, for comparing two trees' rankings. With --check-every K: the largest relative difference
-between the grid engine's figures (iteration time, peak memory) and the plain engine's (AnalyticalEstimator.price)
-over every K-th plan make_job accepts, and how many OOM verdicts differ (untimed).
+and CPU seconds, and the best plans with their tokens/s and peak memory to the digit, for comparing two trees'
+rankings. With --check-every K: the largest relative difference between the grid engine's figures (iteration
+time, peak memory) and the plain engine's (AnalyticalEstimator.price) over every K-th plan make_job accepts, and
+how many OOM verdicts differ (untimed).
 """
 
 import argparse

@@ -305,6 +305,7 @@ class _Shared:
     combo_uneven: "array[int]" = field(default_factory=_ints)  # 1: its partition's split is uneven (_Shape.uneven)
     combo_chunks: list[tuple[tuple[float, ...], ...]] = field(default_factory=list)  # Pricer.chunk_time_shares
     combo_shapes: list[_Shape] = field(default_factory=list)
+    in_flight: dict[tuple[object, ...], float] = field(default_factory=dict)  # _Fast._in_flight
     layouts: list[_Template] = field(default_factory=list)
     layout_of: dict[int, int] = field(default_factory=dict)  # id of a kept template -> its number
     combo_of: dict[tuple[object, ...], int] = field(default_factory=dict)  # (graph, plan's layout) -> combo
@@ -1325,6 +1326,16 @@ class _Fast:
             peak[chunked] = self._chunked_peaks(chunked, combos, states[chunked], held, device.runtime_reserved_bytes)
         return peak, device.hbm_bytes
 
+    def _in_flight(self, stage: int, pp: int, vpp: int, m: int, shares: tuple[float, ...] | None) -> float:
+        """in_flight_micro_batches of an interleaved stage whose chunks hold `shares` of its activations, once per
+        what it reads (the engine's graphs of one model share their stages' shares)."""
+        known = self.batch.shared.in_flight
+        key = (stage, pp, vpp, m, shares)
+        held = known.get(key)
+        if held is None:
+            held = known[key] = in_flight_micro_batches("interleaved-1f1b", stage, pp, vpp, m, shares)
+        return held
+
     def _chunked_peaks(self, plans: Ints, combos: "_ComboTable", states: Floats,
                        held: tuple[Floats, Floats, Floats], reserved_bytes: float) -> list[float]:
         """The peak memory of interleaved plans of an uneven split (Pricer.memory with chunk_blocks): every stage
@@ -1348,8 +1359,8 @@ class _Fast:
                 saved = saved_key(names[mode], batch.job0.stack)
                 pp, vpp = int(self.pp[plan]), int(self.vpp[plan])
                 flight = flights[key] = [
-                    in_flight_micro_batches("interleaved-1f1b", stage, pp, vpp, m,
-                                            chunk_shares(batch._stage(shape, local), layout.chunk_blocks[stage], saved))
+                    self._in_flight(stage, pp, vpp, m, chunk_shares(batch._stage(shape, local),
+                                                                    layout.chunk_blocks[stage], saved))
                     for stage, local in enumerate(layout.local)]
             peak = -np.inf
             for stage, local in enumerate(layout.local):

@@ -3,13 +3,17 @@ every block on its own shapes, so the FLOPs and parameters equal those of the sa
 blocks held as plain attributes, no repeated container); blocks that keep their shape are still traced twice and
 counted; a module that fails on fake tensors is refused in one line naming the module."""
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
+from trainsim.cli.main import app  # noqa: E402
 from trainsim.errors import ConfigError  # noqa: E402
 from trainsim.frontends.torch.capture import TensorSpec, graph_from_module  # noqa: E402
 
@@ -121,3 +125,27 @@ def test_fused_blocks_that_tell_the_last_apart_are_counted_once(width: int) -> N
     assert stacked.param_count() == whole.param_count() == width * width + width + 4 * (width * width + 3 * width)
     for phase in ("fwd", "bwd"):
         assert stacked.total_flops(phase) == whole.total_flops(phase)  # exact
+
+
+def pooled_cnn(micro_batch: int = MB) -> tuple[nn.Module, dict[str, TensorSpec]]:
+    """For `trainsim predict --frontend torch --model THIS_FILE:pooled_cnn`: three blocks, each ending in a pool."""
+    return _Cnn(3, pool=True), {"images": TensorSpec((micro_batch, 3, HW, HW), "float32"),
+                                "labels": TensorSpec((micro_batch,), "int64")}
+
+
+def test_predict_splits_the_pooling_blocks_over_tp_alike_in_both_engines(tmp_path: Path) -> None:
+    tree = tmp_path / "tree.yaml"
+    tree.write_text("strategy_tree:\n  map:\n    - {tp: 2}\n  split:\n"
+                    '    - {path: "blocks.*.conv", item: compute, dim: out, parts: 2, axis: tp}\n')
+    args = ["predict", "--frontend", "torch", "--model", f"{__file__}:pooled_cnn", "--cluster", "local-cpu",
+            "--num-gpus", "2", "--tp", "2", "--precision", "fp32", "--micro-batch", str(MB), "--global-batch",
+            str(MB), "--tree", str(tree), "--json"]
+    runs = []
+    for engine in ("sim", "analytical"):
+        result = CliRunner().invoke(app, [*args, "--engine", engine])
+        assert result.exit_code == 0, result.output
+        runs.append(json.loads(result.stdout))
+    assert runs[0]["iteration_time_s"] == pytest.approx(runs[1]["iteration_time_s"], rel=1e-9)
+    assert runs[0]["breakdown"]["tp_comm"] > 0.0
+    whole = _graph(_Cnn(3, pool=True, whole=True))
+    assert runs[0]["model_flops_per_iteration"] == whole.total_flops("fwd") + whole.total_flops("bwd")

@@ -10,8 +10,8 @@ Repeated layers, traced once: the container is cut to its first two children for
 trace shows both are identical); identical blocks become one Layer whose count is the container's full length,
 so an 80-layer model costs as much to ingest as a 2-layer one. The cut assumes each block hands on an activation
 of the shape it received (a transformer's residual stream): a traced block whose output is shaped unlike its input
-(a CNN stage ending in a pool, a block that widens its channels) makes the untraced blocks unlike the traced ones,
-so the whole container is traced instead, each block priced on its own shapes. If the traced blocks differ (a
+(a CNN stage ending in a pool or a strided convolution) makes the untraced blocks unlike the traced ones, so the
+whole container is traced instead, each block priced on its own shapes. If the traced blocks differ (a
 model that treats layers differently by index), the whole container is traced and blocks are grouped by their op
 signature. A step that fails to trace on fake tensors is refused in one line naming the innermost module that
 failed (ConfigError), never a traceback.

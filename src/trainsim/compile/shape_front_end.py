@@ -43,6 +43,7 @@ with its q, k and v); a tensor written in place is attributed to the op that all
 import dataclasses
 from collections.abc import Mapping
 
+from trainsim.compile.front_end_sequence import check_sequence_parallel, kept_parts, sequence_parallel_config
 from trainsim.compile.splits import ceil_part, inferred_config, op_input_bytes, op_output_bytes
 from trainsim.errors import ConfigError
 from trainsim.hardware.device import BYTES_PER_DTYPE, DType
@@ -54,6 +55,7 @@ from trainsim.strategy.front_end_splits import config_text, refuse_whole_model_t
 from trainsim.strategy.lowered import LoweredPlan
 from trainsim.strategy.megatron import (
     UNSPLIT,
+    handed_on,
     layer_site,
     loss_statistics,
     norm_params,
@@ -90,6 +92,7 @@ def shape_front_end_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
     if not configs:
         refuse_whole_model_tp(plan.frontend, tp)
     dev = DeviceSlice.of(job.parallel, job.stack)
+    check_sequence_parallel(dev)
     built: dict[tuple[int, frozenset[tuple[str, OpConfig]]], tuple[Layer, dict[int, float]]] = {}
     assignments = list(plan.layers)
     shared: list[tuple[int, int, float]] = []
@@ -135,19 +138,19 @@ def _shaped(job: Job, dev: DeviceSlice, layer: Layer, given: Mapping[str, OpConf
     comms = tuple(tp_comms(walk.forward, "fwd", dev.tp) + tp_comms(walk.backward[::-1], "bwd", dev.tp)
                   + walk.statistics)
     shaped = dataclasses.replace(layer, fwd=fwd, bwd=bwd, comms=comms, param_count=layer.param_count - walk.shed,
-                                 saved_bytes=_saved_bytes(layer, walk.configs))
+                                 saved_bytes=_saved_bytes(layer, walk.kept_parts,
+                                                                          handed_on("tp", dev).shards))
     return shaped, walk.token_params
 
 
-def _saved_bytes(layer: Layer, configs: list[OpConfig]) -> dict[str, float]:
+def _saved_bytes(layer: Layer, parts_kept: list[int], input_parts: int) -> dict[str, float]:
     """The layer's activations kept for its backward pass, each op's (Op.saved_bytes) as it holds what it reads:
-    divided by its input's parts (batch x seq x its reduction or output features); a block's under selective
-    recompute less its side outputs (Op.saved_aux_bytes), under full recompute its input, the whole hidden state
-    (the block reads it whole). NB: per op, not per tensor (a
+    divided by its input's parts (parts_kept: per forward op, compile.front_end_sequence.kept_parts); a block's
+    under selective recompute less its side outputs (Op.saved_aux_bytes), under full recompute its input as it
+    reads it (the whole hidden state, or its input_parts sequence share under sp). NB: per op, not per tensor (a
     whole mask an attention core split by heads keeps is divided with its q, k and v)."""
     shed = aux = 0.0
-    for op, config in zip(layer.fwd, configs, strict=True):
-        parts = config.batch * config.seq * (config.reduce if op.kind in CONTRACTING else config.out)
+    for op, parts in zip(layer.fwd, parts_kept, strict=True):
         shed += op.saved_bytes * (1.0 - 1.0 / parts)
         aux += op.saved_aux_bytes * (1.0 - 1.0 / parts)
     if layer.kind != "block":  # every mode keeps what the layer saves (frontends.torch.layers)
@@ -155,6 +158,7 @@ def _saved_bytes(layer: Layer, configs: list[OpConfig]) -> dict[str, float]:
     out = dict(layer.saved_bytes)
     out["none"] -= shed
     out["selective"] -= shed - aux  # the aux tensors are not kept
+    out["full"] /= input_parts
     return out
 
 
@@ -167,14 +171,15 @@ class _Walk:
 
     def __init__(self, job: Job, dev: DeviceSlice, layer: Layer) -> None:
         self.job, self.dev, self.layer = job, dev, layer
-        whole = Placement(dev.tp)
-        self.placements: dict[int, Placement] = {} if layer.kind == "embedding" else {-1: whole}  # -1: the input
+        read = handed_on("tp", dev)  # the hidden state between layers: split by sequence under sp
+        self.placements: dict[int, Placement] = {} if layer.kind == "embedding" else {-1: read}  # -1: the input
         self.gradient: dict[int, bool] = {-1: True}  # whether an op's output carries a gradient back
         self.read_as: dict[int, list[Placement]] = {}  # per producer, the layouts its readers had it resharded to
         self.grad_as: dict[int, list[Placement]] = {}  # per producer, its readers' input gradients' layouts
         self.statistics: list[Comm] = []  # a loss split by classes: its statistics' all-reduces (listed last)
         self.unclaimed_params = layer.full_param_count  # parameters of this layer no op has claimed yet
         self.configs: list[OpConfig] = []  # per forward op, its config over tp
+        self.kept_parts: list[int] = []  # per forward op, the parts of its input it keeps for its backward
         self.forward: list[tuple[str, ReshardStep, str]] = []  # (name, step, column-parallel matmul: Comm)
         self.backward: list[tuple[str, ReshardStep, str]] = []
         self.shed = 0.0
@@ -201,19 +206,20 @@ class _Walk:
         if op.kind == "loss" and config.out > 1:
             self.statistics += loss_statistics(config, self.dev)
         self.configs.append(config)
+        self.kept_parts.append(kept_parts(op, config, self.placements[inputs[0]] if inputs else None, self.dev))
         self._hold(op, config)
         self.placements[position] = output_placement(config, self.dev.tp, contracting)
         self.gradient[position] = op.kind in _WEIGHTED or any(self.gradient[p] for p in inputs)
 
     def hand_on(self) -> None:
-        """The layer hands on the whole hidden state (the head: the loss, nothing)."""
+        """The layer hands on the hidden state, whole or under sp split by sequence (the head: the loss, nothing)."""
         if self.layer.kind == "head" or not self.layer.fwd:
             return
         last = self.layer.hands_on if self.layer.hands_on is not None else len(self.layer.fwd) - 1
-        held, whole = self.placements[last], Placement(self.dev.tp)
+        held, handed = self.placements[last], handed_on("tp", self.dev)
         site, tensor = self._site(None, last), self._tensor_bytes(last, None)
-        self.forward += reshard_tp(site, reshard(held, whole, tensor))
-        self.backward += reshard_tp(site, reshard(whole, output_grad_placement(held), tensor))
+        self.forward += reshard_tp(site, reshard(held, handed, tensor))
+        self.backward += reshard_tp(site, reshard(handed, output_grad_placement(held), tensor))
 
     def _inputs(self, position: int, op: Op) -> tuple[int, ...]:
         """The producers an op reads (Op.inputs; without them, the op before it: a chain)."""
@@ -270,7 +276,7 @@ class _Walk:
             return UNSPLIT
         placements = [self.placements[p] for p in inputs]
         held = next((p for p in placements if p.shards > 1), placements[0])
-        return inferred_config(op, held, self.dev.tp)[0]
+        return sequence_parallel_config(op, inferred_config(op, held, self.dev.tp)[0], held, self.dev)
 
     def _spec(self, op: Op, config: OpConfig, where: str) -> TransformerSpec:
         if not isinstance(self.job.model, TransformerSpec):

@@ -43,6 +43,7 @@ with its q, k and v); a tensor written in place is attributed to the op that all
 import dataclasses
 from collections.abc import Mapping
 
+from trainsim.compile.front_end_context import check_context_parallel, context_parallel_comms
 from trainsim.compile.front_end_sequence import check_sequence_parallel, kept_parts, sequence_parallel_config
 from trainsim.compile.splits import ceil_part, inferred_config, op_input_bytes, op_output_bytes
 from trainsim.errors import ConfigError
@@ -82,7 +83,7 @@ def shape_front_end_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
     its feature collectives in Layer.comms, the parameters its token-split ops sum over tp ranks in
     front_end_token_params and no mesh_splits left for the catalog's passes."""
     tp = job.parallel.tp
-    if tp == 1:
+    if tp == 1 and job.parallel.cp == 1:
         return plan
     where = f"the {plan.frontend} front-end's graph"
     if plan.stage_meshes:
@@ -93,6 +94,7 @@ def shape_front_end_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
         refuse_whole_model_tp(plan.frontend, tp)
     dev = DeviceSlice.of(job.parallel, job.stack)
     check_sequence_parallel(dev)
+    check_context_parallel(job.model, dev, plan.frontend)
     built: dict[tuple[int, frozenset[tuple[str, OpConfig]]], tuple[Layer, dict[int, float]]] = {}
     assignments = list(plan.layers)
     shared: list[tuple[int, int, float]] = []
@@ -126,6 +128,7 @@ def _shaped(job: Job, dev: DeviceSlice, layer: Layer, given: Mapping[str, OpConf
     {k: parameters} of its ops whose config splits their tokens k ways
     (each of those ranks holds its part of the weight whole and makes its gradient from its own tokens: summed
     over them with the data-parallel reduction, as strategy.megatron.token_split_params for the catalog's)."""
+    whole, layer = layer, _context_share(layer, dev.cp)
     walk = _Walk(job, dev, layer)
     for position, op in enumerate(layer.fwd):
         walk.step(position, op, given.get(op.module_path))
@@ -137,10 +140,30 @@ def _shaped(job: Job, dev: DeviceSlice, layer: Layer, given: Mapping[str, OpConf
                              _forward_of(op, layer.fwd)) for op in layer.bwd)
     comms = tuple(tp_comms(walk.forward, "fwd", dev.tp) + tp_comms(walk.backward[::-1], "bwd", dev.tp)
                   + walk.statistics)
-    shaped = dataclasses.replace(layer, fwd=fwd, bwd=bwd, comms=comms, param_count=layer.param_count - walk.shed,
-                                 saved_bytes=_saved_bytes(layer, walk.kept_parts,
-                                                                          handed_on("tp", dev).shards))
+    saved = _saved_bytes(layer, walk.kept_parts, handed_on("tp", dev).shards)
+    shaped = dataclasses.replace(layer, fwd=fwd, bwd=bwd, param_count=layer.param_count - walk.shed,
+                                 saved_bytes=saved)
+    shaped = dataclasses.replace(shaped, comms=comms + context_parallel_comms(job.model, dev, whole, shaped))
     return shaped, walk.token_params
+
+
+def _context_share(layer: Layer, cp: int) -> Layer:
+    """One cp rank's share of a captured layer (compile.front_end_context): every op at seq = cp, what it keeps
+    for its backward divided alike; a matmul still reads its whole weight (its bytes less only the activations').
+    NB: a weight-gradient op shaped as its weight (the lookup's) is divided too, as the ops a config splits."""
+    if cp == 1:
+        return layer
+    config = OpConfig(1, cp, 1, 1)
+
+    def share(op: Op, forward: Op | None = None) -> Op:
+        ran = front_end_op(op, config, forward)
+        if op.kind == "matmul" and len(op.shape) == 4:
+            ran = dataclasses.replace(ran, bytes_moved=op.bytes_moved - _operand_bytes(op) + _operand_bytes(ran))
+        return dataclasses.replace(ran, saved_bytes=op.saved_bytes / cp, saved_aux_bytes=op.saved_aux_bytes / cp)
+
+    return dataclasses.replace(layer, fwd=tuple(share(op) for op in layer.fwd),
+                               bwd=tuple(share(op, _forward_of(op, layer.fwd)) for op in layer.bwd),
+                               saved_bytes={mode: kept / cp for mode, kept in layer.saved_bytes.items()})
 
 
 def _saved_bytes(layer: Layer, parts_kept: list[int], input_parts: int) -> dict[str, float]:
@@ -382,6 +405,11 @@ def _forward_of(op: Op, fwd: tuple[Op, ...]) -> Op | None:
 def _matmul_params(op: Op) -> tuple[float, float]:
     """(weight, bias) parameters of a captured matmul (batch, m, n, k): n x k, and n where its bytes hold a bias
     beyond its three operands."""
+    n, k = op.shape[2:]
+    return float(n * k), float(n) if op.bytes_moved >= _operand_bytes(op) + n * BYTES_PER_DTYPE[op.dtype] else 0.0
+
+
+def _operand_bytes(op: Op) -> float:
+    """A captured matmul's (batch, m, n, k) three operands: its input, weight and output."""
     b, m, n, k = op.shape
-    operands = float(b * m * k + n * k + b * m * n) * BYTES_PER_DTYPE[op.dtype]
-    return float(n * k), float(n) if op.bytes_moved >= operands + n * BYTES_PER_DTYPE[op.dtype] else 0.0
+    return float(b * m * k + n * k + b * m * n) * BYTES_PER_DTYPE[op.dtype]

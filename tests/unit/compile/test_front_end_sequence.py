@@ -182,18 +182,10 @@ def test_activations_and_peak_memory_follow_the_catalog(gpt2: OpGraph) -> None:
 
 
 def test_sequence_parallel_refusals(gpt2: OpGraph) -> None:
-    """One line each: a sequence that tp does not divide; sp without tp (the job's own check); cp and ep still
-    refused by the front-end, naming the field."""
-    from trainsim.frontends.torch.frontend import TorchFrontend
-
+    """One line each: a sequence that tp does not divide; sp without tp (the job's own check)."""
     job = _job(GPT2, seq_len=31)
     with pytest.raises(ConfigError) as info:
         shape_layers(job, _plan(job, gpt2, GPT2_TREE))
     assert "\n" not in str(info.value) and "seq_len=31" in str(info.value) and "divisible by 2" in str(info.value)
     with pytest.raises(ValueError, match="sp=True needs tp > 1"):
         _job(GPT2, tp=1, dp=8)
-    par = ParallelSpec.parse({"micro_batch": 2, "seq_len": 32, "global_batch": 8, "tp": 2, "cp": 2, "dp": 2,
-                              "precision": "bf16", "sp": True})
-    cp_job = make_job(model_from_hf_config(GPT2, name="gpt2"), a100_cluster(8), par)
-    with pytest.raises(ConfigError, match="cp=2 is invalid: the torch front-end traces the whole sequence"):
-        TorchFrontend().graph("gpt2", cp_job)

@@ -74,8 +74,6 @@ class TorchFrontend:
 
 
 def _check_strategy(dev: DeviceSlice) -> None:
-    if dev.cp != 1:
-        raise ConfigError("cp", dev.cp, "the torch front-end traces the whole sequence on a device; use cp=1")
     if dev.ep != 1:
         raise ConfigError("ep", dev.ep, "the torch front-end maps dense transformers only; use ep=1")
     if not dev.fused_attention:

@@ -6,7 +6,8 @@ the framework's kernels (addmm, native_layer_norm, fused element-wise groups) un
 Megatron vocabulary to place splits by. The tree gives an op a config over tp where a split item "compute" with
 axis tp reaches its node (set there or inherited from an ancestor; parts 1 sets "whole" explicitly); every other
 op is left to the compiler, which infers its config from its inputs along the captured data dependencies (Proteus
-Sec. VII; compile.shape_front_end). Only tp splits a captured graph: cp and ep are refused by the front-end.
+Sec. VII; compile.shape_front_end). A tree splits a captured graph over tp only: the job's cp splits every op by
+sequence (compile.front_end_context), ep is refused by the front-end.
 """
 
 from collections.abc import Mapping, Sequence
@@ -55,8 +56,9 @@ def front_end_mesh_splits(nodes: Mapping[str, _Node], resolved: Mapping[str, Map
         for key in row:
             axis = key.partition("@")[2]
             if axis and axis != "tp":
-                raise ConfigError(f"{path}.{key}", row[key].value, f"the {frontend} front-end's graph splits over "
-                                  "tp only (cp and ep need the catalog front-end)")
+                raise ConfigError(f"{path}.{key}", row[key].value, f"a tree splits the {frontend} front-end's graph "
+                                  "over tp only (context parallelism is the job's --cp, every op by sequence; ep "
+                                  "needs the catalog front-end)")
         keys = [f"split.compute.{dim}@tp" for dim in COMPUTE_PARTS]
         if not any(key in row for key in keys):
             continue

@@ -157,8 +157,8 @@ def test_context_parallel_refusals(gpt2: OpGraph) -> None:
     with pytest.raises(ConfigError, match="cp=2 is invalid: must divide seq_len=31"):
         _job(GPT2, seq_len=31)
     job = _job(GPT2)
-    with pytest.raises(ConfigError, match="seq_len=34 is invalid: .* over cp=2 and tp=2 \\(sp\\): give a seq_len "
-                                          "divisible by 4"):
+    with pytest.raises(ConfigError, match=r"seq_len=34 is invalid: .* over cp=2 and tp=2 \(sp\): give a seq_len "
+                                          r"divisible by 4"):
         check_context_parallel(job.model, dataclasses.replace(DeviceSlice.of(job.parallel), seq_len=34, tp=2,
                                                               sp=True), "torch")
     with pytest.raises(ConfigError, match="cp=2 is invalid: the torch front-end's graph has no model shape"):

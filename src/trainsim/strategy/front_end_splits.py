@@ -43,6 +43,15 @@ def refuse_whole_model_tp(frontend: str, tp: int, engine: str = "") -> None:
                       "tree that splits its ops over tp (--tree, split item compute, axis tp), or use tp=1")
 
 
+def refuse_whole_model_cp(frontend: str, cp: int, where: str) -> None:
+    """A captured graph at cp > 1 is priced only where the compiler shapes it (compile.front_end_context: every
+    op on its rank's sequence share); `where` (an engine, a search) prices the graph as it is: ConfigError."""
+    if frontend == "catalog" or cp == 1:
+        return
+    raise ConfigError("cp", cp, f"the {frontend} front-end's graph is one device's whole sequence, which {where} "
+                      "does not split: use --engine sim or analytical, or cp=1")
+
+
 def front_end_mesh_splits(nodes: Mapping[str, _Node], resolved: Mapping[str, Mapping[str, _Value]],
                           tps: Sequence[int], frontend: str) -> tuple[MeshSplit, ...]:
     """The tp configs a tree gives the ops of a captured graph (module doc), in node order. tps: per layer

@@ -109,6 +109,8 @@ def test_gpt2_cp2_matches_the_catalog_exactly(gpt2: OpGraph) -> None:
     sim, closed, theirs_sim = (predict(job, "sim", graph=gpt2, plan=plan),
                                predict(job, "analytical", graph=gpt2, plan=plan), predict(job, "sim"))
     assert sim.iteration_time_s == pytest.approx(closed.iteration_time_s, rel=1e-9)
+    # without a tree (cp needs none): the analytical engine shapes the graph as the compiler does
+    assert predict(job, "analytical", graph=gpt2).iteration_time_s == closed.iteration_time_s
     for key in ("cp_comm", "dp_comm"):
         assert sim.breakdown[key] == pytest.approx(theirs_sim.breakdown[key], rel=1e-12)
     whole = _job(GPT2, cp=1)
@@ -153,7 +155,7 @@ def test_llama_gqa_cp2_matches_the_catalog() -> None:
 def test_context_parallel_refusals(gpt2: OpGraph) -> None:
     """One line each: a sequence tp x cp does not divide under sp (cp alone: the job's own check); a graph
     without the model's shape (an nn.Module factory without a Hugging Face config); a tree's own split over cp
-    (cp is the job's --cp)."""
+    (cp is the job's --cp); an engine that prices the graph unsplit (precision-aware)."""
     with pytest.raises(ConfigError, match="cp=2 is invalid: must divide seq_len=31"):
         _job(GPT2, seq_len=31)
     job = _job(GPT2)
@@ -163,6 +165,9 @@ def test_context_parallel_refusals(gpt2: OpGraph) -> None:
                                                               sp=True), "torch")
     with pytest.raises(ConfigError, match="cp=2 is invalid: the torch front-end's graph has no model shape"):
         check_context_parallel(opaque_spec("net", "nn.Module factory"), DeviceSlice.of(job.parallel), "torch")
+    with pytest.raises(ConfigError, match="cp=2 is invalid: the torch front-end's graph is one device's whole "
+                                          "sequence, which the precision-aware engine does not split"):
+        predict(job, "precision-aware", graph=gpt2)
     tree = StrategyTree.from_graph(gpt2).split("blocks.*.*.attn", "compute", "seq", 2, axis="cp")
     with pytest.raises(ConfigError, match="context parallelism is the job's --cp"):
         tree.lower(_job(GPT2).parallel)

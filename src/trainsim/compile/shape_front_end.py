@@ -23,8 +23,10 @@ they lie alike, once per layout onto the producer's (the catalog's _skip_reshard
 gradient (a mask, a rotary table: written by ops that read neither the layer's input nor a weight) is not resharded
 backward. An attention split by query rows gathers its keys and values, a norm split by features all-reduces its
 statistics (strategy.megatron.op_tp_collectives) and a loss split by its classes its three statistics
-(strategy.megatron.loss_statistics). A layer reads and hands on the whole hidden state (no sequence parallelism;
-Layer.hands_on names the op writing it); the embedding's first op reads token ids.
+(strategy.megatron.loss_statistics). A layer reads and hands on the whole hidden state, under sp its sequence
+share over tp (compile.front_end_sequence; Layer.hands_on names the op writing it); the embedding's first op reads
+token ids. Under cp every op runs its rank's share of the sequence and each attention core exchanges its keys and
+values over cp (compile.front_end_context).
 
 A split matmul holds 1/(out x reduce) of its weight (n x k of its shape) and 1/out of its bias (its bytes beyond
 its three operands); a norm split by features 1/out of its gain and bias (the model's norm size); split by tokens,

@@ -142,16 +142,18 @@ def _shaped(job: Job, dev: DeviceSlice, layer: Layer, given: Mapping[str, OpConf
                              _forward_of(op, layer.fwd)) for op in layer.bwd)
     comms = tuple(tp_comms(walk.forward, "fwd", dev.tp) + tp_comms(walk.backward[::-1], "bwd", dev.tp)
                   + walk.statistics)
-    saved = _saved_bytes(layer, walk.kept_parts, handed_on("tp", dev).shards)
+    handed = handed_on("tp", dev).shards  # under sp the hidden state between layers (a pipeline send) is split
+    saved = _saved_bytes(layer, walk.kept_parts, handed)
     shaped = dataclasses.replace(layer, fwd=fwd, bwd=bwd, param_count=layer.param_count - walk.shed,
-                                 saved_bytes=saved)
+                                 saved_bytes=saved, output_bytes=layer.output_bytes / handed)
     shaped = dataclasses.replace(shaped, comms=comms + context_parallel_comms(job.model, dev, whole, shaped))
     return shaped, walk.token_params
 
 
 def _context_share(layer: Layer, cp: int) -> Layer:
     """One cp rank's share of a captured layer (compile.front_end_context): every op at seq = cp, what it keeps
-    for its backward divided alike; a matmul still reads its whole weight (its bytes less only the activations').
+    for its backward and hands on divided alike; a matmul still reads its whole weight (its bytes less only the
+    activations').
     NB: a weight-gradient op shaped as its weight (the lookup's) is divided too, as the ops a config splits."""
     if cp == 1:
         return layer
@@ -165,7 +167,8 @@ def _context_share(layer: Layer, cp: int) -> Layer:
 
     return dataclasses.replace(layer, fwd=tuple(share(op) for op in layer.fwd),
                                bwd=tuple(share(op, _forward_of(op, layer.fwd)) for op in layer.bwd),
-                               saved_bytes={mode: kept / cp for mode, kept in layer.saved_bytes.items()})
+                               saved_bytes={mode: kept / cp for mode, kept in layer.saved_bytes.items()},
+                               output_bytes=layer.output_bytes / cp)
 
 
 def _saved_bytes(layer: Layer, parts_kept: list[int], input_parts: int) -> dict[str, float]:

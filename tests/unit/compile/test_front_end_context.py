@@ -100,6 +100,7 @@ def test_gpt2_cp2_matches_the_catalog_exactly(gpt2: OpGraph) -> None:
     for mine, theirs, whole in zip(shaped.layers, reference.layers, gpt2.layers, strict=True):
         assert _keys(mine.layer.comms) == _keys(comms.get(theirs.index, ())), mine.layer.name
         assert mine.layer.saved_bytes == {mode: kept / 2 for mode, kept in whole.saved_bytes.items()}
+        assert mine.layer.output_bytes == theirs.layer.output_bytes  # a pipeline send: the rank's share
     flops = {SAME_OP[_relative(op.module_path)]: op.flops for op in block.fwd
              if _relative(op.module_path) in SAME_OP and op.kind in ("matmul", "attention")}
     catalog_block = reference.layers[1].layer

@@ -154,7 +154,7 @@ def calibrate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path] | No
         report["held_out_mape_pct"] = sum(r.percent_error for r in records) / len(records)
     cal = fitted.model_copy(update={"fit_report": report, "uncertainty": uncertainty,
                                     "source": _source_text(data_dir, runs)})
-    return Fitted(cal, summary(records, samples) if records else None, records)
+    return Fitted(cal, summary(records, samples, uncertainty) if records else None, records)
 
 
 def cross_validate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path] | None = None, folds: int = 5,
@@ -174,7 +174,7 @@ def cross_validate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path]
                                    tolerance=FULL_TOLERANCE if tolerance is None else tolerance)
     first = 0 if cold else 1
     records = _held_out_all(base, plan, progress, first, len(plan) + first, splits_start, workers, tolerance)
-    return CrossValidated(summary(records, samples), records)
+    return CrossValidated(summary(records, samples, uncertainty_of(records, samples)), records)
 
 
 def rebanded(fit_path: Path, held_out_path: Path, runs_files: Sequence[Path] | None = None) -> Calibration:

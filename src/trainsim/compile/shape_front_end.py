@@ -36,8 +36,9 @@ stays whole where the lookup holds it. Each op keeps the activations it saves fo
 it reads them: divided by its input's parts.
 
 Refused in one line: a config on an op whose dims the pass cannot shape (a lookup, a convolution, a pool), an
-attention or norm split needing the model's shape where the graph has none, stage meshes, and tp > 1 without any
-config from a tree (the graph is one device's whole model).
+attention or norm split needing the model's shape where the graph has none, and tp > 1 without any config from a
+tree (the graph is one device's whole model). A plan whose stages run their own meshes is shaped per mesh
+(compile.front_end_meshes).
 NB: the saved activations are divided per op, not per tensor (a whole mask the attention core keeps is divided
 with its q, k and v); a tensor written in place is attributed to the op that allocated it.
 """
@@ -85,12 +86,9 @@ def shape_front_end_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
     its feature collectives in Layer.comms, the parameters its token-split ops sum over tp ranks in
     front_end_token_params and no mesh_splits left for the catalog's passes."""
     tp = job.parallel.tp
-    if tp == 1 and job.parallel.cp == 1:
+    # stage meshes: each stage's layers shaped on its own mesh (compile.front_end_meshes)
+    if (tp == 1 and job.parallel.cp == 1) or plan.stage_meshes:
         return plan
-    where = f"the {plan.frontend} front-end's graph"
-    if plan.stage_meshes:
-        raise ConfigError("map.tp", plan.stage_meshes[0].tp, f"{where} runs one mesh; stage meshes need the catalog "
-                          "front-end")
     configs = plan.tp_configs()
     if not configs:
         refuse_whole_model_tp(plan.frontend, tp)

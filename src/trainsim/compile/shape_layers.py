@@ -170,10 +170,10 @@ def added_flops(plan: LoweredPlan, shaped: LoweredPlan, stages: Container[int] |
     """What the shaped plan's layer instances (on `stages`; None: all) run per micro-batch beyond the plan's."""
     if shaped is plan:
         return 0.0
-    return sum(_run_flops(new) - _run_flops(old) for old, new in zip(plan.layers, shaped.layers, strict=True)
+    return sum(run_flops(new) - run_flops(old) for old, new in zip(plan.layers, shaped.layers, strict=True)
                if new.layer is not old.layer and (stages is None or old.stage in stages))
 
 
-def _run_flops(a: LayerAssignment) -> float:
+def run_flops(a: LayerAssignment) -> float:
     """One micro-batch through a layer instance: forward, backward and its recompute."""
     return a.layer.flops("fwd") + a.layer.flops("bwd") + a.layer.recomputed_flops(a.recompute)

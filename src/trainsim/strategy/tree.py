@@ -377,7 +377,8 @@ class StrategyTree:
         stage's tp (strategy.megatron.own_configs; the compiler shapes the ops from these configs and reshards
         between them, compile.shape_layers): ConfigError naming the first op that differs."""
         if self.graph.frontend != "catalog":  # a captured graph: the tree's configs only (strategy.front_end_splits)
-            return front_end_mesh_splits(self.nodes, self._resolved, [p.tp for p in pars], self.graph.frontend)
+            return front_end_mesh_splits(self.nodes, self._resolved, [p.tp for p in pars], self.graph.frontend,
+                                         [_stage_note(p, par) for p in pars])
         layers = expand_layers(self.graph)
         given_axes = {key.partition("@")[2] for row in self.explicit.values() for key in row if "@" in key}
         if not given_axes:
@@ -848,7 +849,11 @@ def _layer_parallels(par: ParallelSpec, assignments: list[LayerAssignment],
 
 def _on_stage(pars: list[ParallelSpec], par: ParallelSpec, node: TreeNode) -> str:
     """Where a layer's stage has its own mesh, the words saying so (the degrees an error names are its)."""
-    mine = pars[node.layer_index]
+    return _stage_note(pars[node.layer_index], par)
+
+
+def _stage_note(mine: ParallelSpec, par: ParallelSpec) -> str:
+    """The words saying that a layer's stage runs its own mesh (mine: its strategy), else nothing."""
     return "" if mine is par else f" (the layer's stage runs its own mesh: tp={mine.tp} dp={mine.dp})"
 
 

@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 
 from trainsim.errors import ConfigError
 from trainsim.hardware.cluster import ClusterSpec
-from trainsim.ir.model_spec import ModelSpec, TransformerSpec
+from trainsim.ir.model_spec import ModelSpec, OpaqueSpec, TransformerSpec
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.stack import StackSpec
 from trainsim.strategy.stages import is_even_split, virtual_stage_blocks
@@ -52,7 +52,7 @@ def make_job(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelSpec, sta
     if isinstance(model, TransformerSpec):
         _check_transformer(model, par)
     else:
-        _check_non_transformer(model.kind, par)
+        _check_non_transformer(model.kind, par, isinstance(model, OpaqueSpec) and model.split_by_tree)
     return Job(model, cluster, par, stack or StackSpec())
 
 
@@ -102,10 +102,12 @@ def _check_transformer(model: TransformerSpec, par: ParallelSpec) -> None:
         raise ConfigError("ep", par.ep, f"must divide dp x cp = {par.dp * par.cp} (experts share data ranks)")
 
 
-def _check_non_transformer(kind: str, par: ParallelSpec) -> None:
+def _check_non_transformer(kind: str, par: ParallelSpec, split_by_tree: bool = False) -> None:
+    """split_by_tree: tp > 1 is priced through a strategy tree's configs over tp (a captured graph's ops; the
+    compiler refuses it without one)."""
     if not is_even_split(par):
         raise ConfigError("stage_layers", par.stage_layers or "", f"the pipeline split settings apply to "
                           f"transformers; a model of kind {kind} has its layers dealt out in order")
     for axis, value in (("tp", par.tp), ("cp", par.cp), ("ep", par.ep)):
-        if value != 1:
+        if value != 1 and not (axis == "tp" and split_by_tree):
             raise ConfigError(axis, value, f"must be 1 for a model of kind {kind} (only dp and pp apply)")

@@ -14,6 +14,8 @@ reduce) parts divide its m, n and k (its backward matmuls' too, the same dims pe
 and out parts its batch x heads and its seq parts the query rows, a 4-dim element-wise op's (HF's attention layout:
 batch, heads, seq, head dim or keys; the rope) its first three dims, any other op's batch, seq and out parts its
 leading, second and last dims; FLOPs and bytes divide by the parts (the busiest part where they do not divide).
+Convolutions, pools, batch norms (their tensors (batch, channels, h, w)) and token lookups (by columns or rows):
+compile.shape_front_end_cnn.
 
 Every reader's layout is compared with its own producer's: where they differ, strategy.reshard's pattern matching
 gives the collective (strategy.megatron.reshard_tp names it as the catalog's: attn.ar, mlp.ag, block.ag), and the
@@ -32,13 +34,13 @@ A split matmul holds 1/(out x reduce) of its weight (n x k of its shape) and 1/o
 its three operands); a norm split by features 1/out of its gain and bias (the model's norm size); split by tokens,
 either holds its part whole and sums its gradient over those tp ranks too (LoweredPlan.front_end_token_params). A
 matmul whose weight the layer does not hold (GPT-2's head, tied to the embedding's table) holds nothing: the table
-stays whole where the lookup holds it. Each op keeps the activations it saves for its backward (Op.saved_bytes) as
-it reads them: divided by its input's parts.
+stays where the lookup holds it (whole, or at its split where the head's projection splits alike:
+compile.shape_front_end_cnn.hold_tied_tables). Each op keeps the activations it saves for its backward
+(Op.saved_bytes) as it reads them: divided by its input's parts.
 
-Refused in one line: a config on an op whose dims the pass cannot shape (a lookup, a convolution, a pool), an
-attention or norm split needing the model's shape where the graph has none, and tp > 1 without any config from a
-tree (the graph is one device's whole model). A plan whose stages run their own meshes is shaped per mesh
-(compile.front_end_meshes).
+Refused in one line: a seq split of an image op (a convolution, a pool, a batch norm), an attention or norm split
+needing the model's shape where the graph has none, and tp > 1 without any config from a tree (the graph is one
+device's whole model). A plan whose stages run their own meshes is shaped per mesh (compile.front_end_meshes).
 NB: the saved activations are divided per op, not per tensor (a whole mask the attention core keeps is divided
 with its q, k and v); a tensor written in place is attributed to the op that allocated it.
 """
@@ -48,7 +50,19 @@ from collections.abc import Mapping
 
 from trainsim.compile.front_end_context import check_context_parallel, context_parallel_comms
 from trainsim.compile.front_end_sequence import check_sequence_parallel, kept_parts, sequence_parallel_config
-from trainsim.compile.splits import ceil_part, inferred_config, op_input_bytes, op_output_bytes
+from trainsim.compile.shape_front_end_cnn import (
+    TABLE_KINDS,
+    backward_pairs,
+    check_image_config,
+    hold_tied_tables,
+    image_op,
+    input_elements,
+    is_batch_norm,
+    is_image_op,
+    lookup_op,
+    own_params,
+)
+from trainsim.compile.splits import ceil_part, inferred_config, op_output_bytes
 from trainsim.errors import ConfigError
 from trainsim.hardware.device import BYTES_PER_DTYPE, DType
 from trainsim.ir.graph import Comm, Layer, Op
@@ -78,8 +92,6 @@ from trainsim.strategy.placement import (
 )
 from trainsim.strategy.reshard import ReshardStep, reshard
 
-_SHAPED_KINDS = ("matmul", "attention", "elementwise", "softmax", "norm", "loss")  # kinds with dims to split
-
 
 def shape_front_end_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
     """The plan with each layer instance of a captured graph shaped at its ops' configs over tp (module doc),
@@ -107,6 +119,7 @@ def shape_front_end_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
         layer, token_params = found
         assignments[position] = dataclasses.replace(a, layer=layer)
         shared += [(a.index, parts, params) for parts, params in token_params.items()]
+    assignments = hold_tied_tables(plan.layers, assignments, configs)
     return dataclasses.replace(plan, layers=tuple(assignments), mesh_splits=(), front_end_token_params=tuple(shared))
 
 
@@ -136,7 +149,9 @@ def _shaped(job: Job, dev: DeviceSlice, layer: Layer, given: Mapping[str, OpConf
     configs = {id(op): config for position, (op, config) in enumerate(zip(layer.fwd, walk.configs, strict=True))
                if walk.gradient[position]}  # what backward ops take their config from
     fwd = tuple(front_end_op(op, config) for op, config in zip(layer.fwd, walk.configs, strict=True))
-    bwd = tuple(front_end_op(op, _backward_config(op, layer.fwd, configs, dev.micro_batch),
+    pairs = backward_pairs(layer, configs)
+    bwd = tuple(front_end_op(op, configs[id(pairs[id(op)])] if id(op) in pairs else _backward_config(
+                    op, layer.fwd, configs, dev.micro_batch),
                              _forward_of(op, layer.fwd)) for op in layer.bwd)
     comms = tuple(tp_comms(walk.forward, "fwd", dev.tp) + tp_comms(walk.backward[::-1], "bwd", dev.tp)
                   + walk.statistics)
@@ -214,18 +229,17 @@ class _Walk:
     def step(self, position: int, op: Op, config: OpConfig | None) -> None:
         where = f"split.compute@tp on {self.layer.name} {op.module_path or '<root>'} ({op.name})"
         inputs = [p for p in self._inputs(position, op) if p in self.placements]
-        contracting = op.kind in CONTRACTING
+        contracting = op.kind in CONTRACTING or op.kind in TABLE_KINDS  # and a lookup's rows: partial sums
         if config is None:
             config = self._inferred(op, inputs)
         need = input_placement(config, self.dev.tp, contracting)
-        if config != UNSPLIT and op.kind not in _SHAPED_KINDS:  # given, or inferred from a split input
-            raise ConfigError(where, config_text(config), f"a {op.kind} op is not shaped on a captured graph; give "
-                              "configs to matmuls, attention, norms and element-wise ops (the lookup runs whole)")
+        check_image_config(op, config, where, config_text(config))
         column = op.module_path if contracting and config == OpConfig(1, 1, self.dev.tp, 1) else ""
         grad = input_grad_placement(need, config, contracting)
         for producer in inputs:
             self._reshard(producer, op, need, grad, column)
-        if (op.kind == "attention" and config.seq > 1) or (op.kind == "norm" and config.out > 1):
+        if (op.kind == "attention" and config.seq > 1) or (op.kind == "norm" and config.out > 1
+                                                            and not is_batch_norm(op)):
             forward, backward = op_tp_collectives(self._spec(op, config, where), self.dev, op, config)
             self.forward += forward
             self.backward += backward
@@ -280,7 +294,7 @@ class _Walk:
             elements = op_output_bytes(writer) / BYTES_PER_DTYPE[writer.dtype]
         else:
             assert reader is not None  # the layer's input is handed on only through an op
-            elements = op_input_bytes(reader) / BYTES_PER_DTYPE[reader.dtype]
+            elements = input_elements(reader, self.layer)
         return elements * min(BYTES_PER_DTYPE[dtype] for dtype in ends)
 
     def _site(self, reader: Op | None, producer: int) -> str:
@@ -321,6 +335,9 @@ class _Walk:
             if weight + bias > self.unclaimed_params:
                 return
             self.unclaimed_params -= weight + bias
+        elif op.kind in TABLE_KINDS or is_batch_norm(op):
+            weight = min(own_params(op, self.layer), self.unclaimed_params)
+            self.unclaimed_params -= weight
         elif op.kind == "norm" and config != UNSPLIT and isinstance(self.job.model, TransformerSpec):
             weight = float(norm_params(self.job.model))
         held = weight / (config.out * config.reduce) + bias / config.out
@@ -335,6 +352,10 @@ def front_end_op(op: Op, config: OpConfig, forward: Op | None = None) -> Op:
     (m, n, k) it permutes."""
     if config == UNSPLIT:
         return op
+    if is_image_op(op):
+        return image_op(op, config, forward)
+    if op.kind == "embedding":
+        return lookup_op(op, config)
     shape, ratio = list(op.shape), 1.0
     tokens = config.batch * config.seq
     if op.kind == "matmul" and len(shape) == 4:
@@ -399,10 +420,10 @@ def _matmul_parts(op: Op, forward: Op | None, config: OpConfig) -> tuple[int, in
 
 
 def _forward_of(op: Op, fwd: tuple[Op, ...]) -> Op | None:
-    """A backward matmul's forward matmul (same module path)."""
-    if op.kind != "matmul":
+    """A backward matmul's or convolution's forward op (same module path and kind)."""
+    if op.kind not in ("matmul", "conv"):
         return None
-    return next((f for f in fwd if f.kind == "matmul" and f.module_path == op.module_path), None)
+    return next((f for f in fwd if f.kind == op.kind and f.module_path == op.module_path), None)
 
 
 def _matmul_params(op: Op) -> tuple[float, float]:

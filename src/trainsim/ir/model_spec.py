@@ -182,13 +182,15 @@ class DlrmSpec(Spec):
 class OpaqueSpec(Spec):
     """A model known only through a front-end that reads no layer structure (a jax train step, an nn.Module
     without a config, an execution trace): the OpGraph the front-end builds is the model. Only data and pipeline
-    parallelism apply to it."""
+    parallelism apply to it, and tp where the graph keeps the module paths a strategy tree's configs over tp
+    address (split_by_tree: the torch front-end's capture, compile.shape_front_end)."""
 
     kind: Literal["opaque"] = "opaque"
     name: str
     description: str = ""
     published_params: float | None = None
     source: str = ""  # what the front-end read it from
+    split_by_tree: bool = False  # tp > 1 allowed: a tree's configs over tp split the graph's ops
 
 
 ModelSpec = Annotated[TransformerSpec | CnnSpec | DlrmSpec | OpaqueSpec, Field(discriminator="kind")]

@@ -57,7 +57,7 @@ def front_end_mesh_splits(nodes: Mapping[str, _Node], resolved: Mapping[str, Map
     """The tp configs a tree gives the ops of a captured graph (module doc), in node order. tps: per layer
     instance, its stage's tp (a stage on its own mesh: its own); notes: per layer instance, the words an error
     adds where its stage runs its own mesh. ConfigError for a split over another axis, parts whose product does
-    not divide tp, or a reduce split of an op without a reduction dimension."""
+    not divide tp, or a reduce split of an op without a reduction dimension (a lookup's: its table's rows)."""
     out: list[MeshSplit] = []
     for path, node in nodes.items():
         if not node.fwd or node.layer_index < 0:
@@ -79,9 +79,10 @@ def front_end_mesh_splits(nodes: Mapping[str, _Node], resolved: Mapping[str, Map
                               f"the parts' product must divide tp={tp}"
                               + (notes[node.layer_index] if notes else ""))
         for op in node.fwd:
-            if config.reduce > 1 and op.kind not in CONTRACTING:
+            if config.reduce > 1 and op.kind not in (*CONTRACTING, "embedding"):
                 raise ConfigError(f"{path} split.compute@tp", config_text(config), f"{op.name} is a {op.kind} op, "
-                                  "with no reduction dimension: split its batch, seq or out, or reduce on a matmul")
+                                  "with no reduction dimension: split its batch, seq or out, or reduce on a matmul, "
+                                  "a conv (input channels) or a lookup (the table's rows)")
             out.append(MeshSplit(node.layer_index, op.module_path, "tp", config))
     return tuple(dict.fromkeys(out))
 

@@ -36,10 +36,12 @@ GPT2: dict[str, Any] = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_hea
 LLAMA: dict[str, Any] = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 176,
                          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
                          "max_position_embeddings": 64}
-# Megatron's pairs and the vocab-parallel head over tp (ln_f on its sequence share under sp)
+# Megatron's pairs, the vocab-parallel head and lookup over tp (ln_f and the positions on the rank's sequence share
+# under sp)
 GPT2_TREE = [("blocks.*.*.attn.c_attn", "out", 2), ("blocks.*.*.attn.c_proj", "reduce", 2),
              ("blocks.*.*.mlp.c_fc", "out", 2), ("blocks.*.*.mlp.c_proj", "reduce", 2), ("head", "out", 2),
-             ("head.transformer.ln_f", "out", 1)]
+             ("head.transformer.ln_f", "out", 1), ("embedding.transformer.wte", "reduce", 2)]
+UNDER_SP = [("head.transformer.ln_f", "seq", 2), ("embedding.transformer.wpe", "seq", 2)]
 SAME_OP = {"attn.c_attn": "qkv", "attn": "attention", "attn.c_proj": "out_proj", "mlp.c_fc": "fc1",
            "mlp.c_proj": "fc2"}
 
@@ -121,23 +123,21 @@ def test_gpt2_cp2_matches_the_catalog_exactly(gpt2: OpGraph) -> None:
 
 
 @pytest.mark.parametrize("sp", [False, True], ids=["tp2-cp2", "tp2-cp2-sp"])
-def test_gpt2_tp2_cp2_matches_the_catalog_but_the_lookup(gpt2: OpGraph, sp: bool) -> None:
-    """tp 2 x cp 2 x dp 2, Megatron's pairs and the vocab-parallel head (with sp ln_f on its sequence share): every
-    block's and the head's collectives are the catalog's: over tp the hidden state of the rank's sequence share
-    (4096 bytes), the loss's statistics of its 32 tokens (128 bytes), over cp the keys and values of its 2 heads
-    (8192 bytes). The one difference, as at cp 1: the catalog's vocab-parallel lookup reduces its partial sums
-    (embed.ar, or embed.rs under sp, 4096 bytes forward); the captured lookup runs whole."""
+def test_gpt2_tp2_cp2_matches_the_catalog(gpt2: OpGraph, sp: bool) -> None:
+    """tp 2 x cp 2 x dp 2, Megatron's pairs, the vocab-parallel lookup and head (with sp ln_f and the positions on
+    the rank's sequence share): every layer's collectives are the catalog's: over tp the hidden state of the rank's
+    sequence share (4096 bytes; the lookup's partial sums embed.ar, or embed.rs under sp), the loss's statistics
+    of its 32 tokens (128 bytes), over cp the keys and values of its 2 heads (8192 bytes)."""
     job = _job(GPT2, tp=2, sp=sp)
-    tree = GPT2_TREE + ([("head.transformer.ln_f", "seq", 2)] if sp else [])
-    shaped = shape_layers(job, _plan(job, gpt2, tree))
+    shaped = shape_layers(job, _plan(job, gpt2, GPT2_TREE + (UNDER_SP if sp else [])))
     reference, comms = _catalog(job)
-    for mine, theirs in zip(shaped.layers[1:], reference.layers[1:], strict=True):
+    for mine, theirs in zip(shaped.layers, reference.layers, strict=True):
         assert _keys(mine.layer.comms) == _keys(comms[theirs.index]), mine.layer.name
     block = shaped.layers[1].layer
     assert {(c.name, c.buffer_bytes) for c in block.comms if c.axis == "cp"} == {("kv.ag", 8192.0), ("kv.rs", 8192.0)}
     assert {c.buffer_bytes for c in block.comms if c.axis == "tp"} == {4096.0}
-    extra = [c for c in comms[reference.layers[0].index] if c not in shaped.layers[0].layer.comms]
-    assert [(c.name, c.phase, c.buffer_bytes) for c in extra] == [("embed.rs" if sp else "embed.ar", "fwd", 4096.0)]
+    assert [(c.name, c.phase, c.buffer_bytes) for c in shaped.layers[0].layer.comms if c.phase == "fwd"] == [
+        ("embed.rs" if sp else "embed.ar", "fwd", 4096.0)]
 
 
 def test_llama_gqa_cp2_matches_the_catalog() -> None:

@@ -34,10 +34,13 @@ LLAMA: dict[str, Any] = {"model_type": "llama", "num_hidden_layers": 2, "hidden_
                          "max_position_embeddings": 64}
 HIDDEN_BYTES = 64 * 64 * 2
 # Megatron's pairs, the head vocab parallel, its final norm on each rank's sequence share (parts 1 unsets the out
-# inherited from `head`; seq 2 is Megatron's sp config of a norm, as the catalog's)
-GPT2_TREE = [("blocks.*.*.attn.c_attn", "out", 2), ("blocks.*.*.attn.c_proj", "reduce", 2),
-             ("blocks.*.*.mlp.c_fc", "out", 2), ("blocks.*.*.mlp.c_proj", "reduce", 2), ("head", "out", 2),
-             ("head.transformer.ln_f", "out", 1), ("head.transformer.ln_f", "seq", 2)]
+# inherited from `head`; seq 2 is Megatron's sp config of a norm, as the catalog's); the lookup vocab parallel, the
+# positions looked up on each rank's sequence share (the catalog's under sp)
+GPT2_PAIRS = [("blocks.*.*.attn.c_attn", "out", 2), ("blocks.*.*.attn.c_proj", "reduce", 2),
+              ("blocks.*.*.mlp.c_fc", "out", 2), ("blocks.*.*.mlp.c_proj", "reduce", 2), ("head", "out", 2),
+              ("head.transformer.ln_f", "out", 1), ("head.transformer.ln_f", "seq", 2)]
+LOOKUP = [("embedding.transformer.wte", "reduce", 2), ("embedding.transformer.wpe", "seq", 2)]
+GPT2_TREE = GPT2_PAIRS + LOOKUP
 LLAMA_TREE = [("blocks.*.*.self_attn", "out", 2), ("blocks.*.*.self_attn.o_proj", "out", 1),
               ("blocks.*.*.self_attn.o_proj", "reduce", 2), ("blocks.*.*.mlp", "out", 2),
               ("blocks.*.*.mlp.down_proj", "out", 1), ("blocks.*.*.mlp.down_proj", "reduce", 2), ("head", "out", 2),
@@ -89,8 +92,10 @@ def test_gpt2_block_exact_collectives(gpt2: OpGraph) -> None:
     the tree leaves unconfigured: reduce-scattered by sequence (attn.rs); c_fc likewise mlp.ag, c_proj's sums
     mlp.rs into the last dropout + add, which hands on its share as it holds it (nothing). Backward the
     conjugates: the row-parallel output's gradient all-gathered, the column-parallel input's gradient
-    reduce-scattered (its overlap's column input). 8192 bytes each over the whole tp pair. The embedding (a whole
-    lookup: a slice forward) all-gathers its output's gradient; the head gathers lm_head's input (logits.ag,
+    reduce-scattered (its overlap's column input). 8192 bytes each over the whole tp pair. The embedding: the
+    vocab-parallel lookup's partial sums reduce-scattered into the fused position add (embed.rs; the positions
+    looked up on the rank's share need nothing), its gradient all-gathered back (embed.ag); without the lookup's
+    split (a whole lookup: a slice forward) only the embed.ag. The head gathers lm_head's input (logits.ag,
     logits.rs backward) and all-reduces the loss's three fp32 statistics of 64 tokens."""
     job = _job(GPT2)
     shaped = shape_layers(job, _plan(job, gpt2, GPT2_TREE))
@@ -102,7 +107,10 @@ def test_gpt2_block_exact_collectives(gpt2: OpGraph) -> None:
         ("attn.ag", "all-gather", "bwd", HIDDEN_BYTES, 0), ("attn.rs", "reduce-scatter", "bwd", HIDDEN_BYTES, 0)]
     assert [c.column_input.rpartition(".")[2] for c in block.comms] == ["c_attn", "", "c_fc", "", "", "c_fc", "",
                                                                         "c_attn"]
-    assert [(c.name, c.phase) for c in shaped.layers[0].layer.comms] == [("embed.ag", "bwd")]
+    assert [(c.name, c.collective, c.phase, c.buffer_bytes) for c in shaped.layers[0].layer.comms] == [
+        ("embed.rs", "reduce-scatter", "fwd", HIDDEN_BYTES), ("embed.ag", "all-gather", "bwd", HIDDEN_BYTES)]
+    whole_lookup = shape_layers(job, _plan(job, gpt2, GPT2_PAIRS)).layers[0].layer
+    assert [(c.name, c.phase) for c in whole_lookup.comms] == [("embed.ag", "bwd")]
     assert [(c.name, c.collective, c.buffer_bytes) for c in shaped.layers[-1].layer.comms] == [
         ("logits.ag", "all-gather", HIDDEN_BYTES), ("logits.rs", "reduce-scatter", HIDDEN_BYTES),
         ("loss.max", "all-reduce", 256.0), ("loss.target", "all-reduce", 256.0),
@@ -111,20 +119,25 @@ def test_gpt2_block_exact_collectives(gpt2: OpGraph) -> None:
     assert ln_1.shape == (2, 16, 64)  # its sequence share
 
 
-def test_gpt2_matches_the_catalog_megatron_sp_but_the_lookup(gpt2: OpGraph) -> None:
-    """Differential: every block's and the head's collectives (name, kind, phase, bytes, group, column input)
-    are the catalog's plain tp 2 + sp. The one difference: the catalog's vocab-parallel lookup makes partial sums
-    reduce-scattered onto the sequence split (embed.rs, 8192 bytes forward); the captured lookup runs whole (a
-    lookup takes no config), each rank slicing its share. (A catalog plan with its lookup whole is refused for a
-    tied GPT-2; the untied LLaMA below has it.)"""
+def test_gpt2_matches_the_catalog_megatron_sp(gpt2: OpGraph) -> None:
+    """Differential: with the lookup vocab parallel and the positions on each rank's share, every layer's
+    collectives (name, kind, phase, bytes, group, column input) and pipeline send are the catalog's plain tp 2 +
+    sp. With the lookup whole the one difference is the catalog's embed.rs (8192 bytes forward: each rank slices
+    its share of the whole lookup instead; a catalog plan with its lookup whole is refused for a tied GPT-2, the
+    untied LLaMA below has it); with the lookup split but the positions whole, one all-gather more backward
+    (embed.ag of the position add's gradient of the whole (1, 32, 64) positions, 4096 bytes)."""
     job = _job(GPT2)
     shaped = shape_layers(job, _plan(job, gpt2, GPT2_TREE))
     reference, comms = _catalog(job)
-    for mine, theirs in zip(shaped.layers[1:], reference.layers[1:], strict=True):
+    for mine, theirs in zip(shaped.layers, reference.layers, strict=True):
         assert _keys(mine.layer.comms) == _keys(comms[theirs.index]), mine.layer.name
-    extra = [c for c in comms[reference.layers[0].index] if c not in shaped.layers[0].layer.comms]
-    assert [(c.name, c.collective, c.phase, c.buffer_bytes) for c in extra] == [
-        ("embed.rs", "reduce-scatter", "fwd", HIDDEN_BYTES)]
+        assert mine.layer.output_bytes == theirs.layer.output_bytes
+    embedding = comms[reference.layers[0].index]
+    whole_lookup = shape_layers(job, _plan(job, gpt2, GPT2_PAIRS)).layers[0].layer
+    assert [(c.name, c.phase) for c in embedding if c not in whole_lookup.comms] == [("embed.rs", "fwd")]
+    whole_positions = shape_layers(job, _plan(job, gpt2, GPT2_PAIRS + LOOKUP[:1])).layers[0].layer
+    assert [(c.name, c.phase, c.buffer_bytes) for c in whole_positions.comms if c not in embedding] == [
+        ("embed.ag", "bwd", 4096.0)]
 
 
 def test_llama_matches_the_catalog_megatron_sp_with_the_lookup_whole() -> None:
@@ -148,15 +161,14 @@ def test_activations_and_peak_memory_follow_the_catalog(gpt2: OpGraph) -> None:
     (Korthikanti et al. 2022, Table 2: sbh/t (34 + 5as/h)): the capture's ln_1 (8448), c_attn's input (8192: its
     sequence share, kept as Megatron-LM keeps it), the fused dropout + add + ln_2 (16640), c_fc's input (8192),
     the last dropout + add (8192) halved as the heads' and ffn features' tensors are; under full recompute the
-    block's input share (4096). The embedding's fused add and dropout runs whole (the captured lookup is whole:
-    the scatter comes after the group) and keeps 8192 where the catalog's keeps 4096.
+    block's input share (4096). The embedding's fused add and dropout on its share keeps 4096, as the catalog's.
 
     Per-rank peak memory (the simulator's), tolerance 0 bytes: the activations exceed the catalog's by half the
-    capture's tp-1 surplus (its unfused kernels' tensors) plus the embedding's 4096; weights, gradients and
-    optimizer states by the parameters the capture holds whole, 16 bytes each (bf16 weight and gradient, fp32
-    master copy and two Adam moments): 192 per block (half of the norms' 256 and of the row-parallel biases'
-    128, which the catalog divides by tp) and the lookup's table, whole (18432 more: the catalog's is split by
-    the vocabulary, and its positions by tp)."""
+    capture's tp-1 surplus (its unfused kernels' tensors); weights, gradients and optimizer states by the
+    parameters the capture holds whole, 16 bytes each (bf16 weight and gradient, fp32 master copy and two Adam
+    moments): 192 per block (half of the norms' 256 and of the row-parallel biases' 128, which the catalog
+    divides by tp) and half the position table's 4096 (the catalog divides it by tp; the capture holds it whole,
+    each rank looking up its share's positions, its gradient summed over the pair: a lookup split by tokens)."""
     whole = _job(GPT2, 1, 8, sp=False)
     job = _job(GPT2)
     shaped = shape_layers(job, _plan(job, gpt2, GPT2_TREE))
@@ -170,15 +182,16 @@ def test_activations_and_peak_memory_follow_the_catalog(gpt2: OpGraph) -> None:
     block = shaped.layers[1].layer
     assert gpt2.layers[1].saved_bytes["none"] - block.saved_bytes["none"] == 125696
     assert block.saved_bytes["full"] == HIDDEN_BYTES / 2
-    assert shaped.layers[0].layer.saved_bytes["none"] - reference.layers[0].layer.saved_bytes["none"] == 4096
+    assert shaped.layers[0].layer.saved_bytes["none"] == reference.layers[0].layer.saved_bytes["none"] == 4096
     surplus_tp1 = (predict(whole, "sim", graph=gpt2).memory_breakdown["activations"]
                    - predict(whole, "sim").memory_breakdown["activations"])
     mine = predict(job, "sim", graph=gpt2, plan=_plan(job, gpt2, GPT2_TREE))
     theirs = predict(job, "sim")
     activations = mine.memory_breakdown["activations"] - theirs.memory_breakdown["activations"]
-    assert activations == surplus_tp1 / 2 + 4096
-    params = 2 * 192 + 18432
-    assert shaped.layers[0].layer.param_count - reference.layers[0].layer.param_count == 18432
+    assert activations == surplus_tp1 / 2
+    params = 2 * 192 + 2048
+    assert shaped.layers[0].layer.param_count - reference.layers[0].layer.param_count == 2048
+    assert (0, 2, 4096.0) in shaped.front_end_token_params  # the position table's gradient summed over the pair
     assert mine.peak_memory_bytes - theirs.peak_memory_bytes == activations + params * 16
 
 

@@ -53,7 +53,7 @@ class TorchFrontend:
             config = _module_config(_build_module(source, micro_batch=1, seq_len=1, precision="fp32"))
             attr = source.rpartition(":")[2]
             if config is None:
-                return opaque_spec(attr, "nn.Module factory")
+                return opaque_spec(attr, "nn.Module factory", split_by_tree=True)
             return model_from_hf_config(config, name=str(config.get("_name_or_path") or attr), where=source)
         spec = load_model(resolve_source(source))
         if not isinstance(spec, TransformerSpec):

@@ -41,13 +41,13 @@ def sequence_parallel_config(op: Op, inferred: OpConfig, held: Placement, dev: D
     return OpConfig(inferred.batch, inferred.seq * held.partial, 1, 1)
 
 
-def kept_parts(op: Op, config: OpConfig, held: Placement | None, dev: DeviceSlice) -> int:
+def kept_parts(op: Op, config: OpConfig, held: Placement | None, dev: DeviceSlice, reads_reduce: bool) -> int:
     """The parts of its input an op keeps for its backward (its input's parts at its config: batch x seq x its
-    reduction or output features); under sp a matmul reading a sequence split gathered keeps its producer's
-    share (module doc). held: the placement of the first tensor it reads (None: none)."""
-    contracting = op.kind in CONTRACTING
-    parts = config.batch * config.seq * (config.reduce if contracting else config.out)
-    if not dev.sp or op.kind != "matmul" or held is None or held.partial > 1:
+    reduction features where it reads them, reads_reduce: a matmul with a weight, else its output features); under
+    sp such a matmul reading a sequence split gathered keeps its producer's share (module doc). held: the placement
+    of the first tensor it reads (None: none)."""
+    parts = config.batch * config.seq * (config.reduce if reads_reduce else config.out)
+    if not dev.sp or op.kind != "matmul" or not reads_reduce or held is None or held.partial > 1:
         return parts
     tokens = held.batch * held.seq
     return max(parts, tokens * config.reduce) if tokens > config.batch * config.seq else parts

@@ -1,6 +1,6 @@
-"""Pass: shape a capturing front-end's layers (the torch front-end's traced graph) from a strategy tree's computation
-configs over tp (Proteus Sec. IV-B: a split on any op takes effect; Sec. V-B: the collective each layout change
-needs; Sec. VII: unspecified partitions inferred along data dependencies).
+"""Pass: shape a capturing front-end's layers (the torch front-end's traced graph, the JAX front-end's jaxpr) from
+a strategy tree's computation configs over tp (Proteus Sec. IV-B: a split on any op takes effect; Sec. V-B: the
+collective each layout change needs; Sec. VII: unspecified partitions inferred along data dependencies).
 
 A captured graph is one device's whole model, its ops the framework's kernels under their module paths
 (ir.graph.OpGraph.frontend), each forward op with its data dependencies (ir.graph.Op.inputs: the ops whose output
@@ -38,9 +38,13 @@ stays where the lookup holds it (whole, or at its split where the head's project
 compile.shape_front_end_cnn.hold_tied_tables). Each op keeps the activations it saves for its backward
 (Op.saved_bytes) as it reads them: divided by its input's parts.
 
-Refused in one line: a seq split of an image op (a convolution, a pool, a batch norm), an attention or norm split
-needing the model's shape where the graph has none, and tp > 1 without any config from a tree (the graph is one
-device's whole model). A plan whose stages run their own meshes is shaped per mesh (compile.front_end_meshes).
+A batched matmul (attention written as einsums: the scores and the weighted sum over batch x heads) keeps a
+feature split of its inputs as a split of its heads, in its batch dim (batched_matmul).
+
+Refused in one line: a seq split of an image op (a convolution, a pool, a batch norm) or of a batched matmul, an
+attention or norm split needing the model's shape where the graph has none, and tp > 1 without any config from a
+tree (the graph is one device's whole model). A plan whose stages run their own meshes is shaped per mesh
+(compile.front_end_meshes).
 NB: the saved activations are divided per op, not per tensor (a whole mask the attention core keeps is divided
 with its q, k and v); a tensor written in place is attributed to the op that allocated it.
 """
@@ -198,8 +202,10 @@ def _saved_bytes(layer: Layer, parts_kept: list[int], input_parts: int) -> dict[
         return {mode: kept - shed for mode, kept in layer.saved_bytes.items()}
     out = dict(layer.saved_bytes)
     out["none"] -= shed
-    out["selective"] -= shed - aux  # the aux tensors are not kept
-    out["full"] /= input_parts
+    if "selective" in out:  # the JAX front-end knows only "none" (the jaxpr fixes what autodiff saves)
+        out["selective"] -= shed - aux  # the aux tensors are not kept
+    if "full" in out:
+        out["full"] /= input_parts
     return out
 
 
@@ -229,11 +235,15 @@ class _Walk:
     def step(self, position: int, op: Op, config: OpConfig | None) -> None:
         where = f"split.compute@tp on {self.layer.name} {op.module_path or '<root>'} ({op.name})"
         inputs = [p for p in self._inputs(position, op) if p in self.placements]
-        contracting = op.kind in CONTRACTING or op.kind in TABLE_KINDS  # and a lookup's rows: partial sums
-        if config is None:
+        # a lookup's rows: partial sums; a batched matmul splits its heads, as an attention core
+        contracting = (op.kind in CONTRACTING or op.kind in TABLE_KINDS) and not batched_matmul(op)
+        if config is None or (config.reduce > 1 and not contracting):  # a reduce split reaches the matmuls only
             config = self._inferred(op, inputs)
         need = input_placement(config, self.dev.tp, contracting)
         check_image_config(op, config, where, config_text(config))
+        if batched_matmul(op) and config.seq > 1:
+            raise ConfigError(where, config_text(config), "a batched matmul (attention written as einsums) splits its "
+                              "batch or heads (out), not its rows: its keys would need gathering")
         column = op.module_path if contracting and config == OpConfig(1, 1, self.dev.tp, 1) else ""
         grad = input_grad_placement(need, config, contracting)
         for producer in inputs:
@@ -246,7 +256,8 @@ class _Walk:
         if op.kind == "loss" and config.out > 1:
             self.statistics += loss_statistics(config, self.dev)
         self.configs.append(config)
-        self.kept_parts.append(kept_parts(op, config, self.placements[inputs[0]] if inputs else None, self.dev))
+        self.kept_parts.append(kept_parts(op, config, self.placements[inputs[0]] if inputs else None, self.dev,
+                                          op.kind in CONTRACTING and not batched_matmul(op)))
         self._hold(op, config)
         self.placements[position] = output_placement(config, self.dev.tp, contracting)
         self.gradient[position] = op.kind in _WEIGHTED or any(self.gradient[p] for p in inputs)
@@ -316,6 +327,8 @@ class _Walk:
             return UNSPLIT
         placements = [self.placements[p] for p in inputs]
         held = next((p for p in placements if p.shards > 1), placements[0])
+        if batched_matmul(op):  # split features are its heads, a batch dim: kept, as an element-wise op keeps them
+            return OpConfig(held.batch, held.seq, held.feature, 1)
         return sequence_parallel_config(op, inferred_config(op, held, self.dev.tp)[0], held, self.dev)
 
     def _spec(self, op: Op, config: OpConfig, where: str) -> TransformerSpec:
@@ -330,7 +343,7 @@ class _Walk:
         that split its tokens. A matmul whose weight the layer does not hold (it exceeds what no other op has
         claimed: GPT-2's head, tied to the embedding's table) holds nothing here."""
         weight = bias = 0.0
-        if op.kind == "matmul" and len(op.shape) == 4:
+        if op.kind == "matmul" and len(op.shape) == 4 and not batched_matmul(op):  # batched: two activations
             weight, bias = _matmul_params(op)
             if weight + bias > self.unclaimed_params:
                 return
@@ -358,7 +371,9 @@ def front_end_op(op: Op, config: OpConfig, forward: Op | None = None) -> Op:
         return lookup_op(op, config)
     shape, ratio = list(op.shape), 1.0
     tokens = config.batch * config.seq
-    if op.kind == "matmul" and len(shape) == 4:
+    if batched_matmul(op):  # (batch x heads, m, n, k): its batch and heads parts divide the batch dim
+        shape[0], ratio = ceil_part(shape[0], config.batch * config.out)
+    elif op.kind == "matmul" and len(shape) == 4:
         for i, parts in zip((1, 2, 3), _matmul_parts(op, forward, config), strict=True):
             shape[i], excess = ceil_part(shape[i], parts)
             ratio *= excess
@@ -380,6 +395,14 @@ def front_end_op(op: Op, config: OpConfig, forward: Op | None = None) -> Op:
     divide = config.parts if op.kind in CONTRACTING else config.batch * config.seq * config.out
     factor = ratio / divide
     return dataclasses.replace(op, flops=op.flops * factor, bytes_moved=op.bytes_moved * factor, shape=tuple(shape))
+
+
+def batched_matmul(op: Op) -> bool:
+    """A matmul over a batch dim (batch, m, n, k with batch > 1): an einsum over heads, as attention written in
+    jax.numpy runs (the scores q k^T and the weighted sum); a Dense's or a Linear's matmul has batch 1 (its tokens
+    are m). Its heads come from the features its producer split, so it keeps a feature split in its batch dim, as
+    an attention core does, and has no weight."""
+    return op.kind == "matmul" and len(op.shape) == 4 and op.shape[0] > 1
 
 
 def _backward_config(op: Op, fwd: tuple[Op, ...], configs: Mapping[int, OpConfig], micro_batch: int) -> OpConfig:

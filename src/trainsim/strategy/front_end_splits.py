@@ -6,8 +6,12 @@ the framework's kernels (addmm, native_layer_norm, fused element-wise groups) un
 Megatron vocabulary to place splits by. The tree gives an op a config over tp where a split item "compute" with
 axis tp reaches its node (set there or inherited from an ancestor; parts 1 sets "whole" explicitly); every other
 op is left to the compiler, which infers its config from its inputs along the captured data dependencies (Proteus
-Sec. VII; compile.shape_front_end). A tree splits a captured graph over tp only: the job's cp splits every op by
-sequence (compile.front_end_context), ep is refused by the front-end.
+Sec. VII; compile.shape_front_end). A reduce split reaches the matmuls under its node; the node's other ops (a JAX
+Dense's bias add, its own equation in the Dense's scope) infer theirs, so the matmul's partial sums are added up
+before them, as Megatron's row-parallel linear adds its bias after the all-reduce (megatron/core/tensor_parallel/
+layers.py, RowParallelLinear.forward, megatron-core 0.9). A tree splits a captured graph over tp only: the job's cp
+splits every op of the torch front-end's graph by sequence (compile.front_end_context), ep is refused by the
+front-end.
 """
 
 from collections.abc import Mapping, Sequence
@@ -78,11 +82,12 @@ def front_end_mesh_splits(nodes: Mapping[str, _Node], resolved: Mapping[str, Map
             raise ConfigError(f"{path} split.compute@tp", config_text(config),
                               f"the parts' product must divide tp={tp}"
                               + (notes[node.layer_index] if notes else ""))
+        if config.reduce > 1 and not any(op.kind in (*CONTRACTING, "embedding") for op in node.fwd):
+            op = node.fwd[0]
+            raise ConfigError(f"{path} split.compute@tp", config_text(config), f"{op.name} is a {op.kind} op, "
+                              "with no reduction dimension: split its batch, seq or out, or reduce on a matmul, "
+                              "a conv (input channels) or a lookup (the table's rows)")
         for op in node.fwd:
-            if config.reduce > 1 and op.kind not in (*CONTRACTING, "embedding"):
-                raise ConfigError(f"{path} split.compute@tp", config_text(config), f"{op.name} is a {op.kind} op, "
-                                  "with no reduction dimension: split its batch, seq or out, or reduce on a matmul, "
-                                  "a conv (input channels) or a lookup (the table's rows)")
             out.append(MeshSplit(node.layer_index, op.module_path, "tp", config))
     return tuple(dict.fromkeys(out))
 

@@ -6,7 +6,7 @@
   returns an nn.Module taking input_ids and labels of (micro_batch, seq_len), or (module, example_inputs).
 
 model_spec: the TransformerSpec of the Hugging Face config (catalog.hf_config), for a factory that of its
-module's `config`; a module without one is opaque (frontends.opaque: dp and pp only).
+module's `config`; a module without one is opaque (frontends.opaque: dp, pp, and tp by a tree).
 graph: the traced step, lowered to the kernels a fused training stack runs (torch.fuse). The trace is one
 device's whole model (OpGraph.frontend "torch"): tensor parallelism takes a strategy tree's configs over tp on its
 ops, addressed by module path (compile.shape_front_end: tp > 1 without one is refused there), and sequence

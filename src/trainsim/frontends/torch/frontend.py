@@ -23,7 +23,7 @@ from typing import Any
 from trainsim.catalog import load_model
 from trainsim.catalog.files import read_mapping
 from trainsim.catalog.hf_config import model_from_hf_config
-from trainsim.errors import ConfigError
+from trainsim.errors import ConfigError, TrainsimError, one_line
 from trainsim.frontends.catalog.frontend import resolve_source
 from trainsim.frontends.factory import call_factory, is_factory_target, load_factory
 from trainsim.frontends.one_device import one_device_graph
@@ -117,8 +117,14 @@ def _build_module(source: str, **shape: Any) -> Any:
     except ModuleNotFoundError as exc:
         raise missing(exc) from None
     factory = load_factory(source, "torch")
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        made = call_factory(factory, **shape)
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            made = call_factory(factory, **shape)
+    except TrainsimError:
+        raise
+    except Exception as exc:  # the user's factory failed: one line, never a traceback
+        reason = one_line(str(exc), 160) or type(exc).__name__
+        raise ConfigError("model", source, f"the factory raised {type(exc).__name__}: {reason}") from exc
     module = made[0] if isinstance(made, tuple) else made
     if not callable(getattr(module, "named_parameters", None)):
         raise ConfigError("model", source, "the factory must return an nn.Module or (nn.Module, example_inputs)")

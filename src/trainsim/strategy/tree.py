@@ -718,9 +718,12 @@ def _expand_name(name: str, count: int) -> list[str]:
 
 def _op_prefixes(layer: Layer, first_name: str) -> tuple[str, ...]:
     """Prefixes stripped from op module paths to place them under a layer node: the layer's own name (head.proj
-    under head, layer1.1.conv1 under layer1.1) or the longest dotted prefix all its ops share (blocks.block.*,
-    embed.*)."""
-    split_paths = [op.module_path.split(".") for op in layer.fwd + layer.bwd]
+    under head, layer1.1.conv1 under layer1.1; a jaxpr's top-level name scope, block0.attn.qkv under blocks.0,
+    block0's own equations on it) or the longest dotted prefix all its ops share (blocks.block.*, embed.*)."""
+    paths = [op.module_path for op in layer.fwd + layer.bwd]
+    under = [path for path in paths if path.startswith(layer.name + ".")]
+    scope = layer.name if under and all(path == layer.name or path in under for path in paths) else ""
+    split_paths = [path.split(".") for path in paths]
     common: list[str] = []
     if split_paths:
         for parts in zip(*split_paths, strict=False):
@@ -728,7 +731,7 @@ def _op_prefixes(layer: Layer, first_name: str) -> tuple[str, ...]:
                 break
             common.append(parts[0])
         common = common[:min(len(parts) for parts in split_paths) - 1]
-    return tuple(prefix for prefix in (first_name, ".".join(common)) if prefix)
+    return tuple(prefix for prefix in (first_name, scope, ".".join(common)) if prefix)
 
 
 def _relative(module_path: str, prefixes: tuple[str, ...]) -> str:

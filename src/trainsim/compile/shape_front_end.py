@@ -25,8 +25,10 @@ they lie alike, once per layout onto the producer's (the catalog's _skip_reshard
 gradient (a mask, a rotary table: written by ops that read neither the layer's input nor a weight) is not resharded
 backward. An attention split by query rows gathers its keys and values, a norm split by features all-reduces its
 statistics (strategy.megatron.op_tp_collectives) and a loss split by its classes its three statistics
-(strategy.megatron.loss_statistics). A layer reads and hands on the whole hidden state (no sequence parallelism;
-Layer.hands_on names the op writing it); the embedding's first op reads token ids.
+(strategy.megatron.loss_statistics). A layer reads and hands on the whole hidden state, under sp its sequence
+share over tp (compile.front_end_sequence; Layer.hands_on names the op writing it); the embedding's first op reads
+token ids. Under cp every op runs its rank's share of the sequence and each attention core exchanges its keys and
+values over cp (compile.front_end_context).
 
 A split matmul holds 1/(out x reduce) of its weight (n x k of its shape) and 1/out of its bias (its bytes beyond
 its three operands); a norm split by features 1/out of its gain and bias (the model's norm size); split by tokens,
@@ -50,6 +52,8 @@ with its q, k and v); a tensor written in place is attributed to the op that all
 import dataclasses
 from collections.abc import Mapping
 
+from trainsim.compile.front_end_context import check_context_parallel, context_parallel_comms
+from trainsim.compile.front_end_sequence import check_sequence_parallel, kept_parts, sequence_parallel_config
 from trainsim.compile.shape_front_end_cnn import (
     TABLE_KINDS,
     backward_pairs,
@@ -73,6 +77,7 @@ from trainsim.strategy.front_end_splits import config_text, refuse_whole_model_t
 from trainsim.strategy.lowered import LoweredPlan
 from trainsim.strategy.megatron import (
     UNSPLIT,
+    handed_on,
     layer_site,
     loss_statistics,
     norm_params,
@@ -97,12 +102,15 @@ def shape_front_end_layers(job: Job, plan: LoweredPlan) -> LoweredPlan:
     its feature collectives in Layer.comms, the parameters its token-split ops sum over tp ranks in
     front_end_token_params and no mesh_splits left for the catalog's passes."""
     tp = job.parallel.tp
-    if tp == 1 or plan.stage_meshes:  # stage meshes: each shaped on its own (compile.front_end_meshes)
+    # stage meshes: each stage's layers shaped on its own mesh (compile.front_end_meshes)
+    if (tp == 1 and job.parallel.cp == 1) or plan.stage_meshes:
         return plan
     configs = plan.tp_configs()
     if not configs:
         refuse_whole_model_tp(plan.frontend, tp)
     dev = DeviceSlice.of(job.parallel, job.stack)
+    check_sequence_parallel(dev)
+    check_context_parallel(job.model, dev, plan.frontend)
     built: dict[tuple[int, frozenset[tuple[str, OpConfig]]], tuple[Layer, dict[int, float]]] = {}
     assignments = list(plan.layers)
     shared: list[tuple[int, int, float]] = []
@@ -137,6 +145,7 @@ def _shaped(job: Job, dev: DeviceSlice, layer: Layer, given: Mapping[str, OpConf
     {k: parameters} of its ops whose config splits their tokens k ways
     (each of those ranks holds its part of the weight whole and makes its gradient from its own tokens: summed
     over them with the data-parallel reduction, as strategy.megatron.token_split_params for the catalog's)."""
+    whole, layer = layer, _context_share(layer, dev.cp)
     walk = _Walk(job, dev, layer)
     for position, op in enumerate(layer.fwd):
         walk.step(position, op, given.get(op.module_path))
@@ -150,21 +159,43 @@ def _shaped(job: Job, dev: DeviceSlice, layer: Layer, given: Mapping[str, OpConf
                              _forward_of(op, layer.fwd)) for op in layer.bwd)
     comms = tuple(tp_comms(walk.forward, "fwd", dev.tp) + tp_comms(walk.backward[::-1], "bwd", dev.tp)
                   + walk.statistics)
-    shaped = dataclasses.replace(layer, fwd=fwd, bwd=bwd, comms=comms, param_count=layer.param_count - walk.shed,
-                                 saved_bytes=_saved_bytes(layer, walk.configs))
+    handed = handed_on("tp", dev).shards  # under sp the hidden state between layers (a pipeline send) is split
+    saved = _saved_bytes(layer, walk.kept_parts, handed)
+    shaped = dataclasses.replace(layer, fwd=fwd, bwd=bwd, param_count=layer.param_count - walk.shed,
+                                 saved_bytes=saved, output_bytes=layer.output_bytes / handed)
+    shaped = dataclasses.replace(shaped, comms=comms + context_parallel_comms(job.model, dev, whole, shaped))
     return shaped, walk.token_params
 
 
-def _saved_bytes(layer: Layer, configs: list[OpConfig]) -> dict[str, float]:
+def _context_share(layer: Layer, cp: int) -> Layer:
+    """One cp rank's share of a captured layer (compile.front_end_context): every op at seq = cp, what it keeps
+    for its backward and hands on divided alike; a matmul still reads its whole weight (its bytes less only the
+    activations').
+    NB: a weight-gradient op shaped as its weight (the lookup's) is divided too, as the ops a config splits."""
+    if cp == 1:
+        return layer
+    config = OpConfig(1, cp, 1, 1)
+
+    def share(op: Op, forward: Op | None = None) -> Op:
+        ran = front_end_op(op, config, forward)
+        if op.kind == "matmul" and len(op.shape) == 4:
+            ran = dataclasses.replace(ran, bytes_moved=op.bytes_moved - _operand_bytes(op) + _operand_bytes(ran))
+        return dataclasses.replace(ran, saved_bytes=op.saved_bytes / cp, saved_aux_bytes=op.saved_aux_bytes / cp)
+
+    return dataclasses.replace(layer, fwd=tuple(share(op) for op in layer.fwd),
+                               bwd=tuple(share(op, _forward_of(op, layer.fwd)) for op in layer.bwd),
+                               saved_bytes={mode: kept / cp for mode, kept in layer.saved_bytes.items()},
+                               output_bytes=layer.output_bytes / cp)
+
+
+def _saved_bytes(layer: Layer, parts_kept: list[int], input_parts: int) -> dict[str, float]:
     """The layer's activations kept for its backward pass, each op's (Op.saved_bytes) as it holds what it reads:
-    divided by its input's parts (batch x seq x its reduction or output features); a block's under selective
-    recompute less its side outputs (Op.saved_aux_bytes), under full recompute its input, the whole hidden state
-    (the block reads it whole). NB: per op, not per tensor (a
+    divided by its input's parts (parts_kept: per forward op, compile.front_end_sequence.kept_parts); a block's
+    under selective recompute less its side outputs (Op.saved_aux_bytes), under full recompute its input as it
+    reads it (the whole hidden state, or its input_parts sequence share under sp). NB: per op, not per tensor (a
     whole mask an attention core split by heads keeps is divided with its q, k and v)."""
     shed = aux = 0.0
-    for op, config in zip(layer.fwd, configs, strict=True):
-        reads_reduce = op.kind in CONTRACTING and not batched_matmul(op)
-        parts = config.batch * config.seq * (config.reduce if reads_reduce else config.out)
+    for op, parts in zip(layer.fwd, parts_kept, strict=True):
         shed += op.saved_bytes * (1.0 - 1.0 / parts)
         aux += op.saved_aux_bytes * (1.0 - 1.0 / parts)
     if layer.kind != "block":  # every mode keeps what the layer saves (frontends.torch.layers)
@@ -173,6 +204,8 @@ def _saved_bytes(layer: Layer, configs: list[OpConfig]) -> dict[str, float]:
     out["none"] -= shed
     if "selective" in out:  # the JAX front-end knows only "none" (the jaxpr fixes what autodiff saves)
         out["selective"] -= shed - aux  # the aux tensors are not kept
+    if "full" in out:
+        out["full"] /= input_parts
     return out
 
 
@@ -185,14 +218,15 @@ class _Walk:
 
     def __init__(self, job: Job, dev: DeviceSlice, layer: Layer) -> None:
         self.job, self.dev, self.layer = job, dev, layer
-        whole = Placement(dev.tp)
-        self.placements: dict[int, Placement] = {} if layer.kind == "embedding" else {-1: whole}  # -1: the input
+        read = handed_on("tp", dev)  # the hidden state between layers: split by sequence under sp
+        self.placements: dict[int, Placement] = {} if layer.kind == "embedding" else {-1: read}  # -1: the input
         self.gradient: dict[int, bool] = {-1: True}  # whether an op's output carries a gradient back
         self.read_as: dict[int, list[Placement]] = {}  # per producer, the layouts its readers had it resharded to
         self.grad_as: dict[int, list[Placement]] = {}  # per producer, its readers' input gradients' layouts
         self.statistics: list[Comm] = []  # a loss split by classes: its statistics' all-reduces (listed last)
         self.unclaimed_params = layer.full_param_count  # parameters of this layer no op has claimed yet
         self.configs: list[OpConfig] = []  # per forward op, its config over tp
+        self.kept_parts: list[int] = []  # per forward op, the parts of its input it keeps for its backward
         self.forward: list[tuple[str, ReshardStep, str]] = []  # (name, step, column-parallel matmul: Comm)
         self.backward: list[tuple[str, ReshardStep, str]] = []
         self.shed = 0.0
@@ -222,19 +256,21 @@ class _Walk:
         if op.kind == "loss" and config.out > 1:
             self.statistics += loss_statistics(config, self.dev)
         self.configs.append(config)
+        self.kept_parts.append(kept_parts(op, config, self.placements[inputs[0]] if inputs else None, self.dev,
+                                          op.kind in CONTRACTING and not batched_matmul(op)))
         self._hold(op, config)
         self.placements[position] = output_placement(config, self.dev.tp, contracting)
         self.gradient[position] = op.kind in _WEIGHTED or any(self.gradient[p] for p in inputs)
 
     def hand_on(self) -> None:
-        """The layer hands on the whole hidden state (the head: the loss, nothing)."""
+        """The layer hands on the hidden state, whole or under sp split by sequence (the head: the loss, nothing)."""
         if self.layer.kind == "head" or not self.layer.fwd:
             return
         last = self.layer.hands_on if self.layer.hands_on is not None else len(self.layer.fwd) - 1
-        held, whole = self.placements[last], Placement(self.dev.tp)
+        held, handed = self.placements[last], handed_on("tp", self.dev)
         site, tensor = self._site(None, last), self._tensor_bytes(last, None)
-        self.forward += reshard_tp(site, reshard(held, whole, tensor))
-        self.backward += reshard_tp(site, reshard(whole, output_grad_placement(held), tensor))
+        self.forward += reshard_tp(site, reshard(held, handed, tensor))
+        self.backward += reshard_tp(site, reshard(handed, output_grad_placement(held), tensor))
 
     def _inputs(self, position: int, op: Op) -> tuple[int, ...]:
         """The producers an op reads (Op.inputs; without them, the op before it: a chain)."""
@@ -293,7 +329,7 @@ class _Walk:
         held = next((p for p in placements if p.shards > 1), placements[0])
         if batched_matmul(op):  # split features are its heads, a batch dim: kept, as an element-wise op keeps them
             return OpConfig(held.batch, held.seq, held.feature, 1)
-        return inferred_config(op, held, self.dev.tp)[0]
+        return sequence_parallel_config(op, inferred_config(op, held, self.dev.tp)[0], held, self.dev)
 
     def _spec(self, op: Op, config: OpConfig, where: str) -> TransformerSpec:
         if not isinstance(self.job.model, TransformerSpec):
@@ -416,6 +452,11 @@ def _forward_of(op: Op, fwd: tuple[Op, ...]) -> Op | None:
 def _matmul_params(op: Op) -> tuple[float, float]:
     """(weight, bias) parameters of a captured matmul (batch, m, n, k): n x k, and n where its bytes hold a bias
     beyond its three operands."""
+    n, k = op.shape[2:]
+    return float(n * k), float(n) if op.bytes_moved >= _operand_bytes(op) + n * BYTES_PER_DTYPE[op.dtype] else 0.0
+
+
+def _operand_bytes(op: Op) -> float:
+    """A captured matmul's (batch, m, n, k) three operands: its input, weight and output."""
     b, m, n, k = op.shape
-    operands = float(b * m * k + n * k + b * m * n) * BYTES_PER_DTYPE[op.dtype]
-    return float(n * k), float(n) if op.bytes_moved >= operands + n * BYTES_PER_DTYPE[op.dtype] else 0.0
+    return float(b * m * k + n * k + b * m * n) * BYTES_PER_DTYPE[op.dtype]

@@ -162,7 +162,7 @@ def repeated_flops(job: Job, plan: LoweredPlan) -> float:
 
 def _repeated(job: Job, plan: LoweredPlan, shaped: LoweredPlan) -> float:
     if plan.frontend != "catalog":
-        return front_end_repeated_flops(plan, shaped, job.parallel.tp)
+        return front_end_repeated_flops(plan, shaped, job.parallel.tp * job.parallel.cp)
     return added_flops(plan, shaped)
 
 

@@ -38,7 +38,7 @@ from trainsim.estimate.result import Result, make_result
 from trainsim.hardware.device import BYTES_PER_DTYPE, DeviceSpec
 from trainsim.ir.graph import Layer, OpGraph
 from trainsim.job import Job
-from trainsim.strategy.front_end_splits import refuse_whole_model_tp
+from trainsim.strategy.front_end_splits import refuse_whole_model_cp, refuse_whole_model_tp
 from trainsim.strategy.lowered import LoweredPlan
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.stages import StagePart, plan_stages
@@ -135,6 +135,7 @@ class PrecisionAwareEstimator:
         ignored (Algorithm 1 splits the layers evenly)."""
         par = job.parallel
         refuse_whole_model_tp(graph.frontend, par.tp, self.name)
+        refuse_whole_model_cp(graph.frontend, par.cp, f"the {self.name} engine")
         subgraphs = partition(graph, par)
         kinds = _stage_kinds(job)
         per_stage: dict[int, float] = {}

@@ -9,8 +9,9 @@ op is left to the compiler, which infers its config from its inputs along the ca
 Sec. VII; compile.shape_front_end). A reduce split reaches the matmuls under its node; the node's other ops (a JAX
 Dense's bias add, its own equation in the Dense's scope) infer theirs, so the matmul's partial sums are added up
 before them, as Megatron's row-parallel linear adds its bias after the all-reduce (megatron/core/tensor_parallel/
-layers.py, RowParallelLinear.forward, megatron-core 0.9). Only tp splits a captured graph: cp and ep are refused by
-the front-end.
+layers.py, RowParallelLinear.forward, megatron-core 0.9). A tree splits a captured graph over tp only: the job's cp
+splits every op of the torch front-end's graph by sequence (compile.front_end_context), ep is refused by the
+front-end.
 """
 
 from collections.abc import Mapping, Sequence
@@ -46,6 +47,15 @@ def refuse_whole_model_tp(frontend: str, tp: int, engine: str = "") -> None:
                       "tree that splits its ops over tp (--tree, split item compute, axis tp), or use tp=1")
 
 
+def refuse_whole_model_cp(frontend: str, cp: int, where: str) -> None:
+    """A captured graph at cp > 1 is priced only where the compiler shapes it (compile.front_end_context: every
+    op on its rank's sequence share); `where` (an engine, a search) prices the graph as it is: ConfigError."""
+    if frontend == "catalog" or cp == 1:
+        return
+    raise ConfigError("cp", cp, f"the {frontend} front-end's graph is one device's whole sequence, which {where} "
+                      "does not split: use --engine sim or analytical, or cp=1")
+
+
 def front_end_mesh_splits(nodes: Mapping[str, _Node], resolved: Mapping[str, Mapping[str, _Value]],
                           tps: Sequence[int], frontend: str, notes: Sequence[str] = ()) -> tuple[MeshSplit, ...]:
     """The tp configs a tree gives the ops of a captured graph (module doc), in node order. tps: per layer
@@ -60,8 +70,9 @@ def front_end_mesh_splits(nodes: Mapping[str, _Node], resolved: Mapping[str, Map
         for key in row:
             axis = key.partition("@")[2]
             if axis and axis != "tp":
-                raise ConfigError(f"{path}.{key}", row[key].value, f"the {frontend} front-end's graph splits over "
-                                  "tp only (cp and ep need the catalog front-end)")
+                raise ConfigError(f"{path}.{key}", row[key].value, f"a tree splits the {frontend} front-end's graph "
+                                  "over tp only (context parallelism is the job's --cp, every op by sequence; ep "
+                                  "needs the catalog front-end)")
         keys = [f"split.compute.{dim}@tp" for dim in COMPUTE_PARTS]
         if not any(key in row for key in keys):
             continue

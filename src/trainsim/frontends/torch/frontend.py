@@ -9,11 +9,12 @@ model_spec: the TransformerSpec of the Hugging Face config (catalog.hf_config), 
 module's `config`; a module without one is opaque (frontends.opaque: dp, pp, and tp by a tree).
 graph: the traced step, lowered to the kernels a fused training stack runs (torch.fuse). The trace is one
 device's whole model (OpGraph.frontend "torch"): tensor parallelism takes a strategy tree's configs over tp on its
-ops, addressed by module path (compile.shape_front_end: tp > 1 without one is refused there); a Mixtral-shaped
-mixture of experts is traced with balanced routing and split over ep at tp=1 (torch.moe: E / ep experts a rank,
-the all-to-alls over ep); sequence and context parallelism, ep with tp > 1 and the unfused "math" attention are
-refused, naming the field (the trace runs one device's whole sequence through SDPA); dp, pp, ZeRO and recompute
-are priced on the traced graph as the catalog's are.
+ops, addressed by module path (compile.shape_front_end: tp > 1 without one is refused there), and sequence
+parallelism splits the hidden state between them by sequence (compile.front_end_sequence); a Mixtral-shaped
+mixture of experts is traced with balanced routing and split over ep at tp=1 and cp=1 (torch.moe: E / ep experts
+a rank, the all-to-alls over ep); ep with tp or cp > 1 and the unfused "math" attention are refused, naming the
+field (the trace runs one device's whole sequence through SDPA); dp, pp, ZeRO and recompute are priced on the
+traced graph as the catalog's are.
 """
 
 from dataclasses import replace
@@ -23,7 +24,7 @@ from typing import Any
 from trainsim.catalog import load_model
 from trainsim.catalog.files import read_mapping
 from trainsim.catalog.hf_config import model_from_hf_config
-from trainsim.errors import ConfigError
+from trainsim.errors import ConfigError, TrainsimError, one_line
 from trainsim.frontends.catalog.frontend import resolve_source
 from trainsim.frontends.factory import call_factory, is_factory_target, load_factory
 from trainsim.frontends.one_device import one_device_graph
@@ -74,17 +75,12 @@ class TorchFrontend:
 
 
 def _check_strategy(dev: DeviceSlice) -> None:
-    if dev.cp != 1:
-        raise ConfigError("cp", dev.cp, "the torch front-end traces the whole sequence on a device; use cp=1")
-    if dev.ep != 1 and dev.tp != 1:
-        raise ConfigError("ep", dev.ep, "the torch front-end splits a captured MoE's experts over ep at tp=1 only; "
-                          "use ep=1 or tp=1")
+    if dev.ep != 1 and dev.tp * dev.cp != 1:
+        raise ConfigError("ep", dev.ep, "the torch front-end splits a captured MoE's experts over ep at tp=1 and "
+                          "cp=1 only; use ep=1, or tp=1 and cp=1")
     if not dev.fused_attention:
         raise ConfigError("attention", dev.attention, "the torch front-end traces fused SDPA attention; "
                           "choose flash2 or flash3")
-    if dev.sp:
-        raise ConfigError("sp", True, "the torch front-end's graph hands on the whole hidden state between layers; "
-                          "split ops by seq over tp in a strategy tree instead of --sp")
 
 
 def _trace(source: str, job: Job, dev: DeviceSlice) -> OpGraph:
@@ -129,17 +125,22 @@ def _build_module(source: str, ep: int = 1, **shape: Any) -> Any:
         from torch._subclasses.fake_tensor import FakeTensorMode
     except ModuleNotFoundError as exc:
         raise missing(exc) from None
-    factory = load_factory(source, "torch")
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        made = call_factory(factory, **shape)
-        module = made[0] if isinstance(made, tuple) else made
-        if not callable(getattr(module, "named_parameters", None)):
-            raise ConfigError("model", source, "the factory must return an nn.Module or (nn.Module, "
-                              "example_inputs)")
-        from trainsim.frontends.torch.moe import is_moe_config, with_balanced_routing
+    from trainsim.frontends.torch.moe import is_moe_config, with_balanced_routing
 
-        if is_moe_config(getattr(module, "config", None)):
-            with_balanced_routing(module, ep)
+    factory = load_factory(source, "torch")
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            made = call_factory(factory, **shape)
+            module = made[0] if isinstance(made, tuple) else made
+            if is_moe_config(getattr(module, "config", None)):
+                with_balanced_routing(module, ep)  # under the mode its weights are fakes of
+    except TrainsimError:
+        raise
+    except Exception as exc:  # the user's factory failed: one line, never a traceback
+        reason = one_line(str(exc), 160) or type(exc).__name__
+        raise ConfigError("model", source, f"the factory raised {type(exc).__name__}: {reason}") from exc
+    if not callable(getattr(module, "named_parameters", None)):
+        raise ConfigError("model", source, "the factory must return an nn.Module or (nn.Module, example_inputs)")
     return made
 
 

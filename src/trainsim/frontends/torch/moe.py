@@ -41,10 +41,6 @@ class _ExpertSlot(nn.Module):
     """One expert's computation on its tokens: their gather, gate_up, the activation, down, the routing weights'
     scaling and the add back into the output (no parameters: the weights stay the experts module's 3D ones)."""
 
-    def __init__(self, index: int) -> None:
-        super().__init__()
-        self.index = index
-
     def forward(self, experts: Any, weights: tuple[torch.Tensor, torch.Tensor], hidden_states: torch.Tensor,
                 token_idx: torch.Tensor, routing_weights: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
         gate_up, down = weights
@@ -121,7 +117,7 @@ def with_balanced_routing(model: nn.Module, ep: int = 1) -> nn.Module:
         if local < experts:
             module.gate_up_proj = nn.Parameter(torch.empty(local, *gate_up.shape[1:], dtype=gate_up.dtype))
             module.down_proj = nn.Parameter(torch.empty(local, *down.shape[1:], dtype=down.dtype))
-        module.add_module("slots", nn.ModuleList(_ExpertSlot(e) for e in range(local)))
+        module.add_module("slots", nn.ModuleList(_ExpertSlot() for _ in range(local)))
         module.forward = types.MethodType(_balanced_forward, module)
     return model
 

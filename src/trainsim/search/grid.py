@@ -126,8 +126,12 @@ class _Shape:
     template: _Template
     layout: int  # the template's number (_Shared.layouts)
     distinct: int  # the template's distinct stages
-    uneven: bool = False  # a split other than the even one (Pricer.plan_split): the uneven bubble's
     split: tuple[int, ...] | None = None  # Pricer.plan_split's blocks per virtual stage (None: even)
+
+    @property
+    def uneven(self) -> bool:
+        """A split other than the even one (Pricer.plan_split): the uneven bubble's."""
+        return self.split is not None
 
 
 def _signature(graph: OpGraph) -> tuple[object, ...]:
@@ -674,7 +678,7 @@ class _Batch:
         if layout is None:  # NB: the template is kept (_Shared.templates)
             layout = shared.layout_of[id(template)] = len(shared.layouts)
             shared.layouts.append(template)
-        shape = shared.shapes[key] = _Shape(graph, template, layout, len(template.stages), split is not None, split)
+        shape = shared.shapes[key] = _Shape(graph, template, layout, len(template.stages), split)
         return shape
 
     def _stage(self, shape: _Shape, index: int) -> list[StagePart]:

@@ -90,6 +90,8 @@ _PlanReads = tuple[Ints, list[tuple[object, ...]], list[int], tuple[Ints, Ints, 
 RECOMPUTE_CODES: dict[Recompute, int] = {"none": 0, "selective": 1, "full": 2}
 SCHEDULE_CODES = {"1f1b": 0, "interleaved-1f1b": 1, "gpipe": 2, "zb-h1": 3}
 OPTIMIZER_CODES = {"fused": 0, "foreach": 1, "loop": 2}
+_RECOMPUTE_NAMES: dict[int, Recompute] = {code: name for name, code in RECOMPUTE_CODES.items()}
+_SCHEDULE_NAMES = {code: name for name, code in SCHEDULE_CODES.items()}
 # of a plan's ParallelSpec: what its group reads (_Batch._group): its settings, its split (from _SPLIT_AT on:
 # strategy.stages.is_even_split's fields) and its global batch (the micro-batches an overlapped expert all-to-all
 # reads: stack_effects.ep_overlap_share)
@@ -1135,7 +1137,6 @@ class _Fast:
         where = np.flatnonzero(uneven)
         keys = np.stack([code[where], self.m[where], self.schedule[where]], axis=1)
         _, first, inverse = np.unique(_row_codes(keys), return_index=True, return_inverse=True)
-        names = {number: name for name, number in SCHEDULE_CODES.items()}
         width = variant.shape[-1]
         flat = variant.reshape(-1, width)
         values = []
@@ -1148,7 +1149,7 @@ class _Fast:
             whole = (table.compute[rows] + table.recompute[rows, mode] + table.feature_only[rows]).tolist()
             fractions = [f / w if w > 0.0 else 0.0 for f, w in zip(forward, whole, strict=True)]
             sends = table.sends[rows].tolist()
-            values.append(uneven_bubble_s(names[int(self.schedule[at])], [times[i] for i in layout.local],
+            values.append(uneven_bubble_s(_SCHEDULE_NAMES[int(self.schedule[at])], [times[i] for i in layout.local],
                                           [fractions[i] for i in layout.local], int(self.m[at]),
                                           self.batch.shared.combo_chunks[combo], [sends[i] for i in layout.local]))
         out[where] = np.array(values, dtype=np.float64)[inverse]
@@ -1348,7 +1349,6 @@ class _Fast:
         states, held: the plans' rows' model states and (one micro-batch's activations, working buffers, step
         temporaries)."""
         batch = self.batch
-        names: dict[int, Recompute] = {code: name for name, code in RECOMPUTE_CODES.items()}
         flights: dict[tuple[int, int, int], list[float]] = {}
         per_micro_batch, working, step = (values.tolist() for values in held)
         state_rows = states.tolist()
@@ -1360,7 +1360,7 @@ class _Fast:
             flight = flights.get(key)
             if flight is None:
                 shape = batch.shared.combo_shapes[combo]
-                saved = saved_key(names[mode], batch.job0.stack)
+                saved = saved_key(_RECOMPUTE_NAMES[mode], batch.job0.stack)
                 pp, vpp = int(self.pp[plan]), int(self.vpp[plan])
                 flight = flights[key] = [
                     self._in_flight(stage, pp, vpp, m, chunk_shares(batch._stage(shape, local),

@@ -296,13 +296,13 @@ class _Shared:
     layers_of: dict[tuple[object, ...], list[int]] = field(default_factory=dict)
     # the contents' figures (_Batch._contents), per name an array over a batch's new contents
     content_blocks: list[dict[str, Floats]] = field(default_factory=list)
-    # (id of a graph, pp, split) -> its partition (_Batch._shape; None: not a template's)
-    shapes: dict[tuple[object, ...], "_Shape | None"] = field(default_factory=dict)
-    # what a partition reads of a graph (_signature) -> per (pp, split) the partition's template (None: unequal
-    # chunks), and per (signature, pp, vpp, the plan's split settings) its split (Pricer.plan_split; None: even)
+    # (id of a graph, pp, split) -> its partition (_Batch._shape)
+    shapes: dict[tuple[object, ...], _Shape] = field(default_factory=dict)
+    # what a partition reads of a graph (_signature) -> per (pp, split) the partition's template, and per
+    # (signature, pp, vpp, the plan's split settings) its split (Pricer.plan_split; None: even)
     signatures: dict[int, int] = field(default_factory=dict)  # id of a graph -> the number of its signature
     signature_numbers: dict[tuple[object, ...], int] = field(default_factory=dict)
-    templates: dict[tuple[object, ...], "_Template | None"] = field(default_factory=dict)
+    templates: dict[tuple[object, ...], _Template] = field(default_factory=dict)
     splits: dict[tuple[object, ...], tuple[int, ...] | None] = field(default_factory=dict)
     # a combo: a partition under one layer context: the index of its first stage row and the number of its
     # partition's template (of `layouts`: how its stages map to its distinct rows)
@@ -621,8 +621,6 @@ class _Batch:
             return -1
         shared = self.shared
         shape = self._shape(job, graph, pp, vpp)
-        if shape is None:
-            return -1
         rows_key = (id(shape), context, dp)  # shape: kept (_Shared.shapes)
         rows = shared.shape_rows.get(rows_key)
         if rows is None:  # NB: the vpp of one partition share its rows' contents, ZeRO-3 exposure and hops
@@ -646,7 +644,7 @@ class _Batch:
         shared.combo_shapes.append(shape)
         return len(combo_rows) - 1
 
-    def _shape(self, job: Job, graph: OpGraph, pp: int, vpp: int) -> "_Shape | None":
+    def _shape(self, job: Job, graph: OpGraph, pp: int, vpp: int) -> _Shape:
         """The graph's partition over the plan's pp and split (Pricer.plan_split). The partition is made
         once per what it reads of a graph (_signature: the layers' kinds and counts), pp and split, as a template
         of layer positions and counts: the search's graphs of one model (one per tp, sp and micro-batch) share
@@ -673,9 +671,6 @@ class _Batch:
         if template_key not in shared.templates:
             shared.templates[template_key] = _template(self.pricer.partition(graph, pp, split), graph)
         template = shared.templates[template_key]
-        if template is None:
-            shared.shapes[key] = None
-            return None
         layout = shared.layout_of.get(id(template))
         if layout is None:  # NB: the template is kept (_Shared.templates)
             layout = shared.layout_of[id(template)] = len(shared.layouts)

@@ -70,7 +70,12 @@ def mixtral_config(spec: TransformerSpec) -> dict[str, Any]:
 def moe_layers(graph: OpGraph, spec: TransformerSpec, dev: DeviceSlice) -> OpGraph:
     """The captured graph (traced at ep: with_balanced_routing) with each layer running experts an MoE block: its
     experts' parameters on a rank (Layer.experts), the whole layer's in full_param_count, and the all-to-alls over
-    ep (module doc)."""
+    ep (module doc). A graph in which no layer ran balanced-routing experts (a model whose experts
+    with_balanced_routing did not recognise, traced as its own code runs them) is refused: it would be priced
+    without its experts' shard and all-to-alls."""
+    if not any(_EXPERT_PATH in op.module_path for layer in graph.layers for op in layer.fwd):
+        raise ConfigError(f"model {spec.name}", "experts", "the torch front-end prices mixtures of experts whose "
+                          "experts module has Mixtral's layout (3D gate_up_proj and down_proj, num_experts) only")
     expert_params = 3.0 * spec.hidden * spec.expert_ffn  # gate, up and down, no bias (mixtral_config)
     local = spec.num_experts // dev.ep
 

@@ -35,6 +35,8 @@ from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.megatron import ep_token_comms
 
 _EXPERT_PATH = "experts.slots."
+_LAYOUT = ("the torch front-end traces experts with fused gate_up_proj and down_proj weights and no bias "
+           "(Mixtral's layout) only")
 
 
 class _ExpertSlot(nn.Module):
@@ -74,8 +76,7 @@ def moe_layers(graph: OpGraph, spec: TransformerSpec, dev: DeviceSlice) -> OpGra
     with_balanced_routing did not recognise, traced as its own code runs them) is refused: it would be priced
     without its experts' shard and all-to-alls."""
     if not any(_EXPERT_PATH in op.module_path for layer in graph.layers for op in layer.fwd):
-        raise ConfigError(f"model {spec.name}", "experts", "the torch front-end prices mixtures of experts whose "
-                          "experts module has Mixtral's layout (3D gate_up_proj and down_proj, num_experts) only")
+        raise ConfigError(f"model {spec.name}", "experts", _LAYOUT)
     expert_params = 3.0 * spec.hidden * spec.expert_ffn  # gate, up and down, no bias (mixtral_config)
     local = spec.num_experts // dev.ep
 
@@ -105,7 +106,8 @@ def with_balanced_routing(model: nn.Module, ep: int = 1) -> nn.Module:
     """The model with every Mixtral-style experts module (3D gate_up_proj and down_proj, num_experts) tracing
     balanced routing (module doc), holding E / ep of its experts (one rank of an ep group: its first E / ep, their
     weights only) which run all T k routed copies a rank receives (T k ep / E each); call under FakeTensorMode.
-    A module holding experts of another layout is refused."""
+    A module holding experts of another layout, or a model with no such module, is refused."""
+    patched = 0
     for path, found in list(model.named_modules()):
         if not path.endswith("experts") or not hasattr(found, "num_experts"):
             continue
@@ -113,8 +115,7 @@ def with_balanced_routing(model: nn.Module, ep: int = 1) -> nn.Module:
         gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
         if not isinstance(gate_up, torch.Tensor) or not isinstance(down, torch.Tensor) or getattr(
                 module, "has_bias", False) or getattr(module, "is_transposed", False):
-            raise ConfigError("model", type(module).__name__, "the torch front-end traces experts with fused "
-                              "gate_up_proj and down_proj weights and no bias (Mixtral's layout) only")
+            raise ConfigError("model", type(module).__name__, _LAYOUT)
         experts = int(module.num_experts)
         if experts % ep:
             raise ConfigError("ep", ep, f"must divide the number of experts ({experts})")
@@ -124,6 +125,9 @@ def with_balanced_routing(model: nn.Module, ep: int = 1) -> nn.Module:
             module.down_proj = nn.Parameter(torch.empty(local, *down.shape[1:], dtype=down.dtype))
         module.add_module("slots", nn.ModuleList(_ExpertSlot() for _ in range(local)))
         module.forward = types.MethodType(_balanced_forward, module)
+        patched += 1
+    if not patched:
+        raise ConfigError("model", type(model).__name__, _LAYOUT)
     return model
 
 

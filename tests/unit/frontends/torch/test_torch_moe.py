@@ -184,6 +184,14 @@ def test_experts_traced_as_the_model_runs_them_are_refused_not_priced_without_th
     assert error.value.field == "model tiny-mixtral" and "\n" not in str(error.value)
 
 
+def test_balanced_routing_refuses_a_model_with_no_experts_module_it_recognises() -> None:
+    from trainsim.frontends.torch.moe import with_balanced_routing
+
+    with pytest.raises(ConfigError, match="Mixtral's layout") as error:
+        with_balanced_routing(torch.nn.Sequential(torch.nn.Linear(4, 4)), ep=2)
+    assert error.value.field == "model" and error.value.value == "Sequential"
+
+
 def test_cli_refuses_ep_with_tp_in_one_line(tmp_path: Path) -> None:
     config = tmp_path / "config.json"
     config.write_text(json.dumps(CONFIG))

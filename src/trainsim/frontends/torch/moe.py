@@ -29,7 +29,8 @@ import torch
 from torch import nn
 
 from trainsim.errors import ConfigError
-from trainsim.ir.graph import ExpertShard, Layer, OpGraph
+from trainsim.frontends.catalog.transformer import expert_shard
+from trainsim.ir.graph import Layer, OpGraph
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.megatron import ep_token_comms
@@ -77,16 +78,14 @@ def moe_layers(graph: OpGraph, spec: TransformerSpec, dev: DeviceSlice) -> OpGra
     without its experts' shard and all-to-alls."""
     if not any(_EXPERT_PATH in op.module_path for layer in graph.layers for op in layer.fwd):
         raise ConfigError(f"model {spec.name}", "experts", _LAYOUT)
-    expert_params = 3.0 * spec.hidden * spec.expert_ffn  # gate, up and down, no bias (mixtral_config)
-    local = spec.num_experts // dev.ep
+    shard = expert_shard(spec, dev, 1)  # the rank's E / ep experts, as the catalog counts them
 
     def moe(layer: Layer) -> Layer:
         if not any(_EXPERT_PATH in op.module_path for op in layer.fwd):
             return layer
         return dataclasses.replace(layer, kind="moe_block", comms=layer.comms + ep_token_comms(spec, dev),
-                                   full_param_count=layer.full_param_count
-                                   + (spec.num_experts - local) * expert_params,
-                                   experts=ExpertShard(local * expert_params, 1))
+                                   full_param_count=layer.full_param_count + (dev.ep - 1) * shard.params,
+                                   experts=shard)
 
     return dataclasses.replace(graph, layers=tuple(moe(layer) for layer in graph.layers))
 

@@ -92,8 +92,7 @@ def moe_layers(graph: OpGraph, spec: TransformerSpec, dev: DeviceSlice) -> OpGra
 
 def expert_of(module_path: str) -> int | None:
     """The expert an op of a captured MoE runs for (its index among the rank's experts), None for any other op."""
-    head, found, tail = module_path.partition(_EXPERT_PATH)
-    del head
+    _, found, tail = module_path.partition(_EXPERT_PATH)
     return int(tail.split(".", 1)[0]) if found else None
 
 

@@ -207,11 +207,13 @@ def _check_split_run(job: Job) -> None:
         raise unsupported("sp with a tree's tp configs is not measured (a whole op reads the whole sequence)")
     if p.precision != "fp32" or p.zero:
         raise unsupported("--tree is measured in fp32 without ZeRO")
-    if getattr(job.model, "is_moe", False):
-        raise unsupported("--tree is not measured for a mixture of experts")
+    if getattr(job.model, "is_moe", False) and (p.tp == 1 or getattr(job.model, "bias", False)):
+        raise unsupported("--tree is measured for a mixture of experts with tp > 1 and experts without biases "
+                          f"(got tp={p.tp}, bias={getattr(job.model, 'bias', False)})")
     if p.tp > 1:
         if not isinstance(job.model, TransformerSpec):
             raise unsupported(f"tp={p.tp} with --tree is measured for transformers, not {job.model.name}")
+        _check_built_structure(job.model)
         _check_tp(job.model, job)
 
 

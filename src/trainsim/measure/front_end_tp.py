@@ -71,7 +71,7 @@ def _check_pairs(where: str, found: Styles, shaped: Layer) -> None:
     for path, style in found.items():
         modules.setdefault(path.rsplit(".", 1)[0], Counter())[style] += 1
     priced = Counter((c.collective, c.phase) for c in shaped.comms if c.axis == "tp")
-    wanted = Counter({("all-reduce", "fwd"): len(modules), ("all-reduce", "bwd"): len(modules)}) if modules else Counter()
+    wanted = Counter({("all-reduce", "fwd"): len(modules), ("all-reduce", "bwd"): len(modules)})
     pairs = all(n[ROWWISE] == 1 and n[COLWISE] >= 1 for n in modules.values())
     if not pairs or priced != wanted or any(c.ranks for c in shaped.comms):
         collectives = ", ".join(f"{c.name} {c.collective} {c.phase}" for c in shaped.comms) or "none"

@@ -49,7 +49,9 @@ def moe_over_tp(moe: MoE, mesh: DeviceMesh, group: Group, router_by_tokens: bool
                                                                                    [Shard(dim)])))
     forward = _by_tokens if router_by_tokens else _whole
     moe.forward = lambda x: forward(moe, group, x)  # type: ignore[method-assign]
-    return [moe.router.weight], group
+    router = moe.router.weight
+    assert isinstance(router, nn.Parameter)
+    return [router], group
 
 
 def _whole(moe: MoE, group: Group, x: torch.Tensor) -> torch.Tensor:

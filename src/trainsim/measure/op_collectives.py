@@ -10,7 +10,8 @@ parallelism; Jacobs et al. 2023, DeepSpeed-Ulysses, Sec. 3, the all-to-all betwe
 - scatter_sum: reduce-scatter a dimension's parts; backward all-gathers;
 - all_reduce and reduce_grads: Megatron-LM's g (all-reduce; backward identity) and f (identity; backward
   all-reduce).
-Slice, gather_sum, exchange, scatter_sum, all_reduce and reduce_grads are the split executor's autograd collectives (measure/split_model.py) on a Group.
+Slice, gather_sum, exchange, scatter_sum, all_reduce and reduce_grads are the split executor's autograd collectives
+(measure/split_model.py) on a Group.
 Imported only inside measure workers (torch).
 """
 

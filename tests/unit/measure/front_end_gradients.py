@@ -7,7 +7,7 @@ collectives (measure.collective_log). Imported by the tests (and by the ranks th
 import json
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 RTOL, ATOL = 1e-4, 1e-6  # as tp_gradients: fp32 sums in another order; ATOL of the largest gradient
 
@@ -50,7 +50,7 @@ def _check(rank: int, settings: dict[str, Any], styles: dict[str, str], folder: 
 
     job = job_from_settings(settings)
     split = FrontEndTrainer(job, make_topology(job, "cpu"), torch.device("cpu"), 0, styles)
-    whole = FrontEndTrainer(job, _OneRank(), torch.device("cpu"), 0, {})
+    whole = FrontEndTrainer(job, cast(Any, _OneRank()), torch.device("cpu"), 0, {})
     torch.manual_seed(1)  # the same dropout masks on both
     with CollectiveLog() as log:
         loss = split.gradients()

@@ -69,7 +69,8 @@ def test_megatrons_pairs_map_onto_torchs_styles(captured: tuple[Any, Any], tmp_p
     (PAIRS[:1], "attn.c_attn': 'colwise'} is invalid"),  # the projection inferred, not given: no pair
     ((*PAIRS, "head out 2"), "(head)"),  # the vocabulary-parallel head
     (("blocks.*.*.mlp.c_fc seq 2", "blocks.*.*.mlp.c_proj seq 2"), "transformer.h.0.mlp.c_fc seq=2"),
-    (("blocks.*.*.attn.c_attn out 2", "blocks.*.*.attn.c_proj out 2"), "this layer's priced collectives: attn.ag all-gather fwd")])
+    (("blocks.*.*.attn.c_attn out 2", "blocks.*.*.attn.c_proj out 2"),
+     "this layer's priced collectives: attn.ag all-gather fwd")])
 def test_configs_not_mapped_are_refused_in_one_line(captured: tuple[Any, Any], tmp_path: Path,
                                                     splits: tuple[str, ...], words: str) -> None:
     with pytest.raises(ConfigError, match="measured where a linear layer takes Megatron's column split") as error:

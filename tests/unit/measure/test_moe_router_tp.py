@@ -76,7 +76,7 @@ def _plan(tree: str, tmp_path: Path) -> Any:
 def test_the_step_issues_the_priced_collectives(compared: tuple[dict[str, str], Path], tmp_path: Path,
                                                 name: str) -> None:
     _, path = compared
-    job, plan = _plan(CASES[name].tree_yaml, tmp_path)
+    _, plan = _plan(CASES[name].tree_yaml, tmp_path)
     micro_batches = 2
     priced = Counter({row: n * micro_batches for row, n in priced_tp_collectives(plan).items()})
     # not priced as tp collectives: each MoE block's tokens-per-expert counts (2 ranks x 4 int64) where the router

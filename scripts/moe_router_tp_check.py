@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests" / "unit" / "measure"), str(ROOT / "tests")]
-from tp_gradients import Case, compare_gradients, step_collectives  # noqa: E402
+from tp_gradients import Case, compare_gradients, step_collectives  # noqa: E402  # pyright: ignore[reportMissingImports]
 
 MODEL = ROOT / "data" / "strategies" / "megatron" / "models" / "mixtral-small.yaml"
 TREES = {"router whole": "mixtral-small-tp2.yaml", "router by seq": "mixtral-small-tp2-router-seq.yaml"}
@@ -49,7 +49,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     model_yaml = MODEL.read_text()
     trees = {name: (ROOT / "data" / "strategies" / "megatron" / file) for name, file in TREES.items()}
-    cases = {name: Case(model_yaml=model_yaml, tree_yaml=path.read_text(), settings=JOB) for name, path in trees.items()}
+    cases = {name: Case(model_yaml=model_yaml, tree_yaml=path.read_text(), settings=JOB)
+             for name, path in trees.items()}
     cases["router by seq, its gradient summed twice"] = Case(model_yaml=model_yaml, settings=JOB,
                                                              tree_yaml=trees["router by seq"].read_text(),
                                                              sum_token_splits_twice=True)

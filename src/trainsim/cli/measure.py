@@ -162,7 +162,8 @@ def measure(
                           "applies to --suite only")
     job = job_from_flags(job_file, {**flags, "frontend": frontend})
     if frontend == "torch":
-        extra = {**_front_end_run(tree, job, model), "phase_probe": phase_normalise}
+        source = model if model is not None else read_job_file(job_file).get("model")
+        extra = {**_front_end_run(tree, job, str(source or job.model.name)), "phase_probe": phase_normalise}
     else:
         extra = {**_split_run(tree, memory_cap_gib, model, job), "phase_probe": phase_normalise}
     _measure_one(job, out, run_id, iterations, warmup, timeout_s, threads, profile, execution_trace, as_json,
@@ -201,7 +202,7 @@ def _split_run(tree: Path | None, memory_cap_gib: float, model: str | None, job:
     return extra
 
 
-def _front_end_run(tree: Path | None, job: Job, model: str | None) -> dict[str, Any]:
+def _front_end_run(tree: Path | None, job: Job, model: str) -> dict[str, Any]:
     """make_spec's front-end settings: with a tree, the tp style of each module it splits (measure.front_end_tp),
     after the compiler has shaped the captured graph's layers from its configs."""
     extra: dict[str, Any] = {"frontend": "torch"}
@@ -217,7 +218,7 @@ def _front_end_run(tree: Path | None, job: Job, model: str | None) -> dict[str, 
     from trainsim.strategy.tree_yaml import load_tree_yaml
 
     check_front_end(job, tree=True)  # before the capture, which takes a while
-    graph = graph_for(job, ModelSource(model or str(job.model.name), "torch"))
+    graph = graph_for(job, ModelSource(model, "torch"))
     plan = load_tree_yaml(tree, graph).lower(job.parallel)
     extra.update(tree_yaml=tree.read_text(), front_end_styles=front_end_styles(plan, shape_layers(job, plan),
                                                                                 job.parallel.tp))

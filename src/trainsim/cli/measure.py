@@ -220,6 +220,9 @@ def _front_end_run(tree: Path | None, job: Job, model: str) -> dict[str, Any]:
     check_front_end(job, tree=True)  # before the capture, which takes a while
     graph = graph_for(job, ModelSource(model, "torch"))
     plan = load_tree_yaml(tree, graph).lower(job.parallel)
+    if plan.stage_meshes:
+        raise ConfigError("tree", str(tree), "maps a stage to a mesh of its own (map tp / dp): `trainsim measure` "
+                          "runs the job's one mesh; predict it with --engine sim")
     extra.update(tree_yaml=tree.read_text(), front_end_styles=front_end_styles(plan, shape_layers(job, plan),
                                                                                 job.parallel.tp))
     return extra

@@ -5,7 +5,9 @@ rank, its modules split over the tp group by the styles measure/front_end_tp.py 
 own (labels passed in, as the front-end traces it). Each rank draws the same dropout masks (the same seed, and the
 split layers draw none), as Megatron-LM's RNG tracker keeps them alike outside the model-parallel regions.
 
-GPT-2's Conv1D (x W + b, W stored [in, out]) is turned into the nn.Linear it equals (W transposed) where a style
+A captured LLaMA's q, k, v (and gate, up) GEMM sits under its attention (MLP) module, which the tree splits: its
+linear layers but the row one (o_proj, down_proj) are the column layers, reading one f. GPT-2's Conv1D (x W + b, W
+stored [in, out]) is turned into the nn.Linear it equals (W transposed) where a style
 splits it, which torch's styles require; its fused q, k, v projection (c_attn) has its output features regrouped so
 that rank r's contiguous shard holds its heads of q, k and v (the attention then splits q, k and v at
 split_size / tp). NB: the captured graph prices Conv1D's addmm on the stored weight; nn.Linear multiplies by the
@@ -19,7 +21,7 @@ from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from trainsim.job import Job
-from trainsim.measure.front_end_tp import COLWISE, Styles
+from trainsim.measure.front_end_tp import COLWISE, Styles, pair_module
 from trainsim.measure.op_parallel import fused_input
 from trainsim.measure.parallelize import Topology, make_batch, make_optimizer
 
@@ -69,20 +71,33 @@ def apply_styles(model: nn.Module, mesh: Any, styles: Styles) -> None:
     plan: dict[str, Any] = {}
     columns: dict[str, int] = {}
     for path, style in sorted(styles.items()):
-        parent_path, name = path.rsplit(".", 1)
-        parent = model.get_submodule(parent_path)
-        linear = _as_linear(parent.get_submodule(name))
-        setattr(parent, name, linear)
-        split_size = getattr(parent, "split_size", None)
-        if style == COLWISE and isinstance(split_size, int) and linear.out_features == 3 * split_size:
-            _regroup_qkv(linear, tp)
-            parent.split_size = split_size // tp
-        plan[path] = ColwiseParallel() if style == COLWISE else RowwiseParallel()
-        columns[parent_path] = columns.get(parent_path, 0) + (style == COLWISE)
+        module = pair_module(path, style, styles)
+        if module == path:  # a module whose linear layers but the row one are the column GEMM (front_end_tp)
+            owner = model.get_submodule(path)
+            names = [f"{path}.{name}" for name, child in owner.named_children()
+                     if isinstance(child, nn.Linear) and f"{path}.{name}" not in styles]
+        else:
+            names = [path]
+        for name in names:
+            _column_or_row(model, name, style, tp)
+            plan[name] = ColwiseParallel() if style == COLWISE else RowwiseParallel()
+        columns[module] = columns.get(module, 0) + len(names) * (style == COLWISE)
     parallelize_module(model, mesh, plan)
     for parent_path, count in columns.items():
         if count > 1:  # q, k and v, or gate and up, read one input: one f
             fused_input(model.get_submodule(parent_path), mesh)
+
+
+def _column_or_row(model: nn.Module, path: str, style: str, tp: int) -> None:
+    """The module at `path` made an nn.Linear; GPT-2's fused q, k, v regrouped where it is a column layer."""
+    parent_path, name = path.rsplit(".", 1)
+    parent = model.get_submodule(parent_path)
+    linear = _as_linear(parent.get_submodule(name))
+    setattr(parent, name, linear)
+    split_size = getattr(parent, "split_size", None)
+    if style == COLWISE and isinstance(split_size, int) and linear.out_features == 3 * split_size:
+        _regroup_qkv(linear, tp)
+        setattr(parent, "split_size", split_size // tp)  # noqa: B010  # an int attribute of HF's attention
 
 
 def _as_linear(module: nn.Module) -> nn.Linear:

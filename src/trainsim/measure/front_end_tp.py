@@ -6,13 +6,15 @@ plan before any rank starts).
 The captured graph's ops sit under the model's module paths (compile/shape_front_end.py shapes them from the tree's
 configs, given or inferred along the data dependencies). What maps onto torch's styles is Megatron-LM's pair
 (Shoeybi et al. 2019, Sec. 3) inside one module: its linear layers (nn.Linear, or GPT-2's Conv1D) split by output
-features over tp (ColwiseParallel: GPT-2's c_attn and c_fc, LLaMA's q, k, v, gate and up projections) feeding, through
-ops that keep that split (the attention core by heads, the activation by ffn features), one linear layer split by its
-reduction dimension over tp (RowwiseParallel: c_proj, o_proj, down_proj), every other op of the model whole on each
-rank. Such a plan is priced with one all-reduce forward per row layer and one backward per module (its column
-layers' input gradient), which is what the styles issue (one f per module: measure/op_parallel.py fused_input); any
-other config a tree gives a captured graph (a split over fewer ranks, by tokens, a norm by features, the head by
-the vocabulary, a pair whose inferred configs the compiler reshards otherwise) is refused in one line.
+features over tp (ColwiseParallel: GPT-2's c_attn and c_fc; a captured LLaMA's q, k, v or gate and up GEMM, which
+torch.fuse leaves under the attention or MLP module itself: that module's linear layers but the row one) feeding,
+through ops that keep that split (the attention core by heads, the activation by ffn features), one linear layer
+split by its reduction dimension over tp (RowwiseParallel: c_proj, o_proj, down_proj), every other op of the model
+whole on each rank. Such a plan is priced with one all-reduce forward per row layer and one backward per module (its
+column layers' input gradient), which is what the styles issue (one f per module: measure/op_parallel.py
+fused_input); any other config a tree gives a captured graph (a split over fewer ranks, by tokens, a norm by
+features, the head by the vocabulary, a pair whose inferred configs the compiler reshards otherwise) is refused in
+one line.
 """
 
 import re
@@ -69,7 +71,7 @@ def _check_pairs(where: str, found: Styles, shaped: Layer) -> None:
     Megatron's all-reduces alone: one forward per row layer, one backward per module."""
     modules: dict[str, Counter[str]] = {}
     for path, style in found.items():
-        modules.setdefault(path.rsplit(".", 1)[0], Counter())[style] += 1
+        modules.setdefault(pair_module(path, style, found), Counter())[style] += 1
     priced = Counter((c.collective, c.phase) for c in shaped.comms if c.axis == "tp")
     wanted = Counter({("all-reduce", "fwd"): len(modules), ("all-reduce", "bwd"): len(modules)})
     pairs = all(n[ROWWISE] == 1 and n[COLWISE] >= 1 for n in modules.values())
@@ -77,6 +79,15 @@ def _check_pairs(where: str, found: Styles, shaped: Layer) -> None:
         collectives = ", ".join(f"{c.name} {c.collective} {c.phase}" for c in shaped.comms) or "none"
         raise ConfigError(where, {path: style for path, style in sorted(found.items())},
                           f"{_ALLOWED} (this layer's priced collectives: {collectives})")
+
+
+def pair_module(path: str, style: str, styles: Mapping[str, str]) -> str:
+    """The module a split layer's pair lives in: a row layer's parent; a column layer's parent, or the column path
+    itself where the row layer sits below it (a LLaMA's captured q, k, v GEMM is its attention module's: the tree
+    splits `self_attn`, its row layer is `self_attn.o_proj`)."""
+    if style == COLWISE and any(other.startswith(f"{path}.") for other, s in styles.items() if s == ROWWISE):
+        return path
+    return path.rsplit(".", 1)[0]
 
 
 def _model_path(path: str, block: int) -> str:

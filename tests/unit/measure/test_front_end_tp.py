@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from front_end_gradients import compare
+from tp_gradients import TINY_LLAMA_MODEL_YAML
 from tp_gradients import tree_yaml as _tree
 from typer.testing import CliRunner
 
@@ -33,6 +34,13 @@ PAIRS = ("blocks.*.*.attn.c_attn out 2", "blocks.*.*.attn.c_proj reduce 2", "blo
 ATTN_MLP = _tree(2, *PAIRS)
 SETTINGS = {"frontend": "torch", "tp": 2, "num_gpus": 2, "micro_batch": 2, "global_batch": 4, "seq_len": 16,
             "precision": "fp32", "cluster": "local-cpu", "optimizer_impl": "loop"}
+# a LLaMA as torch.fuse captures it: q, k and v in one GEMM under self_attn (with the rope and the core), gate and up
+# under mlp; the projection and down_proj written back to whole outputs and split by their reduction
+LLAMA_PAIRS = _tree(2, "blocks.*.*.self_attn out 2", "blocks.*.*.self_attn.o_proj out 1",
+                    "blocks.*.*.self_attn.o_proj reduce 2", "blocks.*.*.mlp out 2", "blocks.*.*.mlp.down_proj out 1",
+                    "blocks.*.*.mlp.down_proj reduce 2")
+LLAMA_STYLES = {f"model.layers.{b}.{path}": style for b in (0, 1) for path, style in (
+    ("self_attn", "colwise"), ("self_attn.o_proj", "rowwise"), ("mlp", "colwise"), ("mlp.down_proj", "rowwise"))}
 STYLES = {f"transformer.h.{b}.{path}": style for b in (0, 1) for path, style in (
     ("attn.c_attn", "colwise"), ("attn.c_proj", "rowwise"), ("mlp.c_fc", "colwise"), ("mlp.c_proj", "rowwise"))}
 
@@ -121,3 +129,18 @@ def test_front_end_runs_not_measured_are_one_line(model_path: Path, tmp_path: Pa
     result = _measure(tmp_path, model_path, "refused", *flags)
     assert result.exit_code == 2, result.output
     assert words in result.output and "Traceback" not in result.output
+
+
+def test_a_captured_llamas_fused_projections_run_as_their_linear_layers(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    model = tmp_path / "tiny-llama.yaml"
+    model.write_text(TINY_LLAMA_MODEL_YAML)
+    job = job_from_settings({**SETTINGS, "model": str(model)})
+    captured = (job, graph_for(job, ModelSource(str(model), "torch")))
+    styles, shaped = _styles(captured, LLAMA_PAIRS, tmp_path)
+    assert styles == LLAMA_STYLES
+    failures, rows = compare({**SETTINGS, "model": str(model)}, styles, tmp_path / "ranks")
+    assert not any(failures), failures
+    # q, k and v (gate and up) read one f: one all-reduce of their input gradient per module, as priced
+    assert Counter((c, b) for c, b in rows) == Counter(
+        {row: n * 2 for row, n in priced_tp_collectives(shaped).items()}) == Counter({("all-reduce", 4096): 16})

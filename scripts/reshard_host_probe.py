@@ -111,11 +111,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--world-size", type=int, default=2)
     args = parser.parse_args()
-    from trainsim.profile.collectives import _free_port
+    from trainsim.measure.launch import free_port
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, args.world_size, port, args.calls, args.rounds, queue))
              for r in range(args.world_size)]
     for proc in procs:

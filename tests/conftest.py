@@ -5,7 +5,7 @@ parametrize lists, subprocess code and model files written to disk need them, pl
 cases. The two tiny GPTs differ on purpose: each keeps the numbers its tests were written against.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +22,7 @@ from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.estimate.simulation import SimEstimator
 from trainsim.hardware.cluster import ClusterSpec
 from trainsim.hardware.device import DeviceSpec
+from trainsim.hardware.links import FABRIC, NIC, UPLINK, fabric_shared, nic_name, nic_rails, uplinks_shared
 from trainsim.ir.graph import Layer, Op
 from trainsim.job import Job, make_job
 from trainsim.measure.results import MeasuredRun, job_to_dict
@@ -98,6 +99,28 @@ PROFILE_ENV = Environment("cpu-local", "torch test", 1, "test cpu")
 def a100_cluster(num_gpus: int) -> ClusterSpec:
     """DGX A100-80GB nodes (NVSwitch inside a node), scaled to num_gpus."""
     return load_cluster("dgx-a100-80gb").with_num_gpus(num_gpus)
+
+
+def link_shares_by_rank(blocks: Sequence[tuple[int, int]], level: str, direction: str,
+                        cluster: ClusterSpec) -> dict[str, int]:
+    """The reference for hardware.links.link_runs, rank by rank: one share of the link of `level` behind each rank
+    of the (first rank, count) runs, in the order the ranks first name the links; none at a level whose links are
+    not shared (NVLink or NVSwitch ports, non-blocking up-links)."""
+    gpus, rails = cluster.gpus_per_node, nic_rails(cluster)
+    uses: dict[str, int] = {}
+    for first, count in blocks:
+        for rank in range(first, first + count):
+            node = rank // gpus
+            if level == NIC:
+                name = nic_name(node, rank % gpus // (gpus // rails), direction, rails)
+            elif level == UPLINK and uplinks_shared(cluster):
+                name = f"leaf{node // (cluster.nodes_per_leaf or 1)}.{UPLINK}.{direction}"
+            elif level == FABRIC and fabric_shared(cluster):
+                name = f"node{node}.{FABRIC}"
+            else:
+                return {}
+            uses[name] = uses.get(name, 0) + 1
+    return uses
 
 
 def local_cluster(ranks: int) -> ClusterSpec:

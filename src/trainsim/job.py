@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 
 from trainsim.errors import ConfigError
 from trainsim.hardware.cluster import ClusterSpec
-from trainsim.ir.model_spec import ModelSpec, TransformerSpec
+from trainsim.ir.model_spec import ModelSpec, OpaqueSpec, TransformerSpec
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.stack import StackSpec
 from trainsim.strategy.stages import is_even_split, virtual_stage_blocks
@@ -52,7 +52,9 @@ def make_job(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelSpec, sta
     if isinstance(model, TransformerSpec):
         _check_transformer(model, par)
     else:
-        _check_non_transformer(model.kind, par)
+        opaque = model if isinstance(model, OpaqueSpec) else None
+        _check_non_transformer(model.kind, par, opaque is not None and opaque.split_by_tree,
+                               opaque.no_tp_reason if opaque is not None else "")
     return Job(model, cluster, par, stack or StackSpec())
 
 
@@ -102,10 +104,13 @@ def _check_transformer(model: TransformerSpec, par: ParallelSpec) -> None:
         raise ConfigError("ep", par.ep, f"must divide dp x cp = {par.dp * par.cp} (experts share data ranks)")
 
 
-def _check_non_transformer(kind: str, par: ParallelSpec) -> None:
+def _check_non_transformer(kind: str, par: ParallelSpec, split_by_tree: bool = False, no_tp_reason: str = "") -> None:
+    """split_by_tree: tp > 1 is priced through a strategy tree's configs over tp (a captured graph's ops; the
+    compiler refuses it without one). no_tp_reason: otherwise, what the model's source lacks for tp (the refusal)."""
     if not is_even_split(par):
         raise ConfigError("stage_layers", par.stage_layers or "", f"the pipeline split settings apply to "
                           f"transformers; a model of kind {kind} has its layers dealt out in order")
     for axis, value in (("tp", par.tp), ("cp", par.cp), ("ep", par.ep)):
-        if value != 1:
-            raise ConfigError(axis, value, f"must be 1 for a model of kind {kind} (only dp and pp apply)")
+        if value != 1 and not (axis == "tp" and split_by_tree):
+            default = f"must be 1 for a model of kind {kind} (only dp and pp apply)"
+            raise ConfigError(axis, value, no_tp_reason if axis == "tp" and no_tp_reason else default)

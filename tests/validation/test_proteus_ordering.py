@@ -1,4 +1,4 @@
-"""Proteus (seed 004) Table V: predicted rank order of GPT-2 strategies against the measured order.
+"""Proteus, Table V: predicted rank order of GPT-2 strategies against the measured order.
 
 Measured with the analytical engine: Kendall tau 0.733 on HC1 and 0.810 on HC2 (README). The bound 0.6 keeps
 the ordering clearly right while allowing one more swapped pair than today. HC1's true best (4x2x1) wins

@@ -110,9 +110,11 @@ def predict(model: ModelArg | None = None, cluster: ClusterArg | None = None, nu
     graph = graph_for(job, source)
     plan = None
     if tree is not None:
-        from trainsim.strategy.tree_yaml import load_tree_yaml  # NB: loaded for a tree only (start-up)
+        from trainsim.compile.stage_meshes import with_captures  # NB: loaded for a tree only (start-up)
+        from trainsim.strategy.tree_yaml import load_tree_yaml
 
         plan = load_tree_yaml(Path(tree), graph).lower(job.parallel, num_gpus=job.num_gpus)
+        plan = with_captures(job, plan, lambda mesh_job: graph_for(mesh_job, source))  # stages of a captured graph
     result = estimator.estimate(job, graph, plan)
     if costs == "profiled" and not entry.replays_traces:
         result = replace(result, notes=[*result.notes, *profile_coverage_notes(job, graph, db, cal)])

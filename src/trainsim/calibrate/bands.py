@@ -4,16 +4,26 @@ Every prediction the cross-validation makes of a run it held out (crossval.py) i
 log(predicted / measured) and its group of comparable jobs. Per group, the held-out runs' measured / predicted give
 the band that every prediction of the group carries, holding COVERAGE (80%) of them. How (BandRule):
 
-- shape "symmetric" (in use): exp(-q) to exp(q), q the COVERAGE quantile of |log(measured / predicted)| (split
-  conformal prediction's absolute-residual score; Lei et al. 2018, "Distribution-free predictive inference for
-  regression", Sec. 2.2). The sources' errors go both ways (a stack that hides communication is predicted too
-  slow, one whose collectives cross the network too fast), and which way a stack the fit has not seen goes is not
-  known from the others'. shape "quantiles" (the rule before): from the 10% to the 90% quantile of measured /
-  predicted, which hands the seen sources' lean to an unseen one.
+- shape "conformal" (in use): exp(-q) to exp(q), q the finite-sample conformal quantile of |log(measured /
+  predicted)| over the n residuals, the ceil((n + 1) x COVERAGE)-th smallest (split conformal prediction's
+  absolute-residual score; Lei et al. 2018, "Distribution-free predictive inference for regression", Sec. 2.2;
+  with weights, that share of their total). shape "symmetric" (the rule before): the same with the plain COVERAGE
+  quantile. The sources' errors go both ways (a stack that hides communication is predicted too slow, one whose
+  collectives cross the network too fast), and which way a stack the fit has not seen goes is not known from the
+  others'. shape "quantiles": from the 10% to the 90% quantile of measured / predicted, which hands the seen
+  sources' lean to an unseen one.
 - weight "runs" (in use): every run counts once. weight "sources": every source counts once, whatever its number
   of runs (a run weighs one over its source's runs in the group; weighted_quantile). Measured on sources held
   out, counting sources did worse: a source of 2 or 12 runs then weighs as much as one of 1,440, and its few
   runs' quantiles are noise (README, "Held-out runs").
+- pooling "parent" (in use): a group with too few residuals (fewer than MIN_GROUP_RESIDUALS; for an
+  unknown-stack group, also from fewer than MIN_GROUP_SOURCES sources: one stack's errors say nothing of how far
+  another stack's fall) takes its parent's, the residuals of every group of the same stack side (known or
+  unknown) at either scale (basis "scales-pooled"), then every residual (basis "pooled"). A job on an unknown
+  stack thus keeps the errors of stacks their fits had not seen (the leave-one-source-out predictions, nearly all
+  of the unknown-stack groups) as long as there are enough; a known-stack group may come from one source (a
+  user's own cluster). pooling "flat" (the rule before): the group's own, else every residual; no count of
+  sources under weight "runs".
 scripts/band_coverage.py measures every rule side by side, the honest way: new_source_coverage, each source's
 held-out runs against bands made without any of that source's held-out runs.
 """
@@ -35,28 +45,33 @@ from trainsim.errors import InputFileError
 from trainsim.estimate.result import stack_name_of
 
 BandWeight = Literal["sources", "runs"]
-BandShape = Literal["symmetric", "quantiles"]
+BandShape = Literal["conformal", "symmetric", "quantiles"]
+BandPooling = Literal["parent", "flat"]
 BAND_WEIGHTS: tuple[BandWeight, ...] = ("sources", "runs")
-BAND_SHAPES: tuple[BandShape, ...] = ("symmetric", "quantiles")
+BAND_SHAPES: tuple[BandShape, ...] = ("conformal", "symmetric", "quantiles")
+BAND_POOLINGS: tuple[BandPooling, ...] = ("parent", "flat")
 COVERAGE = QUANTILES[1] - QUANTILES[0]  # the share of held-out runs a band holds
-MIN_GROUP_RESIDUALS = 20  # fewer held-out runs than this: the group takes the pooled quantiles of all groups
-MIN_GROUP_SOURCES = 2  # under "sources", a group whose runs come from fewer sources than this is pooled too
+MIN_GROUP_RESIDUALS = 20  # fewer held-out runs than this: the group takes its parent's residuals (module docstring)
+MIN_GROUP_SOURCES = 2  # so does one whose runs come from fewer sources (unknown stack; weight "sources": any)
 
 
 @dataclass(frozen=True, slots=True)
 class BandRule:
-    """How held-out runs make a group's band: weight (how each run counts) and shape (module docstring)."""
+    """How held-out runs make a group's band: weight (how each run counts), shape, and pooling (where a group
+    with too few residuals takes its band): module docstring."""
 
     weight: BandWeight = "runs"
-    shape: BandShape = "symmetric"
+    shape: BandShape = "conformal"
+    pooling: BandPooling = "parent"
 
     @property
     def name(self) -> str:
-        return f"{self.shape}, every {self.weight[:-1]} once"
+        pooled = "parent group, then all" if self.pooling == "parent" else "all"
+        return f"{self.shape}, every {self.weight[:-1]} once, too few: {pooled}"
 
 
 BAND_RULE = BandRule()
-PREVIOUS_RULE = BandRule("runs", "quantiles")
+PREVIOUS_RULE = BandRule("runs", "symmetric", "flat")  # the rule before BAND_RULE
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,14 +122,28 @@ def source_weights(records: Sequence[HeldOut]) -> list[float]:
     return [1.0 / counts[r.source] for r in records]
 
 
+def conformal_level(residuals: int, coverage: float = COVERAGE) -> float:
+    """The share of `residuals` calibration scores below a split conformal band's edge: ceil((n + 1) x coverage)
+    / n, so that a new score exchangeable with them falls inside with probability coverage or more (Lei et al.
+    2018, Sec. 2.2). NB: above 1 (n < coverage / (1 - coverage), 4 at 80%) no finite band does."""
+    if residuals < 1 or not 0.0 < coverage < 1.0:
+        raise ValueError(f"residuals={residuals} must be 1 or more and coverage={coverage} in (0, 1)")
+    level = math.ceil((residuals + 1) * coverage * (1.0 - 1e-12)) / residuals  # NB: slack as weighted_quantile's
+    if level > 1.0:
+        raise ValueError(f"residuals={residuals} are too few for a finite {coverage:.0%} conformal band "
+                         f"(needs {math.ceil(coverage / (1.0 - coverage))} or more)")
+    return level
+
+
 def band_ratios_of(records: Sequence[HeldOut], basis: str, rule: BandRule = BAND_RULE) -> BandRatios:
     """The band of `records` under `rule`, as ratios measured / predicted."""
     log_ratios = [-r.log_error for r in records]
     weights = source_weights(records) if rule.weight == "sources" else [1.0] * len(records)
-    if rule.shape == "symmetric":
-        q = weighted_quantile([abs(v) for v in log_ratios], weights, COVERAGE)
+    if rule.shape in ("conformal", "symmetric"):
+        level = conformal_level(len(records)) if rule.shape == "conformal" else COVERAGE
+        q = weighted_quantile([abs(v) for v in log_ratios], weights, level)
         low, high = -q, q
-    elif rule.weight == "runs":  # numpy's linear interpolation: the rule before
+    elif rule.weight == "runs":  # numpy's linear interpolation: the first bands' rule
         low, high = (float(v) for v in np.quantile(np.array(log_ratios), QUANTILES))
     else:
         low, high = (weighted_quantile(log_ratios, weights, q) for q in QUANTILES)
@@ -122,26 +151,38 @@ def band_ratios_of(records: Sequence[HeldOut], basis: str, rule: BandRule = BAND
                       basis=basis)  # type: ignore[arg-type]  # BandRatios checks it
 
 
-def _enough(records: Sequence[HeldOut], rule: BandRule) -> bool:
+def _enough(records: Sequence[HeldOut], rule: BandRule, group: str) -> bool:
     sources = len({r.source for r in records})
-    return len(records) >= MIN_GROUP_RESIDUALS and (rule.weight == "runs" or sources >= MIN_GROUP_SOURCES)
+    counts_sources = rule.weight == "sources" or (rule.pooling == "parent" and _stack_side(group) == "unknown-stack")
+    return len(records) >= MIN_GROUP_RESIDUALS and (not counts_sources or sources >= MIN_GROUP_SOURCES)
+
+
+def _stack_side(group: str) -> str:
+    return group.split("/")[0]
+
+
+def pooling_levels(group: str, records: Sequence[HeldOut], rule: BandRule) -> list[tuple[str, list[HeldOut]]]:
+    """(basis, residuals) a group's band may come from, the first with enough (module docstring, pooling)."""
+    own = [r for r in records if r.group == group]
+    if rule.pooling == "flat":
+        return [("own", own), ("pooled", list(records))]
+    side = [r for r in records if _stack_side(r.group) == _stack_side(group)]
+    return [("own", own), ("scales-pooled", side), ("pooled", list(records))]
 
 
 def uncertainty_of(records: Sequence[HeldOut], samples: Sequence[FitSample], fallback: Uncertainty | None = None,
                    rule: BandRule = BAND_RULE) -> Uncertainty | None:
-    """The bands of a fit on `samples`, from the held-out predictions `records`. A group with fewer than
-    MIN_GROUP_RESIDUALS records (or, weighing sources, from fewer than MIN_GROUP_SOURCES sources) takes the
-    band of all records together; with too few in all, the group's band of `fallback` (the package's own fit),
-    if any; else None."""
+    """The bands of a fit on `samples`, from the held-out predictions `records`. A group with too few records
+    (MIN_GROUP_RESIDUALS, MIN_GROUP_SOURCES) takes its parent's (pooling_levels); with too few in all, the
+    group's band of `fallback` (the package's own fit), if any; else None."""
     stacks = sorted({name for s in samples if (name := stack_name_of(s.job)) is not None})
     gpus = [s.job.num_gpus for s in samples]
     bands: dict[str, BandRatios] = {}
     for group in GROUPS:
-        own = [r for r in records if r.group == group]
-        if _enough(own, rule):
-            bands[group] = band_ratios_of(own, "own", rule)
-        elif _enough(records, rule):
-            bands[group] = band_ratios_of(records, "pooled", rule)
+        levels = pooling_levels(group, records, rule)
+        usable = [(basis, level) for basis, level in levels if _enough(level, rule, group)]
+        if usable:
+            bands[group] = band_ratios_of(usable[0][1], usable[0][0], rule)
         elif fallback is not None:
             bands[group] = fallback.bands[group].model_copy(update={"basis": "package"})
         else:

@@ -16,7 +16,7 @@ compares the two).
 
 Every held-out prediction lands in its group of comparable jobs (catalog.uncertainty.band_group, from the split's
 training runs: their stacks, their range of GPU counts); per group, the band that holds 80% of measured /
-predicted is the band every prediction carries (bands.uncertainty_of, BAND_RULE).
+predicted is the band every prediction carries (bands.uncertainty_of, BAND_RULE), made once per calibration.
 """
 
 import math
@@ -24,10 +24,10 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from trainsim.calibrate.bands import BAND_RULE, HeldOut, coverage, new_source_coverage, uncertainty_of
+from trainsim.calibrate.bands import BAND_RULE, HeldOut, coverage, new_source_coverage
 from trainsim.calibrate.runs import FitSample, fit_runtime, log_errors
 from trainsim.catalog.calibration import Calibration
-from trainsim.catalog.uncertainty import GROUPS, band_group
+from trainsim.catalog.uncertainty import GROUPS, Uncertainty, band_group
 from trainsim.estimate.result import stack_name_of
 from trainsim.pipeline import GraphCache
 
@@ -103,14 +103,15 @@ def _per_source(records: Sequence[HeldOut], value: Callable[[Sequence[HeldOut]],
     return {**{s: value([r for r in records if r.source == s]) for s in sources}, "ALL": value(records)}
 
 
-def summary(records: Sequence[HeldOut], samples: Sequence[FitSample]) -> dict[str, object]:
-    """Iteration-time MAPE of the held-out runs per scheme and source; the bands; their coverage.
+def summary(records: Sequence[HeldOut], samples: Sequence[FitSample],
+            uncertainty: Uncertainty | None) -> dict[str, object]:
+    """Iteration-time MAPE of the held-out runs per scheme and source; the bands `uncertainty` (made from these
+    records, bands.uncertainty_of; None: no bands); their coverage.
 
     coverage_pct: the share of held-out runs inside their group's band, per scheme and group (the bands come
     from these same runs, so over all runs it is near the 80% the rule makes). coverage_new_source_pct: the honest
     figure for a source the bands have not seen: each source's held-out runs against bands from the other
     sources' held-out runs only (bands.new_source_coverage)."""
-    uncertainty = uncertainty_of(records, samples)
     out: dict[str, object] = {
         "runs": {scheme: sum(r.scheme == scheme for r in records) for scheme in SCHEMES},
         "mape_pct": {scheme: _per_source([r for r in records if r.scheme == scheme], _mape) for scheme in SCHEMES

@@ -9,8 +9,6 @@ prediction carries (crossval.py).
 
 import datetime
 import math
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +36,7 @@ from trainsim.catalog.calibration import (
     load_calibration,
     read_calibration,
 )
+from trainsim.catalog.files import write_atomic
 from trainsim.errors import InputFileError
 from trainsim.pipeline import GraphCache
 from trainsim.validate.runs import read_runs
@@ -154,7 +153,7 @@ def calibrate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path] | No
         report["held_out_mape_pct"] = sum(r.percent_error for r in records) / len(records)
     cal = fitted.model_copy(update={"fit_report": report, "uncertainty": uncertainty,
                                     "source": _source_text(data_dir, runs)})
-    return Fitted(cal, summary(records, samples) if records else None, records)
+    return Fitted(cal, summary(records, samples, uncertainty) if records else None, records)
 
 
 def cross_validate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path] | None = None, folds: int = 5,
@@ -174,7 +173,7 @@ def cross_validate(data_dir: Path = MEASUREMENTS_DIR, runs_files: Sequence[Path]
                                    tolerance=FULL_TOLERANCE if tolerance is None else tolerance)
     first = 0 if cold else 1
     records = _held_out_all(base, plan, progress, first, len(plan) + first, splits_start, workers, tolerance)
-    return CrossValidated(summary(records, samples), records)
+    return CrossValidated(summary(records, samples, uncertainty_of(records, samples)), records)
 
 
 def rebanded(fit_path: Path, held_out_path: Path, runs_files: Sequence[Path] | None = None) -> Calibration:
@@ -233,17 +232,9 @@ def write_calibration(cal: Calibration, path: Path = FITTED_PATH, writer: str = 
 
 
 def write_text(path: Path, text: str) -> None:
-    """Atomic: write a temporary file beside the target, then rename it over the target."""
+    """write_atomic, into the target's folder, made where missing."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".partial")
-    try:
-        with os.fdopen(handle, "w") as out:
-            out.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes the file private; a fit is data anyone may read
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, text)
 
 
 def _rounded(value: Any) -> Any:

@@ -80,6 +80,14 @@ MAX_EVALUATIONS = 200  # least-squares function evaluations (each predicts every
 DIFF_STEP = 1e-3  # the finite differences' relative step
 
 
+def _source_weights(samples: Sequence[FitSample]) -> np.ndarray:
+    """Each sample's weight in the fits' residuals: 1 / sqrt(samples of its source) ** SOURCE_WEIGHT_POWER."""
+    counts: dict[str, int] = {}
+    for s in samples:
+        counts[s.source] = counts.get(s.source, 0) + 1
+    return np.array([1.0 / math.sqrt(counts[s.source]) ** SOURCE_WEIGHT_POWER for s in samples])
+
+
 def generations_of(samples: Sequence[FitSample], base: Calibration) -> list[str]:
     names = {base.device_generation.get(s.job.cluster.device.name, "") for s in samples}
     return sorted(name for name in names if name)
@@ -130,10 +138,7 @@ def fit_runtime(base: Calibration, samples: Sequence[FitSample], progress: Calla
     1: scipy's own finite differences, the same steps)."""
     from scipy.optimize import least_squares
 
-    counts: dict[str, int] = {}
-    for s in samples:
-        counts[s.source] = counts.get(s.source, 0) + 1
-    weights = np.array([1.0 / math.sqrt(counts[s.source]) ** SOURCE_WEIGHT_POWER for s in samples])
+    weights = _source_weights(samples)
     graphs = GraphCache()
 
     def to_raw(value: float, param: Parameter) -> float:
@@ -177,10 +182,7 @@ def fit_sim_runtime(base: Calibration, samples: Sequence[FitSample],
     the residuals."""
     from scipy.optimize import least_squares
 
-    counts: dict[str, int] = {}
-    for s in samples:
-        counts[s.source] = counts.get(s.source, 0) + 1
-    weights = np.array([1.0 / math.sqrt(counts[s.source]) ** SOURCE_WEIGHT_POWER for s in samples])
+    weights = _source_weights(samples)
     graphs = GraphCache()
     start = base.runtime.model_dump()
 

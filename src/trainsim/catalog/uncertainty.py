@@ -6,7 +6,7 @@ predicted iteration time between which quantiles[1] - quantiles[0] (80%) of thos
 band symmetric in log, exp(-q) to exp(q)). A job's group is whether its training stack was among the
 calibrated runs' stacks, and whether its GPU count lies inside the calibrated runs' range of GPU counts
 (band_group). A prediction's band is its point times those two ratios (band_ratios): 80% of the held-out runs of
-the group fell inside it.
+the group fell inside it (the finite-sample conformal count: of n runs, the ceil((n + 1) x 0.8) closest).
 """
 
 from collections.abc import Collection
@@ -38,13 +38,14 @@ def band_group(stack_name: str | None, num_gpus: int, calibrated_stacks: Collect
 
 class BandRatios(Spec):
     """The band of measured / predicted iteration time over held-out runs. residuals: how many held-out
-    predictions they come from. basis: own (the group's held-out runs), pooled (the group had too few, so every
-    group's together), package (the calibration had too few runs in all: the package fit's band)."""
+    predictions they come from. basis: own (the group's held-out runs), scales-pooled (the group had too few, so
+    those of its stack side, known or unknown, at either scale), pooled (still too few, so every group's
+    together), package (the calibration had too few runs in all: the package fit's band)."""
 
     low_ratio: float = Field(gt=0, allow_inf_nan=False)
     high_ratio: float = Field(gt=0, allow_inf_nan=False)
     residuals: int = Field(ge=0)
-    basis: Literal["own", "pooled", "package"] = "own"
+    basis: Literal["own", "scales-pooled", "pooled", "package"] = "own"
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:

@@ -37,7 +37,7 @@ def calibrate(
     update_package: Annotated[bool, typer.Option("--update-package", help="rewrite the package's own fit "
                                                  f"({FITTED_PATH.name}) instead of --output")] = False,
     data: Annotated[Path | None, typer.Option(help="folder with gemm.csv and collectives.csv (default: the "
-                                              "package's measurements)")] = None,
+                                              "package's measurements; --bands-from reads neither)")] = None,
     cross_validate: Annotated[bool, typer.Option("--cross-validate", help="k-fold, leave-one-source-out and scale-"
                                                  "extrapolation errors and band coverage instead of a fit")] = False,
     folds: Annotated[int, typer.Option(help="folds of the k-fold cross-validation")] = 5,
@@ -79,9 +79,15 @@ def calibrate(
 
     start_cal = read_calibration(start) if start is not None else None
     data_dir = data if data is not None else MEASUREMENTS_DIR
-    fit.check_data_dir(data_dir)
     if cross_validate and bands_from is not None:
         raise ConfigError("bands_from", str(bands_from), "makes a fit's bands again; --cross-validate makes no fit")
+    if bands_from is not None:  # NB: reads no microbenchmarks, so --data need not hold them
+        target = _target(output, update_package)
+        fit.write_calibration(fit.rebanded(target, bands_from, runs), target, writer="`trainsim calibrate "
+                              "--bands-from`")
+        typer.echo(f"wrote {target}: bands from the held-out predictions in {bands_from}", err=as_json)
+        return
+    fit.check_data_dir(data_dir)
     if cross_validate:
         with _progress() as hooks:
             validated = fit.cross_validate(data_dir, runs, folds=folds, cold=cold, progress=hooks,
@@ -90,11 +96,6 @@ def calibrate(
         _show(validated.summary, report, as_json)
         return
     target = _target(output, update_package)
-    if bands_from is not None:
-        fit.write_calibration(fit.rebanded(target, bands_from, runs), target, writer="`trainsim calibrate "
-                              "--bands-from`")
-        typer.echo(f"wrote {target}: bands from the held-out predictions in {bands_from}", err=as_json)
-        return
     with _progress() as hooks:
         fitted = fit.calibrate(data_dir, runs, sim=sim, bands=bands, folds=folds, cold=cold, progress=hooks,
                                start=start_cal, workers=workers, tolerance=tolerance)

@@ -7,7 +7,6 @@ A command declares one parameter `stack_flags: StackFlags = GIVEN_STACK` and rec
 strategy's --attention sets the job's kernel, and wins over the stack's.
 """
 
-import functools
 import inspect
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -15,6 +14,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 
 import typer
 
+from trainsim.cli.strategy_options import options_in_place_of
 from trainsim.strategy.stack import BEHAVIOURS, StackSpec, stack_names
 
 STACK_PARAM = "stack_flags"
@@ -47,25 +47,10 @@ def stack_options(help_text: str = "training stack (catalog/data/stacks; default
                   ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Give a command --stack and the behaviour flags; it receives them as `stack_flags`."""
 
-    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
-        signature = inspect.signature(command)
-        assert STACK_PARAM in signature.parameters, f"{command.__name__} lacks a {STACK_PARAM} parameter"
-        params: list[inspect.Parameter] = []
-        for param in signature.parameters.values():
-            if param.name == STACK_PARAM:
-                params += [_stack_option(help_text), *(_option(field) for field in STACK_FLAG_FIELDS)]
-            else:
-                params.append(param)
+    def given(kwargs: dict[str, Any]) -> StackFlags:
+        name = kwargs.pop("stack", None)
+        values = {field: kwargs.pop(field, None) for field in STACK_FLAG_FIELDS}
+        return {"stack": name, "overrides": {key: value for key, value in values.items() if value is not None}}
 
-        @functools.wraps(command)
-        def with_flags(*args: Any, **kwargs: Any) -> Any:
-            name = kwargs.pop("stack", None)
-            given = {field: kwargs.pop(field, None) for field in STACK_FLAG_FIELDS}
-            kwargs[STACK_PARAM] = {"stack": name,
-                                   "overrides": {key: value for key, value in given.items() if value is not None}}
-            return command(*args, **kwargs)
-
-        with_flags.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
-        return with_flags
-
-    return decorate
+    return options_in_place_of(
+        STACK_PARAM, lambda: [_stack_option(help_text), *(_option(field) for field in STACK_FLAG_FIELDS)], given)

@@ -84,20 +84,34 @@ def strategy_options(fields: Sequence[str] = ALL_FIELDS, *, notes: Mapping[str, 
     unknown = sorted((set(fields) | set(notes) | set(defaults)) - set(ALL_FIELDS))
     assert not unknown, f"not strategy fields: {unknown}"  # a programming error in a command, not user input
 
+    def given(kwargs: dict[str, Any]) -> StrategyFlags:
+        values = {field: kwargs.pop(field, None) for field in fields}
+        return {field: value for field, value in values.items() if value is not None}
+
+    return options_in_place_of(
+        STRATEGY_PARAM, lambda: [_option(field, notes.get(field, ""), defaults.get(field)) for field in fields], given)
+
+
+def options_in_place_of(placeholder: str, make_options: Callable[[], list[inspect.Parameter]],
+                        fold: Callable[[dict[str, Any]], Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A decorator giving a command the options make_options makes where it declares the parameter
+    `placeholder` (its signature rewritten: typer reads it, and --help lists them in place); the command
+    receives, as that parameter, what `fold` makes of the options' values (fold pops them from the keyword
+    arguments)."""
+
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         signature = inspect.signature(command)
-        assert STRATEGY_PARAM in signature.parameters, f"{command.__name__} lacks a {STRATEGY_PARAM} parameter"
+        assert placeholder in signature.parameters, f"{command.__name__} lacks a {placeholder} parameter"
         params: list[inspect.Parameter] = []
         for param in signature.parameters.values():
-            if param.name == STRATEGY_PARAM:
-                params += [_option(field, notes.get(field, ""), defaults.get(field)) for field in fields]
+            if param.name == placeholder:
+                params += make_options()
             else:
                 params.append(param)
 
         @functools.wraps(command)
         def with_flags(*args: Any, **kwargs: Any) -> Any:
-            given = {field: kwargs.pop(field, None) for field in fields}
-            kwargs[STRATEGY_PARAM] = {field: value for field, value in given.items() if value is not None}
+            kwargs[placeholder] = fold(kwargs)
             return command(*args, **kwargs)
 
         with_flags.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]

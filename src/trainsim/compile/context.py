@@ -65,9 +65,12 @@ class LayerTiming:
 
 
 def _site(op: Op) -> str:
+    """The attention, MLP or MoE module an op runs in, by a part of its module path: the catalog's `attn`, `mlp`,
+    `moe`; a captured model's as Hugging Face names them (`self_attn`, `attention`, `ffn`, `feed_forward`: the
+    sites compile.shape_front_end names its collectives by)."""
     parts = op.module_path.split(".")
-    for site in ("attn", "mlp", "moe"):
-        if site in parts:
+    for site, words in (("attn", ("attn", "attention")), ("mlp", ("mlp", "ffn", "feed_forward")), ("moe", ())):
+        if site in parts or any(word in part for part in parts for word in words):
             return site
     return ""
 

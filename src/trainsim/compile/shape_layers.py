@@ -162,7 +162,7 @@ def repeated_flops(job: Job, plan: LoweredPlan) -> float:
 
 def _repeated(job: Job, plan: LoweredPlan, shaped: LoweredPlan) -> float:
     if plan.frontend != "catalog":
-        return front_end_repeated_flops(plan, shaped, job.parallel.tp)
+        return front_end_repeated_flops(plan, shaped, job.parallel.tp * job.parallel.cp)
     return added_flops(plan, shaped)
 
 
@@ -170,10 +170,10 @@ def added_flops(plan: LoweredPlan, shaped: LoweredPlan, stages: Container[int] |
     """What the shaped plan's layer instances (on `stages`; None: all) run per micro-batch beyond the plan's."""
     if shaped is plan:
         return 0.0
-    return sum(_run_flops(new) - _run_flops(old) for old, new in zip(plan.layers, shaped.layers, strict=True)
+    return sum(run_flops(new) - run_flops(old) for old, new in zip(plan.layers, shaped.layers, strict=True)
                if new.layer is not old.layer and (stages is None or old.stage in stages))
 
 
-def _run_flops(a: LayerAssignment) -> float:
+def run_flops(a: LayerAssignment) -> float:
     """One micro-batch through a layer instance: forward, backward and its recompute."""
     return a.layer.flops("fwd") + a.layer.flops("bwd") + a.layer.recomputed_flops(a.recompute)

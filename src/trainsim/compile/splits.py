@@ -143,10 +143,10 @@ def plan_splits(plan: LoweredPlan, group: int) -> dict[int, LayerSplit]:
             _add_copies(op, config, placement, need, full_in, split, previous, _last_bwd(a.layer, op))
             split.configs[op.name] = config
             if op.kind in CONTRACTING and config.out * config.reduce > 1:
-                shed = _weight_params(op) * (1.0 - 1.0 / (config.out * config.reduce))
+                shed = weight_params(op) * (1.0 - 1.0 / (config.out * config.reduce))
                 split.grad_params -= shed
                 split.held_params -= shed
-                split.move_grad(_weight_params(op), group, config.out * config.reduce)
+                split.move_grad(weight_params(op), group, config.out * config.reduce)
             if op_split is not None and (op_split.weight_out or op_split.weight_reduce):
                 _weight_memory(op, config, op_split, group, a, split, previous)
             split.modules.setdefault(op.module_path, config)
@@ -279,7 +279,7 @@ def _weight_memory(op: Op, config: OpConfig, given: OpSplit, group: int, a: Laye
                           f"{config.out} reduce={config.reduce}) and divide the group of {group} ranks")
     compute = Placement(group, seq=config.reduce, feature=config.out)
     memory = Placement(group, seq=mem_red, feature=mem_out)
-    full = _weight_params(op) * _elem(op)
+    full = weight_params(op) * _elem(op)
     before_fwd = previous if previous is not None else (split, op.name)
     for step in reshard(memory, compute, full):
         before_fwd[0].comms.append(SplitComm(before_fwd[1], "fwd", step, f"weight of {op.name}"))
@@ -288,11 +288,11 @@ def _weight_memory(op: Op, config: OpConfig, given: OpSplit, group: int, a: Laye
     wgrad = f"{op.name}.wgrad" if any(b.name == f"{op.name}.wgrad" for b in a.layer.bwd) else _last_bwd(a.layer, op)
     for step in reshard(grad, memory, full):
         split.comms.append(SplitComm(wgrad, "bwd", step, f"weight grad of {op.name}"))
-    per_device = _weight_params(op) / (config.out * config.reduce)
+    per_device = weight_params(op) / (config.out * config.reduce)
     split.grad_params -= per_device
     sync = group // (config.out * config.reduce)
     split.grad_params_by_ranks[sync] = split.grad_params_by_ranks.get(sync, 0.0) - per_device
-    split.held_params -= per_device - _weight_params(op) / (mem_out * mem_red)
+    split.held_params -= per_device - weight_params(op) / (mem_out * mem_red)
 
 
 def _before_bwd(layer: Layer, op: Op) -> str:
@@ -325,9 +325,9 @@ def _move_table_grads(layer: Layer, split: LayerSplit, group: int) -> None:
 
 
 def _per_channel(op: Op) -> bool:
-    """BatchNorm (torchvision's bn* modules) normalises each channel alone, so a channel split passes through;
-    layer and RMS norms read whole features."""
-    return op.module_path.rsplit(".", 1)[-1].startswith("bn")
+    """BatchNorm (torchvision's bn* modules; a captured graph's batch-norm kernels, alone or heading a fused group)
+    normalises each channel alone, so a channel split passes through; layer and RMS norms read whole features."""
+    return op.module_path.rsplit(".", 1)[-1].startswith("bn") or "batch_norm" in op.name
 
 
 def _scale(config: OpConfig, group: int) -> float:
@@ -371,7 +371,7 @@ def op_input_bytes(op: Op) -> float:
     return op_output_bytes(op)
 
 
-def _weight_params(op: Op) -> float:
+def weight_params(op: Op) -> float:
     """A matmul's n x k weight; a convolution's Cout x Cin x kh x kw: FLOPs / (2 x output elements) is the
     Cin x kh x kw multiply-adds of one output element, times the Cout of its output shape (batch, Cout, h, w)."""
     s = op.shape

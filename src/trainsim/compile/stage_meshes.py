@@ -23,6 +23,10 @@ volume: the longer of the two). NB: Megatron-LM has no such transfer (one mesh p
 strategy transformation between two device groups of equal size, without an optimisation that sends each
 sample once across the tp ranks of the side that holds copies.
 
+A captured graph's stages (the torch front-end's) take their layers from the model captured again at each stage
+mesh's micro-batch (with_captures) and the tree's configs over their own tp (compile.front_end_meshes) instead of
+the catalog builder's layers and Megatron's configs.
+
 Under interleaved 1F1B a stage's mesh holds every model chunk of its pipeline rank (Megatron-LM's virtual pipeline:
 chunk c of rank r is virtual stage c x pp + r), so a boundary vs{b} joins ranks b mod pp and (b + 1) mod pp, and a
 chunk entered from another mesh starts its chain of dp placements in the plain batch split (LoweredPlan.chain_starts).
@@ -34,12 +38,13 @@ import re
 from collections.abc import Callable
 
 from trainsim.compile.device_classes import device_classes
+from trainsim.compile.front_end_meshes import check_captured, front_end_mesh_parts, front_end_stage_repeated_flops
 from trainsim.compile.shape_layers import added_flops, repeated_flops, shape_layers
 from trainsim.cost.rank_classes import uniform
 from trainsim.errors import ConfigError
 from trainsim.frontends.catalog.build import build_graph
 from trainsim.ir.exec_graph import ExecGraph, Task
-from trainsim.ir.graph import Layer
+from trainsim.ir.graph import Layer, OpGraph
 from trainsim.job import Job, make_job
 from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.lowered import LoweredPlan, StageMesh, expand_layers, megatron_splits
@@ -69,6 +74,8 @@ def stage_repeated_flops(job: Job, plan: LoweredPlan) -> float:
     if not plan.stage_meshes:
         return repeated_flops(job, plan)
     compilations, source_of = stage_compilations(job, plan)
+    if plan.frontend != "catalog":
+        return front_end_stage_repeated_flops(job, plan, compilations, source_of)
     par = job.parallel
     total = 0.0
     for index, (mesh_job, mesh_plan) in enumerate(compilations):
@@ -118,8 +125,12 @@ def mesh_plan(plan: LoweredPlan, mesh_job: Job, stages: frozenset[int], *, rebui
     devices (rebuild: by the catalog builder over the mesh's slice; else the plan's, on the job's own mesh), the
     plan's computation configs on the layers of `stages` (over tp: the tree's for their mesh; over dp: over its
     dp ranks) and Megatron's over the mesh's tp on every other layer (their tasks are another compilation's)."""
-    layers = _mesh_layers(plan, mesh_job) if rebuild else [a.layer for a in plan.layers]
     mine = {a.index for a in plan.layers if a.stage in stages}
+    if plan.frontend != "catalog":  # a captured graph: re-captured at the mesh's micro-batch, the tree's configs
+        assignments, mesh_splits, op_splits = front_end_mesh_parts(plan, mesh_job, stages, rebuild=rebuild)
+        return dataclasses.replace(plan, layers=assignments, op_splits=op_splits, mesh_splits=mesh_splits,
+                                   stage_meshes=(), chain_starts=_entered(plan, mine), captured=())
+    layers = _mesh_layers(plan, mesh_job) if rebuild else [a.layer for a in plan.layers]
     mesh_splits = sorted([s for s in plan.mesh_splits if s.layer in mine]
                          + [s for s in megatron_splits(layers, mesh_job.parallel) if s.layer not in mine],
                          key=lambda s: s.layer)
@@ -127,6 +138,21 @@ def mesh_plan(plan: LoweredPlan, mesh_job: Job, stages: frozenset[int], *, rebui
         if rebuild else plan.layers
     return dataclasses.replace(plan, layers=assignments, op_splits=tuple(s for s in plan.op_splits if s.layer in mine),
                                mesh_splits=tuple(mesh_splits), stage_meshes=(), chain_starts=_entered(plan, mine))
+
+
+def with_captures(job: Job, plan: LoweredPlan, capture: Callable[[Job], OpGraph]) -> LoweredPlan:
+    """The plan of a capturing front-end's graph with its layers captured at each stage mesh's micro-batch
+    (LoweredPlan.captured; capture(mesh_job): the front-end's graph of the job as a stage of that mesh runs it, once
+    per micro-batch; the job's own: the plan's layers). The plan itself on the catalog front-end, or without stage
+    meshes."""
+    if plan.frontend == "catalog" or not plan.stage_meshes:
+        return plan
+    captured = {job.parallel.micro_batch: tuple(a.layer for a in plan.layers), **dict(plan.captured)}
+    for mesh in plan.stage_meshes:
+        if mesh.micro_batch not in captured:
+            mesh_job = job_of_mesh(job, mesh, plan.stage_block(mesh.stage) if plan.stage_ranks else None)
+            captured[mesh.micro_batch] = check_captured(plan, expand_layers(capture(mesh_job)), mesh.micro_batch)
+    return dataclasses.replace(plan, captured=tuple(sorted(captured.items())))
 
 
 def _entered(plan: LoweredPlan, mine: set[int]) -> frozenset[int]:

@@ -215,6 +215,8 @@ def _ep_overlap_share(job: Job) -> float:
 # a layer's feature communication (Pricer.layer_comm_s): per axis its exposed seconds (in the order its comms first
 # name the axes), the forward's, and the tp, cp and ep exposed fractions (forward, backward)
 LayerComm = tuple[dict[str, float], float, tuple[float, float], tuple[float, float], tuple[float, float]]
+# a layer's forward, backward, selective-recompute and weight-gradient op seconds (Pricer._layer_op_sums_s)
+OpSums = tuple[float, float, float, float]
 # the exposed fractions of a layer's tp and cp collectives (forward, backward) where no stack overlap applies
 _NOT_OVERLAPPED = ((1.0, 1.0), (1.0, 1.0))
 StageKey = tuple[tuple[int, float], ...]  # (id of a pinned layer, count) per part: what a stage holds
@@ -457,13 +459,15 @@ class Pricer:
         return self._price_layer(layer, job)
 
     def _price_layer(self, layer: Layer, job: Job) -> LayerCost:
-        comm, comm_fwd, tp_fraction, cp_fraction, ep_fraction = self.layer_comm_s(layer, job)
-        forward, backward, selective, wgrad = self._layer_op_sums_s(layer, job)
+        op_sums = self._layer_op_sums_s(layer, job)
+        comm, comm_fwd, tp_fraction, cp_fraction, ep_fraction = self.layer_comm_s(layer, job, op_sums)
+        forward, backward, selective, wgrad = op_sums
         return LayerCost(forward, backward, selective, comm, comm_fwd, wgrad, tp_fraction, cp_fraction, ep_fraction)
 
-    def layer_comm_s(self, layer: Layer, job: Job) -> LayerComm:
+    def layer_comm_s(self, layer: Layer, job: Job, op_sums_s: OpSums | None = None) -> LayerComm:
         """A layer's feature communication (its LayerCost's comm_s, comm_fwd_s and exposed fractions): each
-        feature collective priced once (the pipeline's are the stage's sends), each axis's group once."""
+        feature collective priced once (the pipeline's are the stage's sends), each axis's group once. op_sums_s:
+        the layer's _layer_op_sums_s where the caller has them (else made where the expert overlap reads them)."""
         par, cluster_key = job.parallel, self._cluster_key(job.cluster)
         groups: dict[str, tuple[int, int]] = {}
         priced: list[tuple[Comm, float]] = []
@@ -478,7 +482,7 @@ class Pricer:
                                                        cluster_key, job)))
         tp_fraction, cp_fraction = fractions = self._exposed_fractions(layer, priced, job)
         scaled = fractions is not _NOT_OVERLAPPED  # NB: else every fraction is 1.0, and x * 1.0 is x
-        ep_fraction = self.ep_exposed_fraction(layer, priced, job)
+        ep_fraction = self.ep_exposed_fraction(layer, priced, job, op_sums_s)
         comm: dict[str, float] = {}
         comm_fwd = 0.0
         for c, comm_s in priced:
@@ -491,7 +495,7 @@ class Pricer:
                 comm_fwd += comm_s
         return comm, comm_fwd, tp_fraction, cp_fraction, ep_fraction
 
-    def _layer_op_sums_s(self, layer: Layer, job: Job) -> tuple[float, float, float, float]:
+    def _layer_op_sums_s(self, layer: Layer, job: Job) -> OpSums:
         """A layer's forward, backward, selective-recompute and weight-gradient seconds: its ops' times (each op
         priced once) summed in order (ordered_sum)."""
         known = self._op_times.get((id(layer), id(job.cluster.device)))
@@ -610,12 +614,14 @@ class Pricer:
             out.append(overlapped_s(total, attention, gamma) / total if total > 0.0 else 1.0)
         return (out[0], out[1])
 
-    def ep_exposed_fraction(self, layer: Layer, priced: list[tuple[Comm, float]], job: Job) -> tuple[float, float]:
+    def ep_exposed_fraction(self, layer: Layer, priced: list[tuple[Comm, float]], job: Job,
+                            op_sums_s: OpSums | None = None) -> tuple[float, float]:
         """Of the layer's expert all-to-alls of forward and backward (priced: its feature collectives), the
         fraction left exposed over the step. A paired forward's all-to-alls hide behind the paired backward's
         compute of the layer and the backward's behind the forward's (combined_1f1b.py: "EP A2A in forward step is
         hidden by the attention/mlp computation in the backward step, and vice versa"; stack_effects.overlapped_s);
-        the unpaired passes (1 - the ep_overlap_share) stay exposed."""
+        the unpaired passes (1 - the ep_overlap_share) stay exposed. op_sums_s: the layer's _layer_op_sums_s,
+        made here where not given."""
         share = _ep_overlap_share(job)
         if share <= 0.0:
             return (1.0, 1.0)
@@ -623,9 +629,10 @@ class Pricer:
         ep_bwd = sum(seconds for c, seconds in priced if c.axis == "ep" and c.phase != "fwd")
         if ep_fwd <= 0.0 and ep_bwd <= 0.0:
             return (1.0, 1.0)
+        forward_s, backward_s, _, _ = op_sums_s if op_sums_s is not None else self._layer_op_sums_s(layer, job)
         gamma = self.overlap_slowdown(job)
         out: list[float] = []
-        for total, window in ((ep_fwd, self.ops_time_s(layer.bwd, job)), (ep_bwd, self.ops_time_s(layer.fwd, job))):
+        for total, window in ((ep_fwd, backward_s), (ep_bwd, forward_s)):
             paired = overlapped_s(total, window, gamma) / total if total > 0.0 else 1.0
             out.append(1.0 - share + share * paired)
         return (out[0], out[1])

@@ -1,5 +1,6 @@
 """Embedding tables of recommendation models and how they are split across ranks (Lin et al.,
-../shared/seeds/003_e7615fd9be41855d.txt): tables (rows E, dim D, pooling factor L, index skew), lookup index
+"Towards Performance Modeling of Multi-GPU Training"):
+tables (rows E, dim D, pooling factor L, index skew), lookup index
 batches and their reuse factors (Fig. 6), synthetic table sets, sharding plans (table-, row-, column-wise,
 data-parallel, table-row-wise) with their per-rank memory and collective volumes, and the six sharders of
 Table III."""

@@ -139,7 +139,11 @@ class AnalyticalEstimator:
         HFU only (compile.shape_layers.repeated_flops, from the same shaping), as in the simulator."""
         if plan is None:
             refuse_whole_model_tp(graph.frontend, job.parallel.tp)
-            return self.price(job, graph).result()
+            if graph.frontend == "catalog" or job.parallel.cp == 1:
+                return self.price(job, graph).result()
+            from trainsim.strategy.lowered import default_plan  # NB: loaded for a captured graph under cp only
+
+            plan = default_plan(graph, job.parallel)  # shaped on its ranks' sequence shares (compile.shape_layers)
         from trainsim.compile.shape_layers import shaped_graph_and_repeated_flops  # NB: loaded for a tree only
 
         shaped, repeated = shaped_graph_and_repeated_flops(job, graph, plan)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from trainsim.catalog.calibration import Calibration
-from trainsim.cost.pricing import COSTS, make_pricer
+from trainsim.cost.pricing import COSTS, Pricer, make_pricer
 from trainsim.estimate.result import Result
 from trainsim.ir.graph import OpGraph
 from trainsim.job import Job
@@ -63,27 +63,29 @@ def _analytical(options: EngineOptions) -> Estimator:
     return AnalyticalEstimator(make_pricer(options.costs, options.db, options.calibration))
 
 
-def _sim(options: EngineOptions) -> Estimator:
-    from trainsim.estimate.simulation import SimEstimator, sim_calibration
+def _sim_pricer(options: EngineOptions) -> Pricer:
+    """The costs of an engine that simulates: the options' own, over the simulator's calibration."""
+    from trainsim.estimate.simulation import sim_calibration
 
-    return SimEstimator(make_pricer(options.costs, options.db, sim_calibration(options.calibration)),
-                        task_level=options.task_level)
+    return make_pricer(options.costs, options.db, sim_calibration(options.calibration))
+
+
+def _sim(options: EngineOptions) -> Estimator:
+    from trainsim.estimate.simulation import SimEstimator
+
+    return SimEstimator(_sim_pricer(options), task_level=options.task_level)
 
 
 def _sim_plain(options: EngineOptions) -> Estimator:
     from trainsim.estimate.baselines import PlainSimEstimator
-    from trainsim.estimate.simulation import sim_calibration
 
-    return PlainSimEstimator(make_pricer(options.costs, options.db, sim_calibration(options.calibration)),
-                             task_level=options.task_level)
+    return PlainSimEstimator(_sim_pricer(options), task_level=options.task_level)
 
 
 def _flexflow_sim(options: EngineOptions) -> Estimator:
     from trainsim.estimate.baselines import FlexFlowSimEstimator
-    from trainsim.estimate.simulation import sim_calibration
 
-    return FlexFlowSimEstimator(make_pricer(options.costs, options.db, sim_calibration(options.calibration)),
-                                task_level=options.task_level)
+    return FlexFlowSimEstimator(_sim_pricer(options), task_level=options.task_level)
 
 
 def _precision_aware(options: EngineOptions) -> Estimator:

@@ -1,4 +1,4 @@
-"""The precision-aware distributed training-time predictor of ../shared/seeds/001 (engine "precision-aware").
+"""The precision-aware distributed training-time predictor (engine "precision-aware").
 
 The paper (sec. III) predicts one iteration as
 
@@ -38,7 +38,7 @@ from trainsim.estimate.result import Result, make_result
 from trainsim.hardware.device import BYTES_PER_DTYPE, DeviceSpec
 from trainsim.ir.graph import Layer, OpGraph
 from trainsim.job import Job
-from trainsim.strategy.front_end_splits import refuse_whole_model_tp
+from trainsim.strategy.front_end_splits import refuse_whole_model_cp, refuse_whole_model_tp
 from trainsim.strategy.lowered import LoweredPlan
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.stages import StagePart, plan_stages
@@ -135,6 +135,7 @@ class PrecisionAwareEstimator:
         ignored (Algorithm 1 splits the layers evenly)."""
         par = job.parallel
         refuse_whole_model_tp(graph.frontend, par.tp, self.name)
+        refuse_whole_model_cp(graph.frontend, par.cp, f"the {self.name} engine")
         subgraphs = partition(graph, par)
         kinds = _stage_kinds(job)
         per_stage: dict[int, float] = {}
@@ -175,11 +176,11 @@ class PrecisionAwareEstimator:
 
     def _notes(self, job: Job) -> list[str]:
         par = job.parallel
-        notes = ["seed 001: T = T_comp + T_dp + T_tp + T_pp (Eq. 1-4)"
+        notes = ["precision-aware predictor: T = T_comp + T_dp + T_tp + T_pp (Eq. 1-4)"
                  + (" + optimizer step" if self.optimizer else "")]
         if par.recompute != "none" or par.cp > 1 or par.ep > 1 or par.zero > 0:
-            notes.append("seed 001 models neither recompute nor cp, ep or ZeRO communication: T leaves them out "
-                         "(the graph's shapes and the memory estimate do follow them)")
+            notes.append("the precision-aware predictor models neither recompute nor cp, ep or ZeRO communication: T "
+                         "leaves them out (the graph's shapes and the memory estimate do follow them)")
         describe = getattr(self.op_costs, "describe", None)
         if callable(describe):
             notes.append(str(describe()))

@@ -1,7 +1,7 @@
 """L3 trace replay: simulate the ExecGraph built from measured per-rank execution traces and compare the replayed
 iteration with the measured one.
 
-After Lin et al. (../shared/seeds/003_e7615fd9be41855d.txt): each rank's ops keep their measured durations and
+After Lin et al.'s multi-GPU model: each rank's ops keep their measured durations and
 program order, collectives synchronise the ranks (a collective starts when its last rank arrives), and the
 iteration time is the critical path through that graph. The event simulator (trainsim.sim) computes it, so the
 same options apply as for L2 (overlap slow-down, bandwidth sharing), though a faithful replay keeps them off:

@@ -19,7 +19,7 @@ GPUs per node, divided by the leaf oversubscription above the leaves). A transfe
 its price assumes:
 
 - one per GPU whose transfer crosses it, for a transfer priced per GPU (the compiler's collectives and sends:
-  link_uses);
+  link_runs);
 - the whole of one NIC (gpus_per_node / nics_per_node shares, spread over the rails of its ranks on the node) or
   of the bus, for a group priced at the link's full bandwidth (Proteus' own group model: group_links).
 
@@ -31,7 +31,7 @@ it carries. Ranks are numbered node-major (hardware.cluster).
 """
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from itertools import pairwise
 
 from trainsim.errors import ConfigError
@@ -99,44 +99,6 @@ def link_capacity(name: str, cluster: ClusterSpec) -> float:
     return float(cluster.gpus_per_node)
 
 
-def link_uses(blocks: Iterable[tuple[int, int]], levels: Iterable[str], direction: str,
-              cluster: ClusterSpec) -> dict[str, int]:
-    """Per shared link a transfer priced per GPU crosses, the shares it takes: one per rank of the transfer behind
-    the link. blocks: the transfer's ranks, as (first rank, count) runs; levels: what it crosses (NIC: it leaves
-    its NVLink domain; UPLINK: its leaf; FABRIC: it moves between GPUs of one node); direction "tx" or "rx"
-    (links are full duplex; a PCIe bus is one resource)."""
-    wanted = set(levels)
-    nic = NIC in wanted
-    uplink = UPLINK in wanted and uplinks_shared(cluster)
-    fabric = FABRIC in wanted and fabric_shared(cluster)
-    if not (nic or uplink or fabric):
-        return {}
-    gpus_per_node = cluster.gpus_per_node
-    rails = nic_rails(cluster)
-    per_rail = gpus_per_node // rails
-    per_block: dict[int, int] = {}  # (node x rails + rail) -> the transfer's ranks there
-    for first, count in blocks:  # NB: a run of ranks, split at rail boundaries (loops over rails, not ranks)
-        rank, end = first, first + count
-        while rank < end:
-            block = rank // per_rail
-            stop = min(end, (block + 1) * per_rail)
-            per_block[block] = per_block.get(block, 0) + stop - rank
-            rank = stop
-    uses: dict[str, int] = {}
-    for block, count in per_block.items():
-        node, rail = divmod(block, rails)
-        if nic:
-            name = nic_name(node, rail, direction, rails)
-            uses[name] = uses.get(name, 0) + count
-        if fabric:
-            name = f"node{node}.{FABRIC}"
-            uses[name] = uses.get(name, 0) + count
-        if uplink:
-            name = f"leaf{_leaf_of(node, cluster)}.{UPLINK}.{direction}"
-            uses[name] = uses.get(name, 0) + count
-    return uses
-
-
 def link_unit(level: str, cluster: ClusterSpec) -> int:
     """The ranks behind one link of a shared level (numbered node-major): one rail's GPUs (or the node's, on a pool
     of NICs), a node's for its bus, a leaf's for its up-links."""
@@ -148,7 +110,7 @@ def link_unit(level: str, cluster: ClusterSpec) -> int:
 
 
 def link_name(level: str, index: int, direction: str, cluster: ClusterSpec) -> str:
-    """The name of a shared level's link number `index` (rank // link_unit): link_uses' names."""
+    """The name of a shared level's link number `index` (rank // link_unit)."""
     if level == NIC:
         rails = nic_rails(cluster)
         return nic_name(*divmod(index, rails), direction, rails)
@@ -159,9 +121,13 @@ def link_name(level: str, index: int, direction: str, cluster: ClusterSpec) -> s
 
 def link_runs(blocks: Sequence[tuple[int, int]], level: str, direction: str,
               cluster: ClusterSpec) -> list[tuple[int, int, int]]:
-    """link_uses at one level without a name per link: (first link, end link, shares each) runs of link numbers
-    (link_name), in the order link_uses names them. Ranks in ascending runs are counted per run (a run's whole
-    links between its partial ends are alike), others link by link."""
+    """Per shared link of `level` a transfer priced per GPU crosses, the shares it takes: one per rank of the
+    transfer behind the link. blocks: the transfer's ranks, as (first rank, count) runs; level: what it crosses
+    (NIC: it leaves its NVLink domain; UPLINK: its leaf; FABRIC: it moves between GPUs of one node); direction
+    "tx" or "rx" (links are full duplex; a PCIe bus is one resource). Without a name per link: (first link, end
+    link, shares each) runs of link numbers (link_name), in the order the ranks first cross them. Ranks in
+    ascending runs are counted per run (a run's whole links between its partial ends are alike), others link by
+    link."""
     if not {NIC: True, UPLINK: uplinks_shared(cluster), FABRIC: fabric_shared(cluster)}.get(level, False):
         return []
     unit = link_unit(level, cluster)

@@ -11,6 +11,9 @@ from trainsim.specbase import Spec
 MAX_LAYERS = 10_000
 
 Arch = Literal["gpt", "llama", "bert", "mpt", "bloom", "moe", "mixtral", "other"]
+# TransformerSpec's fields of DeepSeek-V2/V3's layout: a multi-head latent attention, routed experts of a width of
+# their own, shared experts, leading dense blocks; at their defaults (0 or None) a transformer has none of them
+DEEPSEEK_LAYOUT_FIELDS = ("mla", "expert_ffn_hidden", "shared_expert_ffn_hidden", "leading_dense_layers")
 
 
 class MlaSpec(Spec):
@@ -182,13 +185,16 @@ class DlrmSpec(Spec):
 class OpaqueSpec(Spec):
     """A model known only through a front-end that reads no layer structure (a jax train step, an nn.Module
     without a config, an execution trace): the OpGraph the front-end builds is the model. Only data and pipeline
-    parallelism apply to it."""
+    parallelism apply to it, and tp where the graph keeps the module paths a strategy tree's configs over tp
+    address (split_by_tree: the torch and JAX front-ends' captures, compile.shape_front_end)."""
 
     kind: Literal["opaque"] = "opaque"
     name: str
     description: str = ""
     published_params: float | None = None
     source: str = ""  # what the front-end read it from
+    split_by_tree: bool = False  # tp > 1 allowed: a tree's configs over tp split the graph's ops
+    no_tp_reason: str = ""  # where split_by_tree is False: what the source lacks for tp (make_job's refusal)
 
 
 ModelSpec = Annotated[TransformerSpec | CnnSpec | DlrmSpec | OpaqueSpec, Field(discriminator="kind")]

@@ -16,7 +16,6 @@ import contextlib
 import multiprocessing
 import os
 import queue
-import socket
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -33,6 +32,7 @@ from trainsim.measure.dlrm_phase import (
     iteration_references_s,
     phase_normalised_iteration_s,
 )
+from trainsim.measure.launch import free_port
 
 MAX_TRACED_ITERATIONS = 20
 
@@ -113,12 +113,6 @@ def _phase_dict(m: DlrmMeasurement) -> dict[str, Any]:
                                   for name in references}}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _worker(rank: int, world: int, port: int, configs: list[DlrmConfig], iterations: int, warmup: int,
             timeout_s: float, out: Any, group: int = 1, allocator: str = DEFAULT_POLICY,
             probe_names: tuple[str, ...] = ()) -> None:
@@ -172,7 +166,7 @@ def measure_dlrm(configs: list[DlrmConfig], *, iterations: int = 5, warmup: int 
                               f"an integer from 1 to {MAX_TRACED_ITERATIONS}")
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     load_before = os.getloadavg()[0]
     procs = [ctx.Process(target=_worker, args=(r, world, port, configs, iterations, warmup, timeout_s, out, group,
                                                allocator, tuple(probes))) for r in range(world)]

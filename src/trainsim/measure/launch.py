@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from trainsim.catalog.files import write_atomic
 from trainsim.errors import MAX_NAME_CHARS, ConfigError, TrainsimError, check_name
-from trainsim.ir.model_spec import TransformerSpec
+from trainsim.ir.model_spec import DEEPSEEK_LAYOUT_FIELDS, TransformerSpec
 from trainsim.job import Job
 from trainsim.measure.results import job_to_dict, result_path
 from trainsim.strategy.parallel import AttentionKernel, OptimizerImpl, Schedule
@@ -188,11 +188,9 @@ def check_supported(job: Job, device: Device, tree: bool = False) -> None:
 
 def _check_built_structure(model: TransformerSpec) -> None:
     """What measure's model builder (measure/model.py) does not build: a multi-head latent attention, experts of
-    a width of their own, shared experts, leading dense blocks."""
-    for name, value in (("mla", model.mla), ("expert_ffn_hidden", model.expert_ffn_hidden),
-                        ("shared_expert_ffn_hidden", model.shared_expert_ffn_hidden),
-                        ("leading_dense_layers", model.leading_dense_layers)):
-        if value:
+    a width of their own, shared experts, leading dense blocks (DEEPSEEK_LAYOUT_FIELDS)."""
+    for name in DEEPSEEK_LAYOUT_FIELDS:
+        if getattr(model, name):
             raise unsupported(f"{name} of {model.name} is not built by measure (its attention has q, k and v "
                               "projections per head, its experts the model's ffn_hidden, every moe_every-th block)")
 
@@ -292,6 +290,14 @@ def make_spec(job: Job, out_dir: Path, *, run_id: str | None = None, iterations:
                        tree_yaml=tree_yaml, dataflow=dataflow, memory_cap_bytes=memory_cap_bytes,
                        op_configs=op_configs, phase_probe=phase_probe, tp_degrees=tp_degrees,
                        tp_dims=tp_dims, frontend=frontend, front_end_styles=front_end_styles)
+
+
+def free_port() -> int:
+    """A loopback port free now, for a local rendezvous whose ranks bind it themselves (another process may take
+    it before they do; launch's own store does not pick one: _store_socket)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _store_socket() -> socket.socket:

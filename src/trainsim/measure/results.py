@@ -10,7 +10,6 @@ import math
 import os
 import platform
 import socket
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from trainsim.catalog.files import parse_text, read_text, shown_path
+from trainsim.catalog.files import parse_text, read_text, shown_path, write_atomic
 from trainsim.catalog.model_files import parse_model
 from trainsim.errors import InputFileError, TrainsimError, check_name, short_repr
 from trainsim.hardware.cluster import ClusterSpec
@@ -206,15 +205,7 @@ def save_run(run: MeasuredRun, out_dir: Path) -> Path:
     suite never sees half a file."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = result_path(out_dir, run.run_id)
-    handle, tmp = tempfile.mkstemp(prefix=f".{run.run_id}.", suffix=".tmp", dir=out_dir)
-    try:
-        with os.fdopen(handle, "w") as f:
-            json.dump(run.to_dict(), f, indent=1)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, json.dumps(run.to_dict(), indent=1) + "\n")
     return path
 
 

@@ -22,7 +22,6 @@ Imported only where torch is available.
 
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainsim.ir.model_spec import TransformerSpec
+from trainsim.measure.launch import free_port
 from trainsim.measure.model import Block, ChunkPlan, MoE, TransformerChunk, build_chunk
 from trainsim.measure.parallelize import _local
 from trainsim.measure.phase import ReferenceProbe
@@ -272,7 +272,7 @@ def measure_stages(model: TransformerSpec, stages: list[StageSpec], micro_batch:
     with tempfile.TemporaryDirectory() as tmp:
         spec, out = os.path.join(tmp, "stages.json"), os.path.join(tmp, "timings.json")
         Path(spec).write_text(json.dumps(payload))
-        port = _free_port()
+        port = free_port()
         procs = [subprocess.Popen([sys.executable, "-m", "trainsim.measure.stage", spec, str(rank), str(world),
                                    str(port), out], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
                  for rank in range(world)]
@@ -287,12 +287,6 @@ def measure_stages(model: TransformerSpec, stages: list[StageSpec], micro_batch:
         raise RuntimeError(f"stage measurement stopped after {len(data)} of {len(stages)} stages")
     return [StageTiming(d["latency_s"], d["state_bytes"], d["activation_bytes"], tuple(d["samples_s"]),
                         tuple(d["reference_s"])) for d in data]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 if __name__ == "__main__":  # one rank of measure_stages: SPEC RANK WORLD PORT OUT

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainsim.ir.model_spec import TransformerSpec
+from trainsim.ir.model_spec import DEEPSEEK_LAYOUT_FIELDS, TransformerSpec
 from trainsim.measure.phase import fast_reference_s, phase_normalised_s
 from trainsim.strategy.stage_plan import StageEstimate, StageSpec
 
@@ -48,15 +48,12 @@ CREATE TABLE IF NOT EXISTS stage_phase (
 # on the first probed stage, so databases collected without the probe are left as they were.
 
 
-# spec fields added after stage databases were recorded: left out of a model's key at their defaults, so a model
-# that does not use them keeps the key (and the measured rows) it had
-_LATER_FIELDS = ("expert_ffn_hidden", "shared_expert_ffn_hidden", "leading_dense_layers", "mla")
-
-
 def model_key(model: TransformerSpec) -> str:
-    """The model's name and a hash of its full spec (two specs of one name never share rows)."""
+    """The model's name and a hash of its full spec (two specs of one name never share rows). DeepSeek's layout
+    came to the spec after stage databases were recorded: its fields are left out at their defaults, so a model
+    that does not use them keeps the key (and the measured rows) it had."""
     spec = model.model_dump()
-    for name in _LATER_FIELDS:
+    for name in DEEPSEEK_LAYOUT_FIELDS:
         if spec[name] == TransformerSpec.model_fields[name].default:
             del spec[name]
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]

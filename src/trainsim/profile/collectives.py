@@ -38,7 +38,6 @@ import contextlib
 import multiprocessing
 import os
 import queue
-import socket
 import statistics
 import time
 from collections.abc import Callable
@@ -47,6 +46,7 @@ from datetime import timedelta
 from typing import Any
 
 from trainsim.errors import ConfigError, TrainsimError
+from trainsim.measure.launch import free_port
 from trainsim.profile.database import Environment, ProfileDB, TimingStats
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv")
@@ -69,10 +69,18 @@ class CollectiveSummary:
 CollectiveProgress = Callable[[str, int, str], None]  # (collective, message bytes, "measured" | "stored")
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def start_ranks(worker: Callable[..., None], world_size: int, *args: Any) -> tuple[Any, list[Any]]:
+    """Start a probe's `world_size` rank processes (spawned daemons), each running worker(rank, world_size, port,
+    results, *args): port a free loopback one for their rendezvous, results the queue they report on; returns
+    the queue and the processes."""
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=worker, daemon=True, args=(rank, world_size, port, results, *args))
+             for rank in range(world_size)]
+    for proc in procs:
+        proc.start()
+    return results, procs
 
 
 def next_rank_message(results: Any, procs: list[Any], deadline: float, timeout_s: float, what: str) -> tuple[Any, ...]:
@@ -145,8 +153,8 @@ def _compute_for(thread_s: float, a: Any, b: Any) -> float:
     return time.thread_time() - begun
 
 
-def _worker(rank: int, world_size: int, port: int, todo: list[tuple[str, int]], warmup: int, repeats: int,
-            threads: int, timeout_s: float, parent_pid: int, results: Any, clock: str = "wall",
+def _worker(rank: int, world_size: int, port: int, results: Any, todo: list[tuple[str, int]], warmup: int,
+            repeats: int, threads: int, timeout_s: float, parent_pid: int, clock: str = "wall",
             calls_per_sample: int = 1, gap_s: float = 0.0) -> None:
     """One rank: time each pending (collective, size) on `clock` (CLOCKS), a sample being the mean of
     `calls_per_sample` calls, back to back or (gap_s > 0) each after gap_s of compute; rank 0 reports."""
@@ -248,15 +256,8 @@ def profile_collectives(db: ProfileDB, env: Environment, *, collectives: tuple[s
     stored = len(pairs) - len(todo)
     if not todo:
         return CollectiveSummary(len(pairs), 0, stored)
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, daemon=True,
-                         args=(rank, world_size, port, todo, warmup, repeats, env.threads, timeout_s, os.getpid(),
-                               results, clock, calls_per_sample, gap_s))
-             for rank in range(world_size)]
-    for proc in procs:
-        proc.start()
+    results, procs = start_ranks(_worker, world_size, todo, warmup, repeats, env.threads, timeout_s, os.getpid(),
+                                 clock, calls_per_sample, gap_s)
     measured, failure = 0, ""
     deadline = time.monotonic() + timeout_s
     try:

@@ -1,6 +1,6 @@
 """Op microbenchmarks: time the torch kernel that stands in for each unique op of an OpGraph.
 
-Following the precision-aware predictor (../shared/seeds/001, sec. III: "we profile each operator's execution
+Following the precision-aware predictor (sec. III: "we profile each operator's execution
 time across both forward and backward computation graphs using the specific settings from the job config"), every
 op is run with the job's own shapes and dtype on the local device:
 

@@ -9,7 +9,6 @@ after). gamma = median(overlapped) / median(plain) - 1, at least 0, the slowest 
 """
 
 import contextlib
-import multiprocessing
 import statistics
 import time
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from typing import Any
 
 from trainsim.errors import ConfigError
 from trainsim.ir.model_spec import ModelSpec, TransformerSpec
-from trainsim.profile.collectives import BACKEND, _free_port, join_ranks, next_rank_message
+from trainsim.profile.collectives import BACKEND, join_ranks, next_rank_message, start_ranks
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,8 +32,8 @@ class OverlapMeasurement:
         return max(0.0, self.overlapped_backward_s / self.plain_backward_s - 1.0)
 
 
-def _worker(rank: int, world_size: int, port: int, spec: TransformerSpec, micro_batch: int, seq_len: int,
-            warmup: int, repeats: int, threads: int, timeout_s: float, results: Any) -> None:
+def _worker(rank: int, world_size: int, port: int, results: Any, spec: TransformerSpec, micro_batch: int,
+            seq_len: int, warmup: int, repeats: int, threads: int, timeout_s: float) -> None:
     import torch
     import torch.distributed as dist
 
@@ -99,14 +98,8 @@ def measure_overlap(model: ModelSpec, *, micro_batch: int, seq_len: int, world_s
             raise ConfigError(name, value, "must be a positive integer")
     if world_size < 2:
         raise ConfigError("world_size", world_size, "must be at least 2 (gradients to all-reduce)")
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, daemon=True, args=(rank, world_size, port, model, micro_batch, seq_len,
-                                                             max(0, warmup), repeats, threads, timeout_s, results))
-             for rank in range(world_size)]
-    for proc in procs:
-        proc.start()
+    results, procs = start_ranks(_worker, world_size, model, micro_batch, seq_len, max(0, warmup), repeats, threads,
+                                 timeout_s)
     deadline = time.monotonic() + timeout_s
     try:
         _, plain, overlapped = next_rank_message(results, procs, deadline, timeout_s, "overlap measurement")

@@ -16,7 +16,6 @@ backward call less the start of the autograd engine (one per training step, not 
 """
 
 import contextlib
-import multiprocessing
 import statistics
 import time
 from collections.abc import Callable
@@ -25,7 +24,7 @@ from datetime import timedelta
 from typing import Any
 
 from trainsim.errors import ConfigError
-from trainsim.profile.collectives import BACKEND, _collective_fn, _free_port, join_ranks, next_rank_message
+from trainsim.profile.collectives import BACKEND, _collective_fn, join_ranks, next_rank_message, start_ranks
 from trainsim.profile.database import Environment, ProfileDB
 from trainsim.profile.ops import OVERHEAD_SIGNATURE_KIND, OpSignature
 
@@ -71,10 +70,16 @@ def _backward_start() -> Callable[[], float]:
     start, which a training step's one backward pass pays once; returns its thread CPU seconds."""
     import torch
 
-    x = torch.randn(_ROWS, 8, requires_grad=True)
+    return _timed_backward(lambda t: t * 1.0, torch.randn(_ROWS, 8, requires_grad=True))
+
+
+def _timed_backward(run: Callable[[Any], Any], x: Any) -> Callable[[], float]:
+    """A call that runs `run` on x untimed, then its backward (with a gradient of ones); returns the backward's
+    thread CPU seconds."""
+    import torch
 
     def timed() -> float:
-        y = x * 1.0
+        y = run(x)
         grad = torch.ones_like(y)
         begun = time.thread_time()
         y.backward(grad)
@@ -109,18 +114,11 @@ def _executor_call(collective: str, phase: str, group: Any, world: int, elements
     source = conjugate.get(collective)
     x = torch.randn(_ROWS, width // world if source == "all-gather" else width, requires_grad=True)
     run = forward[source] if source is not None else (lambda t: ReduceGradients.apply(t, group))
-
-    def timed_backward() -> float:
-        y = run(x)
-        grad = torch.ones_like(y)
-        begun = time.thread_time()
-        y.backward(grad)
-        return time.thread_time() - begun
-    return timed_backward
+    return _timed_backward(run, x)
 
 
-def _worker(rank: int, world: int, port: int, elements: int, calls: int, rounds: int, timeout_s: float,
-            results: Any, probed: bool = False) -> None:
+def _worker(rank: int, world: int, port: int, results: Any, elements: int, calls: int, rounds: int,
+            timeout_s: float, probed: bool = False) -> None:
     import torch
     import torch.distributed as dist
 
@@ -174,14 +172,7 @@ def measure_reshard_overhead(world_size: int = 2, elements: int = 1024, calls: i
         if value < 1:
             raise ConfigError(name, value + (1 if name == "world_size" else 0), "must be at least "
                               f"{2 if name == 'world_size' else 1}")
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, daemon=True, args=(rank, world_size, port, elements, calls, rounds,
-                                                             timeout_s, results, probed))
-             for rank in range(world_size)]
-    for proc in procs:
-        proc.start()
+    results, procs = start_ranks(_worker, world_size, elements, calls, rounds, timeout_s, probed)
     deadline = time.monotonic() + timeout_s
     per_rank: dict[int, dict[tuple[str, str], tuple[float, float, float, float]]] = {}
     probes: dict[int, float | None] = {}

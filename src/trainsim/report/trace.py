@@ -18,11 +18,10 @@ tasks on one stream touch but never overlap.
 """
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from trainsim.catalog.files import write_atomic
 from trainsim.errors import ConfigError
 from trainsim.ir.exec_graph import ExecGraph
 from trainsim.sim.arrays import STREAMS
@@ -110,13 +109,5 @@ def write_chrome_trace(graph: ExecGraph, outcome: SimOutcome, path: str | Path,
     target = Path(path)
     document = {"traceEvents": trace_events(graph, outcome, device_names), "displayTimeUnit": "ms",
                 "otherData": {"makespan_s": outcome.makespan_s, "oom": outcome.oom}}
-    fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(document, handle, separators=(",", ":"))
-        os.chmod(temporary, 0o644)  # mkstemp creates it private; a trace is an ordinary output file
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    write_atomic(target, json.dumps(document, separators=(",", ":")))
     return target

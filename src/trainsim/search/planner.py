@@ -27,7 +27,7 @@ from trainsim.ir.model_spec import ModelSpec
 from trainsim.job import Job, make_job
 from trainsim.pipeline import GraphCache
 from trainsim.search.space import PlanColumns, SearchSpace, plan_grid
-from trainsim.strategy.front_end_splits import refuse_whole_model_tp
+from trainsim.strategy.front_end_splits import refuse_whole_model_cp, refuse_whole_model_tp
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.stack import StackSpec
 
@@ -100,6 +100,7 @@ def build_plans(model: ModelSpec, cluster: ClusterSpec, plans: Sequence[Parallel
             job = make_job(model, cluster, parallel, stack)
             graph = graphs.get(job)
             refuse_whole_model_tp(graph.frontend, job.parallel.tp)  # a search gives no tree to split its ops
+            refuse_whole_model_cp(graph.frontend, job.parallel.cp, "a search")
             jobs.append((job, graph))
         except TrainsimError as exc:
             refused[at] = exc.with_traceback(None)  # NB: without its frames (module doc)

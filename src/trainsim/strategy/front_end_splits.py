@@ -6,7 +6,12 @@ the framework's kernels (addmm, native_layer_norm, fused element-wise groups) un
 Megatron vocabulary to place splits by. The tree gives an op a config over tp where a split item "compute" with
 axis tp reaches its node (set there or inherited from an ancestor; parts 1 sets "whole" explicitly); every other
 op is left to the compiler, which infers its config from its inputs along the captured data dependencies (Proteus
-Sec. VII; compile.shape_front_end). Only tp splits a captured graph: cp and ep are refused by the front-end.
+Sec. VII; compile.shape_front_end). A reduce split reaches the matmuls under its node; the node's other ops (a JAX
+Dense's bias add, its own equation in the Dense's scope) infer theirs, so the matmul's partial sums are added up
+before them, as Megatron's row-parallel linear adds its bias after the all-reduce (megatron/core/tensor_parallel/
+layers.py, RowParallelLinear.forward, megatron-core 0.9). A tree splits a captured graph over tp only: the job's cp
+splits every op of the torch front-end's graph by sequence (compile.front_end_context), ep is refused by the
+front-end.
 """
 
 from collections.abc import Mapping, Sequence
@@ -42,11 +47,21 @@ def refuse_whole_model_tp(frontend: str, tp: int, engine: str = "") -> None:
                       "tree that splits its ops over tp (--tree, split item compute, axis tp), or use tp=1")
 
 
+def refuse_whole_model_cp(frontend: str, cp: int, where: str) -> None:
+    """A captured graph at cp > 1 is priced only where the compiler shapes it (compile.front_end_context: every
+    op on its rank's sequence share); `where` (an engine, a search) prices the graph as it is: ConfigError."""
+    if frontend == "catalog" or cp == 1:
+        return
+    raise ConfigError("cp", cp, f"the {frontend} front-end's graph is one device's whole sequence, which {where} "
+                      "does not split: use --engine sim or analytical, or cp=1")
+
+
 def front_end_mesh_splits(nodes: Mapping[str, _Node], resolved: Mapping[str, Mapping[str, _Value]],
-                          tps: Sequence[int], frontend: str) -> tuple[MeshSplit, ...]:
+                          tps: Sequence[int], frontend: str, notes: Sequence[str] = ()) -> tuple[MeshSplit, ...]:
     """The tp configs a tree gives the ops of a captured graph (module doc), in node order. tps: per layer
-    instance, its stage's tp. ConfigError for a split over another axis, parts whose product does not divide tp,
-    or a reduce split of an op without a reduction dimension."""
+    instance, its stage's tp (a stage on its own mesh: its own); notes: per layer instance, the words an error
+    adds where its stage runs its own mesh. ConfigError for a split over another axis, parts whose product does
+    not divide tp, or a reduce split of an op without a reduction dimension (a lookup's: its table's rows)."""
     out: list[MeshSplit] = []
     for path, node in nodes.items():
         if not node.fwd or node.layer_index < 0:
@@ -55,8 +70,9 @@ def front_end_mesh_splits(nodes: Mapping[str, _Node], resolved: Mapping[str, Map
         for key in row:
             axis = key.partition("@")[2]
             if axis and axis != "tp":
-                raise ConfigError(f"{path}.{key}", row[key].value, f"the {frontend} front-end's graph splits over "
-                                  "tp only (cp and ep need the catalog front-end)")
+                raise ConfigError(f"{path}.{key}", row[key].value, f"a tree splits the {frontend} front-end's graph "
+                                  "over tp only (context parallelism is the job's --cp, every op by sequence; ep "
+                                  "needs the catalog front-end)")
         keys = [f"split.compute.{dim}@tp" for dim in COMPUTE_PARTS]
         if not any(key in row for key in keys):
             continue
@@ -64,11 +80,14 @@ def front_end_mesh_splits(nodes: Mapping[str, _Node], resolved: Mapping[str, Map
         tp = tps[node.layer_index]
         if tp % config.parts:
             raise ConfigError(f"{path} split.compute@tp", config_text(config),
-                              f"the parts' product must divide tp={tp}")
+                              f"the parts' product must divide tp={tp}"
+                              + (notes[node.layer_index] if notes else ""))
+        if config.reduce > 1 and not any(op.kind in (*CONTRACTING, "embedding") for op in node.fwd):
+            op = node.fwd[0]
+            raise ConfigError(f"{path} split.compute@tp", config_text(config), f"{op.name} is a {op.kind} op, "
+                              "with no reduction dimension: split its batch, seq or out, or reduce on a matmul, "
+                              "a conv (input channels) or a lookup (the table's rows)")
         for op in node.fwd:
-            if config.reduce > 1 and op.kind not in CONTRACTING:
-                raise ConfigError(f"{path} split.compute@tp", config_text(config), f"{op.name} is a {op.kind} op, "
-                                  "with no reduction dimension: split its batch, seq or out, or reduce on a matmul")
             out.append(MeshSplit(node.layer_index, op.module_path, "tp", config))
     return tuple(dict.fromkeys(out))
 

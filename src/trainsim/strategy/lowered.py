@@ -99,6 +99,9 @@ class LoweredPlan:
     # a captured graph's layers once shaped (compile.shape_front_end): (layer index, k, parameters) of its matmuls
     # and norms whose tp config splits their tokens k ways (their gradient summed over those ranks too)
     front_end_token_params: tuple[tuple[int, int, float], ...] = ()
+    # a captured graph's layer instances captured again at the micro-batch of a stage mesh whose replicas take
+    # another one than the job's (compile.front_end_meshes): (micro-batch, the instances in plan order)
+    captured: tuple[tuple[int, tuple[Layer, ...]], ...] = ()
 
     def tp_configs(self) -> dict[int, dict[str, OpConfig]]:
         """Per layer index, each op's computation config over tp (by op module path) from mesh_splits."""

@@ -377,7 +377,8 @@ class StrategyTree:
         stage's tp (strategy.megatron.own_configs; the compiler shapes the ops from these configs and reshards
         between them, compile.shape_layers): ConfigError naming the first op that differs."""
         if self.graph.frontend != "catalog":  # a captured graph: the tree's configs only (strategy.front_end_splits)
-            return front_end_mesh_splits(self.nodes, self._resolved, [p.tp for p in pars], self.graph.frontend)
+            return front_end_mesh_splits(self.nodes, self._resolved, [p.tp for p in pars], self.graph.frontend,
+                                         [_stage_note(p, par) for p in pars])
         layers = expand_layers(self.graph)
         given_axes = {key.partition("@")[2] for row in self.explicit.values() for key in row if "@" in key}
         if not given_axes:
@@ -717,9 +718,12 @@ def _expand_name(name: str, count: int) -> list[str]:
 
 def _op_prefixes(layer: Layer, first_name: str) -> tuple[str, ...]:
     """Prefixes stripped from op module paths to place them under a layer node: the layer's own name (head.proj
-    under head, layer1.1.conv1 under layer1.1) or the longest dotted prefix all its ops share (blocks.block.*,
-    embed.*)."""
-    split_paths = [op.module_path.split(".") for op in layer.fwd + layer.bwd]
+    under head, layer1.1.conv1 under layer1.1; a jaxpr's top-level name scope, block0.attn.qkv under blocks.0,
+    block0's own equations on it) or the longest dotted prefix all its ops share (blocks.block.*, embed.*)."""
+    paths = [op.module_path for op in layer.fwd + layer.bwd]
+    under = [path for path in paths if path.startswith(layer.name + ".")]
+    scope = layer.name if under and all(path == layer.name or path in under for path in paths) else ""
+    split_paths = [path.split(".") for path in paths]
     common: list[str] = []
     if split_paths:
         for parts in zip(*split_paths, strict=False):
@@ -727,7 +731,7 @@ def _op_prefixes(layer: Layer, first_name: str) -> tuple[str, ...]:
                 break
             common.append(parts[0])
         common = common[:min(len(parts) for parts in split_paths) - 1]
-    return tuple(prefix for prefix in (first_name, ".".join(common)) if prefix)
+    return tuple(prefix for prefix in (first_name, scope, ".".join(common)) if prefix)
 
 
 def _relative(module_path: str, prefixes: tuple[str, ...]) -> str:
@@ -848,7 +852,11 @@ def _layer_parallels(par: ParallelSpec, assignments: list[LayerAssignment],
 
 def _on_stage(pars: list[ParallelSpec], par: ParallelSpec, node: TreeNode) -> str:
     """Where a layer's stage has its own mesh, the words saying so (the degrees an error names are its)."""
-    mine = pars[node.layer_index]
+    return _stage_note(pars[node.layer_index], par)
+
+
+def _stage_note(mine: ParallelSpec, par: ParallelSpec) -> str:
+    """The words saying that a layer's stage runs its own mesh (mine: its strategy), else nothing."""
     return "" if mine is par else f" (the layer's stage runs its own mesh: tp={mine.tp} dp={mine.dp})"
 
 

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field
 
 from trainsim.catalog.files import read_mapping
 from trainsim.errors import ConfigError, unknown_key
@@ -33,9 +32,6 @@ from trainsim.strategy.tree import (
     Mesh,
     ScheduleConfig,
     Split,
-    SplitAxis,
-    SplitDim,
-    SplitItem,
     StrategyTree,
     Value,
 )
@@ -56,12 +52,8 @@ class _RecomputeEntry(Spec):
     mode: Recompute
 
 
-class _SplitEntry(Spec):
+class _SplitEntry(Split):
     path: str = ""
-    item: SplitItem
-    dim: SplitDim
-    parts: int = Field(gt=0, strict=True)
-    axis: SplitAxis = "dp"
 
 
 def load_tree_yaml(path: str | Path, graph: OpGraph) -> StrategyTree:

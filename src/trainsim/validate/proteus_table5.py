@@ -1,6 +1,6 @@
 """Ordering check: the GPT-2 strategies of the Proteus paper's Table V, predicted and ranked.
 
-Proteus (seed 004), Table V: GPT-2 trained with DP x MP x PP (micro-batches) on HC1 (8 Titan Xp on PCIe,
+Proteus, Table V: GPT-2 trained with DP x MP x PP (micro-batches) on HC1 (8 Titan Xp on PCIe,
 global batch 8) and HC2 (2 nodes x 8 V100 with NVLink, 100 Gb/s between nodes, global batch 64); the true
 rank is by measured throughput. NB: the paper's Table III (model sizes) did not survive text extraction;
 "GPT-2" is taken as GPT-2 medium (355M, sequence 1024), fp32 (PyTorch 1.8, Titan Xp has no tensor cores),

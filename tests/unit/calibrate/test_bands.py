@@ -1,5 +1,6 @@
-"""The bands from held-out predictions: the source-weighted quantile rule on hand-computed cases, the honest
-(source held out) coverage, the held-out file, and properties of every band (finite, ordered, holding the point)."""
+"""The bands from held-out predictions: the rules (conformal quantile, source weights, pooling into the parent
+group) on hand-computed cases, the honest (source held out) coverage, the held-out file, and properties of every
+band (finite, ordered, holding the point)."""
 
 import math
 from pathlib import Path
@@ -9,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainsim.calibrate.bands import (
+    BAND_POOLINGS,
     BAND_RULE,
     BAND_SHAPES,
     BAND_WEIGHTS,
@@ -16,6 +18,7 @@ from trainsim.calibrate.bands import (
     PREVIOUS_RULE,
     BandRule,
     HeldOut,
+    conformal_level,
     held_out_csv,
     new_source_coverage,
     read_held_out,
@@ -26,12 +29,13 @@ from trainsim.calibrate.bands import (
 from trainsim.calibrate.fit import read_samples
 from trainsim.calibrate.runs import FitSample
 from trainsim.catalog.calibration import MEASUREMENTS_DIR, Calibration
-from trainsim.catalog.uncertainty import GROUPS
+from trainsim.catalog.uncertainty import GROUPS, BandRatios, Uncertainty
 from trainsim.errors import InputFileError
 from trainsim.estimate.result import iteration_band
 
 KNOWN_INSIDE = "known-stack/inside-scale"
-SOURCE_QUANTILES = BandRule("sources", "quantiles")
+SOURCE_QUANTILES = BandRule("sources", "quantiles", "flat")
+RUN_QUANTILES = BandRule("runs", "quantiles", "flat")  # the first bands' rule
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +82,7 @@ def _two_sources() -> list[HeldOut]:
 def test_quantile_band_counts_every_source_once(samples: list[FitSample]) -> None:
     records = _two_sources()
     by_source = uncertainty_of(records, samples, rule=SOURCE_QUANTILES)
-    by_run = uncertainty_of(records, samples, rule=PREVIOUS_RULE)
+    by_run = uncertainty_of(records, samples, rule=RUN_QUANTILES)
     assert by_source is not None and by_run is not None
     band = by_source.bands[KNOWN_INSIDE]
     # weights 1/20 (a) and 1/10 (b), total 2: 10% of it (0.2) is reached at a's 4th run (0.03); 90% (1.8) at b's
@@ -104,19 +108,77 @@ def test_a_group_of_one_source_takes_the_pooled_band(samples: list[FitSample]) -
     assert by_run is not None and by_run.bands[KNOWN_INSIDE].basis == "own"
 
 
+def test_conformal_level_is_the_finite_sample_count() -> None:
+    # ceil((n + 1) x 0.8) of n: 17 of 20, 20 of 24 (exactly 20.0: no rounding up), 4 of 4
+    assert conformal_level(20) == 17 / 20
+    assert conformal_level(24) == 20 / 24
+    assert conformal_level(4) == 1.0
+    assert conformal_level(9, coverage=0.5) == 5 / 9
+    with pytest.raises(ValueError, match="too few"):
+        conformal_level(3)  # 4 x 0.8 = 3.2: the 4th of 3
+    with pytest.raises(ValueError):
+        conformal_level(0)
+
+
 def test_symmetric_band_is_the_80_percent_quantile_of_the_absolute_log_ratio(samples: list[FitSample]) -> None:
     # log ratios in 64ths (exact): source a at 0, -1, ..., -19; source b, 10 runs at +3
     records = ([_record("a", -i / 64, run=i) for i in range(20)] + [_record("b", 3 / 64, run=i) for i in range(10)])
-    band = uncertainty_of(records, samples, rule=BAND_RULE)
-    assert band is not None and (BAND_RULE.weight, BAND_RULE.shape) == ("runs", "symmetric")
-    # every run once: |log ratio| sorted 0, 1, 2, eleven 3s, 4, ...; 80% of 30 runs is the 24th, 13
+    # |log ratio| sorted 0, 1, 2, eleven 3s, 4, ..., 19. The rule in use, the conformal quantile: the
+    # ceil(31 x 0.8) = 25th of 30, 14; the rule before, the plain 80% of 30 runs: the 24th, 13
+    band = uncertainty_of(records, samples)
+    before = uncertainty_of(records, samples, rule=PREVIOUS_RULE)
+    assert band is not None and before is not None and (BAND_RULE.weight, BAND_RULE.shape) == ("runs", "conformal")
     ratios = band.bands[KNOWN_INSIDE]
-    assert (ratios.low_ratio, ratios.high_ratio) == (math.exp(-13 / 64), math.exp(13 / 64))
+    assert (ratios.low_ratio, ratios.high_ratio) == (math.exp(-14 / 64), math.exp(14 / 64))
+    assert before.bands[KNOWN_INSIDE].high_ratio == math.exp(13 / 64)
     # every source once: weights 1/20 (a) and 1/10 (b), total 2: 0, 1, 2 (0.15), the eleven 3s (1.2), then 0.05
     # a step: 80% of 2 (1.6) at 11
-    by_source = uncertainty_of(records, samples, rule=BandRule("sources", "symmetric"))
+    by_source = uncertainty_of(records, samples, rule=BandRule("sources", "symmetric", "flat"))
     assert by_source is not None
     assert by_source.bands[KNOWN_INSIDE].high_ratio == math.exp(11 / 64)
+
+
+def test_a_group_of_one_source_takes_its_parent_groups_band(samples: list[FitSample]) -> None:
+    # unknown stack inside the GPU range: sources c and d, |log ratio| 1 ... 20 and 21 ... 40 (64ths); outside:
+    # source e alone, 20 runs at 0; known stack inside: sources a and b, 10 runs each at 1/64
+    unknown_inside = "unknown-stack/inside-scale"
+    unknown_outside = "unknown-stack/outside-scale"
+    records = ([_record("c", i / 64, unknown_inside, run=i) for i in range(1, 21)] +
+               [_record("d", -i / 64, unknown_inside, run=i) for i in range(21, 41)] +
+               [_record("e", 0.0, unknown_outside, run=i) for i in range(20)] +
+               [_record(source, 1 / 64, run=i) for source in "ab" for i in range(10)])
+    bands = uncertainty_of(records, samples)
+    assert bands is not None
+    got = {group: (ratios.basis, ratios.residuals, ratios.high_ratio) for group, ratios in bands.bands.items()}
+    # inside: its own 40, the ceil(41 x 0.8) = 33rd; outside: one source, so the unknown side's 60: 20 zeros,
+    # then 1 ... 40, the ceil(61 x 0.8) = 49th is 29; known outside: none, the known side's 20, all 1
+    assert got == {unknown_inside: ("own", 40, math.exp(33 / 64)),
+                   unknown_outside: ("scales-pooled", 60, math.exp(29 / 64)),
+                   KNOWN_INSIDE: ("own", 20, math.exp(1 / 64)),
+                   "known-stack/outside-scale": ("scales-pooled", 20, math.exp(1 / 64))}
+    # the rule before: one source's 20 runs are enough, and an empty group takes every record's band (80 of
+    # them: 40 at 0 or 1/64, then 1 ... 40; the 64th is 24)
+    flat = uncertainty_of(records, samples, rule=PREVIOUS_RULE)
+    assert flat is not None
+    assert (flat.bands[unknown_outside].basis, flat.bands[unknown_outside].high_ratio) == ("own", 1.0)
+    assert flat.bands["known-stack/outside-scale"].basis == "pooled"
+    assert flat.bands["known-stack/outside-scale"].high_ratio == math.exp(24 / 64)
+
+
+def test_one_source_of_ones_own_keeps_its_known_stack_bands(samples: list[FitSample]) -> None:
+    # a user's cluster: one source, 30 k-fold runs of its own stack at |log ratio| 1 ... 30 (64ths). The known
+    # stack's bands come from them; an unknown stack's cannot (one stack's errors), so they are the package's
+    records = [_record("mine", (-1) ** i * i / 64, run=i) for i in range(1, 31)]
+    package = Uncertainty(min_gpus=1, max_gpus=8, bands={
+        group: BandRatios(low_ratio=0.5, high_ratio=2.0, residuals=99) for group in GROUPS})
+    bands = uncertainty_of(records, samples, fallback=package)
+    assert bands is not None
+    got = {group: (ratios.basis, ratios.high_ratio) for group, ratios in bands.bands.items()}
+    # ceil(31 x 0.8) = 25th of 30: 25
+    assert got == {KNOWN_INSIDE: ("own", math.exp(25 / 64)),
+                   "known-stack/outside-scale": ("scales-pooled", math.exp(25 / 64)),
+                   "unknown-stack/inside-scale": ("package", 2.0), "unknown-stack/outside-scale": ("package", 2.0)}
+    assert uncertainty_of(records, samples) is None  # no package fit to fall back on
 
 
 def test_new_source_coverage_holds_each_source_out_of_the_band(samples: list[FitSample]) -> None:
@@ -167,12 +229,13 @@ _held_out_records = st.lists(
 
 @settings(max_examples=60, deadline=None)
 @given(records=_held_out_records, point_s=st.floats(min_value=1e-6, max_value=1e4),
-       rule=st.builds(BandRule, st.sampled_from(BAND_WEIGHTS), st.sampled_from(BAND_SHAPES)))
+       rule=st.builds(BandRule, st.sampled_from(BAND_WEIGHTS), st.sampled_from(BAND_SHAPES),
+                      st.sampled_from(BAND_POOLINGS)))
 def test_every_band_is_finite_ordered_and_holds_the_point(samples: list[FitSample], records: list[HeldOut],
                                                           point_s: float, rule: BandRule) -> None:
     uncertainty = uncertainty_of(records, samples, rule=rule)
     if uncertainty is None:  # all records from one source: too few sources for any band
-        assert rule.weight == "sources" and len({r.source for r in records}) == 1
+        assert (rule.weight == "sources" or rule.pooling == "parent") and len({r.source for r in records}) == 1
         return
     calibration = Calibration(uncertainty=uncertainty)
     for sample in samples[:: max(1, len(samples) // 10)]:
@@ -184,7 +247,7 @@ def test_every_band_is_finite_ordered_and_holds_the_point(samples: list[FitSampl
         ratios = uncertainty.bands[group]
         assert 0 < ratios.low_ratio <= ratios.high_ratio
         assert math.isfinite(ratios.low_ratio) and math.isfinite(ratios.high_ratio)
-        if rule.shape == "symmetric":
+        if rule.shape != "quantiles":
             assert ratios.low_ratio * ratios.high_ratio == pytest.approx(1.0, rel=1e-12)
 
 

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from trainsim.calibrate.bands import MIN_GROUP_RESIDUALS, PREVIOUS_RULE, HeldOut, coverage, uncertainty_of
+from trainsim.calibrate.bands import MIN_GROUP_RESIDUALS, BandRule, HeldOut, coverage, uncertainty_of
 from trainsim.calibrate.crossval import SCALE_TEST_GPUS, SCALE_TRAIN_MAX_GPUS, splits, stack_key, summary
 from trainsim.calibrate.fit import read_samples
 from trainsim.calibrate.runs import FitSample
@@ -60,7 +60,7 @@ def test_stack_key_falls_back_to_the_source(samples: list[FitSample]) -> None:
 def test_quantiles_per_group_counting_runs(samples: list[FitSample]) -> None:
     errors = np.linspace(-0.2, 0.2, 41)  # log(predicted / measured)
     records = [_record(samples[i % len(samples)], float(e)) for i, e in enumerate(errors)]
-    uncertainty = uncertainty_of(records, samples, rule=PREVIOUS_RULE)  # 10%-90% quantiles, every run once
+    uncertainty = uncertainty_of(records, samples, rule=BandRule("runs", "quantiles", "flat"))
     assert uncertainty is not None
     ratios = uncertainty.bands["known-stack/inside-scale"]
     # measured / predicted = exp(-error): its 10% and 90% quantiles are exp(-0.16) and exp(0.16)
@@ -90,7 +90,7 @@ def test_too_few_runs_take_the_package_band(samples: list[FitSample]) -> None:
 def test_summary_reports_mape_and_coverage_per_scheme(samples: list[FitSample]) -> None:
     records = [_record(s, 0.1 if i % 2 else -0.1, scheme=scheme)
                for i, s in enumerate(samples) for scheme in ("k-fold", "leave-one-source-out")]
-    report = summary(records, samples)
+    report = summary(records, samples, uncertainty_of(records, samples))
     mape = report["mape_pct"]
     assert isinstance(mape, dict)
     errors = [abs(math.exp(0.1 if i % 2 else -0.1) - 1) * 100 for i in range(len(samples))]

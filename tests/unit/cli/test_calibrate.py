@@ -72,7 +72,8 @@ def tiny_fit(tmp_path_factory: pytest.TempPathFactory) -> Path:
     before = FITTED_PATH.read_bytes()
     output = folder / "sub" / "mine.yaml"
     result = RUNNER.invoke(_app(), ["calibrate", "--runs", str(_tiny_runs(folder / "mine.csv")), "--output",
-                                    str(output), "--no-sim", "--held-out", str(folder / "held.csv")])
+                                    str(output), "--no-sim", "--held-out", str(folder / "held.csv"), "--report",
+                                    str(folder / "report.json")])
     assert result.exit_code == 0, (result.output, result.exception)
     assert f"wrote {output}" in result.output
     assert "[1/" in result.stderr and "run-level fit on 4 runs" in result.stderr  # progress, one line per fit
@@ -110,8 +111,28 @@ def test_bands_from_held_out_predictions_change_nothing_else(tmp_path: Path) -> 
         assert (got.residuals, got.basis) == (want.residuals, want.basis) == (40, "own")
     changed = {key for key in {*before, *after} if before.get(key) != after.get(key)}
     assert changed <= {"uncertainty", "source", "compute"}
+    # no microbenchmarks read: a --data folder without them is no error
+    (tmp_path / "empty").mkdir()
+    again = RUNNER.invoke(_app(), ["calibrate", "--bands-from", str(tmp_path / "held.csv"), "--output", str(fit),
+                                   "--data", str(tmp_path / "empty")])
+    assert again.exit_code == 0, (again.output, again.exception)
     # a field the package file leaves at its default is written out, at that default
     assert {k: v for k, v in after["compute"].items() if k in before["compute"]} == before["compute"]
+
+
+def test_fit_report_shows_the_bands_the_fit_carries(tiny_fit: Path) -> None:
+    """The bands are made once: the cross-validation report's are the fit's, the package's fallback included."""
+    cal = read_calibration(tiny_fit)
+    report = json.loads((tiny_fit.parent.parent / "report.json").read_text())
+    if cal.uncertainty is None:
+        assert "bands" not in report
+        return
+    assert set(report["bands"]) == set(GROUPS)
+    for group, ratios in cal.uncertainty.bands.items():  # the fit file keeps 6 significant digits
+        shown = report["bands"][group]
+        assert (shown["low_ratio"], shown["high_ratio"]) == pytest.approx((ratios.low_ratio, ratios.high_ratio),
+                                                                          rel=1e-5)
+        assert (shown["residuals"], shown["basis"]) == (ratios.residuals, ratios.basis)
 
 
 def test_round_trip_of_a_user_fit(tiny_fit: Path) -> None:
@@ -119,7 +140,7 @@ def test_round_trip_of_a_user_fit(tiny_fit: Path) -> None:
     assert cal.fit_report["runs"] == 4
     assert "mine.csv" in cal.source
     assert cal.sim_runtime is None  # --no-sim
-    assert not list(tiny_fit.parent.glob(".*partial"))  # written through a temporary file, renamed
+    assert not list(tiny_fit.parent.glob(".*"))  # written through a temporary file, renamed
     if cal.uncertainty is not None:  # four runs hold out too few: the package's bands, marked as such
         assert {r.basis for r in cal.uncertainty.bands.values()} == {"package"}
         assert (cal.uncertainty.min_gpus, cal.uncertainty.max_gpus) == (2, 8)

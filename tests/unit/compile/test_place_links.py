@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import a100_cluster
+from conftest import a100_cluster, link_shares_by_rank
 from trainsim.catalog import load_cluster, load_model
 from trainsim.catalog.calibration import Calibration
 from trainsim.compile.build import compile_job
 from trainsim.compile.place_links import _merge_alike
 from trainsim.cost.pricing import Pricer
 from trainsim.hardware.cluster import ClusterSpec
-from trainsim.hardware.links import link_capacity, link_kind, link_runs, link_uses
+from trainsim.hardware.links import link_capacity, link_kind, link_runs
 from trainsim.ir.exec_graph import ExecGraph, Task
 from trainsim.job import Job, make_job
 from trainsim.pipeline import graph_for
@@ -297,7 +297,7 @@ def test_merging_runs_of_links_is_merging_link_by_link(cluster: ClusterSpec, sta
         blocks.append(runs[::-1] if reverse else runs)
     tokens = sorted(f"stage{d}.{level}" for d in range(len(blocks)) for level in levels)
     split = [token.split(".") for token in tokens]
-    per_link = {token: link_uses(blocks[int(d[5:])], (level,), direction, cluster)
+    per_link = {token: link_shares_by_rank(blocks[int(d[5:])], level, direction, cluster)
                 for token, (d, level, direction) in zip(tokens, split, strict=True)}
     runs_of = {token: link_runs(blocks[int(d[5:])], level, direction, cluster)
                for token, (d, level, direction) in zip(tokens, split, strict=True)}

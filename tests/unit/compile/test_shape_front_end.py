@@ -168,7 +168,6 @@ def test_sim_and_analytical_agree_and_mfu_counts_the_model_once(captured: OpGrap
 @pytest.mark.parametrize(("splits", "parts", "field", "words"), [
     ([("blocks.*.*.ln_1", "reduce")], 2, "ln_1 split.compute@tp", "no reduction dimension"),
     ([("blocks.*.*.attn.c_attn", "out")], 4, "c_attn split.compute@tp", "must divide tp=2"),
-    ([("embedding.transformer.wte", "out")], 2, "wte", "embedding op is not shaped"),
     # attn's out inherited by c_proj beside its own reduce: out=2 reduce=2, 4 parts on 2 ranks
     ([("blocks.*.*.attn", "out"), ("blocks.*.*.attn.c_proj", "reduce")], 2, "c_proj split.compute@tp",
      "must divide tp=2"),

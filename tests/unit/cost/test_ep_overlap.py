@@ -11,6 +11,7 @@ from trainsim.catalog.calibration import Calibration
 from trainsim.catalog.model_files import parse_model
 from trainsim.cli.stack_options import STACK_FLAG_FIELDS
 from trainsim.cost.pricing import Pricer
+from trainsim.cost.roofline_arrays import op_times_s
 from trainsim.cost.stack_effects import ep_overlap_share
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.estimate.simulation import SimEstimator
@@ -85,6 +86,22 @@ def test_all_to_alls_hide_behind_the_other_pass(num_gpus: int, tp: int, hidden: 
     assert plain.comm_s["ep"] == pytest.approx(ep_fwd + ep_bwd, rel=1e-12)
     for axis in plain.comm_s.keys() - {"ep"}:
         assert overlapped.comm_s[axis] == plain.comm_s[axis]
+
+
+@pytest.mark.parametrize("num_gpus, tp", [(4, 1), (16, 8)])
+def test_the_windows_are_the_layer_s_op_sums(num_gpus: int, tp: int) -> None:
+    """The other pass's compute that hides the all-to-alls is the layer's forward or backward op sum: the same
+    fractions, bit for bit, from layer_cost, from layer_comm_s left to sum the ops itself (the search's grid
+    engine), and from a Pricer fed the ops' roofline times at once (Pricer.add_op_times)."""
+    on = _job(WIDE, ON, num_gpus, tp=tp, seq_len=4096)
+    layer, device = _moe_layer(on), on.cluster.device
+    cost = Pricer(Calibration()).layer_cost(layer, on)
+    assert cost.ep_exposed_fraction != (1.0, 1.0)
+    assert Pricer(Calibration()).layer_comm_s(layer, on)[4] == cost.ep_exposed_fraction
+    fed = Pricer(Calibration())
+    fed.add_op_times(layer, device, tuple(op_times_s(layer.fwd + layer.bwd, device, fed.cal)))
+    assert fed.layer_comm_s(layer, on)[4] == cost.ep_exposed_fraction
+    assert fed.layer_cost(layer, on) == cost
 
 
 @pytest.mark.parametrize("strategy", [{}, {"tp": 8, "num_gpus": 16},

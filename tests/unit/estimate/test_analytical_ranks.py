@@ -1,6 +1,6 @@
 """The closed-form engines where the cluster's ranks differ (cost/rank_classes.py): every collective waits for its
 slowest member, so each device class is a pipeline column at its stages' slowest kind of rank, and the iteration
-is the slowest column's (analytical); seed 001's T_comp is the slowest subgraph's, on its rank (precision-aware);
+is the slowest column's (analytical); precision-aware's T_comp is the slowest subgraph's, on its rank;
 the search's grid engine leaves such clusters to the plain engine."""
 
 import dataclasses

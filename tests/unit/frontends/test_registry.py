@@ -100,6 +100,23 @@ def test_trace_refuses_another_run() -> None:
         frontend.model_spec(str(FIXTURES / "missing"))
 
 
+def test_trace_refuses_tp_naming_the_module_paths_it_lacks() -> None:
+    """The execution trace holds each op's tensor shapes (a GEMM's weight dims among them), not the module paths
+    a tree's splits address: tp is refused in one line saying so, wherever the job comes from."""
+    frontend = FRONTENDS.get("trace")
+    spec = frontend.model_spec(str(FIXTURES))
+    graph = frontend.inspect(str(FIXTURES), 64, 1, "fp32")
+    assert {op.module_path.split(".")[0] for layer in graph.layers for op in layer.fwd} == {"trace"}
+    assert len(graph.layers) == 1 and any(op.kind == "matmul" and len(op.shape) == 4 for op in graph.layers[0].fwd)
+    cluster = load_cluster("local-cpu").with_num_gpus(2)
+    for make in (lambda: _job(spec, 2, tp=2, micro_batch=64),  # make_job: the spec says why
+                 lambda: frontend.graph(str(FIXTURES), Job(spec, cluster, ParallelSpec(tp=2, dp=1, micro_batch=64)))):
+        with pytest.raises(ConfigError) as info:
+            make()
+        message = str(info.value)
+        assert message.startswith("tp=2 is invalid") and "records no module paths" in message and "\n" not in message
+
+
 # ---- jax --------------------------------------------------------------------------------------------------------
 def test_jax_graph_of_a_factory() -> None:
     pytest.importorskip("jax")
@@ -117,8 +134,25 @@ def test_jax_refuses_a_split_and_a_bad_source() -> None:
         frontend.model_spec("no_colon_here")
     spec = frontend.model_spec(JAX_FACTORY)
     cluster = load_cluster("local-cpu").with_num_gpus(2)
-    with pytest.raises(ConfigError, match="tp=2"):  # make_job lets only dp and pp through; a Job made by hand
-        frontend.graph(JAX_FACTORY, Job(spec, cluster, ParallelSpec(tp=2, dp=1)))
+    for field, strategy in (("cp=2", {"cp": 2}), ("ep=2", {"ep": 2})):  # make_job refuses them; a Job by hand
+        with pytest.raises(ConfigError, match=field):
+            frontend.graph(JAX_FACTORY, Job(spec, cluster, ParallelSpec.model_validate({"dp": 1, **strategy})))
+    with pytest.raises(ConfigError, match="sp=True"):
+        frontend.graph(JAX_FACTORY, Job(spec, cluster, ParallelSpec(tp=2, sp=True, dp=1)))
+    with pytest.raises(ConfigError, match="cp=2"):
+        _job(spec, 2, cp=2)
+
+
+def test_an_opaque_model_takes_tp_for_a_tree_to_split() -> None:
+    """make_job lets tp through for an opaque model (a captured graph: a strategy tree's configs split its ops,
+    compile.shape_front_end); the JAX graph at tp 2 is the whole step, tagged for that pass."""
+    pytest.importorskip("jax")
+    pytest.importorskip("networkx")
+    frontend = FRONTENDS.get("jax")
+    spec = frontend.model_spec(JAX_FACTORY)
+    whole = frontend.graph(JAX_FACTORY, _job(spec, micro_batch=2, seq_len=16))
+    split = frontend.graph(JAX_FACTORY, _job(spec, 2, tp=2, micro_batch=2, seq_len=16))
+    assert split.frontend == whole.frontend == "jax" and split.total_flops("fwd") == whole.total_flops("fwd")
 
 
 # ---- torch ------------------------------------------------------------------------------------------------------
@@ -161,8 +195,7 @@ def test_torch_fused_graph_keeps_flops_and_fuses_projections(tmp_path: Path) -> 
     assert block.count == 2 and graph.param_count() == catalog.param_count()
 
 
-@pytest.mark.parametrize(("strategy", "field"), [({"tp": 2, "sp": True}, "sp=True"), ({"cp": 2}, "cp=2"),
-                                                  ({"attention": "math"}, "attention='math'")])
+@pytest.mark.parametrize(("strategy", "field"), [({"attention": "math"}, "attention='math'")])
 def test_torch_refuses_what_it_cannot_split(tmp_path: Path, strategy: dict[str, object], field: str) -> None:
     path = str(_config(tmp_path, TINY_LLAMA))
     spec = FRONTENDS.get("torch").model_spec(path)
@@ -180,6 +213,11 @@ def test_torch_graph_at_tp_2_is_the_whole_model(tmp_path: Path) -> None:
     whole = frontend.graph(path, _job(spec, 1, seq_len=64))
     split = frontend.graph(path, _job(spec, 2, seq_len=64, tp=2))
     assert split.frontend == "torch" and split.total_flops("fwd") == whole.total_flops("fwd")
+    # sequence and context parallelism are shaped by the compiler too (compile.front_end_sequence,
+    # compile.front_end_context): the same graph
+    for strategy in ({"tp": 2, "sp": True}, {"cp": 2}):
+        assert frontend.graph(path, _job(spec, 2, seq_len=64, **strategy)).total_flops("fwd") == whole.total_flops(
+            "fwd")
 
 
 def test_torch_refuses_a_cnn() -> None:
@@ -219,7 +257,7 @@ def test_torch_factory_modules(tmp_path: Path) -> None:
     source.write_text(FACTORY + f"\nCONFIG = {config!r}\n")
     frontend = FRONTENDS.get("torch")
     mlp = frontend.model_spec(f"{source}:make")
-    assert isinstance(mlp, OpaqueSpec) and mlp.name == "make"  # no config: opaque, dp and pp only
+    assert isinstance(mlp, OpaqueSpec) and mlp.name == "make"  # no config: opaque (dp, pp; tp by a tree)
     graph = frontend.graph(f"{source}:make", _job(mlp, micro_batch=4, seq_len=8))
     assert graph.param_count() == 3 * (32 * 32 + 32) and graph.total_flops("fwd") >= 3 * 2.0 * 32 * 32 * 32
     llama = frontend.model_spec(f"{source}:make_llama")

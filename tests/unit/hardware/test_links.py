@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import a100_cluster
+from conftest import a100_cluster, link_shares_by_rank
 from trainsim.catalog import load_cluster
 from trainsim.errors import ConfigError
 from trainsim.hardware.cluster import ClusterSpec
@@ -16,7 +16,6 @@ from trainsim.hardware.links import (
     link_capacity,
     link_name,
     link_runs,
-    link_uses,
     nic_rails,
     physical_links,
     shared_groups,
@@ -106,16 +105,23 @@ def test_ranks_outside_the_cluster_are_refused() -> None:
     assert exc.value.field == "group"
 
 
+def _uses(blocks: list[tuple[int, int]], levels: tuple[str, ...], direction: str,
+          cluster: ClusterSpec) -> dict[str, int]:
+    """link_runs at each level, link by link (link_name): per link the shares the transfer takes."""
+    return {link_name(level, link, direction, cluster): shares for level in levels
+            for first, end, shares in link_runs(blocks, level, direction, cluster) for link in range(first, end)}
+
+
 def test_a_transfer_takes_one_share_per_rank_behind_each_link_it_crosses() -> None:
     """Ranks 4-11 on nodes of 8 GPUs behind one NIC: 4 behind node 0's NIC and 4 behind node 1's; with one node per
     leaf and oversubscribed up-links, the same shares of each leaf's up-links (capacity: the leaf's 8 GPUs)."""
     cluster = _one_nic_nodes(16).model_copy(update={"nodes_per_leaf": 1, "leaf_oversubscription": 2.0})
-    assert link_uses([(4, 8)], ("nic", "uplink"), "tx", cluster) == {
+    assert _uses([(4, 8)], (NIC, UPLINK), "tx", cluster) == {
         "node0.nic.tx": 4, "leaf0.uplink.tx": 4, "node1.nic.tx": 4, "leaf1.uplink.tx": 4}
     assert link_capacity("leaf1.uplink.tx", cluster) == link_capacity("node1.nic.tx", cluster) == 8.0
-    assert link_uses([(4, 8)], ("fabric",), "rx", cluster) == {}  # NVSwitch ports are each GPU's own
+    assert _uses([(4, 8)], (FABRIC,), "rx", cluster) == {}  # NVSwitch ports are each GPU's own
     non_blocking = cluster.model_copy(update={"leaf_oversubscription": 1.0})
-    assert link_uses([(4, 8)], ("uplink",), "tx", non_blocking) == {}
+    assert _uses([(4, 8)], (UPLINK,), "tx", non_blocking) == {}
 
 
 def test_a_transfer_takes_one_share_of_each_rank_s_own_rail() -> None:
@@ -123,12 +129,12 @@ def test_a_transfer_takes_one_share_of_each_rank_s_own_rail() -> None:
     each a rail of one GPU; on DGX-1 nodes (4 NICs, one per pair of GPUs) two shares of node 0's NICs 2 and 3 and
     of node 1's 0 and 1, each a rail of two."""
     cluster = a100_cluster(16)
-    assert link_uses([(4, 8)], ("nic",), "tx", cluster) == {
+    assert _uses([(4, 8)], (NIC,), "tx", cluster) == {
         **{f"node0.nic{rail}.tx": 1 for rail in range(4, 8)}, **{f"node1.nic{rail}.tx": 1 for rail in range(4)}}
     assert link_capacity("node1.nic0.tx", cluster) == 1.0
     dgx1 = load_cluster("dgx1-v100").with_num_gpus(16)
     assert nic_rails(dgx1) == 4
-    assert link_uses([(4, 8)], ("nic",), "rx", dgx1) == {"node0.nic2.rx": 2, "node0.nic3.rx": 2, "node1.nic0.rx": 2,
+    assert _uses([(4, 8)], (NIC,), "rx", dgx1) == {"node0.nic2.rx": 2, "node0.nic3.rx": 2, "node1.nic0.rx": 2,
                                                          "node1.nic1.rx": 2}
     assert link_capacity("node0.nic2.rx", dgx1) == 2.0
     # NICs that do not divide the node's GPUs stay one pool; more NICs than GPUs: a rail per GPU
@@ -139,7 +145,7 @@ def test_a_transfer_takes_one_share_of_each_rank_s_own_rail() -> None:
 def test_a_leaf_of_several_nodes_holds_their_gpus_and_the_last_leaf_what_is_left() -> None:
     cluster = a100_cluster(40).model_copy(update={"nodes_per_leaf": 2, "leaf_oversubscription": 3.0})
     assert [link_capacity(f"leaf{leaf}.uplink.rx", cluster) for leaf in range(3)] == [16.0, 16.0, 8.0]
-    assert link_uses([(0, 2), (30, 10)], ("uplink",), "rx", cluster) == {"leaf0.uplink.rx": 2, "leaf1.uplink.rx": 2,
+    assert _uses([(0, 2), (30, 10)], (UPLINK,), "rx", cluster) == {"leaf0.uplink.rx": 2, "leaf1.uplink.rx": 2,
                                                                          "leaf2.uplink.rx": 8}
 
 
@@ -167,10 +173,10 @@ def test_link_runs_count_a_run_s_whole_links_at_once() -> None:
 @given(cluster=st.sampled_from(_link_clusters()), level=st.sampled_from([NIC, UPLINK, FABRIC]),
        starts=st.lists(st.tuples(st.integers(0, 30), st.integers(1, 30)), min_size=1, max_size=5),
        shuffle=st.booleans())
-def test_link_runs_name_what_link_uses_names_in_its_order(cluster: ClusterSpec, level: str,
+def test_link_runs_name_what_the_ranks_cross_in_their_order(cluster: ClusterSpec, level: str,
                                                            starts: list[tuple[int, int]], shuffle: bool) -> None:
-    """Differential: link_runs expanded link by link is link_uses, names, shares and order, for runs of ranks in
-    order (with gaps, or touching inside one link) and out of order."""
+    """Differential: link_runs expanded link by link is the rank-by-rank reference, names, shares and order, for
+    runs of ranks in order (with gaps, or touching inside one link) and out of order."""
     blocks, rank = [], 0
     for gap, count in starts:
         blocks.append((rank + gap, count))
@@ -178,4 +184,4 @@ def test_link_runs_name_what_link_uses_names_in_its_order(cluster: ClusterSpec, 
     blocks = blocks[::-1] if shuffle else blocks
     expanded = [(link_name(level, link, "tx", cluster), shares)
                 for first, end, shares in link_runs(blocks, level, "tx", cluster) for link in range(first, end)]
-    assert expanded == list(link_uses(blocks, (level,), "tx", cluster).items())
+    assert expanded == list(link_shares_by_rank(blocks, level, "tx", cluster).items())

@@ -20,6 +20,7 @@ from trainsim.measure.launch import (
     MeasureFailedError,
     UnsupportedJobError,
     check_supported,
+    free_port,
     launch,
     make_spec,
 )
@@ -280,21 +281,15 @@ def test_a_failing_rank_fails_the_run_within_the_timeout(fault: str, tmp_path: P
 def test_worker_runs_under_torchrun_environment(tmp_path: Path) -> None:
     """What torchrun does: set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and start the worker module."""
     pytest.importorskip("torch")
-    import socket
     import subprocess
     import sys
-
-    def _free_port() -> int:  # NB: as torchrun's caller would pick one (racy, which launch.py no longer is)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return int(s.getsockname()[1])
 
     (tmp_path / "model.yaml").write_text(json.dumps(MEASURED_GPT))
     job_file = tmp_path / "job.yaml"
     job_file.write_text(json.dumps({"model": str(tmp_path / "model.yaml"), "cluster": "local-cpu",
                                     "num_gpus": 1, "seq_len": 32, "micro_batch": 2, "precision": "amp-bf16"}))
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(_free_port())}
+           "MASTER_PORT": str(free_port())}  # NB: as torchrun's caller would pick one (racy)
     env.pop(FAULT_ENV, None)
     out = tmp_path / "out"
     subprocess.run([sys.executable, "-m", "trainsim.measure.worker", "--job", str(job_file), "--out", str(out),

@@ -1,6 +1,6 @@
 """The JAX front-end: a JAX function (a training step) -> jaxpr -> a DAG of equations -> OpGraph.
 
-Follows the DAG construction of PredTOP (../shared/seeds/000_e0386a888de0bcc5.txt, sec. IV-B): a node per
+Follows the DAG construction of PredTOP (sec. IV-B): a node per
 jaxpr equation carrying its output shape and dtype, plus input, literal and output nodes (Table I's node types);
 an edge per data dependency. Call-like equations (jit/pjit, custom_jvp_call, custom_vjp_call, remat/checkpoint,
 closed_call) are inlined: their sub-jaxpr's equations become nodes. Control flow (scan, while, cond) stays one
@@ -19,6 +19,7 @@ learned predictor consumes (op type, output shape, dtype, FLOPs, depth).
 jax and networkx are imported here, never at trainsim import time (pip install jax jaxlib networkx).
 """
 
+import dataclasses
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -358,26 +359,80 @@ def graph_from_jax(fn: Callable[..., Any], *example_args: Any, name: str | None 
     unscoped equations form the layer "jaxpr". A layer's parameters are the elements of the parameter inputs
     (param_argnums) its forward ops consume first. micro_batch and seq_len default to the first two dimensions
     of the first array of args[batch_argnum].
+
+    The graph is one device's whole step (OpGraph.frontend "jax"), split over tp by a strategy tree's configs
+    on its ops (compile.shape_front_end), addressed by module path. For that, each forward op carries its data
+    dependencies (Op.inputs: the layer's forward ops whose output it reads, -1 for the layer's input, an earlier
+    layer's output or a non-parameter argument; parameters and constants left out) and the activation bytes it
+    keeps for the backward pass (Op.saved_bytes: each forward output a backward op reads, counted with its first
+    forward reader in the layer, else with its writer); a layer names the op writing what a later layer reads
+    (Layer.hands_on).
     """
     dag = dag_from_jax(fn, *example_args, prune=prune, param_argnums=param_argnums)
     mb, seq = _batch_dims(example_args, batch_argnum, micro_batch, seq_len)
     g = dag.graph
     order: list[str] = []
-    ops: dict[str, list[Op]] = {}
+    nodes: dict[str, list[int]] = {}
     for nid in dag.operators():
-        d = g.nodes[nid]
-        layer = _layer_of(d["module_path"])
-        if layer not in ops:
+        layer = _layer_of(g.nodes[nid]["module_path"])
+        if layer not in nodes:
             order.append(layer)
-            ops[layer] = []
-        ops[layer].append(_ir_op(d))
+            nodes[layer] = []
+        nodes[layer].append(nid)
     params = _params_by_layer(dag, order)
-    layers = tuple(Layer(layer, "block", 1, tuple(o for o in ops[layer] if o.phase == "fwd"),
-                         tuple(o for o in ops[layer] if o.phase == "bwd"), (), params.get(layer, 0.0),
-                         params.get(layer, 0.0), _saved_bytes(dag, layer))
-                   for layer in order)
+    layers = tuple(_layer(dag, layer, nodes[layer], params.get(layer, 0.0)) for layer in order)
     label = name or getattr(fn, "__name__", "jax")
-    return OpGraph(label, layers, mb * seq, mb)
+    return OpGraph(label, layers, mb * seq, mb, frontend="jax")
+
+
+def _layer(dag: JaxDag, name: str, nids: list[int], params: float) -> Layer:
+    """One layer: its forward ops with their data dependencies and saved bytes, its backward ops."""
+    g = dag.graph
+    fwd = [nid for nid in nids if g.nodes[nid]["phase"] == "fwd"]
+    position = {nid: index for index, nid in enumerate(fwd)}
+    params_in = set(dag.param_nodes)
+    saved = _saved_by_reader(dag, fwd, position)
+    ops: list[Op] = []
+    for nid in fwd:
+        inputs = tuple(dict.fromkeys(position.get(p, -1) for p in _activation_inputs(g, nid, params_in)))
+        ops.append(dataclasses.replace(_ir_op(g.nodes[nid]), inputs=inputs, saved_bytes=saved.get(nid, 0.0)))
+    readers_later = [nid for nid in fwd if any(
+        g.nodes[s]["node_type"] == "operator" and g.nodes[s]["phase"] == "fwd" and s not in position
+        for s in g.successors(nid))]
+    hands_on = position[readers_later[-1]] if readers_later else None
+    bwd = tuple(_ir_op(g.nodes[nid]) for nid in nids if g.nodes[nid]["phase"] == "bwd")
+    return Layer(name, "block", 1, tuple(ops), bwd, (), params, params, {"none": sum(saved.values())},
+                 hands_on=hands_on)
+
+
+def _activation_inputs(g: nx.DiGraph, nid: int, params: set[int]) -> list[int]:
+    """The predecessors of an operator that carry activations: operators, and inputs that are not parameters
+    (literals and constants left out), in argument order."""
+    out: list[int] = []
+    for p in g.predecessors(nid):
+        data = g.nodes[p]
+        if data["node_type"] == "operator" or (data["node_type"] == "input" and data["op"] == "input"
+                                               and p not in params):
+            out.append(p)
+    return out
+
+
+def _saved_by_reader(dag: JaxDag, fwd: list[int], position: dict[int, int]) -> dict[int, float]:
+    """{forward op: bytes it keeps for the backward pass}: each of the layer's forward outputs that a backward
+    op reads, with the first forward op of the layer that reads it (as the torch front-end counts a saved tensor
+    with its reader), else with its writer. NB: the jaxpr fixes what autodiff saves, so only the "none" (no
+    recompute) entry is known."""
+    g = dag.graph
+    out: dict[int, float] = {}
+    for nid in fwd:
+        d = g.nodes[nid]
+        if not any(g.nodes[s]["node_type"] == "operator" and g.nodes[s]["phase"] == "bwd" for s in g.successors(nid)):
+            continue
+        size = float(sum(prod(s) * _itemsize(t) for s, t in zip(d["shapes"], d["dtypes"], strict=True)))
+        readers = sorted(position[s] for s in g.successors(nid) if s in position)
+        owner = fwd[readers[0]] if readers else nid
+        out[owner] = out.get(owner, 0.0) + size
+    return out
 
 
 def _layer_of(path: str) -> str:
@@ -404,20 +459,6 @@ def _params_by_layer(dag: JaxDag, order: list[str]) -> dict[str, float]:
         layer = _layer_of(g.nodes[consumers[0]]["module_path"]) if consumers else (order[0] if order else "jaxpr")
         out[layer] = out.get(layer, 0.0) + float(prod(g.nodes[nid]["shape"]))
     return out
-
-
-def _saved_bytes(dag: JaxDag, layer: str) -> dict[str, float]:
-    """Activations kept for the backward pass: forward outputs of the layer that a backward op reads.
-    NB: the jaxpr fixes what autodiff saves, so only the "none" (no recompute) entry is known."""
-    g = dag.graph
-    saved = 0.0
-    for nid in dag.operators():
-        d = g.nodes[nid]
-        if d["phase"] != "fwd" or _layer_of(d["module_path"]) != layer:
-            continue
-        if any(g.nodes[s]["node_type"] == "operator" and g.nodes[s]["phase"] == "bwd" for s in g.successors(nid)):
-            saved += float(sum(prod(s) * _itemsize(t) for s, t in zip(d["shapes"], d["dtypes"], strict=True)))
-    return {"none": saved}
 
 
 def _itemsize(dtype: str) -> int:

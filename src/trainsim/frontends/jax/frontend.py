@@ -1,8 +1,10 @@
 """The jax front-end as a pipeline peer: FILE.py:factory or module:factory, called as
 factory(micro_batch=..., seq_len=..., precision=...) and returning (train_step_fn, example_args).
 
-The jaxpr is the whole step of one device: no split is applied to it, so the front-end refuses tp, sp, cp and ep
-other than their defaults. The model description is opaque (frontends.opaque): the jaxpr carries no spec."""
+The jaxpr is the whole step of one device (OpGraph.frontend "jax"): tensor parallelism takes a strategy tree's
+configs over tp on its ops, addressed by their name-stack paths (compile.shape_front_end; tp > 1 without one is
+refused there); sp, cp and ep are refused, naming the field. The model description is opaque (frontends.opaque):
+the jaxpr carries no spec."""
 
 from typing import Any
 
@@ -18,12 +20,15 @@ from trainsim.strategy.precision import Precision
 PIP = "pip install 'trainsim[jax]'"
 
 
-def refuse_model_parallelism(par: ParallelSpec, frontend: str) -> None:
-    """tp, sp, cp and ep split a model the front-end cannot split: refuse them, naming the field."""
-    for field, value, default in (("tp", par.tp, 1), ("sp", par.sp, False), ("cp", par.cp, 1), ("ep", par.ep, 1)):
+def refuse_model_parallelism(par: ParallelSpec, frontend: str, *, tree_tp: bool = False) -> None:
+    """tp, sp, cp and ep split a model the front-end cannot split: refuse them, naming the field. tree_tp: tp is
+    taken (a strategy tree's configs over tp split the captured ops, compile.shape_front_end)."""
+    checks = (("tp", par.tp, 1), ("sp", par.sp, False), ("cp", par.cp, 1), ("ep", par.ep, 1))
+    for field, value, default in checks[1:] if tree_tp else checks:
         if value != default:
+            also = "; tp applies through a strategy tree's splits" if tree_tp else ""
             raise ConfigError(field, value, f"the {frontend} front-end cannot split the model; use {field}="
-                              f"{default} (dp and pp apply)")
+                              f"{default} (dp and pp apply{also})")
 
 
 class JaxFrontend:
@@ -37,11 +42,11 @@ class JaxFrontend:
         location, _, attr = source.rpartition(":")
         if not location or not attr:
             raise ConfigError("model", source, "the jax front-end takes path/to/file.py:factory or module:factory")
-        return opaque_spec(attr, "jax train step")
+        return opaque_spec(attr, "jax train step", split_by_tree=True)
 
     def graph(self, source: str, job: Job) -> OpGraph:
         par = job.parallel
-        refuse_model_parallelism(par, self.name)
+        refuse_model_parallelism(par, self.name, tree_tp=True)
         try:
             from trainsim.frontends.jax.capture import graph_from_jax_target
         except ModuleNotFoundError as exc:

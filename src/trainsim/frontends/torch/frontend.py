@@ -6,12 +6,13 @@
   returns an nn.Module taking input_ids and labels of (micro_batch, seq_len), or (module, example_inputs).
 
 model_spec: the TransformerSpec of the Hugging Face config (catalog.hf_config), for a factory that of its
-module's `config`; a module without one is opaque (frontends.opaque: dp and pp only).
+module's `config`; a module without one is opaque (frontends.opaque: dp, pp, and tp by a tree).
 graph: the traced step, lowered to the kernels a fused training stack runs (torch.fuse). The trace is one
 device's whole model (OpGraph.frontend "torch"): tensor parallelism takes a strategy tree's configs over tp on its
-ops, addressed by module path (compile.shape_front_end: tp > 1 without one is refused there); sequence, context
-and expert parallelism and the unfused "math" attention are refused, naming the field (the trace runs one
-device's whole sequence through SDPA); dp, pp, ZeRO and recompute are priced on the traced graph as the catalog's
+ops, addressed by module path (compile.shape_front_end: tp > 1 without one is refused there), and sequence
+parallelism splits the hidden state between them by sequence (compile.front_end_sequence); context and expert
+parallelism and the unfused "math" attention are refused, naming the field (the trace runs one device's whole
+sequence through SDPA); dp, pp, ZeRO and recompute are priced on the traced graph as the catalog's
 are.
 """
 
@@ -52,7 +53,7 @@ class TorchFrontend:
             config = _module_config(_build_module(source, micro_batch=1, seq_len=1, precision="fp32"))
             attr = source.rpartition(":")[2]
             if config is None:
-                return opaque_spec(attr, "nn.Module factory")
+                return opaque_spec(attr, "nn.Module factory", split_by_tree=True)
             return model_from_hf_config(config, name=str(config.get("_name_or_path") or attr), where=source)
         spec = load_model(resolve_source(source))
         if not isinstance(spec, TransformerSpec):
@@ -73,16 +74,11 @@ class TorchFrontend:
 
 
 def _check_strategy(dev: DeviceSlice) -> None:
-    if dev.cp != 1:
-        raise ConfigError("cp", dev.cp, "the torch front-end traces the whole sequence on a device; use cp=1")
     if dev.ep != 1:
         raise ConfigError("ep", dev.ep, "the torch front-end maps dense transformers only; use ep=1")
     if not dev.fused_attention:
         raise ConfigError("attention", dev.attention, "the torch front-end traces fused SDPA attention; "
                           "choose flash2 or flash3")
-    if dev.sp:
-        raise ConfigError("sp", True, "the torch front-end's graph hands on the whole hidden state between layers; "
-                          "split ops by seq over tp in a strategy tree instead of --sp")
 
 
 def _trace(source: str, job: Job, dev: DeviceSlice) -> OpGraph:

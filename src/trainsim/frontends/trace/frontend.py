@@ -4,8 +4,9 @@ per rank, *.et.json[.gz], each with its <stem>.kineto.json[.gz] for measured dur
 graph(): the lowest rank's OpGraph (to_op_graph) with `measured` set: every rank lowered to one ExecGraph with
 the measured durations, steps and start offsets (measured.py), what trace replay reads. A trace is the run it
 recorded: the job must ask for that run (as many ranks as were traced, the traced micro-batch, no model
-split); another strategy is refused, naming the field. The model description is opaque (frontends.opaque),
-with the parameter count the trace shows."""
+split); another strategy is refused, naming the field. tp is refused for what the trace lacks (NO_MODULE_PATHS):
+it holds each op's tensor shapes and ids, not the module paths a strategy tree's splits address. The model
+description is opaque (frontends.opaque), with the parameter count the trace shows."""
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,13 @@ from trainsim.strategy.precision import Precision
 
 if TYPE_CHECKING:
     from trainsim.frontends.trace.rank_trace import RankTrace
+
+# What a strategy tree's splits over tp need that an execution trace lacks (compile.shape_front_end shapes ops by
+# kind and dims, which the trace has: every GEMM's operand shapes, and tensor ids to follow data dependencies).
+# NB: torch.profiler.ExecutionTraceObserver records aten ops and record_function scopes, no nn.Module hierarchy.
+NO_MODULE_PATHS = ("the trace front-end cannot split the traced run: its execution trace records no module paths "
+                   "(each op is trace.<node id>, one layer) for a tree's tp splits to address; trace the run at "
+                   "that tp")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +76,8 @@ class TraceFrontend:
         return traced
 
     def model_spec(self, source: str) -> ModelSpec:
-        return opaque_spec(Path(source).name, "execution trace", self.traced(source).first_graph.param_count())
+        return opaque_spec(Path(source).name, "execution trace", self.traced(source).first_graph.param_count(),
+                           no_tp_reason=NO_MODULE_PATHS)
 
     def job_defaults(self, source: str) -> dict[str, Any]:
         """The traced run: its ranks and its micro-batch."""
@@ -87,6 +96,8 @@ class TraceFrontend:
 
         traced = self.traced(source)
         par = job.parallel
+        if par.tp != 1:
+            raise ConfigError("tp", par.tp, NO_MODULE_PATHS)
         refuse_model_parallelism(par, self.name)
         graph, world = traced.first_graph, traced.world
         if job.num_gpus != world:

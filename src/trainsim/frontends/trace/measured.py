@@ -1,7 +1,7 @@
 """What a traced run measured, as the OpGraph's MeasuredTrace: the per-rank execution traces (with their Kineto
 traces for measured durations) lowered to one ExecGraph, with each rank's measured step and start offset.
 
-After Lin et al. (../shared/seeds/003_e7615fd9be41855d.txt): the replay keeps each rank's measured op durations
+After Lin et al.'s multi-GPU model: the replay keeps each rank's measured op durations
 and program order. start_offsets="measured" starts each rank where its step started relative to the earliest
 rank (the skew the trace shows); "zero" starts all ranks together.
 """

@@ -1,5 +1,5 @@
 """Lower per-rank execution traces to an ExecGraph for the trace-replay rung (L3), after Lin et al.
-(../shared/seeds/003_e7615fd9be41855d.txt): measured per-rank op durations, intra-rank program order,
+("Towards Performance Modeling of Multi-GPU Training"): measured per-rank op durations, intra-rank program order,
 inter-rank synchronisation at collectives.
 
 One simulated device per rank. Per rank, in program order:
@@ -25,6 +25,7 @@ One simulated device per rank. Per rank, in program order:
   which keeps the skew the trace shows; "zero" starts every rank together.
 """
 
+import bisect
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -75,6 +76,7 @@ class _RankLowering:
         self.cursor = -1  # the last task on the compute stream (program order)
         self.comm_writer: dict[int, int] = {}  # storage id -> the comm task that last wrote it
         self.comm_end: dict[int, float] = {}  # comm tid -> measured end on this rank (Kineto clock)
+        self.ends_sorted: list[tuple[float, int]] = []  # (end, comm tid) of comm_end, ascending: blocked() bisects
         self.comms: list[int] = []
 
     def lower(self, offset_s: float) -> None:
@@ -85,8 +87,7 @@ class _RankLowering:
         for op in self.trace.top_level():
             waits = self._waits(op)
             if self.blocking_waits and op.measured and not math.isnan(prev_end):
-                blocked = {t for t, end in self.comm_end.items() if prev_end < end <= op.start_s}
-                waits = tuple(sorted({*waits, *blocked}))
+                waits = tuple(sorted({*waits, *self.blocked(prev_end, op.start_s)}))
             if op.measured and not math.isnan(prev_end):
                 ready = max([prev_end, *(self.comm_end.get(t, -math.inf) for t in waits)])
                 gap = op.start_s - ready
@@ -102,6 +103,13 @@ class _RankLowering:
             if end - ready > 0.0:
                 self._chain(f"r{self.trace.rank}:step tail", end - ready, "overhead", "optimizer",
                             tuple(self.comms))
+
+    def blocked(self, after_s: float, until_s: float) -> list[int]:
+        """The comm tasks whose measured execution ended in (after_s, until_s]: two bisections of the ends in
+        order, O(log collectives) per op where a scan of every collective was O(collectives)."""
+        lo = bisect.bisect_right(self.ends_sorted, (after_s, math.inf))
+        hi = bisect.bisect_right(self.ends_sorted, (until_s, math.inf))
+        return [tid for _, tid in self.ends_sorted[lo:hi]]
 
     def _waits(self, op: TraceOp) -> tuple[int, ...]:
         """The comm tasks whose output this op (or any op inside it) reads."""
@@ -142,6 +150,7 @@ class _RankLowering:
         end = measured[0] + measured[1]
         if not math.isnan(end):
             self.comm_end[comm.tid] = end
+            bisect.insort(self.ends_sorted, (end, comm.tid))
         self.comms.append(comm.tid)
         for tensor in (*op.inputs, *op.outputs):
             self.comm_writer[tensor.storage_id] = comm.tid

@@ -4,6 +4,7 @@ a dense op, predicted with known kernel times; exact start and end times by hand
 barrier and to_exec_graph's blocking waits on hand-made traces."""
 
 import math
+import random
 
 import pytest
 
@@ -22,7 +23,7 @@ from trainsim.frontends.catalog.sharded_dlrm import dlrm_model, sharded_job
 from trainsim.frontends.trace.dlrm_predicted import lookup_op_seconds, piece_from_op, realign_after_barrier
 from trainsim.frontends.trace.predicted import KernelModels, deduct_profiler, predicted_trace_graph
 from trainsim.frontends.trace.rank_trace import Collective, RankTrace, TensorRef, TraceOp
-from trainsim.frontends.trace.to_exec_graph import to_exec_graph
+from trainsim.frontends.trace.to_exec_graph import _RankLowering, to_exec_graph
 from trainsim.ir.model_spec import EmbeddingTable
 
 MS = 1e-3
@@ -185,3 +186,43 @@ def test_blocking_waits_make_an_op_wait_for_a_collective_that_ended_before_it() 
         gap = next(t for t in graph.tasks if t.name == "r0:host gap before aten::detach")
         assert gap.duration_s == pytest.approx(gap_ms * MS) and (comm in gap.deps) == waits_comm
         assert iteration_s(graph) == pytest.approx(4.0 * MS)
+
+
+def _scan_blocked(self: _RankLowering, after_s: float, until_s: float) -> list[int]:
+    """The scan blocked() replaced (every collective per op), kept as the oracle."""
+    return [t for t, end in self.comm_end.items() if after_s < end <= until_s]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_blocking_waits_bisect_as_the_scan_did(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A random trace of 300 ops, a third of them asynchronous collectives whose executions end out of order,
+    on a clock of 1/1024 s steps (exact in binary, so that ends fall exactly on ops' starts and ends, the
+    interval's two edges): the same tasks, durations and dependencies as the scan over every collective gave."""
+    rng = random.Random(seed)
+    tick_s = 1.0 / 1024
+    ops: list[TraceOp] = []
+    clock = 0
+    for node in range(1, 301):
+        clock += rng.choice((0, 1, 2))
+        if rng.random() < 0.35:
+            op = _async_collective(node, "allreduce_", 0.0, 0.0, 0.0)
+            op.start_s, op.duration_s = clock * tick_s, tick_s
+            assert op.collective is not None
+            op.collective.exec_start_s = (clock + 1) * tick_s
+            op.collective.exec_duration_s = rng.randint(1, 12) * tick_s
+        else:
+            op = _op(node, "aten::mm", 0.0, 0.0, ())
+            op.start_s, op.duration_s = clock * tick_s, rng.randint(1, 3) * tick_s
+            clock += rng.randint(1, 3)
+        ops.append(op)
+    trace = RankTrace(0, "r0", {op.node_id: op for op in ops}, {}, world_size=1)
+
+    def tasks() -> list[tuple[str, float, tuple[int, ...], str]]:
+        graph = to_exec_graph([trace], start_offsets="zero", blocking_waits=True)
+        return [(t.name, t.duration_s, tuple(t.deps), t.stream) for t in graph.tasks]
+
+    bisected = tasks()
+    monkeypatch.setattr(_RankLowering, "blocked", _scan_blocked)
+    scanned = tasks()
+    assert bisected == scanned
+    assert sum(len(deps) > 1 for _, _, deps, _ in bisected) > 10  # the waits were exercised

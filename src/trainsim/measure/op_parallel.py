@@ -27,12 +27,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    PrepareModuleInput,
-    RowwiseParallel,
-    parallelize_module,
-)
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.measure.hidden_splits import (
@@ -145,9 +140,17 @@ def fused_input(module: nn.Module, mesh: DeviceMesh) -> None:
     and up), so their partial input gradients are summed first and all-reduced once, as Megatron-LM's fused
     projection does (one f, copy_to_tensor_model_parallel_region, per ColumnParallelLinear: megatron/core/
     tensor_parallel/layers.py, megatron-core 0.9.0), and as the predictor prices it; each ColwiseParallel would
-    all-reduce its own."""
-    parallelize_module(module, mesh, PrepareModuleInput(input_layouts=(Replicate(),),
-                                                        desired_input_layouts=(Replicate(),)))
+    all-reduce its own. The input is the first positional argument, or a Hugging Face module's `hidden_states`
+    keyword (torch's PrepareModuleInput, which this does, wants every input's layout)."""
+    def replicated(x: Any) -> Any:
+        return x if isinstance(x, DTensor) else DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+
+    def hook(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        if args:
+            return (replicated(args[0]), *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": replicated(kwargs["hidden_states"])}
+
+    module.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 def _row(linear: nn.Module, parent: nn.Module, name: str, meshes: Meshes, degree: int, read_from: int,

@@ -19,7 +19,8 @@ def compare(settings: dict[str, Any], styles: dict[str, str], folder: Path) -> t
     folder.mkdir(parents=True, exist_ok=True)
     spawn(_rank, args=(settings, styles, str(folder)), nprocs=settings["tp"], join=True)
     failures = [(folder / f"rank{r}.txt").read_text() for r in range(settings["tp"])]
-    return failures, json.loads((folder / "collectives.json").read_text())
+    collectives = folder / "collectives.json"
+    return failures, json.loads(collectives.read_text()) if collectives.exists() else []
 
 
 def _rank(rank: int, settings: dict[str, Any], styles: dict[str, str], folder: str) -> None:

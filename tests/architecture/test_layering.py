@@ -18,7 +18,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "trainsim"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("version",),  # the version string
     ("errors",),
-    ("units", "registry", "specbase", "collector"),
+    ("units", "registry", "specbase", "collector", "divisors"),
     ("hardware",),
     ("ir",),
     ("catalog",),

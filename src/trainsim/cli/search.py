@@ -32,12 +32,14 @@ from trainsim.strategy.precision import PRECISIONS, Precision
 
 HELP = """Search every plain strategy and rank the feasible ones by throughput (tokens/s).
 
-Tried: tp (divisors of the GPUs per node that divide num_heads), pp (divisors of num_layers), dp
-inferred (GPUs / (tp x pp)), vpp (1 with 1f1b; for pp > 1 the v <= 8 with num_layers % (pp x v) == 0, with
-interleaved-1f1b), micro-batch (divisors of global_batch / dp up to --max-micro-batch), recompute (none,
-selective, full), ZeRO 0-3, sequence parallelism (off; on when tp > 1), expert parallelism (1 for a dense
-model; for a model with experts the powers of two dividing num_experts and dp). Context parallelism stays at cp=1.
-Plans that cannot run are counted by reason; plans that do not fit in memory count as "out of memory"."""
+Tried: tp (divisors of the GPUs per node that divide num_heads), pp (divisors of num_layers; and the other
+divisors of GPUs / tp up to num_layers, split unevenly as Megatron-Core accepts: the embedding and the loss counted
+as layers, or the first and last stages' layers fixed), dp inferred (GPUs / (tp x pp)), vpp (1 with 1f1b; for
+pp > 1 the v <= 8 with num_layers % (pp x v) == 0, or with an uneven split, with interleaved-1f1b), micro-batch
+(divisors of global_batch / dp up to --max-micro-batch), recompute (none, selective, full), ZeRO 0-3, sequence
+parallelism (off; on when tp > 1), expert parallelism (1 for a dense model; for a model with experts the powers
+of two dividing num_experts and dp). Context parallelism stays at cp=1. Plans that cannot run are counted by
+reason; plans that do not fit in memory count as "out of memory"."""
 
 
 def _run(show_progress: bool, **arguments: Any) -> api.SearchResult:

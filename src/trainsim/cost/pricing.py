@@ -204,12 +204,13 @@ def _stack_content(stack: StackSpec) -> tuple[object, ...]:
 def _layout_key(job: Job) -> tuple[object, ...]:
     """The plan's groups, and the share of passes whose expert all-to-alls overlap (it reads the micro-batches)."""
     par, cluster = job.parallel, job.cluster
-    return (par.tp, par.cp, par.dp, par.ep, par.pp, cluster.gpus_per_node, cluster.num_nodes, _ep_overlap_share(job))
+    return (par.tp, par.cp, par.dp, par.ep, par.pp, cluster.gpus_per_node, cluster.num_nodes, ep_overlap_share_of(job))
 
 
-def _ep_overlap_share(job: Job) -> float:
+def ep_overlap_share_of(job: Job) -> float:
     """stack_effects.ep_overlap_share of the job (0.0 on a device whose collectives take the cores that compute)."""
     return ep_overlap_share(job.stack, job.parallel, job.cluster.device.comm_overlaps_compute)
+
 
 
 # a layer's feature communication (Pricer.layer_comm_s): per axis its exposed seconds (in the order its comms first
@@ -437,7 +438,7 @@ class Pricer:
         precision): a layer without collectives costs the same whatever the plan's pp and dp."""
         par = job.parallel
         key = (self._pin(layer), self._cluster_key(job.cluster), self._layer_groups(layer, par), par.tp,
-               self._stack_key(job.stack), par.sp, par.precision, _ep_overlap_share(job))
+               self._stack_key(job.stack), par.sp, par.precision, ep_overlap_share_of(job))
         cost = self._layer_costs.get(key)
         if cost is None:
             cost = self._layer_costs[key] = self._price_layer(layer, job)
@@ -622,7 +623,7 @@ class Pricer:
         hidden by the attention/mlp computation in the backward step, and vice versa"; stack_effects.overlapped_s);
         the unpaired passes (1 - the ep_overlap_share) stay exposed. op_sums_s: the layer's _layer_op_sums_s,
         made here where not given."""
-        share = _ep_overlap_share(job)
+        share = ep_overlap_share_of(job)
         if share <= 0.0:
             return (1.0, 1.0)
         ep_fwd = sum(seconds for c, seconds in priced if c.axis == "ep" and c.phase == "fwd")
@@ -1001,24 +1002,23 @@ class Pricer:
         gradient group, cluster, stack, ZeRO 0 or not, precision): what the queues read."""
         par = job.parallel
         layers = tuple([(part.layer.param_count, part.count) for part in stage])
-        experts = _expert_parts(stage, par)
+        experts = expert_parts(stage, par)
         key = ("queues", layers, axis_group("grad", par), self._cluster_key(job.cluster), self._stack_key(job.stack),
                par.zero > 0, par.precision) + ((experts, par.tp, par.sp, par.ep) if experts else ())
         queues = self._grad_queues.get(key)
         if queues is None:
-            queues = self._grad_queues[key] = self._gradient_queues(layers, job) if not experts else \
-                self._grouped_gradient_queues(layers, experts, job)
+            queues = self._grad_queues[key] = self._gradient_queues(layers, job, experts)
         return queues
 
-    def _grouped_gradient_queues(self, layers: tuple[tuple[float, float], ...],
-                                 experts: tuple[tuple[float, int], ...], job: Job) -> "GradientQueues":
-        """gradient_queues of a stage whose MoE experts sum their gradient over their expert data-parallel group
-        (strategy.expert_groups): as the simulator's buckets (compile/insert_collectives.py), each group fills
-        buckets of its own (Megatron-Core's expert parameter buffers: megatron/core/distributed/
+    def _grouped_runs_s(self, layers: tuple[tuple[float, float], ...], experts: tuple[tuple[float, int], ...],
+                        job: Job) -> tuple[list[tuple[float, int]], list[tuple[float, int]]]:
+        """new_gradient_runs_s of a stage whose MoE experts sum their gradient over their expert data-parallel
+        group (strategy.expert_groups): as the simulator's buckets (compile/insert_collectives.py), each group
+        fills buckets of its own (Megatron-Core's expert parameter buffers: megatron/core/distributed/
         distributed_data_parallel.py, megatron-core 0.16.1), whole layers in the order the gradients become
         final, a bucket sent once it holds grad_bucket_params or at its group's last layer; one queue of them
         in closing order (the data-parallel group's first where both close at one layer). experts: per layer of
-        `layers`, its experts' parameters and tp degree ((0.0, 0) for none)."""
+        `layers`, its experts' parameters and tp degree ((0.0, 0) for none: expert_parts)."""
         par = job.parallel
         policy = self.policy(par.precision)
         backward = _grouped_buckets(layers[::-1], experts[::-1], job.stack.grad_bucket_params, par)
@@ -1030,8 +1030,7 @@ class Pricer:
             gather = self._grouped_seconds("all-gather", policy.weight_bytes, forward, job)[::-1]
         elif par.zero > 0:
             gather = self._grouped_seconds("all-gather", policy.weight_bytes, backward, job)
-        return GradientQueues(bucket_queue(reduce), bucket_queue(gather), self.overlaps("grad_reduce_overlap", job),
-                              self.overlaps("param_gather_overlap", job))
+        return reduce, gather
 
     def _grouped_seconds(self, collective: str, bytes_per_param: float, buckets: list[tuple[float, int]],
                          job: Job) -> list[tuple[float, int]]:
@@ -1039,8 +1038,7 @@ class Pricer:
         the data-parallel group's), each over its group."""
         runs: list[tuple[float, int]] = []
         for params, degree in buckets:
-            layout = self.layout("grad", job) if degree == 0 else job.cluster.ranks_layout(
-                expert_data_ranks(job.parallel, degree))
+            layout = self.layout("grad", job) if degree == 0 else self.expert_data_layout(degree, job)
             seconds = self.collective_s(collective, params * bytes_per_param, layout, job)
             if runs and runs[-1][0] == seconds:
                 runs[-1] = (seconds, runs[-1][1] + 1)
@@ -1048,12 +1046,27 @@ class Pricer:
                 runs.append((seconds, 1))
         return runs
 
-    def new_gradient_runs_s(self, layers: tuple[tuple[float, float], ...],
-                            job: Job) -> tuple[list[tuple[float, int]], list[tuple[float, int]]]:
+    def expert_data_layout(self, expert_tp: int, job: Job) -> GroupLayout:
+        """Where the ranks of the expert data-parallel group of experts split over expert_tp tp ranks sit
+        (strategy.expert_groups.expert_data_ranks), made once per (what the group reads of the plan, cluster):
+        the group lists its ranks, thousands of them at scale."""
+        par = job.parallel
+        key = ("experts", par.tp, par.cp, par.dp, par.ep, par.sp, expert_tp, self._cluster_key(job.cluster))
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = self._layouts[key] = job.cluster.ranks_layout(expert_data_ranks(par, expert_tp))
+        return layout
+
+    def new_gradient_runs_s(self, layers: tuple[tuple[float, float], ...], job: Job,
+                            experts: tuple[tuple[float, int], ...] = ()
+                            ) -> tuple[list[tuple[float, int]], list[tuple[float, int]]]:
         """The runs of buckets (seconds of one bucket, how many in a row, in sending order) of gradient_queues'
         two queues (the reduction's, the parameter gathers') of a stage whose layers' (parameters, count) are
         `layers` in the stage's order, made anew and not kept: for a caller that keeps its own table (the
-        search's grid engine, once per its key of what the queues read)."""
+        search's grid engine, once per its key of what the queues read). experts: the stage's expert_parts
+        (() where its experts, if any, reduce over the data-parallel group)."""
+        if experts:
+            return self._grouped_runs_s(layers, experts, job)
         par = job.parallel
         policy = self.policy(par.precision)
         reduce = self._bucket_seconds("all-reduce" if par.zero == 0 else "reduce-scatter", policy.grad_bytes,
@@ -1068,8 +1081,9 @@ class Pricer:
                                           job)
         return reduce, gather
 
-    def _gradient_queues(self, layers: tuple[tuple[float, float], ...], job: Job) -> "GradientQueues":
-        reduce, gather = self.new_gradient_runs_s(layers, job)
+    def _gradient_queues(self, layers: tuple[tuple[float, float], ...], job: Job,
+                         experts: tuple[tuple[float, int], ...] = ()) -> "GradientQueues":
+        reduce, gather = self.new_gradient_runs_s(layers, job, experts)
         return GradientQueues(bucket_queue(reduce), bucket_queue(gather), self.overlaps("grad_reduce_overlap", job),
                               self.overlaps("param_gather_overlap", job))
 
@@ -1337,7 +1351,7 @@ class Pricer:
         return () if uniform(classes) else stage_capacities(job, classes)
 
 
-def _expert_parts(stage: list[StagePart], par: ParallelSpec) -> tuple[tuple[float, int], ...]:
+def expert_parts(stage: Sequence[StagePart], par: ParallelSpec) -> tuple[tuple[float, int], ...]:
     """Per part of the stage, its layer's experts' parameters and tp degree where their expert data-parallel
     group is not the data-parallel group ((0.0, 0) else: strategy.expert_groups); () where no part has any."""
     parts = tuple((part.layer.experts.params, part.layer.experts.tp_degree)

@@ -227,8 +227,9 @@ def check_front_end(job: Job, tree: bool) -> None:
     """The torch front-end's model runs on the tp group alone (dp = pp = 1), fp32, without recompute, at tp 1 or
     with a tree's tp configs (measure/front_end_model.py)."""
     p = job.parallel
-    if not isinstance(job.model, TransformerSpec):
-        raise unsupported(f"--frontend torch is measured for transformers, not {job.model.name}")
+    if not isinstance(job.model, TransformerSpec) or job.model.is_moe:
+        raise unsupported(f"--frontend torch is measured for dense transformers, not {job.model.name} (the "
+                          "front-end traces an MoE with balanced routing, which a real router does not give)")
     for axis in ("dp", "pp", "cp", "ep"):
         if getattr(p, axis) > 1:
             raise unsupported(f"{axis}={getattr(p, axis)} with --frontend torch is not measured (the ranks are the "

@@ -10,8 +10,9 @@ the plans:
 - the plans' settings: read once per base from the enumeration's columns where the search hands them
   (search.space.plan_grid), else from every plan's spec;
 - every op of the plans' graphs through the roofline at once (cost.roofline_arrays), for the layer prices;
-- the even partitions once per graph shape (the layers' kinds and counts) and pp, as templates the graphs of
-  one model fill with their layers;
+- the partitions once per graph shape (the layers' kinds and counts), pp and split (even, or uneven: first/last
+  stage layers, the embedding and loss counted, a stage list, layers pp x vpp does not divide, dense blocks
+  that lead), as templates the graphs of one model fill with their layers;
 - once per distinct stage of a partition (graph, pp) under a layer context (tp, cp, ep, sp, precision),
   whatever the dp and vpp: its forward, backward, weight-gradient and feature-communication seconds, what its
   recompute would repeat, its host overhead, its parameters, saved activations and working buffers (Pricer's
@@ -19,17 +20,26 @@ the plans:
   per parameters and group, the exposure over arrays) and pipeline hop, once per vpp its pipeline sends. The
   engine keeps them for its later calls on the same cluster and stack;
 - once per (partition, recompute, ZeRO-3 or not): each stage's time, the bottleneck, the stages' sum;
-- per plan, as arrays: the stage times (recompute, ZeRO-3), the bottleneck stage, the bubble, the exposed
-  gradient reduction, the optimizer step, the iteration time, and each stage's memory under the schedule and
-  its peak (cost.memory's formulas).
+- per plan, as arrays: the stage times (recompute, ZeRO-3), the bottleneck stage, the bubble (an uneven
+  split's once per (partition, recompute, ZeRO-3, micro-batches, schedule): estimate.analytical.uneven_bubble_s,
+  with its chunks' shares of each stage's time where interleaved, Pricer.chunk_time_shares),
+  the exposed gradient reduction, the optimizer step, the iteration time, and each stage's memory under the
+  schedule and its peak (cost.memory's formulas; an uneven interleaved split's stage by stage, each with its
+  chunks' shares of its activations). At ep > 1 (or experts over fewer tp ranks than tp under sp)
+  the MoE experts' gradients reduce, and their optimizer states shard, over their own expert data-parallel
+  group (strategy.expert_groups): the gradient queues are the Pricer's grouped ones, the optimizer step and the
+  model states read each stage's experts' share (cost.memory.stage_expert_params) per combo. Where the stack
+  overlaps the expert all-to-alls, the share of passes that hide them (stack_effects.ep_overlap_share: the
+  group's micro-batches, pp, vpp; 0 under full recompute) is part of the layer context: a group has a combo
+  for its plans without full recompute and one for those with it.
 
-The plans the fast path does not cover (an uneven pipeline split, a stage list; a cluster or stack other than
-the first plan's; a cluster whose ranks differ, rank_devices or compute_slowdown, whose device classes the plain
-engine prices; a step-cost model whose host overhead reads the plan; expert parallelism above 1) go to the plain
-engine one by one, so every plan gets the figures AnalyticalEstimator.price gives it: tests/unit/search/test_grid.py
-holds them equal.
+The plans the fast path does not cover (a cluster or stack other than the first plan's; a cluster whose ranks
+differ, rank_devices or compute_slowdown, whose device classes the plain engine prices; a step-cost model whose host
+overhead reads the plan; an optimizer other than fused on a model with experts) go to the plain engine one by one,
+so every plan gets the figures AnalyticalEstimator.price gives it: tests/unit/search/test_grid.py holds them equal.
 """
 
+import dataclasses
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -42,24 +52,37 @@ from numpy.typing import NDArray
 
 from trainsim.collector import collector_paused
 from trainsim.cost.compute import RooflineCosts
-from trainsim.cost.memory import kept_bytes, loss_grad_bytes, rebuilt_bytes, saved_key
-from trainsim.cost.pricing import Partition, Pricer
+from trainsim.cost.memory import (
+    chunk_shares,
+    kept_bytes,
+    loss_grad_bytes,
+    rebuilt_bytes,
+    saved_key,
+    stage_expert_params,
+)
+from trainsim.cost.pricing import Partition, Pricer, ep_overlap_share_of, expert_parts
 from trainsim.cost.rank_classes import ranks_differ
 from trainsim.cost.roofline_arrays import op_times_s
 from trainsim.cost.stack_effects import queue_tail_s
 from trainsim.cost.step import FittedStepCosts
 from trainsim.errors import TrainsimError
-from trainsim.estimate.analytical import AnalyticalEstimator, PlanPrice
+from trainsim.estimate.analytical import AnalyticalEstimator, PlanPrice, uneven_bubble_s
 from trainsim.ir.graph import Layer, OpGraph
 from trainsim.job import Job
 from trainsim.search.space import PlanColumns
 from trainsim.strategy.parallel import Recompute
 from trainsim.strategy.precision import Precision, policy_for
-from trainsim.strategy.stages import BLOCK_KINDS, StagePart
+from trainsim.strategy.stages import BLOCK_KINDS, StagePart, in_flight_micro_batches
 
 Floats = NDArray[np.float64]
 Ints = NDArray[np.int64]
 _Runs = list[tuple[float, int]]  # runs of buckets: (seconds of one bucket, how many in a row), in sending order
+# of a stage, what its gradient queues read of its MoE experts: per part its experts' (parameters, tp degree) where
+# they reduce over a group of their own (cost.pricing.expert_parts), and the plan's (cp, ep, sp) that place it
+_StageExperts = tuple[tuple[tuple[float, int], ...], tuple[int, ...]]
+_NO_EXPERTS: _StageExperts = ((), ())
+# a stage's layers' (parameters, count), and its _StageExperts (_Shared.param_layers)
+_QueueLayers = tuple[tuple[tuple[float, float], ...], tuple[tuple[float, int], ...], tuple[int, ...]]
 # what _Batch reads of its plans: per plan its local group, per local group its key and first plan, and per plan
 # its zero, recompute code, global batch, micro-batch and sequence length
 _PlanReads = tuple[Ints, list[tuple[object, ...]], list[int], tuple[Ints, Ints, Ints, Ints, Ints]]
@@ -67,35 +90,44 @@ _PlanReads = tuple[Ints, list[tuple[object, ...]], list[int], tuple[Ints, Ints, 
 RECOMPUTE_CODES: dict[Recompute, int] = {"none": 0, "selective": 1, "full": 2}
 SCHEDULE_CODES = {"1f1b": 0, "interleaved-1f1b": 1, "gpipe": 2, "zb-h1": 3}
 OPTIMIZER_CODES = {"fused": 0, "foreach": 1, "loop": 2}
-# of a plan's ParallelSpec: what its group reads (_Batch._group) and what sends it to the plain engine (not
-# strategy.stages.is_even_split: from _SPLIT_AT on)
+# of a plan's ParallelSpec: what its group reads (_Batch._group): its settings, its split (from _SPLIT_AT on:
+# strategy.stages.is_even_split's fields) and its global batch (the micro-batches an overlapped expert all-to-all
+# reads: stack_effects.ep_overlap_share)
 _KEY_FIELDS = itemgetter("tp", "cp", "ep", "dp", "pp", "vpp", "sp", "precision", "schedule", "optimizer_impl",
                          "stage_layers", "first_stage_layers", "last_stage_layers", "embedding_in_split",
-                         "loss_in_split")
+                         "loss_in_split", "global_batch")
 _SPLIT_AT = 10
-_SLOW_GROUP = (-1, 1, 1, 1, 0, 0, 0, 1, 1)  # a group the plain engine prices (_Batch._group's combo -1)
+_SPLIT_END = _SPLIT_AT + 5
+# a group the plain engine prices (_Batch._group's combos -1)
+_SLOW_GROUP = (-1, 1, 1, 1, 0, 0, 0, 1, 1, -1)
+_FULL_COMBO = 9  # the group's setting: the combo of its plans under full recompute (_Batch._group)
 COMM_SLOTS = 4  # feature-communication axes of a stage (tp, cp, ep) and its pipeline sends
 
 
 @dataclass(frozen=True, slots=True)
 class _Template:
-    """An even partition of a graph (Pricer.partition) as positions in graph.layers: per distinct stage its parts'
+    """A partition of a graph (Pricer.partition) as positions in graph.layers: per distinct stage its parts'
     (position, count), per stage which distinct stage it is, per distinct stage its first stage."""
 
     stages: tuple[tuple[tuple[int, float], ...], ...]
     local: tuple[int, ...]
     heads: tuple[int, ...]
+    # per stage its blocks per model chunk, for an uneven split of several chunks per stage (Partition.
+    # chunk_blocks; else empty): stages of one content may hold their chunks apart
+    chunk_blocks: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class _Shape:
-    """A graph's even partition over one pp: its template's distinct stages made of the graph's layers (their
+    """A graph's partition over one pp and split: its template's distinct stages made of the graph's layers (their
     StageParts made only where a price reads a stage: _Batch._stage)."""
 
     graph: OpGraph
     template: _Template
     layout: int  # the template's number (_Shared.layouts)
     distinct: int  # the template's distinct stages
+    uneven: bool = False  # a split other than the even one (Pricer.plan_split): the uneven bubble's
+    split: tuple[int, ...] | None = None  # Pricer.plan_split's blocks per virtual stage (None: even)
 
 
 def _signature(graph: OpGraph) -> tuple[object, ...]:
@@ -107,14 +139,13 @@ def _signature(graph: OpGraph) -> tuple[object, ...]:
     return (graph.leading_dense_blocks, *[(layer.kind, layer.count) for layer in graph.layers])
 
 
-def _template(partition: Partition, graph: OpGraph) -> _Template | None:
-    """The partition as a _Template (None for one of unequal model chunks: not the even split)."""
-    if partition.chunk_blocks:
-        return None
+def _template(partition: Partition, graph: OpGraph) -> _Template:
+    """The partition as a _Template."""
     position = {id(layer): index for index, layer in enumerate(graph.layers)}
     return _Template(tuple(tuple((position[id(part.layer)], part.count) for part in partition.stages[head])
                            for head in partition.distinct),
-                     tuple(partition.distinct.index(head) for head in partition.first), partition.distinct)
+                     tuple(partition.distinct.index(head) for head in partition.first), partition.distinct,
+                     partition.chunk_blocks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +252,11 @@ class _Shared:
     row_fsdp_s: "array[float]" = field(default_factory=_floats)
     # Pricer.pipeline_chain_s (0 unless overlapped, vpp > 1)
     row_chain_s: "array[float]" = field(default_factory=_floats)
+    # of the row's MoE experts whose expert data-parallel group is not the data-parallel group (cost.memory.
+    # stage_expert_params: it reads dp): their parameters, and the sum of their parameters / their group's ranks
+    row_expert_params: "array[float]" = field(default_factory=_floats)
+    row_expert_owned: "array[float]" = field(default_factory=_floats)
+    has_experts: dict[int, bool] = field(default_factory=dict)  # id of a graph -> whether a layer has experts
     # a content: one distinct stage of a shape under one layer context but dp; a shape's contents under one
     # context are numbered in a row, from the first (block_of: (id of a kept shape, layer context) -> its first)
     block_of: dict[tuple[object, ...], int] = field(default_factory=dict)
@@ -254,18 +290,22 @@ class _Shared:
     layers_of: dict[tuple[object, ...], list[int]] = field(default_factory=dict)
     # the contents' figures (_Batch._contents), per name an array over a batch's new contents
     content_blocks: list[dict[str, Floats]] = field(default_factory=list)
-    # (id of a graph, pp) -> its even partition (_Batch._shape; None: not a template's)
-    shapes: dict[tuple[int, int], "_Shape | None"] = field(default_factory=dict)
-    # what an even partition reads of a graph (_signature) -> per pp the partition's template (None: not the
-    # even split's), and per (signature, pp, vpp) whether the plan's split is the even one (Pricer.plan_split)
+    # (id of a graph, pp, split) -> its partition (_Batch._shape; None: not a template's)
+    shapes: dict[tuple[object, ...], "_Shape | None"] = field(default_factory=dict)
+    # what a partition reads of a graph (_signature) -> per (pp, split) the partition's template (None: unequal
+    # chunks), and per (signature, pp, vpp, the plan's split settings) its split (Pricer.plan_split; None: even)
     signatures: dict[int, int] = field(default_factory=dict)  # id of a graph -> the number of its signature
     signature_numbers: dict[tuple[object, ...], int] = field(default_factory=dict)
     templates: dict[tuple[object, ...], "_Template | None"] = field(default_factory=dict)
-    even: dict[tuple[object, ...], bool] = field(default_factory=dict)
+    splits: dict[tuple[object, ...], tuple[int, ...] | None] = field(default_factory=dict)
     # a combo: a partition under one layer context: the index of its first stage row and the number of its
     # partition's template (of `layouts`: how its stages map to its distinct rows)
     combo_rows: "array[int]" = field(default_factory=_ints)
     combo_layouts: "array[int]" = field(default_factory=_ints)
+    combo_uneven: "array[int]" = field(default_factory=_ints)  # 1: its partition's split is uneven (_Shape.uneven)
+    combo_chunks: list[tuple[tuple[float, ...], ...]] = field(default_factory=list)  # Pricer.chunk_time_shares
+    combo_shapes: list[_Shape] = field(default_factory=list)
+    in_flight: dict[tuple[object, ...], float] = field(default_factory=dict)  # _Fast._in_flight
     layouts: list[_Template] = field(default_factory=list)
     layout_of: dict[int, int] = field(default_factory=dict)  # id of a kept template -> its number
     combo_of: dict[tuple[object, ...], int] = field(default_factory=dict)  # (graph, plan's layout) -> combo
@@ -274,8 +314,9 @@ class _Shared:
     group_of: dict[tuple[object, ...], int] = field(default_factory=dict)
     groups: "array[int]" = field(default_factory=_ints)
     precisions: list[Precision] = field(default_factory=list)  # the precisions of the plans, each once
-    param_layers: dict[tuple[tuple[float, float], ...], int] = field(default_factory=dict)
-    param_layer_list: list[tuple[tuple[float, float], ...]] = field(default_factory=list)  # param_layers' keys
+    # a stage's layers' (parameters, count) and what its gradient queues read of its experts (_Batch._stage_experts)
+    param_layers: dict["_QueueLayers", int] = field(default_factory=dict)
+    param_layer_list: list["_QueueLayers"] = field(default_factory=list)  # param_layers' keys
     layer_terms: dict[tuple[object, ...], "_LayerTerms"] = field(default_factory=dict)
     # per layer terms a row (_Batch._layer_terms; the batch's new rows made into the table by _Batch._terms)
     term_table: Floats = field(default_factory=lambda: np.zeros((0, _TERM_COLUMNS)))
@@ -299,8 +340,9 @@ class _Shared:
         if self.tables is None or self.tables_rows != len(self.combo_rows):
             columns = {name: np.concatenate([block[name] for block in self.content_blocks])
                        for name in self.content_blocks[0]}
-            self.tables = (_RowTable(columns, self.row_content, self.row_sends_s, self.row_fsdp_s, self.row_chain_s),
-                           _ComboTable(self.combo_rows, self.combo_layouts, self.layouts))
+            self.tables = (_RowTable(columns, self.row_content, self.row_sends_s, self.row_fsdp_s, self.row_chain_s,
+                                     self.row_expert_params, self.row_expert_owned),
+                           _ComboTable(self.combo_rows, self.combo_layouts, self.layouts, self.combo_uneven))
             self.tables_rows = len(self.combo_rows)
         return self.tables
 
@@ -372,20 +414,21 @@ class _Batch:
             known.append(number)
         self._price_ops([plans[at][1] for at in new.values()])
         for key, at in new.items():
-            groups.extend(_SLOW_GROUP if any(key[1 + _SPLIT_AT:]) else self._group(plans[at], key))
+            groups.extend(self._group(plans[at], key))
         group_of.update(zip(new, range(count, count + len(new)), strict=True))
         if self.new_rows or self.new_blocks or self.new_by_dp or self.term_rows:
             self._finish()
         local = np.array(known, dtype=np.int64)[numbers]
         # NB: one row per setting, each contiguous (the groups' settings transposed before the plans' are taken)
         columns = np.take(_int_array(groups).reshape(-1, width).T, local, axis=1)
+        zero, recompute, global_batch, micro_batch, seq_len = per_plan
+        columns[0] = np.where(recompute == RECOMPUTE_CODES["full"], columns[_FULL_COMBO], columns[0])
         fast = columns[0] >= 0
         if not fast.all():
             where = np.array(candidates, dtype=np.int64)
             slow = sorted([*slow, *where[~fast].tolist()])
             if not fast.any():
                 return None, slow
-        zero, recompute, global_batch, micro_batch, seq_len = per_plan
         m = global_batch // (columns[8] * micro_batch)
         table = np.concatenate([columns[:8], np.stack([zero, m, recompute, global_batch * seq_len])])
         index = np.arange(len(candidates)) if isinstance(candidates, range) else \
@@ -488,32 +531,83 @@ class _Batch:
 
     def _group(self, plan: tuple[Job, OpGraph], key: tuple[object, ...]) -> tuple[int, ...]:
         """The settings a new group of plans shares: its combo (-1 where the plain engine must price the plan: an
-        uneven split, a graph whose partition or prices raise, a step-cost model whose overhead reads the plan),
-        pp, vpp, dp x cp, the codes of its schedule, optimizer and precision, tp and dp. key: the plans' group key
-        (id of their graph, *_KEY_FIELDS), whose first 9 entries (graph, tp, cp, ep, dp, pp, vpp, sp, precision)
-        are what the combo reads."""
+        uneven interleaved split, a graph whose partition or prices raise, a step-cost model whose overhead reads
+        the plan), pp, vpp, dp x cp, the codes of its schedule, optimizer and precision, tp, dp, and its combo
+        under full recompute. The two combos differ where the stack overlaps the expert all-to-alls
+        (ep_comm_overlap): the share of passes that overlap (stack_effects.ep_overlap_share, of the group's
+        micro-batches, pp and vpp) is 0 under full recompute, which Megatron-Core refuses with it; it is part of
+        the layer context the layers' feature collectives are priced under. key: the plans' group key (id of
+        their graph, *_KEY_FIELDS), whose first 9 entries (graph, tp, cp, ep, dp, pp, vpp, sp, precision) and
+        split are what the combo reads."""
         _, tp, cp, ep, dp, pp, vpp, sp, precision, schedule, optimizer = key[:1 + _SPLIT_AT]
         assert isinstance(tp, int) and isinstance(cp, int) and isinstance(dp, int) and isinstance(pp, int) \
             and isinstance(vpp, int)
         job, graph = plan
-        if isinstance(ep, int) and ep > 1:
-            # NB: the arrays below read the data-parallel group alone, not the experts' own expert data-parallel
-            # group at ep > 1 (Pricer.gradient_queues' grouped buckets, optimizer_step_s and cost.memory's
-            # stage_expert_params): their gradient reduction, optimizer step and peak memory would drift from
-            # the plain engine's (~1e-4 of the iteration on tests/unit/search/test_grid.py's tiny MoE); with
-            # ep_comm_overlap the overlapped share reads the micro-batches too (stack_effects.ep_overlap_share)
-            return _SLOW_GROUP
         self.engine.pin(graph)
-        combo_key = key[:9]
-        combo = self.shared.combo_of.get(combo_key)
-        if combo is None:
-            try:
-                combo = self._new_combo(job, graph, (tp, cp, ep, sp, precision), dp, pp, vpp)
-            except TrainsimError:
-                combo = -1
-            self.shared.combo_of[combo_key] = combo
-        return (combo, pp, vpp, dp * cp, SCHEDULE_CODES[schedule], OPTIMIZER_CODES[optimizer],  # type: ignore[index]
-                self._precision(precision), tp, dp)  # type: ignore[arg-type]
+        if optimizer != "fused" and self._has_experts(graph):
+            # NB: the step temporaries of an optimizer other than fused read the experts' owned shards
+            # (cost.memory.optimizer_step_bytes), which _peak_memory does not price
+            return _SLOW_GROUP
+        combo_key = key[:9] + key[1 + _SPLIT_AT:1 + _SPLIT_END]
+        jobs = self._overlap_jobs(job) if isinstance(ep, int) and ep > 1 else (job, job)
+        combos = []
+        for one in jobs:
+            share = ep_overlap_share_of(one)
+            combo = self.shared.combo_of.get((*combo_key, share))
+            if combo is None:
+                try:
+                    combo = self._new_combo(one, graph, (tp, cp, ep, sp, precision, share), dp, pp, vpp)
+                except TrainsimError:
+                    combo = -1
+                self.shared.combo_of[(*combo_key, share)] = combo
+            combos.append(combo)
+        return (combos[0], pp, vpp, dp * cp, SCHEDULE_CODES[schedule], OPTIMIZER_CODES[optimizer],  # type: ignore[index]
+                self._precision(precision), tp, dp, combos[1])  # type: ignore[arg-type]
+
+    @staticmethod
+    def _overlap_jobs(job: Job) -> tuple[Job, Job]:
+        """The group's job as its plans without full recompute and with it run: the same, but where the stack
+        overlaps the expert all-to-alls (whose share of passes reads the recompute: stack_effects.
+        ep_overlap_share), each with its recompute."""
+        if not (job.stack.ep_comm_overlap and job.cluster.device.comm_overlaps_compute):
+            return job, job
+        par = job.parallel
+        other = par.replaced(recompute="full" if par.recompute != "full" else "none")
+        other_job = dataclasses.replace(job, parallel=other)
+        return (job, other_job) if par.recompute != "full" else (other_job, job)
+
+    def _has_experts(self, graph: OpGraph) -> bool:
+        has = self.shared.has_experts.get(id(graph))  # graph: pinned (_group)
+        if has is None:
+            has = self.shared.has_experts[id(graph)] = any(layer.experts is not None for layer in graph.layers)
+        return has
+
+    def _row_experts(self, shape: _Shape, job: Job) -> tuple[list[float], list[float]]:
+        """Per distinct stage of the shape under the job's plan: its experts' parameters that reduce and shard
+        over their own expert data-parallel group (cost.memory.stage_expert_params), and the sum of those
+        parameters over their group's ranks; 0.0 each for a graph without experts."""
+        if not self._has_experts(shape.graph):
+            return [0.0] * shape.distinct, [0.0] * shape.distinct
+        params: list[float] = []
+        owned: list[float] = []
+        for index in range(shape.distinct):
+            shares = stage_expert_params(self._stage(shape, index), job.parallel)
+            params.append(sum(shares.values()))
+            owned.append(sum(count / ranks for ranks, count in shares.items()))
+        return params, owned
+
+    def _stage_experts(self, shape: _Shape, job: Job) -> tuple["_StageExperts", ...]:
+        """Per distinct stage of the shape, what its gradient queues read of its experts: their expert_parts
+        (Pricer.gradient_queues) and the cp, ep and sp that place their groups, or ((), ()) where none reduces
+        over a group of its own; () for a graph without experts."""
+        if not self._has_experts(shape.graph):
+            return ()
+        par = job.parallel
+        out: list[_StageExperts] = []
+        for index in range(shape.distinct):
+            parts = expert_parts(self._stage(shape, index), par)
+            out.append((parts, (par.cp, par.ep, int(par.sp))) if parts else _NO_EXPERTS)
+        return tuple(out)
 
     def _new_combo(self, job: Job, graph: OpGraph, context: tuple[object, ...], dp: int, pp: int, vpp: int) -> int:
         """context: the plan's layer context (tp, cp, ep, sp, precision); dp, pp, vpp: its."""
@@ -534,32 +628,44 @@ class _Batch:
         combo_rows = shared.combo_rows
         combo_rows.append(len(shared.row_content))
         shared.row_content.extend(range(first_content, first_content + distinct))
+        expert_params, expert_owned = self._row_experts(shape, job)
+        shared.row_expert_params.extend(expert_params)
+        shared.row_expert_owned.extend(expert_owned)
         self.new_rows.append((first_content, first_by_dp, distinct, pp, vpp))
         shared.combo_layouts.append(shape.layout)
+        shared.combo_uneven.append(int(shape.uneven))
+        # an uneven interleaved split: its chunks' shares of each stage's time (the uneven bubble's)
+        shared.combo_chunks.append(self.pricer.chunk_time_shares(self.pricer.partition(graph, pp, shape.split), job)
+                                   if shape.template.chunk_blocks else ())
+        shared.combo_shapes.append(shape)
         return len(combo_rows) - 1
 
     def _shape(self, job: Job, graph: OpGraph, pp: int, vpp: int) -> "_Shape | None":
-        """The graph's even partition over the plan's pp, or None where the plan's split (pp, vpp: the job's) is
-        not the even one (Pricer.plan_split). The partition is made once per what it reads of a graph
-        (_signature: the layers' kinds and counts) and pp, as a template of layer positions and counts: the
-        search's graphs of one model (one per tp, sp and micro-batch) share it."""
+        """The graph's partition over the plan's pp and split (Pricer.plan_split). The partition is made
+        once per what it reads of a graph (_signature: the layers' kinds and counts), pp and split, as a template
+        of layer positions and counts: the search's graphs of one model (one per tp, sp and micro-batch) share
+        it."""
         shared = self.shared
         signature = shared.signatures.get(id(graph))
         if signature is None:  # a number per distinct signature (cheaper keys below)
             signature = shared.signatures[id(graph)] = shared.signature_numbers.setdefault(
                 _signature(graph), len(shared.signature_numbers))
-        even_key = (signature, pp, vpp)
-        even = shared.even.get(even_key)
-        if even is None:
-            even = shared.even[even_key] = self.pricer.plan_split(graph, job.parallel) is None
-        if not even:
-            return None
-        key = (id(graph), pp)
+        par = job.parallel
+        split_key = (signature, pp, vpp, par.first_stage_layers, par.last_stage_layers, par.embedding_in_split,
+                     par.loss_in_split, par.stage_layers)
+        if split_key in shared.splits:
+            split = shared.splits[split_key]
+        else:
+            # NB: one stage (pp 1) is its own even split: a graph whose dense blocks lead (OpGraph.
+            # leading_dense_blocks) has a split there (Pricer.plan_split), but its one stage holds every layer as
+            # the even partition's does, and the uneven bubble of one stage is the even one's, 0.0
+            split = shared.splits[split_key] = None if pp == 1 else self.pricer.plan_split(graph, par)
+        key = (id(graph), pp, split)
         if key in shared.shapes:
             return shared.shapes[key]
-        template_key = (signature, pp)
+        template_key = (signature, pp, split)
         if template_key not in shared.templates:
-            shared.templates[template_key] = _template(self.pricer.partition(graph, pp), graph)
+            shared.templates[template_key] = _template(self.pricer.partition(graph, pp, split), graph)
         template = shared.templates[template_key]
         if template is None:
             shared.shapes[key] = None
@@ -568,7 +674,7 @@ class _Batch:
         if layout is None:  # NB: the template is kept (_Shared.templates)
             layout = shared.layout_of[id(template)] = len(shared.layouts)
             shared.layouts.append(template)
-        shape = shared.shapes[key] = _Shape(graph, template, layout, len(template.stages))
+        shape = shared.shapes[key] = _Shape(graph, template, layout, len(template.stages), split is not None, split)
         return shape
 
     def _stage(self, shape: _Shape, index: int) -> list[StagePart]:
@@ -605,7 +711,7 @@ class _Batch:
         dp_key = (first, dp)
         start = shared.by_dp_of.get(dp_key)
         if start is None:
-            tp, cp, _, sp, _ = context
+            tp, cp, _, sp, *_ = context
             layers = graph.layers
             hops = [0.0] * shape.distinct if pp == 1 else \
                 [self._hop_s(max([layers[position].output_bytes for position, _ in parts]), (tp, cp, dp, sp), job)
@@ -786,10 +892,10 @@ class _Batch:
             layers = len(entries[0][4])
             firsts = np.array([entry[0] for entry in entries], dtype=np.int64) - base
             numbers = _rows([[term.number for term in entry[4]] for entry in entries], layers, np.int64)
-            for first, _, graph, _, terms in entries:
+            for first, shape, graph, job, terms in entries:
                 slots = self._slots(template, tuple([term.axes for term in terms]))
                 slot_rows[first - base:first - base + len(slots)] = slots
-                numbered = self._param_layers(template, self._graph_params(graph))
+                numbered = self._param_layers(template, self._graph_params(graph), self._stage_experts(shape, job))
                 layer_numbers[first - base:first - base + len(numbered)] = numbered
             for stage, parts in enumerate(template.stages):
                 stage_sums = np.zeros((len(entries), _TERM_SUMS))
@@ -836,19 +942,23 @@ class _Batch:
                 for parts in template.stages]
         return slots
 
-    def _param_layers(self, template: _Template, params: tuple[float, ...]) -> list[int]:
-        """Per distinct stage of the template the number of its layers' (parameters, count) in
-        _Shared.param_layers (what its gradient buckets read); params: the graph's layers'."""
-        key = (id(template), params)  # template: kept (_Shared.templates)
+    def _param_layers(self, template: _Template, params: tuple[float, ...],
+                      experts: tuple[_StageExperts, ...]) -> list[int]:
+        """Per distinct stage of the template the number of its layers' (parameters, count) and its experts'
+        groups in _Shared.param_layers (what its gradient buckets read); params: the graph's layers'; experts:
+        _stage_experts of the stages (() for none)."""
+        key = (id(template), params, experts)  # template: kept (_Shared.templates)
         numbers = self.shared.layers_of.get(key)
         if numbers is None:
             numbers = self.shared.layers_of[key] = [
-                self._param_layer_number(tuple([(params[position], count) for position, count in parts]))
-                for parts in template.stages]
+                self._param_layer_number((tuple([(params[position], count) for position, count in parts]),
+                                          *(experts[index] if experts else _NO_EXPERTS)))
+                for index, parts in enumerate(template.stages)]  # NB: (layers, expert parts, their group)
         return numbers
 
-    def _param_layer_number(self, layers: tuple[tuple[float, float], ...]) -> int:
-        """The number of a stage's layers' (parameters, count) in _Shared.param_layers, made where new."""
+    def _param_layer_number(self, layers: _QueueLayers) -> int:
+        """The number of a stage's (layers' (parameters, count), experts' groups) in _Shared.param_layers, made
+        where new."""
         param_layers = self.shared.param_layers
         number = param_layers.get(layers)
         if number is None:
@@ -972,6 +1082,10 @@ class _Fast:
 
         # --- the bubble (even split) and zero bubble ---
         bubble = (stage_sum - slow_total) / self.vpp + table.chain[slow_row]
+        uneven = combos.uneven[self.combo]
+        if uneven.any():
+            bubble = np.where(uneven, self._uneven_bubble(table, combos, variant, code, uneven) + table.chain[slow_row],
+                              bubble)
         zb = self.schedule == SCHEDULE_CODES["zb-h1"]
         if zb.any():
             factor = np.maximum(0.0, 1.0 - 2.0 * table.wgrad[slow_row] / slow_total)
@@ -984,7 +1098,7 @@ class _Fast:
         # --- the optimizer step and the host overheads ---
         # the stage with the most parameters (Pricer.optimizer_step_s; stage_params: the contents' params)
         max_params = np.where(combos.valid_rows, table.params[rows], -np.inf).max(axis=1)
-        optimizer = self._optimizer_s(max_params)
+        optimizer = self._optimizer_s(table, combos)
         iteration_overhead = pricer.iteration_overhead_s(job0) + self._grad_copies_s(max_params.tolist())
 
         # --- the breakdown, summed in AnalyticalEstimator.price's order (estimate.result.iteration_time_s) ---
@@ -1005,6 +1119,36 @@ class _Fast:
         peak, capacity = self._peak_memory(table, combos, plans)
         peak_out[self.index] = peak
         oom_out[self.index] = peak > capacity
+
+    def _uneven_bubble(self, table: "_RowTable", combos: "_ComboTable", variant: Floats, code: Ints,
+                       uneven: NDArray[np.bool_]) -> Floats:
+        """estimate.analytical.uneven_bubble_s of the plans of an uneven split, once per (variant, micro-batches,
+        schedule): each stage's one-micro-batch time (its row's of the variant), its forward share (Pricer.
+        stage_forward_fraction: the forward and its feature collectives over the compute, the recompute and the
+        feature collectives), its chunks' shares of its time where interleaved (Pricer.chunk_time_shares, per
+        combo) and its pipeline sends; 0.0 for the other plans."""
+        out = np.zeros(len(self.index))
+        where = np.flatnonzero(uneven)
+        keys = np.stack([code[where], self.m[where], self.schedule[where]], axis=1)
+        _, first, inverse = np.unique(_row_codes(keys), return_index=True, return_inverse=True)
+        names = {number: name for name, number in SCHEDULE_CODES.items()}
+        width = variant.shape[-1]
+        flat = variant.reshape(-1, width)
+        values = []
+        for at in where[first].tolist():
+            combo, mode = int(self.combo[at]), int(self.recompute[at])
+            layout = combos.layouts[int(combos.kind[combo])]
+            rows = combos.first_row[combo] + np.arange(len(layout.heads))
+            times = flat[int(code[at])].tolist()
+            forward = (table.forward[rows] + table.feature_fwd[rows]).tolist()
+            whole = (table.compute[rows] + table.recompute[rows, mode] + table.feature_only[rows]).tolist()
+            fractions = [f / w if w > 0.0 else 0.0 for f, w in zip(forward, whole, strict=True)]
+            sends = table.sends[rows].tolist()
+            values.append(uneven_bubble_s(names[int(self.schedule[at])], [times[i] for i in layout.local],
+                                          [fractions[i] for i in layout.local], int(self.m[at]),
+                                          self.batch.shared.combo_chunks[combo], [sends[i] for i in layout.local]))
+        out[where] = np.array(values, dtype=np.float64)[inverse]
+        return out
 
     def _grad_exposed(self, table: "_RowTable", slow_row: Ints, slow_recompute: Floats, first_row: Ints,
                       first_recompute: Floats, variant: Ints) -> Floats:
@@ -1075,35 +1219,39 @@ class _Fast:
         number = shared.queue_of.get(key)
         if number is None:
             job = self.batch.plans[int(self.index[plan])][0]
-            layers = shared.param_layer_list[key[0]]
+            layers, experts, _ = shared.param_layer_list[key[0]]
             number = shared.queue_of[key] = len(shared.queue_runs)
-            shared.queue_runs.append(self.batch.pricer.new_gradient_runs_s(layers, job))  # NB: kept, once per key
+            runs = self.batch.pricer.new_gradient_runs_s(layers, job, experts)
+            shared.queue_runs.append(runs)  # NB: kept, once per key
         return number
 
-    def _optimizer_s(self, max_params: Floats) -> Floats:
-        """Pricer.optimizer_step_s per plan: per combo (one precision, one dp; max_params: its stage with the most
-        parameters) unsharded and sharded (ZeRO >= 1), one step-cost call per distinct (parameters, shards,
-        precision)."""
+    def _optimizer_s(self, table: "_RowTable", combos: "_ComboTable") -> Floats:
+        """Pricer.optimizer_step_s per plan: per combo (one precision, one dp) the step over the parameters one GPU
+        owns on its stage that owns the most (cost.memory.owned_params: the data-parallel group's share, 1 / (dp x
+        cp) from ZeRO-1 on, and the MoE experts' share over their expert data-parallel group), unsharded and
+        sharded (ZeRO >= 1), one step-cost call per distinct (parameters, precision). NB: the step cost grows
+        with the parameters (FittedStepCosts, the fast path's), so the stage that owns the most steps longest,
+        as the Pricer's max over the stages' steps."""
         batch = self.batch
         pricer, device = batch.pricer, batch.job0.cluster.device
         used, first_plan = np.unique(self.combo, return_index=True)
-        # per used combo and column (unsharded, sharded): its (parameters, shards, precision), each distinct once
-        # (the parameters numbered by np.unique: equal floats, one number)
-        _, params_number = np.unique(max_params[used], return_inverse=True)
-        columns = np.stack([np.concatenate([params_number, params_number]),
-                            np.concatenate([np.ones(len(used), dtype=np.int64), self.shards_dp[first_plan]]),
-                            np.concatenate([self.precision[first_plan]] * 2)], axis=1)
-        _, first, inverse = np.unique(_row_codes(columns), return_index=True, return_inverse=True)
-        entries = np.concatenate([used, used])[first].tolist()
-        shards = columns[first, 1].tolist()
-        codes = columns[first, 2].tolist()
-        params = max_params.tolist()
-        steps = np.array([pricer.step_costs.optimizer_step_s(params[number] / shards_used,
-                                                             batch.precisions[code], device)
-                          for number, shards_used, code in zip(entries, shards, codes, strict=True)],
-                         dtype=np.float64)
-        by_combo = np.zeros((len(max_params), 2))
-        by_combo[np.concatenate([used, used]), np.repeat([0, 1], len(used))] = steps[inverse]
+        rows, valid = combos.safe_rows[used], combos.valid_rows[used]
+        experts = table.expert_params[rows]
+        dense = table.params[rows] - experts  # x - 0.0 is x: a dense stage's parameters as they are
+        shards = self.shards_dp[first_plan][:, None]
+        owned = np.stack([np.where(valid, dense + experts, -np.inf).max(axis=1),
+                          np.where(valid, dense / shards + table.expert_owned[rows], -np.inf).max(axis=1)], axis=1)
+        codes = np.repeat(self.precision[first_plan], 2)
+        steps: dict[tuple[float, int], float] = {}
+        values = []
+        for params, code in zip(owned.ravel().tolist(), codes.tolist(), strict=True):
+            step = steps.get((params, code))
+            if step is None:
+                step = steps[(params, code)] = pricer.step_costs.optimizer_step_s(params, batch.precisions[code],
+                                                                                  device)
+            values.append(step)
+        by_combo = np.zeros((int(self.combo.max()) + 1, 2))
+        by_combo[used] = np.array(values, dtype=np.float64).reshape(len(used), 2)
         return by_combo.ravel()[self.combo * 2 + (self.zero >= 1)]
 
     def _grad_copies_s(self, max_params: list[float]) -> Floats | float:
@@ -1132,9 +1280,16 @@ class _Fast:
         opt_shards = np.where(self.zero >= 1, self.shards_dp, 1)[:, None]
         zero = self.zero[:, None]
         params = table.params[rows]
-        weights = params * weight_bytes / np.where(zero >= 3, shards, 1)
-        gradients = params * grad_bytes / np.where(zero >= 2, shards, 1)
-        optimizer = params * state_bytes / opt_shards
+        # cost.memory.model_state_bytes: the experts' own group shards theirs (0.0 each for a dense stage: x - 0.0
+        # and x + 0.0 are x)
+        experts = table.expert_params[rows]
+        dense = params - experts
+        experts_owned = table.expert_owned[rows]
+        weights = dense * weight_bytes / np.where(zero >= 3, shards, 1) \
+            + np.where(zero >= 3, experts_owned, experts) * weight_bytes
+        gradients = dense * grad_bytes / np.where(zero >= 2, shards, 1) \
+            + np.where(zero >= 2, experts_owned, experts) * grad_bytes
+        optimizer = dense * state_bytes / opt_shards + np.where(zero >= 1, experts_owned, experts) * state_bytes
         at = rows * 3 + self.recompute[:, None]  # the plan's recompute mode of its rows (flat index)
         per_micro_batch = table.saved.ravel()[at]
         working = table.recompute_working.ravel()[at]
@@ -1158,21 +1313,77 @@ class _Fast:
                                       np.minimum(m, pp - stage).astype(np.float64)))
         activations = per_micro_batch * in_flight
         stepping = step > activations + working
+        states = weights + gradients + optimizer
+        chunked = np.flatnonzero(combos.chunked[self.combo] & (self.schedule == SCHEDULE_CODES["interleaved-1f1b"]))
+        held = (per_micro_batch[chunked], working[chunked], step[chunked])
         activations = np.where(stepping, 0.0, activations)
         working = np.where(stepping, 0.0, working)
         step = np.where(stepping, step, 0.0)
-        totals = weights + gradients + optimizer + activations + working + step + device.runtime_reserved_bytes
+        totals = states + activations + working + step + device.runtime_reserved_bytes
         totals = np.where(valid, totals, -np.inf)
-        return totals.max(axis=1), device.hbm_bytes
+        peak = totals.max(axis=1)
+        if chunked.size:
+            peak[chunked] = self._chunked_peaks(chunked, combos, states[chunked], held, device.runtime_reserved_bytes)
+        return peak, device.hbm_bytes
+
+    def _in_flight(self, stage: int, pp: int, vpp: int, m: int, shares: tuple[float, ...] | None) -> float:
+        """in_flight_micro_batches of an interleaved stage whose chunks hold `shares` of its activations, once per
+        what it reads (the engine's graphs of one model share their stages' shares)."""
+        known = self.batch.shared.in_flight
+        key = (stage, pp, vpp, m, shares)
+        held = known.get(key)
+        if held is None:
+            held = known[key] = in_flight_micro_batches("interleaved-1f1b", stage, pp, vpp, m, shares)
+        return held
+
+    def _chunked_peaks(self, plans: Ints, combos: "_ComboTable", states: Floats,
+                       held: tuple[Floats, Floats, Floats], reserved_bytes: float) -> list[float]:
+        """The peak memory of interleaved plans of an uneven split (Pricer.memory with chunk_blocks): every stage
+        (stages of one content may hold their chunks apart), each holding the micro-batches of its chunks'
+        shares of its activations (cost.memory.chunk_shares, stage_in_flight), its memory stage_memory_values'.
+        states, held: the plans' rows' model states and (one micro-batch's activations, working buffers, step
+        temporaries)."""
+        batch = self.batch
+        names: dict[int, Recompute] = {code: name for name, code in RECOMPUTE_CODES.items()}
+        flights: dict[tuple[int, int, int], list[float]] = {}
+        per_micro_batch, working, step = (values.tolist() for values in held)
+        state_rows = states.tolist()
+        peaks: list[float] = []
+        for at, plan in enumerate(plans.tolist()):
+            combo, mode, m = int(self.combo[plan]), int(self.recompute[plan]), int(self.m[plan])
+            layout = combos.layouts[int(combos.kind[combo])]
+            key = (combo, mode, m)
+            flight = flights.get(key)
+            if flight is None:
+                shape = batch.shared.combo_shapes[combo]
+                saved = saved_key(names[mode], batch.job0.stack)
+                pp, vpp = int(self.pp[plan]), int(self.vpp[plan])
+                flight = flights[key] = [
+                    self._in_flight(stage, pp, vpp, m, chunk_shares(batch._stage(shape, local),
+                                                                    layout.chunk_blocks[stage], saved))
+                    for stage, local in enumerate(layout.local)]
+            peak = -np.inf
+            for stage, local in enumerate(layout.local):
+                activations = per_micro_batch[at][local] * flight[stage]
+                if step[at][local] > activations + working[at][local]:
+                    total = state_rows[at][local] + 0.0 + 0.0 + step[at][local] + reserved_bytes
+                else:
+                    total = state_rows[at][local] + activations + working[at][local] + 0.0 + reserved_bytes
+                peak = max(peak, total)
+            peaks.append(peak)
+        return peaks
 
 
 class _ComboTable:
     """The combos as arrays: per combo its distinct rows (R columns, padded) and their first stages, made per
     template (layouts) and taken per combo (kind: its template's number)."""
 
-    def __init__(self, first_rows: "array[int]", kinds: "array[int]", layouts: list[_Template]) -> None:
+    def __init__(self, first_rows: "array[int]", kinds: "array[int]", layouts: list[_Template],
+                 uneven: "array[int]") -> None:
         distinct = max(len(layout.heads) for layout in layouts)
         self.kind = _int_array(kinds)
+        self.uneven = _int_array(uneven).astype(np.bool_)
+        self.chunked = np.array([bool(layout.chunk_blocks) for layout in layouts], dtype=np.bool_)[self.kind]
         self.layouts = layouts
         heads = _rows([layout.heads + (0,) * (distinct - len(layout.heads)) for layout in layouts], distinct,
                       np.int64)[self.kind]
@@ -1203,7 +1414,8 @@ class _RowTable:
     """The stage rows as columns (each a content's, with the row's pipeline sends after its feature axes)."""
 
     def __init__(self, columns: dict[str, Floats], row_content: "array[int]", row_sends_s: "array[float]",
-                 row_fsdp_s: "array[float]", row_chain_s: "array[float]") -> None:
+                 row_fsdp_s: "array[float]", row_chain_s: "array[float]", row_expert_params: "array[float]",
+                 row_expert_owned: "array[float]") -> None:
         index = _int_array(row_content)
         sends = _float_array(row_sends_s)
         self.compute = columns["compute"][index]
@@ -1218,6 +1430,10 @@ class _RowTable:
         self.chain = _float_array(row_chain_s)
         self.overhead = columns["overhead"][index]
         self.params = columns["params"][index]
+        self.sends = sends  # the pipeline sends (a stage's comm_s["pp"]; 0 for pp = 1)
+        self.feature_only = columns["feature_total"][index]  # the feature collectives without the sends
+        self.expert_params = _float_array(row_expert_params)  # _Shared.row_expert_params
+        self.expert_owned = _float_array(row_expert_owned)
         self.saved = columns["saved"][index]
         self.recompute_working = columns["working"][index]
         self.max_layer_params = columns["max_layer_params"][index]

@@ -1,10 +1,12 @@
 """The space of plain strategies the planner walks: every combination of the axes below, nothing pruned yet.
 
 tp: divisors of the GPUs per NVLink domain that divide num_heads (tensor parallelism stays on NVLink).
-pp: divisors of num_layers; dp is inferred as num_gpus / (tp x pp) and left to make_job to refuse when it is
-    not a whole number.
+pp: divisors of num_layers (the even split); dp is inferred as num_gpus / (tp x pp) and left to make_job to
+    refuse when it is not a whole number. And the pp that do not divide num_layers but divide num_gpus / tp
+    (a whole dp), each with the uneven split Megatron-Core accepts (uneven_split), where there is one.
 vpp: 1 (schedule 1f1b), and for pp > 1 every v in 2..max_vpp with num_layers % (pp x v) == 0
-    (schedule interleaved-1f1b).
+    (schedule interleaved-1f1b); for a pp that does not divide num_layers, every v in 1..max_vpp with an
+    uneven split.
 micro_batch: divisors of global_batch / dp up to max_micro_batch; when dp is not a whole number or does not
     divide the global batch there is no valid micro-batch and the plan is tried once with micro_batch=1, so
     that make_job refuses it and the reason is counted.
@@ -22,6 +24,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+from trainsim.divisors import divisors
 from trainsim.errors import ConfigError
 from trainsim.hardware.cluster import ClusterSpec
 from trainsim.ir.model_spec import ModelSpec, TransformerSpec
@@ -64,73 +67,6 @@ class SearchSpace:
             raise ConfigError("zero_stages", self.zero_stages, "must name at least one ZeRO stage")
 
 
-def divisors(n: int) -> list[int]:
-    """Positive divisors of n, ascending, from its prime factors (a loop to sqrt(n) takes 26 s at n = 10^16 and
-    never ends at 10^30; factorising takes microseconds)."""
-    found = [1]
-    for prime, power in prime_factors(n).items():
-        found = [d * prime**k for d in found for k in range(power + 1)]
-    return sorted(found)
-
-
-def prime_factors(n: int) -> dict[int, int]:
-    """n's prime factorisation {prime: power}: trial division by small primes, then Pollard's rho (Brent's
-    variant; Pollard 1975, Brent 1980) with a Miller-Rabin test on what remains."""
-    factors: dict[int, int] = {}
-    for prime in (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37):
-        while n % prime == 0:
-            factors[prime] = factors.get(prime, 0) + 1
-            n //= prime
-    pending = [n] if n > 1 else []
-    while pending:
-        m = pending.pop()
-        if _is_prime(m):
-            factors[m] = factors.get(m, 0) + 1
-            continue
-        d = _rho(m)
-        pending += [d, m // d]
-    return factors
-
-
-_WITNESSES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37)  # deterministic below 3.3e24 (Sorenson & Webster 2015)
-
-
-def _is_prime(n: int) -> bool:
-    if n < 2:
-        return False
-    if n in _WITNESSES:
-        return True
-    d, r = n - 1, 0
-    while d % 2 == 0:
-        d, r = d // 2, r + 1
-    for a in _WITNESSES:
-        x = pow(a, d, n)
-        if x in (1, n - 1):
-            continue
-        for _ in range(r - 1):
-            x = x * x % n
-            if x == n - 1:
-                break
-        else:
-            return False
-    return True
-
-
-def _rho(n: int) -> int:
-    """A nontrivial factor of the odd composite n (deterministic: the constants are tried in order)."""
-    for c in range(1, n):
-        x = y = 2
-        d = 1
-        while d == 1:
-            x = (x * x + c) % n
-            y = (y * y + c) % n
-            y = (y * y + c) % n
-            d = math.gcd(abs(x - y), n)
-        if d != n:
-            return d
-    raise AssertionError(f"no factor found for {n}")
-
-
 def tp_candidates(model: ModelSpec, gpus_per_node: int) -> list[int]:
     if not isinstance(model, TransformerSpec):
         return [1]
@@ -138,9 +74,70 @@ def tp_candidates(model: ModelSpec, gpus_per_node: int) -> list[int]:
 
 
 def pp_candidates(model: ModelSpec) -> list[int]:
+    """The pp of the even split: the divisors of num_layers."""
     if not isinstance(model, TransformerSpec):
         return [1]
     return divisors(model.num_layers)
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineSplit:
+    """A pipeline degree, its model chunks per rank, and how its blocks are split (strategy.stages.split_blocks):
+    the embedding and the loss counted as layers, or the first and last ranks' blocks fixed; neither: even."""
+
+    pp: int
+    vpp: int = 1
+    embedding_in_split: bool = False
+    loss_in_split: bool = False
+    first_stage_layers: int = 0
+    last_stage_layers: int = 0
+
+
+def uneven_split(num_layers: int, pp: int, vpp: int) -> PipelineSplit | None:
+    """The split of num_layers blocks over pp ranks of vpp chunks each that pp x vpp does not divide, as
+    Megatron-Core accepts it (TransformerConfig.__post_init__, megatron/core/transformer/transformer_config.py,
+    megatron-core 0.16.1), or None:
+    - the embedding and the loss counted as a layer each (account_for_embedding_in_pipeline_split,
+      account_for_loss_in_pipeline_split; both, else the loss alone, else the embedding alone): valid where pp
+      divides the counted layers and vpp divides each rank's share;
+    - else the first and last ranks' blocks fixed (num_layers_in_first_pipeline_stage / _last_), each a
+      multiple of vpp, the middle ranks holding the rest evenly, a multiple of vpp each: here each middle rank
+      holds ceil(num_layers / pp) blocks (rounded up to a multiple of vpp) and the first and last ranks share
+      the remainder (the first the smaller half, a multiple of vpp), no more than a middle rank each, as they
+      also hold the embedding and the loss; with pp 2 (no middle rank) the two halves of the blocks."""
+    if pp < 2 or num_layers % (pp * vpp) == 0:
+        return None
+    for embedding, loss in ((True, True), (False, True), (True, False)):
+        counted = num_layers + embedding + loss
+        if counted % pp == 0 and counted // pp % vpp == 0:
+            return PipelineSplit(pp, vpp, embedding_in_split=embedding, loss_in_split=loss)
+    middle = pp - 2
+    per_rank = -(-num_layers // pp)
+    per_rank = -(-per_rank // vpp) * vpp
+    rest = num_layers - middle * per_rank
+    first = rest // 2 // vpp * vpp
+    last = rest - first
+    if first <= 0 or last % vpp or (middle and last > per_rank):
+        return None
+    return PipelineSplit(pp, vpp, first_stage_layers=first, last_stage_layers=last)
+
+
+def pipeline_splits(model: ModelSpec, ranks: int, max_vpp: int) -> list[list[PipelineSplit]]:
+    """Per pp, ascending, its splits: the even pp (pp_candidates) with vpp_candidates; then, merged in, every
+    pp of 2..num_layers that does not divide num_layers but divides `ranks` (num_gpus / tp: dp whole), with its
+    uneven_split for each vpp of 1..max_vpp that has one (none: not listed). NB: the uneven pp are bounded by
+    the GPUs: a pp that leaves dp fractional is never enumerated, while an even pp is (make_job refuses it,
+    counted)."""
+    even = {pp: [PipelineSplit(pp, vpp) for vpp in vpp_candidates(model, pp, max_vpp)] for pp in pp_candidates(model)}
+    if not isinstance(model, TransformerSpec):
+        return list(even.values())
+    layers = model.num_layers
+    for pp in divisors(ranks) if ranks > 0 else []:
+        if 2 <= pp <= layers and layers % pp:
+            splits = [split for vpp in range(1, max_vpp + 1) if (split := uneven_split(layers, pp, vpp))]
+            if splits:
+                even[pp] = splits
+    return [even[pp] for pp in sorted(even)]
 
 
 def ep_candidates(model: ModelSpec, num_gpus: int, model_parallel: int) -> list[int]:
@@ -216,16 +213,19 @@ def _validated_bases(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace)
     recompute mode and ZeRO stage: every plan of the space copies one with its own (no ParallelSpec check reads
     them; SearchSpace checked their values), so validation runs once, not recomputes x zero stages times."""
     for tp in tp_candidates(model, cluster.gpus_per_domain):
-        for pp in pp_candidates(model):
+        ranks = cluster.num_gpus // tp if cluster.num_gpus % tp == 0 else 0
+        for splits in pipeline_splits(model, ranks, space.max_vpp):
+            pp = splits[0].pp
             micro_batches = micro_batch_candidates(space.global_batch, cluster.num_gpus, tp * pp,
                                                    space.max_micro_batch)
-            for ep, vpp, mb, sp in itertools.product(ep_candidates(model, cluster.num_gpus, tp * pp),
-                                                     vpp_candidates(model, pp, space.max_vpp), micro_batches,
-                                                     (False, True) if tp > 1 else (False,)):
+            for ep, split, mb, sp in itertools.product(ep_candidates(model, cluster.num_gpus, tp * pp), splits,
+                                                       micro_batches, (False, True) if tp > 1 else (False,)):
                 yield ParallelSpec(
-                    tp=tp, pp=pp, ep=ep, vpp=vpp, sp=sp, zero=space.zero_stages[0],
+                    tp=tp, pp=pp, ep=ep, vpp=split.vpp, sp=sp, zero=space.zero_stages[0],
                     recompute=space.recomputes[0], micro_batch=mb, global_batch=space.global_batch,
                     seq_len=space.seq_len, precision=space.precision,
-                    schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
+                    schedule="interleaved-1f1b" if split.vpp > 1 else "1f1b",
                     attention=space.attention, optimizer_impl=space.optimizer_impl,
+                    first_stage_layers=split.first_stage_layers, last_stage_layers=split.last_stage_layers,
+                    embedding_in_split=split.embedding_in_split, loss_in_split=split.loss_in_split,
                 )

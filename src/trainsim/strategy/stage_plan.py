@@ -15,6 +15,7 @@ A plan maps onto ParallelSpec's per-stage layer lists through StagePlan.stage_bl
 
 from dataclasses import dataclass
 
+from trainsim.divisors import divisors
 from trainsim.errors import ConfigError
 from trainsim.hardware.cluster import ClusterSpec
 from trainsim.ir.model_spec import ModelSpec, TransformerSpec
@@ -186,11 +187,6 @@ def unit_kind(model: TransformerSpec, unit: int) -> str:
     if model.is_moe_block(block):
         return "moe_block"
     return "block"
-
-
-def divisors(n: int) -> list[int]:
-    """Positive divisors of n, ascending."""
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def submeshes(cluster: ClusterSpec) -> list[Mesh]:

@@ -92,25 +92,100 @@ def test_every_plan_of_a_grid(model: ModelSpec, stack: str) -> None:
     check_grid(plans)
 
 
-def test_overlapped_expert_all_to_alls_over_the_grid() -> None:
-    """ep_comm_overlap's share of paired passes reads the micro-batches: its MoE plans at ep > 1 go to the plain
-    engine, priced as it prices them, and faster for it where it applies (pp 1, or interleaved)."""
+@pytest.mark.parametrize("stack", STACKS)
+def test_expert_parallel_plans_on_the_fast_path(stack: str) -> None:
+    """Every plan of a tiny MoE grid at ep > 1 is priced by the grid's arrays, none left to the plain engine: the
+    expert data-parallel groups (dp / ep ranks) of its gradient buckets, its optimizer step and its peak memory
+    are the arrays' (cost.memory.stage_expert_params, Pricer.gradient_queues' grouped buckets), each plan's
+    figures equal to the plain engine's."""
     cluster = load_cluster("dgx-a100-80gb").with_num_gpus(16)
-    moe = [ParallelSpec(tp=2, pp=p, vpp=v, ep=e, micro_batch=m, recompute=r, zero=1, sp=True, global_batch=64,
-                        seq_len=512, schedule="interleaved-1f1b" if v > 1 else "1f1b")
-           for p, v in ((1, 1), (2, 1), (2, 2)) for e in (1, 2) for m in (1, 2) for r in ("none", "full")]
-    on = built(MOE, cluster, moe, make_stack("megatron-core", {"ep_comm_overlap": True}))
-    check_grid(on)
-    on_s = GridEngine().price(on).iteration_time_s
-    # NB: the plain engine's off figures (the grid engine hands MoE plans at ep > 1 to it as well)
-    off_s = [AnalyticalEstimator().price(*plan).iteration_time_s
-             for plan in built(MOE, cluster, moe, load_stack("megatron-core"))]
-    for index, plan in enumerate(moe):
-        applies = plan.ep > 1 and plan.recompute != "full" and (plan.pp == 1 or plan.vpp > 1)
-        if applies:
-            assert on_s[index] < off_s[index]
-        else:
-            assert on_s[index] == pytest.approx(off_s[index], rel=REL, abs=0.0)
+    space = SearchSpace(global_batch=64, seq_len=512, max_micro_batch=2, max_vpp=4, stack=load_stack(stack))
+    plans = [plan for plan in grid_of(MOE, cluster, space) if plan[0].parallel.ep > 1]
+    assert {job.parallel.ep for job, _ in plans} == {2, 4}
+    assert {job.parallel.zero for job, _ in plans} == {0, 1, 2, 3}
+    fast, slow = _Batch(GridEngine(), plans, None).split()
+    assert not slow
+    assert fast is not None and len(fast.index) == len(plans)
+    check_grid(plans)
+
+
+def test_a_model_whose_dense_blocks_lead() -> None:
+    """DeepSeek's shape (dense blocks first, then MoE blocks; 8 blocks): every plan on the grid's arrays (pp 1: one
+    stage holding every layer, no bubble; pp > 1: its split is uneven, the dense blocks on the first stages, its
+    bubble estimate.analytical.uneven_bubble_s, interleaved with its chunks' shares of the stages' times and
+    activations), each equal to the plain engine's figures."""
+    model = TransformerSpec(name="tiny-deepseek", arch="llama", num_layers=8, hidden=128, ffn_hidden=256,
+                            num_heads=8, vocab=1000, max_seq_len=2048, num_experts=4, top_k=2, moe_every=1,
+                            leading_dense_layers=2)
+    cluster = load_cluster("dgx-h100-80gb").with_num_gpus(16)
+    plans = grid_of(model, cluster, SearchSpace(global_batch=64, seq_len=512, max_micro_batch=2,
+                                                stack=load_stack("megatron-core")))
+    chunked = [index for index, (job, _) in enumerate(plans) if job.parallel.vpp > 1]
+    assert {plans[index][0].parallel.pp for index in range(len(plans))} == {1, 2, 4, 8}
+    assert chunked and {job.parallel.ep for job, _ in plans} == {1, 2, 4}
+    fast, slow = _Batch(GridEngine(), plans, None).split()
+    assert not slow
+    assert fast is not None and len(fast.index) == len(plans)
+    check_grid(plans)
+
+
+UNEVEN_SPLITS = {
+    # 13 blocks: pp 2 counts the loss; pp 4 puts 2 and 3 blocks on the first and last stages, 4 on each middle one
+    13: {(1, 1, 0, 0, False, False), (2, 1, 0, 0, False, True), (4, 1, 2, 3, False, False)},
+    # 14 blocks: pp 4 and 8 count the embedding and the loss (16 layers), in one chunk per stage or two; pp 4 x vpp
+    # 2 holds 1 + 2 blocks on its first stage's chunks, 2 + 1 on its last's, 2 + 2 on the middle ones
+    14: {(1, 1, 0, 0, False, False), (2, 1, 0, 0, False, False), (4, 1, 0, 0, True, True), (4, 2, 0, 0, True, True),
+         (8, 1, 0, 0, True, True), (8, 2, 0, 0, True, True)},
+}
+
+
+@pytest.mark.parametrize("stack", ["megatron-core", "deepspeed-zero"])
+@pytest.mark.parametrize("layers", sorted(UNEVEN_SPLITS))
+def test_the_searchs_uneven_splits_on_the_fast_path(stack: str, layers: int) -> None:
+    """The pp the search adds to the even ones on 16 GPUs (UNEVEN_SPLITS); every plan on the grid's arrays, equal
+    to the plain engine's (the uneven bubble with its chunks' shares, each stage's memory with its chunks'
+    activations, the gradient reduction)."""
+    model = parse_model({"name": f"tiny-{layers}", "num_layers": layers, "hidden": 128, "ffn_hidden": 512,
+                         "num_heads": 8, "vocab": 1000})
+    cluster = load_cluster("dgx-h100-80gb").with_num_gpus(16)
+    space = SearchSpace(global_batch=64, seq_len=512, max_micro_batch=2, max_vpp=2, stack=load_stack(stack))
+    plans = grid_of(model, cluster, space)
+    splits = {(job.parallel.pp, job.parallel.vpp, job.parallel.first_stage_layers, job.parallel.last_stage_layers,
+               job.parallel.embedding_in_split, job.parallel.loss_in_split) for job, _ in plans}
+    assert splits == UNEVEN_SPLITS[layers]
+    fast, slow = _Batch(GridEngine(), plans, None).split()
+    assert not slow
+    assert fast is not None and len(fast.index) == len(plans)
+    check_grid(plans)
+
+
+def test_overlapped_expert_all_to_alls_over_the_grid() -> None:
+    """ep_comm_overlap's share of paired passes reads the micro-batches, pp, vpp and the recompute (0 under full
+    recompute): each group of plans has a combo for its plans without full recompute and one for those with it,
+    each under its share; every plan on the grid's arrays (a second global batch on the same engine: other
+    micro-batches, another share), priced as the plain engine prices it, and faster for it where it applies
+    (pp 1, or interleaved; not full recompute)."""
+    cluster = load_cluster("dgx-a100-80gb").with_num_gpus(16)
+    engine = GridEngine()
+    for global_batch in (64, 32):
+        moe = [ParallelSpec(tp=2, pp=p, vpp=v, ep=e, micro_batch=m, recompute=r, zero=z, sp=True,
+                            global_batch=global_batch, seq_len=512, schedule="interleaved-1f1b" if v > 1 else "1f1b")
+               for p, v in ((1, 1), (2, 1), (2, 2)) for e in (1, 2) for m in (1, 2)
+               for r in ("none", "selective", "full") for z in (1, 3)]
+        on = built(MOE, cluster, moe, make_stack("megatron-core", {"ep_comm_overlap": True}))
+        fast, slow = _Batch(GridEngine(), on, None).split()
+        assert not slow and fast is not None and len(fast.index) == len(on)
+        check_grid(on, engine)
+        on_s = engine.price(on).iteration_time_s
+        # NB: the plain engine's figures without the overlap
+        off_s = [AnalyticalEstimator().price(*plan).iteration_time_s
+                 for plan in built(MOE, cluster, moe, load_stack("megatron-core"))]
+        for index, plan in enumerate(moe):
+            applies = plan.ep > 1 and plan.recompute != "full" and (plan.pp == 1 or plan.vpp > 1)
+            if applies:
+                assert on_s[index] < off_s[index]
+            else:
+                assert on_s[index] == pytest.approx(off_s[index], rel=REL, abs=0.0)
 
 
 def test_zero3_gradient_buckets_over_the_grid() -> None:
@@ -193,8 +268,9 @@ def test_a_second_grid_on_the_kept_stage_rows() -> None:
 
 
 def test_plans_outside_the_grid() -> None:
-    """Plans the fast path prices (cp, ep, gpipe, zb-h1, fp8, optimizers) or leaves to the plain engine (uneven
-    splits, a stage list), several clusters and stacks in one call."""
+    """Plans the fast path prices (cp, ep, gpipe, zb-h1, fp8, optimizers, uneven splits of one chunk per stage, a
+    stage list) or leaves to the plain engine (uneven interleaved splits, non-fused optimizers of an MoE), several
+    clusters and stacks in one call."""
     a100 = load_cluster("dgx-a100-80gb").with_num_gpus(16)
     h100 = load_cluster("dgx-h100-80gb").with_num_gpus(32)
     dense = [ParallelSpec(tp=2, pp=2, cp=2, zero=z, recompute=r, schedule=s, global_batch=64, seq_len=512)
@@ -204,12 +280,16 @@ def test_plans_outside_the_grid() -> None:
               for p in ("bf16", "fp8", "fp32") for o in ("fused", "foreach", "loop") for a in ("flash3", "math")]
     uneven = [ParallelSpec(pp=2, vpp=3, schedule="interleaved-1f1b", global_batch=64, seq_len=512, recompute=r)
               for r in ("none", "full")]
+    uneven += [ParallelSpec(pp=2, loss_in_split=True, schedule=s, global_batch=64, seq_len=512, zero=z)
+               for s in ("gpipe", "zb-h1") for z in (0, 3)]
     uneven += [ParallelSpec(pp=2, first_stage_layers=3, global_batch=64, seq_len=512),
                ParallelSpec(pp=4, vpp=2, schedule="interleaved-1f1b", embedding_in_split=True, loss_in_split=True,
                             global_batch=64, seq_len=512),
                ParallelSpec(pp=2, stage_layers=(5, 3), zero=3, global_batch=64, seq_len=512)]
     moe = [ParallelSpec(tp=2, pp=2, ep=e, zero=z, sp=True, recompute=r, global_batch=64, seq_len=512)
            for e in (1, 2, 4) for z in (1, 3) for r in ("none", "full")]
+    moe += [ParallelSpec(tp=2, pp=2, cp=2, ep=e, zero=z, sp=True, optimizer_impl=o, global_batch=64, seq_len=512)
+            for e in (2, 4) for z in (0, 2) for o in ("fused", "foreach")]  # ep groups over cp; step temporaries
     plans = (built(DENSE, a100, dense) + built(DENSE, a100, uneven, load_stack("megatron-core"))
              + built(MOE, h100, moe, load_stack("deepspeed-zero")) + built(DENSE, a100, dense[:9]))
     assert len(plans) == len(dense) + len(uneven) + len(moe) + 9

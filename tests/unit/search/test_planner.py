@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from trainsim.catalog.model_files import parse_model
 from trainsim.cli.main import app
+from trainsim.divisors import divisors
 from trainsim.errors import ConfigError, TrainsimError
 from trainsim.estimate.analytical import AnalyticalEstimator
 from trainsim.hardware.cluster import ClusterSpec
@@ -17,7 +18,7 @@ from trainsim.job import make_job
 from trainsim.pipeline import graph_for
 from trainsim.search import OUT_OF_MEMORY, Planner, SearchSpace, enumerate_plans
 from trainsim.search.planner import build_plans, refusal_reason
-from trainsim.search.space import divisors, ep_candidates, micro_batch_candidates, vpp_candidates
+from trainsim.search.space import ep_candidates, micro_batch_candidates, vpp_candidates
 from trainsim.strategy.parallel import ParallelSpec
 
 
@@ -107,12 +108,13 @@ def test_planner_matches_brute_force_with_oom(cluster8: ClusterSpec) -> None:
 
 
 def test_impossible_global_batch_reports_reasons(cluster8: ClusterSpec) -> None:
-    """3 layers, 3 heads: tp=1 only; pp=1 gives dp=8 > global batch 4, pp=3 does not divide 8 GPUs."""
-    report = Planner().search(tiny_model(3, 3), cluster8, SearchSpace(global_batch=4))
+    """3 layers, 3 heads: tp=1 only; pp=1 gives dp=8 > global batch 2, pp=2 (the loss counted in the split: 2
+    layers a rank, vpp 1 or 2) dp=4 > 2, pp=3 does not divide 8 GPUs."""
+    report = Planner().search(tiny_model(3, 3), cluster8, SearchSpace(global_batch=2))
     assert report.plans == []
     assert report.feasible == 0
-    assert report.tried == 24
-    assert report.infeasible == {"global_batch": 12, "tp*pp*cp": 12}
+    assert report.tried == 48
+    assert report.infeasible == {"global_batch": 36, "tp*pp*cp": 12}
 
 
 def test_progress_callback(cluster8: ClusterSpec) -> None:

@@ -8,14 +8,20 @@ LLaMA's model.layers) are blocks, what runs before them the embedding layer, wha
 
 Repeated layers, traced once: the container is cut to its first two children for the trace (two, so that the
 trace shows both are identical); identical blocks become one Layer whose count is the container's full length,
-so an 80-layer model costs as much to ingest as a 2-layer one. If the traced blocks differ (a model that treats
-layers differently by index), the whole container is traced and blocks are grouped by their op signature.
+so an 80-layer model costs as much to ingest as a 2-layer one. The cut assumes each block hands on an activation
+of the shape it received (a transformer's residual stream): a traced block whose output is shaped unlike its input
+(a CNN stage ending in a pool or a strided convolution) makes the untraced blocks unlike the traced ones, so the
+whole container is traced instead, each block priced on its own shapes. If the traced blocks differ (a
+model that treats layers differently by index), the whole container is traced and blocks are grouped by their op
+signature. A step that fails to trace on fake tensors is refused in one line naming the innermost module that
+failed (ConfigError), never a traceback.
 Builders that already cut the model (graph_from_hf_config builds 2 layers) pass the real count as repeat_count.
 
 torch is imported here, never at trainsim import time.
 """
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +31,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from trainsim.errors import ConfigError
+from trainsim.errors import ConfigError, TrainsimError, one_line
 from trainsim.frontends.torch.fuse import fuse_log
 from trainsim.frontends.torch.layers import Container, build_layers, find_container
 from trainsim.frontends.torch.oplog import OpLog, Segments, iter_tensors
@@ -128,16 +134,52 @@ def capture_step(model: ModuleOrFactory, example_inputs: Mapping[str, InputSpec]
                 param_paths=param_paths, causal=causal_attention, keep_calls=keep_calls)
     param_names = tuple(key for key, _ in module.named_parameters())
     params = [state[key] for key in param_names if state[key].requires_grad]
-    with _truncated(container), _module_hooks(module, log, container), mode:
-        live = {key: state[key] for key in _state_keys(module) if key in state}  # the traced children's
-        with log, torch.autograd.graph.saved_tensors_hooks(_pack(log), _unpack):
-            output = torch.func.functional_call(module, live, args, kwargs)
-            loss = (loss_fn or _default_loss)(output)
-        log.phase = "bwd"
-        with log:
-            torch.autograd.grad(loss, params, allow_unused=True)
-        log.flush_backward_casts()
+    watch = _Watch()
+    try:
+        with _truncated(container), _module_hooks(module, log, container, watch), _quiet_meta_failures(), mode:
+            live = {key: state[key] for key in _state_keys(module) if key in state}  # the traced children's
+            with log, torch.autograd.graph.saved_tensors_hooks(_pack(log), _unpack):
+                output = torch.func.functional_call(module, live, args, kwargs)
+                loss = (loss_fn or _default_loss)(output)
+            log.phase = "bwd"
+            with log:
+                torch.autograd.grad(loss, params, allow_unused=True)
+            log.flush_backward_casts()
+    except _ReshapingBlock:  # the untraced blocks would see other shapes than the traced: trace them all
+        return capture_step(model, example_inputs, precision=precision, loss_fn=loss_fn,
+                            causal_attention=causal_attention, max_traced=None, keep_calls=keep_calls)
+    except TrainsimError:
+        raise
+    except Exception as exc:  # the user's module failed on fake tensors: one line, never a traceback
+        raise _untraceable(module, watch, log.phase, exc) from exc
     return Capture(log, container, module, state, param_names)
+
+
+class _ReshapingBlock(Exception):
+    """A traced block of a cut container handed on an activation shaped unlike its input (stops the trace)."""
+
+
+@dataclass(slots=True)
+class _Watch:
+    """What the module hooks saw: the innermost module whose forward raised."""
+
+    failed_in: str | None = None
+
+
+def _untraceable(module: nn.Module, watch: _Watch, phase: str, exc: Exception) -> ConfigError:
+    where = f"module {watch.failed_in!r}" if watch.failed_in else type(module).__name__
+    reason = one_line(str(exc), 160) or type(exc).__name__
+    return ConfigError("model", type(module).__name__,
+                       f"its {'forward' if phase == 'fwd' else 'backward'} fails on fake tensors of the example "
+                       f"inputs in {where} ({type(exc).__name__}: {reason}); the torch front-end captures modules "
+                       "that run one training step on the inputs given")
+
+
+def _hands_on_its_shape(inputs: Any, output: Any) -> bool:
+    """Does a block hand on a floating activation shaped like one it received (a residual stream)?"""
+    received = {tuple(t.shape) for t in iter_tensors(inputs) if t.is_floating_point()}
+    handed = next((tuple(t.shape) for t in iter_tensors(output) if t.is_floating_point()), None)
+    return not received or handed is None or handed in received
 
 
 def _state_keys(module: nn.Module) -> list[str]:
@@ -211,6 +253,18 @@ def _unpack(tensor: torch.Tensor) -> torch.Tensor:
 
 
 @contextlib.contextmanager
+def _quiet_meta_failures() -> Iterator[None]:
+    """Silence FakeTensorMode's log of a failing meta kernel (torch/_subclasses/fake_tensor.py, torch 2.x, logs the
+    traceback before re-raising): the failure is reported once, in one line, by capture_step."""
+    logger = logging.getLogger(FakeTensorMode.__module__)
+    was_disabled, logger.disabled = logger.disabled, True
+    try:
+        yield
+    finally:
+        logger.disabled = was_disabled
+
+
+@contextlib.contextmanager
 def _truncated(container: Container | None) -> Iterator[None]:
     """Cut the repeated container to the children traced, and restore it afterwards."""
     if container is None or not container.truncated:
@@ -228,10 +282,11 @@ def _truncated(container: Container | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _module_hooks(module: nn.Module, log: OpLog, container: Container | None) -> Iterator[None]:
-    """Keep the module stack of the log, and note the activation each block passes on."""
+def _module_hooks(module: nn.Module, log: OpLog, container: Container | None, watch: _Watch) -> Iterator[None]:
+    """Keep the module stack of the log, note the activation each block passes on, and what `watch` holds."""
     handles = []
     first_block = f"{container.path}.{container.traced[0]}".lstrip(".") if container else None
+    cut = container is not None and container.truncated
     for path, sub in module.named_modules():
         if sub is module:
             continue
@@ -241,10 +296,14 @@ def _module_hooks(module: nn.Module, log: OpLog, container: Container | None) ->
                 log.note_boundary("embedding", iter_tensors((args, kwargs)))
             log.enter_module(path)
 
-        def post(_mod: nn.Module, _args: Any, _kwargs: Any, output: Any, path: str = path) -> None:
+        def post(_mod: nn.Module, args: Any, kwargs: Any, output: Any, path: str = path) -> None:
             log.exit_module()
-            if container is not None and path.rpartition(".")[0] == container.path:
+            if output is None and watch.failed_in is None:  # torch calls always_call hooks with None on a raise
+                watch.failed_in = path
+            if container is not None and path.rpartition(".")[0] == container.path and output is not None:
                 log.note_boundary("block:" + path.rpartition(".")[2], iter_tensors(output))
+                if cut and not _hands_on_its_shape((args, kwargs), output):
+                    raise _ReshapingBlock(path)
 
         handles.append(sub.register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(sub.register_forward_hook(post, with_kwargs=True, always_call=True))

@@ -115,13 +115,13 @@ def _blocks(log: OpLog, container: Container, module: nn.Module, params: dict[st
         segment = "block:" + first
         ops = [lo for lo in log.ops if lo.segment == segment]
         if container.repeated:
-            count = len(container.children) if container.truncated else len(members)
-            if repeat_count is not None and len(groups) == 1:
-                count = repeat_count
-            elif repeat_count is not None and index == 0 and repeat_count > len(container.traced):
-                # the traced blocks differ (the last one's backward reads the head's gradient): the blocks not
-                # traced repeat the first
-                count += repeat_count - len(container.traced)
+            total = repeat_count if repeat_count is not None else len(container.children)
+            count = total if len(groups) == 1 else len(members)
+            if len(groups) > 1 and index == 0 and total > len(container.traced):
+                # the traced blocks differ where the last one's backward reads the head's gradient (a cut trace
+                # whose blocks differ otherwise is retraced whole, capture.graph_from_module; fusing the ops can
+                # tell the last apart): the blocks not traced repeat the first
+                count += total - len(container.traced)
             name = "block" if len(groups) == 1 else f"block.{index}"
             kind: LayerKind = "block"
         else:

@@ -80,6 +80,7 @@ from trainsim.strategy.megatron import (
     handed_on,
     layer_site,
     loss_statistics,
+    module_site,
     norm_params,
     op_tp_collectives,
     reshard_tp,
@@ -312,13 +313,8 @@ class _Walk:
         """Where a reshard into `reader` runs: the reader's module's attention or MLP, else the producer's, else
         the layer's (the compiler places a collective after its site's last op)."""
         writer = self.layer.fwd[producer] if producer >= 0 else None
-        for op in (reader, writer):
-            for part in op.module_path.split(".") if op is not None else ():
-                if "attn" in part or "attention" in part:
-                    return "attn"
-                if "mlp" in part or "ffn" in part or "feed_forward" in part:
-                    return "mlp"
-        return layer_site(self.layer.kind)
+        sites = (module_site(op.module_path) for op in (reader, writer) if op is not None)
+        return next((site for site in sites if site), layer_site(self.layer.kind))
 
     def _inferred(self, op: Op, inputs: list[int]) -> OpConfig:
         """An op the tree does not configure: its config from the first input that is split (or partial), else

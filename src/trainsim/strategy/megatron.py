@@ -584,6 +584,18 @@ def _megatron_column(axis: Axis, op: Op, config: OpConfig, size: int) -> bool:
             and config == OpConfig(1, 1, size, 1))
 
 
+def module_site(module_path: str) -> str:
+    """The attention or MLP module an op runs in, by a part of its module path: the catalog's `attn`, `mlp`; a
+    captured model's as Hugging Face names them (`self_attn`, `attention`, `ffn`, `feed_forward`); '' for neither.
+    The sites a captured graph's collectives are named by (compile.shape_front_end) and its ops placed at
+    (compile.context)."""
+    parts = module_path.split(".")
+    for site, words in (("attn", ("attn", "attention")), ("mlp", ("mlp", "ffn", "feed_forward"))):
+        if any(word in part for part in parts for word in words):
+            return site
+    return ""
+
+
 def _site(op: Op) -> str:
     parts = op.module_path.split(".")
     if "attn" in parts:

@@ -132,12 +132,7 @@ def front_end_repeated_flops(plan: LoweredPlan, shaped: LoweredPlan, tp: int) ->
     """What one device runs per micro-batch beyond its 1/tp share of the captured (whole) layers: forward,
     backward and recompute of the shaped instances less 1/tp of the whole ones' (0 where every op splits tp
     ways; ops a plan runs whole or over fewer ranks count)."""
-    return sum(_run_flops(new.layer, new.recompute) - _run_flops(old.layer, old.recompute) / tp
-               for old, new in zip(plan.layers, shaped.layers, strict=True))
-
-
-def _run_flops(layer: Layer, recompute: str) -> float:
-    return layer.flops("fwd") + layer.flops("bwd") + layer.recomputed_flops(recompute)
+    return sum(new.run_flops() - old.run_flops() / tp for old, new in zip(plan.layers, shaped.layers, strict=True))
 
 
 def _shaped(job: Job, dev: DeviceSlice, layer: Layer, given: Mapping[str, OpConfig]

@@ -61,12 +61,11 @@ from trainsim.compile.shape_front_end_cnn import (
     hold_tied_tables,
     image_op,
     input_elements,
-    is_batch_norm,
     is_image_op,
     lookup_op,
     own_params,
 )
-from trainsim.compile.splits import ceil_part, inferred_config, op_output_bytes
+from trainsim.compile.splits import ceil_part, inferred_config, is_batch_norm, op_output_bytes
 from trainsim.errors import ConfigError
 from trainsim.hardware.device import BYTES_PER_DTYPE, DType
 from trainsim.ir.graph import Comm, Layer, Op

@@ -31,7 +31,7 @@ import dataclasses
 import math
 from collections.abc import Container, Mapping, Sequence
 
-from trainsim.compile.splits import ceil_part, op_input_bytes, weight_params
+from trainsim.compile.splits import ceil_part, is_batch_norm, op_input_bytes, weight_params
 from trainsim.errors import ConfigError
 from trainsim.hardware.device import BYTES_PER_DTYPE
 from trainsim.ir.graph import Layer, Op
@@ -47,11 +47,6 @@ def is_image_op(op: Op) -> bool:
     """An op whose tensor lies as (batch, channels, h, w). NB: a 4-dim norm is taken as an image's (batch, group
     or instance norm over channels)."""
     return op.kind in IMAGE_KINDS and len(op.shape) == 4
-
-
-def is_batch_norm(op: Op) -> bool:
-    """A batch norm kernel (alone or heading a fused group): statistics per channel, none across a channel split."""
-    return op.kind == "norm" and "batch_norm" in op.name
 
 
 def check_image_config(op: Op, config: OpConfig, where: str, text: str) -> None:

@@ -112,12 +112,16 @@ def hold_tied_tables(whole: Sequence[LayerAssignment], shaped: list[LayerAssignm
             if op.kind == "matmul" and len(op.shape) == 4 and op.shape[2] * op.shape[3] > a.layer.full_param_count]
     out = list(shaped)
     for position, a in enumerate(whole):
-        for op in a.layer.fwd if a.layer.kind == "embedding" else ():
-            config, table = configs.get(a.index, {}).get(op.module_path, UNSPLIT), own_params(op, a.layer)
-            heads = [configs.get(index, {}).get(m.module_path, UNSPLIT) for index, m in tied
-                     if op.kind == "embedding" and m.shape[2] * m.shape[3] == table]
+        lookups = [op for op in a.layer.fwd if op.kind == "embedding"] if a.layer.kind == "embedding" else []
+        for op in lookups:
+            config = configs.get(a.index, {}).get(op.module_path, UNSPLIT)
             parts = config.out * config.reduce
-            if parts > 1 and any((h.out, h.reduce) != (config.reduce, config.out) for h in heads):
+            if parts == 1:
+                continue
+            table = own_params(op, a.layer)
+            heads = [configs.get(index, {}).get(m.module_path, UNSPLIT) for index, m in tied
+                     if m.shape[2] * m.shape[3] == table]
+            if any((h.out, h.reduce) != (config.reduce, config.out) for h in heads):
                 layer = out[position].layer
                 out[position] = dataclasses.replace(out[position], layer=dataclasses.replace(
                     layer, param_count=layer.param_count + table * (1.0 - 1.0 / parts)))

@@ -721,8 +721,8 @@ def _op_prefixes(layer: Layer, first_name: str) -> tuple[str, ...]:
     under head, layer1.1.conv1 under layer1.1; a jaxpr's top-level name scope, block0.attn.qkv under blocks.0,
     block0's own equations on it) or the longest dotted prefix all its ops share (blocks.block.*, embed.*)."""
     paths = [op.module_path for op in layer.fwd + layer.bwd]
-    under = [path for path in paths if path.startswith(layer.name + ".")]
-    scope = layer.name if under and all(path == layer.name or path in under for path in paths) else ""
+    inside = all(path == layer.name or path.startswith(layer.name + ".") for path in paths)
+    scope = layer.name if inside and any(path != layer.name for path in paths) else ""
     split_paths = [path.split(".") for path in paths]
     common: list[str] = []
     if split_paths:

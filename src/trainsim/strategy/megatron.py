@@ -688,6 +688,21 @@ def _mla_reads(spec: TransformerSpec, tokens: int) -> dict[str, int]:
             "out_proj": tokens * heads * mla.v_head_dim}
 
 
+def ep_token_comms(spec: TransformerSpec, dev: DeviceSlice) -> tuple[Comm, ...]:
+    """An MoE block's all-to-alls over ep where tp is 1, as layer_comms derives them at Megatron's configs: the
+    dispatch of every local token's top_k routed copies (with their probabilities: _with_probs) and the combine
+    of the experts' outputs, forward; their gradients backward, in the order the backward meets them. For a
+    graph whose ops carry no Megatron names (a captured MoE: frontends.torch.moe). () at ep 1."""
+    if dev.ep == 1:
+        return ()
+    if dev.tp != 1 or dev.cp != 1:
+        raise ConfigError("tp x cp", dev.tp * dev.cp, "1 with ep > 1 on a graph without Megatron's op names")
+    routed = _tensor_bytes("ep", spec, dev) / dev.ep  # the buffer an all-to-all moves a rank: T k h bytes
+    dispatch, combine = routed * _with_probs(spec), routed
+    return (Comm("dispatch", "all-to-all", "ep", "fwd", dispatch), Comm("combine", "all-to-all", "ep", "fwd", combine),
+            Comm("combine", "all-to-all", "ep", "bwd", combine), Comm("dispatch", "all-to-all", "ep", "bwd", dispatch))
+
+
 def _with_probs(spec: TransformerSpec) -> float:
     """The routed tokens' bytes with their routing probabilities as the dispatch moves them, over the tokens'
     alone: Megatron-Core's all-to-all dispatcher sends each routed copy's probability (in the router's dtype, the

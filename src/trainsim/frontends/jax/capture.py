@@ -380,26 +380,26 @@ def graph_from_jax(fn: Callable[..., Any], *example_args: Any, name: str | None 
             nodes[layer] = []
         nodes[layer].append(nid)
     params = _params_by_layer(dag, order)
-    layers = tuple(_layer(dag, layer, nodes[layer], params.get(layer, 0.0)) for layer in order)
+    params_in = set(dag.param_nodes)
+    layers = tuple(_layer(dag, layer, nodes[layer], params.get(layer, 0.0), params_in) for layer in order)
     label = name or getattr(fn, "__name__", "jax")
     return OpGraph(label, layers, mb * seq, mb, frontend="jax")
 
 
-def _layer(dag: JaxDag, name: str, nids: list[int], params: float) -> Layer:
-    """One layer: its forward ops with their data dependencies and saved bytes, its backward ops."""
+def _layer(dag: JaxDag, name: str, nids: list[int], params: float, params_in: set[int]) -> Layer:
+    """One layer: its forward ops with their data dependencies and saved bytes, its backward ops. params_in: the
+    graph's parameter input nodes."""
     g = dag.graph
     fwd = [nid for nid in nids if g.nodes[nid]["phase"] == "fwd"]
     position = {nid: index for index, nid in enumerate(fwd)}
-    params_in = set(dag.param_nodes)
     saved = _saved_by_reader(dag, fwd, position)
     ops: list[Op] = []
     for nid in fwd:
         inputs = tuple(dict.fromkeys(position.get(p, -1) for p in _activation_inputs(g, nid, params_in)))
         ops.append(dataclasses.replace(_ir_op(g.nodes[nid]), inputs=inputs, saved_bytes=saved.get(nid, 0.0)))
-    readers_later = [nid for nid in fwd if any(
+    hands_on = max((position[nid] for nid in fwd if any(
         g.nodes[s]["node_type"] == "operator" and g.nodes[s]["phase"] == "fwd" and s not in position
-        for s in g.successors(nid))]
-    hands_on = position[readers_later[-1]] if readers_later else None
+        for s in g.successors(nid))), default=None)
     bwd = tuple(_ir_op(g.nodes[nid]) for nid in nids if g.nodes[nid]["phase"] == "bwd")
     return Layer(name, "block", 1, tuple(ops), bwd, (), params, params, {"none": sum(saved.values())},
                  hands_on=hands_on)
@@ -429,8 +429,8 @@ def _saved_by_reader(dag: JaxDag, fwd: list[int], position: dict[int, int]) -> d
         if not any(g.nodes[s]["node_type"] == "operator" and g.nodes[s]["phase"] == "bwd" for s in g.successors(nid)):
             continue
         size = float(sum(prod(s) * _itemsize(t) for s, t in zip(d["shapes"], d["dtypes"], strict=True)))
-        readers = sorted(position[s] for s in g.successors(nid) if s in position)
-        owner = fwd[readers[0]] if readers else nid
+        first_reader = min((position[s] for s in g.successors(nid) if s in position), default=None)
+        owner = nid if first_reader is None else fwd[first_reader]
         out[owner] = out.get(owner, 0.0) + size
     return out
 

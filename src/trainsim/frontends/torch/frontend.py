@@ -10,10 +10,11 @@ module's `config`; a module without one is opaque (frontends.opaque: dp, pp, and
 graph: the traced step, lowered to the kernels a fused training stack runs (torch.fuse). The trace is one
 device's whole model (OpGraph.frontend "torch"): tensor parallelism takes a strategy tree's configs over tp on its
 ops, addressed by module path (compile.shape_front_end: tp > 1 without one is refused there), and sequence
-parallelism splits the hidden state between them by sequence (compile.front_end_sequence); context and expert
-parallelism and the unfused "math" attention are refused, naming the field (the trace runs one device's whole
-sequence through SDPA); dp, pp, ZeRO and recompute are priced on the traced graph as the catalog's
-are.
+parallelism splits the hidden state between them by sequence (compile.front_end_sequence); a Mixtral-shaped
+mixture of experts is traced with balanced routing and split over ep at tp=1 and cp=1 (torch.moe: E / ep experts
+a rank, the all-to-alls over ep); ep with tp or cp > 1 and the unfused "math" attention are refused, naming the
+field (the trace runs one device's whole sequence through SDPA); dp, pp, ZeRO and recompute are priced on the
+traced graph as the catalog's are.
 """
 
 from dataclasses import replace
@@ -74,8 +75,9 @@ class TorchFrontend:
 
 
 def _check_strategy(dev: DeviceSlice) -> None:
-    if dev.ep != 1:
-        raise ConfigError("ep", dev.ep, "the torch front-end maps dense transformers only; use ep=1")
+    if dev.ep != 1 and dev.tp * dev.cp != 1:
+        raise ConfigError("ep", dev.ep, "the torch front-end splits a captured MoE's experts over ep at tp=1 and "
+                          "cp=1 only; use ep=1, or tp=1 and cp=1")
     if not dev.fused_attention:
         raise ConfigError("attention", dev.attention, "the torch front-end traces fused SDPA attention; "
                           "choose flash2 or flash3")
@@ -86,22 +88,28 @@ def _trace(source: str, job: Job, dev: DeviceSlice) -> OpGraph:
 
     shape = {"micro_batch": dev.micro_batch, "seq_len": dev.seq_len, "precision": job.parallel.precision}
     if is_factory_target(source):
-        return _trace_factory(source, job)
-    path = resolve_source(source)
-    if path.endswith(".json"):
-        config: dict[str, Any] = read_mapping(Path(path))
-    elif isinstance(job.model, TransformerSpec):
-        config = hf_config_from_spec(job.model)
+        graph = _trace_factory(source, job, dev.ep)
     else:
-        raise ConfigError("model", source, f"is a {job.model.kind}; the torch front-end takes transformers")
-    return graph_from_hf_config(config, name=job.model.name, fused=True, **shape)
+        path = resolve_source(source)
+        if path.endswith(".json"):
+            config: dict[str, Any] = read_mapping(Path(path))
+        elif isinstance(job.model, TransformerSpec):
+            config = hf_config_from_spec(job.model)
+        else:
+            raise ConfigError("model", source, f"is a {job.model.kind}; the torch front-end takes transformers")
+        graph = graph_from_hf_config(config, name=job.model.name, fused=True, ep=dev.ep, **shape)
+    if isinstance(job.model, TransformerSpec) and job.model.is_moe:
+        from trainsim.frontends.torch.moe import moe_layers
+
+        return moe_layers(graph, job.model, dev)
+    return graph
 
 
-def _trace_factory(source: str, job: Job) -> OpGraph:
+def _trace_factory(source: str, job: Job, ep: int) -> OpGraph:
     from trainsim.frontends.torch.capture import TensorSpec, graph_from_module
 
     par = job.parallel
-    made = _build_module(source, micro_batch=par.micro_batch, seq_len=par.seq_len, precision=par.precision)
+    made = _build_module(source, ep, micro_batch=par.micro_batch, seq_len=par.seq_len, precision=par.precision)
     module, inputs = made if isinstance(made, tuple) else (made, None)
     if inputs is None:
         inputs = {"input_ids": TensorSpec((par.micro_batch, par.seq_len), "int64"),
@@ -110,22 +118,27 @@ def _trace_factory(source: str, job: Job) -> OpGraph:
                              seq_len=par.seq_len, name=job.model.name, fused=True)
 
 
-def _build_module(source: str, **shape: Any) -> Any:
-    """The factory's result, built under FakeTensorMode (no weight is allocated)."""
+def _build_module(source: str, ep: int = 1, **shape: Any) -> Any:
+    """The factory's result, built under FakeTensorMode (no weight is allocated); a module with Mixtral's
+    experts traces balanced routing, E / ep of them (torch.moe)."""
     try:
         from torch._subclasses.fake_tensor import FakeTensorMode
     except ModuleNotFoundError as exc:
         raise missing(exc) from None
+    from trainsim.frontends.torch.moe import is_moe_config, with_balanced_routing
+
     factory = load_factory(source, "torch")
     try:
         with FakeTensorMode(allow_non_fake_inputs=True):
             made = call_factory(factory, **shape)
+            module = made[0] if isinstance(made, tuple) else made
+            if is_moe_config(getattr(module, "config", None)):
+                with_balanced_routing(module, ep)  # under the mode its weights are fakes of
     except TrainsimError:
         raise
     except Exception as exc:  # the user's factory failed: one line, never a traceback
         reason = one_line(str(exc), 160) or type(exc).__name__
         raise ConfigError("model", source, f"the factory raised {type(exc).__name__}: {reason}") from exc
-    module = made[0] if isinstance(made, tuple) else made
     if not callable(getattr(module, "named_parameters", None)):
         raise ConfigError("model", source, "the factory must return an nn.Module or (nn.Module, example_inputs)")
     return made

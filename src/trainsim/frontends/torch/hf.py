@@ -9,7 +9,10 @@ Conventions, chosen so that the trace matches what the analytic catalog models f
 - inputs input_ids and labels of shape (micro_batch, seq_len), so the loss is part of the step;
 - SDPA attention; attention-probability dropout set to 0 (a fused kernel applies it inside, at no extra FLOPs,
   and CPU kernels would otherwise fall back to unfused math), hidden dropout kept;
-- decoders count attention as causal (a fused kernel skips the masked half) although HF passes a mask tensor.
+- decoders count attention as causal (a fused kernel skips the masked half) although HF passes a mask tensor;
+- a mixture of experts (Mixtral's num_local_experts > 1) traces its router as the model runs it and balanced
+  routing for its experts (torch.moe: every expert T k / E routed token copies, as the catalog prices), without
+  the router's auxiliary load-balancing loss (output_router_logits off, the model's default).
 """
 
 import contextlib
@@ -18,6 +21,7 @@ from typing import Any
 
 from trainsim.errors import ConfigError
 from trainsim.frontends.torch.capture import TensorSpec, graph_from_module
+from trainsim.frontends.torch.moe import is_moe_config, mixtral_config, with_balanced_routing
 from trainsim.ir.graph import OpGraph
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.strategy.precision import Precision
@@ -29,8 +33,9 @@ TRACED_LAYERS = 2
 
 
 def graph_from_hf_config(config: Any, *, micro_batch: int, seq_len: int, precision: Precision = "fp32",
-                         name: str | None = None, fused: bool = False) -> OpGraph:
-    """config: a config.json mapping or a transformers.PretrainedConfig; fused: see capture.graph_from_module."""
+                         name: str | None = None, fused: bool = False, ep: int = 1) -> OpGraph:
+    """config: a config.json mapping or a transformers.PretrainedConfig; fused: see capture.graph_from_module;
+    ep: a mixture of experts traced as one rank of an expert-parallel group runs it (torch.moe)."""
     hf_config = to_pretrained_config(config)
     model_type = str(getattr(hf_config, "model_type", ""))
     layer_key = next((key for key in _LAYER_KEYS if isinstance(getattr(hf_config, key, None), int)), None)
@@ -48,8 +53,12 @@ def graph_from_hf_config(config: Any, *, micro_batch: int, seq_len: int, precisi
     inputs = {"input_ids": TensorSpec((micro_batch, seq_len), "int64"),
               "labels": TensorSpec((micro_batch, seq_len), "int64")}
     label = name or str(traced.get("_name_or_path") or model_type)
+    if ep > 1 and not is_moe_config(traced_config):
+        raise ConfigError("ep", ep, f"1 for {model_type}, which has no experts")
+    build = (lambda: with_balanced_routing(model_for(traced_config), ep)) if is_moe_config(traced_config) else (
+        lambda: model_for(traced_config))
     with _quiet_transformers():
-        return graph_from_module(lambda: model_for(traced_config), inputs, precision=precision,
+        return graph_from_module(build, inputs, precision=precision,
                                  micro_batch=micro_batch, seq_len=seq_len, name=label,
                                  causal_attention=model_type not in _ENCODERS, repeat_count=num_layers,
                                  fused=fused)
@@ -57,9 +66,10 @@ def graph_from_hf_config(config: Any, *, micro_batch: int, seq_len: int, precisi
 
 def hf_config_from_spec(spec: TransformerSpec) -> dict[str, Any]:
     """A catalog transformer as a Hugging Face config.json mapping of the family with the same structure:
-    gpt -> gpt2 (learned positions, GELU, LayerNorm), llama-style (RoPE, SwiGLU, RMSNorm) -> llama, bert -> bert."""
+    gpt -> gpt2 (learned positions, GELU, LayerNorm), llama-style (RoPE, SwiGLU, RMSNorm) -> llama, bert -> bert,
+    a Mixtral-shaped mixture of experts -> mixtral (torch.moe.mixtral_config)."""
     if spec.is_moe:
-        raise ConfigError(f"model {spec.name}", "moe", "the torch front-end maps dense transformers only")
+        return mixtral_config(spec)
     if spec.mla is not None:
         raise ConfigError(f"model {spec.name}", "mla", "the torch front-end maps attention with q, k and v "
                           "projections per head only, not a multi-head latent attention")

@@ -150,10 +150,11 @@ def honest(records: Sequence[HeldOut], build: Build) -> dict[str, Tally]:
             continue
         for r in (r for r in records if r.source == source):
             low, high = bands.band_ratios(r.group)
+            inside, width_pct = int(covered(r, bands)), (high - low) * 100.0
             for key in (source, r.group, "ALL"):
                 mine = tally.setdefault(key, Tally())
-                mine.inside += int(covered(r, bands))
-                mine.widths.append((high - low) * 100.0)
+                mine.inside += inside
+                mine.widths.append(width_pct)
     return tally
 
 

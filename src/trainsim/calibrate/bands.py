@@ -152,9 +152,9 @@ def band_ratios_of(records: Sequence[HeldOut], basis: str, rule: BandRule = BAND
 
 
 def _enough(records: Sequence[HeldOut], rule: BandRule, group: str) -> bool:
-    sources = len({r.source for r in records})
     counts_sources = rule.weight == "sources" or (rule.pooling == "parent" and _stack_side(group) == "unknown-stack")
-    return len(records) >= MIN_GROUP_RESIDUALS and (not counts_sources or sources >= MIN_GROUP_SOURCES)
+    return len(records) >= MIN_GROUP_RESIDUALS and (
+        not counts_sources or len({r.source for r in records}) >= MIN_GROUP_SOURCES)
 
 
 def _stack_side(group: str) -> str:
@@ -180,9 +180,9 @@ def uncertainty_of(records: Sequence[HeldOut], samples: Sequence[FitSample], fal
     bands: dict[str, BandRatios] = {}
     for group in GROUPS:
         levels = pooling_levels(group, records, rule)
-        usable = [(basis, level) for basis, level in levels if _enough(level, rule, group)]
-        if usable:
-            bands[group] = band_ratios_of(usable[0][1], usable[0][0], rule)
+        usable = next(((basis, level) for basis, level in levels if _enough(level, rule, group)), None)
+        if usable is not None:
+            bands[group] = band_ratios_of(usable[1], usable[0], rule)
         elif fallback is not None:
             bands[group] = fallback.bands[group].model_copy(update={"basis": "package"})
         else:

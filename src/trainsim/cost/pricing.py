@@ -212,7 +212,6 @@ def ep_overlap_share_of(job: Job) -> float:
     return ep_overlap_share(job.stack, job.parallel, job.cluster.device.comm_overlaps_compute)
 
 
-
 # a layer's feature communication (Pricer.layer_comm_s): per axis its exposed seconds (in the order its comms first
 # name the axes), the forward's, and the tp, cp and ep exposed fractions (forward, backward)
 LayerComm = tuple[dict[str, float], float, tuple[float, float], tuple[float, float], tuple[float, float]]

@@ -90,6 +90,8 @@ _PlanReads = tuple[Ints, list[tuple[object, ...]], list[int], tuple[Ints, Ints, 
 RECOMPUTE_CODES: dict[Recompute, int] = {"none": 0, "selective": 1, "full": 2}
 SCHEDULE_CODES = {"1f1b": 0, "interleaved-1f1b": 1, "gpipe": 2, "zb-h1": 3}
 OPTIMIZER_CODES = {"fused": 0, "foreach": 1, "loop": 2}
+_RECOMPUTE_NAMES: dict[int, Recompute] = {code: name for name, code in RECOMPUTE_CODES.items()}
+_SCHEDULE_NAMES = {code: name for name, code in SCHEDULE_CODES.items()}
 # of a plan's ParallelSpec: what its group reads (_Batch._group): its settings, its split (from _SPLIT_AT on:
 # strategy.stages.is_even_split's fields) and its global batch (the micro-batches an overlapped expert all-to-all
 # reads: stack_effects.ep_overlap_share)
@@ -126,8 +128,12 @@ class _Shape:
     template: _Template
     layout: int  # the template's number (_Shared.layouts)
     distinct: int  # the template's distinct stages
-    uneven: bool = False  # a split other than the even one (Pricer.plan_split): the uneven bubble's
     split: tuple[int, ...] | None = None  # Pricer.plan_split's blocks per virtual stage (None: even)
+
+    @property
+    def uneven(self) -> bool:
+        """A split other than the even one (Pricer.plan_split): the uneven bubble's."""
+        return self.split is not None
 
 
 def _signature(graph: OpGraph) -> tuple[object, ...]:
@@ -290,13 +296,13 @@ class _Shared:
     layers_of: dict[tuple[object, ...], list[int]] = field(default_factory=dict)
     # the contents' figures (_Batch._contents), per name an array over a batch's new contents
     content_blocks: list[dict[str, Floats]] = field(default_factory=list)
-    # (id of a graph, pp, split) -> its partition (_Batch._shape; None: not a template's)
-    shapes: dict[tuple[object, ...], "_Shape | None"] = field(default_factory=dict)
-    # what a partition reads of a graph (_signature) -> per (pp, split) the partition's template (None: unequal
-    # chunks), and per (signature, pp, vpp, the plan's split settings) its split (Pricer.plan_split; None: even)
+    # (id of a graph, pp, split) -> its partition (_Batch._shape)
+    shapes: dict[tuple[object, ...], _Shape] = field(default_factory=dict)
+    # what a partition reads of a graph (_signature) -> per (pp, split) the partition's template, and per
+    # (signature, pp, vpp, the plan's split settings) its split (Pricer.plan_split; None: even)
     signatures: dict[int, int] = field(default_factory=dict)  # id of a graph -> the number of its signature
     signature_numbers: dict[tuple[object, ...], int] = field(default_factory=dict)
-    templates: dict[tuple[object, ...], "_Template | None"] = field(default_factory=dict)
+    templates: dict[tuple[object, ...], _Template] = field(default_factory=dict)
     splits: dict[tuple[object, ...], tuple[int, ...] | None] = field(default_factory=dict)
     # a combo: a partition under one layer context: the index of its first stage row and the number of its
     # partition's template (of `layouts`: how its stages map to its distinct rows)
@@ -615,8 +621,6 @@ class _Batch:
             return -1
         shared = self.shared
         shape = self._shape(job, graph, pp, vpp)
-        if shape is None:
-            return -1
         rows_key = (id(shape), context, dp)  # shape: kept (_Shared.shapes)
         rows = shared.shape_rows.get(rows_key)
         if rows is None:  # NB: the vpp of one partition share its rows' contents, ZeRO-3 exposure and hops
@@ -640,7 +644,7 @@ class _Batch:
         shared.combo_shapes.append(shape)
         return len(combo_rows) - 1
 
-    def _shape(self, job: Job, graph: OpGraph, pp: int, vpp: int) -> "_Shape | None":
+    def _shape(self, job: Job, graph: OpGraph, pp: int, vpp: int) -> _Shape:
         """The graph's partition over the plan's pp and split (Pricer.plan_split). The partition is made
         once per what it reads of a graph (_signature: the layers' kinds and counts), pp and split, as a template
         of layer positions and counts: the search's graphs of one model (one per tp, sp and micro-batch) share
@@ -667,14 +671,11 @@ class _Batch:
         if template_key not in shared.templates:
             shared.templates[template_key] = _template(self.pricer.partition(graph, pp, split), graph)
         template = shared.templates[template_key]
-        if template is None:
-            shared.shapes[key] = None
-            return None
         layout = shared.layout_of.get(id(template))
         if layout is None:  # NB: the template is kept (_Shared.templates)
             layout = shared.layout_of[id(template)] = len(shared.layouts)
             shared.layouts.append(template)
-        shape = shared.shapes[key] = _Shape(graph, template, layout, len(template.stages), split is not None, split)
+        shape = shared.shapes[key] = _Shape(graph, template, layout, len(template.stages), split)
         return shape
 
     def _stage(self, shape: _Shape, index: int) -> list[StagePart]:
@@ -1131,7 +1132,6 @@ class _Fast:
         where = np.flatnonzero(uneven)
         keys = np.stack([code[where], self.m[where], self.schedule[where]], axis=1)
         _, first, inverse = np.unique(_row_codes(keys), return_index=True, return_inverse=True)
-        names = {number: name for name, number in SCHEDULE_CODES.items()}
         width = variant.shape[-1]
         flat = variant.reshape(-1, width)
         values = []
@@ -1144,7 +1144,7 @@ class _Fast:
             whole = (table.compute[rows] + table.recompute[rows, mode] + table.feature_only[rows]).tolist()
             fractions = [f / w if w > 0.0 else 0.0 for f, w in zip(forward, whole, strict=True)]
             sends = table.sends[rows].tolist()
-            values.append(uneven_bubble_s(names[int(self.schedule[at])], [times[i] for i in layout.local],
+            values.append(uneven_bubble_s(_SCHEDULE_NAMES[int(self.schedule[at])], [times[i] for i in layout.local],
                                           [fractions[i] for i in layout.local], int(self.m[at]),
                                           self.batch.shared.combo_chunks[combo], [sends[i] for i in layout.local]))
         out[where] = np.array(values, dtype=np.float64)[inverse]
@@ -1344,7 +1344,6 @@ class _Fast:
         states, held: the plans' rows' model states and (one micro-batch's activations, working buffers, step
         temporaries)."""
         batch = self.batch
-        names: dict[int, Recompute] = {code: name for name, code in RECOMPUTE_CODES.items()}
         flights: dict[tuple[int, int, int], list[float]] = {}
         per_micro_batch, working, step = (values.tolist() for values in held)
         state_rows = states.tolist()
@@ -1356,7 +1355,7 @@ class _Fast:
             flight = flights.get(key)
             if flight is None:
                 shape = batch.shared.combo_shapes[combo]
-                saved = saved_key(names[mode], batch.job0.stack)
+                saved = saved_key(_RECOMPUTE_NAMES[mode], batch.job0.stack)
                 pp, vpp = int(self.pp[plan]), int(self.vpp[plan])
                 flight = flights[key] = [
                     self._in_flight(stage, pp, vpp, m, chunk_shares(batch._stage(shape, local),

@@ -128,16 +128,16 @@ def pipeline_splits(model: ModelSpec, ranks: int, max_vpp: int) -> list[list[Pip
     uneven_split for each vpp of 1..max_vpp that has one (none: not listed). NB: the uneven pp are bounded by
     the GPUs: a pp that leaves dp fractional is never enumerated, while an even pp is (make_job refuses it,
     counted)."""
-    even = {pp: [PipelineSplit(pp, vpp) for vpp in vpp_candidates(model, pp, max_vpp)] for pp in pp_candidates(model)}
+    by_pp = {pp: [PipelineSplit(pp, vpp) for vpp in vpp_candidates(model, pp, max_vpp)] for pp in pp_candidates(model)}
     if not isinstance(model, TransformerSpec):
-        return list(even.values())
+        return list(by_pp.values())
     layers = model.num_layers
     for pp in divisors(ranks) if ranks > 0 else []:
         if 2 <= pp <= layers and layers % pp:
             splits = [split for vpp in range(1, max_vpp + 1) if (split := uneven_split(layers, pp, vpp))]
             if splits:
-                even[pp] = splits
-    return [even[pp] for pp in sorted(even)]
+                by_pp[pp] = splits
+    return [by_pp[pp] for pp in sorted(by_pp)]
 
 
 def ep_candidates(model: ModelSpec, num_gpus: int, model_parallel: int) -> list[int]:

@@ -15,7 +15,8 @@ from torch.utils._pytree import tree_leaves
 
 from trainsim.ir.graph import OpKind
 
-_MATMUL = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot", "addr", "_scaled_mm"})
+_MATMUL = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot", "addr", "_scaled_mm",
+                     "_grouped_mm"})
 _CONV = frozenset({"convolution", "_convolution", "convolution_backward", "cudnn_convolution",
                    "convolution_overrideable", "_slow_conv2d_forward", "_slow_conv2d_backward",
                    "cudnn_convolution_transpose", "mkldnn_convolution"})
@@ -123,6 +124,8 @@ def op_flops(name: str, func: Any, args: Sequence[Any], kwargs: dict[str, Any], 
         return float(flop_counter.flop_registry[func.overloadpacket](*args, **kwargs, out_val=out))
     if name in _NO_ARITHMETIC:
         return 0.0
+    if name == "_grouped_mm":
+        return _grouped_mm_flops(args)
     if name in _MATMUL:  # dot, mv, addmv, addr: 2 FLOPs per multiply-add
         inputs = [a for a in args if isinstance(a, torch.Tensor)]
         return 2.0 * max(_numel(t) for t in inputs) * (_numel(inputs[-1]) if name == "addr" else 1)
@@ -139,6 +142,19 @@ def op_flops(name: str, func: Any, args: Sequence[Any], kwargs: dict[str, Any], 
     return _PER_ELEMENT.get(name, 1.0) * elements
 
 
+def _grouped_mm_flops(args: Sequence[Any]) -> float:
+    """FLOPs of aten._grouped_mm (mat_a, mat_b, offs): the groups partition one dimension of the product, so the
+    total is 2 M N K of the operands as laid out. 2-d x 3-d (groups of rows of a, one weight each: an MoE's
+    experts): 2 M K N; 3-d x 3-d (batched): 2 G M K N; 2-d x 2-d (groups along K) and 3-d x 2-d (groups along N):
+    2 M K N over the whole K or N. flop_counter's registry has no formula for it."""
+    a, b = _shape(args[0]), _shape(args[1])
+    if len(a) == 3 and len(b) == 3:
+        return 2.0 * a[0] * a[1] * a[2] * b[2]
+    if len(a) == 3:  # 3-d x 2-d: b is (K, N_total)
+        return 2.0 * a[1] * a[2] * b[1]
+    return 2.0 * a[0] * a[1] * b[-1]
+
+
 def op_shape(name: str, kind: OpKind, args: Sequence[Any], out: Any) -> tuple[int, ...]:
     """(batch, m, n, k) for GEMMs and attention (m query tokens, n key tokens, k head dim); else the output."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
@@ -146,6 +162,12 @@ def op_shape(name: str, kind: OpKind, args: Sequence[Any], out: Any) -> tuple[in
         a, b = _shape(tensors[-2]), _shape(tensors[-1])
         if len(a) == 2 and len(b) == 2:
             return (1, a[0], b[1], a[1])
+        if len(a) == 3 and len(b) == 3:
+            return (a[0], a[1], b[2], a[2])
+    if name == "_grouped_mm" and len(tensors) >= 2:  # priced as one GEMM of the groups' rows (_grouped_mm_flops)
+        a, b = _shape(tensors[0]), _shape(tensors[1])
+        if len(a) == 2 and len(b) == 3:
+            return (1, a[0], b[2], a[1])
         if len(a) == 3 and len(b) == 3:
             return (a[0], a[1], b[2], a[2])
     if kind == "attention":

@@ -158,16 +158,12 @@ def _grouped_mm_flops(args: Sequence[Any]) -> float:
 def op_shape(name: str, kind: OpKind, args: Sequence[Any], out: Any) -> tuple[int, ...]:
     """(batch, m, n, k) for GEMMs and attention (m query tokens, n key tokens, k head dim); else the output."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    if kind == "matmul" and name in ("mm", "addmm", "bmm", "baddbmm") and len(tensors) >= 2:
-        a, b = _shape(tensors[-2]), _shape(tensors[-1])
-        if len(a) == 2 and len(b) == 2:
-            return (1, a[0], b[1], a[1])
-        if len(a) == 3 and len(b) == 3:
-            return (a[0], a[1], b[2], a[2])
-    if name == "_grouped_mm" and len(tensors) >= 2:  # priced as one GEMM of the groups' rows (_grouped_mm_flops)
-        a, b = _shape(tensors[0]), _shape(tensors[1])
-        if len(a) == 2 and len(b) == 3:
-            return (1, a[0], b[2], a[1])
+    if kind == "matmul" and name in ("mm", "addmm", "bmm", "baddbmm", "_grouped_mm") and len(tensors) >= 2:
+        # _grouped_mm (mat_a, mat_b, offs): one GEMM of the groups' rows, 2-d x 3-d (_grouped_mm_flops)
+        grouped = name == "_grouped_mm"
+        a, b = (_shape(t) for t in (tensors[:2] if grouped else tensors[-2:]))
+        if len(a) == 2 and len(b) == (3 if grouped else 2):
+            return (1, a[0], b[-1], a[1])
         if len(a) == 3 and len(b) == 3:
             return (a[0], a[1], b[2], a[2])
     if kind == "attention":

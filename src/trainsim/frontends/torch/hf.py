@@ -46,10 +46,14 @@ def graph_from_hf_config(config: Any, *, micro_batch: int, seq_len: int, precisi
     inputs = {"input_ids": TensorSpec((micro_batch, seq_len), "int64"),
               "labels": TensorSpec((micro_batch, seq_len), "int64")}
     label = name or str(getattr(hf_config, "_name_or_path", "") or model_type)
-    if ep > 1 and not is_moe_config(traced_config):
+    moe = is_moe_config(traced_config)
+    if ep > 1 and not moe:
         raise ConfigError("ep", ep, f"1 for {model_type}, which has no experts")
-    build = (lambda: with_balanced_routing(model_for(traced_config), ep)) if is_moe_config(traced_config) else (
-        lambda: model_for(traced_config))
+
+    def build() -> Any:
+        model = model_for(traced_config)
+        return with_balanced_routing(model, ep) if moe else model
+
     with _quiet_transformers():
         return graph_from_module(build, inputs, precision=precision,
                                  micro_batch=micro_batch, seq_len=seq_len, name=label,

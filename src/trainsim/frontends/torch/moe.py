@@ -29,12 +29,15 @@ import torch
 from torch import nn
 
 from trainsim.errors import ConfigError
-from trainsim.ir.graph import ExpertShard, Layer, OpGraph
+from trainsim.frontends.catalog.transformer import expert_shard
+from trainsim.ir.graph import Layer, OpGraph
 from trainsim.ir.model_spec import TransformerSpec
 from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.megatron import ep_token_comms
 
 _EXPERT_PATH = "experts.slots."
+_LAYOUT = ("the torch front-end traces experts with fused gate_up_proj and down_proj weights and no bias "
+           "(Mixtral's layout) only")
 
 
 class _ExpertSlot(nn.Module):
@@ -70,25 +73,26 @@ def mixtral_config(spec: TransformerSpec) -> dict[str, Any]:
 def moe_layers(graph: OpGraph, spec: TransformerSpec, dev: DeviceSlice) -> OpGraph:
     """The captured graph (traced at ep: with_balanced_routing) with each layer running experts an MoE block: its
     experts' parameters on a rank (Layer.experts), the whole layer's in full_param_count, and the all-to-alls over
-    ep (module doc)."""
-    expert_params = 3.0 * spec.hidden * spec.expert_ffn  # gate, up and down, no bias (mixtral_config)
-    local = spec.num_experts // dev.ep
+    ep (module doc). A graph in which no layer ran balanced-routing experts (a model whose experts
+    with_balanced_routing did not recognise, traced as its own code runs them) is refused: it would be priced
+    without its experts' shard and all-to-alls."""
+    if not any(_EXPERT_PATH in op.module_path for layer in graph.layers for op in layer.fwd):
+        raise ConfigError(f"model {spec.name}", "experts", _LAYOUT)
+    shard = expert_shard(spec, dev, 1)  # the rank's E / ep experts, as the catalog counts them
 
     def moe(layer: Layer) -> Layer:
         if not any(_EXPERT_PATH in op.module_path for op in layer.fwd):
             return layer
         return dataclasses.replace(layer, kind="moe_block", comms=layer.comms + ep_token_comms(spec, dev),
-                                   full_param_count=layer.full_param_count
-                                   + (spec.num_experts - local) * expert_params,
-                                   experts=ExpertShard(local * expert_params, 1))
+                                   full_param_count=layer.full_param_count + (dev.ep - 1) * shard.params,
+                                   experts=shard)
 
     return dataclasses.replace(graph, layers=tuple(moe(layer) for layer in graph.layers))
 
 
 def expert_of(module_path: str) -> int | None:
     """The expert an op of a captured MoE runs for (its index among the rank's experts), None for any other op."""
-    head, found, tail = module_path.partition(_EXPERT_PATH)
-    del head
+    _, found, tail = module_path.partition(_EXPERT_PATH)
     return int(tail.split(".", 1)[0]) if found else None
 
 
@@ -100,7 +104,8 @@ def with_balanced_routing(model: nn.Module, ep: int = 1) -> nn.Module:
     """The model with every Mixtral-style experts module (3D gate_up_proj and down_proj, num_experts) tracing
     balanced routing (module doc), holding E / ep of its experts (one rank of an ep group: its first E / ep, their
     weights only) which run all T k routed copies a rank receives (T k ep / E each); call under FakeTensorMode.
-    A module holding experts of another layout is refused."""
+    A module holding experts of another layout, or a model with no such module, is refused."""
+    patched = 0
     for path, found in list(model.named_modules()):
         if not path.endswith("experts") or not hasattr(found, "num_experts"):
             continue
@@ -108,8 +113,7 @@ def with_balanced_routing(model: nn.Module, ep: int = 1) -> nn.Module:
         gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
         if not isinstance(gate_up, torch.Tensor) or not isinstance(down, torch.Tensor) or getattr(
                 module, "has_bias", False) or getattr(module, "is_transposed", False):
-            raise ConfigError("model", type(module).__name__, "the torch front-end traces experts with fused "
-                              "gate_up_proj and down_proj weights and no bias (Mixtral's layout) only")
+            raise ConfigError("model", type(module).__name__, _LAYOUT)
         experts = int(module.num_experts)
         if experts % ep:
             raise ConfigError("ep", ep, f"must divide the number of experts ({experts})")
@@ -119,6 +123,9 @@ def with_balanced_routing(model: nn.Module, ep: int = 1) -> nn.Module:
             module.down_proj = nn.Parameter(torch.empty(local, *down.shape[1:], dtype=down.dtype))
         module.add_module("slots", nn.ModuleList(_ExpertSlot() for _ in range(local)))
         module.forward = types.MethodType(_balanced_forward, module)
+        patched += 1
+    if not patched:
+        raise ConfigError("model", type(model).__name__, _LAYOUT)
     return model
 
 

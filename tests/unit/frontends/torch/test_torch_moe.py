@@ -169,6 +169,29 @@ def test_bad_input_is_one_config_error(change: dict[str, Any], ep: int, field: s
     assert error.value.field == field
 
 
+def test_experts_traced_as_the_model_runs_them_are_refused_not_priced_without_their_shard() -> None:
+    """A Mixtral traced without balanced routing (HF's own experts: one grouped GEMM, no expert slots) would lose
+    its experts' shard and all-to-alls: refused in one line."""
+    from trainsim.frontends.torch.capture import TensorSpec, graph_from_module
+    from trainsim.frontends.torch.hf import model_for, to_pretrained_config
+
+    config = to_pretrained_config({**CONFIG, "num_hidden_layers": 1})
+    inputs = {"input_ids": TensorSpec((MB, SEQ), "int64"), "labels": TensorSpec((MB, SEQ), "int64")}
+    graph = graph_from_module(lambda: model_for(config), inputs, precision="bf16", micro_batch=MB, seq_len=SEQ,
+                              name="tiny-mixtral")
+    with pytest.raises(ConfigError) as error:
+        moe_layers(graph, _spec(), DeviceSlice(MB, SEQ, policy_for("bf16"), ep=2))
+    assert error.value.field == "model tiny-mixtral" and "\n" not in str(error.value)
+
+
+def test_balanced_routing_refuses_a_model_with_no_experts_module_it_recognises() -> None:
+    from trainsim.frontends.torch.moe import with_balanced_routing
+
+    with pytest.raises(ConfigError, match="Mixtral's layout") as error:
+        with_balanced_routing(torch.nn.Sequential(torch.nn.Linear(4, 4)), ep=2)
+    assert error.value.field == "model" and error.value.value == "Sequential"
+
+
 def test_cli_refuses_ep_with_tp_in_one_line(tmp_path: Path) -> None:
     config = tmp_path / "config.json"
     config.write_text(json.dumps(CONFIG))

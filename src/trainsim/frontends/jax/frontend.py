@@ -3,10 +3,11 @@ factory(micro_batch=..., seq_len=..., precision=...) and returning (train_step_f
 
 The jaxpr is the whole step of one device (OpGraph.frontend "jax"): tensor parallelism takes a strategy tree's
 configs over tp on its ops, addressed by their name-stack paths (compile.shape_front_end; tp > 1 without one is
-refused there); sp and cp go through the torch front-end's passes (compile.front_end_sequence, compile.
-front_end_context: cp is refused there in one line, the jaxpr having no model shape to size the keys and values
-from); ep is refused, naming the field. The model description is opaque (frontends.opaque):
-the jaxpr carries no spec."""
+refused there), and sp the torch front-end's sequence-parallel pass on them (compile.front_end_sequence). The
+model description is opaque (frontends.opaque): the jaxpr carries no spec, so cp and ep are refused in one line when
+the job is made (context parallelism sizes the keys and values it exchanges from the model's shape and exchanges
+them at the attention cores, compile.front_end_context; a jaxpr has neither, its attention being einsums), and
+here too (a Job made by hand), naming the field."""
 
 from typing import Any
 
@@ -45,10 +46,11 @@ class JaxFrontend:
 
     def graph(self, source: str, job: Job) -> OpGraph:
         par = job.parallel
+        if par.cp != 1:
+            raise ConfigError("cp", par.cp, f"the {self.name} front-end's jaxpr has no model shape nor attention "
+                              "core to exchange keys and values at (its attention is einsums); use cp=1")
         if par.ep != 1:
-            raise ConfigError("ep", par.ep, f"the {self.name} front-end cannot split a model's experts; use ep=1 "
-                              "(dp and pp apply; tp through a strategy tree's splits, sp and cp as on the torch "
-                              "front-end's graph)")
+            raise ConfigError("ep", par.ep, f"the {self.name} front-end cannot split a model's experts; use ep=1")
         try:
             from trainsim.frontends.jax.capture import graph_from_jax_target
         except ModuleNotFoundError as exc:

@@ -112,5 +112,6 @@ def _check_non_transformer(kind: str, par: ParallelSpec, split_by_tree: bool = F
                           f"transformers; a model of kind {kind} has its layers dealt out in order")
     for axis, value in (("tp", par.tp), ("cp", par.cp), ("ep", par.ep)):
         if value != 1 and not (axis == "tp" and split_by_tree):
-            default = f"must be 1 for a model of kind {kind} (only dp and pp apply)"
+            apply = "dp, pp, and tp through a strategy tree's splits" if split_by_tree else "only dp and pp"
+            default = f"must be 1 for a model of kind {kind} ({apply} apply)"
             raise ConfigError(axis, value, no_tp_reason if axis == "tp" and no_tp_reason else default)

@@ -46,10 +46,28 @@ def test_the_shipped_tree_splits_attention_and_mlp_and_both_engines_agree() -> N
     assert sim_memory["weights"] == 4 * (BLOCK_PARAMS - SHED) * 4
 
 
+def test_sequence_parallelism_splits_the_ops_outside_the_split_matmuls() -> None:
+    """--sp with the shipped tree (compile.front_end_sequence, as on the torch front-end's graph): both engines
+    agree; the weights are the tree's as without sp; the norms, residual adds and loss run on each rank's half of
+    the sequence, so compute and activations fall; the all-reduces become all-gathers and reduce-scatters."""
+    sim, closed = (_run("--num-gpus", "2", "--tp", "2", "--sp", "--tree", TREE, "--engine", engine)
+                   for engine in ("sim", "analytical"))
+    plain = _run("--num-gpus", "2", "--tp", "2", "--tree", TREE, "--engine", "sim")
+    assert sim["iteration_time_s"] == pytest.approx(closed["iteration_time_s"], rel=1e-9)
+    sp_breakdown, breakdown = sim["breakdown"], plain["breakdown"]
+    sp_memory, memory = sim["memory_breakdown"], plain["memory_breakdown"]
+    assert isinstance(sp_breakdown, dict) and isinstance(breakdown, dict)
+    assert isinstance(sp_memory, dict) and isinstance(memory, dict)
+    assert sp_memory["weights"] == memory["weights"] == 4 * (BLOCK_PARAMS - SHED) * 4
+    assert sp_breakdown["tp_comm"] > 0.0 and sp_breakdown["compute"] < breakdown["compute"]
+    assert sp_memory["activations"] < memory["activations"]
+
+
 @pytest.mark.parametrize(("extra", "words"), [
     (["--num-gpus", "2", "--tp", "2"], "give a strategy tree that splits its ops over tp"),
-    (["--num-gpus", "2", "--tp", "2", "--sp", "--tree", TREE], "sp=True is invalid"),
+    (["--num-gpus", "2", "--tp", "2", "--sp", "--seq-len", "127", "--tree", TREE], "seq_len=127 is invalid"),
     (["--num-gpus", "2", "--cp", "2"], "cp=2 is invalid"),
+    (["--num-gpus", "2", "--global-batch", "8", "--ep", "2"], "ep=2 is invalid"),
 ])
 def test_bad_input_is_one_line_exit_2(extra: list[str], words: str) -> None:
     result = RUNNER.invoke(app, [*JOB, "--engine", "sim", *extra])

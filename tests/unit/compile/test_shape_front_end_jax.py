@@ -77,9 +77,9 @@ def _input() -> Any:
     return jax.ShapeDtypeStruct((BATCH, SEQ, HIDDEN), jnp.float32)
 
 
-def _job(tp: int = 2) -> Job:
+def _job(tp: int = 2, sp: bool = False) -> Job:
     par = ParallelSpec.parse({"micro_batch": BATCH, "seq_len": SEQ, "global_batch": BATCH, "tp": tp, "dp": 1,
-                              "precision": "fp32"})
+                              "precision": "fp32", "sp": sp})
     spec = opaque_spec("mlp", "jax train step", split_by_tree=True)  # as the JAX front-end gives it
     return make_job(spec, load_cluster("local-cpu").with_num_gpus(tp), par)
 
@@ -153,10 +153,22 @@ def test_sim_and_analytical_agree_on_the_split_mlp(one_mlp: OpGraph) -> None:
     assert sim.breakdown["tp_comm"] > 0.0 and sim.breakdown["tp_comm"] == pytest.approx(closed.breakdown["tp_comm"])
 
 
-def test_the_same_mlp_through_the_torch_front_end_pays_the_same() -> None:
+# per block, forward then backward: without sp fc2's output all-reduced forward, fc1's input gradient backward;
+# under sp (compile.front_end_sequence) the block's input all-gathered before fc1 and fc2's partial sums
+# reduce-scattered by sequence forward, the conjugates backward; every buffer the whole 2 x 8 x 16 fp32 tensor
+WHOLE = [("mlp.ar", "all-reduce", "bwd", OUT_BYTES, 0, True), ("mlp.ar", "all-reduce", "fwd", OUT_BYTES, 0, False)]
+SEQUENCE = [("mlp.ag", "all-gather", "bwd", OUT_BYTES, 0, False), ("mlp.ag", "all-gather", "fwd", OUT_BYTES, 0, True),
+            ("mlp.rs", "reduce-scatter", "bwd", OUT_BYTES, 0, True),
+            ("mlp.rs", "reduce-scatter", "fwd", OUT_BYTES, 0, False)]
+
+
+@pytest.mark.parametrize(("sp", "expected"), [(False, WHOLE), (True, SEQUENCE)])
+def test_the_same_mlp_through_the_torch_front_end_pays_the_same(sp: bool, expected: list[tuple[object, ...]]
+                                                                ) -> None:
     """Two MLP blocks through both front-ends (torch: nn.Linear, a tanh GELU, a ModuleList "blocks"; JAX: the
-    name scopes block0/mlp/fc1 ...), split by the same tree: per block the same collectives (name, kind, phase,
-    bytes, ranks) and the same matmul FLOPs forward and backward by module."""
+    name scopes block0/mlp/fc1 ...), split by the same tree, with and without sp: per block the same collectives
+    (name, kind, phase, bytes, ranks; the hand-counted ones above) and the same matmul FLOPs forward and backward
+    by module; the loss's layer pays none on either."""
     torch = pytest.importorskip("torch")
     from torch import nn
 
@@ -193,7 +205,7 @@ def test_the_same_mlp_through_the_torch_front_end_pays_the_same() -> None:
 
     captured = graph_from_module(Net(), [TensorSpec((BATCH, SEQ, HIDDEN))], loss_fn=loss, fused=True)
     traced = graph_from_jax(two_blocks_step, [mlp_params(), mlp_params()], _input())
-    job = _job()
+    job = _job(sp=sp)
     theirs = shape_layers(job, _plan(job, captured, MEGATRON)).layers
     ours = shape_layers(job, _plan(job, traced, MEGATRON)).layers
     assert [a.layer.kind for a in ours] == ["block", "block", "block"]  # the loss's layer: unscoped equations
@@ -201,9 +213,10 @@ def test_the_same_mlp_through_the_torch_front_end_pays_the_same() -> None:
     for mine, other in zip(ours, theirs, strict=True):
         assert _comm_keys(mine.layer.comms) == _comm_keys(other.layer.comms)
         if other.layer.kind == "block":
+            assert _comm_keys(mine.layer.comms) == expected
             for phase in ("fwd", "bwd"):
                 assert _matmul_flops(mine.layer, phase) == _matmul_flops(other.layer, phase)
-    assert sum(len(a.layer.comms) for a in ours) == 4
+    assert sum(len(a.layer.comms) for a in ours) == 2 * len(expected)
 
 
 @pytest.mark.parametrize(("splits", "words"), [

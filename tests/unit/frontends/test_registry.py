@@ -137,8 +137,10 @@ def test_jax_refuses_a_split_and_a_bad_source() -> None:
     for field, strategy in (("cp=2", {"cp": 2}), ("ep=2", {"ep": 2})):  # make_job refuses them; a Job by hand
         with pytest.raises(ConfigError, match=field):
             frontend.graph(JAX_FACTORY, Job(spec, cluster, ParallelSpec.model_validate({"dp": 1, **strategy})))
-    with pytest.raises(ConfigError, match="sp=True"):
-        frontend.graph(JAX_FACTORY, Job(spec, cluster, ParallelSpec(tp=2, sp=True, dp=1)))
+    # sp is taken: the capture is one device's whole step, the tree's configs and sp shape it afterwards
+    whole = frontend.graph(JAX_FACTORY, Job(spec, cluster, ParallelSpec(tp=2, sp=True, dp=1, micro_batch=2,
+                                                                         seq_len=16)))
+    assert whole.tokens_per_micro_batch == 32
     with pytest.raises(ConfigError, match="cp=2"):
         _job(spec, 2, cp=2)
 

@@ -3,8 +3,11 @@ factory(micro_batch=..., seq_len=..., precision=...) and returning (train_step_f
 
 The jaxpr is the whole step of one device (OpGraph.frontend "jax"): tensor parallelism takes a strategy tree's
 configs over tp on its ops, addressed by their name-stack paths (compile.shape_front_end; tp > 1 without one is
-refused there); sp, cp and ep are refused, naming the field. The model description is opaque (frontends.opaque):
-the jaxpr carries no spec."""
+refused there), and sp the torch front-end's sequence-parallel pass on them (compile.front_end_sequence). The
+model description is opaque (frontends.opaque): the jaxpr carries no spec, so cp and ep are refused in one line when
+the job is made (context parallelism sizes the keys and values it exchanges from the model's shape and exchanges
+them at the attention cores, compile.front_end_context; a jaxpr has neither, its attention being einsums), and
+here too (a Job made by hand), naming the field."""
 
 from typing import Any
 
@@ -20,15 +23,12 @@ from trainsim.strategy.precision import Precision
 PIP = "pip install 'trainsim[jax]'"
 
 
-def refuse_model_parallelism(par: ParallelSpec, frontend: str, *, tree_tp: bool = False) -> None:
-    """tp, sp, cp and ep split a model the front-end cannot split: refuse them, naming the field. tree_tp: tp is
-    taken (a strategy tree's configs over tp split the captured ops, compile.shape_front_end)."""
-    checks = (("tp", par.tp, 1), ("sp", par.sp, False), ("cp", par.cp, 1), ("ep", par.ep, 1))
-    for field, value, default in checks[1:] if tree_tp else checks:
+def refuse_model_parallelism(par: ParallelSpec, frontend: str) -> None:
+    """tp, sp, cp and ep split a model the front-end cannot split: refuse them, naming the field."""
+    for field, value, default in (("tp", par.tp, 1), ("sp", par.sp, False), ("cp", par.cp, 1), ("ep", par.ep, 1)):
         if value != default:
-            also = "; tp applies through a strategy tree's splits" if tree_tp else ""
             raise ConfigError(field, value, f"the {frontend} front-end cannot split the model; use {field}="
-                              f"{default} (dp and pp apply{also})")
+                              f"{default} (dp and pp apply)")
 
 
 class JaxFrontend:
@@ -46,7 +46,11 @@ class JaxFrontend:
 
     def graph(self, source: str, job: Job) -> OpGraph:
         par = job.parallel
-        refuse_model_parallelism(par, self.name, tree_tp=True)
+        if par.cp != 1:
+            raise ConfigError("cp", par.cp, f"the {self.name} front-end's jaxpr has no model shape nor attention "
+                              "core to exchange keys and values at (its attention is einsums); use cp=1")
+        if par.ep != 1:
+            raise ConfigError("ep", par.ep, f"the {self.name} front-end cannot split a model's experts; use ep=1")
         try:
             from trainsim.frontends.jax.capture import graph_from_jax_target
         except ModuleNotFoundError as exc:

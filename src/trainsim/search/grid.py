@@ -1333,7 +1333,8 @@ class _Fast:
         key = (stage, pp, vpp, m, shares)
         held = known.get(key)
         if held is None:
-            held = known[key] = in_flight_micro_batches("interleaved-1f1b", stage, pp, vpp, m, shares)
+            held = known[key] = (in_flight_micro_batches("interleaved-1f1b", stage, pp, vpp, m, None) if shares is None
+                                 else interleaved_peak_chunks_array(stage, pp, vpp, m, shares))
         return held
 
     def _chunked_peaks(self, plans: Ints, combos: "_ComboTable", states: Floats,
@@ -1345,6 +1346,7 @@ class _Fast:
         temporaries)."""
         batch = self.batch
         flights: dict[tuple[int, int, int], list[float]] = {}
+        shares_of: dict[tuple[int, int], list[tuple[float, ...] | None]] = {}  # per (combo, recompute): not m's
         per_micro_batch, working, step = (values.tolist() for values in held)
         state_rows = states.tolist()
         peaks: list[float] = []
@@ -1354,13 +1356,16 @@ class _Fast:
             key = (combo, mode, m)
             flight = flights.get(key)
             if flight is None:
-                shape = batch.shared.combo_shapes[combo]
-                saved = saved_key(_RECOMPUTE_NAMES[mode], batch.job0.stack)
+                shares = shares_of.get((combo, mode))
+                if shares is None:
+                    shape = batch.shared.combo_shapes[combo]
+                    saved = saved_key(_RECOMPUTE_NAMES[mode], batch.job0.stack)
+                    shares = shares_of[(combo, mode)] = [
+                        chunk_shares(batch._stage(shape, local), layout.chunk_blocks[stage], saved)
+                        for stage, local in enumerate(layout.local)]
                 pp, vpp = int(self.pp[plan]), int(self.vpp[plan])
-                flight = flights[key] = [
-                    self._in_flight(stage, pp, vpp, m, chunk_shares(batch._stage(shape, local),
-                                                                    layout.chunk_blocks[stage], saved))
-                    for stage, local in enumerate(layout.local)]
+                flight = flights[key] = [self._in_flight(stage, pp, vpp, m, share)
+                                         for stage, share in enumerate(shares)]
             peak = -np.inf
             for stage, local in enumerate(layout.local):
                 activations = per_micro_batch[at][local] * flight[stage]
@@ -1565,3 +1570,22 @@ def _by_template(entries: "list[_Entry]", at: int) -> "list[list[_Entry]]":
     for entry in entries:
         groups.setdefault(id(entry[at].template), []).append(entry)
     return list(groups.values())
+
+
+def interleaved_peak_chunks_array(stage: int, pp: int, vpp: int, num_micro_batches: int,
+                                  chunk_shares: Sequence[float]) -> float:
+    """strategy.stages.interleaved_peak_chunks as one running sum in numpy, to the bit: the warm-up's forwards,
+    then forward k + W and backward k alternately, summed in the same order (np.cumsum is sequential; adding
+    -x is subtracting x), the peak over the sums after the warm-up and after each steady forward."""
+    total = num_micro_batches * vpp
+    warmup = min(2 * (pp - stage - 1) + (vpp - 1) * pp, total)
+    shares = np.asarray(chunk_shares, dtype=np.float64)
+    positions = (np.arange(total) % (pp * vpp)) // pp
+    steady = total - warmup
+    steps = np.empty(1 + warmup + 2 * steady)
+    steps[0] = 0.0
+    steps[1:1 + warmup] = shares[positions[:warmup]]
+    steps[1 + warmup::2] = shares[positions[warmup:]]
+    steps[2 + warmup::2] = -shares[vpp - 1 - positions[:steady]]
+    held = np.cumsum(steps)
+    return float(max(held[warmup], held[1 + warmup::2].max())) if steady else float(held[warmup])

@@ -1338,44 +1338,43 @@ class _Fast:
         return held
 
     def _chunked_peaks(self, plans: Ints, combos: "_ComboTable", states: Floats,
-                       held: tuple[Floats, Floats, Floats], reserved_bytes: float) -> list[float]:
+                       held: tuple[Floats, Floats, Floats], reserved_bytes: float) -> Floats:
         """The peak memory of interleaved plans of an uneven split (Pricer.memory with chunk_blocks): every stage
         (stages of one content may hold their chunks apart), each holding the micro-batches of its chunks'
         shares of its activations (cost.memory.chunk_shares, stage_in_flight), its memory stage_memory_values'.
         states, held: the plans' rows' model states and (one micro-batch's activations, working buffers, step
-        temporaries)."""
+        temporaries). The micro-batches in flight once per (combo, recompute, micro-batches), the rest as arrays
+        over the plans' stages (n x pp, -inf past a plan's last stage), summed in stage_memory_values' order."""
         batch = self.batch
-        flights: dict[tuple[int, int, int], list[float]] = {}
+        keys = np.stack([self.combo[plans], self.recompute[plans], self.m[plans]], axis=1)
+        _, first, inverse = np.unique(_row_codes(keys), return_index=True, return_inverse=True)
         shares_of: dict[tuple[int, int], list[tuple[float, ...] | None]] = {}  # per (combo, recompute): not m's
-        per_micro_batch, working, step = (values.tolist() for values in held)
-        state_rows = states.tolist()
-        peaks: list[float] = []
-        for at, plan in enumerate(plans.tolist()):
+        width = int(self.pp[plans].max())
+        flights = np.zeros((len(first), width))
+        locals_ = np.zeros((len(first), width), dtype=np.int64)
+        stages = np.zeros((len(first), width), dtype=np.bool_)
+        for number, plan in enumerate(plans[first].tolist()):
             combo, mode, m = int(self.combo[plan]), int(self.recompute[plan]), int(self.m[plan])
             layout = combos.layouts[int(combos.kind[combo])]
-            key = (combo, mode, m)
-            flight = flights.get(key)
-            if flight is None:
-                shares = shares_of.get((combo, mode))
-                if shares is None:
-                    shape = batch.shared.combo_shapes[combo]
-                    saved = saved_key(_RECOMPUTE_NAMES[mode], batch.job0.stack)
-                    shares = shares_of[(combo, mode)] = [
-                        chunk_shares(batch._stage(shape, local), layout.chunk_blocks[stage], saved)
-                        for stage, local in enumerate(layout.local)]
-                pp, vpp = int(self.pp[plan]), int(self.vpp[plan])
-                flight = flights[key] = [self._in_flight(stage, pp, vpp, m, share)
-                                         for stage, share in enumerate(shares)]
-            peak = -np.inf
-            for stage, local in enumerate(layout.local):
-                activations = per_micro_batch[at][local] * flight[stage]
-                if step[at][local] > activations + working[at][local]:
-                    total = state_rows[at][local] + 0.0 + 0.0 + step[at][local] + reserved_bytes
-                else:
-                    total = state_rows[at][local] + activations + working[at][local] + 0.0 + reserved_bytes
-                peak = max(peak, total)
-            peaks.append(peak)
-        return peaks
+            shares = shares_of.get((combo, mode))
+            if shares is None:
+                shape = batch.shared.combo_shapes[combo]
+                saved = saved_key(_RECOMPUTE_NAMES[mode], batch.job0.stack)
+                shares = shares_of[(combo, mode)] = [
+                    chunk_shares(batch._stage(shape, local), layout.chunk_blocks[stage], saved)
+                    for stage, local in enumerate(layout.local)]
+            pp, vpp = int(self.pp[plan]), int(self.vpp[plan])
+            flights[number, :pp] = [self._in_flight(stage, pp, vpp, m, share) for stage, share in enumerate(shares)]
+            locals_[number, :pp] = layout.local
+            stages[number, :pp] = True
+        at = locals_[inverse]  # per plan and stage its distinct row (the columns of states and held)
+        per_micro_batch, working, step = (np.take_along_axis(values, at, axis=1) for values in held)
+        state = np.take_along_axis(states, at, axis=1)
+        activations = per_micro_batch * flights[inverse]
+        stepping = step > activations + working
+        totals = np.where(stepping, state + 0.0 + 0.0 + step + reserved_bytes,
+                          state + activations + working + 0.0 + reserved_bytes)
+        return np.where(stages[inverse], totals, -np.inf).max(axis=1)
 
 
 class _ComboTable:

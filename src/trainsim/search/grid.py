@@ -1348,7 +1348,8 @@ class _Fast:
         batch = self.batch
         keys = np.stack([self.combo[plans], self.recompute[plans], self.m[plans]], axis=1)
         _, first, inverse = np.unique(_row_codes(keys), return_index=True, return_inverse=True)
-        shares_of: dict[tuple[int, int], list[tuple[float, ...] | None]] = {}  # per (combo, recompute): not m's
+        # per (shape, recompute): not m's nor dp's (the combos of one graph and split share a shape, _Shared.shapes)
+        shares_of: dict[tuple[int, int], list[tuple[float, ...] | None]] = {}
         width = int(self.pp[plans].max())
         flights = np.zeros((len(first), width))
         locals_ = np.zeros((len(first), width), dtype=np.int64)
@@ -1356,11 +1357,11 @@ class _Fast:
         for number, plan in enumerate(plans[first].tolist()):
             combo, mode, m = int(self.combo[plan]), int(self.recompute[plan]), int(self.m[plan])
             layout = combos.layouts[int(combos.kind[combo])]
-            shares = shares_of.get((combo, mode))
+            shape = batch.shared.combo_shapes[combo]
+            shares = shares_of.get((id(shape), mode))
             if shares is None:
-                shape = batch.shared.combo_shapes[combo]
                 saved = saved_key(_RECOMPUTE_NAMES[mode], batch.job0.stack)
-                shares = shares_of[(combo, mode)] = [
+                shares = shares_of[(id(shape), mode)] = [
                     chunk_shares(batch._stage(shape, local), layout.chunk_blocks[stage], saved)
                     for stage, local in enumerate(layout.local)]
             pp, vpp = int(self.pp[plan]), int(self.vpp[plan])

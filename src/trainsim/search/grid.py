@@ -1333,44 +1333,49 @@ class _Fast:
         key = (stage, pp, vpp, m, shares)
         held = known.get(key)
         if held is None:
-            held = known[key] = in_flight_micro_batches("interleaved-1f1b", stage, pp, vpp, m, shares)
+            held = known[key] = (in_flight_micro_batches("interleaved-1f1b", stage, pp, vpp, m, None) if shares is None
+                                 else interleaved_peak_chunks_array(stage, pp, vpp, m, shares))
         return held
 
     def _chunked_peaks(self, plans: Ints, combos: "_ComboTable", states: Floats,
-                       held: tuple[Floats, Floats, Floats], reserved_bytes: float) -> list[float]:
+                       held: tuple[Floats, Floats, Floats], reserved_bytes: float) -> Floats:
         """The peak memory of interleaved plans of an uneven split (Pricer.memory with chunk_blocks): every stage
         (stages of one content may hold their chunks apart), each holding the micro-batches of its chunks'
         shares of its activations (cost.memory.chunk_shares, stage_in_flight), its memory stage_memory_values'.
         states, held: the plans' rows' model states and (one micro-batch's activations, working buffers, step
-        temporaries)."""
+        temporaries). The micro-batches in flight once per (combo, recompute, micro-batches), the rest as arrays
+        over the plans' stages (n x pp, -inf past a plan's last stage), summed in stage_memory_values' order."""
         batch = self.batch
-        flights: dict[tuple[int, int, int], list[float]] = {}
-        per_micro_batch, working, step = (values.tolist() for values in held)
-        state_rows = states.tolist()
-        peaks: list[float] = []
-        for at, plan in enumerate(plans.tolist()):
+        keys = np.stack([self.combo[plans], self.recompute[plans], self.m[plans]], axis=1)
+        _, first, inverse = np.unique(_row_codes(keys), return_index=True, return_inverse=True)
+        # per (shape, recompute): not m's nor dp's (the combos of one graph and split share a shape, _Shared.shapes)
+        shares_of: dict[tuple[int, int], list[tuple[float, ...] | None]] = {}
+        width = int(self.pp[plans].max())
+        flights = np.zeros((len(first), width))
+        locals_ = np.zeros((len(first), width), dtype=np.int64)
+        stages = np.zeros((len(first), width), dtype=np.bool_)
+        for number, plan in enumerate(plans[first].tolist()):
             combo, mode, m = int(self.combo[plan]), int(self.recompute[plan]), int(self.m[plan])
             layout = combos.layouts[int(combos.kind[combo])]
-            key = (combo, mode, m)
-            flight = flights.get(key)
-            if flight is None:
-                shape = batch.shared.combo_shapes[combo]
+            shape = batch.shared.combo_shapes[combo]
+            shares = shares_of.get((id(shape), mode))
+            if shares is None:
                 saved = saved_key(_RECOMPUTE_NAMES[mode], batch.job0.stack)
-                pp, vpp = int(self.pp[plan]), int(self.vpp[plan])
-                flight = flights[key] = [
-                    self._in_flight(stage, pp, vpp, m, chunk_shares(batch._stage(shape, local),
-                                                                    layout.chunk_blocks[stage], saved))
+                shares = shares_of[(id(shape), mode)] = [
+                    chunk_shares(batch._stage(shape, local), layout.chunk_blocks[stage], saved)
                     for stage, local in enumerate(layout.local)]
-            peak = -np.inf
-            for stage, local in enumerate(layout.local):
-                activations = per_micro_batch[at][local] * flight[stage]
-                if step[at][local] > activations + working[at][local]:
-                    total = state_rows[at][local] + 0.0 + 0.0 + step[at][local] + reserved_bytes
-                else:
-                    total = state_rows[at][local] + activations + working[at][local] + 0.0 + reserved_bytes
-                peak = max(peak, total)
-            peaks.append(peak)
-        return peaks
+            pp, vpp = int(self.pp[plan]), int(self.vpp[plan])
+            flights[number, :pp] = [self._in_flight(stage, pp, vpp, m, share) for stage, share in enumerate(shares)]
+            locals_[number, :pp] = layout.local
+            stages[number, :pp] = True
+        at = locals_[inverse]  # per plan and stage its distinct row (the columns of states and held)
+        per_micro_batch, working, step = (np.take_along_axis(values, at, axis=1) for values in held)
+        state = np.take_along_axis(states, at, axis=1)
+        activations = per_micro_batch * flights[inverse]
+        stepping = step > activations + working
+        totals = np.where(stepping, state + 0.0 + 0.0 + step + reserved_bytes,
+                          state + activations + working + 0.0 + reserved_bytes)
+        return np.where(stages[inverse], totals, -np.inf).max(axis=1)
 
 
 class _ComboTable:
@@ -1565,3 +1570,22 @@ def _by_template(entries: "list[_Entry]", at: int) -> "list[list[_Entry]]":
     for entry in entries:
         groups.setdefault(id(entry[at].template), []).append(entry)
     return list(groups.values())
+
+
+def interleaved_peak_chunks_array(stage: int, pp: int, vpp: int, num_micro_batches: int,
+                                  chunk_shares: Sequence[float]) -> float:
+    """strategy.stages.interleaved_peak_chunks as one running sum in numpy, to the bit: the warm-up's forwards,
+    then forward k + W and backward k alternately, summed in the same order (np.cumsum is sequential; adding
+    -x is subtracting x), the peak over the sums after the warm-up and after each steady forward."""
+    total = num_micro_batches * vpp
+    warmup = min(2 * (pp - stage - 1) + (vpp - 1) * pp, total)
+    shares = np.asarray(chunk_shares, dtype=np.float64)
+    positions = (np.arange(total) % (pp * vpp)) // pp
+    steady = total - warmup
+    steps = np.empty(1 + warmup + 2 * steady)
+    steps[0] = 0.0
+    steps[1:1 + warmup] = shares[positions[:warmup]]
+    steps[1 + warmup::2] = shares[positions[warmup:]]
+    steps[2 + warmup::2] = -shares[vpp - 1 - positions[:steady]]
+    held = np.cumsum(steps)
+    return float(max(held[warmup], held[1 + warmup::2].max())) if steady else float(held[warmup])

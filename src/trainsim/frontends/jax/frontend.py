@@ -20,15 +20,13 @@ from trainsim.strategy.precision import Precision
 PIP = "pip install 'trainsim[jax]'"
 
 
-def refuse_model_parallelism(par: ParallelSpec, frontend: str, *, tree_tp: bool = False) -> None:
-    """tp, sp, cp and ep split a model the front-end cannot split: refuse them, naming the field. tree_tp: tp is
-    taken (a strategy tree's configs over tp split the captured ops, compile.shape_front_end)."""
-    checks = (("tp", par.tp, 1), ("sp", par.sp, False), ("cp", par.cp, 1), ("ep", par.ep, 1))
-    for field, value, default in checks[1:] if tree_tp else checks:
+def refuse_model_parallelism(par: ParallelSpec, frontend: str) -> None:
+    """sp, cp and ep split a model the front-end cannot split: refuse them, naming the field (tp is taken: a
+    strategy tree's configs over tp split the captured ops, compile.shape_front_end)."""
+    for field, value, default in (("sp", par.sp, False), ("cp", par.cp, 1), ("ep", par.ep, 1)):
         if value != default:
-            also = "; tp applies through a strategy tree's splits" if tree_tp else ""
             raise ConfigError(field, value, f"the {frontend} front-end cannot split the model; use {field}="
-                              f"{default} (dp and pp apply{also})")
+                              f"{default} (dp and pp apply; tp applies through a strategy tree's splits)")
 
 
 class JaxFrontend:
@@ -46,7 +44,7 @@ class JaxFrontend:
 
     def graph(self, source: str, job: Job) -> OpGraph:
         par = job.parallel
-        refuse_model_parallelism(par, self.name, tree_tp=True)
+        refuse_model_parallelism(par, self.name)
         try:
             from trainsim.frontends.jax.capture import graph_from_jax_target
         except ModuleNotFoundError as exc:

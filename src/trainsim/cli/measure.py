@@ -39,6 +39,9 @@ MEASURE_DEFAULTS = {"precision": DEFAULT_PRECISION,
 def measure(
     job_file: Annotated[Path | None, typer.Argument(help="YAML/JSON job file; flags override it")] = None,
     model: Annotated[str | None, typer.Option(help="catalog name, model YAML, or HF config.json")] = None,
+    frontend: Annotated[str, typer.Option(help="whose model the ranks train: catalog (measure's transformer) or "
+                                          "torch (the Hugging Face model the torch front-end captures; with "
+                                          "--tree its tp configs as torch's tp styles)")] = "catalog",
     cluster: Annotated[str | None, typer.Option(help="cluster preset or YAML (default: local-cpu without GPUs)")]
     = None,
     num_gpus: Annotated[int | None, typer.Option(help="ranks (default: tp x pp x dp)")] = None,
@@ -102,6 +105,13 @@ def measure(
     time (median, p10, p90), peak memory per rank and throughput in OUT/RUN_ID.json. With --generated or
     --dlrm-tasks: a resumable DLRM campaign (tasks x --batch x --ranks x --sharder) into OUT/dlrm_campaign.csv."""
     flags = dict(model=model, cluster=cluster, num_gpus=num_gpus, **strategy_flags)
+    from trainsim.measure.launch import MEASURED_FRONTENDS
+
+    if frontend not in MEASURED_FRONTENDS:
+        raise ConfigError("frontend", frontend, f"choose one of: {', '.join(MEASURED_FRONTENDS)}")
+    if frontend != "catalog" and (dlrm_tasks is not None or generated is not None or sharder is not None
+                                  or sharding is not None or suite is not None):
+        raise ConfigError("frontend", frontend, "applies to one transformer run (not a suite or a DLRM)")
     if dlrm_tasks is not None or generated is not None:  # a DLRM campaign (cli.measure_dlrm)
         from trainsim.cli.measure_dlrm import CampaignFlags, measure_campaign, refuse_unsupported
 
@@ -150,8 +160,12 @@ def measure(
     if repeats != 1 or list_suite:
         raise ConfigError("repeats" if repeats != 1 else "list", repeats if repeats != 1 else True,
                           "applies to --suite only")
-    job = job_from_flags(job_file, flags)
-    extra = {**_split_run(tree, memory_cap_gib, model, job), "phase_probe": phase_normalise}
+    job = job_from_flags(job_file, {**flags, "frontend": frontend})
+    if frontend == "torch":
+        source = model if model is not None else read_job_file(job_file).get("model")
+        extra = {**_front_end_run(tree, job, str(source or job.model.name)), "phase_probe": phase_normalise}
+    else:
+        extra = {**_split_run(tree, memory_cap_gib, model, job), "phase_probe": phase_normalise}
     _measure_one(job, out, run_id, iterations, warmup, timeout_s, threads, profile, execution_trace, as_json,
                  extra)
 
@@ -185,6 +199,32 @@ def _split_run(tree: Path | None, memory_cap_gib: float, model: str | None, job:
     configs = {f"{index}:{name}": [c.batch, c.seq, c.out, c.reduce]
                for index, split in plan_splits(plan, job.parallel.dp).items() for name, c in split.configs.items()}
     extra.update(dataflow=dataflow_beside(model) if model else None, op_configs=configs)
+    return extra
+
+
+def _front_end_run(tree: Path | None, job: Job, model: str) -> dict[str, Any]:
+    """make_spec's front-end settings: with a tree, the tp style of each module it splits (measure.front_end_tp),
+    after the compiler has shaped the captured graph's layers from its configs."""
+    extra: dict[str, Any] = {"frontend": "torch"}
+    if tree is None:
+        return extra
+    if not tree.is_file():
+        raise ConfigError("tree", str(tree), "must be a strategy-tree YAML file")
+    from trainsim.compile.shape_layers import shape_layers
+    from trainsim.frontends.registry import ModelSource
+    from trainsim.measure.front_end_tp import front_end_styles
+    from trainsim.measure.launch import check_front_end
+    from trainsim.pipeline import graph_for
+    from trainsim.strategy.tree_yaml import load_tree_yaml
+
+    check_front_end(job, tree=True)  # before the capture, which takes a while
+    graph = graph_for(job, ModelSource(model, "torch"))
+    plan = load_tree_yaml(tree, graph).lower(job.parallel)
+    if plan.stage_meshes:
+        raise ConfigError("tree", str(tree), "maps a stage to a mesh of its own (map tp / dp): `trainsim measure` "
+                          "runs the job's one mesh; predict it with --engine sim")
+    extra.update(tree_yaml=tree.read_text(), front_end_styles=front_end_styles(plan, shape_layers(job, plan),
+                                                                                job.parallel.tp))
     return extra
 
 

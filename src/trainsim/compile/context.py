@@ -18,6 +18,7 @@ from trainsim.ir.exec_graph import ExecGraph, Phase, Stream, TaskKind, TemplateR
 from trainsim.ir.graph import Comm, Layer, Op
 from trainsim.job import Job
 from trainsim.strategy.lowered import LoweredPlan
+from trainsim.strategy.megatron import module_site
 from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import PrecisionPolicy, policy_for
 from trainsim.strategy.reshard import ReshardStep
@@ -65,14 +66,8 @@ class LayerTiming:
 
 
 def _site(op: Op) -> str:
-    """The attention, MLP or MoE module an op runs in, by a part of its module path: the catalog's `attn`, `mlp`,
-    `moe`; a captured model's as Hugging Face names them (`self_attn`, `attention`, `ffn`, `feed_forward`: the
-    sites compile.shape_front_end names its collectives by)."""
-    parts = op.module_path.split(".")
-    for site, words in (("attn", ("attn", "attention")), ("mlp", ("mlp", "ffn", "feed_forward")), ("moe", ())):
-        if site in parts or any(word in part for part in parts for word in words):
-            return site
-    return ""
+    """The attention, MLP (strategy.megatron.module_site) or MoE module an op runs in."""
+    return module_site(op.module_path) or ("moe" if "moe" in op.module_path.split(".") else "")
 
 
 def _comm_site(name: str) -> str:

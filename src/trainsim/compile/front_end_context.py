@@ -5,9 +5,9 @@ Under cp (`--cp`) every op of a captured layer runs its rank's share of each seq
 cp group, as the catalog's: strategy.megatron.op_config), so a layer reads and hands on the hidden state split by
 sequence over cp and no op between two others reshards over it; the attention core runs its query rows against
 the keys and values of the whole sequence, all-gathered over the cp group forward and their gradient
-reduce-scattered backward: the catalog's pattern for Megatron-Core's ring attention (strategy.megatron
-_op_collectives over cp, named kv.ag and kv.rs), priced by the Pricer as the catalog's (the part ring attention
-hides behind the attention kernels: Pricer.cp_exposed_fraction). The keys and values are of the heads the core
+reduce-scattered backward: the catalog's pattern for Megatron-Core's ring attention (strategy.megatron.
+cp_kv_exchange, named kv.ag and kv.rs), priced by the Pricer as the catalog's (the part ring attention hides
+behind the attention kernels: Pricer.cp_exposed_fraction). The keys and values are of the heads the core
 runs on its tp rank (its config's parts over tp). Shaping the ops is compile.shape_front_end's (every op at
 seq = cp); this module sizes the exchange.
 NB: the loss's average over the cp ranks (one scalar) is not priced, as the catalog's.
@@ -18,8 +18,7 @@ from trainsim.hardware.device import BYTES_PER_DTYPE
 from trainsim.ir.graph import Comm, Layer
 from trainsim.ir.model_spec import ModelSpec, TransformerSpec
 from trainsim.strategy.device_slice import DeviceSlice
-from trainsim.strategy.placement import Placement
-from trainsim.strategy.reshard import reshard
+from trainsim.strategy.megatron import cp_kv_exchange
 
 
 def check_context_parallel(model: ModelSpec, dev: DeviceSlice, frontend: str) -> None:
@@ -44,7 +43,6 @@ def context_parallel_comms(model: ModelSpec, dev: DeviceSlice, whole: Layer, sha
         return ()
     assert isinstance(model, TransformerSpec)  # check_context_parallel
     act = BYTES_PER_DTYPE[dev.precision.activation_dtype]
-    split, whole_seq = Placement(dev.cp, seq=dev.cp), Placement(dev.cp)
     forward: list[Comm] = []
     backward: list[Comm] = []
     for op, ran in zip(whole.fwd, shaped.fwd, strict=True):
@@ -52,8 +50,7 @@ def context_parallel_comms(model: ModelSpec, dev: DeviceSlice, whole: Layer, sha
             continue
         heads_share = ran.shape[0] / op.shape[0]  # the core's (batch x) heads on this tp rank
         kv_bytes = dev.micro_batch * dev.seq_len * model.kv_features * act * heads_share
-        forward += [Comm("kv.ag", s.collective, "cp", "fwd", s.buffer_bytes) for s in reshard(split, whole_seq,
-                                                                                                kv_bytes)]
-        backward += [Comm("kv.rs", s.collective, "cp", "bwd", s.buffer_bytes)
-                     for s in reshard(Placement(dev.cp, partial=dev.cp), split, kv_bytes)]
+        gathers, scatters = cp_kv_exchange(dev.cp, kv_bytes)
+        forward += [Comm(name, s.collective, "cp", "fwd", s.buffer_bytes) for name, s, _ in gathers]
+        backward += [Comm(name, s.collective, "cp", "bwd", s.buffer_bytes) for name, s, _ in scatters]
     return tuple(forward + backward[::-1])

@@ -29,7 +29,7 @@ whose stage meshes' micro-batches were not captured.
 import dataclasses
 from collections.abc import Sequence
 
-from trainsim.compile.shape_layers import run_flops, shape_layers
+from trainsim.compile.shape_layers import shape_layers
 from trainsim.errors import ConfigError
 from trainsim.ir.graph import Layer
 from trainsim.job import Job
@@ -104,7 +104,7 @@ def front_end_stage_repeated_flops(job: Job, plan: LoweredPlan, compilations: Se
         mesh = mesh_job.parallel
         scale = mesh.tp * par.micro_batch / mesh.micro_batch
         shaped = shape_layers(mesh_job, mesh_plan)
-        total += sum((scale * run_flops(new) - run_flops(old)) / par.tp
+        total += sum((scale * new.run_flops() - old.run_flops()) / par.tp
                      for old, new in zip(plan.layers, shaped.layers, strict=True)
                      if source_of[old.stage] == index)
     return total

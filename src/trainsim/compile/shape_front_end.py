@@ -61,12 +61,11 @@ from trainsim.compile.shape_front_end_cnn import (
     hold_tied_tables,
     image_op,
     input_elements,
-    is_batch_norm,
     is_image_op,
     lookup_op,
     own_params,
 )
-from trainsim.compile.splits import ceil_part, inferred_config, op_output_bytes
+from trainsim.compile.splits import ceil_part, inferred_config, is_batch_norm, op_output_bytes
 from trainsim.errors import ConfigError
 from trainsim.hardware.device import BYTES_PER_DTYPE, DType
 from trainsim.ir.graph import Comm, Layer, Op
@@ -80,6 +79,7 @@ from trainsim.strategy.megatron import (
     handed_on,
     layer_site,
     loss_statistics,
+    module_site,
     norm_params,
     op_tp_collectives,
     reshard_tp,
@@ -131,12 +131,7 @@ def front_end_repeated_flops(plan: LoweredPlan, shaped: LoweredPlan, tp: int) ->
     """What one device runs per micro-batch beyond its 1/tp share of the captured (whole) layers: forward,
     backward and recompute of the shaped instances less 1/tp of the whole ones' (0 where every op splits tp
     ways; ops a plan runs whole or over fewer ranks count)."""
-    return sum(_run_flops(new.layer, new.recompute) - _run_flops(old.layer, old.recompute) / tp
-               for old, new in zip(plan.layers, shaped.layers, strict=True))
-
-
-def _run_flops(layer: Layer, recompute: str) -> float:
-    return layer.flops("fwd") + layer.flops("bwd") + layer.recomputed_flops(recompute)
+    return sum(new.run_flops() - old.run_flops() / tp for old, new in zip(plan.layers, shaped.layers, strict=True))
 
 
 def _shaped(job: Job, dev: DeviceSlice, layer: Layer, given: Mapping[str, OpConfig]
@@ -312,13 +307,8 @@ class _Walk:
         """Where a reshard into `reader` runs: the reader's module's attention or MLP, else the producer's, else
         the layer's (the compiler places a collective after its site's last op)."""
         writer = self.layer.fwd[producer] if producer >= 0 else None
-        for op in (reader, writer):
-            for part in op.module_path.split(".") if op is not None else ():
-                if "attn" in part or "attention" in part:
-                    return "attn"
-                if "mlp" in part or "ffn" in part or "feed_forward" in part:
-                    return "mlp"
-        return layer_site(self.layer.kind)
+        sites = (module_site(op.module_path) for op in (reader, writer) if op is not None)
+        return next((site for site in sites if site), layer_site(self.layer.kind))
 
     def _inferred(self, op: Op, inputs: list[int]) -> OpConfig:
         """An op the tree does not configure: its config from the first input that is split (or partial), else

@@ -31,7 +31,7 @@ import dataclasses
 import math
 from collections.abc import Container, Mapping, Sequence
 
-from trainsim.compile.splits import ceil_part, op_input_bytes, weight_params
+from trainsim.compile.splits import ceil_part, is_batch_norm, op_input_bytes, weight_params
 from trainsim.errors import ConfigError
 from trainsim.hardware.device import BYTES_PER_DTYPE
 from trainsim.ir.graph import Layer, Op
@@ -47,11 +47,6 @@ def is_image_op(op: Op) -> bool:
     """An op whose tensor lies as (batch, channels, h, w). NB: a 4-dim norm is taken as an image's (batch, group
     or instance norm over channels)."""
     return op.kind in IMAGE_KINDS and len(op.shape) == 4
-
-
-def is_batch_norm(op: Op) -> bool:
-    """A batch norm kernel (alone or heading a fused group): statistics per channel, none across a channel split."""
-    return op.kind == "norm" and "batch_norm" in op.name
 
 
 def check_image_config(op: Op, config: OpConfig, where: str, text: str) -> None:
@@ -117,12 +112,16 @@ def hold_tied_tables(whole: Sequence[LayerAssignment], shaped: list[LayerAssignm
             if op.kind == "matmul" and len(op.shape) == 4 and op.shape[2] * op.shape[3] > a.layer.full_param_count]
     out = list(shaped)
     for position, a in enumerate(whole):
-        for op in a.layer.fwd if a.layer.kind == "embedding" else ():
-            config, table = configs.get(a.index, {}).get(op.module_path, UNSPLIT), own_params(op, a.layer)
-            heads = [configs.get(index, {}).get(m.module_path, UNSPLIT) for index, m in tied
-                     if op.kind == "embedding" and m.shape[2] * m.shape[3] == table]
+        lookups = [op for op in a.layer.fwd if op.kind == "embedding"] if a.layer.kind == "embedding" else []
+        for op in lookups:
+            config = configs.get(a.index, {}).get(op.module_path, UNSPLIT)
             parts = config.out * config.reduce
-            if parts > 1 and any((h.out, h.reduce) != (config.reduce, config.out) for h in heads):
+            if parts == 1:
+                continue
+            table = own_params(op, a.layer)
+            heads = [configs.get(index, {}).get(m.module_path, UNSPLIT) for index, m in tied
+                     if m.shape[2] * m.shape[3] == table]
+            if any((h.out, h.reduce) != (config.reduce, config.out) for h in heads):
                 layer = out[position].layer
                 out[position] = dataclasses.replace(out[position], layer=dataclasses.replace(
                     layer, param_count=layer.param_count + table * (1.0 - 1.0 / parts)))

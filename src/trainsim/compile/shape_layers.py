@@ -31,7 +31,7 @@ from trainsim.ir.model_spec import TransformerSpec
 from trainsim.job import Job
 from trainsim.strategy.device_slice import DeviceSlice
 from trainsim.strategy.expert_groups import expert_data_ranks, experts_own_group
-from trainsim.strategy.lowered import LayerAssignment, LoweredPlan, default_plan
+from trainsim.strategy.lowered import LoweredPlan, default_plan
 from trainsim.strategy.megatron import UNSPLIT, TpConfigs, own_configs
 from trainsim.strategy.placement import OpConfig
 
@@ -170,10 +170,5 @@ def added_flops(plan: LoweredPlan, shaped: LoweredPlan, stages: Container[int] |
     """What the shaped plan's layer instances (on `stages`; None: all) run per micro-batch beyond the plan's."""
     if shaped is plan:
         return 0.0
-    return sum(run_flops(new) - run_flops(old) for old, new in zip(plan.layers, shaped.layers, strict=True)
+    return sum(new.run_flops() - old.run_flops() for old, new in zip(plan.layers, shaped.layers, strict=True)
                if new.layer is not old.layer and (stages is None or old.stage in stages))
-
-
-def run_flops(a: LayerAssignment) -> float:
-    """One micro-batch through a layer instance: forward, backward and its recompute."""
-    return a.layer.flops("fwd") + a.layer.flops("bwd") + a.layer.recomputed_flops(a.recompute)

@@ -325,9 +325,14 @@ def _move_table_grads(layer: Layer, split: LayerSplit, group: int) -> None:
 
 
 def _per_channel(op: Op) -> bool:
-    """BatchNorm (torchvision's bn* modules; a captured graph's batch-norm kernels, alone or heading a fused group)
-    normalises each channel alone, so a channel split passes through; layer and RMS norms read whole features."""
-    return op.module_path.rsplit(".", 1)[-1].startswith("bn") or "batch_norm" in op.name
+    """BatchNorm (torchvision's bn* modules; a captured graph's batch-norm kernels: is_batch_norm) normalises each
+    channel alone, so a channel split passes through; layer and RMS norms read whole features."""
+    return op.module_path.rsplit(".", 1)[-1].startswith("bn") or is_batch_norm(op)
+
+
+def is_batch_norm(op: Op) -> bool:
+    """A batch norm kernel (alone or heading a fused group): statistics per channel, none across a channel split."""
+    return op.kind == "norm" and "batch_norm" in op.name
 
 
 def _scale(config: OpConfig, group: int) -> float:

@@ -95,6 +95,11 @@ class MeasureSpec:
     # time measure.phase's reference probe just before and just after every timed step, on every rank (outside
     # the step's timing and CPU figures): the run then reports its phase-normalised step time beside the raw one
     phase_probe: bool = False
+    # the front-end whose model the ranks train: "catalog" (measure/model.py) or "torch" (the Hugging Face model the
+    # torch front-end captures, measure/front_end_model.py), with the tp style of each module a tree splits
+    # (measure.front_end_tp, computed by the command)
+    frontend: str = "catalog"
+    front_end_styles: dict[str, str] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -205,12 +210,38 @@ def _check_split_run(job: Job) -> None:
         raise unsupported("sp with a tree's tp configs is not measured (a whole op reads the whole sequence)")
     if p.precision != "fp32" or p.zero:
         raise unsupported("--tree is measured in fp32 without ZeRO")
-    if getattr(job.model, "is_moe", False):
-        raise unsupported("--tree is not measured for a mixture of experts")
+    if getattr(job.model, "is_moe", False) and (p.tp == 1 or getattr(job.model, "bias", False)):
+        raise unsupported("--tree is measured for a mixture of experts with tp > 1 and experts without biases "
+                          f"(got tp={p.tp}, bias={getattr(job.model, 'bias', False)})")
     if p.tp > 1:
         if not isinstance(job.model, TransformerSpec):
             raise unsupported(f"tp={p.tp} with --tree is measured for transformers, not {job.model.name}")
+        _check_built_structure(job.model)
         _check_tp(job.model, job)
+
+
+MEASURED_FRONTENDS = ("catalog", "torch")
+
+
+def check_front_end(job: Job, tree: bool) -> None:
+    """The torch front-end's model runs on the tp group alone (dp = pp = 1), fp32, without recompute, at tp 1 or
+    with a tree's tp configs (measure/front_end_model.py)."""
+    p = job.parallel
+    if not isinstance(job.model, TransformerSpec) or job.model.is_moe:
+        raise unsupported(f"--frontend torch is measured for dense transformers, not {job.model.name} (the "
+                          "front-end traces an MoE with balanced routing, which a real router does not give)")
+    for axis in ("dp", "pp", "cp", "ep"):
+        if getattr(p, axis) > 1:
+            raise unsupported(f"{axis}={getattr(p, axis)} with --frontend torch is not measured (the ranks are the "
+                              "tp group)")
+    if p.precision != "fp32" or p.zero or p.recompute != "none" or p.sp:
+        raise unsupported("--frontend torch is measured in fp32 without ZeRO, recompute or sp")
+    if p.tp > 1 and not tree:
+        raise unsupported(f"tp={p.tp} with --frontend torch needs a strategy tree splitting the model's modules "
+                          "(--tree); the captured graph is one device's whole model")
+    if tree and p.tp == 1:
+        raise unsupported("--tree with --frontend torch runs the tree's tp configs: give --tp > 1")
+    _check_tp(job.model, job)
 
 
 def _check_tp(model: TransformerSpec, job: Job) -> None:
@@ -229,7 +260,8 @@ def make_spec(job: Job, out_dir: Path, *, run_id: str | None = None, iterations:
               dataflow: dict[str, list[str]] | None = None, memory_cap_bytes: int = 0,
               op_configs: dict[str, list[int]] | None = None, phase_probe: bool = False,
               tp_degrees: dict[str, dict[str, int]] | None = None,
-              tp_dims: dict[str, dict[str, str]] | None = None) -> MeasureSpec:
+              tp_dims: dict[str, dict[str, str]] | None = None, frontend: str = "catalog",
+              front_end_styles: dict[str, str] | None = None) -> MeasureSpec:
     """Check the job and the loop settings; pick the device and the threads per rank (cores / ranks)."""
     import importlib.util
 
@@ -246,7 +278,10 @@ def make_spec(job: Job, out_dir: Path, *, run_id: str | None = None, iterations:
     if run_id is not None and (problem := check_name("run_id", run_id)) is not None:
         raise problem
     chosen: Device = device or pick_device(job)
-    check_supported(job, chosen, tree=bool(tree_yaml))
+    if frontend == "torch":
+        check_front_end(job, bool(tree_yaml))
+    else:
+        check_supported(job, chosen, tree=bool(tree_yaml))
     if memory_cap_bytes < 0:
         raise ConfigError("memory_cap_bytes", memory_cap_bytes, "must be >= 0 (0: no cap)")
     if threads is None:
@@ -255,7 +290,7 @@ def make_spec(job: Job, out_dir: Path, *, run_id: str | None = None, iterations:
                        warmup, timeout_s, threads, chosen, profile, execution_trace, labels=labels or {},
                        tree_yaml=tree_yaml, dataflow=dataflow, memory_cap_bytes=memory_cap_bytes,
                        op_configs=op_configs, phase_probe=phase_probe, tp_degrees=tp_degrees,
-                       tp_dims=tp_dims)
+                       tp_dims=tp_dims, frontend=frontend, front_end_styles=front_end_styles)
 
 
 def free_port() -> int:

@@ -180,25 +180,26 @@ class MLP(nn.Module):
 
 
 class MoE(nn.Module):
-    """Top-k gated experts (GShard, Lepikhin et al. 2020, sec. 2.2), each a GeLU MLP; no capacity limit."""
+    """Top-k gated experts (GShard, Lepikhin et al. 2020, sec. 2.2; Mixtral's top-2 of 8, Jiang et al. 2024, sec.
+    2.1), each the model's MLP (GeLU or SwiGLU, with the model's biases), dropless: no capacity limit. Each
+    expert's output is scaled by its routing probability, as the catalog prices it (no renormalisation of the
+    top-k probabilities)."""
 
     def __init__(self, spec: TransformerSpec) -> None:
         super().__init__()
         self.top_k = spec.top_k
         self.router = nn.Linear(spec.hidden, spec.num_experts, bias=False)
-        self.up = nn.ModuleList(nn.Linear(spec.hidden, spec.ffn_hidden) for _ in range(spec.num_experts))
-        self.down = nn.ModuleList(nn.Linear(spec.ffn_hidden, spec.hidden) for _ in range(spec.num_experts))
+        self.experts = nn.ModuleList(MLP(spec) for _ in range(spec.num_experts))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         gates = F.softmax(self.router(flat), dim=-1)
         weight, expert = gates.topk(self.top_k, dim=-1)
         out = torch.zeros_like(flat)
-        for e in range(len(self.up)):
+        for e, mlp in enumerate(self.experts):
             rows, slot = (expert == e).nonzero(as_tuple=True)
             if rows.numel():
-                y = self.down[e](F.gelu(self.up[e](flat[rows])))
-                out = out.index_add(0, rows, y * weight[rows, slot, None])
+                out = out.index_add(0, rows, mlp(flat[rows]) * weight[rows, slot, None])
         return out.reshape(x.shape)
 
 

@@ -6,8 +6,12 @@ parallelism; Jacobs et al. 2023, DeepSpeed-Ulysses, Sec. 3, the all-to-all betwe
 - gather: all-gather a dimension's parts; backward keeps this rank's part (the gradient is the same on every rank);
 - gather_sum: all-gather a dimension's parts; backward reduce-scatters (each rank's gradient is partial: keys and
   values read by every rank's query rows);
-- exchange: all-to-all, one dimension split, another gathered; backward the inverse all-to-all.
-Slice, gather_sum and exchange are the split executor's autograd collectives (measure/split_model.py) on a Group.
+- exchange: all-to-all, one dimension split, another gathered; backward the inverse all-to-all;
+- scatter_sum: reduce-scatter a dimension's parts; backward all-gathers;
+- all_reduce and reduce_grads: Megatron-LM's g (all-reduce; backward identity) and f (identity; backward
+  all-reduce).
+Slice, gather_sum, exchange, scatter_sum, all_reduce and reduce_grads are the split executor's autograd collectives
+(measure/split_model.py) on a Group.
 Imported only inside measure workers (torch).
 """
 
@@ -17,7 +21,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainsim.measure.split_model import AllGather, AllToAll, Slice, all_gather_parts
+from trainsim.measure.split_model import (
+    AllGather,
+    AllReduce,
+    AllToAll,
+    ReduceGradients,
+    ReduceScatter,
+    Slice,
+    all_gather_parts,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +70,18 @@ def gather_sum(x: torch.Tensor, group: Group, dim: int) -> torch.Tensor:
 def exchange(x: torch.Tensor, group: Group, split_dim: int, gather_dim: int) -> torch.Tensor:
     """Part j of split_dim goes to rank j; the parts received are concatenated along gather_dim in rank order."""
     return AllToAll.apply(x, split_dim, gather_dim, group.handle, group.size)  # type: ignore[no-any-return]
+
+
+def scatter_sum(x: torch.Tensor, group: Group, dim: int) -> torch.Tensor:
+    return ReduceScatter.apply(x, dim, group.handle, group.size)  # type: ignore[no-any-return]
+
+
+def all_reduce(x: torch.Tensor, group: Group) -> torch.Tensor:
+    return AllReduce.apply(x, group.handle)  # type: ignore[no-any-return]
+
+
+def reduce_grads(x: torch.Tensor, group: Group) -> torch.Tensor:
+    return ReduceGradients.apply(x, group.handle)  # type: ignore[no-any-return]
 
 
 def sum_grads(params: list[torch.nn.Parameter], group: Group) -> None:

@@ -11,11 +11,12 @@ whole) the tensor is resharded as the predicted plan reshards it: a split read w
 split's ranks (its backward keeps this rank's part of the whole gradient), a whole tensor read split is sliced
 (its backward all-gathers the parts' gradients); q, k and v of a split qkv read by a whole core, the ffn features
 of a split fc1 read by a whole fc2, the logits of a split projection read by a whole cross-entropy (no
-vocab-parallel statistics). A whole op's inputs and output gradients are the same on every tp rank, so its
-weight's gradient is complete on each: it is not summed over the tp group. The splits other than Megatron's (a
-column matmul by its reduction dimension, the core by query rows, a dense MLP or a block's norms by tokens) are
-measure/op_splits.py's; the weights a split by tokens holds whole on each rank have their gradients summed over
-its ranks after the backward (apply_op_tp returns them; the Trainer sums them before the optimizer step).
+vocab-parallel statistics). An MoE block's experts and router are measure/moe_splits.py's. A whole op's inputs
+and output gradients are the same on every tp rank, so its weight's gradient is complete on each: it is not
+summed over the tp group. The splits other than Megatron's (a column matmul by its reduction dimension, the core
+by query rows, a dense MLP or a block's norms by tokens) are measure/op_splits.py's; the weights a split by tokens
+holds whole on each rank have their gradients summed over its ranks after the backward (apply_op_tp returns them;
+the Trainer sums them before the optimizer step).
 Imported only inside measure workers (torch).
 """
 
@@ -35,7 +36,8 @@ from trainsim.measure.hidden_splits import (
     part_dim,
     positions_split,
 )
-from trainsim.measure.model import Attention, Block, Embedding, Head, TransformerChunk
+from trainsim.measure.model import Attention, Block, Embedding, Head, MoE, TransformerChunk
+from trainsim.measure.moe_splits import moe_over_tp
 from trainsim.measure.op_collectives import Group, gather, slice_part
 from trainsim.measure.op_splits import (
     TokenSplit,
@@ -116,9 +118,13 @@ def _degree(ops: Mapping[str, int], names: tuple[str, ...], tp: int) -> int:
     return min((ops.get(name, tp) for name in names), default=tp)  # measure.tp_degrees: one degree per stage
 
 
-def _column(module: nn.Module, names: list[str], meshes: Meshes, degree: int, read_at: int) -> None:
-    """Column-parallel matmuls at `degree`, read by a stage at `read_at` (equal, or one of the two whole)."""
+def _column(module: nn.Module, names: list[str], meshes: Meshes, degree: int, read_at: int,
+            whole_input: bool = True) -> None:
+    """Column-parallel matmuls at `degree`, read by a stage at `read_at` (equal, or one of the two whole). Several
+    of them reading the module's whole input share one f (fused_input)."""
     if degree > 1:
+        if whole_input and len(names) > 1:
+            fused_input(module, meshes[degree])
         out = Replicate() if read_at == 1 else Shard(-1)  # Replicate: an all-gather, its backward a slice
         parallelize_module(module, meshes[degree], {name: ColwiseParallel(output_layouts=out) for name in names})
     elif read_at > 1:
@@ -127,6 +133,24 @@ def _column(module: nn.Module, names: list[str], meshes: Meshes, degree: int, re
 
         for name in names:
             module.get_submodule(name).register_forward_hook(sliced)
+
+
+def fused_input(module: nn.Module, mesh: DeviceMesh) -> None:
+    """The module's whole input made one replicated DTensor before its column matmuls read it (q, k and v; gate
+    and up), so their partial input gradients are summed first and all-reduced once, as Megatron-LM's fused
+    projection does (one f, copy_to_tensor_model_parallel_region, per ColumnParallelLinear: megatron/core/
+    tensor_parallel/layers.py, megatron-core 0.9.0), and as the predictor prices it; each ColwiseParallel would
+    all-reduce its own. The input is the first positional argument, or a Hugging Face module's `hidden_states`
+    keyword (torch's PrepareModuleInput, which this does, wants every input's layout)."""
+    def replicated(x: Any) -> Any:
+        return x if isinstance(x, DTensor) else DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+
+    def hook(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        if args:
+            return (replicated(args[0]), *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": replicated(kwargs["hidden_states"])}
+
+    module.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 def _row(linear: nn.Module, parent: nn.Module, name: str, meshes: Meshes, degree: int, read_from: int,
@@ -155,13 +179,15 @@ def _attention(attn: Attention, spec: TransformerSpec, meshes: Meshes, ops: Mapp
     if split.get("qkv") == "reduce":
         column_by_reduce(attn, ["q", "k", "v"], meshes[qkv], meshes.group(qkv), core)
     else:
-        _column(attn, ["q", "k", "v"], meshes, qkv, core)
+        _column(attn, ["q", "k", "v"], meshes, qkv, core, part_dim(split.get("norm1")) is None)
     _row(attn.o, attn, "o", meshes, out, core, part_dim(split.get("residual1")))
     attn.head_offset = meshes.part_index(core) * spec.num_heads // core  # places ALiBi slopes
 
 
 def _mlp(mlp: nn.Module, meshes: Meshes, ops: Mapping[str, int], split: Mapping[str, str]) -> list[TokenSplit]:
     tp = meshes.tp
+    if isinstance(mlp, MoE):  # measure.tp_degrees: the experts Megatron's over tp, the router whole or by seq
+        return [moe_over_tp(mlp, meshes[tp], meshes.group(tp), split.get("router") == "seq")]
     first, act, second = (_degree(ops, names, tp) for names in (("fc1", "gate_up"), ("gelu", "swiglu"),
                                                                  ("fc2", "down")))
     if split.get("fc1", split.get("gate_up")) == "seq":  # measure.tp_degrees: every op of the MLP by seq
@@ -170,7 +196,7 @@ def _mlp(mlp: nn.Module, meshes: Meshes, ops: Mapping[str, int], split: Mapping[
     if split.get("fc1", split.get("gate_up")) == "reduce":
         column_by_reduce(mlp, columns, meshes[first], meshes.group(first), act)
     else:
-        _column(mlp, columns, meshes, first, act)
+        _column(mlp, columns, meshes, first, act, part_dim(split.get("norm2")) is None)
     _row(mlp.get_submodule("down"), mlp, "down", meshes, second, act, part_dim(split.get("residual2")))
     return []
 

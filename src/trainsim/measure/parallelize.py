@@ -95,6 +95,9 @@ def apply_tp(chunk: TransformerChunk, spec: TransformerSpec, topo: Topology, sp:
             for norm, sub in (("attn_norm", "attn"), ("mlp_norm", "mlp")):
                 plan[norm] = SequenceParallel()
                 plan[sub] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        else:  # one f for q, k and v (and gate and up): measure/op_parallel.py fused_input
+            for sub in ("attn", "mlp") if "mlp.gate" in plan else ("attn",):
+                plan[sub] = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),))
         parallelize_module(block, tp_mesh, plan)
         assert isinstance(block, Block)
         block.attn.head_offset = topo.tp_rank * spec.num_heads // tp

@@ -21,7 +21,10 @@ rank; strategy.megatron.own_configs, Proteus Sec. IV-B), and these other splits 
   the hidden features, a norm's statistics all-reduced in fp32, the projections before a split add
   reduce-scattered onto its slices, the modules reading a split norm all-gathering its output; "seq" on the final
   norm or the positions (over tp): each rank on its tokens, the gain and bias or the table whole, their gradients
-  summed over tp (measure/hidden_splits.py).
+  summed over tp (measure/hidden_splits.py);
+- "seq" on an MoE block's router (over tp, its experts Megatron's over tp): each rank routes its tokens, the
+  routed copies and their probabilities all-gathered over tp for the experts, their partial outputs
+  reduce-scattered back; the router whole beside them routes every token (measure/moe_splits.py).
 Any other config a tree may give an op (a batch split, a lookup by tokens, a row matmul by its output, mixes of
 the above inside a module) is priced by predict, not measured: refused here in one line. The measured model runs
 each module's ops as a chain of stages of one split each: the attention's projections (qkv), its core (rope, the
@@ -31,6 +34,7 @@ read whole is all-gathered over the split's ranks, a whole tensor read split is 
 strategy.reshard prices; a change between two degrees above 1 is refused).
 """
 
+from collections import Counter
 from collections.abc import Sequence
 
 from trainsim.errors import ConfigError
@@ -81,10 +85,25 @@ def plan_tp_layout(plan: LoweredPlan, par: ParallelSpec) -> tuple[TpDegrees, TpD
             _check_stages(part, a.layer.fwd, found, split, par.tp)
             _check_splits(part, found, split, dev, {op.name for op in a.layer.fwd})
             degrees[part] = found
+        if a.layer.kind == "moe_block":
+            _check_moe(part, found, split, dev)
         if split:
             _check_kernel(part, split, par)
             dims[part] = split
     return degrees, dims
+
+
+def _check_moe(part: str, degrees: dict[str, int], dims: dict[str, str], dev: DeviceSlice) -> None:
+    """An MoE block runs its experts at Megatron's split over tp and its router whole or by seq over tp
+    (measure/moe_splits.py); its norms and adds take Megatron's configs (_check_splits)."""
+    experts = sorted(set(degrees) & set(sum(MLP_STAGES, ())))
+    router = (dims.get("router"), degrees.get("router", 1))
+    if experts or router not in ((None, 1), ("seq", dev.tp)) or (router[0] and dev.local_tokens
+                                                                 // dev.micro_batch % dev.tp):
+        raise ConfigError(f"{_WHERE} ({part})", {name: f"{dims.get(name, 'megatron')} {d}"
+                                                 for name, d in sorted(degrees.items())},
+                          f"measured where an MoE block's experts take Megatron's split over tp={dev.tp} and its "
+                          f"router is whole or split by seq over tp={dev.tp} (seq_len a multiple of {dev.tp})")
 
 
 def _check_kernel(part: str, dims: dict[str, str], par: ParallelSpec) -> None:
@@ -128,7 +147,7 @@ def _dim(op: Op, config: OpConfig, dev: DeviceSlice) -> str | None:
     if config.reduce > 1:
         return "reduce" if op.name in COLUMN and op.name != "logits" else None
     dense_mlp = op.name in sum(MLP_STAGES, ()) and "moe" not in op.module_path.split(".")
-    return "seq" if op.name in ("attention", "rope", "softmax", *FEATURE_OPS) or dense_mlp else None
+    return "seq" if op.name in ("attention", "rope", "softmax", "router", *FEATURE_OPS) or dense_mlp else None
 
 
 def _check_stages(part: str, fwd: Sequence[Op], degrees: dict[str, int], dims: dict[str, str], tp: int) -> None:
@@ -198,3 +217,9 @@ def _check_splits(part: str, degrees: dict[str, int], dims: dict[str, str], dev:
                           f"measured where the norms, adds and positions split by features (the final norm and "
                           f"the positions by seq too) are split over tp={dev.tp} and the other ops of their block "
                           f"(or head) take Megatron's split over tp, in a dense block")
+
+
+def priced_tp_collectives(plan: LoweredPlan) -> Counter[tuple[str, int]]:
+    """The tp collectives the predictor prices per micro-batch for a plan (each layer's Comm over tp, forward and
+    backward), as (collective, bytes) rows: what measure.collective_log records of a run of the same plan."""
+    return Counter((c.collective, int(c.buffer_bytes)) for a in plan.layers for c in a.layer.comms if c.axis == "tp")

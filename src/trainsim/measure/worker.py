@@ -120,8 +120,13 @@ def _measure(spec: MeasureSpec, job: Any, device: Any, rank: int, world_size: in
     started = datetime.now(UTC).isoformat(timespec="seconds")
     torch.manual_seed(spec.seed)
     baseline = _resident_bytes() if device.type == "cpu" else 0
-    if spec.tree_yaml and spec.tp_degrees is None:
-        trainer: Any = _split_trainer(spec, job, rank, world_size)
+    if spec.frontend == "torch":  # the torch front-end's model, its modules split by the tree's styles
+        from trainsim.measure.front_end_model import FrontEndTrainer
+
+        trainer: Any = FrontEndTrainer(job, make_topology(job, device.type), device, spec.seed,
+                                       spec.front_end_styles or {})
+    elif spec.tree_yaml and spec.tp_degrees is None:
+        trainer = _split_trainer(spec, job, rank, world_size)
     else:  # a tree's per-op tp configs run in the job's own tp Trainer
         trainer = Trainer(job, make_topology(job, device.type), device, spec.seed, tp_degrees=spec.tp_degrees,
                           tp_dims=spec.tp_dims)

@@ -58,7 +58,7 @@ def refuse_whole_model_cp(frontend: str, cp: int, where: str) -> None:
 
 
 def front_end_mesh_splits(nodes: Mapping[str, _Node], resolved: Mapping[str, Mapping[str, _Value]],
-                          tps: Sequence[int], frontend: str, notes: Sequence[str] = ()) -> tuple[MeshSplit, ...]:
+                          tps: Sequence[int], frontend: str, notes: Sequence[str]) -> tuple[MeshSplit, ...]:
     """The tp configs a tree gives the ops of a captured graph (module doc), in node order. tps: per layer
     instance, its stage's tp (a stage on its own mesh: its own); notes: per layer instance, the words an error
     adds where its stage runs its own mesh. ConfigError for a split over another axis, parts whose product does
@@ -81,8 +81,7 @@ def front_end_mesh_splits(nodes: Mapping[str, _Node], resolved: Mapping[str, Map
         tp = tps[node.layer_index]
         if tp % config.parts:
             raise ConfigError(f"{path} split.compute@tp", config_text(config),
-                              f"the parts' product must divide tp={tp}"
-                              + (notes[node.layer_index] if notes else ""))
+                              f"the parts' product must divide tp={tp}{notes[node.layer_index]}")
         if config.reduce > 1 and not any(op.kind in (*CONTRACTING, "embedding") for op in node.fwd):
             op = node.fwd[0]
             raise ConfigError(f"{path} split.compute@tp", config_text(config), f"{op.name} is a {op.kind} op, "

@@ -24,6 +24,10 @@ class LayerAssignment:
     chunk: int  # model chunk (virtual stage) on that rank, 0 .. vpp-1
     recompute: Recompute
 
+    def run_flops(self) -> float:
+        """One micro-batch through the instance: forward, backward and its recompute."""
+        return self.layer.flops("fwd") + self.layer.flops("bwd") + self.layer.recomputed_flops(self.recompute)
+
 
 @dataclass(frozen=True, slots=True)
 class OpSplit:

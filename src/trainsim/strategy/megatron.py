@@ -441,9 +441,7 @@ def _op_collectives(axis: Axis, size: int, spec: TransformerSpec, dev: DeviceSli
     keys and values of the whole sequence; over tp an attention core split by query rows gathers the keys and
     values (_tp_kv_gathers), a norm split by its features all-reduces its statistics (_norm_statistics)."""
     if axis == "cp" and op.kind == "attention":
-        kv = _kv_bytes(spec, dev, heads_parts)
-        return (_named("kv", axis, reshard(Placement(size, seq=size), Placement(size), kv)),
-                _named("kv", axis, reshard(Placement(size, partial=size), Placement(size, seq=size), kv)))
+        return cp_kv_exchange(size, _kv_bytes(spec, dev, heads_parts))
     if axis == "tp" and op.kind == "attention" and config.seq > 1:
         return _tp_kv_gathers(spec, dev, config)
     if axis == "tp" and op.kind == "norm" and config.out > 1:
@@ -584,6 +582,18 @@ def _megatron_column(axis: Axis, op: Op, config: OpConfig, size: int) -> bool:
             and config == OpConfig(1, 1, size, 1))
 
 
+def module_site(module_path: str) -> str:
+    """The attention or MLP module an op runs in, by a part of its module path: the catalog's `attn`, `mlp`; a
+    captured model's as Hugging Face names them (`self_attn`, `attention`, `ffn`, `feed_forward`); '' for neither.
+    The sites a captured graph's collectives are named by (compile.shape_front_end) and its ops placed at
+    (compile.context)."""
+    parts = module_path.split(".")
+    for site, words in (("attn", ("attn", "attention")), ("mlp", ("mlp", "ffn", "feed_forward"))):
+        if any(word in part for part in parts for word in words):
+            return site
+    return ""
+
+
 def _site(op: Op) -> str:
     parts = op.module_path.split(".")
     if "attn" in parts:
@@ -704,6 +714,13 @@ def _with_probs(spec: TransformerSpec) -> float:
     (the probabilities' latency term is not priced). 0.9.0 sends no probabilities (its unpermute applies them
     after the combine, keeping the combined expert outputs for their gradient)."""
     return 1.0 + 1.0 / spec.hidden
+
+
+def cp_kv_exchange(size: int, kv_bytes: float) -> tuple[list[_Found], list[_Found]]:
+    """(forward, backward) of an attention core's keys and values over a cp group of `size` ranks: those of the
+    whole sequence all-gathered forward (kv.ag), their gradient reduce-scattered backward (kv.rs)."""
+    return (_named("kv", "cp", reshard(Placement(size, seq=size), Placement(size), kv_bytes)),
+            _named("kv", "cp", reshard(Placement(size, partial=size), Placement(size, seq=size), kv_bytes)))
 
 
 def _tp_kv_gathers(spec: TransformerSpec, dev: DeviceSlice, config: OpConfig) -> tuple[list[_Found], list[_Found]]:

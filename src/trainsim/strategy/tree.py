@@ -376,9 +376,9 @@ class StrategyTree:
         the positions, the head's norm, the logits or the cross-entropy may take a config of its own over its
         stage's tp (strategy.megatron.own_configs; the compiler shapes the ops from these configs and reshards
         between them, compile.shape_layers): ConfigError naming the first op that differs."""
+        notes = [_stage_note(p, par) for p in pars]  # per layer instance, what an error adds about its mesh
         if self.graph.frontend != "catalog":  # a captured graph: the tree's configs only (strategy.front_end_splits)
-            return front_end_mesh_splits(self.nodes, self._resolved, [p.tp for p in pars], self.graph.frontend,
-                                         [_stage_note(p, par) for p in pars])
+            return front_end_mesh_splits(self.nodes, self._resolved, [p.tp for p in pars], self.graph.frontend, notes)
         layers = expand_layers(self.graph)
         given_axes = {key.partition("@")[2] for row in self.explicit.values() for key in row if "@" in key}
         if not given_axes:
@@ -398,7 +398,7 @@ class StrategyTree:
             for key in row:
                 if "@" in key and key.partition("@")[2] not in sizes:
                     raise ConfigError(f"{path}.{key}", row[key].value, f"{key.partition('@')[2]} does not split "
-                                      f"this layer (tp={dev.tp} cp={dev.cp} ep={dev.ep}{_on_stage(pars, par, node)}"
+                                      f"this layer (tp={dev.tp} cp={dev.cp} ep={dev.ep}{notes[node.layer_index]}"
                                       "; ep splits MoE blocks)")
             for op in node.fwd:
                 for axis in sizes:
@@ -417,7 +417,7 @@ class StrategyTree:
                     if axis in given_axes and config != expected:
                         raise ConfigError(f"{path} split.compute@{axis}", config_text(config),
                                           _mismatch(op, axis, sizes[axis], dev, config, expected, path)
-                                          + _on_stage(pars, par, node))
+                                          + notes[node.layer_index])
                     out.append(MeshSplit(node.layer_index, op.module_path, axis, expected))
         return tuple(dict.fromkeys(out))
 
@@ -721,8 +721,8 @@ def _op_prefixes(layer: Layer, first_name: str) -> tuple[str, ...]:
     under head, layer1.1.conv1 under layer1.1; a jaxpr's top-level name scope, block0.attn.qkv under blocks.0,
     block0's own equations on it) or the longest dotted prefix all its ops share (blocks.block.*, embed.*)."""
     paths = [op.module_path for op in layer.fwd + layer.bwd]
-    under = [path for path in paths if path.startswith(layer.name + ".")]
-    scope = layer.name if under and all(path == layer.name or path in under for path in paths) else ""
+    inside = all(path == layer.name or path.startswith(layer.name + ".") for path in paths)
+    scope = layer.name if inside and any(path != layer.name for path in paths) else ""
     split_paths = [path.split(".") for path in paths]
     common: list[str] = []
     if split_paths:
@@ -850,13 +850,9 @@ def _layer_parallels(par: ParallelSpec, assignments: list[LayerAssignment],
     return [own.get(a.stage, par) for a in assignments]
 
 
-def _on_stage(pars: list[ParallelSpec], par: ParallelSpec, node: TreeNode) -> str:
-    """Where a layer's stage has its own mesh, the words saying so (the degrees an error names are its)."""
-    return _stage_note(pars[node.layer_index], par)
-
-
 def _stage_note(mine: ParallelSpec, par: ParallelSpec) -> str:
-    """The words saying that a layer's stage runs its own mesh (mine: its strategy), else nothing."""
+    """Where a layer's stage has its own mesh (mine: its strategy), the words saying so (the degrees an error
+    names are its), else nothing."""
     return "" if mine is par else f" (the layer's stage runs its own mesh: tp={mine.tp} dp={mine.dp})"
 
 

@@ -4,8 +4,10 @@ gradient reductions), and compare the loss and every parameter's whole gradient 
 held whole, as it is) with the unsplit model's on the same batch. A gradient counted twice, or summed where it
 should not be, fails here, where a loss after AdamW steps barely moves (Adam's update is invariant to a gradient's
 scale). The ranks are spawned once per world size and run every case of that size in turn, each case's failure
-reported under its name. Imported by the tests (and by the ranks they spawn)."""
+reported under its name. Rank 0 also records the collectives of that step (measure.collective_log), which a test
+compares with the priced ones. Imported by the tests (and by the ranks they spawn)."""
 
+import json
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -36,6 +38,16 @@ class Case:
     tree_yaml: str
     tp: int = 2
     settings: dict[str, Any] = field(default_factory=dict)
+    sum_token_splits_twice: bool = False  # a mutation: the token-split weights' gradients summed a second time
+
+
+def step_collectives(tmp_path: Path, cases: dict[str, Case], name: str) -> list[tuple[str, int]]:
+    """Rank 0's collectives of the compared step of case `name` (after compare_gradients on the same tmp_path):
+    (collective, bytes) rows in the order issued."""
+    case = cases[name]
+    index = [n for n, c in cases.items() if c.tp == case.tp].index(name)
+    rows = json.loads((tmp_path / f"tp{case.tp}-case{index}" / "collectives.json").read_text())
+    return [(collective, size) for collective, size in rows]
 
 
 def compare_gradients(cases: dict[str, Case], tmp_path: Path) -> dict[str, str]:
@@ -61,6 +73,8 @@ def _write_case(case: Case, folder: Path) -> tuple[dict[str, Any], str]:
     tree.write_text(case.tree_yaml)
     job = {"model": str(model), "tp": case.tp, "num_gpus": case.tp, "micro_batch": 2, "global_batch": 4,
            "seq_len": 16, "precision": "fp32", "cluster": "local-cpu", **case.settings}
+    if case.sum_token_splits_twice:
+        job["_mutation"] = "sum_token_splits_twice"
     return job, str(tree)
 
 
@@ -90,18 +104,29 @@ def _check(settings: dict[str, Any], tree: Path) -> None:
 
     from trainsim.frontends.catalog.build import build_graph
     from trainsim.jobfile import job_from_settings
+    from trainsim.measure.collective_log import CollectiveLog
     from trainsim.measure.model import build_model, lm_loss
+    from trainsim.measure.op_collectives import sum_grads
     from trainsim.measure.parallelize import Trainer, make_topology
     from trainsim.measure.tp_degrees import plan_tp_layout
     from trainsim.strategy.device_slice import DeviceSlice
     from trainsim.strategy.tree_yaml import load_tree_yaml
 
+    settings = dict(settings)
+    mutation = settings.pop("_mutation", "")
     job = job_from_settings(settings)
     plan = load_tree_yaml(tree, build_graph(job.model, DeviceSlice.of(job.parallel))).lower(job.parallel)
     degrees, dims = plan_tp_layout(plan, job.parallel)
     trainer = Trainer(job, make_topology(job, "cpu"), torch.device("cpu"), 0, tp_degrees=degrees, tp_dims=dims)
-    loss = trainer.gradients()
-    whole = build_model(job.model, seed=0, attention=job.parallel.attention)  # type: ignore[arg-type]
+    with CollectiveLog() as log:
+        loss = trainer.gradients()
+    if trainer.topo.rank == 0:
+        tree.with_name("collectives.json").write_text(json.dumps(log.rows))
+    if mutation == "sum_token_splits_twice":
+        for params, group in trainer.token_splits:
+            sum_grads(params, group)
+    whole = build_model(job.model, seed=0, attention=job.parallel.attention,  # type: ignore[arg-type]
+                        experts=job.model.is_moe)  # type: ignore[union-attr]
     n = len(trainer.batch.tokens)
     reference = 0.0
     for tokens, labels in zip(trainer.batch.tokens, trainer.batch.labels, strict=True):
@@ -117,7 +142,9 @@ def _check(settings: dict[str, Any], tree: Path) -> None:
     for name, param in chunk.named_parameters():  # the same order on every rank: full_tensor is a collective
         got = _whole_gradient(param.grad)
         want = expected[name].grad
-        assert want is not None and got is not None, name
+        if got is None and want is None:  # an expert no token was routed to, in both
+            continue
+        assert want is not None and got is not None, f"{name}: gradient {got is not None}, unsplit's {want is not None}"
         if not torch.allclose(got, want, rtol=RTOL, atol=ATOL * scale):
             wrong.append(f"{name}: max |diff| {float((got - want).abs().max()):.3g}, max |want| "
                          f"{float(want.abs().max()):.3g}")

@@ -42,17 +42,10 @@ def graph_from_hf_config(config: Any, *, micro_batch: int, seq_len: int, precisi
     if layer_key is None:
         raise ConfigError("config", model_type, "has no num_hidden_layers / n_layer to find the repeated blocks")
     num_layers = int(getattr(hf_config, layer_key))
-    traced = hf_config.to_dict()
-    traced[layer_key] = min(num_layers, TRACED_LAYERS)
-    for key in _ATTENTION_DROPOUT_KEYS:
-        if key in traced:
-            traced[key] = 0.0
-    traced["use_cache"] = False
-    traced_config = type(hf_config).from_dict(traced)
-    traced_config._attn_implementation = "sdpa"
+    traced_config = training_config(hf_config, min(num_layers, TRACED_LAYERS))
     inputs = {"input_ids": TensorSpec((micro_batch, seq_len), "int64"),
               "labels": TensorSpec((micro_batch, seq_len), "int64")}
-    label = name or str(traced.get("_name_or_path") or model_type)
+    label = name or str(getattr(hf_config, "_name_or_path", "") or model_type)
     if ep > 1 and not is_moe_config(traced_config):
         raise ConfigError("ep", ep, f"1 for {model_type}, which has no experts")
     build = (lambda: with_balanced_routing(model_for(traced_config), ep)) if is_moe_config(traced_config) else (
@@ -62,6 +55,27 @@ def graph_from_hf_config(config: Any, *, micro_batch: int, seq_len: int, precisi
                                  micro_batch=micro_batch, seq_len=seq_len, name=label,
                                  causal_attention=model_type not in _ENCODERS, repeat_count=num_layers,
                                  fused=fused)
+
+
+def training_config(config: Any, num_layers: int | None = None) -> Any:
+    """The PretrainedConfig the front-end traces (and `trainsim measure --frontend torch` trains): the module
+    doc's conventions (attention-probability dropout 0, no KV cache, SDPA); num_layers: the hidden layers kept
+    (default: the config's)."""
+    hf_config = to_pretrained_config(config)
+    layer_key = next((key for key in _LAYER_KEYS if isinstance(getattr(hf_config, key, None), int)), None)
+    if layer_key is None:
+        raise ConfigError("config", str(getattr(hf_config, "model_type", "")),
+                          "has no num_hidden_layers / n_layer to find the repeated blocks")
+    traced = hf_config.to_dict()
+    if num_layers is not None:
+        traced[layer_key] = num_layers
+    for key in _ATTENTION_DROPOUT_KEYS:
+        if key in traced:
+            traced[key] = 0.0
+    traced["use_cache"] = False
+    traced_config = type(hf_config).from_dict(traced)
+    traced_config._attn_implementation = "sdpa"
+    return traced_config
 
 
 def hf_config_from_spec(spec: TransformerSpec) -> dict[str, Any]:

@@ -39,6 +39,15 @@ def one_line(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
+# The longest reason quoted from a user's code's exception inside a longer message of ours.
+MAX_REASON_CHARS = 160
+
+
+def exception_reason(exc: BaseException) -> str:
+    """An exception raised by the user's code as one short line: its message, or its type's name when it has none."""
+    return one_line(str(exc), MAX_REASON_CHARS) or type(exc).__name__
+
+
 class TrainsimError(Exception):
     """Base of every error trainsim raises on purpose."""
 

@@ -49,13 +49,19 @@ def make_job(model: ModelSpec, cluster: ClusterSpec, parallel: ParallelSpec, sta
     if par.global_batch == 0:
         par = par.replaced(global_batch=par.dp * par.micro_batch)
     _check_batch(par)
+    check_model_parallelism(model, par)
+    return Job(model, cluster, par, stack or StackSpec())
+
+
+def check_model_parallelism(model: ModelSpec, par: ParallelSpec) -> None:
+    """The splits `model` allows (make_job's check; a front-end repeats it for a Job built without make_job):
+    ConfigError naming the first field it does not allow."""
     if isinstance(model, TransformerSpec):
         _check_transformer(model, par)
     else:
         opaque = model if isinstance(model, OpaqueSpec) else None
         _check_non_transformer(model.kind, par, opaque is not None and opaque.split_by_tree,
                                opaque.no_tp_reason if opaque is not None else "")
-    return Job(model, cluster, par, stack or StackSpec())
 
 
 def _resolve_dp(par: ParallelSpec, num_gpus: int) -> ParallelSpec:

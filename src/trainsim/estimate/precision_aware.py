@@ -134,8 +134,9 @@ class PrecisionAwareEstimator:
         """graph: the job's per-device graph with per-op precision from the job's precision policy; plan:
         ignored (Algorithm 1 splits the layers evenly)."""
         par = job.parallel
-        refuse_whole_model_tp(graph.frontend, par.tp, self.name)
-        refuse_whole_model_cp(graph.frontend, par.cp, f"the {self.name} engine")
+        where = f"the {self.name} engine"
+        refuse_whole_model_tp(graph.frontend, par.tp, where)
+        refuse_whole_model_cp(graph.frontend, par.cp, where)
         subgraphs = partition(graph, par)
         kinds = _stage_kinds(job)
         per_stage: dict[int, float] = {}

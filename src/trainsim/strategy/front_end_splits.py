@@ -37,12 +37,13 @@ class _Node(Protocol):
     def fwd(self) -> tuple[Op, ...]: ...
 
 
-def refuse_whole_model_tp(frontend: str, tp: int, engine: str = "") -> None:
+def refuse_whole_model_tp(frontend: str, tp: int, where: str = "") -> None:
     """A captured graph at tp > 1 is priced only through a strategy tree's configs over tp (an engine that places
-    no plan, or no tree, would price one device's whole model as each tp rank's share): ConfigError."""
+    no plan, or no tree, would price one device's whole model as each tp rank's share); `where` (an engine) takes
+    no tree, or, empty, the caller was given none: ConfigError."""
     if frontend == "catalog" or tp == 1:
         return
-    needs = f"the {engine} engine takes no tree: use --engine sim or analytical with " if engine else "give "
+    needs = f"{where} takes no tree: use --engine sim or analytical with " if where else "give "
     raise ConfigError("tp", tp, f"the {frontend} front-end's graph is one device's whole model: {needs}a strategy "
                       "tree that splits its ops over tp (--tree, split item compute, axis tp), or use tp=1")
 

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 import pytest
+from tiny_hf import GPT2, LLAMA
 
 from conftest import a100_cluster
 from trainsim.catalog.hf_config import model_from_hf_config
@@ -31,11 +32,6 @@ from trainsim.strategy.tree import StrategyTree
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-GPT2: dict[str, Any] = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 512,
-                        "n_positions": 64, "bos_token_id": None, "eos_token_id": None}
-LLAMA: dict[str, Any] = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 176,
-                         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
-                         "max_position_embeddings": 64}
 # Megatron's pairs, the vocab-parallel head and lookup over tp (ln_f and the positions on the rank's sequence share
 # under sp)
 GPT2_TREE = [("blocks.*.*.attn.c_attn", "out", 2), ("blocks.*.*.attn.c_proj", "reduce", 2),

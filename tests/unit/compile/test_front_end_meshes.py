@@ -12,6 +12,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from tiny_hf import GPT2, LLAMA
 
 from conftest import a100_cluster
 from trainsim.catalog.calibration import Calibration
@@ -33,11 +34,6 @@ from trainsim.strategy.tree import StrategyTree
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-GPT2: dict[str, Any] = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 512,
-                        "n_positions": 64, "bos_token_id": None, "eos_token_id": None}
-LLAMA: dict[str, Any] = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 176,
-                         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
-                         "max_position_embeddings": 64}
 BF16 = 2
 TOKENS = 32 * 64  # a sample's hidden state, in elements
 # Megatron's splits on block 1 and the head of the captured GPT-2 (the head vocab parallel, ln_f whole)

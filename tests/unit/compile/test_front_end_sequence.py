@@ -9,6 +9,7 @@ A hidden state of the micro-batch: 64 tokens x 64 x 2 bytes = 8192 bytes; each r
 from typing import Any
 
 import pytest
+from tiny_hf import GPT2, LLAMA
 
 from conftest import a100_cluster
 from trainsim.catalog.hf_config import model_from_hf_config
@@ -27,11 +28,6 @@ from trainsim.strategy.tree import StrategyTree
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-GPT2: dict[str, Any] = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 512,
-                        "n_positions": 64, "bos_token_id": None, "eos_token_id": None}
-LLAMA: dict[str, Any] = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 176,
-                         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
-                         "max_position_embeddings": 64}
 HIDDEN_BYTES = 64 * 64 * 2
 # Megatron's pairs, the head vocab parallel, its final norm on each rank's sequence share (parts 1 unsets the out
 # inherited from `head`; seq 2 is Megatron's sp config of a norm, as the catalog's); the lookup vocab parallel, the

@@ -8,9 +8,9 @@ A hidden state of the micro-batch: 64 tokens x 64 x 2 bytes = 8192 bytes. A bloc
 LayerNorms 2 x 128: 49984.
 """
 
-from typing import Any
-
 import pytest
+from tiny_hf import GPT2 as CONFIG
+from tiny_hf import LLAMA
 
 from conftest import a100_cluster
 from trainsim.catalog.hf_config import model_from_hf_config
@@ -30,8 +30,6 @@ from trainsim.strategy.tree import StrategyTree
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-CONFIG: dict[str, Any] = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 512,
-                          "n_positions": 64, "bos_token_id": None, "eos_token_id": None}
 HIDDEN_BYTES = 64 * 64 * 2
 BLOCK_PARAMS = 49984
 ATTN = [("blocks.*.*.attn.c_attn", "out"), ("blocks.*.*.attn.c_proj", "reduce")]
@@ -194,9 +192,6 @@ def test_tp_without_a_tree_is_refused(captured: OpGraph) -> None:
         predict(job, "precision-aware", graph=captured, plan=_tree_plan(job, captured, ATTN))
 
 
-LLAMA: dict[str, Any] = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 176,
-                         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
-                         "max_position_embeddings": 64}
 LLAMA_CATALOG = [("blocks.*.attn.qkv", "out"), ("blocks.*.attn.rope", "out"), ("blocks.*.attn.core", "out"),
                  ("blocks.*.attn.out", "reduce"), ("blocks.*.mlp.gate_up", "out"), ("blocks.*.mlp.act", "out"),
                  ("blocks.*.mlp.down", "reduce")]  # the catalog LLaMA's Megatron attention and MLP

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiny_hf import GPT2, LLAMA
 
 from conftest import a100_cluster
 from trainsim.catalog.hf_config import model_from_hf_config
@@ -317,11 +318,6 @@ def test_tp_on_a_module_without_a_tree_is_refused(cnn: OpGraph) -> None:
                  ParallelSpec.parse({"micro_batch": 4, "seq_len": 2, "cp": 2, "dp": 1, "precision": "fp32"}))
 
 
-GPT2: dict[str, Any] = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 512,
-                        "n_positions": 64, "bos_token_id": None, "eos_token_id": None}
-LLAMA: dict[str, Any] = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 176,
-                         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
-                         "max_position_embeddings": 64}
 LOOKUP_BYTES = 64 * 64 * 2
 
 

@@ -117,6 +117,22 @@ def test_trace_refuses_tp_naming_the_module_paths_it_lacks() -> None:
         assert message.startswith("tp=2 is invalid") and "records no module paths" in message and "\n" not in message
 
 
+def test_trace_refuses_cp_and_ep_as_make_job_does() -> None:
+    """The trace's graph() refuses cp and ep by the spec's check, in make_job's words, wherever the job comes
+    from (one refusal for an opaque model, not a second one in the front-end's words)."""
+    frontend = FRONTENDS.get("trace")
+    spec = frontend.model_spec(str(FIXTURES))
+    cluster = load_cluster("local-cpu").with_num_gpus(2)
+    for field, parallel in (("cp", ParallelSpec(cp=2, dp=1, micro_batch=64)),
+                            ("ep", ParallelSpec(ep=2, dp=2, micro_batch=64))):
+        with pytest.raises(ConfigError) as by_make_job:
+            make_job(spec, cluster, parallel)
+        with pytest.raises(ConfigError) as by_graph:
+            frontend.graph(str(FIXTURES), Job(spec, cluster, parallel))
+        assert str(by_make_job.value) == str(by_graph.value) == (f"{field}=2 is invalid: must be 1 for a model of "
+                                                                 "kind opaque (only dp and pp apply)")
+
+
 # ---- jax --------------------------------------------------------------------------------------------------------
 def test_jax_graph_of_a_factory() -> None:
     pytest.importorskip("jax")

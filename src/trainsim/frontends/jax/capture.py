@@ -451,14 +451,31 @@ def _ir_op(d: dict[str, Any]) -> Op:
 
 
 def _params_by_layer(dag: JaxDag, order: list[str]) -> dict[str, float]:
+    """Each parameter's elements, in the layer of its first consumer (graph_from_jax); a parameter no operator reads
+    goes to the first layer."""
     g = dag.graph
+    first = _first_consumers(g)
     out: dict[str, float] = {}
     for nid in dag.param_nodes:
-        consumers = sorted((s for s in nx.descendants(g, nid) if g.nodes[s]["node_type"] == "operator"),
-                           key=lambda s: (g.nodes[s]["phase"] != "fwd", g.nodes[s]["eqn"]))
-        layer = _layer_of(g.nodes[consumers[0]]["module_path"]) if consumers else (order[0] if order else "jaxpr")
+        layer = _layer_of(g.nodes[first[nid]]["module_path"]) if nid in first else (order[0] if order else "jaxpr")
         out[layer] = out.get(layer, 0.0) + float(prod(g.nodes[nid]["shape"]))
     return out
+
+
+def _first_consumers(g: nx.DiGraph) -> dict[int, int]:
+    """Per node, the operator among its descendants that runs first (the forward before the backward, then in
+    equation order); nodes without one are left out. One pass in reverse topological order: a node's first
+    consumer is the first of its operator successors and of their own first consumers."""
+    def runs_at(nid: int) -> tuple[bool, int]:
+        return g.nodes[nid]["phase"] != "fwd", g.nodes[nid]["eqn"]
+
+    first: dict[int, int] = {}
+    for nid in reversed(list(nx.topological_sort(g))):
+        candidates = [s for s in g.successors(nid) if g.nodes[s]["node_type"] == "operator"]
+        candidates += [first[s] for s in g.successors(nid) if s in first]
+        if candidates:
+            first[nid] = min(candidates, key=runs_at)
+    return first
 
 
 def _itemsize(dtype: str) -> int:

@@ -17,18 +17,9 @@ from trainsim.frontends.opaque import opaque_spec
 from trainsim.ir.graph import OpGraph
 from trainsim.ir.model_spec import ModelSpec
 from trainsim.job import Job
-from trainsim.strategy.parallel import ParallelSpec
 from trainsim.strategy.precision import Precision
 
 PIP = "pip install 'trainsim[jax]'"
-
-
-def refuse_model_parallelism(par: ParallelSpec, frontend: str) -> None:
-    """tp, sp, cp and ep split a model the front-end cannot split: refuse them, naming the field."""
-    for field, value, default in (("tp", par.tp, 1), ("sp", par.sp, False), ("cp", par.cp, 1), ("ep", par.ep, 1)):
-        if value != default:
-            raise ConfigError(field, value, f"the {frontend} front-end cannot split the model; use {field}="
-                              f"{default} (dp and pp apply)")
 
 
 class JaxFrontend:

@@ -31,7 +31,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from trainsim.errors import ConfigError, TrainsimError, one_line
+from trainsim.errors import ConfigError, TrainsimError, exception_reason
 from trainsim.frontends.torch.fuse import fuse_log
 from trainsim.frontends.torch.layers import Container, build_layers, find_container
 from trainsim.frontends.torch.oplog import OpLog, Segments, iter_tensors
@@ -168,7 +168,7 @@ class _Watch:
 
 def _untraceable(module: nn.Module, watch: _Watch, phase: str, exc: Exception) -> ConfigError:
     where = f"module {watch.failed_in!r}" if watch.failed_in else type(module).__name__
-    reason = one_line(str(exc), 160) or type(exc).__name__
+    reason = exception_reason(exc)
     return ConfigError("model", type(module).__name__,
                        f"its {'forward' if phase == 'fwd' else 'backward'} fails on fake tensors of the example "
                        f"inputs in {where} ({type(exc).__name__}: {reason}); the torch front-end captures modules "

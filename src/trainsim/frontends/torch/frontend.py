@@ -24,7 +24,7 @@ from typing import Any
 from trainsim.catalog import load_model
 from trainsim.catalog.files import read_mapping
 from trainsim.catalog.hf_config import model_from_hf_config
-from trainsim.errors import ConfigError, TrainsimError, one_line
+from trainsim.errors import ConfigError, TrainsimError, exception_reason
 from trainsim.frontends.catalog.frontend import resolve_source
 from trainsim.frontends.factory import call_factory, is_factory_target, load_factory
 from trainsim.frontends.one_device import one_device_graph
@@ -137,7 +137,7 @@ def _build_module(source: str, ep: int = 1, **shape: Any) -> Any:
     except TrainsimError:
         raise
     except Exception as exc:  # the user's factory failed: one line, never a traceback
-        reason = one_line(str(exc), 160) or type(exc).__name__
+        reason = exception_reason(exc)
         raise ConfigError("model", source, f"the factory raised {type(exc).__name__}: {reason}") from exc
     if not callable(getattr(module, "named_parameters", None)):
         raise ConfigError("model", source, "the factory must return an nn.Module or (nn.Module, example_inputs)")

@@ -110,12 +110,12 @@ def _blocks(log: OpLog, container: Container, module: nn.Module, params: dict[st
         else:
             groups.append((signature, [child]))
     layers: list[Layer] = []
+    total = repeat_count if repeat_count is not None else len(container.children)
     for index, (_, members) in enumerate(groups):
         first = members[0]
         segment = "block:" + first
         ops = [lo for lo in log.ops if lo.segment == segment]
         if container.repeated:
-            total = repeat_count if repeat_count is not None else len(container.children)
             count = total if len(groups) == 1 else len(members)
             if len(groups) > 1 and index == 0 and total > len(container.traced):
                 # the traced blocks differ where the last one's backward reads the head's gradient (a cut trace

@@ -4,8 +4,9 @@ per rank, *.et.json[.gz], each with its <stem>.kineto.json[.gz] for measured dur
 graph(): the lowest rank's OpGraph (to_op_graph) with `measured` set: every rank lowered to one ExecGraph with
 the measured durations, steps and start offsets (measured.py), what trace replay reads. A trace is the run it
 recorded: the job must ask for that run (as many ranks as were traced, the traced micro-batch, no model
-split); another strategy is refused, naming the field. tp is refused for what the trace lacks (NO_MODULE_PATHS):
-it holds each op's tensor shapes and ids, not the module paths a strategy tree's splits address. The model
+split); another strategy is refused, naming the field. tp, cp and ep are refused by the model description as
+make_job refuses them, tp for what the trace lacks (NO_MODULE_PATHS): it holds each op's tensor shapes and ids,
+not the module paths a strategy tree's splits address. The model
 description is opaque (frontends.opaque), with the parameter count the trace shows."""
 
 from dataclasses import dataclass
@@ -13,11 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainsim.errors import ConfigError
-from trainsim.frontends.jax.frontend import refuse_model_parallelism
 from trainsim.frontends.opaque import opaque_spec
 from trainsim.ir.graph import OpGraph
 from trainsim.ir.model_spec import ModelSpec
-from trainsim.job import Job
+from trainsim.job import Job, check_model_parallelism
 from trainsim.strategy.precision import Precision
 
 if TYPE_CHECKING:
@@ -96,9 +96,7 @@ class TraceFrontend:
 
         traced = self.traced(source)
         par = job.parallel
-        if par.tp != 1:
-            raise ConfigError("tp", par.tp, NO_MODULE_PATHS)
-        refuse_model_parallelism(par, self.name)
+        check_model_parallelism(self.model_spec(source), par)  # tp, cp, ep: the trace's spec refuses them
         graph, world = traced.first_graph, traced.world
         if job.num_gpus != world:
             raise ConfigError("num_gpus", job.num_gpus, f"the trace recorded a {world}-rank run; ask for {world}")

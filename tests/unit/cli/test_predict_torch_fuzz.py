@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -139,14 +139,27 @@ def _real_step(scope: dict[str, Any], spec: dict[str, Any]) -> tuple[float, int]
     return float(counter.get_total_flops()), sum(p.numel() for p in module.parameters())
 
 
+# both branches every run, whatever the draws: a stack that fits (conv 3 -> 4 keeps 8 x 8, 4 x 64 = 256 features),
+# one whose conv expects 4 input channels of a 3-channel image, and strided repeated blocks (8 -> 4 -> 2)
+FITS = {"input": [3, 8, 8], "layers": [["conv", 3, 4, 3, 1, 1], ["relu"], ["flatten"], ["linear", 256, 10]]}
+MISFITS = {"input": [3, 8, 8], "layers": [["conv", 4, 4, 3, 1, 1], ["relu"]]}
+REPEATS = {"input": [2, 8, 8], "layers": [["repeat", 2, "list", [["conv", 2, 2, 3, 2, 1], ["bn2d", 2], ["relu"]]],
+                                          ["flatten"], ["linear", 8, 3]]}
+
+
 @settings(max_examples=25, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_stacks())
+@example(FITS)
+@example(MISFITS)
+@example(REPEATS)
 def test_predict_on_drawn_stacks_is_in_range_or_one_line(folder: Path, spec: dict[str, Any]) -> None:
     target, scope = _factory(folder, spec)
     real = _real_step(scope, spec)
     result = RUNNER.invoke(app, [*PREDICT, "--model", target])
     repeats = [item for item in spec["layers"] if item[0] == "repeat"]
     event(("refused" if real is None else "predicted") + (" with repeated blocks" if repeats else ""))
+    if spec in (FITS, MISFITS, REPEATS):  # the fixed examples: the real step runs but on the misfit
+        assert (real is None) == (spec == MISFITS), spec
     if real is None:
         assert result.exit_code == 2, (spec, result.output)
         assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output, result.output
@@ -158,3 +171,5 @@ def test_predict_on_drawn_stacks_is_in_range_or_one_line(folder: Path, spec: dic
     assert 0.0 < run["mfu"] <= 1.0 and 0.0 < run["peak_memory_bytes"] <= run["memory_capacity_bytes"]
     assert run["model_flops_per_iteration"] >= real_flops
     assert run["memory_breakdown"]["weights"] == 4 * real_params  # fp32 weights, every parameter once
+    if spec == FITS:  # by hand: the conv's 3 x 4 x 3 x 3 weights and 4 biases, the linear's 256 x 10 and 10
+        assert run["memory_breakdown"]["weights"] == 4 * (3 * 4 * 9 + 4 + 256 * 10 + 10)

@@ -114,12 +114,15 @@ def test_conv_by_out_then_by_reduce_pays_one_all_reduce_each_way(cnn: OpGraph) -
         for mine, theirs in zip(block.fwd, whole.fwd, strict=True):
             if mine.kind == "conv":
                 assert mine.flops == theirs.flops / 2
+        # by hand: each 3x3 conv of 8 -> 8 channels on 4 x 8 x 8 outputs, 2 x 4 x 8 x 8 x 8 x 8 x 9 FLOPs, halved
+        assert [op.flops for op in block.fwd if op.kind == "conv"] == [2 * MB * HW * HW * 8 * 8 * 9 / 2] * 2
         bn1, bn2 = (op for op in block.fwd if op.kind == "norm")
         assert (bn1.shape, bn2.shape) == ((MB, 4, HW, HW), (MB, 8, HW, HW))
         norms_bwd = [op for op in block.bwd if op.kind == "norm"]  # bn2's first: the backward meets it first
         assert [op.shape for op in norms_bwd] == [(MB, 8, HW, HW), (MB, 4, HW, HW)]
         assert [op.flops for op in block.bwd if op.kind == "conv"] == [
             op.flops / 2 for op in whole.bwd if op.kind == "conv"]
+        assert len([op for op in block.bwd if op.kind == "conv"]) == 2  # conv2's backward, then conv1's
 
 
 def test_pool_and_batch_norm_follow_a_channel_split(cnn: OpGraph) -> None:

@@ -9,6 +9,8 @@ The first block's tensors (fp32): its input and each conv's output 4 x 8 x 8 x 8
 (16 each): 1184. The lookup's output: 64 tokens x 64 x 2 bytes = 8192 bytes.
 """
 
+import importlib.util
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,41 +42,23 @@ MB, HW = 4, 8
 ACT_BYTES, POOL_BYTES, BLOCK_PARAMS = MB * 8 * HW * HW * 4, MB * 8 * (HW // 2) ** 2 * 4, 2 * 576 + 2 * 16
 
 
-class _Block(nn.Module):
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(channels)
-        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(channels)
-        self.relu = nn.ReLU()
-        self.pool = nn.MaxPool2d(2)
-
-    def forward(self, x: Any) -> Any:
-        x = self.relu(self.bn1(self.conv1(x)))
-        return self.pool(self.relu(self.bn2(self.conv2(x))))
-
-
-class _Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem = nn.Conv2d(3, 8, 3, padding=1, bias=False)
-        self.blocks = nn.ModuleList([_Block(8), _Block(8)])
-        self.fc = nn.Linear(8 * 2 * 2, 10)
-
-    def forward(self, x: Any, labels: Any) -> Any:
-        x = self.stem(x)
-        for block in self.blocks:
-            x = block(x)
-        return nn.functional.cross_entropy(self.fc(x.flatten(1)), labels)
+def _net() -> nn.Module:
+    """The shipped factory's CNN (data/strategies/frontend/models/small_cnn.py) at 8 channels on 8 x 8 images,
+    10 classes: a stem, two blocks of conv-BN-ReLU, conv-BN-ReLU and a 2x2 max-pool, the classifier."""
+    path = Path(__file__).resolve().parents[3] / "data/strategies/frontend/models/small_cnn.py"
+    loaded = importlib.util.spec_from_file_location("small_cnn", path)
+    assert loaded is not None and loaded.loader is not None
+    module = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(module)
+    return module.SmallCnn(channels=8, image_hw=HW, classes=10)
 
 
 @pytest.fixture(scope="module")
 def cnn() -> OpGraph:
     from trainsim.frontends.torch.capture import TensorSpec, graph_from_module
 
-    inputs = {"x": TensorSpec((MB, 3, HW, HW), "float32"), "labels": TensorSpec((MB,), "int64")}
-    return graph_from_module(_Net(), inputs, precision="fp32", micro_batch=MB, seq_len=1, fused=True)
+    inputs = {"images": TensorSpec((MB, 3, HW, HW), "float32"), "labels": TensorSpec((MB,), "int64")}
+    return graph_from_module(_net(), inputs, precision="fp32", micro_batch=MB, seq_len=1, fused=True)
 
 
 def _cnn_job(tp: int = 2) -> Job:

@@ -29,11 +29,13 @@ class Block(nn.Module):
 
 
 class SmallCnn(nn.Module):
-    def __init__(self) -> None:
+    """channels, image_hw, classes: the stem's output channels, the image side and the classifier's classes."""
+
+    def __init__(self, channels: int = CHANNELS, image_hw: int = IMAGE_HW, classes: int = CLASSES) -> None:
         super().__init__()
-        self.stem = nn.Conv2d(3, CHANNELS, 3, padding=1, bias=False)
-        self.blocks = nn.ModuleList([Block(CHANNELS) for _ in range(2)])
-        self.fc = nn.Linear(CHANNELS * (IMAGE_HW // 4) ** 2, CLASSES)
+        self.stem = nn.Conv2d(3, channels, 3, padding=1, bias=False)
+        self.blocks = nn.ModuleList([Block(channels) for _ in range(2)])
+        self.fc = nn.Linear(channels * (image_hw // 4) ** 2, classes)
 
     def forward(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         x = self.stem(images)

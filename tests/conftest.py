@@ -5,9 +5,11 @@ parametrize lists, subprocess code and model files written to disk need them, pl
 cases. The two tiny GPTs differ on purpose: each keeps the numbers its tests were written against.
 """
 
+import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -284,3 +286,17 @@ def three_table_dlrm_job(batch: int = 16) -> "ShardedDlrmJob":
     model = dlrm_model("three", tuple(EmbeddingTable(rows=t.rows, dim=t.dim, pooling_factor=t.pooling)
                                       for t in tables))
     return sharded_job(model, plan, load_cluster("local-cpu"), batch, precision="fp32")
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def module_from_file(relative_path: str) -> ModuleType:
+    """Import a file of the repository that is no package module (a script, a shipped model factory) by its path
+    under the repository root, as a module named after its stem."""
+    path = REPO_ROOT / relative_path
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -3,17 +3,15 @@ over the device with scripts/gpu/probe.py, 2026-11-26). Proteus reports its verd
 here none of 29 is (two were while full recompute's working memory counted the head's logits a second time).
 The bound is today's count: a change that gets a verdict wrong fails."""
 
-import importlib.util
 from pathlib import Path
+
+from conftest import module_from_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _verdicts() -> list[dict[str, object]]:
-    spec = importlib.util.spec_from_file_location("oom_verdicts", ROOT / "scripts" / "oom_verdicts.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = module_from_file("scripts/oom_verdicts.py")
     return module.verdicts(ROOT / "data" / "ground-truth" / "h100" / "oom_verdicts.jsonl")
 
 

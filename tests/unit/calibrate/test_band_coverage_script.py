@@ -1,26 +1,21 @@
 """scripts/band_coverage.py's pieces on hand-made held-out predictions: the random-effects interval (measured, not
 in use) on exact cases, and the honest tally's coverage and median width."""
 
-import importlib.util
 import math
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from conftest import module_from_file
 from trainsim.calibrate.bands import HeldOut
 from trainsim.catalog.uncertainty import GROUPS, BandRatios, Uncertainty
 
-ROOT = Path(__file__).resolve().parents[3]
 T1_90 = math.tan(0.4 * math.pi)  # Student's t with 1 degree of freedom is Cauchy: its 90% point is tan(0.4 pi)
 
 
 @pytest.fixture(scope="module")
 def script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("band_coverage", ROOT / "scripts" / "band_coverage.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = module_from_file("scripts/band_coverage.py")
     return module
 
 

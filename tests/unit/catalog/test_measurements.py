@@ -1,13 +1,13 @@
 """The measurements the package ships (catalog/data/measurements) are the project's shared/data/calibration, copied
 by scripts/sync_calibration_data.py, and the fit reads them with nothing beside the repository."""
 
-import importlib.util
 import tomllib
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from conftest import module_from_file
 from trainsim.calibrate.fit import default_runs_files, find_calibration_dir
 from trainsim.catalog.calibration import DEFAULT_RUNS_FILES, MEASUREMENTS_DIR
 
@@ -16,11 +16,7 @@ SHARED = REPO.parent / "shared" / "data" / "calibration"
 
 
 def _sync_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("sync_calibration_data", REPO / "scripts" /
-                                                  "sync_calibration_data.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = module_from_file("scripts/sync_calibration_data.py")
     return module
 
 

@@ -9,8 +9,6 @@ The first block's tensors (fp32): its input and each conv's output 4 x 8 x 8 x 8
 (16 each): 1184. The lookup's output: 64 tokens x 64 x 2 bytes = 8192 bytes.
 """
 
-import importlib.util
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_hf import GPT2, LLAMA
 
-from conftest import a100_cluster
+from conftest import a100_cluster, module_from_file
 from trainsim.catalog.hf_config import model_from_hf_config
 from trainsim.compile.shape_layers import shape_layers
 from trainsim.compile.splits import plan_mesh_comms
@@ -45,11 +43,7 @@ ACT_BYTES, POOL_BYTES, BLOCK_PARAMS = MB * 8 * HW * HW * 4, MB * 8 * (HW // 2) *
 def _net() -> nn.Module:
     """The shipped factory's CNN (data/strategies/frontend/models/small_cnn.py) at 8 channels on 8 x 8 images,
     10 classes: a stem, two blocks of conv-BN-ReLU, conv-BN-ReLU and a 2x2 max-pool, the classifier."""
-    path = Path(__file__).resolve().parents[3] / "data/strategies/frontend/models/small_cnn.py"
-    loaded = importlib.util.spec_from_file_location("small_cnn", path)
-    assert loaded is not None and loaded.loader is not None
-    module = importlib.util.module_from_spec(loaded)
-    loaded.loader.exec_module(module)
+    module = module_from_file("data/strategies/frontend/models/small_cnn.py")
     return module.SmallCnn(channels=8, image_hw=HW, classes=10)
 
 

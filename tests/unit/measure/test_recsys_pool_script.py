@@ -2,7 +2,6 @@
 pass's iterations, the trace of the pass nearest it, the loads' range (no timing run)."""
 
 import csv
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -10,15 +9,14 @@ from types import ModuleType
 
 import pytest
 
+from conftest import module_from_file
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def _script() -> ModuleType:
     sys.path.insert(0, str(ROOT / "scripts"))
-    spec = importlib.util.spec_from_file_location("recsys_quiet", ROOT / "scripts" / "recsys_quiet.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = module_from_file("scripts/recsys_quiet.py")
     return module
 
 

@@ -1,12 +1,12 @@
 """scripts/plan_noise.py's plan and stage labels: the ParallelSpec fields a plan label runs with (the blocks per
 stage, the micro-batch split over dp) and the stage a stage label names; bad labels refused (no timing run)."""
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from conftest import module_from_file
 from trainsim.catalog import load_model
 from trainsim.strategy.stage_plan import IntraPlan, Mesh, StageSpec
 
@@ -15,10 +15,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def _script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))  # it imports plan_quality, its neighbour
-    spec = importlib.util.spec_from_file_location("plan_noise", ROOT / "scripts" / "plan_noise.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = module_from_file("scripts/plan_noise.py")
     return module
 
 

@@ -2,21 +2,19 @@
 planners share run once, and the summary's medians and gaps (no timing run)."""
 
 import csv
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from conftest import module_from_file
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("plan_quality", ROOT / "scripts" / "plan_quality.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = module_from_file("scripts/plan_quality.py")
     return module
 
 
